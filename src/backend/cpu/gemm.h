@@ -1,0 +1,38 @@
+/* gemm.h — dense matrix multiply on the CPU, BLAS-style, row-major.
+ *
+ *   C[M, N] = alpha * op(A)[M, K] · op(B)[K, N] + beta * C
+ *
+ * op(A) = A [M, K] (lda >= K) or, with trans_a, Aᵀ where A is stored [K, M] (lda >= M);
+ * op(B) = B [K, N] (ldb >= N) or, with trans_b, Bᵀ where B is stored [N, K] (ldb >= K).
+ * The three layouts training needs:
+ *   forward  y  = x · Wᵀ   : gemm(0, 1, M=tokens, N=out, K=in,  x, W)
+ *   backward dx = dy · W   : gemm(0, 0, M=tokens, N=in,  K=out, dy, W)
+ *   backward dW += dyᵀ · x : gemm(1, 0, M=out,    N=in,  K=tokens, dy, x, beta=1)
+ * beta == 0 means C is written without being read (it may hold garbage/NaN).
+ *
+ * mmc_gemm_f32 is the fast path (packed, blocked, AVX-512/AVX2 micro-kernels picked at run
+ * time, OpenMP over both cores); mmc_gemm_bf16 takes B as bf16 (weights) and widens it
+ * in registers. mmc_gemm_ref is the plain triple loop kept as the test oracle.
+ */
+#ifndef MMC_CPU_GEMM_H
+#define MMC_CPU_GEMM_H
+
+#include <stdint.h>
+#include <stdbool.h>
+
+void mmc_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                  float *C, int64_t ldc);
+void mmc_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                   float *C, int64_t ldc);
+void mmc_gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                  float *C, int64_t ldc);
+void mmc_gemm_ref_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                       float *C, int64_t ldc);
+/* Name of the micro-kernel chosen for this CPU ("avx512", "avx2", "generic"). */
+const char *mmc_gemm_kernel_name(void);
+
+#endif

@@ -1,0 +1,13 @@
+/* ctx_internal.h — the execution context's fields, shared by src/core only. */
+#ifndef MMC_CTX_INTERNAL_H
+#define MMC_CTX_INTERNAL_H
+#include "mmc.h"
+
+struct mmc_ctx {
+    mmc_arena *act;       /* activations, activation grads, tape nodes */
+    mmc_arena *scratch;   /* per-op temporaries */
+    bool grad_enabled;
+    mmc_node **tape;      /* nodes in recording order (heap array, grows) */
+    int tape_len, tape_cap;
+};
+#endif
