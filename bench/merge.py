@@ -1,0 +1,45 @@
+"""Merge bench JSON lines (mmc and peer figures by case name) into results.json and print
+a table. ratio = mmc / peer when higher is better, peer / mmc when lower is better, so a
+ratio above 1 always means mmc wins."""
+import json
+import sys
+
+raw, out = sys.argv[1], sys.argv[2]
+cases = {}
+order = []
+with open(raw) as f:
+    for line in f:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        name = r.get("name")
+        if name not in cases:
+            cases[name] = {"name": name}
+            order.append(name)
+        c = cases[name]
+        for k in ("mmc", "peer", "unit", "better", "note"):
+            if k in r:
+                c[k] = r[k]
+rows = []
+for name in order:
+    c = cases[name]
+    c.setdefault("better", "higher")
+    m, p = c.get("mmc"), c.get("peer")
+    if m is not None and p is not None and m > 0 and p > 0:
+        c["ratio"] = m / p if c["better"] == "higher" else p / m
+    else:
+        c["ratio"] = None
+    rows.append(c)
+with open(out, "w") as f:
+    json.dump(rows, f, indent=1)
+w = max([len(r["name"]) for r in rows] + [10])
+print(f"{'case':<{w}} {'mmc':>12} {'peer':>12} {'unit':>10} {'ratio':>7}")
+for r in rows:
+    fm = lambda v: f"{v:12.4g}" if isinstance(v, (int, float)) else f"{'-':>12}"
+    ratio = f"{r['ratio']:7.2f}" if r["ratio"] else f"{'-':>7}"
+    print(f"{r['name']:<{w}} {fm(r.get('mmc'))} {fm(r.get('peer'))} {r.get('unit', ''):>10} {ratio}")
+print(f"wrote {out}")

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run every benchmark (build/bench_*) and every PyTorch peer (bench/peer_*.py) with the same
+# thread count, merge by case name into build/bench/results.json and print a table.
+# Usage: bench/run.sh [BUILD_DIR] [REF_VENV]   (MMC_BENCH_FILTER=regex to run a subset)
+set -uo pipefail
+BUILD=${1:-build}
+VENV=${2:-.venv-ref}
+THREADS=${MMC_BENCH_THREADS:-$(nproc)}
+FILTER=${MMC_BENCH_FILTER:-.}
+export OMP_NUM_THREADS=$THREADS MMC_BENCH_THREADS=$THREADS
+mkdir -p "$BUILD/bench"
+RAW="$BUILD/bench/raw.jsonl"
+: > "$RAW"
+for b in "$BUILD"/bench_*; do
+  [ -x "$b" ] || continue
+  name=$(basename "$b")
+  echo "$name" | grep -qE "$FILTER" || continue
+  echo "bench: $name" >&2
+  "$b" >> "$RAW" || echo "bench: $name failed (exit $?)" >&2
+done
+PY="$VENV/bin/python"
+if [ -x "$PY" ]; then
+  for p in bench/peer_*.py; do
+    [ -f "$p" ] || continue
+    echo "$(basename "$p")" | grep -qE "$FILTER" || continue
+    echo "peer:  $(basename "$p")" >&2
+    "$PY" "$p" >> "$RAW" || echo "peer: $p failed (exit $?)" >&2
+  done
+else
+  echo "bench: no PyTorch venv at $VENV (run 'make fixtures' to create it); peers skipped" >&2
+fi
+python3 bench/merge.py "$RAW" "$BUILD/bench/results.json"
