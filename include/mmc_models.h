@@ -1,0 +1,108 @@
+/* mmc_models.h — model architectures. One struct per architecture; weights are loaded from
+ * a Hugging Face directory (config.json + safetensors) by name through a table, and each
+ * forward reads like the HF modeling file it mirrors.
+ *
+ * Qwen2 (transformers' Qwen2ForCausalLM) is the language model of Qwen2-VL / Qwen2.5-VL.
+ */
+#ifndef MMC_MODELS_H
+#define MMC_MODELS_H
+
+#include "mmc.h"
+#include "mmc_io.h"
+#include "mmc_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- Qwen2 decoder */
+typedef struct {
+    int64_t vocab_size;
+    int64_t hidden_size;          /* C */
+    int64_t intermediate_size;    /* F */
+    int64_t num_layers;
+    int64_t num_heads;            /* Hq */
+    int64_t num_kv_heads;         /* Hkv */
+    int64_t head_dim;             /* D = C / Hq unless config says otherwise */
+    int64_t max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;
+    bool tie_word_embeddings;
+    bool mrope;                   /* Qwen2-VL multimodal rope */
+    int mrope_section[3];         /* e.g. {16, 24, 24}, sums to D/2 */
+    mmc_dtype dtype;              /* weights' dtype as stored (F32 / BF16) */
+} mmc_qwen2_config;
+
+typedef struct {
+    mmc_tensor *input_norm;       /* [C] */
+    mmc_tensor *q_w, *q_b;        /* [Hq*D, C], [Hq*D] */
+    mmc_tensor *k_w, *k_b;        /* [Hkv*D, C], [Hkv*D] */
+    mmc_tensor *v_w, *v_b;        /* [Hkv*D, C], [Hkv*D] */
+    mmc_tensor *o_w;              /* [C, Hq*D] */
+    mmc_tensor *post_norm;        /* [C] */
+    mmc_tensor *gate_w, *up_w;    /* [F, C] */
+    mmc_tensor *down_w;           /* [C, F] */
+} mmc_qwen2_layer;
+
+/* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of
+ * MMC_KV_BLOCK positions. */
+#define MMC_KV_BLOCK 256
+typedef struct {
+    int n_layers;
+    int64_t batch, len, cap, kv_heads, head_dim;
+    mmc_tensor **k, **v;          /* [B, cap, Hkv, D] each */
+} mmc_kv_cache;
+
+typedef struct mmc_qwen2 {
+    mmc_qwen2_config cfg;
+    mmc_tensor *embed;            /* [V, C] */
+    mmc_qwen2_layer *layers;      /* [num_layers] */
+    mmc_tensor *norm;             /* [C] */
+    mmc_tensor *lm_head;          /* [V, C]; == embed when tied */
+    mmc_tensor **params;          /* every distinct parameter, for optimizers/savers */
+    char (*param_names)[96];      /* HF names (without prefix), parallel to params */
+    int n_params;
+    mmc_st *st;                   /* mapping kept alive when weights are zero-copy */
+    bool recompute;               /* activation checkpointing per block */
+} mmc_qwen2;
+
+/* Read a Qwen2 text config from a parsed config.json: flat (Qwen2, and the Hub's
+ * Qwen2-VL) or nested under text_config (transformers >= 4.52 / 5.x); rope_theta or
+ * rope_parameters.rope_theta; rope_scaling / rope_parameters mrope_section. */
+mmc_status mmc_qwen2_config_read(const mmc_json *cfg, mmc_qwen2_config *out);
+/* Fresh model with random init (normal(0, 0.02), norms 1), f32 parameters. */
+mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 **out);
+/* Load weights from an HF directory. prefix: "" to auto-detect among "model.",
+ * "model.language_model." and "language_model.model.". With trainable = false, f32/bf16
+ * weights stay zero-copy in the mmap; otherwise they are copied to f32 parameters.
+ * Every missing or mis-shaped tensor is reported (not just the first). */
+mmc_status mmc_qwen2_load(const char *dir, const mmc_json *config, bool trainable, mmc_qwen2 **out);
+mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix,
+                               const char *lm_head_name, bool trainable, mmc_qwen2 **out);
+void mmc_qwen2_free(mmc_qwen2 *m);
+int64_t mmc_qwen2_param_count(const mmc_qwen2 *m);
+
+/* ids [B, T] -> embeddings [B, T, C] */
+mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids);
+/* One decoder layer (HF Qwen2DecoderLayer):
+ *   h = x + o_proj(attn(rope(q), rope(k), v)),  y = h + down(silu(gate(n)) * up(n)) */
+mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *cfg,
+                                    mmc_qwen2_layer *L, mmc_tensor *x, mmc_tensor *cos,
+                                    mmc_tensor *sin, const mmc_attn_opts *attn,
+                                    mmc_kv_cache *kv, int layer_idx);
+/* Decoder stack + final norm: embeds [B, T, C] -> hidden [B, T, C]. cos/sin [T, D] or
+ * [B, T, D] for these positions; kv may be NULL (training / full forward). */
+mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos,
+                              mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv);
+/* hidden [..., C] -> logits [..., V] */
+mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden);
+
+mmc_status mmc_kv_cache_init(mmc_kv_cache *kv, int n_layers, int64_t batch, int64_t kv_heads,
+                             int64_t head_dim, int64_t reserve);
+mmc_status mmc_kv_cache_reserve(mmc_kv_cache *kv, int64_t n);
+void mmc_kv_cache_free(mmc_kv_cache *kv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,432 @@
+/* qwen2.c — the Qwen2 decoder, mirroring transformers' Qwen2ForCausalLM
+ * (models/qwen2/modeling_qwen2.py): token embedding, N pre-norm decoder layers
+ * (RMSNorm -> GQA self-attention with q/k/v biases and rotary embeddings -> residual,
+ * RMSNorm -> SwiGLU MLP -> residual), a final RMSNorm and an (optionally tied) LM head.
+ * It is also the language model inside Qwen2-VL and Qwen2.5-VL, whose checkpoints name
+ * it "model." (transformers < 4.52 and the Hub) or "model.language_model." (>= 4.52). */
+#include "mmc_models.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ config */
+static const mmc_json *text_section(const mmc_json *cfg) {
+    const mmc_json *t = mmc_json_get(cfg, "text_config");
+    return t && mmc_json_has(t, "hidden_size") ? t : cfg;
+}
+
+mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
+    memset(c, 0, sizeof *c);
+    const mmc_json *j = text_section(root);
+    mmc_status st;
+    int64_t v;
+#define RD_INT(key, field, def) do { if ((st = mmc_json_int(j, key, def, &v))) return st; c->field = v; } while (0)
+    RD_INT("vocab_size", vocab_size, -1);
+    RD_INT("hidden_size", hidden_size, -1);
+    RD_INT("intermediate_size", intermediate_size, -1);
+    RD_INT("num_hidden_layers", num_layers, -1);
+    RD_INT("num_attention_heads", num_heads, -1);
+    RD_INT("max_position_embeddings", max_position_embeddings, 32768);
+#undef RD_INT
+    const char *need[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads"};
+    int64_t got[] = {c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads};
+    for (int i = 0; i < 5; i++)
+        if (got[i] <= 0)
+            return mmc_error(MMC_ERR_FORMAT, "config.json: '%s' is missing or not positive", need[i]);
+    if ((st = mmc_json_int(j, "num_key_value_heads", c->num_heads, &v))) return st;
+    c->num_kv_heads = v;
+    if ((st = mmc_json_int(j, "head_dim", c->hidden_size / c->num_heads, &v))) return st;
+    c->head_dim = v;
+    if (c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads)
+        return mmc_error(MMC_ERR_FORMAT, "config.json: num_attention_heads %lld is not a multiple of "
+                         "num_key_value_heads %lld", (long long)c->num_heads, (long long)c->num_kv_heads);
+    if (c->head_dim <= 0 || c->head_dim % 2)
+        return mmc_error(MMC_ERR_FORMAT, "config.json: head_dim %lld must be even and positive",
+                         (long long)c->head_dim);
+    if ((st = mmc_json_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps))) return st;
+    double theta = 10000.0;
+    if (mmc_json_has(j, "rope_parameters.rope_theta")) st = mmc_json_num(j, "rope_parameters.rope_theta", theta, &theta);
+    else if (mmc_json_has(j, "rope_theta")) st = mmc_json_num(j, "rope_theta", theta, &theta);
+    else if (mmc_json_has(root, "rope_theta")) st = mmc_json_num(root, "rope_theta", theta, &theta);
+    if (st) return st;
+    c->rope_theta = theta;
+    bool tie = false;
+    if (mmc_json_has(j, "tie_word_embeddings")) st = mmc_json_bool(j, "tie_word_embeddings", false, &tie);
+    else st = mmc_json_bool(root, "tie_word_embeddings", false, &tie);
+    if (st) return st;
+    c->tie_word_embeddings = tie;
+    /* M-RoPE: rope_scaling.mrope_section (Hub) or rope_parameters.mrope_section (5.x) */
+    const char *keys[] = {"rope_scaling.mrope_section", "rope_parameters.mrope_section"};
+    for (int k = 0; k < 2; k++) {
+        for (int pass = 0; pass < 2; pass++) {
+            const mmc_json *src = pass ? root : j;
+            if (!mmc_json_has(src, keys[k])) continue;
+            int64_t sec[3];
+            int n = 3;
+            if ((st = mmc_json_int_array(src, keys[k], sec, &n))) return st;
+            if (n != 3 || sec[0] + sec[1] + sec[2] != c->head_dim / 2)
+                return mmc_error(MMC_ERR_FORMAT, "config.json: %s must be 3 numbers summing to head_dim/2 = %lld",
+                                 keys[k], (long long)(c->head_dim / 2));
+            c->mrope = true;
+            for (int i = 0; i < 3; i++) c->mrope_section[i] = (int)sec[i];
+            goto mrope_done;
+        }
+    }
+mrope_done:;
+    const char *dt = NULL;
+    if ((st = mmc_json_str(j, "torch_dtype", NULL, &dt))) return st;
+    if (!dt && (st = mmc_json_str(j, "dtype", NULL, &dt))) return st;
+    if (!dt && (st = mmc_json_str(root, "torch_dtype", NULL, &dt))) return st;
+    c->dtype = MMC_F32;
+    if (dt && mmc_dtype_parse(dt, &c->dtype) != MMC_OK) c->dtype = MMC_F32;
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ parameters */
+typedef struct {
+    char name[96];          /* HF name without the model prefix */
+    mmc_tensor **slot;
+    int ndim;
+    int64_t shape[2];
+    bool optional;
+} wspec;
+
+static int build_specs(mmc_qwen2 *m, wspec *s) {
+    const mmc_qwen2_config *c = &m->cfg;
+    int64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+    int n = 0;
+#define SPEC(nm, ptr, nd, d0, d1) do { snprintf(s[n].name, sizeof s[n].name, "%s", nm); s[n].slot = (ptr); \
+    s[n].ndim = nd; s[n].shape[0] = d0; s[n].shape[1] = d1; s[n].optional = false; n++; } while (0)
+    SPEC("embed_tokens.weight", &m->embed, 2, V, C);
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        mmc_qwen2_layer *L = &m->layers[i];
+        char b[96];
+#define LSPEC(suffix, ptr, nd, d0, d1) do { snprintf(b, sizeof b, "layers.%lld.%s", (long long)i, suffix); \
+    SPEC(b, ptr, nd, d0, d1); } while (0)
+        LSPEC("input_layernorm.weight", &L->input_norm, 1, C, 0);
+        LSPEC("self_attn.q_proj.weight", &L->q_w, 2, QD, C);
+        LSPEC("self_attn.q_proj.bias", &L->q_b, 1, QD, 0);
+        LSPEC("self_attn.k_proj.weight", &L->k_w, 2, KD, C);
+        LSPEC("self_attn.k_proj.bias", &L->k_b, 1, KD, 0);
+        LSPEC("self_attn.v_proj.weight", &L->v_w, 2, KD, C);
+        LSPEC("self_attn.v_proj.bias", &L->v_b, 1, KD, 0);
+        LSPEC("self_attn.o_proj.weight", &L->o_w, 2, C, QD);
+        LSPEC("post_attention_layernorm.weight", &L->post_norm, 1, C, 0);
+        LSPEC("mlp.gate_proj.weight", &L->gate_w, 2, F, C);
+        LSPEC("mlp.up_proj.weight", &L->up_w, 2, F, C);
+        LSPEC("mlp.down_proj.weight", &L->down_w, 2, C, F);
+#undef LSPEC
+    }
+    SPEC("norm.weight", &m->norm, 1, C, 0);
+#undef SPEC
+    return n;
+}
+
+static mmc_qwen2 *alloc_model(const mmc_qwen2_config *cfg, wspec **specs, int *n_specs) {
+    mmc_qwen2 *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    m->layers = calloc((size_t)cfg->num_layers, sizeof *m->layers);
+    int cap = 2 + 12 * (int)cfg->num_layers + 2;
+    *specs = calloc((size_t)cap, sizeof **specs);
+    m->params = calloc((size_t)cap, sizeof *m->params);
+    m->param_names = calloc((size_t)cap, sizeof *m->param_names);
+    if (!m->layers || !*specs || !m->params || !m->param_names) {
+        free(*specs);
+        mmc_qwen2_free(m);
+        return NULL;
+    }
+    *n_specs = build_specs(m, *specs);
+    return m;
+}
+
+static void register_param(mmc_qwen2 *m, mmc_tensor *t, const char *name) {
+    for (int i = 0; i < m->n_params; i++) if (m->params[i] == t) return;
+    snprintf(m->param_names[m->n_params], sizeof m->param_names[0], "%s", name);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    m->params[m->n_params++] = t;
+}
+
+mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 **out) {
+    *out = NULL;
+    wspec *s;
+    int n;
+    mmc_qwen2 *m = alloc_model(cfg, &s, &n);
+    if (!m) return mmc_error(MMC_ERR_OOM, "out of memory allocating a Qwen2 model");
+    mmc_rng rng;
+    mmc_rng_init(&rng, seed);
+    for (int i = 0; i < n; i++) {
+        mmc_tensor *t = mmc_tensor_new(MMC_F32, s[i].ndim, s[i].shape);
+        if (!t) { free(s); mmc_qwen2_free(m); return MMC_ERR_OOM; }
+        t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+        bool is_norm = strstr(s[i].name, "norm") != NULL, is_bias = strstr(s[i].name, ".bias") != NULL;
+        if (is_norm) for (int64_t k = 0; k < mmc_numel(t); k++) ((float *)t->data)[k] = 1.0f;
+        else if (!is_bias) mmc_rng_normal(&rng, t->data, mmc_numel(t), 0.0f, 0.02f);
+        *s[i].slot = t;
+        register_param(m, t, s[i].name);
+    }
+    if (cfg->tie_word_embeddings) m->lm_head = m->embed;
+    else {
+        m->lm_head = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(cfg->vocab_size, cfg->hidden_size));
+        if (!m->lm_head) { free(s); mmc_qwen2_free(m); return MMC_ERR_OOM; }
+        m->lm_head->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+        mmc_rng_normal(&rng, m->lm_head->data, mmc_numel(m->lm_head), 0.0f, 0.02f);
+        register_param(m, m->lm_head, "lm_head.weight");
+    }
+    free(s);
+    m->cfg.dtype = MMC_F32;
+    *out = m;
+    return MMC_OK;
+}
+
+/* Bind one checkpoint tensor: zero-copy view for inference, f32 copy for training. */
+static mmc_status bind(const mmc_st *st, const char *full, int ndim, const int64_t *shape,
+                       bool trainable, mmc_tensor **slot, char *errs, size_t errcap) {
+    const mmc_st_entry *e = mmc_st_find(st, full);
+    size_t used = strlen(errs);
+    if (!e) {
+        snprintf(errs + used, errcap - used, "\n  missing tensor '%s'", full);
+        return MMC_ERR_NOT_FOUND;
+    }
+    bool ok = e->ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++) ok = e->shape[d] == shape[d];
+    if (!ok) {
+        mmc_tensor want = {.ndim = ndim}, found = {.ndim = e->ndim};
+        memcpy(want.shape, shape, (size_t)ndim * sizeof *shape);
+        memcpy(found.shape, e->shape, sizeof found.shape);
+        char a[64], b[64];
+        snprintf(errs + used, errcap - used, "\n  tensor '%s': expected shape %s, found %s", full,
+                 mmc_shape_str(&want, a, sizeof a), mmc_shape_str(&found, b, sizeof b));
+        return MMC_ERR_SHAPE;
+    }
+    if (e->dtype != MMC_F32 && e->dtype != MMC_BF16 && e->dtype != MMC_F16) {
+        snprintf(errs + used, errcap - used, "\n  tensor '%s': dtype %s is not a float type", full,
+                 mmc_dtype_name(e->dtype));
+        return MMC_ERR_UNSUPPORTED;
+    }
+    mmc_tensor *t;
+    if (!trainable && (e->dtype == MMC_F32 || e->dtype == MMC_BF16) && ((uintptr_t)e->data % 4) == 0) {
+        t = mmc_tensor_wrap(e->dtype, ndim, shape, (void *)e->data);
+    } else {
+        /* norms and biases are always f32; big matrices keep bf16 for inference */
+        mmc_dtype dt = trainable || ndim == 1 || e->dtype == MMC_F16 ? MMC_F32 : e->dtype;
+        t = mmc_tensor_new(dt, ndim, shape);
+        if (t) mmc_convert(t->data, dt, e->data, e->dtype, mmc_numel(t));
+    }
+    if (!t) return MMC_ERR_OOM;
+    if (trainable) t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+    *slot = t;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix,
+                               const char *lm_head_name, bool trainable, mmc_qwen2 **out) {
+    *out = NULL;
+    wspec *s;
+    int n;
+    mmc_qwen2 *m = alloc_model(cfg, &s, &n);
+    if (!m) return mmc_error(MMC_ERR_OOM, "out of memory allocating a Qwen2 model");
+    size_t errcap = 8192;
+    char *errs = calloc(1, errcap);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        char full[256];
+        snprintf(full, sizeof full, "%s%s", prefix, s[i].name);
+        if (bind(st, full, s[i].ndim, s[i].shape, trainable, s[i].slot, errs, errcap) != MMC_OK) bad++;
+        else register_param(m, *s[i].slot, s[i].name);
+    }
+    if (cfg->tie_word_embeddings && !mmc_st_find(st, lm_head_name)) {
+        m->lm_head = m->embed;
+    } else if (bind(st, lm_head_name, 2, MMC_SHAPE(cfg->vocab_size, cfg->hidden_size), trainable,
+                    &m->lm_head, errs, errcap) != MMC_OK) {
+        bad++;
+    } else {
+        register_param(m, m->lm_head, "lm_head.weight");
+    }
+    free(s);
+    if (bad) {
+        mmc_error(MMC_ERR_FORMAT, "Qwen2 weights: %d problem%s (prefix '%s'):%s", bad, bad > 1 ? "s" : "",
+                  prefix, errs);
+        free(errs);
+        mmc_qwen2_free(m);
+        return MMC_ERR_FORMAT;
+    }
+    free(errs);
+    *out = m;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_load(const char *dir, const mmc_json *config, bool trainable, mmc_qwen2 **out) {
+    *out = NULL;
+    mmc_qwen2_config cfg;
+    mmc_status st = mmc_qwen2_config_read(config, &cfg);
+    if (st) return mmc_error_prefix(st, "%s/config.json", dir);
+    mmc_st *w = NULL;
+    if ((st = mmc_st_open(dir, &w))) return st;
+    static const char *prefixes[] = {"model.", "model.language_model.", "language_model.model."};
+    static const char *heads[] = {"lm_head.weight", "lm_head.weight", "language_model.lm_head.weight"};
+    int pick = -1;
+    for (int i = 0; i < 3 && pick < 0; i++) {
+        char probe[128];
+        snprintf(probe, sizeof probe, "%sembed_tokens.weight", prefixes[i]);
+        if (mmc_st_find(w, probe)) pick = i;
+    }
+    if (pick < 0) {
+        mmc_st_close(w);
+        return mmc_error(MMC_ERR_NOT_FOUND, "%s: no embed_tokens.weight under any known prefix "
+                         "(model., model.language_model., language_model.model.)", dir);
+    }
+    st = mmc_qwen2_load_from(w, &cfg, prefixes[pick], heads[pick], trainable, out);
+    if (st) { mmc_st_close(w); return mmc_error_prefix(st, "%s", dir); }
+    if (trainable) mmc_st_close(w);
+    else (*out)->st = w;
+    return MMC_OK;
+}
+
+void mmc_qwen2_free(mmc_qwen2 *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
+    free(m->params);
+    free(m->param_names);
+    free(m->layers);
+    mmc_st_close(m->st);
+    free(m);
+}
+
+int64_t mmc_qwen2_param_count(const mmc_qwen2 *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++) n += mmc_numel(m->params[i]);
+    return n;
+}
+
+/* ------------------------------------------------------------------ KV cache */
+mmc_status mmc_kv_cache_init(mmc_kv_cache *kv, int n_layers, int64_t batch, int64_t kv_heads,
+                             int64_t head_dim, int64_t reserve) {
+    memset(kv, 0, sizeof *kv);
+    kv->n_layers = n_layers;
+    kv->batch = batch;
+    kv->kv_heads = kv_heads;
+    kv->head_dim = head_dim;
+    kv->k = calloc((size_t)n_layers, sizeof *kv->k);
+    kv->v = calloc((size_t)n_layers, sizeof *kv->v);
+    if (!kv->k || !kv->v) return mmc_error(MMC_ERR_OOM, "out of memory allocating the KV cache");
+    return mmc_kv_cache_reserve(kv, reserve);
+}
+
+mmc_status mmc_kv_cache_reserve(mmc_kv_cache *kv, int64_t n) {
+    if (n <= kv->cap) return MMC_OK;
+    int64_t cap = (n + MMC_KV_BLOCK - 1) / MMC_KV_BLOCK * MMC_KV_BLOCK;
+    for (int l = 0; l < kv->n_layers; l++) {
+        for (int w = 0; w < 2; w++) {
+            mmc_tensor **slot = w ? &kv->v[l] : &kv->k[l];
+            mmc_tensor *t = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(kv->batch, cap, kv->kv_heads, kv->head_dim));
+            if (!t) return mmc_error(MMC_ERR_OOM, "out of memory growing the KV cache to %lld positions",
+                                     (long long)cap);
+            if (*slot) {
+                size_t row = (size_t)(kv->kv_heads * kv->head_dim) * sizeof(float);
+                for (int64_t b = 0; b < kv->batch; b++)
+                    memcpy((float *)t->data + b * cap * kv->kv_heads * kv->head_dim,
+                           (float *)(*slot)->data + b * kv->cap * kv->kv_heads * kv->head_dim,
+                           row * (size_t)kv->len);
+                mmc_tensor_free(*slot);
+            }
+            *slot = t;
+        }
+    }
+    kv->cap = cap;
+    return MMC_OK;
+}
+
+void mmc_kv_cache_free(mmc_kv_cache *kv) {
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->k) mmc_tensor_free(kv->k[l]);
+        if (kv->v) mmc_tensor_free(kv->v[l]);
+    }
+    free(kv->k);
+    free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+/* Append k/v [B, T, Hkv, D] at positions [len, len + T) and return views over [0, len + T). */
+static void kv_append(mmc_ctx *ctx, mmc_kv_cache *kv, int layer, mmc_tensor *k, mmc_tensor *v,
+                      mmc_tensor **k_all, mmc_tensor **v_all) {
+    int64_t B = k->shape[0], T = k->shape[1], row = kv->kv_heads * kv->head_dim;
+    MMC_CHECK(kv->len + T <= kv->cap, "KV cache: %lld + %lld positions exceed the reserved %lld",
+              (long long)kv->len, (long long)T, (long long)kv->cap);
+    mmc_tensor *src[2] = {mmc_contiguous(ctx, k), mmc_contiguous(ctx, v)};
+    mmc_tensor *dst[2] = {kv->k[layer], kv->v[layer]};
+    for (int w = 0; w < 2; w++)
+        for (int64_t b = 0; b < B; b++)
+            memcpy((float *)dst[w]->data + (b * kv->cap + kv->len) * row,
+                   (float *)src[w]->data + b * T * row, (size_t)(T * row) * sizeof(float));
+    *k_all = mmc_narrow(ctx, kv->k[layer], 1, 0, kv->len + T);
+    *v_all = mmc_narrow(ctx, kv->v[layer], 1, 0, kv->len + T);
+}
+
+/* ------------------------------------------------------------------ forward */
+mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids) {
+    return mmc_embedding(ctx, m->embed, ids);
+}
+
+mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L,
+                                    mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin,
+                                    const mmc_attn_opts *attn, mmc_kv_cache *kv, int layer_idx) {
+    int64_t B = x->shape[0], T = x->shape[1], D = c->head_dim;
+    float eps = (float)c->rms_norm_eps;
+    /* self-attention block */
+    mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                     /* [B, T, C] */
+    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, h, L->q_w, L->q_b), 4,
+                                MMC_SHAPE(B, T, c->num_heads, D));               /* [B, T, Hq, D] */
+    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, h, L->k_w, L->k_b), 4,
+                                MMC_SHAPE(B, T, c->num_kv_heads, D));            /* [B, T, Hkv, D] */
+    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, h, L->v_w, L->v_b), 4,
+                                MMC_SHAPE(B, T, c->num_kv_heads, D));            /* [B, T, Hkv, D] */
+    q = mmc_rope(ctx, q, cos, sin);
+    k = mmc_rope(ctx, k, cos, sin);
+    if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
+    mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
+    a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, c->num_heads * D));
+    x = mmc_add(ctx, x, mmc_linear(ctx, a, L->o_w, NULL));
+    /* MLP block: down(silu(gate(h)) * up(h)) */
+    h = mmc_rmsnorm(ctx, x, L->post_norm, eps);
+    mmc_tensor *g = mmc_swiglu(ctx, mmc_linear(ctx, h, L->gate_w, NULL), mmc_linear(ctx, h, L->up_w, NULL));
+    return mmc_add(ctx, x, mmc_linear(ctx, g, L->down_w, NULL));
+}
+
+typedef struct {
+    mmc_qwen2 *m;
+    int layer;
+    mmc_tensor *cos, *sin;
+    const mmc_attn_opts *attn;
+} block_args;
+
+static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
+    block_args *a = user;
+    (void)n_in;
+    return mmc_qwen2_layer_forward(ctx, &a->m->cfg, &a->m->layers[a->layer], in[0], a->cos, a->sin,
+                                   a->attn, NULL, a->layer);
+}
+
+mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_tensor *cos,
+                              mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv) {
+    bool ckpt = m->recompute && !kv && mmc_grad_enabled(ctx);
+    block_args *args = ckpt ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)m->cfg.num_layers) : NULL;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (ckpt) {
+            args[l] = (block_args){m, l, cos, sin, attn};
+            x = mmc_checkpoint(ctx, block_fn, &args[l], &x, 1);
+        } else {
+            x = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], x, cos, sin, attn, kv, l);
+        }
+    }
+    if (kv) kv->len += x->shape[1];
+    return mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);
+}
+
+mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
+    return mmc_linear(ctx, hidden, m->lm_head, NULL);
+}

@@ -1,0 +1,87 @@
+/* mmc.c — the `mmc` command: one binary, one subcommand per job (info, generate, chat,
+ * forward, train, eval, ...). Each subcommand has --help; errors go to stderr with what was
+ * wrong and what to do, and a non-zero exit code. */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MMC_VERSION "0.1.0"
+
+static const cli_cmd g_cmds[] = {
+    {"info", "Describe a model directory: architecture, parameters by component, dtypes",
+     cmd_info, help_info},
+};
+static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
+
+int cli_fail(mmc_status st, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "mmc: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    if (st != MMC_OK && mmc_last_error()[0]) fprintf(stderr, ": %s", mmc_last_error());
+    fputc('\n', stderr);
+    return 1;
+}
+
+bool cli_is_help(const char *a) { return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0; }
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "mmc %s: option %s needs a value\n", argv[0], argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+bool cli_int(const char *opt, const char *val, long long lo, long long hi, long long *out) {
+    char *end;
+    long long v = strtoll(val, &end, 10);
+    if (!*val || *end || v < lo || v > hi) {
+        fprintf(stderr, "mmc: %s expects an integer in [%lld, %lld], got '%s'\n", opt, lo, hi, val);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_float(const char *opt, const char *val, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(val, &end);
+    if (!*val || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "mmc: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, val);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "mmc %s — train, fine-tune, evaluate and serve multimodal models, in C.\n\n"
+               "usage: mmc <command> [options]\n\ncommands:\n", MMC_VERSION);
+    for (int i = 0; i < g_ncmds; i++) fprintf(f, "  %-10s %s\n", g_cmds[i].name, g_cmds[i].summary);
+    fprintf(f, "\n`mmc <command> --help` describes a command's options.\n"
+               "environment: OMP_NUM_THREADS sets the number of CPU threads (default: all cores).\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || cli_is_help(argv[1])) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("mmc %s\n", MMC_VERSION);
+        return 0;
+    }
+    for (int i = 0; i < g_ncmds; i++) {
+        if (strcmp(argv[1], g_cmds[i].name) != 0) continue;
+        for (int a = 2; a < argc; a++)
+            if (cli_is_help(argv[a])) { g_cmds[i].help(stdout); return 0; }
+        return g_cmds[i].run(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "mmc: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
