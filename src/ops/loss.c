@@ -11,10 +11,12 @@
 static void xent_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *logits = n->in[0], *targets = n->in[1];
     int64_t N = n->i[0], V = n->i[1], count = n->i[2], ignore = n->i[3];
-    if (!mmc_requires_grad(logits) || count == 0) return;
+    if (!mmc_requires_grad(logits)) return;
+    float *gl = mmc_grad(ctx, logits)->data;   /* allocated (zero) even when all are ignored */
+    if (count == 0) return;
     float g = ((const float *)n->out->grad->data)[0];
     mmc_cpu_xent_bwd(logits->data, targets->data, targets->dtype == MMC_I64, ignore,
-                     n->saved[0]->data, g / (float)count, mmc_grad(ctx, logits)->data, N, V);
+                     n->saved[0]->data, g / (float)count, gl, N, V);
 }
 
 mmc_tensor *mmc_cross_entropy(mmc_ctx *ctx, mmc_tensor *logits, mmc_tensor *targets,
