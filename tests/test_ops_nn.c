@@ -5,6 +5,8 @@
  * weights, determinism across thread counts, a 151936-wide vocabulary). */
 #include "test_util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -371,7 +373,54 @@ static void test_determinism(void) {
 #endif
 }
 
+/* Programmer errors abort with a message naming the bad value: run the op in a child and
+ * check it died with that message on stderr. */
+typedef void (*abort_fn)(void);
+static void expect_abort(const char *what, abort_fn fn, const char *needle) {
+    fflush(NULL);
+    int fd[2];
+    if (pipe(fd) != 0) return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], 2);
+        fn();
+        _exit(0);   /* did not abort */
+    }
+    close(fd[1]);
+    char buf[1024] = {0};
+    size_t got = 0;
+    ssize_t k;
+    while (got < sizeof buf - 1 && (k = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)k;
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECKF(WIFSIGNALED(status) && strstr(buf, needle), "%s: status %d, stderr '%s'", what, status, buf);
+}
+static void bad_embedding(void) {
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *tab = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(10, 4));
+    int64_t v[3] = {1, 12, 2};
+    mmc_embedding(ctx, tab, ids_tensor(MMC_I64, 1, MMC_SHAPE(3), v));
+}
+static void bad_target(void) {
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *lg = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(2, 7));
+    int64_t v[2] = {-1, 3};
+    mmc_cross_entropy(ctx, lg, ids_tensor(MMC_I32, 1, MMC_SHAPE(2), v), -100);
+}
+static void bad_linear(void) {
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_linear(ctx, mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(2, 7)), mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(3, 6)), NULL);
+}
+static void test_errors(void) {
+    expect_abort("embedding id out of range", bad_embedding, "id 12 at position 1 is out of range [0, 10)");
+    expect_abort("cross-entropy target out of range", bad_target, "target -1 at row 0 is out of range [0, 7)");
+    expect_abort("linear shape mismatch", bad_linear, "[2, 7]");
+}
+
 int main(void) {
+    test_errors();
     test_fixtures();
     test_gradchecks();
     test_bf16_weights();
