@@ -91,13 +91,13 @@ static inline __mmask16 tail_mask(int64_t left) {
 #endif
 
 /* Run body(i0, i1) over [0, n) in blocks, in parallel when n is large. */
-#define PAR_BLOCKS(n, body)                                                         \
+#define PAR_BLOCKS(n, ...)                                                         \
     do {                                                                            \
         int64_t nb_ = ((n) + BLK - 1) / BLK;                                        \
         _Pragma("omp parallel for schedule(static) if ((n) >= PAR_MIN)")            \
         for (int64_t b_ = 0; b_ < nb_; b_++) {                                      \
             int64_t i0 = b_ * BLK, i1 = i0 + BLK < (n) ? i0 + BLK : (n);            \
-            body;                                                                   \
+            __VA_ARGS__;                                                            \
         }                                                                           \
     } while (0)
 
@@ -194,158 +194,166 @@ void ew_colsum_acc_f32(float *gb, const float *g, const float *a, int64_t R, int
 /* ------------------------------------------------------------- activations */
 #if defined(__AVX512F__)
 /* SIMD map over [i0, i1): load x (and optional second input) into vx, compute, store */
-#define SIMD_MAP(i0, i1, stmt)                                                      \
+#define SIMD_MAP(i0, i1, ...)                                                       \
     for (int64_t i = (i0); i < (i1); i += 16) {                                     \
         __mmask16 m = tail_mask((i1) - i);                                          \
-        stmt;                                                                       \
+        __VA_ARGS__;                                                                \
     }
 #endif
 
-void ew_gelu_f32(float *y, const float *x, int64_t n) {
-    PAR_BLOCKS(n, {
+static void ew_gelu_f32_blk(float *y, const float *x, int64_t i0, int64_t i1) {
 #if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-            __m512 e = v_erf(_mm512_mul_ps(v, S1(SQRT1_2)));
-            _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_mul_ps(S1(0.5f), v), _mm512_add_ps(S1(1.0f), e)));
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * SQRT1_2));
-#endif
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 e = v_erf(_mm512_mul_ps(v, S1(SQRT1_2)));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_mul_ps(S1(0.5f), v), _mm512_add_ps(S1(1.0f), e)));
     });
+#else
+    for (int64_t i = i0; i < i1; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * SQRT1_2));
+#endif
+}
+void ew_gelu_f32(float *y, const float *x, int64_t n) {
+    PAR_BLOCKS(n, ew_gelu_f32_blk(y, x, i0, i1));
+}
+static void ew_gelu_bwd_acc_f32_blk(float *gx, const float *x, const float *g, int64_t i0, int64_t i1) {
+#if defined(__AVX512F__)
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 cdf = _mm512_mul_ps(S1(0.5f), _mm512_add_ps(S1(1.0f), v_erf(_mm512_mul_ps(v, S1(SQRT1_2)))));
+        __m512 pdf = _mm512_mul_ps(S1(INV_SQRT_2PI), v_exp(_mm512_mul_ps(S1(-0.5f), _mm512_mul_ps(v, v))));
+        __m512 d = _mm512_fmadd_ps(v, pdf, cdf);
+        __m512 acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, g + i), d, _mm512_maskz_loadu_ps(m, gx + i));
+        _mm512_mask_storeu_ps(gx + i, m, acc);
+    });
+#else
+    for (int64_t i = i0; i < i1; i++) {
+        float v = x[i], cdf = 0.5f * (1.0f + erff(v * SQRT1_2));
+        float pdf = INV_SQRT_2PI * expf(-0.5f * v * v);
+        gx[i] += g[i] * (cdf + v * pdf);
+    }
+#endif
 }
 void ew_gelu_bwd_acc_f32(float *gx, const float *x, const float *g, int64_t n) {
-    PAR_BLOCKS(n, {
-#if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-            __m512 cdf = _mm512_mul_ps(S1(0.5f), _mm512_add_ps(S1(1.0f), v_erf(_mm512_mul_ps(v, S1(SQRT1_2)))));
-            __m512 pdf = _mm512_mul_ps(S1(INV_SQRT_2PI), v_exp(_mm512_mul_ps(S1(-0.5f), _mm512_mul_ps(v, v))));
-            __m512 d = _mm512_fmadd_ps(v, pdf, cdf);
-            __m512 acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, g + i), d, _mm512_maskz_loadu_ps(m, gx + i));
-            _mm512_mask_storeu_ps(gx + i, m, acc);
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) {
-            float v = x[i], cdf = 0.5f * (1.0f + erff(v * SQRT1_2));
-            float pdf = INV_SQRT_2PI * expf(-0.5f * v * v);
-            gx[i] += g[i] * (cdf + v * pdf);
-        }
-#endif
-    });
+    PAR_BLOCKS(n, ew_gelu_bwd_acc_f32_blk(gx, x, g, i0, i1));
 }
 
-void ew_gelu_tanh_f32(float *y, const float *x, int64_t n) {
-    PAR_BLOCKS(n, {
+static void ew_gelu_tanh_f32_blk(float *y, const float *x, int64_t i0, int64_t i1) {
 #if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-            __m512 u = _mm512_mul_ps(S1(SQRT_2_PI), _mm512_fmadd_ps(_mm512_mul_ps(S1(GELU_C), v), _mm512_mul_ps(v, v), v));
-            __m512 s = v_sigmoid(_mm512_add_ps(u, u));
-            _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, s));
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) {
-            float v = x[i], u = SQRT_2_PI * (v + GELU_C * v * v * v);
-            y[i] = v * sigmoidf_(2.0f * u);
-        }
-#endif
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 u = _mm512_mul_ps(S1(SQRT_2_PI), _mm512_fmadd_ps(_mm512_mul_ps(S1(GELU_C), v), _mm512_mul_ps(v, v), v));
+        __m512 s = v_sigmoid(_mm512_add_ps(u, u));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, s));
     });
+#else
+    for (int64_t i = i0; i < i1; i++) {
+        float v = x[i], u = SQRT_2_PI * (v + GELU_C * v * v * v);
+        y[i] = v * sigmoidf_(2.0f * u);
+    }
+#endif
+}
+void ew_gelu_tanh_f32(float *y, const float *x, int64_t n) {
+    PAR_BLOCKS(n, ew_gelu_tanh_f32_blk(y, x, i0, i1));
+}
+static void ew_gelu_tanh_bwd_acc_f32_blk(float *gx, const float *x, const float *g, int64_t i0, int64_t i1) {
+    /* y = x s, s = sigmoid(2u): dy/dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3c x^2) */
+#if defined(__AVX512F__)
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 v2 = _mm512_mul_ps(v, v);
+        __m512 u = _mm512_mul_ps(S1(SQRT_2_PI), _mm512_fmadd_ps(_mm512_mul_ps(S1(GELU_C), v), v2, v));
+        __m512 s = v_sigmoid(_mm512_add_ps(u, u));
+        __m512 du = _mm512_mul_ps(S1(SQRT_2_PI), _mm512_fmadd_ps(S1(3.0f * GELU_C), v2, S1(1.0f)));
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(S1(2.0f), v), _mm512_mul_ps(s, _mm512_sub_ps(S1(1.0f), s)));
+        __m512 d = _mm512_fmadd_ps(t, du, s);
+        __m512 acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, g + i), d, _mm512_maskz_loadu_ps(m, gx + i));
+        _mm512_mask_storeu_ps(gx + i, m, acc);
+    });
+#else
+    for (int64_t i = i0; i < i1; i++) {
+        float v = x[i], u = SQRT_2_PI * (v + GELU_C * v * v * v), s = sigmoidf_(2.0f * u);
+        float d = s + 2.0f * v * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_C * v * v);
+        gx[i] += g[i] * d;
+    }
+#endif
 }
 void ew_gelu_tanh_bwd_acc_f32(float *gx, const float *x, const float *g, int64_t n) {
-    /* y = x s, s = sigmoid(2u): dy/dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3c x^2) */
-    PAR_BLOCKS(n, {
-#if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-            __m512 v2 = _mm512_mul_ps(v, v);
-            __m512 u = _mm512_mul_ps(S1(SQRT_2_PI), _mm512_fmadd_ps(_mm512_mul_ps(S1(GELU_C), v), v2, v));
-            __m512 s = v_sigmoid(_mm512_add_ps(u, u));
-            __m512 du = _mm512_mul_ps(S1(SQRT_2_PI), _mm512_fmadd_ps(S1(3.0f * GELU_C), v2, S1(1.0f)));
-            __m512 t = _mm512_mul_ps(_mm512_mul_ps(S1(2.0f), v), _mm512_mul_ps(s, _mm512_sub_ps(S1(1.0f), s)));
-            __m512 d = _mm512_fmadd_ps(t, du, s);
-            __m512 acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, g + i), d, _mm512_maskz_loadu_ps(m, gx + i));
-            _mm512_mask_storeu_ps(gx + i, m, acc);
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) {
-            float v = x[i], u = SQRT_2_PI * (v + GELU_C * v * v * v), s = sigmoidf_(2.0f * u);
-            float d = s + 2.0f * v * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_C * v * v);
-            gx[i] += g[i] * d;
-        }
-#endif
-    });
+    PAR_BLOCKS(n, ew_gelu_tanh_bwd_acc_f32_blk(gx, x, g, i0, i1));
 }
 
-void ew_xsigmoid_f32(float *y, const float *x, float k, int64_t n) {
-    PAR_BLOCKS(n, {
+static void ew_xsigmoid_f32_blk(float *y, const float *x, float k, int64_t i0, int64_t i1) {
 #if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-            _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, v_sigmoid(_mm512_mul_ps(S1(k), v))));
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) y[i] = x[i] * sigmoidf_(k * x[i]);
-#endif
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, v_sigmoid(_mm512_mul_ps(S1(k), v))));
     });
+#else
+    for (int64_t i = i0; i < i1; i++) y[i] = x[i] * sigmoidf_(k * x[i]);
+#endif
+}
+void ew_xsigmoid_f32(float *y, const float *x, float k, int64_t n) {
+    PAR_BLOCKS(n, ew_xsigmoid_f32_blk(y, x, k, i0, i1));
+}
+static void ew_xsigmoid_bwd_acc_f32_blk(float *gx, const float *x, const float *g, float k, int64_t i0, int64_t i1) {
+    /* d/dx x s(kx) = s + k x s (1 - s) */
+#if defined(__AVX512F__)
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 s = v_sigmoid(_mm512_mul_ps(S1(k), v));
+        __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(S1(k), v), s), _mm512_sub_ps(S1(1.0f), s), s);
+        __m512 acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, g + i), d, _mm512_maskz_loadu_ps(m, gx + i));
+        _mm512_mask_storeu_ps(gx + i, m, acc);
+    });
+#else
+    for (int64_t i = i0; i < i1; i++) {
+        float s = sigmoidf_(k * x[i]);
+        gx[i] += g[i] * (s + k * x[i] * s * (1.0f - s));
+    }
+#endif
 }
 void ew_xsigmoid_bwd_acc_f32(float *gx, const float *x, const float *g, float k, int64_t n) {
-    /* d/dx x s(kx) = s + k x s (1 - s) */
-    PAR_BLOCKS(n, {
-#if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-            __m512 s = v_sigmoid(_mm512_mul_ps(S1(k), v));
-            __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(S1(k), v), s), _mm512_sub_ps(S1(1.0f), s), s);
-            __m512 acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, g + i), d, _mm512_maskz_loadu_ps(m, gx + i));
-            _mm512_mask_storeu_ps(gx + i, m, acc);
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) {
-            float s = sigmoidf_(k * x[i]);
-            gx[i] += g[i] * (s + k * x[i] * s * (1.0f - s));
-        }
-#endif
-    });
+    PAR_BLOCKS(n, ew_xsigmoid_bwd_acc_f32_blk(gx, x, g, k, i0, i1));
 }
 
-void ew_swiglu_f32(float *y, const float *gate, const float *up, int64_t n) {
-    PAR_BLOCKS(n, {
+static void ew_swiglu_f32_blk(float *y, const float *gate, const float *up, int64_t i0, int64_t i1) {
 #if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, gate + i);
-            __m512 u = _mm512_maskz_loadu_ps(m, up + i);
-            _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_mul_ps(v, v_sigmoid(v)), u));
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) y[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
-#endif
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, gate + i);
+        __m512 u = _mm512_maskz_loadu_ps(m, up + i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_mul_ps(v, v_sigmoid(v)), u));
     });
+#else
+    for (int64_t i = i0; i < i1; i++) y[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
+#endif
+}
+void ew_swiglu_f32(float *y, const float *gate, const float *up, int64_t n) {
+    PAR_BLOCKS(n, ew_swiglu_f32_blk(y, gate, up, i0, i1));
+}
+static void ew_swiglu_bwd_acc_f32_blk(float *ggate, float *gup, const float *gate, const float *up, const float *g, int64_t i0, int64_t i1) {
+#if defined(__AVX512F__)
+    SIMD_MAP(i0, i1, {
+        __m512 v = _mm512_maskz_loadu_ps(m, gate + i);
+        __m512 gy = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 s = v_sigmoid(v);
+        __m512 silu = _mm512_mul_ps(v, s);
+        if (gup) _mm512_mask_storeu_ps(gup + i, m, _mm512_fmadd_ps(gy, silu, _mm512_maskz_loadu_ps(m, gup + i)));
+        if (ggate) {
+            __m512 u = _mm512_maskz_loadu_ps(m, up + i);
+            __m512 d = _mm512_fmadd_ps(silu, _mm512_sub_ps(S1(1.0f), s), s);
+            _mm512_mask_storeu_ps(ggate + i, m, _mm512_fmadd_ps(_mm512_mul_ps(gy, u), d, _mm512_maskz_loadu_ps(m, ggate + i)));
+        }
+    });
+#else
+    for (int64_t i = i0; i < i1; i++) {
+        float v = gate[i], s = sigmoidf_(v), silu = v * s;
+        if (gup) gup[i] += g[i] * silu;
+        if (ggate) ggate[i] += g[i] * up[i] * (s + silu * (1.0f - s));
+    }
+#endif
 }
 void ew_swiglu_bwd_acc_f32(float *ggate, float *gup, const float *gate, const float *up,
                            const float *g, int64_t n) {
-    PAR_BLOCKS(n, {
-#if defined(__AVX512F__)
-        SIMD_MAP(i0, i1, {
-            __m512 v = _mm512_maskz_loadu_ps(m, gate + i);
-            __m512 gy = _mm512_maskz_loadu_ps(m, g + i);
-            __m512 s = v_sigmoid(v);
-            __m512 silu = _mm512_mul_ps(v, s);
-            if (gup) _mm512_mask_storeu_ps(gup + i, m, _mm512_fmadd_ps(gy, silu, _mm512_maskz_loadu_ps(m, gup + i)));
-            if (ggate) {
-                __m512 u = _mm512_maskz_loadu_ps(m, up + i);
-                __m512 d = _mm512_fmadd_ps(silu, _mm512_sub_ps(S1(1.0f), s), s);
-                _mm512_mask_storeu_ps(ggate + i, m, _mm512_fmadd_ps(_mm512_mul_ps(gy, u), d, _mm512_maskz_loadu_ps(m, ggate + i)));
-            }
-        });
-#else
-        for (int64_t i = i0; i < i1; i++) {
-            float v = gate[i], s = sigmoidf_(v), silu = v * s;
-            if (gup) gup[i] += g[i] * silu;
-            if (ggate) ggate[i] += g[i] * up[i] * (s + silu * (1.0f - s));
-        }
-#endif
-    });
+    PAR_BLOCKS(n, ew_swiglu_bwd_acc_f32_blk(ggate, gup, gate, up, g, i0, i1));
 }
 
 /* ------------------------------------------------------------- softmax */
