@@ -270,7 +270,7 @@ mmc_status mmc_qwen2vl_preprocess_images(const mmc_qwen2vl_proc *p, const mmc_im
     if (!out->pixel_values) { st = MMC_ERR_OOM; goto fail; }
     int64_t row = 0;
     for (int i = 0; i < n; i++) {
-        int64_t rows;
+        int64_t rows = 0;
         st = process_group(p, &imgs[i], 1, 0, 0, (float *)out->pixel_values->data + row * D, &rows, sz[2 * i],
                            sz[2 * i + 1]);
         if (st) goto fail;
@@ -302,7 +302,7 @@ mmc_status mmc_qwen2vl_preprocess_video(const mmc_qwen2vl_proc *p, const mmc_ima
     int64_t D = 3LL * tp * p->patch_size * p->patch_size;
     out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, D));
     if (!out->pixel_values) return MMC_ERR_OOM;
-    int64_t rows;
+    int64_t rows = 0;
     if ((st = process_group(p, frames, n_frames, 0, 0, out->pixel_values->data, &rows, oh, ow)) ||
         (st = grid_append(out, gt, gh, gw, p->merge_size))) {
         mmc_vlproc_out_free(out);
