@@ -141,8 +141,8 @@ for cname, kw in cfgs.items():
             T[f"proc.{cname}.{n}.pv_absum"] = np.array([np.abs(pv.astype(np.float64)).sum()])
         # the resized uint8 image the processor normalised
         h, w = int(thw[0, 1]) * 14, int(thw[0, 2]) * 14
-        arr = np.array(im)
-        rs = arr if (h, w) == arr.shape[:2] else np.array(im.resize((w, h), resample=Image.BICUBIC))
+        arr = convert_to_rgb(im, return_numpy=True)  # what the processor resizes
+        rs = arr if (h, w) == arr.shape[:2] else np.array(Image.fromarray(arr).resize((w, h), resample=Image.BICUBIC))
         put_u8(f"proc.{cname}.{n}.resized", rs)
         rf = fast(images=[im], return_tensors="pt")
         d = float((rf["pixel_values"].numpy() - pv).__abs__().max())
