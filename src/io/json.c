@@ -49,8 +49,14 @@ cJSON *mmc_io_json_parse(const char *text, size_t len, const char *what) {
     if (off > len) off = len;
     int line, col;
     if (!j) {
+        /* cJSON reports the offset just past the offending character (or the last byte
+         * when the input ran out): step back over whitespace to the culprit */
+        if (off >= len && len) off = len - 1;
+        while (off > 0 && off < len && is_ws(text[off])) off--;
+        size_t rest = off + 1;
+        while (rest < len && is_ws(text[rest])) rest++;
         mmc_io_line_col(text, off, &line, &col);
-        if (off >= len) {
+        if (len == 0 || (rest >= len && text[off] != '}' && text[off] != ']')) {
             mmc_error(MMC_ERR_FORMAT, "%s:%d:%d: invalid JSON: unexpected end of input", what, line, col);
         } else {
             char near[24];
@@ -138,7 +144,12 @@ bool mmc_json_has(const mmc_json *j, const char *dotted) {
 /* "a string (\"abc\")", "a number (1.5)", "an object" ... */
 static const char *found_str(const cJSON *v, char *buf, size_t n) {
     if (cJSON_IsString(v)) snprintf(buf, n, "a string (\"%.40s\")", v->valuestring);
-    else if (cJSON_IsNumber(v)) snprintf(buf, n, "a number (%.17g)", v->valuedouble);
+    else if (cJSON_IsNumber(v)) {
+        char num[32];
+        snprintf(num, sizeof num, "%.15g", v->valuedouble);
+        if (strtod(num, NULL) != v->valuedouble) snprintf(num, sizeof num, "%.17g", v->valuedouble);
+        snprintf(buf, n, "a number (%s)", num);
+    }
     else if (cJSON_IsBool(v)) snprintf(buf, n, "a boolean (%s)", cJSON_IsTrue(v) ? "true" : "false");
     else if (cJSON_IsObject(v)) snprintf(buf, n, "an object");
     else if (cJSON_IsArray(v)) snprintf(buf, n, "an array");

@@ -97,7 +97,7 @@ static mmc_status next_event(yp *y, yaml_event_t *ev) {
     memset(ev, 0, sizeof *ev);
     const char *prob = y->p.problem ? y->p.problem : "syntax error";
     if (y->p.context)
-        return mmc_error(MMC_ERR_FORMAT, "%s:%d:%d: YAML syntax error: %s %s (line %d)", y->what,
+        return mmc_error(MMC_ERR_FORMAT, "%s:%d:%d: YAML syntax error: %s %s (started at line %d)", y->what,
                          (int)y->p.problem_mark.line + 1, (int)y->p.problem_mark.column + 1,
                          prob, y->p.context, (int)y->p.context_mark.line + 1);
     return mmc_error(MMC_ERR_FORMAT, "%s:%d:%d: YAML syntax error: %s", y->what,
@@ -285,6 +285,9 @@ static mmc_status set_err(const char *dotted, const char *why) {
 mmc_status mmc_yaml_set(mmc_yaml *root, const char *dotted, const char *value) {
     if (!root || !dotted || !value) return mmc_error(MMC_ERR_INVALID, "mmc_yaml_set: NULL argument");
     if (root->kind != MMC_YAML_MAP) return set_err(dotted, "the document root is not a map");
+    size_t dl = strlen(dotted);
+    if (!dl || dotted[0] == '.' || dotted[dl - 1] == '.' || strstr(dotted, ".."))
+        return set_err(dotted, "empty key in the path");
     /* the value: flow collections and quoted scalars are parsed as YAML, the rest is text */
     mmc_yaml *val = NULL;
     mmc_status rc;
