@@ -30,6 +30,9 @@ typedef struct {
 /* Open a .safetensors file, a *.index.json, or a directory (model.safetensors or
  * model.safetensors.index.json inside it). */
 mmc_status mmc_st_open(const char *path, mmc_st **out);
+/* Parse a safetensors image held in memory (buf must outlive the handle; `what` names it in
+ * errors). Used by the fuzzer and for embedded blobs. */
+mmc_status mmc_st_open_memory(const void *buf, size_t n, const char *what, mmc_st **out);
 void mmc_st_close(mmc_st *st);
 int mmc_st_count(const mmc_st *st);
 const mmc_st_entry *mmc_st_at(const mmc_st *st, int i);

@@ -26,5 +26,7 @@ bool cli_is_help(const char *a);
 /* Subcommands (tools/cmd_*.c). */
 int cmd_info(int argc, char **argv);
 void help_info(FILE *f);
+int cmd_generate(int argc, char **argv);
+void help_generate(FILE *f);
 
 #endif

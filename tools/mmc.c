@@ -12,6 +12,8 @@
 static const cli_cmd g_cmds[] = {
     {"info", "Describe a model directory: architecture, parameters by component, dtypes",
      cmd_info, help_info},
+    {"generate", "Generate a completion for a prompt (streams tokens; greedy or sampled)",
+     cmd_generate, help_generate},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 

@@ -1,0 +1,76 @@
+/* mmc_vlproc.h — vision preprocessing for VLMs: the Qwen2-VL image/video processor.
+ *
+ * Mirrors transformers' Qwen2VLImageProcessor (PIL backend, use_fast=False):
+ * smart_resize to multiples of patch_size*merge_size within [min_pixels, max_pixels],
+ * PIL bicubic resize, rescale by 1/255 (in double, then float32), normalise with the
+ * OpenAI CLIP mean/std in float32, and patch flattening into
+ *   pixel_values [num_patches, C * temporal_patch_size * patch_size * patch_size]
+ * ordered (t, h/merge, w/merge, merge_h, merge_w) by rows and (C, T, ph, pw) by columns,
+ * with grid_thw = (t, h/patch, w/patch). A single image is repeated along time.
+ * Videos (Qwen2VLVideoProcessor): frames share one resize; frames are grouped by
+ * temporal_patch_size and an odd count is padded by repeating the last frame.
+ * Image tokens after the merger: t*h*w / merge_size^2.
+ */
+#ifndef MMC_VLPROC_H
+#define MMC_VLPROC_H
+
+#include "mmc_image.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    MMC_VLPROC_RESIZE_PIL = 0,   /* uint8 Pillow-exact resize (slow HF processor) */
+    MMC_VLPROC_RESIZE_FLOAT = 1, /* float antialiased resize, torchvision-style (fast HF processor) */
+} mmc_vlproc_resize_mode;
+
+typedef struct {
+    int patch_size;          /* 14 */
+    int merge_size;          /* 2 */
+    int temporal_patch_size; /* 2 */
+    int64_t min_pixels;      /* images: 56*56 */
+    int64_t max_pixels;      /* images: 28*28*1280 */
+    int64_t video_min_pixels; /* videos: 128*28*28 (Qwen2VLVideoProcessor) */
+    int64_t video_max_pixels; /* videos: 28*28*768 */
+    float image_mean[3], image_std[3];
+    double rescale_factor;   /* 1/255 */
+    bool do_resize, do_rescale, do_normalize;
+    mmc_resample resample;   /* BICUBIC (PIL resample=3) */
+    mmc_vlproc_resize_mode resize_mode;
+} mmc_qwen2vl_proc;
+
+void mmc_qwen2vl_proc_default(mmc_qwen2vl_proc *p);
+/* Read preprocessor_config.json over the defaults: min_pixels/max_pixels (older files) or
+ * size.shortest_edge/size.longest_edge (newer; also size.min_pixels/max_pixels), patch,
+ * merge and temporal sizes, mean/std, rescale_factor, do_* flags, resample. Top-level
+ * min_pixels/max_pixels win over size.*, as in the transformers constructor. */
+mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p);
+
+/* transformers' smart_resize (Python round() is half-to-even; so is ours). */
+mmc_status mmc_qwen2vl_smart_resize(int height, int width, int factor, int64_t min_pixels,
+                                    int64_t max_pixels, int *out_h, int *out_w);
+
+typedef struct {
+    mmc_tensor *pixel_values; /* [num_patches, C*T*P*P] f32, persistent (mmc_tensor_free) */
+    int64_t (*grid_thw)[3];   /* [n_grid][3] */
+    int n_grid;
+    int64_t num_tokens;       /* sum of t*h*w / merge^2 */
+} mmc_vlproc_out;
+void mmc_vlproc_out_free(mmc_vlproc_out *o);
+
+/* Images of any sizes -> concatenated patches and one grid row per image. */
+mmc_status mmc_qwen2vl_preprocess_images(const mmc_qwen2vl_proc *p, const mmc_image *imgs, int n,
+                                         mmc_vlproc_out *out);
+/* One video given as frames of equal size. */
+mmc_status mmc_qwen2vl_preprocess_video(const mmc_qwen2vl_proc *p, const mmc_image *frames,
+                                        int n_frames, mmc_vlproc_out *out);
+/* Load every JPEG/PNG in `dir` sorted by file name (byte order). Caller frees each image
+ * and the array. */
+mmc_status mmc_load_frames_dir(const char *dir, const mmc_image_opts *opts, mmc_image **frames,
+                               int *n_frames);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMC_VLPROC_H */

@@ -1,0 +1,297 @@
+/* test_image.c — image decoding vs PIL (exact bytes), Pillow-exact resize, the Qwen2-VL
+ * image/video processor vs transformers (tools/ref/gen_image.py), and error handling. */
+#include "test_util.h"
+#include "mmc_image.h"
+#include "mmc_vlproc.h"
+
+#define DIR "tests/fixtures/image/"
+
+static const char *NAMES[] = {"cmyk", "exif6", "exif8", "grey16", "grey_L", "grey_alpha_LA", "grey_jpeg",
+                              "interlaced", "palette_P", "palette_trns", "progressive", "rgb_37x53",
+                              "rgb_500x333", "rgb_640x480", "rgba", "subsample422", "subsample444",
+                              "tall_100x900", "wide_900x100"};
+#define NN ((int)(sizeof NAMES / sizeof NAMES[0]))
+
+static const char *file_of(const char *n) {
+    static char buf[256];
+    const char *jpg[] = {"cmyk", "exif6", "grey_jpeg", "progressive", "rgb_500x333", "rgb_640x480",
+                         "subsample422", "subsample444", "wide_900x100"};
+    for (size_t i = 0; i < sizeof jpg / sizeof jpg[0]; i++)
+        if (!strcmp(n, jpg[i])) { snprintf(buf, sizeof buf, DIR "%s.jpg", n); return buf; }
+    snprintf(buf, sizeof buf, DIR "%s.png", n);
+    return buf;
+}
+
+static uint64_t hash_u8(const uint8_t *a, size_t n) {
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++) h += (uint64_t)a[i] * ((uint64_t)i * 2654435761ull + 0x9E3779B97F4A7C15ull);
+    return h;
+}
+
+/* Exact comparison of an RGB image with a stored PIL array (shape + hash + row sums). */
+static void check_u8(const mmc_st *st, const char *key, const mmc_image *img) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.shape", key);
+    const mmc_st_entry *e = mmc_st_find(st, k);
+    CHECKF(e, "missing %s", k);
+    if (!e) return;
+    const int64_t *shp = e->data;
+    CHECKF(shp[0] == img->height && shp[1] == img->width, "%s: got %dx%d want %lldx%lld", key, img->width,
+           img->height, (long long)shp[1], (long long)shp[0]);
+    if (shp[0] != img->height || shp[1] != img->width) return;
+    snprintf(k, sizeof k, "%s.hash", key);
+    int64_t want = *(const int64_t *)mmc_st_find(st, k)->data;
+    uint64_t got = hash_u8(img->data, (size_t)img->height * img->width * 3);
+    if ((int64_t)got != want) {
+        snprintf(k, sizeof k, "%s.rowsum", key);
+        const int64_t *rs = mmc_st_find(st, k)->data;
+        int bad = -1;
+        for (int y = 0; y < img->height && bad < 0; y++) {
+            int64_t s = 0;
+            for (int x = 0; x < img->width * 3; x++) s += img->data[(size_t)y * img->width * 3 + x];
+            if (s != rs[y]) bad = y;
+        }
+        CHECKF(0, "%s: bytes differ from PIL (first differing row %d)", key, bad);
+    } else {
+        CHECK(1);
+    }
+}
+
+static void test_decode(const mmc_st *st) {
+    for (int i = 0; i < NN; i++) {
+        mmc_image img;
+        char key[128];
+        CHECK_OK(mmc_image_load(file_of(NAMES[i]), NULL, &img));
+        snprintf(key, sizeof key, "decode.%s", NAMES[i]);
+        if (img.data) check_u8(st, key, &img);
+        mmc_image_free(&img);
+        mmc_image_opts o;
+        mmc_image_opts_default(&o);
+        o.alpha = MMC_ALPHA_WHITE;
+        CHECK_OK(mmc_image_load(file_of(NAMES[i]), &o, &img));
+        snprintf(key, sizeof key, "white.%s", NAMES[i]);
+        if (img.data) check_u8(st, key, &img);
+        mmc_image_free(&img);
+    }
+    /* exif6 is stored 64x48 landscape; PIL's exif_transpose makes it 48x64 */
+    mmc_image img;
+    mmc_image_opts o;
+    mmc_image_opts_default(&o);
+    o.exif_transpose = false;
+    CHECK_OK(mmc_image_load(DIR "exif6.jpg", &o, &img));
+    CHECK(img.width == 64 && img.height == 48);
+    mmc_image_free(&img);
+}
+
+static void test_resize(const mmc_st *st) {
+    mmc_image src[2];
+    CHECK_OK(mmc_image_load(DIR "rgb_500x333.jpg", NULL, &src[0]));
+    CHECK_OK(mmc_image_load(DIR "rgb_37x53.png", NULL, &src[1]));
+    const mmc_st_entry *e = mmc_st_find(st, "resize.cases");
+    const int64_t *c = e->data;
+    for (int i = 0; i < e->shape[0]; i++) {
+        for (int f = 0; f < 2; f++) {
+            mmc_image out;
+            char key[64];
+            CHECK_OK(mmc_image_resize(&src[c[3 * i]], (int)c[3 * i + 1], (int)c[3 * i + 2],
+                                      f ? MMC_RESAMPLE_BILINEAR : MMC_RESAMPLE_BICUBIC, &out));
+            snprintf(key, sizeof key, "resize%d.%s", i, f ? "bilinear" : "bicubic");
+            check_u8(st, key, &out); /* bit-exact with PIL */
+            mmc_image_free(&out);
+        }
+    }
+    mmc_image_free(&src[0]);
+    mmc_image_free(&src[1]);
+}
+
+static void test_processor(const mmc_st *st) {
+    const int64_t cfg[2][2] = {{56 * 56, 28 * 28 * 16}, {28 * 28 * 40, 28 * 28 * 80}};
+    const char *cname[2] = {"small", "large"};
+    for (int ci = 0; ci < 2; ci++)
+        for (int i = 0; i < NN; i++) {
+            mmc_qwen2vl_proc p;
+            mmc_qwen2vl_proc_default(&p);
+            p.min_pixels = cfg[ci][0];
+            p.max_pixels = cfg[ci][1];
+            mmc_image img;
+            /* load_image keeps a palette tRNS as info["transparency"] after convert("RGB"),
+             * so HF's processor composites that colour onto white: MMC_ALPHA_WHITE. */
+            mmc_image_opts lo;
+            mmc_image_opts_default(&lo);
+            if (!strcmp(NAMES[i], "palette_trns")) lo.alpha = MMC_ALPHA_WHITE;
+            CHECK_OK(mmc_image_load(file_of(NAMES[i]), &lo, &img));
+            mmc_vlproc_out out;
+            CHECK_OK(mmc_qwen2vl_preprocess_images(&p, &img, 1, &out));
+            char key[160];
+            snprintf(key, sizeof key, "proc.%s.%s.grid_thw", cname[ci], NAMES[i]);
+            const int64_t *g = mmc_st_find(st, key)->data;
+            CHECKF(out.n_grid == 1 && out.grid_thw[0][0] == g[0] && out.grid_thw[0][1] == g[1] &&
+                       out.grid_thw[0][2] == g[2],
+                   "%s: grid (%lld %lld %lld) want (%lld %lld %lld)", key, (long long)out.grid_thw[0][0],
+                   (long long)out.grid_thw[0][1], (long long)out.grid_thw[0][2], (long long)g[0],
+                   (long long)g[1], (long long)g[2]);
+            CHECK(out.num_tokens == g[0] * g[1] * g[2] / 4);
+            /* the intermediate PIL-resized image, exactly */
+            int oh = (int)g[1] * 14, ow = (int)g[2] * 14;
+            mmc_image r;
+            CHECK_OK(mmc_image_resize(&img, oh, ow, MMC_RESAMPLE_BICUBIC, &r));
+            snprintf(key, sizeof key, "proc.%s.%s.resized", cname[ci], NAMES[i]);
+            check_u8(st, key, &r);
+            mmc_image_free(&r);
+            snprintf(key, sizeof key, "proc.%s.%s.pixel_values", cname[ci], NAMES[i]);
+            if (mmc_st_find(st, key)) {
+                mmc_tensor *want = fixture_tensor(st, key, MMC_F32);
+                CHECKF(mmc_same_shape(want, out.pixel_values), "%s shape", key);
+                CHECK_CLOSE(out.pixel_values, want, 1e-5, 0, key); /* max-abs 1e-5 (bit-exact expected) */
+                mmc_tensor_free(want);
+            }
+            snprintf(key, sizeof key, "proc.%s.%s.pv_absum", cname[ci], NAMES[i]);
+            if (mmc_st_find(st, key)) {
+                double want = *(const double *)mmc_st_find(st, key)->data, got = 0;
+                const float *pv = out.pixel_values->data;
+                for (int64_t j = 0; j < mmc_numel(out.pixel_values); j++) got += fabs(pv[j]);
+                CHECKF(fabs(got - want) <= 1e-6 * want, "%s: %.9g vs %.9g", key, got, want); /* sum |pv| in double: order-only differences */
+            }
+            if (ci == 0 && !strcmp(NAMES[i], "rgb_640x480")) {
+                /* float (torchvision-style) resize vs transformers' fast processor: same
+                 * grid; values differ by a few uint8 levels at most (measured, see report) */
+                mmc_tensor *fast = fixture_tensor(st, "fast.small.rgb_640x480.pixel_values", MMC_F32);
+                mmc_vlproc_out o2;
+                p.resize_mode = MMC_VLPROC_RESIZE_FLOAT;
+                CHECK_OK(mmc_qwen2vl_preprocess_images(&p, &img, 1, &o2));
+                double d_fast = max_abs_diff(o2.pixel_values, fast), d_slow = max_abs_diff(out.pixel_values, fast);
+                printf("rgb_640x480: max|mmc_float - hf_fast| = %.4g, max|mmc_pil - hf_fast| = %.4g\n", d_fast, d_slow);
+                CHECK(d_fast < 0.07 && d_slow < 0.07); /* <= 4 uint8 levels / std */
+                mmc_vlproc_out_free(&o2);
+                mmc_tensor_free(fast);
+            }
+            mmc_vlproc_out_free(&out);
+            mmc_image_free(&img);
+        }
+    /* two images in one call concatenate */
+    mmc_qwen2vl_proc p;
+    mmc_qwen2vl_proc_default(&p);
+    p.max_pixels = 28 * 28 * 16;
+    mmc_image two[2];
+    CHECK_OK(mmc_image_load(DIR "rgb_37x53.png", NULL, &two[0]));
+    CHECK_OK(mmc_image_load(DIR "rgba.png", NULL, &two[1]));
+    mmc_vlproc_out out;
+    CHECK_OK(mmc_qwen2vl_preprocess_images(&p, two, 2, &out));
+    mmc_tensor *a = fixture_tensor(st, "proc.small.rgb_37x53.pixel_values", MMC_F32);
+    mmc_tensor *b = fixture_tensor(st, "proc.small.rgba.pixel_values", MMC_F32);
+    CHECK(out.n_grid == 2 && out.pixel_values->shape[0] == a->shape[0] + b->shape[0]);
+    CHECK(!memcmp(out.pixel_values->data, a->data, mmc_nbytes(a)));
+    CHECK(!memcmp((float *)out.pixel_values->data + mmc_numel(a), b->data, mmc_nbytes(b)));
+    mmc_tensor_free(a);
+    mmc_tensor_free(b);
+    mmc_vlproc_out_free(&out);
+    mmc_image_free(&two[0]);
+    mmc_image_free(&two[1]);
+}
+
+static void test_video(const mmc_st *st) {
+    const char *vids[] = {"video4", "video3", "video3r"};
+    for (int v = 0; v < 3; v++) {
+        char dir[128], key[128];
+        snprintf(dir, sizeof dir, DIR "%s", vids[v]);
+        mmc_image *fr = NULL;
+        int n = 0;
+        CHECK_OK(mmc_load_frames_dir(dir, NULL, &fr, &n));
+        mmc_qwen2vl_proc p;
+        mmc_qwen2vl_proc_default(&p);
+        p.video_min_pixels = 28 * 28 * 4;
+        p.video_max_pixels = 28 * 28 * 16;
+        mmc_vlproc_out out;
+        CHECK_OK(mmc_qwen2vl_preprocess_video(&p, fr, n, &out));
+        snprintf(key, sizeof key, "%s.grid_thw", vids[v]);
+        const int64_t *g = mmc_st_find(st, key)->data;
+        CHECKF(out.grid_thw[0][0] == g[0] && out.grid_thw[0][1] == g[1] && out.grid_thw[0][2] == g[2],
+               "%s grid (%lld %lld %lld)", vids[v], (long long)out.grid_thw[0][0], (long long)out.grid_thw[0][1],
+               (long long)out.grid_thw[0][2]);
+        snprintf(key, sizeof key, "%s.pixel_values", vids[v]);
+        mmc_tensor *want = fixture_tensor(st, key, MMC_F32);
+        /* No resize (video4/video3): exact up to the fused rescale+normalise of the torch
+         * processor (1e-5). video3r is resized by torch's uint8 kernel in transformers,
+         * by PIL's here: within 4 uint8 levels (0.07). */
+        CHECK_CLOSE(out.pixel_values, want, v == 2 ? 0.07 : 1e-5, 0, key);
+        mmc_tensor_free(want);
+        mmc_vlproc_out_free(&out);
+        for (int i = 0; i < n; i++) mmc_image_free(&fr[i]);
+        free(fr);
+    }
+}
+
+static void test_config(void) {
+    mmc_qwen2vl_proc p;
+    mmc_qwen2vl_proc_default(&p);
+    CHECK_OK(mmc_qwen2vl_proc_load(DIR "preproc_old.json", &p));
+    CHECK(p.min_pixels == 3136 && p.max_pixels == 12845056 && p.resample == MMC_RESAMPLE_BICUBIC);
+    mmc_qwen2vl_proc_default(&p);
+    CHECK_OK(mmc_qwen2vl_proc_load(DIR "preproc_new.json", &p));
+    CHECK(p.min_pixels == 12544 && p.max_pixels == 62720 && p.patch_size == 14);
+    CHECK_ERR(mmc_qwen2vl_proc_load(DIR "missing.json", &p), MMC_ERR_IO);
+    int h, w;
+    CHECK_OK(mmc_qwen2vl_smart_resize(70, 42, 28, 56 * 56, 28 * 28 * 1280, &h, &w)); /* 2.5 and 1.5: half-even */
+    CHECK(h == 56 && w == 56);
+    CHECK_ERR(mmc_qwen2vl_smart_resize(10, 2100, 28, 3136, 1003520, &h, &w), MMC_ERR_INVALID);
+}
+
+static void test_errors(void) {
+    mmc_image img;
+    CHECK_ERR(mmc_image_load(DIR "no_such_file.jpg", NULL, &img), MMC_ERR_IO);
+    CHECK(strstr(mmc_last_error(), "no_such_file.jpg"));
+    char *buf = NULL;
+    size_t n = 0;
+    CHECK_OK(mmc_read_file(DIR "rgb_640x480.jpg", &buf, &n));
+    CHECK_ERR(mmc_image_load_memory(buf, n / 2, "trunc.jpg", NULL, &img), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "trunc.jpg"));
+    CHECK_ERR(mmc_image_load_memory(buf, 200, "head.jpg", NULL, &img), MMC_ERR_FORMAT);
+    memset(buf + 600, 0xAB, 300); /* garbage inside the entropy-coded data still decodes in PIL too */
+    free(buf);
+    const char garbage[] = "this is not an image at all, just bytes";
+    CHECK_ERR(mmc_image_load_memory(garbage, sizeof garbage, "garbage.bin", NULL, &img), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "garbage.bin"));
+    uint8_t fake_jpeg[64] = {0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10, 'J', 'F', 'I', 'F', 0};
+    CHECK_ERR(mmc_image_load_memory(fake_jpeg, sizeof fake_jpeg, "fake.jpg", NULL, &img), MMC_ERR_FORMAT);
+    CHECK_OK(mmc_read_file(DIR "rgb_37x53.png", &buf, &n));
+    /* corrupt the stored CRC of the first IDAT chunk */
+    uint8_t *p = (uint8_t *)buf;
+    size_t idat = 0;
+    for (size_t i = 8; i + 4 < n; i++) if (!memcmp(p + i, "IDAT", 4)) { idat = i; break; }
+    CHECK(idat > 0);
+    size_t clen = (size_t)p[idat - 4] << 24 | p[idat - 3] << 16 | p[idat - 2] << 8 | p[idat - 1];
+    p[idat + 4 + clen] ^= 0x55;
+    CHECK_ERR(mmc_image_load_memory(buf, n, "badcrc.png", NULL, &img), MMC_ERR_FORMAT);
+    CHECKF(strstr(mmc_last_error(), "badcrc.png") && strstr(mmc_last_error(), "CRC"), "%s", mmc_last_error());
+    p[idat + 4 + clen] ^= 0x55;
+    p[idat + 10] ^= 0x55; /* corrupt compressed data: inflate error, never a crash */
+    CHECK_ERR(mmc_image_load_memory(buf, n, "baddata.png", NULL, &img), MMC_ERR_FORMAT);
+    p[idat + 10] ^= 0x55;
+    CHECK_ERR(mmc_image_load_memory(buf, n - 30, "trunc.png", NULL, &img), MMC_ERR_FORMAT);
+    free(buf);
+    mmc_image_opts o;
+    mmc_image_opts_default(&o);
+    o.max_pixels = 1000;
+    CHECK_ERR(mmc_image_load(DIR "rgb_500x333.jpg", &o, &img), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "rgb_500x333.jpg") && strstr(mmc_last_error(), "500x333"));
+    CHECK_ERR(mmc_image_load(DIR "tall_100x900.png", &o, &img), MMC_ERR_INVALID);
+    mmc_image_set_max_pixels(100);
+    CHECK_ERR(mmc_image_load(DIR "rgb_37x53.png", NULL, &img), MMC_ERR_INVALID);
+    mmc_image_set_max_pixels(0);
+    CHECK_OK(mmc_image_load(DIR "rgb_37x53.png", NULL, &img));
+    mmc_image_free(&img);
+    CHECK_ERR(mmc_load_frames_dir(DIR "nope", NULL, &(mmc_image *){0}, &(int){0}), MMC_ERR_IO);
+}
+
+int main(void) {
+    mmc_st *st = fixture_open("image/image.safetensors");
+    if (!st) return test_done("test_image");
+    test_decode(st);
+    test_resize(st);
+    test_processor(st);
+    test_video(st);
+    test_config();
+    test_errors();
+    mmc_st_close(st);
+    return test_done("test_image");
+}

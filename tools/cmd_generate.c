@@ -1,0 +1,193 @@
+/* cmd_generate.c — `mmc generate`: load a Hugging Face model directory, render the prompt
+ * with the model's chat template, and stream the completion (greedy unless a temperature
+ * is given). Text-only Qwen2 here; vision-language models are dispatched to their own
+ * path by model_type. */
+#include "cli.h"
+#include "mmc_infer.h"
+#include "mmc_io.h"
+#include "mmc_models.h"
+#include "mmc_tokenizer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void help_generate(FILE *f) {
+    fprintf(f,
+            "usage: mmc generate --model DIR --prompt TEXT [options]\n\n"
+            "Generate a completion with the model in DIR (config.json, safetensors, tokenizer.json).\n"
+            "The prompt is wrapped in the model's chat template as a user turn (see --raw).\n\n"
+            "options:\n"
+            "  --model DIR              Hugging Face model directory (required)\n"
+            "  --prompt TEXT            the user message (required)\n"
+            "  --system TEXT            system prompt (default: the template's default)\n"
+            "  --image FILE             attach an image (repeatable; vision-language models)\n"
+            "  --video DIR              attach a video given as a folder of frames\n"
+            "  --max-new-tokens N       stop after N new tokens (default 128)\n"
+            "  --temperature T          sample with temperature T (default: greedy)\n"
+            "  --top-k K                keep the K most likely tokens (default off)\n"
+            "  --top-p P                nucleus sampling mass (default 1 = off)\n"
+            "  --min-p P                drop tokens below P x the top probability (default off)\n"
+            "  --repetition-penalty R   HF repetition penalty (default 1 = off)\n"
+            "  --seed S                 sampling seed (default 0)\n"
+            "  --raw                    feed the prompt as-is, without the chat template\n"
+            "  --json                   print one JSON object {text, tokens, prompt_tokens, ...}\n"
+            "  -h, --help               this help\n");
+}
+
+typedef struct {
+    const mmc_tokenizer *tok;
+    int32_t *ids;
+    int n;
+    size_t printed;
+    bool stream;
+} stream_state;
+
+/* Print the newly decoded suffix, holding back an incomplete UTF-8 sequence (the decoder
+ * renders it as U+FFFD until the rest arrives). */
+static bool on_token(void *user, int32_t token) {
+    stream_state *s = user;
+    s->ids[s->n++] = token;
+    if (!s->stream) return true;
+    char *text = NULL;
+    if (mmc_tokenizer_decode(s->tok, s->ids, s->n, true, &text) != MMC_OK) return true;
+    size_t len = strlen(text);
+    if (len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) len -= 3;
+    if (len > s->printed) {
+        fwrite(text + s->printed, 1, len - s->printed, stdout);
+        fflush(stdout);
+        s->printed = len;
+    }
+    free(text);
+    return true;
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+int cmd_generate(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *system = NULL;
+    long long max_new = 128, seed = 0, top_k = 0;
+    double temp = 0, top_p = 1, min_p = 0, rep = 1;
+    bool raw = false, json = false;
+    int n_images = 0;
+    const char *video = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+        if (!strcmp(a, "--model")) { VAL(); model = v; }
+        else if (!strcmp(a, "--prompt")) { VAL(); prompt = v; }
+        else if (!strcmp(a, "--system")) { VAL(); system = v; }
+        else if (!strcmp(a, "--image")) { VAL(); n_images++; }
+        else if (!strcmp(a, "--video")) { VAL(); video = v; }
+        else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
+        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return 2; }
+        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return 2; }
+        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return 2; }
+        else if (!strcmp(a, "--min-p")) { VAL(); if (!cli_float(a, v, 0, 1, &min_p)) return 2; }
+        else if (!strcmp(a, "--repetition-penalty")) { VAL(); if (!cli_float(a, v, 1e-3, 100, &rep)) return 2; }
+        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return 2; }
+        else if (!strcmp(a, "--raw")) raw = true;
+        else if (!strcmp(a, "--json")) json = true;
+        else return cli_fail(MMC_OK, "generate: unknown option '%s' (see mmc generate --help)", a);
+#undef VAL
+    }
+    if (!model) return cli_fail(MMC_OK, "generate: --model DIR is required (see mmc generate --help)");
+    if (!prompt) return cli_fail(MMC_OK, "generate: --prompt TEXT is required (see mmc generate --help)");
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    mmc_json *cfg = NULL;
+    mmc_status st = mmc_json_load(path, &cfg);
+    if (st) return cli_fail(st, "generate: cannot read the model config");
+    const char *model_type = "?";
+    mmc_json_str(cfg, "model_type", "?", &model_type);
+    if (strcmp(model_type, "qwen2") != 0) {
+        int rc = cli_fail(MMC_ERR_UNSUPPORTED, "generate: model_type '%s' is not supported by this "
+                          "command yet (supported: qwen2)", model_type);
+        mmc_json_free(cfg);
+        return rc;
+    }
+    if (n_images || video) {
+        mmc_json_free(cfg);
+        return cli_fail(MMC_OK, "generate: --image/--video need a vision-language model; '%s' is "
+                        "text-only (model_type qwen2)", model);
+    }
+    mmc_tokenizer *tok = NULL;
+    mmc_qwen2 *m = NULL;
+    int32_t *ids = NULL, *out = NULL;
+    int64_t n_ids = 0;
+    int rc = 1;
+    double t0 = mmc_now();
+    if ((st = mmc_tokenizer_load(model, &tok))) { cli_fail(st, "generate: cannot load the tokenizer"); goto done; }
+    if ((st = mmc_qwen2_load(model, cfg, false, &m))) { cli_fail(st, "generate: cannot load the model"); goto done; }
+    if (raw) {
+        st = mmc_tokenizer_encode(tok, prompt, -1, false, &ids, &n_ids);
+    } else {
+        mmc_chat_message msgs[2];
+        int nm = 0;
+        if (system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = system};
+        msgs[nm++] = (mmc_chat_message){.role = "user", .content = prompt};
+        mmc_chat_options co = {.add_generation_prompt = true};
+        st = mmc_chat_encode(tok, msgs, nm, &co, &ids, NULL, &n_ids);
+    }
+    if (st) { cli_fail(st, "generate: cannot encode the prompt"); goto done; }
+    double t_load = mmc_now() - t0;
+
+    int32_t eos[8];
+    int n_eos = mmc_tokenizer_eos_ids(tok, eos, 8);
+    out = malloc((size_t)max_new * sizeof *out);
+    stream_state ss = {.tok = tok, .ids = malloc((size_t)max_new * sizeof(int32_t)), .stream = !json};
+    mmc_gen_opts go = {.max_new_tokens = (int)max_new, .eos_ids = eos, .n_eos = n_eos,
+                       .on_token = on_token, .user = &ss};
+    mmc_sampler_defaults(&go.sampler);
+    go.sampler.temperature = (float)temp;
+    go.sampler.top_k = (int)top_k;
+    go.sampler.top_p = (float)top_p;
+    go.sampler.min_p = (float)min_p;
+    go.sampler.repetition_penalty = (float)rep;
+    go.sampler.seed = (uint64_t)seed;
+    int n_out = 0;
+    double t1 = mmc_now();
+    st = mmc_qwen2_generate(m, ids, n_ids, &go, out, &n_out);
+    double t_gen = mmc_now() - t1;
+    if (st) { free(ss.ids); cli_fail(st, "generate: generation failed"); goto done; }
+    char *text = NULL;
+    if ((st = mmc_tokenizer_decode(tok, out, n_out, true, &text))) {
+        free(ss.ids);
+        cli_fail(st, "generate: cannot decode the output");
+        goto done;
+    }
+    if (json) {
+        printf("{\"text\": ");
+        json_string(stdout, text);
+        printf(", \"tokens\": [");
+        for (int i = 0; i < n_out; i++) printf(i ? ", %d" : "%d", out[i]);
+        printf("], \"prompt_tokens\": %lld, \"new_tokens\": %d, \"load_seconds\": %.3f, "
+               "\"generate_seconds\": %.3f}\n", (long long)n_ids, n_out, t_load, t_gen);
+    } else {
+        if (ss.printed < strlen(text)) fputs(text + ss.printed, stdout);
+        printf("\n");
+        fprintf(stderr, "[%lld prompt tokens, %d new tokens in %.2f s, %.1f tok/s]\n", (long long)n_ids,
+                n_out, t_gen, t_gen > 0 ? n_out / t_gen : 0.0);
+    }
+    free(text);
+    free(ss.ids);
+    rc = 0;
+done:
+    free(ids);
+    free(out);
+    mmc_qwen2_free(m);
+    mmc_tokenizer_free(tok);
+    mmc_json_free(cfg);
+    return rc;
+}
