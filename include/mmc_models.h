@@ -91,7 +91,8 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *cfg,
                                     mmc_tensor *sin, const mmc_attn_opts *attn,
                                     mmc_kv_cache *kv, int layer_idx);
 /* Decoder stack + final norm: embeds [B, T, C] -> hidden [B, T, C]. cos/sin [T, D] or
- * [B, T, D] for these positions; kv may be NULL (training / full forward). */
+ * [B, T, D] for these positions; kv may be NULL (training / full forward). With
+ * m->recompute, blocks are checkpointed: attn->cu_seqlens must stay valid until backward. */
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv);
 /* hidden [..., C] -> logits [..., V] */

@@ -209,7 +209,7 @@ static mmc_status bind(const mmc_st *st, const char *full, int ndim, const int64
         return MMC_ERR_UNSUPPORTED;
     }
     mmc_tensor *t;
-    if (!trainable && (e->dtype == MMC_F32 || e->dtype == MMC_BF16) && ((uintptr_t)e->data % 4) == 0) {
+    if (!trainable && ndim >= 2 && (e->dtype == MMC_F32 || e->dtype == MMC_BF16) && ((uintptr_t)e->data % 4) == 0) {
         t = mmc_tensor_wrap(e->dtype, ndim, shape, (void *)e->data);
     } else {
         /* norms and biases are always f32; big matrices keep bf16 for inference */
@@ -401,14 +401,14 @@ typedef struct {
     mmc_qwen2 *m;
     int layer;
     mmc_tensor *cos, *sin;
-    const mmc_attn_opts *attn;
+    mmc_attn_opts attn;   /* a copy: the caller's may be gone when backward recomputes */
 } block_args;
 
 static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
     block_args *a = user;
     (void)n_in;
     return mmc_qwen2_layer_forward(ctx, &a->m->cfg, &a->m->layers[a->layer], in[0], a->cos, a->sin,
-                                   a->attn, NULL, a->layer);
+                                   &a->attn, NULL, a->layer);
 }
 
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_tensor *cos,
@@ -417,7 +417,7 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_ten
     block_args *args = ckpt ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)m->cfg.num_layers) : NULL;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         if (ckpt) {
-            args[l] = (block_args){m, l, cos, sin, attn};
+            args[l] = (block_args){m, l, cos, sin, *attn};
             x = mmc_checkpoint(ctx, block_fn, &args[l], &x, 1);
         } else {
             x = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], x, cos, sin, attn, kv, l);

@@ -30,8 +30,8 @@ def make(tied):
 
 m = make(False)
 m.save_pretrained(os.path.join(OUT, "tiny"), safe_serialization=True)
-m.to(torch.bfloat16).save_pretrained(os.path.join(OUT, "tiny_bf16"), safe_serialization=True)
-m = m.float()
+import copy
+copy.deepcopy(m).to(torch.bfloat16).save_pretrained(os.path.join(OUT, "tiny_bf16"), safe_serialization=True)
 mt = make(True)
 mt.save_pretrained(os.path.join(OUT, "tiny_tied"), safe_serialization=True)
 # the Hub's (transformers 4.4x) config layout: flat rope_theta and torch_dtype
@@ -57,12 +57,14 @@ for n in ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
     out["grad." + n] = dict(m.named_parameters())[n].grad.detach().float()
 with torch.no_grad():
     out["tied_logits"] = mt(input_ids=ids).logits.float()
-    bf = make(False)
-    bf.load_state_dict(m.state_dict())
     prompt = ids[:1, :7]
     g = m.generate(prompt, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
                    min_new_tokens=32)
     out["greedy_prompt"] = prompt.to(torch.int64)
     out["greedy_out"] = g[:, 7:].to(torch.int64)
 save_file({k: v.contiguous().clone() for k, v in out.items()}, os.path.join(OUT, "ref.safetensors"))
+for d in ("tiny", "tiny_bf16", "tiny_tied"):
+    p = os.path.join(OUT, d, "generation_config.json")
+    if os.path.exists(p):
+        os.remove(p)
 print("wrote", OUT)
