@@ -245,6 +245,33 @@ static void test_fixture(void) {
         cJSON_ArrayForEach(line, cJSON_GetObjectItem(exp, "flags"))
             check_encode(tok_f, cJSON_GetObjectItem(line, "text")->valuestring, -1, cJSON_GetObjectItem(line, "ids"), "flags");
     mmc_tokenizer_free(tok_f);
+    /* no chat_template (ignore_merges/ has no tokenizer_config.json): refused */
+    mmc_chat_message hm = {.role = "user", .content = "hi"};
+    char *hs = NULL;
+    CHECK_ERR(mmc_chat_render(tok_im, &hm, 1, NULL, &hs, NULL, NULL), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "no chat_template") != NULL);
+    /* long runs (regex backtracking, BPE heap): round trip */
+    const char *unit[] = {" ", "a", "ab", "\n \t", "\u4e2d", "e\u0301"};
+    for (int u = 0; u < 6; u++) {
+        size_t ul = strlen(unit[u]), reps = 200000 / ul;
+        char *big = malloc(reps * ul + 1);
+        for (size_t r = 0; r < reps; r++) memcpy(big + r * ul, unit[u], ul);
+        big[reps * ul] = 0;
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        char *d = NULL;
+        double t0 = mmc_now();
+        CHECK_OK(mmc_tokenizer_encode(tok, big, -1, false, &ids, &n));
+        CHECK_OK(mmc_tokenizer_decode(tok, ids, n, false, &d));
+        double dt = mmc_now() - t0;
+        /* NFC composes e + U+0301 into U+00E9 */
+        if (u == 5) { for (size_t r = 0; r < reps; r++) memcpy(big + 2 * r, "\u00e9", 2); big[2 * reps] = 0; }
+        CHECKF(d && !strcmp(d, big), "long run of \"%s\": round trip differs", unit[u]);
+        CHECKF(dt < 5.0, "long run of \"%s\": %.2f s", unit[u], dt);
+        free(ids);
+        free(d);
+        free(big);
+    }
     /* errors in the API */
     int32_t bad = 999999;
     char *s = NULL;
