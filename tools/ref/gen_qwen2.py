@@ -63,7 +63,32 @@ with torch.no_grad():
     out["greedy_prompt"] = prompt.to(torch.int64)
     out["greedy_out"] = g[:, 7:].to(torch.int64)
 save_file({k: v.contiguous().clone() for k, v in out.items()}, os.path.join(OUT, "ref.safetensors"))
-for d in ("tiny", "tiny_bf16", "tiny_tied"):
+# a chat-capable tiny model: the fixture tokenizer (tools/ref/gen_tokenizer.py) + its
+# vocabulary size, and transformers' greedy completion of a chat prompt for the CLI test
+import shutil
+from transformers import AutoTokenizer
+TOKDIR = os.path.join(OUT, "..", "tokenizer")
+tok = AutoTokenizer.from_pretrained(TOKDIR)
+torch.manual_seed(1)
+cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=True, initializer_range=0.3,
+                  eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+chat = Qwen2ForCausalLM(cfg).float().eval()
+cdir = os.path.join(OUT, "chat")
+chat.save_pretrained(cdir, safe_serialization=True)
+for f in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(os.path.join(TOKDIR, f), os.path.join(cdir, f))
+msgs = [{"role": "user", "content": "What colour is the circle?"}]
+ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+with torch.no_grad():
+    g = chat.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+                      min_new_tokens=16)
+json.dump({"prompt": msgs[0]["content"], "prompt_ids": ids[0].tolist(), "new_ids": g[0, ids.shape[1]:].tolist(),
+           "text": tok.decode(g[0, ids.shape[1]:], skip_special_tokens=True)},
+          open(os.path.join(OUT, "chat_expected.json"), "w"))
+
+for d in ("tiny", "tiny_bf16", "tiny_tied", "chat"):
     p = os.path.join(OUT, d, "generation_config.json")
     if os.path.exists(p):
         os.remove(p)
