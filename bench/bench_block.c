@@ -49,7 +49,7 @@ int main(void) {
         mmc_qwen2_layer *L = &a.m->layers[l];
         mmc_rng r;
         mmc_rng_init(&r, 7);
-        mmc_rng_normal(&r, L->q_b->data, mmc_numel(L->q_b), 0, 0.1f);
+        mmc_rng_normal(&r, L->q.b->data, mmc_numel(L->q.b), 0, 0.1f);
     }
     a.x = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, a.T, c.hidden_size));
     mmc_rng r;

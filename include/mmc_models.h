@@ -10,6 +10,7 @@
 #include "mmc.h"
 #include "mmc_io.h"
 #include "mmc_ops.h"
+#include "mmc_nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,13 +36,13 @@ typedef struct {
 
 typedef struct {
     mmc_tensor *input_norm;       /* [C] */
-    mmc_tensor *q_w, *q_b;        /* [Hq*D, C], [Hq*D] */
-    mmc_tensor *k_w, *k_b;        /* [Hkv*D, C], [Hkv*D] */
-    mmc_tensor *v_w, *v_b;        /* [Hkv*D, C], [Hkv*D] */
-    mmc_tensor *o_w;              /* [C, Hq*D] */
+    mmc_linear_w q;               /* w [Hq*D, C], b [Hq*D] */
+    mmc_linear_w k;               /* w [Hkv*D, C], b [Hkv*D] */
+    mmc_linear_w v;               /* w [Hkv*D, C], b [Hkv*D] */
+    mmc_linear_w o;               /* w [C, Hq*D], no bias */
     mmc_tensor *post_norm;        /* [C] */
-    mmc_tensor *gate_w, *up_w;    /* [F, C] */
-    mmc_tensor *down_w;           /* [C, F] */
+    mmc_linear_w gate, up;        /* w [F, C] */
+    mmc_linear_w down;            /* w [C, F] */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of
@@ -91,7 +92,8 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *cfg,
                                     mmc_tensor *sin, const mmc_attn_opts *attn,
                                     mmc_kv_cache *kv, int layer_idx);
 /* Decoder stack + final norm: embeds [B, T, C] -> hidden [B, T, C]. cos/sin [T, D] or
- * [B, T, D] for these positions; kv may be NULL (training / full forward). */
+ * [B, T, D] for these positions; kv may be NULL (training / full forward). With
+ * m->recompute, blocks are checkpointed: attn->cu_seqlens must stay valid until backward. */
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv);
 /* hidden [..., C] -> logits [..., V] */

@@ -229,7 +229,7 @@ static void test_config(void) {
     mmc_qwen2vl_proc_default(&p);
     CHECK_OK(mmc_qwen2vl_proc_load(DIR "preproc_new.json", &p));
     CHECK(p.min_pixels == 12544 && p.max_pixels == 62720 && p.patch_size == 14);
-    CHECK_ERR(mmc_qwen2vl_proc_load(DIR "missing.json", &p), MMC_ERR_IO);
+    CHECK_ERR(mmc_qwen2vl_proc_load(DIR "missing.json", &p), MMC_ERR_NOT_FOUND);
     int h, w;
     CHECK_OK(mmc_qwen2vl_smart_resize(70, 42, 28, 56 * 56, 28 * 28 * 1280, &h, &w)); /* 2.5 and 1.5: half-even */
     CHECK(h == 56 && w == 56);
@@ -238,7 +238,7 @@ static void test_config(void) {
 
 static void test_errors(void) {
     mmc_image img;
-    CHECK_ERR(mmc_image_load(DIR "no_such_file.jpg", NULL, &img), MMC_ERR_IO);
+    CHECK_ERR(mmc_image_load(DIR "no_such_file.jpg", NULL, &img), MMC_ERR_NOT_FOUND);
     CHECK(strstr(mmc_last_error(), "no_such_file.jpg"));
     char *buf = NULL;
     size_t n = 0;

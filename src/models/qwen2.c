@@ -108,17 +108,17 @@ static int build_specs(mmc_qwen2 *m, wspec *s) {
 #define LSPEC(suffix, ptr, nd, d0, d1) do { snprintf(b, sizeof b, "layers.%lld.%s", (long long)i, suffix); \
     SPEC(b, ptr, nd, d0, d1); } while (0)
         LSPEC("input_layernorm.weight", &L->input_norm, 1, C, 0);
-        LSPEC("self_attn.q_proj.weight", &L->q_w, 2, QD, C);
-        LSPEC("self_attn.q_proj.bias", &L->q_b, 1, QD, 0);
-        LSPEC("self_attn.k_proj.weight", &L->k_w, 2, KD, C);
-        LSPEC("self_attn.k_proj.bias", &L->k_b, 1, KD, 0);
-        LSPEC("self_attn.v_proj.weight", &L->v_w, 2, KD, C);
-        LSPEC("self_attn.v_proj.bias", &L->v_b, 1, KD, 0);
-        LSPEC("self_attn.o_proj.weight", &L->o_w, 2, C, QD);
+        LSPEC("self_attn.q_proj.weight", &L->q.w, 2, QD, C);
+        LSPEC("self_attn.q_proj.bias", &L->q.b, 1, QD, 0);
+        LSPEC("self_attn.k_proj.weight", &L->k.w, 2, KD, C);
+        LSPEC("self_attn.k_proj.bias", &L->k.b, 1, KD, 0);
+        LSPEC("self_attn.v_proj.weight", &L->v.w, 2, KD, C);
+        LSPEC("self_attn.v_proj.bias", &L->v.b, 1, KD, 0);
+        LSPEC("self_attn.o_proj.weight", &L->o.w, 2, C, QD);
         LSPEC("post_attention_layernorm.weight", &L->post_norm, 1, C, 0);
-        LSPEC("mlp.gate_proj.weight", &L->gate_w, 2, F, C);
-        LSPEC("mlp.up_proj.weight", &L->up_w, 2, F, C);
-        LSPEC("mlp.down_proj.weight", &L->down_w, 2, C, F);
+        LSPEC("mlp.gate_proj.weight", &L->gate.w, 2, F, C);
+        LSPEC("mlp.up_proj.weight", &L->up.w, 2, F, C);
+        LSPEC("mlp.down_proj.weight", &L->down.w, 2, C, F);
 #undef LSPEC
     }
     SPEC("norm.weight", &m->norm, 1, C, 0);
@@ -141,6 +141,16 @@ static mmc_qwen2 *alloc_model(const mmc_qwen2_config *cfg, wspec **specs, int *n
         return NULL;
     }
     *n_specs = build_specs(m, *specs);
+    int64_t C = cfg->hidden_size, F = cfg->intermediate_size;
+    int64_t QD = cfg->num_heads * cfg->head_dim, KD = cfg->num_kv_heads * cfg->head_dim;
+    for (int64_t i = 0; i < cfg->num_layers; i++) {
+        mmc_qwen2_layer *L = &m->layers[i];
+        L->q.out_features = QD; L->k.out_features = KD; L->v.out_features = KD;
+        L->q.in_features = L->k.in_features = L->v.in_features = C;
+        L->o.out_features = C; L->o.in_features = QD;
+        L->gate.out_features = L->up.out_features = F; L->gate.in_features = L->up.in_features = C;
+        L->down.out_features = C; L->down.in_features = F;
+    }
     return m;
 }
 
@@ -209,7 +219,7 @@ static mmc_status bind(const mmc_st *st, const char *full, int ndim, const int64
         return MMC_ERR_UNSUPPORTED;
     }
     mmc_tensor *t;
-    if (!trainable && (e->dtype == MMC_F32 || e->dtype == MMC_BF16) && ((uintptr_t)e->data % 4) == 0) {
+    if (!trainable && ndim >= 2 && (e->dtype == MMC_F32 || e->dtype == MMC_BF16) && ((uintptr_t)e->data % 4) == 0) {
         t = mmc_tensor_wrap(e->dtype, ndim, shape, (void *)e->data);
     } else {
         /* norms and biases are always f32; big matrices keep bf16 for inference */
@@ -379,36 +389,36 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc
     float eps = (float)c->rms_norm_eps;
     /* self-attention block */
     mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                     /* [B, T, C] */
-    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, h, L->q_w, L->q_b), 4,
+    mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4,
                                 MMC_SHAPE(B, T, c->num_heads, D));               /* [B, T, Hq, D] */
-    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, h, L->k_w, L->k_b), 4,
+    mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4,
                                 MMC_SHAPE(B, T, c->num_kv_heads, D));            /* [B, T, Hkv, D] */
-    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, h, L->v_w, L->v_b), 4,
+    mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4,
                                 MMC_SHAPE(B, T, c->num_kv_heads, D));            /* [B, T, Hkv, D] */
     q = mmc_rope(ctx, q, cos, sin);
     k = mmc_rope(ctx, k, cos, sin);
     if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
     mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
     a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, c->num_heads * D));
-    x = mmc_add(ctx, x, mmc_linear(ctx, a, L->o_w, NULL));
+    x = mmc_add(ctx, x, mmc_nn_linear(ctx, a, &L->o));
     /* MLP block: down(silu(gate(h)) * up(h)) */
     h = mmc_rmsnorm(ctx, x, L->post_norm, eps);
-    mmc_tensor *g = mmc_swiglu(ctx, mmc_linear(ctx, h, L->gate_w, NULL), mmc_linear(ctx, h, L->up_w, NULL));
-    return mmc_add(ctx, x, mmc_linear(ctx, g, L->down_w, NULL));
+    mmc_tensor *g = mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up));
+    return mmc_add(ctx, x, mmc_nn_linear(ctx, g, &L->down));
 }
 
 typedef struct {
     mmc_qwen2 *m;
     int layer;
     mmc_tensor *cos, *sin;
-    const mmc_attn_opts *attn;
+    mmc_attn_opts attn;   /* a copy: the caller's may be gone when backward recomputes */
 } block_args;
 
 static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
     block_args *a = user;
     (void)n_in;
     return mmc_qwen2_layer_forward(ctx, &a->m->cfg, &a->m->layers[a->layer], in[0], a->cos, a->sin,
-                                   a->attn, NULL, a->layer);
+                                   &a->attn, NULL, a->layer);
 }
 
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_tensor *cos,
@@ -417,7 +427,7 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_ten
     block_args *args = ckpt ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)m->cfg.num_layers) : NULL;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         if (ckpt) {
-            args[l] = (block_args){m, l, cos, sin, attn};
+            args[l] = (block_args){m, l, cos, sin, *attn};
             x = mmc_checkpoint(ctx, block_fn, &args[l], &x, 1);
         } else {
             x = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], x, cos, sin, attn, kv, l);

@@ -30,8 +30,8 @@ def make(tied):
 
 m = make(False)
 m.save_pretrained(os.path.join(OUT, "tiny"), safe_serialization=True)
-m.to(torch.bfloat16).save_pretrained(os.path.join(OUT, "tiny_bf16"), safe_serialization=True)
-m = m.float()
+import copy
+copy.deepcopy(m).to(torch.bfloat16).save_pretrained(os.path.join(OUT, "tiny_bf16"), safe_serialization=True)
 mt = make(True)
 mt.save_pretrained(os.path.join(OUT, "tiny_tied"), safe_serialization=True)
 # the Hub's (transformers 4.4x) config layout: flat rope_theta and torch_dtype
@@ -57,12 +57,39 @@ for n in ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
     out["grad." + n] = dict(m.named_parameters())[n].grad.detach().float()
 with torch.no_grad():
     out["tied_logits"] = mt(input_ids=ids).logits.float()
-    bf = make(False)
-    bf.load_state_dict(m.state_dict())
     prompt = ids[:1, :7]
     g = m.generate(prompt, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
                    min_new_tokens=32)
     out["greedy_prompt"] = prompt.to(torch.int64)
     out["greedy_out"] = g[:, 7:].to(torch.int64)
 save_file({k: v.contiguous().clone() for k, v in out.items()}, os.path.join(OUT, "ref.safetensors"))
+# a chat-capable tiny model: the fixture tokenizer (tools/ref/gen_tokenizer.py) + its
+# vocabulary size, and transformers' greedy completion of a chat prompt for the CLI test
+import shutil
+from transformers import AutoTokenizer
+TOKDIR = os.path.join(OUT, "..", "tokenizer")
+tok = AutoTokenizer.from_pretrained(TOKDIR)
+torch.manual_seed(1)
+cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=True, initializer_range=0.3,
+                  eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+chat = Qwen2ForCausalLM(cfg).float().eval()
+cdir = os.path.join(OUT, "chat")
+chat.save_pretrained(cdir, safe_serialization=True)
+for f in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(os.path.join(TOKDIR, f), os.path.join(cdir, f))
+msgs = [{"role": "user", "content": "What colour is the circle?"}]
+ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+with torch.no_grad():
+    g = chat.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+                      min_new_tokens=16)
+json.dump({"prompt": msgs[0]["content"], "prompt_ids": ids[0].tolist(), "new_ids": g[0, ids.shape[1]:].tolist(),
+           "text": tok.decode(g[0, ids.shape[1]:], skip_special_tokens=True)},
+          open(os.path.join(OUT, "chat_expected.json"), "w"))
+
+for d in ("tiny", "tiny_bf16", "tiny_tied", "chat"):
+    p = os.path.join(OUT, d, "generation_config.json")
+    if os.path.exists(p):
+        os.remove(p)
 print("wrote", OUT)

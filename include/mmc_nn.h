@@ -1,0 +1,42 @@
+/* mmc_nn.h — shared building blocks of the model files. A linear layer is a weight (f32,
+ * bf16, or NF4-quantised for QLoRA), an optional bias, and an optional LoRA adapter:
+ *   y = x · Wᵀ + b + (alpha / r) · dropout(x) · Aᵀ · Bᵀ        (PEFT's LoraLayer)
+ * Model structs hold mmc_linear_w for every projection, so adapters and quantisation attach
+ * without touching the model's forward code. */
+#ifndef MMC_NN_H
+#define MMC_NN_H
+
+#include "mmc.h"
+#include "mmc_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mmc_lora {
+    mmc_tensor *A;        /* [r, K] lora_A.weight (trainable) */
+    mmc_tensor *B;        /* [N, r] lora_B.weight (trainable, zero-initialised) */
+    float scale;          /* lora_alpha / r */
+    float dropout;        /* probability, applied to x on the adapter path in training */
+} mmc_lora;
+
+typedef struct mmc_nf4 mmc_nf4;   /* NF4 weight (bitsandbytes layout), see mmc_quant.h */
+
+typedef struct {
+    mmc_tensor *w;        /* [N, K] f32/bf16; NULL when quantised */
+    mmc_tensor *b;        /* [N] or NULL */
+    mmc_lora *lora;       /* NULL unless adapted */
+    mmc_nf4 *q;           /* NULL unless quantised (QLoRA) */
+    int64_t out_features, in_features;
+} mmc_linear_w;
+
+/* x [..., K] -> [..., N] */
+mmc_tensor *mmc_nn_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l);
+
+/* LoRA dropout needs a per-step stream: set once per micro-batch (seed, step). */
+void mmc_nn_set_dropout_seed(mmc_ctx *ctx, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,69 @@
+/* tok_internal.h — private layout of mmc_tokenizer shared by tokenizer.c and chat.c. */
+#ifndef MMC_TOK_INTERNAL_H
+#define MMC_TOK_INTERNAL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <pthread.h>
+
+#include "mmc_tokenizer.h"
+
+#define TOK_MAX_SPLITS 4
+
+typedef struct {
+    char *content;         /* as in tokenizer.json */
+    char *match;           /* the text matched (NFC of content when normalized) */
+    int len;               /* strlen(match) */
+    int32_t id;
+    bool special, lstrip, rstrip, single_word, normalized;
+} tok_added;
+
+/* open-addressing hash: bytes -> id */
+typedef struct {
+    uint64_t *hash;        /* 0 = empty */
+    int32_t *id;
+    uint32_t mask;
+} tok_strmap;
+
+typedef struct tok_scratch tok_scratch;
+
+struct mmc_tokenizer {
+    int32_t n_ids;              /* 1 + max id */
+    char **id_str;              /* [n_ids] token text as in tokenizer.json, NULL for gaps */
+    uint8_t **id_bytes;         /* [n_ids] bytes the token decodes to */
+    int32_t *id_nbytes;
+    uint8_t *is_special;        /* [n_ids] added token with special = true */
+    uint8_t *is_added;
+    tok_strmap vocab_bytes;     /* model vocab: decoded bytes -> id */
+    tok_strmap vocab_str;       /* model vocab + added: token text -> id */
+    /* merges: key (left << 32 | right) -> rank, merged id */
+    uint64_t *mkey;
+    int32_t *mrank, *mid;
+    uint32_t mmask;
+    int32_t byte_id[256];       /* id of the single-byte token, -1 if none */
+    int32_t unk_id;             /* model unk_token id or -1 */
+    bool ignore_merges;
+    /* added tokens, and for each first byte the candidates (longest first) */
+    tok_added *added;
+    int n_added;
+    int *first_idx[2][256];     /* [normalized?][byte] -> indices into added, -1 terminated */
+    bool has_norm_added;
+    /* pipeline */
+    bool nfc;
+    int n_splits;
+    pcre2_code *re[TOK_MAX_SPLITS];
+    bool re_jit[TOK_MAX_SPLITS];
+    int32_t pp_pre[8], pp_post[8];  /* TemplateProcessing "single" special ids */
+    int n_pp_pre, n_pp_post;
+    bool pp_unsupported;
+    char pp_type[48];
+    /* tokenizer_config.json */
+    int32_t role_id[MMC_TOK_ROLE_COUNT];
+    char *chat_template;
+    /* per-thread work areas, reused */
+    pthread_mutex_t mu;
+    tok_scratch *pool;
+    char path[1024];
+};
+
+#endif

@@ -1,0 +1,1204 @@
+/* tokenizer.c — Hugging Face tokenizer.json byte-level BPE (the Qwen2 / Qwen2-VL pipeline)
+ * in C: loading (tokenizer.json + tokenizer_config.json), encoding and decoding.
+ *
+ * Mirrors HF `tokenizers` (Rust): AddedVocabulary (non-normalized added tokens split off the
+ * raw text, leftmost-longest; normalized ones after normalization), NFC normalizer (here
+ * libutf8proc, applied only to the chunks of text that are not already NFC), pre-tokenizer
+ * Split(regex, Isolated) (here PCRE2 with UTF+UCP and JIT) then ByteLevel, BPE with a
+ * priority queue of merges ordered by (rank, position) and ignore_merges, and the ByteLevel
+ * decoder (per-token byte mapping, String::from_utf8_lossy). BPE runs on raw bytes: every
+ * vocab entry is mapped back from the byte-level alphabet at load, so no alphabet mapping
+ * is needed while encoding. Encoded words are cached per work area.
+ */
+#include "tok_internal.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <utf8proc.h>
+
+/* ------------------------------------------------------------------ utilities */
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const uint8_t *s = p;
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, s, 8);
+        h = (h ^ (v * 0xbf58476d1ce4e5b9ull)) * 0x94d049bb133111ebull;
+        h ^= h >> 29;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t v = 0;
+    memcpy(&v, s, n);
+    h = (h ^ (v * 0xbf58476d1ce4e5b9ull)) * 0x94d049bb133111ebull;
+    h ^= h >> 32;
+    return h ? h : 1;
+}
+static inline uint64_t hash_u64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)(sz > 0 ? sz : 0) + 1);
+    if (!buf || (sz > 0 && fread(buf, 1, (size_t)sz, f) != (size_t)sz)) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[sz] = 0;
+    *n = (size_t)sz;
+    return buf;
+}
+
+/* ---- UTF-8: maximal-subpart repair (Python errors='replace', Rust from_utf8_lossy) */
+/* Length of the well-formed sequence at s (1..4), or -(k) where k >= 1 is the length of the
+ * maximal ill-formed subpart to replace with one U+FFFD. */
+static int utf8_seq(const uint8_t *s, int64_t avail) {
+    uint8_t c = s[0];
+    if (c < 0x80) return 1;
+    int need;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) need = 1;
+    else if (c == 0xE0) { need = 2; lo = 0xA0; }
+    else if (c >= 0xE1 && c <= 0xEC) need = 2;
+    else if (c == 0xED) { need = 2; hi = 0x9F; }
+    else if (c >= 0xEE && c <= 0xEF) need = 2;
+    else if (c == 0xF0) { need = 3; lo = 0x90; }
+    else if (c >= 0xF1 && c <= 0xF3) need = 3;
+    else if (c == 0xF4) { need = 3; hi = 0x8F; }
+    else return -1;
+    for (int i = 1; i <= need; i++) {
+        if (i >= avail) return -i;
+        uint8_t b = s[i];
+        if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return -i;
+    }
+    return need + 1;
+}
+static bool utf8_valid(const uint8_t *s, int64_t n) {
+    int64_t i = 0;
+    while (i < n) {
+        if (s[i] < 0x80) { i++; continue; }
+        int k = utf8_seq(s + i, n - i);
+        if (k < 0) return false;
+        i += k;
+    }
+    return true;
+}
+/* Repaired copy (malloc'd, NUL-terminated); *out_n its length. */
+static char *utf8_repair(const uint8_t *s, int64_t n, int64_t *out_n) {
+    char *o = malloc((size_t)n * 3 + 1);
+    if (!o) return NULL;
+    int64_t i = 0, j = 0;
+    while (i < n) {
+        int k = s[i] < 0x80 ? 1 : utf8_seq(s + i, n - i);
+        if (k > 0) {
+            memcpy(o + j, s + i, (size_t)k);
+            j += k;
+            i += k;
+        } else {
+            memcpy(o + j, "\xEF\xBF\xBD", 3);
+            j += 3;
+            i += -k;
+        }
+    }
+    o[j] = 0;
+    *out_n = j;
+    return o;
+}
+static int32_t utf8_decode(const uint8_t *s, int *len) {
+    uint8_t c = s[0];
+    if (c < 0x80) { *len = 1; return c; }
+    if (c < 0xE0) { *len = 2; return ((c & 0x1F) << 6) | (s[1] & 0x3F); }
+    if (c < 0xF0) { *len = 3; return ((c & 0x0F) << 12) | ((s[1] & 0x3F) << 6) | (s[2] & 0x3F); }
+    *len = 4;
+    return ((c & 0x07) << 18) | ((s[1] & 0x3F) << 12) | ((s[2] & 0x3F) << 6) | (s[3] & 0x3F);
+}
+static bool cp_is_whitespace(int32_t c) { /* Rust char::is_whitespace (Unicode White_Space) */
+    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+           c == 0x205F || c == 0x3000;
+}
+static bool cp_is_word(int32_t c) {
+    if (c == '_') return true;
+    utf8proc_category_t k = utf8proc_category(c);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
+           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+}
+
+/* ---- GPT-2 byte-level alphabet: byte <-> code point */
+static int16_t g_cp2byte[512];
+static int32_t g_byte2cp[256];
+static uint8_t *g_nfc_safe; /* bit per code point: stable under NFC, blocks composition */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void global_init(void) {
+    for (int i = 0; i < 512; i++) g_cp2byte[i] = -1;
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        g_byte2cp[b] = direct ? b : 256 + n++;
+        g_cp2byte[g_byte2cp[b]] = (int16_t)b;
+    }
+    /* NFC quick check: a code point is "safe" when NFC leaves it unchanged and no
+     * preceding character can compose with it or be reordered across it. Text made of
+     * safe code points only is already NFC, and NFC never crosses a safe code point. */
+    g_nfc_safe = calloc(0x110000 / 8, 1);
+    if (!g_nfc_safe) return;
+    for (int32_t c = 0; c < 0x110000; c++) {
+        bool safe;
+        if (c < 0x300) safe = true;
+        else if (c >= 0xD800 && c <= 0xDFFF) safe = false;
+        else if ((c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) ||
+                 (c >= 0xD7B0 && c <= 0xD7FF)) safe = false; /* Hangul jamo */
+        else {
+            const utf8proc_property_t *p = utf8proc_get_property(c);
+            safe = p->combining_class == 0 && !(p->comb_index != UINT16_MAX && p->comb_index >= 0x8000);
+            if (safe && p->decomp_type == 0 && p->decomp_seqindex != UINT16_MAX) {
+                uint8_t in[8], *outp = NULL;
+                utf8proc_ssize_t k = utf8proc_encode_char(c, in);
+                utf8proc_ssize_t m = utf8proc_map(in, k, &outp, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+                safe = m == k && memcmp(outp, in, (size_t)k) == 0;
+                free(outp);
+            }
+        }
+        if (safe) g_nfc_safe[c >> 3] |= (uint8_t)(1u << (c & 7));
+    }
+}
+static inline bool nfc_safe(int32_t c) { return (g_nfc_safe[c >> 3] >> (c & 7)) & 1; }
+
+/* Bytes a token string decodes to under the ByteLevel decoder: each char mapped through the
+ * alphabet, or (if any char is outside it) the string's own UTF-8 bytes. */
+static uint8_t *bytelevel_bytes(const char *s, int32_t *nout) {
+    size_t n = strlen(s);
+    uint8_t *o = malloc(n + 1);
+    if (!o) return NULL;
+    int32_t j = 0;
+    const uint8_t *p = (const uint8_t *)s;
+    size_t i = 0;
+    bool ok = true;
+    while (i < n) {
+        int k = utf8_seq(p + i, (int64_t)(n - i));
+        if (k < 0) { ok = false; break; }
+        int l;
+        int32_t c = utf8_decode(p + i, &l);
+        if (c >= 512 || g_cp2byte[c] < 0) { ok = false; break; }
+        o[j++] = (uint8_t)g_cp2byte[c];
+        i += (size_t)k;
+    }
+    if (!ok) { memcpy(o, s, n); j = (int32_t)n; }
+    *nout = j;
+    return o;
+}
+
+/* ------------------------------------------------------------------ hash maps */
+static mmc_status strmap_init(tok_strmap *m, size_t n) {
+    uint32_t cap = 16;
+    while (cap < n * 2 + 16) cap <<= 1;
+    m->hash = calloc(cap, sizeof *m->hash);
+    m->id = malloc(cap * sizeof *m->id);
+    m->mask = cap - 1;
+    if (!m->hash || !m->id) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    return MMC_OK;
+}
+static void strmap_free(tok_strmap *m) { free(m->hash); free(m->id); }
+/* keys are compared through the tokenizer's arrays: by_str ? id_str : id_bytes */
+static int32_t strmap_get(const mmc_tokenizer *t, const tok_strmap *m, bool by_str, const void *k,
+                          size_t n) {
+    uint64_t h = hash_bytes(k, n);
+    for (uint32_t i = (uint32_t)h & m->mask;; i = (i + 1) & m->mask) {
+        if (!m->hash[i]) return -1;
+        if (m->hash[i] != h) continue;
+        int32_t id = m->id[i];
+        if (by_str) {
+            if (strlen(t->id_str[id]) == n && memcmp(t->id_str[id], k, n) == 0) return id;
+        } else if ((size_t)t->id_nbytes[id] == n && memcmp(t->id_bytes[id], k, n) == 0) return id;
+    }
+}
+static void strmap_put(const mmc_tokenizer *t, tok_strmap *m, bool by_str, const void *k, size_t n,
+                       int32_t id) {
+    if (strmap_get(t, m, by_str, k, n) >= 0) return; /* keep the first */
+    uint64_t h = hash_bytes(k, n);
+    uint32_t i = (uint32_t)h & m->mask;
+    while (m->hash[i]) i = (i + 1) & m->mask;
+    m->hash[i] = h;
+    m->id[i] = id;
+}
+static inline bool merge_get(const mmc_tokenizer *t, int32_t a, int32_t b, int32_t *rank, int32_t *id) {
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    for (uint32_t i = (uint32_t)hash_u64(key) & t->mmask;; i = (i + 1) & t->mmask) {
+        if (t->mrank[i] < 0) return false;
+        if (t->mkey[i] == key) { *rank = t->mrank[i]; *id = t->mid[i]; return true; }
+    }
+}
+
+/* ------------------------------------------------------------------ scratch */
+typedef struct { int32_t rank, pos, left, right; } tok_merge;
+typedef struct { uint64_t h; uint32_t koff, ioff; uint16_t klen, nid; } tok_centry;
+
+struct tok_scratch {
+    tok_scratch *next;
+    pcre2_match_data *md[TOK_MAX_SPLITS];
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *js;
+    int32_t *sid, *sprev, *snext, *sstart, *slen;
+    int64_t cap_sym;
+    tok_merge *heap;
+    int64_t cap_heap;
+    char *nbuf;
+    int64_t *nmap_s, *nmap_e, ncap;
+    tok_centry *cache;
+    uint32_t cmask, ccount;
+    char *ckeys;
+    uint32_t ckeys_len, ckeys_cap;
+    int32_t *cids; /* pairs (id, byte length) */
+    uint32_t cids_len, cids_cap;
+};
+#define CACHE_BITS 15
+#define CACHE_MAX_WORD 128
+
+static void scratch_free(tok_scratch *s) {
+    if (!s) return;
+    for (int i = 0; i < TOK_MAX_SPLITS; i++) if (s->md[i]) pcre2_match_data_free(s->md[i]);
+    if (s->mctx) pcre2_match_context_free(s->mctx);
+    if (s->js) pcre2_jit_stack_free(s->js);
+    free(s->sid); free(s->sprev); free(s->snext); free(s->sstart); free(s->slen);
+    free(s->heap); free(s->nbuf); free(s->nmap_s); free(s->nmap_e);
+    free(s->cache); free(s->ckeys); free(s->cids);
+    free(s);
+}
+static tok_scratch *scratch_get(const mmc_tokenizer *ct) {
+    mmc_tokenizer *t = (mmc_tokenizer *)ct; /* the pool is the only mutable part */
+    pthread_mutex_lock(&t->mu);
+    tok_scratch *s = t->pool;
+    if (s) t->pool = s->next;
+    pthread_mutex_unlock(&t->mu);
+    if (s) return s;
+    s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    for (int i = 0; i < t->n_splits; i++) {
+        s->md[i] = pcre2_match_data_create_from_pattern(t->re[i], NULL);
+        if (!s->md[i]) goto fail;
+    }
+    s->mctx = pcre2_match_context_create(NULL);
+    s->js = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
+    if (!s->mctx || !s->js) goto fail;
+    pcre2_jit_stack_assign(s->mctx, NULL, s->js);
+    s->cmask = (1u << CACHE_BITS) - 1;
+    s->cache = calloc((size_t)s->cmask + 1, sizeof *s->cache);
+    s->ckeys_cap = 1u << 20;
+    s->cids_cap = 1u << 19;
+    s->ckeys = malloc(s->ckeys_cap);
+    s->cids = malloc(s->cids_cap * sizeof *s->cids);
+    if (!s->cache || !s->ckeys || !s->cids) goto fail;
+    return s;
+fail:
+    scratch_free(s);
+    return NULL;
+}
+static void scratch_put(const mmc_tokenizer *ct, tok_scratch *s) {
+    mmc_tokenizer *t = (mmc_tokenizer *)ct;
+    pthread_mutex_lock(&t->mu);
+    s->next = t->pool;
+    t->pool = s;
+    pthread_mutex_unlock(&t->mu);
+}
+static bool grow(void **p, int64_t *cap, int64_t need, size_t elt) {
+    if (need <= *cap) return true;
+    int64_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * elt);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+/* ------------------------------------------------------------------ output */
+typedef struct {
+    int32_t *ids;
+    int64_t *offs; /* pairs, or NULL when not wanted */
+    int64_t n, cap;
+    bool want_offs;
+    bool oom;
+} tok_out;
+static inline void out_push(tok_out *o, int32_t id, int64_t s, int64_t e) {
+    if (o->n == o->cap) {
+        int64_t c = o->cap ? o->cap * 2 : 256;
+        int32_t *ni = realloc(o->ids, (size_t)c * sizeof *ni);
+        if (!ni) { o->oom = true; return; }
+        o->ids = ni;
+        if (o->want_offs) {
+            int64_t *no = realloc(o->offs, (size_t)c * 2 * sizeof *no);
+            if (!no) { o->oom = true; return; }
+            o->offs = no;
+        }
+        o->cap = c;
+    }
+    o->ids[o->n] = id;
+    if (o->want_offs) { o->offs[2 * o->n] = s; o->offs[2 * o->n + 1] = e; }
+    o->n++;
+}
+
+/* ------------------------------------------------------------------ BPE */
+static inline bool merge_less(const tok_merge *a, const tok_merge *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+static void heap_push(tok_merge *h, int64_t *n, tok_merge m) {
+    int64_t i = (*n)++;
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (!merge_less(&m, &h[p])) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = m;
+}
+static tok_merge heap_pop(tok_merge *h, int64_t *n) {
+    tok_merge top = h[0], last = h[--(*n)];
+    int64_t i = 0;
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        const tok_merge *best = &last;
+        if (l < *n && merge_less(&h[l], best)) { m = l; best = &h[l]; }
+        if (r < *n && merge_less(&h[r], best)) m = r;
+        if (m == i) break;
+        h[i] = h[m];
+        i = m;
+    }
+    if (*n > 0) h[i] = last;
+    return top;
+}
+
+/* BPE over the bytes w[0, n); appends ids with offsets base + [start, end). */
+static bool bpe_word(const mmc_tokenizer *t, tok_scratch *sc, const uint8_t *w, int64_t n,
+                     int64_t base, tok_out *o) {
+    if (t->ignore_merges) {
+        int32_t id = strmap_get(t, &t->vocab_bytes, false, w, (size_t)n);
+        if (id >= 0) { out_push(o, id, base, base + n); return true; }
+    }
+    uint64_t h = 0;
+    uint32_t slot = 0;
+    bool cacheable = n <= CACHE_MAX_WORD;
+    if (cacheable) {
+        h = hash_bytes(w, (size_t)n);
+        for (slot = (uint32_t)h & sc->cmask;; slot = (slot + 1) & sc->cmask) {
+            tok_centry *e = &sc->cache[slot];
+            if (!e->h) break;
+            if (e->h == h && e->klen == n && memcmp(sc->ckeys + e->koff, w, (size_t)n) == 0) {
+                int64_t off = base;
+                for (int k = 0; k < e->nid; k++) {
+                    int32_t len = sc->cids[e->ioff + 2 * k + 1];
+                    out_push(o, sc->cids[e->ioff + 2 * k], off, off + len);
+                    off += len;
+                }
+                return true;
+            }
+        }
+    }
+    if (!grow((void **)&sc->sid, &sc->cap_sym, n, sizeof(int32_t))) return false;
+    int32_t *tmp;
+#define GROWTO(p) do { tmp = realloc(p, (size_t)sc->cap_sym * sizeof(int32_t)); if (!tmp) return false; p = tmp; } while (0)
+    GROWTO(sc->sprev); GROWTO(sc->snext); GROWTO(sc->sstart); GROWTO(sc->slen);
+#undef GROWTO
+    if (!grow((void **)&sc->heap, &sc->cap_heap, n + 1, sizeof(tok_merge))) return false;
+    int32_t *sid = sc->sid, *prev = sc->sprev, *next = sc->snext, *len = sc->slen;
+    int64_t ns = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t id = t->byte_id[w[i]];
+        if (id < 0) {
+            if (t->unk_id < 0) continue; /* HF: a char missing from the vocab is dropped */
+            id = t->unk_id;
+        }
+        sid[ns] = id;
+        sc->sstart[ns] = (int32_t)i;
+        len[ns] = 1;
+        ns++;
+    }
+    for (int64_t i = 0; i < ns; i++) { prev[i] = (int32_t)i - 1; next[i] = i + 1 < ns ? (int32_t)i + 1 : -1; }
+    int64_t nh = 0;
+    tok_merge *heap = sc->heap;
+    for (int64_t i = 0; i + 1 < ns; i++) {
+        int32_t r, m;
+        if (merge_get(t, sid[i], sid[i + 1], &r, &m))
+            heap_push(heap, &nh, (tok_merge){r, (int32_t)i, sid[i], sid[i + 1]});
+    }
+    while (nh > 0) {
+        tok_merge m = heap_pop(heap, &nh);
+        int32_t p = m.pos;
+        if (len[p] == 0 || sid[p] != m.left) continue;
+        int32_t q = next[p];
+        if (q < 0 || sid[q] != m.right) continue;
+        int32_t r = 0, nid = -1;
+        merge_get(t, m.left, m.right, &r, &nid);
+        sid[p] = nid;
+        len[p] += len[q];
+        len[q] = 0;
+        next[p] = next[q];
+        if (next[q] >= 0) prev[next[q]] = p;
+        if (prev[p] >= 0 && merge_get(t, sid[prev[p]], sid[p], &r, &nid))
+            heap_push(heap, &nh, (tok_merge){r, prev[p], sid[prev[p]], sid[p]});
+        if (next[p] >= 0 && merge_get(t, sid[p], sid[next[p]], &r, &nid))
+            heap_push(heap, &nh, (tok_merge){r, p, sid[p], sid[next[p]]});
+    }
+    int64_t first_out = o->n;
+    int nid_out = 0;
+    for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = next[i]) {
+        out_push(o, sid[i], base + sc->sstart[i], base + sc->sstart[i] + len[i]);
+        nid_out++;
+    }
+    if (o->oom) return false;
+    if (cacheable && nid_out < 65535) {
+        if (sc->ccount * 2 > sc->cmask || sc->ckeys_len + n > sc->ckeys_cap ||
+            sc->cids_len + 2u * nid_out > sc->cids_cap) {
+            memset(sc->cache, 0, ((size_t)sc->cmask + 1) * sizeof *sc->cache);
+            sc->ccount = sc->ckeys_len = sc->cids_len = 0;
+            for (slot = (uint32_t)h & sc->cmask; sc->cache[slot].h; slot = (slot + 1) & sc->cmask) {}
+        }
+        if (sc->cids_len + 2u * nid_out <= sc->cids_cap) {
+            tok_centry *e = &sc->cache[slot];
+            e->h = h;
+            e->koff = sc->ckeys_len;
+            e->klen = (uint16_t)n;
+            e->ioff = sc->cids_len;
+            e->nid = (uint16_t)nid_out;
+            memcpy(sc->ckeys + sc->ckeys_len, w, (size_t)n);
+            sc->ckeys_len += (uint32_t)n;
+            for (int k = 0; k < nid_out; k++) {
+                sc->cids[sc->cids_len++] = o->ids[first_out + k];
+                sc->cids[sc->cids_len++] = o->want_offs ? (int32_t)(o->offs[2 * (first_out + k) + 1] -
+                                                                    o->offs[2 * (first_out + k)])
+                                                        : 0;
+            }
+            if (!o->want_offs) { /* recompute lengths from the symbol list */
+                int k = 0;
+                for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = next[i], k++)
+                    sc->cids[e->ioff + 2 * k + 1] = len[i];
+            }
+            sc->ccount++;
+        }
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------ pre-tokenization */
+/* Split s[0, n) with regex `level` (Isolated: matches and the gaps between them are pieces),
+ * recursing into the next level; BPE at the last. off = offset of s in the segment. */
+static mmc_status split_level(const mmc_tokenizer *t, tok_scratch *sc, int level, const char *s,
+                              int64_t n, int64_t off, tok_out *o) {
+    if (n <= 0) return MMC_OK;
+    if (level == t->n_splits) {
+        if (!bpe_word(t, sc, (const uint8_t *)s, n, off, o))
+            return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+        return MMC_OK;
+    }
+    pcre2_match_data *md = sc->md[level];
+    const pcre2_code *re = t->re[level];
+    PCRE2_SIZE p = 0, gap = 0;
+    mmc_status st;
+    while (p < (PCRE2_SIZE)n) {
+        int rc = t->re_jit[level]
+                     ? pcre2_jit_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)n, p, 0, md, sc->mctx)
+                     : pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)n, p, PCRE2_NO_UTF_CHECK, md, sc->mctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+            rc = pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)n, p, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
+                             sc->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[128];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return mmc_error(MMC_ERR_INVALID, "tokenizer: regex match failed at byte %lld: %s",
+                             (long long)(off + (int64_t)p), (const char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        PCRE2_SIZE ms = ov[0], me = ov[1];
+        if (me == ms) { /* empty match: not a piece; step one character */
+            int l = 1;
+            if (ms < (PCRE2_SIZE)n) utf8_decode((const uint8_t *)s + ms, &l);
+            p = ms + (PCRE2_SIZE)l;
+            continue;
+        }
+        if (ms > gap && (st = split_level(t, sc, level + 1, s + gap, (int64_t)(ms - gap), off + (int64_t)gap, o))) return st;
+        if ((st = split_level(t, sc, level + 1, s + ms, (int64_t)(me - ms), off + (int64_t)ms, o))) return st;
+        p = gap = me;
+    }
+    if ((PCRE2_SIZE)n > gap) return split_level(t, sc, level + 1, s + gap, n - (int64_t)gap, off + (int64_t)gap, o);
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ added tokens */
+/* Next added-token match in s[from, n) for set k (0: non-normalized, 1: normalized).
+ * Returns the token index or -1; [*ms, *me) is the matched span after lstrip/rstrip. */
+static int find_added(const mmc_tokenizer *t, int k, const char *s, int64_t n, int64_t from,
+                      int64_t floor, int64_t *ms, int64_t *me) {
+    const uint8_t *u = (const uint8_t *)s;
+    for (int64_t p = from; p < n; p++) {
+        const int *cand = t->first_idx[k][u[p]];
+        if (!cand) continue;
+        for (; *cand >= 0; cand++) {
+            const tok_added *a = &t->added[*cand];
+            if (a->len > n - p || memcmp(s + p, a->match, (size_t)a->len) != 0) continue;
+            int64_t s0 = p, e0 = p + a->len;
+            if (a->single_word) {
+                bool ok = true;
+                if (s0 > 0) {
+                    int64_t q = s0 - 1;
+                    while (q > 0 && (u[q] & 0xC0) == 0x80) q--;
+                    int l;
+                    if (cp_is_word(utf8_decode(u + q, &l))) ok = false;
+                }
+                if (e0 < n) {
+                    int l;
+                    if (cp_is_word(utf8_decode(u + e0, &l))) ok = false;
+                }
+                if (!ok) continue;
+            }
+            if (a->lstrip) {
+                while (s0 > floor) {
+                    int64_t q = s0 - 1;
+                    while (q > floor && (u[q] & 0xC0) == 0x80) q--;
+                    int l;
+                    if (!cp_is_whitespace(utf8_decode(u + q, &l))) break;
+                    s0 = q;
+                }
+            }
+            if (a->rstrip) {
+                while (e0 < n) {
+                    int l;
+                    if (!cp_is_whitespace(utf8_decode(u + e0, &l))) break;
+                    e0 += l;
+                }
+            }
+            *ms = s0;
+            *me = e0;
+            return *cand;
+        }
+    }
+    return -1;
+}
+
+/* Pre-tokenize + BPE one normalized piece, splitting off normalized added tokens first. */
+static mmc_status process_normalized(const mmc_tokenizer *t, tok_scratch *sc, const char *s,
+                                     int64_t n, tok_out *o) {
+    if (!t->has_norm_added) return split_level(t, sc, 0, s, n, 0, o);
+    int64_t pos = 0, ms, me;
+    int a;
+    mmc_status st;
+    while (pos < n && (a = find_added(t, 1, s, n, pos, pos, &ms, &me)) >= 0) {
+        if ((st = split_level(t, sc, 0, s + pos, ms - pos, pos, o))) return st;
+        out_push(o, t->added[a].id, ms, me);
+        pos = me;
+    }
+    return split_level(t, sc, 0, s + pos, n - pos, pos, o);
+}
+
+/* Normalize (NFC) + encode seg[0, n), which starts at byte `base` of the input. */
+static mmc_status process_segment(const mmc_tokenizer *t, tok_scratch *sc, const char *seg, int64_t n,
+                                  int64_t base, tok_out *o) {
+    if (n <= 0) return MMC_OK;
+    int64_t first = o->n;
+    bool identity = true;
+    const uint8_t *u = (const uint8_t *)seg;
+    if (t->nfc) {
+        int64_t i = 0;
+        while (i < n) {
+            if (u[i] < 0x80) { i++; continue; }
+            int l;
+            int32_t c = utf8_decode(u + i, &l);
+            if (!nfc_safe(c)) { identity = false; break; }
+            i += l;
+        }
+    }
+    mmc_status st;
+    if (identity) {
+        st = process_normalized(t, sc, seg, n, o);
+    } else {
+        /* chunks = a code point followed by unsafe code points; NFC each changed chunk */
+        if (!grow((void **)&sc->nbuf, &sc->ncap, 4 * n + 16, 1)) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+        int64_t mc = 0;
+        if (!grow((void **)&sc->nmap_s, &mc, 4 * n + 16, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+        mc = 0;
+        if (!grow((void **)&sc->nmap_e, &mc, 4 * n + 16, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+        int64_t i = 0, j = 0;
+        while (i < n) {
+            int l;
+            utf8_decode(u + i, &l);
+            int64_t e = i + l;
+            bool simple = true;
+            while (e < n) {
+                int l2;
+                int32_t c2 = utf8_decode(u + e, &l2);
+                if (nfc_safe(c2)) break;
+                simple = false;
+                e += l2;
+            }
+            if (simple) {
+                int l1;
+                int32_t c1 = utf8_decode(u + i, &l1);
+                simple = nfc_safe(c1);
+            }
+            if (simple) {
+                for (int64_t k = i; k < e; k++) { sc->nbuf[j] = seg[k]; sc->nmap_s[j] = base + i; sc->nmap_e[j] = base + e; j++; }
+            } else {
+                uint8_t *out = NULL;
+                utf8proc_ssize_t m = utf8proc_map(u + i, e - i, &out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+                if (m < 0) return mmc_error(MMC_ERR_INVALID, "tokenizer: NFC failed: %s", utf8proc_errmsg(m));
+                if (j + m > sc->ncap) { free(out); return mmc_error(MMC_ERR_INVALID, "tokenizer: NFC expansion too large"); }
+                for (utf8proc_ssize_t k = 0; k < m; k++) { sc->nbuf[j] = (char)out[k]; sc->nmap_s[j] = base + i; sc->nmap_e[j] = base + e; j++; }
+                free(out);
+            }
+            i = e;
+        }
+        /* single safe code points map exactly: refine their spans */
+        st = process_normalized(t, sc, sc->nbuf, j, o);
+        if (!st && o->want_offs) {
+            for (int64_t k = first; k < o->n; k++) {
+                int64_t s0 = o->offs[2 * k], e0 = o->offs[2 * k + 1];
+                o->offs[2 * k] = s0 < j ? sc->nmap_s[s0] : base + n;
+                o->offs[2 * k + 1] = e0 > 0 ? sc->nmap_e[e0 - 1] : base;
+            }
+        }
+        return st;
+    }
+    if (!st && o->want_offs)
+        for (int64_t k = first; k < o->n; k++) { o->offs[2 * k] += base; o->offs[2 * k + 1] += base; }
+    return st;
+}
+
+static mmc_status encode_impl(const mmc_tokenizer *t, const char *text, int64_t len, bool add_special,
+                              int32_t **ids, int64_t **offsets, int64_t *n) {
+    if (!t || !ids || !n || (!text && len != 0)) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_encode: NULL argument");
+    *ids = NULL;
+    *n = 0;
+    if (offsets) *offsets = NULL;
+    if (len < 0) len = (int64_t)strlen(text);
+    if (add_special && t->pp_unsupported)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: post_processor '%s' is not supported (encode with add_special = false)",
+                         t->path, t->pp_type);
+    char *fixed = NULL;
+    if (!utf8_valid((const uint8_t *)text, len)) {
+        fixed = utf8_repair((const uint8_t *)text, len, &len);
+        if (!fixed) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+        text = fixed;
+    }
+    tok_scratch *sc = scratch_get(t);
+    if (!sc) { free(fixed); return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory (work area)"); }
+    tok_out o = {0};
+    o.want_offs = offsets != NULL;
+    mmc_status st = MMC_OK;
+    if (add_special) for (int i = 0; i < t->n_pp_pre; i++) out_push(&o, t->pp_pre[i], 0, 0);
+    int64_t pos = 0, ms, me;
+    int a;
+    while (pos < len && t->n_added && (a = find_added(t, 0, text, len, pos, pos, &ms, &me)) >= 0) {
+        if ((st = process_segment(t, sc, text + pos, ms - pos, pos, &o))) goto done;
+        out_push(&o, t->added[a].id, ms, me);
+        pos = me;
+    }
+    if ((st = process_segment(t, sc, text + pos, len - pos, pos, &o))) goto done;
+    if (add_special) for (int i = 0; i < t->n_pp_post; i++) out_push(&o, t->pp_post[i], len, len);
+    if (o.oom) st = mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+done:
+    scratch_put(t, sc);
+    free(fixed);
+    if (st) { free(o.ids); free(o.offs); return st; }
+    if (!o.ids) { o.ids = malloc(sizeof(int32_t)); if (o.want_offs) o.offs = malloc(2 * sizeof(int64_t)); }
+    *ids = o.ids;
+    if (offsets) *offsets = o.offs;
+    *n = o.n;
+    return MMC_OK;
+}
+
+mmc_status mmc_tokenizer_encode(const mmc_tokenizer *t, const char *text, int64_t len, bool add_special,
+                                int32_t **ids, int64_t *n) {
+    return encode_impl(t, text, len, add_special, ids, NULL, n);
+}
+mmc_status mmc_tokenizer_encode_offsets(const mmc_tokenizer *t, const char *text, int64_t len,
+                                        bool add_special, int32_t **ids, int64_t **offsets, int64_t *n) {
+    if (!offsets) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_encode_offsets: offsets is NULL");
+    return encode_impl(t, text, len, add_special, ids, offsets, n);
+}
+
+/* ------------------------------------------------------------------ decode */
+mmc_status mmc_tokenizer_decode(const mmc_tokenizer *t, const int32_t *ids, int64_t n, bool skip_special,
+                                char **out) {
+    if (!t || !out || (!ids && n)) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_decode: NULL argument");
+    *out = NULL;
+    size_t total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_ids || !t->id_str[ids[i]])
+            return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_decode: id %d at position %lld is not in the vocabulary",
+                             ids[i], (long long)i);
+        total += (size_t)t->id_nbytes[ids[i]];
+    }
+    uint8_t *b = malloc(total + 1);
+    if (!b) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    size_t j = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (skip_special && t->is_special[ids[i]]) continue;
+        memcpy(b + j, t->id_bytes[ids[i]], (size_t)t->id_nbytes[ids[i]]);
+        j += (size_t)t->id_nbytes[ids[i]];
+    }
+    b[j] = 0;
+    if (utf8_valid(b, (int64_t)j)) { *out = (char *)b; return MMC_OK; }
+    int64_t m;
+    *out = utf8_repair(b, (int64_t)j, &m);
+    free(b);
+    return *out ? MMC_OK : mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+}
+
+/* ------------------------------------------------------------------ lookups */
+int32_t mmc_tokenizer_token_to_id(const mmc_tokenizer *t, const char *token) {
+    if (!t || !token) return -1;
+    return strmap_get(t, &t->vocab_str, true, token, strlen(token));
+}
+const char *mmc_tokenizer_id_to_token(const mmc_tokenizer *t, int32_t id) {
+    return (t && id >= 0 && id < t->n_ids) ? t->id_str[id] : NULL;
+}
+int32_t mmc_tokenizer_vocab_size(const mmc_tokenizer *t) { return t ? t->n_ids : 0; }
+bool mmc_tokenizer_is_special(const mmc_tokenizer *t, int32_t id) {
+    return t && id >= 0 && id < t->n_ids && t->is_special[id];
+}
+int32_t mmc_tokenizer_special_id(const mmc_tokenizer *t, mmc_tok_role r) {
+    return (t && r >= 0 && r < MMC_TOK_ROLE_COUNT) ? t->role_id[r] : -1;
+}
+int mmc_tokenizer_eos_ids(const mmc_tokenizer *t, int32_t *ids, int cap) {
+    int32_t c[3] = {t->role_id[MMC_TOK_EOS], mmc_tokenizer_token_to_id(t, "<|im_end|>"),
+                    mmc_tokenizer_token_to_id(t, "<|endoftext|>")};
+    int k = 0;
+    for (int i = 0; i < 3; i++) {
+        if (c[i] < 0) continue;
+        bool dup = false;
+        for (int j = 0; j < k; j++) dup |= ids[j] == c[i];
+        if (!dup && k < cap) ids[k++] = c[i];
+    }
+    return k;
+}
+const char *mmc_tokenizer_chat_template(const mmc_tokenizer *t) { return t ? t->chat_template : NULL; }
+
+/* ------------------------------------------------------------------ loading */
+void mmc_tokenizer_free(mmc_tokenizer *t) {
+    if (!t) return;
+    for (int32_t i = 0; i < t->n_ids; i++) { free(t->id_str[i]); free(t->id_bytes[i]); }
+    free(t->id_str); free(t->id_bytes); free(t->id_nbytes); free(t->is_special); free(t->is_added);
+    strmap_free(&t->vocab_bytes);
+    strmap_free(&t->vocab_str);
+    free(t->mkey); free(t->mrank); free(t->mid);
+    for (int i = 0; i < t->n_added; i++) { free(t->added[i].content); free(t->added[i].match); }
+    free(t->added);
+    for (int k = 0; k < 2; k++) for (int b = 0; b < 256; b++) free(t->first_idx[k][b]);
+    for (int i = 0; i < t->n_splits; i++) pcre2_code_free(t->re[i]);
+    free(t->chat_template);
+    while (t->pool) { tok_scratch *s = t->pool; t->pool = s->next; scratch_free(s); }
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+static bool jbool(const cJSON *o, const char *k, bool def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+}
+
+static mmc_status add_regex(mmc_tokenizer *t, const char *pat, bool literal) {
+    if (t->n_splits == TOK_MAX_SPLITS)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: more than %d Split pre-tokenizers", t->path, TOK_MAX_SPLITS);
+    int err;
+    PCRE2_SIZE eoff;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0), &err, &eoff, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: pre_tokenizer regex does not compile at offset %zu: %s",
+                         t->path, (size_t)eoff, (const char *)msg);
+    }
+    t->re_jit[t->n_splits] = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
+    t->re[t->n_splits++] = re;
+    return MMC_OK;
+}
+
+#define GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+
+static mmc_status parse_pretok(mmc_tokenizer *t, const cJSON *p, bool *saw_bytelevel) {
+    if (!p || cJSON_IsNull(p)) return MMC_OK;
+    const char *type = jstr(p, "type");
+    if (!type) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: pre_tokenizer without \"type\"", t->path);
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"), *e;
+        cJSON_ArrayForEach(e, a) {
+            mmc_status st = parse_pretok(t, e, saw_bytelevel);
+            if (st) return st;
+        }
+        return MMC_OK;
+    }
+    if (*saw_bytelevel)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: pre_tokenizer '%s' after ByteLevel is not supported", t->path, type);
+    if (!strcmp(type, "Split")) {
+        const char *beh = jstr(p, "behavior");
+        if (!beh || strcmp(beh, "Isolated") || jbool(p, "invert", false))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: Split pre_tokenizer with behavior '%s'%s is not supported (only Isolated)",
+                             t->path, beh ? beh : "?", jbool(p, "invert", false) ? " and invert" : "");
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+        const char *rx = jstr(pat, "Regex"), *lit = jstr(pat, "String");
+        if (!rx && !lit) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: Split pre_tokenizer without a pattern", t->path);
+        return add_regex(t, rx ? rx : lit, !rx);
+    }
+    if (!strcmp(type, "ByteLevel")) {
+        if (jbool(p, "add_prefix_space", false))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: ByteLevel add_prefix_space = true is not supported", t->path);
+        *saw_bytelevel = true;
+        if (jbool(p, "use_regex", true)) return add_regex(t, GPT2_PATTERN, false);
+        return MMC_OK;
+    }
+    return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: pre_tokenizer '%s' is not supported", t->path, type);
+}
+
+static mmc_status parse_normalizer(mmc_tokenizer *t, const cJSON *p) {
+    if (!p || cJSON_IsNull(p)) return MMC_OK;
+    const char *type = jstr(p, "type");
+    if (type && !strcmp(type, "NFC")) { t->nfc = true; return MMC_OK; }
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(p, "normalizers")) {
+            mmc_status st = parse_normalizer(t, e);
+            if (st) return st;
+        }
+        return MMC_OK;
+    }
+    return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: normalizer '%s' is not supported (only NFC)", t->path,
+                     type ? type : "?");
+}
+
+static int32_t lookup_name(mmc_tokenizer *t, const char *s) {
+    return s ? strmap_get(t, &t->vocab_str, true, s, strlen(s)) : -1;
+}
+
+static void parse_postproc(mmc_tokenizer *t, const cJSON *p) {
+    if (!p || cJSON_IsNull(p)) return;
+    const char *type = jstr(p, "type");
+    if (!type) return;
+    if (!strcmp(type, "ByteLevel")) return;
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(p, "processors")) parse_postproc(t, e);
+        return;
+    }
+    if (!strcmp(type, "TemplateProcessing")) {
+        const cJSON *e, *sp = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+        bool after = false;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(p, "single")) {
+            const cJSON *tokn = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
+            if (!tokn) { after = true; continue; }
+            const cJSON *ent = cJSON_GetObjectItemCaseSensitive(sp, jstr(tokn, "id") ? jstr(tokn, "id") : "");
+            const cJSON *idv, *ida = cJSON_GetObjectItemCaseSensitive(ent, "ids");
+            cJSON_ArrayForEach(idv, ida) {
+                if (after && t->n_pp_post < 8) t->pp_post[t->n_pp_post++] = idv->valueint;
+                if (!after && t->n_pp_pre < 8) t->pp_pre[t->n_pp_pre++] = idv->valueint;
+            }
+        }
+        return;
+    }
+    t->pp_unsupported = true;
+    snprintf(t->pp_type, sizeof t->pp_type, "%s", type);
+}
+
+static mmc_status set_token(mmc_tokenizer *t, int32_t id, const char *s) {
+    if (id < 0 || id >= t->n_ids) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: token id %d out of range", t->path, id);
+    if (t->id_str[id]) return MMC_OK;
+    t->id_str[id] = strdup(s);
+    t->id_bytes[id] = bytelevel_bytes(s, &t->id_nbytes[id]);
+    if (!t->id_str[id] || !t->id_bytes[id]) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    return MMC_OK;
+}
+
+static mmc_status add_added(mmc_tokenizer *t, const cJSON *a, int32_t id) {
+    const char *content = jstr(a, "content");
+    if (!content || !*content) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: added token %d without content", t->path, id);
+    for (int i = 0; i < t->n_added; i++) if (t->added[i].id == id) return MMC_OK;
+    tok_added *na = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *na);
+    if (!na) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    t->added = na;
+    tok_added *x = &t->added[t->n_added++];
+    memset(x, 0, sizeof *x);
+    x->id = id;
+    x->content = strdup(content);
+    x->special = jbool(a, "special", false);
+    x->lstrip = jbool(a, "lstrip", false);
+    x->rstrip = jbool(a, "rstrip", false);
+    x->single_word = jbool(a, "single_word", false);
+    x->normalized = jbool(a, "normalized", !x->special);
+    if (x->normalized && t->nfc) x->match = (char *)utf8proc_NFC((const uint8_t *)content);
+    else x->match = strdup(content);
+    if (!x->content || !x->match) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    x->len = (int)strlen(x->match);
+    return MMC_OK;
+}
+
+static int cmp_added_len(const void *a, const void *b, void *ctx) {
+    const tok_added *ad = ctx;
+    return ad[*(const int *)b].len - ad[*(const int *)a].len;
+}
+
+static mmc_status build_added_index(mmc_tokenizer *t) {
+    for (int i = 0; i < t->n_added; i++) {
+        tok_added *a = &t->added[i];
+        int32_t id = a->id;
+        if (id >= t->n_ids) continue;
+        t->is_added[id] = 1;
+        t->is_special[id] = a->special;
+        if (!t->id_str[id]) {
+            mmc_status st = set_token(t, id, a->content);
+            if (st) return st;
+        }
+        strmap_put(t, &t->vocab_str, true, a->content, strlen(a->content), id);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < 256; b++) {
+            int cnt = 0;
+            for (int i = 0; i < t->n_added; i++)
+                if (t->added[i].normalized == (k == 1) && (uint8_t)t->added[i].match[0] == b) cnt++;
+            if (!cnt) continue;
+            int *l = malloc((size_t)(cnt + 1) * sizeof *l);
+            if (!l) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+            cnt = 0;
+            for (int i = 0; i < t->n_added; i++)
+                if (t->added[i].normalized == (k == 1) && (uint8_t)t->added[i].match[0] == b) l[cnt++] = i;
+            qsort_r(l, (size_t)cnt, sizeof *l, cmp_added_len, t->added);
+            l[cnt] = -1;
+            t->first_idx[k][b] = l;
+            if (k == 1) t->has_norm_added = true;
+        }
+    return MMC_OK;
+}
+
+static int32_t config_token(mmc_tokenizer *t, const cJSON *cfg, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsString(v)) return lookup_name(t, v->valuestring);
+    if (cJSON_IsObject(v)) return lookup_name(t, jstr(v, "content"));
+    return -1;
+}
+
+static mmc_status load_config(mmc_tokenizer *t, const char *cpath) {
+    size_t n;
+    char *buf = read_file(cpath, &n);
+    cJSON *cfg = NULL;
+    if (buf) { /* tokenizer_config.json is optional */
+        cfg = cJSON_ParseWithLength(buf, n);
+        const char *ep = cJSON_GetErrorPtr();
+        long long off = (ep && ep >= buf && ep <= buf + n) ? (long long)(ep - buf) : -1;
+        free(buf);
+        if (!cfg) return mmc_error(MMC_ERR_FORMAT, "%s: malformed JSON near byte %lld", cpath, off);
+    }
+    mmc_status st = MMC_OK;
+    const cJSON *e, *atd = cJSON_GetObjectItemCaseSensitive(cfg, "added_tokens_decoder");
+    cJSON_ArrayForEach(e, atd) {
+        char *end;
+        long id = strtol(e->string, &end, 10);
+        if (*end || id < 0) { st = mmc_error(MMC_ERR_FORMAT, "%s: added_tokens_decoder key '%s' is not an id", cpath, e->string); goto done; }
+        if (id >= t->n_ids) continue; /* beyond tokenizer.json: ignored */
+        if ((st = add_added(t, e, (int32_t)id))) goto done;
+    }
+    if ((st = build_added_index(t)) || !cfg) goto done;
+    t->role_id[MMC_TOK_BOS] = config_token(t, cfg, "bos_token");
+    t->role_id[MMC_TOK_EOS] = config_token(t, cfg, "eos_token");
+    t->role_id[MMC_TOK_PAD] = config_token(t, cfg, "pad_token");
+    if (config_token(t, cfg, "unk_token") >= 0) t->role_id[MMC_TOK_UNK] = config_token(t, cfg, "unk_token");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    if (cJSON_IsString(ct)) t->chat_template = strdup(ct->valuestring);
+    else if (cJSON_IsArray(ct)) {
+        cJSON_ArrayForEach(e, ct) {
+            const char *nm = jstr(e, "name"), *tp = jstr(e, "template");
+            if (nm && tp && !strcmp(nm, "default")) t->chat_template = strdup(tp);
+        }
+    }
+done:
+    cJSON_Delete(cfg);
+    return st;
+}
+
+mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
+    if (!path || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load: NULL argument");
+    *out = NULL;
+    pthread_once(&g_once, global_init);
+    if (!g_nfc_safe) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    char jpath[1024], cpath[1024];
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return mmc_error(MMC_ERR_NOT_FOUND, "tokenizer: %s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(jpath, sizeof jpath, "%s/tokenizer.json", path);
+        snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", path);
+    } else {
+        snprintf(jpath, sizeof jpath, "%s", path);
+        const char *sl = strrchr(path, '/');
+        int dl = sl ? (int)(sl - path) : 0;
+        snprintf(cpath, sizeof cpath, "%.*s%stokenizer_config.json", dl, path, sl ? "/" : "");
+    }
+    size_t n;
+    char *buf = read_file(jpath, &n);
+    if (!buf) return mmc_error(errno == ENOENT ? MMC_ERR_NOT_FOUND : MMC_ERR_IO, "tokenizer: cannot read %s: %s", jpath, strerror(errno));
+    cJSON *root = cJSON_ParseWithLength(buf, n);
+    if (!root) {
+        const char *ep = cJSON_GetErrorPtr();
+        long long off = (ep && ep >= buf && ep <= buf + n) ? (long long)(ep - buf) : -1;
+        free(buf);
+        return mmc_error(MMC_ERR_FORMAT, "tokenizer: %s: malformed JSON near byte %lld", jpath, off);
+    }
+    free(buf);
+    mmc_status st = MMC_OK;
+    mmc_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) { cJSON_Delete(root); return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory"); }
+    pthread_mutex_init(&t->mu, NULL);
+    snprintf(t->path, sizeof t->path, "%s", jpath);
+    for (int r = 0; r < MMC_TOK_ROLE_COUNT; r++) t->role_id[r] = -1;
+    t->unk_id = -1;
+
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsObject(model)) { st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: no \"model\" object", jpath); goto fail; }
+    const char *mtype = jstr(model, "type");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (mtype ? strcmp(mtype, "BPE") != 0 : !merges) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: model type '%s' is not supported (only byte-level BPE)", jpath,
+                       mtype ? mtype : "?");
+        goto fail;
+    }
+    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges)) {
+        st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: BPE model needs a \"vocab\" object and a \"merges\" array", jpath);
+        goto fail;
+    }
+    if (jbool(model, "byte_fallback", false)) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: BPE byte_fallback is not supported", jpath); goto fail; }
+    const cJSON *drop = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(drop) && drop->valuedouble > 0) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: BPE dropout is not supported", jpath); goto fail; }
+    const char *csp = jstr(model, "continuing_subword_prefix"), *eow = jstr(model, "end_of_word_suffix");
+    if ((csp && *csp) || (eow && *eow)) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: BPE subword prefix/suffix is not supported", jpath); goto fail; }
+    t->ignore_merges = jbool(model, "ignore_merges", false);
+
+    if ((st = parse_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer")))) goto fail;
+    bool bl = false;
+    if ((st = parse_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bl))) goto fail;
+    if (!bl) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: no ByteLevel pre_tokenizer (only byte-level BPE is supported)", jpath); goto fail; }
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    if (!jstr(dec, "type") || strcmp(jstr(dec, "type"), "ByteLevel")) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: decoder '%s' is not supported (only ByteLevel)", jpath,
+                       jstr(dec, "type") ? jstr(dec, "type") : "null");
+        goto fail;
+    }
+    parse_postproc(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
+
+    /* ids */
+    int32_t maxid = -1;
+    const cJSON *e;
+    int nv = 0;
+    cJSON_ArrayForEach(e, vocab) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e8) {
+            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: vocab entry '%s' has no valid id", jpath, e->string);
+            goto fail;
+        }
+        if (e->valueint > maxid) maxid = e->valueint;
+        nv++;
+    }
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    cJSON_ArrayForEach(e, added) {
+        const cJSON *idv = cJSON_GetObjectItemCaseSensitive(e, "id");
+        if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 || idv->valuedouble > 1e8) {
+            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: added token without a valid id", jpath);
+            goto fail;
+        }
+        if (idv->valueint > maxid) maxid = idv->valueint;
+    }
+    t->n_ids = maxid + 1;
+    t->id_str = calloc((size_t)t->n_ids + 1, sizeof *t->id_str);
+    t->id_bytes = calloc((size_t)t->n_ids + 1, sizeof *t->id_bytes);
+    t->id_nbytes = calloc((size_t)t->n_ids + 1, sizeof *t->id_nbytes);
+    t->is_special = calloc((size_t)t->n_ids + 1, 1);
+    t->is_added = calloc((size_t)t->n_ids + 1, 1);
+    if (!t->id_str || !t->id_bytes || !t->id_nbytes || !t->is_special || !t->is_added) { st = mmc_error(MMC_ERR_OOM, "tokenizer: OOM"); goto fail; }
+    if ((st = strmap_init(&t->vocab_bytes, (size_t)nv)) || (st = strmap_init(&t->vocab_str, (size_t)t->n_ids))) goto fail;
+    cJSON_ArrayForEach(e, vocab) {
+        if ((st = set_token(t, e->valueint, e->string))) goto fail;
+        strmap_put(t, &t->vocab_str, true, e->string, strlen(e->string), e->valueint);
+        strmap_put(t, &t->vocab_bytes, false, t->id_bytes[e->valueint], (size_t)t->id_nbytes[e->valueint], e->valueint);
+    }
+    for (int b = 0; b < 256; b++) {
+        uint8_t c = (uint8_t)b;
+        t->byte_id[b] = strmap_get(t, &t->vocab_bytes, false, &c, 1);
+    }
+    if (jstr(model, "unk_token")) t->unk_id = t->role_id[MMC_TOK_UNK] = lookup_name(t, jstr(model, "unk_token"));
+
+    /* merges */
+    int nm = cJSON_GetArraySize(merges);
+    uint32_t cap = 16;
+    while (cap < (uint32_t)nm * 2 + 16) cap <<= 1;
+    t->mmask = cap - 1;
+    t->mkey = malloc(cap * sizeof *t->mkey);
+    t->mrank = malloc(cap * sizeof *t->mrank);
+    t->mid = malloc(cap * sizeof *t->mid);
+    if (!t->mkey || !t->mrank || !t->mid) { st = mmc_error(MMC_ERR_OOM, "tokenizer: OOM"); goto fail; }
+    for (uint32_t i = 0; i < cap; i++) t->mrank[i] = -1;
+    int rank = 0;
+    char *tmp = NULL;
+    size_t tmpcap = 0;
+    cJSON_ArrayForEach(e, merges) {
+        const char *a = NULL, *b = NULL;
+        size_t la = 0, lb = 0;
+        if (cJSON_IsString(e)) {
+            const char *sp = strchr(e->valuestring, ' ');
+            if (!sp || strchr(sp + 1, ' ')) { free(tmp); st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d '%s' is not \"a b\"", jpath, rank, e->valuestring); goto fail; }
+            a = e->valuestring; la = (size_t)(sp - a);
+            b = sp + 1; lb = strlen(b);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
+                   cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
+            a = cJSON_GetArrayItem(e, 0)->valuestring; la = strlen(a);
+            b = cJSON_GetArrayItem(e, 1)->valuestring; lb = strlen(b);
+        } else { free(tmp); st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d is neither \"a b\" nor [a, b]", jpath, rank); goto fail; }
+        if (la + lb + 1 > tmpcap) { tmpcap = (la + lb + 1) * 2; char *nt = realloc(tmp, tmpcap); if (!nt) { free(tmp); st = mmc_error(MMC_ERR_OOM, "OOM"); goto fail; } tmp = nt; }
+        int32_t ia = strmap_get(t, &t->vocab_str, true, a, la), ib = strmap_get(t, &t->vocab_str, true, b, lb);
+        memcpy(tmp, a, la); memcpy(tmp + la, b, lb); tmp[la + lb] = 0;
+        int32_t im = strmap_get(t, &t->vocab_str, true, tmp, la + lb);
+        if (ia < 0 || ib < 0 || im < 0) {
+            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d ('%.*s' + '%.*s') uses a token missing from the vocab", jpath, rank,
+                           (int)la, a, (int)lb, b);
+            free(tmp);
+            goto fail;
+        }
+        uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
+        uint32_t i = (uint32_t)hash_u64(key) & t->mmask;
+        while (t->mrank[i] >= 0 && t->mkey[i] != key) i = (i + 1) & t->mmask;
+        if (t->mrank[i] < 0) { t->mkey[i] = key; t->mrank[i] = rank; t->mid[i] = im; }
+        rank++;
+    }
+    free(tmp);
+
+    cJSON_ArrayForEach(e, added) {
+        if ((st = add_added(t, e, cJSON_GetObjectItemCaseSensitive(e, "id")->valueint))) goto fail;
+    }
+    cJSON_Delete(root);
+    root = NULL;
+    if ((st = load_config(t, cpath))) goto fail;
+    for (int i = 0; i < t->n_pp_pre; i++) if (t->pp_pre[i] < 0 || t->pp_pre[i] >= t->n_ids) t->pp_unsupported = true;
+    for (int i = 0; i < t->n_pp_post; i++) if (t->pp_post[i] < 0 || t->pp_post[i] >= t->n_ids) t->pp_unsupported = true;
+    *out = t;
+    return MMC_OK;
+fail:
+    cJSON_Delete(root);
+    mmc_tokenizer_free(t);
+    return st;
+}
