@@ -353,8 +353,8 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
 
 /* C[m, n] = alpha * dot(a[m, :], B row n) + beta*C for trans_b (B [N, K]); a is [M, K]
  * contiguous. Rows of B are streamed once; 4 rows at a time for memory-level parallelism. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-static void mv_tb_avx512(int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
+static inline void mv_tb_body(const int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
                          const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int64_t k16 = K & ~(int64_t)15;
     const __mmask16 tail = (__mmask16)((1u << (K - k16)) - 1u);
@@ -374,8 +374,19 @@ static void mv_tb_avx512(int M, int64_t n0, int64_t n1, int64_t K, float alpha, 
     (b16 ? _mm512_castsi512_ps(_mm512_slli_epi32(                                                \
                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bh[r] + (k))), 16))           \
          : _mm512_maskz_loadu_ps(mask, bf[r] + (k)))
+#ifdef MMC_MV_PF
+#define MV_PF(k)                                                                                \
+    do {                                                                                        \
+        for (int r = 0; r < 4; r++)                                                             \
+            _mm_prefetch(b16 ? (const char *)(bh[r] + (k) + MMC_MV_PF / 2)                      \
+                             : (const char *)(bf[r] + (k) + MMC_MV_PF / 4), _MM_HINT_T0);        \
+    } while (0)
+#else
+#define MV_PF(k) ((void)0)
+#endif
 #define MV_BODY(k, mask)                                                                        \
     do {                                                                                        \
+        MV_PF(k);                                                                               \
         __m512 b0 = MV_LOAD(0, k, mask), b1 = MV_LOAD(1, k, mask);                              \
         __m512 b2 = MV_LOAD(2, k, mask), b3 = MV_LOAD(3, k, mask);                              \
         for (int m = 0; m < M; m++) {                                                           \
@@ -386,17 +397,17 @@ static void mv_tb_avx512(int M, int64_t n0, int64_t n1, int64_t K, float alpha, 
             acc[m][3] = _mm512_fmadd_ps(x, b3, acc[m][3]);                                      \
         }                                                                                       \
     } while (0)
-        if (b16) {
-            for (int64_t k = 0; k < k16; k += 16) MV_BODY(k, (__mmask16)0xFFFF);
-        } else {
-            for (int64_t k = 0; k < k16; k += 16) MV_BODY(k, (__mmask16)0xFFFF);
-        }
+        for (int64_t k = 0; k < k16; k += 16) MV_BODY(k, (__mmask16)0xFFFF);
         if (tail) MV_BODY(k16, tail);
 #undef MV_BODY
 #undef MV_LOAD
+#undef MV_PF
+        float sum[4][4];
+        for (int m = 0; m < M; m++)
+            for (int r = 0; r < 4; r++) sum[m][r] = _mm512_reduce_add_ps(acc[m][r]);
         for (int m = 0; m < M; m++)
             for (int r = 0; r < rows; r++) {
-                float s = alpha * _mm512_reduce_add_ps(acc[m][r]);
+                float s = alpha * sum[m][r];
                 float *c = C + m * ldc + n + r;
                 *c = beta == 0.0f ? s : s + beta * *c;
             }
@@ -404,8 +415,8 @@ static void mv_tb_avx512(int M, int64_t n0, int64_t n1, int64_t K, float alpha, 
 }
 
 /* Non-transposed B [K, N]: column block [n0, n1) of 64, rows of B streamed in k. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-static void mv_nb_avx512(int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
+static inline void mv_nb_body(const int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
                          const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {
     for (int64_t n = n0; n < n1; n += 64) {
         int64_t w = n1 - n < 64 ? n1 - n : 64;
@@ -442,6 +453,26 @@ static void mv_nb_avx512(int M, int64_t n0, int64_t n1, int64_t K, float alpha, 
             }
     }
 }
+
+/* Instantiate the bodies for constant M (1..4) and B dtype so accumulators stay in registers. */
+#define MV_INST(body, name)                                                                     \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))                              \
+    static void name(int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,        \
+                     const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {    \
+        switch (M * 2 + (b16 ? 1 : 0)) {                                                           \
+        case 2: body(1, n0, n1, K, alpha, a, B, false, ldb, beta, C, ldc); break;                  \
+        case 3: body(1, n0, n1, K, alpha, a, B, true, ldb, beta, C, ldc); break;                   \
+        case 4: body(2, n0, n1, K, alpha, a, B, false, ldb, beta, C, ldc); break;                  \
+        case 5: body(2, n0, n1, K, alpha, a, B, true, ldb, beta, C, ldc); break;                   \
+        case 6: body(3, n0, n1, K, alpha, a, B, false, ldb, beta, C, ldc); break;                  \
+        case 7: body(3, n0, n1, K, alpha, a, B, true, ldb, beta, C, ldc); break;                   \
+        case 8: body(4, n0, n1, K, alpha, a, B, false, ldb, beta, C, ldc); break;                  \
+        default: body(4, n0, n1, K, alpha, a, B, true, ldb, beta, C, ldc); break;                  \
+        }                                                                                          \
+    }
+MV_INST(mv_tb_body, mv_tb_avx512)
+MV_INST(mv_nb_body, mv_nb_avx512)
+#undef MV_INST
 
 /* Generic small-M kernels (plain C, 16 partial sums per dot so compilers vectorize). */
 static void mv_tb_generic(int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
@@ -496,17 +527,23 @@ static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N
         a = t->v;
     }
     bool wide = kd == &K_AVX512;
-    int64_t grain = tb ? 4 : 64;                     /* rows of B / columns of C per unit */
+    /* work units: whole rows of B (tb) / 64-column strips (!tb), ~128 KiB of B each, handed
+     * out dynamically (a shared machine stalls threads; the result does not depend on who
+     * computes a unit) */
+    const int64_t esz = b16 ? 2 : 4;
+    int64_t grain = tb ? 4 : 64;
+    if (tb) {
+        int64_t g = (128 * 1024) / (K * esz) / 4 * 4;
+        if (g > grain) grain = g;
+    }
     int64_t units = (N + grain - 1) / grain;
-    double bytes = (double)N * K * (b16 ? 2 : 4);
+    double bytes = (double)N * K * esz;
     int nth = (bytes < 256 * 1024 || omp_in_parallel()) ? 1 : omp_get_max_threads();
     if (nth > units) nth = (int)units;
-#pragma omp parallel num_threads(nth) if (nth > 1)
-    {
-        int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
-        int64_t n0 = u0 * grain, n1 = u1 * grain < N ? u1 * grain : N;
-        if (n0 < n1) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+    for (int64_t u = 0; u < units; u++) {
+        int64_t n0 = u * grain, n1 = n0 + grain < N ? n0 + grain : N;
+        {
             if (tb) (wide ? mv_tb_avx512 : mv_tb_generic)((int)M, n0, n1, K, alpha, a, B, b16, ldb, beta, C, ldc);
             else (wide ? mv_nb_avx512 : mv_nb_generic)((int)M, n0, n1, K, alpha, a, B, b16, ldb, beta, C, ldc);
         }
