@@ -23,7 +23,9 @@ typedef struct {
     mmc_dtype dtype;
     int ndim;
     int64_t shape[MMC_MAX_DIMS];
-    const void *data;     /* into the mapping; little-endian, contiguous */
+    const void *data;     /* into the mapping; little-endian, contiguous; aligned to the
+                           * element size only if the writer padded the header (the Python
+                           * library and mmc_stw do; mmc_st_tensor refuses unaligned data) */
     size_t nbytes;
 } mmc_st_entry;
 
