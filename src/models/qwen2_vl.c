@@ -230,7 +230,7 @@ mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, 
             mmc_tensor *feats;
             mmc_status st = mmc_vision_forward(ctx, m->visual, k ? media->pixel_values_videos : media->pixel_values,
                                                k ? media->video_grid_thw : media->image_grid_thw, n, &feats, NULL);
-            if (st) return mmc_error_prefix(st, "%s: ", k ? "videos" : "images");
+            if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
             e = place(ctx, e, id32, BT, (int32_t)(k ? m->video_token_id : m->image_token_id), feats);
         }
     }
