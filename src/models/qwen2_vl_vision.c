@@ -457,7 +457,17 @@ mmc_status mmc_vision_forward(mmc_ctx *ctx, mmc_vision *v, mmc_tensor *pixels, c
     for (int64_t l = 0; l < c->depth; l++) {
         bool is_full = c->arch == MMC_VL_QWEN2;
         for (int i = 0; i < c->n_fullatt && !is_full; i++) is_full = c->fullatt[i] == l;
-        x = block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win);
+        if (mmc_grad_enabled(ctx)) {
+            x = block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win);
+            continue;
+        }
+        /* inference: keep only the block's output, so memory stays at one block's activations */
+        mmc_tensor *dst = mmc_new(ctx, MMC_F32, 3, x->shape);
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor *y = mmc_contiguous(ctx, block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win));
+        memcpy(dst->data, y->data, mmc_nbytes(dst));
+        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        x = dst;
     }
     x = mmc_reshape(ctx, x, 2, MMC_SHAPE(N, C));
     if (hidden) *hidden = x;
