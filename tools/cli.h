@@ -28,5 +28,9 @@ int cmd_info(int argc, char **argv);
 void help_info(FILE *f);
 int cmd_generate(int argc, char **argv);
 void help_generate(FILE *f);
+int cmd_chat(int argc, char **argv);
+void help_chat(FILE *f);
+int cmd_forward(int argc, char **argv);
+void help_forward(FILE *f);
 
 #endif
