@@ -97,3 +97,19 @@ void mmc_lora_merge_into(float *W, const float *A, const float *B, int64_t N, in
 }
 #endif
 #endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Fold a PEFT LoRA adapter into a Hugging Face model directory (peft's merge_and_unload):
+ * every adapted "<module>.weight" becomes W + scale · B·A (computed in f32, stored in W's
+ * dtype); every other tensor is copied unchanged (vision tower, norms, embeddings ...),
+ * and the non-weight files (config, tokenizer, processor, chat template, generation
+ * config) are copied. Weights go to one out_dir/model.safetensors. The directory is built
+ * as out_dir.tmp.<pid> and renamed into place (an existing out_dir is replaced only once
+ * the new one is complete). *n_merged (may be NULL) receives the number of merged weights. */
+mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, const char *out_dir,
+                              int *n_merged);
+#ifdef __cplusplus
+}
+#endif

@@ -407,3 +407,178 @@ void mmc_lora_merge_into(float *W, const float *A, const float *B, int64_t N, in
     /* W [N, K] += scale · B [N, r] · A [r, K] */
     mmc_gemm_f32(false, false, N, K, r, scale, B, r, A, K, 1.0f, W, K);
 }
+
+/* ------------------------------------------------------------------ merge a directory */
+#include <dirent.h>
+#include <unistd.h>
+
+static bool is_weight_file(const char *n) {
+    size_t l = strlen(n);
+    return (l > 12 && strcmp(n + l - 12, ".safetensors") == 0) || strcmp(n, "model.safetensors.index.json") == 0;
+}
+
+static void remove_tree1(const char *dir) {   /* a flat directory (what we write) */
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[2048];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, const char *out_dir,
+                              int *n_merged) {
+    if (n_merged) *n_merged = 0;
+    int r;
+    float alpha, dropout;
+    bool rs;
+    mmc_status st = mmc_lora_read_config(adapter_dir, &r, &alpha, &dropout, &rs);
+    if (st) return st;
+    float scale = mmc_lora_scale(r, alpha, rs);
+    mmc_st *base = NULL, *ad = NULL;
+    mmc_stw *w = NULL;
+    void **bufs = NULL;
+    int nbufs = 0, merged = 0;
+    char tmp[1024], path[1200], apath[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
+    bool made_tmp = false;
+    if ((st = mmc_st_open(model_dir, &base))) goto done;
+    snprintf(apath, sizeof apath, "%s/adapter_model.safetensors", adapter_dir);
+    if ((st = mmc_st_open(apath, &ad))) goto done;
+    int nb = mmc_st_count(base);
+    bufs = calloc((size_t)nb, sizeof *bufs);
+    char *used = calloc((size_t)mmc_st_count(ad) + 1, 1);
+    w = mmc_stw_new();
+    if (!bufs || !used || !w) { free(used); st = mmc_error(MMC_ERR_OOM, "merge: out of memory"); goto done; }
+    /* map each adapter module to a base weight */
+    for (int i = 0; i < nb && !st; i++) {
+        const mmc_st_entry *e = mmc_st_at(base, i);
+        size_t ln = strlen(e->name);
+        const mmc_st_entry *ea = NULL, *eb = NULL;
+        int ia = -1;
+        if (ln > 7 && strcmp(e->name + ln - 7, ".weight") == 0 && e->ndim == 2) {
+            char mod[256], cm[256];
+            snprintf(mod, sizeof mod, "%.*s", (int)(ln - 7), e->name);
+            mmc_lora_canonical_name(mod, cm, sizeof cm);
+            for (int k = 0; k < mmc_st_count(ad) && !ea; k++) {
+                const mmc_st_entry *x = mmc_st_at(ad, k);
+                const char *kn = x->name;
+                size_t lk = strlen(kn), ls = strlen(".lora_A.weight");
+                if (lk <= ls || strcmp(kn + lk - ls, ".lora_A.weight")) continue;
+                const char *m0 = strncmp(kn, KEY_PREFIX, strlen(KEY_PREFIX)) == 0 ? kn + strlen(KEY_PREFIX) : kn;
+                char am[256], ca[256];
+                snprintf(am, sizeof am, "%.*s", (int)(strlen(m0) - ls), m0);
+                mmc_lora_canonical_name(am, ca, sizeof ca);
+                if (strcmp(am, mod) && strcmp(ca, cm)) continue;
+                char kb[300];
+                snprintf(kb, sizeof kb, "%.*slora_B.weight", (int)(lk - strlen("lora_A.weight")), kn);
+                ea = x;
+                ia = k;
+                eb = mmc_st_find(ad, kb);
+            }
+        }
+        if (!ea) {
+            st = mmc_stw_add_raw(w, e->name, e->dtype, e->ndim, e->shape, e->data);
+            continue;
+        }
+        int64_t N = e->shape[0], K = e->shape[1];
+        if (!eb || ea->ndim != 2 || eb->ndim != 2 || ea->shape[1] != K || eb->shape[0] != N ||
+            ea->shape[0] != eb->shape[1]) {
+            st = mmc_error(MMC_ERR_SHAPE, "merge: adapter for '%s' [%lld, %lld] has a missing lora_B or mismatched "
+                           "shapes", e->name, (long long)N, (long long)K);
+            break;
+        }
+        if (e->dtype != MMC_F32 && e->dtype != MMC_BF16 && e->dtype != MMC_F16) {
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "merge: weight '%s' has dtype %s", e->name, mmc_dtype_name(e->dtype));
+            break;
+        }
+        int64_t rr = ea->shape[0];
+        float *W = malloc(sizeof(float) * (size_t)(N * K));
+        float *A = malloc(sizeof(float) * (size_t)(rr * K));
+        float *B = malloc(sizeof(float) * (size_t)(N * rr));
+        if (!W || !A || !B) { free(W); free(A); free(B); st = mmc_error(MMC_ERR_OOM, "merge: out of memory"); break; }
+        mmc_convert(W, MMC_F32, e->data, e->dtype, N * K);
+        mmc_convert(A, MMC_F32, ea->data, ea->dtype, rr * K);
+        mmc_convert(B, MMC_F32, eb->data, eb->dtype, N * rr);
+        mmc_lora_merge_into(W, A, B, N, K, rr, scale);
+        free(A);
+        free(B);
+        if (e->dtype != MMC_F32) {
+            void *nw = malloc(mmc_dtype_size(e->dtype) * (size_t)(N * K));
+            if (!nw) { free(W); st = mmc_error(MMC_ERR_OOM, "merge: out of memory"); break; }
+            mmc_convert(nw, e->dtype, W, MMC_F32, N * K);
+            free(W);
+            W = nw;
+        }
+        bufs[nbufs++] = W;
+        used[ia] = 1;
+        merged++;
+        st = mmc_stw_add_raw(w, e->name, e->dtype, 2, e->shape, W);
+    }
+    if (!st) {
+        char miss[2048] = "";
+        int nm = 0;
+        for (int k = 0; k < mmc_st_count(ad); k++) {
+            const char *kn = mmc_st_at(ad, k)->name;
+            if (used[k] || !strstr(kn, ".lora_A.")) continue;
+            size_t u = strlen(miss);
+            snprintf(miss + u, sizeof miss - u, "\n  %s", kn);
+            nm++;
+        }
+        if (nm) st = mmc_error(MMC_ERR_NOT_FOUND, "merge: %d adapter module%s match no 2-D weight of %s:%s", nm,
+                               nm > 1 ? "s" : "", model_dir, miss);
+    }
+    free(used);
+    if (st) goto done;
+    remove_tree1(tmp);
+    if (mkdir(tmp, 0755) != 0) { st = mmc_error(MMC_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno)); goto done; }
+    made_tmp = true;
+    if ((st = mmc_stw_set_metadata(w, "format", "pt"))) goto done;
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    if ((st = mmc_stw_write(w, path))) goto done;
+    /* copy config / tokenizer / processor files */
+    DIR *d = opendir(model_dir);
+    if (!d) { st = mmc_error(MMC_ERR_IO, "cannot list '%s': %s", model_dir, strerror(errno)); goto done; }
+    struct dirent *e;
+    while (!st && (e = readdir(d))) {
+        if (e->d_name[0] == '.' || is_weight_file(e->d_name)) continue;
+        char src[1200];
+        snprintf(src, sizeof src, "%s/%s", model_dir, e->d_name);
+        struct stat sb;
+        if (stat(src, &sb) || !S_ISREG(sb.st_mode)) continue;
+        char *data = NULL;
+        size_t len = 0;
+        if ((st = mmc_read_file(src, &data, &len))) break;
+        snprintf(path, sizeof path, "%s/%s", tmp, e->d_name);
+        st = mmc_write_file_atomic(path, data, len);
+        free(data);
+    }
+    closedir(d);
+    if (st) goto done;
+    if (rename(tmp, out_dir) != 0) {
+        /* out_dir exists: move it aside, put the new one in place, then drop the old one */
+        char old[1100];
+        snprintf(old, sizeof old, "%s.old.%ld", out_dir, (long)getpid());
+        if (rename(out_dir, old) != 0 || rename(tmp, out_dir) != 0) {
+            st = mmc_error(MMC_ERR_IO, "cannot move '%s' to '%s': %s", tmp, out_dir, strerror(errno));
+            goto done;
+        }
+        remove_tree1(old);
+    }
+    made_tmp = false;
+    if (n_merged) *n_merged = merged;
+done:
+    if (made_tmp) remove_tree1(tmp);
+    for (int i = 0; i < nbufs; i++) free(bufs[i]);
+    free(bufs);
+    mmc_stw_free(w);
+    mmc_st_close(ad);
+    mmc_st_close(base);
+    return st;
+}

@@ -208,6 +208,8 @@ size_t mmc_nf4_bytes(const mmc_nf4 *q) {
     return b;
 }
 
+/* no FMA contraction: bitsandbytes rounds the product before adding the offset */
+__attribute__((optimize("fp-contract=off")))
 void mmc_nf4_absmax(const mmc_nf4 *q, float *out) {
     if (!q->double_quant) {
         memcpy(out, q->absmax, sizeof(float) * (size_t)q->n_blocks);
