@@ -53,7 +53,7 @@ void mmc_nf4_dequantize_rows(const mmc_nf4 *q, const float *absmax, int64_t row0
 /* Bytes held: codes + scales (+ second-level scales). */
 size_t mmc_nf4_bytes(const mmc_nf4 *q);
 
-/* x [..., K] -> [..., N] = x · dequant(q)ᵀ + b. Dequantises 64-row tiles into a scratch
+/* x [..., K] -> [..., N] = x · dequant(q)ᵀ + b. Dequantises 256-row tiles into a scratch
  * panel and multiplies tile by tile (never the whole matrix). Backward: dx (and db if b
  * requires grad); the quantised base is frozen. */
 mmc_tensor *mmc_nf4_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_nf4 *q, mmc_tensor *b);

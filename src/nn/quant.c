@@ -6,7 +6,7 @@
  *     nibble;
  *   - double quantisation: offset = mean(absmax); absmax - offset in blocks of 256 with
  *     its own absmax2 and the nearest entry of the signed dynamic map (create_dynamic_map).
- * mmc_nf4_linear dequantises 64-row tiles of W into a scratch panel and runs the GEMM on
+ * mmc_nf4_linear dequantises 256-row tiles of W into a scratch panel and runs the GEMM on
  * the panel, so the f32 matrix never exists as a whole. */
 #include "mmc_quant.h"
 #include "mmc_ops.h"
@@ -243,7 +243,7 @@ void mmc_nf4_dequantize_rows(const mmc_nf4 *q, const float *absmax, int64_t row0
 }
 
 /* ------------------------------------------------------------------ linear */
-#define NF4_TILE 64   /* rows of W dequantised per panel */
+#define NF4_TILE 256  /* rows of W dequantised per panel (256 x K f32 in scratch) */
 
 static int64_t rows_of(const mmc_tensor *x) {
     int64_t r = 1;
