@@ -47,7 +47,7 @@ static void build_dyn(void) {
         float step = (1.0f - 0.1f) / (float)(items - 1);
         int half = items / 2;
         for (int i = 0; i < items; i++)
-            bnd[i] = i < half ? 0.1f + step * (float)i : 1.0f - step * (float)(items - i - 1);
+            bnd[i] = i < half ? fmaf(step, (float)i, 0.1f) : fmaf(-step, (float)(items - i - 1), 1.0f);   /* fused, as torch */
         float scale = (float)pow(10.0, (double)(e - 6));
         for (int i = 0; i + 1 < items; i++) {
             float mean = (bnd[i] + bnd[i + 1]) / 2.0f;
@@ -208,7 +208,7 @@ size_t mmc_nf4_bytes(const mmc_nf4 *q) {
     return b;
 }
 
-/* no FMA contraction: bitsandbytes rounds the product before adding the offset */
+/* not fused: bitsandbytes rounds the product before adding the offset */
 __attribute__((optimize("fp-contract=off")))
 void mmc_nf4_absmax(const mmc_nf4 *q, float *out) {
     if (!q->double_quant) {
