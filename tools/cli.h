@@ -32,5 +32,7 @@ int cmd_chat(int argc, char **argv);
 void help_chat(FILE *f);
 int cmd_forward(int argc, char **argv);
 void help_forward(FILE *f);
+int cmd_merge(int argc, char **argv);
+void help_merge(FILE *f);
 
 #endif
