@@ -11,10 +11,11 @@
  * bf16 B (weights) is widened to f32 while packing, so the bf16 GEMM runs the f32 kernel.
  * Edge tiles are computed into a small stack tile (packing pads with zeros) and merged.
  *
- * Threads (OpenMP): B panels are packed cooperatively; the compute is split over M (each
- * thread its own MR-aligned row range and A buffer) or, for short M, over the NR panels of
- * N. Blocking never depends on the thread count and each C element is produced by one
- * thread with a fixed K order, so results are bit-identical for any number of threads.
+ * Threads (OpenMP): B panels are packed cooperatively; the compute is handed out dynamically
+ * as (MC row block × chunk of NR panels) items, each thread packing A into its own buffer.
+ * Blocking never depends on the thread count and each C tile is computed the same way by
+ * whichever thread takes it, with a fixed K order, so results are bit-identical for any
+ * number of threads.
  *
  * Small M (M <= 4, decode / matvec) skips packing: B is streamed once, parallel over N.
  * Packing buffers are per calling thread (_Thread_local), grown once and then reused.
@@ -124,8 +125,8 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
 }
 
 /* Blocking for Zen 4 (L1d 48 KiB, L2 1 MiB, L3 32 MiB), measured on the target machine:
- * A block 168 × 512 f32 = 336 KiB in L2, B block 512 × 4096 = 8 MiB in L3. */
-static kdesc K_AVX512 = {"avx512", MR512, 32, MR512 * 12, 512, 4096, ukr_avx512_14x32};
+ * A block 84 × 512 f32 = 168 KiB in L2 (small, so M=512 splits into 7 balanced items), B block 512 × 4096 = 8 MiB in L3. */
+static kdesc K_AVX512 = {"avx512", MR512, 32, MR512 * 6, 512, 4096, ukr_avx512_14x32};
 static kdesc K_AVX2 = {"avx2", 6, 16, 6 * 32, 256, 4096, ukr_avx2_6x16};
 static kdesc K_GENERIC = {"generic", 4, 16, 4 * 32, 256, 2048, ukr_generic_4x16};
 
@@ -568,36 +569,42 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
     ensure_bufs(kd, nth);
     float *Bp = tl_bufs.b;
     float **Abuf = tl_bufs.a;
-    const int64_t mpanels = (M + mr - 1) / mr;
 
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-        /* thread grid: split M (rows of panels) when there is enough of it, else N */
-        int tm = mpanels >= 4 * nt ? nt : 1, tn = nt / tm;
-        int im = tid % tm, in = tid / tm;
-        if (in >= tn) { im = 0; in = tn; } /* idle thread (nt not divisible): no compute */
-        int64_t mp0 = mpanels * im / tm, mp1 = mpanels * (im + 1) / tm;
         float *Ap = Abuf[tid];
         float tile[16 * 64] __attribute__((aligned(64)));
+        /* Work items (mb, nch): an MC block of rows × a chunk of NR panels, handed out
+         * dynamically (the machine is shared; a stalled thread must not stall the team).
+         * Tall problems use whole-N items (A block packed once per item); short ones split N
+         * into chunks and each thread re-packs A only when its item's row block changes. */
+        const int64_t mblocks = (M + MC - 1) / MC;
 
         for (int64_t jc = 0; jc < N; jc += NC) {
             const int64_t nc = N - jc < NC ? N - jc : NC;
             const int64_t npanels = (nc + nr - 1) / nr;
-            const int64_t np0 = in < tn ? npanels * in / tn : 0;
-            const int64_t np1 = in < tn ? npanels * (in + 1) / tn : 0;
+            int64_t nchunks = mblocks >= 3 * nt ? 1 : 4 * nt;
+            if (nchunks > npanels) nchunks = npanels;
+            const int64_t items = mblocks * nchunks;
             for (int64_t pc = 0; pc < K; pc += KC) {
                 const int64_t kc = K - pc < KC ? K - pc : KC;
                 const float beta_k = pc == 0 ? beta : 1.0f;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 4)
                 for (int64_t p = 0; p < npanels; p++) {
                     int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
                     pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * kc);
                 }
-                for (int64_t ic = mp0 * mr; ic < mp1 * mr && ic < M && np0 < np1; ic += MC) {
-                    int64_t mc = mp1 * mr - ic < MC ? mp1 * mr - ic : MC;
-                    if (mc > M - ic) mc = M - ic;
-                    pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
+                int64_t packed_mb = -1;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t it = 0; it < items; it++) {
+                    const int64_t mb = it / nchunks, ch = it % nchunks;
+                    const int64_t ic = mb * MC, mc = M - ic < MC ? M - ic : MC;
+                    const int64_t np0 = npanels * ch / nchunks, np1 = npanels * (ch + 1) / nchunks;
+                    if (mb != packed_mb) {
+                        pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
+                        packed_mb = mb;
+                    }
                     for (int64_t jp = np0; jp < np1; jp++) {
                         const int64_t j = jp * nr;
                         const int64_t cols = nc - j < nr ? nc - j : nr;
@@ -617,8 +624,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                             }
                         }
                     }
-                }
-#pragma omp barrier
+                } /* implicit barrier: B block is re-packed next */
             }
         }
     }
