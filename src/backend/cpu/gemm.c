@@ -350,6 +350,29 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
     }
 }
 
+/* B stored [K, N] (not transposed): panels [p0, p1) of the block starting at column jc
+ * (nc columns), k in [k0, k0+kc); per k the source row segment is read contiguously. */
+static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
+                        int64_t nc, int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
+    const int nr = kd->nr;
+    for (int64_t k = 0; k < kc; k++) {
+        const int64_t base = (k0 + k) * ldb + jc;
+        for (int64_t p = p0; p < p1; p++) {
+            float *restrict d = Bp + p * nr * kc + k * nr;
+            const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
+            int64_t j = 0;
+            if (b16) {
+                const uint16_t *restrict src = (const uint16_t *)B + base + c0;
+                for (; j < cols; j++) d[j] = mmc_bf16_to_f32(src[j]);
+            } else {
+                const float *restrict src = (const float *)B + base + c0;
+                for (; j < cols; j++) d[j] = src[j];
+            }
+            for (; j < nr; j++) d[j] = 0.0f;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ small M (matvec) */
 
 /* C[m, n] = alpha * dot(a[m, :], B row n) + beta*C for trans_b (B [N, K]); a is [M, K]
@@ -590,10 +613,20 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
             for (int64_t pc = 0; pc < K; pc += KC) {
                 const int64_t kc = K - pc < KC ? K - pc : KC;
                 const float beta_k = pc == 0 ? beta : 1.0f;
-#pragma omp for schedule(dynamic, 4)
-                for (int64_t p = 0; p < npanels; p++) {
-                    int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
-                    pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * kc);
+                /* groups of 8 panels: for B [K, N] each k then copies one contiguous
+                 * 8*NR-wide row segment (long sequential reads) */
+                const int64_t ngroups = (npanels + 7) / 8;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t g = 0; g < ngroups; g++) {
+                    const int64_t p0 = g * 8, p1 = p0 + 8 < npanels ? p0 + 8 : npanels;
+                    if (tb) {
+                        for (int64_t p = p0; p < p1; p++) {
+                            int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
+                            pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * kc);
+                        }
+                    } else {
+                        pack_b_rows(kd, B, b16, ldb, jc, nc, p0, p1, pc, kc, Bp);
+                    }
                 }
                 int64_t packed_mb = -1;
 #pragma omp for schedule(dynamic, 1)
