@@ -421,7 +421,30 @@ static inline void mv_tb_body(const int M, int64_t n0, int64_t n1, int64_t K, fl
             acc[m][3] = _mm512_fmadd_ps(x, b3, acc[m][3]);                                      \
         }                                                                                       \
     } while (0)
-        for (int64_t k = 0; k < k16; k += 16) MV_BODY(k, (__mmask16)0xFFFF);
+        int64_t k = 0;
+        if (b16) {
+            /* 32 bf16 per 64-byte load: the low half of each 32-bit lane widened by a shift
+             * (even k), the high half by a mask (odd k); `a` holds each 32-block of k
+             * de-interleaved to match (evens, then odds — see gemm_small_m) */
+            const __m512i hi_mask = _mm512_set1_epi32((int)0xFFFF0000u);
+            for (; k + 32 <= K; k += 32) {
+                __m512i w[4];
+                for (int r = 0; r < 4; r++) {
+#ifdef MMC_MV_PF16
+                    _mm_prefetch((const char *)(bh[r] + k + MMC_MV_PF16), _MM_HINT_T0);
+#endif
+                    w[r] = _mm512_loadu_si512((const void *)(bh[r] + k));
+                }
+                for (int m = 0; m < M; m++) {
+                    __m512 xe = _mm512_loadu_ps(a + m * K + k), xo = _mm512_loadu_ps(a + m * K + k + 16);
+                    for (int r = 0; r < 4; r++) {
+                        acc[m][r] = _mm512_fmadd_ps(xe, _mm512_castsi512_ps(_mm512_slli_epi32(w[r], 16)), acc[m][r]);
+                        acc[m][r] = _mm512_fmadd_ps(xo, _mm512_castsi512_ps(_mm512_and_si512(w[r], hi_mask)), acc[m][r]);
+                    }
+                }
+            }
+        }
+        for (; k < k16; k += 16) MV_BODY(k, (__mmask16)0xFFFF);
         if (tail) MV_BODY(k16, tail);
 #undef MV_BODY
 #undef MV_LOAD
@@ -543,14 +566,20 @@ static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N
                          int64_t ldb, float beta, float *C, int64_t ldc) {
     /* a: op(A) as contiguous [M, K] (copied when transposed or strided) */
     const float *a = A;
-    if (ta || (M > 1 && lda != K)) {
+    const bool wide = kd == &K_AVX512;
+    /* AVX-512 bf16 x·Wᵀ: each full 32-block of k de-interleaved (16 evens, then 16 odds) */
+    const bool deint = wide && tb && b16;
+    if (ta || (M > 1 && lda != K) || deint) {
         bufs *t = &tl_bufs;
         t->v = grow(t->v, &t->v_cap, (size_t)(M * K));
         for (int64_t m = 0; m < M; m++)
-            for (int64_t k = 0; k < K; k++) t->v[m * K + k] = ta ? A[k * lda + m] : A[m * lda + k];
+            for (int64_t k = 0; k < K; k++) {
+                int64_t d = k;
+                if (deint && (k | 31) < K) d = (k & ~(int64_t)31) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1);
+                t->v[m * K + d] = ta ? A[k * lda + m] : A[m * lda + k];
+            }
         a = t->v;
     }
-    bool wide = kd == &K_AVX512;
     /* work units: whole rows of B (tb) / 64-column strips (!tb), ~128 KiB of B each, handed
      * out dynamically (a shared machine stalls threads; the result does not depend on who
      * computes a unit) */
