@@ -355,8 +355,13 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
 static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
                         int64_t nc, int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
     const int nr = kd->nr;
+    const int64_t esz = b16 ? 2 : 4, seg = (p1 - p0) * nr * esz; /* bytes per source row */
     for (int64_t k = 0; k < kc; k++) {
         const int64_t base = (k0 + k) * ldb + jc;
+        if (k + 8 < kc) { /* rows 8 ahead: the source stride defeats the hardware prefetch */
+            const char *ahead = (const char *)B + ((k0 + k + 8) * ldb + jc + p0 * nr) * esz;
+            for (int64_t o = 0; o < seg; o += 64) __builtin_prefetch(ahead + o, 0, 3);
+        }
         for (int64_t p = p0; p < p1; p++) {
             float *restrict d = Bp + p * nr * kc + k * nr;
             const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
