@@ -384,79 +384,58 @@ static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, i
  * contiguous. Rows of B are streamed once; 4 rows at a time for memory-level parallelism. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
 static inline void mv_tb_body(const int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
-                         const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {
+                              const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {
+    /* R rows of B in flight (R*M accumulators in registers): 8 for M <= 2, else 4 */
+    enum { RMAX = 8 };
+    const int R = M <= 2 ? 8 : 4;
     const int64_t k16 = K & ~(int64_t)15;
     const __mmask16 tail = (__mmask16)((1u << (K - k16)) - 1u);
-    for (int64_t n = n0; n < n1; n += 4) {
-        int rows = n1 - n < 4 ? (int)(n1 - n) : 4;
-        __m512 acc[4][4];
-        for (int m = 0; m < 4; m++)
-            for (int r = 0; r < 4; r++) acc[m][r] = _mm512_setzero_ps();
-        const float *bf[4];
-        const uint16_t *bh[4];
-        for (int r = 0; r < 4; r++) {
-            int64_t row = n + (r < rows ? r : 0);
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t n = n0; n < n1; n += R) {
+        const int rows = n1 - n < R ? (int)(n1 - n) : R;
+        __m512 acc[4][RMAX];
+        const float *bf[RMAX];
+        const uint16_t *bh[RMAX];
+        for (int m = 0; m < M; m++)
+            for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            int64_t row = n + (r < rows ? r : 0); /* past the end: re-read row n, discarded */
             bf[r] = (const float *)B + row * ldb;
             bh[r] = (const uint16_t *)B + row * ldb;
         }
-#define MV_LOAD(r, k, mask)                                                                     \
-    (b16 ? _mm512_castsi512_ps(_mm512_slli_epi32(                                                \
-               _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bh[r] + (k))), 16))           \
-         : _mm512_maskz_loadu_ps(mask, bf[r] + (k)))
-#ifdef MMC_MV_PF
-#define MV_PF(k)                                                                                \
-    do {                                                                                        \
-        for (int r = 0; r < 4; r++)                                                             \
-            _mm_prefetch(b16 ? (const char *)(bh[r] + (k) + MMC_MV_PF / 2)                      \
-                             : (const char *)(bf[r] + (k) + MMC_MV_PF / 4), _MM_HINT_T0);        \
-    } while (0)
-#else
-#define MV_PF(k) ((void)0)
-#endif
-#define MV_BODY(k, mask)                                                                        \
-    do {                                                                                        \
-        MV_PF(k);                                                                               \
-        __m512 b0 = MV_LOAD(0, k, mask), b1 = MV_LOAD(1, k, mask);                              \
-        __m512 b2 = MV_LOAD(2, k, mask), b3 = MV_LOAD(3, k, mask);                              \
-        for (int m = 0; m < M; m++) {                                                           \
-            __m512 x = _mm512_maskz_loadu_ps(mask, a + m * K + (k));                            \
-            acc[m][0] = _mm512_fmadd_ps(x, b0, acc[m][0]);                                      \
-            acc[m][1] = _mm512_fmadd_ps(x, b1, acc[m][1]);                                      \
-            acc[m][2] = _mm512_fmadd_ps(x, b2, acc[m][2]);                                      \
-            acc[m][3] = _mm512_fmadd_ps(x, b3, acc[m][3]);                                      \
-        }                                                                                       \
-    } while (0)
         int64_t k = 0;
         if (b16) {
             /* 32 bf16 per 64-byte load: the low half of each 32-bit lane widened by a shift
              * (even k), the high half by a mask (odd k); `a` holds each 32-block of k
              * de-interleaved to match (evens, then odds — see gemm_small_m) */
-            const __m512i hi_mask = _mm512_set1_epi32((int)0xFFFF0000u);
             for (; k + 32 <= K; k += 32) {
-                __m512i w[4];
-                for (int r = 0; r < 4; r++) {
-#ifdef MMC_MV_PF16
-                    _mm_prefetch((const char *)(bh[r] + k + MMC_MV_PF16), _MM_HINT_T0);
-#endif
-                    w[r] = _mm512_loadu_si512((const void *)(bh[r] + k));
-                }
+                __m512i w[RMAX];
+                for (int r = 0; r < R; r++) w[r] = _mm512_loadu_si512((const void *)(bh[r] + k));
                 for (int m = 0; m < M; m++) {
                     __m512 xe = _mm512_loadu_ps(a + m * K + k), xo = _mm512_loadu_ps(a + m * K + k + 16);
-                    for (int r = 0; r < 4; r++) {
+                    for (int r = 0; r < R; r++) {
                         acc[m][r] = _mm512_fmadd_ps(xe, _mm512_castsi512_ps(_mm512_slli_epi32(w[r], 16)), acc[m][r]);
                         acc[m][r] = _mm512_fmadd_ps(xo, _mm512_castsi512_ps(_mm512_and_si512(w[r], hi_mask)), acc[m][r]);
                     }
                 }
             }
         }
-        for (; k < k16; k += 16) MV_BODY(k, (__mmask16)0xFFFF);
-        if (tail) MV_BODY(k16, tail);
-#undef MV_BODY
-#undef MV_LOAD
-#undef MV_PF
-        float sum[4][4];
+        /* remaining k in 16s (f32: all of K), last partial 16 masked */
+        for (; k < K; k += 16) {
+            const __mmask16 mk = k < k16 ? (__mmask16)0xFFFF : tail;
+            __m512 bv[RMAX];
+            for (int r = 0; r < R; r++)
+                bv[r] = b16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                  _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, bh[r] + k)), 16))
+                            : _mm512_maskz_loadu_ps(mk, bf[r] + k);
+            for (int m = 0; m < M; m++) {
+                __m512 x = _mm512_maskz_loadu_ps(mk, a + m * K + k);
+                for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(x, bv[r], acc[m][r]);
+            }
+        }
+        float sum[4][RMAX];
         for (int m = 0; m < M; m++)
-            for (int r = 0; r < 4; r++) sum[m][r] = _mm512_reduce_add_ps(acc[m][r]);
+            for (int r = 0; r < R; r++) sum[m][r] = _mm512_reduce_add_ps(acc[m][r]);
         for (int m = 0; m < M; m++)
             for (int r = 0; r < rows; r++) {
                 float s = alpha * sum[m][r];
@@ -589,9 +568,9 @@ static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N
      * out dynamically (a shared machine stalls threads; the result does not depend on who
      * computes a unit) */
     const int64_t esz = b16 ? 2 : 4;
-    int64_t grain = tb ? 4 : 64;
+    int64_t grain = tb ? 8 : 64;
     if (tb) {
-        int64_t g = (128 * 1024) / (K * esz) / 4 * 4;
+        int64_t g = (128 * 1024) / (K * esz) / 8 * 8;
         if (g > grain) grain = g;
     }
     int64_t units = (N + grain - 1) / grain;
