@@ -39,15 +39,21 @@ typedef struct {
 
 /* ------------------------------------------------------------------ micro-kernels */
 
-/* C[i, j] = alpha * acc + beta * C (C not read when beta == 0). */
+/* C[i, j] = alpha * acc + beta * C (C not read when beta == 0). Portable: GCC vector
+ * extensions, lowered to whatever vector width the target has (SSE2 at least on x86-64). */
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
 static void ukr_generic_4x16(int64_t kc, const float *restrict Ap, const float *restrict Bp,
                              float *restrict C, int64_t ldc, float alpha, float beta) {
-    float acc[4][16] = {{0}};
+    v16f acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
     for (int64_t k = 0; k < kc; k++) {
-        const float *a = Ap + k * 4, *b = Bp + k * 16;
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 16; j++) acc[i][j] += a[i] * b[j];
+        const float *a = Ap + k * 4;
+        v16f b = *(const v16f *)(Bp + k * 16);
+        acc0 += a[0] * b;
+        acc1 += a[1] * b;
+        acc2 += a[2] * b;
+        acc3 += a[3] * b;
     }
+    v16f acc[4] = {acc0, acc1, acc2, acc3};
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 16; j++)
             C[i * ldc + j] = beta == 0.0f ? alpha * acc[i][j] : alpha * acc[i][j] + beta * C[i * ldc + j];
