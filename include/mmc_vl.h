@@ -18,6 +18,7 @@
 #include "mmc_io.h"
 #include "mmc_infer.h"
 #include "mmc_models.h"
+#include "mmc_lora.h"
 #include "mmc_ops.h"
 
 #ifdef __cplusplus
@@ -48,14 +49,11 @@ typedef struct {
 
 typedef struct {
     mmc_tensor *norm1_w, *norm1_b;   /* [Cv]; biases only for Qwen2-VL (LayerNorm) */
-    mmc_tensor *qkv_w, *qkv_b;       /* [3Cv, Cv], [3Cv] */
-    mmc_tensor *proj_w, *proj_b;     /* [Cv, Cv], [Cv] */
+    mmc_linear_w qkv;                /* w [3Cv, Cv], b [3Cv] (fused q, k, v) */
+    mmc_linear_w proj;               /* w [Cv, Cv], b [Cv] */
     mmc_tensor *norm2_w, *norm2_b;   /* [Cv] */
-    mmc_tensor *fc1_w, *fc1_b;       /* Qwen2-VL: [Fv, Cv], [Fv] */
-    mmc_tensor *fc2_w, *fc2_b;       /* Qwen2-VL: [Cv, Fv], [Cv] */
-    mmc_tensor *gate_w, *gate_b;     /* Qwen2.5-VL: [Fv, Cv], [Fv] */
-    mmc_tensor *up_w, *up_b;         /* Qwen2.5-VL: [Fv, Cv], [Fv] */
-    mmc_tensor *down_w, *down_b;     /* Qwen2.5-VL: [Cv, Fv], [Cv] */
+    mmc_linear_w fc1, fc2;           /* Qwen2-VL: w [Fv, Cv] / [Cv, Fv], with biases */
+    mmc_linear_w gate, up, down;     /* Qwen2.5-VL: w [Fv, Cv] / [Fv, Cv] / [Cv, Fv], with biases */
 } mmc_vision_block;
 
 typedef struct {
@@ -63,8 +61,8 @@ typedef struct {
     mmc_tensor *patch_w;             /* [Cv, Cin, kt, p, p] */
     mmc_vision_block *blocks;        /* [depth] */
     mmc_tensor *ln_q_w, *ln_q_b;     /* [Cv]; bias only for Qwen2-VL */
-    mmc_tensor *mlp0_w, *mlp0_b;     /* [Cv*m^2, Cv*m^2], [Cv*m^2] */
-    mmc_tensor *mlp2_w, *mlp2_b;     /* [Co, Cv*m^2], [Co] */
+    mmc_linear_w mlp0;               /* merger.mlp.0: w [Cv*m^2, Cv*m^2], b [Cv*m^2] */
+    mmc_linear_w mlp2;               /* merger.mlp.2: w [Co, Cv*m^2], b [Co] */
     mmc_tensor **params;             /* every parameter (owned) */
     char (*param_names)[96];         /* HF names without the "visual." prefix */
     int n_params;
@@ -134,6 +132,11 @@ mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, 
                                 mmc_kv_cache *kv, int64_t *rope_deltas, mmc_tensor **hidden);
 /* hidden [..., C] -> logits [..., V] */
 mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidden);
+
+/* Every linear module (vision tower, merger, language model) with the module names
+ * transformers >= 4.52 uses ("model.visual.blocks.N.attn.qkv",
+ * "model.language_model.layers.N.self_attn.q_proj", ...), for LoRA targets and PEFT files. */
+mmc_status mmc_qwen2_vl_linears(mmc_qwen2_vl *m, mmc_module_list *out);
 
 /* Generation for one prompt: prefill (vision towers run once), then decode with the KV cache. */
 mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,

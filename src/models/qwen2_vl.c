@@ -307,3 +307,24 @@ done:
     mmc_sampler_free(&smp);
     return st;
 }
+
+mmc_status mmc_qwen2_vl_linears(mmc_qwen2_vl *m, mmc_module_list *out) {
+    mmc_vision *v = m->visual;
+    bool q2 = v->cfg.arch == MMC_VL_QWEN2;
+    char name[MMC_MODULE_NAME];
+    mmc_status st = MMC_OK;
+    for (int64_t i = 0; i < v->cfg.depth && !st; i++) {
+        mmc_vision_block *b = &v->blocks[i];
+        const char *nm[5] = {"attn.qkv", "attn.proj", q2 ? "mlp.fc1" : "mlp.gate_proj",
+                             q2 ? "mlp.fc2" : "mlp.up_proj", "mlp.down_proj"};
+        mmc_linear_w *ls[5] = {&b->qkv, &b->proj, q2 ? &b->fc1 : &b->gate, q2 ? &b->fc2 : &b->up, &b->down};
+        for (int j = 0; j < (q2 ? 4 : 5) && !st; j++) {
+            snprintf(name, sizeof name, "model.visual.blocks.%lld.%s", (long long)i, nm[j]);
+            st = mmc_module_list_add(out, ls[j], name);
+        }
+    }
+    if (!st) st = mmc_module_list_add(out, &v->mlp0, "model.visual.merger.mlp.0");
+    if (!st) st = mmc_module_list_add(out, &v->mlp2, "model.visual.merger.mlp.2");
+    if (!st) st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
+    return st;
+}

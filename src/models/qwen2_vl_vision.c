@@ -119,31 +119,31 @@ static int build_specs(mmc_vision *v, vspec *s) {
         if (q2) BSPEC("norm1.bias", &b->norm1_b, 1, C);
         BSPEC("norm2.weight", &b->norm2_w, 1, C);
         if (q2) BSPEC("norm2.bias", &b->norm2_b, 1, C);
-        BSPEC("attn.qkv.weight", &b->qkv_w, 2, 3 * C, C);
-        BSPEC("attn.qkv.bias", &b->qkv_b, 1, 3 * C);
-        BSPEC("attn.proj.weight", &b->proj_w, 2, C, C);
-        BSPEC("attn.proj.bias", &b->proj_b, 1, C);
+        BSPEC("attn.qkv.weight", &b->qkv.w, 2, 3 * C, C);
+        BSPEC("attn.qkv.bias", &b->qkv.b, 1, 3 * C);
+        BSPEC("attn.proj.weight", &b->proj.w, 2, C, C);
+        BSPEC("attn.proj.bias", &b->proj.b, 1, C);
         if (q2) {
-            BSPEC("mlp.fc1.weight", &b->fc1_w, 2, F, C);
-            BSPEC("mlp.fc1.bias", &b->fc1_b, 1, F);
-            BSPEC("mlp.fc2.weight", &b->fc2_w, 2, C, F);
-            BSPEC("mlp.fc2.bias", &b->fc2_b, 1, C);
+            BSPEC("mlp.fc1.weight", &b->fc1.w, 2, F, C);
+            BSPEC("mlp.fc1.bias", &b->fc1.b, 1, F);
+            BSPEC("mlp.fc2.weight", &b->fc2.w, 2, C, F);
+            BSPEC("mlp.fc2.bias", &b->fc2.b, 1, C);
         } else {
-            BSPEC("mlp.gate_proj.weight", &b->gate_w, 2, F, C);
-            BSPEC("mlp.gate_proj.bias", &b->gate_b, 1, F);
-            BSPEC("mlp.up_proj.weight", &b->up_w, 2, F, C);
-            BSPEC("mlp.up_proj.bias", &b->up_b, 1, F);
-            BSPEC("mlp.down_proj.weight", &b->down_w, 2, C, F);
-            BSPEC("mlp.down_proj.bias", &b->down_b, 1, C);
+            BSPEC("mlp.gate_proj.weight", &b->gate.w, 2, F, C);
+            BSPEC("mlp.gate_proj.bias", &b->gate.b, 1, F);
+            BSPEC("mlp.up_proj.weight", &b->up.w, 2, F, C);
+            BSPEC("mlp.up_proj.bias", &b->up.b, 1, F);
+            BSPEC("mlp.down_proj.weight", &b->down.w, 2, C, F);
+            BSPEC("mlp.down_proj.bias", &b->down.b, 1, C);
         }
 #undef BSPEC
     }
     SPEC("merger.ln_q.weight", &v->ln_q_w, 1, C);
     if (q2) SPEC("merger.ln_q.bias", &v->ln_q_b, 1, C);
-    SPEC("merger.mlp.0.weight", &v->mlp0_w, 2, C * m2, C * m2);
-    SPEC("merger.mlp.0.bias", &v->mlp0_b, 1, C * m2);
-    SPEC("merger.mlp.2.weight", &v->mlp2_w, 2, c->out_hidden_size, C * m2);
-    SPEC("merger.mlp.2.bias", &v->mlp2_b, 1, c->out_hidden_size);
+    SPEC("merger.mlp.0.weight", &v->mlp0.w, 2, C * m2, C * m2);
+    SPEC("merger.mlp.0.bias", &v->mlp0.b, 1, C * m2);
+    SPEC("merger.mlp.2.weight", &v->mlp2.w, 2, c->out_hidden_size, C * m2);
+    SPEC("merger.mlp.2.bias", &v->mlp2.b, 1, c->out_hidden_size);
 #undef SPEC
     return n;
 }
@@ -262,6 +262,19 @@ static mmc_vision *vision_alloc(const mmc_vision_config *cfg, vspec **specs, int
         return NULL;
     }
     *n = build_specs(v, *specs);
+    /* feature sizes of the linear modules (LoRA and NF4 need them) */
+    const int64_t C = cfg->embed_dim, F = cfg->intermediate_size;
+    const int64_t M = C * cfg->spatial_merge_size * cfg->spatial_merge_size;
+#define FEAT(l, o, i) do { (l).out_features = (o); (l).in_features = (i); } while (0)
+    for (int64_t i = 0; i < cfg->depth; i++) {
+        mmc_vision_block *b = &v->blocks[i];
+        FEAT(b->qkv, 3 * C, C); FEAT(b->proj, C, C);
+        FEAT(b->fc1, F, C); FEAT(b->fc2, C, F);
+        FEAT(b->gate, F, C); FEAT(b->up, F, C); FEAT(b->down, C, F);
+    }
+    FEAT(v->mlp0, M, M);
+    FEAT(v->mlp2, cfg->out_hidden_size, M);
+#undef FEAT
     return v;
 }
 
@@ -364,24 +377,23 @@ static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_v
                                  mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *ao) {
     int64_t N = x->shape[1], C = c->embed_dim, H = c->num_heads, D = C / H;
     mmc_tensor *h = vnorm(ctx, c, x, b->norm1_w, b->norm1_b);                  /* [1, N, C] */
+    mmc_tensor *f = mmc_nn_linear(ctx, h, &b->qkv);                             /* [1, N, 3C] */
+    f = mmc_reshape(ctx, f, 5, MMC_SHAPE(1, N, 3, H, D));
     mmc_tensor *qkv[3];
-    for (int i = 0; i < 3; i++) {
-        /* rows [i*C, (i+1)*C) of the fused projection: a contiguous view of the weight */
-        mmc_tensor *w = mmc_narrow(ctx, b->qkv_w, 0, i * C, C), *bb = mmc_narrow(ctx, b->qkv_b, 0, i * C, C);
-        qkv[i] = mmc_reshape(ctx, mmc_linear(ctx, h, w, bb), 4, MMC_SHAPE(1, N, H, D)); /* [1, N, H, D] */
-    }
+    for (int i = 0; i < 3; i++)                                                  /* [1, N, H, D] */
+        qkv[i] = mmc_reshape(ctx, mmc_narrow(ctx, f, 2, i, 1), 4, MMC_SHAPE(1, N, H, D));
     mmc_tensor *q = mmc_rope(ctx, qkv[0], cos, sin), *k = mmc_rope(ctx, qkv[1], cos, sin);
     mmc_tensor *a = mmc_attention(ctx, q, k, qkv[2], ao);                        /* [1, N, H, D] */
     a = mmc_reshape(ctx, a, 3, MMC_SHAPE(1, N, C));
-    x = mmc_add(ctx, x, mmc_linear(ctx, a, b->proj_w, b->proj_b));
+    x = mmc_add(ctx, x, mmc_nn_linear(ctx, a, &b->proj));
     h = vnorm(ctx, c, x, b->norm2_w, b->norm2_b);
     mmc_tensor *y;
     if (c->arch == MMC_VL_QWEN2) {
-        y = mmc_linear(ctx, act(ctx, c->act, mmc_linear(ctx, h, b->fc1_w, b->fc1_b)), b->fc2_w, b->fc2_b);
+        y = mmc_nn_linear(ctx, act(ctx, c->act, mmc_nn_linear(ctx, h, &b->fc1)), &b->fc2);
     } else {
-        mmc_tensor *g = mmc_linear(ctx, h, b->gate_w, b->gate_b), *u = mmc_linear(ctx, h, b->up_w, b->up_b);
+        mmc_tensor *g = mmc_nn_linear(ctx, h, &b->gate), *u = mmc_nn_linear(ctx, h, &b->up);
         g = c->act == MMC_ACT_SILU ? mmc_swiglu(ctx, g, u) : mmc_mul(ctx, act(ctx, c->act, g), u);
-        y = mmc_linear(ctx, g, b->down_w, b->down_b);
+        y = mmc_nn_linear(ctx, g, &b->down);
     }
     return mmc_add(ctx, x, y);
 }
@@ -475,8 +487,8 @@ mmc_status mmc_vision_forward(mmc_ctx *ctx, mmc_vision *v, mmc_tensor *pixels, c
     mmc_tensor *h = c->arch == MMC_VL_QWEN2 ? mmc_layernorm(ctx, x, v->ln_q_w, v->ln_q_b, 1e-6f)
                                             : mmc_rmsnorm(ctx, x, v->ln_q_w, 1e-6f);
     h = mmc_reshape(ctx, h, 2, MMC_SHAPE(N / unit, unit * C));
-    h = mmc_gelu(ctx, mmc_linear(ctx, h, v->mlp0_w, v->mlp0_b));
-    h = mmc_linear(ctx, h, v->mlp2_w, v->mlp2_b);                                 /* [N/m^2, Co] */
+    h = mmc_gelu(ctx, mmc_nn_linear(ctx, h, &v->mlp0));
+    h = mmc_nn_linear(ctx, h, &v->mlp2);                                 /* [N/m^2, Co] */
     if (ridx) h = mmc_gather_rows(ctx, h, ridx);
     *out = h;
     return MMC_OK;
