@@ -28,5 +28,9 @@ int cmd_info(int argc, char **argv);
 void help_info(FILE *f);
 int cmd_generate(int argc, char **argv);
 void help_generate(FILE *f);
+int cmd_synth(int argc, char **argv);
+void help_synth(FILE *f);
+int cmd_eval(int argc, char **argv);
+void help_eval(FILE *f);
 
 #endif

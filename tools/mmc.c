@@ -14,6 +14,10 @@ static const cli_cmd g_cmds[] = {
      cmd_info, help_info},
     {"generate", "Generate a completion for a prompt (streams tokens; greedy or sampled)",
      cmd_generate, help_generate},
+    {"eval", "Evaluate a model on a dataset: loss, perplexity, exact/normalised-match accuracy",
+     cmd_eval, help_eval},
+    {"synth", "Write the demo's synthetic shapes dataset (images + questions, JSONL)",
+     cmd_synth, help_synth},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 
