@@ -263,10 +263,13 @@ static bool sb_printf(sbuf *b, const char *fmt, ...) {
 static mmc_status write_split(const mmc_synth_opts *o, mmc_synth_split split, int64_t count,
                               uint8_t *rgb) {
     const char *name = split == MMC_SYNTH_TRAIN ? "train" : split == MMC_SYNTH_VAL ? "val" : "test";
-    sbuf all = {0}, per[MMC_SYNTH_N_TYPES] = {{0}};
+    sbuf all = {0}, per[MMC_SYNTH_N_TYPES] = {{0}}, cur = {0};
     mmc_status st = MMC_OK;
     char path[4096];
+    size_t *off = malloc((size_t)(count + 1) * sizeof *off);   /* line starts in `all` */
+    if (!off) return mmc_error(MMC_ERR_OOM, "synth: out of memory");
     for (int64_t i = 0; i < count; i++) {
+        off[i] = all.n;
         mmc_synth_sample s;
         if ((st = mmc_synth_make(o->seed, split, i, o->size, &s)) != MMC_OK) goto done;
         mmc_synth_render(&s, o->size, o->blank, rgb);
@@ -288,15 +291,35 @@ static mmc_status write_split(const mmc_synth_opts *o, mmc_synth_split split, in
             goto done;
         }
     }
+    off[count] = all.n;
     snprintf(path, sizeof path, "%s/%s.jsonl", o->out_dir, name);
     if ((st = write_atomic_nosync(path, all.p ? all.p : "", all.n)) != MMC_OK) goto done;
+    if (split == MMC_SYNTH_TRAIN) {
+        /* colour-first curriculum, for a loader that keeps file order (data.shuffle: false):
+         * stage 1 colour only (N/8 lines), stage 2 colour and shape alternating (N/4), then
+         * every sample in its mixed order (N). */
+        int64_t n1 = count / 8, n2 = count / 4;
+        for (int64_t k = 0; k < n1 + n2; k++) {
+            int64_t i = k < n1 ? 4 * k : 4 * ((k - n1) / 2) + ((k - n1) % 2);
+            i %= count > 0 ? count : 1;
+            if (count && !sb_printf(&cur, "%.*s", (int)(off[i + 1] - off[i]), all.p + off[i])) {
+                st = mmc_error(MMC_ERR_OOM, "synth: out of memory");
+                goto done;
+            }
+        }
+        if (count && !sb_printf(&cur, "%s", all.p)) { st = mmc_error(MMC_ERR_OOM, "synth: out of memory"); goto done; }
+        snprintf(path, sizeof path, "%s/%s_curriculum.jsonl", o->out_dir, name);
+        if ((st = write_atomic_nosync(path, cur.p ? cur.p : "", cur.n)) != MMC_OK) goto done;
+    }
     if (split == MMC_SYNTH_TRAIN)
         for (int t = 0; t < MMC_SYNTH_N_TYPES; t++) {
             snprintf(path, sizeof path, "%s/%s_%s.jsonl", o->out_dir, name, mmc_synth_type_names[t]);
             if ((st = write_atomic_nosync(path, per[t].p ? per[t].p : "", per[t].n)) != MMC_OK) goto done;
         }
 done:
+    free(off);
     free(all.p);
+    free(cur.p);
     for (int t = 0; t < MMC_SYNTH_N_TYPES; t++) free(per[t].p);
     return st;
 }
