@@ -77,6 +77,8 @@ mmc_status mmc_vision_config_read(const mmc_json *root, mmc_vl_arch arch, mmc_vi
  * (which must outlive the tower). */
 mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const char *prefix,
                                 bool trainable, mmc_vision **out);
+/* Fresh tower with random init (matrices normal(0, 0.02), biases normal(0, 0.02), norms 1), f32. */
+mmc_status mmc_vision_new(const mmc_vision_config *cfg, uint64_t seed, mmc_vision **out);
 void mmc_vision_free(mmc_vision *v);
 /* pixels [N, Cin*kt*p*p] (f32) for n grids (t, h, w) = grid_thw[3i..3i+2], N = sum t*h*w
  * -> [N / m^2, Co], in the images' token order. hidden (may be NULL) receives the last block's

@@ -230,7 +230,7 @@ mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, 
             mmc_tensor *feats;
             mmc_status st = mmc_vision_forward(ctx, m->visual, k ? media->pixel_values_videos : media->pixel_values,
                                                k ? media->video_grid_thw : media->image_grid_thw, n, &feats, NULL);
-            if (st) return mmc_error_prefix(st, "%s: ", k ? "videos" : "images");
+            if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
             e = place(ctx, e, id32, BT, (int32_t)(k ? m->video_token_id : m->image_token_id), feats);
         }
     }
@@ -242,7 +242,23 @@ mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, 
         if (st) return st;
     }
     mmc_attn_opts ao = {.causal = true};
-    *hidden = mmc_qwen2_forward(ctx, m->lm, e, cos, sin, &ao, kv);
+    if (mmc_grad_enabled(ctx)) {
+        *hidden = mmc_qwen2_forward(ctx, m->lm, e, cos, sin, &ao, kv);
+        return MMC_OK;
+    }
+    /* inference: mmc_qwen2_forward's layer loop, keeping only each layer's output so that a
+     * long multimodal prompt costs one layer's activations, not all of them */
+    mmc_tensor *x = e;
+    for (int l = 0; l < c->num_layers; l++) {
+        mmc_tensor *dst = mmc_new(ctx, MMC_F32, 3, x->shape);
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor *y = mmc_contiguous(ctx, mmc_qwen2_layer_forward(ctx, c, &m->lm->layers[l], x, cos, sin, &ao, kv, l));
+        memcpy(dst->data, y->data, mmc_nbytes(dst));
+        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        x = dst;
+    }
+    if (kv) kv->len += T;
+    *hidden = mmc_rmsnorm(ctx, x, m->lm->norm, (float)c->rms_norm_eps);
     return MMC_OK;
 }
 

@@ -197,6 +197,8 @@ static mmc_status bind(const mmc_st *st, const char *full, const vspec *s, bool 
     return MMC_OK;
 }
 
+static mmc_vision *vision_alloc(const mmc_vision_config *cfg, vspec **specs, int *n);
+
 void mmc_vision_free(mmc_vision *v) {
     if (!v) return;
     for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
@@ -209,24 +211,17 @@ void mmc_vision_free(mmc_vision *v) {
 mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const char *prefix, bool trainable,
                                 mmc_vision **out) {
     *out = NULL;
-    mmc_vision *v = calloc(1, sizeof *v);
-    int cap = 8 + 20 * (int)cfg->depth;
-    vspec *s = calloc((size_t)cap, sizeof *s);
+    vspec *s = NULL;
+    int n = 0, bad = 0;
     size_t errcap = 16384;
     char *errs = calloc(1, errcap);
-    if (v) {
-        v->cfg = *cfg;
-        v->blocks = calloc((size_t)cfg->depth, sizeof *v->blocks);
-        v->params = calloc((size_t)cap, sizeof *v->params);
-        v->param_names = calloc((size_t)cap, sizeof *v->param_names);
-    }
-    if (!v || !s || !errs || !v->blocks || !v->params || !v->param_names) {
+    mmc_vision *v = vision_alloc(cfg, &s, &n);
+    if (!v || !errs) {
         free(s);
         free(errs);
         mmc_vision_free(v);
         return mmc_error(MMC_ERR_OOM, "out of memory allocating a vision tower");
     }
-    int n = build_specs(v, s), bad = 0;
     for (int i = 0; i < n; i++) {
         char full[256];
         snprintf(full, sizeof full, "%s%s", prefix, s[i].name);
@@ -246,6 +241,50 @@ mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const 
         return MMC_ERR_FORMAT;
     }
     free(errs);
+    *out = v;
+    return MMC_OK;
+}
+
+static mmc_vision *vision_alloc(const mmc_vision_config *cfg, vspec **specs, int *n) {
+    mmc_vision *v = calloc(1, sizeof *v);
+    int cap = 8 + 20 * (int)cfg->depth;
+    *specs = calloc((size_t)cap, sizeof **specs);
+    if (v) {
+        v->cfg = *cfg;
+        v->blocks = calloc((size_t)cfg->depth, sizeof *v->blocks);
+        v->params = calloc((size_t)cap, sizeof *v->params);
+        v->param_names = calloc((size_t)cap, sizeof *v->param_names);
+    }
+    if (!v || !*specs || !v->blocks || !v->params || !v->param_names) {
+        free(*specs);
+        *specs = NULL;
+        mmc_vision_free(v);
+        return NULL;
+    }
+    *n = build_specs(v, *specs);
+    return v;
+}
+
+mmc_status mmc_vision_new(const mmc_vision_config *cfg, uint64_t seed, mmc_vision **out) {
+    *out = NULL;
+    vspec *s;
+    int n;
+    mmc_vision *v = vision_alloc(cfg, &s, &n);
+    if (!v) return mmc_error(MMC_ERR_OOM, "out of memory allocating a vision tower");
+    mmc_rng rng;
+    mmc_rng_init(&rng, seed);
+    for (int i = 0; i < n; i++) {
+        mmc_tensor *t = mmc_tensor_new(MMC_F32, s[i].ndim, s[i].shape);
+        if (!t) { free(s); mmc_vision_free(v); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+        bool is_norm = strstr(s[i].name, "norm") || strstr(s[i].name, "ln_q");
+        if (is_norm && strstr(s[i].name, ".weight")) for (int64_t k = 0; k < mmc_numel(t); k++) ((float *)t->data)[k] = 1.0f;
+        else if (!is_norm) mmc_rng_normal(&rng, t->data, mmc_numel(t), 0.0f, 0.02f);
+        *s[i].slot = t;
+        snprintf(v->param_names[v->n_params], sizeof v->param_names[0], "%s", s[i].name);
+        v->params[v->n_params++] = t;
+    }
+    free(s);
     *out = v;
     return MMC_OK;
 }
@@ -418,7 +457,17 @@ mmc_status mmc_vision_forward(mmc_ctx *ctx, mmc_vision *v, mmc_tensor *pixels, c
     for (int64_t l = 0; l < c->depth; l++) {
         bool is_full = c->arch == MMC_VL_QWEN2;
         for (int i = 0; i < c->n_fullatt && !is_full; i++) is_full = c->fullatt[i] == l;
-        x = block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win);
+        if (mmc_grad_enabled(ctx)) {
+            x = block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win);
+            continue;
+        }
+        /* inference: keep only the block's output, so memory stays at one block's activations */
+        mmc_tensor *dst = mmc_new(ctx, MMC_F32, 3, x->shape);
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor *y = mmc_contiguous(ctx, block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win));
+        memcpy(dst->data, y->data, mmc_nbytes(dst));
+        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        x = dst;
     }
     x = mmc_reshape(ctx, x, 2, MMC_SHAPE(N, C));
     if (hidden) *hidden = x;
