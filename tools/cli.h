@@ -34,5 +34,9 @@ int cmd_forward(int argc, char **argv);
 void help_forward(FILE *f);
 int cmd_merge(int argc, char **argv);
 void help_merge(FILE *f);
+int cmd_synth(int argc, char **argv);
+void help_synth(FILE *f);
+int cmd_eval(int argc, char **argv);
+void help_eval(FILE *f);
 
 #endif

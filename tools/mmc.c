@@ -19,6 +19,10 @@ static const cli_cmd g_cmds[] = {
      cmd_forward, help_forward},
     {"merge", "Merge a LoRA adapter (PEFT format) into a model and write an HF directory",
      cmd_merge, help_merge},
+    {"eval", "Evaluate a model on a dataset: loss, perplexity, exact/normalised-match accuracy",
+     cmd_eval, help_eval},
+    {"synth", "Write the demo's synthetic shapes dataset (images + questions, JSONL)",
+     cmd_synth, help_synth},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 
