@@ -34,5 +34,8 @@ void mmc_gemm_ref_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                        float *C, int64_t ldc);
 /* Name of the micro-kernel chosen for this CPU ("avx512", "avx2", "generic"). */
 const char *mmc_gemm_kernel_name(void);
+/* Force the micro-kernel ("avx512", "avx2", "generic") for tests/benchmarks; returns -1 if
+ * this CPU cannot run it (the choice is unchanged then). Not thread-safe against running GEMMs. */
+int mmc_gemm_set_kernel(const char *name);
 
 #endif

@@ -1,0 +1,140 @@
+/* test_gemm.c — the packed GEMM (mmc_gemm_f32 / mmc_gemm_bf16, every micro-kernel this CPU
+ * can run) against the triple-loop oracle mmc_gemm_ref(_bf16): all four trans combinations,
+ * odd sizes around the register tiles and cache blocks, K=1, M=1..4 (matvec path), leading
+ * dimensions wider than the matrix, alpha/beta variants, beta=0 over a NaN-filled C, and C
+ * padding left untouched. Then bit-identical results with 1 and 2 threads (determinism).
+ *
+ * Tolerance (per element): |got - ref| <= 1e-5 * sqrt(K) * bound + 1e-30, where bound =
+ * |alpha| * sum_k |a_mk| |b_kn| + |beta| |c_mn| (the ref accumulates in double; our kernels
+ * accumulate in f32 in a fixed order, so the error grows like sqrt(K) * eps * bound). */
+#include "test_util.h"
+#include "gemm.h"
+
+#include <omp.h>
+
+static uint64_t g_seed = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_seed = g_seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((g_seed >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+}
+
+typedef struct { int64_t M, N, K; } shape;
+
+/* One case: fills A, B (f32, and B rounded to bf16), C; compares fast vs ref. */
+static void run_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad,
+                     float alpha, float beta, bool bf16) {
+    int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
+    int64_t lda = acols + pad, ldb = bcols + pad, ldc = N + pad;
+    float *A = malloc(sizeof(float) * (size_t)(arows * lda + 1));
+    float *B = malloc(sizeof(float) * (size_t)(brows * ldb + 1));
+    uint16_t *Bh = malloc(sizeof(uint16_t) * (size_t)(brows * ldb + 1));
+    float *C0 = malloc(sizeof(float) * (size_t)(M * ldc + 1));
+    float *C = malloc(sizeof(float) * (size_t)(M * ldc + 1));
+    float *R = malloc(sizeof(float) * (size_t)(M * ldc + 1));
+    float *Aa = malloc(sizeof(float) * (size_t)(arows * lda + 1));
+    float *Ba = malloc(sizeof(float) * (size_t)(brows * ldb + 1));
+    float *Bd = malloc(sizeof(float) * (size_t)(M * ldc + 1));
+    for (int64_t i = 0; i < arows * lda; i++) { A[i] = frand(); Aa[i] = fabsf(A[i]); }
+    for (int64_t i = 0; i < brows * ldb; i++) {
+        Bh[i] = mmc_f32_to_bf16(frand());
+        B[i] = bf16 ? mmc_bf16_to_f32(Bh[i]) : frand();
+        Ba[i] = fabsf(B[i]);
+    }
+    for (int64_t i = 0; i < M * ldc; i++) C0[i] = frand();
+    /* beta == 0: C must not be read — fill it with NaN (the padding keeps a sentinel) */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < ldc; n++) {
+            float v = n < N ? (beta == 0.0f ? NAN : C0[m * ldc + n]) : 777.0f;
+            C[m * ldc + n] = R[m * ldc + n] = v;
+            Bd[m * ldc + n] = fabsf(C0[m * ldc + n]);
+        }
+    if (bf16) {
+        mmc_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, Bh, ldb, beta, C, ldc);
+        mmc_gemm_ref_bf16(ta, tb, M, N, K, alpha, A, lda, Bh, ldb, beta, R, ldc);
+    } else {
+        mmc_gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        mmc_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, R, ldc);
+    }
+    mmc_gemm_ref(ta, tb, M, N, K, fabsf(alpha), Aa, lda, Ba, ldb, fabsf(beta), Bd, ldc);
+    int bad = 0;
+    double worst = 0;
+    for (int64_t m = 0; m < M && bad < 3; m++)
+        for (int64_t n = 0; n < ldc && bad < 3; n++) {
+            float got = C[m * ldc + n], want = R[m * ldc + n];
+            if (n >= N) {
+                if (got != 777.0f) { bad++; fprintf(stderr, "  padding C[%lld,%lld] written\n", (long long)m, (long long)n); }
+                continue;
+            }
+            double tol = 1e-5 * sqrt((double)K) * Bd[m * ldc + n] + 1e-30;
+            double d = fabs((double)got - want);
+            if (!(d <= tol)) {
+                bad++;
+                fprintf(stderr, "  C[%lld,%lld] = %.9g, ref %.9g, |diff| %.3g > tol %.3g\n",
+                        (long long)m, (long long)n, got, want, d, tol);
+            }
+            if (d / (Bd[m * ldc + n] + 1e-30) > worst) worst = d / (Bd[m * ldc + n] + 1e-30);
+        }
+    CHECKF(bad == 0, "%s kernel=%s ta=%d tb=%d M=%lld N=%lld K=%lld pad=%lld alpha=%g beta=%g",
+           bf16 ? "bf16" : "f32", mmc_gemm_kernel_name(), ta, tb, (long long)M, (long long)N,
+           (long long)K, (long long)pad, alpha, beta);
+    free(A); free(B); free(Bh); free(C0); free(C); free(R); free(Aa); free(Ba); free(Bd);
+}
+
+/* Fast GEMM with 1 thread and with 2 threads must give the same bits. */
+static void run_determinism(bool ta, bool tb, int64_t M, int64_t N, int64_t K, bool bf16) {
+    int64_t lda = ta ? M : K, ldb = tb ? K : N;
+    size_t na = (size_t)(M * K), nb = (size_t)(K * N), nc = (size_t)(M * N);
+    float *A = malloc(na * 4), *B = malloc(nb * 4), *C1 = malloc(nc * 4), *C2 = malloc(nc * 4);
+    uint16_t *Bh = malloc(nb * 2);
+    for (size_t i = 0; i < na; i++) A[i] = frand();
+    for (size_t i = 0; i < nb; i++) { B[i] = frand(); Bh[i] = mmc_f32_to_bf16(B[i]); }
+    for (size_t i = 0; i < nc; i++) C1[i] = C2[i] = frand();
+    int prev = omp_get_max_threads();
+    for (int t = 1; t <= 2; t++) {
+        omp_set_num_threads(t);
+        float *C = t == 1 ? C1 : C2;
+        if (bf16) mmc_gemm_bf16(ta, tb, M, N, K, 0.75f, A, lda, Bh, ldb, 0.5f, C, N);
+        else mmc_gemm_f32(ta, tb, M, N, K, 0.75f, A, lda, B, ldb, 0.5f, C, N);
+    }
+    omp_set_num_threads(prev);
+    CHECKF(memcmp(C1, C2, nc * 4) == 0, "1 vs 2 threads differ: %s kernel=%s ta=%d tb=%d M=%lld N=%lld K=%lld",
+           bf16 ? "bf16" : "f32", mmc_gemm_kernel_name(), ta, tb, (long long)M, (long long)N, (long long)K);
+    free(A); free(B); free(C1); free(C2); free(Bh);
+}
+
+int main(void) {
+    static const shape shapes[] = {
+        {1, 1, 1},    {1, 3, 17},   {2, 33, 65},   {3, 65, 1},    {4, 129, 127}, {1, 130, 300},
+        {5, 1, 1},    {17, 33, 1},  {33, 17, 65},  {65, 127, 33}, {127, 129, 17}, {129, 65, 129},
+        {14, 32, 64}, {28, 64, 257}, {15, 33, 300}, {350, 70, 300}, {6, 16, 513}, {70, 200, 19},
+    };
+    static const float ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.25f, 0.75f}, {1.0f, 1.0f}};
+    const char *kernels[] = {"avx512", "avx2", "generic"};
+    const char *native = mmc_gemm_kernel_name();
+    printf("test_gemm: native kernel %s\n", native);
+    for (int ki = 0; ki < 3; ki++) {
+        if (mmc_gemm_set_kernel(kernels[ki]) != 0) { printf("  kernel %s: not supported here, skipped\n", kernels[ki]); continue; }
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int t = 0; t < 4; t++) {
+                const shape *sh = &shapes[s];
+                int v = (int)((s + t) % 4);
+                int64_t pad = (s + t) % 3 == 0 ? 0 : 3 + (int64_t)s;
+                run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, ab[v][0], ab[v][1], false);
+                run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, ab[(v + 1) % 4][0], ab[(v + 1) % 4][1], true);
+            }
+        /* alpha/beta sweep on one awkward shape, both paths (M <= 4 and packed) */
+        for (int v = 0; v < 4; v++) {
+            run_case(false, true, 3, 45, 77, 2, ab[v][0], ab[v][1], false);
+            run_case(true, false, 31, 45, 77, 2, ab[v][0], ab[v][1], true);
+        }
+        for (int t = 0; t < 4; t++) {
+            run_determinism(t & 1, t >> 1, 300, 200, 333, false);
+            run_determinism(t & 1, t >> 1, 300, 200, 333, true);
+            run_determinism(t & 1, t >> 1, 2, 700, 257, false);
+            run_determinism(t & 1, t >> 1, 3, 700, 257, true);
+            run_determinism(t & 1, t >> 1, 20, 1000, 100, false);
+        }
+    }
+    mmc_gemm_set_kernel(native);
+    return test_done("test_gemm");
+}
