@@ -1,0 +1,116 @@
+/* bench_vl.c — Qwen2-VL-2B shapes with random f32 weights and reduced depth (vision tower 4 of
+ * 32 blocks, language model 4 of 28 layers; full vocabulary, tied head): vision encode of a
+ * 448x448 image (grid 1x32x32) and a 1024x768 image (smart_resize with factor 28 ->
+ * 1036x756, grid 1x54x74), prefill of a 512-token prompt (last-position logits only, as in
+ * generation) and single-token decode after it, plus the process's peak RSS.
+ * Peer: bench/peer_vl.py, transformers' Qwen2VLForConditionalGeneration (sdpa, fp32), same
+ * shapes and threads. */
+#include "bench_util.h"
+#include "mmc_vl.h"
+
+#include <string.h>
+
+#define VD 4     /* vision blocks of 32 */
+#define LD 4     /* LM layers of 28 */
+
+typedef struct {
+    mmc_ctx *ctx;
+    mmc_qwen2_vl *m;
+    mmc_tensor *px;
+    int64_t grid[3];
+    mmc_kv_cache kv;
+    mmc_tensor *ids;
+    int64_t delta;
+} args_t;
+
+static void vision_step(void *p) {
+    args_t *a = p;
+    mmc_ctx_reset(a->ctx);
+    mmc_tensor *out;
+    if (mmc_vision_forward(a->ctx, a->m->visual, a->px, a->grid, 1, &out, NULL)) {
+        fprintf(stderr, "%s\n", mmc_last_error());
+        exit(1);
+    }
+}
+
+static void prefill_step(void *p) {
+    args_t *a = p;
+    mmc_ctx_reset(a->ctx);
+    a->kv.len = 0;
+    mmc_tensor *h;
+    if (mmc_qwen2_vl_forward(a->ctx, a->m, a->ids, NULL, &a->kv, &a->delta, &h)) {
+        fprintf(stderr, "%s\n", mmc_last_error());
+        exit(1);
+    }
+    int64_t T = a->ids->shape[1];
+    mmc_qwen2_vl_logits(a->ctx, a->m, mmc_contiguous(a->ctx, mmc_narrow(a->ctx, h, 1, T - 1, 1)));
+}
+
+int main(void) {
+    mmc_qwen2_config tc = {.vocab_size = 151936, .hidden_size = 1536, .intermediate_size = 8960,
+                           .num_layers = LD, .num_heads = 12, .num_kv_heads = 2, .head_dim = 128,
+                           .max_position_embeddings = 32768, .rms_norm_eps = 1e-6, .rope_theta = 1e6,
+                           .tie_word_embeddings = true, .mrope = true, .mrope_section = {16, 24, 24}};
+    mmc_vision_config vc = {.arch = MMC_VL_QWEN2, .depth = VD, .embed_dim = 1280, .num_heads = 16,
+                            .intermediate_size = 5120, .out_hidden_size = 1536, .in_channels = 3,
+                            .patch_size = 14, .temporal_patch_size = 2, .spatial_merge_size = 2,
+                            .rope_theta = 10000, .act = MMC_ACT_QUICK_GELU};
+    args_t a = {.ctx = mmc_ctx_new()};
+    a.m = calloc(1, sizeof *a.m);
+    a.m->arch = MMC_VL_QWEN2;
+    a.m->image_token_id = 151655, a.m->video_token_id = 151656, a.m->vision_start_token_id = 151652;
+    if (mmc_qwen2_new(&tc, 1, &a.m->lm) || mmc_vision_new(&vc, 2, &a.m->visual)) {
+        fprintf(stderr, "%s\n", mmc_last_error());
+        return 1;
+    }
+    mmc_set_grad_enabled(a.ctx, false);
+    mmc_rng r;
+    mmc_rng_init(&r, 3);
+    /* vision encode: 448x448 -> [1, 32, 32]; 1024x768 -> smart_resize(768, 1024) = (756, 1036) -> [1, 54, 74] */
+    struct { const char *name; int64_t g[3]; } imgs[] = {
+        {"vl_qwen2vl2b_vision_d4of32_448x448", {1, 32, 32}},
+        {"vl_qwen2vl2b_vision_d4of32_1024x768", {1, 54, 74}},
+    };
+    for (int i = 0; i < 2; i++) {
+        memcpy(a.grid, imgs[i].g, sizeof a.grid);
+        int64_t N = a.grid[0] * a.grid[1] * a.grid[2];
+        a.px = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(N, 3 * 2 * 14 * 14));
+        mmc_rng_normal(&r, a.px->data, mmc_numel(a.px), 0, 1);
+        double sec = bench_time(vision_step, &a, i ? 0.0 : 5.0, i ? 1 : 2);
+        bench_report(imgs[i].name, 1.0 / sec, "img/s", 1);
+        fprintf(stderr, "%s: %.3f s/image (%lld patches)\n", imgs[i].name, sec, (long long)N);
+        mmc_tensor_free(a.px);
+    }
+    /* prefill 512 text tokens, then decode */
+    const int64_t T = 512;
+    a.ids = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(1, T));
+    for (int64_t t = 0; t < T; t++) ((int32_t *)a.ids->data)[t] = (int32_t)(mmc_rng_u64(&r) % 150000);
+    if (mmc_kv_cache_init(&a.kv, LD, 1, tc.num_kv_heads, tc.head_dim, T + 64)) return 1;
+    double sec = bench_time(prefill_step, &a, 5.0, 2);
+    bench_report("vl_qwen2vl2b_prefill_lm4of28_T512", (double)T / sec, "tok/s", 1);
+    fprintf(stderr, "prefill: %.3f s\n", sec);
+    prefill_step(&a);
+    double times[32];
+    int32_t tok = 42;
+    for (int s = 0; s < 32; s++) {
+        double t0 = mmc_now();
+        mmc_ctx_reset(a.ctx);
+        mmc_tensor *ids = mmc_new(a.ctx, MMC_I32, 2, MMC_SHAPE(1, 1)), *h;
+        ((int32_t *)ids->data)[0] = tok;
+        if (mmc_qwen2_vl_forward(a.ctx, a.m, ids, NULL, &a.kv, &a.delta, &h)) return 1;
+        mmc_tensor *lg = mmc_qwen2_vl_logits(a.ctx, a.m, h);
+        const float *l = lg->data;
+        int32_t best = 0;
+        for (int64_t v = 1; v < tc.vocab_size; v++) if (l[v] > l[best]) best = (int32_t)v;
+        tok = best;
+        times[s] = mmc_now() - t0;
+    }
+    qsort(times, 32, sizeof times[0], bench_cmp_);
+    bench_report("vl_qwen2vl2b_decode_lm4of28_after512", 1.0 / times[16], "tok/s", 1);
+    bench_report("vl_qwen2vl2b_peak_rss_MiB", bench_peak_rss_mib(), "MiB", 0);
+    mmc_kv_cache_free(&a.kv);
+    mmc_tensor_free(a.ids);
+    mmc_qwen2_vl_free(a.m);
+    mmc_ctx_free(a.ctx);
+    return 0;
+}

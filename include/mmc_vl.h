@@ -1,0 +1,146 @@
+/* mmc_vl.h — Qwen2-VL and Qwen2.5-VL: the vision towers and the full vision-language model
+ * (transformers' Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration).
+ *
+ * The vision tower maps pre-flattened patches (pixel_values [N, Cin*kt*p*p], as the HF image
+ * processor emits them, with image_grid_thw) to one embedding per spatial_merge^2 patches in
+ * the language model's hidden size. The full model places those embeddings at the
+ * <|image_pad|> / <|video_pad|> token positions, computes M-RoPE position ids the way
+ * transformers' get_rope_index does, and runs the Qwen2 decoder (mmc_models.h).
+ *
+ * Checkpoints are read in both weight layouts (the Hub's visual.* / model.* / lm_head, and
+ * transformers >= 4.52's model.visual.* / model.language_model.* / lm_head) and both config
+ * layouts (flat text fields + rope_scaling, or nested text_config + rope_parameters).
+ */
+#ifndef MMC_VL_H
+#define MMC_VL_H
+
+#include "mmc.h"
+#include "mmc_io.h"
+#include "mmc_infer.h"
+#include "mmc_models.h"
+#include "mmc_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MMC_VL_QWEN2 = 0, MMC_VL_QWEN2_5 = 1 } mmc_vl_arch;
+
+typedef enum { MMC_ACT_QUICK_GELU, MMC_ACT_GELU, MMC_ACT_GELU_TANH, MMC_ACT_SILU } mmc_act;
+
+/* ---------------------------------------------------------------- vision tower */
+#define MMC_VISION_MAX_FULLATT 64
+typedef struct {
+    mmc_vl_arch arch;
+    int64_t depth;
+    int64_t embed_dim;            /* Cv: Qwen2-VL embed_dim, Qwen2.5-VL hidden_size */
+    int64_t num_heads;            /* H; head dim Dv = Cv / H */
+    int64_t intermediate_size;    /* Fv: Qwen2-VL embed_dim * mlp_ratio */
+    int64_t out_hidden_size;      /* the LM hidden size (Qwen2-VL vision hidden_size) */
+    int64_t in_channels, patch_size, temporal_patch_size, spatial_merge_size;
+    int64_t window_size;          /* Qwen2.5-VL window attention, in pixels */
+    int fullatt[MMC_VISION_MAX_FULLATT]; /* Qwen2.5-VL blocks with full attention */
+    int n_fullatt;
+    double tokens_per_second;     /* Qwen2.5-VL video temporal position scale */
+    double rope_theta;            /* 10000 */
+    mmc_act act;
+} mmc_vision_config;
+
+typedef struct {
+    mmc_tensor *norm1_w, *norm1_b;   /* [Cv]; biases only for Qwen2-VL (LayerNorm) */
+    mmc_tensor *qkv_w, *qkv_b;       /* [3Cv, Cv], [3Cv] */
+    mmc_tensor *proj_w, *proj_b;     /* [Cv, Cv], [Cv] */
+    mmc_tensor *norm2_w, *norm2_b;   /* [Cv] */
+    mmc_tensor *fc1_w, *fc1_b;       /* Qwen2-VL: [Fv, Cv], [Fv] */
+    mmc_tensor *fc2_w, *fc2_b;       /* Qwen2-VL: [Cv, Fv], [Cv] */
+    mmc_tensor *gate_w, *gate_b;     /* Qwen2.5-VL: [Fv, Cv], [Fv] */
+    mmc_tensor *up_w, *up_b;         /* Qwen2.5-VL: [Fv, Cv], [Fv] */
+    mmc_tensor *down_w, *down_b;     /* Qwen2.5-VL: [Cv, Fv], [Cv] */
+} mmc_vision_block;
+
+typedef struct {
+    mmc_vision_config cfg;
+    mmc_tensor *patch_w;             /* [Cv, Cin, kt, p, p] */
+    mmc_vision_block *blocks;        /* [depth] */
+    mmc_tensor *ln_q_w, *ln_q_b;     /* [Cv]; bias only for Qwen2-VL */
+    mmc_tensor *mlp0_w, *mlp0_b;     /* [Cv*m^2, Cv*m^2], [Cv*m^2] */
+    mmc_tensor *mlp2_w, *mlp2_b;     /* [Co, Cv*m^2], [Co] */
+    mmc_tensor **params;             /* every parameter (owned) */
+    char (*param_names)[96];         /* HF names without the "visual." prefix */
+    int n_params;
+} mmc_vision;
+
+/* Read vision_config from a parsed config.json (either layout). */
+mmc_status mmc_vision_config_read(const mmc_json *root, mmc_vl_arch arch, mmc_vision_config *out);
+/* Bind the tower's weights under `prefix` ("visual." or "model.visual."). Every missing or
+ * mis-shaped tensor is reported. With trainable = false f32/bf16 weights stay zero-copy in st
+ * (which must outlive the tower). */
+mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const char *prefix,
+                                bool trainable, mmc_vision **out);
+/* Fresh tower with random init (matrices normal(0, 0.02), biases normal(0, 0.02), norms 1), f32. */
+mmc_status mmc_vision_new(const mmc_vision_config *cfg, uint64_t seed, mmc_vision **out);
+void mmc_vision_free(mmc_vision *v);
+/* pixels [N, Cin*kt*p*p] (f32) for n grids (t, h, w) = grid_thw[3i..3i+2], N = sum t*h*w
+ * -> [N / m^2, Co], in the images' token order. hidden (may be NULL) receives the last block's
+ * output [N, Cv] (for Qwen2.5-VL in window order, as transformers' last_hidden_state).
+ * Fails (MMC_ERR_SHAPE / MMC_ERR_INVALID) on a pixel count or grid that does not fit. */
+mmc_status mmc_vision_forward(mmc_ctx *ctx, mmc_vision *v, mmc_tensor *pixels, const int64_t *grid_thw,
+                              int n, mmc_tensor **out, mmc_tensor **hidden);
+/* Qwen2.5-VL window attention (transformers' get_vision_window_index): window_index [N / m^2]
+ * (merged-token permutation) and cu_window_seqlens [*n_windows + 1] (in patches, empty windows
+ * dropped). Caller frees both with free(). */
+mmc_status mmc_vision_window_index(const mmc_vision_config *cfg, const int64_t *grid_thw, int n,
+                                   int64_t **window_index, int32_t **cu_seqlens, int *n_windows);
+
+/* ---------------------------------------------------------------- full model */
+typedef struct mmc_qwen2_vl {
+    mmc_vl_arch arch;
+    mmc_vision *visual;
+    mmc_qwen2 *lm;
+    int64_t image_token_id, video_token_id, vision_start_token_id;
+    bool hub_layout;                 /* weights named visual.* / model.* (else model.visual.* ...) */
+    mmc_st *st;                      /* kept open for zero-copy weights */
+} mmc_qwen2_vl;
+
+/* Images and videos of one prompt batch. Grids are consumed in order, across the batch. */
+typedef struct {
+    mmc_tensor *pixel_values;        /* [Ni, Cin*kt*p*p] f32, or NULL */
+    const int64_t *image_grid_thw;   /* [n_images][3] */
+    int n_images;
+    mmc_tensor *pixel_values_videos; /* [Nv, Cin*kt*p*p] f32, or NULL */
+    const int64_t *video_grid_thw;   /* [n_videos][3] */
+    int n_videos;
+    const double *second_per_grid_ts;/* [n_videos] or NULL (1.0 each); Qwen2.5-VL only */
+} mmc_vl_media;
+
+/* Load from an HF directory (config.json + safetensors); model_type qwen2_vl or qwen2_5_vl. */
+mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out);
+void mmc_qwen2_vl_free(mmc_qwen2_vl *m);
+
+/* M-RoPE positions as transformers' get_rope_index (5.x): text runs count up by one; an
+ * image/video run of t*h*w/m^2 placeholders gets (t*interval, h, w) positions offset by the
+ * run's start, and the text after it continues at start + max(h, w)/m. ids [B, T]
+ * (row-major) -> pos [3, B, T], deltas [B] (max position + 1 - T). Fails with a message giving
+ * both counts when placeholders and grids disagree. */
+mmc_status mmc_qwen2_vl_rope_index(const mmc_qwen2_vl *m, const int32_t *ids, int64_t B, int64_t T,
+                                   const mmc_vl_media *media, int64_t *pos, int64_t *deltas);
+
+/* Forward: ids [B, T] (i32/i64) -> hidden [B, T, C] after the final norm.
+ * Prefill (kv NULL or empty): the vision towers run on media (may be NULL for text), their
+ * outputs replace the placeholder embeddings, positions come from get_rope_index and
+ * rope_deltas [B] is written (if not NULL). Decode (kv->len > 0): positions are
+ * kv->len + t + rope_deltas[b] on all three axes, and media must be NULL. */
+mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
+                                mmc_kv_cache *kv, int64_t *rope_deltas, mmc_tensor **hidden);
+/* hidden [..., C] -> logits [..., V] */
+mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidden);
+
+/* Generation for one prompt: prefill (vision towers run once), then decode with the KV cache. */
+mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,
+                                 const mmc_vl_media *media, const mmc_gen_opts *opts, int32_t *out,
+                                 int *n_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMC_VL_H */

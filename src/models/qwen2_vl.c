@@ -1,0 +1,309 @@
+/* qwen2_vl.c — Qwen2-VL / Qwen2.5-VL vision-language models, mirroring transformers'
+ * Qwen2VLForConditionalGeneration and Qwen2_5_VLForConditionalGeneration (5.x):
+ * token embeddings with the vision tower's outputs placed at the <|image_pad|>/<|video_pad|>
+ * positions (get_placeholder_mask + masked_scatter), 3-D M-RoPE position ids
+ * (get_rope_index), the Qwen2 decoder (qwen2.c) and the LM head. For generation the prompt's
+ * rope_deltas (max position + 1 - length) offset the positions of every decoded token, as
+ * transformers' _prepare_position_ids_for_generation does. */
+#include "mmc_vl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ loading */
+void mmc_qwen2_vl_free(mmc_qwen2_vl *m) {
+    if (!m) return;
+    mmc_vision_free(m->visual);
+    mmc_qwen2_free(m->lm);
+    mmc_st_close(m->st);
+    free(m);
+}
+
+mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out) {
+    *out = NULL;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *cfg = NULL;
+    mmc_status st = mmc_json_load(path, &cfg);
+    if (st) return st;
+    mmc_qwen2_vl *m = calloc(1, sizeof *m);
+    char *verr = NULL;
+    if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    const char *mt = NULL;
+    if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto fail;
+    if (!strcmp(mt, "qwen2_vl")) m->arch = MMC_VL_QWEN2;
+    else if (!strcmp(mt, "qwen2_5_vl")) m->arch = MMC_VL_QWEN2_5;
+    else {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not qwen2_vl or qwen2_5_vl", path, mt);
+        goto fail;
+    }
+    mmc_qwen2_config tc;
+    mmc_vision_config vc;
+    if ((st = mmc_qwen2_config_read(cfg, &tc))) { mmc_error_prefix(st, "%s", path); goto fail; }
+    if ((st = mmc_vision_config_read(cfg, m->arch, &vc))) { mmc_error_prefix(st, "%s", path); goto fail; }
+    if (!tc.mrope) {   /* transformers' default mrope_section */
+        if (tc.head_dim != 128) {
+            st = mmc_error(MMC_ERR_FORMAT, "%s: no mrope_section (rope_scaling / rope_parameters) and head_dim "
+                           "%lld is not 128 (the default [16, 24, 24])", path, (long long)tc.head_dim);
+            goto fail;
+        }
+        tc.mrope = true;
+        tc.mrope_section[0] = 16, tc.mrope_section[1] = 24, tc.mrope_section[2] = 24;
+    }
+    if (vc.out_hidden_size != tc.hidden_size) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the vision merger outputs %lld features but the language model's "
+                       "hidden_size is %lld", path, (long long)vc.out_hidden_size, (long long)tc.hidden_size);
+        goto fail;
+    }
+    int64_t v;
+    if ((st = mmc_json_int(cfg, "image_token_id", 151655, &v))) goto fail;
+    m->image_token_id = v;
+    if ((st = mmc_json_int(cfg, "video_token_id", 151656, &v))) goto fail;
+    m->video_token_id = v;
+    if ((st = mmc_json_int(cfg, "vision_start_token_id", 151652, &v))) goto fail;
+    m->vision_start_token_id = v;
+    if ((st = mmc_st_open(dir, &m->st))) goto fail;
+    /* weight layout: the Hub's (visual., model., lm_head) or transformers >= 4.52's
+     * (model.visual., model.language_model., lm_head) */
+    m->hub_layout = !(mmc_st_find(m->st, "model.visual.patch_embed.proj.weight") ||
+                      mmc_st_find(m->st, "model.language_model.embed_tokens.weight"));
+    const char *vpre = m->hub_layout ? "visual." : "model.visual.";
+    const char *lpre = m->hub_layout ? "model." : "model.language_model.";
+    /* load both parts even if the first fails, so that every problem is reported at once */
+    mmc_status vst = mmc_vision_load_from(m->st, &vc, vpre, trainable, &m->visual);
+    if (vst) verr = strdup(mmc_last_error());
+    mmc_status lst = mmc_qwen2_load_from(m->st, &tc, lpre, "lm_head.weight", trainable, &m->lm);
+    if (vst || lst) {
+        st = vst ? vst : lst;
+        char *lerr = lst ? strdup(mmc_last_error()) : NULL;
+        mmc_error(st, "%s: %s%s%s", dir, vst && verr ? verr : "", vst && lst ? "\n" : "", lerr ? lerr : "");
+        free(lerr);
+        goto fail;
+    }
+    free(verr);
+    mmc_json_free(cfg);
+    if (trainable) {   /* weights were copied: the mapping is not needed */
+        mmc_st_close(m->st);
+        m->st = NULL;
+    }
+    *out = m;
+    return MMC_OK;
+fail:
+    free(verr);
+    mmc_json_free(cfg);
+    mmc_qwen2_vl_free(m);
+    return st;
+}
+
+/* ------------------------------------------------------------------ rope index */
+static int64_t grid_tokens(const int64_t *g, int64_t m) { return g[0] * (g[1] / m) * (g[2] / m); }
+
+mmc_status mmc_qwen2_vl_rope_index(const mmc_qwen2_vl *m, const int32_t *ids, int64_t B, int64_t T,
+                                   const mmc_vl_media *media, int64_t *pos, int64_t *deltas) {
+    const mmc_vision_config *vc = &m->visual->cfg;
+    const int64_t ms = vc->spatial_merge_size;
+    const int32_t img = (int32_t)m->image_token_id, vid = (int32_t)m->video_token_id;
+    mmc_vl_media none = {0};
+    if (!media) media = &none;
+    /* placeholder counts against the grids, for the whole batch */
+    int64_t n_tok[2] = {0, 0}, n_feat[2] = {0, 0};
+    for (int64_t i = 0; i < B * T; i++) n_tok[0] += ids[i] == img, n_tok[1] += ids[i] == vid;
+    for (int i = 0; i < media->n_images; i++) n_feat[0] += grid_tokens(media->image_grid_thw + 3 * i, ms);
+    for (int i = 0; i < media->n_videos; i++) n_feat[1] += grid_tokens(media->video_grid_thw + 3 * i, ms);
+    for (int k = 0; k < 2; k++)
+        if (n_tok[k] != n_feat[k])
+            return mmc_error(MMC_ERR_INVALID, "%s features and %s tokens do not match: the prompt has %lld %s "
+                             "tokens (id %d) but %d %s grid%s give%s %lld features", k ? "video" : "image",
+                             k ? "video" : "image", (long long)n_tok[k], k ? "<|video_pad|>" : "<|image_pad|>",
+                             k ? vid : img, k ? media->n_videos : media->n_images, k ? "video" : "image",
+                             (k ? media->n_videos : media->n_images) == 1 ? "" : "s",
+                             (k ? media->n_videos : media->n_images) == 1 ? "s" : "", (long long)n_feat[k]);
+    int next[2] = {0, 0};
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t *row = ids + b * T;
+        int64_t *p0 = pos + b * T, *p1 = pos + (B + b) * T, *p2 = pos + (2 * B + b) * T;
+        int64_t cur = 0, maxp = -1, t = 0;
+        while (t < T) {
+            int kind = row[t] == img ? 0 : row[t] == vid ? 1 : -1;
+            if (kind < 0) {
+                p0[t] = p1[t] = p2[t] = cur++;
+                maxp = cur - 1 > maxp ? cur - 1 : maxp;
+                t++;
+                continue;
+            }
+            /* one grid's worth of placeholders; several images in one run follow each other */
+            int gi = next[kind]++;
+            if (gi >= (kind ? media->n_videos : media->n_images))
+                return mmc_error(MMC_ERR_INVALID, "more %s placeholder runs than %ss", kind ? "video" : "image",
+                                 kind ? "video" : "image");
+            const int64_t *g = (kind ? media->video_grid_thw : media->image_grid_thw) + 3 * gi;
+            int64_t lt = g[0], lh = g[1] / ms, lw = g[2] / ms, n = lt * lh * lw;
+            int64_t run = 0;
+            while (t + run < T && run < n && row[t + run] == row[t]) run++;
+            if (run != n)
+                return mmc_error(MMC_ERR_INVALID, "batch %lld position %lld: %s %d (grid %lld x %lld x %lld) needs %lld "
+                                 "consecutive placeholder tokens, found %lld", (long long)b, (long long)t,
+                                 kind ? "video" : "image", gi, (long long)g[0], (long long)g[1], (long long)g[2],
+                                 (long long)n, (long long)run);
+            /* temporal scale: Qwen2.5-VL videos use tokens_per_second * second_per_grid_ts,
+             * computed in float32 and truncated like torch's (arange * interval).long() */
+            bool scaled = m->arch == MMC_VL_QWEN2_5 && kind == 1;
+            float interval = 1.0f;
+            if (scaled)
+                interval = (float)vc->tokens_per_second *
+                           (media->second_per_grid_ts ? (float)media->second_per_grid_ts[gi] : 1.0f);
+            for (int64_t a = 0; a < lt; a++)
+                for (int64_t r = 0; r < lh; r++)
+                    for (int64_t c = 0; c < lw; c++, t++) {
+                        int64_t tp = scaled ? (int64_t)((float)a * interval) : a;
+                        p0[t] = tp + cur, p1[t] = r + cur, p2[t] = c + cur;
+                        int64_t mx = p0[t] > p1[t] ? p0[t] : p1[t];
+                        mx = mx > p2[t] ? mx : p2[t];
+                        maxp = mx > maxp ? mx : maxp;
+                    }
+            cur += (g[1] > g[2] ? g[1] : g[2]) / ms;
+        }
+        if (deltas) deltas[b] = maxp + 1 - T;
+    }
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ forward */
+/* Replace the rows of embeds [B*T, C] at token `tok` by feats [n, C] in order. */
+static mmc_tensor *place(mmc_ctx *ctx, mmc_tensor *embeds, const int32_t *ids, int64_t BT, int32_t tok,
+                         mmc_tensor *feats) {
+    int64_t n = feats->shape[0], k = 0;
+    mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));
+    for (int64_t i = 0; i < BT && k < n; i++)
+        if (ids[i] == tok) ((int64_t *)idx->data)[k++] = i;
+    MMC_CHECK(k == n, "placeholder count checked before: %lld vs %lld", (long long)k, (long long)n);
+    return mmc_scatter_rows(ctx, embeds, idx, feats);
+}
+
+mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
+                                mmc_kv_cache *kv, int64_t *rope_deltas, mmc_tensor **hidden) {
+    *hidden = NULL;
+    const mmc_qwen2_config *c = &m->lm->cfg;
+    if (!ids || ids->ndim != 2 || (ids->dtype != MMC_I32 && ids->dtype != MMC_I64))
+        return mmc_error(MMC_ERR_SHAPE, "qwen2_vl forward: ids must be [B, T] int32/int64");
+    const int64_t B = ids->shape[0], T = ids->shape[1], BT = B * T, C = c->hidden_size;
+    if (T <= 0 || B <= 0) return mmc_error(MMC_ERR_INVALID, "qwen2_vl forward: empty input");
+    bool prefill = !kv || kv->len == 0;
+    bool has_media = media && (media->n_images > 0 || media->n_videos > 0);
+    if (!prefill && has_media)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "qwen2_vl forward: images or videos after the prompt (KV cache "
+                         "holds %lld positions) are not supported", (long long)kv->len);
+    if (kv && (kv->batch != B || kv->n_layers != c->num_layers))
+        return mmc_error(MMC_ERR_SHAPE, "qwen2_vl forward: KV cache for batch %lld / %d layers, input batch %lld",
+                         (long long)kv->batch, kv->n_layers, (long long)B);
+    int32_t *id32 = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)BT);
+    mmc_tensor *idc = mmc_contiguous(ctx, ids);
+    for (int64_t i = 0; i < BT; i++) {
+        int64_t t = idc->dtype == MMC_I32 ? ((int32_t *)idc->data)[i] : ((int64_t *)idc->data)[i];
+        if (t < 0 || t >= c->vocab_size)
+            return mmc_error(MMC_ERR_INVALID, "token %lld at position %lld is outside the vocabulary [0, %lld)",
+                             (long long)t, (long long)i, (long long)c->vocab_size);
+        id32[i] = (int32_t)t;
+    }
+    /* positions [3, B, T] */
+    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, T));
+    int64_t *p = pos->data;
+    if (prefill) {
+        int64_t *d = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)B);
+        mmc_status st = mmc_qwen2_vl_rope_index(m, id32, B, T, media, p, d);
+        if (st) return st;
+        if (rope_deltas) memcpy(rope_deltas, d, sizeof(int64_t) * (size_t)B);
+    } else {
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++) {
+                int64_t v = kv->len + t + (rope_deltas ? rope_deltas[b] : 0);
+                p[b * T + t] = p[(B + b) * T + t] = p[(2 * B + b) * T + t] = v;
+            }
+    }
+    /* embeddings, with the vision features at the placeholders */
+    mmc_tensor *e = mmc_reshape(ctx, mmc_qwen2_embed(ctx, m->lm, idc), 2, MMC_SHAPE(BT, C));  /* [B*T, C] */
+    if (has_media) {
+        for (int k = 0; k < 2; k++) {
+            int n = k ? media->n_videos : media->n_images;
+            if (!n) continue;
+            mmc_tensor *feats;
+            mmc_status st = mmc_vision_forward(ctx, m->visual, k ? media->pixel_values_videos : media->pixel_values,
+                                               k ? media->video_grid_thw : media->image_grid_thw, n, &feats, NULL);
+            if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
+            e = place(ctx, e, id32, BT, (int32_t)(k ? m->video_token_id : m->image_token_id), feats);
+        }
+    }
+    e = mmc_reshape(ctx, e, 3, MMC_SHAPE(B, T, C));
+    mmc_tensor *cos, *sin;
+    mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin); /* [B, T, D] */
+    if (kv) {
+        mmc_status st = mmc_kv_cache_reserve(kv, kv->len + T);
+        if (st) return st;
+    }
+    mmc_attn_opts ao = {.causal = true};
+    if (mmc_grad_enabled(ctx)) {
+        *hidden = mmc_qwen2_forward(ctx, m->lm, e, cos, sin, &ao, kv);
+        return MMC_OK;
+    }
+    /* inference: mmc_qwen2_forward's layer loop, keeping only each layer's output so that a
+     * long multimodal prompt costs one layer's activations, not all of them */
+    mmc_tensor *x = e;
+    for (int l = 0; l < c->num_layers; l++) {
+        mmc_tensor *dst = mmc_new(ctx, MMC_F32, 3, x->shape);
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor *y = mmc_contiguous(ctx, mmc_qwen2_layer_forward(ctx, c, &m->lm->layers[l], x, cos, sin, &ao, kv, l));
+        memcpy(dst->data, y->data, mmc_nbytes(dst));
+        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        x = dst;
+    }
+    if (kv) kv->len += T;
+    *hidden = mmc_rmsnorm(ctx, x, m->lm->norm, (float)c->rms_norm_eps);
+    return MMC_OK;
+}
+
+mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidden) {
+    return mmc_qwen2_logits(ctx, m->lm, hidden);
+}
+
+/* ------------------------------------------------------------------ generation */
+mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,
+                                 const mmc_vl_media *media, const mmc_gen_opts *opts, int32_t *out, int *n_out) {
+    *n_out = 0;
+    const mmc_qwen2_config *c = &m->lm->cfg;
+    if (n_prompt <= 0) return mmc_error(MMC_ERR_INVALID, "empty prompt");
+    mmc_sampler smp;
+    mmc_status st = mmc_sampler_init(&smp, &opts->sampler, c->vocab_size);
+    if (st) return st;
+    mmc_kv_cache kv;
+    st = mmc_kv_cache_init(&kv, (int)c->num_layers, 1, c->num_kv_heads, c->head_dim, n_prompt + opts->max_new_tokens);
+    int32_t *hist = malloc((size_t)(n_prompt + opts->max_new_tokens + 1) * sizeof *hist);
+    mmc_ctx *ctx = mmc_ctx_new();
+    if (st || !hist || !ctx) { st = st ? st : mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    mmc_set_grad_enabled(ctx, false);
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
+    int64_t n_hist = n_prompt, n_feed = n_prompt, delta = 0;
+    for (int step = 0; step < opts->max_new_tokens; step++) {
+        mmc_ctx_reset(ctx);
+        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n_feed));
+        memcpy(ids->data, hist + n_hist - n_feed, (size_t)n_feed * sizeof(int32_t));
+        mmc_tensor *h;
+        if ((st = mmc_qwen2_vl_forward(ctx, m, ids, step == 0 ? media : NULL, &kv, &delta, &h))) goto done;
+        mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n_feed - 1, 1));  /* [1, 1, C] */
+        mmc_tensor *logits = mmc_qwen2_vl_logits(ctx, m, last);                        /* [1, 1, V] */
+        int32_t tok = mmc_sampler_next(&smp, logits->data, hist, n_hist);
+        bool stop = false;
+        for (int e = 0; e < opts->n_eos; e++) stop |= tok == opts->eos_ids[e];
+        if (stop) break;
+        out[(*n_out)++] = tok;
+        hist[n_hist++] = tok;
+        if (opts->on_token && !opts->on_token(opts->user, tok)) break;
+        n_feed = 1;
+    }
+done:
+    mmc_ctx_free(ctx);
+    free(hist);
+    mmc_kv_cache_free(&kv);
+    mmc_sampler_free(&smp);
+    return st;
+}
