@@ -145,7 +145,7 @@ mmc_status mmc_data_prepare(const mmc_data_opts *o, const mmc_tokenizer *tok,
                             const mmc_dataset *ds, int64_t i, bool prompt_only, mmc_batch *out);
 
 /* ------------------------------------------------------------------ loader */
-typedef enum { MMC_SPLIT_TRAIN = 0, MMC_SPLIT_EVAL = 1 } mmc_split;
+typedef enum { MMC_SPLIT_TRAIN = 0, MMC_SPLIT_EVAL = 1 } mmc_data_split;
 typedef struct mmc_loader mmc_loader;
 
 /* Where the loader is; saved with checkpoints. Restoring it makes the loader return exactly
@@ -162,11 +162,11 @@ typedef struct {
  * EVAL: each sample of opts->eval once, in file order, padded batches of micro_batch_size
  * (no bucketing, no packing); after the last, mmc_loader_next returns a batch with B == 0.
  * The tokenizer must outlive the loader. */
-mmc_status mmc_loader_new(const mmc_data_opts *opts, const mmc_tokenizer *tok, mmc_split split,
+mmc_status mmc_loader_new(const mmc_data_opts *opts, const mmc_tokenizer *tok, mmc_data_split split,
                           mmc_loader **out);
 /* Same over an already loaded dataset (not owned; must outlive the loader). */
 mmc_status mmc_loader_new_dataset(const mmc_data_opts *opts, const mmc_tokenizer *tok,
-                                  const mmc_dataset *ds, mmc_split split, mmc_loader **out);
+                                  const mmc_dataset *ds, mmc_data_split split, mmc_loader **out);
 void mmc_loader_free(mmc_loader *l);
 /* Next micro-batch into *out (previous contents are not freed: call mmc_batch_free). The
  * output is identical for any num_workers. Errors: a failed sample under strict, an

@@ -41,7 +41,7 @@ struct mmc_loader {
     mmc_dataset *own_ds;
     const mmc_dataset *ds;
     int64_t N;
-    mmc_split split;
+    mmc_data_split split;
     int32_t pad_id;
     /* permutations of recent epochs (looked up under mu) */
     struct { int64_t epoch; int64_t *perm; } pc[4];
@@ -65,6 +65,7 @@ struct mmc_loader {
     item_t *win;
     int64_t win_n, win_nb, win_k, win_epoch, win_pos, pending_k;
     int64_t *win_order;
+    item_t **win_ptrs;
     int64_t W;
 };
 
@@ -361,9 +362,12 @@ static mmc_status next_padded(mmc_loader *L, mmc_batch *out) {
     }
     int64_t b = L->win_order[L->win_k++];
     int64_t a = b * mb, e = a + mb < L->win_n ? a + mb : L->win_n;
-    item_t *its[e - a];
+    item_t **its = L->win_ptrs;
     for (int64_t i = a; i < e; i++) its[i - a] = &L->win[i];
-    return assemble(L, its, (int)(e - a), false, out);
+    st = assemble(L, its, (int)(e - a), false, out);
+    /* each window sample is used by one batch: release it now (peak memory, heap reuse) */
+    for (int64_t i = a; i < e; i++) mmc_batch_free(&L->win[i].b);
+    return st;
 }
 
 mmc_status mmc_loader_next(mmc_loader *L, mmc_batch *out) {
@@ -422,12 +426,13 @@ void mmc_loader_free(mmc_loader *L) {
     free(L->reported);
     free(L->win);
     free(L->win_order);
+    free(L->win_ptrs);
     mmc_dataset_free(L->own_ds);
     free(L);
 }
 
 mmc_status mmc_loader_new_dataset(const mmc_data_opts *opts, const mmc_tokenizer *tok, const mmc_dataset *ds,
-                                  mmc_split split, mmc_loader **out) {
+                                  mmc_data_split split, mmc_loader **out) {
     *out = NULL;
     if (!opts || !tok || !ds) return mmc_error(MMC_ERR_INVALID, "mmc_loader_new: NULL argument");
     if (opts->seq_len < 8) return mmc_error(MMC_ERR_INVALID, "data.seq_len: %lld is too small", (long long)opts->seq_len);
@@ -462,7 +467,8 @@ mmc_status mmc_loader_new_dataset(const mmc_data_opts *opts, const mmc_tokenizer
     L->reported = calloc((size_t)(L->N / 8 + 1), 1);
     L->win = calloc((size_t)L->W, sizeof *L->win);
     L->win_order = calloc((size_t)L->W, sizeof *L->win_order);
-    if (!L->slots || !L->threads || !L->reported || !L->win || !L->win_order) {
+    L->win_ptrs = calloc((size_t)L->W, sizeof *L->win_ptrs);
+    if (!L->slots || !L->threads || !L->reported || !L->win || !L->win_order || !L->win_ptrs) {
         mmc_loader_free(L);
         return mmc_error(MMC_ERR_OOM, "out of memory");
     }
@@ -473,7 +479,7 @@ mmc_status mmc_loader_new_dataset(const mmc_data_opts *opts, const mmc_tokenizer
     return MMC_OK;
 }
 
-mmc_status mmc_loader_new(const mmc_data_opts *opts, const mmc_tokenizer *tok, mmc_split split, mmc_loader **out) {
+mmc_status mmc_loader_new(const mmc_data_opts *opts, const mmc_tokenizer *tok, mmc_data_split split, mmc_loader **out) {
     *out = NULL;
     if (!opts) return mmc_error(MMC_ERR_INVALID, "mmc_loader_new: NULL options");
     const char *path = split == MMC_SPLIT_EVAL ? opts->eval : opts->train;

@@ -78,6 +78,19 @@ static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
     return st;
 }
 
+/* The first n floats of a persistent tensor as a free()-able array: its own buffer when it
+ * holds exactly n (mmc_tensor_new allocates with aligned_alloc; the tensor gives up
+ * ownership), else a copy (truncation dropped trailing images). */
+static float *steal_or_copy(mmc_tensor *t, int64_t n) {
+    if (mmc_numel(t) == n && (t->flags & MMC_OWNS_DATA)) {
+        t->flags &= ~(uint32_t)MMC_OWNS_DATA;
+        return t->data;
+    }
+    float *d = malloc((size_t)n * sizeof(float));
+    if (d) memcpy(d, t->data, (size_t)n * sizeof(float));
+    return d;
+}
+
 static int count_parts(const mmc_chat_message *m, int n, mmc_chat_part_type t) {
     int c = 0;
     for (int i = 0; i < n; i++)
@@ -196,10 +209,9 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
     if (keep_img) {
         int64_t rows = 0;
         for (int s = 0; s < keep_img; s++) rows += iv.grid_thw[s][0] * iv.grid_thw[s][1] * iv.grid_thw[s][2];
-        out->pixel_values = malloc((size_t)(rows * out->patch_dim) * sizeof(float));
+        out->pixel_values = steal_or_copy(iv.pixel_values, rows * out->patch_dim);
         out->image_grid_thw = malloc((size_t)keep_img * 3 * sizeof(int64_t));
         if (!out->pixel_values || !out->image_grid_thw) { st = oom(); goto fail; }
-        memcpy(out->pixel_values, iv.pixel_values->data, (size_t)(rows * out->patch_dim) * sizeof(float));
         memcpy(out->image_grid_thw, iv.grid_thw, (size_t)keep_img * 3 * sizeof(int64_t));
         out->n_patches = rows;
         out->n_images = keep_img;
@@ -207,10 +219,9 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
     if (keep_vid) {
         int64_t rows = 0;
         for (int s = 0; s < keep_vid; s++) rows += vv.grid_thw[s][0] * vv.grid_thw[s][1] * vv.grid_thw[s][2];
-        out->video_values = malloc((size_t)(rows * out->patch_dim) * sizeof(float));
+        out->video_values = steal_or_copy(vv.pixel_values, rows * out->patch_dim);
         out->video_grid_thw = malloc((size_t)keep_vid * 3 * sizeof(int64_t));
         if (!out->video_values || !out->video_grid_thw) { st = oom(); goto fail; }
-        memcpy(out->video_values, vv.pixel_values->data, (size_t)(rows * out->patch_dim) * sizeof(float));
         memcpy(out->video_grid_thw, vv.grid_thw, (size_t)keep_vid * 3 * sizeof(int64_t));
         out->n_video_patches = rows;
         out->n_videos = keep_vid;
