@@ -5,6 +5,8 @@
 #include "test_util.h"
 #include "mmc_data.h"
 
+#include <unistd.h>
+
 #define FX "tests/fixtures/data/"
 
 static mmc_tokenizer *g_tok;
@@ -420,6 +422,49 @@ static void test_errors(void) {
     mmc_data_opts_free(&o);
 }
 
+/* mutated dataset files load or fail cleanly (run under ASan/UBSan in the sanitizer build) */
+static void test_mutations(void) {
+    const char *files[3] = {FX "llava.jsonl", FX "sharegpt.jsonl", FX "openai.json"};
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "/tmp/mmc_test_data_%d.json", (int)getpid());
+    mmc_rng r;
+    mmc_rng_init(&r, 1234);
+    int ok = 0, err = 0;
+    for (int f = 0; f < 3; f++) {
+        char *text;
+        size_t len;
+        CHECK_OK(mmc_read_file(files[f], &text, &len));
+        for (int it = 0; it < 150; it++) {
+            char *m = malloc(len + 1);
+            memcpy(m, text, len + 1);
+            size_t n = len;
+            int edits = 1 + (int)(mmc_rng_u64(&r) % 4);
+            static const char pool[] = "{}[]\",:<image><video>\n\\\x00\xff";
+            for (int e = 0; e < edits; e++) {
+                size_t at = (size_t)(mmc_rng_u64(&r) % n);
+                switch (mmc_rng_u64(&r) % 3) {
+                case 0: m[at] = pool[mmc_rng_u64(&r) % (sizeof pool - 1)]; break;   /* replace */
+                case 1: n = at; m[n] = 0; break;                                    /* truncate */
+                default: memmove(m + at, m + at + 1, n - at); n--; break;           /* delete */
+                }
+                if (n == 0) break;
+            }
+            FILE *fp = fopen(tmp, "wb");
+            fwrite(m, 1, n, fp);
+            fclose(fp);
+            mmc_dataset *ds = NULL;
+            mmc_status st = mmc_dataset_load(tmp, "tests/fixtures/data", &ds);
+            if (st == MMC_OK) { ok++; CHECK(ds && mmc_dataset_size(ds) > 0); }
+            else { err++; CHECK(ds == NULL && strstr(mmc_last_error(), "mmc_test_data_")); }
+            mmc_dataset_free(ds);
+            free(m);
+        }
+        free(text);
+    }
+    remove(tmp);
+    CHECK(ok > 0 && err > 0);
+}
+
 int main(void) {
     CHECK_OK(mmc_tokenizer_load("tests/fixtures/tokenizer", &g_tok));
     g_ref = fixture_open("data/ref.safetensors");
@@ -432,6 +477,7 @@ int main(void) {
     test_eval_iter();
     test_corrupt();
     test_errors();
+    test_mutations();
     mmc_st_close(g_ref);
     mmc_tokenizer_free(g_tok);
     return test_done("test_data");
