@@ -43,7 +43,8 @@ typedef struct {
 void mmc_qwen2vl_proc_default(mmc_qwen2vl_proc *p);
 /* Read preprocessor_config.json over the defaults: min_pixels/max_pixels (older files) or
  * size.shortest_edge/size.longest_edge (newer; also size.min_pixels/max_pixels), patch,
- * merge and temporal sizes, mean/std, rescale_factor, do_* flags, resample. Top-level
+ * merge and temporal sizes, mean/std, rescale_factor, do_* flags, resample; also 5.x
+ * processor_config.json, whose "image_processor" object is read instead. Top-level
  * min_pixels/max_pixels win over size.*, as in the transformers constructor. */
 mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p);
 

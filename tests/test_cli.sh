@@ -36,6 +36,16 @@ expect_rc 0 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt "What col
 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt hi --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 12 --json >/tmp/mmc_s2.$$ 2>/dev/null
 if cmp -s <(sed -E 's/"load_seconds.*//' /tmp/mmc_s1.$$) <(sed -E 's/"load_seconds.*//' /tmp/mmc_s2.$$); then ok; else bad "seeded sampling differs between runs"; fi
 
+# vision-language generate: one image, token-identical to transformers (tools/ref/gen_vl_chat.py)
+VLDIR=tests/fixtures/qwen2_vl_chat
+want=$(sed -E 's/.*"new_ids": (\[[^]]*\]).*/\1/' $VLDIR/expected.json)
+expect_rc 0 "$MMC" generate --model $VLDIR --image tests/fixtures/image/rgb_500x333.jpg --prompt "What colour is the circle?" --max-new-tokens 16 --json
+got=$(sed -E 's/.*"tokens": (\[[^]]*\]).*/\1/' /tmp/mmc_cli_out.$$)
+if [ "$got" = "$want" ]; then ok; else bad "VL generate tokens $got != transformers $want"; fi
+expect_out '"prompt_tokens": 101'
+expect_rc 1 "$MMC" generate --model $VLDIR --image /nonexistent.png --prompt x; expect_err "nonexistent.png"
+expect_rc 1 "$MMC" generate --model $VLDIR --image tests/fixtures/image/rgb_37x53.png --raw --prompt x; expect_err "raw"
+
 # errors
 expect_rc 1 "$MMC" generate --model tests/fixtures/qwen2/chat; expect_err "prompt TEXT is required"
 expect_rc 2 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt x --max-new-tokens 0; expect_err "max-new-tokens"

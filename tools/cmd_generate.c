@@ -1,12 +1,9 @@
 /* cmd_generate.c — `mmc generate`: load a Hugging Face model directory, render the prompt
  * with the model's chat template, and stream the completion (greedy unless a temperature
- * is given). Text-only Qwen2 here; vision-language models are dispatched to their own
- * path by model_type. */
+ * is given). Text-only Qwen2 and Qwen2-VL / Qwen2.5-VL with images and a video (see
+ * runner.c). */
 #include "cli.h"
-#include "mmc_infer.h"
-#include "mmc_io.h"
-#include "mmc_models.h"
-#include "mmc_tokenizer.h"
+#include "runner.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -75,19 +72,23 @@ static void json_string(FILE *f, const char *s) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *system = NULL;
+    const char *model = NULL, *prompt = NULL, *system = NULL, *video = NULL;
+    const char *images[64];
+    int n_images = 0;
     long long max_new = 128, seed = 0, top_k = 0;
     double temp = 0, top_p = 1, min_p = 0, rep = 1;
     bool raw = false, json = false;
-    int n_images = 0;
-    const char *video = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
         if (!strcmp(a, "--model")) { VAL(); model = v; }
         else if (!strcmp(a, "--prompt")) { VAL(); prompt = v; }
         else if (!strcmp(a, "--system")) { VAL(); system = v; }
-        else if (!strcmp(a, "--image")) { VAL(); n_images++; }
+        else if (!strcmp(a, "--image")) {
+            VAL();
+            if (n_images == 64) return cli_fail(MMC_OK, "generate: at most 64 images");
+            images[n_images++] = v;
+        }
         else if (!strcmp(a, "--video")) { VAL(); video = v; }
         else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
         else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return 2; }
@@ -103,50 +104,37 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!model) return cli_fail(MMC_OK, "generate: --model DIR is required (see mmc generate --help)");
     if (!prompt) return cli_fail(MMC_OK, "generate: --prompt TEXT is required (see mmc generate --help)");
+    if (raw && (n_images || video))
+        return cli_fail(MMC_OK, "generate: --raw cannot place images; drop --raw to use the chat template");
 
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model);
-    mmc_json *cfg = NULL;
-    mmc_status st = mmc_json_load(path, &cfg);
-    if (st) return cli_fail(st, "generate: cannot read the model config");
-    const char *model_type = "?";
-    mmc_json_str(cfg, "model_type", "?", &model_type);
-    if (strcmp(model_type, "qwen2") != 0) {
-        int rc = cli_fail(MMC_ERR_UNSUPPORTED, "generate: model_type '%s' is not supported by this "
-                          "command yet (supported: qwen2)", model_type);
-        mmc_json_free(cfg);
-        return rc;
-    }
-    if (n_images || video) {
-        mmc_json_free(cfg);
-        return cli_fail(MMC_OK, "generate: --image/--video need a vision-language model; '%s' is "
-                        "text-only (model_type qwen2)", model);
-    }
-    mmc_tokenizer *tok = NULL;
-    mmc_qwen2 *m = NULL;
-    int32_t *ids = NULL, *out = NULL;
-    int64_t n_ids = 0;
-    int rc = 1;
     double t0 = mmc_now();
-    if ((st = mmc_tokenizer_load(model, &tok))) { cli_fail(st, "generate: cannot load the tokenizer"); goto done; }
-    if ((st = mmc_qwen2_load(model, cfg, false, &m))) { cli_fail(st, "generate: cannot load the model"); goto done; }
-    if (raw) {
-        st = mmc_tokenizer_encode(tok, prompt, -1, false, &ids, &n_ids);
-    } else {
-        mmc_chat_message msgs[2];
-        int nm = 0;
-        if (system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = system};
-        msgs[nm++] = (mmc_chat_message){.role = "user", .content = prompt};
-        mmc_chat_options co = {.add_generation_prompt = true};
-        st = mmc_chat_encode(tok, msgs, nm, &co, &ids, NULL, &n_ids);
+    cli_model cm;
+    mmc_status st = cli_model_load(model, &cm);
+    if (st) return cli_fail(st, "generate: cannot load the model");
+    /* user turn: the images, then the video, then the text (Qwen2-VL's usual order) */
+    mmc_chat_part parts[66];
+    int np = 0;
+    for (int i = 0; i < n_images; i++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
+    if (video) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
+    parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = prompt};
+    mmc_chat_message msgs[2];
+    int nm = 0;
+    if (system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = system};
+    msgs[nm++] = (mmc_chat_message){.role = "user", .parts = parts, .n_parts = np};
+    cli_prompt cp;
+    int rc = 1;
+    int32_t *out = NULL;
+    stream_state ss = {.tok = cm.tok, .stream = !json};
+    if ((st = cli_prompt_build(&cm, msgs, nm, raw, prompt, images, n_images, video, &cp))) {
+        cli_fail(st, "generate: cannot build the prompt");
+        cli_model_free(&cm);
+        return 1;
     }
-    if (st) { cli_fail(st, "generate: cannot encode the prompt"); goto done; }
     double t_load = mmc_now() - t0;
-
     int32_t eos[8];
-    int n_eos = mmc_tokenizer_eos_ids(tok, eos, 8);
+    int n_eos = mmc_tokenizer_eos_ids(cm.tok, eos, 8);
     out = malloc((size_t)max_new * sizeof *out);
-    stream_state ss = {.tok = tok, .ids = malloc((size_t)max_new * sizeof(int32_t)), .stream = !json};
+    ss.ids = malloc((size_t)max_new * sizeof(int32_t));
     mmc_gen_opts go = {.max_new_tokens = (int)max_new, .eos_ids = eos, .n_eos = n_eos,
                        .on_token = on_token, .user = &ss};
     mmc_sampler_defaults(&go.sampler);
@@ -158,12 +146,11 @@ int cmd_generate(int argc, char **argv) {
     go.sampler.seed = (uint64_t)seed;
     int n_out = 0;
     double t1 = mmc_now();
-    st = mmc_qwen2_generate(m, ids, n_ids, &go, out, &n_out);
+    st = cli_generate(&cm, &cp, &go, out, &n_out);
     double t_gen = mmc_now() - t1;
-    if (st) { free(ss.ids); cli_fail(st, "generate: generation failed"); goto done; }
     char *text = NULL;
-    if ((st = mmc_tokenizer_decode(tok, out, n_out, true, &text))) {
-        free(ss.ids);
+    if (st) { cli_fail(st, "generate: generation failed"); goto done; }
+    if ((st = mmc_tokenizer_decode(cm.tok, out, n_out, true, &text))) {
         cli_fail(st, "generate: cannot decode the output");
         goto done;
     }
@@ -173,21 +160,19 @@ int cmd_generate(int argc, char **argv) {
         printf(", \"tokens\": [");
         for (int i = 0; i < n_out; i++) printf(i ? ", %d" : "%d", out[i]);
         printf("], \"prompt_tokens\": %lld, \"new_tokens\": %d, \"load_seconds\": %.3f, "
-               "\"generate_seconds\": %.3f}\n", (long long)n_ids, n_out, t_load, t_gen);
+               "\"generate_seconds\": %.3f}\n", (long long)cp.n, n_out, t_load, t_gen);
     } else {
         if (ss.printed < strlen(text)) fputs(text + ss.printed, stdout);
         printf("\n");
-        fprintf(stderr, "[%lld prompt tokens, %d new tokens in %.2f s, %.1f tok/s]\n", (long long)n_ids,
+        fprintf(stderr, "[%lld prompt tokens, %d new tokens in %.2f s, %.1f tok/s]\n", (long long)cp.n,
                 n_out, t_gen, t_gen > 0 ? n_out / t_gen : 0.0);
     }
-    free(text);
-    free(ss.ids);
     rc = 0;
 done:
-    free(ids);
+    free(text);
+    free(ss.ids);
     free(out);
-    mmc_qwen2_free(m);
-    mmc_tokenizer_free(tok);
-    mmc_json_free(cfg);
+    cli_prompt_free(&cp);
+    cli_model_free(&cm);
     return rc;
 }

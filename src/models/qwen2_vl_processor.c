@@ -55,6 +55,10 @@ mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p) {
         cJSON_Delete(root);
         return mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object", path);
     }
+    /* transformers 5.x saves processor_config.json with the image processor nested */
+    cJSON *nested = cJSON_DetachItemFromObjectCaseSensitive(root, "image_processor");
+    if (cJSON_IsObject(nested)) { cJSON_Delete(root); root = nested; }
+    else cJSON_Delete(nested);
     double v;
     const cJSON *size = cJSON_GetObjectItemCaseSensitive(root, "size");
     if (cJSON_IsObject(size)) {

@@ -1,0 +1,122 @@
+/* runner.c — model loading and prompt building for the inference subcommands. */
+#include "runner.h"
+#include "mmc_image.h"
+#include "mmc_prompt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+mmc_status cli_model_load(const char *dir, cli_model *m) {
+    memset(m, 0, sizeof *m);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *cfg = NULL;
+    mmc_status st = mmc_json_load(path, &cfg);
+    if (st) return st;
+    const char *mt = "?";
+    mmc_json_str(cfg, "model_type", "?", &mt);
+    snprintf(m->model_type, sizeof m->model_type, "%s", mt);
+    if (!strcmp(mt, "qwen2")) {
+        st = mmc_qwen2_load(dir, cfg, false, &m->lm);
+        if (!st) m->vocab_size = m->lm->cfg.vocab_size;
+    } else if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
+        m->vl = true;
+        st = mmc_qwen2_vl_load(dir, false, &m->vlm);
+        if (!st) m->vocab_size = m->vlm->lm->cfg.vocab_size;
+        mmc_qwen2vl_proc_default(&m->proc);
+        /* preprocessor_config.json (transformers 4.x, the Hub) or processor_config.json (5.x) */
+        snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+        if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s/processor_config.json", dir);
+        if (!st && access(path, R_OK) == 0) st = mmc_qwen2vl_proc_load(path, &m->proc);
+    } else {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, "
+                       "qwen2_vl, qwen2_5_vl)", dir, mt);
+    }
+    mmc_json_free(cfg);
+    if (!st) st = mmc_tokenizer_load(dir, &m->tok);
+    if (st) cli_model_free(m);
+    return st;
+}
+
+void cli_model_free(cli_model *m) {
+    mmc_qwen2_free(m->lm);
+    mmc_qwen2_vl_free(m->vlm);
+    mmc_tokenizer_free(m->tok);
+    memset(m, 0, sizeof *m);
+}
+
+void cli_prompt_free(cli_prompt *p) {
+    free(p->ids);
+    mmc_vlproc_out_free(&p->img);
+    mmc_vlproc_out_free(&p->vid);
+    memset(p, 0, sizeof *p);
+}
+
+mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
+                            const char *raw_text, const char *const *images, int n_images,
+                            const char *video_dir, cli_prompt *p) {
+    memset(p, 0, sizeof *p);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    mmc_status st;
+    if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
+    else {
+        mmc_chat_options co = {.add_generation_prompt = true};
+        st = mmc_chat_encode(m->tok, msgs, n_msgs, &co, &ids, NULL, &n);
+    }
+    if (st) return st;
+    if (!m->vl) {
+        if (n_images || video_dir) {
+            free(ids);
+            return mmc_error(MMC_ERR_INVALID, "images/videos need a vision-language model; this one is "
+                             "text-only (model_type %s)", m->model_type);
+        }
+        p->ids = ids;
+        p->n = n;
+        return MMC_OK;
+    }
+    mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
+    mmc_image *frames = NULL;
+    int n_frames = 0, loaded = 0;
+    int64_t *img_tok = calloc((size_t)(n_images ? n_images : 1), sizeof *img_tok), vid_tok = 0;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (!imgs || !img_tok) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    for (; loaded < n_images; loaded++)
+        if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
+    if (n_images && (st = mmc_qwen2vl_preprocess_images(&m->proc, imgs, n_images, &p->img))) goto done;
+    int64_t m2 = (int64_t)m->proc.merge_size * m->proc.merge_size;
+    for (int i = 0; i < n_images; i++)
+        img_tok[i] = p->img.grid_thw[i][0] * p->img.grid_thw[i][1] * p->img.grid_thw[i][2] / m2;
+    if (video_dir) {
+        if ((st = mmc_load_frames_dir(video_dir, &io, &frames, &n_frames))) goto done;
+        if ((st = mmc_qwen2vl_preprocess_video(&m->proc, frames, n_frames, &p->vid))) goto done;
+        vid_tok = p->vid.grid_thw[0][0] * p->vid.grid_thw[0][1] * p->vid.grid_thw[0][2] / m2;
+    }
+    st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->vlm->image_token_id, img_tok, n_images,
+                            (int32_t)m->vlm->video_token_id, &vid_tok, video_dir ? 1 : 0, &p->ids, NULL, &p->n);
+    if (st) goto done;
+    p->media = (mmc_vl_media){.pixel_values = p->img.pixel_values,
+                              .image_grid_thw = n_images ? &p->img.grid_thw[0][0] : NULL,
+                              .n_images = n_images,
+                              .pixel_values_videos = p->vid.pixel_values,
+                              .video_grid_thw = video_dir ? &p->vid.grid_thw[0][0] : NULL,
+                              .n_videos = video_dir ? 1 : 0};
+done:
+    for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
+    for (int i = 0; i < n_frames; i++) mmc_image_free(&frames[i]);
+    free(frames);
+    free(imgs);
+    free(img_tok);
+    free(ids);
+    if (st) cli_prompt_free(p);
+    return st;
+}
+
+mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
+                        int *n_out) {
+    if (m->vl) return mmc_qwen2_vl_generate(m->vlm, p->ids, p->n, &p->media, opts, out, n_out);
+    return mmc_qwen2_generate(m->lm, p->ids, p->n, opts, out, n_out);
+}

@@ -1,0 +1,44 @@
+/* runner.h — what the inference subcommands (generate, chat, forward, eval) share: load
+ * any supported model directory with its tokenizer and processor, and turn a chat with
+ * images/videos into model inputs with the shared template and placeholder expansion. */
+#ifndef MMC_RUNNER_H
+#define MMC_RUNNER_H
+
+#include "mmc_infer.h"
+#include "mmc_models.h"
+#include "mmc_tokenizer.h"
+#include "mmc_vl.h"
+#include "mmc_vlproc.h"
+
+typedef struct {
+    char model_type[32];
+    bool vl;                  /* vision-language model */
+    mmc_qwen2 *lm;            /* text-only Qwen2 */
+    mmc_qwen2_vl *vlm;        /* Qwen2-VL / Qwen2.5-VL */
+    mmc_tokenizer *tok;
+    mmc_qwen2vl_proc proc;
+    int64_t vocab_size;
+} cli_model;
+
+/* Load config.json, weights (zero-copy), tokenizer and (for VL) preprocessor_config.json. */
+mmc_status cli_model_load(const char *dir, cli_model *m);
+void cli_model_free(cli_model *m);
+
+typedef struct {
+    int32_t *ids;             /* [n] expanded prompt */
+    int64_t n;
+    mmc_vlproc_out img, vid;  /* processor outputs (persistent tensors) */
+    mmc_vl_media media;
+} cli_prompt;
+
+/* Render msgs with the chat template (or take raw text), load + preprocess the images (in
+ * the order their parts appear) and the video, expand the placeholders. */
+mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
+                            const char *raw_text, const char *const *images, int n_images,
+                            const char *video_dir, cli_prompt *p);
+void cli_prompt_free(cli_prompt *p);
+
+/* Generation for a built prompt with the right model path. */
+mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
+                        int *n_out);
+#endif
