@@ -12,7 +12,8 @@
  *    {"type": "video", "video": "frames_dir"}]}]}
  * An optional "type" string per record is kept (evaluation reports accuracy by type).
  * Relative media paths are resolved against image_root (or the dataset file's directory when
- * image_root is unset); "file://" prefixes are stripped. A video is a directory of frames
+ * image_root is unset); "file://" prefixes are stripped; images may also be inline
+ * "data:image/...;base64,..." URLs; http(s) URLs are refused (download them first). A video is a directory of frames
  * (JPEG/PNG, sorted by name), as decoded video files are out of scope.
  *
  * A sample becomes tokens exactly as transformers' Qwen2VLProcessor would make them: the

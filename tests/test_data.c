@@ -422,6 +422,45 @@ static void test_errors(void) {
     mmc_data_opts_free(&o);
 }
 
+/* an OpenAI image_url with a base64 data: URL equals the same image given by path */
+static void test_data_url(void) {
+    char *png;
+    size_t n;
+    CHECK_OK(mmc_read_file("tests/fixtures/image/rgb_37x53.png", &png, &n));
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *enc = malloc(4 * (n / 3 + 1) + 1), *q = enc;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)(uint8_t)png[i] << 16 | (i + 1 < n ? (uint32_t)(uint8_t)png[i + 1] << 8 : 0) |
+                     (i + 2 < n ? (uint8_t)png[i + 2] : 0);
+        *q++ = b64[v >> 18 & 63];
+        *q++ = b64[v >> 12 & 63];
+        *q++ = i + 1 < n ? b64[v >> 6 & 63] : '=';
+        *q++ = i + 2 < n ? b64[v & 63] : '=';
+    }
+    *q = 0;
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "/tmp/mmc_test_data_url_%d.jsonl", (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": "
+               "\"data:image/png;base64,%s\"}}, {\"type\": \"text\", \"text\": \"What colour is it?\"}]}, "
+               "{\"role\": \"assistant\", \"content\": \"Mostly red.\"}]}\n", enc);
+    fclose(f);
+    mmc_data_opts o;
+    opts_fixture(&o);
+    mmc_dataset *ds = NULL;
+    CHECK_OK(mmc_dataset_load(tmp, NULL, &ds));
+    mmc_batch b;
+    if (ds) {
+        CHECK_OK(mmc_data_prepare(&o, g_tok, ds, 0, false, &b));
+        check_ref(&b, 0, "data: URL");
+        mmc_batch_free(&b);
+        mmc_dataset_free(ds);
+    }
+    remove(tmp);
+    free(enc);
+    free(png);
+}
+
 /* mutated dataset files load or fail cleanly (run under ASan/UBSan in the sanitizer build) */
 static void test_mutations(void) {
     const char *files[3] = {FX "llava.jsonl", FX "sharegpt.jsonl", FX "openai.json"};
@@ -478,6 +517,7 @@ int main(void) {
     test_corrupt();
     test_errors();
     test_mutations();
+    test_data_url();
     mmc_st_close(g_ref);
     mmc_tokenizer_free(g_tok);
     return test_done("test_data");

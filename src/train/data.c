@@ -171,7 +171,13 @@ static mmc_status media_path(const pctx *c, const char *what, const char *p, cha
     *out = NULL;
     if (!p || !*p) return PERR(c, MMC_ERR_FORMAT, "empty %s path", what);
     if (!strncmp(p, "file://", 7)) p += 7;
-    else if (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "data:", 5))
+    else if (!strncmp(p, "data:", 5) && strcmp(what, "video") && strcmp(what, "videos")) {
+        /* inline image (OpenAI image_url with a base64 data URL), decoded when prepared */
+        if (!strstr(p, ";base64,"))
+            return PERR(c, MMC_ERR_UNSUPPORTED, "%s: only base64 data: URLs are supported", what);
+        if (!(*out = strdup(p))) return mmc_error(MMC_ERR_OOM, "out of memory");
+        return MMC_OK;
+    } else if (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "data:", 5))
         return PERR(c, MMC_ERR_UNSUPPORTED, "%s \"%.60s\": only local files are supported "
                     "(download it and give its path)", what, p);
     size_t lr = p[0] == '/' ? 0 : strlen(c->root), lp = strlen(p);

@@ -20,6 +20,38 @@ int32_t mmc_data_pad_id(const mmc_tokenizer *tok) {
 
 static mmc_status oom(void) { return mmc_error(MMC_ERR_OOM, "data: out of memory"); }
 
+/* An image from a path or a "data:image/...;base64,..." URL. */
+static mmc_status load_one(const char *src, int k, mmc_image *img) {
+    if (strncmp(src, "data:", 5)) return mmc_image_load(src, NULL, img);
+    const char *b = strstr(src, ";base64,");
+    if (!b) return mmc_error(MMC_ERR_FORMAT, "image %d: data: URL is not base64", k);
+    b += 8;
+    size_t n = strlen(b);
+    uint8_t *buf = malloc(n / 4 * 3 + 3);
+    if (!buf) return oom();
+    size_t o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)b[i];
+        int v = ch >= 'A' && ch <= 'Z' ? ch - 'A' : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+              : ch >= '0' && ch <= '9' ? ch - '0' + 52 : ch == '+' || ch == '-' ? 62 : ch == '/' || ch == '_' ? 63 : -1;
+        if (ch == '=') break;
+        if (v < 0) {
+            if (ch == '\n' || ch == '\r' || ch == ' ') continue;
+            free(buf);
+            return mmc_error(MMC_ERR_FORMAT, "image %d: invalid base64 character at offset %zu of its data: URL", k, i);
+        }
+        acc = (acc << 6) | (uint32_t)v;
+        if ((bits += 6) >= 8) { bits -= 8; buf[o++] = (uint8_t)(acc >> bits); }
+    }
+    char name[48];
+    snprintf(name, sizeof name, "image %d (data: URL)", k);
+    mmc_status st = mmc_image_load_memory(buf, o, name, NULL, img);
+    free(buf);
+    return st;
+}
+
 /* Load and preprocess images [0, n) of the record into pixel rows + grids. */
 static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, mmc_vlproc_out *out,
                               bool *media_err) {
@@ -30,7 +62,7 @@ static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
     mmc_status st = MMC_OK;
     int loaded = 0;
     for (; loaded < n; loaded++)
-        if ((st = mmc_image_load(ex->images[loaded], NULL, &imgs[loaded]))) { *media_err = true; break; }
+        if ((st = load_one(ex->images[loaded], loaded, &imgs[loaded]))) { *media_err = true; break; }
     if (!st && (st = mmc_qwen2vl_preprocess_images(p, imgs, n, out))) *media_err = true;
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
     free(imgs);
