@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int32_t mmc_data_pad_id(const mmc_tokenizer *tok) {
     int32_t p = mmc_tokenizer_special_id(tok, MMC_TOK_PAD);
@@ -80,6 +81,13 @@ static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
     for (int v = 0; v < n && !st; v++) {
         mmc_image *frames = NULL;
         int nf = 0;
+        struct stat sb;
+        if (stat(ex->videos[v], &sb) == 0 && S_ISREG(sb.st_mode)) {
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "video %s is a file: give a directory of its frames (JPEG/PNG, "
+                           "sorted by name); video files are not decoded", ex->videos[v]);
+            *media_err = true;
+            break;
+        }
         if ((st = mmc_load_frames_dir(ex->videos[v], NULL, &frames, &nf))) { *media_err = true; break; }
         if (nf == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: video directory has no frames", ex->videos[v]);
         else st = mmc_qwen2vl_preprocess_video(p, frames, nf, &vs[v]);
