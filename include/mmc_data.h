@@ -90,13 +90,15 @@ typedef struct {
     bool packing;              /* default false */
     int64_t batch_size;        /* global batch in samples/rows (the trainer's; 0 = micro) */
     int64_t micro_batch_size;  /* rows per padded micro-batch (default 1) */
-    int64_t num_workers;       /* preprocessing threads; 0 = on the caller's thread */
+    int64_t num_workers;       /* preprocessing threads; 0 = on the caller's thread
+                                  (default 2) */
     bool strict;               /* a missing/corrupt image fails the run instead of skipping */
     int64_t seed;              /* shuffling seed (default 42) */
     bool shuffle;              /* reshuffle every epoch (train split; default true) */
     bool truncation;           /* cut samples to seq_len (default true), else error */
     int64_t prefetch;          /* prepared samples queued ahead (default 4*workers+8) */
-    int64_t bucket_window;     /* padded: samples sorted per window (0: 64*micro_batch) */
+    int64_t bucket_window;     /* padded: samples sorted per window (0: 16*micro_batch; the
+                                  window's prepared samples are held in memory) */
     bool add_vision_id;        /* "Picture k: " before images (chat template option) */
     char *processor;           /* optional preprocessor_config.json (or its directory) */
     mmc_qwen2vl_proc proc;     /* image/video processor (defaults, then `processor`, then

@@ -67,6 +67,8 @@ struct mmc_loader {
     int64_t *win_order;
     item_t **win_ptrs;
     int64_t W;
+    /* packed: the current row's samples */
+    item_t *pbuf, **pits;
 };
 
 /* ------------------------------------------------------------------ order */
@@ -285,12 +287,16 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
 }
 
 static mmc_status next_packed(mmc_loader *L, mmc_batch *out) {
-    item_t *its[128];
-    item_t buf[128];
+    if (!L->pbuf) { /* every sample has >= 1 token: at most seq_len segments per row */
+        L->pbuf = malloc((size_t)L->o.seq_len * sizeof *L->pbuf);
+        L->pits = malloc((size_t)L->o.seq_len * sizeof *L->pits);
+        if (!L->pbuf || !L->pits) return mmc_error(MMC_ERR_OOM, "data loader: out of memory");
+    }
+    item_t **its = L->pits, *buf = L->pbuf;
     int n = 0;
     int64_t used = 0;
     mmc_status st = MMC_OK;
-    int cap = (int)(sizeof buf / sizeof buf[0]);
+    int64_t cap = L->o.seq_len;
     while (n < cap) {
         item_t it;
         if (L->has_carry) { it = L->carry; L->has_carry = false; }
@@ -427,6 +433,8 @@ void mmc_loader_free(mmc_loader *L) {
     free(L->win);
     free(L->win_order);
     free(L->win_ptrs);
+    free(L->pbuf);
+    free(L->pits);
     mmc_dataset_free(L->own_ds);
     free(L);
 }
