@@ -306,6 +306,12 @@ static void test_determinism_resume(bool packing) {
             mmc_batch b;
             CHECK_OK(mmc_loader_next(l, &b));
             CHECK(b.B >= 1 && b.B <= 2 && b.cu_seqlens == NULL && b.n_seqs == b.B);
+            /* window = the 4 samples (lengths 59, 109, 52, 69): rows {52, 59} and {69, 109} */
+            CHECKF(b.B == 2 && ((b.sample_ids[0] == 2 && b.sample_ids[1] == 0) ||
+                                (b.sample_ids[0] == 3 && b.sample_ids[1] == 1)),
+                   "bucketed batch %d holds samples %lld, %lld", i, (long long)b.sample_ids[0],
+                   b.B > 1 ? (long long)b.sample_ids[1] : -1LL);
+            CHECK(b.T == (b.sample_ids[0] == 2 ? 59 : 109));
             mmc_batch_free(&b);
         }
         mmc_loader_free(l);
