@@ -11,6 +11,7 @@
 #include "mmc_io.h"
 #include "mmc_ops.h"
 #include "mmc_nn.h"
+#include "mmc_lora.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +83,13 @@ mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const ch
                                const char *lm_head_name, bool trainable, mmc_qwen2 **out);
 void mmc_qwen2_free(mmc_qwen2 *m);
 int64_t mmc_qwen2_param_count(const mmc_qwen2 *m);
+/* The decoder's linear modules with HF module names "<prefix>layers.N.self_attn.q_proj" ...
+ * (prefix "model." for Qwen2ForCausalLM, "model.language_model." inside Qwen2-VL with
+ * transformers >= 4.52), appended to out (mmc_lora.h). */
+mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *out);
+/* QLoRA: quantise every decoder projection to NF4 (bitsandbytes layout, mmc_quant.h) and
+ * drop the dense copies from m->params. Norms, embeddings and lm_head stay as they are. */
+mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant);
 
 /* ids [B, T] -> embeddings [B, T, C] */
 mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids);

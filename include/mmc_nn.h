@@ -18,6 +18,7 @@ typedef struct mmc_lora {
     mmc_tensor *B;        /* [N, r] lora_B.weight (trainable, zero-initialised) */
     float scale;          /* lora_alpha / r */
     float dropout;        /* probability, applied to x on the adapter path in training */
+    uint64_t stream;      /* dropout stream of this module (its index in the model) */
 } mmc_lora;
 
 typedef struct mmc_nf4 mmc_nf4;   /* NF4 weight (bitsandbytes layout), see mmc_quant.h */
@@ -33,8 +34,17 @@ typedef struct {
 /* x [..., K] -> [..., N] */
 mmc_tensor *mmc_nn_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l);
 
-/* LoRA dropout needs a per-step stream: set once per micro-batch (seed, step). */
+/* LoRA dropout needs a per-step stream: set once per micro-batch, e.g.
+ * mmc_nn_dropout_seed(run_seed, step, micro). Setting it turns dropout on for this context
+ * (training); mmc_nn_set_dropout_off turns it off (evaluation). Masks are drawn only in
+ * grad mode or inside a checkpointed block, and depend only on (seed, module stream,
+ * element), so a recomputed block draws the same mask. */
 void mmc_nn_set_dropout_seed(mmc_ctx *ctx, uint64_t seed);
+void mmc_nn_set_dropout_off(mmc_ctx *ctx);
+uint64_t mmc_nn_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro);
+/* Inverted dropout y = x * keep / (1 - p) with keep ~ Bernoulli(1 - p) from Philox(seed,
+ * stream, element); identity when dropout is off or p == 0. */
+mmc_tensor *mmc_nn_dropout(mmc_ctx *ctx, mmc_tensor *x, float p, uint64_t stream);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,16 @@ expect_rc 0 "$MMC" generate --model $VLDIR --image tests/fixtures/image/rgb_500x
 got=$(sed -E 's/.*"tokens": (\[[^]]*\]).*/\1/' /tmp/mmc_cli_out.$$)
 if [ "$got" = "$want" ]; then ok; else bad "VL generate tokens $got != transformers $want"; fi
 expect_out '"prompt_tokens": 101'
+# forward writes the logits; its last-position argmax is transformers' first greedy token
+first=$(echo "$want" | sed -E 's/^\[([0-9]+).*/\1/')
+expect_rc 0 "$MMC" forward --model $VLDIR --image tests/fixtures/image/rgb_500x333.jpg --prompt "What colour is the circle?" --out /tmp/mmc_fw.$$.safetensors --json
+expect_out "\"argmax_last\": $first,"
+[ -s /tmp/mmc_fw.$$.safetensors ] && ok || bad "forward wrote no file"
+rm -f /tmp/mmc_fw.$$.safetensors
+# chat: two turns with an image, replies streamed
+printf '/image tests/fixtures/image/rgb_500x333.jpg\nWhat colour is the circle?\nAnd the square?\n/quit\n' | "$MMC" chat --model $VLDIR --max-new-tokens 4 >/tmp/mmc_cli_out.$$ 2>/tmp/mmc_cli_err.$$
+[ "$(wc -l < /tmp/mmc_cli_out.$$)" -ge 2 ] && ok || bad "chat printed fewer than 2 replies"
+expect_err "image attached"
 expect_rc 1 "$MMC" generate --model $VLDIR --image /nonexistent.png --prompt x; expect_err "nonexistent.png"
 expect_rc 1 "$MMC" generate --model $VLDIR --image tests/fixtures/image/rgb_37x53.png --raw --prompt x; expect_err "raw"
 

@@ -133,6 +133,7 @@ int main(void) {
             run_determinism(t & 1, t >> 1, 2, 700, 257, false);
             run_determinism(t & 1, t >> 1, 3, 700, 257, true);
             run_determinism(t & 1, t >> 1, 20, 1000, 100, false);
+            run_determinism(t & 1, t >> 1, 600, 70, 600, t == 3); /* tall: whole-N items, 2 K blocks */
         }
     }
     mmc_gemm_set_kernel(native);

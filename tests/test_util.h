@@ -58,7 +58,7 @@ static inline mmc_tensor *fixture_tensor(const mmc_st *st, const char *name, mmc
     mmc_tensor *t = mmc_tensor_new(dt, e->ndim, e->shape);
     MMC_CHECK(t, "OOM");
     MMC_CHECK(mmc_st_read_into(st, name, t) == MMC_OK, "%s", mmc_last_error());
-    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->name, sizeof t->name, "%.*s", (int)sizeof t->name - 1, name);
     return t;
 }
 

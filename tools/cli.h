@@ -28,5 +28,11 @@ int cmd_info(int argc, char **argv);
 void help_info(FILE *f);
 int cmd_generate(int argc, char **argv);
 void help_generate(FILE *f);
+int cmd_chat(int argc, char **argv);
+void help_chat(FILE *f);
+int cmd_forward(int argc, char **argv);
+void help_forward(FILE *f);
+int cmd_merge(int argc, char **argv);
+void help_merge(FILE *f);
 
 #endif

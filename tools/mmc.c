@@ -14,6 +14,11 @@ static const cli_cmd g_cmds[] = {
      cmd_info, help_info},
     {"generate", "Generate a completion for a prompt (streams tokens; greedy or sampled)",
      cmd_generate, help_generate},
+    {"chat", "Multi-turn chat on the terminal (/image PATH attaches an image)", cmd_chat, help_chat},
+    {"forward", "One forward pass; write the logits to safetensors for parity checks",
+     cmd_forward, help_forward},
+    {"merge", "Merge a LoRA adapter (PEFT format) into a model and write an HF directory",
+     cmd_merge, help_merge},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 

@@ -162,7 +162,9 @@ static void checkpoint_backward(mmc_ctx *c, mmc_node *n) {
 mmc_tensor *mmc_checkpoint(mmc_ctx *c, mmc_block_fn fn, void *user, mmc_tensor **in, int n_in) {
     bool prev = c->grad_enabled;
     c->grad_enabled = false;
+    c->ckpt_depth += prev;
     mmc_tensor *y = fn(c, user, in, n_in);
+    c->ckpt_depth -= prev;
     c->grad_enabled = prev;
     if (!prev) return y;
     /* the block output must be a fresh tensor we may flag; alias it to be safe */

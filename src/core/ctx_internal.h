@@ -9,5 +9,10 @@ struct mmc_ctx {
     bool grad_enabled;
     mmc_node **tape;      /* nodes in recording order (heap array, grows) */
     int tape_len, tape_cap;
+    /* LoRA dropout (src/nn/dropout.c): on after mmc_nn_set_dropout_seed; masks are also drawn
+     * while a checkpointed block's forward runs with grad off (ckpt_depth > 0) */
+    uint64_t dropout_seed;
+    bool dropout_on;
+    int ckpt_depth;
 };
 #endif

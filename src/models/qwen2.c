@@ -5,6 +5,8 @@
  * It is also the language model inside Qwen2-VL and Qwen2.5-VL, whose checkpoints name
  * it "model." (transformers < 4.52 and the Hub) or "model.language_model." (>= 4.52). */
 #include "mmc_models.h"
+#include "mmc_lora.h"
+#include "mmc_quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -299,12 +301,41 @@ mmc_status mmc_qwen2_load(const char *dir, const mmc_json *config, bool trainabl
 
 void mmc_qwen2_free(mmc_qwen2 *m) {
     if (!m) return;
+    for (int64_t i = 0; m->layers && i < m->cfg.num_layers; i++) {
+        mmc_qwen2_layer *L = &m->layers[i];
+        mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        for (int j = 0; j < 7; j++) mmc_nf4_free(ls[j]->q);
+    }
     for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
     free(m->params);
     free(m->param_names);
     free(m->layers);
     mmc_st_close(m->st);
     free(m);
+}
+
+mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *out) {
+    static const char *const nm[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                      "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    for (int64_t i = 0; i < m->cfg.num_layers; i++) {
+        mmc_qwen2_layer *L = &m->layers[i];
+        mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        for (int j = 0; j < 7; j++) {
+            char name[MMC_MODULE_NAME];
+            snprintf(name, sizeof name, "%slayers.%lld.%s", prefix, (long long)i, nm[j]);
+            mmc_status st = mmc_module_list_add(out, ls[j], name);
+            if (st) return st;
+        }
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant) {
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_qwen2_linears(m, "", &ml);
+    if (!st) st = mmc_nf4_quantize_linears(ml.mods, ml.n, double_quant, m->params, m->param_names, &m->n_params);
+    mmc_module_list_free(&ml);
+    return st;
 }
 
 int64_t mmc_qwen2_param_count(const mmc_qwen2 *m) {

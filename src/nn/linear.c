@@ -15,7 +15,8 @@ mmc_tensor *mmc_nn_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l) {
     }
     if (!l->lora) return y;
     const mmc_lora *a = l->lora;
-    mmc_tensor *h = mmc_linear(ctx, x, a->A, NULL);        /* [..., r] */
+    mmc_tensor *xd = a->dropout > 0 ? mmc_nn_dropout(ctx, x, a->dropout, a->stream) : x;
+    mmc_tensor *h = mmc_linear(ctx, xd, a->A, NULL);       /* [..., r] */
     h = mmc_linear(ctx, h, a->B, NULL);                     /* [..., N] */
     return mmc_add(ctx, y, mmc_scale(ctx, h, a->scale));
 }

@@ -43,7 +43,7 @@ static void rope_backward(mmc_ctx *ctx, mmc_node *n) {
     const bool batched = cs->ndim == 3;
     float *gx = mmc_grad(ctx, x)->data;
     const float *gy = n->out->grad->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T * H * D > 32768)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t row = batched ? bt : bt % T;
         const float *c = (const float *)cs->data + row * D, *s = (const float *)sn->data + row * D;
@@ -70,7 +70,7 @@ mmc_tensor *mmc_rope(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *s
     mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, x->shape);
     float *yd = y->data;
     const float *xd = x->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T * H * D > 32768)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T, row = batched ? bt : t;
         const float *c = (const float *)cos->data + row * D, *s = (const float *)sin->data + row * D;

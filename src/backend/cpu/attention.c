@@ -264,6 +264,12 @@ static void fwd_row(const mmc_attn_args *a, int b, int h, const seg_t *sg, int r
     if (lse) lse[((int64_t)b * a->Hq + h) * a->T + sg->q0 + r] = l > 0 ? m * LN2 + logf(l) : -INFINITY;
 }
 
+/* Fork/join costs microseconds (milliseconds when the cores are oversubscribed): only
+ * parallelise when the attention is big enough to pay for it. */
+static inline bool par_ok(const mmc_attn_args *a) {
+    return (double)a->B * a->Hq * a->T * a->S * (a->D + a->Dv) > 4e5;
+}
+
 void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scratch) {
     const int B = a->B, Hq = a->Hq, Hkv = a->Hkv, D = a->D, Dv = a->Dv, S = a->S;
     const int G = Hq / Hkv;
@@ -285,7 +291,7 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
     }
     if (KT) {
         const int nsb = (S + 63) / 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par_ok(a))
         for (int64_t u = 0; u < (int64_t)B * Hkv * nsb; u++) {
             int b = (int)(u / ((int64_t)Hkv * nsb)), hk = (int)(u / nsb % Hkv), s0 = (int)(u % nsb) * 64;
             transpose_rows(a->k + b * a->sk[0] + (int64_t)s0 * a->sk[1] + hk * a->sk[2], a->sk[1],
@@ -294,7 +300,7 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
     }
     const float c = a->scale * LOG2E;
     const int64_t nunits = (int64_t)B * Hq * (int64_t)nt;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (par_ok(a))
     for (int64_t u = 0; u < nunits; u++) {
         float *s = thr + tf * (size_t)tid_();           /* [BR, BC] */
         float *o = s + BR * BC;                         /* [BR, Dv] */
@@ -373,7 +379,7 @@ void mmc_attn_bwd_f32(const mmc_attn_args *a, const float *out, const float *dou
 
     /* prologue: transposes, D_i, lse in log2 units */
     const int ntb = (T + 63) / 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par_ok(a))
     for (int64_t u = 0; u < (int64_t)B * Hq * ntb; u++) {
         int b = (int)(u / ((int64_t)Hq * ntb)), h = (int)(u / ntb % Hq), t0 = (int)(u % ntb) * 64;
         int n = imin(64, T - t0);
@@ -390,7 +396,7 @@ void mmc_attn_bwd_f32(const mmc_attn_args *a, const float *out, const float *dou
         }
     }
 
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (par_ok(a))
     for (int64_t u = 0; u < (int64_t)B * Hq; u++) {
         float *PT = thr + tf * (size_t)tid_();  /* [BC, BR] P, transposed */
         float *dST = PT + BC * BR;              /* [BC, BR] dS * scale, transposed */
@@ -469,7 +475,7 @@ void mmc_attn_bwd_f32(const mmc_attn_args *a, const float *out, const float *dou
     if (!grp) return;
     /* sum the group's per-query-head dK/dV in head order (keys outside every segment
      * cannot occur: segments tile [0, S)) */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par_ok(a))
     for (int64_t u = 0; u < (int64_t)B * S; u++) {
         int b = (int)(u / S), s = (int)(u % S);
         for (int hk = 0; hk < Hkv; hk++)

@@ -11,10 +11,11 @@
  * bf16 B (weights) is widened to f32 while packing, so the bf16 GEMM runs the f32 kernel.
  * Edge tiles are computed into a small stack tile (packing pads with zeros) and merged.
  *
- * Threads (OpenMP): B panels are packed cooperatively; the compute is split over M (each
- * thread its own MR-aligned row range and A buffer) or, for short M, over the NR panels of
- * N. Blocking never depends on the thread count and each C element is produced by one
- * thread with a fixed K order, so results are bit-identical for any number of threads.
+ * Threads (OpenMP): B panels are packed cooperatively; the compute is handed out dynamically
+ * as (MC row block × chunk of NR panels) items, each thread packing A into its own buffer.
+ * Blocking never depends on the thread count and each C tile is computed the same way by
+ * whichever thread takes it, with a fixed K order, so results are bit-identical for any
+ * number of threads.
  *
  * Small M (M <= 4, decode / matvec) skips packing: B is streamed once, parallel over N.
  * Packing buffers are per calling thread (_Thread_local), grown once and then reused.
@@ -38,15 +39,21 @@ typedef struct {
 
 /* ------------------------------------------------------------------ micro-kernels */
 
-/* C[i, j] = alpha * acc + beta * C (C not read when beta == 0). */
+/* C[i, j] = alpha * acc + beta * C (C not read when beta == 0). Portable: GCC vector
+ * extensions, lowered to whatever vector width the target has (SSE2 at least on x86-64). */
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
 static void ukr_generic_4x16(int64_t kc, const float *restrict Ap, const float *restrict Bp,
                              float *restrict C, int64_t ldc, float alpha, float beta) {
-    float acc[4][16] = {{0}};
+    v16f acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
     for (int64_t k = 0; k < kc; k++) {
-        const float *a = Ap + k * 4, *b = Bp + k * 16;
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 16; j++) acc[i][j] += a[i] * b[j];
+        const float *a = Ap + k * 4;
+        v16f b = *(const v16f *)(Bp + k * 16);
+        acc0 += a[0] * b;
+        acc1 += a[1] * b;
+        acc2 += a[2] * b;
+        acc3 += a[3] * b;
     }
+    v16f acc[4] = {acc0, acc1, acc2, acc3};
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 16; j++)
             C[i * ldc + j] = beta == 0.0f ? alpha * acc[i][j] : alpha * acc[i][j] + beta * C[i * ldc + j];
@@ -124,8 +131,8 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
 }
 
 /* Blocking for Zen 4 (L1d 48 KiB, L2 1 MiB, L3 32 MiB), measured on the target machine:
- * A block 168 × 512 f32 = 336 KiB in L2, B block 512 × 4096 = 8 MiB in L3. */
-static kdesc K_AVX512 = {"avx512", MR512, 32, MR512 * 12, 512, 4096, ukr_avx512_14x32};
+ * A block 84 × 512 f32 = 168 KiB in L2 (small, so M=512 splits into 7 balanced items), B block 512 × 4096 = 8 MiB in L3. */
+static kdesc K_AVX512 = {"avx512", MR512, 32, MR512 * 6, 512, 4096, ukr_avx512_14x32};
 static kdesc K_AVX2 = {"avx2", 6, 16, 6 * 32, 256, 4096, ukr_avx2_6x16};
 static kdesc K_GENERIC = {"generic", 4, 16, 4 * 32, 256, 2048, ukr_generic_4x16};
 
@@ -349,62 +356,92 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
     }
 }
 
+/* B stored [K, N] (not transposed): panels [p0, p1) of the block starting at column jc
+ * (nc columns), k in [k0, k0+kc); per k the source row segment is read contiguously. */
+static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
+                        int64_t nc, int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
+    const int nr = kd->nr;
+    const int64_t esz = b16 ? 2 : 4, seg = (p1 - p0) * nr * esz; /* bytes per source row */
+    for (int64_t k = 0; k < kc; k++) {
+        const int64_t base = (k0 + k) * ldb + jc;
+        if (k + 8 < kc) { /* rows 8 ahead: the source stride defeats the hardware prefetch */
+            const char *ahead = (const char *)B + ((k0 + k + 8) * ldb + jc + p0 * nr) * esz;
+            for (int64_t o = 0; o < seg; o += 64) __builtin_prefetch(ahead + o, 0, 3);
+        }
+        for (int64_t p = p0; p < p1; p++) {
+            float *restrict d = Bp + p * nr * kc + k * nr;
+            const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
+            int64_t j = 0;
+            if (b16) {
+                const uint16_t *restrict src = (const uint16_t *)B + base + c0;
+                for (; j < cols; j++) d[j] = mmc_bf16_to_f32(src[j]);
+            } else {
+                const float *restrict src = (const float *)B + base + c0;
+                for (; j < cols; j++) d[j] = src[j];
+            }
+            for (; j < nr; j++) d[j] = 0.0f;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ small M (matvec) */
 
 /* C[m, n] = alpha * dot(a[m, :], B row n) + beta*C for trans_b (B [N, K]); a is [M, K]
  * contiguous. Rows of B are streamed once; 4 rows at a time for memory-level parallelism. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
 static inline void mv_tb_body(const int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
-                         const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {
+                              const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {
+    /* R rows of B in flight (R*M accumulators in registers): 8 for M <= 2, else 4 */
+    enum { RMAX = 8 };
+    const int R = M <= 2 ? 8 : 4;
     const int64_t k16 = K & ~(int64_t)15;
     const __mmask16 tail = (__mmask16)((1u << (K - k16)) - 1u);
-    for (int64_t n = n0; n < n1; n += 4) {
-        int rows = n1 - n < 4 ? (int)(n1 - n) : 4;
-        __m512 acc[4][4];
-        for (int m = 0; m < 4; m++)
-            for (int r = 0; r < 4; r++) acc[m][r] = _mm512_setzero_ps();
-        const float *bf[4];
-        const uint16_t *bh[4];
-        for (int r = 0; r < 4; r++) {
-            int64_t row = n + (r < rows ? r : 0);
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t n = n0; n < n1; n += R) {
+        const int rows = n1 - n < R ? (int)(n1 - n) : R;
+        __m512 acc[4][RMAX];
+        const float *bf[RMAX];
+        const uint16_t *bh[RMAX];
+        for (int m = 0; m < M; m++)
+            for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            int64_t row = n + (r < rows ? r : 0); /* past the end: re-read row n, discarded */
             bf[r] = (const float *)B + row * ldb;
             bh[r] = (const uint16_t *)B + row * ldb;
         }
-#define MV_LOAD(r, k, mask)                                                                     \
-    (b16 ? _mm512_castsi512_ps(_mm512_slli_epi32(                                                \
-               _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bh[r] + (k))), 16))           \
-         : _mm512_maskz_loadu_ps(mask, bf[r] + (k)))
-#ifdef MMC_MV_PF
-#define MV_PF(k)                                                                                \
-    do {                                                                                        \
-        for (int r = 0; r < 4; r++)                                                             \
-            _mm_prefetch(b16 ? (const char *)(bh[r] + (k) + MMC_MV_PF / 2)                      \
-                             : (const char *)(bf[r] + (k) + MMC_MV_PF / 4), _MM_HINT_T0);        \
-    } while (0)
-#else
-#define MV_PF(k) ((void)0)
-#endif
-#define MV_BODY(k, mask)                                                                        \
-    do {                                                                                        \
-        MV_PF(k);                                                                               \
-        __m512 b0 = MV_LOAD(0, k, mask), b1 = MV_LOAD(1, k, mask);                              \
-        __m512 b2 = MV_LOAD(2, k, mask), b3 = MV_LOAD(3, k, mask);                              \
-        for (int m = 0; m < M; m++) {                                                           \
-            __m512 x = _mm512_maskz_loadu_ps(mask, a + m * K + (k));                            \
-            acc[m][0] = _mm512_fmadd_ps(x, b0, acc[m][0]);                                      \
-            acc[m][1] = _mm512_fmadd_ps(x, b1, acc[m][1]);                                      \
-            acc[m][2] = _mm512_fmadd_ps(x, b2, acc[m][2]);                                      \
-            acc[m][3] = _mm512_fmadd_ps(x, b3, acc[m][3]);                                      \
-        }                                                                                       \
-    } while (0)
-        for (int64_t k = 0; k < k16; k += 16) MV_BODY(k, (__mmask16)0xFFFF);
-        if (tail) MV_BODY(k16, tail);
-#undef MV_BODY
-#undef MV_LOAD
-#undef MV_PF
-        float sum[4][4];
+        int64_t k = 0;
+        if (b16) {
+            /* 32 bf16 per 64-byte load: the low half of each 32-bit lane widened by a shift
+             * (even k), the high half by a mask (odd k); `a` holds each 32-block of k
+             * de-interleaved to match (evens, then odds — see gemm_small_m) */
+            for (; k + 32 <= K; k += 32) {
+                __m512i w[RMAX];
+                for (int r = 0; r < R; r++) w[r] = _mm512_loadu_si512((const void *)(bh[r] + k));
+                for (int m = 0; m < M; m++) {
+                    __m512 xe = _mm512_loadu_ps(a + m * K + k), xo = _mm512_loadu_ps(a + m * K + k + 16);
+                    for (int r = 0; r < R; r++) {
+                        acc[m][r] = _mm512_fmadd_ps(xe, _mm512_castsi512_ps(_mm512_slli_epi32(w[r], 16)), acc[m][r]);
+                        acc[m][r] = _mm512_fmadd_ps(xo, _mm512_castsi512_ps(_mm512_and_si512(w[r], hi_mask)), acc[m][r]);
+                    }
+                }
+            }
+        }
+        /* remaining k in 16s (f32: all of K), last partial 16 masked */
+        for (; k < K; k += 16) {
+            const __mmask16 mk = k < k16 ? (__mmask16)0xFFFF : tail;
+            __m512 bv[RMAX];
+            for (int r = 0; r < R; r++)
+                bv[r] = b16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                  _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, bh[r] + k)), 16))
+                            : _mm512_maskz_loadu_ps(mk, bf[r] + k);
+            for (int m = 0; m < M; m++) {
+                __m512 x = _mm512_maskz_loadu_ps(mk, a + m * K + k);
+                for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(x, bv[r], acc[m][r]);
+            }
+        }
+        float sum[4][RMAX];
         for (int m = 0; m < M; m++)
-            for (int r = 0; r < 4; r++) sum[m][r] = _mm512_reduce_add_ps(acc[m][r]);
+            for (int r = 0; r < R; r++) sum[m][r] = _mm512_reduce_add_ps(acc[m][r]);
         for (int m = 0; m < M; m++)
             for (int r = 0; r < rows; r++) {
                 float s = alpha * sum[m][r];
@@ -519,21 +556,27 @@ static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N
                          int64_t ldb, float beta, float *C, int64_t ldc) {
     /* a: op(A) as contiguous [M, K] (copied when transposed or strided) */
     const float *a = A;
-    if (ta || (M > 1 && lda != K)) {
+    const bool wide = kd == &K_AVX512;
+    /* AVX-512 bf16 x·Wᵀ: each full 32-block of k de-interleaved (16 evens, then 16 odds) */
+    const bool deint = wide && tb && b16;
+    if (ta || (M > 1 && lda != K) || deint) {
         bufs *t = &tl_bufs;
         t->v = grow(t->v, &t->v_cap, (size_t)(M * K));
         for (int64_t m = 0; m < M; m++)
-            for (int64_t k = 0; k < K; k++) t->v[m * K + k] = ta ? A[k * lda + m] : A[m * lda + k];
+            for (int64_t k = 0; k < K; k++) {
+                int64_t d = k;
+                if (deint && (k | 31) < K) d = (k & ~(int64_t)31) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1);
+                t->v[m * K + d] = ta ? A[k * lda + m] : A[m * lda + k];
+            }
         a = t->v;
     }
-    bool wide = kd == &K_AVX512;
     /* work units: whole rows of B (tb) / 64-column strips (!tb), ~128 KiB of B each, handed
      * out dynamically (a shared machine stalls threads; the result does not depend on who
      * computes a unit) */
     const int64_t esz = b16 ? 2 : 4;
-    int64_t grain = tb ? 4 : 64;
+    int64_t grain = tb ? 8 : 64;
     if (tb) {
-        int64_t g = (128 * 1024) / (K * esz) / 4 * 4;
+        int64_t g = (128 * 1024) / (K * esz) / 8 * 8;
         if (g > grain) grain = g;
     }
     int64_t units = (N + grain - 1) / grain;
@@ -568,36 +611,52 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
     ensure_bufs(kd, nth);
     float *Bp = tl_bufs.b;
     float **Abuf = tl_bufs.a;
-    const int64_t mpanels = (M + mr - 1) / mr;
 
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-        /* thread grid: split M (rows of panels) when there is enough of it, else N */
-        int tm = mpanels >= 4 * nt ? nt : 1, tn = nt / tm;
-        int im = tid % tm, in = tid / tm;
-        if (in >= tn) { im = 0; in = tn; } /* idle thread (nt not divisible): no compute */
-        int64_t mp0 = mpanels * im / tm, mp1 = mpanels * (im + 1) / tm;
         float *Ap = Abuf[tid];
         float tile[16 * 64] __attribute__((aligned(64)));
+        /* Work items (mb, nch): an MC block of rows × a chunk of NR panels, handed out
+         * dynamically (the machine is shared; a stalled thread must not stall the team).
+         * Tall problems use whole-N items (A block packed once per item); short ones split N
+         * into chunks and each thread re-packs A only when its item's row block changes. */
+        const int64_t mblocks = (M + MC - 1) / MC;
 
         for (int64_t jc = 0; jc < N; jc += NC) {
             const int64_t nc = N - jc < NC ? N - jc : NC;
             const int64_t npanels = (nc + nr - 1) / nr;
-            const int64_t np0 = in < tn ? npanels * in / tn : 0;
-            const int64_t np1 = in < tn ? npanels * (in + 1) / tn : 0;
+            int64_t nchunks = mblocks >= 3 * nt ? 1 : 4 * nt;
+            if (nchunks > npanels) nchunks = npanels;
+            const int64_t items = mblocks * nchunks;
             for (int64_t pc = 0; pc < K; pc += KC) {
                 const int64_t kc = K - pc < KC ? K - pc : KC;
                 const float beta_k = pc == 0 ? beta : 1.0f;
-#pragma omp for schedule(static)
-                for (int64_t p = 0; p < npanels; p++) {
-                    int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
-                    pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * kc);
+                /* groups of 8 panels: for B [K, N] each k then copies one contiguous
+                 * 8*NR-wide row segment (long sequential reads) */
+                const int64_t ngroups = (npanels + 7) / 8;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t g = 0; g < ngroups; g++) {
+                    const int64_t p0 = g * 8, p1 = p0 + 8 < npanels ? p0 + 8 : npanels;
+                    if (tb) {
+                        for (int64_t p = p0; p < p1; p++) {
+                            int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
+                            pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * kc);
+                        }
+                    } else {
+                        pack_b_rows(kd, B, b16, ldb, jc, nc, p0, p1, pc, kc, Bp);
+                    }
                 }
-                for (int64_t ic = mp0 * mr; ic < mp1 * mr && ic < M && np0 < np1; ic += MC) {
-                    int64_t mc = mp1 * mr - ic < MC ? mp1 * mr - ic : MC;
-                    if (mc > M - ic) mc = M - ic;
-                    pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
+                int64_t packed_mb = -1;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t it = 0; it < items; it++) {
+                    const int64_t mb = it / nchunks, ch = it % nchunks;
+                    const int64_t ic = mb * MC, mc = M - ic < MC ? M - ic : MC;
+                    const int64_t np0 = npanels * ch / nchunks, np1 = npanels * (ch + 1) / nchunks;
+                    if (mb != packed_mb) {
+                        pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
+                        packed_mb = mb;
+                    }
                     for (int64_t jp = np0; jp < np1; jp++) {
                         const int64_t j = jp * nr;
                         const int64_t cols = nc - j < nr ? nc - j : nr;
@@ -617,8 +676,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                             }
                         }
                     }
-                }
-#pragma omp barrier
+                } /* implicit barrier: B block is re-packed next */
             }
         }
     }

@@ -1,0 +1,115 @@
+/* mmc_lora.h — LoRA adapters on a model's linear layers, in PEFT's format (mirrors
+ * peft.tuners.lora: LoraConfig, LoraModel, save_pretrained / from_pretrained):
+ *   y = base(x) + (alpha / r) · B(A(dropout(x)))      (alpha / sqrt(r) with use_rslora)
+ * A [r, K] ~ kaiming_uniform(a = sqrt(5)) (U(-1/sqrt(K), 1/sqrt(K))), B [N, r] = 0.
+ *
+ * A model exposes its linear modules with their Hugging Face module names (e.g.
+ * "model.layers.0.self_attn.q_proj", "model.visual.blocks.0.attn.qkv") through an
+ * mmc_module_list; targets select among them:
+ *   - a plain name ("q_proj") matches a module whose name is it or ends with ".q_proj"
+ *     (PEFT's list semantics);
+ *   - a glob with * ? [ ] ("model.layers.*.self_attn.q_proj") matches the full name;
+ *   - "re:<regex>" is a POSIX extended regex matched against the whole name (PEFT's
+ *     string form of target_modules).
+ * Attaching freezes the base weights and biases of adapted modules (their REQUIRES_GRAD
+ * cleared); adapter tensors are persistent, trainable parameters.
+ * Saved files: adapter_config.json + adapter_model.safetensors with keys
+ * "base_model.model.<module>.lora_A.weight" / ".lora_B.weight". Loading also accepts
+ * adapters saved against the other Qwen2-VL naming ("model.layers." vs
+ * "model.language_model.layers.", "visual." vs "model.visual."). */
+#ifndef MMC_LORA_H
+#define MMC_LORA_H
+
+#include "mmc.h"
+#include "mmc_nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MMC_MODULE_NAME 128
+
+/* A model's linear modules and their HF module names (no ".weight"). */
+typedef struct {
+    mmc_linear_w **mods;
+    char (*names)[MMC_MODULE_NAME];
+    int n, cap;
+} mmc_module_list;
+
+mmc_status mmc_module_list_add(mmc_module_list *ml, mmc_linear_w *l, const char *name);
+void mmc_module_list_free(mmc_module_list *ml);
+
+typedef struct {
+    int r;
+    float alpha;
+    float dropout;
+    bool use_rslora;
+    const char *const *targets;   /* names / globs / "re:" regexes */
+    int n_targets;
+    uint64_t seed;                /* init of A */
+} mmc_lora_config;
+
+typedef struct mmc_lora_set {
+    int r;
+    float alpha, dropout;
+    bool use_rslora;
+    char **targets;               /* as configured (for adapter_config.json) */
+    int n_targets;
+    int n;                        /* adapted modules */
+    mmc_linear_w **mods;          /* [n] */
+    char (*names)[MMC_MODULE_NAME]; /* [n] */
+    mmc_lora *adapters;           /* [n]; mods[i]->lora == &adapters[i] */
+    mmc_tensor **params;          /* [2n] A0, B0, A1, B1, ... (names "<module>.lora_A.weight") */
+    int n_params;
+} mmc_lora_set;
+
+/* True if module `name` is selected by target t (rules above). */
+bool mmc_lora_target_match(const char *t, const char *name);
+
+/* Attach adapters to every module matching a target. Fails (MMC_ERR_INVALID) if no module
+ * matches, naming the targets and a few module names. */
+mmc_status mmc_lora_attach(const mmc_module_list *ml, const mmc_lora_config *cfg, mmc_lora_set **out);
+/* Remove the adapters from the modules (base weights stay frozen) and free them. */
+void mmc_lora_free(mmc_lora_set *s);
+
+/* Write dir/adapter_config.json and dir/adapter_model.safetensors (created atomically;
+ * dir is created if missing). base_model may be NULL. */
+mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *base_model);
+/* Read a PEFT LoRA adapter directory and attach it (trainable: adapter params require
+ * grad). Every adapter module must exist in ml, else an error names the missing ones. */
+mmc_status mmc_lora_load(const char *dir, const mmc_module_list *ml, bool trainable, mmc_lora_set **out);
+
+/* Scale of an adapter config: alpha / r, or alpha / sqrt(r) with rsLoRA. */
+float mmc_lora_scale(int r, float alpha, bool use_rslora);
+/* "model.language_model.layers.0.mlp.up_proj" and "model.layers.0.mlp.up_proj" both map to
+ * "lm.layers.0.mlp.up_proj"; "model.visual.x" and "visual.x" to "visual.x". */
+void mmc_lora_canonical_name(const char *name, char *out, size_t cap);
+
+/* Read adapter_config.json (r, lora_alpha, lora_dropout, use_rslora; unsupported PEFT
+ * options — DoRA, rank/alpha patterns, biases, fan_in_fan_out — are errors). */
+mmc_status mmc_lora_read_config(const char *dir, int *r, float *alpha, float *dropout, bool *use_rslora);
+
+/* W [N, K] += scale · B [N, r] · A [r, K] (f32). */
+void mmc_lora_merge_into(float *W, const float *A, const float *B, int64_t N, int64_t K, int64_t r,
+                         float scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Fold a PEFT LoRA adapter into a Hugging Face model directory (peft's merge_and_unload):
+ * every adapted "<module>.weight" becomes W + scale · B·A (computed in f32, stored in W's
+ * dtype); every other tensor is copied unchanged (vision tower, norms, embeddings ...),
+ * and the non-weight files (config, tokenizer, processor, chat template, generation
+ * config) are copied. Weights go to one out_dir/model.safetensors. The directory is built
+ * as out_dir.tmp.<pid> and renamed into place (an existing out_dir is replaced only once
+ * the new one is complete). *n_merged (may be NULL) receives the number of merged weights. */
+mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, const char *out_dir,
+                              int *n_merged);
+#ifdef __cplusplus
+}
+#endif

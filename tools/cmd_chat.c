@@ -1,0 +1,164 @@
+/* cmd_chat.c — `mmc chat`: a multi-turn conversation on stdin/stdout. Each turn renders the
+ * whole conversation with the chat template (the same code as generate, training and
+ * serving) and streams the reply. /image PATH attaches an image to the next message. */
+#include "cli.h"
+#include "runner.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void help_chat(FILE *f) {
+    fprintf(f,
+            "usage: mmc chat --model DIR [options]\n\n"
+            "Chat with the model in DIR. Type a message and press Enter. Commands:\n"
+            "  /image PATH   attach an image to your next message (vision-language models)\n"
+            "  /reset        start a new conversation\n"
+            "  /quit         leave (or end of input)\n\n"
+            "options:\n"
+            "  --model DIR              Hugging Face model directory (required)\n"
+            "  --system TEXT            system prompt (default: the template's default)\n"
+            "  --max-new-tokens N       per reply (default 256)\n"
+            "  --temperature T          sample with temperature T (default: greedy)\n"
+            "  --top-p P, --top-k K     sampling filters\n"
+            "  --seed S                 sampling seed (default 0)\n"
+            "  -h, --help               this help\n");
+}
+
+typedef struct {
+    char *role;
+    char *text;
+    int n_images;      /* images placed before the text */
+} turn;
+
+typedef struct {
+    const mmc_tokenizer *tok;
+    int32_t *ids;
+    int n;
+    size_t printed;
+} chat_stream;
+
+static bool chat_on_token(void *user, int32_t token) {
+    chat_stream *s = user;
+    s->ids[s->n++] = token;
+    char *text = NULL;
+    if (mmc_tokenizer_decode(s->tok, s->ids, s->n, true, &text) != MMC_OK) return true;
+    size_t len = strlen(text);
+    if (len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) len -= 3;
+    if (len > s->printed) {
+        fwrite(text + s->printed, 1, len - s->printed, stdout);
+        fflush(stdout);
+        s->printed = len;
+    }
+    free(text);
+    return true;
+}
+
+static void trim(char *s) {
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ')) s[--n] = 0;
+}
+
+int cmd_chat(int argc, char **argv) {
+    const char *model = NULL, *system = NULL;
+    long long max_new = 256, seed = 0, top_k = 0;
+    double temp = 0, top_p = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+        if (!strcmp(a, "--model")) { VAL(); model = v; }
+        else if (!strcmp(a, "--system")) { VAL(); system = v; }
+        else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
+        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return 2; }
+        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return 2; }
+        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return 2; }
+        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return 2; }
+        else return cli_fail(MMC_OK, "chat: unknown option '%s' (see mmc chat --help)", a);
+#undef VAL
+    }
+    if (!model) return cli_fail(MMC_OK, "chat: --model DIR is required (see mmc chat --help)");
+    cli_model cm;
+    mmc_status st = cli_model_load(model, &cm);
+    if (st) return cli_fail(st, "chat: cannot load the model");
+    bool tty = isatty(STDIN_FILENO);
+    if (tty) fprintf(stderr, "mmc chat — %s (%s). /image PATH, /reset, /quit.\n", model, cm.model_type);
+    turn turns[256];
+    int n_turns = 0;
+    const char *images[64];
+    char *image_store[64];
+    int n_images = 0, pending_images = 0;
+    int32_t eos[8];
+    int n_eos = mmc_tokenizer_eos_ids(cm.tok, eos, 8);
+    int32_t *out = malloc((size_t)max_new * sizeof *out);
+    char line[65536];
+    int rc = 0;
+    while (1) {
+        if (tty) { fprintf(stderr, ">>> "); fflush(stderr); }
+        if (!fgets(line, sizeof line, stdin)) break;
+        trim(line);
+        if (!line[0]) continue;
+        if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/reset")) {
+            for (int i = 0; i < n_turns; i++) { free(turns[i].role); free(turns[i].text); }
+            for (int i = 0; i < n_images; i++) free(image_store[i]);
+            n_turns = n_images = pending_images = 0;
+            fprintf(stderr, "[conversation reset]\n");
+            continue;
+        }
+        if (!strncmp(line, "/image ", 7)) {
+            if (!cm.vl) { fprintf(stderr, "mmc chat: %s is text-only; /image needs a vision-language model\n", model); continue; }
+            if (n_images == 64) { fprintf(stderr, "mmc chat: at most 64 images per conversation\n"); continue; }
+            if (access(line + 7, R_OK) != 0) { fprintf(stderr, "mmc chat: cannot read %s\n", line + 7); continue; }
+            image_store[n_images] = strdup(line + 7);
+            images[n_images] = image_store[n_images];
+            n_images++;
+            pending_images++;
+            fprintf(stderr, "[image attached: %s]\n", line + 7);
+            continue;
+        }
+        if (line[0] == '/') { fprintf(stderr, "mmc chat: unknown command %s (/image PATH, /reset, /quit)\n", line); continue; }
+        if (n_turns + 2 > 256) { fprintf(stderr, "mmc chat: conversation too long; /reset\n"); continue; }
+        turns[n_turns++] = (turn){strdup("user"), strdup(line), pending_images};
+        pending_images = 0;
+        /* messages: optional system, then every turn with its image parts */
+        mmc_chat_message msgs[257];
+        mmc_chat_part parts[256 + 64];
+        int nm = 0, np = 0;
+        if (system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = system};
+        for (int t = 0; t < n_turns; t++) {
+            mmc_chat_part *p0 = &parts[np];
+            for (int k = 0; k < turns[t].n_images; k++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
+            parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = turns[t].text};
+            msgs[nm++] = (mmc_chat_message){.role = turns[t].role, .parts = p0, .n_parts = (int)(&parts[np] - p0)};
+        }
+        cli_prompt cp;
+        if ((st = cli_prompt_build(&cm, msgs, nm, false, NULL, images, n_images, NULL, &cp))) {
+            cli_fail(st, "chat: cannot build the prompt");
+            free(turns[--n_turns].role);
+            free(turns[n_turns].text);
+            continue;
+        }
+        chat_stream cs = {.tok = cm.tok, .ids = out};
+        mmc_gen_opts go = {.max_new_tokens = (int)max_new, .eos_ids = eos, .n_eos = n_eos,
+                           .on_token = chat_on_token, .user = &cs};
+        mmc_sampler_defaults(&go.sampler);
+        go.sampler.temperature = (float)temp;
+        go.sampler.top_k = (int)top_k;
+        go.sampler.top_p = (float)top_p;
+        go.sampler.seed = (uint64_t)seed + (uint64_t)n_turns;
+        int n_out = 0;
+        st = cli_generate(&cm, &cp, &go, out, &n_out);
+        cli_prompt_free(&cp);
+        printf("\n");
+        fflush(stdout);
+        if (st) { cli_fail(st, "chat: generation failed"); rc = 1; break; }
+        char *reply = NULL;
+        if (mmc_tokenizer_decode(cm.tok, out, n_out, true, &reply) != MMC_OK) reply = strdup("");
+        turns[n_turns++] = (turn){strdup("assistant"), reply, 0};
+    }
+    for (int i = 0; i < n_turns; i++) { free(turns[i].role); free(turns[i].text); }
+    for (int i = 0; i < n_images; i++) free(image_store[i]);
+    free(out);
+    cli_model_free(&cm);
+    return rc;
+}

@@ -1,0 +1,109 @@
+/* cmd_forward.c — `mmc forward`: one full forward pass over a prompt (chat template,
+ * images, video), writing the logits to a safetensors file for parity checks against
+ * transformers: "logits" [T, V], "last_logits" [V], "input_ids" [T]. */
+#include "cli.h"
+#include "runner.h"
+#include "mmc_io.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void help_forward(FILE *f) {
+    fprintf(f,
+            "usage: mmc forward --model DIR --prompt TEXT --out FILE.safetensors [options]\n\n"
+            "Run one forward pass over the prompt (as a user turn of the chat template, with a\n"
+            "generation prompt) and write the logits: logits [T, V], last_logits [V], input_ids [T].\n\n"
+            "options:\n"
+            "  --model DIR       Hugging Face model directory (required)\n"
+            "  --prompt TEXT     the user message (required)\n"
+            "  --out FILE        output .safetensors file, written atomically (required)\n"
+            "  --image FILE      attach an image (repeatable; vision-language models)\n"
+            "  --video DIR       attach a video given as a folder of frames\n"
+            "  --raw             feed the prompt as-is, without the chat template\n"
+            "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
+            "  -h, --help        this help\n");
+}
+
+int cmd_forward(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *out = NULL, *video = NULL;
+    const char *images[64];
+    int n_images = 0;
+    bool raw = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+        if (!strcmp(a, "--model")) { VAL(); model = v; }
+        else if (!strcmp(a, "--prompt")) { VAL(); prompt = v; }
+        else if (!strcmp(a, "--out")) { VAL(); out = v; }
+        else if (!strcmp(a, "--image")) {
+            VAL();
+            if (n_images == 64) return cli_fail(MMC_OK, "forward: at most 64 images");
+            images[n_images++] = v;
+        }
+        else if (!strcmp(a, "--video")) { VAL(); video = v; }
+        else if (!strcmp(a, "--raw")) raw = true;
+        else if (!strcmp(a, "--json")) json = true;
+        else return cli_fail(MMC_OK, "forward: unknown option '%s' (see mmc forward --help)", a);
+#undef VAL
+    }
+    if (!model || !prompt || !out)
+        return cli_fail(MMC_OK, "forward: --model, --prompt and --out are required (see mmc forward --help)");
+    cli_model cm;
+    mmc_status st = cli_model_load(model, &cm);
+    if (st) return cli_fail(st, "forward: cannot load the model");
+    mmc_chat_part parts[66];
+    int np = 0;
+    for (int i = 0; i < n_images; i++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
+    if (video) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
+    parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = prompt};
+    mmc_chat_message msg = {.role = "user", .parts = parts, .n_parts = np};
+    cli_prompt cp;
+    if ((st = cli_prompt_build(&cm, &msg, 1, raw, prompt, images, n_images, video, &cp))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "forward: cannot build the prompt");
+    }
+    int rc = 1;
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, cp.n));
+    memcpy(ids->data, cp.ids, (size_t)cp.n * sizeof(int32_t));
+    mmc_tensor *hidden = NULL, *logits = NULL;
+    if (cm.vl) {
+        if ((st = mmc_qwen2_vl_forward(ctx, cm.vlm, ids, &cp.media, NULL, NULL, &hidden))) {
+            cli_fail(st, "forward: forward pass failed");
+            goto done;
+        }
+        logits = mmc_qwen2_vl_logits(ctx, cm.vlm, hidden);
+    } else {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(cp.n));
+        for (int64_t t = 0; t < cp.n; t++) ((int64_t *)pos->data)[t] = t;
+        mmc_tensor *cos, *sin;
+        mmc_rope_table_1d(ctx, pos, (int)cm.lm->cfg.head_dim, cm.lm->cfg.rope_theta, &cos, &sin);
+        mmc_attn_opts ao = {.causal = true};
+        hidden = mmc_qwen2_forward(ctx, cm.lm, mmc_qwen2_embed(ctx, cm.lm, ids), cos, sin, &ao, NULL);
+        logits = mmc_qwen2_logits(ctx, cm.lm, hidden);
+    }
+    int64_t V = cm.vocab_size, T = cp.n;
+    const float *L = logits->data;
+    mmc_stw *w = mmc_stw_new();
+    st = w ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st) st = mmc_stw_add_raw(w, "logits", MMC_F32, 2, MMC_SHAPE(T, V), L);
+    if (!st) st = mmc_stw_add_raw(w, "last_logits", MMC_F32, 1, MMC_SHAPE(V), L + (T - 1) * V);
+    if (!st) st = mmc_stw_add_raw(w, "input_ids", MMC_I32, 1, MMC_SHAPE(T), cp.ids);
+    if (!st) st = mmc_stw_set_metadata(w, "model", model);
+    if (!st) st = mmc_stw_write(w, out);
+    mmc_stw_free(w);
+    if (st) { cli_fail(st, "forward: cannot write %s", out); goto done; }
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; v++) if (L[(T - 1) * V + v] > L[(T - 1) * V + best]) best = v;
+    if (json) printf("{\"tokens\": %lld, \"vocab\": %lld, \"argmax_last\": %lld, \"out\": \"%s\"}\n",
+                     (long long)T, (long long)V, (long long)best, out);
+    else printf("wrote %s: logits [%lld, %lld], last-position argmax %lld\n", out, (long long)T,
+                (long long)V, (long long)best);
+    rc = 0;
+done:
+    mmc_ctx_free(ctx);
+    cli_prompt_free(&cp);
+    cli_model_free(&cm);
+    return rc;
+}
