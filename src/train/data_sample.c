@@ -1,0 +1,294 @@
+/* data_sample.c — one dataset record -> model inputs, as transformers' Qwen2VLProcessor
+ * makes them: the Qwen2-VL chat template (shared with inference, mmc_chat_encode), images
+ * through the Qwen2-VL image processor (smart_resize within min/max_pixels, normalise,
+ * patchify), then each <|image_pad|> / <|video_pad|> expanded to t*h*w / merge^2 copies.
+ * Labels are the ids of assistant tokens (content + closing <|im_end|>), -100 elsewhere.
+ * Truncation to seq_len never cuts a vision block: an image whose tokens would not fit is
+ * dropped with everything after it (its pixel rows too), so pads and pixels stay consistent.
+ */
+#include "data_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int32_t mmc_data_pad_id(const mmc_tokenizer *tok) {
+    int32_t p = mmc_tokenizer_special_id(tok, MMC_TOK_PAD);
+    if (p < 0) p = mmc_tokenizer_token_to_id(tok, "<|endoftext|>");
+    return p < 0 ? 0 : p;
+}
+
+static mmc_status oom(void) { return mmc_error(MMC_ERR_OOM, "data: out of memory"); }
+
+/* An image from a path or a "data:image/...;base64,..." URL. */
+static mmc_status load_one(const char *src, int k, mmc_image *img) {
+    if (strncmp(src, "data:", 5)) return mmc_image_load(src, NULL, img);
+    const char *b = strstr(src, ";base64,");
+    if (!b) return mmc_error(MMC_ERR_FORMAT, "image %d: data: URL is not base64", k);
+    b += 8;
+    size_t n = strlen(b);
+    uint8_t *buf = malloc(n / 4 * 3 + 3);
+    if (!buf) return oom();
+    size_t o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)b[i];
+        int v = ch >= 'A' && ch <= 'Z' ? ch - 'A' : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+              : ch >= '0' && ch <= '9' ? ch - '0' + 52 : ch == '+' || ch == '-' ? 62 : ch == '/' || ch == '_' ? 63 : -1;
+        if (ch == '=') break;
+        if (v < 0) {
+            if (ch == '\n' || ch == '\r' || ch == ' ') continue;
+            free(buf);
+            return mmc_error(MMC_ERR_FORMAT, "image %d: invalid base64 character at offset %zu of its data: URL", k, i);
+        }
+        acc = (acc << 6) | (uint32_t)v;
+        if ((bits += 6) >= 8) { bits -= 8; buf[o++] = (uint8_t)(acc >> bits); }
+    }
+    char name[48];
+    snprintf(name, sizeof name, "image %d (data: URL)", k);
+    mmc_status st = mmc_image_load_memory(buf, o, name, NULL, img);
+    free(buf);
+    return st;
+}
+
+/* Load and preprocess images [0, n) of the record into pixel rows + grids. */
+static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, mmc_vlproc_out *out,
+                              bool *media_err) {
+    memset(out, 0, sizeof *out);
+    if (n == 0) return MMC_OK;
+    mmc_image *imgs = calloc((size_t)n, sizeof *imgs);
+    if (!imgs) return oom();
+    mmc_status st = MMC_OK;
+    int loaded = 0;
+    for (; loaded < n; loaded++)
+        if ((st = load_one(ex->images[loaded], loaded, &imgs[loaded]))) { *media_err = true; break; }
+    if (!st && (st = mmc_qwen2vl_preprocess_images(p, imgs, n, out))) *media_err = true;
+    for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
+    free(imgs);
+    return st;
+}
+
+static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, mmc_vlproc_out *out,
+                              bool *media_err) {
+    memset(out, 0, sizeof *out);
+    if (n == 0) return MMC_OK;
+    mmc_status st = MMC_OK;
+    int64_t rows = 0, dim = 0;
+    mmc_vlproc_out *vs = calloc((size_t)n, sizeof *vs);
+    if (!vs) return oom();
+    for (int v = 0; v < n && !st; v++) {
+        mmc_image *frames = NULL;
+        int nf = 0;
+        struct stat sb;
+        if (stat(ex->videos[v], &sb) == 0 && S_ISREG(sb.st_mode)) {
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "video %s is a file: give a directory of its frames (JPEG/PNG, "
+                           "sorted by name); video files are not decoded", ex->videos[v]);
+            *media_err = true;
+            break;
+        }
+        if ((st = mmc_load_frames_dir(ex->videos[v], NULL, &frames, &nf))) { *media_err = true; break; }
+        if (nf == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: video directory has no frames", ex->videos[v]);
+        else st = mmc_qwen2vl_preprocess_video(p, frames, nf, &vs[v]);
+        if (st) *media_err = true;
+        for (int f = 0; f < nf; f++) mmc_image_free(&frames[f]);
+        free(frames);
+        if (!st) { rows += vs[v].pixel_values->shape[0]; dim = vs[v].pixel_values->shape[1]; }
+    }
+    if (!st) { /* concatenate */
+        out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(rows, dim));
+        out->grid_thw = malloc((size_t)n * sizeof *out->grid_thw);
+        if (!out->pixel_values || !out->grid_thw) st = oom();
+        else {
+            int64_t r = 0;
+            for (int v = 0; v < n; v++) {
+                int64_t k = vs[v].pixel_values->shape[0];
+                memcpy((float *)out->pixel_values->data + r * dim, vs[v].pixel_values->data, (size_t)(k * dim) * 4);
+                r += k;
+                memcpy(out->grid_thw[v], vs[v].grid_thw[0], sizeof out->grid_thw[v]);
+                out->num_tokens += vs[v].num_tokens;
+            }
+            out->n_grid = n;
+        }
+    }
+    for (int v = 0; v < n; v++) mmc_vlproc_out_free(&vs[v]);
+    free(vs);
+    if (st) mmc_vlproc_out_free(out);
+    return st;
+}
+
+/* The first n floats of a persistent tensor as a free()-able array: its own buffer when it
+ * holds exactly n (mmc_tensor_new allocates with aligned_alloc; the tensor gives up
+ * ownership), else a copy (truncation dropped trailing images). */
+static float *steal_or_copy(mmc_tensor *t, int64_t n) {
+    if (mmc_numel(t) == n && (t->flags & MMC_OWNS_DATA)) {
+        t->flags &= ~(uint32_t)MMC_OWNS_DATA;
+        return t->data;
+    }
+    float *d = malloc((size_t)n * sizeof(float));
+    if (d) memcpy(d, t->data, (size_t)n * sizeof(float));
+    return d;
+}
+
+static int count_parts(const mmc_chat_message *m, int n, mmc_chat_part_type t) {
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        for (int p = 0; p < m[i].n_parts; p++) c += m[i].parts[p].type == t;
+    return c;
+}
+
+mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_dataset *ds,
+                               int64_t idx, bool prompt_only, mmc_batch *out, bool *media_err) {
+    memset(out, 0, sizeof *out);
+    *media_err = false;
+    mmc_example ex;
+    mmc_dataset_get(ds, idx, &ex);
+    mmc_qwen2vl_proc proc = o->proc;
+    if (o->min_pixels > 0) proc.min_pixels = o->min_pixels;
+    if (o->max_pixels > 0) proc.max_pixels = o->max_pixels;
+    int n_msgs = ex.n_messages;
+    if (prompt_only) { /* up to (not including) the last assistant turn */
+        while (n_msgs > 0 && strcmp(ex.messages[n_msgs - 1].role, "assistant")) n_msgs--;
+        n_msgs--;
+    }
+    int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
+    int n_vid = count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO);
+    const int32_t img_pad = mmc_tokenizer_token_to_id(tok, "<|image_pad|>");
+    const int32_t vid_pad = mmc_tokenizer_token_to_id(tok, "<|video_pad|>");
+    const int32_t vis_start = mmc_tokenizer_token_to_id(tok, "<|vision_start|>");
+    const int64_t merge2 = (int64_t)o->proc.merge_size * o->proc.merge_size;
+    mmc_vlproc_out iv = {0}, vv = {0};
+    int32_t *ids = NULL, *eids = NULL, *elab = NULL;
+    uint8_t *mask = NULL;
+    int64_t n = 0;
+    mmc_status st;
+    if ((n_img && img_pad < 0) || (n_vid && vid_pad < 0)) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: the tokenizer has no <|image_pad|>/<|video_pad|> token",
+                       mmc_dataset_path(ds), ex.line);
+        goto fail;
+    }
+    if ((st = load_images(&proc, &ex, n_img, &iv, media_err))) goto media;
+    if ((st = load_videos(&proc, &ex, n_vid, &vv, media_err))) goto media;
+    mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id};
+    if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
+
+    /* expand pads; the counts must match the media (text could contain literal pad tokens) */
+    int64_t total = n, seen_img = 0, seen_vid = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (n_img && ids[i] == img_pad) {
+            if (seen_img < iv.n_grid) total += iv.grid_thw[seen_img][0] * iv.grid_thw[seen_img][1] * iv.grid_thw[seen_img][2] / merge2 - 1;
+            seen_img++;
+        } else if (n_vid && ids[i] == vid_pad) {
+            if (seen_vid < vv.n_grid) total += vv.grid_thw[seen_vid][0] * vv.grid_thw[seen_vid][1] * vv.grid_thw[seen_vid][2] / merge2 - 1;
+            seen_vid++;
+        }
+    }
+    if (seen_img != n_img || seen_vid != n_vid) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s:%d: the text holds %lld <|image_pad|> and %lld <|video_pad|> tokens "
+                       "for %d images and %d videos (literal special tokens in the text?)",
+                       mmc_dataset_path(ds), ex.line, (long long)seen_img, (long long)seen_vid, n_img, n_vid);
+        goto fail;
+    }
+    eids = malloc((size_t)total * sizeof *eids);
+    elab = malloc((size_t)total * sizeof *elab);
+    int64_t *vstart = malloc((size_t)(n_img + n_vid + 1) * sizeof *vstart); /* vision_start pos */
+    int64_t *vend = malloc((size_t)(n_img + n_vid + 1) * sizeof *vend);     /* after last pad */
+    if (!eids || !elab || !vstart || !vend) { free(vstart); free(vend); st = oom(); goto fail; }
+    int64_t j = 0;
+    seen_img = seen_vid = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool ii = n_img && ids[i] == img_pad, vi = n_vid && ids[i] == vid_pad;
+        if (ii || vi) {
+            const int64_t *g = ii ? iv.grid_thw[seen_img] : vv.grid_thw[seen_vid];
+            int64_t k = g[0] * g[1] * g[2] / merge2, slot = ii ? seen_img : n_img + seen_vid;
+            vstart[slot] = (i > 0 && ids[i - 1] == vis_start) ? j - 1 : j;
+            for (int64_t q = 0; q < k; q++) { eids[j] = ids[i]; elab[j] = MMC_IGNORE_INDEX; j++; }
+            vend[slot] = j;
+            if (ii) seen_img++; else seen_vid++;
+        } else {
+            eids[j] = ids[i];
+            elab[j] = (mask[i] && !prompt_only) ? ids[i] : MMC_IGNORE_INDEX;
+            j++;
+        }
+    }
+    /* truncation */
+    int keep_img = n_img, keep_vid = n_vid;
+    if (total > o->seq_len) {
+        if (!o->truncation) {
+            free(vstart); free(vend);
+            st = mmc_error(MMC_ERR_INVALID, "%s:%d: sample %lld has %lld tokens > seq_len %lld (set data.truncation: "
+                           "true, raise seq_len or lower max_pixels)", mmc_dataset_path(ds), ex.line,
+                           (long long)idx, (long long)total, (long long)o->seq_len);
+            goto fail;
+        }
+        int64_t cut = o->seq_len;
+        for (int s = 0; s < n_img + n_vid; s++)
+            if (vend[s] > o->seq_len && vstart[s] < cut) cut = vstart[s];
+        keep_img = keep_vid = 0;
+        for (int s = 0; s < n_img; s++) keep_img += vend[s] <= cut;
+        for (int s = 0; s < n_vid; s++) keep_vid += vend[n_img + s] <= cut;
+        total = cut;
+    }
+    free(vstart);
+    free(vend);
+
+    out->B = 1;
+    out->T = total;
+    out->input_ids = eids;
+    out->labels = elab;
+    eids = elab = NULL;
+    out->n_seqs = 1;
+    out->sample_ids = malloc(sizeof *out->sample_ids);
+    if (!out->sample_ids) { st = oom(); goto fail; }
+    out->sample_ids[0] = idx;
+    out->sample_index = idx;
+    out->n_tokens = total;
+    for (int64_t t = 1; t < total; t++) out->n_label_tokens += out->labels[t] != MMC_IGNORE_INDEX;
+    out->patch_dim = iv.pixel_values ? iv.pixel_values->shape[1] : vv.pixel_values ? vv.pixel_values->shape[1] : 0;
+    if (keep_img) {
+        int64_t rows = 0;
+        for (int s = 0; s < keep_img; s++) rows += iv.grid_thw[s][0] * iv.grid_thw[s][1] * iv.grid_thw[s][2];
+        out->pixel_values = steal_or_copy(iv.pixel_values, rows * out->patch_dim);
+        out->image_grid_thw = malloc((size_t)keep_img * 3 * sizeof(int64_t));
+        if (!out->pixel_values || !out->image_grid_thw) { st = oom(); goto fail; }
+        memcpy(out->image_grid_thw, iv.grid_thw, (size_t)keep_img * 3 * sizeof(int64_t));
+        out->n_patches = rows;
+        out->n_images = keep_img;
+    }
+    if (keep_vid) {
+        int64_t rows = 0;
+        for (int s = 0; s < keep_vid; s++) rows += vv.grid_thw[s][0] * vv.grid_thw[s][1] * vv.grid_thw[s][2];
+        out->video_values = steal_or_copy(vv.pixel_values, rows * out->patch_dim);
+        out->video_grid_thw = malloc((size_t)keep_vid * 3 * sizeof(int64_t));
+        if (!out->video_values || !out->video_grid_thw) { st = oom(); goto fail; }
+        memcpy(out->video_grid_thw, vv.grid_thw, (size_t)keep_vid * 3 * sizeof(int64_t));
+        out->n_video_patches = rows;
+        out->n_videos = keep_vid;
+    }
+    free(ids);
+    free(mask);
+    mmc_vlproc_out_free(&iv);
+    mmc_vlproc_out_free(&vv);
+    return MMC_OK;
+media:
+    st = mmc_error_prefix(st, "%s:%d: sample %lld", mmc_dataset_path(ds), ex.line, (long long)idx);
+fail:
+    free(ids);
+    free(mask);
+    free(eids);
+    free(elab);
+    mmc_vlproc_out_free(&iv);
+    mmc_vlproc_out_free(&vv);
+    mmc_batch_free(out);
+    return st;
+}
+
+mmc_status mmc_data_prepare(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_dataset *ds, int64_t i,
+                            bool prompt_only, mmc_batch *out) {
+    if (i < 0 || i >= mmc_dataset_size(ds))
+        return mmc_error(MMC_ERR_INVALID, "%s: sample %lld out of range [0, %lld)", mmc_dataset_path(ds),
+                         (long long)i, (long long)mmc_dataset_size(ds));
+    bool media_err;
+    return mmc_data_prepare_ex(o, tok, ds, i, prompt_only, out, &media_err);
+}
