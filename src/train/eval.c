@@ -13,6 +13,7 @@
  * punctuation, no articles) plus number words -> digits.
  */
 #include "mmc_eval.h"
+#include "mmc_prompt.h"
 #include "mmc_image.h"
 #include "mmc_infer.h"
 #include "mmc_io.h"
@@ -233,29 +234,15 @@ static int build_chat(const sample *s, int n_msgs, mmc_chat_message *cm, mmc_cha
     return np;
 }
 
-/* Replace each image pad by n_tok[k] copies (mask 0). ids and mask are reallocated. */
+/* In-place wrapper over the shared placeholder expansion (mmc_prompt.h). */
 static mmc_status expand_pads(int32_t **ids, uint8_t **mask, int64_t *n, int32_t pad, const int64_t *n_tok,
                               int n_images) {
-    int64_t extra = 0;
-    int seen = 0;
-    for (int64_t i = 0; i < *n; i++)
-        if ((*ids)[i] == pad) { if (seen < n_images) extra += n_tok[seen] - 1; seen++; }
-    if (seen != n_images)
-        return mmc_error(MMC_ERR_FORMAT, "%d image placeholders in the rendered prompt but %d images", seen, n_images);
-    int64_t m = *n + extra;
-    int32_t *ni = malloc((size_t)m * sizeof *ni);
-    uint8_t *nm = mask ? malloc((size_t)m) : NULL;
-    if (!ni || (mask && !nm)) { free(ni); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
-    int64_t o = 0;
-    seen = 0;
-    for (int64_t i = 0; i < *n; i++) {
-        int64_t reps = (*ids)[i] == pad ? n_tok[seen++] : 1;
-        for (int64_t r = 0; r < reps; r++) {
-            ni[o] = (*ids)[i];
-            if (nm) nm[o] = reps > 1 || (*ids)[i] == pad ? 0 : (*mask)[i];
-            o++;
-        }
-    }
+    int32_t *ni = NULL;
+    uint8_t *nm = NULL;
+    int64_t m = 0;
+    mmc_status st = mmc_vl_expand_pads(*ids, mask ? *mask : NULL, *n, pad, n_tok, n_images, -1, NULL, 0,
+                                       &ni, mask ? &nm : NULL, &m);
+    if (st) return st;
     free(*ids);
     *ids = ni;
     if (mask) { free(*mask); *mask = nm; }
