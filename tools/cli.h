@@ -28,5 +28,7 @@ int cmd_info(int argc, char **argv);
 void help_info(FILE *f);
 int cmd_generate(int argc, char **argv);
 void help_generate(FILE *f);
+int cmd_train(int argc, char **argv);
+void help_train(FILE *f);
 
 #endif

@@ -14,6 +14,8 @@ static const cli_cmd g_cmds[] = {
      cmd_info, help_info},
     {"generate", "Generate a completion for a prompt (streams tokens; greedy or sampled)",
      cmd_generate, help_generate},
+    {"train", "Train or fine-tune a model from one YAML run config (resumable checkpoints)",
+     cmd_train, help_train},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 
