@@ -184,7 +184,7 @@ mmc_status mmc_trainer_save(mmc_trainer *t) {
     if ((st = mmc_qwen2_save_weights(t->lm, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32)))
         goto fail;
     snprintf(path, sizeof path, "%s/config.json", tmp);
-    if ((st = copy_file(t->config_src, path))) goto fail;
+    if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
     if (t->src_dir[0])
         for (int i = 0; k_aux_files[i]; i++) {
             char from[4096];

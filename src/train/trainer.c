@@ -135,14 +135,15 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     mmc_json *j = NULL;
     mmc_status st;
     char path[2100];
-    if (dir) {
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        snprintf(t->src_dir, sizeof t->src_dir, "%s", dir);
-    } else {
-        snprintf(path, sizeof path, "%s", c->model.init);
-        snprintf(t->src_dir, sizeof t->src_dir, "%s", c->model.tokenizer ? c->model.tokenizer : "");
-    }
+    if (dir) snprintf(path, sizeof path, "%s/config.json", dir);
+    else snprintf(path, sizeof path, "%s", c->model.init);
+    /* tokenizer/processor files come from model.tokenizer, else model.path (not from a
+     * checkpoint being resumed: keep_last may prune it while this run goes on) */
+    const char *tok = c->model.tokenizer ? c->model.tokenizer : c->model.path;
+    snprintf(t->src_dir, sizeof t->src_dir, "%s", tok ? tok : "");
     snprintf(t->config_src, sizeof t->config_src, "%s", path);
+    if ((st = mmc_read_file(path, &t->config_text, &t->config_len)))
+        return mmc_error_prefix(st, dir ? "model.path" : "model.init");
     if ((st = mmc_json_load(path, &j))) return mmc_error_prefix(st, dir ? "model.path" : "model.init");
     const char *type = "?";
     mmc_json_str(j, "model_type", "?", &type);
@@ -276,6 +277,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->name_store);
     free(t->names);
     mmc_qwen2_free(t->lm);
+    free(t->config_text);
     if (t->ctx) mmc_ctx_free(t->ctx);
     src_close(&t->src);
     free(t->h_step);
@@ -328,6 +330,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         int64_t n;
         mmc_tensor *l = mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
         float lv = *(const float *)l->data;
+        const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
+        if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
         if (!isfinite(lv)) {
             mmc_ctx_reset(t->ctx);
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "

@@ -38,7 +38,9 @@ struct mmc_trainer {
     const mmc_run_config *cfg;
     mmc_qwen2 *lm;
     char src_dir[2048];        /* where config.json / tokenizer files are copied from ("" if none) */
-    char config_src[2200];     /* config.json to copy into checkpoints */
+    char config_src[2200];     /* where config.json came from (for messages) */
+    char *config_text;         /* its contents, written into every checkpoint */
+    size_t config_len;
     int n_params;
     mmc_tensor **params;       /* model parameters (forward's view) */
     const char **names;        /* HF names (with model. prefix) */
