@@ -139,6 +139,15 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
             st = mmc_stw_add(w, name, p);
         }
     }
+    /* bf16 runs write the HF model in bf16: keep the exact f32 values of the parameters that
+     * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical */
+    if (t->cfg->model.dtype == MMC_RUN_BF16)
+        for (int i = 0; i < t->n_params && !st; i++)
+            if (t->params[i]->dtype == MMC_F32) {
+                char name[256];
+                snprintf(name, sizeof name, "master.%s", t->names[i]);
+                st = mmc_stw_add(w, name, t->params[i]);
+            }
     if (!st) st = mmc_stw_write(w, path);
     mmc_stw_free(w);
     if (st) return st;
@@ -264,6 +273,11 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
             st = mmc_st_read_into(o, name, p);
             if (!st) mmc_convert(t->opt_model[i]->data, MMC_BF16, p->data, MMC_F32, mmc_numel(p));
         }
+    }
+    for (int i = 0; i < t->n_params && !st; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "master.%s", t->names[i]);
+        if (t->params[i]->dtype == MMC_F32 && mmc_st_find(o, name)) st = mmc_st_read_into(o, name, t->params[i]);
     }
     mmc_st_close(o);
     if (st) return mmc_error_prefix(st, "%s (was the run config changed since the checkpoint? freeze/dtype "
