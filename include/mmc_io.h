@@ -23,7 +23,9 @@ typedef struct {
     mmc_dtype dtype;
     int ndim;
     int64_t shape[MMC_MAX_DIMS];
-    const void *data;     /* into the mapping; little-endian, contiguous */
+    const void *data;     /* into the mapping; little-endian, contiguous; aligned to the
+                           * element size only if the writer padded the header (the Python
+                           * library and mmc_stw do; mmc_st_tensor refuses unaligned data) */
     size_t nbytes;
 } mmc_st_entry;
 
@@ -71,14 +73,16 @@ mmc_status mmc_json_parse(const char *text, size_t len, const char *what, mmc_js
 void mmc_json_free(mmc_json *j);
 const mmc_json *mmc_json_get(const mmc_json *j, const char *dotted);  /* NULL if absent */
 bool mmc_json_has(const mmc_json *j, const char *dotted);
-/* Typed reads: missing key -> *out = def and MMC_OK; wrong type -> MMC_ERR_FORMAT naming
- * the key, the expected and found types. */
+/* Typed reads: missing key (or JSON null) -> *out = def and MMC_OK; wrong type ->
+ * MMC_ERR_FORMAT naming the file (when j is the root from load/parse), the key, the
+ * expected and found types. A path segment that is a number indexes an array
+ * ("layer_types.3"). Integers accept integral numbers (1e6), not 1.5 or true. */
 mmc_status mmc_json_int(const mmc_json *j, const char *dotted, int64_t def, int64_t *out);
 mmc_status mmc_json_num(const mmc_json *j, const char *dotted, double def, double *out);
 mmc_status mmc_json_bool(const mmc_json *j, const char *dotted, bool def, bool *out);
 /* Returns a pointer into the tree (valid until mmc_json_free), or def. */
 mmc_status mmc_json_str(const mmc_json *j, const char *dotted, const char *def, const char **out);
-/* Integer array; *n in = capacity, out = count. */
+/* Integer array; *n in = capacity, out = count (MMC_ERR_INVALID if longer than capacity). */
 mmc_status mmc_json_int_array(const mmc_json *j, const char *dotted, int64_t *vals, int *n);
 
 /* ---------------------------------------------------------------- YAML (libyaml)
@@ -98,7 +102,9 @@ int mmc_yaml_len(const mmc_yaml *y);                     /* map entries / list i
 const mmc_yaml *mmc_yaml_item(const mmc_yaml *y, int i); /* list item / map value */
 const char *mmc_yaml_key(const mmc_yaml *map, int i);
 const char *mmc_yaml_scalar(const mmc_yaml *y);          /* NULL unless scalar */
-/* Set a scalar at a dotted path, creating maps as needed ("optimizer.lr=1e-4" overrides). */
+/* Set a value at a dotted path, creating maps as needed ("optimizer.lr=1e-4" overrides).
+ * A value starting with [ { " or ' is parsed as YAML (flow list/map, quoted scalar); any
+ * other text is a plain scalar. Fails (MMC_ERR_INVALID) if a path prefix is a scalar/list. */
 mmc_status mmc_yaml_set(mmc_yaml *root, const char *dotted, const char *value);
 
 /* Schema-driven reading into a struct. */
@@ -116,7 +122,16 @@ typedef struct mmc_cfg_field {
     const char *help;
 } mmc_cfg_field;
 /* STR -> char* (strdup'ed, caller frees with mmc_cfg_free); STR_LIST -> struct
- * { char **items; int n; } (mmc_str_list); INT -> int64_t; FLOAT -> double; BOOL -> bool. */
+ * { char **items; int n; } (mmc_str_list); INT -> int64_t; FLOAT -> double; BOOL -> bool;
+ * ENUM -> int (index into enum_values); SECTION -> a nested struct at `offset` whose fields
+ * (offsets relative to it) are `section`.
+ * Keys absent from the YAML keep the value already in dst (fill defaults first). STR and
+ * STR_LIST slots must start NULL/empty or heap-allocated: a new value frees the old one.
+ * Errors (the first one, in file order): MMC_ERR_FORMAT for a wrong type, an unknown key
+ * ("run.yaml:3: unknown key 'optimiser' (did you mean 'optimizer'?)"), MMC_ERR_INVALID for
+ * a value out of [min, max] or not among enum_values. Values set by mmc_yaml_set are
+ * reported as "run.yaml: --set optimizer.lr: ...". After an error dst may hold some new
+ * values: call mmc_cfg_free either way. */
 typedef struct { char **items; int n; } mmc_str_list;
 mmc_status mmc_cfg_read(const mmc_yaml *map, const mmc_cfg_field *fields, void *dst,
                         const char *file);

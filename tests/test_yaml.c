@@ -26,14 +26,14 @@ static const mmc_cfg_field g_train[] = {
     {"batch_size", MMC_CFG_INT, offsetof(train_cfg, batch_size), 1, 4096, NULL, NULL, NULL},
     {"bf16", MMC_CFG_BOOL, offsetof(train_cfg, bf16), 1, 0, NULL, NULL, NULL},
     {"datasets", MMC_CFG_STR_LIST, offsetof(train_cfg, datasets), 1, 0, NULL, NULL, NULL},
-    {NULL},
+    {0},
 };
 static const mmc_cfg_field g_opt[] = {
     {"name", MMC_CFG_ENUM, offsetof(opt_cfg, name), 1, 0, g_opt_names, NULL, NULL},
     {"lr", MMC_CFG_FLOAT, offsetof(opt_cfg, lr), 0, 1, NULL, NULL, NULL},
     {"weight_decay", MMC_CFG_FLOAT, offsetof(opt_cfg, weight_decay), 1, 0, NULL, NULL, NULL},
     {"betas_note", MMC_CFG_STR, offsetof(opt_cfg, betas_note), 1, 0, NULL, NULL, NULL},
-    {NULL},
+    {0},
 };
 static const mmc_cfg_field g_run[] = {
     {"model", MMC_CFG_STR, offsetof(run_cfg, model), 1, 0, NULL, NULL, NULL},
@@ -41,7 +41,7 @@ static const mmc_cfg_field g_run[] = {
     {"train", MMC_CFG_SECTION, offsetof(run_cfg, train), 1, 0, NULL, g_train, NULL},
     {"optimizer", MMC_CFG_SECTION, offsetof(run_cfg, optimizer), 1, 0, NULL, g_opt, NULL},
     {"tags", MMC_CFG_STR_LIST, offsetof(run_cfg, tags), 1, 0, NULL, NULL, NULL},
-    {NULL},
+    {0},
 };
 
 static void defaults(run_cfg *c) {

@@ -523,6 +523,12 @@ mmc_tensor *mmc_st_tensor(const mmc_st *st, const char *name) {
         mmc_error(MMC_ERR_NOT_FOUND, "tensor '%s' not found", name);
         return NULL;
     }
+    size_t esz = mmc_dtype_size(e->dtype);
+    if (esz > 1 && ((uintptr_t)e->data % esz) != 0) {
+        mmc_error(MMC_ERR_UNSUPPORTED, "tensor '%s': data are not %zu-byte aligned in the file (its "
+                  "header was not padded); use mmc_st_read_into", name, esz);
+        return NULL;
+    }
     mmc_tensor *t = mmc_tensor_wrap(e->dtype, e->ndim, e->shape, (void *)e->data);
     if (t) snprintf(t->name, sizeof t->name, "%s", name);
     return t;
@@ -546,7 +552,19 @@ mmc_status mmc_st_read_into(const mmc_st *st, const char *name, mmc_tensor *dst)
         return mmc_error(MMC_ERR_UNSUPPORTED, "tensor '%s': cannot convert %s into a %s %s tensor",
                          name, mmc_dtype_name(e->dtype), mmc_dtype_name(dst->dtype),
                          dst->device == MMC_CPU ? "CPU" : "device");
-    if (numel) mmc_convert(dst->data, dst->dtype, e->data, e->dtype, numel);
+    size_t esz = mmc_dtype_size(e->dtype), dsz = mmc_dtype_size(dst->dtype);
+    if (((uintptr_t)e->data % esz) == 0) {
+        if (numel) mmc_convert(dst->data, dst->dtype, e->data, e->dtype, numel);
+        return MMC_OK;
+    }
+    /* unaligned data (a writer that does not pad the header): go through an aligned buffer */
+    _Alignas(64) unsigned char buf[4096];
+    int64_t per = (int64_t)(sizeof buf / esz);
+    for (int64_t i = 0; i < numel; i += per) {
+        int64_t n = numel - i < per ? numel - i : per;
+        memcpy(buf, (const char *)e->data + (size_t)i * esz, (size_t)n * esz);
+        mmc_convert((char *)dst->data + (size_t)i * dsz, dst->dtype, buf, e->dtype, n);
+    }
     return MMC_OK;
 }
 
