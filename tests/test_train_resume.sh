@@ -91,5 +91,10 @@ printf 'model: {path: tests/fixtures/qwen2/tiny}\ndata: {train: synthetic}\nopti
 "$MMC" train "$W/run.yaml" --resume --set training.output_dir="$W/none" 2> "$W/e4.log"; rc=$?
 [ $rc = 1 ] && grep -q "no complete checkpoint" "$W/e4.log" && ok "--resume without checkpoint" || bad "resume none: $(cat "$W/e4.log")"
 "$MMC" train --help | grep -q -- "--resume" && ok "help" || bad "help"
+# the shipped examples are valid configs (they fail later, at the missing model directory)
+for e in examples/qwen2_vl_2b_*.yaml; do
+  "$MMC" train "$e" 2> "$W/ex.log"; grep -q "Qwen2-VL-2B-Instruct/config.json" "$W/ex.log" && ok "$e parses" \
+    || bad "$e: $(cat "$W/ex.log")"
+done
 
 exit $fail
