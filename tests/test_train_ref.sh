@@ -5,6 +5,7 @@
 # reference environment, since `make test` must not need Python.
 set -u
 MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
 if ! "$PY" -c "import transformers, tensorboard" 2>/dev/null; then
   echo "skip: no reference Python environment ($PY with transformers + tensorboard)"; exit 0

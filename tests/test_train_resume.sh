@@ -6,6 +6,7 @@
 # unwritable output_dir, keep_last pruning, bf16 resume.
 set -u
 MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fail=0
