@@ -132,4 +132,27 @@ cmp -s <(losses "$W/vp1.log" | cut -d' ' -f1-4) <(losses "$W/vp2.log" | cut -d' 
   && grep -q '"loss"' "$W/ve.json" && [ -f "$W/va/checkpoint-12/preprocessor_config.json" ] && ok "mmc eval loads the VL checkpoint" \
   || bad "VL eval: $(cat "$W/ve.log")"
 
+# LoRA (dropout seeded per step/micro-batch) and QLoRA (NF4 base): PEFT files in every
+# checkpoint, the loss falls, and a resume is bit-identical
+for q in none nf4; do
+  cat > "$W/lora_$q.yaml" <<YAML
+model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32, recompute: full,
+        lora: {r: 4, alpha: 8, dropout: 0.1, targets: [q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]},
+        quantization: {method: $q, double_quant: true}}
+data: {train: tests/fixtures/data/sharegpt.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 256, batch_size: 3, micro_batch_size: 1, num_workers: 1}
+optimizer: {type: adamw, lr: 1.0e-2, schedule: constant, grad_clip: 1.0}
+training: {steps: 8, seed: 7, log_every: 1, save_every: 4, output_dir: $W/l${q}a}
+YAML
+  "$MMC" train "$W/lora_$q.yaml" 2> "$W/l${q}a.log" || { cat "$W/l${q}a.log"; bad "LoRA ($q) run"; }
+  "$MMC" train "$W/lora_$q.yaml" --set training.steps=4 --set training.output_dir="$W/l${q}b" 2>/dev/null
+  "$MMC" train "$W/lora_$q.yaml" --set training.output_dir="$W/l${q}b" --resume 2> "$W/l${q}b.log" || bad "LoRA ($q) resume"
+  [ -f "$W/l${q}a/checkpoint-8/adapter_config.json" ] && [ -f "$W/l${q}a/checkpoint-8/adapter_model.safetensors" ] \
+    && ok "LoRA ($q): PEFT adapter in the checkpoint" || bad "LoRA ($q): no adapter files"
+  l1=$(losses "$W/l${q}a.log" | sed -n '1s/.* loss \([0-9.]*\).*/\1/p'); l8=$(losses "$W/l${q}a.log" | sed -n '8s/.* loss \([0-9.]*\).*/\1/p')
+  awk -v a="$l1" -v b="$l8" 'BEGIN{exit !(b + 0 < a - 0.05)}' && ok "LoRA ($q) loss falls ($l1 -> $l8)" || bad "LoRA ($q) loss: $l1 -> $l8"
+  cmp -s "$W/l${q}a/checkpoint-8/adapter_model.safetensors" "$W/l${q}b/checkpoint-8/adapter_model.safetensors" \
+    && cmp -s "$W/l${q}a/checkpoint-8/optimizer.safetensors" "$W/l${q}b/checkpoint-8/optimizer.safetensors" \
+    && ok "LoRA ($q) resume bit-identical" || bad "LoRA ($q) resume differs"
+done
+
 exit $fail

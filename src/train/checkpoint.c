@@ -191,6 +191,12 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
             st = mmc_stw_add(w, name, p);
         }
     }
+    /* LoRA adapters, exactly (the PEFT files hold them too, but resume reads these) */
+    for (int i = 0; t->lora && i < t->lora->n_params && !st; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "lora.%s", t->lora_names[i]);
+        st = mmc_stw_add(w, name, t->lora->params[i]);
+    }
     /* bf16 runs write the HF model in bf16: keep the exact f32 values of the parameters that
      * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical */
     if (t->cfg->model.dtype == MMC_RUN_BF16)
@@ -247,10 +253,16 @@ mmc_status mmc_trainer_save(mmc_trainer *t) {
         st = mmc_error(MMC_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto fail;
     }
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    if ((st = save_weights(t, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32))) goto fail;
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
+    if (t->lora) {
+        /* PEFT's checkpoint layout: the adapters only (the base is model.path; `mmc merge`
+         * folds them into it) */
+        if ((st = mmc_lora_save(t->lora, tmp, t->cfg->model.path))) goto fail;
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        if ((st = save_weights(t, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32))) goto fail;
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
+    }
     if (t->src_dir[0])
         for (int i = 0; k_aux_files[i]; i++) {
             char from[4096];
@@ -345,6 +357,11 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
             st = mmc_st_read_into(o, name, p);
             if (!st) mmc_convert(t->opt_model[i]->data, MMC_BF16, p->data, MMC_F32, mmc_numel(p));
         }
+    }
+    for (int i = 0; t->lora && i < t->lora->n_params && !st; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "lora.%s", t->lora_names[i]);
+        st = mmc_st_read_into(o, name, t->lora->params[i]);
     }
     for (int i = 0; i < t->n_params && !st; i++) {
         char name[256];

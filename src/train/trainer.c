@@ -217,8 +217,12 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     mmc_json_free(j);
     if (st) return st;
     t->lm->recompute = c->model.recompute == MMC_RECOMPUTE_FULL;
-    /* HF names as transformers >= 4.52 writes them: model.visual.*, model.language_model.*,
-     * lm_head.weight (VL); model.*, lm_head.weight (text) */
+    return MMC_OK;
+}
+
+/* Every model parameter with its HF name, as transformers >= 4.52 writes them:
+ * model.visual.*, model.language_model.*, lm_head.weight (VL); model.*, lm_head.weight (text). */
+static mmc_status build_param_list(mmc_trainer *t) {
     const int nv = t->vl ? t->vl->visual->n_params : 0;
     t->n_params = nv + t->lm->n_params;
     t->params = calloc((size_t)t->n_params, sizeof *t->params);
@@ -238,19 +242,47 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     return MMC_OK;
 }
 
+/* QLoRA: quantise the decoder projections to NF4 (their dense copies leave the param lists);
+ * LoRA: attach adapters to the target modules (PEFT semantics; the seed initialises A). */
+static mmc_status setup_lora(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    if (c->model.lora.r <= 0) return MMC_OK;
+    mmc_status st;
+    if (c->model.quantization.method == MMC_QUANT_NF4 &&
+        (st = mmc_qwen2_quantize_nf4(t->lm, c->model.quantization.double_quant)))
+        return mmc_error_prefix(st, "model.quantization");
+    mmc_module_list ml = {0};
+    st = t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
+    mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
+                          .dropout = (float)c->model.lora.dropout,
+                          .targets = (const char *const *)c->model.lora.targets.items,
+                          .n_targets = c->model.lora.targets.n, .seed = (uint64_t)c->training.seed};
+    if (!st) st = mmc_lora_attach(&ml, &lc, &t->lora);
+    mmc_module_list_free(&ml);
+    if (st) return mmc_error_prefix(st, "model.lora");
+    t->lora_names = calloc((size_t)t->lora->n_params, sizeof *t->lora_names);
+    if (!t->lora_names) return mmc_error(MMC_ERR_OOM, "out of memory");
+    t->n_lora_names = t->lora->n_params;
+    for (int i = 0; i < t->lora->n_params; i++) {
+        char buf[MMC_MODULE_NAME + 32];
+        snprintf(buf, sizeof buf, "%s.lora_%c.weight", t->lora->names[i / 2], i % 2 ? 'B' : 'A');
+        if (!(t->lora_names[i] = strdup(buf))) return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    return MMC_OK;
+}
+
 /* Freeze, create bf16 copies + fp32 masters, and the optimizer. */
 static mmc_status setup_params(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
-    if (c->model.lora.r > 0 || c->model.quantization.method != MMC_QUANT_NONE)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "model.lora / model.quantization: LoRA and QLoRA come with the "
-                         "LoRA building block (include/mmc_nn.h), not in this build yet; train without them");
-    t->opt = calloc((size_t)t->n_params, sizeof *t->opt);
-    t->opt_model = calloc((size_t)t->n_params, sizeof *t->opt_model);
-    t->opt_names = calloc((size_t)t->n_params, sizeof *t->opt_names);
+    const int n_lora = t->lora ? t->lora->n_params : 0;
+    t->opt = calloc((size_t)(t->n_params + n_lora), sizeof *t->opt);
+    t->opt_model = calloc((size_t)(t->n_params + n_lora), sizeof *t->opt_model);
+    t->opt_names = calloc((size_t)(t->n_params + n_lora), sizeof *t->opt_names);
     if (!t->opt || !t->opt_model || !t->opt_names) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < t->n_params; i++) {
         mmc_tensor *p = t->params[i];
-        bool frozen = (component_of(t->names[i]) & c->model.freeze_mask) != 0;
+        /* with LoRA the whole base model is frozen, as PEFT does */
+        bool frozen = t->lora || (component_of(t->names[i]) & c->model.freeze_mask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
         bool to_bf16 = c->model.dtype == MMC_RUN_BF16 && p->ndim >= 2 && p->dtype == MMC_F32;
@@ -276,6 +308,12 @@ static mmc_status setup_params(mmc_trainer *t) {
         t->opt_model[t->n_opt] = p;
         t->opt_names[t->n_opt] = t->names[i];
         t->n_opt++;
+    }
+    for (int i = 0; i < n_lora; i++) {
+        mmc_tensor *p = t->lora->params[i];
+        p->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+        t->opt[t->n_opt] = t->opt_model[t->n_opt] = p;
+        t->opt_names[t->n_opt++] = t->lora_names[i];
     }
     if (t->n_opt == 0)
         return mmc_error(MMC_ERR_INVALID, "%s: model.freeze leaves nothing to train", c->file);
@@ -305,7 +343,10 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
             goto fail;
         }
     }
-    if ((st = load_model(t, resume ? ckpt : cfg->model.path))) goto fail;
+    /* a LoRA checkpoint holds the adapters only: the base comes from model.path / model.init */
+    if ((st = load_model(t, resume && cfg->model.lora.r <= 0 ? ckpt : cfg->model.path))) goto fail;
+    if ((st = setup_lora(t))) goto fail;
+    if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
@@ -335,6 +376,9 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->name_store);
     free(t->names);
     free(t->params);
+    mmc_lora_free(t->lora);
+    if (t->lora_names) for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
+    free(t->lora_names);
     if (t->vl) mmc_qwen2_vl_free(t->vl);
     else mmc_qwen2_free(t->lm);
     src_close(&t->src);
@@ -387,8 +431,13 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     s->label_tokens = labels;
     const double scale = 1.0 / (double)(labels > 0 ? labels : 1);
     mmc_zero_grad(t->params, t->n_params);
+    if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
     double loss = 0;
     for (int64_t k = 0; k < ga; k++) {
+        /* LoRA dropout masks: one stream per (seed, step, micro-batch), so a resume redraws them */
+        if (t->lora && c->model.lora.dropout > 0)
+            mmc_nn_set_dropout_seed(t->ctx, mmc_nn_dropout_seed((uint64_t)c->training.seed, (uint64_t)t->step,
+                                                                (uint64_t)k));
         int64_t n;
         mmc_tensor *l = NULL;
         if (t->vl) {

@@ -43,7 +43,10 @@ struct mmc_trainer {
     mmc_qwen2 *lm;             /* the language model (vl->lm for a VL model) */
     mmc_qwen2_vl *vl;          /* Qwen2-VL / Qwen2.5-VL, or NULL for a text Qwen2 */
     mmc_tokenizer *tok;        /* for the data pipeline (VL with JSON/JSONL data) */
-    mmc_data_opts dopts;       /* data section mapped onto the pipeline's options */
+    mmc_data_opts dopts;
+    mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */
+    char **lora_names;         /* "<module>.lora_A.weight" / ".lora_B.weight" per lora param */
+    int n_lora_names;       /* data section mapped onto the pipeline's options */
     char src_dir[2048];        /* where config.json / tokenizer files are copied from ("" if none) */
     char config_src[2200];     /* where config.json came from (for messages) */
     char *config_text;         /* its contents, written into every checkpoint */
