@@ -155,4 +155,10 @@ YAML
     && ok "LoRA ($q) resume bit-identical" || bad "LoRA ($q) resume differs"
 done
 
+# eval_every: the eval split's teacher-forced loss goes to the log, metrics.jsonl and TensorBoard
+"$MMC" train "$W/vl.yaml" --set data.eval=tests/fixtures/data/llava.jsonl --set training.eval_every=4 --set training.steps=8 \
+  --set training.output_dir="$W/ve" 2> "$W/ve2.log" || { cat "$W/ve2.log"; bad "eval_every run"; }
+[ "$(grep -c '"eval_loss"' "$W/ve/metrics.jsonl")" = 2 ] && grep -q "eval step 8: loss" "$W/ve2.log" \
+  && ok "eval_every logs eval_loss" || bad "eval_every: $(cat "$W/ve/metrics.jsonl")"
+
 exit $fail

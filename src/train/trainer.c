@@ -493,6 +493,40 @@ done:
     return st;
 }
 
+/* ------------------------------------------------------------------ evaluation */
+/* Teacher-forced loss on data.eval (each sample once, the loader's eval split): the summed
+ * token NLL over label tokens / their count, like the training loss; no grad, no dropout. */
+static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
+    *loss = NAN;
+    *tokens = 0;
+    if (!t->vl || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
+    mmc_loader *l = NULL;
+    mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
+    if (st) return mmc_error_prefix(st, "data.eval");
+    mmc_set_grad_enabled(t->ctx, false);
+    mmc_nn_set_dropout_off(t->ctx);
+    double sum = 0;
+    int64_t n = 0;
+    for (;;) {
+        mmc_batch b;
+        if ((st = mmc_loader_next(l, &b))) { mmc_error_prefix(st, "data.eval"); break; }
+        if (b.B == 0) { mmc_batch_free(&b); break; }
+        mmc_tensor *lt = NULL;
+        int64_t k = 0;
+        st = mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
+        if (!st) sum += *(const float *)lt->data, n += k;
+        mmc_ctx_reset(t->ctx);
+        mmc_batch_free(&b);
+        if (st) { mmc_error_prefix(st, "data.eval"); break; }
+    }
+    mmc_set_grad_enabled(t->ctx, true);
+    mmc_loader_free(l);
+    if (st) return st;
+    *loss = n ? sum / (double)n : NAN;
+    *tokens = n;
+    return MMC_OK;
+}
+
 /* ------------------------------------------------------------------ the run loop */
 static double rss_mib(void) {
     FILE *f = fopen("/proc/self/statm", "r");
@@ -554,7 +588,7 @@ static void metrics_trim(mmc_trainer *t, const char *path) {
                 kl += ll;
                 keep[kl++] = '\n';
                 mmc_step_stats s = {.step = step, .loss = loss, .lr = lr};
-                hist_push(t, &s);
+                if (memmem(line, ll, "\"loss\":", 7)) hist_push(t, &s);   /* not eval lines */
             }
         }
         line = nl ? nl + 1 : NULL;
@@ -626,6 +660,25 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             mmc_tb_scalar(tb, "perf/tokens_per_s", t->step, tps);
             mmc_tb_scalar(tb, "perf/rss_mib", t->step, rss);
             mmc_tb_flush(tb);
+        }
+        if (tc->eval_every > 0 && (t->step % tc->eval_every == 0 || t->step == tc->steps) && c->data.eval) {
+            double el;
+            int64_t en;
+            mmc_status est = trainer_eval(t, &el, &en);
+            if (est == MMC_OK) {
+                if (tty) fputc('\n', stderr);
+                fprintf(stderr, "eval step %lld: loss %.6f perplexity %.3f (%lld tokens)\n", (long long)t->step, el,
+                        exp(el), (long long)en);
+                fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.9g, \"eval_perplexity\": %.9g, "
+                        "\"eval_tokens\": %lld}\n", (long long)t->step, el, exp(el), (long long)en);
+                fflush(metrics);
+                mmc_tb_scalar(tb, "eval/loss", t->step, el);
+                mmc_tb_scalar(tb, "eval/perplexity", t->step, exp(el));
+                mmc_tb_flush(tb);
+            } else if (est != MMC_ERR_NOT_FOUND) {
+                st = est;
+                break;
+            }
         }
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (tty) fputc('\n', stderr);
