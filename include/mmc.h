@@ -224,6 +224,8 @@ void mmc_rng_init(mmc_rng *r, uint64_t seed);
 void mmc_rng_uniform(mmc_rng *r, float *out, int64_t n, float lo, float hi);
 void mmc_rng_normal(mmc_rng *r, float *out, int64_t n, float mean, float std);
 uint64_t mmc_rng_u64(mmc_rng *r);
+/* The raw generator: four 32-bit words for (key, 128-bit counter). */
+void mmc_philox4x32(uint64_t key, uint64_t ctr_lo, uint64_t ctr_hi, uint32_t out[4]);
 
 /* ------------------------------------------------------------------ threads */
 void mmc_set_num_threads(int n);   /* 0 = all cores */

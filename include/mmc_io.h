@@ -9,6 +9,8 @@
 
 #include "mmc.h"
 
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -82,6 +84,8 @@ mmc_status mmc_json_num(const mmc_json *j, const char *dotted, double def, doubl
 mmc_status mmc_json_bool(const mmc_json *j, const char *dotted, bool def, bool *out);
 /* Returns a pointer into the tree (valid until mmc_json_free), or def. */
 mmc_status mmc_json_str(const mmc_json *j, const char *dotted, const char *def, const char **out);
+/* Write s as a JSON string literal (quotes, escapes) to f. */
+void mmc_json_write_string(FILE *f, const char *s);
 /* Integer array; *n in = capacity, out = count (MMC_ERR_INVALID if longer than capacity). */
 mmc_status mmc_json_int_array(const mmc_json *j, const char *dotted, int64_t *vals, int *n);
 

@@ -31,29 +31,6 @@ typedef struct {
     int n_images;      /* images placed before the text */
 } turn;
 
-typedef struct {
-    const mmc_tokenizer *tok;
-    int32_t *ids;
-    int n;
-    size_t printed;
-} chat_stream;
-
-static bool chat_on_token(void *user, int32_t token) {
-    chat_stream *s = user;
-    s->ids[s->n++] = token;
-    char *text = NULL;
-    if (mmc_tokenizer_decode(s->tok, s->ids, s->n, true, &text) != MMC_OK) return true;
-    size_t len = strlen(text);
-    if (len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) len -= 3;
-    if (len > s->printed) {
-        fwrite(text + s->printed, 1, len - s->printed, stdout);
-        fflush(stdout);
-        s->printed = len;
-    }
-    free(text);
-    return true;
-}
-
 static void trim(char *s) {
     size_t n = strlen(s);
     while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ')) s[--n] = 0;
@@ -138,9 +115,9 @@ int cmd_chat(int argc, char **argv) {
             free(turns[n_turns].text);
             continue;
         }
-        chat_stream cs = {.tok = cm.tok, .ids = out};
+        cli_stream cs = {.tok = cm.tok, .ids = out, .print = true};
         mmc_gen_opts go = {.max_new_tokens = (int)max_new, .eos_ids = eos, .n_eos = n_eos,
-                           .on_token = chat_on_token, .user = &cs};
+                           .on_token = cli_stream_token, .user = &cs};
         mmc_sampler_defaults(&go.sampler);
         go.sampler.temperature = (float)temp;
         go.sampler.top_k = (int)top_k;

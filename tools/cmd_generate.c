@@ -31,46 +31,6 @@ void help_generate(FILE *f) {
             "  -h, --help               this help\n");
 }
 
-typedef struct {
-    const mmc_tokenizer *tok;
-    int32_t *ids;
-    int n;
-    size_t printed;
-    bool stream;
-} stream_state;
-
-/* Print the newly decoded suffix, holding back an incomplete UTF-8 sequence (the decoder
- * renders it as U+FFFD until the rest arrives). */
-static bool on_token(void *user, int32_t token) {
-    stream_state *s = user;
-    s->ids[s->n++] = token;
-    if (!s->stream) return true;
-    char *text = NULL;
-    if (mmc_tokenizer_decode(s->tok, s->ids, s->n, true, &text) != MMC_OK) return true;
-    size_t len = strlen(text);
-    if (len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) len -= 3;
-    if (len > s->printed) {
-        fwrite(text + s->printed, 1, len - s->printed, stdout);
-        fflush(stdout);
-        s->printed = len;
-    }
-    free(text);
-    return true;
-}
-
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *system = NULL, *video = NULL;
     const char *images[64];
@@ -124,7 +84,7 @@ int cmd_generate(int argc, char **argv) {
     cli_prompt cp;
     int rc = 1;
     int32_t *out = NULL;
-    stream_state ss = {.tok = cm.tok, .stream = !json};
+    cli_stream ss = {.tok = cm.tok, .print = !json};
     if ((st = cli_prompt_build(&cm, msgs, nm, raw, prompt, images, n_images, video, &cp))) {
         cli_fail(st, "generate: cannot build the prompt");
         cli_model_free(&cm);
@@ -136,7 +96,7 @@ int cmd_generate(int argc, char **argv) {
     out = malloc((size_t)max_new * sizeof *out);
     ss.ids = malloc((size_t)max_new * sizeof(int32_t));
     mmc_gen_opts go = {.max_new_tokens = (int)max_new, .eos_ids = eos, .n_eos = n_eos,
-                       .on_token = on_token, .user = &ss};
+                       .on_token = cli_stream_token, .user = &ss};
     mmc_sampler_defaults(&go.sampler);
     go.sampler.temperature = (float)temp;
     go.sampler.top_k = (int)top_k;
@@ -156,7 +116,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (json) {
         printf("{\"text\": ");
-        json_string(stdout, text);
+        mmc_json_write_string(stdout, text);
         printf(", \"tokens\": [");
         for (int i = 0; i < n_out; i++) printf(i ? ", %d" : "%d", out[i]);
         printf("], \"prompt_tokens\": %lld, \"new_tokens\": %d, \"load_seconds\": %.3f, "

@@ -120,3 +120,20 @@ mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *o
     if (m->vl) return mmc_qwen2_vl_generate(m->vlm, p->ids, p->n, &p->media, opts, out, n_out);
     return mmc_qwen2_generate(m->lm, p->ids, p->n, opts, out, n_out);
 }
+
+bool cli_stream_token(void *user, int32_t token) {
+    cli_stream *s = user;
+    s->ids[s->n++] = token;
+    if (!s->print) return true;
+    char *text = NULL;
+    if (mmc_tokenizer_decode(s->tok, s->ids, s->n, true, &text) != MMC_OK) return true;
+    size_t len = strlen(text);
+    if (len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) len -= 3;
+    if (len > s->printed) {
+        fwrite(text + s->printed, 1, len - s->printed, stdout);
+        fflush(stdout);
+        s->printed = len;
+    }
+    free(text);
+    return true;
+}

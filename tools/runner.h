@@ -38,6 +38,18 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
                             const char *video_dir, cli_prompt *p);
 void cli_prompt_free(cli_prompt *p);
 
+/* Streaming printer for mmc_gen_opts.on_token: decodes the tokens so far and prints the new
+ * suffix, holding back an incomplete UTF-8 sequence (the decoder shows it as U+FFFD until
+ * the rest arrives). ids must hold max_new_tokens entries. */
+typedef struct {
+    const mmc_tokenizer *tok;
+    int32_t *ids;
+    int n;
+    size_t printed;
+    bool print;
+} cli_stream;
+bool cli_stream_token(void *user, int32_t token);
+
 /* Generation for a built prompt with the right model path. */
 mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
                         int *n_out);

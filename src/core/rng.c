@@ -5,9 +5,10 @@
 
 #include <math.h>
 
-static void philox(uint64_t seed, uint64_t ctr, uint32_t out[4]) {
-    uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+void mmc_philox4x32(uint64_t key, uint64_t ctr_lo, uint64_t ctr_hi, uint32_t out[4]) {
+    uint32_t c0 = (uint32_t)ctr_lo, c1 = (uint32_t)(ctr_lo >> 32), c2 = (uint32_t)ctr_hi,
+             c3 = (uint32_t)(ctr_hi >> 32);
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
     for (int r = 0; r < 10; r++) {
         uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
         uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n1 = (uint32_t)p1;
@@ -17,6 +18,8 @@ static void philox(uint64_t seed, uint64_t ctr, uint32_t out[4]) {
     }
     out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
 }
+
+static inline void philox(uint64_t seed, uint64_t ctr, uint32_t out[4]) { mmc_philox4x32(seed, ctr, 0, out); }
 
 void mmc_rng_init(mmc_rng *r, uint64_t seed) { r->seed = seed; r->offset = 0; }
 

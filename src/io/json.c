@@ -227,3 +227,16 @@ mmc_status mmc_json_int_array(const mmc_json *j, const char *dotted, int64_t *va
     *n = len;
     return MMC_OK;
 }
+
+void mmc_json_write_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}

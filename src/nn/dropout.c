@@ -27,20 +27,6 @@ uint64_t mmc_nn_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro) {
     return mix64(mix64(mix64(seed) ^ step) ^ micro);
 }
 
-static void philox4(uint64_t key, uint64_t ctr_lo, uint64_t ctr_hi, uint32_t out[4]) {
-    uint32_t c0 = (uint32_t)ctr_lo, c1 = (uint32_t)(ctr_lo >> 32), c2 = (uint32_t)ctr_hi,
-             c3 = (uint32_t)(ctr_hi >> 32);
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int r = 0; r < 10; r++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n1 = (uint32_t)p1;
-        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1, n3 = (uint32_t)p0;
-        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
-        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
-    }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
-}
-
 /* y = x * mask * s (mask from (seed, stream)); used by forward (x -> y) and backward (dy -> dx, +=) */
 static void apply_mask(const float *src, float *dst, bool accumulate, int64_t n, uint64_t seed,
                        uint64_t stream, float p) {
@@ -49,7 +35,7 @@ static void apply_mask(const float *src, float *dst, bool accumulate, int64_t n,
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t b = 0; b < (n + 3) / 4; b++) {
         uint32_t v[4];
-        philox4(seed, (uint64_t)b, stream, v);
+        mmc_philox4x32(seed, (uint64_t)b, stream, v);
         for (int j = 0; j < 4 && 4 * b + j < n; j++) {
             int64_t i = 4 * b + j;
             float val = v[j] >= thr ? src[i] * s : 0.0f;

@@ -250,19 +250,6 @@ static mmc_status expand_pads(int32_t **ids, uint8_t **mask, int64_t *n, int32_t
     return MMC_OK;
 }
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 /* ---------------------------------------------------------------- the run */
 typedef struct {
     mmc_qwen2_vl *m;
@@ -383,11 +370,11 @@ static mmc_status eval_sample(evaluator *E, const mmc_eval_opts *o, const sample
         const char *question = "";
         for (int i = last - 1; i >= 0; i--) if (!strcmp(s->role[i], "user")) { question = s->content[i]; break; }
         fprintf(pred, "{\"index\": %lld, ", (long long)index);
-        if (s->type) { fputs("\"type\": ", pred); json_str(pred, s->type); fputs(", ", pred); }
-        if (s->n_images) { fputs("\"image\": ", pred); json_str(pred, s->image[0]); fputs(", ", pred); }
-        fputs("\"question\": ", pred); json_str(pred, question);
-        fputs(", \"reference\": ", pred); json_str(pred, ref);
-        fputs(", \"prediction\": ", pred); json_str(pred, answer);
+        if (s->type) { fputs("\"type\": ", pred); mmc_json_write_string(pred, s->type); fputs(", ", pred); }
+        if (s->n_images) { fputs("\"image\": ", pred); mmc_json_write_string(pred, s->image[0]); fputs(", ", pred); }
+        fputs("\"question\": ", pred); mmc_json_write_string(pred, question);
+        fputs(", \"reference\": ", pred); mmc_json_write_string(pred, ref);
+        fputs(", \"prediction\": ", pred); mmc_json_write_string(pred, answer);
         fprintf(pred, ", \"exact\": %s, \"normalized\": %s, \"loss\": %.6f, \"tokens\": %lld}\n",
                 ex ? "true" : "false", nm ? "true" : "false", cnt ? nll / cnt : 0.0, (long long)cnt);
     }
