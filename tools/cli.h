@@ -38,5 +38,7 @@ int cmd_synth(int argc, char **argv);
 void help_synth(FILE *f);
 int cmd_eval(int argc, char **argv);
 void help_eval(FILE *f);
+int cmd_train(int argc, char **argv);
+void help_train(FILE *f);
 
 #endif

@@ -65,10 +65,13 @@ int cmd_info(int argc, char **argv) {
                 if (strstr(e->name, comps[k].match[j])) { c = k; break; }
         comps[c].params += n;
     }
+    static const char *const supported[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
+    bool ok = false;
+    for (size_t k = 0; k < sizeof supported / sizeof supported[0]; k++) ok |= !strcmp(model_type, supported[k]);
     if (json) {
-        printf("{\"model_type\": \"%s\", \"architecture\": \"%s\", \"parameters\": %lld, "
+        printf("{\"model_type\": \"%s\", \"supported\": %s, \"architecture\": \"%s\", \"parameters\": %lld, "
                "\"context_length\": %lld, \"tensors\": %d, \"components\": {",
-               model_type, arch, (long long)total, (long long)ctx_len, mmc_st_count(w));
+               model_type, ok ? "true" : "false", arch, (long long)total, (long long)ctx_len, mmc_st_count(w));
         int first = 1;
         for (int k = 0; k < ncomp; k++) {
             if (!comps[k].params) continue;
@@ -85,7 +88,8 @@ int cmd_info(int argc, char **argv) {
         printf("}}\n");
     } else {
         printf("model:          %s\n", dir);
-        printf("model_type:     %s (%s)\n", model_type, arch);
+        printf("model_type:     %s (%s)%s\n", model_type, arch,
+               ok ? "" : " -- not supported by mmc (supported: qwen2, qwen2_vl, qwen2_5_vl)");
         printf("context length: %lld\n", (long long)ctx_len);
         printf("tensors:        %d\n", mmc_st_count(w));
         printf("parameters:     %lld (%.2f M)\n", (long long)total, total / 1e6);

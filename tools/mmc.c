@@ -23,6 +23,8 @@ static const cli_cmd g_cmds[] = {
      cmd_eval, help_eval},
     {"synth", "Write the demo's synthetic shapes dataset (images + questions, JSONL)",
      cmd_synth, help_synth},
+    {"train", "Train or fine-tune a model from one YAML run config (resumable checkpoints)",
+     cmd_train, help_train},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 

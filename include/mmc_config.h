@@ -1,0 +1,118 @@
+/* mmc_config.h — the run configuration: one YAML file with the sections model, data,
+ * parallel, optimizer and training drives `mmc train` (and, later, the distributed
+ * launcher). Read through mmc_cfg_read's schema, so unknown keys, wrong types and
+ * out-of-range values fail with file:line, the dotted key and the closest valid key;
+ * `--set section.key=value` overrides are applied to the YAML tree before reading.
+ *
+ * The shape follows the field's habits (LLaMA-Factory / MindSpeed-MM / HF Trainer names):
+ *   model:    {path | init, dtype, freeze, recompute, lora {r, alpha, dropout, targets},
+ *              quantization {method, double_quant, block_size}}
+ *   data:     {train, eval, image_root, max_pixels, min_pixels, seq_len, packing, truncation,
+ *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict}
+ *   parallel: {data_parallel, tensor_parallel, pipeline_parallel, zero}
+ *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
+ *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
+ */
+#ifndef MMC_CONFIG_H
+#define MMC_CONFIG_H
+
+#include "mmc.h"
+#include "mmc_io.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MMC_RUN_F32 = 0, MMC_RUN_BF16 = 1 } mmc_run_dtype;
+typedef enum { MMC_RECOMPUTE_NONE = 0, MMC_RECOMPUTE_FULL = 1 } mmc_recompute;
+typedef enum { MMC_QUANT_NONE = 0, MMC_QUANT_NF4 = 1 } mmc_quant_method;
+
+/* Components that `model.freeze` may name. */
+enum {
+    MMC_FREEZE_VISION = 1u << 0,      /* vision_tower: patch embed + vision blocks */
+    MMC_FREEZE_MERGER = 1u << 1,      /* merger: the vision -> LM projector */
+    MMC_FREEZE_LM = 1u << 2,          /* language_model: decoder layers, final norm, lm_head */
+    MMC_FREEZE_EMBED = 1u << 3,       /* embeddings: embed_tokens (and a tied lm_head) */
+};
+
+typedef struct {
+    int64_t r;                        /* 0 = LoRA off */
+    double alpha, dropout;
+    mmc_str_list targets;             /* module names or patterns (q_proj, ...) */
+} mmc_lora_cfg;
+
+typedef struct {
+    int method;                       /* mmc_quant_method */
+    bool double_quant;
+    int64_t block_size;               /* 64 (bitsandbytes) */
+} mmc_quant_cfg;
+
+typedef struct {
+    char *path;                       /* HF model directory */
+    char *init;                       /* config.json for random init (instead of path) */
+    char *tokenizer;                  /* tokenizer/processor directory (default: path) */
+    int dtype;                        /* mmc_run_dtype */
+    mmc_str_list freeze;
+    int recompute;                    /* mmc_recompute */
+    mmc_lora_cfg lora;
+    mmc_quant_cfg quantization;
+    uint32_t freeze_mask;             /* derived from freeze */
+} mmc_model_cfg;
+
+/* Field names equal the YAML keys (and the data pipeline's mmc_data_opts). */
+typedef struct {
+    char *train, *eval, *image_root;
+    int64_t max_pixels, min_pixels;
+    int64_t seq_len;
+    bool packing, truncation, shuffle, strict;
+    int64_t batch_size, micro_batch_size;
+    int64_t num_workers, prefetch;
+} mmc_data_cfg;
+
+typedef struct {
+    int64_t data_parallel, tensor_parallel, pipeline_parallel, zero;
+} mmc_parallel_cfg;
+
+typedef enum { MMC_OPT_ADAMW = 0 } mmc_opt_type;
+typedef struct {
+    int type;                         /* mmc_opt_type */
+    double lr, weight_decay, eps, min_lr, grad_clip;
+    mmc_str_list betas;               /* [beta1, beta2] as read; parsed into beta1/beta2 */
+    double beta1, beta2;
+    int schedule;                     /* mmc_sched_kind (constant, linear, cosine) */
+    int64_t warmup_steps;
+} mmc_optimizer_cfg;
+
+typedef struct {
+    int64_t steps, seed, log_every, eval_every, save_every, keep_last, threads;
+    char *output_dir;
+    int64_t gradient_accumulation;    /* derived: data.batch_size / data.micro_batch_size */
+} mmc_training_cfg;
+
+typedef struct {
+    mmc_model_cfg model;
+    mmc_data_cfg data;
+    mmc_parallel_cfg parallel;
+    mmc_optimizer_cfg optimizer;
+    mmc_training_cfg training;
+    char *file;                       /* the YAML path (for messages) */
+} mmc_run_config;
+
+/* Defaults for every field (what an empty section means). */
+void mmc_run_config_defaults(mmc_run_config *c);
+/* Parse YAML text (`what` names it in errors), apply "key.path=value" overrides, read
+ * through the schema and validate cross-field rules. On error *c is freed. */
+mmc_status mmc_run_config_parse(const char *text, size_t len, const char *what,
+                                const char *const *sets, int n_sets, mmc_run_config *c);
+mmc_status mmc_run_config_load(const char *path, const char *const *sets, int n_sets,
+                               mmc_run_config *c);
+void mmc_run_config_free(mmc_run_config *c);
+/* The schema (for --help listings and docs): NULL-terminated top-level fields. */
+const mmc_cfg_field *mmc_run_config_schema(void);
+/* Print every key with its default and help ("model.dtype  f32|bf16  ..."). */
+void mmc_run_config_print_keys(void *file);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,93 @@
+/* qwen2_vl_train.c — training-side helpers of the Qwen2 family: the causal-LM loss as
+ * transformers' ForCausalLMLoss computes it (labels shifted left by one, -100 ignored,
+ * token losses summed and divided by the global batch's label count), the text Qwen2
+ * forward-to-loss for one micro-batch, and saving weights under the HF names
+ * (Qwen2ForCausalLM: model.* + lm_head.weight) so transformers loads the directory. */
+#include "mmc_trainer.h"
+#include "mmc_io.h"
+#include "mmc_ops.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int64_t mmc_count_label_tokens(const int32_t *labels, int64_t B, int64_t T) {
+    int64_t n = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 1; t < T; t++) n += labels[b * T + t] != MMC_IGNORE_INDEX;
+    return n;
+}
+
+mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *labels,
+                               double scale, int64_t *n_scored) {
+    MMC_CHECK(logits->ndim == 3 && logits->dtype == MMC_F32, "mmc_causal_lm_loss: logits must be f32 [B, T, V]");
+    int64_t B = logits->shape[0], T = logits->shape[1], V = logits->shape[2];
+    mmc_tensor *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(B * T));                /* [B*T] */
+    int32_t *t = tg->data;
+    int64_t n = 0;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i + 1 < T; i++) {
+            int32_t y = labels[b * T + i + 1];
+            t[b * T + i] = y;
+            n += y != MMC_IGNORE_INDEX;
+        }
+        t[b * T + T - 1] = MMC_IGNORE_INDEX;
+    }
+    if (n_scored) *n_scored = n;
+    mmc_tensor *flat = mmc_reshape(ctx, logits, 2, MMC_SHAPE(B * T, V));        /* [B*T, V] */
+    mmc_tensor *mean = mmc_cross_entropy(ctx, flat, tg, MMC_IGNORE_INDEX);      /* [] */
+    return mmc_scale(ctx, mean, (float)((double)n * scale));
+}
+
+mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, double scale,
+                              int64_t *n_scored) {
+    int64_t B = b->B, T = b->T;
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));                 /* [B, T] */
+    memcpy(ids->data, b->input_ids, (size_t)(B * T) * sizeof(int32_t));
+    mmc_tensor *cos, *sin;
+    const int D = (int)m->cfg.head_dim;
+    if (m->cfg.mrope) {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, T));          /* [3, B, T] */
+        memcpy(pos->data, b->position_ids, (size_t)(3 * B * T) * sizeof(int64_t));
+        mmc_rope_table_mrope(ctx, pos, m->cfg.mrope_section, D, m->cfg.rope_theta, &cos, &sin);
+    } else {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(B, T));             /* [B, T] */
+        memcpy(pos->data, b->position_ids, (size_t)(B * T) * sizeof(int64_t));
+        mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
+    }
+    mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+    mmc_tensor *x = mmc_qwen2_embed(ctx, m, ids);                                /* [B, T, C] */
+    x = mmc_qwen2_forward(ctx, m, x, cos, sin, &attn, NULL);                     /* [B, T, C] */
+    mmc_tensor *logits = mmc_qwen2_logits(ctx, m, x);                            /* [B, T, V] */
+    return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+}
+
+mmc_status mmc_qwen2_save_weights(const mmc_qwen2 *m, const char *path, mmc_dtype dt) {
+    mmc_stw *w = mmc_stw_new();
+    void **tmp = calloc((size_t)m->n_params + 1, sizeof *tmp);
+    mmc_status st = MMC_OK;
+    if (!w || !tmp) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    for (int i = 0; i < m->n_params; i++) {
+        const mmc_tensor *p = m->params[i];
+        char name[160];
+        if (strcmp(m->param_names[i], "lm_head.weight") == 0) snprintf(name, sizeof name, "lm_head.weight");
+        else snprintf(name, sizeof name, "model.%s", m->param_names[i]);
+        if (p->dtype == dt) {
+            st = mmc_stw_add(w, name, p);
+        } else {
+            int64_t n = mmc_numel(p);
+            tmp[i] = malloc((size_t)n * mmc_dtype_size(dt) + 64);
+            if (!tmp[i]) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+            mmc_convert(tmp[i], dt, p->data, p->dtype, n);
+            st = mmc_stw_add_raw(w, name, dt, p->ndim, p->shape, tmp[i]);
+        }
+        if (st) goto done;
+    }
+    if ((st = mmc_stw_set_metadata(w, "format", "pt"))) goto done;
+    st = mmc_stw_write(w, path);
+done:
+    if (tmp) for (int i = 0; i < m->n_params; i++) free(tmp[i]);
+    free(tmp);
+    mmc_stw_free(w);
+    return st;
+}

@@ -1,0 +1,286 @@
+/* checkpoint.c — training checkpoints: output_dir/checkpoint-<step>/ holds the model as a
+ * Hugging Face directory (config.json, model.safetensors, tokenizer and processor files)
+ * plus trainer_state.json (step, schedule, RNG, data position) and optimizer.safetensors
+ * (AdamW m/v and, for bf16 weights, the fp32 masters). Everything is written into
+ * output_dir/.tmp-checkpoint-<step>-<pid>, fsynced, and renamed into place, so a checkpoint
+ * directory either exists complete or not at all; a failed save (full disk, unwritable
+ * directory) removes its temporary directory and leaves the earlier checkpoints alone.
+ * This mirrors HF Trainer's checkpoint-<step> layout (trainer_state.json, optimizer state
+ * next to the model) with an atomic rename on top. */
+#include "trainer_internal.h"
+
+/* paths are bounded by PATH_MAX in practice; snprintf truncation is checked by the OS calls */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f) {
+    (void)sb; (void)flag; (void)f;
+    return remove(p);
+}
+
+mmc_status mmc_rm_rf(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return MMC_OK;
+    if (nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return mmc_error(MMC_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return MMC_OK;
+}
+
+mmc_status mmc_mkdir_p(const char *path) {
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return mmc_error(MMC_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return mmc_error(MMC_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+    if (access(buf, W_OK) != 0)
+        return mmc_error(MMC_ERR_IO, "%s: directory is not writable: %s", buf, strerror(errno));
+    return MMC_OK;
+}
+
+static void fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+static mmc_status copy_file(const char *from, const char *to) {
+    char *data = NULL;
+    size_t n = 0;
+    mmc_status st = mmc_read_file(from, &data, &n);
+    if (st) return st;
+    st = mmc_write_file_atomic(to, data, n);
+    free(data);
+    return st;
+}
+
+/* step of "checkpoint-<digits>", or -1 */
+static int64_t ckpt_step(const char *name) {
+    if (strncmp(name, "checkpoint-", 11) != 0 || !name[11]) return -1;
+    char *end;
+    long long v = strtoll(name + 11, &end, 10);
+    return *end || v < 0 ? -1 : (int64_t)v;
+}
+
+/* All complete checkpoints (with trainer_state.json), ascending by step. */
+static int list_ckpts(const char *dir, int64_t **steps) {
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = ckpt_step(e->d_name);
+        if (s < 0) continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s/trainer_state.json", dir, e->d_name);
+        if (access(p, R_OK) != 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *ns = realloc(*steps, (size_t)cap * sizeof *ns);
+            if (!ns) break;
+            *steps = ns;
+        }
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
+            int64_t x = (*steps)[j]; (*steps)[j] = (*steps)[j - 1]; (*steps)[j - 1] = x;
+        }
+    return n;
+}
+
+mmc_status mmc_checkpoint_latest(const char *dir, int64_t *step, char *path, size_t cap) {
+    int64_t *s;
+    int n = list_ckpts(dir, &s);
+    *step = 0;
+    if (n == 0) { free(s); return mmc_error(MMC_ERR_NOT_FOUND, "no checkpoint in %s", dir); }
+    *step = s[n - 1];
+    snprintf(path, cap, "%s/checkpoint-%lld", dir, (long long)s[n - 1]);
+    free(s);
+    return MMC_OK;
+}
+
+static const char *const k_aux_files[] = {
+    "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+    "added_tokens.json", "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
+    "video_preprocessor_config.json", "processor_config.json", "generation_config.json", NULL,
+};
+
+static mmc_status write_state(mmc_trainer *t, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    mmc_stw *w = mmc_stw_new();
+    if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = MMC_OK;
+    for (int i = 0; i < t->n_opt && !st; i++) {
+        const mmc_tensor *p = t->opt[i];
+        char name[256];
+        snprintf(name, sizeof name, "exp_avg.%s", t->opt_names[i]);
+        st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.m[i]);
+        snprintf(name, sizeof name, "exp_avg_sq.%s", t->opt_names[i]);
+        if (!st) st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.v[i]);
+        if (!st && t->opt[i] != t->opt_model[i]) {
+            snprintf(name, sizeof name, "master.%s", t->opt_names[i]);
+            st = mmc_stw_add(w, name, p);
+        }
+    }
+    /* bf16 runs write the HF model in bf16: keep the exact f32 values of the parameters that
+     * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical */
+    if (t->cfg->model.dtype == MMC_RUN_BF16)
+        for (int i = 0; i < t->n_params && !st; i++)
+            if (t->params[i]->dtype == MMC_F32) {
+                char name[256];
+                snprintf(name, sizeof name, "master.%s", t->names[i]);
+                st = mmc_stw_add(w, name, t->params[i]);
+            }
+    if (!st) st = mmc_stw_write(w, path);
+    mmc_stw_free(w);
+    if (st) return st;
+    char js[1024];
+    int n = snprintf(js, sizeof js,
+                     "{\n  \"global_step\": %lld,\n  \"adamw_step\": %lld,\n  \"rng_seed\": \"%" PRIu64 "\",\n"
+                     "  \"rng_offset\": \"%" PRIu64 "\",\n  \"data_position\": %lld,\n  \"data_source\": \"%s\",\n"
+                     "  \"lr\": %.17g,\n  \"schedule\": %d,\n  \"warmup_steps\": %lld,\n  \"total_steps\": %lld\n}\n",
+                     (long long)t->step, (long long)t->adamw.step, t->rng.seed, t->rng.offset,
+                     (long long)t->src.position, t->src.kind == SRC_FIXED ? "fixed" : "synthetic",
+                     mmc_schedule_lr(&t->sched, t->step > 0 ? t->step - 1 : 0), (int)t->sched.kind,
+                     (long long)t->sched.warmup_steps, (long long)t->sched.total_steps);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    return mmc_write_file_atomic(path, js, (size_t)n);
+}
+
+static void prune(mmc_trainer *t) {
+    int64_t keep = t->cfg->training.keep_last;
+    if (keep <= 0) return;
+    int64_t *s;
+    int n = list_ckpts(t->cfg->training.output_dir, &s);
+    for (int i = 0; i + keep < n; i++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/checkpoint-%lld", t->cfg->training.output_dir, (long long)s[i]);
+        mmc_rm_rf(p);
+    }
+    free(s);
+}
+
+mmc_status mmc_trainer_save(mmc_trainer *t) {
+    const char *out = t->cfg->training.output_dir;
+    char tmp[4096], final[4096], old[4096], path[4096];
+    mmc_status st = mmc_mkdir_p(out);
+    if (st) return mmc_error_prefix(st, "saving checkpoint-%lld", (long long)t->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-checkpoint-%lld-%d", out, (long long)t->step, (int)getpid());
+    snprintf(final, sizeof final, "%s/checkpoint-%lld", out, (long long)t->step);
+    mmc_rm_rf(tmp);
+    if (mkdir(tmp, 0755) != 0) {
+        st = mmc_error(MMC_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    if ((st = mmc_qwen2_save_weights(t->lm, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32)))
+        goto fail;
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
+    if (t->src_dir[0])
+        for (int i = 0; k_aux_files[i]; i++) {
+            char from[4096];
+            snprintf(from, sizeof from, "%s/%s", t->src_dir, k_aux_files[i]);
+            if (access(from, R_OK) != 0) continue;
+            snprintf(path, sizeof path, "%s/%s", tmp, k_aux_files[i]);
+            if ((st = copy_file(from, path))) goto fail;
+        }
+    if ((st = write_state(t, tmp))) goto fail;
+    if (t->n_hist > 0) {
+        snprintf(path, sizeof path, "%s/loss.png", tmp);
+        mmc_status pst = mmc_plot_loss_lr(path, t->h_step, t->h_loss, t->h_lr, t->n_hist);
+        if (pst && pst != MMC_ERR_UNSUPPORTED) { st = pst; goto fail; }
+        char top[4096];
+        snprintf(top, sizeof top, "%s/loss.png", out);
+        if (!pst) copy_file(path, top);
+    }
+    fsync_path(tmp);
+    old[0] = 0;
+    if (access(final, F_OK) == 0) {   /* re-saving a step (e.g. the end of a resumed run) */
+        snprintf(old, sizeof old, "%s/.old-checkpoint-%lld-%d", out, (long long)t->step, (int)getpid());
+        if (rename(final, old) != 0) {
+            st = mmc_error(MMC_ERR_IO, "%s: cannot move aside: %s", final, strerror(errno));
+            goto fail;
+        }
+    }
+    if (rename(tmp, final) != 0) {
+        st = mmc_error(MMC_ERR_IO, "%s: cannot rename into place: %s", final, strerror(errno));
+        if (old[0]) rename(old, final);
+        goto fail;
+    }
+    fsync_path(out);
+    if (old[0]) mmc_rm_rf(old);
+    prune(t);
+    return MMC_OK;
+fail:
+    mmc_rm_rf(tmp);
+    return mmc_error_prefix(st, "saving checkpoint-%lld in %s (earlier checkpoints are intact)",
+                            (long long)t->step, out);
+}
+
+mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    mmc_json *j = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return st;
+    int64_t step = 0, astep = 0, pos = 0;
+    const char *seed = "0", *off = "0";
+    if ((st = mmc_json_int(j, "global_step", 0, &step)) || (st = mmc_json_int(j, "adamw_step", 0, &astep)) ||
+        (st = mmc_json_int(j, "data_position", 0, &pos)) || (st = mmc_json_str(j, "rng_seed", "0", &seed)) ||
+        (st = mmc_json_str(j, "rng_offset", "0", &off))) {
+        mmc_json_free(j);
+        return mmc_error_prefix(st, "%s", path);
+    }
+    t->step = step;
+    t->adamw.step = astep;
+    t->src.position = pos;
+    t->rng.seed = strtoull(seed, NULL, 10);
+    t->rng.offset = strtoull(off, NULL, 10);
+    mmc_json_free(j);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    mmc_st *o = NULL;
+    if ((st = mmc_st_open(path, &o))) return st;
+    for (int i = 0; i < t->n_opt && !st; i++) {
+        mmc_tensor *p = t->opt[i];
+        char name[256];
+        mmc_tensor *mv = mmc_tensor_wrap(MMC_F32, p->ndim, p->shape, t->adamw.m[i]);
+        snprintf(name, sizeof name, "exp_avg.%s", t->opt_names[i]);
+        st = mmc_st_read_into(o, name, mv);
+        mv->data = t->adamw.v[i];
+        snprintf(name, sizeof name, "exp_avg_sq.%s", t->opt_names[i]);
+        if (!st) st = mmc_st_read_into(o, name, mv);
+        mmc_tensor_free(mv);
+        if (!st && p != t->opt_model[i]) {
+            snprintf(name, sizeof name, "master.%s", t->opt_names[i]);
+            st = mmc_st_read_into(o, name, p);
+            if (!st) mmc_convert(t->opt_model[i]->data, MMC_BF16, p->data, MMC_F32, mmc_numel(p));
+        }
+    }
+    for (int i = 0; i < t->n_params && !st; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "master.%s", t->names[i]);
+        if (t->params[i]->dtype == MMC_F32 && mmc_st_find(o, name)) st = mmc_st_read_into(o, name, t->params[i]);
+    }
+    mmc_st_close(o);
+    if (st) return mmc_error_prefix(st, "%s (was the run config changed since the checkpoint? freeze/dtype "
+                                    "must stay the same)", path);
+    return MMC_OK;
+}

@@ -1,0 +1,315 @@
+/* config.c — the run configuration (mmc_config.h): the schema of the five sections, the
+ * defaults, `--set` overrides, and the cross-field rules that a per-key schema cannot
+ * express (path xor init, batch_size divisible by micro_batch_size, one process only for
+ * now, ...). Every error names file:line and the dotted key; unknown keys get the closest
+ * valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
+#include "mmc_config.h"
+#include "mmc_train.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const k_dtypes[] = {"f32", "bf16", NULL};
+static const char *const k_recompute[] = {"none", "full", NULL};
+static const char *const k_quant[] = {"none", "nf4", NULL};
+static const char *const k_opt[] = {"adamw", NULL};
+static const char *const k_sched[] = {"constant", "linear", "cosine", NULL};
+static const char *const k_components[] = {"vision_tower", "merger", "language_model", "embeddings"};
+
+#define U (-1.0), (-2.0)  /* unchecked range (min > max) */
+#define F(st, key, type, ...) {#key, type, offsetof(st, key), __VA_ARGS__}
+
+static const mmc_cfg_field k_lora[] = {
+    F(mmc_lora_cfg, r, MMC_CFG_INT, 0, 4096, NULL, NULL, "LoRA rank (0 = off)"),
+    F(mmc_lora_cfg, alpha, MMC_CFG_FLOAT, 0, 1e6, NULL, NULL, "LoRA alpha (scale = alpha / r)"),
+    F(mmc_lora_cfg, dropout, MMC_CFG_FLOAT, 0, 0.999, NULL, NULL, "dropout on the adapter input"),
+    F(mmc_lora_cfg, targets, MMC_CFG_STR_LIST, U, NULL, NULL, "module names or patterns (q_proj, ...)"),
+    {0},
+};
+static const mmc_cfg_field k_quantization[] = {
+    F(mmc_quant_cfg, method, MMC_CFG_ENUM, U, k_quant, NULL, "none | nf4 (QLoRA: frozen base in NF4)"),
+    F(mmc_quant_cfg, double_quant, MMC_CFG_BOOL, U, NULL, NULL, "quantise the block scales too"),
+    F(mmc_quant_cfg, block_size, MMC_CFG_INT, 16, 4096, NULL, NULL, "NF4 block size (64)"),
+    {0},
+};
+static const mmc_cfg_field k_model[] = {
+    F(mmc_model_cfg, path, MMC_CFG_STR, U, NULL, NULL, "Hugging Face model directory to start from"),
+    F(mmc_model_cfg, init, MMC_CFG_STR, U, NULL, NULL, "config.json to train from random init"),
+    F(mmc_model_cfg, tokenizer, MMC_CFG_STR, U, NULL, NULL, "tokenizer/processor directory (default: path)"),
+    F(mmc_model_cfg, dtype, MMC_CFG_ENUM, U, k_dtypes, NULL, "f32 | bf16 weights (fp32 master + state)"),
+    F(mmc_model_cfg, freeze, MMC_CFG_STR_LIST, U, NULL, NULL,
+      "components kept fixed: vision_tower, merger, language_model, embeddings"),
+    F(mmc_model_cfg, recompute, MMC_CFG_ENUM, U, k_recompute, NULL, "activation recompute: none | full"),
+    F(mmc_model_cfg, lora, MMC_CFG_SECTION, U, NULL, k_lora, "LoRA adapters"),
+    F(mmc_model_cfg, quantization, MMC_CFG_SECTION, U, NULL, k_quantization, "QLoRA base quantisation"),
+    {0},
+};
+static const mmc_cfg_field k_data[] = {
+    F(mmc_data_cfg, train, MMC_CFG_STR, U, NULL, NULL, "training set (JSON/JSONL; or a fixed batch .safetensors)"),
+    F(mmc_data_cfg, eval, MMC_CFG_STR, U, NULL, NULL, "validation set"),
+    F(mmc_data_cfg, image_root, MMC_CFG_STR, U, NULL, NULL, "directory relative image paths start from"),
+    F(mmc_data_cfg, max_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL, "resize images above this many pixels"),
+    F(mmc_data_cfg, min_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL, "resize images below this many pixels"),
+    F(mmc_data_cfg, seq_len, MMC_CFG_INT, 8, 1 << 20, NULL, NULL, "tokens per row"),
+    F(mmc_data_cfg, packing, MMC_CFG_BOOL, U, NULL, NULL, "pack samples into seq_len rows"),
+    F(mmc_data_cfg, truncation, MMC_CFG_BOOL, U, NULL, NULL, "truncate samples longer than seq_len"),
+    F(mmc_data_cfg, batch_size, MMC_CFG_INT, 1, 1 << 20, NULL, NULL, "global batch (samples per step)"),
+    F(mmc_data_cfg, micro_batch_size, MMC_CFG_INT, 1, 1 << 20, NULL, NULL, "samples per forward/backward"),
+    F(mmc_data_cfg, num_workers, MMC_CFG_INT, 0, 256, NULL, NULL, "loader threads"),
+    F(mmc_data_cfg, prefetch, MMC_CFG_INT, 1, 1024, NULL, NULL, "prefetch queue depth (micro-batches)"),
+    F(mmc_data_cfg, shuffle, MMC_CFG_BOOL, U, NULL, NULL, "shuffle every epoch (seeded)"),
+    F(mmc_data_cfg, strict, MMC_CFG_BOOL, U, NULL, NULL, "fail on a bad sample instead of skipping it"),
+    {0},
+};
+static const mmc_cfg_field k_parallel[] = {
+    F(mmc_parallel_cfg, data_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "data-parallel ranks"),
+    F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
+    F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "pipeline stages"),
+    F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
+    {0},
+};
+static const mmc_cfg_field k_optimizer[] = {
+    F(mmc_optimizer_cfg, type, MMC_CFG_ENUM, U, k_opt, NULL, "adamw"),
+    F(mmc_optimizer_cfg, lr, MMC_CFG_FLOAT, 0, 10, NULL, NULL, "peak learning rate"),
+    F(mmc_optimizer_cfg, weight_decay, MMC_CFG_FLOAT, 0, 10, NULL, NULL, "decoupled decay (not on norms/biases)"),
+    F(mmc_optimizer_cfg, betas, MMC_CFG_STR_LIST, U, NULL, NULL, "[beta1, beta2]"),
+    F(mmc_optimizer_cfg, eps, MMC_CFG_FLOAT, 0, 1, NULL, NULL, "AdamW epsilon"),
+    F(mmc_optimizer_cfg, schedule, MMC_CFG_ENUM, U, k_sched, NULL, "constant | linear | cosine"),
+    F(mmc_optimizer_cfg, warmup_steps, MMC_CFG_INT, 0, 1e12, NULL, NULL, "linear warmup from 0"),
+    F(mmc_optimizer_cfg, min_lr, MMC_CFG_FLOAT, 0, 10, NULL, NULL, "floor of the decay"),
+    F(mmc_optimizer_cfg, grad_clip, MMC_CFG_FLOAT, 0, 1e9, NULL, NULL, "max global grad norm (0 = off)"),
+    {0},
+};
+static const mmc_cfg_field k_training[] = {
+    F(mmc_training_cfg, steps, MMC_CFG_INT, 1, 1e12, NULL, NULL, "optimizer steps"),
+    F(mmc_training_cfg, seed, MMC_CFG_INT, 0, 9.2e18, NULL, NULL, "seed of init, data order, dropout"),
+    F(mmc_training_cfg, log_every, MMC_CFG_INT, 1, 1e12, NULL, NULL, "log/metrics interval (steps)"),
+    F(mmc_training_cfg, eval_every, MMC_CFG_INT, 0, 1e12, NULL, NULL, "eval interval (0 = off)"),
+    F(mmc_training_cfg, save_every, MMC_CFG_INT, 0, 1e12, NULL, NULL, "checkpoint interval (0 = only at the end)"),
+    F(mmc_training_cfg, keep_last, MMC_CFG_INT, 0, 1e6, NULL, NULL, "checkpoints kept (0 = all)"),
+    F(mmc_training_cfg, output_dir, MMC_CFG_STR, U, NULL, NULL, "run directory"),
+    F(mmc_training_cfg, threads, MMC_CFG_INT, 0, 4096, NULL, NULL, "CPU threads (0 = OMP_NUM_THREADS / all)"),
+    {0},
+};
+static const mmc_cfg_field k_root[] = {
+    F(mmc_run_config, model, MMC_CFG_SECTION, U, NULL, k_model, "what to train"),
+    F(mmc_run_config, data, MMC_CFG_SECTION, U, NULL, k_data, "what to train on"),
+    F(mmc_run_config, parallel, MMC_CFG_SECTION, U, NULL, k_parallel, "how to split it"),
+    F(mmc_run_config, optimizer, MMC_CFG_SECTION, U, NULL, k_optimizer, "how to update"),
+    F(mmc_run_config, training, MMC_CFG_SECTION, U, NULL, k_training, "how long, logs, checkpoints"),
+    {0},
+};
+#undef F
+#undef U
+
+const mmc_cfg_field *mmc_run_config_schema(void) { return k_root; }
+
+void mmc_run_config_defaults(mmc_run_config *c) {
+    memset(c, 0, sizeof *c);
+    c->model.dtype = MMC_RUN_F32;
+    c->model.recompute = MMC_RECOMPUTE_NONE;
+    c->model.lora.alpha = 16;
+    c->model.quantization.block_size = 64;
+    c->data.max_pixels = 12845056;   /* Qwen2-VL processor defaults */
+    c->data.min_pixels = 3136;
+    c->data.seq_len = 2048;
+    c->data.packing = false;
+    c->data.truncation = true;
+    c->data.shuffle = true;
+    c->data.batch_size = 1;
+    c->data.micro_batch_size = 1;
+    c->data.num_workers = 2;
+    c->data.prefetch = 4;
+    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0};
+    c->optimizer.type = MMC_OPT_ADAMW;
+    c->optimizer.lr = 1e-5;
+    c->optimizer.weight_decay = 0.0;
+    c->optimizer.beta1 = 0.9;
+    c->optimizer.beta2 = 0.999;
+    c->optimizer.eps = 1e-8;
+    c->optimizer.schedule = MMC_SCHED_CONSTANT;
+    c->optimizer.grad_clip = 1.0;
+    c->training.steps = 1000;
+    c->training.seed = 42;
+    c->training.log_every = 10;
+    c->training.save_every = 0;
+    c->training.keep_last = 0;
+    c->training.threads = 0;
+}
+
+void mmc_run_config_free(mmc_run_config *c) {
+    char *file = c->file;
+    mmc_cfg_free(k_root, c);
+    free(file);
+    memset(c, 0, sizeof *c);
+}
+
+/* Line of section.key in the tree, or of the section, or 0. */
+static int line_of(const mmc_yaml *root, const char *section, const char *key) {
+    const mmc_yaml *s = mmc_yaml_get(root, section);
+    if (!s) return 0;
+    const mmc_yaml *k = key && mmc_yaml_kind_of(s) == MMC_YAML_MAP ? mmc_yaml_get(s, key) : NULL;
+    return k ? mmc_yaml_line(k) : mmc_yaml_line(s);
+}
+
+static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char *section,
+                       const char *key, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char *section,
+                       const char *key, const char *fmt, ...) {
+    char msg[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int line = line_of(root, section, key);
+    if (line > 0)
+        return mmc_error(MMC_ERR_INVALID, "%s:%d: %s%s%s: %s", c->file, line, section, key ? "." : "",
+                         key ? key : "", msg);
+    return mmc_error(MMC_ERR_INVALID, "%s: %s%s%s: %s", c->file, section, key ? "." : "", key ? key : "", msg);
+}
+
+static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
+    mmc_model_cfg *m = &c->model;
+    if (!m->path == !m->init)
+        return verr(c, root, "model", m->path ? "init" : NULL,
+                    m->path ? "give either model.path (fine-tune) or model.init (random init), not both"
+                            : "missing model.path (a Hugging Face directory) or model.init (a config.json)");
+    m->freeze_mask = 0;
+    for (int i = 0; i < m->freeze.n; i++) {
+        const char *s = m->freeze.items[i];
+        int k = 0, nk = (int)(sizeof k_components / sizeof *k_components);
+        while (k < nk && strcmp(s, k_components[k]) != 0) k++;
+        if (k == nk) {
+            int best = 99, pick = -1;
+            for (int j = 0; j < nk; j++) {
+                /* a cheap closeness: common prefix length */
+                int p = 0;
+                while (s[p] && s[p] == k_components[j][p]) p++;
+                int d = (int)strlen(k_components[j]) - p;
+                if (p >= 2 && d < best) { best = d; pick = j; }
+            }
+            char hint[96] = "";
+            if (pick >= 0) snprintf(hint, sizeof hint, " (did you mean '%s'?)", k_components[pick]);
+            return verr(c, root, "model", "freeze", "unknown component '%s'; expected vision_tower, merger, "
+                        "language_model or embeddings%s", s, hint);
+        }
+        m->freeze_mask |= 1u << k;
+    }
+    if (m->lora.r > 0 && m->lora.targets.n == 0)
+        return verr(c, root, "model", "lora", "lora.r = %lld but lora.targets is empty; name the modules "
+                    "(e.g. [q_proj, k_proj, v_proj, o_proj])", (long long)m->lora.r);
+    if (m->quantization.method == MMC_QUANT_NF4 && m->lora.r == 0)
+        return verr(c, root, "model", "quantization", "nf4 quantises the frozen base for QLoRA: set "
+                    "model.lora.r > 0 too");
+    if (m->quantization.block_size != 64)
+        return verr(c, root, "model", "quantization", "block_size %lld: only 64 (bitsandbytes' layout) is "
+                    "supported", (long long)m->quantization.block_size);
+    mmc_data_cfg *d = &c->data;
+    if (!d->train) return verr(c, root, "data", NULL, "missing data.train (the training set)");
+    if (d->min_pixels > d->max_pixels)
+        return verr(c, root, "data", "min_pixels", "%lld is larger than max_pixels %lld",
+                    (long long)d->min_pixels, (long long)d->max_pixels);
+    if (d->batch_size % d->micro_batch_size)
+        return verr(c, root, "data", "batch_size", "%lld is not a multiple of micro_batch_size %lld",
+                    (long long)d->batch_size, (long long)d->micro_batch_size);
+    c->training.gradient_accumulation = d->batch_size / d->micro_batch_size;
+    const mmc_parallel_cfg *p = &c->parallel;
+    static const char *pk[] = {"data_parallel", "tensor_parallel", "pipeline_parallel"};
+    const int64_t pv[] = {p->data_parallel, p->tensor_parallel, p->pipeline_parallel};
+    for (int i = 0; i < 3; i++)
+        if (pv[i] != 1)
+            return verr(c, root, "parallel", pk[i], "%lld: this build trains in one process; only 1 is "
+                        "supported for now (distributed training is a later issue)", (long long)pv[i]);
+    if (p->zero != 0)
+        return verr(c, root, "parallel", "zero", "%lld: ZeRO needs data_parallel > 1; only 0 is supported "
+                    "for now", (long long)p->zero);
+    mmc_optimizer_cfg *o = &c->optimizer;
+    if (o->betas.n) {
+        if (o->betas.n != 2) return verr(c, root, "optimizer", "betas", "expected two numbers [beta1, beta2], "
+                                         "found %d", o->betas.n);
+        double b[2];
+        for (int i = 0; i < 2; i++) {
+            char *end;
+            b[i] = strtod(o->betas.items[i], &end);
+            if (!*o->betas.items[i] || *end || !(b[i] >= 0 && b[i] < 1))
+                return verr(c, root, "optimizer", "betas", "'%s' must be a number in [0, 1)", o->betas.items[i]);
+        }
+        o->beta1 = b[0];
+        o->beta2 = b[1];
+    }
+    if (o->min_lr > o->lr)
+        return verr(c, root, "optimizer", "min_lr", "%g is above lr %g", o->min_lr, o->lr);
+    if (o->warmup_steps > c->training.steps)
+        return verr(c, root, "optimizer", "warmup_steps", "%lld is more than training.steps %lld",
+                    (long long)o->warmup_steps, (long long)c->training.steps);
+    if (!c->training.output_dir)
+        return verr(c, root, "training", NULL, "missing training.output_dir (where checkpoints and logs go)");
+    return MMC_OK;
+}
+
+mmc_status mmc_run_config_parse(const char *text, size_t len, const char *what,
+                                const char *const *sets, int n_sets, mmc_run_config *c) {
+    mmc_run_config_defaults(c);
+    c->file = strdup(what ? what : "<config>");
+    mmc_yaml *root = NULL;
+    mmc_status st = mmc_yaml_parse(text, len, c->file, &root);
+    if (st) goto fail;
+    if (mmc_yaml_kind_of(root) == MMC_YAML_NULL) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the file is empty; expected the sections model, data, "
+                       "parallel, optimizer, training", c->file);
+        goto fail;
+    }
+    for (int i = 0; i < n_sets; i++) {
+        const char *eq = strchr(sets[i], '=');
+        if (!eq || eq == sets[i]) {
+            st = mmc_error(MMC_ERR_INVALID, "--set '%s': expected key.path=value (e.g. optimizer.lr=1e-4)",
+                           sets[i]);
+            goto fail;
+        }
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - sets[i]), sets[i]);
+        if ((st = mmc_yaml_set(root, key, eq + 1))) goto fail;
+    }
+    if ((st = mmc_cfg_read(root, k_root, c, c->file))) goto fail;
+    if ((st = validate(c, root))) goto fail;
+    mmc_yaml_free(root);
+    return MMC_OK;
+fail:
+    mmc_yaml_free(root);
+    mmc_run_config_free(c);
+    return st;
+}
+
+mmc_status mmc_run_config_load(const char *path, const char *const *sets, int n_sets,
+                               mmc_run_config *c) {
+    char *text = NULL;
+    size_t len = 0;
+    mmc_status st = mmc_read_file(path, &text, &len);
+    if (st) { mmc_run_config_defaults(c); return mmc_error_prefix(st, "run config"); }
+    st = mmc_run_config_parse(text, len, path, sets, n_sets, c);
+    free(text);
+    return st;
+}
+
+static void print_fields(FILE *f, const mmc_cfg_field *fs, const char *prefix) {
+    for (const mmc_cfg_field *x = fs; x->key; x++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "", x->key);
+        if (x->type == MMC_CFG_SECTION && *prefix == 0) {
+            fprintf(f, "  %s:  (%s)\n", name, x->help);
+            print_fields(f, x->section, name);
+            continue;
+        }
+        if (x->type == MMC_CFG_SECTION) {
+            print_fields(f, x->section, name);
+            continue;
+        }
+        fprintf(f, "    %-32s %s\n", name, x->help);
+    }
+}
+
+void mmc_run_config_print_keys(void *file) { print_fields(file, k_root, ""); }

@@ -1,0 +1,522 @@
+/* trainer.c — the single-process training loop (mmc_trainer.h): model set-up (load or
+ * random init, freezing by component, bf16 weights with fp32 masters), the built-in batch
+ * sources, one optimizer step (gradient accumulation with the loss averaged over the global
+ * batch's label tokens, global grad-norm clipping, schedule, AdamW), and the run loop with
+ * progress, metrics.jsonl, TensorBoard scalars and checkpoints.
+ *
+ * It mirrors what HF Trainer does for the same settings (num_items_in_batch loss
+ * normalisation, clip_grad_norm_, get_*_schedule_with_warmup, torch.optim.AdamW), so a run
+ * matches transformers + torch step for step (tests/test_train_parity.c). */
+#include "trainer_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ batch sources */
+static void batch_release(mmc_batch *b) {
+    free(b->input_ids);
+    free(b->labels);
+    free(b->position_ids);
+    free(b->cu_seqlens);
+    free(b->pixel_values);
+    free(b->image_grid_thw);
+    free(b->video_values);
+    free(b->video_grid_thw);
+    memset(b, 0, sizeof *b);
+}
+
+static mmc_status src_open(batch_src *s, const mmc_run_config *cfg, int64_t vocab) {
+    memset(s, 0, sizeof *s);
+    const char *train = cfg->data.train;
+    s->mb = cfg->data.micro_batch_size;
+    s->vocab = vocab;
+    s->seed = (uint64_t)cfg->training.seed;
+    size_t n = strlen(train);
+    if (strcmp(train, "synthetic") == 0) {
+        s->kind = SRC_SYNTHETIC;
+        s->T = cfg->data.seq_len;
+        return MMC_OK;
+    }
+    if (n > 12 && strcmp(train + n - 12, ".safetensors") == 0) {
+        s->kind = SRC_FIXED;
+        mmc_st *st = NULL;
+        mmc_status rc = mmc_st_open(train, &st);
+        if (rc) return mmc_error_prefix(rc, "data.train");
+        const mmc_st_entry *e = mmc_st_find(st, "input_ids");
+        if (!e || e->ndim != 2) {
+            mmc_st_close(st);
+            return mmc_error(MMC_ERR_FORMAT, "data.train %s: needs a tensor input_ids [N, T]", train);
+        }
+        s->N = e->shape[0];
+        s->T = e->shape[1];
+        mmc_tensor *ids = mmc_tensor_new(MMC_I32, 2, e->shape), *lab = mmc_tensor_new(MMC_I32, 2, e->shape);
+        if (!ids || !lab) { mmc_tensor_free(ids); mmc_tensor_free(lab); mmc_st_close(st); return MMC_ERR_OOM; }
+        rc = mmc_st_read_into(st, "input_ids", ids);
+        if (!rc) rc = mmc_st_read_into(st, mmc_st_find(st, "labels") ? "labels" : "input_ids", lab);
+        mmc_st_close(st);
+        if (rc) { mmc_tensor_free(ids); mmc_tensor_free(lab); return mmc_error_prefix(rc, "data.train %s", train); }
+        s->ids = malloc((size_t)(s->N * s->T) * sizeof(int32_t));
+        s->labels = malloc((size_t)(s->N * s->T) * sizeof(int32_t));
+        if (s->ids) memcpy(s->ids, ids->data, (size_t)(s->N * s->T) * sizeof(int32_t));
+        if (s->labels) memcpy(s->labels, lab->data, (size_t)(s->N * s->T) * sizeof(int32_t));
+        mmc_tensor_free(ids);
+        mmc_tensor_free(lab);
+        if (!s->ids || !s->labels) return mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int64_t i = 0; i < s->N * s->T; i++)
+            if (s->ids[i] < 0 || s->ids[i] >= vocab || (s->labels[i] != MMC_IGNORE_INDEX &&
+                                                         (s->labels[i] < 0 || s->labels[i] >= vocab)))
+                return mmc_error(MMC_ERR_INVALID, "data.train %s: token %d at flat index %lld is outside the "
+                                 "vocabulary [0, %lld)", train, s->ids[i] < 0 || s->ids[i] >= vocab ? s->ids[i]
+                                 : s->labels[i], (long long)i, (long long)vocab);
+        return MMC_OK;
+    }
+    return mmc_error(MMC_ERR_UNSUPPORTED, "data.train %s: JSON/JSONL datasets are read by the data pipeline, "
+                     "which this build does not include yet; use a fixed batch (.safetensors with input_ids "
+                     "[N, T] and labels) or 'synthetic'", train);
+}
+
+static void src_close(batch_src *s) {
+    free(s->ids);
+    free(s->labels);
+    memset(s, 0, sizeof *s);
+}
+
+static mmc_status src_next(batch_src *s, mmc_batch *b) {
+    memset(b, 0, sizeof *b);
+    int64_t B = s->mb, T = s->T;
+    b->B = B;
+    b->T = T;
+    b->input_ids = malloc((size_t)(B * T) * sizeof(int32_t));
+    b->labels = malloc((size_t)(B * T) * sizeof(int32_t));
+    b->position_ids = malloc((size_t)(3 * B * T) * sizeof(int64_t));
+    if (!b->input_ids || !b->labels || !b->position_ids) {
+        batch_release(b);
+        return mmc_error(MMC_ERR_OOM, "out of memory for a micro-batch");
+    }
+    b->sample_index = s->position * B;
+    for (int64_t r = 0; r < B; r++) {
+        int64_t sample = s->position * B + r;
+        int32_t *ids = b->input_ids + r * T, *lab = b->labels + r * T;
+        if (s->kind == SRC_FIXED) {
+            int64_t row = sample % s->N;
+            memcpy(ids, s->ids + row * T, (size_t)T * sizeof(int32_t));
+            memcpy(lab, s->labels + row * T, (size_t)T * sizeof(int32_t));
+        } else {
+            mmc_rng g;
+            mmc_rng_init(&g, s->seed * 0x9E3779B97F4A7C15ull + (uint64_t)sample + 1);
+            int64_t start = (int64_t)(mmc_rng_u64(&g) % (uint64_t)s->vocab);
+            int64_t stride = 1 + (int64_t)(mmc_rng_u64(&g) % 7);
+            for (int64_t t = 0; t < T; t++) ids[t] = lab[t] = (int32_t)((start + t * stride) % s->vocab);
+        }
+        for (int k = 0; k < 3; k++)
+            for (int64_t t = 0; t < T; t++) b->position_ids[(k * B + r) * T + t] = t;
+    }
+    b->n_label_tokens = mmc_count_label_tokens(b->labels, B, T);
+    s->position++;
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ model set-up */
+/* Component of an HF parameter name (text Qwen2 names, or Qwen2-VL's). */
+static uint32_t component_of(const char *name) {
+    if (strstr(name, "visual.merger") || strstr(name, "visual.merger.")) return MMC_FREEZE_MERGER;
+    if (strstr(name, "visual.")) return MMC_FREEZE_VISION;
+    if (strstr(name, "embed_tokens")) return MMC_FREEZE_EMBED;
+    return MMC_FREEZE_LM;
+}
+
+static mmc_status load_model(mmc_trainer *t, const char *dir) {
+    const mmc_run_config *c = t->cfg;
+    mmc_json *j = NULL;
+    mmc_status st;
+    char path[2100];
+    if (dir) snprintf(path, sizeof path, "%s/config.json", dir);
+    else snprintf(path, sizeof path, "%s", c->model.init);
+    /* tokenizer/processor files come from model.tokenizer, else model.path (not from a
+     * checkpoint being resumed: keep_last may prune it while this run goes on) */
+    const char *tok = c->model.tokenizer ? c->model.tokenizer : c->model.path;
+    snprintf(t->src_dir, sizeof t->src_dir, "%s", tok ? tok : "");
+    snprintf(t->config_src, sizeof t->config_src, "%s", path);
+    if ((st = mmc_read_file(path, &t->config_text, &t->config_len)))
+        return mmc_error_prefix(st, dir ? "model.path" : "model.init");
+    if ((st = mmc_json_load(path, &j))) return mmc_error_prefix(st, dir ? "model.path" : "model.init");
+    const char *type = "?";
+    mmc_json_str(j, "model_type", "?", &type);
+    if (strcmp(type, "qwen2") != 0) {
+        mmc_json_free(j);
+        if (strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s': training the vision-language model needs "
+                             "the Qwen2-VL model (include/mmc_vl.h), not in this build yet; text qwen2 is "
+                             "supported", path, type);
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
+                         "(supported: qwen2)", path, type);
+    }
+    if (dir) {
+        st = mmc_qwen2_load(dir, j, true, &t->lm);
+    } else {
+        mmc_qwen2_config qc;
+        st = mmc_qwen2_config_read(j, &qc);
+        if (!st) st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
+        if (st) mmc_error_prefix(st, "%s", path);
+    }
+    mmc_json_free(j);
+    if (st) return st;
+    t->lm->recompute = c->model.recompute == MMC_RECOMPUTE_FULL;
+    t->n_params = t->lm->n_params;
+    t->params = t->lm->params;
+    t->names = calloc((size_t)t->n_params, sizeof *t->names);
+    t->name_store = calloc((size_t)t->n_params, sizeof *t->name_store);
+    if (!t->names || !t->name_store) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < t->n_params; i++) {
+        const char *n = t->lm->param_names[i];
+        size_t len = strlen(n) + 8;
+        if (!(t->name_store[i] = malloc(len))) return mmc_error(MMC_ERR_OOM, "out of memory");
+        snprintf(t->name_store[i], len, "%s%s", strcmp(n, "lm_head.weight") ? "model." : "", n);
+        t->names[i] = t->name_store[i];
+    }
+    return MMC_OK;
+}
+
+/* Freeze, create bf16 copies + fp32 masters, and the optimizer. */
+static mmc_status setup_params(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    if (c->model.lora.r > 0 || c->model.quantization.method != MMC_QUANT_NONE)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "model.lora / model.quantization: LoRA and QLoRA come with the "
+                         "LoRA building block (include/mmc_nn.h), not in this build yet; train without them");
+    t->opt = calloc((size_t)t->n_params, sizeof *t->opt);
+    t->opt_model = calloc((size_t)t->n_params, sizeof *t->opt_model);
+    t->opt_names = calloc((size_t)t->n_params, sizeof *t->opt_names);
+    if (!t->opt || !t->opt_model || !t->opt_names) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < t->n_params; i++) {
+        mmc_tensor *p = t->params[i];
+        bool frozen = (component_of(t->names[i]) & c->model.freeze_mask) != 0;
+        if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
+        else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
+        bool to_bf16 = c->model.dtype == MMC_RUN_BF16 && p->ndim >= 2 && p->dtype == MMC_F32;
+        mmc_tensor *master = p;
+        if (to_bf16) {
+            /* swap buffers: p keeps its identity (the model's slots point at it) but holds bf16;
+             * the fresh tensor takes the fp32 buffer and becomes the master */
+            mmc_tensor *h = mmc_tensor_new(MMC_BF16, p->ndim, p->shape);
+            if (!h) return MMC_ERR_OOM;
+            mmc_convert(h->data, MMC_BF16, p->data, MMC_F32, mmc_numel(p));
+            void *f32 = p->data;
+            p->data = h->data;
+            p->dtype = MMC_BF16;
+            h->data = f32;
+            h->dtype = MMC_F32;
+            snprintf(h->name, sizeof h->name, "%s", p->name);
+            master = h;
+            if (frozen) { mmc_tensor_free(h); continue; }   /* frozen: no master needed */
+            h->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+        }
+        if (frozen) continue;
+        t->opt[t->n_opt] = master;
+        t->opt_model[t->n_opt] = p;
+        t->opt_names[t->n_opt] = t->names[i];
+        t->n_opt++;
+    }
+    if (t->n_opt == 0)
+        return mmc_error(MMC_ERR_INVALID, "%s: model.freeze leaves nothing to train", c->file);
+    mmc_adamw_opts o = {.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1, .beta2 = c->optimizer.beta2,
+                        .eps = c->optimizer.eps, .weight_decay = c->optimizer.weight_decay};
+    mmc_status st = mmc_adamw_init(&t->adamw, &o, t->opt, t->n_opt);
+    if (st) return st;
+    t->sched = (mmc_schedule){.kind = (mmc_sched_kind)c->optimizer.schedule, .lr = c->optimizer.lr,
+                              .min_lr = c->optimizer.min_lr, .warmup_steps = c->optimizer.warmup_steps,
+                              .total_steps = c->training.steps};
+    return MMC_OK;
+}
+
+mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer **out) {
+    *out = NULL;
+    mmc_trainer *t = calloc(1, sizeof *t);
+    if (!t) return mmc_error(MMC_ERR_OOM, "out of memory");
+    t->cfg = cfg;
+    if (cfg->training.threads > 0) mmc_set_num_threads((int)cfg->training.threads);
+    mmc_status st;
+    char ckpt[2048] = "";
+    if (resume) {
+        int64_t step;
+        if ((st = mmc_checkpoint_latest(cfg->training.output_dir, &step, ckpt, sizeof ckpt))) {
+            st = mmc_error(st, "--resume: no complete checkpoint-<step> directory in %s (%s)",
+                           cfg->training.output_dir, mmc_last_error());
+            goto fail;
+        }
+    }
+    if ((st = load_model(t, resume ? ckpt : cfg->model.path))) goto fail;
+    if ((st = setup_params(t))) goto fail;
+    if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
+    if ((st = src_open(&t->src, cfg, t->lm->cfg.vocab_size))) goto fail;
+    if (resume && (st = mmc_trainer_restore(t, ckpt))) goto fail;
+    *out = t;
+    return MMC_OK;
+fail:
+    mmc_trainer_free(t);
+    return st;
+}
+
+void mmc_trainer_free(mmc_trainer *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n_opt; i++)
+        if (t->opt[i] != t->opt_model[i]) {
+            t->opt[i]->grad = NULL;   /* shared with the model tensor */
+            mmc_tensor_free(t->opt[i]);
+        }
+    mmc_adamw_free(&t->adamw);
+    free(t->opt);
+    free(t->opt_model);
+    free(t->opt_names);
+    if (t->name_store) for (int i = 0; i < t->n_params; i++) free(t->name_store[i]);
+    free(t->name_store);
+    free(t->names);
+    mmc_qwen2_free(t->lm);
+    free(t->config_text);
+    if (t->ctx) mmc_ctx_free(t->ctx);
+    src_close(&t->src);
+    free(t->h_step);
+    free(t->h_loss);
+    free(t->h_lr);
+    free(t);
+}
+
+int64_t mmc_trainer_step_count(const mmc_trainer *t) { return t->step; }
+
+int mmc_trainer_params(mmc_trainer *t, mmc_tensor ***params, const char *(**names)) {
+    *params = t->params;
+    *names = t->names;
+    return t->n_params;
+}
+
+void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state_bytes) {
+    int64_t n = 0, bytes = 0;
+    for (int i = 0; i < t->n_opt; i++) {
+        int64_t k = mmc_numel(t->opt[i]);
+        n += k;
+        bytes += 2 * k * 4 + (t->opt[i] != t->opt_model[i] ? k * 4 : 0);
+    }
+    if (trainable) *trainable = n;
+    if (state_bytes) *state_bytes = bytes;
+}
+
+/* ------------------------------------------------------------------ one step */
+mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
+    const mmc_run_config *c = t->cfg;
+    const int64_t ga = c->training.gradient_accumulation;
+    double t0 = mmc_now();
+    memset(s, 0, sizeof *s);
+    mmc_batch *mbs = calloc((size_t)ga, sizeof *mbs);
+    if (!mbs) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = MMC_OK;
+    int64_t got = 0, labels = 0;
+    for (; got < ga; got++) {
+        if ((st = src_next(&t->src, &mbs[got]))) goto done;
+        labels += mbs[got].n_label_tokens;
+        s->tokens += mbs[got].B * mbs[got].T;
+        s->samples += mbs[got].B;
+    }
+    s->data_s = mmc_now() - t0;
+    s->label_tokens = labels;
+    const double scale = 1.0 / (double)(labels > 0 ? labels : 1);
+    mmc_zero_grad(t->params, t->n_params);
+    double loss = 0;
+    for (int64_t k = 0; k < ga; k++) {
+        int64_t n;
+        mmc_tensor *l = mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
+        float lv = *(const float *)l->data;
+        const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
+        if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
+        if (!isfinite(lv)) {
+            mmc_ctx_reset(t->ctx);
+            st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "
+                           "%lld); stopping without updating the weights — the last checkpoint is intact; "
+                           "lower optimizer.lr or check the data", (long long)t->step + 1,
+                           isnan(lv) ? "NaN" : "infinite", (long long)k + 1, (long long)ga,
+                           (long long)mbs[k].sample_index);
+            goto done;
+        }
+        loss += lv;
+        mmc_backward(t->ctx, l);
+        mmc_ctx_reset(t->ctx);
+    }
+    for (int i = 0; i < t->n_opt; i++)
+        if (t->opt[i] != t->opt_model[i]) t->opt[i]->grad = t->opt_model[i]->grad;
+    double norm = mmc_clip_grad_norm(t->opt, t->n_opt, c->optimizer.grad_clip);
+    if (!isfinite(norm)) {
+        st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the gradient norm is %s (loss %g); stopping without "
+                       "updating the weights — the last checkpoint is intact", (long long)t->step + 1,
+                       isnan(norm) ? "NaN" : "infinite", loss);
+        goto done;
+    }
+    double lr = mmc_schedule_lr(&t->sched, t->step);
+    mmc_adamw_step(&t->adamw, lr);
+    for (int i = 0; i < t->n_opt; i++)
+        if (t->opt[i] != t->opt_model[i])
+            mmc_convert(t->opt_model[i]->data, MMC_BF16, t->opt[i]->data, MMC_F32, mmc_numel(t->opt[i]));
+    t->step++;
+    t->rng.offset++;
+    s->step = t->step;
+    s->loss = loss;
+    s->lr = lr;
+    s->grad_norm = norm;
+done:
+    for (int64_t k = 0; k < got; k++) batch_release(&mbs[k]);
+    free(mbs);
+    s->step_s = mmc_now() - t0;
+    return st;
+}
+
+/* ------------------------------------------------------------------ the run loop */
+static double rss_mib(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return (double)res * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0);
+}
+
+static void fmt_eta(char *buf, size_t n, double s) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long v = (long)(s + 0.5);
+    if (v >= 3600) snprintf(buf, n, "%ld:%02ld:%02ld", v / 3600, v / 60 % 60, v % 60);
+    else snprintf(buf, n, "%ld:%02ld", v / 60, v % 60);
+}
+
+static void hist_push(mmc_trainer *t, const mmc_step_stats *s) {
+    if (t->n_hist == t->cap_hist) {
+        int cap = t->cap_hist ? 2 * t->cap_hist : 256;
+        int64_t *a = realloc(t->h_step, (size_t)cap * sizeof *a);
+        if (a) t->h_step = a;
+        double *b = realloc(t->h_loss, (size_t)cap * sizeof *b);
+        if (b) t->h_loss = b;
+        double *d = realloc(t->h_lr, (size_t)cap * sizeof *d);
+        if (d) t->h_lr = d;
+        if (!a || !b || !d) return;
+        t->cap_hist = cap;
+    }
+    t->h_step[t->n_hist] = s->step;
+    t->h_loss[t->n_hist] = s->loss;
+    t->h_lr[t->n_hist] = s->lr;
+    t->n_hist++;
+}
+
+/* On resume: keep metrics.jsonl lines up to the restored step (a killed run may have
+ * logged past its last checkpoint) and reload them into the plot history. */
+static void metrics_trim(mmc_trainer *t, const char *path) {
+    char *text = NULL;
+    size_t len = 0;
+    if (mmc_read_file(path, &text, &len) != MMC_OK) return;
+    char *keep = malloc(len + 1);
+    size_t kl = 0;
+    if (!keep) { free(text); return; }
+    for (char *line = text; line && *line;) {
+        char *nl = strchr(line, '\n');
+        size_t ll = nl ? (size_t)(nl - line) : strlen(line);
+        mmc_json *j = NULL;
+        if (ll && mmc_json_parse(line, ll, "metrics", &j) == MMC_OK) {
+            int64_t step = 0;
+            double loss = 0, lr = 0;
+            mmc_json_int(j, "step", 0, &step);
+            mmc_json_num(j, "loss", 0, &loss);
+            mmc_json_num(j, "lr", 0, &lr);
+            mmc_json_free(j);
+            if (step <= t->step) {
+                memcpy(keep + kl, line, ll);
+                kl += ll;
+                keep[kl++] = '\n';
+                mmc_step_stats s = {.step = step, .loss = loss, .lr = lr};
+                hist_push(t, &s);
+            }
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    mmc_write_file_atomic(path, keep, kl);
+    free(keep);
+    free(text);
+}
+
+mmc_status mmc_trainer_run(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const mmc_training_cfg *tc = &c->training;
+    mmc_status st = mmc_mkdir_p(tc->output_dir);
+    if (st) return st;
+    char path[2100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", tc->output_dir);
+    if (t->step > 0) metrics_trim(t, path);
+    else unlink(path);
+    FILE *metrics = fopen(path, "a");
+    if (!metrics) return mmc_error(MMC_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+    snprintf(path, sizeof path, "%s/tb", tc->output_dir);
+    mmc_tb *tb = NULL;
+    if ((st = mmc_tb_open(path, &tb))) { fclose(metrics); return st; }
+    const bool tty = isatty(2);
+    const double t_start = mmc_now();
+    const int64_t first = t->step;
+    int64_t last_saved = -1;
+    const char *slow = getenv("MMC_TRAIN_TEST_SLEEP_MS");   /* test hook: slow steps down */
+    int64_t trainable = 0, state = 0;
+    mmc_trainer_memory(t, &trainable, &state);
+    fprintf(stderr, "mmc train: %lld trainable parameters, %.1f MiB optimizer state, %lld steps from step "
+            "%lld, global batch %lld = %lld x %lld micro-batches\n", (long long)trainable,
+            (double)state / 1048576.0, (long long)tc->steps, (long long)t->step,
+            (long long)c->data.batch_size, (long long)tc->gradient_accumulation,
+            (long long)c->data.micro_batch_size);
+    while (t->step < tc->steps) {
+        mmc_step_stats s;
+        if ((st = mmc_trainer_step(t, &s))) break;
+        hist_push(t, &s);
+        double elapsed = mmc_now() - t_start;
+        double eta = elapsed / (double)(t->step - first) * (double)(tc->steps - t->step);
+        double tps = s.tokens / s.step_s, sps = s.samples / s.step_s, rss = rss_mib();
+        double share = s.step_s > 0 ? s.data_s / s.step_s : 0;
+        char etas[32];
+        fmt_eta(etas, sizeof etas, eta);
+        bool log = t->step % tc->log_every == 0 || t->step == tc->steps;
+        if (tty) {
+            int w = 20, fill = (int)((double)w * (double)t->step / (double)tc->steps);
+            char bar[32];
+            for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
+            bar[w] = 0;
+            fprintf(stderr, "\r[%s] %lld/%lld ETA %s loss %.4f lr %.3e gnorm %.3f tok/s %.0f samples/s %.2f "
+                    "rss %.0f MiB\x1b[K", bar, (long long)t->step, (long long)tc->steps, etas, s.loss, s.lr,
+                    s.grad_norm, tps, sps, rss);
+            if (t->step == tc->steps) fputc('\n', stderr);
+        } else if (log) {
+            fprintf(stderr, "step %lld/%lld loss %.6f lr %.6e grad_norm %.6f tok/s %.0f samples/s %.2f rss %.0f "
+                    "MiB eta %s\n", (long long)t->step, (long long)tc->steps, s.loss, s.lr, s.grad_norm, tps,
+                    sps, rss, etas);
+        }
+        if (log) {
+            fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                    "\"tokens_per_s\": %.3f, \"samples_per_s\": %.4f, \"rss_mib\": %.1f, \"data_share\": %.5f}\n",
+                    (long long)t->step, s.loss, s.lr, s.grad_norm, tps, sps, rss, share);
+            fflush(metrics);
+            mmc_tb_scalar(tb, "train/loss", t->step, s.loss);
+            mmc_tb_scalar(tb, "train/lr", t->step, s.lr);
+            mmc_tb_scalar(tb, "train/grad_norm", t->step, s.grad_norm);
+            mmc_tb_scalar(tb, "perf/tokens_per_s", t->step, tps);
+            mmc_tb_scalar(tb, "perf/rss_mib", t->step, rss);
+            mmc_tb_flush(tb);
+        }
+        if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
+            if (tty) fputc('\n', stderr);
+            if ((st = mmc_trainer_save(t))) break;
+            last_saved = t->step;
+        }
+        if (slow) usleep((useconds_t)atoi(slow) * 1000u);
+    }
+    if (!st && last_saved != t->step) st = mmc_trainer_save(t);
+    fclose(metrics);
+    mmc_tb_close(tb);
+    return st;
+}
+
+/* history accessors for checkpoint.c's plot are read straight from the struct */

@@ -1,0 +1,70 @@
+/* trainer_internal.h — what trainer.c, checkpoint.c, tb.c and plot.c share: the trainer
+ * struct, the built-in batch sources, the TensorBoard event writer and the loss/lr plot. */
+#ifndef MMC_TRAINER_INTERNAL_H
+#define MMC_TRAINER_INTERNAL_H
+
+#include "mmc_trainer.h"
+#include "mmc_train.h"
+
+#include <stdio.h>
+
+/* Built-in batch sources until the data pipeline's loader is wired in:
+ *  - FIXED: data.train is a .safetensors with input_ids [N, T] (i32/i64) and optionally
+ *    labels [N, T]; micro-batch k takes rows (k*mb .. k*mb+mb-1) mod N.
+ *  - SYNTHETIC: data.train "synthetic": rows of (start + t*stride) mod V, seeded per sample.
+ * The state is the number of micro-batches consumed (saved in checkpoints). */
+typedef enum { SRC_FIXED, SRC_SYNTHETIC } src_kind;
+typedef struct {
+    src_kind kind;
+    int32_t *ids, *labels;     /* FIXED: [N, T] */
+    int64_t N, T, vocab, mb;
+    uint64_t seed;
+    int64_t position;          /* micro-batches consumed */
+} batch_src;
+
+typedef struct mmc_tb mmc_tb;
+mmc_status mmc_tb_open(const char *dir, mmc_tb **out);
+mmc_status mmc_tb_scalar(mmc_tb *tb, const char *tag, int64_t step, double value);
+mmc_status mmc_tb_flush(mmc_tb *tb);
+void mmc_tb_close(mmc_tb *tb);
+/* Masked CRC32C as TFRecord uses it (exposed for tests). */
+uint32_t mmc_tb_masked_crc32c(const void *data, size_t n);
+
+/* PNG with two panels (loss, lr) against step. MMC_ERR_UNSUPPORTED if built without cairo. */
+mmc_status mmc_plot_loss_lr(const char *path, const int64_t *steps, const double *loss,
+                            const double *lr, int n);
+
+struct mmc_trainer {
+    const mmc_run_config *cfg;
+    mmc_qwen2 *lm;
+    char src_dir[2048];        /* where config.json / tokenizer files are copied from ("" if none) */
+    char config_src[2200];     /* where config.json came from (for messages) */
+    char *config_text;         /* its contents, written into every checkpoint */
+    size_t config_len;
+    int n_params;
+    mmc_tensor **params;       /* model parameters (forward's view) */
+    const char **names;        /* HF names (with model. prefix) */
+    char **name_store;
+    /* optimizer side: fp32 tensors AdamW updates; for bf16 matrices a master copy */
+    int n_opt;
+    mmc_tensor **opt;          /* fp32 (master or the param itself) */
+    mmc_tensor **opt_model;    /* the model tensor to refresh after a step (== opt when f32) */
+    const char **opt_names;
+    mmc_adamw adamw;
+    mmc_schedule sched;
+    mmc_ctx *ctx;
+    mmc_rng rng;
+    int64_t step;
+    batch_src src;
+    /* history for the plot */
+    int64_t *h_step;
+    double *h_loss, *h_lr;
+    int n_hist, cap_hist;
+};
+
+/* checkpoint.c */
+mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);
+mmc_status mmc_rm_rf(const char *path);
+mmc_status mmc_mkdir_p(const char *path);
+
+#endif

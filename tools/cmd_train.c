@@ -1,0 +1,98 @@
+/* cmd_train.c — `mmc train RUN.yaml [--set key.path=value]... [--resume]`: read the run
+ * config (mmc_config.h), build the trainer (mmc_trainer.h) and run it to training.steps,
+ * writing checkpoints, metrics.jsonl, TensorBoard events and the loss plot to
+ * training.output_dir. Exit codes: 0 done, 1 error (config, data, NaN, I/O), 2 usage. */
+#include "cli.h"
+#include "mmc_config.h"
+#include "mmc_trainer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void help_train(FILE *f) {
+    fprintf(f,
+            "usage: mmc train RUN.yaml [--set key.path=value]... [--resume] [--print-config]\n\n"
+            "Train or fine-tune the model described by RUN.yaml (sections model, data, parallel,\n"
+            "optimizer, training). Checkpoints go to training.output_dir/checkpoint-<step>/ as Hugging\n"
+            "Face directories (+ trainer_state.json, optimizer.safetensors), written atomically.\n\n"
+            "options:\n"
+            "  --set key.path=value  override a config value (repeatable), e.g. --set optimizer.lr=1e-4\n"
+            "  --resume              continue from the latest complete checkpoint in output_dir\n"
+            "                        (bit-identical to an uninterrupted run)\n"
+            "  --print-config        list every config key with its meaning, then exit\n"
+            "  -h, --help            this help\n\n"
+            "outputs in training.output_dir:\n"
+            "  checkpoint-<step>/    model (config.json, model.safetensors, tokenizer files), trainer state\n"
+            "  metrics.jsonl         one JSON object per log step: step, loss, lr, grad_norm,\n"
+            "                        tokens_per_s, samples_per_s, rss_mib, data_share\n"
+            "  tb/                   TensorBoard event files (tensorboard --logdir OUTPUT_DIR/tb)\n"
+            "  loss.png              loss and learning-rate plot (refreshed at each checkpoint)\n\n"
+            "progress: a progress bar on a terminal, else one line per training.log_every steps.\n"
+            "environment: OMP_NUM_THREADS (or training.threads) sets the CPU threads.\n\n"
+            "example (examples/qwen2_vl_2b_full.yaml):\n"
+            "  model:     {path: /models/Qwen2-VL-2B-Instruct, dtype: bf16, freeze: [vision_tower],\n"
+            "              recompute: full}\n"
+            "  data:      {train: data/train.jsonl, seq_len: 2048, batch_size: 16, micro_batch_size: 2}\n"
+            "  optimizer: {type: adamw, lr: 2.0e-5, weight_decay: 0.01, schedule: cosine,\n"
+            "              warmup_steps: 100, grad_clip: 1.0}\n"
+            "  training:  {steps: 1000, seed: 42, log_every: 10, save_every: 500, keep_last: 3,\n"
+            "              output_dir: runs/sft}\n");
+}
+
+int cmd_train(int argc, char **argv) {
+    const char *file = NULL;
+    bool resume = false;
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0;
+    if (!sets) return cli_fail(MMC_ERR_OOM, "train: out of memory");
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--set") == 0) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v) { free(sets); return 2; }
+            sets[n_sets++] = v;
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            sets[n_sets++] = argv[i] + 6;
+        } else if (strcmp(argv[i], "--resume") == 0) {
+            resume = true;
+        } else if (strcmp(argv[i], "--print-config") == 0) {
+            printf("run config keys (mmc train RUN.yaml):\n");
+            mmc_run_config_print_keys(stdout);
+            free(sets);
+            return 0;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "mmc train: unknown option '%s' (see mmc train --help)\n", argv[i]);
+            free(sets);
+            return 2;
+        } else if (file) {
+            fprintf(stderr, "mmc train: one run config expected, got '%s' and '%s'\n", file, argv[i]);
+            free(sets);
+            return 2;
+        } else {
+            file = argv[i];
+        }
+    }
+    if (!file) {
+        fprintf(stderr, "mmc train: missing RUN.yaml (see mmc train --help)\n");
+        free(sets);
+        return 2;
+    }
+    mmc_run_config cfg;
+    mmc_status st = mmc_run_config_load(file, sets, n_sets, &cfg);
+    free(sets);
+    if (st) return cli_fail(st, "train");
+    mmc_trainer *t = NULL;
+    if ((st = mmc_trainer_new(&cfg, resume, &t))) {
+        int rc = cli_fail(st, "train");
+        mmc_run_config_free(&cfg);
+        return rc;
+    }
+    if (resume) fprintf(stderr, "mmc train: resumed at step %lld\n", (long long)mmc_trainer_step_count(t));
+    st = mmc_trainer_run(t);
+    int rc = 0;
+    if (st) rc = cli_fail(st, "train stopped at step %lld", (long long)mmc_trainer_step_count(t));
+    else fprintf(stderr, "mmc train: done, %lld steps; checkpoints in %s\n",
+                 (long long)mmc_trainer_step_count(t), cfg.training.output_dir);
+    mmc_trainer_free(t);
+    mmc_run_config_free(&cfg);
+    return rc;
+}
