@@ -107,6 +107,15 @@ int main(void) {
     }
     qsort(times, 32, sizeof times[0], bench_cmp_);
     bench_report("vl_qwen2vl2b_decode_lm4of28_after512", 1.0 / times[16], "tok/s", 1);
+    /* decode reads every LM weight (and the KV cache) once per token: achieved bandwidth */
+    double wbytes = 0;
+    for (int i = 0; i < a.m->lm->n_params; i++) wbytes += (double)mmc_nbytes(a.m->lm->params[i]);
+    wbytes -= (double)mmc_nbytes(a.m->lm->embed);   /* the embedding is gathered, not streamed */
+    if (a.m->lm->lm_head == a.m->lm->embed) wbytes += (double)mmc_nbytes(a.m->lm->embed);
+    double kvbytes = 2.0 * LD * (T + 16) * tc.num_kv_heads * tc.head_dim * sizeof(float);
+    bench_report("vl_qwen2vl2b_decode_weight_GBps", (wbytes + kvbytes) / times[16] / 1e9, "GB/s", 1);
+    fprintf(stderr, "decode: %.1f ms/token, %.2f GB of weights + KV per token\n", times[16] * 1e3,
+            (wbytes + kvbytes) / 1e9);
     bench_report("vl_qwen2vl2b_peak_rss_MiB", bench_peak_rss_mib(), "MiB", 0);
     mmc_kv_cache_free(&a.kv);
     mmc_tensor_free(a.ids);

@@ -21,6 +21,7 @@
 #include "mmc_config.h"
 #include "mmc_data.h"
 #include "mmc_models.h"
+#include "mmc_vl.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,6 +74,10 @@ int64_t mmc_count_label_tokens(const int32_t *labels, int64_t B, int64_t T);
 /* Text Qwen2 causal-LM loss for one micro-batch (uses position_ids plane 0 and cu_seqlens). */
 mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, double scale,
                               int64_t *n_scored);
+/* Qwen2-VL causal-LM loss for one micro-batch of the data pipeline (padded rows, or one packed
+ * row with cu_seqlens; M-RoPE positions computed per row / segment unless the batch has them). */
+mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batch *b, double scale,
+                                   mmc_tensor **loss, int64_t *n_scored);
 /* Save a text Qwen2 as an HF directory's model.safetensors (model.* + lm_head.weight), in
  * dtype dt (F32 / BF16). */
 mmc_status mmc_qwen2_save_weights(const mmc_qwen2 *m, const char *path, mmc_dtype dt);

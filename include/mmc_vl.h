@@ -130,6 +130,21 @@ mmc_status mmc_qwen2_vl_rope_index(const mmc_qwen2_vl *m, const int32_t *ids, in
  * kv->len + t + rope_deltas[b] on all three axes, and media must be NULL. */
 mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
                                 mmc_kv_cache *kv, int64_t *rope_deltas, mmc_tensor **hidden);
+/* Training layouts (mmc_data.h's mmc_batch): right-padded rows need nothing extra (pads come
+ * last and are never seen by real tokens); a packed row (B == 1) gives cu_seqlens [n_seqs + 1]
+ * (cu_seqlens[n_seqs] <= T; the tail is padding): attention is block-diagonal causal and the
+ * M-RoPE positions restart in every segment. position_ids [3, B, T], if given, are used as they are. */
+typedef struct {
+    const int64_t *position_ids;     /* [3, B, T] or NULL (computed as get_rope_index does) */
+    const int32_t *cu_seqlens;       /* packed row: [n_seqs + 1], else NULL */
+    int n_seqs;
+} mmc_vl_seq;
+mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
+                                   const mmc_vl_seq *seq, mmc_kv_cache *kv, int64_t *rope_deltas,
+                                   mmc_tensor **hidden);
+/* Fresh model with random init (both parts f32, mmc_vision_new / mmc_qwen2_new) from a parsed
+ * config.json (`what` names it in messages). */
+mmc_status mmc_qwen2_vl_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_qwen2_vl **out);
 /* hidden [..., C] -> logits [..., V] */
 mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidden);
 

@@ -20,6 +20,54 @@ void mmc_qwen2_vl_free(mmc_qwen2_vl *m) {
     free(m);
 }
 
+/* Architecture, text and vision configs and special token ids from a parsed config.json
+ * (`path` names it in messages). */
+static mmc_status read_config(const mmc_json *cfg, const char *path, mmc_qwen2_vl *m, mmc_qwen2_config *tc,
+                              mmc_vision_config *vc) {
+    mmc_status st;
+    const char *mt = NULL;
+    if ((st = mmc_json_str(cfg, "model_type", "", &mt))) return st;
+    if (!strcmp(mt, "qwen2_vl")) m->arch = MMC_VL_QWEN2;
+    else if (!strcmp(mt, "qwen2_5_vl")) m->arch = MMC_VL_QWEN2_5;
+    else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not qwen2_vl or qwen2_5_vl", path, mt);
+    if ((st = mmc_qwen2_config_read(cfg, tc))) return mmc_error_prefix(st, "%s", path);
+    if ((st = mmc_vision_config_read(cfg, m->arch, vc))) return mmc_error_prefix(st, "%s", path);
+    if (!tc->mrope) {   /* transformers' default mrope_section */
+        if (tc->head_dim != 128)
+            return mmc_error(MMC_ERR_FORMAT, "%s: no mrope_section (rope_scaling / rope_parameters) and head_dim "
+                             "%lld is not 128 (the default [16, 24, 24])", path, (long long)tc->head_dim);
+        tc->mrope = true;
+        tc->mrope_section[0] = 16, tc->mrope_section[1] = 24, tc->mrope_section[2] = 24;
+    }
+    if (vc->out_hidden_size != tc->hidden_size)
+        return mmc_error(MMC_ERR_FORMAT, "%s: the vision merger outputs %lld features but the language model's "
+                         "hidden_size is %lld", path, (long long)vc->out_hidden_size, (long long)tc->hidden_size);
+    int64_t v;
+    if ((st = mmc_json_int(cfg, "image_token_id", 151655, &v))) return st;
+    m->image_token_id = v;
+    if ((st = mmc_json_int(cfg, "video_token_id", 151656, &v))) return st;
+    m->video_token_id = v;
+    if ((st = mmc_json_int(cfg, "vision_start_token_id", 151652, &v))) return st;
+    m->vision_start_token_id = v;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_vl_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_qwen2_vl **out) {
+    *out = NULL;
+    mmc_qwen2_vl *m = calloc(1, sizeof *m);
+    if (!m) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_qwen2_config tc;
+    mmc_vision_config vc;
+    mmc_status st = read_config(cfg, what ? what : "config", m, &tc, &vc);
+    /* separate streams for the two parts, so that changing one config leaves the other's init */
+    if (!st) st = mmc_vision_new(&vc, seed * 0x9E3779B97F4A7C15ull + 1, &m->visual);
+    if (!st) st = mmc_qwen2_new(&tc, seed, &m->lm);
+    if (st) { mmc_qwen2_vl_free(m); return st; }
+    m->hub_layout = false;
+    *out = m;
+    return MMC_OK;
+}
+
 mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out) {
     *out = NULL;
     char path[1024];
@@ -30,39 +78,9 @@ mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out
     mmc_qwen2_vl *m = calloc(1, sizeof *m);
     char *verr = NULL;
     if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    const char *mt = NULL;
-    if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto fail;
-    if (!strcmp(mt, "qwen2_vl")) m->arch = MMC_VL_QWEN2;
-    else if (!strcmp(mt, "qwen2_5_vl")) m->arch = MMC_VL_QWEN2_5;
-    else {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not qwen2_vl or qwen2_5_vl", path, mt);
-        goto fail;
-    }
     mmc_qwen2_config tc;
     mmc_vision_config vc;
-    if ((st = mmc_qwen2_config_read(cfg, &tc))) { mmc_error_prefix(st, "%s", path); goto fail; }
-    if ((st = mmc_vision_config_read(cfg, m->arch, &vc))) { mmc_error_prefix(st, "%s", path); goto fail; }
-    if (!tc.mrope) {   /* transformers' default mrope_section */
-        if (tc.head_dim != 128) {
-            st = mmc_error(MMC_ERR_FORMAT, "%s: no mrope_section (rope_scaling / rope_parameters) and head_dim "
-                           "%lld is not 128 (the default [16, 24, 24])", path, (long long)tc.head_dim);
-            goto fail;
-        }
-        tc.mrope = true;
-        tc.mrope_section[0] = 16, tc.mrope_section[1] = 24, tc.mrope_section[2] = 24;
-    }
-    if (vc.out_hidden_size != tc.hidden_size) {
-        st = mmc_error(MMC_ERR_FORMAT, "%s: the vision merger outputs %lld features but the language model's "
-                       "hidden_size is %lld", path, (long long)vc.out_hidden_size, (long long)tc.hidden_size);
-        goto fail;
-    }
-    int64_t v;
-    if ((st = mmc_json_int(cfg, "image_token_id", 151655, &v))) goto fail;
-    m->image_token_id = v;
-    if ((st = mmc_json_int(cfg, "video_token_id", 151656, &v))) goto fail;
-    m->video_token_id = v;
-    if ((st = mmc_json_int(cfg, "vision_start_token_id", 151652, &v))) goto fail;
-    m->vision_start_token_id = v;
+    if ((st = read_config(cfg, path, m, &tc, &vc))) goto fail;
     if ((st = mmc_st_open(dir, &m->st))) goto fail;
     /* weight layout: the Hub's (visual., model., lm_head) or transformers >= 4.52's
      * (model.visual., model.language_model., lm_head) */
@@ -181,9 +199,69 @@ static mmc_tensor *place(mmc_ctx *ctx, mmc_tensor *embeds, const int32_t *ids, i
     return mmc_scatter_rows(ctx, embeds, idx, feats);
 }
 
+/* Packed row (B == 1): M-RoPE positions restart at 0 in every cu_seqlens segment, each
+ * segment taking the next grids in token order (as if each sample were its own row); the
+ * padding tail after cu_seqlens[n_seqs] counts up from 0 (it is never scored). */
+static mmc_status rope_index_packed(const mmc_qwen2_vl *m, const int32_t *ids, int64_t T, const mmc_vl_media *media,
+                                    const int32_t *cu, int n_seqs, int64_t *pos) {
+    const int64_t ms = m->visual->cfg.spatial_merge_size;
+    mmc_vl_media none = {0};
+    if (!media) media = &none;
+    int64_t *tmp = malloc(sizeof(int64_t) * 3 * (size_t)(T > 0 ? T : 1));
+    if (!tmp) return mmc_error(MMC_ERR_OOM, "out of memory");
+    int gi[2] = {0, 0};
+    mmc_status st = MMC_OK;
+    for (int s = 0; s < n_seqs && !st; s++) {
+        int64_t a = cu[s], e = cu[s + 1], L = e - a;
+        if (a < 0 || e > T || L < 0) {
+            st = mmc_error(MMC_ERR_INVALID, "cu_seqlens[%d..%d] = %lld..%lld is outside the row of %lld tokens", s,
+                           s + 1, (long long)a, (long long)e, (long long)T);
+            break;
+        }
+        if (L == 0) continue;
+        int64_t want[2] = {0, 0};
+        for (int64_t t = a; t < e; t++)
+            want[0] += ids[t] == (int32_t)m->image_token_id, want[1] += ids[t] == (int32_t)m->video_token_id;
+        mmc_vl_media sub = *media;
+        int n[2] = {0, 0};
+        for (int k = 0; k < 2; k++) {
+            const int64_t *g = k ? media->video_grid_thw : media->image_grid_thw;
+            int avail = k ? media->n_videos : media->n_images;
+            int64_t got = 0;
+            while (got < want[k] && gi[k] + n[k] < avail) got += grid_tokens(g + 3 * (gi[k] + n[k]), ms), n[k]++;
+        }
+        sub.pixel_values = sub.pixel_values_videos = NULL;
+        sub.image_grid_thw = media->image_grid_thw ? media->image_grid_thw + 3 * gi[0] : NULL;
+        sub.n_images = n[0];
+        sub.video_grid_thw = media->video_grid_thw ? media->video_grid_thw + 3 * gi[1] : NULL;
+        sub.n_videos = n[1];
+        sub.second_per_grid_ts = media->second_per_grid_ts ? media->second_per_grid_ts + gi[1] : NULL;
+        st = mmc_qwen2_vl_rope_index(m, ids + a, 1, L, &sub, tmp, NULL);
+        if (st) { mmc_error_prefix(st, "packed segment %d (tokens %lld..%lld)", s, (long long)a, (long long)e); break; }
+        for (int k = 0; k < 3; k++) memcpy(pos + k * T + a, tmp + k * L, sizeof(int64_t) * (size_t)L);
+        gi[0] += n[0], gi[1] += n[1];
+    }
+    if (!st && (gi[0] != media->n_images || gi[1] != media->n_videos))
+        st = mmc_error(MMC_ERR_INVALID, "packed row: its segments use %d image and %d video grids but %d and %d "
+                       "were given", gi[0], gi[1], media->n_images, media->n_videos);
+    int64_t end = n_seqs > 0 ? cu[n_seqs] : 0;
+    for (int64_t t = end; t < T && !st; t++)
+        for (int k = 0; k < 3; k++) pos[k * T + t] = t - end;
+    free(tmp);
+    return st;
+}
+
 mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
                                 mmc_kv_cache *kv, int64_t *rope_deltas, mmc_tensor **hidden) {
+    return mmc_qwen2_vl_forward_ex(ctx, m, ids, media, NULL, kv, rope_deltas, hidden);
+}
+
+mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
+                                   const mmc_vl_seq *seq, mmc_kv_cache *kv, int64_t *rope_deltas,
+                                   mmc_tensor **hidden) {
     *hidden = NULL;
+    static const mmc_vl_seq no_seq = {0};
+    if (!seq) seq = &no_seq;
     const mmc_qwen2_config *c = &m->lm->cfg;
     if (!ids || ids->ndim != 2 || (ids->dtype != MMC_I32 && ids->dtype != MMC_I64))
         return mmc_error(MMC_ERR_SHAPE, "qwen2_vl forward: ids must be [B, T] int32/int64");
@@ -209,7 +287,14 @@ mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, 
     /* positions [3, B, T] */
     mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, T));
     int64_t *p = pos->data;
-    if (prefill) {
+    if (seq->cu_seqlens && (B != 1 || !prefill || kv))
+        return mmc_error(MMC_ERR_SHAPE, "qwen2_vl forward: packed rows (cu_seqlens) need B == 1 and no KV cache");
+    if (seq->position_ids) {
+        memcpy(p, seq->position_ids, sizeof(int64_t) * 3 * (size_t)BT);
+    } else if (seq->cu_seqlens) {
+        mmc_status st = rope_index_packed(m, id32, T, media, seq->cu_seqlens, seq->n_seqs, p);
+        if (st) return st;
+    } else if (prefill) {
         int64_t *d = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)B);
         mmc_status st = mmc_qwen2_vl_rope_index(m, id32, B, T, media, p, d);
         if (st) return st;
@@ -242,6 +327,18 @@ mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, 
         if (st) return st;
     }
     mmc_attn_opts ao = {.causal = true};
+    if (seq->cu_seqlens) {
+        /* block-diagonal causal attention; the padding tail (not a segment) becomes one more
+         * block so that the blocks cover the row, as the attention op requires */
+        int n = seq->n_seqs;
+        int32_t last = n > 0 ? seq->cu_seqlens[n] : 0;
+        int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(n + 2));
+        memcpy(cu, seq->cu_seqlens, sizeof(int32_t) * (size_t)(n + 1));
+        if (n == 0) cu[0] = 0;
+        if (last < T) cu[++n] = (int32_t)T;
+        ao.cu_seqlens = cu;
+        ao.n_seqs = n;
+    }
     if (mmc_grad_enabled(ctx)) {
         *hidden = mmc_qwen2_forward(ctx, m->lm, e, cos, sin, &ao, kv);
         return MMC_OK;

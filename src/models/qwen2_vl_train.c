@@ -1,9 +1,10 @@
 /* qwen2_vl_train.c — training-side helpers of the Qwen2 family: the causal-LM loss as
  * transformers' ForCausalLMLoss computes it (labels shifted left by one, -100 ignored,
  * token losses summed and divided by the global batch's label count), the text Qwen2
- * forward-to-loss for one micro-batch, and saving weights under the HF names
+ * and Qwen2-VL forward-to-loss for one micro-batch (padded or packed rows, images and videos), and saving weights under the HF names
  * (Qwen2ForCausalLM: model.* + lm_head.weight) so transformers loads the directory. */
 #include "mmc_trainer.h"
+#include "mmc_vl.h"
 #include "mmc_io.h"
 #include "mmc_ops.h"
 
@@ -90,4 +91,32 @@ done:
     free(tmp);
     mmc_stw_free(w);
     return st;
+}
+
+mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batch *b, double scale,
+                                   mmc_tensor **loss, int64_t *n_scored) {
+    *loss = NULL;
+    int64_t B = b->B, T = b->T;
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));                 /* [B, T] */
+    memcpy(ids->data, b->input_ids, (size_t)(B * T) * sizeof(int32_t));
+    mmc_vl_media media = {0};
+    if (b->n_images > 0) {
+        media.pixel_values = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(b->n_patches, b->patch_dim));      /* [Ni, P] */
+        memcpy(media.pixel_values->data, b->pixel_values, mmc_nbytes(media.pixel_values));
+        media.image_grid_thw = b->image_grid_thw;
+        media.n_images = b->n_images;
+    }
+    if (b->n_videos > 0) {
+        media.pixel_values_videos = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(b->n_video_patches, b->patch_dim)); /* [Nv, P] */
+        memcpy(media.pixel_values_videos->data, b->video_values, mmc_nbytes(media.pixel_values_videos));
+        media.video_grid_thw = b->video_grid_thw;
+        media.n_videos = b->n_videos;
+    }
+    mmc_vl_seq seq = {.position_ids = b->position_ids, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+    mmc_tensor *h;
+    mmc_status st = mmc_qwen2_vl_forward_ex(ctx, m, ids, &media, &seq, NULL, NULL, &h);   /* [B, T, C] */
+    if (st) return st;
+    mmc_tensor *logits = mmc_qwen2_vl_logits(ctx, m, h);                          /* [B, T, V] */
+    *loss = mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+    return MMC_OK;
 }

@@ -121,6 +121,58 @@ static const char *const k_aux_files[] = {
     "video_preprocessor_config.json", "processor_config.json", "generation_config.json", NULL,
 };
 
+/* Every parameter under its HF name (t->names), in dtype dt (F32 / BF16). */
+static mmc_status save_weights(mmc_trainer *t, const char *path, mmc_dtype dt) {
+    mmc_stw *w = mmc_stw_new();
+    void **tmp = calloc((size_t)t->n_params + 1, sizeof *tmp);
+    mmc_status st = MMC_OK;
+    if (!w || !tmp) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    for (int i = 0; i < t->n_params; i++) {
+        const mmc_tensor *p = t->params[i];
+        if (p->dtype == dt) {
+            if ((st = mmc_stw_add(w, t->names[i], p))) goto done;
+            continue;
+        }
+        /* bf16 runs keep 1-D norms / biases f32 in memory: they are written in dt too */
+        int64_t n = mmc_numel(p);
+        tmp[i] = malloc((size_t)n * mmc_dtype_size(dt) + 64);
+        if (!tmp[i]) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        mmc_convert(tmp[i], dt, p->data, p->dtype, n);
+        if ((st = mmc_stw_add_raw(w, t->names[i], dt, p->ndim, p->shape, tmp[i]))) goto done;
+    }
+    if ((st = mmc_stw_set_metadata(w, "format", "pt"))) goto done;
+    st = mmc_stw_write(w, path);
+done:
+    if (tmp) for (int i = 0; i < t->n_params; i++) free(tmp[i]);
+    free(tmp);
+    mmc_stw_free(w);
+    return st;
+}
+
+/* preprocessor_config.json with the image processor the run trained with (min/max_pixels
+ * included), in the layout transformers' Qwen2VLImageProcessor reads, so that `mmc eval`,
+ * `mmc generate --image` and transformers preprocess images as training did. */
+static mmc_status write_preprocessor(mmc_trainer *t, const char *path) {
+    const mmc_qwen2vl_proc *p = &t->dopts.proc;
+    char js[2048];
+    int n = snprintf(js, sizeof js,
+                     "{\n  \"image_processor_type\": \"Qwen2VLImageProcessor\",\n  \"processor_class\": \"%s\",\n"
+                     "  \"do_resize\": %s,\n  \"do_rescale\": %s,\n  \"do_normalize\": %s,\n  \"do_convert_rgb\": true,\n"
+                     "  \"resample\": %d,\n  \"rescale_factor\": %.17g,\n"
+                     "  \"image_mean\": [%.9g, %.9g, %.9g],\n  \"image_std\": [%.9g, %.9g, %.9g],\n"
+                     "  \"min_pixels\": %lld,\n  \"max_pixels\": %lld,\n"
+                     "  \"size\": {\"shortest_edge\": %lld, \"longest_edge\": %lld},\n"
+                     "  \"patch_size\": %d,\n  \"merge_size\": %d,\n  \"temporal_patch_size\": %d\n}\n",
+                     t->vl && t->vl->arch == MMC_VL_QWEN2_5 ? "Qwen2_5_VLProcessor" : "Qwen2VLProcessor",
+                     p->do_resize ? "true" : "false", p->do_rescale ? "true" : "false",
+                     p->do_normalize ? "true" : "false", p->resample == MMC_RESAMPLE_BILINEAR ? 2 : 3,
+                     p->rescale_factor, p->image_mean[0], p->image_mean[1], p->image_mean[2], p->image_std[0],
+                     p->image_std[1], p->image_std[2], (long long)p->min_pixels, (long long)p->max_pixels,
+                     (long long)p->min_pixels, (long long)p->max_pixels, p->patch_size, p->merge_size,
+                     p->temporal_patch_size);
+    return mmc_write_file_atomic(path, js, (size_t)n);
+}
+
 static mmc_status write_state(mmc_trainer *t, const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
@@ -139,6 +191,12 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
             st = mmc_stw_add(w, name, p);
         }
     }
+    /* LoRA adapters, exactly (the PEFT files hold them too, but resume reads these) */
+    for (int i = 0; t->lora && i < t->lora->n_params && !st; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "lora.%s", t->lora_names[i]);
+        st = mmc_stw_add(w, name, t->lora->params[i]);
+    }
     /* bf16 runs write the HF model in bf16: keep the exact f32 values of the parameters that
      * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical */
     if (t->cfg->model.dtype == MMC_RUN_BF16)
@@ -151,13 +209,19 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
     if (!st) st = mmc_stw_write(w, path);
     mmc_stw_free(w);
     if (st) return st;
-    char js[1024];
+    char js[1536];
+    mmc_loader_state ls = {0};
+    if (t->src.kind == SRC_LOADER) ls = mmc_loader_state_get(t->src.loader);
     int n = snprintf(js, sizeof js,
                      "{\n  \"global_step\": %lld,\n  \"adamw_step\": %lld,\n  \"rng_seed\": \"%" PRIu64 "\",\n"
                      "  \"rng_offset\": \"%" PRIu64 "\",\n  \"data_position\": %lld,\n  \"data_source\": \"%s\",\n"
+                     "  \"loader_epoch\": %lld,\n  \"loader_position\": %lld,\n  \"loader_batch_in_window\": %lld,\n"
+                     "  \"loader_skipped\": %lld,\n"
                      "  \"lr\": %.17g,\n  \"schedule\": %d,\n  \"warmup_steps\": %lld,\n  \"total_steps\": %lld\n}\n",
                      (long long)t->step, (long long)t->adamw.step, t->rng.seed, t->rng.offset,
-                     (long long)t->src.position, t->src.kind == SRC_FIXED ? "fixed" : "synthetic",
+                     (long long)t->src.position,
+                     t->src.kind == SRC_FIXED ? "fixed" : t->src.kind == SRC_LOADER ? "dataset" : "synthetic",
+                     (long long)ls.epoch, (long long)ls.position, (long long)ls.batch_in_window, (long long)ls.skipped,
                      mmc_schedule_lr(&t->sched, t->step > 0 ? t->step - 1 : 0), (int)t->sched.kind,
                      (long long)t->sched.warmup_steps, (long long)t->sched.total_steps);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
@@ -189,11 +253,16 @@ mmc_status mmc_trainer_save(mmc_trainer *t) {
         st = mmc_error(MMC_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto fail;
     }
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    if ((st = mmc_qwen2_save_weights(t->lm, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32)))
-        goto fail;
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
+    if (t->lora) {
+        /* PEFT's checkpoint layout: the adapters only (the base is model.path; `mmc merge`
+         * folds them into it) */
+        if ((st = mmc_lora_save(t->lora, tmp, t->cfg->model.path))) goto fail;
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        if ((st = save_weights(t, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32))) goto fail;
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
+    }
     if (t->src_dir[0])
         for (int i = 0; k_aux_files[i]; i++) {
             char from[4096];
@@ -202,6 +271,10 @@ mmc_status mmc_trainer_save(mmc_trainer *t) {
             snprintf(path, sizeof path, "%s/%s", tmp, k_aux_files[i]);
             if ((st = copy_file(from, path))) goto fail;
         }
+    if (t->src.kind == SRC_LOADER) {
+        snprintf(path, sizeof path, "%s/preprocessor_config.json", tmp);
+        if ((st = write_preprocessor(t, path))) goto fail;
+    }
     if ((st = write_state(t, tmp))) goto fail;
     if (t->n_hist > 0) {
         snprintf(path, sizeof path, "%s/loss.png", tmp);
@@ -252,6 +325,17 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
     t->step = step;
     t->adamw.step = astep;
     t->src.position = pos;
+    if (t->src.kind == SRC_LOADER) {
+        mmc_loader_state ls = {0};
+        if ((st = mmc_json_int(j, "loader_epoch", 0, &ls.epoch)) ||
+            (st = mmc_json_int(j, "loader_position", 0, &ls.position)) ||
+            (st = mmc_json_int(j, "loader_batch_in_window", 0, &ls.batch_in_window)) ||
+            (st = mmc_json_int(j, "loader_skipped", 0, &ls.skipped)) ||
+            (st = mmc_loader_restore(t->src.loader, &ls))) {
+            mmc_json_free(j);
+            return mmc_error_prefix(st, "%s: data loader state", path);
+        }
+    }
     t->rng.seed = strtoull(seed, NULL, 10);
     t->rng.offset = strtoull(off, NULL, 10);
     mmc_json_free(j);
@@ -273,6 +357,11 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
             st = mmc_st_read_into(o, name, p);
             if (!st) mmc_convert(t->opt_model[i]->data, MMC_BF16, p->data, MMC_F32, mmc_numel(p));
         }
+    }
+    for (int i = 0; t->lora && i < t->lora->n_params && !st; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "lora.%s", t->lora_names[i]);
+        st = mmc_st_read_into(o, name, t->lora->params[i]);
     }
     for (int i = 0; i < t->n_params && !st; i++) {
         char name[256];

@@ -18,17 +18,7 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ batch sources */
-static void batch_release(mmc_batch *b) {
-    free(b->input_ids);
-    free(b->labels);
-    free(b->position_ids);
-    free(b->cu_seqlens);
-    free(b->pixel_values);
-    free(b->image_grid_thw);
-    free(b->video_values);
-    free(b->video_grid_thw);
-    memset(b, 0, sizeof *b);
-}
+static void batch_release(mmc_batch *b) { mmc_batch_free(b); }
 
 static mmc_status src_open(batch_src *s, const mmc_run_config *cfg, int64_t vocab) {
     memset(s, 0, sizeof *s);
@@ -75,12 +65,65 @@ static mmc_status src_open(batch_src *s, const mmc_run_config *cfg, int64_t voca
                                  : s->labels[i], (long long)i, (long long)vocab);
         return MMC_OK;
     }
-    return mmc_error(MMC_ERR_UNSUPPORTED, "data.train %s: JSON/JSONL datasets are read by the data pipeline, "
-                     "which this build does not include yet; use a fixed batch (.safetensors with input_ids "
-                     "[N, T] and labels) or 'synthetic'", train);
+    return mmc_error(MMC_ERR_UNSUPPORTED, "data.train %s: JSON/JSONL datasets go through the data pipeline, "
+                     "which needs a vision-language model (model_type qwen2_vl / qwen2_5_vl); for a text qwen2 "
+                     "use a fixed batch (.safetensors with input_ids [N, T] and labels) or 'synthetic'", train);
+}
+
+static bool is_dataset(const char *train) {
+    size_t n = strlen(train);
+    return strcmp(train, "synthetic") != 0 && !(n > 12 && strcmp(train + n - 12, ".safetensors") == 0);
+}
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+/* The `data:` section onto the pipeline's options (training.seed seeds the shuffling), and the
+ * loader over data.train. The image processor starts from preprocessor_config.json of the
+ * tokenizer/model directory when there is one; data.min_pixels / max_pixels override it. */
+static mmc_status loader_open(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const mmc_data_cfg *d = &c->data;
+    mmc_data_opts *o = &t->dopts;
+    mmc_data_opts_default(o);
+    o->train = dup_or_null(d->train);
+    o->eval = dup_or_null(d->eval);
+    o->image_root = dup_or_null(d->image_root);
+    o->max_pixels = d->max_pixels;
+    o->min_pixels = d->min_pixels;
+    o->seq_len = d->seq_len;
+    o->packing = d->packing;
+    o->batch_size = d->batch_size;
+    o->micro_batch_size = d->micro_batch_size;
+    o->num_workers = d->num_workers;
+    o->strict = d->strict;
+    o->seed = c->training.seed;
+    o->shuffle = d->shuffle;
+    o->truncation = d->truncation;
+    o->prefetch = d->prefetch;
+    char pp[2200];
+    snprintf(pp, sizeof pp, "%s/preprocessor_config.json", t->src_dir);
+    if (t->src_dir[0] && access(pp, R_OK) == 0) {
+        o->processor = strdup(pp);
+        mmc_status st = mmc_qwen2vl_proc_load(pp, &o->proc);
+        if (st) return mmc_error_prefix(st, "image processor");
+    }
+    if (o->min_pixels > 0) o->proc.min_pixels = o->min_pixels;
+    if (o->max_pixels > 0) o->proc.max_pixels = o->max_pixels;
+    if (!t->src_dir[0])
+        return mmc_error(MMC_ERR_INVALID, "%s: model.tokenizer: training on %s needs a tokenizer directory "
+                         "(tokenizer.json + chat template); give model.tokenizer", c->file, d->train);
+    mmc_status st = mmc_tokenizer_load(t->src_dir, &t->tok);
+    if (st) return mmc_error_prefix(st, "tokenizer (%s)", t->src_dir);
+    memset(&t->src, 0, sizeof t->src);
+    t->src.kind = SRC_LOADER;
+    t->src.mb = d->micro_batch_size;
+    t->src.seed = (uint64_t)c->training.seed;
+    if ((st = mmc_loader_new(o, t->tok, MMC_SPLIT_TRAIN, &t->src.loader))) return mmc_error_prefix(st, "data.train");
+    return MMC_OK;
 }
 
 static void src_close(batch_src *s) {
+    mmc_loader_free(s->loader);
     free(s->ids);
     free(s->labels);
     memset(s, 0, sizeof *s);
@@ -88,6 +131,12 @@ static void src_close(batch_src *s) {
 
 static mmc_status src_next(batch_src *s, mmc_batch *b) {
     memset(b, 0, sizeof *b);
+    if (s->kind == SRC_LOADER) {
+        mmc_status st = mmc_loader_next(s->loader, b);
+        if (st) return mmc_error_prefix(st, "data.train");
+        s->position++;
+        return MMC_OK;
+    }
     int64_t B = s->mb, T = s->T;
     b->B = B;
     b->T = T;
@@ -147,16 +196,17 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     if ((st = mmc_json_load(path, &j))) return mmc_error_prefix(st, dir ? "model.path" : "model.init");
     const char *type = "?";
     mmc_json_str(j, "model_type", "?", &type);
-    if (strcmp(type, "qwen2") != 0) {
+    bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
+    if (strcmp(type, "qwen2") != 0 && !vl) {
         mmc_json_free(j);
-        if (strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0)
-            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s': training the vision-language model needs "
-                             "the Qwen2-VL model (include/mmc_vl.h), not in this build yet; text qwen2 is "
-                             "supported", path, type);
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                         "(supported: qwen2)", path, type);
+                         "(supported: qwen2_vl, qwen2_5_vl, qwen2)", path, type);
     }
-    if (dir) {
+    if (vl) {
+        if (dir) st = mmc_qwen2_vl_load(dir, true, &t->vl);
+        else st = mmc_qwen2_vl_new(j, path, (uint64_t)c->training.seed, &t->vl);
+        if (!st) t->lm = t->vl->lm;
+    } else if (dir) {
         st = mmc_qwen2_load(dir, j, true, &t->lm);
     } else {
         mmc_qwen2_config qc;
@@ -167,17 +217,56 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     mmc_json_free(j);
     if (st) return st;
     t->lm->recompute = c->model.recompute == MMC_RECOMPUTE_FULL;
-    t->n_params = t->lm->n_params;
-    t->params = t->lm->params;
+    return MMC_OK;
+}
+
+/* Every model parameter with its HF name, as transformers >= 4.52 writes them:
+ * model.visual.*, model.language_model.*, lm_head.weight (VL); model.*, lm_head.weight (text). */
+static mmc_status build_param_list(mmc_trainer *t) {
+    const int nv = t->vl ? t->vl->visual->n_params : 0;
+    t->n_params = nv + t->lm->n_params;
+    t->params = calloc((size_t)t->n_params, sizeof *t->params);
     t->names = calloc((size_t)t->n_params, sizeof *t->names);
     t->name_store = calloc((size_t)t->n_params, sizeof *t->name_store);
-    if (!t->names || !t->name_store) return mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!t->params || !t->names || !t->name_store) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < t->n_params; i++) {
-        const char *n = t->lm->param_names[i];
-        size_t len = strlen(n) + 8;
+        const char *n = i < nv ? t->vl->visual->param_names[i] : t->lm->param_names[i - nv];
+        const char *pre = i < nv ? "model.visual." : strcmp(n, "lm_head.weight") == 0 ? ""
+                          : t->vl ? "model.language_model." : "model.";
+        size_t len = strlen(n) + strlen(pre) + 1;
         if (!(t->name_store[i] = malloc(len))) return mmc_error(MMC_ERR_OOM, "out of memory");
-        snprintf(t->name_store[i], len, "%s%s", strcmp(n, "lm_head.weight") ? "model." : "", n);
+        snprintf(t->name_store[i], len, "%s%s", pre, n);
         t->names[i] = t->name_store[i];
+        t->params[i] = i < nv ? t->vl->visual->params[i] : t->lm->params[i - nv];
+    }
+    return MMC_OK;
+}
+
+/* QLoRA: quantise the decoder projections to NF4 (their dense copies leave the param lists);
+ * LoRA: attach adapters to the target modules (PEFT semantics; the seed initialises A). */
+static mmc_status setup_lora(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    if (c->model.lora.r <= 0) return MMC_OK;
+    mmc_status st;
+    if (c->model.quantization.method == MMC_QUANT_NF4 &&
+        (st = mmc_qwen2_quantize_nf4(t->lm, c->model.quantization.double_quant)))
+        return mmc_error_prefix(st, "model.quantization");
+    mmc_module_list ml = {0};
+    st = t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
+    mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
+                          .dropout = (float)c->model.lora.dropout,
+                          .targets = (const char *const *)c->model.lora.targets.items,
+                          .n_targets = c->model.lora.targets.n, .seed = (uint64_t)c->training.seed};
+    if (!st) st = mmc_lora_attach(&ml, &lc, &t->lora);
+    mmc_module_list_free(&ml);
+    if (st) return mmc_error_prefix(st, "model.lora");
+    t->lora_names = calloc((size_t)t->lora->n_params, sizeof *t->lora_names);
+    if (!t->lora_names) return mmc_error(MMC_ERR_OOM, "out of memory");
+    t->n_lora_names = t->lora->n_params;
+    for (int i = 0; i < t->lora->n_params; i++) {
+        char buf[MMC_MODULE_NAME + 32];
+        snprintf(buf, sizeof buf, "%s.lora_%c.weight", t->lora->names[i / 2], i % 2 ? 'B' : 'A');
+        if (!(t->lora_names[i] = strdup(buf))) return mmc_error(MMC_ERR_OOM, "out of memory");
     }
     return MMC_OK;
 }
@@ -185,16 +274,15 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
 /* Freeze, create bf16 copies + fp32 masters, and the optimizer. */
 static mmc_status setup_params(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
-    if (c->model.lora.r > 0 || c->model.quantization.method != MMC_QUANT_NONE)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "model.lora / model.quantization: LoRA and QLoRA come with the "
-                         "LoRA building block (include/mmc_nn.h), not in this build yet; train without them");
-    t->opt = calloc((size_t)t->n_params, sizeof *t->opt);
-    t->opt_model = calloc((size_t)t->n_params, sizeof *t->opt_model);
-    t->opt_names = calloc((size_t)t->n_params, sizeof *t->opt_names);
+    const int n_lora = t->lora ? t->lora->n_params : 0;
+    t->opt = calloc((size_t)(t->n_params + n_lora), sizeof *t->opt);
+    t->opt_model = calloc((size_t)(t->n_params + n_lora), sizeof *t->opt_model);
+    t->opt_names = calloc((size_t)(t->n_params + n_lora), sizeof *t->opt_names);
     if (!t->opt || !t->opt_model || !t->opt_names) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < t->n_params; i++) {
         mmc_tensor *p = t->params[i];
-        bool frozen = (component_of(t->names[i]) & c->model.freeze_mask) != 0;
+        /* with LoRA the whole base model is frozen, as PEFT does */
+        bool frozen = t->lora || (component_of(t->names[i]) & c->model.freeze_mask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
         bool to_bf16 = c->model.dtype == MMC_RUN_BF16 && p->ndim >= 2 && p->dtype == MMC_F32;
@@ -220,6 +308,12 @@ static mmc_status setup_params(mmc_trainer *t) {
         t->opt_model[t->n_opt] = p;
         t->opt_names[t->n_opt] = t->names[i];
         t->n_opt++;
+    }
+    for (int i = 0; i < n_lora; i++) {
+        mmc_tensor *p = t->lora->params[i];
+        p->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+        t->opt[t->n_opt] = t->opt_model[t->n_opt] = p;
+        t->opt_names[t->n_opt++] = t->lora_names[i];
     }
     if (t->n_opt == 0)
         return mmc_error(MMC_ERR_INVALID, "%s: model.freeze leaves nothing to train", c->file);
@@ -265,11 +359,16 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
             goto fail;
         }
     }
-    if ((st = load_model(t, resume ? ckpt : cfg->model.path))) goto fail;
+    /* a LoRA checkpoint holds the adapters only: the base comes from model.path / model.init */
+    if ((st = load_model(t, resume && cfg->model.lora.r <= 0 ? ckpt : cfg->model.path))) goto fail;
+    if ((st = setup_lora(t))) goto fail;
+    if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
-    if ((st = src_open(&t->src, cfg, t->lm->cfg.vocab_size))) goto fail;
+    if (t->vl && is_dataset(cfg->data.train)) st = loader_open(t);
+    else st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
+    if (st) goto fail;
     if (t->src.kind == SRC_FIXED && t->src.N < t->world_size) {
         st = mmc_error(MMC_ERR_INVALID, "data.train %s has %lld samples, fewer than the %d data-parallel ranks "
                        "(rank %d): use fewer processes or more data", cfg->data.train, (long long)t->src.N,
@@ -308,10 +407,17 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->name_store) for (int i = 0; i < t->n_params; i++) free(t->name_store[i]);
     free(t->name_store);
     free(t->names);
-    mmc_qwen2_free(t->lm);
+    free(t->params);
+    mmc_lora_free(t->lora);
+    if (t->lora_names) for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
+    free(t->lora_names);
+    if (t->vl) mmc_qwen2_vl_free(t->vl);
+    else mmc_qwen2_free(t->lm);
+    src_close(&t->src);
+    mmc_tokenizer_free(t->tok);
+    mmc_data_opts_free(&t->dopts);
     free(t->config_text);
     if (t->ctx) mmc_ctx_free(t->ctx);
-    src_close(&t->src);
     free(t->h_step);
     free(t->h_loss);
     free(t->h_lr);
@@ -359,6 +465,16 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     if (!mbs) return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = MMC_OK;
     int64_t got = 0, labels = 0;
+    if (t->src.kind == SRC_LOADER && t->world_size > 1) {
+        /* the loader is sequential: skip the micro-batches of the ranks before this one (they
+         * are decoded and dropped; a sharded loader would avoid that) */
+        t->src.position = pos0;
+        for (int64_t k = 0; k < (int64_t)t->rank * ga; k++) {
+            mmc_batch skip;
+            if ((st = src_next(&t->src, &skip))) goto done;
+            batch_release(&skip);
+        }
+    }
     for (; got < ga; got++) {
         if ((st = src_next(&t->src, &mbs[got]))) goto done;
         labels += mbs[got].n_label_tokens;
@@ -366,6 +482,12 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         s->samples += mbs[got].B;
     }
     s->data_s = mmc_now() - t0;
+    if (t->src.kind == SRC_LOADER && t->world_size > 1)   /* and past the ranks after it */
+        for (int64_t k = t->src.position; k < pos0 + c->training.gradient_accumulation; k++) {
+            mmc_batch skip;
+            if ((st = src_next(&t->src, &skip))) goto done;
+            batch_release(&skip);
+        }
     t->src.position = pos0 + c->training.gradient_accumulation;
     if (t->world_size > 1) {   /* the loss is normalised by the label tokens of the whole global batch */
         int64_t v[3] = {labels, s->tokens, s->samples};
@@ -375,10 +497,25 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     s->label_tokens = labels;
     const double scale = 1.0 / (double)(labels > 0 ? labels : 1);
     mmc_zero_grad(t->params, t->n_params);
+    if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
     double loss = 0;
     for (int64_t k = 0; k < ga; k++) {
+        /* LoRA dropout masks: one stream per (seed, step, micro-batch), so a resume redraws them */
+        if (t->lora && c->model.lora.dropout > 0)
+            mmc_nn_set_dropout_seed(t->ctx, mmc_nn_dropout_seed((uint64_t)c->training.seed, (uint64_t)t->step,
+                                                                (uint64_t)k));
         int64_t n;
-        mmc_tensor *l = mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
+        mmc_tensor *l = NULL;
+        if (t->vl) {
+            if ((st = mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
+                mmc_ctx_reset(t->ctx);
+                mmc_error_prefix(st, "step %lld, micro-batch %lld (first sample %lld)", (long long)t->step + 1,
+                                 (long long)k + 1, (long long)mbs[k].sample_index);
+                goto done;
+            }
+        } else {
+            l = mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
+        }
         float lv = *(const float *)l->data;
         const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
         if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
@@ -443,6 +580,40 @@ done:
     return st;
 }
 
+/* ------------------------------------------------------------------ evaluation */
+/* Teacher-forced loss on data.eval (each sample once, the loader's eval split): the summed
+ * token NLL over label tokens / their count, like the training loss; no grad, no dropout. */
+static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
+    *loss = NAN;
+    *tokens = 0;
+    if (!t->vl || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
+    mmc_loader *l = NULL;
+    mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
+    if (st) return mmc_error_prefix(st, "data.eval");
+    mmc_set_grad_enabled(t->ctx, false);
+    mmc_nn_set_dropout_off(t->ctx);
+    double sum = 0;
+    int64_t n = 0;
+    for (;;) {
+        mmc_batch b;
+        if ((st = mmc_loader_next(l, &b))) { mmc_error_prefix(st, "data.eval"); break; }
+        if (b.B == 0) { mmc_batch_free(&b); break; }
+        mmc_tensor *lt = NULL;
+        int64_t k = 0;
+        st = mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
+        if (!st) sum += *(const float *)lt->data, n += k;
+        mmc_ctx_reset(t->ctx);
+        mmc_batch_free(&b);
+        if (st) { mmc_error_prefix(st, "data.eval"); break; }
+    }
+    mmc_set_grad_enabled(t->ctx, true);
+    mmc_loader_free(l);
+    if (st) return st;
+    *loss = n ? sum / (double)n : NAN;
+    *tokens = n;
+    return MMC_OK;
+}
+
 /* ------------------------------------------------------------------ the run loop */
 static double rss_mib(void) {
     FILE *f = fopen("/proc/self/statm", "r");
@@ -504,7 +675,7 @@ static void metrics_trim(mmc_trainer *t, const char *path) {
                 kl += ll;
                 keep[kl++] = '\n';
                 mmc_step_stats s = {.step = step, .loss = loss, .lr = lr};
-                hist_push(t, &s);
+                if (memmem(line, ll, "\"loss\":", 7)) hist_push(t, &s);   /* not eval lines */
             }
         }
         line = nl ? nl + 1 : NULL;
@@ -618,6 +789,25 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             mmc_tb_scalar(tb, "perf/tokens_per_s", t->step, tps);
             mmc_tb_scalar(tb, "perf/rss_mib", t->step, rss);
             mmc_tb_flush(tb);
+        }
+        if (tc->eval_every > 0 && (t->step % tc->eval_every == 0 || t->step == tc->steps) && c->data.eval) {
+            double el;
+            int64_t en;
+            mmc_status est = trainer_eval(t, &el, &en);
+            if (est == MMC_OK) {
+                if (tty) fputc('\n', stderr);
+                fprintf(stderr, "eval step %lld: loss %.6f perplexity %.3f (%lld tokens)\n", (long long)t->step, el,
+                        exp(el), (long long)en);
+                fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.9g, \"eval_perplexity\": %.9g, "
+                        "\"eval_tokens\": %lld}\n", (long long)t->step, el, exp(el), (long long)en);
+                fflush(metrics);
+                mmc_tb_scalar(tb, "eval/loss", t->step, el);
+                mmc_tb_scalar(tb, "eval/perplexity", t->step, exp(el));
+                mmc_tb_flush(tb);
+            } else if (est != MMC_ERR_NOT_FOUND) {
+                st = est;
+                break;
+            }
         }
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (tty) fputc('\n', stderr);

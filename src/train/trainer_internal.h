@@ -7,6 +7,7 @@
 #include "mmc_train.h"
 #include "mmc_dist.h"
 #include "mmc_dp.h"
+#include "mmc_tokenizer.h"
 
 #include <stdio.h>
 
@@ -15,13 +16,16 @@
  *    labels [N, T]; micro-batch k takes rows (k*mb .. k*mb+mb-1) mod N.
  *  - SYNTHETIC: data.train "synthetic": rows of (start + t*stride) mod V, seeded per sample.
  * The state is the number of micro-batches consumed (saved in checkpoints). */
-typedef enum { SRC_FIXED, SRC_SYNTHETIC } src_kind;
+/*  - LOADER: data.train is a JSON/JSONL dataset read by the data pipeline (mmc_data.h); the
+ *    state is the loader's (epoch, position, batch in window, skipped). */
+typedef enum { SRC_FIXED, SRC_SYNTHETIC, SRC_LOADER } src_kind;
 typedef struct {
     src_kind kind;
     int32_t *ids, *labels;     /* FIXED: [N, T] */
     int64_t N, T, vocab, mb;
     uint64_t seed;
     int64_t position;          /* micro-batches consumed */
+    mmc_loader *loader;        /* LOADER */
 } batch_src;
 
 typedef struct mmc_tb mmc_tb;
@@ -38,7 +42,13 @@ mmc_status mmc_plot_loss_lr(const char *path, const int64_t *steps, const double
 
 struct mmc_trainer {
     const mmc_run_config *cfg;
-    mmc_qwen2 *lm;
+    mmc_qwen2 *lm;             /* the language model (vl->lm for a VL model) */
+    mmc_qwen2_vl *vl;          /* Qwen2-VL / Qwen2.5-VL, or NULL for a text Qwen2 */
+    mmc_tokenizer *tok;        /* for the data pipeline (VL with JSON/JSONL data) */
+    mmc_data_opts dopts;
+    mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */
+    char **lora_names;         /* "<module>.lora_A.weight" / ".lora_B.weight" per lora param */
+    int n_lora_names;       /* data section mapped onto the pipeline's options */
     char src_dir[2048];        /* where config.json / tokenizer files are copied from ("" if none) */
     char config_src[2200];     /* where config.json came from (for messages) */
     char *config_text;         /* its contents, written into every checkpoint */
