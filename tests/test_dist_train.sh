@@ -31,7 +31,8 @@ compare() {  # compare REF RUN: losses from metrics.jsonl, weights from the fina
 import json, struct, sys, glob, os
 def losses(d): return [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl"))]
 def weights(d):
-    f = sorted(glob.glob(os.path.join(d, "checkpoint-*")))[-1] + "/model.safetensors"
+    c = sorted(glob.glob(os.path.join(d, "checkpoint-*")))[-1]
+    f = c + "/model.safetensors" if os.path.exists(c + "/model.safetensors") else c + "/adapter_model.safetensors"
     b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
     for k, v in h.items():
         if k == "__metadata__": continue
@@ -64,6 +65,15 @@ cfg dpF 8 4 2 2 ", freeze: [embeddings], recompute: full"
 if "${MPIRUN[@]}" -np 2 "$MMC" train "$W/dpF.yaml" >"$W/dpF.log" 2>&1; then
   r=$(compare refF dpF) && ok "2 ranks ZeRO-2, frozen embeddings, recompute: $r" || bad "frozen: $r"
 else cat "$W/dpF.log"; bad "frozen run"; fi
+# LoRA (adapters only are trained; the frozen base takes no optimizer state)
+LORA=", lora: {r: 4, alpha: 8, dropout: 0.0, targets: [q_proj, v_proj, down_proj]}"
+cfg refL 8 4 1 0 "$LORA"; "$MMC" train "$W/refL.yaml" 2>"$W/refL.log" || { cat "$W/refL.log"; bad "LoRA reference"; }
+for z in 0 1; do
+  cfg dpL$z 8 4 2 $z "$LORA"
+  if "${MPIRUN[@]}" -np 2 "$MMC" train "$W/dpL$z.yaml" >"$W/dpL$z.log" 2>&1; then
+    r=$(compare refL dpL$z) && ok "2 ranks ZeRO-$z, LoRA: $r" || bad "LoRA ZeRO-$z: $r"
+  else cat "$W/dpL$z.log"; bad "LoRA ZeRO-$z run"; fi
+done
 [ "$(grep -c '^step ' "$W/dp2z1.log")" = 6 ] && ok "only rank 0 logs" || bad "log lines: $(grep -c '^step ' "$W/dp2z1.log")"
 # bad input: every rank says why, before any work
 cfg bad1 6 2 2 0 ""
