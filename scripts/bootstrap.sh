@@ -3,7 +3,8 @@
 # when everything is present. See README.md ("Dependencies") for why each one is here.
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libomp-dev libyaml-dev libcjson-dev
-      libjpeg62-turbo-dev libpng-dev libpcre2-dev libutf8proc-dev libcairo2-dev)
+      libjpeg62-turbo-dev libpng-dev libpcre2-dev libutf8proc-dev libcairo2-dev
+      libopenmpi-dev openmpi-bin)
 [ "${MMC_BOOTSTRAP_EXTRA:-}" ] && PKGS+=(${MMC_BOOTSTRAP_EXTRA})
 missing=()
 for p in "${PKGS[@]}"; do

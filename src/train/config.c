@@ -218,15 +218,19 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     (long long)d->batch_size, (long long)d->micro_batch_size);
     c->training.gradient_accumulation = d->batch_size / d->micro_batch_size;
     const mmc_parallel_cfg *p = &c->parallel;
-    static const char *pk[] = {"data_parallel", "tensor_parallel", "pipeline_parallel"};
-    const int64_t pv[] = {p->data_parallel, p->tensor_parallel, p->pipeline_parallel};
-    for (int i = 0; i < 3; i++)
+    static const char *pk[] = {"tensor_parallel", "pipeline_parallel"};
+    const int64_t pv[] = {p->tensor_parallel, p->pipeline_parallel};
+    for (int i = 0; i < 2; i++)
         if (pv[i] != 1)
-            return verr(c, root, "parallel", pk[i], "%lld: this build trains in one process; only 1 is "
-                        "supported for now (distributed training is a later issue)", (long long)pv[i]);
-    if (p->zero != 0)
-        return verr(c, root, "parallel", "zero", "%lld: ZeRO needs data_parallel > 1; only 0 is supported "
-                    "for now", (long long)p->zero);
+            return verr(c, root, "parallel", pk[i], "%lld: only 1 is supported (tensor and pipeline "
+                        "parallelism are not implemented yet; data_parallel is)", (long long)pv[i]);
+    if (d->batch_size % (d->micro_batch_size * p->data_parallel))
+        return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
+                    "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,
+                    (long long)d->micro_batch_size);
+    if (p->zero == 3)
+        return verr(c, root, "parallel", "zero", "3: ZeRO-3 (sharded parameters) is not implemented yet; use "
+                    "0, 1 or 2");
     mmc_optimizer_cfg *o = &c->optimizer;
     if (o->betas.n) {
         if (o->betas.n != 2) return verr(c, root, "optimizer", "betas", "expected two numbers [beta1, beta2], "

@@ -335,6 +335,22 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if (cfg->training.threads > 0) mmc_set_num_threads((int)cfg->training.threads);
     mmc_status st;
     char ckpt[2048] = "";
+    /* data parallelism: every rank checks the layout before any work, so a bad config fails
+     * with the same message on every rank instead of hanging in the first collective */
+    if (!(t->world = mmc_dist_world())) {
+        if ((st = mmc_dist_init(NULL, &t->world))) goto fail;
+        t->owns_dist = true;
+    }
+    t->rank = mmc_comm_rank(t->world);
+    t->world_size = mmc_comm_size(t->world);
+    if (cfg->parallel.data_parallel != t->world_size) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel is %lld but the job has %d process%s (rank %d); "
+                       "launch with mmc launch -n %lld (or mpirun -np %lld), or set parallel.data_parallel: %d",
+                       cfg->file, (long long)cfg->parallel.data_parallel, t->world_size,
+                       t->world_size == 1 ? "" : "es", t->rank, (long long)cfg->parallel.data_parallel,
+                       (long long)cfg->parallel.data_parallel, t->world_size);
+        goto fail;
+    }
     if (resume) {
         int64_t step;
         if ((st = mmc_checkpoint_latest(cfg->training.output_dir, &step, ckpt, sizeof ckpt))) {
@@ -353,7 +369,22 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if (t->vl && is_dataset(cfg->data.train)) st = loader_open(t);
     else st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
     if (st) goto fail;
+    if (t->src.kind == SRC_FIXED && t->src.N < t->world_size) {
+        st = mmc_error(MMC_ERR_INVALID, "data.train %s has %lld samples, fewer than the %d data-parallel ranks "
+                       "(rank %d): use fewer processes or more data", cfg->data.train, (long long)t->src.N,
+                       t->world_size, t->rank);
+        goto fail;
+    }
     if (resume && (st = mmc_trainer_restore(t, ckpt))) goto fail;
+    if (t->world_size > 1 || cfg->parallel.zero > 0) {
+        if ((st = mmc_dp_new(t->world, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o,
+                             &t->dp)))
+            goto fail;
+        if (cfg->parallel.zero >= 1) {   /* this rank keeps only its shard of the AdamW state */
+            mmc_dp_scatter_state(t->dp, &t->adamw);
+            mmc_adamw_free(&t->adamw);
+        }
+    }
     *out = t;
     return MMC_OK;
 fail:
@@ -369,6 +400,7 @@ void mmc_trainer_free(mmc_trainer *t) {
             mmc_tensor_free(t->opt[i]);
         }
     mmc_adamw_free(&t->adamw);
+    mmc_dp_free(t->dp);
     free(t->opt);
     free(t->opt_model);
     free(t->opt_names);
@@ -389,6 +421,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->h_step);
     free(t->h_loss);
     free(t->h_lr);
+    if (t->owns_dist) mmc_dist_finalize();
     free(t);
 }
 
@@ -407,6 +440,12 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
         n += k;
         bytes += 2 * k * 4 + (t->opt[i] != t->opt_model[i] ? k * 4 : 0);
     }
+    if (t->dp && t->cfg->parallel.zero >= 1) {   /* moments are sharded; masters are not (yet) */
+        mmc_dp_memory m;
+        mmc_dp_get_memory(t->dp, &m);
+        bytes = m.optim;
+        for (int i = 0; i < t->n_opt; i++) bytes += t->opt[i] != t->opt_model[i] ? mmc_numel(t->opt[i]) * 4 : 0;
+    }
     if (trainable) *trainable = n;
     if (state_bytes) *state_bytes = bytes;
 }
@@ -414,13 +453,28 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
 /* ------------------------------------------------------------------ one step */
 mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     const mmc_run_config *c = t->cfg;
-    const int64_t ga = c->training.gradient_accumulation;
+    /* data parallelism: this rank takes micro-batches [rank*ga, (rank+1)*ga) of the global
+     * batch's data.batch_size / micro_batch_size; the source position stays global */
+    const int64_t ga = c->training.gradient_accumulation / t->world_size;
+    const int64_t pos0 = t->src.position;
+    t->src.position = pos0 + (int64_t)t->rank * ga;
     double t0 = mmc_now();
+    if (t->dp) mmc_dp_reset_timing(t->dp);
     memset(s, 0, sizeof *s);
     mmc_batch *mbs = calloc((size_t)ga, sizeof *mbs);
     if (!mbs) return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = MMC_OK;
     int64_t got = 0, labels = 0;
+    if (t->src.kind == SRC_LOADER && t->world_size > 1) {
+        /* the loader is sequential: skip the micro-batches of the ranks before this one (they
+         * are decoded and dropped; a sharded loader would avoid that) */
+        t->src.position = pos0;
+        for (int64_t k = 0; k < (int64_t)t->rank * ga; k++) {
+            mmc_batch skip;
+            if ((st = src_next(&t->src, &skip))) goto done;
+            batch_release(&skip);
+        }
+    }
     for (; got < ga; got++) {
         if ((st = src_next(&t->src, &mbs[got]))) goto done;
         labels += mbs[got].n_label_tokens;
@@ -428,6 +482,18 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         s->samples += mbs[got].B;
     }
     s->data_s = mmc_now() - t0;
+    if (t->src.kind == SRC_LOADER && t->world_size > 1)   /* and past the ranks after it */
+        for (int64_t k = t->src.position; k < pos0 + c->training.gradient_accumulation; k++) {
+            mmc_batch skip;
+            if ((st = src_next(&t->src, &skip))) goto done;
+            batch_release(&skip);
+        }
+    t->src.position = pos0 + c->training.gradient_accumulation;
+    if (t->world_size > 1) {   /* the loss is normalised by the label tokens of the whole global batch */
+        int64_t v[3] = {labels, s->tokens, s->samples};
+        if ((st = mmc_all_reduce(t->world, v, v, 3, MMC_I64, MMC_SUM))) goto done;
+        labels = v[0]; s->tokens = v[1]; s->samples = v[2];
+    }
     s->label_tokens = labels;
     const double scale = 1.0 / (double)(labels > 0 ? labels : 1);
     mmc_zero_grad(t->params, t->n_params);
@@ -453,7 +519,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         float lv = *(const float *)l->data;
         const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
         if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
-        if (!isfinite(lv)) {
+        if (!isfinite(lv) && t->world_size == 1) {
             mmc_ctx_reset(t->ctx);
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "
                            "%lld); stopping without updating the weights — the last checkpoint is intact; "
@@ -463,12 +529,29 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
             goto done;
         }
         loss += lv;
-        mmc_backward(t->ctx, l);
+        if (t->dp) mmc_dp_backward(t->dp, t->ctx, l, k == ga - 1);   /* buckets reduce during backward */
+        else mmc_backward(t->ctx, l);
         mmc_ctx_reset(t->ctx);
+    }
+    double norm;
+    if (t->dp) {
+        /* every rank joins every collective, whatever its micro-batches held; a non-finite
+         * loss on any rank stops every rank at the same step */
+        if ((st = mmc_dp_finish(t->dp, t->ctx))) goto done;
+        if ((st = mmc_all_reduce(t->world, &loss, &loss, 1, MMC_F64, MMC_SUM))) goto done;
+        if (!isfinite(loss)) {
+            st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite on some rank; stopping without "
+                           "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
+            goto done;
+        }
     }
     for (int i = 0; i < t->n_opt; i++)
         if (t->opt[i] != t->opt_model[i]) t->opt[i]->grad = t->opt_model[i]->grad;
-    double norm = mmc_clip_grad_norm(t->opt, t->n_opt, c->optimizer.grad_clip);
+    if (t->dp && c->parallel.zero >= 1) {
+        if ((st = mmc_dp_clip(t->dp, c->optimizer.grad_clip, &norm))) goto done;
+    } else {
+        norm = mmc_clip_grad_norm(t->opt, t->n_opt, c->optimizer.grad_clip);
+    }
     if (!isfinite(norm)) {
         st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the gradient norm is %s (loss %g); stopping without "
                        "updating the weights — the last checkpoint is intact", (long long)t->step + 1,
@@ -476,7 +559,11 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         goto done;
     }
     double lr = mmc_schedule_lr(&t->sched, t->step);
-    mmc_adamw_step(&t->adamw, lr);
+    if (t->dp && c->parallel.zero >= 1) {
+        if ((st = mmc_dp_step(t->dp, lr))) goto done;
+    } else {
+        mmc_adamw_step(&t->adamw, lr);
+    }
     for (int i = 0; i < t->n_opt; i++)
         if (t->opt[i] != t->opt_model[i])
             mmc_convert(t->opt_model[i]->data, MMC_BF16, t->opt[i]->data, MMC_F32, mmc_numel(t->opt[i]));
@@ -598,9 +685,47 @@ static void metrics_trim(mmc_trainer *t, const char *path) {
     free(text);
 }
 
+/* Checkpoint with data parallelism: ZeRO >= 1 gathers the AdamW shards into full state on
+ * every rank (collective) for the save; only rank 0 writes; every rank learns the outcome. */
+static mmc_status save_ranked(mmc_trainer *t) {
+    mmc_status st = MMC_OK;
+    const bool sharded = t->dp && t->cfg->parallel.zero >= 1;
+    if (sharded) {
+        const mmc_optimizer_cfg *oc = &t->cfg->optimizer;
+        mmc_adamw_opts o = {.lr = oc->lr, .beta1 = oc->beta1, .beta2 = oc->beta2, .eps = oc->eps,
+                            .weight_decay = oc->weight_decay};
+        st = mmc_adamw_init(&t->adamw, &o, t->opt, t->n_opt);
+        if (!st) st = mmc_dp_gather_state(t->dp, &t->adamw);
+    }
+    if (!st && t->rank == 0) st = mmc_trainer_save(t);
+    if (sharded) mmc_adamw_free(&t->adamw);
+    if (t->world_size > 1) {
+        int64_t bad = st != MMC_OK;
+        mmc_status s2 = mmc_all_reduce(t->world, &bad, &bad, 1, MMC_I64, MMC_MAX);
+        if (s2) return s2;
+        if (bad && !st) st = mmc_error(MMC_ERR_IO, "checkpoint at step %lld failed on rank 0 (see its message)",
+                                       (long long)t->step);
+    }
+    return st;
+}
+
 mmc_status mmc_trainer_run(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const mmc_training_cfg *tc = &c->training;
+    if (t->rank != 0) {   /* only rank 0 prints progress and writes logs and checkpoints */
+        mmc_status st = MMC_OK;
+        int64_t last_saved = -1;
+        while (!st && t->step < tc->steps) {
+            mmc_step_stats s;
+            if ((st = mmc_trainer_step(t, &s))) break;
+            if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
+                st = save_ranked(t);
+                last_saved = t->step;
+            }
+        }
+        if (!st && last_saved != t->step) st = save_ranked(t);
+        return st;
+    }
     mmc_status st = mmc_mkdir_p(tc->output_dir);
     if (st) return st;
     char path[2100];
@@ -620,10 +745,14 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
     int64_t trainable = 0, state = 0;
     mmc_trainer_memory(t, &trainable, &state);
     fprintf(stderr, "mmc train: %lld trainable parameters, %.1f MiB optimizer state, %lld steps from step "
-            "%lld, global batch %lld = %lld x %lld micro-batches\n", (long long)trainable,
+            "%lld, global batch %lld = %lld x %lld micro-batches%s\n", (long long)trainable,
             (double)state / 1048576.0, (long long)tc->steps, (long long)t->step,
             (long long)c->data.batch_size, (long long)tc->gradient_accumulation,
-            (long long)c->data.micro_batch_size);
+            (long long)c->data.micro_batch_size, t->world_size > 1 ? " over data-parallel ranks" : "");
+    if (t->world_size > 1)
+        fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
+                t->world_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,
+                (long long)(tc->gradient_accumulation / t->world_size));
     while (t->step < tc->steps) {
         mmc_step_stats s;
         if ((st = mmc_trainer_step(t, &s))) break;
@@ -682,12 +811,12 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         }
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (tty) fputc('\n', stderr);
-            if ((st = mmc_trainer_save(t))) break;
+            if ((st = save_ranked(t))) break;
             last_saved = t->step;
         }
         if (slow) usleep((useconds_t)atoi(slow) * 1000u);
     }
-    if (!st && last_saved != t->step) st = mmc_trainer_save(t);
+    if (!st && last_saved != t->step) st = save_ranked(t);
     fclose(metrics);
     mmc_tb_close(tb);
     return st;

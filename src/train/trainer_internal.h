@@ -5,6 +5,8 @@
 
 #include "mmc_trainer.h"
 #include "mmc_train.h"
+#include "mmc_dist.h"
+#include "mmc_dp.h"
 #include "mmc_tokenizer.h"
 
 #include <stdio.h>
@@ -70,6 +72,11 @@ struct mmc_trainer {
     int64_t *h_step;
     double *h_loss, *h_lr;
     int n_hist, cap_hist;
+    /* data parallelism (src/dist): the world, this rank, and the gradient reducer */
+    mmc_comm *world;
+    int rank, world_size;
+    bool owns_dist;            /* this trainer started the runtime (and finalizes it) */
+    mmc_dp *dp;
 };
 
 /* checkpoint.c */

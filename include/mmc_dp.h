@@ -1,0 +1,63 @@
+/* mmc_dp.h — data parallelism for the trainer: gradient buckets reduced while backward
+ * runs, and ZeRO stages 0-2 (DeepSpeed ZeRO / PyTorch DDP + ZeroRedundancyOptimizer):
+ *   0  buckets are all-reduced (sum); every rank keeps full AdamW state;
+ *   1  buckets are reduce-scattered after the last micro-batch; each rank keeps AdamW state
+ *      for its shard of every bucket only, updates that shard, and the parameters are
+ *      all-gathered;
+ *   2  as 1, and the gradients are reduce-scattered after every micro-batch into a sharded
+ *      accumulator, so accumulated gradients are sharded too.
+ * Buckets follow the reverse parameter order (the order backward completes them); a bucket
+ * is started as soon as the tape has unwound past the first use of each of its parameters,
+ * in bucket order on every rank, so every rank issues the same collectives in the same
+ * order whatever its micro-batch holds. The gradient is the SUM over ranks: the trainer
+ * scales each micro-batch's loss by 1 / (label tokens of the whole global batch). */
+#ifndef MMC_DP_H
+#define MMC_DP_H
+
+#include "mmc.h"
+#include "mmc_dist.h"
+#include "mmc_train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mmc_dp mmc_dp;
+
+/* model[i]: the tensors the forward uses (their ->grad is filled by backward); opt[i]: the
+ * fp32 tensors AdamW updates (== model[i], or an fp32 master). bucket_bytes 0 = 4 MiB
+ * (env MMC_DP_BUCKET_BYTES overrides). For zero >= 1 the AdamW state is created here. */
+mmc_status mmc_dp_new(mmc_comm *dp, int zero, mmc_tensor **model, mmc_tensor **opt, int n,
+                      size_t bucket_bytes, const mmc_adamw_opts *o, mmc_dp **out);
+void mmc_dp_free(mmc_dp *d);
+/* Backward of one micro-batch (replaces mmc_backward): walks the tape in reverse and starts
+ * bucket reductions as their gradients complete — on the last micro-batch of the step, or on
+ * every one with ZeRO-2. */
+void mmc_dp_backward(mmc_dp *d, mmc_ctx *ctx, mmc_tensor *loss, bool last_micro);
+/* Wait for every bucket. ZeRO-0: model[i]->grad hold the summed gradient. */
+mmc_status mmc_dp_finish(mmc_dp *d, mmc_ctx *ctx);
+/* Global gradient norm (over all ranks' shards for ZeRO >= 1), clipped as
+ * torch.nn.utils.clip_grad_norm_ (ZeRO-0: the caller's mmc_clip_grad_norm does the same). */
+mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm);
+/* ZeRO >= 1: AdamW on this rank's shard, then all-gather the parameters into opt[i]. */
+mmc_status mmc_dp_step(mmc_dp *d, double lr);
+/* ZeRO >= 1: gather the sharded AdamW moments into full (allocated, initialised) state
+ * a->m / a->v over the same opt[] (collective); and scatter them back (after a restore). */
+mmc_status mmc_dp_gather_state(mmc_dp *d, mmc_adamw *a);
+void mmc_dp_scatter_state(mmc_dp *d, const mmc_adamw *a);
+int64_t mmc_dp_adamw_step(const mmc_dp *d);
+void mmc_dp_set_adamw_step(mmc_dp *d, int64_t step);
+
+/* Bytes this rank holds for the trainable parameters: parameters, gradients (the autograd
+ * buffers plus sharded accumulators and bucket buffers), optimizer state. */
+typedef struct { int64_t params, grads, buckets, optim; } mmc_dp_memory;
+void mmc_dp_get_memory(const mmc_dp *d, mmc_dp_memory *m);
+/* Seconds the caller spent blocked waiting for gradient reductions in the last step, and
+ * seconds from the first bucket's start to the last bucket's completion. */
+void mmc_dp_get_timing(const mmc_dp *d, double *exposed_s, double *comm_s);
+void mmc_dp_reset_timing(mmc_dp *d);   /* at the start of each step */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
