@@ -13,10 +13,10 @@ static mmc_tensor *positions(mmc_ctx *ctx, int64_t start, int64_t T) {
     return pos;
 }
 
-mmc_status mmc_qwen2_generate(mmc_qwen2 *m, const int32_t *prompt, int64_t n_prompt,
-                              const mmc_gen_opts *opts, int32_t *out, int *n_out) {
+mmc_status mmc_generate_loop(mmc_step_fn step_fn, void *user, const mmc_qwen2_config *c,
+                             const int32_t *prompt, int64_t n_prompt, const mmc_gen_opts *opts,
+                             int32_t *out, int *n_out) {
     *n_out = 0;
-    const mmc_qwen2_config *c = &m->cfg;
     if (n_prompt <= 0) return mmc_error(MMC_ERR_INVALID, "empty prompt");
     if (n_prompt + opts->max_new_tokens > c->max_position_embeddings)
         return mmc_error(MMC_ERR_INVALID, "prompt of %lld tokens + %d new tokens exceeds the context "
@@ -37,27 +37,18 @@ mmc_status mmc_qwen2_generate(mmc_qwen2 *m, const int32_t *prompt, int64_t n_pro
     if (st || !hist) { st = st ? st : mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     mmc_set_grad_enabled(ctx, false);
     memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
-    int64_t n_hist = n_prompt;
-    const int32_t *feed = prompt;
-    int64_t n_feed = n_prompt;
-    mmc_attn_opts attn = {.causal = true};
+    int64_t n_hist = n_prompt, n_feed = n_prompt;
     for (int step = 0; step < opts->max_new_tokens; step++) {
         mmc_ctx_reset(ctx);
-        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n_feed));
-        memcpy(ids->data, feed, (size_t)n_feed * sizeof(int32_t));
-        mmc_tensor *cos, *sin;
-        mmc_rope_table_1d(ctx, positions(ctx, kv.len, n_feed), (int)c->head_dim, c->rope_theta, &cos, &sin);
-        mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, ids), cos, sin, &attn, &kv);
-        mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n_feed - 1, 1));   /* [1, 1, C] */
-        mmc_tensor *logits = mmc_qwen2_logits(ctx, m, last);                            /* [1, 1, V] */
-        int32_t tok = mmc_sampler_next(&smp, logits->data, hist, n_hist);
+        float *logits;
+        if ((st = step_fn(ctx, user, hist + n_hist - n_feed, n_feed, step == 0, &kv, &logits))) goto done;
+        int32_t tok = mmc_sampler_next(&smp, logits, hist, n_hist);
         bool stop = false;
         for (int e = 0; e < opts->n_eos; e++) stop |= tok == opts->eos_ids[e];
         if (stop) break;
         out[(*n_out)++] = tok;
         hist[n_hist++] = tok;
         if (opts->on_token && !opts->on_token(opts->user, tok)) break;
-        feed = &hist[n_hist - 1];
         n_feed = 1;
     }
 done:
@@ -66,4 +57,24 @@ done:
     mmc_kv_cache_free(&kv);
     mmc_sampler_free(&smp);
     return st;
+}
+
+static mmc_status qwen2_step(mmc_ctx *ctx, void *user, const int32_t *feed, int64_t n, bool first,
+                             mmc_kv_cache *kv, float **logits) {
+    mmc_qwen2 *m = user;
+    (void)first;
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n));
+    memcpy(ids->data, feed, (size_t)n * sizeof(int32_t));
+    mmc_tensor *cos, *sin;
+    mmc_rope_table_1d(ctx, positions(ctx, kv->len, n), (int)m->cfg.head_dim, m->cfg.rope_theta, &cos, &sin);
+    mmc_attn_opts attn = {.causal = true};
+    mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, ids), cos, sin, &attn, kv);
+    mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));   /* [1, 1, C] */
+    *logits = mmc_qwen2_logits(ctx, m, last)->data;                           /* [1, 1, V] */
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_generate(mmc_qwen2 *m, const int32_t *prompt, int64_t n_prompt,
+                              const mmc_gen_opts *opts, int32_t *out, int *n_out) {
+    return mmc_generate_loop(qwen2_step, m, &m->cfg, prompt, n_prompt, opts, out, n_out);
 }

@@ -364,45 +364,28 @@ mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidde
 }
 
 /* ------------------------------------------------------------------ generation */
+typedef struct {
+    mmc_qwen2_vl *m;
+    const mmc_vl_media *media;
+    int64_t delta;               /* rope_deltas of the prompt, for the decode positions */
+} vl_gen;
+
+static mmc_status vl_step(mmc_ctx *ctx, void *user, const int32_t *feed, int64_t n, bool first,
+                          mmc_kv_cache *kv, float **logits) {
+    vl_gen *g = user;
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n)), *h;
+    memcpy(ids->data, feed, (size_t)n * sizeof(int32_t));
+    mmc_status st = mmc_qwen2_vl_forward(ctx, g->m, ids, first ? g->media : NULL, kv, &g->delta, &h);
+    if (st) return st;
+    mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));  /* [1, 1, C] */
+    *logits = mmc_qwen2_vl_logits(ctx, g->m, last)->data;                    /* [1, 1, V] */
+    return MMC_OK;
+}
+
 mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,
                                  const mmc_vl_media *media, const mmc_gen_opts *opts, int32_t *out, int *n_out) {
-    *n_out = 0;
-    const mmc_qwen2_config *c = &m->lm->cfg;
-    if (n_prompt <= 0) return mmc_error(MMC_ERR_INVALID, "empty prompt");
-    mmc_sampler smp;
-    mmc_status st = mmc_sampler_init(&smp, &opts->sampler, c->vocab_size);
-    if (st) return st;
-    mmc_kv_cache kv;
-    st = mmc_kv_cache_init(&kv, (int)c->num_layers, 1, c->num_kv_heads, c->head_dim, n_prompt + opts->max_new_tokens);
-    int32_t *hist = malloc((size_t)(n_prompt + opts->max_new_tokens + 1) * sizeof *hist);
-    mmc_ctx *ctx = mmc_ctx_new();
-    if (st || !hist || !ctx) { st = st ? st : mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
-    mmc_set_grad_enabled(ctx, false);
-    memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
-    int64_t n_hist = n_prompt, n_feed = n_prompt, delta = 0;
-    for (int step = 0; step < opts->max_new_tokens; step++) {
-        mmc_ctx_reset(ctx);
-        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n_feed));
-        memcpy(ids->data, hist + n_hist - n_feed, (size_t)n_feed * sizeof(int32_t));
-        mmc_tensor *h;
-        if ((st = mmc_qwen2_vl_forward(ctx, m, ids, step == 0 ? media : NULL, &kv, &delta, &h))) goto done;
-        mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n_feed - 1, 1));  /* [1, 1, C] */
-        mmc_tensor *logits = mmc_qwen2_vl_logits(ctx, m, last);                        /* [1, 1, V] */
-        int32_t tok = mmc_sampler_next(&smp, logits->data, hist, n_hist);
-        bool stop = false;
-        for (int e = 0; e < opts->n_eos; e++) stop |= tok == opts->eos_ids[e];
-        if (stop) break;
-        out[(*n_out)++] = tok;
-        hist[n_hist++] = tok;
-        if (opts->on_token && !opts->on_token(opts->user, tok)) break;
-        n_feed = 1;
-    }
-done:
-    mmc_ctx_free(ctx);
-    free(hist);
-    mmc_kv_cache_free(&kv);
-    mmc_sampler_free(&smp);
-    return st;
+    vl_gen g = {m, media, 0};
+    return mmc_generate_loop(vl_step, &g, &m->lm->cfg, prompt, n_prompt, opts, out, n_out);
 }
 
 mmc_status mmc_qwen2_vl_linears(mmc_qwen2_vl *m, mmc_module_list *out) {
