@@ -68,6 +68,12 @@ typedef struct mmc_qwen2 {
     bool recompute;               /* activation checkpointing per block */
 } mmc_qwen2;
 
+/* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference
+ * (f32, and bf16 matrices), an f32 parameter copy when trainable. Problems are appended to
+ * errs (one line each) and returned as a status, so loaders can report them all. */
+mmc_status mmc_model_bind(const mmc_st *st, const char *full, int ndim, const int64_t *shape,
+                          bool trainable, mmc_tensor **slot, char *errs, size_t errcap);
+
 /* Read a Qwen2 text config from a parsed config.json: flat (Qwen2, and the Hub's
  * Qwen2-VL) or nested under text_config (transformers >= 4.52 / 5.x); rope_theta or
  * rope_parameters.rope_theta; rope_scaling / rope_parameters mrope_section. */

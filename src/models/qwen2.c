@@ -195,46 +195,6 @@ mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 *
     return MMC_OK;
 }
 
-/* Bind one checkpoint tensor: zero-copy view for inference, f32 copy for training. */
-static mmc_status bind(const mmc_st *st, const char *full, int ndim, const int64_t *shape,
-                       bool trainable, mmc_tensor **slot, char *errs, size_t errcap) {
-    const mmc_st_entry *e = mmc_st_find(st, full);
-    size_t used = strlen(errs);
-    if (!e) {
-        snprintf(errs + used, errcap - used, "\n  missing tensor '%s'", full);
-        return MMC_ERR_NOT_FOUND;
-    }
-    bool ok = e->ndim == ndim;
-    for (int d = 0; ok && d < ndim; d++) ok = e->shape[d] == shape[d];
-    if (!ok) {
-        mmc_tensor want = {.ndim = ndim}, found = {.ndim = e->ndim};
-        memcpy(want.shape, shape, (size_t)ndim * sizeof *shape);
-        memcpy(found.shape, e->shape, sizeof found.shape);
-        char a[64], b[64];
-        snprintf(errs + used, errcap - used, "\n  tensor '%s': expected shape %s, found %s", full,
-                 mmc_shape_str(&want, a, sizeof a), mmc_shape_str(&found, b, sizeof b));
-        return MMC_ERR_SHAPE;
-    }
-    if (e->dtype != MMC_F32 && e->dtype != MMC_BF16 && e->dtype != MMC_F16) {
-        snprintf(errs + used, errcap - used, "\n  tensor '%s': dtype %s is not a float type", full,
-                 mmc_dtype_name(e->dtype));
-        return MMC_ERR_UNSUPPORTED;
-    }
-    mmc_tensor *t;
-    if (!trainable && ndim >= 2 && (e->dtype == MMC_F32 || e->dtype == MMC_BF16) && ((uintptr_t)e->data % 4) == 0) {
-        t = mmc_tensor_wrap(e->dtype, ndim, shape, (void *)e->data);
-    } else {
-        /* norms and biases are always f32; big matrices keep bf16 for inference */
-        mmc_dtype dt = trainable || ndim == 1 || e->dtype == MMC_F16 ? MMC_F32 : e->dtype;
-        t = mmc_tensor_new(dt, ndim, shape);
-        if (t) mmc_convert(t->data, dt, e->data, e->dtype, mmc_numel(t));
-    }
-    if (!t) return MMC_ERR_OOM;
-    if (trainable) t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
-    *slot = t;
-    return MMC_OK;
-}
-
 mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix,
                                const char *lm_head_name, bool trainable, mmc_qwen2 **out) {
     *out = NULL;
@@ -248,12 +208,12 @@ mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const ch
     for (int i = 0; i < n; i++) {
         char full[256];
         snprintf(full, sizeof full, "%s%s", prefix, s[i].name);
-        if (bind(st, full, s[i].ndim, s[i].shape, trainable, s[i].slot, errs, errcap) != MMC_OK) bad++;
+        if (mmc_model_bind(st, full, s[i].ndim, s[i].shape, trainable, s[i].slot, errs, errcap) != MMC_OK) bad++;
         else register_param(m, *s[i].slot, s[i].name);
     }
     if (cfg->tie_word_embeddings && !mmc_st_find(st, lm_head_name)) {
         m->lm_head = m->embed;
-    } else if (bind(st, lm_head_name, 2, MMC_SHAPE(cfg->vocab_size, cfg->hidden_size), trainable,
+    } else if (mmc_model_bind(st, lm_head_name, 2, MMC_SHAPE(cfg->vocab_size, cfg->hidden_size), trainable,
                     &m->lm_head, errs, errcap) != MMC_OK) {
         bad++;
     } else {

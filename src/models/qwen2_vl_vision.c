@@ -148,54 +148,6 @@ static int build_specs(mmc_vision *v, vspec *s) {
     return n;
 }
 
-static void shape_str(int nd, const int64_t *sh, char *buf, size_t n) {
-    mmc_tensor t = {.ndim = nd};
-    memcpy(t.shape, sh, (size_t)nd * sizeof *sh);
-    mmc_shape_str(&t, buf, n);
-}
-
-/* Bind one tensor: zero-copy for inference (f32, and bf16 matrices), else an f32 copy. */
-static mmc_status bind(const mmc_st *st, const char *full, const vspec *s, bool trainable, char *errs,
-                       size_t errcap) {
-    const mmc_st_entry *e = mmc_st_find(st, full);
-    size_t used = strlen(errs);
-    if (!e) {
-        snprintf(errs + used, errcap - used, "\n  missing tensor '%s'", full);
-        return MMC_ERR_NOT_FOUND;
-    }
-    bool ok = e->ndim == s->ndim;
-    for (int d = 0; ok && d < s->ndim; d++) ok = e->shape[d] == s->shape[d];
-    if (!ok) {
-        char a[96], b[96];
-        shape_str(s->ndim, s->shape, a, sizeof a);
-        shape_str(e->ndim, e->shape, b, sizeof b);
-        snprintf(errs + used, errcap - used, "\n  tensor '%s': expected shape %s, found %s", full, a, b);
-        return MMC_ERR_SHAPE;
-    }
-    if (e->dtype != MMC_F32 && e->dtype != MMC_BF16 && e->dtype != MMC_F16) {
-        snprintf(errs + used, errcap - used, "\n  tensor '%s': dtype %s is not a float type", full,
-                 mmc_dtype_name(e->dtype));
-        return MMC_ERR_UNSUPPORTED;
-    }
-    mmc_tensor *t;
-    bool zc_dtype = e->dtype == MMC_F32 || (e->dtype == MMC_BF16 && s->ndim >= 2);
-    size_t align = e->dtype == MMC_F32 ? 4 : 2;
-    if (!trainable && zc_dtype && ((uintptr_t)e->data % align) == 0) {
-        t = mmc_tensor_wrap(e->dtype, s->ndim, s->shape, (void *)e->data);
-    } else {
-        /* vectors (norms, biases) always f32; matrices keep bf16 for inference */
-        mmc_dtype dt = trainable || s->ndim == 1 || e->dtype == MMC_F16 ? MMC_F32 : e->dtype;
-        t = mmc_tensor_new(dt, s->ndim, s->shape);
-        if (t) mmc_convert(t->data, dt, e->data, e->dtype, mmc_numel(t));
-    }
-    if (!t) return MMC_ERR_OOM;
-    if (trainable) t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
-    size_t nl = strlen(full) < sizeof t->name - 1 ? strlen(full) : sizeof t->name - 1;
-    memcpy(t->name, full, nl);
-    t->name[nl] = 0;
-    *s->slot = t;
-    return MMC_OK;
-}
 
 static mmc_vision *vision_alloc(const mmc_vision_config *cfg, vspec **specs, int *n);
 
@@ -225,7 +177,7 @@ mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const 
     for (int i = 0; i < n; i++) {
         char full[256];
         snprintf(full, sizeof full, "%s%s", prefix, s[i].name);
-        if (bind(st, full, &s[i], trainable, errs, errcap) != MMC_OK) {
+        if (mmc_model_bind(st, full, s[i].ndim, s[i].shape, trainable, s[i].slot, errs, errcap) != MMC_OK) {
             bad++;
             continue;
         }
