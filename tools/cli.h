@@ -40,5 +40,7 @@ int cmd_eval(int argc, char **argv);
 void help_eval(FILE *f);
 int cmd_train(int argc, char **argv);
 void help_train(FILE *f);
+int cmd_launch(int argc, char **argv);
+void help_launch(FILE *f);
 
 #endif

@@ -25,6 +25,8 @@ static const cli_cmd g_cmds[] = {
      cmd_synth, help_synth},
     {"train", "Train or fine-tune a model from one YAML run config (resumable checkpoints)",
      cmd_train, help_train},
+    {"launch", "Run `mmc train` on N data-parallel processes (execs mpirun with sensible flags)",
+     cmd_launch, help_launch},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 

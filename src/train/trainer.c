@@ -337,9 +337,15 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     char ckpt[2048] = "";
     /* data parallelism: every rank checks the layout before any work, so a bad config fails
      * with the same message on every rank instead of hanging in the first collective */
+    /* the watchdog timeout: parallel.timeout, unless MMC_DIST_TIMEOUT is set */
+    const char *tenv = getenv("MMC_DIST_TIMEOUT");
+    const bool env_timeout = tenv && atof(tenv) > 0;
     if (!(t->world = mmc_dist_world())) {
-        if ((st = mmc_dist_init(NULL, &t->world))) goto fail;
+        mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = env_timeout ? 0 : cfg->parallel.timeout};
+        if ((st = mmc_dist_init(&dop, &t->world))) goto fail;
         t->owns_dist = true;
+    } else if (!env_timeout && cfg->parallel.timeout > 0) {
+        mmc_dist_set_timeout(cfg->parallel.timeout);
     }
     t->rank = mmc_comm_rank(t->world);
     t->world_size = mmc_comm_size(t->world);
