@@ -799,9 +799,16 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                     sps, rss, etas);
         }
         if (log) {
+            char comm[128] = "";
+            if (t->dp) {   /* gradient reduction: first bucket start to last completion, and the part
+                            * the caller waited for (the rest overlapped backward) */
+                double exposed = 0, busy = 0;
+                mmc_dp_get_timing(t->dp, &exposed, &busy);
+                snprintf(comm, sizeof comm, ", \"comm_s\": %.6f, \"comm_exposed_s\": %.6f", busy, exposed);
+            }
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                    "\"tokens_per_s\": %.3f, \"samples_per_s\": %.4f, \"rss_mib\": %.1f, \"data_share\": %.5f}\n",
-                    (long long)t->step, s.loss, s.lr, s.grad_norm, tps, sps, rss, share);
+                    "\"tokens_per_s\": %.3f, \"samples_per_s\": %.4f, \"rss_mib\": %.1f, \"data_share\": %.5f%s}\n",
+                    (long long)t->step, s.loss, s.lr, s.grad_norm, tps, sps, rss, share, comm);
             fflush(metrics);
             mmc_tb_scalar(tb, "train/loss", t->step, s.loss);
             mmc_tb_scalar(tb, "train/lr", t->step, s.lr);
@@ -837,6 +844,14 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         if (slow) usleep((useconds_t)atoi(slow) * 1000u);
     }
     if (!st && last_saved != t->step) st = save_ranked(t);
+    if (!st && t->dp) {
+        mmc_dp_memory m;
+        mmc_dp_get_memory(t->dp, &m);
+        mmc_trainer_memory(t, NULL, &m.optim);   /* ZeRO-0 keeps the full AdamW state outside dp */
+        fprintf(stderr, "mmc train: rank 0 holds %lld bytes of parameters, %lld of gradients (+%lld in buckets), "
+                "%lld of optimizer state\n", (long long)m.params, (long long)m.grads, (long long)m.buckets,
+                (long long)m.optim);
+    }
     fclose(metrics);
     mmc_tb_close(tb);
     return st;
