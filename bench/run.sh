@@ -18,6 +18,13 @@ for b in "$BUILD"/bench_*; do
   echo "bench: $name" >&2
   "$b" >> "$RAW" || echo "bench: $name failed (exit $?)" >&2
 done
+# shell benchmarks (bench/bench_*.sh, e.g. multi-process runs under mpirun): same JSON lines
+for b in bench/bench_*.sh; do
+  [ -f "$b" ] || continue
+  echo "$(basename "$b")" | grep -qE "$FILTER" || continue
+  echo "bench: $(basename "$b")" >&2
+  MMC="$BUILD/mmc" bash "$b" >> "$RAW" || echo "bench: $b failed (exit $?)" >&2
+done
 PY="$VENV/bin/python"
 if [ -x "$PY" ]; then
   for p in bench/peer_*.py; do

@@ -9,7 +9,7 @@
  *              quantization {method, double_quant, block_size}}
  *   data:     {train, eval, image_root, max_pixels, min_pixels, seq_len, packing, truncation,
  *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict}
- *   parallel: {data_parallel, tensor_parallel, pipeline_parallel, zero}
+ *   parallel: {data_parallel, tensor_parallel, pipeline_parallel, zero, timeout}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
  *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
  */
@@ -71,6 +71,8 @@ typedef struct {
 
 typedef struct {
     int64_t data_parallel, tensor_parallel, pipeline_parallel, zero;
+    double timeout;                   /* seconds before a stuck collective aborts the job
+                                       * (env MMC_DIST_TIMEOUT overrides) */
 } mmc_parallel_cfg;
 
 typedef enum { MMC_OPT_ADAMW = 0 } mmc_opt_type;

@@ -57,6 +57,35 @@ void mmc_dp_get_memory(const mmc_dp *d, mmc_dp_memory *m);
 void mmc_dp_get_timing(const mmc_dp *d, double *exposed_s, double *comm_s);
 void mmc_dp_reset_timing(mmc_dp *d);   /* at the start of each step */
 
+/* ---------------------------------------------------------------- sharded checkpoints
+ * (src/dist/dp_ckpt.c) ZeRO >= 1: each rank writes its moments to
+ * DIR/optimizer.rank<R>-of-<W>.safetensors; rank 0 writes DIR/optimizer_manifest.json (world
+ * size, ZeRO stage, bucket sizes and shard lengths, every parameter's bucket and offset).
+ * names[i] is the checkpoint name of the i-th parameter given to mmc_dp_new. */
+typedef struct {
+    int rank, world, zero, n, nb, n_slices;
+    int64_t *bucket_len, *bucket_shard;             /* [nb] */
+    int *param_bucket;                              /* [n] */
+    int64_t *param_off, *param_numel;               /* [n] */
+    int *slice_param;                               /* [n_slices] this rank's pieces */
+    int64_t *slice_numel;
+    float **m, **v;                                 /* [n_slices] views of the live state */
+} mmc_dp_layout;
+void mmc_dp_get_layout(const mmc_dp *d, mmc_dp_layout *l);   /* allocates; free with: */
+void mmc_dp_layout_free(mmc_dp_layout *l);
+void mmc_dp_shard_path(char *buf, size_t cap, const char *dir, int rank, int world);
+mmc_status mmc_dp_write_shard(const mmc_dp *d, const char *const *names, const char *dir);
+mmc_status mmc_dp_write_manifest(const mmc_dp *d, const char *const *names, const char *dir);
+/* True when DIR holds optimizer_manifest.json (a sharded checkpoint). */
+bool mmc_dp_checkpoint_sharded(const char *dir);
+/* Every shard the manifest lists is present (else MMC_ERR_NOT_FOUND naming the missing file);
+ * world / zero (may be NULL) receive the layout the checkpoint was written with. */
+mmc_status mmc_dp_check_shards(const char *dir, int *world, int *zero);
+/* Full per-parameter moments m[i] / v[i] (numel of params[i] each) of the n parameters named
+ * names[i], reassembled from every shard whatever layout wrote them (resharding). */
+mmc_status mmc_dp_read_sharded_state(const char *dir, const char *const *names, mmc_tensor *const *params, int n,
+                                     float **m, float **v);
+
 #ifdef __cplusplus
 }
 #endif

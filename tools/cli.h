@@ -40,5 +40,9 @@ int cmd_eval(int argc, char **argv);
 void help_eval(FILE *f);
 int cmd_train(int argc, char **argv);
 void help_train(FILE *f);
+int cmd_launch(int argc, char **argv);
+void help_launch(FILE *f);
+int cmd_export(int argc, char **argv);
+void help_export(FILE *f);
 
 #endif

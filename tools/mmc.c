@@ -25,6 +25,10 @@ static const cli_cmd g_cmds[] = {
      cmd_synth, help_synth},
     {"train", "Train or fine-tune a model from one YAML run config (resumable checkpoints)",
      cmd_train, help_train},
+    {"launch", "Run `mmc train` on N data-parallel processes (execs mpirun with sensible flags)",
+     cmd_launch, help_launch},
+    {"export", "Write a training checkpoint (any rank count / ZeRO stage) as a Hugging Face directory",
+     cmd_export, help_export},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 

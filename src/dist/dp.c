@@ -371,3 +371,49 @@ void mmc_dp_get_timing(const mmc_dp *d, double *exposed, double *comm) {
 }
 
 void mmc_dp_reset_timing(mmc_dp *d) { d->t_first = d->t_last = 0; d->exposed = 0; }
+
+void mmc_dp_get_layout(const mmc_dp *d, mmc_dp_layout *l) {
+    memset(l, 0, sizeof *l);
+    l->rank = d->rank;
+    l->world = d->size;
+    l->zero = d->zero;
+    l->n = d->n;
+    l->nb = d->nb;
+    l->n_slices = d->n_slices;
+    l->bucket_len = calloc((size_t)d->nb + 1, sizeof *l->bucket_len);
+    l->bucket_shard = calloc((size_t)d->nb + 1, sizeof *l->bucket_shard);
+    l->param_bucket = calloc((size_t)d->n + 1, sizeof *l->param_bucket);
+    l->param_off = calloc((size_t)d->n + 1, sizeof *l->param_off);
+    l->param_numel = calloc((size_t)d->n + 1, sizeof *l->param_numel);
+    l->slice_param = calloc((size_t)d->n_slices + 1, sizeof *l->slice_param);
+    l->slice_numel = calloc((size_t)d->n_slices + 1, sizeof *l->slice_numel);
+    l->m = calloc((size_t)d->n_slices + 1, sizeof *l->m);
+    l->v = calloc((size_t)d->n_slices + 1, sizeof *l->v);
+    MMC_CHECK(l->bucket_len && l->bucket_shard && l->param_bucket && l->param_off && l->param_numel &&
+              l->slice_param && l->slice_numel && l->m && l->v, "dp: out of memory for the layout");
+    for (int i = 0; i < d->nb; i++) { l->bucket_len[i] = d->b[i].len; l->bucket_shard[i] = d->b[i].shard; }
+    for (int p = 0; p < d->n; p++) {
+        l->param_bucket[p] = d->bucket_of[p];
+        l->param_off[p] = d->off[p];
+        l->param_numel[p] = mmc_numel(d->opt[p]);
+    }
+    for (int j = 0; j < d->n_slices; j++) {
+        l->slice_param[j] = d->slice_param[j];
+        l->slice_numel[j] = mmc_numel(d->slices[j]);
+        l->m[j] = d->adamw.m[j];
+        l->v[j] = d->adamw.v[j];
+    }
+}
+
+void mmc_dp_layout_free(mmc_dp_layout *l) {
+    free(l->bucket_len);
+    free(l->bucket_shard);
+    free(l->param_bucket);
+    free(l->param_off);
+    free(l->param_numel);
+    free(l->slice_param);
+    free(l->slice_numel);
+    free(l->m);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}

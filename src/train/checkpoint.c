@@ -179,13 +179,15 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
     mmc_stw *w = mmc_stw_new();
     if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = MMC_OK;
+    /* ZeRO >= 1: the moments are in the ranks' shard files (optimizer.rank<R>-of-<W>) */
+    const bool sharded = t->dp && t->cfg->parallel.zero >= 1;
     for (int i = 0; i < t->n_opt && !st; i++) {
         const mmc_tensor *p = t->opt[i];
         char name[256];
         snprintf(name, sizeof name, "exp_avg.%s", t->opt_names[i]);
-        st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.m[i]);
+        if (!sharded) st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.m[i]);
         snprintf(name, sizeof name, "exp_avg_sq.%s", t->opt_names[i]);
-        if (!st) st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.v[i]);
+        if (!st && !sharded) st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.v[i]);
         if (!st && t->opt[i] != t->opt_model[i]) {
             snprintf(name, sizeof name, "master.%s", t->opt_names[i]);
             st = mmc_stw_add(w, name, p);
@@ -208,6 +210,7 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
             }
     if (!st) st = mmc_stw_write(w, path);
     mmc_stw_free(w);
+    if (!st && sharded) st = mmc_dp_write_manifest(t->dp, t->opt_names, dir);
     if (st) return st;
     char js[1536];
     mmc_loader_state ls = {0};
@@ -218,7 +221,7 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
                      "  \"loader_epoch\": %lld,\n  \"loader_position\": %lld,\n  \"loader_batch_in_window\": %lld,\n"
                      "  \"loader_skipped\": %lld,\n"
                      "  \"lr\": %.17g,\n  \"schedule\": %d,\n  \"warmup_steps\": %lld,\n  \"total_steps\": %lld\n}\n",
-                     (long long)t->step, (long long)t->adamw.step, t->rng.seed, t->rng.offset,
+                     (long long)t->step, (long long)(sharded ? mmc_dp_adamw_step(t->dp) : t->adamw.step), t->rng.seed, t->rng.offset,
                      (long long)t->src.position,
                      t->src.kind == SRC_FIXED ? "fixed" : t->src.kind == SRC_LOADER ? "dataset" : "synthetic",
                      (long long)ls.epoch, (long long)ls.position, (long long)ls.batch_in_window, (long long)ls.skipped,
@@ -241,18 +244,34 @@ static void prune(mmc_trainer *t) {
     free(s);
 }
 
-mmc_status mmc_trainer_save(mmc_trainer *t) {
+void mmc_checkpoint_tmp_dir(const mmc_trainer *t, int64_t token, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/.tmp-checkpoint-%lld-%lld", t->cfg->training.output_dir, (long long)t->step,
+             (long long)token);
+}
+
+mmc_status mmc_checkpoint_begin(mmc_trainer *t, int64_t token) {
+    char tmp[4096];
+    mmc_status st = mmc_mkdir_p(t->cfg->training.output_dir);
+    if (st) return mmc_error_prefix(st, "saving checkpoint-%lld", (long long)t->step);
+    mmc_checkpoint_tmp_dir(t, token, tmp, sizeof tmp);
+    mmc_rm_rf(tmp);
+    if (mkdir(tmp, 0755) != 0)
+        return mmc_error(MMC_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    return MMC_OK;
+}
+
+mmc_status mmc_trainer_save(mmc_trainer *t) { return mmc_checkpoint_finish(t, -1); }
+
+mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
     const char *out = t->cfg->training.output_dir;
     char tmp[4096], final[4096], old[4096], path[4096];
-    mmc_status st = mmc_mkdir_p(out);
-    if (st) return mmc_error_prefix(st, "saving checkpoint-%lld", (long long)t->step);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-checkpoint-%lld-%d", out, (long long)t->step, (int)getpid());
-    snprintf(final, sizeof final, "%s/checkpoint-%lld", out, (long long)t->step);
-    mmc_rm_rf(tmp);
-    if (mkdir(tmp, 0755) != 0) {
-        st = mmc_error(MMC_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto fail;
+    mmc_status st;
+    if (token < 0) {   /* one process: make the temporary directory here */
+        token = getpid();
+        if ((st = mmc_checkpoint_begin(t, token))) return st;
     }
+    mmc_checkpoint_tmp_dir(t, token, tmp, sizeof tmp);
+    snprintf(final, sizeof final, "%s/checkpoint-%lld", out, (long long)t->step);
     if (t->lora) {
         /* PEFT's checkpoint layout: the adapters only (the base is model.path; `mmc merge`
          * folds them into it) */
@@ -339,6 +358,11 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
     t->rng.seed = strtoull(seed, NULL, 10);
     t->rng.offset = strtoull(off, NULL, 10);
     mmc_json_free(j);
+    /* ZeRO checkpoints: the moments come from every rank's shard, whatever the number of ranks
+     * or the stage that wrote them (re-cut by mmc_dp_scatter_state afterwards) */
+    const bool sharded = mmc_dp_checkpoint_sharded(dir);
+    if (sharded && (st = mmc_dp_read_sharded_state(dir, t->opt_names, t->opt, t->n_opt, t->adamw.m, t->adamw.v)))
+        return mmc_error_prefix(st, "--resume");
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     mmc_st *o = NULL;
     if ((st = mmc_st_open(path, &o))) return st;
@@ -347,10 +371,10 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
         char name[256];
         mmc_tensor *mv = mmc_tensor_wrap(MMC_F32, p->ndim, p->shape, t->adamw.m[i]);
         snprintf(name, sizeof name, "exp_avg.%s", t->opt_names[i]);
-        st = mmc_st_read_into(o, name, mv);
+        if (!sharded) st = mmc_st_read_into(o, name, mv);
         mv->data = t->adamw.v[i];
         snprintf(name, sizeof name, "exp_avg_sq.%s", t->opt_names[i]);
-        if (!st) st = mmc_st_read_into(o, name, mv);
+        if (!st && !sharded) st = mmc_st_read_into(o, name, mv);
         mmc_tensor_free(mv);
         if (!st && p != t->opt_model[i]) {
             snprintf(name, sizeof name, "master.%s", t->opt_names[i]);

@@ -70,6 +70,9 @@ static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
     F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "pipeline stages"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
+    F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
+      "seconds a rank waits on a collective before aborting the job, naming the rank it waits on (600; "
+      "env MMC_DIST_TIMEOUT overrides)"),
     {0},
 };
 static const mmc_cfg_field k_optimizer[] = {
@@ -124,7 +127,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.micro_batch_size = 1;
     c->data.num_workers = 2;
     c->data.prefetch = 4;
-    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0};
+    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0, 600.0};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
     c->optimizer.weight_decay = 0.0;

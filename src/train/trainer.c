@@ -337,9 +337,15 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     char ckpt[2048] = "";
     /* data parallelism: every rank checks the layout before any work, so a bad config fails
      * with the same message on every rank instead of hanging in the first collective */
+    /* the watchdog timeout: parallel.timeout, unless MMC_DIST_TIMEOUT is set */
+    const char *tenv = getenv("MMC_DIST_TIMEOUT");
+    const bool env_timeout = tenv && atof(tenv) > 0;
     if (!(t->world = mmc_dist_world())) {
-        if ((st = mmc_dist_init(NULL, &t->world))) goto fail;
+        mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = env_timeout ? 0 : cfg->parallel.timeout};
+        if ((st = mmc_dist_init(&dop, &t->world))) goto fail;
         t->owns_dist = true;
+    } else if (!env_timeout && cfg->parallel.timeout > 0) {
+        mmc_dist_set_timeout(cfg->parallel.timeout);
     }
     t->rank = mmc_comm_rank(t->world);
     t->world_size = mmc_comm_size(t->world);
@@ -685,28 +691,42 @@ static void metrics_trim(mmc_trainer *t, const char *path) {
     free(text);
 }
 
-/* Checkpoint with data parallelism: ZeRO >= 1 gathers the AdamW shards into full state on
- * every rank (collective) for the save; only rank 0 writes; every rank learns the outcome. */
+/* every rank learns whether any rank failed (collective); the first failing rank's own
+ * message stays in its log */
+static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
+    if (t->world_size <= 1) return st;
+    int64_t bad = st != MMC_OK;
+    mmc_status s2 = mmc_all_reduce(t->world, &bad, &bad, 1, MMC_I64, MMC_MAX);
+    if (s2) return s2;
+    if (bad && !st) st = mmc_error(MMC_ERR_IO, "checkpoint at step %lld: %s failed on another rank (see its "
+                                   "message)", (long long)t->step, what);
+    return st;
+}
+
+/* Checkpoint with data parallelism. ZeRO >= 1: rank 0 makes the temporary directory, every
+ * rank writes its own optimizer shard into it in parallel, then rank 0 writes the model, the
+ * manifest and the trainer state and renames the directory into place (atomic as a whole).
+ * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
 static mmc_status save_ranked(mmc_trainer *t) {
     mmc_status st = MMC_OK;
     const bool sharded = t->dp && t->cfg->parallel.zero >= 1;
-    if (sharded) {
-        const mmc_optimizer_cfg *oc = &t->cfg->optimizer;
-        mmc_adamw_opts o = {.lr = oc->lr, .beta1 = oc->beta1, .beta2 = oc->beta2, .eps = oc->eps,
-                            .weight_decay = oc->weight_decay};
-        st = mmc_adamw_init(&t->adamw, &o, t->opt, t->n_opt);
-        if (!st) st = mmc_dp_gather_state(t->dp, &t->adamw);
+    if (!sharded) {
+        if (t->rank == 0) st = mmc_trainer_save(t);
+        return agree(t, st, "rank 0's save");
     }
-    if (!st && t->rank == 0) st = mmc_trainer_save(t);
-    if (sharded) mmc_adamw_free(&t->adamw);
-    if (t->world_size > 1) {
-        int64_t bad = st != MMC_OK;
-        mmc_status s2 = mmc_all_reduce(t->world, &bad, &bad, 1, MMC_I64, MMC_MAX);
-        if (s2) return s2;
-        if (bad && !st) st = mmc_error(MMC_ERR_IO, "checkpoint at step %lld failed on rank 0 (see its message)",
-                                       (long long)t->step);
+    int64_t token = t->rank == 0 ? (int64_t)getpid() : 0;   /* names the temporary directory */
+    if (t->world_size > 1 && (st = mmc_broadcast(t->world, &token, 1, MMC_I64, 0))) return st;
+    if (t->rank == 0) st = mmc_checkpoint_begin(t, token);
+    if ((st = agree(t, st, "creating the directory"))) return st;
+    char tmp[4096];
+    mmc_checkpoint_tmp_dir(t, token, tmp, sizeof tmp);
+    st = mmc_dp_write_shard(t->dp, t->opt_names, tmp);
+    if ((st = agree(t, st, "writing an optimizer shard"))) {
+        if (t->rank == 0) mmc_rm_rf(tmp);
+        return st;
     }
-    return st;
+    if (t->rank == 0) st = mmc_checkpoint_finish(t, token);
+    return agree(t, st, "rank 0's save");
 }
 
 mmc_status mmc_trainer_run(mmc_trainer *t) {
@@ -779,9 +799,16 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                     sps, rss, etas);
         }
         if (log) {
+            char comm[128] = "";
+            if (t->dp) {   /* gradient reduction: first bucket start to last completion, and the part
+                            * the caller waited for (the rest overlapped backward) */
+                double exposed = 0, busy = 0;
+                mmc_dp_get_timing(t->dp, &exposed, &busy);
+                snprintf(comm, sizeof comm, ", \"comm_s\": %.6f, \"comm_exposed_s\": %.6f", busy, exposed);
+            }
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                    "\"tokens_per_s\": %.3f, \"samples_per_s\": %.4f, \"rss_mib\": %.1f, \"data_share\": %.5f}\n",
-                    (long long)t->step, s.loss, s.lr, s.grad_norm, tps, sps, rss, share);
+                    "\"tokens_per_s\": %.3f, \"samples_per_s\": %.4f, \"rss_mib\": %.1f, \"data_share\": %.5f%s}\n",
+                    (long long)t->step, s.loss, s.lr, s.grad_norm, tps, sps, rss, share, comm);
             fflush(metrics);
             mmc_tb_scalar(tb, "train/loss", t->step, s.loss);
             mmc_tb_scalar(tb, "train/lr", t->step, s.lr);
@@ -817,6 +844,14 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         if (slow) usleep((useconds_t)atoi(slow) * 1000u);
     }
     if (!st && last_saved != t->step) st = save_ranked(t);
+    if (!st && t->dp) {
+        mmc_dp_memory m;
+        mmc_dp_get_memory(t->dp, &m);
+        mmc_trainer_memory(t, NULL, &m.optim);   /* ZeRO-0 keeps the full AdamW state outside dp */
+        fprintf(stderr, "mmc train: rank 0 holds %lld bytes of parameters, %lld of gradients (+%lld in buckets), "
+                "%lld of optimizer state\n", (long long)m.params, (long long)m.grads, (long long)m.buckets,
+                (long long)m.optim);
+    }
     fclose(metrics);
     mmc_tb_close(tb);
     return st;

@@ -81,6 +81,12 @@ struct mmc_trainer {
 
 /* checkpoint.c */
 mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);
+/* Checkpoints in phases, for ranks writing in parallel: begin (rank 0) makes the temporary
+ * directory named by token; every rank writes its shard there; finish (rank 0) writes the rest
+ * and renames it into place (token < 0: one process, begin included = mmc_trainer_save). */
+void mmc_checkpoint_tmp_dir(const mmc_trainer *t, int64_t token, char *buf, size_t cap);
+mmc_status mmc_checkpoint_begin(mmc_trainer *t, int64_t token);
+mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token);
 mmc_status mmc_rm_rf(const char *path);
 mmc_status mmc_mkdir_p(const char *path);
 

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# bench_dist.sh — data parallelism on this machine, as JSON lines (bench/run.sh runs it):
+#  - dist_2x1_vs_1x2_ratio: training throughput of 2 ranks x 1 thread over 1 rank x 2 threads,
+#    same global batch (higher = data parallelism pays);
+#  - dist_comm_s_per_step / dist_comm_hidden_frac: gradient-reduction time per step (first
+#    bucket start to last completion) and the fraction of it overlapped with backward;
+#  - dist_z<S>_{params,grads,optim}_bytes: bytes rank 0 holds for ZeRO stage S (measured) and
+#    dist_z<S>_*_theory (parameters 4P, gradients 4P (ZeRO-2: 4P/N), AdamW 8P (ZeRO>=1: 8P/N)).
+# The model is the committed tiny Qwen2 with a larger width so the step is compute-bound.
+set -uo pipefail
+MMC=${MMC:-build/mmc}
+command -v mpirun >/dev/null 2>&1 || { echo "bench_dist: no mpirun" >&2; exit 0; }
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+MPI=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS)
+[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+STEPS=${MMC_BENCH_DIST_STEPS:-8}
+cfg() {  # cfg NAME DP ZERO
+  cat > "$W/$1.yaml" <<YAML
+model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
+data: {train: synthetic, seq_len: 64, batch_size: 8, micro_batch_size: 2}
+parallel: {data_parallel: $2, zero: $3}
+optimizer: {type: adamw, lr: 1.0e-3}
+training: {steps: $STEPS, seed: 1, log_every: 1, output_dir: $W/$1}
+YAML
+}
+tps() {  # median tokens/s over steps after the first two
+  python3 -c 'import json,sys,statistics as s; v=[j["tokens_per_s"] for j in map(json.loads,open(sys.argv[1])) if "loss" in j][2:]; print(s.median(v))' "$1/metrics.jsonl"
+}
+cfg one 1 0; OMP_NUM_THREADS=2 "$MMC" train "$W/one.yaml" 2>"$W/one.log" || { cat "$W/one.log" >&2; exit 1; }
+cfg two 2 0; OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MMC" train "$W/two.yaml" >"$W/two.log" 2>&1 || { cat "$W/two.log" >&2; exit 1; }
+a=$(tps "$W/one"); b=$(tps "$W/two")
+python3 - "$W" "$a" "$b" <<'PY'
+import json, sys, statistics as st
+W, a, b = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+def rep(n, v, u, hb): print(json.dumps({"name": n, "mmc": round(v, 6), "unit": u, "better": "higher" if hb else "lower"}))
+rep("dist_1x2_tokens_per_s", a, "tok/s", 1); rep("dist_2x1_tokens_per_s", b, "tok/s", 1)
+rep("dist_2x1_vs_1x2_ratio", b / a, "x", 1)
+m = [j for j in map(json.loads, open(W + "/two/metrics.jsonl")) if "comm_s" in j][2:]
+c = st.median(j["comm_s"] for j in m); e = st.median(j["comm_exposed_s"] for j in m)
+rep("dist_comm_s_per_step", c, "s", 0); rep("dist_comm_exposed_s_per_step", e, "s", 0)
+rep("dist_comm_hidden_frac", max(0.0, 1 - e / c) if c > 0 else 0.0, "frac", 1)
+PY
+for z in 0 1 2; do
+  cfg z$z 2 $z; OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MMC" train "$W/z$z.yaml" --set training.steps=2 >"$W/z$z.log" 2>&1 || { cat "$W/z$z.log" >&2; continue; }
+  python3 - "$W/z$z.log" $z <<'PY'
+import json, re, sys
+t = open(sys.argv[1]).read(); z = int(sys.argv[2]); N = 2
+P = int(re.search(r"(\d+) trainable parameters", t).group(1))
+m = re.search(r"rank 0 holds (\d+) bytes of parameters, (\d+) of gradients \(\+(\d+) in buckets\), (\d+) of optimizer", t)
+par, gr, bk, op = map(int, m.groups())
+th = {"params": 4 * P, "grads": 4 * P // (N if z >= 2 else 1), "optim": 8 * P // (N if z >= 1 else 1)}
+for k, v in (("params", par), ("grads", gr), ("optim", op)):
+    print(json.dumps({"name": "dist_z%d_%s_bytes" % (z, k), "mmc": v, "unit": "B", "better": "lower"}))
+    print(json.dumps({"name": "dist_z%d_%s_theory" % (z, k), "mmc": th[k], "unit": "B", "better": "lower"}))
+print(json.dumps({"name": "dist_z%d_bucket_bytes" % z, "mmc": bk, "unit": "B", "better": "lower"}))
+PY
+done
