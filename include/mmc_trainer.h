@@ -53,6 +53,8 @@ mmc_status mmc_trainer_save(mmc_trainer *t);
  * checkpoints every save_every and at the end, loss/lr plot at each checkpoint. */
 mmc_status mmc_trainer_run(mmc_trainer *t);
 int64_t mmc_trainer_step_count(const mmc_trainer *t);
+/* This process's data-parallel rank (0 in a single process); only rank 0 reports. */
+int mmc_trainer_rank(const mmc_trainer *t);
 /* Every model parameter (the weights as the forward sees them) with its HF name. */
 int mmc_trainer_params(mmc_trainer *t, mmc_tensor ***params, const char *(**names));
 /* Number of trainable parameters and bytes of optimizer state (m, v, masters). */

@@ -86,11 +86,12 @@ int cmd_train(int argc, char **argv) {
         mmc_run_config_free(&cfg);
         return rc;
     }
-    if (resume) fprintf(stderr, "mmc train: resumed at step %lld\n", (long long)mmc_trainer_step_count(t));
+    bool lead = mmc_trainer_rank(t) == 0;
+    if (resume && lead) fprintf(stderr, "mmc train: resumed at step %lld\n", (long long)mmc_trainer_step_count(t));
     st = mmc_trainer_run(t);
     int rc = 0;
     if (st) rc = cli_fail(st, "train stopped at step %lld", (long long)mmc_trainer_step_count(t));
-    else fprintf(stderr, "mmc train: done, %lld steps; checkpoints in %s\n",
+    else if (lead) fprintf(stderr, "mmc train: done, %lld steps; checkpoints in %s\n",
                  (long long)mmc_trainer_step_count(t), cfg.training.output_dir);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);

@@ -858,3 +858,5 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
 }
 
 /* history accessors for checkpoint.c's plot are read straight from the struct */
+
+int mmc_trainer_rank(const mmc_trainer *t) { return t->rank; }
