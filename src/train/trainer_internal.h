@@ -11,7 +11,8 @@
 
 /* Built-in batch sources until the data pipeline's loader is wired in:
  *  - FIXED: data.train is a .safetensors with input_ids [N, T] (i32/i64) and optionally
- *    labels [N, T]; micro-batch k takes rows (k*mb .. k*mb+mb-1) mod N.
+ *    labels [N, T]; micro-batch k takes rows (k*mb .. k*mb+mb-1) mod N. For a VL model it may
+ *    also hold one image per row: pixel_values [Np, P] and image_grid_thw [N, 3].
  *  - SYNTHETIC: data.train "synthetic": rows of (start + t*stride) mod V, seeded per sample.
  * The state is the number of micro-batches consumed (saved in checkpoints). */
 /*  - LOADER: data.train is a JSON/JSONL dataset read by the data pipeline (mmc_data.h); the
@@ -20,6 +21,9 @@ typedef enum { SRC_FIXED, SRC_SYNTHETIC, SRC_LOADER } src_kind;
 typedef struct {
     src_kind kind;
     int32_t *ids, *labels;     /* FIXED: [N, T] */
+    float *pixels;             /* FIXED with images (VL): pixel_values [Np, patch_dim], or NULL */
+    int64_t *grid, *patch_off; /* image_grid_thw [N, 3] (one image per row); patch offsets [N + 1] */
+    int64_t patch_dim;
     int64_t N, T, vocab, mb;
     uint64_t seed;
     int64_t position;          /* micro-batches consumed */
