@@ -8,6 +8,7 @@
  * normalisation, clip_grad_norm_, get_*_schedule_with_warmup, torch.optim.AdamW), so a run
  * matches transformers + torch step for step (tests/test_train_parity.c). */
 #include "trainer_internal.h"
+#include "mmc_quant.h"
 
 #include <errno.h>
 #include <math.h>
@@ -312,9 +313,23 @@ static mmc_status setup_lora(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     if (c->model.lora.r <= 0) return MMC_OK;
     mmc_status st;
-    if (c->model.quantization.method == MMC_QUANT_NF4 &&
-        (st = mmc_qwen2_quantize_nf4(t->lm, c->model.quantization.double_quant)))
-        return mmc_error_prefix(st, "model.quantization");
+    if (c->model.quantization.method == MMC_QUANT_NF4) {
+        /* memory of the quantised weights before (as model.dtype keeps them) and after (NF4 codes
+         * + absmax scales, double-quantised or not), for the start-up report */
+        mmc_module_list ql = {0};
+        const int64_t esz = c->model.dtype == MMC_RUN_BF16 ? 2 : 4;
+        if ((st = mmc_qwen2_linears(t->lm, "", &ql))) return st;
+        for (int i = 0; i < ql.n; i++)
+            if (ql.mods[i]->w) {
+                t->quant_numel += mmc_numel(ql.mods[i]->w);
+                t->quant_dense_bytes += mmc_numel(ql.mods[i]->w) * esz;
+            }
+        st = mmc_qwen2_quantize_nf4(t->lm, c->model.quantization.double_quant);
+        for (int i = 0; !st && i < ql.n; i++)
+            if (ql.mods[i]->q) t->quant_nf4_bytes += (int64_t)mmc_nf4_bytes(ql.mods[i]->q);
+        mmc_module_list_free(&ql);
+        if (st) return mmc_error_prefix(st, "model.quantization");
+    }
     mmc_module_list ml = {0};
     st = t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
@@ -691,6 +706,26 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             (double)state / 1048576.0, (long long)tc->steps, (long long)t->step,
             (long long)c->data.batch_size, (long long)tc->gradient_accumulation,
             (long long)c->data.micro_batch_size);
+    if (t->lora) {
+        int64_t base = t->quant_numel;
+        for (int i = 0; i < t->n_params; i++) base += mmc_numel(t->params[i]);
+        int64_t lora = 0;
+        for (int i = 0; i < t->lora->n_params; i++) lora += mmc_numel(t->lora->params[i]);
+        fprintf(stderr, "mmc train: LoRA r=%lld alpha=%g on %d modules: %lld trainable parameters (%.3f%% of %lld "
+                "total)\n", (long long)c->model.lora.r, c->model.lora.alpha, t->lora->n, (long long)lora,
+                100.0 * (double)lora / (double)(base + lora), (long long)(base + lora));
+    }
+    if (t->quant_dense_bytes > 0) {
+        int64_t base = 0;   /* every other base weight, as held in memory */
+        for (int i = 0; i < t->n_params; i++) base += (int64_t)mmc_nbytes(t->params[i]);
+        int64_t before = base + t->quant_dense_bytes, after = base + t->quant_nf4_bytes;
+        fprintf(stderr, "mmc train: QLoRA NF4%s: quantised weights %.2f MiB (%s) -> %.2f MiB (NF4 codes + scales); "
+                "base weights %.2f MiB -> %.2f MiB, saving %.2f MiB (%.1f%%)\n",
+                c->model.quantization.double_quant ? " (double quant)" : "", (double)t->quant_dense_bytes / 1048576.0,
+                c->model.dtype == MMC_RUN_BF16 ? "bf16" : "f32", (double)t->quant_nf4_bytes / 1048576.0,
+                (double)before / 1048576.0, (double)after / 1048576.0, (double)(before - after) / 1048576.0,
+                100.0 * (double)(before - after) / (double)before);
+    }
     while (t->step < tc->steps) {
         mmc_step_stats s;
         if ((st = mmc_trainer_step(t, &s))) break;

@@ -50,7 +50,10 @@ struct mmc_trainer {
     mmc_data_opts dopts;
     mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */
     char **lora_names;         /* "<module>.lora_A.weight" / ".lora_B.weight" per lora param */
-    int n_lora_names;       /* data section mapped onto the pipeline's options */
+    int n_lora_names;
+    int64_t quant_numel;       /* QLoRA: elements of the NF4-quantised base weights */
+    int64_t quant_dense_bytes; /* their bytes at model.dtype before quantisation */
+    int64_t quant_nf4_bytes;   /* and as NF4 codes + absmax scales */       /* data section mapped onto the pipeline's options */
     char src_dir[2048];        /* where config.json / tokenizer files are copied from ("" if none) */
     char config_src[2200];     /* where config.json came from (for messages) */
     char *config_text;         /* its contents, written into every checkpoint */
