@@ -185,7 +185,18 @@ static void config_errors(void) {
     CHECK_OK(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets7, 2, &cfg));
     CHECK(cfg.optimizer.lr == 1e-4 && cfg.optimizer.beta1 == 0.8 && cfg.optimizer.beta2 == 0.9);
     CHECK(cfg.training.gradient_accumulation == 4);
+    CHECK(cfg.data.bucket_window == 0 && !cfg.data.add_vision_id);   /* defaults: 16 x micro, no ids */
     mmc_run_config_free(&cfg);
+    const char *sets10[] = {"data.bucket_window=1", "data.add_vision_id=true", "data.shuffle=false"};
+    CHECK_OK(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets10, 3, &cfg));
+    CHECK(cfg.data.bucket_window == 1 && cfg.data.add_vision_id && !cfg.data.shuffle);
+    mmc_run_config_free(&cfg);
+    const char *sets11[] = {"data.bucket_window=-1"};
+    CHECK_ERR(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets11, 1, &cfg), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "data.bucket_window"));
+    const char *sets12[] = {"data.bucket_windw=1"};
+    CHECK_ERR(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets12, 1, &cfg), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "did you mean 'data.bucket_window'"));
     const char *sets8[] = {"optimizer.betas=[0.9, 1.5]"};
     CHECK_ERR(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets8, 1, &cfg), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "optimizer.betas: '1.5' must be a number in [0, 1)"));

@@ -136,6 +136,8 @@ static mmc_status loader_open(mmc_trainer *t) {
     o->shuffle = d->shuffle;
     o->truncation = d->truncation;
     o->prefetch = d->prefetch;
+    o->bucket_window = d->bucket_window;
+    o->add_vision_id = d->add_vision_id;
     char pp[2200];
     snprintf(pp, sizeof pp, "%s/preprocessor_config.json", t->src_dir);
     if (t->src_dir[0] && access(pp, R_OK) == 0) {
