@@ -8,7 +8,8 @@
  *   model:    {path | init, dtype, freeze, recompute, lora {r, alpha, dropout, targets},
  *              quantization {method, double_quant, block_size}}
  *   data:     {train, eval, image_root, max_pixels, min_pixels, seq_len, packing, truncation,
- *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict}
+ *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict,
+ *              bucket_window, add_vision_id}
  *   parallel: {data_parallel, tensor_parallel, pipeline_parallel, zero, timeout}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
  *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
@@ -67,6 +68,9 @@ typedef struct {
     bool packing, truncation, shuffle, strict;
     int64_t batch_size, micro_batch_size;
     int64_t num_workers, prefetch;
+    int64_t bucket_window;     /* padded: length-sorting window (0: 16 x micro; 1 keeps file order
+                                  when shuffle is off) */
+    bool add_vision_id;
 } mmc_data_cfg;
 
 typedef struct {

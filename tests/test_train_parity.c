@@ -3,7 +3,12 @@
  * accumulation (2 micro-batches), global-batch loss normalisation, clipping, warmup +
  * cosine schedule and AdamW without decay on 1-D params. Every step's loss within 1e-3
  * relative, the lr exactly, and the final weights within 1e-3 max-abs. Also: the run config
- * parser's error messages, and freezing (frozen params take no grads nor optimizer state). */
+ * parser's error messages, and freezing (frozen params take no grads nor optimizer state).
+ * VL parity: the same recipe on the tiny Qwen2-VL and Qwen2.5-VL (tests/fixtures/qwen2_vl/
+ * q2_v5, q25_v5; vision tower, merger and decoder all trained) with a fixed batch of two rows
+ * with one image each (tests/fixtures/train/vl_batch.safetensors), through the trainer API:
+ * every step's loss within 1e-3 relative, final weights (a vision block, the merger, LM layers,
+ * embeddings, norm) within 1e-3 max-abs. */
 #include "test_util.h"
 #include "mmc_config.h"
 #include "mmc_trainer.h"
@@ -54,6 +59,63 @@ static void parity(bool recompute) {
     }
     printf("parity (recompute %s): worst loss rel diff %.2e, final weights max-abs %.2e over %d tensors\n",
            recompute ? "full" : "none", worst, wmax, n);
+    mmc_tensor_free(losses);
+    mmc_tensor_free(lrs);
+    mmc_tensor_free(norms);
+    mmc_st_close(ref);
+    mmc_trainer_free(t);
+    mmc_run_config_free(&cfg);
+}
+
+static void vl_parity(const char *arch, bool recompute) {
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "model: {path: tests/fixtures/qwen2_vl/%s_v5, dtype: f32, recompute: %s}\n"
+             "data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}\n"
+             "optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, betas: [0.9, 0.95], eps: 1.0e-8,\n"
+             "            schedule: cosine, warmup_steps: 3, grad_clip: 1.0}\n"
+             "training: {steps: 20, seed: 0, output_dir: /tmp/mmc_test_train_parity_vl}\n",
+             arch, recompute ? "full" : "none");
+    mmc_run_config cfg;
+    CHECK_OK(mmc_run_config_parse(yaml, strlen(yaml), "vl_parity.yaml", NULL, 0, &cfg));
+    mmc_trainer *t = NULL;
+    CHECK_OK(mmc_trainer_new(&cfg, false, &t));
+    char fx[64];
+    snprintf(fx, sizeof fx, "train/vl_parity_%s.safetensors", arch);
+    mmc_st *ref = fixture_open(fx);
+    if (!t || !ref) { mmc_trainer_free(t); mmc_run_config_free(&cfg); if (ref) mmc_st_close(ref); return; }
+    mmc_tensor *losses = fixture_tensor(ref, "losses", MMC_F64), *lrs = fixture_tensor(ref, "lrs", MMC_F64);
+    mmc_tensor *norms = fixture_tensor(ref, "grad_norms", MMC_F64);
+    double worst = 0, worst_norm = 0;
+    for (int s = 0; s < 20; s++) {
+        mmc_step_stats st;
+        CHECK_OK(mmc_trainer_step(t, &st));
+        double want = mmc_get_flat(losses, s), rel = fabs(st.loss - want) / fabs(want);
+        worst = fmax(worst, rel);
+        CHECKF(rel <= 1e-3, "%s step %d loss %.7f vs torch %.7f", arch, s + 1, st.loss, want);   /* 1e-3 relative */
+        CHECK_NEAR(st.lr, mmc_get_flat(lrs, s), 1e-12);                                          /* same formula */
+        double wn = mmc_get_flat(norms, s), reln = fabs(st.grad_norm - wn) / wn;
+        worst_norm = fmax(worst_norm, reln);
+        CHECKF(reln <= 1e-3, "%s step %d grad norm %.6f vs %.6f", arch, s + 1, st.grad_norm, wn);  /* 1e-3 rel */
+    }
+    mmc_tensor **params;
+    const char **names;
+    int n = mmc_trainer_params(t, &params, &names), compared = 0;
+    double wmax = 0;
+    for (int i = 0; i < n; i++) {
+        char key[200];
+        snprintf(key, sizeof key, "final.%s", names[i]);
+        if (!mmc_st_find(ref, key)) continue;   /* the fixture keeps a subset */
+        mmc_tensor *w = fixture_tensor(ref, key, MMC_F32);
+        double d = max_abs_diff(params[i], w);
+        wmax = fmax(wmax, d);
+        compared++;
+        CHECKF(d <= 1e-3, "%s: %s differs by %.3g", arch, names[i], d);                          /* 1e-3 max-abs */
+        mmc_tensor_free(w);
+    }
+    CHECKF(compared >= 12, "%s: only %d of the fixture's final weights matched a trainer name", arch, compared);
+    printf("vl parity %s (recompute %s): worst loss rel diff %.2e, grad norm %.2e, final weights max-abs %.2e "
+           "over %d tensors\n", arch, recompute ? "full" : "none", worst, worst_norm, wmax, compared);
     mmc_tensor_free(losses);
     mmc_tensor_free(lrs);
     mmc_tensor_free(norms);
@@ -123,7 +185,18 @@ static void config_errors(void) {
     CHECK_OK(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets7, 2, &cfg));
     CHECK(cfg.optimizer.lr == 1e-4 && cfg.optimizer.beta1 == 0.8 && cfg.optimizer.beta2 == 0.9);
     CHECK(cfg.training.gradient_accumulation == 4);
+    CHECK(cfg.data.bucket_window == 0 && !cfg.data.add_vision_id);   /* defaults: 16 x micro, no ids */
     mmc_run_config_free(&cfg);
+    const char *sets10[] = {"data.bucket_window=1", "data.add_vision_id=true", "data.shuffle=false"};
+    CHECK_OK(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets10, 3, &cfg));
+    CHECK(cfg.data.bucket_window == 1 && cfg.data.add_vision_id && !cfg.data.shuffle);
+    mmc_run_config_free(&cfg);
+    const char *sets11[] = {"data.bucket_window=-1"};
+    CHECK_ERR(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets11, 1, &cfg), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "data.bucket_window"));
+    const char *sets12[] = {"data.bucket_windw=1"};
+    CHECK_ERR(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets12, 1, &cfg), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "did you mean 'data.bucket_window'"));
     const char *sets8[] = {"optimizer.betas=[0.9, 1.5]"};
     CHECK_ERR(mmc_run_config_parse(y7, strlen(y7), "run.yaml", sets8, 1, &cfg), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "optimizer.betas: '1.5' must be a number in [0, 1)"));
@@ -137,6 +210,9 @@ int main(void) {
     config_errors();
     parity(false);
     parity(true);
+    vl_parity("q2", false);
+    vl_parity("q2", true);
+    vl_parity("q25", false);
     freezing();
     return test_done("test_train_parity");
 }

@@ -148,6 +148,14 @@ YAML
   "$MMC" train "$W/lora_$q.yaml" 2> "$W/l${q}a.log" || { cat "$W/l${q}a.log"; bad "LoRA ($q) run"; }
   "$MMC" train "$W/lora_$q.yaml" --set training.steps=4 --set training.output_dir="$W/l${q}b" 2>/dev/null
   "$MMC" train "$W/lora_$q.yaml" --set training.output_dir="$W/l${q}b" --resume 2> "$W/l${q}b.log" || bad "LoRA ($q) resume"
+  grep -q "LoRA r=4 alpha=8 on 12 modules: [0-9]* trainable parameters ([0-9.]*% of [0-9]* total)" "$W/l${q}a.log" \
+    && ok "LoRA ($q): start-up summary" || bad "LoRA ($q): no LoRA summary line"
+  if [ $q = nf4 ]; then
+    grep -q "QLoRA NF4 (double quant): quantised weights [0-9.]* MiB (f32) -> [0-9.]* MiB (NF4 codes + scales); base weights .* saving [0-9.]* MiB" "$W/l${q}a.log" \
+      && ok "QLoRA: memory saving reported" || bad "QLoRA: no memory report"
+  else
+    grep -q "QLoRA" "$W/l${q}a.log" && bad "LoRA: QLoRA line without quantisation" || ok "LoRA: no QLoRA line"
+  fi
   [ -f "$W/l${q}a/checkpoint-8/adapter_config.json" ] && [ -f "$W/l${q}a/checkpoint-8/adapter_model.safetensors" ] \
     && ok "LoRA ($q): PEFT adapter in the checkpoint" || bad "LoRA ($q): no adapter files"
   l1=$(losses "$W/l${q}a.log" | sed -n '1s/.* loss \([0-9.]*\).*/\1/p'); l8=$(losses "$W/l${q}a.log" | sed -n '8s/.* loss \([0-9.]*\).*/\1/p')

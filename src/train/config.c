@@ -63,6 +63,9 @@ static const mmc_cfg_field k_data[] = {
     F(mmc_data_cfg, prefetch, MMC_CFG_INT, 1, 1024, NULL, NULL, "prefetch queue depth (micro-batches)"),
     F(mmc_data_cfg, shuffle, MMC_CFG_BOOL, U, NULL, NULL, "shuffle every epoch (seeded)"),
     F(mmc_data_cfg, strict, MMC_CFG_BOOL, U, NULL, NULL, "fail on a bad sample instead of skipping it"),
+    F(mmc_data_cfg, bucket_window, MMC_CFG_INT, 0, 1e7, NULL, NULL,
+      "padded: samples sorted by length per window (0: 16 x micro_batch_size; 1: file order)"),
+    F(mmc_data_cfg, add_vision_id, MMC_CFG_BOOL, U, NULL, NULL, "'Picture k: ' before each image (chat template)"),
     {0},
 };
 static const mmc_cfg_field k_parallel[] = {

@@ -8,6 +8,7 @@
  * normalisation, clip_grad_norm_, get_*_schedule_with_warmup, torch.optim.AdamW), so a run
  * matches transformers + torch step for step (tests/test_train_parity.c). */
 #include "trainer_internal.h"
+#include "mmc_quant.h"
 
 #include <errno.h>
 #include <math.h>
@@ -48,15 +49,50 @@ static mmc_status src_open(batch_src *s, const mmc_run_config *cfg, int64_t voca
         if (!ids || !lab) { mmc_tensor_free(ids); mmc_tensor_free(lab); mmc_st_close(st); return MMC_ERR_OOM; }
         rc = mmc_st_read_into(st, "input_ids", ids);
         if (!rc) rc = mmc_st_read_into(st, mmc_st_find(st, "labels") ? "labels" : "input_ids", lab);
-        mmc_st_close(st);
-        if (rc) { mmc_tensor_free(ids); mmc_tensor_free(lab); return mmc_error_prefix(rc, "data.train %s", train); }
+        if (rc) {
+            mmc_st_close(st);
+            mmc_tensor_free(ids);
+            mmc_tensor_free(lab);
+            return mmc_error_prefix(rc, "data.train %s", train);
+        }
         s->ids = malloc((size_t)(s->N * s->T) * sizeof(int32_t));
         s->labels = malloc((size_t)(s->N * s->T) * sizeof(int32_t));
         if (s->ids) memcpy(s->ids, ids->data, (size_t)(s->N * s->T) * sizeof(int32_t));
         if (s->labels) memcpy(s->labels, lab->data, (size_t)(s->N * s->T) * sizeof(int32_t));
         mmc_tensor_free(ids);
         mmc_tensor_free(lab);
-        if (!s->ids || !s->labels) return mmc_error(MMC_ERR_OOM, "out of memory");
+        if (!s->ids || !s->labels) { mmc_st_close(st); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        /* optional images, one per row: pixel_values [Np, P] and image_grid_thw [N, 3] */
+        const mmc_st_entry *pe = mmc_st_find(st, "pixel_values"), *ge = mmc_st_find(st, "image_grid_thw");
+        if (pe || ge) {
+            if (!pe || !ge || pe->ndim != 2 || ge->ndim != 2 || ge->shape[0] != s->N || ge->shape[1] != 3) {
+                mmc_st_close(st);
+                return mmc_error(MMC_ERR_FORMAT, "data.train %s: images need pixel_values [Np, P] and "
+                                 "image_grid_thw [N, 3] (one image per row, N = %lld rows)", train, (long long)s->N);
+            }
+            mmc_tensor *px = mmc_tensor_new(MMC_F32, 2, pe->shape), *gr = mmc_tensor_new(MMC_I64, 2, ge->shape);
+            rc = px && gr ? mmc_st_read_into(st, "pixel_values", px) : MMC_ERR_OOM;
+            if (!rc) rc = mmc_st_read_into(st, "image_grid_thw", gr);
+            s->patch_dim = pe->shape[1];
+            s->pixels = malloc((size_t)mmc_nbytes(px ? px : gr) + 1);
+            s->grid = malloc((size_t)(3 * s->N) * sizeof(int64_t));
+            s->patch_off = malloc((size_t)(s->N + 1) * sizeof(int64_t));
+            if (!rc && (!s->pixels || !s->grid || !s->patch_off)) rc = MMC_ERR_OOM;
+            if (!rc) {
+                memcpy(s->pixels, px->data, mmc_nbytes(px));
+                memcpy(s->grid, gr->data, (size_t)(3 * s->N) * sizeof(int64_t));
+                s->patch_off[0] = 0;
+                for (int64_t r = 0; r < s->N; r++) s->patch_off[r + 1] = s->patch_off[r] + s->grid[3 * r] *
+                                                                          s->grid[3 * r + 1] * s->grid[3 * r + 2];
+                if (s->patch_off[s->N] != pe->shape[0])
+                    rc = mmc_error(MMC_ERR_SHAPE, "data.train %s: image_grid_thw gives %lld patches, pixel_values "
+                                   "has %lld", train, (long long)s->patch_off[s->N], (long long)pe->shape[0]);
+            }
+            mmc_tensor_free(px);
+            mmc_tensor_free(gr);
+            if (rc) { mmc_st_close(st); return mmc_error_prefix(rc, "data.train %s", train); }
+        }
+        mmc_st_close(st);
         for (int64_t i = 0; i < s->N * s->T; i++)
             if (s->ids[i] < 0 || s->ids[i] >= vocab || (s->labels[i] != MMC_IGNORE_INDEX &&
                                                          (s->labels[i] < 0 || s->labels[i] >= vocab)))
@@ -100,6 +136,8 @@ static mmc_status loader_open(mmc_trainer *t) {
     o->shuffle = d->shuffle;
     o->truncation = d->truncation;
     o->prefetch = d->prefetch;
+    o->bucket_window = d->bucket_window;
+    o->add_vision_id = d->add_vision_id;
     char pp[2200];
     snprintf(pp, sizeof pp, "%s/preprocessor_config.json", t->src_dir);
     if (t->src_dir[0] && access(pp, R_OK) == 0) {
@@ -126,6 +164,9 @@ static void src_close(batch_src *s) {
     mmc_loader_free(s->loader);
     free(s->ids);
     free(s->labels);
+    free(s->pixels);
+    free(s->grid);
+    free(s->patch_off);
     memset(s, 0, sizeof *s);
 }
 
@@ -148,6 +189,31 @@ static mmc_status src_next(batch_src *s, mmc_batch *b) {
         return mmc_error(MMC_ERR_OOM, "out of memory for a micro-batch");
     }
     b->sample_index = s->position * B;
+    if (s->pixels) {   /* FIXED with images: gather the rows' images; positions from get_rope_index */
+        int64_t np = 0;
+        for (int64_t r = 0; r < B; r++) {
+            int64_t row = (s->position * B + r) % s->N;
+            np += s->patch_off[row + 1] - s->patch_off[row];
+        }
+        free(b->position_ids);
+        b->position_ids = NULL;
+        b->pixel_values = malloc((size_t)(np * s->patch_dim) * sizeof(float));
+        b->image_grid_thw = malloc((size_t)(3 * B) * sizeof(int64_t));
+        if (!b->pixel_values || !b->image_grid_thw) {
+            batch_release(b);
+            return mmc_error(MMC_ERR_OOM, "out of memory for a micro-batch");
+        }
+        b->n_patches = np;
+        b->patch_dim = s->patch_dim;
+        b->n_images = (int)B;
+        for (int64_t r = 0, at = 0; r < B; r++) {
+            int64_t row = (s->position * B + r) % s->N, k = s->patch_off[row + 1] - s->patch_off[row];
+            memcpy(b->pixel_values + at * s->patch_dim, s->pixels + s->patch_off[row] * s->patch_dim,
+                   (size_t)(k * s->patch_dim) * sizeof(float));
+            memcpy(b->image_grid_thw + 3 * r, s->grid + 3 * row, 3 * sizeof(int64_t));
+            at += k;
+        }
+    }
     for (int64_t r = 0; r < B; r++) {
         int64_t sample = s->position * B + r;
         int32_t *ids = b->input_ids + r * T, *lab = b->labels + r * T;
@@ -162,8 +228,9 @@ static mmc_status src_next(batch_src *s, mmc_batch *b) {
             int64_t stride = 1 + (int64_t)(mmc_rng_u64(&g) % 7);
             for (int64_t t = 0; t < T; t++) ids[t] = lab[t] = (int32_t)((start + t * stride) % s->vocab);
         }
-        for (int k = 0; k < 3; k++)
-            for (int64_t t = 0; t < T; t++) b->position_ids[(k * B + r) * T + t] = t;
+        if (b->position_ids)
+            for (int k = 0; k < 3; k++)
+                for (int64_t t = 0; t < T; t++) b->position_ids[(k * B + r) * T + t] = t;
     }
     b->n_label_tokens = mmc_count_label_tokens(b->labels, B, T);
     s->position++;
@@ -248,9 +315,23 @@ static mmc_status setup_lora(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     if (c->model.lora.r <= 0) return MMC_OK;
     mmc_status st;
-    if (c->model.quantization.method == MMC_QUANT_NF4 &&
-        (st = mmc_qwen2_quantize_nf4(t->lm, c->model.quantization.double_quant)))
-        return mmc_error_prefix(st, "model.quantization");
+    if (c->model.quantization.method == MMC_QUANT_NF4) {
+        /* memory of the quantised weights before (as model.dtype keeps them) and after (NF4 codes
+         * + absmax scales, double-quantised or not), for the start-up report */
+        mmc_module_list ql = {0};
+        const int64_t esz = c->model.dtype == MMC_RUN_BF16 ? 2 : 4;
+        if ((st = mmc_qwen2_linears(t->lm, "", &ql))) return st;
+        for (int i = 0; i < ql.n; i++)
+            if (ql.mods[i]->w) {
+                t->quant_numel += mmc_numel(ql.mods[i]->w);
+                t->quant_dense_bytes += mmc_numel(ql.mods[i]->w) * esz;
+            }
+        st = mmc_qwen2_quantize_nf4(t->lm, c->model.quantization.double_quant);
+        for (int i = 0; !st && i < ql.n; i++)
+            if (ql.mods[i]->q) t->quant_nf4_bytes += (int64_t)mmc_nf4_bytes(ql.mods[i]->q);
+        mmc_module_list_free(&ql);
+        if (st) return mmc_error_prefix(st, "model.quantization");
+    }
     mmc_module_list ml = {0};
     st = t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
@@ -374,6 +455,9 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
     if (t->vl && is_dataset(cfg->data.train)) st = loader_open(t);
     else st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
+    if (!st && t->src.pixels && !t->vl)
+        st = mmc_error(MMC_ERR_INVALID, "data.train %s: has images (pixel_values) but the model is a text qwen2",
+                       cfg->data.train);
     if (st) goto fail;
     if (t->src.kind == SRC_FIXED && t->src.N < t->world_size) {
         st = mmc_error(MMC_ERR_INVALID, "data.train %s has %lld samples, fewer than the %d data-parallel ranks "
@@ -773,6 +857,26 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->world_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,
                 (long long)(tc->gradient_accumulation / t->world_size));
+    if (t->lora) {
+        int64_t base = t->quant_numel;
+        for (int i = 0; i < t->n_params; i++) base += mmc_numel(t->params[i]);
+        int64_t lora = 0;
+        for (int i = 0; i < t->lora->n_params; i++) lora += mmc_numel(t->lora->params[i]);
+        fprintf(stderr, "mmc train: LoRA r=%lld alpha=%g on %d modules: %lld trainable parameters (%.3f%% of %lld "
+                "total)\n", (long long)c->model.lora.r, c->model.lora.alpha, t->lora->n, (long long)lora,
+                100.0 * (double)lora / (double)(base + lora), (long long)(base + lora));
+    }
+    if (t->quant_dense_bytes > 0) {
+        int64_t base = 0;   /* every other base weight, as held in memory */
+        for (int i = 0; i < t->n_params; i++) base += (int64_t)mmc_nbytes(t->params[i]);
+        int64_t before = base + t->quant_dense_bytes, after = base + t->quant_nf4_bytes;
+        fprintf(stderr, "mmc train: QLoRA NF4%s: quantised weights %.2f MiB (%s) -> %.2f MiB (NF4 codes + scales); "
+                "base weights %.2f MiB -> %.2f MiB, saving %.2f MiB (%.1f%%)\n",
+                c->model.quantization.double_quant ? " (double quant)" : "", (double)t->quant_dense_bytes / 1048576.0,
+                c->model.dtype == MMC_RUN_BF16 ? "bf16" : "f32", (double)t->quant_nf4_bytes / 1048576.0,
+                (double)before / 1048576.0, (double)after / 1048576.0, (double)(before - after) / 1048576.0,
+                100.0 * (double)(before - after) / (double)before);
+    }
     while (t->step < tc->steps) {
         mmc_step_stats s;
         if ((st = mmc_trainer_step(t, &s))) break;

@@ -13,7 +13,8 @@
 
 /* Built-in batch sources until the data pipeline's loader is wired in:
  *  - FIXED: data.train is a .safetensors with input_ids [N, T] (i32/i64) and optionally
- *    labels [N, T]; micro-batch k takes rows (k*mb .. k*mb+mb-1) mod N.
+ *    labels [N, T]; micro-batch k takes rows (k*mb .. k*mb+mb-1) mod N. For a VL model it may
+ *    also hold one image per row: pixel_values [Np, P] and image_grid_thw [N, 3].
  *  - SYNTHETIC: data.train "synthetic": rows of (start + t*stride) mod V, seeded per sample.
  * The state is the number of micro-batches consumed (saved in checkpoints). */
 /*  - LOADER: data.train is a JSON/JSONL dataset read by the data pipeline (mmc_data.h); the
@@ -22,6 +23,9 @@ typedef enum { SRC_FIXED, SRC_SYNTHETIC, SRC_LOADER } src_kind;
 typedef struct {
     src_kind kind;
     int32_t *ids, *labels;     /* FIXED: [N, T] */
+    float *pixels;             /* FIXED with images (VL): pixel_values [Np, patch_dim], or NULL */
+    int64_t *grid, *patch_off; /* image_grid_thw [N, 3] (one image per row); patch offsets [N + 1] */
+    int64_t patch_dim;
     int64_t N, T, vocab, mb;
     uint64_t seed;
     int64_t position;          /* micro-batches consumed */
@@ -48,7 +52,10 @@ struct mmc_trainer {
     mmc_data_opts dopts;
     mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */
     char **lora_names;         /* "<module>.lora_A.weight" / ".lora_B.weight" per lora param */
-    int n_lora_names;       /* data section mapped onto the pipeline's options */
+    int n_lora_names;
+    int64_t quant_numel;       /* QLoRA: elements of the NF4-quantised base weights */
+    int64_t quant_dense_bytes; /* their bytes at model.dtype before quantisation */
+    int64_t quant_nf4_bytes;   /* and as NF4 codes + absmax scales */       /* data section mapped onto the pipeline's options */
     char src_dir[2048];        /* where config.json / tokenizer files are copied from ("" if none) */
     char config_src[2200];     /* where config.json came from (for messages) */
     char *config_text;         /* its contents, written into every checkpoint */
