@@ -17,6 +17,7 @@ void help_forward(FILE *f) {
             "  --model DIR       Hugging Face model directory (required)\n"
             "  --prompt TEXT     the user message (required)\n"
             "  --out FILE        output .safetensors file, written atomically (required)\n"
+            "  --system TEXT     system prompt (default: the template's default)\n"
             "  --image FILE      attach an image (repeatable; vision-language models)\n"
             "  --video DIR       attach a video given as a folder of frames\n"
             "  --raw             feed the prompt as-is, without the chat template\n"
@@ -25,40 +26,27 @@ void help_forward(FILE *f) {
 }
 
 int cmd_forward(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *out = NULL, *video = NULL;
-    const char *images[64];
-    int n_images = 0;
-    bool raw = false, json = false;
+    cli_prompt_args pa = {0};
+    const char *out = NULL;
+    bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
-        if (!strcmp(a, "--model")) { VAL(); model = v; }
-        else if (!strcmp(a, "--prompt")) { VAL(); prompt = v; }
-        else if (!strcmp(a, "--out")) { VAL(); out = v; }
-        else if (!strcmp(a, "--image")) {
-            VAL();
-            if (n_images == 64) return cli_fail(MMC_OK, "forward: at most 64 images");
-            images[n_images++] = v;
-        }
-        else if (!strcmp(a, "--video")) { VAL(); video = v; }
-        else if (!strcmp(a, "--raw")) raw = true;
+        int pr = cli_prompt_arg("forward", argc, argv, &i, &pa);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
+        if (!strcmp(a, "--out")) { VAL(); out = v; }
         else if (!strcmp(a, "--json")) json = true;
         else return cli_fail(MMC_OK, "forward: unknown option '%s' (see mmc forward --help)", a);
 #undef VAL
     }
-    if (!model || !prompt || !out)
+    if (!pa.model || !pa.prompt || !out)
         return cli_fail(MMC_OK, "forward: --model, --prompt and --out are required (see mmc forward --help)");
     cli_model cm;
-    mmc_status st = cli_model_load(model, &cm);
+    mmc_status st = cli_model_load(pa.model, &cm);
     if (st) return cli_fail(st, "forward: cannot load the model");
-    mmc_chat_part parts[66];
-    int np = 0;
-    for (int i = 0; i < n_images; i++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
-    if (video) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
-    parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = prompt};
-    mmc_chat_message msg = {.role = "user", .parts = parts, .n_parts = np};
     cli_prompt cp;
-    if ((st = cli_prompt_build(&cm, &msg, 1, raw, prompt, images, n_images, video, &cp))) {
+    if ((st = cli_prompt_from_args(&cm, &pa, &cp))) {
         cli_model_free(&cm);
         return cli_fail(st, "forward: cannot build the prompt");
     }
@@ -90,7 +78,7 @@ int cmd_forward(int argc, char **argv) {
     if (!st) st = mmc_stw_add_raw(w, "logits", MMC_F32, 2, MMC_SHAPE(T, V), L);
     if (!st) st = mmc_stw_add_raw(w, "last_logits", MMC_F32, 1, MMC_SHAPE(V), L + (T - 1) * V);
     if (!st) st = mmc_stw_add_raw(w, "input_ids", MMC_I32, 1, MMC_SHAPE(T), cp.ids);
-    if (!st) st = mmc_stw_set_metadata(w, "model", model);
+    if (!st) st = mmc_stw_set_metadata(w, "model", pa.model);
     if (!st) st = mmc_stw_write(w, out);
     mmc_stw_free(w);
     if (st) { cli_fail(st, "forward: cannot write %s", out); goto done; }

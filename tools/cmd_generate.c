@@ -32,60 +32,41 @@ void help_generate(FILE *f) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *system = NULL, *video = NULL;
-    const char *images[64];
-    int n_images = 0;
+    cli_prompt_args pa = {0};
     long long max_new = 128, seed = 0, top_k = 0;
     double temp = 0, top_p = 1, min_p = 0, rep = 1;
-    bool raw = false, json = false;
+    bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
-        if (!strcmp(a, "--model")) { VAL(); model = v; }
-        else if (!strcmp(a, "--prompt")) { VAL(); prompt = v; }
-        else if (!strcmp(a, "--system")) { VAL(); system = v; }
-        else if (!strcmp(a, "--image")) {
-            VAL();
-            if (n_images == 64) return cli_fail(MMC_OK, "generate: at most 64 images");
-            images[n_images++] = v;
-        }
-        else if (!strcmp(a, "--video")) { VAL(); video = v; }
-        else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
+        int pr = cli_prompt_arg("generate", argc, argv, &i, &pa);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
+        if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
         else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return 2; }
         else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return 2; }
         else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return 2; }
         else if (!strcmp(a, "--min-p")) { VAL(); if (!cli_float(a, v, 0, 1, &min_p)) return 2; }
         else if (!strcmp(a, "--repetition-penalty")) { VAL(); if (!cli_float(a, v, 1e-3, 100, &rep)) return 2; }
         else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return 2; }
-        else if (!strcmp(a, "--raw")) raw = true;
         else if (!strcmp(a, "--json")) json = true;
         else return cli_fail(MMC_OK, "generate: unknown option '%s' (see mmc generate --help)", a);
 #undef VAL
     }
-    if (!model) return cli_fail(MMC_OK, "generate: --model DIR is required (see mmc generate --help)");
-    if (!prompt) return cli_fail(MMC_OK, "generate: --prompt TEXT is required (see mmc generate --help)");
-    if (raw && (n_images || video))
+    if (!pa.model) return cli_fail(MMC_OK, "generate: --model DIR is required (see mmc generate --help)");
+    if (!pa.prompt) return cli_fail(MMC_OK, "generate: --prompt TEXT is required (see mmc generate --help)");
+    if (pa.raw && (pa.n_images || pa.video))
         return cli_fail(MMC_OK, "generate: --raw cannot place images; drop --raw to use the chat template");
 
     double t0 = mmc_now();
     cli_model cm;
-    mmc_status st = cli_model_load(model, &cm);
+    mmc_status st = cli_model_load(pa.model, &cm);
     if (st) return cli_fail(st, "generate: cannot load the model");
-    /* user turn: the images, then the video, then the text (Qwen2-VL's usual order) */
-    mmc_chat_part parts[66];
-    int np = 0;
-    for (int i = 0; i < n_images; i++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
-    if (video) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
-    parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = prompt};
-    mmc_chat_message msgs[2];
-    int nm = 0;
-    if (system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = system};
-    msgs[nm++] = (mmc_chat_message){.role = "user", .parts = parts, .n_parts = np};
     cli_prompt cp;
     int rc = 1;
     int32_t *out = NULL;
     cli_stream ss = {.tok = cm.tok, .print = !json};
-    if ((st = cli_prompt_build(&cm, msgs, nm, raw, prompt, images, n_images, video, &cp))) {
+    if ((st = cli_prompt_from_args(&cm, &pa, &cp))) {
         cli_fail(st, "generate: cannot build the prompt");
         cli_model_free(&cm);
         return 1;

@@ -137,3 +137,36 @@ bool cli_stream_token(void *user, int32_t token) {
     free(text);
     return true;
 }
+
+int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_args *a) {
+    const char *o = argv[*i];
+    const char **slot = !strcmp(o, "--model") ? &a->model : !strcmp(o, "--prompt") ? &a->prompt
+                      : !strcmp(o, "--system") ? &a->system : !strcmp(o, "--video") ? &a->video : NULL;
+    if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
+    if (!slot && strcmp(o, "--image") != 0) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "mmc %s: option %s needs a value\n", cmd, o);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    if (slot) { *slot = v; return 1; }
+    if (a->n_images == CLI_MAX_IMAGES) {
+        fprintf(stderr, "mmc %s: at most %d images\n", cmd, CLI_MAX_IMAGES);
+        return -1;
+    }
+    a->images[a->n_images++] = v;
+    return 1;
+}
+
+mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p) {
+    mmc_chat_part parts[CLI_MAX_IMAGES + 2];
+    int np = 0;
+    for (int i = 0; i < a->n_images; i++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
+    if (a->video) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
+    parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = a->prompt};
+    mmc_chat_message msgs[2];
+    int nm = 0;
+    if (a->system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = a->system};
+    msgs[nm++] = (mmc_chat_message){.role = "user", .parts = parts, .n_parts = np};
+    return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
+}

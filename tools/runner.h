@@ -38,6 +38,22 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
                             const char *video_dir, cli_prompt *p);
 void cli_prompt_free(cli_prompt *p);
 
+/* The prompt options generate and forward share: --model, --prompt, --system, --image
+ * (repeatable), --video, --raw. */
+#define CLI_MAX_IMAGES 64
+typedef struct {
+    const char *model, *prompt, *system, *video;
+    const char *images[CLI_MAX_IMAGES];
+    int n_images;
+    bool raw;
+} cli_prompt_args;
+/* argv[*i] is one of those options: consume it (and its value) and return 1; not one of them:
+ * return 0; a bad value: print why and return -1. cmd names the subcommand in messages. */
+int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_args *a);
+/* One user turn (images, then the video, then the text; with the system prompt if given)
+ * -> model inputs, through cli_prompt_build. */
+mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p);
+
 /* Streaming printer for mmc_gen_opts.on_token: decodes the tokens so far and prints the new
  * suffix, holding back an incomplete UTF-8 sequence (the decoder shows it as U+FFFD until
  * the rest arrives). ids must hold max_new_tokens entries. */
