@@ -296,9 +296,9 @@ static mmc_status write_split(const mmc_synth_opts *o, mmc_synth_split split, in
     if ((st = write_atomic_nosync(path, all.p ? all.p : "", all.n)) != MMC_OK) goto done;
     if (split == MMC_SYNTH_TRAIN) {
         /* colour-first curriculum, for a loader that keeps file order (data.shuffle: false):
-         * stage 1 colour only (N/8 lines), stage 2 colour and shape alternating (N/4), then
-         * every sample in its mixed order (N). */
-        int64_t n1 = count / 8, n2 = count / 4;
+         * stage 1 colour only (N/4 lines: every colour sample once), stage 2 colour and shape
+         * alternating (N/4), then every sample in its mixed order (N). */
+        int64_t n1 = count / 4, n2 = count / 4;
         for (int64_t k = 0; k < n1 + n2; k++) {
             int64_t i = k < n1 ? 4 * k : 4 * ((k - n1) / 2) + ((k - n1) % 2);
             i %= count > 0 ? count : 1;
