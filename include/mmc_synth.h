@@ -73,11 +73,14 @@ typedef struct {
     int size;              /* image side in pixels (multiple of 28 recommended) */
     uint64_t seed;
     bool blank;            /* write background-only images (control run) */
+    int curriculum_epochs; /* passes over the mixed part in train_curriculum.jsonl (0 or 1:
+                              one, in file order; later passes in seeded permutations) */
 } mmc_synth_opts;
 
 /* Write out_dir/{train,val}.jsonl, out_dir/train_<type>.jsonl (one per question type),
- * out_dir/train_curriculum.jsonl (colour-first: N/8 colour lines, N/4 colour+shape lines,
- * then all N in mixed order; meant for a loader that keeps file order) and out_dir/images/{train,val}_NNNNNN.png. Image
+ * out_dir/train_curriculum.jsonl (colour-first: N/4 colour lines, N/4 colour+shape lines,
+ * then all N in mixed order, curriculum_epochs times; meant for a loader that keeps file
+ * order) and out_dir/images/{train,val}_NNNNNN.png. Image
  * paths in the JSONL are relative to out_dir. */
 mmc_status mmc_synth_write_dataset(const mmc_synth_opts *o);
 

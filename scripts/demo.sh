@@ -6,7 +6,7 @@
 # and the loss plot. Usage: bash scripts/demo.sh [BUILD_DIR]
 #
 # Knobs (environment): DEMO_STEPS (default: the YAML's), DEMO_TRAIN (training samples,
-# default 12000), DEMO_CONTROL_STEPS (steps of the blank-image control run; default a
+# default 40000), DEMO_CONTROL_STEPS (steps of the blank-image control run; default a
 # quarter of the main run, 0 skips it — the model trained on real images is always also
 # evaluated on blanked validation images).
 set -euo pipefail
@@ -27,13 +27,18 @@ latest_ckpt() {   # newest checkpoint-N under $1, as an HF model directory
 }
 
 STEPS=${DEMO_STEPS:-$(sed -n 's/^  steps: *\([0-9]*\).*/\1/p' $CFG)}
-NTRAIN=${DEMO_TRAIN:-12000}
+BATCH=$(sed -n 's/^  batch_size: *\([0-9]*\).*/\1/p' $CFG)
+NTRAIN=${DEMO_TRAIN:-40000}
 CONTROL_STEPS=${DEMO_CONTROL_STEPS:-$((STEPS / 4))}
 SETS=(--set training.steps=$STEPS)
+# train_curriculum.jsonl = N/2 curriculum lines + the N samples once per epoch; the loader
+# reads it in order, so write enough epochs for STEPS x BATCH samples (no second curriculum)
+EPOCHS=$(( (STEPS * BATCH - NTRAIN / 2 + NTRAIN - 1) / NTRAIN ))
+[ "$EPOCHS" -ge 1 ] || EPOCHS=1
 
 step "1/6 synthetic dataset: $NTRAIN train + 400 val images (56x56, 1-3 shapes; colour/shape/count/left-right questions)"
-"$MMC" synth --out $DATA --train "$NTRAIN" --val 400 --size 56 --seed 0
-"$MMC" synth --out $RUN/data_blank --train "$NTRAIN" --val 400 --size 56 --seed 0 --blank >/dev/null
+"$MMC" synth --out $DATA --train "$NTRAIN" --val 400 --size 56 --seed 0 --epochs $EPOCHS
+"$MMC" synth --out $RUN/data_blank --train "$NTRAIN" --val 400 --size 56 --seed 0 --epochs $EPOCHS --blank >/dev/null
 head -n 2 $DATA/val.jsonl
 
 if ! "$MMC" train --help >/dev/null 2>&1; then

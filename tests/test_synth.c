@@ -135,6 +135,33 @@ static void test_files(void) {
     for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
     CHECK(lines == 6 && strstr(text, "shape\"") == NULL);
     free(text);
+    /* curriculum: N/4 colour lines, N/4 colour + shape lines, then the N samples once per
+     * epoch (2 here: file order, then a permutation) = 6 + 6 + 48 lines */
+    o.curriculum_epochs = 2;
+    CHECK_OK(mmc_synth_write_dataset(&o));
+    snprintf(path, sizeof path, "%s/train_curriculum.jsonl", dir);
+    CHECK_OK(mmc_read_file(path, &text, &len));
+    char *ln_at[64];
+    lines = 0;
+    save = NULL;
+    for (char *ln = strtok_r(text, "\n", &save); ln && lines < 64; ln = strtok_r(NULL, "\n", &save)) ln_at[lines++] = ln;
+    CHECK(lines == 60);
+    for (int i = 0; i < 6 && lines == 60; i++) CHECK(strstr(ln_at[i], "\"type\": \"colour\"") != NULL);
+    for (int i = 6; i < 12 && lines == 60; i++)
+        CHECK(strstr(ln_at[i], "\"type\": \"colour\"") || strstr(ln_at[i], "\"type\": \"shape\""));
+    if (lines == 60) {
+        CHECK(strstr(ln_at[12], "train_000000.png") != NULL);   /* first pass: file order */
+        int same = 0, found = 0;                                /* second: a permutation */
+        for (int i = 36; i < 60; i++) {
+            char want[64];
+            snprintf(want, sizeof want, "train_%06d.png", i - 36);
+            same += strstr(ln_at[i], want) != NULL;
+            for (int k = 36; k < 60; k++) found += strstr(ln_at[k], want) != NULL;
+        }
+        CHECK(same < 24 && found == 24);
+    }
+    free(text);
+    o.curriculum_epochs = 0;
     /* the PNG decodes to exactly the rendered pixels */
     mmc_synth_sample s;
     CHECK_OK(mmc_synth_make(3, MMC_SYNTH_VAL, 7, 56, &s));

@@ -22,6 +22,8 @@ void help_synth(FILE *f) {
             "  --val M        validation samples (default 400)\n"
             "  --size S       image side in pixels, 28..1024 (default 56: 4x4 patches of 14 px)\n"
             "  --seed S       seed (default 0); the same seed gives the same files\n"
+            "  --epochs E     passes over the mixed part in train_curriculum.jsonl (default 1;\n"
+            "                 each later pass in its own seeded order)\n"
             "  --blank        background-only images (the control: answers cannot use the image)\n"
             "  -h, --help     this help\n");
 }
@@ -33,7 +35,7 @@ int cmd_synth(int argc, char **argv) {
         const char *a = argv[i], *val;
         if (strcmp(a, "--blank") == 0) { o.blank = true; continue; }
         if (strcmp(a, "--out") == 0 || strcmp(a, "--train") == 0 || strcmp(a, "--val") == 0 ||
-            strcmp(a, "--size") == 0 || strcmp(a, "--seed") == 0) {
+            strcmp(a, "--size") == 0 || strcmp(a, "--seed") == 0 || strcmp(a, "--epochs") == 0) {
             if (!(val = cli_value(argc, argv, &i))) return 2;
         } else {
             fprintf(stderr, "mmc synth: unknown option '%s' (see mmc synth --help)\n", a);
@@ -43,6 +45,7 @@ int cmd_synth(int argc, char **argv) {
         else if (strcmp(a, "--train") == 0) { if (!cli_int(a, val, 0, 100000000, &v)) return 2; o.n_train = v; }
         else if (strcmp(a, "--val") == 0) { if (!cli_int(a, val, 0, 100000000, &v)) return 2; o.n_val = v; }
         else if (strcmp(a, "--size") == 0) { if (!cli_int(a, val, 28, 1024, &v)) return 2; o.size = (int)v; }
+        else if (strcmp(a, "--epochs") == 0) { if (!cli_int(a, val, 1, 1000, &v)) return 2; o.curriculum_epochs = (int)v; }
         else { if (!cli_int(a, val, 0, (long long)1 << 62, &v)) return 2; o.seed = (uint64_t)v; }
     }
     if (!o.out_dir) {

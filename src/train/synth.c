@@ -296,9 +296,9 @@ static mmc_status write_split(const mmc_synth_opts *o, mmc_synth_split split, in
     if ((st = write_atomic_nosync(path, all.p ? all.p : "", all.n)) != MMC_OK) goto done;
     if (split == MMC_SYNTH_TRAIN) {
         /* colour-first curriculum, for a loader that keeps file order (data.shuffle: false):
-         * stage 1 colour only (N/8 lines), stage 2 colour and shape alternating (N/4), then
-         * every sample in its mixed order (N). */
-        int64_t n1 = count / 8, n2 = count / 4;
+         * stage 1 colour only (N/4 lines: every colour sample once), stage 2 colour and shape
+         * alternating (N/4), then every sample in its mixed order (N). */
+        int64_t n1 = count / 4, n2 = count / 4;
         for (int64_t k = 0; k < n1 + n2; k++) {
             int64_t i = k < n1 ? 4 * k : 4 * ((k - n1) / 2) + ((k - n1) % 2);
             i %= count > 0 ? count : 1;
@@ -307,7 +307,32 @@ static mmc_status write_split(const mmc_synth_opts *o, mmc_synth_split split, in
                 goto done;
             }
         }
-        if (count && !sb_printf(&cur, "%s", all.p)) { st = mmc_error(MMC_ERR_OOM, "synth: out of memory"); goto done; }
+        /* the mixed part, once per curriculum epoch: first in file order, then each pass in
+         * its own seeded permutation (the loader keeps file order, so this is its shuffle) */
+        int epochs = o->curriculum_epochs > 1 ? o->curriculum_epochs : 1;
+        int64_t *perm = count ? malloc((size_t)count * sizeof *perm) : NULL;
+        if (count && !perm) { st = mmc_error(MMC_ERR_OOM, "synth: out of memory"); goto done; }
+        for (int e = 0; e < epochs && count; e++) {
+            for (int64_t i = 0; i < count; i++) perm[i] = i;
+            if (e > 0) {
+                mmc_rng r;
+                mmc_rng_init(&r, o->seed * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull * (uint64_t)e + 7);
+                for (int64_t i = count - 1; i > 0; i--) {
+                    int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1)), t = perm[i];
+                    perm[i] = perm[j];
+                    perm[j] = t;
+                }
+            }
+            for (int64_t k = 0; k < count; k++) {
+                int64_t i = perm[k];
+                if (!sb_printf(&cur, "%.*s", (int)(off[i + 1] - off[i]), all.p + off[i])) {
+                    free(perm);
+                    st = mmc_error(MMC_ERR_OOM, "synth: out of memory");
+                    goto done;
+                }
+            }
+        }
+        free(perm);
         snprintf(path, sizeof path, "%s/%s_curriculum.jsonl", o->out_dir, name);
         if ((st = write_atomic_nosync(path, cur.p ? cur.p : "", cur.n)) != MMC_OK) goto done;
     }
