@@ -137,10 +137,10 @@ static mmc_status loader_open(mmc_trainer *t) {
     /* shuffle: false means "keep the file's order" (e.g. a curriculum): length bucketing over
      * windows of 16 micro-batches would regroup samples by length, and with short answers the
      * length often tells the answer (the demo's batches became answer-homogeneous) */
-    if (!d->shuffle) o->bucket_window = d->micro_batch_size;
     o->truncation = d->truncation;
     o->prefetch = d->prefetch;
     o->bucket_window = d->bucket_window;
+    if (!d->shuffle && d->bucket_window == 0) o->bucket_window = d->micro_batch_size;
     o->add_vision_id = d->add_vision_id;
     char pp[2200];
     snprintf(pp, sizeof pp, "%s/preprocessor_config.json", t->src_dir);
