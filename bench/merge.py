@@ -1,12 +1,22 @@
 """Merge bench JSON lines (mmc and peer figures by case name) into results.json and print
-a table. ratio = mmc / peer when higher is better, peer / mmc when lower is better, so a
+a table (with --update, cases already in results.json are kept and re-measured ones
+replaced: a filtered run refreshes part of the file). ratio = mmc / peer when higher is better, peer / mmc when lower is better, so a
 ratio above 1 always means mmc wins."""
 import json
 import sys
 
 raw, out = sys.argv[1], sys.argv[2]
+keep_old = len(sys.argv) > 3 and sys.argv[3] == "--update"
 cases = {}
 order = []
+if keep_old:
+    try:
+        with open(out) as f:
+            for r in json.load(f):
+                cases[r["name"]] = {k: v for k, v in r.items() if k != "ratio"}
+                order.append(r["name"])
+    except (OSError, ValueError):
+        pass
 with open(raw) as f:
     for line in f:
         line = line.strip()

@@ -36,4 +36,6 @@ if [ -x "$PY" ]; then
 else
   echo "bench: no PyTorch venv at $VENV (run 'make fixtures' to create it); peers skipped" >&2
 fi
-python3 bench/merge.py "$RAW" "$BUILD/bench/results.json"
+UPDATE=""
+[ "$FILTER" != "." ] && UPDATE="--update"   # a filtered run refreshes part of results.json
+python3 bench/merge.py "$RAW" "$BUILD/bench/results.json" $UPDATE
