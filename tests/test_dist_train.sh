@@ -75,13 +75,14 @@ for z in 0 1; do
     r=$(compare refL dpL$z) && ok "2 ranks ZeRO-$z, LoRA: $r" || bad "LoRA ZeRO-$z: $r"
   else cat "$W/dpL$z.log"; bad "LoRA ZeRO-$z run"; fi
 done
-# mixed batches: with shuffle off the loader sorts each window by length, so micro-batch 1 of
+# mixed batches: with shuffle off and an explicit bucket_window the loader sorts each window
+# by length (shuffle off alone keeps file order), so micro-batch 1 of
 # every step (rank 0) holds the two text-only samples and micro-batch 2 (rank 1) the two with
 # images; rank 0 still joins every collective (the vision tower's buckets included)
 vlcfg() {  # vlcfg NAME TRAIN DP ZERO BATCH
   cat > "$W/$1.yaml" <<YAML
 model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
-data: {train: $2, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: $5, micro_batch_size: 2, num_workers: 1, shuffle: false}
+data: {train: $2, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: $5, micro_batch_size: 2, num_workers: 1, shuffle: false, bucket_window: 64}
 parallel: {data_parallel: $3, zero: $4}
 optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: cosine, warmup_steps: 2, grad_clip: 1.0}
 training: {steps: 6, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/$1}
