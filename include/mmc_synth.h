@@ -9,12 +9,13 @@
  * and the scene is then drawn to fit that answer.
  *
  * Design notes (why the task is learnable by a tiny model in minutes):
- *  - objects are large (diameter about a quarter to two fifths of the image, so several
- *    14-px patches at 56 px), on a black background, with saturated, well-separated
- *    colours; objects in one image have distinct colours and distinct shapes, so "the
- *    red object" and "the circle" are unambiguous;
- *  - left/right questions only use pairs whose centres are at least a fifth of the image
- *    apart horizontally;
+ *  - the image is a g x g grid of cells (g = size/28 clamped to 2..4; at 56 px a cell is
+ *    one merged 28-px vision token of 2x2 patches) and each object fills most of its own
+ *    cell (half extent 0.28-0.40 of a cell, small jitter), on a black background, with
+ *    saturated, well-separated colours; objects in one image have distinct colours and
+ *    distinct shapes, so "the red object" and "the circle" are unambiguous;
+ *  - left/right questions only use pairs in different grid columns (centres more than half a
+ *    cell apart horizontally);
  *  - answers are single words ("red", "circle", "2", "left").
  * The dataset is written as LLaMA-Factory `messages` + `images` JSONL with a `type` field.
  */
@@ -58,6 +59,8 @@ typedef struct {
 
 typedef enum { MMC_SYNTH_TRAIN = 0, MMC_SYNTH_VAL = 1, MMC_SYNTH_TEST = 2 } mmc_synth_split;
 
+/* Side of the layout grid (g x g cells, one object per cell) for an image of `size` px. */
+int mmc_synth_grid(int size);
 /* Sample `index` of a split; its type is index mod 4 (colour, shape, count, left/right). */
 mmc_status mmc_synth_make(uint64_t seed, mmc_synth_split split, int64_t index, int size,
                           mmc_synth_sample *out);

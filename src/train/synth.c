@@ -46,30 +46,33 @@ static void perm_with_first(mmc_rng *r, int *p, int n, int first) {
         if (p[i] == first) { p[i] = p[0]; p[0] = first; break; }
 }
 
-/* Place n objects with non-overlapping boxes (2-px margin). lr >= 0: object `a` must be
- * left (lr == 0) or right (lr == 1) of object `b` by at least size/5. */
+/* Grid layout: the image is cut into g x g cells (g = size / 28, at least 2 and at most 4:
+ * at 56 px one cell is exactly one merged 28-px vision token), and each object takes its own
+ * cell, centred with a small jitter. Objects never overlap, and every object is seen whole
+ * by the token(s) of its cell. lr >= 0: object `a` must be in a column left (lr == 0) or
+ * right (lr == 1) of object `b`'s column, so the answer is visible in the token grid. */
+int mmc_synth_grid(int size) {
+    int g = size / 28;
+    return g < 2 ? 2 : g > 4 ? 4 : g;
+}
+
 static bool place(mmc_rng *r, mmc_synth_obj *o, int n, int size, int a, int b, int lr) {
-    float rmin = 0.13f * size, rmax = 0.20f * size;
-    for (int attempt = 0; attempt < 2000; attempt++) {
-        float shrink = attempt < 1000 ? 1.0f : 0.8f;
+    const int g = mmc_synth_grid(size);
+    const float cell = (float)size / g;
+    int cells[16], col[MMC_SYNTH_MAX_OBJ];
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        rand_perm(r, cells, g * g);
+        for (int i = 0; i < n; i++) col[i] = cells[i] % g;
+        if (lr >= 0 && !(lr == 0 ? col[a] < col[b] : col[a] > col[b])) continue;
         for (int i = 0; i < n; i++) {
-            o[i].r = rand_f(r, rmin, rmax) * shrink;
-            float lo = o[i].r + 1.0f, hi = size - o[i].r - 1.0f;
-            o[i].cx = rand_f(r, lo, hi);
-            o[i].cy = rand_f(r, lo, hi);
+            int cx = cells[i] % g, cy = cells[i] / g;
+            o[i].r = rand_f(r, 0.28f, 0.40f) * cell;
+            float j = 0.5f * cell - o[i].r - 1.0f;   /* jitter keeping a 1-px margin in the cell */
+            if (j < 0) j = 0;
+            o[i].cx = (cx + 0.5f) * cell + rand_f(r, -j, j);
+            o[i].cy = (cy + 0.5f) * cell + rand_f(r, -j, j);
         }
-        bool ok = true;
-        for (int i = 0; i < n && ok; i++)
-            for (int j = i + 1; j < n && ok; j++) {
-                float m = o[i].r + o[j].r + 2.0f;
-                if (fabsf(o[i].cx - o[j].cx) <= m && fabsf(o[i].cy - o[j].cy) <= m) ok = false;
-            }
-        if (ok && lr >= 0) {
-            float dx = o[b].cx - o[a].cx;   /* > 0: a is left of b */
-            if (lr == 1) dx = -dx;
-            if (dx < 0.2f * size) ok = false;
-        }
-        if (ok) return true;
+        return true;
     }
     return false;
 }
