@@ -98,6 +98,7 @@ typedef struct mmc_qwen2_vl {
     int64_t image_token_id, video_token_id, vision_start_token_id;
     bool hub_layout;                 /* weights named visual.* / model.* (else model.visual.* ...) */
     mmc_st *st;                      /* kept open for zero-copy weights */
+    mmc_lora_set *adapter;           /* PEFT adapter applied at inference (owned), or NULL */
 } mmc_qwen2_vl;
 
 /* Images and videos of one prompt batch. Grids are consumed in order, across the batch. */
@@ -152,6 +153,9 @@ mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidde
  * transformers >= 4.52 uses ("model.visual.blocks.N.attn.qkv",
  * "model.language_model.layers.N.self_attn.q_proj", ...), for LoRA targets and PEFT files. */
 mmc_status mmc_qwen2_vl_linears(mmc_qwen2_vl *m, mmc_module_list *out);
+/* Apply a PEFT LoRA adapter (vision tower, merger and/or language model modules) at
+ * inference, as mmc_qwen2_attach_adapter does for the text model. */
+mmc_status mmc_qwen2_vl_attach_adapter(mmc_qwen2_vl *m, const char *adapter_dir);
 
 /* Generation for one prompt: prefill (vision towers run once), then decode with the KV cache. */
 mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,

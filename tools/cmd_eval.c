@@ -16,7 +16,10 @@ void help_eval(FILE *f) {
             "scored by exact match and normalised match (lower case, no punctuation, no\n"
             "articles, number words -> digits). Samples with a \"type\" get accuracy by type.\n\n"
             "options:\n"
-            "  --model DIR            Hugging Face Qwen2-VL model directory (required)\n"
+            "  --model DIR            Hugging Face Qwen2-VL model directory (required), or a LoRA\n"
+            "                         adapter directory such as a LoRA training checkpoint (its\n"
+            "                         base_model_name_or_path is loaded and the adapter applied)\n"
+            "  --adapter DIR          apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --data FILE            evaluation samples (required)\n"
             "  --image-root DIR       resolve relative image paths here (default: FILE's folder)\n"
             "  --out FILE             write one prediction per sample as JSONL\n"
@@ -36,7 +39,7 @@ int cmd_eval(int argc, char **argv) {
         const char *a = argv[i], *val;
         if (strcmp(a, "--json") == 0) { json = true; continue; }
         if (strcmp(a, "--blank-images") == 0) { o.blank_images = true; continue; }
-        if (!strcmp(a, "--model") || !strcmp(a, "--data") || !strcmp(a, "--image-root") || !strcmp(a, "--out") ||
+        if (!strcmp(a, "--model") || !strcmp(a, "--adapter") || !strcmp(a, "--data") || !strcmp(a, "--image-root") || !strcmp(a, "--out") ||
             !strcmp(a, "--max-new-tokens") || !strcmp(a, "--limit")) {
             if (!(val = cli_value(argc, argv, &i))) return 2;
         } else {
@@ -44,13 +47,14 @@ int cmd_eval(int argc, char **argv) {
             return 2;
         }
         if (!strcmp(a, "--model")) o.model_dir = val;
+        else if (!strcmp(a, "--adapter")) o.adapter_dir = val;
         else if (!strcmp(a, "--data")) o.data_path = val;
         else if (!strcmp(a, "--image-root")) o.image_root = val;
         else if (!strcmp(a, "--out")) o.out_path = val;
         else if (!strcmp(a, "--max-new-tokens")) { if (!cli_int(a, val, 1, 4096, &v)) return 2; o.max_new_tokens = (int)v; }
         else { if (!cli_int(a, val, 1, (long long)1 << 40, &v)) return 2; o.limit = v; }
     }
-    if (!o.model_dir || !o.data_path) {
+    if ((!o.model_dir && !o.adapter_dir) || !o.data_path) {
         fprintf(stderr, "mmc eval: --model DIR and --data FILE are required (see mmc eval --help)\n");
         return 2;
     }

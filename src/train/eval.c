@@ -393,21 +393,28 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     char *pred_tmp = NULL;
     size_t len = 0;
     mmc_status st;
-    if (!o->model_dir || !o->data_path) return mmc_error(MMC_ERR_INVALID, "eval: model and data are required");
+    if ((!o->model_dir && !o->adapter_dir) || !o->data_path)
+        return mmc_error(MMC_ERR_INVALID, "eval: model and data are required");
     if (o->max_new_tokens < 1) return mmc_error(MMC_ERR_INVALID, "eval: max_new_tokens must be >= 1");
 
     if ((st = mmc_read_file(o->data_path, &text, &len))) goto done;
-    if ((st = mmc_qwen2_vl_load(o->model_dir, false, &E.m))) { mmc_error_prefix(st, "loading %s", o->model_dir); goto done; }
-    if ((st = mmc_tokenizer_load(o->model_dir, &E.tok))) { mmc_error_prefix(st, "tokenizer of %s", o->model_dir); goto done; }
+    /* a LoRA checkpoint (adapter directory) evaluates as its base model + the adapter */
+    char base[4096], adir[4096];
+    if ((st = mmc_lora_resolve(o->model_dir, o->adapter_dir, base, sizeof base, adir, sizeof adir))) goto done;
+    if ((st = mmc_qwen2_vl_load(base, false, &E.m))) { mmc_error_prefix(st, "loading %s", base); goto done; }
+    if (adir[0] && (st = mmc_qwen2_vl_attach_adapter(E.m, adir))) { mmc_error_prefix(st, "adapter %s", adir); goto done; }
+    /* tokenizer and processor: the adapter directory's copies (a checkpoint's), else the base's */
+    const char *aux = base;
+    pp = malloc(sizeof base + 32);
+    if (!pp) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    struct stat sb;
+    snprintf(pp, sizeof base + 32, "%s/tokenizer.json", adir);
+    if (adir[0] && stat(pp, &sb) == 0) aux = adir;
+    if ((st = mmc_tokenizer_load(aux, &E.tok))) { mmc_error_prefix(st, "tokenizer of %s", aux); goto done; }
     mmc_qwen2vl_proc_default(&E.proc);
-    {
-        size_t n = strlen(o->model_dir) + 32;
-        pp = malloc(n);
-        if (!pp) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
-        snprintf(pp, n, "%s/preprocessor_config.json", o->model_dir);
-        struct stat sb;
-        if (stat(pp, &sb) == 0 && (st = mmc_qwen2vl_proc_load(pp, &E.proc))) goto done;
-    }
+    snprintf(pp, sizeof base + 32, "%s/preprocessor_config.json", adir);
+    if (!adir[0] || stat(pp, &sb) != 0) snprintf(pp, sizeof base + 32, "%s/preprocessor_config.json", base);
+    if (stat(pp, &sb) == 0 && (st = mmc_qwen2vl_proc_load(pp, &E.proc))) goto done;
     E.n_eos = mmc_tokenizer_eos_ids(E.tok, E.eos, 8);
     E.ctx = mmc_ctx_new();
     if (!E.ctx) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
