@@ -10,8 +10,9 @@
 void help_eval(FILE *f) {
     fprintf(f,
             "usage: mmc eval --model DIR --data FILE [options]\n\n"
-            "Evaluate the model in DIR on a chat dataset (JSONL or a JSON array; LLaMA-Factory\n"
-            "\"messages\" + \"images\", or LLaVA \"conversations\" + \"image\"): the teacher-forced loss\n"
+            "Evaluate the model in DIR on a chat dataset, read exactly as `mmc train` reads it (JSONL or\n"
+            "a JSON array; LLaVA \"conversations\" + \"image\", LLaMA-Factory \"messages\" + \"images\"/\n"
+            "\"videos\", or OpenAI content parts; auto-detected): the teacher-forced loss\n"
             "and perplexity over the assistant tokens, and the greedy answer to each sample\n"
             "scored by exact match and normalised match (lower case, no punctuation, no\n"
             "articles, number words -> digits). Samples with a \"type\" get accuracy by type.\n\n"
@@ -25,7 +26,8 @@ void help_eval(FILE *f) {
             "  --out FILE             write one prediction per sample as JSONL\n"
             "  --max-new-tokens N     answer length cap (default 16)\n"
             "  --limit N              evaluate only the first N samples\n"
-            "  --blank-images         replace every image by a black one (does the answer need it?)\n"
+            "  --blank-images         replace every image (and video frame) by a black one (does the\n"
+            "                         answer need it?)\n"
             "  --json                 print one JSON object {loss, perplexity, exact_match,\n"
             "                         normalized_match, samples, by_type, ...}\n"
             "  -h, --help             this help\n");
