@@ -5,6 +5,7 @@
 # answers equal those of the merged model; --adapter DIR does the same on an explicit base;
 # a base that moved or a wrong --adapter fail with a message saying what to pass.
 set -u
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 MMC=${MMC:-build/mmc}
 W=$(mktemp -d /tmp/mmc_test_adapter_cli.XXXXXX)
 trap 'rm -rf "$W"' EXIT

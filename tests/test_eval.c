@@ -195,7 +195,7 @@ static void write_format(const char *path, int fmt) {
 }
 
 static void test_formats(void) {
-    char path[3][64], out[3][64];
+    char path[3][64], out[3][80];
     mmc_eval_summary s[3];
     char *pred[3] = {0};
     size_t len;
