@@ -10,13 +10,17 @@
  * above) with the depth reduced to 2 vision blocks and 2 decoder layers (stated as v2l2 in the
  * names); one row of 512 tokens holding one 448x448 image (1024 patches -> 256 <|image_pad|>)
  * and text, labels on the 249 text tokens after the image; fp32. Cases: full training
- * (tokens/s, peak RSS, data share), the same with recompute, LoRA r=16 on the 7 LM
- * projections, and QLoRA (NF4 base, double quant) with the same adapters.
+ * (tokens/s, peak RSS, data share), the same with recompute (every vision block and decoder
+ * layer checkpointed, as transformers' gradient_checkpointing_enable does), with recompute of
+ * the decoder layers only (_recompute_lm_only: how much the vision blocks' recompute saves; no
+ * peer), LoRA r=16 on the 7 LM projections, and QLoRA (NF4 base, double quant) with the same
+ * adapters. MMC_BENCH_TRAIN_VL_MODES=full,recompute,recompute_lm_only,lora,qlora picks a subset.
  * Peer: bench/peer_train.py (transformers Qwen2ForCausalLM / Qwen2VLForConditionalGeneration
  * + torch.optim.AdamW, gradient checkpointing, PEFT LoRA, bitsandbytes NF4). */
 #include "bench_util.h"
 #include "mmc_config.h"
 #include "mmc_trainer.h"
+#include "train/trainer_internal.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -108,17 +112,18 @@ static int write_vl_batch(const char *path) {
     return rc;
 }
 
-typedef enum { VL_FULL, VL_RECOMPUTE, VL_LORA, VL_QLORA } vl_mode;
+typedef enum { VL_FULL, VL_RECOMPUTE, VL_RECOMPUTE_LM, VL_LORA, VL_QLORA } vl_mode;
+static const char *const k_vl_tags[] = {"", "_recompute", "_recompute_lm_only", "_lora", "_qlora"};
 
 static void run_vl_case(const char *cfg_path, const char *batch, vl_mode mode) {
-    static const char *tags[] = {"", "_recompute", "_lora", "_qlora"};
+    const char *const *tags = k_vl_tags;
     char yaml[2048];
     snprintf(yaml, sizeof yaml,
              "model: {init: %s, recompute: %s%s%s}\n"
              "data: {train: %s, batch_size: 1, micro_batch_size: 1}\n"
              "optimizer: {lr: 1.0e-5, weight_decay: 0.01, grad_clip: 1.0}\n"
              "training: {steps: 100, output_dir: /tmp/mmc_bench_train}\n",
-             cfg_path, mode == VL_RECOMPUTE ? "full" : "none",
+             cfg_path, mode == VL_RECOMPUTE || mode == VL_RECOMPUTE_LM ? "full" : "none",
              mode >= VL_LORA ? ", lora: {r: 16, alpha: 32, dropout: 0.0, targets: [q_proj, k_proj, v_proj, o_proj, "
                                "gate_proj, up_proj, down_proj]}" : "",
              mode == VL_QLORA ? ", quantization: {method: nf4, double_quant: true}" : "", batch);
@@ -126,6 +131,7 @@ static void run_vl_case(const char *cfg_path, const char *batch, vl_mode mode) {
     if (mmc_run_config_parse(yaml, strlen(yaml), "bench", NULL, 0, &cfg)) { fprintf(stderr, "%s\n", mmc_last_error()); exit(1); }
     mmc_trainer *t;
     if (mmc_trainer_new(&cfg, false, &t)) { fprintf(stderr, "%s\n", mmc_last_error()); exit(1); }
+    if (mode == VL_RECOMPUTE_LM) t->vl->visual->recompute = false;
     int steps = atoi(getenv("MMC_BENCH_TRAIN_VL_STEPS") ? getenv("MMC_BENCH_TRAIN_VL_STEPS") : "1");
     mmc_step_stats s;
     if (mmc_trainer_step(t, &s)) { fprintf(stderr, "%s\n", mmc_last_error()); exit(1); }   /* warm-up */
@@ -164,7 +170,15 @@ int main(void) {
         close(fd);
         close(fb);
         if (write_vl_batch(bpath)) { fprintf(stderr, "bench_train: cannot write %s\n", bpath); return 1; }
+        const char *modes = getenv("MMC_BENCH_TRAIN_VL_MODES");
         for (int m = VL_FULL; m <= VL_QLORA; m++) {
+            if (modes) {   /* exact names in a comma-separated list */
+                const char *tag = m == VL_FULL ? "full" : k_vl_tags[m] + 1;
+                bool hit = false;
+                for (const char *p = modes; *p && !hit; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ','))
+                    hit = strcspn(p, ",") == strlen(tag) && !strncmp(p, tag, strlen(tag));
+                if (!hit) continue;
+            }
             pid_t pid = fork();
             if (pid == 0) { run_vl_case(cpath, bpath, (vl_mode)m); _exit(0); }
             int status;

@@ -103,6 +103,8 @@ typedef struct {
     char *processor;           /* optional preprocessor_config.json (or its directory) */
     mmc_qwen2vl_proc proc;     /* image/video processor (defaults, then `processor`, then
                                   min/max_pixels) */
+    bool blank_media;          /* not a YAML key: every image / video frame replaced by a
+                                  black one of the same size (mmc eval --blank-images) */
 } mmc_data_opts;
 
 void mmc_data_opts_default(mmc_data_opts *o);

@@ -45,7 +45,10 @@ double mmc_eval_loss(const mmc_eval_summary *s);
 char *mmc_eval_summary_json(const mmc_eval_summary *s);
 
 typedef struct {
-    const char *model_dir;    /* HF directory: config.json, safetensors, tokenizer */
+    const char *model_dir;    /* HF directory: config.json, safetensors, tokenizer; or a PEFT
+                                 LoRA adapter directory (its base model + the adapter) */
+    const char *adapter_dir;  /* LoRA adapter applied to model_dir's model, or NULL
+                                 (mmc_lora_resolve: model_dir NULL -> the adapter's base) */
     const char *data_path;    /* JSONL (or a JSON array) of chat samples */
     const char *image_root;   /* relative image paths are resolved here (default: data dir) */
     const char *out_path;     /* predictions JSONL, or NULL */

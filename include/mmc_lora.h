@@ -79,6 +79,21 @@ mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *bas
  * grad). Every adapter module must exist in ml, else an error names the missing ones. */
 mmc_status mmc_lora_load(const char *dir, const mmc_module_list *ml, bool trainable, mmc_lora_set **out);
 
+/* ---- inference on an adapter directory (no `mmc merge` needed)
+ * True if dir holds a PEFT adapter (dir/adapter_config.json exists). */
+bool mmc_lora_is_adapter_dir(const char *dir);
+/* Which base model and which adapter a user means by --model / --adapter:
+ *  - adapter NULL, model a plain model directory: base = model, no adapter (adir = "");
+ *  - adapter NULL, model an adapter directory (e.g. a LoRA training checkpoint): adir = model,
+ *    base = its adapter_config.json's base_model_name_or_path;
+ *  - adapter given: adir = adapter, base = model, or the adapter's base_model_name_or_path
+ *    when model is NULL (model must not itself be an adapter directory).
+ * A relative base_model_name_or_path is tried as given (from the working directory), then
+ * relative to the adapter directory; the base must hold a config.json. Errors say which
+ * paths were tried and how to name the base explicitly (--model BASE --adapter DIR). */
+mmc_status mmc_lora_resolve(const char *model, const char *adapter, char *base, size_t base_cap, char *adir,
+                            size_t adir_cap);
+
 /* Scale of an adapter config: alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float mmc_lora_scale(int r, float alpha, bool use_rslora);
 /* "model.language_model.layers.0.mlp.up_proj" and "model.layers.0.mlp.up_proj" both map to

@@ -66,6 +66,7 @@ typedef struct mmc_qwen2 {
     int n_params;
     mmc_st *st;                   /* mapping kept alive when weights are zero-copy */
     bool recompute;               /* activation checkpointing per block */
+    mmc_lora_set *adapter;        /* PEFT adapter applied at inference (owned), or NULL */
 } mmc_qwen2;
 
 /* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference
@@ -96,6 +97,11 @@ mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *
 /* QLoRA: quantise every decoder projection to NF4 (bitsandbytes layout, mmc_quant.h) and
  * drop the dense copies from m->params. Norms, embeddings and lm_head stay as they are. */
 mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant);
+/* Apply the PEFT LoRA adapter in adapter_dir at inference, without merging: every adapted
+ * linear computes W x + scale * B (A x) (mmc_nn_linear), the base weights stay as loaded
+ * (zero-copy). Logits equal those of the `mmc merge`d model up to float rounding. The model
+ * owns the adapter (m->adapter); at most one. Errors name adapter modules the model lacks. */
+mmc_status mmc_qwen2_attach_adapter(mmc_qwen2 *m, const char *adapter_dir);
 
 /* ids [B, T] -> embeddings [B, T, C] */
 mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids);

@@ -66,6 +66,7 @@ typedef struct {
     mmc_tensor **params;             /* every parameter (owned) */
     char (*param_names)[96];         /* HF names without the "visual." prefix */
     int n_params;
+    bool recompute;                  /* training: checkpoint each block (mmc_checkpoint) */
 } mmc_vision;
 
 /* Read vision_config from a parsed config.json (either layout). */
@@ -79,7 +80,10 @@ mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const 
 mmc_status mmc_vision_new(const mmc_vision_config *cfg, uint64_t seed, mmc_vision **out);
 void mmc_vision_free(mmc_vision *v);
 /* pixels [N, Cin*kt*p*p] (f32) for n grids (t, h, w) = grid_thw[3i..3i+2], N = sum t*h*w
- * -> [N / m^2, Co], in the images' token order. hidden (may be NULL) receives the last block's
+ * -> [N / m^2, Co], in the images' token order. In grad mode with v->recompute, each block
+ * that has something to train (its own parameters or LoRA adapters, or a patch embedding
+ * that requires grad upstream) is checkpointed: its forward keeps only its output and its
+ * backward re-runs it (a frozen tower records nothing either way). hidden (may be NULL) receives the last block's
  * output [N, Cv] (for Qwen2.5-VL in window order, as transformers' last_hidden_state).
  * Fails (MMC_ERR_SHAPE / MMC_ERR_INVALID) on a pixel count or grid that does not fit. */
 mmc_status mmc_vision_forward(mmc_ctx *ctx, mmc_vision *v, mmc_tensor *pixels, const int64_t *grid_thw,
@@ -98,6 +102,7 @@ typedef struct mmc_qwen2_vl {
     int64_t image_token_id, video_token_id, vision_start_token_id;
     bool hub_layout;                 /* weights named visual.* / model.* (else model.visual.* ...) */
     mmc_st *st;                      /* kept open for zero-copy weights */
+    mmc_lora_set *adapter;           /* PEFT adapter applied at inference (owned), or NULL */
 } mmc_qwen2_vl;
 
 /* Images and videos of one prompt batch. Grids are consumed in order, across the batch. */
@@ -152,6 +157,9 @@ mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidde
  * transformers >= 4.52 uses ("model.visual.blocks.N.attn.qkv",
  * "model.language_model.layers.N.self_attn.q_proj", ...), for LoRA targets and PEFT files. */
 mmc_status mmc_qwen2_vl_linears(mmc_qwen2_vl *m, mmc_module_list *out);
+/* Apply a PEFT LoRA adapter (vision tower, merger and/or language model modules) at
+ * inference, as mmc_qwen2_attach_adapter does for the text model. */
+mmc_status mmc_qwen2_vl_attach_adapter(mmc_qwen2_vl *m, const char *adapter_dir);
 
 /* Generation for one prompt: prefill (vision towers run once), then decode with the KV cache. */
 mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,

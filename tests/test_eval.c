@@ -2,8 +2,12 @@
  * rules, the JSON summary and its by_type table, and a run on a tiny random Qwen2-VL whose
  * teacher-forced losses, token counts and greedy answers must equal transformers'
  * (tests/fixtures/eval, written by tools/ref/gen_eval.py); blanked images, a missing image
- * (skipped and counted) and a malformed line (error naming file:line). */
+ * (skipped and counted) and a malformed line (error naming file:line). Samples are read by
+ * the training data pipeline: the same samples written as LLaVA `conversations`, LLaMA-Factory
+ * `messages` + `images` and OpenAI content parts give identical losses and answers, and equal
+ * the training loader's own token/label count. */
 #include "test_util.h"
+#include "mmc_data.h"
 #include "mmc_eval.h"
 #include "mmc_io.h"
 
@@ -141,15 +145,117 @@ static void test_run(void) {
                "\"images\": [\"images/s0.png\"]}\n{oops\n");
     fclose(f);
     CHECK_ERR(mmc_eval_run(&o, &b), MMC_ERR_FORMAT);
-    CHECK(strstr(mmc_last_error(), "2 <image> tags but 1 images"));
+    CHECK(strstr(mmc_last_error(), ":1:") && strstr(mmc_last_error(), "2 image placeholders") &&
+          strstr(mmc_last_error(), "but 1 image listed"));
     CHECK_ERR(mmc_eval_run(&(mmc_eval_opts){.model_dir = "tests/fixtures/eval/model", .data_path = "/nonexistent.jsonl",
                                             .max_new_tokens = 4}, &b), MMC_ERR_NOT_FOUND);
     unlink(out);
     mmc_json_free(exp_j);
 }
 
+/* The fixture's samples rewritten in one layout: 0 LLaVA, 1 LLaMA-Factory, 2 OpenAI parts. */
+static void write_format(const char *path, int fmt) {
+    mmc_dataset *ds = NULL;
+    CHECK_OK(mmc_dataset_load("tests/fixtures/eval/data/val.jsonl", NULL, &ds));
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    for (int64_t i = 0; ds && f && i < mmc_dataset_size(ds); i++) {
+        mmc_example ex;
+        mmc_dataset_get(ds, i, &ex);
+        const char *img = strstr(ex.images[0], "images/");   /* as written: relative to the data dir */
+        fputc('{', f);
+        fprintf(f, fmt == 0 ? "\"image\": \"%s\", \"conversations\": [" : fmt == 1 ? "\"images\": [\"%s\"], \"messages\": ["
+                                                                  : "%s\"messages\": [", fmt == 2 ? "" : img);
+        for (int m = 0; m < ex.n_messages; m++) {
+            const mmc_chat_message *msg = &ex.messages[m];
+            bool user = !strcmp(msg->role, "user");
+            if (fmt == 0) fprintf(f, "%s{\"from\": \"%s\", \"value\": \"", m ? ", " : "", user ? "human" : "gpt");
+            else if (fmt == 1) fprintf(f, "%s{\"role\": \"%s\", \"content\": \"", m ? ", " : "", msg->role);
+            else fprintf(f, "%s{\"role\": \"%s\", \"content\": [", m ? ", " : "", msg->role);
+            for (int p = 0; p < msg->n_parts; p++) {
+                const mmc_chat_part *pt = &msg->parts[p];
+                if (fmt < 2) {
+                    if (pt->type == MMC_CHAT_IMAGE) fputs("<image>", f);
+                    else for (const char *c = pt->text; *c; c++) fputs(*c == '\n' ? "\\n" : (char[2]){*c, 0}, f);
+                } else if (pt->type == MMC_CHAT_IMAGE) fprintf(f, "%s{\"type\": \"image\", \"image\": \"%s\"}", p ? ", " : "", img);
+                else {
+                    fprintf(f, "%s{\"type\": \"text\", \"text\": \"", p ? ", " : "");
+                    for (const char *c = pt->text; *c; c++) fputs(*c == '\n' ? "\\n" : (char[2]){*c, 0}, f);
+                    fputs("\"}", f);
+                }
+            }
+            fputs(fmt < 2 ? "\"}" : "]}", f);
+        }
+        fputc(']', f);
+        if (ex.type) fprintf(f, ", \"type\": \"%s\"", ex.type);
+        fputs("}\n", f);
+    }
+    if (f) fclose(f);
+    mmc_dataset_free(ds);
+}
+
+static void test_formats(void) {
+    char path[3][64], out[3][80];
+    mmc_eval_summary s[3];
+    char *pred[3] = {0};
+    size_t len;
+    for (int k = 0; k < 3; k++) {
+        snprintf(path[k], sizeof path[k], "/tmp/mmc_test_eval_fmt%d_XXXXXX", k);
+        int fd = mkstemp(path[k]);
+        close(fd);
+        snprintf(out[k], sizeof out[k], "%s.pred", path[k]);
+        write_format(path[k], k);
+        mmc_eval_opts o = {.model_dir = "tests/fixtures/eval/model", .data_path = path[k], .out_path = out[k],
+                           .image_root = "tests/fixtures/eval/data", .max_new_tokens = 4};
+        CHECK_OK(mmc_eval_run(&o, &s[k]));
+        CHECK_OK(mmc_read_file(out[k], &pred[k], &len));
+    }
+    static const mmc_data_format want[3] = {MMC_DATA_LLAVA, MMC_DATA_SHAREGPT, MMC_DATA_OPENAI};
+    for (int k = 0; k < 3; k++) {   /* each file really is in its layout */
+        mmc_dataset *ds = NULL;
+        CHECK_OK(mmc_dataset_load(path[k], "tests/fixtures/eval/data", &ds));
+        mmc_example ex = {0};
+        if (ds) mmc_dataset_get(ds, 0, &ex);
+        CHECKF(ds && ex.format == want[k], "file %d detected as format %d", k, (int)ex.format);
+        mmc_dataset_free(ds);
+    }
+    for (int k = 1; k < 3; k++) {
+        CHECKF(s[k].samples == 6 && s[k].n_tokens == s[0].n_tokens && s[k].nll_sum == s[0].nll_sum &&
+               s[k].normalized == s[0].normalized && s[k].n_types == s[0].n_types,
+               "format %d: %lld samples, %lld tokens, nll %.9g vs LLaVA %lld, %lld, %.9g", k, (long long)s[k].samples,
+               (long long)s[k].n_tokens, s[k].nll_sum, (long long)s[0].samples, (long long)s[0].n_tokens, s[0].nll_sum);
+        CHECKF(pred[k] && pred[0] && !strcmp(pred[k], pred[0]), "format %d predictions differ:\n%s\nvs\n%s", k,
+               pred[k] ? pred[k] : "", pred[0] ? pred[0] : "");
+    }
+    /* the scored tokens are the ones the training loader labels */
+    mmc_tokenizer *tok = NULL;
+    CHECK_OK(mmc_tokenizer_load("tests/fixtures/eval/model", &tok));
+    mmc_data_opts d;
+    mmc_data_opts_default(&d);
+    d.eval = strdup(path[1]);
+    d.image_root = strdup("tests/fixtures/eval/data");
+    d.num_workers = 1;
+    mmc_loader *l = NULL;
+    CHECK_OK(mmc_loader_new(&d, tok, MMC_SPLIT_EVAL, &l));
+    int64_t labelled = 0;
+    for (mmc_batch b; l;) {
+        CHECK_OK(mmc_loader_next(l, &b));
+        int64_t B = b.B;
+        labelled += b.n_label_tokens;
+        mmc_batch_free(&b);
+        if (B == 0) break;
+    }
+    CHECKF(labelled == s[1].n_tokens, "eval scored %lld tokens, the training loader labels %lld",
+           (long long)s[1].n_tokens, (long long)labelled);
+    mmc_loader_free(l);
+    mmc_data_opts_free(&d);
+    mmc_tokenizer_free(tok);
+    for (int k = 0; k < 3; k++) { unlink(path[k]); unlink(out[k]); free(pred[k]); }
+}
+
 int main(void) {
     test_metrics();
     test_run();
+    test_formats();
     return test_done("test_eval");
 }

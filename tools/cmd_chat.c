@@ -16,7 +16,8 @@ void help_chat(FILE *f) {
             "  /reset        start a new conversation\n"
             "  /quit         leave (or end of input)\n\n"
             "options:\n"
-            "  --model DIR              Hugging Face model directory (required)\n"
+            "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
+            "  --adapter DIR            apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
             "  --max-new-tokens N       per reply (default 256)\n"
             "  --temperature T          sample with temperature T (default: greedy)\n"
@@ -37,13 +38,14 @@ static void trim(char *s) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *system = NULL;
+    const char *model = NULL, *adapter = NULL, *system = NULL;
     long long max_new = 256, seed = 0, top_k = 0;
     double temp = 0, top_p = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
         if (!strcmp(a, "--model")) { VAL(); model = v; }
+        else if (!strcmp(a, "--adapter")) { VAL(); adapter = v; }
         else if (!strcmp(a, "--system")) { VAL(); system = v; }
         else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
         else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return 2; }
@@ -53,12 +55,13 @@ int cmd_chat(int argc, char **argv) {
         else return cli_fail(MMC_OK, "chat: unknown option '%s' (see mmc chat --help)", a);
 #undef VAL
     }
-    if (!model) return cli_fail(MMC_OK, "chat: --model DIR is required (see mmc chat --help)");
+    if (!model && !adapter) return cli_fail(MMC_OK, "chat: --model DIR is required (see mmc chat --help)");
     cli_model cm;
-    mmc_status st = cli_model_load(model, &cm);
+    mmc_status st = cli_model_load(model, adapter, &cm);
     if (st) return cli_fail(st, "chat: cannot load the model");
     bool tty = isatty(STDIN_FILENO);
-    if (tty) fprintf(stderr, "mmc chat — %s (%s). /image PATH, /reset, /quit.\n", model, cm.model_type);
+    if (tty) fprintf(stderr, "mmc chat — %s%s%s (%s). /image PATH, /reset, /quit.\n", cm.base_dir,
+                     cm.adapter_dir[0] ? " + adapter " : "", cm.adapter_dir, cm.model_type);
     turn turns[256];
     int n_turns = 0;
     const char *images[64];

@@ -10,19 +10,24 @@
 void help_eval(FILE *f) {
     fprintf(f,
             "usage: mmc eval --model DIR --data FILE [options]\n\n"
-            "Evaluate the model in DIR on a chat dataset (JSONL or a JSON array; LLaMA-Factory\n"
-            "\"messages\" + \"images\", or LLaVA \"conversations\" + \"image\"): the teacher-forced loss\n"
+            "Evaluate the model in DIR on a chat dataset, read exactly as `mmc train` reads it (JSONL or\n"
+            "a JSON array; LLaVA \"conversations\" + \"image\", LLaMA-Factory \"messages\" + \"images\"/\n"
+            "\"videos\", or OpenAI content parts; auto-detected): the teacher-forced loss\n"
             "and perplexity over the assistant tokens, and the greedy answer to each sample\n"
             "scored by exact match and normalised match (lower case, no punctuation, no\n"
             "articles, number words -> digits). Samples with a \"type\" get accuracy by type.\n\n"
             "options:\n"
-            "  --model DIR            Hugging Face Qwen2-VL model directory (required)\n"
+            "  --model DIR            Hugging Face Qwen2-VL model directory (required), or a LoRA\n"
+            "                         adapter directory such as a LoRA training checkpoint (its\n"
+            "                         base_model_name_or_path is loaded and the adapter applied)\n"
+            "  --adapter DIR          apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --data FILE            evaluation samples (required)\n"
             "  --image-root DIR       resolve relative image paths here (default: FILE's folder)\n"
             "  --out FILE             write one prediction per sample as JSONL\n"
             "  --max-new-tokens N     answer length cap (default 16)\n"
             "  --limit N              evaluate only the first N samples\n"
-            "  --blank-images         replace every image by a black one (does the answer need it?)\n"
+            "  --blank-images         replace every image (and video frame) by a black one (does the\n"
+            "                         answer need it?)\n"
             "  --json                 print one JSON object {loss, perplexity, exact_match,\n"
             "                         normalized_match, samples, by_type, ...}\n"
             "  -h, --help             this help\n");
@@ -36,7 +41,7 @@ int cmd_eval(int argc, char **argv) {
         const char *a = argv[i], *val;
         if (strcmp(a, "--json") == 0) { json = true; continue; }
         if (strcmp(a, "--blank-images") == 0) { o.blank_images = true; continue; }
-        if (!strcmp(a, "--model") || !strcmp(a, "--data") || !strcmp(a, "--image-root") || !strcmp(a, "--out") ||
+        if (!strcmp(a, "--model") || !strcmp(a, "--adapter") || !strcmp(a, "--data") || !strcmp(a, "--image-root") || !strcmp(a, "--out") ||
             !strcmp(a, "--max-new-tokens") || !strcmp(a, "--limit")) {
             if (!(val = cli_value(argc, argv, &i))) return 2;
         } else {
@@ -44,13 +49,14 @@ int cmd_eval(int argc, char **argv) {
             return 2;
         }
         if (!strcmp(a, "--model")) o.model_dir = val;
+        else if (!strcmp(a, "--adapter")) o.adapter_dir = val;
         else if (!strcmp(a, "--data")) o.data_path = val;
         else if (!strcmp(a, "--image-root")) o.image_root = val;
         else if (!strcmp(a, "--out")) o.out_path = val;
         else if (!strcmp(a, "--max-new-tokens")) { if (!cli_int(a, val, 1, 4096, &v)) return 2; o.max_new_tokens = (int)v; }
         else { if (!cli_int(a, val, 1, (long long)1 << 40, &v)) return 2; o.limit = v; }
     }
-    if (!o.model_dir || !o.data_path) {
+    if ((!o.model_dir && !o.adapter_dir) || !o.data_path) {
         fprintf(stderr, "mmc eval: --model DIR and --data FILE are required (see mmc eval --help)\n");
         return 2;
     }

@@ -14,7 +14,9 @@ void help_forward(FILE *f) {
             "Run one forward pass over the prompt (as a user turn of the chat template, with a\n"
             "generation prompt) and write the logits: logits [T, V], last_logits [V], input_ids [T].\n\n"
             "options:\n"
-            "  --model DIR       Hugging Face model directory (required)\n"
+            "  --model DIR       Hugging Face model directory, or a LoRA adapter directory (its\n"
+            "                    base model is loaded and the adapter applied)\n"
+            "  --adapter DIR     apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --prompt TEXT     the user message (required)\n"
             "  --out FILE        output .safetensors file, written atomically (required)\n"
             "  --system TEXT     system prompt (default: the template's default)\n"
@@ -40,10 +42,10 @@ int cmd_forward(int argc, char **argv) {
         else return cli_fail(MMC_OK, "forward: unknown option '%s' (see mmc forward --help)", a);
 #undef VAL
     }
-    if (!pa.model || !pa.prompt || !out)
+    if ((!pa.model && !pa.adapter) || !pa.prompt || !out)
         return cli_fail(MMC_OK, "forward: --model, --prompt and --out are required (see mmc forward --help)");
     cli_model cm;
-    mmc_status st = cli_model_load(pa.model, &cm);
+    mmc_status st = cli_model_load(pa.model, pa.adapter, &cm);
     if (st) return cli_fail(st, "forward: cannot load the model");
     cli_prompt cp;
     if ((st = cli_prompt_from_args(&cm, &pa, &cp))) {
@@ -78,7 +80,8 @@ int cmd_forward(int argc, char **argv) {
     if (!st) st = mmc_stw_add_raw(w, "logits", MMC_F32, 2, MMC_SHAPE(T, V), L);
     if (!st) st = mmc_stw_add_raw(w, "last_logits", MMC_F32, 1, MMC_SHAPE(V), L + (T - 1) * V);
     if (!st) st = mmc_stw_add_raw(w, "input_ids", MMC_I32, 1, MMC_SHAPE(T), cp.ids);
-    if (!st) st = mmc_stw_set_metadata(w, "model", pa.model);
+    if (!st) st = mmc_stw_set_metadata(w, "model", cm.base_dir);
+    if (!st && cm.adapter_dir[0]) st = mmc_stw_set_metadata(w, "adapter", cm.adapter_dir);
     if (!st) st = mmc_stw_write(w, out);
     mmc_stw_free(w);
     if (st) { cli_fail(st, "forward: cannot write %s", out); goto done; }

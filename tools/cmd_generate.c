@@ -14,7 +14,10 @@ void help_generate(FILE *f) {
             "Generate a completion with the model in DIR (config.json, safetensors, tokenizer.json).\n"
             "The prompt is wrapped in the model's chat template as a user turn (see --raw).\n\n"
             "options:\n"
-            "  --model DIR              Hugging Face model directory (required)\n"
+            "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
+            "                           (a LoRA training checkpoint: its base model is loaded)\n"
+            "  --adapter DIR            apply this PEFT LoRA adapter to the model (no merge needed;\n"
+            "                           without --model, its base_model_name_or_path is the base)\n"
             "  --prompt TEXT            the user message (required)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
             "  --image FILE             attach an image (repeatable; vision-language models)\n"
@@ -53,14 +56,14 @@ int cmd_generate(int argc, char **argv) {
         else return cli_fail(MMC_OK, "generate: unknown option '%s' (see mmc generate --help)", a);
 #undef VAL
     }
-    if (!pa.model) return cli_fail(MMC_OK, "generate: --model DIR is required (see mmc generate --help)");
+    if (!pa.model && !pa.adapter) return cli_fail(MMC_OK, "generate: --model DIR is required (see mmc generate --help)");
     if (!pa.prompt) return cli_fail(MMC_OK, "generate: --prompt TEXT is required (see mmc generate --help)");
     if (pa.raw && (pa.n_images || pa.video))
         return cli_fail(MMC_OK, "generate: --raw cannot place images; drop --raw to use the chat template");
 
     double t0 = mmc_now();
     cli_model cm;
-    mmc_status st = cli_model_load(pa.model, &cm);
+    mmc_status st = cli_model_load(pa.model, pa.adapter, &cm);
     if (st) return cli_fail(st, "generate: cannot load the model");
     cli_prompt cp;
     int rc = 1;

@@ -15,7 +15,8 @@ void help_merge(FILE *f) {
                "become W + (lora_alpha / r) * B A in their stored dtype; every other tensor is\n"
                "copied unchanged. OUTDIR is written atomically (built beside it, then renamed).\n\n"
                "options:\n"
-               "  --model DIR     base model directory\n"
+               "  --model DIR     base model directory (default: the adapter's\n"
+               "                  base_model_name_or_path)\n"
                "  --adapter ADIR  LoRA adapter directory\n"
                "  --out OUTDIR    output directory (replaced if it exists)\n"
                "  --json          print a JSON summary\n"
@@ -33,8 +34,12 @@ int cmd_merge(int argc, char **argv) {
         else if (strcmp(argv[i], "--json") == 0) json = true;
         else return cli_fail(MMC_OK, "merge: unknown argument '%s' (see mmc merge --help)", argv[i]);
     }
-    if (!model || !adapter || !out)
-        return cli_fail(MMC_OK, "merge: --model, --adapter and --out are required (see mmc merge --help)");
+    if (!adapter || !out)
+        return cli_fail(MMC_OK, "merge: --adapter and --out are required (see mmc merge --help)");
+    char base[4096], adir[4096];
+    mmc_status rs = mmc_lora_resolve(model, adapter, base, sizeof base, adir, sizeof adir);
+    if (rs) return cli_fail(rs, "merge: no base model");
+    model = base;
     if (strcmp(model, out) == 0) return cli_fail(MMC_OK, "merge: --out must differ from --model");
     int n = 0;
     mmc_status st = mmc_lora_merge_dir(model, adapter, out, &n);

@@ -8,34 +8,53 @@
 #include <string.h>
 #include <unistd.h>
 
-mmc_status cli_model_load(const char *dir, cli_model *m) {
+/* dir/name if the adapter directory has that file (a checkpoint's copy), else base/name */
+static void aux_path(const cli_model *m, const char *name, char *out, size_t cap) {
+    if (m->adapter_dir[0]) {
+        snprintf(out, cap, "%s/%s", m->adapter_dir, name);
+        if (access(out, R_OK) == 0) return;
+    }
+    snprintf(out, cap, "%s/%s", m->base_dir, name);
+}
+
+mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) {
     memset(m, 0, sizeof *m);
-    char path[4096];
+    char path[8300];
+    mmc_status st = mmc_lora_resolve(model, adapter, m->base_dir, sizeof m->base_dir, m->adapter_dir,
+                                     sizeof m->adapter_dir);
+    if (st) return st;
+    const char *dir = m->base_dir;
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *cfg = NULL;
-    mmc_status st = mmc_json_load(path, &cfg);
-    if (st) return st;
+    if ((st = mmc_json_load(path, &cfg))) return st;
     const char *mt = "?";
     mmc_json_str(cfg, "model_type", "?", &mt);
     snprintf(m->model_type, sizeof m->model_type, "%s", mt);
     if (!strcmp(mt, "qwen2")) {
         st = mmc_qwen2_load(dir, cfg, false, &m->lm);
         if (!st) m->vocab_size = m->lm->cfg.vocab_size;
+        if (!st && m->adapter_dir[0]) st = mmc_qwen2_attach_adapter(m->lm, m->adapter_dir);
     } else if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
         m->vl = true;
         st = mmc_qwen2_vl_load(dir, false, &m->vlm);
         if (!st) m->vocab_size = m->vlm->lm->cfg.vocab_size;
+        if (!st && m->adapter_dir[0]) st = mmc_qwen2_vl_attach_adapter(m->vlm, m->adapter_dir);
         mmc_qwen2vl_proc_default(&m->proc);
         /* preprocessor_config.json (transformers 4.x, the Hub) or processor_config.json (5.x) */
-        snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
-        if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s/processor_config.json", dir);
+        aux_path(m, "preprocessor_config.json", path, sizeof path);
+        if (access(path, R_OK) != 0) aux_path(m, "processor_config.json", path, sizeof path);
         if (!st && access(path, R_OK) == 0) st = mmc_qwen2vl_proc_load(path, &m->proc);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, "
                        "qwen2_vl, qwen2_5_vl)", dir, mt);
     }
     mmc_json_free(cfg);
-    if (!st) st = mmc_tokenizer_load(dir, &m->tok);
+    if (!st) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", m->adapter_dir);
+        bool own = m->adapter_dir[0] && access(path, R_OK) == 0;
+        st = mmc_tokenizer_load(own ? m->adapter_dir : dir, &m->tok);
+    }
+    if (st && m->adapter_dir[0]) mmc_error_prefix(st, "adapter %s on base %s", m->adapter_dir, m->base_dir);
     if (st) cli_model_free(m);
     return st;
 }
@@ -140,7 +159,8 @@ bool cli_stream_token(void *user, int32_t token) {
 
 int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_args *a) {
     const char *o = argv[*i];
-    const char **slot = !strcmp(o, "--model") ? &a->model : !strcmp(o, "--prompt") ? &a->prompt
+    const char **slot = !strcmp(o, "--model") ? &a->model : !strcmp(o, "--adapter") ? &a->adapter
+                      : !strcmp(o, "--prompt") ? &a->prompt
                       : !strcmp(o, "--system") ? &a->system : !strcmp(o, "--video") ? &a->video : NULL;
     if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
     if (!slot && strcmp(o, "--image") != 0) return 0;

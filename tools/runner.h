@@ -18,10 +18,17 @@ typedef struct {
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int64_t vocab_size;
+    char base_dir[4096];      /* where config.json and the weights came from */
+    char adapter_dir[4096];   /* the LoRA adapter applied at inference, or "" */
 } cli_model;
 
-/* Load config.json, weights (zero-copy), tokenizer and (for VL) preprocessor_config.json. */
-mmc_status cli_model_load(const char *dir, cli_model *m);
+/* Load config.json, weights (zero-copy), tokenizer and (for VL) preprocessor_config.json.
+ * dir may be a PEFT LoRA adapter directory (a LoRA training checkpoint): its base model
+ * (adapter_config.json's base_model_name_or_path) is loaded and the adapter applied in the
+ * linears, no `mmc merge` needed; adapter (or NULL) names an adapter for the base in dir
+ * (mmc_lora_resolve). Tokenizer and processor files are taken from the adapter directory
+ * when it has them (a checkpoint's copies), else from the base. */
+mmc_status cli_model_load(const char *dir, const char *adapter, cli_model *m);
 void cli_model_free(cli_model *m);
 
 typedef struct {
@@ -38,11 +45,11 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
                             const char *video_dir, cli_prompt *p);
 void cli_prompt_free(cli_prompt *p);
 
-/* The prompt options generate and forward share: --model, --prompt, --system, --image
- * (repeatable), --video, --raw. */
+/* The prompt options generate and forward share: --model, --adapter, --prompt, --system,
+ * --image (repeatable), --video, --raw. */
 #define CLI_MAX_IMAGES 64
 typedef struct {
-    const char *model, *prompt, *system, *video;
+    const char *model, *adapter, *prompt, *system, *video;
     const char *images[CLI_MAX_IMAGES];
     int n_images;
     bool raw;

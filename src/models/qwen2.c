@@ -261,6 +261,7 @@ mmc_status mmc_qwen2_load(const char *dir, const mmc_json *config, bool trainabl
 
 void mmc_qwen2_free(mmc_qwen2 *m) {
     if (!m) return;
+    mmc_lora_free(m->adapter);   /* detaches from the layers, so before they go */
     for (int64_t i = 0; m->layers && i < m->cfg.num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
         mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
@@ -288,6 +289,15 @@ mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *
         }
     }
     return MMC_OK;
+}
+
+mmc_status mmc_qwen2_attach_adapter(mmc_qwen2 *m, const char *adapter_dir) {
+    if (m->adapter) return mmc_error(MMC_ERR_INVALID, "%s: the model already has an adapter", adapter_dir);
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_qwen2_linears(m, "model.", &ml);
+    if (!st) st = mmc_lora_load(adapter_dir, &ml, false, &m->adapter);
+    mmc_module_list_free(&ml);
+    return st;
 }
 
 mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant) {

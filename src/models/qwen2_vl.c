@@ -14,6 +14,7 @@
 /* ------------------------------------------------------------------ loading */
 void mmc_qwen2_vl_free(mmc_qwen2_vl *m) {
     if (!m) return;
+    mmc_lora_free(m->adapter);   /* detaches from the layers, so before they go */
     mmc_vision_free(m->visual);
     mmc_qwen2_free(m->lm);
     mmc_st_close(m->st);
@@ -386,6 +387,16 @@ mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t
                                  const mmc_vl_media *media, const mmc_gen_opts *opts, int32_t *out, int *n_out) {
     vl_gen g = {m, media, 0};
     return mmc_generate_loop(vl_step, &g, &m->lm->cfg, prompt, n_prompt, opts, out, n_out);
+}
+
+mmc_status mmc_qwen2_vl_attach_adapter(mmc_qwen2_vl *m, const char *adapter_dir) {
+    if (m->adapter || m->lm->adapter)
+        return mmc_error(MMC_ERR_INVALID, "%s: the model already has an adapter", adapter_dir);
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_qwen2_vl_linears(m, &ml);
+    if (!st) st = mmc_lora_load(adapter_dir, &ml, false, &m->adapter);
+    mmc_module_list_free(&ml);
+    return st;
 }
 
 mmc_status mmc_qwen2_vl_linears(mmc_qwen2_vl *m, mmc_module_list *out) {

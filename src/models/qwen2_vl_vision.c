@@ -357,6 +357,34 @@ static mmc_tensor *permute_units(mmc_ctx *ctx, mmc_tensor *x, int64_t unit, mmc_
     return mmc_reshape(ctx, mmc_gather_rows(ctx, u, idx), 2, MMC_SHAPE(R, W));
 }
 
+/* activation checkpointing of one block (mmc_checkpoint): what the re-run needs */
+typedef struct {
+    const mmc_vision_config *c;
+    mmc_vision_block *b;
+    mmc_tensor *cos, *sin;
+    mmc_attn_opts ao;   /* a copy: the caller's is gone when backward recomputes */
+} vblock_args;
+
+static mmc_tensor *vblock_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
+    vblock_args *a = user;
+    (void)n_in;
+    return block_forward(ctx, a->c, a->b, in[0], a->cos, a->sin, &a->ao);
+}
+
+static bool lin_trainable(const mmc_linear_w *l) {
+    return (l->w && mmc_requires_grad(l->w)) || (l->b && mmc_requires_grad(l->b)) ||
+           (l->lora && (mmc_requires_grad(l->lora->A) || mmc_requires_grad(l->lora->B)));
+}
+
+/* Does backward have anything to do in block b (else checkpointing it only costs a re-run)? */
+static bool block_trainable(const mmc_vision_block *b) {
+    const mmc_tensor *t[4] = {b->norm1_w, b->norm1_b, b->norm2_w, b->norm2_b};
+    for (int i = 0; i < 4; i++) if (t[i] && mmc_requires_grad(t[i])) return true;
+    const mmc_linear_w *l[7] = {&b->qkv, &b->proj, &b->fc1, &b->fc2, &b->gate, &b->up, &b->down};
+    for (int i = 0; i < 7; i++) if (lin_trainable(l[i])) return true;
+    return false;
+}
+
 mmc_status mmc_vision_forward(mmc_ctx *ctx, mmc_vision *v, mmc_tensor *pixels, const int64_t *grid, int n,
                               mmc_tensor **out, mmc_tensor **hidden) {
     *out = NULL;
@@ -422,7 +450,13 @@ mmc_status mmc_vision_forward(mmc_ctx *ctx, mmc_vision *v, mmc_tensor *pixels, c
         bool is_full = c->arch == MMC_VL_QWEN2;
         for (int i = 0; i < c->n_fullatt && !is_full; i++) is_full = c->fullatt[i] == l;
         if (mmc_grad_enabled(ctx)) {
-            x = block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win);
+            if (v->recompute && (mmc_requires_grad(x) || block_trainable(&v->blocks[l]))) {
+                vblock_args *a = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *a);
+                *a = (vblock_args){c, &v->blocks[l], cos, sin, is_full ? full : win};
+                x = mmc_checkpoint(ctx, vblock_fn, a, &x, 1);
+            } else {
+                x = block_forward(ctx, c, &v->blocks[l], x, cos, sin, is_full ? &full : &win);
+            }
             continue;
         }
         /* inference: keep only the block's output, so memory stays at one block's activations */

@@ -328,6 +328,73 @@ done:
     return st ? mmc_error_prefix(st, "%s", path) : MMC_OK;
 }
 
+/* ------------------------------------------------------------------ resolve base + adapter */
+static bool has_file(const char *dir, const char *name) {
+    char p[8800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+bool mmc_lora_is_adapter_dir(const char *dir) { return dir && has_file(dir, "adapter_config.json"); }
+
+/* base_model_name_or_path of adapter dir, resolved to a directory with a config.json. */
+static mmc_status adapter_base(const char *dir, char *out, size_t cap) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    mmc_json *j = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return st;
+    const cJSON *b = (const cJSON *)mmc_json_get(j, "base_model_name_or_path");
+    if (!cJSON_IsString(b) || !b->valuestring[0]) {
+        mmc_json_free(j);
+        return mmc_error(MMC_ERR_NOT_FOUND, "%s names no base model (base_model_name_or_path is %s): give the base "
+                         "model with --model BASE --adapter %s", path, cJSON_IsString(b) ? "empty" : "missing or null",
+                         dir);
+    }
+    char cand[2][4200];
+    int n = 0;
+    snprintf(cand[n++], sizeof cand[0], "%s", b->valuestring);
+    if (b->valuestring[0] != '/') snprintf(cand[n++], sizeof cand[0], "%s/%s", dir, b->valuestring);
+    for (int i = 0; i < n; i++)
+        if (has_file(cand[i], "config.json")) {
+            if (strlen(cand[i]) >= cap) break;
+            snprintf(out, cap, "%s", cand[i]);
+            mmc_json_free(j);
+            return MMC_OK;
+        }
+    st = mmc_error(MMC_ERR_NOT_FOUND, "%s: base model '%s' not found (no config.json in '%s'%s%s%s): give the base "
+                   "model with --model BASE --adapter %s", path, b->valuestring, cand[0], n > 1 ? " nor '" : "",
+                   n > 1 ? cand[1] : "", n > 1 ? "'" : "", dir);
+    mmc_json_free(j);
+    return st;
+}
+
+mmc_status mmc_lora_resolve(const char *model, const char *adapter, char *base, size_t base_cap, char *adir,
+                            size_t adir_cap) {
+    base[0] = adir[0] = '\0';
+    if (!model && !adapter) return mmc_error(MMC_ERR_INVALID, "no model directory given");
+    if (adapter && model && mmc_lora_is_adapter_dir(model))
+        return mmc_error(MMC_ERR_INVALID, "'%s' is a LoRA adapter, not a base model: give the base with --model "
+                         "(or leave --model out to use the adapter's base_model_name_or_path)", model);
+    if (adapter && !mmc_lora_is_adapter_dir(adapter))
+        return mmc_error(MMC_ERR_NOT_FOUND, "'%s' is not a LoRA adapter directory (no adapter_config.json)", adapter);
+    const char *ad = adapter ? adapter : mmc_lora_is_adapter_dir(model) ? model : NULL;
+    if (!ad) {
+        if (strlen(model) >= base_cap) return mmc_error(MMC_ERR_INVALID, "model path too long: %s", model);
+        snprintf(base, base_cap, "%s", model);
+        return MMC_OK;
+    }
+    if (strlen(ad) >= adir_cap) return mmc_error(MMC_ERR_INVALID, "adapter path too long: %s", ad);
+    snprintf(adir, adir_cap, "%s", ad);
+    if (adapter && model) {
+        if (strlen(model) >= base_cap) return mmc_error(MMC_ERR_INVALID, "model path too long: %s", model);
+        snprintf(base, base_cap, "%s", model);
+        return MMC_OK;
+    }
+    return adapter_base(ad, base, base_cap);
+}
+
 static int find_module(const mmc_module_list *ml, const char *name) {
     for (int i = 0; i < ml->n; i++) if (strcmp(ml->names[i], name) == 0) return i;
     char want[256], have[256];

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -274,8 +275,13 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
     snprintf(final, sizeof final, "%s/checkpoint-%lld", out, (long long)t->step);
     if (t->lora) {
         /* PEFT's checkpoint layout: the adapters only (the base is model.path; `mmc merge`
-         * folds them into it) */
-        if ((st = mmc_lora_save(t->lora, tmp, t->cfg->model.path))) goto fail;
+         * folds them into it, and mmc eval/generate/forward load it as base + adapter). The
+         * base is recorded as an absolute path, as PEFT records the path it was given, so
+         * the checkpoint finds its base from any working directory. */
+        char base_abs[PATH_MAX];
+        const char *base = t->cfg->model.path;
+        if (base && realpath(base, base_abs)) base = base_abs;
+        if ((st = mmc_lora_save(t->lora, tmp, base))) goto fail;
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors", tmp);
         if ((st = save_weights(t, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32))) goto fail;

@@ -54,8 +54,8 @@ static mmc_status load_one(const char *src, int k, mmc_image *img) {
 }
 
 /* Load and preprocess images [0, n) of the record into pixel rows + grids. */
-static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, mmc_vlproc_out *out,
-                              bool *media_err) {
+static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, bool blank,
+                              mmc_vlproc_out *out, bool *media_err) {
     memset(out, 0, sizeof *out);
     if (n == 0) return MMC_OK;
     mmc_image *imgs = calloc((size_t)n, sizeof *imgs);
@@ -64,14 +64,15 @@ static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
     int loaded = 0;
     for (; loaded < n; loaded++)
         if ((st = load_one(ex->images[loaded], loaded, &imgs[loaded]))) { *media_err = true; break; }
+        else if (blank) memset(imgs[loaded].data, 0, (size_t)imgs[loaded].height * imgs[loaded].width * 3);
     if (!st && (st = mmc_qwen2vl_preprocess_images(p, imgs, n, out))) *media_err = true;
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
     free(imgs);
     return st;
 }
 
-static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, mmc_vlproc_out *out,
-                              bool *media_err) {
+static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, bool blank,
+                              mmc_vlproc_out *out, bool *media_err) {
     memset(out, 0, sizeof *out);
     if (n == 0) return MMC_OK;
     mmc_status st = MMC_OK;
@@ -89,6 +90,7 @@ static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
             break;
         }
         if ((st = mmc_load_frames_dir(ex->videos[v], NULL, &frames, &nf))) { *media_err = true; break; }
+        for (int f = 0; blank && f < nf; f++) memset(frames[f].data, 0, (size_t)frames[f].height * frames[f].width * 3);
         if (nf == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: video directory has no frames", ex->videos[v]);
         else st = mmc_qwen2vl_preprocess_video(p, frames, nf, &vs[v]);
         if (st) *media_err = true;
@@ -168,8 +170,8 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
                        mmc_dataset_path(ds), ex.line);
         goto fail;
     }
-    if ((st = load_images(&proc, &ex, n_img, &iv, media_err))) goto media;
-    if ((st = load_videos(&proc, &ex, n_vid, &vv, media_err))) goto media;
+    if ((st = load_images(&proc, &ex, n_img, o->blank_media, &iv, media_err))) goto media;
+    if ((st = load_videos(&proc, &ex, n_vid, o->blank_media, &vv, media_err))) goto media;
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id};
     if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
 

@@ -288,6 +288,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     mmc_json_free(j);
     if (st) return st;
     t->lm->recompute = c->model.recompute == MMC_RECOMPUTE_FULL;
+    if (t->vl) t->vl->visual->recompute = t->lm->recompute;   /* vision blocks too */
     return MMC_OK;
 }
 
