@@ -87,9 +87,10 @@ void mmc_dp_get_timing(const mmc_dp *d, double *exposed_s, double *comm_s);
 void mmc_dp_reset_timing(mmc_dp *d);   /* at the start of each step */
 
 /* ---------------------------------------------------------------- sharded checkpoints
- * (src/dist/dp_ckpt.c) ZeRO >= 1: each rank writes its moments to
- * DIR/optimizer.rank<R>-of-<W>.safetensors; rank 0 writes DIR/optimizer_manifest.json (world
- * size, ZeRO stage, bucket sizes and shard lengths, every parameter's bucket and offset).
+ * (src/dist/dp_ckpt.c) ZeRO >= 1: each rank writes its moments (ZeRO-3: and its parameter
+ * shard) to DIR/optimizer.rank<R>-of-<W>.safetensors; rank 0 writes
+ * DIR/optimizer_manifest.json (world size, ZeRO stage, whether parameters are sharded, bucket
+ * sizes and shard lengths, every parameter's bucket, offset, shape and unit).
  * names[i] is the checkpoint name of the i-th parameter given to mmc_dp_new. */
 typedef struct {
     int rank, world, zero, n, nb, n_slices;
@@ -106,7 +107,9 @@ void mmc_dp_get_layout(const mmc_dp *d, mmc_dp_layout *l);   /* allocates; free 
 void mmc_dp_layout_free(mmc_dp_layout *l);
 void mmc_dp_shard_path(char *buf, size_t cap, const char *dir, int rank, int world);
 mmc_status mmc_dp_write_shard(const mmc_dp *d, const char *const *names, const char *dir);
-mmc_status mmc_dp_write_manifest(const mmc_dp *d, const char *const *names, const char *dir);
+/* params[i]: the i-th parameter given to mmc_dp_new (its shape goes into the manifest) */
+mmc_status mmc_dp_write_manifest(const mmc_dp *d, const char *const *names, mmc_tensor *const *params,
+                                 const char *dir);
 /* True when DIR holds optimizer_manifest.json (a sharded checkpoint). */
 bool mmc_dp_checkpoint_sharded(const char *dir);
 /* Every shard the manifest lists is present (else MMC_ERR_NOT_FOUND naming the missing file);
@@ -116,6 +119,15 @@ mmc_status mmc_dp_check_shards(const char *dir, int *world, int *zero);
  * names[i], reassembled from every shard whatever layout wrote them (resharding). */
 mmc_status mmc_dp_read_sharded_state(const char *dir, const char *const *names, mmc_tensor *const *params, int n,
                                      float **m, float **v);
+/* True when DIR is a ZeRO-3 checkpoint: the trainable parameters are in the shards (param.*),
+ * the untrained ones in model.frozen.safetensors, and there is no model.safetensors. */
+bool mmc_dp_checkpoint_params_sharded(const char *dir);
+/* The full values of the n parameters named names[i] from the shards, into params[i]->data
+ * (full f32 tensors), whatever layout wrote them. */
+mmc_status mmc_dp_read_sharded_params(const char *dir, const char *const *names, mmc_tensor *const *params, int n);
+/* Write out_path (safetensors) with every parameter of a ZeRO-3 checkpoint: the trained ones
+ * reassembled from the shards, the rest from model.frozen.safetensors (zero_to_fp32). */
+mmc_status mmc_dp_consolidate(const char *dir, const char *out_path, int *n_tensors);
 
 #ifdef __cplusplus
 }

@@ -466,7 +466,10 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         }
     }
     /* a LoRA checkpoint holds the adapters only: the base comes from model.path / model.init */
-    if ((st = load_model(t, resume && cfg->model.lora.r <= 0 ? ckpt : cfg->model.path))) goto fail;
+    /* ... and so does a ZeRO-3 one, whose trained parameters are read from its shards */
+    if ((st = load_model(t, resume && cfg->model.lora.r <= 0 && !mmc_dp_checkpoint_params_sharded(ckpt) ? ckpt
+                                                                                                       : cfg->model.path)))
+        goto fail;
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
@@ -827,10 +830,12 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
  * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
-    /* ZeRO-3: the parameters are gathered for the save (collective) and freed after it */
-    mmc_status st = t->dp ? mmc_dp_gather_params(t->dp) : MMC_OK;
+    /* ZeRO-3 with LoRA: the adapters are gathered for rank 0's PEFT files (collective) and freed
+     * after; without LoRA every rank writes its parameter shard instead */
+    const bool gather = t->dp && t->lora;
+    mmc_status st = gather ? mmc_dp_gather_params(t->dp) : MMC_OK;
     if (!st) st = save_ranked_inner(t);
-    if (t->dp) mmc_dp_release_params(t->dp);
+    if (gather) mmc_dp_release_params(t->dp);
     return st;
 }
 
