@@ -30,12 +30,15 @@ training: {steps: 6, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_
 YAML
 }
 compare() {  # compare REF RUN: losses from metrics.jsonl, weights from the final checkpoint
-  python3 - "$W/$1" "$W/$2" <<'PY'
-import json, struct, sys, glob, os
-def losses(d): return [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl"))]
+  python3 - "$W/$1" "$W/$2" "$MMC" <<'PY'
+import json, struct, sys, glob, os, subprocess
+def losses(d): return [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl")) if '"loss"' in l]
 def weights(d):
     c = sorted(glob.glob(os.path.join(d, "checkpoint-*")))[-1]
     f = c + "/model.safetensors" if os.path.exists(c + "/model.safetensors") else c + "/adapter_model.safetensors"
+    if not os.path.exists(f):   # ZeRO-3: the trained parameters are in the shards; export consolidates
+        subprocess.run([sys.argv[3], "export", c, "--out", d + ".export"], check=True, stdout=subprocess.DEVNULL)
+        f = d + ".export/model.safetensors"
     b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
     for k, v in h.items():
         if k == "__metadata__": continue
@@ -111,6 +114,14 @@ for z in 0 2 3; do
     r=$(compare vlref vldp$z) && ok "2 ranks ZeRO-$z, one rank text-only, the other with images: $r" || bad "mixed ZeRO-$z: $r"
   else cat "$W/vldp$z.log"; bad "mixed batches ZeRO-$z run (hang or error)"; fi
 done
+# evaluation during a ZeRO-3 run: every rank joins the parameter gathering, rank 0 evaluates
+for z in 0 3; do
+  vlcfg ev$z "$MIX" 2 $z 4
+  MMC_DIST_TIMEOUT=60 timeout 300 "${MPIRUN[@]}" -x MMC_DIST_TIMEOUT -np 2 "$MMC" train "$W/ev$z.yaml" --set data.eval="$MIX" \
+    --set training.eval_every=3 --set training.steps=3 >"$W/ev$z.log" 2>&1 || { cat "$W/ev$z.log"; bad "eval run ZeRO-$z"; }
+done
+e0=$(grep '^eval step 3' "$W/ev0.log"); e3=$(grep '^eval step 3' "$W/ev3.log")
+[ -n "$e0" ] && [ "$e0" = "$e3" ] && ok "evaluation under ZeRO-3 equals ZeRO-0 ($e3)" || bad "eval: ZeRO-0 '$e0' vs ZeRO-3 '$e3'"
 [ "$(grep -c '^step ' "$W/dp2z1.log")" = 6 ] && ok "only rank 0 logs" || bad "log lines: $(grep -c '^step ' "$W/dp2z1.log")"
 # bad input: every rank says why, before any work
 cfg bad1 6 2 2 0 ""
