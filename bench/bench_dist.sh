@@ -43,8 +43,16 @@ c = st.median(j["comm_s"] for j in m); e = st.median(j["comm_exposed_s"] for j i
 rep("dist_comm_s_per_step", c, "s", 0); rep("dist_comm_exposed_s_per_step", e, "s", 0)
 rep("dist_comm_hidden_frac", max(0.0, 1 - e / c) if c > 0 else 0.0, "frac", 1)
 PY
+# memory: the tiny model made 8 layers deep (random init), 64 KiB gradient buckets, so that
+# units and buckets are small next to the whole model, as in a real one
+python3 - tests/fixtures/qwen2/tiny/config.json "$W/deep.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 8; c["layer_types"] = ["full_attention"] * 8
+json.dump(c, open(sys.argv[2], "w"))
+PY
 for z in 0 1 2 3; do
-  cfg z$z 2 $z; OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MMC" train "$W/z$z.yaml" --set training.steps=2 >"$W/z$z.log" 2>&1 || { cat "$W/z$z.log" >&2; continue; }
+  cfg z$z 2 $z; sed -i "s|path: tests/fixtures/qwen2/tiny|init: $W/deep.json|" "$W/z$z.yaml"
+  OMP_NUM_THREADS=1 MMC_DP_BUCKET_BYTES=65536 "${MPI[@]}" -x MMC_DP_BUCKET_BYTES -np 2 "$MMC" train "$W/z$z.yaml" --set training.steps=2 >"$W/z$z.log" 2>&1 || { cat "$W/z$z.log" >&2; continue; }
   python3 - "$W/z$z.log" $z <<'PY'
 import json, re, sys
 t = open(sys.argv[1]).read(); z = int(sys.argv[2]); N = 2

@@ -9,7 +9,7 @@
  * Gradient memory with ZeRO >= 2: a bucket's gradients live in a flat buffer created on the
  * first gradient write into the bucket (through the context's grad hook), reduce-scattered
  * when the bucket is final and freed once that completes; what persists is this rank's shard
- * of the reduced sum. At most two reductions are kept in flight.
+ * of the reduced sum. At most two reductions are in flight (the newest and the one before).
  *
  * Collective order: every rank must issue the same collectives in the same order whatever
  * its micro-batch holds (a rank may have no image, so it never runs the vision tower). The
@@ -495,8 +495,9 @@ static void start_bucket(mmc_dp *d, bucket *bk) {
         bk->acc_zero = false;
         st = mmc_reduce_scatter_start(d->comm, bk->sflat, recv, bk->shard, MMC_F32, MMC_SUM, &bk->req);
         MMC_CHECK(st == MMC_OK, "dp: starting a bucket reduction failed: %s", mmc_last_error());
-        /* bound the gradient memory: settle what has finished, and keep at most two in flight
-         * (buckets start in order, so the older ones are waited for first) */
+        /* bound the gradient memory: settle what has finished, and keep one reduction in flight
+         * besides this one (it has had this bucket's backward to complete, so waiting for it is
+         * rarely exposed) */
         int pending = 0;
         for (int i = 0; i < d->nb; i++) {
             bucket *o = &d->b[i];
@@ -504,7 +505,7 @@ static void start_bucket(mmc_dp *d, bucket *bk) {
             if (mmc_dist_test(o->req)) settle(d, o);
             else pending++;
         }
-        for (int i = 0; i < d->nb && pending > 1; i++)
+        for (int i = 0; i < d->nb && pending > 0; i++)
             if (&d->b[i] != bk && d->b[i].req) { settle(d, &d->b[i]); pending--; }
         return;
     }
@@ -540,6 +541,10 @@ void mmc_dp_backward(mmc_dp *d, mmc_ctx *c, mmc_tensor *loss, bool last) {
             if (!d->b[i].root && d->b[i].gstate == G_CLAIMED) release(d, &d->b[i]);
         d->bs.next = 0;
     }
+    /* the previous micro-batch's reductions had this forward to finish: settle them now, so
+     * that their gradient buffers are gone before this backward creates new ones */
+    if (d->zero >= 2)
+        for (int i = 0; i < d->nb; i++) settle(d, &d->b[i]);
     d->in_backward = true;
     bool reduce = last || d->zero >= 2;
     if (reduce) {
