@@ -9,7 +9,8 @@
  * Gradient memory with ZeRO >= 2: a bucket's gradients live in a flat buffer created on the
  * first gradient write into the bucket (through the context's grad hook), reduce-scattered
  * when the bucket is final and freed once that completes; what persists is this rank's shard
- * of the reduced sum. At most two reductions are in flight (the newest and the one before).
+ * of the reduced sum. ZeRO-2 keeps at most two reductions in flight (the newest and the one
+ * before); ZeRO-3 settles finished ones without waiting (see start_bucket).
  *
  * Collective order: every rank must issue the same collectives in the same order whatever
  * its micro-batch holds (a rank may have no image, so it never runs the vision tower). The
@@ -495,9 +496,11 @@ static void start_bucket(mmc_dp *d, bucket *bk) {
         bk->acc_zero = false;
         st = mmc_reduce_scatter_start(d->comm, bk->sflat, recv, bk->shard, MMC_F32, MMC_SUM, &bk->req);
         MMC_CHECK(st == MMC_OK, "dp: starting a bucket reduction failed: %s", mmc_last_error());
-        /* bound the gradient memory: settle what has finished, and keep one reduction in flight
-         * besides this one (it has had this bucket's backward to complete, so waiting for it is
-         * rarely exposed) */
+        /* bound the gradient memory: settle what has finished, and (ZeRO-2) keep one reduction
+         * in flight besides this one (it has had this bucket's backward to complete, so waiting
+         * for it is rarely exposed). ZeRO-3 never blocks on a reduction here: a peer may first
+         * need a parameter all-gather that this rank issues only later in its backward (e.g. of
+         * a unit this rank does not use), and blocking would deadlock across the two groups */
         int pending = 0;
         for (int i = 0; i < d->nb; i++) {
             bucket *o = &d->b[i];
@@ -505,7 +508,7 @@ static void start_bucket(mmc_dp *d, bucket *bk) {
             if (mmc_dist_test(o->req)) settle(d, o);
             else pending++;
         }
-        for (int i = 0; i < d->nb && pending > 0; i++)
+        for (int i = 0; i < d->nb && pending > 0 && d->zero == 2; i++)
             if (&d->b[i] != bk && d->b[i].req) { settle(d, &d->b[i]); pending--; }
         return;
     }
