@@ -4,8 +4,11 @@
 #    same global batch (higher = data parallelism pays);
 #  - dist_comm_s_per_step / dist_comm_hidden_frac: gradient-reduction time per step (first
 #    bucket start to last completion) and the fraction of it overlapped with backward;
-#  - dist_z<S>_{params,grads,optim}_bytes: bytes rank 0 holds for ZeRO stage S (measured) and
-#    dist_z<S>_*_theory (parameters 4P, gradients 4P (ZeRO-2: 4P/N), AdamW 8P (ZeRO>=1: 8P/N)).
+#  - dist_z<S>_{params,grads,optim}_bytes: bytes rank 0 holds between steps for ZeRO stage
+#    S = 0..3 (measured) and dist_z<S>_*_theory (parameters 4P (ZeRO-3: 4P/N), gradients 4P
+#    (ZeRO >= 2: 4P/N), AdamW 8P (ZeRO >= 1: 8P/N)); dist_z<S>_{params,grads}_peak_bytes: the
+#    high-water mark during steps, transient buffers included (ZeRO-2/3: gradient buckets in
+#    flight; ZeRO-3: gathered units, the root unit — embeddings, lm_head — among them).
 # The model is the committed tiny Qwen2 with a larger width so the step is compute-bound.
 set -uo pipefail
 MMC=${MMC:-build/mmc}
@@ -40,18 +43,29 @@ c = st.median(j["comm_s"] for j in m); e = st.median(j["comm_exposed_s"] for j i
 rep("dist_comm_s_per_step", c, "s", 0); rep("dist_comm_exposed_s_per_step", e, "s", 0)
 rep("dist_comm_hidden_frac", max(0.0, 1 - e / c) if c > 0 else 0.0, "frac", 1)
 PY
-for z in 0 1 2; do
-  cfg z$z 2 $z; OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MMC" train "$W/z$z.yaml" --set training.steps=2 >"$W/z$z.log" 2>&1 || { cat "$W/z$z.log" >&2; continue; }
+# memory: the tiny model made 8 layers deep (random init), 64 KiB gradient buckets, so that
+# units and buckets are small next to the whole model, as in a real one
+python3 - tests/fixtures/qwen2/tiny/config.json "$W/deep.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 8; c["layer_types"] = ["full_attention"] * 8
+json.dump(c, open(sys.argv[2], "w"))
+PY
+for z in 0 1 2 3; do
+  cfg z$z 2 $z; sed -i "s|path: tests/fixtures/qwen2/tiny|init: $W/deep.json|" "$W/z$z.yaml"
+  OMP_NUM_THREADS=1 MMC_DP_BUCKET_BYTES=65536 "${MPI[@]}" -x MMC_DP_BUCKET_BYTES -np 2 "$MMC" train "$W/z$z.yaml" --set training.steps=2 >"$W/z$z.log" 2>&1 || { cat "$W/z$z.log" >&2; continue; }
   python3 - "$W/z$z.log" $z <<'PY'
 import json, re, sys
 t = open(sys.argv[1]).read(); z = int(sys.argv[2]); N = 2
 P = int(re.search(r"(\d+) trainable parameters", t).group(1))
-m = re.search(r"rank 0 holds (\d+) bytes of parameters, (\d+) of gradients \(\+(\d+) in buckets\), (\d+) of optimizer", t)
-par, gr, bk, op = map(int, m.groups())
-th = {"params": 4 * P, "grads": 4 * P // (N if z >= 2 else 1), "optim": 8 * P // (N if z >= 1 else 1)}
+m = re.search(r"rank 0 holds (\d+) bytes of parameters, (\d+) of gradients \(\+(\d+) in buckets\), (\d+) of optimizer "
+              r"state; peaks during steps: (\d+) of parameters, (\d+) of gradients", t)
+par, gr, bk, op, ppk, gpk = map(int, m.groups())
+th = {"params": 4 * P // (N if z >= 3 else 1), "grads": 4 * P // (N if z >= 2 else 1), "optim": 8 * P // (N if z >= 1 else 1)}
 for k, v in (("params", par), ("grads", gr), ("optim", op)):
     print(json.dumps({"name": "dist_z%d_%s_bytes" % (z, k), "mmc": v, "unit": "B", "better": "lower"}))
     print(json.dumps({"name": "dist_z%d_%s_theory" % (z, k), "mmc": th[k], "unit": "B", "better": "lower"}))
+print(json.dumps({"name": "dist_z%d_params_peak_bytes" % z, "mmc": ppk, "unit": "B", "better": "lower"}))
+print(json.dumps({"name": "dist_z%d_grads_peak_bytes" % z, "mmc": gpk, "unit": "B", "better": "lower"}))
 print(json.dumps({"name": "dist_z%d_bucket_bytes" % z, "mmc": bk, "unit": "B", "better": "lower"}))
 PY
 done

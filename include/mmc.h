@@ -216,6 +216,22 @@ void mmc_zero_grad(mmc_tensor **params, int n);
 typedef mmc_tensor *(*mmc_block_fn)(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in);
 mmc_tensor *mmc_checkpoint(mmc_ctx *ctx, mmc_block_fn fn, void *user, mmc_tensor **in, int n_in);
 
+/* Parameter hooks (data parallelism: ZeRO-3 / FSDP parameter gathering, and gradient storage
+ * owned by the reducer). Models bracket each block's use of its parameters with
+ * mmc_params_begin / mmc_params_end, keyed by the block (e.g. its layer struct) — in forward,
+ * and again when a checkpointed block is recomputed in backward; with no hooks installed they
+ * do nothing. `grad`, when set, provides a parameter's gradient buffer on its first use by
+ * mmc_grad (returning NULL falls back to a persistent buffer). Layers never learn who listens. */
+typedef struct {
+    void (*begin)(void *user, mmc_ctx *ctx, const void *key);
+    void (*end)(void *user, mmc_ctx *ctx, const void *key);
+    mmc_tensor *(*grad)(void *user, mmc_ctx *ctx, mmc_tensor *param);
+    void *user;
+} mmc_param_hooks;
+void mmc_ctx_set_param_hooks(mmc_ctx *ctx, const mmc_param_hooks *h);   /* NULL removes them */
+void mmc_params_begin(mmc_ctx *ctx, const void *key);
+void mmc_params_end(mmc_ctx *ctx, const void *key);
+
 /* ------------------------------------------------------------------ random numbers
  * Counter-based (Philox-4x32-10): value k of stream (seed, offset) depends only on those,
  * so fills are reproducible across runs and thread counts. */

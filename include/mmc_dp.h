@@ -1,16 +1,23 @@
 /* mmc_dp.h — data parallelism for the trainer: gradient buckets reduced while backward
- * runs, and ZeRO stages 0-2 (DeepSpeed ZeRO / PyTorch DDP + ZeroRedundancyOptimizer):
+ * runs, and ZeRO stages 0-3 (DeepSpeed ZeRO / PyTorch DDP, ZeroRedundancyOptimizer, FSDP):
  *   0  buckets are all-reduced (sum); every rank keeps full AdamW state;
  *   1  buckets are reduce-scattered after the last micro-batch; each rank keeps AdamW state
  *      for its shard of every bucket only, updates that shard, and the parameters are
  *      all-gathered;
- *   2  as 1, and the gradients are reduce-scattered after every micro-batch into a sharded
- *      accumulator, so accumulated gradients are sharded too.
- * Buckets follow the reverse parameter order (the order backward completes them); a bucket
- * is started as soon as the tape has unwound past the first use of each of its parameters,
- * in bucket order on every rank, so every rank issues the same collectives in the same
- * order whatever its micro-batch holds. The gradient is the SUM over ranks: the trainer
- * scales each micro-batch's loss by 1 / (label tokens of the whole global batch). */
+ *   2  as 1, and gradients live only in transient per-bucket buffers that are reduce-scattered
+ *      after every micro-batch into a sharded accumulator and freed: a rank holds 1/N of the
+ *      gradients plus the buckets in flight;
+ *   3  as 2, and the parameters are sharded too: each rank keeps its 1/N (the fp32 master
+ *      shard AdamW updates); a unit's parameters (a decoder layer, a vision block — the
+ *      models bracket them with mmc_params_begin/_end) are all-gathered just before its
+ *      forward and again before its backward, and freed afterwards (FSDP); the parameters of
+ *      no unit (embeddings, final norm, lm_head, patch embedding, merger) form the root unit,
+ *      gathered for the whole micro-batch.
+ * Buckets follow the reverse parameter order (the order backward completes them; ZeRO-3: one
+ * bucket per unit); a bucket is started as soon as the tape has unwound past the first use of
+ * each of its parameters, in bucket order on every rank, so every rank issues the same
+ * collectives in the same order whatever its micro-batch holds. The gradient is the SUM over
+ * ranks: the trainer scales each micro-batch's loss by 1 / (label tokens of the global batch). */
 #ifndef MMC_DP_H
 #define MMC_DP_H
 
@@ -24,12 +31,32 @@ extern "C" {
 
 typedef struct mmc_dp mmc_dp;
 
+/* Units: unit_of[i] in [0, n_units) names the block parameter i belongs to, -1 = the root;
+ * keys[u] is what the model passes to mmc_params_begin/_end for unit u (its layer struct). */
+typedef struct {
+    const int *unit_of;         /* [n] */
+    const void *const *keys;    /* [n_units] */
+    int n_units;
+} mmc_dp_units;
+
 /* model[i]: the tensors the forward uses (their ->grad is filled by backward); opt[i]: the
- * fp32 tensors AdamW updates (== model[i], or an fp32 master). bucket_bytes 0 = 4 MiB
- * (env MMC_DP_BUCKET_BYTES overrides). For zero >= 1 the AdamW state is created here. */
+ * fp32 tensors AdamW updates (== model[i], or an fp32 master; ZeRO-3 needs them equal).
+ * bucket_bytes 0 = 4 MiB (env MMC_DP_BUCKET_BYTES overrides). For zero >= 1 the AdamW state
+ * is created here. ZeRO-3 copies this rank's shard out of model[i] and frees the full data
+ * (model[i]->data is NULL except while its unit is gathered). units may be NULL (no hooks:
+ * then ZeRO-3 keeps every parameter in the root unit). */
 mmc_status mmc_dp_new(mmc_comm *dp, int zero, mmc_tensor **model, mmc_tensor **opt, int n,
-                      size_t bucket_bytes, const mmc_adamw_opts *o, mmc_dp **out);
+                      size_t bucket_bytes, const mmc_adamw_opts *o, const mmc_dp_units *units, mmc_dp **out);
 void mmc_dp_free(mmc_dp *d);
+/* Before each micro-batch's forward: installs the parameter hooks on ctx (unit tracking,
+ * ZeRO >= 2 gradient storage, ZeRO-3 gathering) and, for ZeRO-3, gathers the root unit. */
+void mmc_dp_forward_begin(mmc_dp *d, mmc_ctx *ctx);
+/* After a forward that has no backward (evaluation): frees what ZeRO-3 gathered. Collective. */
+void mmc_dp_forward_end(mmc_dp *d);
+/* ZeRO-3: gather every parameter into place (collective; for saving or evaluating without
+ * hooks), until mmc_dp_release_params. No-op for other stages. */
+mmc_status mmc_dp_gather_params(mmc_dp *d);
+void mmc_dp_release_params(mmc_dp *d);
 /* Backward of one micro-batch (replaces mmc_backward): walks the tape in reverse and starts
  * bucket reductions as their gradients complete — on the last micro-batch of the step, or on
  * every one with ZeRO-2. */
@@ -48,9 +75,11 @@ void mmc_dp_scatter_state(mmc_dp *d, const mmc_adamw *a);
 int64_t mmc_dp_adamw_step(const mmc_dp *d);
 void mmc_dp_set_adamw_step(mmc_dp *d, int64_t step);
 
-/* Bytes this rank holds for the trainable parameters: parameters, gradients (the autograd
- * buffers plus sharded accumulators and bucket buffers), optimizer state. */
-typedef struct { int64_t params, grads, buckets, optim; } mmc_dp_memory;
+/* Bytes this rank holds for the trainable parameters now: parameters (ZeRO-3: the shard plus
+ * whatever is gathered), gradients (persistent autograd buffers, sharded accumulators, live
+ * transient gradient buckets), persistent bucket buffers (ZeRO 0/1), optimizer state; and the
+ * high-water marks of parameters and gradients including transient buffers since mmc_dp_new. */
+typedef struct { int64_t params, grads, buckets, optim, params_peak, grads_peak; } mmc_dp_memory;
 void mmc_dp_get_memory(const mmc_dp *d, mmc_dp_memory *m);
 /* Seconds the caller spent blocked waiting for gradient reductions in the last step, and
  * seconds from the first bucket's start to the last bucket's completion. */
@@ -58,24 +87,29 @@ void mmc_dp_get_timing(const mmc_dp *d, double *exposed_s, double *comm_s);
 void mmc_dp_reset_timing(mmc_dp *d);   /* at the start of each step */
 
 /* ---------------------------------------------------------------- sharded checkpoints
- * (src/dist/dp_ckpt.c) ZeRO >= 1: each rank writes its moments to
- * DIR/optimizer.rank<R>-of-<W>.safetensors; rank 0 writes DIR/optimizer_manifest.json (world
- * size, ZeRO stage, bucket sizes and shard lengths, every parameter's bucket and offset).
+ * (src/dist/dp_ckpt.c) ZeRO >= 1: each rank writes its moments (ZeRO-3: and its parameter
+ * shard) to DIR/optimizer.rank<R>-of-<W>.safetensors; rank 0 writes
+ * DIR/optimizer_manifest.json (world size, ZeRO stage, whether parameters are sharded, bucket
+ * sizes and shard lengths, every parameter's bucket, offset, shape and unit).
  * names[i] is the checkpoint name of the i-th parameter given to mmc_dp_new. */
 typedef struct {
     int rank, world, zero, n, nb, n_slices;
     int64_t *bucket_len, *bucket_shard;             /* [nb] */
     int *param_bucket;                              /* [n] */
     int64_t *param_off, *param_numel;               /* [n] */
+    int *param_unit;                                /* [n] -1 = root */
     int *slice_param;                               /* [n_slices] this rank's pieces */
     int64_t *slice_numel;
     float **m, **v;                                 /* [n_slices] views of the live state */
+    float **p;                                      /* [n_slices] ZeRO-3: the parameter shard (else NULL) */
 } mmc_dp_layout;
 void mmc_dp_get_layout(const mmc_dp *d, mmc_dp_layout *l);   /* allocates; free with: */
 void mmc_dp_layout_free(mmc_dp_layout *l);
 void mmc_dp_shard_path(char *buf, size_t cap, const char *dir, int rank, int world);
 mmc_status mmc_dp_write_shard(const mmc_dp *d, const char *const *names, const char *dir);
-mmc_status mmc_dp_write_manifest(const mmc_dp *d, const char *const *names, const char *dir);
+/* params[i]: the i-th parameter given to mmc_dp_new (its shape goes into the manifest) */
+mmc_status mmc_dp_write_manifest(const mmc_dp *d, const char *const *names, mmc_tensor *const *params,
+                                 const char *dir);
 /* True when DIR holds optimizer_manifest.json (a sharded checkpoint). */
 bool mmc_dp_checkpoint_sharded(const char *dir);
 /* Every shard the manifest lists is present (else MMC_ERR_NOT_FOUND naming the missing file);
@@ -85,6 +119,15 @@ mmc_status mmc_dp_check_shards(const char *dir, int *world, int *zero);
  * names[i], reassembled from every shard whatever layout wrote them (resharding). */
 mmc_status mmc_dp_read_sharded_state(const char *dir, const char *const *names, mmc_tensor *const *params, int n,
                                      float **m, float **v);
+/* True when DIR is a ZeRO-3 checkpoint: the trainable parameters are in the shards (param.*),
+ * the untrained ones in model.frozen.safetensors, and there is no model.safetensors. */
+bool mmc_dp_checkpoint_params_sharded(const char *dir);
+/* The full values of the n parameters named names[i] from the shards, into params[i]->data
+ * (full f32 tensors), whatever layout wrote them. */
+mmc_status mmc_dp_read_sharded_params(const char *dir, const char *const *names, mmc_tensor *const *params, int n);
+/* Write out_path (safetensors) with every parameter of a ZeRO-3 checkpoint: the trained ones
+ * reassembled from the shards, the rest from model.frozen.safetensors (zero_to_fp32). */
+mmc_status mmc_dp_consolidate(const char *dir, const char *out_path, int *n_tensors);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test_dist_ckpt.sh — sharded, reshardable checkpoints (ZeRO >= 1): every rank writes its own
-# optimizer shard plus a manifest; a resume with the same layout continues bit-identically;
-# a resume with another rank count or ZeRO stage (resharding) continues within 1e-5 of the
-# uninterrupted run; a checkpoint missing a shard is refused naming the file (resume and
-# export); `mmc export` writes a Hugging Face directory. Skipped without mpirun / MPI.
+# optimizer shard (ZeRO-3: and parameter shard) plus a manifest; a resume with the same layout
+# continues bit-identically; a resume with another rank count or ZeRO stage (resharding, into
+# and out of ZeRO-3) continues within 1e-5 of the uninterrupted run; a checkpoint missing a
+# shard is refused naming the file (resume and export); `mmc export` writes a Hugging Face
+# directory (consolidating ZeRO-3 shards). Skipped without mpirun / MPI.
 set -u
 MMC=${MMC:-build/mmc}
 if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_ckpt: skipped (no mpirun)"; exit 0; fi
@@ -30,11 +31,16 @@ run() {  # run NP OUT [--set ...]: mmc train on NP ranks (1 = no mpirun)
   else "${MPIRUN[@]}" -np "$np" "$MMC" train "$W/run.yaml" --set parallel.data_parallel="$np" --set training.output_dir="$W/$out" "$@" > "$W/$out.log" 2>&1; fi
 }
 close() {  # close REF RUN: the run's losses (steps 4-6) and final weights vs the reference's
-  python3 - "$W/$1" "$W/$2" <<'PY'
-import json, struct, sys, os
+  python3 - "$W/$1" "$W/$2" "$MMC" <<'PY'
+import json, struct, sys, os, subprocess
 def losses(d): return {j["step"]: j["loss"] for j in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if "loss" in j}
 def weights(d):
-    b = open(os.path.join(d, "checkpoint-6", "model.safetensors"), "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+    f = os.path.join(d, "checkpoint-6", "model.safetensors")
+    if not os.path.exists(f):   # ZeRO-3: the parameters are in the shards; export consolidates them
+        x = d + ".export"
+        if not os.path.exists(x): subprocess.run([sys.argv[3], "export", os.path.join(d, "checkpoint-6"), "--out", x], check=True, stdout=subprocess.DEVNULL)
+        f = os.path.join(x, "model.safetensors")
+    b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
     h = json.loads(b[8:8 + n]); out = {}
     for k, v in h.items():
         if k == "__metadata__": continue
@@ -66,7 +72,7 @@ grep "^step [456]/" "$W/A.log" | sed 's/ tok\/s.*//' > "$W/a.l"; grep "^step " "
 cmp -s "$W/a.l" "$W/b.l" && [ "$(wc -l < "$W/b.l")" = 3 ] && ok "same layout (2 ranks ZeRO-1): resume bit-identical (weights, shards, losses)" \
   || { bad "same-layout losses differ"; diff "$W/a.l" "$W/b.l"; }
 # other layouts: resharded
-for lay in "1 0" "1 1" "4 2" "2 2" "2 0"; do
+for lay in "1 0" "1 1" "4 2" "2 2" "2 0" "2 3" "4 3"; do
   set -- $lay; n=R$1z$2
   resume_from $n; run $1 $n --resume --set parallel.zero=$2 || { cat "$W/$n.log"; bad "resume on $1 ranks ZeRO-$2"; continue; }
   r=$(close A $n) && ok "resume 2 ranks ZeRO-1 -> $1 rank(s) ZeRO-$2: $r" || bad "reshard to $1 ranks ZeRO-$2: $r"
@@ -76,6 +82,41 @@ mkdir -p "$W/Q"; run 4 Q --set parallel.zero=2 --set training.steps=6 || { cat "
 [ -f "$W/Q/checkpoint-3/optimizer.rank3-of-4.safetensors" ] && ok "4 ranks write 4 shards" || bad "4-rank shards: $(ls "$W/Q/checkpoint-3")"
 mkdir -p "$W/Q2"; cp -r "$W/Q/checkpoint-3" "$W/Q2/"; run 2 Q2 --resume --set parallel.zero=1 || { cat "$W/Q2.log"; bad "4->2 resume"; }
 r=$(close Q Q2) && ok "resume 4 ranks ZeRO-2 -> 2 ranks ZeRO-1: $r" || bad "4->2: $r"
+# ZeRO-3: every rank writes its parameter shard with its moments; no model.safetensors (the
+# untrained parameters go to model.frozen.safetensors); export consolidates
+mkdir -p "$W/Z"; run 2 Z --set parallel.zero=3 --set model.freeze=[embeddings] || { cat "$W/Z.log"; bad "2-rank ZeRO-3 run"; }
+mkdir -p "$W/AF"; run 2 AF --set model.freeze=[embeddings] || { cat "$W/AF.log"; bad "2-rank ZeRO-1 run, frozen embeddings"; }
+C=$W/Z/checkpoint-3
+python3 - "$C" <<'PY' && ok "ZeRO-3 checkpoint: parameter + moment shards per rank, manifest (zero 3, params sharded, shapes), frozen weights apart, no model.safetensors" || bad "ZeRO-3 checkpoint layout: $(ls "$C")"
+import json, struct, sys, os
+c = sys.argv[1]; m = json.load(open(c + "/optimizer_manifest.json"))
+def names(f):
+    b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; return [k for k in json.loads(b[8:8 + n]) if k != "__metadata__"]
+r0 = names(c + "/optimizer.rank0-of-2.safetensors"); r1 = names(c + "/optimizer.rank1-of-2.safetensors")
+fz = names(c + "/model.frozen.safetensors")
+ok = (m["zero"] == 3 and m["params_sharded"] and m["world_size"] == 2 and all("shape" in p and "unit" in p for p in m["params"])
+      and any(k.startswith("param.") for k in r0) and any(k.startswith("param.") for k in r1)
+      and not os.path.exists(c + "/model.safetensors") and fz == ["model.embed_tokens.weight"]
+      and all(p["unit"] >= 0 for p in m["params"] if ".layers." in p["name"]))
+sys.exit(0 if ok else 1)
+PY
+r=$(close AF Z) && ok "2 ranks ZeRO-3 (exported) matches 2 ranks ZeRO-1: $r" || bad "ZeRO-3 vs ZeRO-1: $r"
+mkdir -p "$W/Z2"; cp -r "$W/Z/checkpoint-3" "$W/Z2/"; run 2 Z2 --resume --set parallel.zero=3 --set model.freeze=[embeddings] || { cat "$W/Z2.log"; bad "ZeRO-3 same-layout resume"; }
+cmp -s "$W/Z/checkpoint-6/optimizer.rank0-of-2.safetensors" "$W/Z2/checkpoint-6/optimizer.rank0-of-2.safetensors" \
+  && cmp -s "$W/Z/checkpoint-6/optimizer.rank1-of-2.safetensors" "$W/Z2/checkpoint-6/optimizer.rank1-of-2.safetensors" \
+  && ok "same layout (2 ranks ZeRO-3): resume bit-identical (parameter and moment shards)" || bad "ZeRO-3 same-layout resume differs"
+for lay in "1 0" "4 1" "4 3"; do
+  set -- $lay; n=Z$1z$2
+  mkdir -p "$W/$n"; cp -r "$W/Z/checkpoint-3" "$W/$n/"
+  run $1 $n --resume --set parallel.zero=$2 --set model.freeze=[embeddings] || { cat "$W/$n.log"; bad "ZeRO-3 checkpoint resumed on $1 ranks ZeRO-$2"; continue; }
+  r=$(close Z $n) && ok "resume 2 ranks ZeRO-3 -> $1 rank(s) ZeRO-$2: $r" || bad "reshard ZeRO-3 to $1 ranks ZeRO-$2: $r"
+done
+"$MMC" export "$W/Z/checkpoint-6" --out "$W/zx" --json > "$W/zx.json" 2>&1 && grep -q '"zero": 3' "$W/zx.json" \
+  && [ -f "$W/zx/config.json" ] && ! ls "$W/zx" | grep -q "optimizer\|frozen\|trainer_state" && "$MMC" info "$W/zx" > /dev/null 2>&1 \
+  && ok "export consolidates a ZeRO-3 checkpoint into an HF directory ($(cat "$W/zx.json"))" || bad "ZeRO-3 export: $(cat "$W/zx.json"); $(ls "$W/zx")"
+rm "$W/Z2/checkpoint-3/optimizer.rank0-of-2.safetensors"
+"$MMC" export "$W/Z2/checkpoint-3" --out "$W/zm" > "$W/zm.log" 2>&1 && bad "export of a ZeRO-3 checkpoint missing a shard succeeded"
+grep -q "optimizer.rank0-of-2.safetensors, is missing" "$W/zm.log" && ok "ZeRO-3 export refuses a missing shard" || bad "ZeRO-3 missing shard: $(cat "$W/zm.log")"
 # a missing shard: refused on every rank, naming the file
 resume_from M; rm "$W/M/checkpoint-3/optimizer.rank1-of-2.safetensors"
 run 2 M --resume && bad "resume with a missing shard succeeded"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # test_dist_train.sh — data-parallel training parity: N ranks with micro-batch b equal one
 # process with batch N*b (every step's loss within 1e-5 relative, final weights within 1e-5),
-# for ZeRO 0, 1 and 2 on 2 ranks and ZeRO 1 on 4 ranks, with buckets small enough that
-# several reduce during backward; a frozen component; LoRA; Qwen2-VL with one rank's
-# micro-batch text-only (mixed batches never hang); and bad layouts fail on every rank
-# before any work. Skipped when mpirun or MPI support is missing.
+# for every ZeRO stage 0-3 on 2 and 4 ranks, with and without LoRA, with buckets small enough
+# that several reduce during backward; two micro-batches per rank; a frozen component with
+# recompute; the per-rank bytes of parameters / gradients / optimizer state shrink as ZeRO
+# says; Qwen2-VL with one rank's micro-batch text-only (mixed batches never hang, ZeRO-3
+# included); and bad layouts fail on every rank before any work. Skipped when mpirun or MPI
+# support is missing.
 set -u
 MMC=${MMC:-build/mmc}
 if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_train: skipped (no mpirun)"; exit 0; fi
@@ -28,12 +30,15 @@ training: {steps: 6, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_
 YAML
 }
 compare() {  # compare REF RUN: losses from metrics.jsonl, weights from the final checkpoint
-  python3 - "$W/$1" "$W/$2" <<'PY'
-import json, struct, sys, glob, os
-def losses(d): return [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl"))]
+  python3 - "$W/$1" "$W/$2" "$MMC" <<'PY'
+import json, struct, sys, glob, os, subprocess
+def losses(d): return [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl")) if '"loss"' in l]
 def weights(d):
     c = sorted(glob.glob(os.path.join(d, "checkpoint-*")))[-1]
     f = c + "/model.safetensors" if os.path.exists(c + "/model.safetensors") else c + "/adapter_model.safetensors"
+    if not os.path.exists(f):   # ZeRO-3: the trained parameters are in the shards; export consolidates
+        subprocess.run([sys.argv[3], "export", c, "--out", d + ".export"], check=True, stdout=subprocess.DEVNULL)
+        f = d + ".export/model.safetensors"
     b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
     for k, v in h.items():
         if k == "__metadata__": continue
@@ -47,34 +52,40 @@ print("steps %d, loss max rel diff %.2e (tol 1e-5), weights max abs diff %.2e (t
 sys.exit(0 if rel <= 1e-5 and wd <= 1e-5 and len(a) == 6 else 1)
 PY
 }
-# reference: one process, global batch 8 = 2 micro-batches of 4... and of 2 for 4 ranks
+# reference: one process, global batch 8 = 2 micro-batches of 4 (for 2 ranks), 4 of 2 (for 4
+# ranks); every ZeRO stage on 2 and 4 ranks, with and without LoRA, must match it
+LORA=", lora: {r: 4, alpha: 8, dropout: 0.0, targets: [q_proj, v_proj, down_proj]}"
 cfg ref4 8 4 1 0 ""; "$MMC" train "$W/ref4.yaml" 2>"$W/ref4.log" || { cat "$W/ref4.log"; bad "reference run"; }
 cfg ref2 8 2 1 0 ""; "$MMC" train "$W/ref2.yaml" 2>"$W/ref2.log" || { cat "$W/ref2.log"; bad "reference run (mb 2)"; }
-for z in 0 1 2; do
-  cfg dp2z$z 8 4 2 $z ""
-  if "${MPIRUN[@]}" -np 2 "$MMC" train "$W/dp2z$z.yaml" >"$W/dp2z$z.log" 2>&1; then
-    r=$(compare ref4 dp2z$z) && ok "2 ranks ZeRO-$z: $r" || bad "2 ranks ZeRO-$z: $r"
-  else cat "$W/dp2z$z.log"; bad "2 ranks ZeRO-$z run"; fi
+cfg refL4 8 4 1 0 "$LORA"; "$MMC" train "$W/refL4.yaml" 2>"$W/refL4.log" || { cat "$W/refL4.log"; bad "LoRA reference"; }
+cfg refL2 8 2 1 0 "$LORA"; "$MMC" train "$W/refL2.yaml" 2>"$W/refL2.log" || { cat "$W/refL2.log"; bad "LoRA reference (mb 2)"; }
+par() {  # par NAME REF NP MB ZERO [extra model keys] [what]
+  cfg $1 8 $4 $3 $5 "${6:-}"
+  if "${MPIRUN[@]}" -np $3 "$MMC" train "$W/$1.yaml" >"$W/$1.log" 2>&1; then
+    r=$(compare $2 $1) && ok "$3 ranks ZeRO-$5${7:-}: $r" || bad "$3 ranks ZeRO-$5${7:-}: $r"
+  else cat "$W/$1.log"; bad "$3 ranks ZeRO-$5${7:-} run"; fi
+}
+for z in 0 1 2 3; do
+  par dp2z$z ref4 2 4 $z
+  par dp4z$z ref2 4 2 $z
+  par dpL2z$z refL4 2 4 $z "$LORA" ", LoRA"
+  par dpL4z$z refL2 4 2 $z "$LORA" ", LoRA"
 done
-cfg dp4z1 8 2 4 1 ""
-if "${MPIRUN[@]}" -np 4 "$MMC" train "$W/dp4z1.yaml" >"$W/dp4z1.log" 2>&1; then
-  r=$(compare ref2 dp4z1) && ok "4 ranks ZeRO-1: $r" || bad "4 ranks ZeRO-1: $r"
-else cat "$W/dp4z1.log"; bad "4 ranks ZeRO-1 run"; fi
-# frozen embeddings + recompute (parameters reached inside checkpointed blocks)
+# two micro-batches per rank (gradient accumulation into the sharded accumulator)
+par dp2z3ga ref2 2 2 3 "" ", 2 micro-batches per rank"
+# frozen embeddings + recompute (parameters reached inside checkpointed blocks; ZeRO-3
+# gathers them again when backward recomputes the block)
 cfg refF 8 4 1 0 ", freeze: [embeddings], recompute: full"; "$MMC" train "$W/refF.yaml" 2>"$W/refF.log" || bad "frozen reference"
-cfg dpF 8 4 2 2 ", freeze: [embeddings], recompute: full"
-if "${MPIRUN[@]}" -np 2 "$MMC" train "$W/dpF.yaml" >"$W/dpF.log" 2>&1; then
-  r=$(compare refF dpF) && ok "2 ranks ZeRO-2, frozen embeddings, recompute: $r" || bad "frozen: $r"
-else cat "$W/dpF.log"; bad "frozen run"; fi
-# LoRA (adapters only are trained; the frozen base takes no optimizer state)
-LORA=", lora: {r: 4, alpha: 8, dropout: 0.0, targets: [q_proj, v_proj, down_proj]}"
-cfg refL 8 4 1 0 "$LORA"; "$MMC" train "$W/refL.yaml" 2>"$W/refL.log" || { cat "$W/refL.log"; bad "LoRA reference"; }
-for z in 0 1; do
-  cfg dpL$z 8 4 2 $z "$LORA"
-  if "${MPIRUN[@]}" -np 2 "$MMC" train "$W/dpL$z.yaml" >"$W/dpL$z.log" 2>&1; then
-    r=$(compare refL dpL$z) && ok "2 ranks ZeRO-$z, LoRA: $r" || bad "LoRA ZeRO-$z: $r"
-  else cat "$W/dpL$z.log"; bad "LoRA ZeRO-$z run"; fi
-done
+for z in 2 3; do par dpF$z refF 2 4 $z ", freeze: [embeddings], recompute: full" ", frozen embeddings, recompute"; done
+# ZeRO >= 2 shards the gradients, ZeRO-3 the parameters too: rank 0's persistent bytes
+mem() { sed -n 's/.*rank 0 holds \([0-9]*\) bytes of parameters, \([0-9]*\) of gradients (+\([0-9]*\) in buckets), \([0-9]*\) of optimizer.*/\1 \2 \3 \4/p' "$W/$1.log"; }
+read -r p0 g0 b0 o0 <<<"$(mem dp2z0)"; read -r p2 g2 b2 o2 <<<"$(mem dp2z2)"; read -r p3 g3 b3 o3 <<<"$(mem dp2z3)"
+read -r p43 g43 b43 o43 <<<"$(mem dp4z3)"
+if [ -n "${p3:-}" ] && [ -n "${p43:-}" ] && [ "$g2" -le $(( g0 / 2 + 256 )) ] && [ "$b2" = 0 ] && [ "$p2" = "$p0" ] \
+   && [ "$p3" -le $(( p0 / 2 + 256 )) ] && [ "$g3" -le $(( g0 / 2 + 256 )) ] && [ "$p43" -le $(( p0 / 4 + 256 )) ] \
+   && [ "$o3" -le $(( o0 / 2 + 256 )) ]; then
+  ok "memory per rank: ZeRO-0 params/grads/optim $p0/$g0/$o0 B; ZeRO-2 $p2/$g2/$o2; ZeRO-3 $p3/$g3/$o3 (4 ranks: $p43/$g43/$o43)"
+else bad "memory per rank: ZeRO-0 '$p0 $g0 $b0 $o0' ZeRO-2 '${p2:-} ${g2:-} ${b2:-}' ZeRO-3 '${p3:-} ${g3:-} ${o3:-}' 4 ranks '${p43:-}'"; fi
 # mixed batches: with shuffle off and an explicit bucket_window the loader sorts each window
 # by length (shuffle off alone keeps file order), so micro-batch 1 of
 # every step (rank 0) holds the two text-only samples and micro-batch 2 (rank 1) the two with
@@ -97,12 +108,20 @@ b=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())[
 [ -n "$a" ] && [ "$a" = "$b" ] && ok "mixed data: the first micro-batch is the text-only pair (loss $a)" \
   || bad "mixed data: first micro-batch is not text-only ($a vs $b)"
 vlcfg vlref "$MIX" 1 0 4; "$MMC" train "$W/vlref.yaml" 2>"$W/vlref.log" || { cat "$W/vlref.log"; bad "VL mixed reference"; }
-for z in 0 2; do
+for z in 0 2 3; do
   vlcfg vldp$z "$MIX" 2 $z 4
   if MMC_DIST_TIMEOUT=60 timeout 300 "${MPIRUN[@]}" -x MMC_DIST_TIMEOUT -np 2 "$MMC" train "$W/vldp$z.yaml" >"$W/vldp$z.log" 2>&1; then
     r=$(compare vlref vldp$z) && ok "2 ranks ZeRO-$z, one rank text-only, the other with images: $r" || bad "mixed ZeRO-$z: $r"
   else cat "$W/vldp$z.log"; bad "mixed batches ZeRO-$z run (hang or error)"; fi
 done
+# evaluation during a ZeRO-3 run: every rank joins the parameter gathering, rank 0 evaluates
+for z in 0 3; do
+  vlcfg ev$z "$MIX" 2 $z 4
+  MMC_DIST_TIMEOUT=60 timeout 300 "${MPIRUN[@]}" -x MMC_DIST_TIMEOUT -np 2 "$MMC" train "$W/ev$z.yaml" --set data.eval="$MIX" \
+    --set training.eval_every=3 --set training.steps=3 >"$W/ev$z.log" 2>&1 || { cat "$W/ev$z.log"; bad "eval run ZeRO-$z"; }
+done
+e0=$(grep '^eval step 3' "$W/ev0.log"); e3=$(grep '^eval step 3' "$W/ev3.log")
+[ -n "$e0" ] && [ "$e0" = "$e3" ] && ok "evaluation under ZeRO-3 equals ZeRO-0 ($e3)" || bad "eval: ZeRO-0 '$e0' vs ZeRO-3 '$e3'"
 [ "$(grep -c '^step ' "$W/dp2z1.log")" = 6 ] && ok "only rank 0 logs" || bad "log lines: $(grep -c '^step ' "$W/dp2z1.log")"
 # bad input: every rank says why, before any work
 cfg bad1 6 2 2 0 ""

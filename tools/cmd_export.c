@@ -1,12 +1,13 @@
 /* cmd_export.c — `mmc export CKPT --out DIR`: turn a training checkpoint (single-process or
- * data-parallel, any ZeRO stage) into a plain Hugging Face directory. Model weights are whole
- * in every checkpoint (only the optimizer state is sharded), so export validates the
- * checkpoint — complete (every optimizer shard its manifest lists, trainer_state.json),
- * weights readable, config.json parseable — and copies the model, config, tokenizer and
- * processor files, leaving the optimizer and trainer state behind (like HF Trainer's
- * save_model after DeepSpeed's zero_to_fp32 consolidation). A LoRA checkpoint exports as its
- * PEFT adapter directory (fold it into the base with `mmc merge`). Written beside DIR, then
- * renamed into place. */
+ * data-parallel, any ZeRO stage) into a plain Hugging Face directory. Up to ZeRO-2 the model
+ * weights are whole in the checkpoint (only the optimizer state is sharded); a ZeRO-3
+ * checkpoint keeps the trained parameters in the ranks' shards, and export consolidates them
+ * with the untrained ones (model.frozen.safetensors) into model.safetensors, as DeepSpeed's
+ * zero_to_fp32 does. Export validates the checkpoint — complete (every shard its manifest
+ * lists, trainer_state.json), weights readable, config.json parseable — and copies the model,
+ * config, tokenizer and processor files, leaving the optimizer and trainer state behind. A
+ * LoRA checkpoint exports as its PEFT adapter directory (fold it into the base with `mmc
+ * merge`). Written beside DIR, then renamed into place. */
 #include "cli.h"
 #include "mmc_dp.h"
 #include "mmc_io.h"
@@ -22,7 +23,8 @@ void help_export(FILE *f) {
     fprintf(f,
             "usage: mmc export CKPT --out DIR [--json]\n\n"
             "Write the model of training checkpoint CKPT (training.output_dir/checkpoint-<step>, from\n"
-            "any number of ranks and ZeRO stage) as a Hugging Face directory DIR: model.safetensors,\n"
+            "any number of ranks and ZeRO stage; ZeRO-3 shards are consolidated) as a Hugging Face\n"
+            "directory DIR: model.safetensors,\n"
             "config.json, tokenizer and processor files (a LoRA checkpoint: the PEFT adapter files).\n"
             "The checkpoint is checked first: an incomplete one (e.g. a missing optimizer shard) is\n"
             "refused with the name of the missing file. DIR must not exist or be empty.\n\n"
@@ -35,7 +37,7 @@ void help_export(FILE *f) {
 /* files that belong to training, not to the model */
 static bool training_only(const char *n) {
     return strncmp(n, "optimizer", 9) == 0 || strcmp(n, "trainer_state.json") == 0 || strcmp(n, "loss.png") == 0 ||
-           n[0] == '.';
+           strcmp(n, "model.frozen.safetensors") == 0 || n[0] == '.';
 }
 
 static void rm_dir_flat(const char *dir) {
@@ -82,16 +84,20 @@ int cmd_export(int argc, char **argv) {
     if (mmc_dp_checkpoint_sharded(ckpt) && (st = mmc_dp_check_shards(ckpt, &world, &zero)))
         return cli_fail(st, "export: refusing the checkpoint");
     /* 2. the weights and config are readable */
-    bool lora = false;
+    bool lora = false, consolidate = false;
+    int n_tensors = 0;
     snprintf(p, sizeof p, "%s/model.safetensors", ckpt);
     if (access(p, R_OK) != 0) {
+        consolidate = mmc_dp_checkpoint_params_sharded(ckpt);
         snprintf(p, sizeof p, "%s/adapter_model.safetensors", ckpt);
-        lora = true;
+        lora = !consolidate;
     }
-    mmc_st *w = NULL;
-    if ((st = mmc_st_open(p, &w))) return cli_fail(st, "export: %s: no readable model weights", ckpt);
-    int n_tensors = mmc_st_count(w);
-    mmc_st_close(w);
+    if (!consolidate) {
+        mmc_st *w = NULL;
+        if ((st = mmc_st_open(p, &w))) return cli_fail(st, "export: %s: no readable model weights", ckpt);
+        n_tensors = mmc_st_count(w);
+        mmc_st_close(w);
+    }
     mmc_json *j = NULL;
     snprintf(p, sizeof p, "%s/%s", ckpt, lora ? "adapter_config.json" : "config.json");
     if ((st = mmc_json_load(p, &j))) return cli_fail(st, "export");
@@ -129,6 +135,14 @@ int cmd_export(int argc, char **argv) {
     }
     closedir(d);
     if (st) { rm_dir_flat(tmp); return cli_fail(st, "export: copying %s", ckpt); }
+    if (consolidate) {   /* ZeRO-3: the model from the shards */
+        snprintf(q, sizeof q, "%s/model.safetensors", tmp);
+        if ((st = mmc_dp_consolidate(ckpt, q, &n_tensors))) {
+            rm_dir_flat(tmp);
+            return cli_fail(st, "export: consolidating the ZeRO-3 shards of %s", ckpt);
+        }
+        files++;
+    }
     if (rename(tmp, out) != 0) {
         int err = errno;
         rm_dir_flat(tmp);

@@ -84,6 +84,7 @@ mmc_node *mmc_tape_record(mmc_ctx *c, const char *op, mmc_backward_fn fn, mmc_te
 
 mmc_tensor *mmc_grad(mmc_ctx *c, mmc_tensor *t) {
     if (t->grad) return t->grad;
+    if ((t->flags & MMC_PARAM) && c->hooks.grad && c->hooks.grad(c->hooks.user, c, t)) return t->grad;
     if (t->flags & MMC_PARAM) {
         t->grad = mmc_tensor_new(MMC_F32, t->ndim, t->shape);
         MMC_CHECK(t->grad, "out of memory allocating the gradient of %s", t->name);
@@ -91,6 +92,19 @@ mmc_tensor *mmc_grad(mmc_ctx *c, mmc_tensor *t) {
         t->grad = mmc_zeros(c, MMC_F32, t->ndim, t->shape);
     }
     return t->grad;
+}
+
+void mmc_ctx_set_param_hooks(mmc_ctx *c, const mmc_param_hooks *h) {
+    if (h) c->hooks = *h;
+    else memset(&c->hooks, 0, sizeof c->hooks);
+}
+
+void mmc_params_begin(mmc_ctx *c, const void *key) {
+    if (c->hooks.begin) c->hooks.begin(c->hooks.user, c, key);
+}
+
+void mmc_params_end(mmc_ctx *c, const void *key) {
+    if (c->hooks.end) c->hooks.end(c->hooks.user, c, key);
 }
 
 void mmc_zero_grad(mmc_tensor **params, int n) {

@@ -14,5 +14,6 @@ struct mmc_ctx {
     uint64_t dropout_seed;
     bool dropout_on;
     int ckpt_depth;
+    mmc_param_hooks hooks;   /* all NULL unless data parallelism installed them */
 };
 #endif

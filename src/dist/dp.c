@@ -1,7 +1,23 @@
-/* dp.c — data-parallel gradient reduction with overlap, and ZeRO-1/2 optimizer/gradient
- * sharding (mmc_dp.h). Mirrors PyTorch DDP's reducer (buckets in reverse parameter order,
- * started from backward) and DeepSpeed ZeRO stage 1/2 (per-bucket flat buffers, each rank
- * owning a contiguous 1/N of every bucket). */
+/* dp.c — data-parallel gradient reduction with overlap, and ZeRO-1/2/3 sharding (mmc_dp.h).
+ * Mirrors PyTorch DDP's reducer (buckets in reverse parameter order, started from backward),
+ * DeepSpeed ZeRO stage 1/2 (per-bucket flat buffers, each rank owning a contiguous 1/N of
+ * every bucket) and, for stage 3, PyTorch FSDP (one flat parameter per unit — a decoder layer
+ * or a vision block — all-gathered just before the unit's forward and again before its
+ * backward, freed afterwards; the remaining "root" parameters stay gathered from the start of
+ * a micro-batch's forward to the reduction of their gradients, like FSDP's root module).
+ *
+ * Gradient memory with ZeRO >= 2: a bucket's gradients live in a flat buffer created on the
+ * first gradient write into the bucket (through the context's grad hook), reduce-scattered
+ * when the bucket is final and freed once that completes; what persists is this rank's shard
+ * of the reduced sum. ZeRO-2 keeps at most two reductions in flight (the newest and the one
+ * before); ZeRO-3 settles finished ones without waiting (see start_bucket).
+ *
+ * Collective order: every rank must issue the same collectives in the same order whatever
+ * its micro-batch holds (a rank may have no image, so it never runs the vision tower). The
+ * gradient reductions start in bucket order on the DP communicator; ZeRO-3 parameter
+ * all-gathers run on a second communicator (a split of the first) in a fixed schedule — every
+ * unit once in forward order during forward, once in backward order during backward — and a
+ * unit this rank does not need is gathered and dropped, so the ranks stay in step. */
 #include "mmc_dp.h"
 #include "ctx_internal.h"
 
@@ -11,26 +27,44 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { G_NONE = 0, G_ISSUED = 1, G_CLAIMED = 2 };   /* ZeRO-3 parameter gather state of a bucket */
+
 typedef struct {
     int first, count;          /* slots [first, first+count) of d->order */
     int64_t len, padded, shard;
-    float *flat;               /* [padded] gradients in, gathered parameters out */
+    float *flat;               /* ZeRO 0/1: [padded] persistent: gradients in, gathered parameters out */
+    float *gflat;              /* ZeRO >= 2: [padded] this micro-batch's gradients (the params' ->grad) */
+    float *sflat;              /* ZeRO >= 2: [padded] gradients being reduce-scattered */
     float *gshard;             /* [shard] reduced gradient of this rank's shard (ZeRO >= 1) */
-    float *rshard;             /* [shard] ZeRO-2: receive buffer of one micro-batch */
-    mmc_dist_req *req;
-    bool started;
+    float *rshard;             /* [shard] ZeRO >= 2: transient receive buffer of a later micro-batch */
+    bool acc_zero;             /* ZeRO >= 2: gshard holds nothing yet this step (receive into it) */
+    float *pshard;             /* [shard] ZeRO-3: this rank's fp32 parameters (the master shard) */
+    float *pflat;              /* [padded] ZeRO-3: gathered parameters while resident */
+    mmc_dist_req *req;         /* gradient reduction in flight */
+    mmc_dist_req *preq;        /* ZeRO-3 parameter all-gather in flight */
+    int gstate;                /* ZeRO-3: G_* */
+    bool root;                 /* ZeRO-3: the root unit (gathered for the whole micro-batch) */
     int ready_at;              /* tape index after which every parameter's gradient is final */
 } bucket;
 
+typedef struct { int *list, *pos; int n, next; } schedule;   /* ZeRO-3 gather order (bucket indices) */
+
 struct mmc_dp {
-    mmc_comm *comm;
+    mmc_comm *comm, *pcomm;    /* pcomm: ZeRO-3 parameter gathers */
     int rank, size, zero, n;
     mmc_tensor **model, **opt;
     int *order;                /* parameter index per slot (bucket order) */
     int64_t *off;              /* offset of each parameter inside its bucket */
     int *bucket_of;
     bucket *b;
-    int nb, next;
+    int nb, next;              /* next: the next bucket to start in this backward */
+    /* units (hook keys): unit_of[p] in [0, nu) or -1 */
+    int nu, *unit_of, *unit_first, *unit_bucket;
+    const void **keys;
+    mmc_tensor **gwrap;        /* ZeRO >= 2: [n] gradient views into a bucket's gflat */
+    schedule fs, bs;           /* ZeRO-3: forward / backward gather schedules */
+    bool in_backward, pinned;
+    mmc_ctx *ctx;
     /* ZeRO >= 1: AdamW over slice tensors (views of this rank's shard) */
     mmc_tensor **slices;
     int *slice_param;
@@ -38,6 +72,7 @@ struct mmc_dp {
     int n_slices;
     mmc_adamw adamw;
     double t_first, t_last, exposed;
+    int64_t live_g, live_p, peak_g, peak_p;   /* transient gradient / parameter bytes now and at most */
 };
 
 static void *falloc(int64_t n) {
@@ -47,12 +82,146 @@ static void *falloc(int64_t n) {
     return p;
 }
 
-mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor **opt, int n,
-                      size_t bucket_bytes, const mmc_adamw_opts *o, mmc_dp **out) {
+/* transient buffers, counted */
+static float *talloc(mmc_dp *d, int64_t n, bool grad) {
+    float *p = falloc(n);
+    MMC_CHECK(p, "dp: out of memory for a %lld-element transient buffer", (long long)n);
+    int64_t *live = grad ? &d->live_g : &d->live_p, *peak = grad ? &d->peak_g : &d->peak_p;
+    *live += n * 4;
+    if (*live > *peak) *peak = *live;
+    return p;
+}
+
+static void tfree(mmc_dp *d, float **p, int64_t n, bool grad) {
+    if (!*p) return;
+    free(*p);
+    *p = NULL;
+    *(grad ? &d->live_g : &d->live_p) -= n * 4;
+}
+
+static int param_index(const mmc_dp *d, const mmc_tensor *t) {
+    for (int p = 0; p < d->n; p++) if (d->model[p] == t) return p;
+    return -1;
+}
+
+static int unit_index(const mmc_dp *d, const void *key) {
+    for (int u = 0; u < d->nu; u++) if (d->keys[u] == key) return u;
+    return -1;
+}
+
+/* ---------------------------------------------------------------- ZeRO-3 parameters */
+static void gather_start(mmc_dp *d, bucket *bk) {
+    if (bk->gstate != G_NONE) return;
+    bk->pflat = talloc(d, bk->padded, false);
+    memcpy(bk->pflat + (int64_t)d->rank * bk->shard, bk->pshard, (size_t)bk->shard * sizeof(float));
+    mmc_status st = mmc_all_gather_start(d->pcomm, bk->pflat + (int64_t)d->rank * bk->shard, bk->pflat, bk->shard,
+                                         MMC_F32, &bk->preq);
+    MMC_CHECK(st == MMC_OK, "dp: starting a parameter all-gather failed: %s", mmc_last_error());
+    bk->gstate = G_ISSUED;
+}
+
+static void gather_wait(mmc_dp *d, bucket *bk) {
+    if (bk->preq) {
+        double t0 = mmc_now();
+        mmc_status st = mmc_dist_wait(bk->preq);
+        d->exposed += mmc_now() - t0;
+        bk->preq = NULL;
+        MMC_CHECK(st == MMC_OK, "dp: a parameter all-gather failed: %s", mmc_last_error());
+    }
+    for (int s = bk->first; s < bk->first + bk->count; s++) {
+        int p = d->order[s];
+        d->model[p]->data = bk->pflat + d->off[p];
+    }
+}
+
+static void release(mmc_dp *d, bucket *bk) {
+    if (bk->gstate == G_NONE) return;
+    if (bk->preq) gather_wait(d, bk);
+    for (int s = bk->first; s < bk->first + bk->count; s++) d->model[d->order[s]]->data = NULL;
+    tfree(d, &bk->pflat, bk->padded, false);
+    bk->gstate = G_NONE;
+}
+
+/* Unit bucket kb is needed now: issue the schedule's gathers up to it (dropping units issued
+ * earlier and not asked for — this rank does not use them), wait for it, prefetch the next. */
+static void need(mmc_dp *d, int kb) {
+    bucket *bk = &d->b[kb];
+    if (bk->root || d->pinned) return;
+    schedule *s = d->in_backward ? &d->bs : &d->fs;
+    int pos = s->pos[kb];
+    if (bk->gstate == G_CLAIMED) return;
+    MMC_CHECK(bk->gstate == G_ISSUED || pos >= s->next, "dp: ZeRO-3 unit %d is used twice in one %s pass; "
+              "each unit's parameters may be used by one block only", kb, d->in_backward ? "backward" : "forward");
+    while (s->next <= pos) gather_start(d, &d->b[s->list[s->next++]]);
+    for (int q = 0; q < pos; q++) {
+        bucket *o = &d->b[s->list[q]];
+        if (o->gstate == G_ISSUED) release(d, o);
+    }
+    gather_wait(d, bk);
+    bk->gstate = G_CLAIMED;
+    if (s->next < s->n) gather_start(d, &d->b[s->list[s->next++]]);   /* prefetch */
+}
+
+/* the rest of a schedule: every rank issues every unit's gather once per pass */
+static void flush(mmc_dp *d, schedule *s) {
+    while (s->next < s->n) gather_start(d, &d->b[s->list[s->next++]]);
+    for (int q = 0; q < s->n; q++) {
+        bucket *o = &d->b[s->list[q]];
+        if (o->gstate == G_ISSUED) release(d, o);
+    }
+}
+
+/* ---------------------------------------------------------------- hooks */
+static void hook_begin(void *user, mmc_ctx *c, const void *key) {
+    mmc_dp *d = user;
+    int u = unit_index(d, key);
+    if (u < 0) return;
+    if (!d->in_backward && (c->grad_enabled || c->ckpt_depth > 0) && c->tape_len < d->unit_first[u])
+        d->unit_first[u] = c->tape_len;
+    if (d->zero == 3 && d->unit_bucket[u] >= 0) need(d, d->unit_bucket[u]);
+}
+
+static void hook_end(void *user, mmc_ctx *c, const void *key) {
+    mmc_dp *d = user;
+    (void)c;
+    if (d->zero != 3 || d->in_backward || d->pinned) return;   /* in backward: freed when reduced */
+    int u = unit_index(d, key);
+    if (u >= 0 && d->unit_bucket[u] >= 0) release(d, &d->b[d->unit_bucket[u]]);
+}
+
+static void grads_materialize(mmc_dp *d, bucket *bk) {
+    bk->gflat = talloc(d, bk->padded, true);
+    for (int s = bk->first; s < bk->first + bk->count; s++) {
+        int p = d->order[s];
+        d->gwrap[p]->data = bk->gflat + d->off[p];
+        d->model[p]->grad = d->gwrap[p];
+    }
+}
+
+static mmc_tensor *hook_grad(void *user, mmc_ctx *c, mmc_tensor *t) {
+    mmc_dp *d = user;
+    (void)c;
+    if (d->zero < 2) return NULL;
+    int p = param_index(d, t);
+    if (p < 0) return NULL;
+    bucket *bk = &d->b[d->bucket_of[p]];
+    MMC_CHECK(!d->in_backward || d->bucket_of[p] >= d->next, "dp: gradient of %s requested after its bucket "
+              "was reduced (its first use was not seen on the tape or by a begin hook)", t->name);
+    if (!bk->gflat) grads_materialize(d, bk);
+    return t->grad;
+}
+
+/* ---------------------------------------------------------------- set-up */
+mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor **opt, int n, size_t bucket_bytes,
+                      const mmc_adamw_opts *o, const mmc_dp_units *units, mmc_dp **out) {
     *out = NULL;
-    if (zero < 0 || zero > 2)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "parallel.zero %d: stages 0, 1 and 2 are implemented (ZeRO-3 "
-                         "parameter sharding is not yet)", zero);
+    if (zero < 0 || zero > 3)
+        return mmc_error(MMC_ERR_INVALID, "parallel.zero %d: the ZeRO stages are 0, 1, 2 and 3", zero);
+    if (zero == 3)
+        for (int p = 0; p < n; p++)
+            if (opt[p] != model[p])
+                return mmc_error(MMC_ERR_UNSUPPORTED, "parallel.zero 3 with bf16 weights (%s has an fp32 master) is "
+                                 "not implemented: use model.dtype f32 with ZeRO-3, or ZeRO-2", opt[p]->name);
     mmc_dp *d = calloc(1, sizeof *d);
     if (!d) return mmc_error(MMC_ERR_OOM, "out of memory");
     d->comm = comm;
@@ -69,9 +238,54 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
     d->off = calloc((size_t)n, sizeof *d->off);
     d->bucket_of = calloc((size_t)n, sizeof *d->bucket_of);
     d->b = calloc((size_t)n + 1, sizeof *d->b);
-    if (!d->order || !d->off || !d->bucket_of || !d->b) goto oom;
-    /* reverse declaration order: lm_head and the last layers complete first */
-    for (int s = 0; s < n; s++) d->order[s] = n - 1 - s;
+    d->unit_of = calloc((size_t)n, sizeof *d->unit_of);
+    d->nu = units ? units->n_units : 0;
+    d->keys = calloc((size_t)d->nu + 1, sizeof *d->keys);
+    d->unit_first = calloc((size_t)d->nu + 1, sizeof *d->unit_first);
+    d->unit_bucket = calloc((size_t)d->nu + 1, sizeof *d->unit_bucket);
+    if (!d->order || !d->off || !d->bucket_of || !d->b || !d->unit_of || !d->keys || !d->unit_first || !d->unit_bucket)
+        goto oom;
+    for (int u = 0; u < d->nu; u++) { d->keys[u] = units->keys[u]; d->unit_bucket[u] = -1; }
+    for (int p = 0; p < n; p++) {
+        d->unit_of[p] = units ? units->unit_of[p] : -1;
+        MMC_CHECK(d->unit_of[p] >= -1 && d->unit_of[p] < d->nu, "dp: unit %d of %s out of range", d->unit_of[p],
+                  opt[p]->name);
+    }
+    /* bucket boundaries (per slot: does a new bucket start here?) */
+    char *cut = calloc((size_t)n + 1, 1);
+    if (!cut) goto oom;
+    if (zero < 3) {
+        /* reverse declaration order: lm_head and the last layers complete first */
+        for (int s = 0; s < n; s++) d->order[s] = n - 1 - s;
+        int64_t len = 0;
+        for (int s = 0; s < n; s++) {
+            int64_t k = mmc_numel(opt[d->order[s]]);
+            if (s == 0 || (size_t)(len + k) * sizeof(float) > bucket_bytes) { cut[s] = 1; len = 0; }
+            len += k;
+        }
+    } else {
+        /* one bucket per unit, units by descending first parameter (the reverse of forward
+         * order: last layers first), the root unit last; inside a unit, reverse order */
+        int nu1 = d->nu + 1, *umin = malloc(sizeof(int) * (size_t)nu1), *uo = malloc(sizeof(int) * (size_t)nu1);
+        if (!umin || !uo) { free(umin); free(uo); free(cut); goto oom; }
+        for (int u = 0; u < nu1; u++) { umin[u] = INT_MAX; uo[u] = u; }
+        for (int p = 0; p < n; p++) {
+            int u = d->unit_of[p] < 0 ? d->nu : d->unit_of[p];
+            if (p < umin[u]) umin[u] = p;
+        }
+        for (int i = 1; i < d->nu; i++)   /* insertion sort, descending umin (root stays last) */
+            for (int j = i; j > 0 && umin[uo[j - 1]] < umin[uo[j]]; j--) { int x = uo[j]; uo[j] = uo[j - 1]; uo[j - 1] = x; }
+        int s = 0;
+        for (int k = 0; k < nu1; k++) {
+            int u = uo[k];
+            if (umin[u] == INT_MAX) continue;
+            cut[s] = 1;
+            for (int p = n - 1; p >= 0; p--)
+                if ((d->unit_of[p] < 0 ? d->nu : d->unit_of[p]) == u) d->order[s++] = p;
+        }
+        free(umin);
+        free(uo);
+    }
     for (int s = 0; s < n;) {
         bucket *bk = &d->b[d->nb];
         bk->first = s;
@@ -84,15 +298,48 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
             d->bucket_of[p] = d->nb;
             len += mmc_numel(opt[p]);
             s++;
-        } while (s < n && (size_t)(len + mmc_numel(opt[d->order[s]])) * sizeof(float) <= bucket_bytes);
+        } while (s < n && !cut[s]);
         bk->count = s - bk->first;
         bk->len = len;
         bk->shard = (len + d->size - 1) / d->size;
         bk->padded = bk->shard * d->size;
-        if (!(bk->flat = falloc(bk->padded))) goto oom;
-        if (zero >= 1 && !(bk->gshard = falloc(bk->shard))) goto oom;
-        if (zero == 2 && !(bk->rshard = falloc(bk->shard))) goto oom;
+        if (zero == 3) {
+            int u = d->unit_of[d->order[bk->first]];
+            bk->root = u < 0;
+            if (u >= 0) d->unit_bucket[u] = d->nb;
+        }
+        if (zero <= 1 && !(bk->flat = falloc(bk->padded))) { free(cut); goto oom; }
+        if (zero >= 1 && !(bk->gshard = falloc(bk->shard))) { free(cut); goto oom; }
+        bk->acc_zero = true;
+        if (zero == 3 && !(bk->pshard = falloc(bk->shard))) { free(cut); goto oom; }
         d->nb++;
+    }
+    free(cut);
+    if (zero >= 2) {
+        d->gwrap = calloc((size_t)n, sizeof *d->gwrap);
+        if (!d->gwrap) goto oom;
+        for (int p = 0; p < n; p++)
+            if (!(d->gwrap[p] = mmc_tensor_wrap(MMC_F32, model[p]->ndim, model[p]->shape, NULL))) goto oom;
+    }
+    if (zero == 3) {
+        /* gather schedules: backward = bucket order, forward = its reverse; the root is apart */
+        d->fs.list = calloc((size_t)d->nb + 1, sizeof(int));
+        d->fs.pos = calloc((size_t)d->nb + 1, sizeof(int));
+        d->bs.list = calloc((size_t)d->nb + 1, sizeof(int));
+        d->bs.pos = calloc((size_t)d->nb + 1, sizeof(int));
+        if (!d->fs.list || !d->fs.pos || !d->bs.list || !d->bs.pos) goto oom;
+        for (int i = 0; i < d->nb; i++) {
+            if (d->b[i].root) continue;
+            d->bs.pos[i] = d->bs.n;
+            d->bs.list[d->bs.n++] = i;
+        }
+        for (int k = 0; k < d->bs.n; k++) {
+            d->fs.list[k] = d->bs.list[d->bs.n - 1 - k];
+            d->fs.pos[d->fs.list[k]] = k;
+        }
+        d->fs.n = d->bs.n;
+        mmc_status st = mmc_comm_split(comm, 0, d->rank, "zero3-params", &d->pcomm);
+        if (st) { mmc_dp_free(d); return st; }
     }
     if (zero >= 1) {
         /* slices of this rank's shard: [rank*S, (rank+1)*S) of every bucket, cut per parameter */
@@ -110,8 +357,12 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
                 if (h <= l) continue;
                 int64_t shape[2] = {1, h - l};
                 bool mat = opt[p]->ndim >= 2;   /* keeps AdamW's no-decay rule for vectors */
-                mmc_tensor *sl = mmc_tensor_wrap(MMC_F32, mat ? 2 : 1, mat ? shape : shape + 1,
-                                                 (float *)opt[p]->data + (l - a));
+                float *data = (float *)opt[p]->data + (l - a);
+                if (zero == 3) {   /* the master shard owns the values from now on */
+                    memcpy(bk->pshard + (l - lo), data, (size_t)(h - l) * sizeof(float));
+                    data = bk->pshard + (l - lo);
+                }
+                mmc_tensor *sl = mmc_tensor_wrap(MMC_F32, mat ? 2 : 1, mat ? shape : shape + 1, data);
                 mmc_tensor *gr = mmc_tensor_wrap(MMC_F32, mat ? 2 : 1, mat ? shape : shape + 1,
                                                  bk->gshard + (l - lo));
                 if (!sl || !gr) { mmc_tensor_free(sl); mmc_tensor_free(gr); goto oom; }
@@ -126,6 +377,12 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
         mmc_status st = mmc_adamw_init(&d->adamw, o, d->slices, d->n_slices);
         if (st) { mmc_dp_free(d); return st; }
     }
+    if (zero == 3)   /* the full parameters go: each rank keeps 1/N of them */
+        for (int p = 0; p < n; p++) {
+            if (model[p]->flags & MMC_OWNS_DATA) free(model[p]->data);
+            model[p]->flags &= ~(uint32_t)MMC_OWNS_DATA;
+            model[p]->data = NULL;
+        }
     *out = d;
     return MMC_OK;
 oom:
@@ -135,12 +392,26 @@ oom:
 
 void mmc_dp_free(mmc_dp *d) {
     if (!d) return;
+    if (d->ctx && d->ctx->hooks.user == d) mmc_ctx_set_param_hooks(d->ctx, NULL);
     for (int i = 0; i < d->nb; i++) {
-        mmc_dist_wait(d->b[i].req);
-        free(d->b[i].flat);
-        free(d->b[i].gshard);
-        free(d->b[i].rshard);
+        bucket *bk = &d->b[i];
+        mmc_dist_wait(bk->req);
+        mmc_dist_wait(bk->preq);
+        for (int s = bk->first; s < bk->first + bk->count; s++) {
+            int p = d->order[s];
+            if (d->gwrap && d->model[p]->grad == d->gwrap[p]) d->model[p]->grad = NULL;
+            if (d->zero == 3) d->model[p]->data = NULL;
+        }
+        free(bk->flat);
+        free(bk->gflat);
+        free(bk->sflat);
+        free(bk->gshard);
+        free(bk->rshard);
+        free(bk->pshard);
+        free(bk->pflat);
     }
+    if (d->gwrap) for (int p = 0; p < d->n; p++) mmc_tensor_free(d->gwrap[p]);
+    free(d->gwrap);
     mmc_adamw_free(&d->adamw);
     for (int i = 0; i < d->n_slices; i++) {
         mmc_tensor *g = d->slices[i]->grad;
@@ -148,6 +419,11 @@ void mmc_dp_free(mmc_dp *d) {
         mmc_tensor_free(g);
         mmc_tensor_free(d->slices[i]);
     }
+    if (d->pcomm) mmc_comm_free(d->pcomm);
+    free(d->fs.list);
+    free(d->fs.pos);
+    free(d->bs.list);
+    free(d->bs.pos);
     free(d->slices);
     free(d->slice_param);
     free(d->slice_lo);
@@ -155,10 +431,40 @@ void mmc_dp_free(mmc_dp *d) {
     free(d->order);
     free(d->off);
     free(d->bucket_of);
+    free(d->unit_of);
+    free(d->keys);
+    free(d->unit_first);
+    free(d->unit_bucket);
     free(d);
 }
 
-/* ZeRO-2: fold a finished micro-batch reduction into the sharded accumulator. */
+/* ---------------------------------------------------------------- forward */
+void mmc_dp_forward_begin(mmc_dp *d, mmc_ctx *c) {
+    mmc_param_hooks h = {.begin = hook_begin, .end = hook_end, .grad = hook_grad, .user = d};
+    mmc_ctx_set_param_hooks(c, &h);
+    d->ctx = c;
+    d->in_backward = false;
+    for (int u = 0; u < d->nu; u++) d->unit_first[u] = INT_MAX;
+    if (d->zero != 3 || d->pinned) return;
+    d->fs.next = 0;
+    for (int i = 0; i < d->nb; i++) {
+        if (d->b[i].root && d->b[i].gstate == G_NONE) {
+            gather_start(d, &d->b[i]);
+            gather_wait(d, &d->b[i]);
+            d->b[i].gstate = G_CLAIMED;
+        }
+    }
+}
+
+void mmc_dp_forward_end(mmc_dp *d) {
+    if (d->zero != 3 || d->pinned) return;
+    flush(d, &d->fs);
+    for (int i = 0; i < d->nb; i++) release(d, &d->b[i]);
+}
+
+/* ---------------------------------------------------------------- gradient reduction */
+/* A finished micro-batch reduction: ZeRO >= 2 folds it into the sharded accumulator and frees
+ * the gradients it sent. */
 static mmc_status settle(mmc_dp *d, bucket *bk) {
     if (!bk->req) return MMC_OK;
     double t0 = mmc_now();
@@ -166,75 +472,131 @@ static mmc_status settle(mmc_dp *d, bucket *bk) {
     d->exposed += mmc_now() - t0;
     bk->req = NULL;
     d->t_last = mmc_now();
-    if (d->zero == 2)
-        for (int64_t i = 0; i < bk->shard; i++) bk->gshard[i] += bk->rshard[i];
+    if (d->zero >= 2) {
+        if (bk->rshard) for (int64_t i = 0; i < bk->shard; i++) bk->gshard[i] += bk->rshard[i];
+        tfree(d, &bk->rshard, bk->shard, true);
+        tfree(d, &bk->sflat, bk->padded, true);
+    }
     return st;
 }
 
 static void start_bucket(mmc_dp *d, bucket *bk) {
-    if (d->zero == 2) settle(d, bk);   /* the previous micro-batch's reduction of this bucket */
+    mmc_status st;
+    if (!d->t_first) d->t_first = mmc_now();
+    if (d->zero >= 2) {
+        settle(d, bk);   /* the previous micro-batch's reduction of this bucket */
+        if (!bk->gflat) grads_materialize(d, bk);   /* no gradient here on this rank: zeros */
+        for (int s = bk->first; s < bk->first + bk->count; s++) d->model[d->order[s]]->grad = NULL;
+        bk->sflat = bk->gflat;
+        bk->gflat = NULL;
+        if (d->zero == 3 && !bk->root) release(d, bk);   /* the unit's backward is over */
+        /* the step's first reduction lands in the accumulator itself; later ones are added */
+        float *recv = bk->gshard;
+        if (!bk->acc_zero) recv = bk->rshard = talloc(d, bk->shard, true);
+        bk->acc_zero = false;
+        st = mmc_reduce_scatter_start(d->comm, bk->sflat, recv, bk->shard, MMC_F32, MMC_SUM, &bk->req);
+        MMC_CHECK(st == MMC_OK, "dp: starting a bucket reduction failed: %s", mmc_last_error());
+        /* bound the gradient memory: settle what has finished, and (ZeRO-2) keep one reduction
+         * in flight besides this one (it has had this bucket's backward to complete, so waiting
+         * for it is rarely exposed). ZeRO-3 never blocks on a reduction here: a peer may first
+         * need a parameter all-gather that this rank issues only later in its backward (e.g. of
+         * a unit this rank does not use), and blocking would deadlock across the two groups */
+        int pending = 0;
+        for (int i = 0; i < d->nb; i++) {
+            bucket *o = &d->b[i];
+            if (o == bk || !o->req) continue;
+            if (mmc_dist_test(o->req)) settle(d, o);
+            else pending++;
+        }
+        for (int i = 0; i < d->nb && pending > 0 && d->zero == 2; i++)
+            if (&d->b[i] != bk && d->b[i].req) { settle(d, &d->b[i]); pending--; }
+        return;
+    }
     for (int s = bk->first; s < bk->first + bk->count; s++) {
         int p = d->order[s];
         mmc_tensor *g = d->model[p]->grad;
         float *dst = bk->flat + d->off[p];
         int64_t k = mmc_numel(d->opt[p]);
-        if (g) {
-            memcpy(dst, g->data, (size_t)k * sizeof(float));
-            if (d->zero == 2) memset(g->data, 0, (size_t)k * sizeof(float));
-        } else {
-            memset(dst, 0, (size_t)k * sizeof(float));
-        }
+        if (g) memcpy(dst, g->data, (size_t)k * sizeof(float));
+        else memset(dst, 0, (size_t)k * sizeof(float));
     }
-    if (!d->t_first) d->t_first = mmc_now();
-    mmc_status st;
     if (d->zero == 0) st = mmc_all_reduce_start(d->comm, bk->flat, bk->flat, bk->padded, MMC_F32, MMC_SUM, &bk->req);
-    else st = mmc_reduce_scatter_start(d->comm, bk->flat, d->zero == 2 ? bk->rshard : bk->gshard, bk->shard,
-                                       MMC_F32, MMC_SUM, &bk->req);
+    else st = mmc_reduce_scatter_start(d->comm, bk->flat, bk->gshard, bk->shard, MMC_F32, MMC_SUM, &bk->req);
     MMC_CHECK(st == MMC_OK, "dp: starting a bucket reduction failed: %s", mmc_last_error());
-    bk->started = true;
+}
+
+/* ZeRO-3: before node nd's backward, the units whose parameters it reads must be resident */
+static void need_inputs(mmc_dp *d, const mmc_node *nd) {
+    for (int k = 0; k < nd->n_in; k++) {
+        mmc_tensor *x = nd->in[k];
+        if (!x || x->data || !(x->flags & MMC_PARAM)) continue;
+        int p = param_index(d, x);
+        if (p >= 0) need(d, d->bucket_of[p]);
+    }
 }
 
 void mmc_dp_backward(mmc_dp *d, mmc_ctx *c, mmc_tensor *loss, bool last) {
     MMC_CHECK(mmc_numel(loss) == 1, "mmc_dp_backward: loss must be a scalar");
-    bool reduce = last || d->zero == 2;
+    MMC_CHECK(d->ctx == c, "mmc_dp_backward: call mmc_dp_forward_begin before the forward");
+    if (d->zero == 3) {   /* forward is over: the rest of its gathers, then the backward schedule */
+        flush(d, &d->fs);
+        for (int i = 0; i < d->nb; i++)
+            if (!d->b[i].root && d->b[i].gstate == G_CLAIMED) release(d, &d->b[i]);
+        d->bs.next = 0;
+    }
+    /* the previous micro-batch's reductions had this forward to finish: settle them now, so
+     * that their gradient buffers are gone before this backward creates new ones */
+    if (d->zero >= 2)
+        for (int i = 0; i < d->nb; i++) settle(d, &d->b[i]);
+    d->in_backward = true;
+    bool reduce = last || d->zero >= 2;
     if (reduce) {
-        /* each bucket is final once the tape has unwound past the first use of its parameters;
-         * parameters not seen as node inputs (e.g. inside a checkpointed block) wait for the end */
-        for (int i = 0; i < d->nb; i++) { d->b[i].ready_at = INT_MAX; d->b[i].started = false; }
+        /* each bucket is final once the tape has unwound past the first use of its parameters
+         * (seen as a node input, or — inside a checkpointed block — the tape position when its
+         * unit's begin hook ran); parameters never seen wait for the end */
+        for (int i = 0; i < d->nb; i++) d->b[i].ready_at = INT_MAX;
         for (int i = 0; i < d->n; i++) d->model[i]->flags |= 1u << 30;   /* "not seen yet" mark */
         for (int j = 0; j < c->tape_len; j++) {
             mmc_node *nd = c->tape[j];
             for (int k = 0; k < nd->n_in; k++) {
                 mmc_tensor *x = nd->in[k];
                 if (!x || !(x->flags & (1u << 30)) || !(x->flags & MMC_PARAM)) continue;
-                for (int p = 0; p < d->n; p++)
-                    if (d->model[p] == x) {
-                        x->flags &= ~(1u << 30);
-                        bucket *bk = &d->b[d->bucket_of[p]];
-                        if (j < bk->ready_at) bk->ready_at = j;
-                        break;
-                    }
+                int p = param_index(d, x);
+                if (p < 0) continue;
+                x->flags &= ~(1u << 30);
+                bucket *bk = &d->b[d->bucket_of[p]];
+                if (j < bk->ready_at) bk->ready_at = j;
             }
         }
-        for (int i = 0; i < d->n; i++)
-            if (d->model[i]->flags & (1u << 30)) { d->model[i]->flags &= ~(1u << 30); d->b[d->bucket_of[i]].ready_at = 0; }
+        for (int i = 0; i < d->n; i++) {
+            int u = d->unit_of[i];
+            bucket *bk = &d->b[d->bucket_of[i]];
+            if (u >= 0 && d->unit_first[u] != INT_MAX) {
+                d->model[i]->flags &= ~(1u << 30);
+                if (d->unit_first[u] < bk->ready_at) bk->ready_at = d->unit_first[u];
+            }
+            if (d->model[i]->flags & (1u << 30)) { d->model[i]->flags &= ~(1u << 30); bk->ready_at = 0; }
+        }
         for (int i = 0; i < d->nb; i++) if (d->b[i].ready_at == INT_MAX) d->b[i].ready_at = 0;
         d->next = 0;
     }
-    if (!mmc_requires_grad(loss)) {
-        if (reduce) while (d->next < d->nb) start_bucket(d, &d->b[d->next++]);
-        return;
+    if (mmc_requires_grad(loss)) {
+        mmc_tensor *g = mmc_grad(c, loss);
+        ((float *)g->data)[0] += 1.0f;
+        bool prev = mmc_set_grad_enabled(c, false);
+        for (int i = c->tape_len - 1; i >= 0; i--) {
+            if (d->zero == 3) need_inputs(d, c->tape[i]);
+            mmc_backward_range(c, i, i + 1);
+            if (reduce)
+                while (d->next < d->nb && i <= d->b[d->next].ready_at) start_bucket(d, &d->b[d->next++]);
+        }
+        mmc_set_grad_enabled(c, prev);
     }
-    mmc_tensor *g = mmc_grad(c, loss);
-    ((float *)g->data)[0] += 1.0f;
-    bool prev = mmc_set_grad_enabled(c, false);
-    for (int i = c->tape_len - 1; i >= 0; i--) {
-        mmc_backward_range(c, i, i + 1);
-        if (reduce)
-            while (d->next < d->nb && i <= d->b[d->next].ready_at) start_bucket(d, &d->b[d->next++]);
-    }
+    if (d->zero == 3) flush(d, &d->bs);
     if (reduce) while (d->next < d->nb) start_bucket(d, &d->b[d->next++]);
-    mmc_set_grad_enabled(c, prev);
+    if (d->zero == 3)
+        for (int i = 0; i < d->nb; i++) release(d, &d->b[i]);   /* the root, and anything left */
+    d->in_backward = false;
 }
 
 mmc_status mmc_dp_finish(mmc_dp *d, mmc_ctx *c) {
@@ -273,55 +635,69 @@ mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm) {
     return MMC_OK;
 }
 
-mmc_status mmc_dp_step(mmc_dp *d, double lr) {
-    mmc_adamw_step(&d->adamw, lr);
-    for (int i = 0; i < d->nb; i++) memset(d->b[i].gshard, 0, (size_t)d->b[i].shard * sizeof(float));
-    /* my shard of the updated parameters into place, then all-gather each bucket in place */
+/* ZeRO-2 (and moment gathering): a bucket's full values through a temporary flat buffer —
+ * this rank's slices (src[j] for slice j, NULL = the slice's own data) in, all-gathered */
+static mmc_status bucket_allgather(mmc_dp *d, int i, float **buf, float *const *src, mmc_dist_req **req) {
+    bucket *bk = &d->b[i];
+    *buf = bk->flat ? bk->flat : talloc(d, bk->padded, false);
     for (int j = 0; j < d->n_slices; j++) {
         int p = d->slice_param[j];
-        bucket *bk = &d->b[d->bucket_of[p]];
-        memcpy(bk->flat + d->off[p] + d->slice_lo[j], d->slices[j]->data,
+        if (d->bucket_of[p] != i) continue;
+        memcpy(*buf + d->off[p] + d->slice_lo[j], src ? src[j] : (const float *)d->slices[j]->data,
                (size_t)mmc_numel(d->slices[j]) * sizeof(float));
     }
+    return mmc_all_gather_start(d->comm, *buf + (int64_t)d->rank * bk->shard, *buf, bk->shard, MMC_F32, req);
+}
+
+mmc_status mmc_dp_step(mmc_dp *d, double lr) {
+    mmc_adamw_step(&d->adamw, lr);
     for (int i = 0; i < d->nb; i++) {
-        bucket *bk = &d->b[i];
-        mmc_status st = mmc_all_gather_start(d->comm, bk->flat + (int64_t)d->rank * bk->shard, bk->flat, bk->shard,
-                                             MMC_F32, &bk->req);
-        if (st) return st;
+        memset(d->b[i].gshard, 0, (size_t)d->b[i].shard * sizeof(float));
+        d->b[i].acc_zero = true;
     }
+    if (d->zero == 3) return MMC_OK;   /* parameters stay sharded until the next forward gathers them */
+    /* all-gather the updated parameters bucket by bucket, two in flight */
     mmc_status st = MMC_OK;
-    for (int i = 0; i < d->nb; i++) {
-        bucket *bk = &d->b[i];
-        mmc_status s2 = mmc_dist_wait(bk->req);
-        bk->req = NULL;
+    float *buf[2] = {NULL, NULL};
+    mmc_dist_req *req[2] = {NULL, NULL};
+    for (int i = 0; i <= d->nb; i++) {
+        if (i < d->nb) {
+            mmc_status s2 = bucket_allgather(d, i, &buf[i & 1], NULL, &req[i & 1]);
+            if (s2) return s2;
+        }
+        if (i == 0) continue;
+        int k = (i - 1) & 1;
+        bucket *bk = &d->b[i - 1];
+        mmc_status s2 = mmc_dist_wait(req[k]);
+        req[k] = NULL;
         if (s2 && !st) st = s2;
         for (int s = bk->first; s < bk->first + bk->count; s++) {
             int p = d->order[s];
-            memcpy(d->opt[p]->data, bk->flat + d->off[p], (size_t)mmc_numel(d->opt[p]) * sizeof(float));
+            memcpy(d->opt[p]->data, buf[k] + d->off[p], (size_t)mmc_numel(d->opt[p]) * sizeof(float));
         }
+        if (!bk->flat) tfree(d, &buf[k], bk->padded, false);
     }
     return st;
 }
 
-/* moment k (0 = m, 1 = v): shards -> full per-parameter arrays (or back) through the flats */
+/* moment k (0 = m, 1 = v): shards -> full per-parameter arrays of a */
 static mmc_status gather_moment(mmc_dp *d, mmc_adamw *a, int k) {
-    for (int j = 0; j < d->n_slices; j++) {
-        int p = d->slice_param[j];
-        bucket *bk = &d->b[d->bucket_of[p]];
-        memcpy(bk->flat + d->off[p] + d->slice_lo[j], k ? d->adamw.v[j] : d->adamw.m[j],
-               (size_t)mmc_numel(d->slices[j]) * sizeof(float));
-    }
     for (int i = 0; i < d->nb; i++) {
         bucket *bk = &d->b[i];
-        mmc_status st = mmc_all_gather(d->comm, bk->flat + (int64_t)d->rank * bk->shard, bk->flat, bk->shard, MMC_F32);
+        float *buf = NULL;
+        mmc_dist_req *req = NULL;
+        mmc_status st = bucket_allgather(d, i, &buf, k ? d->adamw.v : d->adamw.m, &req);
+        if (!st) st = mmc_dist_wait(req);
+        if (!st)
+            for (int s = bk->first; s < bk->first + bk->count; s++) {
+                int p = d->order[s];
+                float *dst = NULL;
+                for (int q = 0; q < a->n; q++)
+                    if (d->opt[p] == a->params[q]) { dst = k ? a->v[q] : a->m[q]; break; }
+                if (dst) memcpy(dst, buf + d->off[p], (size_t)mmc_numel(d->opt[p]) * sizeof(float));
+            }
+        if (!bk->flat) tfree(d, &buf, bk->padded, false);
         if (st) return st;
-    }
-    for (int q = 0; q < a->n; q++) {
-        int p = -1;
-        for (int s = 0; s < d->n; s++) if (d->opt[s] == a->params[q]) { p = s; break; }
-        if (p < 0) continue;
-        memcpy(k ? a->v[q] : a->m[q], d->b[d->bucket_of[p]].flat + d->off[p],
-               (size_t)mmc_numel(d->opt[p]) * sizeof(float));
     }
     return MMC_OK;
 }
@@ -349,19 +725,47 @@ void mmc_dp_scatter_state(mmc_dp *d, const mmc_adamw *a) {
     d->adamw.step = a->step;
 }
 
+mmc_status mmc_dp_gather_params(mmc_dp *d) {
+    if (d->zero != 3 || d->pinned) return MMC_OK;
+    for (int i = 0; i < d->nb; i++) {
+        release(d, &d->b[i]);
+        gather_start(d, &d->b[i]);
+    }
+    for (int i = 0; i < d->nb; i++) {
+        gather_wait(d, &d->b[i]);
+        d->b[i].gstate = G_CLAIMED;
+    }
+    d->pinned = true;
+    return MMC_OK;
+}
+
+void mmc_dp_release_params(mmc_dp *d) {
+    if (d->zero != 3 || !d->pinned) return;
+    d->pinned = false;
+    for (int i = 0; i < d->nb; i++) release(d, &d->b[i]);
+}
+
 int64_t mmc_dp_adamw_step(const mmc_dp *d) { return d->adamw.step; }
 void mmc_dp_set_adamw_step(mmc_dp *d, int64_t s) { d->adamw.step = s; }
 
 void mmc_dp_get_memory(const mmc_dp *d, mmc_dp_memory *m) {
     memset(m, 0, sizeof *m);
     for (int p = 0; p < d->n; p++) {
-        m->params += (int64_t)mmc_nbytes(d->model[p]) + (d->opt[p] != d->model[p] ? (int64_t)mmc_nbytes(d->opt[p]) : 0);
-        if (d->model[p]->grad) m->grads += (int64_t)mmc_nbytes(d->model[p]->grad);
+        if (d->zero < 3)
+            m->params += (int64_t)mmc_nbytes(d->model[p]) + (d->opt[p] != d->model[p] ? (int64_t)mmc_nbytes(d->opt[p]) : 0);
+        if (d->model[p]->grad && !(d->gwrap && d->model[p]->grad == d->gwrap[p]))
+            m->grads += (int64_t)mmc_nbytes(d->model[p]->grad);
     }
     for (int i = 0; i < d->nb; i++) {
-        m->buckets += d->b[i].padded * 4;
-        m->grads += (d->b[i].gshard ? d->b[i].shard * 4 : 0) + (d->b[i].rshard ? d->b[i].shard * 4 : 0);
+        const bucket *bk = &d->b[i];
+        m->buckets += bk->flat ? bk->padded * 4 : 0;
+        m->grads += bk->gshard ? bk->shard * 4 : 0;
+        m->params += bk->pshard ? bk->shard * 4 : 0;
     }
+    m->grads_peak = m->grads + d->peak_g;
+    m->params_peak = m->params + d->peak_p;
+    m->grads += d->live_g;
+    m->params += d->live_p;
     for (int j = 0; j < d->n_slices; j++) m->optim += 2 * mmc_numel(d->slices[j]) * 4;
 }
 
@@ -385,23 +789,28 @@ void mmc_dp_get_layout(const mmc_dp *d, mmc_dp_layout *l) {
     l->param_bucket = calloc((size_t)d->n + 1, sizeof *l->param_bucket);
     l->param_off = calloc((size_t)d->n + 1, sizeof *l->param_off);
     l->param_numel = calloc((size_t)d->n + 1, sizeof *l->param_numel);
+    l->param_unit = calloc((size_t)d->n + 1, sizeof *l->param_unit);
     l->slice_param = calloc((size_t)d->n_slices + 1, sizeof *l->slice_param);
     l->slice_numel = calloc((size_t)d->n_slices + 1, sizeof *l->slice_numel);
     l->m = calloc((size_t)d->n_slices + 1, sizeof *l->m);
     l->v = calloc((size_t)d->n_slices + 1, sizeof *l->v);
+    l->p = calloc((size_t)d->n_slices + 1, sizeof *l->p);
     MMC_CHECK(l->bucket_len && l->bucket_shard && l->param_bucket && l->param_off && l->param_numel &&
-              l->slice_param && l->slice_numel && l->m && l->v, "dp: out of memory for the layout");
+              l->param_unit && l->slice_param && l->slice_numel && l->m && l->v && l->p,
+              "dp: out of memory for the layout");
     for (int i = 0; i < d->nb; i++) { l->bucket_len[i] = d->b[i].len; l->bucket_shard[i] = d->b[i].shard; }
     for (int p = 0; p < d->n; p++) {
         l->param_bucket[p] = d->bucket_of[p];
         l->param_off[p] = d->off[p];
         l->param_numel[p] = mmc_numel(d->opt[p]);
+        l->param_unit[p] = d->unit_of[p];
     }
     for (int j = 0; j < d->n_slices; j++) {
         l->slice_param[j] = d->slice_param[j];
         l->slice_numel[j] = mmc_numel(d->slices[j]);
         l->m[j] = d->adamw.m[j];
         l->v[j] = d->adamw.v[j];
+        l->p[j] = d->zero == 3 ? d->slices[j]->data : NULL;
     }
 }
 
@@ -411,9 +820,11 @@ void mmc_dp_layout_free(mmc_dp_layout *l) {
     free(l->param_bucket);
     free(l->param_off);
     free(l->param_numel);
+    free(l->param_unit);
     free(l->slice_param);
     free(l->slice_numel);
     free(l->m);
     free(l->v);
+    free(l->p);
     memset(l, 0, sizeof *l);
 }

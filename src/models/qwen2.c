@@ -388,6 +388,7 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc
                                     const mmc_attn_opts *attn, mmc_kv_cache *kv, int layer_idx) {
     int64_t B = x->shape[0], T = x->shape[1], D = c->head_dim;
     float eps = (float)c->rms_norm_eps;
+    mmc_params_begin(ctx, L);   /* ZeRO-3: the layer's parameters are gathered here */
     /* self-attention block */
     mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                     /* [B, T, C] */
     mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4,
@@ -405,7 +406,9 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc
     /* MLP block: down(silu(gate(h)) * up(h)) */
     h = mmc_rmsnorm(ctx, x, L->post_norm, eps);
     mmc_tensor *g = mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up));
-    return mmc_add(ctx, x, mmc_nn_linear(ctx, g, &L->down));
+    x = mmc_add(ctx, x, mmc_nn_linear(ctx, g, &L->down));
+    mmc_params_end(ctx, L);     /* ... and may be freed from here */
+    return x;
 }
 
 typedef struct {

@@ -328,6 +328,7 @@ static mmc_tensor *vnorm(mmc_ctx *ctx, const mmc_vision_config *c, mmc_tensor *x
 static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vision_block *b, mmc_tensor *x,
                                  mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *ao) {
     int64_t N = x->shape[1], C = c->embed_dim, H = c->num_heads, D = C / H;
+    mmc_params_begin(ctx, b);   /* ZeRO-3: the block's parameters are gathered here, freed at the end */
     mmc_tensor *h = vnorm(ctx, c, x, b->norm1_w, b->norm1_b);                  /* [1, N, C] */
     mmc_tensor *f = mmc_nn_linear(ctx, h, &b->qkv);                             /* [1, N, 3C] */
     f = mmc_reshape(ctx, f, 5, MMC_SHAPE(1, N, 3, H, D));
@@ -347,7 +348,9 @@ static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_v
         g = c->act == MMC_ACT_SILU ? mmc_swiglu(ctx, g, u) : mmc_mul(ctx, act(ctx, c->act, g), u);
         y = mmc_nn_linear(ctx, g, &b->down);
     }
-    return mmc_add(ctx, x, y);
+    x = mmc_add(ctx, x, y);
+    mmc_params_end(ctx, b);
+    return x;
 }
 
 /* Rows of x [R, ...] grouped in units of `unit` consecutive rows, permuted by idx over units. */

@@ -122,14 +122,16 @@ static const char *const k_aux_files[] = {
     "video_preprocessor_config.json", "processor_config.json", "generation_config.json", NULL,
 };
 
-/* Every parameter under its HF name (t->names), in dtype dt (F32 / BF16). */
-static mmc_status save_weights(mmc_trainer *t, const char *path, mmc_dtype dt) {
+/* Every parameter under its HF name (t->names), in dtype dt (F32 / BF16); frozen_only: only
+ * those that are not trained. */
+static mmc_status save_weights(mmc_trainer *t, const char *path, mmc_dtype dt, bool frozen_only) {
     mmc_stw *w = mmc_stw_new();
     void **tmp = calloc((size_t)t->n_params + 1, sizeof *tmp);
     mmc_status st = MMC_OK;
     if (!w || !tmp) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     for (int i = 0; i < t->n_params; i++) {
         const mmc_tensor *p = t->params[i];
+        if (frozen_only && (p->flags & MMC_REQUIRES_GRAD)) continue;
         if (p->dtype == dt) {
             if ((st = mmc_stw_add(w, t->names[i], p))) goto done;
             continue;
@@ -211,7 +213,7 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
             }
     if (!st) st = mmc_stw_write(w, path);
     mmc_stw_free(w);
-    if (!st && sharded) st = mmc_dp_write_manifest(t->dp, t->opt_names, dir);
+    if (!st && sharded) st = mmc_dp_write_manifest(t->dp, t->opt_names, t->opt, dir);
     if (st) return st;
     char js[1536];
     mmc_loader_state ls = {0};
@@ -282,9 +284,16 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
         const char *base = t->cfg->model.path;
         if (base && realpath(base, base_abs)) base = base_abs;
         if ((st = mmc_lora_save(t->lora, tmp, base))) goto fail;
+    } else if (mmc_trainer_params_in_shards(t)) {
+        /* ZeRO-3: the trained parameters are in the ranks' shards; the rest whole here
+         * (`mmc export` consolidates both into model.safetensors) */
+        snprintf(path, sizeof path, "%s/model.frozen.safetensors", tmp);
+        if ((st = save_weights(t, path, MMC_F32, true))) goto fail;
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        if ((st = save_weights(t, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32))) goto fail;
+        if ((st = save_weights(t, path, t->cfg->model.dtype == MMC_RUN_BF16 ? MMC_BF16 : MMC_F32, false))) goto fail;
         snprintf(path, sizeof path, "%s/config.json", tmp);
         if ((st = mmc_write_file_atomic(path, t->config_text, t->config_len))) goto fail;
     }
@@ -369,6 +378,20 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
     const bool sharded = mmc_dp_checkpoint_sharded(dir);
     if (sharded && (st = mmc_dp_read_sharded_state(dir, t->opt_names, t->opt, t->n_opt, t->adamw.m, t->adamw.v)))
         return mmc_error_prefix(st, "--resume");
+    if (sharded && mmc_dp_checkpoint_params_sharded(dir)) {
+        /* ZeRO-3: the trained parameters from the shards (any layout), the rest as saved */
+        if (t->lora) return mmc_error(MMC_ERR_INVALID, "--resume: %s holds sharded full-model parameters (ZeRO-3 "
+                                      "without LoRA) but this run trains LoRA adapters", dir);
+        if ((st = mmc_dp_read_sharded_params(dir, t->opt_names, t->opt, t->n_opt))) return mmc_error_prefix(st, "--resume");
+        snprintf(path, sizeof path, "%s/model.frozen.safetensors", dir);
+        mmc_st *fz = NULL;
+        if ((st = mmc_st_open(path, &fz))) return mmc_error_prefix(st, "--resume");
+        for (int i = 0; i < t->n_params && !st; i++)
+            if (!(t->params[i]->flags & MMC_REQUIRES_GRAD) && mmc_st_find(fz, t->names[i]))
+                st = mmc_st_read_into(fz, t->names[i], t->params[i]);
+        mmc_st_close(fz);
+        if (st) return mmc_error_prefix(st, "--resume");
+    }
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     mmc_st *o = NULL;
     if ((st = mmc_st_open(path, &o))) return st;

@@ -413,6 +413,21 @@ static mmc_status setup_params(mmc_trainer *t) {
     return MMC_OK;
 }
 
+/* The unit of an HF parameter name: decoder layer N -> N, vision block N -> nl + N, else -1
+ * (the root: embeddings, final norm, lm_head, patch embedding, merger). LoRA names too. */
+static int unit_of_name(const char *name, int nl, int nv) {
+    const char *v = strstr(name, "visual.blocks."), *l = strstr(name, "layers.");
+    if (v) {
+        int b = atoi(v + 14);
+        return b >= 0 && b < nv ? nl + b : -1;
+    }
+    if (l && !strstr(name, "visual.")) {
+        int k = atoi(l + 7);
+        return k >= 0 && k < nl ? k : -1;
+    }
+    return -1;
+}
+
 mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer **out) {
     *out = NULL;
     mmc_trainer *t = calloc(1, sizeof *t);
@@ -452,7 +467,10 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         }
     }
     /* a LoRA checkpoint holds the adapters only: the base comes from model.path / model.init */
-    if ((st = load_model(t, resume && cfg->model.lora.r <= 0 ? ckpt : cfg->model.path))) goto fail;
+    /* ... and so does a ZeRO-3 one, whose trained parameters are read from its shards */
+    if ((st = load_model(t, resume && cfg->model.lora.r <= 0 && !mmc_dp_checkpoint_params_sharded(ckpt) ? ckpt
+                                                                                                       : cfg->model.path)))
+        goto fail;
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
@@ -472,9 +490,21 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     }
     if (resume && (st = mmc_trainer_restore(t, ckpt))) goto fail;
     if (t->world_size > 1 || cfg->parallel.zero > 0) {
-        if ((st = mmc_dp_new(t->world, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o,
-                             &t->dp)))
-            goto fail;
+        /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
+         * layer and each vision block, keyed by its layer struct as the models name it */
+        const int nl = (int)t->lm->cfg.num_layers, nv = t->vl ? (int)t->vl->visual->cfg.depth : 0;
+        int *unit_of = calloc((size_t)t->n_opt + 1, sizeof *unit_of);
+        const void **keys = calloc((size_t)(nl + nv) + 1, sizeof *keys);
+        if (!unit_of || !keys) { free(unit_of); free(keys); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+        for (int l = 0; l < nl; l++) keys[l] = &t->lm->layers[l];
+        for (int b = 0; b < nv; b++) keys[nl + b] = &t->vl->visual->blocks[b];
+        for (int i = 0; i < t->n_opt; i++) unit_of[i] = unit_of_name(t->opt_names[i], nl, nv);
+        mmc_dp_units units = {.unit_of = unit_of, .keys = keys, .n_units = nl + nv};
+        st = mmc_dp_new(t->world, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, &units,
+                        &t->dp);
+        free(unit_of);
+        free(keys);
+        if (st) goto fail;
         if (cfg->parallel.zero >= 1) {   /* this rank keeps only its shard of the AdamW state */
             mmc_dp_scatter_state(t->dp, &t->adamw);
             mmc_adamw_free(&t->adamw);
@@ -535,7 +565,7 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
         n += k;
         bytes += 2 * k * 4 + (t->opt[i] != t->opt_model[i] ? k * 4 : 0);
     }
-    if (t->dp && t->cfg->parallel.zero >= 1) {   /* moments are sharded; masters are not (yet) */
+    if (t->dp && t->cfg->parallel.zero >= 1) {   /* moments are sharded; masters only with ZeRO-3 */
         mmc_dp_memory m;
         mmc_dp_get_memory(t->dp, &m);
         bytes = m.optim;
@@ -601,9 +631,11 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                                                                 (uint64_t)k));
         int64_t n;
         mmc_tensor *l = NULL;
+        if (t->dp) mmc_dp_forward_begin(t->dp, t->ctx);   /* ZeRO-3: gathers the root unit */
         if (t->vl) {
             if ((st = mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
                 mmc_ctx_reset(t->ctx);
+                if (t->dp) mmc_dp_forward_end(t->dp);
                 mmc_error_prefix(st, "step %lld, micro-batch %lld (first sample %lld)", (long long)t->step + 1,
                                  (long long)k + 1, (long long)mbs[k].sample_index);
                 goto done;
@@ -616,6 +648,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
         if (!isfinite(lv) && t->world_size == 1) {
             mmc_ctx_reset(t->ctx);
+            if (t->dp) mmc_dp_forward_end(t->dp);
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "
                            "%lld); stopping without updating the weights — the last checkpoint is intact; "
                            "lower optimizer.lr or check the data", (long long)t->step + 1,
@@ -796,7 +829,18 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
  * rank writes its own optimizer shard into it in parallel, then rank 0 writes the model, the
  * manifest and the trainer state and renames the directory into place (atomic as a whole).
  * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
+static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
+    /* ZeRO-3 with LoRA: the adapters are gathered for rank 0's PEFT files (collective) and freed
+     * after; without LoRA every rank writes its parameter shard instead */
+    const bool gather = t->dp && t->lora;
+    mmc_status st = gather ? mmc_dp_gather_params(t->dp) : MMC_OK;
+    if (!st) st = save_ranked_inner(t);
+    if (gather) mmc_dp_release_params(t->dp);
+    return st;
+}
+
+static mmc_status save_ranked_inner(mmc_trainer *t) {
     mmc_status st = MMC_OK;
     const bool sharded = t->dp && t->cfg->parallel.zero >= 1;
     if (!sharded) {
@@ -818,6 +862,13 @@ static mmc_status save_ranked(mmc_trainer *t) {
     return agree(t, st, "rank 0's save");
 }
 
+/* ZeRO-3 with an evaluation at this step: every rank takes part in gathering the parameters */
+static bool zero3_eval_due(const mmc_trainer *t) {
+    const mmc_training_cfg *tc = &t->cfg->training;
+    return t->dp && t->cfg->parallel.zero == 3 && tc->eval_every > 0 && t->cfg->data.eval &&
+           (t->step % tc->eval_every == 0 || t->step == tc->steps);
+}
+
 mmc_status mmc_trainer_run(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const mmc_training_cfg *tc = &c->training;
@@ -827,6 +878,10 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         while (!st && t->step < tc->steps) {
             mmc_step_stats s;
             if ((st = mmc_trainer_step(t, &s))) break;
+            if (zero3_eval_due(t)) {   /* rank 0 evaluates on the gathered parameters */
+                if ((st = mmc_dp_gather_params(t->dp))) break;
+                mmc_dp_release_params(t->dp);
+            }
             if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
                 st = save_ranked(t);
                 last_saved = t->step;
@@ -929,7 +984,9 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         if (tc->eval_every > 0 && (t->step % tc->eval_every == 0 || t->step == tc->steps) && c->data.eval) {
             double el;
             int64_t en;
-            mmc_status est = trainer_eval(t, &el, &en);
+            mmc_status est = zero3_eval_due(t) ? mmc_dp_gather_params(t->dp) : MMC_OK;
+            if (!est) est = trainer_eval(t, &el, &en);
+            if (zero3_eval_due(t)) mmc_dp_release_params(t->dp);
             if (est == MMC_OK) {
                 if (tty) fputc('\n', stderr);
                 fprintf(stderr, "eval step %lld: loss %.6f perplexity %.3f (%lld tokens)\n", (long long)t->step, el,
@@ -958,8 +1015,9 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         mmc_dp_get_memory(t->dp, &m);
         mmc_trainer_memory(t, NULL, &m.optim);   /* ZeRO-0 keeps the full AdamW state outside dp */
         fprintf(stderr, "mmc train: rank 0 holds %lld bytes of parameters, %lld of gradients (+%lld in buckets), "
-                "%lld of optimizer state\n", (long long)m.params, (long long)m.grads, (long long)m.buckets,
-                (long long)m.optim);
+                "%lld of optimizer state; peaks during steps: %lld of parameters, %lld of gradients\n",
+                (long long)m.params, (long long)m.grads, (long long)m.buckets, (long long)m.optim,
+                (long long)m.params_peak, (long long)m.grads_peak);
     }
     fclose(metrics);
     mmc_tb_close(tb);

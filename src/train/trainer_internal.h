@@ -96,5 +96,10 @@ mmc_status mmc_checkpoint_begin(mmc_trainer *t, int64_t token);
 mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token);
 mmc_status mmc_rm_rf(const char *path);
 mmc_status mmc_mkdir_p(const char *path);
+/* ZeRO-3 without LoRA: checkpoints keep the trained parameters in the ranks' shards (no
+ * model.safetensors; the untrained ones go to model.frozen.safetensors) */
+static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
+    return t->dp && t->cfg->parallel.zero == 3 && !t->lora;
+}
 
 #endif
