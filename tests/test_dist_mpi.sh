@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # test_dist_mpi.sh — the MPI communicator on 2 and 4 processes (tests/dist_mpi_worker.c):
 # every collective against its serial definition, overlap, groups; then a rank that stops
-# participating must make the others abort within the timeout, naming it. Skipped (exit 0)
+# participating must make the others abort within the timeout, naming it. Skipped (exit 77)
 # when mpirun or the worker (built only when CMake finds MPI) is missing.
 set -u
 MMC=${MMC:-build/mmc}
 WORKER=${DIST_WORKER:-$(dirname "$MMC")/dist_mpi_worker}
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_mpi: skipped (no mpirun)"; exit 0; fi
-if [ ! -x "$WORKER" ]; then echo "test_dist_mpi: skipped (no $WORKER: built without MPI)"; exit 0; fi
+if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_mpi: skipped (no mpirun)"; exit 77; fi
+if [ ! -x "$WORKER" ]; then echo "test_dist_mpi: skipped (no $WORKER: built without MPI)"; exit 77; fi
 export OMP_NUM_THREADS=1
 # OpenMPI keeps process-lifetime allocations; LeakSanitizer would flag them in ASan builds
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
