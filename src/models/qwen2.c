@@ -407,11 +407,11 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc
  * order, so results do not change. */
 
 /* Rows per chunk so that a chunk's widest intermediates (about 3 of [rows, F] f32) stay
- * near 24 MiB, never under 256 rows (GEMM efficiency); chunks are equal so that no tail
- * is small enough to take the matrix-vector path. */
+ * near 24 MiB, never under 512 rows (each chunk repacks the weights); chunks are equal so
+ * that no tail is small enough to take the matrix-vector path. */
 static int64_t infer_chunk_rows(int64_t rows, int64_t F) {
     int64_t want = (24 << 20) / (3 * F * (int64_t)sizeof(float));
-    if (want < 256) want = 256;
+    if (want < 512) want = 512;
     int64_t n = (rows + want - 1) / want;
     return (rows + n - 1) / n;
 }

@@ -358,14 +358,13 @@ static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_v
  * 1024x768 image (N = 3996) the tower's peak drops from ~550 MiB to ~120 MiB. */
 
 /* Rows per chunk so that a chunk's widest intermediates (two of [rows, width] f32) stay
- * near 24 MiB, at least 256 rows (GEMM efficiency), in equal chunks so that no tail is
- * small enough to take the matrix-vector path; a multiple of `unit`. */
-static int64_t chunk_rows(int64_t rows, int64_t width, int64_t unit) {
+ * near 24 MiB, at least 512 rows (each chunk repacks the weights), in equal chunks so that
+ * no tail is small enough to take the matrix-vector path. */
+static int64_t chunk_rows(int64_t rows, int64_t width) {
     int64_t want = (24 << 20) / (2 * width * (int64_t)sizeof(float));
-    if (want < 256) want = 256;
+    if (want < 512) want = 512;
     int64_t n = (rows + want - 1) / want;
-    int64_t r = (rows + n - 1) / n;
-    return (r + unit - 1) / unit * unit;
+    return (rows + n - 1) / n;
 }
 
 static void add_inplace(float *restrict x, const float *restrict y, int64_t n) {
@@ -382,7 +381,7 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
     mmc_arena_mark m0 = mmc_arena_get_mark(ar);
     mmc_tensor *qkv[3];                                                          /* [1, N, H, D] */
     for (int i = 0; i < 3; i++) qkv[i] = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(1, N, H, D));
-    int64_t R = chunk_rows(N, 3 * C, 1);
+    int64_t R = chunk_rows(N, 3 * C);
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t n = N - r0 < R ? N - r0 : R;
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
@@ -397,7 +396,7 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
         mmc_arena_release(ar, mk);
     }
     mmc_tensor *a = mmc_reshape(ctx, mmc_attention(ctx, qkv[0], qkv[1], qkv[2], ao), 3, MMC_SHAPE(1, N, C));
-    R = chunk_rows(N, C, 1);
+    R = chunk_rows(N, C);
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t n = N - r0 < R ? N - r0 : R;
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
@@ -406,7 +405,7 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
         mmc_arena_release(ar, mk);
     }
     mmc_arena_release(ar, m0);
-    R = chunk_rows(N, c->intermediate_size, 1);
+    R = chunk_rows(N, c->intermediate_size);
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t n = N - r0 < R ? N - r0 : R;
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
@@ -441,7 +440,7 @@ static mmc_tensor *merger_forward_infer(mmc_ctx *ctx, mmc_vision *v, mmc_tensor 
     const int64_t N = x->shape[0], unit = c->spatial_merge_size * c->spatial_merge_size, M = N / unit;
     const int64_t Co = c->out_hidden_size;
     mmc_tensor *out = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(M, Co));
-    const int64_t R = chunk_rows(M, unit * c->embed_dim, 1);
+    const int64_t R = chunk_rows(M, unit * c->embed_dim);
     for (int64_t r0 = 0; r0 < M; r0 += R) {
         const int64_t n = M - r0 < R ? M - r0 : R;
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
