@@ -406,14 +406,13 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc
  * in mmc_qwen2_layer_forward and each output row comes out of the same kernels in the same
  * order, so results do not change. */
 
-/* Rows per chunk so that a chunk's widest intermediates (about 3 of [rows, F] f32) stay
- * near 24 MiB, never under 512 rows (each chunk repacks the weights); chunks are equal so
- * that no tail is small enough to take the matrix-vector path. */
-static int64_t infer_chunk_rows(int64_t rows, int64_t F) {
-    int64_t want = (24 << 20) / (3 * F * (int64_t)sizeof(float));
+int64_t mmc_infer_chunk_rows(int64_t rows, int64_t row_bytes) {
+    int64_t want = (int64_t)(24 << 20) / (row_bytes > 0 ? row_bytes : 1);
     if (want < 512) want = 512;
+    const char *cap = getenv("MMC_INFER_CHUNK_ROWS");
+    if (cap && atoll(cap) > 0) want = atoll(cap);
     int64_t n = (rows + want - 1) / want;
-    return (rows + n - 1) / n;
+    return n > 1 ? (rows + n - 1) / n : rows;
 }
 
 static void add_inplace(float *restrict x, const float *restrict y, int64_t n) {
@@ -446,7 +445,8 @@ void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_
     mmc_arena_release(ar, mk);
     /* MLP block over chunks of rows: x += down(silu(gate(n)) * up(n)), n = rmsnorm(x) */
     mmc_tensor *x2 = mmc_reshape(ctx, x, 2, MMC_SHAPE(BT, C));                  /* [B*T, C] */
-    const int64_t R = infer_chunk_rows(BT, c->intermediate_size);
+    /* a chunk holds gate, up and their product: 3 x [rows, F] */
+    const int64_t R = mmc_infer_chunk_rows(BT, 3 * c->intermediate_size * (int64_t)sizeof(float));
     mk = mmc_arena_get_mark(ar);
     for (int64_t r0 = 0; r0 < BT; r0 += R) {
         const int64_t n = BT - r0 < R ? BT - r0 : R;

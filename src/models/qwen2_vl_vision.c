@@ -357,14 +357,9 @@ static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_v
  * comes out of the same kernels in the same order, so results do not change; for the
  * 1024x768 image (N = 3996) the tower's peak drops from ~550 MiB to ~120 MiB. */
 
-/* Rows per chunk so that a chunk's widest intermediates (two of [rows, width] f32) stay
- * near 24 MiB, at least 512 rows (each chunk repacks the weights), in equal chunks so that
- * no tail is small enough to take the matrix-vector path. */
+/* a chunk's widest intermediates: two of [rows, width] f32 */
 static int64_t chunk_rows(int64_t rows, int64_t width) {
-    int64_t want = (24 << 20) / (2 * width * (int64_t)sizeof(float));
-    if (want < 512) want = 512;
-    int64_t n = (rows + want - 1) / want;
-    return (rows + n - 1) / n;
+    return mmc_infer_chunk_rows(rows, 2 * width * (int64_t)sizeof(float));
 }
 
 static void add_inplace(float *restrict x, const float *restrict y, int64_t n) {
