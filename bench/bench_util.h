@@ -37,15 +37,27 @@ static inline double bench_time(bench_fn fn, void *arg, double min_seconds, int 
     return t[n / 2];
 }
 
-/* Peak resident set size of this process so far, in MiB (Linux VmHWM). */
-static inline double bench_peak_rss_mib(void) {
+static inline double bench_status_mib_(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return 0;
     char line[256];
     double kb = 0;
+    size_t n = strlen(key);
     while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) { kb = atof(line + 6); break; }
+        if (strncmp(line, key, n) == 0) { kb = atof(line + n); break; }
     fclose(f);
     return kb / 1024.0;
+}
+/* Peak resident set size of this process so far, in MiB (Linux VmHWM). */
+static inline double bench_peak_rss_mib(void) { return bench_status_mib_("VmHWM:"); }
+/* Resident set size now, in MiB (Linux VmRSS). */
+static inline double bench_rss_mib(void) { return bench_status_mib_("VmRSS:"); }
+/* Reset VmHWM to the current RSS (Linux >= 4.0), so that the next bench_peak_rss_mib()
+ * is the peak of one phase; returns 0 on success, -1 where the kernel does not allow it. */
+static inline int bench_reset_peak_rss(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    int ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
 }
 #endif

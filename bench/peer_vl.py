@@ -71,4 +71,12 @@ with torch.inference_mode():
         times.append(time.perf_counter() - t0)
     times.sort()
     report("vl_qwen2vl2b_decode_lm4of28_after512", 1.0 / times[16], "tok/s")
-report("vl_qwen2vl2b_peak_rss_MiB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB", "lower")
+MiB = 1024.0 * 1024.0
+weights = sum(p.numel() * p.element_size() for p in model.parameters())   # tied embedding counted once
+kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+         if isinstance(t, torch.Tensor))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+report("vl_qwen2vl2b_weights_MiB", weights / MiB, "MiB", "lower")
+report("vl_qwen2vl2b_kv_cache_MiB", kv / MiB, "MiB", "lower")
+report("vl_qwen2vl2b_peak_rss_MiB", peak, "MiB", "lower")
+report("vl_qwen2vl2b_peak_rss_over_weights_kv", peak * MiB / (weights + kv), "x", "lower")

@@ -111,9 +111,22 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *cfg,
                                     mmc_qwen2_layer *L, mmc_tensor *x, mmc_tensor *cos,
                                     mmc_tensor *sin, const mmc_attn_opts *attn,
                                     mmc_kv_cache *kv, int layer_idx);
+/* Rows per chunk for the inference forms' row-wise work, given the bytes of intermediates a
+ * row needs: chunks of about 24 MiB, at least 512 rows (each chunk repacks the weights),
+ * all of one size so that no small tail takes the matrix-vector path. The environment
+ * variable MMC_INFER_CHUNK_ROWS=n caps it at n (tests use it to cross chunk boundaries). */
+int64_t mmc_infer_chunk_rows(int64_t rows, int64_t row_bytes);
+/* The same layer without autograd (mmc_grad_enabled must be false): x [B, T, C], contiguous
+ * f32 and owned by the caller, is updated in place; the attention half's temporaries are
+ * released at its end and the MLP runs over chunks of rows, so the layer's peak memory is
+ * a few [T, C] tensors instead of several [T, intermediate] ones. */
+void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *cfg, mmc_qwen2_layer *L,
+                                   mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin,
+                                   const mmc_attn_opts *attn, mmc_kv_cache *kv, int layer_idx);
 /* Decoder stack + final norm: embeds [B, T, C] -> hidden [B, T, C]. cos/sin [T, D] or
  * [B, T, D] for these positions; kv may be NULL (training / full forward). With
- * m->recompute, blocks are checkpointed: attn->cu_seqlens must stay valid until backward. */
+ * m->recompute, blocks are checkpointed: attn->cu_seqlens must stay valid until backward.
+ * Without autograd the layers run in their inference form (mmc_qwen2_layer_forward_infer). */
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv);
 /* hidden [..., C] -> logits [..., V] */

@@ -3,6 +3,8 @@
  * parameter gradients (with and without activation recompute), and greedy decoding with the
  * KV cache, token-identical for 32 new tokens. */
 #include "test_util.h"
+
+#include <stdlib.h>
 #include "mmc_models.h"
 
 static mmc_qwen2 *load(const char *dir, bool trainable) {
@@ -173,6 +175,12 @@ int main(void) {
     test_train_grads(ref, false);
     test_train_grads(ref, true);
     test_greedy(ref);
+    /* again with the inference forward's row chunks capped at 3 rows, so that the chunked
+     * MLP crosses chunk boundaries on these short prompts */
+    setenv("MMC_INFER_CHUNK_ROWS", "3", 1);
+    test_logits(ref);
+    test_greedy(ref);
+    unsetenv("MMC_INFER_CHUNK_ROWS");
     test_bad_weights();
     mmc_st_close(ref);
     return test_done("test_qwen2");

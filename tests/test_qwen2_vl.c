@@ -7,6 +7,7 @@
 #include "test_util.h"
 #include "mmc_vl.h"
 
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,6 +113,36 @@ static void test_vision(mmc_qwen2_vl *m, const char *arch) {
         mmc_ctx_reset(ctx);
     }
     mmc_ctx_free(ctx);
+}
+
+/* The vision tower and the full forward with autograd on (the training path: one tensor per
+ * op, kept for backward) and off (the inference form: residual stream in place, row chunks)
+ * give the same numbers. */
+static void test_train_vs_infer(mmc_qwen2_vl *m, const char *arch) {
+    const vl_case *c = &CASES[2];   /* two images of different sizes */
+    char key[128], what[200];
+    snprintf(key, sizeof key, "%s.ids", c->name);
+    mmc_tensor *ids = fixture_tensor(ref, key, MMC_I64);
+    media_buf mb;
+    media_make(c, m->arch == MMC_VL_QWEN2_5, &mb);
+    mmc_ctx *ct = mmc_ctx_new(), *ci = mmc_ctx_new();
+    mmc_set_grad_enabled(ci, false);
+    setenv("MMC_INFER_CHUNK_ROWS", "5", 1);
+    mmc_tensor *vt = NULL, *vi = NULL, *ht = NULL, *hi = NULL;
+    CHECK_OK(mmc_vision_forward(ct, m->visual, mb.m.pixel_values, mb.m.image_grid_thw, 2, &vt, NULL));
+    CHECK_OK(mmc_vision_forward(ci, m->visual, mb.m.pixel_values, mb.m.image_grid_thw, 2, &vi, NULL));
+    snprintf(what, sizeof what, "%s vision tower: inference form vs autograd form (1e-5)", arch);
+    if (vt && vi) CHECK_CLOSE(vi, vt, 1e-5, 0, what);
+    int64_t dt, di;
+    CHECK_OK(mmc_qwen2_vl_forward(ct, m, ids, &mb.m, NULL, &dt, &ht));
+    CHECK_OK(mmc_qwen2_vl_forward(ci, m, ids, &mb.m, NULL, &di, &hi));
+    snprintf(what, sizeof what, "%s two-image hidden states: inference form vs autograd form (1e-5)", arch);
+    if (ht && hi) CHECK_CLOSE(hi, ht, 1e-5, 0, what);
+    unsetenv("MMC_INFER_CHUNK_ROWS");
+    mmc_ctx_free(ct);
+    mmc_ctx_free(ci);
+    media_free(&mb);
+    mmc_tensor_free(ids);
 }
 
 static void test_rope_index(mmc_qwen2_vl *m, const char *arch) {
@@ -291,6 +322,15 @@ int main(void) {
             if (l == 0) test_rope_index(m, archs[a]);
             test_logits(m, archs[a], layouts[l]);
             test_greedy(m, archs[a], layouts[l]);
+            if (l == 0) {
+                /* the inference forms' row chunks capped at 3 rows: the vision blocks, the
+                 * merger and the LM's MLP cross chunk boundaries on these small inputs */
+                setenv("MMC_INFER_CHUNK_ROWS", "3", 1);
+                test_vision(m, archs[a]);
+                test_logits(m, archs[a], layouts[l]);
+                unsetenv("MMC_INFER_CHUNK_ROWS");
+                test_train_vs_infer(m, archs[a]);
+            }
             if (a == 0 && l == 0) test_errors(m);
             mmc_qwen2_vl_free(m);
         }

@@ -411,6 +411,65 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc
     return x;
 }
 
+/* ------------------------------------------------------------------ inference forward
+ * Without autograd nothing has to outlive its use, so the inference form of a layer keeps
+ * peak memory near one hidden-state tensor: the residual stream x is updated in place, the
+ * attention half runs under an arena mark released at its end, and the MLP (whose
+ * [rows, intermediate] tensors dominate) runs over chunks of rows. Every op is the same as
+ * in mmc_qwen2_layer_forward and each output row comes out of the same kernels in the same
+ * order, so results do not change. */
+
+int64_t mmc_infer_chunk_rows(int64_t rows, int64_t row_bytes) {
+    int64_t want = (int64_t)(24 << 20) / (row_bytes > 0 ? row_bytes : 1);
+    if (want < 512) want = 512;
+    const char *cap = getenv("MMC_INFER_CHUNK_ROWS");
+    if (cap && atoll(cap) > 0) want = atoll(cap);
+    int64_t n = (rows + want - 1) / want;
+    return n > 1 ? (rows + n - 1) / n : rows;
+}
+
+static void add_inplace(float *restrict x, const float *restrict y, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L,
+                                   mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin,
+                                   const mmc_attn_opts *attn, mmc_kv_cache *kv, int layer_idx) {
+    MMC_CHECK(!mmc_grad_enabled(ctx), "mmc_qwen2_layer_forward_infer runs without autograd");
+    MMC_CHECK(x->dtype == MMC_F32 && x->ndim == 3 && mmc_is_contiguous(x) && x->shape[2] == c->hidden_size,
+              "mmc_qwen2_layer_forward_infer: x must be contiguous f32 [B, T, C]");
+    mmc_arena *ar = mmc_ctx_arena(ctx);
+    const int64_t B = x->shape[0], T = x->shape[1], C = c->hidden_size, D = c->head_dim, BT = B * T;
+    const float eps = (float)c->rms_norm_eps;
+    float *xd = x->data;
+    /* self-attention block, as in mmc_qwen2_layer_forward */
+    mmc_arena_mark mk = mmc_arena_get_mark(ar);
+    mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                     /* [B, T, C] */
+    mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4, MMC_SHAPE(B, T, c->num_heads, D));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4, MMC_SHAPE(B, T, c->num_kv_heads, D));
+    mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4, MMC_SHAPE(B, T, c->num_kv_heads, D));
+    q = mmc_rope(ctx, q, cos, sin);
+    k = mmc_rope(ctx, k, cos, sin);
+    if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
+    mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
+    a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, c->num_heads * D));
+    add_inplace(xd, mmc_contiguous(ctx, mmc_nn_linear(ctx, a, &L->o))->data, BT * C);
+    mmc_arena_release(ar, mk);
+    /* MLP block over chunks of rows: x += down(silu(gate(n)) * up(n)), n = rmsnorm(x) */
+    mmc_tensor *x2 = mmc_reshape(ctx, x, 2, MMC_SHAPE(BT, C));                  /* [B*T, C] */
+    /* a chunk holds gate, up and their product: 3 x [rows, F] */
+    const int64_t R = mmc_infer_chunk_rows(BT, 3 * c->intermediate_size * (int64_t)sizeof(float));
+    mk = mmc_arena_get_mark(ar);
+    for (int64_t r0 = 0; r0 < BT; r0 += R) {
+        const int64_t n = BT - r0 < R ? BT - r0 : R;
+        mmc_tensor *hr = mmc_rmsnorm(ctx, mmc_narrow(ctx, x2, 0, r0, n), L->post_norm, eps);  /* [n, C] */
+        mmc_tensor *g = mmc_swiglu(ctx, mmc_nn_linear(ctx, hr, &L->gate), mmc_nn_linear(ctx, hr, &L->up));
+        add_inplace(xd + r0 * C, mmc_contiguous(ctx, mmc_nn_linear(ctx, g, &L->down))->data, n * C);
+        mmc_arena_release(ar, mk);
+    }
+}
+
 typedef struct {
     mmc_qwen2 *m;
     int layer;
@@ -427,6 +486,16 @@ static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in)
 
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv) {
+    if (!mmc_grad_enabled(ctx)) {
+        /* inference: one owned copy of the residual stream, updated layer by layer in place */
+        mmc_tensor *xo = mmc_new(ctx, MMC_F32, 3, x->shape);
+        mmc_tensor *xc = mmc_contiguous(ctx, x);
+        memcpy(xo->data, xc->data, mmc_nbytes(xo));
+        for (int l = 0; l < m->cfg.num_layers; l++)
+            mmc_qwen2_layer_forward_infer(ctx, &m->cfg, &m->layers[l], xo, cos, sin, attn, kv, l);
+        if (kv) kv->len += xo->shape[1];
+        return mmc_rmsnorm(ctx, xo, m->norm, (float)m->cfg.rms_norm_eps);
+    }
     bool ckpt = m->recompute && !kv && mmc_grad_enabled(ctx);
     block_args *args = ckpt ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)m->cfg.num_layers) : NULL;
     for (int l = 0; l < m->cfg.num_layers; l++) {

@@ -200,6 +200,20 @@ static mmc_tensor *place(mmc_ctx *ctx, mmc_tensor *embeds, const int32_t *ids, i
     return mmc_scatter_rows(ctx, embeds, idx, feats);
 }
 
+/* The same without autograd: rows of embeds [B*T, C] (contiguous) overwritten in place. */
+static void place_inplace(mmc_tensor *embeds, const int32_t *ids, int64_t BT, int32_t tok, const mmc_tensor *feats) {
+    const int64_t n = feats->shape[0], C = feats->shape[1];
+    MMC_CHECK(feats->dtype == MMC_F32 && embeds->dtype == MMC_F32 && embeds->shape[embeds->ndim - 1] == C,
+              "vision features [%lld, %lld] do not fit the embeddings", (long long)n, (long long)C);
+    int64_t k = 0;
+    for (int64_t i = 0; i < BT && k < n; i++)
+        if (ids[i] == tok) {
+            memcpy((float *)embeds->data + i * C, (const float *)feats->data + k * C, (size_t)C * sizeof(float));
+            k++;
+        }
+    MMC_CHECK(k == n, "placeholder count checked before: %lld vs %lld", (long long)k, (long long)n);
+}
+
 /* Packed row (B == 1): M-RoPE positions restart at 0 in every cu_seqlens segment, each
  * segment taking the next grids in token order (as if each sample were its own row); the
  * padding tail after cu_seqlens[n_seqs] counts up from 0 (it is never scored). */
@@ -314,10 +328,20 @@ mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *id
             int n = k ? media->n_videos : media->n_images;
             if (!n) continue;
             mmc_tensor *feats;
+            /* inference: the tower's activations are released once its features are placed */
+            bool infer = !mmc_grad_enabled(ctx);
+            if (infer) e = mmc_contiguous(ctx, e);
+            mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_status st = mmc_vision_forward(ctx, m->visual, k ? media->pixel_values_videos : media->pixel_values,
                                                k ? media->video_grid_thw : media->image_grid_thw, n, &feats, NULL);
             if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
-            e = place(ctx, e, id32, BT, (int32_t)(k ? m->video_token_id : m->image_token_id), feats);
+            int32_t tok = (int32_t)(k ? m->video_token_id : m->image_token_id);
+            if (infer) {
+                place_inplace(e, id32, BT, tok, mmc_contiguous(ctx, feats));
+                mmc_arena_release(mmc_ctx_arena(ctx), mk);
+            } else {
+                e = place(ctx, e, id32, BT, tok, feats);
+            }
         }
     }
     e = mmc_reshape(ctx, e, 3, MMC_SHAPE(B, T, C));
@@ -344,17 +368,10 @@ mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *id
         *hidden = mmc_qwen2_forward(ctx, m->lm, e, cos, sin, &ao, kv);
         return MMC_OK;
     }
-    /* inference: mmc_qwen2_forward's layer loop, keeping only each layer's output so that a
-     * long multimodal prompt costs one layer's activations, not all of them */
-    mmc_tensor *x = e;
-    for (int l = 0; l < c->num_layers; l++) {
-        mmc_tensor *dst = mmc_new(ctx, MMC_F32, 3, x->shape);
-        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-        mmc_tensor *y = mmc_contiguous(ctx, mmc_qwen2_layer_forward(ctx, c, &m->lm->layers[l], x, cos, sin, &ao, kv, l));
-        memcpy(dst->data, y->data, mmc_nbytes(dst));
-        mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        x = dst;
-    }
+    /* inference: the layers update one owned copy of the residual stream in place */
+    mmc_tensor *x = mmc_contiguous(ctx, e);   /* the embedding's own output: ours to overwrite */
+    for (int l = 0; l < c->num_layers; l++)
+        mmc_qwen2_layer_forward_infer(ctx, c, &m->lm->layers[l], x, cos, sin, &ao, kv, l);
     if (kv) kv->len += T;
     *hidden = mmc_rmsnorm(ctx, x, m->lm->norm, (float)c->rms_norm_eps);
     return MMC_OK;
