@@ -386,6 +386,10 @@ static void test_errors(void) {
     CHECK(msg_has("malformed.jsonl:3:") && msg_has("malformed JSON"));
     CHECK_ERR(mmc_dataset_load(FX "bad/malformed_array.json", NULL, &ds), MMC_ERR_FORMAT);
     CHECK(msg_has("malformed_array.json:3:") && msg_has("malformed JSON"));
+    /* text after the array's closing bracket (found by fuzz_dataset: it used to trip an
+     * internal check instead of giving an error) */
+    CHECK_ERR(mmc_dataset_load(FX "bad/trailing_array.json", NULL, &ds), MMC_ERR_FORMAT);
+    CHECK(msg_has("trailing_array.json:2:") && msg_has("after the end of the JSON array"));
     CHECK_ERR(mmc_dataset_load(FX "bad/no_assistant.jsonl", NULL, &ds), MMC_ERR_FORMAT);
     CHECK(msg_has("no_assistant.jsonl:2:") && msg_has("no assistant turn"));
     CHECK_ERR(mmc_dataset_load(FX "bad/mismatch.jsonl", NULL, &ds), MMC_ERR_FORMAT);

@@ -556,10 +556,27 @@ mmc_status mmc_dataset_load(const char *path, const char *image_root, mmc_datase
             st = PERR(&c, MMC_ERR_FORMAT, "malformed JSON at column %d (near \"%.20s\")", col, text + off);
             goto fail;
         }
+        /* cJSON stops at the array's closing bracket: anything but whitespace after it is
+         * an error (a truncated or concatenated file), not something to ignore */
+        size_t end = endp && endp >= text && endp <= text + len ? (size_t)(endp - text) : len;
+        size_t rest = end;
+        while (rest < len && isspace((unsigned char)text[rest])) rest++;
+        if (rest < len) {
+            int col;
+            c.line = line_of(text, rest, &col);
+            st = PERR(&c, MMC_ERR_FORMAT, "unexpected text after the end of the JSON array at column %d "
+                      "(near \"%.20s\"); a JSON dataset is one array, JSONL is one object per line", col,
+                      text + rest);
+            goto fail;
+        }
         int64_t ns = 0;
-        if ((st = array_starts(text, len, &starts, &ns))) goto fail;
+        if ((st = array_starts(text, end, &starts, &ns))) goto fail;
         int64_t n = cJSON_GetArraySize(arr);
-        MMC_CHECK(ns == n, "dataset scanner found %lld elements, cJSON %lld", (long long)ns, (long long)n);
+        if (ns != n) { /* the scanner only finds line numbers; never trust it over cJSON */
+            st = PERR(&c, MMC_ERR_FORMAT, "cannot locate the %lld elements of the JSON array (found %lld)",
+                      (long long)n, (long long)ns);
+            goto fail;
+        }
         int64_t k = 0;
         for (const cJSON *e = arr->child; e; e = e->next, k++) {
             c.line = line_of(text, starts[k], NULL);
