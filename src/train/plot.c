@@ -1,70 +1,153 @@
 /* plot.c — the loss / learning-rate plot written at each checkpoint (loss.png): two panels
- * against the step, drawn with cairo (an image surface written as PNG). Axes carry min/max
- * tick labels; the loss panel also shows a moving average when the curve is noisy. */
+ * against the step, drawn with cairo (an image surface written as PNG, atomically: a
+ * temporary file renamed into place). Axes get "nice" ticks (1, 2, 5 x 10^k) with grid
+ * lines; the loss axis is logarithmic when the curve spans more than two decades (as a
+ * from-scratch run does), and a noisy loss is drawn faint with its moving average on top. */
 #include "trainer_internal.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #ifdef MMC_HAVE_CAIRO
 #include <cairo.h>
 
-static void panel(cairo_t *cr, double x0, double y0, double w, double h, const int64_t *steps,
-                  const double *v, int n, const char *title, double r, double g, double b) {
-    double lo = INFINITY, hi = -INFINITY;
-    for (int i = 0; i < n; i++) if (isfinite(v[i])) { lo = fmin(lo, v[i]); hi = fmax(hi, v[i]); }
-    if (!isfinite(lo)) { lo = 0; hi = 1; }
-    if (hi - lo < 1e-12) { hi += 0.5 * fabs(hi) + 1e-12; lo -= 0.5 * fabs(lo) + 1e-12; }
-    double s0 = (double)steps[0], s1 = (double)steps[n - 1];
-    if (s1 <= s0) s1 = s0 + 1;
-    const double L = 70, R = 15, T = 28, B = 30;
-    double pw = w - L - R, ph = h - T - B;
-    cairo_set_source_rgb(cr, 0.97, 0.97, 0.97);
-    cairo_rectangle(cr, x0 + L, y0 + T, pw, ph);
-    cairo_fill(cr);
-    cairo_set_source_rgb(cr, 0.85, 0.85, 0.85);
-    cairo_set_line_width(cr, 1);
-    for (int k = 1; k < 4; k++) {
-        cairo_move_to(cr, x0 + L, y0 + T + ph * k / 4);
-        cairo_line_to(cr, x0 + L + pw, y0 + T + ph * k / 4);
+/* Tick step for about `want` intervals over [lo, hi]: 1, 2 or 5 times a power of ten. */
+static double nice_step(double lo, double hi, int want) {
+    double raw = (hi - lo) / want, p = pow(10, floor(log10(raw))), f = raw / p;
+    return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * p;
+}
+
+typedef struct {
+    double x0, y0, pw, ph;     /* plot area */
+    double s0, s1, lo, hi;     /* data ranges (lo/hi in log10 units when logy) */
+    bool logy;
+} frame;
+
+static double fx(const frame *f, double s) { return f->x0 + f->pw * (s - f->s0) / (f->s1 - f->s0); }
+static double fy(const frame *f, double v) {
+    double u = f->logy ? log10(v > 0 ? v : pow(10, f->lo)) : v;
+    return f->y0 + f->ph * (f->hi - u) / (f->hi - f->lo);
+}
+
+static void label(cairo_t *cr, double x, double y, const char *s, double align) {
+    cairo_text_extents_t e;
+    cairo_text_extents(cr, s, &e);
+    cairo_move_to(cr, x - align * e.width, y);
+    cairo_show_text(cr, s);
+}
+
+static void curve(cairo_t *cr, const frame *f, const int64_t *steps, const double *v, int n) {
+    bool pen = false;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(v[i]) || (f->logy && v[i] <= 0)) { pen = false; continue; }
+        double px = fx(f, (double)steps[i]), py = fy(f, v[i]);
+        if (pen) cairo_line_to(cr, px, py); else cairo_move_to(cr, px, py);
+        pen = true;
     }
+    if (n == 1 && isfinite(v[0])) cairo_arc(cr, fx(f, (double)steps[0]), fy(f, v[0]), 2.5, 0, 2 * M_PI);
     cairo_stroke(cr);
+}
+
+static void panel(cairo_t *cr, double x0, double y0, double w, double h, const int64_t *steps,
+                  const double *v, int n, const char *title, bool smooth, double r, double g, double b) {
+    double lo = INFINITY, hi = -INFINITY, pos_lo = INFINITY;
+    for (int i = 0; i < n; i++)
+        if (isfinite(v[i])) {
+            lo = fmin(lo, v[i]);
+            hi = fmax(hi, v[i]);
+            if (v[i] > 0) pos_lo = fmin(pos_lo, v[i]);
+        }
+    if (!isfinite(lo)) { lo = 0; hi = 1; }
+    frame f = {.s0 = (double)steps[0], .s1 = (double)steps[n - 1]};
+    if (f.s1 <= f.s0) f.s1 = f.s0 + 1;
+    f.logy = smooth && lo > 0 && hi / pos_lo > 100;
+    if (f.logy) { lo = floor(log10(pos_lo)); hi = ceil(log10(hi)); }
+    if (hi - lo < 1e-12) { hi += 0.5 * fabs(hi) + 1e-12; lo -= 0.5 * fabs(lo) + 1e-12; }
+    double ystep = f.logy ? fmax(1, ceil((hi - lo) / 6)) : nice_step(lo, hi, 4);
+    if (!f.logy) { lo = floor(lo / ystep + 1e-9) * ystep; hi = ceil(hi / ystep - 1e-9) * ystep; }
+    f.lo = lo;
+    f.hi = hi;
+    const double L = 70, R = 20, T = 28, B = 34;
+    f.x0 = x0 + L;
+    f.y0 = y0 + T;
+    f.pw = w - L - R;
+    f.ph = h - T - B;
+
+    cairo_set_source_rgb(cr, 0.97, 0.97, 0.97);
+    cairo_rectangle(cr, f.x0, f.y0, f.pw, f.ph);
+    cairo_fill(cr);
+    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_font_size(cr, 11);
+    cairo_set_line_width(cr, 1);
+    char buf[64];
+    /* y grid and labels */
+    for (double u = lo; u <= hi + 1e-9 * fabs(ystep); u += ystep) {
+        double py = f.y0 + f.ph * (hi - u) / (hi - lo);
+        cairo_set_source_rgb(cr, 0.85, 0.85, 0.85);
+        cairo_move_to(cr, f.x0, py);
+        cairo_line_to(cr, f.x0 + f.pw, py);
+        cairo_stroke(cr);
+        if (f.logy) snprintf(buf, sizeof buf, "1e%d", (int)lround(u));
+        else snprintf(buf, sizeof buf, "%.3g", fabs(u) < 1e-9 * ystep ? 0.0 : u);
+        cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
+        label(cr, f.x0 - 6, py + 4, buf, 1.0);
+    }
+    /* x grid and labels */
+    double xstep = nice_step(f.s0, f.s1, 6);
+    if (xstep < 1) xstep = 1;
+    for (double s = ceil(f.s0 / xstep) * xstep; s <= f.s1 + 1e-9; s += xstep) {
+        double px = fx(&f, s);
+        cairo_set_source_rgb(cr, 0.85, 0.85, 0.85);
+        cairo_move_to(cr, px, f.y0);
+        cairo_line_to(cr, px, f.y0 + f.ph);
+        cairo_stroke(cr);
+        snprintf(buf, sizeof buf, "%.0f", s);
+        cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
+        label(cr, px, f.y0 + f.ph + 15, buf, 0.5);
+    }
+    label(cr, f.x0 + f.pw, y0 + h - 4, "step", 1.0);
     cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
-    cairo_rectangle(cr, x0 + L, y0 + T, pw, ph);
+    cairo_rectangle(cr, f.x0, f.y0, f.pw, f.ph);
     cairo_stroke(cr);
     cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_BOLD);
     cairo_set_font_size(cr, 13);
-    cairo_move_to(cr, x0 + L, y0 + T - 9);
-    cairo_show_text(cr, title);
-    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-    cairo_set_font_size(cr, 11);
-    char buf[64];
-    for (int k = 0; k <= 4; k++) {
-        snprintf(buf, sizeof buf, "%.4g", hi - (hi - lo) * k / 4);
-        cairo_move_to(cr, x0 + 4, y0 + T + ph * k / 4 + 4);
-        cairo_show_text(cr, buf);
-    }
-    snprintf(buf, sizeof buf, "step %lld", (long long)steps[0]);
-    cairo_move_to(cr, x0 + L, y0 + h - 10);
-    cairo_show_text(cr, buf);
-    snprintf(buf, sizeof buf, "%lld", (long long)steps[n - 1]);
-    cairo_text_extents_t ext;
-    cairo_text_extents(cr, buf, &ext);
-    cairo_move_to(cr, x0 + L + pw - ext.width, y0 + h - 10);
-    cairo_show_text(cr, buf);
+    snprintf(buf, sizeof buf, "%s%s", title, f.logy ? " (log scale)" : "");
+    label(cr, f.x0, f.y0 - 9, buf, 0.0);
+
     cairo_save(cr);
-    cairo_rectangle(cr, x0 + L, y0 + T, pw, ph);
+    cairo_rectangle(cr, f.x0, f.y0, f.pw, f.ph);
     cairo_clip(cr);
-    cairo_set_source_rgb(cr, r, g, b);
-    cairo_set_line_width(cr, n > 200 ? 1.0 : 1.8);
-    for (int i = 0; i < n; i++) {
-        double px = x0 + L + pw * ((double)steps[i] - s0) / (s1 - s0);
-        double py = y0 + T + ph * (hi - (isfinite(v[i]) ? v[i] : hi)) / (hi - lo);
-        if (i == 0) cairo_move_to(cr, px, py); else cairo_line_to(cr, px, py);
+    /* moving average over ~1/50 of the run (centred), when there are enough points */
+    int win = smooth && n >= 100 ? n / 50 : 0;
+    if (win >= 2) {
+        cairo_set_source_rgba(cr, r, g, b, 0.3);
+        cairo_set_line_width(cr, 1.0);
+        curve(cr, &f, steps, v, n);
+        double *avg = malloc((size_t)n * sizeof *avg);
+        if (avg) {
+            for (int i = 0; i < n; i++) {
+                double sum = 0;
+                int cnt = 0;
+                for (int j = i - win / 2; j <= i + win / 2; j++)
+                    if (j >= 0 && j < n && isfinite(v[j]) && (!f.logy || v[j] > 0)) {
+                        sum += f.logy ? log(v[j]) : v[j];
+                        cnt++;
+                    }
+                avg[i] = cnt ? (f.logy ? exp(sum / cnt) : sum / cnt) : NAN;
+            }
+            cairo_set_source_rgb(cr, r, g, b);
+            cairo_set_line_width(cr, 1.8);
+            curve(cr, &f, steps, avg, n);
+            free(avg);
+        }
+    } else {
+        cairo_set_source_rgb(cr, r, g, b);
+        cairo_set_line_width(cr, 1.8);
+        curve(cr, &f, steps, v, n);
     }
-    if (n == 1) cairo_arc(cr, x0 + L, y0 + T + ph / 2, 2, 0, 2 * M_PI);
-    cairo_stroke(cr);
     cairo_restore(cr);
 }
 
@@ -76,13 +159,24 @@ mmc_status mmc_plot_loss_lr(const char *path, const int64_t *steps, const double
     cairo_t *cr = cairo_create(s);
     cairo_set_source_rgb(cr, 1, 1, 1);
     cairo_paint(cr);
-    panel(cr, 0, 0, W, H * 0.6, steps, loss, n, "training loss", 0.12, 0.38, 0.75);
-    panel(cr, 0, H * 0.6, W, H * 0.4, steps, lr, n, "learning rate", 0.85, 0.4, 0.1);
+    panel(cr, 0, 0, W, H * 0.6, steps, loss, n, "training loss", true, 0.12, 0.38, 0.75);
+    panel(cr, 0, H * 0.6, W, H * 0.4, steps, lr, n, "learning rate", false, 0.85, 0.4, 0.1);
     cairo_destroy(cr);
-    cairo_status_t cs = cairo_surface_write_to_png(s, path);
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+        cairo_surface_destroy(s);
+        return mmc_error(MMC_ERR_INVALID, "plot: path too long: %s", path);
+    }
+    cairo_status_t cs = cairo_surface_write_to_png(s, tmp);
     cairo_surface_destroy(s);
-    if (cs != CAIRO_STATUS_SUCCESS)
+    if (cs != CAIRO_STATUS_SUCCESS) {
+        unlink(tmp);
         return mmc_error(MMC_ERR_IO, "%s: cannot write the plot: %s", path, cairo_status_to_string(cs));
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return mmc_error(MMC_ERR_IO, "%s: cannot move the plot into place", path);
+    }
     return MMC_OK;
 }
 #else
