@@ -80,6 +80,21 @@ touch "$W/file"
 "$MMC" train "$W/run.yaml" --set training.output_dir="$W/file/out" 2> "$W/f.log"; rc=$?
 [ $rc = 1 ] && grep -q "cannot create directory" "$W/f.log" && ok "output_dir under a file" || bad "file: $(cat "$W/f.log")"
 
+# full disk during a save: RLIMIT_FSIZE (ulimit -f, KiB) below the size of model.safetensors
+# makes the write of checkpoint-8 fail with EFBIG, as ENOSPC would; the run stops with a
+# message, checkpoint-4 stays byte-identical, and no partial checkpoint is left behind
+"$MMC" train "$W/run.yaml" --set training.steps=4 --set training.output_dir="$W/full" 2> /dev/null
+cp -r "$W/full/checkpoint-4" "$W/full_ckpt4.copy"
+( ulimit -f 256; trap '' XFSZ; exec "$MMC" train "$W/run.yaml" --set training.steps=8 --set training.output_dir="$W/full" --resume ) 2> "$W/full.log"; rc=$?
+[ $rc = 1 ] && grep -qiE "cannot write|disk full|too large" "$W/full.log" && ok "full disk: the save fails with a message" \
+  || bad "full disk rc=$rc: $(tail -3 "$W/full.log")"
+diff -r "$W/full/checkpoint-4" "$W/full_ckpt4.copy" >/dev/null && ok "full disk: previous checkpoint intact" || bad "full disk: checkpoint-4 changed"
+[ "$(ls -A "$W/full" | grep -v -e '^checkpoint-4$' -e '^metrics.jsonl$' -e '^tb$' -e '^loss.png$' -e '^config.yaml$' | tr '\n' ' ')" = "" ] \
+  && ok "full disk: no partial checkpoint left" || bad "full disk: left behind: $(ls -A "$W/full")"
+"$MMC" train "$W/run.yaml" --set training.steps=8 --set training.output_dir="$W/full" --resume 2> "$W/full2.log" \
+  && grep -q "resumed at step 4" "$W/full2.log" && [ -f "$W/full/checkpoint-8/model.safetensors" ] && ok "full disk: resumes from checkpoint-4 once there is room" \
+  || bad "full disk resume: $(tail -3 "$W/full2.log")"
+
 # config errors name file:line, the key and a suggestion
 printf 'model: {path: tests/fixtures/qwen2/tiny}\ndata: {train: synthetic}\noptimizer:\n  lr: 1e-3\n  warmup_step: 3\ntraining: {output_dir: %s/e}\n' "$W" > "$W/e.yaml"
 "$MMC" train "$W/e.yaml" 2> "$W/e.log"; rc=$?
