@@ -5,14 +5,15 @@
 # at chance), answer questions about freshly generated images, and point at the checkpoint
 # and the loss plot. Usage: bash scripts/demo.sh [BUILD_DIR]
 #
-# Knobs (environment): DEMO_STEPS (default: the YAML's), DEMO_TRAIN (training samples,
+# Knobs (environment): DEMO_RUN (output folder, default runs/demo), DEMO_STEPS (default: the
+# YAML's), DEMO_TRAIN (training samples,
 # default 40000), DEMO_CONTROL_STEPS (steps of the blank-image control run; default a
 # quarter of the main run, 0 skips it — the model trained on real images is always also
 # evaluated on blanked validation images).
 set -euo pipefail
 BUILD=${1:-build}
 MMC="$BUILD/mmc"
-RUN=runs/demo
+RUN=${DEMO_RUN:-runs/demo}
 DATA=$RUN/data
 CFG=examples/demo.yaml
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
@@ -30,7 +31,8 @@ STEPS=${DEMO_STEPS:-$(sed -n 's/^  steps: *\([0-9]*\).*/\1/p' $CFG)}
 BATCH=$(sed -n 's/^  batch_size: *\([0-9]*\).*/\1/p' $CFG)
 NTRAIN=${DEMO_TRAIN:-40000}
 CONTROL_STEPS=${DEMO_CONTROL_STEPS:-$((STEPS / 4))}
-SETS=(--set training.steps=$STEPS)
+SETS=(--set training.steps=$STEPS --set data.train=$DATA/train_curriculum.jsonl --set data.eval=$DATA/val.jsonl
+      --set data.image_root=$DATA --set training.output_dir=$RUN/model)
 # train_curriculum.jsonl = N/2 curriculum lines + the N samples once per epoch; the loader
 # reads it in order, so write enough epochs for STEPS x BATCH samples (no second curriculum)
 EPOCHS=$(( (STEPS * BATCH - NTRAIN / 2 + NTRAIN - 1) / NTRAIN ))
