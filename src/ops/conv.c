@@ -5,13 +5,19 @@
  * W viewed as [Cout, Cin*kt*kh*kw], so it runs the linear kernels on w's storage without
  * copying it.
  * mmc_conv2d: torch.nn.functional.conv2d (square stride / zero padding, no dilation or
- * groups) as im2col + GEMM per image; backward recomputes the columns instead of keeping
- * them (memory), dx via Wᵀ·dy and col2im, dW via dy·colᵀ. */
+ * groups) as im2col + GEMM. The columns of a whole group of images are built at once
+ * (col [Cin*kh*kw, nb*Ho*Wo], nb as large as a scratch budget allows), so im2col / col2im
+ * are one parallel pass per group with nb*Cin work items rather than per-image passes that
+ * leave threads idle at small Cin; the GEMMs read column slices of it (ldb = nb*Ho*Wo) and
+ * write each image's [Cout, Ho*Wo] block in place (no transposing copy of y or dy).
+ * Backward recomputes the columns instead of keeping them (memory: col is kh*kw times the
+ * input), dW via dy·colᵀ, then dx via col2im(Wᵀ·dy) reusing the same buffer. */
 #include "mmc_ops.h"
 #include "conv.h"
 #include "gemm.h"
 #include "linear.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static void check_bias(const char *op, const mmc_tensor *b, int64_t Cout) {
@@ -70,35 +76,45 @@ static const float *weight_f32(mmc_ctx *ctx, const mmc_tensor *w) {
 }
 
 typedef struct {
-    int64_t B, Cin, H, W, Cout, kh, kw, stride, pad, Ho, Wo;
+    int64_t B, Cout;
+    mmc_conv_geom g;
 } conv_dims;
+
+/* Blocking of the column buffer: nb images × `rows` output rows per block, the block's
+ * col [K, nb*rows*Wo] kept within a budget (default 4 MiB: it then stays in L2/L3 between
+ * im2col writing it and the GEMM packing it, instead of streaming a kh*kw-times-the-input
+ * buffer through memory). Small images are grouped, large ones cut into row bands; both
+ * balanced so the last block is not a sliver. MMC_CONV_COL_MB overrides the budget. */
+static void plan_blocks(const conv_dims *d, int64_t *nb, int64_t *rows) {
+    const char *e = getenv("MMC_CONV_COL_MB");
+    double budget = (e && atof(e) > 0 ? atof(e) : 4.0) * 1048576.0;
+    double row = (double)d->g.Cin * d->g.kh * d->g.kw * d->g.Wo * sizeof(float);
+    int64_t r = (int64_t)(budget / row);
+    if (r >= d->g.Ho) {
+        int64_t n = (int64_t)(budget / (row * d->g.Ho));
+        n = n < 1 ? 1 : n > d->B ? d->B : n;
+        int64_t groups = (d->B + n - 1) / n;
+        *nb = (d->B + groups - 1) / groups, *rows = d->g.Ho;
+    } else {
+        /* but at least ~1024 columns: each block's GEMMs re-read W and, for dW, the whole
+         * [Cout, K] gradient, which a thin block cannot amortise */
+        int64_t rmin = (1024 + d->g.Wo - 1) / d->g.Wo;
+        if (r < rmin) r = rmin;
+        if (r > d->g.Ho) r = d->g.Ho;
+        int64_t bands = (d->g.Ho + r - 1) / r;
+        *nb = 1, *rows = (d->g.Ho + bands - 1) / bands;
+    }
+}
 
 static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     const conv_dims *d = n->extra;
-    int64_t K = d->Cin * d->kh * d->kw, P = d->Ho * d->Wo, HW = d->H * d->W;
+    const mmc_conv_geom *g = &d->g;
+    int64_t K = g->Cin * g->kh * g->kw, P = g->Ho * g->Wo, CHW = g->Cin * g->H * g->W;
     float *dx = mmc_requires_grad(x) ? mmc_grad(ctx, x)->data : NULL;
     float *dw = mmc_requires_grad(w) ? mmc_grad(ctx, w)->data : NULL;
     float *db = mmc_requires_grad(b) ? mmc_grad(ctx, b)->data : NULL;
     const float *gy = n->out->grad->data, *xd = x->data;
-    mmc_arena_mark m = mmc_scratch_mark(ctx);
-    const float *wf = dx ? weight_f32(ctx, w) : NULL;
-    float *col = mmc_scratch_alloc(ctx, (size_t)(K * P) * sizeof(float));   /* [K, Ho*Wo] */
-    for (int64_t bi = 0; bi < d->B; bi++) {
-        const float *gyb = gy + bi * d->Cout * P;   /* [Cout, Ho*Wo] */
-        if (dx) {
-            /* dcol [K, P] = Wᵀ [K, Cout] · dy [Cout, P] */
-            mmc_gemm_f32(true, false, K, P, d->Cout, 1.0f, wf, K, gyb, P, 0.0f, col, P);
-            mmc_cpu_col2im_acc(col, dx + bi * d->Cin * HW, d->Cin, d->H, d->W, d->kh, d->kw, d->stride,
-                               d->pad, d->Ho, d->Wo);
-        }
-        if (dw) {
-            mmc_cpu_im2col(xd + bi * d->Cin * HW, col, d->Cin, d->H, d->W, d->kh, d->kw, d->stride,
-                           d->pad, d->Ho, d->Wo);
-            /* dW [Cout, K] += dy [Cout, P] · colᵀ [P, K] */
-            mmc_gemm_f32(false, true, d->Cout, K, P, 1.0f, gyb, P, col, P, 1.0f, dw, K);
-        }
-    }
     if (db) {
 #pragma omp parallel for schedule(static) if (d->B * d->Cout * P > 32768)
         for (int64_t c = 0; c < d->Cout; c++) {
@@ -111,6 +127,32 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
                 s += sb;
             }
             db[c] += s;
+        }
+    }
+    if (!dx && !dw) return;
+    mmc_arena_mark m = mmc_scratch_mark(ctx);
+    const float *wf = dx ? weight_f32(ctx, w) : NULL;
+    int64_t G, R;
+    plan_blocks(d, &G, &R);
+    float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
+    for (int64_t b0 = 0; b0 < d->B; b0 += G) {
+        const int64_t nb = d->B - b0 < G ? d->B - b0 : G;
+        for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
+            const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo, ld = nb * Q;
+            if (dw) {
+                mmc_cpu_im2col(xd + b0 * CHW, col, nb, oh0, oh1, g);
+                /* dW [Cout, K] += dy_b[:, block] [Cout, Q] · col_bᵀ [Q, K] */
+                for (int64_t i = 0; i < nb; i++)
+                    mmc_gemm_f32(false, true, d->Cout, K, Q, 1.0f, gy + (b0 + i) * d->Cout * P + oh0 * g->Wo,
+                                 P, col + i * Q, ld, 1.0f, dw, K);
+            }
+            if (dx) {
+                /* dcol_b [K, Q] = Wᵀ [K, Cout] · dy_b[:, block] [Cout, Q], then scattered back */
+                for (int64_t i = 0; i < nb; i++)
+                    mmc_gemm_f32(true, false, K, Q, d->Cout, 1.0f, wf, K,
+                                 gy + (b0 + i) * d->Cout * P + oh0 * g->Wo, P, 0.0f, col + i * Q, ld);
+                mmc_cpu_col2im_acc(col, dx + b0 * CHW, nb, oh0, oh1, g);
+            }
         }
     }
     mmc_scratch_release(ctx, m);
@@ -127,34 +169,45 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
               "padding >= 0; got x %s, w %s %s, stride %d, padding %d",
               mmc_shape_str(x, sx, sizeof sx), mmc_shape_str(w, sw, sizeof sw),
               mmc_dtype_name(w->dtype), stride, padding);
-    conv_dims d = {.B = x->shape[0], .Cin = x->shape[1], .H = x->shape[2], .W = x->shape[3],
-                   .Cout = w->shape[0], .kh = w->shape[2], .kw = w->shape[3], .stride = stride,
-                   .pad = padding};
-    d.Ho = (d.H + 2 * d.pad - d.kh) / d.stride + 1;
-    d.Wo = (d.W + 2 * d.pad - d.kw) / d.stride + 1;
-    MMC_CHECK(d.H + 2 * d.pad >= d.kh && d.W + 2 * d.pad >= d.kw,
+    conv_dims d = {.B = x->shape[0], .Cout = w->shape[0],
+                   .g = {.Cin = x->shape[1], .H = x->shape[2], .W = x->shape[3], .kh = w->shape[2],
+                         .kw = w->shape[3], .stride = stride, .pad = padding}};
+    mmc_conv_geom *g = &d.g;
+    MMC_CHECK(g->H + 2 * g->pad >= g->kh && g->W + 2 * g->pad >= g->kw,
               "mmc_conv2d: kernel %lldx%lld larger than the padded input %s (padding %d)",
-              (long long)d.kh, (long long)d.kw, mmc_shape_str(x, sx, sizeof sx), padding);
+              (long long)g->kh, (long long)g->kw, mmc_shape_str(x, sx, sizeof sx), padding);
+    g->Ho = (g->H + 2 * g->pad - g->kh) / g->stride + 1;
+    g->Wo = (g->W + 2 * g->pad - g->kw) / g->stride + 1;
     check_bias("mmc_conv2d", b, d.Cout);
-    int64_t K = d.Cin * d.kh * d.kw, P = d.Ho * d.Wo;
-    mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(d.B, d.Cout, d.Ho, d.Wo));   /* [B, Cout, Ho, Wo] */
+    int64_t K = g->Cin * g->kh * g->kw, P = g->Ho * g->Wo, CHW = g->Cin * g->H * g->W;
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(d.B, d.Cout, g->Ho, g->Wo));   /* [B, Cout, Ho, Wo] */
     float *yd = y->data;
+    if (b) {   /* y = bias, then the GEMMs accumulate onto it */
+        const float *bf = b->data;
+        const uint16_t *bh = b->data;
+        bool b16 = b->dtype == MMC_BF16;
+#pragma omp parallel for schedule(static) if (d.B * d.Cout * P > 32768)
+        for (int64_t r = 0; r < d.B * d.Cout; r++) {
+            float bv = b16 ? mmc_bf16_to_f32(bh[r % d.Cout]) : bf[r % d.Cout];
+            float *yr = yd + r * P;
+            for (int64_t p = 0; p < P; p++) yr[p] = bv;
+        }
+    }
     mmc_arena_mark m = mmc_scratch_mark(ctx);
     const float *wf = weight_f32(ctx, w);
-    float *col = mmc_scratch_alloc(ctx, (size_t)(K * P) * sizeof(float));   /* [K, Ho*Wo] */
-    for (int64_t bi = 0; bi < d.B; bi++) {
-        float *yb = yd + bi * d.Cout * P;   /* [Cout, P] */
-        if (b) {
-            for (int64_t c = 0; c < d.Cout; c++) {
-                float bv = b->dtype == MMC_F32 ? ((const float *)b->data)[c]
-                                               : mmc_bf16_to_f32(((const uint16_t *)b->data)[c]);
-                for (int64_t p = 0; p < P; p++) yb[c * P + p] = bv;
-            }
+    int64_t G, R;
+    plan_blocks(&d, &G, &R);
+    float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
+    for (int64_t b0 = 0; b0 < d.B; b0 += G) {
+        const int64_t nb = d.B - b0 < G ? d.B - b0 : G;
+        for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
+            const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo;
+            mmc_cpu_im2col((const float *)x->data + b0 * CHW, col, nb, oh0, oh1, g);
+            /* y_b[:, block] [Cout, Q] (+)= W [Cout, K] · col_b [K, Q] */
+            for (int64_t i = 0; i < nb; i++)
+                mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col + i * Q, nb * Q,
+                             b ? 1.0f : 0.0f, yd + (b0 + i) * d.Cout * P + oh0 * g->Wo, P);
         }
-        mmc_cpu_im2col((const float *)x->data + bi * d.Cin * d.H * d.W, col, d.Cin, d.H, d.W, d.kh,
-                       d.kw, d.stride, d.pad, d.Ho, d.Wo);
-        /* y [Cout, P] (+)= W [Cout, K] · col [K, P] */
-        mmc_gemm_f32(false, false, d.Cout, P, K, 1.0f, wf, K, col, P, b ? 1.0f : 0.0f, yb, P);
     }
     mmc_scratch_release(ctx, m);
     mmc_tensor *in[3] = {x, w, b};
