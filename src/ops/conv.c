@@ -115,42 +115,49 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     float *dw = mmc_requires_grad(w) ? mmc_grad(ctx, w)->data : NULL;
     float *db = mmc_requires_grad(b) ? mmc_grad(ctx, b)->data : NULL;
     const float *gy = n->out->grad->data, *xd = x->data;
-    if (db) {
+    mmc_arena_mark m = mmc_scratch_mark(ctx);
+    int64_t G, R;
+    plan_blocks(d, &G, &R);
+    bool dxw = dx || dw;
+    /* Grouped images: dy regathered as [Cout, B*P] so that each block's dW and dcol are one
+     * GEMM each (K or N = nb*P) instead of nb narrow ones; db is summed in the same pass. */
+    float *gyt = dxw && G > 1 ? mmc_scratch_alloc(ctx, (size_t)(d->B * d->Cout * P) * sizeof(float)) : NULL;
+    if (db || gyt) {
 #pragma omp parallel for schedule(static) if (d->B * d->Cout * P > 32768)
         for (int64_t c = 0; c < d->Cout; c++) {
             float s = 0;
             for (int64_t bi = 0; bi < d->B; bi++) {
                 const float *r = gy + (bi * d->Cout + c) * P;
+                if (gyt) memcpy(gyt + c * d->B * P + bi * P, r, (size_t)P * sizeof(float));
                 float sb = 0;
 #pragma omp simd reduction(+ : sb)
                 for (int64_t p = 0; p < P; p++) sb += r[p];
                 s += sb;
             }
-            db[c] += s;
+            if (db) db[c] += s;
         }
     }
-    if (!dx && !dw) return;
-    mmc_arena_mark m = mmc_scratch_mark(ctx);
+    if (!dxw) {
+        mmc_scratch_release(ctx, m);
+        return;
+    }
     const float *wf = dx ? weight_f32(ctx, w) : NULL;
-    int64_t G, R;
-    plan_blocks(d, &G, &R);
     float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
     for (int64_t b0 = 0; b0 < d->B; b0 += G) {
         const int64_t nb = d->B - b0 < G ? d->B - b0 : G;
         for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
             const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo, ld = nb * Q;
+            /* this block of dy: [Cout, nb*Q] (grouped whole images) or [Cout, Q] (a row band) */
+            const float *gb = gyt ? gyt + b0 * P : gy + b0 * d->Cout * P + oh0 * g->Wo;
+            const int64_t ldg = gyt ? d->B * P : P;
             if (dw) {
                 mmc_cpu_im2col(xd + b0 * CHW, col, nb, oh0, oh1, g);
-                /* dW [Cout, K] += dy_b[:, block] [Cout, Q] · col_bᵀ [Q, K] */
-                for (int64_t i = 0; i < nb; i++)
-                    mmc_gemm_f32(false, true, d->Cout, K, Q, 1.0f, gy + (b0 + i) * d->Cout * P + oh0 * g->Wo,
-                                 P, col + i * Q, ld, 1.0f, dw, K);
+                /* dW [Cout, K] += dy_block [Cout, nb*Q] · colᵀ [nb*Q, K] */
+                mmc_gemm_f32(false, true, d->Cout, K, ld, 1.0f, gb, ldg, col, ld, 1.0f, dw, K);
             }
             if (dx) {
-                /* dcol_b [K, Q] = Wᵀ [K, Cout] · dy_b[:, block] [Cout, Q], then scattered back */
-                for (int64_t i = 0; i < nb; i++)
-                    mmc_gemm_f32(true, false, K, Q, d->Cout, 1.0f, wf, K,
-                                 gy + (b0 + i) * d->Cout * P + oh0 * g->Wo, P, 0.0f, col + i * Q, ld);
+                /* dcol [K, nb*Q] = Wᵀ [K, Cout] · dy_block [Cout, nb*Q], then scattered back */
+                mmc_gemm_f32(true, false, K, ld, d->Cout, 1.0f, wf, K, gb, ldg, 0.0f, col, ld);
                 mmc_cpu_col2im_acc(col, dx + b0 * CHW, nb, oh0, oh1, g);
             }
         }
@@ -182,10 +189,14 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     int64_t K = g->Cin * g->kh * g->kw, P = g->Ho * g->Wo, CHW = g->Cin * g->H * g->W;
     mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(d.B, d.Cout, g->Ho, g->Wo));   /* [B, Cout, Ho, Wo] */
     float *yd = y->data;
-    if (b) {   /* y = bias, then the GEMMs accumulate onto it */
-        const float *bf = b->data;
-        const uint16_t *bh = b->data;
-        bool b16 = b->dtype == MMC_BF16;
+    const float *bf = b ? b->data : NULL;
+    const uint16_t *bh = b ? b->data : NULL;
+    const bool b16 = b && b->dtype == MMC_BF16;
+    mmc_arena_mark m = mmc_scratch_mark(ctx);
+    const float *wf = weight_f32(ctx, w);
+    int64_t G, R;
+    plan_blocks(&d, &G, &R);
+    if (b && G == 1) {   /* y = bias, then the GEMMs accumulate onto it */
 #pragma omp parallel for schedule(static) if (d.B * d.Cout * P > 32768)
         for (int64_t r = 0; r < d.B * d.Cout; r++) {
             float bv = b16 ? mmc_bf16_to_f32(bh[r % d.Cout]) : bf[r % d.Cout];
@@ -193,20 +204,30 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
             for (int64_t p = 0; p < P; p++) yr[p] = bv;
         }
     }
-    mmc_arena_mark m = mmc_scratch_mark(ctx);
-    const float *wf = weight_f32(ctx, w);
-    int64_t G, R;
-    plan_blocks(&d, &G, &R);
     float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
+    /* grouped images: one GEMM per group into t [Cout, nb*P], then scattered into y + bias */
+    float *t = G > 1 ? mmc_scratch_alloc(ctx, (size_t)(d.Cout * G * P) * sizeof(float)) : NULL;
     for (int64_t b0 = 0; b0 < d.B; b0 += G) {
         const int64_t nb = d.B - b0 < G ? d.B - b0 : G;
         for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
             const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo;
             mmc_cpu_im2col((const float *)x->data + b0 * CHW, col, nb, oh0, oh1, g);
-            /* y_b[:, block] [Cout, Q] (+)= W [Cout, K] · col_b [K, Q] */
-            for (int64_t i = 0; i < nb; i++)
-                mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col + i * Q, nb * Q,
-                             b ? 1.0f : 0.0f, yd + (b0 + i) * d.Cout * P + oh0 * g->Wo, P);
+            if (!t) {   /* y_b[:, band] [Cout, Q] (+)= W [Cout, K] · col [K, Q] */
+                mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f,
+                             yd + b0 * d.Cout * P + oh0 * g->Wo, P);
+                continue;
+            }
+            /* t [Cout, nb*P] = W [Cout, K] · col [K, nb*P] */
+            mmc_gemm_f32(false, false, d.Cout, nb * P, K, 1.0f, wf, K, col, nb * P, 0.0f, t, nb * P);
+#pragma omp parallel for schedule(static) if (nb * d.Cout * P > 32768)
+            for (int64_t r = 0; r < nb * d.Cout; r++) {
+                const int64_t bi = r / d.Cout, c = r % d.Cout;
+                const float bv = !b ? 0.0f : b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
+                const float *src = t + c * nb * P + bi * P;
+                float *dst = yd + (b0 + bi) * d.Cout * P + c * P;
+#pragma omp simd
+                for (int64_t p = 0; p < P; p++) dst[p] = src[p] + bv;
+            }
         }
     }
     mmc_scratch_release(ctx, m);
