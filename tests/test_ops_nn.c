@@ -388,6 +388,7 @@ static void test_conv2d_blocking(void) {
         {2, 3, 11, 13, 2, 5, 4, 3, 2, true, true, true},    /* stride 3, 5x4 kernel, pad 2 */
         {2, 4, 34, 33, 3, 3, 3, 1, 0, true, false, true},   /* x frozen: no dx */
         {3, 4, 20, 21, 5, 3, 3, 1, 1, true, true, false},   /* w frozen: no dW */
+        {2, 2, 6, 7, 100, 3, 3, 1, 1, true, true, true},    /* Cout > 96: dW not transposed */
     };
     const char *budgets[] = {NULL, "0.000001", "0.05"};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
