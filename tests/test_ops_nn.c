@@ -343,7 +343,8 @@ static void test_frozen_and_partial_grads(void) {
 
 /* ------------------------------------------------------------------ conv2d blocking
  * mmc_conv2d cuts the im2col buffer into blocks (grouped whole images, or row bands of one
- * image; MMC_CONV_COL_MB sets the budget): every blocking must give the direct convolution
+ * image; MMC_CONV_COL_MB sets the budget), run team-parallel per block or unit-parallel
+ * (>= 4 units): every blocking must give the direct convolution
  * (double sums) for y, dx, dW, db, including stride 2/3, non-square inputs and kernels,
  * no bias, frozen x / w, and be bitwise identical for 1 and 2 threads. */
 typedef struct { int64_t B, Cin, H, W, Cout, kh, kw; int stride, pad; bool bias, gx, gw; } conv_case;
@@ -389,6 +390,11 @@ static void test_conv2d_blocking(void) {
         {2, 4, 34, 33, 3, 3, 3, 1, 0, true, false, true},   /* x frozen: no dx */
         {3, 4, 20, 21, 5, 3, 3, 1, 1, true, true, false},   /* w frozen: no dW */
         {2, 2, 6, 7, 100, 3, 3, 1, 1, true, true, true},    /* Cout > 96: dW not transposed */
+        /* >= 4 (image, band) units: the unit-parallel mode */
+        {5, 3, 8, 9, 4, 3, 3, 1, 1, true, true, true},
+        {4, 2, 9, 8, 100, 3, 3, 2, 1, false, true, true},   /* Cout > 96, stride 2, no bias */
+        {4, 3, 10, 7, 3, 3, 3, 1, 1, true, false, true},    /* x frozen */
+        {2, 2, 100, 30, 3, 3, 3, 1, 1, true, true, true},   /* 3 bands (tiny budget): even/odd dx */
     };
     const char *budgets[] = {NULL, "0.000001", "0.05"};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {

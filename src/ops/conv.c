@@ -19,6 +19,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static void check_bias(const char *op, const mmc_tensor *b, int64_t Cout) {
     char s[64];
@@ -106,6 +109,36 @@ static void plan_blocks(const conv_dims *d, int64_t *nb, int64_t *rows) {
     }
 }
 
+/* Unit-parallel mode. With several (image, row band) units the threads take whole units
+ * (schedule dynamic) and run im2col + single-threaded GEMMs on their own column buffer:
+ * one parallel region per pass and no barrier inside it, instead of a team-wide im2col,
+ * GEMM and col2im per block, each ending in barriers. On a shared 2-core machine a
+ * descheduled thread then costs its own unit, not a stall of the whole team at every
+ * barrier. dW gets one partial per unit (summed in unit order afterwards, so the result does
+ * not depend on which thread ran what); dx units of the same image overlap by kh-1 input
+ * rows, so even bands run first, then odd bands. The choice depends only on the shapes
+ * (never the thread count): results are bitwise the same for any number of threads. */
+static int64_t max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+static bool unit_mode(const conv_dims *d, int64_t R) {
+    const mmc_conv_geom *g = &d->g;
+    int64_t bands = (g->Ho + R - 1) / R, U = d->B * bands;
+    double partials = (double)U * g->Cin * g->kh * g->kw * d->Cout * sizeof(float);
+    return U >= 4 && (bands == 1 || R * g->stride >= g->kh) && partials <= 32.0 * 1048576.0;
+}
+
 static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     const conv_dims *d = n->extra;
@@ -121,7 +154,7 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     bool dxw = dx || dw;
     /* Grouped images: dy regathered as [Cout, B*P] so that each block's dW and dcol are one
      * GEMM each (K or N = nb*P) instead of nb narrow ones; db is summed in the same pass. */
-    float *gyt = dxw && G > 1 ? mmc_scratch_alloc(ctx, (size_t)(d->B * d->Cout * P) * sizeof(float)) : NULL;
+    float *gyt = dxw && G > 1 && !unit_mode(d, R) ? mmc_scratch_alloc(ctx, (size_t)(d->B * d->Cout * P) * sizeof(float)) : NULL;
     if (db || gyt) {
 #pragma omp parallel for schedule(static) if (d->B * d->Cout * P > 32768)
         for (int64_t c = 0; c < d->Cout; c++) {
@@ -142,6 +175,49 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
         return;
     }
     const float *wf = dx ? weight_f32(ctx, w) : NULL;
+    if (unit_mode(d, R)) {
+        const int64_t bands = (g->Ho + R - 1) / R, U = d->B * bands, nth = max_threads();
+        const bool tr = d->Cout <= 96;   /* partials as dWᵀ [K, Cout], see below */
+        float *cols = mmc_scratch_alloc(ctx, (size_t)(nth * K * R * g->Wo) * sizeof(float));
+        float *part = dw ? mmc_scratch_alloc(ctx, (size_t)(U * K * d->Cout) * sizeof(float)) : NULL;
+        for (int phase = 0; phase < (bands > 1 ? 2 : 1); phase++) {
+            const int64_t nu = bands > 1 ? d->B * ((bands - phase + 1) / 2) : U;
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int64_t j = 0; j < nu; j++) {
+                /* unit u = (image bi, band bb); with two phases, band bb = 2*k + phase */
+                const int64_t per = bands > 1 ? (bands - phase + 1) / 2 : bands;
+                const int64_t bi = j / per, bb = bands > 1 ? 2 * (j % per) + phase : j % per, u = bi * bands + bb;
+                const int64_t oh0 = bb * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo;
+                float *col = cols + thread_id() * K * R * g->Wo;   /* [K, Q] */
+                const float *gb = gy + bi * d->Cout * P + oh0 * g->Wo;   /* [Cout, Q], ld P */
+                if (dw) {
+                    mmc_cpu_im2col(xd + bi * CHW, col, 1, oh0, oh1, g);
+                    if (tr)   /* dWᵀ_u [K, Cout] = col [K, Q] · dy_uᵀ [Q, Cout] */
+                        mmc_gemm_f32(false, true, K, d->Cout, Q, 1.0f, col, Q, gb, P, 0.0f,
+                                     part + u * K * d->Cout, d->Cout);
+                    else      /* dW_u [Cout, K] = dy_u [Cout, Q] · colᵀ [Q, K] */
+                        mmc_gemm_f32(false, true, d->Cout, K, Q, 1.0f, gb, P, col, Q, 0.0f,
+                                     part + u * K * d->Cout, K);
+                }
+                if (dx) {
+                    mmc_gemm_f32(true, false, K, Q, d->Cout, 1.0f, wf, K, gb, P, 0.0f, col, Q);
+                    mmc_cpu_col2im_acc(col, dx + bi * CHW, 1, oh0, oh1, g);
+                }
+            }
+        }
+        if (dw) {   /* dW += Σ_u partial_u, in unit order */
+            const int64_t KC = K * d->Cout;
+#pragma omp parallel for schedule(static) if (U * KC > 65536)
+            for (int64_t c = 0; c < d->Cout; c++)
+                for (int64_t k = 0; k < K; k++) {
+                    float s = 0;
+                    for (int64_t u = 0; u < U; u++) s += part[u * KC + (tr ? k * d->Cout + c : c * K + k)];
+                    dw[c * K + k] += s;
+                }
+        }
+        mmc_scratch_release(ctx, m);
+        return;
+    }
     float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
     float *dwt = dw && d->Cout <= 96 ? mmc_scratch_alloc(ctx, (size_t)(K * d->Cout) * sizeof(float)) : NULL;   /* [K, Cout] */
     bool first = true;
@@ -212,13 +288,32 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     const float *wf = weight_f32(ctx, w);
     int64_t G, R;
     plan_blocks(&d, &G, &R);
-    if (b && G == 1) {   /* y = bias, then the GEMMs accumulate onto it */
+    if (b && G == 1 && !unit_mode(&d, R)) {   /* y = bias, then the GEMMs accumulate onto it */
 #pragma omp parallel for schedule(static) if (d.B * d.Cout * P > 32768)
         for (int64_t r = 0; r < d.B * d.Cout; r++) {
             float bv = b16 ? mmc_bf16_to_f32(bh[r % d.Cout]) : bf[r % d.Cout];
             float *yr = yd + r * P;
             for (int64_t p = 0; p < P; p++) yr[p] = bv;
         }
+    }
+    if (unit_mode(&d, R)) {   /* see unit_mode: threads take whole (image, band) units */
+        const int64_t bands = (g->Ho + R - 1) / R, U = d.B * bands, nth = max_threads();
+        float *cols = mmc_scratch_alloc(ctx, (size_t)(nth * K * R * g->Wo) * sizeof(float));
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t u = 0; u < U; u++) {
+            const int64_t bi = u / bands, oh0 = (u % bands) * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho;
+            const int64_t Q = (oh1 - oh0) * g->Wo;
+            float *col = cols + thread_id() * K * R * g->Wo;   /* [K, Q] */
+            float *yb = yd + bi * d.Cout * P + oh0 * g->Wo;     /* [Cout, Q], ld P */
+            mmc_cpu_im2col((const float *)x->data + bi * CHW, col, 1, oh0, oh1, g);
+            for (int64_t c = 0; c < d.Cout && b; c++) {
+                const float bv = b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
+                for (int64_t q = 0; q < Q; q++) yb[c * P + q] = bv;
+            }
+            mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f, yb, P);
+        }
+        mmc_scratch_release(ctx, m);
+        goto record;
     }
     float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
     /* grouped images: one GEMM per group into t [Cout, nb*P], then scattered into y + bias */
@@ -247,6 +342,7 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
         }
     }
     mmc_scratch_release(ctx, m);
+record:;
     mmc_tensor *in[3] = {x, w, b};
     mmc_node *n = mmc_tape_record(ctx, "conv2d", conv2d_backward, y, b ? 3 : 2, in);
     if (n) {
