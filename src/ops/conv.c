@@ -5,13 +5,17 @@
  * W viewed as [Cout, Cin*kt*kh*kw], so it runs the linear kernels on w's storage without
  * copying it.
  * mmc_conv2d: torch.nn.functional.conv2d (square stride / zero padding, no dilation or
- * groups) as im2col + GEMM. The columns of a whole group of images are built at once
- * (col [Cin*kh*kw, nb*Ho*Wo], nb as large as a scratch budget allows), so im2col / col2im
- * are one parallel pass per group with nb*Cin work items rather than per-image passes that
- * leave threads idle at small Cin; the GEMMs read column slices of it (ldb = nb*Ho*Wo) and
- * write each image's [Cout, Ho*Wo] block in place (no transposing copy of y or dy).
- * Backward recomputes the columns instead of keeping them (memory: col is kh*kw times the
- * input), dW via dy·colᵀ, then dx via col2im(Wᵀ·dy) reusing the same buffer. */
+ * groups) as im2col + GEMM, the columns built in cache-sized blocks (plan_blocks: whole
+ * images grouped, or row bands of a large image) rather than one kh*kw-times-the-input
+ * buffer. Two ways to run the blocks, picked from the shapes alone:
+ *  - unit-parallel (>= 4 (image, band) units, e.g. a batch of small images or one large
+ *    VAE-sized image): threads take whole units and run single-threaded im2col + GEMMs on
+ *    their own buffers, one parallel region per pass and no barriers (see unit_mode);
+ *  - team-parallel (few, large units, e.g. 512 channels at 32x32): im2col / col2im over
+ *    (image, channel) items and team GEMMs per block, grouped images sharing one GEMM.
+ * Backward recomputes the columns instead of keeping them (memory), dW via dy·colᵀ (as
+ * dWᵀ = col·dyᵀ for small Cout), dx via col2im(Wᵀ·dy) reusing the same buffer.
+ * bench/bench_conv.c measures it against torch's CPU conv2d. */
 #include "mmc_ops.h"
 #include "conv.h"
 #include "gemm.h"
@@ -205,15 +209,18 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
                 }
             }
         }
-        if (dw) {   /* dW += Σ_u partial_u, in unit order */
+        if (dw) {   /* dW += Σ_u partial_u, summed in unit order into partial_0 (contiguous) */
             const int64_t KC = K * d->Cout;
 #pragma omp parallel for schedule(static) if (U * KC > 65536)
+            for (int64_t i0 = 0; i0 < KC; i0 += 1024) {
+                const int64_t i1 = i0 + 1024 < KC ? i0 + 1024 : KC;
+                for (int64_t u = 1; u < U; u++)
+#pragma omp simd
+                    for (int64_t i = i0; i < i1; i++) part[i] += part[u * KC + i];
+            }
+#pragma omp parallel for schedule(static) if (KC > 65536)
             for (int64_t c = 0; c < d->Cout; c++)
-                for (int64_t k = 0; k < K; k++) {
-                    float s = 0;
-                    for (int64_t u = 0; u < U; u++) s += part[u * KC + (tr ? k * d->Cout + c : c * K + k)];
-                    dw[c * K + k] += s;
-                }
+                for (int64_t k = 0; k < K; k++) dw[c * K + k] += part[tr ? k * d->Cout + c : c * K + k];
         }
         mmc_scratch_release(ctx, m);
         return;
