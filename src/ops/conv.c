@@ -158,7 +158,9 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     bool dxw = dx || dw;
     /* Grouped images: dy regathered as [Cout, B*P] so that each block's dW and dcol are one
      * GEMM each (K or N = nb*P) instead of nb narrow ones; db is summed in the same pass. */
-    float *gyt = dxw && G > 1 && !unit_mode(d, R) ? mmc_scratch_alloc(ctx, (size_t)(d->B * d->Cout * P) * sizeof(float)) : NULL;
+    float *gyt = dxw && G > 1 && !unit_mode(d, R)
+                     ? mmc_scratch_alloc(ctx, (size_t)(d->B * d->Cout * P) * sizeof(float))
+                     : NULL;   /* [Cout, B*P] */
     if (db || gyt) {
 #pragma omp parallel for schedule(static) if (d->B * d->Cout * P > 32768)
         for (int64_t c = 0; c < d->Cout; c++) {
@@ -190,8 +192,9 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
             for (int64_t j = 0; j < nu; j++) {
                 /* unit u = (image bi, band bb); with two phases, band bb = 2*k + phase */
                 const int64_t per = bands > 1 ? (bands - phase + 1) / 2 : bands;
-                const int64_t bi = j / per, bb = bands > 1 ? 2 * (j % per) + phase : j % per, u = bi * bands + bb;
-                const int64_t oh0 = bb * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo;
+                const int64_t bi = j / per, bb = bands > 1 ? 2 * (j % per) + phase : j % per;
+                const int64_t u = bi * bands + bb, oh0 = bb * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho;
+                const int64_t Q = (oh1 - oh0) * g->Wo;
                 float *col = cols + thread_id() * K * R * g->Wo;   /* [K, Q] */
                 const float *gb = gy + bi * d->Cout * P + oh0 * g->Wo;   /* [Cout, Q], ld P */
                 if (dw) {
@@ -226,7 +229,8 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
         return;
     }
     float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
-    float *dwt = dw && d->Cout <= 96 ? mmc_scratch_alloc(ctx, (size_t)(K * d->Cout) * sizeof(float)) : NULL;   /* [K, Cout] */
+    float *dwt = dw && d->Cout <= 96 ? mmc_scratch_alloc(ctx, (size_t)(K * d->Cout) * sizeof(float))
+                                     : NULL;   /* [K, Cout] */
     bool first = true;
     for (int64_t b0 = 0; b0 < d->B; b0 += G) {
         const int64_t nb = d->B - b0 < G ? d->B - b0 : G;
