@@ -1,4 +1,4 @@
-/* bench_ops_nn.c — dense / norm / loss / conv ops, forward + backward, against PyTorch
+/* bench_ops_nn.c — dense / norm / loss ops, forward + backward, against PyTorch
  * (bench/peer_ops_nn.py prints the same case names).
  *
  * Linear runs at Qwen2-0.5B MLP shapes (x [512, 896] · W[4864, 896]ᵀ and
@@ -20,7 +20,7 @@ typedef struct {
     float *A, *B, *C, *D, *E;   /* raw gemm buffers */
 } bcase;
 
-enum { K_LINEAR, K_RMS, K_LN, K_GN, K_XENT, K_CONV };
+enum { K_LINEAR, K_RMS, K_LN, K_GN, K_XENT };
 
 static mmc_tensor *rand_param(uint64_t seed, int ndim, const int64_t *shape, float std) {
     mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
@@ -49,7 +49,6 @@ static void run_op(void *arg) {
     case K_LN: y = mmc_layernorm(c->ctx, c->x, c->w, c->b, 1e-5f); break;
     case K_GN: y = mmc_groupnorm(c->ctx, c->x, 32, c->w, c->b, 1e-5f); break;
     case K_XENT: y = mmc_cross_entropy(c->ctx, c->x, c->t, -100); break;
-    case K_CONV: y = mmc_conv2d(c->ctx, c->x, c->w, c->b, 1, 1); break;
     }
     if (c->kind == K_XENT) {
         mmc_backward(c->ctx, y);
@@ -120,21 +119,6 @@ static void bench_xent(int64_t N, int64_t V) {
     mmc_ctx_free(c.ctx);
 }
 
-static void bench_conv(void) {
-    /* x [4, 32, 32, 32], w [64, 32, 3, 3], stride 1, padding 1 */
-    int64_t B = 4, Cin = 32, H = 32, W = 32, Cout = 64;
-    bcase c = {.ctx = mmc_ctx_new(), .kind = K_CONV};
-    c.x = rand_param(30, 4, MMC_SHAPE(B, Cin, H, W), 1);
-    c.w = rand_param(31, 4, MMC_SHAPE(Cout, Cin, 3, 3), 0.05f);
-    c.b = rand_param(32, 1, MMC_SHAPE(Cout), 1);
-    c.dy = rand_buf(33, B * Cout * H * W);
-    double t = bench_time(run_op, &c, 1.0, 2);
-    double flop = 3 * 2.0 * B * Cout * H * W * Cin * 9;
-    bench_report("conv2d_fwdbwd_4x32x32x32_k3_c64", flop / t * 1e-9, "GFLOP/s", 1);
-    free(c.dy);
-    mmc_tensor_free(c.x), mmc_tensor_free(c.w), mmc_tensor_free(c.b);
-    mmc_ctx_free(c.ctx);
-}
 
 int main(void) {
     bool ref = strcmp(mmc_gemm_kernel_name(), "reference") == 0;
@@ -147,6 +131,5 @@ int main(void) {
     bench_norm("layernorm_fwdbwd_512x896", K_LN, 2, MMC_SHAPE(512, 896), 896);
     bench_norm("groupnorm_fwdbwd_4x128x32x32_g32", K_GN, 4, MMC_SHAPE(4, 128, 32, 32), 128);
     bench_xent(256, 151936);
-    bench_conv();
     return 0;
 }

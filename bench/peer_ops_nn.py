@@ -78,16 +78,6 @@ def main():
         F.cross_entropy(logits, t, ignore_index=-100).backward()
 
     report(f"xent_fwdbwd_{N}x{V}", bench(xent, 1.0, 3) * 1e3, "ms", False)
-    x = torch.randn(4, 32, 32, 32, requires_grad=True)
-    w = (torch.randn(64, 32, 3, 3) * 0.05).requires_grad_(True)
-    b = torch.randn(64, requires_grad=True)
-    dy = torch.randn(4, 64, 32, 32)
-
-    def conv():
-        F.conv2d(x, w, b, stride=1, padding=1).backward(dy)
-
-    flop = 3 * 2.0 * 4 * 64 * 32 * 32 * 32 * 9
-    report("conv2d_fwdbwd_4x32x32x32_k3_c64", flop / bench(conv, 1.0, 2) * 1e-9, "GFLOP/s")
 
 
 if __name__ == "__main__":

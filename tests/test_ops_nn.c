@@ -341,6 +341,127 @@ static void test_frozen_and_partial_grads(void) {
     mmc_tensor_free(x), mmc_tensor_free(w);
 }
 
+/* ------------------------------------------------------------------ conv2d blocking
+ * mmc_conv2d cuts the im2col buffer into blocks (grouped whole images, or row bands of one
+ * image; MMC_CONV_COL_MB sets the budget), run team-parallel per block or unit-parallel
+ * (>= 4 units): every blocking must give the direct convolution
+ * (double sums) for y, dx, dW, db, including stride 2/3, non-square inputs and kernels,
+ * no bias, frozen x / w, and be bitwise identical for 1 and 2 threads. */
+typedef struct { int64_t B, Cin, H, W, Cout, kh, kw; int stride, pad; bool bias, gx, gw; } conv_case;
+
+static void conv_direct(const conv_case *c, const float *x, const float *w, const float *b,
+                        const float *dy, double *y, double *dx, double *dw, double *db, int64_t Ho,
+                        int64_t Wo) {
+    for (int64_t n = 0; n < c->B; n++)
+        for (int64_t o = 0; o < c->Cout; o++)
+            for (int64_t oh = 0; oh < Ho; oh++)
+                for (int64_t ow = 0; ow < Wo; ow++) {
+                    int64_t yi = ((n * c->Cout + o) * Ho + oh) * Wo + ow;
+                    double s = b ? b[o] : 0, g = dy[yi];
+                    if (db) db[o] += g;
+                    for (int64_t ci = 0; ci < c->Cin; ci++)
+                        for (int64_t ki = 0; ki < c->kh; ki++)
+                            for (int64_t kj = 0; kj < c->kw; kj++) {
+                                int64_t ih = oh * c->stride - c->pad + ki, iw = ow * c->stride - c->pad + kj;
+                                if (ih < 0 || ih >= c->H || iw < 0 || iw >= c->W) continue;
+                                int64_t xi = ((n * c->Cin + ci) * c->H + ih) * c->W + iw;
+                                int64_t wi = ((o * c->Cin + ci) * c->kh + ki) * c->kw + kj;
+                                s += (double)x[xi] * w[wi];
+                                dx[xi] += g * w[wi];
+                                dw[wi] += g * x[xi];
+                            }
+                    y[yi] = s;
+                }
+}
+
+static double max_rel(const float *got, const double *want, int64_t n) {
+    double m = 0, scale = 1e-3;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(got[i] - want[i]) / scale);
+    return m;
+}
+
+static void test_conv2d_blocking(void) {
+    const conv_case cases[] = {
+        {3, 5, 9, 7, 6, 3, 3, 1, 1, true, true, true},      /* small images: grouped */
+        {2, 2, 45, 38, 3, 3, 2, 1, 1, true, true, true},    /* 45 rows x 39: row bands */
+        {2, 3, 47, 50, 4, 3, 3, 2, 1, false, true, true},   /* stride 2, non-square, no bias */
+        {2, 3, 11, 13, 2, 5, 4, 3, 2, true, true, true},    /* stride 3, 5x4 kernel, pad 2 */
+        {2, 4, 34, 33, 3, 3, 3, 1, 0, true, false, true},   /* x frozen: no dx */
+        {3, 4, 20, 21, 5, 3, 3, 1, 1, true, true, false},   /* w frozen: no dW */
+        {2, 2, 6, 7, 100, 3, 3, 1, 1, true, true, true},    /* Cout > 96: dW not transposed */
+        /* >= 4 (image, band) units: the unit-parallel mode */
+        {5, 3, 8, 9, 4, 3, 3, 1, 1, true, true, true},
+        {4, 2, 9, 8, 100, 3, 3, 2, 1, false, true, true},   /* Cout > 96, stride 2, no bias */
+        {4, 3, 10, 7, 3, 3, 3, 1, 1, true, false, true},    /* x frozen */
+        {2, 2, 100, 30, 3, 3, 3, 1, 1, true, true, true},   /* 3 bands (tiny budget): even/odd dx */
+    };
+    const char *budgets[] = {NULL, "0.000001", "0.05"};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const conv_case *c = &cases[k];
+        int64_t Ho = (c->H + 2 * c->pad - c->kh) / c->stride + 1, Wo = (c->W + 2 * c->pad - c->kw) / c->stride + 1;
+        int64_t nx = c->B * c->Cin * c->H * c->W, nw = c->Cout * c->Cin * c->kh * c->kw, ny = c->B * c->Cout * Ho * Wo;
+        mmc_tensor *x = param(70 + k, 4, MMC_SHAPE(c->B, c->Cin, c->H, c->W), 1, 0);
+        mmc_tensor *w = param(80 + k, 4, MMC_SHAPE(c->Cout, c->Cin, c->kh, c->kw), 0.3f, 0);
+        mmc_tensor *b = c->bias ? param(90 + k, 1, MMC_SHAPE(c->Cout), 1, 0) : NULL;
+        if (!c->gx) x->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
+        if (!c->gw) w->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
+        float *dy = malloc((size_t)ny * sizeof(float));
+        mmc_rng r;
+        mmc_rng_init(&r, 100 + k);
+        mmc_rng_uniform(&r, dy, ny, -1, 1);
+        double *y = calloc((size_t)ny, sizeof(double)), *dx = calloc((size_t)nx, sizeof(double));
+        double *dw = calloc((size_t)nw, sizeof(double)), *db = calloc((size_t)c->Cout, sizeof(double));
+        conv_direct(c, x->data, w->data, b ? b->data : NULL, dy, y, dx, dw, b ? db : NULL, Ho, Wo);
+        float *first[4] = {NULL};   /* results of the first run, for the bitwise comparisons */
+        for (int bu = 0; bu < 3; bu++)
+            for (int th = 1; th <= 2; th++) {
+#ifdef _OPENMP
+                omp_set_num_threads(th);
+#else
+                if (th == 2) continue;
+#endif
+                if (budgets[bu]) setenv("MMC_CONV_COL_MB", budgets[bu], 1);
+                else unsetenv("MMC_CONV_COL_MB");
+                mmc_ctx *ctx = mmc_ctx_new();
+                mmc_tensor *out = mmc_conv2d(ctx, x, w, b, c->stride, c->pad);
+                memcpy(mmc_grad(ctx, out)->data, dy, (size_t)ny * sizeof(float));
+                mmc_set_grad_enabled(ctx, false);
+                mmc_backward_range(ctx, 0, mmc_tape_len(ctx));
+                CHECKF(max_rel(out->data, y, ny) < 1e-5, "conv2d case %zu budget %s: y", k, budgets[bu] ? budgets[bu] : "default");
+                CHECK((x->grad != NULL) == c->gx && (w->grad != NULL) == c->gw);
+                if (x->grad) CHECKF(max_rel(x->grad->data, dx, nx) < 1e-5, "conv2d case %zu budget %s: dx", k, budgets[bu] ? budgets[bu] : "default");
+                if (w->grad) CHECKF(max_rel(w->grad->data, dw, nw) < 1e-5, "conv2d case %zu budget %s: dW", k, budgets[bu] ? budgets[bu] : "default");
+                if (b) CHECKF(max_rel(b->grad->data, db, c->Cout) < 1e-5, "conv2d case %zu budget %s: db", k, budgets[bu] ? budgets[bu] : "default");
+                /* a given blocking is bitwise the same on 1 and 2 threads */
+                const mmc_tensor *res[4] = {out, x->grad, w->grad, b ? b->grad : NULL};
+                for (int q = 0; q < 4; q++) {
+                    if (!res[q]) continue;
+                    if (th == 1) {
+                        free(first[q]);
+                        first[q] = malloc(mmc_nbytes(res[q]));
+                        memcpy(first[q], res[q]->data, mmc_nbytes(res[q]));
+                    } else {
+                        CHECKF(memcmp(first[q], res[q]->data, mmc_nbytes(res[q])) == 0,
+                               "conv2d case %zu budget %s: output %d differs between 1 and 2 threads", k,
+                               budgets[bu] ? budgets[bu] : "default", q);
+                    }
+                }
+                mmc_ctx_free(ctx);
+                mmc_tensor *ts[3] = {x, w, b};
+                for (int q = 0; q < 3; q++)
+                    if (ts[q]) mmc_tensor_free(ts[q]->grad), ts[q]->grad = NULL;   /* fresh grads next run */
+            }
+        unsetenv("MMC_CONV_COL_MB");
+        for (int q = 0; q < 4; q++) free(first[q]);
+        free(dy), free(y), free(dx), free(dw), free(db);
+        mmc_tensor_free(x), mmc_tensor_free(w), mmc_tensor_free(b);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+}
+
 /* dw/db and the loss must be bitwise identical for 1 and 2 threads (fixed-order reductions) */
 static void test_determinism(void) {
 #ifdef _OPENMP
@@ -427,5 +548,6 @@ int main(void) {
     test_xent_edges();
     test_frozen_and_partial_grads();
     test_determinism();
+    test_conv2d_blocking();
     return test_done("test_ops_nn");
 }

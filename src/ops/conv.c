@@ -5,14 +5,27 @@
  * W viewed as [Cout, Cin*kt*kh*kw], so it runs the linear kernels on w's storage without
  * copying it.
  * mmc_conv2d: torch.nn.functional.conv2d (square stride / zero padding, no dilation or
- * groups) as im2col + GEMM per image; backward recomputes the columns instead of keeping
- * them (memory), dx via Wᵀ·dy and col2im, dW via dy·colᵀ. */
+ * groups) as im2col + GEMM, the columns built in cache-sized blocks (plan_blocks: whole
+ * images grouped, or row bands of a large image) rather than one kh*kw-times-the-input
+ * buffer. Two ways to run the blocks, picked from the shapes alone:
+ *  - unit-parallel (>= 4 (image, band) units, e.g. a batch of small images or one large
+ *    VAE-sized image): threads take whole units and run single-threaded im2col + GEMMs on
+ *    their own buffers, one parallel region per pass and no barriers (see unit_mode);
+ *  - team-parallel (few, large units, e.g. 512 channels at 32x32): im2col / col2im over
+ *    (image, channel) items and team GEMMs per block, grouped images sharing one GEMM.
+ * Backward recomputes the columns instead of keeping them (memory), dW via dy·colᵀ (as
+ * dWᵀ = col·dyᵀ for small Cout), dx via col2im(Wᵀ·dy) reusing the same buffer.
+ * bench/bench_conv.c measures it against torch's CPU conv2d. */
 #include "mmc_ops.h"
 #include "conv.h"
 #include "gemm.h"
 #include "linear.h"
 
+#include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static void check_bias(const char *op, const mmc_tensor *b, int64_t Cout) {
     char s[64];
@@ -70,48 +83,187 @@ static const float *weight_f32(mmc_ctx *ctx, const mmc_tensor *w) {
 }
 
 typedef struct {
-    int64_t B, Cin, H, W, Cout, kh, kw, stride, pad, Ho, Wo;
+    int64_t B, Cout;
+    mmc_conv_geom g;
 } conv_dims;
+
+/* Blocking of the column buffer: nb images × `rows` output rows per block, the block's
+ * col [K, nb*rows*Wo] kept within a budget (default 4 MiB: it then stays in L2/L3 between
+ * im2col writing it and the GEMM packing it, instead of streaming a kh*kw-times-the-input
+ * buffer through memory). Small images are grouped, large ones cut into row bands; both
+ * balanced so the last block is not a sliver. MMC_CONV_COL_MB overrides the budget. */
+static void plan_blocks(const conv_dims *d, int64_t *nb, int64_t *rows) {
+    const char *e = getenv("MMC_CONV_COL_MB");
+    double budget = (e && atof(e) > 0 ? atof(e) : 4.0) * 1048576.0;
+    double row = (double)d->g.Cin * d->g.kh * d->g.kw * d->g.Wo * sizeof(float);
+    int64_t r = (int64_t)(budget / row);
+    if (r >= d->g.Ho) {
+        int64_t n = (int64_t)(budget / (row * d->g.Ho));
+        n = n < 1 ? 1 : n > d->B ? d->B : n;
+        int64_t groups = (d->B + n - 1) / n;
+        *nb = (d->B + groups - 1) / groups, *rows = d->g.Ho;
+    } else {
+        /* but at least ~1024 columns: each block's GEMMs re-read W and, for dW, the whole
+         * [Cout, K] gradient, which a thin block cannot amortise */
+        int64_t rmin = (1024 + d->g.Wo - 1) / d->g.Wo;
+        if (r < rmin) r = rmin;
+        if (r > d->g.Ho) r = d->g.Ho;
+        int64_t bands = (d->g.Ho + r - 1) / r;
+        *nb = 1, *rows = (d->g.Ho + bands - 1) / bands;
+    }
+}
+
+/* Unit-parallel mode. With several (image, row band) units the threads take whole units
+ * (schedule dynamic) and run im2col + single-threaded GEMMs on their own column buffer:
+ * one parallel region per pass and no barrier inside it, instead of a team-wide im2col,
+ * GEMM and col2im per block, each ending in barriers. On a shared 2-core machine a
+ * descheduled thread then costs its own unit, not a stall of the whole team at every
+ * barrier. dW gets one partial per unit (summed in unit order afterwards, so the result does
+ * not depend on which thread ran what); dx units of the same image overlap by kh-1 input
+ * rows, so even bands run first, then odd bands. The choice depends only on the shapes
+ * (never the thread count): results are bitwise the same for any number of threads. */
+static int64_t max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+static bool unit_mode(const conv_dims *d, int64_t R) {
+    const mmc_conv_geom *g = &d->g;
+    int64_t bands = (g->Ho + R - 1) / R, U = d->B * bands;
+    double partials = (double)U * g->Cin * g->kh * g->kw * d->Cout * sizeof(float);
+    return U >= 4 && (bands == 1 || R * g->stride >= g->kh) && partials <= 32.0 * 1048576.0;
+}
 
 static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     const conv_dims *d = n->extra;
-    int64_t K = d->Cin * d->kh * d->kw, P = d->Ho * d->Wo, HW = d->H * d->W;
+    const mmc_conv_geom *g = &d->g;
+    int64_t K = g->Cin * g->kh * g->kw, P = g->Ho * g->Wo, CHW = g->Cin * g->H * g->W;
     float *dx = mmc_requires_grad(x) ? mmc_grad(ctx, x)->data : NULL;
     float *dw = mmc_requires_grad(w) ? mmc_grad(ctx, w)->data : NULL;
     float *db = mmc_requires_grad(b) ? mmc_grad(ctx, b)->data : NULL;
     const float *gy = n->out->grad->data, *xd = x->data;
     mmc_arena_mark m = mmc_scratch_mark(ctx);
-    const float *wf = dx ? weight_f32(ctx, w) : NULL;
-    float *col = mmc_scratch_alloc(ctx, (size_t)(K * P) * sizeof(float));   /* [K, Ho*Wo] */
-    for (int64_t bi = 0; bi < d->B; bi++) {
-        const float *gyb = gy + bi * d->Cout * P;   /* [Cout, Ho*Wo] */
-        if (dx) {
-            /* dcol [K, P] = Wᵀ [K, Cout] · dy [Cout, P] */
-            mmc_gemm_f32(true, false, K, P, d->Cout, 1.0f, wf, K, gyb, P, 0.0f, col, P);
-            mmc_cpu_col2im_acc(col, dx + bi * d->Cin * HW, d->Cin, d->H, d->W, d->kh, d->kw, d->stride,
-                               d->pad, d->Ho, d->Wo);
-        }
-        if (dw) {
-            mmc_cpu_im2col(xd + bi * d->Cin * HW, col, d->Cin, d->H, d->W, d->kh, d->kw, d->stride,
-                           d->pad, d->Ho, d->Wo);
-            /* dW [Cout, K] += dy [Cout, P] · colᵀ [P, K] */
-            mmc_gemm_f32(false, true, d->Cout, K, P, 1.0f, gyb, P, col, P, 1.0f, dw, K);
-        }
-    }
-    if (db) {
+    int64_t G, R;
+    plan_blocks(d, &G, &R);
+    bool dxw = dx || dw;
+    /* Grouped images: dy regathered as [Cout, B*P] so that each block's dW and dcol are one
+     * GEMM each (K or N = nb*P) instead of nb narrow ones; db is summed in the same pass. */
+    float *gyt = dxw && G > 1 && !unit_mode(d, R)
+                     ? mmc_scratch_alloc(ctx, (size_t)(d->B * d->Cout * P) * sizeof(float))
+                     : NULL;   /* [Cout, B*P] */
+    if (db || gyt) {
 #pragma omp parallel for schedule(static) if (d->B * d->Cout * P > 32768)
         for (int64_t c = 0; c < d->Cout; c++) {
             float s = 0;
             for (int64_t bi = 0; bi < d->B; bi++) {
                 const float *r = gy + (bi * d->Cout + c) * P;
+                if (gyt) memcpy(gyt + c * d->B * P + bi * P, r, (size_t)P * sizeof(float));
                 float sb = 0;
 #pragma omp simd reduction(+ : sb)
                 for (int64_t p = 0; p < P; p++) sb += r[p];
                 s += sb;
             }
-            db[c] += s;
+            if (db) db[c] += s;
         }
+    }
+    if (!dxw) {
+        mmc_scratch_release(ctx, m);
+        return;
+    }
+    const float *wf = dx ? weight_f32(ctx, w) : NULL;
+    if (unit_mode(d, R)) {
+        const int64_t bands = (g->Ho + R - 1) / R, U = d->B * bands, nth = max_threads();
+        const bool tr = d->Cout <= 96;   /* partials as dWᵀ [K, Cout], see below */
+        float *cols = mmc_scratch_alloc(ctx, (size_t)(nth * K * R * g->Wo) * sizeof(float));
+        float *part = dw ? mmc_scratch_alloc(ctx, (size_t)(U * K * d->Cout) * sizeof(float)) : NULL;
+        for (int phase = 0; phase < (bands > 1 ? 2 : 1); phase++) {
+            const int64_t nu = bands > 1 ? d->B * ((bands - phase + 1) / 2) : U;
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int64_t j = 0; j < nu; j++) {
+                /* unit u = (image bi, band bb); with two phases, band bb = 2*k + phase */
+                const int64_t per = bands > 1 ? (bands - phase + 1) / 2 : bands;
+                const int64_t bi = j / per, bb = bands > 1 ? 2 * (j % per) + phase : j % per;
+                const int64_t u = bi * bands + bb, oh0 = bb * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho;
+                const int64_t Q = (oh1 - oh0) * g->Wo;
+                float *col = cols + thread_id() * K * R * g->Wo;   /* [K, Q] */
+                const float *gb = gy + bi * d->Cout * P + oh0 * g->Wo;   /* [Cout, Q], ld P */
+                if (dw) {
+                    mmc_cpu_im2col(xd + bi * CHW, col, 1, oh0, oh1, g);
+                    if (tr)   /* dWᵀ_u [K, Cout] = col [K, Q] · dy_uᵀ [Q, Cout] */
+                        mmc_gemm_f32(false, true, K, d->Cout, Q, 1.0f, col, Q, gb, P, 0.0f,
+                                     part + u * K * d->Cout, d->Cout);
+                    else      /* dW_u [Cout, K] = dy_u [Cout, Q] · colᵀ [Q, K] */
+                        mmc_gemm_f32(false, true, d->Cout, K, Q, 1.0f, gb, P, col, Q, 0.0f,
+                                     part + u * K * d->Cout, K);
+                }
+                if (dx) {
+                    mmc_gemm_f32(true, false, K, Q, d->Cout, 1.0f, wf, K, gb, P, 0.0f, col, Q);
+                    mmc_cpu_col2im_acc(col, dx + bi * CHW, 1, oh0, oh1, g);
+                }
+            }
+        }
+        if (dw) {   /* dW += Σ_u partial_u, summed in unit order into partial_0 (contiguous) */
+            const int64_t KC = K * d->Cout;
+#pragma omp parallel for schedule(static) if (U * KC > 65536)
+            for (int64_t i0 = 0; i0 < KC; i0 += 1024) {
+                const int64_t i1 = i0 + 1024 < KC ? i0 + 1024 : KC;
+                for (int64_t u = 1; u < U; u++)
+#pragma omp simd
+                    for (int64_t i = i0; i < i1; i++) part[i] += part[u * KC + i];
+            }
+#pragma omp parallel for schedule(static) if (KC > 65536)
+            for (int64_t c = 0; c < d->Cout; c++)
+                for (int64_t k = 0; k < K; k++) dw[c * K + k] += part[tr ? k * d->Cout + c : c * K + k];
+        }
+        mmc_scratch_release(ctx, m);
+        return;
+    }
+    float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
+    float *dwt = dw && d->Cout <= 96 ? mmc_scratch_alloc(ctx, (size_t)(K * d->Cout) * sizeof(float))
+                                     : NULL;   /* [K, Cout] */
+    bool first = true;
+    for (int64_t b0 = 0; b0 < d->B; b0 += G) {
+        const int64_t nb = d->B - b0 < G ? d->B - b0 : G;
+        for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
+            const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo, ld = nb * Q;
+            /* this block of dy: [Cout, nb*Q] (grouped whole images) or [Cout, Q] (a row band) */
+            const float *gb = gyt ? gyt + b0 * P : gy + b0 * d->Cout * P + oh0 * g->Wo;
+            const int64_t ldg = gyt ? d->B * P : P;
+            if (dw) {
+                mmc_cpu_im2col(xd + b0 * CHW, col, nb, oh0, oh1, g);
+                if (dwt) {
+                    /* dWᵀ [K, Cout] (+)= col [K, nb*Q] · dy_blockᵀ [nb*Q, Cout]: for small Cout,
+                     * so that the GEMM's M is K and no register tile is left part-empty
+                     * (Cout = 64 wastes 9% of the last 14-row tile; measured 9% faster) */
+                    mmc_gemm_f32(false, true, K, d->Cout, ld, 1.0f, col, ld, gb, ldg, first ? 0.0f : 1.0f,
+                                 dwt, d->Cout);
+                    first = false;
+                } else {
+                    /* dW [Cout, K] += dy_block [Cout, nb*Q] · colᵀ [nb*Q, K] */
+                    mmc_gemm_f32(false, true, d->Cout, K, ld, 1.0f, gb, ldg, col, ld, 1.0f, dw, K);
+                }
+            }
+            if (dx) {
+                /* dcol [K, nb*Q] = Wᵀ [K, Cout] · dy_block [Cout, nb*Q], then scattered back */
+                mmc_gemm_f32(true, false, K, ld, d->Cout, 1.0f, wf, K, gb, ldg, 0.0f, col, ld);
+                mmc_cpu_col2im_acc(col, dx + b0 * CHW, nb, oh0, oh1, g);
+            }
+        }
+    }
+    if (dwt) {
+#pragma omp parallel for schedule(static) if (K * d->Cout > 65536)
+        for (int64_t c = 0; c < d->Cout; c++)
+            for (int64_t k = 0; k < K; k++) dw[c * K + k] += dwt[k * d->Cout + c];
     }
     mmc_scratch_release(ctx, m);
 }
@@ -127,36 +279,81 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
               "padding >= 0; got x %s, w %s %s, stride %d, padding %d",
               mmc_shape_str(x, sx, sizeof sx), mmc_shape_str(w, sw, sizeof sw),
               mmc_dtype_name(w->dtype), stride, padding);
-    conv_dims d = {.B = x->shape[0], .Cin = x->shape[1], .H = x->shape[2], .W = x->shape[3],
-                   .Cout = w->shape[0], .kh = w->shape[2], .kw = w->shape[3], .stride = stride,
-                   .pad = padding};
-    d.Ho = (d.H + 2 * d.pad - d.kh) / d.stride + 1;
-    d.Wo = (d.W + 2 * d.pad - d.kw) / d.stride + 1;
-    MMC_CHECK(d.H + 2 * d.pad >= d.kh && d.W + 2 * d.pad >= d.kw,
+    conv_dims d = {.B = x->shape[0], .Cout = w->shape[0],
+                   .g = {.Cin = x->shape[1], .H = x->shape[2], .W = x->shape[3], .kh = w->shape[2],
+                         .kw = w->shape[3], .stride = stride, .pad = padding}};
+    mmc_conv_geom *g = &d.g;
+    MMC_CHECK(g->H + 2 * g->pad >= g->kh && g->W + 2 * g->pad >= g->kw,
               "mmc_conv2d: kernel %lldx%lld larger than the padded input %s (padding %d)",
-              (long long)d.kh, (long long)d.kw, mmc_shape_str(x, sx, sizeof sx), padding);
+              (long long)g->kh, (long long)g->kw, mmc_shape_str(x, sx, sizeof sx), padding);
+    g->Ho = (g->H + 2 * g->pad - g->kh) / g->stride + 1;
+    g->Wo = (g->W + 2 * g->pad - g->kw) / g->stride + 1;
     check_bias("mmc_conv2d", b, d.Cout);
-    int64_t K = d.Cin * d.kh * d.kw, P = d.Ho * d.Wo;
-    mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(d.B, d.Cout, d.Ho, d.Wo));   /* [B, Cout, Ho, Wo] */
+    int64_t K = g->Cin * g->kh * g->kw, P = g->Ho * g->Wo, CHW = g->Cin * g->H * g->W;
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(d.B, d.Cout, g->Ho, g->Wo));   /* [B, Cout, Ho, Wo] */
     float *yd = y->data;
+    const float *bf = b ? b->data : NULL;
+    const uint16_t *bh = b ? b->data : NULL;
+    const bool b16 = b && b->dtype == MMC_BF16;
     mmc_arena_mark m = mmc_scratch_mark(ctx);
     const float *wf = weight_f32(ctx, w);
-    float *col = mmc_scratch_alloc(ctx, (size_t)(K * P) * sizeof(float));   /* [K, Ho*Wo] */
-    for (int64_t bi = 0; bi < d.B; bi++) {
-        float *yb = yd + bi * d.Cout * P;   /* [Cout, P] */
-        if (b) {
-            for (int64_t c = 0; c < d.Cout; c++) {
-                float bv = b->dtype == MMC_F32 ? ((const float *)b->data)[c]
-                                               : mmc_bf16_to_f32(((const uint16_t *)b->data)[c]);
-                for (int64_t p = 0; p < P; p++) yb[c * P + p] = bv;
+    int64_t G, R;
+    plan_blocks(&d, &G, &R);
+    if (b && G == 1 && !unit_mode(&d, R)) {   /* y = bias, then the GEMMs accumulate onto it */
+#pragma omp parallel for schedule(static) if (d.B * d.Cout * P > 32768)
+        for (int64_t r = 0; r < d.B * d.Cout; r++) {
+            float bv = b16 ? mmc_bf16_to_f32(bh[r % d.Cout]) : bf[r % d.Cout];
+            float *yr = yd + r * P;
+            for (int64_t p = 0; p < P; p++) yr[p] = bv;
+        }
+    }
+    if (unit_mode(&d, R)) {   /* see unit_mode: threads take whole (image, band) units */
+        const int64_t bands = (g->Ho + R - 1) / R, U = d.B * bands, nth = max_threads();
+        float *cols = mmc_scratch_alloc(ctx, (size_t)(nth * K * R * g->Wo) * sizeof(float));
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t u = 0; u < U; u++) {
+            const int64_t bi = u / bands, oh0 = (u % bands) * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho;
+            const int64_t Q = (oh1 - oh0) * g->Wo;
+            float *col = cols + thread_id() * K * R * g->Wo;   /* [K, Q] */
+            float *yb = yd + bi * d.Cout * P + oh0 * g->Wo;     /* [Cout, Q], ld P */
+            mmc_cpu_im2col((const float *)x->data + bi * CHW, col, 1, oh0, oh1, g);
+            for (int64_t c = 0; c < d.Cout && b; c++) {
+                const float bv = b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
+                for (int64_t q = 0; q < Q; q++) yb[c * P + q] = bv;
+            }
+            mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f, yb, P);
+        }
+        mmc_scratch_release(ctx, m);
+        goto record;
+    }
+    float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
+    /* grouped images: one GEMM per group into t [Cout, nb*P], then scattered into y + bias */
+    float *t = G > 1 ? mmc_scratch_alloc(ctx, (size_t)(d.Cout * G * P) * sizeof(float)) : NULL;
+    for (int64_t b0 = 0; b0 < d.B; b0 += G) {
+        const int64_t nb = d.B - b0 < G ? d.B - b0 : G;
+        for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
+            const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo;
+            mmc_cpu_im2col((const float *)x->data + b0 * CHW, col, nb, oh0, oh1, g);
+            if (!t) {   /* y_b[:, band] [Cout, Q] (+)= W [Cout, K] · col [K, Q] */
+                mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f,
+                             yd + b0 * d.Cout * P + oh0 * g->Wo, P);
+                continue;
+            }
+            /* t [Cout, nb*P] = W [Cout, K] · col [K, nb*P] */
+            mmc_gemm_f32(false, false, d.Cout, nb * P, K, 1.0f, wf, K, col, nb * P, 0.0f, t, nb * P);
+#pragma omp parallel for schedule(static) if (nb * d.Cout * P > 32768)
+            for (int64_t r = 0; r < nb * d.Cout; r++) {
+                const int64_t bi = r / d.Cout, c = r % d.Cout;
+                const float bv = !b ? 0.0f : b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
+                const float *src = t + c * nb * P + bi * P;
+                float *dst = yd + (b0 + bi) * d.Cout * P + c * P;
+#pragma omp simd
+                for (int64_t p = 0; p < P; p++) dst[p] = src[p] + bv;
             }
         }
-        mmc_cpu_im2col((const float *)x->data + bi * d.Cin * d.H * d.W, col, d.Cin, d.H, d.W, d.kh,
-                       d.kw, d.stride, d.pad, d.Ho, d.Wo);
-        /* y [Cout, P] (+)= W [Cout, K] · col [K, P] */
-        mmc_gemm_f32(false, false, d.Cout, P, K, 1.0f, wf, K, col, P, b ? 1.0f : 0.0f, yb, P);
     }
     mmc_scratch_release(ctx, m);
+record:;
     mmc_tensor *in[3] = {x, w, b};
     mmc_node *n = mmc_tape_record(ctx, "conv2d", conv2d_backward, y, b ? 3 : 2, in);
     if (n) {
