@@ -12,14 +12,21 @@ MMC=${MMC:-build/mmc}
 if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_train: skipped (no mpirun)"; exit 77; fi
 if [ ! -x "$(dirname "$MMC")/dist_mpi_worker" ]; then echo "test_dist_train: skipped (built without MPI)"; exit 77; fi
 if ! command -v python3 >/dev/null 2>&1; then echo "test_dist_train: skipped (no python3 to compare)"; exit 77; fi
-export OMP_NUM_THREADS=1 MMC_DP_BUCKET_BYTES=65536
+# A hang must fail the run within minutes, naming the stuck rank (the watchdog), not stall the
+# test until ctest's timeout cuts its output off: every mpirun runs under a watchdog timeout
+# and `timeout`, and a failed run prints its log's tail (both ranks' lines).
+export OMP_NUM_THREADS=1 MMC_DP_BUCKET_BYTES=65536 MMC_DIST_TIMEOUT=${MMC_DIST_TIMEOUT:-120}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x MMC_DP_BUCKET_BYTES -x ASAN_OPTIONS)
+MPIRUN=(timeout -k 10 400 mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x MMC_DP_BUCKET_BYTES
+        -x MMC_DIST_TIMEOUT -x ASAN_OPTIONS)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+W=$(mktemp -d)
 fail=0
+# on failure, MMC_TEST_KEEP=DIR keeps the work directory (configs, logs, checkpoints) there
+trap 'if [ $fail != 0 ] && [ -n "${MMC_TEST_KEEP:-}" ]; then mkdir -p "$MMC_TEST_KEEP" && cp -r "$W" "$MMC_TEST_KEEP/"; fi; rm -rf "$W"' EXIT
 ok() { echo "ok: $*"; }
 bad() { echo "FAIL: $*"; fail=1; }
+tail_log() { echo "--- last lines of $1.log:"; tail -n 60 "$W/$1.log"; echo "---"; }
 cfg() {  # cfg NAME BATCH MB DP ZERO [extra model keys]
   cat > "$W/$1.yaml" <<YAML
 model: {path: tests/fixtures/qwen2/tiny, dtype: f32 $6}
@@ -61,9 +68,11 @@ cfg refL4 8 4 1 0 "$LORA"; "$MMC" train "$W/refL4.yaml" 2>"$W/refL4.log" || { ca
 cfg refL2 8 2 1 0 "$LORA"; "$MMC" train "$W/refL2.yaml" 2>"$W/refL2.log" || { cat "$W/refL2.log"; bad "LoRA reference (mb 2)"; }
 par() {  # par NAME REF NP MB ZERO [extra model keys] [what]
   cfg $1 8 $4 $3 $5 "${6:-}"
-  if "${MPIRUN[@]}" -np $3 "$MMC" train "$W/$1.yaml" >"$W/$1.log" 2>&1; then
-    r=$(compare $2 $1) && ok "$3 ranks ZeRO-$5${7:-}: $r" || bad "$3 ranks ZeRO-$5${7:-}: $r"
-  else cat "$W/$1.log"; bad "$3 ranks ZeRO-$5${7:-} run"; fi
+  local t0=$SECONDS rc
+  "${MPIRUN[@]}" -np $3 "$MMC" train "$W/$1.yaml" >"$W/$1.log" 2>&1; rc=$?
+  if [ $rc = 0 ]; then
+    r=$(compare $2 $1) && ok "$3 ranks ZeRO-$5${7:-}: $r ($((SECONDS - t0)) s)" || { tail_log $1; bad "$3 ranks ZeRO-$5${7:-}: $r"; }
+  else tail_log $1; bad "$3 ranks ZeRO-$5${7:-} run: exit $rc after $((SECONDS - t0)) s"; fi
 }
 for z in 0 1 2 3; do
   par dp2z$z ref4 2 4 $z
@@ -110,15 +119,15 @@ b=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())[
 vlcfg vlref "$MIX" 1 0 4; "$MMC" train "$W/vlref.yaml" 2>"$W/vlref.log" || { cat "$W/vlref.log"; bad "VL mixed reference"; }
 for z in 0 2 3; do
   vlcfg vldp$z "$MIX" 2 $z 4
-  if MMC_DIST_TIMEOUT=60 timeout 300 "${MPIRUN[@]}" -x MMC_DIST_TIMEOUT -np 2 "$MMC" train "$W/vldp$z.yaml" >"$W/vldp$z.log" 2>&1; then
-    r=$(compare vlref vldp$z) && ok "2 ranks ZeRO-$z, one rank text-only, the other with images: $r" || bad "mixed ZeRO-$z: $r"
-  else cat "$W/vldp$z.log"; bad "mixed batches ZeRO-$z run (hang or error)"; fi
+  if "${MPIRUN[@]}" -np 2 "$MMC" train "$W/vldp$z.yaml" >"$W/vldp$z.log" 2>&1; then
+    r=$(compare vlref vldp$z) && ok "2 ranks ZeRO-$z, one rank text-only, the other with images: $r" || { tail_log vldp$z; bad "mixed ZeRO-$z: $r"; }
+  else tail_log vldp$z; bad "mixed batches ZeRO-$z run (hang or error)"; fi
 done
 # evaluation during a ZeRO-3 run: every rank joins the parameter gathering, rank 0 evaluates
 for z in 0 3; do
   vlcfg ev$z "$MIX" 2 $z 4
-  MMC_DIST_TIMEOUT=60 timeout 300 "${MPIRUN[@]}" -x MMC_DIST_TIMEOUT -np 2 "$MMC" train "$W/ev$z.yaml" --set data.eval="$MIX" \
-    --set training.eval_every=3 --set training.steps=3 >"$W/ev$z.log" 2>&1 || { cat "$W/ev$z.log"; bad "eval run ZeRO-$z"; }
+  "${MPIRUN[@]}" -np 2 "$MMC" train "$W/ev$z.yaml" --set data.eval="$MIX" \
+    --set training.eval_every=3 --set training.steps=3 >"$W/ev$z.log" 2>&1 || { tail_log ev$z; bad "eval run ZeRO-$z"; }
 done
 e0=$(grep '^eval step 3' "$W/ev0.log"); e3=$(grep '^eval step 3' "$W/ev3.log")
 [ -n "$e0" ] && [ "$e0" = "$e3" ] && ok "evaluation under ZeRO-3 equals ZeRO-0 ($e3)" || bad "eval: ZeRO-0 '$e0' vs ZeRO-3 '$e3'"
