@@ -378,7 +378,9 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
     const bool sharded = mmc_dp_checkpoint_sharded(dir);
     if (sharded && (st = mmc_dp_read_sharded_state(dir, t->opt_names, t->opt, t->n_opt, t->adamw.m, t->adamw.v)))
         return mmc_error_prefix(st, "--resume");
-    const bool params_sharded = sharded && mmc_dp_checkpoint_params_sharded(dir);
+    /* (a ZeRO-3 LoRA checkpoint shards only the adapters, which optimizer.safetensors holds whole) */
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    const bool params_sharded = sharded && mmc_dp_checkpoint_params_sharded(dir) && access(path, F_OK) != 0;
     if (params_sharded) {
         /* ZeRO-3: the trained parameters from the shards (any layout), the rest as saved */
         if (t->lora) return mmc_error(MMC_ERR_INVALID, "--resume: %s holds sharded full-model parameters (ZeRO-3 "
