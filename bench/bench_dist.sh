@@ -14,6 +14,10 @@ set -uo pipefail
 MMC=${MMC:-build/mmc}
 command -v mpirun >/dev/null 2>&1 || { echo "bench_dist: no mpirun" >&2; exit 0; }
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+# its own OpenMPI session directory: concurrent mpiruns (ctest -j runs the MPI tests side by
+# side) race creating and removing the shared /tmp/ompi.<host>.<uid> ("A call to mkdir was
+# unable to create the desired directory ... File exists", then orte_init fails)
+export OMPI_MCA_orte_tmpdir_base="$W"
 MPI=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS)
 [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
 STEPS=${MMC_BENCH_DIST_STEPS:-8}

@@ -21,6 +21,10 @@ MPIRUN=(timeout -k 10 400 mpirun --oversubscribe --bind-to none -x OMP_NUM_THREA
         -x MMC_DIST_TIMEOUT -x ASAN_OPTIONS)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 W=$(mktemp -d)
+# its own OpenMPI session directory: concurrent mpiruns (ctest -j runs the MPI tests side by
+# side) race creating and removing the shared /tmp/ompi.<host>.<uid> ("A call to mkdir was
+# unable to create the desired directory ... File exists", then orte_init fails)
+export OMPI_MCA_orte_tmpdir_base="$W"
 fail=0
 # on failure, MMC_TEST_KEEP=DIR keeps the work directory (configs, logs, checkpoints) there
 trap 'if [ $fail != 0 ] && [ -n "${MMC_TEST_KEEP:-}" ]; then mkdir -p "$MMC_TEST_KEEP" && cp -r "$W" "$MMC_TEST_KEEP/"; fi; rm -rf "$W"' EXIT
