@@ -71,6 +71,8 @@ void mmc_dp_forward_end(mmc_dp *d);
 /* ZeRO-3: gather every parameter into place (collective; for saving or evaluating without
  * hooks), until mmc_dp_release_params. No-op for other stages. */
 mmc_status mmc_dp_gather_params(mmc_dp *d);
+/* the same for the trained and/or the untrained parameters only (e.g. LoRA adapters for saving) */
+mmc_status mmc_dp_gather_params_sel(mmc_dp *d, bool trained, bool frozen);
 void mmc_dp_release_params(mmc_dp *d);
 /* Backward of one micro-batch (replaces mmc_backward): walks the tape in reverse and starts
  * bucket reductions as their gradients complete — on the last micro-batch of the step, or on

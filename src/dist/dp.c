@@ -90,6 +90,7 @@ struct mmc_dp {
     mmc_adamw adamw;
     double t_first, t_last, exposed;
     int64_t live_g, live_p, peak_g, peak_p;   /* transient gradient / parameter bytes now and at most */
+    int64_t peak_p_steps;      /* peak_p before a gather for saving / evaluating */
 };
 
 static void *falloc(int64_t n) {
@@ -888,13 +889,17 @@ void mmc_dp_scatter_state(mmc_dp *d, const mmc_adamw *a) {
     d->adamw.step = a->step;
 }
 
-mmc_status mmc_dp_gather_params(mmc_dp *d) {
+mmc_status mmc_dp_gather_params(mmc_dp *d) { return mmc_dp_gather_params_sel(d, true, true); }
+
+mmc_status mmc_dp_gather_params_sel(mmc_dp *d, bool trained, bool frozen) {
     if (d->zero != 3 || d->pinned) return MMC_OK;
+    d->peak_p_steps = d->peak_p;   /* a save or an evaluation is not a step: its peak is apart */
     for (int i = 0; i < d->nt; i++) {
         release(d, &d->b[i]);
-        gather_start(d, &d->b[i]);
+        if (d->b[i].frozen ? frozen : trained) gather_start(d, &d->b[i]);
     }
     for (int i = 0; i < d->nt; i++) {
+        if (d->b[i].gstate == G_NONE) continue;
         gather_wait(d, &d->b[i]);
         d->b[i].gstate = G_CLAIMED;
     }
@@ -906,6 +911,7 @@ void mmc_dp_release_params(mmc_dp *d) {
     if (d->zero != 3 || !d->pinned) return;
     d->pinned = false;
     for (int i = 0; i < d->nt; i++) release(d, &d->b[i]);
+    d->peak_p = d->peak_p_steps;
 }
 
 int64_t mmc_dp_adamw_step(const mmc_dp *d) { return d->adamw.step; }

@@ -203,10 +203,12 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
         st = mmc_stw_add(w, name, t->lora->params[i]);
     }
     /* bf16 runs write the HF model in bf16: keep the exact f32 values of the parameters that
-     * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical */
+     * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical
+     * (ZeRO-3: sharded ones are not here — their values are in the shards, or in model.path
+     * for a LoRA run's base) */
     if (t->cfg->model.dtype == MMC_RUN_BF16)
         for (int i = 0; i < t->n_params && !st; i++)
-            if (t->params[i]->dtype == MMC_F32) {
+            if (t->params[i]->dtype == MMC_F32 && t->params[i]->data) {
                 char name[256];
                 snprintf(name, sizeof name, "master.%s", t->names[i]);
                 st = mmc_stw_add(w, name, t->params[i]);

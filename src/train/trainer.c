@@ -888,13 +888,12 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
  * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
-    /* ZeRO-3: the parameters are gathered for rank 0's files (collective) and freed after — the
-     * LoRA adapters for the PEFT files, the untrained parameters for model.frozen.safetensors,
-     * a bf16 run's f32 norms for their exact copies; the trained parameters' own values go
-     * into every rank's shard */
-    const bool gather = t->dp && t->cfg->parallel.zero == 3 &&
-                        (t->lora || t->n_frozen > 0 || t->cfg->model.dtype == MMC_RUN_BF16);
-    mmc_status st = gather ? mmc_dp_gather_params(t->dp) : MMC_OK;
+    /* ZeRO-3: parameters are gathered for rank 0's files (collective) and freed after — the
+     * LoRA adapters for the PEFT files (the base is model.path), or the untrained parameters
+     * for model.frozen.safetensors (a full gather: a spike of the whole model's size); the
+     * trained parameters' own values go into every rank's shard */
+    const bool gather = t->dp && t->cfg->parallel.zero == 3 && (t->lora || t->n_frozen > 0);
+    mmc_status st = gather ? mmc_dp_gather_params_sel(t->dp, t->lora != NULL, !t->lora) : MMC_OK;
     if (!st) st = save_ranked_inner(t);
     if (gather) mmc_dp_release_params(t->dp);
     return st;
