@@ -8,18 +8,28 @@
 #    S = 0..3 (measured) and dist_z<S>_*_theory (parameters 4P (ZeRO-3: 4P/N), gradients 4P
 #    (ZeRO >= 2: 4P/N), AdamW 8P (ZeRO >= 1: 8P/N)); dist_z<S>_{params,grads}_peak_bytes: the
 #    high-water mark during steps, transient buffers included (ZeRO-2/3: gradient buckets in
-#    flight; ZeRO-3: gathered units, the root unit — embeddings, lm_head — among them).
+#    flight; ZeRO-3: gathered units, the root unit — embeddings, lm_head — among them);
+#  - dist_lora_z<S>_frozen_bytes (S = 0, 3): the untrained base of a LoRA run held by rank 0
+#    (ZeRO-3 shards it: theory 4F/N for F base parameters in f32, 4F otherwise) and the LoRA
+#    run's parameter peak (the base is gathered unit by unit);
+#  - dist_bf16_z3_*: model.dtype bf16 under ZeRO-3: the persistent parameter bytes (the fp32
+#    master shard, theory 4P/N), optimizer state (8P/N), and the gathered bytes above the shard
+#    at the peak against f32 ZeRO-3's (bf16 weights travel and live in half the bytes).
 # The model is the committed tiny Qwen2 with a larger width so the step is compute-bound.
 set -uo pipefail
 MMC=${MMC:-build/mmc}
 command -v mpirun >/dev/null 2>&1 || { echo "bench_dist: no mpirun" >&2; exit 0; }
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+# its own OpenMPI session directory: concurrent mpiruns (ctest -j runs the MPI tests side by
+# side) race creating and removing the shared /tmp/ompi.<host>.<uid> ("A call to mkdir was
+# unable to create the desired directory ... File exists", then orte_init fails)
+export OMPI_MCA_orte_tmpdir_base="$W"
 MPI=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS)
 [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
 STEPS=${MMC_BENCH_DIST_STEPS:-8}
-cfg() {  # cfg NAME DP ZERO
+cfg() {  # cfg NAME DP ZERO [extra model keys]
   cat > "$W/$1.yaml" <<YAML
-model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
+model: {path: tests/fixtures/qwen2/tiny, dtype: ${DTYPE:-f32} ${4:-}}
 data: {train: synthetic, seq_len: 64, batch_size: 8, micro_batch_size: 2}
 parallel: {data_parallel: $2, zero: $3}
 optimizer: {type: adamw, lr: 1.0e-3}
@@ -69,3 +79,39 @@ print(json.dumps({"name": "dist_z%d_grads_peak_bytes" % z, "mmc": gpk, "unit": "
 print(json.dumps({"name": "dist_z%d_bucket_bytes" % z, "mmc": bk, "unit": "B", "better": "lower"}))
 PY
 done
+# ZeRO-3 shards a LoRA run's untrained base too; bf16 weights are gathered in bf16
+LORA=", lora: {r: 8, alpha: 16, targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}"
+for v in lora_z0 lora_z3 bf16_z3; do
+  z=${v#*_z}; d=f32; x=""; [ "${v%%_*}" = lora ] && x=$LORA; [ "${v%%_*}" = bf16 ] && d=bf16
+  DTYPE=$d cfg $v 2 $z "$x"; sed -i "s|path: tests/fixtures/qwen2/tiny|init: $W/deep.json|" "$W/$v.yaml"
+  OMP_NUM_THREADS=1 MMC_DP_BUCKET_BYTES=65536 "${MPI[@]}" -x MMC_DP_BUCKET_BYTES -np 2 "$MMC" train "$W/$v.yaml" --set training.steps=2 >"$W/$v.log" 2>&1 || { cat "$W/$v.log" >&2; continue; }
+done
+python3 - "$W" <<'PY'
+import json, re, os, sys
+W = sys.argv[1]; N = 2
+def rep(n, v, u="B"): print(json.dumps({"name": n, "mmc": v, "unit": u, "better": "lower"}))
+def mem(name):
+    f = os.path.join(W, name + ".log")
+    if not os.path.exists(f): return None
+    t = open(f).read()
+    m = re.search(r"rank 0 holds (\d+) bytes of parameters, (\d+) of gradients \(\+(\d+) in buckets\), (\d+) of optimizer "
+                  r"state; peaks during steps: (\d+) of parameters, (\d+) of gradients; (\d+) bytes of untrained", t)
+    return (t, list(map(int, m.groups()))) if m else None
+for z in (0, 3):
+    r = mem("lora_z%d" % z)
+    if not r: continue
+    t, (par, gr, bk, op, ppk, gpk, fz) = r
+    lo = re.search(r"(\d+) trainable parameters \([0-9.]+% of (\d+) total\)", t)
+    F = int(lo.group(2)) - int(lo.group(1))
+    rep("dist_lora_z%d_frozen_bytes" % z, fz); rep("dist_lora_z%d_frozen_theory" % z, 4 * F // (N if z == 3 else 1))
+    rep("dist_lora_z%d_params_peak_bytes" % z, ppk + fz)   # base (whole or shard) + adapters + gathered units
+r, r3 = mem("bf16_z3"), mem("z3")
+if r and r3:
+    t, (par, gr, bk, op, ppk, gpk, fz) = r
+    P = int(re.search(r"(\d+) trainable parameters", t).group(1))
+    rep("dist_bf16_z3_params_bytes", par); rep("dist_bf16_z3_params_theory", 4 * P // N)
+    rep("dist_bf16_z3_optim_bytes", op); rep("dist_bf16_z3_optim_theory", 8 * P // N)
+    rep("dist_bf16_z3_gathered_peak_bytes", ppk - par)
+    rep("dist_f32_z3_gathered_peak_bytes", r3[1][4] - r3[1][0])
+    rep("dist_bf16_vs_f32_z3_gathered_ratio", (ppk - par) / max(1, r3[1][4] - r3[1][0]), "x")
+PY

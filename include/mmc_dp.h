@@ -32,15 +32,30 @@ extern "C" {
 typedef struct mmc_dp mmc_dp;
 
 /* Units: unit_of[i] in [0, n_units) names the block parameter i belongs to, -1 = the root;
- * keys[u] is what the model passes to mmc_params_begin/_end for unit u (its layer struct). */
+ * keys[u] is what the model passes to mmc_params_begin/_end for unit u (its layer struct);
+ * fwd_pos[u] its place in the forward (0 runs first; NULL = the order of the units' first
+ * parameters). frozen[j] (unit frozen_unit[j]) are the untrained parameters (LoRA's base, a
+ * frozen vision tower): ZeRO-3 shards them too, in their own dtype, and gathers them with
+ * their unit (FSDP with requires_grad=False parameters); they have no gradient and no optimizer
+ * state. Other stages only count them (mmc_dp_memory.frozen). */
 typedef struct {
     const int *unit_of;         /* [n] */
     const void *const *keys;    /* [n_units] */
     int n_units;
+    const int *fwd_pos;         /* [n_units] or NULL */
+    mmc_tensor *const *frozen;  /* [n_frozen] */
+    const int *frozen_unit;     /* [n_frozen] */
+    int n_frozen;
+    /* [n_units] or NULL: may a gradient flow through unit u (a trained parameter upstream of
+     * it)? A unit of untrained parameters only, with false here, is not gathered in backward.
+     * NULL: true when a trained parameter is in the root or in a unit before u. */
+    const bool *grad_through;
 } mmc_dp_units;
 
 /* model[i]: the tensors the forward uses (their ->grad is filled by backward); opt[i]: the
- * fp32 tensors AdamW updates (== model[i], or an fp32 master; ZeRO-3 needs them equal).
+ * fp32 tensors AdamW updates (== model[i], or an fp32 master of a bf16 model[i]; ZeRO-3 keeps
+ * the master's shard, gathers the parameters in model[i]'s dtype — bf16: half the bytes — and
+ * frees both full tensors, so opt[i]->data is NULL too).
  * bucket_bytes 0 = 4 MiB (env MMC_DP_BUCKET_BYTES overrides). For zero >= 1 the AdamW state
  * is created here. ZeRO-3 copies this rank's shard out of model[i] and frees the full data
  * (model[i]->data is NULL except while its unit is gathered). units may be NULL (no hooks:
@@ -56,6 +71,8 @@ void mmc_dp_forward_end(mmc_dp *d);
 /* ZeRO-3: gather every parameter into place (collective; for saving or evaluating without
  * hooks), until mmc_dp_release_params. No-op for other stages. */
 mmc_status mmc_dp_gather_params(mmc_dp *d);
+/* the same for the trained and/or the untrained parameters only (e.g. LoRA adapters for saving) */
+mmc_status mmc_dp_gather_params_sel(mmc_dp *d, bool trained, bool frozen);
 void mmc_dp_release_params(mmc_dp *d);
 /* Backward of one micro-batch (replaces mmc_backward): walks the tape in reverse and starts
  * bucket reductions as their gradients complete — on the last micro-batch of the step, or on
@@ -75,11 +92,13 @@ void mmc_dp_scatter_state(mmc_dp *d, const mmc_adamw *a);
 int64_t mmc_dp_adamw_step(const mmc_dp *d);
 void mmc_dp_set_adamw_step(mmc_dp *d, int64_t step);
 
-/* Bytes this rank holds for the trainable parameters now: parameters (ZeRO-3: the shard plus
- * whatever is gathered), gradients (persistent autograd buffers, sharded accumulators, live
+/* Bytes this rank holds for the trainable parameters now: parameters (ZeRO-3: the fp32 master
+ * shard plus whatever is gathered; else the model tensors and fp32 masters), gradients (persistent autograd buffers, sharded accumulators, live
  * transient gradient buckets), persistent bucket buffers (ZeRO 0/1), optimizer state; and the
- * high-water marks of parameters and gradients including transient buffers since mmc_dp_new. */
-typedef struct { int64_t params, grads, buckets, optim, params_peak, grads_peak; } mmc_dp_memory;
+ * high-water marks of parameters and gradients including transient buffers since mmc_dp_new;
+ * frozen: the untrained parameters given in mmc_dp_units (ZeRO-3: this rank's shards of them —
+ * gathered ones count in params / params_peak). */
+typedef struct { int64_t params, grads, buckets, optim, params_peak, grads_peak, frozen; } mmc_dp_memory;
 void mmc_dp_get_memory(const mmc_dp *d, mmc_dp_memory *m);
 /* Seconds the caller spent blocked waiting for gradient reductions in the last step, and
  * seconds from the first bucket's start to the last bucket's completion. */

@@ -186,9 +186,10 @@ static void groups(mmc_comm *w) {
 
 int main(int argc, char **argv) {
     bool hang = argc >= 2 && strcmp(argv[1], "hang") == 0;
-    /* a generous timeout until every rank has joined (start-up on a loaded machine can take
-     * seconds); the hang test's short one only from its second collective on */
-    mmc_dist_opts o = {.backend = MMC_DIST_MPI, .timeout_s = 60};
+    /* the hang test's short timeout applies from its second collective on: start-up (MPI_Init
+     * of ASan-instrumented processes on a loaded machine) can skew the ranks by seconds, and a
+     * first collective timing out would name the wrong rank */
+    mmc_dist_opts o = {.backend = MMC_DIST_MPI, .timeout_s = 120};
     mmc_comm *w = NULL;
     mmc_status st = mmc_dist_init(&o, &w);
     if (st) { fprintf(stderr, "init: %s\n", mmc_last_error()); return 1; }

@@ -15,6 +15,10 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
 MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x MMC_DP_BUCKET_BYTES -x MMC_DIST_TIMEOUT -x ASAN_OPTIONS)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+# its own OpenMPI session directory: concurrent mpiruns (ctest -j runs the MPI tests side by
+# side) race creating and removing the shared /tmp/ompi.<host>.<uid> ("A call to mkdir was
+# unable to create the desired directory ... File exists", then orte_init fails)
+export OMPI_MCA_orte_tmpdir_base="$W"
 fail=0
 ok() { echo "ok: $*"; }
 bad() { echo "FAIL: $*"; fail=1; }
@@ -34,18 +38,25 @@ close() {  # close REF RUN: the run's losses (steps 4-6) and final weights vs th
   python3 - "$W/$1" "$W/$2" "$MMC" <<'PY'
 import json, struct, sys, os, subprocess
 def losses(d): return {j["step"]: j["loss"] for j in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if "loss" in j}
-def weights(d):
-    f = os.path.join(d, "checkpoint-6", "model.safetensors")
-    if not os.path.exists(f):   # ZeRO-3: the parameters are in the shards; export consolidates them
-        x = d + ".export"
-        if not os.path.exists(x): subprocess.run([sys.argv[3], "export", os.path.join(d, "checkpoint-6"), "--out", x], check=True, stdout=subprocess.DEVNULL)
-        f = os.path.join(x, "model.safetensors")
+def st(f):
     b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
     h = json.loads(b[8:8 + n]); out = {}
     for k, v in h.items():
         if k == "__metadata__": continue
-        s, e = v["data_offsets"]; out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+        s, e = v["data_offsets"]; raw = b[8 + n + s:8 + n + e]
+        if v["dtype"] == "BF16": raw = b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2))
+        out[k] = struct.unpack("<%df" % (len(raw) // 4), raw)
     return out
+def weights(d):   # a bf16 run's trained weights: its fp32 masters ("master.*" in optimizer.safetensors)
+    c = os.path.join(d, "checkpoint-6"); f = os.path.join(c, "model.safetensors")
+    if not os.path.exists(f):   # ZeRO-3: the parameters are in the shards; export consolidates them
+        x = d + ".export"
+        if not os.path.exists(x): subprocess.run([sys.argv[3], "export", c, "--out", x], check=True, stdout=subprocess.DEVNULL)
+        return st(os.path.join(x, "model.safetensors"))
+    w = st(f); o = st(os.path.join(c, "optimizer.safetensors"))
+    for k in w:
+        if "master." + k in o: w[k] = o["master." + k]
+    return w
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 rel = max(abs(a[s] - b[s]) / abs(a[s]) for s in (4, 5, 6)) if all(s in b for s in (4, 5, 6)) else 1e9
 wa, wb = weights(sys.argv[1]), weights(sys.argv[2])
@@ -117,6 +128,30 @@ done
 rm "$W/Z2/checkpoint-3/optimizer.rank0-of-2.safetensors"
 "$MMC" export "$W/Z2/checkpoint-3" --out "$W/zm" > "$W/zm.log" 2>&1 && bad "export of a ZeRO-3 checkpoint missing a shard succeeded"
 grep -q "optimizer.rank0-of-2.safetensors, is missing" "$W/zm.log" && ok "ZeRO-3 export refuses a missing shard" || bad "ZeRO-3 missing shard: $(cat "$W/zm.log")"
+# bf16 under ZeRO-3: the shards hold the fp32 masters; same-layout resume bit-identical, and
+# resharded into ZeRO-2 / one process (bf16 weights rounded from the masters) and back
+mkdir -p "$W/ZB"; run 2 ZB --set parallel.zero=3 --set model.dtype=bf16 || { cat "$W/ZB.log"; bad "2-rank ZeRO-3 bf16 run"; }
+mkdir -p "$W/ZB2"; cp -r "$W/ZB/checkpoint-3" "$W/ZB2/"; run 2 ZB2 --resume --set parallel.zero=3 --set model.dtype=bf16 || { cat "$W/ZB2.log"; bad "ZeRO-3 bf16 same-layout resume"; }
+cmp -s "$W/ZB/checkpoint-6/optimizer.rank0-of-2.safetensors" "$W/ZB2/checkpoint-6/optimizer.rank0-of-2.safetensors" \
+  && cmp -s "$W/ZB/checkpoint-6/optimizer.rank1-of-2.safetensors" "$W/ZB2/checkpoint-6/optimizer.rank1-of-2.safetensors" \
+  && ok "same layout (2 ranks ZeRO-3 bf16): resume bit-identical" || bad "ZeRO-3 bf16 same-layout resume differs"
+for lay in "1 0" "2 2"; do
+  set -- $lay; n=ZB$1z$2
+  mkdir -p "$W/$n"; cp -r "$W/ZB/checkpoint-3" "$W/$n/"
+  run $1 $n --resume --set parallel.zero=$2 --set model.dtype=bf16 || { cat "$W/$n.log"; bad "ZeRO-3 bf16 checkpoint resumed on $1 ranks ZeRO-$2"; continue; }
+  r=$(close ZB $n) && ok "resume 2 ranks ZeRO-3 bf16 -> $1 rank(s) ZeRO-$2 bf16: $r" || bad "reshard ZeRO-3 bf16 to $1 ranks ZeRO-$2: $r"
+done
+mkdir -p "$W/ZBb"; cp -r "$W/ZB2z2/checkpoint-3" "$W/ZBb/" 2>/dev/null
+run 2 ZBb --resume --set parallel.zero=3 --set model.dtype=bf16 || { cat "$W/ZBb.log"; bad "ZeRO-2 bf16 checkpoint resumed under ZeRO-3"; }
+r=$(close ZB ZBb) && ok "resume 2 ranks ZeRO-2 bf16 -> 2 ranks ZeRO-3 bf16: $r" || bad "ZeRO-2 bf16 -> ZeRO-3: $r"
+# LoRA under ZeRO-3 (the base sharded, gathered for the save): same-layout resume bit-identical
+LO=(--set parallel.zero=3 --set model.lora.r=4 --set model.lora.alpha=8 --set 'model.lora.targets=[q_proj,v_proj]')
+mkdir -p "$W/ZL"; run 2 ZL "${LO[@]}" || { cat "$W/ZL.log"; bad "2-rank ZeRO-3 LoRA run"; }
+mkdir -p "$W/ZL2"; cp -r "$W/ZL/checkpoint-3" "$W/ZL2/"; run 2 ZL2 --resume "${LO[@]}" || { cat "$W/ZL2.log"; bad "ZeRO-3 LoRA resume"; }
+cmp -s "$W/ZL/checkpoint-6/adapter_model.safetensors" "$W/ZL2/checkpoint-6/adapter_model.safetensors" \
+  && ok "same layout (2 ranks ZeRO-3 LoRA, base sharded): resume bit-identical adapters" || bad "ZeRO-3 LoRA resume: adapters differ ($(ls "$W/ZL2/checkpoint-6" 2>&1))"
+"$MMC" export "$W/ZL/checkpoint-6" --out "$W/zlx" --json > "$W/zlx.json" 2>&1 && grep -q '"lora": true' "$W/zlx.json" \
+  && ok "export of a ZeRO-3 LoRA checkpoint: the adapters" || bad "ZeRO-3 LoRA export: $(cat "$W/zlx.json")"
 # a missing shard: refused on every rank, naming the file
 resume_from M; rm "$W/M/checkpoint-3/optimizer.rank1-of-2.safetensors"
 run 2 M --resume && bad "resume with a missing shard succeeded"

@@ -14,7 +14,11 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
 MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 fail=0
-out=$(mktemp); trap 'rm -f "$out"' EXIT
+W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
+# its own OpenMPI session directory: concurrent mpiruns (ctest -j runs the MPI tests side by
+# side) race creating and removing the shared /tmp/ompi.<host>.<uid> ("A call to mkdir was
+# unable to create the desired directory ... File exists", then orte_init fails)
+export OMPI_MCA_orte_tmpdir_base="$W"
 for np in 2 4; do
   if timeout 120 "${MPIRUN[@]}" -np $np "$WORKER" >"$out" 2>&1; then
     echo "np=$np: $(grep -c 'all .* checks passed' "$out") ranks passed; $(grep overlap "$out")"

@@ -8,6 +8,10 @@ set -u
 MMC=${MMC:-build/mmc}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+# its own OpenMPI session directory: concurrent mpiruns (ctest -j runs the MPI tests side by
+# side) race creating and removing the shared /tmp/ompi.<host>.<uid> ("A call to mkdir was
+# unable to create the desired directory ... File exists", then orte_init fails)
+export OMPI_MCA_orte_tmpdir_base="$W"
 fail=0
 ok() { echo "ok: $*"; }
 bad() { echo "FAIL: $*"; fail=1; }

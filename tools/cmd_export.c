@@ -88,8 +88,9 @@ int cmd_export(int argc, char **argv) {
     int n_tensors = 0;
     snprintf(p, sizeof p, "%s/model.safetensors", ckpt);
     if (access(p, R_OK) != 0) {
-        consolidate = mmc_dp_checkpoint_params_sharded(ckpt);
         snprintf(p, sizeof p, "%s/adapter_model.safetensors", ckpt);
+        /* (ZeRO-3 with LoRA shards the adapters too, but rank 0 wrote them whole) */
+        consolidate = access(p, R_OK) != 0 && mmc_dp_checkpoint_params_sharded(ckpt);
         lora = !consolidate;
     }
     if (!consolidate) {

@@ -33,13 +33,19 @@ static const cli_cmd g_cmds[] = {
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 
 int cli_fail(mmc_status st, const char *fmt, ...) {
+    /* one write for the whole line: under mpirun the ranks' stderr is merged, and separate
+     * writes of two ranks' messages interleave on one line */
+    char buf[8192];
     va_list ap;
-    fprintf(stderr, "mmc: ");
+    int n = snprintf(buf, sizeof buf, "mmc: ");
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
     va_end(ap);
-    if (st != MMC_OK && mmc_last_error()[0]) fprintf(stderr, ": %s", mmc_last_error());
-    fputc('\n', stderr);
+    if (n < (int)sizeof buf && st != MMC_OK && mmc_last_error()[0])
+        n += snprintf(buf + n, sizeof buf - (size_t)n, ": %s", mmc_last_error());
+    if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    fwrite(buf, 1, (size_t)n, stderr);
     return 1;
 }
 

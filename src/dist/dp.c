@@ -17,7 +17,15 @@
  * gradient reductions start in bucket order on the DP communicator; ZeRO-3 parameter
  * all-gathers run on a second communicator (a split of the first) in a fixed schedule — every
  * unit once in forward order during forward, once in backward order during backward — and a
- * unit this rank does not need is gathered and dropped, so the ranks stay in step. */
+ * unit this rank does not need is gathered and dropped, so the ranks stay in step.
+ *
+ * ZeRO-3 dtypes: a unit's parameters form one bucket per model dtype, so that a bf16 model's
+ * weights are all-gathered in bf16 (half the bytes of f32) from the fp32 master shard AdamW
+ * updates (rounded exactly as the one-process trainer rounds its masters), while its f32 norms
+ * and biases travel in f32. Untrained parameters (LoRA's base, a frozen tower) are sharded too,
+ * in buckets of their own after the trained ones (no gradient, no optimizer state), gathered
+ * with their unit; in backward a unit made only of them is gathered only when a trained
+ * parameter precedes it in the forward (else no gradient flows through it). */
 #include "mmc_dp.h"
 #include "ctx_internal.h"
 
@@ -39,12 +47,16 @@ typedef struct {
     float *rshard;             /* [shard] ZeRO >= 2: transient receive buffer of a later micro-batch */
     bool acc_zero;             /* ZeRO >= 2: gshard holds nothing yet this step (receive into it) */
     float *pshard;             /* [shard] ZeRO-3: this rank's fp32 parameters (the master shard) */
-    float *pflat;              /* [padded] ZeRO-3: gathered parameters while resident */
+    void *pflat;               /* [padded] ZeRO-3: gathered parameters (in wdt) while resident */
     mmc_dist_req *req;         /* gradient reduction in flight */
     mmc_dist_req *preq;        /* ZeRO-3 parameter all-gather in flight */
     int gstate;                /* ZeRO-3: G_* */
     bool root;                 /* ZeRO-3: the root unit (gathered for the whole micro-batch) */
     int ready_at;              /* tape index after which every parameter's gradient is final */
+    mmc_dtype wdt;             /* ZeRO-3: the dtype its parameters are gathered in (the model's) */
+    bool frozen;               /* ZeRO-3: untrained parameters: no gradient, no optimizer state */
+    int unit;                  /* ZeRO-3: its unit, -1 = the root */
+    void *fshard;              /* [shard] ZeRO-3, frozen: this rank's values, in wdt */
 } bucket;
 
 typedef struct { int *list, *pos; int n, next; } schedule;   /* ZeRO-3 gather order (bucket indices) */
@@ -53,13 +65,18 @@ struct mmc_dp {
     mmc_comm *comm, *pcomm;    /* pcomm: ZeRO-3 parameter gathers */
     int rank, size, zero, n;
     mmc_tensor **model, **opt;
-    int *order;                /* parameter index per slot (bucket order) */
+    mmc_tensor **all;          /* [n + nf] model[], then the sharded untrained parameters (ZeRO-3) */
+    int nf;
+    int64_t frozen_bytes;      /* untrained parameters held whole (not sharded) */
+    int *order;                /* parameter index (into all) per slot (bucket order) */
     int64_t *off;              /* offset of each parameter inside its bucket */
     int *bucket_of;
     bucket *b;
-    int nb, next;              /* next: the next bucket to start in this backward */
+    int nb, nt, next;          /* nb trained buckets, then frozen ones up to nt; next: the next
+                                * bucket to start in this backward */
     /* units (hook keys): unit_of[p] in [0, nu) or -1 */
-    int nu, *unit_of, *unit_first, *unit_bucket;
+    int nu, *unit_of, *unit_first;
+    int *ub_first, *ub_count, *ub_list;   /* ZeRO-3: unit u's buckets (u = nu: the root) */
     const void **keys;
     mmc_tensor **gwrap;        /* ZeRO >= 2: [n] gradient views into a bucket's gflat */
     schedule fs, bs;           /* ZeRO-3: forward / backward gather schedules */
@@ -73,6 +90,7 @@ struct mmc_dp {
     mmc_adamw adamw;
     double t_first, t_last, exposed;
     int64_t live_g, live_p, peak_g, peak_p;   /* transient gradient / parameter bytes now and at most */
+    int64_t peak_p_steps;      /* peak_p before a gather for saving / evaluating */
 };
 
 static void *falloc(int64_t n) {
@@ -82,25 +100,38 @@ static void *falloc(int64_t n) {
     return p;
 }
 
-/* transient buffers, counted */
-static float *talloc(mmc_dp *d, int64_t n, bool grad) {
-    float *p = falloc(n);
-    MMC_CHECK(p, "dp: out of memory for a %lld-element transient buffer", (long long)n);
+/* transient buffers, counted (n elements of 4 bytes; tballoc: bytes) */
+static void *tballoc(mmc_dp *d, int64_t bytes, bool grad) {
+    void *p = falloc((bytes + 3) / 4);
+    MMC_CHECK(p, "dp: out of memory for a %lld-byte transient buffer", (long long)bytes);
     int64_t *live = grad ? &d->live_g : &d->live_p, *peak = grad ? &d->peak_g : &d->peak_p;
-    *live += n * 4;
+    *live += bytes;
     if (*live > *peak) *peak = *live;
     return p;
 }
 
-static void tfree(mmc_dp *d, float **p, int64_t n, bool grad) {
+static void tbfree(mmc_dp *d, void **p, int64_t bytes, bool grad) {
     if (!*p) return;
     free(*p);
     *p = NULL;
-    *(grad ? &d->live_g : &d->live_p) -= n * 4;
+    *(grad ? &d->live_g : &d->live_p) -= bytes;
+}
+
+static float *talloc(mmc_dp *d, int64_t n, bool grad) { return tballoc(d, n * 4, grad); }
+
+static void tfree(mmc_dp *d, float **p, int64_t n, bool grad) {
+    void *v = *p;
+    tbfree(d, &v, n * 4, grad);
+    *p = NULL;
 }
 
 static int param_index(const mmc_dp *d, const mmc_tensor *t) {
     for (int p = 0; p < d->n; p++) if (d->model[p] == t) return p;
+    return -1;
+}
+
+static int any_index(const mmc_dp *d, const mmc_tensor *t) {   /* trained or sharded frozen */
+    for (int p = 0; p < d->n + d->nf; p++) if (d->all[p] == t) return p;
     return -1;
 }
 
@@ -112,10 +143,13 @@ static int unit_index(const mmc_dp *d, const void *key) {
 /* ---------------------------------------------------------------- ZeRO-3 parameters */
 static void gather_start(mmc_dp *d, bucket *bk) {
     if (bk->gstate != G_NONE) return;
-    bk->pflat = talloc(d, bk->padded, false);
-    memcpy(bk->pflat + (int64_t)d->rank * bk->shard, bk->pshard, (size_t)bk->shard * sizeof(float));
-    mmc_status st = mmc_all_gather_start(d->pcomm, bk->pflat + (int64_t)d->rank * bk->shard, bk->pflat, bk->shard,
-                                         MMC_F32, &bk->preq);
+    const size_t es = mmc_dtype_size(bk->wdt);
+    bk->pflat = tballoc(d, bk->padded * (int64_t)es, false);
+    char *mine = (char *)bk->pflat + (size_t)d->rank * (size_t)bk->shard * es;
+    if (bk->frozen) memcpy(mine, bk->fshard, (size_t)bk->shard * es);
+    else if (bk->wdt == MMC_F32) memcpy(mine, bk->pshard, (size_t)bk->shard * sizeof(float));
+    else mmc_convert(mine, bk->wdt, bk->pshard, MMC_F32, bk->shard);   /* as the trainer rounds its masters */
+    mmc_status st = mmc_all_gather_start(d->pcomm, mine, bk->pflat, bk->shard, bk->wdt, &bk->preq);
     MMC_CHECK(st == MMC_OK, "dp: starting a parameter all-gather failed: %s", mmc_last_error());
     bk->gstate = G_ISSUED;
 }
@@ -128,30 +162,32 @@ static void gather_wait(mmc_dp *d, bucket *bk) {
         bk->preq = NULL;
         MMC_CHECK(st == MMC_OK, "dp: a parameter all-gather failed: %s", mmc_last_error());
     }
+    const size_t es = mmc_dtype_size(bk->wdt);
     for (int s = bk->first; s < bk->first + bk->count; s++) {
         int p = d->order[s];
-        d->model[p]->data = bk->pflat + d->off[p];
+        d->all[p]->data = (char *)bk->pflat + (size_t)d->off[p] * es;
     }
 }
 
 static void release(mmc_dp *d, bucket *bk) {
     if (bk->gstate == G_NONE) return;
     if (bk->preq) gather_wait(d, bk);
-    for (int s = bk->first; s < bk->first + bk->count; s++) d->model[d->order[s]]->data = NULL;
-    tfree(d, &bk->pflat, bk->padded, false);
+    for (int s = bk->first; s < bk->first + bk->count; s++) d->all[d->order[s]]->data = NULL;
+    tbfree(d, &bk->pflat, bk->padded * (int64_t)mmc_dtype_size(bk->wdt), false);
     bk->gstate = G_NONE;
 }
 
-/* Unit bucket kb is needed now: issue the schedule's gathers up to it (dropping units issued
- * earlier and not asked for — this rank does not use them), wait for it, prefetch the next. */
-static void need(mmc_dp *d, int kb) {
+/* Bucket kb of schedule s is needed now: issue the schedule's gathers up to it (dropping units
+ * issued earlier and not asked for — this rank does not use them), wait for it, prefetch the
+ * next. */
+static void need_one(mmc_dp *d, schedule *s, int kb) {
     bucket *bk = &d->b[kb];
-    if (bk->root || d->pinned) return;
-    schedule *s = d->in_backward ? &d->bs : &d->fs;
     int pos = s->pos[kb];
     if (bk->gstate == G_CLAIMED) return;
+    MMC_CHECK(pos >= 0, "dp: ZeRO-3 unit %d (untrained parameters only) is used in backward although no trained "
+              "parameter precedes it in the forward", bk->unit);
     MMC_CHECK(bk->gstate == G_ISSUED || pos >= s->next, "dp: ZeRO-3 unit %d is used twice in one %s pass; "
-              "each unit's parameters may be used by one block only", kb, d->in_backward ? "backward" : "forward");
+              "each unit's parameters may be used by one block only", bk->unit, d->in_backward ? "backward" : "forward");
     while (s->next <= pos) gather_start(d, &d->b[s->list[s->next++]]);
     for (int q = 0; q < pos; q++) {
         bucket *o = &d->b[s->list[q]];
@@ -160,6 +196,33 @@ static void need(mmc_dp *d, int kb) {
     gather_wait(d, bk);
     bk->gstate = G_CLAIMED;
     if (s->next < s->n) gather_start(d, &d->b[s->list[s->next++]]);   /* prefetch */
+}
+
+/* The unit of bucket kb is needed now: every bucket of it (one per dtype, trained and frozen).
+ * In backward, trained buckets already reduced are over, and frozen buckets of the units
+ * before it in the schedule (later in the forward) are released: their backward is done. */
+static void need(mmc_dp *d, int kb) {
+    bucket *bk = &d->b[kb];
+    if (bk->root || d->pinned) return;
+    schedule *s = d->in_backward ? &d->bs : &d->fs;
+    const int u = bk->unit, c = d->ub_count[u], *l = d->ub_list + d->ub_first[u];
+    if (d->in_backward) {
+        int p0 = INT_MAX;
+        for (int k = 0; k < c; k++) if (s->pos[l[k]] >= 0 && s->pos[l[k]] < p0) p0 = s->pos[l[k]];
+        for (int q = 0; q < p0 && q < s->n; q++) {
+            bucket *o = &d->b[s->list[q]];
+            if (o->frozen && o->gstate == G_CLAIMED) release(d, o);
+        }
+    }
+    for (int k = 0; k < c; k++) {
+        int i = d->in_backward ? l[k] : l[c - 1 - k];   /* the schedule's order inside the unit */
+        if (d->in_backward && !d->b[i].frozen && i < d->next) continue;
+        need_one(d, s, i);
+    }
+}
+
+static void release_unit(mmc_dp *d, int u) {
+    for (int k = 0; k < d->ub_count[u]; k++) release(d, &d->b[d->ub_list[d->ub_first[u] + k]]);
 }
 
 /* the rest of a schedule: every rank issues every unit's gather once per pass */
@@ -178,7 +241,7 @@ static void hook_begin(void *user, mmc_ctx *c, const void *key) {
     if (u < 0) return;
     if (!d->in_backward && (c->grad_enabled || c->ckpt_depth > 0) && c->tape_len < d->unit_first[u])
         d->unit_first[u] = c->tape_len;
-    if (d->zero == 3 && d->unit_bucket[u] >= 0) need(d, d->unit_bucket[u]);
+    if (d->zero == 3 && d->ub_count[u] > 0) need(d, d->ub_list[d->ub_first[u]]);
 }
 
 static void hook_end(void *user, mmc_ctx *c, const void *key) {
@@ -186,7 +249,7 @@ static void hook_end(void *user, mmc_ctx *c, const void *key) {
     (void)c;
     if (d->zero != 3 || d->in_backward || d->pinned) return;   /* in backward: freed when reduced */
     int u = unit_index(d, key);
-    if (u >= 0 && d->unit_bucket[u] >= 0) release(d, &d->b[d->unit_bucket[u]]);
+    if (u >= 0) release_unit(d, u);
 }
 
 static void grads_materialize(mmc_dp *d, bucket *bk) {
@@ -212,6 +275,11 @@ static mmc_tensor *hook_grad(void *user, mmc_ctx *c, mmc_tensor *t) {
 }
 
 /* ---------------------------------------------------------------- set-up */
+/* ZeRO-3: may untrained parameter t be sharded? (dense floating-point values in memory) */
+static bool shardable(const mmc_tensor *t) {
+    return t && t->data && mmc_is_contiguous(t) && (t->dtype == MMC_F32 || t->dtype == MMC_BF16 || t->dtype == MMC_F16);
+}
+
 mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor **opt, int n, size_t bucket_bytes,
                       const mmc_adamw_opts *o, const mmc_dp_units *units, mmc_dp **out) {
     *out = NULL;
@@ -219,9 +287,9 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
         return mmc_error(MMC_ERR_INVALID, "parallel.zero %d: the ZeRO stages are 0, 1, 2 and 3", zero);
     if (zero == 3)
         for (int p = 0; p < n; p++)
-            if (opt[p] != model[p])
-                return mmc_error(MMC_ERR_UNSUPPORTED, "parallel.zero 3 with bf16 weights (%s has an fp32 master) is "
-                                 "not implemented: use model.dtype f32 with ZeRO-3, or ZeRO-2", opt[p]->name);
+            if (opt[p] != model[p] && (model[p]->dtype != MMC_BF16 && model[p]->dtype != MMC_F16))
+                return mmc_error(MMC_ERR_UNSUPPORTED, "parallel.zero 3: %s is %s with an fp32 master; ZeRO-3 gathers "
+                                 "bf16 / f16 working weights only", opt[p]->name, mmc_dtype_name(model[p]->dtype));
     mmc_dp *d = calloc(1, sizeof *d);
     if (!d) return mmc_error(MMC_ERR_OOM, "out of memory");
     d->comm = comm;
@@ -234,26 +302,52 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
     const char *env = getenv("MMC_DP_BUCKET_BYTES");
     if (env && atoll(env) > 0) bucket_bytes = (size_t)atoll(env);
     if (!bucket_bytes) bucket_bytes = 4u << 20;
-    d->order = calloc((size_t)n, sizeof *d->order);
-    d->off = calloc((size_t)n, sizeof *d->off);
-    d->bucket_of = calloc((size_t)n, sizeof *d->bucket_of);
-    d->b = calloc((size_t)n + 1, sizeof *d->b);
-    d->unit_of = calloc((size_t)n, sizeof *d->unit_of);
+    const int nfz = units ? units->n_frozen : 0;
     d->nu = units ? units->n_units : 0;
+    d->all = calloc((size_t)(n + nfz) + 1, sizeof *d->all);
+    int *fz_unit = calloc((size_t)nfz + 1, sizeof *fz_unit);
+    if (!d->all || !fz_unit) { free(fz_unit); goto oom; }
+    for (int p = 0; p < n; p++) d->all[p] = model[p];
+    /* untrained parameters: ZeRO-3 shards the dense ones; the rest (and every one, for the other
+     * stages) stay whole and are only counted */
+    for (int j = 0; j < nfz; j++) {
+        mmc_tensor *t = units->frozen[j];
+        if (zero == 3 && shardable(t)) {
+            int u = units->frozen_unit ? units->frozen_unit[j] : -1;
+            MMC_CHECK(u >= -1 && u < d->nu, "dp: unit %d of %s out of range", u, t->name);
+            fz_unit[d->nf] = u;
+            d->all[n + d->nf++] = t;
+        } else if (t) {
+            d->frozen_bytes += (int64_t)mmc_nbytes(t);
+        }
+    }
+    const int N = n + d->nf;
+    d->order = calloc((size_t)N + 1, sizeof *d->order);
+    d->off = calloc((size_t)N + 1, sizeof *d->off);
+    d->bucket_of = calloc((size_t)N + 1, sizeof *d->bucket_of);
+    d->b = calloc((size_t)N + 1, sizeof *d->b);
+    d->unit_of = calloc((size_t)N + 1, sizeof *d->unit_of);
     d->keys = calloc((size_t)d->nu + 1, sizeof *d->keys);
     d->unit_first = calloc((size_t)d->nu + 1, sizeof *d->unit_first);
-    d->unit_bucket = calloc((size_t)d->nu + 1, sizeof *d->unit_bucket);
-    if (!d->order || !d->off || !d->bucket_of || !d->b || !d->unit_of || !d->keys || !d->unit_first || !d->unit_bucket)
+    d->ub_first = calloc((size_t)d->nu + 2, sizeof *d->ub_first);
+    d->ub_count = calloc((size_t)d->nu + 2, sizeof *d->ub_count);
+    d->ub_list = calloc((size_t)N + 1, sizeof *d->ub_list);
+    if (!d->order || !d->off || !d->bucket_of || !d->b || !d->unit_of || !d->keys || !d->unit_first || !d->ub_first ||
+        !d->ub_count || !d->ub_list) {
+        free(fz_unit);
         goto oom;
-    for (int u = 0; u < d->nu; u++) { d->keys[u] = units->keys[u]; d->unit_bucket[u] = -1; }
-    for (int p = 0; p < n; p++) {
-        d->unit_of[p] = units ? units->unit_of[p] : -1;
-        MMC_CHECK(d->unit_of[p] >= -1 && d->unit_of[p] < d->nu, "dp: unit %d of %s out of range", d->unit_of[p],
-                  opt[p]->name);
     }
+    for (int u = 0; u < d->nu; u++) d->keys[u] = units->keys[u];
+    for (int p = 0; p < N; p++) {
+        d->unit_of[p] = p >= n ? fz_unit[p - n] : units ? units->unit_of[p] : -1;
+        MMC_CHECK(d->unit_of[p] >= -1 && d->unit_of[p] < d->nu, "dp: unit %d of %s out of range", d->unit_of[p],
+                  d->all[p]->name);
+    }
+    free(fz_unit);
     /* bucket boundaries (per slot: does a new bucket start here?) */
-    char *cut = calloc((size_t)n + 1, 1);
-    if (!cut) goto oom;
+    char *cut = calloc((size_t)N + 1, 1);
+    int nu1 = d->nu + 1, *uo = malloc(sizeof(int) * (size_t)nu1), *fpos = malloc(sizeof(int) * (size_t)nu1);
+    if (!cut || !uo || !fpos) { free(cut); free(uo); free(fpos); goto oom; }
     if (zero < 3) {
         /* reverse declaration order: lm_head and the last layers complete first */
         for (int s = 0; s < n; s++) d->order[s] = n - 1 - s;
@@ -264,83 +358,139 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
             len += k;
         }
     } else {
-        /* one bucket per unit, units by descending first parameter (the reverse of forward
-         * order: last layers first), the root unit last; inside a unit, reverse order */
-        int nu1 = d->nu + 1, *umin = malloc(sizeof(int) * (size_t)nu1), *uo = malloc(sizeof(int) * (size_t)nu1);
-        if (!umin || !uo) { free(umin); free(uo); free(cut); goto oom; }
-        for (int u = 0; u < nu1; u++) { umin[u] = INT_MAX; uo[u] = u; }
-        for (int p = 0; p < n; p++) {
-            int u = d->unit_of[p] < 0 ? d->nu : d->unit_of[p];
-            if (p < umin[u]) umin[u] = p;
+        /* units by descending forward position (last layers first: the order backward completes
+         * them), the root last; each unit's trained parameters one bucket per model dtype, in
+         * reverse order; then, in a second run, the untrained ones the same way */
+        for (int u = 0; u < nu1; u++) { fpos[u] = INT_MAX; uo[u] = u; }
+        if (units && units->fwd_pos) {
+            for (int u = 0; u < d->nu; u++) fpos[u] = units->fwd_pos[u];
+        } else {
+            for (int p = 0; p < N; p++) {   /* the order of the units' first parameters */
+                int u = d->unit_of[p] < 0 ? d->nu : d->unit_of[p];
+                int key = p < n ? p : n + p;   /* frozen-only units after the trained ones */
+                if (key < fpos[u]) fpos[u] = key;
+            }
         }
-        for (int i = 1; i < d->nu; i++)   /* insertion sort, descending umin (root stays last) */
-            for (int j = i; j > 0 && umin[uo[j - 1]] < umin[uo[j]]; j--) { int x = uo[j]; uo[j] = uo[j - 1]; uo[j - 1] = x; }
+        for (int i = 1; i < d->nu; i++)   /* insertion sort, descending forward position (root stays last) */
+            for (int j = i; j > 0 && fpos[uo[j - 1]] < fpos[uo[j]]; j--) { int x = uo[j]; uo[j] = uo[j - 1]; uo[j - 1] = x; }
+        static const mmc_dtype dts[] = {MMC_BF16, MMC_F16, MMC_F32};
         int s = 0;
-        for (int k = 0; k < nu1; k++) {
-            int u = uo[k];
-            if (umin[u] == INT_MAX) continue;
-            cut[s] = 1;
-            for (int p = n - 1; p >= 0; p--)
-                if ((d->unit_of[p] < 0 ? d->nu : d->unit_of[p]) == u) d->order[s++] = p;
-        }
-        free(umin);
-        free(uo);
+        for (int pass = 0; pass < 2; pass++)
+            for (int k = 0; k < nu1; k++)
+                for (int di = 0; di < 3; di++) {
+                    int u = uo[k], s0 = s;
+                    for (int p = (pass ? N : n) - 1; p >= (pass ? n : 0); p--)
+                        if ((d->unit_of[p] < 0 ? d->nu : d->unit_of[p]) == u && d->all[p]->dtype == dts[di])
+                            d->order[s++] = p;
+                    if (s > s0) cut[s0] = 1;
+                }
+        MMC_CHECK(s == N, "dp: %d of %d parameters placed in ZeRO-3 buckets (a trained parameter that is neither "
+                  "f32, bf16 nor f16?)", s, N);
     }
-    for (int s = 0; s < n;) {
-        bucket *bk = &d->b[d->nb];
+    for (int s = 0; s < (zero == 3 ? N : n);) {
+        bucket *bk = &d->b[d->nt];
         bk->first = s;
         int64_t len = 0;
+        const bool fz = d->order[s] >= n;   /* (after every trained bucket: the slot order) */
         do {
             int p = d->order[s];
-            MMC_CHECK(opt[p]->dtype == MMC_F32 && mmc_is_contiguous(opt[p]), "dp: %s must be contiguous f32",
-                      opt[p]->name);
+            if (p < n)
+                MMC_CHECK(opt[p]->dtype == MMC_F32 && mmc_is_contiguous(opt[p]), "dp: %s must be contiguous f32",
+                          opt[p]->name);
             d->off[p] = len;
-            d->bucket_of[p] = d->nb;
-            len += mmc_numel(opt[p]);
+            d->bucket_of[p] = d->nt;
+            len += mmc_numel(d->all[p]);
             s++;
-        } while (s < n && !cut[s]);
+        } while (s < N && !cut[s]);
         bk->count = s - bk->first;
         bk->len = len;
         bk->shard = (len + d->size - 1) / d->size;
         bk->padded = bk->shard * d->size;
-        if (zero == 3) {
-            int u = d->unit_of[d->order[bk->first]];
-            bk->root = u < 0;
-            if (u >= 0) d->unit_bucket[u] = d->nb;
-        }
-        if (zero <= 1 && !(bk->flat = falloc(bk->padded))) { free(cut); goto oom; }
-        if (zero >= 1 && !(bk->gshard = falloc(bk->shard))) { free(cut); goto oom; }
+        bk->frozen = fz;
+        bk->wdt = zero == 3 ? d->all[d->order[bk->first]]->dtype : MMC_F32;
+        bk->unit = d->unit_of[d->order[bk->first]];
+        bk->root = zero == 3 && bk->unit < 0;
         bk->acc_zero = true;
-        if (zero == 3 && !(bk->pshard = falloc(bk->shard))) { free(cut); goto oom; }
-        d->nb++;
+        d->nt++;
+        if (!fz) d->nb = d->nt;
+        if (zero <= 1 && !(bk->flat = falloc(bk->padded))) goto oom_cut;
+        if (zero >= 1 && !fz && !(bk->gshard = falloc(bk->shard))) goto oom_cut;
+        if (zero == 3 && !fz && !(bk->pshard = falloc(bk->shard))) goto oom_cut;
+        if (fz) {   /* this rank's part of the untrained values, kept in their dtype */
+            const size_t es = mmc_dtype_size(bk->wdt);
+            if (!(bk->fshard = falloc((bk->shard * (int64_t)es + 3) / 4))) goto oom_cut;
+            int64_t lo = (int64_t)d->rank * bk->shard, hi = lo + bk->shard;
+            for (int q = bk->first; q < bk->first + bk->count; q++) {
+                int p = d->order[q];
+                int64_t a = d->off[p], z = a + mmc_numel(d->all[p]);
+                int64_t l = a > lo ? a : lo, h = z < hi ? z : hi;
+                if (h > l)
+                    memcpy((char *)bk->fshard + (size_t)(l - lo) * es, (const char *)d->all[p]->data + (size_t)(l - a) * es,
+                           (size_t)(h - l) * es);
+            }
+        }
     }
     free(cut);
+    cut = NULL;
     if (zero >= 2) {
-        d->gwrap = calloc((size_t)n, sizeof *d->gwrap);
-        if (!d->gwrap) goto oom;
+        d->gwrap = calloc((size_t)n + 1, sizeof *d->gwrap);
+        if (!d->gwrap) goto oom_cut;
         for (int p = 0; p < n; p++)
-            if (!(d->gwrap[p] = mmc_tensor_wrap(MMC_F32, model[p]->ndim, model[p]->shape, NULL))) goto oom;
+            if (!(d->gwrap[p] = mmc_tensor_wrap(MMC_F32, model[p]->ndim, model[p]->shape, NULL))) goto oom_cut;
     }
     if (zero == 3) {
-        /* gather schedules: backward = bucket order, forward = its reverse; the root is apart */
-        d->fs.list = calloc((size_t)d->nb + 1, sizeof(int));
-        d->fs.pos = calloc((size_t)d->nb + 1, sizeof(int));
-        d->bs.list = calloc((size_t)d->nb + 1, sizeof(int));
-        d->bs.pos = calloc((size_t)d->nb + 1, sizeof(int));
-        if (!d->fs.list || !d->fs.pos || !d->bs.list || !d->bs.pos) goto oom;
-        for (int i = 0; i < d->nb; i++) {
-            if (d->b[i].root) continue;
-            d->bs.pos[i] = d->bs.n;
-            d->bs.list[d->bs.n++] = i;
+        /* each unit's buckets (in bucket order), the root as unit nu */
+        for (int u = 0, k = 0; u < nu1; u++) {
+            d->ub_first[u] = k;
+            for (int i = 0; i < d->nt; i++)
+                if ((d->b[i].unit < 0 ? d->nu : d->b[i].unit) == u) d->ub_list[k++] = i;
+            d->ub_count[u] = k - d->ub_first[u];
         }
-        for (int k = 0; k < d->bs.n; k++) {
-            d->fs.list[k] = d->bs.list[d->bs.n - 1 - k];
-            d->fs.pos[d->fs.list[k]] = k;
+        /* gather schedules: backward = the units in backward order, forward = every unit in
+         * forward order; the root is apart. A unit of untrained parameters only is needed in
+         * backward when a gradient flows through it: a trained parameter precedes it in the
+         * forward (the caller knows; else a trained root parameter counts, as it may be the
+         * embeddings) */
+        d->fs.list = calloc((size_t)d->nt + 1, sizeof(int));
+        d->fs.pos = calloc((size_t)d->nt + 1, sizeof(int));
+        d->bs.list = calloc((size_t)d->nt + 1, sizeof(int));
+        d->bs.pos = calloc((size_t)d->nt + 1, sizeof(int));
+        if (!d->fs.list || !d->fs.pos || !d->bs.list || !d->bs.pos) goto oom_cut;
+        for (int i = 0; i < d->nt; i++) d->fs.pos[i] = d->bs.pos[i] = -1;
+        bool grad_before = false;   /* scanning units in forward order */
+        for (int i = 0; i < d->nb; i++) if (d->b[i].root) grad_before = true;
+        char *in_bs = calloc((size_t)nu1, 1);
+        if (!in_bs) goto oom_cut;
+        for (int k = nu1 - 2; k >= 0; k--) {   /* uo[nu1 - 2] runs first */
+            int u = uo[k];
+            bool trained = false;
+            for (int q = 0; q < d->ub_count[u]; q++) if (!d->b[d->ub_list[d->ub_first[u] + q]].frozen) trained = true;
+            in_bs[u] = trained || (units->grad_through ? units->grad_through[u] : grad_before);
+            grad_before = grad_before || trained;
         }
-        d->fs.n = d->bs.n;
+        for (int k = 0; k < nu1 - 1; k++) {
+            int u = uo[k];
+            for (int q = 0; q < d->ub_count[u] && in_bs[u]; q++) {
+                int i = d->ub_list[d->ub_first[u] + q];
+                d->bs.pos[i] = d->bs.n;
+                d->bs.list[d->bs.n++] = i;
+            }
+        }
+        for (int k = nu1 - 2; k >= 0; k--) {
+            int u = uo[k];
+            for (int q = d->ub_count[u] - 1; q >= 0; q--) {
+                int i = d->ub_list[d->ub_first[u] + q];
+                d->fs.pos[i] = d->fs.n;
+                d->fs.list[d->fs.n++] = i;
+            }
+        }
+        free(in_bs);
         mmc_status st = mmc_comm_split(comm, 0, d->rank, "zero3-params", &d->pcomm);
-        if (st) { mmc_dp_free(d); return st; }
+        if (st) { free(uo); free(fpos); mmc_dp_free(d); return st; }
     }
+    free(uo);
+    free(fpos);
+    uo = fpos = NULL;
     if (zero >= 1) {
         /* slices of this rank's shard: [rank*S, (rank+1)*S) of every bucket, cut per parameter */
         d->slices = calloc((size_t)n + (size_t)d->nb, sizeof *d->slices);
@@ -377,14 +527,24 @@ mmc_status mmc_dp_new(mmc_comm *comm, int zero, mmc_tensor **model, mmc_tensor *
         mmc_status st = mmc_adamw_init(&d->adamw, o, d->slices, d->n_slices);
         if (st) { mmc_dp_free(d); return st; }
     }
-    if (zero == 3)   /* the full parameters go: each rank keeps 1/N of them */
-        for (int p = 0; p < n; p++) {
-            if (model[p]->flags & MMC_OWNS_DATA) free(model[p]->data);
-            model[p]->flags &= ~(uint32_t)MMC_OWNS_DATA;
-            model[p]->data = NULL;
+    if (zero == 3)   /* the full parameters (and fp32 masters) go: each rank keeps 1/N of them.
+                      * Untrained ones not owned (mmapped from the checkpoint) are only unhooked:
+                      * their clean pages cost no memory once untouched. */
+        for (int p = 0; p < N; p++) {
+            mmc_tensor *ts[2] = {d->all[p], p < n && opt[p] != model[p] ? opt[p] : NULL};
+            for (int k = 0; k < 2; k++) {
+                if (!ts[k]) continue;
+                if (ts[k]->flags & MMC_OWNS_DATA) free(ts[k]->data);
+                ts[k]->flags &= ~(uint32_t)MMC_OWNS_DATA;
+                ts[k]->data = NULL;
+            }
         }
     *out = d;
     return MMC_OK;
+oom_cut:
+    free(cut);
+    free(uo);
+    free(fpos);
 oom:
     mmc_dp_free(d);
     return mmc_error(MMC_ERR_OOM, "out of memory for data-parallel buckets");
@@ -393,14 +553,14 @@ oom:
 void mmc_dp_free(mmc_dp *d) {
     if (!d) return;
     if (d->ctx && d->ctx->hooks.user == d) mmc_ctx_set_param_hooks(d->ctx, NULL);
-    for (int i = 0; i < d->nb; i++) {
+    for (int i = 0; i < d->nt; i++) {
         bucket *bk = &d->b[i];
         mmc_dist_wait(bk->req);
         mmc_dist_wait(bk->preq);
         for (int s = bk->first; s < bk->first + bk->count; s++) {
             int p = d->order[s];
-            if (d->gwrap && d->model[p]->grad == d->gwrap[p]) d->model[p]->grad = NULL;
-            if (d->zero == 3) d->model[p]->data = NULL;
+            if (p < d->n && d->gwrap && d->model[p]->grad == d->gwrap[p]) d->model[p]->grad = NULL;
+            if (d->zero == 3) d->all[p]->data = NULL;
         }
         free(bk->flat);
         free(bk->gflat);
@@ -409,6 +569,7 @@ void mmc_dp_free(mmc_dp *d) {
         free(bk->rshard);
         free(bk->pshard);
         free(bk->pflat);
+        free(bk->fshard);
     }
     if (d->gwrap) for (int p = 0; p < d->n; p++) mmc_tensor_free(d->gwrap[p]);
     free(d->gwrap);
@@ -434,7 +595,10 @@ void mmc_dp_free(mmc_dp *d) {
     free(d->unit_of);
     free(d->keys);
     free(d->unit_first);
-    free(d->unit_bucket);
+    free(d->ub_first);
+    free(d->ub_count);
+    free(d->ub_list);
+    free(d->all);
     free(d);
 }
 
@@ -447,7 +611,7 @@ void mmc_dp_forward_begin(mmc_dp *d, mmc_ctx *c) {
     for (int u = 0; u < d->nu; u++) d->unit_first[u] = INT_MAX;
     if (d->zero != 3 || d->pinned) return;
     d->fs.next = 0;
-    for (int i = 0; i < d->nb; i++) {
+    for (int i = 0; i < d->nt; i++) {
         if (d->b[i].root && d->b[i].gstate == G_NONE) {
             gather_start(d, &d->b[i]);
             gather_wait(d, &d->b[i]);
@@ -459,7 +623,7 @@ void mmc_dp_forward_begin(mmc_dp *d, mmc_ctx *c) {
 void mmc_dp_forward_end(mmc_dp *d) {
     if (d->zero != 3 || d->pinned) return;
     flush(d, &d->fs);
-    for (int i = 0; i < d->nb; i++) release(d, &d->b[i]);
+    for (int i = 0; i < d->nt; i++) release(d, &d->b[i]);
 }
 
 /* ---------------------------------------------------------------- gradient reduction */
@@ -529,8 +693,8 @@ static void start_bucket(mmc_dp *d, bucket *bk) {
 static void need_inputs(mmc_dp *d, const mmc_node *nd) {
     for (int k = 0; k < nd->n_in; k++) {
         mmc_tensor *x = nd->in[k];
-        if (!x || x->data || !(x->flags & MMC_PARAM)) continue;
-        int p = param_index(d, x);
+        if (!x || x->data) continue;   /* only a sharded parameter has no data */
+        int p = any_index(d, x);
         if (p >= 0) need(d, d->bucket_of[p]);
     }
 }
@@ -540,7 +704,7 @@ void mmc_dp_backward(mmc_dp *d, mmc_ctx *c, mmc_tensor *loss, bool last) {
     MMC_CHECK(d->ctx == c, "mmc_dp_backward: call mmc_dp_forward_begin before the forward");
     if (d->zero == 3) {   /* forward is over: the rest of its gathers, then the backward schedule */
         flush(d, &d->fs);
-        for (int i = 0; i < d->nb; i++)
+        for (int i = 0; i < d->nt; i++)
             if (!d->b[i].root && d->b[i].gstate == G_CLAIMED) release(d, &d->b[i]);
         d->bs.next = 0;
     }
@@ -595,7 +759,7 @@ void mmc_dp_backward(mmc_dp *d, mmc_ctx *c, mmc_tensor *loss, bool last) {
     if (d->zero == 3) flush(d, &d->bs);
     if (reduce) while (d->next < d->nb) start_bucket(d, &d->b[d->next++]);
     if (d->zero == 3)
-        for (int i = 0; i < d->nb; i++) release(d, &d->b[i]);   /* the root, and anything left */
+        for (int i = 0; i < d->nt; i++) release(d, &d->b[i]);   /* the root, and anything left */
     d->in_backward = false;
 }
 
@@ -725,13 +889,17 @@ void mmc_dp_scatter_state(mmc_dp *d, const mmc_adamw *a) {
     d->adamw.step = a->step;
 }
 
-mmc_status mmc_dp_gather_params(mmc_dp *d) {
+mmc_status mmc_dp_gather_params(mmc_dp *d) { return mmc_dp_gather_params_sel(d, true, true); }
+
+mmc_status mmc_dp_gather_params_sel(mmc_dp *d, bool trained, bool frozen) {
     if (d->zero != 3 || d->pinned) return MMC_OK;
-    for (int i = 0; i < d->nb; i++) {
+    d->peak_p_steps = d->peak_p;   /* a save or an evaluation is not a step: its peak is apart */
+    for (int i = 0; i < d->nt; i++) {
         release(d, &d->b[i]);
-        gather_start(d, &d->b[i]);
+        if (d->b[i].frozen ? frozen : trained) gather_start(d, &d->b[i]);
     }
-    for (int i = 0; i < d->nb; i++) {
+    for (int i = 0; i < d->nt; i++) {
+        if (d->b[i].gstate == G_NONE) continue;
         gather_wait(d, &d->b[i]);
         d->b[i].gstate = G_CLAIMED;
     }
@@ -742,7 +910,8 @@ mmc_status mmc_dp_gather_params(mmc_dp *d) {
 void mmc_dp_release_params(mmc_dp *d) {
     if (d->zero != 3 || !d->pinned) return;
     d->pinned = false;
-    for (int i = 0; i < d->nb; i++) release(d, &d->b[i]);
+    for (int i = 0; i < d->nt; i++) release(d, &d->b[i]);
+    d->peak_p = d->peak_p_steps;
 }
 
 int64_t mmc_dp_adamw_step(const mmc_dp *d) { return d->adamw.step; }
@@ -756,12 +925,14 @@ void mmc_dp_get_memory(const mmc_dp *d, mmc_dp_memory *m) {
         if (d->model[p]->grad && !(d->gwrap && d->model[p]->grad == d->gwrap[p]))
             m->grads += (int64_t)mmc_nbytes(d->model[p]->grad);
     }
-    for (int i = 0; i < d->nb; i++) {
+    for (int i = 0; i < d->nt; i++) {
         const bucket *bk = &d->b[i];
         m->buckets += bk->flat ? bk->padded * 4 : 0;
         m->grads += bk->gshard ? bk->shard * 4 : 0;
         m->params += bk->pshard ? bk->shard * 4 : 0;
+        m->frozen += bk->fshard ? bk->shard * (int64_t)mmc_dtype_size(bk->wdt) : 0;
     }
+    m->frozen += d->frozen_bytes;
     m->grads_peak = m->grads + d->peak_g;
     m->params_peak = m->params + d->peak_p;
     m->grads += d->live_g;

@@ -191,7 +191,7 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
         if (!sharded) st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.m[i]);
         snprintf(name, sizeof name, "exp_avg_sq.%s", t->opt_names[i]);
         if (!st && !sharded) st = mmc_stw_add_raw(w, name, MMC_F32, p->ndim, p->shape, t->adamw.v[i]);
-        if (!st && t->opt[i] != t->opt_model[i]) {
+        if (!st && t->opt[i] != t->opt_model[i] && p->data) {   /* (ZeRO-3: the masters are the shards) */
             snprintf(name, sizeof name, "master.%s", t->opt_names[i]);
             st = mmc_stw_add(w, name, p);
         }
@@ -203,10 +203,12 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
         st = mmc_stw_add(w, name, t->lora->params[i]);
     }
     /* bf16 runs write the HF model in bf16: keep the exact f32 values of the parameters that
-     * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical */
+     * stay f32 in memory (norms, biases), trainable or not, so a resume is bit-identical
+     * (ZeRO-3: sharded ones are not here — their values are in the shards, or in model.path
+     * for a LoRA run's base) */
     if (t->cfg->model.dtype == MMC_RUN_BF16)
         for (int i = 0; i < t->n_params && !st; i++)
-            if (t->params[i]->dtype == MMC_F32) {
+            if (t->params[i]->dtype == MMC_F32 && t->params[i]->data) {
                 char name[256];
                 snprintf(name, sizeof name, "master.%s", t->names[i]);
                 st = mmc_stw_add(w, name, t->params[i]);
@@ -378,7 +380,10 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
     const bool sharded = mmc_dp_checkpoint_sharded(dir);
     if (sharded && (st = mmc_dp_read_sharded_state(dir, t->opt_names, t->opt, t->n_opt, t->adamw.m, t->adamw.v)))
         return mmc_error_prefix(st, "--resume");
-    if (sharded && mmc_dp_checkpoint_params_sharded(dir)) {
+    /* (a ZeRO-3 LoRA checkpoint shards only the adapters, which optimizer.safetensors holds whole) */
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    const bool params_sharded = sharded && mmc_dp_checkpoint_params_sharded(dir) && access(path, F_OK) != 0;
+    if (params_sharded) {
         /* ZeRO-3: the trained parameters from the shards (any layout), the rest as saved */
         if (t->lora) return mmc_error(MMC_ERR_INVALID, "--resume: %s holds sharded full-model parameters (ZeRO-3 "
                                       "without LoRA) but this run trains LoRA adapters", dir);
@@ -405,9 +410,9 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
         snprintf(name, sizeof name, "exp_avg_sq.%s", t->opt_names[i]);
         if (!st && !sharded) st = mmc_st_read_into(o, name, mv);
         mmc_tensor_free(mv);
-        if (!st && p != t->opt_model[i]) {
+        if (!st && p != t->opt_model[i]) {   /* a ZeRO-3 checkpoint's masters came from its shards */
             snprintf(name, sizeof name, "master.%s", t->opt_names[i]);
-            st = mmc_st_read_into(o, name, p);
+            if (!params_sharded) st = mmc_st_read_into(o, name, p);
             if (!st) mmc_convert(t->opt_model[i]->data, MMC_BF16, p->data, MMC_F32, mmc_numel(p));
         }
     }

@@ -234,9 +234,6 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
                     "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,
                     (long long)d->micro_batch_size);
-    if (p->zero == 3 && c->model.dtype == MMC_RUN_BF16)
-        return verr(c, root, "parallel", "zero", "3: ZeRO-3 with model.dtype bf16 (bf16 weights with fp32 "
-                    "masters) is not implemented; use model.dtype f32 with ZeRO-3, or ZeRO-2 with bf16");
     mmc_optimizer_cfg *o = &c->optimizer;
     if (o->betas.n) {
         if (o->betas.n != 2) return verr(c, root, "optimizer", "betas", "expected two numbers [beta1, beta2], "

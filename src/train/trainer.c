@@ -11,6 +11,7 @@
 #include "mmc_quant.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,6 +414,25 @@ static mmc_status setup_params(mmc_trainer *t) {
     return MMC_OK;
 }
 
+/* Where a trained parameter sits in the forward, for "does a gradient flow through unit u":
+ * vision blocks come first (the patch embedding before them), then the decoder layers (the
+ * merger and the token embeddings before them); anything else (final norm, lm_head) is
+ * downstream of every unit. Sets *vis / *lm to the first vision block / decoder layer it
+ * precedes or belongs to (INT_MAX: none). */
+static void grad_source(const char *name, int *vis, int *lm) {
+    const char *v = strstr(name, "visual.blocks."), *l = strstr(name, "layers.");
+    *vis = *lm = INT_MAX;
+    if (strstr(name, "visual.")) {
+        *lm = -1;   /* every decoder layer reads image features */
+        if (v) *vis = atoi(v + 14);
+        else if (!strstr(name, "visual.merger")) *vis = -1;   /* patch embedding */
+    } else if (strstr(name, "embed_tokens")) {
+        *lm = -1;
+    } else if (l) {
+        *lm = atoi(l + 7);
+    }
+}
+
 /* The unit of an HF parameter name: decoder layer N -> N, vision block N -> nl + N, else -1
  * (the root: embeddings, final norm, lm_head, patch embedding, merger). LoRA names too. */
 static int unit_of_name(const char *name, int nl, int nv) {
@@ -491,19 +511,55 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if (resume && (st = mmc_trainer_restore(t, ckpt))) goto fail;
     if (t->world_size > 1 || cfg->parallel.zero > 0) {
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
-         * layer and each vision block, keyed by its layer struct as the models name it */
+         * layer and each vision block, keyed by its layer struct as the models name it; the
+         * vision blocks run first. The untrained parameters go too (ZeRO-3 shards them). */
         const int nl = (int)t->lm->cfg.num_layers, nv = t->vl ? (int)t->vl->visual->cfg.depth : 0;
-        int *unit_of = calloc((size_t)t->n_opt + 1, sizeof *unit_of);
+        int *unit_of = calloc((size_t)t->n_opt + 1, sizeof *unit_of), *fwd = calloc((size_t)(nl + nv) + 1, sizeof *fwd);
         const void **keys = calloc((size_t)(nl + nv) + 1, sizeof *keys);
-        if (!unit_of || !keys) { free(unit_of); free(keys); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-        for (int l = 0; l < nl; l++) keys[l] = &t->lm->layers[l];
-        for (int b = 0; b < nv; b++) keys[nl + b] = &t->vl->visual->blocks[b];
+        mmc_tensor **fz = calloc((size_t)t->n_params + 1, sizeof *fz);
+        int *fz_unit = calloc((size_t)t->n_params + 1, sizeof *fz_unit), nfz = 0;
+        if (!unit_of || !keys || !fwd || !fz || !fz_unit) {
+            free(unit_of); free(keys); free(fwd); free(fz); free(fz_unit);
+            st = mmc_error(MMC_ERR_OOM, "out of memory");
+            goto fail;
+        }
+        for (int l = 0; l < nl; l++) { keys[l] = &t->lm->layers[l]; fwd[l] = nv + l; }
+        for (int b = 0; b < nv; b++) { keys[nl + b] = &t->vl->visual->blocks[b]; fwd[nl + b] = b; }
         for (int i = 0; i < t->n_opt; i++) unit_of[i] = unit_of_name(t->opt_names[i], nl, nv);
-        mmc_dp_units units = {.unit_of = unit_of, .keys = keys, .n_units = nl + nv};
+        for (int i = 0; i < t->n_params; i++) {
+            bool dup = false;   /* tied weights appear once */
+            for (int j = 0; j < nfz && !dup; j++) dup = fz[j] == t->params[i];
+            if (t->params[i]->flags & MMC_REQUIRES_GRAD || dup) continue;
+            fz_unit[nfz] = unit_of_name(t->names[i], nl, nv);
+            fz[nfz++] = t->params[i];
+        }
+        t->n_frozen = nfz;
+        /* a gradient flows through a unit when a trained parameter is upstream of it */
+        bool *through = calloc((size_t)(nl + nv) + 1, sizeof *through);
+        if (!through) {
+            free(unit_of); free(keys); free(fwd); free(fz); free(fz_unit);
+            st = mmc_error(MMC_ERR_OOM, "out of memory");
+            goto fail;
+        }
+        int first_vis = INT_MAX, first_lm = INT_MAX;
+        for (int i = 0; i < t->n_opt; i++) {
+            int v, l;
+            grad_source(t->opt_names[i], &v, &l);
+            if (v < first_vis) first_vis = v;
+            if (l < first_lm) first_lm = l;
+        }
+        for (int l = 0; l < nl; l++) through[l] = first_lm < l;
+        for (int b = 0; b < nv; b++) through[nl + b] = first_vis < b;
+        mmc_dp_units units = {.unit_of = unit_of, .keys = keys, .n_units = nl + nv, .fwd_pos = fwd,
+                              .frozen = fz, .frozen_unit = fz_unit, .n_frozen = nfz, .grad_through = through};
         st = mmc_dp_new(t->world, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, &units,
                         &t->dp);
         free(unit_of);
         free(keys);
+        free(fwd);
+        free(fz);
+        free(fz_unit);
+        free(through);
         if (st) goto fail;
         if (cfg->parallel.zero >= 1) {   /* this rank keeps only its shard of the AdamW state */
             mmc_dp_scatter_state(t->dp, &t->adamw);
@@ -569,7 +625,8 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
         mmc_dp_memory m;
         mmc_dp_get_memory(t->dp, &m);
         bytes = m.optim;
-        for (int i = 0; i < t->n_opt; i++) bytes += t->opt[i] != t->opt_model[i] ? mmc_numel(t->opt[i]) * 4 : 0;
+        if (t->cfg->parallel.zero < 3)   /* ZeRO-3: the fp32 masters are the parameter shards */
+            for (int i = 0; i < t->n_opt; i++) bytes += t->opt[i] != t->opt_model[i] ? mmc_numel(t->opt[i]) * 4 : 0;
     }
     if (trainable) *trainable = n;
     if (state_bytes) *state_bytes = bytes;
@@ -692,8 +749,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     } else {
         mmc_adamw_step(&t->adamw, lr);
     }
-    for (int i = 0; i < t->n_opt; i++)
-        if (t->opt[i] != t->opt_model[i])
+    for (int i = 0; i < t->n_opt; i++)   /* (ZeRO-3 rounds the master shards when it gathers) */
+        if (t->opt[i] != t->opt_model[i] && t->opt[i]->data)
             mmc_convert(t->opt_model[i]->data, MMC_BF16, t->opt[i]->data, MMC_F32, mmc_numel(t->opt[i]));
     t->step++;
     t->rng.offset++;
@@ -831,10 +888,12 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
  * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
-    /* ZeRO-3 with LoRA: the adapters are gathered for rank 0's PEFT files (collective) and freed
-     * after; without LoRA every rank writes its parameter shard instead */
-    const bool gather = t->dp && t->lora;
-    mmc_status st = gather ? mmc_dp_gather_params(t->dp) : MMC_OK;
+    /* ZeRO-3: parameters are gathered for rank 0's files (collective) and freed after — the
+     * LoRA adapters for the PEFT files (the base is model.path), or the untrained parameters
+     * for model.frozen.safetensors (a full gather: a spike of the whole model's size); the
+     * trained parameters' own values go into every rank's shard */
+    const bool gather = t->dp && t->cfg->parallel.zero == 3 && (t->lora || t->n_frozen > 0);
+    mmc_status st = gather ? mmc_dp_gather_params_sel(t->dp, t->lora != NULL, !t->lora) : MMC_OK;
     if (!st) st = save_ranked_inner(t);
     if (gather) mmc_dp_release_params(t->dp);
     return st;
@@ -1015,9 +1074,10 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         mmc_dp_get_memory(t->dp, &m);
         mmc_trainer_memory(t, NULL, &m.optim);   /* ZeRO-0 keeps the full AdamW state outside dp */
         fprintf(stderr, "mmc train: rank 0 holds %lld bytes of parameters, %lld of gradients (+%lld in buckets), "
-                "%lld of optimizer state; peaks during steps: %lld of parameters, %lld of gradients\n",
+                "%lld of optimizer state; peaks during steps: %lld of parameters, %lld of gradients; "
+                "%lld bytes of untrained parameters\n",
                 (long long)m.params, (long long)m.grads, (long long)m.buckets, (long long)m.optim,
-                (long long)m.params_peak, (long long)m.grads_peak);
+                (long long)m.params_peak, (long long)m.grads_peak, (long long)m.frozen);
     }
     fclose(metrics);
     mmc_tb_close(tb);

@@ -66,6 +66,7 @@ struct mmc_trainer {
     char **name_store;
     /* optimizer side: fp32 tensors AdamW updates; for bf16 matrices a master copy */
     int n_opt;
+    int n_frozen;              /* untrained parameters (ZeRO-3 shards them) */
     mmc_tensor **opt;          /* fp32 (master or the param itself) */
     mmc_tensor **opt_model;    /* the model tensor to refresh after a step (== opt when f32) */
     const char **opt_names;
