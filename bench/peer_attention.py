@@ -2,31 +2,17 @@
 (fp32, CPU, enable_gqa) forward and forward+backward, same case names and FLOP formula
 (forward 4*T*S*D*Hq*B, halved when causal; backward 2.5x forward)."""
 import json
-import os
-import time
 
 import torch
 import torch.nn.functional as F
 
-torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
+from peer_util import median_time, report  # also sets the thread count
 
 CASES = [
     ("attn_qwen2_0.5b_t512_causal", 1, 512, 512, 14, 2, 64, True),
     ("attn_qwen2_0.5b_t2048_causal", 1, 2048, 2048, 14, 2, 64, True),
     ("attn_vision_t1024_h16_d80_full", 1, 1024, 1024, 16, 16, 80, False),
 ]
-
-
-def bench(fn, min_s, min_iters=3):
-    fn()
-    ts = []
-    start = time.perf_counter()
-    while len(ts) < 1000 and (len(ts) < min_iters or time.perf_counter() - start < min_s):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def main():
@@ -47,9 +33,9 @@ def main():
             y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
             y.backward(gy)
 
-        t = bench(f, 1.0)
+        t = median_time(f, 1.0)
         print(json.dumps({"name": name + "_fwd", "peer": fwd / t * 1e-9, "unit": "GFLOP/s", "better": "higher"}))
-        t = bench(fb, 2.0)
+        t = median_time(fb, 2.0)
         print(json.dumps({"name": name + "_fwdbwd", "peer": 3.5 * fwd / t * 1e-9, "unit": "GFLOP/s",
                           "better": "higher"}), flush=True)
 

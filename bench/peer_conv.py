@@ -1,24 +1,10 @@
 """peer_conv.py — PyTorch (CPU, fp32) peer of bench/bench_conv.c: same case names, same
 shapes, conv2d forward + backward (dx, dW, db), median time over repeated calls."""
-import json
-import os
-import time
 
 import torch
 import torch.nn.functional as F
 
-torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
-
-
-def bench(fn, min_s=1.0, min_iters=2):
-    fn()
-    ts, start = [], time.perf_counter()
-    while len(ts) < 1000 and (len(ts) < min_iters or time.perf_counter() - start < min_s):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
+from peer_util import median_time, report  # also sets the thread count
 
 
 def conv(B, Cin, H, W, Cout, min_s):
@@ -33,8 +19,7 @@ def conv(B, Cin, H, W, Cout, min_s):
 
     flop = 3 * 2.0 * B * Cout * H * W * Cin * 9
     name = f"conv2d_fwdbwd_{B}x{Cin}x{H}x{W}_k3_c{Cout}"
-    print(json.dumps({"name": name, "peer": flop / bench(step, min_s) * 1e-9, "unit": "GFLOP/s",
-                      "better": "higher"}), flush=True)
+    report(name, flop / median_time(step, min_s, 2) * 1e-9, "GFLOP/s")
 
 
 def main():

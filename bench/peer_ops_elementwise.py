@@ -2,25 +2,11 @@
 forward + backward throughput (million output elements / s) of bias add, swiglu, gelu and
 softmax at the same shapes and case names."""
 import json
-import os
-import time
 
 import torch
 import torch.nn.functional as F
 
-torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
-
-
-def bench(fn, min_seconds=0.5, min_iters=5):
-    fn()
-    ts = []
-    start = time.perf_counter()
-    while len(ts) < 1000 and (len(ts) < min_iters or time.perf_counter() - start < min_seconds):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
+from peer_util import median_time, report  # also sets the thread count
 
 
 def main():
@@ -43,7 +29,7 @@ def main():
                 y = op(a, b)
                 y.backward(g)
 
-            t = bench(step)
+            t = median_time(step, 0.5, 5)
             print(json.dumps({"name": f"ew_{name}_fwdbwd_{R}x{C}", "peer": R * C / t / 1e6,
                               "unit": "Melem/s", "better": "higher"}))
 

@@ -1,29 +1,10 @@
 """peer_ops_nn.py — PyTorch (CPU, fp32) peer of bench/bench_ops_nn.c: same case names,
 same shapes, forward + backward, median time over repeated calls."""
-import json
-import os
-import time
 
 import torch
 import torch.nn.functional as F
 
-torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
-
-
-def bench(fn, min_s=1.0, min_iters=3):
-    fn()
-    ts, start = [], time.perf_counter()
-    while len(ts) < 1000 and (len(ts) < min_iters or time.perf_counter() - start < min_s):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def report(name, v, unit, higher=True):
-    print(json.dumps({"name": name, "peer": v, "unit": unit, "better": "higher" if higher else "lower"}),
-          flush=True)
+from peer_util import median_time, report  # also sets the thread count
 
 
 def linear(tag, M, K, N):
@@ -36,14 +17,14 @@ def linear(tag, M, K, N):
         D.addmm_(dy, B)
         E.addmm_(dy.t(), A)
 
-    report(f"gemm3_{tag}", flop / bench(gemm3, 1.0, 2) * 1e-9, "GFLOP/s")
+    report(f"gemm3_{tag}", flop / median_time(gemm3, 1.0, 2) * 1e-9, "GFLOP/s")
     x = torch.randn(M, K, requires_grad=True)
     w = (torch.randn(N, K) * 0.05).requires_grad_(True)
 
     def step():
         F.linear(x, w).backward(dy)
 
-    report(f"linear_fwdbwd_{tag}", flop / bench(step, 1.0, 2) * 1e-9, "GFLOP/s")
+    report(f"linear_fwdbwd_{tag}", flop / median_time(step, 1.0, 2) * 1e-9, "GFLOP/s")
 
 
 def norm(name, fn, xshape, C, bias=True):
@@ -55,7 +36,7 @@ def norm(name, fn, xshape, C, bias=True):
     def step():
         fn(x, w, b).backward(dy)
 
-    report(name, bench(step, 0.5, 5) * 1e6, "us", False)
+    report(name, median_time(step, 0.5, 5) * 1e6, "us", False)
 
 
 def rms(x, w, b):   # transformers' Qwen2RMSNorm forward
@@ -77,7 +58,7 @@ def main():
     def xent():
         F.cross_entropy(logits, t, ignore_index=-100).backward()
 
-    report(f"xent_fwdbwd_{N}x{V}", bench(xent, 1.0, 3) * 1e3, "ms", False)
+    report(f"xent_fwdbwd_{N}x{V}", median_time(xent, 1.0, 3) * 1e3, "ms", False)
 
 
 if __name__ == "__main__":
