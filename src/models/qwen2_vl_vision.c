@@ -324,6 +324,16 @@ static mmc_tensor *vnorm(mmc_ctx *ctx, const mmc_vision_config *c, mmc_tensor *x
     return c->arch == MMC_VL_QWEN2 ? mmc_layernorm(ctx, x, w, b, 1e-6f) : mmc_rmsnorm(ctx, x, w, 1e-6f);
 }
 
+/* The block's MLP on normed rows h [1, n, C] -> [1, n, C]: Qwen2-VL's fc2(act(fc1 h)) (QuickGELU),
+ * Qwen2.5-VL's down(act(gate h) * up h) (SwiGLU). */
+static mmc_tensor *vmlp(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vision_block *b, mmc_tensor *h) {
+    if (c->arch == MMC_VL_QWEN2)
+        return mmc_nn_linear(ctx, act(ctx, c->act, mmc_nn_linear(ctx, h, &b->fc1)), &b->fc2);
+    mmc_tensor *g = mmc_nn_linear(ctx, h, &b->gate), *u = mmc_nn_linear(ctx, h, &b->up);
+    g = c->act == MMC_ACT_SILU ? mmc_swiglu(ctx, g, u) : mmc_mul(ctx, act(ctx, c->act, g), u);
+    return mmc_nn_linear(ctx, g, &b->down);
+}
+
 /* x [1, N, Cv] -> [1, N, Cv] (Qwen2VLVisionBlock / Qwen2_5_VLVisionBlock) */
 static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vision_block *b, mmc_tensor *x,
                                  mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *ao) {
@@ -340,14 +350,7 @@ static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_v
     a = mmc_reshape(ctx, a, 3, MMC_SHAPE(1, N, C));
     x = mmc_add(ctx, x, mmc_nn_linear(ctx, a, &b->proj));
     h = vnorm(ctx, c, x, b->norm2_w, b->norm2_b);
-    mmc_tensor *y;
-    if (c->arch == MMC_VL_QWEN2) {
-        y = mmc_nn_linear(ctx, act(ctx, c->act, mmc_nn_linear(ctx, h, &b->fc1)), &b->fc2);
-    } else {
-        mmc_tensor *g = mmc_nn_linear(ctx, h, &b->gate), *u = mmc_nn_linear(ctx, h, &b->up);
-        g = c->act == MMC_ACT_SILU ? mmc_swiglu(ctx, g, u) : mmc_mul(ctx, act(ctx, c->act, g), u);
-        y = mmc_nn_linear(ctx, g, &b->down);
-    }
+    mmc_tensor *y = vmlp(ctx, c, b, h);
     x = mmc_add(ctx, x, y);
     mmc_params_end(ctx, b);
     return x;
@@ -407,14 +410,8 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t n = N - r0 < R ? N - r0 : R;
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
-        mmc_tensor *h = vnorm(ctx, c, mmc_narrow(ctx, x, 1, r0, n), b->norm2_w, b->norm2_b), *y;
-        if (c->arch == MMC_VL_QWEN2) {
-            y = mmc_nn_linear(ctx, act(ctx, c->act, mmc_nn_linear(ctx, h, &b->fc1)), &b->fc2);
-        } else {
-            mmc_tensor *g = mmc_nn_linear(ctx, h, &b->gate), *u = mmc_nn_linear(ctx, h, &b->up);
-            g = c->act == MMC_ACT_SILU ? mmc_swiglu(ctx, g, u) : mmc_mul(ctx, act(ctx, c->act, g), u);
-            y = mmc_nn_linear(ctx, g, &b->down);
-        }
+        mmc_tensor *h = vnorm(ctx, c, mmc_narrow(ctx, x, 1, r0, n), b->norm2_w, b->norm2_b);
+        mmc_tensor *y = vmlp(ctx, c, b, h);
         add_inplace(xd + r0 * C, mmc_contiguous(ctx, y)->data, n * C);
         mmc_arena_release(ar, mk);
     }
