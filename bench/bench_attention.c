@@ -34,15 +34,6 @@ static void run(void *p) {
     mmc_ctx_reset(a->ctx);
 }
 
-static mmc_tensor *param(int B, int T, int H, int D, uint64_t seed) {
-    mmc_tensor *t = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, T, H, D));
-    mmc_rng r;
-    mmc_rng_init(&r, seed);
-    mmc_rng_normal(&r, t->data, mmc_numel(t), 0, 1);
-    t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
-    return t;
-}
-
 int main(void) {
     const char *env = getenv("MMC_BENCH_THREADS");
     mmc_set_num_threads(env ? atoi(env) : 2);
@@ -53,8 +44,9 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const acase *c = &cases[i];
-        run_arg a = {c, mmc_ctx_new(), param(c->B, c->T, c->Hq, c->D, 1), param(c->B, c->S, c->Hkv, c->D, 2),
-                     param(c->B, c->S, c->Hkv, c->D, 3), false};
+        run_arg a = {c, mmc_ctx_new(), bench_rand_param(1, 4, MMC_SHAPE(c->B, c->T, c->Hq, c->D), 1),
+                     bench_rand_param(2, 4, MMC_SHAPE(c->B, c->S, c->Hkv, c->D), 1),
+                     bench_rand_param(3, 4, MMC_SHAPE(c->B, c->S, c->Hkv, c->D), 1), false};
         double fwd = 4.0 * c->B * c->T * c->S * c->D * c->Hq * (c->causal ? 0.5 : 1.0);
         char name[128];
         double t = bench_time(run, &a, 1.0, 3);

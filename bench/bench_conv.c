@@ -13,15 +13,6 @@ typedef struct {
     float *dy;  /* upstream gradient, numel(y) */
 } ccase;
 
-static mmc_tensor *rand_param(uint64_t seed, int ndim, const int64_t *shape, float std) {
-    mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
-    mmc_rng r;
-    mmc_rng_init(&r, seed);
-    mmc_rng_normal(&r, t->data, mmc_numel(t), 0, std);
-    t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
-    return t;
-}
-
 static void run_conv(void *arg) {
     ccase *c = arg;
     mmc_ctx_reset(c->ctx);
@@ -37,9 +28,9 @@ static void run_conv(void *arg) {
 static void bench_conv(int64_t B, int64_t Cin, int64_t H, int64_t W, int64_t Cout, double min_s) {
     char name[128];
     ccase c = {.ctx = mmc_ctx_new()};
-    c.x = rand_param(30, 4, MMC_SHAPE(B, Cin, H, W), 1);
-    c.w = rand_param(31, 4, MMC_SHAPE(Cout, Cin, 3, 3), 0.05f);
-    c.b = rand_param(32, 1, MMC_SHAPE(Cout), 1);
+    c.x = bench_rand_param(30, 4, MMC_SHAPE(B, Cin, H, W), 1);
+    c.w = bench_rand_param(31, 4, MMC_SHAPE(Cout, Cin, 3, 3), 0.05f);
+    c.b = bench_rand_param(32, 1, MMC_SHAPE(Cout), 1);
     int64_t ny = B * Cout * H * W;
     c.dy = malloc((size_t)ny * sizeof(float));
     mmc_rng r;

@@ -27,15 +27,6 @@ static void run(void *arg) {
     mmc_ctx_reset(ctx);
 }
 
-static mmc_tensor *param(uint64_t seed, int nd, const int64_t *sh) {
-    mmc_tensor *t = mmc_tensor_new(MMC_F32, nd, sh);
-    mmc_rng r;
-    mmc_rng_init(&r, seed);
-    mmc_rng_normal(&r, t->data, mmc_numel(t), 0.0f, 1.0f);
-    t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
-    return t;
-}
-
 int main(void) {
     const char *names[] = {"add_bias", "swiglu", "gelu", "softmax"};
     const int64_t shapes[][2] = {{512, 4864}, {512, 896}};
@@ -43,9 +34,9 @@ int main(void) {
         for (int s = 0; s < 2; s++) {
             int64_t R = shapes[s][0], C = shapes[s][1];
             bcase c = {.op = op, .ctx = mmc_ctx_new()};
-            c.a = param(1, 2, MMC_SHAPE(R, C));
-            c.b = op == 0 ? param(2, 1, MMC_SHAPE(C)) : op == 1 ? param(2, 2, MMC_SHAPE(R, C)) : NULL;
-            c.g = param(3, 2, MMC_SHAPE(R, C));
+            c.a = bench_rand_param(1, 2, MMC_SHAPE(R, C), 1);
+            c.b = op == 0 ? bench_rand_param(2, 1, MMC_SHAPE(C), 1) : op == 1 ? bench_rand_param(2, 2, MMC_SHAPE(R, C), 1) : NULL;
+            c.g = bench_rand_param(3, 2, MMC_SHAPE(R, C), 1);
             c.g->flags = MMC_OWNS_DATA;
             double t = bench_time(run, &c, 0.5, 5);
             char name[96];

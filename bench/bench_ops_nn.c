@@ -22,14 +22,6 @@ typedef struct {
 
 enum { K_LINEAR, K_RMS, K_LN, K_GN, K_XENT };
 
-static mmc_tensor *rand_param(uint64_t seed, int ndim, const int64_t *shape, float std) {
-    mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
-    mmc_rng r;
-    mmc_rng_init(&r, seed);
-    mmc_rng_normal(&r, t->data, mmc_numel(t), 0, std);
-    t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
-    return t;
-}
 static float *rand_buf(uint64_t seed, int64_t n) {
     float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
     mmc_rng r;
@@ -80,8 +72,8 @@ static void bench_linear(const char *tag, int64_t M, int64_t K, int64_t N, doubl
     double tg = bench_time(run_gemm3, &c, min_s, iters);
     snprintf(name, sizeof name, "gemm3_%s", tag);
     bench_report(name, flop / tg * 1e-9, "GFLOP/s", 1);
-    c.x = rand_param(6, 2, MMC_SHAPE(M, K), 1);
-    c.w = rand_param(7, 2, MMC_SHAPE(N, K), 0.05f);
+    c.x = bench_rand_param(6, 2, MMC_SHAPE(M, K), 1);
+    c.w = bench_rand_param(7, 2, MMC_SHAPE(N, K), 0.05f);
     c.dy = rand_buf(8, M * N);
     double tl = bench_time(run_op, &c, min_s, iters);
     snprintf(name, sizeof name, "linear_fwdbwd_%s", tag);
@@ -95,9 +87,9 @@ static void bench_linear(const char *tag, int64_t M, int64_t K, int64_t N, doubl
 
 static void bench_norm(const char *name, int kind, int ndim, const int64_t *xs, int64_t C) {
     bcase c = {.ctx = mmc_ctx_new(), .kind = kind};
-    c.x = rand_param(10, ndim, xs, 1);
-    c.w = rand_param(11, 1, MMC_SHAPE(C), 1);
-    c.b = kind == K_RMS ? NULL : rand_param(12, 1, MMC_SHAPE(C), 1);
+    c.x = bench_rand_param(10, ndim, xs, 1);
+    c.w = bench_rand_param(11, 1, MMC_SHAPE(C), 1);
+    c.b = kind == K_RMS ? NULL : bench_rand_param(12, 1, MMC_SHAPE(C), 1);
     c.dy = rand_buf(13, mmc_numel(c.x));
     double t = bench_time(run_op, &c, 0.5, 5);
     bench_report(name, t * 1e6, "us", 0);
@@ -109,7 +101,7 @@ static void bench_norm(const char *name, int kind, int ndim, const int64_t *xs, 
 static void bench_xent(int64_t N, int64_t V) {
     char name[128];
     bcase c = {.ctx = mmc_ctx_new(), .kind = K_XENT};
-    c.x = rand_param(20, 2, MMC_SHAPE(N, V), 2);
+    c.x = bench_rand_param(20, 2, MMC_SHAPE(N, V), 2);
     c.t = mmc_tensor_new(MMC_I64, 1, MMC_SHAPE(N));
     for (int64_t i = 0; i < N; i++) ((int64_t *)c.t->data)[i] = i % 17 == 5 ? -100 : (i * 7919) % V;
     double t = bench_time(run_op, &c, 1.0, 3);

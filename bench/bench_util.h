@@ -10,6 +10,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A parameter tensor (f32, requires grad) filled with N(0, std) from a seeded stream. */
+static inline mmc_tensor *bench_rand_param(uint64_t seed, int ndim, const int64_t *shape, float std) {
+    mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
+    mmc_rng r;
+    mmc_rng_init(&r, seed);
+    mmc_rng_normal(&r, t->data, mmc_numel(t), 0, std);
+    t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+    return t;
+}
+
 static inline void bench_report(const char *name, double value, const char *unit, int higher_better) {
     printf("{\"name\": \"%s\", \"mmc\": %.6g, \"unit\": \"%s\", \"better\": \"%s\"}\n", name, value,
            unit, higher_better ? "higher" : "lower");
