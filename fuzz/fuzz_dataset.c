@@ -6,7 +6,7 @@
  * their paths come from the input and could name any file. */
 #define _GNU_SOURCE
 #include "mmc_data.h"
-#include "mmc_tokenizer.h"
+#include "fuzz_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,10 +18,7 @@ static mmc_tokenizer *g_tok;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    if (mmc_tokenizer_load(MMC_SOURCE_DIR "/tests/fixtures/tokenizer", &g_tok) != MMC_OK) {
-        fprintf(stderr, "fuzz_dataset: cannot load the fixture tokenizer: %s\n", mmc_last_error());
-        abort();
-    }
+    g_tok = fuzz_fixture_tokenizer("fuzz_dataset");
     return 0;
 }
 

@@ -4,7 +4,7 @@
  * fixture tokenizer (tests/fixtures/tokenizer, trained with HF tokenizers). Checked
  * invariant: plain ASCII text (which NFC leaves alone) round-trips exactly through
  * encode and decode (special tokens kept). */
-#include "mmc_tokenizer.h"
+#include "fuzz_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,10 +15,7 @@ static mmc_tokenizer *g_tok;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    if (mmc_tokenizer_load(MMC_SOURCE_DIR "/tests/fixtures/tokenizer", &g_tok) != MMC_OK) {
-        fprintf(stderr, "fuzz_tokenizer: cannot load the fixture tokenizer: %s\n", mmc_last_error());
-        abort();
-    }
+    g_tok = fuzz_fixture_tokenizer("fuzz_tokenizer");
     return 0;
 }
 
