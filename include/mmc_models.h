@@ -116,6 +116,8 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *cfg,
  * all of one size so that no small tail takes the matrix-vector path. The environment
  * variable MMC_INFER_CHUNK_ROWS=n caps it at n (tests use it to cross chunk boundaries). */
 int64_t mmc_infer_chunk_rows(int64_t rows, int64_t row_bytes);
+/* The inference forms' residual update: x[0 .. numel(y)) += y (any layout; f32). */
+void mmc_infer_residual_add(mmc_ctx *ctx, float *x, mmc_tensor *y);
 /* The same layer without autograd (mmc_grad_enabled must be false): x [B, T, C], contiguous
  * f32 and owned by the caller, is updated in place; the attention half's temporaries are
  * released at its end and the MLP runs over chunks of rows, so the layer's peak memory is

@@ -383,14 +383,13 @@ mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids) {
     return mmc_embedding(ctx, m->embed, ids);
 }
 
-mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L,
-                                    mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin,
-                                    const mmc_attn_opts *attn, mmc_kv_cache *kv, int layer_idx) {
-    int64_t B = x->shape[0], T = x->shape[1], D = c->head_dim;
-    float eps = (float)c->rms_norm_eps;
-    mmc_params_begin(ctx, L);   /* ZeRO-3: the layer's parameters are gathered here */
-    /* self-attention block */
-    mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                     /* [B, T, C] */
+/* The layer's self-attention half on the residual stream x [B, T, C]: o(attention(rope(q),
+ * rope(k), v)) of rmsnorm(x), through the KV cache when given; -> [B, T, C], not yet added. */
+static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L, mmc_tensor *x,
+                                  mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *attn,
+                                  mmc_kv_cache *kv, int layer_idx) {
+    const int64_t B = x->shape[0], T = x->shape[1], D = c->head_dim;
+    mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, (float)c->rms_norm_eps);  /* [B, T, C] */
     mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4,
                                 MMC_SHAPE(B, T, c->num_heads, D));               /* [B, T, Hq, D] */
     mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4,
@@ -402,11 +401,21 @@ mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc
     if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
     mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
     a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, c->num_heads * D));
-    x = mmc_add(ctx, x, mmc_nn_linear(ctx, a, &L->o));
-    /* MLP block: down(silu(gate(h)) * up(h)) */
-    h = mmc_rmsnorm(ctx, x, L->post_norm, eps);
-    mmc_tensor *g = mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up));
-    x = mmc_add(ctx, x, mmc_nn_linear(ctx, g, &L->down));
+    return mmc_nn_linear(ctx, a, &L->o);
+}
+
+/* The MLP half on normed rows h [..., C]: down(silu(gate(h)) * up(h)) -> [..., C]. */
+static mmc_tensor *mlp(mmc_ctx *ctx, mmc_qwen2_layer *L, mmc_tensor *h) {
+    return mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up)),
+                         &L->down);
+}
+
+mmc_tensor *mmc_qwen2_layer_forward(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L,
+                                    mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin,
+                                    const mmc_attn_opts *attn, mmc_kv_cache *kv, int layer_idx) {
+    mmc_params_begin(ctx, L);   /* ZeRO-3: the layer's parameters are gathered here */
+    x = mmc_add(ctx, x, self_attention(ctx, c, L, x, cos, sin, attn, kv, layer_idx));
+    x = mmc_add(ctx, x, mlp(ctx, L, mmc_rmsnorm(ctx, x, L->post_norm, (float)c->rms_norm_eps)));
     mmc_params_end(ctx, L);     /* ... and may be freed from here */
     return x;
 }
@@ -428,9 +437,11 @@ int64_t mmc_infer_chunk_rows(int64_t rows, int64_t row_bytes) {
     return n > 1 ? (rows + n - 1) / n : rows;
 }
 
-static void add_inplace(float *restrict x, const float *restrict y, int64_t n) {
+void mmc_infer_residual_add(mmc_ctx *ctx, float *restrict x, mmc_tensor *y) {
+    const float *restrict yd = mmc_contiguous(ctx, y)->data;
+    const int64_t n = mmc_numel(y);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+    for (int64_t i = 0; i < n; i++) x[i] += yd[i];
 }
 
 void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L,
@@ -440,21 +451,12 @@ void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_
     MMC_CHECK(x->dtype == MMC_F32 && x->ndim == 3 && mmc_is_contiguous(x) && x->shape[2] == c->hidden_size,
               "mmc_qwen2_layer_forward_infer: x must be contiguous f32 [B, T, C]");
     mmc_arena *ar = mmc_ctx_arena(ctx);
-    const int64_t B = x->shape[0], T = x->shape[1], C = c->hidden_size, D = c->head_dim, BT = B * T;
+    const int64_t B = x->shape[0], T = x->shape[1], C = c->hidden_size, BT = B * T;
     const float eps = (float)c->rms_norm_eps;
     float *xd = x->data;
-    /* self-attention block, as in mmc_qwen2_layer_forward */
+    /* self-attention block, its temporaries released at its end */
     mmc_arena_mark mk = mmc_arena_get_mark(ar);
-    mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                     /* [B, T, C] */
-    mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4, MMC_SHAPE(B, T, c->num_heads, D));
-    mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4, MMC_SHAPE(B, T, c->num_kv_heads, D));
-    mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4, MMC_SHAPE(B, T, c->num_kv_heads, D));
-    q = mmc_rope(ctx, q, cos, sin);
-    k = mmc_rope(ctx, k, cos, sin);
-    if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
-    mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
-    a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, c->num_heads * D));
-    add_inplace(xd, mmc_contiguous(ctx, mmc_nn_linear(ctx, a, &L->o))->data, BT * C);
+    mmc_infer_residual_add(ctx, xd, self_attention(ctx, c, L, x, cos, sin, attn, kv, layer_idx));
     mmc_arena_release(ar, mk);
     /* MLP block over chunks of rows: x += down(silu(gate(n)) * up(n)), n = rmsnorm(x) */
     mmc_tensor *x2 = mmc_reshape(ctx, x, 2, MMC_SHAPE(BT, C));                  /* [B*T, C] */
@@ -464,8 +466,7 @@ void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_
     for (int64_t r0 = 0; r0 < BT; r0 += R) {
         const int64_t n = BT - r0 < R ? BT - r0 : R;
         mmc_tensor *hr = mmc_rmsnorm(ctx, mmc_narrow(ctx, x2, 0, r0, n), L->post_norm, eps);  /* [n, C] */
-        mmc_tensor *g = mmc_swiglu(ctx, mmc_nn_linear(ctx, hr, &L->gate), mmc_nn_linear(ctx, hr, &L->up));
-        add_inplace(xd + r0 * C, mmc_contiguous(ctx, mmc_nn_linear(ctx, g, &L->down))->data, n * C);
+        mmc_infer_residual_add(ctx, xd + r0 * C, mlp(ctx, L, hr));
         mmc_arena_release(ar, mk);
     }
 }

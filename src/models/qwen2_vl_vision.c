@@ -368,11 +368,6 @@ static int64_t chunk_rows(int64_t rows, int64_t width) {
     return mmc_infer_chunk_rows(rows, 2 * width * (int64_t)sizeof(float));
 }
 
-static void add_inplace(float *restrict x, const float *restrict y, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 /* block_forward without autograd, x [1, N, C] contiguous, updated in place */
 static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vision_block *b, mmc_tensor *x,
                                 mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *ao) {
@@ -402,7 +397,7 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
         const int64_t n = N - r0 < R ? N - r0 : R;
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
         mmc_tensor *y = mmc_nn_linear(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, a, 1, r0, n)), &b->proj);
-        add_inplace(xd + r0 * C, mmc_contiguous(ctx, y)->data, n * C);
+        mmc_infer_residual_add(ctx, xd + r0 * C, y);
         mmc_arena_release(ar, mk);
     }
     mmc_arena_release(ar, m0);
@@ -412,7 +407,7 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
         mmc_tensor *h = vnorm(ctx, c, mmc_narrow(ctx, x, 1, r0, n), b->norm2_w, b->norm2_b);
         mmc_tensor *y = vmlp(ctx, c, b, h);
-        add_inplace(xd + r0 * C, mmc_contiguous(ctx, y)->data, n * C);
+        mmc_infer_residual_add(ctx, xd + r0 * C, y);
         mmc_arena_release(ar, mk);
     }
 }
