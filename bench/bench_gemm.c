@@ -3,7 +3,10 @@
  * Cases (JSON lines, see bench_util.h; bench/peer_gemm.py prints the same names for torch):
  *   fma_peak                     register-only FMA loop on all threads (GFLOP/s), the max of
  *                                measurements at the start and at the end of the run
- * Every figure is the best (fastest) call of a ~1 s timed run: the machine is shared.
+ * Every figure is the best (fastest) call of a ~1 s timed run: the machine is shared. Memory
+ * bandwidth drifts with what other tenants do, so the decode matvec's timed calls alternate
+ * with full reads of a 512 MiB buffer and its fraction is best ÷ best of the two series.
+ * (GEMMs are not interleaved with FMA bursts: idle gaps let other tenants evict L3.)
  *   gemm_{f32,bf16}_<layout>     mmc_gemm_f32 / mmc_gemm_bf16 GFLOP/s, Qwen2-0.5B shapes
  *                                (tokens 512, hidden 896, intermediate 4864):
  *                                xWt   y  = x·Wᵀ  M=512  N=4864 K=896   (ta=0, tb=1)
@@ -11,10 +14,12 @@
  *                                dyTx  dW = dyᵀ·x M=4864 N=896  K=512   (ta=1, tb=0, beta=1)
  *                                sq1024 square 1024 (ta=0, tb=0)
  *   gemm_*_frac_peak             the same figure divided by fma_peak (fraction, this run)
- *   mem_read_bw                  streaming read of a 512 MiB buffer on all threads, four
- *                                sequential streams per thread (GB/s)
+ *   mem_read_bw                  streaming read of a 512 MiB buffer on all threads (GB/s): the
+ *                                best of two read kernels (a static half per thread with four
+ *                                streams; dynamic 1 MiB chunks with eight), max of every
+ *                                measurement in the run
  *   matvec_{f32,bf16}_8192x4096  y = x·Wᵀ with M=1 (decode), GB/s of weight bytes streamed
- *   matvec_*_frac_bw             that divided by mem_read_bw
+ *   matvec_*_frac_bw             that divided by the read bandwidth of its window
  *   matvec_bf16_4864x896         a Qwen2 MLP weight (fits in L3), GB/s
  * Threads: OMP_NUM_THREADS (bench/run.sh sets it to MMC_BENCH_THREADS). Every case is run
  * twice: with all threads on the wall clock, then as "<case>_1t" with one thread timed on
@@ -120,16 +125,34 @@ static float sum_plain(const float *p, int64_t n) {
     for (int j = 0; j < 16; j++) t += s[j];
     return t;
 }
-typedef struct { const float *p; int64_t n; } bw_arg;
+/* eight sequential streams (as the decode matvec keeps eight weight rows in flight) */
+__attribute__((target("avx512f"), noinline))
+static float sum8_512(const float *p, int64_t n) {
+    __m512 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
+    const int64_t q = n / 8 / 16 * 16;
+    for (int64_t i = 0; i < q; i += 16)
+        for (int s = 0; s < 8; s++) a[s] = _mm512_add_ps(a[s], _mm512_load_ps(p + s * q + i));
+    for (int i = 1; i < 8; i++) a[0] = _mm512_add_ps(a[0], a[i]);
+    return _mm512_reduce_add_ps(a[0]);
+}
+typedef struct { const float *p; int64_t n; int kind; } bw_arg;
 static void bw_run(void *v) {
     bw_arg *a = v;
     const bool w512 = __builtin_cpu_supports("avx512f");
     float tot = 0;
+    if (a->kind == 0) { /* a static half per thread, four streams each */
 #pragma omp parallel reduction(+ : tot)
-    {
-        int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        int64_t chunk = a->n / nt / 64 * 64;
-        tot += w512 ? sum_512(a->p + chunk * t, chunk) : sum_plain(a->p + chunk * t, chunk);
+        {
+            int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            int64_t chunk = a->n / nt / 64 * 64;
+            tot += w512 ? sum_512(a->p + chunk * t, chunk) : sum_plain(a->p + chunk * t, chunk);
+        }
+    } else { /* dynamic 1 MiB chunks, eight streams each */
+        const int64_t chunk = 1 << 18, nch = a->n / chunk;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : tot)
+        for (int64_t c = 0; c < nch; c++)
+            tot += w512 ? sum8_512(a->p + c * chunk, chunk) : sum_plain(a->p + c * chunk, chunk);
     }
     g_sink = tot;
 }
@@ -167,6 +190,26 @@ static double best_time(bench_fn fn, void *arg, double min_seconds, int min_iter
         if (dt < best) best = dt;
     }
     return best;
+}
+
+/* Alternate a reference call (the machine limit) with a timed call, so both see the same
+ * conditions; the best of each series goes to *best_fn and *best_ref (seconds). */
+static void paired_time(bench_fn fn, void *arg, bench_fn ref, void *ref_arg, double min_seconds,
+                        int min_iters, double *best_fn, double *best_ref) {
+    fn(arg);
+    ref(ref_arg);
+    double bf = 1e30, br = 1e30, start = mmc_now();
+    for (int n = 0; n < 1000 && (n < min_iters || mmc_now() - start < min_seconds); n++) {
+        double t0 = clk();
+        ref(ref_arg);
+        double t1 = clk();
+        fn(arg);
+        double t2 = clk();
+        if (t1 - t0 < br) br = t1 - t0;
+        if (t2 - t1 < bf) bf = t2 - t1;
+    }
+    *best_fn = bf;
+    *best_ref = br;
 }
 
 static void fill(float *p, int64_t n, uint32_t seed) {
@@ -230,12 +273,11 @@ static void suite(const char *sfx) {
     float *buf = falloc(nbw);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < nbw; i++) buf[i] = 1.0f; /* first touch by the reading threads */
-    bw_arg ba = {buf, nbw};
-    double tbw = best_time(bw_run, &ba, 1.0, 5);
-    double bw = (double)nbw * 4 / tbw * 1e-9;
-    snprintf(name, sizeof name, "mem_read_bw%s", sfx);
-    bench_report(name, bw, "GB/s", 1);
-    free(buf);
+    bw_arg ba[2] = {{buf, nbw, 0}, {buf, nbw, 1}};
+    double tbw[2] = {best_time(bw_run, &ba[0], 1.0, 5), best_time(bw_run, &ba[1], 1.0, 5)};
+    const int bk = tbw[1] < tbw[0]; /* the faster read kernel is the reference from here on */
+    double bw = (double)nbw * 4 / tbw[bk] * 1e-9;
+    double mv_frac[2] = {0};
 
     /* matvec (decode): M=1, y = x · Wᵀ, W [N, K] streamed once */
     static const struct { int64_t N, K; } mv[] = {{8192, 4096}, {4864, 896}};
@@ -254,17 +296,23 @@ static void suite(const char *sfx) {
                 g.B = falloc(nb);
                 fill(g.B, nb, 5);
             }
-            double t = best_time(gemm_run, &g, 1.0, 10);
-            double gbs = (double)nb * (bf ? 2 : 4) / t * 1e-9;
+            double t, tref = tbw[bk];
+            if (s == 0) paired_time(gemm_run, &g, bw_run, &ba[bk], 1.0, 10, &t, &tref);
+            else t = best_time(gemm_run, &g, 1.0, 10); /* fits in L3: not interleaved with reads */
+            double gbs = (double)nb * (bf ? 2 : 4) / t * 1e-9, bw_win = (double)nbw * 4 / tref * 1e-9;
+            if (bw_win > bw) bw = bw_win;
             snprintf(name, sizeof name, "matvec_%s_%lldx%lld%s", bf ? "bf16" : "f32", (long long)g.N, (long long)g.K, sfx);
             bench_report(name, gbs, "GB/s", 1);
-            if (s == 0) {
-                snprintf(name, sizeof name, "matvec_%s_%lldx%lld%s_frac_bw", bf ? "bf16" : "f32", (long long)g.N,
-                         (long long)g.K, sfx);
-                bench_report(name, gbs / bw, "fraction", 1);
-            }
+            if (s == 0) mv_frac[bf] = gbs / bw_win;
             free(g.A); free(g.B); free(g.C); free(g.Bh);
         }
+    free(buf);
+    snprintf(name, sizeof name, "mem_read_bw%s", sfx);
+    bench_report(name, bw, "GB/s", 1);
+    for (int bf = 0; bf < 2; bf++) {
+        snprintf(name, sizeof name, "matvec_%s_8192x4096%s_frac_bw", bf ? "bf16" : "f32", sfx);
+        bench_report(name, mv_frac[bf], "fraction", 1);
+    }
 }
 
 int main(void) {

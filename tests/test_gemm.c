@@ -1,6 +1,7 @@
 /* test_gemm.c — the packed GEMM (mmc_gemm_f32 / mmc_gemm_bf16, every micro-kernel this CPU
  * can run) against the triple-loop oracle mmc_gemm_ref(_bf16): all four trans combinations,
- * odd sizes around the register tiles and cache blocks, K=1, M=1..4 (matvec path), leading
+ * odd sizes around the register tiles and cache blocks, K=1, M=1..4 (matvec path, also with
+ * N large enough for threaded units of row stretches), leading
  * dimensions wider than the matrix, alpha/beta variants, beta=0 over a NaN-filled C, and C
  * padding left untouched. Then bit-identical results with 1 and 2 threads (determinism).
  *
@@ -107,6 +108,8 @@ int main(void) {
         {1, 1, 1},    {1, 3, 17},   {2, 33, 65},   {3, 65, 1},    {4, 129, 127}, {1, 130, 300},
         {5, 1, 1},    {17, 33, 1},  {33, 17, 65},  {65, 127, 33}, {127, 129, 17}, {129, 65, 129},
         {14, 32, 64}, {28, 64, 257}, {15, 33, 300}, {350, 70, 300}, {6, 16, 513}, {70, 200, 19},
+        /* matvec path split into threaded units of row stretches with ragged ends */
+        {1, 1001, 300}, {2, 2003, 129}, {4, 777, 100},
     };
     static const float ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.25f, 0.75f}, {1.0f, 1.0f}};
     const char *kernels[] = {"avx512", "avx2", "generic"};

@@ -12,12 +12,16 @@
  * Edge tiles are computed into a small stack tile (packing pads with zeros) and merged.
  *
  * Threads (OpenMP): B panels are packed cooperatively; the compute is handed out dynamically
- * as (MC row block × chunk of NR panels) items, each thread packing A into its own buffer.
+ * as (MC row block × chunk of NR panels) items, each thread packing A into its own buffer;
+ * row blocks are whole-N items except in the last round, which is split so no thread idles.
+ * While a block computes, each item prefetches its share of the source of the B block packed
+ * next, so packing reads caches instead of waiting on DRAM.
  * Blocking never depends on the thread count and each C tile is computed the same way by
  * whichever thread takes it, with a fixed K order, so results are bit-identical for any
  * number of threads.
  *
- * Small M (M <= 4, decode / matvec) skips packing: B is streamed once, parallel over N.
+ * Small M (M <= 4, decode / matvec) skips packing: B is streamed once, parallel over N, as
+ * a few long sequential streams per thread (what the hardware prefetchers follow best).
  * Packing buffers are per calling thread (_Thread_local), grown once and then reused.
  */
 #include "gemm.h"
@@ -391,21 +395,27 @@ static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, i
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
 static inline void mv_tb_body(const int M, int64_t n0, int64_t n1, int64_t K, float alpha, const float *a,
                               const void *B, bool b16, int64_t ldb, float beta, float *C, int64_t ldc) {
-    /* R rows of B in flight (R*M accumulators in registers): 8 for M <= 2, else 4 */
+    /* R rows of B in flight (R*M accumulators in registers): 8 for M <= 2, else 4. The
+     * range is cut into R contiguous stretches of G rows and step j reads row j of each
+     * stretch: R long sequential streams (each stretch is contiguous when ldb == K), which
+     * the hardware prefetchers follow, instead of R short rows that restart every step. */
     enum { RMAX = 8 };
     const int R = M <= 2 ? 8 : 4;
+    const int64_t G = (n1 - n0 + R - 1) / R;
     const int64_t k16 = K & ~(int64_t)15;
     const __mmask16 tail = (__mmask16)((1u << (K - k16)) - 1u);
     const __m512i hi_mask = _mm512_set1_epi32((int)0xFFFF0000u);
-    for (int64_t n = n0; n < n1; n += R) {
-        const int rows = n1 - n < R ? (int)(n1 - n) : R;
+    for (int64_t j = 0; j < G; j++) {
         __m512 acc[4][RMAX];
         const float *bf[RMAX];
         const uint16_t *bh[RMAX];
+        bool valid[RMAX];
         for (int m = 0; m < M; m++)
             for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
-            int64_t row = n + (r < rows ? r : 0); /* past the end: re-read row n, discarded */
+            const int64_t want = n0 + r * G + j;
+            valid[r] = want < n1;
+            const int64_t row = valid[r] ? want : n0 + j; /* past the end: re-read, discarded */
             bf[r] = (const float *)B + row * ldb;
             bh[r] = (const uint16_t *)B + row * ldb;
         }
@@ -443,9 +453,10 @@ static inline void mv_tb_body(const int M, int64_t n0, int64_t n1, int64_t K, fl
         for (int m = 0; m < M; m++)
             for (int r = 0; r < R; r++) sum[m][r] = _mm512_reduce_add_ps(acc[m][r]);
         for (int m = 0; m < M; m++)
-            for (int r = 0; r < rows; r++) {
+            for (int r = 0; r < R; r++) {
+                if (!valid[r]) continue;
                 float s = alpha * sum[m][r];
-                float *c = C + m * ldc + n + r;
+                float *c = C + m * ldc + n0 + r * G + j;
                 *c = beta == 0.0f ? s : s + beta * *c;
             }
     }
@@ -570,13 +581,14 @@ static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N
             }
         a = t->v;
     }
-    /* work units: whole rows of B (tb) / 64-column strips (!tb), ~128 KiB of B each, handed
+    /* work units: rows of B (tb, ~1 MiB each) / 64-column strips (!tb), handed
      * out dynamically (a shared machine stalls threads; the result does not depend on who
      * computes a unit) */
     const int64_t esz = b16 ? 2 : 4;
     int64_t grain = tb ? 8 : 64;
-    if (tb) {
-        int64_t g = (128 * 1024) / (K * esz) / 8 * 8;
+    if (tb) { /* ~1 MiB of B per unit (R streams of 128 KiB), at least 16 units */
+        int64_t g = (1 << 20) / (K * esz) / 8 * 8, g16 = N / 16 / 8 * 8;
+        if (g > g16) g = g16;
         if (g > grain) grain = g;
     }
     int64_t units = (N + grain - 1) / grain;
@@ -590,6 +602,17 @@ static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N
             if (tb) (wide ? mv_tb_avx512 : mv_tb_generic)((int)M, n0, n1, K, alpha, a, B, b16, ldb, beta, C, ldc);
             else (wide ? mv_nb_avx512 : mv_nb_generic)((int)M, n0, n1, K, alpha, a, B, b16, ldb, beta, C, ldc);
         }
+    }
+}
+
+/* Prefetch (into L2) segments [s0, s1) of a strided source: segment s is seg_bytes long at
+ * base + s*stride_bytes. Used while one block computes to pull in the source of the block
+ * packed next, so packing reads caches instead of waiting on DRAM. */
+static inline void prefetch_segs(const char *base, int64_t stride_bytes, int64_t seg_bytes,
+                                 int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; s++) {
+        const char *p = base + s * stride_bytes;
+        for (int64_t o = 0; o < seg_bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
     }
 }
 
@@ -617,27 +640,31 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
         const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
         float *Ap = Abuf[tid];
         float tile[16 * 64] __attribute__((aligned(64)));
-        /* Work items (mb, nch): an MC block of rows × a chunk of NR panels, handed out
-         * dynamically (the machine is shared; a stalled thread must not stall the team).
-         * Tall problems use whole-N items (A block packed once per item); short ones split N
-         * into chunks and each thread re-packs A only when its item's row block changes. */
+        /* Work items: an MC block of rows × a chunk of NR panels, handed out dynamically
+         * (the machine is shared; a stalled thread must not stall the team). The first
+         * `whole` row blocks are items over all of N (A block packed once per item); the
+         * rest — the last round, where whole blocks would leave a thread idle — are split
+         * into `nchunks` panel chunks, and a thread re-packs A only when its row block
+         * changes. */
         const int64_t mblocks = (M + MC - 1) / MC;
+        const int64_t whole = mblocks >= 3 * nt ? mblocks - (mblocks % nt ? mblocks % nt : nt) : 0;
 
         for (int64_t jc = 0; jc < N; jc += NC) {
             const int64_t nc = N - jc < NC ? N - jc : NC;
             const int64_t npanels = (nc + nr - 1) / nr;
-            int64_t nchunks = mblocks >= 3 * nt ? 1 : 4 * nt;
-            if (nchunks > npanels) nchunks = npanels;
-            const int64_t items = mblocks * nchunks;
+            const int64_t nchunks = 4 * nt < npanels ? 4 * nt : npanels;
+            const int64_t items = whole + (mblocks - whole) * nchunks;
+            /* groups of up to 8 panels, at least 4 per thread: for B [K, N] each k then
+             * copies one contiguous row segment of the group (long sequential reads) */
+            int64_t gsz = npanels / (4 * nt);
+            gsz = gsz < 1 ? 1 : gsz > 8 ? 8 : gsz;
+            const int64_t ngroups = (npanels + gsz - 1) / gsz;
             for (int64_t pc = 0; pc < K; pc += KC) {
                 const int64_t kc = K - pc < KC ? K - pc : KC;
                 const float beta_k = pc == 0 ? beta : 1.0f;
-                /* groups of 8 panels: for B [K, N] each k then copies one contiguous
-                 * 8*NR-wide row segment (long sequential reads) */
-                const int64_t ngroups = (npanels + 7) / 8;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t g = 0; g < ngroups; g++) {
-                    const int64_t p0 = g * 8, p1 = p0 + 8 < npanels ? p0 + 8 : npanels;
+                    const int64_t p0 = g * gsz, p1 = p0 + gsz < npanels ? p0 + gsz : npanels;
                     if (tb) {
                         for (int64_t p = p0; p < p1; p++) {
                             int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
@@ -647,17 +674,38 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                         pack_b_rows(kd, B, b16, ldb, jc, nc, p0, p1, pc, kc, Bp);
                     }
                 }
+                /* the block packed next: (jc, pc + KC) or (jc + NC, 0); its source is
+                 * prefetched a slice per (row block, panel) unit of this block's compute */
+                int64_t nx_jc = jc, nx_pc = pc + KC;
+                if (nx_pc >= K) { nx_jc = jc + NC; nx_pc = 0; }
+                const bool nx = nx_jc < N;
+                const int64_t nx_nc = N - nx_jc < NC ? N - nx_jc : NC, nx_kc = K - nx_pc < KC ? K - nx_pc : KC;
+                const int64_t esz = b16 ? 2 : 4;
+                /* tb: rows n of B [N, K], each kc elements; else rows k of B [K, N], each nc */
+                const int64_t nx_segs = tb ? nx_nc : nx_kc, nx_seg_bytes = (tb ? nx_kc : nx_nc) * esz;
+                const char *nx_base = (const char *)B + (tb ? nx_jc * ldb + nx_pc : nx_pc * ldb + nx_jc) * esz;
+                const int64_t units = mblocks * npanels;
                 int64_t packed_mb = -1;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t it = 0; it < items; it++) {
-                    const int64_t mb = it / nchunks, ch = it % nchunks;
+                    const int64_t mb = it < whole ? it : whole + (it - whole) / nchunks;
                     const int64_t ic = mb * MC, mc = M - ic < MC ? M - ic : MC;
-                    const int64_t np0 = npanels * ch / nchunks, np1 = npanels * (ch + 1) / nchunks;
+                    int64_t np0 = 0, np1 = npanels;
+                    if (it >= whole) {
+                        const int64_t ch = (it - whole) % nchunks;
+                        np0 = npanels * ch / nchunks;
+                        np1 = npanels * (ch + 1) / nchunks;
+                    }
                     if (mb != packed_mb) {
                         pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
                         packed_mb = mb;
                     }
                     for (int64_t jp = np0; jp < np1; jp++) {
+                        if (nx) {
+                            const int64_t u = mb * npanels + jp;
+                            prefetch_segs(nx_base, ldb * esz, nx_seg_bytes, nx_segs * u / units,
+                                          nx_segs * (u + 1) / units);
+                        }
                         const int64_t j = jp * nr;
                         const int64_t cols = nc - j < nr ? nc - j : nr;
                         const float *bp = Bp + jp * nr * kc;
