@@ -372,6 +372,35 @@ static void test_determinism(void) {
     mmc_ctx_free(ctx);
     for (int t = 0; t < 2; t++) for (int k = 0; k < 3; k++) free(res[t][k]);
     mmc_tensor_free(a); mmc_tensor_free(b);
+
+    /* one-pass bias-add backward (row chunks of partial sums) vs naive double column sums,
+     * bitwise the same with 1 and 2 threads; also with gf == NULL (frozen full operand) */
+    float *g = malloc(n * sizeof(float)), *gf[2], *gb[2];
+    for (int64_t i = 0; i < n; i++) g[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+    for (int t = 0; t < 2; t++) {
+        mmc_set_num_threads(t ? 2 : 1);
+        gf[t] = malloc(n * sizeof(float));
+        gb[t] = malloc(C * sizeof(float));
+        for (int64_t i = 0; i < n; i++) gf[t][i] = 0.25f;
+        for (int64_t c = 0; c < C; c++) gb[t][c] = 1.0f;
+        ew_add_bias_bwd_acc_f32(gf[t], gb[t], g, R, C);
+    }
+    mmc_set_num_threads(nt0);
+    CHECK(memcmp(gf[0], gf[1], n * sizeof(float)) == 0 && memcmp(gb[0], gb[1], C * sizeof(float)) == 0);
+    double mf = 0, mb = 0;
+    for (int64_t i = 0; i < n; i++) mf = fmax(mf, fabs(gf[0][i] - (0.25f + g[i])));
+    for (int64_t c = 0; c < C; c++) {
+        double want = 1.0;
+        for (int64_t r = 0; r < R; r++) want += g[r * C + c];
+        mb = fmax(mb, fabs(gb[0][c] - want) / fmax(1.0, fabs(want)));
+    }
+    CHECK(mf == 0);
+    CHECK(mb <= 1e-7); /* f32 rounding of a double sum */
+    for (int64_t c = 0; c < C; c++) gb[1][c] = 1.0f;
+    ew_add_bias_bwd_acc_f32(NULL, gb[1], g, R, C);
+    CHECK(memcmp(gb[0], gb[1], C * sizeof(float)) == 0);
+    for (int t = 0; t < 2; t++) { free(gf[t]); free(gb[t]); }
+    free(g);
 }
 
 /* ------------------------------------------------------------------ misuse aborts */

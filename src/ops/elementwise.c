@@ -124,8 +124,7 @@ static void binary_backward(mmc_ctx *ctx, mmc_node *n) {
         float *gf = path == BC_BIAS_B ? ga : gb, *gv = path == BC_BIAS_B ? gb : ga;
         const float *fd = path == BC_BIAS_B ? ad : bd, *vd = path == BC_BIAS_B ? bd : ad;
         if (op == 0) {
-            if (gf) ew_axpy_acc_f32(gf, g, 1.0f, N);
-            if (gv) ew_colsum_acc_f32(gv, g, NULL, R, C);
+            ew_add_bias_bwd_acc_f32(gf, gv, g, R, C);
         } else {
             if (gf) ew_mul_bias_acc_f32(gf, g, vd, R, C);
             if (gv) ew_colsum_acc_f32(gv, g, fd, R, C);

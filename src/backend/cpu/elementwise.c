@@ -17,6 +17,7 @@
 #include "elementwise.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -147,9 +148,60 @@ void ew_mul_bias_acc_f32(float *ga, const float *g, const float *b, int64_t R, i
         for (int64_t c = 0; c < C; c++) gar[c] += gr[c] * b[c];
     }
 }
+/* Bias-add backward in one sweep of g, row-major (sequential reads): fixed chunks of RCH
+ * rows each sum into their own double row of partials, then the partials are added in
+ * chunk order — the same result for any thread count. The column sum of the strided
+ * path below reads g a second time, in 256-byte pieces one row apart. */
+#define RCH 32
+#define CBLK 64
+void ew_add_bias_bwd_acc_f32(float *gf, float *gb, const float *g, int64_t R, int64_t C) {
+    const int64_t nch = (R + RCH - 1) / RCH;
+    if (!gb || C < 16 || R * C < PAR_MIN || nch < 2) {
+        if (gf) ew_axpy_acc_f32(gf, g, 1.0f, R * C);
+        if (gb) ew_colsum_acc_f32(gb, g, NULL, R, C);
+        return;
+    }
+    double *part = malloc((size_t)(nch * C) * sizeof *part);
+    if (!part) { /* no room for partials: the two-pass path needs none */
+        if (gf) ew_axpy_acc_f32(gf, g, 1.0f, R * C);
+        ew_colsum_acc_f32(gb, g, NULL, R, C);
+        return;
+    }
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static)
+        for (int64_t ch = 0; ch < nch; ch++) {
+            double *restrict p = part + ch * C;
+            const int64_t r0 = ch * RCH, r1 = r0 + RCH < R ? r0 + RCH : R;
+            for (int64_t c = 0; c < C; c++) p[c] = 0.0;
+            for (int64_t r = r0; r < r1; r++) {
+                const float *restrict gr = g + r * C;
+                if (gf) {
+                    float *restrict fr = gf + r * C;
+                    for (int64_t c = 0; c < C; c++) {
+                        fr[c] += gr[c];
+                        p[c] += (double)gr[c];
+                    }
+                } else {
+                    for (int64_t c = 0; c < C; c++) p[c] += (double)gr[c];
+                }
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int64_t c0 = 0; c0 < C; c0 += CBLK) {
+            const int64_t c1 = c0 + CBLK < C ? c0 + CBLK : C;
+            for (int64_t c = c0; c < c1; c++) {
+                double s = 0.0;
+                for (int64_t ch = 0; ch < nch; ch++) s += part[ch * C + c];
+                gb[c] += (float)s;
+            }
+        }
+    }
+    free(part);
+}
+
 /* Column sums: each column block is owned by one iteration, rows summed in order in
  * double, so the result is independent of the thread count. */
-#define CBLK 64
 void ew_colsum_acc_f32(float *gb, const float *g, const float *a, int64_t R, int64_t C) {
     int64_t nb = (C + CBLK - 1) / CBLK;
     if (nb == 1 && C < 16 && R * C >= PAR_MIN) {

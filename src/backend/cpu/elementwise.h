@@ -24,6 +24,9 @@ void ew_mul_bias_f32(float *y, const float *a, const float *b, int64_t R, int64_
 void ew_mul_bias_acc_f32(float *ga, const float *g, const float *b, int64_t R, int64_t C);
 /* gb [C] += sum_r g[r, c] (* a[r, c] when a != NULL), summed in double */
 void ew_colsum_acc_f32(float *gb, const float *g, const float *a, int64_t R, int64_t C);
+/* backward of y = f + bias: gf [R, C] += g (gf may be NULL), gb [C] += sum_r g[r, c] in
+ * double — one pass over g */
+void ew_add_bias_bwd_acc_f32(float *gf, float *gb, const float *g, int64_t R, int64_t C);
 
 /* ---- activations (n elements); *_bwd: gx += g * f'(x) */
 void ew_gelu_f32(float *y, const float *x, int64_t n);
