@@ -284,9 +284,29 @@ T512 static void pack_tr_avx512(const void *src, bool b16, int64_t row0, int64_t
 }
 
 /* Pack rows [m0, m0+mc) × k [k0, k0+kc) of op(A) into MR-row panels: Ap[p][k][i]. */
+/* Transposed A (stored [K, M]): a panel's MR values at each k are contiguous in the source;
+ * one masked 16-lane copy per k, panels written sequentially. */
+T512 static void pack_a_t_avx512(const float *A, int64_t lda, int64_t m0, int64_t mc, int64_t k0,
+                                 int64_t kc, float *restrict Ap) {
+    const int mr = MR512;
+    const __mmask16 full = (__mmask16)((1u << mr) - 1u);
+    for (int64_t p = 0; p < mc; p += mr) {
+        const int64_t rows = mc - p < mr ? mc - p : mr;
+        const __mmask16 m = (__mmask16)((1u << rows) - 1u);
+        const float *src = A + k0 * lda + m0 + p;
+        float *d = Ap + p * kc;
+        for (int64_t k = 0; k < kc; k++)
+            _mm512_mask_storeu_ps(d + k * mr, full, _mm512_maskz_loadu_ps(m, src + k * lda));
+    }
+}
+
 static void pack_a(const kdesc *kd, bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc,
                    int64_t k0, int64_t kc, float *restrict Ap) {
     const int mr = kd->mr;
+    if (ta && kd == &K_AVX512) {
+        pack_a_t_avx512(A, lda, m0, mc, k0, kc, Ap);
+        return;
+    }
     for (int64_t p = 0; p < mc; p += mr) {
         int64_t rows = mc - p < mr ? mc - p : mr;
         float *dst = Ap + p * kc;
@@ -657,9 +677,9 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
             const int64_t npanels = (nc + nr - 1) / nr;
             const int64_t nchunks = 4 * nt < npanels ? 4 * nt : npanels;
             const int64_t items = whole + (mblocks - whole) * nchunks;
-            /* groups of up to 8 panels, at least 4 per thread: for B [K, N] each k then
+            /* groups of up to 8 panels, at least 2 per thread: for B [K, N] each k then
              * copies one contiguous row segment of the group (long sequential reads) */
-            int64_t gsz = npanels / (4 * nt);
+            int64_t gsz = npanels / (2 * nt);
             gsz = gsz < 1 ? 1 : gsz > 8 ? 8 : gsz;
             const int64_t ngroups = (npanels + gsz - 1) / gsz;
             for (int64_t pc = 0; pc < K; pc += KC) {
