@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_demo.sh — end to end, the README's main job (`make run` = scripts/demo.sh) in a
 # temporary folder: the synthetic dataset, a tiny Qwen2-VL trained from scratch with
-# examples/demo.yaml (the full 3000 steps: a few minutes on 2 cores), `mmc eval --json` on
+# examples/demo.yaml (the full 4000 steps: a few minutes on 2 cores), `mmc eval --json` on
 # the validation split, the blanked-image control and answers to fresh images. The trainer
 # must learn the task (issue targets: colour and shape >= 0.90, count and left/right >= 0.75)
 # and the answers must need the image (the same model on blanked images stays near chance:
