@@ -178,30 +178,19 @@ static float *falloc(int64_t n) {
     return p;
 }
 
-/* The machine is shared: report the best (minimum-time) call of a timed run — the same
- * estimator as fma_peak and mem_read_bw use, so the fractions compare like with like. */
-static double best_time(bench_fn fn, void *arg, double min_seconds, int min_iters) {
-    fn(arg);
-    double best = 1e30, start = mmc_now();
-    for (int n = 0; n < 1000 && (n < min_iters || mmc_now() - start < min_seconds); n++) {
-        double t0 = clk();
-        fn(arg);
-        double dt = clk() - t0;
-        if (dt < best) best = dt;
-    }
-    return best;
-}
-
-/* Alternate a reference call (the machine limit) with a timed call, so both see the same
- * conditions; the best of each series goes to *best_fn and *best_ref (seconds). */
+/* Time fn(arg) for at least min_seconds and min_iters calls after a warm-up; when ref is
+ * given, each timed call is preceded by a timed ref(ref_arg) (the machine limit), so both
+ * series see the same conditions. The best (minimum) call of each goes to *best_fn and
+ * *best_ref: the machine is shared, and fma_peak and mem_read_bw use the same estimator,
+ * so fractions compare like with like. */
 static void paired_time(bench_fn fn, void *arg, bench_fn ref, void *ref_arg, double min_seconds,
                         int min_iters, double *best_fn, double *best_ref) {
     fn(arg);
-    ref(ref_arg);
+    if (ref) ref(ref_arg);
     double bf = 1e30, br = 1e30, start = mmc_now();
     for (int n = 0; n < 1000 && (n < min_iters || mmc_now() - start < min_seconds); n++) {
         double t0 = clk();
-        ref(ref_arg);
+        if (ref) ref(ref_arg);
         double t1 = clk();
         fn(arg);
         double t2 = clk();
@@ -209,7 +198,13 @@ static void paired_time(bench_fn fn, void *arg, bench_fn ref, void *ref_arg, dou
         if (t2 - t1 < bf) bf = t2 - t1;
     }
     *best_fn = bf;
-    *best_ref = br;
+    if (best_ref) *best_ref = br;
+}
+
+static double best_time(bench_fn fn, void *arg, double min_seconds, int min_iters) {
+    double t;
+    paired_time(fn, arg, NULL, NULL, min_seconds, min_iters, &t, NULL);
+    return t;
 }
 
 static void fill(float *p, int64_t n, uint32_t seed) {

@@ -156,15 +156,12 @@ void ew_mul_bias_acc_f32(float *ga, const float *g, const float *b, int64_t R, i
 #define CBLK 64
 void ew_add_bias_bwd_acc_f32(float *gf, float *gb, const float *g, int64_t R, int64_t C) {
     const int64_t nch = (R + RCH - 1) / RCH;
-    if (!gb || C < 16 || R * C < PAR_MIN || nch < 2) {
+    /* small or narrow (and if there is no room for the partials): the two passes */
+    const int one_pass = gb && C >= 16 && R * C >= PAR_MIN && nch >= 2;
+    double *part = one_pass ? malloc((size_t)(nch * C) * sizeof *part) : NULL;
+    if (!part) {
         if (gf) ew_axpy_acc_f32(gf, g, 1.0f, R * C);
         if (gb) ew_colsum_acc_f32(gb, g, NULL, R, C);
-        return;
-    }
-    double *part = malloc((size_t)(nch * C) * sizeof *part);
-    if (!part) { /* no room for partials: the two-pass path needs none */
-        if (gf) ew_axpy_acc_f32(gf, g, 1.0f, R * C);
-        ew_colsum_acc_f32(gb, g, NULL, R, C);
         return;
     }
     #pragma omp parallel

@@ -284,7 +284,6 @@ T512 static void pack_tr_avx512(const void *src, bool b16, int64_t row0, int64_t
     }
 }
 
-/* Pack rows [m0, m0+mc) × k [k0, k0+kc) of op(A) into MR-row panels: Ap[p][k][i]. */
 /* Transposed A (stored [K, M]): a panel's MR values at each k are contiguous in the source;
  * one masked 16-lane copy per k, panels written sequentially. */
 T512 static void pack_a_t_avx512(const float *A, int64_t lda, int64_t m0, int64_t mc, int64_t k0,
@@ -301,6 +300,7 @@ T512 static void pack_a_t_avx512(const float *A, int64_t lda, int64_t m0, int64_
     }
 }
 
+/* Pack rows [m0, m0+mc) × k [k0, k0+kc) of op(A) into MR-row panels: Ap[p][k][i]. */
 static void pack_a(const kdesc *kd, bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc,
                    int64_t k0, int64_t kc, float *restrict Ap) {
     const int mr = kd->mr;
@@ -651,7 +651,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                         float alpha, const float *A, int64_t lda, const void *B, bool b16,
                         int64_t ldb, float beta, float *C, int64_t ldc) {
     const int mr = kd->mr, nr = kd->nr;
-    const int64_t MC = kd->mc, KC = kd->kc, NC = kd->nc;
+    const int64_t MC = kd->mc, KC = kd->kc, NC = kd->nc, esz = b16 ? 2 : 4;
     double flops = 2.0 * M * N * K;
     int nth = (flops < 2e6 || omp_in_parallel()) ? 1 : omp_get_max_threads();
     if (nth > MAX_THREADS) nth = MAX_THREADS;
@@ -704,7 +704,6 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                 if (nx_pc >= K) { nx_jc = jc + NC; nx_pc = 0; }
                 const bool nx = nx_jc < N;
                 const int64_t nx_nc = N - nx_jc < NC ? N - nx_jc : NC, nx_kc = K - nx_pc < KC ? K - nx_pc : KC;
-                const int64_t esz = b16 ? 2 : 4;
                 /* tb: rows n of B [N, K], each kc elements; else rows k of B [K, N], each nc */
                 const int64_t nx_segs = tb ? nx_nc : nx_kc, nx_seg_bytes = (tb ? nx_kc : nx_nc) * esz;
                 const char *nx_base = (const char *)B + (tb ? nx_jc * ldb + nx_pc : nx_pc * ldb + nx_jc) * esz;
