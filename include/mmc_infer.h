@@ -1,4 +1,5 @@
-/* mmc_infer.h — generation: samplers and the prefill/decode loop over a KV cache.
+/* mmc_infer.h — generation: samplers and the prefill/decode loop over a KV cache, driving any
+ * model through its mmc_decoder table (mmc_models.h).
  *
  * Sampling follows transformers' logits-processor order: repetition penalty, then
  * temperature, top-k, top-p, min-p, then a draw from the softmax (or argmax when greedy).
@@ -51,19 +52,11 @@ typedef struct {
     void *user;
 } mmc_gen_opts;
 
-/* The decode loop every model shares: prefill the prompt, then one token per step with the
- * KV cache, sampling, EOS and streaming. step() feeds ids [n] at the cache's end (first: the
- * prompt) and returns the last position's logits [V] (in ctx's arena, may be modified). */
-typedef mmc_status (*mmc_step_fn)(mmc_ctx *ctx, void *user, const int32_t *ids, int64_t n, bool first,
-                                  mmc_kv_cache *kv, float **logits);
-mmc_status mmc_generate_loop(mmc_step_fn step, void *user, const mmc_qwen2_config *lm,
-                             const int32_t *prompt, int64_t n_prompt, const mmc_gen_opts *opts,
-                             int32_t *out, int *n_out);
-
-/* Text-only generation with a Qwen2 decoder: prefill the prompt, then decode token by token
- * with the KV cache. out receives up to max_new_tokens ids; *n_out their count. */
-mmc_status mmc_qwen2_generate(mmc_qwen2 *m, const int32_t *prompt, int64_t n_prompt,
-                              const mmc_gen_opts *opts, int32_t *out, int *n_out);
+/* The decode loop every model shares: prefill the prompt into a fresh KV cache, then one
+ * token per step, with sampling, EOS and streaming, through the model's decoder table
+ * (mmc_models.h). out receives up to max_new_tokens ids; *n_out their count. */
+mmc_status mmc_generate(const mmc_decoder *dec, const int32_t *prompt, int64_t n_prompt,
+                        const mmc_gen_opts *opts, int32_t *out, int *n_out);
 
 #ifdef __cplusplus
 }

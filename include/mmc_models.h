@@ -55,6 +55,23 @@ typedef struct {
     mmc_tensor **k, **v;          /* [B, cap, Hkv, D] each */
 } mmc_kv_cache;
 
+/* A decoder as the generation loop (src/infer/) sees it, whatever the architecture: the
+ * model fills a KV cache from a prompt (with its images / videos, for a VLM) and then takes
+ * one token at a time. The model's files implement the two steps; the loop, the sampler and
+ * stopping live in src/infer/, which drives every model through this table (as the batching
+ * engine of the server will). Both steps return the last position's logits [V] in ctx's
+ * arena (the loop may modify them). */
+typedef struct mmc_decoder {
+    void *self;                   /* the model, or a per-request state that holds it */
+    int64_t vocab_size, max_positions, kv_heads, head_dim;
+    int n_layers;
+    /* ids [n] into an empty cache */
+    mmc_status (*prefill)(mmc_ctx *ctx, void *self, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                          float **logits);
+    /* one token at position kv->len */
+    mmc_status (*decode)(mmc_ctx *ctx, void *self, int32_t token, mmc_kv_cache *kv, float **logits);
+} mmc_decoder;
+
 typedef struct mmc_qwen2 {
     mmc_qwen2_config cfg;
     mmc_tensor *embed;            /* [V, C] */
@@ -133,6 +150,9 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mm
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv);
 /* hidden [..., C] -> logits [..., V] */
 mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden);
+/* The text model as a decoder (1-D RoPE positions at the cache's end); generate with
+ * mmc_generate (mmc_infer.h). */
+mmc_decoder mmc_qwen2_decoder(mmc_qwen2 *m);
 
 mmc_status mmc_kv_cache_init(mmc_kv_cache *kv, int n_layers, int64_t batch, int64_t kv_heads,
                              int64_t head_dim, int64_t reserve);

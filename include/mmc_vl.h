@@ -161,10 +161,15 @@ mmc_status mmc_qwen2_vl_linears(mmc_qwen2_vl *m, mmc_module_list *out);
  * inference, as mmc_qwen2_attach_adapter does for the text model. */
 mmc_status mmc_qwen2_vl_attach_adapter(mmc_qwen2_vl *m, const char *adapter_dir);
 
-/* Generation for one prompt: prefill (vision towers run once), then decode with the KV cache. */
-mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,
-                                 const mmc_vl_media *media, const mmc_gen_opts *opts, int32_t *out,
-                                 int *n_out);
+/* One generation request as a decoder (mmc_models.h): the prefill runs the vision towers on
+ * media (may be NULL) and keeps the prompt's rope_deltas, which offset every decoded
+ * position as in transformers. The request must outlive the decoder's use. */
+typedef struct {
+    mmc_qwen2_vl *m;
+    const mmc_vl_media *media;
+    int64_t rope_delta;          /* written by the prefill */
+} mmc_qwen2_vl_request;
+mmc_decoder mmc_qwen2_vl_decoder(mmc_qwen2_vl_request *r);
 
 #ifdef __cplusplus
 }

@@ -214,7 +214,9 @@ static void test_greedy(mmc_qwen2_vl *m, const char *arch, const char *layout) {
         mmc_sampler_defaults(&o.sampler);
         int32_t out[32];
         int n = 0;
-        CHECK_OK(mmc_qwen2_vl_generate(m, ids->data, ids->shape[1], &mb.m, &o, out, &n));
+        mmc_qwen2_vl_request req = {m, &mb.m, 0};
+        mmc_decoder dec = mmc_qwen2_vl_decoder(&req);
+        CHECK_OK(mmc_generate(&dec, ids->data, ids->shape[1], &o, out, &n));
         int same = 0;
         for (int k = 0; k < n && k < 32; k++) same += out[k] == ((int64_t *)want->data)[k];
         CHECKF(n == 32 && same == 32, "%s %s greedy (%s layout): %d of %d tokens identical to transformers",

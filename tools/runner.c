@@ -136,8 +136,9 @@ done:
 
 mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
                         int *n_out) {
-    if (m->vl) return mmc_qwen2_vl_generate(m->vlm, p->ids, p->n, &p->media, opts, out, n_out);
-    return mmc_qwen2_generate(m->lm, p->ids, p->n, opts, out, n_out);
+    mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
+    mmc_decoder d = m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
+    return mmc_generate(&d, p->ids, p->n, opts, out, n_out);
 }
 
 bool cli_stream_token(void *user, int32_t token) {

@@ -514,3 +514,36 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_ten
 mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
     return mmc_linear(ctx, hidden, m->lm_head, NULL);
 }
+
+/* ------------------------------------------------------------------ decoder interface */
+/* ids [n] at the cache's end -> the last position's logits [V] */
+static mmc_status qwen2_feed(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *feed, int64_t n, mmc_kv_cache *kv,
+                             float **logits) {
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n));
+    memcpy(ids->data, feed, (size_t)n * sizeof(int32_t));
+    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));
+    for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[t] = kv->len + t;
+    mmc_tensor *cos, *sin;
+    mmc_rope_table_1d(ctx, pos, (int)m->cfg.head_dim, m->cfg.rope_theta, &cos, &sin);
+    mmc_attn_opts attn = {.causal = true};
+    mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, ids), cos, sin, &attn, kv);
+    mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));   /* [1, 1, C] */
+    *logits = mmc_qwen2_logits(ctx, m, last)->data;                           /* [1, 1, V] */
+    return MMC_OK;
+}
+
+static mmc_status qwen2_prefill(mmc_ctx *ctx, void *self, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                                float **logits) {
+    return qwen2_feed(ctx, self, ids, n, kv, logits);
+}
+
+static mmc_status qwen2_decode(mmc_ctx *ctx, void *self, int32_t token, mmc_kv_cache *kv, float **logits) {
+    return qwen2_feed(ctx, self, &token, 1, kv, logits);
+}
+
+mmc_decoder mmc_qwen2_decoder(mmc_qwen2 *m) {
+    return (mmc_decoder){.self = m, .vocab_size = m->cfg.vocab_size,
+                         .max_positions = m->cfg.max_position_embeddings, .kv_heads = m->cfg.num_kv_heads,
+                         .head_dim = m->cfg.head_dim, .n_layers = (int)m->cfg.num_layers,
+                         .prefill = qwen2_prefill, .decode = qwen2_decode};
+}

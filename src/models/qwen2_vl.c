@@ -381,29 +381,35 @@ mmc_tensor *mmc_qwen2_vl_logits(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *hidde
     return mmc_qwen2_logits(ctx, m->lm, hidden);
 }
 
-/* ------------------------------------------------------------------ generation */
-typedef struct {
-    mmc_qwen2_vl *m;
-    const mmc_vl_media *media;
-    int64_t delta;               /* rope_deltas of the prompt, for the decode positions */
-} vl_gen;
-
-static mmc_status vl_step(mmc_ctx *ctx, void *user, const int32_t *feed, int64_t n, bool first,
-                          mmc_kv_cache *kv, float **logits) {
-    vl_gen *g = user;
+/* ------------------------------------------------------------------ decoder interface */
+/* ids [n] at the cache's end (the prompt with its media first) -> the last position's logits [V] */
+static mmc_status vl_feed(mmc_ctx *ctx, mmc_qwen2_vl_request *r, const int32_t *feed, int64_t n,
+                          const mmc_vl_media *media, mmc_kv_cache *kv, float **logits) {
     mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n)), *h;
     memcpy(ids->data, feed, (size_t)n * sizeof(int32_t));
-    mmc_status st = mmc_qwen2_vl_forward(ctx, g->m, ids, first ? g->media : NULL, kv, &g->delta, &h);
+    mmc_status st = mmc_qwen2_vl_forward(ctx, r->m, ids, media, kv, &r->rope_delta, &h);
     if (st) return st;
     mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));  /* [1, 1, C] */
-    *logits = mmc_qwen2_vl_logits(ctx, g->m, last)->data;                    /* [1, 1, V] */
+    *logits = mmc_qwen2_vl_logits(ctx, r->m, last)->data;                   /* [1, 1, V] */
     return MMC_OK;
 }
 
-mmc_status mmc_qwen2_vl_generate(mmc_qwen2_vl *m, const int32_t *prompt, int64_t n_prompt,
-                                 const mmc_vl_media *media, const mmc_gen_opts *opts, int32_t *out, int *n_out) {
-    vl_gen g = {m, media, 0};
-    return mmc_generate_loop(vl_step, &g, &m->lm->cfg, prompt, n_prompt, opts, out, n_out);
+static mmc_status vl_prefill(mmc_ctx *ctx, void *self, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                             float **logits) {
+    mmc_qwen2_vl_request *r = self;
+    return vl_feed(ctx, r, ids, n, r->media, kv, logits);
+}
+
+static mmc_status vl_decode(mmc_ctx *ctx, void *self, int32_t token, mmc_kv_cache *kv, float **logits) {
+    return vl_feed(ctx, self, &token, 1, NULL, kv, logits);
+}
+
+mmc_decoder mmc_qwen2_vl_decoder(mmc_qwen2_vl_request *r) {
+    mmc_decoder d = mmc_qwen2_decoder(r->m->lm);
+    d.self = r;
+    d.prefill = vl_prefill;
+    d.decode = vl_decode;
+    return d;
 }
 
 mmc_status mmc_qwen2_vl_attach_adapter(mmc_qwen2_vl *m, const char *adapter_dir) {

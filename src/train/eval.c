@@ -263,9 +263,9 @@ static mmc_status eval_sample(evaluator *E, const mmc_eval_opts *o, const mmc_da
     mmc_gen_opts g = {.max_new_tokens = o->max_new_tokens, .eos_ids = E->eos, .n_eos = E->n_eos};
     mmc_sampler_defaults(&g.sampler);
     int n_gen = 0;
-    if ((st = mmc_qwen2_vl_generate(E->m, prompt.input_ids, prompt.T, (prompt.n_images || prompt.n_videos) ? &mp : NULL,
-                                    &g, gen, &n_gen)))
-        goto done;
+    mmc_qwen2_vl_request req = {E->m, (prompt.n_images || prompt.n_videos) ? &mp : NULL, 0};
+    mmc_decoder dec = mmc_qwen2_vl_decoder(&req);
+    if ((st = mmc_generate(&dec, prompt.input_ids, prompt.T, &g, gen, &n_gen))) goto done;
     if ((st = mmc_tokenizer_decode(E->tok, gen, n_gen, true, &answer))) goto done;
 
     const char *ref = ex.answer;
