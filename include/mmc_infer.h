@@ -52,6 +52,37 @@ typedef struct {
     void *user;
 } mmc_gen_opts;
 
+/* ---------------------------------------------------------------- generation_config.json
+ * A checkpoint's generation defaults, resolved as transformers' generate() does: the
+ * file's values over transformers' global defaults (do_sample false, temperature 1,
+ * top_k 50, top_p 1, min_p off, repetition_penalty 1, max_length 20 counting the prompt).
+ * The command line overrides either. eos_token_id may be one id or a list. */
+#define MMC_GEN_MAX_EOS 16
+typedef struct {
+    bool present;                 /* the directory had a generation_config.json */
+    bool do_sample;
+    double temperature, top_p, min_p, repetition_penalty;
+    int64_t top_k;
+    int64_t max_new_tokens;       /* -1: not set in the file */
+    int64_t max_length;           /* prompt + new tokens; 20 (the global default) when unset */
+    bool length_set;              /* the file sets max_new_tokens or max_length */
+    int32_t eos_ids[MMC_GEN_MAX_EOS];
+    int n_eos;                    /* 0: the file names none (fall back to the tokenizer's) */
+    int32_t bos_id, pad_id;       /* -1 when unset */
+} mmc_gen_config;
+
+void mmc_gen_config_defaults(mmc_gen_config *g);
+/* dir/generation_config.json if it exists (else the defaults, present = false). A file that
+ * exists but cannot be read, or a key of the wrong type or out of range, is an error naming
+ * the file and the key. */
+mmc_status mmc_gen_config_read(const char *dir, mmc_gen_config *g);
+/* The sampler the config asks for: greedy unless do_sample (the repetition penalty applies
+ * either way, as in transformers); sampling uses temperature, top_k, top_p, min_p. */
+void mmc_gen_config_sampler(const mmc_gen_config *g, mmc_sampler_opts *o);
+/* New tokens for a prompt of n_prompt tokens: max_new_tokens, else max_length - n_prompt
+ * (at least 0). */
+int64_t mmc_gen_config_max_new(const mmc_gen_config *g, int64_t n_prompt);
+
 /* The decode loop every model shares: prefill the prompt into a fresh KV cache, then one
  * token per step, with sampling, EOS and streaming, through the model's decoder table
  * (mmc_models.h). out receives up to max_new_tokens ids; *n_out their count. */

@@ -75,6 +75,7 @@ mmc_status mmc_json_parse(const char *text, size_t len, const char *what, mmc_js
 void mmc_json_free(mmc_json *j);
 const mmc_json *mmc_json_get(const mmc_json *j, const char *dotted);  /* NULL if absent */
 bool mmc_json_has(const mmc_json *j, const char *dotted);
+bool mmc_json_is_object(const mmc_json *j);   /* a { ... } node (a config file's root must be) */
 /* Typed reads: missing key (or JSON null) -> *out = def and MMC_OK; wrong type ->
  * MMC_ERR_FORMAT naming the file (when j is the root from load/parse), the key, the
  * expected and found types. A path segment that is a number indexes an array

@@ -112,6 +112,8 @@ mmc_status mmc_json_load(const char *path, mmc_json **out) {
 
 void mmc_json_free(mmc_json *j) { cJSON_Delete((cJSON *)j); }
 
+bool mmc_json_is_object(const mmc_json *j) { return j && cJSON_IsObject((const cJSON *)j); }
+
 const mmc_json *mmc_json_get(const mmc_json *j, const char *dotted) {
     const cJSON *n = (const cJSON *)j;
     if (!n || !dotted) return NULL;
