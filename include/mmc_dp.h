@@ -22,7 +22,7 @@
 #define MMC_DP_H
 
 #include "mmc.h"
-#include "mmc_dist.h"
+#include "mmc_parallel.h"
 #include "mmc_train.h"
 
 #ifdef __cplusplus
@@ -106,7 +106,7 @@ void mmc_dp_get_timing(const mmc_dp *d, double *exposed_s, double *comm_s);
 void mmc_dp_reset_timing(mmc_dp *d);   /* at the start of each step */
 
 /* ---------------------------------------------------------------- sharded checkpoints
- * (src/dist/dp_ckpt.c) ZeRO >= 1: each rank writes its moments (ZeRO-3: and its parameter
+ * (src/parallel/dp_ckpt.c) ZeRO >= 1: each rank writes its moments (ZeRO-3: and its parameter
  * shard) to DIR/optimizer.rank<R>-of-<W>.safetensors; rank 0 writes
  * DIR/optimizer_manifest.json (world size, ZeRO stage, whether parameters are sharded, bucket
  * sizes and shard lengths, every parameter's bucket, offset, shape and unit).

@@ -5,7 +5,7 @@
  * splits and from the parallel layout. `hang R T`: rank R stops participating, the others
  * must abort within the T-second timeout naming rank R. */
 #include "test_util.h"
-#include "mmc_dist.h"
+#include "mmc_parallel.h"
 
 #include <unistd.h>
 

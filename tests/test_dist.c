@@ -3,7 +3,7 @@
  * send/recv to self match by tag in either order, splits and the parallel layout, and
  * argument errors name the problem. (tests/test_dist_mpi.sh covers 2 and 4 processes.) */
 #include "test_util.h"
-#include "mmc_dist.h"
+#include "mmc_parallel.h"
 
 int main(void) {
     mmc_dist_opts o = {.backend = MMC_DIST_SINGLE, .timeout_s = 5};

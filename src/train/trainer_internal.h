@@ -5,7 +5,7 @@
 
 #include "mmc_trainer.h"
 #include "mmc_train.h"
-#include "mmc_dist.h"
+#include "mmc_parallel.h"
 #include "mmc_dp.h"
 #include "mmc_tokenizer.h"
 
@@ -80,7 +80,7 @@ struct mmc_trainer {
     int64_t *h_step;
     double *h_loss, *h_lr;
     int n_hist, cap_hist;
-    /* data parallelism (src/dist): the world, this rank, and the gradient reducer */
+    /* data parallelism (src/parallel): the world, this rank, and the gradient reducer */
     mmc_comm *world;
     int rank, world_size;
     bool owns_dist;            /* this trainer started the runtime (and finalizes it) */

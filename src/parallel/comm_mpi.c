@@ -16,7 +16,7 @@
  * in the message, and the job is ended with MPI_Abort. Idle ranks answer those questions
  * too, so a rank stuck in computation is named rather than merely suspected. */
 #ifdef MMC_HAVE_MPI
-#include "dist_internal.h"
+#include "parallel_internal.h"
 
 #include <mpi.h>
 #include <pthread.h>

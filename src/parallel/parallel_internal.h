@@ -1,11 +1,11 @@
-/* dist_internal.h — what the communicator front end (comm.c) and its backends (single in
+/* parallel_internal.h — what the communicator front end (comm.c) and its backends (single in
  * comm.c, MPI in comm_mpi.c, NCCL later) share: the operation descriptor, the request, the
  * group struct and the backend vtable. The front end validates arguments and keeps the
  * statistics; a backend only moves bytes. */
-#ifndef MMC_DIST_INTERNAL_H
-#define MMC_DIST_INTERNAL_H
+#ifndef MMC_PARALLEL_INTERNAL_H
+#define MMC_PARALLEL_INTERNAL_H
 
-#include "mmc_dist.h"
+#include "mmc_parallel.h"
 
 typedef enum {
     OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_ALL_TO_ALL,

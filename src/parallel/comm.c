@@ -3,7 +3,7 @@
  * collectives and torch.distributed (all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
  * broadcast, all_to_all_single, send/recv, barrier); the group layout mirrors Megatron-LM's
  * parallel_state (tensor fastest, then context, data, pipeline). */
-#include "dist_internal.h"
+#include "parallel_internal.h"
 
 #include <limits.h>
 #include <pthread.h>

@@ -1,7 +1,7 @@
-/* mmc_dist.h — the communicator: collectives, point-to-point and process groups behind one
+/* mmc_parallel.h — the communicator: collectives, point-to-point and process groups behind one
  * interface, so layers and the trainer never call MPI (or, later, NCCL) directly.
  *
- * Backends (a small vtable in src/dist/dist_internal.h, like ggml's backends):
+ * Backends (a small vtable in src/parallel/parallel_internal.h, like ggml's backends):
  *   - single: one process; every collective is the identity (or a copy).
  *   - mpi:    OpenMPI/MPICH over CPU buffers, when built with MPI (MMC_HAVE_MPI). One
  *             communication thread per process issues every MPI call in program order and
@@ -25,8 +25,8 @@
  * world into data/tensor/pipeline/context/expert groups (Megatron's rank order: tensor
  * fastest, then context, then data, then pipeline).
  */
-#ifndef MMC_DIST_H
-#define MMC_DIST_H
+#ifndef MMC_PARALLEL_H
+#define MMC_PARALLEL_H
 
 #include "mmc.h"
 
