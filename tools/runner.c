@@ -1,5 +1,6 @@
 /* runner.c — model loading and prompt building for the inference subcommands. */
 #include "runner.h"
+#include "cli.h"
 #include "mmc_image.h"
 #include "mmc_prompt.h"
 
@@ -165,13 +166,13 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
     if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
     if (!slot && strcmp(o, "--image") != 0) return 0;
     if (*i + 1 >= argc) {
-        fprintf(stderr, "mmc %s: option %s needs a value\n", cmd, o);
+        cli_usage(cmd, "option %s needs a value", o);
         return -1;
     }
     const char *v = argv[++*i];
     if (slot) { *slot = v; return 1; }
     if (a->n_images == CLI_MAX_IMAGES) {
-        fprintf(stderr, "mmc %s: at most %d images\n", cmd, CLI_MAX_IMAGES);
+        cli_usage(cmd, "at most %d images", CLI_MAX_IMAGES);
         return -1;
     }
     a->images[a->n_images++] = v;
