@@ -9,15 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* dir/name if the adapter directory has that file (a checkpoint's copy), else base/name */
-static void aux_path(const cli_model *m, const char *name, char *out, size_t cap) {
-    if (m->adapter_dir[0]) {
-        snprintf(out, cap, "%s/%s", m->adapter_dir, name);
-        if (access(out, R_OK) == 0) return;
-    }
-    snprintf(out, cap, "%s/%s", m->base_dir, name);
-}
-
 mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) {
     memset(m, 0, sizeof *m);
     char path[8300];
@@ -41,10 +32,10 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) m->vocab_size = m->vlm->lm->cfg.vocab_size;
         if (!st && m->adapter_dir[0]) st = mmc_qwen2_vl_attach_adapter(m->vlm, m->adapter_dir);
         mmc_qwen2vl_proc_default(&m->proc);
-        /* preprocessor_config.json (transformers 4.x, the Hub) or processor_config.json (5.x) */
-        aux_path(m, "preprocessor_config.json", path, sizeof path);
-        if (access(path, R_OK) != 0) aux_path(m, "processor_config.json", path, sizeof path);
-        if (!st && access(path, R_OK) == 0) st = mmc_qwen2vl_proc_load(path, &m->proc);
+        /* the adapter directory's processor config (a checkpoint's copy), else the base's */
+        path[0] = 0;
+        if (!st && m->adapter_dir[0]) st = mmc_qwen2vl_proc_load_dir(m->adapter_dir, &m->proc, path, sizeof path);
+        if (!st && !path[0]) st = mmc_qwen2vl_proc_load_dir(dir, &m->proc, NULL, 0);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, "
                        "qwen2_vl, qwen2_5_vl)", dir, mt);

@@ -22,7 +22,9 @@ typedef struct {
     char adapter_dir[4096];   /* the LoRA adapter applied at inference, or "" */
 } cli_model;
 
-/* Load config.json, weights (zero-copy), tokenizer and (for VL) preprocessor_config.json.
+/* Load config.json, weights (zero-copy), tokenizer and (for VL) the image processor config
+ * (mmc_qwen2vl_proc_load_dir: processor_config.json's "image_processor", else
+ * preprocessor_config.json).
  * dir may be a PEFT LoRA adapter directory (a LoRA training checkpoint): its base model
  * (adapter_config.json's base_model_name_or_path) is loaded and the adapter applied in the
  * linears, no `mmc merge` needed; adapter (or NULL) names an adapter for the base in dir
