@@ -34,6 +34,7 @@ int cmd_merge(int argc, char **argv) {
         else return cli_usage("merge", "unknown argument '%s'", argv[i]);
     }
     if (!adapter || !out) return cli_usage("merge", "--adapter and --out are required");
+    if (model && strcmp(model, out) == 0) return cli_usage("merge", "--out must differ from --model");
     char base[4096], adir[4096];
     mmc_status rs = mmc_lora_resolve(model, adapter, base, sizeof base, adir, sizeof adir);
     if (rs) return cli_fail(rs, "merge: no base model");
