@@ -1,8 +1,8 @@
 /* config.c — the run configuration (mmc_config.h): the schema of the five sections, the
  * defaults, `--set` overrides, and the cross-field rules that a per-key schema cannot
- * express (path xor init, batch_size divisible by micro_batch_size, one process only for
- * now, ...). Every error names file:line and the dotted key; unknown keys get the closest
- * valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
+ * express (path xor init, batch_size divisible by micro_batch_size, data parallelism only:
+ * tensor and pipeline parallel 1, ...). Every error names file:line and the dotted key;
+ * unknown keys get the closest valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
 #include "mmc_config.h"
 #include "mmc_train.h"
 
