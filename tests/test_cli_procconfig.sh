@@ -88,7 +88,11 @@ expect_fail() {   # expect_fail NAME PATTERN: generate, eval and train on $W/$NA
   [ $rc = 1 ] && grep -q -- "$pat" "$W/err" && ok || bad "$1: train rc $rc, want 1 and '$pat': $(cat "$W/err")"
 }
 model_dir "$W/badjson"; printf '{"image_processor": {"size": ' > "$W/badjson/processor_config.json"
-expect_fail badjson "processor_config.json: not a JSON object"
+expect_fail badjson "processor_config.json:1:28: invalid JSON"
+model_dir "$W/notobj"; printf '[1]' > "$W/notobj/processor_config.json"
+expect_fail notobj "processor_config.json: not a JSON object"
+model_dir "$W/nestednotobj"; printf '{"image_processor": 3}' > "$W/nestednotobj/processor_config.json"
+expect_fail nestednotobj "processor_config.json: image_processor must be an object"
 model_dir "$W/badtype"; printf '{"image_processor": {"size": {"shortest_edge": "big", "longest_edge": 9000}}}' > "$W/badtype/processor_config.json"
 expect_fail badtype "image_processor.size.shortest_edge must be an integer"
 model_dir "$W/oneedge"; printf '{"size": {"longest_edge": 9000}}' > "$W/oneedge/preprocessor_config.json"

@@ -128,20 +128,18 @@ static mmc_status apply_image_processor(const cJSON *o, const char *path, const 
     return MMC_OK;
 }
 
-/* path as a JSON object (*root); NOT_FOUND (no message) when the file does not exist */
+/* path as a JSON object (*root): MMC_ERR_NOT_FOUND when there is no such file, a malformed one
+ * an error with line:col (mmc_json_load) */
 static mmc_status read_object(const char *path, cJSON **root) {
-    char *text = NULL;
-    size_t len = 0;
+    mmc_json *j = NULL;
     *root = NULL;
-    mmc_status st = mmc_read_file(path, &text, &len);
+    mmc_status st = mmc_json_load(path, &j);
     if (st) return st;
-    cJSON *r = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!cJSON_IsObject(r)) {
-        cJSON_Delete(r);
-        return mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object (malformed JSON?); fix or remove the file", path);
+    if (!cJSON_IsObject((cJSON *)j)) {
+        mmc_json_free(j);
+        return mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object", path);
     }
-    *root = r;
+    *root = (cJSON *)j;
     return MMC_OK;
 }
 

@@ -182,11 +182,11 @@ static mmc_status write_preprocessor(mmc_trainer *t, const char *path) {
  * the trained image area (size and the legacy min/max_pixels) too; the rest came from it. */
 static mmc_status sync_processor_config(mmc_trainer *t, const char *path) {
     const mmc_qwen2vl_proc *p = &t->dopts.proc;
-    char *text = NULL, *out = NULL;
-    size_t len = 0;
-    mmc_status st = mmc_read_file(path, &text, &len);
+    char *out = NULL;
+    mmc_json *j = NULL;
+    mmc_status st = mmc_json_load(path, &j);
     if (st) return st;
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    cJSON *root = (cJSON *)j;
     cJSON *ip = cJSON_GetObjectItemCaseSensitive(root, "image_processor");
     if (!cJSON_IsObject(ip)) goto done;   /* (the reader rejected a malformed one at start) */
     cJSON *size = cJSON_CreateObject();
@@ -206,8 +206,7 @@ static mmc_status sync_processor_config(mmc_trainer *t, const char *path) {
     st = out ? mmc_write_file_atomic(path, out, strlen(out)) : mmc_error(MMC_ERR_OOM, "out of memory");
 done:
     cJSON_free(out);
-    cJSON_Delete(root);
-    free(text);
+    mmc_json_free(j);
     return st;
 }
 
