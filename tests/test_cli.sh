@@ -69,6 +69,12 @@ expect_rc 2 "$MMC" export a b --out d; expect_err "one checkpoint expected"
 expect_rc 2 "$MMC" synth; expect_err "out DIR is required"
 expect_rc 2 "$MMC" synth --out /tmp/x --size 7; expect_err "size"
 
+# launch forwards exactly its listed MMC_* variables (those set), as its help says
+printf 'model: {path: tests/fixtures/qwen2/tiny}\ndata: {train: synthetic, seq_len: 32, batch_size: 2, micro_batch_size: 1}\ntraining: {steps: 2, output_dir: /tmp/mmc_cli_l.%s}\n' $$ > /tmp/mmc_cli_l.$$.yaml
+MMC_MPIRUN=/bin/true MMC_GEMM_KERNEL=avx2 MMC_DIST_TIMEOUT=9 MMC_CLI_TEST_UNLISTED=1 expect_rc 0 "$MMC" launch -n 2 /tmp/mmc_cli_l.$$.yaml --print
+expect_err "-x MMC_GEMM_KERNEL"; expect_err "-x MMC_DIST_TIMEOUT"
+grep -q "MMC_CLI_TEST_UNLISTED\|MMC_DP_BUCKET_BYTES" /tmp/mmc_cli_err.$$ && bad "launch forwards a variable it does not list or that is unset" || ok
+
 # runtime errors exit 1 and name the file, in every subcommand
 N=/nonexistent/mmc_cli
 expect_rc 1 "$MMC" info $N; expect_err "$N/config.json"
@@ -122,6 +128,6 @@ expect_rc 1 "$MMC" generate --model $VLDIR --image /nonexistent.png --prompt x; 
 expect_rc 1 "$MMC" generate --model tests/fixtures/qwen2/tiny --prompt x; expect_err "tokenizer"
 expect_rc 1 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt x --image a.png; expect_err "text-only"
 
-rm -rf /tmp/mmc_cli_out.$$ /tmp/mmc_cli_err.$$ /tmp/mmc_s1.$$ /tmp/mmc_s2.$$ /tmp/mmc_cli_fw.$$ /tmp/mmc_cli_m.$$ /tmp/mmc_cli_x.$$
+rm -rf /tmp/mmc_cli_out.$$ /tmp/mmc_cli_err.$$ /tmp/mmc_s1.$$ /tmp/mmc_s2.$$ /tmp/mmc_cli_fw.$$ /tmp/mmc_cli_m.$$ /tmp/mmc_cli_x.$$ /tmp/mmc_cli_l.$$ /tmp/mmc_cli_l.$$.yaml
 echo "test_cli: $((n-fail)) passed, $fail failed"
 [ "$fail" = 0 ]

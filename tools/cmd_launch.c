@@ -34,12 +34,13 @@ void help_launch(FILE *f) {
             "  --resume              continue from the latest complete checkpoint (any rank count / ZeRO stage)\n"
             "  --print               print the mpirun command line and exit without running it\n"
             "  -- ARGS               everything after -- goes to mpirun before the program\n\n"
-            "mpirun flags added: --bind-to none, -x OMP_NUM_THREADS, -x for each of");
+            "mpirun flags added: --bind-to none; -x OMP_NUM_THREADS; -x NAME for each of these that is set:\n"
+            " ");
     for (int i = 0; k_forward[i]; i++) fprintf(f, "%s%s", i ? ", " : " ", k_forward[i]);
     fprintf(f,
             "\n"
-            "that is set (no other variable is forwarded: add -x NAME after --), --allow-run-as-root when\n"
-            "run as root, --oversubscribe when N exceeds the cores here and no hostfile is given.\n"
+            "(no other variable is forwarded: add -x NAME after --); --allow-run-as-root when run as\n"
+            "root; --oversubscribe when N exceeds the cores here and no hostfile is given.\n"
             "threads per rank: training.threads, else OMP_NUM_THREADS, else cores / N (at least 1).\n"
             "environment: MMC_MPIRUN (mpirun to exec), MMC_DIST_TIMEOUT (overrides parallel.timeout).\n\n"
             "examples:\n"
