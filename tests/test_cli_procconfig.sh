@@ -14,6 +14,7 @@
 # A malformed or unreadable config is an error naming the file and key, never a silent default.
 set -u
 MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
 FX=tests/fixtures/procconfig
 SRC=$PWD/tests/fixtures/qwen2_vl_chat
 W=$(mktemp -d /tmp/mmc_test_procconfig.XXXXXX)
@@ -100,7 +101,9 @@ expect_fail oneedge "preprocessor_config.json: size needs both shortest_edge and
 model_dir "$W/minmax"; printf '{"min_pixels": 9000, "max_pixels": 5000}' > "$W/minmax/preprocessor_config.json"
 expect_fail minmax "max_pixels (longest_edge) 5000 is below min_pixels"
 model_dir "$W/notafile"; mkdir "$W/notafile/preprocessor_config.json"   # exists, cannot be read
-expect_fail notafile "preprocessor_config.json"
+expect_fail notafile "preprocessor_config.json: not a regular file"
+model_dir "$W/dangling"; ln -s "$W/nowhere.json" "$W/dangling/processor_config.json"
+expect_fail dangling "processor_config.json: cannot open"
 
 rm -f "$W/err"
 echo "test_cli_procconfig: $((n-fail)) passed, $fail failed"

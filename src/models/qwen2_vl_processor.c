@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 void mmc_qwen2vl_proc_default(mmc_qwen2vl_proc *p) {
     memset(p, 0, sizeof *p);
@@ -174,7 +173,8 @@ mmc_status mmc_qwen2vl_proc_load_dir(const char *dir, mmc_qwen2vl_proc *p, char 
             return mmc_error(MMC_ERR_INVALID, "%s: path too long", dir);
         bool found;
         mmc_status st = load_file(path, k == 0, p, &found);
-        if (st == MMC_ERR_NOT_FOUND && access(path, F_OK) != 0) continue;   /* no such file */
+        struct stat sb;   /* lstat: a dangling link exists, and cannot be read: an error */
+        if (st == MMC_ERR_NOT_FOUND && lstat(path, &sb) != 0) continue;   /* no such file */
         if (st) return mmc_error_prefix(st, "image processor config");
         if (found) {
             if (used && cap) snprintf(used, cap, "%s", path);
