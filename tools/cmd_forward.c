@@ -42,10 +42,8 @@ int cmd_forward(int argc, char **argv) {
         else return cli_usage("forward", "unknown option '%s'", a);
 #undef VAL
     }
-    if ((!pa.model && !pa.adapter) || !pa.prompt || !out)
-        return cli_usage("forward", "--model, --prompt and --out are required");
-    if (pa.raw && (pa.n_images || pa.video))
-        return cli_usage("forward", "--raw cannot place images; drop --raw to use the chat template");
+    if (cli_prompt_args_check("forward", &pa)) return CLI_USAGE;
+    if (!out) return cli_usage("forward", "--out FILE is required");
     cli_model cm;
     mmc_status st = cli_model_load(pa.model, pa.adapter, &cm);
     if (st) return cli_fail(st, "forward: cannot load the model");

@@ -56,10 +56,7 @@ int cmd_generate(int argc, char **argv) {
         else return cli_usage("generate", "unknown option '%s'", a);
 #undef VAL
     }
-    if (!pa.model && !pa.adapter) return cli_usage("generate", "--model DIR is required");
-    if (!pa.prompt) return cli_usage("generate", "--prompt TEXT is required");
-    if (pa.raw && (pa.n_images || pa.video))
-        return cli_usage("generate", "--raw cannot place images; drop --raw to use the chat template");
+    if (cli_prompt_args_check("generate", &pa)) return CLI_USAGE;
 
     double t0 = mmc_now();
     cli_model cm;

@@ -170,6 +170,14 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
     return 1;
 }
 
+int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a) {
+    if (!a->model && !a->adapter) return cli_usage(cmd, "--model DIR is required");
+    if (!a->prompt) return cli_usage(cmd, "--prompt TEXT is required");
+    if (a->raw && (a->n_images || a->video))
+        return cli_usage(cmd, "--raw cannot place images; drop --raw to use the chat template");
+    return 0;
+}
+
 mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p) {
     mmc_chat_part parts[CLI_MAX_IMAGES + 2];
     int np = 0;
