@@ -123,7 +123,8 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->model.lora.alpha = 16;
     c->model.quantization.block_size = 64;
     /* data.max_pixels / min_pixels: 0 = the model's image processor config (the trainer reads
-     * it; Qwen2-VL's 3136 / 12845056 when the model directory has none) */
+     * it; without one, transformers' Qwen2VLImageProcessor defaults 3136 / 1003520, as generate
+     * and eval use) */
     c->data.seq_len = 2048;
     c->data.packing = false;
     c->data.truncation = true;
