@@ -41,11 +41,23 @@ typedef struct {
 } mmc_qwen2vl_proc;
 
 void mmc_qwen2vl_proc_default(mmc_qwen2vl_proc *p);
-/* Read preprocessor_config.json over the defaults: min_pixels/max_pixels (older files) or
- * size.shortest_edge/size.longest_edge (newer; also size.min_pixels/max_pixels), patch,
- * merge and temporal sizes, mean/std, rescale_factor, do_* flags, resample; also 5.x
- * processor_config.json, whose "image_processor" object is read instead. Top-level
- * min_pixels/max_pixels win over size.*, as in the transformers constructor. */
+/* The one reader of image-processor configs (generate / chat / forward / eval / train all go
+ * through it). Fields read over *p: size as {shortest_edge, longest_edge} or {min_pixels,
+ * max_pixels} (given, it replaces the default size whole, as in transformers), then the legacy
+ * top-level min_pixels / max_pixels; patch, merge and temporal sizes, image_mean / image_std,
+ * rescale_factor, do_resize / do_rescale / do_normalize, resample. A malformed file (bad JSON,
+ * a key of the wrong type, a size without both edges, max below min) is an error naming the
+ * file and key; *p is left unchanged on error.
+ *
+ * mmc_qwen2vl_proc_load_dir: the image processor of a model directory, found as transformers'
+ * AutoImageProcessor finds it: processor_config.json's "image_processor" object (what
+ * transformers 5.x processor.save_pretrained writes), else preprocessor_config.json (the Hub's
+ * 4.x layout, mmc's checkpoints). used (may be NULL) receives the file read, or "" when the
+ * directory has neither (then *p keeps its values: the caller's defaults). A file that exists
+ * but cannot be read is an error, never a silent default.
+ * mmc_qwen2vl_proc_load: one file (its "image_processor" object if it has one, else the whole
+ * object), or a directory as above that must hold one. */
+mmc_status mmc_qwen2vl_proc_load_dir(const char *dir, mmc_qwen2vl_proc *p, char *used, size_t cap);
 mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p);
 
 /* transformers' smart_resize (Python round() is half-to-even; so is ours). */

@@ -1,5 +1,11 @@
 /* cli.h — shared helpers of the mmc command-line tool: a tiny option parser with
- * consistent errors, and the subcommand table. */
+ * consistent errors, and the subcommand table.
+ *
+ * Exit codes, the same for every subcommand: 0 done; 1 (CLI_ERROR) a runtime error — a file
+ * that is missing or malformed, a model that cannot load, a failed run; 2 (CLI_USAGE) a usage
+ * error — an unknown option, a missing required option or argument, a bad option value or a
+ * combination of options that cannot work. Runtime errors go through cli_fail, usage errors
+ * through cli_usage (or cli_value / cli_int / cli_float, which print why; return CLI_USAGE). */
 #ifndef MMC_CLI_H
 #define MMC_CLI_H
 
@@ -14,14 +20,22 @@ typedef struct {
     void (*help)(FILE *f);
 } cli_cmd;
 
-/* Print "mmc: <msg>" (and mmc_last_error() if st != OK) to stderr; returns exit code 1. */
+enum { CLI_OK = 0, CLI_ERROR = 1, CLI_USAGE = 2 };
+
+/* Print "mmc: <msg>" (and mmc_last_error() if st != OK) to stderr; returns CLI_ERROR. */
 int cli_fail(mmc_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print "mmc <cmd>: <msg> (see mmc <cmd> --help)" to stderr; returns CLI_USAGE. */
+int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Option value parsing with errors naming the option. */
 bool cli_int(const char *opt, const char *val, long long lo, long long hi, long long *out);
 bool cli_float(const char *opt, const char *val, double lo, double hi, double *out);
-/* argv[*i] is an option taking a value: return it and advance, or NULL with an error. */
+/* argv[*i] is an option taking a value: return it and advance, or NULL with an error
+ * (argv[0] names the subcommand). */
 const char *cli_value(int argc, char **argv, int *i);
 bool cli_is_help(const char *a);
+/* argv[*i] is "--set key.path=value" or "--set=key.path=value" (train, launch): set *kv, advance
+ * and return 1; another argument: 0; no value or no '=': print why and return -1. */
+int cli_set_arg(int argc, char **argv, int *i, const char **kv);
 
 /* Subcommands (tools/cmd_*.c). */
 int cmd_info(int argc, char **argv);

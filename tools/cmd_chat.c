@@ -21,7 +21,8 @@ void help_chat(FILE *f) {
             "  --system TEXT            system prompt (default: the template's default)\n"
             "  --max-new-tokens N       per reply (default 256)\n"
             "  --temperature T          sample with temperature T (default: greedy)\n"
-            "  --top-p P, --top-k K     sampling filters\n"
+            "  --top-k K                keep the K most likely tokens (default off)\n"
+            "  --top-p P                nucleus sampling mass (default 1 = off)\n"
             "  --seed S                 sampling seed (default 0)\n"
             "  -h, --help               this help\n");
 }
@@ -43,19 +44,19 @@ int cmd_chat(int argc, char **argv) {
     double temp = 0, top_p = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
         if (!strcmp(a, "--model")) { VAL(); model = v; }
         else if (!strcmp(a, "--adapter")) { VAL(); adapter = v; }
         else if (!strcmp(a, "--system")) { VAL(); system = v; }
-        else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
-        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return 2; }
-        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return 2; }
-        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return 2; }
-        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return 2; }
-        else return cli_fail(MMC_OK, "chat: unknown option '%s' (see mmc chat --help)", a);
+        else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return CLI_USAGE; }
+        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return CLI_USAGE; }
+        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return CLI_USAGE; }
+        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return CLI_USAGE; }
+        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return CLI_USAGE; }
+        else return cli_usage("chat", "unknown option '%s'", a);
 #undef VAL
     }
-    if (!model && !adapter) return cli_fail(MMC_OK, "chat: --model DIR is required (see mmc chat --help)");
+    if (!model && !adapter) return cli_usage("chat", "--model DIR is required");
     cli_model cm;
     mmc_status st = cli_model_load(model, adapter, &cm);
     if (st) return cli_fail(st, "chat: cannot load the model");

@@ -43,23 +43,18 @@ int cmd_eval(int argc, char **argv) {
         if (strcmp(a, "--blank-images") == 0) { o.blank_images = true; continue; }
         if (!strcmp(a, "--model") || !strcmp(a, "--adapter") || !strcmp(a, "--data") || !strcmp(a, "--image-root") || !strcmp(a, "--out") ||
             !strcmp(a, "--max-new-tokens") || !strcmp(a, "--limit")) {
-            if (!(val = cli_value(argc, argv, &i))) return 2;
-        } else {
-            fprintf(stderr, "mmc eval: unknown option '%s' (see mmc eval --help)\n", a);
-            return 2;
-        }
+            if (!(val = cli_value(argc, argv, &i))) return CLI_USAGE;
+        } else return cli_usage("eval", "unknown option '%s'", a);
         if (!strcmp(a, "--model")) o.model_dir = val;
         else if (!strcmp(a, "--adapter")) o.adapter_dir = val;
         else if (!strcmp(a, "--data")) o.data_path = val;
         else if (!strcmp(a, "--image-root")) o.image_root = val;
         else if (!strcmp(a, "--out")) o.out_path = val;
-        else if (!strcmp(a, "--max-new-tokens")) { if (!cli_int(a, val, 1, 4096, &v)) return 2; o.max_new_tokens = (int)v; }
-        else { if (!cli_int(a, val, 1, (long long)1 << 40, &v)) return 2; o.limit = v; }
+        else if (!strcmp(a, "--max-new-tokens")) { if (!cli_int(a, val, 1, 4096, &v)) return CLI_USAGE; o.max_new_tokens = (int)v; }
+        else { if (!cli_int(a, val, 1, (long long)1 << 40, &v)) return CLI_USAGE; o.limit = v; }
     }
-    if ((!o.model_dir && !o.adapter_dir) || !o.data_path) {
-        fprintf(stderr, "mmc eval: --model DIR and --data FILE are required (see mmc eval --help)\n");
-        return 2;
-    }
+    if ((!o.model_dir && !o.adapter_dir) || !o.data_path)
+        return cli_usage("eval", "--model DIR and --data FILE are required");
     o.progress = json ? NULL : stderr;
     mmc_eval_summary s;
     double t0 = mmc_now();

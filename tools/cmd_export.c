@@ -59,20 +59,13 @@ int cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL;
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--out") == 0) { if (!(out = cli_value(argc, argv, &i))) return 2; }
+        if (strcmp(argv[i], "--out") == 0) { if (!(out = cli_value(argc, argv, &i))) return CLI_USAGE; }
         else if (strcmp(argv[i], "--json") == 0) json = true;
-        else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "mmc export: unknown option '%s' (see mmc export --help)\n", argv[i]);
-            return 2;
-        } else if (ckpt) {
-            fprintf(stderr, "mmc export: one checkpoint expected, got '%s' and '%s'\n", ckpt, argv[i]);
-            return 2;
-        } else ckpt = argv[i];
+        else if (argv[i][0] == '-' && argv[i][1]) return cli_usage("export", "unknown option '%s'", argv[i]);
+        else if (ckpt) return cli_usage("export", "one checkpoint expected, got '%s' and '%s'", ckpt, argv[i]);
+        else ckpt = argv[i];
     }
-    if (!ckpt || !out) {
-        fprintf(stderr, "mmc export: %s (see mmc export --help)\n", !ckpt ? "missing CKPT" : "missing --out DIR");
-        return 2;
-    }
+    if (!ckpt || !out) return cli_usage("export", "%s", !ckpt ? "missing CKPT" : "missing --out DIR");
     char p[4400], q[4400];
     /* 1. the checkpoint is complete */
     snprintf(p, sizeof p, "%s/trainer_state.json", ckpt);

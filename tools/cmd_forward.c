@@ -33,17 +33,17 @@ int cmd_forward(int argc, char **argv) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
         int pr = cli_prompt_arg("forward", argc, argv, &i, &pa);
-        if (pr < 0) return 2;
+        if (pr < 0) return CLI_USAGE;
         if (pr > 0) continue;
         if (!strcmp(a, "--out")) { VAL(); out = v; }
         else if (!strcmp(a, "--json")) json = true;
-        else return cli_fail(MMC_OK, "forward: unknown option '%s' (see mmc forward --help)", a);
+        else return cli_usage("forward", "unknown option '%s'", a);
 #undef VAL
     }
-    if ((!pa.model && !pa.adapter) || !pa.prompt || !out)
-        return cli_fail(MMC_OK, "forward: --model, --prompt and --out are required (see mmc forward --help)");
+    if (cli_prompt_args_check("forward", &pa)) return CLI_USAGE;
+    if (!out) return cli_usage("forward", "--out FILE is required");
     cli_model cm;
     mmc_status st = cli_model_load(pa.model, pa.adapter, &cm);
     if (st) return cli_fail(st, "forward: cannot load the model");

@@ -41,25 +41,22 @@ int cmd_generate(int argc, char **argv) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
         int pr = cli_prompt_arg("generate", argc, argv, &i, &pa);
-        if (pr < 0) return 2;
+        if (pr < 0) return CLI_USAGE;
         if (pr > 0) continue;
-        if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return 2; }
-        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return 2; }
-        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return 2; }
-        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return 2; }
-        else if (!strcmp(a, "--min-p")) { VAL(); if (!cli_float(a, v, 0, 1, &min_p)) return 2; }
-        else if (!strcmp(a, "--repetition-penalty")) { VAL(); if (!cli_float(a, v, 1e-3, 100, &rep)) return 2; }
-        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return 2; }
+        if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return CLI_USAGE; }
+        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return CLI_USAGE; }
+        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return CLI_USAGE; }
+        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return CLI_USAGE; }
+        else if (!strcmp(a, "--min-p")) { VAL(); if (!cli_float(a, v, 0, 1, &min_p)) return CLI_USAGE; }
+        else if (!strcmp(a, "--repetition-penalty")) { VAL(); if (!cli_float(a, v, 1e-3, 100, &rep)) return CLI_USAGE; }
+        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return CLI_USAGE; }
         else if (!strcmp(a, "--json")) json = true;
-        else return cli_fail(MMC_OK, "generate: unknown option '%s' (see mmc generate --help)", a);
+        else return cli_usage("generate", "unknown option '%s'", a);
 #undef VAL
     }
-    if (!pa.model && !pa.adapter) return cli_fail(MMC_OK, "generate: --model DIR is required (see mmc generate --help)");
-    if (!pa.prompt) return cli_fail(MMC_OK, "generate: --prompt TEXT is required (see mmc generate --help)");
-    if (pa.raw && (pa.n_images || pa.video))
-        return cli_fail(MMC_OK, "generate: --raw cannot place images; drop --raw to use the chat template");
+    if (cli_prompt_args_check("generate", &pa)) return CLI_USAGE;
 
     double t0 = mmc_now();
     cli_model cm;
@@ -72,7 +69,7 @@ int cmd_generate(int argc, char **argv) {
     if ((st = cli_prompt_from_args(&cm, &pa, &cp))) {
         cli_fail(st, "generate: cannot build the prompt");
         cli_model_free(&cm);
-        return 1;
+        return CLI_ERROR;
     }
     double t_load = mmc_now() - t0;
     int32_t eos[8];

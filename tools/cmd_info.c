@@ -23,11 +23,11 @@ int cmd_info(int argc, char **argv) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) json = true;
-        else if (argv[i][0] == '-') return cli_fail(MMC_OK, "info: unknown option '%s' (see mmc info --help)", argv[i]);
+        else if (argv[i][0] == '-') return cli_usage("info", "unknown option '%s'", argv[i]);
         else if (!dir) dir = argv[i];
-        else return cli_fail(MMC_OK, "info: more than one directory given ('%s')", argv[i]);
+        else return cli_usage("info", "more than one directory given ('%s' and '%s')", dir, argv[i]);
     }
-    if (!dir) return cli_fail(MMC_OK, "info: no model directory given (usage: mmc info DIR)");
+    if (!dir) return cli_usage("info", "no model directory given (usage: mmc info DIR)");
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *cfg = NULL;

@@ -1,7 +1,7 @@
 /* cmd_launch.c — `mmc launch -n N RUN.yaml [--hostfile F] [--set k=v]... [--resume]
  * [-- extra mpirun args]`: a thin wrapper that checks the run config, then execs
  *   mpirun -np N [--allow-run-as-root] --bind-to none [--oversubscribe] [--hostfile F]
- *          -x OMP_NUM_THREADS [-x MMC_...] [extra] <this mmc> train RUN.yaml
+ *          -x OMP_NUM_THREADS [-x MMC_... (k_forward, those set)] [extra] <this mmc> train RUN.yaml
  *          --set parallel.data_parallel=N [--set ...] [--resume]
  * so that the data-parallel training of mmc_trainer runs on N processes (the same as
  * torchrun / deepspeed's launcher do for PyTorch, but MPI is the process manager here).
@@ -16,6 +16,10 @@
 #include <string.h>
 #include <unistd.h>
 
+/* the MMC_* variables the library reads that every rank must see alike (test hooks excluded) */
+static const char *const k_forward[] = {"MMC_DIST_TIMEOUT", "MMC_DP_BUCKET_BYTES", "MMC_GEMM_KERNEL",
+                                        "MMC_CONV_COL_MB", NULL};
+
 void help_launch(FILE *f) {
     fprintf(f,
             "usage: mmc launch -n N RUN.yaml [--hostfile FILE] [--set key.path=value]... [--resume]\n"
@@ -24,15 +28,19 @@ void help_launch(FILE *f) {
             "parallel.data_parallel is set to N; data.batch_size stays the global batch and must divide\n"
             "into N x data.micro_batch_size. Only rank 0 prints progress and writes logs/checkpoints.\n\n"
             "options:\n"
-            "  -n, --np N            number of processes (ranks)\n"
+            "  -n, --np, -np N       number of processes (ranks)\n"
             "  --hostfile FILE       mpirun hostfile for a multi-node run (\"host slots=K\" per line)\n"
             "  --set key.path=value  config override passed on to mmc train (repeatable)\n"
             "  --resume              continue from the latest complete checkpoint (any rank count / ZeRO stage)\n"
             "  --print               print the mpirun command line and exit without running it\n"
             "  -- ARGS               everything after -- goes to mpirun before the program\n\n"
-            "mpirun flags added: --bind-to none, -x OMP_NUM_THREADS (and any MMC_* variables set),\n"
-            "--allow-run-as-root when run as root, --oversubscribe when N exceeds the cores here and\n"
-            "no hostfile is given.\n"
+            "mpirun flags added: --bind-to none; -x OMP_NUM_THREADS; -x NAME for each of these that is set:\n"
+            " ");
+    for (int i = 0; k_forward[i]; i++) fprintf(f, "%s%s", i ? ", " : " ", k_forward[i]);
+    fprintf(f,
+            "\n"
+            "(no other variable is forwarded: add -x NAME after --); --allow-run-as-root when run as\n"
+            "root; --oversubscribe when N exceeds the cores here and no hostfile is given.\n"
             "threads per rank: training.threads, else OMP_NUM_THREADS, else cores / N (at least 1).\n"
             "environment: MMC_MPIRUN (mpirun to exec), MMC_DIST_TIMEOUT (overrides parallel.timeout).\n\n"
             "examples:\n"
@@ -67,38 +75,36 @@ int cmd_launch(int argc, char **argv) {
     bool resume = false, print_only = false;
     int extra_at = argc;   /* index of the first argument after -- */
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    int n_sets = 0, rc = 2;
+    int n_sets = 0, rc = CLI_USAGE;
     char **av = NULL;
     char *setdp = NULL;
     if (!sets) return cli_fail(MMC_ERR_OOM, "launch: out of memory");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (strcmp(a, "--") == 0) { extra_at = i + 1; break; }
-        if (strcmp(a, "-n") == 0 || strcmp(a, "--np") == 0 || strcmp(a, "-np") == 0) {
+        int sr = cli_set_arg(argc, argv, &i, &sets[n_sets]);
+        if (sr < 0) goto out;
+        if (sr > 0) n_sets++;
+        else if (strcmp(a, "-n") == 0 || strcmp(a, "--np") == 0 || strcmp(a, "-np") == 0) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1 << 20, &n)) goto out;
         } else if (strcmp(a, "--hostfile") == 0) {
             if (!(hostfile = cli_value(argc, argv, &i))) goto out;
-        } else if (strcmp(a, "--set") == 0) {
-            if (!(v = cli_value(argc, argv, &i))) goto out;
-            sets[n_sets++] = v;
-        } else if (strncmp(a, "--set=", 6) == 0) {
-            sets[n_sets++] = a + 6;
         } else if (strcmp(a, "--resume") == 0) {
             resume = true;
         } else if (strcmp(a, "--print") == 0) {
             print_only = true;
         } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "mmc launch: unknown option '%s' (see mmc launch --help; mpirun options go after --)\n", a);
+            cli_usage("launch", "unknown option '%s' (mpirun options go after --)", a);
             goto out;
         } else if (file) {
-            fprintf(stderr, "mmc launch: one run config expected, got '%s' and '%s'\n", file, a);
+            cli_usage("launch", "one run config expected, got '%s' and '%s'", file, a);
             goto out;
         } else {
             file = a;
         }
     }
     if (n <= 0 || !file) {
-        fprintf(stderr, "mmc launch: %s (see mmc launch --help)\n", !file ? "missing RUN.yaml" : "missing -n N");
+        cli_usage("launch", "%s", !file ? "missing RUN.yaml" : "missing -n N");
         goto out;
     }
     if (hostfile && access(hostfile, R_OK) != 0) {
@@ -143,7 +149,6 @@ int cmd_launch(int argc, char **argv) {
     if (sn <= 0) snprintf(self, sizeof self, "%s", "mmc");
     else self[sn] = 0;
 
-    static const char *const fwd[] = {"MMC_DIST_TIMEOUT", "MMC_DP_BUCKET_BYTES", "MMC_DATA_DEBUG", NULL};
     size_t cap = (size_t)argc * 2 + 64;
     av = calloc(cap, sizeof *av);
     if (!av) { rc = cli_fail(MMC_ERR_OOM, "launch: out of memory"); goto out; }
@@ -160,8 +165,8 @@ int cmd_launch(int argc, char **argv) {
     if (hostfile) { av[k++] = "--hostfile"; av[k++] = (char *)hostfile; }
     av[k++] = "-x";
     av[k++] = "OMP_NUM_THREADS";
-    for (int i = 0; fwd[i]; i++)
-        if (getenv(fwd[i])) { av[k++] = "-x"; av[k++] = (char *)fwd[i]; }
+    for (int i = 0; k_forward[i]; i++)
+        if (getenv(k_forward[i])) { av[k++] = "-x"; av[k++] = (char *)k_forward[i]; }
     for (int i = extra_at; i < argc; i++) av[k++] = argv[i];
     av[k++] = self;
     av[k++] = "train";
@@ -174,7 +179,7 @@ int cmd_launch(int argc, char **argv) {
     fprintf(stderr, "mmc launch:");
     for (int i = 0; i < k; i++) fprintf(stderr, " %s", av[i]);
     fprintf(stderr, "  (OMP_NUM_THREADS=%s)\n", tbuf);
-    if (print_only) { rc = 0; goto out; }
+    if (print_only) { rc = CLI_OK; goto out; }
     fflush(NULL);
     execv(mpirun, av);
     if (errno == ENOENT || !strchr(mpirun, '/')) execvp(mpirun, av);

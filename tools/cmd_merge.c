@@ -27,20 +27,19 @@ int cmd_merge(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *out = NULL;
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) { help_merge(stdout); return 0; }
-        else if (strcmp(argv[i], "--model") == 0) { if (!(model = cli_value(argc, argv, &i))) return 2; }
-        else if (strcmp(argv[i], "--adapter") == 0) { if (!(adapter = cli_value(argc, argv, &i))) return 2; }
-        else if (strcmp(argv[i], "--out") == 0) { if (!(out = cli_value(argc, argv, &i))) return 2; }
+        if (strcmp(argv[i], "--model") == 0) { if (!(model = cli_value(argc, argv, &i))) return CLI_USAGE; }
+        else if (strcmp(argv[i], "--adapter") == 0) { if (!(adapter = cli_value(argc, argv, &i))) return CLI_USAGE; }
+        else if (strcmp(argv[i], "--out") == 0) { if (!(out = cli_value(argc, argv, &i))) return CLI_USAGE; }
         else if (strcmp(argv[i], "--json") == 0) json = true;
-        else return cli_fail(MMC_OK, "merge: unknown argument '%s' (see mmc merge --help)", argv[i]);
+        else return cli_usage("merge", "unknown argument '%s'", argv[i]);
     }
-    if (!adapter || !out)
-        return cli_fail(MMC_OK, "merge: --adapter and --out are required (see mmc merge --help)");
+    if (!adapter || !out) return cli_usage("merge", "--adapter and --out are required");
+    if (model && strcmp(model, out) == 0) return cli_usage("merge", "--out must differ from --model");
     char base[4096], adir[4096];
     mmc_status rs = mmc_lora_resolve(model, adapter, base, sizeof base, adir, sizeof adir);
     if (rs) return cli_fail(rs, "merge: no base model");
     model = base;
-    if (strcmp(model, out) == 0) return cli_fail(MMC_OK, "merge: --out must differ from --model");
+    if (strcmp(model, out) == 0) return cli_usage("merge", "--out must differ from --model");
     int n = 0;
     mmc_status st = mmc_lora_merge_dir(model, adapter, out, &n);
     if (st) return cli_fail(st, "merge: cannot merge '%s' into '%s'", adapter, model);

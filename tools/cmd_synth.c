@@ -36,22 +36,16 @@ int cmd_synth(int argc, char **argv) {
         if (strcmp(a, "--blank") == 0) { o.blank = true; continue; }
         if (strcmp(a, "--out") == 0 || strcmp(a, "--train") == 0 || strcmp(a, "--val") == 0 ||
             strcmp(a, "--size") == 0 || strcmp(a, "--seed") == 0 || strcmp(a, "--epochs") == 0) {
-            if (!(val = cli_value(argc, argv, &i))) return 2;
-        } else {
-            fprintf(stderr, "mmc synth: unknown option '%s' (see mmc synth --help)\n", a);
-            return 2;
-        }
+            if (!(val = cli_value(argc, argv, &i))) return CLI_USAGE;
+        } else return cli_usage("synth", "unknown option '%s'", a);
         if (strcmp(a, "--out") == 0) o.out_dir = val;
-        else if (strcmp(a, "--train") == 0) { if (!cli_int(a, val, 0, 100000000, &v)) return 2; o.n_train = v; }
-        else if (strcmp(a, "--val") == 0) { if (!cli_int(a, val, 0, 100000000, &v)) return 2; o.n_val = v; }
-        else if (strcmp(a, "--size") == 0) { if (!cli_int(a, val, 28, 1024, &v)) return 2; o.size = (int)v; }
-        else if (strcmp(a, "--epochs") == 0) { if (!cli_int(a, val, 1, 1000, &v)) return 2; o.curriculum_epochs = (int)v; }
-        else { if (!cli_int(a, val, 0, (long long)1 << 62, &v)) return 2; o.seed = (uint64_t)v; }
+        else if (strcmp(a, "--train") == 0) { if (!cli_int(a, val, 0, 100000000, &v)) return CLI_USAGE; o.n_train = v; }
+        else if (strcmp(a, "--val") == 0) { if (!cli_int(a, val, 0, 100000000, &v)) return CLI_USAGE; o.n_val = v; }
+        else if (strcmp(a, "--size") == 0) { if (!cli_int(a, val, 28, 1024, &v)) return CLI_USAGE; o.size = (int)v; }
+        else if (strcmp(a, "--epochs") == 0) { if (!cli_int(a, val, 1, 1000, &v)) return CLI_USAGE; o.curriculum_epochs = (int)v; }
+        else { if (!cli_int(a, val, 0, (long long)1 << 62, &v)) return CLI_USAGE; o.seed = (uint64_t)v; }
     }
-    if (!o.out_dir) {
-        fprintf(stderr, "mmc synth: --out DIR is required (see mmc synth --help)\n");
-        return 2;
-    }
+    if (!o.out_dir) return cli_usage("synth", "--out DIR is required");
     double t0 = mmc_now();
     mmc_status st = mmc_synth_write_dataset(&o);
     if (st != MMC_OK) return cli_fail(st, "synth failed");

@@ -1,7 +1,8 @@
 /* cmd_train.c — `mmc train RUN.yaml [--set key.path=value]... [--resume]`: read the run
  * config (mmc_config.h), build the trainer (mmc_trainer.h) and run it to training.steps,
  * writing checkpoints, metrics.jsonl, TensorBoard events and the loss plot to
- * training.output_dir. Exit codes: 0 done, 1 error (config, data, NaN, I/O), 2 usage. */
+ * training.output_dir. Exit codes: 0 done, 1 error (config, data, NaN, I/O), 2 usage (an
+ * unknown option, no RUN.yaml, a --set without "="). */
 #include "cli.h"
 #include "mmc_config.h"
 #include "mmc_trainer.h"
@@ -45,14 +46,12 @@ int cmd_train(int argc, char **argv) {
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0;
     if (!sets) return cli_fail(MMC_ERR_OOM, "train: out of memory");
+    int rc = CLI_USAGE;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--set") == 0) {
-            const char *v = cli_value(argc, argv, &i);
-            if (!v) { free(sets); return 2; }
-            sets[n_sets++] = v;
-        } else if (strncmp(argv[i], "--set=", 6) == 0) {
-            sets[n_sets++] = argv[i] + 6;
-        } else if (strcmp(argv[i], "--resume") == 0) {
+        int sr = cli_set_arg(argc, argv, &i, &sets[n_sets]);
+        if (sr < 0) goto usage;
+        if (sr > 0) n_sets++;
+        else if (strcmp(argv[i], "--resume") == 0) {
             resume = true;
         } else if (strcmp(argv[i], "--print-config") == 0) {
             printf("run config keys (mmc train RUN.yaml):\n");
@@ -60,21 +59,18 @@ int cmd_train(int argc, char **argv) {
             free(sets);
             return 0;
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "mmc train: unknown option '%s' (see mmc train --help)\n", argv[i]);
-            free(sets);
-            return 2;
+            cli_usage("train", "unknown option '%s'", argv[i]);
+            goto usage;
         } else if (file) {
-            fprintf(stderr, "mmc train: one run config expected, got '%s' and '%s'\n", file, argv[i]);
-            free(sets);
-            return 2;
+            cli_usage("train", "one run config expected, got '%s' and '%s'", file, argv[i]);
+            goto usage;
         } else {
             file = argv[i];
         }
     }
     if (!file) {
-        fprintf(stderr, "mmc train: missing RUN.yaml (see mmc train --help)\n");
-        free(sets);
-        return 2;
+        cli_usage("train", "missing RUN.yaml");
+        goto usage;
     }
     mmc_run_config cfg;
     mmc_status st = mmc_run_config_load(file, sets, n_sets, &cfg);
@@ -82,18 +78,21 @@ int cmd_train(int argc, char **argv) {
     if (st) return cli_fail(st, "train");
     mmc_trainer *t = NULL;
     if ((st = mmc_trainer_new(&cfg, resume, &t))) {
-        int rc = cli_fail(st, "train");
+        rc = cli_fail(st, "train");
         mmc_run_config_free(&cfg);
         return rc;
     }
     bool lead = mmc_trainer_rank(t) == 0;
     if (resume && lead) fprintf(stderr, "mmc train: resumed at step %lld\n", (long long)mmc_trainer_step_count(t));
     st = mmc_trainer_run(t);
-    int rc = 0;
+    rc = CLI_OK;
     if (st) rc = cli_fail(st, "train stopped at step %lld", (long long)mmc_trainer_step_count(t));
     else if (lead) fprintf(stderr, "mmc train: done, %lld steps; checkpoints in %s\n",
                  (long long)mmc_trainer_step_count(t), cfg.training.output_dir);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);
+    return rc;
+usage:
+    free(sets);
     return rc;
 }

@@ -1,6 +1,6 @@
 /* mmc.c — the `mmc` command: one binary, one subcommand per job (info, generate, chat,
  * forward, train, eval, ...). Each subcommand has --help; errors go to stderr with what was
- * wrong and what to do, and a non-zero exit code. */
+ * wrong and what to do, and exit 1 (runtime error) or 2 (usage error; see cli.h). */
 #include "cli.h"
 
 #include <stdarg.h>
@@ -32,31 +32,58 @@ static const cli_cmd g_cmds[] = {
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 
-int cli_fail(mmc_status st, const char *fmt, ...) {
-    /* one write for the whole line: under mpirun the ranks' stderr is merged, and separate
-     * writes of two ranks' messages interleave on one line */
+/* "mmc[ cmd]: <fmt...>[: last error][ (see mmc cmd --help)]\n" in one write: under mpirun the
+ * ranks' stderr is merged, and separate writes of two ranks' messages interleave on one line */
+static void report(const char *cmd, mmc_status st, const char *fmt, va_list ap) {
     char buf[8192];
-    va_list ap;
-    int n = snprintf(buf, sizeof buf, "mmc: ");
-    va_start(ap, fmt);
+    int n = snprintf(buf, sizeof buf, cmd ? "mmc %s: " : "mmc: ", cmd);
     n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    va_end(ap);
     if (n < (int)sizeof buf && st != MMC_OK && mmc_last_error()[0])
         n += snprintf(buf + n, sizeof buf - (size_t)n, ": %s", mmc_last_error());
+    if (n < (int)sizeof buf && cmd) n += snprintf(buf + n, sizeof buf - (size_t)n, " (see mmc %s --help)", cmd);
     if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
     buf[n++] = '\n';
     fwrite(buf, 1, (size_t)n, stderr);
-    return 1;
+}
+
+int cli_fail(mmc_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    report(NULL, st, fmt, ap);
+    va_end(ap);
+    return CLI_ERROR;
+}
+
+int cli_usage(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    report(cmd, MMC_OK, fmt, ap);
+    va_end(ap);
+    return CLI_USAGE;
 }
 
 bool cli_is_help(const char *a) { return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0; }
 
 const char *cli_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
-        fprintf(stderr, "mmc %s: option %s needs a value\n", argv[0], argv[*i]);
+        cli_usage(argv[0], "option %s needs a value", argv[*i]);
         return NULL;
     }
     return argv[++*i];
+}
+
+int cli_set_arg(int argc, char **argv, int *i, const char **kv) {
+    const char *a = argv[*i];
+    if (strcmp(a, "--set") == 0) {
+        if (!(*kv = cli_value(argc, argv, i))) return -1;
+    } else if (strncmp(a, "--set=", 6) == 0) {
+        *kv = a + 6;
+    } else return 0;
+    if (!strchr(*kv, '=') || (*kv)[0] == '=') {
+        cli_usage(argv[0], "--set expects key.path=value, got '%s'", *kv);
+        return -1;
+    }
+    return 1;
 }
 
 bool cli_int(const char *opt, const char *val, long long lo, long long hi, long long *out) {
@@ -92,7 +119,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     if (argc < 2 || cli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return argc < 2 ? CLI_USAGE : CLI_OK;
     }
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
         printf("mmc %s\n", MMC_VERSION);
@@ -100,11 +127,12 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < g_ncmds; i++) {
         if (strcmp(argv[1], g_cmds[i].name) != 0) continue;
-        for (int a = 2; a < argc; a++)
-            if (cli_is_help(argv[a])) { g_cmds[i].help(stdout); return 0; }
+        /* -h/--help anywhere before a "--" (launch passes what follows to mpirun) */
+        for (int a = 2; a < argc && strcmp(argv[a], "--") != 0; a++)
+            if (cli_is_help(argv[a])) { g_cmds[i].help(stdout); return CLI_OK; }
         return g_cmds[i].run(argc - 1, argv + 1);
     }
     fprintf(stderr, "mmc: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
-    return 2;
+    return CLI_USAGE;
 }

@@ -1,5 +1,6 @@
 /* runner.c — model loading and prompt building for the inference subcommands. */
 #include "runner.h"
+#include "cli.h"
 #include "mmc_image.h"
 #include "mmc_prompt.h"
 
@@ -7,15 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* dir/name if the adapter directory has that file (a checkpoint's copy), else base/name */
-static void aux_path(const cli_model *m, const char *name, char *out, size_t cap) {
-    if (m->adapter_dir[0]) {
-        snprintf(out, cap, "%s/%s", m->adapter_dir, name);
-        if (access(out, R_OK) == 0) return;
-    }
-    snprintf(out, cap, "%s/%s", m->base_dir, name);
-}
 
 mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) {
     memset(m, 0, sizeof *m);
@@ -40,10 +32,10 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) m->vocab_size = m->vlm->lm->cfg.vocab_size;
         if (!st && m->adapter_dir[0]) st = mmc_qwen2_vl_attach_adapter(m->vlm, m->adapter_dir);
         mmc_qwen2vl_proc_default(&m->proc);
-        /* preprocessor_config.json (transformers 4.x, the Hub) or processor_config.json (5.x) */
-        aux_path(m, "preprocessor_config.json", path, sizeof path);
-        if (access(path, R_OK) != 0) aux_path(m, "processor_config.json", path, sizeof path);
-        if (!st && access(path, R_OK) == 0) st = mmc_qwen2vl_proc_load(path, &m->proc);
+        /* the adapter directory's processor config (a checkpoint's copy), else the base's */
+        path[0] = 0;
+        if (!st && m->adapter_dir[0]) st = mmc_qwen2vl_proc_load_dir(m->adapter_dir, &m->proc, path, sizeof path);
+        if (!st && !path[0]) st = mmc_qwen2vl_proc_load_dir(dir, &m->proc, NULL, 0);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, "
                        "qwen2_vl, qwen2_5_vl)", dir, mt);
@@ -166,17 +158,25 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
     if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
     if (!slot && strcmp(o, "--image") != 0) return 0;
     if (*i + 1 >= argc) {
-        fprintf(stderr, "mmc %s: option %s needs a value\n", cmd, o);
+        cli_usage(cmd, "option %s needs a value", o);
         return -1;
     }
     const char *v = argv[++*i];
     if (slot) { *slot = v; return 1; }
     if (a->n_images == CLI_MAX_IMAGES) {
-        fprintf(stderr, "mmc %s: at most %d images\n", cmd, CLI_MAX_IMAGES);
+        cli_usage(cmd, "at most %d images", CLI_MAX_IMAGES);
         return -1;
     }
     a->images[a->n_images++] = v;
     return 1;
+}
+
+int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a) {
+    if (!a->model && !a->adapter) return cli_usage(cmd, "--model DIR is required");
+    if (!a->prompt) return cli_usage(cmd, "--prompt TEXT is required");
+    if (a->raw && (a->n_images || a->video))
+        return cli_usage(cmd, "--raw cannot place images; drop --raw to use the chat template");
+    return 0;
 }
 
 mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p) {

@@ -22,7 +22,9 @@ typedef struct {
     char adapter_dir[4096];   /* the LoRA adapter applied at inference, or "" */
 } cli_model;
 
-/* Load config.json, weights (zero-copy), tokenizer and (for VL) preprocessor_config.json.
+/* Load config.json, weights (zero-copy), tokenizer and (for VL) the image processor config
+ * (mmc_qwen2vl_proc_load_dir: processor_config.json's "image_processor", else
+ * preprocessor_config.json).
  * dir may be a PEFT LoRA adapter directory (a LoRA training checkpoint): its base model
  * (adapter_config.json's base_model_name_or_path) is loaded and the adapter applied in the
  * linears, no `mmc merge` needed; adapter (or NULL) names an adapter for the base in dir
@@ -57,6 +59,9 @@ typedef struct {
 /* argv[*i] is one of those options: consume it (and its value) and return 1; not one of them:
  * return 0; a bad value: print why and return -1. cmd names the subcommand in messages. */
 int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_args *a);
+/* After parsing: --model (or --adapter) and --prompt given, no --raw with images: 0, else print
+ * the usage error and return CLI_USAGE. */
+int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a);
 /* One user turn (images, then the video, then the text; with the system prompt if given)
  * -> model inputs, through cli_prompt_build. */
 mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void mmc_qwen2vl_proc_default(mmc_qwen2vl_proc *p) {
     memset(p, 0, sizeof *p);
@@ -33,73 +34,169 @@ void mmc_qwen2vl_proc_default(mmc_qwen2vl_proc *p) {
     p->resize_mode = MMC_VLPROC_RESIZE_PIL;
 }
 
-static int json_num(const cJSON *o, const char *key, double *v) {
-    const cJSON *x = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
-    if (!cJSON_IsNumber(x)) return 0;
-    *v = x->valuedouble;
-    return 1;
-}
-static void json_bool(const cJSON *o, const char *key, bool *v) {
+/* One field of the image processor object o (read from `path`, under `where`: "" or
+ * "image_processor."): absent or null leaves *v; present with the wrong type is an error. */
+static mmc_status get_num(const cJSON *o, const char *key, const char *path, const char *where, bool integral,
+                          double lo, double hi, double *v, bool *present) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (cJSON_IsBool(x)) *v = cJSON_IsTrue(x);
+    if (present) *present = false;
+    if (!x || cJSON_IsNull(x)) return MMC_OK;
+    double d = cJSON_IsNumber(x) ? x->valuedouble : NAN;
+    if (!(d >= lo && d <= hi) || (integral && d != floor(d)))
+        return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be %s in [%g, %g]", path, where, key,
+                         integral ? "an integer" : "a number", lo, hi);
+    *v = d;
+    if (present) *present = true;
+    return MMC_OK;
+}
+static mmc_status get_bool(const cJSON *o, const char *key, const char *path, const char *where, bool *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!x || cJSON_IsNull(x)) return MMC_OK;
+    if (!cJSON_IsBool(x)) return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be true or false", path, where, key);
+    *v = cJSON_IsTrue(x);
+    return MMC_OK;
 }
 
-mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p) {
-    char *text = NULL;
-    size_t len = 0;
-    mmc_status st = mmc_read_file(path, &text, &len);
-    if (st) return mmc_error_prefix(st, "preprocessor config %s", path);
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object", path);
-    }
-    /* transformers 5.x saves processor_config.json with the image processor nested */
-    cJSON *nested = cJSON_DetachItemFromObjectCaseSensitive(root, "image_processor");
-    if (cJSON_IsObject(nested)) { cJSON_Delete(root); root = nested; }
-    else cJSON_Delete(nested);
+/* The image processor object o over p, as Qwen2VLImageProcessor.__init__ reads it: `size`
+ * ({shortest_edge, longest_edge}, or {min_pixels, max_pixels}) replaces the default size as a
+ * whole, then the legacy top-level min_pixels / max_pixels override its two edges. */
+static mmc_status apply_image_processor(const cJSON *o, const char *path, const char *where, mmc_qwen2vl_proc *p) {
+    mmc_status st;
     double v;
-    const cJSON *size = cJSON_GetObjectItemCaseSensitive(root, "size");
-    if (cJSON_IsObject(size)) {
-        if (json_num(size, "shortest_edge", &v) || json_num(size, "min_pixels", &v)) p->min_pixels = (int64_t)v;
-        if (json_num(size, "longest_edge", &v) || json_num(size, "max_pixels", &v)) p->max_pixels = (int64_t)v;
+    bool has;
+    const double PIX = 1e12;   /* far above any image (PIL's own limit is ~1.8e8) */
+#define NUM(key, integral, lo, hi, dst)                                                                  \
+    do {                                                                                                   \
+        if ((st = get_num(o, key, path, where, integral, lo, hi, &v, &has))) return st;                   \
+        if (has) dst = v;                                                                                  \
+    } while (0)
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(o, "size");
+    if (size && !cJSON_IsNull(size)) {
+        if (!cJSON_IsObject(size))
+            return mmc_error(MMC_ERR_FORMAT, "%s: %ssize must be an object {shortest_edge, longest_edge}", path, where);
+        char w[64];
+        snprintf(w, sizeof w, "%ssize.", where);
+        bool lo_set = false, hi_set = false, h;
+        if ((st = get_num(size, "shortest_edge", path, w, true, 1, PIX, &v, &h))) return st;
+        if (h) { p->min_pixels = (int64_t)v; lo_set = true; }
+        else if ((st = get_num(size, "min_pixels", path, w, true, 1, PIX, &v, &h))) return st;
+        if (h && !lo_set) { p->min_pixels = (int64_t)v; lo_set = true; }
+        if ((st = get_num(size, "longest_edge", path, w, true, 1, PIX, &v, &h))) return st;
+        if (h) { p->max_pixels = (int64_t)v; hi_set = true; }
+        else if ((st = get_num(size, "max_pixels", path, w, true, 1, PIX, &v, &h))) return st;
+        if (h && !hi_set) { p->max_pixels = (int64_t)v; hi_set = true; }
+        /* transformers keeps the given size whole (no merge with the default): a missing edge
+         * is an error there too, unless the top-level key supplies it */
+        bool top_lo = cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "min_pixels"));
+        bool top_hi = cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "max_pixels"));
+        if ((!lo_set && !top_lo) || (!hi_set && !top_hi))
+            return mmc_error(MMC_ERR_FORMAT, "%s: %ssize needs both shortest_edge and longest_edge (pixel counts; "
+                             "or min_pixels and max_pixels)", path, where);
     }
-    if (json_num(root, "min_pixels", &v)) p->min_pixels = (int64_t)v;
-    if (json_num(root, "max_pixels", &v)) p->max_pixels = (int64_t)v;
-    if (json_num(root, "patch_size", &v)) p->patch_size = (int)v;
-    if (json_num(root, "merge_size", &v)) p->merge_size = (int)v;
-    if (json_num(root, "temporal_patch_size", &v)) p->temporal_patch_size = (int)v;
-    if (json_num(root, "rescale_factor", &v)) p->rescale_factor = v;
-    if (json_num(root, "resample", &v)) {
-        if ((int)v == 3) p->resample = MMC_RESAMPLE_BICUBIC;
-        else if ((int)v == 2) p->resample = MMC_RESAMPLE_BILINEAR;
-        else { cJSON_Delete(root); return mmc_error(MMC_ERR_UNSUPPORTED, "%s: resample=%d (only 2 bilinear, 3 bicubic)", path, (int)v); }
-    }
-    json_bool(root, "do_resize", &p->do_resize);
-    json_bool(root, "do_rescale", &p->do_rescale);
-    json_bool(root, "do_normalize", &p->do_normalize);
+    NUM("min_pixels", true, 1, PIX, p->min_pixels);
+    NUM("max_pixels", true, 1, PIX, p->max_pixels);
+    NUM("patch_size", true, 1, 1024, p->patch_size);
+    NUM("merge_size", true, 1, 64, p->merge_size);
+    NUM("temporal_patch_size", true, 1, 64, p->temporal_patch_size);
+    NUM("rescale_factor", false, -1e6, 1e6, p->rescale_factor);
+    double rs = -1;
+    NUM("resample", true, 0, 5, rs);
+    if (rs == 3) p->resample = MMC_RESAMPLE_BICUBIC;
+    else if (rs == 2) p->resample = MMC_RESAMPLE_BILINEAR;
+    else if (rs >= 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sresample=%d (only 2 bilinear, 3 bicubic)", path, where, (int)rs);
+#undef NUM
+    if ((st = get_bool(o, "do_resize", path, where, &p->do_resize))) return st;
+    if ((st = get_bool(o, "do_rescale", path, where, &p->do_rescale))) return st;
+    if ((st = get_bool(o, "do_normalize", path, where, &p->do_normalize))) return st;
     const char *arr[2] = {"image_mean", "image_std"};
     for (int k = 0; k < 2; k++) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, arr[k]);
-        if (!a) continue;
-        if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 3) {
-            cJSON_Delete(root);
-            return mmc_error(MMC_ERR_FORMAT, "%s: %s must be a list of 3 numbers", path, arr[k]);
-        }
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, arr[k]);
+        if (!a || cJSON_IsNull(a)) continue;
+        if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 3)
+            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
         for (int c = 0; c < 3; c++) {
             const cJSON *x = cJSON_GetArrayItem(a, c);
-            if (!cJSON_IsNumber(x)) { cJSON_Delete(root); return mmc_error(MMC_ERR_FORMAT, "%s: %s[%d] not a number", path, arr[k], c); }
+            if (!cJSON_IsNumber(x)) return mmc_error(MMC_ERR_FORMAT, "%s: %s%s[%d] is not a number", path, where, arr[k], c);
             (k ? p->image_std : p->image_mean)[c] = (float)x->valuedouble;
         }
     }
-    cJSON_Delete(root);
-    if (p->patch_size <= 0 || p->merge_size <= 0 || p->temporal_patch_size <= 0 || p->min_pixels <= 0 ||
-        p->max_pixels < p->min_pixels)
-        return mmc_error(MMC_ERR_INVALID, "%s: invalid sizes (patch %d merge %d temporal %d, pixels [%lld, %lld])", path,
-                         p->patch_size, p->merge_size, p->temporal_patch_size, (long long)p->min_pixels,
-                         (long long)p->max_pixels);
+    if (p->max_pixels < p->min_pixels)
+        return mmc_error(MMC_ERR_INVALID, "%s: %smax_pixels (longest_edge) %lld is below min_pixels (shortest_edge) %lld",
+                         path, where, (long long)p->max_pixels, (long long)p->min_pixels);
     return MMC_OK;
+}
+
+/* path as a JSON object (*root): MMC_ERR_NOT_FOUND when there is no such file, a malformed one
+ * an error with line:col (mmc_json_load) */
+static mmc_status read_object(const char *path, cJSON **root) {
+    mmc_json *j = NULL;
+    *root = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return st;
+    if (!cJSON_IsObject((cJSON *)j)) {
+        mmc_json_free(j);
+        return mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    *root = (cJSON *)j;
+    return MMC_OK;
+}
+
+/* One file: its "image_processor" object if it has one (processor_config.json), else the
+ * whole object. *found: the file held an image processor (a processor_config.json without
+ * "image_processor" does not, when `need_nested`). */
+static mmc_status load_file(const char *path, bool need_nested, mmc_qwen2vl_proc *p, bool *found) {
+    cJSON *root;
+    *found = false;
+    mmc_status st = read_object(path, &root);
+    if (st) return st;
+    const cJSON *nested = cJSON_GetObjectItemCaseSensitive(root, "image_processor");
+    if (nested && !cJSON_IsObject(nested)) {
+        cJSON_Delete(root);
+        return mmc_error(MMC_ERR_FORMAT, "%s: image_processor must be an object", path);
+    }
+    if (nested || !need_nested) {
+        mmc_qwen2vl_proc q = *p;   /* p unchanged on error */
+        st = apply_image_processor(nested ? nested : root, path, nested ? "image_processor." : "", &q);
+        if (!st) { *p = q; *found = true; }
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+mmc_status mmc_qwen2vl_proc_load_dir(const char *dir, mmc_qwen2vl_proc *p, char *used, size_t cap) {
+    static const char *const names[2] = {"processor_config.json", "preprocessor_config.json"};
+    if (used && cap) used[0] = 0;
+    for (int k = 0; k < 2; k++) {
+        char path[4200];
+        if (snprintf(path, sizeof path, "%s/%s", dir, names[k]) >= (int)sizeof path)
+            return mmc_error(MMC_ERR_INVALID, "%s: path too long", dir);
+        bool found;
+        mmc_status st = load_file(path, k == 0, p, &found);
+        struct stat sb;   /* lstat: a dangling link exists, and cannot be read: an error */
+        if (st == MMC_ERR_NOT_FOUND && lstat(path, &sb) != 0) continue;   /* no such file */
+        if (st) return mmc_error_prefix(st, "image processor config");
+        if (found) {
+            if (used && cap) snprintf(used, cap, "%s", path);
+            return MMC_OK;
+        }
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        char used[4300];
+        mmc_status st = mmc_qwen2vl_proc_load_dir(path, p, used, sizeof used);
+        if (!st && !used[0])
+            st = mmc_error(MMC_ERR_NOT_FOUND, "%s: no image processor config (processor_config.json with "
+                           "\"image_processor\", or preprocessor_config.json)", path);
+        return st;
+    }
+    bool found;
+    mmc_status st = load_file(path, false, p, &found);
+    return st ? mmc_error_prefix(st, "image processor config") : MMC_OK;
 }
 
 mmc_status mmc_qwen2vl_smart_resize(int height, int width, int factor, int64_t min_pixels, int64_t max_pixels,

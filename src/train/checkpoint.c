@@ -12,6 +12,7 @@
 /* paths are bounded by PATH_MAX in practice; snprintf truncation is checked by the OS calls */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -176,6 +177,39 @@ static mmc_status write_preprocessor(mmc_trainer *t, const char *path) {
     return mmc_write_file_atomic(path, js, (size_t)n);
 }
 
+/* processor_config.json (copied from the model) with an "image_processor" object: transformers
+ * and mmc_qwen2vl_proc_load_dir read that object before preprocessor_config.json, so it gets
+ * the trained image area (size and the legacy min/max_pixels) too; the rest came from it. */
+static mmc_status sync_processor_config(mmc_trainer *t, const char *path) {
+    const mmc_qwen2vl_proc *p = &t->dopts.proc;
+    char *out = NULL;
+    mmc_json *j = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return st;
+    cJSON *root = (cJSON *)j;
+    cJSON *ip = cJSON_GetObjectItemCaseSensitive(root, "image_processor");
+    if (!cJSON_IsObject(ip)) goto done;   /* (the reader rejected a malformed one at start) */
+    cJSON *size = cJSON_CreateObject();
+    if (!size || !cJSON_AddNumberToObject(size, "shortest_edge", (double)p->min_pixels) ||
+        !cJSON_AddNumberToObject(size, "longest_edge", (double)p->max_pixels)) {
+        cJSON_Delete(size);
+        st = mmc_error(MMC_ERR_OOM, "out of memory");
+        goto done;
+    }
+    if (cJSON_HasObjectItem(ip, "size")) cJSON_ReplaceItemInObjectCaseSensitive(ip, "size", size);
+    else cJSON_AddItemToObject(ip, "size", size);
+    if (cJSON_HasObjectItem(ip, "min_pixels"))
+        cJSON_ReplaceItemInObjectCaseSensitive(ip, "min_pixels", cJSON_CreateNumber((double)p->min_pixels));
+    if (cJSON_HasObjectItem(ip, "max_pixels"))
+        cJSON_ReplaceItemInObjectCaseSensitive(ip, "max_pixels", cJSON_CreateNumber((double)p->max_pixels));
+    out = cJSON_Print(root);
+    st = out ? mmc_write_file_atomic(path, out, strlen(out)) : mmc_error(MMC_ERR_OOM, "out of memory");
+done:
+    cJSON_free(out);
+    mmc_json_free(j);
+    return st;
+}
+
 static mmc_status write_state(mmc_trainer *t, const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
@@ -310,6 +344,8 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
     if (t->src.kind == SRC_LOADER) {
         snprintf(path, sizeof path, "%s/preprocessor_config.json", tmp);
         if ((st = write_preprocessor(t, path))) goto fail;
+        snprintf(path, sizeof path, "%s/processor_config.json", tmp);
+        if (access(path, F_OK) == 0 && (st = sync_processor_config(t, path))) goto fail;
     }
     if ((st = write_state(t, tmp))) goto fail;
     if (t->n_hist > 0) {

@@ -1,8 +1,8 @@
 /* config.c — the run configuration (mmc_config.h): the schema of the five sections, the
  * defaults, `--set` overrides, and the cross-field rules that a per-key schema cannot
- * express (path xor init, batch_size divisible by micro_batch_size, one process only for
- * now, ...). Every error names file:line and the dotted key; unknown keys get the closest
- * valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
+ * express (path xor init, batch_size divisible by micro_batch_size, data parallelism only:
+ * tensor and pipeline parallel 1, ...). Every error names file:line and the dotted key;
+ * unknown keys get the closest valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
 #include "mmc_config.h"
 #include "mmc_train.h"
 
@@ -52,8 +52,10 @@ static const mmc_cfg_field k_data[] = {
     F(mmc_data_cfg, train, MMC_CFG_STR, U, NULL, NULL, "training set (JSON/JSONL; or a fixed batch .safetensors)"),
     F(mmc_data_cfg, eval, MMC_CFG_STR, U, NULL, NULL, "validation set"),
     F(mmc_data_cfg, image_root, MMC_CFG_STR, U, NULL, NULL, "directory relative image paths start from"),
-    F(mmc_data_cfg, max_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL, "resize images above this many pixels"),
-    F(mmc_data_cfg, min_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL, "resize images below this many pixels"),
+    F(mmc_data_cfg, max_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL,
+      "resize images above this many pixels (default: the model's image processor)"),
+    F(mmc_data_cfg, min_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL,
+      "resize images below this many pixels (default: the model's image processor)"),
     F(mmc_data_cfg, seq_len, MMC_CFG_INT, 8, 1 << 20, NULL, NULL, "tokens per row"),
     F(mmc_data_cfg, packing, MMC_CFG_BOOL, U, NULL, NULL, "pack samples into seq_len rows"),
     F(mmc_data_cfg, truncation, MMC_CFG_BOOL, U, NULL, NULL, "truncate samples longer than seq_len"),
@@ -120,8 +122,9 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->model.recompute = MMC_RECOMPUTE_NONE;
     c->model.lora.alpha = 16;
     c->model.quantization.block_size = 64;
-    c->data.max_pixels = 12845056;   /* Qwen2-VL processor defaults */
-    c->data.min_pixels = 3136;
+    /* data.max_pixels / min_pixels: 0 = the model's image processor config (the trainer reads
+     * it; without one, transformers' Qwen2VLImageProcessor defaults 3136 / 1003520, as generate
+     * and eval use) */
     c->data.seq_len = 2048;
     c->data.packing = false;
     c->data.truncation = true;
@@ -216,7 +219,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     "supported", (long long)m->quantization.block_size);
     mmc_data_cfg *d = &c->data;
     if (!d->train) return verr(c, root, "data", NULL, "missing data.train (the training set)");
-    if (d->min_pixels > d->max_pixels)
+    if (d->min_pixels && d->max_pixels && d->min_pixels > d->max_pixels)
         return verr(c, root, "data", "min_pixels", "%lld is larger than max_pixels %lld",
                     (long long)d->min_pixels, (long long)d->max_pixels);
     if (d->batch_size % d->micro_batch_size)

@@ -327,9 +327,9 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     if (adir[0] && stat(pp, &sb) == 0) aux = adir;
     if ((st = mmc_tokenizer_load(aux, &E.tok))) { mmc_error_prefix(st, "tokenizer of %s", aux); goto done; }
     mmc_qwen2vl_proc_default(&E.proc);
-    snprintf(pp, sizeof base + 32, "%s/preprocessor_config.json", adir);
-    if (!adir[0] || stat(pp, &sb) != 0) snprintf(pp, sizeof base + 32, "%s/preprocessor_config.json", base);
-    if (stat(pp, &sb) == 0 && (st = mmc_qwen2vl_proc_load(pp, &E.proc))) goto done;
+    pp[0] = 0;
+    if (adir[0] && (st = mmc_qwen2vl_proc_load_dir(adir, &E.proc, pp, sizeof base + 32))) goto done;
+    if (!pp[0] && (st = mmc_qwen2vl_proc_load_dir(base, &E.proc, NULL, 0))) goto done;
     E.n_eos = mmc_tokenizer_eos_ids(E.tok, E.eos, 8);
     E.ctx = mmc_ctx_new();
     if (!E.ctx) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }

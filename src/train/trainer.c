@@ -115,8 +115,10 @@ static bool is_dataset(const char *train) {
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
 /* The `data:` section onto the pipeline's options (training.seed seeds the shuffling), and the
- * loader over data.train. The image processor starts from preprocessor_config.json of the
- * tokenizer/model directory when there is one; data.min_pixels / max_pixels override it. */
+ * loader over data.train. The image processor is the tokenizer/model directory's
+ * (mmc_qwen2vl_proc_load_dir: processor_config.json's "image_processor", else
+ * preprocessor_config.json; Qwen2-VL's defaults when it has neither); data.min_pixels /
+ * max_pixels, when set, override it. */
 static mmc_status loader_open(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const mmc_data_cfg *d = &c->data;
@@ -143,15 +145,16 @@ static mmc_status loader_open(mmc_trainer *t) {
     o->bucket_window = d->bucket_window;
     if (!d->shuffle && d->bucket_window == 0) o->bucket_window = d->micro_batch_size;
     o->add_vision_id = d->add_vision_id;
-    char pp[2200];
-    snprintf(pp, sizeof pp, "%s/preprocessor_config.json", t->src_dir);
-    if (t->src_dir[0] && access(pp, R_OK) == 0) {
-        o->processor = strdup(pp);
-        mmc_status st = mmc_qwen2vl_proc_load(pp, &o->proc);
-        if (st) return mmc_error_prefix(st, "image processor");
+    if (t->src_dir[0]) {
+        mmc_status st = mmc_qwen2vl_proc_load_dir(t->src_dir, &o->proc, NULL, 0);
+        if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
     }
     if (o->min_pixels > 0) o->proc.min_pixels = o->min_pixels;
     if (o->max_pixels > 0) o->proc.max_pixels = o->max_pixels;
+    if (o->proc.min_pixels > o->proc.max_pixels)
+        return mmc_error(MMC_ERR_INVALID, "%s: the image area range [%lld, %lld] is empty (data.min_pixels / "
+                         "data.max_pixels against the model's image processor in %s); set both", c->file,
+                         (long long)o->proc.min_pixels, (long long)o->proc.max_pixels, t->src_dir);
     if (!t->src_dir[0])
         return mmc_error(MMC_ERR_INVALID, "%s: model.tokenizer: training on %s needs a tokenizer directory "
                          "(tokenizer.json + chat template); give model.tokenizer", c->file, d->train);
