@@ -15,7 +15,8 @@ expect_err() { local pat=$1; if grep -q -- "$pat" /tmp/mmc_cli_err.$$; then ok; 
 expect_out() { local pat=$1; if grep -q -- "$pat" /tmp/mmc_cli_out.$$; then ok; else bad "stdout lacks '$pat': $(head -c 400 /tmp/mmc_cli_out.$$)"; fi; }
 
 # help: top level and every subcommand; each help lists every option its source parses
-# (the "--name" literals of tools/cmd_<c>.c, plus runner.c's prompt options for generate and forward)
+# (the "--name" literals of tools/cmd_<c>.c, plus runner.c's prompt options for generate and forward
+# and sampling.c's sampling options for generate and chat)
 expect_rc 0 "$MMC" --help; expect_out "usage: mmc <command>"
 cmds=$("$MMC" --help | awk '/^commands:/{f=1;next} f&&!NF{exit} f{print $1}')
 for c in info generate chat forward train launch eval merge export synth; do
@@ -25,6 +26,7 @@ for c in $cmds; do
   expect_rc 0 "$MMC" "$c" --help; expect_out "usage: mmc $c"
   expect_rc 0 "$MMC" "$c" -h; expect_out "usage: mmc $c"
   src="tools/cmd_$c.c"; case $c in generate|forward) src="$src tools/runner.c" ;; esac
+  case $c in generate|chat) src="$src tools/sampling.c" ;; esac
   for o in $(grep -oh '"--[a-z][a-z-]*' $src | tr -d '"' | sort -u); do
     grep -q -- "$o" /tmp/mmc_cli_out.$$ && ok || bad "mmc $c --help does not list $o"
   done
@@ -105,6 +107,32 @@ expect_rc 0 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt "What col
 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt hi --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 12 --json >/tmp/mmc_s1.$$ 2>/dev/null
 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt hi --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 12 --json >/tmp/mmc_s2.$$ 2>/dev/null
 if cmp -s <(sed -E 's/"load_seconds.*//' /tmp/mmc_s1.$$) <(sed -E 's/"load_seconds.*//' /tmp/mmc_s2.$$); then ok; else bad "seeded sampling differs between runs"; fi
+
+# generation_config.json drives generate as it drives transformers' generate() (tools/ref/gen_gencfg.py:
+# do_sample + top_k 1, repetition_penalty 0.2, eos [5, 1379], max_new_tokens 16): the same tokens,
+# and the command line over it
+GD=/tmp/mmc_cli_gen.$$; mkdir -p $GD
+for f in tests/fixtures/qwen2/chat/*; do ln -s "$PWD/$f" $GD/; done
+cp tests/fixtures/gencfg/generate_model/generation_config.json $GD/
+gen_ids() { sed -E 's/.*"tokens": (\[[^]]*\]).*/\1/' /tmp/mmc_cli_out.$$; }
+want=$(sed -E 's/.*"new_ids": (\[[^]]*\]).*/\1/' tests/fixtures/gencfg/generate_expected.json)
+expect_rc 0 "$MMC" generate --model $GD --prompt "What colour is the circle?" --json
+[ "$(gen_ids)" = "$want" ] && ok || bad "generate under generation_config.json: $(gen_ids) != transformers $want"
+want=$(sed -E 's/.*"plain_greedy_ids": (\[[^]]*\]).*/\1/' tests/fixtures/gencfg/generate_expected.json)
+expect_rc 0 "$MMC" generate --model $GD --prompt "What colour is the circle?" --greedy --repetition-penalty 1 --json
+[ "$(gen_ids)" = "$want" ] && ok || bad "--greedy --repetition-penalty 1 over the file: $(gen_ids) != $want"
+expect_rc 0 "$MMC" generate --model $GD --prompt "What colour is the circle?" --max-new-tokens 3 --json
+[ "$(gen_ids)" = "[316, 78, 698]" ] && ok || bad "--max-new-tokens 3 over the file: $(gen_ids)"
+# the file's eos list stops generation (the eos itself is not emitted)
+sed -i 's/"eos_token_id": \[/"eos_token_id": [698, /' $GD/generation_config.json
+expect_rc 0 "$MMC" generate --model $GD --prompt "What colour is the circle?" --json
+[ "$(gen_ids)" = "[316, 78]" ] && ok || bad "eos from generation_config.json: $(gen_ids) != [316, 78]"
+expect_rc 0 "$MMC" chat --model $GD < /dev/null
+expect_rc 0 "$MMC" info $GD; expect_out "generation:     generation_config.json, sampling: temperature 1, top_k 1, top_p 1, min_p 0, repetition_penalty 0.2, max_new_tokens 16, eos 698, 5, 1379"
+expect_rc 0 "$MMC" info $GD --json; expect_out '"generation": {"file": true, "do_sample": true, .*"eos_token_id": \[698, 5, 1379\]}'
+echo '{"top_p": 7}' > $GD/generation_config.json
+expect_rc 1 "$MMC" generate --model $GD --prompt hi; expect_err "generation_config.json: top_p"
+rm -rf $GD
 
 # vision-language generate: one image, token-identical to transformers (tools/ref/gen_vl_chat.py)
 VLDIR=tests/fixtures/qwen2_vl_chat

@@ -19,12 +19,9 @@ void help_chat(FILE *f) {
             "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
             "  --adapter DIR            apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
-            "  --max-new-tokens N       per reply (default 256)\n"
-            "  --temperature T          sample with temperature T (default: greedy)\n"
-            "  --top-k K                keep the K most likely tokens (default off)\n"
-            "  --top-p P                nucleus sampling mass (default 1 = off)\n"
-            "  --seed S                 sampling seed (default 0)\n"
-            "  -h, --help               this help\n");
+            CLI_SAMPLING_HELP
+            "                           (the seed of turn n is S + n)\n"
+            "  -h, --help               this help\n", 256);
 }
 
 typedef struct {
@@ -40,20 +37,20 @@ static void trim(char *s) {
 
 int cmd_chat(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *system = NULL;
-    long long max_new = 256, seed = 0, top_k = 0;
-    double temp = 0, top_p = 1;
+    cli_sampling sp;
+    cli_sampling_init(&sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
         if (!strcmp(a, "--model")) { VAL(); model = v; }
         else if (!strcmp(a, "--adapter")) { VAL(); adapter = v; }
         else if (!strcmp(a, "--system")) { VAL(); system = v; }
-        else if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return CLI_USAGE; }
-        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return CLI_USAGE; }
-        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return CLI_USAGE; }
-        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return CLI_USAGE; }
-        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return CLI_USAGE; }
-        else return cli_usage("chat", "unknown option '%s'", a);
+        else {
+            int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
+            if (sr < 0) return CLI_USAGE;
+            if (sr > 0) continue;
+            return cli_usage("chat", "unknown option '%s'", a);
+        }
 #undef VAL
     }
     if (!model && !adapter) return cli_usage("chat", "--model DIR is required");
@@ -68,9 +65,11 @@ int cmd_chat(int argc, char **argv) {
     const char *images[64];
     char *image_store[64];
     int n_images = 0, pending_images = 0;
-    int32_t eos[8];
-    int n_eos = mmc_tokenizer_eos_ids(cm.tok, eos, 8);
-    int32_t *out = malloc((size_t)max_new * sizeof *out);
+    int32_t eos[MMC_GEN_MAX_EOS];
+    mmc_gen_opts go0 = {0};
+    /* the longest reply any turn may get (a max_length budget shrinks as the chat grows) */
+    int max_new = cli_sampling_resolve(&cm, &sp, 256, 1, &go0, eos);
+    int32_t *out = malloc((size_t)(max_new + 1) * sizeof *out);
     char line[65536];
     int rc = 0;
     while (1) {
@@ -120,13 +119,9 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         cli_stream cs = {.tok = cm.tok, .ids = out, .print = true};
-        mmc_gen_opts go = {.max_new_tokens = (int)max_new, .eos_ids = eos, .n_eos = n_eos,
-                           .on_token = cli_stream_token, .user = &cs};
-        mmc_sampler_defaults(&go.sampler);
-        go.sampler.temperature = (float)temp;
-        go.sampler.top_k = (int)top_k;
-        go.sampler.top_p = (float)top_p;
-        go.sampler.seed = (uint64_t)seed + (uint64_t)n_turns;
+        mmc_gen_opts go = {.on_token = cli_stream_token, .user = &cs};
+        cli_sampling_resolve(&cm, &sp, 256, cp.n, &go, eos);
+        go.sampler.seed += (uint64_t)n_turns;
         int n_out = 0;
         st = cli_generate(&cm, &cp, &go, out, &n_out);
         cli_prompt_free(&cp);

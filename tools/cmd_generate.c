@@ -1,7 +1,7 @@
 /* cmd_generate.c — `mmc generate`: load a Hugging Face model directory, render the prompt
- * with the model's chat template, and stream the completion (greedy unless a temperature
- * is given). Text-only Qwen2 and Qwen2-VL / Qwen2.5-VL with images and a video (see
- * runner.c). */
+ * with the model's chat template, and stream the completion (sampling settings from the
+ * model's generation_config.json as transformers resolves them, the command line over them).
+ * Text-only Qwen2 and Qwen2-VL / Qwen2.5-VL with images and a video (see runner.c). */
 #include "cli.h"
 #include "runner.h"
 
@@ -22,39 +22,27 @@ void help_generate(FILE *f) {
             "  --system TEXT            system prompt (default: the template's default)\n"
             "  --image FILE             attach an image (repeatable; vision-language models)\n"
             "  --video DIR              attach a video given as a folder of frames\n"
-            "  --max-new-tokens N       stop after N new tokens (default 128)\n"
-            "  --temperature T          sample with temperature T (default: greedy)\n"
-            "  --top-k K                keep the K most likely tokens (default off)\n"
-            "  --top-p P                nucleus sampling mass (default 1 = off)\n"
-            "  --min-p P                drop tokens below P x the top probability (default off)\n"
-            "  --repetition-penalty R   HF repetition penalty (default 1 = off)\n"
-            "  --seed S                 sampling seed (default 0)\n"
+            CLI_SAMPLING_HELP
             "  --raw                    feed the prompt as-is, without the chat template\n"
             "  --json                   print one JSON object {text, tokens, prompt_tokens, ...}\n"
-            "  -h, --help               this help\n");
+            "  -h, --help               this help\n", 128);
 }
 
 int cmd_generate(int argc, char **argv) {
     cli_prompt_args pa = {0};
-    long long max_new = 128, seed = 0, top_k = 0;
-    double temp = 0, top_p = 1, min_p = 0, rep = 1;
+    cli_sampling sp;
+    cli_sampling_init(&sp);
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
+        const char *a = argv[i];
         int pr = cli_prompt_arg("generate", argc, argv, &i, &pa);
         if (pr < 0) return CLI_USAGE;
         if (pr > 0) continue;
-        if (!strcmp(a, "--max-new-tokens")) { VAL(); if (!cli_int(a, v, 1, 1 << 20, &max_new)) return CLI_USAGE; }
-        else if (!strcmp(a, "--temperature")) { VAL(); if (!cli_float(a, v, 0, 100, &temp)) return CLI_USAGE; }
-        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return CLI_USAGE; }
-        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return CLI_USAGE; }
-        else if (!strcmp(a, "--min-p")) { VAL(); if (!cli_float(a, v, 0, 1, &min_p)) return CLI_USAGE; }
-        else if (!strcmp(a, "--repetition-penalty")) { VAL(); if (!cli_float(a, v, 1e-3, 100, &rep)) return CLI_USAGE; }
-        else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return CLI_USAGE; }
-        else if (!strcmp(a, "--json")) json = true;
+        int sr = cli_sampling_arg("generate", argc, argv, &i, &sp);
+        if (sr < 0) return CLI_USAGE;
+        if (sr > 0) continue;
+        if (!strcmp(a, "--json")) json = true;
         else return cli_usage("generate", "unknown option '%s'", a);
-#undef VAL
     }
     if (cli_prompt_args_check("generate", &pa)) return CLI_USAGE;
 
@@ -72,22 +60,14 @@ int cmd_generate(int argc, char **argv) {
         return CLI_ERROR;
     }
     double t_load = mmc_now() - t0;
-    int32_t eos[8];
-    int n_eos = mmc_tokenizer_eos_ids(cm.tok, eos, 8);
-    out = malloc((size_t)max_new * sizeof *out);
-    ss.ids = malloc((size_t)max_new * sizeof(int32_t));
-    mmc_gen_opts go = {.max_new_tokens = (int)max_new, .eos_ids = eos, .n_eos = n_eos,
-                       .on_token = cli_stream_token, .user = &ss};
-    mmc_sampler_defaults(&go.sampler);
-    go.sampler.temperature = (float)temp;
-    go.sampler.top_k = (int)top_k;
-    go.sampler.top_p = (float)top_p;
-    go.sampler.min_p = (float)min_p;
-    go.sampler.repetition_penalty = (float)rep;
-    go.sampler.seed = (uint64_t)seed;
+    int32_t eos[MMC_GEN_MAX_EOS];
+    mmc_gen_opts go = {.on_token = cli_stream_token, .user = &ss};
+    int max_new = cli_sampling_resolve(&cm, &sp, 128, cp.n, &go, eos);
+    out = malloc((size_t)(max_new + 1) * sizeof *out);
+    ss.ids = malloc((size_t)(max_new + 1) * sizeof(int32_t));
     int n_out = 0;
     double t1 = mmc_now();
-    st = cli_generate(&cm, &cp, &go, out, &n_out);
+    st = out && ss.ids ? cli_generate(&cm, &cp, &go, out, &n_out) : mmc_error(MMC_ERR_OOM, "out of memory");
     double t_gen = mmc_now() - t1;
     char *text = NULL;
     if (st) { cli_fail(st, "generate: generation failed"); goto done; }

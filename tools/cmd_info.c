@@ -2,6 +2,7 @@
  * architecture, parameter counts by component, weight dtypes, context length, and whether
  * mmc can run it. Reads config.json and the safetensors headers only (no weights loaded). */
 #include "cli.h"
+#include "mmc_infer.h"
 #include "mmc_io.h"
 
 #include <stdio.h>
@@ -36,6 +37,15 @@ int cmd_info(int argc, char **argv) {
     mmc_st *w = NULL;
     st = mmc_st_open(dir, &w);
     if (st) { mmc_json_free(cfg); return cli_fail(st, "info: cannot open the weights"); }
+    mmc_gen_config gen;
+    if ((st = mmc_gen_config_read(dir, &gen))) {
+        mmc_st_close(w);
+        mmc_json_free(cfg);
+        return cli_fail(st, "info: cannot read the generation config");
+    }
+    char eos[160] = "the tokenizer's";
+    for (int k = 0, o = 0; k < gen.n_eos && o < (int)sizeof eos - 16; k++)
+        o += snprintf(eos + o, sizeof eos - (size_t)o, k ? ", %d" : "%d", gen.eos_ids[k]);
 
     const char *model_type = "?", *arch = "?";
     mmc_json_str(cfg, "model_type", "?", &model_type);
@@ -85,7 +95,12 @@ int cmd_info(int argc, char **argv) {
             printf("%s\"%s\": %lld", first ? "" : ", ", mmc_dtype_name((mmc_dtype)d), (long long)by_dtype[d]);
             first = 0;
         }
-        printf("}}\n");
+        printf("}, \"generation\": {\"file\": %s, \"do_sample\": %s, \"temperature\": %g, \"top_k\": %lld, "
+               "\"top_p\": %g, \"min_p\": %g, \"repetition_penalty\": %g, \"max_new_tokens\": %lld, "
+               "\"max_length\": %lld, \"eos_token_id\": [%s]}}\n",
+               gen.present ? "true" : "false", gen.do_sample ? "true" : "false", gen.temperature,
+               (long long)gen.top_k, gen.top_p, gen.min_p, gen.repetition_penalty, (long long)gen.max_new_tokens,
+               (long long)gen.max_length, gen.n_eos ? eos : "");
     } else {
         printf("model:          %s\n", dir);
         printf("model_type:     %s (%s)%s\n", model_type, arch,
@@ -101,6 +116,17 @@ int cmd_info(int argc, char **argv) {
         for (int d = 0; d < MMC_DTYPE_COUNT; d++)
             if (by_dtype[d]) printf(" %s=%lld", mmc_dtype_name((mmc_dtype)d), (long long)by_dtype[d]);
         printf("\n");
+        /* what generate / chat use unless the command line overrides (transformers' resolution) */
+        printf("generation:     %s", gen.present ? "generation_config.json" : "no generation_config.json (transformers' defaults)");
+        if (gen.do_sample)
+            printf(", sampling: temperature %g, top_k %lld, top_p %g, min_p %g", gen.temperature, (long long)gen.top_k,
+                   gen.top_p, gen.min_p);
+        else
+            printf(", greedy");
+        if (gen.repetition_penalty != 1) printf(", repetition_penalty %g", gen.repetition_penalty);
+        if (gen.max_new_tokens >= 0) printf(", max_new_tokens %lld", (long long)gen.max_new_tokens);
+        else if (gen.length_set) printf(", max_length %lld", (long long)gen.max_length);
+        printf(", eos %s\n", eos);
     }
     mmc_st_close(w);
     mmc_json_free(cfg);

@@ -46,6 +46,11 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         bool own = m->adapter_dir[0] && access(path, R_OK) == 0;
         st = mmc_tokenizer_load(own ? m->adapter_dir : dir, &m->tok);
     }
+    if (!st) {   /* generation defaults: a checkpoint's own copy first, as for the tokenizer */
+        snprintf(path, sizeof path, "%s/generation_config.json", m->adapter_dir);
+        bool own = m->adapter_dir[0] && access(path, R_OK) == 0;
+        st = mmc_gen_config_read(own ? m->adapter_dir : dir, &m->gen);
+    }
     if (st && m->adapter_dir[0]) mmc_error_prefix(st, "adapter %s on base %s", m->adapter_dir, m->base_dir);
     if (st) cli_model_free(m);
     return st;

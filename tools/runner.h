@@ -20,6 +20,7 @@ typedef struct {
     int64_t vocab_size;
     char base_dir[4096];      /* where config.json and the weights came from */
     char adapter_dir[4096];   /* the LoRA adapter applied at inference, or "" */
+    mmc_gen_config gen;       /* generation_config.json (adapter dir's copy first), resolved */
 } cli_model;
 
 /* Load config.json, weights (zero-copy), tokenizer and (for VL) the image processor config
@@ -77,6 +78,34 @@ typedef struct {
     bool print;
 } cli_stream;
 bool cli_stream_token(void *user, int32_t token);
+
+/* Sampling and length options generate and chat share (--max-new-tokens, --temperature,
+ * --top-k, --top-p, --min-p, --repetition-penalty, --seed, --greedy); < 0 = not given. */
+typedef struct {
+    double temperature, top_p, min_p, repetition_penalty;
+    long long top_k, max_new, seed;
+    bool greedy;
+} cli_sampling;
+#define CLI_SAMPLING_HELP \
+    "  --max-new-tokens N       stop after N new tokens (default: generation_config.json's\n" \
+    "                           max_new_tokens / max_length, else %d)\n" \
+    "  --temperature T          sample with temperature T; 0 = greedy (default: greedy unless\n" \
+    "                           generation_config.json sets do_sample, then its settings)\n" \
+    "  --greedy                 greedy decoding whatever generation_config.json says\n" \
+    "  --top-k K                keep the K most likely tokens (sampling; default: the model's, else 50)\n" \
+    "  --top-p P                nucleus sampling mass (default: the model's, else 1 = off)\n" \
+    "  --min-p P                drop tokens below P x the top probability (default: the model's, else off)\n" \
+    "  --repetition-penalty R   HF repetition penalty, greedy or not (default: the model's, else 1 = off)\n" \
+    "  --seed S                 sampling seed (default 0)\n"
+void cli_sampling_init(cli_sampling *s);
+/* argv[*i] is a sampling option: consume it (and its value), return 1; not one: 0; bad value: -1
+ * (the reason printed). */
+int cli_sampling_arg(const char *cmd, int argc, char **argv, int *i, cli_sampling *s);
+/* Fill go's sampler, eos list (into eos [MMC_GEN_MAX_EOS]: generation_config.json's, else the
+ * tokenizer's) and max_new_tokens (command line, else the file's, else def_max_new) the way
+ * transformers resolves generate()'s arguments; returns max_new_tokens. */
+int cli_sampling_resolve(const cli_model *m, const cli_sampling *s, long long def_max_new, int64_t n_prompt,
+                         mmc_gen_opts *go, int32_t *eos);
 
 /* Generation for a built prompt with the right model path. */
 mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,

@@ -4,12 +4,20 @@ generate() resolves from each (model._prepare_generation_config on the tiny Qwen
 tests/fixtures/qwen2/chat: the file's values over GenerationConfig's global defaults).
 
 Writes tests/fixtures/gencfg/<case>/generation_config.json and tests/fixtures/gencfg/expected.json.
+
+And an end-to-end case for `mmc generate` (tests/test_cli.sh): generate_model/generation_config.json
+(do_sample with top_k 1, so sampling is deterministic, a repetition penalty below 1 so that it
+changes the greedy tokens of this random model, an eos list, a
+max_new_tokens budget) and generate_expected.json: the tokens transformers' generate() gives on
+the tiny chat model with that file as its generation config and the prompt of chat_expected.json.
 """
 import json
 import os
 import shutil
 
-from transformers import AutoModelForCausalLM, GenerationConfig
+import torch
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "gencfg")
@@ -52,4 +60,21 @@ for name, kw in CASES.items():
         pad=-1 if g.pad_token_id is None else int(g.pad_token_id))
 with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(expected, f, indent=1, sort_keys=True)
-print("gencfg:", ", ".join(CASES))
+
+# end to end: generate() under a generation_config.json alone (no generate() kwargs)
+gdir = os.path.join(OUT, "generate_model")
+GenerationConfig(do_sample=True, top_k=1, repetition_penalty=0.2, max_new_tokens=16,
+                 eos_token_id=[5, 1379]).save_pretrained(gdir)
+tok = AutoTokenizer.from_pretrained(MODEL)
+msgs = [{"role": "user", "content": "What colour is the circle?"}]
+ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+model.generation_config = GenerationConfig.from_pretrained(gdir)
+with torch.no_grad():
+    out = model.generate(ids, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    plain = model.generate(ids, do_sample=False, repetition_penalty=1.0, max_new_tokens=16, pad_token_id=0,
+                           eos_token_id=[5, 1379])[0, ids.shape[1]:].tolist()
+
+assert out != plain, "the repetition penalty should change the greedy tokens"
+with open(os.path.join(OUT, "generate_expected.json"), "w") as f:
+    json.dump({"prompt": msgs[0]["content"], "new_ids": out, "plain_greedy_ids": plain}, f)
+print("gencfg:", ", ".join(CASES), "+ generate:", out)
