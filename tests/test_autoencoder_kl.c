@@ -1,0 +1,178 @@
+/* test_autoencoder_kl.c — AutoencoderKL against diffusers 0.42 on tiny random checkpoints
+ * written by save_pretrained (tests/fixtures/diffusion/vae_*, tools/ref/gen_diffusion.py):
+ * SD-style (4 latent channels, quant convs, block_out_channels (8, 16), norm_num_groups 4),
+ * Flux-style (16 channels, no quant convs, shift_factor, three levels, sharded safetensors),
+ * and vae_sd's weights stored as bf16 and f16. Non-square images, batch 2. Checks the
+ * encoder's moments, latent_dist mean / logvar / std, sample() from given noise, decode, and
+ * the tiled decode, all within 1e-4 of diffusers in f32; the ops it adds (nearest upsample,
+ * zero pad) against finite differences; the latent scaling; and loader errors that name the
+ * tensor or key. */
+#include "test_util.h"
+#include "mmc_diffusion.h"
+
+#include <unistd.h>
+
+#define TOL 1e-4
+
+static void check_vae(const char *name, bool full) {
+    char dir[256], what[128];
+    snprintf(dir, sizeof dir, "tests/fixtures/diffusion/%s", name);
+    mmc_vae *v = NULL;
+    CHECK_OK(mmc_vae_load(dir, &v));
+    if (!v) return;
+    snprintf(dir, sizeof dir, "diffusion/%s/expected.safetensors", name);
+    mmc_st *exp = fixture_open(dir);
+    if (!exp) { mmc_vae_free(v); return; }
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *x = fixture_tensor(exp, "x", MMC_F32), *z = fixture_tensor(exp, "z", MMC_F32);
+    mmc_tensor *want = fixture_tensor(exp, "decoded", MMC_F32);
+    mmc_tensor *dec = mmc_vae_decode(ctx, v, z);
+    snprintf(what, sizeof what, "%s decode", name);
+    CHECK(mmc_same_shape(dec, want));
+    CHECK_CLOSE(dec, want, TOL, 0, what);
+    printf("%s: decode %s max|diff| %.2e\n", name, mmc_shape_str(dec, what, sizeof what), max_abs_diff(dec, want));
+    mmc_tensor_free(want);
+    mmc_tensor *moments = mmc_vae_encode(ctx, v, x);
+    mmc_tensor *mean, *logvar, *std;
+    mmc_vae_latent_dist(ctx, moments, &mean, &logvar, &std);
+    want = fixture_tensor(exp, "mean", MMC_F32);
+    snprintf(what, sizeof what, "%s latent_dist.mean", name);
+    CHECK(mmc_same_shape(mean, want));
+    CHECK_CLOSE(mean, want, TOL, 0, what);
+    printf("%s: encode mean max|diff| %.2e\n", name, max_abs_diff(mean, want));
+    mmc_tensor_free(want);
+    if (full) {
+        static const char *keys[] = {"moments", "logvar", "std", "sample"};
+        mmc_tensor *noise = fixture_tensor(exp, "noise", MMC_F32);
+        mmc_tensor *got[] = {moments, logvar, std, mmc_vae_sample(ctx, moments, noise, 0)};
+        for (int k = 0; k < 4; k++) {
+            want = fixture_tensor(exp, keys[k], MMC_F32);
+            snprintf(what, sizeof what, "%s %s", name, keys[k]);
+            CHECK(mmc_same_shape(got[k], want));
+            CHECK_CLOSE(got[k], want, TOL, 0, what);
+            mmc_tensor_free(want);
+        }
+        /* without noise: mmc's own seeded stream, reproducible, and not the mode */
+        mmc_tensor *s1 = mmc_vae_sample(ctx, moments, NULL, 7), *s2 = mmc_vae_sample(ctx, moments, NULL, 7);
+        mmc_tensor *s3 = mmc_vae_sample(ctx, moments, NULL, 8);
+        CHECK(max_abs_diff(s1, s2) == 0 && max_abs_diff(s1, s3) > 0 && max_abs_diff(s1, mean) > 0);
+        mmc_tensor_free(noise);
+        /* tiled decode (diffusers' enable_tiling with tile_sample_min_size 32) */
+        mmc_tensor *zt = fixture_tensor(exp, "z_tiled", MMC_F32);
+        want = fixture_tensor(exp, "decoded_tiled", MMC_F32);
+        mmc_tensor *tiled = mmc_vae_decode_tiled(ctx, v, zt, 32);
+        snprintf(what, sizeof what, "%s tiled decode", name);
+        CHECK(mmc_same_shape(tiled, want));
+        CHECK_CLOSE(tiled, want, TOL, 0, what);
+        printf("%s: tiled decode %s max|diff| %.2e\n", name, mmc_shape_str(tiled, what, sizeof what),
+               max_abs_diff(tiled, want));
+        mmc_tensor_free(want);
+        mmc_tensor_free(zt);
+    }
+    mmc_tensor_free(x);
+    mmc_tensor_free(z);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_vae_free(v);
+}
+
+static void check_config(void) {
+    mmc_vae *v = NULL;
+    CHECK_OK(mmc_vae_load("tests/fixtures/diffusion/vae_flux", &v));
+    if (!v) return;
+    const mmc_vae_config *c = mmc_vae_cfg(v);
+    CHECK(c->latent_channels == 16 && !c->use_quant_conv && !c->use_post_quant_conv && c->levels == 3);
+    CHECK(c->shift_factor == 0.1159 && c->scaling_factor == 0.3611 && mmc_vae_downscale(v) == 4);
+    /* the pipelines' scaling round-trips: (z - shift) * scale, then z / scale + shift */
+    mmc_tensor *z = mmc_tensor_new(MMC_F32, 1, MMC_SHAPE(3));
+    float *d = z->data;
+    d[0] = 1.0f, d[1] = -2.5f, d[2] = 0.1159f;
+    mmc_vae_scale_latents(v, z);
+    CHECK(fabsf(d[0] - (1.0f - 0.1159f) * 0.3611f) < 1e-7f && d[2] == 0.0f);
+    mmc_vae_unscale_latents(v, z);
+    CHECK(fabsf(d[1] + 2.5f) < 1e-6f);
+    mmc_tensor_free(z);
+    mmc_vae_free(v);
+}
+
+/* A copy of vae_sd in a temporary directory with config.json replaced / a tensor dropped. */
+static void check_errors(void) {
+    char tmp[] = "/tmp/mmc_vae_XXXXXX";
+    if (!mkdtemp(tmp)) { CHECK(0); return; }
+    char cmd[1024], cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp);
+    mmc_vae *v = NULL;
+    /* no weights */
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/", tmp);
+    CHECK(system(cmd) == 0);
+    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_NOT_FOUND);
+    CHECK(strstr(mmc_last_error(), "diffusion_pytorch_model.safetensors"));
+    /* weights of another config: 2 resnets per block expected, 1 stored -> names the tensors */
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/diffusion_pytorch_model.safetensors %s/ && "
+             "sed -i 's/\"layers_per_block\": 1/\"layers_per_block\": 2/' %s", tmp, cfg);
+    CHECK(system(cmd) == 0);
+    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "missing tensor 'encoder.down_blocks.0.resnets.1.norm1.weight'"));
+    CHECK(strstr(mmc_last_error(), "problems") && strstr(mmc_last_error(), "more"));
+    /* the wrong shape: latent_channels 8 */
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
+             "sed -i 's/\"latent_channels\": 4/\"latent_channels\": 8/' %s", tmp, cfg);
+    CHECK(system(cmd) == 0);
+    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "tensor 'encoder.conv_out.weight': expected shape [16, 16, 3, 3], found [8, 16, 3, 3]"));
+    /* tensors the config does not use */
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
+             "sed -i 's/\"use_quant_conv\": true/\"use_quant_conv\": false/' %s", tmp, cfg);
+    CHECK(system(cmd) == 0);
+    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "quant_conv"));
+    /* unsupported block type and activation name the key */
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
+             "sed -i 's/\"UpDecoderBlock2D\"/\"AttnUpDecoderBlock2D\"/' %s", tmp, cfg);
+    CHECK(system(cmd) == 0);
+    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "up_block_types[0]") && strstr(mmc_last_error(), "AttnUpDecoderBlock2D"));
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
+             "sed -i 's/\"norm_num_groups\": 4/\"norm_num_groups\": 3/' %s", tmp, cfg);
+    CHECK(system(cmd) == 0);
+    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "norm_num_groups"));
+    CHECK(v == NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    CHECK(system(cmd) == 0);
+}
+
+/* ---- the new ops: finite differences */
+static mmc_tensor *f_up(mmc_ctx *ctx, mmc_tensor **in, void *u) { return mmc_upsample_nearest2x(ctx, in[0]); }
+static mmc_tensor *f_pad(mmc_ctx *ctx, mmc_tensor **in, void *u) { return mmc_pad2d(ctx, in[0], 0, 1, 2, 1); }
+
+static void check_ops(void) {
+    mmc_tensor *x = randn_param(11, 4, MMC_SHAPE(2, 3, 3, 5), 1.0f);
+    CHECK(gradcheck("upsample_nearest2x", f_up, &x, 1, NULL, 1e-3, 1e-3, 1e-3, 64) == 0);
+    CHECK(gradcheck("pad2d", f_pad, &x, 1, NULL, 1e-3, 1e-3, 1e-3, 64) == 0);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *u = mmc_upsample_nearest2x(ctx, x), *p = mmc_pad2d(ctx, x, 0, 1, 2, 1);
+    CHECK(u->shape[2] == 6 && u->shape[3] == 10 && p->shape[2] == 6 && p->shape[3] == 6);
+    const float *xd = x->data, *ud = u->data, *pd = p->data;
+    CHECK(ud[(1 * 3 + 2) * 60 + 5 * 10 + 7] == xd[(1 * 3 + 2) * 15 + 2 * 5 + 3]);   /* y[1,2,5,7] = x[1,2,2,3] */
+    CHECK(pd[(1 * 3 + 2) * 36 + 4 * 6 + 3] == xd[(1 * 3 + 2) * 15 + 2 * 5 + 3]);    /* y[1,2,4,3] = x[1,2,2,3] */
+    CHECK(pd[0] == 0 && pd[2 * 6 + 5] == 0 && pd[5 * 6 + 0] == 0);
+    mmc_ctx_free(ctx);
+    mmc_tensor_free(x);
+}
+
+int main(void) {
+    if (access("tests/fixtures/diffusion/vae_sd/expected.safetensors", R_OK) != 0) {
+        fprintf(stderr, "test_autoencoder_kl: fixtures absent (tools/ref/gen_diffusion.py); skipping\n");
+        return 77;
+    }
+    check_ops();
+    check_vae("vae_sd", true);
+    check_vae("vae_flux", true);
+    check_vae("vae_sd_bf16", false);
+    check_vae("vae_sd_f16", false);
+    check_config();
+    check_errors();
+    return test_done("test_autoencoder_kl");
+}
