@@ -51,7 +51,7 @@ typedef struct {
     mmc_dcomp_kind kind;
     bool present;             /* false for [null, null] */
     bool mmc_implements;      /* mmc can run this class (today: AutoencoderKL, the scheduler) */
-    char weights[512];        /* safetensors file or index, "" when the component has none */
+    char weights[1024];       /* safetensors file or index, "" when the component has none */
     int64_t n_params;         /* parameters (elements) in its safetensors; 0 without weights */
     int n_dtypes;
     mmc_dtype dtypes[MMC_DIFFUSERS_MAX_DTYPES];   /* dtypes of its tensors, first seen first */
