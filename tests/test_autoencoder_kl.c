@@ -147,6 +147,24 @@ static void check_errors(void) {
 static mmc_tensor *f_up(mmc_ctx *ctx, mmc_tensor **in, void *u) { return mmc_upsample_nearest2x(ctx, in[0]); }
 static mmc_tensor *f_pad(mmc_ctx *ctx, mmc_tensor **in, void *u) { return mmc_pad2d(ctx, in[0], 0, 1, 2, 1); }
 
+/* the forward is built from differentiable ops: decode's gradient w.r.t. z (training through a
+ * frozen VAE, e.g. pixel-space losses) against finite differences */
+static mmc_vae *g_vae;
+static mmc_tensor *f_decode(mmc_ctx *ctx, mmc_tensor **in, void *u) { return mmc_vae_decode(ctx, g_vae, in[0]); }
+static mmc_tensor *f_encode(mmc_ctx *ctx, mmc_tensor **in, void *u) { return mmc_vae_encode(ctx, g_vae, in[0]); }
+
+static void check_grad(void) {
+    CHECK_OK(mmc_vae_load("tests/fixtures/diffusion/vae_sd", &g_vae));
+    if (!g_vae) return;
+    mmc_tensor *z = randn_param(5, 4, MMC_SHAPE(1, 4, 2, 3), 1.0f);
+    CHECK(gradcheck("vae decode dz", f_decode, &z, 1, NULL, 1e-2, 2e-3, 2e-3, 24) == 0);
+    mmc_tensor *x = randn_param(6, 4, MMC_SHAPE(1, 3, 4, 6), 0.5f);
+    CHECK(gradcheck("vae encode dx", f_encode, &x, 1, NULL, 1e-2, 2e-3, 2e-3, 24) == 0);
+    mmc_tensor_free(z);
+    mmc_tensor_free(x);
+    mmc_vae_free(g_vae);
+}
+
 static void check_ops(void) {
     mmc_tensor *x = randn_param(11, 4, MMC_SHAPE(2, 3, 3, 5), 1.0f);
     CHECK(gradcheck("upsample_nearest2x", f_up, &x, 1, NULL, 1e-3, 1e-3, 1e-3, 64) == 0);
@@ -168,6 +186,7 @@ int main(void) {
         return 77;
     }
     check_ops();
+    check_grad();
     check_vae("vae_sd", true);
     check_vae("vae_flux", true);
     check_vae("vae_sd_bf16", false);
