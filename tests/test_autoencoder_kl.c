@@ -96,49 +96,41 @@ static void check_config(void) {
     mmc_vae_free(v);
 }
 
-/* A copy of vae_sd in a temporary directory with config.json replaced / a tensor dropped. */
+/* A copy of vae_sd in a temporary directory: its config.json edited by a sed expression
+ * (NULL: as is), the weights copied or not; the load must fail with `code` and name `what`. */
+static void expect_load_error(const char *tmp, const char *sed, bool weights, mmc_status code, const char *what) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -f %s/* && cp tests/fixtures/diffusion/vae_sd/config.json %s/%s%s%s%s && "
+             "sed -i '%s' %s/config.json", tmp, tmp, weights ? " && cp tests/fixtures/diffusion/vae_sd/" : "",
+             weights ? "diffusion_pytorch_model.safetensors " : "", weights ? tmp : "", weights ? "/" : "",
+             sed ? sed : "", tmp);
+    CHECK(system(cmd) == 0);
+    mmc_vae *v = NULL;
+    CHECK_ERR(mmc_vae_load(tmp, &v), code);
+    CHECKF(strstr(mmc_last_error(), what), "error '%s' lacks '%s'", mmc_last_error(), what);
+    CHECK(v == NULL);
+}
+
 static void check_errors(void) {
     char tmp[] = "/tmp/mmc_vae_XXXXXX";
     if (!mkdtemp(tmp)) { CHECK(0); return; }
-    char cmd[1024], cfg[512];
-    snprintf(cfg, sizeof cfg, "%s/config.json", tmp);
-    mmc_vae *v = NULL;
-    /* no weights */
-    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/", tmp);
-    CHECK(system(cmd) == 0);
-    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_NOT_FOUND);
-    CHECK(strstr(mmc_last_error(), "diffusion_pytorch_model.safetensors"));
+    expect_load_error(tmp, NULL, false, MMC_ERR_NOT_FOUND, "diffusion_pytorch_model.safetensors");
     /* weights of another config: 2 resnets per block expected, 1 stored -> names the tensors */
-    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/diffusion_pytorch_model.safetensors %s/ && "
-             "sed -i 's/\"layers_per_block\": 1/\"layers_per_block\": 2/' %s", tmp, cfg);
-    CHECK(system(cmd) == 0);
-    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
-    CHECK(strstr(mmc_last_error(), "missing tensor 'encoder.down_blocks.0.resnets.1.norm1.weight'"));
+    expect_load_error(tmp, "s/\"layers_per_block\": 1/\"layers_per_block\": 2/", true, MMC_ERR_FORMAT,
+                      "missing tensor 'encoder.down_blocks.0.resnets.1.norm1.weight'");
     CHECK(strstr(mmc_last_error(), "problems") && strstr(mmc_last_error(), "more"));
-    /* the wrong shape: latent_channels 8 */
-    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
-             "sed -i 's/\"latent_channels\": 4/\"latent_channels\": 8/' %s", tmp, cfg);
-    CHECK(system(cmd) == 0);
-    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
-    CHECK(strstr(mmc_last_error(), "tensor 'encoder.conv_out.weight': expected shape [16, 16, 3, 3], found [8, 16, 3, 3]"));
+    expect_load_error(tmp, "s/\"latent_channels\": 4/\"latent_channels\": 8/", true, MMC_ERR_FORMAT,
+                      "tensor 'encoder.conv_out.weight': expected shape [16, 16, 3, 3], found [8, 16, 3, 3]");
     /* tensors the config does not use */
-    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
-             "sed -i 's/\"use_quant_conv\": true/\"use_quant_conv\": false/' %s", tmp, cfg);
-    CHECK(system(cmd) == 0);
-    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
-    CHECK(strstr(mmc_last_error(), "quant_conv"));
-    /* unsupported block type and activation name the key */
-    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
-             "sed -i 's/\"UpDecoderBlock2D\"/\"AttnUpDecoderBlock2D\"/' %s", tmp, cfg);
-    CHECK(system(cmd) == 0);
-    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_UNSUPPORTED);
-    CHECK(strstr(mmc_last_error(), "up_block_types[0]") && strstr(mmc_last_error(), "AttnUpDecoderBlock2D"));
-    snprintf(cmd, sizeof cmd, "cp tests/fixtures/diffusion/vae_sd/config.json %s/ && "
-             "sed -i 's/\"norm_num_groups\": 4/\"norm_num_groups\": 3/' %s", tmp, cfg);
-    CHECK(system(cmd) == 0);
-    CHECK_ERR(mmc_vae_load(tmp, &v), MMC_ERR_FORMAT);
-    CHECK(strstr(mmc_last_error(), "norm_num_groups"));
-    CHECK(v == NULL);
+    expect_load_error(tmp, "s/\"use_quant_conv\": true/\"use_quant_conv\": false/", true, MMC_ERR_FORMAT,
+                      "quant_conv");
+    /* unsupported block types and bad group counts name the key */
+    expect_load_error(tmp, "s/\"UpDecoderBlock2D\"/\"AttnUpDecoderBlock2D\"/", true, MMC_ERR_UNSUPPORTED,
+                      "up_block_types[0] is 'AttnUpDecoderBlock2D'");
+    expect_load_error(tmp, "s/\"norm_num_groups\": 4/\"norm_num_groups\": 3/", true, MMC_ERR_FORMAT,
+                      "norm_num_groups");
+    expect_load_error(tmp, "s/\"act_fn\": \"silu\"/\"act_fn\": \"gelu\"/", true, MMC_ERR_UNSUPPORTED, "act_fn 'gelu'");
+    char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     CHECK(system(cmd) == 0);
 }

@@ -100,48 +100,43 @@ static void expect(mmc_status want, const char *a, const char *b) {
            mmc_last_error(), a, b ? b : "");
 }
 
+/* One broken layout per row: model_index.json's `key` set to `value` (NULL: removed), or, with
+ * key NULL, a shell command run in the copy; then the error code and two parts of its message. */
+static const struct {
+    const char *key, *value;
+    mmc_status code;
+    const char *a, *b;
+} BROKEN[] = {
+    {"tokenizer_2", NULL, MMC_ERR_NOT_FOUND, "needs component 'tokenizer_2'", "FluxPipeline"},
+    {"text_encoder", "[null, null]", MMC_ERR_NOT_FOUND, "component 'text_encoder' is null", NULL},
+    {"unet", "[\"diffusers\", \"UNet2DConditionModel\"]", MMC_ERR_FORMAT,
+     "component 'unet' is not one FluxPipeline takes", "transformer"},
+    {"vae", "[\"diffusers\", \"AutoencoderKLMagic\"]", MMC_ERR_UNSUPPORTED, "component 'vae'", "AutoencoderKLMagic"},
+    {"vae", "[\"diffusers\", \"FluxTransformer2DModel\"]", MMC_ERR_FORMAT, "component 'vae' must be a vae",
+     "FluxTransformer2DModel is a transformer"},
+    {"text_encoder", "[\"diffusers\", \"CLIPTextModel\"]", MMC_ERR_FORMAT, "component 'text_encoder'",
+     "library 'transformers'"},
+    {"vae", "[\"diffusers\"]", MMC_ERR_FORMAT, "component 'vae' must be", NULL},
+    {NULL, "rm -r text_encoder_2", MMC_ERR_NOT_FOUND, "component 'text_encoder_2'", "folder is missing"},
+    {NULL, "rm transformer/diffusion_pytorch_model.safetensors", MMC_ERR_NOT_FOUND, "component 'transformer'",
+     "no weights"},
+    {NULL, "rm scheduler/scheduler_config.json", MMC_ERR_NOT_FOUND, "component 'scheduler'", "scheduler_config.json"},
+    {NULL, "sed -i 's/\"_class_name\": \"AutoencoderKL\"/\"_class_name\": \"AutoencoderTiny\"/' vae/config.json",
+     MMC_ERR_FORMAT, "component 'vae'", "AutoencoderTiny"},
+    {NULL, "sed -i 's/\"FluxPipeline\"/\"FluxKontextPipeline\"/' model_index.json", MMC_ERR_UNSUPPORTED,
+     "FluxKontextPipeline", NULL},
+    {NULL, "rm model_index.json", MMC_ERR_NOT_FOUND, "model_index.json", NULL},
+};
+
 static void check_errors(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/mmc_pipe_XXXXXX");
     if (!mkdtemp(g_tmp)) { CHECK(0); return; }
-    fresh_copy();
-    set_component("tokenizer_2", NULL);
-    expect(MMC_ERR_NOT_FOUND, "needs component 'tokenizer_2'", "FluxPipeline");
-    fresh_copy();
-    set_component("text_encoder", "[null, null]");
-    expect(MMC_ERR_NOT_FOUND, "component 'text_encoder' is null", NULL);
-    fresh_copy();
-    set_component("unet", "[\"diffusers\", \"UNet2DConditionModel\"]");
-    expect(MMC_ERR_FORMAT, "component 'unet' is not one FluxPipeline takes", "transformer");
-    fresh_copy();
-    set_component("vae", "[\"diffusers\", \"AutoencoderKLMagic\"]");
-    expect(MMC_ERR_UNSUPPORTED, "component 'vae'", "AutoencoderKLMagic");
-    fresh_copy();
-    set_component("vae", "[\"diffusers\", \"FluxTransformer2DModel\"]");
-    expect(MMC_ERR_FORMAT, "component 'vae' must be a vae", "FluxTransformer2DModel is a transformer");
-    fresh_copy();
-    set_component("text_encoder", "[\"diffusers\", \"CLIPTextModel\"]");
-    expect(MMC_ERR_FORMAT, "component 'text_encoder'", "library 'transformers'");
-    fresh_copy();
-    set_component("vae", "[\"diffusers\"]");
-    expect(MMC_ERR_FORMAT, "component 'vae' must be", NULL);
-    fresh_copy();
-    run("rm -r text_encoder_2");
-    expect(MMC_ERR_NOT_FOUND, "component 'text_encoder_2'", "folder is missing");
-    fresh_copy();
-    run("rm transformer/diffusion_pytorch_model.safetensors");
-    expect(MMC_ERR_NOT_FOUND, "component 'transformer'", "no weights");
-    fresh_copy();
-    run("rm scheduler/scheduler_config.json");
-    expect(MMC_ERR_NOT_FOUND, "component 'scheduler'", "scheduler_config.json");
-    fresh_copy();
-    run("sed -i 's/\"_class_name\": \"AutoencoderKL\"/\"_class_name\": \"AutoencoderTiny\"/' vae/config.json");
-    expect(MMC_ERR_FORMAT, "component 'vae'", "AutoencoderTiny");
-    fresh_copy();
-    run("sed -i 's/\"FluxPipeline\"/\"FluxKontextPipeline\"/' model_index.json");
-    expect(MMC_ERR_UNSUPPORTED, "FluxKontextPipeline", NULL);
-    fresh_copy();
-    run("rm model_index.json");
-    expect(MMC_ERR_NOT_FOUND, "model_index.json", NULL);
+    for (size_t i = 0; i < sizeof BROKEN / sizeof *BROKEN; i++) {
+        fresh_copy();
+        if (BROKEN[i].key) set_component(BROKEN[i].key, BROKEN[i].value);
+        else run(BROKEN[i].value);
+        expect(BROKEN[i].code, BROKEN[i].a, BROKEN[i].b);
+    }
     /* optional components may be listed as null or left out */
     fresh_copy();
     set_component("image_encoder", NULL);

@@ -175,32 +175,19 @@ static void bind(binder *b, const char *name, mmc_tensor **slot, int ndim, const
     v->params[v->n_params++] = *slot;
 }
 
-static void bind_conv(binder *b, const char *prefix, const char *name, mmc_tensor **w, mmc_tensor **bias,
-                      int64_t cout, int64_t cin, int64_t k) {
+/* "<prefix><name>.weight" of the given shape and "<prefix><name>.bias" [shape[0]] */
+static void bind_wb(binder *b, const char *prefix, const char *name, mmc_tensor **w, mmc_tensor **bias, int ndim,
+                    const int64_t *shape) {
     char full[256];
     snprintf(full, sizeof full, "%s%s.weight", prefix, name);
-    bind(b, full, w, 4, MMC_SHAPE(cout, cin, k, k));
+    bind(b, full, w, ndim, shape);
     snprintf(full, sizeof full, "%s%s.bias", prefix, name);
-    bind(b, full, bias, 1, MMC_SHAPE(cout));
+    bind(b, full, bias, 1, shape);
 }
-
-static void bind_vec(binder *b, const char *prefix, const char *name, mmc_tensor **w, mmc_tensor **bias,
-                     int64_t c) {
-    char full[256];
-    snprintf(full, sizeof full, "%s%s.weight", prefix, name);
-    bind(b, full, w, 1, MMC_SHAPE(c));
-    snprintf(full, sizeof full, "%s%s.bias", prefix, name);
-    bind(b, full, bias, 1, MMC_SHAPE(c));
-}
-
-static void bind_linear(binder *b, const char *prefix, const char *name, mmc_tensor **w, mmc_tensor **bias,
-                        int64_t c) {
-    char full[256];
-    snprintf(full, sizeof full, "%s%s.weight", prefix, name);
-    bind(b, full, w, 2, MMC_SHAPE(c, c));
-    snprintf(full, sizeof full, "%s%s.bias", prefix, name);
-    bind(b, full, bias, 1, MMC_SHAPE(c));
-}
+#define bind_conv(b, prefix, name, w, bias, cout, cin, k) \
+    bind_wb(b, prefix, name, w, bias, 4, MMC_SHAPE(cout, cin, k, k))   /* Conv2d [Cout, Cin, k, k] */
+#define bind_vec(b, prefix, name, w, bias, c) bind_wb(b, prefix, name, w, bias, 1, MMC_SHAPE(c))   /* GroupNorm */
+#define bind_linear(b, prefix, name, w, bias, c) bind_wb(b, prefix, name, w, bias, 2, MMC_SHAPE(c, c))
 
 static void bind_resnet(binder *b, const char *prefix, resnet_block *r, int64_t cin, int64_t cout) {
     r->cin = cin, r->cout = cout;
