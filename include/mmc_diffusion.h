@@ -122,6 +122,10 @@ mmc_tensor *mmc_vae_decode(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z);
  * blended over tile_sample/4 rows and columns (blend_v / blend_h) and cropped. tile_sample
  * 0 takes sample_size from config.json. Used whenever z exceeds one tile; inference only. */
 mmc_tensor *mmc_vae_decode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_t tile_sample);
+/* Tiled encode as diffusers' _tiled_encode (enable_tiling): image tiles of tile_sample
+ * pixels every 3/4 tile, each encoded (with quant_conv) on its own, blended over a quarter of
+ * a latent tile -> moments as mmc_vae_encode gives them. Inference only. */
+mmc_tensor *mmc_vae_encode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x, int64_t tile_sample);
 /* Pipelines' latent scaling: (z - shift_factor) * scaling_factor after encoding, and its
  * inverse z / scaling_factor + shift_factor before decoding (in place, f32). */
 void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z);

@@ -4,7 +4,7 @@
  * Flux-style (16 channels, no quant convs, shift_factor, three levels, sharded safetensors),
  * and vae_sd's weights stored as bf16 and f16. Non-square images, batch 2. Checks the
  * encoder's moments, latent_dist mean / logvar / std, sample() from given noise, decode, and
- * the tiled decode, all within 1e-4 of diffusers in f32; the ops it adds (nearest upsample,
+ * the tiled decode and encode, all within 1e-4 of diffusers in f32; the ops it adds (nearest upsample,
  * zero pad) against finite differences; the latent scaling; and loader errors that name the
  * tensor or key. */
 #include "test_util.h"
@@ -69,6 +69,16 @@ static void check_vae(const char *name, bool full) {
                max_abs_diff(tiled, want));
         mmc_tensor_free(want);
         mmc_tensor_free(zt);
+        mmc_tensor *xt = fixture_tensor(exp, "x_tiled", MMC_F32);
+        want = fixture_tensor(exp, "moments_tiled", MMC_F32);
+        tiled = mmc_vae_encode_tiled(ctx, v, xt, 32);
+        snprintf(what, sizeof what, "%s tiled encode", name);
+        CHECK(mmc_same_shape(tiled, want));
+        CHECK_CLOSE(tiled, want, TOL, 0, what);
+        printf("%s: tiled encode %s max|diff| %.2e\n", name, mmc_shape_str(tiled, what, sizeof what),
+               max_abs_diff(tiled, want));
+        mmc_tensor_free(want);
+        mmc_tensor_free(xt);
     }
     mmc_tensor_free(x);
     mmc_tensor_free(z);

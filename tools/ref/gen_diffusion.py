@@ -8,8 +8,8 @@
   index (Flux-style); the _bf16 / _f16 copies hold vae_sd's weights in those dtypes.
   vae_*/expected.safetensors: a non-square image x, the encoder's moments (after quant_conv),
   latent_dist.mean / .logvar / .std, a noise tensor and latent_dist.mean + std * noise (what
-  sample(generator) computes from that noise), decode(z) of a given z, and the tiled decode
-  (enable_tiling with a small tile size) of a larger z.
+  sample(generator) computes from that noise), decode(z) of a given z, and the tiled decode / encode
+  (enable_tiling with a small tile size) of a larger z / x.
 * pipe_flux/: a Flux pipeline directory written by FluxPipeline.save_pretrained (model_index.json,
   scheduler/, vae/ = vae_flux in bf16, tiny f16 transformer/, text_encoder/, text_encoder_2/, tokenizer/,
   tokenizer_2/) for the directory reader and its error tests.
@@ -65,7 +65,7 @@ VAES = {
 }
 
 
-def vae_expected(vae, x, z, z_tiled, noise, tile):
+def vae_expected(vae, x, z, z_tiled, x_tiled, noise, tile):
     with torch.no_grad():
         h = vae.encoder(x)
         moments = vae.quant_conv(h) if vae.quant_conv is not None else h
@@ -76,10 +76,11 @@ def vae_expected(vae, x, z, z_tiled, noise, tile):
         vae.tile_sample_min_size = tile
         vae.tile_latent_min_size = tile // 2 ** (len(vae.config.block_out_channels) - 1)
         tiled = vae.decode(z_tiled).sample
+        tiled_moments = vae._encode(x_tiled)             # encode(x).latent_dist's parameters
         vae.disable_tiling()
     return {"x": x, "moments": moments, "mean": dist.mean, "logvar": dist.logvar, "std": dist.std,
             "noise": noise, "sample": sample, "z": z, "decoded": dec, "z_tiled": z_tiled,
-            "decoded_tiled": tiled}
+            "decoded_tiled": tiled, "x_tiled": x_tiled, "moments_tiled": tiled_moments}
 
 
 def make_vae(name, cfg, seed, shard=None):
@@ -102,7 +103,8 @@ x = torch.rand(2, 3, 24, 40, generator=g) * 2 - 1
 z = torch.randn(2, 4, 6, 10, generator=g)
 noise = torch.randn(2, 4, 24 // down, 40 // down, generator=g)
 z_tiled = torch.randn(1, 4, 28, 36, generator=g)     # tiles of 16 latents, overlap 4
-save_file({k: v.contiguous() for k, v in vae_expected(vae_sd, x, z, z_tiled, noise, 32).items()},
+x_tiled = torch.rand(1, 3, 60, 44, generator=g) * 2 - 1   # tiles of 32 pixels every 24
+save_file({k: v.contiguous() for k, v in vae_expected(vae_sd, x, z, z_tiled, x_tiled, noise, 32).items()},
           os.path.join(OUT, "vae_sd", "expected.safetensors"))
 
 # the same weights as bf16 / f16 checkpoints; expected = diffusers running them upcast to f32
@@ -121,7 +123,8 @@ x = torch.rand(1, 3, 16, 24, generator=g) * 2 - 1
 z = torch.randn(1, 16, 3, 5, generator=g)
 noise = torch.randn(1, 16, 16 // down, 24 // down, generator=g)
 z_tiled = torch.randn(1, 16, 13, 11, generator=g)    # tiles of 8 latents, overlap 2; ragged edges
-save_file({k: v.contiguous() for k, v in vae_expected(vae_flux, x, z, z_tiled, noise, 32).items()},
+x_tiled = torch.rand(2, 3, 40, 72, generator=g) * 2 - 1
+save_file({k: v.contiguous() for k, v in vae_expected(vae_flux, x, z, z_tiled, x_tiled, noise, 32).items()},
           os.path.join(OUT, "vae_flux", "expected.safetensors"))
 
 # ---------------------------------------------------------------- schedulers

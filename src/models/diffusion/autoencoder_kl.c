@@ -566,36 +566,34 @@ static void blend(const tile *a, tile *b, int64_t BC, int64_t ext, bool vertical
     }
 }
 
-mmc_tensor *mmc_vae_decode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_t tile_sample) {
-    check_input(v, z, v->cfg.latent_channels, 1, "mmc_vae_decode_tiled");
-    MMC_CHECK(!mmc_requires_grad(z), "mmc_vae_decode_tiled is inference-only");
-    if (tile_sample <= 0) tile_sample = v->cfg.sample_size;
-    const int64_t f = mmc_vae_downscale(v), tl = tile_sample / f;   /* tile_latent_min_size */
-    MMC_CHECK(tl >= 1, "mmc_vae_decode_tiled: tile of %lld pixels is below the downscale %lld", (long long)tile_sample,
-              (long long)f);
-    const int64_t B = z->shape[0], Cl = z->shape[1], H = z->shape[2], W = z->shape[3];
-    if (H <= tl && W <= tl) return mmc_vae_decode(ctx, v, z);
-    const int64_t overlap = (int64_t)((double)tl * (1 - 0.25));
-    const int64_t ext = (int64_t)((double)tile_sample * 0.25), limit = tile_sample - ext;
+/* diffusers' tiled_decode / _tiled_encode: input tiles of tile_in (every 3/4 of a tile), each
+ * run through fn (decode, or encode + quant_conv) to an output tile of up to tile_out, blended
+ * over tile_out/4 with its upper and left neighbours, cropped to tile_out - tile_out/4. */
+typedef mmc_tensor *(*tile_fn)(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x);
+
+static mmc_tensor *tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_t tile_in, int64_t tile_out, int64_t C,
+                         tile_fn fn) {
+    const int64_t B = z->shape[0], Cin = z->shape[1], H = z->shape[2], W = z->shape[3];
+    const int64_t overlap = (int64_t)((double)tile_in * (1 - 0.25));
+    const int64_t ext = (int64_t)((double)tile_out * 0.25), limit = tile_out - ext;
     const int64_t rows = (H + overlap - 1) / overlap, cols = (W + overlap - 1) / overlap;
-    const int64_t C = v->cfg.out_channels;
     tile *t = calloc((size_t)(rows * cols), sizeof *t);
-    MMC_CHECK(t, "mmc_vae_decode_tiled: out of memory");
+    MMC_CHECK(t, "mmc_vae tiling: out of memory");
     mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) {
             const int64_t i0 = i * overlap, j0 = j * overlap;
-            const int64_t th = H - i0 < tl ? H - i0 : tl, tw = W - j0 < tl ? W - j0 : tl;
-            mmc_tensor *zt = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, Cl, th, tw));   /* z[:, :, i0:, j0:] */
-            for (int64_t p = 0; p < B * Cl; p++)
+            const int64_t th = H - i0 < tile_in ? H - i0 : tile_in, tw = W - j0 < tile_in ? W - j0 : tile_in;
+            mmc_tensor *zt = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, Cin, th, tw));   /* z[:, :, i0:, j0:] */
+            for (int64_t p = 0; p < B * Cin; p++)
                 for (int64_t r = 0; r < th; r++)
                     memcpy((float *)zt->data + (p * th + r) * tw, (const float *)z->data + (p * H + i0 + r) * W + j0,
                            (size_t)tw * sizeof(float));
-            mmc_tensor *d = mmc_vae_decode(ctx, v, zt);                    /* [B, C, th*f, tw*f] */
+            mmc_tensor *d = fn(ctx, v, zt);                                /* [B, C, th', tw'] */
             tile *tt = &t[i * cols + j];
             tt->h = d->shape[2], tt->w = d->shape[3];
             tt->data = malloc(mmc_nbytes(d));
-            MMC_CHECK(tt->data, "mmc_vae_decode_tiled: out of memory");
+            MMC_CHECK(tt->data, "mmc_vae tiling: out of memory");
             memcpy(tt->data, d->data, mmc_nbytes(d));
             mmc_arena_release(mmc_ctx_arena(ctx), m);
         }
@@ -627,4 +625,28 @@ mmc_tensor *mmc_vae_decode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_
     for (int64_t k = 0; k < rows * cols; k++) free(t[k].data);
     free(t);
     return y;
+}
+
+mmc_tensor *mmc_vae_decode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_t tile_sample) {
+    check_input(v, z, v->cfg.latent_channels, 1, "mmc_vae_decode_tiled");
+    MMC_CHECK(!mmc_requires_grad(z), "mmc_vae_decode_tiled is inference-only");
+    if (tile_sample <= 0) tile_sample = v->cfg.sample_size;
+    const int64_t tl = tile_sample / mmc_vae_downscale(v);                 /* tile_latent_min_size */
+    MMC_CHECK(tl >= 1, "mmc_vae_decode_tiled: a tile of %lld pixels is below the downscale %d",
+              (long long)tile_sample, mmc_vae_downscale(v));
+    if (z->shape[2] <= tl && z->shape[3] <= tl) return mmc_vae_decode(ctx, v, z);
+    return tiled(ctx, v, z, tl, tile_sample, v->cfg.out_channels, mmc_vae_decode);
+}
+
+mmc_tensor *mmc_vae_encode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x, int64_t tile_sample) {
+    check_input(v, x, v->cfg.in_channels, mmc_vae_downscale(v), "mmc_vae_encode_tiled");
+    MMC_CHECK(!mmc_requires_grad(x), "mmc_vae_encode_tiled is inference-only");
+    if (tile_sample <= 0) tile_sample = v->cfg.sample_size;
+    const int64_t tl = tile_sample / mmc_vae_downscale(v);
+    MMC_CHECK(tl >= 1 && tile_sample % mmc_vae_downscale(v) == 0,
+              "mmc_vae_encode_tiled: a tile of %lld pixels is not a positive multiple of the downscale %d",
+              (long long)tile_sample, mmc_vae_downscale(v));
+    if (x->shape[2] <= tile_sample && x->shape[3] <= tile_sample) return mmc_vae_encode(ctx, v, x);
+    /* input tiles of tile_sample pixels, blended over tl/4 latents */
+    return tiled(ctx, v, x, tile_sample, tl, 2 * v->cfg.latent_channels, mmc_vae_encode);
 }
