@@ -14,6 +14,20 @@
 
 #define TOL 1e-4
 
+typedef mmc_tensor *(*tiled_fn)(mmc_ctx *, mmc_vae *, mmc_tensor *, int64_t);
+static void check_tiled(mmc_ctx *ctx, mmc_vae *v, const mmc_st *exp, const char *name, const char *op,
+                        const char *in_key, const char *want_key, tiled_fn fn) {
+    char what[128];
+    mmc_tensor *in = fixture_tensor(exp, in_key, MMC_F32), *want = fixture_tensor(exp, want_key, MMC_F32);
+    mmc_tensor *got = fn(ctx, v, in, 32);
+    snprintf(what, sizeof what, "%s tiled %s", name, op);
+    CHECK(mmc_same_shape(got, want));
+    CHECK_CLOSE(got, want, TOL, 0, what);
+    printf("%s: tiled %s %s max|diff| %.2e\n", name, op, mmc_shape_str(got, what, sizeof what), max_abs_diff(got, want));
+    mmc_tensor_free(want);
+    mmc_tensor_free(in);
+}
+
 static void check_vae(const char *name, bool full) {
     char dir[256], what[128];
     snprintf(dir, sizeof dir, "tests/fixtures/diffusion/%s", name);
@@ -58,27 +72,9 @@ static void check_vae(const char *name, bool full) {
         mmc_tensor *s3 = mmc_vae_sample(ctx, moments, NULL, 8);
         CHECK(max_abs_diff(s1, s2) == 0 && max_abs_diff(s1, s3) > 0 && max_abs_diff(s1, mean) > 0);
         mmc_tensor_free(noise);
-        /* tiled decode (diffusers' enable_tiling with tile_sample_min_size 32) */
-        mmc_tensor *zt = fixture_tensor(exp, "z_tiled", MMC_F32);
-        want = fixture_tensor(exp, "decoded_tiled", MMC_F32);
-        mmc_tensor *tiled = mmc_vae_decode_tiled(ctx, v, zt, 32);
-        snprintf(what, sizeof what, "%s tiled decode", name);
-        CHECK(mmc_same_shape(tiled, want));
-        CHECK_CLOSE(tiled, want, TOL, 0, what);
-        printf("%s: tiled decode %s max|diff| %.2e\n", name, mmc_shape_str(tiled, what, sizeof what),
-               max_abs_diff(tiled, want));
-        mmc_tensor_free(want);
-        mmc_tensor_free(zt);
-        mmc_tensor *xt = fixture_tensor(exp, "x_tiled", MMC_F32);
-        want = fixture_tensor(exp, "moments_tiled", MMC_F32);
-        tiled = mmc_vae_encode_tiled(ctx, v, xt, 32);
-        snprintf(what, sizeof what, "%s tiled encode", name);
-        CHECK(mmc_same_shape(tiled, want));
-        CHECK_CLOSE(tiled, want, TOL, 0, what);
-        printf("%s: tiled encode %s max|diff| %.2e\n", name, mmc_shape_str(tiled, what, sizeof what),
-               max_abs_diff(tiled, want));
-        mmc_tensor_free(want);
-        mmc_tensor_free(xt);
+        /* diffusers' enable_tiling with tile_sample_min_size 32 */
+        check_tiled(ctx, v, exp, name, "decode", "z_tiled", "decoded_tiled", mmc_vae_decode_tiled);
+        check_tiled(ctx, v, exp, name, "encode", "x_tiled", "moments_tiled", mmc_vae_encode_tiled);
     }
     mmc_tensor_free(x);
     mmc_tensor_free(z);
