@@ -378,9 +378,10 @@ static mmc_tensor *norm_silu(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, mmc_
 static mmc_tensor *resnet_forward(mmc_ctx *ctx, const mmc_vae *v, const resnet_block *r, mmc_tensor *x) {
     mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     mmc_tensor *h = norm_silu(ctx, v, x, r->norm1_w, r->norm1_b);
-    h = mmc_conv2d(ctx, h, r->conv1_w, r->conv1_b, 1, 1);                  /* [B, Cout, H, W] */
+    h = keep(ctx, m, mmc_conv2d(ctx, h, r->conv1_w, r->conv1_b, 1, 1));   /* [B, Cout, H, W] */
+    mmc_arena_mark m2 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     h = norm_silu(ctx, v, h, r->norm2_w, r->norm2_b);
-    h = mmc_conv2d(ctx, h, r->conv2_w, r->conv2_b, 1, 1);
+    h = keep(ctx, m2, mmc_conv2d(ctx, h, r->conv2_w, r->conv2_b, 1, 1));
     mmc_tensor *shortcut = r->shortcut_w ? mmc_conv2d(ctx, x, r->shortcut_w, r->shortcut_b, 1, 0) : x;
     return keep(ctx, m, mmc_add(ctx, shortcut, h));
 }
