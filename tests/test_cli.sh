@@ -131,6 +131,7 @@ expect_rc 0 "$MMC" chat --model $GD < /dev/null
 expect_rc 0 "$MMC" info $GD; expect_out "generation:     generation_config.json, sampling: temperature 1, top_k 1, top_p 1, min_p 0, repetition_penalty 0.2, max_new_tokens 16, eos 698, 5, 1379"
 expect_rc 0 "$MMC" info $GD --json; expect_out '"generation": {"file": true, "do_sample": true, .*"eos_token_id": \[698, 5, 1379\]}'
 echo '{"top_p": 7}' > $GD/generation_config.json
+expect_rc 0 "$MMC" info tests/fixtures/diffusion/pipe_flux; expect_out "FluxPipeline"; expect_out "diffusers.AutoencoderKL .* yes"
 expect_rc 1 "$MMC" generate --model $GD --prompt hi; expect_err "generation_config.json: top_p"
 rm -rf $GD
 

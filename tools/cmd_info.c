@@ -2,16 +2,21 @@
  * architecture, parameter counts by component, weight dtypes, context length, and whether
  * mmc can run it. Reads config.json and the safetensors headers only (no weights loaded). */
 #include "cli.h"
+#include "mmc_diffusion.h"
 #include "mmc_infer.h"
 #include "mmc_io.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 void help_info(FILE *f) {
     fprintf(f, "usage: mmc info DIR [--json]\n\n"
                "Describe the Hugging Face model directory DIR (config.json + safetensors):\n"
-               "architecture, parameter counts by component, dtypes and context length.\n\n"
+               "architecture, parameter counts by component, dtypes, context length and the\n"
+               "generation settings (generation_config.json). A diffusers pipeline folder\n"
+               "(model_index.json) lists its components, their classes, parameters and dtypes,\n"
+               "and which of them mmc implements.\n\n"
                "options:\n"
                "  --json     print one JSON object instead of a table\n"
                "  -h, --help this help\n");
@@ -30,6 +35,15 @@ int cmd_info(int argc, char **argv) {
     }
     if (!dir) return cli_usage("info", "no model directory given (usage: mmc info DIR)");
     char path[4096];
+    snprintf(path, sizeof path, "%s/model_index.json", dir);   /* a diffusers pipeline folder */
+    if (access(path, F_OK) == 0) {
+        if (json) return cli_usage("info", "--json is not available for diffusers pipeline folders yet");
+        mmc_diffusers_dir d;
+        mmc_status dst = mmc_diffusers_open(dir, &d);
+        if (dst) return cli_fail(dst, "info: cannot read the diffusers pipeline");
+        mmc_diffusers_print(&d, stdout);
+        return 0;
+    }
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *cfg = NULL;
     mmc_status st = mmc_json_load(path, &cfg);

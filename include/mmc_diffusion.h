@@ -1,0 +1,187 @@
+/* mmc_diffusion.h — image generation, diffusers-exact: diffusers model directories
+ * (model_index.json + one folder per component), the AutoencoderKL VAE, and the
+ * FlowMatchEulerDiscreteScheduler. Models live in src/models/diffusion/, schedulers and the
+ * directory reader in src/diffusion/ (diffusers keeps models, schedulers and pipelines apart;
+ * so does mmc).
+ *
+ * Shapes are outermost-first: images [B, 3, H, W] in [-1, 1], latents [B, Cl, H/f, W/f]
+ * with f = 2^(levels - 1) (8 for every released VAE).
+ */
+#ifndef MMC_DIFFUSION_H
+#define MMC_DIFFUSION_H
+
+#include "mmc.h"
+#include "mmc_io.h"
+#include "mmc_ops.h"
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- ops for conv nets
+ * (kept here until mmc_ops.h takes them; implemented in src/ops/resample.c, with backward) */
+/* F.interpolate(x, scale_factor=2.0, mode="nearest"): x [B, C, H, W] -> [B, C, 2H, 2W] */
+mmc_tensor *mmc_upsample_nearest2x(mmc_ctx *ctx, mmc_tensor *x);
+/* F.pad(x, (left, right, top, bottom)) with zeros: x [B, C, H, W] -> [B, C, H+t+b, W+l+r] */
+mmc_tensor *mmc_pad2d(mmc_ctx *ctx, mmc_tensor *x, int left, int right, int top, int bottom);
+
+/* ---------------------------------------------------------------- diffusers directories
+ * model_index.json names the pipeline class ("_class_name") and its components, each as
+ * ["library", "ClassName"] ([null, null] for an absent optional one); every present
+ * component has a folder of its name with config.json (scheduler_config.json for
+ * schedulers; tokenizer files for tokenizers) and, for models, diffusion_pytorch_model /
+ * model safetensors, single or sharded with an index. mmc_diffusers_open checks the
+ * layout against what the pipeline class takes: a component the pipeline needs but the
+ * file lacks (or sets to null), one the pipeline does not take, a class mmc does not know
+ * or of the wrong kind for its slot, or a missing folder / config, is an error naming it. */
+typedef enum {
+    MMC_DCOMP_VAE, MMC_DCOMP_TRANSFORMER, MMC_DCOMP_UNET, MMC_DCOMP_TEXT_ENCODER,
+    MMC_DCOMP_TOKENIZER, MMC_DCOMP_SCHEDULER, MMC_DCOMP_IMAGE_ENCODER,
+    MMC_DCOMP_FEATURE_EXTRACTOR, MMC_DCOMP_SAFETY_CHECKER, MMC_DCOMP_KIND_COUNT
+} mmc_dcomp_kind;
+
+#define MMC_DIFFUSERS_MAX_COMPONENTS 16
+#define MMC_DIFFUSERS_MAX_DTYPES 4
+typedef struct {
+    char name[48];            /* folder / key in model_index.json: "vae", "text_encoder_2" */
+    char library[32];         /* "diffusers", "transformers" */
+    char class_name[64];      /* "AutoencoderKL" */
+    mmc_dcomp_kind kind;
+    bool present;             /* false for [null, null] */
+    bool mmc_implements;      /* mmc can run this class (today: AutoencoderKL, the scheduler) */
+    char weights[1024];       /* safetensors file or index, "" when the component has none */
+    int64_t n_params;         /* parameters (elements) in its safetensors; 0 without weights */
+    int n_dtypes;
+    mmc_dtype dtypes[MMC_DIFFUSERS_MAX_DTYPES];   /* dtypes of its tensors, first seen first */
+    int64_t dtype_params[MMC_DIFFUSERS_MAX_DTYPES];/* elements per dtype */
+} mmc_diffusers_component;
+
+typedef struct {
+    char dir[512];
+    char pipeline[64];        /* "FluxPipeline" */
+    char diffusers_version[32];
+    int n;
+    mmc_diffusers_component comp[MMC_DIFFUSERS_MAX_COMPONENTS];
+} mmc_diffusers_dir;
+
+mmc_status mmc_diffusers_open(const char *dir, mmc_diffusers_dir *out);
+/* The component called name, or NULL (absent ones included, with present = false). */
+const mmc_diffusers_component *mmc_diffusers_find(const mmc_diffusers_dir *d, const char *name);
+/* Path of a component's file: "<dir>/<component>/<file>". */
+void mmc_diffusers_path(const mmc_diffusers_dir *d, const char *component, const char *file,
+                        char *buf, size_t n);
+const char *mmc_dcomp_kind_name(mmc_dcomp_kind k);
+/* A table for `mmc info`: pipeline, then one line per component with its library/class,
+ * kind, parameter count and dtypes, and whether mmc runs it. */
+void mmc_diffusers_print(const mmc_diffusers_dir *d, FILE *f);
+
+/* ---------------------------------------------------------------- AutoencoderKL
+ * diffusers' AutoencoderKL (models/autoencoders/autoencoder_kl.py, Encoder / Decoder in
+ * vae.py): see src/models/diffusion/autoencoder_kl.c. */
+#define MMC_VAE_MAX_LEVELS 8
+typedef struct {
+    int64_t in_channels, out_channels, latent_channels;
+    int64_t levels;                              /* len(block_out_channels) */
+    int64_t block_out_channels[MMC_VAE_MAX_LEVELS];
+    int64_t layers_per_block;
+    int64_t norm_num_groups;
+    int64_t sample_size;                         /* tiling: tile_sample_min_size */
+    double scaling_factor, shift_factor;         /* shift_factor 0 when null */
+    bool use_quant_conv, use_post_quant_conv, mid_block_add_attention;
+} mmc_vae_config;
+
+typedef struct mmc_vae mmc_vae;
+
+mmc_status mmc_vae_config_read(const mmc_json *cfg, const char *what, mmc_vae_config *out);
+/* Load from a folder with config.json and diffusion_pytorch_model.safetensors (or its
+ * .index.json): f32 / bf16 / f16, computed in f32. Every missing or mis-shaped tensor is
+ * reported. Old checkpoints' attention names (query/key/value/proj_attn) are accepted. */
+mmc_status mmc_vae_load(const char *dir, mmc_vae **out);
+void mmc_vae_free(mmc_vae *v);
+const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v);
+int64_t mmc_vae_param_count(const mmc_vae *v);
+int mmc_vae_downscale(const mmc_vae *v);        /* 2^(levels-1) */
+
+/* encode: x [B, Cin, H, W] (H, W multiples of the downscale) -> moments
+ * [B, 2*Cl, H/f, W/f] (encoder, then quant_conv when present): latent_dist's parameters. */
+mmc_tensor *mmc_vae_encode(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x);
+/* latent_dist from the moments: mean, logvar clamped to [-30, 20], std = exp(logvar / 2);
+ * any of the outputs may be NULL. Each [B, Cl, h, w]. */
+void mmc_vae_latent_dist(mmc_ctx *ctx, mmc_tensor *moments, mmc_tensor **mean, mmc_tensor **logvar,
+                         mmc_tensor **std);
+/* latent_dist.sample(): mean + std * noise. noise [B, Cl, h, w] as given (parity with
+ * torch's generator), or, when NULL, drawn from mmc's Philox stream `seed`. mode() is mean. */
+mmc_tensor *mmc_vae_sample(mmc_ctx *ctx, mmc_tensor *moments, mmc_tensor *noise, uint64_t seed);
+/* decode: z [B, Cl, h, w] -> [B, Cout, h*f, w*f] (post_quant_conv when present, then the
+ * decoder). No scaling: pipelines call it on latents / scaling_factor + shift_factor. */
+mmc_tensor *mmc_vae_decode(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z);
+/* Tiled decode as diffusers' enable_tiling(): tiles of tile_latent latents (its
+ * tile_latent_min_size = tile_sample / f) taken every 3/4 of a tile, decoded one by one,
+ * blended over tile_sample/4 rows and columns (blend_v / blend_h) and cropped. tile_sample
+ * 0 takes sample_size from config.json. Used whenever z exceeds one tile; inference only. */
+mmc_tensor *mmc_vae_decode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_t tile_sample);
+/* Tiled encode as diffusers' _tiled_encode (enable_tiling): image tiles of tile_sample
+ * pixels every 3/4 tile, each encoded (with quant_conv) on its own, blended over a quarter of
+ * a latent tile -> moments as mmc_vae_encode gives them. Inference only. */
+mmc_tensor *mmc_vae_encode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x, int64_t tile_sample);
+/* Pipelines' latent scaling: (z - shift_factor) * scaling_factor after encoding, and its
+ * inverse z / scaling_factor + shift_factor before decoding (in place, f32). */
+void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z);
+void mmc_vae_unscale_latents(const mmc_vae *v, mmc_tensor *z);
+
+/* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
+ * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same
+ * precision as it is (numpy float64 where diffusers uses numpy on float64, float32 where it
+ * uses torch or numpy on float32), so that sigmas and timesteps are bitwise equal. */
+typedef enum { MMC_TIME_SHIFT_EXPONENTIAL, MMC_TIME_SHIFT_LINEAR } mmc_time_shift_type;
+typedef struct {
+    int64_t num_train_timesteps;
+    double shift;
+    bool use_dynamic_shifting;
+    double base_shift, max_shift;
+    int64_t base_image_seq_len, max_image_seq_len;
+    bool invert_sigmas;
+    double shift_terminal;                      /* 0 when null */
+    bool use_karras_sigmas, use_exponential_sigmas;
+    mmc_time_shift_type time_shift_type;
+    bool stochastic_sampling;
+} mmc_fm_config;
+
+typedef struct {
+    mmc_fm_config cfg;
+    float sigma_min, sigma_max;                 /* of the training schedule (after __init__) */
+    int n;                                      /* inference steps */
+    float *sigmas;                              /* [n + 1], the last 0 (1 with invert_sigmas) */
+    float *timesteps;                           /* [n] */
+} mmc_fm_scheduler;
+
+/* Defaults as diffusers' __init__; then the keys of a scheduler_config.json. Beta sigmas
+ * (scipy's beta.ppf) are MMC_ERR_UNSUPPORTED, naming the key. */
+void mmc_fm_config_default(mmc_fm_config *c);
+mmc_status mmc_fm_config_read(const mmc_json *j, const char *what, mmc_fm_config *out);
+mmc_status mmc_fm_load(const char *scheduler_dir, mmc_fm_scheduler *out);
+mmc_status mmc_fm_init(const mmc_fm_config *c, mmc_fm_scheduler *out);
+void mmc_fm_free(mmc_fm_scheduler *s);
+/* The pipelines' calculate_shift: mu for an image of image_seq_len latent tokens. */
+double mmc_fm_calculate_shift(const mmc_fm_config *c, int64_t image_seq_len);
+/* set_timesteps(n, sigmas=..., mu=...). sigmas: NULL (the schedule from sigma_max to
+ * sigma_min in float64), or n values (converted to float32 first, as diffusers does with
+ * np.array(sigmas).astype(np.float32)). mu is required with use_dynamic_shifting. */
+mmc_status mmc_fm_set_timesteps(mmc_fm_scheduler *s, int n, const double *sigmas, double mu);
+/* FluxPipeline's default sigmas: np.linspace(1.0, 1/n, n) into out[n]. */
+void mmc_fm_flux_sigmas(int n, double *out);
+/* One Euler step at step index i: sample [n_elem] += (sigma[i+1] - sigma[i]) * model_output
+ * (in f32). With stochastic_sampling: x0 = sample - sigma[i] * v, sample = (1 - sigma[i+1]) *
+ * x0 + sigma[i+1] * noise (noise required then). */
+void mmc_fm_step(const mmc_fm_scheduler *s, int i, const float *model_output, float *sample,
+                 int64_t n_elem, const float *noise);
+/* scale_noise: sample = sigma[i] * noise + (1 - sigma[i]) * sample (img2img, training). */
+void mmc_fm_scale_noise(const mmc_fm_scheduler *s, int i, float *sample, const float *noise,
+                        int64_t n_elem);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMC_DIFFUSION_H */

@@ -1,0 +1,653 @@
+/* autoencoder_kl.c — the KL-regularised VAE of latent diffusion, mirroring diffusers'
+ * AutoencoderKL (models/autoencoders/autoencoder_kl.py) and its Encoder / Decoder
+ * (models/autoencoders/vae.py), built from the blocks of unets/unet_2d_blocks.py:
+ *
+ *   Encoder: conv_in -> per level DownEncoderBlock2D (layers_per_block ResnetBlock2D, then,
+ *            except at the last level, Downsample2D = zero pad (0, 1, 0, 1) + 3x3 conv stride 2)
+ *            -> UNetMidBlock2D (resnet, single-head attention over H*W, resnet)
+ *            -> GroupNorm -> SiLU -> conv_out to 2 * latent_channels (mean and logvar)
+ *   Decoder: conv_in -> UNetMidBlock2D -> per level UpDecoderBlock2D (layers_per_block + 1
+ *            resnets, then, except at the last level, Upsample2D = nearest 2x + 3x3 conv)
+ *            -> GroupNorm -> SiLU -> conv_out
+ *   ResnetBlock2D: GroupNorm -> SiLU -> conv1 -> GroupNorm -> SiLU -> conv2, plus the input
+ *            (through a 1x1 conv_shortcut when the channel count changes).
+ *
+ * GroupNorms use norm_num_groups and eps 1e-6 (hard-coded by diffusers for the VAE), the
+ * attention is one head of dim C with a GroupNorm in front and a residual (diffusers'
+ * Attention with _from_deprecated_attn_block). quant_conv / post_quant_conv (1x1) exist
+ * where use_quant_conv / use_post_quant_conv (SD: yes; Flux / SD3: no). Encoded moments give
+ * the DiagonalGaussianDistribution: mean, logvar clamped to [-30, 20], std = exp(logvar / 2).
+ *
+ * The forward is built from differentiable ops (conv2d, groupnorm, silu, linear, attention,
+ * and resample.c's pad / upsample), so it records a tape in grad mode; without one, each
+ * block's intermediates are released as soon as its output exists (keep()), so peak memory
+ * is about one block's worth of activations. Tiled encode / decode follow diffusers' enable_tiling. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")   /* mean + std * noise and the blends: torch's roundings */
+#endif
+
+#include "mmc_diffusion.h"
+#include "mmc_models.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VAE_EPS 1e-6f
+
+typedef struct {
+    int64_t cin, cout;
+    mmc_tensor *norm1_w, *norm1_b;        /* [Cin] */
+    mmc_tensor *conv1_w, *conv1_b;        /* [Cout, Cin, 3, 3], [Cout] */
+    mmc_tensor *norm2_w, *norm2_b;        /* [Cout] */
+    mmc_tensor *conv2_w, *conv2_b;        /* [Cout, Cout, 3, 3], [Cout] */
+    mmc_tensor *shortcut_w, *shortcut_b;  /* [Cout, Cin, 1, 1], [Cout]; NULL when Cin == Cout */
+} resnet_block;
+
+typedef struct {
+    mmc_tensor *norm_w, *norm_b;          /* [C] */
+    mmc_tensor *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w, *o_b;   /* [C, C], [C] */
+} attn_block;
+
+typedef struct {
+    int n_res;
+    resnet_block *res;
+    mmc_tensor *sample_w, *sample_b;      /* down/upsampler conv [C, C, 3, 3]; NULL at the last level */
+} level_block;
+
+typedef struct {
+    resnet_block res0, res1;
+    attn_block attn;
+    bool has_attn;
+} mid_block;
+
+typedef struct {
+    mmc_tensor *conv_in_w, *conv_in_b;
+    level_block levels[MMC_VAE_MAX_LEVELS];
+    mid_block mid;
+    mmc_tensor *norm_out_w, *norm_out_b;
+    mmc_tensor *conv_out_w, *conv_out_b;
+} coder;
+
+struct mmc_vae {
+    mmc_vae_config cfg;
+    coder enc, dec;
+    mmc_tensor *quant_w, *quant_b;        /* [2Cl, 2Cl, 1, 1]; NULL without use_quant_conv */
+    mmc_tensor *post_quant_w, *post_quant_b;   /* [Cl, Cl, 1, 1]; NULL without use_post_quant_conv */
+    mmc_tensor **params;
+    char (*param_names)[128];             /* checkpoint names, parallel to params */
+    int n_params, cap_params;
+    mmc_st *st;                           /* kept open: weights are zero-copy views into it */
+};
+
+/* ------------------------------------------------------------------ config */
+mmc_status mmc_vae_config_read(const mmc_json *j, const char *what, mmc_vae_config *c) {
+    memset(c, 0, sizeof *c);
+    mmc_status st;
+    const char *cls = NULL, *act = NULL;
+    if ((st = mmc_json_str(j, "_class_name", "AutoencoderKL", &cls))) return st;
+    if (strcmp(cls, "AutoencoderKL") != 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: _class_name '%s' is not AutoencoderKL", what, cls);
+    int n = MMC_VAE_MAX_LEVELS;
+    if (!mmc_json_has(j, "block_out_channels")) c->block_out_channels[0] = 64, n = 1;
+    else if ((st = mmc_json_int_array(j, "block_out_channels", c->block_out_channels, &n)))
+        return mmc_error_prefix(st, "%s: ", what);
+    c->levels = n;
+    if ((st = mmc_json_int(j, "in_channels", 3, &c->in_channels)) ||
+        (st = mmc_json_int(j, "out_channels", 3, &c->out_channels)) ||
+        (st = mmc_json_int(j, "latent_channels", 4, &c->latent_channels)) ||
+        (st = mmc_json_int(j, "layers_per_block", 1, &c->layers_per_block)) ||
+        (st = mmc_json_int(j, "norm_num_groups", 32, &c->norm_num_groups)) ||
+        (st = mmc_json_num(j, "scaling_factor", 0.18215, &c->scaling_factor)) ||
+        (st = mmc_json_num(j, "shift_factor", 0.0, &c->shift_factor)) ||
+        (st = mmc_json_bool(j, "use_quant_conv", true, &c->use_quant_conv)) ||
+        (st = mmc_json_bool(j, "use_post_quant_conv", true, &c->use_post_quant_conv)) ||
+        (st = mmc_json_bool(j, "mid_block_add_attention", true, &c->mid_block_add_attention)) ||
+        (st = mmc_json_str(j, "act_fn", "silu", &act)))
+        return mmc_error_prefix(st, "%s: ", what);
+    /* sample_size: an int, or [h, w] (diffusers then tiles with the first) */
+    if (mmc_json_has(j, "sample_size.0")) st = mmc_json_int(j, "sample_size.0", 32, &c->sample_size);
+    else st = mmc_json_int(j, "sample_size", 32, &c->sample_size);
+    if (st) return mmc_error_prefix(st, "%s: ", what);
+    if (strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: act_fn '%s' is not supported (silu)", what, act);
+    static const char *const kinds[2] = {"down_block_types", "up_block_types"};
+    static const char *const want[2] = {"DownEncoderBlock2D", "UpDecoderBlock2D"};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < n; i++) {
+            char key[64];
+            const char *t = NULL;
+            snprintf(key, sizeof key, "%s.%d", kinds[k], i);
+            if ((st = mmc_json_str(j, key, want[k], &t))) return mmc_error_prefix(st, "%s: ", what);
+            if (strcmp(t, want[k]) != 0)
+                return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %s[%d] is '%s'; AutoencoderKL supports %s only", what,
+                                 kinds[k], i, t, want[k]);
+        }
+        char key[64];
+        snprintf(key, sizeof key, "%s.%d", kinds[k], n);
+        if (mmc_json_has(j, key))
+            return mmc_error(MMC_ERR_FORMAT, "%s: %s has more entries than block_out_channels (%d)", what, kinds[k], n);
+    }
+    if (c->in_channels < 1 || c->out_channels < 1 || c->latent_channels < 1 || c->layers_per_block < 1 ||
+        c->norm_num_groups < 1 || c->sample_size < 1 || c->levels < 1)
+        return mmc_error(MMC_ERR_FORMAT, "%s: channel counts, layers_per_block, norm_num_groups and sample_size "
+                         "must be positive", what);
+    for (int i = 0; i < n; i++)
+        if (c->block_out_channels[i] < 1 || c->block_out_channels[i] % c->norm_num_groups)
+            return mmc_error(MMC_ERR_FORMAT, "%s: block_out_channels[%d] = %lld is not a positive multiple of "
+                             "norm_num_groups %lld", what, i, (long long)c->block_out_channels[i],
+                             (long long)c->norm_num_groups);
+    if (c->scaling_factor == 0)
+        return mmc_error(MMC_ERR_FORMAT, "%s: scaling_factor is 0", what);
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ weights */
+#define MAX_LISTED 6
+typedef struct {
+    mmc_vae *v;
+    char *errs;
+    size_t errcap;
+    int bad;
+} binder;
+
+static void bind(binder *b, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape) {
+    mmc_vae *v = b->v;
+    char dummy[512] = "";   /* the first MAX_LISTED problems are listed, the rest counted */
+    bool listed = b->bad < MAX_LISTED;
+    if (mmc_model_bind(v->st, name, ndim, shape, false, slot, listed ? b->errs : dummy,
+                       listed ? b->errcap : sizeof dummy) != MMC_OK) {
+        b->bad++;
+        return;
+    }
+    if (v->n_params == v->cap_params) {
+        int cap = v->cap_params ? 2 * v->cap_params : 256;
+        mmc_tensor **p = realloc(v->params, (size_t)cap * sizeof *p);
+        char (*nm)[128] = realloc(v->param_names, (size_t)cap * sizeof *nm);
+        if (p) v->params = p;
+        if (nm) v->param_names = nm;
+        if (!p || !nm) { mmc_tensor_free(*slot); *slot = NULL; b->bad++; return; }
+        v->cap_params = cap;
+    }
+    snprintf(v->param_names[v->n_params], sizeof v->param_names[0], "%s", name);
+    v->params[v->n_params++] = *slot;
+}
+
+/* "<prefix><name>.weight" of the given shape and "<prefix><name>.bias" [shape[0]] */
+static void bind_wb(binder *b, const char *prefix, const char *name, mmc_tensor **w, mmc_tensor **bias, int ndim,
+                    const int64_t *shape) {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s.weight", prefix, name);
+    bind(b, full, w, ndim, shape);
+    snprintf(full, sizeof full, "%s%s.bias", prefix, name);
+    bind(b, full, bias, 1, shape);
+}
+#define bind_conv(b, prefix, name, w, bias, cout, cin, k) \
+    bind_wb(b, prefix, name, w, bias, 4, MMC_SHAPE(cout, cin, k, k))   /* Conv2d [Cout, Cin, k, k] */
+#define bind_vec(b, prefix, name, w, bias, c) bind_wb(b, prefix, name, w, bias, 1, MMC_SHAPE(c))   /* GroupNorm */
+#define bind_linear(b, prefix, name, w, bias, c) bind_wb(b, prefix, name, w, bias, 2, MMC_SHAPE(c, c))
+
+static void bind_resnet(binder *b, const char *prefix, resnet_block *r, int64_t cin, int64_t cout) {
+    r->cin = cin, r->cout = cout;
+    bind_vec(b, prefix, "norm1", &r->norm1_w, &r->norm1_b, cin);
+    bind_conv(b, prefix, "conv1", &r->conv1_w, &r->conv1_b, cout, cin, 3);
+    bind_vec(b, prefix, "norm2", &r->norm2_w, &r->norm2_b, cout);
+    bind_conv(b, prefix, "conv2", &r->conv2_w, &r->conv2_b, cout, cout, 3);
+    if (cin != cout) bind_conv(b, prefix, "conv_shortcut", &r->shortcut_w, &r->shortcut_b, cout, cin, 1);
+}
+
+static void bind_mid(binder *b, const char *coder_prefix, mid_block *m, int64_t C, bool attn) {
+    char p[128];
+    snprintf(p, sizeof p, "%smid_block.resnets.0.", coder_prefix);
+    bind_resnet(b, p, &m->res0, C, C);
+    snprintf(p, sizeof p, "%smid_block.resnets.1.", coder_prefix);
+    bind_resnet(b, p, &m->res1, C, C);
+    m->has_attn = attn;
+    if (!attn) return;
+    snprintf(p, sizeof p, "%smid_block.attentions.0.", coder_prefix);
+    /* diffusers' names, or those of checkpoints saved before diffusers 0.14 (its
+     * _convert_deprecated_attention_blocks maps query/key/value/proj_attn to these) */
+    char probe[192];
+    snprintf(probe, sizeof probe, "%sto_q.weight", p);
+    bool old = !mmc_st_find(b->v->st, probe);
+    attn_block *a = &m->attn;
+    bind_vec(b, p, "group_norm", &a->norm_w, &a->norm_b, C);
+    bind_linear(b, p, old ? "query" : "to_q", &a->q_w, &a->q_b, C);
+    bind_linear(b, p, old ? "key" : "to_k", &a->k_w, &a->k_b, C);
+    bind_linear(b, p, old ? "value" : "to_v", &a->v_w, &a->v_b, C);
+    bind_linear(b, p, old ? "proj_attn" : "to_out.0", &a->o_w, &a->o_b, C);
+}
+
+static mmc_status alloc_levels(coder *cd, int64_t levels, int n_res) {
+    for (int64_t i = 0; i < levels; i++) {
+        cd->levels[i].n_res = n_res;
+        cd->levels[i].res = calloc((size_t)n_res, sizeof(resnet_block));
+        if (!cd->levels[i].res) return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    return MMC_OK;
+}
+
+static void bind_all(binder *b) {
+    mmc_vae *v = b->v;
+    const mmc_vae_config *c = &v->cfg;
+    const int64_t *ch = c->block_out_channels, L = c->levels, Cl = c->latent_channels, top = ch[L - 1];
+    char p[128];
+    /* encoder */
+    bind_conv(b, "encoder.", "conv_in", &v->enc.conv_in_w, &v->enc.conv_in_b, ch[0], c->in_channels, 3);
+    for (int64_t i = 0; i < L; i++) {
+        level_block *lv = &v->enc.levels[i];
+        int64_t cin = i ? ch[i - 1] : ch[0];
+        for (int r = 0; r < lv->n_res; r++) {
+            snprintf(p, sizeof p, "encoder.down_blocks.%lld.resnets.%d.", (long long)i, r);
+            bind_resnet(b, p, &lv->res[r], r ? ch[i] : cin, ch[i]);
+        }
+        if (i < L - 1) {
+            snprintf(p, sizeof p, "encoder.down_blocks.%lld.downsamplers.0.", (long long)i);
+            bind_conv(b, p, "conv", &lv->sample_w, &lv->sample_b, ch[i], ch[i], 3);
+        }
+    }
+    bind_mid(b, "encoder.", &v->enc.mid, top, c->mid_block_add_attention);
+    bind_vec(b, "encoder.", "conv_norm_out", &v->enc.norm_out_w, &v->enc.norm_out_b, top);
+    bind_conv(b, "encoder.", "conv_out", &v->enc.conv_out_w, &v->enc.conv_out_b, 2 * Cl, top, 3);
+    if (c->use_quant_conv) bind_conv(b, "", "quant_conv", &v->quant_w, &v->quant_b, 2 * Cl, 2 * Cl, 1);
+    /* decoder: levels in reverse channel order */
+    if (c->use_post_quant_conv) bind_conv(b, "", "post_quant_conv", &v->post_quant_w, &v->post_quant_b, Cl, Cl, 1);
+    bind_conv(b, "decoder.", "conv_in", &v->dec.conv_in_w, &v->dec.conv_in_b, top, Cl, 3);
+    bind_mid(b, "decoder.", &v->dec.mid, top, c->mid_block_add_attention);
+    for (int64_t i = 0; i < L; i++) {
+        level_block *lv = &v->dec.levels[i];
+        int64_t cout = ch[L - 1 - i], cin = i ? ch[L - i] : top;
+        for (int r = 0; r < lv->n_res; r++) {
+            snprintf(p, sizeof p, "decoder.up_blocks.%lld.resnets.%d.", (long long)i, r);
+            bind_resnet(b, p, &lv->res[r], r ? cout : cin, cout);
+        }
+        if (i < L - 1) {
+            snprintf(p, sizeof p, "decoder.up_blocks.%lld.upsamplers.0.", (long long)i);
+            bind_conv(b, p, "conv", &lv->sample_w, &lv->sample_b, cout, cout, 3);
+        }
+    }
+    bind_vec(b, "decoder.", "conv_norm_out", &v->dec.norm_out_w, &v->dec.norm_out_b, ch[0]);
+    bind_conv(b, "decoder.", "conv_out", &v->dec.conv_out_w, &v->dec.conv_out_b, c->out_channels, ch[0], 3);
+}
+
+void mmc_vae_free(mmc_vae *v) {
+    if (!v) return;
+    for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
+    for (int i = 0; i < MMC_VAE_MAX_LEVELS; i++) free(v->enc.levels[i].res), free(v->dec.levels[i].res);
+    free(v->params);
+    free(v->param_names);
+    mmc_st_close(v->st);
+    free(v);
+}
+
+/* The component's safetensors: the single file, or the sharded checkpoint's index. */
+static mmc_status open_weights(const char *dir, mmc_st **st) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f) snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors.index.json", dir), f = fopen(p, "rb");
+    if (!f)
+        return mmc_error(MMC_ERR_NOT_FOUND, "%s: no diffusion_pytorch_model.safetensors or "
+                         "diffusion_pytorch_model.safetensors.index.json", dir);
+    fclose(f);
+    return mmc_st_open(p, st);
+}
+
+mmc_status mmc_vae_load(const char *dir, mmc_vae **out) {
+    *out = NULL;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *j = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return st;
+    mmc_vae *v = calloc(1, sizeof *v);
+    binder b = {.v = v, .errcap = 16384};
+    b.errs = calloc(1, b.errcap);
+    if (!v || !b.errs) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    if ((st = mmc_vae_config_read(j, path, &v->cfg))) goto fail;
+    if ((st = alloc_levels(&v->enc, v->cfg.levels, (int)v->cfg.layers_per_block)) ||
+        (st = alloc_levels(&v->dec, v->cfg.levels, (int)v->cfg.layers_per_block + 1)))
+        goto fail;
+    if ((st = open_weights(dir, &v->st))) goto fail;
+    bind_all(&b);
+    if (b.bad) {
+        char more[64] = "";
+        if (b.bad > MAX_LISTED) snprintf(more, sizeof more, "\n  ... and %d more", b.bad - MAX_LISTED);
+        st = mmc_error(MMC_ERR_FORMAT, "%s: AutoencoderKL weights: %d problem%s:%s%s", dir, b.bad, b.bad > 1 ? "s" : "",
+                       b.errs, more);
+        goto fail;
+    }
+    /* a checkpoint with tensors this config does not use was saved from another config */
+    if (mmc_st_count(v->st) != v->n_params) {
+        for (int i = 0; i < mmc_st_count(v->st); i++) {
+            const char *nm = mmc_st_at(v->st, i)->name;
+            bool used = false;
+            for (int k = 0; k < v->n_params && !used; k++) used = !strcmp(v->param_names[k], nm);
+            if (!used) {
+                st = mmc_error(MMC_ERR_FORMAT, "%s: tensor '%s' (and %d more unused) does not belong to the "
+                               "AutoencoderKL that config.json describes", dir, nm,
+                               mmc_st_count(v->st) - v->n_params - 1);
+                goto fail;
+            }
+        }
+    }
+    free(b.errs);
+    mmc_json_free(j);
+    *out = v;
+    return MMC_OK;
+fail:
+    free(b.errs);
+    mmc_json_free(j);
+    mmc_vae_free(v);
+    return st;
+}
+
+const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v) { return &v->cfg; }
+int mmc_vae_downscale(const mmc_vae *v) { return 1 << (v->cfg.levels - 1); }
+int64_t mmc_vae_param_count(const mmc_vae *v) {
+    int64_t n = 0;
+    for (int i = 0; i < v->n_params; i++) n += mmc_numel(v->params[i]);
+    return n;
+}
+
+/* ------------------------------------------------------------------ forward */
+/* Without a tape to feed, drop everything a block allocated after `m` but its output. */
+static mmc_tensor *keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y) {
+    if (mmc_requires_grad(y)) return y;
+    mmc_arena_mark sm = mmc_scratch_mark(ctx);
+    size_t nb = mmc_nbytes(y);
+    void *tmp = mmc_scratch_alloc(ctx, nb);
+    memcpy(tmp, y->data, nb);
+    int ndim = y->ndim;
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, y->shape, sizeof shape);
+    mmc_arena_release(mmc_ctx_arena(ctx), m);
+    mmc_tensor *out = mmc_new(ctx, MMC_F32, ndim, shape);
+    memcpy(out->data, tmp, nb);
+    mmc_scratch_release(ctx, sm);
+    return out;
+}
+
+static mmc_tensor *norm_silu(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b) {
+    return mmc_silu(ctx, mmc_groupnorm(ctx, x, (int)v->cfg.norm_num_groups, w, b, VAE_EPS));
+}
+
+/* ResnetBlock2D (temb None, output_scale_factor 1): x [B, Cin, H, W] -> [B, Cout, H, W] */
+static mmc_tensor *resnet_forward(mmc_ctx *ctx, const mmc_vae *v, const resnet_block *r, mmc_tensor *x) {
+    mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    mmc_tensor *h = norm_silu(ctx, v, x, r->norm1_w, r->norm1_b);
+    h = keep(ctx, m, mmc_conv2d(ctx, h, r->conv1_w, r->conv1_b, 1, 1));   /* [B, Cout, H, W] */
+    mmc_arena_mark m2 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    h = norm_silu(ctx, v, h, r->norm2_w, r->norm2_b);
+    h = keep(ctx, m2, mmc_conv2d(ctx, h, r->conv2_w, r->conv2_b, 1, 1));
+    mmc_tensor *shortcut = r->shortcut_w ? mmc_conv2d(ctx, x, r->shortcut_w, r->shortcut_b, 1, 0) : x;
+    return keep(ctx, m, mmc_add(ctx, shortcut, h));
+}
+
+/* Attention (AttnProcessor2_0, one head of dim C, residual): x [B, C, H, W] -> same */
+static mmc_tensor *attn_forward(mmc_ctx *ctx, const mmc_vae *v, const attn_block *a, mmc_tensor *x) {
+    mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    const int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+    mmc_tensor *h = mmc_groupnorm(ctx, x, (int)v->cfg.norm_num_groups, a->norm_w, a->norm_b, VAE_EPS);
+    h = mmc_reshape(ctx, h, 3, MMC_SHAPE(B, C, H * W));
+    h = mmc_contiguous(ctx, mmc_transpose(ctx, h, 1, 2));                  /* [B, HW, C] */
+    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, h, a->q_w, a->q_b), 4, MMC_SHAPE(B, H * W, 1, C));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, h, a->k_w, a->k_b), 4, MMC_SHAPE(B, H * W, 1, C));
+    mmc_tensor *val = mmc_reshape(ctx, mmc_linear(ctx, h, a->v_w, a->v_b), 4, MMC_SHAPE(B, H * W, 1, C));
+    mmc_attn_opts opts = {.scale = (float)(1.0 / sqrt((double)C))};        /* attn.scale = dim_head ** -0.5 */
+    h = mmc_attention(ctx, q, k, val, &opts);                              /* [B, HW, 1, C] */
+    h = mmc_linear(ctx, mmc_reshape(ctx, h, 3, MMC_SHAPE(B, H * W, C)), a->o_w, a->o_b);
+    h = mmc_contiguous(ctx, mmc_transpose(ctx, h, 1, 2));                  /* [B, C, HW] */
+    h = mmc_reshape(ctx, h, 4, MMC_SHAPE(B, C, H, W));
+    return keep(ctx, m, mmc_add(ctx, h, x));                               /* rescale_output_factor 1 */
+}
+
+/* UNetMidBlock2D: resnet, attention, resnet */
+static mmc_tensor *mid_forward(mmc_ctx *ctx, const mmc_vae *v, const mid_block *mb, mmc_tensor *x) {
+    x = resnet_forward(ctx, v, &mb->res0, x);
+    if (mb->has_attn) x = attn_forward(ctx, v, &mb->attn, x);
+    return resnet_forward(ctx, v, &mb->res1, x);
+}
+
+/* GroupNorm -> SiLU -> conv_out */
+static mmc_tensor *out_forward(mmc_ctx *ctx, const mmc_vae *v, const coder *cd, mmc_tensor *x) {
+    mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    mmc_tensor *h = norm_silu(ctx, v, x, cd->norm_out_w, cd->norm_out_b);
+    return keep(ctx, m, mmc_conv2d(ctx, h, cd->conv_out_w, cd->conv_out_b, 1, 1));
+}
+
+/* Encoder: x [B, Cin, H, W] -> [B, 2*Cl, H/f, W/f] */
+static mmc_tensor *encoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x) {
+    const coder *e = &v->enc;
+    mmc_tensor *h = mmc_conv2d(ctx, x, e->conv_in_w, e->conv_in_b, 1, 1);   /* [B, ch0, H, W] */
+    for (int64_t i = 0; i < v->cfg.levels; i++) {
+        const level_block *lv = &e->levels[i];
+        for (int r = 0; r < lv->n_res; r++) h = resnet_forward(ctx, v, &lv->res[r], h);
+        if (lv->sample_w) {   /* Downsample2D(padding=0): pad right and bottom, conv stride 2 */
+            mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+            mmc_tensor *p = mmc_pad2d(ctx, h, 0, 1, 0, 1);
+            h = keep(ctx, m, mmc_conv2d(ctx, p, lv->sample_w, lv->sample_b, 2, 0));   /* [B, C, H/2, W/2] */
+        }
+    }
+    h = mid_forward(ctx, v, &e->mid, h);
+    return out_forward(ctx, v, e, h);
+}
+
+/* Decoder: z [B, Cl, h, w] -> [B, Cout, h*f, w*f] */
+static mmc_tensor *decoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *z) {
+    const coder *d = &v->dec;
+    mmc_tensor *h = mmc_conv2d(ctx, z, d->conv_in_w, d->conv_in_b, 1, 1);   /* [B, top, h, w] */
+    h = mid_forward(ctx, v, &d->mid, h);
+    for (int64_t i = 0; i < v->cfg.levels; i++) {
+        const level_block *lv = &d->levels[i];
+        for (int r = 0; r < lv->n_res; r++) h = resnet_forward(ctx, v, &lv->res[r], h);
+        if (lv->sample_w) {   /* Upsample2D: nearest 2x, 3x3 conv */
+            mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+            mmc_tensor *u = mmc_upsample_nearest2x(ctx, h);                  /* [B, C, 2h, 2w] */
+            h = keep(ctx, m, mmc_conv2d(ctx, u, lv->sample_w, lv->sample_b, 1, 1));
+        }
+    }
+    return out_forward(ctx, v, d, h);
+}
+
+static void check_input(const mmc_vae *v, const mmc_tensor *x, int64_t channels, int64_t multiple,
+                        const char *op) {
+    char s[64];
+    MMC_CHECK(x && x->dtype == MMC_F32 && x->ndim == 4 && mmc_is_contiguous(x) && x->shape[1] == channels &&
+                  x->shape[2] % multiple == 0 && x->shape[3] % multiple == 0 && x->shape[2] > 0 && x->shape[3] > 0,
+              "%s: need contiguous f32 [B, %lld, H, W] with H, W multiples of %lld, got %s", op,
+              (long long)channels, (long long)multiple, x ? mmc_shape_str(x, s, sizeof s) : "NULL");
+}
+
+mmc_tensor *mmc_vae_encode(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x) {
+    check_input(v, x, v->cfg.in_channels, mmc_vae_downscale(v), "mmc_vae_encode");
+    mmc_tensor *h = encoder_forward(ctx, v, x);
+    if (v->quant_w) h = mmc_conv2d(ctx, h, v->quant_w, v->quant_b, 1, 0);
+    return h;                                                              /* [B, 2Cl, H/f, W/f] */
+}
+
+mmc_tensor *mmc_vae_decode(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z) {
+    check_input(v, z, v->cfg.latent_channels, 1, "mmc_vae_decode");
+    if (v->post_quant_w) z = mmc_conv2d(ctx, z, v->post_quant_w, v->post_quant_b, 1, 0);
+    return decoder_forward(ctx, v, z);
+}
+
+/* ------------------------------------------------------------------ latent distribution */
+void mmc_vae_latent_dist(mmc_ctx *ctx, mmc_tensor *moments, mmc_tensor **mean, mmc_tensor **logvar,
+                         mmc_tensor **std) {
+    char s[64];
+    MMC_CHECK(moments->dtype == MMC_F32 && moments->ndim == 4 && mmc_is_contiguous(moments) &&
+                  moments->shape[1] % 2 == 0,
+              "mmc_vae_latent_dist: moments must be contiguous f32 [B, 2*Cl, h, w], got %s",
+              mmc_shape_str(moments, s, sizeof s));
+    const int64_t B = moments->shape[0], Cl = moments->shape[1] / 2, P = Cl * moments->shape[2] * moments->shape[3];
+    const int64_t shape[4] = {B, Cl, moments->shape[2], moments->shape[3]};
+    mmc_tensor *mu = mean ? mmc_new(ctx, MMC_F32, 4, shape) : NULL;
+    mmc_tensor *lv = logvar ? mmc_new(ctx, MMC_F32, 4, shape) : NULL;
+    mmc_tensor *sd = std ? mmc_new(ctx, MMC_F32, 4, shape) : NULL;
+    const float *md = moments->data;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < P; i++) {   /* torch.chunk(moments, 2, dim=1): mean first */
+            float l = md[(2 * b + 1) * P + i];
+            l = l < -30.0f ? -30.0f : l > 20.0f ? 20.0f : l;
+            if (mu) ((float *)mu->data)[b * P + i] = md[2 * b * P + i];
+            if (lv) ((float *)lv->data)[b * P + i] = l;
+            if (sd) ((float *)sd->data)[b * P + i] = expf(0.5f * l);
+        }
+    if (mean) *mean = mu;
+    if (logvar) *logvar = lv;
+    if (std) *std = sd;
+}
+
+mmc_tensor *mmc_vae_sample(mmc_ctx *ctx, mmc_tensor *moments, mmc_tensor *noise, uint64_t seed) {
+    mmc_tensor *mean, *std;
+    mmc_vae_latent_dist(ctx, moments, &mean, NULL, &std);
+    const int64_t n = mmc_numel(mean);
+    const float *e;
+    mmc_arena_mark sm = mmc_scratch_mark(ctx);
+    if (noise) {
+        char a[64], b[64];
+        MMC_CHECK(noise->dtype == MMC_F32 && mmc_is_contiguous(noise) && mmc_same_shape(noise, mean),
+                  "mmc_vae_sample: noise %s must be contiguous f32 of the latent's shape %s",
+                  mmc_shape_str(noise, a, sizeof a), mmc_shape_str(mean, b, sizeof b));
+        e = noise->data;
+    } else {
+        float *r = mmc_scratch_alloc(ctx, (size_t)n * sizeof(float));
+        mmc_rng rng;
+        mmc_rng_init(&rng, seed);
+        mmc_rng_normal(&rng, r, n, 0.0f, 1.0f);
+        e = r;
+    }
+    float *md = mean->data;
+    const float *sd = std->data;
+    for (int64_t i = 0; i < n; i++) md[i] = md[i] + sd[i] * e[i];
+    mmc_scratch_release(ctx, sm);
+    return mean;                                                           /* [B, Cl, h, w] */
+}
+
+void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z) {
+    const float sh = (float)v->cfg.shift_factor, sc = (float)v->cfg.scaling_factor;
+    float *d = z->data;
+    for (int64_t i = 0; i < mmc_numel(z); i++) d[i] = (d[i] - sh) * sc;
+}
+
+void mmc_vae_unscale_latents(const mmc_vae *v, mmc_tensor *z) {
+    const float sh = (float)v->cfg.shift_factor, sc = (float)v->cfg.scaling_factor;
+    float *d = z->data;
+    for (int64_t i = 0; i < mmc_numel(z); i++) d[i] = d[i] / sc + sh;
+}
+
+/* ------------------------------------------------------------------ tiled decode */
+typedef struct {
+    int64_t h, w;       /* decoded tile [B, C, h, w] */
+    float *data;
+} tile;
+
+/* blend_v / blend_h: the first `ext` rows (columns) of b fade in from the last ext of a:
+ * b = a * (1 - y / ext) + b * (y / ext), with the weights Python doubles cast to float32 */
+static void blend(const tile *a, tile *b, int64_t BC, int64_t ext, bool vertical) {
+    const int64_t lim = vertical ? (a->h < b->h ? a->h : b->h) : (a->w < b->w ? a->w : b->w);
+    if (ext > lim) ext = lim;   /* blend_extent = min(a.shape[d], b.shape[d], blend_extent) */
+    for (int64_t y = 0; y < ext; y++) {
+        const float wa = (float)(1.0 - (double)y / (double)ext), wb = (float)((double)y / (double)ext);
+        for (int64_t p = 0; p < BC; p++) {
+            if (vertical) {   /* row y of b, row a->h - ext + y of a (same width) */
+                const float *ar = a->data + (p * a->h + a->h - ext + y) * a->w;
+                float *br = b->data + (p * b->h + y) * b->w;
+                for (int64_t x = 0; x < b->w; x++) br[x] = ar[x] * wa + br[x] * wb;
+            } else {          /* column y of b, column a->w - ext + y of a (same height) */
+                for (int64_t r = 0; r < b->h; r++) {
+                    float *bv = b->data + (p * b->h + r) * b->w + y;
+                    *bv = a->data[(p * a->h + r) * a->w + a->w - ext + y] * wa + *bv * wb;
+                }
+            }
+        }
+    }
+}
+
+/* diffusers' tiled_decode / _tiled_encode: input tiles of tile_in (every 3/4 of a tile), each
+ * run through fn (decode, or encode + quant_conv) to an output tile of up to tile_out, blended
+ * over tile_out/4 with its upper and left neighbours, cropped to tile_out - tile_out/4. */
+typedef mmc_tensor *(*tile_fn)(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x);
+
+static mmc_tensor *tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_t tile_in, int64_t tile_out, int64_t C,
+                         tile_fn fn) {
+    const int64_t B = z->shape[0], Cin = z->shape[1], H = z->shape[2], W = z->shape[3];
+    const int64_t overlap = (int64_t)((double)tile_in * (1 - 0.25));
+    const int64_t ext = (int64_t)((double)tile_out * 0.25), limit = tile_out - ext;
+    const int64_t rows = (H + overlap - 1) / overlap, cols = (W + overlap - 1) / overlap;
+    tile *t = calloc((size_t)(rows * cols), sizeof *t);
+    MMC_CHECK(t, "mmc_vae tiling: out of memory");
+    mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            const int64_t i0 = i * overlap, j0 = j * overlap;
+            const int64_t th = H - i0 < tile_in ? H - i0 : tile_in, tw = W - j0 < tile_in ? W - j0 : tile_in;
+            mmc_tensor *zt = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, Cin, th, tw));   /* z[:, :, i0:, j0:] */
+            for (int64_t p = 0; p < B * Cin; p++)
+                for (int64_t r = 0; r < th; r++)
+                    memcpy((float *)zt->data + (p * th + r) * tw, (const float *)z->data + (p * H + i0 + r) * W + j0,
+                           (size_t)tw * sizeof(float));
+            mmc_tensor *d = fn(ctx, v, zt);                                /* [B, C, th', tw'] */
+            tile *tt = &t[i * cols + j];
+            tt->h = d->shape[2], tt->w = d->shape[3];
+            tt->data = malloc(mmc_nbytes(d));
+            MMC_CHECK(tt->data, "mmc_vae tiling: out of memory");
+            memcpy(tt->data, d->data, mmc_nbytes(d));
+            mmc_arena_release(mmc_ctx_arena(ctx), m);
+        }
+    /* blend in diffusers' order (in place, so later tiles blend with already-blended ones) */
+    int64_t Ho = 0, Wo = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < cols; j++) {
+            if (i > 0) blend(&t[(i - 1) * cols + j], &t[i * cols + j], B * C, ext, true);
+            if (j > 0) blend(&t[i * cols + j - 1], &t[i * cols + j], B * C, ext, false);
+        }
+        Ho += t[i * cols].h < limit ? t[i * cols].h : limit;
+    }
+    for (int64_t j = 0; j < cols; j++) Wo += t[j].w < limit ? t[j].w : limit;
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, C, Ho, Wo));     /* [B, C, Ho, Wo] */
+    int64_t y0 = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        int64_t x0 = 0, rh = 0;
+        for (int64_t j = 0; j < cols; j++) {
+            const tile *tt = &t[i * cols + j];
+            const int64_t ch = tt->h < limit ? tt->h : limit, cw = tt->w < limit ? tt->w : limit;
+            for (int64_t p = 0; p < B * C; p++)
+                for (int64_t r = 0; r < ch; r++)
+                    memcpy((float *)y->data + (p * Ho + y0 + r) * Wo + x0, tt->data + (p * tt->h + r) * tt->w,
+                           (size_t)cw * sizeof(float));
+            x0 += cw, rh = ch;
+        }
+        y0 += rh;
+    }
+    for (int64_t k = 0; k < rows * cols; k++) free(t[k].data);
+    free(t);
+    return y;
+}
+
+mmc_tensor *mmc_vae_decode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z, int64_t tile_sample) {
+    check_input(v, z, v->cfg.latent_channels, 1, "mmc_vae_decode_tiled");
+    MMC_CHECK(!mmc_requires_grad(z), "mmc_vae_decode_tiled is inference-only");
+    if (tile_sample <= 0) tile_sample = v->cfg.sample_size;
+    const int64_t tl = tile_sample / mmc_vae_downscale(v);                 /* tile_latent_min_size */
+    MMC_CHECK(tl >= 1, "mmc_vae_decode_tiled: a tile of %lld pixels is below the downscale %d",
+              (long long)tile_sample, mmc_vae_downscale(v));
+    if (z->shape[2] <= tl && z->shape[3] <= tl) return mmc_vae_decode(ctx, v, z);
+    return tiled(ctx, v, z, tl, tile_sample, v->cfg.out_channels, mmc_vae_decode);
+}
+
+mmc_tensor *mmc_vae_encode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x, int64_t tile_sample) {
+    check_input(v, x, v->cfg.in_channels, mmc_vae_downscale(v), "mmc_vae_encode_tiled");
+    MMC_CHECK(!mmc_requires_grad(x), "mmc_vae_encode_tiled is inference-only");
+    if (tile_sample <= 0) tile_sample = v->cfg.sample_size;
+    const int64_t tl = tile_sample / mmc_vae_downscale(v);
+    MMC_CHECK(tl >= 1 && tile_sample % mmc_vae_downscale(v) == 0,
+              "mmc_vae_encode_tiled: a tile of %lld pixels is not a positive multiple of the downscale %d",
+              (long long)tile_sample, mmc_vae_downscale(v));
+    if (x->shape[2] <= tile_sample && x->shape[3] <= tile_sample) return mmc_vae_encode(ctx, v, x);
+    /* input tiles of tile_sample pixels, blended over tl/4 latents */
+    return tiled(ctx, v, x, tile_sample, tl, 2 * v->cfg.latent_channels, mmc_vae_encode);
+}
