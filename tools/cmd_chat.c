@@ -19,6 +19,8 @@ void help_chat(FILE *f) {
             "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
             "  --adapter DIR            apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
+            "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
+            "                           PIL's decompression-bomb limit)\n"
             "  --max-new-tokens N       per reply (default 256)\n"
             "  --temperature T          sample with temperature T (default: greedy)\n"
             "  --top-p P, --top-k K     sampling filters\n"
@@ -39,7 +41,7 @@ static void trim(char *s) {
 
 int cmd_chat(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *system = NULL;
-    long long max_new = 256, seed = 0, top_k = 0;
+    long long max_new = 256, seed = 0, top_k = 0, max_image_pixels = 0;
     double temp = 0, top_p = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -52,12 +54,14 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_int(a, v, 0, 1 << 30, &top_k)) return 2; }
         else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_float(a, v, 1e-6, 1, &top_p)) return 2; }
         else if (!strcmp(a, "--seed")) { VAL(); if (!cli_int(a, v, 0, (1LL << 62), &seed)) return 2; }
+        else if (!strcmp(a, "--max-image-pixels")) { VAL(); if (!cli_int(a, v, 1, 1LL << 40, &max_image_pixels)) return 2; }
         else return cli_fail(MMC_OK, "chat: unknown option '%s' (see mmc chat --help)", a);
 #undef VAL
     }
     if (!model && !adapter) return cli_fail(MMC_OK, "chat: --model DIR is required (see mmc chat --help)");
     cli_model cm;
     mmc_status st = cli_model_load(model, adapter, &cm);
+    cm.max_image_pixels = max_image_pixels;
     if (st) return cli_fail(st, "chat: cannot load the model");
     bool tty = isatty(STDIN_FILENO);
     if (tty) fprintf(stderr, "mmc chat — %s%s%s (%s). /image PATH, /reset, /quit.\n", cm.base_dir,

@@ -22,6 +22,8 @@ void help_generate(FILE *f) {
             "  --system TEXT            system prompt (default: the template's default)\n"
             "  --image FILE             attach an image (repeatable; vision-language models)\n"
             "  --video DIR              attach a video given as a folder of frames\n"
+            "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
+            "                           PIL's decompression-bomb limit)\n"
             "  --max-new-tokens N       stop after N new tokens (default 128)\n"
             "  --temperature T          sample with temperature T (default: greedy)\n"
             "  --top-k K                keep the K most likely tokens (default off)\n"

@@ -44,6 +44,18 @@ static void json_bool(const cJSON *o, const char *key, bool *v) {
     if (cJSON_IsBool(x)) *v = cJSON_IsTrue(x);
 }
 
+/* Pixel budgets above 2^40 (a square of a million pixels a side) are not images. */
+#define PROC_MAX_PIXELS ((int64_t)1 << 40)
+
+/* A whole number in [1, hi] from the file, or an error naming the key. */
+static mmc_status proc_int(const char *path, const char *prefix, const char *key, double v, int64_t hi, int64_t *out) {
+    if (!(v >= 1 && v <= (double)hi) || v != floor(v))
+        return mmc_error(MMC_ERR_FORMAT, "%s: %s%s = %g must be a whole number from 1 to %lld", path, prefix, key, v,
+                         (long long)hi);
+    *out = (int64_t)v;
+    return MMC_OK;
+}
+
 mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p) {
     char *text = NULL;
     size_t len = 0;
@@ -59,22 +71,37 @@ mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p) {
     cJSON *nested = cJSON_DetachItemFromObjectCaseSensitive(root, "image_processor");
     if (cJSON_IsObject(nested)) { cJSON_Delete(root); root = nested; }
     else cJSON_Delete(nested);
+    /* numbers from the file are range-checked before any conversion: a double outside an
+     * integer type's range does not convert (undefined behaviour), and sizes feed products */
     double v;
     const cJSON *size = cJSON_GetObjectItemCaseSensitive(root, "size");
+    const char *key = NULL;
     if (cJSON_IsObject(size)) {
-        if (json_num(size, "shortest_edge", &v) || json_num(size, "min_pixels", &v)) p->min_pixels = (int64_t)v;
-        if (json_num(size, "longest_edge", &v) || json_num(size, "max_pixels", &v)) p->max_pixels = (int64_t)v;
+        if (json_num(size, key = "shortest_edge", &v) || json_num(size, key = "min_pixels", &v))
+            if ((st = proc_int(path, "size.", key, v, PROC_MAX_PIXELS, &p->min_pixels))) goto fail;
+        if (json_num(size, key = "longest_edge", &v) || json_num(size, key = "max_pixels", &v))
+            if ((st = proc_int(path, "size.", key, v, PROC_MAX_PIXELS, &p->max_pixels))) goto fail;
     }
-    if (json_num(root, "min_pixels", &v)) p->min_pixels = (int64_t)v;
-    if (json_num(root, "max_pixels", &v)) p->max_pixels = (int64_t)v;
-    if (json_num(root, "patch_size", &v)) p->patch_size = (int)v;
-    if (json_num(root, "merge_size", &v)) p->merge_size = (int)v;
-    if (json_num(root, "temporal_patch_size", &v)) p->temporal_patch_size = (int)v;
+    int64_t iv = 0;
+    if (json_num(root, "min_pixels", &v) && (st = proc_int(path, "", "min_pixels", v, PROC_MAX_PIXELS, &p->min_pixels))) goto fail;
+    if (json_num(root, "max_pixels", &v) && (st = proc_int(path, "", "max_pixels", v, PROC_MAX_PIXELS, &p->max_pixels))) goto fail;
+    if (json_num(root, "patch_size", &v)) {
+        if ((st = proc_int(path, "", "patch_size", v, 1024, &iv))) goto fail;
+        p->patch_size = (int)iv;
+    }
+    if (json_num(root, "merge_size", &v)) {
+        if ((st = proc_int(path, "", "merge_size", v, 64, &iv))) goto fail;
+        p->merge_size = (int)iv;
+    }
+    if (json_num(root, "temporal_patch_size", &v)) {
+        if ((st = proc_int(path, "", "temporal_patch_size", v, 64, &iv))) goto fail;
+        p->temporal_patch_size = (int)iv;
+    }
     if (json_num(root, "rescale_factor", &v)) p->rescale_factor = v;
     if (json_num(root, "resample", &v)) {
-        if ((int)v == 3) p->resample = MMC_RESAMPLE_BICUBIC;
-        else if ((int)v == 2) p->resample = MMC_RESAMPLE_BILINEAR;
-        else { cJSON_Delete(root); return mmc_error(MMC_ERR_UNSUPPORTED, "%s: resample=%d (only 2 bilinear, 3 bicubic)", path, (int)v); }
+        if (v == 3) p->resample = MMC_RESAMPLE_BICUBIC;
+        else if (v == 2) p->resample = MMC_RESAMPLE_BILINEAR;
+        else { st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: resample=%g (only 2 bilinear, 3 bicubic)", path, v); goto fail; }
     }
     json_bool(root, "do_resize", &p->do_resize);
     json_bool(root, "do_rescale", &p->do_rescale);
@@ -84,12 +111,12 @@ mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, arr[k]);
         if (!a) continue;
         if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 3) {
-            cJSON_Delete(root);
-            return mmc_error(MMC_ERR_FORMAT, "%s: %s must be a list of 3 numbers", path, arr[k]);
+            st = mmc_error(MMC_ERR_FORMAT, "%s: %s must be a list of 3 numbers", path, arr[k]);
+            goto fail;
         }
         for (int c = 0; c < 3; c++) {
             const cJSON *x = cJSON_GetArrayItem(a, c);
-            if (!cJSON_IsNumber(x)) { cJSON_Delete(root); return mmc_error(MMC_ERR_FORMAT, "%s: %s[%d] not a number", path, arr[k], c); }
+            if (!cJSON_IsNumber(x)) { st = mmc_error(MMC_ERR_FORMAT, "%s: %s[%d] not a number", path, arr[k], c); goto fail; }
             (k ? p->image_std : p->image_mean)[c] = (float)x->valuedouble;
         }
     }
@@ -100,6 +127,9 @@ mmc_status mmc_qwen2vl_proc_load(const char *path, mmc_qwen2vl_proc *p) {
                          p->patch_size, p->merge_size, p->temporal_patch_size, (long long)p->min_pixels,
                          (long long)p->max_pixels);
     return MMC_OK;
+fail:
+    cJSON_Delete(root);
+    return st;
 }
 
 mmc_status mmc_qwen2vl_smart_resize(int height, int width, int factor, int64_t min_pixels, int64_t max_pixels,

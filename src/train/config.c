@@ -4,6 +4,7 @@
  * now, ...). Every error names file:line and the dotted key; unknown keys get the closest
  * valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
 #include "mmc_config.h"
+#include "mmc_image.h"
 #include "mmc_train.h"
 
 #include <math.h>
@@ -54,6 +55,8 @@ static const mmc_cfg_field k_data[] = {
     F(mmc_data_cfg, image_root, MMC_CFG_STR, U, NULL, NULL, "directory relative image paths start from"),
     F(mmc_data_cfg, max_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL, "resize images above this many pixels"),
     F(mmc_data_cfg, min_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL, "resize images below this many pixels"),
+    F(mmc_data_cfg, max_image_pixels, MMC_CFG_INT, 1, 1e12, NULL, NULL,
+      "refuse image files with more pixels (decompression bombs; default PIL's limit)"),
     F(mmc_data_cfg, seq_len, MMC_CFG_INT, 8, 1 << 20, NULL, NULL, "tokens per row"),
     F(mmc_data_cfg, packing, MMC_CFG_BOOL, U, NULL, NULL, "pack samples into seq_len rows"),
     F(mmc_data_cfg, truncation, MMC_CFG_BOOL, U, NULL, NULL, "truncate samples longer than seq_len"),
@@ -122,6 +125,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->model.quantization.block_size = 64;
     c->data.max_pixels = 12845056;   /* Qwen2-VL processor defaults */
     c->data.min_pixels = 3136;
+    c->data.max_image_pixels = MMC_IMAGE_MAX_PIXELS_DEFAULT;
     c->data.seq_len = 2048;
     c->data.packing = false;
     c->data.truncation = true;
