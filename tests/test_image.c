@@ -4,6 +4,8 @@
 #include "mmc_image.h"
 #include "mmc_vlproc.h"
 
+#include <unistd.h>
+
 #define DIR "tests/fixtures/image/"
 
 static const char *NAMES[] = {"cmyk", "exif6", "exif8", "grey16", "grey_L", "grey_alpha_LA", "grey_jpeg",
@@ -363,6 +365,37 @@ static void test_bomb_limits(void) {
     }
 }
 
+/* Processor configs the fuzzer (fuzz_proc_config) turned up, and their neighbours: numbers
+ * outside an integer's range are refused with the key named (converting them was undefined
+ * behaviour), never truncated. */
+static void test_proc_config_regressions(void) {
+    mmc_qwen2vl_proc p;
+    mmc_qwen2vl_proc_default(&p);
+    CHECK_ERR(mmc_qwen2vl_proc_load("fuzz/corpus/proc_config/regress_shortest_edge_1e34.json", &p), MMC_ERR_FORMAT);
+    CHECKF(strstr(mmc_last_error(), "size.shortest_edge") && strstr(mmc_last_error(), "regress_shortest_edge_1e34"),
+           "message: %s", mmc_last_error());
+    char dir[] = "/tmp/mmc_proc_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[64];
+    snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+    const char *bad[] = {"{\"max_pixels\": 1e300}", "{\"patch_size\": -3}", "{\"merge_size\": 2.5}",
+                         "{\"temporal_patch_size\": 1e10}", "{\"resample\": 1e40}", "{\"min_pixels\": 0}"};
+    const char *key[] = {"max_pixels", "patch_size", "merge_size", "temporal_patch_size", "resample", "min_pixels"};
+    for (int i = 0; i < 6; i++) {
+        FILE *f = fopen(path, "w");
+        CHECK(f != NULL);
+        if (!f) break;
+        fputs(bad[i], f);
+        fclose(f);
+        mmc_qwen2vl_proc_default(&p);
+        mmc_status st = mmc_qwen2vl_proc_load(path, &p);
+        CHECKF(st == MMC_ERR_FORMAT || st == MMC_ERR_UNSUPPORTED, "case %d: status %d", i, st);
+        CHECKF(strstr(mmc_last_error(), key[i]), "case %d: message: %s", i, mmc_last_error());
+    }
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     mmc_st *st = fixture_open("image/image.safetensors");
     if (!st) return test_done("test_image");
@@ -373,6 +406,7 @@ int main(void) {
     test_config();
     test_errors();
     test_bomb_limits();
+    test_proc_config_regressions();
     mmc_st_close(st);
     return test_done("test_image");
 }
