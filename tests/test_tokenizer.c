@@ -371,37 +371,31 @@ static void test_malformed_loaders(void) {
     CHECKF(strstr(mmc_last_error(), tj) && strstr(mmc_last_error(), "'t0' and 't1' both have id 0"),
            "message: %s", mmc_last_error());
 
-    /* 3. one entry with id 10^8 (allocated gigabytes); and ids that are not integers */
-    const char *vocabs[] = {"{\"a\": 0, \"huge\": 100000000}", "{\"a\": 0.5}", "{\"a\": \"0\"}", "{\"a\": -1}"};
-    const char *names[] = {"'huge' has id 100000000", "'a' has id 0.5", "'a' has id that is not a number", "'a' has id -1"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(text, 1 << 16, "%s\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": %s}}", head, vocabs[i]);
-        write_text(tj, text);
-        CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
-        CHECKF(strstr(mmc_last_error(), tj) && strstr(mmc_last_error(), names[i]), "case %d: message: %s", i,
-               mmc_last_error());
-    }
-    snprintf(text, 1 << 16, "%s\"added_tokens\": [{\"id\": 100000000, \"content\": \"<big>\"}], "
-             "\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}", head);
-    write_text(tj, text);
-    CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
-    CHECKF(strstr(mmc_last_error(), "added_tokens[0] ('<big>') has id 100000000"), "message: %s", mmc_last_error());
-
-    /* others of the kind: added_tokens not an array, an added token without content, a merge
-     * of an unknown token, a token id past the entries through a gap */
-    const char *others[] = {
-        "\"added_tokens\": {\"x\": 1}, \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
-        "\"added_tokens\": [{\"id\": 1}], \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
-        "\"model\": {\"type\": \"BPE\", \"merges\": [[\"a\", \"zz\"]], \"vocab\": {\"a\": 0}}}",
-        "\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0, \"b\": 2}}}",
+    /* 3. one entry with id 10^8 (allocated gigabytes); ids that are not integers; and others
+     * of the kind: added_tokens not an array, an added token without content, a merge of an
+     * unknown token, an id past the entries read through a gap */
+    static const struct { const char *body, *msg; } cases[] = {
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0, \"huge\": 100000000}}}",
+         "'huge' has id 100000000"},
+        {"\"added_tokens\": [{\"id\": 100000000, \"content\": \"<big>\"}], "
+         "\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
+         "added_tokens[0] ('<big>') has id 100000000"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0.5}}}", "'a' has id 0.5"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": \"0\"}}}", "'a' has id that is not a number"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": -1}}}", "'a' has id -1"},
+        {"\"added_tokens\": {\"x\": 1}, \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
+         "\"added_tokens\" must be an array"},
+        {"\"added_tokens\": [{\"id\": 1}], \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
+         "added token 1 has no \"content\""},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [[\"a\", \"zz\"]], \"vocab\": {\"a\": 0}}}",
+         "merge 0 ('a' + 'zz') uses a token missing"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0, \"b\": 2}}}", "'b' has id 2"},
     };
-    const char *msgs[] = {"\"added_tokens\" must be an array", "added token 1 has no \"content\"",
-                          "merge 0 ('a' + 'zz') uses a token missing", "'b' has id 2"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(text, 1 << 16, "%s%s", head, others[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(text, 1 << 16, "%s%s", head, cases[i].body);
         write_text(tj, text);
         CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
-        CHECKF(strstr(mmc_last_error(), tj) && strstr(mmc_last_error(), msgs[i]), "case %d: message: %s", i,
+        CHECKF(strstr(mmc_last_error(), tj) && strstr(mmc_last_error(), cases[i].msg), "case %zu: message: %s", i,
                mmc_last_error());
     }
     CHECK(tok == NULL);
