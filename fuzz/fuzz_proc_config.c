@@ -30,8 +30,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int h, w;
             (void)mmc_qwen2vl_smart_resize(sizes[i][0], sizes[i][1], (int)factor, p.min_pixels, p.max_pixels, &h, &w);
         }
-        if (p.max_pixels <= (1 << 16) && p.video_max_pixels <= (1 << 16) && p.patch_size <= 64 &&
-            p.temporal_patch_size <= 8) {
+        /* video sizes are not read from the file: keep their budget fuzzer-sized too */
+        if (p.video_max_pixels > (1 << 16)) p.video_max_pixels = 1 << 16;
+        if (p.video_min_pixels > p.video_max_pixels) p.video_min_pixels = p.video_max_pixels;
+        if (p.max_pixels <= (1 << 16) && p.patch_size <= 64 && p.temporal_patch_size <= 8) {
             uint8_t px[3 * 40 * 30];
             for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)(i * 7);
             mmc_image img[2] = {{.width = 40, .height = 30, .data = px}, {.width = 40, .height = 30, .data = px}};
