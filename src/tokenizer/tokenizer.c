@@ -9,6 +9,9 @@
  * decoder (per-token byte mapping, String::from_utf8_lossy). BPE runs on raw bytes: every
  * vocab entry is mapped back from the byte-level alphabet at load, so no alphabet mapping
  * is needed while encoding. Encoded words are cached per work area.
+ * The files are untrusted (fuzz/fuzz_tokenizer_load.c): ids must be integers below the number
+ * of entries read, so no table is sized by a number in the file; two vocab entries with one
+ * id, and malformed sections, are refused with a message naming the file and the entry.
  */
 #include "tok_internal.h"
 #include "mmc_io.h"
@@ -224,9 +227,11 @@ static mmc_status strmap_put(const mmc_tokenizer *t, tok_strmap *m, bool by_str,
                              int32_t id) {
     if (strmap_get(t, m, by_str, k, n) >= 0) return MMC_OK; /* keep the first */
     if (2 * ((size_t)m->count + 1) > (size_t)m->mask + 1) { /* rehash from the stored hashes */
-        tok_strmap g;
-        if (m->mask >= 0x7fffffffu || strmap_init(&g, (size_t)m->mask + 1))
+        tok_strmap g = {0};
+        if (m->mask >= 0x7fffffffu || strmap_init(&g, (size_t)m->mask + 1)) {
+            strmap_free(&g);
             return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+        }
         for (uint32_t i = 0; i <= m->mask; i++) if (m->hash[i]) strmap_insert(&g, m->hash[i], m->id[i]);
         strmap_free(m);
         *m = g;
