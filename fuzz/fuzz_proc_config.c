@@ -6,21 +6,16 @@
  * sizes and, when its pixel budget is small enough for a fuzzer, the preprocessing of a tiny
  * image and a two-frame video, so values that pass the reader but break the processor show
  * up here. */
+#include "fuzz_util.h"
 #include "mmc_image.h"
 #include "mmc_vlproc.h"
 
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int fd = memfd_create("preprocessor_config.json", 0);
-    if (fd < 0) return 0;
-    if (size && write(fd, data, size) != (ssize_t)size) { close(fd); return 0; }
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_input_file(data, size, "preprocessor_config.json", path, sizeof path);
+    if (fd < 0) return 0;
     mmc_qwen2vl_proc p;
     mmc_qwen2vl_proc_default(&p);
     if (mmc_qwen2vl_proc_load(path, &p) == MMC_OK) {
