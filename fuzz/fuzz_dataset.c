@@ -4,7 +4,6 @@
  * text-only record is rendered through the chat template and tokenised (mmc_data_prepare,
  * full and prompt-only) with the fixture tokenizer. Records with media are not opened:
  * their paths come from the input and could name any file. */
-#define _GNU_SOURCE
 #include "mmc_data.h"
 #include "fuzz_util.h"
 
@@ -23,11 +22,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int fd = memfd_create("fuzz.jsonl", 0);
-    if (fd < 0) return 0;
-    if (size && write(fd, data, size) != (ssize_t)size) { close(fd); return 0; }
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_input_file(data, size, "fuzz.jsonl", path, sizeof path);
+    if (fd < 0) return 0;
     mmc_dataset *ds = NULL;
     if (mmc_dataset_load(path, "/nonexistent-mmc-fuzz", &ds) == MMC_OK) {
         mmc_data_opts o;

@@ -7,7 +7,7 @@
  * The shape follows the field's habits (LLaMA-Factory / MindSpeed-MM / HF Trainer names):
  *   model:    {path | init, dtype, freeze, recompute, lora {r, alpha, dropout, targets},
  *              quantization {method, double_quant, block_size}}
- *   data:     {train, eval, image_root, max_pixels, min_pixels, seq_len, packing, truncation,
+ *   data:     {train, eval, image_root, max_pixels, min_pixels, max_image_pixels, seq_len, packing, truncation,
  *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict,
  *              bucket_window, add_vision_id}
  *   parallel: {data_parallel, tensor_parallel, pipeline_parallel, zero, timeout}
@@ -64,6 +64,7 @@ typedef struct {
 typedef struct {
     char *train, *eval, *image_root;
     int64_t max_pixels, min_pixels;
+    int64_t max_image_pixels;   /* refuse image files past this many pixels (PIL's bomb limit) */
     int64_t seq_len;
     bool packing, truncation, shuffle, strict;
     int64_t batch_size, micro_batch_size;

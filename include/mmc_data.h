@@ -86,6 +86,9 @@ typedef struct {
     char *image_root;          /* base for relative media paths (default: dataset's dir) */
     int64_t max_pixels;        /* 0: processor's value */
     int64_t min_pixels;        /* 0: processor's value */
+    int64_t max_image_pixels;  /* refuse decoded images (and video frames) larger than this,
+                                  checked on the file's header (0: MMC_IMAGE_MAX_PIXELS_DEFAULT,
+                                  Pillow's decompression-bomb limit) */
     int64_t seq_len;           /* packed row length / truncation limit (default 2048) */
     bool packing;              /* default false */
     int64_t batch_size;        /* global batch in samples/rows (the trainer's; 0 = micro) */

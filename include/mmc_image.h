@@ -34,16 +34,19 @@ typedef enum {
     MMC_ALPHA_WHITE = 1, /* transformers convert_to_rgb: alpha-composite onto white */
 } mmc_alpha_mode;
 
+/* Default pixel limit: Pillow's decompression-bomb error threshold, 2 x Image.MAX_IMAGE_PIXELS
+ * (89,478,485, where PIL only warns); past it PIL raises DecompressionBombError, so an
+ * image HF can open, mmc can too. Checked against the header's size before any image-sized
+ * allocation. Raise it per run with data.max_image_pixels (YAML) or --max-image-pixels (CLI). */
+#define MMC_IMAGE_MAX_PIXELS_DEFAULT ((int64_t)178956970)
+
 typedef struct {
-    int64_t max_pixels;   /* refuse images with more pixels (0: mmc_image_max_pixels()) */
+    int64_t max_pixels;   /* refuse images with more pixels (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
     bool exif_transpose;  /* apply the EXIF orientation tag (default true, like load_image) */
     mmc_alpha_mode alpha; /* default MMC_ALPHA_DROP */
 } mmc_image_opts;
 
 void mmc_image_opts_default(mmc_image_opts *o);
-/* Process-wide default pixel limit (initially 2^28). */
-void mmc_image_set_max_pixels(int64_t n);
-int64_t mmc_image_max_pixels(void);
 
 /* Decode a JPEG or PNG (detected by magic bytes, not by extension). opts may be NULL. */
 mmc_status mmc_image_load(const char *path, const mmc_image_opts *opts, mmc_image *out);

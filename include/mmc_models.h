@@ -17,6 +17,10 @@
 extern "C" {
 #endif
 
+/* Largest size a config.json may give (hidden, vocab, layers, heads ...): 2^24 is far past
+ * any real model and keeps every product of two or three sizes inside int64. */
+#define MMC_CONFIG_MAX_DIM ((int64_t)1 << 24)
+
 /* ---------------------------------------------------------------- Qwen2 decoder */
 typedef struct {
     int64_t vocab_size;

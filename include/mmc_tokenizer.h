@@ -30,6 +30,10 @@ typedef struct mmc_tokenizer mmc_tokenizer;
 /* Load from a directory (tokenizer.json [+ tokenizer_config.json]) or from the path of a
  * tokenizer.json (tokenizer_config.json is then looked for beside it). */
 mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out);
+/* The same from memory: the bytes of tokenizer.json and (config may be NULL) of
+ * tokenizer_config.json; `name` names them in messages. */
+mmc_status mmc_tokenizer_load_memory(const char *json, size_t n, const char *config, size_t config_n,
+                                     const char *name, mmc_tokenizer **out);
 void mmc_tokenizer_free(mmc_tokenizer *tok);
 
 /* Encode `len` bytes of UTF-8 text (len < 0: NUL-terminated). *ids is malloc'd (free()),

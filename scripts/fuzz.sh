@@ -2,8 +2,9 @@
 # fuzz.sh BUILD_DIR [SECONDS] — run every libFuzzer target in BUILD_DIR (built with
 # -DMMC_FUZZ=ON, see `make fuzz`) for SECONDS each (default 60), starting from the seed
 # corpus fuzz/corpus/<target>/ (new inputs go to a scratch copy, the seeds stay as they
-# are). Fails on the first crash, leak or sanitizer report; the reproducer is left in
-# BUILD_DIR/fuzz-artifacts/.
+# are), with the dictionary fuzz/<target>.dict when there is one (JSON keys: mutations that
+# keep the file parseable reach the loaders). Fails on the first crash, leak or sanitizer
+# report; the reproducer is left in BUILD_DIR/fuzz-artifacts/.
 set -euo pipefail
 BUILD=${1:?usage: fuzz.sh BUILD_DIR [SECONDS]}
 SECS=${2:-60}
@@ -21,11 +22,13 @@ for exe in "${targets[@]}"; do
   mkdir -p "$work"
   dirs=("$work")
   [ -d "$ROOT/fuzz/corpus/$short" ] && dirs+=("$ROOT/fuzz/corpus/$short")
+  dict=()
+  [ -f "$ROOT/fuzz/$short.dict" ] && dict=(-dict="$ROOT/fuzz/$short.dict")
   echo "fuzz: $name for ${SECS}s"
   if ! ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
        "$exe" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
               -artifact_prefix="$ART/$short-" -print_final_stats=1 \
-              "${dirs[@]}" >"$ART/$short.log" 2>&1; then
+              "${dict[@]}" "${dirs[@]}" >"$ART/$short.log" 2>&1; then
     echo "fuzz: $name FAILED — see $ART/$short.log"; tail -n 40 "$ART/$short.log"
     status=1
   else

@@ -4,6 +4,8 @@
 #include "mmc_image.h"
 #include "mmc_vlproc.h"
 
+#include <unistd.h>
+
 #define DIR "tests/fixtures/image/"
 
 static const char *NAMES[] = {"cmyk", "exif6", "exif8", "grey16", "grey_L", "grey_alpha_LA", "grey_jpeg",
@@ -275,12 +277,126 @@ static void test_errors(void) {
     CHECK_ERR(mmc_image_load(DIR "rgb_500x333.jpg", &o, &img), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "rgb_500x333.jpg") && strstr(mmc_last_error(), "500x333"));
     CHECK_ERR(mmc_image_load(DIR "tall_100x900.png", &o, &img), MMC_ERR_INVALID);
-    mmc_image_set_max_pixels(100);
-    CHECK_ERR(mmc_image_load(DIR "rgb_37x53.png", NULL, &img), MMC_ERR_INVALID);
-    mmc_image_set_max_pixels(0);
+    o.max_pixels = 100;
+    CHECK_ERR(mmc_image_load(DIR "rgb_37x53.png", &o, &img), MMC_ERR_INVALID);
     CHECK_OK(mmc_image_load(DIR "rgb_37x53.png", NULL, &img));
     mmc_image_free(&img);
     CHECK_ERR(mmc_load_frames_dir(DIR "nope", NULL, &(mmc_image *){0}, &(int){0}), MMC_ERR_IO);
+}
+
+/* Decompression bombs (issue 12): a few hundred bytes whose header claims a huge image are
+ * refused from the header, before anything image-sized is allocated, at PIL's error threshold
+ * by default; the message names the limit and the setting that raises it. The limit is a
+ * per-call option (no process-wide state): a lowered one refuses a normal image, one pixel
+ * more lets it through. */
+static uint32_t crc32_png(const uint8_t *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1)));
+    }
+    return c ^ 0xFFFFFFFFu;
+}
+static void put32(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v; }
+
+static void test_bomb_limits(void) {
+    CHECK(MMC_IMAGE_MAX_PIXELS_DEFAULT == 2 * 89478485LL); /* PIL: 2 x Image.MAX_IMAGE_PIXELS */
+    mmc_image img = {0};
+    mmc_image_opts o;
+    mmc_image_opts_default(&o);
+    CHECK(o.max_pixels == MMC_IMAGE_MAX_PIXELS_DEFAULT);
+    /* PNG: signature, IHDR 20000 x 20000 RGB (4e8 pixels, 1.2 GB decoded), an empty IDAT, IEND */
+    uint8_t png[8 + 25 + 12 + 12];
+    memcpy(png, "\x89PNG\r\n\x1a\n", 8);
+    uint8_t *c = png + 8;
+    put32(c, 13);
+    memcpy(c + 4, "IHDR", 4);
+    put32(c + 8, 20000);
+    put32(c + 12, 20000);
+    c[16] = 8, c[17] = 2, c[18] = 0, c[19] = 0, c[20] = 0;
+    put32(c + 21, crc32_png(c + 4, 17));
+    c += 25;
+    put32(c, 0);
+    memcpy(c + 4, "IDAT", 4);
+    put32(c + 8, crc32_png(c + 4, 4));
+    c += 12;
+    put32(c, 0);
+    memcpy(c + 4, "IEND", 4);
+    put32(c + 8, crc32_png(c + 4, 4));
+    CHECK_ERR(mmc_image_load_memory(png, sizeof png, "bomb.png", NULL, &img), MMC_ERR_INVALID);
+    CHECKF(strstr(mmc_last_error(), "bomb.png") && strstr(mmc_last_error(), "20000x20000") &&
+           strstr(mmc_last_error(), "178956970") && strstr(mmc_last_error(), "data.max_image_pixels") &&
+           strstr(mmc_last_error(), "--max-image-pixels"), "message: %s", mmc_last_error());
+    CHECK(img.data == NULL);
+    /* a side of 2^31 - 1: no overflow in the check */
+    put32(png + 16, 0x7fffffffu);
+    put32(png + 20, 0x7fffffffu);
+    put32(png + 29, crc32_png(png + 12, 17));
+    CHECK_ERR(mmc_image_load_memory(png, sizeof png, "bomb2.png", &o, &img), MMC_ERR_INVALID);
+    /* JPEG: a real 640x480 file whose SOF claims 65000 x 65000 (4.2e9 pixels) */
+    char *buf = NULL;
+    size_t n = 0;
+    CHECK_OK(mmc_read_file(DIR "rgb_640x480.jpg", &buf, &n));
+    uint8_t *j = (uint8_t *)buf;
+    size_t sof = 0;
+    for (size_t i = 2; i + 9 < n; i++)
+        if (j[i] == 0xFF && (j[i + 1] == 0xC0 || j[i + 1] == 0xC2)) { sof = i; break; }
+    CHECK(sof > 0);
+    if (sof) {
+        j[sof + 5] = 0xFD, j[sof + 6] = 0xE8; /* height 65000 */
+        j[sof + 7] = 0xFD, j[sof + 8] = 0xE8; /* width 65000 */
+        CHECK_ERR(mmc_image_load_memory(buf, n, "bomb.jpg", &o, &img), MMC_ERR_INVALID);
+        CHECKF(strstr(mmc_last_error(), "bomb.jpg") && strstr(mmc_last_error(), "65000x65000") &&
+               strstr(mmc_last_error(), "178956970") && strstr(mmc_last_error(), "max_image_pixels"),
+               "message: %s", mmc_last_error());
+    }
+    free(buf);
+    /* a normal image: refused one pixel under its size, decoded at its size; PNG and JPEG */
+    const char *files[] = {DIR "rgb_37x53.png", DIR "rgb_500x333.jpg"};
+    const int64_t px[] = {37 * 53, 500 * 333};
+    for (int i = 0; i < 2; i++) {
+        o.max_pixels = px[i] - 1;
+        CHECK_ERR(mmc_image_load(files[i], &o, &img), MMC_ERR_INVALID);
+        CHECKF(strstr(mmc_last_error(), "max_image_pixels"), "message: %s", mmc_last_error());
+        o.max_pixels = px[i];
+        CHECK_OK(mmc_image_load(files[i], &o, &img));
+        CHECK((int64_t)img.width * img.height == px[i]);
+        mmc_image_free(&img);
+    }
+}
+
+/* Processor configs the fuzzer (fuzz_proc_config) turned up, and their neighbours: numbers
+ * outside an integer's range are refused with the key named (converting them was undefined
+ * behaviour), never truncated. */
+static void test_proc_config_regressions(void) {
+    mmc_qwen2vl_proc p;
+    mmc_qwen2vl_proc_default(&p);
+    /* the crash input also has text after its closing brace, which the reader refuses first
+     * (transformers' json.load refuses it too); the same value in a well-formed file is below */
+    CHECK_ERR(mmc_qwen2vl_proc_load("fuzz/corpus/proc_config/regress_shortest_edge_1e34.json", &p), MMC_ERR_FORMAT);
+    CHECKF(strstr(mmc_last_error(), "regress_shortest_edge_1e34"), "message: %s", mmc_last_error());
+    char dir[] = "/tmp/mmc_proc_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[64];
+    snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+    const char *bad[] = {"{\"max_pixels\": 1e300}", "{\"patch_size\": -3}", "{\"merge_size\": 2.5}",
+                         "{\"temporal_patch_size\": 1e10}", "{\"resample\": 1e40}", "{\"min_pixels\": 0}",
+                         "{\"size\": {\"shortest_edge\": 1.4e34, \"longest_edge\": 1000}}"};
+    const char *key[] = {"max_pixels", "patch_size", "merge_size", "temporal_patch_size", "resample", "min_pixels",
+                         "size.shortest_edge"};
+    for (int i = 0; i < 7; i++) {
+        FILE *f = fopen(path, "w");
+        CHECK(f != NULL);
+        if (!f) break;
+        fputs(bad[i], f);
+        fclose(f);
+        mmc_qwen2vl_proc_default(&p);
+        mmc_status st = mmc_qwen2vl_proc_load(path, &p);
+        CHECKF(st == MMC_ERR_FORMAT || st == MMC_ERR_UNSUPPORTED, "case %d: status %d", i, st);
+        CHECKF(strstr(mmc_last_error(), key[i]), "case %d: message: %s", i, mmc_last_error());
+    }
+    remove(path);
+    rmdir(dir);
 }
 
 int main(void) {
@@ -292,6 +408,8 @@ int main(void) {
     test_video(st);
     test_config();
     test_errors();
+    test_bomb_limits();
+    test_proc_config_regressions();
     mmc_st_close(st);
     return test_done("test_image");
 }

@@ -306,6 +306,31 @@ static void test_missing_weight(void) {
     rmdir(dir);
 }
 
+/* config.json inputs that were undefined behaviour in the readers (found while fuzzing
+ * fuzz_model_config; kept as its corpus): a double past int64 converted, sizes whose sum or
+ * product overflowed. Each is refused, naming the key. */
+static void test_config_regressions(void) {
+    static const struct { const char *file, *key; mmc_vl_arch arch; } cases[] = {
+        {"regress_mlp_ratio_1e300.json", "mlp_ratio", MMC_VL_QWEN2},
+        {"regress_mrope_overflow.json", "mrope_section", MMC_VL_QWEN2},
+        {"regress_merge_times_patch_overflow.json", "spatial_merge_size", MMC_VL_QWEN2_5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "fuzz/corpus/model_config/%s", cases[i].file);
+        mmc_json *j = NULL;
+        CHECK_OK(mmc_json_load(path, &j));
+        if (!j) continue;
+        mmc_qwen2_config tc;
+        mmc_vision_config vc;
+        mmc_status st = mmc_qwen2_config_read(j, &tc);
+        if (!st) st = mmc_vision_config_read(j, cases[i].arch, &vc);
+        CHECKF(st == MMC_ERR_FORMAT && strstr(mmc_last_error(), cases[i].key), "%s: status %d, message: %s",
+               cases[i].file, st, mmc_last_error());
+        mmc_json_free(j);
+    }
+}
+
 int main(void) {
     ref = fixture_open("qwen2_vl/ref.safetensors");
     if (!ref) return test_done("test_qwen2_vl");
@@ -337,6 +362,7 @@ int main(void) {
             mmc_qwen2_vl_free(m);
         }
     test_missing_weight();
+    test_config_regressions();
     mmc_st_close(ref);
     return test_done("test_qwen2_vl");
 }

@@ -316,6 +316,94 @@ static void test_errors(void) {
     rmdir(dir);
 }
 
+/* Untrusted tokenizer files (issue 12): each malformed file is refused with a message naming
+ * the file and the entry, without crashing, hanging or allocating per a number in the file. */
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+static void test_malformed_loaders(void) {
+    char dir[] = "/tmp/mmc_tokbad_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char tj[256], tc[256];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    snprintf(tc, sizeof tc, "%s/tokenizer_config.json", dir);
+    const char *head = "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}, "
+                       "\"decoder\": {\"type\": \"ByteLevel\"}, ";
+    char *text = malloc(1 << 16);
+    mmc_tokenizer *tok = NULL;
+
+    /* a well-formed base: loads, and added_tokens_decoder (an object keyed by id) is read */
+    snprintf(text, 1 << 16, "%s\"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", \"special\": true}], "
+             "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}}", head);
+    write_text(tj, text);
+    write_text(tc, "{\"added_tokens_decoder\": {\"3\": {\"content\": \"<s>\", \"special\": true}}, \"eos_token\": \"<s>\"}");
+    CHECK_OK(mmc_tokenizer_load(dir, &tok));
+    CHECK(mmc_tokenizer_special_id(tok, MMC_TOK_EOS) == 3);
+    mmc_tokenizer_free(tok);
+    tok = NULL;
+
+    /* 1. added_tokens_decoder as an array (was strtol(NULL): a crash) */
+    write_text(tc, "{\"added_tokens_decoder\": [{\"content\": \"<s>\", \"special\": true}]}");
+    CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
+    CHECKF(strstr(mmc_last_error(), "tokenizer_config.json") && strstr(mmc_last_error(), "added_tokens_decoder"),
+           "message: %s", mmc_last_error());
+    /* ... and keys that are not ids */
+    write_text(tc, "{\"added_tokens_decoder\": {\"\": {\"content\": \"<s>\"}}}");
+    CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
+    CHECKF(strstr(mmc_last_error(), "tokenizer_config.json") && strstr(mmc_last_error(), "not a token id"),
+           "message: %s", mmc_last_error());
+    write_text(tc, "{\"added_tokens_decoder\": {\"3\": {\"content\": 7}}}");
+    CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
+    CHECKF(strstr(mmc_last_error(), "tokenizer_config.json") && strstr(mmc_last_error(), "content"),
+           "message: %s", mmc_last_error());
+    remove(tc);
+
+    /* 2. duplicate ids: 200 tokens with id 0 (filled the id-sized hash table: lookups never ended) */
+    int k = snprintf(text, 1 << 16, "%s\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {", head);
+    for (int i = 0; i < 200; i++) k += snprintf(text + k, (size_t)(1 << 16) - (size_t)k, "%s\"t%d\": 0", i ? ", " : "", i);
+    snprintf(text + k, (size_t)(1 << 16) - (size_t)k, "}}}");
+    write_text(tj, text);
+    CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
+    CHECKF(strstr(mmc_last_error(), tj) && strstr(mmc_last_error(), "'t0' and 't1' both have id 0"),
+           "message: %s", mmc_last_error());
+
+    /* 3. one entry with id 10^8 (allocated gigabytes); ids that are not integers; and others
+     * of the kind: added_tokens not an array, an added token without content, a merge of an
+     * unknown token, an id past the entries read through a gap */
+    static const struct { const char *body, *msg; } cases[] = {
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0, \"huge\": 100000000}}}",
+         "'huge' has id 100000000"},
+        {"\"added_tokens\": [{\"id\": 100000000, \"content\": \"<big>\"}], "
+         "\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
+         "added_tokens[0] ('<big>') has id 100000000"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0.5}}}", "'a' has id 0.5"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": \"0\"}}}", "'a' has id that is not a number"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": -1}}}", "'a' has id -1"},
+        {"\"added_tokens\": {\"x\": 1}, \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
+         "\"added_tokens\" must be an array"},
+        {"\"added_tokens\": [{\"id\": 1}], \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0}}}",
+         "added token 1 has no \"content\""},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [[\"a\", \"zz\"]], \"vocab\": {\"a\": 0}}}",
+         "merge 0 ('a' + 'zz') uses a token missing"},
+        {"\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"a\": 0, \"b\": 2}}}", "'b' has id 2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(text, 1 << 16, "%s%s", head, cases[i].body);
+        write_text(tj, text);
+        CHECK_ERR(mmc_tokenizer_load(dir, &tok), MMC_ERR_FORMAT);
+        CHECKF(strstr(mmc_last_error(), tj) && strstr(mmc_last_error(), cases[i].msg), "case %zu: message: %s", i,
+               mmc_last_error());
+    }
+    CHECK(tok == NULL);
+    free(text);
+    remove(tj);
+    rmdir(dir);
+}
+
 static void test_real_qwen(void) {
     const char *p = getenv("MMC_QWEN_TOKENIZER");
     char found[1024] = "";
@@ -357,6 +445,7 @@ out:
 int main(void) {
     test_fixture();
     test_errors();
+    test_malformed_loaders();
     test_real_qwen();
     return test_done("test_tokenizer");
 }

@@ -19,6 +19,8 @@ void help_chat(FILE *f) {
             "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
             "  --adapter DIR            apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
+            "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
+            "                           PIL's decompression-bomb limit)\n"
             CLI_SAMPLING_HELP
             "                           (the seed of turn n is S + n)\n"
             "  -h, --help               this help\n", 256);
@@ -39,12 +41,14 @@ int cmd_chat(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *system = NULL;
     cli_sampling sp;
     cli_sampling_init(&sp);
+    long long max_image_pixels = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
         if (!strcmp(a, "--model")) { VAL(); model = v; }
         else if (!strcmp(a, "--adapter")) { VAL(); adapter = v; }
         else if (!strcmp(a, "--system")) { VAL(); system = v; }
+        else if (!strcmp(a, "--max-image-pixels")) { VAL(); if (!cli_int(a, v, 1, 1LL << 40, &max_image_pixels)) return CLI_USAGE; }
         else {
             int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
             if (sr < 0) return CLI_USAGE;
@@ -56,6 +60,7 @@ int cmd_chat(int argc, char **argv) {
     if (!model && !adapter) return cli_usage("chat", "--model DIR is required");
     cli_model cm;
     mmc_status st = cli_model_load(model, adapter, &cm);
+    cm.max_image_pixels = max_image_pixels;
     if (st) return cli_fail(st, "chat: cannot load the model");
     bool tty = isatty(STDIN_FILENO);
     if (tty) fprintf(stderr, "mmc chat — %s%s%s (%s). /image PATH, /reset, /quit.\n", cm.base_dir,

@@ -26,6 +26,8 @@ void help_eval(FILE *f) {
             "  --out FILE             write one prediction per sample as JSONL\n"
             "  --max-new-tokens N     answer length cap (default 16)\n"
             "  --limit N              evaluate only the first N samples\n"
+            "  --max-image-pixels N   refuse image files with more pixels (default 178956970, PIL's\n"
+            "                         decompression-bomb limit)\n"
             "  --blank-images         replace every image (and video frame) by a black one (does the\n"
             "                         answer need it?)\n"
             "  --json                 print one JSON object {loss, perplexity, exact_match,\n"
@@ -42,7 +44,7 @@ int cmd_eval(int argc, char **argv) {
         if (strcmp(a, "--json") == 0) { json = true; continue; }
         if (strcmp(a, "--blank-images") == 0) { o.blank_images = true; continue; }
         if (!strcmp(a, "--model") || !strcmp(a, "--adapter") || !strcmp(a, "--data") || !strcmp(a, "--image-root") || !strcmp(a, "--out") ||
-            !strcmp(a, "--max-new-tokens") || !strcmp(a, "--limit")) {
+            !strcmp(a, "--max-new-tokens") || !strcmp(a, "--limit") || !strcmp(a, "--max-image-pixels")) {
             if (!(val = cli_value(argc, argv, &i))) return CLI_USAGE;
         } else return cli_usage("eval", "unknown option '%s'", a);
         if (!strcmp(a, "--model")) o.model_dir = val;
@@ -50,6 +52,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--data")) o.data_path = val;
         else if (!strcmp(a, "--image-root")) o.image_root = val;
         else if (!strcmp(a, "--out")) o.out_path = val;
+        else if (!strcmp(a, "--max-image-pixels")) { if (!cli_int(a, val, 1, 1LL << 40, &v)) return CLI_USAGE; o.max_image_pixels = v; }
         else if (!strcmp(a, "--max-new-tokens")) { if (!cli_int(a, val, 1, 4096, &v)) return CLI_USAGE; o.max_new_tokens = (int)v; }
         else { if (!cli_int(a, val, 1, (long long)1 << 40, &v)) return CLI_USAGE; o.limit = v; }
     }

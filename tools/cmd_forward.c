@@ -22,6 +22,8 @@ void help_forward(FILE *f) {
             "  --system TEXT     system prompt (default: the template's default)\n"
             "  --image FILE      attach an image (repeatable; vision-language models)\n"
             "  --video DIR       attach a video given as a folder of frames\n"
+            "  --max-image-pixels N  refuse image files with more pixels (default 178956970,\n"
+            "                    PIL's decompression-bomb limit)\n"
             "  --raw             feed the prompt as-is, without the chat template\n"
             "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
             "  -h, --help        this help\n");

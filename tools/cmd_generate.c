@@ -22,6 +22,8 @@ void help_generate(FILE *f) {
             "  --system TEXT            system prompt (default: the template's default)\n"
             "  --image FILE             attach an image (repeatable; vision-language models)\n"
             "  --video DIR              attach a video given as a folder of frames\n"
+            "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
+            "                           PIL's decompression-bomb limit)\n"
             CLI_SAMPLING_HELP
             "  --raw                    feed the prompt as-is, without the chat template\n"
             "  --json                   print one JSON object {text, tokens, prompt_tokens, ...}\n"

@@ -20,6 +20,8 @@ void help_train(FILE *f) {
             "  --set key.path=value  override a config value (repeatable), e.g. --set optimizer.lr=1e-4\n"
             "  --resume              continue from the latest complete checkpoint in output_dir\n"
             "                        (bit-identical to an uninterrupted run)\n"
+            "  --max-image-pixels N  refuse image files with more pixels (sets data.max_image_pixels;\n"
+            "                        default 178956970, PIL's decompression-bomb limit)\n"
             "  --print-config        list every config key with its meaning, then exit\n"
             "  -h, --help            this help\n\n"
             "outputs in training.output_dir:\n"
@@ -51,7 +53,14 @@ int cmd_train(int argc, char **argv) {
         int sr = cli_set_arg(argc, argv, &i, &sets[n_sets]);
         if (sr < 0) goto usage;
         if (sr > 0) n_sets++;
-        else if (strcmp(argv[i], "--resume") == 0) {
+        else if (strcmp(argv[i], "--max-image-pixels") == 0) {
+            static char set[64];
+            const char *v = cli_value(argc, argv, &i);
+            long long n;
+            if (!v || !cli_int(argv[i - 1], v, 1, 1LL << 40, &n)) goto usage;
+            snprintf(set, sizeof set, "data.max_image_pixels=%lld", n);
+            sets[n_sets++] = set;
+        } else if (strcmp(argv[i], "--resume") == 0) {
             resume = true;
         } else if (strcmp(argv[i], "--print-config") == 0) {
             printf("run config keys (mmc train RUN.yaml):\n");

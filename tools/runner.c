@@ -99,6 +99,7 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     int64_t *img_tok = calloc((size_t)(n_images ? n_images : 1), sizeof *img_tok), vid_tok = 0;
     mmc_image_opts io;
     mmc_image_opts_default(&io);
+    if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
     if (!imgs || !img_tok) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     for (; loaded < n_images; loaded++)
         if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
@@ -161,6 +162,13 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
                       : !strcmp(o, "--prompt") ? &a->prompt
                       : !strcmp(o, "--system") ? &a->system : !strcmp(o, "--video") ? &a->video : NULL;
     if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
+    if (!strcmp(o, "--max-image-pixels")) {
+        const char *v = cli_value(argc, argv, i);
+        long long n;
+        if (!v || !cli_int(o, v, 1, (long long)1 << 40, &n)) return -1;
+        a->max_image_pixels = n;
+        return 1;
+    }
     if (!slot && strcmp(o, "--image") != 0) return 0;
     if (*i + 1 >= argc) {
         cli_usage(cmd, "option %s needs a value", o);
@@ -194,5 +202,6 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     int nm = 0;
     if (a->system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = a->system};
     msgs[nm++] = (mmc_chat_message){.role = "user", .parts = parts, .n_parts = np};
+    if (a->max_image_pixels > 0) m->max_image_pixels = a->max_image_pixels;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
 }

@@ -17,6 +17,7 @@ typedef struct {
     mmc_qwen2_vl *vlm;        /* Qwen2-VL / Qwen2.5-VL */
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
+    int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
     int64_t vocab_size;
     char base_dir[4096];      /* where config.json and the weights came from */
     char adapter_dir[4096];   /* the LoRA adapter applied at inference, or "" */
@@ -49,13 +50,14 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
 void cli_prompt_free(cli_prompt *p);
 
 /* The prompt options generate and forward share: --model, --adapter, --prompt, --system,
- * --image (repeatable), --video, --raw. */
+ * --image (repeatable), --video, --raw, --max-image-pixels. */
 #define CLI_MAX_IMAGES 64
 typedef struct {
     const char *model, *adapter, *prompt, *system, *video;
     const char *images[CLI_MAX_IMAGES];
     int n_images;
     bool raw;
+    int64_t max_image_pixels; /* 0: the default (cli_model.max_image_pixels) */
 } cli_prompt_args;
 /* argv[*i] is one of those options: consume it (and its value) and return 1; not one of them:
  * return 0; a bad value: print why and return -1. cmd names the subcommand in messages. */

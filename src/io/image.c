@@ -16,12 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t g_max_pixels = (int64_t)1 << 28;
-void mmc_image_set_max_pixels(int64_t n) { g_max_pixels = n > 0 ? n : ((int64_t)1 << 28); }
-int64_t mmc_image_max_pixels(void) { return g_max_pixels; }
-
 void mmc_image_opts_default(mmc_image_opts *o) {
-    o->max_pixels = 0;
+    o->max_pixels = MMC_IMAGE_MAX_PIXELS_DEFAULT;
     o->exif_transpose = true;
     o->alpha = MMC_ALPHA_DROP;
 }
@@ -41,12 +37,16 @@ void mmc_image_free(mmc_image *img) {
     img->height = img->width = 0;
 }
 
+/* The size the header claims against the pixel limit, before anything image-sized is
+ * allocated: a few hundred bytes of PNG or JPEG can claim 2^31 pixels. */
 static mmc_status check_size(const char *name, int64_t w, int64_t h, int64_t limit) {
     if (w <= 0 || h <= 0)
         return mmc_error(MMC_ERR_FORMAT, "%s: invalid image size %lldx%lld", name, (long long)w, (long long)h);
-    if (w * h > limit)
-        return mmc_error(MMC_ERR_INVALID, "%s: image is %lldx%lld = %lld pixels, over the limit of %lld pixels",
-                         name, (long long)w, (long long)h, (long long)(w * h), (long long)limit);
+    if (w > limit / h) /* w * h > limit, without overflowing: PNG sides go up to 2^31 */
+        return mmc_error(MMC_ERR_INVALID, "%s: image is %lldx%lld = %.0f pixels, over the limit of %lld pixels "
+                         "(a decompression bomb?); if the image is genuine, raise data.max_image_pixels in the run "
+                         "config or --max-image-pixels on the command line",
+                         name, (long long)w, (long long)h, (double)w * (double)h, (long long)limit);
     return MMC_OK;
 }
 
@@ -236,6 +236,12 @@ static void png_warn_cb(png_structp png, png_const_charp msg) { (void)png; (void
 
 static mmc_status decode_png(const uint8_t *buf, size_t n, const char *name, const mmc_image_opts *o,
                              int64_t limit, mmc_image *out) {
+    /* IHDR comes first (8-byte signature, length, "IHDR", width, height): check the size it
+     * claims before libpng allocates anything; libpng validates the rest of the chunk */
+    if (n >= 24 && memcmp(buf + 12, "IHDR", 4) == 0) {
+        mmc_status st = check_size(name, rd32(buf + 16, 0), rd32(buf + 20, 0), limit);
+        if (st) return st;
+    }
     png_err perr;
     png_src src = {buf, n, 0};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &perr, png_err_cb, png_warn_cb);
@@ -258,7 +264,12 @@ static mmc_status decode_png(const uint8_t *buf, size_t n, const char *name, con
     png_set_read_fn(png, &src, png_read_cb);
     /* Pillow verifies every chunk CRC; so do we (libpng only warns on ancillary ones). */
     png_set_crc_action(png, PNG_CRC_ERROR_QUIT, PNG_CRC_ERROR_QUIT);
-    png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
+    /* libpng's own default limits stay (PNG_USER_WIDTH/HEIGHT_MAX, 1e6 a side; chunk cache
+     * and chunk size caps), lowered to the pixel limit when that is smaller: a side cannot
+     * exceed the limit. The pixel limit itself was checked on IHDR before we got here. */
+    png_uint_32 side = png_get_user_width_max(png);
+    if ((int64_t)side > limit) side = (png_uint_32)limit;
+    png_set_user_limits(png, side, side);
     png_read_info(png, info);
     png_uint_32 W = png_get_image_width(png, info), H = png_get_image_height(png, info);
     mmc_status st = check_size(name, W, H, limit);
@@ -326,7 +337,7 @@ mmc_status mmc_image_load_memory(const void *buf, size_t n, const char *name, co
     if (opts) o = *opts;
     else mmc_image_opts_default(&o);
     if (!name) name = "<memory>";
-    int64_t limit = o.max_pixels > 0 ? o.max_pixels : g_max_pixels;
+    int64_t limit = o.max_pixels > 0 ? o.max_pixels : MMC_IMAGE_MAX_PIXELS_DEFAULT;
     const uint8_t *p = buf;
     out->data = NULL;
     out->height = out->width = 0;

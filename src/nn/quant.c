@@ -14,6 +14,7 @@
 #include "../backend/cpu/linear.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,7 +33,12 @@ const float *mmc_nf4_levels(void) { return g_nf4; }
  * torch.linspace (two-sided: start + i*step below the middle, end - (n-1-i)*step above)
  * and a float32 tensor times a Python scalar evaluate it. */
 static float g_dyn[256];
-static int g_dyn_ready;
+static float g_nf4_mid[15];   /* midpoints between NF4 levels (torch.bucketize boundaries) */
+/* Both tables are built once, under pthread_once: a plain "ready" flag read outside a lock
+ * is a data race (C11 5.1.2.4), and nothing orders the table writes before the flag for a
+ * thread that sees it set. Quantising threads get the tables through the OpenMP fork after
+ * the caller's pthread_once. */
+static pthread_once_t g_tables_once = PTHREAD_ONCE_INIT;
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -64,21 +70,18 @@ static void build_dyn(void) {
     qsort(g_dyn, 256, sizeof(float), cmp_float);
 }
 
+static void build_tables(void) {
+    build_dyn();
+    for (int i = 0; i < 15; i++) g_nf4_mid[i] = (g_nf4[i] + g_nf4[i + 1]) / 2.0f;
+}
+
 const float *mmc_dynamic_map(void) {
-    if (!g_dyn_ready) {
-#pragma omp critical(mmc_dyn_map)
-        if (!g_dyn_ready) { build_dyn(); g_dyn_ready = 1; }
-    }
+    pthread_once(&g_tables_once, build_tables);
     return g_dyn;
 }
 
-static inline uint8_t nf4_code(float s) {
-    static float mid[15];
-    static int ready;
-    if (!ready) {
-        for (int i = 0; i < 15; i++) mid[i] = (g_nf4[i] + g_nf4[i + 1]) / 2.0f;
-        ready = 1;   /* idempotent: racing threads write the same values */
-    }
+/* mid: g_nf4_mid, after pthread_once (mmc_dynamic_map) */
+static inline uint8_t nf4_code(const float *mid, float s) {
     uint8_t c = 0;
     while (c < 15 && mid[c] < s) c++;
     return c;
@@ -145,6 +148,8 @@ mmc_status mmc_nf4_quantize(const float *w, int64_t N, int64_t K, bool double_qu
         return mmc_error(MMC_ERR_OOM, "NF4: out of memory quantising [%lld, %lld]", (long long)N, (long long)K);
     }
     const int64_t n = q->numel;
+    (void)mmc_dynamic_map();   /* builds g_nf4_mid before the threads read it */
+    const float *mid = g_nf4_mid;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < q->n_blocks; b++) {
         int64_t i0 = b * MMC_NF4_BLOCK, i1 = i0 + MMC_NF4_BLOCK < n ? i0 + MMC_NF4_BLOCK : n;
@@ -156,7 +161,7 @@ mmc_status mmc_nf4_quantize(const float *w, int64_t N, int64_t K, bool double_qu
             float s0 = w[i] * inv, s1 = w[i + 1] * inv;
             s0 = s0 < -1.0f ? -1.0f : s0 > 1.0f ? 1.0f : s0;
             s1 = s1 < -1.0f ? -1.0f : s1 > 1.0f ? 1.0f : s1;
-            q->codes[i / 2] = (uint8_t)(nf4_code(s0) << 4 | nf4_code(s1));
+            q->codes[i / 2] = (uint8_t)(nf4_code(mid, s0) << 4 | nf4_code(mid, s1));
         }
     }
     if (double_quant) {

@@ -18,11 +18,12 @@ typedef struct {
     bool special, lstrip, rstrip, single_word, normalized;
 } tok_added;
 
-/* open-addressing hash: bytes -> id */
+/* open-addressing hash: bytes -> id; kept at most half full (it grows), so a probe always
+ * ends at an empty slot whatever the file holds */
 typedef struct {
     uint64_t *hash;        /* 0 = empty */
     int32_t *id;
-    uint32_t mask;
+    uint32_t mask, count;
 } tok_strmap;
 
 typedef struct tok_scratch tok_scratch;
@@ -45,7 +46,7 @@ struct mmc_tokenizer {
     bool ignore_merges;
     /* added tokens, and for each first byte the candidates (longest first) */
     tok_added *added;
-    int n_added;
+    int n_added, cap_added;
     int *first_idx[2][256];     /* [normalized?][byte] -> indices into added, -1 terminated */
     bool has_norm_added;
     /* pipeline */

@@ -9,8 +9,12 @@
  * decoder (per-token byte mapping, String::from_utf8_lossy). BPE runs on raw bytes: every
  * vocab entry is mapped back from the byte-level alphabet at load, so no alphabet mapping
  * is needed while encoding. Encoded words are cached per work area.
+ * The files are untrusted (fuzz/fuzz_tokenizer_load.c): ids must be integers below the number
+ * of entries read, so no table is sized by a number in the file; two vocab entries with one
+ * id, and malformed sections, are refused with a message naming the file and the entry.
  */
 #include "tok_internal.h"
+#include "mmc_io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -45,24 +49,6 @@ static inline uint64_t hash_u64(uint64_t x) {
     x *= 0xc4ceb9fe1a85ec53ull;
     x ^= x >> 33;
     return x;
-}
-
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)(sz > 0 ? sz : 0) + 1);
-    if (!buf || (sz > 0 && fread(buf, 1, (size_t)sz, f) != (size_t)sz)) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    buf[sz] = 0;
-    *n = (size_t)sz;
-    return buf;
 }
 
 /* ---- UTF-8: maximal-subpart repair (Python errors='replace', Rust from_utf8_lossy) */
@@ -212,6 +198,7 @@ static mmc_status strmap_init(tok_strmap *m, size_t n) {
     m->hash = calloc(cap, sizeof *m->hash);
     m->id = malloc(cap * sizeof *m->id);
     m->mask = cap - 1;
+    m->count = 0;
     if (!m->hash || !m->id) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
     return MMC_OK;
 }
@@ -229,14 +216,28 @@ static int32_t strmap_get(const mmc_tokenizer *t, const tok_strmap *m, bool by_s
         } else if ((size_t)t->id_nbytes[id] == n && memcmp(t->id_bytes[id], k, n) == 0) return id;
     }
 }
-static void strmap_put(const mmc_tokenizer *t, tok_strmap *m, bool by_str, const void *k, size_t n,
-                       int32_t id) {
-    if (strmap_get(t, m, by_str, k, n) >= 0) return; /* keep the first */
-    uint64_t h = hash_bytes(k, n);
+static void strmap_insert(tok_strmap *m, uint64_t h, int32_t id) {
     uint32_t i = (uint32_t)h & m->mask;
     while (m->hash[i]) i = (i + 1) & m->mask;
     m->hash[i] = h;
     m->id[i] = id;
+    m->count++;
+}
+static mmc_status strmap_put(const mmc_tokenizer *t, tok_strmap *m, bool by_str, const void *k, size_t n,
+                             int32_t id) {
+    if (strmap_get(t, m, by_str, k, n) >= 0) return MMC_OK; /* keep the first */
+    if (2 * ((size_t)m->count + 1) > (size_t)m->mask + 1) { /* rehash from the stored hashes */
+        tok_strmap g = {0};
+        if (m->mask >= 0x7fffffffu || strmap_init(&g, (size_t)m->mask + 1)) {
+            strmap_free(&g);
+            return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+        }
+        for (uint32_t i = 0; i <= m->mask; i++) if (m->hash[i]) strmap_insert(&g, m->hash[i], m->id[i]);
+        strmap_free(m);
+        *m = g;
+    }
+    strmap_insert(m, hash_bytes(k, n), id);
+    return MMC_OK;
 }
 static inline bool merge_get(const mmc_tokenizer *t, int32_t a, int32_t b, int32_t *rank, int32_t *id) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
@@ -792,7 +793,10 @@ const char *mmc_tokenizer_chat_template(const mmc_tokenizer *t) { return t ? t->
 /* ------------------------------------------------------------------ loading */
 void mmc_tokenizer_free(mmc_tokenizer *t) {
     if (!t) return;
-    for (int32_t i = 0; i < t->n_ids; i++) { free(t->id_str[i]); free(t->id_bytes[i]); }
+    for (int32_t i = 0; i < t->n_ids; i++) {
+        if (t->id_str) free(t->id_str[i]);
+        if (t->id_bytes) free(t->id_bytes[i]);
+    }
     free(t->id_str); free(t->id_bytes); free(t->id_nbytes); free(t->is_special); free(t->is_added);
     strmap_free(&t->vocab_bytes);
     strmap_free(&t->vocab_str);
@@ -919,6 +923,9 @@ static void parse_postproc(mmc_tokenizer *t, const cJSON *p) {
     snprintf(t->pp_type, sizeof t->pp_type, "%s", type);
 }
 
+/* Entries are named in messages by their text, cut to this many bytes: a token may be long. */
+#define NAME_MAX_SHOWN 80
+
 static mmc_status set_token(mmc_tokenizer *t, int32_t id, const char *s) {
     if (id < 0 || id >= t->n_ids) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: token id %d out of range", t->path, id);
     if (t->id_str[id]) return MMC_OK;
@@ -928,15 +935,22 @@ static mmc_status set_token(mmc_tokenizer *t, int32_t id, const char *s) {
     return MMC_OK;
 }
 
-static mmc_status add_added(mmc_tokenizer *t, const cJSON *a, int32_t id) {
+/* `what` names the file and the entry in messages. id < n_ids (checked by the callers). */
+static mmc_status add_added(mmc_tokenizer *t, const cJSON *a, int32_t id, const char *what) {
     const char *content = jstr(a, "content");
-    if (!content || !*content) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: added token %d without content", t->path, id);
-    for (int i = 0; i < t->n_added; i++) if (t->added[i].id == id) return MMC_OK;
-    tok_added *na = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *na);
-    if (!na) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
-    t->added = na;
+    if (!content || !*content)
+        return mmc_error(MMC_ERR_FORMAT, "%s: added token %d has no \"content\" string", what, id);
+    if (t->is_added[id]) return MMC_OK; /* the first entry for an id wins */
+    if (t->n_added == t->cap_added) {
+        int cap = t->cap_added ? 2 * t->cap_added : 16;
+        tok_added *na = realloc(t->added, (size_t)cap * sizeof *na);
+        if (!na) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+        t->added = na;
+        t->cap_added = cap;
+    }
     tok_added *x = &t->added[t->n_added++];
     memset(x, 0, sizeof *x);
+    t->is_added[id] = 1;
     x->id = id;
     x->content = strdup(content);
     x->special = jbool(a, "special", false);
@@ -944,10 +958,17 @@ static mmc_status add_added(mmc_tokenizer *t, const cJSON *a, int32_t id) {
     x->rstrip = jbool(a, "rstrip", false);
     x->single_word = jbool(a, "single_word", false);
     x->normalized = jbool(a, "normalized", !x->special);
-    if (x->normalized && t->nfc) x->match = (char *)utf8proc_NFC((const uint8_t *)content);
-    else x->match = strdup(content);
-    if (!x->content || !x->match) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    if (!x->content) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    if (x->normalized && t->nfc) {
+        /* utf8proc refuses ill-formed UTF-8 (cJSON passes it through) */
+        if (!utf8_valid((const uint8_t *)content, (int64_t)strlen(content)))
+            return mmc_error(MMC_ERR_FORMAT, "%s: added token %d '%.*s' is not valid UTF-8", what, id,
+                             NAME_MAX_SHOWN, content);
+        x->match = (char *)utf8proc_NFC((const uint8_t *)content);
+    } else x->match = strdup(content);
+    if (!x->match) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
     x->len = (int)strlen(x->match);
+    if (!x->len) return mmc_error(MMC_ERR_FORMAT, "%s: added token %d has empty content", what, id);
     return MMC_OK;
 }
 
@@ -957,17 +978,13 @@ static int cmp_added_len(const void *a, const void *b, void *ctx) {
 }
 
 static mmc_status build_added_index(mmc_tokenizer *t) {
+    mmc_status st;
     for (int i = 0; i < t->n_added; i++) {
         tok_added *a = &t->added[i];
         int32_t id = a->id;
-        if (id >= t->n_ids) continue;
-        t->is_added[id] = 1;
         t->is_special[id] = a->special;
-        if (!t->id_str[id]) {
-            mmc_status st = set_token(t, id, a->content);
-            if (st) return st;
-        }
-        strmap_put(t, &t->vocab_str, true, a->content, strlen(a->content), id);
+        if (!t->id_str[id] && (st = set_token(t, id, a->content))) return st;
+        if ((st = strmap_put(t, &t->vocab_str, true, a->content, strlen(a->content), id))) return st;
     }
     for (int k = 0; k < 2; k++)
         for (int b = 0; b < 256; b++) {
@@ -995,25 +1012,45 @@ static int32_t config_token(mmc_tokenizer *t, const cJSON *cfg, const char *key)
     return -1;
 }
 
-static mmc_status load_config(mmc_tokenizer *t, const char *cpath) {
-    size_t n;
-    char *buf = read_file(cpath, &n);
-    cJSON *cfg = NULL;
-    if (buf) { /* tokenizer_config.json is optional */
-        cfg = cJSON_ParseWithLength(buf, n);
+static cJSON *parse_json(const char *buf, size_t n, const char *name, const char *what) {
+    cJSON *j = cJSON_ParseWithLength(buf, n);
+    if (!j) {
         const char *ep = cJSON_GetErrorPtr();
         long long off = (ep && ep >= buf && ep <= buf + n) ? (long long)(ep - buf) : -1;
-        free(buf);
-        if (!cfg) return mmc_error(MMC_ERR_FORMAT, "%s: malformed JSON near byte %lld", cpath, off);
+        mmc_error(MMC_ERR_FORMAT, "%s %s: malformed JSON near byte %lld", what, name, off);
+    }
+    return j;
+}
+
+/* tokenizer_config.json (cbuf, may be NULL: the file is optional): added_tokens_decoder, the
+ * special-token roles and the chat template. */
+static mmc_status load_config(mmc_tokenizer *t, const char *cbuf, size_t cn, const char *cname) {
+    cJSON *cfg = NULL;
+    if (cbuf && !(cfg = parse_json(cbuf, cn, cname, "tokenizer config"))) return MMC_ERR_FORMAT;
+    if (cfg && !cJSON_IsObject(cfg)) {
+        cJSON_Delete(cfg);
+        return mmc_error(MMC_ERR_FORMAT, "tokenizer config %s: not a JSON object", cname);
     }
     mmc_status st = MMC_OK;
     const cJSON *e, *atd = cJSON_GetObjectItemCaseSensitive(cfg, "added_tokens_decoder");
-    cJSON_ArrayForEach(e, atd) {
-        char *end;
-        long id = strtol(e->string, &end, 10);
-        if (*end || id < 0) { st = mmc_error(MMC_ERR_FORMAT, "%s: added_tokens_decoder key '%s' is not an id", cpath, e->string); goto done; }
+    if (atd && !cJSON_IsNull(atd) && !cJSON_IsObject(atd)) {
+        st = mmc_error(MMC_ERR_FORMAT, "tokenizer config %s: \"added_tokens_decoder\" must be an object "
+                       "{\"<id>\": {\"content\": ...}}, not %s", cname, cJSON_IsArray(atd) ? "an array" : "a scalar");
+        goto done;
+    }
+    char what[1100];
+    snprintf(what, sizeof what, "tokenizer config %s: added_tokens_decoder", cname);
+    cJSON_ArrayForEach(e, atd) { /* an object or null here */
+        const char *k = e->string;
+        bool digits = k && *k && strlen(k) <= 10;
+        for (const char *c = k; digits && *c; c++) digits = *c >= '0' && *c <= '9';
+        if (!digits) {
+            st = mmc_error(MMC_ERR_FORMAT, "%s: key '%.*s' is not a token id", what, NAME_MAX_SHOWN, k ? k : "");
+            goto done;
+        }
+        long long id = strtoll(k, NULL, 10);
         if (id >= t->n_ids) continue; /* beyond tokenizer.json: ignored */
-        if ((st = add_added(t, e, (int32_t)id))) goto done;
+        if ((st = add_added(t, e, (int32_t)id, what))) goto done;
     }
     if ((st = build_added_index(t)) || !cfg) goto done;
     t->role_id[MMC_TOK_BOS] = config_token(t, cfg, "bos_token");
@@ -1025,7 +1062,7 @@ static mmc_status load_config(mmc_tokenizer *t, const char *cpath) {
     else if (cJSON_IsArray(ct)) {
         cJSON_ArrayForEach(e, ct) {
             const char *nm = jstr(e, "name"), *tp = jstr(e, "template");
-            if (nm && tp && !strcmp(nm, "default")) t->chat_template = strdup(tp);
+            if (nm && tp && !strcmp(nm, "default") && !t->chat_template) t->chat_template = strdup(tp);
         }
     }
 done:
@@ -1033,43 +1070,25 @@ done:
     return st;
 }
 
-mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
-    if (!path || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load: NULL argument");
-    *out = NULL;
-    pthread_once(&g_once, global_init);
-    if (!g_nfc_safe) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
-    char jpath[1024], cpath[1024];
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return mmc_error(MMC_ERR_NOT_FOUND, "tokenizer: %s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) {
-        snprintf(jpath, sizeof jpath, "%s/tokenizer.json", path);
-        snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", path);
-    } else {
-        snprintf(jpath, sizeof jpath, "%s", path);
-        const char *sl = strrchr(path, '/');
-        int dl = sl ? (int)(sl - path) : 0;
-        snprintf(cpath, sizeof cpath, "%.*s%stokenizer_config.json", dl, path, sl ? "/" : "");
-    }
-    size_t n;
-    char *buf = read_file(jpath, &n);
-    if (!buf) return mmc_error(errno == ENOENT ? MMC_ERR_NOT_FOUND : MMC_ERR_IO, "tokenizer: cannot read %s: %s", jpath, strerror(errno));
-    cJSON *root = cJSON_ParseWithLength(buf, n);
-    if (!root) {
-        const char *ep = cJSON_GetErrorPtr();
-        long long off = (ep && ep >= buf && ep <= buf + n) ? (long long)(ep - buf) : -1;
-        free(buf);
-        return mmc_error(MMC_ERR_FORMAT, "tokenizer: %s: malformed JSON near byte %lld", jpath, off);
-    }
-    free(buf);
-    mmc_status st = MMC_OK;
-    mmc_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) { cJSON_Delete(root); return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory"); }
-    pthread_mutex_init(&t->mu, NULL);
-    snprintf(t->path, sizeof t->path, "%s", jpath);
-    for (int r = 0; r < MMC_TOK_ROLE_COUNT; r++) t->role_id[r] = -1;
-    t->unk_id = -1;
+/* A token id from the file: an integer below `bound`, the number of entries read (vocab +
+ * added_tokens), so that every per-id table is bounded by what the file holds. */
+static bool valid_id(const cJSON *v, int64_t bound) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < (double)bound &&
+           v->valuedouble == (double)(int64_t)v->valuedouble;
+}
+static const char *id_text(const cJSON *v, char *buf, size_t cap) {
+    if (cJSON_IsNumber(v)) snprintf(buf, cap, "%.17g", v->valuedouble);
+    else snprintf(buf, cap, "%s", v ? "that is not a number" : "missing");
+    return buf;
+}
 
+static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, const char *cbuf, size_t cn,
+                               const char *cname) {
+    const char *jpath = t->path;
+    cJSON *root = parse_json(buf, n, jpath, "tokenizer");
+    if (!root) return MMC_ERR_FORMAT;
+    mmc_status st = MMC_OK;
+    char *tmp = NULL;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) { st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: no \"model\" object", jpath); goto fail; }
     const char *mtype = jstr(model, "type");
@@ -1103,26 +1122,39 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
     }
     parse_postproc(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
 
-    /* ids */
+    /* ids: every id must lie below the number of entries read, so a file cannot make the
+     * per-id tables (and the maps sized from them) larger than itself */
+    const cJSON *e, *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added)) {
+        st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: \"added_tokens\" must be an array", jpath);
+        goto fail;
+    }
+    if (!cJSON_IsArray(added)) added = NULL;
+    int64_t nv = cJSON_GetArraySize(vocab), na = cJSON_GetArraySize(added), bound = nv + na;
+    if (bound > INT32_MAX / 2) { st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: too many entries (%lld)", jpath, (long long)bound); goto fail; }
     int32_t maxid = -1;
-    const cJSON *e;
-    int nv = 0;
+    char num[32];
     cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e8) {
-            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: vocab entry '%s' has no valid id", jpath, e->string);
+        if (!valid_id(e, bound)) {
+            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: vocab entry '%.*s' has id %s; ids must be integers from 0 to "
+                           "%lld (the number of vocab + added_tokens entries read, minus one)", jpath, NAME_MAX_SHOWN,
+                           e->string, id_text(e, num, sizeof num), (long long)bound - 1);
             goto fail;
         }
         if (e->valueint > maxid) maxid = e->valueint;
-        nv++;
     }
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    int ai = 0;
     cJSON_ArrayForEach(e, added) {
         const cJSON *idv = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 || idv->valuedouble > 1e8) {
-            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: added token without a valid id", jpath);
+        if (!valid_id(idv, bound)) {
+            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: added_tokens[%d] ('%.*s') has id %s; ids must be integers from "
+                           "0 to %lld (the number of vocab + added_tokens entries read, minus one)", jpath, ai,
+                           NAME_MAX_SHOWN, jstr(e, "content") ? jstr(e, "content") : "?",
+                           id_text(idv, num, sizeof num), (long long)bound - 1);
             goto fail;
         }
         if (idv->valueint > maxid) maxid = idv->valueint;
+        ai++;
     }
     t->n_ids = maxid + 1;
     t->id_str = calloc((size_t)t->n_ids + 1, sizeof *t->id_str);
@@ -1131,11 +1163,18 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
     t->is_special = calloc((size_t)t->n_ids + 1, 1);
     t->is_added = calloc((size_t)t->n_ids + 1, 1);
     if (!t->id_str || !t->id_bytes || !t->id_nbytes || !t->is_special || !t->is_added) { st = mmc_error(MMC_ERR_OOM, "tokenizer: OOM"); goto fail; }
-    if ((st = strmap_init(&t->vocab_bytes, (size_t)nv)) || (st = strmap_init(&t->vocab_str, (size_t)t->n_ids))) goto fail;
+    if ((st = strmap_init(&t->vocab_bytes, (size_t)nv)) || (st = strmap_init(&t->vocab_str, (size_t)bound))) goto fail;
     cJSON_ArrayForEach(e, vocab) {
-        if ((st = set_token(t, e->valueint, e->string))) goto fail;
-        strmap_put(t, &t->vocab_str, true, e->string, strlen(e->string), e->valueint);
-        strmap_put(t, &t->vocab_bytes, false, t->id_bytes[e->valueint], (size_t)t->id_nbytes[e->valueint], e->valueint);
+        int32_t id = e->valueint;
+        if (t->id_str[id]) { /* two tokens, one id: lookups by id would lie */
+            st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: vocab entries '%.*s' and '%.*s' both have id %d", jpath,
+                           NAME_MAX_SHOWN, t->id_str[id], NAME_MAX_SHOWN, e->string, id);
+            goto fail;
+        }
+        if ((st = set_token(t, id, e->string)) ||
+            (st = strmap_put(t, &t->vocab_str, true, e->string, strlen(e->string), id)) ||
+            (st = strmap_put(t, &t->vocab_bytes, false, t->id_bytes[id], (size_t)t->id_nbytes[id], id)))
+            goto fail;
     }
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
@@ -1154,29 +1193,36 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
     if (!t->mkey || !t->mrank || !t->mid) { st = mmc_error(MMC_ERR_OOM, "tokenizer: OOM"); goto fail; }
     for (uint32_t i = 0; i < cap; i++) t->mrank[i] = -1;
     int rank = 0;
-    char *tmp = NULL;
     size_t tmpcap = 0;
     cJSON_ArrayForEach(e, merges) {
         const char *a = NULL, *b = NULL;
         size_t la = 0, lb = 0;
         if (cJSON_IsString(e)) {
             const char *sp = strchr(e->valuestring, ' ');
-            if (!sp || strchr(sp + 1, ' ')) { free(tmp); st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d '%s' is not \"a b\"", jpath, rank, e->valuestring); goto fail; }
+            if (!sp || strchr(sp + 1, ' ')) {
+                st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d '%.*s' is not \"a b\"", jpath, rank,
+                               NAME_MAX_SHOWN, e->valuestring);
+                goto fail;
+            }
             a = e->valuestring; la = (size_t)(sp - a);
             b = sp + 1; lb = strlen(b);
         } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
                    cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
             a = cJSON_GetArrayItem(e, 0)->valuestring; la = strlen(a);
             b = cJSON_GetArrayItem(e, 1)->valuestring; lb = strlen(b);
-        } else { free(tmp); st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d is neither \"a b\" nor [a, b]", jpath, rank); goto fail; }
-        if (la + lb + 1 > tmpcap) { tmpcap = (la + lb + 1) * 2; char *nt = realloc(tmp, tmpcap); if (!nt) { free(tmp); st = mmc_error(MMC_ERR_OOM, "OOM"); goto fail; } tmp = nt; }
+        } else { st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d is neither \"a b\" nor [a, b]", jpath, rank); goto fail; }
+        if (la + lb + 1 > tmpcap) {
+            tmpcap = (la + lb + 1) * 2;
+            char *nt = realloc(tmp, tmpcap);
+            if (!nt) { st = mmc_error(MMC_ERR_OOM, "tokenizer: out of memory"); goto fail; }
+            tmp = nt;
+        }
         int32_t ia = strmap_get(t, &t->vocab_str, true, a, la), ib = strmap_get(t, &t->vocab_str, true, b, lb);
         memcpy(tmp, a, la); memcpy(tmp + la, b, lb); tmp[la + lb] = 0;
         int32_t im = strmap_get(t, &t->vocab_str, true, tmp, la + lb);
         if (ia < 0 || ib < 0 || im < 0) {
             st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: merge %d ('%.*s' + '%.*s') uses a token missing from the vocab", jpath, rank,
-                           (int)la, a, (int)lb, b);
-            free(tmp);
+                           (int)(la < NAME_MAX_SHOWN ? la : NAME_MAX_SHOWN), a, (int)(lb < NAME_MAX_SHOWN ? lb : NAME_MAX_SHOWN), b);
             goto fail;
         }
         uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
@@ -1186,19 +1232,78 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
         rank++;
     }
     free(tmp);
+    tmp = NULL;
 
-    cJSON_ArrayForEach(e, added) {
-        if ((st = add_added(t, e, cJSON_GetObjectItemCaseSensitive(e, "id")->valueint))) goto fail;
-    }
+    char what[1100];
+    snprintf(what, sizeof what, "tokenizer %s: added_tokens", jpath);
+    cJSON_ArrayForEach(e, added)
+        if ((st = add_added(t, e, cJSON_GetObjectItemCaseSensitive(e, "id")->valueint, what))) goto fail;
     cJSON_Delete(root);
     root = NULL;
-    if ((st = load_config(t, cpath))) goto fail;
+    if ((st = load_config(t, cbuf, cn, cname))) goto fail;
     for (int i = 0; i < t->n_pp_pre; i++) if (t->pp_pre[i] < 0 || t->pp_pre[i] >= t->n_ids) t->pp_unsupported = true;
     for (int i = 0; i < t->n_pp_post; i++) if (t->pp_post[i] < 0 || t->pp_post[i] >= t->n_ids) t->pp_unsupported = true;
-    *out = t;
     return MMC_OK;
 fail:
+    free(tmp);
     cJSON_Delete(root);
-    mmc_tokenizer_free(t);
+    return st;
+}
+
+static mmc_status tokenizer_new(const char *name, mmc_tokenizer **out) {
+    *out = NULL;
+    pthread_once(&g_once, global_init);
+    if (!g_nfc_safe) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    mmc_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    pthread_mutex_init(&t->mu, NULL);
+    snprintf(t->path, sizeof t->path, "%s", name);
+    for (int r = 0; r < MMC_TOK_ROLE_COUNT; r++) t->role_id[r] = -1;
+    t->unk_id = -1;
+    *out = t;
+    return MMC_OK;
+}
+
+mmc_status mmc_tokenizer_load_memory(const char *json, size_t n, const char *config, size_t config_n,
+                                     const char *name, mmc_tokenizer **out) {
+    if (!json || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load_memory: NULL argument");
+    char cname[1100];
+    snprintf(cname, sizeof cname, "%s (tokenizer_config.json)", name ? name : "memory");
+    mmc_tokenizer *t;
+    mmc_status st = tokenizer_new(name ? name : "memory", &t);
+    if (!st && (st = load_buffers(t, json, n, config, config_n, cname))) { mmc_tokenizer_free(t); t = NULL; }
+    *out = t;
+    return st;
+}
+
+mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
+    if (!path || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load: NULL argument");
+    *out = NULL;
+    char jpath[1024], cpath[1024];
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return mmc_error(MMC_ERR_NOT_FOUND, "tokenizer: %s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(jpath, sizeof jpath, "%s/tokenizer.json", path);
+        snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", path);
+    } else {
+        snprintf(jpath, sizeof jpath, "%s", path);
+        const char *sl = strrchr(path, '/');
+        int dl = sl ? (int)(sl - path) : 0;
+        snprintf(cpath, sizeof cpath, "%.*s%stokenizer_config.json", dl, path, sl ? "/" : "");
+    }
+    char *buf = NULL, *cbuf = NULL;
+    size_t n = 0, cn = 0;
+    mmc_status st = mmc_read_file(jpath, &buf, &n);
+    if (st) return mmc_error_prefix(st, "tokenizer");
+    st = mmc_read_file(cpath, &cbuf, &cn);
+    if (st == MMC_ERR_NOT_FOUND) st = MMC_OK; /* tokenizer_config.json is optional */
+    else if (st) st = mmc_error_prefix(st, "tokenizer config");
+    mmc_tokenizer *t = NULL;
+    if (!st) st = tokenizer_new(jpath, &t);
+    if (!st && (st = load_buffers(t, buf, n, cbuf, cn, cpath))) { mmc_tokenizer_free(t); t = NULL; }
+    free(buf);
+    free(cbuf);
+    *out = t;
     return st;
 }

@@ -4,6 +4,7 @@
  * tensor and pipeline parallel 1, ...). Every error names file:line and the dotted key;
  * unknown keys get the closest valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
 #include "mmc_config.h"
+#include "mmc_image.h"
 #include "mmc_train.h"
 
 #include <math.h>
@@ -56,6 +57,8 @@ static const mmc_cfg_field k_data[] = {
       "resize images above this many pixels (default: the model's image processor)"),
     F(mmc_data_cfg, min_pixels, MMC_CFG_INT, 784, 1e9, NULL, NULL,
       "resize images below this many pixels (default: the model's image processor)"),
+    F(mmc_data_cfg, max_image_pixels, MMC_CFG_INT, 1, 1e12, NULL, NULL,
+      "refuse image files with more pixels (decompression bombs; default PIL's limit)"),
     F(mmc_data_cfg, seq_len, MMC_CFG_INT, 8, 1 << 20, NULL, NULL, "tokens per row"),
     F(mmc_data_cfg, packing, MMC_CFG_BOOL, U, NULL, NULL, "pack samples into seq_len rows"),
     F(mmc_data_cfg, truncation, MMC_CFG_BOOL, U, NULL, NULL, "truncate samples longer than seq_len"),
@@ -125,6 +128,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     /* data.max_pixels / min_pixels: 0 = the model's image processor config (the trainer reads
      * it; without one, transformers' Qwen2VLImageProcessor defaults 3136 / 1003520, as generate
      * and eval use) */
+    c->data.max_image_pixels = MMC_IMAGE_MAX_PIXELS_DEFAULT;
     c->data.seq_len = 2048;
     c->data.packing = false;
     c->data.truncation = true;

@@ -59,6 +59,7 @@ const mmc_cfg_field mmc_data_cfg_fields[] = {
     F(image_root, MMC_CFG_STR, 1, 0, "directory relative media paths start from"),
     F(max_pixels, MMC_CFG_INT, 0, 1e10, "largest image area after resizing (0: processor's)"),
     F(min_pixels, MMC_CFG_INT, 0, 1e10, "smallest image area after resizing (0: processor's)"),
+    F(max_image_pixels, MMC_CFG_INT, 0, 1e12, "refuse image files larger than this (0: PIL's bomb limit)"),
     F(seq_len, MMC_CFG_INT, 8, 1e7, "tokens per packed row / truncation limit"),
     F(packing, MMC_CFG_BOOL, 1, 0, "pack several samples per row"),
     F(batch_size, MMC_CFG_INT, 0, 1e7, "global batch (rows) per optimizer step"),

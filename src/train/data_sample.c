@@ -22,8 +22,8 @@ int32_t mmc_data_pad_id(const mmc_tokenizer *tok) {
 static mmc_status oom(void) { return mmc_error(MMC_ERR_OOM, "data: out of memory"); }
 
 /* An image from a path or a "data:image/...;base64,..." URL. */
-static mmc_status load_one(const char *src, int k, mmc_image *img) {
-    if (strncmp(src, "data:", 5)) return mmc_image_load(src, NULL, img);
+static mmc_status load_one(const char *src, int k, const mmc_image_opts *io, mmc_image *img) {
+    if (strncmp(src, "data:", 5)) return mmc_image_load(src, io, img);
     const char *b = strstr(src, ";base64,");
     if (!b) return mmc_error(MMC_ERR_FORMAT, "image %d: data: URL is not base64", k);
     b += 8;
@@ -48,14 +48,14 @@ static mmc_status load_one(const char *src, int k, mmc_image *img) {
     }
     char name[48];
     snprintf(name, sizeof name, "image %d (data: URL)", k);
-    mmc_status st = mmc_image_load_memory(buf, o, name, NULL, img);
+    mmc_status st = mmc_image_load_memory(buf, o, name, io, img);
     free(buf);
     return st;
 }
 
 /* Load and preprocess images [0, n) of the record into pixel rows + grids. */
-static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, bool blank,
-                              mmc_vlproc_out *out, bool *media_err) {
+static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_image_opts *io, const mmc_example *ex, int n,
+                              bool blank, mmc_vlproc_out *out, bool *media_err) {
     memset(out, 0, sizeof *out);
     if (n == 0) return MMC_OK;
     mmc_image *imgs = calloc((size_t)n, sizeof *imgs);
@@ -63,7 +63,7 @@ static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
     mmc_status st = MMC_OK;
     int loaded = 0;
     for (; loaded < n; loaded++)
-        if ((st = load_one(ex->images[loaded], loaded, &imgs[loaded]))) { *media_err = true; break; }
+        if ((st = load_one(ex->images[loaded], loaded, io, &imgs[loaded]))) { *media_err = true; break; }
         else if (blank) memset(imgs[loaded].data, 0, (size_t)imgs[loaded].height * imgs[loaded].width * 3);
     if (!st && (st = mmc_qwen2vl_preprocess_images(p, imgs, n, out))) *media_err = true;
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
@@ -71,8 +71,8 @@ static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
     return st;
 }
 
-static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, bool blank,
-                              mmc_vlproc_out *out, bool *media_err) {
+static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_image_opts *io, const mmc_example *ex, int n,
+                              bool blank, mmc_vlproc_out *out, bool *media_err) {
     memset(out, 0, sizeof *out);
     if (n == 0) return MMC_OK;
     mmc_status st = MMC_OK;
@@ -89,7 +89,7 @@ static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
             *media_err = true;
             break;
         }
-        if ((st = mmc_load_frames_dir(ex->videos[v], NULL, &frames, &nf))) { *media_err = true; break; }
+        if ((st = mmc_load_frames_dir(ex->videos[v], io, &frames, &nf))) { *media_err = true; break; }
         for (int f = 0; blank && f < nf; f++) memset(frames[f].data, 0, (size_t)frames[f].height * frames[f].width * 3);
         if (nf == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: video directory has no frames", ex->videos[v]);
         else st = mmc_qwen2vl_preprocess_video(p, frames, nf, &vs[v]);
@@ -149,6 +149,9 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
     mmc_qwen2vl_proc proc = o->proc;
     if (o->min_pixels > 0) proc.min_pixels = o->min_pixels;
     if (o->max_pixels > 0) proc.max_pixels = o->max_pixels;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (o->max_image_pixels > 0) io.max_pixels = o->max_image_pixels;
     int n_msgs = ex.n_messages;
     if (prompt_only) { /* up to (not including) the last assistant turn */
         while (n_msgs > 0 && strcmp(ex.messages[n_msgs - 1].role, "assistant")) n_msgs--;
@@ -170,8 +173,8 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
                        mmc_dataset_path(ds), ex.line);
         goto fail;
     }
-    if ((st = load_images(&proc, &ex, n_img, o->blank_media, &iv, media_err))) goto media;
-    if ((st = load_videos(&proc, &ex, n_vid, o->blank_media, &vv, media_err))) goto media;
+    if ((st = load_images(&proc, &io, &ex, n_img, o->blank_media, &iv, media_err))) goto media;
+    if ((st = load_videos(&proc, &io, &ex, n_vid, o->blank_media, &vv, media_err))) goto media;
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id};
     if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
 

@@ -342,6 +342,7 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     d.seq_len = INT64_MAX;
     d.num_workers = 0;
     d.blank_media = o->blank_images;
+    d.max_image_pixels = o->max_image_pixels;
     /* the root the dataset resolved relative media paths against (mmc_dataset_load's rule) */
     char root[4096];
     if (o->image_root && *o->image_root)

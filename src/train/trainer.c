@@ -129,6 +129,7 @@ static mmc_status loader_open(mmc_trainer *t) {
     o->image_root = dup_or_null(d->image_root);
     o->max_pixels = d->max_pixels;
     o->min_pixels = d->min_pixels;
+    o->max_image_pixels = d->max_image_pixels;
     o->seq_len = d->seq_len;
     o->packing = d->packing;
     o->batch_size = d->batch_size;

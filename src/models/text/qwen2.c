@@ -35,9 +35,11 @@ mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
     const char *need[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads"};
     int64_t got[] = {c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads};
+    /* bounded so that the products of sizes (weight shapes, rope tables) fit in int64 */
     for (int i = 0; i < 5; i++)
-        if (got[i] <= 0)
-            return mmc_error(MMC_ERR_FORMAT, "config.json: '%s' is missing or not positive", need[i]);
+        if (got[i] <= 0 || got[i] > MMC_CONFIG_MAX_DIM)
+            return mmc_error(MMC_ERR_FORMAT, "config.json: '%s' is missing or not from 1 to %lld", need[i],
+                             (long long)MMC_CONFIG_MAX_DIM);
     if ((st = mmc_json_int(j, "num_key_value_heads", c->num_heads, &v))) return st;
     c->num_kv_heads = v;
     if ((st = mmc_json_int(j, "head_dim", c->hidden_size / c->num_heads, &v))) return st;
@@ -45,9 +47,9 @@ mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
     if (c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads)
         return mmc_error(MMC_ERR_FORMAT, "config.json: num_attention_heads %lld is not a multiple of "
                          "num_key_value_heads %lld", (long long)c->num_heads, (long long)c->num_kv_heads);
-    if (c->head_dim <= 0 || c->head_dim % 2)
-        return mmc_error(MMC_ERR_FORMAT, "config.json: head_dim %lld must be even and positive",
-                         (long long)c->head_dim);
+    if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > MMC_CONFIG_MAX_DIM)
+        return mmc_error(MMC_ERR_FORMAT, "config.json: head_dim %lld must be even, positive and at most %lld",
+                         (long long)c->head_dim, (long long)MMC_CONFIG_MAX_DIM);
     if ((st = mmc_json_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps))) return st;
     double theta = 10000.0;
     if (mmc_json_has(j, "rope_parameters.rope_theta")) st = mmc_json_num(j, "rope_parameters.rope_theta", theta, &theta);
@@ -69,7 +71,9 @@ mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
             int64_t sec[3];
             int n = 3;
             if ((st = mmc_json_int_array(src, keys[k], sec, &n))) return st;
-            if (n != 3 || sec[0] + sec[1] + sec[2] != c->head_dim / 2)
+            bool in_range = n == 3;   /* each within [0, head_dim/2]: the sum cannot overflow */
+            for (int i = 0; i < n && in_range; i++) in_range = sec[i] >= 0 && sec[i] <= c->head_dim / 2;
+            if (!in_range || sec[0] + sec[1] + sec[2] != c->head_dim / 2)
                 return mmc_error(MMC_ERR_FORMAT, "config.json: %s must be 3 numbers summing to head_dim/2 = %lld",
                                  keys[k], (long long)(c->head_dim / 2));
             c->mrope = true;

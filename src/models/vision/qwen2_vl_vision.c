@@ -43,6 +43,10 @@ mmc_status mmc_vision_config_read(const mmc_json *root, mmc_vl_arch arch, mmc_vi
         if ((st = rd_int(j, "hidden_size", 3584, &c->out_hidden_size))) return st;
         double ratio = 4;
         if ((st = mmc_json_num(j, "mlp_ratio", 4, &ratio))) return st;
+        if (!(ratio > 0 && ratio <= 1024) || c->embed_dim <= 0 || c->embed_dim > MMC_CONFIG_MAX_DIM)
+            return mmc_error(MMC_ERR_FORMAT, "config.json: vision_config.mlp_ratio %g must be in (0, 1024] and "
+                             "embed_dim %lld from 1 to %lld", ratio, (long long)c->embed_dim,
+                             (long long)MMC_CONFIG_MAX_DIM);
         c->intermediate_size = (int64_t)((double)c->embed_dim * ratio);
     } else {
         if ((st = rd_int(j, "hidden_size", 3584, &c->embed_dim))) return st;
@@ -79,10 +83,17 @@ mmc_status mmc_vision_config_read(const mmc_json *root, mmc_vl_arch arch, mmc_vi
                            "spatial_merge_size"};
     int64_t vals[] = {c->depth, c->embed_dim, c->num_heads, c->intermediate_size, c->out_hidden_size,
                       c->in_channels, c->patch_size, c->temporal_patch_size, c->spatial_merge_size};
-    for (int i = 0; i < 9; i++)
-        if (vals[i] <= 0)
-            return mmc_error(MMC_ERR_FORMAT, "config.json: vision_config.%s = %lld must be positive", names[i],
-                             (long long)vals[i]);
+    /* bounded so that products of sizes (C * merge^2, patch volumes, windows) fit in int64;
+     * the last four are per-patch sizes: in_channels, patch, temporal patch, spatial merge */
+    for (int i = 0; i < 9; i++) {
+        int64_t hi = i < 5 ? MMC_CONFIG_MAX_DIM : 1024;
+        if (vals[i] <= 0 || vals[i] > hi)
+            return mmc_error(MMC_ERR_FORMAT, "config.json: vision_config.%s = %lld must be from 1 to %lld",
+                             names[i], (long long)vals[i], (long long)hi);
+    }
+    if (!q2 && (c->window_size <= 0 || c->window_size > MMC_CONFIG_MAX_DIM))
+        return mmc_error(MMC_ERR_FORMAT, "config.json: vision_config.window_size = %lld must be from 1 to %lld",
+                         (long long)c->window_size, (long long)MMC_CONFIG_MAX_DIM);
     if (c->embed_dim % c->num_heads || (c->embed_dim / c->num_heads) % 4)
         return mmc_error(MMC_ERR_FORMAT, "config.json: vision embed dim %lld / num_heads %lld must give a head "
                          "dim that is a multiple of 4", (long long)c->embed_dim, (long long)c->num_heads);
