@@ -10,6 +10,7 @@
 
 #include <stdio.h> /* before jpeglib.h, which uses FILE */
 #include <jpeglib.h>
+#include "io_internal.h"
 #include <jerror.h>
 #include <png.h>
 #include <setjmp.h>
@@ -29,7 +30,7 @@ void mmc_image_opts_default(mmc_image_opts *o) {
 mmc_status mmc_image_alloc(mmc_image *img, int height, int width) {
     img->height = height;
     img->width = width;
-    img->data = malloc((size_t)height * (size_t)width * 3 + 1);
+    img->data = mmc_io_big_alloc((size_t)height * (size_t)width * 3 + 1);
     if (!img->data) return mmc_error(MMC_ERR_OOM, "image: cannot allocate %dx%d RGB", width, height);
     return MMC_OK;
 }
@@ -141,6 +142,18 @@ static void jerr_emit(j_common_ptr c, int level) {
 }
 static void jerr_output(j_common_ptr c) { (void)c; }
 
+/* RGB output straight into the image's rows, up to 16 at a time (one copy of the pixels fewer:
+ * a 12 MP photo is 36 MB); stops early on a truncation warning, as the loop after it. */
+static void read_rgb_rows(struct jpeg_decompress_struct *ci, mmc_image *img, const int *eof_warning) {
+    while (ci->output_scanline < ci->output_height && !*eof_warning) {
+        JSAMPROW rows[16];
+        int n = (int)(ci->output_height - ci->output_scanline);
+        if (n > 16) n = 16;
+        for (int i = 0; i < n; i++) rows[i] = img->data + (size_t)(ci->output_scanline + i) * img->width * 3;
+        jpeg_read_scanlines(ci, rows, (JDIMENSION)n);
+    }
+}
+
 static mmc_status decode_jpeg(const uint8_t *buf, size_t n, const char *name, const mmc_image_opts *o,
                               int64_t limit, mmc_image *out) {
     struct jpeg_decompress_struct cinfo;
@@ -185,7 +198,8 @@ static mmc_status decode_jpeg(const uint8_t *buf, size_t n, const char *name, co
     if ((st = mmc_image_alloc(&img, H, W))) { jpeg_destroy_decompress(&cinfo); return st; }
     row = malloc((size_t)W * oc);
     if (!row) { jpeg_destroy_decompress(&cinfo); mmc_image_free(&img); return mmc_error(MMC_ERR_OOM, "%s: OOM", name); }
-    while (cinfo.output_scanline < cinfo.output_height) {
+    if (oc == 3) read_rgb_rows(&cinfo, &img, &jerr.eof_warning);
+    while (cinfo.output_scanline < cinfo.output_height && !jerr.eof_warning) {
         int y = cinfo.output_scanline;
         JSAMPROW rp = row;
         jpeg_read_scanlines(&cinfo, &rp, 1);
