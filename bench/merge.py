@@ -1,7 +1,8 @@
 """Merge bench JSON lines (mmc and peer figures by case name) into results.json and print
 a table (with --update, cases already in results.json are kept and re-measured ones
 replaced: a filtered run refreshes part of the file). ratio = mmc / peer when higher is better, peer / mmc when lower is better, so a
-ratio above 1 always means mmc wins. A case may carry "peer_note" (which form of the peer was
+ratio above 1 always means mmc wins; "better": "none" marks a figure shown for information
+(e.g. a memory baseline), without a ratio. A case may carry "peer_note" (which form of the peer was
 timed, e.g. the bf16 path that won) and "note" (how the figure was measured); both go into
 results.json, and the table prints them after the ratio."""
 import json
@@ -41,7 +42,9 @@ for name in order:
     c = cases[name]
     c.setdefault("better", "higher")
     m, p = c.get("mmc"), c.get("peer")
-    if m is not None and p is not None and m > 0 and p > 0:
+    if c["better"] == "none":   # informational (e.g. a memory baseline): no ratio
+        c["ratio"] = None
+    elif m is not None and p is not None and m > 0 and p > 0:
         c["ratio"] = m / p if c["better"] == "higher" else p / m
     else:
         c["ratio"] = None
