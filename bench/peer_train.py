@@ -10,7 +10,8 @@ at Qwen2-VL-2B shapes with 2 vision blocks and 2 decoder layers, one row of 512 
 bench_train.c builds), fp32 + torch.optim.AdamW + clip_grad_norm_(1.0): full training, gradient
 checkpointing, PEFT LoRA r=16 on the 7 LM projections, and QLoRA (those projections as
 bitsandbytes Linear4bit NF4 with double quant, then the same PEFT LoRA).
-MMC_BENCH_TRAIN_CASES=lm|vl|all (default all). Every case times MMC_BENCH_TRAIN{,_VL}_STEPS
+MMC_BENCH_TRAIN_CASES=lm|vl|all (default all); MMC_BENCH_TRAIN_VL_MODES=full,recompute,lora,qlora
+picks VL cases, as in bench_train.c. Every case times MMC_BENCH_TRAIN{,_VL}_STEPS
 (default 5) steps after one warm-up step and reports the median, as bench_train.c; memory is
 peak RSS minus the RSS after the imports, before the model (_peak_mem, peer_util.mem_baseline),
 and that baseline (_rss_baseline)."""
@@ -154,7 +155,10 @@ if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     cases = os.environ.get("MMC_BENCH_TRAIN_CASES", "all")
     if cases != "lm":
+        modes = os.environ.get("MMC_BENCH_TRAIN_VL_MODES", "full,recompute,lora,qlora").split(",")   # as bench_train.c
         for m in ("full", "recompute", "lora", "qlora"):
+            if m not in modes:
+                continue
             p = ctx.Process(target=vl_case, args=(m,)); p.start(); p.join()
     if cases != "vl":
         for r in (False, True):
