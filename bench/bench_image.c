@@ -3,7 +3,7 @@
  * pixel_values, on two JPEGs this program writes (deterministic, photo-like: smooth
  * multi-octave value noise for shading, hard-edged shapes, fine grain; quality 90, 4:2:0):
  *   qwen2vl_preprocess_1024x768_jpeg         (-> 1036x756, grid 1x54x74)
- *   qwen2vl_preprocess_4032x3024_jpeg        a 12 MP phone photo (-> 1148x868, grid 1x62x82)
+ *   qwen2vl_preprocess_4032x3024_jpeg        a 12 MP phone photo (-> 1148x840, grid 1x60x82)
  * Each case is printed twice: "<case>" against transformers' slow PIL processor and
  * "<case>_vs_fast" against its fast torchvision processor (bench/peer_image.py, same files,
  * same thread count). MMC_BENCH_THREADS threads (OpenMP). */
