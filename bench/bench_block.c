@@ -1,6 +1,7 @@
 /* bench_block.c — one Qwen2-style decoder block (Qwen2-0.5B shapes: hidden 896, 14 heads /
  * 2 KV heads, head dim 64, intermediate 4864) forward + backward at seq 512, fp32, as
- * tokens/s, plus the memory the step adds on top of the weights. Peer: bench/peer_block.py
+ * tokens/s, plus the memory the step adds on top of the weights (step_mem) and the peak over
+ * the start-up baseline (peak_mem; bench_mem_baseline, the peer the same). Peer: bench/peer_block.py
  * runs transformers' Qwen2DecoderLayer (sdpa) with the same shapes and threads. */
 #include "bench_util.h"
 #include "mmc_models.h"
@@ -43,6 +44,7 @@ int main(void) {
                           .num_layers = 1, .num_heads = 14, .num_kv_heads = 2, .head_dim = 64,
                           .max_position_embeddings = 4096, .rms_norm_eps = 1e-6,
                           .rope_theta = 1e6};
+    double base0 = bench_mem_baseline();
     args_t a = {.ctx = mmc_ctx_new(), .T = 512};
     if (mmc_qwen2_new(&c, 1, &a.m)) { fprintf(stderr, "%s\n", mmc_last_error()); return 1; }
     for (int l = 0; l < 1; l++) {   /* non-zero biases like a trained model */
@@ -65,6 +67,8 @@ int main(void) {
     double peak = bench_peak_rss_mib();
     bench_report("block_qwen2_0.5b_fwd_bwd_T512", (double)a.T / sec, "tok/s", 1);
     bench_report("block_qwen2_0.5b_step_mem_MiB", peak - base, "MiB", 0);
+    bench_report("block_qwen2_0.5b_peak_mem_MiB", peak - base0, "MiB", 0);
+    bench_report_info("block_qwen2_0.5b_rss_baseline_MiB", base0, "MiB");
     fprintf(stderr, "block fwd+bwd: %.1f ms/step, arena peak %.1f MiB, RSS growth %.1f MiB\n",
             sec * 1e3, mmc_arena_peak(mmc_ctx_arena(a.ctx)) / 1048576.0, peak - base);
     mmc_ctx_free(tctx);

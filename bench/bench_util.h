@@ -26,6 +26,12 @@ static inline void bench_report(const char *name, double value, const char *unit
     fflush(stdout);
 }
 
+/* A figure shown for information, without a ratio (e.g. a memory baseline). */
+static inline void bench_report_info(const char *name, double value, const char *unit) {
+    printf("{\"name\": \"%s\", \"mmc\": %.6g, \"unit\": \"%s\", \"better\": \"none\"}\n", name, value, unit);
+    fflush(stdout);
+}
+
 /* Run fn(arg) repeatedly: warm-up once, then until min_seconds elapsed and at least
  * min_iters; return the median seconds per call over the timed calls. */
 typedef void (*bench_fn)(void *arg);
@@ -69,5 +75,13 @@ static inline int bench_reset_peak_rss(void) {
     if (!f) return -1;
     int ok = fputs("5", f) >= 0;
     return fclose(f) == 0 && ok ? 0 : -1;
+}
+/* Memory figures are measured the same way on both sides (DESIGN.md; bench/peer_util.py's
+ * mem_baseline): the baseline is the RSS after start-up (for a peer: after its imports), before
+ * the model; the figure reported is peak RSS minus it, and the baseline is reported too.
+ * Call this at that point: it resets VmHWM (so the peak is this run's) and returns VmRSS. */
+static inline double bench_mem_baseline(void) {
+    bench_reset_peak_rss();
+    return bench_rss_mib();
 }
 #endif

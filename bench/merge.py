@@ -1,7 +1,10 @@
 """Merge bench JSON lines (mmc and peer figures by case name) into results.json and print
 a table (with --update, cases already in results.json are kept and re-measured ones
 replaced: a filtered run refreshes part of the file). ratio = mmc / peer when higher is better, peer / mmc when lower is better, so a
-ratio above 1 always means mmc wins."""
+ratio above 1 always means mmc wins; "better": "none" marks a figure shown for information
+(e.g. a memory baseline), without a ratio. A case may carry "peer_note" (which form of the peer was
+timed, e.g. the bf16 path that won) and "note" (how the figure was measured); both go into
+results.json, and the table prints them after the ratio."""
 import json
 import sys
 
@@ -31,7 +34,7 @@ with open(raw) as f:
             cases[name] = {"name": name}
             order.append(name)
         c = cases[name]
-        for k in ("mmc", "peer", "unit", "better", "note"):
+        for k in ("mmc", "peer", "unit", "better", "note", "peer_note", "mmc_baseline", "peer_baseline"):
             if k in r:
                 c[k] = r[k]
 rows = []
@@ -39,7 +42,9 @@ for name in order:
     c = cases[name]
     c.setdefault("better", "higher")
     m, p = c.get("mmc"), c.get("peer")
-    if m is not None and p is not None and m > 0 and p > 0:
+    if c["better"] == "none":   # informational (e.g. a memory baseline): no ratio
+        c["ratio"] = None
+    elif m is not None and p is not None and m > 0 and p > 0:
         c["ratio"] = m / p if c["better"] == "higher" else p / m
     else:
         c["ratio"] = None
@@ -51,5 +56,7 @@ print(f"{'case':<{w}} {'mmc':>12} {'peer':>12} {'unit':>10} {'ratio':>7}")
 for r in rows:
     fm = lambda v: f"{v:12.4g}" if isinstance(v, (int, float)) else f"{'-':>12}"
     ratio = f"{r['ratio']:7.2f}" if r["ratio"] else f"{'-':>7}"
-    print(f"{r['name']:<{w}} {fm(r.get('mmc'))} {fm(r.get('peer'))} {r.get('unit', ''):>10} {ratio}")
+    note = "  ".join(x for x in (r.get("peer_note"), r.get("note")) if x)
+    print(f"{r['name']:<{w}} {fm(r.get('mmc'))} {fm(r.get('peer'))} {r.get('unit', ''):>10} {ratio}"
+          + (f"  {note}" if note else ""))
 print(f"wrote {out}")

@@ -1,9 +1,16 @@
 """PyTorch peer for bench_block.c: transformers' Qwen2DecoderLayer (sdpa), Qwen2-0.5B
-shapes, seq 512, fp32 forward + backward (grad of sum(y)), same thread count."""
-import json, os, resource, time
+shapes, seq 512, fp32 forward + backward (grad of sum(y)), same thread count. Memory as
+bench_block.c: step_mem = peak RSS minus the RSS once the layer and inputs exist (what the step
+adds); peak_mem = peak RSS minus the RSS after the imports, before the model
+(peer_util.mem_baseline), and that baseline."""
+import json, os, time
 import torch
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+from peer_util import mem_baseline, peak_rss_mib
+
+base0 = mem_baseline()
 
 torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
 T = 512
@@ -43,6 +50,8 @@ while len(times) < 3 or time.time() < t_end:
     times.append(time.perf_counter() - t0)
 times.sort()
 sec = times[len(times) // 2]
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+peak = peak_rss_mib()
 print(json.dumps({"name": "block_qwen2_0.5b_fwd_bwd_T512", "peer": T / sec, "unit": "tok/s", "better": "higher"}))
 print(json.dumps({"name": "block_qwen2_0.5b_step_mem_MiB", "peer": peak - base, "unit": "MiB", "better": "lower"}))
+print(json.dumps({"name": "block_qwen2_0.5b_peak_mem_MiB", "peer": peak - base0, "unit": "MiB", "better": "lower"}))
+print(json.dumps({"name": "block_qwen2_0.5b_rss_baseline_MiB", "peer": base0, "unit": "MiB", "better": "none"}))

@@ -1,15 +1,29 @@
 """peer_gemm.py — PyTorch (CPU) figures for the cases of bench/bench_gemm.c, same names.
 
 gemm_f32_<layout>: torch.matmul in the same layout (x @ W.T, dy @ W, dy.T @ x (+= into dW),
-square 1024), GFLOP/s. gemm_bf16_<layout>: the weight is stored bf16 and widened to f32 for
-the f32 matmul (what mmc_gemm_bf16 computes). matvec_*: y = x @ W.T with one token, GB/s of
-weight bytes. Every figure is the best call of a ~1 s run, as in bench_gemm.c; the "_1t"
-cases use one thread and its CPU-time clock."""
+square 1024), GFLOP/s. gemm_bf16_<layout> and matvec_bf16_*: the weight is stored bf16 and the
+peer is timed in every form a PyTorch user runs bf16 weights with, reporting the fastest (its
+"peer_note" names it):
+  bf16      both operands bf16 (a model cast with .bfloat16(): F.linear for x @ W.T, matmul
+            otherwise) -> oneDNN's bf16 kernels (AVX512-BF16 / AMX where the CPU has them);
+            activations already bf16, so the cast is not timed; output bf16
+  autocast  f32 activations, bf16 weight under torch.autocast("cpu", bfloat16): the
+            activation is cast to bf16 inside the call, then the same bf16 kernel
+  widen     f32 activations, the weight widened to f32 per call (matmul(x, W.float().t()):
+            mmc_gemm_bf16's arithmetic, but the f32 copy is built in memory every call;
+            GEMMs only: on the decode matvec it is 20-30x slower than the others)
+PyTorch has no f32-activation x bf16-weight CPU kernel (aten::_mixed_dtypes_linear and
+mm(out_dtype=) are CUDA-only in torch 2.15), so autocast is that form. Note that mmc keeps
+activations f32 and accumulates in f32 (bf16 only in the weight's storage) while the bf16 and
+autocast forms also round activations (and outputs) to bf16: the peer does less work per
+FLOP. matvec_*: y = x @ W.T with one token, GB/s of weight bytes. Every figure is the best call
+of a ~1 s run, as in bench_gemm.c; the "_1t" cases use one thread and its CPU-time clock."""
 import json
 import os
 import time
 
 import torch
+import torch.nn.functional as F
 
 torch.manual_seed(0)
 
@@ -28,8 +42,30 @@ def best_time(fn, min_seconds=1.0, min_iters=5):
     return best
 
 
-def report(name, value, unit):
-    print(json.dumps({"name": name, "peer": value, "unit": unit, "better": "higher"}), flush=True)
+def report(name, value, unit, note=None):
+    r = {"name": name, "peer": value, "unit": unit, "better": "higher"}
+    if note:
+        r["peer_note"] = note
+    print(json.dumps(r), flush=True)
+
+
+def autocast(fn):
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn()
+    return run
+
+
+def fastest(forms, min_seconds=1.0, min_iters=5):
+    """forms: {label: fn}; returns (best seconds, label of the fastest form)."""
+    ts = {k: best_time(fn, min_seconds, min_iters) for k, fn in forms.items()}
+    k = min(ts, key=ts.get)
+    return ts[k], k
+
+
+NOTES = {"bf16": "torch bf16 x bf16 (oneDNN; activations pre-cast to bf16)",
+         "autocast": "torch.autocast(cpu, bf16): f32 activations, bf16 weight",
+         "widen": "torch f32 matmul on W.float() (bf16 weight widened per call)"}
 
 
 def suite(sfx):
@@ -42,34 +78,38 @@ def suite(sfx):
         a = torch.randn(1024, 1024)
         b = torch.randn(1024, 1024)
         Wh, bh = W.to(torch.bfloat16), b.to(torch.bfloat16)
-        cases = [
-            ("gemm_f32_xWt", lambda: torch.matmul(x, W.t()), T * I * H),
-            ("gemm_f32_dyW", lambda: torch.matmul(dy, W), T * H * I),
-            ("gemm_f32_dyTx", lambda: dW.addmm_(dy.t(), x), I * H * T),
-            ("gemm_f32_sq1024", lambda: torch.matmul(a, b), 1024 ** 3),
-            ("gemm_bf16_xWt", lambda: torch.matmul(x, Wh.float().t()), T * I * H),
-            ("gemm_bf16_dyW", lambda: torch.matmul(dy, Wh.float()), T * H * I),
-            ("gemm_bf16_sq1024", lambda: torch.matmul(a, bh.float()), 1024 ** 3),
-        ]
+        xh, dyh, ah = x.to(torch.bfloat16), dy.to(torch.bfloat16), a.to(torch.bfloat16)
         f32 = {}
-        for name, fn, mnk in cases:
-            gf = 2.0 * mnk / best_time(fn) * 1e-9
+        for name, fn, mnk in [("gemm_f32_xWt", lambda: torch.matmul(x, W.t()), T * I * H),
+                              ("gemm_f32_dyW", lambda: torch.matmul(dy, W), T * H * I),
+                              ("gemm_f32_dyTx", lambda: dW.addmm_(dy.t(), x), I * H * T),
+                              ("gemm_f32_sq1024", lambda: torch.matmul(a, b), 1024 ** 3)]:
+            f32[name[9:]] = gf = 2.0 * mnk / best_time(fn) * 1e-9
             report(name + sfx, gf, "GFLOP/s")
-            if name.startswith("gemm_f32"):
-                f32[name[9:]] = gf
-            else:
-                report(name + sfx + "_vs_f32", gf / f32[name[10:]], "fraction")
+        for name, forms, mnk in [
+                ("xWt", {"bf16": lambda: F.linear(xh, Wh), "autocast": autocast(lambda: F.linear(x, Wh)),
+                         "widen": lambda: torch.matmul(x, Wh.float().t())}, T * I * H),
+                ("dyW", {"bf16": lambda: torch.matmul(dyh, Wh), "autocast": autocast(lambda: torch.matmul(dy, Wh)),
+                         "widen": lambda: torch.matmul(dy, Wh.float())}, T * H * I),
+                ("sq1024", {"bf16": lambda: torch.matmul(ah, bh), "autocast": autocast(lambda: torch.matmul(a, bh)),
+                            "widen": lambda: torch.matmul(a, bh.float())}, 1024 ** 3)]:
+            t, form = fastest(forms)
+            gf = 2.0 * mnk / t * 1e-9
+            report(f"gemm_bf16_{name}{sfx}", gf, "GFLOP/s", NOTES[form])
+            report(f"gemm_bf16_{name}{sfx}_vs_f32", gf / f32[name], "fraction", NOTES[form])
 
         for (n, k, dt) in [(8192, 4096, torch.float32), (8192, 4096, torch.bfloat16), (4864, 896, torch.bfloat16)]:
             w = torch.randn(n, k).to(dt)
             v = torch.randn(1, k)
-            if dt == torch.float32:
-                fn = lambda: torch.matmul(v, w.t())
-            else:  # bf16 weight, f32 activations: widen the weight (as mmc does, but in memory)
-                fn = lambda: torch.matmul(v, w.float().t())
-            t = best_time(fn, min_iters=10)
             tag = "f32" if dt == torch.float32 else "bf16"
-            report(f"matvec_{tag}_{n}x{k}{sfx}", n * k * w.element_size() / t * 1e-9, "GB/s")
+            if dt == torch.float32:
+                t, form = best_time(lambda: F.linear(v, w), min_iters=10), None
+            else:
+                vh = v.to(torch.bfloat16)
+                t, form = fastest({"bf16": lambda: F.linear(vh, w), "autocast": autocast(lambda: F.linear(v, w))},
+                                  min_iters=10)
+            report(f"matvec_{tag}_{n}x{k}{sfx}", n * k * w.element_size() / t * 1e-9, "GB/s",
+                   NOTES[form] if form else None)
 
 
 nthreads = int(os.environ.get("MMC_BENCH_THREADS", "2"))

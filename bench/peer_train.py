@@ -10,17 +10,38 @@ at Qwen2-VL-2B shapes with 2 vision blocks and 2 decoder layers, one row of 512 
 bench_train.c builds), fp32 + torch.optim.AdamW + clip_grad_norm_(1.0): full training, gradient
 checkpointing, PEFT LoRA r=16 on the 7 LM projections, and QLoRA (those projections as
 bitsandbytes Linear4bit NF4 with double quant, then the same PEFT LoRA).
-MMC_BENCH_TRAIN_CASES=lm|vl|all (default all)."""
-import json, multiprocessing as mp, os, resource, sys, time
+MMC_BENCH_TRAIN_CASES=lm|vl|all (default all); MMC_BENCH_TRAIN_VL_MODES=full,recompute,lora,qlora
+picks VL cases, as in bench_train.c. Every case times MMC_BENCH_TRAIN{,_VL}_STEPS
+(default 5) steps after one warm-up step and reports the median, as bench_train.c; memory is
+peak RSS minus the RSS after the imports, before the model (_peak_mem, peer_util.mem_baseline),
+and that baseline (_rss_baseline)."""
+import json, multiprocessing as mp, os, statistics, sys, time
 import torch
 
 LAYERS, SEQ = 2, 256
 
 
+def median_step(step, env):
+    """One warm-up step, then the median of MMC_BENCH_TRAIN{,_VL}_STEPS (default 5) timed steps."""
+    step()
+    ts = []
+    for _ in range(max(1, int(os.environ.get(env, "5")))):
+        t0 = time.perf_counter(); step(); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def report_mem(prefix, base):
+    from peer_util import peak_rss_mib
+    print(json.dumps({"name": f"{prefix}_peak_mem", "peer": peak_rss_mib() - base, "unit": "MiB", "better": "lower"}))
+    print(json.dumps({"name": f"{prefix}_rss_baseline", "peer": base, "unit": "MiB", "better": "none"}))
+
+
 def case(recompute):
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    from peer_util import mem_baseline
     torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
     torch.manual_seed(0)
+    base = mem_baseline()
     cfg = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2,
                       num_hidden_layers=LAYERS, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1e6,
                       max_position_embeddings=32768, tie_word_embeddings=True, attn_implementation="sdpa")
@@ -36,16 +57,11 @@ def case(recompute):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    step()
-    best = 1e30
-    for _ in range(int(os.environ.get("MMC_BENCH_TRAIN_STEPS", "3"))):
-        t0 = time.time(); step(); best = min(best, time.time() - t0)
+    med = median_step(step, "MMC_BENCH_TRAIN_STEPS")
     tag = "_recompute" if recompute else ""
-    print(json.dumps({"name": f"train_qwen2vl2b_lm_{LAYERS}layers_T{SEQ}{tag}_tokens_per_s", "peer": SEQ / best,
+    print(json.dumps({"name": f"train_qwen2vl2b_lm_{LAYERS}layers_T{SEQ}{tag}_tokens_per_s", "peer": SEQ / med,
                       "unit": "tokens/s", "better": "higher"}))
-    print(json.dumps({"name": f"train_qwen2vl2b_lm_{LAYERS}layers_T{SEQ}{tag}_peak_rss",
-                      "peer": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "unit": "MiB",
-                      "better": "lower"}))
+    report_mem(f"train_qwen2vl2b_lm_{LAYERS}layers_T{SEQ}{tag}", base)
     sys.stdout.flush()
 
 
@@ -90,8 +106,14 @@ def to_nf4(model):
 
 def vl_case(mode):
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from peer_util import mem_baseline
+    if mode in ("lora", "qlora"):
+        import peft  # noqa: F401  (an import: before the baseline)
+    if mode == "qlora":
+        import bitsandbytes  # noqa: F401
     torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
     torch.manual_seed(0)
+    base = mem_baseline()
     cfg = Qwen2VLConfig(
         vision_config=dict(depth=2, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
                            temporal_patch_size=2, spatial_merge_size=2, in_channels=3, hidden_act="quick_gelu"),
@@ -121,16 +143,11 @@ def vl_case(mode):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-    step()
-    best = 1e30
-    for _ in range(int(os.environ.get("MMC_BENCH_TRAIN_VL_STEPS", "1"))):
-        t0 = time.time(); step(); best = min(best, time.time() - t0)
+    med = median_step(step, "MMC_BENCH_TRAIN_VL_STEPS")
     tag = "" if mode == "full" else "_" + mode
-    print(json.dumps({"name": f"train_qwen2vl2b_v2l2_448px_T{VL_SEQ}{tag}_tokens_per_s", "peer": VL_SEQ / best,
+    print(json.dumps({"name": f"train_qwen2vl2b_v2l2_448px_T{VL_SEQ}{tag}_tokens_per_s", "peer": VL_SEQ / med,
                       "unit": "tokens/s", "better": "higher"}))
-    print(json.dumps({"name": f"train_qwen2vl2b_v2l2_448px_T{VL_SEQ}{tag}_peak_rss",
-                      "peer": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "unit": "MiB",
-                      "better": "lower"}))
+    report_mem(f"train_qwen2vl2b_v2l2_448px_T{VL_SEQ}{tag}", base)
     sys.stdout.flush()
 
 
@@ -138,7 +155,10 @@ if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     cases = os.environ.get("MMC_BENCH_TRAIN_CASES", "all")
     if cases != "lm":
+        modes = os.environ.get("MMC_BENCH_TRAIN_VL_MODES", "full,recompute,lora,qlora").split(",")   # as bench_train.c
         for m in ("full", "recompute", "lora", "qlora"):
+            if m not in modes:
+                continue
             p = ctx.Process(target=vl_case, args=(m,)); p.start(); p.join()
     if cases != "vl":
         for r in (False, True):

@@ -1,6 +1,8 @@
 """peer_util.py — what the PyTorch peer scripts share: the thread count the C benches use
-(MMC_BENCH_THREADS), the timing estimator (the median call of a timed run, after one warm-up)
-and the JSON line each case prints for bench/merge.py."""
+(MMC_BENCH_THREADS), the timing estimator (the median call of a timed run, after one warm-up),
+the JSON line each case prints for bench/merge.py, and the memory baseline (as bench_util.h's
+bench_mem_baseline: RSS after start-up and imports, before the model; figures are peak RSS
+minus it)."""
 import json
 import os
 import time
@@ -25,3 +27,27 @@ def median_time(fn, min_s=1.0, min_iters=3):
 def report(name, value, unit, higher=True):
     print(json.dumps({"name": name, "peer": value, "unit": unit, "better": "higher" if higher else "lower"}),
           flush=True)
+
+
+def _status_mib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return float(line.split()[1]) / 1024
+    return 0.0
+
+
+def mem_baseline():
+    """Resets VmHWM (Linux >= 4.0) and returns the RSS now, in MiB: call after the imports,
+    before the model."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status_mib("VmRSS:")
+
+
+def peak_rss_mib():
+    """Peak RSS since mem_baseline() (VmHWM), in MiB."""
+    return _status_mib("VmHWM:")

@@ -2,17 +2,21 @@
 Qwen2-VL-2B shapes with random weights, vision depth 4 of 32 and LM depth 4 of 28 (full
 vocabulary, tied head): vision encode of 448x448 (grid 1x32x32) and 1024x768 (smart_resize
 -> grid 1x54x74) images, prefill of 512 tokens (logits_to_keep=1, as generate does), and
-single-token decode with the KV cache after it; same thread count."""
+single-token decode with the KV cache after it; same thread count. Memory as bench_vl.c: peak
+RSS minus the RSS after the imports, before the model (peer_util.mem_baseline), and that
+baseline."""
 import json
 import os
-import resource
 import time
 
 import torch
 from transformers import DynamicCache, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
+from peer_util import mem_baseline, peak_rss_mib
+
 torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
 torch.manual_seed(0)
+base = mem_baseline()
 cfg = Qwen2VLConfig(
     vision_config=dict(depth=4, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
                        temporal_patch_size=2, spatial_merge_size=2, in_channels=3),
@@ -75,8 +79,9 @@ MiB = 1024.0 * 1024.0
 weights = sum(p.numel() * p.element_size() for p in model.parameters())   # tied embedding counted once
 kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
          if isinstance(t, torch.Tensor))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+peak = peak_rss_mib() - base
 report("vl_qwen2vl2b_weights_MiB", weights / MiB, "MiB", "lower")
 report("vl_qwen2vl2b_kv_cache_MiB", kv / MiB, "MiB", "lower")
-report("vl_qwen2vl2b_peak_rss_MiB", peak, "MiB", "lower")
-report("vl_qwen2vl2b_peak_rss_over_weights_kv", peak * MiB / (weights + kv), "x", "lower")
+report("vl_qwen2vl2b_peak_mem_MiB", peak, "MiB", "lower")
+report("vl_qwen2vl2b_rss_baseline_MiB", base, "MiB", "none")
+report("vl_qwen2vl2b_peak_mem_over_weights_kv", peak * MiB / (weights + kv), "x", "lower")

@@ -5,6 +5,8 @@
 #include "mmc_vlproc.h"
 
 #include <unistd.h>
+#include <jpeglib.h>
+#include <omp.h>
 
 #define DIR "tests/fixtures/image/"
 
@@ -399,7 +401,57 @@ static void test_proc_config_regressions(void) {
     rmdir(dir);
 }
 
+/* Large baseline JPEGs (>= 4 MP) decode in two bands on two threads (image.c decode_bands):
+ * the bytes must equal the one-pass decode (one thread), for 4:2:0, 4:2:2 and 4:4:4. */
+static void test_jpeg_bands(void) {
+    const int W = 2601, H = 1703;   /* 4.4 MP, odd sizes: a partial last iMCU row */
+    uint8_t *rgb = malloc((size_t)W * H * 3);
+    uint32_t x = 1;
+    for (size_t i = 0; i < (size_t)W * H * 3; i++) {
+        x = x * 1664525u + 1013904223u;
+        size_t p = i / 3;
+        rgb[i] = (uint8_t)((p % W) / 11 + (p / W) / 7 + (i % 3) * 60 + (x >> 28));
+    }
+    for (int sub = 0; sub < 3; sub++) {
+        struct jpeg_compress_struct ci;
+        struct jpeg_error_mgr je;
+        unsigned char *jpg = NULL;
+        unsigned long n = 0;
+        ci.err = jpeg_std_error(&je);
+        jpeg_create_compress(&ci);
+        jpeg_mem_dest(&ci, &jpg, &n);
+        ci.image_width = W;
+        ci.image_height = H;
+        ci.input_components = 3;
+        ci.in_color_space = JCS_RGB;
+        jpeg_set_defaults(&ci);
+        ci.comp_info[0].h_samp_factor = sub < 2 ? 2 : 1;   /* 4:2:0, 4:2:2, 4:4:4 */
+        ci.comp_info[0].v_samp_factor = sub == 0 ? 2 : 1;
+        jpeg_start_compress(&ci, TRUE);
+        while (ci.next_scanline < ci.image_height) {
+            JSAMPROW r = rgb + (size_t)ci.next_scanline * W * 3;
+            jpeg_write_scanlines(&ci, &r, 1);
+        }
+        jpeg_finish_compress(&ci);
+        jpeg_destroy_compress(&ci);
+        mmc_image one = {0}, two = {0};
+        int nt = omp_get_max_threads();
+        omp_set_num_threads(1);
+        CHECK_OK(mmc_image_load_memory(jpg, n, "bands", NULL, &one));
+        omp_set_num_threads(2);
+        CHECK_OK(mmc_image_load_memory(jpg, n, "bands", NULL, &two));
+        omp_set_num_threads(nt);
+        CHECKF(one.data && two.data && one.width == W && two.height == H &&
+               !memcmp(one.data, two.data, (size_t)W * H * 3), "two-band JPEG decode differs (subsampling %d)", sub);
+        mmc_image_free(&one);
+        mmc_image_free(&two);
+        free(jpg);
+    }
+    free(rgb);
+}
+
 int main(void) {
+    test_jpeg_bands();
     mmc_st *st = fixture_open("image/image.safetensors");
     if (!st) return test_done("test_image");
     test_decode(st);

@@ -5,10 +5,27 @@
  * torch.nn.functional.interpolate(antialias=True) used by torchvision / HF fast processors.
  */
 #include "mmc_image.h"
+#include "io_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+void *mmc_io_big_alloc(size_t n) {
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+#ifdef MADV_HUGEPAGE
+    const size_t huge = (size_t)2 << 20;
+    if (p && n >= 2 * huge) {   /* the whole 2 MiB pages inside the block (glibc mmaps it) */
+        uintptr_t a = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1), e = ((uintptr_t)p + n) & ~(uintptr_t)(huge - 1);
+        if (e > a) madvise((void *)a, e - a, MADV_HUGEPAGE);
+    }
+#endif
+    return p;
+}
 
 #define PRECISION_BITS (32 - 8 - 2)
 
@@ -58,17 +75,98 @@ static int coeffs(int in_size, int out_size, mmc_resample f, int **bounds_out, d
     return ksize;
 }
 
-static int *fixed_coeffs(const double *kk, size_t n) {
-    int *k = malloc(sizeof(int) * n);
+/* 22-bit fixed-point weights, each window padded with zeros to an even stride (kstride): the
+ * AVX2 horizontal pass takes two taps per step. */
+static int *fixed_coeffs(const double *kk, int out_size, int ksize, int kstride) {
+    int *k = calloc((size_t)out_size * kstride, sizeof(int));
     if (!k) return NULL;
-    for (size_t i = 0; i < n; i++)
-        k[i] = kk[i] < 0 ? (int)(-0.5 + kk[i] * (1 << PRECISION_BITS)) : (int)(0.5 + kk[i] * (1 << PRECISION_BITS));
+    for (int o = 0; o < out_size; o++)
+        for (int j = 0; j < ksize; j++) {
+            double v = kk[(size_t)o * ksize + j];
+            k[(size_t)o * kstride + j] = v < 0 ? (int)(-0.5 + v * (1 << PRECISION_BITS)) : (int)(0.5 + v * (1 << PRECISION_BITS));
+        }
     return k;
 }
 
 static inline uint8_t clip8(int v) {
     v >>= PRECISION_BITS;
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
+}
+
+/* The integer sums are exact (as in Pillow: 32-bit, no overflow for 8-bit input), so any order
+ * of the additions, SIMD included, gives Pillow's bytes. */
+
+/* One output row of the horizontal pass: o[xx] = clip8(sum_x row[xmin + x] * k[x]) per channel.
+ * row must be readable 8 bytes past its W pixels (the AVX2 path loads two pixels per tap pair). */
+static void hpass_row(const uint8_t *row, uint8_t *o, int out_w, const int *bounds, const int *kh, int kstride) {
+#ifdef __AVX2__
+    /* bytes R0 G0 B0 R1 G1 B1 -> int32 lanes [R0 G0 B0 0 R1 G1 B1 0] */
+    const __m128i shuf = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i dup = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const __m128i bias = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
+    for (int xx = 0; xx < out_w; xx++) {
+        int xmin = bounds[2 * xx], xn = bounds[2 * xx + 1];
+        const int *k = kh + (size_t)xx * kstride;
+        const uint8_t *p = row + (size_t)xmin * 3;
+        __m256i acc = _mm256_setzero_si256();
+        for (int x = 0; x < xn; x += 2) {
+            __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(p + 3 * x)), shuf);
+            __m256i kv = _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(k + x))), dup);
+            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(px), kv));
+        }
+        __m128i s = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1)), bias);
+        s = _mm_srai_epi32(s, PRECISION_BITS);
+        s = _mm_packus_epi16(_mm_packs_epi32(s, s), s);
+        uint32_t v = (uint32_t)_mm_cvtsi128_si32(s);
+        memcpy(o + 3 * xx, &v, 3);
+    }
+#else
+    for (int xx = 0; xx < out_w; xx++) {
+        int xmin = bounds[2 * xx], xn = bounds[2 * xx + 1];
+        const int *k = kh + (size_t)xx * kstride;
+        int s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
+        const uint8_t *p = row + (size_t)xmin * 3;
+        for (int x = 0; x < xn; x++) {
+            s0 += p[3 * x] * k[x];
+            s1 += p[3 * x + 1] * k[x];
+            s2 += p[3 * x + 2] * k[x];
+        }
+        o[3 * xx] = clip8(s0);
+        o[3 * xx + 1] = clip8(s1);
+        o[3 * xx + 2] = clip8(s2);
+    }
+#endif
+}
+
+/* One output row of the vertical pass over n bytes: o[x] = clip8(sum_y p[y * stride + x] * k[y]). */
+static void vpass_row(const uint8_t *p, size_t stride, uint8_t *o, int n, const int *k, int yn) {
+    int x = 0;
+#ifdef __AVX2__
+    const __m256i bias = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    for (; x + 32 <= n; x += 32) {
+        __m256i a0 = bias, a1 = bias, a2 = bias, a3 = bias;
+        for (int y = 0; y < yn; y++) {
+            const uint8_t *q = p + (size_t)y * stride + x;
+            __m256i kv = _mm256_set1_epi32(k[y]);
+            __m128i lo = _mm_loadu_si128((const __m128i *)q), hi = _mm_loadu_si128((const __m128i *)(q + 16));
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(lo), kv));
+            a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), kv));
+            a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(hi), kv));
+            a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), kv));
+        }
+        __m256i s01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srai_epi32(a0, PRECISION_BITS),
+                                                                  _mm256_srai_epi32(a1, PRECISION_BITS)), 0xD8);
+        __m256i s23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srai_epi32(a2, PRECISION_BITS),
+                                                                  _mm256_srai_epi32(a3, PRECISION_BITS)), 0xD8);
+        __m256i u8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(s01, s23), 0xD8);
+        _mm256_storeu_si256((__m256i *)(o + x), u8);
+    }
+#endif
+    for (; x < n; x++) {
+        int s = 1 << (PRECISION_BITS - 1);
+        for (int y = 0; y < yn; y++) s += p[(size_t)y * stride + x] * k[y];
+        o[x] = clip8(s);
+    }
 }
 
 mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst) {
@@ -83,13 +181,14 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
     }
     int *bh = NULL, *bv = NULL, *kh = NULL, *kv = NULL;
     double *dh = NULL, *dv = NULL;
-    uint8_t *tmp = NULL;
+    uint8_t *tmp = NULL, *last = NULL;
     int ksh = 0, ksv = 0;
     int need_h = out_w != W, need_v = out_h != H;
     if (need_h && !(ksh = coeffs(W, out_w, f, &bh, &dh))) goto oom;
     if (need_v && !(ksv = coeffs(H, out_h, f, &bv, &dv))) goto oom;
-    if (need_h && !(kh = fixed_coeffs(dh, (size_t)out_w * ksh))) goto oom;
-    if (need_v && !(kv = fixed_coeffs(dv, (size_t)out_h * ksv))) goto oom;
+    int kstride = (ksh + 1) & ~1;
+    if (need_h && !(kh = fixed_coeffs(dh, out_w, ksh, kstride))) goto oom;
+    if (need_v && !(kv = fixed_coeffs(dv, out_h, ksv, ksv))) goto oom;
     /* Horizontal pass over the rows the vertical pass reads (all of them when upscaling). */
     const uint8_t *hin = src->data;
     int ybox0 = 0, ybox1 = H;
@@ -98,26 +197,17 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
         ybox1 = bv[2 * (out_h - 1)] + bv[2 * (out_h - 1) + 1];
     }
     if (need_h) {
-        uint8_t *hout = need_v ? (tmp = malloc((size_t)(ybox1 - ybox0) * out_w * 3)) : dst->data;
-        if (!hout) goto oom;
-#pragma omp parallel for schedule(static) if ((ybox1 - ybox0) * out_w > 65536)
+        uint8_t *hout = need_v ? (tmp = mmc_io_big_alloc((size_t)(ybox1 - ybox0) * out_w * 3)) : dst->data;
+        /* the image's last row, padded: hpass_row reads up to 8 bytes past a row */
+        last = calloc((size_t)W * 3 + 16, 1);
+        if (!hout || !last) goto oom;
+        memcpy(last, src->data + (size_t)(H - 1) * W * 3, (size_t)W * 3);
+        /* threads only for large images (a 12 MP photo): below a few ms of work the fork/join
+         * costs more than it saves, and far more when other processes share the cores */
+#pragma omp parallel for schedule(static) if ((int64_t)(ybox1 - ybox0) * out_w * ksh > ((int64_t)16 << 20))
         for (int y = ybox0; y < ybox1; y++) {
-            const uint8_t *row = src->data + (size_t)y * W * 3;
-            uint8_t *o = hout + (size_t)(y - ybox0) * out_w * 3;
-            for (int xx = 0; xx < out_w; xx++) {
-                int xmin = bh[2 * xx], xn = bh[2 * xx + 1];
-                const int *k = kh + (size_t)xx * ksh;
-                int s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
-                const uint8_t *p = row + (size_t)xmin * 3;
-                for (int x = 0; x < xn; x++) {
-                    s0 += p[3 * x] * k[x];
-                    s1 += p[3 * x + 1] * k[x];
-                    s2 += p[3 * x + 2] * k[x];
-                }
-                o[3 * xx] = clip8(s0);
-                o[3 * xx + 1] = clip8(s1);
-                o[3 * xx + 2] = clip8(s2);
-            }
+            const uint8_t *row = y == H - 1 ? last : src->data + (size_t)y * W * 3;
+            hpass_row(row, hout + (size_t)(y - ybox0) * out_w * 3, out_w, bh, kh, kstride);
         }
         hin = hout;
     } else {
@@ -125,23 +215,15 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
     }
     if (need_v) {
         int w3 = out_w * 3;
-#pragma omp parallel for schedule(static) if (out_h * out_w > 65536)
-        for (int yy = 0; yy < out_h; yy++) {
-            int ymin = bv[2 * yy] - ybox0, yn = bv[2 * yy + 1];
-            const int *k = kv + (size_t)yy * ksv;
-            uint8_t *o = dst->data + (size_t)yy * w3;
-            for (int x = 0; x < w3; x++) {
-                int s = 1 << (PRECISION_BITS - 1);
-                const uint8_t *p = hin + (size_t)ymin * w3 + x;
-                for (int y = 0; y < yn; y++) s += p[(size_t)y * w3] * k[y];
-                o[x] = clip8(s);
-            }
-        }
+#pragma omp parallel for schedule(static) if ((int64_t)out_h * out_w * 3 * ksv > ((int64_t)24 << 20))
+        for (int yy = 0; yy < out_h; yy++)
+            vpass_row(hin + (size_t)(bv[2 * yy] - ybox0) * w3, (size_t)w3, dst->data + (size_t)yy * w3, w3,
+                      kv + (size_t)yy * ksv, bv[2 * yy + 1]);
     }
-    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp);
+    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last);
     return MMC_OK;
 oom:
-    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp);
+    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last);
     mmc_image_free(dst);
     return mmc_error(MMC_ERR_OOM, "image resize: out of memory (%dx%d -> %dx%d)", W, H, out_w, out_h);
 }

@@ -6,6 +6,7 @@
  */
 #include "mmc_vlproc.h"
 #include "mmc_io.h"
+#include "io/io_internal.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -232,54 +233,24 @@ void mmc_vlproc_out_free(mmc_vlproc_out *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* Resize + rescale + normalise one frame into planar float dst [3, oh, ow]. */
+/* float (torchvision-style) resize + rescale + normalise of one frame into planar dst [3, oh, ow] */
 static mmc_status frame_to_float(const mmc_qwen2vl_proc *p, const mmc_image *img, int oh, int ow, float *dst) {
-    size_t hw = (size_t)oh * ow;
-    float mean[3], inv_ok[3];
-    (void)inv_ok;
-    for (int c = 0; c < 3; c++) mean[c] = p->image_mean[c];
-    mmc_status st = MMC_OK;
-    if (p->resize_mode == MMC_VLPROC_RESIZE_FLOAT && (oh != img->height || ow != img->width)) {
-        size_t ihw = (size_t)img->height * img->width;
-        float *src = malloc(sizeof(float) * 3 * ihw);
-        if (!src) return mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: OOM");
-        for (size_t i = 0; i < ihw; i++)
-            for (int c = 0; c < 3; c++) src[c * ihw + i] = img->data[3 * i + c];
-        st = mmc_resize_f32(src, 3, img->height, img->width, dst, oh, ow, p->resample);
-        free(src);
-        if (st) return st;
-        for (int c = 0; c < 3; c++)
-            for (size_t i = 0; i < hw; i++) {
-                float v = dst[c * hw + i];
-                v = v < 0 ? 0 : v > 255 ? 255 : nearbyintf(v); /* torchvision rounds uint8 back */
-                if (p->do_rescale) v = (float)((double)v * p->rescale_factor);
-                if (p->do_normalize) v = (v - mean[c]) / p->image_std[c];
-                dst[c * hw + i] = v;
-            }
-        return MMC_OK;
-    }
-    mmc_image r = {0};
-    const mmc_image *use = img;
-    if (oh != img->height || ow != img->width) {
-        if ((st = mmc_image_resize(img, oh, ow, p->resample, &r))) return st;
-        use = &r;
-    }
-    /* The value depends only on (channel, byte): a 3x256 table replaces per-pixel math. */
-    float lut[3][256];
+    size_t hw = (size_t)oh * ow, ihw = (size_t)img->height * img->width;
+    float *src = malloc(sizeof(float) * 3 * ihw);
+    if (!src) return mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: OOM");
+    for (size_t i = 0; i < ihw; i++)
+        for (int c = 0; c < 3; c++) src[c * ihw + i] = img->data[3 * i + c];
+    mmc_status st = mmc_resize_f32(src, 3, img->height, img->width, dst, oh, ow, p->resample);
+    free(src);
+    if (st) return st;
     for (int c = 0; c < 3; c++)
-        for (int u = 0; u < 256; u++) {
-            float v = (float)u;
-            if (p->do_rescale) v = (float)((double)u * p->rescale_factor);
-            if (p->do_normalize) v = (v - mean[c]) / p->image_std[c];
-            lut[c][u] = v;
+        for (size_t i = 0; i < hw; i++) {
+            float v = dst[c * hw + i];
+            v = v < 0 ? 0 : v > 255 ? 255 : nearbyintf(v); /* torchvision rounds uint8 back */
+            if (p->do_rescale) v = (float)((double)v * p->rescale_factor);
+            if (p->do_normalize) v = (v - p->image_mean[c]) / p->image_std[c];
+            dst[c * hw + i] = v;
         }
-    const uint8_t *s = use->data;
-    for (size_t i = 0; i < hw; i++) {
-        dst[i] = lut[0][s[3 * i]];
-        dst[hw + i] = lut[1][s[3 * i + 1]];
-        dst[2 * hw + i] = lut[2][s[3 * i + 2]];
-    }
-    mmc_image_free(&r);
     return MMC_OK;
 }
 
@@ -304,6 +275,46 @@ static void patchify(const float *frames, int T, int H, int W, int P, int m, int
                     }
 }
 
+/* The PIL path's rescale + normalise depends only on (channel, byte): lut[c][u] is the float32
+ * value HF computes (uint8 * rescale_factor in double, then (x - mean) / std in float32). */
+static void pixel_lut(const mmc_qwen2vl_proc *p, float lut[3][256]) {
+    for (int c = 0; c < 3; c++)
+        for (int u = 0; u < 256; u++) {
+            float v = (float)u;
+            if (p->do_rescale) v = (float)((double)u * p->rescale_factor);
+            if (p->do_normalize) v = (v - p->image_mean[c]) / p->image_std[c];
+            lut[c][u] = v;
+        }
+}
+
+/* Fused rescale + normalise + temporal repeat + patchify from 8-bit RGB frames (n of them, the
+ * last repeated up to T = gt * tp) into rows [gt, H/(P*m), W/(P*m), m, m] x cols [3, tp, P, P]:
+ * one pass that writes each output byte once, threads over rows. */
+static void patchify_u8(const mmc_image *fr, int n, int gt, int H, int W, int P, int m, int tp,
+                        const float lut[3][256], float *out) {
+    int64_t gh = H / P, gw = W / P, rows = (int64_t)gt * gh * gw;
+    size_t D = (size_t)3 * tp * P * P;
+#pragma omp parallel for schedule(static) if (rows * (int64_t)D > ((int64_t)16 << 20))   /* see mmc_image_resize */
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = r / (gh * gw), q = r % (gh * gw);
+        int64_t blk = q / (m * m), in = q % (m * m);
+        int64_t bh = blk / (gw / m), bw = blk % (gw / m);
+        int y0 = (int)((bh * m + in / m) * P), x0 = (int)((bw * m + in % m) * P);
+        float *o = out + (size_t)r * D;
+        for (int c = 0; c < 3; c++)
+            for (int tt = 0; tt < tp; tt++, o += (size_t)P * P) {
+                int f = (int)(t * tp + tt) < n ? (int)(t * tp + tt) : n - 1;
+                if (tt > 0 && f == (int)(t * tp + tt - 1 < n ? t * tp + tt - 1 : n - 1)) {
+                    memcpy(o, o - (size_t)P * P, sizeof(float) * P * P);   /* the same frame again */
+                    continue;
+                }
+                const uint8_t *src = fr[f].data + ((size_t)y0 * W + x0) * 3 + c;
+                for (int py = 0; py < P; py++, src += (size_t)W * 3)
+                    for (int px = 0; px < P; px++) o[py * P + px] = lut[c][src[3 * px]];
+            }
+    }
+}
+
 static mmc_status grid_append(mmc_vlproc_out *out, int64_t t, int64_t h, int64_t w, int m) {
     int64_t(*g)[3] = realloc(out->grid_thw, sizeof *g * (size_t)(out->n_grid + 1));
     if (!g) return mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: OOM");
@@ -317,23 +328,61 @@ static mmc_status grid_append(mmc_vlproc_out *out, int64_t t, int64_t h, int64_t
 }
 
 /* Shared by images (one frame, repeated) and videos (n frames, last one repeated). */
-static mmc_status process_group(const mmc_qwen2vl_proc *p, const mmc_image *frames, int n, int64_t min_px,
-                                int64_t max_px, float *dst_rows, int64_t *rows_out, int oh, int ow) {
-    int tp = p->temporal_patch_size;
-    int T = (n + tp - 1) / tp * tp;
-    size_t fsz = (size_t)3 * oh * ow;
-    float *buf = malloc(sizeof(float) * fsz * T);
-    if (!buf) return mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: OOM for %d frames of %dx%d", T, ow, oh);
-    for (int i = 0; i < n; i++) {
-        mmc_status st = frame_to_float(p, &frames[i], oh, ow, buf + fsz * i);
-        if (st) { free(buf); return st; }
-    }
-    for (int i = n; i < T; i++) memcpy(buf + fsz * i, buf + fsz * (n - 1), sizeof(float) * fsz);
-    patchify(buf, T, oh, ow, p->patch_size, p->merge_size, tp, dst_rows);
+static mmc_status process_group(const mmc_qwen2vl_proc *p, const mmc_image *frames, int n, float *dst_rows,
+                                int64_t *rows_out, int oh, int ow) {
+    int tp = p->temporal_patch_size, T = (n + tp - 1) / tp * tp;
     *rows_out = (int64_t)(T / tp) * (oh / p->patch_size) * (ow / p->patch_size);
-    free(buf);
-    (void)min_px; (void)max_px;
+    bool resize = oh != frames[0].height || ow != frames[0].width;
+    if (resize && p->resize_mode == MMC_VLPROC_RESIZE_FLOAT) {
+        size_t fsz = (size_t)3 * oh * ow;
+        float *buf = malloc(sizeof(float) * fsz * T);
+        if (!buf) return mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: OOM for %d frames of %dx%d", T, ow, oh);
+        for (int i = 0; i < n; i++) {
+            mmc_status st = frame_to_float(p, &frames[i], oh, ow, buf + fsz * i);
+            if (st) { free(buf); return st; }
+        }
+        for (int i = n; i < T; i++) memcpy(buf + fsz * i, buf + fsz * (n - 1), sizeof(float) * fsz);
+        patchify(buf, T, oh, ow, p->patch_size, p->merge_size, tp, dst_rows);
+        free(buf);
+        return MMC_OK;
+    }
+    /* PIL path: 8-bit resize (Pillow-exact), then the fused pass */
+    mmc_image *rs = NULL;
+    if (resize) {
+        if (!(rs = calloc((size_t)n, sizeof *rs))) return mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: OOM");
+        for (int i = 0; i < n; i++) {
+            mmc_status st = mmc_image_resize(&frames[i], oh, ow, p->resample, &rs[i]);
+            if (st) {
+                for (int j = 0; j < i; j++) mmc_image_free(&rs[j]);
+                free(rs);
+                return st;
+            }
+        }
+    }
+    float lut[3][256];
+    pixel_lut(p, lut);
+    patchify_u8(rs ? rs : frames, n, T / tp, oh, ow, p->patch_size, p->merge_size, tp, (const float(*)[256])lut,
+                dst_rows);
+    if (rs) {
+        for (int i = 0; i < n; i++) mmc_image_free(&rs[i]);
+        free(rs);
+    }
     return MMC_OK;
+}
+
+/* The [rows, D] float32 output, left uninitialised: every element is written by process_group. */
+static mmc_tensor *pixel_values_new(int64_t rows, int64_t D) {
+    size_t nb = (size_t)rows * (size_t)D * sizeof(float);
+    void *data = mmc_io_big_alloc(nb + 64);
+    mmc_tensor *t = data ? mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(rows, D), data) : NULL;
+    if (!t) {
+        free(data);
+        mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: out of memory for pixel_values [%lld, %lld]", (long long)rows,
+                  (long long)D);
+        return NULL;
+    }
+    t->flags |= MMC_OWNS_DATA;
+    return t;
 }
 
 static mmc_status target_size(const mmc_qwen2vl_proc *p, const mmc_image *img, int64_t min_px, int64_t max_px,
@@ -367,12 +416,12 @@ mmc_status mmc_qwen2vl_preprocess_images(const mmc_qwen2vl_proc *p, const mmc_im
         total += (int64_t)(sz[2 * i] / p->patch_size) * (sz[2 * i + 1] / p->patch_size);
     }
     int64_t D = 3LL * p->temporal_patch_size * p->patch_size * p->patch_size;
-    out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(total, D));
+    out->pixel_values = pixel_values_new(total, D);
     if (!out->pixel_values) { st = MMC_ERR_OOM; goto fail; }
     int64_t row = 0;
     for (int i = 0; i < n; i++) {
         int64_t rows = 0;
-        st = process_group(p, &imgs[i], 1, 0, 0, (float *)out->pixel_values->data + row * D, &rows, sz[2 * i],
+        st = process_group(p, &imgs[i], 1, (float *)out->pixel_values->data + row * D, &rows, sz[2 * i],
                            sz[2 * i + 1]);
         if (st) goto fail;
         row += rows;
@@ -401,10 +450,10 @@ mmc_status mmc_qwen2vl_preprocess_video(const mmc_qwen2vl_proc *p, const mmc_ima
     int tp = p->temporal_patch_size;
     int64_t gt = (n_frames + tp - 1) / tp, gh = oh / p->patch_size, gw = ow / p->patch_size;
     int64_t D = 3LL * tp * p->patch_size * p->patch_size;
-    out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, D));
+    out->pixel_values = pixel_values_new(gt * gh * gw, D);
     if (!out->pixel_values) return MMC_ERR_OOM;
     int64_t rows = 0;
-    if ((st = process_group(p, frames, n_frames, 0, 0, out->pixel_values->data, &rows, oh, ow)) ||
+    if ((st = process_group(p, frames, n_frames, out->pixel_values->data, &rows, oh, ow)) ||
         (st = grid_append(out, gt, gh, gw, p->merge_size))) {
         mmc_vlproc_out_free(out);
         return st;
