@@ -58,20 +58,40 @@ static int coeffs(int in_size, int out_size, mmc_resample f, int **bounds_out, d
     return ksize;
 }
 
-static int *fixed_coeffs(const double *kk, size_t n) {
+/* Fixed-point weights with `prec` fraction bits; prec < 0: torch's uint8 kernels' choice (ported
+ * from Pillow-SIMD), the most bits for which the axis's largest weight still fits in int16. */
+static int *fixed_coeffs(const double *kk, size_t n, int *prec) {
+    if (*prec < 0) {
+        double m = 0;
+        for (size_t i = 0; i < n; i++) m = kk[i] > m ? kk[i] : m;
+        for (*prec = 0; *prec < PRECISION_BITS; ++*prec)
+            if ((int)(0.5 + m * (1 << (*prec + 1))) >= (1 << 15)) break;
+    }
     int *k = malloc(sizeof(int) * n);
     if (!k) return NULL;
     for (size_t i = 0; i < n; i++)
-        k[i] = kk[i] < 0 ? (int)(-0.5 + kk[i] * (1 << PRECISION_BITS)) : (int)(0.5 + kk[i] * (1 << PRECISION_BITS));
+        k[i] = kk[i] < 0 ? (int)(-0.5 + kk[i] * (1 << *prec)) : (int)(0.5 + kk[i] * (1 << *prec));
     return k;
 }
 
-static inline uint8_t clip8(int v) {
-    v >>= PRECISION_BITS;
+static inline uint8_t clip8(int v, int prec) {
+    v >>= prec;
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
+static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, bool torch_prec,
+                            mmc_image *dst);
+
 mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst) {
+    return resize_u8(src, out_h, out_w, f, false, dst);
+}
+
+mmc_status mmc_image_resize_torch_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst) {
+    return resize_u8(src, out_h, out_w, f, true, dst);
+}
+
+static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, bool torch_prec,
+                            mmc_image *dst) {
     int H = src->height, W = src->width;
     if (out_h <= 0 || out_w <= 0 || H <= 0 || W <= 0)
         return mmc_error(MMC_ERR_INVALID, "image resize: bad sizes %dx%d -> %dx%d", W, H, out_w, out_h);
@@ -88,8 +108,9 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
     int need_h = out_w != W, need_v = out_h != H;
     if (need_h && !(ksh = coeffs(W, out_w, f, &bh, &dh))) goto oom;
     if (need_v && !(ksv = coeffs(H, out_h, f, &bv, &dv))) goto oom;
-    if (need_h && !(kh = fixed_coeffs(dh, (size_t)out_w * ksh))) goto oom;
-    if (need_v && !(kv = fixed_coeffs(dv, (size_t)out_h * ksv))) goto oom;
+    int ph = torch_prec ? -1 : PRECISION_BITS, pv = ph;
+    if (need_h && !(kh = fixed_coeffs(dh, (size_t)out_w * ksh, &ph))) goto oom;
+    if (need_v && !(kv = fixed_coeffs(dv, (size_t)out_h * ksv, &pv))) goto oom;
     /* Horizontal pass over the rows the vertical pass reads (all of them when upscaling). */
     const uint8_t *hin = src->data;
     int ybox0 = 0, ybox1 = H;
@@ -107,16 +128,16 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
             for (int xx = 0; xx < out_w; xx++) {
                 int xmin = bh[2 * xx], xn = bh[2 * xx + 1];
                 const int *k = kh + (size_t)xx * ksh;
-                int s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
+                int s0 = 1 << (ph - 1), s1 = s0, s2 = s0;
                 const uint8_t *p = row + (size_t)xmin * 3;
                 for (int x = 0; x < xn; x++) {
                     s0 += p[3 * x] * k[x];
                     s1 += p[3 * x + 1] * k[x];
                     s2 += p[3 * x + 2] * k[x];
                 }
-                o[3 * xx] = clip8(s0);
-                o[3 * xx + 1] = clip8(s1);
-                o[3 * xx + 2] = clip8(s2);
+                o[3 * xx] = clip8(s0, ph);
+                o[3 * xx + 1] = clip8(s1, ph);
+                o[3 * xx + 2] = clip8(s2, ph);
             }
         }
         hin = hout;
@@ -131,10 +152,10 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
             const int *k = kv + (size_t)yy * ksv;
             uint8_t *o = dst->data + (size_t)yy * w3;
             for (int x = 0; x < w3; x++) {
-                int s = 1 << (PRECISION_BITS - 1);
+                int s = 1 << (pv - 1);
                 const uint8_t *p = hin + (size_t)ymin * w3 + x;
                 for (int y = 0; y < yn; y++) s += p[(size_t)y * w3] * k[y];
-                o[x] = clip8(s);
+                o[x] = clip8(s, pv);
             }
         }
     }
