@@ -21,7 +21,9 @@ void help_forward(FILE *f) {
             "  --out FILE        output .safetensors file, written atomically (required)\n"
             "  --system TEXT     system prompt (default: the template's default)\n"
             "  --image FILE      attach an image (repeatable; vision-language models)\n"
-            "  --video DIR       attach a video given as a folder of frames\n"
+            "  --video FILE|DIR  attach a video file (sampled at 2 fps or as the video processor\n"
+            "                    config says) or a folder of frames; --video-fps F,\n"
+            "                    --video-frames N, --video-max-frames N, --video-pixel-budget\n"
             "  --raw             feed the prompt as-is, without the chat template\n"
             "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
             "  -h, --help        this help\n");

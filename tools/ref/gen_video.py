@@ -10,6 +10,8 @@ Writes tests/fixtures/video/:
                     bounds so the fixture stays small) with the fixture tokenizer
   hub/              the 4.4x layout of the same settings: video_preprocessor_config.json next to
                     a preprocessor_config.json with different (image) bounds
+  chat_expected.json  `mmc generate --video moving.mp4` on tests/fixtures/qwen2_vl_chat: prompt length and
+                    8 greedy tokens from transformers (sampled at 2 fps)
   ref.safetensors   per video: metadata (total frames, fps), frame indices (sample_frames), the
                     sampled frames as PyAV decodes them to RGB24 (what transformers' pyav backend
                     gives), pixel_values_videos, video_grid_thw, second_per_grid_ts; input_ids of
@@ -171,6 +173,23 @@ for name in ["mkv", "mp4"]:
         with torch.no_grad():
             ref[f"{name}.{arch}.logits"] = m(**kw).logits[0]
         ref[f"{name}.logit_ids"] = ids[0]
+# end to end: the chat fixture (a tiny Qwen2-VL with the fixture tokenizer and transformers' default
+# video processor config) generating from the H.264 clip sampled at 2 fps, as `mmc generate --video` does
+chat_dir = os.path.join(ROOT, "qwen2_vl_chat")
+cproc = Qwen2VLProcessor.from_pretrained(chat_dir)
+cm = Qwen2VLForConditionalGeneration.from_pretrained(chat_dir, dtype=torch.float32, attn_implementation="eager").eval()
+frames, meta = read_pyav(os.path.join(OUT, "moving.mp4"), partial(cproc.video_processor.sample_frames, fps=2))
+msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What moves?"}]}]
+text = cproc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+enc = cproc(text=[text], videos=[frames], videos_kwargs=dict(video_metadata=[meta], do_sample_frames=False),
+            return_tensors="pt")
+with torch.no_grad():
+    gen = cm.generate(**enc, max_new_tokens=8, min_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+n = enc["input_ids"].shape[1]
+expect["chat_mp4"] = dict(prompt_tokens=n, new_ids=gen[0, n:].tolist(), indices=list(map(int, meta.frames_indices)),
+                          grid=enc["video_grid_thw"][0].tolist())
+print("chat_mp4", expect["chat_mp4"])
+json.dump(expect["chat_mp4"], open(os.path.join(OUT, "chat_expected.json"), "w"))   # one line, for the shell test
 json.dump(expect, open(os.path.join(OUT, "expected.json"), "w"), indent=1)
 save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(OUT, "ref.safetensors"))
 tot = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
