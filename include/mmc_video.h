@@ -63,6 +63,10 @@ typedef struct {
  * patch 14, merge 2, temporal 2, CLIP mean/std, bicubic, min_frames 4, max_frames 768, no
  * sampling. */
 void mmc_qwen2vl_video_proc_default(mmc_qwen2vl_video_proc *p);
+/* mmc's sampling when the settings ask for none (transformers then decodes every frame):
+ * 2 frames per second, qwen-vl-utils' default, unless a frame count is set. The CLI and the
+ * data pipeline apply it after reading the settings. */
+void mmc_qwen2vl_video_sampling_default(mmc_qwen2vl_video_proc *p);
 /* Settings from a model directory in transformers' precedence: processor_config.json's
  * "video_processor" object, else video_preprocessor_config.json, else preprocessor_config.json
  * (the image processor's file, read as the video processor's over the video defaults, as

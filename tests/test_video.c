@@ -5,6 +5,7 @@
  * second_per_grid_ts, input_ids of a chat prompt with the video, and Qwen2-VL / Qwen2.5-VL
  * logits (1e-4). Then every container of the fixture set decodes, keyframe-seek reads equal
  * sequential reads, and damaged inputs fail with a message instead of crashing. */
+#include "mmc_data.h"
 #include "mmc_prompt.h"
 #include "mmc_tokenizer.h"
 #include "mmc_video.h"
@@ -296,6 +297,39 @@ static void test_errors(void) {
     }
 }
 
+/* A LLaMA-Factory record with "videos": the data pipeline decodes the file through the same
+ * path (same indices, same pixel values as transformers). */
+static void test_dataset(mmc_tokenizer *tok) {
+    FILE *f = fopen("build/test_video_data.jsonl", "w");
+    if (!f) { fprintf(stderr, "cannot write build/test_video_data.jsonl (skipped)\n"); return; }
+    fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"<video>What moves?\"}, {\"role\": \"assistant\", "
+          "\"content\": \"A square.\"}], \"videos\": [\"../tests/fixtures/video/moving.mp4\"]}\n", f);
+    fclose(f);
+    mmc_data_opts o;
+    mmc_data_opts_default(&o);
+    CHECK(o.vproc.do_sample_frames && o.vproc.fps == 2);
+    CHECK_OK(mmc_qwen2vl_video_proc_load_dir(DIR_ "/proc", &o.vproc));
+    mmc_dataset *ds = NULL;
+    CHECK_OK(mmc_dataset_load("build/test_video_data.jsonl", NULL, &ds));
+    if (ds) {
+        mmc_batch b;
+        CHECK_OK(mmc_data_prepare(&o, tok, ds, 0, false, &b));
+        CHECK(b.n_videos == 1);
+        if (b.n_videos == 1) {
+            mmc_tensor *pv = fixture_tensor(ref, "mp4.pixel_values_videos", MMC_F32);
+            CHECK(b.video_grid_thw[0] == 2 && b.video_grid_thw[1] == 4 && b.video_grid_thw[2] == 4);
+            double m = b.n_video_patches * b.patch_dim == mmc_numel(pv) ? 0 : INFINITY;
+            for (int64_t i = 0; m == 0 && i < mmc_numel(pv); i++) m = fmax(m, fabs(b.video_values[i] - ((float *)pv->data)[i]));
+            CHECKF(m <= 1e-5, "dataset video values max|diff| %g", m);
+            mmc_tensor_free(pv);
+        }
+        mmc_batch_free(&b);
+        mmc_dataset_free(ds);
+    }
+    mmc_data_opts_free(&o);
+    remove("build/test_video_data.jsonl");
+}
+
 int main(void) {
     ref = fixture_open("video/ref.safetensors");
     if (!ref) return test_done("test_video");
@@ -310,6 +344,7 @@ int main(void) {
         test_parity("mkv", 0, tok, q2, q25);     /* lossless: identical frames */
         test_parity("mp4", 8, tok, q2, q25);     /* H.264: FFmpeg 5.1 here vs PyAV's bundled FFmpeg */
     }
+    if (tok) test_dataset(tok);
     test_containers();
     test_errors();
     mmc_qwen2_vl_free(q2);

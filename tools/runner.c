@@ -50,12 +50,7 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         char *slash = strrchr(path, '/');
         if (slash) *slash = 0;
         if (!st) st = mmc_qwen2vl_video_proc_load_dir(path, &m->vproc);
-        if (!m->vproc.do_sample_frames || (m->vproc.fps <= 0 && m->vproc.num_frames <= 0)) {
-            /* transformers decodes every frame unless told to sample; mmc samples 2 fps (qwen-vl-utils'
-             * default, and what a chat-template call with fps=2 does) so a long clip stays tractable */
-            m->vproc.do_sample_frames = true;
-            if (m->vproc.num_frames <= 0) m->vproc.fps = 2;
-        }
+        mmc_qwen2vl_video_sampling_default(&m->vproc);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, "
                        "qwen2_vl, qwen2_5_vl)", dir, mt);

@@ -31,6 +31,12 @@ void mmc_qwen2vl_video_proc_default(mmc_qwen2vl_video_proc *p) {
     p->max_video_tokens = 128000;
 }
 
+void mmc_qwen2vl_video_sampling_default(mmc_qwen2vl_video_proc *p) {
+    if (p->do_sample_frames && (p->fps > 0 || p->num_frames > 0)) return;
+    p->do_sample_frames = true;
+    if (p->num_frames <= 0) p->fps = 2;
+}
+
 /* A number, or absent / null (0). Anything else is an error naming the key. */
 static mmc_status num(const cJSON *o, const char *key, const char *path, double *v, int *found) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);

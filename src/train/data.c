@@ -41,6 +41,8 @@ void mmc_data_opts_default(mmc_data_opts *o) {
     o->shuffle = true;
     o->truncation = true;
     mmc_qwen2vl_proc_default(&o->proc);
+    mmc_qwen2vl_video_proc_default(&o->vproc);
+    mmc_qwen2vl_video_sampling_default(&o->vproc);
 }
 
 void mmc_data_opts_free(mmc_data_opts *o) {

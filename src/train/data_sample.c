@@ -71,8 +71,8 @@ static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
     return st;
 }
 
-static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, int n, bool blank,
-                              mmc_vlproc_out *out, bool *media_err) {
+static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_qwen2vl_video_proc *vp, const mmc_example *ex,
+                              int n, bool blank, mmc_vlproc_out *out, bool *media_err) {
     memset(out, 0, sizeof *out);
     if (n == 0) return MMC_OK;
     mmc_status st = MMC_OK;
@@ -83,19 +83,23 @@ static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_example *ex, 
         mmc_image *frames = NULL;
         int nf = 0;
         struct stat sb;
-        if (stat(ex->videos[v], &sb) == 0 && S_ISREG(sb.st_mode)) {
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "video %s is a file: give a directory of its frames (JPEG/PNG, "
-                           "sorted by name); video files are not decoded", ex->videos[v]);
-            *media_err = true;
-            break;
-        }
-        if ((st = mmc_load_frames_dir(ex->videos[v], NULL, &frames, &nf))) { *media_err = true; break; }
+        mmc_video_clip clip = {0};
+        bool file = stat(ex->videos[v], &sb) == 0 && S_ISREG(sb.st_mode);
+        /* a video file: decoded and sampled as `mmc generate --video` does (mmc_video.h) */
+        if (file) st = mmc_qwen2vl_video_load(vp, ex->videos[v], &clip);
+        else st = mmc_load_frames_dir(ex->videos[v], NULL, &frames, &nf);
+        if (st) { *media_err = true; break; }
+        if (file) { frames = clip.frames; nf = clip.n; }
         for (int f = 0; blank && f < nf; f++) memset(frames[f].data, 0, (size_t)frames[f].height * frames[f].width * 3);
         if (nf == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: video directory has no frames", ex->videos[v]);
+        else if (file) st = mmc_qwen2vl_video_preprocess(vp, frames, nf, &vs[v]);
         else st = mmc_qwen2vl_preprocess_video(p, frames, nf, &vs[v]);
         if (st) *media_err = true;
-        for (int f = 0; f < nf; f++) mmc_image_free(&frames[f]);
-        free(frames);
+        if (file) mmc_video_clip_free(&clip);
+        else {
+            for (int f = 0; f < nf; f++) mmc_image_free(&frames[f]);
+            free(frames);
+        }
         if (!st) { rows += vs[v].pixel_values->shape[0]; dim = vs[v].pixel_values->shape[1]; }
     }
     if (!st) { /* concatenate */
@@ -171,7 +175,7 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
         goto fail;
     }
     if ((st = load_images(&proc, &ex, n_img, o->blank_media, &iv, media_err))) goto media;
-    if ((st = load_videos(&proc, &ex, n_vid, o->blank_media, &vv, media_err))) goto media;
+    if ((st = load_videos(&proc, &o->vproc, &ex, n_vid, o->blank_media, &vv, media_err))) goto media;
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id};
     if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
 

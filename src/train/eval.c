@@ -339,6 +339,8 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     mmc_data_opts d;
     mmc_data_opts_default(&d);
     d.proc = E.proc;
+    if ((st = mmc_qwen2vl_video_proc_load_dir(aux, &d.vproc))) goto done;
+    mmc_qwen2vl_video_sampling_default(&d.vproc);
     d.seq_len = INT64_MAX;
     d.num_workers = 0;
     d.blank_media = o->blank_images;

@@ -152,6 +152,11 @@ static mmc_status loader_open(mmc_trainer *t) {
     }
     if (o->min_pixels > 0) o->proc.min_pixels = o->min_pixels;
     if (o->max_pixels > 0) o->proc.max_pixels = o->max_pixels;
+    if (t->src_dir[0]) {   /* the video processor's own settings, for video files */
+        mmc_status st = mmc_qwen2vl_video_proc_load_dir(t->src_dir, &o->vproc);
+        if (st) return mmc_error_prefix(st, "video processor");
+        mmc_qwen2vl_video_sampling_default(&o->vproc);
+    }
     if (!t->src_dir[0])
         return mmc_error(MMC_ERR_INVALID, "%s: model.tokenizer: training on %s needs a tokenizer directory "
                          "(tokenizer.json + chat template); give model.tokenizer", c->file, d->train);
