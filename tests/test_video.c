@@ -4,7 +4,8 @@
  * PyAV for the lossless FFV1 file; H.264 within a small bound), pixel_values_videos (1e-5),
  * second_per_grid_ts, input_ids of a chat prompt with the video, and Qwen2-VL / Qwen2.5-VL
  * logits (1e-4). Then every container of the fixture set decodes, keyframe-seek reads equal
- * sequential reads, and damaged inputs fail with a message instead of crashing. */
+ * sequential reads, damaged inputs fail with a message instead of crashing, and the fuzz
+ * target's past crash inputs run clean. */
 #include "mmc_data.h"
 #include "mmc_prompt.h"
 #include "mmc_tokenizer.h"
@@ -12,9 +13,15 @@
 #include "mmc_vl.h"
 #include "test_util.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* the fuzz target's body, to replay its crash inputs (tests/fixtures/video/regress/) */
+#define LLVMFuzzerTestOneInput fuzz_video_one
+#include "../fuzz/fuzz_video.c"
+#undef LLVMFuzzerTestOneInput
 
 #define DIR_ "tests/fixtures/video"
 static mmc_st *ref;
@@ -330,6 +337,26 @@ static void test_dataset(mmc_tokenizer *tok) {
     remove("build/test_video_data.jsonl");
 }
 
+/* Inputs that once crashed fuzz_video: each must now run through without a sanitizer report. */
+static void test_regressions(void) {
+    DIR *d = opendir(DIR_ "/regress");
+    if (!d) { CHECK(0); return; }
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[512], *data = NULL;
+        size_t len = 0;
+        snprintf(path, sizeof path, DIR_ "/regress/%s", e->d_name);
+        CHECK_OK(mmc_read_file(path, &data, &len));
+        if (data) fuzz_video_one((const uint8_t *)data, len);
+        free(data);
+        n++;
+    }
+    closedir(d);
+    CHECK(n > 0);
+}
+
 int main(void) {
     ref = fixture_open("video/ref.safetensors");
     if (!ref) return test_done("test_video");
@@ -347,6 +374,7 @@ int main(void) {
     if (tok) test_dataset(tok);
     test_containers();
     test_errors();
+    test_regressions();
     mmc_qwen2_vl_free(q2);
     mmc_qwen2_vl_free(q25);
     mmc_tokenizer_free(tok);

@@ -121,7 +121,7 @@ static mmc_status scan(mmc_video *v) {
     }
     if (ok_ts && v->n_pts > 0) {
         qsort(v->pts, (size_t)v->n_pts, sizeof(int64_t), cmp_i64);
-        qsort(v->key_pts, (size_t)v->n_key, sizeof(int64_t), cmp_i64);
+        if (v->n_key) qsort(v->key_pts, (size_t)v->n_key, sizeof(int64_t), cmp_i64);   /* NULL when none */
         for (int64_t i = 1; i < v->n_pts; i++)
             if (v->pts[i] == v->pts[i - 1]) ok_ts = false;
     }
@@ -180,6 +180,18 @@ static mmc_status open_common(mmc_video *v) {
     return MMC_OK;
 }
 
+/* Containers a video can come in. A whitelist, not FFmpeg's every demuxer: playlists (HLS, DASH,
+ * concat) would open other files or URLs named inside the file, and image/audio demuxers have
+ * no business here. The protocol is "file" only, for the same reason. */
+#define CONTAINERS "mov,mp4,matroska,webm,avi,gif,mpegts,mpeg,flv,ogg,asf,nut,h264,hevc,m4v,ivf,mjpeg"
+
+static AVDictionary *open_opts(void) {
+    AVDictionary *o = NULL;
+    av_dict_set(&o, "format_whitelist", CONTAINERS, 0);
+    av_dict_set(&o, "protocol_whitelist", "file", 0);
+    return o;
+}
+
 static void set_name(mmc_video *v, const char *name) { snprintf(v->name, sizeof v->name, "%s", name ? name : "(memory)"); }
 
 static void quiet_once(void) {
@@ -193,7 +205,9 @@ mmc_status mmc_video_open(const char *path, mmc_video **out) {
     mmc_video *v = calloc(1, sizeof *v);
     if (!v) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", path);
     set_name(v, path);
-    int r = avformat_open_input(&v->fmt, path, NULL, NULL);
+    AVDictionary *opts = open_opts();
+    int r = avformat_open_input(&v->fmt, path, NULL, &opts);
+    av_dict_free(&opts);
     mmc_status st;
     if (r < 0) st = averr(r == AVERROR(ENOENT) ? MMC_ERR_NOT_FOUND : MMC_ERR_FORMAT, v, r, "cannot open",
                           r == AVERROR(ENOENT) ? "check the path" : REENCODE);
@@ -221,7 +235,9 @@ mmc_status mmc_video_open_mem(const void *data, size_t len, const char *name, mm
     }
     v->fmt->pb = v->mem_io;
     v->fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
-    int r = avformat_open_input(&v->fmt, NULL, NULL, NULL);   /* frees fmt on failure */
+    AVDictionary *opts = open_opts();
+    int r = avformat_open_input(&v->fmt, NULL, NULL, &opts);   /* frees fmt on failure */
+    av_dict_free(&opts);
     if (r < 0) st = averr(MMC_ERR_FORMAT, v, r, "cannot open", REENCODE);
     else st = open_common(v);
     if (st) { mmc_video_close(v); return st; }
