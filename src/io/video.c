@@ -43,6 +43,8 @@ struct mmc_video {
     int64_t n_key;
     mmc_video_info info;
     int64_t cur_pts;             /* the last frame decoded since the last seek; INT64_MIN: none */
+    const int64_t *want;         /* seek mode: the pts of every frame asked for, ascending; else NULL */
+    int n_want;
     int64_t seq_index;           /* sequential mode: index of the next decoded frame */
     bool at_start, eof;
 };
@@ -112,7 +114,7 @@ static mmc_status scan(mmc_video *v) {
                                  v->name, (long long)MAX_PACKETS);
             }
             int64_t t = v->pkt->pts != AV_NOPTS_VALUE ? v->pkt->pts : v->pkt->dts;
-            if (t == AV_NOPTS_VALUE) ok_ts = false;
+            if (v->pkt->pts == AV_NOPTS_VALUE) ok_ts = false;   /* frames are matched by pts */
             if ((st = push(&v->pts, &v->n_pts, &cap, t))) { av_packet_unref(v->pkt); return st; }
             if ((v->pkt->flags & AV_PKT_FLAG_KEY) && t != AV_NOPTS_VALUE &&
                 (st = push(&v->key_pts, &v->n_key, &kcap, t))) { av_packet_unref(v->pkt); return st; }
@@ -278,6 +280,10 @@ static int next_frame(mmc_video *v, mmc_status *st) {
             continue;
         }
         if (v->pkt->stream_index == v->stream) {
+            /* frames no other frame refers to are only decoded when wanted (same output, less work:
+             * most B-frames of a typical H.264/HEVC stream) */
+            v->dec->skip_frame = !v->want || bsearch(&v->pkt->pts, v->want, (size_t)v->n_want, sizeof(int64_t), cmp_i64)
+                                     ? AVDISCARD_DEFAULT : AVDISCARD_NONREF;
             r = avcodec_send_packet(v->dec, v->pkt);
             /* a damaged packet is skipped as FFmpeg's tools do; the frame count check catches loss */
             (void)r;
@@ -374,6 +380,11 @@ static int64_t key_before(const mmc_video *v, int64_t ts) {
 
 static mmc_status read_seek(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
     mmc_status st = MMC_OK;
+    int64_t *want = malloc(sizeof(int64_t) * (size_t)n);
+    if (!want) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+    for (int k = 0; k < n; k++) want[k] = v->pts[idx[k]];
+    v->want = want;   /* freed by mmc_video_read */
+    v->n_want = n;
     for (int k = 0; k < n; k++) {
         int64_t want = v->pts[idx[k]];
         int64_t key = key_before(v, want);
@@ -420,6 +431,8 @@ mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *fr
                          v->name, n, v->info.width, v->info.height, (long long)MMC_VIDEO_MAX_TOTAL_PIXELS);
     memset(frames, 0, sizeof *frames * (size_t)n);
     mmc_status st = v->info.seekable ? read_seek(v, idx, n, frames) : read_sequential(v, idx, n, frames);
+    free((void *)v->want);
+    v->want = NULL;
     if (st) {
         for (int k = 0; k < n; k++) mmc_image_free(&frames[k]);
         v->cur_pts = INT64_MIN;

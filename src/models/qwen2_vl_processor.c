@@ -360,8 +360,3 @@ done:
     free(names);
     return st;
 }
-
-/* The patch layout above, for the video processor (qwen2_vl_video.c). */
-void mmc_qwen2vl_patchify(const float *frames, int T, int H, int W, int P, int m, int tp, float *out) {
-    patchify(frames, T, H, W, P, m, tp, out);
-}

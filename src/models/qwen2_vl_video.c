@@ -18,8 +18,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-void mmc_qwen2vl_patchify(const float *frames, int T, int H, int W, int P, int m, int tp, float *out);
-
 void mmc_qwen2vl_video_proc_default(mmc_qwen2vl_video_proc *p) {
     memset(p, 0, sizeof *p);
     mmc_qwen2vl_proc_default(&p->proc);
@@ -248,15 +246,11 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
     }
     int T = (n + tp - 1) / tp * tp;
     int64_t gt = T / tp, gh = oh / P, gw = ow / P;
-    size_t fsz = (size_t)3 * oh * ow, hw = (size_t)oh * ow;
-    if ((double)fsz * T * sizeof(float) > 16.0 * (1LL << 30))
+    if ((double)3 * oh * ow * T * sizeof(float) > 16.0 * (1LL << 30))
         return mmc_error(MMC_ERR_INVALID, "qwen2vl video: %d frames at %dx%d need more than 16 GiB; sample fewer frames "
                          "(--video-fps, --video-max-frames) or lower max_pixels", n, ow, oh);
-    float *buf = malloc(sizeof(float) * fsz * T);
-    out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P));
-    if (!buf || !out->pixel_values) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
     /* TorchvisionBackend.rescale_and_normalize: mean and std scaled by 1/rescale_factor in float32,
-     * then (x - mean') / std' in float32 on the uint8 values */
+     * then (x - mean') / std' in float32 on the uint8 values: one value per (channel, byte) */
     float lut[3][256];
     for (int c = 0; c < 3; c++) {
         float inv = (float)(1.0 / p->rescale_factor);
@@ -268,34 +262,57 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
             lut[c][u] = x;
         }
     }
-    for (int i = 0; i < n; i++) {
-        float *dst = buf + fsz * i;
-        const uint8_t *s = frames[i].data;
-        if (oh == H && ow == W) {
-            for (size_t k = 0; k < hw; k++)
-                for (int c = 0; c < 3; c++) dst[c * hw + k] = lut[c][s[3 * k + c]];
-            continue;
+    bool resize = oh != H || ow != W;
+    mmc_image *rs = resize ? calloc((size_t)n, sizeof *rs) : NULL;
+    const uint8_t **fp = malloc(sizeof *fp * (size_t)T);   /* [T] frames after resize; padding repeats the last */
+    out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P));
+    if ((resize && !rs) || !fp || !out->pixel_values) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
+    st = MMC_OK;
+    if (resize) {   /* torchvision resizes uint8 frames with torch's uint8 kernels; one frame per thread */
+        mmc_status fst = MMC_OK;
+#pragma omp parallel for schedule(dynamic) if (n > 1 && (int64_t)oh * ow > 16384)
+        for (int i = 0; i < n; i++) {
+            mmc_status e = mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &rs[i]);
+            if (e) {
+#pragma omp critical
+                fst = e;
+            }
         }
-        mmc_image r = {0};   /* torchvision resizes uint8 frames with torch's uint8 kernels */
-        if ((st = mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &r))) goto fail;
-        for (size_t k = 0; k < hw; k++)
-            for (int c = 0; c < 3; c++) dst[c * hw + k] = lut[c][r.data[3 * k + c]];
-        mmc_image_free(&r);
+        if ((st = fst)) goto fail;
     }
-    for (int i = n; i < T; i++) memcpy(buf + fsz * i, buf + fsz * (n - 1), sizeof(float) * fsz);
-    mmc_qwen2vl_patchify(buf, T, oh, ow, P, m, tp, out->pixel_values->data);
-    free(buf);
-    if (!(out->grid_thw = malloc(sizeof *out->grid_thw))) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail2; }
+    for (int i = 0; i < T; i++) fp[i] = resize ? rs[i < n ? i : n - 1].data : frames[i < n ? i : n - 1].data;
+    /* patchify straight from the uint8 frames: rows (t, h/(P*m), w/(P*m), m, m), columns (C, tp, P, P) */
+    const int64_t bh_n = gh / m, bw_n = gw / m, D = 3LL * tp * P * P;
+    float *dst = out->pixel_values->data;
+#pragma omp parallel for collapse(2) schedule(static) if (gt * gh * gw * D > (1 << 18))
+    for (int64_t t = 0; t < gt; t++)
+        for (int64_t bh = 0; bh < bh_n; bh++) {
+            int64_t row = (t * bh_n + bh) * bw_n * m * m;
+            for (int64_t bw = 0; bw < bw_n; bw++)
+                for (int mh = 0; mh < m; mh++)
+                    for (int mw = 0; mw < m; mw++, row++) {
+                        float *o = dst + row * D;
+                        int64_t y0 = (bh * m + mh) * P, x0 = (bw * m + mw) * P;
+                        for (int c = 0; c < 3; c++)
+                            for (int tt = 0; tt < tp; tt++) {
+                                const uint8_t *f = fp[t * tp + tt] + (y0 * ow + x0) * 3 + c;
+                                const float *l = lut[c];
+                                for (int py = 0; py < P; py++, o += P, f += (size_t)ow * 3)
+                                    for (int px = 0; px < P; px++) o[px] = l[f[3 * px]];
+                            }
+                    }
+        }
+    if (!(out->grid_thw = malloc(sizeof *out->grid_thw))) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
     out->grid_thw[0][0] = gt;
     out->grid_thw[0][1] = gh;
     out->grid_thw[0][2] = gw;
     out->n_grid = 1;
     out->num_tokens = gt * gh * gw / ((int64_t)m * m);
-    return MMC_OK;
 fail:
-    free(buf);
-fail2:
-    mmc_vlproc_out_free(out);
+    for (int i = 0; rs && i < n; i++) mmc_image_free(&rs[i]);
+    free(rs);
+    free(fp);
+    if (st) mmc_vlproc_out_free(out);
     return st;
 }
 
