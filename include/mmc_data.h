@@ -72,6 +72,8 @@ typedef struct {
     int64_t n_video_patches;
     int64_t *video_grid_thw;   /* [n_videos, 3] */
     int n_videos;
+    double *video_second_per_grid_ts; /* [n_videos] temporal_patch_size / sampled fps (Qwen2.5-VL
+                                  time positions; a frame folder counts as 24 fps, as transformers) */
     int64_t n_tokens;          /* real (non-pad) tokens in the batch */
     int64_t n_label_tokens;    /* labels != -100 after the shift (what the loss averages over) */
     int64_t sample_index;      /* index of the first sample (for logging/resume) */

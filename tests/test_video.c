@@ -325,6 +325,7 @@ static void test_dataset(mmc_tokenizer *tok) {
         if (b.n_videos == 1) {
             mmc_tensor *pv = fixture_tensor(ref, "mp4.pixel_values_videos", MMC_F32);
             CHECK(b.video_grid_thw[0] == 2 && b.video_grid_thw[1] == 4 && b.video_grid_thw[2] == 4);
+            CHECK(b.video_second_per_grid_ts && b.video_second_per_grid_ts[0] == 1.25);   /* 2 / (4 of 30 at 12 fps) */
             double m = b.n_video_patches * b.patch_dim == mmc_numel(pv) ? 0 : INFINITY;
             for (int64_t i = 0; m == 0 && i < mmc_numel(pv); i++) m = fmax(m, fabs(b.video_values[i] - ((float *)pv->data)[i]));
             CHECKF(m <= 1e-5, "dataset video values max|diff| %g", m);

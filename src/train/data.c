@@ -28,6 +28,7 @@ void mmc_batch_free(mmc_batch *b) {
     free(b->image_grid_thw);
     free(b->video_values);
     free(b->video_grid_thw);
+    free(b->video_second_per_grid_ts);
     memset(b, 0, sizeof *b);
 }
 

@@ -198,6 +198,7 @@ static mmc_vl_media media_of(const mmc_batch *b) {
         m.pixel_values_videos = mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(b->n_video_patches, b->patch_dim), b->video_values);
         m.video_grid_thw = b->video_grid_thw;
         m.n_videos = b->n_videos;
+        m.second_per_grid_ts = b->video_second_per_grid_ts;
     }
     return m;
 }
