@@ -8,6 +8,7 @@ VENV=${2:-.venv-ref}
 THREADS=${MMC_BENCH_THREADS:-$(nproc)}
 FILTER=${MMC_BENCH_FILTER:-.}
 export OMP_NUM_THREADS=$THREADS MMC_BENCH_THREADS=$THREADS MMC_BENCH_VENV=$VENV
+export MMC_REF_PY="$VENV/bin/python"   # bench_video writes its clip with it (PyAV)
 mkdir -p "$BUILD/bench"
 RAW="$BUILD/bench/raw.jsonl"
 : > "$RAW"

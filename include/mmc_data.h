@@ -13,8 +13,9 @@
  * An optional "type" string per record is kept (evaluation reports accuracy by type).
  * Relative media paths are resolved against image_root (or the dataset file's directory when
  * image_root is unset); "file://" prefixes are stripped; images may also be inline
- * "data:image/...;base64,..." URLs; http(s) URLs are refused (download them first). A video is a directory of frames
- * (JPEG/PNG, sorted by name), as decoded video files are out of scope.
+ * "data:image/...;base64,..." URLs; http(s) URLs are refused (download them first). A video is a file (MP4, MKV,
+ * WebM, AVI, MOV, GIF ...: decoded through FFmpeg and sampled with the video processor's settings, as
+ * `mmc generate --video` does) or a directory of frames (JPEG/PNG, sorted by name; every frame).
  *
  * A sample becomes tokens exactly as transformers' Qwen2VLProcessor would make them: the
  * Qwen2-VL chat template (mmc_chat_encode), then every <|image_pad|> / <|video_pad|> expanded
@@ -46,6 +47,7 @@
 #include "mmc_io.h"
 #include "mmc_tokenizer.h"
 #include "mmc_vlproc.h"
+#include "mmc_video.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,6 +72,8 @@ typedef struct {
     int64_t n_video_patches;
     int64_t *video_grid_thw;   /* [n_videos, 3] */
     int n_videos;
+    double *video_second_per_grid_ts; /* [n_videos] temporal_patch_size / sampled fps (Qwen2.5-VL
+                                  time positions; a frame folder counts as 24 fps, as transformers) */
     int64_t n_tokens;          /* real (non-pad) tokens in the batch */
     int64_t n_label_tokens;    /* labels != -100 after the shift (what the loss averages over) */
     int64_t sample_index;      /* index of the first sample (for logging/resume) */
@@ -105,7 +109,9 @@ typedef struct {
     bool add_vision_id;        /* "Picture k: " before images (chat template option) */
     char *processor;           /* optional preprocessor_config.json (or its directory) */
     mmc_qwen2vl_proc proc;     /* image/video processor (defaults, then `processor`, then
-                                  min/max_pixels) */
+                                  min/max_pixels); videos given as frame folders use it */
+    mmc_qwen2vl_video_proc vproc; /* video files: the model's video processor settings
+                                  (mmc_video.h; defaults + 2 fps sampling when none) */
     bool blank_media;          /* not a YAML key: every image / video frame replaced by a
                                   black one of the same size (mmc eval --blank-images) */
 } mmc_data_opts;

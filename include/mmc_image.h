@@ -64,6 +64,12 @@ typedef enum { MMC_RESAMPLE_BILINEAR = 0, MMC_RESAMPLE_BICUBIC = 1 } mmc_resampl
  * 22-bit fixed-point coefficients and uint8 clamping between the passes. */
 mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resample f,
                             mmc_image *dst);
+/* torch's uint8 antialiased interpolate (what torchvision's resize runs on uint8 tensors,
+ * e.g. video frames in transformers' video processors): Pillow's algorithm with the
+ * fixed-point precision chosen per axis so the largest weight fits in int16 (Pillow-SIMD's
+ * rule), bit-exact. */
+mmc_status mmc_image_resize_torch_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f,
+                                     mmc_image *dst);
 /* torchvision-style resize of a float image (F.interpolate(mode, antialias=True,
  * align_corners=False)): same separable kernels computed in float, no intermediate
  * rounding. src [C, H, W] -> dst [C, out_h, out_w]. */

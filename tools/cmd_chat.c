@@ -19,6 +19,8 @@ void help_chat(FILE *f) {
             "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
             "  --adapter DIR            apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
+            "  --video FILE|DIR         a video (file, sampled at 2 fps or as the processor config\n"
+            "                           says, or a folder of frames) for the first message\n"
             "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
             "                           PIL's decompression-bomb limit)\n"
             CLI_SAMPLING_HELP
@@ -38,7 +40,7 @@ static void trim(char *s) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *adapter = NULL, *system = NULL;
+    const char *model = NULL, *adapter = NULL, *system = NULL, *video = NULL;
     cli_sampling sp;
     cli_sampling_init(&sp);
     long long max_image_pixels = 0;
@@ -48,6 +50,7 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(a, "--model")) { VAL(); model = v; }
         else if (!strcmp(a, "--adapter")) { VAL(); adapter = v; }
         else if (!strcmp(a, "--system")) { VAL(); system = v; }
+        else if (!strcmp(a, "--video")) { VAL(); video = v; }
         else if (!strcmp(a, "--max-image-pixels")) { VAL(); if (!cli_int(a, v, 1, 1LL << 40, &max_image_pixels)) return CLI_USAGE; }
         else {
             int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
@@ -107,17 +110,18 @@ int cmd_chat(int argc, char **argv) {
         pending_images = 0;
         /* messages: optional system, then every turn with its image parts */
         mmc_chat_message msgs[257];
-        mmc_chat_part parts[256 + 64];
+        mmc_chat_part parts[256 + 64 + 1];
         int nm = 0, np = 0;
         if (system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = system};
         for (int t = 0; t < n_turns; t++) {
             mmc_chat_part *p0 = &parts[np];
             for (int k = 0; k < turns[t].n_images; k++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
+            if (video && t == 0) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
             parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = turns[t].text};
             msgs[nm++] = (mmc_chat_message){.role = turns[t].role, .parts = p0, .n_parts = (int)(&parts[np] - p0)};
         }
         cli_prompt cp;
-        if ((st = cli_prompt_build(&cm, msgs, nm, false, NULL, images, n_images, NULL, &cp))) {
+        if ((st = cli_prompt_build(&cm, msgs, nm, false, NULL, images, n_images, video, &cp))) {
             cli_fail(st, "chat: cannot build the prompt");
             free(turns[--n_turns].role);
             free(turns[n_turns].text);

@@ -21,7 +21,12 @@ void help_generate(FILE *f) {
             "  --prompt TEXT            the user message (required)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
             "  --image FILE             attach an image (repeatable; vision-language models)\n"
-            "  --video DIR              attach a video given as a folder of frames\n"
+            "  --video FILE|DIR         attach a video: a file (MP4, MKV, WebM, AVI, MOV, GIF ...)\n"
+            "                           sampled at 2 fps or as the video processor config says,\n"
+            "                           or a folder of frames (every frame)\n"
+            "  --video-fps F, --video-frames N, --video-max-frames N, --video-pixel-budget\n"
+            "                           sampling overrides; the budget caps total video pixels as\n"
+            "                           qwen-vl-utils does\n"
             "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
             "                           PIL's decompression-bomb limit)\n"
             CLI_SAMPLING_HELP

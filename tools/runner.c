@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) {
@@ -36,6 +37,15 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         path[0] = 0;
         if (!st && m->adapter_dir[0]) st = mmc_qwen2vl_proc_load_dir(m->adapter_dir, &m->proc, path, sizeof path);
         if (!st && !path[0]) st = mmc_qwen2vl_proc_load_dir(dir, &m->proc, NULL, 0);
+        /* the video processor's own settings, from the folder the image processor came from */
+        mmc_qwen2vl_video_proc_default(&m->vproc);
+        if (!st) {
+            const char *vdir = dir;
+            char *slash = path[0] ? strrchr(path, '/') : NULL;
+            if (slash) { *slash = 0; vdir = path; }
+            st = mmc_qwen2vl_video_proc_load_dir(vdir, &m->vproc);
+        }
+        mmc_qwen2vl_video_sampling_default(&m->vproc);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, "
                        "qwen2_vl, qwen2_5_vl)", dir, mt);
@@ -107,10 +117,21 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     int64_t m2 = (int64_t)m->proc.merge_size * m->proc.merge_size;
     for (int i = 0; i < n_images; i++)
         img_tok[i] = p->img.grid_thw[i][0] * p->img.grid_thw[i][1] * p->img.grid_thw[i][2] / m2;
+    mmc_video_clip clip = {0};
     if (video_dir) {
-        if ((st = mmc_load_frames_dir(video_dir, &io, &frames, &n_frames))) goto done;
-        if ((st = mmc_qwen2vl_preprocess_video(&m->proc, frames, n_frames, &p->vid))) goto done;
-        vid_tok = p->vid.grid_thw[0][0] * p->vid.grid_thw[0][1] * p->vid.grid_thw[0][2] / m2;
+        struct stat sb;
+        if (stat(video_dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {   /* a folder of frames: every frame */
+            if ((st = mmc_load_frames_dir(video_dir, &io, &frames, &n_frames))) goto done;
+            p->second_per_grid_ts = m->vproc.proc.temporal_patch_size / 24.0;   /* VideoMetadata: 24 fps when unknown */
+            st = mmc_qwen2vl_video_preprocess(&m->vproc, frames, n_frames, &p->vid);
+        } else if (!(st = mmc_qwen2vl_video_load(&m->vproc, video_dir, &clip))) {
+            p->second_per_grid_ts = clip.second_per_grid_ts;
+            st = mmc_qwen2vl_video_preprocess(&m->vproc, clip.frames, clip.n, &p->vid);
+            mmc_video_clip_free(&clip);
+        }
+        if (st) goto done;
+        vid_tok = p->vid.grid_thw[0][0] * p->vid.grid_thw[0][1] * p->vid.grid_thw[0][2] /
+                  ((int64_t)m->vproc.proc.merge_size * m->vproc.proc.merge_size);
     }
     st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->vlm->image_token_id, img_tok, n_images,
                             (int32_t)m->vlm->video_token_id, &vid_tok, video_dir ? 1 : 0, &p->ids, NULL, &p->n);
@@ -120,7 +141,8 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
                               .n_images = n_images,
                               .pixel_values_videos = p->vid.pixel_values,
                               .video_grid_thw = video_dir ? &p->vid.grid_thw[0][0] : NULL,
-                              .n_videos = video_dir ? 1 : 0};
+                              .n_videos = video_dir ? 1 : 0,
+                              .second_per_grid_ts = video_dir ? &p->second_per_grid_ts : NULL};
 done:
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
     for (int i = 0; i < n_frames; i++) mmc_image_free(&frames[i]);
@@ -169,6 +191,21 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
         a->max_image_pixels = n;
         return 1;
     }
+    if (!strcmp(o, "--video-pixel-budget")) { a->video_budget = true; return 1; }
+    if (!strcmp(o, "--video-fps") || !strcmp(o, "--video-frames") || !strcmp(o, "--video-max-frames")) {
+        char *end = NULL;
+        double x = *i + 1 < argc ? strtod(argv[*i + 1], &end) : 0;
+        bool is_fps = o[8] == 'f' && o[9] == 'p';
+        if (*i + 1 >= argc || end == argv[*i + 1] || *end || !(x > 0) || x > 1e6 || (!is_fps && x != (int)x)) {
+            fprintf(stderr, "mmc %s: option %s needs a positive %s\n", cmd, o, is_fps ? "number" : "integer");
+            return -1;
+        }
+        ++*i;
+        if (is_fps) a->video_fps = x;
+        else if (o[8] == 'f') a->video_frames = (int)x;
+        else a->video_max_frames = (int)x;
+        return 1;
+    }
     if (!slot && strcmp(o, "--image") != 0) return 0;
     if (*i + 1 >= argc) {
         cli_usage(cmd, "option %s needs a value", o);
@@ -203,5 +240,10 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = a->system};
     msgs[nm++] = (mmc_chat_message){.role = "user", .parts = parts, .n_parts = np};
     if (a->max_image_pixels > 0) m->max_image_pixels = a->max_image_pixels;
+    if (a->video_fps > 0) { m->vproc.fps = a->video_fps; m->vproc.num_frames = 0; }
+    if (a->video_frames > 0) { m->vproc.num_frames = a->video_frames; m->vproc.fps = 0; }
+    if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
+    if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
+    if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
 }

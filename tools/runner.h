@@ -9,6 +9,7 @@
 #include "mmc_tokenizer.h"
 #include "mmc_vl.h"
 #include "mmc_vlproc.h"
+#include "mmc_video.h"
 
 typedef struct {
     char model_type[32];
@@ -18,6 +19,7 @@ typedef struct {
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
+    mmc_qwen2vl_video_proc vproc; /* the video processor's own settings (mmc_video.h) */
     int64_t vocab_size;
     char base_dir[4096];      /* where config.json and the weights came from */
     char adapter_dir[4096];   /* the LoRA adapter applied at inference, or "" */
@@ -39,18 +41,21 @@ typedef struct {
     int32_t *ids;             /* [n] expanded prompt */
     int64_t n;
     mmc_vlproc_out img, vid;  /* processor outputs (persistent tensors) */
+    double second_per_grid_ts;/* the video's (Qwen2.5-VL temporal positions) */
     mmc_vl_media media;
 } cli_prompt;
 
 /* Render msgs with the chat template (or take raw text), load + preprocess the images (in
- * the order their parts appear) and the video, expand the placeholders. */
+ * the order their parts appear) and the video (a file, decoded and sampled with m->vproc, or
+ * a folder of frames), expand the placeholders. */
 mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
                             const char *raw_text, const char *const *images, int n_images,
                             const char *video_dir, cli_prompt *p);
 void cli_prompt_free(cli_prompt *p);
 
 /* The prompt options generate and forward share: --model, --adapter, --prompt, --system,
- * --image (repeatable), --video, --raw, --max-image-pixels. */
+ * --image (repeatable), --video, --raw, --max-image-pixels, and the video sampling overrides
+ * --video-fps, --video-frames, --video-max-frames, --video-pixel-budget. */
 #define CLI_MAX_IMAGES 64
 typedef struct {
     const char *model, *adapter, *prompt, *system, *video;
@@ -58,6 +63,9 @@ typedef struct {
     int n_images;
     bool raw;
     int64_t max_image_pixels; /* 0: the default (cli_model.max_image_pixels) */
+    double video_fps;         /* > 0: sample this many frames per second */
+    int video_frames, video_max_frames;   /* > 0: a fixed frame count / a cap */
+    bool video_budget;        /* qwen-vl-utils' total pixel budget (cap_pixels_per_frame) */
 } cli_prompt_args;
 /* argv[*i] is one of those options: consume it (and its value) and return 1; not one of them:
  * return 0; a bad value: print why and return -1. cmd names the subcommand in messages. */

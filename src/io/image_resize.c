@@ -75,21 +75,29 @@ static int coeffs(int in_size, int out_size, mmc_resample f, int **bounds_out, d
     return ksize;
 }
 
-/* 22-bit fixed-point weights, each window padded with zeros to an even stride (kstride): the
- * AVX2 horizontal pass takes two taps per step. */
-static int *fixed_coeffs(const double *kk, int out_size, int ksize, int kstride) {
+/* Fixed-point weights with *prec fraction bits, each window padded with zeros to an even stride
+ * (kstride): the AVX2 horizontal pass takes two taps per step. *prec < 0: torch's uint8
+ * kernels' choice (ported from Pillow-SIMD), the most bits for which the axis's largest weight
+ * still fits in int16; else Pillow's PRECISION_BITS. */
+static int *fixed_coeffs(const double *kk, int out_size, int ksize, int kstride, int *prec) {
+    if (*prec < 0) {
+        double m = 0;
+        for (size_t i = 0; i < (size_t)out_size * ksize; i++) m = kk[i] > m ? kk[i] : m;
+        for (*prec = 0; *prec < PRECISION_BITS; ++*prec)
+            if ((int)(0.5 + m * (1 << (*prec + 1))) >= (1 << 15)) break;
+    }
     int *k = calloc((size_t)out_size * kstride, sizeof(int));
     if (!k) return NULL;
     for (int o = 0; o < out_size; o++)
         for (int j = 0; j < ksize; j++) {
             double v = kk[(size_t)o * ksize + j];
-            k[(size_t)o * kstride + j] = v < 0 ? (int)(-0.5 + v * (1 << PRECISION_BITS)) : (int)(0.5 + v * (1 << PRECISION_BITS));
+            k[(size_t)o * kstride + j] = v < 0 ? (int)(-0.5 + v * (1 << *prec)) : (int)(0.5 + v * (1 << *prec));
         }
     return k;
 }
 
-static inline uint8_t clip8(int v) {
-    v >>= PRECISION_BITS;
+static inline uint8_t clip8(int v, int prec) {
+    v >>= prec;
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
@@ -98,12 +106,13 @@ static inline uint8_t clip8(int v) {
 
 /* One output row of the horizontal pass: o[xx] = clip8(sum_x row[xmin + x] * k[x]) per channel.
  * row must be readable 8 bytes past its W pixels (the AVX2 path loads two pixels per tap pair). */
-static void hpass_row(const uint8_t *row, uint8_t *o, int out_w, const int *bounds, const int *kh, int kstride) {
+static void hpass_row(const uint8_t *row, uint8_t *o, int out_w, const int *bounds, const int *kh, int kstride,
+                      int prec) {
 #ifdef __AVX2__
     /* bytes R0 G0 B0 R1 G1 B1 -> int32 lanes [R0 G0 B0 0 R1 G1 B1 0] */
     const __m128i shuf = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i dup = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    const __m128i bias = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
+    const __m128i bias = _mm_set1_epi32(1 << (prec - 1)), sh = _mm_cvtsi32_si128(prec);
     for (int xx = 0; xx < out_w; xx++) {
         int xmin = bounds[2 * xx], xn = bounds[2 * xx + 1];
         const int *k = kh + (size_t)xx * kstride;
@@ -115,7 +124,7 @@ static void hpass_row(const uint8_t *row, uint8_t *o, int out_w, const int *boun
             acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(px), kv));
         }
         __m128i s = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1)), bias);
-        s = _mm_srai_epi32(s, PRECISION_BITS);
+        s = _mm_sra_epi32(s, sh);
         s = _mm_packus_epi16(_mm_packs_epi32(s, s), s);
         uint32_t v = (uint32_t)_mm_cvtsi128_si32(s);
         memcpy(o + 3 * xx, &v, 3);
@@ -124,25 +133,26 @@ static void hpass_row(const uint8_t *row, uint8_t *o, int out_w, const int *boun
     for (int xx = 0; xx < out_w; xx++) {
         int xmin = bounds[2 * xx], xn = bounds[2 * xx + 1];
         const int *k = kh + (size_t)xx * kstride;
-        int s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
+        int s0 = 1 << (prec - 1), s1 = s0, s2 = s0;
         const uint8_t *p = row + (size_t)xmin * 3;
         for (int x = 0; x < xn; x++) {
             s0 += p[3 * x] * k[x];
             s1 += p[3 * x + 1] * k[x];
             s2 += p[3 * x + 2] * k[x];
         }
-        o[3 * xx] = clip8(s0);
-        o[3 * xx + 1] = clip8(s1);
-        o[3 * xx + 2] = clip8(s2);
+        o[3 * xx] = clip8(s0, prec);
+        o[3 * xx + 1] = clip8(s1, prec);
+        o[3 * xx + 2] = clip8(s2, prec);
     }
 #endif
 }
 
 /* One output row of the vertical pass over n bytes: o[x] = clip8(sum_y p[y * stride + x] * k[y]). */
-static void vpass_row(const uint8_t *p, size_t stride, uint8_t *o, int n, const int *k, int yn) {
+static void vpass_row(const uint8_t *p, size_t stride, uint8_t *o, int n, const int *k, int yn, int prec) {
     int x = 0;
 #ifdef __AVX2__
-    const __m256i bias = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    const __m256i bias = _mm256_set1_epi32(1 << (prec - 1));
+    const __m128i sh = _mm_cvtsi32_si128(prec);
     for (; x + 32 <= n; x += 32) {
         __m256i a0 = bias, a1 = bias, a2 = bias, a3 = bias;
         for (int y = 0; y < yn; y++) {
@@ -154,22 +164,34 @@ static void vpass_row(const uint8_t *p, size_t stride, uint8_t *o, int n, const 
             a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(hi), kv));
             a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), kv));
         }
-        __m256i s01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srai_epi32(a0, PRECISION_BITS),
-                                                                  _mm256_srai_epi32(a1, PRECISION_BITS)), 0xD8);
-        __m256i s23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srai_epi32(a2, PRECISION_BITS),
-                                                                  _mm256_srai_epi32(a3, PRECISION_BITS)), 0xD8);
+        __m256i s01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_sra_epi32(a0, sh),
+                                                                  _mm256_sra_epi32(a1, sh)), 0xD8);
+        __m256i s23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_sra_epi32(a2, sh),
+                                                                  _mm256_sra_epi32(a3, sh)), 0xD8);
         __m256i u8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(s01, s23), 0xD8);
         _mm256_storeu_si256((__m256i *)(o + x), u8);
     }
 #endif
     for (; x < n; x++) {
-        int s = 1 << (PRECISION_BITS - 1);
+        int s = 1 << (prec - 1);
         for (int y = 0; y < yn; y++) s += p[(size_t)y * stride + x] * k[y];
-        o[x] = clip8(s);
+        o[x] = clip8(s, prec);
     }
 }
 
+static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, bool torch_prec,
+                            mmc_image *dst);
+
 mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst) {
+    return resize_u8(src, out_h, out_w, f, false, dst);
+}
+
+mmc_status mmc_image_resize_torch_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst) {
+    return resize_u8(src, out_h, out_w, f, true, dst);
+}
+
+static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, bool torch_prec,
+                            mmc_image *dst) {
     int H = src->height, W = src->width;
     if (out_h <= 0 || out_w <= 0 || H <= 0 || W <= 0)
         return mmc_error(MMC_ERR_INVALID, "image resize: bad sizes %dx%d -> %dx%d", W, H, out_w, out_h);
@@ -187,8 +209,9 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
     if (need_h && !(ksh = coeffs(W, out_w, f, &bh, &dh))) goto oom;
     if (need_v && !(ksv = coeffs(H, out_h, f, &bv, &dv))) goto oom;
     int kstride = (ksh + 1) & ~1;
-    if (need_h && !(kh = fixed_coeffs(dh, out_w, ksh, kstride))) goto oom;
-    if (need_v && !(kv = fixed_coeffs(dv, out_h, ksv, ksv))) goto oom;
+    int ph = torch_prec ? -1 : PRECISION_BITS, pv = ph;
+    if (need_h && !(kh = fixed_coeffs(dh, out_w, ksh, kstride, &ph))) goto oom;
+    if (need_v && !(kv = fixed_coeffs(dv, out_h, ksv, ksv, &pv))) goto oom;
     /* Horizontal pass over the rows the vertical pass reads (all of them when upscaling). */
     const uint8_t *hin = src->data;
     int ybox0 = 0, ybox1 = H;
@@ -207,7 +230,7 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
 #pragma omp parallel for schedule(static) if ((int64_t)(ybox1 - ybox0) * out_w * ksh > ((int64_t)16 << 20))
         for (int y = ybox0; y < ybox1; y++) {
             const uint8_t *row = y == H - 1 ? last : src->data + (size_t)y * W * 3;
-            hpass_row(row, hout + (size_t)(y - ybox0) * out_w * 3, out_w, bh, kh, kstride);
+            hpass_row(row, hout + (size_t)(y - ybox0) * out_w * 3, out_w, bh, kh, kstride, ph);
         }
         hin = hout;
     } else {
@@ -218,7 +241,7 @@ mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resa
 #pragma omp parallel for schedule(static) if ((int64_t)out_h * out_w * 3 * ksv > ((int64_t)24 << 20))
         for (int yy = 0; yy < out_h; yy++)
             vpass_row(hin + (size_t)(bv[2 * yy] - ybox0) * w3, (size_t)w3, dst->data + (size_t)yy * w3, w3,
-                      kv + (size_t)yy * ksv, bv[2 * yy + 1]);
+                      kv + (size_t)yy * ksv, bv[2 * yy + 1], pv);
     }
     free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last);
     return MMC_OK;

@@ -28,6 +28,7 @@ void mmc_batch_free(mmc_batch *b) {
     free(b->image_grid_thw);
     free(b->video_values);
     free(b->video_grid_thw);
+    free(b->video_second_per_grid_ts);
     memset(b, 0, sizeof *b);
 }
 
@@ -41,6 +42,8 @@ void mmc_data_opts_default(mmc_data_opts *o) {
     o->shuffle = true;
     o->truncation = true;
     mmc_qwen2vl_proc_default(&o->proc);
+    mmc_qwen2vl_video_proc_default(&o->vproc);
+    mmc_qwen2vl_video_sampling_default(&o->vproc);
 }
 
 void mmc_data_opts_free(mmc_data_opts *o) {

@@ -245,9 +245,13 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
     out->sample_ids = malloc((size_t)n * sizeof(int64_t));
     if (packed) out->cu_seqlens = malloc((size_t)(n + 1) * sizeof(int32_t));
     if (np) { out->pixel_values = malloc((size_t)(np * dim) * sizeof(float)); out->image_grid_thw = malloc((size_t)ni * 3 * sizeof(int64_t)); }
-    if (nvp) { out->video_values = malloc((size_t)(nvp * dim) * sizeof(float)); out->video_grid_thw = malloc((size_t)nv * 3 * sizeof(int64_t)); }
+    if (nvp) {
+        out->video_values = malloc((size_t)(nvp * dim) * sizeof(float));
+        out->video_grid_thw = malloc((size_t)nv * 3 * sizeof(int64_t));
+        out->video_second_per_grid_ts = malloc((size_t)nv * sizeof(double));
+    }
     if (!out->input_ids || !out->labels || !out->sample_ids || (packed && !out->cu_seqlens) ||
-        (np && (!out->pixel_values || !out->image_grid_thw)) || (nvp && (!out->video_values || !out->video_grid_thw))) {
+        (np && (!out->pixel_values || !out->image_grid_thw)) || (nvp && (!out->video_values || !out->video_grid_thw || !out->video_second_per_grid_ts))) {
         mmc_batch_free(out);
         return mmc_error(MMC_ERR_OOM, "data loader: out of memory for a [%lld, %lld] batch", (long long)out->B,
                          (long long)out->T);
@@ -275,6 +279,8 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
         if (s->n_video_patches) {
             memcpy(out->video_values + out->n_video_patches * dim, s->video_values, (size_t)(s->n_video_patches * dim) * sizeof(float));
             memcpy(out->video_grid_thw + 3 * out->n_videos, s->video_grid_thw, (size_t)s->n_videos * 3 * sizeof(int64_t));
+            for (int k = 0; k < s->n_videos; k++)
+                out->video_second_per_grid_ts[out->n_videos + k] = s->video_second_per_grid_ts ? s->video_second_per_grid_ts[k] : 1.0;
             out->n_video_patches += s->n_video_patches;
             out->n_videos += s->n_videos;
         }

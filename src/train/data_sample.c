@@ -71,8 +71,9 @@ static mmc_status load_images(const mmc_qwen2vl_proc *p, const mmc_image_opts *i
     return st;
 }
 
-static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_image_opts *io, const mmc_example *ex, int n,
-                              bool blank, mmc_vlproc_out *out, bool *media_err) {
+static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_qwen2vl_video_proc *vp, const mmc_image_opts *io,
+                              const mmc_example *ex, int n, bool blank, mmc_vlproc_out *out, double *spg,
+                              bool *media_err) {
     memset(out, 0, sizeof *out);
     if (n == 0) return MMC_OK;
     mmc_status st = MMC_OK;
@@ -83,19 +84,25 @@ static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_image_opts *i
         mmc_image *frames = NULL;
         int nf = 0;
         struct stat sb;
-        if (stat(ex->videos[v], &sb) == 0 && S_ISREG(sb.st_mode)) {
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "video %s is a file: give a directory of its frames (JPEG/PNG, "
-                           "sorted by name); video files are not decoded", ex->videos[v]);
-            *media_err = true;
-            break;
-        }
-        if ((st = mmc_load_frames_dir(ex->videos[v], io, &frames, &nf))) { *media_err = true; break; }
+        mmc_video_clip clip = {0};
+        bool file = stat(ex->videos[v], &sb) == 0 && S_ISREG(sb.st_mode);
+        /* a video file: decoded and sampled as `mmc generate --video` does (mmc_video.h) */
+        if (file) st = mmc_qwen2vl_video_load(vp, ex->videos[v], &clip);
+        else st = mmc_load_frames_dir(ex->videos[v], io, &frames, &nf);
+        if (st) { *media_err = true; break; }
+        if (file) { frames = clip.frames; nf = clip.n; }
+        /* VideoMetadata.sampled_fps: a frame list has no rate, counted as 24 fps */
+        spg[v] = file ? clip.second_per_grid_ts : vp->proc.temporal_patch_size / 24.0;
         for (int f = 0; blank && f < nf; f++) memset(frames[f].data, 0, (size_t)frames[f].height * frames[f].width * 3);
         if (nf == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: video directory has no frames", ex->videos[v]);
+        else if (file) st = mmc_qwen2vl_video_preprocess(vp, frames, nf, &vs[v]);
         else st = mmc_qwen2vl_preprocess_video(p, frames, nf, &vs[v]);
         if (st) *media_err = true;
-        for (int f = 0; f < nf; f++) mmc_image_free(&frames[f]);
-        free(frames);
+        if (file) mmc_video_clip_free(&clip);
+        else {
+            for (int f = 0; f < nf; f++) mmc_image_free(&frames[f]);
+            free(frames);
+        }
         if (!st) { rows += vs[v].pixel_values->shape[0]; dim = vs[v].pixel_values->shape[1]; }
     }
     if (!st) { /* concatenate */
@@ -174,7 +181,11 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
         goto fail;
     }
     if ((st = load_images(&proc, &io, &ex, n_img, o->blank_media, &iv, media_err))) goto media;
-    if ((st = load_videos(&proc, &io, &ex, n_vid, o->blank_media, &vv, media_err))) goto media;
+    double *spg = malloc(sizeof(double) * (size_t)(n_vid ? n_vid : 1));
+    if (!spg) { st = oom(); goto fail; }
+    st = load_videos(&proc, &o->vproc, &io, &ex, n_vid, o->blank_media, &vv, spg, media_err);
+    if (st) { free(spg); goto media; }
+    out->video_second_per_grid_ts = spg;   /* freed with the batch */
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id};
     if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
 

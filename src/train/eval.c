@@ -198,6 +198,7 @@ static mmc_vl_media media_of(const mmc_batch *b) {
         m.pixel_values_videos = mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(b->n_video_patches, b->patch_dim), b->video_values);
         m.video_grid_thw = b->video_grid_thw;
         m.n_videos = b->n_videos;
+        m.second_per_grid_ts = b->video_second_per_grid_ts;
     }
     return m;
 }
@@ -339,6 +340,8 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     mmc_data_opts d;
     mmc_data_opts_default(&d);
     d.proc = E.proc;
+    if ((st = mmc_qwen2vl_video_proc_load_dir(aux, &d.vproc))) goto done;
+    mmc_qwen2vl_video_sampling_default(&d.vproc);
     d.seq_len = INT64_MAX;
     d.num_workers = 0;
     d.blank_media = o->blank_images;

@@ -156,6 +156,11 @@ static mmc_status loader_open(mmc_trainer *t) {
         return mmc_error(MMC_ERR_INVALID, "%s: the image area range [%lld, %lld] is empty (data.min_pixels / "
                          "data.max_pixels against the model's image processor in %s); set both", c->file,
                          (long long)o->proc.min_pixels, (long long)o->proc.max_pixels, t->src_dir);
+    if (t->src_dir[0]) {   /* the video processor's own settings, for video files */
+        mmc_status st = mmc_qwen2vl_video_proc_load_dir(t->src_dir, &o->vproc);
+        if (st) return mmc_error_prefix(st, "video processor");
+        mmc_qwen2vl_video_sampling_default(&o->vproc);
+    }
     if (!t->src_dir[0])
         return mmc_error(MMC_ERR_INVALID, "%s: model.tokenizer: training on %s needs a tokenizer directory "
                          "(tokenizer.json + chat template); give model.tokenizer", c->file, d->train);

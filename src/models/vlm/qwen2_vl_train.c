@@ -111,6 +111,7 @@ mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batc
         memcpy(media.pixel_values_videos->data, b->video_values, mmc_nbytes(media.pixel_values_videos));
         media.video_grid_thw = b->video_grid_thw;
         media.n_videos = b->n_videos;
+        media.second_per_grid_ts = b->video_second_per_grid_ts;
     }
     mmc_vl_seq seq = {.position_ids = b->position_ids, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
     mmc_tensor *h;

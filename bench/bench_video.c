@@ -1,0 +1,51 @@
+/* bench_video.c — a video prompt's input side: a 30 s 720p H.264 clip (900 frames at 30 fps)
+ * sampled at 2 fps (60 frames) through FFmpeg (keyframe seek, decode to the frame, RGB24), and
+ * the Qwen2-VL video processor's defaults (smart_resize to <= 768*28*28 pixels, normalise,
+ * patchify). Peer: bench/peer_video.py (transformers' video processor with its PyAV decoder).
+ * The clip is written at bench time by the peer script (PyAV + libx264) into build/bench/. */
+#include "bench_util.h"
+#include "mmc_video.h"
+
+#include <unistd.h>
+
+typedef struct {
+    const char *path;
+    mmc_qwen2vl_video_proc p;
+    bool preprocess;
+} arg_t;
+
+static void run(void *a_) {
+    arg_t *a = a_;
+    mmc_video_clip clip;
+    MMC_CHECK(mmc_qwen2vl_video_load(&a->p, a->path, &clip) == MMC_OK, "%s", mmc_last_error());
+    if (a->preprocess) {
+        mmc_vlproc_out o;
+        MMC_CHECK(mmc_qwen2vl_video_preprocess(&a->p, clip.frames, clip.n, &o) == MMC_OK, "%s", mmc_last_error());
+        mmc_vlproc_out_free(&o);
+    }
+    mmc_video_clip_free(&clip);
+}
+
+int main(void) {
+    const char *path = getenv("MMC_BENCH_VIDEO") ? getenv("MMC_BENCH_VIDEO") : "build/bench/video_30s_720p.mp4";
+    if (access(path, R_OK) != 0) {
+        const char *py = getenv("MMC_REF_PY") ? getenv("MMC_REF_PY") : ".venv-ref/bin/python";
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s bench/peer_video.py --make-clip %s", py, path);
+        fprintf(stderr, "bench_video: writing %s (%s)\n", path, cmd);
+        if (system(cmd) != 0 || access(path, R_OK) != 0) {
+            fprintf(stderr, "bench_video: no clip (needs the reference venv with PyAV); skipped\n");
+            return 0;
+        }
+    }
+    arg_t a = {.path = path};
+    mmc_qwen2vl_video_proc_default(&a.p);
+    a.p.do_sample_frames = true;
+    a.p.fps = 2;
+    double t = bench_time(run, &a, 0, 3);
+    bench_report("video_decode_sample_30s_720p_h264_2fps", 1.0 / t, "clips/s", 1);
+    a.preprocess = true;
+    t = bench_time(run, &a, 0, 3);
+    bench_report("video_qwen2vl_30s_720p_h264_2fps", 1.0 / t, "clips/s", 1);
+    return 0;
+}

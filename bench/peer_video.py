@@ -1,0 +1,70 @@
+"""Peer for bench/bench_video.c: transformers' Qwen2-VL video processor on a 30 s 720p H.264
+clip sampled at 2 fps (60 of 900 frames): decode + sampling (transformers.video_utils.load_video
+with the processor's sample_frames) and then the processor's preprocessing (resize, normalise,
+patchify). transformers 5.x decodes with torchcodec by default; it is not installed in the
+reference venv (and torchvision >= 0.26 has no decoder), so the peer is transformers' PyAV
+backend, the one a user gets with `pip install av` — the same FFmpeg decoders mmc calls.
+
+`python bench/peer_video.py --make-clip PATH` writes the clip (PyAV + libx264, moving shapes
+over a scrolling texture, 30 fps, keyframe every 2 s as phone cameras write) and exits."""
+import os
+import sys
+from functools import partial
+
+import numpy as np
+
+CLIP = os.environ.get("MMC_BENCH_VIDEO", "build/bench/video_30s_720p.mp4")
+
+
+def make_clip(path, w=1280, h=720, fps=30, seconds=30):
+    import av
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    rng = np.random.RandomState(0)
+    tex = rng.randint(0, 255, (h, w * 2, 3), np.uint8)
+    tex = ((tex.astype(np.uint16) + np.roll(tex, 1, 0) + np.roll(tex, 1, 1) + np.roll(tex, 2, 1)) // 4).astype(np.uint8)
+    c = av.open(path + ".tmp.mp4", "w")
+    s = c.add_stream("libx264", rate=fps)
+    s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+    s.options = {"preset": "veryfast", "crf": "23", "g": str(2 * fps)}
+    y, x = np.mgrid[0:h, 0:w]
+    for i in range(fps * seconds):
+        f = tex[:, (i * 4) % w:(i * 4) % w + w].copy()
+        cx, cy = (100 + i * 5) % w, 200 + int(150 * np.sin(i / 20))
+        f[max(cy - 60, 0):cy + 60, max(cx - 80, 0):cx + 80] = [230, 40, (i * 3) % 256]
+        for p in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    c.close()
+    os.replace(path + ".tmp.mp4", path)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--make-clip":
+    make_clip(sys.argv[2])
+    sys.exit(0)
+
+sys.path.insert(0, os.path.dirname(__file__))
+from peer_util import median_time, report  # noqa: E402
+from transformers import Qwen2VLVideoProcessor  # noqa: E402
+from transformers.video_utils import load_video  # noqa: E402
+
+if not os.path.exists(CLIP):
+    make_clip(CLIP)
+vp = Qwen2VLVideoProcessor()   # the defaults: size 128*28*28 .. 768*28*28 pixels per frame
+
+
+def decode():
+    return load_video(CLIP, backend="pyav", sample_indices_fn=partial(vp.sample_frames, fps=2))
+
+
+def full():
+    frames, meta = decode()
+    return vp(videos=[frames], video_metadata=[meta], do_sample_frames=False, return_tensors="pt",
+              cap_pixels_per_frame=False)
+
+
+out = full()
+print(f"peer_video: {len(decode()[1].frames_indices)} frames -> pixel_values_videos "
+      f"{tuple(out['pixel_values_videos'].shape)}, grid {out['video_grid_thw'].tolist()}", file=sys.stderr)
+report("video_decode_sample_30s_720p_h264_2fps", 1.0 / median_time(decode, min_s=0, min_iters=3), "clips/s")
+report("video_qwen2vl_30s_720p_h264_2fps", 1.0 / median_time(full, min_s=0, min_iters=3), "clips/s")

@@ -1,0 +1,108 @@
+/* mmc_video.h — video files (MP4, MKV, WebM, AVI, MOV, GIF ...) through FFmpeg, and the
+ * Qwen2-VL video processor (frame sampling, its own settings, preprocessing).
+ *
+ * Decoding mirrors what transformers' video backends give: frame i is the i-th frame in
+ * presentation order, converted to RGB24 by libswscale with PyAV's defaults (bilinear flags,
+ * the frame's colour space and range), so a lossless file decodes to the same bytes as
+ * PyAV's frame.to_ndarray(format="rgb24"). Frames are fetched by seeking to the keyframe
+ * before each wanted one and decoding forward to its timestamp; containers whose timestamps
+ * cannot be trusted are decoded from the start. Sampling mirrors Qwen2VLVideoProcessor's
+ * sample_frames; settings are read with transformers' precedence (processor_config.json's
+ * "video_processor", then video_preprocessor_config.json, then preprocessor_config.json).
+ */
+#ifndef MMC_VIDEO_H
+#define MMC_VIDEO_H
+
+#include "mmc_image.h"
+#include "mmc_vlproc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mmc_video mmc_video;
+
+typedef struct {
+    int64_t total_frames;  /* the header's frame count (PyAV stream.frames), else counted by demuxing */
+    double fps;            /* average frame rate (PyAV average_rate); 0 when the file has none */
+    int width, height;
+    char codec[32];        /* FFmpeg decoder name, e.g. "h264" */
+    char container[32];    /* FFmpeg demuxer name, e.g. "matroska,webm" (first name) */
+    bool seekable;         /* frames are fetched by keyframe seek (else decoded from the start) */
+} mmc_video_info;
+
+/* Largest decode this module will do: frames x width x height (RGB24: x3 bytes). Beyond it
+ * mmc_video_read refuses with a message saying how to sample fewer frames. */
+#define MMC_VIDEO_MAX_TOTAL_PIXELS (1LL << 31)
+
+/* Open a file (or, _mem, a buffer that must outlive the handle; `name` is used in messages)
+ * and read its metadata: the demuxer is run over every packet once to learn frame timestamps
+ * and keyframes (no decoding). Fails, naming the file, on anything that is not a decodable
+ * video stream with at least one frame. */
+mmc_status mmc_video_open(const char *path, mmc_video **out);
+mmc_status mmc_video_open_mem(const void *data, size_t len, const char *name, mmc_video **out);
+const mmc_video_info *mmc_video_get_info(const mmc_video *v);
+/* Decode frames idx[0..n) (ascending, each < total_frames) into frames[n] (RGB, owned by the
+ * caller: mmc_image_free each). On failure nothing is left allocated. */
+mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *frames);
+void mmc_video_close(mmc_video *v);
+
+/* ---------------------------------------------------------------- Qwen2-VL video processor */
+typedef struct {
+    mmc_qwen2vl_proc proc;    /* patch/merge/temporal sizes, mean/std, rescale, do_* flags; the
+                                 pixel bounds are video_min_pixels / video_max_pixels */
+    bool do_sample_frames;    /* transformers' default false: every frame */
+    double fps;               /* frames per second to sample (0: unset) */
+    int num_frames;           /* fixed frame count (0: unset); exclusive with fps */
+    int min_frames, max_frames; /* 4, 768 */
+    bool cap_pixels_per_frame;  /* qwen-vl-utils' total pixel budget (transformers opt-in) */
+    int64_t max_video_tokens;   /* 128000: the budget is 90% of this many tokens' pixels */
+} mmc_qwen2vl_video_proc;
+
+/* Qwen2VLVideoProcessor's defaults: size {shortest_edge 128*28*28, longest_edge 28*28*768},
+ * patch 14, merge 2, temporal 2, CLIP mean/std, bicubic, min_frames 4, max_frames 768, no
+ * sampling. */
+void mmc_qwen2vl_video_proc_default(mmc_qwen2vl_video_proc *p);
+/* mmc's sampling when the settings ask for none (transformers then decodes every frame):
+ * 2 frames per second, qwen-vl-utils' default, unless a frame count is set. The CLI and the
+ * data pipeline apply it after reading the settings. */
+void mmc_qwen2vl_video_sampling_default(mmc_qwen2vl_video_proc *p);
+/* Settings from a model directory in transformers' precedence: processor_config.json's
+ * "video_processor" object, else video_preprocessor_config.json, else preprocessor_config.json
+ * (the image processor's file, read as the video processor's over the video defaults, as
+ * AutoVideoProcessor does). No file: the defaults. Errors name the file and key. */
+mmc_status mmc_qwen2vl_video_proc_load_dir(const char *dir, mmc_qwen2vl_video_proc *p);
+/* One settings file (a processor_config.json with "video_processor", or a flat file). */
+mmc_status mmc_qwen2vl_video_proc_load(const char *path, mmc_qwen2vl_video_proc *p);
+
+/* Qwen2VLVideoProcessor.sample_frames: with num_frames, that count rounded to a multiple of
+ * temporal_patch_size; with fps, total/video_fps*fps clamped to [min_frames, min(max_frames,
+ * total)] and floored to a multiple of temporal_patch_size; then indices
+ * int32(arange(0, total, total/num)) (float32 steps, as torch); without either every frame.
+ * *idx is malloc'd. Fails with the reason transformers gives (and what to change). */
+mmc_status mmc_qwen2vl_video_sample(const mmc_qwen2vl_video_proc *p, int64_t total_frames, double video_fps,
+                                    int64_t **idx, int *n);
+
+/* Qwen2VLVideoProcessor._preprocess on frames of equal size (the fast, torchvision backend):
+ * smart_resize within the video bounds (and the per-frame share of the total budget when
+ * cap_pixels_per_frame), torch's uint8 antialiased resize (mmc_image_resize_torch_u8), fused
+ * rescale+normalise ((x - mean*255) / (std*255) in float32), temporal padding, patchify. */
+mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *p, const mmc_image *frames, int n,
+                                        mmc_vlproc_out *out);
+
+/* A decoded, sampled video ready for the model. */
+typedef struct {
+    mmc_image *frames;        /* [n] */
+    int n;
+    int64_t *indices;         /* [n] frame indices in the file */
+    mmc_video_info info;
+    double second_per_grid_ts;/* temporal_patch_size / sampled fps (Qwen2.5-VL time positions) */
+} mmc_video_clip;
+/* Open, sample with p's settings and decode. */
+mmc_status mmc_qwen2vl_video_load(const mmc_qwen2vl_video_proc *p, const char *path, mmc_video_clip *out);
+void mmc_video_clip_free(mmc_video_clip *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMC_VIDEO_H */

@@ -1,0 +1,441 @@
+/* video.c — video files through FFmpeg (libavformat demuxing, libavcodec decoding, libswscale
+ * to RGB24). Mirrors the frames transformers' video backends give (PyAV's read_video_pyav,
+ * torchcodec): frame i is the i-th frame in presentation order; RGB24 comes from swscale with
+ * PyAV's defaults (SWS_BILINEAR, source colour space and range taken from the frame).
+ *
+ * Opening runs the demuxer over every packet once (no decoding): that gives the frame count
+ * when the header has none (Matroska, WebM, GIF), each frame's timestamp (the sorted packet
+ * timestamps) and the keyframes. Reading then seeks to the last keyframe at or before each
+ * wanted frame unless that frame can be reached by decoding forward, and decodes up to the
+ * frame's exact timestamp. Files whose packets lack timestamps or repeat one are decoded
+ * from the start and counted, as PyAV does.
+ */
+#include "mmc_video.h"
+
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/imgutils.h>
+#include <libswscale/swscale.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Beyond these a file is refused before anything large is allocated. */
+#define MAX_PACKETS (1LL << 24)     /* 16.7M frames: 6 days at 30 fps */
+#define MAX_SIDE 16384
+
+struct mmc_video {
+    char name[512];
+    AVFormatContext *fmt;
+    AVIOContext *mem_io;         /* custom I/O for _mem (owned) */
+    const uint8_t *mem;          /* the caller's buffer */
+    size_t mem_len, mem_pos;
+    int stream;
+    AVCodecContext *dec;
+    struct SwsContext *sws;
+    AVPacket *pkt;
+    AVFrame *frame;
+    int64_t *pts;                /* [n_pts] presentation timestamps, sorted (frame i = pts[i]) */
+    int64_t n_pts;
+    int64_t *key_pts;            /* [n_key] keyframe timestamps, sorted */
+    int64_t n_key;
+    mmc_video_info info;
+    int64_t cur_pts;             /* the last frame decoded since the last seek; INT64_MIN: none */
+    const int64_t *want;         /* seek mode: the pts of every frame asked for, ascending; else NULL */
+    int n_want;
+    int64_t seq_index;           /* sequential mode: index of the next decoded frame */
+    bool at_start, eof;
+};
+
+static mmc_status averr(mmc_status st, const mmc_video *v, int err, const char *what, const char *hint) {
+    char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
+    av_strerror(err, buf, sizeof buf);
+    return mmc_error(st, "video %s: %s (%s)%s%s", v->name, what, buf, hint ? ": " : "", hint ? hint : "");
+}
+
+#define REENCODE "the file is damaged or not a video; re-encode it (ffmpeg -i IN -c:v libx264 OUT.mp4) or " \
+                 "give a folder of its frames"
+
+static int mem_read(void *opaque, uint8_t *buf, int size) {
+    mmc_video *v = opaque;
+    size_t left = v->mem_len - v->mem_pos;
+    if (left == 0) return AVERROR_EOF;
+    if ((size_t)size > left) size = (int)left;
+    memcpy(buf, v->mem + v->mem_pos, (size_t)size);
+    v->mem_pos += (size_t)size;
+    return size;
+}
+
+static int64_t mem_seek(void *opaque, int64_t off, int whence) {
+    mmc_video *v = opaque;
+    if (whence & AVSEEK_SIZE) return (int64_t)v->mem_len;
+    int64_t base = (whence & 3) == SEEK_CUR ? (int64_t)v->mem_pos : (whence & 3) == SEEK_END ? (int64_t)v->mem_len : 0;
+    int64_t p = base + off;
+    if (p < 0 || p > (int64_t)v->mem_len) return AVERROR(EINVAL);
+    v->mem_pos = (size_t)p;
+    return p;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static mmc_status push(int64_t **a, int64_t *n, int64_t *cap, int64_t x) {
+    if (*n == *cap) {
+        int64_t nc = *cap ? *cap * 2 : 256;
+        int64_t *na = realloc(*a, sizeof(int64_t) * (size_t)nc);
+        if (!na) return mmc_error(MMC_ERR_OOM, "video: out of memory for the frame index");
+        *a = na;
+        *cap = nc;
+    }
+    (*a)[(*n)++] = x;
+    return MMC_OK;
+}
+
+/* Demux every packet of the stream: timestamps, keyframes, and whether they can be trusted. */
+static mmc_status scan(mmc_video *v) {
+    int64_t cap = 0, kcap = 0;
+    bool ok_ts = true;
+    mmc_status st;
+    for (;;) {
+        int r = av_read_frame(v->fmt, v->pkt);
+        if (r == AVERROR_EOF) break;
+        if (r < 0) {  /* a truncated tail ends the scan; what was read stays usable */
+            if (v->n_pts == 0) return averr(MMC_ERR_FORMAT, v, r, "cannot read packets", REENCODE);
+            break;
+        }
+        if (v->pkt->stream_index == v->stream && v->pkt->size > 0 && !(v->pkt->flags & AV_PKT_FLAG_DISCARD)) {
+            if (v->n_pts >= MAX_PACKETS) {
+                av_packet_unref(v->pkt);
+                return mmc_error(MMC_ERR_INVALID, "video %s: more than %lld frames; cut the clip (ffmpeg -ss/-t) first",
+                                 v->name, (long long)MAX_PACKETS);
+            }
+            int64_t t = v->pkt->pts != AV_NOPTS_VALUE ? v->pkt->pts : v->pkt->dts;
+            if (v->pkt->pts == AV_NOPTS_VALUE) ok_ts = false;   /* frames are matched by pts */
+            if ((st = push(&v->pts, &v->n_pts, &cap, t))) { av_packet_unref(v->pkt); return st; }
+            if ((v->pkt->flags & AV_PKT_FLAG_KEY) && t != AV_NOPTS_VALUE &&
+                (st = push(&v->key_pts, &v->n_key, &kcap, t))) { av_packet_unref(v->pkt); return st; }
+        }
+        av_packet_unref(v->pkt);
+    }
+    if (ok_ts && v->n_pts > 0) {
+        qsort(v->pts, (size_t)v->n_pts, sizeof(int64_t), cmp_i64);
+        if (v->n_key) qsort(v->key_pts, (size_t)v->n_key, sizeof(int64_t), cmp_i64);   /* NULL when none */
+        for (int64_t i = 1; i < v->n_pts; i++)
+            if (v->pts[i] == v->pts[i - 1]) ok_ts = false;
+    }
+    /* GIF frames may draw over the previous ones whatever the demuxer flags: decode in order */
+    v->info.seekable = ok_ts && v->n_key > 0 && v->fmt->pb && v->fmt->pb->seekable &&
+                       strcmp(v->fmt->iformat->name, "gif") != 0;
+    return MMC_OK;
+}
+
+static mmc_status open_common(mmc_video *v) {
+    mmc_status st;
+    int r;
+    if ((r = avformat_find_stream_info(v->fmt, NULL)) < 0)
+        return averr(MMC_ERR_FORMAT, v, r, "cannot read the stream headers", REENCODE);
+    r = av_find_best_stream(v->fmt, AVMEDIA_TYPE_VIDEO, -1, -1, NULL, 0);
+    if (r < 0) return mmc_error(MMC_ERR_FORMAT, "video %s: no video stream (an audio-only or non-media file?)", v->name);
+    v->stream = r;
+    AVStream *s = v->fmt->streams[r];
+    const AVCodec *codec = avcodec_find_decoder(s->codecpar->codec_id);
+    if (!codec)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "video %s: no decoder for codec '%s' in this FFmpeg; re-encode it "
+                         "(ffmpeg -i IN -c:v libx264 OUT.mp4)", v->name, avcodec_get_name(s->codecpar->codec_id));
+    int w = s->codecpar->width, h = s->codecpar->height;
+    if (w <= 0 || h <= 0 || w > MAX_SIDE || h > MAX_SIDE)
+        return mmc_error(MMC_ERR_FORMAT, "video %s: frame size %dx%d is %s (at most %d per side); %s", v->name, w, h,
+                         w <= 0 || h <= 0 ? "missing" : "too large", MAX_SIDE,
+                         w <= 0 || h <= 0 ? REENCODE : "scale it down first (ffmpeg -vf scale=-2:1080)");
+    if (!(v->dec = avcodec_alloc_context3(codec)) || !(v->pkt = av_packet_alloc()) || !(v->frame = av_frame_alloc()))
+        return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+    if ((r = avcodec_parameters_to_context(v->dec, s->codecpar)) < 0)
+        return averr(MMC_ERR_FORMAT, v, r, "bad codec parameters", REENCODE);
+    v->dec->thread_count = 0;   /* FFmpeg picks (as PyAV); the output does not depend on it */
+    if ((r = avcodec_open2(v->dec, codec, NULL)) < 0) return averr(MMC_ERR_FORMAT, v, r, "cannot open the decoder", REENCODE);
+    v->info.width = w;
+    v->info.height = h;
+    snprintf(v->info.codec, sizeof v->info.codec, "%s", codec->name);
+    snprintf(v->info.container, sizeof v->info.container, "%s", v->fmt->iformat->name);
+    char *comma = strchr(v->info.container, ',');
+    if (comma) *comma = 0;
+    AVRational fr = s->avg_frame_rate;
+    v->info.fps = fr.num > 0 && fr.den > 0 ? av_q2d(fr) : 0;
+    if ((st = scan(v))) return st;
+    if (v->n_pts == 0)
+        return mmc_error(MMC_ERR_FORMAT, "video %s: the video stream has no frames; %s", v->name, REENCODE);
+    /* PyAV's stream.frames: the header's count when there is one */
+    v->info.total_frames = s->nb_frames > 0 && s->nb_frames <= MAX_PACKETS ? s->nb_frames : v->n_pts;
+    if (v->info.fps == 0 && v->fmt->duration > 0 && v->info.total_frames > 1)   /* GIF without a rate */
+        v->info.fps = (double)v->info.total_frames / ((double)v->fmt->duration / AV_TIME_BASE);
+    if ((r = av_seek_frame(v->fmt, v->stream, v->n_pts ? v->pts[0] : 0, AVSEEK_FLAG_BACKWARD)) < 0 &&
+        (r = avformat_seek_file(v->fmt, -1, INT64_MIN, 0, 0, 0)) < 0) {
+        v->info.seekable = false;
+        return averr(MMC_ERR_IO, v, r, "cannot rewind after reading the index", REENCODE);
+    }
+    v->cur_pts = INT64_MIN;
+    v->at_start = true;
+    return MMC_OK;
+}
+
+/* Containers a video can come in. A whitelist, not FFmpeg's every demuxer: playlists (HLS, DASH,
+ * concat) would open other files or URLs named inside the file, and image/audio demuxers have
+ * no business here. The protocol is "file" only, for the same reason. */
+#define CONTAINERS "mov,mp4,matroska,webm,avi,gif,mpegts,mpeg,flv,ogg,asf,nut,h264,hevc,m4v,ivf,mjpeg"
+
+static AVDictionary *open_opts(void) {
+    AVDictionary *o = NULL;
+    av_dict_set(&o, "format_whitelist", CONTAINERS, 0);
+    av_dict_set(&o, "protocol_whitelist", "file", 0);
+    return o;
+}
+
+static void set_name(mmc_video *v, const char *name) { snprintf(v->name, sizeof v->name, "%s", name ? name : "(memory)"); }
+
+static void quiet_once(void) {
+    static int done;
+    if (!done) { av_log_set_level(AV_LOG_QUIET); done = 1; }
+}
+
+mmc_status mmc_video_open(const char *path, mmc_video **out) {
+    *out = NULL;
+    quiet_once();
+    mmc_video *v = calloc(1, sizeof *v);
+    if (!v) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", path);
+    set_name(v, path);
+    AVDictionary *opts = open_opts();
+    int r = avformat_open_input(&v->fmt, path, NULL, &opts);
+    av_dict_free(&opts);
+    mmc_status st;
+    if (r < 0) st = averr(r == AVERROR(ENOENT) ? MMC_ERR_NOT_FOUND : MMC_ERR_FORMAT, v, r, "cannot open",
+                          r == AVERROR(ENOENT) ? "check the path" : REENCODE);
+    else st = open_common(v);
+    if (st) { mmc_video_close(v); return st; }
+    *out = v;
+    return MMC_OK;
+}
+
+mmc_status mmc_video_open_mem(const void *data, size_t len, const char *name, mmc_video **out) {
+    *out = NULL;
+    quiet_once();
+    mmc_video *v = calloc(1, sizeof *v);
+    if (!v) return mmc_error(MMC_ERR_OOM, "video: out of memory");
+    set_name(v, name);
+    v->mem = data;
+    v->mem_len = len;
+    mmc_status st;
+    uint8_t *buf = av_malloc(4096);
+    if (!buf || !(v->mem_io = avio_alloc_context(buf, 4096, 0, v, mem_read, NULL, mem_seek)) ||
+        !(v->fmt = avformat_alloc_context())) {
+        if (!v->mem_io) av_free(buf);
+        mmc_video_close(v);
+        return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+    }
+    v->fmt->pb = v->mem_io;
+    v->fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
+    AVDictionary *opts = open_opts();
+    int r = avformat_open_input(&v->fmt, NULL, NULL, &opts);   /* frees fmt on failure */
+    av_dict_free(&opts);
+    if (r < 0) st = averr(MMC_ERR_FORMAT, v, r, "cannot open", REENCODE);
+    else st = open_common(v);
+    if (st) { mmc_video_close(v); return st; }
+    *out = v;
+    return MMC_OK;
+}
+
+const mmc_video_info *mmc_video_get_info(const mmc_video *v) { return &v->info; }
+
+void mmc_video_close(mmc_video *v) {
+    if (!v) return;
+    sws_freeContext(v->sws);
+    av_frame_free(&v->frame);
+    av_packet_free(&v->pkt);
+    avcodec_free_context(&v->dec);
+    avformat_close_input(&v->fmt);
+    if (v->mem_io) {
+        av_freep(&v->mem_io->buffer);
+        avio_context_free(&v->mem_io);
+    }
+    free(v->pts);
+    free(v->key_pts);
+    free(v);
+}
+
+/* Next decoded frame into v->frame. 1: a frame, 0: end of stream, <0: error status. */
+static int next_frame(mmc_video *v, mmc_status *st) {
+    for (;;) {
+        int r = avcodec_receive_frame(v->dec, v->frame);
+        if (r == 0) return 1;
+        if (r == AVERROR_EOF) return 0;
+        if (r != AVERROR(EAGAIN)) { *st = averr(MMC_ERR_FORMAT, v, r, "decoding failed", REENCODE); return -1; }
+        if (v->eof) return 0;
+        r = av_read_frame(v->fmt, v->pkt);
+        if (r < 0) {   /* end (or a truncated tail): drain the decoder */
+            v->eof = true;
+            avcodec_send_packet(v->dec, NULL);
+            continue;
+        }
+        if (v->pkt->stream_index == v->stream) {
+            /* frames no other frame refers to are only decoded when wanted (same output, less work:
+             * most B-frames of a typical H.264/HEVC stream) */
+            v->dec->skip_frame = !v->want || bsearch(&v->pkt->pts, v->want, (size_t)v->n_want, sizeof(int64_t), cmp_i64)
+                                     ? AVDISCARD_DEFAULT : AVDISCARD_NONREF;
+            r = avcodec_send_packet(v->dec, v->pkt);
+            /* a damaged packet is skipped as FFmpeg's tools do; the frame count check catches loss */
+            (void)r;
+        }
+        av_packet_unref(v->pkt);
+    }
+}
+
+static mmc_status to_rgb(mmc_video *v, mmc_image *img) {
+    AVFrame *f = v->frame;
+    if (f->width <= 0 || f->height <= 0 || f->width > MAX_SIDE || f->height > MAX_SIDE || f->format < 0)
+        return mmc_error(MMC_ERR_FORMAT, "video %s: decoded a frame of size %dx%d; %s", v->name, f->width, f->height,
+                         REENCODE);
+    if (f->width != v->info.width || f->height != v->info.height)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "video %s: the frame size changes mid-stream (%dx%d, then %dx%d); "
+                         "re-encode it at one size (ffmpeg -i IN -vf scale=%d:%d OUT.mp4)", v->name, v->info.width,
+                         v->info.height, f->width, f->height, v->info.width, v->info.height);
+    v->sws = sws_getCachedContext(v->sws, f->width, f->height, f->format, f->width, f->height, AV_PIX_FMT_RGB24,
+                                  SWS_BILINEAR, NULL, NULL, NULL);
+    if (!v->sws)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "video %s: cannot convert pixel format %s to RGB", v->name,
+                         av_get_pix_fmt_name(f->format) ? av_get_pix_fmt_name(f->format) : "?");
+    /* the frame's colour space and range, as sws_scale_frame (PyAV) reads them */
+    int cs = SWS_CS_DEFAULT;
+    switch (f->colorspace) {
+    case AVCOL_SPC_BT709: cs = SWS_CS_ITU709; break;
+    case AVCOL_SPC_FCC: cs = SWS_CS_FCC; break;
+    case AVCOL_SPC_SMPTE240M: cs = SWS_CS_SMPTE240M; break;
+    case AVCOL_SPC_BT2020_NCL: case AVCOL_SPC_BT2020_CL: cs = SWS_CS_BT2020; break;
+    default: break;
+    }
+    int *inv, *tab, src_range, dst_range, bri, con, sat;
+    if (sws_getColorspaceDetails(v->sws, &inv, &src_range, &tab, &dst_range, &bri, &con, &sat) >= 0) {
+        int full = f->color_range == AVCOL_RANGE_JPEG ? 1 : src_range;
+        sws_setColorspaceDetails(v->sws, sws_getCoefficients(cs), full, tab, dst_range, bri, con, sat);
+    }
+    mmc_status st = mmc_image_alloc(img, f->height, f->width);
+    if (st) return st;
+    uint8_t *dst[4] = {img->data, NULL, NULL, NULL};
+    int stride[4] = {3 * f->width, 0, 0, 0};
+    int h = sws_scale(v->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, stride);
+    if (h != f->height) {
+        mmc_image_free(img);
+        return mmc_error(MMC_ERR_FORMAT, "video %s: colour conversion failed", v->name);
+    }
+    return MMC_OK;
+}
+
+static int64_t frame_ts(const AVFrame *f) { return f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp; }
+
+static mmc_status rewind_to(mmc_video *v, int64_t ts) {
+    int r = av_seek_frame(v->fmt, v->stream, ts, AVSEEK_FLAG_BACKWARD);
+    if (r < 0) return averr(MMC_ERR_IO, v, r, "seek failed", REENCODE);
+    avcodec_flush_buffers(v->dec);
+    v->eof = false;
+    v->cur_pts = INT64_MIN;
+    v->seq_index = 0;
+    return MMC_OK;
+}
+
+/* Sequential mode: decode from the start, counting frames, as PyAV's read_video_pyav. */
+static mmc_status read_sequential(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
+    mmc_status st = MMC_OK;
+    if (!v->at_start && (st = rewind_to(v, v->n_pts ? v->pts[0] : 0))) return st;
+    v->at_start = false;
+    v->seq_index = 0;
+    for (int k = 0; k < n; k++) {
+        for (;;) {
+            int r = next_frame(v, &st);
+            if (r < 0) return st;
+            if (r == 0)
+                return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld of %lld could not be decoded (the file is "
+                                 "truncated or damaged after frame %lld); %s", v->name, (long long)idx[k],
+                                 (long long)v->info.total_frames, (long long)v->seq_index, REENCODE);
+            int64_t i = v->seq_index++;
+            if (i == idx[k]) { st = to_rgb(v, &frames[k]); av_frame_unref(v->frame); break; }
+            av_frame_unref(v->frame);
+        }
+        if (st) return st;
+    }
+    return MMC_OK;
+}
+
+/* The last keyframe at or before ts (binary search); INT64_MIN if none. */
+static int64_t key_before(const mmc_video *v, int64_t ts) {
+    int64_t lo = 0, hi = v->n_key;   /* first key > ts */
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (v->key_pts[mid] <= ts) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo ? v->key_pts[lo - 1] : INT64_MIN;
+}
+
+static mmc_status read_seek(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
+    mmc_status st = MMC_OK;
+    int64_t *want = malloc(sizeof(int64_t) * (size_t)n);
+    if (!want) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+    for (int k = 0; k < n; k++) want[k] = v->pts[idx[k]];
+    v->want = want;   /* freed by mmc_video_read */
+    v->n_want = n;
+    for (int k = 0; k < n; k++) {
+        int64_t want = v->pts[idx[k]];
+        int64_t key = key_before(v, want);
+        if (key == INT64_MIN) key = v->pts[0];
+        /* decode forward when no keyframe lies between the last decoded frame and the target */
+        bool forward = v->cur_pts != INT64_MIN && v->cur_pts < want && key <= v->cur_pts;
+        if (!forward && !(v->at_start && key <= v->pts[0])) {
+            if ((st = rewind_to(v, key))) return st;
+        }
+        v->at_start = false;
+        for (;;) {
+            int r = next_frame(v, &st);
+            if (r < 0) return st;
+            if (r == 0)
+                return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld (timestamp %lld) could not be decoded (the "
+                                 "file is truncated or damaged); %s", v->name, (long long)idx[k], (long long)want,
+                                 REENCODE);
+            int64_t t = frame_ts(v->frame);
+            if (t != AV_NOPTS_VALUE) v->cur_pts = t;
+            if (t == want) { st = to_rgb(v, &frames[k]); av_frame_unref(v->frame); break; }
+            av_frame_unref(v->frame);
+            if (t != AV_NOPTS_VALUE && t > want)
+                return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld (timestamp %lld) is missing from the decoded "
+                                 "stream; %s", v->name, (long long)idx[k], (long long)want, REENCODE);
+        }
+        if (st) return st;
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
+    if (n <= 0) return mmc_error(MMC_ERR_INVALID, "video %s: no frames asked for", v->name);
+    for (int k = 0; k < n; k++) {
+        if (idx[k] < 0 || idx[k] >= v->info.total_frames || (k && idx[k] <= idx[k - 1]))
+            return mmc_error(MMC_ERR_INVALID, "video %s: frame index %lld is out of range or out of order "
+                             "(%lld frames)", v->name, (long long)idx[k], (long long)v->info.total_frames);
+        if (idx[k] >= v->n_pts)
+            return mmc_error(MMC_ERR_FORMAT, "video %s: the header counts %lld frames but the file holds %lld "
+                             "(truncated?); %s", v->name, (long long)v->info.total_frames, (long long)v->n_pts, REENCODE);
+    }
+    if ((double)n * v->info.width * v->info.height > (double)MMC_VIDEO_MAX_TOTAL_PIXELS)
+        return mmc_error(MMC_ERR_INVALID, "video %s: %d frames of %dx%d is beyond the decode bound of %lld pixels; "
+                         "sample fewer frames (--video-fps, --video-max-frames) or scale the video down",
+                         v->name, n, v->info.width, v->info.height, (long long)MMC_VIDEO_MAX_TOTAL_PIXELS);
+    memset(frames, 0, sizeof *frames * (size_t)n);
+    mmc_status st = v->info.seekable ? read_seek(v, idx, n, frames) : read_sequential(v, idx, n, frames);
+    free((void *)v->want);
+    v->want = NULL;
+    if (st) {
+        for (int k = 0; k < n; k++) mmc_image_free(&frames[k]);
+        v->cur_pts = INT64_MIN;
+    }
+    return st;
+}

@@ -1,0 +1,351 @@
+/* qwen2_vl_video.c — the Qwen2-VL video processor. Mirrors transformers'
+ * Qwen2VLVideoProcessor (video_processing_qwen2_vl.py, the torchvision backend): its own
+ * settings read with AutoVideoProcessor's precedence, sample_frames (fps / num_frames /
+ * min_frames / max_frames, counts rounded to temporal_patch_size, torch.arange indices),
+ * smart_resize (optionally capped by qwen-vl-utils' total pixel budget), torch's uint8
+ * antialiased resize (mmc_image_resize_torch_u8), the fused rescale+normalise of
+ * TorchvisionBackend.rescale_and_normalize, temporal padding and patchify. Decoding is
+ * src/io/video.c.
+ */
+#include "mmc_video.h"
+#include "mmc_io.h"
+#include "io/io_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void mmc_qwen2vl_video_proc_default(mmc_qwen2vl_video_proc *p) {
+    memset(p, 0, sizeof *p);
+    mmc_qwen2vl_proc_default(&p->proc);
+    p->proc.video_min_pixels = 128 * 28 * 28;
+    p->proc.video_max_pixels = 28 * 28 * 768;
+    p->proc.resize_mode = MMC_VLPROC_RESIZE_FLOAT;
+    p->min_frames = 4;
+    p->max_frames = 768;
+    p->max_video_tokens = 128000;
+}
+
+void mmc_qwen2vl_video_sampling_default(mmc_qwen2vl_video_proc *p) {
+    if (p->do_sample_frames && (p->fps > 0 || p->num_frames > 0)) return;
+    p->do_sample_frames = true;
+    if (p->num_frames <= 0) p->fps = 2;
+}
+
+/* A number, or absent / null (0). Anything else is an error naming the key. */
+static mmc_status num(const cJSON *o, const char *key, const char *path, double *v, int *found) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    *found = 0;
+    if (!x || cJSON_IsNull(x)) return MMC_OK;
+    if (!cJSON_IsNumber(x)) return mmc_error(MMC_ERR_FORMAT, "%s: \"%s\" must be a number", path, key);
+    *v = x->valuedouble;
+    *found = 1;
+    return MMC_OK;
+}
+
+static mmc_status boolean(const cJSON *o, const char *key, const char *path, bool *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!x || cJSON_IsNull(x)) return MMC_OK;
+    if (!cJSON_IsBool(x)) return mmc_error(MMC_ERR_FORMAT, "%s: \"%s\" must be true or false", path, key);
+    *v = cJSON_IsTrue(x);
+    return MMC_OK;
+}
+
+static mmc_status read_obj(const cJSON *o, const char *path, mmc_qwen2vl_video_proc *p) {
+    mmc_qwen2vl_proc *q = &p->proc;
+    double v;
+    int f;
+    mmc_status st;
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(o, "size");
+    if (size && !cJSON_IsNull(size)) {
+        if (!cJSON_IsObject(size)) return mmc_error(MMC_ERR_FORMAT, "%s: \"size\" must be an object", path);
+        if ((st = num(size, "shortest_edge", path, &v, &f))) return st;
+        if (!f && (st = num(size, "min_pixels", path, &v, &f))) return st;
+        if (f) q->video_min_pixels = (int64_t)v;
+        if ((st = num(size, "longest_edge", path, &v, &f))) return st;
+        if (!f && (st = num(size, "max_pixels", path, &v, &f))) return st;
+        if (f) q->video_max_pixels = (int64_t)v;
+    }
+    /* the constructor moves top-level min_pixels / max_pixels into size */
+    if ((st = num(o, "min_pixels", path, &v, &f))) return st;
+    if (f) q->video_min_pixels = (int64_t)v;
+    if ((st = num(o, "max_pixels", path, &v, &f))) return st;
+    if (f) q->video_max_pixels = (int64_t)v;
+    struct { const char *key; int *dst; } ints[] = {
+        {"patch_size", &q->patch_size}, {"merge_size", &q->merge_size},
+        {"temporal_patch_size", &q->temporal_patch_size}, {"min_frames", &p->min_frames},
+        {"max_frames", &p->max_frames}, {"num_frames", &p->num_frames}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if ((st = num(o, ints[i].key, path, &v, &f))) return st;
+        if (!f) continue;
+        if (v != floor(v) || v < 0 || v > 1e6)
+            return mmc_error(MMC_ERR_FORMAT, "%s: \"%s\" must be a non-negative integer, found %g", path, ints[i].key, v);
+        *ints[i].dst = (int)v;
+    }
+    if ((st = num(o, "fps", path, &v, &f))) return st;
+    if (f) {
+        if (!(v > 0) || v > 1e4) return mmc_error(MMC_ERR_FORMAT, "%s: \"fps\" must be a positive number, found %g", path, v);
+        p->fps = v;
+    }
+    if ((st = num(o, "max_video_tokens", path, &v, &f))) return st;
+    if (f) p->max_video_tokens = (int64_t)v;
+    if ((st = num(o, "rescale_factor", path, &v, &f))) return st;
+    if (f) q->rescale_factor = v;
+    if ((st = num(o, "resample", path, &v, &f))) return st;
+    if (f) {
+        if ((int)v == 3) q->resample = MMC_RESAMPLE_BICUBIC;
+        else if ((int)v == 2) q->resample = MMC_RESAMPLE_BILINEAR;
+        else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: resample=%d (only 2 bilinear, 3 bicubic)", path, (int)v);
+    }
+    if ((st = boolean(o, "do_resize", path, &q->do_resize)) || (st = boolean(o, "do_rescale", path, &q->do_rescale)) ||
+        (st = boolean(o, "do_normalize", path, &q->do_normalize)) ||
+        (st = boolean(o, "do_sample_frames", path, &p->do_sample_frames)) ||
+        (st = boolean(o, "cap_pixels_per_frame", path, &p->cap_pixels_per_frame)))
+        return st;
+    const char *arr[2] = {"image_mean", "image_std"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, arr[k]);
+        if (!a || cJSON_IsNull(a)) continue;
+        if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 3)
+            return mmc_error(MMC_ERR_FORMAT, "%s: \"%s\" must be a list of 3 numbers", path, arr[k]);
+        for (int c = 0; c < 3; c++) {
+            const cJSON *x = cJSON_GetArrayItem(a, c);
+            if (!cJSON_IsNumber(x)) return mmc_error(MMC_ERR_FORMAT, "%s: \"%s\"[%d] is not a number", path, arr[k], c);
+            (k ? q->image_std : q->image_mean)[c] = (float)x->valuedouble;
+        }
+    }
+    if (q->patch_size <= 0 || q->merge_size <= 0 || q->temporal_patch_size <= 0 || q->video_min_pixels <= 0 ||
+        q->video_max_pixels < q->video_min_pixels || p->max_frames <= 0 || p->min_frames > p->max_frames)
+        return mmc_error(MMC_ERR_INVALID, "%s: invalid video settings (patch %d merge %d temporal %d, pixels [%lld, %lld], "
+                         "frames [%d, %d])", path, q->patch_size, q->merge_size, q->temporal_patch_size,
+                         (long long)q->video_min_pixels, (long long)q->video_max_pixels, p->min_frames, p->max_frames);
+    return MMC_OK;
+}
+
+static mmc_status parse(const char *path, cJSON **root) {
+    char *text = NULL;
+    size_t len = 0;
+    mmc_status st = mmc_read_file(path, &text, &len);
+    if (st) return mmc_error_prefix(st, "video processor config %s", path);
+    *root = mmc_io_json_parse(text, len, path);
+    free(text);
+    if (!*root) return MMC_ERR_FORMAT;
+    if (!cJSON_IsObject(*root)) {
+        cJSON_Delete(*root);
+        *root = NULL;
+        return mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2vl_video_proc_load(const char *path, mmc_qwen2vl_video_proc *p) {
+    cJSON *root = NULL;
+    mmc_status st = parse(path, &root);
+    if (st) return st;
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "video_processor");
+    if (o && !cJSON_IsObject(o)) st = mmc_error(MMC_ERR_FORMAT, "%s: \"video_processor\" must be an object", path);
+    else st = read_obj(o ? o : root, path, p);
+    cJSON_Delete(root);
+    return st;
+}
+
+mmc_status mmc_qwen2vl_video_proc_load_dir(const char *dir, mmc_qwen2vl_video_proc *p) {
+    char path[4200];
+    /* 1. processor_config.json, if it nests "video_processor" (transformers >= 5 saves all there) */
+    snprintf(path, sizeof path, "%s/processor_config.json", dir);
+    if (access(path, R_OK) == 0) {
+        cJSON *root = NULL;
+        mmc_status st = parse(path, &root);
+        if (st) return st;
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "video_processor");
+        if (o) {
+            st = cJSON_IsObject(o) ? read_obj(o, path, p)
+                                   : mmc_error(MMC_ERR_FORMAT, "%s: \"video_processor\" must be an object", path);
+            cJSON_Delete(root);
+            return st;
+        }
+        cJSON_Delete(root);
+    }
+    /* 2. video_preprocessor_config.json, 3. the image processor's preprocessor_config.json */
+    const char *files[2] = {"video_preprocessor_config.json", "preprocessor_config.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (access(path, R_OK) == 0) return mmc_qwen2vl_video_proc_load(path, p);
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2vl_video_sample(const mmc_qwen2vl_video_proc *p, int64_t total, double video_fps, int64_t **idx,
+                                    int *n) {
+    *idx = NULL;
+    *n = 0;
+    if (total <= 0) return mmc_error(MMC_ERR_INVALID, "video has no frames");
+    int tp = p->proc.temporal_patch_size;
+    int64_t num = 0;
+    bool sample = p->do_sample_frames && (p->num_frames > 0 || p->fps > 0);
+    if (sample && p->num_frames > 0) {
+        num = (int64_t)nearbyint((double)p->num_frames / tp) * tp;   /* Python round: half to even */
+    } else if (sample) {
+        if (!(video_fps > 0))
+            return mmc_error(MMC_ERR_INVALID, "the video has no frame rate (0 fps), needed to sample %g frames per "
+                             "second; give a frame count instead (--video-frames N)", p->fps);
+        double maxf = floor((double)(p->max_frames < total ? p->max_frames : total) / tp) * tp;
+        double x = (double)total / video_fps * p->fps;
+        if (x < p->min_frames) x = p->min_frames;
+        if (x > maxf) x = maxf;
+        if (x > (double)total) x = (double)total;
+        num = (int64_t)(floor(x / tp) * tp);
+    } else {
+        num = total;
+    }
+    if (num > total)
+        return mmc_error(MMC_ERR_INVALID, "the video can't be sampled: num_frames=%lld exceeds its %lld frames; "
+                         "decrease num_frames or fps", (long long)num, (long long)total);
+    if (num <= 0)
+        return mmc_error(MMC_ERR_INVALID, "the video's %lld frame%s give no group of temporal_patch_size=%d frames "
+                         "to sample; give it as an image, or a longer clip", (long long)total, total == 1 ? "" : "s", tp);
+    if (num > INT32_MAX / 2) return mmc_error(MMC_ERR_INVALID, "video: %lld frames to sample is too many", (long long)num);
+    /* torch.arange(0, total, total / num).int(): float32 values, size ceil(total / step) */
+    double step = (double)total / (double)num;
+    int64_t cnt = (int64_t)ceil((double)total / step);
+    int64_t *out = malloc(sizeof(int64_t) * (size_t)(cnt > 0 ? cnt : 1));
+    if (!out) return mmc_error(MMC_ERR_OOM, "video sampling: out of memory");
+    for (int64_t i = 0; i < cnt; i++) out[i] = (int64_t)(float)((double)i * step);
+    *idx = out;
+    *n = (int)cnt;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const mmc_image *frames, int n,
+                                        mmc_vlproc_out *out) {
+    const mmc_qwen2vl_proc *p = &vp->proc;
+    memset(out, 0, sizeof *out);
+    if (n <= 0) return mmc_error(MMC_ERR_INVALID, "qwen2vl video: no frames");
+    int H = frames[0].height, W = frames[0].width;
+    for (int i = 0; i < n; i++)
+        if (!frames[i].data || frames[i].height != H || frames[i].width != W)
+            return mmc_error(MMC_ERR_SHAPE, "qwen2vl video: frame %d is %dx%d, frame 0 is %dx%d", i, frames[i].width,
+                             frames[i].height, W, H);
+    int P = p->patch_size, m = p->merge_size, tp = p->temporal_patch_size, factor = P * m;
+    int oh = H, ow = W;
+    mmc_status st;
+    if (p->do_resize) {
+        int64_t max_px = p->video_max_pixels;
+        if (vp->cap_pixels_per_frame) {   /* an even share of qwen-vl-utils' total budget */
+            int64_t total_px = (int64_t)((double)vp->max_video_tokens * factor * factor * 0.9);
+            int64_t share = total_px * tp / n, floor_px = (int64_t)((double)p->video_min_pixels * 1.05);
+            max_px = max_px < share ? max_px : share;
+            if (max_px < floor_px) max_px = floor_px;
+        }
+        if ((st = mmc_qwen2vl_smart_resize(H, W, factor, p->video_min_pixels, max_px, &oh, &ow))) return st;
+    } else if (H % factor || W % factor) {
+        return mmc_error(MMC_ERR_SHAPE, "qwen2vl video: do_resize=false but %dx%d is not a multiple of %d", W, H, factor);
+    }
+    int T = (n + tp - 1) / tp * tp;
+    int64_t gt = T / tp, gh = oh / P, gw = ow / P;
+    if ((double)3 * oh * ow * T * sizeof(float) > 16.0 * (1LL << 30))
+        return mmc_error(MMC_ERR_INVALID, "qwen2vl video: %d frames at %dx%d need more than 16 GiB; sample fewer frames "
+                         "(--video-fps, --video-max-frames) or lower max_pixels", n, ow, oh);
+    /* TorchvisionBackend.rescale_and_normalize: mean and std scaled by 1/rescale_factor in float32,
+     * then (x - mean') / std' in float32 on the uint8 values: one value per (channel, byte) */
+    float lut[3][256];
+    for (int c = 0; c < 3; c++) {
+        float inv = (float)(1.0 / p->rescale_factor);
+        float mean = p->image_mean[c] * inv, sd = p->image_std[c] * inv;
+        for (int u = 0; u < 256; u++) {
+            float x = (float)u;
+            if (p->do_normalize) x = p->do_rescale ? (x - mean) / sd : (x - p->image_mean[c]) / p->image_std[c];
+            else if (p->do_rescale) x = x * (float)p->rescale_factor;
+            lut[c][u] = x;
+        }
+    }
+    bool resize = oh != H || ow != W;
+    mmc_image *rs = resize ? calloc((size_t)n, sizeof *rs) : NULL;
+    const uint8_t **fp = malloc(sizeof *fp * (size_t)T);   /* [T] frames after resize; padding repeats the last */
+    out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P));
+    if ((resize && !rs) || !fp || !out->pixel_values) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
+    st = MMC_OK;
+    if (resize) {   /* torchvision resizes uint8 frames with torch's uint8 kernels; one frame per thread */
+        mmc_status fst = MMC_OK;
+#pragma omp parallel for schedule(dynamic) if (n > 1 && (int64_t)oh * ow > 16384)
+        for (int i = 0; i < n; i++) {
+            mmc_status e = mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &rs[i]);
+            if (e) {
+#pragma omp critical
+                fst = e;
+            }
+        }
+        if ((st = fst)) goto fail;
+    }
+    for (int i = 0; i < T; i++) fp[i] = resize ? rs[i < n ? i : n - 1].data : frames[i < n ? i : n - 1].data;
+    /* patchify straight from the uint8 frames: rows (t, h/(P*m), w/(P*m), m, m), columns (C, tp, P, P) */
+    const int64_t bh_n = gh / m, bw_n = gw / m, D = 3LL * tp * P * P;
+    float *dst = out->pixel_values->data;
+#pragma omp parallel for collapse(2) schedule(static) if (gt * gh * gw * D > (1 << 18))
+    for (int64_t t = 0; t < gt; t++)
+        for (int64_t bh = 0; bh < bh_n; bh++) {
+            int64_t row = (t * bh_n + bh) * bw_n * m * m;
+            for (int64_t bw = 0; bw < bw_n; bw++)
+                for (int mh = 0; mh < m; mh++)
+                    for (int mw = 0; mw < m; mw++, row++) {
+                        float *o = dst + row * D;
+                        int64_t y0 = (bh * m + mh) * P, x0 = (bw * m + mw) * P;
+                        for (int c = 0; c < 3; c++)
+                            for (int tt = 0; tt < tp; tt++) {
+                                const uint8_t *f = fp[t * tp + tt] + (y0 * ow + x0) * 3 + c;
+                                const float *l = lut[c];
+                                for (int py = 0; py < P; py++, o += P, f += (size_t)ow * 3)
+                                    for (int px = 0; px < P; px++) o[px] = l[f[3 * px]];
+                            }
+                    }
+        }
+    if (!(out->grid_thw = malloc(sizeof *out->grid_thw))) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
+    out->grid_thw[0][0] = gt;
+    out->grid_thw[0][1] = gh;
+    out->grid_thw[0][2] = gw;
+    out->n_grid = 1;
+    out->num_tokens = gt * gh * gw / ((int64_t)m * m);
+fail:
+    for (int i = 0; rs && i < n; i++) mmc_image_free(&rs[i]);
+    free(rs);
+    free(fp);
+    if (st) mmc_vlproc_out_free(out);
+    return st;
+}
+
+void mmc_video_clip_free(mmc_video_clip *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) mmc_image_free(&c->frames[i]);
+    free(c->frames);
+    free(c->indices);
+    memset(c, 0, sizeof *c);
+}
+
+mmc_status mmc_qwen2vl_video_load(const mmc_qwen2vl_video_proc *p, const char *path, mmc_video_clip *out) {
+    memset(out, 0, sizeof *out);
+    mmc_video *v = NULL;
+    mmc_status st = mmc_video_open(path, &v);
+    if (st) return st;
+    out->info = *mmc_video_get_info(v);
+    if ((st = mmc_qwen2vl_video_sample(p, out->info.total_frames, out->info.fps, &out->indices, &out->n))) {
+        mmc_error_prefix(st, "video %s", path);
+        goto fail;
+    }
+    if (!(out->frames = calloc((size_t)out->n, sizeof *out->frames))) { st = mmc_error(MMC_ERR_OOM, "video: out of memory"); goto fail; }
+    if ((st = mmc_video_read(v, out->indices, out->n, out->frames))) goto fail;
+    /* VideoMetadata.sampled_fps: len(indices) / total * fps (24 when the rate is unknown) */
+    double fps = out->info.fps > 0 ? (double)out->n / (double)out->info.total_frames * out->info.fps : 24.0;
+    out->second_per_grid_ts = p->proc.temporal_patch_size / fps;
+    mmc_video_close(v);
+    return MMC_OK;
+fail:
+    mmc_video_close(v);
+    free(out->frames);
+    out->frames = NULL;
+    out->n = 0;
+    mmc_video_clip_free(out);
+    return st;
+}

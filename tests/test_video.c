@@ -1,0 +1,384 @@
+/* test_video.c — video files against transformers (tools/ref/gen_video.py): the video
+ * processor's settings (processor_config.json's "video_processor" and the Hub's
+ * video_preprocessor_config.json), sample_frames' indices, decoded RGB24 frames (identical to
+ * PyAV for the lossless FFV1 file; H.264 within a small bound), pixel_values_videos (1e-5),
+ * second_per_grid_ts, input_ids of a chat prompt with the video, and Qwen2-VL / Qwen2.5-VL
+ * logits (1e-4). Then every container of the fixture set decodes, keyframe-seek reads equal
+ * sequential reads, damaged inputs fail with a message instead of crashing, and the fuzz
+ * target's past crash inputs run clean. */
+#include "mmc_data.h"
+#include "mmc_prompt.h"
+#include "mmc_tokenizer.h"
+#include "mmc_video.h"
+#include "mmc_vl.h"
+#include "test_util.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the fuzz target's body, to replay its crash inputs (tests/fixtures/video/regress/) */
+#define LLVMFuzzerTestOneInput fuzz_video_one
+#include "../fuzz/fuzz_video.c"
+#undef LLVMFuzzerTestOneInput
+
+#define DIR_ "tests/fixtures/video"
+static mmc_st *ref;
+
+static bool ok_(mmc_status st, const char *expr, int line) {
+    g_checks++;
+    if (st == MMC_OK) return true;
+    g_fail++;
+    fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, line, expr, mmc_last_error());
+    return false;
+}
+#define CHECK_OK_(e) ok_((e), #e, __LINE__)
+
+static int64_t *read_i64(const char *key, int *n) {
+    mmc_tensor *t = fixture_tensor(ref, key, MMC_I64);
+    *n = (int)mmc_numel(t);
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)*n);
+    memcpy(v, t->data, sizeof(int64_t) * (size_t)*n);
+    mmc_tensor_free(t);
+    return v;
+}
+
+static void test_settings(void) {
+    mmc_qwen2vl_video_proc a, b;
+    mmc_qwen2vl_video_proc_default(&a);
+    mmc_qwen2vl_video_proc_default(&b);
+    CHECK(a.proc.video_min_pixels == 128 * 28 * 28 && a.proc.video_max_pixels == 28 * 28 * 768 && !a.do_sample_frames);
+    CHECK_OK(mmc_qwen2vl_video_proc_load_dir(DIR_ "/proc", &a));   /* 5.x: nested in processor_config.json */
+    CHECK_OK(mmc_qwen2vl_video_proc_load_dir(DIR_ "/hub", &b));    /* 4.4x: video_preprocessor_config.json */
+    mmc_qwen2vl_video_proc *ps[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        const mmc_qwen2vl_video_proc *p = ps[i];
+        CHECK(p->do_sample_frames && p->fps == 2 && p->min_frames == 2 && p->max_frames == 64);
+        CHECK(p->proc.video_min_pixels == 28 * 28 * 4 && p->proc.video_max_pixels == 28 * 28 * 16);
+        CHECK(p->proc.patch_size == 14 && p->proc.merge_size == 2 && p->proc.temporal_patch_size == 2);
+    }
+    /* the image processor's file is not read when a video one exists: its bounds differ */
+    mmc_qwen2vl_video_proc c;
+    mmc_qwen2vl_video_proc_default(&c);
+    CHECK_OK(mmc_qwen2vl_video_proc_load(DIR_ "/hub/preprocessor_config.json", &c));
+    CHECK(c.proc.video_max_pixels == 28 * 28 * 64);
+    /* bad values name the file and key */
+    FILE *f = fopen("build/test_video_bad.json", "w");
+    if (f) {
+        fputs("{\"video_processor\": {\"fps\": \"two\"}}", f);
+        fclose(f);
+        CHECK_ERR(mmc_qwen2vl_video_proc_load("build/test_video_bad.json", &c), MMC_ERR_FORMAT);
+        CHECK(strstr(mmc_last_error(), "\"fps\"") != NULL);
+        remove("build/test_video_bad.json");
+    }
+}
+
+static void test_sampling(void) {
+    mmc_qwen2vl_video_proc p;
+    mmc_qwen2vl_video_proc_default(&p);
+    int64_t *idx = NULL;
+    int n = 0;
+    CHECK_OK(mmc_qwen2vl_video_sample(&p, 5, 8, &idx, &n));   /* no sampling: every frame */
+    CHECK(n == 5 && idx[4] == 4);
+    free(idx);
+    p.do_sample_frames = true;
+    p.fps = 2;   /* 900 frames at 30 fps, 2 fps -> 60 frames, every 15th */
+    CHECK_OK(mmc_qwen2vl_video_sample(&p, 900, 30, &idx, &n));
+    CHECK(n == 60 && idx[1] == 15 && idx[59] == 885);
+    free(idx);
+    CHECK_OK(mmc_qwen2vl_video_sample(&p, 10, 30, &idx, &n));  /* min_frames 4 */
+    CHECK(n == 4 && idx[1] == 2 && idx[3] == 7);                 /* arange(0, 10, 2.5) */
+    free(idx);
+    CHECK_ERR(mmc_qwen2vl_video_sample(&p, 30, 0, &idx, &n), MMC_ERR_INVALID);   /* 0 fps */
+    CHECK(strstr(mmc_last_error(), "0 fps") != NULL);
+    CHECK_ERR(mmc_qwen2vl_video_sample(&p, 1, 30, &idx, &n), MMC_ERR_INVALID);   /* 1 frame, tp 2 */
+    p.fps = 0;
+    p.num_frames = 7;   /* rounded to 8 (half to even of 3.5 -> 4 groups) */
+    CHECK_OK(mmc_qwen2vl_video_sample(&p, 100, 30, &idx, &n));
+    CHECK(n == 8 && idx[1] == 12 && idx[7] == 87);
+    free(idx);
+    CHECK_ERR(mmc_qwen2vl_video_sample(&p, 5, 30, &idx, &n), MMC_ERR_INVALID);   /* 8 > 5 frames */
+}
+
+static double max_u8_diff(const mmc_image *a, const uint8_t *b) {
+    double m = 0;
+    for (size_t i = 0; i < (size_t)a->height * a->width * 3; i++) {
+        double d = fabs((double)a->data[i] - b[i]);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+static void test_parity(const char *name, double frame_tol, mmc_tokenizer *tok, mmc_qwen2_vl *q2, mmc_qwen2_vl *q25) {
+    char key[128], path[256], what[256];
+    mmc_qwen2vl_video_proc p;
+    mmc_qwen2vl_video_proc_default(&p);
+    CHECK_OK(mmc_qwen2vl_video_proc_load_dir(DIR_ "/proc", &p));
+    snprintf(path, sizeof path, DIR_ "/moving.%s", name);
+    mmc_video_clip clip;
+    mmc_status st = mmc_qwen2vl_video_load(&p, path, &clip);
+    CHECKF(st == MMC_OK, "%s: %s", path, mmc_last_error());
+    if (st) return;
+    int nw;
+    snprintf(key, sizeof key, "%s.indices", name);
+    int64_t *want_idx = read_i64(key, &nw);
+    snprintf(key, sizeof key, "%s.total_frames", name);
+    int one;
+    int64_t *total = read_i64(key, &one);
+    CHECKF(clip.info.total_frames == total[0], "%s: %lld frames, transformers %lld", name,
+           (long long)clip.info.total_frames, (long long)total[0]);
+    CHECKF(clip.n == nw && !memcmp(clip.indices, want_idx, sizeof(int64_t) * (size_t)nw), "%s: frame indices differ", name);
+    /* decoded frames against PyAV's RGB24 */
+    snprintf(key, sizeof key, "%s.frames", name);
+    mmc_tensor *fr = fixture_tensor(ref, key, MMC_U8);
+    size_t fsz = (size_t)clip.info.height * clip.info.width * 3;
+    double dmax = 0;
+    for (int i = 0; i < clip.n && i < nw; i++) dmax = fmax(dmax, max_u8_diff(&clip.frames[i], (uint8_t *)fr->data + fsz * i));
+    printf("%s (%s, %s): %d of %lld frames, max |RGB - PyAV| = %g\n", name, clip.info.container, clip.info.codec, clip.n,
+           (long long)clip.info.total_frames, dmax);
+    CHECKF(dmax <= frame_tol, "%s: decoded frames differ from PyAV by %g (> %g)", name, dmax, frame_tol);
+    frame_tol = dmax;   /* identical frames (this machine's FFmpeg 5.1 vs PyAV's 8.x, H.264 included): exact bounds */
+    /* preprocessing: on PyAV's frames (exact path) and on ours */
+    mmc_image *pf = calloc((size_t)nw, sizeof *pf);
+    for (int i = 0; i < nw; i++) pf[i] = (mmc_image){(uint8_t *)fr->data + fsz * i, clip.info.height, clip.info.width};
+    mmc_vlproc_out o_ref = {0}, o = {0};
+    CHECK_OK(mmc_qwen2vl_video_preprocess(&p, pf, nw, &o_ref));
+    CHECK_OK(mmc_qwen2vl_video_preprocess(&p, clip.frames, clip.n, &o));
+    snprintf(key, sizeof key, "%s.pixel_values_videos", name);
+    mmc_tensor *pv = fixture_tensor(ref, key, MMC_F32);
+    snprintf(what, sizeof what, "%s pixel_values_videos from PyAV's frames (1e-5)", name);
+    if (o_ref.pixel_values) CHECK_CLOSE(o_ref.pixel_values, pv, 1e-5, 0, what);
+    snprintf(what, sizeof what, "%s pixel_values_videos from mmc's frames", name);
+    if (o.pixel_values) CHECK_CLOSE(o.pixel_values, pv, frame_tol == 0 ? 1e-5 : frame_tol / 255 / 0.26 + 1e-5, 0, what);
+    snprintf(key, sizeof key, "%s.video_grid_thw", name);
+    int64_t *g = read_i64(key, &one);
+    CHECK(o.grid_thw && !memcmp(o.grid_thw[0], g, sizeof(int64_t) * 3));
+    snprintf(key, sizeof key, "%s.second_per_grid_ts", name);
+    mmc_tensor *spg = fixture_tensor(ref, key, MMC_F64);
+    CHECK_NEAR(clip.second_per_grid_ts, ((double *)spg->data)[0], 1e-12);
+    /* input_ids: the processor's chat prompt, placeholders expanded by the grid */
+    const char *text = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+                       "<|vision_start|><|video_pad|><|vision_end|>What moves?<|im_end|>\n<|im_start|>assistant\n";
+    int32_t *ids = NULL, *full = NULL;
+    int64_t n = 0, nf = 0, vt = g[0] * g[1] * g[2] / 4;
+    CHECK_OK(mmc_tokenizer_encode(tok, text, -1, false, &ids, &n));
+    CHECK_OK(mmc_vl_expand_pads(ids, NULL, n, mmc_tokenizer_token_to_id(tok, "<|image_pad|>"), NULL, 0,
+                                mmc_tokenizer_token_to_id(tok, "<|video_pad|>"), &vt, 1, &full, NULL, &nf));
+    snprintf(key, sizeof key, "%s.input_ids", name);
+    int nwi;
+    int64_t *wid = read_i64(key, &nwi);
+    bool same = nf == nwi;
+    for (int64_t i = 0; same && i < nf; i++) same = full[i] == wid[i];
+    CHECKF(same, "%s: input_ids differ (%lld tokens, transformers %d)", name, (long long)nf, nwi);
+    /* logits of the tiny checkpoints on ids built around the grid */
+    snprintf(key, sizeof key, "%s.logit_ids", name);
+    mmc_tensor *lid = fixture_tensor(ref, key, MMC_I64);
+    mmc_qwen2_vl *ms[2] = {q2, q25};
+    const char *arch[2] = {"q2", "q25"};
+    for (int a = 0; a < 2; a++) {
+        if (!ms[a]) continue;
+        mmc_ctx *ctx = mmc_ctx_new();
+        mmc_set_grad_enabled(ctx, false);
+        mmc_tensor *ids2 = mmc_reshape(ctx, lid, 2, MMC_SHAPE(1, mmc_numel(lid)));
+        mmc_vl_media media = {.pixel_values_videos = o.pixel_values, .video_grid_thw = &o.grid_thw[0][0], .n_videos = 1,
+                              .second_per_grid_ts = &clip.second_per_grid_ts};
+        mmc_tensor *h = NULL;
+        int64_t delta = 0;
+        CHECK_OK(mmc_qwen2_vl_forward(ctx, ms[a], ids2, &media, NULL, &delta, &h));
+        snprintf(key, sizeof key, "%s.%s.logits", name, arch[a]);
+        mmc_tensor *want = fixture_tensor(ref, key, MMC_F32);
+        snprintf(what, sizeof what, "%s logits (1e-4)", key);
+        if (h) CHECK_CLOSE(mmc_qwen2_vl_logits(ctx, ms[a], h), want, frame_tol == 0 ? 1e-4 : 1e-2, 0, what);
+        mmc_tensor_free(want);
+        mmc_ctx_free(ctx);
+    }
+    mmc_tensor_free(lid);
+    free(ids);
+    free(full);
+    free(wid);
+    mmc_tensor_free(spg);
+    free(g);
+    mmc_tensor_free(pv);
+    mmc_vlproc_out_free(&o);
+    mmc_vlproc_out_free(&o_ref);
+    free(pf);
+    mmc_tensor_free(fr);
+    free(want_idx);
+    free(total);
+    mmc_video_clip_free(&clip);
+}
+
+/* Every container decodes; frames fetched by seeking equal those decoded in sequence. */
+static void test_containers(void) {
+    const char *names[] = {"mkv", "mp4", "webm", "avi", "gif", "mov"};
+    for (int k = 0; k < 6; k++) {
+        char path[256];
+        snprintf(path, sizeof path, DIR_ "/moving.%s", names[k]);
+        mmc_video *v = NULL;
+        mmc_status st = mmc_video_open(path, &v);
+        CHECKF(st == MMC_OK, "%s: %s", path, mmc_last_error());
+        if (st) continue;
+        const mmc_video_info *in = mmc_video_get_info(v);
+        int64_t want = k == 0 ? 24 : 30;
+        CHECKF(in->total_frames == want && in->width == 64 && in->height == 48 && in->fps > 0,
+               "%s: %lld frames %dx%d %g fps", path, (long long)in->total_frames, in->width, in->height, in->fps);
+        int n = (int)in->total_frames;
+        int64_t all[64], some[4] = {1, n / 2, n / 2 + 1, n - 1};
+        for (int i = 0; i < n; i++) all[i] = i;
+        mmc_image fa[64], fs[4];
+        if (!CHECK_OK_(mmc_video_read(v, all, n, fa))) { mmc_video_close(v); continue; }
+        /* reopen: a fresh handle reads the subset by seeking */
+        mmc_video *v2 = NULL;
+        CHECK_OK(mmc_video_open(path, &v2));
+        if (v2 && CHECK_OK_(mmc_video_read(v2, some, 4, fs))) {
+            for (int i = 0; i < 4; i++) {
+                CHECKF(!memcmp(fs[i].data, fa[some[i]].data, (size_t)64 * 48 * 3), "%s: frame %lld by seek differs",
+                       path, (long long)some[i]);
+                mmc_image_free(&fs[i]);
+            }
+            /* again, backwards in the file: a new seek */
+            int64_t back[1] = {2};
+            if (CHECK_OK_(mmc_video_read(v2, back, 1, fs))) {
+                CHECK(!memcmp(fs[0].data, fa[2].data, (size_t)64 * 48 * 3));
+                mmc_image_free(&fs[0]);
+            }
+        }
+        printf("%s: %s/%s %lld frames %.3g fps, %s\n", path, in->container, in->codec, (long long)in->total_frames,
+               in->fps, in->seekable ? "keyframe seek" : "sequential");
+        for (int i = 0; i < n; i++) mmc_image_free(&fa[i]);
+        mmc_video_close(v2);
+        mmc_video_close(v);
+    }
+}
+
+/* Damaged inputs: an error naming the file, never a crash. */
+static void test_errors(void) {
+    mmc_video *v = NULL;
+    CHECK_ERR(mmc_video_open(DIR_ "/missing.mp4", &v), MMC_ERR_NOT_FOUND);
+    CHECK(strstr(mmc_last_error(), "missing.mp4") != NULL);
+    const char junk[] = "this is not a video file at all, just some text that goes on for a while.";
+    CHECK(mmc_video_open_mem(junk, sizeof junk, "junk.mp4", &v) != MMC_OK && !v);
+    CHECK(strstr(mmc_last_error(), "junk.mp4") != NULL);
+    CHECK(mmc_video_open_mem(junk, 0, "empty.mp4", &v) != MMC_OK && !v);
+    /* truncated files: open may succeed on what is left; reading the lost frames must fail */
+    const char *names[] = {"mp4", "mkv", "webm", "gif"};
+    for (int k = 0; k < 4; k++) {
+        char path[256], *data = NULL;
+        size_t len = 0;
+        snprintf(path, sizeof path, DIR_ "/moving.%s", names[k]);
+        CHECK_OK(mmc_read_file(path, &data, &len));
+        if (!data) continue;
+        size_t cuts[3] = {len / 2, len / 8, len - 100};
+        for (int c = 0; c < 3; c++) {
+            mmc_status st = mmc_video_open_mem(data, cuts[c], "cut", &v);
+            if (st) { CHECK(v == NULL && strstr(mmc_last_error(), "cut") != NULL); continue; }
+            const mmc_video_info *in = mmc_video_get_info(v);
+            int64_t idx[2] = {0, in->total_frames - 1};
+            mmc_image f[2];
+            st = mmc_video_read(v, idx, in->total_frames > 1 ? 2 : 1, f);
+            if (st == MMC_OK) {
+                for (int i = 0; i < (in->total_frames > 1 ? 2 : 1); i++) mmc_image_free(&f[i]);
+            } else {
+                CHECK(strstr(mmc_last_error(), "cut") != NULL);
+            }
+            mmc_video_close(v);
+        }
+        /* flip bytes in the middle: decoding goes on or fails, never crashes */
+        for (size_t i = len / 3; i < len / 3 + 64 && i < len; i++) data[i] ^= 0x5a;
+        if (mmc_video_open_mem(data, len, "flipped", &v) == MMC_OK) {
+            const mmc_video_info *in = mmc_video_get_info(v);
+            int64_t idx[3] = {0, in->total_frames / 2, in->total_frames - 1};
+            mmc_image f[3];
+            if (in->total_frames >= 3 && mmc_video_read(v, idx, 3, f) == MMC_OK)
+                for (int i = 0; i < 3; i++) mmc_image_free(&f[i]);
+            mmc_video_close(v);
+        }
+        free(data);
+    }
+    /* enormous: too many frames for the decode bound */
+    CHECK_OK(mmc_video_open(DIR_ "/moving.mp4", &v));
+    if (v) {
+        CHECK_ERR(mmc_video_read(v, (int64_t[]){31}, 1, NULL), MMC_ERR_INVALID);   /* out of range */
+        mmc_video_close(v);
+    }
+}
+
+/* A LLaMA-Factory record with "videos": the data pipeline decodes the file through the same
+ * path (same indices, same pixel values as transformers). */
+static void test_dataset(mmc_tokenizer *tok) {
+    FILE *f = fopen("build/test_video_data.jsonl", "w");
+    if (!f) { fprintf(stderr, "cannot write build/test_video_data.jsonl (skipped)\n"); return; }
+    fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"<video>What moves?\"}, {\"role\": \"assistant\", "
+          "\"content\": \"A square.\"}], \"videos\": [\"../tests/fixtures/video/moving.mp4\"]}\n", f);
+    fclose(f);
+    mmc_data_opts o;
+    mmc_data_opts_default(&o);
+    CHECK(o.vproc.do_sample_frames && o.vproc.fps == 2);
+    CHECK_OK(mmc_qwen2vl_video_proc_load_dir(DIR_ "/proc", &o.vproc));
+    mmc_dataset *ds = NULL;
+    CHECK_OK(mmc_dataset_load("build/test_video_data.jsonl", NULL, &ds));
+    if (ds) {
+        mmc_batch b;
+        CHECK_OK(mmc_data_prepare(&o, tok, ds, 0, false, &b));
+        CHECK(b.n_videos == 1);
+        if (b.n_videos == 1) {
+            mmc_tensor *pv = fixture_tensor(ref, "mp4.pixel_values_videos", MMC_F32);
+            CHECK(b.video_grid_thw[0] == 2 && b.video_grid_thw[1] == 4 && b.video_grid_thw[2] == 4);
+            CHECK(b.video_second_per_grid_ts && b.video_second_per_grid_ts[0] == 1.25);   /* 2 / (4 of 30 at 12 fps) */
+            double m = b.n_video_patches * b.patch_dim == mmc_numel(pv) ? 0 : INFINITY;
+            for (int64_t i = 0; m == 0 && i < mmc_numel(pv); i++) m = fmax(m, fabs(b.video_values[i] - ((float *)pv->data)[i]));
+            CHECKF(m <= 1e-5, "dataset video values max|diff| %g", m);
+            mmc_tensor_free(pv);
+        }
+        mmc_batch_free(&b);
+        mmc_dataset_free(ds);
+    }
+    mmc_data_opts_free(&o);
+    remove("build/test_video_data.jsonl");
+}
+
+/* Inputs that once crashed fuzz_video: each must now run through without a sanitizer report. */
+static void test_regressions(void) {
+    DIR *d = opendir(DIR_ "/regress");
+    if (!d) { CHECK(0); return; }
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[512], *data = NULL;
+        size_t len = 0;
+        snprintf(path, sizeof path, DIR_ "/regress/%s", e->d_name);
+        CHECK_OK(mmc_read_file(path, &data, &len));
+        if (data) fuzz_video_one((const uint8_t *)data, len);
+        free(data);
+        n++;
+    }
+    closedir(d);
+    CHECK(n > 0);
+}
+
+int main(void) {
+    ref = fixture_open("video/ref.safetensors");
+    if (!ref) return test_done("test_video");
+    test_settings();
+    test_sampling();
+    mmc_tokenizer *tok = NULL;
+    CHECK_OK(mmc_tokenizer_load("tests/fixtures/tokenizer", &tok));
+    mmc_qwen2_vl *q2 = NULL, *q25 = NULL;
+    CHECK_OK(mmc_qwen2_vl_load("tests/fixtures/qwen2_vl/q2_v5", false, &q2));
+    CHECK_OK(mmc_qwen2_vl_load("tests/fixtures/qwen2_vl/q25_v5", false, &q25));
+    if (tok) {
+        test_parity("mkv", 0, tok, q2, q25);     /* lossless: identical frames */
+        test_parity("mp4", 8, tok, q2, q25);     /* H.264: FFmpeg 5.1 here vs PyAV's bundled FFmpeg */
+    }
+    if (tok) test_dataset(tok);
+    test_containers();
+    test_errors();
+    test_regressions();
+    mmc_qwen2_vl_free(q2);
+    mmc_qwen2_vl_free(q25);
+    mmc_tokenizer_free(tok);
+    mmc_st_close(ref);
+    return test_done("test_video");
+}
