@@ -439,17 +439,7 @@ static val split(tpl_ctx *c, tstr *s, val sepv, int64_t maxsplit) {
         for (;;) {
             while (i < s->n && py_space(tpl_u8dec(s->p, s->n, i))) i = tpl_u8next(s->p, s->n, i);
             if (i >= s->n) break;
-            if (maxsplit >= 0 && l->n == maxsplit) {
-                size_t e = s->n;
-                while (e > i) {
-                    size_t p = e - 1;
-                    while (p > i && ((unsigned char)s->p[p] & 0xC0) == 0x80) p--;
-                    if (!py_space(tpl_u8dec(s->p, s->n, p))) break;
-                    e = p;
-                }
-                tpl_list_push(c, l, mkstr(c, s->p + i, e - i));
-                break;
-            }
+            if (maxsplit >= 0 && l->n == maxsplit) { tpl_list_push(c, l, mkstr(c, s->p + i, s->n - i)); break; }
             size_t st = i;
             while (i < s->n && !py_space(tpl_u8dec(s->p, s->n, i))) i = tpl_u8next(s->p, s->n, i);
             tpl_list_push(c, l, mkstr(c, s->p + st, i - st));
@@ -697,7 +687,7 @@ static bool run_test(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) {
     if (T("string")) return v.t == V_STR;
     if (T("mapping")) return v.t == V_DICT;
     if (T("iterable")) return v.t == V_STR || v.t == V_LIST || v.t == V_TUPLE || v.t == V_DICT || v.t == V_UNDEF;
-    if (T("sequence")) return v.t == V_STR || v.t == V_LIST || v.t == V_TUPLE || v.t == V_DICT;
+    if (T("sequence")) return v.t == V_STR || v.t == V_LIST || v.t == V_TUPLE || v.t == V_DICT || v.t == V_UNDEF;
     if (T("callable")) return v.t == V_MACRO || v.t == V_FUNC || (v.t == V_LOOP && v.lp->fornode->flag);
     if (T("escaped")) return false;
     if (T("odd") || T("even")) {
@@ -797,7 +787,8 @@ static tlist *sorted(tpl_ctx *c, tlist *items, val *keys, bool rev) {
 }
 
 static val select_like(tpl_ctx *c, frame *f, val v, args_t *a, bool attr, bool keep) {
-    tlist *in = iter_list(c, v), *out = tpl_list_new(c, 0);
+    /* jinja2's select_or_reject starts with `if value:` — a falsy input gives nothing */
+    tlist *in = tpl_truthy(v) ? iter_list(c, v) : tpl_list_new(c, 0), *out = tpl_list_new(c, 0);
     int off = attr ? 1 : 0;
     tstr *path = attr ? want_str(c, arg(a, 0, "attribute", v_undef(NULL)), "the attribute name") : NULL;
     val tn = a->npos > off ? a->pos[off] : v_undef(NULL);
@@ -962,7 +953,7 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
         return v_str(sb_take(&b));
     }
     if (F("map")) {
-        tlist *l = iter_list(c, v), *o = tpl_list_new(c, l->n);
+        tlist *l = tpl_truthy(v) ? iter_list(c, v) : tpl_list_new(c, 0), *o = tpl_list_new(c, l->n);
         val at = arg(a, -1, "attribute", v_undef(NULL));
         if (at.t != V_UNDEF) {
             val dflt = arg(a, -1, "default", v_undef(NULL));
@@ -1059,6 +1050,7 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
     }
     if (F("round")) {
         if (!is_num(v)) tpl_fail(c, "type %s doesn't define __round__ method", tpl_type_name(v));
+        if (is_intish(v)) return v_int(as_i(v));   /* round(int, n) stays an int */
         return do_round(c, v, want_int(c, arg(a, 0, "precision", v_int(0)), "round's precision"),
                         want_str(c, arg(a, 1, "method", cstr(c, "common")), "round's method")->p);
     }
@@ -1085,7 +1077,12 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
         }
         return v_int(n);
     }
-    if (F("attr")) return getattr_(c, v, want_str(c, arg(a, 0, "name", v_undef(NULL)), "attr's name")->p);
+    if (F("attr")) {   /* Python getattr only: a dict's keys are not attributes */
+        const char *nm2 = want_str(c, arg(a, 0, "name", v_undef(NULL)), "attr's name")->p;
+        if (v.t == V_DICT || v.t == V_LIST || v.t == V_STR || v.t == V_TUPLE)
+            return tpl_undef_msg(c, "'%s' has no attribute '%s'", type_obj(v), nm2);
+        return getattr_(c, v, nm2);
+    }
     if (F("format")) {
         if (a->nkw && a->npos) tpl_fail(c, "can't handle positional and keyword arguments at the same time");
         tlist *t = tpl_list_new(c, a->npos);
@@ -1405,6 +1402,7 @@ static int exec_for(tpl_ctx *c, frame *f, node *n, val iterable, int depth, sbuf
     if (n->c) {   /* `for x in xs if cond`: filtered before loop.* is computed, as jinja2 does */
         items = tpl_list_new(c, 0);
         for (int64_t i = 0; i < all->n; i++) {
+            step(c, n);
             frame *tf = new_frame(c, f);
             bind_target(c, tf, n->a, all->v[i]);
             if (tpl_truthy(eval(c, tf, n->c))) tpl_list_push(c, items, all->v[i]);
@@ -1418,6 +1416,7 @@ static int exec_for(tpl_ctx *c, frame *f, node *n, val iterable, int depth, sbuf
     val lv = {.t = V_LOOP};
     lv.lp = lp;
     for (int64_t i = 0; i < items->n; i++) {
+        step(c, n);   /* an empty body still counts: loops are bounded by max_steps */
         lp->i = i;
         frame *itf = new_frame(c, f);
         bind_target(c, itf, n->a, items->v[i]);

@@ -418,6 +418,7 @@ static node *p_tuple(parser *P, bool simplified, bool with_cond, bool explicit_p
     for (;;) {
         if (tup->args.n) expect_op(P, ",");
         token *t = cur(P);
+        if (!tup->args.n && explicit_paren && is_op(t, ")")) break;
         if (tup->args.n && (t->k == K_VEND || t->k == K_BEND || is_op(t, ")") || is_name(t, "in") || is_op(t, "=") ||
                             is_name(t, "if") || is_op(t, "|")))
             break;
