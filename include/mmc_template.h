@@ -56,11 +56,12 @@ mmc_status mmc_template_render_chat(const mmc_template *t, const struct cJSON *m
                                     bool add_generation_prompt, const struct cJSON *extra,
                                     const mmc_template_limits *lim, char **out, size_t *len);
 
-/* The chat template of a model directory, in transformers 5's precedence:
- * chat_template.jinja, chat_template.json ("chat_template"), processor_config.json's and
- * then tokenizer_config.json's "chat_template" (a string, or a list of {name, template}:
- * `name` picks one, NULL picks "default"). *src is malloc'd; *origin (optional, malloc'd)
- * says which file it came from. MMC_ERR_NOT_FOUND when the directory has none. */
+/* The chat template of a model directory, as transformers 5 loads it: for a processor
+ * directory, processor_config.json's "chat_template", else chat_template.json, else
+ * chat_template.jinja (+ additional_chat_templates/NAME.jinja); for a tokenizer, the .jinja
+ * files, else tokenizer_config.json's "chat_template" (a string, or a list of {name,
+ * template}). `name` picks one of several (NULL: "default", or the only one). *src is
+ * malloc'd; *origin (optional, malloc'd) names the file. MMC_ERR_NOT_FOUND when there is none. */
 mmc_status mmc_template_find(const char *model_dir, const char *name, char **src, char **origin);
 
 /* bos_token / eos_token of tokenizer_config.json (a string or an AddedToken dict), malloc'd,

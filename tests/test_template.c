@@ -175,23 +175,32 @@ static void test_sources(void) {
     CHECK_OK(mmc_template_special_tokens(dir, &bos, &eos));
     CHECK(bos && eos && !strcmp(bos, "<s>") && !strcmp(eos, "</s>"));
     free(bos); free(eos);
-    snprintf(p, sizeof p, "%s/processor_config.json", dir);
-    write_file(p, "{\"chat_template\": \"PROC\"}");
+    /* a tokenizer: chat_template.jinja over tokenizer_config.json */
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    write_file(p, "JINJA");
     CHECK_OK(mmc_template_find(dir, NULL, &src, NULL));
-    CHECK(src && !strcmp(src, "PROC"));
+    CHECK(src && !strcmp(src, "JINJA"));
+    free(src);
+    /* a processor: the legacy chat_template.json over the .jinja (ProcessorMixin) ... */
+    snprintf(p, sizeof p, "%s/preprocessor_config.json", dir);
+    write_file(p, "{}");
+    CHECK_OK(mmc_template_find(dir, NULL, &src, NULL));
+    CHECK(src && !strcmp(src, "JINJA"));
     free(src);
     snprintf(p, sizeof p, "%s/chat_template.json", dir);
     write_file(p, "{\"chat_template\": \"JSON\"}");
     CHECK_OK(mmc_template_find(dir, NULL, &src, NULL));
     CHECK(src && !strcmp(src, "JSON"));
     free(src);
-    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
-    write_file(p, "JINJA");
-    CHECK_OK(mmc_template_find(dir, NULL, &src, NULL));
-    CHECK(src && !strcmp(src, "JINJA"));
-    free(src);
-    static const char *const files[] = {"chat_template.jinja", "chat_template.json", "processor_config.json", "tokenizer_config.json"};
-    for (int i = 0; i < 4; i++) { snprintf(p, sizeof p, "%s/%s", dir, files[i]); remove(p); }
+    /* ... and processor_config.json's own chat_template over both */
+    snprintf(p, sizeof p, "%s/processor_config.json", dir);
+    write_file(p, "{\"chat_template\": \"PROC\"}");
+    CHECK_OK(mmc_template_find(dir, NULL, &src, &origin));
+    CHECK(src && !strcmp(src, "PROC") && strstr(origin, "processor_config.json"));
+    free(src); free(origin);
+    static const char *const files[] = {"chat_template.jinja", "chat_template.json", "processor_config.json",
+                                        "tokenizer_config.json", "preprocessor_config.json"};
+    for (int i = 0; i < 5; i++) { snprintf(p, sizeof p, "%s/%s", dir, files[i]); remove(p); }
     rmdir(dir);
 }
 

@@ -118,7 +118,9 @@ int cmd_template(int argc, char **argv) {
     if (srcpath) {
         if (!(src = read_text(srcpath))) { cli_fail(MMC_OK, "template: cannot read template file '%s'", srcpath); goto done; }
     } else {
-        mmc_status st = mmc_template_find(model, ctname, &src, NULL);
+        /* as tokenizer.get_chat_template: with tools and no name, a "tool_use" template wins */
+        mmc_status st = !ctname && toolsf ? mmc_template_find(model, "tool_use", &src, NULL) : MMC_ERR_NOT_FOUND;
+        if (st) st = mmc_template_find(model, ctname, &src, NULL);
         if (st) { cli_fail(st, "template"); goto done; }
     }
     if (model) {

@@ -712,6 +712,8 @@ u("{{ d | attr('a') }} {{ [1, 2] | map('abs') | list }} {{ 'x' | tojson }} {{ no
 u("{{ u | tojson }}")
 u("{{ x | nosuchfilter }}", x=1)
 u("{{ x is nosuchtest }}", x=1)
+u("{% if false %}{{ x | nosuchfilter }}{% endif %}ok")
+u("{% if false %}{{ x | groupby('a') }}{% endif %}ok")
 # tojson exactness
 u("{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ d | tojson(separators=(',', ':')) }}|{{ d | tojson(sort_keys=true) }}|{{ d | tojson(ensure_ascii=true) }}|{{ d | tojson(indent=0) }}",
   d={"z": [1, 2.5, "é\"\\\n\t\u0001", None, True], "a": {}, "m": [], "n": {"k": [{"x": 1}]}, "emoji": "😀", "big": 12345678901234, "neg": -0.5})
