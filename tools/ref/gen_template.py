@@ -756,6 +756,39 @@ def render_unit(tpl, vars):
         return {"error": f"{type(e).__name__}: {e}", "raised": False}
 
 
+def write_cli_fixture():
+    """tests/fixtures/template/cli: a model directory as transformers 5 saves it (chat_template.jinja,
+    tokenizer_config.json with AddedToken-dict bos and a string eos), inputs, and what
+    apply_chat_template gives, for tests/test_template_cli.sh."""
+    d = os.path.join(OUT, "cli")
+    os.makedirs(os.path.join(d, "model"), exist_ok=True)
+    with open(os.path.join(d, "model", "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write(T["qwen3"])
+    with open(os.path.join(d, "model", "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"bos_token": {"content": "<|bos|>", "lstrip": False, "normalized": False, "rstrip": False,
+                                 "single_word": False, "special": True}, "eos_token": "<|im_end|>"}, f, indent=1)
+    with open(os.path.join(d, "mistral.jinja"), "w", encoding="utf-8") as f:
+        f.write(T["mistral"])
+    sets = {"tools": SETS["tools"], "reasoning": SETS["reasoning"], "bad": SETS["bad_alternation"], "vision": SETS["vision_ids"]}
+    for k, v in sets.items():
+        with open(os.path.join(d, f"{k}_messages.json"), "w", encoding="utf-8") as f:
+            json.dump(v["messages"], f, ensure_ascii=False, indent=1)
+    with open(os.path.join(d, "tools.json"), "w", encoding="utf-8") as f:
+        json.dump(TOOLS, f, indent=1)
+    base = {"bos_token": "<|bos|>", "eos_token": "<|im_end|>"}
+    def out(name, tpl, msgs, **kw):
+        r, _ = render_jinja_template(conversations=[msgs], chat_template=tpl, **dict(base, **kw))
+        with open(os.path.join(d, name), "w", encoding="utf-8", newline="") as f:
+            f.write(r[0])
+    out("expected_tools_nothink.txt", T["qwen3"], SETS["tools"]["messages"], tools=TOOLS, add_generation_prompt=True,
+        enable_thinking=False)
+    out("expected_reasoning_nogen.txt", T["qwen3"], SETS["reasoning"]["messages"], add_generation_prompt=False)
+    out("expected_vision_ids.txt", T["qwen2_vl"], SETS["vision_ids"]["messages"], add_generation_prompt=True,
+        add_vision_id=True)
+    with open(os.path.join(d, "qwen2_vl.jinja"), "w", encoding="utf-8") as f:
+        f.write(T["qwen2_vl"])
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     sets = {}
@@ -773,6 +806,7 @@ def main():
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
+    write_cli_fixture()
     nerr = sum("error" in c for c in chat)
     print(f"wrote {len(chat)} chat cases ({nerr} errors) over {len(T)} templates x {len(SETS)} message sets, "
           f"{len(units)} units ({sum('error' in x for x in units)} errors) to {OUT}/cases.json")
