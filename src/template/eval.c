@@ -504,6 +504,7 @@ static val py_mod_format(tpl_ctx *c, tstr *fmt, val args) {
         else if (spec == 'r') tpl_write_repr(&b, a);
         else if (spec == 'd' || spec == 'i') {
             if (!is_num(a)) tpl_fail(c, "%%%c format: a real number is required, not %s", spec, tpl_type_name(a));
+            if (a.t == V_FLOAT && !(fabs(a.f) < 9.2e18)) tpl_fail(c, "%%%c format: number out of range", spec);
             snprintf(t, sizeof t, "%lld", (long long)(a.t == V_FLOAT ? (int64_t)a.f : as_i(a)));
             sb_cstr(&b, t);
         } else if (spec == 'f') {
