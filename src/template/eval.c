@@ -155,7 +155,7 @@ static val do_slice(tpl_ctx *c, val obj, val vs, val ve, val vstep) {
 }
 
 static const char *type_obj(val v) {
-    static char buf[64];
+    static _Thread_local char buf[64];   /* renders may run on several threads at once */
     if (v.t == V_NONE) return "None";
     snprintf(buf, sizeof buf, "%s object", tpl_type_name(v));
     return buf;
