@@ -106,6 +106,7 @@ static val str_chars(tpl_ctx *c, tstr *s) {
     return v;
 }
 static val mklist(tlist *l, int t) { val v = {.t = (uint8_t)t}; v.l = l; return v; }
+static val mkgen(tlist *l) { l->gen = true; return mklist(l, V_LIST); }
 
 /* items of an iterable as a list (dict: keys; str: characters; Undefined: none) */
 static tlist *iter_list(tpl_ctx *c, val v) {
@@ -120,11 +121,12 @@ static tlist *iter_list(tpl_ctx *c, val v) {
 static int64_t length(tpl_ctx *c, val v) {
     switch (v.t) {
     case V_STR: return tpl_u8len(v.s->p, v.s->n);
-    case V_LIST: case V_TUPLE: return v.l->n;
+    case V_LIST: case V_TUPLE: if (v.l->gen) break; return v.l->n;
     case V_DICT: case V_NS: return v.d->n;
     case V_UNDEF: return 0;
-    default: tpl_fail(c, "object of type '%s' has no len()", tpl_type_name(v));
+    default: break;
     }
+    tpl_fail(c, "object of type '%s' has no len()", tpl_type_name(v));
 }
 
 static int64_t slice_idx(tpl_ctx *c, val v, int64_t dflt) {
@@ -136,8 +138,8 @@ static val do_slice(tpl_ctx *c, val obj, val vs, val ve, val vstep) {
     int64_t step = slice_idx(c, vstep, 1);
     if (!step) tpl_fail(c, "slice step cannot be zero");
     bool isstr = obj.t == V_STR;
-    tlist *items = isstr ? str_chars(c, obj.s).l : (obj.t == V_LIST || obj.t == V_TUPLE) ? obj.l : NULL;
-    if (!items) {
+    tlist *items = isstr ? str_chars(c, obj.s).l : (obj.t == V_LIST || obj.t == V_TUPLE) && !obj.l->gen ? obj.l : NULL;
+    if (!items) {   /* jinja2 compiles a slice to a plain Python subscript: a TypeError */
         if (obj.t == V_UNDEF) tpl_undef_fail(c, obj);
         tpl_fail(c, "'%s' object is not subscriptable", tpl_type_name(obj));
     }
@@ -167,7 +169,7 @@ static val getitem(tpl_ctx *c, val obj, val key) {
     if (obj.t == V_DICT || obj.t == V_NS) {
         val *v = tpl_dict_get(obj.d, key);
         if (v) return *v;
-    } else if (obj.t == V_LIST || obj.t == V_TUPLE || obj.t == V_STR) {
+    } else if ((obj.t == V_LIST || obj.t == V_TUPLE || obj.t == V_STR) && !(obj.t != V_STR && obj.l->gen)) {
         if (key.t == V_INT || key.t == V_BOOL) {
             int64_t i = key.t == V_INT ? key.i : key.b, n = length(c, obj);
             if (i < 0) i += n;
@@ -321,7 +323,9 @@ static bool contains(tpl_ctx *c, val needle, val hay) {
     case V_LIST: case V_TUPLE:
         for (int64_t i = 0; i < hay.l->n; i++) if (tpl_eq(hay.l->v[i], needle)) return true;
         return false;
-    case V_DICT: return tpl_dict_get(hay.d, needle) != NULL;
+    case V_DICT:
+        if (needle.t == V_LIST || needle.t == V_DICT || needle.t == V_NS) tpl_fail(c, "unhashable type: '%s'", tpl_type_name(needle));
+        return tpl_dict_get(hay.d, needle) != NULL;
     case V_UNDEF: return false;
     default: tpl_fail(c, "argument of type '%s' is not iterable", tpl_type_name(hay));
     }
@@ -688,12 +692,13 @@ static bool run_test(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) {
     if (T("string")) return v.t == V_STR;
     if (T("mapping")) return v.t == V_DICT;
     if (T("iterable")) return v.t == V_STR || v.t == V_LIST || v.t == V_TUPLE || v.t == V_DICT || v.t == V_UNDEF;
-    if (T("sequence")) return v.t == V_STR || v.t == V_LIST || v.t == V_TUPLE || v.t == V_DICT || v.t == V_UNDEF;
+    if (T("sequence")) return v.t == V_STR || ((v.t == V_LIST || v.t == V_TUPLE) && !v.l->gen) || v.t == V_DICT || v.t == V_UNDEF;
     if (T("callable")) return v.t == V_MACRO || v.t == V_FUNC || (v.t == V_LOOP && v.lp->fornode->flag);
     if (T("escaped")) return false;
-    if (T("odd") || T("even")) {
-        int64_t i = want_int(c, v, "the value tested for odd/even");
-        return T("odd") ? (i % 2 != 0) : (i % 2 == 0);
+    if (T("odd") || T("even")) {   /* value % 2: floats too */
+        val r = binop(c, OP_MOD, v, v_int(2));
+        bool zero = r.t == V_FLOAT ? r.f == 0 : as_i(r) == 0;
+        return T("odd") ? !zero : zero;
     }
     if (T("divisibleby")) {
         val r = binop(c, OP_MOD, v, x);
@@ -799,7 +804,7 @@ static val select_like(tpl_ctx *c, frame *f, val v, args_t *a, bool attr, bool k
         bool r = tn.t == V_UNDEF ? tpl_truthy(x) : run_test(c, f, want_str(c, tn, "the test name")->p, x, &ta);
         if (r == keep) tpl_list_push(c, out, in->v[i]);
     }
-    return mklist(out, V_LIST);
+    return mkgen(out);
 }
 
 static val do_indent(tpl_ctx *c, tstr *s, val width, bool first, bool blank) {
@@ -930,16 +935,18 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
     }
     if (F("last")) {
         if (v.t == V_DICT) tpl_fail(c, "'dict' object is not reversible");
+        if ((v.t == V_LIST || v.t == V_TUPLE) && v.l->gen) tpl_fail(c, "'generator' object is not reversible");
         if (v.t == V_UNDEF) tpl_undef_fail(c, v);
         tlist *l = iter_list(c, v);
         return l->n ? l->v[l->n - 1] : tpl_undef_msg(c, "No last item, sequence was empty.");
     }
     if (F("list")) { tlist *l = iter_list(c, v), *o = tpl_list_new(c, l->n); for (int64_t i = 0; i < l->n; i++) tpl_list_push(c, o, l->v[i]); return mklist(o, V_LIST); }
-    if (F("reverse")) {
+    if (F("reverse")) {   /* a str reversed; reversed(list) is an iterator; a generator becomes a list */
         if (v.t == V_STR) return do_slice(c, v, v_none(), v_none(), v_int(-1));
+        bool was_gen = (v.t == V_LIST || v.t == V_TUPLE) && v.l->gen;
         tlist *l = iter_list(c, v), *o = tpl_list_new(c, l->n);
         for (int64_t i = l->n - 1; i >= 0; i--) tpl_list_push(c, o, l->v[i]);
-        return mklist(o, V_LIST);
+        return was_gen ? mklist(o, V_LIST) : mkgen(o);
     }
     if (F("join")) {
         val sep = arg(a, 0, "d", cstr(c, "")), at = arg(a, 1, "attribute", v_none());
@@ -968,7 +975,7 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
             args_t fa = {.pos = a->pos + 1, .npos = a->npos - 1, .kwn = a->kwn, .kwv = a->kwv, .nkw = a->nkw};
             for (int64_t i = 0; i < l->n; i++) tpl_list_push(c, o, apply_filter(c, f, fn, l->v[i], &fa));
         }
-        return mklist(o, V_LIST);
+        return mkgen(o);
     }
     if (F("select")) return select_like(c, f, v, a, false, true);
     if (F("reject")) return select_like(c, f, v, a, false, false);
@@ -984,7 +991,7 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
             tpl_list_push(c, p, v.d->v[i]);
             tpl_list_push(c, o, mklist(p, V_TUPLE));
         }
-        return mklist(o, V_LIST);
+        return mkgen(o);
     }
     if (F("dictsort")) {
         if (v.t != V_DICT) tpl_fail(c, "dictsort expects a mapping, got %s", tpl_type_name(v));
@@ -1018,7 +1025,7 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
             tpl_list_push(c, seen, k);
             tpl_list_push(c, o, l->v[i]);
         }
-        return mklist(o, V_LIST);
+        return mkgen(o);
     }
     if (F("min") || F("max")) {
         bool cs = tpl_truthy(arg(a, 0, "case_sensitive", v_bool(false)));
@@ -1061,9 +1068,11 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
         return replace(c, s, tpl_to_str(c, arg(a, 0, "old", cstr(c, ""))), tpl_to_str(c, arg(a, 1, "new", cstr(c, ""))),
                        cnt.t == V_NONE ? -1 : want_int(c, cnt, "replace's count"));
     }
-    if (F("indent"))
-        return do_indent(c, tpl_to_str(c, v), arg(a, 0, "width", v_int(4)), tpl_truthy(arg(a, 1, "first", v_bool(false))),
+    if (F("indent")) {
+        if (v.t != V_STR) tpl_fail(c, "unsupported operand type(s) for +=: '%s' and 'str'", tpl_type_name(v));
+        return do_indent(c, v.s, arg(a, 0, "width", v_int(4)), tpl_truthy(arg(a, 1, "first", v_bool(false))),
                          tpl_truthy(arg(a, 2, "blank", v_bool(false))));
+    }
     if (F("wordcount")) {
         tstr *s = tpl_to_str(c, v);
         int64_t n = 0;
@@ -1100,9 +1109,10 @@ static val apply_filter(tpl_ctx *c, frame *f, const char *nm, val v, args_t *a) 
             tpl_list_push(c, cur, l->v[i]);
         }
         if (cur && fill.t != V_NONE) while (cur->n < k) tpl_list_push(c, cur, fill);
-        return mklist(o, V_LIST);
+        return mkgen(o);
     }
     if (F("truncate")) {
+        if (v.t != V_STR && v.t != V_LIST && v.t != V_TUPLE && v.t != V_DICT) tpl_fail(c, "object of type '%s' has no len()", tpl_type_name(v));
         tstr *s = tpl_to_str(c, v);
         int64_t len = want_int(c, arg(a, 0, "length", v_int(255)), "truncate's length");
         bool kill = tpl_truthy(arg(a, 1, "killwords", v_bool(false)));
@@ -1222,7 +1232,7 @@ static bool method_call(tpl_ctx *c, val obj, const char *m, args_t *a, val *out)
     }
     if (obj.t == V_DICT) {
         if (M("items") || M("keys") || M("values")) {
-            if (M("items")) { *out = apply_filter(c, NULL, "items", obj, a); return true; }
+            if (M("items")) { *out = apply_filter(c, NULL, "items", obj, a); out->l->gen = false; return true; }
             tlist *o = tpl_list_new(c, obj.d->n);
             for (int64_t i = 0; i < obj.d->n; i++) tpl_list_push(c, o, M("keys") ? obj.d->k[i] : obj.d->v[i]);
             *out = mklist(o, V_LIST);

@@ -44,14 +44,17 @@ typedef struct val {
         int64_t i;
         double f;
         tstr *s;      /* V_STR; V_UNDEF: the hint ("'x' is undefined"), may be NULL */
-        tlist *l;     /* V_LIST, V_TUPLE, V_CYCLER (items + position in n... see eval) */
+        tlist *l;     /* V_LIST, V_TUPLE */
         tdict *d;     /* V_DICT, V_NS */
         tmacro *m;
         tloop *lp;
         int fn;       /* V_FUNC: builtin id */
     };
 } val;
-struct tlist { int64_t n, cap; val *v; int64_t pos; /* cycler position */ };
+/* gen: what jinja2 hands back as a generator or iterator (map, select*, reject*, unique,
+ * batch, the items filter, reverse of a list): iterable once, always truthy, no len(),
+ * no indexing, printed as "<generator object>" — mirrored so templates behave the same */
+struct tlist { int64_t n, cap; val *v; bool gen; };
 struct tdict { int64_t n, cap; val *k, *v; };
 
 /* ------------------------------------------------------------------ AST */

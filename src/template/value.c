@@ -125,7 +125,7 @@ const char *tpl_type_name(val v) {
     case V_INT: return "int";
     case V_FLOAT: return "float";
     case V_STR: return "str";
-    case V_LIST: return "list";
+    case V_LIST: return v.l->gen ? "generator" : "list";
     case V_TUPLE: return "tuple";
     case V_DICT: return "dict";
     case V_NS: return "Namespace";
@@ -212,6 +212,7 @@ void tpl_write_repr(sbuf *b, val v) {
     case V_STR: repr_str(b, v.s->p, v.s->n); break;
     case V_UNDEF: break;
     case V_LIST: case V_TUPLE:
+        if (v.l->gen) { sb_cstr(b, "<generator object>"); break; }
         sb_cstr(b, v.t == V_LIST ? "[" : "(");
         for (int64_t i = 0; i < v.l->n; i++) { if (i) sb_cstr(b, ", "); tpl_write_repr(b, v.l->v[i]); }
         sb_cstr(b, v.t == V_LIST ? "]" : v.l->n == 1 ? ",)" : ")");
@@ -323,6 +324,7 @@ void tpl_write_json(sbuf *b, val v, const char *indent, const char *item_sep, co
         return;
     case V_STR: json_str(b, v.s->p, v.s->n, ascii); return;
     case V_LIST: case V_TUPLE:
+        if (v.l->gen) tpl_fail(b->c, "Object of type generator is not JSON serializable");
         if (!v.l->n) { sb_cstr(b, "[]"); return; }
         sb_cstr(b, "[");
         for (int64_t i = 0; i < v.l->n; i++) {
@@ -363,7 +365,7 @@ bool tpl_truthy(val v) {
     case V_INT: return v.i != 0;
     case V_FLOAT: return v.f != 0;
     case V_STR: return v.s->n > 0;
-    case V_LIST: case V_TUPLE: return v.l->n > 0;
+    case V_LIST: case V_TUPLE: return v.l->gen || v.l->n > 0;
     case V_DICT: return v.d->n > 0;
     default: return true;
     }
@@ -382,6 +384,7 @@ bool tpl_eq(val a, val b) {
     case V_UNDEF: case V_NONE: return true;
     case V_STR: return a.s->n == b.s->n && !memcmp(a.s->p, b.s->p, a.s->n);
     case V_LIST: case V_TUPLE:
+        if (a.l->gen || b.l->gen) return a.l == b.l;
         if (a.l->n != b.l->n) return false;
         for (int64_t i = 0; i < a.l->n; i++) if (!tpl_eq(a.l->v[i], b.l->v[i])) return false;
         return true;
