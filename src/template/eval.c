@@ -12,6 +12,7 @@
 #include "tpl_internal.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -149,7 +150,10 @@ static val do_slice(tpl_ctx *c, val obj, val vs, val ve, val vstep) {
     if (vs.t != V_NONE && vs.t != V_UNDEF) { if (s < 0) { s += n; if (s < lo) s = lo; } else if (s > hi) s = hi; }
     if (ve.t != V_NONE && ve.t != V_UNDEF) { if (e < 0) { e += n; if (e < lo) e = lo; } else if (e > hi) e = hi; }
     tlist *out = tpl_list_new(c, 0);
-    for (int64_t i = s; step > 0 ? i < e : i > e; i += step) tpl_list_push(c, out, items->v[i]);
+    for (int64_t i = s; step > 0 ? i < e : i > e;) {
+        tpl_list_push(c, out, items->v[i]);
+        if (__builtin_add_overflow(i, step, &i)) break;
+    }
     if (!isstr) return mklist(out, obj.t);
     sbuf b = {.c = c};
     for (int64_t i = 0; i < out->n; i++) sb_put(&b, out->v[i].s->p, out->v[i].s->n);
@@ -601,7 +605,10 @@ static val do_range(tpl_ctx *c, args_t *a) {
     double cnt = stp > 0 ? ceil(((double)stop - (double)start) / (double)stp) : ceil(((double)start - (double)stop) / (double)-stp);
     if (cnt > 100000) tpl_fail(c, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     tlist *l = tpl_list_new(c, cnt > 0 ? (int64_t)cnt : 0);
-    for (int64_t i = start; stp > 0 ? i < stop : i > stop; i += stp) tpl_list_push(c, l, v_int(i));
+    for (int64_t i = start; stp > 0 ? i < stop : i > stop;) {
+        tpl_list_push(c, l, v_int(i));
+        if (__builtin_add_overflow(i, stp, &i)) break;
+    }
     return mklist(l, V_LIST);
 }
 
@@ -860,10 +867,15 @@ static val do_int(tpl_ctx *c, val v, val dflt, int64_t base) {
         for (size_t i = 0; i < t->n; i++) if (t->p[i] != '_') buf[k++] = t->p[i];
         buf[k] = 0;
         char *end;
+        errno = 0;
         long long x = strtoll(buf, &end, (int)base);
-        if (!*end) return v_int(x);
+        if (!*end) {
+            if (errno == ERANGE) tpl_fail(c, "integer overflow in int('%s') (mmc's integers are 64-bit)", buf);
+            return v_int(x);
+        }
+        if (strpbrk(buf, "xXpP")) return dflt;   /* Python's float() takes no hex */
         double d = strtod(buf, &end);
-        if (!*end && isfinite(d)) return v_int((int64_t)d);
+        if (!*end && isfinite(d) && fabs(d) < 9.2e18) return v_int((int64_t)d);
     }
     return dflt;
 }
@@ -874,7 +886,7 @@ static val do_float(tpl_ctx *c, val v, val dflt) {
         tstr *t = strip(c, v.s, NULL, 3).s;
         char *end;
         double d = strtod(t->p, &end);
-        if (t->n && !*end) return v_float(d);
+        if (t->n && !*end && !strpbrk(t->p, "xXpP")) return v_float(d);
     }
     return dflt;
 }
@@ -883,7 +895,7 @@ static val do_round(tpl_ctx *c, val v, int64_t prec, const char *method) {
     double x = as_f(v);
     if (!strcmp(method, "common")) {
         if (prec < 0 || prec > 300) { double p = pow(10, (double)prec); return v_float(nearbyint(x * p) / p); }
-        char buf[400];
+        char buf[720];   /* %.300f of 1.8e308 */
         snprintf(buf, sizeof buf, "%.*f", (int)prec, x);
         return v_float(strtod(buf, NULL));
     }
