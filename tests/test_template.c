@@ -156,6 +156,17 @@ static void write_file(const char *path, const char *s) {
     fclose(f);
 }
 
+/* write dir/file, then the template found must be `want` */
+static void add_and_expect(const char *dir, const char *file, const char *content, const char *want) {
+    char p[512], *src = NULL, *origin = NULL;
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    write_file(p, content);
+    CHECK_OK(mmc_template_find(dir, NULL, &src, &origin));
+    CHECKF(src && !strcmp(src, want), "after writing %s: got '%s' from %s, expected '%s'", file, src ? src : "", origin ? origin : "", want);
+    free(src);
+    free(origin);
+}
+
 static void test_sources(void) {
     char dir[] = "/tmp/mmc_tpl_srcXXXXXX";
     MMC_CHECK(mkdtemp(dir), "mkdtemp");
@@ -176,28 +187,12 @@ static void test_sources(void) {
     CHECK(bos && eos && !strcmp(bos, "<s>") && !strcmp(eos, "</s>"));
     free(bos); free(eos);
     /* a tokenizer: chat_template.jinja over tokenizer_config.json */
-    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
-    write_file(p, "JINJA");
-    CHECK_OK(mmc_template_find(dir, NULL, &src, NULL));
-    CHECK(src && !strcmp(src, "JINJA"));
-    free(src);
+    add_and_expect(dir, "chat_template.jinja", "JINJA", "JINJA");
     /* a processor: the legacy chat_template.json over the .jinja (ProcessorMixin) ... */
-    snprintf(p, sizeof p, "%s/preprocessor_config.json", dir);
-    write_file(p, "{}");
-    CHECK_OK(mmc_template_find(dir, NULL, &src, NULL));
-    CHECK(src && !strcmp(src, "JINJA"));
-    free(src);
-    snprintf(p, sizeof p, "%s/chat_template.json", dir);
-    write_file(p, "{\"chat_template\": \"JSON\"}");
-    CHECK_OK(mmc_template_find(dir, NULL, &src, NULL));
-    CHECK(src && !strcmp(src, "JSON"));
-    free(src);
+    add_and_expect(dir, "preprocessor_config.json", "{}", "JINJA");
+    add_and_expect(dir, "chat_template.json", "{\"chat_template\": \"JSON\"}", "JSON");
     /* ... and processor_config.json's own chat_template over both */
-    snprintf(p, sizeof p, "%s/processor_config.json", dir);
-    write_file(p, "{\"chat_template\": \"PROC\"}");
-    CHECK_OK(mmc_template_find(dir, NULL, &src, &origin));
-    CHECK(src && !strcmp(src, "PROC") && strstr(origin, "processor_config.json"));
-    free(src); free(origin);
+    add_and_expect(dir, "processor_config.json", "{\"chat_template\": \"PROC\"}", "PROC");
     static const char *const files[] = {"chat_template.jinja", "chat_template.json", "processor_config.json",
                                         "tokenizer_config.json", "preprocessor_config.json"};
     for (int i = 0; i < 5; i++) { snprintf(p, sizeof p, "%s/%s", dir, files[i]); remove(p); }

@@ -22,7 +22,7 @@
 #include <utf8proc.h>
 
 struct frame { frame *parent; tdict vars; };
-struct tmacro { node *def; frame *closure; const char *name; bool is_caller; };
+struct tmacro { node *def; frame *closure; const char *name; };
 struct tloop {
     tlist *items;
     int64_t i;
@@ -1451,6 +1451,17 @@ static int exec_for(tpl_ctx *c, frame *f, node *n, val iterable, int depth, sbuf
     return 0;
 }
 
+/* a {% macro %}, or the caller() of a {% call %} block, closing over frame f */
+static val new_macro(tpl_ctx *c, node *def, frame *f, const char *name) {
+    tmacro *m = tpl_alloc(&c->a, sizeof *m);
+    m->def = def;
+    m->closure = f;
+    m->name = name;
+    val v = {.t = V_MACRO};
+    v.m = m;
+    return v;
+}
+
 static int exec(tpl_ctx *c, frame *f, node *body, sbuf *out) {
     for (int i = 0; i < body->args.n; i++) {
         node *n = body->args.v[i];
@@ -1482,24 +1493,9 @@ static int exec(tpl_ctx *c, frame *f, node *body, sbuf *out) {
             bind_target(c, f, n->a, v);
             break;
         }
-        case S_MACRO: {
-            tmacro *m = tpl_alloc(&c->a, sizeof *m);
-            m->def = n;
-            m->closure = f;
-            m->name = n->name;
-            val v = {.t = V_MACRO};
-            v.m = m;
-            assign(c, f, n->name, v);
-            break;
-        }
+        case S_MACRO: assign(c, f, n->name, new_macro(c, n, f, n->name)); break;
         case S_CALLBLOCK: {
-            tmacro *m = tpl_alloc(&c->a, sizeof *m);
-            m->def = n;
-            m->closure = f;
-            m->name = "caller";
-            m->is_caller = true;
-            val cv = {.t = V_MACRO};
-            cv.m = m;
+            val cv = new_macro(c, n, f, "caller");
             /* the call expression: the callee receives caller() */
             node *call = n->a;
             val fn = call->a->kind == N_GETATTR ? getattr_(c, eval(c, f, call->a->a), call->a->name) : eval(c, f, call->a);

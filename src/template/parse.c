@@ -466,26 +466,18 @@ static node *p_primary(parser *P) {
         nexttk(P);
         n = p_tuple(P, false, true, true);
         expect_op(P, ")");
-    } else if (is_op(t, "[")) {
+    } else if (is_op(t, "[") || is_op(t, "{")) {   /* [a, b, ] and {k: v, } */
+        bool dict = is_op(t, "{");
+        const char *close = dict ? "}" : "]";
         nexttk(P);
-        n = mk(P, N_LIST, t);
-        while (!is_op(cur(P), "]")) {
+        n = mk(P, dict ? N_DICT : N_LIST, t);
+        while (!is_op(cur(P), close)) {
             if (n->args.n) expect_op(P, ",");
-            if (is_op(cur(P), "]")) break;
+            if (is_op(cur(P), close)) break;
             nl_push(P, &n->args, p_expr(P, true));
+            if (dict) { expect_op(P, ":"); nl_push(P, &n->kwargs, p_expr(P, true)); }
         }
-        expect_op(P, "]");
-    } else if (is_op(t, "{")) {
-        nexttk(P);
-        n = mk(P, N_DICT, t);
-        while (!is_op(cur(P), "}")) {
-            if (n->args.n) expect_op(P, ",");
-            if (is_op(cur(P), "}")) break;
-            nl_push(P, &n->args, p_expr(P, true));
-            expect_op(P, ":");
-            nl_push(P, &n->kwargs, p_expr(P, true));
-        }
-        expect_op(P, "}");
+        expect_op(P, close);
     } else perr(P, t->line, t->col, "unexpected %s", tkdesc(P, t));
     P->depth--;
     return n;
@@ -781,6 +773,15 @@ static node *p_macro_sig(parser *P, node *n) {
     return n;
 }
 
+/* the rest of a block tag, then its body up to {% END %}: the body goes to n->b */
+static node *block_body(parser *P, node *n, const char *end) {
+    expect_bend(P);
+    const char *const ends[] = {end, NULL};
+    const char *w;
+    n->b = p_body(P, ends, &w);
+    return n;
+}
+
 static node *p_stmt(parser *P) {
     token *b = nexttk(P);   /* K_BBEGIN */
     token *t = cur(P);
@@ -811,37 +812,25 @@ static node *p_stmt(parser *P) {
         node *n = mk(P, S_SETBLOCK, t);
         n->a = target;
         if (is_op(cur(P), "|")) n->c = p_filter(P, NULL, false);
-        expect_bend(P);
-        static const char *const e[] = {"endset", NULL};
-        n->b = p_body(P, e, &w);
-        return n;
+        return block_body(P, n, "endset");
     }
     if (is_name(t, "macro")) {
         node *n = mk(P, S_MACRO, t);
         n->name = expect_name(P);
         p_macro_sig(P, n);
-        expect_bend(P);
-        static const char *const e[] = {"endmacro", NULL};
-        n->b = p_body(P, e, &w);
-        return n;
+        return block_body(P, n, "endmacro");
     }
     if (is_name(t, "call")) {
         node *n = mk(P, S_CALLBLOCK, t);
         if (is_op(cur(P), "(")) p_macro_sig(P, n);
         n->a = p_expr(P, true);
         if (n->a->kind != N_CALL) perr(P, t->line, t->col, "expected call");
-        expect_bend(P);
-        static const char *const e[] = {"endcall", NULL};
-        n->b = p_body(P, e, &w);
-        return n;
+        return block_body(P, n, "endcall");
     }
     if (is_name(t, "filter")) {
         node *n = mk(P, S_FILTERBLOCK, t);
         n->a = p_filter(P, NULL, true);
-        expect_bend(P);
-        static const char *const e[] = {"endfilter", NULL};
-        n->b = p_body(P, e, &w);
-        return n;
+        return block_body(P, n, "endfilter");
     }
     if (is_name(t, "with")) {
         node *n = mk(P, S_WITH, t);
@@ -854,10 +843,7 @@ static node *p_stmt(parser *P) {
             a->a = p_expr(P, true);
             nl_push(P, &n->args, a);
         }
-        expect_bend(P);
-        static const char *const e[] = {"endwith", NULL};
-        n->b = p_body(P, e, &w);
-        return n;
+        return block_body(P, n, "endwith");
     }
     if (is_name(t, "generation")) {   /* transformers' AssistantTracker: renders its body */
         expect_bend(P);
