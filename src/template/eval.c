@@ -25,6 +25,7 @@ struct frame { frame *parent; tdict vars; };
 struct tmacro { node *def; frame *closure; const char *name; };
 struct tloop {
     tlist *items;
+    val last_changed;   /* loop.changed(): the previous call's arguments (V_UNDEF: none yet) */
     int64_t i;
     int depth;
     node *fornode;
@@ -1273,6 +1274,15 @@ static bool method_call(tpl_ctx *c, val obj, const char *m, args_t *a, val *out)
                                 M("sort") || M("clear")))
             tpl_fail(c, "access to attribute '%s' of 'list' object is unsafe.", m);
         return false;
+    }
+    if (obj.t == V_LOOP && M("changed")) {
+        tlist *now = tpl_list_new(c, a->npos);
+        for (int i = 0; i < a->npos; i++) tpl_list_push(c, now, a->pos[i]);
+        val nv = mklist(now, V_TUPLE);
+        bool changed = obj.lp->last_changed.t == V_UNDEF || !tpl_eq(obj.lp->last_changed, nv);
+        obj.lp->last_changed = nv;
+        *out = v_bool(changed);
+        return true;
     }
     if (obj.t == V_LOOP && M("cycle")) {
         if (!a->npos) tpl_fail(c, "no items for cycling given");

@@ -883,6 +883,8 @@ u("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{% for k in d %}{{ k 
   d={"z": 1, "a": 2, "m": 3})
 u("{% for i in range(10) if i is odd %}{{ i }}{{ loop.length }}{% if loop.last %}!{% endif %}{% endfor %}")
 u("{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i == 5 %}{% break %}{% endif %}{{ i }}{% endfor %}")
+u("{% for m in ms %}{% if loop.changed(m.role) %}[{{ m.role }}]{% endif %}{{ m.t }}{% endfor %}",
+  ms=[{"role": "user", "t": 1}, {"role": "user", "t": 2}, {"role": "assistant", "t": 3}, {"role": "user", "t": 4}])
 u("{% for i in [] %}x{% else %}empty{% endfor %}{% for c in 'hé' %}[{{ c }}]{% endfor %}")
 u("{% for i in [1, 2] %}{% if i == 2 %}{{ x }}{% endif %}{% set x = i %}{% endfor %}[{{ x }}]")
 u("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}{% if true %}{% set x = 3 %}{% endif %}{{ x }}")
