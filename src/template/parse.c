@@ -260,6 +260,21 @@ static size_t tag_is(parser *P, size_t at, const char *word, int *endmod) {
     return i + 2;
 }
 
+/* end of the text [p, q) before a tag opened with modifier `mod`: `-` strips all trailing
+ * whitespace; otherwise, for block and comment tags (lstrip_blocks, not `+`), spaces between
+ * the line start and the tag go — a line start being a newline in the text, or, for text
+ * with none, the previous token ending one (line_starting) */
+static size_t text_end(parser *P, size_t p, size_t q, char mod, bool block_like, bool line_starting) {
+    size_t te = q;
+    if (mod == '-') { while (te > p && is_ws(P->s[te - 1])) te--; }
+    else if (block_like && mod != '+') {
+        size_t ls = te;
+        while (ls > p && (P->s[ls - 1] == ' ' || P->s[ls - 1] == '\t' || P->s[ls - 1] == '\v' || P->s[ls - 1] == '\f' || P->s[ls - 1] == '\r')) ls--;
+        if (ls < te && ((ls > p && P->s[ls - 1] == '\n') || (ls == p && line_starting))) te = ls;
+    }
+    return te;
+}
+
 static void lex(parser *P) {
     bool line_starting = true;
     for (;;) {
@@ -275,14 +290,8 @@ static void lex(parser *P) {
         }
         char kind = P->s[q + 1];
         char mod = q + 2 < P->n ? P->s[q + 2] : 0;
-        size_t te = q;   /* end of the text before the tag */
-        if (mod == '-') { while (te > p && is_ws(P->s[te - 1])) te--; }
-        else if (kind != '{' && mod != '+') {
-            /* lstrip_blocks: only spaces between the line start and the tag */
-            size_t ls = te;
-            while (ls > p && (P->s[ls - 1] == ' ' || P->s[ls - 1] == '\t' || P->s[ls - 1] == '\v' || P->s[ls - 1] == '\f' || P->s[ls - 1] == '\r')) ls--;
-            if (ls < te && ((ls > p && P->s[ls - 1] == '\n') || (ls == p && line_starting))) te = ls;
-        }
+        int rawmod = 0;
+        size_t te = text_end(P, p, q, mod, kind != '{', line_starting);
         push_text(P, p, te, tline, tcol);
         advance_to(P, q);
         if (kind == '#') {
@@ -296,17 +305,18 @@ static void lex(parser *P) {
             advance_to(P, after);
             if (strip) { while (P->pos < P->n && is_ws(P->s[P->pos])) advance_to(P, P->pos + 1); }
             else if (!keep && P->pos < P->n && P->s[P->pos] == '\n') advance_to(P, P->pos + 1);
-        } else if (kind == '%' && tag_is(P, q, "raw", NULL)) {
-            int m = 0;
-            size_t body = tag_is(P, q, "raw", &m);
-            if (m == '-') while (body < P->n && is_ws(P->s[body])) body++;
+        } else if (kind == '%' && tag_is(P, q, "raw", &rawmod) && rawmod != '+') {
+            /* {% raw %} / {% raw -%}: no trim_blocks after it; its text is stripped before
+             * {% endraw %} as any text before a block tag */
+            size_t body = tag_is(P, q, "raw", NULL);
+            if (rawmod == '-') while (body < P->n && is_ws(P->s[body])) body++;
             size_t r = body, end = 0;
             int em = 0;
             for (; r + 1 < P->n; r++)
                 if (P->s[r] == '{' && P->s[r + 1] == '%' && (end = tag_is(P, r, "endraw", &em))) break;
-            if (!end) perr(P, P->line, col_of(P, q), "missing end of raw directive");
-            size_t rt = r;
-            if (r + 2 < P->n && P->s[r + 2] == '-') while (rt > body && is_ws(P->s[rt - 1])) rt--;
+            if (!end) perr(P, P->line, col_of(P, q), "Missing end of raw directive");
+            char emod = r + 2 < P->n ? P->s[r + 2] : 0;
+            size_t rt = text_end(P, body, r, emod, true, body > 0 && P->s[body - 1] == '\n');
             advance_to(P, body);
             push_text(P, body, rt, P->line, col_of(P, body));
             advance_to(P, end);
