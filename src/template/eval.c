@@ -22,7 +22,6 @@
 #include <utf8proc.h>
 
 struct frame { frame *parent; tdict vars; };
-struct tmacro { node *def; frame *closure; const char *name; };
 struct tloop {
     tlist *items;
     val last_changed;   /* loop.changed(): the previous call's arguments (V_UNDEF: none yet) */
@@ -567,6 +566,20 @@ static val call_macro(tpl_ctx *c, tmacro *m, args_t *a, val caller) {
     frame *mf = new_frame(c, m->closure);
     node *d = m->def;
     int np = d->args.n;
+    /* jinja2's Macro._invoke checks */
+    if (a->npos > np && !(d->op & MACRO_VARARGS))
+        tpl_fail(c, "macro '%s' takes not more than %d argument(s)", m->name, np);
+    for (int k = 0; k < a->nkw; k++) {
+        bool known = false;
+        for (int i = 0; i < np; i++)
+            if (!strcmp(d->args.v[i]->name, a->kwn[k])) {
+                known = true;
+                if (i < a->npos) tpl_fail(c, "macro '%s' got multiple values for argument '%s'", m->name, a->kwn[k]);
+            }
+        if (!known && !(d->op & MACRO_KWARGS)) tpl_fail(c, "macro '%s' takes no keyword argument '%s'", m->name, a->kwn[k]);
+    }
+    if (caller.t == V_MACRO && !(d->op & (MACRO_CALLER | MACRO_KWARGS)))
+        tpl_fail(c, "macro '%s' takes no keyword argument 'caller'", m->name);
     for (int i = 0; i < np; i++) {
         node *p = d->args.v[i];
         val v = v_undef(NULL);
@@ -586,8 +599,9 @@ static val call_macro(tpl_ctx *c, tmacro *m, args_t *a, val caller) {
         for (int i = 0; i < np; i++) known |= !strcmp(d->args.v[i]->name, a->kwn[k]);
         if (!known) tpl_dict_set(c, kw.d, cstr(c, a->kwn[k]), a->kwv[k]);
     }
+    if (caller.t == V_MACRO && !(d->op & MACRO_CALLER)) tpl_dict_set(c, kw.d, cstr(c, "caller"), caller);
     assign(c, mf, "kwargs", kw);
-    if (caller.t == V_MACRO) assign(c, mf, "caller", caller);
+    if (caller.t == V_MACRO && (d->op & MACRO_CALLER)) assign(c, mf, "caller", caller);
     sbuf out = {.c = c};
     exec(c, mf, d->b, &out);
     c->depth--;
@@ -1302,7 +1316,15 @@ static val eval_filter_chain(tpl_ctx *c, frame *f, node *n, val *input) {
     return apply_filter(c, f, n->name, v, &a);
 }
 
+static val eval_(tpl_ctx *c, frame *f, node *n);
+#define MAX_NEST 1500
 static val eval(tpl_ctx *c, frame *f, node *n) {
+    if (++c->nest > MAX_NEST) { c->line = n->line; c->col = n->col; tpl_fail(c, "the template nests calls and expressions too deeply (limit)"); }
+    val v = eval_(c, f, n);
+    c->nest--;
+    return v;
+}
+static val eval_(tpl_ctx *c, frame *f, node *n) {
     step(c, n);
     switch (n->kind) {
     case N_CONST: return n->lit;
@@ -1448,6 +1470,9 @@ static int exec_for(tpl_ctx *c, frame *f, node *n, val iterable, int depth, sbuf
     lp->outer = f;
     val lv = {.t = V_LOOP};
     lv.lp = lp;
+    /* jinja2 clears its "no iteration" flag at the end of the loop body, so the else block
+     * also runs when every iteration left early through break/continue */
+    bool completed = false;
     for (int64_t i = 0; i < items->n; i++) {
         step(c, n);   /* an empty body still counts: loops are bounded by max_steps */
         lp->i = i;
@@ -1455,9 +1480,10 @@ static int exec_for(tpl_ctx *c, frame *f, node *n, val iterable, int depth, sbuf
         bind_target(c, itf, n->a, items->v[i]);
         assign(c, itf, "loop", lv);
         int r = exec(c, itf, n->d, out);
+        if (!r) completed = true;
         if (r == 1) break;
     }
-    if (!items->n && n->args.n) exec(c, f, n->args.v[0], out);
+    if (!completed && n->args.n) exec(c, f, n->args.v[0], out);
     return 0;
 }
 
@@ -1472,7 +1498,14 @@ static val new_macro(tpl_ctx *c, node *def, frame *f, const char *name) {
     return v;
 }
 
+static int exec_(tpl_ctx *c, frame *f, node *body, sbuf *out);
 static int exec(tpl_ctx *c, frame *f, node *body, sbuf *out) {
+    if (++c->nest > MAX_NEST) tpl_fail(c, "the template nests calls and blocks too deeply (limit)");
+    int r = exec_(c, f, body, out);
+    c->nest--;
+    return r;
+}
+static int exec_(tpl_ctx *c, frame *f, node *body, sbuf *out) {
     for (int i = 0; i < body->args.n; i++) {
         node *n = body->args.v[i];
         step(c, n);
@@ -1495,9 +1528,10 @@ static int exec(tpl_ctx *c, frame *f, node *body, sbuf *out) {
         }
         case S_FOR: exec_for(c, f, n, eval(c, f, n->b), 1, out); break;
         case S_SET: bind_target(c, f, n->a, eval(c, f, n->b)); break;
-        case S_SETBLOCK: {
+        case S_SETBLOCK: {   /* its own scope; inline in jinja2: a break/continue inside leaves it */
             sbuf b = {.c = c};
-            exec(c, f, n->b, &b);
+            int r = exec(c, new_frame(c, f), n->b, &b);
+            if (r) return r;
             val v = v_str(sb_take(&b));
             if (n->c) v = eval_filter_chain(c, f, n->c, &v);
             bind_target(c, f, n->a, v);
@@ -1517,9 +1551,10 @@ static int exec(tpl_ctx *c, frame *f, node *body, sbuf *out) {
             tpl_write_str(out, call_macro(c, fn.m, &a, cv));
             break;
         }
-        case S_FILTERBLOCK: {
+        case S_FILTERBLOCK: {   /* its own scope, as a set block */
             sbuf b = {.c = c};
-            exec(c, f, n->b, &b);
+            int r = exec(c, new_frame(c, f), n->b, &b);
+            if (r) return r;
             val v = v_str(sb_take(&b));
             tpl_write_str(out, eval_filter_chain(c, f, n->a, &v));
             break;
@@ -1600,6 +1635,8 @@ static mmc_status render(const mmc_template *t, const cJSON *vars, const cJSON *
     c->max_depth = L.max_depth ? L.max_depth : 200;
     c->now = L.now;
     mmc_status st = MMC_OK;
+    tpl_ctx *outer = tpl_current;   /* renders nest only through separate threads, but be safe */
+    tpl_current = c;
     if (setjmp(c->jb)) {
         st = c->raised ? MMC_ERR_INVALID : MMC_ERR_INVALID;
         mmc_error(st, "%s", c->err);
@@ -1633,6 +1670,7 @@ static mmc_status render(const mmc_template *t, const cJSON *vars, const cJSON *
     *out = r;
     if (len) *len = o.n;
 done:
+    tpl_current = outer;
     tpl_arena_free(&c->a);
     free(c);
     return st;

@@ -37,6 +37,7 @@ typedef struct {
     int ntk, captk;
     int cur;
     int depth;
+    int loops;   /* for-bodies around the current statement, within the current macro */
 } parser;
 
 #define MAX_PARSE_DEPTH 150
@@ -743,7 +744,9 @@ static node *p_for(parser *P, token *t) {
     expect_bend(P);
     static const char *const e1[] = {"endfor", "else", NULL};
     const char *w;
+    P->loops++;
     n->d = p_body(P, e1, &w);
+    P->loops--;
     if (!strcmp(w, "else")) {
         static const char *const e2[] = {"endfor", NULL};
         node *els = p_body(P, e2, &w);
@@ -781,6 +784,21 @@ static node *p_macro_sig(parser *P, node *n) {
     }
     expect_op(P, ")");
     return n;
+}
+
+/* does the subtree reference `name`? (jinja2's find_undeclared: a macro accepts varargs,
+ * kwargs and caller only when its body mentions them) */
+static bool uses_name(const node *n, const char *name) {
+    if (!n) return false;
+    if (n->kind == N_NAME && !strcmp(n->name, name)) return true;
+    if (uses_name(n->a, name) || uses_name(n->b, name) || uses_name(n->c, name) || uses_name(n->d, name)) return true;
+    for (int i = 0; i < n->args.n; i++) if (uses_name(n->args.v[i], name)) return true;
+    for (int i = 0; i < n->kwargs.n; i++) if (uses_name(n->kwargs.v[i], name)) return true;
+    return false;
+}
+static void macro_flags(node *n) {
+    n->op = (uint8_t)((uses_name(n->b, "varargs") ? MACRO_VARARGS : 0) | (uses_name(n->b, "kwargs") ? MACRO_KWARGS : 0) |
+                      (uses_name(n->b, "caller") ? MACRO_CALLER : 0));
 }
 
 /* the rest of a block tag, then its body up to {% END %}: the body goes to n->b */
@@ -824,18 +842,28 @@ static node *p_stmt(parser *P) {
         if (is_op(cur(P), "|")) n->c = p_filter(P, NULL, false);
         return block_body(P, n, "endset");
     }
-    if (is_name(t, "macro")) {
+    if (is_name(t, "macro")) {   /* a function: loops outside it do not count */
         node *n = mk(P, S_MACRO, t);
         n->name = expect_name(P);
         p_macro_sig(P, n);
-        return block_body(P, n, "endmacro");
+        int loops = P->loops;
+        P->loops = 0;
+        block_body(P, n, "endmacro");
+        macro_flags(n);
+        P->loops = loops;
+        return n;
     }
     if (is_name(t, "call")) {
         node *n = mk(P, S_CALLBLOCK, t);
         if (is_op(cur(P), "(")) p_macro_sig(P, n);
         n->a = p_expr(P, true);
         if (n->a->kind != N_CALL) perr(P, t->line, t->col, "expected call");
-        return block_body(P, n, "endcall");
+        int loops = P->loops;
+        P->loops = 0;
+        block_body(P, n, "endcall");
+        macro_flags(n);
+        P->loops = loops;
+        return n;
     }
     if (is_name(t, "filter")) {
         node *n = mk(P, S_FILTERBLOCK, t);
@@ -861,6 +889,7 @@ static node *p_stmt(parser *P) {
         return p_body(P, e, &w);
     }
     if (is_name(t, "break") || is_name(t, "continue")) {
+        if (!P->loops) perr(P, t->line, t->col, "'%s' outside loop", is_name(t, "break") ? "break" : "continue");
         node *n = mk(P, is_name(t, "break") ? S_BREAK : S_CONTINUE, t);
         expect_bend(P);
         return n;

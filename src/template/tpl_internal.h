@@ -35,7 +35,7 @@ typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_TUPLE, 
 typedef struct tstr { size_t n; char p[]; } tstr;   /* UTF-8, NUL-terminated */
 typedef struct tlist tlist;
 typedef struct tdict tdict;
-typedef struct tmacro tmacro;
+typedef struct tmacro { struct node *def; struct frame *closure; const char *name; } tmacro;
 typedef struct tloop tloop;
 typedef struct val {
     uint8_t t;
@@ -68,6 +68,7 @@ enum {
     S_BODY, S_TEXT, S_OUT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_MACRO, S_CALLBLOCK, S_FILTERBLOCK,
     S_BREAK, S_CONTINUE, S_WITH,
 };
+enum { MACRO_VARARGS = 1, MACRO_KWARGS = 2, MACRO_CALLER = 4 };   /* S_MACRO / S_CALLBLOCK ->op */
 enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW,
        OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN };
 struct node {
@@ -111,6 +112,7 @@ typedef struct tpl_ctx {
     int64_t steps, max_steps;
     size_t max_out, out_total;
     int depth, max_depth;
+    int nest;               /* C recursion of eval/exec: bounded so no template overflows the stack */
     int64_t now;
     frame *globals;
     val pending_caller;     /* {% call %}: the caller() a macro call receives */
@@ -130,7 +132,8 @@ tstr *tpl_to_str(tpl_ctx *c, val v);
 void tpl_write_json(sbuf *b, val v, const char *indent, const char *item_sep, const char *key_sep,
                     bool sort_keys, bool ascii, int level);
 bool tpl_truthy(val v);
-bool tpl_eq(val a, val b);
+bool tpl_eq(val a, val b);          /* Python ==; fails the current render past 500 nested levels */
+extern _Thread_local tpl_ctx *tpl_current;
 int tpl_cmp(tpl_ctx *c, val a, val b, const char *op);   /* <0, 0, >0 or a TypeError */
 val *tpl_dict_get(tdict *d, val k);
 val *tpl_dict_gets(tdict *d, const char *k);

@@ -207,29 +207,45 @@ static void repr_str(sbuf *b, const char *s, size_t n) {
     sb_put(b, &q, 1);
 }
 
-void tpl_write_repr(sbuf *b, val v) {
+_Thread_local tpl_ctx *tpl_current;
+
+/* Python's repr: a namespace met again inside itself prints as {...} (Py_ReprEnter) */
+typedef struct repr_seen { const tdict *d; const struct repr_seen *up; int depth; } repr_seen;
+static void write_repr(sbuf *b, val v, const repr_seen *seen);
+void tpl_write_repr(sbuf *b, val v) { write_repr(b, v, NULL); }
+
+static void write_repr(sbuf *b, val v, const repr_seen *seen) {
+    int depth = seen ? seen->depth + 1 : 0;
+    if (depth > 500) tpl_fail(b->c, "maximum recursion depth exceeded while getting the repr of an object");
+    repr_seen here = {NULL, seen, depth};
     switch (v.t) {
     case V_STR: repr_str(b, v.s->p, v.s->n); break;
-    case V_UNDEF: break;
+    case V_UNDEF: sb_cstr(b, "Undefined"); break;   /* repr(Undefined); str() of it is "" */
     case V_LIST: case V_TUPLE:
         if (v.l->gen) { sb_cstr(b, "<generator object>"); break; }
         sb_cstr(b, v.t == V_LIST ? "[" : "(");
-        for (int64_t i = 0; i < v.l->n; i++) { if (i) sb_cstr(b, ", "); tpl_write_repr(b, v.l->v[i]); }
+        for (int64_t i = 0; i < v.l->n; i++) { if (i) sb_cstr(b, ", "); write_repr(b, v.l->v[i], &here); }
         sb_cstr(b, v.t == V_LIST ? "]" : v.l->n == 1 ? ",)" : ")");
         break;
     case V_DICT: case V_NS:
         if (v.t == V_NS) sb_cstr(b, "<Namespace ");
+        for (const repr_seen *r = seen; r; r = r->up)
+            if (r->d == v.d) { sb_cstr(b, v.t == V_NS ? "{...}>" : "{...}"); return; }
+        here.d = v.d;
         sb_cstr(b, "{");
         for (int64_t i = 0; i < v.d->n; i++) {
             if (i) sb_cstr(b, ", ");
-            tpl_write_repr(b, v.d->k[i]);
+            write_repr(b, v.d->k[i], &here);
             sb_cstr(b, ": ");
-            tpl_write_repr(b, v.d->v[i]);
+            write_repr(b, v.d->v[i], &here);
         }
         sb_cstr(b, "}");
         if (v.t == V_NS) sb_cstr(b, ">");
         break;
-    case V_MACRO: sb_cstr(b, "<Macro>"); break;
+    case V_MACRO:
+        if (v.m->def->kind == S_CALLBLOCK) sb_cstr(b, "<Macro anonymous>");
+        else { sb_cstr(b, "<Macro "); repr_str(b, v.m->def->name, strlen(v.m->def->name)); sb_cstr(b, ">"); }
+        break;
     case V_LOOP: sb_cstr(b, "<LoopContext>"); break;
     case V_FUNC: case V_CYCLER: case V_JOINER: sb_cstr(b, "<built-in function>"); break;
     default: write_scalar(b, v);
@@ -238,7 +254,7 @@ void tpl_write_repr(sbuf *b, val v) {
 
 void tpl_write_str(sbuf *b, val v) {
     if (v.t == V_STR) sb_put(b, v.s->p, v.s->n);
-    else tpl_write_repr(b, v);
+    else if (v.t != V_UNDEF) tpl_write_repr(b, v);
 }
 
 tstr *tpl_to_str(tpl_ctx *c, val v) {
@@ -374,7 +390,10 @@ bool tpl_truthy(val v) {
 static bool is_num(val v) { return v.t == V_BOOL || v.t == V_INT || v.t == V_FLOAT; }
 static double num_f(val v) { return v.t == V_FLOAT ? v.f : v.t == V_INT ? (double)v.i : v.b; }
 
-bool tpl_eq(val a, val b) {
+static bool eq_depth(val a, val b, int depth);
+bool tpl_eq(val a, val b) { return eq_depth(a, b, 0); }
+static bool eq_depth(val a, val b, int depth) {
+    if (depth > 500 && tpl_current) tpl_fail(tpl_current, "maximum recursion depth exceeded in comparison");
     if (is_num(a) && is_num(b)) {
         if (a.t != V_FLOAT && b.t != V_FLOAT) return (a.t == V_INT ? a.i : a.b) == (b.t == V_INT ? b.i : b.b);
         return num_f(a) == num_f(b);
@@ -386,13 +405,13 @@ bool tpl_eq(val a, val b) {
     case V_LIST: case V_TUPLE:
         if (a.l->gen || b.l->gen) return a.l == b.l;
         if (a.l->n != b.l->n) return false;
-        for (int64_t i = 0; i < a.l->n; i++) if (!tpl_eq(a.l->v[i], b.l->v[i])) return false;
+        for (int64_t i = 0; i < a.l->n; i++) if (!eq_depth(a.l->v[i], b.l->v[i], depth + 1)) return false;
         return true;
     case V_DICT:
         if (a.d->n != b.d->n) return false;
         for (int64_t i = 0; i < a.d->n; i++) {
             val *o = tpl_dict_get(b.d, a.d->k[i]);
-            if (!o || !tpl_eq(a.d->v[i], *o)) return false;
+            if (!o || !eq_depth(a.d->v[i], *o, depth + 1)) return false;
         }
         return true;
     case V_NS: return a.d == b.d;
