@@ -64,9 +64,10 @@ static void check_case(const char *label, const char *src, const cJSON *vars, co
     mmc_template_free(t);
 }
 
-static void test_fixtures(void) {
-    char *s = slurp("tests/fixtures/template/cases.json");
-    CHECKF(s, "tests/fixtures/template/cases.json missing (run tools/ref/gen_template.py)");
+/* path: the committed corpus, or a file of "units" from tools/ref/diff_template.py */
+static void test_fixtures(const char *path) {
+    char *s = slurp(path);
+    CHECKF(s, "%s missing (run tools/ref/gen_template.py)", path);
     if (!s) return;
     cJSON *d = cJSON_Parse(s);
     free(s);
@@ -75,7 +76,7 @@ static void test_fixtures(void) {
     const cJSON *tpls = cJSON_GetObjectItemCaseSensitive(d, "templates"), *sets = cJSON_GetObjectItemCaseSensitive(d, "message_sets");
     const cJSON *c;
     int n0 = g_cases, b0 = g_bad;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(d, "chat")) {
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(d, "chat")) {   /* absent in diff files */
         const char *tn = cJSON_GetObjectItemCaseSensitive(c, "template")->valuestring;
         const char *sn = cJSON_GetObjectItemCaseSensitive(c, "set")->valuestring;
         const cJSON *set = cJSON_GetObjectItemCaseSensitive(sets, sn);
@@ -199,8 +200,12 @@ static void test_sources(void) {
     rmdir(dir);
 }
 
-int main(void) {
-    test_fixtures();
+int main(int argc, char **argv) {
+    if (argc > 1) {   /* replay a differential file: build/test_template /tmp/d.json */
+        test_fixtures(argv[1]);
+        return test_done("test_template");
+    }
+    test_fixtures("tests/fixtures/template/cases.json");
     test_strftime_and_errors();
     test_sources();
     return test_done("test_template");
