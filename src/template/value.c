@@ -78,9 +78,9 @@ _Noreturn void tpl_undef_fail(tpl_ctx *c, val u) { tpl_fail(c, "%s", u.s ? u.s->
 
 /* ------------------------------------------------------------------ builder */
 void sb_put(sbuf *b, const char *p, size_t n) {
+    if (b->c->max_out && b->n + n > b->c->max_out)   /* every string built, not only the output */
+        tpl_fail(b->c, "the rendered text exceeds %zu bytes (limit)", b->c->max_out);
     if (b->n + n + 1 > b->cap) {
-        if (b->c->max_out && b->n + n > b->c->max_out)
-            tpl_fail(b->c, "the rendered text exceeds %zu bytes (limit)", b->c->max_out);
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n + 1) cap *= 2;
         char *q = tpl_alloc(&b->c->a, cap);
