@@ -9,6 +9,7 @@
  * fixtures cannot pin: strftime_now on a fixed clock, error positions, the limits, and the
  * template sources of a model directory. */
 #include "mmc_template.h"
+#include "mmc_tokenizer.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -200,6 +201,57 @@ static void test_sources(void) {
     rmdir(dir);
 }
 
+static void copy_file(const char *from, const char *to) {
+    char *s = slurp(from);
+    MMC_CHECK(s, "cannot read %s", from);
+    write_file(to, s);
+    free(s);
+}
+
+/* mmc_chat_render (src/tokenizer/chat.c) goes through the engine: the directory's
+ * chat_template.jinja wins over tokenizer_config.json, an edited file is read again, and
+ * assistant spans come from prefix renders (or the text, for a template that rewrites
+ * earlier turns) */
+static void test_chat_render(void) {
+    char dir[] = "/tmp/mmc_tpl_chatXXXXXX", p[512];
+    MMC_CHECK(mkdtemp(dir), "mkdtemp");
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    copy_file("tests/fixtures/tokenizer/tokenizer.json", p);
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    write_file(p, "{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}{% else %}"
+                  "{% for c in m.content %}{{ '[IMG]' if c.type == 'image' else c.text }}{% endfor %}{% endif %}</s>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}");
+    mmc_tokenizer *tok = NULL;
+    CHECK_OK(mmc_tokenizer_load(dir, &tok));
+    mmc_chat_part parts[2] = {{.type = MMC_CHAT_IMAGE}, {.type = MMC_CHAT_TEXT, .text = "What?"}};
+    mmc_chat_message m[3] = {{.role = "user", .parts = parts, .n_parts = 2}, {.role = "assistant", .content = "A cat."},
+                             {.role = "user", .content = "Sure?"}};
+    mmc_chat_options o = {.add_generation_prompt = true};
+    char *s = NULL;
+    mmc_chat_span *sp = NULL;
+    int nsp = 0;
+    CHECK_OK(mmc_chat_render(tok, m, 3, &o, &s, &sp, &nsp));
+    CHECK(s && !strcmp(s, "<user>[IMG]What?</s>\n<assistant>A cat.</s>\n<user>Sure?</s>\n<assistant>"));
+    CHECK(nsp == 1 && sp && s && !strncmp(s + sp[0].start, "A cat.</s>", 10) && sp[0].end - sp[0].start == 10);
+    free(s); free(sp);
+    /* edited: read again; a template that rewrites history: spans fall back to the text */
+    /* (a different size: seen even where mtimes are coarse) */
+    write_file(p, "{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m.role }}: {{ m.content if m.content is string else '' }};{% endfor %}");
+    CHECK_OK(mmc_chat_render(tok, m, 3, &o, &s, &sp, &nsp));
+    CHECK(s && !strcmp(s, "user: ;assistant: A cat.;LAST user: Sure?;"));
+    CHECK(nsp == 1 && sp && s && sp[0].end - sp[0].start == 6 && !strncmp(s + sp[0].start, "A cat.", 6));
+    free(s); free(sp);
+    /* the template's own error comes through */
+    write_file(p, "{{ raise_exception('no chats today') }}x");
+    CHECK(mmc_chat_render(tok, m, 3, &o, &s, NULL, NULL) != MMC_OK);
+    CHECKF(strstr(mmc_last_error(), "no chats today"), "%s", mmc_last_error());
+    mmc_tokenizer_free(tok);
+    remove(p);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    remove(p);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) {   /* replay a differential file: build/test_template /tmp/d.json */
         test_fixtures(argv[1]);
@@ -208,5 +260,6 @@ int main(int argc, char **argv) {
     test_fixtures("tests/fixtures/template/cases.json");
     test_strftime_and_errors();
     test_sources();
+    test_chat_render();
     return test_done("test_template");
 }

@@ -25,6 +25,7 @@
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,9 @@ typedef struct {
     const mmc_tokenizer *tok;
     const char *tok_tpl;   /* tok->chat_template when cached (identity check) */
     char dir[1024];
+    char origin[1100];     /* the file the template came from ("" : tok->chat_template) */
+    struct timespec mtime; /* ... and its mtime and size, so an edited file is read again */
+    off_t size;
     mmc_template *t;
     char *bos, *eos;
     int refs;              /* renders using it now; only an unused entry is replaced */
@@ -43,6 +47,13 @@ typedef struct {
 static tpl_cache_entry g_cache[TPL_CACHE];
 static int g_cache_next;
 static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static bool same_file(const tpl_cache_entry *e) {
+    if (!e->origin[0]) return true;
+    struct stat sb;
+    return !stat(e->origin, &sb) && sb.st_size == e->size && sb.st_mtim.tv_sec == e->mtime.tv_sec &&
+           sb.st_mtim.tv_nsec == e->mtime.tv_nsec;
+}
 
 /* the parsed template of tok (cached), with bos/eos */
 static void entry_clear(tpl_cache_entry *e) {
@@ -67,15 +78,16 @@ static mmc_status chat_template_of(const mmc_tokenizer *tok, tpl_cache_entry **o
     snprintf(dir, sizeof dir, "%.*s", sl ? (int)(sl - tok->path) : 1, sl ? tok->path : ".");
     pthread_mutex_lock(&g_cache_mu);
     for (int i = 0; i < TPL_CACHE; i++)
-        if (g_cache[i].t && g_cache[i].tok == tok && g_cache[i].tok_tpl == tok->chat_template && !strcmp(g_cache[i].dir, dir)) {
+        if (g_cache[i].t && g_cache[i].tok == tok && g_cache[i].tok_tpl == tok->chat_template && !strcmp(g_cache[i].dir, dir) &&
+            same_file(&g_cache[i])) {
             *out = &g_cache[i];
             g_cache[i].refs++;
             pthread_mutex_unlock(&g_cache_mu);
             return MMC_OK;
         }
-    char *src = NULL, *bos = NULL, *eos = NULL;
+    char *src = NULL, *bos = NULL, *eos = NULL, *origin = NULL;
     mmc_template *t = NULL;
-    mmc_status st = mmc_template_find(dir, NULL, &src, NULL);
+    mmc_status st = mmc_template_find(dir, NULL, &src, &origin);
     if (st == MMC_ERR_NOT_FOUND && tok->chat_template) st = (src = strdup(tok->chat_template)) ? MMC_OK : MMC_ERR_OOM;
     if (st == MMC_ERR_NOT_FOUND)
         st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s has no chat_template (looked for chat_template.jinja, chat_template.json, "
@@ -83,7 +95,7 @@ static mmc_status chat_template_of(const mmc_tokenizer *tok, tpl_cache_entry **o
     if (!st) st = mmc_template_special_tokens(dir, &bos, &eos);
     if (!st && (st = mmc_template_parse(src, -1, &t))) mmc_error_prefix(st, "chat template of %s", dir);
     free(src);
-    if (st) { free(bos); free(eos); pthread_mutex_unlock(&g_cache_mu); return st; }
+    if (st) { free(bos); free(eos); free(origin); pthread_mutex_unlock(&g_cache_mu); return st; }
     /* an unused slot, round-robin; none: a private entry freed after this render */
     tpl_cache_entry *e = NULL;
     for (int k = 0; k < TPL_CACHE && !e; k++) {
@@ -92,13 +104,20 @@ static mmc_status chat_template_of(const mmc_tokenizer *tok, tpl_cache_entry **o
     }
     if (e) entry_clear(e);
     else if (!(e = calloc(1, sizeof *e))) {
-        mmc_template_free(t); free(bos); free(eos);
+        mmc_template_free(t); free(bos); free(eos); free(origin);
         pthread_mutex_unlock(&g_cache_mu);
         return mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory");
     }
     bool cached = e >= g_cache && e < g_cache + TPL_CACHE;
     *e = (tpl_cache_entry){.tok = tok, .tok_tpl = tok->chat_template, .t = t, .bos = bos, .eos = eos, .refs = 1, .cached = cached};
     snprintf(e->dir, sizeof e->dir, "%s", dir);
+    struct stat sb;
+    if (origin && !stat(origin, &sb) && S_ISREG(sb.st_mode)) {
+        snprintf(e->origin, sizeof e->origin, "%s", origin);
+        e->mtime = sb.st_mtim;
+        e->size = sb.st_size;
+    }
+    free(origin);
     *out = e;
     pthread_mutex_unlock(&g_cache_mu);
     return MMC_OK;
