@@ -679,7 +679,6 @@ static val call_value(tpl_ctx *c, frame *f, val fn, args_t *a) {
             val m = arg(a, 0, "message", v_undef(NULL));
             tstr *s = tpl_to_str(c, m);
             snprintf(c->err, sizeof c->err, "%s", s->p);
-            c->raised = true;
             longjmp(c->jb, 1);
         }
         case F_STRFTIME: {
@@ -1638,8 +1637,7 @@ static mmc_status render(const mmc_template *t, const cJSON *vars, const cJSON *
     tpl_ctx *outer = tpl_current;   /* renders nest only through separate threads, but be safe */
     tpl_current = c;
     if (setjmp(c->jb)) {
-        st = c->raised ? MMC_ERR_INVALID : MMC_ERR_INVALID;
-        mmc_error(st, "%s", c->err);
+        st = mmc_error(MMC_ERR_INVALID, "%s", c->err);   /* raise_exception(): the message alone */
         goto done;
     }
     c->globals = new_frame(c, NULL);

@@ -152,9 +152,8 @@ static void lex_string(parser *P) {
 static const char *const OPS[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
                                   ">", "=", "(", ")", "[", "]", "{", "}", ",", ".", ":", "|", ";"};
 
-/* tokens of one tag until its end; returns the position after the end marker */
-static void lex_tag(parser *P, bool block, bool comment_unused) {
-    (void)comment_unused;
+/* tokens of one tag up to and including its end marker (whitespace control applied after it) */
+static void lex_tag(parser *P, bool block) {
     int depth = 0;
     for (;;) {
         while (P->pos < P->n && is_ws(P->s[P->pos])) advance_to(P, P->pos + 1);
@@ -326,7 +325,7 @@ static void lex(parser *P) {
         } else {
             push(P, kind == '%' ? K_BBEGIN : K_VBEGIN, q);
             advance_to(P, q + 2 + (mod == '-' || mod == '+'));
-            lex_tag(P, kind == '%', false);
+            lex_tag(P, kind == '%');
         }
         line_starting = P->pos > 0 && P->s[P->pos - 1] == '\n';
     }

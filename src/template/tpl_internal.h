@@ -31,7 +31,7 @@ void tpl_arena_free(tpl_arena *a);
 
 /* ------------------------------------------------------------------ values */
 typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_TUPLE, V_DICT, V_NS,
-               V_MACRO, V_FUNC, V_LOOP, V_CYCLER, V_JOINER } vtype;
+               V_MACRO, V_FUNC, V_LOOP } vtype;
 typedef struct tstr { size_t n; char p[]; } tstr;   /* UTF-8, NUL-terminated */
 typedef struct tlist tlist;
 typedef struct tdict tdict;
@@ -107,7 +107,6 @@ typedef struct tpl_ctx {
     tpl_arena a;
     jmp_buf jb;
     char err[2048];
-    bool raised;            /* err is a raise_exception() message, verbatim */
     int line, col;          /* the node being evaluated */
     int64_t steps, max_steps;
     size_t max_out, out_total;

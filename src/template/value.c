@@ -247,7 +247,7 @@ static void write_repr(sbuf *b, val v, const repr_seen *seen) {
         else { sb_cstr(b, "<Macro "); repr_str(b, v.m->def->name, strlen(v.m->def->name)); sb_cstr(b, ">"); }
         break;
     case V_LOOP: sb_cstr(b, "<LoopContext>"); break;
-    case V_FUNC: case V_CYCLER: case V_JOINER: sb_cstr(b, "<built-in function>"); break;
+    case V_FUNC: sb_cstr(b, "<built-in function>"); break;
     default: write_scalar(b, v);
     }
 }
