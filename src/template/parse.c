@@ -809,6 +809,17 @@ static node *block_body(parser *P, node *n, const char *end) {
     return n;
 }
 
+/* the body of a macro or of a {% call %}'s caller(): a function, so loops around it do not
+ * count for break/continue, and it accepts varargs/kwargs/caller only if it mentions them */
+static node *function_body(parser *P, node *n, const char *end) {
+    int loops = P->loops;
+    P->loops = 0;
+    block_body(P, n, end);
+    macro_flags(n);
+    P->loops = loops;
+    return n;
+}
+
 static node *p_stmt(parser *P) {
     token *b = nexttk(P);   /* K_BBEGIN */
     token *t = cur(P);
@@ -845,24 +856,14 @@ static node *p_stmt(parser *P) {
         node *n = mk(P, S_MACRO, t);
         n->name = expect_name(P);
         p_macro_sig(P, n);
-        int loops = P->loops;
-        P->loops = 0;
-        block_body(P, n, "endmacro");
-        macro_flags(n);
-        P->loops = loops;
-        return n;
+        return function_body(P, n, "endmacro");
     }
     if (is_name(t, "call")) {
         node *n = mk(P, S_CALLBLOCK, t);
         if (is_op(cur(P), "(")) p_macro_sig(P, n);
         n->a = p_expr(P, true);
         if (n->a->kind != N_CALL) perr(P, t->line, t->col, "expected call");
-        int loops = P->loops;
-        P->loops = 0;
-        block_body(P, n, "endcall");
-        macro_flags(n);
-        P->loops = loops;
-        return n;
+        return function_body(P, n, "endcall");   /* caller() is a macro too */
     }
     if (is_name(t, "filter")) {
         node *n = mk(P, S_FILTERBLOCK, t);
