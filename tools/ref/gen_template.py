@@ -42,6 +42,13 @@ T["qwen2_vl"] = (
     "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# the tool list both Qwen2.5 and Qwen3 print in their system turn
+QWEN_TOOLS = r"""    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}"""
+
 T["qwen2_5"] = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0]['role'] == 'system' %}
@@ -50,11 +57,7 @@ T["qwen2_5"] = r"""{%- if tools %}
         {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
     {%- endif %}
     {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+@QWEN_TOOLS@
 {%- else %}
     {%- if messages[0]['role'] == 'system' %}
         {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
@@ -104,11 +107,7 @@ T["qwen3"] = r"""{%- if tools %}
         {{- messages[0].content + '\n\n' }}
     {%- endif %}
     {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+@QWEN_TOOLS@
 {%- else %}
     {%- if messages[0].role == 'system' %}
         {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
@@ -190,6 +189,9 @@ T["qwen3"] = r"""{%- if tools %}
         {{- '<think>\n\n</think>\n\n' }}
     {%- endif %}
 {%- endif %}"""
+
+T["qwen2_5"] = T["qwen2_5"].replace("@QWEN_TOOLS@", QWEN_TOOLS)
+T["qwen3"] = T["qwen3"].replace("@QWEN_TOOLS@", QWEN_TOOLS)
 
 T["llama3_1"] = r"""{{- bos_token }}
 {%- if custom_tools is defined %}
