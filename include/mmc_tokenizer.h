@@ -68,16 +68,13 @@ int mmc_tokenizer_eos_ids(const mmc_tokenizer *tok, int32_t *ids, int cap);
 const char *mmc_tokenizer_chat_template(const mmc_tokenizer *tok);
 
 /* ------------------------------------------------------------------ chat template
- * Qwen2 / Qwen2-VL ChatML rendered in C (the exact string transformers'
- * apply_chat_template produces with the Qwen2-VL template):
- *   [<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n  if the first message is not system]
- *   <|im_start|>{role}\n{content}<|im_end|>\n  per message, where content parts render as
- *     text -> the text, image -> <|vision_start|><|image_pad|><|vision_end|>,
- *     video -> <|vision_start|><|video_pad|><|vision_end|> (with add_vision_id:
- *     "Picture k: " / "Video k: " before them)
- *   [<|im_start|>assistant\n  with add_generation_prompt]
- * mmc_chat_* return MMC_ERR_UNSUPPORTED when the tokenizer's chat_template is missing or
- * is not a Qwen2/Qwen2-VL ChatML template. */
+ * Messages rendered with the model's own chat template by the Jinja engine (mmc_template.h),
+ * exactly as transformers' apply_chat_template(tokenize=False): the template of the
+ * tokenizer's directory in transformers 5's precedence (chat_template.jinja,
+ * chat_template.json, processor_config.json, tokenizer_config.json), else the one the
+ * tokenizer loaded; content parts become {"type": "text"|"image"|"video"}; bos/eos from
+ * tokenizer_config.json. mmc_chat_* return MMC_ERR_UNSUPPORTED when there is no chat
+ * template, and the template's own error (raise_exception ...) otherwise. */
 typedef enum { MMC_CHAT_TEXT = 0, MMC_CHAT_IMAGE, MMC_CHAT_VIDEO } mmc_chat_part_type;
 typedef struct {
     mmc_chat_part_type type;
@@ -94,8 +91,9 @@ typedef struct {
     bool add_vision_id;
 } mmc_chat_options;
 
-/* Byte span [start, end) of one assistant turn in the rendered string: the content plus its
- * closing <|im_end|> (not the role header, not the trailing "\n"). */
+/* Byte span [start, end) of one assistant turn in the rendered string: what the template adds
+ * for it after the generation prompt, trailing whitespace excluded — for ChatML the content
+ * plus its closing <|im_end|> (not the role header, not the trailing "\n"). */
 typedef struct { int64_t start, end; } mmc_chat_span;
 
 /* Render to a malloc'd string; *spans (malloc'd, may be NULL if spans == NULL) gets one span

@@ -58,5 +58,7 @@ int cmd_launch(int argc, char **argv);
 void help_launch(FILE *f);
 int cmd_export(int argc, char **argv);
 void help_export(FILE *f);
+int cmd_template(int argc, char **argv);
+void help_template(FILE *f);
 
 #endif

@@ -1,49 +1,156 @@
-/* chat.c — the Qwen2 / Qwen2-VL ChatML chat template rendered directly in C (no Jinja).
+/* chat.c — chat messages to the prompt string and ids, through the model's own chat
+ * template executed by the Jinja engine (src/template/): the one renderer generate, chat,
+ * train and eval share, so that training and serving cannot drift.
  *
- * Mirrors the output of transformers' apply_chat_template with Qwen2-VL's template
- * (tokenizer_config.json "chat_template"): a default system turn "You are a helpful
- * assistant." when the first message is not a system message, "<|im_start|>{role}\n
- * {content}<|im_end|>\n" per message, image/video parts as vision placeholders (optionally
- * numbered with add_vision_id), and "<|im_start|>assistant\n" for add_generation_prompt.
- * The template text is only inspected to recognise it; anything else is refused.
+ * Mirrors transformers' apply_chat_template(tokenize=False): the template comes from the
+ * tokenizer's directory in transformers 5's precedence (mmc_template_find:
+ * chat_template.jinja, chat_template.json, processor_config.json, tokenizer_config.json),
+ * falling back to the chat_template the tokenizer loaded; bos_token / eos_token come from
+ * tokenizer_config.json; content parts become {"type": "text"|"image"|"video"} dicts, and
+ * add_vision_id is passed when set.
+ *
+ * Assistant spans (the training loss mask) are found the way the template itself defines
+ * turns: the text an assistant message adds is render(messages[:i+1]) minus
+ * render(messages[:i], add_generation_prompt=True), trailing whitespace excluded — for
+ * ChatML that is the content plus <|im_end|>. A template that is not prefix-consistent
+ * there (one that rewrites earlier turns, e.g. Qwen3 dropping old <think> blocks) falls
+ * back to the assistant's text content as found in order in the full rendering.
+ *
+ * Parsed templates are cached per tokenizer (a few reference-counted entries that live for
+ * the process); rendering is reentrant, so several threads may render at once.
  */
 #include "tok_internal.h"
 
+#include "mmc_template.h"
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) { b->oom = true; return; }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+    const mmc_tokenizer *tok;
+    const char *tok_tpl;   /* tok->chat_template when cached (identity check) */
+    char dir[1024];
+    char origin[1100];     /* the file the template came from ("" : tok->chat_template) */
+    struct timespec mtime; /* ... and its mtime and size, so an edited file is read again */
+    off_t size;
+    mmc_template *t;
+    char *bos, *eos;
+    int refs;              /* renders using it now; only an unused entry is replaced */
+    bool cached;           /* false: a private entry (cache full of busy ones), freed on release */
+} tpl_cache_entry;
 
-/* 0: unknown, 1: Qwen2 text ChatML, 2: Qwen2-VL ChatML */
-static int template_kind(const char *tpl) {
-    if (!tpl) return 0;
-    if (!strstr(tpl, "<|im_start|>") || !strstr(tpl, "<|im_end|>") ||
-        !strstr(tpl, "You are a helpful assistant.") || strstr(tpl, "tools") ||
-        strstr(tpl, "tool_call") || strstr(tpl, "<think>") || strstr(tpl, "reasoning_content"))
-        return 0;
-    if (strstr(tpl, "<|vision_start|><|image_pad|><|vision_end|>")) return 2;
-    if (strstr(tpl, "image") || strstr(tpl, "video")) return 0;
-    return 1;
+#define TPL_CACHE 8
+static tpl_cache_entry g_cache[TPL_CACHE];
+static int g_cache_next;
+static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static bool same_file(const tpl_cache_entry *e) {
+    if (!e->origin[0]) return true;
+    struct stat sb;
+    return !stat(e->origin, &sb) && sb.st_size == e->size && sb.st_mtim.tv_sec == e->mtime.tv_sec &&
+           sb.st_mtim.tv_nsec == e->mtime.tv_nsec;
+}
+
+/* the parsed template of tok (cached), with bos/eos */
+static void entry_clear(tpl_cache_entry *e) {
+    mmc_template_free(e->t);
+    free(e->bos);
+    free(e->eos);
+    e->t = NULL;
+    e->bos = e->eos = NULL;
+}
+
+static void chat_template_release(tpl_cache_entry *e) {
+    pthread_mutex_lock(&g_cache_mu);
+    bool priv = !e->cached;
+    e->refs--;
+    pthread_mutex_unlock(&g_cache_mu);
+    if (priv) { entry_clear(e); free(e); }
+}
+
+static mmc_status chat_template_of(const mmc_tokenizer *tok, tpl_cache_entry **out) {
+    char dir[1024];
+    const char *sl = strrchr(tok->path, '/');
+    snprintf(dir, sizeof dir, "%.*s", sl ? (int)(sl - tok->path) : 1, sl ? tok->path : ".");
+    pthread_mutex_lock(&g_cache_mu);
+    for (int i = 0; i < TPL_CACHE; i++)
+        if (g_cache[i].t && g_cache[i].tok == tok && g_cache[i].tok_tpl == tok->chat_template && !strcmp(g_cache[i].dir, dir) &&
+            same_file(&g_cache[i])) {
+            *out = &g_cache[i];
+            g_cache[i].refs++;
+            pthread_mutex_unlock(&g_cache_mu);
+            return MMC_OK;
+        }
+    char *src = NULL, *bos = NULL, *eos = NULL, *origin = NULL;
+    mmc_template *t = NULL;
+    mmc_status st = mmc_template_find(dir, NULL, &src, &origin);
+    if (st == MMC_ERR_NOT_FOUND && tok->chat_template) st = (src = strdup(tok->chat_template)) ? MMC_OK : MMC_ERR_OOM;
+    if (st == MMC_ERR_NOT_FOUND)
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s has no chat_template (looked for chat_template.jinja, chat_template.json, "
+                       "and \"chat_template\" in processor_config.json and tokenizer_config.json)", tok->path);
+    if (!st) st = mmc_template_special_tokens(dir, &bos, &eos);
+    if (!st && (st = mmc_template_parse(src, -1, &t))) mmc_error_prefix(st, "chat template of %s", dir);
+    free(src);
+    if (st) { free(bos); free(eos); free(origin); pthread_mutex_unlock(&g_cache_mu); return st; }
+    /* an unused slot, round-robin; none: a private entry freed after this render */
+    tpl_cache_entry *e = NULL;
+    for (int k = 0; k < TPL_CACHE && !e; k++) {
+        tpl_cache_entry *c = &g_cache[(g_cache_next + k) % TPL_CACHE];
+        if (!c->refs) { e = c; g_cache_next = (g_cache_next + k + 1) % TPL_CACHE; }
+    }
+    if (e) entry_clear(e);
+    else if (!(e = calloc(1, sizeof *e))) {
+        mmc_template_free(t); free(bos); free(eos); free(origin);
+        pthread_mutex_unlock(&g_cache_mu);
+        return mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory");
+    }
+    bool cached = e >= g_cache && e < g_cache + TPL_CACHE;
+    *e = (tpl_cache_entry){.tok = tok, .tok_tpl = tok->chat_template, .t = t, .bos = bos, .eos = eos, .refs = 1, .cached = cached};
+    snprintf(e->dir, sizeof e->dir, "%s", dir);
+    struct stat sb;
+    if (origin && !stat(origin, &sb) && S_ISREG(sb.st_mode)) {
+        snprintf(e->origin, sizeof e->origin, "%s", origin);
+        e->mtime = sb.st_mtim;
+        e->size = sb.st_size;
+    }
+    free(origin);
+    *out = e;
+    pthread_mutex_unlock(&g_cache_mu);
+    return MMC_OK;
+}
+
+static cJSON *messages_json(const mmc_chat_message *msgs, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        if (!m) { cJSON_Delete(a); return NULL; }
+        cJSON_AddItemToArray(a, m);
+        cJSON_AddStringToObject(m, "role", msgs[i].role);
+        if (msgs[i].content) { cJSON_AddStringToObject(m, "content", msgs[i].content); continue; }
+        cJSON *parts = cJSON_AddArrayToObject(m, "content");
+        for (int j = 0; parts && j < msgs[i].n_parts; j++) {
+            const mmc_chat_part *p = &msgs[i].parts[j];
+            cJSON *o = cJSON_CreateObject();
+            if (!o) break;
+            cJSON_AddItemToArray(parts, o);
+            cJSON_AddStringToObject(o, "type", p->type == MMC_CHAT_IMAGE ? "image" : p->type == MMC_CHAT_VIDEO ? "video" : "text");
+            if (p->type == MMC_CHAT_TEXT) cJSON_AddStringToObject(o, "text", p->text ? p->text : "");
+        }
+    }
+    return a;
+}
+
+static mmc_status render_n(const tpl_cache_entry *e, cJSON *all, int n, bool gen, const cJSON *extra, char **out, size_t *len) {
+    cJSON *sub = cJSON_CreateArray();
+    if (!sub) return mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory");
+    for (int i = 0; i < n; i++) cJSON_AddItemReferenceToArray(sub, cJSON_GetArrayItem(all, i));
+    mmc_status st = mmc_template_render_chat(e->t, sub, NULL, NULL, gen, extra, NULL, out, len);
+    cJSON_Delete(sub);
+    return st;
 }
 
 mmc_status mmc_chat_render(const mmc_tokenizer *tok, const mmc_chat_message *msgs, int n_msgs,
@@ -53,66 +160,72 @@ mmc_status mmc_chat_render(const mmc_tokenizer *tok, const mmc_chat_message *msg
     *out = NULL;
     if (spans) *spans = NULL;
     if (n_spans) *n_spans = 0;
-    int kind = template_kind(tok->chat_template);
-    if (!kind)
-        return mmc_error(MMC_ERR_UNSUPPORTED,
-                         "chat template of %s: %s; mmc renders only the Qwen2/Qwen2-VL ChatML template "
-                         "(default system prompt, no tools/thinking)",
-                         tok->path, tok->chat_template ? "not a recognised Qwen2/Qwen2-VL ChatML template"
-                                                       : "tokenizer_config.json has no chat_template");
-    mmc_chat_options o = opt ? *opt : (mmc_chat_options){0};
-    sbuf b = {0};
     int n_asst = 0;
     for (int i = 0; i < n_msgs; i++) {
         if (!msgs[i].role) return mmc_error(MMC_ERR_INVALID, "mmc_chat_render: message %d has no role", i);
         if (!msgs[i].content && msgs[i].n_parts > 0 && !msgs[i].parts)
             return mmc_error(MMC_ERR_INVALID, "mmc_chat_render: message %d has n_parts but no parts", i);
-        if (!msgs[i].content && kind == 1 && msgs[i].n_parts)
-            return mmc_error(MMC_ERR_UNSUPPORTED, "chat template of %s is text-only: message %d has content parts", tok->path, i);
         n_asst += !strcmp(msgs[i].role, "assistant");
     }
+    tpl_cache_entry *e;
+    mmc_status st = chat_template_of(tok, &e);
+    if (st) return st;
+    mmc_chat_options o = opt ? *opt : (mmc_chat_options){0};
+    cJSON *all = messages_json(msgs, n_msgs), *extra = cJSON_CreateObject();
+    char *full = NULL, *a = NULL, *b = NULL;
     mmc_chat_span *sp = NULL;
+    size_t nf = 0;
+    if (!all || !extra) { st = mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory"); goto done; }
+    if (e->bos) cJSON_AddStringToObject(extra, "bos_token", e->bos);
+    if (e->eos) cJSON_AddStringToObject(extra, "eos_token", e->eos);
+    if (o.add_vision_id) cJSON_AddTrueToObject(extra, "add_vision_id");
+    if ((st = render_n(e, all, n_msgs, o.add_generation_prompt, extra, &full, &nf))) {
+        mmc_error_prefix(st, "chat template of %s", e->dir);
+        goto done;
+    }
     if (spans && n_asst) {
-        sp = malloc((size_t)n_asst * sizeof *sp);
-        if (!sp) return mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory");
-    }
-    int k = 0, n_img = 0, n_vid = 0;
-    char num[64];
-    for (int i = 0; i < n_msgs; i++) {
-        const mmc_chat_message *m = &msgs[i];
-        if (i == 0 && strcmp(m->role, "system"))
-            sb_str(&b, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
-        sb_str(&b, "<|im_start|>");
-        sb_str(&b, m->role);
-        sb_str(&b, "\n");
-        bool asst = !strcmp(m->role, "assistant");
-        size_t start = b.n;
-        if (m->content) sb_str(&b, m->content);
-        else
-            for (int j = 0; j < m->n_parts; j++) {
-                const mmc_chat_part *p = &m->parts[j];
-                if (p->type == MMC_CHAT_IMAGE) {
-                    n_img++;
-                    if (o.add_vision_id) { snprintf(num, sizeof num, "Picture %d: ", n_img); sb_str(&b, num); }
-                    sb_str(&b, "<|vision_start|><|image_pad|><|vision_end|>");
-                } else if (p->type == MMC_CHAT_VIDEO) {
-                    n_vid++;
-                    if (o.add_vision_id) { snprintf(num, sizeof num, "Video %d: ", n_vid); sb_str(&b, num); }
-                    sb_str(&b, "<|vision_start|><|video_pad|><|vision_end|>");
-                } else if (p->text) sb_str(&b, p->text);
+        if (!(sp = malloc((size_t)n_asst * sizeof *sp))) { st = mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory"); goto done; }
+        size_t from = 0;
+        for (int i = 0, k = 0; i < n_msgs; i++) {
+            if (strcmp(msgs[i].role, "assistant")) continue;
+            size_t na = 0, nb = 0;
+            bool ok = !render_n(e, all, i, true, extra, &a, &na) && !render_n(e, all, i + 1, false, extra, &b, &nb);
+            while (ok && nb > na && (b[nb - 1] == '\n' || b[nb - 1] == ' ' || b[nb - 1] == '\t' || b[nb - 1] == '\r')) nb--;
+            ok = ok && na >= from && nb > na && nb <= nf && !memcmp(a, b, na) && !memcmp(b, full, nb);
+            if (ok) sp[k] = (mmc_chat_span){(int64_t)na, (int64_t)nb};
+            else {   /* not prefix-consistent: the assistant's text, found in order */
+                size_t tl = 0;
+                char *txt = NULL;
+                if (msgs[i].content) txt = strdup(msgs[i].content);
+                else {
+                    for (int j = 0; j < msgs[i].n_parts; j++) if (msgs[i].parts[j].type == MMC_CHAT_TEXT && msgs[i].parts[j].text) tl += strlen(msgs[i].parts[j].text);
+                    if ((txt = calloc(tl + 1, 1)))
+                        for (int j = 0; j < msgs[i].n_parts; j++) if (msgs[i].parts[j].type == MMC_CHAT_TEXT && msgs[i].parts[j].text) strcat(txt, msgs[i].parts[j].text);
+                }
+                const char *hit = txt && *txt ? memmem(full + from, nf - from, txt, strlen(txt)) : NULL;
+                sp[k] = hit ? (mmc_chat_span){(int64_t)(hit - full), (int64_t)(hit - full) + (int64_t)strlen(txt)}
+                            : (mmc_chat_span){(int64_t)from, (int64_t)from};
+                free(txt);
             }
-        sb_str(&b, "<|im_end|>");
-        if (asst && sp) { sp[k].start = (int64_t)start; sp[k].end = (int64_t)b.n; }
-        k += asst;
-        sb_str(&b, "\n");
+            from = (size_t)sp[k].end;
+            k++;
+            free(a); free(b);
+            a = b = NULL;
+        }
     }
-    if (o.add_generation_prompt) sb_str(&b, "<|im_start|>assistant\n");
-    if (!b.p) sb_add(&b, "", 0);
-    if (b.oom) { free(b.p); free(sp); return mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory"); }
-    *out = b.p;
-    if (spans) *spans = sp;
+    *out = full;
+    full = NULL;
+    if (spans) { *spans = sp; sp = NULL; }
     if (n_spans) *n_spans = n_asst;
-    return MMC_OK;
+done:
+    free(full);
+    free(a);
+    free(b);
+    free(sp);
+    cJSON_Delete(all);
+    cJSON_Delete(extra);
+    chat_template_release(e);
+    return st;
 }
 
 mmc_status mmc_chat_encode(const mmc_tokenizer *tok, const mmc_chat_message *msgs, int n_msgs,
@@ -125,7 +238,7 @@ mmc_status mmc_chat_encode(const mmc_tokenizer *tok, const mmc_chat_message *msg
     mmc_chat_span *sp = NULL;
     int nsp = 0;
     int64_t *offs = NULL;
-    mmc_status st = mmc_chat_render(tok, msgs, n_msgs, opt, &s, &sp, &nsp);
+    mmc_status st = mmc_chat_render(tok, msgs, n_msgs, opt, &s, mask ? &sp : NULL, &nsp);
     if (st) return st;
     st = mmc_tokenizer_encode_offsets(tok, s, -1, false, ids, &offs, n);
     if (!st && mask) {
