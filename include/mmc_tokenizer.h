@@ -66,6 +66,11 @@ int32_t mmc_tokenizer_special_id(const mmc_tokenizer *tok, mmc_tok_role role);
 int mmc_tokenizer_eos_ids(const mmc_tokenizer *tok, int32_t *ids, int cap);
 /* The chat_template string of tokenizer_config.json, or NULL. */
 const char *mmc_tokenizer_chat_template(const mmc_tokenizer *tok);
+/* Override the template source for every later render (src: a template's text, which then wins
+ * over the directory's files, as `--chat-template FILE` does), and/or pick one of several named
+ * templates (name: as transformers' chat_template=NAME). Either may be NULL. Not thread-safe
+ * against renders in flight: set it before rendering. */
+mmc_status mmc_tokenizer_set_chat_template(mmc_tokenizer *tok, const char *src, const char *name);
 
 /* ------------------------------------------------------------------ chat template
  * Messages rendered with the model's own chat template by the Jinja engine (mmc_template.h),

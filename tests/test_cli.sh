@@ -135,6 +135,19 @@ expect_rc 0 "$MMC" info tests/fixtures/diffusion/pipe_flux; expect_out "FluxPipe
 expect_rc 1 "$MMC" generate --model $GD --prompt hi; expect_err "generation_config.json: top_p"
 rm -rf $GD
 
+# --chat-template FILE replaces the model's template: one that prints the message alone gives
+# the --raw prompt; an unknown --chat-template-name is an error naming what there is
+printf '{%% set c = messages[0].content %%}{%% if c is string %%}{{ c }}{%% else %%}{{ c[0].text }}{%% endif %%}' > /tmp/mmc_cli_tpl.$$
+expect_rc 0 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt "What colour is the circle?" --max-new-tokens 4 --json --raw
+raw=$(sed -E 's/"load_seconds.*//' /tmp/mmc_cli_out.$$)
+expect_rc 0 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt "What colour is the circle?" --max-new-tokens 4 --json --chat-template /tmp/mmc_cli_tpl.$$
+[ "$(sed -E 's/"load_seconds.*//' /tmp/mmc_cli_out.$$)" = "$raw" ] && ok || bad "--chat-template: $(cat /tmp/mmc_cli_out.$$) != --raw $raw"
+expect_rc 1 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt hi --chat-template-name nosuch; expect_err "nosuch"
+expect_rc 1 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt hi --chat-template /nonexistent.jinja; expect_err "nonexistent.jinja"
+printf '{{ raise_exception("no system role here") }}' > /tmp/mmc_cli_tpl.$$
+expect_rc 1 "$MMC" generate --model tests/fixtures/qwen2/chat --prompt hi --chat-template /tmp/mmc_cli_tpl.$$; expect_err "no system role here"
+rm -f /tmp/mmc_cli_tpl.$$
+
 # vision-language generate: one image, token-identical to transformers (tools/ref/gen_vl_chat.py)
 VLDIR=tests/fixtures/qwen2_vl_chat
 want=$(sed -E 's/.*"new_ids": (\[[^]]*\]).*/\1/' $VLDIR/expected.json)

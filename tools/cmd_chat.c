@@ -19,6 +19,9 @@ void help_chat(FILE *f) {
             "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
             "  --adapter DIR            apply this PEFT LoRA adapter to the model (no merge needed)\n"
             "  --system TEXT            system prompt (default: the template's default)\n"
+            "  --chat-template FILE     render with this Jinja template instead of the model's\n"
+            "  --chat-template-name N   use the model's template named N (tokenizer_config.json's\n"
+            "                           list of {name, template}, or additional_chat_templates/N.jinja)\n"
             "  --video FILE|DIR         a video (file, sampled at 2 fps or as the processor config\n"
             "                           says, or a folder of frames) for the first message\n"
             "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
@@ -40,7 +43,7 @@ static void trim(char *s) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *adapter = NULL, *system = NULL, *video = NULL;
+    const char *model = NULL, *adapter = NULL, *system = NULL, *video = NULL, *tpl = NULL, *tpl_name = NULL;
     cli_sampling sp;
     cli_sampling_init(&sp);
     long long max_image_pixels = 0;
@@ -51,6 +54,8 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--adapter")) { VAL(); adapter = v; }
         else if (!strcmp(a, "--system")) { VAL(); system = v; }
         else if (!strcmp(a, "--video")) { VAL(); video = v; }
+        else if (!strcmp(a, "--chat-template")) { VAL(); tpl = v; }
+        else if (!strcmp(a, "--chat-template-name")) { VAL(); tpl_name = v; }
         else if (!strcmp(a, "--max-image-pixels")) { VAL(); if (!cli_int(a, v, 1, 1LL << 40, &max_image_pixels)) return CLI_USAGE; }
         else {
             int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
@@ -65,6 +70,10 @@ int cmd_chat(int argc, char **argv) {
     mmc_status st = cli_model_load(model, adapter, &cm);
     cm.max_image_pixels = max_image_pixels;
     if (st) return cli_fail(st, "chat: cannot load the model");
+    if ((st = cli_model_set_template(&cm, tpl, tpl_name))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "chat: cannot use the chat template");
+    }
     bool tty = isatty(STDIN_FILENO);
     if (tty) fprintf(stderr, "mmc chat — %s%s%s (%s). /image PATH, /reset, /quit.\n", cm.base_dir,
                      cm.adapter_dir[0] ? " + adapter " : "", cm.adapter_dir, cm.model_type);

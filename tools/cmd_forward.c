@@ -20,6 +20,8 @@ void help_forward(FILE *f) {
             "  --prompt TEXT     the user message (required)\n"
             "  --out FILE        output .safetensors file, written atomically (required)\n"
             "  --system TEXT     system prompt (default: the template's default)\n"
+            "  --chat-template FILE, --chat-template-name N   the template to render with (see\n"
+            "                    mmc generate --help)\n"
             "  --image FILE      attach an image (repeatable; vision-language models)\n"
             "  --video FILE|DIR  attach a video file (sampled at 2 fps or as the video processor\n"
             "                    config says) or a folder of frames; --video-fps F,\n"

@@ -182,7 +182,9 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
     const char *o = argv[*i];
     const char **slot = !strcmp(o, "--model") ? &a->model : !strcmp(o, "--adapter") ? &a->adapter
                       : !strcmp(o, "--prompt") ? &a->prompt
-                      : !strcmp(o, "--system") ? &a->system : !strcmp(o, "--video") ? &a->video : NULL;
+                      : !strcmp(o, "--system") ? &a->system : !strcmp(o, "--video") ? &a->video
+                      : !strcmp(o, "--chat-template") ? &a->chat_template
+                      : !strcmp(o, "--chat-template-name") ? &a->chat_template_name : NULL;
     if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
     if (!strcmp(o, "--max-image-pixels")) {
         const char *v = cli_value(argc, argv, i);
@@ -240,10 +242,23 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->system) msgs[nm++] = (mmc_chat_message){.role = "system", .content = a->system};
     msgs[nm++] = (mmc_chat_message){.role = "user", .parts = parts, .n_parts = np};
     if (a->max_image_pixels > 0) m->max_image_pixels = a->max_image_pixels;
+    mmc_status st = cli_model_set_template(m, a->chat_template, a->chat_template_name);
+    if (st) return st;
     if (a->video_fps > 0) { m->vproc.fps = a->video_fps; m->vproc.num_frames = 0; }
     if (a->video_frames > 0) { m->vproc.num_frames = a->video_frames; m->vproc.fps = 0; }
     if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
+}
+
+mmc_status cli_model_set_template(cli_model *m, const char *file, const char *name) {
+    if (!file && !name) return MMC_OK;
+    char *src = NULL;
+    size_t n = 0;
+    mmc_status st = file ? mmc_read_file(file, &src, &n) : MMC_OK;
+    if (st) return mmc_error_prefix(st, "--chat-template");
+    st = mmc_tokenizer_set_chat_template(m->tok, src, name);
+    free(src);
+    return st;
 }

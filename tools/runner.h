@@ -59,6 +59,7 @@ void cli_prompt_free(cli_prompt *p);
 #define CLI_MAX_IMAGES 64
 typedef struct {
     const char *model, *adapter, *prompt, *system, *video;
+    const char *chat_template, *chat_template_name;   /* --chat-template FILE, --chat-template-name N */
     const char *images[CLI_MAX_IMAGES];
     int n_images;
     bool raw;
@@ -76,6 +77,10 @@ int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a);
 /* One user turn (images, then the video, then the text; with the system prompt if given)
  * -> model inputs, through cli_prompt_build. */
 mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p);
+
+/* --chat-template FILE (its text wins over the directory's templates) and/or
+ * --chat-template-name NAME (one of several named templates); both may be NULL. */
+mmc_status cli_model_set_template(cli_model *m, const char *file, const char *name);
 
 /* Streaming printer for mmc_gen_opts.on_token: decodes the tokens so far and prints the new
  * suffix, holding back an incomplete UTF-8 sequence (the decoder shows it as U+FFFD until

@@ -33,6 +33,7 @@
 typedef struct {
     const mmc_tokenizer *tok;
     const char *tok_tpl;   /* tok->chat_template when cached (identity check) */
+    const char *tok_name;  /* tok->chat_template_name when cached (identity check) */
     char dir[1024];
     char origin[1100];     /* the file the template came from ("" : tok->chat_template) */
     struct timespec mtime; /* ... and its mtime and size, so an edited file is read again */
@@ -78,7 +79,8 @@ static mmc_status chat_template_of(const mmc_tokenizer *tok, tpl_cache_entry **o
     snprintf(dir, sizeof dir, "%.*s", sl ? (int)(sl - tok->path) : 1, sl ? tok->path : ".");
     pthread_mutex_lock(&g_cache_mu);
     for (int i = 0; i < TPL_CACHE; i++)
-        if (g_cache[i].t && g_cache[i].tok == tok && g_cache[i].tok_tpl == tok->chat_template && !strcmp(g_cache[i].dir, dir) &&
+        if (g_cache[i].t && g_cache[i].tok == tok && g_cache[i].tok_tpl == tok->chat_template &&
+            g_cache[i].tok_name == tok->chat_template_name && !strcmp(g_cache[i].dir, dir) &&
             same_file(&g_cache[i])) {
             *out = &g_cache[i];
             g_cache[i].refs++;
@@ -87,11 +89,16 @@ static mmc_status chat_template_of(const mmc_tokenizer *tok, tpl_cache_entry **o
         }
     char *src = NULL, *bos = NULL, *eos = NULL, *origin = NULL;
     mmc_template *t = NULL;
-    mmc_status st = mmc_template_find(dir, NULL, &src, &origin);
-    if (st == MMC_ERR_NOT_FOUND && tok->chat_template) st = (src = strdup(tok->chat_template)) ? MMC_OK : MMC_ERR_OOM;
-    if (st == MMC_ERR_NOT_FOUND)
+    mmc_status st = tok->chat_template_override ? MMC_ERR_NOT_FOUND
+                                                : mmc_template_find(dir, tok->chat_template_name, &src, &origin);
+    /* a template asked for by name that is not there stays an error (it names what there is) */
+    bool named = tok->chat_template_name && !tok->chat_template_override;
+    if (st == MMC_ERR_NOT_FOUND && tok->chat_template && !named)
+        st = (src = strdup(tok->chat_template)) ? MMC_OK : MMC_ERR_OOM;
+    if (st == MMC_ERR_NOT_FOUND && !named)
         st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s has no chat_template (looked for chat_template.jinja, chat_template.json, "
-                       "and \"chat_template\" in processor_config.json and tokenizer_config.json)", tok->path);
+                       "and \"chat_template\" in processor_config.json and tokenizer_config.json); pass one with "
+                       "--chat-template FILE", tok->path);
     if (!st) st = mmc_template_special_tokens(dir, &bos, &eos);
     if (!st && (st = mmc_template_parse(src, -1, &t))) mmc_error_prefix(st, "chat template of %s", dir);
     free(src);
@@ -109,7 +116,7 @@ static mmc_status chat_template_of(const mmc_tokenizer *tok, tpl_cache_entry **o
         return mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory");
     }
     bool cached = e >= g_cache && e < g_cache + TPL_CACHE;
-    *e = (tpl_cache_entry){.tok = tok, .tok_tpl = tok->chat_template, .t = t, .bos = bos, .eos = eos, .refs = 1, .cached = cached};
+    *e = (tpl_cache_entry){.tok = tok, .tok_tpl = tok->chat_template, .tok_name = tok->chat_template_name, .t = t, .bos = bos, .eos = eos, .refs = 1, .cached = cached};
     snprintf(e->dir, sizeof e->dir, "%s", dir);
     struct stat sb;
     if (origin && !stat(origin, &sb) && S_ISREG(sb.st_mode)) {

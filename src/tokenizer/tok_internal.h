@@ -61,6 +61,8 @@ struct mmc_tokenizer {
     /* tokenizer_config.json */
     int32_t role_id[MMC_TOK_ROLE_COUNT];
     char *chat_template;
+    char *chat_template_name;   /* which of several named templates (NULL: "default") */
+    bool chat_template_override; /* chat_template was given by the caller: it wins over the files */
     /* per-thread work areas, reused */
     pthread_mutex_t mu;
     tok_scratch *pool;

@@ -790,6 +790,14 @@ int mmc_tokenizer_eos_ids(const mmc_tokenizer *t, int32_t *ids, int cap) {
 }
 const char *mmc_tokenizer_chat_template(const mmc_tokenizer *t) { return t ? t->chat_template : NULL; }
 
+mmc_status mmc_tokenizer_set_chat_template(mmc_tokenizer *t, const char *src, const char *name) {
+    char *s = src ? strdup(src) : NULL, *n = name ? strdup(name) : NULL;
+    if ((src && !s) || (name && !n)) { free(s); free(n); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    if (src) { free(t->chat_template); t->chat_template = s; t->chat_template_override = true; }
+    if (name) { free(t->chat_template_name); t->chat_template_name = n; }
+    return MMC_OK;
+}
+
 /* ------------------------------------------------------------------ loading */
 void mmc_tokenizer_free(mmc_tokenizer *t) {
     if (!t) return;
@@ -806,6 +814,7 @@ void mmc_tokenizer_free(mmc_tokenizer *t) {
     for (int k = 0; k < 2; k++) for (int b = 0; b < 256; b++) free(t->first_idx[k][b]);
     for (int i = 0; i < t->n_splits; i++) pcre2_code_free(t->re[i]);
     free(t->chat_template);
+    free(t->chat_template_name);
     while (t->pool) { tok_scratch *s = t->pool; t->pool = s->next; scratch_free(s); }
     pthread_mutex_destroy(&t->mu);
     free(t);
