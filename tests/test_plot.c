@@ -17,6 +17,7 @@
 const char *__lsan_default_suppressions(void);
 const char *__lsan_default_suppressions(void) { return "leak:libfontconfig\n"; }
 
+#ifdef MMC_HAVE_CAIRO
 /* pixels close to rgb (0..255) in rows [y0, y1) */
 static int count_colour(const mmc_image *im, int y0, int y1, int r, int g, int b) {
     int n = 0;
@@ -60,6 +61,7 @@ static void plot_and_check(int n, double loss_decay, const char *what) {
     free(loss);
     free(lr);
 }
+#endif
 
 int main(void) {
 #ifndef MMC_HAVE_CAIRO
