@@ -7,9 +7,9 @@
 # directory (consolidating ZeRO-3 shards). Skipped without mpirun / MPI.
 set -u
 MMC=${MMC:-build/mmc}
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_ckpt: skipped (no mpirun)"; exit 77; fi
-if [ ! -x "$(dirname "$MMC")/dist_mpi_worker" ]; then echo "test_dist_ckpt: skipped (built without MPI)"; exit 77; fi
-if ! command -v python3 >/dev/null 2>&1; then echo "test_dist_ckpt: skipped (no python3)"; exit 77; fi
+if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_ckpt: skipped: no mpirun on PATH"; exit 77; fi
+if [ ! -x "$(dirname "$MMC")/dist_mpi_worker" ]; then echo "test_dist_ckpt: skipped: built without MPI"; exit 77; fi
+if ! command -v python3 >/dev/null 2>&1; then echo "test_dist_ckpt: skipped: no python3 to read the checkpoints"; exit 77; fi
 export OMP_NUM_THREADS=1 MMC_DP_BUCKET_BYTES=65536 MMC_DIST_TIMEOUT=120
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
 MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x MMC_DP_BUCKET_BYTES -x MMC_DIST_TIMEOUT -x ASAN_OPTIONS)

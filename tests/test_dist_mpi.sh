@@ -6,8 +6,8 @@
 set -u
 MMC=${MMC:-build/mmc}
 WORKER=${DIST_WORKER:-$(dirname "$MMC")/dist_mpi_worker}
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_mpi: skipped (no mpirun)"; exit 77; fi
-if [ ! -x "$WORKER" ]; then echo "test_dist_mpi: skipped (no $WORKER: built without MPI)"; exit 77; fi
+if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_mpi: skipped: no mpirun on PATH"; exit 77; fi
+if [ ! -x "$WORKER" ]; then echo "test_dist_mpi: skipped: no $WORKER (built without MPI)"; exit 77; fi
 export OMP_NUM_THREADS=1
 # OpenMPI keeps process-lifetime allocations; LeakSanitizer would flag them in ASan builds
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0

@@ -9,9 +9,9 @@
 # support is missing.
 set -u
 MMC=${MMC:-build/mmc}
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_train: skipped (no mpirun)"; exit 77; fi
-if [ ! -x "$(dirname "$MMC")/dist_mpi_worker" ]; then echo "test_dist_train: skipped (built without MPI)"; exit 77; fi
-if ! command -v python3 >/dev/null 2>&1; then echo "test_dist_train: skipped (no python3 to compare)"; exit 77; fi
+if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_train: skipped: no mpirun on PATH"; exit 77; fi
+if [ ! -x "$(dirname "$MMC")/dist_mpi_worker" ]; then echo "test_dist_train: skipped: built without MPI"; exit 77; fi
+if ! command -v python3 >/dev/null 2>&1; then echo "test_dist_train: skipped: no python3 to compare"; exit 77; fi
 # A hang must fail the run within minutes, naming the stuck rank (the watchdog), not stall the
 # test until ctest's timeout cuts its output off: every mpirun runs under a watchdog timeout
 # and `timeout`, and a failed run prints its log's tail (both ranks' lines).

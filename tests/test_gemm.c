@@ -4,6 +4,8 @@
  * N large enough for threaded units of row stretches), leading
  * dimensions wider than the matrix, alpha/beta variants, beta=0 over a NaN-filled C, and C
  * padding left untouched. Then bit-identical results with 1 and 2 threads (determinism).
+ * One part (and ctest case) per kernel, `test_gemm avx512|avx2|generic`: a kernel this CPU
+ * cannot run is skipped (exit 77 when it was the only part asked for).
  *
  * Tolerance (per element): |got - ref| <= 1e-5 * sqrt(K) * bound + 1e-30, where bound =
  * |alpha| * sum_k |a_mk| |b_kn| + |beta| |c_mn| (the ref accumulates in double; our kernels
@@ -103,7 +105,7 @@ static void run_determinism(bool ta, bool tb, int64_t M, int64_t N, int64_t K, b
     free(A); free(B); free(C1); free(C2); free(Bh);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const shape shapes[] = {
         {1, 1, 1},    {1, 3, 17},   {2, 33, 65},   {3, 65, 1},    {4, 129, 127}, {1, 130, 300},
         {5, 1, 1},    {17, 33, 1},  {33, 17, 65},  {65, 127, 33}, {127, 129, 17}, {129, 65, 129},
@@ -116,7 +118,11 @@ int main(void) {
     const char *native = mmc_gemm_kernel_name();
     printf("test_gemm: native kernel %s\n", native);
     for (int ki = 0; ki < 3; ki++) {
-        if (mmc_gemm_set_kernel(kernels[ki]) != 0) { printf("  kernel %s: not supported here, skipped\n", kernels[ki]); continue; }
+        if (!test_part(argc, argv, kernels[ki])) continue;
+        if (mmc_gemm_set_kernel(kernels[ki]) != 0) {
+            test_skip("test_gemm", "kernel %s: this CPU lacks its instructions", kernels[ki]);
+            continue;
+        }
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int t = 0; t < 4; t++) {
                 const shape *sh = &shapes[s];

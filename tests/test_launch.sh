@@ -2,9 +2,12 @@
 # test_launch.sh — `mmc launch -n N RUN.yaml`: the mpirun command it builds (flags, threads per
 # rank, config checked once before any process starts, a clear error when mpirun is missing),
 # and a tiny 2-rank training through it that equals the same run under a hand-written mpirun
-# (loss lines identical, final weights byte-identical). The MPI part is skipped when mpirun or
-# MPI support is missing.
+# (loss lines identical, final weights byte-identical). Two parts, two ctest cases:
+# `test_launch.sh cmdline` and `test_launch.sh mpi` (skipped, exit 77, when mpirun or MPI support
+# is missing); without an argument both run.
 set -u
+PART=${1:-all}
+case $PART in cmdline|mpi|all) ;; *) echo "test_launch: no part named '$PART'"; exit 1 ;; esac
 MMC=${MMC:-build/mmc}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
@@ -22,6 +25,7 @@ parallel: {zero: 1, timeout: 120}
 optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: cosine, warmup_steps: 2, grad_clip: 1.0}
 training: {steps: 4, seed: 7, log_every: 1, save_every: 0, output_dir: $W/a}
 YAML
+if [ "$PART" != mpi ]; then
 # the command line (no processes started)
 out=$(MMC_MPIRUN=/bin/true OMP_NUM_THREADS=3 "$MMC" launch -n 2 "$W/run.yaml" --set training.steps=2 --print -- --mca btl self 2>&1)
 echo "$out" | grep -q -- "-np 2 .*--bind-to none .*-x OMP_NUM_THREADS --mca btl self .*mmc train $W/run.yaml --set parallel.data_parallel=2 --set training.steps=2" \
@@ -38,9 +42,16 @@ out=$(MMC_MPIRUN=/bin/true "$MMC" launch -n 3 "$W/run.yaml" --print 2>&1); rc=$?
 out=$(PATH=/nonexistent MMC_MPIRUN= "$MMC" launch -n 2 "$W/run.yaml" 2>&1); rc=$?
 [ $rc = 1 ] && echo "$out" | grep -q "mpirun not found" && ok "missing mpirun: clear error" || bad "missing mpirun (rc $rc): $out"
 "$MMC" train --print-config | grep -q "timeout" && ok "parallel.timeout is a config key" || bad "no parallel.timeout key"
+fi
+[ "$PART" = cmdline ] && exit $fail
 
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_launch: MPI part skipped (no mpirun)"; exit $fail; fi
-if [ ! -x "$(dirname "$MMC")/dist_mpi_worker" ]; then echo "test_launch: MPI part skipped (built without MPI)"; exit $fail; fi
+skip() {   # the MPI part cannot run here: a skip (77) when it was the part asked for
+  echo "test_launch mpi: skipped: $*"
+  [ "$PART" = mpi ] && exit 77
+  exit $fail
+}
+command -v mpirun >/dev/null 2>&1 || skip "no mpirun on PATH (apt-get install openmpi-bin)"
+[ -x "$(dirname "$MMC")/dist_mpi_worker" ] || skip "built without MPI (apt-get install libopenmpi-dev, reconfigure)"
 export OMP_NUM_THREADS=1
 "$MMC" launch -n 2 "$W/run.yaml" > "$W/a.log" 2>&1 || { cat "$W/a.log"; bad "mmc launch -n 2 run"; }
 MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS)

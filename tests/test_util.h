@@ -1,6 +1,6 @@
-/* test_util.h — small, honest test helpers: checks that count failures, fixture loading
- * (safetensors written by tools/ref/), tensor comparison, and a finite-difference
- * gradient check for ops. Header-only; each test is one executable. */
+/* test_util.h — small, honest test helpers: checks that count failures, skips that say why,
+ * parts, fixture loading (safetensors written by tools/ref/), tensor comparison, and a
+ * finite-difference gradient check for ops. Header-only; each test is one executable. */
 #ifndef MMC_TEST_UTIL_H
 #define MMC_TEST_UTIL_H
 
@@ -9,6 +9,8 @@
 #include "mmc_ops.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +32,59 @@ static int g_fail = 0, g_checks = 0;
     if (!(fabs(a_ - b_) <= (tol))) { g_fail++; fprintf(stderr, "%s:%d: %s = %.8g, %s = %.8g, |diff| %.3g > %.3g\n", \
     __FILE__, __LINE__, #a, a_, #b, b_, fabs(a_ - b_), (double)(tol)); } } while (0)
 
-/* Print the summary and return the exit code. */
+/* ---- skips and parts
+ * A test that cannot run what it is for (a CPU feature, an optional library or file is
+ * absent) says why with test_skip(), and exits 77, which ctest (SKIP_RETURN_CODE 77) reports
+ * as skipped, never as a pass. `make test` lists every "NAME: skipped: WHY" line after ctest's
+ * summary (tests/report_skips.sh), so keep that form. A test with independent parts is
+ * registered in CMakeLists.txt as one ctest case per part (`test_x PART`, named test_x_PART),
+ * so a part that cannot run shows as skipped on its own; without an argument every part runs. */
+#define TEST_SKIP_CODE 77
+static int g_skipped = 0;
+static const char *g_part_arg = NULL;
+static bool g_part_hit = false;
+
+/* Report a part that could not run: "name: skipped: why". test_done exits 77 if nothing ran. */
+static inline void test_skip(const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s: skipped: ", name);
+    vprintf(fmt, ap);
+    putchar('\n');
+    fflush(stdout);
+    va_end(ap);
+    g_skipped++;
+}
+
+/* True if this run includes `part`: no argument (all parts) or argv[1] names it. */
+static inline bool test_part(int argc, char **argv, const char *part) {
+    if (argc < 2) return true;
+    g_part_arg = argv[1];
+    if (strcmp(argv[1], part) != 0) return false;
+    g_part_hit = true;
+    return true;
+}
+
+/* Print the summary and return the exit code: 1 on any failure, and when nothing was checked
+ * nor skipped (a test that silently checks nothing is broken); 77 when every part was skipped
+ * and nothing was checked; else 0. */
 static inline int test_done(const char *name) {
-    if (g_fail) fprintf(stderr, "%s: %d of %d checks FAILED\n", name, g_fail, g_checks);
+    if (g_part_arg && !g_part_hit) {
+        fprintf(stderr, "%s: no part named '%s'\n", name, g_part_arg);
+        return 1;
+    }
+    if (g_fail) {
+        fprintf(stderr, "%s: %d of %d checks FAILED\n", name, g_fail, g_checks);
+        return 1;
+    }
+    if (g_checks == 0) {
+        if (g_skipped) { printf("%s: nothing checked (skipped)\n", name); return TEST_SKIP_CODE; }
+        fprintf(stderr, "%s: no checks ran\n", name);
+        return 1;
+    }
+    if (g_skipped) printf("%s: all %d checks passed; %d part(s) skipped (above)\n", name, g_checks, g_skipped);
     else printf("%s: all %d checks passed\n", name, g_checks);
-    return g_fail ? 1 : 0;
+    return 0;
 }
 
 /* ---- fixtures: tests/fixtures/<rel> (ctest runs from the source dir) */
