@@ -1,0 +1,141 @@
+"""Fixtures for the text encoders of diffusion pipelines (tests/test_text_encoders.c), written by
+transformers itself (the version pinned in requirements.txt) with save_pretrained, untouched:
+
+* clip_quick/: CLIPTextModel, hidden 40 with 5 heads (head dim 8), 2 layers, quick_gelu, the legacy
+  eos_token_id 2 (pooled at argmax(ids)), padded with the eos id as SD 1.x's tokenizer pads.
+* clip_gelu_proj/: CLIPTextModelWithProjection, hidden 40 with 5 heads, gelu, a real eos id (pooled
+  at the first position equal to it; padded with the eos id too, so "first" matters),
+  projection_dim 24.
+* clip_quick_f16/: clip_quick's weights in float16.
+* t5_gated/: T5EncoderModel v1.1 (feed_forward_proj gated-gelu = gelu_new), d_model 40, 5 heads of
+  d_kv 12 (inner 60 != d_model), 16 buckets, max_distance 20 (sequences longer than it), sharded
+  into several safetensors with an index.
+* t5_relu/: T5EncoderModel v1.0 (relu DenseReluDense), 5 heads of d_kv 8, 32 buckets, 128.
+* t5_gated_bf16/: t5_gated's weights in bfloat16 (single file).
+
+<case>/expected.safetensors: ids [2, T] (int32; two sequences of different lengths, right
+padded), mask [2, T] (int32), and the model's outputs in float32, without the mask (as the
+diffusion pipelines call CLIP) and with it (suffix _masked): last_hidden_state, hidden_states[-2]
+(hs_m2), and for CLIP pooler_output (pooled) / text_embeds. The reduced-precision copies' outputs
+come from their own weights upcast to float32. t5_buckets.safetensors: transformers'
+_relative_position_bucket for relative positions -299..299 for (32, 128) and (16, 20), to check the bucket
+rounding exactly.
+
+Run: /work/main/.venv-ref/bin/python tools/ref/gen_text_encoders.py
+"""
+import os
+import shutil
+
+import torch
+from safetensors.torch import save_file
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+from transformers.models.t5.modeling_t5 import T5Attention
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+OUT = os.path.join(ROOT, "tests", "fixtures", "text_encoders")
+
+torch.set_num_threads(2)
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+
+
+def rand_init(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif "embedding" in name or "shared" in name or "relative_attention_bias" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+
+
+def batch(lengths, T, vocab, eos, pad, seed, bos=None):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.full((len(lengths), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(lengths), T), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        row = torch.randint(3, vocab - 3, (n,), generator=g)
+        if bos is not None:
+            row[0] = bos
+        row[n - 1] = eos
+        ids[b, :n] = row
+        mask[b, :n] = 1
+    return ids, mask
+
+
+def run(model, ids, mask, clip):
+    out = {}
+    with torch.no_grad():
+        for suffix, m in (("", None), ("_masked", mask)):
+            o = model(input_ids=ids, attention_mask=m, output_hidden_states=True)
+            out["last_hidden_state" + suffix] = o.last_hidden_state
+            out["hs_m2" + suffix] = o.hidden_states[-2]
+            if clip:
+                if hasattr(o, "text_embeds") and o.text_embeds is not None:
+                    out["text_embeds" + suffix] = o.text_embeds
+                else:
+                    out["pooled" + suffix] = o.pooler_output
+    return out
+
+
+def save_case(name, model, ids, mask, clip, **kw):
+    d = os.path.join(OUT, name)
+    model.save_pretrained(d, **kw)
+    ref = model.float()
+    tensors = {"ids": ids.to(torch.int32), "mask": mask.to(torch.int32), **run(ref, ids, mask, clip)}
+    save_file({k: v.contiguous().float() if v.is_floating_point() else v.contiguous() for k, v in tensors.items()},
+              os.path.join(d, "expected.safetensors"))
+
+
+# ---------------------------------------------------------------- CLIP
+clip_common = dict(vocab_size=99, hidden_size=40, intermediate_size=24, num_hidden_layers=2, num_attention_heads=5,
+                   max_position_embeddings=16, layer_norm_eps=1e-5, projection_dim=24, pad_token_id=1)
+
+cfg = CLIPTextConfig(**clip_common, hidden_act="quick_gelu", bos_token_id=0, eos_token_id=2)
+m = CLIPTextModel(cfg).eval()
+rand_init(m, 1)
+ids, mask = batch([7, 12], 12, 99, eos=98, pad=98, seed=11, bos=97)   # legacy: eos is the largest id
+save_case("clip_quick", m, ids, mask, True)
+m16 = CLIPTextModel(cfg).eval()
+m16.load_state_dict(m.state_dict())
+save_case("clip_quick_f16", m16.half(), ids, mask, True)
+
+cfg = CLIPTextConfig(**clip_common, hidden_act="gelu", bos_token_id=96, eos_token_id=95)
+m = CLIPTextModelWithProjection(cfg).eval()
+rand_init(m, 2)
+ids, mask = batch([5, 11], 11, 90, eos=95, pad=95, seed=12, bos=96)
+ids[1, 3] = 98      # a larger id before the eos: only the legacy rule would pick it
+save_case("clip_gelu_proj", m, ids, mask, True)
+
+# ---------------------------------------------------------------- T5
+cfg = T5Config(vocab_size=99, d_model=40, d_kv=12, d_ff=52, num_layers=2, num_heads=5, relative_attention_num_buckets=16,
+               relative_attention_max_distance=20, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
+               is_encoder_decoder=False, use_cache=False, pad_token_id=0, eos_token_id=1)
+m = T5EncoderModel(cfg).eval()
+rand_init(m, 3)
+ids, mask = batch([9, 30], 30, 99, eos=1, pad=0, seed=13)
+save_case("t5_gated", m, ids, mask, False, max_shard_size="40KB")
+mb = T5EncoderModel(cfg).eval()
+mb.load_state_dict(m.state_dict())
+save_case("t5_gated_bf16", mb.to(torch.bfloat16), ids, mask, False)
+
+cfg = T5Config(vocab_size=99, d_model=40, d_kv=8, d_ff=48, num_layers=2, num_heads=5, relative_attention_num_buckets=32,
+               relative_attention_max_distance=128, feed_forward_proj="relu", layer_norm_epsilon=1e-6,
+               is_encoder_decoder=False, use_cache=False, pad_token_id=0, eos_token_id=1)
+m = T5EncoderModel(cfg).eval()
+rand_init(m, 4)
+ids, mask = batch([13, 6], 13, 99, eos=1, pad=0, seed=14)
+save_case("t5_relu", m, ids, mask, False)
+
+rel = torch.arange(-299, 300)
+save_file({"b32_128": T5Attention._relative_position_bucket(rel, True, 32, 128).to(torch.int32).contiguous(),
+           "b16_20": T5Attention._relative_position_bucket(rel, True, 16, 20).to(torch.int32).contiguous()},
+          os.path.join(OUT, "t5_buckets.safetensors"))
+for root, _, files in sorted(os.walk(OUT)):
+    for f in sorted(files):
+        p = os.path.join(root, f)
+        print(f"{os.path.getsize(p):8d} {os.path.relpath(p, OUT)}")
