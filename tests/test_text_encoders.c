@@ -1,0 +1,182 @@
+/* test_text_encoders.c — CLIPTextModel / CLIPTextModelWithProjection and T5EncoderModel against
+ * transformers 5.23 on tiny random checkpoints written by save_pretrained
+ * (tests/fixtures/text_encoders, tools/ref/gen_text_encoders.py): hidden 40 with 5 heads;
+ * CLIP with quick_gelu and the legacy eos_token_id 2, with gelu, a real eos id and the
+ * projection, and in f16; T5 v1.1 gated-gelu (d_kv * heads != d_model, sharded) and in bf16,
+ * T5 v1.0 relu. Batch 2 of different lengths, right padded, without and with the attention
+ * mask: last_hidden_state, hidden_states[-2], pooled output / text_embeds within 1e-4; T5's
+ * relative position buckets exactly; and loader / input errors that name the tensor or key. */
+#include "test_util.h"
+#include "mmc_encoders.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#define TOL 1e-4
+#define ROOT "tests/fixtures/text_encoders/"
+
+static void compare(const mmc_st *exp, const char *key, const mmc_tensor *got, const char *name) {
+    char what[160], sh[64];
+    mmc_tensor *want = fixture_tensor(exp, key, MMC_F32);
+    snprintf(what, sizeof what, "%s %s", name, key);
+    CHECK(got && mmc_same_shape(got, want));
+    if (got) {
+        CHECK_CLOSE(got, want, TOL, 0, what);
+        printf("%s: %-26s %-12s max|diff| %.2e\n", name, key, mmc_shape_str(got, sh, sizeof sh), max_abs_diff(got, want));
+    }
+    mmc_tensor_free(want);
+}
+
+static void check_clip(const char *name) {
+    char dir[256];
+    snprintf(dir, sizeof dir, ROOT "%s", name);
+    mmc_clip_text *m = NULL;
+    CHECK_OK(mmc_clip_text_load(dir, &m));
+    if (!m) return;
+    snprintf(dir, sizeof dir, "text_encoders/%s/expected.safetensors", name);
+    mmc_st *exp = fixture_open(dir);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *ids = fixture_tensor(exp, "ids", MMC_I32), *mask = fixture_tensor(exp, "mask", MMC_I64);
+    for (int masked = 0; masked < 2; masked++) {
+        mmc_clip_text_out o;
+        CHECK_OK(mmc_clip_text_forward(ctx, m, ids, masked ? mask : NULL, &o));
+        const char *sfx = masked ? "_masked" : "";
+        char key[64];
+        snprintf(key, sizeof key, "last_hidden_state%s", sfx), compare(exp, key, o.last_hidden_state, name);
+        snprintf(key, sizeof key, "hs_m2%s", sfx), compare(exp, key, o.penultimate, name);
+        if (mmc_clip_text_cfg(m)->with_projection) {
+            snprintf(key, sizeof key, "text_embeds%s", sfx), compare(exp, key, o.text_embeds, name);
+        } else {
+            CHECK(o.text_embeds == NULL);
+            snprintf(key, sizeof key, "pooled%s", sfx), compare(exp, key, o.pooled, name);
+        }
+        mmc_ctx_reset(ctx);
+    }
+    mmc_tensor_free(ids);
+    mmc_tensor_free(mask);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_clip_text_free(m);
+}
+
+static void check_t5(const char *name) {
+    char dir[256];
+    snprintf(dir, sizeof dir, ROOT "%s", name);
+    mmc_t5_encoder *m = NULL;
+    CHECK_OK(mmc_t5_encoder_load(dir, &m));
+    if (!m) return;
+    snprintf(dir, sizeof dir, "text_encoders/%s/expected.safetensors", name);
+    mmc_st *exp = fixture_open(dir);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *ids = fixture_tensor(exp, "ids", MMC_I64), *mask = fixture_tensor(exp, "mask", MMC_I32);
+    for (int masked = 0; masked < 2; masked++) {
+        mmc_tensor *last = NULL, *pen = NULL;
+        CHECK_OK(mmc_t5_encoder_forward(ctx, m, ids, masked ? mask : NULL, &last, &pen));
+        compare(exp, masked ? "last_hidden_state_masked" : "last_hidden_state", last, name);
+        compare(exp, masked ? "hs_m2_masked" : "hs_m2", pen, name);
+        mmc_ctx_reset(ctx);
+    }
+    mmc_tensor_free(ids);
+    mmc_tensor_free(mask);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_t5_encoder_free(m);
+}
+
+static void check_buckets(void) {
+    mmc_st *st = fixture_open("text_encoders/t5_buckets.safetensors");
+    static const struct { const char *key; int nb, md; } cases[] = {{"b32_128", 32, 128}, {"b16_20", 16, 20}};
+    for (int c = 0; c < 2; c++) {
+        mmc_tensor *want = fixture_tensor(st, cases[c].key, MMC_I32);
+        int bad = 0;
+        for (int64_t i = 0; i < mmc_numel(want); i++) {
+            int64_t rel = i - (mmc_numel(want) - 1) / 2;   /* -299 .. 299 */
+            bad += mmc_t5_relative_position_bucket(rel, true, cases[c].nb, cases[c].md) != ((int32_t *)want->data)[i];
+        }
+        CHECK(bad == 0);
+        printf("t5 buckets (%d, %d): %d of %lld differ\n", cases[c].nb, cases[c].md, bad, (long long)mmc_numel(want));
+        mmc_tensor_free(want);
+    }
+    mmc_st_close(st);
+}
+
+/* A copy of a fixture folder in a temp dir, with config.json replaced (NULL: kept). */
+static void copy_case(const char *name, const char *tmp, const char *config) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r " ROOT "%s %s", tmp, name, tmp);
+    MMC_CHECK(system(cmd) == 0, "%s", cmd);
+    if (config) {
+        snprintf(cmd, sizeof cmd, "%s/config.json", tmp);
+        FILE *f = fopen(cmd, "w");
+        MMC_CHECK(f, "%s", cmd);
+        fputs(config, f);
+        fclose(f);
+    }
+}
+
+static void check_errors(void) {
+    char tmp[] = "/tmp/mmc_textenc_XXXXXX";
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/case", tmp);
+    /* a config that does not match the checkpoint: every mis-shaped tensor is listed */
+    copy_case("clip_quick", dir, "{\"hidden_size\": 48, \"num_attention_heads\": 6, \"intermediate_size\": 24,"
+              " \"num_hidden_layers\": 2, \"vocab_size\": 99, \"max_position_embeddings\": 16}");
+    mmc_clip_text *c = NULL;
+    CHECK(mmc_clip_text_load(dir, &c) == MMC_ERR_FORMAT && !c);
+    CHECK(strstr(mmc_last_error(), "embeddings.token_embedding.weight': expected shape [99, 48], found [99, 40]"));
+    CHECK(strstr(mmc_last_error(), "more"));
+    /* a layer more than the checkpoint has: the missing tensors are named */
+    copy_case("clip_quick", dir, "{\"hidden_size\": 40, \"num_attention_heads\": 5, \"intermediate_size\": 24,"
+              " \"num_hidden_layers\": 3, \"vocab_size\": 99, \"max_position_embeddings\": 16}");
+    CHECK(mmc_clip_text_load(dir, &c) == MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "missing tensor 'encoder.layers.2.layer_norm1.weight'"));
+    copy_case("clip_quick", dir, "{\"hidden_act\": \"mish\"}");
+    CHECK(mmc_clip_text_load(dir, &c) == MMC_ERR_UNSUPPORTED && strstr(mmc_last_error(), "'mish'"));
+    copy_case("t5_relu", dir, "{\"d_model\": 40, \"num_heads\": 5, \"d_kv\": 8, \"d_ff\": 48, \"num_layers\": 2,"
+              " \"vocab_size\": 99, \"feed_forward_proj\": \"gated-gelu\"}");
+    mmc_t5_encoder *t = NULL;
+    CHECK(mmc_t5_encoder_load(dir, &t) == MMC_ERR_FORMAT && !t);
+    CHECK(strstr(mmc_last_error(), "missing tensor 'encoder.block.0.layer.1.DenseReluDense.wi_0.weight'"));
+    CHECK(strstr(mmc_last_error(), "relative_attention_bias") == NULL);   /* the table matches: 32 buckets */
+    copy_case("t5_relu", dir, "{\"feed_forward_proj\": \"gated-gelu-x\"}");
+    CHECK(mmc_t5_encoder_load(dir, &t) == MMC_ERR_FORMAT && strstr(mmc_last_error(), "feed_forward_proj"));
+    copy_case("t5_relu", dir, NULL);
+    snprintf(dir, sizeof dir, "rm %s/case/model.safetensors", tmp);
+    MMC_CHECK(system(dir) == 0, "rm");
+    snprintf(dir, sizeof dir, "%s/case", tmp);
+    CHECK(mmc_t5_encoder_load(dir, &t) == MMC_ERR_NOT_FOUND && strstr(mmc_last_error(), "model.safetensors"));
+    /* inputs: out-of-vocabulary ids, too long for the position table, mis-shaped mask */
+    CHECK_OK(mmc_clip_text_load(ROOT "clip_quick", &c));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *ids = mmc_zeros(ctx, MMC_I32, 2, MMC_SHAPE(1, 17));
+    mmc_clip_text_out o;
+    CHECK(mmc_clip_text_forward(ctx, c, ids, NULL, &o) == MMC_ERR_INVALID &&
+          strstr(mmc_last_error(), "max_position_embeddings 16"));
+    ids = mmc_zeros(ctx, MMC_I32, 2, MMC_SHAPE(1, 4));
+    ((int32_t *)ids->data)[2] = 99;
+    CHECK(mmc_clip_text_forward(ctx, c, ids, NULL, &o) == MMC_ERR_INVALID && strstr(mmc_last_error(), "[0, 2]"));
+    ((int32_t *)ids->data)[2] = 5;
+    mmc_tensor *mask = mmc_zeros(ctx, MMC_I32, 2, MMC_SHAPE(1, 3));
+    CHECK(mmc_clip_text_forward(ctx, c, ids, mask, &o) == MMC_ERR_INVALID && strstr(mmc_last_error(), "mask"));
+    mmc_clip_text_free(c);
+    mmc_ctx_free(ctx);
+    snprintf(dir, sizeof dir, "rm -rf %s", tmp);
+    MMC_CHECK(system(dir) == 0, "rm");
+}
+
+int main(void) {
+    if (access(ROOT "clip_quick/expected.safetensors", R_OK) != 0) {
+        fprintf(stderr, "test_text_encoders: fixtures absent (tools/ref/gen_text_encoders.py); skipping\n");
+        return 77;
+    }
+    check_buckets();
+    check_clip("clip_quick");
+    check_clip("clip_gelu_proj");
+    check_clip("clip_quick_f16");
+    check_t5("t5_gated");
+    check_t5("t5_gated_bf16");
+    check_t5("t5_relu");
+    check_errors();
+    return test_done("test_text_encoders");
+}
