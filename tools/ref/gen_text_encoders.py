@@ -20,6 +20,14 @@ diffusion pipelines call CLIP) and with it (suffix _masked): last_hidden_state, 
 come from their own weights upcast to float32. t5_buckets.safetensors: transformers'
 _relative_position_bucket for relative positions -299..299 for (32, 128) and (16, 20), to check the bucket
 rounding exactly.
+* clip_tokenizer/, clip_tokenizer_pad/: CLIPTokenizer (tokenizers backend) saved with save_pretrained,
+  built as transformers builds it from a vocab and merges that tokenizers' BpeTrainer learnt on
+  captions (CLIP's normalizer, pre-tokenizer and </w> word ends; 600 tokens, every byte in the
+  alphabet but not every byte+</w>, so unknown word ends occur). clip_tokenizer_pad pads with "!"
+  (SDXL's tokenizer_2). tokenizer_cases.json: captions (unicode, long, empty, whitespace, the
+  special tokens written out); tokenizer_expected.safetensors: for each tokenizer, the ids and
+  attention masks of tok(captions, padding="max_length", max_length=77, truncation=True) as the
+  pipelines call it, and the unpadded, untruncated ids (flattened with lengths).
 
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_text_encoders.py
 """
@@ -135,6 +143,62 @@ rel = torch.arange(-299, 300)
 save_file({"b32_128": T5Attention._relative_position_bucket(rel, True, 32, 128).to(torch.int32).contiguous(),
            "b16_20": T5Attention._relative_position_bucket(rel, True, 16, 20).to(torch.int32).contiguous()},
           os.path.join(OUT, "t5_buckets.safetensors"))
+
+# ---------------------------------------------------------------- CLIP tokenizer
+import json
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import CLIPTokenizer
+
+CAPTIONS = [
+    "a red circle on the left",
+    "A photo of an astronaut riding a horse on Mars.",
+    "",
+    "   ",
+    "Two  dogs\tplaying\n\nin   the SNOW, high-resolution, 4k, 8K HDR!!!",
+    "it's a cat; we'll see... don't they've I'm you'd she's",
+    "Caf\u00e9 na\u00efve \u00dcn\u00efc\u00f6d\u00e9 cafe\u0301 (decomposed)",
+    "\u0130stanbul at NIGHT, \u03a3\u0391\u03a3 \u039f\u0394\u03a5\u03a3\u03a3\u0395\u03a5\u03a3",
+    "\u4e00\u53ea\u732b\u5750\u5728\u7a97\u53f0\u4e0a \u732b\u306e\u5199\u771f",
+    "emoji \U0001f431\U0001f680\u2728 and \uff21\uff22\uff23 full-width, \u00bd price \u2167",
+    "non\u00a0breaking\u3000ideographic\u2003em space",
+    "<|startoftext|>a prompt with<|endoftext|> special tokens written out",
+    "price: $1,234.56 (approx.) -- 50% off!? #sale @shop",
+    " ".join(["a very long caption about a beautiful landscape with mountains, rivers and trees"] * 6),
+    "UPPER lower MiXeD 123abc abc123",
+]
+corpus = CAPTIONS + [
+    "a photo of a cat", "a painting of a dog in the style of van gogh", "a red car on a street at night",
+    "a blue square on the right", "a green triangle in the middle", "portrait of a woman, studio lighting",
+    "landscape with mountains and a lake at sunset", "the quick brown fox jumps over the lazy dog",
+] * 20
+trainer_tok = Tokenizer(models.BPE(unk_token="<|endoftext|>", end_of_word_suffix="</w>", continuing_subword_prefix=""))
+trainer_tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
+                                               normalizers.Lowercase()])
+trainer_tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""),
+                         behavior="removed", invert=True),
+    pre_tokenizers.ByteLevel(add_prefix_space=False)])
+trainer_tok.train_from_iterator(corpus, trainers.BpeTrainer(
+    vocab_size=600, special_tokens=["<|startoftext|>", "<|endoftext|>"], end_of_word_suffix="</w>",
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+state = json.loads(trainer_tok.to_str())["model"]
+vocab, merges = state["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
+tok_expected = {}
+for name, kw in (("clip_tokenizer", {}), ("clip_tokenizer_pad", {"pad_token": "!"})):
+    tok = CLIPTokenizer(vocab=vocab, merges=merges, **kw)
+    tok.save_pretrained(os.path.join(OUT, name))
+    tok = CLIPTokenizer.from_pretrained(os.path.join(OUT, name))
+    enc = tok(CAPTIONS, padding="max_length", max_length=77, truncation=True, return_tensors="pt")
+    tok_expected[name + ".ids"] = enc.input_ids.to(torch.int32)
+    tok_expected[name + ".mask"] = enc.attention_mask.to(torch.int32)
+    full = [tok(c).input_ids for c in CAPTIONS]
+    tok_expected[name + ".full_ids"] = torch.tensor([i for f in full for i in f], dtype=torch.int32)
+    tok_expected[name + ".full_len"] = torch.tensor([len(f) for f in full], dtype=torch.int32)
+with open(os.path.join(OUT, "tokenizer_cases.json"), "w", encoding="utf-8") as f:
+    json.dump(CAPTIONS, f, ensure_ascii=False, indent=1)
+save_file({k: v.contiguous() for k, v in tok_expected.items()}, os.path.join(OUT, "tokenizer_expected.safetensors"))
+print("tokenized lengths:", tok_expected["clip_tokenizer.full_len"].tolist())
+
 for root, _, files in sorted(os.walk(OUT)):
     for f in sorted(files):
         p = os.path.join(root, f)
