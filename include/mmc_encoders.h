@@ -85,6 +85,30 @@ mmc_status mmc_t5_encoder_forward(mmc_ctx *ctx, mmc_t5_encoder *m, const mmc_ten
 /* T5Attention._relative_position_bucket (bidirectional), relative = key pos - query pos. */
 int mmc_t5_relative_position_bucket(int64_t relative, bool bidirectional, int num_buckets, int max_distance);
 
+/* ---------------------------------------------------------------- CLIP tokenizer
+ * CLIP's BPE from a tokenizer.json as transformers' CLIPTokenizer writes it (tokenizers
+ * backend): added tokens split off the raw text; normalizer NFC, \s+ -> " ", lowercase;
+ * pre-tokenizer Split(CLIP's regex, keeping the matches) then ByteLevel; BPE whose word-final
+ * symbols carry the "</w>" suffix; RobertaProcessing's bos / eos around the tokens. See
+ * src/tokenizer/clip_bpe.c. Ids equal HF tokenizers'. */
+typedef struct mmc_clip_tokenizer mmc_clip_tokenizer;
+
+/* dir: a tokenizer folder (tokenizer.json, tokenizer_config.json for pad_token) or the path of
+ * a tokenizer.json. A tokenizer.json that is not CLIP's pipeline is MMC_ERR_UNSUPPORTED
+ * naming the part (model type, normalizer, pre-tokenizer). */
+mmc_status mmc_clip_tokenizer_load(const char *dir, mmc_clip_tokenizer **out);
+void mmc_clip_tokenizer_free(mmc_clip_tokenizer *t);
+/* bos, eos, pad ids (pad -1 when the tokenizer has none) */
+void mmc_clip_tokenizer_special_ids(const mmc_clip_tokenizer *t, int32_t *bos, int32_t *eos, int32_t *pad);
+/* tokenizer(text).input_ids (special tokens added): into ids[cap], the count in *n;
+ * MMC_ERR_INVALID when it exceeds cap. */
+mmc_status mmc_clip_tokenizer_encode(const mmc_clip_tokenizer *t, const char *text, int32_t *ids, int cap, int *n);
+/* tokenizer(text, padding="max_length", max_length=L, truncation=True), as the diffusion
+ * pipelines call it (L = 77): ids[L] (bos, at most L - 2 tokens, eos, then pad), mask[L]
+ * (may be NULL; 1 for bos..eos). *n_real (may be NULL) = the unpadded length. */
+mmc_status mmc_clip_tokenizer_encode_padded(const mmc_clip_tokenizer *t, const char *text, int max_length,
+                                            int32_t *ids, int32_t *mask, int *n_real);
+
 #ifdef __cplusplus
 }
 #endif

@@ -114,6 +114,64 @@ static void copy_case(const char *name, const char *tmp, const char *config) {
     }
 }
 
+/* CLIPTokenizer: ids and masks as the pipelines call it (max_length 77, padding, truncation),
+ * and the unpadded ids, for every caption of tokenizer_cases.json. */
+static void check_tokenizer(const char *name) {
+    char dir[256], key[96];
+    snprintf(dir, sizeof dir, ROOT "%s", name);
+    mmc_clip_tokenizer *t = NULL;
+    CHECK_OK(mmc_clip_tokenizer_load(dir, &t));
+    if (!t) return;
+    mmc_json *cases = NULL;
+    CHECK_OK(mmc_json_load(ROOT "tokenizer_cases.json", &cases));
+    mmc_st *exp = fixture_open("text_encoders/tokenizer_expected.safetensors");
+    snprintf(key, sizeof key, "%s.ids", name);
+    mmc_tensor *want_ids = fixture_tensor(exp, key, MMC_I32);
+    snprintf(key, sizeof key, "%s.mask", name);
+    mmc_tensor *want_mask = fixture_tensor(exp, key, MMC_I32);
+    snprintf(key, sizeof key, "%s.full_ids", name);
+    mmc_tensor *full = fixture_tensor(exp, key, MMC_I32);
+    snprintf(key, sizeof key, "%s.full_len", name);
+    mmc_tensor *full_len = fixture_tensor(exp, key, MMC_I32);
+    const int n = (int)want_ids->shape[0], L = (int)want_ids->shape[1];
+    int64_t off = 0;
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        const char *text = NULL;
+        snprintf(key, sizeof key, "%d", i);
+        CHECK_OK(mmc_json_str(cases, key, NULL, &text));
+        if (!text) break;
+        int32_t ids[77], mask[77], got[256];
+        int n_real = 0, n_full = 0;
+        CHECK_OK(mmc_clip_tokenizer_encode_padded(t, text, L, ids, mask, &n_real));
+        CHECK_OK(mmc_clip_tokenizer_encode(t, text, got, 256, &n_full));
+        const int32_t *wi = (const int32_t *)want_ids->data + (int64_t)i * L, *wm = (const int32_t *)want_mask->data + (int64_t)i * L;
+        bool ok = memcmp(ids, wi, (size_t)L * 4) == 0 && memcmp(mask, wm, (size_t)L * 4) == 0;
+        int wl = ((const int32_t *)full_len->data)[i];
+        ok = ok && n_full == wl && memcmp(got, (const int32_t *)full->data + off, (size_t)wl * 4) == 0;
+        off += wl;
+        if (!ok) {
+            bad++;
+            fprintf(stderr, "%s: caption %d \"%.40s\": ids differ from transformers (%d vs %d tokens)\n", name, i, text,
+                    n_full, wl);
+        }
+    }
+    CHECK(bad == 0);
+    printf("%s: %d captions, %d differ from transformers' CLIPTokenizer\n", name, n, bad);
+    /* the user-facing limits */
+    int32_t ids[4];
+    int k;
+    CHECK(mmc_clip_tokenizer_encode(t, "a red circle on the left", ids, 4, &k) == MMC_ERR_INVALID);
+    CHECK(mmc_clip_tokenizer_encode_padded(t, "x", 1, ids, NULL, NULL) == MMC_ERR_INVALID);
+    mmc_tensor_free(want_ids);
+    mmc_tensor_free(want_mask);
+    mmc_tensor_free(full);
+    mmc_tensor_free(full_len);
+    mmc_st_close(exp);
+    mmc_json_free(cases);
+    mmc_clip_tokenizer_free(t);
+}
+
 static void check_errors(void) {
     char tmp[] = "/tmp/mmc_textenc_XXXXXX";
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
@@ -177,6 +235,8 @@ int main(void) {
     check_t5("t5_gated");
     check_t5("t5_gated_bf16");
     check_t5("t5_relu");
+    check_tokenizer("clip_tokenizer");
+    check_tokenizer("clip_tokenizer_pad");
     check_errors();
     return test_done("test_text_encoders");
 }
