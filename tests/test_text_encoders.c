@@ -172,6 +172,45 @@ static void check_tokenizer(const char *name) {
     mmc_clip_tokenizer_free(t);
 }
 
+/* The component folders of a pipeline as diffusers saves it (FluxPipeline: CLIP text_encoder /
+ * tokenizer, T5 text_encoder_2): they load, and the tokenizer's ids run through the encoder. */
+static void check_pipeline_folders(void) {
+    const char *pipe = "tests/fixtures/diffusion/pipe_flux";
+    char dir[256];
+    mmc_clip_tokenizer *tok = NULL;
+    mmc_clip_text *clip = NULL;
+    mmc_t5_encoder *t5 = NULL;
+    snprintf(dir, sizeof dir, "%s/tokenizer", pipe);
+    CHECK_OK(mmc_clip_tokenizer_load(dir, &tok));
+    snprintf(dir, sizeof dir, "%s/text_encoder", pipe);
+    CHECK_OK(mmc_clip_text_load(dir, &clip));
+    snprintf(dir, sizeof dir, "%s/text_encoder_2", pipe);
+    CHECK_OK(mmc_t5_encoder_load(dir, &t5));
+    if (tok && clip && t5) {
+        const int L = (int)mmc_clip_text_cfg(clip)->max_position_embeddings;
+        mmc_ctx *ctx = mmc_ctx_new();
+        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, L));
+        int n = 0;
+        CHECK_OK(mmc_clip_tokenizer_encode_padded(tok, "A red  RED apple", L, ids->data, NULL, &n));
+        const int32_t *id = ids->data;
+        int32_t bos, eos, pad;
+        mmc_clip_tokenizer_special_ids(tok, &bos, &eos, &pad);
+        /* vocab: a</w> 2, re 6, red</w> 7, "apple" -> unk (the eos) per character */
+        CHECK(n == 10 && id[0] == bos && id[1] == 2 && id[2] == 7 && id[3] == 7 && id[9] == eos && id[L - 1] == pad);
+        mmc_clip_text_out o;
+        CHECK_OK(mmc_clip_text_forward(ctx, clip, ids, NULL, &o));
+        CHECK(o.pooled && o.pooled->shape[0] == 1 && o.pooled->shape[1] == mmc_clip_text_cfg(clip)->hidden_size);
+        mmc_tensor *t5ids = mmc_zeros(ctx, MMC_I64, 2, MMC_SHAPE(2, 5)), *last = NULL;
+        ((int64_t *)t5ids->data)[3] = 1;
+        CHECK_OK(mmc_t5_encoder_forward(ctx, t5, t5ids, NULL, &last, NULL));
+        CHECK(last && last->shape[2] == mmc_t5_encoder_cfg(t5)->d_model && max_abs(last) > 0);
+        mmc_ctx_free(ctx);
+    }
+    mmc_clip_tokenizer_free(tok);
+    mmc_clip_text_free(clip);
+    mmc_t5_encoder_free(t5);
+}
+
 static void check_errors(void) {
     char tmp[] = "/tmp/mmc_textenc_XXXXXX";
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
@@ -237,6 +276,7 @@ int main(void) {
     check_t5("t5_relu");
     check_tokenizer("clip_tokenizer");
     check_tokenizer("clip_tokenizer_pad");
+    check_pipeline_folders();
     check_errors();
     return test_done("test_text_encoders");
 }

@@ -521,7 +521,7 @@ mmc_status mmc_clip_tokenizer_encode(const mmc_clip_tokenizer *t, const char *te
         st = mmc_error(MMC_ERR_INVALID, "CLIP tokenizer: %d ids do not fit in %d", b.n + 2, cap);
     if (!st) {
         ids[0] = t->bos;
-        memcpy(ids + 1, b.v, (size_t)b.n * sizeof *ids);
+        if (b.n) memcpy(ids + 1, b.v, (size_t)b.n * sizeof *ids);
         ids[b.n + 1] = t->eos;
         *n = b.n + 2;
     }
@@ -539,7 +539,7 @@ mmc_status mmc_clip_tokenizer_encode_padded(const mmc_clip_tokenizer *t, const c
     if (st) { free(b.v); return st; }
     int keep = b.n < max_length - 2 ? b.n : max_length - 2;   /* truncation: the tokens, not bos / eos */
     ids[0] = t->bos;
-    memcpy(ids + 1, b.v, (size_t)keep * sizeof *ids);
+    if (keep) memcpy(ids + 1, b.v, (size_t)keep * sizeof *ids);
     ids[keep + 1] = t->eos;
     for (int i = 0; i < max_length; i++) {
         if (i >= keep + 2) ids[i] = t->pad;
