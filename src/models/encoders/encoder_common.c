@@ -140,7 +140,7 @@ mmc_status enc_check_inputs(const mmc_tensor *ids, const mmc_tensor *mask, int64
 }
 
 mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor *v, float scale, bool causal,
-                          const mmc_tensor *mask, const float *bias) {
+                          const mmc_tensor *mask, const float *rel_bias) {
     MMC_ASSERT(!mmc_requires_grad(q) && !mmc_requires_grad(k) && !mmc_requires_grad(v));
     MMC_ASSERT(q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && mmc_is_contiguous(q) && mmc_is_contiguous(k) &&
                mmc_is_contiguous(v) && q->dtype == MMC_F32 && k->dtype == MMC_F32 && v->dtype == MMC_F32);
@@ -168,7 +168,7 @@ mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor
                     float acc = 0;
                     for (int64_t d = 0; d < D; d++) acc += qt[d] * ks[d];
                     acc *= scale;
-                    if (bias) acc += bias[(h * T + t) * S + s];
+                    if (rel_bias) acc += rel_bias[h * (T + S - 1) + s - t + T - 1];
                     p[s] = acc;
                     if (acc > mx) mx = acc;
                     seen++;

@@ -37,9 +37,12 @@ int64_t enc_int_at(const mmc_tensor *t, int64_t i);   /* flat element of an i32 
 
 /* softmax(scale * q k^T + bias [+ causal] [+ key mask]) v, per batch and head:
  * q [B, T, H, D], k [B, S, H, D], v [B, S, H, Dv] (contiguous) -> [B, T, H, Dv].
- * bias [H, T, S] or NULL; mask [B, S] (nonzero keeps the key) or NULL. A query that sees no
- * key attends uniformly to all S, as the additive finfo.min mask of transformers makes it. */
+ * rel_bias: a bias that depends on the key - query offset only (T5's relative positions),
+ * [H, T + S - 1] with score(t, s) += rel_bias[h, s - t + T - 1]; H * (T + S) floats where a full
+ * [H, T, S] table would take 64 MiB for T5-XXL's 64 heads at 512 tokens. NULL for none.
+ * mask [B, S] (nonzero keeps the key) or NULL. A query that sees no key attends uniformly to
+ * all S, as the additive finfo.min mask of transformers makes it. */
 mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor *v, float scale, bool causal,
-                          const mmc_tensor *mask, const float *bias);
+                          const mmc_tensor *mask, const float *rel_bias);
 
 #endif

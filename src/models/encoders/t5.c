@@ -158,15 +158,15 @@ fail:
 const mmc_t5_config *mmc_t5_encoder_cfg(const mmc_t5_encoder *m) { return &m->cfg; }
 int64_t mmc_t5_encoder_param_count(const mmc_t5_encoder *m) { return enc_weights_count(&m->w); }
 
-/* T5Attention.compute_bias: -> [H, T, T] f32 (scratch owned by the caller's mark) */
+/* T5Attention.compute_bias: values_{h, t, s} depend on s - t only -> [H, 2T - 1] f32 with
+ * entry (h, s - t + T - 1) (scratch owned by the caller's mark) */
 static float *compute_bias(mmc_ctx *ctx, const mmc_t5_encoder *m, int64_t T) {
-    const int64_t H = m->cfg.num_heads;
-    float *bias = mmc_scratch_alloc(ctx, (size_t)(H * T * T) * sizeof(float));
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t s = 0; s < T; s++) {
-            int bk = mmc_t5_relative_position_bucket(s - t, true, (int)m->cfg.num_buckets, (int)m->cfg.max_distance);
-            for (int64_t h = 0; h < H; h++) bias[(h * T + t) * T + s] = m->rel_bias[bk * H + h];
-        }
+    const int64_t H = m->cfg.num_heads, R = 2 * T - 1;
+    float *bias = mmc_scratch_alloc(ctx, (size_t)(H * R) * sizeof(float));
+    for (int64_t r = 0; r < R; r++) {
+        int bk = mmc_t5_relative_position_bucket(r - (T - 1), true, (int)m->cfg.num_buckets, (int)m->cfg.max_distance);
+        for (int64_t h = 0; h < H; h++) bias[h * R + r] = m->rel_bias[bk * H + h];
+    }
     return bias;
 }
 
@@ -203,7 +203,7 @@ mmc_status mmc_t5_encoder_forward(mmc_ctx *ctx, mmc_t5_encoder *m, const mmc_ten
     const int64_t T = ids->shape[1];
     bool was = mmc_set_grad_enabled(ctx, false);
     mmc_arena_mark sm = mmc_scratch_mark(ctx);
-    const float *bias = compute_bias(ctx, m, T);                                         /* [H, T, T] */
+    const float *bias = compute_bias(ctx, m, T);                                         /* [H, 2T - 1] */
     mmc_tensor *x = mmc_embedding(ctx, m->embed, (mmc_tensor *)ids);                     /* [B, T, d_model] */
     mmc_tensor *pen = x;
     for (int64_t i = 0; i < c->num_layers; i++) {
