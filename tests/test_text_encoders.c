@@ -29,9 +29,9 @@ static void compare(const mmc_st *exp, const char *key, const mmc_tensor *got, c
 
 /* tests/fixtures/text_encoders/<name>: the CLIP or T5 model on its ids, without and with the
  * mask (ids and mask given as i32 / i64 in turn, to cover both). */
-static void check_encoder(const char *name, bool t5) {
-    char dir[256];
-    snprintf(dir, sizeof dir, ROOT "%s", name);
+static void check_encoder_in(const char *name, const char *model_dir, bool t5) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", model_dir);
     mmc_clip_text *clip = NULL;
     mmc_t5_encoder *enc = NULL;
     CHECK_OK(t5 ? mmc_t5_encoder_load(dir, &enc) : mmc_clip_text_load(dir, &clip));
@@ -63,6 +63,45 @@ static void check_encoder(const char *name, bool t5) {
     mmc_st_close(exp);
     mmc_clip_text_free(clip);
     mmc_t5_encoder_free(enc);
+}
+static void check_encoder(const char *name, bool t5) {
+    char dir[256];
+    snprintf(dir, sizeof dir, ROOT "%s", name);
+    check_encoder_in(name, dir, t5);
+}
+
+/* Checkpoints laid out as older writers left them, made from a fixture's tensors: every name
+ * gets `prefix`, `from` is renamed `to`, and an int64 "<prefix>embeddings.position_ids" buffer
+ * is added (4.x CLIP checkpoints carry it). The outputs must equal the fixture's. */
+static void check_layout(const char *name, bool t5, const char *prefix, const char *from, const char *to) {
+    char tmp[] = "/tmp/mmc_textenc_layout_XXXXXX", path[512], cmd[600];
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    snprintf(cmd, sizeof cmd, "cp " ROOT "%s/config.json %s/", name, tmp);
+    MMC_CHECK(system(cmd) == 0, "%s", cmd);
+    snprintf(path, sizeof path, ROOT "%s", name);
+    mmc_st *st = NULL;
+    CHECK_OK(mmc_st_open(path, &st));
+    if (!st) return;
+    mmc_stw *w = mmc_stw_new();
+    static char names[256][160];
+    int n = mmc_st_count(st);
+    MMC_CHECK(n < 255, "too many tensors");
+    for (int i = 0; i < n; i++) {
+        const mmc_st_entry *e = mmc_st_at(st, i);
+        snprintf(names[i], sizeof names[i], "%s%s", prefix, from && !strcmp(e->name, from) ? to : e->name);
+        CHECK_OK(mmc_stw_add_raw(w, names[i], e->dtype, e->ndim, e->shape, e->data));
+    }
+    static const int64_t pos[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    snprintf(names[n], sizeof names[n], "%sembeddings.position_ids", prefix);
+    if (!t5) CHECK_OK(mmc_stw_add_raw(w, names[n], MMC_I64, 2, MMC_SHAPE(1, 16), pos));
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    CHECK_OK(mmc_stw_write(w, path));
+    mmc_stw_free(w);
+    mmc_st_close(st);
+    printf("%s re-laid out (prefix '%s'%s%s):\n", name, prefix, from ? ", renamed " : "", from ? from : "");
+    check_encoder_in(name, tmp, t5);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    MMC_CHECK(system(cmd) == 0, "%s", cmd);
 }
 
 static void check_buckets(void) {
@@ -258,6 +297,8 @@ int main(void) {
     check_encoder("t5_relu", true);
     check_tokenizer("clip_tokenizer");
     check_tokenizer("clip_tokenizer_pad");
+    check_layout("clip_quick", false, "text_model.", NULL, NULL);   /* CLIPTextModel as 4.x saved it */
+    check_layout("t5_relu", true, "", "shared.weight", "encoder.embed_tokens.weight");
     check_pipeline_folders();
     check_errors();
     return test_done("test_text_encoders");
