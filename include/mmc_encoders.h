@@ -56,6 +56,11 @@ typedef struct {
     mmc_tensor *penultimate;         /* [B, T, C] hidden_states[-2]: the last layer's input, no final LN */
     mmc_tensor *pooled;              /* [B, C] pooler_output: last_hidden_state at the EOS */
     mmc_tensor *text_embeds;         /* [B, P] text_projection(pooled); NULL without projection */
+    /* output_hidden_states: [num_hidden_layers + 1] of [B, T, C], the embeddings first, no final
+     * LN; hidden_states[n_hidden - k] is Python's hidden_states[-k] (SD's clip_skip takes
+     * -(clip_skip + 1) and applies final_layer_norm; SDXL / SD3 take -(clip_skip + 2)). */
+    mmc_tensor **hidden_states;
+    int n_hidden;
 } mmc_clip_text_out;
 /* T <= max_position_embeddings and ids < vocab_size, else MMC_ERR_INVALID. */
 mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tensor *ids, const mmc_tensor *mask,

@@ -49,6 +49,8 @@ static void check_encoder_in(const char *name, const char *model_dir, bool t5) {
         char key[64];
         snprintf(key, sizeof key, "last_hidden_state%s", sfx), compare(exp, key, o.last_hidden_state, name);
         snprintf(key, sizeof key, "hs_m2%s", sfx), compare(exp, key, o.penultimate, name);
+        if (clip) CHECK(o.n_hidden == 3 && o.hidden_states[o.n_hidden - 2] == o.penultimate &&
+                        max_abs_diff(o.hidden_states[o.n_hidden - 1], o.last_hidden_state) > 0);
         if (clip && mmc_clip_text_cfg(clip)->with_projection) {
             snprintf(key, sizeof key, "text_embeds%s", sfx), compare(exp, key, o.text_embeds, name);
         } else if (clip) {

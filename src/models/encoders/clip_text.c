@@ -194,11 +194,13 @@ mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tenso
     for (int64_t t = 0; t < T; t++) ((int64_t *)pos->data)[t] = t;
     mmc_tensor *x = mmc_add(ctx, mmc_embedding(ctx, m->tok_emb, (mmc_tensor *)ids),
                             mmc_embedding(ctx, m->pos_emb, pos));                        /* [B, T, C] */
-    mmc_tensor *penultimate = x;
-    for (int64_t i = 0; i < c->num_hidden_layers; i++) {
-        penultimate = x;
+    const int L = (int)c->num_hidden_layers;
+    /* every layer's output stays: enc_keep drops only what a layer allocates after its mark */
+    mmc_tensor **hs = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)(L + 1) * sizeof *hs);
+    hs[0] = x;
+    for (int i = 0; i < L; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-        x = enc_keep(ctx, mk, layer_forward(ctx, m, &m->layers[i], x, mask));
+        hs[i + 1] = x = enc_keep(ctx, mk, layer_forward(ctx, m, &m->layers[i], x, mask));
     }
     mmc_tensor *last = mmc_layernorm(ctx, x, m->ln_f_w, m->ln_f_b, (float)c->layer_norm_eps);
     mmc_tensor *pooled = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, C));                     /* [B, C] */
@@ -206,7 +208,9 @@ mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tenso
         memcpy((float *)pooled->data + b * C, (const float *)last->data + (b * T + eos_position(m, ids, b)) * C,
                (size_t)C * sizeof(float));
     out->last_hidden_state = last;
-    out->penultimate = penultimate;
+    out->penultimate = hs[L - 1];
+    out->hidden_states = hs;
+    out->n_hidden = L + 1;
     out->pooled = pooled;
     out->text_embeds = m->proj ? mmc_linear(ctx, pooled, m->proj, NULL) : NULL;       /* [B, P] */
     mmc_set_grad_enabled(ctx, was);
