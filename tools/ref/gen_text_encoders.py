@@ -21,9 +21,9 @@ come from their own weights upcast to float32. t5_buckets.safetensors: transform
 _relative_position_bucket for relative positions -299..299 for (32, 128) and (16, 20), to check the bucket
 rounding exactly.
 * clip_tokenizer/, clip_tokenizer_pad/: CLIPTokenizer (tokenizers backend) saved with save_pretrained,
-  built as transformers builds it from a vocab and merges that tokenizers' BpeTrainer learnt on
-  captions (CLIP's normalizer, pre-tokenizer and </w> word ends; 600 tokens, every byte in the
-  alphabet but not every byte+</w>, so unknown word ends occur). clip_tokenizer_pad pads with "!"
+  built as transformers builds it from a vocab and merges learnt here on captions (CLIP's
+  normalizer, pre-tokenizer and </w> word ends; 600 tokens, every byte in the alphabet but only
+  the byte+</w> seen in the corpus, so unknown word ends occur). clip_tokenizer_pad pads with "!"
   (SDXL's tokenizer_2). tokenizer_cases.json: captions (unicode, long, empty, whitespace, the
   special tokens written out); tokenizer_expected.safetensors: for each tokenizer, the ids and
   attention masks of tok(captions, padding="max_length", max_length=77, truncation=True) as the
@@ -146,7 +146,7 @@ save_file({"b32_128": T5Attention._relative_position_bucket(rel, True, 32, 128).
 
 # ---------------------------------------------------------------- CLIP tokenizer
 import json
-from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 from transformers import CLIPTokenizer
 
 CAPTIONS = [
@@ -178,11 +178,40 @@ trainer_tok.pre_tokenizer = pre_tokenizers.Sequence([
     pre_tokenizers.Split(Regex(r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""),
                          behavior="removed", invert=True),
     pre_tokenizers.ByteLevel(add_prefix_space=False)])
-trainer_tok.train_from_iterator(corpus, trainers.BpeTrainer(
-    vocab_size=600, special_tokens=["<|startoftext|>", "<|endoftext|>"], end_of_word_suffix="</w>",
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-state = json.loads(trainer_tok.to_str())["model"]
-vocab, merges = state["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
+# A small BPE learnt here rather than by tokenizers' BpeTrainer, whose tie-breaking follows hash
+# order (its output changes run to run): the most frequent pair first, ties by the pair's text.
+words = {}
+for text in corpus:
+    for w, _ in trainer_tok.pre_tokenizer.pre_tokenize_str(trainer_tok.normalizer.normalize_str(text)):
+        key = tuple(w[:-1]) + (w[-1] + "</w>",)
+        words[key] = words.get(key, 0) + 1
+alphabet = sorted(set(pre_tokenizers.ByteLevel.alphabet()) | {s for w in words for s in w})
+vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+for a in alphabet:
+    vocab[a] = len(vocab)
+merges = []
+while len(vocab) < 600:
+    pairs = {}
+    for w, n in words.items():
+        for p in zip(w, w[1:]):
+            pairs[p] = pairs.get(p, 0) + n
+    if not pairs:
+        break
+    best = min(pairs, key=lambda p: (-pairs[p], p))
+    merges.append(best)
+    vocab.setdefault(best[0] + best[1], len(vocab))
+    merged = {}
+    for w, n in words.items():
+        out, i = [], 0
+        while i < len(w):
+            if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                out.append(w[i] + w[i + 1])
+                i += 2
+            else:
+                out.append(w[i])
+                i += 1
+        merged[tuple(out)] = merged.get(tuple(out), 0) + n
+    words = merged
 tok_expected = {}
 for name, kw in (("clip_tokenizer", {}), ("clip_tokenizer_pad", {"pad_token": "!"})):
     tok = CLIPTokenizer(vocab=vocab, merges=merges, **kw)
