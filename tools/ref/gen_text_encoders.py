@@ -166,7 +166,8 @@ CAPTIONS = [
     " ".join(["a very long caption about a beautiful landscape with mountains, rivers and trees"] * 6),
     "UPPER lower MiXeD 123abc abc123",
 ]
-corpus = CAPTIONS + [
+# the CJK and emoji captions stay out of the training text: their word-final bytes are unknown
+corpus = [c for i, c in enumerate(CAPTIONS) if i not in (8, 9)] + [
     "a photo of a cat", "a painting of a dog in the style of van gogh", "a red car on a street at night",
     "a blue square on the right", "a green triangle in the middle", "portrait of a woman, studio lighting",
     "landscape with mountains and a lake at sunset", "the quick brown fox jumps over the lazy dog",
