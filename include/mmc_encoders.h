@@ -105,6 +105,10 @@ mmc_status mmc_clip_tokenizer_load(const char *dir, mmc_clip_tokenizer **out);
 void mmc_clip_tokenizer_free(mmc_clip_tokenizer *t);
 /* bos, eos, pad ids (pad -1 when the tokenizer has none) */
 void mmc_clip_tokenizer_special_ids(const mmc_clip_tokenizer *t, int32_t *bos, int32_t *eos, int32_t *pad);
+/* tokenizer.model_max_length from tokenizer_config.json (77 for CLIP's checkpoints; the max_length
+ * the pipelines pad to); 77 when absent or the "unlimited" sentinel (1e30) transformers writes
+ * for tokenizers built without one. */
+int mmc_clip_tokenizer_model_max_length(const mmc_clip_tokenizer *t);
 /* tokenizer(text).input_ids (special tokens added): into ids[cap], the count in *n;
  * MMC_ERR_INVALID when it exceeds cap. */
 mmc_status mmc_clip_tokenizer_encode(const mmc_clip_tokenizer *t, const char *text, int32_t *ids, int cap, int *n);

@@ -181,6 +181,7 @@ static void check_tokenizer(const char *name) {
     }
     CHECK(bad == 0);
     printf("%s: %d captions, %d differ from transformers' CLIPTokenizer\n", name, n, bad);
+    CHECK(mmc_clip_tokenizer_model_max_length(t) == 77);   /* the fixture's config says 1e30: unlimited */
     /* the user-facing limits */
     int32_t ids[4];
     int k;

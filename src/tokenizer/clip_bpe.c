@@ -49,6 +49,7 @@ struct mmc_clip_tokenizer {
     uint32_t merges_mask;
     char suffix[32];          /* end_of_word_suffix, "</w>" */
     int32_t unk, bos, eos, pad;
+    int model_max_length;
     normalizer norms[MAX_NORMALIZERS];
     int n_norms;
     pcre2_code *split;        /* the words are its matches */
@@ -335,6 +336,8 @@ mmc_status mmc_clip_tokenizer_load(const char *dir, mmc_clip_tokenizer **out) {
     if (f) {
         fclose(f);
         if (!(cfg = parse_file(cpath, &st))) goto fail;
+        const cJSON *mml = cJSON_GetObjectItemCaseSensitive(cfg, "model_max_length");
+        if (cJSON_IsNumber(mml) && mml->valuedouble >= 2 && mml->valuedouble <= 1e6) t->model_max_length = (int)mml->valuedouble;
         const char *pad = config_token(cfg, "pad_token");
         if (pad && (t->pad = token_id(t, pad)) < 0) {
             st = mmc_error(MMC_ERR_FORMAT, "%s: pad_token '%s' is not in the vocabulary", cpath, pad);
@@ -367,6 +370,10 @@ void mmc_clip_tokenizer_free(mmc_clip_tokenizer *t) {
     pcre2_match_data_free(t->md);
     pcre2_code_free(t->split);
     free(t);
+}
+
+int mmc_clip_tokenizer_model_max_length(const mmc_clip_tokenizer *t) {
+    return t->model_max_length ? t->model_max_length : 77;
 }
 
 void mmc_clip_tokenizer_special_ids(const mmc_clip_tokenizer *t, int32_t *bos, int32_t *eos, int32_t *pad) {
