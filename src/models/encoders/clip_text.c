@@ -1,0 +1,218 @@
+/* clip_text.c — CLIP's text transformer, mirroring transformers' CLIPTextModel and
+ * CLIPTextModelWithProjection (models/clip/modeling_clip.py):
+ *
+ *   x = token_embedding(ids) + position_embedding(0..T-1)             [B, T, C]
+ *   per layer (CLIPEncoderLayer, pre-LN):
+ *       x = x + out_proj(attn(layer_norm1(x)))    causal, scale head_dim^-0.5, padding mask if given
+ *       x = x + fc2(act(fc1(layer_norm2(x))))     act = hidden_act (quick_gelu for OpenAI's CLIP)
+ *   last_hidden_state = final_layer_norm(x)
+ *   pooled = last_hidden_state[b, eos position]: argmax(ids) when eos_token_id == 2 (configs
+ *            saved before transformers PR #24773, where the EOS is the largest id), else the
+ *            first position whose id is eos_token_id
+ *   text_embeds = text_projection(pooled)                              [B, P] (WithProjection)
+ *
+ * hidden_states[-2] (what SDXL and SD3 feed their UNet / transformer) is the last layer's
+ * input, before the final LayerNorm. Weight names: "text_model." + the module path (4.x and
+ * WithProjection), or without the prefix (a CLIPTextModel saved by transformers 5). */
+#include "encoder_common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    mmc_tensor *ln1_w, *ln1_b, *ln2_w, *ln2_b;      /* [C] */
+    mmc_tensor *q_w, *k_w, *v_w, *o_w;              /* [C, C] */
+    mmc_tensor *q_b, *k_b, *v_b, *o_b;              /* [C] */
+    mmc_tensor *fc1_w, *fc1_b;                      /* [F, C], [F] */
+    mmc_tensor *fc2_w, *fc2_b;                      /* [C, F], [C] */
+} clip_layer;
+
+struct mmc_clip_text {
+    mmc_clip_text_config cfg;
+    mmc_tensor *tok_emb;          /* [V, C] */
+    mmc_tensor *pos_emb;          /* [P, C] */
+    clip_layer *layers;           /* [num_hidden_layers] */
+    mmc_tensor *ln_f_w, *ln_f_b;  /* [C] */
+    mmc_tensor *proj;             /* [projection_dim, C]; NULL without projection */
+    enc_weights w;
+};
+
+mmc_status mmc_clip_text_config_read(const mmc_json *j, const char *what, mmc_clip_text_config *c) {
+    memset(c, 0, sizeof *c);
+    mmc_status st;
+    const char *act = NULL, *mt = NULL, *arch = NULL;
+    /* a full CLIPModel config keeps the text tower under text_config */
+    const mmc_json *t = mmc_json_get(j, "text_config");
+    if ((st = mmc_json_str(j, "model_type", "clip_text_model", &mt))) return mmc_error_prefix(st, "%s: ", what);
+    if (!t || strcmp(mt, "clip") != 0) t = j;
+    if ((st = mmc_json_int(t, "vocab_size", 49408, &c->vocab_size)) ||
+        (st = mmc_json_int(t, "hidden_size", 512, &c->hidden_size)) ||
+        (st = mmc_json_int(t, "intermediate_size", 2048, &c->intermediate_size)) ||
+        (st = mmc_json_int(t, "num_hidden_layers", 12, &c->num_hidden_layers)) ||
+        (st = mmc_json_int(t, "num_attention_heads", 8, &c->num_attention_heads)) ||
+        (st = mmc_json_int(t, "max_position_embeddings", 77, &c->max_position_embeddings)) ||
+        (st = mmc_json_int(j, "projection_dim", 512, &c->projection_dim)) ||
+        (st = mmc_json_num(t, "layer_norm_eps", 1e-5, &c->layer_norm_eps)) ||
+        (st = mmc_json_int(t, "eos_token_id", 2, &c->eos_token_id)) ||
+        (st = mmc_json_str(t, "hidden_act", "quick_gelu", &act)) ||
+        (st = mmc_json_str(j, "architectures.0", "CLIPTextModel", &arch)))
+        return mmc_error_prefix(st, "%s: ", what);
+    if ((st = mmc_act_parse(act, what, &c->hidden_act))) return st;
+    c->with_projection = strstr(arch, "WithProjection") != NULL;
+    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 1 ||
+        c->num_attention_heads < 1 || c->max_position_embeddings < 1 || c->projection_dim < 1)
+        return mmc_error(MMC_ERR_FORMAT, "%s: sizes must be positive", what);
+    if (c->hidden_size % c->num_attention_heads)
+        return mmc_error(MMC_ERR_FORMAT, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", what,
+                         (long long)c->hidden_size, (long long)c->num_attention_heads);
+    return MMC_OK;
+}
+
+void mmc_clip_text_free(mmc_clip_text *m) {
+    if (!m) return;
+    enc_weights_close(&m->w);
+    free(m->layers);
+    free(m);
+}
+
+mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) {
+    *out = NULL;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *j = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return st;
+    mmc_clip_text *m = calloc(1, sizeof *m);
+    if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    if ((st = mmc_clip_text_config_read(j, path, &m->cfg))) goto fail;
+    mmc_clip_text_config *c = &m->cfg;
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (!m->layers) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    if ((st = enc_weights_open(dir, &m->w))) goto fail;
+    enc_weights *w = &m->w;
+    const char *pre = mmc_st_find(w->st, "text_model.embeddings.token_embedding.weight") ? "text_model." : "";
+    /* the projection is bound where the class says so or the checkpoint has one */
+    c->with_projection = c->with_projection || mmc_st_find(w->st, "text_projection.weight");
+    const int64_t C = c->hidden_size, F = c->intermediate_size;
+    char p[160];
+    snprintf(p, sizeof p, "%sembeddings.", pre);
+    enc_bind(w, p, "token_embedding.weight", &m->tok_emb, 2, MMC_SHAPE(c->vocab_size, C));
+    enc_bind(w, p, "position_embedding.weight", &m->pos_emb, 2, MMC_SHAPE(c->max_position_embeddings, C));
+    for (int64_t i = 0; i < c->num_hidden_layers; i++) {
+        clip_layer *L = &m->layers[i];
+        snprintf(p, sizeof p, "%sencoder.layers.%lld.", pre, (long long)i);
+        enc_bind(w, p, "layer_norm1.weight", &L->ln1_w, 1, MMC_SHAPE(C));
+        enc_bind(w, p, "layer_norm1.bias", &L->ln1_b, 1, MMC_SHAPE(C));
+        static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+        mmc_tensor **ws[4] = {&L->q_w, &L->k_w, &L->v_w, &L->o_w}, **bs[4] = {&L->q_b, &L->k_b, &L->v_b, &L->o_b};
+        for (int k = 0; k < 4; k++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "self_attn.%s.weight", proj[k]);
+            enc_bind(w, p, nm, ws[k], 2, MMC_SHAPE(C, C));
+            snprintf(nm, sizeof nm, "self_attn.%s.bias", proj[k]);
+            enc_bind(w, p, nm, bs[k], 1, MMC_SHAPE(C));
+        }
+        enc_bind(w, p, "layer_norm2.weight", &L->ln2_w, 1, MMC_SHAPE(C));
+        enc_bind(w, p, "layer_norm2.bias", &L->ln2_b, 1, MMC_SHAPE(C));
+        enc_bind(w, p, "mlp.fc1.weight", &L->fc1_w, 2, MMC_SHAPE(F, C));
+        enc_bind(w, p, "mlp.fc1.bias", &L->fc1_b, 1, MMC_SHAPE(F));
+        enc_bind(w, p, "mlp.fc2.weight", &L->fc2_w, 2, MMC_SHAPE(C, F));
+        enc_bind(w, p, "mlp.fc2.bias", &L->fc2_b, 1, MMC_SHAPE(C));
+    }
+    enc_bind(w, pre, "final_layer_norm.weight", &m->ln_f_w, 1, MMC_SHAPE(C));
+    enc_bind(w, pre, "final_layer_norm.bias", &m->ln_f_b, 1, MMC_SHAPE(C));
+    if (c->with_projection) enc_bind(w, "", "text_projection.weight", &m->proj, 2, MMC_SHAPE(c->projection_dim, C));
+    if ((st = enc_bind_status(w, dir, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
+        goto fail;
+    mmc_json_free(j);
+    *out = m;
+    return MMC_OK;
+fail:
+    mmc_json_free(j);
+    mmc_clip_text_free(m);
+    return st;
+}
+
+const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
+int64_t mmc_clip_text_param_count(const mmc_clip_text *m) { return enc_weights_count(&m->w); }
+
+/* CLIPAttention: x [B, T, C] -> [B, T, C] */
+static mmc_tensor *attention(mmc_ctx *ctx, const mmc_clip_text *m, const clip_layer *L, mmc_tensor *x,
+                             const mmc_tensor *mask) {
+    const int64_t B = x->shape[0], T = x->shape[1], H = m->cfg.num_attention_heads, D = m->cfg.hidden_size / H;
+    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, x, L->q_w, L->q_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, x, L->k_w, L->k_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, x, L->v_w, L->v_b), 4, MMC_SHAPE(B, T, H, D));
+    const float scale = (float)(1.0 / sqrt((double)D));                     /* head_dim ** -0.5 */
+    mmc_tensor *o;
+    if (mask) {
+        o = enc_attention(ctx, q, k, v, scale, true, mask, NULL);           /* [B, T, H, D] */
+    } else {
+        mmc_attn_opts opts = {.causal = true, .scale = scale};
+        o = mmc_attention(ctx, q, k, v, &opts);
+    }
+    return mmc_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, H * D)), L->o_w, L->o_b);
+}
+
+/* CLIPEncoderLayer: x [B, T, C] -> [B, T, C] */
+static mmc_tensor *layer_forward(mmc_ctx *ctx, const mmc_clip_text *m, const clip_layer *L, mmc_tensor *x,
+                                 const mmc_tensor *mask) {
+    const float eps = (float)m->cfg.layer_norm_eps;
+    mmc_tensor *h = mmc_layernorm(ctx, x, L->ln1_w, L->ln1_b, eps);
+    x = mmc_add(ctx, x, attention(ctx, m, L, h, mask));
+    h = mmc_layernorm(ctx, x, L->ln2_w, L->ln2_b, eps);
+    h = enc_act(ctx, m->cfg.hidden_act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));   /* [B, T, F] */
+    return mmc_add(ctx, x, mmc_linear(ctx, h, L->fc2_w, L->fc2_b));
+}
+
+/* The pooled token's position in row b of ids [B, T] (transformers' two rules). */
+static int64_t eos_position(const mmc_clip_text *m, const mmc_tensor *ids, int64_t b) {
+    const int64_t T = ids->shape[1];
+    int64_t best = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t id = enc_int_at(ids, b * T + t);
+        if (m->cfg.eos_token_id == 2) {
+            if (id > enc_int_at(ids, b * T + best)) best = t;      /* argmax: the first maximum */
+        } else if (id == m->cfg.eos_token_id) {
+            return t;
+        }
+    }
+    return best;   /* no EOS: argmax of an all-zero row is 0 */
+}
+
+mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tensor *ids, const mmc_tensor *mask,
+                                 mmc_clip_text_out *out) {
+    memset(out, 0, sizeof *out);
+    const mmc_clip_text_config *c = &m->cfg;
+    mmc_status st = enc_check_inputs(ids, mask, c->vocab_size, c->max_position_embeddings, "CLIPTextModel");
+    if (st) return st;
+    const int64_t B = ids->shape[0], T = ids->shape[1], C = c->hidden_size;
+    bool was = mmc_set_grad_enabled(ctx, false);
+    /* CLIPTextEmbeddings: token + position (position_ids = arange(T)) */
+    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
+    for (int64_t t = 0; t < T; t++) ((int64_t *)pos->data)[t] = t;
+    mmc_tensor *x = mmc_add(ctx, mmc_embedding(ctx, m->tok_emb, (mmc_tensor *)ids),
+                            mmc_embedding(ctx, m->pos_emb, pos));                        /* [B, T, C] */
+    const int L = (int)c->num_hidden_layers;
+    /* every layer's output stays: enc_keep drops only what a layer allocates after its mark */
+    mmc_tensor **hs = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)(L + 1) * sizeof *hs);
+    hs[0] = x;
+    for (int i = 0; i < L; i++) {
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        hs[i + 1] = x = enc_keep(ctx, mk, layer_forward(ctx, m, &m->layers[i], x, mask));
+    }
+    mmc_tensor *last = mmc_layernorm(ctx, x, m->ln_f_w, m->ln_f_b, (float)c->layer_norm_eps);
+    mmc_tensor *pooled = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, C));                     /* [B, C] */
+    for (int64_t b = 0; b < B; b++)
+        memcpy((float *)pooled->data + b * C, (const float *)last->data + (b * T + eos_position(m, ids, b)) * C,
+               (size_t)C * sizeof(float));
+    out->last_hidden_state = last;
+    out->penultimate = hs[L - 1];
+    out->hidden_states = hs;
+    out->n_hidden = L + 1;
+    out->pooled = pooled;
+    out->text_embeds = m->proj ? mmc_linear(ctx, pooled, m->proj, NULL) : NULL;       /* [B, P] */
+    mmc_set_grad_enabled(ctx, was);
+    return MMC_OK;
+}

@@ -1,0 +1,195 @@
+/* encoder_common.c — the loader, attention and small helpers that clip_text.c and t5.c share
+ * (see encoder_common.h). The attention materialises the [T, S] scores of one (batch, head)
+ * at a time: text encoders see at most a few hundred tokens, and T5 adds a bias per head
+ * and position pair that the tiled mmc_attention has no slot for. */
+#include "encoder_common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ENC_MAX_LISTED 8
+
+mmc_status enc_weights_open(const char *dir, enc_weights *w) {
+    memset(w, 0, sizeof *w);
+    w->errcap = 8192;
+    w->errs = calloc(1, w->errcap);
+    if (!w->errs) return mmc_error(MMC_ERR_OOM, "out of memory");
+    char p[1024];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f) snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir), f = fopen(p, "rb");
+    if (!f)
+        return mmc_error(MMC_ERR_NOT_FOUND, "%s: no model.safetensors or model.safetensors.index.json "
+                         "(a text encoder folder as save_pretrained writes it)", dir);
+    fclose(f);
+    return mmc_st_open(p, &w->st);
+}
+
+void enc_bind(enc_weights *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape) {
+    char full[256], dummy[512] = "";
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    bool listed = w->bad < ENC_MAX_LISTED;
+    if (mmc_model_bind(w->st, full, ndim, shape, false, slot, listed ? w->errs : dummy,
+                       listed ? w->errcap : sizeof dummy) != MMC_OK) {
+        w->bad++;
+        return;
+    }
+    if (w->n_params == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 64;
+        mmc_tensor **p = realloc(w->params, (size_t)cap * sizeof *p);
+        if (!p) { mmc_tensor_free(*slot); *slot = NULL; w->bad++; return; }
+        w->params = p, w->cap = cap;
+    }
+    w->params[w->n_params++] = *slot;
+}
+
+mmc_status enc_bind_status(const enc_weights *w, const char *dir, const char *cls) {
+    if (!w->bad) return MMC_OK;
+    char more[64] = "";
+    if (w->bad > ENC_MAX_LISTED) snprintf(more, sizeof more, "\n  ... and %d more", w->bad - ENC_MAX_LISTED);
+    return mmc_error(MMC_ERR_FORMAT, "%s: %s weights: %d problem%s:%s%s\n  (does config.json match the checkpoint?)",
+                     dir, cls, w->bad, w->bad > 1 ? "s" : "", w->errs, more);
+}
+
+void enc_weights_close(enc_weights *w) {
+    for (int i = 0; i < w->n_params; i++) mmc_tensor_free(w->params[i]);
+    free(w->params);
+    free(w->errs);
+    mmc_st_close(w->st);
+    memset(w, 0, sizeof *w);
+}
+
+int64_t enc_weights_count(const enc_weights *w) {
+    int64_t n = 0;
+    for (int i = 0; i < w->n_params; i++) n += mmc_numel(w->params[i]);
+    return n;
+}
+
+mmc_tensor *enc_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y) {
+    if (mmc_requires_grad(y)) return y;
+    mmc_arena_mark sm = mmc_scratch_mark(ctx);
+    size_t nb = mmc_nbytes(y);
+    void *tmp = mmc_scratch_alloc(ctx, nb);
+    memcpy(tmp, y->data, nb);
+    int ndim = y->ndim;
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, y->shape, sizeof shape);
+    mmc_dtype dt = y->dtype;
+    mmc_arena_release(mmc_ctx_arena(ctx), m);
+    mmc_tensor *out = mmc_new(ctx, dt, ndim, shape);
+    memcpy(out->data, tmp, nb);
+    mmc_scratch_release(ctx, sm);
+    return out;
+}
+
+mmc_status mmc_act_parse(const char *name, const char *what, mmc_act *out) {
+    static const struct { const char *name; mmc_act act; } acts[] = {
+        {"quick_gelu", MMC_ACT_QUICK_GELU}, {"gelu", MMC_ACT_GELU}, {"gelu_new", MMC_ACT_GELU_TANH},
+        {"gelu_pytorch_tanh", MMC_ACT_GELU_TANH}, {"relu", MMC_ACT_RELU}, {"silu", MMC_ACT_SILU},
+        {"swish", MMC_ACT_SILU},
+    };
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        if (!strcmp(name, acts[i].name)) { *out = acts[i].act; return MMC_OK; }
+    return mmc_error(MMC_ERR_UNSUPPORTED, "%s: activation '%s' is not supported (quick_gelu, gelu, gelu_new, "
+                     "gelu_pytorch_tanh, relu, silu)", what, name);
+}
+
+mmc_tensor *enc_act(mmc_ctx *ctx, mmc_act a, mmc_tensor *x) {
+    switch (a) {
+    case MMC_ACT_QUICK_GELU: return mmc_quick_gelu(ctx, x);
+    case MMC_ACT_GELU: return mmc_gelu(ctx, x);
+    case MMC_ACT_GELU_TANH: return mmc_gelu_tanh(ctx, x);
+    case MMC_ACT_SILU: return mmc_silu(ctx, x);
+    case MMC_ACT_RELU: break;
+    }
+    MMC_ASSERT(!mmc_requires_grad(x));   /* no relu op with a backward yet: inference only */
+    mmc_tensor *y = mmc_new_like(ctx, x);
+    const float *xd = x->data;
+    float *yd = y->data;
+    for (int64_t i = 0, n = mmc_numel(x); i < n; i++) yd[i] = xd[i] < 0 ? 0.0f : xd[i];   /* NaN stays NaN, as torch.relu */
+    return y;
+}
+
+int64_t enc_int_at(const mmc_tensor *t, int64_t i) {
+    return t->dtype == MMC_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
+}
+
+mmc_status enc_check_inputs(const mmc_tensor *ids, const mmc_tensor *mask, int64_t vocab, int64_t max_t,
+                            const char *what) {
+    if (!ids || ids->ndim != 2 || (ids->dtype != MMC_I32 && ids->dtype != MMC_I64) || !mmc_is_contiguous(ids))
+        return mmc_error(MMC_ERR_INVALID, "%s: input ids must be a contiguous [B, T] i32 / i64 tensor", what);
+    if (ids->shape[0] < 1 || ids->shape[1] < 1)
+        return mmc_error(MMC_ERR_INVALID, "%s: empty input ids", what);
+    if (max_t > 0 && ids->shape[1] > max_t)
+        return mmc_error(MMC_ERR_INVALID, "%s: sequence length %lld exceeds max_position_embeddings %lld "
+                         "(truncate to it, as the pipelines' tokenizers do)", what, (long long)ids->shape[1],
+                         (long long)max_t);
+    for (int64_t i = 0, n = mmc_numel(ids); i < n; i++) {
+        int64_t id = enc_int_at(ids, i);
+        if (id < 0 || id >= vocab)
+            return mmc_error(MMC_ERR_INVALID, "%s: token id %lld at [%lld, %lld] is outside the vocabulary "
+                             "(vocab_size %lld)", what, (long long)id, (long long)(i / ids->shape[1]),
+                             (long long)(i % ids->shape[1]), (long long)vocab);
+    }
+    if (mask && (mask->ndim != 2 || mask->shape[0] != ids->shape[0] || mask->shape[1] != ids->shape[1] ||
+                 (mask->dtype != MMC_I32 && mask->dtype != MMC_I64) || !mmc_is_contiguous(mask)))
+        return mmc_error(MMC_ERR_INVALID, "%s: attention mask must be a contiguous i32 / i64 tensor shaped "
+                         "like the ids [%lld, %lld]", what, (long long)ids->shape[0], (long long)ids->shape[1]);
+    return MMC_OK;
+}
+
+mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor *v, float scale, bool causal,
+                          const mmc_tensor *mask, const float *rel_bias) {
+    MMC_ASSERT(!mmc_requires_grad(q) && !mmc_requires_grad(k) && !mmc_requires_grad(v));
+    MMC_ASSERT(q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && mmc_is_contiguous(q) && mmc_is_contiguous(k) &&
+               mmc_is_contiguous(v) && q->dtype == MMC_F32 && k->dtype == MMC_F32 && v->dtype == MMC_F32);
+    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], D = q->shape[3];
+    const int64_t S = k->shape[1], Dv = v->shape[3];
+    MMC_ASSERT(k->shape[0] == B && k->shape[2] == H && k->shape[3] == D && v->shape[0] == B && v->shape[1] == S &&
+               v->shape[2] == H);
+    mmc_tensor *o = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, T, H, Dv));
+    mmc_arena_mark sm = mmc_scratch_mark(ctx);
+    float *rows = mmc_scratch_alloc(ctx, (size_t)(B * H * S) * sizeof(float));   /* one score row per (b, h) */
+    const float *qd = q->data, *kd = k->data, *vd = v->data;
+    float *od = o->data;
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * S * D > 65536)
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            float *p = rows + (b * H + h) * S;
+            for (int64_t t = 0; t < T; t++) {
+                const float *qt = qd + ((b * T + t) * H + h) * D;
+                float mx = -INFINITY;
+                int64_t seen = 0;
+                for (int64_t s = 0; s < S; s++) {
+                    bool keep = !(causal && s > t + S - T) && !(mask && enc_int_at(mask, b * S + s) == 0);
+                    if (!keep) { p[s] = -INFINITY; continue; }
+                    const float *ks = kd + ((b * S + s) * H + h) * D;
+                    float acc = 0;
+                    for (int64_t d = 0; d < D; d++) acc += qt[d] * ks[d];
+                    acc *= scale;
+                    if (rel_bias) acc += rel_bias[h * (T + S - 1) + s - t + T - 1];
+                    p[s] = acc;
+                    if (acc > mx) mx = acc;
+                    seen++;
+                }
+                float sum = 0;
+                for (int64_t s = 0; s < S; s++) {
+                    p[s] = seen ? (p[s] == -INFINITY ? 0.0f : expf(p[s] - mx)) : 1.0f;
+                    sum += p[s];
+                }
+                float inv = 1.0f / sum;
+                float *ot = od + ((b * T + t) * H + h) * Dv;
+                for (int64_t d = 0; d < Dv; d++) ot[d] = 0;
+                for (int64_t s = 0; s < S; s++) {
+                    if (p[s] == 0) continue;
+                    float w = p[s] * inv;
+                    const float *vs = vd + ((b * S + s) * H + h) * Dv;
+                    for (int64_t d = 0; d < Dv; d++) ot[d] += w * vs[d];
+                }
+            }
+        }
+    }
+    mmc_scratch_release(ctx, sm);
+    return o;
+}
