@@ -31,7 +31,11 @@ STEPS=${DEMO_STEPS:-$(sed -n 's/^  steps: *\([0-9]*\).*/\1/p' $CFG)}
 BATCH=$(sed -n 's/^  batch_size: *\([0-9]*\).*/\1/p' $CFG)
 NTRAIN=${DEMO_TRAIN:-40000}
 CONTROL_STEPS=${DEMO_CONTROL_STEPS:-$((STEPS / 4))}
-SETS=(--set training.steps=$STEPS --set data.train=$DATA/train_curriculum.jsonl --set data.eval=$DATA/val.jsonl
+# the config's warmup, or half the run where a short run (DEMO_STEPS, the sanitized test's
+# 20-step control) is shorter than it: mmc train rejects warmup_steps > training.steps
+WARMUP=$(sed -n 's/^  warmup_steps: *\([0-9]*\).*/\1/p' $CFG)
+warmup_for() { [ "$1" -ge "$WARMUP" ] && echo "$WARMUP" || echo $(($1 / 2)); }
+SETS=(--set training.steps=$STEPS --set optimizer.warmup_steps=$(warmup_for $STEPS) --set data.train=$DATA/train_curriculum.jsonl --set data.eval=$DATA/val.jsonl
       --set data.image_root=$DATA --set training.output_dir=$RUN/model)
 # train_curriculum.jsonl = N/2 curriculum lines + the N samples once per epoch; the loader
 # reads it in order, so write enough epochs for STEPS x BATCH samples (no second curriculum)
@@ -65,7 +69,7 @@ echo "trained model, validation images blanked:"
 if [ "$CONTROL_STEPS" -gt 0 ]; then
     echo "same recipe trained on blanked images ($CONTROL_STEPS steps), evaluated on blanked images:"
     rm -rf $RUN/control
-    "$MMC" train $CFG --set training.steps=$CONTROL_STEPS --set data.train=$RUN/data_blank/train_curriculum.jsonl \
+    "$MMC" train $CFG --set training.steps=$CONTROL_STEPS --set optimizer.warmup_steps=$(warmup_for $CONTROL_STEPS) --set data.train=$RUN/data_blank/train_curriculum.jsonl \
         --set data.image_root=$RUN/data_blank --set data.eval=$RUN/data_blank/val.jsonl \
         --set training.output_dir=$RUN/control >$RUN/control.log 2>&1 || { echo "control run failed, see $RUN/control.log"; }
     if CONTROL=$(latest_ckpt $RUN/control); then
