@@ -4,7 +4,9 @@
  * mmc_vision_config_read for both vision towers, and mmc_qwen2_vl_load, whose config checks
  * (model_type, M-RoPE default, merger width) run before it looks for weights (the scratch
  * directory has none). The same bytes are also read as a PEFT adapter_config.json
- * (mmc_lora_read_config). */
+ * (mmc_lora_read_config) and as a generation_config.json (mmc_gen_config_read, then the
+ * sampler and the new-token count it implies, as generate and chat use them). */
+#include "mmc_infer.h"
 #include "mmc_io.h"
 #include "mmc_lora.h"
 #include "mmc_models.h"
@@ -51,5 +53,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     float alpha, dropout;
     bool rs;
     (void)mmc_lora_read_config(g_dir, &r, &alpha, &dropout, &rs);
+    write_as("generation_config.json", data, size);
+    mmc_gen_config g;
+    if (mmc_gen_config_read(g_dir, &g) == MMC_OK) {
+        mmc_sampler_opts so;
+        mmc_gen_config_sampler(&g, &so);
+        (void)mmc_gen_config_max_new(&g, 0);
+        (void)mmc_gen_config_max_new(&g, 1 << 20);
+    }
     return 0;
 }
