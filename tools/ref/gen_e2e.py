@@ -12,8 +12,9 @@ Writes tests/fixtures/e2e/:
   q2_hub/, q25_hub/   the same weights and settings in the 4.4x layout: un-nested config.json
                       (rope_scaling, torch_dtype bfloat16, vision in_chans), checkpoint keys
                       visual.* / model.* / lm_head.* with bf16 matrices (the weights are bf16-exact,
-                      so lossless), preprocessor_config.json (image settings), 
-                      video_preprocessor_config.json, chat_template.json; no processor_config.json
+                      so lossless), preprocessor_config.json (image settings; the area as top-level
+                      min_pixels / max_pixels, as the Hub has it), video_preprocessor_config.json,
+                      chat_template.json; no processor_config.json
   expected.json       per directory and case (image, video): prompt token count, greedy new
                       tokens (transformers generate, the directory's generation_config), and the
                       last position's logits of one forward pass over the prompt
@@ -124,6 +125,8 @@ def to_hub(src, dst, arch):
     json.dump(c, open(os.path.join(dst, "config.json"), "w"), indent=2)
     pc = json.load(open(os.path.join(src, "processor_config.json")))
     ip = dict(pc.pop("image_processor"))
+    size = ip.pop("size")   # the Hub files (e.g. Qwen/Qwen2-VL-7B-Instruct) give the area as top-level
+    ip["min_pixels"], ip["max_pixels"] = size["shortest_edge"], size["longest_edge"]   # min/max_pixels
     ip["processor_class"] = pc["processor_class"]
     json.dump(ip, open(os.path.join(dst, "preprocessor_config.json"), "w"), indent=2)
     vp = dict(pc.pop("video_processor"))
