@@ -72,5 +72,8 @@ while IFS=$'\t' read -r dir case np grid ids argmax; do
   checked=$((checked + 1))
 done < $E/expected.tsv
 [ $checked -gt 0 ] || bad "no case ran"
+# a bad backend name is a usage error naming the option
+"$MMC" generate --model $E/q2_v5 --image "$IMG" --prompt x --image-backend fast >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 2 ] && grep -q "image-backend" "$W/err" && ok || bad "--image-backend fast: exit $rc, $(cat "$W/err")"
 echo "$((n - fail)) passed, $fail failed ($checked cases)"
 [ $fail -eq 0 ]
