@@ -22,7 +22,11 @@ extern "C" {
 
 typedef enum {
     MMC_VLPROC_RESIZE_PIL = 0,   /* uint8 Pillow-exact resize (slow HF processor) */
-    MMC_VLPROC_RESIZE_FLOAT = 1, /* float antialiased resize, torchvision-style (fast HF processor) */
+    MMC_VLPROC_RESIZE_FLOAT = 1, /* float antialiased resize, torchvision-style (approximate) */
+    MMC_VLPROC_RESIZE_TORCH = 2, /* transformers 5.x's default (torchvision) image processor, exactly:
+                                  * torch's uint8 antialiased resize (mmc_image_resize_torch_u8) and
+                                  * TorchvisionBackend.rescale_and_normalize (mean, std scaled by
+                                  * 1/rescale_factor), as the video processor does */
 } mmc_vlproc_resize_mode;
 
 typedef struct {

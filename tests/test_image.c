@@ -167,6 +167,15 @@ static void test_processor(const mmc_st *st) {
                 printf("rgb_640x480: max|mmc_float - hf_fast| = %.4g, max|mmc_pil - hf_fast| = %.4g\n", d_fast, d_slow);
                 CHECK(d_fast < 0.07 && d_slow < 0.07); /* <= 4 uint8 levels / std */
                 mmc_vlproc_out_free(&o2);
+                /* MMC_VLPROC_RESIZE_TORCH (mmc --image-backend torchvision): transformers 5.x's
+                 * default (torchvision) processor exactly: torch's uint8 resize, fused normalise */
+                p.resize_mode = MMC_VLPROC_RESIZE_TORCH;
+                CHECK_OK(mmc_qwen2vl_preprocess_images(&p, &img, 1, &o2));
+                double d_torch = max_abs_diff(o2.pixel_values, fast);
+                printf("rgb_640x480: max|mmc_torch - hf_fast| = %.4g\n", d_torch);
+                CHECKF(mmc_same_shape(o2.pixel_values, fast) && d_torch <= 1e-6, "torch mode vs hf fast: %.4g", d_torch);
+                p.resize_mode = MMC_VLPROC_RESIZE_PIL;
+                mmc_vlproc_out_free(&o2);
                 mmc_tensor_free(fast);
             }
             mmc_vlproc_out_free(&out);

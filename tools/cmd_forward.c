@@ -28,6 +28,8 @@ void help_forward(FILE *f) {
             "                    --video-frames N, --video-max-frames N, --video-pixel-budget\n"
             "  --max-image-pixels N  refuse image files with more pixels (default 178956970,\n"
             "                    PIL's decompression-bomb limit)\n"
+            "  --image-backend B  pil (default): Pillow-exact resize, transformers' backend=\"pil\";\n"
+            "                    torchvision: transformers 5.x's default image processor\n"
             "  --raw             feed the prompt as-is, without the chat template\n"
             "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
             "  -h, --help        this help\n");

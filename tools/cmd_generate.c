@@ -32,6 +32,9 @@ void help_generate(FILE *f) {
             "                           qwen-vl-utils does\n"
             "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
             "                           PIL's decompression-bomb limit)\n"
+            "  --image-backend B        pil (default): Pillow-exact resize, transformers'\n"
+            "                           backend=\"pil\"; torchvision: transformers 5.x's default\n"
+            "                           image processor (torch's uint8 antialiased resize)\n"
             CLI_SAMPLING_HELP
             "  --raw                    feed the prompt as-is, without the chat template\n"
             "  --json                   print one JSON object {text, tokens, prompt_tokens, ...}\n"

@@ -194,6 +194,14 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
         return 1;
     }
     if (!strcmp(o, "--video-pixel-budget")) { a->video_budget = true; return 1; }
+    if (!strcmp(o, "--image-backend")) {   /* transformers' backend="pil" | "torchvision" */
+        const char *v = cli_value(argc, argv, i);
+        if (!v) return -1;
+        if (!strcmp(v, "pil")) a->image_backend = 0;
+        else if (!strcmp(v, "torchvision")) a->image_backend = 1;
+        else { cli_usage(cmd, "--image-backend must be pil or torchvision, not '%s'", v); return -1; }
+        return 1;
+    }
     if (!strcmp(o, "--video-fps") || !strcmp(o, "--video-frames") || !strcmp(o, "--video-max-frames")) {
         char *end = NULL;
         double x = *i + 1 < argc ? strtod(argv[*i + 1], &end) : 0;
@@ -248,6 +256,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_frames > 0) { m->vproc.num_frames = a->video_frames; m->vproc.fps = 0; }
     if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
+    if (m->vl) m->proc.resize_mode = a->image_backend ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
 }

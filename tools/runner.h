@@ -55,7 +55,7 @@ void cli_prompt_free(cli_prompt *p);
 
 /* The prompt options generate and forward share: --model, --adapter, --prompt, --system,
  * --image (repeatable), --video, --raw, --max-image-pixels, and the video sampling overrides
- * --video-fps, --video-frames, --video-max-frames, --video-pixel-budget. */
+ * --video-fps, --video-frames, --video-max-frames, --video-pixel-budget, and --image-backend. */
 #define CLI_MAX_IMAGES 64
 typedef struct {
     const char *model, *adapter, *prompt, *system, *video;
@@ -67,6 +67,7 @@ typedef struct {
     double video_fps;         /* > 0: sample this many frames per second */
     int video_frames, video_max_frames;   /* > 0: a fixed frame count / a cap */
     bool video_budget;        /* qwen-vl-utils' total pixel budget (cap_pixels_per_frame) */
+    int image_backend;        /* --image-backend: 0 pil (default), 1 torchvision (MMC_VLPROC_RESIZE_TORCH) */
 } cli_prompt_args;
 /* argv[*i] is one of those options: consume it (and its value) and return 1; not one of them:
  * return 0; a bad value: print why and return -1. cmd names the subcommand in messages. */

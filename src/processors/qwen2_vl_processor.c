@@ -276,15 +276,26 @@ static void patchify(const float *frames, int T, int H, int W, int P, int m, int
 }
 
 /* The PIL path's rescale + normalise depends only on (channel, byte): lut[c][u] is the float32
- * value HF computes (uint8 * rescale_factor in double, then (x - mean) / std in float32). */
+ * value HF computes (uint8 * rescale_factor in double, then (x - mean) / std in float32).
+ * MMC_VLPROC_RESIZE_TORCH: TorchvisionBackend.rescale_and_normalize instead (mean and std scaled
+ * by 1/rescale_factor in float32, then (x - mean') / std' on the uint8 value), as
+ * qwen2_vl_video.c does. */
 static void pixel_lut(const mmc_qwen2vl_proc *p, float lut[3][256]) {
-    for (int c = 0; c < 3; c++)
+    for (int c = 0; c < 3; c++) {
+        float inv = (float)(1.0 / p->rescale_factor);
+        float mean = p->image_mean[c] * inv, sd = p->image_std[c] * inv;
         for (int u = 0; u < 256; u++) {
             float v = (float)u;
-            if (p->do_rescale) v = (float)((double)u * p->rescale_factor);
-            if (p->do_normalize) v = (v - p->image_mean[c]) / p->image_std[c];
+            if (p->resize_mode == MMC_VLPROC_RESIZE_TORCH) {
+                if (p->do_normalize) v = p->do_rescale ? (v - mean) / sd : (v - p->image_mean[c]) / p->image_std[c];
+                else if (p->do_rescale) v = v * (float)p->rescale_factor;
+            } else {
+                if (p->do_rescale) v = (float)((double)u * p->rescale_factor);
+                if (p->do_normalize) v = (v - p->image_mean[c]) / p->image_std[c];
+            }
             lut[c][u] = v;
         }
+    }
 }
 
 /* Fused rescale + normalise + temporal repeat + patchify from 8-bit RGB frames (n of them, the
@@ -346,12 +357,14 @@ static mmc_status process_group(const mmc_qwen2vl_proc *p, const mmc_image *fram
         free(buf);
         return MMC_OK;
     }
-    /* PIL path: 8-bit resize (Pillow-exact), then the fused pass */
+    /* PIL path: 8-bit resize (Pillow-exact), then the fused pass; TORCH: torch's uint8 resize */
     mmc_image *rs = NULL;
     if (resize) {
         if (!(rs = calloc((size_t)n, sizeof *rs))) return mmc_error(MMC_ERR_OOM, "qwen2vl preprocess: OOM");
         for (int i = 0; i < n; i++) {
-            mmc_status st = mmc_image_resize(&frames[i], oh, ow, p->resample, &rs[i]);
+            mmc_status st = p->resize_mode == MMC_VLPROC_RESIZE_TORCH
+                                 ? mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &rs[i])
+                                 : mmc_image_resize(&frames[i], oh, ow, p->resample, &rs[i]);
             if (st) {
                 for (int j = 0; j < i; j++) mmc_image_free(&rs[j]);
                 free(rs);
