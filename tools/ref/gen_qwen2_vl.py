@@ -18,6 +18,7 @@ import os
 import shutil
 
 import torch
+from hub_layout import model_to_hub
 from safetensors.torch import load_file, save_file
 from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2_5_VLConfig,
                           Qwen2_5_VLForConditionalGeneration)
@@ -75,33 +76,7 @@ def make(arch):
 
 def to_hub(src, dst, arch):
     """Convert a 5.x save_pretrained directory to the Hub's 4.4x layout."""
-    os.makedirs(dst, exist_ok=True)
-    sd = load_file(os.path.join(src, "model.safetensors"))
-    out = {}
-    for k, v in sd.items():
-        if k.startswith("model.visual."):
-            k = k[len("model."):]
-        elif k.startswith("model.language_model."):
-            k = "model." + k[len("model.language_model."):]
-        assert k.startswith(("visual.", "model.", "lm_head.")), k
-        out[k] = v.to(torch.bfloat16) if v.dim() >= 2 else v
-    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
-    c = json.load(open(os.path.join(src, "config.json")))
-    t = c.pop("text_config")
-    rp = t.pop("rope_parameters")
-    for k in ["model_type", "layer_types", "dtype"]:
-        t.pop(k, None)
-    c.update(t)
-    c["rope_theta"] = rp["rope_theta"]
-    c["rope_scaling"] = {"type": "mrope", "mrope_section": rp["mrope_section"]}
-    c.pop("dtype", None)
-    c["torch_dtype"] = "bfloat16"   # as on the Hub (matrices are bf16 here; vectors f32)
-    vc = c["vision_config"]
-    vc["in_chans"] = vc.pop("in_channels")
-    vc.pop("rope_parameters", None)
-    vc["model_type"] = "qwen2_vl" if arch == "q2" else "qwen2_5_vl"
-    if arch == "q25":
-        vc["spatial_patch_size"] = vc["patch_size"]
+    c = model_to_hub(src, dst, arch)
     c["architectures"] = ["Qwen2VLForConditionalGeneration" if arch == "q2" else "Qwen2_5_VLForConditionalGeneration"]
     json.dump(c, open(os.path.join(dst, "config.json"), "w"), indent=2)
 
