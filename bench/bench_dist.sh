@@ -18,10 +18,10 @@
 #    lm_head, and final last, by the embedding, so live for the whole backward), (b) every layer
 #    unit's full gradients from its backward until its reduce-scatter completes, and (c) from
 #    the second micro-batch a receive shard. (b) is the excess: ZeRO-3 never blocks on a
-#    reduction inside backward (src/dist/dp.c start_bucket: a rank that does not use a unit, e.g.
+#    reduction inside backward (src/parallel/dp.c start_bucket: a rank that does not use a unit, e.g.
 #    a vision block without an image, issues that unit's gather only at the end of its backward,
 #    so a wait could deadlock). A reduction completes when the slower rank has started it and the
-#    communication threads (src/dist/comm_mpi.c, which progress MPI) have run: on 2 cores shared
+#    communication threads (src/parallel/comm_mpi.c, which progress MPI) have run: on 2 cores shared
 #    by both ranks' compute and their two communication threads, that lags the backward by one
 #    to several units. The units in flight are that lag counted in units, and the peak is the
 #    worst moment of the run, so it varies run to run: 4-6 layer units with this tiny model,
