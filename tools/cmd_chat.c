@@ -26,6 +26,9 @@ void help_chat(FILE *f) {
             "                           says, or a folder of frames) for the first message\n"
             "  --max-image-pixels N     refuse image files with more pixels (default 178956970,\n"
             "                           PIL's decompression-bomb limit)\n"
+            "  --image-backend B        pil (default): Pillow-exact resize, transformers'\n"
+            "                           backend=\"pil\"; torchvision: transformers 5.x's default\n"
+            "                           image processor (torch's uint8 antialiased resize)\n"
             CLI_SAMPLING_HELP
             "                           (the seed of turn n is S + n)\n"
             "  -h, --help               this help\n", 256);
@@ -47,6 +50,7 @@ int cmd_chat(int argc, char **argv) {
     cli_sampling sp;
     cli_sampling_init(&sp);
     long long max_image_pixels = 0;
+    int image_backend = 0;   /* 0 pil, 1 torchvision (MMC_VLPROC_RESIZE_TORCH), as generate */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
@@ -57,6 +61,12 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) { VAL(); tpl = v; }
         else if (!strcmp(a, "--chat-template-name")) { VAL(); tpl_name = v; }
         else if (!strcmp(a, "--max-image-pixels")) { VAL(); if (!cli_int(a, v, 1, 1LL << 40, &max_image_pixels)) return CLI_USAGE; }
+        else if (!strcmp(a, "--image-backend")) {
+            VAL();
+            if (!strcmp(v, "pil")) image_backend = 0;
+            else if (!strcmp(v, "torchvision")) image_backend = 1;
+            else return cli_usage("chat", "--image-backend must be pil or torchvision, not '%s'", v);
+        }
         else {
             int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
             if (sr < 0) return CLI_USAGE;
@@ -70,6 +80,7 @@ int cmd_chat(int argc, char **argv) {
     mmc_status st = cli_model_load(model, adapter, &cm);
     cm.max_image_pixels = max_image_pixels;
     if (st) return cli_fail(st, "chat: cannot load the model");
+    if (cm.vl) cm.proc.resize_mode = image_backend ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
     if ((st = cli_model_set_template(&cm, tpl, tpl_name))) {
         cli_model_free(&cm);
         return cli_fail(st, "chat: cannot use the chat template");
