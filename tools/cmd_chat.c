@@ -50,7 +50,7 @@ int cmd_chat(int argc, char **argv) {
     cli_sampling sp;
     cli_sampling_init(&sp);
     long long max_image_pixels = 0;
-    int image_backend = 0;   /* 0 pil, 1 torchvision (MMC_VLPROC_RESIZE_TORCH), as generate */
+    mmc_vlproc_resize_mode resize_mode = MMC_VLPROC_RESIZE_PIL;   /* --image-backend */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
@@ -61,12 +61,7 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) { VAL(); tpl = v; }
         else if (!strcmp(a, "--chat-template-name")) { VAL(); tpl_name = v; }
         else if (!strcmp(a, "--max-image-pixels")) { VAL(); if (!cli_int(a, v, 1, 1LL << 40, &max_image_pixels)) return CLI_USAGE; }
-        else if (!strcmp(a, "--image-backend")) {
-            VAL();
-            if (!strcmp(v, "pil")) image_backend = 0;
-            else if (!strcmp(v, "torchvision")) image_backend = 1;
-            else return cli_usage("chat", "--image-backend must be pil or torchvision, not '%s'", v);
-        }
+        else if (!strcmp(a, "--image-backend")) { VAL(); if (cli_image_backend("chat", v, &resize_mode)) return CLI_USAGE; }
         else {
             int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
             if (sr < 0) return CLI_USAGE;
@@ -80,7 +75,7 @@ int cmd_chat(int argc, char **argv) {
     mmc_status st = cli_model_load(model, adapter, &cm);
     cm.max_image_pixels = max_image_pixels;
     if (st) return cli_fail(st, "chat: cannot load the model");
-    if (cm.vl) cm.proc.resize_mode = image_backend ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+    if (cm.vl) cm.proc.resize_mode = resize_mode;
     if ((st = cli_model_set_template(&cm, tpl, tpl_name))) {
         cli_model_free(&cm);
         return cli_fail(st, "chat: cannot use the chat template");

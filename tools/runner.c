@@ -194,13 +194,9 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
         return 1;
     }
     if (!strcmp(o, "--video-pixel-budget")) { a->video_budget = true; return 1; }
-    if (!strcmp(o, "--image-backend")) {   /* transformers' backend="pil" | "torchvision" */
+    if (!strcmp(o, "--image-backend")) {
         const char *v = cli_value(argc, argv, i);
-        if (!v) return -1;
-        if (!strcmp(v, "pil")) a->image_backend = 0;
-        else if (!strcmp(v, "torchvision")) a->image_backend = 1;
-        else { cli_usage(cmd, "--image-backend must be pil or torchvision, not '%s'", v); return -1; }
-        return 1;
+        return v && cli_image_backend(cmd, v, &a->resize_mode) == 0 ? 1 : -1;
     }
     if (!strcmp(o, "--video-fps") || !strcmp(o, "--video-frames") || !strcmp(o, "--video-max-frames")) {
         char *end = NULL;
@@ -231,6 +227,13 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
     return 1;
 }
 
+int cli_image_backend(const char *cmd, const char *v, mmc_vlproc_resize_mode *mode) {
+    if (!strcmp(v, "pil")) *mode = MMC_VLPROC_RESIZE_PIL;
+    else if (!strcmp(v, "torchvision")) *mode = MMC_VLPROC_RESIZE_TORCH;
+    else return cli_usage(cmd, "--image-backend must be pil or torchvision, not '%s'", v);
+    return 0;
+}
+
 int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a) {
     if (!a->model && !a->adapter) return cli_usage(cmd, "--model DIR is required");
     if (!a->prompt) return cli_usage(cmd, "--prompt TEXT is required");
@@ -256,7 +259,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_frames > 0) { m->vproc.num_frames = a->video_frames; m->vproc.fps = 0; }
     if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
-    if (m->vl) m->proc.resize_mode = a->image_backend ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+    if (m->vl) m->proc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
 }

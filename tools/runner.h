@@ -67,8 +67,12 @@ typedef struct {
     double video_fps;         /* > 0: sample this many frames per second */
     int video_frames, video_max_frames;   /* > 0: a fixed frame count / a cap */
     bool video_budget;        /* qwen-vl-utils' total pixel budget (cap_pixels_per_frame) */
-    int image_backend;        /* --image-backend: 0 pil (default), 1 torchvision (MMC_VLPROC_RESIZE_TORCH) */
+    mmc_vlproc_resize_mode resize_mode;   /* --image-backend: pil (the zero default) | torchvision */
 } cli_prompt_args;
+/* --image-backend V (generate, forward, chat): transformers' backend="pil" -> the Pillow-exact
+ * resize, "torchvision" -> MMC_VLPROC_RESIZE_TORCH. 0, or a usage error (exit code 2) naming
+ * the option. */
+int cli_image_backend(const char *cmd, const char *v, mmc_vlproc_resize_mode *mode);
 /* argv[*i] is one of those options: consume it (and its value) and return 1; not one of them:
  * return 0; a bad value: print why and return -1. cmd names the subcommand in messages. */
 int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_args *a);

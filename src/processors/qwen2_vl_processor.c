@@ -7,6 +7,7 @@
 #include "mmc_vlproc.h"
 #include "mmc_io.h"
 #include "io/io_internal.h"
+#include "processors/processors_internal.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -275,18 +276,14 @@ static void patchify(const float *frames, int T, int H, int W, int P, int m, int
                     }
 }
 
-/* The PIL path's rescale + normalise depends only on (channel, byte): lut[c][u] is the float32
- * value HF computes (uint8 * rescale_factor in double, then (x - mean) / std in float32).
- * MMC_VLPROC_RESIZE_TORCH: TorchvisionBackend.rescale_and_normalize instead (mean and std scaled
- * by 1/rescale_factor in float32, then (x - mean') / std' on the uint8 value), as
- * qwen2_vl_video.c does. */
-static void pixel_lut(const mmc_qwen2vl_proc *p, float lut[3][256]) {
+/* rescale + normalise as a table per (channel, byte): see processors_internal.h */
+void mmc_qwen2vl_pixel_lut(const mmc_qwen2vl_proc *p, mmc_vlproc_resize_mode mode, float lut[3][256]) {
     for (int c = 0; c < 3; c++) {
         float inv = (float)(1.0 / p->rescale_factor);
         float mean = p->image_mean[c] * inv, sd = p->image_std[c] * inv;
         for (int u = 0; u < 256; u++) {
             float v = (float)u;
-            if (p->resize_mode == MMC_VLPROC_RESIZE_TORCH) {
+            if (mode == MMC_VLPROC_RESIZE_TORCH) {
                 if (p->do_normalize) v = p->do_rescale ? (v - mean) / sd : (v - p->image_mean[c]) / p->image_std[c];
                 else if (p->do_rescale) v = v * (float)p->rescale_factor;
             } else {
@@ -373,7 +370,7 @@ static mmc_status process_group(const mmc_qwen2vl_proc *p, const mmc_image *fram
         }
     }
     float lut[3][256];
-    pixel_lut(p, lut);
+    mmc_qwen2vl_pixel_lut(p, p->resize_mode, lut);
     patchify_u8(rs ? rs : frames, n, T / tp, oh, ow, p->patch_size, p->merge_size, tp, (const float(*)[256])lut,
                 dst_rows);
     if (rs) {

@@ -10,6 +10,7 @@
 #include "mmc_video.h"
 #include "mmc_io.h"
 #include "io/io_internal.h"
+#include "processors/processors_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -249,19 +250,8 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
     if ((double)3 * oh * ow * T * sizeof(float) > 16.0 * (1LL << 30))
         return mmc_error(MMC_ERR_INVALID, "qwen2vl video: %d frames at %dx%d need more than 16 GiB; sample fewer frames "
                          "(--video-fps, --video-max-frames) or lower max_pixels", n, ow, oh);
-    /* TorchvisionBackend.rescale_and_normalize: mean and std scaled by 1/rescale_factor in float32,
-     * then (x - mean') / std' in float32 on the uint8 values: one value per (channel, byte) */
-    float lut[3][256];
-    for (int c = 0; c < 3; c++) {
-        float inv = (float)(1.0 / p->rescale_factor);
-        float mean = p->image_mean[c] * inv, sd = p->image_std[c] * inv;
-        for (int u = 0; u < 256; u++) {
-            float x = (float)u;
-            if (p->do_normalize) x = p->do_rescale ? (x - mean) / sd : (x - p->image_mean[c]) / p->image_std[c];
-            else if (p->do_rescale) x = x * (float)p->rescale_factor;
-            lut[c][u] = x;
-        }
-    }
+    float lut[3][256];   /* the torchvision backend's rescale + normalise: videos have no PIL path */
+    mmc_qwen2vl_pixel_lut(p, MMC_VLPROC_RESIZE_TORCH, lut);
     bool resize = oh != H || ow != W;
     mmc_image *rs = resize ? calloc((size_t)n, sizeof *rs) : NULL;
     const uint8_t **fp = malloc(sizeof *fp * (size_t)T);   /* [T] frames after resize; padding repeats the last */
