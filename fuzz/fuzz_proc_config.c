@@ -1,10 +1,10 @@
 /* fuzz_proc_config.c — libFuzzer target for the image/video processor config reader
  * (mmc_qwen2vl_proc_load) on an untrusted preprocessor_config.json, or a 5.x
  * processor_config.json with the image processor nested (video settings come from the same
- * reader; generation_config.json is fuzzed by fuzz_model_config). An accepted config is then used the way a run would: smart_resize of a few
- * sizes and, when its pixel budget is small enough for a fuzzer, the preprocessing of a tiny
- * image and a two-frame video, so values that pass the reader but break the processor show
- * up here. */
+ * reader; generation_config.json is fuzzed by fuzz_model_config). An accepted config is
+ * then used the way a run would: smart_resize of a few sizes and, when its pixel budget is
+ * small enough for a fuzzer, the preprocessing of a tiny image and a two-frame video, so
+ * values that pass the reader but break the processor show up here. */
 #include "fuzz_util.h"
 #include "mmc_image.h"
 #include "mmc_vlproc.h"
