@@ -20,7 +20,7 @@
  *
  * The forward is built from differentiable ops (conv2d, groupnorm, silu, linear, attention,
  * and resample.c's pad / upsample), so it records a tape in grad mode; without one, each
- * block's intermediates are released as soon as its output exists (keep()), so peak memory
+ * block's intermediates are released as soon as its output exists (mw_keep()), so peak memory
  * is about one block's worth of activations. Tiled encode / decode follow diffusers' enable_tiling. */
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
@@ -30,6 +30,7 @@
 
 #include "mmc_diffusion.h"
 #include "mmc_models.h"
+#include "../model_weights.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -76,10 +77,7 @@ struct mmc_vae {
     coder enc, dec;
     mmc_tensor *quant_w, *quant_b;        /* [2Cl, 2Cl, 1, 1]; NULL without use_quant_conv */
     mmc_tensor *post_quant_w, *post_quant_b;   /* [Cl, Cl, 1, 1]; NULL without use_post_quant_conv */
-    mmc_tensor **params;
-    char (*param_names)[128];             /* checkpoint names, parallel to params */
-    int n_params, cap_params;
-    mmc_st *st;                           /* kept open: weights are zero-copy views into it */
+    mw_set w;                             /* every tensor bound, and the open checkpoint */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -145,44 +143,14 @@ mmc_status mmc_vae_config_read(const mmc_json *j, const char *what, mmc_vae_conf
 }
 
 /* ------------------------------------------------------------------ weights */
-#define MAX_LISTED 6
+/* The loader binds into the VAE's weight set (src/models/model_weights.c). */
 typedef struct {
     mmc_vae *v;
-    char *errs;
-    size_t errcap;
-    int bad;
 } binder;
 
-static void bind(binder *b, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape) {
-    mmc_vae *v = b->v;
-    char dummy[512] = "";   /* the first MAX_LISTED problems are listed, the rest counted */
-    bool listed = b->bad < MAX_LISTED;
-    if (mmc_model_bind(v->st, name, ndim, shape, false, slot, listed ? b->errs : dummy,
-                       listed ? b->errcap : sizeof dummy) != MMC_OK) {
-        b->bad++;
-        return;
-    }
-    if (v->n_params == v->cap_params) {
-        int cap = v->cap_params ? 2 * v->cap_params : 256;
-        mmc_tensor **p = realloc(v->params, (size_t)cap * sizeof *p);
-        char (*nm)[128] = realloc(v->param_names, (size_t)cap * sizeof *nm);
-        if (p) v->params = p;
-        if (nm) v->param_names = nm;
-        if (!p || !nm) { mmc_tensor_free(*slot); *slot = NULL; b->bad++; return; }
-        v->cap_params = cap;
-    }
-    snprintf(v->param_names[v->n_params], sizeof v->param_names[0], "%s", name);
-    v->params[v->n_params++] = *slot;
-}
-
-/* "<prefix><name>.weight" of the given shape and "<prefix><name>.bias" [shape[0]] */
 static void bind_wb(binder *b, const char *prefix, const char *name, mmc_tensor **w, mmc_tensor **bias, int ndim,
                     const int64_t *shape) {
-    char full[256];
-    snprintf(full, sizeof full, "%s%s.weight", prefix, name);
-    bind(b, full, w, ndim, shape);
-    snprintf(full, sizeof full, "%s%s.bias", prefix, name);
-    bind(b, full, bias, 1, shape);
+    mw_bind_wb(&b->v->w, prefix, name, w, bias, ndim, shape);
 }
 #define bind_conv(b, prefix, name, w, bias, cout, cin, k) \
     bind_wb(b, prefix, name, w, bias, 4, MMC_SHAPE(cout, cin, k, k))   /* Conv2d [Cout, Cin, k, k] */
@@ -211,7 +179,7 @@ static void bind_mid(binder *b, const char *coder_prefix, mid_block *m, int64_t 
      * _convert_deprecated_attention_blocks maps query/key/value/proj_attn to these) */
     char probe[192];
     snprintf(probe, sizeof probe, "%sto_q.weight", p);
-    bool old = !mmc_st_find(b->v->st, probe);
+    bool old = !mmc_st_find(b->v->w.st, probe);
     attn_block *a = &m->attn;
     bind_vec(b, p, "group_norm", &a->norm_w, &a->norm_b, C);
     bind_linear(b, p, old ? "query" : "to_q", &a->q_w, &a->q_b, C);
@@ -274,25 +242,8 @@ static void bind_all(binder *b) {
 
 void mmc_vae_free(mmc_vae *v) {
     if (!v) return;
-    for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
-    for (int i = 0; i < MMC_VAE_MAX_LEVELS; i++) free(v->enc.levels[i].res), free(v->dec.levels[i].res);
-    free(v->params);
-    free(v->param_names);
-    mmc_st_close(v->st);
+    mw_close(&v->w);
     free(v);
-}
-
-/* The component's safetensors: the single file, or the sharded checkpoint's index. */
-static mmc_status open_weights(const char *dir, mmc_st **st) {
-    char p[1024];
-    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
-    FILE *f = fopen(p, "rb");
-    if (!f) snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors.index.json", dir), f = fopen(p, "rb");
-    if (!f)
-        return mmc_error(MMC_ERR_NOT_FOUND, "%s: no diffusion_pytorch_model.safetensors or "
-                         "diffusion_pytorch_model.safetensors.index.json", dir);
-    fclose(f);
-    return mmc_st_open(p, st);
 }
 
 mmc_status mmc_vae_load(const char *dir, mmc_vae **out) {
@@ -303,42 +254,21 @@ mmc_status mmc_vae_load(const char *dir, mmc_vae **out) {
     mmc_status st = mmc_json_load(path, &j);
     if (st) return st;
     mmc_vae *v = calloc(1, sizeof *v);
-    binder b = {.v = v, .errcap = 16384};
-    b.errs = calloc(1, b.errcap);
-    if (!v || !b.errs) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    binder b = {.v = v};
+    if (!v) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mmc_vae_config_read(j, path, &v->cfg))) goto fail;
     if ((st = alloc_levels(&v->enc, v->cfg.levels, (int)v->cfg.layers_per_block)) ||
         (st = alloc_levels(&v->dec, v->cfg.levels, (int)v->cfg.layers_per_block + 1)))
         goto fail;
-    if ((st = open_weights(dir, &v->st))) goto fail;
+    if ((st = mw_open(dir, "diffusion_pytorch_model", &v->w))) goto fail;
     bind_all(&b);
-    if (b.bad) {
-        char more[64] = "";
-        if (b.bad > MAX_LISTED) snprintf(more, sizeof more, "\n  ... and %d more", b.bad - MAX_LISTED);
-        st = mmc_error(MMC_ERR_FORMAT, "%s: AutoencoderKL weights: %d problem%s:%s%s", dir, b.bad, b.bad > 1 ? "s" : "",
-                       b.errs, more);
-        goto fail;
-    }
     /* a checkpoint with tensors this config does not use was saved from another config */
-    if (mmc_st_count(v->st) != v->n_params) {
-        for (int i = 0; i < mmc_st_count(v->st); i++) {
-            const char *nm = mmc_st_at(v->st, i)->name;
-            bool used = false;
-            for (int k = 0; k < v->n_params && !used; k++) used = !strcmp(v->param_names[k], nm);
-            if (!used) {
-                st = mmc_error(MMC_ERR_FORMAT, "%s: tensor '%s' (and %d more unused) does not belong to the "
-                               "AutoencoderKL that config.json describes", dir, nm,
-                               mmc_st_count(v->st) - v->n_params - 1);
-                goto fail;
-            }
-        }
-    }
-    free(b.errs);
+    if ((st = mw_status(&v->w, dir, "AutoencoderKL")) || (st = mw_check_unused(&v->w, dir, "AutoencoderKL")))
+        goto fail;
     mmc_json_free(j);
     *out = v;
     return MMC_OK;
 fail:
-    free(b.errs);
     mmc_json_free(j);
     mmc_vae_free(v);
     return st;
@@ -347,29 +277,10 @@ fail:
 const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v) { return &v->cfg; }
 int mmc_vae_downscale(const mmc_vae *v) { return 1 << (v->cfg.levels - 1); }
 int64_t mmc_vae_param_count(const mmc_vae *v) {
-    int64_t n = 0;
-    for (int i = 0; i < v->n_params; i++) n += mmc_numel(v->params[i]);
-    return n;
+    return mw_count(&v->w);
 }
 
 /* ------------------------------------------------------------------ forward */
-/* Without a tape to feed, drop everything a block allocated after `m` but its output. */
-static mmc_tensor *keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y) {
-    if (mmc_requires_grad(y)) return y;
-    mmc_arena_mark sm = mmc_scratch_mark(ctx);
-    size_t nb = mmc_nbytes(y);
-    void *tmp = mmc_scratch_alloc(ctx, nb);
-    memcpy(tmp, y->data, nb);
-    int ndim = y->ndim;
-    int64_t shape[MMC_MAX_DIMS];
-    memcpy(shape, y->shape, sizeof shape);
-    mmc_arena_release(mmc_ctx_arena(ctx), m);
-    mmc_tensor *out = mmc_new(ctx, MMC_F32, ndim, shape);
-    memcpy(out->data, tmp, nb);
-    mmc_scratch_release(ctx, sm);
-    return out;
-}
-
 static mmc_tensor *norm_silu(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b) {
     return mmc_silu(ctx, mmc_groupnorm(ctx, x, (int)v->cfg.norm_num_groups, w, b, VAE_EPS));
 }
@@ -378,12 +289,12 @@ static mmc_tensor *norm_silu(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, mmc_
 static mmc_tensor *resnet_forward(mmc_ctx *ctx, const mmc_vae *v, const resnet_block *r, mmc_tensor *x) {
     mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     mmc_tensor *h = norm_silu(ctx, v, x, r->norm1_w, r->norm1_b);
-    h = keep(ctx, m, mmc_conv2d(ctx, h, r->conv1_w, r->conv1_b, 1, 1));   /* [B, Cout, H, W] */
+    h = mw_keep(ctx, m, mmc_conv2d(ctx, h, r->conv1_w, r->conv1_b, 1, 1));   /* [B, Cout, H, W] */
     mmc_arena_mark m2 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     h = norm_silu(ctx, v, h, r->norm2_w, r->norm2_b);
-    h = keep(ctx, m2, mmc_conv2d(ctx, h, r->conv2_w, r->conv2_b, 1, 1));
+    h = mw_keep(ctx, m2, mmc_conv2d(ctx, h, r->conv2_w, r->conv2_b, 1, 1));
     mmc_tensor *shortcut = r->shortcut_w ? mmc_conv2d(ctx, x, r->shortcut_w, r->shortcut_b, 1, 0) : x;
-    return keep(ctx, m, mmc_add(ctx, shortcut, h));
+    return mw_keep(ctx, m, mmc_add(ctx, shortcut, h));
 }
 
 /* Attention (AttnProcessor2_0, one head of dim C, residual): x [B, C, H, W] -> same */
@@ -401,7 +312,7 @@ static mmc_tensor *attn_forward(mmc_ctx *ctx, const mmc_vae *v, const attn_block
     h = mmc_linear(ctx, mmc_reshape(ctx, h, 3, MMC_SHAPE(B, H * W, C)), a->o_w, a->o_b);
     h = mmc_contiguous(ctx, mmc_transpose(ctx, h, 1, 2));                  /* [B, C, HW] */
     h = mmc_reshape(ctx, h, 4, MMC_SHAPE(B, C, H, W));
-    return keep(ctx, m, mmc_add(ctx, h, x));                               /* rescale_output_factor 1 */
+    return mw_keep(ctx, m, mmc_add(ctx, h, x));                               /* rescale_output_factor 1 */
 }
 
 /* UNetMidBlock2D: resnet, attention, resnet */
@@ -415,7 +326,7 @@ static mmc_tensor *mid_forward(mmc_ctx *ctx, const mmc_vae *v, const mid_block *
 static mmc_tensor *out_forward(mmc_ctx *ctx, const mmc_vae *v, const coder *cd, mmc_tensor *x) {
     mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     mmc_tensor *h = norm_silu(ctx, v, x, cd->norm_out_w, cd->norm_out_b);
-    return keep(ctx, m, mmc_conv2d(ctx, h, cd->conv_out_w, cd->conv_out_b, 1, 1));
+    return mw_keep(ctx, m, mmc_conv2d(ctx, h, cd->conv_out_w, cd->conv_out_b, 1, 1));
 }
 
 /* Encoder: x [B, Cin, H, W] -> [B, 2*Cl, H/f, W/f] */
@@ -428,7 +339,7 @@ static mmc_tensor *encoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x
         if (lv->sample_w) {   /* Downsample2D(padding=0): pad right and bottom, conv stride 2 */
             mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_tensor *p = mmc_pad2d(ctx, h, 0, 1, 0, 1);
-            h = keep(ctx, m, mmc_conv2d(ctx, p, lv->sample_w, lv->sample_b, 2, 0));   /* [B, C, H/2, W/2] */
+            h = mw_keep(ctx, m, mmc_conv2d(ctx, p, lv->sample_w, lv->sample_b, 2, 0));   /* [B, C, H/2, W/2] */
         }
     }
     h = mid_forward(ctx, v, &e->mid, h);
@@ -446,7 +357,7 @@ static mmc_tensor *decoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *z
         if (lv->sample_w) {   /* Upsample2D: nearest 2x, 3x3 conv */
             mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_tensor *u = mmc_upsample_nearest2x(ctx, h);                  /* [B, C, 2h, 2w] */
-            h = keep(ctx, m, mmc_conv2d(ctx, u, lv->sample_w, lv->sample_b, 1, 1));
+            h = mw_keep(ctx, m, mmc_conv2d(ctx, u, lv->sample_w, lv->sample_b, 1, 1));
         }
     }
     return out_forward(ctx, v, d, h);

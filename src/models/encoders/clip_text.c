@@ -35,7 +35,7 @@ struct mmc_clip_text {
     clip_layer *layers;           /* [num_hidden_layers] */
     mmc_tensor *ln_f_w, *ln_f_b;  /* [C] */
     mmc_tensor *proj;             /* [projection_dim, C]; NULL without projection */
-    enc_weights w;
+    mw_set w;
 };
 
 mmc_status mmc_clip_text_config_read(const mmc_json *j, const char *what, mmc_clip_text_config *c) {
@@ -71,7 +71,7 @@ mmc_status mmc_clip_text_config_read(const mmc_json *j, const char *what, mmc_cl
 
 void mmc_clip_text_free(mmc_clip_text *m) {
     if (!m) return;
-    enc_weights_close(&m->w);
+    mw_close(&m->w);
     free(m->layers);
     free(m);
 }
@@ -89,41 +89,41 @@ mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) {
     mmc_clip_text_config *c = &m->cfg;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    if ((st = enc_weights_open(dir, &m->w))) goto fail;
-    enc_weights *w = &m->w;
+    if ((st = mw_open(dir, "model", &m->w))) goto fail;
+    mw_set *w = &m->w;
     const char *pre = mmc_st_find(w->st, "text_model.embeddings.token_embedding.weight") ? "text_model." : "";
     /* the projection is bound where the class says so or the checkpoint has one */
     c->with_projection = c->with_projection || mmc_st_find(w->st, "text_projection.weight");
     const int64_t C = c->hidden_size, F = c->intermediate_size;
     char p[160];
     snprintf(p, sizeof p, "%sembeddings.", pre);
-    enc_bind(w, p, "token_embedding.weight", &m->tok_emb, 2, MMC_SHAPE(c->vocab_size, C));
-    enc_bind(w, p, "position_embedding.weight", &m->pos_emb, 2, MMC_SHAPE(c->max_position_embeddings, C));
+    mw_bind(w, p, "token_embedding.weight", &m->tok_emb, 2, MMC_SHAPE(c->vocab_size, C));
+    mw_bind(w, p, "position_embedding.weight", &m->pos_emb, 2, MMC_SHAPE(c->max_position_embeddings, C));
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         clip_layer *L = &m->layers[i];
         snprintf(p, sizeof p, "%sencoder.layers.%lld.", pre, (long long)i);
-        enc_bind(w, p, "layer_norm1.weight", &L->ln1_w, 1, MMC_SHAPE(C));
-        enc_bind(w, p, "layer_norm1.bias", &L->ln1_b, 1, MMC_SHAPE(C));
+        mw_bind(w, p, "layer_norm1.weight", &L->ln1_w, 1, MMC_SHAPE(C));
+        mw_bind(w, p, "layer_norm1.bias", &L->ln1_b, 1, MMC_SHAPE(C));
         static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
         mmc_tensor **ws[4] = {&L->q_w, &L->k_w, &L->v_w, &L->o_w}, **bs[4] = {&L->q_b, &L->k_b, &L->v_b, &L->o_b};
         for (int k = 0; k < 4; k++) {
             char nm[64];
             snprintf(nm, sizeof nm, "self_attn.%s.weight", proj[k]);
-            enc_bind(w, p, nm, ws[k], 2, MMC_SHAPE(C, C));
+            mw_bind(w, p, nm, ws[k], 2, MMC_SHAPE(C, C));
             snprintf(nm, sizeof nm, "self_attn.%s.bias", proj[k]);
-            enc_bind(w, p, nm, bs[k], 1, MMC_SHAPE(C));
+            mw_bind(w, p, nm, bs[k], 1, MMC_SHAPE(C));
         }
-        enc_bind(w, p, "layer_norm2.weight", &L->ln2_w, 1, MMC_SHAPE(C));
-        enc_bind(w, p, "layer_norm2.bias", &L->ln2_b, 1, MMC_SHAPE(C));
-        enc_bind(w, p, "mlp.fc1.weight", &L->fc1_w, 2, MMC_SHAPE(F, C));
-        enc_bind(w, p, "mlp.fc1.bias", &L->fc1_b, 1, MMC_SHAPE(F));
-        enc_bind(w, p, "mlp.fc2.weight", &L->fc2_w, 2, MMC_SHAPE(C, F));
-        enc_bind(w, p, "mlp.fc2.bias", &L->fc2_b, 1, MMC_SHAPE(C));
+        mw_bind(w, p, "layer_norm2.weight", &L->ln2_w, 1, MMC_SHAPE(C));
+        mw_bind(w, p, "layer_norm2.bias", &L->ln2_b, 1, MMC_SHAPE(C));
+        mw_bind(w, p, "mlp.fc1.weight", &L->fc1_w, 2, MMC_SHAPE(F, C));
+        mw_bind(w, p, "mlp.fc1.bias", &L->fc1_b, 1, MMC_SHAPE(F));
+        mw_bind(w, p, "mlp.fc2.weight", &L->fc2_w, 2, MMC_SHAPE(C, F));
+        mw_bind(w, p, "mlp.fc2.bias", &L->fc2_b, 1, MMC_SHAPE(C));
     }
-    enc_bind(w, pre, "final_layer_norm.weight", &m->ln_f_w, 1, MMC_SHAPE(C));
-    enc_bind(w, pre, "final_layer_norm.bias", &m->ln_f_b, 1, MMC_SHAPE(C));
-    if (c->with_projection) enc_bind(w, "", "text_projection.weight", &m->proj, 2, MMC_SHAPE(c->projection_dim, C));
-    if ((st = enc_bind_status(w, dir, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
+    mw_bind(w, pre, "final_layer_norm.weight", &m->ln_f_w, 1, MMC_SHAPE(C));
+    mw_bind(w, pre, "final_layer_norm.bias", &m->ln_f_b, 1, MMC_SHAPE(C));
+    if (c->with_projection) mw_bind(w, "", "text_projection.weight", &m->proj, 2, MMC_SHAPE(c->projection_dim, C));
+    if ((st = mw_status(w, dir, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
         goto fail;
     mmc_json_free(j);
     *out = m;
@@ -135,7 +135,7 @@ fail:
 }
 
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
-int64_t mmc_clip_text_param_count(const mmc_clip_text *m) { return enc_weights_count(&m->w); }
+int64_t mmc_clip_text_param_count(const mmc_clip_text *m) { return mw_count(&m->w); }
 
 /* CLIPAttention: x [B, T, C] -> [B, T, C] */
 static mmc_tensor *attention(mmc_ctx *ctx, const mmc_clip_text *m, const clip_layer *L, mmc_tensor *x,
@@ -195,12 +195,12 @@ mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tenso
     mmc_tensor *x = mmc_add(ctx, mmc_embedding(ctx, m->tok_emb, (mmc_tensor *)ids),
                             mmc_embedding(ctx, m->pos_emb, pos));                        /* [B, T, C] */
     const int L = (int)c->num_hidden_layers;
-    /* every layer's output stays: enc_keep drops only what a layer allocates after its mark */
+    /* every layer's output stays: mw_keep drops only what a layer allocates after its mark */
     mmc_tensor **hs = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)(L + 1) * sizeof *hs);
     hs[0] = x;
     for (int i = 0; i < L; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-        hs[i + 1] = x = enc_keep(ctx, mk, layer_forward(ctx, m, &m->layers[i], x, mask));
+        hs[i + 1] = x = mw_keep(ctx, mk, layer_forward(ctx, m, &m->layers[i], x, mask));
     }
     mmc_tensor *last = mmc_layernorm(ctx, x, m->ln_f_w, m->ln_f_b, (float)c->layer_norm_eps);
     mmc_tensor *pooled = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, C));                     /* [B, C] */

@@ -1,5 +1,5 @@
 /* encoder_common.c — the loader, attention and small helpers that clip_text.c and t5.c share
- * (see encoder_common.h). The attention materialises the [T, S] scores of one (batch, head)
+ * (see encoder_common.h; the weight set is src/models/model_weights.c). The attention materialises the [T, S] scores of one (batch, head)
  * at a time: text encoders see at most a few hundred tokens, and T5 adds a bias per head
  * and position pair that the tiled mmc_attention has no slot for. */
 #include "encoder_common.h"
@@ -7,81 +7,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define ENC_MAX_LISTED 8
-
-mmc_status enc_weights_open(const char *dir, enc_weights *w) {
-    memset(w, 0, sizeof *w);
-    w->errcap = 8192;
-    w->errs = calloc(1, w->errcap);
-    if (!w->errs) return mmc_error(MMC_ERR_OOM, "out of memory");
-    char p[1024];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    FILE *f = fopen(p, "rb");
-    if (!f) snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir), f = fopen(p, "rb");
-    if (!f)
-        return mmc_error(MMC_ERR_NOT_FOUND, "%s: no model.safetensors or model.safetensors.index.json "
-                         "(a text encoder folder as save_pretrained writes it)", dir);
-    fclose(f);
-    return mmc_st_open(p, &w->st);
-}
-
-void enc_bind(enc_weights *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape) {
-    char full[256], dummy[512] = "";
-    snprintf(full, sizeof full, "%s%s", prefix, name);
-    bool listed = w->bad < ENC_MAX_LISTED;
-    if (mmc_model_bind(w->st, full, ndim, shape, false, slot, listed ? w->errs : dummy,
-                       listed ? w->errcap : sizeof dummy) != MMC_OK) {
-        w->bad++;
-        return;
-    }
-    if (w->n_params == w->cap) {
-        int cap = w->cap ? 2 * w->cap : 64;
-        mmc_tensor **p = realloc(w->params, (size_t)cap * sizeof *p);
-        if (!p) { mmc_tensor_free(*slot); *slot = NULL; w->bad++; return; }
-        w->params = p, w->cap = cap;
-    }
-    w->params[w->n_params++] = *slot;
-}
-
-mmc_status enc_bind_status(const enc_weights *w, const char *dir, const char *cls) {
-    if (!w->bad) return MMC_OK;
-    char more[64] = "";
-    if (w->bad > ENC_MAX_LISTED) snprintf(more, sizeof more, "\n  ... and %d more", w->bad - ENC_MAX_LISTED);
-    return mmc_error(MMC_ERR_FORMAT, "%s: %s weights: %d problem%s:%s%s\n  (does config.json match the checkpoint?)",
-                     dir, cls, w->bad, w->bad > 1 ? "s" : "", w->errs, more);
-}
-
-void enc_weights_close(enc_weights *w) {
-    for (int i = 0; i < w->n_params; i++) mmc_tensor_free(w->params[i]);
-    free(w->params);
-    free(w->errs);
-    mmc_st_close(w->st);
-    memset(w, 0, sizeof *w);
-}
-
-int64_t enc_weights_count(const enc_weights *w) {
-    int64_t n = 0;
-    for (int i = 0; i < w->n_params; i++) n += mmc_numel(w->params[i]);
-    return n;
-}
-
-mmc_tensor *enc_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y) {
-    if (mmc_requires_grad(y)) return y;
-    mmc_arena_mark sm = mmc_scratch_mark(ctx);
-    size_t nb = mmc_nbytes(y);
-    void *tmp = mmc_scratch_alloc(ctx, nb);
-    memcpy(tmp, y->data, nb);
-    int ndim = y->ndim;
-    int64_t shape[MMC_MAX_DIMS];
-    memcpy(shape, y->shape, sizeof shape);
-    mmc_dtype dt = y->dtype;
-    mmc_arena_release(mmc_ctx_arena(ctx), m);
-    mmc_tensor *out = mmc_new(ctx, dt, ndim, shape);
-    memcpy(out->data, tmp, nb);
-    mmc_scratch_release(ctx, sm);
-    return out;
-}
 
 mmc_status mmc_act_parse(const char *name, const char *what, mmc_act *out) {
     static const struct { const char *name; mmc_act act; } acts[] = {

@@ -1,6 +1,5 @@
 /* encoder_common.h — what the text encoders (clip_text.c, t5.c) share and no public header
- * needs: a weight binder that lists every missing or mis-shaped tensor, the per-layer
- * release of intermediates, activations by name, input checks, and an attention with a key
+ * needs: activations by name, input checks, and an attention with a key
  * padding mask and an additive per-head bias (T5's relative positions), which mmc_attention
  * does not take. Inference only. */
 #ifndef MMC_ENCODER_COMMON_H
@@ -8,27 +7,8 @@
 
 #include "mmc_encoders.h"
 #include "mmc_models.h"
+#include "../model_weights.h"
 
-typedef struct {
-    mmc_st *st;
-    mmc_tensor **params;      /* every bound tensor, owned (freed by enc_params_free) */
-    int n_params, cap;
-    char *errs;               /* one line per problem, the first ENC_MAX_LISTED of them */
-    size_t errcap;
-    int bad;
-} enc_weights;
-
-/* Open dir's model.safetensors (or its index); NOT_FOUND naming dir when absent. */
-mmc_status enc_weights_open(const char *dir, enc_weights *w);
-/* Bind "<prefix><name>" of the given shape to *slot, or record the problem. */
-void enc_bind(enc_weights *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape);
-/* After binding: MMC_ERR_FORMAT listing the problems ("<dir>: <cls> weights: N problems: ..."). */
-mmc_status enc_bind_status(const enc_weights *w, const char *dir, const char *cls);
-void enc_weights_close(enc_weights *w);
-int64_t enc_weights_count(const enc_weights *w);
-
-/* Without a tape, drop everything allocated in the activation arena after m except y. */
-mmc_tensor *enc_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y);
 mmc_tensor *enc_act(mmc_ctx *ctx, mmc_act a, mmc_tensor *x);
 /* ids [B, T] and mask [B, T] (or NULL) integer tensors with ids in [0, vocab) and T <= max_t. */
 mmc_status enc_check_inputs(const mmc_tensor *ids, const mmc_tensor *mask, int64_t vocab, int64_t max_t,

@@ -39,7 +39,7 @@ struct mmc_t5_encoder {
     float *rel_bias;                      /* the same table in f32, [num_buckets, H] */
     t5_block *blocks;                     /* [num_layers] */
     mmc_tensor *ln_f;                     /* [d_model] */
-    enc_weights w;
+    mw_set w;
 };
 
 mmc_status mmc_t5_config_read(const mmc_json *j, const char *what, mmc_t5_config *c) {
@@ -93,7 +93,7 @@ int mmc_t5_relative_position_bucket(int64_t rel, bool bidirectional, int num_buc
 
 void mmc_t5_encoder_free(mmc_t5_encoder *m) {
     if (!m) return;
-    enc_weights_close(&m->w);
+    mw_close(&m->w);
     free(m->rel_bias);
     free(m->blocks);
     free(m);
@@ -113,38 +113,38 @@ mmc_status mmc_t5_encoder_load(const char *dir, mmc_t5_encoder **out) {
     m->blocks = calloc((size_t)c->num_layers, sizeof *m->blocks);
     m->rel_bias = malloc((size_t)(c->num_buckets * c->num_heads) * sizeof(float));
     if (!m->blocks || !m->rel_bias) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    if ((st = enc_weights_open(dir, &m->w))) goto fail;
-    enc_weights *w = &m->w;
+    if ((st = mw_open(dir, "model", &m->w))) goto fail;
+    mw_set *w = &m->w;
     const int64_t C = c->d_model, I = c->num_heads * c->d_kv, F = c->d_ff;
     /* T5EncoderModel saves the tied table as shared.weight; some checkpoints only as
      * encoder.embed_tokens.weight */
     bool shared = mmc_st_find(w->st, "shared.weight") || !mmc_st_find(w->st, "encoder.embed_tokens.weight");
-    enc_bind(w, "", shared ? "shared.weight" : "encoder.embed_tokens.weight", &m->embed, 2,
+    mw_bind(w, "", shared ? "shared.weight" : "encoder.embed_tokens.weight", &m->embed, 2,
              MMC_SHAPE(c->vocab_size, C));
     char p[160];
     for (int64_t i = 0; i < c->num_layers; i++) {
         t5_block *Bk = &m->blocks[i];
         snprintf(p, sizeof p, "encoder.block.%lld.layer.0.", (long long)i);
-        enc_bind(w, p, "layer_norm.weight", &Bk->ln1, 1, MMC_SHAPE(C));
-        enc_bind(w, p, "SelfAttention.q.weight", &Bk->q, 2, MMC_SHAPE(I, C));
-        enc_bind(w, p, "SelfAttention.k.weight", &Bk->k, 2, MMC_SHAPE(I, C));
-        enc_bind(w, p, "SelfAttention.v.weight", &Bk->v, 2, MMC_SHAPE(I, C));
-        enc_bind(w, p, "SelfAttention.o.weight", &Bk->o, 2, MMC_SHAPE(C, I));
+        mw_bind(w, p, "layer_norm.weight", &Bk->ln1, 1, MMC_SHAPE(C));
+        mw_bind(w, p, "SelfAttention.q.weight", &Bk->q, 2, MMC_SHAPE(I, C));
+        mw_bind(w, p, "SelfAttention.k.weight", &Bk->k, 2, MMC_SHAPE(I, C));
+        mw_bind(w, p, "SelfAttention.v.weight", &Bk->v, 2, MMC_SHAPE(I, C));
+        mw_bind(w, p, "SelfAttention.o.weight", &Bk->o, 2, MMC_SHAPE(C, I));
         if (i == 0)
-            enc_bind(w, p, "SelfAttention.relative_attention_bias.weight", &m->rel_bias_w, 2,
+            mw_bind(w, p, "SelfAttention.relative_attention_bias.weight", &m->rel_bias_w, 2,
                      MMC_SHAPE(c->num_buckets, c->num_heads));
         snprintf(p, sizeof p, "encoder.block.%lld.layer.1.", (long long)i);
-        enc_bind(w, p, "layer_norm.weight", &Bk->ln2, 1, MMC_SHAPE(C));
+        mw_bind(w, p, "layer_norm.weight", &Bk->ln2, 1, MMC_SHAPE(C));
         if (c->gated) {
-            enc_bind(w, p, "DenseReluDense.wi_0.weight", &Bk->wi, 2, MMC_SHAPE(F, C));
-            enc_bind(w, p, "DenseReluDense.wi_1.weight", &Bk->wi1, 2, MMC_SHAPE(F, C));
+            mw_bind(w, p, "DenseReluDense.wi_0.weight", &Bk->wi, 2, MMC_SHAPE(F, C));
+            mw_bind(w, p, "DenseReluDense.wi_1.weight", &Bk->wi1, 2, MMC_SHAPE(F, C));
         } else {
-            enc_bind(w, p, "DenseReluDense.wi.weight", &Bk->wi, 2, MMC_SHAPE(F, C));
+            mw_bind(w, p, "DenseReluDense.wi.weight", &Bk->wi, 2, MMC_SHAPE(F, C));
         }
-        enc_bind(w, p, "DenseReluDense.wo.weight", &Bk->wo, 2, MMC_SHAPE(C, F));
+        mw_bind(w, p, "DenseReluDense.wo.weight", &Bk->wo, 2, MMC_SHAPE(C, F));
     }
-    enc_bind(w, "", "encoder.final_layer_norm.weight", &m->ln_f, 1, MMC_SHAPE(C));
-    if ((st = enc_bind_status(w, dir, "T5EncoderModel"))) goto fail;
+    mw_bind(w, "", "encoder.final_layer_norm.weight", &m->ln_f, 1, MMC_SHAPE(C));
+    if ((st = mw_status(w, dir, "T5EncoderModel"))) goto fail;
     for (int64_t i = 0; i < c->num_buckets * c->num_heads; i++) m->rel_bias[i] = (float)mmc_get_flat(m->rel_bias_w, i);
     mmc_json_free(j);
     *out = m;
@@ -156,7 +156,7 @@ fail:
 }
 
 const mmc_t5_config *mmc_t5_encoder_cfg(const mmc_t5_encoder *m) { return &m->cfg; }
-int64_t mmc_t5_encoder_param_count(const mmc_t5_encoder *m) { return enc_weights_count(&m->w); }
+int64_t mmc_t5_encoder_param_count(const mmc_t5_encoder *m) { return mw_count(&m->w); }
 
 /* T5Attention.compute_bias: values_{h, t, s} depend on s - t only -> [H, 2T - 1] f32 with
  * entry (h, s - t + T - 1) (scratch owned by the caller's mark) */
@@ -210,7 +210,7 @@ mmc_status mmc_t5_encoder_forward(mmc_ctx *ctx, mmc_t5_encoder *m, const mmc_ten
         pen = x;
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         mmc_tensor *y = self_attention(ctx, m, &m->blocks[i], x, mask, bias);
-        x = enc_keep(ctx, mk, feed_forward(ctx, m, &m->blocks[i], y));
+        x = mw_keep(ctx, mk, feed_forward(ctx, m, &m->blocks[i], y));
     }
     *last_hidden_state = mmc_rmsnorm(ctx, x, m->ln_f, (float)c->layer_norm_epsilon);
     if (penultimate) *penultimate = pen;

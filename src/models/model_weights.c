@@ -1,0 +1,106 @@
+/* model_weights.c — see model_weights.h. */
+#include "model_weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+mmc_status mw_open(const char *dir, const char *stem, mw_set *w) {
+    memset(w, 0, sizeof *w);
+    w->errcap = 16384;
+    w->errs = calloc(1, w->errcap);
+    if (!w->errs) return mmc_error(MMC_ERR_OOM, "out of memory");
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s.safetensors", dir, stem);
+    FILE *f = fopen(p, "rb");
+    if (!f) snprintf(p, sizeof p, "%s/%s.safetensors.index.json", dir, stem), f = fopen(p, "rb");
+    if (!f)
+        return mmc_error(MMC_ERR_NOT_FOUND, "%s: no %s.safetensors or %s.safetensors.index.json (a component "
+                         "folder as save_pretrained writes it)", dir, stem, stem);
+    fclose(f);
+    return mmc_st_open(p, &w->st);
+}
+
+void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape) {
+    char full[256], dummy[512] = "";
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    bool listed = w->bad < MW_MAX_LISTED;
+    if (mmc_model_bind(w->st, full, ndim, shape, w->trainable, slot, listed ? w->errs : dummy,
+                       listed ? w->errcap : sizeof dummy) != MMC_OK) {
+        w->bad++;
+        return;
+    }
+    if (w->n_params == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 64;
+        mmc_tensor **p = realloc(w->params, (size_t)cap * sizeof *p);
+        if (p) w->params = p;
+        char (*nm)[256] = realloc(w->names, (size_t)cap * sizeof *nm);
+        if (nm) w->names = nm;
+        if (!p || !nm) { mmc_tensor_free(*slot); *slot = NULL; w->bad++; return; }
+        w->cap = cap;
+    }
+    snprintf(w->names[w->n_params], sizeof w->names[0], "%s", full);
+    w->params[w->n_params++] = *slot;
+}
+
+void mw_bind_wb(mw_set *w, const char *prefix, const char *name, mmc_tensor **weight, mmc_tensor **bias, int ndim,
+                const int64_t *shape) {
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s.weight", name);
+    mw_bind(w, prefix, nm, weight, ndim, shape);
+    snprintf(nm, sizeof nm, "%s.bias", name);
+    mw_bind(w, prefix, nm, bias, 1, shape);
+}
+
+mmc_status mw_status(const mw_set *w, const char *dir, const char *cls) {
+    if (!w->bad) return MMC_OK;
+    char more[64] = "";
+    if (w->bad > MW_MAX_LISTED) snprintf(more, sizeof more, "\n  ... and %d more", w->bad - MW_MAX_LISTED);
+    return mmc_error(MMC_ERR_FORMAT, "%s: %s weights: %d problem%s:%s%s\n  (does config.json match the checkpoint?)",
+                     dir, cls, w->bad, w->bad > 1 ? "s" : "", w->errs, more);
+}
+
+mmc_status mw_check_unused(const mw_set *w, const char *dir, const char *cls) {
+    if (mmc_st_count(w->st) == w->n_params) return MMC_OK;
+    for (int i = 0; i < mmc_st_count(w->st); i++) {
+        const char *nm = mmc_st_at(w->st, i)->name;
+        bool used = false;
+        for (int k = 0; k < w->n_params && !used; k++) used = !strcmp(w->names[k], nm);
+        if (!used)
+            return mmc_error(MMC_ERR_FORMAT, "%s: tensor '%s' (and %d more unused) does not belong to the %s that "
+                             "config.json describes", dir, nm, mmc_st_count(w->st) - w->n_params - 1, cls);
+    }
+    return MMC_OK;
+}
+
+void mw_close(mw_set *w) {
+    for (int i = 0; i < w->n_params; i++) mmc_tensor_free(w->params[i]);
+    free(w->params);
+    free(w->names);
+    free(w->errs);
+    mmc_st_close(w->st);
+    memset(w, 0, sizeof *w);
+}
+
+int64_t mw_count(const mw_set *w) {
+    int64_t n = 0;
+    for (int i = 0; i < w->n_params; i++) n += mmc_numel(w->params[i]);
+    return n;
+}
+
+mmc_tensor *mw_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y) {
+    if (mmc_requires_grad(y)) return y;
+    mmc_arena_mark sm = mmc_scratch_mark(ctx);
+    size_t nb = mmc_nbytes(y);
+    void *tmp = mmc_scratch_alloc(ctx, nb);
+    memcpy(tmp, y->data, nb);
+    int ndim = y->ndim;
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, y->shape, sizeof shape);
+    mmc_dtype dt = y->dtype;
+    mmc_arena_release(mmc_ctx_arena(ctx), m);
+    mmc_tensor *out = mmc_new(ctx, dt, ndim, shape);
+    memcpy(out->data, tmp, nb);
+    mmc_scratch_release(ctx, sm);
+    return out;
+}
