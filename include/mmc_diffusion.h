@@ -131,6 +131,51 @@ mmc_tensor *mmc_vae_encode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x, int64_
 void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z);
 void mmc_vae_unscale_latents(const mmc_vae *v, mmc_tensor *z);
 
+/* ---------------------------------------------------------------- FluxTransformer2DModel
+ * diffusers' models/transformers/transformer_flux.py: see src/models/diffusion/flux.c.
+ * Latents enter packed (the pipeline's _pack_latents: 2x2 patches of the VAE latent as
+ * tokens of in_channels = 4 * latent channels), text as T5 hidden states, pooled CLIP. */
+typedef struct {
+    int64_t patch_size, in_channels, out_channels;
+    int64_t num_layers, num_single_layers;        /* double-stream, single-stream blocks */
+    int64_t attention_head_dim, num_attention_heads;
+    int64_t joint_attention_dim;                  /* T5 hidden size */
+    int64_t pooled_projection_dim;                /* CLIP pooled size */
+    bool guidance_embeds;                         /* guidance-distilled (FLUX.1-dev) */
+    int axes_dims_rope[3];                        /* sums to attention_head_dim */
+} mmc_flux_config;
+
+typedef struct mmc_flux mmc_flux;
+
+mmc_status mmc_flux_config_read(const mmc_json *cfg, const char *what, mmc_flux_config *out);
+/* Load from a transformer/ folder (config.json + diffusion_pytorch_model safetensors, single or
+ * sharded; f32 / bf16 / f16). trainable: f32 copies that require grad (full fine-tune);
+ * otherwise f32 and bf16 matrices stay mapped. Every missing or mis-shaped tensor is listed. */
+mmc_status mmc_flux_load(const char *dir, bool trainable, mmc_flux **out);
+void mmc_flux_free(mmc_flux *m);
+const mmc_flux_config *mmc_flux_cfg(const mmc_flux *m);
+int64_t mmc_flux_param_count(const mmc_flux *m);
+
+typedef struct {
+    mmc_tensor *hidden;        /* [B, S, in_channels] packed latents */
+    mmc_tensor *encoder;       /* [B, T, joint_attention_dim] T5 last_hidden_state */
+    mmc_tensor *pooled;        /* [B, pooled_projection_dim] CLIP pooler_output */
+    const float *timestep;     /* [B] sigma-scale timesteps (t / 1000 as the pipeline passes them) */
+    const float *guidance;     /* [B] guidance scale, required iff guidance_embeds, else NULL */
+    const float *img_ids;      /* [S, 3] (0, row, col) per latent token */
+    const float *txt_ids;      /* [T, 3] zeros in FluxPipeline */
+} mmc_flux_inputs;
+/* The velocity prediction [B, S, patch^2 * out_channels]. Differentiable in grad mode;
+ * without it, each block's intermediates are released as soon as its outputs exist. */
+mmc_status mmc_flux_forward(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_inputs *in, mmc_tensor **out);
+
+/* FluxPipeline's latent layout: _pack_latents z [B, C, H, W] -> [B, (H/2)(W/2), 4C] (each
+ * token a 2x2 patch, channel-major: c*4 + dy*2 + dx), _unpack_latents back, and
+ * _prepare_latent_image_ids: ids [(H/2)(W/2), 3] = (0, row, col). H, W even. */
+mmc_tensor *mmc_flux_pack_latents(mmc_ctx *ctx, const mmc_tensor *z);
+mmc_tensor *mmc_flux_unpack_latents(mmc_ctx *ctx, const mmc_tensor *x, int64_t H, int64_t W);
+void mmc_flux_latent_ids(int64_t H, int64_t W, float *ids);
+
 /* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
  * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same
  * precision as it is (numpy float64 where diffusers uses numpy on float64, float32 where it

@@ -56,12 +56,25 @@ mmc_tensor *mmc_layernorm(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor
 mmc_tensor *mmc_groupnorm(mmc_ctx *ctx, mmc_tensor *x, int groups, mmc_tensor *w, mmc_tensor *b,
                           float eps);
 
+/* adaLN arithmetic of diffusion transformers (src/ops/modulate.c): x, y [B, T, C] contiguous;
+ * shift, scale, gate [B, C] with unit column stride (chunks of a conditioning projection). */
+mmc_tensor *mmc_modulate(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *shift, mmc_tensor *scale); /* x*(1+scale)+shift */
+mmc_tensor *mmc_gate_residual(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *gate, mmc_tensor *y); /* x + gate*y */
+
 /* ---------------------------------------------------------------- rotary embeddings
  * One apply op for every variant (HF rotate_half convention):
  *   y = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[D/2:], x[:D/2])
  * x [B, T, H, D]; cos, sin [T, D] (shared across the batch) or [B, T, D].
  * The tables below build cos/sin for each variant (no grad). */
 mmc_tensor *mmc_rope(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin);
+/* The interleaved (complex-pair) convention of diffusers' apply_rotary_emb
+ * (use_real_unbind_dim=-1: Flux): pairs (x[2i], x[2i+1]) rotate; same shapes as mmc_rope. */
+mmc_tensor *mmc_rope_interleaved(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin);
+/* diffusers' FluxPosEmbed: ids [S, n_axes] (float, as the pipelines build them), axis a
+ * taking axes_dim[a] dims (even) of D = sum; angles in float64, each repeated twice
+ * (repeat_interleave_real) -> cos, sin [S, D] for mmc_rope_interleaved. */
+void mmc_rope_table_axes(mmc_ctx *ctx, const float *ids, int64_t S, int n_axes, const int *axes_dim,
+                         double theta, mmc_tensor **cos, mmc_tensor **sin);
 /* 1-D: pos [B, T] or [T] (i32/i64) -> cos, sin [B, T, D] or [T, D];
  * inv_freq[j] = theta^(-2j/D), emb = cat(freqs, freqs) as in HF. */
 void mmc_rope_table_1d(mmc_ctx *ctx, const mmc_tensor *pos, int D, double theta,

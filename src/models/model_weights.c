@@ -52,6 +52,17 @@ void mw_bind_wb(mw_set *w, const char *prefix, const char *name, mmc_tensor **we
     mw_bind(w, prefix, nm, bias, 1, shape);
 }
 
+void mw_bind_linear(mw_set *w, const char *prefix, const char *name, mmc_linear_w *l, int64_t N, int64_t K, bool bias) {
+    memset(l, 0, sizeof *l);
+    l->out_features = N, l->in_features = K;
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s.weight", name);
+    mw_bind(w, prefix, nm, &l->w, 2, MMC_SHAPE(N, K));
+    if (!bias) return;
+    snprintf(nm, sizeof nm, "%s.bias", name);
+    mw_bind(w, prefix, nm, &l->b, 1, MMC_SHAPE(N));
+}
+
 mmc_status mw_status(const mw_set *w, const char *dir, const char *cls) {
     if (!w->bad) return MMC_OK;
     char more[64] = "";
@@ -88,19 +99,32 @@ int64_t mw_count(const mw_set *w) {
     return n;
 }
 
-mmc_tensor *mw_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y) {
-    if (mmc_requires_grad(y)) return y;
+void mw_keep_n(mmc_ctx *ctx, mmc_arena_mark m, int n, mmc_tensor **ys) {
+    for (int i = 0; i < n; i++)
+        if (mmc_requires_grad(ys[i])) return;          /* the tape still needs what they came from */
     mmc_arena_mark sm = mmc_scratch_mark(ctx);
-    size_t nb = mmc_nbytes(y);
-    void *tmp = mmc_scratch_alloc(ctx, nb);
-    memcpy(tmp, y->data, nb);
-    int ndim = y->ndim;
-    int64_t shape[MMC_MAX_DIMS];
-    memcpy(shape, y->shape, sizeof shape);
-    mmc_dtype dt = y->dtype;
+    void *tmp[8];
+    mmc_tensor saved[8];
+    MMC_ASSERT(n <= 8);
+    for (int i = 0; i < n; i++) {
+        saved[i] = *ys[i];
+        tmp[i] = mmc_scratch_alloc(ctx, mmc_nbytes(ys[i]));
+        if (mmc_is_contiguous(ys[i])) {
+            memcpy(tmp[i], ys[i]->data, mmc_nbytes(ys[i]));
+        } else {   /* a view: copy out in order through a contiguous temporary of the scratch */
+            mmc_tensor *c = mmc_contiguous(ctx, ys[i]);
+            memcpy(tmp[i], c->data, mmc_nbytes(c));
+        }
+    }
     mmc_arena_release(mmc_ctx_arena(ctx), m);
-    mmc_tensor *out = mmc_new(ctx, dt, ndim, shape);
-    memcpy(out->data, tmp, nb);
+    for (int i = 0; i < n; i++) {
+        ys[i] = mmc_new(ctx, saved[i].dtype, saved[i].ndim, saved[i].shape);
+        memcpy(ys[i]->data, tmp[i], mmc_nbytes(ys[i]));
+    }
     mmc_scratch_release(ctx, sm);
-    return out;
+}
+
+mmc_tensor *mw_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y) {
+    mw_keep_n(ctx, m, 1, &y);
+    return y;
 }

@@ -7,6 +7,7 @@
 #define MMC_MODEL_WEIGHTS_H
 
 #include "mmc_models.h"
+#include "mmc_nn.h"
 
 typedef struct {
     mmc_st *st;               /* kept open: inference weights are zero-copy views into it */
@@ -38,5 +39,9 @@ int64_t mw_count(const mw_set *w);
 
 /* Without a tape to feed, drop everything allocated in the activation arena after m but y. */
 mmc_tensor *mw_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *y);
+/* The same for n (<= 8) outputs, replaced in ys[] by contiguous copies; a no-op in grad mode. */
+void mw_keep_n(mmc_ctx *ctx, mmc_arena_mark m, int n, mmc_tensor **ys);
+/* An nn.Linear "<prefix><name>" [N, K] (+ bias [N] when bias) into an mmc_linear_w. */
+void mw_bind_linear(mw_set *w, const char *prefix, const char *name, mmc_linear_w *l, int64_t N, int64_t K, bool bias);
 
 #endif

@@ -5,7 +5,9 @@
  * Qwen2VLVisionRotaryEmbedding + get_vision_position_ids (2-D axial rope over
  * spatial-merge windows). Tables are computed in float32 the way torch computes them
  * (inv_freq = 1 / theta^(arange(0, dim, 2) / dim), angle = float(pos) * inv_freq) so they
- * match transformers to the last bit or two.
+ * match transformers to the last bit or two. The interleaved variant and the multi-axis
+ * table of diffusers' FluxPosEmbed (get_1d_rotary_pos_embed per axis, in float64, cast to
+ * float32, each angle repeated twice, axes concatenated) serve the diffusion transformers.
  */
 #include "mmc.h"
 #include "mmc_ops.h"
@@ -35,6 +37,26 @@ static inline void rope_row_bw(float *restrict dx, const float *restrict dy, con
     }
 }
 
+/* The interleaved convention (diffusers' apply_rotary_emb with use_real_unbind_dim=-1: Flux,
+ * HunyuanDiT, CogVideoX): pairs (x[2i], x[2i+1]) rotate as complex numbers, the tables
+ * repeat each angle twice (c[2i] == c[2i+1]):
+ *   y[2i] = x[2i] c[2i] - x[2i+1] s[2i];   y[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1]
+ * and its transpose dx[2i] = dy[2i] c[2i] + dy[2i+1] s[2i+1], dx[2i+1] = dy[2i+1] c[2i+1] - dy[2i] s[2i]. */
+static inline void rope_row_pairs(float *restrict y, const float *restrict x, const float *restrict c,
+                                  const float *restrict s, int D) {
+    for (int i = 0; i < D; i += 2) {
+        y[i] = x[i] * c[i] - x[i + 1] * s[i];
+        y[i + 1] = x[i + 1] * c[i + 1] + x[i] * s[i + 1];
+    }
+}
+static inline void rope_row_pairs_bw(float *restrict dx, const float *restrict dy, const float *restrict c,
+                                     const float *restrict s, int D) {
+    for (int i = 0; i < D; i += 2) {
+        dx[i] += dy[i] * c[i] + dy[i + 1] * s[i + 1];
+        dx[i + 1] += dy[i + 1] * c[i + 1] - dy[i] * s[i];
+    }
+}
+
 static void rope_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0];
     if (!mmc_requires_grad(x)) return;
@@ -47,11 +69,14 @@ static void rope_backward(mmc_ctx *ctx, mmc_node *n) {
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t row = batched ? bt : bt % T;
         const float *c = (const float *)cs->data + row * D, *s = (const float *)sn->data + row * D;
-        for (int64_t h = 0; h < H; h++) rope_row_bw(gx + (bt * H + h) * D, gy + (bt * H + h) * D, c, s, (int)D);
+        for (int64_t h = 0; h < H; h++) {
+            if (n->i[0]) rope_row_pairs_bw(gx + (bt * H + h) * D, gy + (bt * H + h) * D, c, s, (int)D);
+            else rope_row_bw(gx + (bt * H + h) * D, gy + (bt * H + h) * D, c, s, (int)D);
+        }
     }
 }
 
-mmc_tensor *mmc_rope(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin) {
+static mmc_tensor *rope_apply(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin, bool pairs) {
     char sx[64], sc[64], ss[64];
     mmc_shape_str(x, sx, sizeof sx);
     mmc_shape_str(cos, sc, sizeof sc);
@@ -74,15 +99,56 @@ mmc_tensor *mmc_rope(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *s
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T, row = batched ? bt : t;
         const float *c = (const float *)cos->data + row * D, *s = (const float *)sin->data + row * D;
-        for (int64_t h = 0; h < H; h++)
-            rope_row(yd + (bt * H + h) * D, xd + b * x->stride[0] + t * x->stride[1] + h * x->stride[2], c, s, (int)D);
+        for (int64_t h = 0; h < H; h++) {
+            const float *xr = xd + b * x->stride[0] + t * x->stride[1] + h * x->stride[2];
+            if (pairs) rope_row_pairs(yd + (bt * H + h) * D, xr, c, s, (int)D);
+            else rope_row(yd + (bt * H + h) * D, xr, c, s, (int)D);
+        }
     }
     mmc_node *n = mmc_tape_record(ctx, "rope", rope_backward, y, 1, &x);
     if (n) {
         n->saved[0] = cos;
         n->saved[1] = sin;
+        n->i[0] = pairs;
     }
     return y;
+}
+
+mmc_tensor *mmc_rope(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin) {
+    return rope_apply(ctx, x, cos, sin, false);
+}
+
+mmc_tensor *mmc_rope_interleaved(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin) {
+    return rope_apply(ctx, x, cos, sin, true);
+}
+
+void mmc_rope_table_axes(mmc_ctx *ctx, const float *ids, int64_t S, int n_axes, const int *axes_dim,
+                         double theta, mmc_tensor **cos_out, mmc_tensor **sin_out) {
+    int D = 0;
+    for (int a = 0; a < n_axes; a++) {
+        MMC_CHECK(axes_dim[a] > 0 && axes_dim[a] % 2 == 0, "rope axes: axes_dims_rope[%d] = %d must be even", a,
+                  axes_dim[a]);
+        D += axes_dim[a];
+    }
+    *cos_out = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(S, D));
+    *sin_out = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(S, D));
+    float *cd = (*cos_out)->data, *sd = (*sin_out)->data;
+    for (int64_t r = 0; r < S; r++) {
+        int off = 0;
+        for (int a = 0; a < n_axes; a++) {
+            const int d = axes_dim[a];
+            const double pos = (double)ids[r * n_axes + a];     /* ids.float(), then outer() in float64 */
+            for (int j = 0; j < d / 2; j++) {
+                /* 1 / theta ** (arange(0, d, 2, float64) / d): the float64 pow, as torch does it */
+                const double freq = 1.0 / pow(theta, (double)(2 * j) / (double)d);
+                const double ang = pos * freq;
+                const float c = (float)cos(ang), s = (float)sin(ang);
+                cd[r * D + off + 2 * j] = cd[r * D + off + 2 * j + 1] = c;
+                sd[r * D + off + 2 * j] = sd[r * D + off + 2 * j + 1] = s;
+            }
+            off += d;
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ tables */

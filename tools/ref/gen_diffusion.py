@@ -33,26 +33,14 @@ import diffusers
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
+from ref_common import rand_init
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "diffusion")
 
 torch.set_num_threads(2)
 shutil.rmtree(OUT, ignore_errors=True)
 os.makedirs(OUT)
-
-
-def rand_init(model, seed):
-    """Random weights of a usable scale (default init leaves GroupNorm at 1/0 and biases 0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
 
 
 # ---------------------------------------------------------------- AutoencoderKL
