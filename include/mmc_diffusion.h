@@ -69,7 +69,7 @@ typedef struct {
 mmc_status mmc_diffusers_open(const char *dir, mmc_diffusers_dir *out);
 /* The component called name, or NULL (absent ones included, with present = false). */
 const mmc_diffusers_component *mmc_diffusers_find(const mmc_diffusers_dir *d, const char *name);
-/* Path of a component's file: "<dir>/<component>/<file>". */
+/* Path of a component's file: "<dir>/<component>/<file>" ("<dir>/<component>" when file is ""). */
 void mmc_diffusers_path(const mmc_diffusers_dir *d, const char *component, const char *file,
                         char *buf, size_t n);
 const char *mmc_dcomp_kind_name(mmc_dcomp_kind k);
@@ -175,6 +175,44 @@ mmc_status mmc_flux_forward(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_inputs *in
 mmc_tensor *mmc_flux_pack_latents(mmc_ctx *ctx, const mmc_tensor *z);
 mmc_tensor *mmc_flux_unpack_latents(mmc_ctx *ctx, const mmc_tensor *x, int64_t H, int64_t W);
 void mmc_flux_latent_ids(int64_t H, int64_t W, float *ids);
+
+/* ---------------------------------------------------------------- FluxPipeline
+ * text -> image from a FluxPipeline folder, as diffusers' FluxPipeline.__call__ runs it: see
+ * src/diffusion/flux_pipeline.c. Components load when first needed; the text encoders are freed
+ * as soon as the prompts are encoded. */
+typedef struct mmc_flux_pipeline mmc_flux_pipeline;
+typedef struct {
+    mmc_tensor *prompt_embeds;   /* [B, T, joint_attention_dim] T5 states (persistent) */
+    mmc_tensor *pooled;          /* [B, pooled_projection_dim] CLIP pooled (persistent) */
+} mmc_flux_cond;
+typedef struct {
+    int height, width;           /* pixels: positive multiples of 2 x the VAE factor (16) */
+    int steps;
+    double guidance;             /* distilled guidance (guidance_embeds checkpoints), 3.5 in diffusers */
+    double true_cfg;             /* > 1 with a negative prompt: a second pass per step */
+    void (*progress)(void *user, int step, int n, double step_seconds);
+    void *user;
+} mmc_flux_sample_opts;
+
+/* Reads model_index.json (must be FluxPipeline) and the configs; loads no weights. */
+mmc_status mmc_flux_pipeline_open(const char *dir, mmc_flux_pipeline **out);
+void mmc_flux_pipeline_free(mmc_flux_pipeline *p);
+const mmc_flux_config *mmc_flux_pipeline_transformer_cfg(const mmc_flux_pipeline *p);
+int mmc_flux_pipeline_vae_scale(const mmc_flux_pipeline *p);
+/* MMC_ERR_INVALID naming the nearest valid size unless both are multiples of 2 x the VAE factor. */
+mmc_status mmc_flux_check_size(const mmc_flux_pipeline *p, int height, int width);
+int64_t mmc_flux_image_tokens(const mmc_flux_pipeline *p, int height, int width);   /* S of the packed latents */
+/* encode_prompt for B prompts: CLIP pooled (77 tokens) and T5 states (max_sequence_length tokens). */
+mmc_status mmc_flux_encode_prompt(mmc_ctx *ctx, mmc_flux_pipeline *p, const char *const *prompts, int B,
+                                  int max_sequence_length, mmc_flux_cond *out);
+void mmc_flux_cond_free(mmc_flux_cond *c);
+/* The denoising loop on packed latents [B, S, in_channels] (updated in place); neg may be NULL. */
+mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
+                           mmc_tensor *latents, const mmc_flux_sample_opts *o);
+/* Unpack, unscale, VAE-decode (tiled: diffusers' enable_tiling) and denormalise -> [B, 3, H, W] in [0, 1]. */
+mmc_status mmc_flux_decode(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor *latents, int height, int width,
+                           bool tiled, mmc_tensor **image);
+void mmc_flux_pipeline_release_transformer(mmc_flux_pipeline *p);
 
 /* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
  * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same

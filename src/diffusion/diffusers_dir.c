@@ -32,7 +32,7 @@ typedef struct {
 static const class_info CLASSES[] = {
     {"diffusers", "AutoencoderKL", MMC_DCOMP_VAE, true},
     {"diffusers", "AutoencoderTiny", MMC_DCOMP_VAE, false},
-    {"diffusers", "FluxTransformer2DModel", MMC_DCOMP_TRANSFORMER, false},
+    {"diffusers", "FluxTransformer2DModel", MMC_DCOMP_TRANSFORMER, true},
     {"diffusers", "SD3Transformer2DModel", MMC_DCOMP_TRANSFORMER, false},
     {"diffusers", "UNet2DConditionModel", MMC_DCOMP_UNET, false},
     {"diffusers", "FlowMatchEulerDiscreteScheduler", MMC_DCOMP_SCHEDULER, true},
@@ -130,7 +130,8 @@ static bool is_dir(const char *p) {
 }
 
 void mmc_diffusers_path(const mmc_diffusers_dir *d, const char *component, const char *file, char *buf, size_t n) {
-    snprintf(buf, n, "%s/%s/%s", d->dir, component, file);
+    if (*file) snprintf(buf, n, "%s/%s/%s", d->dir, component, file);
+    else snprintf(buf, n, "%s/%s", d->dir, component);      /* the component's folder */
 }
 
 const mmc_diffusers_component *mmc_diffusers_find(const mmc_diffusers_dir *d, const char *name) {

@@ -10,7 +10,7 @@
   the expected output is diffusers running those weights upcast to f32.
 * pipe/: a whole FluxPipeline directory (tiny CLIP, T5, AutoencoderKL with 4 latent channels,
   the scheduler with dynamic shifting, a guidance-distilled transformer); expected.safetensors holds
-  prompt_embeds / pooled_prompt_embeds from encode_prompt, the injected packed latents, and the images
+  prompt_embeds / pooled_prompt_embeds from encode_prompt (and the negative prompt's), the injected packed latents, and the images
   (output_type="pt", [B, 3, H, W] in [0, 1]) of two runs: (a) 3 steps, guidance 3.5, batch 2;
   (b) 2 steps, true CFG 1.5 with a negative prompt; plus the token ids of both tokenizers.
 
@@ -140,6 +140,8 @@ with torch.no_grad():
                                          .input_ids, dtype=torch.int32)
     pe, ppe, _ = pipe.encode_prompt(prompts, prompt_2=None, max_sequence_length=MAXLEN)
     exp["prompt_embeds"], exp["pooled_prompt_embeds"] = pe, ppe
+    pe, ppe, _ = pipe.encode_prompt([neg], prompt_2=None, max_sequence_length=MAXLEN)
+    exp["neg_prompt_embeds"], exp["neg_pooled_prompt_embeds"] = pe, ppe
     lat = torch.randn(2, 16 * 24 // 4, 16, generator=g)
     exp["latents_a"] = lat
     exp["image_a"] = pipe(prompt=prompts, height=H, width=W, num_inference_steps=3, guidance_scale=3.5,
