@@ -55,6 +55,9 @@ mmc_status mmc_image_load_memory(const void *buf, size_t n, const char *name,
                                  const mmc_image_opts *opts, mmc_image *out);
 mmc_status mmc_image_alloc(mmc_image *img, int height, int width); /* uninitialised */
 void mmc_image_free(mmc_image *img);
+/* Write 8-bit RGB [H, W, 3] as a PNG, atomically, with n_text tEXt chunks (keys 1-79 chars). */
+mmc_status mmc_image_write_png(const char *path, const uint8_t *rgb, int height, int width, int n_text,
+                               const char *const *keys, const char *const *values);
 
 /* ---------------------------------------------------------------- resampling */
 typedef enum { MMC_RESAMPLE_BILINEAR = 0, MMC_RESAMPLE_BICUBIC = 1 } mmc_resample;

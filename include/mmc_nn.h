@@ -46,6 +46,11 @@ uint64_t mmc_nn_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro);
  * stream, element); identity when dropout is off or p == 0. */
 mmc_tensor *mmc_nn_dropout(mmc_ctx *ctx, mmc_tensor *x, float p, uint64_t stream);
 
+/* diffusers' get_timestep_embedding: t [B] -> [B, dim] sinusoids (src/nn/timestep.c). Flux and
+ * SD3 call it with dim 256, flip_sin_to_cos true, downscale_freq_shift 0, scale 1, max_period 10000. */
+mmc_tensor *mmc_timestep_embedding(mmc_ctx *ctx, const float *t, int64_t B, int dim, bool flip_sin_to_cos,
+                                   double downscale_freq_shift, double scale, double max_period);
+
 #ifdef __cplusplus
 }
 #endif

@@ -432,3 +432,64 @@ mmc_status mmc_image_load(const char *path, const mmc_image_opts *opts, mmc_imag
     free(data);
     return st;
 }
+
+/* ------------------------------------------------------------------ PNG writing
+ * 8-bit RGB through libpng's full API (the simplified API has no text chunks), into memory,
+ * then one atomic write: a reader never sees half a file. Text goes in uncompressed tEXt chunks
+ * as Latin-1 keys (1-79 chars) with the values as given (the PNG spec asks Latin-1 of tEXt;
+ * libpng stores the bytes, and readers such as PIL return them), the way diffusers users find
+ * the prompt and settings in an image. */
+typedef struct { uint8_t *p; size_t n, cap; bool oom; } png_membuf;
+
+static void png_write_cb(png_structp png, png_bytep src, size_t len) {
+    png_membuf *m = png_get_io_ptr(png);
+    if (m->oom) return;
+    if (m->n + len > m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 1 << 16;
+        while (cap < m->n + len) cap *= 2;
+        uint8_t *q = realloc(m->p, cap);
+        if (!q) { m->oom = true; return; }
+        m->p = q, m->cap = cap;
+    }
+    memcpy(m->p + m->n, src, len);
+    m->n += len;
+}
+static void png_flush_cb(png_structp png) { (void)png; }
+
+mmc_status mmc_image_write_png(const char *path, const uint8_t *rgb, int height, int width, int n_text,
+                               const char *const *keys, const char *const *values) {
+    if (height < 1 || width < 1) return mmc_error(MMC_ERR_INVALID, "%s: image size %dx%d", path, width, height);
+    for (int i = 0; i < n_text; i++) {
+        size_t kl = strlen(keys[i]);
+        if (kl < 1 || kl > 79) return mmc_error(MMC_ERR_INVALID, "%s: PNG text key '%s' must be 1-79 characters", path, keys[i]);
+    }
+    png_membuf m = {0};
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, png_warn_cb);  /* errors longjmp to png_jmpbuf */
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    png_textp text = calloc((size_t)(n_text > 0 ? n_text : 1), sizeof *text);
+    png_bytep *rows = malloc((size_t)height * sizeof *rows);
+    volatile mmc_status st = MMC_OK;
+    if (!png || !info || !text || !rows) { st = mmc_error(MMC_ERR_OOM, "%s: out of memory", path); goto done; }
+    if (setjmp(png_jmpbuf(png))) { st = mmc_error(MMC_ERR_IO, "%s: libpng could not encode the image", path); goto done; }
+    png_set_write_fn(png, &m, png_write_cb, png_flush_cb);
+    png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    for (int i = 0; i < n_text; i++) {
+        text[i].compression = PNG_TEXT_COMPRESSION_NONE;
+        text[i].key = (png_charp)keys[i];
+        text[i].text = (png_charp)values[i];
+        text[i].text_length = strlen(values[i]);
+    }
+    if (n_text > 0) png_set_text(png, info, text, n_text);
+    for (int y = 0; y < height; y++) rows[y] = (png_bytep)rgb + (size_t)y * (size_t)width * 3;
+    png_set_rows(png, info, rows);
+    png_write_png(png, info, PNG_TRANSFORM_IDENTITY, NULL);
+    if (m.oom) { st = mmc_error(MMC_ERR_OOM, "%s: out of memory encoding the PNG", path); goto done; }
+    st = mmc_write_file_atomic(path, m.p, m.n);
+done:
+    png_destroy_write_struct(png ? &png : NULL, info ? &info : NULL);
+    free(text);
+    free(rows);
+    free(m.p);
+    return st;
+}

@@ -251,21 +251,9 @@ void mmc_flux_latent_ids(int64_t H, int64_t W, float *ids) {
 }
 
 /* ------------------------------------------------------------------ forward */
-/* diffusers' get_timestep_embedding(t, 256, flip_sin_to_cos=True, downscale_freq_shift=0), in
- * float32 as torch computes it: freqs exp(-ln(10000) * i / 128), args t * freqs, [cos, sin]. */
+/* Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0) */
 static mmc_tensor *timestep_proj(mmc_ctx *ctx, const float *t, int64_t B) {
-    const int half = 128;
-    mmc_tensor *e = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, 2 * half));
-    float *ed = e->data;
-    const float neg_log = (float)-log(10000.0);
-    for (int64_t b = 0; b < B; b++)
-        for (int i = 0; i < half; i++) {
-            const float ex = neg_log * (float)i / (float)half;
-            const float arg = t[b] * expf(ex);
-            ed[b * 2 * half + i] = cosf(arg);
-            ed[b * 2 * half + half + i] = sinf(arg);
-        }
-    return e;
+    return mmc_timestep_embedding(ctx, t, B, 256, true, 0.0, 1.0, 10000.0);
 }
 
 /* TimestepEmbedding / PixArtAlphaTextProjection(act silu): linear_2(silu(linear_1(x))) */
