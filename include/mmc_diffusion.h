@@ -155,6 +155,9 @@ mmc_status mmc_flux_load(const char *dir, bool trainable, mmc_flux **out);
 void mmc_flux_free(mmc_flux *m);
 const mmc_flux_config *mmc_flux_cfg(const mmc_flux *m);
 int64_t mmc_flux_param_count(const mmc_flux *m);
+/* Every linear under diffusers' module name ("transformer_blocks.0.attn.to_q"): for LoRA. */
+struct mmc_module_list;
+mmc_status mmc_flux_linears(mmc_flux *m, struct mmc_module_list *ml);
 
 typedef struct {
     mmc_tensor *hidden;        /* [B, S, in_channels] packed latents */

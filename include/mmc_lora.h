@@ -30,7 +30,7 @@ extern "C" {
 #define MMC_MODULE_NAME 128
 
 /* A model's linear modules and their HF module names (no ".weight"). */
-typedef struct {
+typedef struct mmc_module_list {
     mmc_linear_w **mods;
     char (*names)[MMC_MODULE_NAME];
     int n, cap;
@@ -78,6 +78,16 @@ mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *bas
 /* Read a PEFT LoRA adapter directory and attach it (trainable: adapter params require
  * grad). Every adapter module must exist in ml, else an error names the missing ones. */
 mmc_status mmc_lora_load(const char *dir, const mmc_module_list *ml, bool trainable, mmc_lora_set **out);
+
+/* diffusers' LoRA format for a pipeline component ("transformer"): dir/pytorch_lora_weights.safetensors
+ * with "<component>.<module>.lora_A.weight" / ".lora_B.weight" keys and the LoraConfig in the
+ * "lora_adapter_metadata" __metadata__ entry (keys "<component>.r", ".lora_alpha", ...), as
+ * save_lora_weights writes it and load_lora_weights reads it. Loading takes that directory or a
+ * .safetensors path; without metadata alpha = r (scale 1); weight multiplies the scale (as
+ * set_adapters' weights). One rank per file; DoRA and kohya-style keys are errors that say so. */
+mmc_status mmc_lora_save_diffusers(const mmc_lora_set *s, const char *dir, const char *component);
+mmc_status mmc_lora_load_diffusers(const char *path, const char *component, const mmc_module_list *ml, float weight,
+                                   bool trainable, mmc_lora_set **out);
 
 /* ---- inference on an adapter directory (no `mmc merge` needed)
  * True if dir holds a PEFT adapter (dir/adapter_config.json exists). */

@@ -8,6 +8,7 @@
  * and the loader's and forward's errors. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
+#include "mmc_lora.h"
 
 #include <unistd.h>
 
@@ -51,6 +52,74 @@ static void check_transformer(const char *name) {
     mmc_tensor *ts[] = {hid, enc, pooled, t, img, txt, g, want};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) mmc_tensor_free(ts[i]);
     mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_flux_free(m);
+}
+
+/* A diffusers LoRA (FluxPipeline.save_lora_weights, with metadata) on transformer_s: the velocity at
+ * adapter weight 1 and 0.5 (set_adapters) within 1e-4 of diffusers + PEFT; saved back by mmc in
+ * diffusers' layout and reloaded, the same output. */
+static mmc_tensor *lora_forward(mmc_ctx *ctx, mmc_flux *m, const mmc_st *exp) {
+    mmc_tensor *hid = fixture_tensor(exp, "hidden", MMC_F32), *enc = fixture_tensor(exp, "encoder", MMC_F32);
+    mmc_tensor *pooled = fixture_tensor(exp, "pooled", MMC_F32), *t = fixture_tensor(exp, "timestep", MMC_F32);
+    mmc_tensor *img = fixture_tensor(exp, "img_ids", MMC_F32), *txt = fixture_tensor(exp, "txt_ids", MMC_F32);
+    mmc_flux_inputs in = {.hidden = hid, .encoder = enc, .pooled = pooled, .timestep = t->data,
+                          .img_ids = img->data, .txt_ids = txt->data};
+    mmc_tensor *out = NULL;
+    CHECK_OK(mmc_flux_forward(ctx, m, &in, &out));
+    mmc_tensor *ts[] = {hid, enc, pooled, t, img, txt};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) mmc_tensor_free(ts[i]);
+    return out;
+}
+
+static void check_lora(void) {
+    mmc_flux *m = NULL;
+    CHECK_OK(mmc_flux_load("tests/fixtures/flux/transformer_s", false, &m));
+    mmc_st *in = fixture_open("flux/transformer_s/expected.safetensors"), *exp = fixture_open("flux/lora_s/expected.safetensors");
+    if (!m || !in || !exp) { mmc_flux_free(m); mmc_st_close(in); mmc_st_close(exp); return; }
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_module_list ml = {0};
+    CHECK_OK(mmc_flux_linears(m, &ml));
+    CHECK(ml.n == 6 + 14 + 6 + 2);   /* embedders, one double block, one single block, norm_out + proj_out */
+    static const float weights[2] = {1.0f, 0.5f};
+    static const char *const keys[2] = {"out", "out_half"};
+    mmc_lora_set *s = NULL;
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(mmc_lora_load_diffusers("tests/fixtures/flux/lora_s", "transformer", &ml, weights[k], false, &s));
+        if (!s) break;
+        CHECK(s->n == 12 && s->r == 4 && s->alpha == 8.0f);
+        mmc_tensor *out = lora_forward(ctx, m, in), *want = fixture_tensor(exp, keys[k], MMC_F32);
+        CHECK_CLOSE(out, want, TOL, 0, keys[k]);
+        printf("lora_s: weight %.1f max|diff| %.2e\n", weights[k], max_abs_diff(out, want));
+        if (k == 0) {   /* save in diffusers' layout, reload: identical output */
+            char tmp[] = "/tmp/mmc_flux_lora_XXXXXX";
+            MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+            CHECK_OK(mmc_lora_save_diffusers(s, tmp, "transformer"));
+            mmc_lora_free(s), s = NULL;
+            CHECK_OK(mmc_lora_load_diffusers(tmp, "transformer", &ml, 1.0f, false, &s));
+            mmc_tensor *again = lora_forward(ctx, m, in);
+            CHECK(max_abs_diff(again, out) == 0);
+            char cmd[300];
+            snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+            MMC_CHECK(system(cmd) == 0, "rm");
+        }
+        mmc_tensor_free(want);
+        mmc_lora_free(s), s = NULL;
+    }
+    /* an adapter for modules this model lacks names them */
+    mmc_flux *g = NULL;
+    CHECK_OK(mmc_flux_load("tests/fixtures/flux/transformer_g", false, &g));
+    mmc_module_list gl = {0};
+    if (g) CHECK_OK(mmc_flux_linears(g, &gl));
+    CHECK_ERR(mmc_lora_load_diffusers("tests/fixtures/flux/lora_s", "transformer", &gl, 1.0f, false, &s), MMC_ERR_NOT_FOUND);
+    CHECK(strstr(mmc_last_error(), "12 problems") && strstr(mmc_last_error(), "'proj_out': adapter for a [16, 16] weight, the module is [8, 36]"));
+    CHECK_ERR(mmc_lora_load_diffusers("tests/fixtures/flux/lora_s", "unet", &ml, 1.0f, false, &s), MMC_ERR_FORMAT);
+    mmc_module_list_free(&gl);
+    mmc_flux_free(g);
+    mmc_module_list_free(&ml);
+    mmc_ctx_free(ctx);
+    mmc_st_close(in);
     mmc_st_close(exp);
     mmc_flux_free(m);
 }
@@ -221,6 +290,7 @@ int main(int argc, char **argv) {
         check_transformer("transformer_g");
         check_transformer("transformer_s");
     }
+    if (test_part(argc, argv, "lora")) check_lora();
     if (test_part(argc, argv, "pipeline")) check_pipeline();
     if (test_part(argc, argv, "errors")) check_errors();
     return test_done("test_flux");

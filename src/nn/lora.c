@@ -649,3 +649,174 @@ done:
     mmc_st_close(base);
     return st;
 }
+
+/* ------------------------------------------------------------------ diffusers' LoRA files
+ * What diffusers' save_lora_weights writes and load_lora_weights reads for a pipeline
+ * component: one pytorch_lora_weights.safetensors with "<component>.<module>.lora_A.weight" /
+ * ".lora_B.weight" keys and, since diffusers 0.34, the LoraConfig as JSON in the
+ * "lora_adapter_metadata" entry of __metadata__, its keys prefixed "<component>." (sorted, indent
+ * 2, as json.dumps writes them). Without that entry the scale is 1 (alpha = r, diffusers'
+ * convention for adapters that carry no alphas). */
+#define DIFFUSERS_LORA_FILE "pytorch_lora_weights.safetensors"
+
+mmc_status mmc_lora_save_diffusers(const mmc_lora_set *s, const char *dir, const char *component) {
+    mmc_status st = make_dir(dir);
+    if (st) return st;
+    cJSON *j = cJSON_CreateObject();
+    char *text = NULL;
+    mmc_stw *w = mmc_stw_new();
+    if (!j || !w) { st = mmc_error(MMC_ERR_OOM, "LoRA: out of memory"); goto done; }
+    char key[320];
+    /* cJSON keeps insertion order: add them sorted, as json.dumps(sort_keys=True) does */
+    snprintf(key, sizeof key, "%s.bias", component);
+    cJSON_AddStringToObject(j, key, "none");
+    snprintf(key, sizeof key, "%s.lora_alpha", component);
+    if (s->alpha == floorf(s->alpha)) cJSON_AddNumberToObject(j, key, (double)(int64_t)s->alpha);
+    else cJSON_AddNumberToObject(j, key, s->alpha);
+    snprintf(key, sizeof key, "%s.lora_dropout", component);
+    cJSON_AddNumberToObject(j, key, (double)s->dropout);
+    snprintf(key, sizeof key, "%s.r", component);
+    cJSON_AddNumberToObject(j, key, s->r);
+    snprintf(key, sizeof key, "%s.target_modules", component);
+    cJSON *arr = cJSON_AddArrayToObject(j, key);    /* the adapted modules by full name */
+    for (int i = 0; i < s->n; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(s->names[i]));
+    snprintf(key, sizeof key, "%s.use_dora", component);
+    cJSON_AddFalseToObject(j, key);
+    snprintf(key, sizeof key, "%s.use_rslora", component);
+    cJSON_AddBoolToObject(j, key, s->use_rslora);
+    if (!(text = cJSON_Print(j))) { st = mmc_error(MMC_ERR_OOM, "LoRA: out of memory"); goto done; }
+    for (int i = 0; i < s->n && !st; i++) {
+        snprintf(key, sizeof key, "%s.%s.lora_A.weight", component, s->names[i]);
+        st = mmc_stw_add(w, key, s->adapters[i].A);
+        snprintf(key, sizeof key, "%s.%s.lora_B.weight", component, s->names[i]);
+        if (!st) st = mmc_stw_add(w, key, s->adapters[i].B);
+    }
+    if (!st) st = mmc_stw_set_metadata(w, "format", "pt");
+    if (!st) st = mmc_stw_set_metadata(w, "lora_adapter_metadata", text);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/" DIFFUSERS_LORA_FILE, dir);
+    if (!st) st = mmc_stw_write(w, path);
+done:
+    mmc_stw_free(w);
+    cJSON_Delete(j);
+    free(text);
+    return st;
+}
+
+mmc_status mmc_lora_load_diffusers(const char *path, const char *component, const mmc_module_list *ml, float weight,
+                                   bool trainable, mmc_lora_set **out) {
+    *out = NULL;
+    char file[1024];
+    size_t lp = strlen(path);
+    if (lp > 12 && !strcmp(path + lp - 12, ".safetensors")) snprintf(file, sizeof file, "%s", path);
+    else snprintf(file, sizeof file, "%s/" DIFFUSERS_LORA_FILE, path);
+    mmc_st *w = NULL;
+    mmc_status st = mmc_st_open(file, &w);
+    if (st) return st;
+    char pre[96], *errs = calloc(1, 4096);
+    snprintf(pre, sizeof pre, "%s.", component);
+    const size_t lpre = strlen(pre), lsuf = strlen(".lora_A.weight");
+    mmc_lora_set *s = set_new(ml->n);
+    cJSON *meta = NULL;
+    int bad = 0;
+    if (!s || !errs) { st = mmc_error(MMC_ERR_OOM, "LoRA: out of memory"); goto done; }
+    /* the rank from the first adapter, alpha and rsLoRA from the metadata when there is one */
+    s->r = 0;
+    for (int e = 0; e < mmc_st_count(w) && !s->r; e++) {
+        const mmc_st_entry *en = mmc_st_at(w, e);
+        size_t lk = strlen(en->name);
+        if (lk > lsuf && !strcmp(en->name + lk - lsuf, ".lora_A.weight") && en->ndim == 2) s->r = (int)en->shape[0];
+    }
+    if (!s->r) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: no <module>.lora_A.weight tensors: not a diffusers / PEFT LoRA file%s", file,
+                       mmc_st_count(w) && strstr(mmc_st_at(w, 0)->name, "lora_down")
+                           ? " (this is a kohya-style file with lora_down / lora_up keys; convert it with diffusers first)"
+                           : "");
+        goto done;
+    }
+    s->alpha = (float)s->r;
+    const char *mtext = mmc_st_metadata(w, "lora_adapter_metadata");
+    if (mtext) {
+        meta = cJSON_Parse(mtext);
+        if (!meta) { st = mmc_error(MMC_ERR_FORMAT, "%s: lora_adapter_metadata is not JSON", file); goto done; }
+        char key[160];
+        snprintf(key, sizeof key, "%slora_alpha", pre);
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(meta, key);
+        if (cJSON_IsNumber(a)) s->alpha = (float)a->valuedouble;
+        snprintf(key, sizeof key, "%suse_rslora", pre);
+        s->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, key));
+        static const char *const per_module[] = {"rank_pattern", "alpha_pattern"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(key, sizeof key, "%s%s", pre, per_module[k]);
+            const cJSON *pm = cJSON_GetObjectItemCaseSensitive(meta, key);
+            if (cJSON_IsObject(pm) && pm->child) {
+                st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: per-module ranks or alphas (%s) are not supported", file, key);
+                goto done;
+            }
+        }
+        snprintf(key, sizeof key, "%suse_dora", pre);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, key))) {
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: DoRA adapters (use_dora) are not supported", file);
+            goto done;
+        }
+    }
+    for (int e = 0; e < mmc_st_count(w); e++) {
+        const mmc_st_entry *en = mmc_st_at(w, e);
+        const char *k = en->name;
+        size_t lk = strlen(k);
+        if (lk <= lsuf || strcmp(k + lk - lsuf, ".lora_A.weight") != 0) continue;
+        if (strncmp(k, pre, lpre) != 0) continue;          /* another component's adapter (text encoder) */
+        char mod[256], kb[320];
+        snprintf(mod, sizeof mod, "%.*s", (int)(lk - lpre - lsuf), k + lpre);
+        snprintf(kb, sizeof kb, "%.*s.lora_B.weight", (int)(lk - lsuf), k);
+        int i = find_module(ml, mod);
+        const mmc_st_entry *eb = mmc_st_find(w, kb);
+        size_t u = strlen(errs);
+        if (i < 0) {
+            snprintf(errs + u, 4096 - u, "\n  adapter module '%s' is not a linear of this %s", mod, component);
+            bad++;
+            continue;
+        }
+        if (en->ndim != 2 || en->shape[0] != s->r || !eb || eb->ndim != 2 || eb->shape[1] != s->r) {
+            snprintf(errs + u, 4096 - u, "\n  '%s': rank differs from %d or lora_B is missing (one rank per file "
+                     "is supported)", mod, s->r);
+            bad++;
+            continue;
+        }
+        if (en->shape[1] != ml->mods[i]->in_features || eb->shape[0] != ml->mods[i]->out_features) {
+            snprintf(errs + u, 4096 - u, "\n  '%s': adapter for a [%lld, %lld] weight, the module is [%lld, %lld]", mod,
+                     (long long)eb->shape[0], (long long)en->shape[1], (long long)ml->mods[i]->out_features,
+                     (long long)ml->mods[i]->in_features);
+            bad++;
+            continue;
+        }
+        if ((st = add_adapter(s, ml->mods[i], ml->names[i], i, trainable))) goto done;
+        mmc_lora *a = &s->adapters[s->n - 1];
+        if ((st = mmc_st_read_into(w, k, a->A)) || (st = mmc_st_read_into(w, kb, a->B))) {
+            st = mmc_error_prefix(st, "%s", file);
+            goto done;
+        }
+        a->scale *= weight;                                 /* set_adapters(weights=...) */
+    }
+    if (bad) {
+        st = mmc_error(MMC_ERR_NOT_FOUND, "%s: %d problem%s:%s", file, bad, bad > 1 ? "s" : "", errs);
+        goto done;
+    }
+    if (s->n == 0) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: no '%s*.lora_A.weight' tensors (an adapter for another component?)", file,
+                       pre);
+        goto done;
+    }
+    const char **t = malloc(sizeof *t * (size_t)s->n);
+    if (!t) { st = mmc_error(MMC_ERR_OOM, "LoRA: out of memory"); goto done; }
+    for (int i = 0; i < s->n; i++) t[i] = s->names[i];
+    st = copy_targets(s, t, s->n);
+    free(t);
+done:
+    cJSON_Delete(meta);
+    free(errs);
+    mmc_st_close(w);
+    if (st) { mmc_lora_free(s); return st; }
+    *out = s;
+    return MMC_OK;
+}

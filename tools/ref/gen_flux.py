@@ -8,6 +8,8 @@
   [2, 12], timestep, guidance, img_ids [6, 3], txt_ids [5, 3]) and the output [2, 6, 8].
 * transformer_s/: FLUX.1-schnell-shaped (no guidance embedder), 1 + 1 blocks, weights stored bf16;
   the expected output is diffusers running those weights upcast to f32.
+* lora_s/: a LoRA on transformer_s as FluxPipeline.save_lora_weights writes it (with the adapter metadata
+  the training scripts attach), and the transformer's output with it at weight 1 and 0.5.
 * pipe/: a whole FluxPipeline directory (tiny CLIP, T5, AutoencoderKL with 4 latent channels,
   the scheduler with dynamic shifting, a guidance-distilled transformer); expected.safetensors holds
   prompt_embeds / pooled_prompt_embeds from encode_prompt (and the negative prompt's), the injected packed latents, and the images
@@ -78,6 +80,33 @@ transformer_case("transformer_s", dict(patch_size=1, in_channels=16, num_layers=
                                        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=20,
                                        pooled_projection_dim=12, guidance_embeds=False, axes_dims_rope=(2, 2, 4)),
                  2, torch.bfloat16, False)
+
+# ---------------------------------------------------------------- a LoRA as diffusers saves it
+# transformer_s with a PEFT adapter (r 4, alpha 8, on attention and MLP projections of both block
+# kinds), lora_B randomised so it acts; written by FluxPipeline.save_lora_weights with its metadata.
+from peft import LoraConfig
+from peft.utils import get_peft_model_state_dict
+
+tr = FluxTransformer2DModel.from_pretrained(os.path.join(OUT, "transformer_s"), torch_dtype=torch.float32).eval()
+targets = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp", "proj_out", "ff.net.2"]
+tr.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=True))
+with torch.no_grad():
+    for n, p in tr.named_parameters():
+        if "lora_B" in n:
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+d = os.path.join(OUT, "lora_s")
+from diffusers.training_utils import _collate_lora_metadata  # noqa: E402 (the metadata the training scripts write)
+FluxPipeline.save_lora_weights(d, transformer_lora_layers=get_peft_model_state_dict(tr),
+                               **_collate_lora_metadata({"transformer": tr}))
+ref = {k: v for k, v in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
+    os.path.join(OUT, "transformer_s", "expected.safetensors")).items()}
+with torch.no_grad():
+    out = tr(hidden_states=ref["hidden"], encoder_hidden_states=ref["encoder"], pooled_projections=ref["pooled"],
+             timestep=ref["timestep"], img_ids=ref["img_ids"], txt_ids=ref["txt_ids"], return_dict=False)[0]
+    tr.set_adapters(["default_0"] if "default_0" in tr.peft_config else list(tr.peft_config), weights=[0.5])
+    half = tr(hidden_states=ref["hidden"], encoder_hidden_states=ref["encoder"], pooled_projections=ref["pooled"],
+              timestep=ref["timestep"], img_ids=ref["img_ids"], txt_ids=ref["txt_ids"], return_dict=False)[0]
+save_file({"out": out.contiguous(), "out_half": half.contiguous()}, os.path.join(d, "expected.safetensors"))
 
 # ---------------------------------------------------------------- a whole pipeline
 tmp = os.path.join(OUT, "_tok")

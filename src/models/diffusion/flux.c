@@ -201,6 +201,57 @@ fail:
 const mmc_flux_config *mmc_flux_cfg(const mmc_flux *m) { return &m->cfg; }
 int64_t mmc_flux_param_count(const mmc_flux *m) { return mw_count(&m->w); }
 
+/* Every projection under diffusers' module name ("transformer_blocks.0.attn.to_q", ...), the
+ * names LoRA targets and diffusers' adapter files use. */
+mmc_status mmc_flux_linears(mmc_flux *m, mmc_module_list *ml) {
+    const mmc_flux_config *c = &m->cfg;
+    mmc_status st = MMC_OK;
+    char nm[MMC_MODULE_NAME];
+#define ADD(l, ...) do { snprintf(nm, sizeof nm, __VA_ARGS__); if (!st) st = mmc_module_list_add(ml, (l), nm); } while (0)
+    ADD(&m->x_embedder, "x_embedder");
+    ADD(&m->context_embedder, "context_embedder");
+    ADD(&m->t_lin1, "time_text_embed.timestep_embedder.linear_1");
+    ADD(&m->t_lin2, "time_text_embed.timestep_embedder.linear_2");
+    if (c->guidance_embeds) {
+        ADD(&m->g_lin1, "time_text_embed.guidance_embedder.linear_1");
+        ADD(&m->g_lin2, "time_text_embed.guidance_embedder.linear_2");
+    }
+    ADD(&m->p_lin1, "time_text_embed.text_embedder.linear_1");
+    ADD(&m->p_lin2, "time_text_embed.text_embedder.linear_2");
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        flux_block *b = &m->blocks[i];
+        const long long k = (long long)i;
+        ADD(&b->norm1, "transformer_blocks.%lld.norm1.linear", k);
+        ADD(&b->norm1_ctx, "transformer_blocks.%lld.norm1_context.linear", k);
+        ADD(&b->to_q, "transformer_blocks.%lld.attn.to_q", k);
+        ADD(&b->to_k, "transformer_blocks.%lld.attn.to_k", k);
+        ADD(&b->to_v, "transformer_blocks.%lld.attn.to_v", k);
+        ADD(&b->to_out, "transformer_blocks.%lld.attn.to_out.0", k);
+        ADD(&b->add_q, "transformer_blocks.%lld.attn.add_q_proj", k);
+        ADD(&b->add_k, "transformer_blocks.%lld.attn.add_k_proj", k);
+        ADD(&b->add_v, "transformer_blocks.%lld.attn.add_v_proj", k);
+        ADD(&b->to_add_out, "transformer_blocks.%lld.attn.to_add_out", k);
+        ADD(&b->ff_in, "transformer_blocks.%lld.ff.net.0.proj", k);
+        ADD(&b->ff_out, "transformer_blocks.%lld.ff.net.2", k);
+        ADD(&b->ffc_in, "transformer_blocks.%lld.ff_context.net.0.proj", k);
+        ADD(&b->ffc_out, "transformer_blocks.%lld.ff_context.net.2", k);
+    }
+    for (int64_t i = 0; i < c->num_single_layers; i++) {
+        flux_single *sb = &m->singles[i];
+        const long long k = (long long)i;
+        ADD(&sb->norm, "single_transformer_blocks.%lld.norm.linear", k);
+        ADD(&sb->to_q, "single_transformer_blocks.%lld.attn.to_q", k);
+        ADD(&sb->to_k, "single_transformer_blocks.%lld.attn.to_k", k);
+        ADD(&sb->to_v, "single_transformer_blocks.%lld.attn.to_v", k);
+        ADD(&sb->proj_mlp, "single_transformer_blocks.%lld.proj_mlp", k);
+        ADD(&sb->proj_out, "single_transformer_blocks.%lld.proj_out", k);
+    }
+    ADD(&m->norm_out, "norm_out.linear");
+    ADD(&m->proj_out, "proj_out");
+#undef ADD
+    return st;
+}
+
 /* ------------------------------------------------------------------ latent layout */
 mmc_tensor *mmc_flux_pack_latents(mmc_ctx *ctx, const mmc_tensor *z) {
     MMC_CHECK(z->ndim == 4 && z->dtype == MMC_F32 && mmc_is_contiguous(z) && z->shape[2] % 2 == 0 &&
