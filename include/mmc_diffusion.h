@@ -267,6 +267,33 @@ void mmc_fm_step(const mmc_fm_scheduler *s, int i, const float *model_output, fl
 void mmc_fm_scale_noise(const mmc_fm_scheduler *s, int i, float *sample, const float *noise,
                         int64_t n_elem);
 
+/* ---------------------------------------------------------------- flow-matching training
+ * The objective of diffusers' SD3 / Flux training scripts (src/train/flow_matching.c). One
+ * --weighting_scheme picks both the timestep density (logit_normal, mode, else uniform) and
+ * the loss weighting (sigma_sqrt, cosmap, else 1), as diffusers' training_utils does. */
+typedef enum { MMC_FM_NONE, MMC_FM_LOGIT_NORMAL, MMC_FM_MODE, MMC_FM_SIGMA_SQRT, MMC_FM_COSMAP } mmc_fm_scheme;
+mmc_status mmc_fm_scheme_parse(const char *s, const char *what, mmc_fm_scheme *out);
+/* compute_density_for_timestep_sampling: n values of u in [0, 1]. */
+void mmc_fm_sample_u(mmc_fm_scheme scheme, double logit_mean, double logit_std, double mode_scale, mmc_rng *r, int n,
+                     float *u);
+/* compute_loss_weighting_for_sd3 at sigma. */
+float mmc_fm_loss_weight(mmc_fm_scheme scheme, float sigma);
+/* index = (u * num_train_timesteps).long() into the scheduler's __init__ schedule: its sigma and
+ * timestep (sigma * num_train_timesteps), as the scripts' get_sigmas finds them. */
+void mmc_fm_train_sigma(const mmc_fm_config *c, float u, float *sigma, float *timestep);
+
+typedef struct {
+    const mmc_tensor *latents;        /* [B, C, h, w] x0: VAE latents, (z - shift) * scaling */
+    const mmc_tensor *noise;          /* [B, C, h, w] */
+    const float *sigmas, *timesteps;  /* [B] each, from mmc_fm_train_sigma */
+    mmc_tensor *prompt_embeds;        /* [B, T, joint_attention_dim] */
+    mmc_tensor *pooled;               /* [B, pooled_projection_dim] */
+    double guidance;                  /* for guidance-embedding models (the scripts' --guidance_scale) */
+    mmc_fm_scheme weighting;
+} mmc_flux_fm_batch;
+/* The scalar loss of one micro-batch, on the tape in grad mode. */
+mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *b, mmc_tensor **loss);
+
 #ifdef __cplusplus
 }
 #endif

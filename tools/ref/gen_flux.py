@@ -10,6 +10,9 @@
   the expected output is diffusers running those weights upcast to f32.
 * lora_s/: a LoRA on transformer_s as FluxPipeline.save_lora_weights writes it (with the adapter metadata
   the training scripts attach), and the transformer's output with it at weight 1 and 0.5.
+* train_lora/: 20 steps of flow-matching LoRA training on transformer_s as diffusers' Flux LoRA script
+  runs them (fixed latents, noise and timestep draws; cosmap weighting; gradient clipping 1.0; AdamW):
+  initial.safetensors / final.safetensors adapters, every step's inputs, loss and grad norm.
 * pipe/: a whole FluxPipeline directory (tiny CLIP, T5, AutoencoderKL with 4 latent channels,
   the scheduler with dynamic shifting, a guidance-distilled transformer); expected.safetensors holds
   prompt_embeds / pooled_prompt_embeds from encode_prompt (and the negative prompt's), the injected packed latents, and the images
@@ -107,6 +110,63 @@ with torch.no_grad():
     half = tr(hidden_states=ref["hidden"], encoder_hidden_states=ref["encoder"], pooled_projections=ref["pooled"],
               timestep=ref["timestep"], img_ids=ref["img_ids"], txt_ids=ref["txt_ids"], return_dict=False)[0]
 save_file({"out": out.contiguous(), "out_half": half.contiguous()}, os.path.join(d, "expected.safetensors"))
+
+# ---------------------------------------------------------------- flow-matching training parity
+# 20 steps of LoRA training on transformer_s (bf16 base weights, upcast) exactly as train_dreambooth_lora_flux.py's loop runs
+# them (pack, transformer(t / 1000), cosmap weighting, mean of squares, clip_grad_norm_
+# 1.0, AdamW lr 1e-3 / wd 1e-4), with the timestep draws u, the noise and the latents fixed here;
+# sigmas from the scheduler's __init__ schedule through get_sigmas' lookup. Saved: the initial
+# adapter (save_lora_weights), every step's inputs, its loss and grad norm, and the final adapter.
+import math
+from diffusers.training_utils import compute_loss_weighting_for_sd3
+
+tr = FluxTransformer2DModel.from_pretrained(os.path.join(OUT, "transformer_s"), torch_dtype=torch.float32)
+tr.requires_grad_(False)
+torch.manual_seed(11)
+tr.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian",
+                          target_modules=["to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "to_add_out", "proj_mlp"]))
+d = os.path.join(OUT, "train_lora")
+FluxPipeline.save_lora_weights(d, transformer_lora_layers=get_peft_model_state_dict(tr),
+                               **_collate_lora_metadata({"transformer": tr}))
+os.rename(os.path.join(d, "pytorch_lora_weights.safetensors"), os.path.join(d, "initial.safetensors"))
+sched = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)   # SD3-style: shifted sigmas
+params = [p for p in tr.parameters() if p.requires_grad]
+opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), weight_decay=1e-4, eps=1e-8)
+B, C, h, w, T, STEPS = 2, 4, 4, 6, 5, 20
+cond = {"prompt_embeds": torch.randn(B, T, 20, generator=g), "pooled": torch.randn(B, 12, generator=g)}
+tr_exp = dict(cond)
+text_ids = torch.zeros(T, 3)
+img = FluxPipeline._prepare_latent_image_ids(B, h // 2, w // 2, "cpu", torch.float32)
+tr.train()
+for step in range(STEPS):
+    x0 = torch.randn(B, C, h, w, generator=g)
+    noise = torch.randn(B, C, h, w, generator=g)
+    u = torch.rand(B, generator=g)
+    indices = (u * sched.config.num_train_timesteps).long()
+    timesteps = sched.timesteps[indices]
+    sigmas = torch.stack([sched.sigmas[(sched.timesteps == t).nonzero().item()] for t in timesteps])
+    sig = sigmas.reshape(B, 1, 1, 1)
+    noisy = (1.0 - sig) * x0 + sig * noise
+    packed = FluxPipeline._pack_latents(noisy, B, C, h, w)
+    pred = tr(hidden_states=packed, timestep=timesteps / 1000, guidance=None,
+              pooled_projections=cond["pooled"], encoder_hidden_states=cond["prompt_embeds"], txt_ids=text_ids,
+              img_ids=img, return_dict=False)[0]
+    pred = FluxPipeline._unpack_latents(pred, height=h * 8, width=w * 8, vae_scale_factor=8)
+    weighting = compute_loss_weighting_for_sd3(weighting_scheme="cosmap", sigmas=sig)
+    target = noise - x0
+    loss = torch.mean((weighting.float() * (pred.float() - target.float()) ** 2).reshape(B, -1), 1).mean()
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    opt.zero_grad()
+    tr_exp.update({f"x0_{step}": x0, f"noise_{step}": noise, f"u_{step}": u, f"sigmas_{step}": sigmas,
+                   f"timesteps_{step}": timesteps, f"loss_{step}": loss.detach().reshape(1),
+                   f"grad_norm_{step}": gn.detach().reshape(1)})
+save_file({k: v.contiguous() for k, v in tr_exp.items()}, os.path.join(d, "expected.safetensors"))
+FluxPipeline.save_lora_weights(d, transformer_lora_layers=get_peft_model_state_dict(tr))
+os.rename(os.path.join(d, "pytorch_lora_weights.safetensors"), os.path.join(d, "final.safetensors"))
+with open(os.path.join(d, "scheduler_config.json"), "w") as f:
+    json.dump(dict(sched.config), f, indent=2, sort_keys=True)
 
 # ---------------------------------------------------------------- a whole pipeline
 tmp = os.path.join(OUT, "_tok")
