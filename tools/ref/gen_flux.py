@@ -17,13 +17,21 @@
   the scheduler with dynamic shifting, a guidance-distilled transformer); expected.safetensors holds
   prompt_embeds / pooled_prompt_embeds from encode_prompt (and the negative prompt's), the injected packed latents, and the images
   (output_type="pt", [B, 3, H, W] in [0, 1]) of two runs: (a) 3 steps, guidance 3.5, batch 2;
-  (b) 2 steps, true CFG 1.5 with a negative prompt; plus the token ids of both tokenizers.
+  (b) 2 steps, true CFG 1.5 with a negative prompt; plus the token ids of both tokenizers. Run (b) also as
+  the PNG diffusers saves (cli_expected.png) from cli_latents.safetensors, for `mmc generate-image`.
 
 Run: .venv-ref/bin/python tools/ref/gen_flux.py
 """
 import json
 import os
 import shutil
+import sys
+
+# set iteration order reaches the files (PEFT's target_modules, diffusers' _use_default_values):
+# fix the hash seed so a regeneration is byte-identical
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch
 from safetensors.torch import save_file
@@ -92,6 +100,7 @@ from peft.utils import get_peft_model_state_dict
 
 tr = FluxTransformer2DModel.from_pretrained(os.path.join(OUT, "transformer_s"), torch_dtype=torch.float32).eval()
 targets = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp", "proj_out", "ff.net.2"]
+torch.manual_seed(10)                     # PEFT draws lora_A from the global generator
 tr.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=True))
 with torch.no_grad():
     for n, p in tr.named_parameters():
@@ -165,8 +174,7 @@ for step in range(STEPS):
 save_file({k: v.contiguous() for k, v in tr_exp.items()}, os.path.join(d, "expected.safetensors"))
 FluxPipeline.save_lora_weights(d, transformer_lora_layers=get_peft_model_state_dict(tr))
 os.rename(os.path.join(d, "pytorch_lora_weights.safetensors"), os.path.join(d, "final.safetensors"))
-with open(os.path.join(d, "scheduler_config.json"), "w") as f:
-    json.dump(dict(sched.config), f, indent=2, sort_keys=True)
+sched.save_config(d)
 
 # ---------------------------------------------------------------- a whole pipeline
 tmp = os.path.join(OUT, "_tok")
@@ -240,5 +248,9 @@ with torch.no_grad():
     exp["image_b"] = pipe(prompt=prompts[0], negative_prompt=neg, true_cfg_scale=1.5, height=H, width=W,
                           num_inference_steps=2, guidance_scale=2.0, latents=lat, max_sequence_length=MAXLEN,
                           output_type="pt").images
+    # the CLI case: run b as a PNG (output_type="pil", saved by PIL), its latents in their own file
+    save_file({"latents": lat.contiguous()}, os.path.join(d, "cli_latents.safetensors"))
+    pipe(prompt=prompts[0], negative_prompt=neg, true_cfg_scale=1.5, height=H, width=W, num_inference_steps=2,
+         guidance_scale=2.0, latents=lat, max_sequence_length=MAXLEN).images[0].save(os.path.join(d, "cli_expected.png"))
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
 print("flux fixtures (diffusers %s) in %s" % (diffusers.__version__, OUT))
