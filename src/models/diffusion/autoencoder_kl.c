@@ -243,6 +243,7 @@ static void bind_all(binder *b) {
 void mmc_vae_free(mmc_vae *v) {
     if (!v) return;
     mw_close(&v->w);
+    for (int i = 0; i < MMC_VAE_MAX_LEVELS; i++) free(v->enc.levels[i].res), free(v->dec.levels[i].res);
     free(v);
 }
 
