@@ -72,7 +72,17 @@ typedef struct {
     int64_t bucket_window;     /* padded: length-sorting window (0: 16 x micro; 1 keeps file order
                                   when shuffle is off) */
     bool add_vision_id;
+    int64_t resolution;        /* diffusion: images resized (shorter side) and centre-cropped to this */
 } mmc_data_cfg;
+
+/* Diffusion training (model.path a diffusers FluxPipeline folder): diffusers' training-script
+ * options of the same names. */
+typedef struct {
+    char *weighting_scheme;           /* none | logit_normal | mode | sigma_sqrt | cosmap */
+    double logit_mean, logit_std, mode_scale;
+    double guidance;                  /* guidance-embedding models: the scripts' --guidance_scale */
+    int64_t max_sequence_length;      /* T5 tokens */
+} mmc_flow_matching_cfg;
 
 typedef struct {
     int64_t data_parallel, tensor_parallel, pipeline_parallel, zero;
@@ -102,6 +112,7 @@ typedef struct {
     mmc_parallel_cfg parallel;
     mmc_optimizer_cfg optimizer;
     mmc_training_cfg training;
+    mmc_flow_matching_cfg flow_matching;
     char *file;                       /* the YAML path (for messages) */
 } mmc_run_config;
 

@@ -155,6 +155,8 @@ mmc_status mmc_flux_load(const char *dir, bool trainable, mmc_flux **out);
 void mmc_flux_free(mmc_flux *m);
 const mmc_flux_config *mmc_flux_cfg(const mmc_flux *m);
 int64_t mmc_flux_param_count(const mmc_flux *m);
+/* Every parameter and its checkpoint name (the optimizer's and a checkpoint's view). */
+int mmc_flux_param_list(mmc_flux *m, mmc_tensor ***params, const char *const **names);
 /* Every linear under diffusers' module name ("transformer_blocks.0.attn.to_q"): for LoRA. */
 struct mmc_module_list;
 mmc_status mmc_flux_linears(mmc_flux *m, struct mmc_module_list *ml);
@@ -216,6 +218,9 @@ mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_co
 mmc_status mmc_flux_decode(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor *latents, int height, int width,
                            bool tiled, mmc_tensor **image);
 void mmc_flux_pipeline_release_transformer(mmc_flux_pipeline *p);
+/* A diffusers LoRA (a folder with pytorch_lora_weights.safetensors, or the file) on the
+ * transformer, applied unmerged at scale weight x alpha / r. One adapter at a time. */
+mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, float weight);
 
 /* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
  * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same

@@ -118,6 +118,22 @@ mmc_status mmc_clip_tokenizer_encode(const mmc_clip_tokenizer *t, const char *te
 mmc_status mmc_clip_tokenizer_encode_padded(const mmc_clip_tokenizer *t, const char *text, int max_length,
                                             int32_t *ids, int32_t *mask, int *n_real);
 
+/* ---------------------------------------------------------------- T5 tokenizer
+ * T5's SentencePiece Unigram from a tokenizer.json as transformers' T5TokenizerFast writes it:
+ * added tokens split off, the normalizer, Metaspace, Unigram Viterbi, [$A </s>]. See
+ * src/tokenizer/t5_unigram.c. Ids equal HF tokenizers'. */
+typedef struct mmc_t5_tokenizer mmc_t5_tokenizer;
+
+/* dir: a tokenizer folder (tokenizer.json, tokenizer_config.json for pad_token) or a tokenizer.json. */
+mmc_status mmc_t5_tokenizer_load(const char *dir, mmc_t5_tokenizer **out);
+void mmc_t5_tokenizer_free(mmc_t5_tokenizer *t);
+void mmc_t5_tokenizer_special_ids(const mmc_t5_tokenizer *t, int32_t *eos, int32_t *pad, int32_t *unk);
+/* tokenizer(text).input_ids (</s> appended) into ids[cap]; MMC_ERR_INVALID when they do not fit. */
+mmc_status mmc_t5_tokenizer_encode(const mmc_t5_tokenizer *t, const char *text, int32_t *ids, int cap, int *n);
+/* tokenizer(text, padding="max_length", max_length=L, truncation=True): ids[L], mask[L] (may be NULL). */
+mmc_status mmc_t5_tokenizer_encode_padded(const mmc_t5_tokenizer *t, const char *text, int max_length, int32_t *ids,
+                                          int32_t *mask, int *n_real);
+
 #ifdef __cplusplus
 }
 #endif

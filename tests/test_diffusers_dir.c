@@ -22,11 +22,11 @@ static void check_read(void) {
     const mmc_diffusers_component *ie = mmc_diffusers_find(&d, "image_encoder"), *tk = mmc_diffusers_find(&d, "tokenizer_2");
     CHECK(vae && vae->present && vae->kind == MMC_DCOMP_VAE && vae->mmc_implements && !strcmp(vae->class_name, "AutoencoderKL"));
     CHECK(vae && vae->n_dtypes == 1 && vae->dtypes[0] == MMC_BF16);
-    CHECK(tr && tr->kind == MMC_DCOMP_TRANSFORMER && !tr->mmc_implements && tr->n_dtypes == 1 && tr->dtypes[0] == MMC_F16);
+    CHECK(tr && tr->kind == MMC_DCOMP_TRANSFORMER && tr->mmc_implements && tr->n_dtypes == 1 && tr->dtypes[0] == MMC_F16);
     CHECK(te && !strcmp(te->library, "transformers") && !strcmp(te->class_name, "T5EncoderModel") &&
           te->dtypes[0] == MMC_F32 && te->n_params > 0 && strstr(te->weights, "model.safetensors"));
     CHECK(sc && sc->kind == MMC_DCOMP_SCHEDULER && sc->mmc_implements && sc->n_params == 0 && !sc->weights[0]);
-    CHECK(tk && tk->kind == MMC_DCOMP_TOKENIZER && tk->n_params == 0);
+    CHECK(tk && tk->kind == MMC_DCOMP_TOKENIZER && tk->mmc_implements && tk->n_params == 0);
     CHECK(ie && !ie->present);
     CHECK(mmc_diffusers_find(&d, "unet") == NULL);
     /* the components load from their folders; the parameter counts agree */
@@ -36,6 +36,11 @@ static void check_read(void) {
     CHECK_OK(mmc_vae_load(p, &v));
     if (v && vae) CHECK(mmc_vae_param_count(v) == vae->n_params);
     mmc_vae_free(v);
+    mmc_diffusers_path(&d, "transformer", "", p, sizeof p);   /* an f16 checkpoint, computed in f32 */
+    mmc_flux *fx = NULL;
+    CHECK_OK(mmc_flux_load(p, false, &fx));
+    if (fx && tr) CHECK(mmc_flux_param_count(fx) == tr->n_params);
+    mmc_flux_free(fx);
     mmc_diffusers_path(&d, "scheduler", "", p, sizeof p);
     mmc_fm_scheduler s;
     CHECK_OK(mmc_fm_load(p, &s));

@@ -9,6 +9,7 @@
 #include "test_util.h"
 #include "mmc_diffusion.h"
 #include "mmc_lora.h"
+#include "mmc_encoders.h"
 #include "mmc_train.h"
 
 #include <unistd.h>
@@ -331,6 +332,38 @@ static void check_pipeline(void) {
     mmc_ctx *ctx = mmc_ctx_new();
     mmc_tensor *pe = fixture_tensor(exp, "prompt_embeds", MMC_F32), *pp = fixture_tensor(exp, "pooled_prompt_embeds", MMC_F32);
     mmc_flux_cond cond = {pe, pp};
+    /* both tokenizers as the pipeline calls them, then encode_prompt, against diffusers */
+    static const char *const prompts[3] = {"a red circle on the left", "a big blue square", "green"};
+    mmc_clip_tokenizer *ct = NULL;
+    mmc_t5_tokenizer *tt = NULL;
+    CHECK_OK(mmc_clip_tokenizer_load("tests/fixtures/flux/pipe/tokenizer", &ct));
+    CHECK_OK(mmc_t5_tokenizer_load("tests/fixtures/flux/pipe/tokenizer_2", &tt));
+    for (int i = 0; ct && tt && i < 3; i++) {
+        char k[32];
+        int32_t ids[77];
+        snprintf(k, sizeof k, "clip_ids%d", i);
+        mmc_tensor *want = fixture_tensor(exp, k, MMC_I32);
+        CHECK_OK(mmc_clip_tokenizer_encode_padded(ct, prompts[i], 77, ids, NULL, NULL));
+        CHECK(!memcmp(ids, want->data, sizeof ids));
+        mmc_tensor_free(want);
+        snprintf(k, sizeof k, "t5_ids%d", i);
+        want = fixture_tensor(exp, k, MMC_I32);
+        CHECK_OK(mmc_t5_tokenizer_encode_padded(tt, prompts[i], 16, ids, NULL, NULL));
+        CHECKF(!memcmp(ids, want->data, 16 * sizeof *ids), "T5 ids of '%s'", prompts[i]);
+        mmc_tensor_free(want);
+    }
+    mmc_clip_tokenizer_free(ct);
+    mmc_t5_tokenizer_free(tt);
+    mmc_flux_cond enc = {0};
+    CHECK_OK(mmc_flux_encode_prompt(ctx, p, prompts, 2, 16, &enc));
+    if (enc.prompt_embeds) {
+        CHECK(mmc_same_shape(enc.prompt_embeds, pe) && mmc_same_shape(enc.pooled, pp));
+        CHECK_CLOSE(enc.prompt_embeds, pe, TOL, 0, "encode_prompt: T5 prompt_embeds");
+        CHECK_CLOSE(enc.pooled, pp, TOL, 0, "encode_prompt: CLIP pooled");
+        printf("encode_prompt: prompt_embeds max|diff| %.2e, pooled %.2e\n", max_abs_diff(enc.prompt_embeds, pe),
+               max_abs_diff(enc.pooled, pp));
+    }
+    mmc_flux_cond_free(&enc);
     mmc_tensor *lat = fixture_tensor(exp, "latents_a", MMC_F32), *want = fixture_tensor(exp, "image_a", MMC_F32);
     mmc_flux_sample_opts o = {.height = 32, .width = 48, .steps = 3, .guidance = 3.5, .progress = on_progress};
     CHECK_OK(mmc_flux_sample(ctx, p, &cond, NULL, lat, &o));

@@ -16,6 +16,7 @@
  * released before the next. */
 #include "mmc_diffusion.h"
 #include "flux_pipeline_internal.h"
+#include "mmc_lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -67,6 +68,7 @@ fail:
 
 void mmc_flux_pipeline_free(mmc_flux_pipeline *p) {
     if (!p) return;
+    mmc_lora_free(p->lora);          /* detaches from the transformer, so before it goes */
     mmc_flux_free(p->transformer);
     mmc_vae_free(p->vae);
     mmc_fm_free(&p->sched);
@@ -187,6 +189,21 @@ mmc_status mmc_flux_decode(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor 
 
 /* Unload the transformer (the VAE decodes with it gone: peak memory is the larger of the two). */
 void mmc_flux_pipeline_release_transformer(mmc_flux_pipeline *p) {
+    mmc_lora_free(p->lora);
+    p->lora = NULL;
     mmc_flux_free(p->transformer);
     p->transformer = NULL;
+}
+
+mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, float weight) {
+    if (p->lora)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported (merge the others first)",
+                         path);
+    mmc_status st;
+    if (!p->transformer && (st = mmc_flux_load(p->comp_dir[C_TRANSFORMER], false, &p->transformer))) return st;
+    mmc_module_list ml = {0};
+    st = mmc_flux_linears(p->transformer, &ml);
+    if (!st) st = mmc_lora_load_diffusers(path, "transformer", &ml, weight, false, &p->lora);
+    mmc_module_list_free(&ml);
+    return st;
 }

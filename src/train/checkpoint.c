@@ -311,7 +311,10 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
     }
     mmc_checkpoint_tmp_dir(t, token, tmp, sizeof tmp);
     snprintf(final, sizeof final, "%s/checkpoint-%lld", out, (long long)t->step);
-    if (t->lora) {
+    if (t->flux) {
+        /* diffusers' layouts: the LoRA file load_lora_weights reads, or the transformer folder */
+        if ((st = mmc_trainer_flux_save(t, tmp))) goto fail;
+    } else if (t->lora) {
         /* PEFT's checkpoint layout: the adapters only (the base is model.path; `mmc merge`
          * folds them into it, and mmc eval/generate/forward load it as base + adapter). The
          * base is recorded as an absolute path, as PEFT records the path it was given, so

@@ -4,6 +4,7 @@
  * tensor and pipeline parallel 1, ...). Every error names file:line and the dotted key;
  * unknown keys get the closest valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
 #include "mmc_config.h"
+#include "mmc_diffusion.h"
 #include "mmc_image.h"
 #include "mmc_train.h"
 
@@ -71,6 +72,18 @@ static const mmc_cfg_field k_data[] = {
     F(mmc_data_cfg, bucket_window, MMC_CFG_INT, 0, 1e7, NULL, NULL,
       "padded: samples sorted by length per window (0: 16 x micro_batch_size; 1: file order)"),
     F(mmc_data_cfg, add_vision_id, MMC_CFG_BOOL, U, NULL, NULL, "'Picture k: ' before each image (chat template)"),
+    F(mmc_data_cfg, resolution, MMC_CFG_INT, 16, 1 << 16, NULL, NULL,
+      "diffusion: training image size (shorter side resized, then centre-cropped square)"),
+    {0},
+};
+static const mmc_cfg_field k_flow_matching[] = {
+    F(mmc_flow_matching_cfg, weighting_scheme, MMC_CFG_STR, U, NULL, NULL,
+      "timestep density and loss weight: none | logit_normal | mode | sigma_sqrt | cosmap"),
+    F(mmc_flow_matching_cfg, logit_mean, MMC_CFG_FLOAT, -100, 100, NULL, NULL, "logit_normal: mean"),
+    F(mmc_flow_matching_cfg, logit_std, MMC_CFG_FLOAT, 0, 100, NULL, NULL, "logit_normal: std"),
+    F(mmc_flow_matching_cfg, mode_scale, MMC_CFG_FLOAT, -100, 100, NULL, NULL, "mode: scale"),
+    F(mmc_flow_matching_cfg, guidance, MMC_CFG_FLOAT, 0, 1000, NULL, NULL, "guidance value of guidance-embedding models"),
+    F(mmc_flow_matching_cfg, max_sequence_length, MMC_CFG_INT, 1, 4096, NULL, NULL, "T5 tokens per caption"),
     {0},
 };
 static const mmc_cfg_field k_parallel[] = {
@@ -112,6 +125,8 @@ static const mmc_cfg_field k_root[] = {
     F(mmc_run_config, parallel, MMC_CFG_SECTION, U, NULL, k_parallel, "how to split it"),
     F(mmc_run_config, optimizer, MMC_CFG_SECTION, U, NULL, k_optimizer, "how to update"),
     F(mmc_run_config, training, MMC_CFG_SECTION, U, NULL, k_training, "how long, logs, checkpoints"),
+    F(mmc_run_config, flow_matching, MMC_CFG_SECTION, U, NULL, k_flow_matching,
+      "diffusion training objective (FluxPipeline models)"),
     {0},
 };
 #undef F
@@ -152,6 +167,12 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->training.save_every = 0;
     c->training.keep_last = 0;
     c->training.threads = 0;
+    c->data.resolution = 512;
+    c->flow_matching.logit_mean = 0.0;     /* diffusers' training scripts' defaults */
+    c->flow_matching.logit_std = 1.0;
+    c->flow_matching.mode_scale = 1.29;
+    c->flow_matching.guidance = 1.0;
+    c->flow_matching.max_sequence_length = 512;
 }
 
 void mmc_run_config_free(mmc_run_config *c) {
@@ -262,6 +283,11 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     (long long)o->warmup_steps, (long long)c->training.steps);
     if (!c->training.output_dir)
         return verr(c, root, "training", NULL, "missing training.output_dir (where checkpoints and logs go)");
+    mmc_fm_scheme scheme;
+    if (c->flow_matching.weighting_scheme &&
+        mmc_fm_scheme_parse(c->flow_matching.weighting_scheme, "flow_matching.weighting_scheme", &scheme))
+        return verr(c, root, "flow_matching", "weighting_scheme", "'%s' is not one of none, logit_normal, mode, "
+                    "sigma_sqrt, cosmap", c->flow_matching.weighting_scheme);
     return MMC_OK;
 }
 

@@ -192,6 +192,14 @@ static mmc_status src_next(batch_src *s, mmc_batch *b) {
         s->position++;
         return MMC_OK;
     }
+    if (s->kind == SRC_FLUX) {   /* the samples by position; trainer_flux.c draws the rest */
+        b->B = s->mb;
+        b->T = 1;
+        b->sample_index = s->position * s->mb;
+        b->n_label_tokens = b->n_tokens = s->mb;
+        s->position++;
+        return MMC_OK;
+    }
     int64_t B = s->mb, T = s->T;
     b->B = B;
     b->T = T;
@@ -262,6 +270,7 @@ static uint32_t component_of(const char *name) {
 
 static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const mmc_run_config *c = t->cfg;
+    if (mmc_trainer_is_flux_dir(c->model.path)) return mmc_trainer_flux_load(t, dir);   /* diffusion */
     mmc_json *j = NULL;
     mmc_status st;
     char path[2100];
@@ -305,6 +314,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
 /* Every model parameter with its HF name, as transformers >= 4.52 writes them:
  * model.visual.*, model.language_model.*, lm_head.weight (VL); model.*, lm_head.weight (text). */
 static mmc_status build_param_list(mmc_trainer *t) {
+    if (t->flux) return mmc_trainer_flux_params(t);
     const int nv = t->vl ? t->vl->visual->n_params : 0;
     t->n_params = nv + t->lm->n_params;
     t->params = calloc((size_t)t->n_params, sizeof *t->params);
@@ -348,7 +358,8 @@ static mmc_status setup_lora(mmc_trainer *t) {
         if (st) return mmc_error_prefix(st, "model.quantization");
     }
     mmc_module_list ml = {0};
-    st = t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
+    st = t->flux ? mmc_flux_linears(t->flux, &ml)
+         : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
                           .targets = (const char *const *)c->model.lora.targets.items,
@@ -505,8 +516,15 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if ((st = setup_params(t))) goto fail;
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
-    if (t->vl && is_dataset(cfg->data.train)) st = loader_open(t);
-    else st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
+    if (t->flux) {
+        st = mmc_trainer_flux_data_open(t);
+        t->src.kind = SRC_FLUX;
+        t->src.mb = cfg->data.micro_batch_size;
+    } else if (t->vl && is_dataset(cfg->data.train)) {
+        st = loader_open(t);
+    } else {
+        st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
+    }
     if (!st && t->src.pixels && !t->vl)
         st = mmc_error(MMC_ERR_INVALID, "data.train %s: has images (pixel_values) but the model is a text qwen2",
                        cfg->data.train);
@@ -603,6 +621,8 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->lora_names);
     if (t->vl) mmc_qwen2_vl_free(t->vl);
     else mmc_qwen2_free(t->lm);
+    mmc_flux_free(t->flux);
+    mmc_fm_data_free(t->fm);
     src_close(&t->src);
     mmc_tokenizer_free(t->tok);
     mmc_data_opts_free(&t->dopts);
@@ -698,7 +718,14 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         int64_t n;
         mmc_tensor *l = NULL;
         if (t->dp) mmc_dp_forward_begin(t->dp, t->ctx);   /* ZeRO-3: gathers the root unit */
-        if (t->vl) {
+        if (t->flux) {
+            n = mbs[k].B;
+            if ((st = mmc_trainer_flux_loss(t, &mbs[k], scale, &l))) {
+                mmc_ctx_reset(t->ctx);
+                mmc_error_prefix(st, "step %lld, micro-batch %lld", (long long)t->step + 1, (long long)k + 1);
+                goto done;
+            }
+        } else if (t->vl) {
             if ((st = mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
                 mmc_ctx_reset(t->ctx);
                 if (t->dp) mmc_dp_forward_end(t->dp);

@@ -8,6 +8,7 @@
 #include "mmc_parallel.h"
 #include "mmc_dp.h"
 #include "mmc_tokenizer.h"
+#include "mmc_diffusion.h"
 
 #include <stdio.h>
 
@@ -19,7 +20,9 @@
  * The state is the number of micro-batches consumed (saved in checkpoints). */
 /*  - LOADER: data.train is a JSON/JSONL dataset read by the data pipeline (mmc_data.h); the
  *    state is the loader's (epoch, position, batch in window, skipped). */
-typedef enum { SRC_FIXED, SRC_SYNTHETIC, SRC_LOADER } src_kind;
+/*  - FLUX: a diffusion training set cached by trainer_flux.c; a micro-batch names its samples
+ *    (sample_index .. + B - 1), the loss function draws the rest. */
+typedef enum { SRC_FIXED, SRC_SYNTHETIC, SRC_LOADER, SRC_FLUX } src_kind;
 typedef struct {
     src_kind kind;
     int32_t *ids, *labels;     /* FIXED: [N, T] */
@@ -85,7 +88,20 @@ struct mmc_trainer {
     int rank, world_size;
     bool owns_dist;            /* this trainer started the runtime (and finalizes it) */
     mmc_dp *dp;
+    /* diffusion training (trainer_flux.c): the transformer and its cached training set */
+    mmc_flux *flux;
+    struct mmc_fm_data *fm;
 };
+
+/* trainer_flux.c */
+typedef struct mmc_fm_data mmc_fm_data;
+bool mmc_trainer_is_flux_dir(const char *dir);
+mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt);
+mmc_status mmc_trainer_flux_params(mmc_trainer *t);
+mmc_status mmc_trainer_flux_data_open(mmc_trainer *t);
+void mmc_fm_data_free(mmc_fm_data *f);
+mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss);
+mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir);
 
 /* checkpoint.c */
 mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);

@@ -253,4 +253,26 @@ with torch.no_grad():
     pipe(prompt=prompts[0], negative_prompt=neg, true_cfg_scale=1.5, height=H, width=W, num_inference_steps=2,
          guidance_scale=2.0, latents=lat, max_sequence_length=MAXLEN).images[0].save(os.path.join(d, "cli_expected.png"))
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
+# ---------------------------------------------------------------- a tiny training set
+# an HF imagefolder (PNG files + metadata.jsonl with file_name / text), non-square images so the
+# resize + centre crop runs, for `mmc train` on pipe/ (tests/test_flux_cli.sh)
+from PIL import Image, ImageDraw
+
+d = os.path.join(OUT, "imagefolder")
+os.makedirs(d)
+rows = []
+for i, (colour, shape, side) in enumerate([("red", "circle", "left"), ("blue", "square", "right"),
+                                           ("green", "circle", "right"), ("red", "square", "left"),
+                                           ("blue", "circle", "left"), ("green", "square", "right")]):
+    im = Image.new("RGB", (48, 40), "white")
+    dr = ImageDraw.Draw(im)
+    x0 = 6 if side == "left" else 26
+    box = (x0, 12, x0 + 16, 28)
+    (dr.ellipse if shape == "circle" else dr.rectangle)(box, fill=colour)
+    name = f"{i:02d}.png"
+    im.save(os.path.join(d, name))
+    rows.append({"file_name": name, "text": f"a {colour} {shape} on the {side}"})
+with open(os.path.join(d, "metadata.jsonl"), "w") as f:
+    for r in rows:
+        f.write(json.dumps(r) + "\n")
 print("flux fixtures (diffusers %s) in %s" % (diffusers.__version__, OUT))

@@ -58,6 +58,7 @@ struct mmc_flux {
     mmc_linear_w norm_out;                          /* [2C, C] */
     mmc_linear_w proj_out;                          /* [patch^2 * out_channels, C] */
     mw_set w;
+    const char **name_ptrs;                         /* w.names as a string list (mmc_flux_param_list) */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -110,6 +111,7 @@ mmc_status mmc_flux_config_read(const mmc_json *j, const char *what, mmc_flux_co
 void mmc_flux_free(mmc_flux *m) {
     if (!m) return;
     mw_close(&m->w);
+    free(m->name_ptrs);
     free(m->blocks);
     free(m->singles);
     free(m);
@@ -199,6 +201,17 @@ fail:
 }
 
 const mmc_flux_config *mmc_flux_cfg(const mmc_flux *m) { return &m->cfg; }
+
+int mmc_flux_param_list(mmc_flux *m, mmc_tensor ***params, const char *const **names) {
+    if (!m->name_ptrs) {
+        m->name_ptrs = calloc((size_t)m->w.n_params + 1, sizeof *m->name_ptrs);
+        MMC_CHECK(m->name_ptrs, "out of memory");
+        for (int i = 0; i < m->w.n_params; i++) m->name_ptrs[i] = m->w.names[i];
+    }
+    *params = m->w.params;
+    *names = m->name_ptrs;
+    return m->w.n_params;
+}
 int64_t mmc_flux_param_count(const mmc_flux *m) { return mw_count(&m->w); }
 
 /* Every projection under diffusers' module name ("transformer_blocks.0.attn.to_q", ...), the

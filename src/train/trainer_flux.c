@@ -1,0 +1,358 @@
+/* trainer_flux.c — what `mmc train` needs to fine-tune a Flux transformer (full or LoRA) with
+ * the flow-matching objective, inside the same trainer as the understanding models (steps,
+ * gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
+ *
+ *   model.path   a diffusers FluxPipeline folder; the transformer trains, the VAE and the text
+ *                encoders only encode the training set once, before the first step, and are freed
+ *   data.train   an image folder with metadata.jsonl ({"file_name", "text"}: what diffusers' scripts
+ *                and HF `imagefolder` read) or a JSONL of {"image", "caption"} (also "text" / "prompt")
+ *   images       resized (shorter side, PIL bilinear) and centre-cropped to data.resolution, scaled to
+ *                [-1, 1]; the VAE's latent distribution is cached and sampled anew every step (as the
+ *                scripts' --cache_latents does), then shifted and scaled
+ *   captions     encode_prompt once per sample (CLIP pooled + T5 states of max_sequence_length)
+ *   loss         mmc_flux_fm_loss with the config's weighting scheme and guidance; each micro-batch's
+ *                mean times its samples / the global batch's samples, so accumulation gives the
+ *                global mean
+ *   checkpoints  LoRA: pytorch_lora_weights.safetensors in diffusers' layout (load_lora_weights reads
+ *                it, so does `mmc generate-image --lora`); full: the transformer folder
+ *                (config.json + diffusion_pytorch_model.safetensors)
+ *
+ * The data order is a seeded permutation per epoch; noise, timestep draws and latent samples
+ * come from the trainer's RNG, which checkpoints restore, so a resumed run continues exactly. */
+#include "trainer_internal.h"
+#include "mmc_diffusion.h"
+#include "mmc_image.h"
+#include "mmc_lora.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct mmc_fm_data {
+    int64_t n;                        /* samples */
+    int64_t C, h, w;                  /* latent channels and size */
+    float *mean, *std;                /* [n, C, h, w] the VAE's latent distribution per image */
+    float *embeds;                    /* [n, T, J] prompt_embeds */
+    float *pooled;                    /* [n, P] */
+    int64_t T, J, P;
+    double scaling, shift;            /* the VAE's latent scaling */
+    mmc_fm_config sched;              /* the training schedule (scheduler_config.json) */
+    mmc_fm_scheme scheme;
+    char pipe[2048];
+};
+
+/* ------------------------------------------------------------------ the model */
+bool mmc_trainer_is_flux_dir(const char *dir) {
+    if (!dir) return false;
+    char p[2100];
+    snprintf(p, sizeof p, "%s/model_index.json", dir);
+    return access(p, R_OK) == 0;
+}
+
+mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
+    const mmc_run_config *c = t->cfg;
+    mmc_diffusers_dir d;
+    mmc_status st = mmc_diffusers_open(c->model.path, &d);
+    if (st) return mmc_error_prefix(st, "model.path");
+    if (strcmp(d.pipeline, "FluxPipeline") != 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: pipeline %s: diffusion training supports FluxPipeline "
+                         "folders", c->model.path, d.pipeline);
+    if (c->model.quantization.method != MMC_QUANT_NONE)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.quantization: NF4 bases are not wired for diffusion "
+                         "transformers yet; use LoRA on the f32 / bf16 transformer", c->file);
+    if (t->world_size > 1 || c->parallel.zero > 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: diffusion training runs on one process so far (the gradient "
+                         "reducer's units are the language model's layers); set parallel.data_parallel: 1 and parallel.zero: 0",
+                         c->file);
+    if (c->training.eval_every > 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: training.eval_every: evaluation of diffusion models is not "
+                         "wired yet; set it to 0", c->file);
+    char dir[2100];
+    /* full fine-tune resumes from the checkpoint's transformer; LoRA starts from the pipeline's */
+    if (ckpt && ckpt != c->model.path) snprintf(dir, sizeof dir, "%s", ckpt);
+    else mmc_diffusers_path(&d, "transformer", "", dir, sizeof dir);
+    if ((st = mmc_flux_load(dir, c->model.lora.r <= 0, &t->flux))) return st;
+    char cfgp[2200];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    snprintf(t->config_src, sizeof t->config_src, "%s", cfgp);
+    t->src_dir[0] = 0;                       /* no tokenizer / processor files go into checkpoints */
+    return mmc_read_file(cfgp, &t->config_text, &t->config_len);
+}
+
+mmc_status mmc_trainer_flux_params(mmc_trainer *t) {
+    mmc_tensor **ps;
+    const char *const *nm;
+    t->n_params = mmc_flux_param_list(t->flux, &ps, &nm);
+    t->params = calloc((size_t)t->n_params + 1, sizeof *t->params);
+    t->names = calloc((size_t)t->n_params + 1, sizeof *t->names);
+    t->name_store = calloc((size_t)t->n_params + 1, sizeof *t->name_store);
+    if (!t->params || !t->names || !t->name_store) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < t->n_params; i++) {
+        if (!(t->name_store[i] = strdup(nm[i]))) return mmc_error(MMC_ERR_OOM, "out of memory");
+        t->names[i] = t->name_store[i];
+        t->params[i] = ps[i];
+    }
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ the data */
+typedef struct { char *image, *caption; } fm_item;
+
+static mmc_status add_item(fm_item **items, int64_t *n, int64_t *cap, const char *image, const char *caption) {
+    if (*n == *cap) {
+        int64_t nc = *cap ? 2 * *cap : 64;
+        fm_item *p = realloc(*items, (size_t)nc * sizeof *p);
+        if (!p) return mmc_error(MMC_ERR_OOM, "out of memory");
+        *items = p, *cap = nc;
+    }
+    (*items)[*n].image = strdup(image);
+    (*items)[*n].caption = strdup(caption);
+    if (!(*items)[*n].image || !(*items)[*n].caption) return mmc_error(MMC_ERR_OOM, "out of memory");
+    (*n)++;
+    return MMC_OK;
+}
+
+/* metadata.jsonl of an image folder, or a JSONL of {image, caption}: image paths resolved
+ * against base (the folder, data.image_root, or the JSONL's directory). */
+static mmc_status read_items(const char *file, const char *base, fm_item **items, int64_t *n) {
+    char *text = NULL;
+    size_t len = 0;
+    mmc_status st = mmc_read_file(file, &text, &len);
+    if (st) return mmc_error_prefix(st, "data.train");
+    int64_t cap = 0;
+    int line = 0;
+    for (char *s = text, *e; s && *s; s = e ? e + 1 : NULL) {
+        e = strchr(s, '\n');
+        if (e) *e = 0;
+        line++;
+        while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+        if (!*s) continue;
+        cJSON *j = cJSON_Parse(s);
+        const cJSON *im = NULL, *cp = NULL;
+        static const char *const ik[] = {"file_name", "image", "image_path"}, *const ck[] = {"text", "caption", "prompt"};
+        for (int k = 0; j && k < 3 && !im; k++) im = cJSON_GetObjectItemCaseSensitive(j, ik[k]);
+        for (int k = 0; j && k < 3 && !cp; k++) cp = cJSON_GetObjectItemCaseSensitive(j, ck[k]);
+        if (!j || !cJSON_IsString(im) || !cJSON_IsString(cp)) {
+            cJSON_Delete(j);
+            st = mmc_error(MMC_ERR_FORMAT, "%s:%d: expected a JSON object with an image (\"file_name\" or \"image\") and "
+                           "a caption (\"text\", \"caption\" or \"prompt\") string", file, line);
+            break;
+        }
+        char path[4096];
+        if (im->valuestring[0] == '/') snprintf(path, sizeof path, "%s", im->valuestring);
+        else snprintf(path, sizeof path, "%s/%s", base, im->valuestring);
+        st = add_item(items, n, &cap, path, cp->valuestring);
+        cJSON_Delete(j);
+        if (st) break;
+    }
+    free(text);
+    if (!st && *n == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: no samples", file);
+    return st;
+}
+
+/* torchvision Resize(res) (shorter side; PIL bilinear) + CenterCrop(res) + ToTensor + Normalize(0.5)
+ * -> x [3, res, res] in [-1, 1]. */
+static mmc_status load_image(const char *path, int res, float *x) {
+    mmc_image_opts o;
+    mmc_image_opts_default(&o);
+    mmc_image im = {0}, rs = {0};
+    mmc_status st = mmc_image_load(path, &o, &im);
+    if (st) return st;
+    int H = im.height, W = im.width, nh, nw;
+    if (H <= W) nh = res, nw = (int)((int64_t)res * W / H);   /* int(size * long / short) */
+    else nw = res, nh = (int)((int64_t)res * H / W);
+    st = mmc_image_resize(&im, nh, nw, MMC_RESAMPLE_BILINEAR, &rs);
+    mmc_image_free(&im);
+    if (st) return st;
+    const int top = (int)nearbyint((nh - res) / 2.0), left = (int)nearbyint((nw - res) / 2.0);   /* round half even */
+    for (int c = 0; c < 3; c++)
+        for (int y = 0; y < res; y++)
+            for (int xx = 0; xx < res; xx++) {
+                const float v = rs.data[((size_t)(top + y) * (size_t)nw + (size_t)(left + xx)) * 3 + (size_t)c] / 255.0f;
+                x[((size_t)c * res + y) * res + xx] = (v - 0.5f) / 0.5f;
+            }
+    mmc_image_free(&rs);
+    return MMC_OK;
+}
+
+void mmc_fm_data_free(mmc_fm_data *f) {
+    if (!f) return;
+    free(f->mean);
+    free(f->std);
+    free(f->embeds);
+    free(f->pooled);
+    free(f);
+}
+
+mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    mmc_fm_data *f = calloc(1, sizeof *f);
+    if (!f) return mmc_error(MMC_ERR_OOM, "out of memory");
+    t->fm = f;
+    snprintf(f->pipe, sizeof f->pipe, "%s", c->model.path);
+    mmc_status st = mmc_fm_scheme_parse(c->flow_matching.weighting_scheme ? c->flow_matching.weighting_scheme : "none",
+                                        "flow_matching.weighting_scheme", &f->scheme);
+    if (st) return st;
+    char p[2200];
+    snprintf(p, sizeof p, "%s/scheduler", c->model.path);
+    mmc_fm_scheduler sch;
+    if ((st = mmc_fm_load(p, &sch))) return st;
+    f->sched = sch.cfg;
+    mmc_fm_free(&sch);
+    /* the samples */
+    fm_item *items = NULL;
+    int64_t n = 0;
+    const char *train = c->data.train;
+    size_t lt = strlen(train);
+    char file[2200], base[2200];
+    if (lt > 6 && !strcmp(train + lt - 6, ".jsonl")) {
+        snprintf(file, sizeof file, "%s", train);
+        const char *sl = strrchr(train, '/');
+        if (c->data.image_root) snprintf(base, sizeof base, "%s", c->data.image_root);
+        else if (sl) snprintf(base, sizeof base, "%.*s", (int)(sl - train), train);
+        else snprintf(base, sizeof base, ".");
+    } else {
+        snprintf(file, sizeof file, "%s/metadata.jsonl", train);
+        snprintf(base, sizeof base, "%s", c->data.image_root ? c->data.image_root : train);
+    }
+    if ((st = read_items(file, base, &items, &n))) goto done;
+    f->n = n;
+    /* images -> the VAE's latent distribution */
+    const int res = (int)c->data.resolution;
+    snprintf(p, sizeof p, "%s/vae", c->model.path);
+    mmc_vae *vae = NULL;
+    if ((st = mmc_vae_load(p, &vae))) goto done;
+    const int fct = mmc_vae_downscale(vae);
+    if (res % (2 * fct)) {
+        mmc_vae_free(vae);
+        st = mmc_error(MMC_ERR_INVALID, "%s: data.resolution %d must be a multiple of %d (the VAE's factor x 2x2 "
+                       "packing)", c->file, res, 2 * fct);
+        goto done;
+    }
+    f->C = mmc_vae_cfg(vae)->latent_channels, f->h = f->w = res / fct;
+    f->scaling = mmc_vae_cfg(vae)->scaling_factor, f->shift = mmc_vae_cfg(vae)->shift_factor;
+    const int64_t per = f->C * f->h * f->w;
+    f->mean = malloc((size_t)(n * per) * sizeof(float));
+    f->std = malloc((size_t)(n * per) * sizeof(float));
+    mmc_ctx *ctx = mmc_ctx_new();
+    if (!f->mean || !f->std || !ctx) { mmc_vae_free(vae); mmc_ctx_free(ctx); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    mmc_set_grad_enabled(ctx, false);
+    const bool tty = isatty(2);
+    for (int64_t i = 0; i < n && !st; i++) {
+        mmc_tensor *x = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(1, 3, res, res));
+        if ((st = load_image(items[i].image, res, x->data))) { mmc_error_prefix(st, "data.train sample %lld", (long long)i); break; }
+        mmc_tensor *mo = mmc_vae_encode(ctx, vae, x), *mean, *std;
+        mmc_vae_latent_dist(ctx, mo, &mean, NULL, &std);
+        memcpy(f->mean + i * per, mean->data, (size_t)per * sizeof(float));
+        memcpy(f->std + i * per, std->data, (size_t)per * sizeof(float));
+        mmc_ctx_reset(ctx);
+        if (tty && (i + 1 == n || (i + 1) % 16 == 0))
+            fprintf(stderr, "\rmmc train: encoding images %lld/%lld", (long long)i + 1, (long long)n);
+    }
+    if (tty) fputc('\n', stderr);
+    mmc_vae_free(vae);
+    /* captions -> prompt_embeds and pooled, a few at a time (the encoders load once per call) */
+    mmc_flux_pipeline *pipe = NULL;
+    if (!st) st = mmc_flux_pipeline_open(c->model.path, &pipe);
+    const int chunk = 64;
+    for (int64_t i = 0; i < n && !st; i += chunk) {
+        const int k = (int)(n - i < chunk ? n - i : chunk);
+        const char *caps[64];
+        for (int j = 0; j < k; j++) caps[j] = items[i + j].caption;
+        mmc_flux_cond cond;
+        if ((st = mmc_flux_encode_prompt(ctx, pipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond))) break;
+        if (!f->embeds) {
+            f->T = cond.prompt_embeds->shape[1], f->J = cond.prompt_embeds->shape[2], f->P = cond.pooled->shape[1];
+            f->embeds = malloc((size_t)(n * f->T * f->J) * sizeof(float));
+            f->pooled = malloc((size_t)(n * f->P) * sizeof(float));
+            if (!f->embeds || !f->pooled) { mmc_flux_cond_free(&cond); st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+        }
+        memcpy(f->embeds + i * f->T * f->J, cond.prompt_embeds->data, mmc_nbytes(cond.prompt_embeds));
+        memcpy(f->pooled + i * f->P, cond.pooled->data, mmc_nbytes(cond.pooled));
+        mmc_flux_cond_free(&cond);
+        mmc_ctx_reset(ctx);
+    }
+    mmc_flux_pipeline_free(pipe);
+    mmc_ctx_free(ctx);
+    if (!st) fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld T5 tokens\n",
+                     (long long)n, (long long)f->C, (long long)f->h, (long long)f->w, (long long)f->T);
+done:
+    for (int64_t i = 0; i < n; i++) free(items[i].image), free(items[i].caption);
+    free(items);
+    return st;
+}
+
+/* The dataset index of global sample s: a seeded permutation of each epoch. */
+static int64_t sample_at(const mmc_trainer *t, int64_t s) {
+    const int64_t n = t->fm->n, epoch = s / n, k = s % n;
+    /* Fisher-Yates over [0, n) with this epoch's stream; n is the training set (small or cached) */
+    int64_t *perm = malloc((size_t)n * sizeof *perm);
+    MMC_CHECK(perm, "out of memory");
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    mmc_rng r;
+    mmc_rng_init(&r, (uint64_t)t->cfg->training.seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1)), tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    int64_t v = t->cfg->data.shuffle ? perm[k] : k;
+    free(perm);
+    return v;
+}
+
+mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss) {
+    const mmc_fm_data *f = t->fm;
+    const int64_t B = b->B, per = f->C * f->h * f->w;
+    mmc_ctx *ctx = t->ctx;
+    mmc_tensor *x0 = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, f->C, f->h, f->w));
+    mmc_tensor *nz = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, f->C, f->h, f->w));
+    mmc_tensor *pe = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, f->T, f->J)), *pp = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, f->P));
+    float *eps = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)per * sizeof *eps), u[256], sig[256], ts[256];
+    MMC_CHECK(B <= 256, "micro-batch too large");
+    /* every draw from the trainer's stream, in a fixed order: latent sample, noise, u */
+    for (int64_t i = 0; i < B; i++) {
+        const int64_t idx = sample_at(t, b->sample_index + i);
+        mmc_rng_normal(&t->rng, eps, per, 0.0f, 1.0f);
+        float *xd = (float *)x0->data + i * per;
+        const float *m = f->mean + idx * per, *sd = f->std + idx * per;
+        for (int64_t k = 0; k < per; k++)   /* latent_dist.sample(), then (z - shift) * scaling */
+            xd[k] = ((m[k] + sd[k] * eps[k]) - (float)f->shift) * (float)f->scaling;
+        memcpy((float *)pe->data + i * f->T * f->J, f->embeds + idx * f->T * f->J, (size_t)(f->T * f->J) * sizeof(float));
+        memcpy((float *)pp->data + i * f->P, f->pooled + idx * f->P, (size_t)f->P * sizeof(float));
+    }
+    mmc_rng_normal(&t->rng, nz->data, mmc_numel(nz), 0.0f, 1.0f);
+    const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
+    mmc_fm_sample_u(f->scheme, fc->logit_mean, fc->logit_std, fc->mode_scale, &t->rng, (int)B, u);
+    for (int64_t i = 0; i < B; i++) mmc_fm_train_sigma(&f->sched, u[i], &sig[i], &ts[i]);
+    mmc_flux_fm_batch fb = {.latents = x0, .noise = nz, .sigmas = sig, .timesteps = ts, .prompt_embeds = pe,
+                            .pooled = pp, .guidance = fc->guidance, .weighting = f->scheme};
+    mmc_tensor *l = NULL;
+    mmc_status st = mmc_flux_fm_loss(ctx, t->flux, &fb, &l);
+    if (st) return st;
+    *loss = mmc_scale(ctx, l, (float)((double)B * scale));   /* sum of per-sample losses / global samples */
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ checkpoints */
+mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir) {
+    if (t->lora) return mmc_lora_save_diffusers(t->lora, dir, "transformer");
+    /* the transformer folder as save_pretrained writes it */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_status st = mmc_write_file_atomic(path, t->config_text, t->config_len);
+    if (st) return st;
+    mmc_stw *w = mmc_stw_new();
+    if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < t->n_params && !st; i++) {
+        const mmc_tensor *p = t->params[i];
+        if (p->dtype == MMC_F32 || p->dtype == MMC_BF16) st = mmc_stw_add(w, t->names[i], p);
+        else st = mmc_error(MMC_ERR_UNSUPPORTED, "parameter %s: dtype %s", t->names[i], mmc_dtype_name(p->dtype));
+    }
+    if (!st) st = mmc_stw_set_metadata(w, "format", "pt");
+    snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
+    if (!st) st = mmc_stw_write(w, path);
+    mmc_stw_free(w);
+    return st;
+}

