@@ -13,7 +13,7 @@
  *                                dyW   dx = dy·W  M=512  N=896  K=4864  (ta=0, tb=0)
  *                                dyTx  dW = dyᵀ·x M=4864 N=896  K=512   (ta=1, tb=0, beta=1)
  *                                sq1024 square 1024 (ta=0, tb=0)
- *   gemm_bf16dot_<layout>        mmc_gemm_bf16 on the opt-in AVX512_BF16 kernel (vdpbf16ps,
+ *   gemm_bf16dot_<layout>        mmc_gemm_bf16_infer on the opt-in AVX512_BF16 kernel (vdpbf16ps,
  *                                activations rounded to bf16: MMC_GEMM_BF16=dot), where the CPU
  *                                has it; _vs_bf16: its speed-up over the default bf16 path
  *   gemm_*_frac_peak             the same figure divided by fma_peak (fraction, this run)
@@ -171,7 +171,7 @@ typedef struct {
 static void gemm_run(void *v) {
     gemm_arg *g = v;
     int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
-    if (g->bf16) mmc_gemm_bf16(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->Bh, ldb, g->beta, g->C, g->N);
+    if (g->bf16) mmc_gemm_bf16_infer(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->Bh, ldb, g->beta, g->C, g->N);
     else mmc_gemm_f32(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->B, ldb, g->beta, g->C, g->N);
 }
 
@@ -223,7 +223,7 @@ static void suite(const char *sfx) {
     mmc_gemm_info gd;
     mmc_gemm_describe(&gd);
     fprintf(stderr, "bench_gemm%s: kernel %s (bf16: %s), blocking %lld/%lld/%lld (%s), %d threads, FMA peak %.1f GFLOP/s\n",
-            sfx, gd.f32.kernel, gd.bf16.kernel, (long long)gd.f32.mc, (long long)gd.f32.kc, (long long)gd.f32.nc,
+            sfx, gd.f32.kernel, gd.bf16_infer.kernel, (long long)gd.f32.mc, (long long)gd.f32.kc, (long long)gd.f32.nc,
             gd.blocking_source, omp_get_max_threads(), peak);
 
     static const struct { const char *name; bool ta, tb; int64_t M, N, K; float beta; bool bf16ok; } cases[] = {
@@ -237,8 +237,9 @@ static void suite(const char *sfx) {
     int n_fr = 0;
     mmc_gemm_info gi;
     mmc_gemm_describe(&gi);
-    /* bf = 0: f32, 1: bf16 (as configured: widened to f32 unless MMC_GEMM_BF16=dot), 2: the
-     * AVX512_BF16 kernel switched on here (A rounded to bf16), where the CPU has it */
+    /* bf = 0: f32, 1: bf16 (mmc_gemm_bf16_infer as configured: widened to f32 unless
+     * MMC_GEMM_BF16=dot), 2: the AVX512_BF16 kernel switched on here (A rounded to bf16), where
+     * the CPU has it (a weight GEMM in generation; training's take the exact path) */
     for (int bf = 0; bf < 3; bf++)
         for (int c = 0; c < 4; c++) {
             if (bf && !cases[c].bf16ok) continue;

@@ -6,7 +6,8 @@
  * padding left untouched. Then bit-identical results with 1 and 2 threads (determinism).
  * One part (and ctest case) per kernel, `test_gemm avx512|avx2|generic|bf16dot`: a kernel this
  * CPU cannot run is skipped (exit 77 when it was the only part asked for).
- * bf16dot (the AVX512_BF16 vdpbf16ps kernel, opt-in) rounds A to bf16 before multiplying, so
+ * bf16dot (the AVX512_BF16 vdpbf16ps kernel, opt-in, mmc_gemm_bf16_infer only: mmc_gemm_bf16
+ * is checked to stay exact while it is on) rounds A to bf16 before multiplying, so
  * its oracle is mmc_gemm_ref_bf16 on A rounded to bf16 (same tolerance: the bf16 products are
  * exact in f32, only the f32 summation differs); shapes with M <= 4 take the matvec path,
  * which does not use it, and are left out. It also prints its error against the exact oracle
@@ -58,7 +59,7 @@ static void run_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t 
             Bd[m * ldc + n] = fabsf(C0[m * ldc + n]);
         }
     if (bf16) {
-        mmc_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, Bh, ldb, beta, C, ldc);
+        (g_ref_round_a ? mmc_gemm_bf16_infer : mmc_gemm_bf16)(ta, tb, M, N, K, alpha, A, lda, Bh, ldb, beta, C, ldc);
         float *Ar = malloc(sizeof(float) * (size_t)(arows * lda + 1));
         for (int64_t i = 0; i < arows * lda; i++) Ar[i] = g_ref_round_a ? mmc_bf16_to_f32(mmc_f32_to_bf16(A[i])) : A[i];
         mmc_gemm_ref_bf16(ta, tb, M, N, K, alpha, Ar, lda, Bh, ldb, beta, R, ldc);
@@ -105,7 +106,7 @@ static void run_determinism(bool ta, bool tb, int64_t M, int64_t N, int64_t K, b
     for (int t = 1; t <= 2; t++) {
         omp_set_num_threads(t);
         float *C = t == 1 ? C1 : C2;
-        if (bf16) mmc_gemm_bf16(ta, tb, M, N, K, 0.75f, A, lda, Bh, ldb, 0.5f, C, N);
+        if (bf16) (g_ref_round_a ? mmc_gemm_bf16_infer : mmc_gemm_bf16)(ta, tb, M, N, K, 0.75f, A, lda, Bh, ldb, 0.5f, C, N);
         else mmc_gemm_f32(ta, tb, M, N, K, 0.75f, A, lda, B, ldb, 0.5f, C, N);
     }
     omp_set_num_threads(prev);
@@ -126,7 +127,7 @@ static void bf16dot_error(bool tb, int64_t M, int64_t N, int64_t K) {
     float *Bd = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) { A[i] = frand(); Aa[i] = fabsf(A[i]); }
     for (int64_t i = 0; i < K * N; i++) { Bh[i] = mmc_f32_to_bf16(0.05f * frand()); Ba[i] = fabsf(mmc_bf16_to_f32(Bh[i])); }
-    mmc_gemm_bf16(false, tb, M, N, K, 1.0f, A, lda, Bh, ldb, 0.0f, C, N);
+    mmc_gemm_bf16_infer(false, tb, M, N, K, 1.0f, A, lda, Bh, ldb, 0.0f, C, N);
     mmc_gemm_ref_bf16(false, tb, M, N, K, 1.0f, A, lda, Bh, ldb, 0.0f, R, N);
     mmc_gemm_ref(false, tb, M, N, K, 1.0f, Aa, lda, Ba, ldb, 0.0f, Bd, N);
     double worst_b = 0, worst_abs = 0, cmax = 0;
@@ -190,7 +191,8 @@ int main(int argc, char **argv) {
         } else {
             mmc_gemm_info gi;
             mmc_gemm_describe(&gi);
-            CHECKF(gi.bf16_dot && !strcmp(gi.bf16.kernel, "avx512_bf16"), "bf16 path is %s", gi.bf16.kernel);
+            CHECKF(gi.bf16_dot && !strcmp(gi.bf16_infer.kernel, "avx512_bf16") && !strcmp(gi.bf16.kernel, "avx512"),
+                   "bf16 paths: infer %s, training %s", gi.bf16_infer.kernel, gi.bf16.kernel);
             g_ref_round_a = true;
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                 for (int t = 0; t < 4; t++) {
@@ -208,6 +210,9 @@ int main(int argc, char **argv) {
                 run_determinism(t & 1, t >> 1, 600, 70, 1100, true);
             }
             g_ref_round_a = false;
+            /* switched on, it is still only for inference: mmc_gemm_bf16 keeps the exact path */
+            run_case(false, true, 350, 70, 300, 0, 1.0f, 0.0f, true);
+            run_case(false, false, 65, 127, 33, 2, 0.5f, 1.0f, true);
             bf16dot_error(true, 64, 512, 896);
             bf16dot_error(false, 64, 512, 4864);
             mmc_gemm_set_bf16_dot(false);

@@ -62,8 +62,8 @@ static int info_system(bool json) {
     const int nisa = (int)(sizeof isa / sizeof isa[0]);
     const struct { const char *name; const mmc_cache_level *l; } caches[] = {
         {"L1d", &ci->cache.l1d}, {"L2", &ci->cache.l2}, {"L3", &ci->cache.l3}};
-    const char *bf16_arith = g.bf16_dot ? "vdpbf16ps: activations rounded to bf16, f32 accumulate"
-                                        : "weights widened to f32 while packing, f32 FMA";
+    const char *bf16_exact = "weights widened to f32 while packing, f32 FMA";
+    const char *bf16_arith = g.bf16_dot ? "vdpbf16ps: activations rounded to bf16, f32 accumulate" : bf16_exact;
     if (json) {
         printf("{\"cpu\": {\"vendor\": ");
         json_str(ci->vendor);
@@ -81,11 +81,14 @@ static int info_system(bool json) {
                    l->ways, l->line, l->shared_cpus);
         }
         printf(", \"source\": \"%s\"}, \"threads\": %d, \"gemm\": {", ci->cache_source, mmc_get_num_threads());
-        const mmc_gemm_path *p[2] = {&g.f32, &g.bf16};
-        for (int i = 0; i < 2; i++)
-            printf("\"%s\": {\"kernel\": \"%s\", \"tile\": [%d, %d], \"mc\": %lld, \"kc\": %lld, \"nc\": %lld%s%s%s}, ",
-                   i ? "bf16" : "f32", p[i]->kernel, p[i]->mr, p[i]->nr, (long long)p[i]->mc, (long long)p[i]->kc,
-                   (long long)p[i]->nc, i ? ", \"arithmetic\": \"" : "", i ? bf16_arith : "", i ? "\"" : "");
+        const mmc_gemm_path *p[3] = {&g.f32, &g.bf16, &g.bf16_infer};
+        const char *names[3] = {"f32", "bf16", "bf16_infer"};
+        const char *arith[3] = {"f32 FMA", bf16_exact, bf16_arith};
+        for (int i = 0; i < 3; i++)
+            printf("\"%s\": {\"kernel\": \"%s\", \"tile\": [%d, %d], \"mc\": %lld, \"kc\": %lld, \"nc\": %lld, "
+                   "\"arithmetic\": \"%s\"}, ",
+                   names[i], p[i]->kernel, p[i]->mr, p[i]->nr, (long long)p[i]->mc, (long long)p[i]->kc,
+                   (long long)p[i]->nc, arith[i]);
         printf("\"bf16_dot_available\": %s, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\"}}\n",
                g.bf16_dot_available ? "true" : "false", g.small_m, g.small_m_kernel, g.blocking_source);
         return 0;
@@ -116,9 +119,14 @@ static int info_system(bool json) {
            g.f32.kernel, g.f32.mr, g.f32.nr, (long long)g.f32.mc, (long long)g.f32.kc, (long long)g.f32.nc,
            strcmp(g.blocking_source, "model") ? g.blocking_source : "from the caches", g.small_m, g.small_m_kernel);
     printf("gemm bf16:  %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s)\n", g.bf16.kernel, g.bf16.mr,
-           g.bf16.nr, (long long)g.bf16.mc, (long long)g.bf16.kc, (long long)g.bf16.nc, bf16_arith);
-    if (g.bf16_dot_available && !g.bf16_dot)
-        printf("            avx512_bf16 kernel available: MMC_GEMM_BF16=dot (faster, rounds activations to bf16)\n");
+           g.bf16.nr, (long long)g.bf16.mc, (long long)g.bf16.kc, (long long)g.bf16.nc, bf16_exact);
+    if (g.bf16_dot)
+        printf("            inference (no grad): %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s; "
+               "MMC_GEMM_BF16=dot)\n", g.bf16_infer.kernel, g.bf16_infer.mr, g.bf16_infer.nr,
+               (long long)g.bf16_infer.mc, (long long)g.bf16_infer.kc, (long long)g.bf16_infer.nc, bf16_arith);
+    else if (g.bf16_dot_available)
+        printf("            inference: MMC_GEMM_BF16=dot picks the avx512_bf16 kernel (about 2x faster, rounds "
+               "activations to bf16)\n");
     return 0;
 }
 

@@ -140,7 +140,8 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
     }
 }
 
-/* bf16 weights on CPUs with AVX512_BF16 (opt-in: MMC_GEMM_BF16=dot or mmc_gemm_set_bf16_dot):
+/* bf16 weights on CPUs with AVX512_BF16, for inference GEMMs only (mmc_gemm_bf16_infer; opt-in:
+ * MMC_GEMM_BF16=dot or mmc_gemm_set_bf16_dot; training and backward stay on the exact path):
  * vdpbf16ps multiplies bf16 pairs and adds both products to an f32 lane, so A (activations)
  * must be rounded to bf16 too. Packed A holds, per k pair and row, the 32-bit pair
  * (A[i][2p], A[i][2p+1]); packed B, per k pair, 32 such pairs (one per column) in two zmm.
@@ -199,7 +200,7 @@ static kdesc K_GENERIC = {"generic", 4, 16, 4, 1, 0, 0, 0, ukr_generic_4x16};
 static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AVX2, &K_GENERIC};
 
 static const kdesc *g_kernel;
-static int g_bf16_dot;                        /* use K_BF16DOT for packed bf16 GEMMs */
+static int g_bf16_dot;                        /* use K_BF16DOT for packed inference bf16 GEMMs */
 static const char *g_blocking_source = "model";
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
 
@@ -273,11 +274,11 @@ static const kdesc *kernel(void) {
     return k;
 }
 
-/* The kernel a packed GEMM with these operands runs: the bf16-dot kernel for bf16 B when it
+/* The kernel a packed GEMM runs: the bf16-dot kernel for an inference GEMM with bf16 B when it
  * is switched on and the AVX-512 kernel is the one chosen (a forced avx2/generic stays). */
-static const kdesc *kernel_for(bool b16) {
+static const kdesc *kernel_for(bool b16_infer) {
     const kdesc *k = kernel();
-    return b16 && k == &K_AVX512 && __atomic_load_n(&g_bf16_dot, __ATOMIC_RELAXED) ? &K_BF16DOT : k;
+    return b16_infer && k == &K_AVX512 && __atomic_load_n(&g_bf16_dot, __ATOMIC_RELAXED) ? &K_BF16DOT : k;
 }
 
 const char *mmc_gemm_kernel_name(void) { return kernel()->name; }
@@ -310,7 +311,8 @@ static void describe(const kdesc *k, mmc_gemm_path *p) {
 void mmc_gemm_describe(mmc_gemm_info *out) {
     const kdesc *k = kernel();
     describe(k, &out->f32);
-    describe(kernel_for(true), &out->bf16);
+    describe(k, &out->bf16);
+    describe(kernel_for(true), &out->bf16_infer);
     out->bf16_dot = kernel_for(true) == &K_BF16DOT;
     out->bf16_dot_available = cpu_bf16dot();
     out->small_m = SMALL_M;
@@ -971,7 +973,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
 
 static void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                      const float *A, int64_t lda, const void *B, bool b16, int64_t ldb, float beta,
-                     float *C, int64_t ldc) {
+                     float *C, int64_t ldc, bool infer) {
     MMC_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=%lld N=%lld K=%lld",
               (long long)M, (long long)N, (long long)K);
     MMC_CHECK(lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N,
@@ -981,17 +983,23 @@ static void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if (M == 0 || N == 0) return;
     if (K == 0) { scale_c(M, N, beta, C, ldc); return; }
     if (M <= SMALL_M) gemm_small_m(kernel(), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
-    else gemm_packed(kernel_for(b16), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
+    else gemm_packed(kernel_for(b16 && infer), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
 }
 
 void mmc_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                   float *C, int64_t ldc) {
-    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, false, ldb, beta, C, ldc);
+    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, false, ldb, beta, C, ldc, false);
 }
 
 void mmc_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
                    float *C, int64_t ldc) {
-    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, true, ldb, beta, C, ldc);
+    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, true, ldb, beta, C, ldc, false);
+}
+
+void mmc_gemm_bf16_infer(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc) {
+    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, true, ldb, beta, C, ldc, true);
 }
