@@ -8,7 +8,7 @@
  *    A block in a third of L2; B block in a quarter of L3), are multiples of the tile, and
  *    equal the values worked out by hand from the formulas in cpuinfo.c.
  *  - Missing cache levels fall back to defaults; a nonsensical tile is MMC_ERR_INVALID.
- *  - The probe: caches are read (sysfs or CPUID) and the flags agree with the compiler's
+ *  - The probe: caches are read (sysfs or CPUID; where both exist they agree) and the flags agree with the compiler's
  *    __builtin_cpu_supports. */
 #include "test_util.h"
 #include "cpuinfo.h"
@@ -113,6 +113,22 @@ int main(void) {
     CHECK(ci->fma == (bool)__builtin_cpu_supports("fma"));
     CHECK(ci->avx512f == (bool)__builtin_cpu_supports("avx512f"));
     CHECK(ci->avx512_bf16 == (bool)__builtin_cpu_supports("avx512bf16"));
+    /* the CPUID fallback reads what Linux's sysfs reports (the kernel gets it from the same
+     * leaves): sizes and associativity agree */
+    mmc_cache_desc cc;
+    if (mmc_cpu_caches_cpuid(&cc)) {
+        printf("test_cpuinfo: CPUID caches: L1d %lld KiB %d-way, L2 %lld KiB %d-way, L3 %lld KiB %d-way\n",
+               (long long)(cc.l1d.size >> 10), cc.l1d.ways, (long long)(cc.l2.size >> 10), cc.l2.ways,
+               (long long)(cc.l3.size >> 10), cc.l3.ways);
+        CHECK(cc.l1d.size >= KiB(16) && cc.l1d.line >= 32);
+        if (!strcmp(ci->cache_source, "sysfs")) {
+            CHECK(cc.l1d.size == ci->cache.l1d.size && cc.l1d.ways == ci->cache.l1d.ways);
+            CHECK(cc.l2.size == ci->cache.l2.size && cc.l2.ways == ci->cache.l2.ways);
+            CHECK(cc.l3.size == ci->cache.l3.size);
+        }
+    } else {
+        printf("test_cpuinfo: no CPUID cache leaves on this CPU\n");
+    }
 #endif
     return test_done("test_cpuinfo");
 }

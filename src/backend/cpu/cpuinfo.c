@@ -254,20 +254,26 @@ static void probe_cpuid(mmc_cpu_info *ci) {
         snprintf(ci->brand, sizeof ci->brand, "%s", p);
         for (size_t n = strlen(ci->brand); n > 0 && ci->brand[n - 1] == ' '; n--) ci->brand[n - 1] = 0;
     }
-    if (!ci->cache_source) {
-        mmc_cache_desc cd = {0};
-        bool amd_topoext = false;
-        if (max_ext >= 0x8000001du) {
-            __get_cpuid(0x80000001u, &a, &b, &c, &d);
-            amd_topoext = (c >> 22) & 1;
-        }
-        if ((amd_topoext && caches_from_cpuid(0x8000001du, &cd)) || (max_leaf >= 4 && caches_from_cpuid(4, &cd))) {
-            ci->cache = cd;
-            ci->cache_source = "cpuid";
-        }
-    }
+    if (!ci->cache_source && mmc_cpu_caches_cpuid(&ci->cache)) ci->cache_source = "cpuid";
 }
 #endif
+
+bool mmc_cpu_caches_cpuid(mmc_cache_desc *out) {
+#ifdef MMC_X86
+    unsigned a, b, c, d;
+    const unsigned max_leaf = __get_cpuid_max(0, NULL), max_ext = __get_cpuid_max(0x80000000u, NULL);
+    mmc_cache_desc cd = {0};
+    bool amd_topoext = false;
+    if (max_ext >= 0x8000001du && __get_cpuid(0x80000001u, &a, &b, &c, &d)) amd_topoext = (c >> 22) & 1;
+    if ((amd_topoext && caches_from_cpuid(0x8000001du, &cd)) || (max_leaf >= 4 && caches_from_cpuid(4, &cd))) {
+        *out = cd;
+        return true;
+    }
+#else
+    (void)out;
+#endif
+    return false;
+}
 
 static mmc_cpu_info g_info;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;

@@ -38,6 +38,10 @@ typedef struct {
 /* The process's CPU description (probed once, then cached; thread-safe). */
 const mmc_cpu_info *mmc_cpu_info_get(void);
 
+/* The caches as CPUID describes them (leaf 0x8000001D on AMD, else leaf 4), bypassing sysfs;
+ * false where CPUID has no cache leaves (then *out is untouched). For tests and diagnostics. */
+bool mmc_cpu_caches_cpuid(mmc_cache_desc *out);
+
 /* What the blocking model needs to know about a micro-kernel. */
 typedef struct {
     int mr, nr;       /* register tile: MR rows of A × NR columns of B */
