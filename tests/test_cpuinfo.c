@@ -8,8 +8,8 @@
  *    A block in a third of L2; B block in a quarter of L3), are multiples of the tile, and
  *    equal the values worked out by hand from the formulas in cpuinfo.c.
  *  - Missing cache levels fall back to defaults; a nonsensical tile is MMC_ERR_INVALID.
- *  - The probe: caches are read (sysfs or CPUID; where both exist they agree) and the flags agree with the compiler's
- *    __builtin_cpu_supports. */
+ *  - The probe: caches are read (sysfs or CPUID; where both exist they agree) and the flags
+ *    agree with the compiler's __builtin_cpu_supports. */
 #include "test_util.h"
 #include "cpuinfo.h"
 
