@@ -8,7 +8,10 @@
  * The micro-kernel keeps the MR×NR tile of C in vector registers (AVX-512: 14×32 in 28 zmm,
  * AVX2: 6×16 in 12 ymm, generic C: 4×16), picked at run time with __builtin_cpu_supports;
  * each kernel is compiled with a target attribute so the library runs on any x86-64.
- * bf16 B (weights) is widened to f32 while packing, so the bf16 GEMM runs the f32 kernel.
+ * bf16 B (weights) is widened to f32 while packing, so the bf16 GEMM runs the f32 kernel; only
+ * inference GEMMs (mmc_gemm_bf16_infer) may, when MMC_GEMM_BF16=dot asks and the CPU has
+ * AVX512_BF16, run a vdpbf16ps kernel on bf16 pairs instead (A rounded to bf16: opt-in).
+ * MC/KC/NC are derived at start-up from the CPU's caches (cpuinfo.c), per kernel.
  * Edge tiles are computed into a small stack tile (packing pads with zeros) and merged.
  *
  * Threads (OpenMP): B panels are packed cooperatively; the compute is handed out dynamically
@@ -281,6 +284,10 @@ static const kdesc *kernel_for(bool b16_infer) {
     return b16_infer && k == &K_AVX512 && __atomic_load_n(&g_bf16_dot, __ATOMIC_RELAXED) ? &K_BF16DOT : k;
 }
 
+/* 4-byte slots per row of a packed panel for kc values of k: one per k (f32), one per k pair
+ * (bf16 pairs). Packed panels are laid out back to back with this stride. */
+static inline int64_t kslots(const kdesc *kd, int64_t kc) { return kd->elem_bytes == 2 ? (kc + 1) / 2 : kc; }
+
 const char *mmc_gemm_kernel_name(void) { return kernel()->name; }
 
 int mmc_gemm_set_kernel(const char *name) {
@@ -345,7 +352,7 @@ static float *grow(float *p, size_t *cap, size_t need_floats) {
 
 static void ensure_bufs(const kdesc *kd, int nth) {
     bufs *t = &tl_bufs;
-    size_t need_a = (size_t)kd->mc * kd->kc, need_b = (size_t)kd->kc * kd->nc;
+    size_t need_a = (size_t)kd->mc * kslots(kd, kd->kc), need_b = (size_t)kslots(kd, kd->kc) * kd->nc;
     t->b = grow(t->b, &t->b_cap, need_b);
     if (need_a > t->a_cap) {
         for (int i = 0; i < MAX_THREADS; i++) { free(t->a[i]); t->a[i] = NULL; }
@@ -441,7 +448,7 @@ TBF16 static void pack_a_dot(bool ta, const float *A, int64_t lda, int64_t m0, i
     const __mmask16 wm = (__mmask16)((1u << mr) - 1u);
     for (int64_t p = 0; p < mc; p += mr) {
         const int rows = mc - p < mr ? (int)(mc - p) : mr;
-        uint32_t *dst = Ap + p * kc; /* same panel offsets as the f32 kernels (in 4-byte units) */
+        uint32_t *dst = Ap + p * ((kc + 1) / 2); /* panels of MR rows × (kc+1)/2 pairs, back to back */
         if (ta) { /* A stored [K, M]: the panel's rows are contiguous at each k */
             for (int64_t q = 0; q < (kc + 1) / 2; q++) {
                 const float *lo = A + (k0 + 2 * q) * lda + m0 + p, *hi = 2 * q + 1 < kc ? lo + lda : NULL;
@@ -605,7 +612,7 @@ static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, i
     if (kd == &K_BF16DOT) {
         for (int64_t p = p0; p < p1; p++) {
             const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
-            pack_b_dot(false, (const uint16_t *)B, ldb, jc + c0, cols, k0, kc, Bp + p * nr * kc);
+            pack_b_dot(false, (const uint16_t *)B, ldb, jc + c0, cols, k0, kc, Bp + p * nr * ((kc + 1) / 2));
         }
         return;
     }
@@ -902,7 +909,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
             gsz = gsz < 1 ? 1 : gsz > 8 ? 8 : gsz;
             const int64_t ngroups = (npanels + gsz - 1) / gsz;
             for (int64_t pc = 0; pc < K; pc += KC) {
-                const int64_t kc = K - pc < KC ? K - pc : KC;
+                const int64_t kc = K - pc < KC ? K - pc : KC, ks = kslots(kd, kc); /* ks: panel row stride */
                 const float beta_k = pc == 0 ? beta : 1.0f;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t g = 0; g < ngroups; g++) {
@@ -910,7 +917,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                     if (tb) {
                         for (int64_t p = p0; p < p1; p++) {
                             int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
-                            pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * kc);
+                            pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * ks);
                         }
                     } else {
                         pack_b_rows(kd, B, b16, ldb, jc, nc, p0, p1, pc, kc, Bp);
@@ -949,14 +956,14 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                         }
                         const int64_t j = jp * nr;
                         const int64_t cols = nc - j < nr ? nc - j : nr;
-                        const float *bp = Bp + jp * nr * kc;
+                        const float *bp = Bp + jp * nr * ks;
                         for (int64_t i = 0; i < mc; i += mr) {
                             const int64_t rows = mc - i < mr ? mc - i : mr;
                             float *c = C + (ic + i) * ldc + jc + j;
                             if (rows == mr && cols == nr) {
-                                kd->ukr(kc, Ap + i * kc, bp, c, ldc, alpha, beta_k);
+                                kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
                             } else {
-                                kd->ukr(kc, Ap + i * kc, bp, tile, nr, 1.0f, 0.0f);
+                                kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
                                 for (int64_t r = 0; r < rows; r++)
                                     for (int64_t q = 0; q < cols; q++) {
                                         float s = alpha * tile[r * nr + q];
