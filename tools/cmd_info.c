@@ -27,7 +27,7 @@ void help_info(FILE *f) {
                "extensions mmc's kernels use (avx2, fma, avx512f, avx512_bf16, amx), the caches, the\n"
                "GEMM micro-kernel and cache blocking chosen for f32 and bf16 weights (blocking\n"
                "derived from the caches; MMC_GEMM_BLOCKING=mc,kc,nc overrides, MMC_GEMM_BF16=dot\n"
-               "picks the AVX512_BF16 kernel for bf16 weights) and the thread count.\n\n"
+               "picks the AVX512_BF16 kernel for inference with bf16 weights) and the thread count.\n\n"
                "options:\n"
                "  --system   describe this machine, not a model directory\n"
                "  --json     print one JSON object instead of a table\n"
