@@ -13,6 +13,9 @@
  *                                dyW   dx = dy·W  M=512  N=896  K=4864  (ta=0, tb=0)
  *                                dyTx  dW = dyᵀ·x M=4864 N=896  K=512   (ta=1, tb=0, beta=1)
  *                                sq1024 square 1024 (ta=0, tb=0)
+ *   gemm_bf16dot_<layout>        mmc_gemm_bf16_infer on the opt-in AVX512_BF16 kernel (vdpbf16ps,
+ *                                activations rounded to bf16: MMC_GEMM_BF16=dot), where the CPU
+ *                                has it; _vs_bf16: its speed-up over the default bf16 path
  *   gemm_*_frac_peak             the same figure divided by fma_peak (fraction, this run)
  *   mem_read_bw                  streaming read of a 512 MiB buffer on all threads (GB/s): the
  *                                best of two read kernels (a static half per thread with four
@@ -168,7 +171,7 @@ typedef struct {
 static void gemm_run(void *v) {
     gemm_arg *g = v;
     int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
-    if (g->bf16) mmc_gemm_bf16(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->Bh, ldb, g->beta, g->C, g->N);
+    if (g->bf16) mmc_gemm_bf16_infer(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->Bh, ldb, g->beta, g->C, g->N);
     else mmc_gemm_f32(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->B, ldb, g->beta, g->C, g->N);
 }
 
@@ -217,8 +220,11 @@ static void fill(float *p, int64_t n, uint32_t seed) {
 static void suite(const char *sfx) {
     char name[128];
     double peak = fma_peak_gflops();
-    fprintf(stderr, "bench_gemm%s: kernel %s, %d threads, FMA peak %.1f GFLOP/s\n", sfx,
-            mmc_gemm_kernel_name(), omp_get_max_threads(), peak);
+    mmc_gemm_info gd;
+    mmc_gemm_describe(&gd);
+    fprintf(stderr, "bench_gemm%s: kernel %s (bf16: %s), blocking %lld/%lld/%lld (%s), %d threads, FMA peak %.1f GFLOP/s\n",
+            sfx, gd.f32.kernel, gd.bf16_infer.kernel, (long long)gd.f32.mc, (long long)gd.f32.kc, (long long)gd.f32.nc,
+            gd.blocking_source, omp_get_max_threads(), peak);
 
     static const struct { const char *name; bool ta, tb; int64_t M, N, K; float beta; bool bf16ok; } cases[] = {
         {"xWt", false, true, 512, 4864, 896, 0.0f, true},
@@ -226,13 +232,19 @@ static void suite(const char *sfx) {
         {"dyTx", true, false, 4864, 896, 512, 1.0f, false},
         {"sq1024", false, false, 1024, 1024, 1024, 0.0f, true},
     };
-    double f32_gflops[4] = {0}, fr_val[8];
-    char fr_name[8][96];
+    double f32_gflops[4] = {0}, bf16_gflops[4] = {0}, fr_val[12];
+    char fr_name[12][96];
     int n_fr = 0;
-    for (int bf = 0; bf < 2; bf++)
+    mmc_gemm_info gi;
+    mmc_gemm_describe(&gi);
+    /* bf = 0: f32, 1: bf16 (mmc_gemm_bf16_infer as configured: widened to f32 unless
+     * MMC_GEMM_BF16=dot), 2: the AVX512_BF16 kernel switched on here (A rounded to bf16), where
+     * the CPU has it (a weight GEMM in generation; training's take the exact path) */
+    for (int bf = 0; bf < 3; bf++)
         for (int c = 0; c < 4; c++) {
             if (bf && !cases[c].bf16ok) continue;
-            gemm_arg g = {cases[c].ta, cases[c].tb, bf == 1, cases[c].M, cases[c].N, cases[c].K, cases[c].beta,
+            if (bf == 2 && mmc_gemm_set_bf16_dot(true) != 0) continue;
+            gemm_arg g = {cases[c].ta, cases[c].tb, bf >= 1, cases[c].M, cases[c].N, cases[c].K, cases[c].beta,
                           NULL, NULL, NULL, NULL};
             int64_t na = g.M * g.K, nb = g.K * g.N, nc = g.M * g.N;
             g.A = falloc(na);
@@ -244,15 +256,21 @@ static void suite(const char *sfx) {
             fill(g.C, nc, 3);
             for (int64_t i = 0; i < nb; i++) g.Bh[i] = mmc_f32_to_bf16(g.B[i]);
             double t = best_time(gemm_run, &g, 1.0, 5);
+            mmc_gemm_set_bf16_dot(gi.bf16_dot);
             double gf = 2.0 * g.M * g.N * g.K / t * 1e-9;
-            snprintf(name, sizeof name, "gemm_%s_%s%s", bf ? "bf16" : "f32", cases[c].name, sfx);
+            const char *dt = bf == 0 ? "f32" : bf == 1 ? "bf16" : "bf16dot";
+            snprintf(name, sizeof name, "gemm_%s_%s%s", dt, cases[c].name, sfx);
             bench_report(name, gf, "GFLOP/s", 1);
-            snprintf(fr_name[n_fr], sizeof fr_name[0], "gemm_%s_%s%s_frac_peak", bf ? "bf16" : "f32", cases[c].name, sfx);
+            snprintf(fr_name[n_fr], sizeof fr_name[0], "gemm_%s_%s%s_frac_peak", dt, cases[c].name, sfx);
             fr_val[n_fr++] = gf;
-            if (!bf) f32_gflops[c] = gf;
-            else {
+            if (bf == 0) f32_gflops[c] = gf;
+            else if (bf == 1) {
+                bf16_gflops[c] = gf;
                 snprintf(name, sizeof name, "gemm_bf16_%s%s_vs_f32", cases[c].name, sfx);
                 bench_report(name, gf / f32_gflops[c], "fraction", 1);
+            } else {
+                snprintf(name, sizeof name, "gemm_bf16dot_%s%s_vs_bf16", cases[c].name, sfx);
+                bench_report(name, gf / bf16_gflops[c], "fraction", 1);
             }
             free(g.A); free(g.B); free(g.C); free(g.Bh);
         }

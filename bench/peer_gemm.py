@@ -16,7 +16,9 @@ PyTorch has no f32-activation x bf16-weight CPU kernel (aten::_mixed_dtypes_line
 mm(out_dtype=) are CUDA-only in torch 2.15), so autocast is that form. Note that mmc keeps
 activations f32 and accumulates in f32 (bf16 only in the weight's storage) while the bf16 and
 autocast forms also round activations (and outputs) to bf16: the peer does less work per
-FLOP. matvec_*: y = x @ W.T with one token, GB/s of weight bytes. Every figure is the best call
+FLOP. gemm_bf16dot_<layout> repeats the gemm_bf16 peer figure for mmc's opt-in AVX512_BF16
+kernel (MMC_GEMM_BF16=dot), which rounds activations to bf16 as the peer's bf16 forms do.
+matvec_*: y = x @ W.T with one token, GB/s of weight bytes. Every figure is the best call
 of a ~1 s run, as in bench_gemm.c; the "_1t" cases use one thread and its CPU-time clock."""
 import json
 import os
@@ -97,6 +99,9 @@ def suite(sfx):
             gf = 2.0 * mnk / t * 1e-9
             report(f"gemm_bf16_{name}{sfx}", gf, "GFLOP/s", NOTES[form])
             report(f"gemm_bf16_{name}{sfx}_vs_f32", gf / f32[name], "fraction", NOTES[form])
+            # mmc's opt-in AVX512_BF16 kernel (activations rounded to bf16, as torch's bf16 forms)
+            # against the same figure
+            report(f"gemm_bf16dot_{name}{sfx}", gf, "GFLOP/s", NOTES[form])
 
         for (n, k, dt) in [(8192, 4096, torch.float32), (8192, 4096, torch.bfloat16), (4864, 896, torch.bfloat16)]:
             w = torch.randn(n, k).to(dt)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run every benchmark (build/bench_*) and every PyTorch peer (bench/peer_*.py) with the same
 # thread count, merge by case name into build/bench/results.json and print a table.
+# results.json: {"machine": mmc info --system + measured peaks, "peers": bench/torch_config.py,
+# "cases": [...]} (bench/merge.py).
 # Usage: bench/run.sh [BUILD_DIR] [REF_VENV]   (MMC_BENCH_FILTER=regex to run a subset)
 set -uo pipefail
 BUILD=${1:-build}
@@ -12,6 +14,11 @@ export MMC_REF_PY="$VENV/bin/python"   # bench_video writes its clip with it (Py
 mkdir -p "$BUILD/bench"
 RAW="$BUILD/bench/raw.jsonl"
 : > "$RAW"
+# the machine (CPU, ISA flags, caches, mmc's GEMM kernels and blocking) and the peers' kernel
+# paths head results.json (merge.py adds the FMA peak and read bandwidth bench_gemm measures)
+MACHINE="$BUILD/bench/machine.json" PEERS="$BUILD/bench/peers.json"
+rm -f "$MACHINE" "$PEERS"
+"$BUILD/mmc" info --system --json > "$MACHINE" 2>/dev/null || { echo "bench: mmc info --system failed" >&2; rm -f "$MACHINE"; }
 for b in "$BUILD"/bench_*; do
   [ -x "$b" ] || continue
   name=$(basename "$b")
@@ -28,6 +35,7 @@ for b in bench/bench_*.sh; do
 done
 PY="$VENV/bin/python"
 if [ -x "$PY" ]; then
+  "$PY" bench/torch_config.py > "$PEERS" 2>/dev/null || { echo "bench: torch_config.py failed" >&2; rm -f "$PEERS"; }
   for p in bench/peer_*.py; do
     [ -f "$p" ] || continue
     echo "$(basename "$p")" | grep -qE "$FILTER" || continue
@@ -39,4 +47,4 @@ else
 fi
 UPDATE=""
 [ "$FILTER" != "." ] && UPDATE="--update"   # a filtered run refreshes part of results.json
-python3 bench/merge.py "$RAW" "$BUILD/bench/results.json" $UPDATE
+python3 bench/merge.py "$RAW" "$BUILD/bench/results.json" $UPDATE --machine "$MACHINE" --peers "$PEERS"

@@ -95,6 +95,16 @@ expect_rc 1 "$MMC" synth --out /dev/null/d; expect_err "/dev/null/d"
 expect_rc 0 "$MMC" info tests/fixtures/qwen2/tiny --json
 expect_out '"model_type": "qwen2"'
 expect_rc 1 "$MMC" info /nonexistent/dir; expect_err "config.json"
+# info --system: the machine; the JSON parses and holds what bench/run.sh copies
+expect_rc 0 "$MMC" info --system; expect_out "^gemm f32: "; expect_out "^caches: "
+expect_rc 0 "$MMC" info --system --json; expect_out '"gemm": {"f32": {"kernel": '
+if ! command -v python3 >/dev/null; then ok   # (the JSON parse needs python3; bench/run.sh does too)
+elif python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["gemm"]["f32"]["kc"] > 0 and "isa" in d' \
+     /tmp/mmc_cli_out.$$ 2>/dev/null; then ok; else bad "mmc info --system --json: not the expected JSON"; fi
+MMC_GEMM_BLOCKING=28,256,512 expect_rc 0 env -u MMC_GEMM_MC -u MMC_GEMM_KC -u MMC_GEMM_NC "$MMC" info --system
+expect_out "MC=28 KC=256 NC=512 (MMC_GEMM_BLOCKING)"
+MMC_GEMM_BLOCKING=1,2 expect_rc 0 "$MMC" info --system; expect_err "ignoring MMC_GEMM_BLOCKING='1,2'"
+expect_rc 2 "$MMC" info --system $M; expect_err "give no directory"
 
 # generate: token-identical to transformers (tools/ref/gen_qwen2.py -> chat_expected.json)
 want=$(sed -E 's/.*"new_ids": (\[[^]]*\]).*/\1/' tests/fixtures/qwen2/chat_expected.json)

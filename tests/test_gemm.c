@@ -4,8 +4,14 @@
  * N large enough for threaded units of row stretches), leading
  * dimensions wider than the matrix, alpha/beta variants, beta=0 over a NaN-filled C, and C
  * padding left untouched. Then bit-identical results with 1 and 2 threads (determinism).
- * One part (and ctest case) per kernel, `test_gemm avx512|avx2|generic`: a kernel this CPU
- * cannot run is skipped (exit 77 when it was the only part asked for).
+ * One part (and ctest case) per kernel, `test_gemm avx512|avx2|generic|bf16dot`: a kernel this
+ * CPU cannot run is skipped (exit 77 when it was the only part asked for).
+ * bf16dot (the AVX512_BF16 vdpbf16ps kernel, opt-in, mmc_gemm_bf16_infer only: mmc_gemm_bf16
+ * is checked to stay exact while it is on) rounds A to bf16 before multiplying, so
+ * its oracle is mmc_gemm_ref_bf16 on A rounded to bf16 (same tolerance: the bf16 products are
+ * exact in f32, only the f32 summation differs); shapes with M <= 4 take the matvec path,
+ * which does not use it, and are left out. It also prints its error against the exact oracle
+ * (A not rounded), the figure that decides whether it may be the default (it is not).
  *
  * Tolerance (per element): |got - ref| <= 1e-5 * sqrt(K) * bound + 1e-30, where bound =
  * |alpha| * sum_k |a_mk| |b_kn| + |beta| |c_mn| (the ref accumulates in double; our kernels
@@ -16,6 +22,7 @@
 #include <omp.h>
 
 static uint64_t g_seed = 12345;
+static bool g_ref_round_a = false; /* the oracle sees A rounded to bf16 (bf16dot kernel) */
 static float frand(void) { /* uniform in [-1, 1) */
     g_seed = g_seed * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((g_seed >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
@@ -52,8 +59,11 @@ static void run_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t 
             Bd[m * ldc + n] = fabsf(C0[m * ldc + n]);
         }
     if (bf16) {
-        mmc_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, Bh, ldb, beta, C, ldc);
-        mmc_gemm_ref_bf16(ta, tb, M, N, K, alpha, A, lda, Bh, ldb, beta, R, ldc);
+        (g_ref_round_a ? mmc_gemm_bf16_infer : mmc_gemm_bf16)(ta, tb, M, N, K, alpha, A, lda, Bh, ldb, beta, C, ldc);
+        float *Ar = malloc(sizeof(float) * (size_t)(arows * lda + 1));
+        for (int64_t i = 0; i < arows * lda; i++) Ar[i] = g_ref_round_a ? mmc_bf16_to_f32(mmc_f32_to_bf16(A[i])) : A[i];
+        mmc_gemm_ref_bf16(ta, tb, M, N, K, alpha, Ar, lda, Bh, ldb, beta, R, ldc);
+        free(Ar);
     } else {
         mmc_gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         mmc_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, R, ldc);
@@ -96,13 +106,42 @@ static void run_determinism(bool ta, bool tb, int64_t M, int64_t N, int64_t K, b
     for (int t = 1; t <= 2; t++) {
         omp_set_num_threads(t);
         float *C = t == 1 ? C1 : C2;
-        if (bf16) mmc_gemm_bf16(ta, tb, M, N, K, 0.75f, A, lda, Bh, ldb, 0.5f, C, N);
+        if (bf16) (g_ref_round_a ? mmc_gemm_bf16_infer : mmc_gemm_bf16)(ta, tb, M, N, K, 0.75f, A, lda, Bh, ldb, 0.5f, C, N);
         else mmc_gemm_f32(ta, tb, M, N, K, 0.75f, A, lda, B, ldb, 0.5f, C, N);
     }
     omp_set_num_threads(prev);
     CHECKF(memcmp(C1, C2, nc * 4) == 0, "1 vs 2 threads differ: %s kernel=%s ta=%d tb=%d M=%lld N=%lld K=%lld",
            bf16 ? "bf16" : "f32", mmc_gemm_kernel_name(), ta, tb, (long long)M, (long long)N, (long long)K);
     free(A); free(B); free(C1); free(C2); free(Bh);
+}
+
+/* bf16dot against the exact oracle (A not rounded) on a Qwen2-like shape: prints the worst
+ * |err| / bound (bound = sum_k |a||b|) and |err| / max|C|; checks the first stays under
+ * 2^-8 (A's rounding is at most 2^-9 relative per element). */
+static void bf16dot_error(bool tb, int64_t M, int64_t N, int64_t K) {
+    int64_t lda = K, ldb = tb ? K : N;
+    float *A = malloc(sizeof(float) * (size_t)(M * K)), *Aa = malloc(sizeof(float) * (size_t)(M * K));
+    float *Ba = malloc(sizeof(float) * (size_t)(K * N));
+    uint16_t *Bh = malloc(sizeof(uint16_t) * (size_t)(K * N));
+    float *C = malloc(sizeof(float) * (size_t)(M * N)), *R = malloc(sizeof(float) * (size_t)(M * N));
+    float *Bd = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) { A[i] = frand(); Aa[i] = fabsf(A[i]); }
+    for (int64_t i = 0; i < K * N; i++) { Bh[i] = mmc_f32_to_bf16(0.05f * frand()); Ba[i] = fabsf(mmc_bf16_to_f32(Bh[i])); }
+    mmc_gemm_bf16_infer(false, tb, M, N, K, 1.0f, A, lda, Bh, ldb, 0.0f, C, N);
+    mmc_gemm_ref_bf16(false, tb, M, N, K, 1.0f, A, lda, Bh, ldb, 0.0f, R, N);
+    mmc_gemm_ref(false, tb, M, N, K, 1.0f, Aa, lda, Ba, ldb, 0.0f, Bd, N);
+    double worst_b = 0, worst_abs = 0, cmax = 0;
+    for (int64_t i = 0; i < M * N; i++) {
+        double d = fabs((double)C[i] - R[i]);
+        if (d / Bd[i] > worst_b) worst_b = d / Bd[i];
+        if (d > worst_abs) worst_abs = d;
+        if (fabs(R[i]) > cmax) cmax = fabs(R[i]);
+    }
+    printf("test_gemm: bf16dot vs exact (A not rounded) tb=%d M=%lld N=%lld K=%lld: max |err|/bound %.3g, "
+           "max |err| %.3g = %.3g of max|C|\n", tb, (long long)M, (long long)N, (long long)K, worst_b, worst_abs,
+           worst_abs / cmax);
+    CHECKF(worst_b < 1.0 / 256, "bf16dot error vs exact oracle %.3g of the bound", worst_b);
+    free(A); free(Aa); free(Ba); free(Bh); free(C); free(R); free(Bd);
 }
 
 int main(int argc, char **argv) {
@@ -146,5 +185,39 @@ int main(int argc, char **argv) {
         }
     }
     mmc_gemm_set_kernel(native);
+    if (test_part(argc, argv, "bf16dot")) {
+        if (mmc_gemm_set_kernel("avx512") != 0 || mmc_gemm_set_bf16_dot(true) != 0) {
+            test_skip("test_gemm", "bf16dot: this CPU lacks AVX-512 / AVX512_BF16");
+        } else {
+            mmc_gemm_info gi;
+            mmc_gemm_describe(&gi);
+            CHECKF(gi.bf16_dot && !strcmp(gi.bf16_infer.kernel, "avx512_bf16") && !strcmp(gi.bf16.kernel, "avx512"),
+                   "bf16 paths: infer %s, training %s", gi.bf16_infer.kernel, gi.bf16.kernel);
+            g_ref_round_a = true;
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int t = 0; t < 4; t++) {
+                    const shape *sh = &shapes[s];
+                    if (sh->M <= 4) continue;
+                    int v = (int)((s + t) % 4);
+                    int64_t pad = (s + t) % 3 == 0 ? 0 : 3 + (int64_t)s;
+                    run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, ab[v][0], ab[v][1], true);
+                }
+            /* K across several K blocks (odd K: the last pair is half zero), odd kc tails */
+            run_case(false, true, 30, 70, 2051, 1, 1.0f, 0.0f, true);
+            run_case(true, false, 45, 33, 1025, 0, 0.5f, 1.0f, true);
+            for (int t = 0; t < 4; t++) {
+                run_determinism(t & 1, t >> 1, 300, 200, 333, true);
+                run_determinism(t & 1, t >> 1, 600, 70, 1100, true);
+            }
+            g_ref_round_a = false;
+            /* switched on, it is still only for inference: mmc_gemm_bf16 keeps the exact path */
+            run_case(false, true, 350, 70, 300, 0, 1.0f, 0.0f, true);
+            run_case(false, false, 65, 127, 33, 2, 0.5f, 1.0f, true);
+            bf16dot_error(true, 64, 512, 896);
+            bf16dot_error(false, 64, 512, 4864);
+            mmc_gemm_set_bf16_dot(false);
+        }
+        mmc_gemm_set_kernel(native);
+    }
     return test_done("test_gemm");
 }

@@ -1,6 +1,11 @@
 /* cmd_info.c — `mmc info DIR`: what a Hugging Face model directory holds: model type and
  * architecture, parameter counts by component, weight dtypes, context length, and whether
- * mmc can run it. Reads config.json and the safetensors headers only (no weights loaded). */
+ * mmc can run it. Reads config.json and the safetensors headers only (no weights loaded).
+ * `mmc info --system`: the machine as mmc's kernels see it (CPU, the ISA extensions they
+ * dispatch on, caches, the GEMM micro-kernel and cache blocking chosen per dtype, threads),
+ * the same description bench/run.sh puts at the top of results.json. */
+#include "backend/cpu/cpuinfo.h"
+#include "backend/cpu/gemm.h"
 #include "cli.h"
 #include "mmc_diffusion.h"
 #include "mmc_infer.h"
@@ -11,29 +16,133 @@
 #include <unistd.h>
 
 void help_info(FILE *f) {
-    fprintf(f, "usage: mmc info DIR [--json]\n\n"
+    fprintf(f, "usage: mmc info DIR [--json]\n"
+               "       mmc info --system [--json]\n\n"
                "Describe the Hugging Face model directory DIR (config.json + safetensors):\n"
                "architecture, parameter counts by component, dtypes, context length and the\n"
                "generation settings (generation_config.json). A diffusers pipeline folder\n"
                "(model_index.json) lists its components, their classes, parameters and dtypes,\n"
                "and which of them mmc implements.\n\n"
+               "With --system, describe this machine instead: CPU vendor, model and family, the ISA\n"
+               "extensions mmc's kernels use (avx2, fma, avx512f, avx512_bf16, amx), the caches, the\n"
+               "GEMM micro-kernel and cache blocking chosen for f32 and bf16 weights (blocking\n"
+               "derived from the caches; MMC_GEMM_BLOCKING=mc,kc,nc overrides, MMC_GEMM_BF16=dot\n"
+               "picks the AVX512_BF16 kernel for inference with bf16 weights) and the thread count.\n\n"
                "options:\n"
+               "  --system   describe this machine, not a model directory\n"
                "  --json     print one JSON object instead of a table\n"
                "  -h, --help this help\n");
 }
 
 typedef struct { const char *label; const char *match[4]; int64_t params; } component;
 
+static void json_str(const char *s) { /* the CPUID brand string: printable ASCII */
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') putchar('\\');
+        putchar((unsigned char)*s >= 32 ? *s : ' ');
+    }
+    putchar('"');
+}
+
+static void print_size(int64_t b) {
+    if (b >= (1 << 20) && b % (1 << 20) == 0) printf("%lld MiB", (long long)(b >> 20));
+    else printf("%lld KiB", (long long)(b >> 10));
+}
+
+static int info_system(bool json) {
+    const mmc_cpu_info *ci = mmc_cpu_info_get();
+    mmc_gemm_info g;
+    mmc_gemm_describe(&g);
+    const struct { const char *name; bool on; } isa[] = {
+        {"avx2", ci->avx2}, {"fma", ci->fma}, {"avx512f", ci->avx512f}, {"avx512bw", ci->avx512bw},
+        {"avx512vl", ci->avx512vl}, {"avx512dq", ci->avx512dq}, {"avx512_bf16", ci->avx512_bf16},
+        {"amx_tile", ci->amx_tile}, {"amx_bf16", ci->amx_bf16},
+    };
+    const int nisa = (int)(sizeof isa / sizeof isa[0]);
+    const struct { const char *name; const mmc_cache_level *l; } caches[] = {
+        {"L1d", &ci->cache.l1d}, {"L2", &ci->cache.l2}, {"L3", &ci->cache.l3}};
+    const char *bf16_exact = "weights widened to f32 while packing, f32 FMA";
+    const char *bf16_arith = g.bf16_dot ? "vdpbf16ps: activations rounded to bf16, f32 accumulate" : bf16_exact;
+    if (json) {
+        printf("{\"cpu\": {\"vendor\": ");
+        json_str(ci->vendor);
+        printf(", \"brand\": ");
+        json_str(ci->brand);
+        printf(", \"family\": %d, \"model\": %d, \"stepping\": %d}, \"isa\": {", ci->family, ci->model,
+               ci->stepping);
+        for (int i = 0; i < nisa; i++) printf("%s\"%s\": %s", i ? ", " : "", isa[i].name, isa[i].on ? "true" : "false");
+        printf("}, \"caches\": {");
+        for (int i = 0; i < 3; i++) {
+            const mmc_cache_level *l = caches[i].l;
+            printf("%s\"%s\": ", i ? ", " : "", caches[i].name);
+            if (l->size <= 0) { printf("null"); continue; }
+            printf("{\"size\": %lld, \"ways\": %d, \"line\": %d, \"shared_cpus\": %d}", (long long)l->size,
+                   l->ways, l->line, l->shared_cpus);
+        }
+        printf(", \"source\": \"%s\"}, \"threads\": %d, \"gemm\": {", ci->cache_source, mmc_get_num_threads());
+        const mmc_gemm_path *p[3] = {&g.f32, &g.bf16, &g.bf16_infer};
+        const char *names[3] = {"f32", "bf16", "bf16_infer"};
+        const char *arith[3] = {"f32 FMA", bf16_exact, bf16_arith};
+        for (int i = 0; i < 3; i++)
+            printf("\"%s\": {\"kernel\": \"%s\", \"tile\": [%d, %d], \"mc\": %lld, \"kc\": %lld, \"nc\": %lld, "
+                   "\"arithmetic\": \"%s\"}, ",
+                   names[i], p[i]->kernel, p[i]->mr, p[i]->nr, (long long)p[i]->mc, (long long)p[i]->kc,
+                   (long long)p[i]->nc, arith[i]);
+        printf("\"bf16_dot_available\": %s, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\"}}\n",
+               g.bf16_dot_available ? "true" : "false", g.small_m, g.small_m_kernel, g.blocking_source);
+        return 0;
+    }
+    printf("cpu:        %s %s (family %d, model %d, stepping %d)\n", ci->vendor[0] ? ci->vendor : "?",
+           ci->brand[0] ? ci->brand : "", ci->family, ci->model, ci->stepping);
+    printf("isa:       ");
+    for (int i = 0; i < nisa; i++)
+        if (isa[i].on) printf(" %s", isa[i].name);
+    printf("   (absent:");
+    int absent = 0;
+    for (int i = 0; i < nisa; i++)
+        if (!isa[i].on) { printf(" %s", isa[i].name); absent++; }
+    printf("%s)\n", absent ? "" : " none");
+    printf("caches:    ");
+    for (int i = 0; i < 3; i++) {
+        const mmc_cache_level *l = caches[i].l;
+        if (l->size <= 0) continue;
+        printf(" %s ", caches[i].name);
+        print_size(l->size);
+        printf(" %d-way", l->ways);
+        if (l->shared_cpus > 1) printf(" shared by %d CPUs", l->shared_cpus);
+        if (i < 2) putchar(';');
+    }
+    printf("  (from %s)\n", ci->cache_source);
+    printf("threads:    %d (OpenMP; OMP_NUM_THREADS sets it)\n", mmc_get_num_threads());
+    printf("gemm f32:   %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s); M <= %d: %s matvec\n",
+           g.f32.kernel, g.f32.mr, g.f32.nr, (long long)g.f32.mc, (long long)g.f32.kc, (long long)g.f32.nc,
+           strcmp(g.blocking_source, "model") ? g.blocking_source : "from the caches", g.small_m, g.small_m_kernel);
+    printf("gemm bf16:  %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s)\n", g.bf16.kernel, g.bf16.mr,
+           g.bf16.nr, (long long)g.bf16.mc, (long long)g.bf16.kc, (long long)g.bf16.nc, bf16_exact);
+    if (g.bf16_dot)
+        printf("            inference (no grad): %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s; "
+               "MMC_GEMM_BF16=dot)\n", g.bf16_infer.kernel, g.bf16_infer.mr, g.bf16_infer.nr,
+               (long long)g.bf16_infer.mc, (long long)g.bf16_infer.kc, (long long)g.bf16_infer.nc, bf16_arith);
+    else if (g.bf16_dot_available)
+        printf("            inference: MMC_GEMM_BF16=dot picks the avx512_bf16 kernel (about 2x faster, rounds "
+               "activations to bf16)\n");
+    return 0;
+}
+
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
-    bool json = false;
+    bool json = false, system = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) json = true;
+        else if (strcmp(argv[i], "--system") == 0) system = true;
         else if (argv[i][0] == '-') return cli_usage("info", "unknown option '%s'", argv[i]);
         else if (!dir) dir = argv[i];
         else return cli_usage("info", "more than one directory given ('%s' and '%s')", dir, argv[i]);
     }
-    if (!dir) return cli_usage("info", "no model directory given (usage: mmc info DIR)");
+    if (system && dir) return cli_usage("info", "--system describes this machine: give no directory ('%s')", dir);
+    if (system) return info_system(json);
+    if (!dir) return cli_usage("info", "no model directory given (usage: mmc info DIR, or mmc info --system)");
     char path[4096];
     snprintf(path, sizeof path, "%s/model_index.json", dir);   /* a diffusers pipeline folder */
     if (access(path, F_OK) == 0) {

@@ -18,7 +18,7 @@
 
 /* the MMC_* variables the library reads that every rank must see alike (test hooks excluded) */
 static const char *const k_forward[] = {"MMC_DIST_TIMEOUT", "MMC_DP_BUCKET_BYTES", "MMC_GEMM_KERNEL",
-                                        "MMC_CONV_COL_MB", NULL};
+                                        "MMC_GEMM_BLOCKING", "MMC_GEMM_BF16", "MMC_CONV_COL_MB", NULL};
 
 void help_launch(FILE *f) {
     fprintf(f,

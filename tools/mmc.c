@@ -10,7 +10,7 @@
 #define MMC_VERSION "0.1.0"
 
 static const cli_cmd g_cmds[] = {
-    {"info", "Describe a model directory: architecture, parameters by component, dtypes",
+    {"info", "Describe a model directory (architecture, parameters, dtypes) or, with --system, this machine",
      cmd_info, help_info},
     {"generate", "Generate a completion for a prompt (streams tokens; greedy or sampled)",
      cmd_generate, help_generate},

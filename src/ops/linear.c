@@ -47,7 +47,7 @@ mmc_tensor *mmc_linear(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     shape[x->ndim - 1] = N;
     mmc_tensor *y = mmc_new(ctx, MMC_F32, x->ndim, shape);   /* [..., N] */
     mmc_cpu_linear_fwd(x->data, w->data, w->dtype == MMC_BF16, b ? b->data : NULL,
-                       b && b->dtype == MMC_BF16, y->data, M, N, K);
+                       b && b->dtype == MMC_BF16, y->data, M, N, K, !mmc_grad_enabled(ctx));
     mmc_tensor *in[3] = {x, w, b};
     mmc_node *n = mmc_tape_record(ctx, "linear", linear_backward, y, b ? 3 : 2, in);
     if (n) {

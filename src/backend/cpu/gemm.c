@@ -8,7 +8,10 @@
  * The micro-kernel keeps the MR×NR tile of C in vector registers (AVX-512: 14×32 in 28 zmm,
  * AVX2: 6×16 in 12 ymm, generic C: 4×16), picked at run time with __builtin_cpu_supports;
  * each kernel is compiled with a target attribute so the library runs on any x86-64.
- * bf16 B (weights) is widened to f32 while packing, so the bf16 GEMM runs the f32 kernel.
+ * bf16 B (weights) is widened to f32 while packing, so the bf16 GEMM runs the f32 kernel; only
+ * inference GEMMs (mmc_gemm_bf16_infer) may, when MMC_GEMM_BF16=dot asks and the CPU has
+ * AVX512_BF16, run a vdpbf16ps kernel on bf16 pairs instead (A rounded to bf16: opt-in).
+ * MC/KC/NC are derived at start-up from the CPU's caches (cpuinfo.c), per kernel.
  * Edge tiles are computed into a small stack tile (packing pads with zeros) and merged.
  *
  * Threads (OpenMP): B panels are packed cooperatively; the compute is handed out dynamically
@@ -25,10 +28,13 @@
  * Packing buffers are per calling thread (_Thread_local), grown once and then reused.
  */
 #include "gemm.h"
+#include "cpuinfo.h"
 #include "mmc.h"
 
 #include <immintrin.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,7 +43,9 @@ typedef void (*ukr_fn)(int64_t kc, const float *restrict Ap, const float *restri
 typedef struct {
     const char *name;
     int mr, nr;          /* register tile */
-    int64_t mc, kc, nc;  /* cache blocks (mc % mr == 0, nc % nr == 0) */
+    int elem_bytes;      /* bytes per packed element (blocking model input) */
+    int panel_level;     /* cache level the B micro-panel lives in (cpuinfo.c's model) */
+    int64_t mc, kc, nc;  /* cache blocks (mc % mr == 0, nc % nr == 0), set by init_blocking */
     ukr_fn ukr;
 } kdesc;
 
@@ -95,6 +103,7 @@ static void ukr_avx2_6x16(int64_t kc, const float *restrict Ap, const float *res
 }
 
 #define MR512 14
+#define SMALL_M 4 /* M <= SMALL_M: the unpacked matvec path */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *restrict Bp,
                              float *restrict C, int64_t ldc, float alpha, float beta) {
@@ -134,61 +143,188 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
     }
 }
 
-/* Blocking for Zen 4/5 (L1d 48 KiB, L2 1 MiB, L3 32 MiB), measured on the target machine
- * (two builds alternating in one process, best and mean of each): A block 84 × 1024 f32 =
- * 336 KiB in L2 (M=512 splits into 7 items); KC = 1024 holds the Qwen2 hidden size (896) in
- * one pass, so C is written once instead of read back per K block (+1–3 % over KC = 512);
- * B block 1024 × 2048 = 8 MiB in L3 (as fast as 4096 columns, half the buffer). KC is the
- * one blocking choice that changes results (the f32 summation order); MC and NC do not. */
-static kdesc K_AVX512 = {"avx512", MR512, 32, MR512 * 6, 1024, 2048, ukr_avx512_14x32};
-static kdesc K_AVX2 = {"avx2", 6, 16, 6 * 32, 256, 4096, ukr_avx2_6x16};
-static kdesc K_GENERIC = {"generic", 4, 16, 4 * 32, 256, 2048, ukr_generic_4x16};
+/* bf16 weights on CPUs with AVX512_BF16, for inference GEMMs only (mmc_gemm_bf16_infer; opt-in:
+ * MMC_GEMM_BF16=dot or mmc_gemm_set_bf16_dot; training and backward stay on the exact path):
+ * vdpbf16ps multiplies bf16 pairs and adds both products to an f32 lane, so A (activations)
+ * must be rounded to bf16 too. Packed A holds, per k pair and row, the 32-bit pair
+ * (A[i][2p], A[i][2p+1]); packed B, per k pair, 32 such pairs (one per column) in two zmm.
+ * Per pair step: 2 loads, 14 broadcasts, 28 vdpbf16ps = 896 multiply-adds, twice the f32
+ * kernel's per instruction. Results differ from the exact-product f32 path by the rounding
+ * of A (relative 2^-9 per element; see tests/test_gemm.c and the README for measured errors),
+ * which is why it is not the default. kc counts k (not pairs); an odd tail pairs with zero. */
+#define TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+TBF16 static void ukr_bf16dot_14x32(int64_t kc, const float *restrict Ap_, const float *restrict Bp_,
+                                    float *restrict C, int64_t ldc, float alpha, float beta) {
+    const uint32_t *restrict Ap = (const uint32_t *)Ap_;
+    const uint32_t *restrict Bp = (const uint32_t *)Bp_;
+    __m512 c0[MR512], c1[MR512];
+#pragma GCC unroll 14
+    for (int i = 0; i < MR512; i++) {
+        c0[i] = c1[i] = _mm512_setzero_ps();
+        _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(C + i * ldc + 31), _MM_HINT_T0);
+    }
+    const int64_t kp = (kc + 1) / 2;
+    for (int64_t k = 0; k < kp; k++) {
+        __m512bh b0 = (__m512bh)_mm512_load_si512((const void *)Bp);
+        __m512bh b1 = (__m512bh)_mm512_load_si512((const void *)(Bp + 16));
+        _mm_prefetch((const char *)(Ap + 8 * MR512), _MM_HINT_T0);
+#pragma GCC unroll 14
+        for (int i = 0; i < MR512; i++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)Ap[i]);
+            c0[i] = _mm512_dpbf16_ps(c0[i], a, b0);
+            c1[i] = _mm512_dpbf16_ps(c1[i], a, b1);
+        }
+        Ap += MR512;
+        Bp += 32;
+    }
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 14
+    for (int i = 0; i < MR512; i++) {
+        float *c = C + i * ldc;
+        if (beta == 0.0f) {
+            _mm512_storeu_ps(c, _mm512_mul_ps(va, c0[i]));
+            _mm512_storeu_ps(c + 16, _mm512_mul_ps(va, c1[i]));
+        } else {
+            _mm512_storeu_ps(c, _mm512_fmadd_ps(va, c0[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c))));
+            _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, c1[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c + 16))));
+        }
+    }
+}
+
+/* Cache blocks (mc, kc, nc) are not constants: init_blocking derives them from this machine's
+ * caches (cpuinfo.c's model; on Zen 5 it gives the 84 / 1024 / 2048 measured best there).
+ * KC is the one blocking choice that changes results (the f32 summation order); MC and NC do
+ * not. The bf16-dot kernel packs 2-byte elements, so the same bytes hold twice the rows. */
+static kdesc K_AVX512 = {"avx512", MR512, 32, 4, 2, 0, 0, 0, ukr_avx512_14x32};
+static kdesc K_BF16DOT = {"avx512_bf16", MR512, 32, 2, 2, 0, 0, 0, ukr_bf16dot_14x32};
+static kdesc K_AVX2 = {"avx2", 6, 16, 4, 1, 0, 0, 0, ukr_avx2_6x16};
+static kdesc K_GENERIC = {"generic", 4, 16, 4, 1, 0, 0, 0, ukr_generic_4x16};
+static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AVX2, &K_GENERIC};
 
 static const kdesc *g_kernel;
+static int g_bf16_dot;                        /* use K_BF16DOT for packed inference bf16 GEMMs */
+static const char *g_blocking_source = "model";
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
 
 static int env_int(const char *name, int def) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : def;
 }
 
+static bool cpu_avx512(void) {
+    const mmc_cpu_info *ci = mmc_cpu_info_get();
+    return ci->avx512f && ci->avx512bw && ci->avx512vl && ci->avx512dq && ci->fma;
+}
+static bool cpu_bf16dot(void) { return cpu_avx512() && mmc_cpu_info_get()->avx512_bf16; }
+
+static void set_blocks(kdesc *k, int64_t mc, int64_t kc, int64_t nc) {
+    if (mc > 0) k->mc = (mc + k->mr - 1) / k->mr * k->mr;
+    if (kc > 0) k->kc = k->elem_bytes == 2 ? (kc + 1) / 2 * 2 : kc; /* pairs: k blocks start even */
+    if (nc > 0) k->nc = (nc + k->nr - 1) / k->nr * k->nr;
+}
+
+/* Blocking of every kernel from the caches, then the tuning hooks: MMC_GEMM_BLOCKING=mc,kc,nc
+ * and the single MMC_GEMM_MC / _KC / _NC (which win over it). Fixed for the process. */
+static void init_blocking(void) {
+    const mmc_cpu_info *ci = mmc_cpu_info_get();
+    for (size_t i = 0; i < sizeof g_all / sizeof g_all[0]; i++) {
+        kdesc *k = g_all[i];
+        mmc_gemm_tile t = {k->mr, k->nr, k->elem_bytes, k->panel_level};
+        mmc_gemm_blocking b;
+        MMC_CHECK(mmc_gemm_blocking_derive(&ci->cache, &t, &b) == MMC_OK, "gemm: %s", mmc_last_error());
+        k->mc = b.mc, k->kc = b.kc, k->nc = b.nc;
+    }
+    const char *bl = getenv("MMC_GEMM_BLOCKING");
+    if (bl && *bl) {
+        long long mc, kc, nc;
+        char tail;
+        if (sscanf(bl, "%lld,%lld,%lld%c", &mc, &kc, &nc, &tail) == 3 && mc > 0 && kc > 0 && nc > 0 &&
+            mc <= 1 << 16 && kc <= 1 << 16 && nc <= 1 << 20) {
+            for (size_t i = 0; i < sizeof g_all / sizeof g_all[0]; i++) set_blocks(g_all[i], mc, kc, nc);
+            g_blocking_source = "MMC_GEMM_BLOCKING";
+        } else {
+            fprintf(stderr, "mmc: ignoring MMC_GEMM_BLOCKING='%s' (want mc,kc,nc: three positive integers)\n", bl);
+        }
+    }
+    int mc = env_int("MMC_GEMM_MC", 0), kc = env_int("MMC_GEMM_KC", 0), nc = env_int("MMC_GEMM_NC", 0);
+    if (mc > 0 || kc > 0 || nc > 0) {
+        for (size_t i = 0; i < sizeof g_all / sizeof g_all[0]; i++) set_blocks(g_all[i], mc, kc, nc);
+        g_blocking_source = "MMC_GEMM_MC/KC/NC";
+    }
+    const char *bf = getenv("MMC_GEMM_BF16");
+    if (bf && strcmp(bf, "dot") == 0) {
+        if (cpu_bf16dot()) g_bf16_dot = 1;
+        else fprintf(stderr, "mmc: MMC_GEMM_BF16=dot ignored: this CPU lacks AVX512_BF16\n");
+    } else if (bf && *bf && strcmp(bf, "f32") != 0) {
+        fprintf(stderr, "mmc: ignoring MMC_GEMM_BF16='%s' (want dot or f32)\n", bf);
+    }
+}
+
 static const kdesc *kernel(void) {
+    pthread_once(&g_init_once, init_blocking);
     const kdesc *k = __atomic_load_n(&g_kernel, __ATOMIC_ACQUIRE);
     if (k) return k;
-    __builtin_cpu_init();
+    const mmc_cpu_info *ci = mmc_cpu_info_get();
+    const bool avx2 = ci->avx2 && ci->fma;
     const char *force = getenv("MMC_GEMM_KERNEL");
     if (force && strcmp(force, "generic") == 0) k = &K_GENERIC;
-    else if (force && strcmp(force, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma")) k = &K_AVX2;
-    else if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        k = &K_AVX512;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) k = &K_AVX2;
+    else if (force && strcmp(force, "avx2") == 0 && avx2) k = &K_AVX2;
+    else if (cpu_avx512()) k = &K_AVX512;
+    else if (avx2) k = &K_AVX2;
     else k = &K_GENERIC;
-    /* tuning hooks (blocking must stay fixed for a process: set before the first call) */
-    kdesc *w = (kdesc *)k;
-    int mc = env_int("MMC_GEMM_MC", 0), kc = env_int("MMC_GEMM_KC", 0), nc = env_int("MMC_GEMM_NC", 0);
-    if (mc > 0) w->mc = (mc + w->mr - 1) / w->mr * w->mr;
-    if (kc > 0) w->kc = kc;
-    if (nc > 0) w->nc = (nc + w->nr - 1) / w->nr * w->nr;
     __atomic_store_n(&g_kernel, k, __ATOMIC_RELEASE);
     return k;
 }
+
+/* The kernel a packed GEMM runs: the bf16-dot kernel for an inference GEMM with bf16 B when it
+ * is switched on and the AVX-512 kernel is the one chosen (a forced avx2/generic stays). */
+static const kdesc *kernel_for(bool b16_infer) {
+    const kdesc *k = kernel();
+    return b16_infer && k == &K_AVX512 && __atomic_load_n(&g_bf16_dot, __ATOMIC_RELAXED) ? &K_BF16DOT : k;
+}
+
+/* 4-byte slots per row of a packed panel for kc values of k: one per k (f32), one per k pair
+ * (bf16 pairs). Packed panels are laid out back to back with this stride. */
+static inline int64_t kslots(const kdesc *kd, int64_t kc) { return kd->elem_bytes == 2 ? (kc + 1) / 2 : kc; }
 
 const char *mmc_gemm_kernel_name(void) { return kernel()->name; }
 
 int mmc_gemm_set_kernel(const char *name) {
     const kdesc *k = NULL;
-    __builtin_cpu_init();
+    const mmc_cpu_info *ci = mmc_cpu_info_get();
+    pthread_once(&g_init_once, init_blocking);
     if (strcmp(name, "generic") == 0) k = &K_GENERIC;
-    else if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        k = &K_AVX2;
-    else if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512dq"))
-        k = &K_AVX512;
+    else if (strcmp(name, "avx2") == 0 && ci->avx2 && ci->fma) k = &K_AVX2;
+    else if (strcmp(name, "avx512") == 0 && cpu_avx512()) k = &K_AVX512;
     if (!k) return -1;
     __atomic_store_n(&g_kernel, k, __ATOMIC_RELEASE);
     return 0;
+}
+
+int mmc_gemm_set_bf16_dot(bool on) {
+    pthread_once(&g_init_once, init_blocking);
+    if (on && !cpu_bf16dot()) return -1;
+    __atomic_store_n(&g_bf16_dot, on ? 1 : 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static void describe(const kdesc *k, mmc_gemm_path *p) {
+    p->kernel = k->name;
+    p->mr = k->mr, p->nr = k->nr;
+    p->mc = k->mc, p->kc = k->kc, p->nc = k->nc;
+}
+
+void mmc_gemm_describe(mmc_gemm_info *out) {
+    const kdesc *k = kernel();
+    describe(k, &out->f32);
+    describe(k, &out->bf16);
+    describe(kernel_for(true), &out->bf16_infer);
+    out->bf16_dot = kernel_for(true) == &K_BF16DOT;
+    out->bf16_dot_available = cpu_bf16dot();
+    out->small_m = SMALL_M;
+    out->small_m_kernel = k == &K_AVX512 ? "avx512" : "generic";
+    out->blocking_source = g_blocking_source;
 }
 
 /* ------------------------------------------------------------------ buffers */
@@ -216,7 +352,7 @@ static float *grow(float *p, size_t *cap, size_t need_floats) {
 
 static void ensure_bufs(const kdesc *kd, int nth) {
     bufs *t = &tl_bufs;
-    size_t need_a = (size_t)kd->mc * kd->kc, need_b = (size_t)kd->kc * kd->nc;
+    size_t need_a = (size_t)kd->mc * kslots(kd, kd->kc), need_b = (size_t)kslots(kd, kd->kc) * kd->nc;
     t->b = grow(t->b, &t->b_cap, need_b);
     if (need_a > t->a_cap) {
         for (int i = 0; i < MAX_THREADS; i++) { free(t->a[i]); t->a[i] = NULL; }
@@ -300,10 +436,90 @@ T512 static void pack_a_t_avx512(const float *A, int64_t lda, int64_t m0, int64_
     }
 }
 
+/* ---- bf16-dot packing: 32-bit (even k, odd k) bf16 pairs; an odd last k pairs with 0 */
+
+/* A (f32) rows [m0, m0+mc) × k [k0, k0+kc) as MR-row panels of pairs, Ap[p][q][i] =
+ * (A[i][k0+2q], A[i][k0+2q+1]) rounded to bf16 (nearest-even). [M, K]: 32 k of each row
+ * converted by vcvtne2ps2bf16 into 16 pairs, then a 16×16 transpose of the 32-bit pairs. */
+TBF16 static void pack_a_dot(bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc, int64_t k0,
+                             int64_t kc, float *Ap_) {
+    uint32_t *Ap = (uint32_t *)Ap_;
+    const int mr = MR512;
+    const __mmask16 wm = (__mmask16)((1u << mr) - 1u);
+    for (int64_t p = 0; p < mc; p += mr) {
+        const int rows = mc - p < mr ? (int)(mc - p) : mr;
+        uint32_t *dst = Ap + p * ((kc + 1) / 2); /* panels of MR rows × (kc+1)/2 pairs, back to back */
+        if (ta) { /* A stored [K, M]: the panel's rows are contiguous at each k */
+            for (int64_t q = 0; q < (kc + 1) / 2; q++) {
+                const float *lo = A + (k0 + 2 * q) * lda + m0 + p, *hi = 2 * q + 1 < kc ? lo + lda : NULL;
+                for (int i = 0; i < mr; i++)
+                    dst[q * mr + i] = i >= rows ? 0u
+                                                : (uint32_t)mmc_f32_to_bf16(lo[i]) |
+                                                      (uint32_t)(hi ? mmc_f32_to_bf16(hi[i]) : 0) << 16;
+            }
+            continue;
+        }
+        for (int64_t kb = 0; kb < kc; kb += 32) {
+            const int ke = kc - kb < 32 ? (int)(kc - kb) : 32;
+            const __mmask16 mlo = ke >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ke) - 1u);
+            const __mmask16 mhi = ke <= 16 ? 0 : ke == 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (ke - 16)) - 1u);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                if (i < rows) {
+                    const float *src = A + (m0 + p + i) * lda + k0 + kb;
+                    __m512bh h = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, src + 16), _mm512_maskz_loadu_ps(mlo, src));
+                    r[i] = _mm512_castsi512_ps((__m512i)h);
+                } else {
+                    r[i] = _mm512_setzero_ps();
+                }
+            }
+            tr16(r);
+            for (int q = 0; q < (ke + 1) / 2; q++) _mm512_mask_storeu_ps(dst + (kb / 2 + q) * mr, wm, r[q]);
+        }
+    }
+}
+
+/* One NR=32 panel of bf16 B, columns [n0, n0+cols) × k [k0, k0+kc): Bp[q][j] = (op(B)[k0+2q][j],
+ * op(B)[k0+2q+1][j]), zero past cols. [N, K] rows already hold k pairs side by side: 16×16
+ * transposes of 32-bit words. [K, N]: rows 2q and 2q+1 widened to 32 bits and interleaved. */
+TBF16 static void pack_b_dot(bool tb, const uint16_t *B, int64_t ldb, int64_t n0, int64_t cols, int64_t k0,
+                             int64_t kc, float *Bp_) {
+    uint32_t *Bp = (uint32_t *)Bp_;
+    const int nr = 32;
+    for (int g = 0; g < nr; g += 16) {
+        const int w = cols - g > 16 ? 16 : cols - g > 0 ? (int)(cols - g) : 0;
+        if (tb) {
+            for (int64_t kb = 0; kb < kc; kb += 32) {
+                const int ke = kc - kb < 32 ? (int)(kc - kb) : 32;
+                const __mmask32 km = ke == 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << ke) - 1u);
+                __m512 r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = i < w ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(km, B + (n0 + g + i) * ldb + k0 + kb))
+                                 : _mm512_setzero_ps();
+                tr16(r);
+                for (int q = 0; q < (ke + 1) / 2; q++) _mm512_store_ps((float *)(Bp + (kb / 2 + q) * nr + g), r[q]);
+            }
+        } else {
+            const __mmask16 m = (__mmask16)((1u << w) - 1u);
+            for (int64_t q = 0; q < (kc + 1) / 2; q++) {
+                const uint16_t *lo = B + (k0 + 2 * q) * ldb + n0 + g;
+                __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo));
+                if (2 * q + 1 < kc)
+                    v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + ldb)), 16));
+                _mm512_store_si512((void *)(Bp + q * nr + g), v);
+            }
+        }
+    }
+}
+
 /* Pack rows [m0, m0+mc) × k [k0, k0+kc) of op(A) into MR-row panels: Ap[p][k][i]. */
 static void pack_a(const kdesc *kd, bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc,
                    int64_t k0, int64_t kc, float *restrict Ap) {
     const int mr = kd->mr;
+    if (kd == &K_BF16DOT) {
+        pack_a_dot(ta, A, lda, m0, mc, k0, kc, Ap);
+        return;
+    }
     if (ta && kd == &K_AVX512) {
         pack_a_t_avx512(A, lda, m0, mc, k0, kc, Ap);
         return;
@@ -342,6 +558,10 @@ static inline float ldb_val(const void *B, bool b16, int64_t idx) {
 static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int64_t ldb,
                          int64_t n0, int64_t cols, int64_t k0, int64_t kc, float *restrict Bp) {
     const int nr = kd->nr;
+    if (kd == &K_BF16DOT) {
+        pack_b_dot(tb, (const uint16_t *)B, ldb, n0, cols, k0, kc, Bp);
+        return;
+    }
     if (tb && kd == &K_AVX512) { /* B stored [N, K]: two 16-row transposes per panel */
         for (int g = 0; g < nr; g += 16) {
             int rows = cols - g > 16 ? 16 : cols - g > 0 ? (int)(cols - g) : 0;
@@ -389,6 +609,13 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
 static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
                         int64_t nc, int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
     const int nr = kd->nr;
+    if (kd == &K_BF16DOT) {
+        for (int64_t p = p0; p < p1; p++) {
+            const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
+            pack_b_dot(false, (const uint16_t *)B, ldb, jc + c0, cols, k0, kc, Bp + p * nr * ((kc + 1) / 2));
+        }
+        return;
+    }
     const int64_t esz = b16 ? 2 : 4, seg = (p1 - p0) * nr * esz; /* bytes per source row */
     for (int64_t k = 0; k < kc; k++) {
         const int64_t base = (k0 + k) * ldb + jc;
@@ -584,8 +811,6 @@ static void mv_nb_generic(int M, int64_t n0, int64_t n1, int64_t K, float alpha,
     }
 }
 
-#define SMALL_M 4
-
 static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                          float alpha, const float *A, int64_t lda, const void *B, bool b16,
                          int64_t ldb, float beta, float *C, int64_t ldc) {
@@ -684,7 +909,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
             gsz = gsz < 1 ? 1 : gsz > 8 ? 8 : gsz;
             const int64_t ngroups = (npanels + gsz - 1) / gsz;
             for (int64_t pc = 0; pc < K; pc += KC) {
-                const int64_t kc = K - pc < KC ? K - pc : KC;
+                const int64_t kc = K - pc < KC ? K - pc : KC, ks = kslots(kd, kc); /* ks: panel row stride */
                 const float beta_k = pc == 0 ? beta : 1.0f;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t g = 0; g < ngroups; g++) {
@@ -692,7 +917,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                     if (tb) {
                         for (int64_t p = p0; p < p1; p++) {
                             int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
-                            pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * kc);
+                            pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * ks);
                         }
                     } else {
                         pack_b_rows(kd, B, b16, ldb, jc, nc, p0, p1, pc, kc, Bp);
@@ -731,14 +956,14 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                         }
                         const int64_t j = jp * nr;
                         const int64_t cols = nc - j < nr ? nc - j : nr;
-                        const float *bp = Bp + jp * nr * kc;
+                        const float *bp = Bp + jp * nr * ks;
                         for (int64_t i = 0; i < mc; i += mr) {
                             const int64_t rows = mc - i < mr ? mc - i : mr;
                             float *c = C + (ic + i) * ldc + jc + j;
                             if (rows == mr && cols == nr) {
-                                kd->ukr(kc, Ap + i * kc, bp, c, ldc, alpha, beta_k);
+                                kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
                             } else {
-                                kd->ukr(kc, Ap + i * kc, bp, tile, nr, 1.0f, 0.0f);
+                                kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
                                 for (int64_t r = 0; r < rows; r++)
                                     for (int64_t q = 0; q < cols; q++) {
                                         float s = alpha * tile[r * nr + q];
@@ -755,7 +980,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
 
 static void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                      const float *A, int64_t lda, const void *B, bool b16, int64_t ldb, float beta,
-                     float *C, int64_t ldc) {
+                     float *C, int64_t ldc, bool infer) {
     MMC_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=%lld N=%lld K=%lld",
               (long long)M, (long long)N, (long long)K);
     MMC_CHECK(lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N,
@@ -764,19 +989,24 @@ static void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
               (long long)K, ta, tb);
     if (M == 0 || N == 0) return;
     if (K == 0) { scale_c(M, N, beta, C, ldc); return; }
-    const kdesc *kd = kernel();
-    if (M <= SMALL_M) gemm_small_m(kd, ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
-    else gemm_packed(kd, ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
+    if (M <= SMALL_M) gemm_small_m(kernel(), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
+    else gemm_packed(kernel_for(b16 && infer), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
 }
 
 void mmc_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                   float *C, int64_t ldc) {
-    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, false, ldb, beta, C, ldc);
+    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, false, ldb, beta, C, ldc, false);
 }
 
 void mmc_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
                    float *C, int64_t ldc) {
-    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, true, ldb, beta, C, ldc);
+    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, true, ldb, beta, C, ldc, false);
+}
+
+void mmc_gemm_bf16_infer(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc) {
+    gemm_any(ta, tb, M, N, K, alpha, A, lda, B, true, ldb, beta, C, ldc, true);
 }

@@ -26,12 +26,40 @@ void mmc_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 void mmc_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
                    float *C, int64_t ldc);
+/* mmc_gemm_bf16 for inference (no gradient will flow): the same result, unless the opt-in
+ * AVX512_BF16 kernel is switched on (MMC_GEMM_BF16=dot / mmc_gemm_set_bf16_dot), which rounds A
+ * to bf16 too (packed path, M > 4): about twice as fast, errors ~1e-3 relative instead of ~1e-7. */
+void mmc_gemm_bf16_infer(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc);
 void mmc_gemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                   float *C, int64_t ldc);
 void mmc_gemm_ref_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
                        float *C, int64_t ldc);
+/* Use the AVX512_BF16 kernel (vdpbf16ps; A rounded to bf16, so results change — see gemm.c)
+ * for packed mmc_gemm_bf16_infer calls (M > 4), as MMC_GEMM_BF16=dot does; returns -1 if this CPU
+ * lacks AVX512_BF16. Not thread-safe against running GEMMs. */
+int mmc_gemm_set_bf16_dot(bool on);
+
+/* What a GEMM runs on this machine (for `mmc info --system` and benchmark reports). */
+typedef struct {
+    const char *kernel;    /* micro-kernel name */
+    int mr, nr;            /* register tile */
+    int64_t mc, kc, nc;    /* cache blocking */
+} mmc_gemm_path;
+typedef struct {
+    mmc_gemm_path f32, bf16;     /* packed path per B dtype (bf16: training, backward) */
+    mmc_gemm_path bf16_infer;    /* mmc_gemm_bf16_infer's packed path */
+    bool bf16_dot;               /* bf16_infer runs the vdpbf16ps kernel (else = bf16) */
+    bool bf16_dot_available;     /* the CPU has AVX512_BF16 */
+    int small_m;                 /* M <= small_m runs the unpacked matvec path */
+    const char *small_m_kernel;  /* "avx512" or "generic" */
+    const char *blocking_source; /* "model" (from the caches) or the env variable that set it */
+} mmc_gemm_info;
+void mmc_gemm_describe(mmc_gemm_info *out);
+
 /* Name of the micro-kernel chosen for this CPU ("avx512", "avx2", "generic"). */
 const char *mmc_gemm_kernel_name(void);
 /* Force the micro-kernel ("avx512", "avx2", "generic") for tests/benchmarks; returns -1 if

@@ -9,7 +9,7 @@
 #define PAR_MIN 32768
 
 void mmc_cpu_linear_fwd(const float *x, const void *w, bool w_bf16, const void *b, bool b_bf16,
-                        float *y, int64_t M, int64_t N, int64_t K) {
+                        float *y, int64_t M, int64_t N, int64_t K, bool infer) {
     if (b) {
 #pragma omp parallel for schedule(static) if (M * N > PAR_MIN)
         for (int64_t m = 0; m < M; m++) {
@@ -24,7 +24,8 @@ void mmc_cpu_linear_fwd(const float *x, const void *w, bool w_bf16, const void *
         }
     }
     float beta = b ? 1.0f : 0.0f;
-    if (w_bf16) mmc_gemm_bf16(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
+    if (w_bf16 && infer) mmc_gemm_bf16_infer(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
+    else if (w_bf16) mmc_gemm_bf16(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
     else mmc_gemm_f32(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
 }
 

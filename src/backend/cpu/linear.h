@@ -5,9 +5,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* x [M, K], w [N, K] (bf16 when w_bf16), b [N] (f32, bf16 when b_bf16, or NULL) -> y [M, N] */
+/* x [M, K], w [N, K] (bf16 when w_bf16), b [N] (f32, bf16 when b_bf16, or NULL) -> y [M, N].
+ * infer: no gradient will flow (grad mode off), so bf16 weights may take the opt-in
+ * AVX512_BF16 kernel (mmc_gemm_bf16_infer); training forwards pass false (exact path). */
 void mmc_cpu_linear_fwd(const float *x, const void *w, bool w_bf16, const void *b, bool b_bf16,
-                        float *y, int64_t M, int64_t N, int64_t K);
+                        float *y, int64_t M, int64_t N, int64_t K, bool infer);
 /* Accumulating backward; each of dx [M, K], dw [N, K], db [N] may be NULL (not wanted). */
 void mmc_cpu_linear_bwd(const float *x, const void *w, bool w_bf16, const float *dy, float *dx,
                         float *dw, float *db, int64_t M, int64_t N, int64_t K);

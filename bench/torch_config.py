@@ -1,0 +1,37 @@
+"""torch_config.py — what the PyTorch peers run on, for results.json's "peers" object (bench/run.sh).
+
+Prints one JSON object: torch's version, the CPU capability its ATen kernels dispatch to
+(torch.backends.cpu.get_cpu_capability(): "AVX512", "AVX2", ...), the BLAS and oneDNN lines of
+torch.__config__.show() (f32 matmul goes to the BLAS, bf16 matmul and F.linear to oneDNN),
+the thread count, and the versions of the other peers' libraries where they import
+(transformers, tokenizers, diffusers, torchvision, PIL). Not named peer_*.py: run.sh runs
+those as benchmarks."""
+import json
+import re
+
+out = {}
+try:
+    import torch
+    cfg = torch.__config__.show()
+    t = {"version": torch.__version__, "threads": torch.get_num_threads()}
+    try:
+        t["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except Exception as e:  # older torch
+        t["cpu_capability"] = f"unknown ({type(e).__name__})"
+    m = re.search(r"BLAS_INFO=([^,\n]+)", cfg)
+    t["blas"] = m.group(1).strip() if m else None
+    lines = [ln.strip() for ln in cfg.splitlines()]
+    # the library line of the BLAS f32 matmul calls (MKL / OpenBLAS / ...), as show() words it
+    t["blas_line"] = next((ln.lstrip("- ") for ln in lines
+                           if re.search(r"Math Kernel Library|OpenBLAS|BLIS|Accelerate", ln)), None)
+    t["onednn"] = next((ln.lstrip("- ") for ln in lines if "oneDNN" in ln or "MKL-DNN" in ln), None)
+    t["mkldnn_enabled"] = bool(torch.backends.mkldnn.is_available())
+    out["torch"] = t
+except ImportError as e:
+    out["torch"] = {"error": str(e)}
+for mod in ("transformers", "tokenizers", "diffusers", "torchvision", "PIL"):
+    try:
+        out[mod] = {"version": __import__(mod).__version__}
+    except Exception:
+        pass
+print(json.dumps(out))
