@@ -195,6 +195,7 @@ typedef struct {
     int steps;
     double guidance;             /* distilled guidance (guidance_embeds checkpoints), 3.5 in diffusers */
     double true_cfg;             /* > 1 with a negative prompt: a second pass per step */
+    int start_step;              /* img2img: the first step (mmc_flux_img2img_latents); 0 otherwise */
     void (*progress)(void *user, int step, int n, double step_seconds);
     void *user;
 } mmc_flux_sample_opts;
@@ -218,6 +219,18 @@ mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_co
 mmc_status mmc_flux_decode(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor *latents, int height, int width,
                            bool tiled, mmc_tensor **image);
 void mmc_flux_pipeline_release_transformer(mmc_flux_pipeline *p);
+/* img2img as FluxImg2ImgPipeline: the first step int(max(n - min(n * strength, n), 0)), and the
+ * starting latents scale_noise(image_latents, timesteps[start], noise), packed. image_latents are
+ * scaled VAE latents [B, C, h, w] (mmc_flux_encode_image, or given), noise of the same shape.
+ * Set the sample options' start_step to *start_step. */
+int mmc_flux_img2img_start(int steps, double strength);
+mmc_status mmc_flux_img2img_latents(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor *image_latents,
+                                    const mmc_tensor *noise, int steps, double strength, int height, int width,
+                                    mmc_tensor **packed, int *start_step);
+/* VAE-encode images pixels [B, 3, H, W] in [-1, 1] (VaeImageProcessor.preprocess's output), sample the
+ * latent distribution from mmc's stream `seed`, shift and scale -> [B, C, h, w]. */
+mmc_status mmc_flux_encode_image(mmc_ctx *ctx, mmc_flux_pipeline *p, const float *pixels, int64_t B, int height,
+                                 int width, uint64_t seed, mmc_tensor **latents);
 /* A diffusers LoRA (a folder with pytorch_lora_weights.safetensors, or the file) on the
  * transformer, applied unmerged at scale weight x alpha / r. One adapter at a time. */
 mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, float weight);

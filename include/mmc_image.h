@@ -60,7 +60,8 @@ mmc_status mmc_image_write_png(const char *path, const uint8_t *rgb, int height,
                                const char *const *keys, const char *const *values);
 
 /* ---------------------------------------------------------------- resampling */
-typedef enum { MMC_RESAMPLE_BILINEAR = 0, MMC_RESAMPLE_BICUBIC = 1 } mmc_resample;
+/* Pillow's filters (lanczos: what diffusers' VaeImageProcessor resizes with) */
+typedef enum { MMC_RESAMPLE_BILINEAR = 0, MMC_RESAMPLE_BICUBIC = 1, MMC_RESAMPLE_LANCZOS = 2 } mmc_resample;
 
 /* Pillow's Image.resize((out_w, out_h), resample) on an RGB image, bit-exact: separable
  * convolution (horizontal then vertical), support scaled by the downscale factor,

@@ -10,6 +10,7 @@
 #include "mmc_diffusion.h"
 #include "mmc_lora.h"
 #include "mmc_encoders.h"
+#include "mmc_image.h"
 #include "mmc_train.h"
 
 #include <unistd.h>
@@ -387,6 +388,42 @@ static void check_pipeline(void) {
         CHECK_CLOSE(img, want, 1e-3, 0, "pipeline image (true CFG 1.5, 2 steps)");
         printf("pipeline b: true CFG max|diff| %.2e\n", max_abs_diff(img, want));
     }
+    /* img2img (FluxImg2ImgPipeline): strength 0.6 of 4 steps starts at step 1 */
+    CHECK(mmc_flux_img2img_start(4, 0.6) == 1 && mmc_flux_img2img_start(4, 1.0) == 0 && mmc_flux_img2img_start(4, 0.2) == 3);
+    mmc_tensor *il = fixture_tensor(exp, "i2i_image_latents", MMC_F32), *in = fixture_tensor(exp, "i2i_noise", MMC_F32);
+    mmc_tensor *packed = NULL, *wi = fixture_tensor(exp, "i2i_image", MMC_F32);
+    int start = -1;
+    CHECK_OK(mmc_flux_img2img_latents(ctx, p, il, in, 4, 0.6, 32, 48, &packed, &start));
+    if (packed) {
+        mmc_tensor *keep = mmc_tensor_new(MMC_F32, 3, packed->shape);
+        memcpy(keep->data, packed->data, mmc_nbytes(packed));
+        mmc_flux_sample_opts io = {.height = 32, .width = 48, .steps = 4, .guidance = 3.5, .start_step = start};
+        CHECK_OK(mmc_flux_sample(ctx, p, &c0, NULL, keep, &io));
+        CHECK_OK(mmc_flux_decode(ctx, p, keep, 32, 48, false, &img));
+        if (img) {
+            CHECK_CLOSE(img, wi, 1e-3, 0, "img2img image (strength 0.6)");
+            printf("pipeline img2img: max|diff| %.2e\n", max_abs_diff(img, wi));
+        }
+        mmc_tensor_free(keep);
+    }
+    CHECK_ERR(mmc_flux_img2img_latents(ctx, p, il, in, 4, 0.0, 32, 48, &packed, &start), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "no denoising step") != NULL);
+    mmc_tensor_free(il), mmc_tensor_free(in), mmc_tensor_free(wi);
+    /* VaeImageProcessor.preprocess: Pillow's lanczos to 48 x 32, then [-1, 1] */
+    mmc_image src = {0}, rs = {0};
+    mmc_image_opts iop;
+    mmc_image_opts_default(&iop);
+    CHECK_OK(mmc_image_load("tests/fixtures/flux/pipe/init.png", &iop, &src));
+    CHECK_OK(mmc_image_resize(&src, 32, 48, MMC_RESAMPLE_LANCZOS, &rs));
+    mmc_tensor *wp = fixture_tensor(exp, "init_preprocessed", MMC_F32);
+    double worst = 0;
+    for (int c = 0; rs.data && c < 3; c++)
+        for (int i = 0; i < 32 * 48; i++)
+            worst = fmax(worst, fabs((rs.data[i * 3 + c] / 255.0f - 0.5f) / 0.5f - ((float *)wp->data)[c * 32 * 48 + i]));
+    CHECKF(worst < 1e-6, "lanczos preprocess: max|diff| %.3g", worst);
+    mmc_tensor_free(wp);
+    mmc_image_free(&src);
+    mmc_image_free(&rs);
     /* sizes that the VAE and the packing cannot take: the error names the nearest valid one */
     o.height = 42;
     CHECK_ERR(mmc_flux_sample(ctx, p, &c0, NULL, lat, &o), MMC_ERR_INVALID);

@@ -4,6 +4,7 @@
 #  - from diffusers' own initial noise (--latents), with a negative prompt and true CFG 1.5, the PNG
 #    equals the one diffusers saved within 1/255 per channel (float differences of ~4e-6 may round a
 #    pixel the other way), and its tEXt chunks hold the prompt and the settings;
+#  - --init-image (img2img) runs and records its strength;
 #  - --batch writes one file per image; sizes the VAE cannot take name the nearest valid size;
 #    bad options are usage errors;
 #  - `mmc train` fine-tunes a LoRA on the transformer from an HF imagefolder (metadata.jsonl):
@@ -73,6 +74,12 @@ grep -q "^prompt=a red circle on the left$" "$T/text.txt" && grep -q "^negative_
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a blue square" --steps 1 --width 32 --height 32 \
   --max-sequence-length 16 --batch 2 --seed 3 --out "$T/b.png"
 [ -s "$T/b.png" ] && [ -s "$T/b-1.png" ] && ok || bad "--batch 2 did not write b.png and b-1.png: $(ls "$T")"
+# img2img from a PNG of another size (resized with lanczos), the strength in the text chunks
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --init-image $P/init.png --strength 0.5 \
+  --steps 4 --width 48 --height 32 --max-sequence-length 16 --out "$T/i2i.png"
+png_dump "$T/i2i.png" >/dev/null 2>"$T/text.txt" && grep -q "^strength=0.5$" "$T/text.txt" && ok || bad "img2img PNG: $(cat "$T/text.txt")"
+expect_rc 1 "$MMC" generate-image --model $P --prompt x --init-image $P/init.png --strength 0 --steps 4 --width 48 --height 32
+expect_err "no denoising step"
 # sizes and options
 expect_rc 1 "$MMC" generate-image --model $P --prompt x --width 50 --height 32
 expect_err "nearest valid size is 52x32"

@@ -38,6 +38,10 @@ void help_generate_image(FILE *f) {
             "  --lora DIR[:SCALE]      a diffusers LoRA (pytorch_lora_weights.safetensors, as diffusers'\n"
             "                          save_lora_weights and `mmc train` write it) applied unmerged, at\n"
             "                          SCALE (default 1, as set_adapters' weight)\n"
+            "  --init-image F          img2img (FluxImg2ImgPipeline): start from this image, resized to\n"
+            "                          the output size with Pillow's lanczos, VAE-encoded\n"
+            "  --strength S            img2img: how much noise to add, 0..1 (default 0.6); the first\n"
+            "                          int(steps - steps * S) steps are skipped\n"
             "  --latents F             initial noise from a safetensors file (tensor \"latents\", packed\n"
             "                          [B, S, 4C] as FluxPipeline takes latents=, or [B, C, h, w]): for\n"
             "                          bit-for-bit comparisons with diffusers, whose RNG differs\n"
@@ -100,6 +104,8 @@ static void out_name(const char *out, int i, char *buf, size_t n) {
 
 int cmd_generate_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
+    const char *init_image = NULL;
+    double strength = 0.6;
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
     bool json = false, tiled = false;
@@ -113,6 +119,8 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--negative-prompt")) neg = v;
         else if (!strcmp(a, "--latents")) latents_path = v;
+        else if (!strcmp(a, "--init-image")) init_image = v;
+        else if (!strcmp(a, "--strength")) { if (!cli_float(a, v, 0, 1, &strength)) return CLI_USAGE; }
         else if (!strcmp(a, "--lora")) {
             if (lora) return cli_usage("generate-image", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
             lora = v;
@@ -181,10 +189,41 @@ int cmd_generate_image(int argc, char **argv) {
         mmc_rng_normal(&r, z->data, mmc_numel(z), 0.0f, 1.0f);
         lat = mmc_flux_pack_latents(ctx, z);
     }
+    int start_step = 0;
+    if (init_image) {   /* img2img: the noise above mixes with the image's latents at the start step */
+        mmc_image im = {0}, rs = {0};
+        mmc_image_opts io;
+        mmc_image_opts_default(&io);
+        if ((st = mmc_image_load(init_image, &io, &im))) { cli_fail(st, "cannot read --init-image"); goto done; }
+        if (im.height != height || im.width != width) {
+            st = mmc_image_resize(&im, (int)height, (int)width, MMC_RESAMPLE_LANCZOS, &rs);
+            mmc_image_free(&im);
+            if (st) { cli_fail(st, "cannot resize --init-image"); goto done; }
+            im = rs;
+        }
+        float *px = malloc((size_t)B * 3 * (size_t)height * (size_t)width * sizeof *px);
+        if (!px) { mmc_image_free(&im); cli_fail(mmc_error(MMC_ERR_OOM, "out of memory"), "img2img"); goto done; }
+        for (int b = 0; b < B; b++)
+            for (int c = 0; c < 3; c++)
+                for (int64_t i = 0; i < height * width; i++)
+                    px[((int64_t)b * 3 + c) * height * width + i] = (im.data[i * 3 + c] / 255.0f - 0.5f) / 0.5f;
+        mmc_image_free(&im);
+        mmc_tensor *il = NULL;
+        st = mmc_flux_encode_image(ctx, p, px, B, (int)height, (int)width, (uint64_t)seed + 1, &il);
+        free(px);
+        if (st) { cli_fail(st, "cannot encode --init-image"); goto done; }
+        mmc_tensor *noise = mmc_flux_unpack_latents(ctx, lat, h, w), *packed = NULL;
+        if ((st = mmc_flux_img2img_latents(ctx, p, il, noise, (int)steps, strength, (int)height, (int)width, &packed,
+                                           &start_step))) {
+            cli_fail(st, "img2img");
+            goto done;
+        }
+        lat = packed;
+    }
     mmc_tensor *keep = mmc_tensor_new(MMC_F32, 3, lat->shape);   /* persistent across the loop's arena resets */
     memcpy(keep->data, lat->data, mmc_nbytes(lat));
     mmc_flux_sample_opts o = {.height = (int)height, .width = (int)width, .steps = (int)steps, .guidance = guidance,
-                              .true_cfg = true_cfg, .progress = on_step, .user = &ps};
+                              .true_cfg = true_cfg, .start_step = start_step, .progress = on_step, .user = &ps};
     const double t1 = mmc_now();
     st = mmc_flux_sample(ctx, p, &cond, use_neg ? &ncond : NULL, keep, &o);
     const double t_denoise = mmc_now() - t1;
@@ -210,14 +249,17 @@ int cmd_generate_image(int argc, char **argv) {
             for (int c = 0; c < 3; c++) rgb[i * 3 + c] = (uint8_t)lrintf(x[c * height * width + i] * 255.0f);
         char seed_s[64];
         snprintf(seed_s, sizeof seed_s, "%lld%s", seed, latents_path ? " (--latents given)" : "");
+        char strength_s[64];
+        snprintf(strength_s, sizeof strength_s, "%g", strength);
         const char *keys[] = {"prompt", "negative_prompt", "model", "steps", "guidance", "true_cfg", "size", "seed",
-                              "image_index", "lora", "software"};
+                              "image_index", "lora", "init_image", "strength", "software"};
         char idx[16];
         snprintf(idx, sizeof idx, "%d", b);
         const char *vals[] = {prompt, neg ? neg : "", model, settings[0], settings[1], settings[2], settings[3],
-                              seed_s, idx, lora ? lora : "", "mmc generate-image (FluxPipeline)"};
+                              seed_s, idx, lora ? lora : "", init_image ? init_image : "",
+                              init_image ? strength_s : "", "mmc generate-image (FluxPipeline)"};
         out_name(out, b, file, sizeof file);
-        if ((st = mmc_image_write_png(file, rgb, (int)height, (int)width, 11, keys, vals))) {
+        if ((st = mmc_image_write_png(file, rgb, (int)height, (int)width, 13, keys, vals))) {
             cli_fail(st, "cannot write %s", file);
             goto done;
         }

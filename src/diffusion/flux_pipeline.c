@@ -138,7 +138,12 @@ mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_co
     mmc_flux_latent_ids(2 * (o->height / (2 * f)), 2 * (o->width / (2 * f)), img_ids);
     for (int64_t b = 0; b < B; b++) gd[b] = (float)o->guidance;     /* torch.full([1], guidance_scale) */
     const int64_t n = mmc_numel(latents);
-    for (int i = 0; i < p->sched.n; i++) {
+    if (o->start_step < 0 || o->start_step >= p->sched.n) {
+        st = mmc_error(MMC_ERR_INVALID, "img2img: the strength leaves no denoising step of %d (start %d)", p->sched.n,
+                       o->start_step);
+        goto done;
+    }
+    for (int i = o->start_step; i < p->sched.n; i++) {
         const double t0 = now_s();
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         for (int64_t b = 0; b < B; b++) ts[b] = p->sched.timesteps[i] / 1000.0f;   /* timestep / 1000 */
@@ -156,7 +161,7 @@ mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_co
         }
         mmc_fm_step(&p->sched, i, v->data, latents->data, n, NULL);
         mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        if (o->progress) o->progress(o->user, i + 1, p->sched.n, now_s() - t0);
+        if (o->progress) o->progress(o->user, i + 1 - o->start_step, p->sched.n - o->start_step, now_s() - t0);
     }
 done:
     free(ts);
@@ -206,4 +211,60 @@ mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, f
     if (!st) st = mmc_lora_load_diffusers(path, "transformer", &ml, weight, false, &p->lora);
     mmc_module_list_free(&ml);
     return st;
+}
+
+/* ------------------------------------------------------------------ img2img (FluxImg2ImgPipeline) */
+int mmc_flux_img2img_start(int steps, double strength) {
+    /* get_timesteps: init_timestep = min(n * strength, n); t_start = int(max(n - init_timestep, 0)) */
+    double init = steps * strength < steps ? steps * strength : steps;
+    double t = steps - init > 0 ? steps - init : 0;
+    return (int)t;
+}
+
+mmc_status mmc_flux_img2img_latents(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor *image_latents,
+                                    const mmc_tensor *noise, int steps, double strength, int height, int width,
+                                    mmc_tensor **packed, int *start_step) {
+    *packed = NULL;
+    mmc_status st = mmc_flux_check_size(p, height, width);
+    if (st) return st;
+    if (!(strength >= 0.0 && strength <= 1.0))
+        return mmc_error(MMC_ERR_INVALID, "img2img: strength %g must be in [0, 1]", strength);
+    const int f = mmc_flux_pipeline_vae_scale(p);
+    const int64_t h = 2 * (height / (2 * f)), w = 2 * (width / (2 * f)), C = p->tr_cfg.in_channels / 4;
+    if (image_latents->ndim != 4 || image_latents->shape[1] != C || image_latents->shape[2] != h ||
+        image_latents->shape[3] != w || !mmc_same_shape(image_latents, noise))
+        return mmc_error(MMC_ERR_INVALID, "img2img: image latents and noise must be [B, %lld, %lld, %lld]", (long long)C,
+                         (long long)h, (long long)w);
+    const int t0 = mmc_flux_img2img_start(steps, strength);
+    if (steps - t0 < 1)
+        return mmc_error(MMC_ERR_INVALID, "img2img: strength %g with %d steps leaves no denoising step; raise "
+                         "--strength or --steps", strength, steps);
+    double *sig = malloc((size_t)steps * sizeof *sig);
+    if (!sig) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_fm_flux_sigmas(steps, sig);
+    st = mmc_fm_set_timesteps(&p->sched, steps, sig, mmc_fm_calculate_shift(&p->sched.cfg, (h / 2) * (w / 2)));
+    free(sig);
+    if (st) return st;
+    /* scale_noise at timesteps[t_start]: sigma * noise + (1 - sigma) * image_latents */
+    mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, image_latents->shape);
+    memcpy(z->data, image_latents->data, mmc_nbytes(z));
+    mmc_fm_scale_noise(&p->sched, t0, z->data, noise->data, mmc_numel(z));
+    *packed = mmc_flux_pack_latents(ctx, z);
+    *start_step = t0;
+    return MMC_OK;
+}
+
+mmc_status mmc_flux_encode_image(mmc_ctx *ctx, mmc_flux_pipeline *p, const float *pixels, int64_t B, int height,
+                                 int width, uint64_t seed, mmc_tensor **latents) {
+    *latents = NULL;
+    mmc_status st;
+    if (!p->vae && (st = mmc_vae_load(p->comp_dir[C_VAE], &p->vae))) return st;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *x = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, 3, height, width));
+    memcpy(x->data, pixels, mmc_nbytes(x));
+    mmc_tensor *z = mmc_vae_sample(ctx, mmc_vae_encode(ctx, p->vae, x), NULL, seed);   /* retrieve_latents(sample) */
+    mmc_vae_scale_latents(p->vae, z);                                                    /* (z - shift) * scaling */
+    mmc_set_grad_enabled(ctx, was);
+    *latents = z;
+    return MMC_OK;
 }

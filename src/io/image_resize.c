@@ -41,11 +41,20 @@ static double bilinear(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+static double sinc(double x) {
+    if (x == 0.0) return 1.0;
+    x *= M_PI;
+    return sin(x) / x;
+}
+static double lanczos(double x) {   /* Pillow's: sinc windowed by sinc(x / 3), support 3 */
+    return x >= -3.0 && x < 3.0 ? sinc(x) * sinc(x / 3.0) : 0.0;
+}
+
 /* Kernel windows for one axis: bounds[2*o] = first input index, bounds[2*o+1] = count,
  * kk[o*ksize + j] = normalised weight. Returns ksize, or 0 on OOM. */
 static int coeffs(int in_size, int out_size, mmc_resample f, int **bounds_out, double **kk_out) {
-    double (*filt)(double) = f == MMC_RESAMPLE_BICUBIC ? bicubic : bilinear;
-    double fsupport = f == MMC_RESAMPLE_BICUBIC ? 2.0 : 1.0;
+    double (*filt)(double) = f == MMC_RESAMPLE_BICUBIC ? bicubic : f == MMC_RESAMPLE_LANCZOS ? lanczos : bilinear;
+    double fsupport = f == MMC_RESAMPLE_BICUBIC ? 2.0 : f == MMC_RESAMPLE_LANCZOS ? 3.0 : 1.0;
     double scale = (double)in_size / out_size, filterscale = scale < 1.0 ? 1.0 : scale;
     double support = fsupport * filterscale;
     int ksize = (int)ceil(support) * 2 + 1;

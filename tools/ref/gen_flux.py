@@ -248,6 +248,22 @@ with torch.no_grad():
     exp["image_b"] = pipe(prompt=prompts[0], negative_prompt=neg, true_cfg_scale=1.5, height=H, width=W,
                           num_inference_steps=2, guidance_scale=2.0, latents=lat, max_sequence_length=MAXLEN,
                           output_type="pt").images
+    # img2img (FluxImg2ImgPipeline) from given image latents (a latent-channel tensor skips the VAE, so
+    # the generator draws only the noise, which is saved too): strength 0.6 of 4 steps starts at step 1
+    from diffusers import FluxImg2ImgPipeline
+    from diffusers.utils.torch_utils import randn_tensor
+    i2i = FluxImg2ImgPipeline.from_pipe(pipe)
+    img_lat = torch.randn(1, 4, 16, 24, generator=g)
+    exp["i2i_image_latents"] = img_lat
+    exp["i2i_noise"] = randn_tensor((1, 4, 16, 24), generator=torch.Generator().manual_seed(7))
+    exp["i2i_image"] = i2i(prompt=prompts[0], image=img_lat, strength=0.6, height=H, width=W, num_inference_steps=4,
+                           guidance_scale=3.5, max_sequence_length=MAXLEN, output_type="pt",
+                           generator=torch.Generator().manual_seed(7)).images
+    # VaeImageProcessor.preprocess of a non-square PNG to 48 x 32 (Pillow's lanczos, then [-1, 1])
+    from PIL import Image
+    src = Image.fromarray((torch.rand(40, 56, 3, generator=g) * 255).to(torch.uint8).numpy())
+    src.save(os.path.join(d, "init.png"))
+    exp["init_preprocessed"] = i2i.image_processor.preprocess(src, height=H, width=W)
     # the CLI case: run b as a PNG (output_type="pil", saved by PIL), its latents in their own file
     save_file({"latents": lat.contiguous()}, os.path.join(d, "cli_latents.safetensors"))
     pipe(prompt=prompts[0], negative_prompt=neg, true_cfg_scale=1.5, height=H, width=W, num_inference_steps=2,
