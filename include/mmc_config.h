@@ -82,6 +82,9 @@ typedef struct {
     double logit_mean, logit_std, mode_scale;
     double guidance;                  /* guidance-embedding models: the scripts' --guidance_scale */
     int64_t max_sequence_length;      /* T5 tokens */
+    char *validation_prompt;          /* an image of it every validation_every steps (and at the end) */
+    int64_t validation_every, validation_steps;
+    int64_t validation_seed;
 } mmc_flow_matching_cfg;
 
 typedef struct {

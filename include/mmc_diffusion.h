@@ -231,6 +231,9 @@ mmc_status mmc_flux_img2img_latents(mmc_ctx *ctx, mmc_flux_pipeline *p, const mm
  * latent distribution from mmc's stream `seed`, shift and scale -> [B, C, h, w]. */
 mmc_status mmc_flux_encode_image(mmc_ctx *ctx, mmc_flux_pipeline *p, const float *pixels, int64_t B, int height,
                                  int width, uint64_t seed, mmc_tensor **latents);
+/* Sample with the caller's transformer (a training run's, adapters attached), not owned; NULL
+ * returns to loading the folder's own. */
+void mmc_flux_pipeline_borrow_transformer(mmc_flux_pipeline *p, mmc_flux *m);
 /* A diffusers LoRA (a folder with pytorch_lora_weights.safetensors, or the file) on the
  * transformer, applied unmerged at scale weight x alpha / r. One adapter at a time. */
 mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, float weight);

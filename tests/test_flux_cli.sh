@@ -8,7 +8,7 @@
 #  - --batch writes one file per image; sizes the VAE cannot take name the nearest valid size;
 #    bad options are usage errors;
 #  - `mmc train` fine-tunes a LoRA on the transformer from an HF imagefolder (metadata.jsonl):
-#    finite losses, diffusers-layout adapter files in the checkpoints, a resumed run that repeats
+#    finite losses, validation images of a prompt every 3 steps, diffusers-layout adapter files in the checkpoints, a resumed run that repeats
 #    the uninterrupted one's losses exactly, and generate-image --lora on the result;
 #  - with the reference venv: diffusers' load_lora_weights reads mmc's adapter and gives the same
 #    velocity as mmc.
@@ -104,12 +104,19 @@ flow_matching:
   weighting_scheme: logit_normal
   guidance: 1.0
   max_sequence_length: 16
+  validation_prompt: a red circle on the left
+  validation_every: 3
+  validation_steps: 2
 optimizer: {lr: 1.0e-3, weight_decay: 1.0e-4}
 training: {steps: 6, save_every: 3, log_every: 1, output_dir: $T/run, seed: 5}
 YAML
 expect_rc 0 "$MMC" train "$T/run.yaml"
 for s in 3 6; do
   [ -s "$T/run/checkpoint-$s/pytorch_lora_weights.safetensors" ] && ok || bad "checkpoint-$s lacks the adapter: $(ls "$T/run/checkpoint-$s" 2>&1)"
+done
+for s in 3 6; do
+  f="$T/run/validation/step-00000$s.png"
+  png_dump "$f" >/dev/null 2>"$T/text.txt" && grep -q "^step=$s$" "$T/text.txt" && ok || bad "validation image $f: $(ls "$T/run" "$T/run/validation" 2>&1)"
 done
 nl=$(grep -c '"loss"' "$T/run/metrics.jsonl" 2>/dev/null)
 [ "$nl" = 6 ] && ok || bad "metrics.jsonl has $nl loss lines, want 6"

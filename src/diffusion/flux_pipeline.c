@@ -69,7 +69,7 @@ fail:
 void mmc_flux_pipeline_free(mmc_flux_pipeline *p) {
     if (!p) return;
     mmc_lora_free(p->lora);          /* detaches from the transformer, so before it goes */
-    mmc_flux_free(p->transformer);
+    if (!p->borrowed) mmc_flux_free(p->transformer);
     mmc_vae_free(p->vae);
     mmc_fm_free(&p->sched);
     free(p);
@@ -196,8 +196,17 @@ mmc_status mmc_flux_decode(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor 
 void mmc_flux_pipeline_release_transformer(mmc_flux_pipeline *p) {
     mmc_lora_free(p->lora);
     p->lora = NULL;
-    mmc_flux_free(p->transformer);
+    if (!p->borrowed) mmc_flux_free(p->transformer);
     p->transformer = NULL;
+    p->borrowed = false;
+}
+
+void mmc_flux_pipeline_borrow_transformer(mmc_flux_pipeline *p, mmc_flux *m) {
+    mmc_lora_free(p->lora);
+    p->lora = NULL;
+    if (!p->borrowed) mmc_flux_free(p->transformer);
+    p->transformer = m;
+    p->borrowed = m != NULL;
 }
 
 mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, float weight) {

@@ -14,6 +14,7 @@ struct mmc_flux_pipeline {
     mmc_vae *vae;                   /* loaded by the first decode() */
     char comp_dir[8][1024];         /* component folders: see enum below */
     struct mmc_lora_set *lora;      /* an adapter on the transformer (mmc_flux_pipeline_load_lora) */
+    bool borrowed;                  /* the transformer belongs to the caller (a training run) */
 };
 enum { C_TRANSFORMER, C_VAE, C_SCHEDULER, C_TEXT, C_TOK, C_TEXT2, C_TOK2 };
 

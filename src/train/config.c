@@ -84,6 +84,12 @@ static const mmc_cfg_field k_flow_matching[] = {
     F(mmc_flow_matching_cfg, mode_scale, MMC_CFG_FLOAT, -100, 100, NULL, NULL, "mode: scale"),
     F(mmc_flow_matching_cfg, guidance, MMC_CFG_FLOAT, 0, 1000, NULL, NULL, "guidance value of guidance-embedding models"),
     F(mmc_flow_matching_cfg, max_sequence_length, MMC_CFG_INT, 1, 4096, NULL, NULL, "T5 tokens per caption"),
+    F(mmc_flow_matching_cfg, validation_prompt, MMC_CFG_STR, U, NULL, NULL,
+      "prompt of the validation images (output_dir/validation/step-N.png)"),
+    F(mmc_flow_matching_cfg, validation_every, MMC_CFG_INT, 0, 1e12, NULL, NULL,
+      "steps between validation images (0: only at the end, when a prompt is set)"),
+    F(mmc_flow_matching_cfg, validation_steps, MMC_CFG_INT, 1, 1000, NULL, NULL, "denoising steps of a validation image"),
+    F(mmc_flow_matching_cfg, validation_seed, MMC_CFG_INT, 0, 9.2e18, NULL, NULL, "seed of its initial noise"),
     {0},
 };
 static const mmc_cfg_field k_parallel[] = {
@@ -173,6 +179,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->flow_matching.mode_scale = 1.29;
     c->flow_matching.guidance = 1.0;
     c->flow_matching.max_sequence_length = 512;
+    c->flow_matching.validation_steps = 28;
 }
 
 void mmc_run_config_free(mmc_run_config *c) {

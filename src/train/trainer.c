@@ -1097,6 +1097,13 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                 break;
             }
         }
+        if (mmc_trainer_flux_validation_due(t)) {   /* diffusion: an image of the validation prompt */
+            char vpath[2400];
+            const double v0 = mmc_now();
+            if ((st = mmc_trainer_flux_validate(t, vpath, sizeof vpath))) break;
+            if (tty) fputc('\n', stderr);
+            fprintf(stderr, "validation image %s (%.1f s)\n", vpath, mmc_now() - v0);
+        }
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (tty) fputc('\n', stderr);
             if ((st = save_ranked(t))) break;

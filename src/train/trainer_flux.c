@@ -41,6 +41,8 @@ struct mmc_fm_data {
     mmc_fm_config sched;              /* the training schedule (scheduler_config.json) */
     mmc_fm_scheme scheme;
     char pipe[2048];
+    mmc_flux_pipeline *vpipe;         /* validation images: the pipeline (its VAE) and the prompt's encoding */
+    mmc_flux_cond vcond;
 };
 
 /* ------------------------------------------------------------------ the model */
@@ -183,6 +185,9 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     free(f->std);
     free(f->embeds);
     free(f->pooled);
+    mmc_flux_cond_free(&f->vcond);
+    if (f->vpipe) mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
+    mmc_flux_pipeline_free(f->vpipe);
     free(f);
 }
 
@@ -274,6 +279,11 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         mmc_flux_cond_free(&cond);
         mmc_ctx_reset(ctx);
     }
+    const char *vp = c->flow_matching.validation_prompt;
+    if (!st && vp) {   /* the validation prompt's encoding, and the pipeline kept for its images */
+        st = mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
+        if (!st) f->vpipe = pipe, pipe = NULL;
+    }
     mmc_flux_pipeline_free(pipe);
     mmc_ctx_free(ctx);
     if (!st) fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld T5 tokens\n",
@@ -333,6 +343,57 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
     if (st) return st;
     *loss = mmc_scale(ctx, l, (float)((double)B * scale));   /* sum of per-sample losses / global samples */
     return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ validation images */
+bool mmc_trainer_flux_validation_due(const mmc_trainer *t) {
+    const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
+    if (!t->flux || !fc->validation_prompt) return false;
+    return (fc->validation_every > 0 && t->step % fc->validation_every == 0) || t->step == t->cfg->training.steps;
+}
+
+/* One image of the validation prompt with the weights as they are (adapters attached), written to
+ * output_dir/validation/step-<N>.png with the prompt and step in its text chunks. */
+mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
+    mmc_fm_data *f = t->fm;
+    const mmc_run_config *c = t->cfg;
+    const int res = (int)c->data.resolution;
+    char dir[2100];
+    snprintf(dir, sizeof dir, "%s/validation", c->training.output_dir);
+    mmc_status st = mmc_mkdir_p(dir);
+    if (st) return st;
+    snprintf(path, cap, "%s/step-%06lld.png", dir, (long long)t->step);
+    mmc_flux_pipeline_borrow_transformer(f->vpipe, t->flux);
+    mmc_ctx *ctx = t->ctx;
+    const int64_t C = f->C, h = f->h, w = f->w;
+    mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(1, C, h, w));
+    mmc_rng r;
+    mmc_rng_init(&r, (uint64_t)c->flow_matching.validation_seed);
+    mmc_rng_normal(&r, z->data, mmc_numel(z), 0.0f, 1.0f);
+    mmc_tensor *lat = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, (h / 2) * (w / 2), 4 * C));
+    memcpy(lat->data, mmc_flux_pack_latents(ctx, z)->data, mmc_nbytes(lat));
+    mmc_flux_sample_opts o = {.height = res, .width = res, .steps = (int)c->flow_matching.validation_steps,
+                              .guidance = c->flow_matching.guidance};
+    mmc_tensor *img = NULL;
+    st = mmc_flux_sample(ctx, f->vpipe, &f->vcond, NULL, lat, &o);
+    if (!st) st = mmc_flux_decode(ctx, f->vpipe, lat, res, res, false, &img);
+    mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
+    mmc_tensor_free(lat);
+    if (!st) {
+        uint8_t *rgb = malloc((size_t)res * res * 3);
+        if (!rgb) st = mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int64_t i = 0; rgb && i < (int64_t)res * res; i++)
+            for (int ch = 0; ch < 3; ch++) rgb[i * 3 + ch] = (uint8_t)lrintf(((float *)img->data)[ch * res * res + i] * 255.0f);
+        char step[32];
+        snprintf(step, sizeof step, "%lld", (long long)t->step);
+        const char *keys[] = {"prompt", "step", "software"};
+        const char *vals[] = {c->flow_matching.validation_prompt, step, "mmc train (validation image)"};
+        if (rgb) st = mmc_image_write_png(path, rgb, res, res, 3, keys, vals);
+        free(rgb);
+    }
+    mmc_ctx_reset(ctx);
+    mmc_set_grad_enabled(ctx, true);
+    return st;
 }
 
 /* ------------------------------------------------------------------ checkpoints */

@@ -102,6 +102,8 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t);
 void mmc_fm_data_free(mmc_fm_data *f);
 mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss);
 mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir);
+bool mmc_trainer_flux_validation_due(const mmc_trainer *t);
+mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap);
 
 /* checkpoint.c */
 mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);
