@@ -9,7 +9,8 @@
 #    bad options are usage errors;
 #  - `mmc train` fine-tunes a LoRA on the transformer from an HF imagefolder (metadata.jsonl):
 #    finite losses, validation images of a prompt every 3 steps, diffusers-layout adapter files in the checkpoints, a resumed run that repeats
-#    the uninterrupted one's losses exactly, and generate-image --lora on the result;
+#    the uninterrupted one's losses exactly, 2 data-parallel ranks with the one process's losses, and
+#    generate-image --lora on the result;
 #  - with the reference venv: diffusers' load_lora_weights reads mmc's adapter and gives the same
 #    velocity as mmc.
 set -u
@@ -130,6 +131,20 @@ a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -3); b=$(grep -o '"los
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
 cmp -s "$T/run/checkpoint-6/pytorch_lora_weights.safetensors" "$T/run2/checkpoint-6/pytorch_lora_weights.safetensors" \
   && ok || bad "resumed adapter differs from the uninterrupted run's"
+# data parallelism: 2 ranks x 1 micro-batch draw what 1 process x 2 micro-batches draws (per-sample
+# streams), so the losses are equal
+if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
+  sed -e "s|steps: 6, save_every: 3|steps: 3, save_every: 0|" -e "s|output_dir: $T/run|output_dir: $T/dp1|" \
+      -e "/validation_/d" "$T/run.yaml" >"$T/dp.yaml"
+  expect_rc 0 "$MMC" train "$T/dp.yaml"
+  # its own OpenMPI session directory (ctest -j runs other MPI tests beside this one) and a watchdog
+  export OMPI_MCA_orte_tmpdir_base="$T" MMC_DIST_TIMEOUT=${MMC_DIST_TIMEOUT:-120}
+  expect_rc 0 timeout -k 10 300 "$MMC" launch -n 2 "$T/dp.yaml" --set training.output_dir=$T/dp2 --set parallel.data_parallel=2
+  a=$(grep -o '"loss": [^,]*' "$T/dp1/metrics.jsonl"); b=$(grep -o '"loss": [^,]*' "$T/dp2/metrics.jsonl" 2>/dev/null)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "2-rank losses [$b] differ from 1 process [$a]"
+else
+  echo "test_flux_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
+fi
 # the trained adapter generates
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle on the left" --steps 2 --width 32 --height 32 \
   --max-sequence-length 16 --lora "$T/run/checkpoint-6:0.8" --out "$T/lora.png"

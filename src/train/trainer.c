@@ -536,7 +536,16 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         goto fail;
     }
     if (resume && (st = mmc_trainer_restore(t, ckpt))) goto fail;
-    if (t->world_size > 1 || cfg->parallel.zero > 0) {
+    if (t->flux && (t->world_size > 1 || cfg->parallel.zero > 0)) {
+        /* diffusion: plain bucketed all-reduce / ZeRO-1/2 over the transformer's parameters (no units) */
+        if ((st = mmc_dp_new(t->world, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL,
+                             &t->dp)))
+            goto fail;
+        if (cfg->parallel.zero >= 1) {
+            mmc_dp_scatter_state(t->dp, &t->adamw);
+            mmc_adamw_free(&t->adamw);
+        }
+    } else if (t->world_size > 1 || cfg->parallel.zero > 0) {
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
          * layer and each vision block, keyed by its layer struct as the models name it; the
          * vision blocks run first. The untrained parameters go too (ZeRO-3 shards them). */

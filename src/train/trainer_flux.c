@@ -17,8 +17,9 @@
  *                it, so does `mmc generate-image --lora`); full: the transformer folder
  *                (config.json + diffusion_pytorch_model.safetensors)
  *
- * The data order is a seeded permutation per epoch; noise, timestep draws and latent samples
- * come from the trainer's RNG, which checkpoints restore, so a resumed run continues exactly. */
+ * The data order is a seeded permutation per epoch; each sample's latent draw, noise and timestep
+ * come from a stream keyed by (seed, step, sample), so a resumed run continues exactly and
+ * data-parallel ranks together draw what one process would. */
 #include "trainer_internal.h"
 #include "mmc_diffusion.h"
 #include "mmc_image.h"
@@ -64,10 +65,9 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
     if (c->model.quantization.method != MMC_QUANT_NONE)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.quantization: NF4 bases are not wired for diffusion "
                          "transformers yet; use LoRA on the f32 / bf16 transformer", c->file);
-    if (t->world_size > 1 || c->parallel.zero > 0)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: diffusion training runs on one process so far (the gradient "
-                         "reducer's units are the language model's layers); set parallel.data_parallel: 1 and parallel.zero: 0",
-                         c->file);
+    if (c->parallel.zero == 3)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.zero 3 is not wired for diffusion transformers (no "
+                         "per-block gathering yet); use ZeRO 0-2", c->file);
     if (c->training.eval_every > 0)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: training.eval_every: evaluation of diffusion models is not "
                          "wired yet; set it to 0", c->file);
@@ -321,20 +321,26 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
     mmc_tensor *pe = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, f->T, f->J)), *pp = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, f->P));
     float *eps = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)per * sizeof *eps), u[256], sig[256], ts[256];
     MMC_CHECK(B <= 256, "micro-batch too large");
-    /* every draw from the trainer's stream, in a fixed order: latent sample, noise, u */
+    const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
+    /* every draw of a sample comes from its own stream, keyed by (seed, step, global sample index):
+     * the same numbers whatever the micro-batching, the ranks or a resume */
     for (int64_t i = 0; i < B; i++) {
-        const int64_t idx = sample_at(t, b->sample_index + i);
-        mmc_rng_normal(&t->rng, eps, per, 0.0f, 1.0f);
+        const int64_t s = b->sample_index + i, idx = sample_at(t, s);
+        uint64_t key = (uint64_t)t->cfg->training.seed * 0x9E3779B97F4A7C15ull;
+        key ^= ((uint64_t)t->step + 1) * 0xC2B2AE3D27D4EB4Full;
+        key ^= ((uint64_t)s + 1) * 0x165667B19E3779F9ull;
+        mmc_rng r;
+        mmc_rng_init(&r, key);
+        mmc_rng_normal(&r, eps, per, 0.0f, 1.0f);
         float *xd = (float *)x0->data + i * per;
         const float *m = f->mean + idx * per, *sd = f->std + idx * per;
         for (int64_t k = 0; k < per; k++)   /* latent_dist.sample(), then (z - shift) * scaling */
             xd[k] = ((m[k] + sd[k] * eps[k]) - (float)f->shift) * (float)f->scaling;
+        mmc_rng_normal(&r, (float *)nz->data + i * per, per, 0.0f, 1.0f);
+        mmc_fm_sample_u(f->scheme, fc->logit_mean, fc->logit_std, fc->mode_scale, &r, 1, &u[i]);
         memcpy((float *)pe->data + i * f->T * f->J, f->embeds + idx * f->T * f->J, (size_t)(f->T * f->J) * sizeof(float));
         memcpy((float *)pp->data + i * f->P, f->pooled + idx * f->P, (size_t)f->P * sizeof(float));
     }
-    mmc_rng_normal(&t->rng, nz->data, mmc_numel(nz), 0.0f, 1.0f);
-    const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
-    mmc_fm_sample_u(f->scheme, fc->logit_mean, fc->logit_std, fc->mode_scale, &t->rng, (int)B, u);
     for (int64_t i = 0; i < B; i++) mmc_fm_train_sigma(&f->sched, u[i], &sig[i], &ts[i]);
     mmc_flux_fm_batch fb = {.latents = x0, .noise = nz, .sigmas = sig, .timesteps = ts, .prompt_embeds = pe,
                             .pooled = pp, .guidance = fc->guidance, .weighting = f->scheme};
