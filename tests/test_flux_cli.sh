@@ -127,6 +127,7 @@ cp -r "$T/run" "$T/run2"
 rm -rf "$T/run2/checkpoint-6"
 sed "s|$T/run|$T/run2|" "$T/run.yaml" >"$T/run2.yaml"
 expect_rc 0 "$MMC" train "$T/run2.yaml" --resume
+expect_err "encoded samples from the cache"     # the encoders do not run again
 a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -3); b=$(grep -o '"loss": [^,]*' "$T/run2/metrics.jsonl" | tail -3)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
 cmp -s "$T/run/checkpoint-6/pytorch_lora_weights.safetensors" "$T/run2/checkpoint-6/pytorch_lora_weights.safetensors" \

@@ -29,6 +29,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct mmc_fm_data {
@@ -191,6 +193,89 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     free(f);
 }
 
+/* ---- the encoded training set on disk: output_dir/cache/flux_data.safetensors, valid while its
+ * "key" (the model folder, the data file's size and time, the resolution, the T5 length, the
+ * validation prompt) matches; a resumed or repeated run skips the encoders entirely. */
+static void cache_key(const mmc_trainer *t, const char *data_file, char *key, size_t cap) {
+    const mmc_run_config *c = t->cfg;
+    struct stat sb = {0};
+    stat(data_file, &sb);
+    char model[PATH_MAX] = "";
+    if (!realpath(c->model.path, model)) snprintf(model, sizeof model, "%s", c->model.path);
+    snprintf(key, cap, "model=%s data=%s size=%lld mtime=%lld resolution=%lld max_sequence_length=%lld validation=%s",
+             model, data_file, (long long)sb.st_size, (long long)sb.st_mtime, (long long)c->data.resolution,
+             (long long)c->flow_matching.max_sequence_length,
+             c->flow_matching.validation_prompt ? c->flow_matching.validation_prompt : "");
+}
+
+static void cache_path(const mmc_trainer *t, char *path, size_t cap) {
+    snprintf(path, cap, "%s/cache/flux_data.safetensors", t->cfg->training.output_dir);
+}
+
+static mmc_status cache_read(mmc_trainer *t, const char *key) {
+    mmc_fm_data *f = t->fm;
+    char path[2200];
+    cache_path(t, path, sizeof path);
+    mmc_st *st = NULL;
+    if (mmc_st_open(path, &st) != MMC_OK) return MMC_ERR_NOT_FOUND;
+    const char *k = mmc_st_metadata(st, "key");
+    const mmc_st_entry *m = mmc_st_find(st, "mean"), *e = mmc_st_find(st, "embeds"), *p = mmc_st_find(st, "pooled");
+    mmc_status rc = MMC_ERR_NOT_FOUND;
+    if (!k || strcmp(k, key) != 0 || !m || !e || !p || m->ndim != 4 || e->ndim != 3 || p->ndim != 2) goto done;
+    f->n = m->shape[0], f->C = m->shape[1], f->h = m->shape[2], f->w = m->shape[3];
+    f->T = e->shape[1], f->J = e->shape[2], f->P = p->shape[1];
+    const int64_t per = f->C * f->h * f->w;
+    f->mean = malloc((size_t)(f->n * per) * sizeof(float));
+    f->std = malloc((size_t)(f->n * per) * sizeof(float));
+    f->embeds = malloc((size_t)(f->n * f->T * f->J) * sizeof(float));
+    f->pooled = malloc((size_t)(f->n * f->P) * sizeof(float));
+    if (!f->mean || !f->std || !f->embeds || !f->pooled) { rc = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    struct { const char *name; float *dst; int ndim; int64_t shape[4]; } ts[] = {
+        {"mean", f->mean, 4, {f->n, f->C, f->h, f->w}}, {"std", f->std, 4, {f->n, f->C, f->h, f->w}},
+        {"embeds", f->embeds, 3, {f->n, f->T, f->J}}, {"pooled", f->pooled, 2, {f->n, f->P}},
+    };
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        mmc_tensor *w = mmc_tensor_wrap(MMC_F32, ts[i].ndim, ts[i].shape, ts[i].dst);
+        rc = mmc_st_read_into(st, ts[i].name, w);
+        mmc_tensor_free(w);
+        if (rc) goto done;
+    }
+    if (t->cfg->flow_matching.validation_prompt) {
+        const mmc_st_entry *ve = mmc_st_find(st, "val_embeds"), *vp = mmc_st_find(st, "val_pooled");
+        if (!ve || !vp) { rc = MMC_ERR_NOT_FOUND; goto done; }
+        f->vcond.prompt_embeds = mmc_tensor_new(MMC_F32, ve->ndim, ve->shape);
+        f->vcond.pooled = mmc_tensor_new(MMC_F32, vp->ndim, vp->shape);
+        if ((rc = mmc_st_read_into(st, "val_embeds", f->vcond.prompt_embeds)) ||
+            (rc = mmc_st_read_into(st, "val_pooled", f->vcond.pooled)))
+            goto done;
+    }
+    rc = MMC_OK;
+done:
+    mmc_st_close(st);
+    return rc;
+}
+
+static mmc_status cache_write(mmc_trainer *t, const char *key) {
+    const mmc_fm_data *f = t->fm;
+    char dir[2200], path[2200];
+    snprintf(dir, sizeof dir, "%s/cache", t->cfg->training.output_dir);
+    mmc_status st = mmc_mkdir_p(dir);
+    if (st) return st;
+    cache_path(t, path, sizeof path);
+    mmc_stw *w = mmc_stw_new();
+    if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
+    st = mmc_stw_add_raw(w, "mean", MMC_F32, 4, MMC_SHAPE(f->n, f->C, f->h, f->w), f->mean);
+    if (!st) st = mmc_stw_add_raw(w, "std", MMC_F32, 4, MMC_SHAPE(f->n, f->C, f->h, f->w), f->std);
+    if (!st) st = mmc_stw_add_raw(w, "embeds", MMC_F32, 3, MMC_SHAPE(f->n, f->T, f->J), f->embeds);
+    if (!st) st = mmc_stw_add_raw(w, "pooled", MMC_F32, 2, MMC_SHAPE(f->n, f->P), f->pooled);
+    if (!st && f->vcond.prompt_embeds) st = mmc_stw_add(w, "val_embeds", f->vcond.prompt_embeds);
+    if (!st && f->vcond.pooled) st = mmc_stw_add(w, "val_pooled", f->vcond.pooled);
+    if (!st) st = mmc_stw_set_metadata(w, "key", key);
+    if (!st) st = mmc_stw_write(w, path);   /* atomic: a temporary file renamed into place */
+    mmc_stw_free(w);
+    return st;
+}
+
 mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     mmc_fm_data *f = calloc(1, sizeof *f);
@@ -222,6 +307,28 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         snprintf(file, sizeof file, "%s/metadata.jsonl", train);
         snprintf(base, sizeof base, "%s", c->data.image_root ? c->data.image_root : train);
     }
+    {   /* the VAE's latent scaling, from its config (the cache path loads no weights) */
+        mmc_json *vj = NULL;
+        mmc_vae_config vc;
+        snprintf(p, sizeof p, "%s/vae/config.json", c->model.path);
+        if ((st = mmc_json_load(p, &vj))) goto done;
+        st = mmc_vae_config_read(vj, p, &vc);
+        mmc_json_free(vj);
+        if (st) goto done;
+        f->scaling = vc.scaling_factor, f->shift = vc.shift_factor;
+    }
+    char key[8192];
+    cache_key(t, file, key, sizeof key);
+    if (cache_read(t, key) == MMC_OK) {
+        if (c->flow_matching.validation_prompt && (st = mmc_flux_pipeline_open(c->model.path, &f->vpipe))) goto done;
+        fprintf(stderr, "mmc train: %lld encoded samples from the cache (%s/cache)\n", (long long)f->n,
+                c->training.output_dir);
+        goto done;
+    }
+    /* a stale or partial cache read leaves nothing behind */
+    free(f->mean), free(f->std), free(f->embeds), free(f->pooled);
+    f->mean = f->std = f->embeds = f->pooled = NULL;
+    mmc_flux_cond_free(&f->vcond);
     if ((st = read_items(file, base, &items, &n))) goto done;
     f->n = n;
     /* images -> the VAE's latent distribution */
@@ -237,7 +344,6 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         goto done;
     }
     f->C = mmc_vae_cfg(vae)->latent_channels, f->h = f->w = res / fct;
-    f->scaling = mmc_vae_cfg(vae)->scaling_factor, f->shift = mmc_vae_cfg(vae)->shift_factor;
     const int64_t per = f->C * f->h * f->w;
     f->mean = malloc((size_t)(n * per) * sizeof(float));
     f->std = malloc((size_t)(n * per) * sizeof(float));
@@ -288,6 +394,7 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     mmc_ctx_free(ctx);
     if (!st) fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld T5 tokens\n",
                      (long long)n, (long long)f->C, (long long)f->h, (long long)f->w, (long long)f->T);
+    if (!st && t->rank == 0) st = cache_write(t, key);
 done:
     for (int64_t i = 0; i < n; i++) free(items[i].image), free(items[i].caption);
     free(items);
