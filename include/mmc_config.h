@@ -105,6 +105,7 @@ typedef struct {
 
 typedef struct {
     int64_t steps, seed, log_every, eval_every, save_every, keep_last, threads;
+    double ema_decay;                 /* 0: off; else an EMA of the trained weights (diffusers' EMAModel) */
     char *output_dir;
     int64_t gradient_accumulation;    /* derived: data.batch_size / data.micro_batch_size */
 } mmc_training_cfg;

@@ -109,7 +109,7 @@ flow_matching:
   validation_every: 3
   validation_steps: 2
 optimizer: {lr: 1.0e-3, weight_decay: 1.0e-4}
-training: {steps: 6, save_every: 3, log_every: 1, output_dir: $T/run, seed: 5}
+training: {steps: 6, save_every: 3, log_every: 1, output_dir: $T/run, seed: 5, ema_decay: 0.9}
 YAML
 expect_rc 0 "$MMC" train "$T/run.yaml"
 for s in 3 6; do
@@ -132,6 +132,8 @@ a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -3); b=$(grep -o '"los
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
 cmp -s "$T/run/checkpoint-6/pytorch_lora_weights.safetensors" "$T/run2/checkpoint-6/pytorch_lora_weights.safetensors" \
   && ok || bad "resumed adapter differs from the uninterrupted run's"
+cmp -s "$T/run/checkpoint-6/ema.safetensors" "$T/run2/checkpoint-6/ema.safetensors" && ok \
+  || bad "resumed EMA weights differ from the uninterrupted run's: $(ls "$T/run2/checkpoint-6")"
 # data parallelism: 2 ranks x 1 micro-batch draw what 1 process x 2 micro-batches draws (per-sample
 # streams), so the losses are equal
 if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then

@@ -351,6 +351,17 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
         if (access(path, F_OK) == 0 && (st = sync_processor_config(t, path))) goto fail;
     }
     if ((st = write_state(t, tmp))) goto fail;
+    if (t->ema) {   /* the EMA of the trained weights, under their names (LoRA: the adapter's) */
+        mmc_stw *w = mmc_stw_new();
+        if (!w) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+        for (int i = 0; i < t->n_opt && !st; i++)
+            st = mmc_stw_add_raw(w, t->opt_names[i], MMC_F32, t->opt[i]->ndim, t->opt[i]->shape, t->ema[i]);
+        if (!st) st = mmc_stw_set_metadata(w, "format", "pt");
+        snprintf(path, sizeof path, "%s/ema.safetensors", tmp);
+        if (!st) st = mmc_stw_write(w, path);
+        mmc_stw_free(w);
+        if (st) goto fail;
+    }
     if (t->n_hist > 0) {
         snprintf(path, sizeof path, "%s/loss.png", tmp);
         mmc_status pst = mmc_plot_loss_lr(path, t->h_step, t->h_loss, t->h_lr, t->n_hist);
@@ -468,5 +479,18 @@ mmc_status mmc_trainer_restore(mmc_trainer *t, const char *dir) {
     mmc_st_close(o);
     if (st) return mmc_error_prefix(st, "%s (was the run config changed since the checkpoint? freeze/dtype "
                                     "must stay the same)", path);
+    if (t->ema) {
+        snprintf(path, sizeof path, "%s/ema.safetensors", dir);
+        mmc_st *e = NULL;
+        if ((st = mmc_st_open(path, &e)))
+            return mmc_error_prefix(st, "--resume: training.ema_decay is set but the checkpoint has no EMA weights");
+        for (int i = 0; i < t->n_opt && !st; i++) {
+            mmc_tensor *w = mmc_tensor_wrap(MMC_F32, t->opt[i]->ndim, t->opt[i]->shape, t->ema[i]);
+            st = mmc_st_read_into(e, t->opt_names[i], w);
+            mmc_tensor_free(w);
+        }
+        mmc_st_close(e);
+        if (st) return mmc_error_prefix(st, "%s", path);
+    }
     return MMC_OK;
 }

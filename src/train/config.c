@@ -123,6 +123,8 @@ static const mmc_cfg_field k_training[] = {
     F(mmc_training_cfg, keep_last, MMC_CFG_INT, 0, 1e6, NULL, NULL, "checkpoints kept (0 = all)"),
     F(mmc_training_cfg, output_dir, MMC_CFG_STR, U, NULL, NULL, "run directory"),
     F(mmc_training_cfg, threads, MMC_CFG_INT, 0, 4096, NULL, NULL, "CPU threads (0 = OMP_NUM_THREADS / all)"),
+    F(mmc_training_cfg, ema_decay, MMC_CFG_FLOAT, 0, 1, NULL, NULL,
+      "EMA of the trained weights, decay min(d, (1+k)/(10+k)) as diffusers' EMAModel (0 = off)"),
     {0},
 };
 static const mmc_cfg_field k_root[] = {
@@ -290,6 +292,9 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     (long long)o->warmup_steps, (long long)c->training.steps);
     if (!c->training.output_dir)
         return verr(c, root, "training", NULL, "missing training.output_dir (where checkpoints and logs go)");
+    if (c->training.ema_decay > 0 && c->parallel.zero == 3)
+        return verr(c, root, "training", "ema_decay", "an EMA needs the whole trained weights on each rank; "
+                    "use parallel.zero 0-2");
     mmc_fm_scheme scheme;
     if (c->flow_matching.weighting_scheme &&
         mmc_fm_scheme_parse(c->flow_matching.weighting_scheme, "flow_matching.weighting_scheme", &scheme))

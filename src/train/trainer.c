@@ -535,6 +535,17 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
                        t->world_size, t->rank);
         goto fail;
     }
+    if (cfg->training.ema_decay > 0) {   /* the EMA starts at the initial weights */
+        t->ema = calloc((size_t)t->n_opt + 1, sizeof *t->ema);
+        if (!t->ema) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+        for (int i = 0; i < t->n_opt; i++) {
+            if (!(t->ema[i] = malloc((size_t)mmc_numel(t->opt[i]) * sizeof(float)))) {
+                st = mmc_error(MMC_ERR_OOM, "out of memory for the EMA weights");
+                goto fail;
+            }
+            memcpy(t->ema[i], t->opt[i]->data, (size_t)mmc_numel(t->opt[i]) * sizeof(float));
+        }
+    }
     if (resume && (st = mmc_trainer_restore(t, ckpt))) goto fail;
     if (t->flux && (t->world_size > 1 || cfg->parallel.zero > 0)) {
         /* diffusion: plain bucketed all-reduce / ZeRO-1/2 over the transformer's parameters (no units) */
@@ -617,6 +628,8 @@ void mmc_trainer_free(mmc_trainer *t) {
             mmc_tensor_free(t->opt[i]);
         }
     mmc_adamw_free(&t->adamw);
+    if (t->ema) for (int i = 0; i < t->n_opt; i++) free(t->ema[i]);
+    free(t->ema);
     mmc_dp_free(t->dp);
     free(t->opt);
     free(t->opt_model);
@@ -797,6 +810,18 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     for (int i = 0; i < t->n_opt; i++)   /* (ZeRO-3 rounds the master shards when it gathers) */
         if (t->opt[i] != t->opt_model[i] && t->opt[i]->data)
             mmc_convert(t->opt_model[i]->data, MMC_BF16, t->opt[i]->data, MMC_F32, mmc_numel(t->opt[i]));
+    if (t->ema) {
+        /* diffusers' EMAModel.step: the k-th update (k = step + 1) uses decay 0 for k = 1, then
+         * min(ema_decay, k / (k + 9)): ema -= (1 - decay) (ema - param) */
+        const int64_t k = t->step + 1;
+        const double d = k <= 1 ? 0.0 : fmin(c->training.ema_decay, (double)k / (double)(k + 9));
+        const float om = (float)(1.0 - d);
+        for (int i = 0; i < t->n_opt; i++) {
+            const float *w = t->opt[i]->data;
+            float *e = t->ema[i];
+            for (int64_t j = 0, n = mmc_numel(t->opt[i]); j < n; j++) e[j] -= om * (e[j] - w[j]);
+        }
+    }
     t->step++;
     t->rng.offset++;
     s->step = t->step;

@@ -88,6 +88,7 @@ struct mmc_trainer {
     int rank, world_size;
     bool owns_dist;            /* this trainer started the runtime (and finalizes it) */
     mmc_dp *dp;
+    float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
     struct mmc_fm_data *fm;
