@@ -73,6 +73,7 @@ typedef struct {
                                   when shuffle is off) */
     bool add_vision_id;
     int64_t resolution;        /* diffusion: images resized (shorter side) and centre-cropped to this */
+    int image_backend;         /* 0 pil (Pillow-exact resize) | 1 torchvision (transformers' fast processor) */
 } mmc_data_cfg;
 
 /* Diffusion training (model.path a diffusers FluxPipeline folder): diffusers' training-script

@@ -55,6 +55,7 @@ typedef struct {
     int max_new_tokens;       /* greedy answer length cap */
     bool blank_images;        /* replace every image by a black one of the same size */
     int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
+    int image_backend;        /* an mmc_vlproc_resize_mode; 0 = MMC_VLPROC_RESIZE_PIL (default) */
     int64_t limit;            /* evaluate at most this many samples (0: all) */
     FILE *progress;           /* a progress line per sample batch, or NULL */
 } mmc_eval_opts;

@@ -28,6 +28,9 @@ n2=$(sed -E 's/.*"prompt_tokens": ([0-9]+).*/\1/' "$T/out")
 [ "$n2" -lt "$np" ] 2>/dev/null && ok || bad "--video-frames 2 gave $n2 prompt tokens (4 frames: $np)"
 # chat: the video goes with the first message
 printf 'What moves?\n' | "$MMC" chat --model $VLDIR --video $V/moving.mp4 --max-new-tokens 2 >"$T/out" 2>"$T/err" && ok || bad "chat --video: $(cat "$T/err")"
+# chat: /video attaches one to the next message (one per conversation)
+printf 'Hello\n/video %s\nWhat moves?\n/video %s\n' $V/moving.mp4 $V/moving.mp4 | "$MMC" chat --model $VLDIR --max-new-tokens 2 >"$T/out" 2>"$T/err" \
+  && grep -q "video attached" "$T/err" && grep -q "one video per conversation" "$T/err" && ok || bad "chat /video: $(cat "$T/err")"
 # a folder of frames still works
 mkdir -p "$T/frames"
 cp tests/fixtures/image/rgb_500x333.jpg "$T/frames/0001.jpg"; cp tests/fixtures/image/rgb_500x333.jpg "$T/frames/0002.jpg"

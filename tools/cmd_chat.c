@@ -1,6 +1,7 @@
 /* cmd_chat.c — `mmc chat`: a multi-turn conversation on stdin/stdout. Each turn renders the
  * whole conversation with the chat template (the same code as generate, training and
- * serving) and streams the reply. /image PATH attaches an image to the next message. */
+ * serving) and streams the reply. /image PATH attaches an image to the next message, /video PATH
+ * a video (one per conversation: the prompt builder takes one video). */
 #include "cli.h"
 #include "runner.h"
 
@@ -13,6 +14,8 @@ void help_chat(FILE *f) {
             "usage: mmc chat --model DIR [options]\n\n"
             "Chat with the model in DIR. Type a message and press Enter. Commands:\n"
             "  /image PATH   attach an image to your next message (vision-language models)\n"
+            "  /video PATH   attach a video file (or frame folder) to your next message; one video per\n"
+            "                conversation (--video attaches one to the first message)\n"
             "  /reset        start a new conversation\n"
             "  /quit         leave (or end of input)\n\n"
             "options:\n"
@@ -81,13 +84,16 @@ int cmd_chat(int argc, char **argv) {
         return cli_fail(st, "chat: cannot use the chat template");
     }
     bool tty = isatty(STDIN_FILENO);
-    if (tty) fprintf(stderr, "mmc chat — %s%s%s (%s). /image PATH, /reset, /quit.\n", cm.base_dir,
+    if (tty) fprintf(stderr, "mmc chat — %s%s%s (%s). /image PATH, /video PATH, /reset, /quit.\n", cm.base_dir,
                      cm.adapter_dir[0] ? " + adapter " : "", cm.adapter_dir, cm.model_type);
     turn turns[256];
     int n_turns = 0;
     const char *images[64];
     char *image_store[64];
     int n_images = 0, pending_images = 0;
+    char *video_store = NULL;                   /* a /video path (--video's is argv's) */
+    int video_turn = video ? 0 : -1;            /* the user turn the video goes with */
+    bool video_pending = false;
     int32_t eos[MMC_GEN_MAX_EOS];
     mmc_gen_opts go0 = {0};
     /* the longest reply any turn may get (a max_length budget shrinks as the chat grows) */
@@ -105,6 +111,8 @@ int cmd_chat(int argc, char **argv) {
             for (int i = 0; i < n_turns; i++) { free(turns[i].role); free(turns[i].text); }
             for (int i = 0; i < n_images; i++) free(image_store[i]);
             n_turns = n_images = pending_images = 0;
+            free(video_store), video_store = NULL;
+            video = NULL, video_turn = -1, video_pending = false;
             fprintf(stderr, "[conversation reset]\n");
             continue;
         }
@@ -119,8 +127,18 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "[image attached: %s]\n", line + 7);
             continue;
         }
-        if (line[0] == '/') { fprintf(stderr, "mmc chat: unknown command %s (/image PATH, /reset, /quit)\n", line); continue; }
+        if (!strncmp(line, "/video ", 7)) {
+            if (!cm.vl) { fprintf(stderr, "mmc chat: %s is text-only; /video needs a vision-language model\n", model); continue; }
+            if (video) { fprintf(stderr, "mmc chat: one video per conversation (%s is attached); /reset first\n", video); continue; }
+            if (access(line + 7, R_OK) != 0) { fprintf(stderr, "mmc chat: cannot read %s\n", line + 7); continue; }
+            video = video_store = strdup(line + 7);
+            video_pending = true;
+            fprintf(stderr, "[video attached: %s]\n", line + 7);
+            continue;
+        }
+        if (line[0] == '/') { fprintf(stderr, "mmc chat: unknown command %s (/image PATH, /video PATH, /reset, /quit)\n", line); continue; }
         if (n_turns + 2 > 256) { fprintf(stderr, "mmc chat: conversation too long; /reset\n"); continue; }
+        if (video_pending) video_turn = n_turns, video_pending = false;
         turns[n_turns++] = (turn){strdup("user"), strdup(line), pending_images};
         pending_images = 0;
         /* messages: optional system, then every turn with its image parts */
@@ -131,7 +149,7 @@ int cmd_chat(int argc, char **argv) {
         for (int t = 0; t < n_turns; t++) {
             mmc_chat_part *p0 = &parts[np];
             for (int k = 0; k < turns[t].n_images; k++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
-            if (video && t == 0) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
+            if (video && t == video_turn) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
             parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = turns[t].text};
             msgs[nm++] = (mmc_chat_message){.role = turns[t].role, .parts = p0, .n_parts = (int)(&parts[np] - p0)};
         }
@@ -140,6 +158,7 @@ int cmd_chat(int argc, char **argv) {
             cli_fail(st, "chat: cannot build the prompt");
             free(turns[--n_turns].role);
             free(turns[n_turns].text);
+            if (video_turn == n_turns && video_store) video_pending = true, video_turn = -1;
             continue;
         }
         cli_stream cs = {.tok = cm.tok, .ids = out, .print = true};
@@ -158,6 +177,7 @@ int cmd_chat(int argc, char **argv) {
     }
     for (int i = 0; i < n_turns; i++) { free(turns[i].role); free(turns[i].text); }
     for (int i = 0; i < n_images; i++) free(image_store[i]);
+    free(video_store);
     free(out);
     cli_model_free(&cm);
     return rc;

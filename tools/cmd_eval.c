@@ -1,6 +1,7 @@
 /* cmd_eval.c — `mmc eval`: loss, perplexity and short-answer accuracy of a model on a chat
  * dataset, with predictions as JSONL (see include/mmc_eval.h). */
 #include "cli.h"
+#include "runner.h"
 #include "mmc_eval.h"
 
 #include <math.h>
@@ -26,6 +27,8 @@ void help_eval(FILE *f) {
             "  --out FILE             write one prediction per sample as JSONL\n"
             "  --max-new-tokens N     answer length cap (default 16)\n"
             "  --limit N              evaluate only the first N samples\n"
+            "  --image-backend B      pil (default): Pillow-exact image resize; torchvision: the resize of\n"
+            "                         transformers' default (fast) Qwen2-VL image processor\n"
             "  --max-image-pixels N   refuse image files with more pixels (default 178956970, PIL's\n"
             "                         decompression-bomb limit)\n"
             "  --blank-images         replace every image (and video frame) by a black one (does the\n"
@@ -44,7 +47,8 @@ int cmd_eval(int argc, char **argv) {
         if (strcmp(a, "--json") == 0) { json = true; continue; }
         if (strcmp(a, "--blank-images") == 0) { o.blank_images = true; continue; }
         if (!strcmp(a, "--model") || !strcmp(a, "--adapter") || !strcmp(a, "--data") || !strcmp(a, "--image-root") || !strcmp(a, "--out") ||
-            !strcmp(a, "--max-new-tokens") || !strcmp(a, "--limit") || !strcmp(a, "--max-image-pixels")) {
+            !strcmp(a, "--max-new-tokens") || !strcmp(a, "--limit") || !strcmp(a, "--max-image-pixels") ||
+            !strcmp(a, "--image-backend")) {
             if (!(val = cli_value(argc, argv, &i))) return CLI_USAGE;
         } else return cli_usage("eval", "unknown option '%s'", a);
         if (!strcmp(a, "--model")) o.model_dir = val;
@@ -52,6 +56,11 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--data")) o.data_path = val;
         else if (!strcmp(a, "--image-root")) o.image_root = val;
         else if (!strcmp(a, "--out")) o.out_path = val;
+        else if (!strcmp(a, "--image-backend")) {
+            mmc_vlproc_resize_mode m;
+            if (cli_image_backend("eval", val, &m)) return CLI_USAGE;
+            o.image_backend = (int)m;
+        }
         else if (!strcmp(a, "--max-image-pixels")) { if (!cli_int(a, val, 1, 1LL << 40, &v)) return CLI_USAGE; o.max_image_pixels = v; }
         else if (!strcmp(a, "--max-new-tokens")) { if (!cli_int(a, val, 1, 4096, &v)) return CLI_USAGE; o.max_new_tokens = (int)v; }
         else { if (!cli_int(a, val, 1, (long long)1 << 40, &v)) return CLI_USAGE; o.limit = v; }

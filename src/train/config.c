@@ -20,6 +20,7 @@ static const char *const k_recompute[] = {"none", "full", NULL};
 static const char *const k_quant[] = {"none", "nf4", NULL};
 static const char *const k_opt[] = {"adamw", NULL};
 static const char *const k_sched[] = {"constant", "linear", "cosine", NULL};
+static const char *const k_backends[] = {"pil", "torchvision", NULL};   /* = mmc_vlproc_resize_mode */
 static const char *const k_components[] = {"vision_tower", "merger", "language_model", "embeddings"};
 
 #define U (-1.0), (-2.0)  /* unchecked range (min > max) */
@@ -72,6 +73,8 @@ static const mmc_cfg_field k_data[] = {
     F(mmc_data_cfg, bucket_window, MMC_CFG_INT, 0, 1e7, NULL, NULL,
       "padded: samples sorted by length per window (0: 16 x micro_batch_size; 1: file order)"),
     F(mmc_data_cfg, add_vision_id, MMC_CFG_BOOL, U, NULL, NULL, "'Picture k: ' before each image (chat template)"),
+    F(mmc_data_cfg, image_backend, MMC_CFG_ENUM, U, k_backends, NULL,
+      "image resize: pil (Pillow-exact) | torchvision (transformers' default fast processor)"),
     F(mmc_data_cfg, resolution, MMC_CFG_INT, 16, 1 << 16, NULL, NULL,
       "diffusion: training image size (shorter side resized, then centre-cropped square)"),
     {0},

@@ -331,6 +331,7 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     pp[0] = 0;
     if (adir[0] && (st = mmc_qwen2vl_proc_load_dir(adir, &E.proc, pp, sizeof base + 32))) goto done;
     if (!pp[0] && (st = mmc_qwen2vl_proc_load_dir(base, &E.proc, NULL, 0))) goto done;
+    if (o->image_backend) E.proc.resize_mode = (mmc_vlproc_resize_mode)o->image_backend;   /* --image-backend */
     E.n_eos = mmc_tokenizer_eos_ids(E.tok, E.eos, 8);
     E.ctx = mmc_ctx_new();
     if (!E.ctx) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }

@@ -152,6 +152,8 @@ static mmc_status loader_open(mmc_trainer *t) {
     }
     if (o->min_pixels > 0) o->proc.min_pixels = o->min_pixels;
     if (o->max_pixels > 0) o->proc.max_pixels = o->max_pixels;
+    /* data.image_backend: pil (0) | torchvision (1), transformers' default fast processor */
+    o->proc.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
     if (o->proc.min_pixels > o->proc.max_pixels)
         return mmc_error(MMC_ERR_INVALID, "%s: the image area range [%lld, %lld] is empty (data.min_pixels / "
                          "data.max_pixels against the model's image processor in %s); set both", c->file,
