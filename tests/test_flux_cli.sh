@@ -15,6 +15,7 @@
 #    velocity as mmc.
 set -u
 MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
 PY=${MMC_REF_PY:-.venv-ref/bin/python}
 fail=0; n=0
 ok()   { n=$((n+1)); }
