@@ -152,6 +152,9 @@ mmc_status mmc_flux_config_read(const mmc_json *cfg, const char *what, mmc_flux_
  * sharded; f32 / bf16 / f16). trainable: f32 copies that require grad (full fine-tune);
  * otherwise f32 and bf16 matrices stay mapped. Every missing or mis-shaped tensor is listed. */
 mmc_status mmc_flux_load(const char *dir, bool trainable, mmc_flux **out);
+/* A randomly initialised transformer (torch's nn.Linear init, seeded), f32, trainable: for training
+ * from scratch. */
+mmc_status mmc_flux_new(const mmc_flux_config *cfg, uint64_t seed, mmc_flux **out);
 void mmc_flux_free(mmc_flux *m);
 const mmc_flux_config *mmc_flux_cfg(const mmc_flux *m);
 int64_t mmc_flux_param_count(const mmc_flux *m);

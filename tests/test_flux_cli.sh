@@ -149,6 +149,18 @@ if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
 else
   echo "test_flux_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
 fi
+# from scratch: model.init gives the transformer (random init), the pipeline folder the rest; full
+# checkpoints are the transformer folder, which generate-image's pipeline can load
+cat >"$T/init.yaml" <<YAML
+model: {path: $P, init: $P/transformer/config.json}
+data: {train: tests/fixtures/flux/imagefolder, resolution: 32, batch_size: 2}
+flow_matching: {max_sequence_length: 16}
+optimizer: {lr: 1.0e-3}
+training: {steps: 2, log_every: 1, output_dir: $T/init, seed: 3}
+YAML
+expect_rc 0 "$MMC" train "$T/init.yaml"
+[ -s "$T/init/checkpoint-2/diffusion_pytorch_model.safetensors" ] && [ -s "$T/init/checkpoint-2/config.json" ] && ok \
+  || bad "from-scratch checkpoint lacks the transformer folder: $(ls "$T/init/checkpoint-2" 2>&1)"
 # the trained adapter generates
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle on the left" --steps 2 --width 32 --height 32 \
   --max-sequence-length 16 --lora "$T/run/checkpoint-6:0.8" --out "$T/lora.png"

@@ -4,6 +4,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+
+mmc_status mw_init_random(mw_set *w, mmc_rng *rng) {
+    memset(w, 0, sizeof *w);
+    w->errcap = 16384;
+    w->errs = calloc(1, w->errcap);
+    if (!w->errs) return mmc_error(MMC_ERR_OOM, "out of memory");
+    w->init = rng;
+    w->trainable = true;
+    return MMC_OK;
+}
 
 mmc_status mw_open(const char *dir, const char *stem, mw_set *w) {
     memset(w, 0, sizeof *w);
@@ -25,8 +36,23 @@ void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot,
     char full[256], dummy[512] = "";
     snprintf(full, sizeof full, "%s%s", prefix, name);
     bool listed = w->bad < MW_MAX_LISTED;
-    if (mmc_model_bind(w->st, full, ndim, shape, w->trainable, slot, listed ? w->errs : dummy,
-                       listed ? w->errcap : sizeof dummy) != MMC_OK) {
+    if (w->init) {
+        /* random init as torch's nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and
+         * biases (fan_in: a matrix's columns, a bias's layer input); norm weights 1 */
+        mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
+        if (!t) { w->bad++; return; }
+        const int64_t fan_in = ndim >= 2 ? mmc_numel(t) / shape[0] : w->init_fan_in;
+        if (ndim == 1 && (strstr(name, "norm") || fan_in <= 0)) {
+            for (int64_t i = 0; i < shape[0]; i++) ((float *)t->data)[i] = 1.0f;
+        } else {
+            const float b = 1.0f / sqrtf((float)(fan_in > 0 ? fan_in : 1));
+            mmc_rng_uniform(w->init, t->data, mmc_numel(t), -b, b);
+        }
+        t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+        snprintf(t->name, sizeof t->name, "%.*s", (int)sizeof t->name - 1, full);
+        *slot = t;
+    } else if (mmc_model_bind(w->st, full, ndim, shape, w->trainable, slot, listed ? w->errs : dummy,
+                              listed ? w->errcap : sizeof dummy) != MMC_OK) {
         w->bad++;
         return;
     }
@@ -60,7 +86,9 @@ void mw_bind_linear(mw_set *w, const char *prefix, const char *name, mmc_linear_
     mw_bind(w, prefix, nm, &l->w, 2, MMC_SHAPE(N, K));
     if (!bias) return;
     snprintf(nm, sizeof nm, "%s.bias", name);
+    w->init_fan_in = K;
     mw_bind(w, prefix, nm, &l->b, 1, MMC_SHAPE(N));
+    w->init_fan_in = 0;
 }
 
 mmc_status mw_status(const mw_set *w, const char *dir, const char *cls) {
@@ -72,7 +100,7 @@ mmc_status mw_status(const mw_set *w, const char *dir, const char *cls) {
 }
 
 mmc_status mw_check_unused(const mw_set *w, const char *dir, const char *cls) {
-    if (mmc_st_count(w->st) == w->n_params) return MMC_OK;
+    if (!w->st || mmc_st_count(w->st) == w->n_params) return MMC_OK;
     for (int i = 0; i < mmc_st_count(w->st); i++) {
         const char *nm = mmc_st_at(w->st, i)->name;
         bool used = false;
@@ -89,7 +117,7 @@ void mw_close(mw_set *w) {
     free(w->params);
     free(w->names);
     free(w->errs);
-    mmc_st_close(w->st);
+    if (w->st) mmc_st_close(w->st);
     memset(w, 0, sizeof *w);
 }
 

@@ -18,6 +18,8 @@ typedef struct {
     size_t errcap;
     int bad;
     bool trainable;           /* bind f32 copies flagged MMC_PARAM | MMC_REQUIRES_GRAD */
+    mmc_rng *init;            /* random init instead of a checkpoint (mw_init_random) */
+    int64_t init_fan_in;      /* the fan-in of the bias being bound (mw_bind_linear) */
 } mw_set;
 
 #define MW_MAX_LISTED 8
@@ -25,6 +27,9 @@ typedef struct {
 /* Open "<dir>/<stem>.safetensors", else "<dir>/<stem>.safetensors.index.json" (stem "model" for
  * transformers, "diffusion_pytorch_model" for diffusers); NOT_FOUND naming both when absent. */
 mmc_status mw_open(const char *dir, const char *stem, mw_set *w);
+/* No checkpoint: every bind creates a trainable f32 tensor, initialised as torch's nn.Linear does
+ * (uniform in +-1/sqrt(fan_in), weights and biases) with norm weights at 1, from rng. */
+mmc_status mw_init_random(mw_set *w, mmc_rng *rng);
 /* Bind "<prefix><name>" of the given shape to *slot, or record the problem. */
 void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape);
 /* "<prefix><name>.weight" [shape] and "<prefix><name>.bias" [shape[0]]. */

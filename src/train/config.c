@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const k_dtypes[] = {"f32", "bf16", NULL};
 static const char *const k_recompute[] = {"none", "full", NULL};
@@ -220,9 +221,13 @@ static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char
 
 static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     mmc_model_cfg *m = &c->model;
-    if (!m->path == !m->init)
+    char mi[4200];
+    snprintf(mi, sizeof mi, "%s/model_index.json", m->path ? m->path : "");
+    const bool pipeline = m->path && access(mi, R_OK) == 0;   /* a diffusers folder: init may come with it */
+    if (!m->path == !m->init && !(pipeline && m->init))
         return verr(c, root, "model", m->path ? "init" : NULL,
-                    m->path ? "give either model.path (fine-tune) or model.init (random init), not both"
+                    m->path ? "give either model.path (fine-tune) or model.init (random init), not both (both only "
+                              "when model.path is a diffusers pipeline folder: its transformer from model.init)"
                             : "missing model.path (a Hugging Face directory) or model.init (a config.json)");
     m->freeze_mask = 0;
     for (int i = 0; i < m->freeze.n; i++) {

@@ -74,12 +74,28 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: training.eval_every: evaluation of diffusion models is not "
                          "wired yet; set it to 0", c->file);
     char dir[2100];
-    /* full fine-tune resumes from the checkpoint's transformer; LoRA starts from the pipeline's */
-    if (ckpt && ckpt != c->model.path) snprintf(dir, sizeof dir, "%s", ckpt);
-    else mmc_diffusers_path(&d, "transformer", "", dir, sizeof dir);
-    if ((st = mmc_flux_load(dir, c->model.lora.r <= 0, &t->flux))) return st;
+    /* full fine-tune resumes from the checkpoint's transformer; LoRA starts from the pipeline's;
+     * model.init (a transformer config.json) trains one from scratch */
+    const bool resumed = ckpt && ckpt != c->model.path;
     char cfgp[2200];
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    if (c->model.init && !resumed) {
+        if (c->model.lora.r > 0)
+            return mmc_error(MMC_ERR_INVALID, "%s: model.init trains a transformer from scratch: LoRA on random "
+                             "weights makes no sense; drop model.lora", c->file);
+        mmc_json *j = NULL;
+        mmc_flux_config fc;
+        if ((st = mmc_json_load(c->model.init, &j))) return mmc_error_prefix(st, "model.init");
+        st = mmc_flux_config_read(j, c->model.init, &fc);
+        mmc_json_free(j);
+        if (!st) st = mmc_flux_new(&fc, (uint64_t)c->training.seed, &t->flux);
+        if (st) return st;
+        snprintf(cfgp, sizeof cfgp, "%s", c->model.init);
+    } else {
+        if (resumed) snprintf(dir, sizeof dir, "%s", ckpt);
+        else mmc_diffusers_path(&d, "transformer", "", dir, sizeof dir);
+        if ((st = mmc_flux_load(dir, c->model.lora.r <= 0, &t->flux))) return st;
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    }
     snprintf(t->config_src, sizeof t->config_src, "%s", cfgp);
     t->src_dir[0] = 0;                       /* no tokenizer / processor files go into checkpoints */
     return mmc_read_file(cfgp, &t->config_text, &t->config_len);
