@@ -22,7 +22,7 @@ static void check_read(void) {
     const mmc_diffusers_component *ie = mmc_diffusers_find(&d, "image_encoder"), *tk = mmc_diffusers_find(&d, "tokenizer_2");
     CHECK(vae && vae->present && vae->kind == MMC_DCOMP_VAE && vae->mmc_implements && !strcmp(vae->class_name, "AutoencoderKL"));
     CHECK(vae && vae->n_dtypes == 1 && vae->dtypes[0] == MMC_BF16);
-    CHECK(tr && tr->kind == MMC_DCOMP_TRANSFORMER && !tr->mmc_implements && tr->n_dtypes == 1 && tr->dtypes[0] == MMC_F16);
+    CHECK(tr && tr->kind == MMC_DCOMP_TRANSFORMER && tr->mmc_implements && tr->n_dtypes == 1 && tr->dtypes[0] == MMC_F16);
     CHECK(te && !strcmp(te->library, "transformers") && !strcmp(te->class_name, "T5EncoderModel") &&
           te->dtypes[0] == MMC_F32 && te->n_params > 0 && strstr(te->weights, "model.safetensors"));
     CHECK(sc && sc->kind == MMC_DCOMP_SCHEDULER && sc->mmc_implements && sc->n_params == 0 && !sc->weights[0]);
