@@ -4,8 +4,8 @@
  * table), an SD3.5-medium-shaped one (rms qk norm, dual attention in block 0, plus skip_layers),
  * and a one-block model stored in bf16 whose single block is both dual and context_pre_only. The
  * velocity is within 1e-4 of diffusers (f32). Also: the whole model's gradient against finite
- * differences (latents, text states and a few weights), the LoRA module names, and the loader's
- * and forward's errors. */
+ * differences (latents, text states and a few weights), the LoRA module names, the stored position
+ * table against diffusers' sin-cos formula, and the loader's and forward's errors. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 
@@ -167,6 +167,36 @@ static void check_modules(void) {
     mmc_sd3_free(m);
 }
 
+/* The position table the checkpoint carries is diffusers' get_2d_sincos_pos_embed(C, M, base_size =
+ * sample_size / patch_size): grid positions in f32 (i / (M / base_size)), frequencies 10000^(-k / (C/4))
+ * and sin / cos in float64, the first half of each row from the column coordinate (meshgrid "xy"),
+ * the second from the row. mmc binds the stored table (a bf16 checkpoint rounds it); this pins down
+ * the layout the crop indexes. */
+static void check_pos_embed(void) {
+    mmc_sd3 *m = NULL;
+    CHECK_OK(mmc_sd3_load("tests/fixtures/sd3/sd3", false, &m));
+    if (!m) return;
+    const mmc_sd3_config *c = mmc_sd3_cfg(m);
+    const mmc_tensor *pe = mmc_sd3_param(m, "pos_embed.pos_embed");
+    const int64_t M = c->pos_embed_max_size, C = c->num_attention_heads * c->attention_head_dim, Q = C / 4;
+    const float step = (float)((double)M / (double)(c->sample_size / c->patch_size));
+    double worst = 0;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t col = 0; col < M; col++)
+            for (int64_t half = 0; half < 2; half++)
+                for (int64_t k = 0; k < Q; k++) {
+                    const double pos = (double)((float)(half ? r : col) / step);
+                    const double a = pos * (1.0 / pow(10000.0, (double)k / (double)Q));
+                    const float *row = (const float *)pe->data + (r * M + col) * C + half * 2 * Q;
+                    worst = fmax(worst, fabs((double)row[k] - (float)sin(a)));
+                    worst = fmax(worst, fabs((double)row[Q + k] - (float)cos(a)));
+                }
+    CHECK(worst <= 1e-6);
+    printf("pos_embed: the checkpoint's %lldx%lld table within %.1e of the formula\n", (long long)M, (long long)M,
+           worst);
+    mmc_sd3_free(m);
+}
+
 static void check_errors(void) {
     mmc_sd3 *m = NULL;
     CHECK_ERR(mmc_sd3_load("tests/fixtures/sd3/nonexistent", false, &m), MMC_ERR_NOT_FOUND);
@@ -227,6 +257,7 @@ int main(int argc, char **argv) {
     }
     if (test_part(argc, argv, "grad")) check_grad();
     if (test_part(argc, argv, "modules")) check_modules();
+    if (test_part(argc, argv, "pos_embed")) check_pos_embed();
     if (test_part(argc, argv, "errors")) check_errors();
     return test_done("test_sd3");
 }
