@@ -12,6 +12,7 @@
 
 #include "mmc.h"
 #include "mmc_io.h"
+#include "mmc_lora.h"
 #include "mmc_ops.h"
 
 #include <stdio.h>
@@ -183,6 +184,55 @@ mmc_status mmc_flux_forward(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_inputs *in
 mmc_tensor *mmc_flux_pack_latents(mmc_ctx *ctx, const mmc_tensor *z);
 mmc_tensor *mmc_flux_unpack_latents(mmc_ctx *ctx, const mmc_tensor *x, int64_t H, int64_t W);
 void mmc_flux_latent_ids(int64_t H, int64_t W, float *ids);
+
+/* ---------------------------------------------------------------- SD3Transformer2DModel
+ * diffusers' models/transformers/transformer_sd3.py (MMDiT of Stable Diffusion 3 / 3.5): see
+ * src/models/diffusion/sd3.c. Latents enter unpacked [B, C, H, W] (the model patchifies them
+ * itself), text as the pipeline's joint CLIP+T5 states, pooled as both CLIPs' pooled outputs. */
+#define MMC_SD3_MAX_LAYERS 128
+typedef struct {
+    int64_t sample_size;                          /* sets base_size of the stored sin-cos table */
+    int64_t patch_size, in_channels, out_channels;
+    int64_t num_layers;                           /* JointTransformerBlocks, the last context_pre_only */
+    int64_t attention_head_dim, num_attention_heads;
+    int64_t joint_attention_dim;                  /* text hidden size (4096 for CLIP+T5) */
+    int64_t caption_projection_dim;               /* context_embedder's output: must be heads * head_dim */
+    int64_t pooled_projection_dim;                /* 2048 for the two CLIP pooled outputs */
+    int64_t pos_embed_max_size;                   /* latent patches per side of the position table */
+    bool qk_norm;                                 /* qk_norm "rms_norm" (SD3.5) or null (SD3) */
+    bool dual_attention[MMC_SD3_MAX_LAYERS];      /* block i in dual_attention_layers (SD3.5-medium) */
+} mmc_sd3_config;
+
+typedef struct mmc_sd3 mmc_sd3;
+
+mmc_status mmc_sd3_config_read(const mmc_json *cfg, const char *what, mmc_sd3_config *out);
+/* Load from a transformer/ folder (config.json + diffusion_pytorch_model safetensors, single or
+ * sharded; f32 / bf16 / f16). trainable: f32 copies that require grad (full fine-tune); otherwise
+ * f32 and bf16 matrices stay mapped. The pos_embed buffer (saved: persistent with
+ * pos_embed_max_size) is bound, never trained. Every missing or mis-shaped tensor is listed. */
+mmc_status mmc_sd3_load(const char *dir, bool trainable, mmc_sd3 **out);
+void mmc_sd3_free(mmc_sd3 *m);
+const mmc_sd3_config *mmc_sd3_cfg(const mmc_sd3 *m);
+/* Parameters as diffusers' num_parameters() counts them (the pos_embed buffer excluded). */
+int64_t mmc_sd3_param_count(const mmc_sd3 *m);
+/* The bound tensor of checkpoint name `name` ("transformer_blocks.0.attn.to_q.weight"), or NULL. */
+mmc_tensor *mmc_sd3_param(const mmc_sd3 *m, const char *name);
+/* The linear modules by diffusers' module names ("transformer_blocks.0.attn.to_q",
+ * "transformer_blocks.0.ff.net.0.proj", "context_embedder", ...) for LoRA. */
+mmc_status mmc_sd3_linears(mmc_sd3 *m, mmc_module_list *out);
+
+typedef struct {
+    mmc_tensor *hidden;        /* [B, in_channels, H, W] latents; H, W multiples of patch_size */
+    mmc_tensor *encoder;       /* [B, T, joint_attention_dim] */
+    mmc_tensor *pooled;        /* [B, pooled_projection_dim] */
+    const float *timestep;     /* [B] as StableDiffusion3Pipeline passes it: sigma * 1000, unscaled */
+    const int *skip_layers;    /* blocks to skip (skip-layer guidance), or NULL */
+    int n_skip_layers;
+} mmc_sd3_inputs;
+/* The velocity prediction [B, out_channels, H, W]. Errors name the input when a size does not fit
+ * the config (including H/p or W/p beyond pos_embed_max_size). Differentiable in grad mode;
+ * without it, each block's intermediates are released as soon as its outputs exist. */
+mmc_status mmc_sd3_forward(mmc_ctx *ctx, mmc_sd3 *m, const mmc_sd3_inputs *in, mmc_tensor **out);
 
 /* ---------------------------------------------------------------- FluxPipeline
  * text -> image from a FluxPipeline folder, as diffusers' FluxPipeline.__call__ runs it: see

@@ -33,7 +33,7 @@ static const class_info CLASSES[] = {
     {"diffusers", "AutoencoderKL", MMC_DCOMP_VAE, true},
     {"diffusers", "AutoencoderTiny", MMC_DCOMP_VAE, false},
     {"diffusers", "FluxTransformer2DModel", MMC_DCOMP_TRANSFORMER, true},
-    {"diffusers", "SD3Transformer2DModel", MMC_DCOMP_TRANSFORMER, false},
+    {"diffusers", "SD3Transformer2DModel", MMC_DCOMP_TRANSFORMER, true},
     {"diffusers", "UNet2DConditionModel", MMC_DCOMP_UNET, false},
     {"diffusers", "FlowMatchEulerDiscreteScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "EulerDiscreteScheduler", MMC_DCOMP_SCHEDULER, false},
