@@ -130,6 +130,8 @@ mmc_tensor *mmc_vae_encode_tiled(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x, int64_
 /* Pipelines' latent scaling: (z - shift_factor) * scaling_factor after encoding, and its
  * inverse z / scaling_factor + shift_factor before decoding (in place, f32). */
 void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z);
+/* VaeImageProcessor.denormalize of a decoded image, in place: x / 2 + 0.5 clamped to [0, 1]. */
+mmc_tensor *mmc_vae_postprocess(mmc_ctx *ctx, mmc_tensor *x);
 void mmc_vae_unscale_latents(const mmc_vae *v, mmc_tensor *z);
 
 /* ---------------------------------------------------------------- FluxTransformer2DModel
@@ -290,6 +292,23 @@ void mmc_flux_pipeline_borrow_transformer(mmc_flux_pipeline *p, mmc_flux *m);
 /* A diffusers LoRA (a folder with pytorch_lora_weights.safetensors, or the file) on the
  * transformer, applied unmerged at scale weight x alpha / r. One adapter at a time. */
 mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, float weight);
+
+/* ---------------------------------------------------------------- StableDiffusion3Pipeline
+ * text -> image from a StableDiffusion3Pipeline folder: src/diffusion/sd3_pipeline.c. Prompt
+ * encodings use mmc_flux_cond (prompt_embeds [B, 77 + T, joint], pooled [B, 768 + 1280]); latents
+ * are unpacked [B, C, H/f, W/f]; the sample options' guidance is classifier-free guidance here
+ * (> 1: a negative encoding is required; diffusers' default negative prompt is ""). */
+typedef struct mmc_sd3_pipeline mmc_sd3_pipeline;
+mmc_status mmc_sd3_pipeline_open(const char *dir, mmc_sd3_pipeline **out);
+void mmc_sd3_pipeline_free(mmc_sd3_pipeline *p);
+int mmc_sd3_pipeline_latent_channels(const mmc_sd3_pipeline *p);
+mmc_status mmc_sd3_check_size(const mmc_sd3_pipeline *p, int height, int width);
+mmc_status mmc_sd3_encode_prompt(mmc_ctx *ctx, mmc_sd3_pipeline *p, const char *const *prompts, int B,
+                                 int max_sequence_length, mmc_flux_cond *out);
+mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
+                          mmc_tensor *latents, const mmc_flux_sample_opts *o);
+/* Unscale, decode (the transformer is freed first), denormalise -> [B, 3, H, W] in [0, 1]. */
+mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *latents, bool tiled, mmc_tensor **image);
 
 /* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
  * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same

@@ -181,12 +181,7 @@ mmc_status mmc_flux_decode(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_tensor 
     const bool was = mmc_set_grad_enabled(ctx, false);
     mmc_tensor *z = mmc_flux_unpack_latents(ctx, latents, 2 * (height / (2 * f)), 2 * (width / (2 * f)));
     mmc_vae_unscale_latents(p->vae, z);                    /* latents / scaling_factor + shift_factor */
-    mmc_tensor *x = tiled ? mmc_vae_decode_tiled(ctx, p->vae, z, 0) : mmc_vae_decode(ctx, p->vae, z);
-    float *d = x->data;                                    /* VaeImageProcessor.denormalize */
-    for (int64_t i = 0, n = mmc_numel(x); i < n; i++) {
-        float v = d[i] / 2.0f + 0.5f;
-        d[i] = v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v;
-    }
+    mmc_tensor *x = mmc_vae_postprocess(ctx, tiled ? mmc_vae_decode_tiled(ctx, p->vae, z, 0) : mmc_vae_decode(ctx, p->vae, z));
     mmc_set_grad_enabled(ctx, was);
     *image = x;
     return MMC_OK;

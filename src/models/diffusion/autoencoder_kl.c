@@ -445,6 +445,16 @@ void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z) {
     for (int64_t i = 0; i < mmc_numel(z); i++) d[i] = (d[i] - sh) * sc;
 }
 
+mmc_tensor *mmc_vae_postprocess(mmc_ctx *ctx, mmc_tensor *x) {
+    (void)ctx;
+    float *d = x->data;   /* VaeImageProcessor.denormalize: (x / 2 + 0.5).clamp(0, 1), in place */
+    for (int64_t i = 0, n = mmc_numel(x); i < n; i++) {
+        const float v = d[i] / 2.0f + 0.5f;
+        d[i] = v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v;
+    }
+    return x;
+}
+
 void mmc_vae_unscale_latents(const mmc_vae *v, mmc_tensor *z) {
     const float sh = (float)v->cfg.shift_factor, sc = (float)v->cfg.scaling_factor;
     float *d = z->data;

@@ -1,0 +1,257 @@
+/* sd3_pipeline.c — text -> image with a StableDiffusion3Pipeline folder, mirroring diffusers'
+ * pipelines/stable_diffusion_3/pipeline_stable_diffusion_3.py:
+ *
+ *   CLIP-L, CLIP-G (CLIPTextModelWithProjection, 77 padded tokens): hidden_states[-2] of each,
+ *        concatenated on the channel axis and zero-padded to joint_attention_dim; their projected
+ *        pooled outputs concatenated                                    -> pooled [B, 768 + 1280]
+ *   T5 (max_sequence_length padded tokens; zeros when the folder has no text_encoder_3)
+ *   prompt_embeds = cat(clip_padded, t5) on the sequence axis           -> [B, 77 + T, joint]
+ *   classifier-free guidance (guidance > 1): the batch [negative; positive] through the transformer,
+ *        v = v_uncond + guidance (v_text - v_uncond); the negative prompt defaults to ""
+ *   sigmas from set_timesteps(n) (shift from scheduler_config.json; mu when its shift is dynamic);
+ *        the transformer takes t = sigma * 1000 as is; Euler steps on unpacked latents [B, C, h, w]
+ *   image = vae.decode(latents / scaling_factor + shift_factor) / 2 + 0.5, clamped
+ *
+ * The text encoders load for encode_prompt and are freed before it returns. */
+#include "mmc_diffusion.h"
+#include "mmc_encoders.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct mmc_sd3_pipeline {
+    mmc_diffusers_dir dir;
+    mmc_sd3_config tr_cfg;
+    mmc_vae_config vae_cfg;
+    mmc_fm_scheduler sched;
+    mmc_sd3 *transformer;
+    mmc_vae *vae;
+    char path[7][1024];               /* transformer, vae, scheduler, text_encoder(_2, _3) */
+    bool has_t5;
+};
+enum { S_TR, S_VAE, S_SCHED, S_TE1, S_TE2, S_TE3 };
+
+static mmc_status read_json(const char *dir, mmc_json **j) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    return mmc_json_load(p, j);
+}
+
+mmc_status mmc_sd3_pipeline_open(const char *dir, mmc_sd3_pipeline **out) {
+    *out = NULL;
+    mmc_sd3_pipeline *p = calloc(1, sizeof *p);
+    if (!p) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = mmc_diffusers_open(dir, &p->dir);
+    if (st) goto fail;
+    if (strcmp(p->dir.pipeline, "StableDiffusion3Pipeline") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusion3Pipeline", dir, p->dir.pipeline);
+        goto fail;
+    }
+    static const char *const names[] = {"transformer", "vae", "scheduler", "text_encoder", "text_encoder_2",
+                                        "text_encoder_3"};
+    for (int i = 0; i < 6; i++) mmc_diffusers_path(&p->dir, names[i], "", p->path[i], sizeof p->path[i]);
+    const mmc_diffusers_component *t5 = mmc_diffusers_find(&p->dir, "text_encoder_3");
+    p->has_t5 = t5 && t5->present;
+    mmc_json *j = NULL;
+    if ((st = read_json(p->path[S_TR], &j))) goto fail;
+    st = mmc_sd3_config_read(j, "transformer/config.json", &p->tr_cfg);
+    mmc_json_free(j), j = NULL;
+    if (st) goto fail;
+    if ((st = read_json(p->path[S_VAE], &j))) goto fail;
+    st = mmc_vae_config_read(j, "vae/config.json", &p->vae_cfg);
+    mmc_json_free(j);
+    if (st) goto fail;
+    if ((st = mmc_fm_load(p->path[S_SCHED], &p->sched))) goto fail;
+    *out = p;
+    return MMC_OK;
+fail:
+    mmc_sd3_pipeline_free(p);
+    return st;
+}
+
+void mmc_sd3_pipeline_free(mmc_sd3_pipeline *p) {
+    if (!p) return;
+    mmc_sd3_free(p->transformer);
+    mmc_vae_free(p->vae);
+    mmc_fm_free(&p->sched);
+    free(p);
+}
+
+int mmc_sd3_pipeline_latent_channels(const mmc_sd3_pipeline *p) { return (int)p->tr_cfg.in_channels; }
+
+mmc_status mmc_sd3_check_size(const mmc_sd3_pipeline *p, int height, int width) {
+    const int m = (1 << (p->vae_cfg.levels - 1)) * (int)p->tr_cfg.patch_size;
+    if (height >= m && width >= m && height % m == 0 && width % m == 0) return MMC_OK;
+    int nh = height < m ? m : (int)((height + m / 2) / m) * m, nw = width < m ? m : (int)((width + m / 2) / m) * m;
+    return mmc_error(MMC_ERR_INVALID, "image size %dx%d (width x height): both must be positive multiples of %d for "
+                     "this pipeline (VAE factor x patch size); the nearest valid size is %dx%d", width, height, m, nw, nh);
+}
+
+/* one CLIP: hidden_states[-2] [B, 77, C] and the projected pooled output [B, P] (both persistent) */
+static mmc_status clip_embeds(mmc_ctx *ctx, const char *te, const char *tok, const char *const *prompts, int B,
+                              mmc_tensor **hidden, mmc_tensor **pooled) {
+    mmc_clip_tokenizer *ct = NULL;
+    mmc_clip_text *m = NULL;
+    mmc_status st;
+    if ((st = mmc_clip_tokenizer_load(tok, &ct)) || (st = mmc_clip_text_load(te, &m))) goto done;
+    const int L = mmc_clip_tokenizer_model_max_length(ct);
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L));
+    for (int b = 0; b < B && !st; b++)
+        st = mmc_clip_tokenizer_encode_padded(ct, prompts[b], L, (int32_t *)ids->data + (int64_t)b * L, NULL, NULL);
+    mmc_clip_text_out o;
+    if (st || (st = mmc_clip_text_forward(ctx, m, ids, NULL, &o))) goto done;
+    if (!o.text_embeds) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: SD3 takes CLIPTextModelWithProjection (a text_projection)", te);
+        goto done;
+    }
+    *hidden = mmc_tensor_new(MMC_F32, 3, o.penultimate->shape);
+    *pooled = mmc_tensor_new(MMC_F32, 2, o.text_embeds->shape);
+    memcpy((*hidden)->data, o.penultimate->data, mmc_nbytes(o.penultimate));
+    memcpy((*pooled)->data, o.text_embeds->data, mmc_nbytes(o.text_embeds));
+done:
+    mmc_clip_text_free(m);
+    mmc_clip_tokenizer_free(ct);
+    return st;
+}
+
+mmc_status mmc_sd3_encode_prompt(mmc_ctx *ctx, mmc_sd3_pipeline *p, const char *const *prompts, int B,
+                                 int max_sequence_length, mmc_flux_cond *out) {
+    memset(out, 0, sizeof *out);
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *h[2] = {0}, *pl[2] = {0}, *t5h = NULL;
+    mmc_t5_tokenizer *tt = NULL;
+    mmc_t5_encoder *t5 = NULL;
+    char tok[1100];
+    mmc_status st;
+    mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);
+    if ((st = clip_embeds(ctx, p->path[S_TE1], tok, prompts, B, &h[0], &pl[0]))) goto done;
+    mmc_diffusers_path(&p->dir, "tokenizer_2", "", tok, sizeof tok);
+    if ((st = clip_embeds(ctx, p->path[S_TE2], tok, prompts, B, &h[1], &pl[1]))) goto done;
+    const int64_t J = p->tr_cfg.joint_attention_dim, T = max_sequence_length, L = h[0]->shape[1];
+    const int64_t C0 = h[0]->shape[2], C1 = h[1]->shape[2], P0 = pl[0]->shape[1], P1 = pl[1]->shape[1];
+    if (C0 + C1 > J || P0 + P1 != p->tr_cfg.pooled_projection_dim || h[1]->shape[1] != L) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the CLIP encoders give %lld + %lld channels and %lld + %lld pooled; the "
+                       "transformer takes joint_attention_dim %lld and pooled_projection_dim %lld", p->dir.dir,
+                       (long long)C0, (long long)C1, (long long)P0, (long long)P1, (long long)J,
+                       (long long)p->tr_cfg.pooled_projection_dim);
+        goto done;
+    }
+    if (p->has_t5) {
+        mmc_diffusers_path(&p->dir, "tokenizer_3", "", tok, sizeof tok);
+        if ((st = mmc_t5_tokenizer_load(tok, &tt)) || (st = mmc_t5_encoder_load(p->path[S_TE3], &t5))) goto done;
+        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));
+        for (int b = 0; b < B && !st; b++)
+            st = mmc_t5_tokenizer_encode_padded(tt, prompts[b], (int)T, (int32_t *)ids->data + (int64_t)b * T, NULL, NULL);
+        if (st || (st = mmc_t5_encoder_forward(ctx, t5, ids, NULL, &t5h, NULL))) goto done;
+        if (t5h->shape[2] != J) {
+            st = mmc_error(MMC_ERR_FORMAT, "%s: T5 gives %lld channels, the transformer's joint_attention_dim is %lld",
+                           p->dir.dir, (long long)t5h->shape[2], (long long)J);
+            goto done;
+        }
+    }
+    /* [clip_l | clip_g | zeros] then T5 on the sequence axis; pooled = [pooled_l | pooled_g] */
+    out->prompt_embeds = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(B, L + T, J));
+    out->pooled = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(B, P0 + P1));
+    if (!out->prompt_embeds || !out->pooled) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    float *e = out->prompt_embeds->data, *po = out->pooled->data;
+    memset(e, 0, mmc_nbytes(out->prompt_embeds));
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < L; t++) {
+            memcpy(e + (b * (L + T) + t) * J, (float *)h[0]->data + (b * L + t) * C0, (size_t)C0 * sizeof(float));
+            memcpy(e + (b * (L + T) + t) * J + C0, (float *)h[1]->data + (b * L + t) * C1, (size_t)C1 * sizeof(float));
+        }
+        if (t5h) memcpy(e + (b * (L + T) + L) * J, (float *)t5h->data + b * T * J, (size_t)(T * J) * sizeof(float));
+        memcpy(po + b * (P0 + P1), (float *)pl[0]->data + b * P0, (size_t)P0 * sizeof(float));
+        memcpy(po + b * (P0 + P1) + P0, (float *)pl[1]->data + b * P1, (size_t)P1 * sizeof(float));
+    }
+done:
+    for (int i = 0; i < 2; i++) mmc_tensor_free(h[i]), mmc_tensor_free(pl[i]);
+    mmc_t5_encoder_free(t5);
+    mmc_t5_tokenizer_free(tt);
+    mmc_set_grad_enabled(ctx, was);
+    if (st) mmc_flux_cond_free(out);
+    return st;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* rows [0, B) of a then of b along dim 0 -> [2B, ...] in ctx */
+static mmc_tensor *stack2(mmc_ctx *ctx, const mmc_tensor *a, const mmc_tensor *b) {
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, a->shape, sizeof shape);
+    shape[0] *= 2;
+    mmc_tensor *t = mmc_new(ctx, MMC_F32, a->ndim, shape);
+    memcpy(t->data, a->data, mmc_nbytes(a));
+    memcpy((char *)t->data + mmc_nbytes(a), b->data, mmc_nbytes(b));
+    return t;
+}
+
+mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
+                          mmc_tensor *latents, const mmc_flux_sample_opts *o) {
+    mmc_status st = mmc_sd3_check_size(p, o->height, o->width);
+    if (st) return st;
+    const int f = 1 << (p->vae_cfg.levels - 1);
+    const int64_t B = latents->shape[0], C = p->tr_cfg.in_channels, h = o->height / f, w = o->width / f;
+    if (latents->ndim != 4 || latents->shape[1] != C || latents->shape[2] != h || latents->shape[3] != w ||
+        !mmc_is_contiguous(latents) || latents->dtype != MMC_F32)
+        return mmc_error(MMC_ERR_INVALID, "latents must be f32 [B, %lld, %lld, %lld] for %dx%d", (long long)C,
+                         (long long)h, (long long)w, o->width, o->height);
+    const bool cfg = o->guidance > 1.0;
+    if (cfg && !neg) return mmc_error(MMC_ERR_INVALID, "guidance %g > 1 needs the negative prompt's encoding", o->guidance);
+    if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
+    if (!p->transformer && (st = mmc_sd3_load(p->path[S_TR], false, &p->transformer))) return st;
+    double mu = 0;
+    if (p->sched.cfg.use_dynamic_shifting)
+        mu = mmc_fm_calculate_shift(&p->sched.cfg, (h / p->tr_cfg.patch_size) * (w / p->tr_cfg.patch_size));
+    if ((st = mmc_fm_set_timesteps(&p->sched, o->steps, NULL, mu))) return st;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    float *ts = malloc((size_t)B * 2 * sizeof *ts);
+    if (!ts) { mmc_set_grad_enabled(ctx, was); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    const int64_t n = mmc_numel(latents);
+    for (int i = 0; i < p->sched.n && !st; i++) {
+        const double t0 = now_s();
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        for (int64_t b = 0; b < 2 * B; b++) ts[b] = p->sched.timesteps[i];     /* t.expand(2B), not / 1000 */
+        mmc_sd3_inputs in = {.hidden = latents, .encoder = cond->prompt_embeds, .pooled = cond->pooled, .timestep = ts};
+        if (cfg) {   /* the batch [negative; positive], as the pipeline concatenates it */
+            in.hidden = stack2(ctx, latents, latents);
+            in.encoder = stack2(ctx, neg->prompt_embeds, cond->prompt_embeds);
+            in.pooled = stack2(ctx, neg->pooled, cond->pooled);
+        }
+        mmc_tensor *v = NULL;
+        st = mmc_sd3_forward(ctx, p->transformer, &in, &v);
+        if (!st) {
+            float *vd = v->data;
+            if (cfg) {   /* noise_pred_uncond + guidance * (noise_pred_text - noise_pred_uncond) */
+                const float g = (float)o->guidance;
+                for (int64_t k = 0; k < n; k++) vd[k] = vd[k] + g * (vd[n + k] - vd[k]);
+            }
+            mmc_fm_step(&p->sched, i, vd, latents->data, n, NULL);
+        }
+        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, now_s() - t0);
+    }
+    free(ts);
+    mmc_set_grad_enabled(ctx, was);
+    return st;
+}
+
+mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *latents, bool tiled, mmc_tensor **image) {
+    *image = NULL;
+    mmc_status st;
+    if (!p->vae && (st = mmc_vae_load(p->path[S_VAE], &p->vae))) return st;
+    mmc_sd3_free(p->transformer);           /* the VAE decodes with the transformer gone */
+    p->transformer = NULL;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, latents->shape);
+    memcpy(z->data, latents->data, mmc_nbytes(z));
+    mmc_vae_unscale_latents(p->vae, z);
+    *image = mmc_vae_postprocess(ctx, tiled ? mmc_vae_decode_tiled(ctx, p->vae, z, 0) : mmc_vae_decode(ctx, p->vae, z));
+    mmc_set_grad_enabled(ctx, was);
+    return MMC_OK;
+}
