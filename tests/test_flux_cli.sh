@@ -92,6 +92,15 @@ expect_err "prompt"
 expect_rc 1 "$MMC" generate-image --model tests/fixtures/flux/transformer_s --prompt x
 expect_err "model_index.json"
 
+# ---- an SD3 folder takes the SD3 path (classifier-free guidance); its numerics: test_sd3_pipeline
+S=tests/fixtures/sd3_pipe
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a photo of a red circle" --width 48 --height 32 --steps 2 \
+  --guidance 4.5 --max-sequence-length 12 --out "$T/sd3.png" --json
+png_dump "$T/sd3.png" >/dev/null 2>"$T/text.txt" && grep -q "^software=mmc generate-image (StableDiffusion3Pipeline)$" "$T/text.txt" \
+  && ok || bad "SD3 PNG: $(cat "$T/text.txt")"
+expect_rc 2 "$MMC" generate-image --model $S --prompt x --width 48 --height 32 --true-cfg 2 --negative-prompt y
+expect_err "Flux pipelines only"
+
 # ---- mmc train: LoRA on the transformer from an image folder
 cat >"$T/run.yaml" <<YAML
 model:

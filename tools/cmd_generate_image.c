@@ -18,9 +18,10 @@ void help_generate_image(FILE *f) {
             "usage: mmc generate-image --model DIR --prompt TEXT [options]\n\n"
             "Generate images with a diffusers FluxPipeline folder (model_index.json, transformer/, vae/,\n"
             "text_encoder/ (CLIP), text_encoder_2/ (T5), tokenizers, scheduler/), the way diffusers'\n"
-            "FluxPipeline does: same sigmas and shift, same guidance, same VAE scaling. Text encoders\n"
-            "are freed before the denoising loop. Images are PNGs whose tEXt chunks hold the prompt\n"
-            "and every setting.\n\n"
+            "FluxPipeline does: same sigmas and shift, same guidance, same VAE scaling; or with a\n"
+            "StableDiffusion3Pipeline folder as diffusers' SD3 pipeline does (classifier-free guidance\n"
+            "with --guidance, default 7; 256 T5 tokens). Text encoders are freed before the denoising\n"
+            "loop. Images are PNGs whose tEXt chunks hold the prompt and every setting.\n\n"
             "options:\n"
             "  --model DIR             the pipeline folder (required)\n"
             "  --prompt TEXT           the prompt (required)\n"
@@ -102,13 +103,130 @@ static void out_name(const char *out, int i, char *buf, size_t n) {
     snprintf(buf, n, "%.*s-%d%s", (int)(dot - out), out, i, dot);
 }
 
+/* What the command was asked, for the PNG text chunks and the report. */
+typedef struct {
+    const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline;
+    double strength, guidance, true_cfg;
+    long long width, height, steps, seed, maxlen;
+    bool json;
+} gi_args;
+
+/* images [B, 3, H, W] in [0, 1] -> PNGs (numpy_to_pil: (x * 255).round() to uint8, HWC) with the
+ * settings in tEXt chunks; then the timings (and with --json one object on stdout). */
+static int write_outputs(const gi_args *a, const mmc_tensor *img, double t0, double t_text, double t_denoise,
+                         double t_decode) {
+    const int64_t B = img->shape[0], H = a->height, W = a->width;
+    uint8_t *rgb = malloc((size_t)H * (size_t)W * 3);
+    if (!rgb) return cli_fail(mmc_error(MMC_ERR_OOM, "out of memory"), "cannot write the image");
+    char steps[32], guidance[32], true_cfg[32], size[64], seed_s[64], strength[32], idx[24], software[96], file[1024];
+    snprintf(steps, sizeof steps, "%lld", a->steps);
+    snprintf(guidance, sizeof guidance, "%g", a->guidance);
+    snprintf(true_cfg, sizeof true_cfg, "%g", a->true_cfg);
+    snprintf(size, sizeof size, "%lldx%lld", a->width, a->height);
+    snprintf(seed_s, sizeof seed_s, "%lld%s", a->seed, a->latents_path ? " (--latents given)" : "");
+    snprintf(strength, sizeof strength, "%g", a->strength);
+    snprintf(software, sizeof software, "mmc generate-image (%s)", a->pipeline);
+    if (a->json) printf("{\"files\": [");
+    for (int64_t b = 0; b < B; b++) {
+        const float *x = (const float *)img->data + b * 3 * H * W;
+        for (int64_t i = 0; i < H * W; i++)
+            for (int c = 0; c < 3; c++) rgb[i * 3 + c] = (uint8_t)lrintf(x[c * H * W + i] * 255.0f);
+        snprintf(idx, sizeof idx, "%lld", (long long)b);
+        const char *keys[] = {"prompt", "negative_prompt", "model", "steps", "guidance", "true_cfg", "size", "seed",
+                              "image_index", "lora", "init_image", "strength", "software"};
+        const char *vals[] = {a->prompt, a->neg ? a->neg : "", a->model, steps, guidance, true_cfg, size, seed_s, idx,
+                              a->lora ? a->lora : "", a->init_image ? a->init_image : "", a->init_image ? strength : "",
+                              software};
+        out_name(a->out, (int)b, file, sizeof file);
+        mmc_status st = mmc_image_write_png(file, rgb, (int)H, (int)W, 13, keys, vals);
+        if (st) { free(rgb); return cli_fail(st, "cannot write %s", file); }
+        if (a->json) { printf("%s", b ? ", " : ""); mmc_json_write_string(stdout, file); }
+        else printf("wrote %s\n", file);
+    }
+    free(rgb);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    if (a->json)
+        printf("], \"width\": %lld, \"height\": %lld, \"steps\": %lld, \"text_encode_s\": %.3f, \"denoise_s\": %.3f, "
+               "\"s_per_step\": %.4f, \"vae_decode_s\": %.3f, \"total_s\": %.3f, \"peak_rss_mib\": %.1f}\n",
+               a->width, a->height, a->steps, t_text, t_denoise, t_denoise / (double)a->steps, t_decode,
+               mmc_now() - t0, (double)ru.ru_maxrss / 1024.0);
+    else
+        fprintf(stderr, "text %.2f s, denoise %.2f s (%.2f s/step), decode %.2f s; peak memory %.0f MiB\n", t_text,
+                t_denoise, t_denoise / (double)a->steps, t_decode, (double)ru.ru_maxrss / 1024.0);
+    return CLI_OK;
+}
+
+/* StableDiffusion3Pipeline: classifier-free guidance with --guidance (the negative prompt defaults to
+ * "", as diffusers'), unpacked latents [B, C, H/f, W/f]. */
+static int run_sd3(const gi_args *a, int B, bool tiled, progress_state *ps) {
+    if (a->lora || a->init_image || a->true_cfg > 1.0)
+        return cli_usage("generate-image", "--lora, --init-image and --true-cfg are wired for Flux pipelines only so "
+                         "far (SD3 guides with --guidance)");
+    mmc_sd3_pipeline *p = NULL;
+    mmc_status st = mmc_sd3_pipeline_open(a->model, &p);
+    if (st) return cli_fail(st, "cannot open the pipeline");
+    if ((st = mmc_sd3_check_size(p, (int)a->height, (int)a->width))) {
+        mmc_sd3_pipeline_free(p);
+        return cli_fail(st, "bad size");
+    }
+    mmc_ctx *ctx = mmc_ctx_new();
+    const double t0 = mmc_now();
+    const char **pr = malloc((size_t)B * 2 * sizeof *pr), **ng = pr + B;
+    mmc_flux_cond cond = {0}, neg = {0};
+    mmc_tensor *lat = NULL, *img = NULL;
+    int rc = CLI_ERROR;
+    for (int b = 0; b < B; b++) pr[b] = a->prompt, ng[b] = a->neg ? a->neg : "";
+    const bool cfg = a->guidance > 1.0;
+    double t_text = 0, t_denoise = 0, t_decode = 0;
+    if ((st = mmc_sd3_encode_prompt(ctx, p, pr, B, (int)a->maxlen, &cond)) ||
+        (cfg && (st = mmc_sd3_encode_prompt(ctx, p, ng, B, (int)a->maxlen, &neg))))
+        goto done;
+    t_text = mmc_now() - t0;
+    int64_t shape[4] = {B, mmc_sd3_pipeline_latent_channels(p), 0, 0};
+    mmc_sd3_latent_size(p, (int)a->height, (int)a->width, &shape[2], &shape[3]);
+    lat = mmc_tensor_new(MMC_F32, 4, shape);
+    if (a->latents_path) {
+        mmc_st *lf = NULL;
+        if ((st = mmc_st_open(a->latents_path, &lf))) goto done;
+        const mmc_st_entry *e = mmc_st_find(lf, "latents");
+        if (!e && mmc_st_count(lf) == 1) e = mmc_st_at(lf, 0);
+        st = e ? mmc_st_read_into(lf, e->name, lat)
+               : mmc_error(MMC_ERR_FORMAT, "%s: no tensor \"latents\"", a->latents_path);
+        mmc_st_close(lf);
+        if (st) goto done;
+    } else {
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)a->seed);
+        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
+    }
+    mmc_flux_sample_opts o = {.height = (int)a->height, .width = (int)a->width, .steps = (int)a->steps,
+                              .guidance = a->guidance, .progress = on_step, .user = ps};
+    double t1 = mmc_now();
+    if ((st = mmc_sd3_sample(ctx, p, &cond, cfg ? &neg : NULL, lat, &o))) goto done;
+    t_denoise = mmc_now() - t1;
+    t1 = mmc_now();
+    if ((st = mmc_sd3_decode(ctx, p, lat, tiled, &img))) goto done;
+    t_decode = mmc_now() - t1;
+    rc = write_outputs(a, img, t0, t_text, t_denoise, t_decode);
+done:
+    if (st) rc = cli_fail(st, "SD3 generation failed");
+    mmc_tensor_free(lat);
+    free(pr);
+    mmc_flux_cond_free(&cond);
+    mmc_flux_cond_free(&neg);
+    mmc_ctx_free(ctx);
+    mmc_sd3_pipeline_free(p);
+    return rc;
+}
+
 int cmd_generate_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
     const char *init_image = NULL;
     double strength = 0.6;
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
-    bool json = false, tiled = false;
+    bool json = false, tiled = false, maxlen_given = false, guidance_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
@@ -131,8 +249,8 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return CLI_USAGE; }
         else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 64, &batch)) return CLI_USAGE; }
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, (long long)1 << 62, &seed)) return CLI_USAGE; }
-        else if (!strcmp(a, "--max-sequence-length")) { if (!cli_int(a, v, 1, 4096, &maxlen)) return CLI_USAGE; }
-        else if (!strcmp(a, "--guidance")) { if (!cli_float(a, v, 0, 100, &guidance)) return CLI_USAGE; }
+        else if (!strcmp(a, "--max-sequence-length")) { if (!cli_int(a, v, 1, 4096, &maxlen)) return CLI_USAGE; maxlen_given = true; }
+        else if (!strcmp(a, "--guidance")) { if (!cli_float(a, v, 0, 100, &guidance)) return CLI_USAGE; guidance_given = true; }
         else if (!strcmp(a, "--true-cfg")) { if (!cli_float(a, v, 0, 100, &true_cfg)) return CLI_USAGE; }
         else return cli_usage("generate-image", "unknown option '%s'", a);
     }
@@ -140,6 +258,20 @@ int cmd_generate_image(int argc, char **argv) {
     if (!prompt) return cli_usage("generate-image", "--prompt TEXT is required");
     if (true_cfg > 1 && !neg)
         return cli_usage("generate-image", "--true-cfg %.3g needs --negative-prompt (the pass it guides against)", true_cfg);
+    progress_state ps = {.tty = isatty(2), .quiet = json};
+    gi_args ga = {.model = model, .prompt = prompt, .neg = neg, .latents_path = latents_path, .out = out,
+                  .lora = lora, .init_image = init_image, .pipeline = "FluxPipeline", .strength = strength,
+                  .guidance = guidance, .true_cfg = true_cfg, .width = width, .height = height, .steps = steps,
+                  .seed = seed, .maxlen = maxlen, .json = json};
+    {   /* which pipeline: SD3 folders take their own path */
+        mmc_diffusers_dir d;
+        if (mmc_diffusers_open(model, &d) == MMC_OK && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
+            ga.pipeline = "StableDiffusion3Pipeline";
+            if (!maxlen_given) ga.maxlen = 256;        /* the SD3 pipeline's default */
+            if (!guidance_given) ga.guidance = 7.0;
+            return run_sd3(&ga, (int)batch, tiled, &ps);
+        }
+    }
     mmc_flux_pipeline *p = NULL;
     mmc_status st = mmc_flux_pipeline_open(model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
@@ -166,7 +298,6 @@ int cmd_generate_image(int argc, char **argv) {
     mmc_tensor *img = NULL;
     uint8_t *rgb = NULL;
     int rc = CLI_ERROR;
-    progress_state ps = {.tty = isatty(2), .quiet = json};
     for (int b = 0; b < B; b++) prompts[b] = prompt, negs[b] = neg;
     if ((st = mmc_flux_encode_prompt(ctx, p, prompts, B, (int)maxlen, &cond))) { cli_fail(st, "cannot encode the prompt"); goto done; }
     const bool use_neg = neg && true_cfg > 1;
@@ -234,48 +365,8 @@ int cmd_generate_image(int argc, char **argv) {
     mmc_tensor_free(keep);
     const double t_decode = mmc_now() - t2;
     if (st) { cli_fail(st, "VAE decode failed"); goto done; }
-    /* numpy_to_pil: (x * 255).round() to uint8, HWC */
-    rgb = malloc((size_t)height * (size_t)width * 3);
-    if (!rgb) { cli_fail(mmc_error(MMC_ERR_OOM, "out of memory"), "cannot write the image"); goto done; }
-    char settings[4][64], file[1024];
-    snprintf(settings[0], sizeof settings[0], "%lld", steps);
-    snprintf(settings[1], sizeof settings[1], "%g", guidance);
-    snprintf(settings[2], sizeof settings[2], "%g", true_cfg);
-    snprintf(settings[3], sizeof settings[3], "%dx%d", (int)width, (int)height);
-    if (json) printf("{\"files\": [");
-    for (int b = 0; b < B; b++) {
-        const float *x = (const float *)img->data + (int64_t)b * 3 * height * width;
-        for (int64_t i = 0; i < height * width; i++)
-            for (int c = 0; c < 3; c++) rgb[i * 3 + c] = (uint8_t)lrintf(x[c * height * width + i] * 255.0f);
-        char seed_s[64];
-        snprintf(seed_s, sizeof seed_s, "%lld%s", seed, latents_path ? " (--latents given)" : "");
-        char strength_s[64];
-        snprintf(strength_s, sizeof strength_s, "%g", strength);
-        const char *keys[] = {"prompt", "negative_prompt", "model", "steps", "guidance", "true_cfg", "size", "seed",
-                              "image_index", "lora", "init_image", "strength", "software"};
-        char idx[16];
-        snprintf(idx, sizeof idx, "%d", b);
-        const char *vals[] = {prompt, neg ? neg : "", model, settings[0], settings[1], settings[2], settings[3],
-                              seed_s, idx, lora ? lora : "", init_image ? init_image : "",
-                              init_image ? strength_s : "", "mmc generate-image (FluxPipeline)"};
-        out_name(out, b, file, sizeof file);
-        if ((st = mmc_image_write_png(file, rgb, (int)height, (int)width, 13, keys, vals))) {
-            cli_fail(st, "cannot write %s", file);
-            goto done;
-        }
-        if (json) { printf("%s", b ? ", " : ""); mmc_json_write_string(stdout, file); }
-        else printf("wrote %s\n", file);
-    }
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    if (json)
-        printf("], \"width\": %lld, \"height\": %lld, \"steps\": %lld, \"text_encode_s\": %.3f, \"denoise_s\": %.3f, "
-               "\"s_per_step\": %.4f, \"vae_decode_s\": %.3f, \"total_s\": %.3f, \"peak_rss_mib\": %.1f}\n",
-               width, height, steps, t_text, t_denoise, t_denoise / (double)steps, t_decode, mmc_now() - t0,
-               (double)ru.ru_maxrss / 1024.0);
-    else
-        fprintf(stderr, "text %.2f s, denoise %.2f s (%.2f s/step), decode %.2f s; peak memory %.0f MiB\n", t_text,
-                t_denoise, t_denoise / (double)steps, t_decode, (double)ru.ru_maxrss / 1024.0);
+    rc = write_outputs(&ga, img, t0, t_text, t_denoise, t_decode);
+    if (rc) goto done;
     rc = CLI_OK;
 done:
     free(rgb);

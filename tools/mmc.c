@@ -14,7 +14,7 @@ static const cli_cmd g_cmds[] = {
      cmd_info, help_info},
     {"generate", "Generate a completion for a prompt (streams tokens; greedy or sampled)",
      cmd_generate, help_generate},
-    {"generate-image", "Generate images from a prompt with a diffusers Flux pipeline folder",
+    {"generate-image", "Generate images from a prompt with a diffusers Flux or SD3 pipeline folder",
      cmd_generate_image, help_generate_image},
     {"chat", "Multi-turn chat on the terminal (/image PATH attaches an image)", cmd_chat, help_chat},
     {"forward", "One forward pass; write the logits to safetensors for parity checks",

@@ -80,6 +80,11 @@ void mmc_sd3_pipeline_free(mmc_sd3_pipeline *p) {
 
 int mmc_sd3_pipeline_latent_channels(const mmc_sd3_pipeline *p) { return (int)p->tr_cfg.in_channels; }
 
+void mmc_sd3_latent_size(const mmc_sd3_pipeline *p, int height, int width, int64_t *h, int64_t *w) {
+    const int f = 1 << (p->vae_cfg.levels - 1);
+    *h = height / f, *w = width / f;
+}
+
 mmc_status mmc_sd3_check_size(const mmc_sd3_pipeline *p, int height, int width) {
     const int m = (1 << (p->vae_cfg.levels - 1)) * (int)p->tr_cfg.patch_size;
     if (height >= m && width >= m && height % m == 0 && width % m == 0) return MMC_OK;
