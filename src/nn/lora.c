@@ -127,6 +127,16 @@ static mmc_status copy_targets(mmc_lora_set *s, const char *const *t, int n) {
     return MMC_OK;
 }
 
+/* A loaded adapter's targets: the names of the modules it adapts. */
+static mmc_status targets_from_modules(mmc_lora_set *s) {
+    const char **t = malloc(sizeof *t * (size_t)(s->n ? s->n : 1));
+    if (!t) return mmc_error(MMC_ERR_OOM, "LoRA: out of memory");
+    for (int i = 0; i < s->n; i++) t[i] = s->names[i];
+    mmc_status st = copy_targets(s, t, s->n);
+    free(t);
+    return st;
+}
+
 mmc_status mmc_lora_attach(const mmc_module_list *ml, const mmc_lora_config *cfg, mmc_lora_set **out) {
     *out = NULL;
     if (cfg->r <= 0) return mmc_error(MMC_ERR_INVALID, "LoRA: r = %d must be positive", cfg->r);
@@ -455,11 +465,7 @@ mmc_status mmc_lora_load(const char *dir, const mmc_module_list *ml, bool traina
         goto done;
     }
     if (s->n == 0) { st = mmc_error(MMC_ERR_FORMAT, "%s: no lora_A/lora_B weights", path); goto done; }
-    const char **t = malloc(sizeof *t * (size_t)s->n);
-    if (!t) { st = mmc_error(MMC_ERR_OOM, "LoRA: out of memory"); goto done; }
-    for (int i = 0; i < s->n; i++) t[i] = s->names[i];
-    st = copy_targets(s, t, s->n);
-    free(t);
+    st = targets_from_modules(s);
 done:
     free(errs);
     mmc_st_close(w);
@@ -807,11 +813,7 @@ mmc_status mmc_lora_load_diffusers(const char *path, const char *component, cons
                        pre);
         goto done;
     }
-    const char **t = malloc(sizeof *t * (size_t)s->n);
-    if (!t) { st = mmc_error(MMC_ERR_OOM, "LoRA: out of memory"); goto done; }
-    for (int i = 0; i < s->n; i++) t[i] = s->names[i];
-    st = copy_targets(s, t, s->n);
-    free(t);
+    st = targets_from_modules(s);
 done:
     cJSON_Delete(meta);
     free(errs);

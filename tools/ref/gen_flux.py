@@ -38,11 +38,9 @@ from safetensors.torch import save_file
 
 import diffusers
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5Config, T5EncoderModel
-from transformers import CLIPTextModel, T5TokenizerFast
+from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-from ref_common import rand_init
+from ref_common import rand_init, tiny_tokenizers
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "flux")
@@ -180,30 +178,14 @@ sched.save_config(d)
 tmp = os.path.join(OUT, "_tok")
 os.makedirs(tmp)
 words = ["a", "red", "blue", "green", "circle", "square", "on", "the", "left", "right", "small", "big"]
-vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-for wd in words:
-    vocab[wd + "</w>"] = len(vocab)
-for ch in "abcdefghijklmnopqrstuvwxyz":
-    vocab.setdefault(ch, len(vocab))
-    vocab.setdefault(ch + "</w>", len(vocab))
-with open(os.path.join(tmp, "vocab.json"), "w") as f:
-    json.dump(vocab, f)
-with open(os.path.join(tmp, "merges.txt"), "w") as f:
-    f.write("#version: 0.2\n")
-clip_tok = CLIPTokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"), model_max_length=77)
-pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
-pieces += [("\u2581" + wd, -1.0 - 0.1 * i) for i, wd in enumerate(words)]
-pieces += [(ch, -5.0) for ch in "abcdefghijklmnopqrstuvwxyz"]
-uni = Tokenizer(models.Unigram(pieces, unk_id=2))
-uni.pre_tokenizer = pre_tokenizers.Metaspace()
-t5_tok = T5TokenizerFast(tokenizer_object=uni, extra_ids=0, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+clip_tok, t5_tok, n_vocab, n_pieces = tiny_tokenizers(tmp, words)
 
 torch.manual_seed(3)
-clip = CLIPTextModel(CLIPTextConfig(vocab_size=len(vocab), hidden_size=24, intermediate_size=48, num_hidden_layers=2,
+clip = CLIPTextModel(CLIPTextConfig(vocab_size=n_vocab, hidden_size=24, intermediate_size=48, num_hidden_layers=2,
                                     num_attention_heads=3, max_position_embeddings=77, projection_dim=24,
                                     eos_token_id=1, bos_token_id=0, pad_token_id=1))
 rand_init(clip, 4)
-t5 = T5EncoderModel(T5Config(vocab_size=len(pieces), d_model=20, d_kv=8, d_ff=40, num_layers=2, num_heads=2,
+t5 = T5EncoderModel(T5Config(vocab_size=n_pieces, d_model=20, d_kv=8, d_ff=40, num_layers=2, num_heads=2,
                              feed_forward_proj="gated-gelu"))
 rand_init(t5, 5)
 vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,

@@ -8,7 +8,6 @@ images (output_type="pt") of (a) CFG 4.5, 3 steps, batch 2 and (b) no CFG (guida
 
 Run: .venv-ref/bin/python tools/ref/gen_sd3_pipeline.py
 """
-import json
 import os
 import shutil
 import sys
@@ -22,11 +21,9 @@ from safetensors.torch import save_file
 
 import diffusers
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5Config, T5EncoderModel
-from transformers import T5TokenizerFast
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from ref_common import rand_init
+from ref_common import rand_init, tiny_tokenizers
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "sd3_pipe")
@@ -39,28 +36,11 @@ g = torch.Generator().manual_seed(1)
 tmp = os.path.join(OUT, "_tok")
 os.makedirs(tmp)
 words = ["a", "red", "blue", "green", "circle", "square", "on", "the", "left", "right", "photo", "of"]
-vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-for wd in words:
-    vocab[wd + "</w>"] = len(vocab)
-for ch in "abcdefghijklmnopqrstuvwxyz":
-    vocab.setdefault(ch, len(vocab))
-    vocab.setdefault(ch + "</w>", len(vocab))
-with open(os.path.join(tmp, "vocab.json"), "w") as f:
-    json.dump(vocab, f)
-with open(os.path.join(tmp, "merges.txt"), "w") as f:
-    f.write("#version: 0.2\n")
-clip_tok = CLIPTokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"), model_max_length=77,
-                         pad_token="<|endoftext|>")
-pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
-pieces += [("\u2581" + wd, -1.0 - 0.1 * i) for i, wd in enumerate(words)]
-pieces += [(ch, -5.0) for ch in "abcdefghijklmnopqrstuvwxyz"]
-uni = Tokenizer(models.Unigram(pieces, unk_id=2))
-uni.pre_tokenizer = pre_tokenizers.Metaspace()
-t5_tok = T5TokenizerFast(tokenizer_object=uni, extra_ids=0, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+clip_tok, t5_tok, n_vocab, n_pieces = tiny_tokenizers(tmp, words, pad_token="<|endoftext|>")
 
 
 def clip(hidden, proj, heads, seed):
-    m = CLIPTextModelWithProjection(CLIPTextConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+    m = CLIPTextModelWithProjection(CLIPTextConfig(vocab_size=n_vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                                                    num_hidden_layers=2, num_attention_heads=heads,
                                                    max_position_embeddings=77, projection_dim=proj, eos_token_id=1,
                                                    bos_token_id=0, pad_token_id=1))
@@ -68,7 +48,7 @@ def clip(hidden, proj, heads, seed):
     return m.eval()
 
 
-t5 = T5EncoderModel(T5Config(vocab_size=len(pieces), d_model=48, d_kv=8, d_ff=64, num_layers=2, num_heads=3,
+t5 = T5EncoderModel(T5Config(vocab_size=n_pieces, d_model=48, d_kv=8, d_ff=64, num_layers=2, num_heads=3,
                              feed_forward_proj="gated-gelu"))
 rand_init(t5, 5)
 vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,

@@ -14,3 +14,33 @@ def rand_init(model, seed):
             else:
                 fan_in = p[0].numel()
                 p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+
+
+def tiny_tokenizers(tmp, words, **clip_kwargs):
+    """A CLIP BPE tokenizer and a T5 (SentencePiece Unigram, Metaspace) tokenizer over a few words and the
+    alphabet, built in tmp: what the tiny diffusion pipelines' tokenizer folders hold. Returns (clip, t5,
+    clip vocab size, t5 vocab size)."""
+    import json
+    import os
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPTokenizer, T5TokenizerFast
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for wd in words:
+        vocab[wd + "</w>"] = len(vocab)
+    for ch in "abcdefghijklmnopqrstuvwxyz":
+        vocab.setdefault(ch, len(vocab))
+        vocab.setdefault(ch + "</w>", len(vocab))
+    with open(os.path.join(tmp, "vocab.json"), "w") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(tmp, "merges.txt"), "w") as f:
+        f.write("#version: 0.2\n")
+    clip = CLIPTokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"), model_max_length=77,
+                         **clip_kwargs)
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
+    pieces += [("\u2581" + wd, -1.0 - 0.1 * i) for i, wd in enumerate(words)]
+    pieces += [(ch, -5.0) for ch in "abcdefghijklmnopqrstuvwxyz"]
+    uni = Tokenizer(models.Unigram(pieces, unk_id=2))
+    uni.pre_tokenizer = pre_tokenizers.Metaspace()
+    t5 = T5TokenizerFast(tokenizer_object=uni, extra_ids=0, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    return clip, t5, len(vocab), len(pieces)

@@ -288,42 +288,40 @@ mmc_status mmc_flux_linears(mmc_flux *m, mmc_module_list *ml) {
 }
 
 /* ------------------------------------------------------------------ latent layout */
-mmc_tensor *mmc_flux_pack_latents(mmc_ctx *ctx, const mmc_tensor *z) {
-    MMC_CHECK(z->ndim == 4 && z->dtype == MMC_F32 && mmc_is_contiguous(z) && z->shape[2] % 2 == 0 &&
-                  z->shape[3] % 2 == 0, "mmc_flux_pack_latents: z must be contiguous f32 [B, C, H, W], H and W even");
-    const int64_t B = z->shape[0], C = z->shape[1], H = z->shape[2], W = z->shape[3], h = H / 2, w = W / 2;
-    mmc_tensor *x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, h * w, 4 * C));     /* [B, h*w, 4C] */
-    const float *zd = z->data;
-    float *xd = x->data;
+/* The one index map of _pack_latents / _unpack_latents: latent z[b, c, 2i + dy, 2j + dx] is token
+ * (i, j)'s channel c*4 + dy*2 + dx. pack copies z into x, unpack x into z. */
+static void pack_map(float *z, float *x, int64_t B, int64_t C, int64_t H, int64_t W, bool pack) {
+    const int64_t h = H / 2, w = W / 2;
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < h; i++)
             for (int64_t j = 0; j < w; j++)
                 for (int64_t c = 0; c < C; c++)
                     for (int64_t dy = 0; dy < 2; dy++)
-                        for (int64_t dx = 0; dx < 2; dx++)
-                            xd[((b * h + i) * w + j) * 4 * C + c * 4 + dy * 2 + dx] =
-                                zd[((b * C + c) * H + 2 * i + dy) * W + 2 * j + dx];
+                        for (int64_t dx = 0; dx < 2; dx++) {
+                            float *zp = z + ((b * C + c) * H + 2 * i + dy) * W + 2 * j + dx;
+                            float *xp = x + ((b * h + i) * w + j) * 4 * C + c * 4 + dy * 2 + dx;
+                            if (pack) *xp = *zp;
+                            else *zp = *xp;
+                        }
+}
+
+mmc_tensor *mmc_flux_pack_latents(mmc_ctx *ctx, const mmc_tensor *z) {
+    MMC_CHECK(z->ndim == 4 && z->dtype == MMC_F32 && mmc_is_contiguous(z) && z->shape[2] % 2 == 0 &&
+                  z->shape[3] % 2 == 0, "mmc_flux_pack_latents: z must be contiguous f32 [B, C, H, W], H and W even");
+    const int64_t B = z->shape[0], C = z->shape[1], H = z->shape[2], W = z->shape[3];
+    mmc_tensor *x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, (H / 2) * (W / 2), 4 * C));     /* [B, h*w, 4C] */
+    pack_map(z->data, x->data, B, C, H, W, true);
     return x;
 }
 
 mmc_tensor *mmc_flux_unpack_latents(mmc_ctx *ctx, const mmc_tensor *x, int64_t H, int64_t W) {
-    const int64_t h = H / 2, w = W / 2;
     MMC_CHECK(x->ndim == 3 && x->dtype == MMC_F32 && mmc_is_contiguous(x) && H % 2 == 0 && W % 2 == 0 &&
-                  x->shape[1] == h * w && x->shape[2] % 4 == 0,
+                  x->shape[1] == (H / 2) * (W / 2) && x->shape[2] % 4 == 0,
               "mmc_flux_unpack_latents: x must be contiguous f32 [B, (H/2)(W/2), 4C] for H = %lld, W = %lld",
               (long long)H, (long long)W);
     const int64_t B = x->shape[0], C = x->shape[2] / 4;
     mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, C, H, W));
-    const float *xd = x->data;
-    float *zd = z->data;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < h; i++)
-            for (int64_t j = 0; j < w; j++)
-                for (int64_t c = 0; c < C; c++)
-                    for (int64_t dy = 0; dy < 2; dy++)
-                        for (int64_t dx = 0; dx < 2; dx++)
-                            zd[((b * C + c) * H + 2 * i + dy) * W + 2 * j + dx] =
-                                xd[((b * h + i) * w + j) * 4 * C + c * 4 + dy * 2 + dx];
+    pack_map(z->data, x->data, B, C, H, W, false);
     return z;
 }
 
