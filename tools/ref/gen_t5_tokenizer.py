@@ -1,0 +1,170 @@
+"""Fixtures for T5's SentencePiece Unigram tokenizer (tests/test_t5_tokenizer.c), written by
+transformers / tokenizers themselves (versions pinned in requirements.txt):
+
+* t5_tokenizer/: a small SentencePiece unigram model trained here (sentencepiece pip package,
+  nmt_nfkc normalization as T5's spiece.model has, so the precompiled charsmap is the real one;
+  pad 0, eos 1, unk 2 as T5 lays them out; 300 pieces, character_coverage < 1 and the CJK /
+  emoji captions kept out of the training text so unknown characters occur), converted by
+  transformers' T5Tokenizer from spiece.model with extra_ids=4 and saved with save_pretrained,
+  untouched. transformers 5.x writes normalizer Precompiled, pre_tokenizer
+  Sequence[WhitespaceSplit, Metaspace(always, split)].
+* t5_tokenizer_hub/: the same vocabulary in the layout of the tokenizer.json files on the Hub
+  (google/t5-v1_1-xxl, Flux's tokenizer_2, SD3's tokenizer_3, converted by transformers 4.x):
+  normalizer Sequence[Precompiled, Replace(" {2,}" -> " ")], pre_tokenizer Metaspace alone, the
+  legacy "add_prefix_space": true / "str_rep" keys. Built with tokenizers, wrapped in
+  T5Tokenizer(tokenizer_object=...) and saved with save_pretrained; the legacy keys are added to
+  the saved JSON afterwards (tokenizers reads them, as it reads the Hub's files).
+* t5_cases.json: captions (accents, decomposed accents, CJK, emoji, full-width, NFKC-affected
+  characters, non-breaking and ideographic spaces, tabs and newlines, multiple / leading /
+  trailing spaces, the empty string, the special tokens written out, a long caption).
+* t5_expected.safetensors: for each tokenizer, tokenizer(text).input_ids flattened (.full_ids)
+  with lengths (.full_len), and tokenizer(texts, padding="max_length", max_length=L,
+  truncation=True, add_special_tokens=True) ids / attention masks for L = 16 (.ids16 / .mask16)
+  and L = 77 (.ids77 / .mask77), as the Flux / SD3 pipelines call it (512 / 256 / 77 there).
+
+Run: /work/main/.venv-ref/bin/python tools/ref/gen_t5_tokenizer.py
+"""
+import io
+import json
+import os
+import random
+import shutil
+
+import sentencepiece as spm
+import torch
+from safetensors.torch import save_file
+from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+from transformers import T5Tokenizer
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+OUT = os.path.join(ROOT, "tests", "fixtures", "t5_tokenizer")
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+
+CAPTIONS = [
+    "a red circle on the left",
+    "A photo of an astronaut riding a horse on Mars.",
+    "",
+    " ",
+    "   ",
+    "  leading and trailing spaces  ",
+    "Two  dogs\tplaying\n\nin   the SNOW, high-resolution, 4k, 8K HDR!!!",
+    "it's a cat; we'll see... don't",
+    "Caf\u00e9 na\u00efve \u00dcn\u00efc\u00f6d\u00e9 cafe\u0301 (decomposed) r\u00e9sum\u00e9",
+    "\u0130stanbul at NIGHT, \u03a3\u0391\u03a3 \u039f\u0394\u03a5\u03a3\u03a3\u0395\u03a5\u03a3",
+    "\u4e00\u53ea\u732b\u5750\u5728\u7a97\u53f0\u4e0a \u732b\u306e\u5199\u771f",
+    "emoji \U0001f431\U0001f680\u2728 and \U0001f468\u200d\U0001f469\u200d\U0001f467 family \U0001f44d\U0001f3fd",
+    "\uff21\uff22\uff23 full-width \uff11\uff12\uff13 \uff08\uff54\uff45\uff58\uff54\uff09, \u00bd price \u2167",
+    "\ufb01ne \ufb02ower \u2460 \u2461 \u2462 \u33a1 \u2122 \u00b2 x\u2082",
+    "non\u00a0breaking\u3000ideographic\u2003em\u200bzero-width space",
+    "<extra_id_0> a cat </s> with<pad>special <unk> tokens<extra_id_3>",
+    "price: $1,234.56 (approx.) -- 50% off!? #sale @shop",
+    " ".join(["a very long caption about a beautiful landscape with mountains, rivers and trees"] * 5),
+    "UPPER lower MiXeD 123abc abc123",
+    "\u2581already has a metaspace\u2581\u2581and\u2581 more",
+    "zzzz qqqq xxyyzz",
+    "e\u0301\u0301\u0301 a\u0308\u0304 \u1100\u1161\u11a8 \ud55c\uad6d\uc5b4",
+]
+L_PAD = (16, 77)
+
+# ---------------------------------------------------------------- a SentencePiece model
+rng = random.Random(0)
+SUBJ = ["a cat", "a dog", "an astronaut", "a woman", "a man", "a red car", "a blue house", "two birds",
+        "a bowl of fruit", "the city", "a mountain lake", "an old tree", "a robot", "a castle", "a horse"]
+VERB = ["sitting on", "riding", "next to", "in front of", "under", "above", "walking through", "looking at",
+        "painted in", "floating over"]
+OBJ = ["the table", "a window", "the beach", "a forest", "the snow", "a street at night", "the moon",
+       "a field of flowers", "the ocean", "a busy market"]
+STYLE = ["photo", "oil painting", "watercolor", "digital art", "4k, highly detailed", "studio lighting",
+         "in the style of van gogh", "cinematic", "sharp focus", "resum\u00e9 caf\u00e9 na\u00efve"]
+train = [c for i, c in enumerate(CAPTIONS) if i not in (9, 10, 11, 20, 21)]
+for _ in range(3000):
+    train.append(f"{rng.choice(SUBJ)} {rng.choice(VERB)} {rng.choice(OBJ)}, {rng.choice(STYLE)}")
+    if rng.random() < 0.3:
+        train[-1] = train[-1].capitalize()
+model = io.BytesIO()
+spm.SentencePieceTrainer.train(sentence_iterator=iter(train), model_writer=model, model_type="unigram",
+                               vocab_size=300, normalization_rule_name="nmt_nfkc", character_coverage=1.0,
+                               pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+                               unk_piece="<unk>", num_threads=1, seed_sentencepiece_size=20000,
+                               hard_vocab_limit=False)
+tmp = os.path.join(OUT, "_spm")
+os.makedirs(tmp)
+with open(os.path.join(tmp, "spiece.model"), "wb") as f:
+    f.write(model.getvalue())
+
+# ---------------------------------------------------------------- transformers' conversion
+tok = T5Tokenizer.from_pretrained(tmp, extra_ids=4)
+tok.save_pretrained(os.path.join(OUT, "t5_tokenizer"))
+shutil.rmtree(tmp)
+for f in os.listdir(os.path.join(OUT, "t5_tokenizer")):   # the slow model file, if written: not read
+    if f.endswith(".model"):
+        os.remove(os.path.join(OUT, "t5_tokenizer", f))
+
+# ---------------------------------------------------------------- the Hub's layout
+with open(os.path.join(OUT, "t5_tokenizer", "tokenizer.json"), encoding="utf-8") as f:
+    j = json.load(f)
+charsmap = None
+norm = j["normalizer"]
+for n in ([norm] if norm["type"] != "Sequence" else norm["normalizers"]):
+    if n["type"] == "Precompiled":
+        charsmap = n["precompiled_charsmap"]
+assert charsmap, norm
+hub = Tokenizer.from_str(json.dumps(j))
+import base64
+
+hub.normalizer = normalizers.Sequence([normalizers.Precompiled(base64.b64decode(charsmap)),
+                                       normalizers.Replace(Regex(" {2,}"), " ")])
+hub.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+hub_tok = T5Tokenizer(tokenizer_object=hub, extra_ids=4)
+hub_dir = os.path.join(OUT, "t5_tokenizer_hub")
+hub_tok.save_pretrained(hub_dir)
+with open(os.path.join(hub_dir, "tokenizer.json"), encoding="utf-8") as f:
+    j = json.load(f)
+pt = j["pre_tokenizer"]
+assert pt["type"] == "Metaspace", pt
+j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "str_rep": "\u2581", "add_prefix_space": True}
+with open(os.path.join(hub_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(j, f, ensure_ascii=False, indent=2)
+
+# ---------------------------------------------------------------- expected ids
+expected = {}
+
+
+def encode_with_tokenizers(path, texts, L=None):
+    """tokenizers itself on the file's own pipeline (what transformers 4.x's T5TokenizerFast runs)."""
+    t = Tokenizer.from_file(path)
+    if L:
+        t.enable_truncation(max_length=L)
+        t.enable_padding(length=L, pad_id=0, pad_token="<pad>")
+    return [(e.ids, e.attention_mask) for e in t.encode_batch(texts)]
+
+
+for name in ("t5_tokenizer", "t5_tokenizer_hub"):
+    path = os.path.join(OUT, name, "tokenizer.json")
+    full = [ids for ids, _ in encode_with_tokenizers(path, CAPTIONS)]
+    if name == "t5_tokenizer":
+        # transformers 5 rebuilds T5's pipeline in T5Tokenizer.__init__ whatever the file says; on
+        # the file it wrote itself the two agree
+        t = T5Tokenizer.from_pretrained(os.path.join(OUT, name))
+        assert full == [t(c).input_ids for c in CAPTIONS]
+        for L in L_PAD:
+            enc = t(CAPTIONS, padding="max_length", max_length=L, truncation=True, add_special_tokens=True)
+            assert enc.input_ids == [ids for ids, _ in encode_with_tokenizers(path, CAPTIONS, L)]
+    expected[name + ".full_ids"] = torch.tensor([i for f in full for i in f], dtype=torch.int32)
+    expected[name + ".full_len"] = torch.tensor([len(f) for f in full], dtype=torch.int32)
+    for L in L_PAD:
+        enc = encode_with_tokenizers(path, CAPTIONS, L)
+        expected[f"{name}.ids{L}"] = torch.tensor([ids for ids, _ in enc], dtype=torch.int32)
+        expected[f"{name}.mask{L}"] = torch.tensor([m for _, m in enc], dtype=torch.int32)
+    print(name, "lengths:", expected[name + ".full_len"].tolist())
+    print(name, "unk count:", sum(f.count(2) for f in full))
+# the two layouts agree except where the Hub's keeps leading / repeated spaces
+with open(os.path.join(OUT, "t5_cases.json"), "w", encoding="utf-8") as f:
+    json.dump(CAPTIONS, f, ensure_ascii=False, indent=1)
+save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(OUT, "t5_expected.safetensors"))
+
+for root, _, files in sorted(os.walk(OUT)):
+    for f in sorted(files):
+        p = os.path.join(root, f)
+        print(f"{os.path.getsize(p):8d} {os.path.relpath(p, OUT)}")
