@@ -168,3 +168,38 @@ for root, _, files in sorted(os.walk(OUT)):
     for f in sorted(files):
         p = os.path.join(root, f)
         print(f"{os.path.getsize(p):8d} {os.path.relpath(p, OUT)}")
+
+# ---------------------------------------------------------------- fuzz seeds (fuzz/fuzz_t5_tokenizer.c)
+# A loader seed must be small (libFuzzer mutates inputs of at most 64 KB): a 120-piece model whose
+# charsmap is compiled by sentencepiece from a few rules (ligature, circled digit, full-width,
+# spaces) instead of nmt_nfkc's 240 KB, converted and saved the same way.
+SEEDS = os.path.join(ROOT, "fuzz", "corpus", "t5_tokenizer")
+shutil.rmtree(SEEDS, ignore_errors=True)
+os.makedirs(SEEDS)
+rules = os.path.join(OUT, "_rules.tsv")
+with open(rules, "w") as f:
+    f.write("FB01\t66 69\n2460\t31\n3000\t20\nA0\t20\nFF21\t41\n65 301\tE9\n9\t20\n")
+tmp = os.path.join(OUT, "_spm_small")
+os.makedirs(tmp)
+model = io.BytesIO()
+spm.SentencePieceTrainer.train(sentence_iterator=iter(train[:400]), model_writer=model, model_type="unigram",
+                               vocab_size=120, normalization_rule_tsv=rules, character_coverage=1.0,
+                               pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+                               unk_piece="<unk>", num_threads=1, hard_vocab_limit=False)
+with open(os.path.join(tmp, "spiece.model"), "wb") as f:
+    f.write(model.getvalue())
+small = T5Tokenizer.from_pretrained(tmp, extra_ids=2)
+shutil.rmtree(tmp)
+os.remove(rules)
+j = json.loads(small.backend_tokenizer.to_str())
+with open(os.path.join(SEEDS, "load_v5.json"), "w", encoding="utf-8") as f:
+    json.dump(j, f, ensure_ascii=False)
+j["normalizer"] = {"type": "Sequence", "normalizers": [j["normalizer"], {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]}
+j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "str_rep": "\u2581", "add_prefix_space": True}
+with open(os.path.join(SEEDS, "load_hub.json"), "w", encoding="utf-8") as f:
+    json.dump(j, f, ensure_ascii=False)
+for i, c in enumerate(CAPTIONS):   # prompt seeds
+    if c and i % 2 == 0:
+        with open(os.path.join(SEEDS, f"text{i:02d}.txt"), "w", encoding="utf-8") as f:
+            f.write(c)
+print("fuzz seeds:", sorted(os.listdir(SEEDS)))
