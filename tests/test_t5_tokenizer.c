@@ -1,7 +1,8 @@
 /* test_t5_tokenizer.c — T5's SentencePiece Unigram tokenizer (src/tokenizer/t5_unigram.c) against
  * HF tokenizers on the fixtures of tools/ref/gen_t5_tokenizer.py: for both tokenizer.json layouts
  * (transformers 5's and the Hub's), every caption of t5_cases.json gives tokenizers' ids
- * unpadded and padded / truncated to 16 and 77 (ids and attention mask); then the user-facing
+ * unpadded and padded / truncated to 16 and 77 (ids and attention mask); random strings over many
+ * Unicode blocks (also on a third layout, SpmConverter's); then the user-facing
  * limits and the load errors (a pipeline that is not T5's: MMC_ERR_UNSUPPORTED naming the part;
  * a malformed file: MMC_ERR_FORMAT naming the key). */
 #include "mmc_encoders.h"
@@ -102,6 +103,47 @@ static void check_ids(const char *name) {
     mmc_t5_tokenizer_free(t);
 }
 
+/* Random strings over many Unicode blocks (t5_stress.json): unpadded ids equal tokenizers'. */
+static void check_stress(const char *name) {
+    char dir[256], key[96];
+    snprintf(dir, sizeof dir, ROOT "%s", name);
+    mmc_t5_tokenizer *t = NULL;
+    CHECK_OK(mmc_t5_tokenizer_load(dir, &t));
+    if (!t) return;
+    mmc_json *cases = NULL;
+    CHECK_OK(mmc_json_load(ROOT "t5_stress.json", &cases));
+    mmc_st *exp = fixture_open("t5_tokenizer/t5_expected.safetensors");
+    snprintf(key, sizeof key, "%s.stress_ids", name);
+    mmc_tensor *full = fixture_tensor(exp, key, MMC_I32);
+    snprintf(key, sizeof key, "%s.stress_len", name);
+    mmc_tensor *full_len = fixture_tensor(exp, key, MMC_I32);
+    const int n = (int)full_len->shape[0];
+    int bad = 0;
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const char *text = NULL;
+        snprintf(key, sizeof key, "%d", i);
+        CHECK_OK(mmc_json_str(cases, key, NULL, &text));
+        if (!text) break;
+        int32_t got[512];
+        int k = 0;
+        CHECK_OK(mmc_t5_tokenizer_encode(t, text, got, 512, &k));
+        int wl = ((const int32_t *)full_len->data)[i];
+        if (k != wl || memcmp(got, (const int32_t *)full->data + off, (size_t)wl * 4)) {
+            bad++;
+            fprintf(stderr, "%s: stress string %d: ids differ from tokenizers (%d vs %d tokens)\n", name, i, k, wl);
+        }
+        off += wl;
+    }
+    CHECK(bad == 0);
+    printf("%s: %d random strings, %d differ from tokenizers\n", name, n, bad);
+    mmc_tensor_free(full);
+    mmc_tensor_free(full_len);
+    mmc_st_close(exp);
+    mmc_json_free(cases);
+    mmc_t5_tokenizer_free(t);
+}
+
 /* ---- load errors: variants of the fixture's tokenizer.json with one part replaced */
 static char *g_json;   /* the fixture's tokenizer.json */
 static char g_tmp[256];
@@ -179,6 +221,9 @@ static void check_errors(void) {
 int main(void) {
     check_ids("t5_tokenizer");
     check_ids("t5_tokenizer_hub");
+    check_stress("t5_tokenizer");
+    check_stress("t5_tokenizer_hub");
+    check_stress("t5_small_spm");   /* Strip and Replace(" {2,}" -> "▁"): SpmConverter's layout */
     check_errors();
     return test_done("test_t5_tokenizer");
 }

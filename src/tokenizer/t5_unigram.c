@@ -87,6 +87,7 @@ struct mmc_t5_tokenizer {
     int repl_len;
     added_token *added;
     int n_added;
+    bool added_first[256];    /* a byte some added token starts with: only there is a match tried */
     int32_t pre[MAX_SPECIAL], post[MAX_SPECIAL];   /* TemplateProcessing "single" */
     int n_pre, n_post;
     int32_t eos, pad, max_id;
@@ -443,6 +444,7 @@ static mmc_status read_added(mmc_t5_tokenizer *t, const cJSON *list) {
         if (!(a->content = strdup(c))) return mmc_error(MMC_ERR_OOM, "out of memory");
         a->len = (int)strlen(c);
         a->id = (int32_t)id->valuedouble;
+        t->added_first[(uint8_t)c[0]] = true;
         if (a->id > t->max_id) t->max_id = a->id;
     }
     return MMC_OK;
@@ -812,7 +814,7 @@ static mmc_status encode_tokens(const mmc_t5_tokenizer *t, const char *text, ids
     size_t start = 0;
     for (size_t i = 0; i <= n && !st;) {
         int best = -1;   /* the longest added token starting at i */
-        for (int a = 0; a < t->n_added && i < n; a++)
+        for (int a = 0; a < t->n_added && i < n && t->added_first[(uint8_t)text[i]]; a++)
             if ((size_t)t->added[a].len <= n - i && !memcmp(text + i, t->added[a].content, (size_t)t->added[a].len) &&
                 (best < 0 || t->added[a].len > t->added[best].len))
                 best = a;

@@ -14,6 +14,11 @@ transformers / tokenizers themselves (versions pinned in requirements.txt):
   legacy "add_prefix_space": true / "str_rep" keys. Built with tokenizers, wrapped in
   T5Tokenizer(tokenizer_object=...) and saved with save_pretrained; the legacy keys are added to
   the saved JSON afterwards (tokenizers reads them, as it reads the Hub's files).
+* t5_small_spm/: a 120-piece model (charsmap compiled by sentencepiece from a few rules) in the
+  layout transformers' SpmConverter emits by default: Sequence[Precompiled, Strip(right),
+  Replace(" {2,}" -> "▁")], Metaspace(always, split). Also the loader's fuzz seeds.
+* t5_stress.json: 300 random strings over many Unicode blocks, special tokens and spaces mixed
+  in (full ids only, .stress_ids / .stress_len, for all three tokenizers).
 * t5_cases.json: captions (accents, decomposed accents, CJK, emoji, full-width, NFKC-affected
   characters, non-breaking and ideographic spaces, tabs and newlines, multiple / leading /
   trailing spaces, the empty string, the special tokens written out, a long caption).
@@ -127,49 +132,7 @@ j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "str_rep": "
 with open(os.path.join(hub_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
     json.dump(j, f, ensure_ascii=False, indent=2)
 
-# ---------------------------------------------------------------- expected ids
-expected = {}
-
-
-def encode_with_tokenizers(path, texts, L=None):
-    """tokenizers itself on the file's own pipeline (what transformers 4.x's T5TokenizerFast runs)."""
-    t = Tokenizer.from_file(path)
-    if L:
-        t.enable_truncation(max_length=L)
-        t.enable_padding(length=L, pad_id=0, pad_token="<pad>")
-    return [(e.ids, e.attention_mask) for e in t.encode_batch(texts)]
-
-
-for name in ("t5_tokenizer", "t5_tokenizer_hub"):
-    path = os.path.join(OUT, name, "tokenizer.json")
-    full = [ids for ids, _ in encode_with_tokenizers(path, CAPTIONS)]
-    if name == "t5_tokenizer":
-        # transformers 5 rebuilds T5's pipeline in T5Tokenizer.__init__ whatever the file says; on
-        # the file it wrote itself the two agree
-        t = T5Tokenizer.from_pretrained(os.path.join(OUT, name))
-        assert full == [t(c).input_ids for c in CAPTIONS]
-        for L in L_PAD:
-            enc = t(CAPTIONS, padding="max_length", max_length=L, truncation=True, add_special_tokens=True)
-            assert enc.input_ids == [ids for ids, _ in encode_with_tokenizers(path, CAPTIONS, L)]
-    expected[name + ".full_ids"] = torch.tensor([i for f in full for i in f], dtype=torch.int32)
-    expected[name + ".full_len"] = torch.tensor([len(f) for f in full], dtype=torch.int32)
-    for L in L_PAD:
-        enc = encode_with_tokenizers(path, CAPTIONS, L)
-        expected[f"{name}.ids{L}"] = torch.tensor([ids for ids, _ in enc], dtype=torch.int32)
-        expected[f"{name}.mask{L}"] = torch.tensor([m for _, m in enc], dtype=torch.int32)
-    print(name, "lengths:", expected[name + ".full_len"].tolist())
-    print(name, "unk count:", sum(f.count(2) for f in full))
-# the two layouts agree except where the Hub's keeps leading / repeated spaces
-with open(os.path.join(OUT, "t5_cases.json"), "w", encoding="utf-8") as f:
-    json.dump(CAPTIONS, f, ensure_ascii=False, indent=1)
-save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(OUT, "t5_expected.safetensors"))
-
-for root, _, files in sorted(os.walk(OUT)):
-    for f in sorted(files):
-        p = os.path.join(root, f)
-        print(f"{os.path.getsize(p):8d} {os.path.relpath(p, OUT)}")
-
-# ---------------------------------------------------------------- fuzz seeds (fuzz/fuzz_t5_tokenizer.c)
+# ---------------------------------------------------------------- fuzz seeds (fuzz/fuzz_t5_tokenizer.c), t5_small_spm/
 # A loader seed must be small (libFuzzer mutates inputs of at most 64 KB): a 120-piece model whose
 # charsmap is compiled by sentencepiece from a few rules (ligature, circled digit, full-width,
 # spaces) instead of nmt_nfkc's 240 KB, converted and saved the same way.
@@ -198,8 +161,88 @@ j["normalizer"] = {"type": "Sequence", "normalizers": [j["normalizer"], {"type":
 j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "str_rep": "\u2581", "add_prefix_space": True}
 with open(os.path.join(SEEDS, "load_hub.json"), "w", encoding="utf-8") as f:
     json.dump(j, f, ensure_ascii=False)
+# the layout transformers' SpmConverter emits by default (Strip right, runs of spaces -> "▁"):
+# a third fixture, small enough to commit beside the two big ones
+j["normalizer"] = {"type": "Sequence", "normalizers": [j["normalizer"]["normalizers"][0],
+                   {"type": "Strip", "strip_left": False, "strip_right": True},
+                   {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": "\u2581"}]}
+j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+os.makedirs(os.path.join(OUT, "t5_small_spm"))
+with open(os.path.join(OUT, "t5_small_spm", "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(j, f, ensure_ascii=False, indent=1)
 for i, c in enumerate(CAPTIONS):   # prompt seeds
     if c and i % 2 == 0:
         with open(os.path.join(SEEDS, f"text{i:02d}.txt"), "w", encoding="utf-8") as f:
             f.write(c)
 print("fuzz seeds:", sorted(os.listdir(SEEDS)))
+
+# ---------------------------------------------------------------- expected ids
+expected = {}
+
+
+def encode_with_tokenizers(path, texts, L=None):
+    """tokenizers itself on the file's own pipeline (what transformers 4.x's T5TokenizerFast runs)."""
+    t = Tokenizer.from_file(path)
+    if L:
+        t.enable_truncation(max_length=L)
+        t.enable_padding(length=L, pad_id=0, pad_token="<pad>")
+    return [(e.ids, e.attention_mask) for e in t.encode_batch(texts)]
+
+
+# random text over many Unicode blocks (combining marks, ZWJ / variation selectors, Hangul jamo,
+# regional indicators, Devanagari, math letters, C1 controls, ...) with words and special tokens
+# mixed in: full ids only
+rng = random.Random(1)
+BLOCKS = [(0x20, 0x7e)] * 6 + [(0xa0, 0x17f), (0x300, 0x36f), (0x370, 0x3ff), (0x400, 0x4ff), (0x2000, 0x206f),
+          (0x2100, 0x24ff), (0x3000, 0x30ff), (0x4e00, 0x4e80), (0xac00, 0xac40), (0x1100, 0x11ff),
+          (0xfb00, 0xfb4f), (0xfe00, 0xfe6f), (0xff00, 0xffef), (0x1f300, 0x1f6ff), (0x1f1e6, 0x1f1ff),
+          (0x900, 0x97f), (0x600, 0x6ff), (0xe00, 0xe7f), (0x1d400, 0x1d7ff), (0x1f3fb, 0x1f3ff),
+          (0x200b, 0x200f), (0x9, 0xd), (0x80, 0x9f)]
+WORDS = ["a", "cat", " ", "  ", "the", "photo", "\u200d", "\ufe0f", "</s>", "<extra_id_1>", "<pad>", "\ufb01",
+         "\u2460", "\u00a0", "e\u0301"]
+STRESS = []
+for _ in range(300):
+    s = []
+    for _ in range(rng.randint(0, 25)):
+        if rng.random() < 0.3:
+            s.append(rng.choice(WORDS))
+        else:
+            c = rng.randint(*rng.choice(BLOCKS))
+            s.append(chr(c))
+    STRESS.append("".join(s))
+for name in ("t5_tokenizer", "t5_tokenizer_hub", "t5_small_spm"):
+    path = os.path.join(OUT, name, "tokenizer.json")
+    stress = [ids for ids, _ in encode_with_tokenizers(path, STRESS)]
+    expected[name + ".stress_ids"] = torch.tensor([i for f in stress for i in f], dtype=torch.int32)
+    expected[name + ".stress_len"] = torch.tensor([len(f) for f in stress], dtype=torch.int32)
+    if name == "t5_small_spm":
+        continue
+    full = [ids for ids, _ in encode_with_tokenizers(path, CAPTIONS)]
+    if name == "t5_tokenizer":
+        # transformers 5 rebuilds T5's pipeline in T5Tokenizer.__init__ whatever the file says; on
+        # the file it wrote itself the two agree
+        t = T5Tokenizer.from_pretrained(os.path.join(OUT, name))
+        assert full == [t(c).input_ids for c in CAPTIONS]
+        for L in L_PAD:
+            enc = t(CAPTIONS, padding="max_length", max_length=L, truncation=True, add_special_tokens=True)
+            assert enc.input_ids == [ids for ids, _ in encode_with_tokenizers(path, CAPTIONS, L)]
+    expected[name + ".full_ids"] = torch.tensor([i for f in full for i in f], dtype=torch.int32)
+    expected[name + ".full_len"] = torch.tensor([len(f) for f in full], dtype=torch.int32)
+    for L in L_PAD:
+        enc = encode_with_tokenizers(path, CAPTIONS, L)
+        expected[f"{name}.ids{L}"] = torch.tensor([ids for ids, _ in enc], dtype=torch.int32)
+        expected[f"{name}.mask{L}"] = torch.tensor([m for _, m in enc], dtype=torch.int32)
+    print(name, "lengths:", expected[name + ".full_len"].tolist())
+    print(name, "unk count:", sum(f.count(2) for f in full))
+# the two layouts agree except where the Hub's keeps leading / repeated spaces
+with open(os.path.join(OUT, "t5_cases.json"), "w", encoding="utf-8") as f:
+    json.dump(CAPTIONS, f, ensure_ascii=False, indent=1)
+with open(os.path.join(OUT, "t5_stress.json"), "w", encoding="utf-8") as f:
+    json.dump(STRESS, f, ensure_ascii=True, indent=0)   # escaped: lone controls stay readable
+save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(OUT, "t5_expected.safetensors"))
+
+for root, _, files in sorted(os.walk(OUT)):
+    for f in sorted(files):
+        p = os.path.join(root, f)
+        print(f"{os.path.getsize(p):8d} {os.path.relpath(p, OUT)}")
+
