@@ -3,7 +3,8 @@
  *
  *   an input starting with '{' is a tokenizer.json: it is written to a scratch file and loaded
  *   (base64 charsmap, the Darts trie read with every index bounds-checked, normalizers,
- *   pre-tokenizers, Unigram vocab, added tokens, TemplateProcessing); a tokenizer that loads
+ *   pre-tokenizers, Unigram vocab, added tokens, TemplateProcessing), as the file says and as
+ *   transformers 5 rebuilds it (MMC_T5_PIPELINE_TRANSFORMERS5); a tokenizer that loads
  *   then encodes a few fixed prompts, padded and not. Seeds: fuzz/corpus/t5_tokenizer/load_*.json
  *   (small charsmaps from tools/ref/gen_t5_tokenizer.py);
  *   anything else is a prompt for the committed fixtures (tests/fixtures/t5_tokenizer, both
@@ -59,8 +60,9 @@ static void check_loader(const uint8_t *data, size_t size) {
     if (!f) return;
     fwrite(data, 1, size, f);
     fclose(f);
+    for (int pipeline = 0; pipeline < 2; pipeline++) {   /* the file's, and transformers 5's rebuild */
     mmc_t5_tokenizer *t = NULL;
-    if (mmc_t5_tokenizer_load(g_json, &t) == MMC_OK) {
+    if (mmc_t5_tokenizer_load_pipeline(g_json, (mmc_t5_pipeline)pipeline, &t) == MMC_OK) {
         static const char *texts[] = {"a red  circle on the left ", "  caf\xc3\xa9 \xef\xac\x81ne \xe2\x91\xa0\xe3\x80\x80x",
                                       "<extra_id_0></s><pad>\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9 e\xcc\x81", "",
                                       "\xff"};
@@ -72,6 +74,7 @@ static void check_loader(const uint8_t *data, size_t size) {
         }
         (void)mmc_t5_tokenizer_model_max_length(t);
         mmc_t5_tokenizer_free(t);
+    }
     }
     unlink(g_json);
 }

@@ -134,6 +134,15 @@ typedef struct mmc_t5_tokenizer mmc_t5_tokenizer;
  * model_max_length) or the path of a tokenizer.json. A file that is not this pipeline is
  * MMC_ERR_UNSUPPORTED naming the part; a malformed one MMC_ERR_FORMAT naming the key. */
 mmc_status mmc_t5_tokenizer_load(const char *dir, mmc_t5_tokenizer **out);
+/* Which pipeline runs: FILE (the default above) is tokenizer.json's own, as HF tokenizers and
+ * transformers 4.x's T5TokenizerFast run it. TRANSFORMERS5 is what transformers >= 5's T5Tokenizer
+ * (T5TokenizerFast) builds from the same folder whatever the file's normalizer / pre-tokenizer /
+ * post-processor say: the file's vocabulary, added tokens and charsmap, unk_id 2, normalizer
+ * Precompiled alone, Sequence[WhitespaceSplit, Metaspace(always, split)], $A eos_token. On the
+ * Hub's T5 files they differ where the text has trailing spaces, is only whitespace, or has a
+ * space before an added token (the file's pipeline keeps a "▁" token there). */
+typedef enum { MMC_T5_PIPELINE_FILE, MMC_T5_PIPELINE_TRANSFORMERS5 } mmc_t5_pipeline;
+mmc_status mmc_t5_tokenizer_load_pipeline(const char *dir, mmc_t5_pipeline pipeline, mmc_t5_tokenizer **out);
 void mmc_t5_tokenizer_free(mmc_t5_tokenizer *t);
 /* eos ("</s>" from the post-processor, -1 without one), pad (tokenizer_config.json's
  * pad_token, else "<pad>", -1 when neither resolves), unk (the model's unk_id, -1 if none). */

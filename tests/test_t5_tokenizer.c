@@ -2,7 +2,8 @@
  * HF tokenizers on the fixtures of tools/ref/gen_t5_tokenizer.py: for both tokenizer.json layouts
  * (transformers 5's and the Hub's), every caption of t5_cases.json gives tokenizers' ids
  * unpadded and padded / truncated to 16 and 77 (ids and attention mask); random strings over many
- * Unicode blocks (also on a third layout, SpmConverter's); then the user-facing
+ * Unicode blocks (also on a third layout, SpmConverter's); the pipeline transformers 5's
+ * T5Tokenizer rebuilds from those folders (MMC_T5_PIPELINE_TRANSFORMERS5); then the user-facing
  * limits and the load errors (a pipeline that is not T5's: MMC_ERR_UNSUPPORTED naming the part;
  * a malformed file: MMC_ERR_FORMAT naming the key). */
 #include "mmc_encoders.h"
@@ -103,19 +104,21 @@ static void check_ids(const char *name) {
     mmc_t5_tokenizer_free(t);
 }
 
-/* Random strings over many Unicode blocks (t5_stress.json): unpadded ids equal tokenizers'. */
-static void check_stress(const char *name) {
+/* The unpadded ids of every string of `cases` (a JSON list) equal the fixture's NAME.KEY_ids
+ * (flattened, lengths in NAME.KEY_len): the random strings over many Unicode blocks
+ * (t5_stress.json) on the file's pipeline, and both lists on transformers 5's. */
+static void check_list(const char *name, mmc_t5_pipeline pipeline, const char *cases_file, const char *what) {
     char dir[256], key[96];
     snprintf(dir, sizeof dir, ROOT "%s", name);
     mmc_t5_tokenizer *t = NULL;
-    CHECK_OK(mmc_t5_tokenizer_load(dir, &t));
+    CHECK_OK(mmc_t5_tokenizer_load_pipeline(dir, pipeline, &t));
     if (!t) return;
     mmc_json *cases = NULL;
-    CHECK_OK(mmc_json_load(ROOT "t5_stress.json", &cases));
+    CHECK_OK(mmc_json_load(cases_file, &cases));
     mmc_st *exp = fixture_open("t5_tokenizer/t5_expected.safetensors");
-    snprintf(key, sizeof key, "%s.stress_ids", name);
+    snprintf(key, sizeof key, "%s.%s_ids", name, what);
     mmc_tensor *full = fixture_tensor(exp, key, MMC_I32);
-    snprintf(key, sizeof key, "%s.stress_len", name);
+    snprintf(key, sizeof key, "%s.%s_len", name, what);
     mmc_tensor *full_len = fixture_tensor(exp, key, MMC_I32);
     const int n = (int)full_len->shape[0];
     int bad = 0;
@@ -131,14 +134,51 @@ static void check_stress(const char *name) {
         int wl = ((const int32_t *)full_len->data)[i];
         if (k != wl || memcmp(got, (const int32_t *)full->data + off, (size_t)wl * 4)) {
             bad++;
-            fprintf(stderr, "%s: stress string %d: ids differ from tokenizers (%d vs %d tokens)\n", name, i, k, wl);
+            fprintf(stderr, "%s (%s): string %d: ids differ (%d vs %d tokens)\n", name, what, i, k, wl);
         }
         off += wl;
     }
     CHECK(bad == 0);
-    printf("%s: %d random strings, %d differ from tokenizers\n", name, n, bad);
+    printf("%s (%s): %d strings, %d differ from HF\n", name, what, n, bad);
     mmc_tensor_free(full);
     mmc_tensor_free(full_len);
+    mmc_st_close(exp);
+    mmc_json_free(cases);
+    mmc_t5_tokenizer_free(t);
+}
+
+/* transformers 5's padded form (77) of the captions */
+static void check_tf5_padded(const char *name) {
+    char dir[256], key[96];
+    snprintf(dir, sizeof dir, ROOT "%s", name);
+    mmc_t5_tokenizer *t = NULL;
+    CHECK_OK(mmc_t5_tokenizer_load_pipeline(dir, MMC_T5_PIPELINE_TRANSFORMERS5, &t));
+    if (!t) return;
+    mmc_json *cases = NULL;
+    CHECK_OK(mmc_json_load(ROOT "t5_cases.json", &cases));
+    mmc_st *exp = fixture_open("t5_tokenizer/t5_expected.safetensors");
+    snprintf(key, sizeof key, "%s.tf5_ids77", name);
+    mmc_tensor *wi = fixture_tensor(exp, key, MMC_I32);
+    snprintf(key, sizeof key, "%s.tf5_mask77", name);
+    mmc_tensor *wm = fixture_tensor(exp, key, MMC_I32);
+    int bad = 0;
+    for (int i = 0; i < (int)wi->shape[0]; i++) {
+        const char *text = NULL;
+        snprintf(key, sizeof key, "%d", i);
+        CHECK_OK(mmc_json_str(cases, key, NULL, &text));
+        if (!text) break;
+        int32_t ids[77], mask[77];
+        CHECK_OK(mmc_t5_tokenizer_encode_padded(t, text, 77, ids, mask, NULL));
+        bad += memcmp(ids, (const int32_t *)wi->data + i * 77, sizeof ids) != 0 ||
+               memcmp(mask, (const int32_t *)wm->data + i * 77, sizeof mask) != 0;
+    }
+    CHECK(bad == 0);
+    printf("%s (transformers 5, padded to 77): %d captions differ\n", name, bad);
+    int32_t eos, pad, unk;
+    mmc_t5_tokenizer_special_ids(t, &eos, &pad, &unk);
+    CHECK(eos == 1 && pad == 0 && unk == 2);
+    mmc_tensor_free(wi);
+    mmc_tensor_free(wm);
     mmc_st_close(exp);
     mmc_json_free(cases);
     mmc_t5_tokenizer_free(t);
@@ -221,9 +261,17 @@ static void check_errors(void) {
 int main(void) {
     check_ids("t5_tokenizer");
     check_ids("t5_tokenizer_hub");
-    check_stress("t5_tokenizer");
-    check_stress("t5_tokenizer_hub");
-    check_stress("t5_small_spm");   /* Strip and Replace(" {2,}" -> "▁"): SpmConverter's layout */
+    check_list("t5_tokenizer", MMC_T5_PIPELINE_FILE, ROOT "t5_stress.json", "stress");
+    check_list("t5_tokenizer_hub", MMC_T5_PIPELINE_FILE, ROOT "t5_stress.json", "stress");
+    /* Strip and Replace(" {2,}" -> "▁"): SpmConverter's layout */
+    check_list("t5_small_spm", MMC_T5_PIPELINE_FILE, ROOT "t5_stress.json", "stress");
+    /* what transformers 5's T5Tokenizer rebuilds from the same folders */
+    static const char *tf5[] = {"t5_tokenizer_hub", "t5_small_spm"};
+    for (int i = 0; i < 2; i++) {
+        check_list(tf5[i], MMC_T5_PIPELINE_TRANSFORMERS5, ROOT "t5_cases.json", "tf5_full");
+        check_list(tf5[i], MMC_T5_PIPELINE_TRANSFORMERS5, ROOT "t5_stress.json", "tf5_stress");
+        check_tf5_padded(tf5[i]);
+    }
     check_errors();
     return test_done("test_t5_tokenizer");
 }

@@ -32,8 +32,10 @@
  * Known divergences: grapheme clusters come from utf8proc (its Unicode version); HF uses the
  * unicode-segmentation crate, which may differ on the newest rules (Indic conjuncts, GB9c).
  * transformers 5's T5Tokenizer rebuilds its own pipeline (Precompiled, WhitespaceSplit,
- * Metaspace) whatever tokenizer.json says; this file runs what the file says, as tokenizers and
- * transformers 4.x do (they differ on trailing / whitespace-only text of the Hub's files). */
+ * Metaspace) whatever tokenizer.json says: MMC_T5_PIPELINE_TRANSFORMERS5 does the same; the
+ * default runs what the file says, as tokenizers and transformers 4.x do. On the Hub's files the
+ * two differ on trailing spaces, whitespace-only text and spaces next to added tokens (a "▁"
+ * token the file's pipeline keeps). */
 #include "mmc_encoders.h"
 #include "tok_internal.h"
 
@@ -92,6 +94,7 @@ struct mmc_t5_tokenizer {
     int n_pre, n_post;
     int32_t eos, pad, max_id;
     int model_max_length;
+    bool tf5;                 /* MMC_T5_PIPELINE_TRANSFORMERS5: only the charsmap of the pipeline is read */
 };
 
 /* ------------------------------------------------------------------ UTF-8 and whitespace */
@@ -273,6 +276,7 @@ static mmc_status read_normalizers(mmc_t5_tokenizer *t, const cJSON *n) {
         }
         return MMC_OK;
     }
+    if (t->tf5 && (strcmp(type, "Precompiled") || t->n_norms)) return MMC_OK;   /* the first charsmap only */
     if (t->n_norms == MAX_NORMALIZERS)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: more than %d normalizers", t->path, MAX_NORMALIZERS);
     normalizer *nm = &t->norms[t->n_norms++];
@@ -371,7 +375,7 @@ static mmc_status read_model(mmc_t5_tokenizer *t, const cJSON *m) {
     if (!m) return mmc_error(MMC_ERR_FORMAT, "%s: \"model\" missing", t->path);
     if (!type || strcmp(type, "Unigram"))
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model type '%s' is not Unigram", t->path, type ? type : "?");
-    if (jtrue(m, "byte_fallback"))
+    if (jtrue(m, "byte_fallback") && !t->tf5)   /* transformers 5 builds the model with byte_fallback false */
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: Unigram byte_fallback is not supported by the T5 tokenizer", t->path);
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab"), *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_id");
     if (!cJSON_IsArray(vocab) || cJSON_GetArraySize(vocab) == 0)
@@ -409,11 +413,10 @@ static mmc_status read_model(mmc_t5_tokenizer *t, const cJSON *m) {
     }
     t->unk = -1;
     if (unk && !cJSON_IsNull(unk)) {
-        if (!cJSON_IsNumber(unk) || unk->valuedouble != (double)(int64_t)unk->valuedouble)
-            return mmc_error(MMC_ERR_FORMAT, "%s: model.unk_id is not an integer", t->path);
-        if (unk->valuedouble < 0 || unk->valuedouble >= nv)
-            return mmc_error(MMC_ERR_FORMAT, "%s: model.unk_id %g is outside the vocabulary (%d pieces)", t->path,
-                             unk->valuedouble, nv);
+        if (!cJSON_IsNumber(unk) || unk->valuedouble < 0 || unk->valuedouble >= nv ||
+            unk->valuedouble != (double)(int64_t)unk->valuedouble)
+            return mmc_error(MMC_ERR_FORMAT, "%s: model.unk_id is not an id inside the vocabulary (%d pieces)", t->path,
+                             nv);
         t->unk = (int32_t)unk->valuedouble;
     }
     t->max_id = nv - 1;
@@ -504,7 +507,27 @@ static cJSON *load_json(const char *path, mmc_status *st) {
     return (cJSON *)j;
 }
 
+/* transformers 5's T5Tokenizer.__init__ keeps the file's vocabulary, added tokens and charsmap
+ * and rebuilds the rest: Unigram(unk_id=2), normalizer Precompiled alone (none without a
+ * charsmap), Sequence[WhitespaceSplit, Metaspace("▁", always, split)], TemplateProcessing
+ * $A eos_token. */
+static mmc_status rebuild_as_transformers5(mmc_t5_tokenizer *t, const char *eos_token) {
+    t->ws_split = t->metaspace = t->prepend = t->ms_split = true;
+    strcpy(t->repl, "\xe2\x96\x81");
+    t->repl_len = 3;
+    if (t->n_vocab <= 2) return mmc_error(MMC_ERR_FORMAT, "%s: model.vocab: T5Tokenizer's unk_id 2 is outside it", t->path);
+    t->unk = 2;
+    int32_t eos = token_id(t, eos_token);
+    if (eos < 0) return mmc_error(MMC_ERR_FORMAT, "%s: eos_token '%s' is not in the vocabulary", t->path, eos_token);
+    t->n_pre = 0, t->n_post = 1, t->post[0] = t->eos = eos;
+    return MMC_OK;
+}
+
 mmc_status mmc_t5_tokenizer_load(const char *dir, mmc_t5_tokenizer **out) {
+    return mmc_t5_tokenizer_load_pipeline(dir, MMC_T5_PIPELINE_FILE, out);
+}
+
+mmc_status mmc_t5_tokenizer_load_pipeline(const char *dir, mmc_t5_pipeline pipeline, mmc_t5_tokenizer **out) {
     *out = NULL;
     mmc_status st = MMC_OK;
     cJSON *j = NULL, *cfg = NULL;
@@ -513,13 +536,14 @@ mmc_status mmc_t5_tokenizer_load(const char *dir, mmc_t5_tokenizer **out) {
     size_t dl = strlen(dir);
     bool is_file = dl >= 5 && !strcmp(dir + dl - 5, ".json");
     snprintf(t->path, sizeof t->path, is_file ? "%s" : "%s/tokenizer.json", dir);
+    t->tf5 = pipeline == MMC_T5_PIPELINE_TRANSFORMERS5;
     if (!(j = load_json(t->path, &st))) goto fail;
     if (!cJSON_IsObject(j)) { st = mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object", t->path); goto fail; }
     if ((st = read_model(t, cJSON_GetObjectItemCaseSensitive(j, "model"))) ||
         (st = read_normalizers(t, cJSON_GetObjectItemCaseSensitive(j, "normalizer"))) ||
-        (st = read_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"))) ||
+        (!t->tf5 && (st = read_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer")))) ||
         (st = read_added(t, cJSON_GetObjectItemCaseSensitive(j, "added_tokens"))) ||
-        (st = read_post_processor(t, cJSON_GetObjectItemCaseSensitive(j, "post_processor"))))
+        (!t->tf5 && (st = read_post_processor(t, cJSON_GetObjectItemCaseSensitive(j, "post_processor")))))
         goto fail;
     /* tokenizer_config.json beside it: pad_token, model_max_length */
     char cpath[1100];
@@ -529,7 +553,7 @@ mmc_status mmc_t5_tokenizer_load(const char *dir, mmc_t5_tokenizer **out) {
     } else {
         snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
     }
-    const char *pad = "<pad>";   /* T5Tokenizer's default */
+    const char *pad = "<pad>", *eos = "</s>";   /* T5Tokenizer's defaults */
     FILE *f = fopen(cpath, "rb");
     if (f) {
         fclose(f);
@@ -544,8 +568,10 @@ mmc_status mmc_t5_tokenizer_load(const char *dir, mmc_t5_tokenizer **out) {
             }
             pad = p;
         }
+        if ((p = config_token(cfg, "eos_token"))) eos = p;
     }
     t->pad = token_id(t, pad);
+    if (pipeline == MMC_T5_PIPELINE_TRANSFORMERS5 && (st = rebuild_as_transformers5(t, eos))) goto fail;
     cJSON_Delete(j);
     cJSON_Delete(cfg);
     *out = t;

@@ -19,6 +19,10 @@ transformers / tokenizers themselves (versions pinned in requirements.txt):
   Replace(" {2,}" -> "▁")], Metaspace(always, split). Also the loader's fuzz seeds.
 * t5_stress.json: 300 random strings over many Unicode blocks, special tokens and spaces mixed
   in (full ids only, .stress_ids / .stress_len, for all three tokenizers).
+* <tok>.tf5_*: for t5_tokenizer_hub and t5_small_spm, the ids of transformers 5's
+  T5Tokenizer.from_pretrained, which rebuilds the pipeline whatever the file says (Precompiled
+  only, WhitespaceSplit + Metaspace, unk_id 2, $A </s>): captions (tf5_full_*, tf5_ids77 /
+  tf5_mask77 padded) and the random strings (tf5_stress_*).
 * t5_cases.json: captions (accents, decomposed accents, CJK, emoji, full-width, NFKC-affected
   characters, non-breaking and ideographic spaces, tabs and newlines, multiple / leading /
   trailing spaces, the empty string, the special tokens written out, a long caption).
@@ -170,6 +174,11 @@ j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_sch
 os.makedirs(os.path.join(OUT, "t5_small_spm"))
 with open(os.path.join(OUT, "t5_small_spm", "tokenizer.json"), "w", encoding="utf-8") as f:
     json.dump(j, f, ensure_ascii=False, indent=1)
+# its tokenizer_config.json as save_pretrained writes it (extra_ids 2: without it, transformers 5
+# would add <extra_id_0..99> of its own)
+small.save_pretrained(os.path.join(OUT, "_small"))
+shutil.copy(os.path.join(OUT, "_small", "tokenizer_config.json"), os.path.join(OUT, "t5_small_spm"))
+shutil.rmtree(os.path.join(OUT, "_small"))
 for i, c in enumerate(CAPTIONS):   # prompt seeds
     if c and i % 2 == 0:
         with open(os.path.join(SEEDS, f"text{i:02d}.txt"), "w", encoding="utf-8") as f:
@@ -234,7 +243,21 @@ for name in ("t5_tokenizer", "t5_tokenizer_hub", "t5_small_spm"):
         expected[f"{name}.mask{L}"] = torch.tensor([m for _, m in enc], dtype=torch.int32)
     print(name, "lengths:", expected[name + ".full_len"].tolist())
     print(name, "unk count:", sum(f.count(2) for f in full))
-# the two layouts agree except where the Hub's keeps leading / repeated spaces
+# transformers 5's T5Tokenizer rebuilds its pipeline whatever the file says (mmc's
+# MMC_T5_PIPELINE_TRANSFORMERS5): its ids on the Hub layout and on the SpmConverter one
+for name in ("t5_tokenizer_hub", "t5_small_spm"):
+    t = T5Tokenizer.from_pretrained(os.path.join(OUT, name))
+    for key, texts in (("tf5_full", CAPTIONS), ("tf5_stress", STRESS)):
+        ids = [t(c).input_ids for c in texts]
+        expected[f"{name}.{key}_ids"] = torch.tensor([i for f in ids for i in f], dtype=torch.int32)
+        expected[f"{name}.{key}_len"] = torch.tensor([len(f) for f in ids], dtype=torch.int32)
+    enc = t(CAPTIONS, padding="max_length", max_length=77, truncation=True, add_special_tokens=True,
+            return_tensors="pt")
+    expected[f"{name}.tf5_ids77"] = enc.input_ids.to(torch.int32)
+    expected[f"{name}.tf5_mask77"] = enc.attention_mask.to(torch.int32)
+    differ = sum(a != b for a, b in zip(ids, [ids for ids, _ in encode_with_tokenizers(
+        os.path.join(OUT, name, "tokenizer.json"), STRESS)]))
+    print(name, "transformers 5 vs the file's pipeline: stress strings that differ:", differ)
 with open(os.path.join(OUT, "t5_cases.json"), "w", encoding="utf-8") as f:
     json.dump(CAPTIONS, f, ensure_ascii=False, indent=1)
 with open(os.path.join(OUT, "t5_stress.json"), "w", encoding="utf-8") as f:
