@@ -40,6 +40,7 @@
 #include "tok_internal.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -324,6 +325,8 @@ static mmc_status read_metaspace(mmc_t5_tokenizer *t, const cJSON *p) {
     /* tokenizers: prepend_scheme defaults to "always"; add_prefix_space false means "never" */
     bool never = scheme && !strcmp(scheme, "never");
     if (scheme && !never && strcmp(scheme, "always"))
+        /* "first" asks whether a piece starts at original offset 0, which needs tokenizers' offset
+         * alignments through the charsmap; T5's files say "always" */
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: pre_tokenizer Metaspace: prepend_scheme '%s' is not supported "
                          "(always, never)", t->path, scheme);
     if (cJSON_IsFalse(aps)) {
@@ -401,7 +404,7 @@ static mmc_status read_model(mmc_t5_tokenizer *t, const cJSON *m) {
     for (uint32_t i = 0; i <= t->edge_mask; i++) t->edges[i].child = -1;
     t->n_nodes = 1;
     t->node_tok[0] = -1;
-    t->min_score = 1.0 / 0.0;
+    t->min_score = INFINITY;
     int32_t id = 0;
     cJSON_ArrayForEach(it, vocab) {
         double s = cJSON_GetArrayItem(it, 1)->valuedouble;
