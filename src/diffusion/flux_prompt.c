@@ -31,7 +31,9 @@ mmc_status mmc_flux_encode_prompt(mmc_ctx *ctx, mmc_flux_pipeline *p, const char
     memcpy(out->pooled->data, co.pooled->data, mmc_nbytes(co.pooled));
     mmc_clip_text_free(clip), clip = NULL;
 
-    if ((st = mmc_t5_tokenizer_load(p->comp_dir[C_TOK2], &tt)) || (st = mmc_t5_encoder_load(p->comp_dir[C_TEXT2], &t5)))
+    /* the pipeline the pinned transformers' T5TokenizerFast rebuilds from the folder (what diffusers
+     * gets), not the file's own: they differ on trailing and whitespace-only text */
+    if ((st = mmc_t5_tokenizer_load_pipeline(p->comp_dir[C_TOK2], MMC_T5_PIPELINE_TRANSFORMERS5, &tt)) || (st = mmc_t5_encoder_load(p->comp_dir[C_TEXT2], &t5)))
         goto done;
     const int T = max_sequence_length;
     ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));

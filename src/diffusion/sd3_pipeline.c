@@ -144,7 +144,8 @@ mmc_status mmc_sd3_encode_prompt(mmc_ctx *ctx, mmc_sd3_pipeline *p, const char *
     }
     if (p->has_t5) {
         mmc_diffusers_path(&p->dir, "tokenizer_3", "", tok, sizeof tok);
-        if ((st = mmc_t5_tokenizer_load(tok, &tt)) || (st = mmc_t5_encoder_load(p->path[S_TE3], &t5))) goto done;
+        /* transformers 5's rebuilt T5 pipeline, as diffusers runs it (see flux_prompt.c) */
+        if ((st = mmc_t5_tokenizer_load_pipeline(tok, MMC_T5_PIPELINE_TRANSFORMERS5, &tt)) || (st = mmc_t5_encoder_load(p->path[S_TE3], &t5))) goto done;
         mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));
         for (int b = 0; b < B && !st; b++)
             st = mmc_t5_tokenizer_encode_padded(tt, prompts[b], (int)T, (int32_t *)ids->data + (int64_t)b * T, NULL, NULL);

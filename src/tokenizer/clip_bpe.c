@@ -21,6 +21,7 @@
 #include <pcre2.h>
 
 #include "mmc_encoders.h"
+#include "tok_internal.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -91,7 +92,8 @@ static const pair_slot *merge_find(const mmc_clip_tokenizer *t, int32_t a, int32
 }
 
 /* ------------------------------------------------------------------ loading */
-static pcre2_code *compile(const char *pat, const char *path, const char *where, mmc_status *st) {
+/* Declared in tok_internal.h: t5_unigram.c compiles its Replace patterns with it too. */
+pcre2_code *tok_compile_onig(const char *pat, const char *path, const char *where, mmc_status *st) {
     /* onig's Unicode \s includes U+0085 (NEL); PCRE2's UCP \s does not */
     char buf[1024];
     size_t o = 0;
@@ -150,7 +152,7 @@ static mmc_status read_normalizers(mmc_clip_tokenizer *t, const cJSON *n) {
             return mmc_error(MMC_ERR_FORMAT, "%s: normalizer Replace needs pattern.Regex / pattern.String and content",
                              t->path);
         nm->kind = NORM_REPLACE;
-        if (re) nm->re = compile(re, t->path, "normalizer Replace", &st);
+        if (re) nm->re = tok_compile_onig(re, t->path, "normalizer Replace", &st);
         else {
             int err;
             PCRE2_SIZE off;
@@ -178,7 +180,7 @@ static mmc_status read_pre_tokenizer(mmc_clip_tokenizer *t, const cJSON *p) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: pre_tokenizer is not CLIP's (Sequence of Split(regex, Removed, "
                          "invert) and ByteLevel without prefix space)", t->path);
     mmc_status st = MMC_OK;
-    t->split = compile(pat, t->path, "pre_tokenizer Split", &st);
+    t->split = tok_compile_onig(pat, t->path, "pre_tokenizer Split", &st);
     if (!t->split) return st;
     t->md = pcre2_match_data_create_from_pattern(t->split, NULL);
     return t->md ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");

@@ -1,4 +1,5 @@
-/* tok_internal.h — private layout of mmc_tokenizer shared by tokenizer.c and chat.c. */
+/* tok_internal.h — private layout of mmc_tokenizer shared by tokenizer.c and chat.c, and the
+ * regex helper the CLIP and T5 tokenizers share. */
 #ifndef MMC_TOK_INTERNAL_H
 #define MMC_TOK_INTERNAL_H
 
@@ -9,6 +10,11 @@
 #include "mmc_tokenizer.h"
 
 #define TOK_MAX_SPLITS 4
+
+/* A tokenizers (Onig) regex compiled with PCRE2 (UTF, UCP), \s widened to onig's, which also
+ * matches U+0085; NULL with *st set (MMC_ERR_UNSUPPORTED naming path and where) when it does not
+ * compile. Defined in clip_bpe.c; the CLIP and T5 tokenizers' normalizers use it. */
+pcre2_code *tok_compile_onig(const char *pat, const char *path, const char *where, mmc_status *st);
 
 typedef struct {
     char *content;         /* as in tokenizer.json */
