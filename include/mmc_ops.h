@@ -79,6 +79,11 @@ void mmc_rope_table_axes(mmc_ctx *ctx, const float *ids, int64_t S, int n_axes, 
  * inv_freq[j] = theta^(-2j/D), emb = cat(freqs, freqs) as in HF. */
 void mmc_rope_table_1d(mmc_ctx *ctx, const mmc_tensor *pos, int D, double theta,
                        mmc_tensor **cos, mmc_tensor **sin);
+/* The default inverse frequencies inv[D/2] (f32 as transformers computes them), and the 1-D
+ * table from given ones (rope scaling variants remap inv first). */
+void mmc_rope_inv_freq(float *inv, int D, double theta);
+void mmc_rope_table_1d_freqs(mmc_ctx *ctx, const mmc_tensor *pos, int D, const float *inv,
+                             mmc_tensor **cos, mmc_tensor **sin);
 /* Multimodal (Qwen2-VL M-RoPE): pos [3, B, T] (temporal, height, width); section[3] sums to
  * D/2; frequency band j takes its angle from pos[k] where k is the section containing j. */
 void mmc_rope_table_mrope(mmc_ctx *ctx, const mmc_tensor *pos, const int section[3], int D,
