@@ -16,10 +16,17 @@
 #include <string.h>
 
 mmc_status mmc_llama_config_read(const mmc_json *root, mmc_qwen2_config *c) {
-    mmc_status st = mmc_qwen2_config_read(root, c);
-    if (st) return st;
     const mmc_json *t = mmc_json_get(root, "text_config");
-    const mmc_json *j = t && mmc_json_has(t, "hidden_size") ? t : root;
+    return mmc_llama_config_read_section(root, t && mmc_json_has(t, "hidden_size") ? t : root, c);
+}
+
+mmc_status mmc_llama_config_read_section(const mmc_json *root, const mmc_json *j, mmc_qwen2_config *c) {
+    /* LlamaConfig's defaults (Llama-2-7B's sizes) */
+    const mmc_qwen2_config defs = {.vocab_size = 32000, .hidden_size = 4096, .intermediate_size = 11008,
+                                   .num_layers = 32, .num_heads = 32, .max_position_embeddings = 2048,
+                                   .rms_norm_eps = 1e-6};
+    mmc_status st = mmc_decoder_config_read(root, j, &defs, c);
+    if (st) return st;
     bool ab = false, mb = false;
     if ((st = mmc_json_bool(j, "attention_bias", false, &ab))) return st;
     if ((st = mmc_json_bool(j, "mlp_bias", false, &mb))) return st;

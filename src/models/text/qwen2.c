@@ -24,8 +24,7 @@ static const mmc_json *text_section(const mmc_json *cfg) {
 
 /* rope_scaling (4.4x: "type" or "rope_type") or rope_parameters (5.x: "rope_type"), in the
  * text section or at the top level. "mrope" and "default" are the plain frequencies. */
-static mmc_status mmc_decoder_rope_read(const mmc_json *root, mmc_qwen2_config *c) {
-    const mmc_json *j = text_section(root);
+static mmc_status mmc_decoder_rope_read(const mmc_json *root, const mmc_json *j, mmc_qwen2_config *c) {
     static const char *const secs[] = {"rope_parameters", "rope_scaling"};
     const mmc_json *rs = NULL;
     const char *sec = NULL;
@@ -64,11 +63,16 @@ static mmc_status mmc_decoder_rope_read(const mmc_json *root, mmc_qwen2_config *
 }
 
 mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
+    return mmc_decoder_config_read(root, text_section(root), NULL, c);
+}
+
+mmc_status mmc_decoder_config_read(const mmc_json *root, const mmc_json *j, const mmc_qwen2_config *defs,
+                                   mmc_qwen2_config *c) {
     memset(c, 0, sizeof *c);
-    const mmc_json *j = text_section(root);
     mmc_status st;
     int64_t v;
-#define RD_INT(key, field, def) do { if ((st = mmc_json_int(j, key, def, &v))) return st; c->field = v; } while (0)
+#define RD_INT(key, field, def) do { if ((st = mmc_json_int(j, key, defs ? defs->field : def, &v))) return st; \
+    c->field = v; } while (0)
     RD_INT("vocab_size", vocab_size, -1);
     RD_INT("hidden_size", hidden_size, -1);
     RD_INT("intermediate_size", intermediate_size, -1);
@@ -94,7 +98,7 @@ mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
     if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > MMC_CONFIG_MAX_DIM)
         return mmc_error(MMC_ERR_FORMAT, "config.json: head_dim %lld must be even, positive and at most %lld",
                          (long long)c->head_dim, (long long)MMC_CONFIG_MAX_DIM);
-    if ((st = mmc_json_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps))) return st;
+    if ((st = mmc_json_num(j, "rms_norm_eps", defs ? defs->rms_norm_eps : 1e-6, &c->rms_norm_eps))) return st;
     double theta = 10000.0;
     if (mmc_json_has(j, "rope_parameters.rope_theta")) st = mmc_json_num(j, "rope_parameters.rope_theta", theta, &theta);
     else if (mmc_json_has(j, "rope_theta")) st = mmc_json_num(j, "rope_theta", theta, &theta);
@@ -133,7 +137,7 @@ mrope_done:;
     c->dtype = MMC_F32;
     if (dt && mmc_dtype_parse(dt, &c->dtype) != MMC_OK) c->dtype = MMC_F32;
     c->qkv_bias = true;   /* Qwen2Attention: q/k/v with bias, o_proj without */
-    return mmc_decoder_rope_read(root, c);
+    return mmc_decoder_rope_read(root, j, c);
 }
 
 /* ------------------------------------------------------------------ parameters */
