@@ -113,10 +113,18 @@ mmc_status mmc_model_bind(const mmc_st *st, const char *full, int ndim, const in
  * Qwen2-VL) or nested under text_config (transformers >= 4.52 / 5.x); rope_theta or
  * rope_parameters.rope_theta; rope_scaling / rope_parameters mrope_section. */
 mmc_status mmc_qwen2_config_read(const mmc_json *cfg, mmc_qwen2_config *out);
+/* The reader behind both: text fields from `section` (the root or text_config; flat
+ * rope_theta / tie_word_embeddings / torch_dtype also from root), missing sizes taken from
+ * defs (the class's defaults) or, with defs NULL, required. */
+mmc_status mmc_decoder_config_read(const mmc_json *root, const mmc_json *section, const mmc_qwen2_config *defs,
+                                   mmc_qwen2_config *out);
 /* Read a Llama text config (LlamaForCausalLM, or LLaVA's text_config): the Qwen2 fields plus
  * attention_bias (q/k/v/o), mlp_bias, and rope_scaling (4.4x) / rope_parameters (5.x) of
  * rope_type default, linear, dynamic or llama3. */
 mmc_status mmc_llama_config_read(const mmc_json *cfg, mmc_qwen2_config *out);
+/* The same from a section (LLaVA's text_config), missing sizes taken from LlamaConfig's
+ * defaults as transformers does (the Hub's llava-1.5 text_config gives only a few keys). */
+mmc_status mmc_llama_config_read_section(const mmc_json *root, const mmc_json *section, mmc_qwen2_config *out);
 /* Load a LlamaForCausalLM directory (prefixes as mmc_qwen2_load). */
 mmc_status mmc_llama_load(const char *dir, const mmc_json *config, bool trainable, mmc_qwen2 **out);
 /* The decoder's 1-D RoPE table for positions pos [T] or [B, T], with the config's frequency

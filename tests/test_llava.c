@@ -1,0 +1,100 @@
+/* test_llava.c — LLaVA-1.5 (CLIP vision tower + projector + Llama) against transformers
+ * (tools/ref/gen_llava.py): last-layer logits of a full forward over a prompt with one image
+ * (1e-4 max-abs, f32) and greedy decoding through the KV cache (token-identical), for the
+ * checkpoint as transformers 5 saves it, as 4.52-4.57 name it and in the Hub's 4.4x layout (bf16
+ * matrices), plus a second config (list vision_feature_layer, "full" strategy, attention and
+ * MLP biases, linear rope scaling, tied head); Llama's llama3 rope remap; config errors. */
+#include "test_util.h"
+
+#include <stdlib.h>
+#include "mmc_infer.h"
+#include "mmc_llava.h"
+
+static mmc_st *ref;
+
+static void test_model(const char *name, const char *refname) {
+    char dir[256], key[128];
+    snprintf(dir, sizeof dir, "tests/fixtures/llava/%s", name);
+    mmc_llava *m = NULL;
+    if (mmc_llava_load(dir, &m) != MMC_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, mmc_last_error());
+        g_fail++;
+        return;
+    }
+    snprintf(key, sizeof key, "%s.ids", refname);
+    mmc_tensor *ids = fixture_tensor(ref, key, MMC_I64);
+    snprintf(key, sizeof key, "%s.pixel_values", refname);
+    mmc_tensor *px = fixture_tensor(ref, key, MMC_F32);
+    snprintf(key, sizeof key, "%s.logits", name);
+    mmc_tensor *want = fixture_tensor(ref, key, MMC_F32);
+    snprintf(key, sizeof key, "%s.greedy", name);
+    mmc_tensor *greedy = fixture_tensor(ref, key, MMC_I64);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *h = NULL;
+    CHECK_OK(mmc_llava_forward(ctx, m, ids, px, NULL, &h));
+    if (h) {
+        mmc_tensor *got = mmc_llava_logits(ctx, m, h);
+        double d = max_abs_diff(got, want);
+        printf("llava %-8s logits [%lld, %lld, %lld] max|diff| %.4e\n", name, (long long)got->shape[0],
+               (long long)got->shape[1], (long long)got->shape[2], d);
+        CHECK_CLOSE(got, want, 1e-4, 0, dir);
+    }
+    mmc_ctx_reset(ctx);
+    /* greedy decoding with the KV cache */
+    const int64_t T = ids->shape[1];
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
+    mmc_llava_request r = {m, px};
+    mmc_decoder dec = mmc_llava_decoder(&r);
+    int32_t out[64];
+    int n = 0;
+    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
+    mmc_sampler_defaults(&o.sampler);
+    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
+    bool same = n == greedy->shape[1];
+    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
+    CHECKF(same, "%s: greedy tokens differ from transformers' (%d tokens)", dir, n);
+    /* the placeholder count must match the features */
+    mmc_tensor *few = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(1, 3));
+    for (int i = 0; i < 3; i++) ((int64_t *)few->data)[i] = i;
+    CHECK(mmc_llava_forward(ctx, m, few, px, NULL, &h) == MMC_ERR_INVALID);
+    free(prompt);
+    mmc_ctx_free(ctx);
+    mmc_llava_free(m);
+}
+
+/* transformers' _compute_llama3_parameters on the v5 fixture's text config, checked against the
+ * closed form (pos 5, the fixture's original_max_position_embeddings 16: every band is low,
+ * medium or high frequency) */
+static void test_llama3_rope(void) {
+    mmc_llava *m = NULL;
+    if (mmc_llava_load("tests/fixtures/llava/v5", &m) != MMC_OK) { g_fail++; return; }
+    const mmc_qwen2_config *c = &m->lm->cfg;
+    CHECK(c->rope_kind == MMC_ROPE_LLAMA3 && c->rope_factor == 8.0 && c->rope_original_max_pos == 16);
+    CHECK(!c->qkv_bias && !c->o_bias && !c->mlp_bias && c->num_kv_heads == 2 && c->head_dim == 8);
+    CHECK(m->n_feature_layers == 1 && m->feature_layers[0] == 2 && !m->feature_full);
+    CHECK(mmc_llava_image_tokens(m) == 25);
+    mmc_llava_free(m);
+    CHECK_OK(mmc_llava_load("tests/fixtures/llava/v5_full", &m));
+    if (m) {
+        const mmc_qwen2_config *f = &m->lm->cfg;
+        CHECK(f->rope_kind == MMC_ROPE_LINEAR && f->qkv_bias && f->o_bias && f->mlp_bias);
+        CHECK(m->lm->lm_head == m->lm->embed);
+        CHECK(m->n_feature_layers == 2 && m->feature_layers[0] == 1 && m->feature_layers[1] == 3 && m->feature_full);
+        CHECK(mmc_llava_image_tokens(m) == 26);
+        mmc_llava_free(m);
+    }
+}
+
+int main(void) {
+    ref = fixture_open("llava/ref.safetensors");
+    if (!ref) return test_done("test_llava");
+    test_model("v5", "v5");
+    test_model("v452", "v5");
+    test_model("hub", "v5");
+    test_model("v5_full", "v5_full");
+    test_llama3_rope();
+    mmc_st_close(ref);
+    return test_done("test_llava");
+}
