@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include "mmc_infer.h"
 #include "mmc_llava.h"
+#include "mmc_vlproc.h"
 
 static mmc_st *ref;
 
@@ -87,6 +88,34 @@ static void test_llama3_rope(void) {
     }
 }
 
+/* CLIPImageProcessor from each directory's saved processor config, on the non-square fixture
+ * image: PIL backend within 1e-5 of transformers' CLIPImageProcessorPil, the torchvision mode
+ * against transformers 5's default (torchvision) CLIPImageProcessor. */
+static void test_processor(const char *name, const char *refname) {
+    char dir[256], used[4300], key[128];
+    snprintf(dir, sizeof dir, "tests/fixtures/llava/%s", name);
+    mmc_clip_proc p;
+    mmc_clip_proc_default(&p);
+    CHECK_OK(mmc_clip_proc_load_dir(dir, &p, used, sizeof used));
+    CHECKF(p.shortest_edge == 30 && p.crop_h == 30 && p.crop_w == 30 && used[0], "%s: processor config %s", dir, used);
+    mmc_image img;
+    if (mmc_image_load("tests/fixtures/e2e/shapes_160x120.png", NULL, &img) != MMC_OK) { g_fail++; return; }
+    for (int mode = 0; mode < 2; mode++) {
+        p.resize_mode = mode ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+        mmc_tensor *px = NULL;
+        CHECK_OK(mmc_clip_preprocess(&p, &img, 1, &px));
+        snprintf(key, sizeof key, "%s.pixel_values%s", refname, mode ? "_torchvision" : "");
+        mmc_tensor *want = fixture_tensor(ref, key, MMC_F32);
+        if (px) {
+            printf("clip processor %-8s %-11s pixel_values max|diff| %.4e (%s)\n", name, mode ? "torchvision" : "pil",
+                   max_abs_diff(px, want), used);
+            CHECK_CLOSE(px, want, 1e-5, 0, key);
+        }
+        mmc_tensor_free(px);
+    }
+    mmc_image_free(&img);
+}
+
 int main(void) {
     ref = fixture_open("llava/ref.safetensors");
     if (!ref) return test_done("test_llava");
@@ -95,6 +124,8 @@ int main(void) {
     test_model("hub", "v5");
     test_model("v5_full", "v5_full");
     test_llama3_rope();
+    test_processor("v5", "v5");
+    test_processor("hub", "v5");
     mmc_st_close(ref);
     return test_done("test_llava");
 }
