@@ -29,6 +29,8 @@ mmc_tensor *mmc_cast(mmc_ctx *ctx, mmc_tensor *x, mmc_dtype dt);
 mmc_tensor *mmc_add(mmc_ctx *ctx, mmc_tensor *a, mmc_tensor *b);   /* numpy broadcasting */
 mmc_tensor *mmc_mul(mmc_ctx *ctx, mmc_tensor *a, mmc_tensor *b);   /* numpy broadcasting */
 mmc_tensor *mmc_scale(mmc_ctx *ctx, mmc_tensor *x, float s);
+/* Activations named as transformers' ACT2FN keys (model configs pick one by name). */
+typedef enum { MMC_ACT_QUICK_GELU, MMC_ACT_GELU, MMC_ACT_GELU_TANH, MMC_ACT_RELU, MMC_ACT_SILU } mmc_act;
 mmc_tensor *mmc_gelu(mmc_ctx *ctx, mmc_tensor *x);        /* erf form (nn.GELU()) */
 mmc_tensor *mmc_gelu_tanh(mmc_ctx *ctx, mmc_tensor *x);   /* tanh approximation */
 mmc_tensor *mmc_quick_gelu(mmc_ctx *ctx, mmc_tensor *x);  /* x * sigmoid(1.702 x) */
