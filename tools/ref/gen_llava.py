@@ -23,6 +23,8 @@ Writes tests/fixtures/llava/:
              pixel_values_torchvision (the default "fast" backend), ids (the processor's expansion of
              one <image> + text), logits [1, T, V] per directory, greedy new tokens per directory.
   expected.json  the prompt, the chat-templated prompt and the greedy text per directory.
+  expected.tsv, <dir>.<case>.logits.txt  the same for the shell test (cases image and, for v5,
+             image_torchvision: the default torchvision processor's pixels).
 The tokenizer is the fixture tokenizer (tests/fixtures/tokenizer, byte-level BPE) with <image> added.
 Run: .venv-ref/bin/python tools/ref/gen_llava.py
 """
@@ -116,7 +118,12 @@ for name, full in (("v5", False), ("v5_full", True)):
     ref[name + ".logits"] = logits.float()
     ref[name + ".greedy"] = g[:, T:].to(torch.int64)
     fast = AutoProcessor.from_pretrained(d)   # transformers 5's default backend (torchvision when installed)
-    ref[name + ".pixel_values_torchvision"] = fast(images=image, text=text, return_tensors="pt")["pixel_values"].float()
+    fin = fast(images=image, text=text, return_tensors="pt")
+    ref[name + ".pixel_values_torchvision"] = fin["pixel_values"].float()
+    if name == "v5":   # the CLI's --image-backend torchvision case
+        with torch.no_grad():
+            ref["v5.tv_logits"] = m(**fin).logits.float()
+            ref["v5.tv_greedy"] = m.generate(**fin, max_new_tokens=8, min_new_tokens=8, do_sample=False)[:, T:]
     expected[name] = {"prompt": PROMPT, "templated": text, "n_prompt": T,
                       "greedy_ids": g[0, T:].tolist(), "greedy_text": tok.decode(g[0, T:]),
                       "image_processor_class": type(proc.image_processor).__name__,
@@ -184,6 +191,20 @@ for layout in ("hub", "v452"):
     ref[layout + ".greedy"] = ref["v5.greedy"]
     expected[layout] = expected["v5"]
 save_file({k: v.contiguous().clone() for k, v in ref.items()}, os.path.join(OUT, "ref.safetensors"))
+# for tests/test_llava_cli.sh (no Python there): dir, case, prompt tokens, greedy ids, last-position
+# argmax, and the last position's logits one per line in <dir>.<case>.logits.txt
+rows = []
+for d, case, lk, gk in (("v5", "image", "v5.logits", "v5.greedy"), ("v452", "image", "v452.logits", "v452.greedy"),
+                        ("hub", "image", "hub.logits", "hub.greedy"),
+                        ("v5_full", "image", "v5_full.logits", "v5_full.greedy"),
+                        ("v5", "image_torchvision", "v5.tv_logits", "v5.tv_greedy")):
+    last = ref[lk][0, -1]
+    rows.append("\t".join([d, case, str(ref[lk].shape[1]), ",".join(str(int(x)) for x in ref[gk][0]),
+                           str(int(last.argmax()))]))
+    with open(os.path.join(OUT, f"{d}.{case}.logits.txt"), "w") as f:
+        f.write("".join(f"{float(x):.9g}\n" for x in last))
+with open(os.path.join(OUT, "expected.tsv"), "w") as f:
+    f.write("# dir\tcase\tprompt_tokens\tgreedy_ids\targmax_last (tools/ref/gen_llava.py)\n" + "\n".join(rows) + "\n")
 json.dump(expected, open(os.path.join(OUT, "expected.json"), "w"), indent=2)
 print({k: list(v.shape) for k, v in ref.items()})
 print(json.dumps(expected, indent=1)[:1500])
