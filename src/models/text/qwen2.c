@@ -582,7 +582,9 @@ mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
 /* ------------------------------------------------------------------ rope variants */
 /* transformers' _compute_*_rope_parameters, in float32 as there: the default inverse
  * frequencies, then linear: inv / factor; dynamic (NTK): a larger base once the sequence
- * outgrows max_position_embeddings; llama3: low frequencies (long wavelengths) divided by
+ * outgrows max_position_embeddings (transformers keeps the grown table in the module until a
+ * short sequence resets it; within one generation positions only grow, so deciding from
+ * max(pos) + 1 alone gives the same tables); llama3: low frequencies (long wavelengths) divided by
  * factor, high ones kept, the band between interpolated smoothly. Python scalars meet f32
  * tensors as f32 (x / t is reciprocal(t) * x there). */
 void mmc_qwen2_rope_table(mmc_ctx *ctx, const mmc_qwen2_config *c, const mmc_tensor *pos, mmc_tensor **cos,
@@ -599,10 +601,11 @@ void mmc_qwen2_rope_table(mmc_ctx *ctx, const mmc_qwen2_config *c, const mmc_ten
             int64_t p = pos->dtype == MMC_I32 ? ((const int32_t *)pos->data)[i] : ((const int64_t *)pos->data)[i];
             if (p + 1 > seq) seq = p + 1;
         }
-        double base = c->rope_theta;
+        /* seq_len is a tensor there (max(position_ids) + 1), so the new base is float32 */
+        float base = (float)c->rope_theta;
         if (seq > c->rope_original_max_pos)
-            base *= pow(c->rope_factor * (double)seq / (double)c->rope_original_max_pos - (c->rope_factor - 1.0),
-                        (double)D / (double)(D - 2));
+            base = (float)c->rope_theta * powf((float)c->rope_factor * (float)seq / (float)c->rope_original_max_pos -
+                                               (float)(c->rope_factor - 1.0), (float)((double)D / (double)(D - 2)));
         mmc_rope_inv_freq(inv, D, base);
     } else {
         mmc_rope_inv_freq(inv, D, c->rope_theta);
@@ -654,8 +657,10 @@ static mmc_status qwen2_decode(mmc_ctx *ctx, void *self, int32_t token, mmc_kv_c
 }
 
 mmc_decoder mmc_qwen2_decoder(mmc_qwen2 *m) {
+    /* dynamic NTK scaling exists to run past max_position_embeddings */
     return (mmc_decoder){.self = m, .vocab_size = m->cfg.vocab_size,
-                         .max_positions = m->cfg.max_position_embeddings, .kv_heads = m->cfg.num_kv_heads,
+                         .max_positions = m->cfg.rope_kind == MMC_ROPE_DYNAMIC ? MMC_CONFIG_MAX_DIM
+                                                                               : m->cfg.max_position_embeddings, .kv_heads = m->cfg.num_kv_heads,
                          .head_dim = m->cfg.head_dim, .n_layers = (int)m->cfg.num_layers,
                          .prefill = qwen2_prefill, .decode = qwen2_decode};
 }
