@@ -65,10 +65,10 @@ static void test_model(const char *name, const char *refname) {
     mmc_llava_free(m);
 }
 
-/* transformers' _compute_llama3_parameters on the v5 fixture's text config, checked against the
- * closed form (pos 5, the fixture's original_max_position_embeddings 16: every band is low,
- * medium or high frequency) */
-static void test_llama3_rope(void) {
+/* The configs as read: v5's text model uses llama3 rope scaling (original_max_position_embeddings
+ * 16, head_dim 8: one band is smoothed, three divided by the factor; the logits parity above is
+ * what checks the remap), v5_full's linear scaling, biases, tied head, two feature layers. */
+static void test_configs(void) {
     mmc_llava *m = NULL;
     if (mmc_llava_load("tests/fixtures/llava/v5", &m) != MMC_OK) { g_fail++; return; }
     const mmc_qwen2_config *c = &m->lm->cfg;
@@ -116,6 +116,34 @@ static void test_processor(const char *name, const char *refname) {
     mmc_image_free(&img);
 }
 
+/* The Hub's llava-hf/llava-1.5-7b-hf config.json gives only a few text_config keys (the rest are
+ * LlamaConfig's defaults in transformers) and a vision_config without hidden_act / eps */
+static void test_hub_config(void) {
+    const char *txt =
+        "{\"architectures\": [\"LlavaForConditionalGeneration\"], \"ignore_index\": -100, \"image_token_index\": 32000,"
+        " \"model_type\": \"llava\", \"pad_token_id\": 32001, \"projector_hidden_act\": \"gelu\","
+        " \"text_config\": {\"_name_or_path\": \"lmsys/vicuna-7b-v1.5\", \"architectures\": [\"LlamaForCausalLM\"],"
+        " \"max_position_embeddings\": 4096, \"model_type\": \"llama\", \"rms_norm_eps\": 1e-05,"
+        " \"torch_dtype\": \"float16\", \"vocab_size\": 32064}, \"tie_word_embeddings\": false,"
+        " \"torch_dtype\": \"float16\", \"vision_config\": {\"hidden_size\": 1024, \"image_size\": 336,"
+        " \"intermediate_size\": 4096, \"model_type\": \"clip_vision_model\", \"num_attention_heads\": 16,"
+        " \"num_hidden_layers\": 24, \"patch_size\": 14, \"projection_dim\": 768, \"vocab_size\": 32000},"
+        " \"vision_feature_layer\": -2, \"vision_feature_select_strategy\": \"default\", \"vocab_size\": 32064}";
+    mmc_json *j = NULL;
+    CHECK_OK(mmc_json_parse(txt, strlen(txt), "llava-1.5-7b-hf config.json", &j));
+    if (!j) return;
+    mmc_qwen2_config t;
+    CHECK_OK(mmc_llama_config_read_section(j, mmc_json_get(j, "text_config"), &t));
+    CHECK(t.vocab_size == 32064 && t.hidden_size == 4096 && t.intermediate_size == 11008 && t.num_layers == 32 &&
+          t.num_heads == 32 && t.num_kv_heads == 32 && t.head_dim == 128 && t.rms_norm_eps == 1e-5 &&
+          t.rope_theta == 10000.0 && t.rope_kind == MMC_ROPE_DEFAULT && !t.tie_word_embeddings && !t.qkv_bias);
+    mmc_clip_vision_config v;
+    CHECK_OK(mmc_clip_vision_config_read(mmc_json_get(j, "vision_config"), "test", &v));
+    CHECK(v.hidden_size == 1024 && v.num_hidden_layers == 24 && v.image_size == 336 && v.patch_size == 14 &&
+          v.num_channels == 3 && v.layer_norm_eps == 1e-5 && v.hidden_act == MMC_ACT_QUICK_GELU);
+    mmc_json_free(j);
+}
+
 int main(void) {
     ref = fixture_open("llava/ref.safetensors");
     if (!ref) return test_done("test_llava");
@@ -123,7 +151,8 @@ int main(void) {
     test_model("v452", "v5");
     test_model("hub", "v5");
     test_model("v5_full", "v5_full");
-    test_llama3_rope();
+    test_configs();
+    test_hub_config();
     test_processor("v5", "v5");
     test_processor("hub", "v5");
     mmc_st_close(ref);
