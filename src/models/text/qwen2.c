@@ -24,7 +24,7 @@ static const mmc_json *text_section(const mmc_json *cfg) {
 
 /* rope_scaling (4.4x: "type" or "rope_type") or rope_parameters (5.x: "rope_type"), in the
  * text section or at the top level. "mrope" and "default" are the plain frequencies. */
-static mmc_status mmc_decoder_rope_read(const mmc_json *root, const mmc_json *j, mmc_qwen2_config *c) {
+static mmc_status rope_read(const mmc_json *root, const mmc_json *j, mmc_qwen2_config *c) {
     static const char *const secs[] = {"rope_parameters", "rope_scaling"};
     const mmc_json *rs = NULL;
     const char *sec = NULL;
@@ -137,7 +137,7 @@ mrope_done:;
     c->dtype = MMC_F32;
     if (dt && mmc_dtype_parse(dt, &c->dtype) != MMC_OK) c->dtype = MMC_F32;
     c->qkv_bias = true;   /* Qwen2Attention: q/k/v with bias, o_proj without */
-    return mmc_decoder_rope_read(root, j, c);
+    return rope_read(root, j, c);
 }
 
 /* ------------------------------------------------------------------ parameters */
