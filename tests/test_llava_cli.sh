@@ -76,5 +76,9 @@ grep -q "^family: *LLaVA-1.5" "$W/info" && grep -q "^vision tower: *CLIP ViT" "$
   || bad "an <image> without an image: exit $rc, $(cat "$W/err")"
 "$MMC" generate --model $E/v5 --image "$IMG" --video "$IMG" --prompt x >/dev/null 2>"$W/err"; rc=$?
 [ $rc = 1 ] && grep -q "llava takes images, not videos" "$W/err" && ok || bad "--video: exit $rc, $(cat "$W/err")"
+# mmc chat: /image then the question answers as generate does
+g=$("$MMC" generate --model $E/v5 --image "$IMG" --prompt "$PROMPT" --greedy --max-new-tokens 8 2>/dev/null)
+c=$(printf '/image %s\n%s\n' "$IMG" "$PROMPT" | "$MMC" chat --model $E/v5 --greedy --max-new-tokens 8 2>/dev/null)
+[ -n "$g" ] && [ "$g" = "$c" ] && ok || bad "chat: reply '$c' is not generate's '$g'"
 echo "$((n - fail)) passed, $fail failed ($checked cases)"
 [ $fail -eq 0 ]
