@@ -65,6 +65,9 @@ typedef struct mmc_llava {
 
 /* Load from an HF directory (config.json + safetensors), model_type "llava". */
 mmc_status mmc_llava_load(const char *dir, mmc_llava **out);
+/* Fresh model with random init (f32: matrices normal(0, 0.02), norms 1, biases 0) from a parsed
+ * config.json (`what` names it in messages); for benchmarks. */
+mmc_status mmc_llava_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_llava **out);
 void mmc_llava_free(mmc_llava *m);
 /* Features (and so <image> tokens) per image: (S/p)^2, plus one with "full". */
 int64_t mmc_llava_image_tokens(const mmc_llava *m);

@@ -21,12 +21,38 @@ mmc_status mw_open(const char *dir, const char *stem, mw_set *w) {
     return mmc_st_open(p, &w->st);
 }
 
+mmc_status mw_init_random(mw_set *w, uint64_t seed) {
+    memset(w, 0, sizeof *w);
+    w->errcap = 16384;
+    w->errs = calloc(1, w->errcap);
+    if (!w->errs) return mmc_error(MMC_ERR_OOM, "out of memory");
+    w->random = true;
+    mmc_rng_init(&w->rng, seed);
+    return MMC_OK;
+}
+
+static mmc_status bind_random(mw_set *w, const char *full, int ndim, const int64_t *shape, mmc_tensor **slot) {
+    mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
+    if (!t) return mmc_error(MMC_ERR_OOM, "out of memory for %s", full);
+    const char *base = strrchr(full, '.');
+    bool bias = base && !strcmp(base, ".bias");
+    bool norm = !bias && (strstr(full, "norm") || strstr(full, "layrnorm"));
+    float *d = t->data;
+    int64_t n = mmc_numel(t);
+    if (norm) for (int64_t i = 0; i < n; i++) d[i] = 1.0f;
+    else if (bias) memset(d, 0, (size_t)n * sizeof(float));
+    else mmc_rng_normal(&w->rng, d, n, 0.0f, 0.02f);
+    *slot = t;
+    return MMC_OK;
+}
+
 void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape) {
     char full[256], dummy[512] = "";
     snprintf(full, sizeof full, "%s%s", prefix, name);
     bool listed = w->bad < MW_MAX_LISTED;
-    if (mmc_model_bind(w->st, full, ndim, shape, w->trainable, slot, listed ? w->errs : dummy,
-                       listed ? w->errcap : sizeof dummy) != MMC_OK) {
+    if (w->random ? bind_random(w, full, ndim, shape, slot) != MMC_OK
+                  : mmc_model_bind(w->st, full, ndim, shape, w->trainable, slot, listed ? w->errs : dummy,
+                                   listed ? w->errcap : sizeof dummy) != MMC_OK) {
         w->bad++;
         return;
     }

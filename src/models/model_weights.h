@@ -18,6 +18,8 @@ typedef struct {
     size_t errcap;
     int bad;
     bool trainable;           /* bind f32 copies flagged MMC_PARAM | MMC_REQUIRES_GRAD */
+    bool random;              /* no checkpoint: mw_bind makes fresh f32 tensors (mw_init_random) */
+    mmc_rng rng;
 } mw_set;
 
 #define MW_MAX_LISTED 8
@@ -25,6 +27,10 @@ typedef struct {
 /* Open "<dir>/<stem>.safetensors", else "<dir>/<stem>.safetensors.index.json" (stem "model" for
  * transformers, "diffusion_pytorch_model" for diffusers); NOT_FOUND naming both when absent. */
 mmc_status mw_open(const char *dir, const char *stem, mw_set *w);
+/* A set without a checkpoint (benchmarks, fresh models): every mw_bind allocates an f32 tensor
+ * of the asked shape, normal(0, 0.02) for matrices and embeddings, ones for norm weights
+ * (names with "norm" / "layrnorm"), zeros for biases. */
+mmc_status mw_init_random(mw_set *w, uint64_t seed);
 /* Bind "<prefix><name>" of the given shape to *slot, or record the problem. */
 void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape);
 /* "<prefix><name>.weight" [shape] and "<prefix><name>.bias" [shape[0]]. */

@@ -156,6 +156,31 @@ fail:
     return st;
 }
 
+mmc_status mmc_llava_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_llava **out) {
+    *out = NULL;
+    mmc_llava *m = calloc(1, sizeof *m);
+    mw_set *w = calloc(1, sizeof *w);
+    if (!m || !w) { free(m); free(w); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    m->weights = w;
+    mmc_qwen2_config tc;
+    mmc_clip_vision_config vc;
+    bool pbias = true;
+    mmc_status st = read_config(cfg, what ? what : "config", m, &tc, &vc, &pbias);
+    /* separate streams for the parts, so that changing one config leaves the others' init */
+    if (!st) st = mw_init_random(w, seed * 0x9E3779B97F4A7C15ull + 1);
+    if (!st && !(m->vision = clip_vision_bind(w, "vision_tower.", &vc))) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st) {
+        const int64_t C = tc.hidden_size, K = vc.hidden_size * m->n_feature_layers;
+        mw_bind_linear(w, "multi_modal_projector.", "linear_1", &m->proj1, C, K, pbias);
+        mw_bind_linear(w, "multi_modal_projector.", "linear_2", &m->proj2, C, C, pbias);
+        st = mw_status(w, what ? what : "config", "LLaVA vision tower / projector");
+    }
+    if (!st) st = mmc_qwen2_new(&tc, seed, &m->lm);
+    if (st) { mmc_llava_free(m); return st; }
+    *out = m;
+    return MMC_OK;
+}
+
 mmc_status mmc_llava_image_features(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, mmc_tensor **out) {
     *out = NULL;
     int need = 0;
