@@ -7,6 +7,8 @@
 #include "test_util.h"
 
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include "mmc_infer.h"
 #include "mmc_llava.h"
 #include "mmc_vlproc.h"
@@ -144,6 +146,45 @@ static void test_hub_config(void) {
     mmc_json_free(j);
 }
 
+/* Config problems are errors naming the file and key (v5's weights, a hand-written config with
+ * one thing wrong: text_config / vision_config extras and a top-level key). */
+static void test_errors(void) {
+    static const struct { const char *text, *vision, *top, *want; } cases[] = {
+        {"", ", \"model_type\": \"siglip_vision_model\"", "", "vision_config.model_type 'siglip_vision_model'"},
+        {", \"model_type\": \"mistral\"", "", "", "text_config.model_type 'mistral'"},
+        {"", "", ", \"vision_feature_layer\": -9", "vision_feature_layer -9"},
+        {"", "", ", \"vision_feature_select_strategy\": \"cls\"", "vision_feature_select_strategy 'cls'"},
+        {", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", "", "", "rope_type 'yarn'"},
+        {"", "", ", \"image_token_id\": 5000", "image_token_id 5000"},
+        {"", "", "", NULL},   /* the control: without a mistake it loads */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[] = "/tmp/mmc_test_llava.XXXXXX", path[256], cmd[4400], cwd[4096];
+        if (!mkdtemp(dir) || !getcwd(cwd, sizeof cwd)) { g_fail++; return; }
+        snprintf(cmd, sizeof cmd, "ln -s %s/tests/fixtures/llava/v5/model.safetensors %s/", cwd, dir);
+        if (system(cmd) != 0) { g_fail++; continue; }
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        if (!f) { g_fail++; continue; }
+        fprintf(f, "{\"model_type\": \"llava\", \"image_token_index\": 1392, \"text_config\": {\"vocab_size\": 1393, "
+                   "\"hidden_size\": 48, \"intermediate_size\": 100, \"num_hidden_layers\": 2, \"num_attention_heads\": 6, "
+                   "\"num_key_value_heads\": 2, \"head_dim\": 8%s}, \"vision_config\": {\"hidden_size\": 30, "
+                   "\"intermediate_size\": 52, \"num_hidden_layers\": 3, \"num_attention_heads\": 3, \"image_size\": 30, "
+                   "\"patch_size\": 6%s}%s}", cases[i].text, cases[i].vision, cases[i].top);
+        fclose(f);
+        mmc_llava *m = NULL;
+        mmc_status st = mmc_llava_load(dir, &m);
+        if (cases[i].want)
+            CHECKF(st != MMC_OK && strstr(mmc_last_error(), cases[i].want) && strstr(mmc_last_error(), "config.json"),
+                   "case %zu: %s", i, st ? mmc_last_error() : "loaded");
+        else
+            CHECKF(st == MMC_OK, "control config: %s", mmc_last_error());
+        mmc_llava_free(m);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) g_fail++;
+    }
+}
+
 int main(void) {
     ref = fixture_open("llava/ref.safetensors");
     if (!ref) return test_done("test_llava");
@@ -151,6 +192,11 @@ int main(void) {
     test_model("v452", "v5");
     test_model("hub", "v5");
     test_model("v5_full", "v5_full");
+    /* the inference forms' row chunks capped at 3 rows: the LM's MLP crosses chunk boundaries */
+    setenv("MMC_INFER_CHUNK_ROWS", "3", 1);
+    test_model("v5", "v5");
+    unsetenv("MMC_INFER_CHUNK_ROWS");
+    test_errors();
     test_configs();
     test_hub_config();
     test_processor("v5", "v5");
