@@ -24,8 +24,7 @@
 extern "C" {
 #endif
 
-/* Activations named as transformers' ACT2FN keys. */
-typedef enum { MMC_ACT_QUICK_GELU, MMC_ACT_GELU, MMC_ACT_GELU_TANH, MMC_ACT_RELU, MMC_ACT_SILU } mmc_act;
+/* mmc_act (activations named as transformers' ACT2FN keys) is in mmc_ops.h. */
 /* "quick_gelu", "gelu", "gelu_new" / "gelu_pytorch_tanh", "relu", "silu" / "swish";
  * MMC_ERR_UNSUPPORTED naming `what` otherwise. */
 mmc_status mmc_act_parse(const char *name, const char *what, mmc_act *out);

@@ -3,6 +3,9 @@
  * forward reads like the HF modeling file it mirrors.
  *
  * Qwen2 (transformers' Qwen2ForCausalLM) is the language model of Qwen2-VL / Qwen2.5-VL.
+ * Llama (LlamaForCausalLM, the language model of LLaVA) is the same decoder with other bias
+ * flags and RoPE scaling variants: it shares the struct and every function (llama.c only reads
+ * its config and checkpoints).
  */
 #ifndef MMC_MODELS_H
 #define MMC_MODELS_H
@@ -22,6 +25,9 @@ extern "C" {
 #define MMC_CONFIG_MAX_DIM ((int64_t)1 << 24)
 
 /* ---------------------------------------------------------------- Qwen2 decoder */
+/* RoPE frequency variants of transformers' ROPE_INIT_FUNCTIONS that the decoders support. */
+typedef enum { MMC_ROPE_DEFAULT = 0, MMC_ROPE_LINEAR, MMC_ROPE_DYNAMIC, MMC_ROPE_LLAMA3 } mmc_rope_kind;
+
 typedef struct {
     int64_t vocab_size;
     int64_t hidden_size;          /* C */
@@ -36,6 +42,13 @@ typedef struct {
     bool tie_word_embeddings;
     bool mrope;                   /* Qwen2-VL multimodal rope */
     int mrope_section[3];         /* e.g. {16, 24, 24}, sums to D/2 */
+    bool qkv_bias;                /* q/k/v projections have biases (Qwen2: always; Llama: attention_bias) */
+    bool o_bias;                  /* o_proj has a bias (Llama attention_bias) */
+    bool mlp_bias;                /* gate/up/down have biases (Llama mlp_bias) */
+    mmc_rope_kind rope_kind;      /* rope_scaling / rope_parameters rope_type */
+    double rope_factor;           /* linear / dynamic / llama3 factor */
+    double rope_low_freq_factor, rope_high_freq_factor;   /* llama3 */
+    int64_t rope_original_max_pos;/* llama3 original_max_position_embeddings; dynamic: max_position_embeddings */
     mmc_dtype dtype;              /* weights' dtype as stored (F32 / BF16) */
 } mmc_qwen2_config;
 
@@ -100,6 +113,25 @@ mmc_status mmc_model_bind(const mmc_st *st, const char *full, int ndim, const in
  * Qwen2-VL) or nested under text_config (transformers >= 4.52 / 5.x); rope_theta or
  * rope_parameters.rope_theta; rope_scaling / rope_parameters mrope_section. */
 mmc_status mmc_qwen2_config_read(const mmc_json *cfg, mmc_qwen2_config *out);
+/* The reader behind both: text fields from `section` (the root or text_config; flat
+ * rope_theta / tie_word_embeddings / torch_dtype also from root), missing sizes taken from
+ * defs (the class's defaults) or, with defs NULL, required. */
+mmc_status mmc_decoder_config_read(const mmc_json *root, const mmc_json *section, const mmc_qwen2_config *defs,
+                                   mmc_qwen2_config *out);
+/* Read a Llama text config (LlamaForCausalLM, or LLaVA's text_config): the Qwen2 fields plus
+ * attention_bias (q/k/v/o), mlp_bias, and rope_scaling (4.4x) / rope_parameters (5.x) of
+ * rope_type default, linear, dynamic or llama3. */
+mmc_status mmc_llama_config_read(const mmc_json *cfg, mmc_qwen2_config *out);
+/* The same from a section (LLaVA's text_config), missing sizes taken from LlamaConfig's
+ * defaults as transformers does (the Hub's llava-1.5 text_config gives only a few keys). */
+mmc_status mmc_llama_config_read_section(const mmc_json *root, const mmc_json *section, mmc_qwen2_config *out);
+/* Load a LlamaForCausalLM directory (prefixes as mmc_qwen2_load). */
+mmc_status mmc_llama_load(const char *dir, const mmc_json *config, bool trainable, mmc_qwen2 **out);
+/* The decoder's 1-D RoPE table for positions pos [T] or [B, T], with the config's frequency
+ * variant (transformers' ROPE_INIT_FUNCTIONS; dynamic NTK from max(pos) + 1 as
+ * dynamic_rope_update does) -> cos, sin [T, D] / [B, T, D]. */
+void mmc_qwen2_rope_table(mmc_ctx *ctx, const mmc_qwen2_config *cfg, const mmc_tensor *pos, mmc_tensor **cos,
+                          mmc_tensor **sin);
 /* Fresh model with random init (normal(0, 0.02), norms 1), f32 parameters. */
 mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 **out);
 /* Load weights from an HF directory. prefix: "" to auto-detect among "model.",
@@ -107,6 +139,8 @@ mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 *
  * weights stay zero-copy in the mmap; otherwise they are copied to f32 parameters.
  * Every missing or mis-shaped tensor is reported (not just the first). */
 mmc_status mmc_qwen2_load(const char *dir, const mmc_json *config, bool trainable, mmc_qwen2 **out);
+/* The same with a config already read (mmc_qwen2_config_read / mmc_llama_config_read). */
+mmc_status mmc_decoder_load_cfg(const char *dir, const mmc_qwen2_config *cfg, bool trainable, mmc_qwen2 **out);
 mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix,
                                const char *lm_head_name, bool trainable, mmc_qwen2 **out);
 void mmc_qwen2_free(mmc_qwen2 *m);

@@ -29,6 +29,8 @@ mmc_tensor *mmc_cast(mmc_ctx *ctx, mmc_tensor *x, mmc_dtype dt);
 mmc_tensor *mmc_add(mmc_ctx *ctx, mmc_tensor *a, mmc_tensor *b);   /* numpy broadcasting */
 mmc_tensor *mmc_mul(mmc_ctx *ctx, mmc_tensor *a, mmc_tensor *b);   /* numpy broadcasting */
 mmc_tensor *mmc_scale(mmc_ctx *ctx, mmc_tensor *x, float s);
+/* Activations named as transformers' ACT2FN keys (model configs pick one by name). */
+typedef enum { MMC_ACT_QUICK_GELU, MMC_ACT_GELU, MMC_ACT_GELU_TANH, MMC_ACT_RELU, MMC_ACT_SILU } mmc_act;
 mmc_tensor *mmc_gelu(mmc_ctx *ctx, mmc_tensor *x);        /* erf form (nn.GELU()) */
 mmc_tensor *mmc_gelu_tanh(mmc_ctx *ctx, mmc_tensor *x);   /* tanh approximation */
 mmc_tensor *mmc_quick_gelu(mmc_ctx *ctx, mmc_tensor *x);  /* x * sigmoid(1.702 x) */
@@ -79,6 +81,11 @@ void mmc_rope_table_axes(mmc_ctx *ctx, const float *ids, int64_t S, int n_axes, 
  * inv_freq[j] = theta^(-2j/D), emb = cat(freqs, freqs) as in HF. */
 void mmc_rope_table_1d(mmc_ctx *ctx, const mmc_tensor *pos, int D, double theta,
                        mmc_tensor **cos, mmc_tensor **sin);
+/* The default inverse frequencies inv[D/2] (f32 as transformers computes them), and the 1-D
+ * table from given ones (rope scaling variants remap inv first). */
+void mmc_rope_inv_freq(float *inv, int D, double theta);
+void mmc_rope_table_1d_freqs(mmc_ctx *ctx, const mmc_tensor *pos, int D, const float *inv,
+                             mmc_tensor **cos, mmc_tensor **sin);
 /* Multimodal (Qwen2-VL M-RoPE): pos [3, B, T] (temporal, height, width); section[3] sums to
  * D/2; frequency band j takes its angle from pos[k] where k is the section containing j. */
 void mmc_rope_table_mrope(mmc_ctx *ctx, const mmc_tensor *pos, const int section[3], int D,

@@ -27,7 +27,7 @@ extern "C" {
 
 typedef enum { MMC_VL_QWEN2 = 0, MMC_VL_QWEN2_5 = 1 } mmc_vl_arch;
 
-typedef enum { MMC_ACT_QUICK_GELU, MMC_ACT_GELU, MMC_ACT_GELU_TANH, MMC_ACT_SILU } mmc_act;
+/* mmc_act (the vision tower's hidden_act): mmc_ops.h */
 
 /* ---------------------------------------------------------------- vision tower */
 #define MMC_VISION_MAX_FULLATT 64

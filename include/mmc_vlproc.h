@@ -87,6 +87,34 @@ mmc_status mmc_qwen2vl_preprocess_video(const mmc_qwen2vl_proc *p, const mmc_ima
 mmc_status mmc_load_frames_dir(const char *dir, const mmc_image_opts *opts, mmc_image **frames,
                                int *n_frames);
 
+/* ---------------------------------------------------------------- CLIPImageProcessor
+ * transformers' CLIPImageProcessor (LLaVA-1.5's image processor). The PIL backend
+ * (CLIPImageProcessorPil, backend="pil", 4.x's use_fast=False), mmc's default: resize so that
+ * the shortest edge is size.shortest_edge (the long edge int(shortest * long / short)) with
+ * Pillow's bicubic on uint8, center crop crop_size (top = (h - ch) // 2), rescale (u * 1/255 in
+ * double, then float32), normalise in float32 with the OpenAI CLIP mean / std.
+ * resize_mode MMC_VLPROC_RESIZE_TORCH: transformers 5's default (torchvision) CLIPImageProcessor:
+ * torch's uint8 antialiased resize and its fused rescale_and_normalize. */
+typedef struct {
+    int64_t shortest_edge;        /* size.shortest_edge; 0 when size gives height / width */
+    int64_t size_h, size_w;       /* size.height / size.width (a fixed resize) */
+    int64_t crop_h, crop_w;       /* crop_size */
+    float image_mean[3], image_std[3];
+    double rescale_factor;        /* 1/255 */
+    bool do_resize, do_center_crop, do_rescale, do_normalize, do_convert_rgb;
+    mmc_resample resample;        /* BICUBIC (3) */
+    mmc_vlproc_resize_mode resize_mode;
+} mmc_clip_proc;
+
+/* CLIPImageProcessor's class defaults (shortest_edge 224, crop 224 x 224). */
+void mmc_clip_proc_default(mmc_clip_proc *p);
+/* The image processor of a model directory (processor_config.json's "image_processor", else
+ * preprocessor_config.json) over *p; used (may be NULL) receives the file read or "". Errors
+ * name the file and key; *p is unchanged on error. */
+mmc_status mmc_clip_proc_load_dir(const char *dir, mmc_clip_proc *p, char *used, size_t cap);
+/* Images of any sizes -> pixel_values [n, 3, crop_h, crop_w] f32, persistent (mmc_tensor_free). */
+mmc_status mmc_clip_preprocess(const mmc_clip_proc *p, const mmc_image *imgs, int n, mmc_tensor **pixel_values);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,7 +66,13 @@ int cmd_forward(int argc, char **argv) {
     mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, cp.n));
     memcpy(ids->data, cp.ids, (size_t)cp.n * sizeof(int32_t));
     mmc_tensor *hidden = NULL, *logits = NULL;
-    if (cm.vl) {
+    if (cm.llava) {
+        if ((st = mmc_llava_forward(ctx, cm.llava, ids, cp.llava_pixels, NULL, &hidden))) {
+            cli_fail(st, "forward: forward pass failed");
+            goto done;
+        }
+        logits = mmc_llava_logits(ctx, cm.llava, hidden);
+    } else if (cm.vl) {
         if ((st = mmc_qwen2_vl_forward(ctx, cm.vlm, ids, &cp.media, NULL, NULL, &hidden))) {
             cli_fail(st, "forward: forward pass failed");
             goto done;
@@ -76,7 +82,7 @@ int cmd_forward(int argc, char **argv) {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(cp.n));
         for (int64_t t = 0; t < cp.n; t++) ((int64_t *)pos->data)[t] = t;
         mmc_tensor *cos, *sin;
-        mmc_rope_table_1d(ctx, pos, (int)cm.lm->cfg.head_dim, cm.lm->cfg.rope_theta, &cos, &sin);
+        mmc_qwen2_rope_table(ctx, &cm.lm->cfg, pos, &cos, &sin);
         mmc_attn_opts ao = {.causal = true};
         hidden = mmc_qwen2_forward(ctx, cm.lm, mmc_qwen2_embed(ctx, cm.lm, ids), cos, sin, &ao, NULL);
         logits = mmc_qwen2_logits(ctx, cm.lm, hidden);

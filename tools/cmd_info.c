@@ -130,6 +130,39 @@ static int info_system(bool json) {
     return 0;
 }
 
+/* The model family and, for a VLM, its tower, projector and language model in words. */
+static void describe_family(const mmc_json *cfg, const char *mt, char *family, size_t nf, char *tower, size_t nt,
+                            char *proj, size_t np, char *lm, size_t nl) {
+    snprintf(family, nf, "%s", !strcmp(mt, "qwen2") ? "Qwen2" : !strcmp(mt, "llama") ? "Llama"
+                               : !strcmp(mt, "qwen2_vl") ? "Qwen2-VL" : !strcmp(mt, "qwen2_5_vl") ? "Qwen2.5-VL"
+                               : !strcmp(mt, "llava") ? "LLaVA-1.5" : "unknown");
+    if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
+        int64_t depth = 0;
+        mmc_json_int(cfg, "vision_config.depth", 32, &depth);
+        snprintf(tower, nt, "%s vision transformer, %lld blocks", family, (long long)depth);
+        snprintf(proj, np, "patch merger (spatial_merge_size^2 tokens -> one)");
+        snprintf(lm, nl, "Qwen2");
+    } else if (!strcmp(mt, "llava")) {
+        int64_t L = 12, C = 768, S = 224, p = 32, fl = -2;
+        const char *vt = "clip_vision_model", *act = "gelu", *strat = "default", *tt = "llama";
+        mmc_json_str(cfg, "vision_config.model_type", vt, &vt);
+        mmc_json_int(cfg, "vision_config.num_hidden_layers", L, &L);
+        mmc_json_int(cfg, "vision_config.hidden_size", C, &C);
+        mmc_json_int(cfg, "vision_config.image_size", S, &S);
+        mmc_json_int(cfg, "vision_config.patch_size", p, &p);
+        mmc_json_str(cfg, "projector_hidden_act", act, &act);
+        mmc_json_str(cfg, "vision_feature_select_strategy", strat, &strat);
+        mmc_json_str(cfg, "text_config.model_type", tt, &tt);
+        char layer[32] = "a list";
+        if (mmc_json_int(cfg, "vision_feature_layer", fl, &fl) == MMC_OK) snprintf(layer, sizeof layer, "%lld", (long long)fl);
+        snprintf(tower, nt, "CLIP ViT (%s): %lld layers, hidden %lld, %lldx%lld px in %lldx%lld patches; features of "
+                 "layer %s, strategy %s", vt, (long long)L, (long long)C, (long long)S, (long long)S, (long long)p,
+                 (long long)p, layer, strat);
+        snprintf(proj, np, "multi_modal_projector: linear_1 -> %s -> linear_2", act);
+        snprintf(lm, nl, "%s", !strcmp(tt, "llama") ? "Llama" : tt);
+    }
+}
+
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     bool json = false, system = false;
@@ -198,13 +231,23 @@ int cmd_info(int argc, char **argv) {
                 if (strstr(e->name, comps[k].match[j])) { c = k; break; }
         comps[c].params += n;
     }
-    static const char *const supported[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
+    static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava"};
+    char family[64], tower[256] = "", projector[160] = "", lmdesc[160] = "";
+    describe_family(cfg, model_type, family, sizeof family, tower, sizeof tower, projector, sizeof projector, lmdesc,
+                    sizeof lmdesc);
     bool ok = false;
     for (size_t k = 0; k < sizeof supported / sizeof supported[0]; k++) ok |= !strcmp(model_type, supported[k]);
     if (json) {
         printf("{\"model_type\": \"%s\", \"supported\": %s, \"architecture\": \"%s\", \"parameters\": %lld, "
-               "\"context_length\": %lld, \"tensors\": %d, \"components\": {",
+               "\"context_length\": %lld, \"tensors\": %d, ",
                model_type, ok ? "true" : "false", arch, (long long)total, (long long)ctx_len, mmc_st_count(w));
+        printf("\"family\": ");
+        mmc_json_write_string(stdout, family);
+        if (tower[0]) { printf(", \"vision_tower\": "); mmc_json_write_string(stdout, tower); }
+        if (projector[0]) { printf(", \"projector\": "); mmc_json_write_string(stdout, projector); }
+        if (lmdesc[0]) { printf(", \"language_model\": "); mmc_json_write_string(stdout, lmdesc); }
+        printf(", ");
+        printf("\"components\": {");
         int first = 1;
         for (int k = 0; k < ncomp; k++) {
             if (!comps[k].params) continue;
@@ -227,7 +270,11 @@ int cmd_info(int argc, char **argv) {
     } else {
         printf("model:          %s\n", dir);
         printf("model_type:     %s (%s)%s\n", model_type, arch,
-               ok ? "" : " -- not supported by mmc (supported: qwen2, qwen2_vl, qwen2_5_vl)");
+               ok ? "" : " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava)");
+        printf("family:         %s\n", family);
+        if (tower[0]) printf("vision tower:   %s\n", tower);
+        if (projector[0]) printf("projector:      %s\n", projector);
+        if (lmdesc[0]) printf("language model: %s\n", lmdesc);
         printf("context length: %lld\n", (long long)ctx_len);
         printf("tensors:        %d\n", mmc_st_count(w));
         printf("parameters:     %lld (%.2f M)\n", (long long)total, total / 1e6);

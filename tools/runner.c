@@ -23,8 +23,8 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
     const char *mt = "?";
     mmc_json_str(cfg, "model_type", "?", &mt);
     snprintf(m->model_type, sizeof m->model_type, "%s", mt);
-    if (!strcmp(mt, "qwen2")) {
-        st = mmc_qwen2_load(dir, cfg, false, &m->lm);
+    if (!strcmp(mt, "qwen2") || !strcmp(mt, "llama")) {
+        st = !strcmp(mt, "llama") ? mmc_llama_load(dir, cfg, false, &m->lm) : mmc_qwen2_load(dir, cfg, false, &m->lm);
         if (!st) m->vocab_size = m->lm->cfg.vocab_size;
         if (!st && m->adapter_dir[0]) st = mmc_qwen2_attach_adapter(m->lm, m->adapter_dir);
     } else if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
@@ -46,9 +46,16 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
             st = mmc_qwen2vl_video_proc_load_dir(vdir, &m->vproc);
         }
         mmc_qwen2vl_video_sampling_default(&m->vproc);
+    } else if (!strcmp(mt, "llava")) {
+        if (m->adapter_dir[0])
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for llava yet", m->adapter_dir);
+        else st = mmc_llava_load(dir, &m->llava);
+        if (!st) m->vocab_size = m->llava->lm->cfg.vocab_size;
+        mmc_clip_proc_default(&m->cproc);
+        if (!st) st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
     } else {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, "
-                       "qwen2_vl, qwen2_5_vl)", dir, mt);
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
+                       "qwen2_vl, qwen2_5_vl, llava)", dir, mt);
     }
     mmc_json_free(cfg);
     if (!st) {
@@ -69,6 +76,7 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
 void cli_model_free(cli_model *m) {
     mmc_qwen2_free(m->lm);
     mmc_qwen2_vl_free(m->vlm);
+    mmc_llava_free(m->llava);
     mmc_tokenizer_free(m->tok);
     memset(m, 0, sizeof *m);
 }
@@ -77,7 +85,39 @@ void cli_prompt_free(cli_prompt *p) {
     free(p->ids);
     mmc_vlproc_out_free(&p->img);
     mmc_vlproc_out_free(&p->vid);
+    mmc_tensor_free(p->llava_pixels);
     memset(p, 0, sizeof *p);
+}
+
+/* LLaVA: CLIPImageProcessor on each image, and each <image> of the templated prompt expanded
+ * into one token per image feature, as LlavaProcessor does (takes ids). */
+static mmc_status llava_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
+                               const char *video_dir, cli_prompt *p) {
+    mmc_status st = MMC_OK;
+    if (video_dir) {
+        free(ids);
+        return mmc_error(MMC_ERR_UNSUPPORTED, "llava takes images, not videos");
+    }
+    mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
+    int64_t *img_tok = calloc((size_t)(n_images ? n_images : 1), sizeof *img_tok);
+    int loaded = 0;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
+    if (!imgs || !img_tok) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    for (; loaded < n_images; loaded++)
+        if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
+    if (n_images && (st = mmc_clip_preprocess(&m->cproc, imgs, n_images, &p->llava_pixels))) goto done;
+    for (int i = 0; i < n_images; i++) img_tok[i] = mmc_llava_image_tokens(m->llava);
+    st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->llava->image_token_id, img_tok, n_images, -1, NULL, 0,
+                            &p->ids, NULL, &p->n);
+done:
+    for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
+    free(imgs);
+    free(img_tok);
+    free(ids);
+    if (st) cli_prompt_free(p);
+    return st;
 }
 
 mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
@@ -93,6 +133,7 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
         st = mmc_chat_encode(m->tok, msgs, n_msgs, &co, &ids, NULL, &n);
     }
     if (st) return st;
+    if (m->llava) return llava_prompt(m, ids, n, images, n_images, video_dir, p);
     if (!m->vl) {
         if (n_images || video_dir) {
             free(ids);
@@ -157,7 +198,8 @@ done:
 mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
                         int *n_out) {
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
-    mmc_decoder d = m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
+    mmc_llava_request lreq = {m->llava, p->llava_pixels};
+    mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
     return mmc_generate(&d, p->ids, p->n, opts, out, n_out);
 }
 
@@ -260,6 +302,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
     if (m->vl) m->proc.resize_mode = a->resize_mode;
+    if (m->llava) m->cproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
 }

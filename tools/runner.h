@@ -8,6 +8,7 @@
 #include "mmc_models.h"
 #include "mmc_tokenizer.h"
 #include "mmc_vl.h"
+#include "mmc_llava.h"
 #include "mmc_vlproc.h"
 #include "mmc_video.h"
 
@@ -16,6 +17,8 @@ typedef struct {
     bool vl;                  /* vision-language model */
     mmc_qwen2 *lm;            /* text-only Qwen2 */
     mmc_qwen2_vl *vlm;        /* Qwen2-VL / Qwen2.5-VL */
+    mmc_llava *llava;         /* LLaVA-1.5 (vl is false: no Qwen2-VL media path) */
+    mmc_clip_proc cproc;      /* LLaVA's CLIPImageProcessor settings */
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
@@ -43,6 +46,7 @@ typedef struct {
     mmc_vlproc_out img, vid;  /* processor outputs (persistent tensors) */
     double second_per_grid_ts;/* the video's (Qwen2.5-VL temporal positions) */
     mmc_vl_media media;
+    mmc_tensor *llava_pixels; /* LLaVA: [n_images, 3, S, S] (persistent) or NULL */
 } cli_prompt;
 
 /* Render msgs with the chat template (or take raw text), load + preprocess the images (in

@@ -6,13 +6,38 @@
 #include <string.h>
 #include <math.h>
 
-mmc_status mw_init_random(mw_set *w, mmc_rng *rng) {
+mmc_status mw_init_random(mw_set *w, uint64_t seed, mw_init kind) {
     memset(w, 0, sizeof *w);
     w->errcap = 16384;
     w->errs = calloc(1, w->errcap);
     if (!w->errs) return mmc_error(MMC_ERR_OOM, "out of memory");
-    w->init = rng;
-    w->trainable = true;
+    w->random = kind;
+    mmc_rng_init(&w->rng, seed);
+    return MMC_OK;
+}
+
+static mmc_status bind_random(mw_set *w, const char *full, const char *name, int ndim, const int64_t *shape,
+                              mmc_tensor **slot) {
+    mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
+    if (!t) return mmc_error(MMC_ERR_OOM, "out of memory for %s", full);
+    const char *base = strrchr(name, '.');
+    const bool bias = base && !strcmp(base, ".bias");
+    const bool norm = !bias && (strstr(name, "norm") || strstr(name, "layrnorm"));
+    float *d = t->data;
+    const int64_t n = mmc_numel(t);
+    if (norm) {
+        for (int64_t i = 0; i < n; i++) d[i] = 1.0f;
+    } else if (w->random == MW_INIT_HF_NORMAL) {
+        if (bias) memset(d, 0, (size_t)n * sizeof(float));
+        else mmc_rng_normal(&w->rng, d, n, 0.0f, 0.02f);
+    } else {   /* torch's nn.Linear: fan_in of a matrix is its columns, of a bias its layer's input */
+        const int64_t fan_in = ndim >= 2 ? n / shape[0] : w->init_fan_in;
+        const float b = 1.0f / sqrtf((float)(fan_in > 0 ? fan_in : 1));
+        mmc_rng_uniform(&w->rng, d, n, -b, b);
+    }
+    if (w->trainable) t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+    snprintf(t->name, sizeof t->name, "%.*s", (int)sizeof t->name - 1, full);
+    *slot = t;
     return MMC_OK;
 }
 
@@ -36,21 +61,8 @@ void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot,
     char full[256], dummy[512] = "";
     snprintf(full, sizeof full, "%s%s", prefix, name);
     bool listed = w->bad < MW_MAX_LISTED;
-    if (w->init) {
-        /* random init as torch's nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and
-         * biases (fan_in: a matrix's columns, a bias's layer input); norm weights 1 */
-        mmc_tensor *t = mmc_tensor_new(MMC_F32, ndim, shape);
-        if (!t) { w->bad++; return; }
-        const int64_t fan_in = ndim >= 2 ? mmc_numel(t) / shape[0] : w->init_fan_in;
-        if (ndim == 1 && (strstr(name, "norm") || fan_in <= 0)) {
-            for (int64_t i = 0; i < shape[0]; i++) ((float *)t->data)[i] = 1.0f;
-        } else {
-            const float b = 1.0f / sqrtf((float)(fan_in > 0 ? fan_in : 1));
-            mmc_rng_uniform(w->init, t->data, mmc_numel(t), -b, b);
-        }
-        t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
-        snprintf(t->name, sizeof t->name, "%.*s", (int)sizeof t->name - 1, full);
-        *slot = t;
+    if (w->random) {
+        if (bind_random(w, full, name, ndim, shape, slot) != MMC_OK) { w->bad++; return; }
     } else if (mmc_model_bind(w->st, full, ndim, shape, w->trainable, slot, listed ? w->errs : dummy,
                               listed ? w->errcap : sizeof dummy) != MMC_OK) {
         w->bad++;

@@ -18,18 +18,27 @@ typedef struct {
     size_t errcap;
     int bad;
     bool trainable;           /* bind f32 copies flagged MMC_PARAM | MMC_REQUIRES_GRAD */
-    mmc_rng *init;            /* random init instead of a checkpoint (mw_init_random) */
+    int random;               /* an mw_init kind: fresh tensors instead of a checkpoint (mw_init_random) */
+    mmc_rng rng;
     int64_t init_fan_in;      /* the fan-in of the bias being bound (mw_bind_linear) */
 } mw_set;
+
+/* How fresh tensors start, as the reference libraries initialise a new model:
+ *  MW_INIT_HF_NORMAL   transformers' _init_weights: matrices and embeddings N(0, 0.02), biases 0
+ *  MW_INIT_TORCH_LINEAR torch's nn.Linear default (what diffusers' models keep): weights and biases
+ *                       U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+ * norm weights ("norm" / "layrnorm" in the name) are 1 either way. */
+typedef enum { MW_INIT_NONE, MW_INIT_HF_NORMAL, MW_INIT_TORCH_LINEAR } mw_init;
 
 #define MW_MAX_LISTED 8
 
 /* Open "<dir>/<stem>.safetensors", else "<dir>/<stem>.safetensors.index.json" (stem "model" for
  * transformers, "diffusion_pytorch_model" for diffusers); NOT_FOUND naming both when absent. */
 mmc_status mw_open(const char *dir, const char *stem, mw_set *w);
-/* No checkpoint: every bind creates a trainable f32 tensor, initialised as torch's nn.Linear does
- * (uniform in +-1/sqrt(fan_in), weights and biases) with norm weights at 1, from rng. */
-mmc_status mw_init_random(mw_set *w, mmc_rng *rng);
+/* A set without a checkpoint (fresh models, benchmarks): every mw_bind allocates an f32 tensor of
+ * the asked shape, initialised as `kind` says from a stream seeded with seed; trainable ones (set
+ * w->trainable) are flagged MMC_PARAM | MMC_REQUIRES_GRAD. */
+mmc_status mw_init_random(mw_set *w, uint64_t seed, mw_init kind);
 /* Bind "<prefix><name>" of the given shape to *slot, or record the problem. */
 void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape);
 /* "<prefix><name>.weight" [shape] and "<prefix><name>.bias" [shape[0]]. */

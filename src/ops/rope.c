@@ -164,15 +164,23 @@ static void inv_freq(float *out, int dim, double theta) {
     for (int j = 0; j < dim / 2; j++) out[j] = 1.0f / powf((float)theta, (float)(2 * j) / (float)dim);
 }
 
+void mmc_rope_inv_freq(float *inv, int D, double theta) { inv_freq(inv, D, theta); }
+
 void mmc_rope_table_1d(mmc_ctx *ctx, const mmc_tensor *pos, int D, double theta,
                        mmc_tensor **cos, mmc_tensor **sin) {
+    MMC_CHECK(D > 0 && D % 2 == 0, "mmc_rope_table_1d: D = %d must be even", D);
+    float inv[D / 2];
+    inv_freq(inv, D, theta);
+    mmc_rope_table_1d_freqs(ctx, pos, D, inv, cos, sin);
+}
+
+void mmc_rope_table_1d_freqs(mmc_ctx *ctx, const mmc_tensor *pos, int D, const float *inv,
+                             mmc_tensor **cos, mmc_tensor **sin) {
     MMC_CHECK(pos->ndim == 1 || pos->ndim == 2, "mmc_rope_table_1d: pos must be [T] or [B, T]");
     MMC_CHECK(D > 0 && D % 2 == 0, "mmc_rope_table_1d: D = %d must be even", D);
     int64_t shape[3] = {pos->shape[0], pos->ndim == 2 ? pos->shape[1] : D, D};
     *cos = mmc_new(ctx, MMC_F32, pos->ndim + 1, shape);
     *sin = mmc_new(ctx, MMC_F32, pos->ndim + 1, shape);
-    float inv[D / 2];
-    inv_freq(inv, D, theta);
     int64_t n = mmc_numel(pos);
     float *c = (*cos)->data, *s = (*sin)->data;
     for (int64_t i = 0; i < n; i++) {

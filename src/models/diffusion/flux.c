@@ -205,15 +205,13 @@ mmc_status mmc_flux_new(const mmc_flux_config *cfg, uint64_t seed, mmc_flux **ou
     mmc_flux *m = calloc(1, sizeof *m);
     if (!m) return mmc_error(MMC_ERR_OOM, "out of memory");
     m->cfg = *cfg;
-    mmc_rng rng;
-    mmc_rng_init(&rng, seed);
     mmc_status st;
     m->blocks = calloc((size_t)cfg->num_layers + 1, sizeof *m->blocks);
     m->singles = calloc((size_t)cfg->num_single_layers + 1, sizeof *m->singles);
     if (!m->blocks || !m->singles) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    if ((st = mw_init_random(&m->w, &rng))) goto fail;
+    if ((st = mw_init_random(&m->w, seed, MW_INIT_TORCH_LINEAR))) goto fail;   /* diffusers keeps torch's init */
+    m->w.trainable = true;
     bind_all(m);
-    m->w.init = NULL;                                /* (rng is this function's) */
     if ((st = mw_status(&m->w, "random init", "FluxTransformer2DModel"))) goto fail;
     *out = m;
     return MMC_OK;

@@ -20,13 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    mmc_tensor *ln1_w, *ln1_b, *ln2_w, *ln2_b;      /* [C] */
-    mmc_tensor *q_w, *k_w, *v_w, *o_w;              /* [C, C] */
-    mmc_tensor *q_b, *k_b, *v_b, *o_b;              /* [C] */
-    mmc_tensor *fc1_w, *fc1_b;                      /* [F, C], [F] */
-    mmc_tensor *fc2_w, *fc2_b;                      /* [C, F], [C] */
-} clip_layer;
+typedef enc_clip_layer clip_layer;
 
 struct mmc_clip_text {
     mmc_clip_text_config cfg;
@@ -102,23 +96,7 @@ mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) {
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         clip_layer *L = &m->layers[i];
         snprintf(p, sizeof p, "%sencoder.layers.%lld.", pre, (long long)i);
-        mw_bind(w, p, "layer_norm1.weight", &L->ln1_w, 1, MMC_SHAPE(C));
-        mw_bind(w, p, "layer_norm1.bias", &L->ln1_b, 1, MMC_SHAPE(C));
-        static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
-        mmc_tensor **ws[4] = {&L->q_w, &L->k_w, &L->v_w, &L->o_w}, **bs[4] = {&L->q_b, &L->k_b, &L->v_b, &L->o_b};
-        for (int k = 0; k < 4; k++) {
-            char nm[64];
-            snprintf(nm, sizeof nm, "self_attn.%s.weight", proj[k]);
-            mw_bind(w, p, nm, ws[k], 2, MMC_SHAPE(C, C));
-            snprintf(nm, sizeof nm, "self_attn.%s.bias", proj[k]);
-            mw_bind(w, p, nm, bs[k], 1, MMC_SHAPE(C));
-        }
-        mw_bind(w, p, "layer_norm2.weight", &L->ln2_w, 1, MMC_SHAPE(C));
-        mw_bind(w, p, "layer_norm2.bias", &L->ln2_b, 1, MMC_SHAPE(C));
-        mw_bind(w, p, "mlp.fc1.weight", &L->fc1_w, 2, MMC_SHAPE(F, C));
-        mw_bind(w, p, "mlp.fc1.bias", &L->fc1_b, 1, MMC_SHAPE(F));
-        mw_bind(w, p, "mlp.fc2.weight", &L->fc2_w, 2, MMC_SHAPE(C, F));
-        mw_bind(w, p, "mlp.fc2.bias", &L->fc2_b, 1, MMC_SHAPE(C));
+        enc_clip_layer_bind(w, p, L, C, F);
     }
     mw_bind(w, pre, "final_layer_norm.weight", &m->ln_f_w, 1, MMC_SHAPE(C));
     mw_bind(w, pre, "final_layer_norm.bias", &m->ln_f_b, 1, MMC_SHAPE(C));
@@ -137,33 +115,11 @@ fail:
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
 int64_t mmc_clip_text_param_count(const mmc_clip_text *m) { return mw_count(&m->w); }
 
-/* CLIPAttention: x [B, T, C] -> [B, T, C] */
-static mmc_tensor *attention(mmc_ctx *ctx, const mmc_clip_text *m, const clip_layer *L, mmc_tensor *x,
-                             const mmc_tensor *mask) {
-    const int64_t B = x->shape[0], T = x->shape[1], H = m->cfg.num_attention_heads, D = m->cfg.hidden_size / H;
-    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, x, L->q_w, L->q_b), 4, MMC_SHAPE(B, T, H, D));
-    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, x, L->k_w, L->k_b), 4, MMC_SHAPE(B, T, H, D));
-    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, x, L->v_w, L->v_b), 4, MMC_SHAPE(B, T, H, D));
-    const float scale = (float)(1.0 / sqrt((double)D));                     /* head_dim ** -0.5 */
-    mmc_tensor *o;
-    if (mask) {
-        o = enc_attention(ctx, q, k, v, scale, true, mask, NULL);           /* [B, T, H, D] */
-    } else {
-        mmc_attn_opts opts = {.causal = true, .scale = scale};
-        o = mmc_attention(ctx, q, k, v, &opts);
-    }
-    return mmc_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, H * D)), L->o_w, L->o_b);
-}
-
-/* CLIPEncoderLayer: x [B, T, C] -> [B, T, C] */
+/* CLIPEncoderLayer with the causal mask: x [B, T, C] -> [B, T, C] */
 static mmc_tensor *layer_forward(mmc_ctx *ctx, const mmc_clip_text *m, const clip_layer *L, mmc_tensor *x,
                                  const mmc_tensor *mask) {
-    const float eps = (float)m->cfg.layer_norm_eps;
-    mmc_tensor *h = mmc_layernorm(ctx, x, L->ln1_w, L->ln1_b, eps);
-    x = mmc_add(ctx, x, attention(ctx, m, L, h, mask));
-    h = mmc_layernorm(ctx, x, L->ln2_w, L->ln2_b, eps);
-    h = enc_act(ctx, m->cfg.hidden_act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));   /* [B, T, F] */
-    return mmc_add(ctx, x, mmc_linear(ctx, h, L->fc2_w, L->fc2_b));
+    return enc_clip_layer_forward(ctx, L, x, m->cfg.num_attention_heads, (float)m->cfg.layer_norm_eps,
+                                  m->cfg.hidden_act, true, mask);
 }
 
 /* The pooled token's position in row b of ids [B, T] (transformers' two rules). */

@@ -118,3 +118,51 @@ mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor
     mmc_scratch_release(ctx, sm);
     return o;
 }
+
+/* ------------------------------------------------------------------ CLIPEncoderLayer */
+void enc_clip_layer_bind(mw_set *w, const char *p, enc_clip_layer *L, int64_t C, int64_t F) {
+    mw_bind(w, p, "layer_norm1.weight", &L->ln1_w, 1, MMC_SHAPE(C));
+    mw_bind(w, p, "layer_norm1.bias", &L->ln1_b, 1, MMC_SHAPE(C));
+    static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+    mmc_tensor **ws[4] = {&L->q_w, &L->k_w, &L->v_w, &L->o_w}, **bs[4] = {&L->q_b, &L->k_b, &L->v_b, &L->o_b};
+    for (int k = 0; k < 4; k++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "self_attn.%s.weight", proj[k]);
+        mw_bind(w, p, nm, ws[k], 2, MMC_SHAPE(C, C));
+        snprintf(nm, sizeof nm, "self_attn.%s.bias", proj[k]);
+        mw_bind(w, p, nm, bs[k], 1, MMC_SHAPE(C));
+    }
+    mw_bind(w, p, "layer_norm2.weight", &L->ln2_w, 1, MMC_SHAPE(C));
+    mw_bind(w, p, "layer_norm2.bias", &L->ln2_b, 1, MMC_SHAPE(C));
+    mw_bind(w, p, "mlp.fc1.weight", &L->fc1_w, 2, MMC_SHAPE(F, C));
+    mw_bind(w, p, "mlp.fc1.bias", &L->fc1_b, 1, MMC_SHAPE(F));
+    mw_bind(w, p, "mlp.fc2.weight", &L->fc2_w, 2, MMC_SHAPE(C, F));
+    mw_bind(w, p, "mlp.fc2.bias", &L->fc2_b, 1, MMC_SHAPE(C));
+}
+
+/* CLIPAttention: x [B, T, C] -> [B, T, C] */
+static mmc_tensor *clip_attention(mmc_ctx *ctx, const enc_clip_layer *L, mmc_tensor *x, int64_t H, bool causal,
+                                  const mmc_tensor *mask) {
+    const int64_t B = x->shape[0], T = x->shape[1], D = x->shape[2] / H;
+    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, x, L->q_w, L->q_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, x, L->k_w, L->k_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, x, L->v_w, L->v_b), 4, MMC_SHAPE(B, T, H, D));
+    const float scale = (float)(1.0 / sqrt((double)D));                     /* head_dim ** -0.5 */
+    mmc_tensor *o;
+    if (mask) {
+        o = enc_attention(ctx, q, k, v, scale, causal, mask, NULL);         /* [B, T, H, D] */
+    } else {
+        mmc_attn_opts opts = {.causal = causal, .scale = scale};
+        o = mmc_attention(ctx, q, k, v, &opts);
+    }
+    return mmc_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, H * D)), L->o_w, L->o_b);
+}
+
+mmc_tensor *enc_clip_layer_forward(mmc_ctx *ctx, const enc_clip_layer *L, mmc_tensor *x, int64_t H, float eps,
+                                   mmc_act act, bool causal, const mmc_tensor *mask) {
+    mmc_tensor *h = mmc_layernorm(ctx, x, L->ln1_w, L->ln1_b, eps);
+    x = mmc_add(ctx, x, clip_attention(ctx, L, h, H, causal, mask));
+    h = mmc_layernorm(ctx, x, L->ln2_w, L->ln2_b, eps);
+    h = enc_act(ctx, act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));          /* [B, T, F] */
+    return mmc_add(ctx, x, mmc_linear(ctx, h, L->fc2_w, L->fc2_b));
+}

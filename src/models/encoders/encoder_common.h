@@ -25,4 +25,21 @@ int64_t enc_int_at(const mmc_tensor *t, int64_t i);   /* flat element of an i32 
 mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor *v, float scale, bool causal,
                           const mmc_tensor *mask, const float *rel_bias);
 
+/* CLIPEncoderLayer (models/clip/modeling_clip.py), shared by CLIP's text tower (clip_text.c,
+ * causal) and vision tower (vision/clip_vision.c, bidirectional):
+ *   x = x + out_proj(attn(layer_norm1(x)))    scale head_dim^-0.5
+ *   x = x + fc2(act(fc1(layer_norm2(x)))) */
+typedef struct {
+    mmc_tensor *ln1_w, *ln1_b, *ln2_w, *ln2_b;      /* [C] */
+    mmc_tensor *q_w, *k_w, *v_w, *o_w;              /* [C, C] */
+    mmc_tensor *q_b, *k_b, *v_b, *o_b;              /* [C] */
+    mmc_tensor *fc1_w, *fc1_b;                      /* [F, C], [F] */
+    mmc_tensor *fc2_w, *fc2_b;                      /* [C, F], [C] */
+} enc_clip_layer;
+/* Bind "<prefix>layer_norm1.weight" ... "<prefix>mlp.fc2.bias". */
+void enc_clip_layer_bind(mw_set *w, const char *prefix, enc_clip_layer *L, int64_t C, int64_t F);
+/* x [B, T, C] -> [B, T, C]; H heads; mask [B, T] key padding (causal only) or NULL. */
+mmc_tensor *enc_clip_layer_forward(mmc_ctx *ctx, const enc_clip_layer *L, mmc_tensor *x, int64_t H, float eps,
+                                   mmc_act act, bool causal, const mmc_tensor *mask);
+
 #endif

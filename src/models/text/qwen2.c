@@ -3,7 +3,10 @@
  * (RMSNorm -> GQA self-attention with q/k/v biases and rotary embeddings -> residual,
  * RMSNorm -> SwiGLU MLP -> residual), a final RMSNorm and an (optionally tied) LM head.
  * It is also the language model inside Qwen2-VL and Qwen2.5-VL, whose checkpoints name
- * it "model." (transformers < 4.52 and the Hub) or "model.language_model." (>= 4.52). */
+ * it "model." (transformers < 4.52 and the Hub) or "model.language_model." (>= 4.52).
+ * Llama (llama.c) runs through the same code: the config's flags say which projections
+ * carry biases (Qwen2: q/k/v; Llama: attention_bias on q/k/v/o, mlp_bias on the MLP) and
+ * which RoPE frequencies to use (mmc_qwen2_rope_table: default, linear, dynamic, llama3). */
 #include "mmc_models.h"
 #include "mmc_lora.h"
 #include "mmc_quant.h"
@@ -19,12 +22,57 @@ static const mmc_json *text_section(const mmc_json *cfg) {
     return t && mmc_json_has(t, "hidden_size") ? t : cfg;
 }
 
+/* rope_scaling (4.4x: "type" or "rope_type") or rope_parameters (5.x: "rope_type"), in the
+ * text section or at the top level. "mrope" and "default" are the plain frequencies. */
+static mmc_status rope_read(const mmc_json *root, const mmc_json *j, mmc_qwen2_config *c) {
+    static const char *const secs[] = {"rope_parameters", "rope_scaling"};
+    const mmc_json *rs = NULL;
+    const char *sec = NULL;
+    for (int k = 0; k < 2 && !rs; k++)
+        for (int pass = 0; pass < 2 && !rs; pass++) {
+            const mmc_json *r = mmc_json_get(pass ? root : j, secs[k]);
+            if (r && mmc_json_has(r, "rope_type") + mmc_json_has(r, "type") > 0) rs = r, sec = secs[k];
+        }
+    c->rope_kind = MMC_ROPE_DEFAULT;
+    c->rope_factor = 1.0;
+    if (!rs) return MMC_OK;
+    mmc_status st;
+    const char *type = NULL;
+    if ((st = mmc_json_str(rs, mmc_json_has(rs, "rope_type") ? "rope_type" : "type", "default", &type))) return st;
+    if (!strcmp(type, "default") || !strcmp(type, "mrope")) return MMC_OK;
+    if (!strcmp(type, "linear")) c->rope_kind = MMC_ROPE_LINEAR;
+    else if (!strcmp(type, "dynamic")) c->rope_kind = MMC_ROPE_DYNAMIC;
+    else if (!strcmp(type, "llama3")) c->rope_kind = MMC_ROPE_LLAMA3;
+    else return mmc_error(MMC_ERR_UNSUPPORTED, "config.json: %s.rope_type '%s' is not supported (default, linear, "
+                          "dynamic, llama3)", sec, type);
+    if ((st = mmc_json_num(rs, "factor", 1.0, &c->rope_factor))) return st;
+    if (!(c->rope_factor >= 1.0 && c->rope_factor <= 1e6))
+        return mmc_error(MMC_ERR_FORMAT, "config.json: %s.factor %g must be from 1 to 1e6", sec, c->rope_factor);
+    int64_t v;
+    if ((st = mmc_json_int(rs, "original_max_position_embeddings", c->max_position_embeddings, &v))) return st;
+    c->rope_original_max_pos = v;
+    if (c->rope_kind == MMC_ROPE_DYNAMIC) c->rope_original_max_pos = c->max_position_embeddings;
+    if (c->rope_kind == MMC_ROPE_LLAMA3) {
+        if ((st = mmc_json_num(rs, "low_freq_factor", 1.0, &c->rope_low_freq_factor))) return st;
+        if ((st = mmc_json_num(rs, "high_freq_factor", 4.0, &c->rope_high_freq_factor))) return st;
+        if (!(c->rope_low_freq_factor > 0 && c->rope_high_freq_factor > c->rope_low_freq_factor) || v <= 0)
+            return mmc_error(MMC_ERR_FORMAT, "config.json: %s: llama3 needs 0 < low_freq_factor < high_freq_factor "
+                             "and original_max_position_embeddings > 0", sec);
+    }
+    return MMC_OK;
+}
+
 mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
+    return mmc_decoder_config_read(root, text_section(root), NULL, c);
+}
+
+mmc_status mmc_decoder_config_read(const mmc_json *root, const mmc_json *j, const mmc_qwen2_config *defs,
+                                   mmc_qwen2_config *c) {
     memset(c, 0, sizeof *c);
-    const mmc_json *j = text_section(root);
     mmc_status st;
     int64_t v;
-#define RD_INT(key, field, def) do { if ((st = mmc_json_int(j, key, def, &v))) return st; c->field = v; } while (0)
+#define RD_INT(key, field, def) do { if ((st = mmc_json_int(j, key, defs ? defs->field : def, &v))) return st; \
+    c->field = v; } while (0)
     RD_INT("vocab_size", vocab_size, -1);
     RD_INT("hidden_size", hidden_size, -1);
     RD_INT("intermediate_size", intermediate_size, -1);
@@ -50,7 +98,7 @@ mmc_status mmc_qwen2_config_read(const mmc_json *root, mmc_qwen2_config *c) {
     if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > MMC_CONFIG_MAX_DIM)
         return mmc_error(MMC_ERR_FORMAT, "config.json: head_dim %lld must be even, positive and at most %lld",
                          (long long)c->head_dim, (long long)MMC_CONFIG_MAX_DIM);
-    if ((st = mmc_json_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps))) return st;
+    if ((st = mmc_json_num(j, "rms_norm_eps", defs ? defs->rms_norm_eps : 1e-6, &c->rms_norm_eps))) return st;
     double theta = 10000.0;
     if (mmc_json_has(j, "rope_parameters.rope_theta")) st = mmc_json_num(j, "rope_parameters.rope_theta", theta, &theta);
     else if (mmc_json_has(j, "rope_theta")) st = mmc_json_num(j, "rope_theta", theta, &theta);
@@ -88,7 +136,8 @@ mrope_done:;
     if (!dt && (st = mmc_json_str(root, "torch_dtype", NULL, &dt))) return st;
     c->dtype = MMC_F32;
     if (dt && mmc_dtype_parse(dt, &c->dtype) != MMC_OK) c->dtype = MMC_F32;
-    return MMC_OK;
+    c->qkv_bias = true;   /* Qwen2Attention: q/k/v with bias, o_proj without */
+    return rope_read(root, j, c);
 }
 
 /* ------------------------------------------------------------------ parameters */
@@ -115,16 +164,20 @@ static int build_specs(mmc_qwen2 *m, wspec *s) {
     SPEC(b, ptr, nd, d0, d1); } while (0)
         LSPEC("input_layernorm.weight", &L->input_norm, 1, C, 0);
         LSPEC("self_attn.q_proj.weight", &L->q.w, 2, QD, C);
-        LSPEC("self_attn.q_proj.bias", &L->q.b, 1, QD, 0);
+        if (c->qkv_bias) LSPEC("self_attn.q_proj.bias", &L->q.b, 1, QD, 0);
         LSPEC("self_attn.k_proj.weight", &L->k.w, 2, KD, C);
-        LSPEC("self_attn.k_proj.bias", &L->k.b, 1, KD, 0);
+        if (c->qkv_bias) LSPEC("self_attn.k_proj.bias", &L->k.b, 1, KD, 0);
         LSPEC("self_attn.v_proj.weight", &L->v.w, 2, KD, C);
-        LSPEC("self_attn.v_proj.bias", &L->v.b, 1, KD, 0);
+        if (c->qkv_bias) LSPEC("self_attn.v_proj.bias", &L->v.b, 1, KD, 0);
         LSPEC("self_attn.o_proj.weight", &L->o.w, 2, C, QD);
+        if (c->o_bias) LSPEC("self_attn.o_proj.bias", &L->o.b, 1, C, 0);
         LSPEC("post_attention_layernorm.weight", &L->post_norm, 1, C, 0);
         LSPEC("mlp.gate_proj.weight", &L->gate.w, 2, F, C);
+        if (c->mlp_bias) LSPEC("mlp.gate_proj.bias", &L->gate.b, 1, F, 0);
         LSPEC("mlp.up_proj.weight", &L->up.w, 2, F, C);
+        if (c->mlp_bias) LSPEC("mlp.up_proj.bias", &L->up.b, 1, F, 0);
         LSPEC("mlp.down_proj.weight", &L->down.w, 2, C, F);
+        if (c->mlp_bias) LSPEC("mlp.down_proj.bias", &L->down.b, 1, C, 0);
 #undef LSPEC
     }
     SPEC("norm.weight", &m->norm, 1, C, 0);
@@ -137,7 +190,7 @@ static mmc_qwen2 *alloc_model(const mmc_qwen2_config *cfg, wspec **specs, int *n
     if (!m) return NULL;
     m->cfg = *cfg;
     m->layers = calloc((size_t)cfg->num_layers, sizeof *m->layers);
-    int cap = 2 + 12 * (int)cfg->num_layers + 2;
+    int cap = 2 + 16 * (int)cfg->num_layers + 2;
     *specs = calloc((size_t)cap, sizeof **specs);
     m->params = calloc((size_t)cap, sizeof *m->params);
     m->param_names = calloc((size_t)cap, sizeof *m->param_names);
@@ -241,6 +294,13 @@ mmc_status mmc_qwen2_load(const char *dir, const mmc_json *config, bool trainabl
     mmc_qwen2_config cfg;
     mmc_status st = mmc_qwen2_config_read(config, &cfg);
     if (st) return mmc_error_prefix(st, "%s/config.json", dir);
+    return mmc_decoder_load_cfg(dir, &cfg, trainable, out);
+}
+
+mmc_status mmc_decoder_load_cfg(const char *dir, const mmc_qwen2_config *cfgp, bool trainable, mmc_qwen2 **out) {
+    *out = NULL;
+    mmc_qwen2_config cfg = *cfgp;
+    mmc_status st;
     mmc_st *w = NULL;
     if ((st = mmc_st_open(dir, &w))) return st;
     static const char *prefixes[] = {"model.", "model.language_model.", "language_model.model."};
@@ -519,6 +579,57 @@ mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
     return mmc_linear(ctx, hidden, m->lm_head, NULL);
 }
 
+/* ------------------------------------------------------------------ rope variants */
+/* transformers' _compute_*_rope_parameters, in float32 as there: the default inverse
+ * frequencies, then linear: inv / factor; dynamic (NTK): a larger base once the sequence
+ * outgrows max_position_embeddings (transformers keeps the grown table in the module until a
+ * short sequence resets it; within one generation positions only grow, so deciding from
+ * max(pos) + 1 alone gives the same tables); llama3: low frequencies (long wavelengths) divided by
+ * factor, high ones kept, the band between interpolated smoothly. Python scalars meet f32
+ * tensors as f32 (x / t is reciprocal(t) * x there). */
+void mmc_qwen2_rope_table(mmc_ctx *ctx, const mmc_qwen2_config *c, const mmc_tensor *pos, mmc_tensor **cos,
+                          mmc_tensor **sin) {
+    const int D = (int)c->head_dim;
+    if (c->rope_kind == MMC_ROPE_DEFAULT) {
+        mmc_rope_table_1d(ctx, pos, D, c->rope_theta, cos, sin);
+        return;
+    }
+    float inv[D / 2];
+    if (c->rope_kind == MMC_ROPE_DYNAMIC) {
+        int64_t seq = 0, n = mmc_numel(pos);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t p = pos->dtype == MMC_I32 ? ((const int32_t *)pos->data)[i] : ((const int64_t *)pos->data)[i];
+            if (p + 1 > seq) seq = p + 1;
+        }
+        /* seq_len is a tensor there (max(position_ids) + 1), so the new base is float32 */
+        float base = (float)c->rope_theta;
+        if (seq > c->rope_original_max_pos)
+            base = (float)c->rope_theta * powf((float)c->rope_factor * (float)seq / (float)c->rope_original_max_pos -
+                                               (float)(c->rope_factor - 1.0), (float)((double)D / (double)(D - 2)));
+        mmc_rope_inv_freq(inv, D, base);
+    } else {
+        mmc_rope_inv_freq(inv, D, c->rope_theta);
+    }
+    if (c->rope_kind == MMC_ROPE_LINEAR) {
+        for (int j = 0; j < D / 2; j++) inv[j] = inv[j] / (float)c->rope_factor;
+    } else if (c->rope_kind == MMC_ROPE_LLAMA3) {
+        const float factor = (float)c->rope_factor, lo = (float)c->rope_low_freq_factor,
+                    hi = (float)c->rope_high_freq_factor;
+        const double old_len = (double)c->rope_original_max_pos;
+        const float lo_wavelen = (float)(old_len / c->rope_low_freq_factor),
+                    hi_wavelen = (float)(old_len / c->rope_high_freq_factor);
+        for (int j = 0; j < D / 2; j++) {
+            float wavelen = (1.0f / inv[j]) * (float)(2.0 * M_PI);
+            float f = wavelen > lo_wavelen ? inv[j] / factor : inv[j];
+            float smooth = ((1.0f / wavelen) * (float)old_len - lo) / (hi - lo);
+            float smoothed = (1.0f - smooth) * f / factor + smooth * f;
+            bool medium = !(wavelen < hi_wavelen) && !(wavelen > lo_wavelen);
+            inv[j] = medium ? smoothed : f;
+        }
+    }
+    mmc_rope_table_1d_freqs(ctx, pos, D, inv, cos, sin);
+}
+
 /* ------------------------------------------------------------------ decoder interface */
 /* ids [n] at the cache's end -> the last position's logits [V] */
 static mmc_status qwen2_feed(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *feed, int64_t n, mmc_kv_cache *kv,
@@ -528,7 +639,7 @@ static mmc_status qwen2_feed(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *feed, in
     mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));
     for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[t] = kv->len + t;
     mmc_tensor *cos, *sin;
-    mmc_rope_table_1d(ctx, pos, (int)m->cfg.head_dim, m->cfg.rope_theta, &cos, &sin);
+    mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);
     mmc_attn_opts attn = {.causal = true};
     mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, ids), cos, sin, &attn, kv);
     mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));   /* [1, 1, C] */
@@ -546,8 +657,10 @@ static mmc_status qwen2_decode(mmc_ctx *ctx, void *self, int32_t token, mmc_kv_c
 }
 
 mmc_decoder mmc_qwen2_decoder(mmc_qwen2 *m) {
+    /* dynamic NTK scaling exists to run past max_position_embeddings */
     return (mmc_decoder){.self = m, .vocab_size = m->cfg.vocab_size,
-                         .max_positions = m->cfg.max_position_embeddings, .kv_heads = m->cfg.num_kv_heads,
+                         .max_positions = m->cfg.rope_kind == MMC_ROPE_DYNAMIC ? MMC_CONFIG_MAX_DIM
+                                                                               : m->cfg.max_position_embeddings, .kv_heads = m->cfg.num_kv_heads,
                          .head_dim = m->cfg.head_dim, .n_layers = (int)m->cfg.num_layers,
                          .prefill = qwen2_prefill, .decode = qwen2_decode};
 }
