@@ -302,6 +302,8 @@ typedef struct mmc_sd3_pipeline mmc_sd3_pipeline;
 mmc_status mmc_sd3_pipeline_open(const char *dir, mmc_sd3_pipeline **out);
 void mmc_sd3_pipeline_free(mmc_sd3_pipeline *p);
 int mmc_sd3_pipeline_latent_channels(const mmc_sd3_pipeline *p);
+/* A diffusers LoRA on the SD3 transformer (as mmc_flux_pipeline_load_lora). */
+mmc_status mmc_sd3_pipeline_load_lora(mmc_sd3_pipeline *p, const char *path, float weight);
 void mmc_sd3_latent_size(const mmc_sd3_pipeline *p, int height, int width, int64_t *h, int64_t *w);
 mmc_status mmc_sd3_check_size(const mmc_sd3_pipeline *p, int height, int width);
 mmc_status mmc_sd3_encode_prompt(mmc_ctx *ctx, mmc_sd3_pipeline *p, const char *const *prompts, int B,

@@ -98,6 +98,8 @@ expect_rc 0 "$MMC" generate-image --model $S --prompt "a photo of a red circle" 
   --guidance 4.5 --max-sequence-length 12 --out "$T/sd3.png" --json
 png_dump "$T/sd3.png" >/dev/null 2>"$T/text.txt" && grep -q "^software=mmc generate-image (StableDiffusion3Pipeline)$" "$T/text.txt" \
   && ok || bad "SD3 PNG: $(cat "$T/text.txt")"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a photo of a red circle" --width 48 --height 32 --steps 2 \
+  --guidance 1 --max-sequence-length 12 --lora $S/lora:0.5 --out "$T/sd3l.png"
 expect_rc 2 "$MMC" generate-image --model $S --prompt x --width 48 --height 32 --true-cfg 2 --negative-prompt y
 expect_err "Flux pipelines only"
 

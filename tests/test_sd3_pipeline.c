@@ -2,7 +2,7 @@
  * folder written by save_pretrained (tests/fixtures/sd3_pipe, tools/ref/gen_sd3_pipeline.py): two
  * CLIPTextModelWithProjection and a T5 giving encode_prompt's joint states and pooled vectors within
  * 1e-4, and the images from injected latents within 1e-3 (classifier-free guidance 4.5 on a batch
- * of 2, 3 steps; no guidance, 2 steps). Also the size errors. */
+ * of 2, 3 steps; no guidance, 2 steps; the same with a diffusers LoRA). Also the size errors. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 
@@ -57,6 +57,19 @@ int main(void) {
         CHECK_CLOSE(img, want, 1e-3, 0, "SD3 image (no guidance)");
         printf("pipeline b: image max|diff| %.2e\n", max_abs_diff(img, want));
     }
+    /* (b) with a LoRA written by StableDiffusion3Pipeline.save_lora_weights */
+    mmc_tensor_free(lat);
+    lat = fixture_tensor(exp, "latents_b", MMC_F32);
+    mmc_tensor *wl = fixture_tensor(exp, "image_b_lora", MMC_F32);
+    CHECK_OK(mmc_sd3_pipeline_load_lora(p, DIR_ "/lora", 1.0f));
+    CHECK_OK(mmc_sd3_sample(ctx, p, &c0, NULL, lat, &o));
+    CHECK_OK(mmc_sd3_decode(ctx, p, lat, false, &img));
+    if (img) {
+        CHECK_CLOSE(img, wl, 1e-3, 0, "SD3 image with a LoRA");
+        CHECK(max_abs_diff(wl, want) > 1e-2);                 /* the adapter does change the image */
+        printf("pipeline b + LoRA: image max|diff| %.2e\n", max_abs_diff(img, wl));
+    }
+    mmc_tensor_free(wl);
     /* guidance without a negative encoding; a size that the VAE and patches cannot take */
     o.guidance = 3.0;
     CHECK_ERR(mmc_sd3_sample(ctx, p, &c0, NULL, lat, &o), MMC_ERR_INVALID);

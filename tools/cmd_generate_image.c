@@ -103,6 +103,17 @@ static void out_name(const char *out, int i, char *buf, size_t n) {
     snprintf(buf, n, "%.*s-%d%s", (int)(dot - out), out, i, dot);
 }
 
+/* --lora DIR[:SCALE]: the path, and the scale (the suffix after the last ':' when it is a number; 1). */
+static float cli_lora_spec(const char *spec, char *path, size_t cap) {
+    snprintf(path, cap, "%s", spec);
+    char *colon = strrchr(path, ':'), *end = NULL;
+    if (colon && colon[1]) {
+        const double v = strtod(colon + 1, &end);
+        if (end && !*end) { *colon = 0; return (float)v; }
+    }
+    return 1.0f;
+}
+
 /* What the command was asked, for the PNG text chunks and the report. */
 typedef struct {
     const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline;
@@ -160,15 +171,23 @@ static int write_outputs(const gi_args *a, const mmc_tensor *img, double t0, dou
 /* StableDiffusion3Pipeline: classifier-free guidance with --guidance (the negative prompt defaults to
  * "", as diffusers'), unpacked latents [B, C, H/f, W/f]. */
 static int run_sd3(const gi_args *a, int B, bool tiled, progress_state *ps) {
-    if (a->lora || a->init_image || a->true_cfg > 1.0)
-        return cli_usage("generate-image", "--lora, --init-image and --true-cfg are wired for Flux pipelines only so "
-                         "far (SD3 guides with --guidance)");
+    if (a->init_image || a->true_cfg > 1.0)
+        return cli_usage("generate-image", "--init-image and --true-cfg are wired for Flux pipelines only so far "
+                         "(SD3 guides with --guidance)");
     mmc_sd3_pipeline *p = NULL;
     mmc_status st = mmc_sd3_pipeline_open(a->model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
     if ((st = mmc_sd3_check_size(p, (int)a->height, (int)a->width))) {
         mmc_sd3_pipeline_free(p);
         return cli_fail(st, "bad size");
+    }
+    if (a->lora) {
+        char path[4096];
+        float w = cli_lora_spec(a->lora, path, sizeof path);
+        if ((st = mmc_sd3_pipeline_load_lora(p, path, w))) {
+            mmc_sd3_pipeline_free(p);
+            return cli_fail(st, "cannot apply --lora %s", a->lora);
+        }
     }
     mmc_ctx *ctx = mmc_ctx_new();
     const double t0 = mmc_now();
@@ -276,16 +295,10 @@ int cmd_generate_image(int argc, char **argv) {
     mmc_status st = mmc_flux_pipeline_open(model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
     if ((st = mmc_flux_check_size(p, (int)height, (int)width))) { mmc_flux_pipeline_free(p); return cli_fail(st, "bad size"); }
-    if (lora) {   /* DIR[:SCALE]: the suffix after the last ':' when it is a number */
+    if (lora) {
         char path[4096];
-        double w = 1.0;
-        snprintf(path, sizeof path, "%s", lora);
-        char *colon = strrchr(path, ':'), *end = NULL;
-        if (colon && colon[1]) {
-            double v = strtod(colon + 1, &end);
-            if (end && !*end) { w = v; *colon = 0; }
-        }
-        if ((st = mmc_flux_pipeline_load_lora(p, path, (float)w))) {
+        const float w = cli_lora_spec(lora, path, sizeof path);
+        if ((st = mmc_flux_pipeline_load_lora(p, path, w))) {
             mmc_flux_pipeline_free(p);
             return cli_fail(st, "cannot apply --lora %s", lora);
         }

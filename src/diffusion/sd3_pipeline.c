@@ -15,6 +15,7 @@
  * The text encoders load for encode_prompt and are freed before it returns. */
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
+#include "mmc_lora.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ struct mmc_sd3_pipeline {
     mmc_fm_scheduler sched;
     mmc_sd3 *transformer;
     mmc_vae *vae;
+    mmc_lora_set *lora;               /* an adapter on the transformer (mmc_sd3_pipeline_load_lora) */
     char path[7][1024];               /* transformer, vae, scheduler, text_encoder(_2, _3) */
     bool has_t5;
 };
@@ -72,10 +74,22 @@ fail:
 
 void mmc_sd3_pipeline_free(mmc_sd3_pipeline *p) {
     if (!p) return;
+    mmc_lora_free(p->lora);          /* detaches from the transformer, so before it goes */
     mmc_sd3_free(p->transformer);
     mmc_vae_free(p->vae);
     mmc_fm_free(&p->sched);
     free(p);
+}
+
+mmc_status mmc_sd3_pipeline_load_lora(mmc_sd3_pipeline *p, const char *path, float weight) {
+    if (p->lora) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    mmc_status st;
+    if (!p->transformer && (st = mmc_sd3_load(p->path[S_TR], false, &p->transformer))) return st;
+    mmc_module_list ml = {0};
+    st = mmc_sd3_linears(p->transformer, &ml);
+    if (!st) st = mmc_lora_load_diffusers(path, "transformer", &ml, weight, false, &p->lora);
+    mmc_module_list_free(&ml);
+    return st;
 }
 
 int mmc_sd3_pipeline_latent_channels(const mmc_sd3_pipeline *p) { return (int)p->tr_cfg.in_channels; }
@@ -251,7 +265,9 @@ mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *l
     *image = NULL;
     mmc_status st;
     if (!p->vae && (st = mmc_vae_load(p->path[S_VAE], &p->vae))) return st;
-    mmc_sd3_free(p->transformer);           /* the VAE decodes with the transformer gone */
+    mmc_lora_free(p->lora);                 /* the VAE decodes with the transformer gone */
+    p->lora = NULL;
+    mmc_sd3_free(p->transformer);
     p->transformer = NULL;
     const bool was = mmc_set_grad_enabled(ctx, false);
     mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, latents->shape);

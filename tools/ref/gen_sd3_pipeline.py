@@ -4,7 +4,8 @@ by diffusers' save_pretrained untouched: two CLIPTextModelWithProjection (hidden
 AutoencoderKL with 4 latent channels and a shift factor, the scheduler with shift 3.0, and a tiny
 SD3Transformer2DModel (patch 2, 2 heads of 8, 2 blocks). expected.safetensors: encode_prompt's
 prompt_embeds / pooled for a prompt and the empty negative prompt, the injected latents, and the
-images (output_type="pt") of (a) CFG 4.5, 3 steps, batch 2 and (b) no CFG (guidance 1), 2 steps.
+images (output_type="pt") of (a) CFG 4.5, 3 steps, batch 2 and (b) no CFG (guidance 1), 2 steps, and
+(b) again with a LoRA that StableDiffusion3Pipeline.save_lora_weights wrote (lora/).
 
 Run: .venv-ref/bin/python tools/ref/gen_sd3_pipeline.py
 """
@@ -82,5 +83,20 @@ with torch.no_grad():
     exp["latents_b"] = lat
     exp["image_b"] = pipe(prompt=prompts[0], height=H, width=W, num_inference_steps=2, guidance_scale=1.0,
                           latents=lat, max_sequence_length=MAXLEN, output_type="pt").images
+    # a LoRA on the transformer as diffusers' SD3 scripts save it (metadata included), and run (b) with it
+    from diffusers.training_utils import _collate_lora_metadata
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+    torch.manual_seed(12)
+    pipe.transformer.add_adapter(LoraConfig(r=4, lora_alpha=8, init_lora_weights=True,
+                                            target_modules=["to_q", "to_k", "to_v", "to_out.0", "add_q_proj"]))
+    for n, prm in pipe.transformer.named_parameters():
+        if "lora_B" in n:
+            prm.copy_(torch.randn(prm.shape, generator=g) * 0.3)
+    ld = os.path.join(OUT, "lora")
+    StableDiffusion3Pipeline.save_lora_weights(ld, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer),
+                                               **_collate_lora_metadata({"transformer": pipe.transformer}))
+    exp["image_b_lora"] = pipe(prompt=prompts[0], height=H, width=W, num_inference_steps=2, guidance_scale=1.0,
+                               latents=exp["latents_b"], max_sequence_length=MAXLEN, output_type="pt").images
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
 print("sd3 pipeline fixture (diffusers %s) in %s" % (diffusers.__version__, OUT))
