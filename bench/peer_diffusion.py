@@ -19,6 +19,8 @@ from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
 from peer_util import mem_baseline, median_time, peak_rss_mib, report  # also sets the thread count
 
+VAE_PX = 256   # the decoded image side (bench_diffusion.c: VAE_PX)
+
 
 def report_mem(name, base):
     report(f"{name}_peak_MiB", peak_rss_mib() - base, "MiB", higher=False)
@@ -66,14 +68,14 @@ def bench_vae():
                         layers_per_block=2, act_fn="silu", latent_channels=16, norm_num_groups=32,
                         sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False,
                         use_post_quant_conv=False, mid_block_add_attention=True).float().eval()
-    z = torch.randn(1, 16, 64, 64, generator=torch.Generator().manual_seed(0))
+    z = torch.randn(1, 16, VAE_PX // 8, VAE_PX // 8, generator=torch.Generator().manual_seed(0))
 
     def decode():
         with torch.inference_mode():
             vae.decode(z, return_dict=False)
 
-    report("vae_decode_512_ms", 1e3 * median_time(decode, 0.0, 3), "ms", higher=False)
-    report_mem("vae_decode_512", base)
+    report(f"vae_decode_{VAE_PX}_ms", 1e3 * median_time(decode, 0.0, 3), "ms", higher=False)
+    report_mem(f"vae_decode_{VAE_PX}", base)
     del vae
     gc.collect()
 
