@@ -148,6 +148,19 @@ static bool unit_mode(const conv_dims *d, int64_t R, bool backward) {
     return U >= 4 && (bands == 1 || R * g->stride >= g->kh) && (!backward || partials <= 32.0 * 1048576.0);
 }
 
+/* Forward only: one or a few images that fit a block whole (512 channels at 32x32, a VAE
+ * decoder's mid block) make fewer than 4 units, so they would run team-parallel; cut each
+ * into row bands (at least 256 output columns each) so that there are 4 units and the pass
+ * runs unit-parallel. Each output column is still one GEMM column over the same K: bitwise
+ * the same result. The backward keeps plan_blocks' rows (its dW GEMMs want wide blocks). */
+static int64_t forward_rows(const conv_dims *d, int64_t R) {
+    const mmc_conv_geom *g = &d->g;
+    const int64_t bands = (g->Ho + R - 1) / R;
+    if (d->B * bands >= 4 || d->B >= 4) return R;
+    const int64_t want = (4 + d->B - 1) / d->B, r = (g->Ho + want - 1) / want;   /* bands per image */
+    return r * g->Wo >= 256 && r * g->stride >= g->kh ? r : R;
+}
+
 static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     const conv_dims *d = n->extra;
@@ -304,6 +317,7 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     const float *wf = weight_f32(ctx, w);
     int64_t G, R;
     plan_blocks(&d, &G, &R);
+    if (G == 1) R = forward_rows(&d, R);
     if (b && G == 1 && !unit_mode(&d, R, false)) {   /* y = bias, then the GEMMs accumulate onto it */
 #pragma omp parallel for schedule(static) if (d.B * d.Cout * P > 32768)
         for (int64_t r = 0; r < d.B * d.Cout; r++) {
