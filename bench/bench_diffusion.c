@@ -14,14 +14,18 @@
  *       19 + 38). That is ~74M parameters; a step is ~150 GFLOP at 512² and ~600 GFLOP at 1024²
  *       (attention over 4608 tokens is ~40 % of the latter), seconds on 2 cores. A real
  *       FLUX.1-dev step costs about 9 x width² x 19 (double) + 38 (single) blocks more.
- *   vae_decode_512_ms: AutoencoderKL.decode of a 64 x 64 x 16 latent to a 512² image with
+ *   vae_decode_256_ms: AutoencoderKL.decode of a 32 x 32 x 16 latent to a 256² image with
  *       FLUX.1's VAE configuration as released (block_out_channels 128/256/512/512,
  *       layers_per_block 2, 16 latent channels, no quant / post-quant convs, mid-block attention
- *       over 64² = 4096 positions): full size, ~2.5 TFLOP, the cost of the pipeline's last step.
+ *       over 32² positions): full width, ~0.6 TFLOP. At 512² (the issue's size) a decode is
+ *       ~2.5 TFLOP, half a minute per call on a busy 2-core host and too slow for the default
+ *       run; MMC_BENCH_VAE_PX=512 (both sides read it) measures vae_decode_512_ms instead.
  *   *_peak_MiB: peak RSS minus the RSS before the model is loaded (bench_mem_baseline, the
  *       convention of bench_vl.c and peer_util.py), so weights count on both sides; the 1024²
  *       step's peak is taken after resetting VmHWM with the model already resident (weights
  *       still counted against the same baseline). *_rss_baseline_MiB says what was subtracted.
+ *       Each model runs in a child process (the peer: a subprocess), so that its baseline is
+ *       not raised, nor its peak hidden, by what the previous model left in the allocator.
  *
  * The random checkpoints (config.json + diffusion_pytorch_model.safetensors under the names
  * diffusers' save_pretrained writes, N(0, 0.02) weights, 1-D norm scales near 1) are written to
@@ -32,6 +36,7 @@
 #include "mmc_diffusion.h"
 
 #include <stdarg.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ checkpoint writing */
@@ -223,8 +228,7 @@ static void bench_flux(const char *dir) {
 
 /* ------------------------------------------------------------------ AutoencoderKL (FLUX.1's) */
 static const int64_t VAE_CH[4] = {128, 256, 512, 512};
-enum { VAE_LEVELS = 4, VAE_LPB = 2, VAE_LATENT = 16, VAE_PX = 256 };
-#define VAE_CASE "vae_decode_256"
+enum { VAE_LEVELS = 4, VAE_LPB = 2, VAE_LATENT = 16 };
 
 static void add_resnet(wlist *l, const char *p, int64_t cin, int64_t cout) {
     add_norm(l, p, "norm1", cin);
@@ -309,20 +313,40 @@ static void bench_vae(const char *dir) {
     vcase c = {.ctx = mmc_ctx_new()};
     mmc_set_grad_enabled(c.ctx, false);
     MMC_CHECK(mmc_vae_load(dir, &c.v) == MMC_OK, "%s", mmc_last_error());
-    c.z = randn(4, 4, MMC_SHAPE(1, VAE_LATENT, VAE_PX / 8, VAE_PX / 8));
-    bench_report(VAE_CASE "_ms", 1e3 * bench_time(run_vae, &c, 0.0, 3), "ms", 0);
-    report_mem(VAE_CASE, bench_peak_rss_mib(), base);
+    const char *e = getenv("MMC_BENCH_VAE_PX");
+    const int px = e && atoi(e) >= 16 ? atoi(e) / 16 * 16 : 256;   /* image side */
+    c.z = randn(4, 4, MMC_SHAPE(1, VAE_LATENT, px / 8, px / 8));
+    char name[64];
+    snprintf(name, sizeof name, "vae_decode_%d_ms", px);
+    bench_report(name, 1e3 * bench_time(run_vae, &c, 0.0, 3), "ms", 0);
+    snprintf(name, sizeof name, "vae_decode_%d", px);
+    report_mem(name, bench_peak_rss_mib(), base);
     mmc_tensor_free(c.z);
     mmc_vae_free(c.v);
     mmc_ctx_free(c.ctx);
+}
+
+static void in_child(void (*fn)(const char *), const char *dir) {
+    fflush(stdout);
+    pid_t pid = fork();
+    MMC_CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        fn(dir);
+        fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) fprintf(stderr, "bench_diffusion: a case failed (status %d)\n", status);
 }
 
 int main(void) {
     const char *only = getenv("MMC_BENCH_DIFFUSION_CASES");
     char tmp[] = "/tmp/mmc_bench_diffusion_XXXXXX";
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
-    if (!only || strstr(only, "flux")) bench_flux(tmp);
-    if (!only || strstr(only, "vae")) bench_vae(tmp);
+    /* each model in its own process, so that its memory baseline is not the previous one's leftovers */
+    if (!only || strstr(only, "flux")) in_child(bench_flux, tmp);
+    if (!only || strstr(only, "vae")) in_child(bench_vae, tmp);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0) fprintf(stderr, "bench_diffusion: could not remove %s\n", tmp);

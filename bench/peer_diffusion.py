@@ -6,20 +6,24 @@ calls after one warm-up:
 * flux_step_512_ms / flux_step_1024_ms: one FluxTransformer2DModel forward (8 heads of 128, 1 double-
   and 2 single-stream blocks, joint_attention_dim 4096, pooled 768, guidance embedder, rope axes
   16/56/56) on 1024 / 4096 packed image tokens of 64 channels and 512 T5 tokens;
-* vae_decode_512_ms: AutoencoderKL (FLUX.1's VAE configuration) decode of a [1, 16, 64, 64] latent;
+* vae_decode_256_ms: AutoencoderKL (FLUX.1's VAE configuration) decode of a [1, 16, 32, 32] latent
+  (vae_decode_512_ms, [1, 16, 64, 64], with MMC_BENCH_VAE_PX=512);
 * *_peak_MiB / *_rss_baseline_MiB: peak RSS minus the RSS before the model is built, as the C side
-  (peer_util.mem_baseline); the 1024² step's peak after resetting VmHWM with the model resident.
+  (peer_util.mem_baseline); the 1024² step's peak after resetting VmHWM with the model resident;
+  each model in its own subprocess, as the C side forks per model.
 
 Weights are diffusers' own initialisation (values do not change the work)."""
 import gc
 import os
+import subprocess
+import sys
 
 import torch
 from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
 from peer_util import mem_baseline, median_time, peak_rss_mib, report  # also sets the thread count
 
-VAE_PX = 256   # the decoded image side (bench_diffusion.c: VAE_PX)
+VAE_PX = int(os.environ.get("MMC_BENCH_VAE_PX", "256")) // 16 * 16   # the decoded image side, as bench_diffusion.c
 
 
 def report_mem(name, base):
@@ -82,9 +86,14 @@ def bench_vae():
 
 def main():
     only = os.environ.get("MMC_BENCH_DIFFUSION_CASES")
-    if not only or "flux" in only:
+    if only is None:   # each model in its own process, as bench_diffusion.c forks per model
+        for part in ("flux", "vae"):
+            subprocess.run([sys.executable, __file__], env=dict(os.environ, MMC_BENCH_DIFFUSION_CASES=part),
+                           check=True)
+        return
+    if "flux" in only:
         bench_flux()
-    if not only or "vae" in only:
+    if "vae" in only:
         bench_vae()
 
 
