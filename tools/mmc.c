@@ -16,7 +16,7 @@ static const cli_cmd g_cmds[] = {
      cmd_generate, help_generate},
     {"generate-image", "Generate images from a prompt with a diffusers Flux or SD3 pipeline folder",
      cmd_generate_image, help_generate_image},
-    {"chat", "Multi-turn chat on the terminal (/image PATH attaches an image)", cmd_chat, help_chat},
+    {"chat", "Multi-turn chat on the terminal (/image PATH, /video PATH attach media)", cmd_chat, help_chat},
     {"forward", "One forward pass; write the logits to safetensors for parity checks",
      cmd_forward, help_forward},
     {"merge", "Merge a LoRA adapter (PEFT format) into a model and write an HF directory",
@@ -114,7 +114,7 @@ bool cli_float(const char *opt, const char *val, double lo, double hi, double *o
 static void usage(FILE *f) {
     fprintf(f, "mmc %s — train, fine-tune, evaluate and serve multimodal models, in C.\n\n"
                "usage: mmc <command> [options]\n\ncommands:\n", MMC_VERSION);
-    for (int i = 0; i < g_ncmds; i++) fprintf(f, "  %-10s %s\n", g_cmds[i].name, g_cmds[i].summary);
+    for (int i = 0; i < g_ncmds; i++) fprintf(f, "  %-14s %s\n", g_cmds[i].name, g_cmds[i].summary);
     fprintf(f, "\n`mmc <command> --help` describes a command's options.\n"
                "environment: OMP_NUM_THREADS sets the number of CPU threads (default: all cores).\n");
 }
