@@ -62,6 +62,9 @@ static void test_dir(const char *name, const char *refname, bool dynamic) {
     bool same = n == 10;
     for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
     CHECKF(same, "%s: greedy tokens differ from transformers'", dir);
+    mmc_tensor_free(ids);
+    mmc_tensor_free(want);
+    mmc_tensor_free(greedy);
     mmc_ctx_free(ctx);
     mmc_qwen2_free(m);
 }

@@ -63,6 +63,10 @@ static void test_model(const char *name, const char *refname) {
     for (int i = 0; i < 3; i++) ((int64_t *)few->data)[i] = i;
     CHECK(mmc_llava_forward(ctx, m, few, px, NULL, &h) == MMC_ERR_INVALID);
     free(prompt);
+    mmc_tensor_free(ids);
+    mmc_tensor_free(px);
+    mmc_tensor_free(want);
+    mmc_tensor_free(greedy);
     mmc_ctx_free(ctx);
     mmc_llava_free(m);
 }
@@ -113,6 +117,7 @@ static void test_processor(const char *name, const char *refname) {
                    max_abs_diff(px, want), used);
             CHECK_CLOSE(px, want, 1e-5, 0, key);
         }
+        mmc_tensor_free(want);
         mmc_tensor_free(px);
     }
     mmc_image_free(&img);
