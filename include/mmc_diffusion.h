@@ -1,8 +1,10 @@
 /* mmc_diffusion.h — image generation, diffusers-exact: diffusers model directories
- * (model_index.json + one folder per component), the AutoencoderKL VAE, and the
- * FlowMatchEulerDiscreteScheduler. Models live in src/models/diffusion/, schedulers and the
- * directory reader in src/diffusion/ (diffusers keeps models, schedulers and pipelines apart;
- * so does mmc).
+ * (model_index.json + one folder per component), the AutoencoderKL VAE, the Flux and SD3
+ * diffusion transformers, the FlowMatchEulerDiscreteScheduler, the FluxPipeline (text-to-image,
+ * img2img, LoRA) and StableDiffusion3Pipeline, and the flow-matching training objective. Models
+ * live in src/models/diffusion/, schedulers, pipelines and the directory reader in src/diffusion/
+ * (diffusers keeps models, schedulers and pipelines apart; so does mmc), the objective in
+ * src/train/flow_matching.c.
  *
  * Shapes are outermost-first: images [B, 3, H, W] in [-1, 1], latents [B, Cl, H/f, W/f]
  * with f = 2^(levels - 1) (8 for every released VAE).
