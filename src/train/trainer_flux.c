@@ -44,6 +44,7 @@ struct mmc_fm_data {
     mmc_fm_config sched;              /* the training schedule (scheduler_config.json) */
     mmc_fm_scheme scheme;
     char pipe[2048];
+    int64_t *perm, perm_epoch;        /* the data order of epoch perm_epoch (sample_at) */
     mmc_flux_pipeline *vpipe;         /* validation images: the pipeline (its VAE) and the prompt's encoding */
     mmc_flux_cond vcond;
 };
@@ -203,6 +204,7 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     free(f->std);
     free(f->embeds);
     free(f->pooled);
+    free(f->perm);
     mmc_flux_cond_free(&f->vcond);
     if (f->vpipe) mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
     mmc_flux_pipeline_free(f->vpipe);
@@ -417,22 +419,27 @@ done:
     return st;
 }
 
-/* The dataset index of global sample s: a seeded permutation of each epoch. */
-static int64_t sample_at(const mmc_trainer *t, int64_t s) {
-    const int64_t n = t->fm->n, epoch = s / n, k = s % n;
-    /* Fisher-Yates over [0, n) with this epoch's stream; n is the training set (small or cached) */
-    int64_t *perm = malloc((size_t)n * sizeof *perm);
-    MMC_CHECK(perm, "out of memory");
-    for (int64_t i = 0; i < n; i++) perm[i] = i;
-    mmc_rng r;
-    mmc_rng_init(&r, (uint64_t)t->cfg->training.seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
-    for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1)), tmp = perm[i];
-        perm[i] = perm[j], perm[j] = tmp;
+/* The dataset index of global sample s: a seeded permutation of each epoch, drawn once per epoch
+ * (Fisher-Yates with the epoch's own stream) and kept until the data moves to the next one. */
+static int64_t sample_at(mmc_trainer *t, int64_t s) {
+    mmc_fm_data *f = t->fm;
+    const int64_t n = f->n, epoch = s / n, k = s % n;
+    if (!t->cfg->data.shuffle) return k;
+    if (!f->perm || f->perm_epoch != epoch) {
+        if (!f->perm) {
+            f->perm = malloc((size_t)n * sizeof *f->perm);
+            MMC_CHECK(f->perm, "out of memory");
+        }
+        for (int64_t i = 0; i < n; i++) f->perm[i] = i;
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)t->cfg->training.seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
+        for (int64_t i = n - 1; i > 0; i--) {
+            int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1)), tmp = f->perm[i];
+            f->perm[i] = f->perm[j], f->perm[j] = tmp;
+        }
+        f->perm_epoch = epoch;
     }
-    int64_t v = t->cfg->data.shuffle ? perm[k] : k;
-    free(perm);
-    return v;
+    return f->perm[k];
 }
 
 mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss) {
