@@ -76,6 +76,9 @@ const mmc_diffusers_component *mmc_diffusers_find(const mmc_diffusers_dir *d, co
 void mmc_diffusers_path(const mmc_diffusers_dir *d, const char *component, const char *file,
                         char *buf, size_t n);
 const char *mmc_dcomp_kind_name(mmc_dcomp_kind k);
+/* MMC_ERR_INVALID naming the nearest valid size (halves rounded up) unless height and width are
+ * positive multiples of `multiple`; why says where the multiple comes from. */
+mmc_status mmc_diffusion_check_size(int height, int width, int multiple, const char *why);
 /* A table for `mmc info`: pipeline, then one line per component with its library/class,
  * kind, parameter count and dtypes, and whether mmc runs it. */
 void mmc_diffusers_print(const mmc_diffusers_dir *d, FILE *f);
@@ -294,6 +297,16 @@ void mmc_flux_pipeline_borrow_transformer(mmc_flux_pipeline *p, mmc_flux *m);
 /* A diffusers LoRA (a folder with pytorch_lora_weights.safetensors, or the file) on the
  * transformer, applied unmerged at scale weight x alpha / r. One adapter at a time. */
 mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, float weight);
+
+/* The pipelines' text-encoder calls (src/diffusion/prompt_encoders.c): persistent copies, the
+ * encoders loaded and freed inside. CLIP over prompts padded to the tokenizer's model_max_length:
+ * any of hidden_states[-2] [B, L, C], pooler_output [B, C], text_embeds [B, P] (an error without a
+ * projection); T5's last_hidden_state [B, T, d] over T padded tokens, tokenized as transformers 5
+ * rebuilds T5Tokenizer (MMC_T5_PIPELINE_TRANSFORMERS5), as diffusers runs it. */
+mmc_status mmc_pipe_clip_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
+                                int B, mmc_tensor **penultimate, mmc_tensor **pooled, mmc_tensor **text_embeds);
+mmc_status mmc_pipe_t5_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
+                              int B, int max_sequence_length, mmc_tensor **states);
 
 /* ---------------------------------------------------------------- StableDiffusion3Pipeline
  * text -> image from a StableDiffusion3Pipeline folder: src/diffusion/sd3_pipeline.c. Prompt

@@ -134,6 +134,14 @@ void mmc_diffusers_path(const mmc_diffusers_dir *d, const char *component, const
     else snprintf(buf, n, "%s/%s", d->dir, component);      /* the component's folder */
 }
 
+mmc_status mmc_diffusion_check_size(int height, int width, int multiple, const char *why) {
+    const int m = multiple;
+    if (height >= m && width >= m && height % m == 0 && width % m == 0) return MMC_OK;
+    const int nh = height < m ? m : (height + m / 2) / m * m, nw = width < m ? m : (width + m / 2) / m * m;
+    return mmc_error(MMC_ERR_INVALID, "image size %dx%d (width x height): both must be positive multiples of %d for "
+                     "this pipeline (%s); the nearest valid size is %dx%d", width, height, m, why, nw, nh);
+}
+
 const mmc_diffusers_component *mmc_diffusers_find(const mmc_diffusers_dir *d, const char *name) {
     for (int i = 0; i < d->n; i++)
         if (!strcmp(d->comp[i].name, name)) return &d->comp[i];

@@ -79,12 +79,9 @@ const mmc_flux_config *mmc_flux_pipeline_transformer_cfg(const mmc_flux_pipeline
 int mmc_flux_pipeline_vae_scale(const mmc_flux_pipeline *p) { return 1 << (p->vae_cfg.levels - 1); }
 
 mmc_status mmc_flux_check_size(const mmc_flux_pipeline *p, int height, int width) {
-    const int m = 2 * mmc_flux_pipeline_vae_scale(p);       /* the VAE's factor x the 2x2 packing */
-    if (height >= m && width >= m && height % m == 0 && width % m == 0) return MMC_OK;
-    int nh = height < m ? m : (int)lround((double)height / m) * m, nw = width < m ? m : (int)lround((double)width / m) * m;
-    return mmc_error(MMC_ERR_INVALID, "image size %dx%d (width x height): both must be positive multiples of %d for "
-                     "this pipeline (VAE factor %d x 2x2 latent packing); the nearest valid size is %dx%d", width,
-                     height, m, m / 2, nw, nh);
+    char why[64];
+    snprintf(why, sizeof why, "VAE factor %d x 2x2 latent packing", mmc_flux_pipeline_vae_scale(p));
+    return mmc_diffusion_check_size(height, width, 2 * mmc_flux_pipeline_vae_scale(p), why);
 }
 
 int64_t mmc_flux_image_tokens(const mmc_flux_pipeline *p, int height, int width) {

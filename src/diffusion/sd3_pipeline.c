@@ -14,7 +14,6 @@
  *
  * The text encoders load for encode_prompt and are freed before it returns. */
 #include "mmc_diffusion.h"
-#include "mmc_encoders.h"
 #include "mmc_lora.h"
 
 #include <stdlib.h>
@@ -100,53 +99,20 @@ void mmc_sd3_latent_size(const mmc_sd3_pipeline *p, int height, int width, int64
 }
 
 mmc_status mmc_sd3_check_size(const mmc_sd3_pipeline *p, int height, int width) {
-    const int m = (1 << (p->vae_cfg.levels - 1)) * (int)p->tr_cfg.patch_size;
-    if (height >= m && width >= m && height % m == 0 && width % m == 0) return MMC_OK;
-    int nh = height < m ? m : (int)((height + m / 2) / m) * m, nw = width < m ? m : (int)((width + m / 2) / m) * m;
-    return mmc_error(MMC_ERR_INVALID, "image size %dx%d (width x height): both must be positive multiples of %d for "
-                     "this pipeline (VAE factor x patch size); the nearest valid size is %dx%d", width, height, m, nw, nh);
-}
-
-/* one CLIP: hidden_states[-2] [B, 77, C] and the projected pooled output [B, P] (both persistent) */
-static mmc_status clip_embeds(mmc_ctx *ctx, const char *te, const char *tok, const char *const *prompts, int B,
-                              mmc_tensor **hidden, mmc_tensor **pooled) {
-    mmc_clip_tokenizer *ct = NULL;
-    mmc_clip_text *m = NULL;
-    mmc_status st;
-    if ((st = mmc_clip_tokenizer_load(tok, &ct)) || (st = mmc_clip_text_load(te, &m))) goto done;
-    const int L = mmc_clip_tokenizer_model_max_length(ct);
-    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L));
-    for (int b = 0; b < B && !st; b++)
-        st = mmc_clip_tokenizer_encode_padded(ct, prompts[b], L, (int32_t *)ids->data + (int64_t)b * L, NULL, NULL);
-    mmc_clip_text_out o;
-    if (st || (st = mmc_clip_text_forward(ctx, m, ids, NULL, &o))) goto done;
-    if (!o.text_embeds) {
-        st = mmc_error(MMC_ERR_FORMAT, "%s: SD3 takes CLIPTextModelWithProjection (a text_projection)", te);
-        goto done;
-    }
-    *hidden = mmc_tensor_new(MMC_F32, 3, o.penultimate->shape);
-    *pooled = mmc_tensor_new(MMC_F32, 2, o.text_embeds->shape);
-    memcpy((*hidden)->data, o.penultimate->data, mmc_nbytes(o.penultimate));
-    memcpy((*pooled)->data, o.text_embeds->data, mmc_nbytes(o.text_embeds));
-done:
-    mmc_clip_text_free(m);
-    mmc_clip_tokenizer_free(ct);
-    return st;
+    return mmc_diffusion_check_size(height, width, (1 << (p->vae_cfg.levels - 1)) * (int)p->tr_cfg.patch_size,
+                                    "VAE factor x patch size");
 }
 
 mmc_status mmc_sd3_encode_prompt(mmc_ctx *ctx, mmc_sd3_pipeline *p, const char *const *prompts, int B,
                                  int max_sequence_length, mmc_flux_cond *out) {
     memset(out, 0, sizeof *out);
-    const bool was = mmc_set_grad_enabled(ctx, false);
     mmc_tensor *h[2] = {0}, *pl[2] = {0}, *t5h = NULL;
-    mmc_t5_tokenizer *tt = NULL;
-    mmc_t5_encoder *t5 = NULL;
     char tok[1100];
     mmc_status st;
-    mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);
-    if ((st = clip_embeds(ctx, p->path[S_TE1], tok, prompts, B, &h[0], &pl[0]))) goto done;
+    mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);   /* hidden_states[-2] and text_embeds of each CLIP */
+    if ((st = mmc_pipe_clip_encode(ctx, tok, p->path[S_TE1], prompts, B, &h[0], NULL, &pl[0]))) goto done;
     mmc_diffusers_path(&p->dir, "tokenizer_2", "", tok, sizeof tok);
-    if ((st = clip_embeds(ctx, p->path[S_TE2], tok, prompts, B, &h[1], &pl[1]))) goto done;
+    if ((st = mmc_pipe_clip_encode(ctx, tok, p->path[S_TE2], prompts, B, &h[1], NULL, &pl[1]))) goto done;
     const int64_t J = p->tr_cfg.joint_attention_dim, T = max_sequence_length, L = h[0]->shape[1];
     const int64_t C0 = h[0]->shape[2], C1 = h[1]->shape[2], P0 = pl[0]->shape[1], P1 = pl[1]->shape[1];
     if (C0 + C1 > J || P0 + P1 != p->tr_cfg.pooled_projection_dim || h[1]->shape[1] != L) {
@@ -158,12 +124,7 @@ mmc_status mmc_sd3_encode_prompt(mmc_ctx *ctx, mmc_sd3_pipeline *p, const char *
     }
     if (p->has_t5) {
         mmc_diffusers_path(&p->dir, "tokenizer_3", "", tok, sizeof tok);
-        /* transformers 5's rebuilt T5 pipeline, as diffusers runs it (see flux_prompt.c) */
-        if ((st = mmc_t5_tokenizer_load_pipeline(tok, MMC_T5_PIPELINE_TRANSFORMERS5, &tt)) || (st = mmc_t5_encoder_load(p->path[S_TE3], &t5))) goto done;
-        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));
-        for (int b = 0; b < B && !st; b++)
-            st = mmc_t5_tokenizer_encode_padded(tt, prompts[b], (int)T, (int32_t *)ids->data + (int64_t)b * T, NULL, NULL);
-        if (st || (st = mmc_t5_encoder_forward(ctx, t5, ids, NULL, &t5h, NULL))) goto done;
+        if ((st = mmc_pipe_t5_encode(ctx, tok, p->path[S_TE3], prompts, B, (int)T, &t5h))) goto done;
         if (t5h->shape[2] != J) {
             st = mmc_error(MMC_ERR_FORMAT, "%s: T5 gives %lld channels, the transformer's joint_attention_dim is %lld",
                            p->dir.dir, (long long)t5h->shape[2], (long long)J);
@@ -187,9 +148,7 @@ mmc_status mmc_sd3_encode_prompt(mmc_ctx *ctx, mmc_sd3_pipeline *p, const char *
     }
 done:
     for (int i = 0; i < 2; i++) mmc_tensor_free(h[i]), mmc_tensor_free(pl[i]);
-    mmc_t5_encoder_free(t5);
-    mmc_t5_tokenizer_free(tt);
-    mmc_set_grad_enabled(ctx, was);
+    mmc_tensor_free(t5h);
     if (st) mmc_flux_cond_free(out);
     return st;
 }
