@@ -72,26 +72,33 @@ static void on_step(void *u, int step, int n, double secs) {
 }
 
 /* "--latents": tensor "latents" (or the only tensor), packed or [B, C, h, w]. */
-static mmc_status load_latents(mmc_ctx *ctx, const char *path, int64_t B, int64_t S, int64_t Cin, int64_t h, int64_t w,
-                               mmc_tensor **out) {
+/* --latents F: the tensor "latents" (or the file's only tensor), as stored, into ctx. */
+static mmc_status read_latents(mmc_ctx *ctx, const char *path, mmc_tensor **out) {
     mmc_st *st = NULL;
     mmc_status s = mmc_st_open(path, &st);
     if (s) return s;
     const mmc_st_entry *e = mmc_st_find(st, "latents");
     if (!e && mmc_st_count(st) == 1) e = mmc_st_at(st, 0);
     if (!e) { mmc_st_close(st); return mmc_error(MMC_ERR_FORMAT, "%s: no tensor \"latents\"", path); }
-    const bool packed = e->ndim == 3 && e->shape[0] == B && e->shape[1] == S && e->shape[2] == Cin;
-    const bool plain = e->ndim == 4 && e->shape[0] == B && e->shape[1] == Cin / 4 && e->shape[2] == h && e->shape[3] == w;
-    if (!packed && !plain) {
-        mmc_st_close(st);
-        return mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld] (packed) or [%lld, %lld, %lld, %lld] for "
-                         "this size and batch", path, (long long)B, (long long)S, (long long)Cin, (long long)B,
-                         (long long)Cin / 4, (long long)h, (long long)w);
-    }
     mmc_tensor *t = mmc_new(ctx, MMC_F32, e->ndim, e->shape);
     s = mmc_st_read_into(st, e->name, t);
     mmc_st_close(st);
+    if (!s) *out = t;
+    return s;
+}
+
+/* Flux: the packed [B, S, 4C] latents FluxPipeline takes, or plain [B, C, h, w] ones packed here. */
+static mmc_status load_latents(mmc_ctx *ctx, const char *path, int64_t B, int64_t S, int64_t Cin, int64_t h, int64_t w,
+                               mmc_tensor **out) {
+    mmc_tensor *t = NULL;
+    mmc_status s = read_latents(ctx, path, &t);
     if (s) return s;
+    const bool packed = t->ndim == 3 && t->shape[0] == B && t->shape[1] == S && t->shape[2] == Cin;
+    const bool plain = t->ndim == 4 && t->shape[0] == B && t->shape[1] == Cin / 4 && t->shape[2] == h && t->shape[3] == w;
+    if (!packed && !plain)
+        return mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld] (packed) or [%lld, %lld, %lld, %lld] for "
+                         "this size and batch", path, (long long)B, (long long)S, (long long)Cin, (long long)B,
+                         (long long)Cin / 4, (long long)h, (long long)w);
     *out = packed ? t : mmc_flux_pack_latents(ctx, t);
     return MMC_OK;
 }
@@ -206,14 +213,15 @@ static int run_sd3(const gi_args *a, int B, bool tiled, progress_state *ps) {
     mmc_sd3_latent_size(p, (int)a->height, (int)a->width, &shape[2], &shape[3]);
     lat = mmc_tensor_new(MMC_F32, 4, shape);
     if (a->latents_path) {
-        mmc_st *lf = NULL;
-        if ((st = mmc_st_open(a->latents_path, &lf))) goto done;
-        const mmc_st_entry *e = mmc_st_find(lf, "latents");
-        if (!e && mmc_st_count(lf) == 1) e = mmc_st_at(lf, 0);
-        st = e ? mmc_st_read_into(lf, e->name, lat)
-               : mmc_error(MMC_ERR_FORMAT, "%s: no tensor \"latents\"", a->latents_path);
-        mmc_st_close(lf);
-        if (st) goto done;
+        mmc_tensor *t = NULL;
+        if ((st = read_latents(ctx, a->latents_path, &t))) goto done;
+        if (!mmc_same_shape(t, lat)) {
+            st = mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch",
+                           a->latents_path, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                           (long long)shape[3]);
+            goto done;
+        }
+        memcpy(lat->data, t->data, mmc_nbytes(lat));
     } else {
         mmc_rng r;
         mmc_rng_init(&r, (uint64_t)a->seed);
