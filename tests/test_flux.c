@@ -118,6 +118,24 @@ static void check_lora(void) {
     CHECK_ERR(mmc_lora_load_diffusers("tests/fixtures/flux/lora_s", "transformer", &gl, 1.0f, false, &s), MMC_ERR_NOT_FOUND);
     CHECK(strstr(mmc_last_error(), "12 problems") && strstr(mmc_last_error(), "'proj_out': adapter for a [16, 16] weight, the module is [8, 36]"));
     CHECK_ERR(mmc_lora_load_diffusers("tests/fixtures/flux/lora_s", "unet", &ml, 1.0f, false, &s), MMC_ERR_FORMAT);
+    /* a file whose adapter metadata is not JSON: an error naming it, not a crash */
+    char tmp[] = "/tmp/mmc_flux_badlora_XXXXXX";
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    mmc_stw *bw = mmc_stw_new();
+    mmc_tensor *a = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(4, 16)), *bt = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(16, 4));
+    memset(a->data, 0, mmc_nbytes(a)), memset(bt->data, 0, mmc_nbytes(bt));
+    char bp[256];
+    snprintf(bp, sizeof bp, "%s/pytorch_lora_weights.safetensors", tmp);
+    CHECK_OK(mmc_stw_add(bw, "transformer.proj_out.lora_A.weight", a));
+    CHECK_OK(mmc_stw_add(bw, "transformer.proj_out.lora_B.weight", bt));
+    CHECK_OK(mmc_stw_set_metadata(bw, "lora_adapter_metadata", "{\"transformer.r\": 4,"));
+    CHECK_OK(mmc_stw_write(bw, bp));
+    mmc_stw_free(bw);
+    CHECK_ERR(mmc_lora_load_diffusers(tmp, "transformer", &ml, 1.0f, false, &s), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "lora_adapter_metadata is not JSON") != NULL);
+    mmc_tensor_free(a), mmc_tensor_free(bt);
+    snprintf(bp, sizeof bp, "rm -rf %s", tmp);
+    MMC_CHECK(system(bp) == 0, "rm");
     mmc_module_list_free(&gl);
     mmc_flux_free(g);
     mmc_module_list_free(&ml);

@@ -160,6 +160,11 @@ if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
 else
   echo "test_flux_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
 fi
+# a malformed metadata.jsonl line is an error naming the file and line, before any training
+mkdir -p "$T/badset" && printf '{"file_name": "00.png", "text": "ok"}\n{"file_name": 3}\n' >"$T/badset/metadata.jsonl"
+sed -e "s|train: tests/fixtures/flux/imagefolder|train: $T/badset|" -e "s|output_dir: $T/run|output_dir: $T/bad|" "$T/run.yaml" >"$T/bad.yaml"
+expect_rc 1 "$MMC" train "$T/bad.yaml"
+expect_err "metadata.jsonl:2: expected a JSON object"
 # from scratch: model.init gives the transformer (random init), the pipeline folder the rest; full
 # checkpoints are the transformer folder, which generate-image's pipeline can load
 cat >"$T/init.yaml" <<YAML
