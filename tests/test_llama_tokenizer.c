@@ -10,6 +10,8 @@
  *   - 216 texts (16 written, 200 random over words, other scripts, emoji, spaces, special tokens);
  *   - decode with and without special tokens equal to transformers' tokenizer.decode (byte
  *     fallback runs joined, the leading space stripped), single ids too;
+ *   - a LLaVA checkpoint's copy of the Hub files (model_type "llava": transformers 5 keeps the file's
+ *     pipeline for it) gives the raw file's ids;
  *   - offsets: every token's span lies in the text, in order (what chat masks are built from). */
 #include "mmc_tokenizer.h"
 #include "test_util.h"
@@ -149,6 +151,25 @@ int main(int argc, char **argv) {
             check_layout(exp, layouts[i], false);
         }
     }
+    /* a LLaVA checkpoint (config.json model_type "llava") with the same files: transformers 5 loads
+     * its tokenizer.json as written (TokenizersBackend), so the raw file's ids, not the rebuild's */
+    mmc_tokenizer *t = NULL;
+    CHECK_OK(mmc_tokenizer_load("tests/fixtures/llava/hub_llama", &t));
+    if (t && exp) {
+        const cJSON *lay = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "layouts"), "llama_tok_hub");
+        int bad = 0, i = 0;
+        const cJSON *tx;
+        cJSON_ArrayForEach(tx, cJSON_GetObjectItem(exp, "texts")) {
+            int32_t *ids = NULL;
+            int64_t n = 0;
+            CHECK_OK(mmc_tokenizer_encode(t, tx->valuestring, -1, true, &ids, &n));
+            if (!ids_equal(ids, n, cJSON_GetArrayItem(cJSON_GetObjectItem(lay, "raw"), i))) bad++;
+            free(ids);
+            i++;
+        }
+        CHECKF(bad == 0, "llava/hub_llama: %d texts unlike the file's own pipeline (transformers 5 keeps it for llava)", bad);
+    }
+    mmc_tokenizer_free(t);
     cJSON_Delete(exp);
     return test_done("test_llama_tokenizer");
 }

@@ -64,6 +64,7 @@ struct mmc_tokenizer {
     bool dec_byte_fallback;     /* decoder turns "<0xXX>" tokens into bytes */
     int dec_strip_left;         /* decoder strips this many leading spaces of the text */
     bool tf5_llama;             /* tokenizer_class LlamaTokenizer: transformers 5's own pipeline */
+    char model_type[64];        /* config.json beside tokenizer.json ("" if none) */
     /* added tokens, and for each first byte the candidates (longest first) */
     tok_added *added;
     int n_added, cap_added;

@@ -1127,6 +1127,27 @@ static mmc_status parse_spm_decoder(mmc_tokenizer *t, const cJSON *d) {
  * and merges, whatever tokenizer.json's normalizer / pre_tokenizer / decoder say. */
 typedef struct { bool llama, add_prefix_space, legacy, add_bos, add_eos; char bos[64], eos[64]; } tok_cfg_peek;
 
+/* Model types whose tokenizer transformers 5.23 loads as TokenizersBackend, i.e. tokenizer.json as
+ * written, even when tokenizer_config.json names LlamaTokenizer (its TOKENIZER_MAPPING_NAMES and
+ * MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): LLaVA-1.5 / NeXT, Mistral, InternLM2, Phi-3 ... */
+static const char *const TF5_FILE_AS_WRITTEN[] = {
+    "EvollaModel", "arctic", "aria", "beam", "bigbird_pegasus", "camembertv2-base", "canary", "chatlm", "cohere_asr",
+    "ernie4_5", "ernie4_5_moe", "flex_olmo", "fuyu", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm4v", "glm4v_moe",
+    "glm_image", "glmasr", "got_ocr2", "gpt_bigcode", "gradium_phonon_tts", "granite", "granitemoe", "granitemoehybrid",
+    "granitemoeshared", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm", "internlm2", "internlm3", "iquestcoder", "jamba",
+    "kimi_k25", "kimi_linear", "kosmos-2", "llava", "llava_next", "mimo_v2_flash", "minicpm3", "minicpm_ocr", "minicpmv",
+    "minicpmv4_6", "minicpmv4_7", "minimax_m2", "ministral", "ministral3", "mistral", "mistral3", "mistral_large4",
+    "mixtral", "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemo_speechlm", "nemotron", "nvfp4",
+    "nystromformer", "olmo2", "olmo3", "olmo_hybrid", "opencua", "openvla", "paddleocr_vl", "pegasus_x", "persimmon",
+    "phi3", "phi3_v", "phimoe", "pix2struct", "pixtral", "pocket_tts", "smolvlm", "stablelm", "step3_vl", "umt5",
+    "vipllava", "voxtral", "voxtral_realtime", "xlm-roberta-xl"};
+
+static bool tf5_file_as_written(const char *model_type) {
+    for (size_t i = 0; i < sizeof TF5_FILE_AS_WRITTEN / sizeof *TF5_FILE_AS_WRITTEN; i++)
+        if (!strcmp(model_type, TF5_FILE_AS_WRITTEN[i])) return true;
+    return false;
+}
+
 static void peek_config(const char *cbuf, size_t cn, tok_cfg_peek *pk) {
     memset(pk, 0, sizeof *pk);
     pk->add_prefix_space = true;
@@ -1374,6 +1395,10 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
     t->fuse_unk = jbool(model, "fuse_unk", false);
     tok_cfg_peek pk;
     peek_config(cbuf, cn, &pk);
+    /* transformers 5 keeps the file's pipeline for these model types, and for a ByteLevel file */
+    const char *ptype = jstr(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "type");
+    if (pk.llama && (tf5_file_as_written(t->model_type) || (ptype && !strcmp(ptype, "ByteLevel")) ||
+                     memmem(buf, n, "\"ByteLevel\"", 11))) pk.llama = false;
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     if (pk.llama) { /* transformers 5's LlamaTokenizer.__init__, whatever the file's pipeline */
         t->tf5_llama = t->spm = t->spm_meta = true;
@@ -1599,6 +1624,20 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
     else if (st) st = mmc_error_prefix(st, "tokenizer config");
     mmc_tokenizer *t = NULL;
     if (!st) st = tokenizer_new(jpath, &t);
+    if (!st) { /* the model's config.json beside it: its model_type decides transformers 5's class */
+        char mpath[1040], *mb = NULL;
+        size_t mn = 0;
+        const char *sl = strrchr(cpath, '/');
+        snprintf(mpath, sizeof mpath, "%.*s%sconfig.json", sl ? (int)(sl - cpath) : 0, cpath, sl ? "/" : "");
+        if (mmc_read_file(mpath, &mb, &mn) == MMC_OK) {
+            cJSON *mj = cJSON_ParseWithLength(mb, mn);
+            const char *mt = jstr(mj, "model_type");
+            if (mt) snprintf(t->model_type, sizeof t->model_type, "%s", mt);
+            cJSON_Delete(mj);
+            free(mb);
+        }
+        mmc_clear_error();
+    }
     if (!st && (st = load_buffers(t, buf, n, cbuf, cn, cpath))) { mmc_tokenizer_free(t); t = NULL; }
     free(buf);
     free(cbuf);
