@@ -7,6 +7,8 @@
  *     transformers 5's AutoTokenizer, which rebuilds the pipeline from the vocab and merges
  *     (the legacy Hub file then tokenizes differently from its own JSON: after "<image>", no
  *     "▁" is prepended); without a config, the ids of tokenizers on the file as written;
+ *   - llama_tok_joined: a merge joins a character to a following "▁", so the fast path (BPE per
+ *     "▁"-run + word, with the word cache) must not be taken: ids still equal;
  *   - 216 texts (16 written, 200 random over words, other scripts, emoji, spaces, special tokens);
  *   - decode with and without special tokens equal to transformers' tokenizer.decode (byte
  *     fallback runs joined, the leading space stripped), single ids too;
@@ -145,8 +147,8 @@ int main(int argc, char **argv) {
     free(buf);
     CHECK(exp != NULL);
     if (exp) {
-        static const char *layouts[] = {"llama_tok_hub", "llama_tok_meta", "llama_tok_v5"};
-        for (int i = 0; i < 3; i++) {
+        static const char *layouts[] = {"llama_tok_hub", "llama_tok_meta", "llama_tok_v5", "llama_tok_joined"};
+        for (int i = 0; i < 4; i++) {
             check_layout(exp, layouts[i], true);
             check_layout(exp, layouts[i], false);
         }

@@ -61,6 +61,7 @@ struct mmc_tokenizer {
     bool spm_meta;              /* pre_tokenizer Metaspace("▁") */
     int spm_prepend;            /* Metaspace prepend_scheme: 0 never, 1 always, 2 first */
     bool spm_split;             /* Metaspace split: pieces start at each "▁" */
+    bool spm_word_split;        /* no merge joins a character to a following "▁": BPE per "▁" run + word */
     bool dec_byte_fallback;     /* decoder turns "<0xXX>" tokens into bytes */
     int dec_strip_left;         /* decoder strips this many leading spaces of the text */
     bool tf5_llama;             /* tokenizer_class LlamaTokenizer: transformers 5's own pipeline */

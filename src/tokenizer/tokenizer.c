@@ -536,9 +536,12 @@ static mmc_status split_level(const mmc_tokenizer *t, tok_scratch *sc, int level
     if (n <= 0) return MMC_OK;
     if (level == t->n_splits) {
         int64_t start = 0;
-        if (t->spm && t->spm_split) /* Metaspace split (MergedWithNext): a piece starts at each "▁" */
+        /* Metaspace split (MergedWithNext): a piece starts at each "▁". Without it, a piece may still
+         * start at each run of "▁" when no merge can join a character to a following "▁"
+         * (spm_word_split, checked at load): the same tokens, and the word cache applies. */
+        if (t->spm && (t->spm_split || t->spm_word_split))
             for (int64_t p = 1; p + 3 <= n; p++)
-                if (!memcmp(s + p, SPM_SPACE, 3)) {
+                if (!memcmp(s + p, SPM_SPACE, 3) && (t->spm_split || p < 3 || memcmp(s + p - 3, SPM_SPACE, 3))) {
                     if (!bpe_word(t, sc, (const uint8_t *)s + start, p - start, off + start, o))
                         return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
                     start = p;
@@ -1498,6 +1501,8 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
     if (t->tf5_llama) t->unk_id = -1; /* its BPE is built without an unk token: unknown characters are dropped */
 
     /* merges */
+    t->spm_word_split = t->spm && !t->spm_split && !t->ignore_merges &&
+                        strmap_get(t, &t->vocab_bytes, true, SPM_SPACE, 3) >= 0;
     int nm = cJSON_GetArraySize(merges);
     uint32_t cap = 16;
     while (cap < (uint32_t)nm * 2 + 16) cap <<= 1;
@@ -1540,6 +1545,12 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
                            (int)(la < NAME_MAX_SHOWN ? la : NAME_MAX_SHOWN), a, (int)(lb < NAME_MAX_SHOWN ? lb : NAME_MAX_SHOWN), b);
             goto fail;
         }
+        if (t->spm_word_split) /* a merged token with a character then "▁" forbids splitting at "▁" runs */
+            for (size_t q = 1; q + 3 <= la + lb; q++)
+                if (!memcmp(tmp + q, SPM_SPACE, 3) && (q < 3 || memcmp(tmp + q - 3, SPM_SPACE, 3))) {
+                    t->spm_word_split = false;
+                    break;
+                }
         uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
         uint32_t i = (uint32_t)hash_u64(key) & t->mmask;
         while (t->mrank[i] >= 0 && t->mkey[i] != key) i = (i + 1) & t->mmask;

@@ -15,6 +15,8 @@ spaces, fuse_unk (tests/test_llama_tokenizer.c). Written by tokenizers / transfo
   legacy false, add_bos_token true).
 * llama_tok_meta/: the non-legacy layout (transformers >= 4.40's LlamaConverter with legacy=False, e.g.
   Mistral's files): normalizer null, pre_tokenizer Metaspace(prepend_scheme "first", split false).
+* llama_tok_joined/: llama_tok_meta plus a merge "s" + "▁" (a token spanning a character and a following
+  "▁"), no tokenizer_config.json: BPE must then run over whole sections.
 * llama_tok_v5/: llama_tok_hub loaded with AutoTokenizer and saved with save_pretrained by
   transformers 5, untouched.
 * expected.json: for each layout and each text, the ids of (a) tokenizers on the file as written
@@ -139,6 +141,18 @@ for name, legacy in (("llama_tok_hub", True), ("llama_tok_meta", False)):
     build(legacy).save(os.path.join(d, "tokenizer.json"))
     hub_config(d)
     dirs[name] = d
+# llama_tok_joined/: the non-legacy layout plus a merge that joins a character to a following "▁"
+# ("s" + "▁", first in rank): mmc may then not split at "▁" runs (its fast path); no
+# tokenizer_config.json, so both sides run the file's own pipeline.
+d = os.path.join(OUT, "llama_tok_joined")
+os.makedirs(d)
+vocab_j = dict(vocab)
+vocab_j["s\u2581"] = len(vocab_j)
+saved_vm = (vocab, merges)
+vocab, merges = vocab_j, [("s", "\u2581")] + list(merges)
+build(False).save(os.path.join(d, "tokenizer.json"))
+vocab, merges = saved_vm
+dirs["llama_tok_joined"] = d
 v5 = os.path.join(OUT, "llama_tok_v5")
 AutoTokenizer.from_pretrained(dirs["llama_tok_hub"]).save_pretrained(v5)
 dirs["llama_tok_v5"] = v5
@@ -193,3 +207,29 @@ for name, with_cfg in (("llama_tok_hub", True), ("llama_tok_meta", False)):
             blob += b"\0" + f.read()
     with open(os.path.join(SEEDS, f"spm_{name}{'_cfg' if with_cfg else ''}.json"), "wb") as f:
         f.write(blob)
+
+# bench/data/llama_spm_8k/: a Llama-shaped tokenizer for bench/bench_tokenizer.c (the "llama" rows):
+# SentencePiece BPE with byte fallback, 8000 pieces, trained on the first 400 kB of the benchmark
+# corpus (bench/data/tokenizer_corpus.txt), in the non-legacy layout (Metaspace "first").
+corpus = os.path.join(ROOT, "bench", "data", "tokenizer_corpus.txt")
+if os.path.exists(corpus):
+    lines = open(corpus, encoding="utf-8").read()[:400000].splitlines()
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, model_type="bpe",
+                                   vocab_size=8000, byte_fallback=True, split_digits=True,
+                                   normalization_rule_name="identity", add_dummy_prefix=True,
+                                   allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+                                   character_coverage=0.9995, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   num_threads=1, hard_vocab_limit=False, max_sentence_length=1 << 16)
+    with open(tmp, "wb") as f:
+        f.write(model.getvalue())
+    kw = SentencePieceExtractor(tmp).extract(BPE)
+    os.remove(tmp)
+    vocab, merges = kw["vocab"], kw["merges"]
+    n_base = len(vocab)
+    d = os.path.join(ROOT, "bench", "data", "llama_spm_8k")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    build(False).save(os.path.join(d, "tokenizer.json"))
+    hub_config(d)
+    print("bench tokenizer:", n_base, "pieces,", len(merges), "merges")
