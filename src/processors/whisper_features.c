@@ -26,6 +26,8 @@
 #define MAX_MELS 1024
 #define MAX_NFFT 8192
 
+typedef float mmc_fftvf __attribute__((vector_size(4 * MMC_FFT_LANES)));
+
 typedef struct {
     mmc_rfft *fft;
     double *window;      /* [n_fft] np.hanning(n_fft + 1)[:-1] */
@@ -270,33 +272,42 @@ mmc_status mmc_whisper_features(const mmc_whisper_fe *fe, const float *pcm, int6
         x[L - 1 + i] = x[L - 1 - i];
     }
     mmc_status st = MMC_OK;
-    int wl = mmc_rfft_work_len(p->fft);
+    const int L8 = MMC_FFT_LANES, wl = mmc_rfft_work_lanes(p->fft), nblk = (T + L8 - 1) / L8;
     float gmax = -FLT_MAX;
-    /* the frames are small (n_fft 400): threads only pay from a few hundred frames on */
+    /* MMC_FFT_LANES frames per step, one per vector lane; blocks of frames split across
+     * threads, which pay from a few hundred frames on */
 #pragma omp parallel if ((int64_t)T * nfft > (1 << 17)) reduction(max : gmax)
     {
-        double *frame = malloc(sizeof(double) * (size_t)(nfft + 3 * nf + wl));
+        mmc_fftv *frame = aligned_alloc(sizeof(mmc_fftv), sizeof(mmc_fftv) * (size_t)(nfft + 3 * nf + wl));
         if (!frame) {
 #pragma omp critical
             st = mmc_error(MMC_ERR_OOM, "whisper features: out of memory");
         } else {
-            double *re = frame + nfft, *im = re + nf, *pw = im + nf, *work = pw + nf;
+            mmc_fftv *re = frame + nfft, *im = re + nf, *pw = im + nf, *work = pw + nf;
 #pragma omp for schedule(static)
-            for (int t = 0; t < T; t++) {
-                const float *s = buf + (size_t)t * hop;
-                for (int j = 0; j < nfft; j++) frame[j] = (double)s[j] * p->window[j];
-                mmc_rfft_exec(p->fft, frame, re, im, work);
+            for (int blk = 0; blk < nblk; blk++) {
+                int t0 = blk * L8, nl = T - t0 < L8 ? T - t0 : L8;
+                for (int j = 0; j < nfft; j++) {
+                    mmc_fftv v = {0};
+                    for (int l = 0; l < nl; l++) v[l] = (double)buf[(size_t)(t0 + l) * hop + j];
+                    frame[j] = v * p->window[j];
+                }
+                mmc_rfft_exec_lanes(p->fft, frame, re, im, work);
                 for (int f = 0; f < nf; f++) {   /* |complex64|^2 in float64, as numpy */
-                    double a = (float)re[f], b = (float)im[f];
+                    mmc_fftv a = __builtin_convertvector(__builtin_convertvector(re[f], mmc_fftvf), mmc_fftv);
+                    mmc_fftv b = __builtin_convertvector(__builtin_convertvector(im[f], mmc_fftvf), mmc_fftv);
                     pw[f] = a * a + b * b;
                 }
                 for (int m = 0; m < nm; m++) {
                     const double *w = p->filt + (size_t)m * nf;
-                    double acc = 0;
+                    mmc_fftv acc = {0};
                     for (int f = p->lo[m]; f < p->hi[m]; f++) acc += w[f] * pw[f];
-                    float v = (float)log10(acc > 1e-10 ? acc : 1e-10);
-                    out[(size_t)m * T + t] = v;
-                    if (v > gmax) gmax = v;
+                    float *o = out + (size_t)m * T + t0;
+                    for (int l = 0; l < nl; l++) {
+                        float v = (float)log10(acc[l] > 1e-10 ? acc[l] : 1e-10);
+                        o[l] = v;
+                        if (v > gmax) gmax = v;
+                    }
                 }
             }
             free(frame);
