@@ -7,6 +7,8 @@
  *             and long-form (4500 frames: two windows); the detected language equal
  *   tokenizer: the checkpoint's tokenizer.json loads; the special and timestamp tokens map to the
  *             generation config's ids; decode of a prompt
+ *   layouts: a bare WhisperModel's names ("encoder.*", "decoder.*") with an explicit proj_out.weight
+ *             (logits within 1e-4), and a zero proj_out (logits 0: the stored projection is used)
  *   errors: a wrong frame count, an unknown language, a missing file. */
 #include "test_util.h"
 #include "mmc_tokenizer.h"
@@ -14,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TOL 1e-4
 #define DIR "tests/fixtures/whisper/model"
@@ -141,6 +144,83 @@ static void check_generate(mmc_whisper *m, const mmc_st *exp) {
     free(feats);
 }
 
+/* The other layouts a checkpoint may have: a bare WhisperModel's names ("encoder.*", "decoder.*",
+ * no "model.") and an explicit proj_out.weight. Written to a temp folder from the fixture's
+ * tensors: with proj_out = embed_tokens the logits equal the reference; with proj_out = 0 they
+ * are 0 (the stored projection is the one used, not the tied embedding). */
+static void write_variant(const char *dir, bool zero_proj) {
+    mmc_st *src = NULL;
+    CHECK_OK(mmc_st_open(DIR "/model.safetensors", &src));
+    if (!src) return;
+    mmc_stw *w = mmc_stw_new();
+    float *zeros = NULL;
+    for (int i = 0; i < mmc_st_count(src); i++) {
+        const mmc_st_entry *e = mmc_st_at(src, i);
+        const char *nm = !strncmp(e->name, "model.", 6) ? e->name + 6 : e->name;
+        CHECK_OK(mmc_stw_add_raw(w, nm, e->dtype, e->ndim, e->shape, e->data));
+        if (!strcmp(nm, "decoder.embed_tokens.weight")) {
+            const void *d = e->data;
+            if (zero_proj) d = zeros = calloc(e->nbytes, 1);
+            CHECK_OK(mmc_stw_add_raw(w, "proj_out.weight", e->dtype, e->ndim, e->shape, d));
+        }
+    }
+    char p[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    CHECK_OK(mmc_stw_write(w, p));
+    mmc_stw_free(w);
+    free(zeros);
+    mmc_st_close(src);
+    char *cfg = NULL;
+    size_t n = 0;
+    CHECK_OK(mmc_read_file(DIR "/config.json", &cfg, &n));
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (cfg) CHECK_OK(mmc_write_file_atomic(p, cfg, n));
+    free(cfg);
+}
+
+static void check_layouts(const mmc_st *exp) {
+    char dir[] = "/tmp/mmc_test_whisper_XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(!"mkdtemp"); return; }
+    mmc_tensor *pids = fixture_tensor(exp, "prompt_ids", MMC_I32);
+    mmc_tensor *lw = fixture_tensor(exp, "logits", MMC_F32);
+    int64_t M, F;
+    float *feats = features(exp, &M, &F);
+    for (int zero = 0; zero < 2; zero++) {
+        write_variant(dir, zero);
+        mmc_whisper *m = NULL;
+        CHECK_OK(mmc_whisper_load(dir, &m));
+        if (!m) continue;
+        mmc_ctx *ctx = mmc_ctx_new();
+        mmc_tensor *enc = NULL;
+        mmc_whisper_dec *dec = NULL;
+        const int64_t T = pids->shape[0], V = mmc_whisper_cfg(m)->vocab_size;
+        float *lg = malloc((size_t)(T * V) * sizeof(float));
+        CHECK_OK(mmc_whisper_encode(ctx, m, feats, F, &enc));
+        if (enc) CHECK_OK(mmc_whisper_dec_new(ctx, m, enc, &dec));
+        if (dec) {
+            CHECK_OK(mmc_whisper_dec_step(ctx, dec, pids->data, T, true, lg));
+            mmc_tensor *got = mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(T, V), lg);
+            double d = 0;
+            if (zero) for (int64_t i = 0; i < T * V; i++) d = fmax(d, fabs(lg[i]));
+            else d = max_abs_diff(got, lw);
+            CHECKF(d <= (zero ? 0 : TOL), "layout %s: %.3g", zero ? "proj_out zero" : "WhisperModel names", d);
+            printf("layout %-34s logits %s %.2e\n", zero ? "proj_out.weight = 0:" : "encoder.*/decoder.* + proj_out:",
+                   zero ? "max|x|" : "max|diff|", d);
+            mmc_tensor_free(got);
+            mmc_whisper_dec_free(dec);
+        }
+        free(lg);
+        mmc_ctx_free(ctx);
+        mmc_whisper_free(m);
+    }
+    free(feats);
+    mmc_tensor_free(pids);
+    mmc_tensor_free(lw);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 static void check_tokenizer(void) {
     mmc_tokenizer *tok = NULL;
     CHECK_OK(mmc_tokenizer_load(DIR, &tok));
@@ -187,6 +267,7 @@ int main(int argc, char **argv) {
             printf("whisper: %lld parameters\n", (long long)mmc_whisper_param_count(m));
             if (test_part(argc, argv, "model")) check_model(m, exp);
             if (test_part(argc, argv, "generate")) check_generate(m, exp);
+            if (test_part(argc, argv, "model")) check_layouts(exp);
         }
         if (exp) mmc_st_close(exp);
         mmc_whisper_free(m);
