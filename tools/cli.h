@@ -58,6 +58,8 @@ int cmd_launch(int argc, char **argv);
 void help_launch(FILE *f);
 int cmd_export(int argc, char **argv);
 void help_export(FILE *f);
+int cmd_transcribe(int argc, char **argv);
+void help_transcribe(FILE *f);
 int cmd_generate_image(int argc, char **argv);
 void help_generate_image(FILE *f);
 int cmd_template(int argc, char **argv);

@@ -31,6 +31,8 @@ static const cli_cmd g_cmds[] = {
      cmd_launch, help_launch},
     {"export", "Write a training checkpoint (any rank count / ZeRO stage) as a Hugging Face directory",
      cmd_export, help_export},
+    {"transcribe", "Speech to text with a Whisper checkpoint (language detection, timestamps, JSON / SRT)",
+     cmd_transcribe, help_transcribe},
     {"template", "Render a chat template over messages, exactly as transformers does", cmd_template, help_template},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];

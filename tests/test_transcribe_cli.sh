@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# test_transcribe_cli.sh — `mmc transcribe` on the tiny random Whisper checkpoint of
+# tests/fixtures/whisper (tools/ref/gen_whisper.py) with the fixture's log-mel features:
+#   --json: the generated ids equal transformers' generate() (language en, no timestamps;
+#           language en with timestamps), the detected language equal; --srt cues well formed;
+#   usage and runtime errors: exit 2 for a bad command line, 1 for an unknown language or
+#   features of the wrong shape, each with a message.
+set -u
+MMC=${MMC:-build/mmc}
+F=tests/fixtures/whisper
+W=$(mktemp -d /tmp/mmc_test_transcribe.XXXXXX); trap 'rm -rf "$W"' EXIT
+fail=0; n=0
+ok()  { n=$((n+1)); }
+bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
+[ -x "$MMC" ] || { echo "test_transcribe_cli: skipped: no mmc binary at $MMC"; exit 77; }
+run() { "$MMC" transcribe --model $F/model --features $F/expected.safetensors "$@"; }
+
+# transformers: generate(input_features, language="en", task="transcribe", max_new_tokens=24)
+want_en='"tokens": [439, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 439, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838]'
+# generate(..., language="en", return_timestamps=True, max_new_tokens=32)
+want_ts='"tokens": [484, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24]'
+
+if run --language en --task transcribe --max-new-tokens 24 --json > "$W/en.json" 2> "$W/en.err"; then
+  if grep -qF "$want_en" "$W/en.json" && grep -q '"language": "<|en|>"' "$W/en.json" &&
+     grep -q '"prompt": \[421, 422, 435, 439\]' "$W/en.json"; then ok; else bad "en tokens: $(cat "$W/en.json")"; fi
+else bad "transcribe --language en: $(cat "$W/en.err")"; fi
+
+if run --language en --timestamps --max-new-tokens 32 --json > "$W/ts.json" 2> "$W/ts.err"; then
+  grep -qF "$want_ts" "$W/ts.json" && grep -q '"start": 0.00, "end": 0.88' "$W/ts.json" && ok ||
+    bad "timestamps: $(cat "$W/ts.json")"
+else bad "transcribe --timestamps: $(cat "$W/ts.err")"; fi
+
+# language detection: transformers' detect_language picked <|tr|> on these features
+if run --max-new-tokens 4 --json > "$W/det.json" 2> "$W/det.err"; then
+  grep -q '"language": "<|tr|>"' "$W/det.json" && ok || bad "detected language: $(cat "$W/det.json")"
+else bad "transcribe (detect): $(cat "$W/det.err")"; fi
+
+if run --language en --timestamps --max-new-tokens 32 --srt > "$W/out.srt" 2> "$W/srt.err"; then
+  [ "$(sed -n 1p "$W/out.srt")" = 1 ] && sed -n 2p "$W/out.srt" | grep -qE '^00:00:00,000 --> 00:00:00,880$' && ok ||
+    bad "srt: $(cat "$W/out.srt")"
+else bad "transcribe --srt: $(cat "$W/srt.err")"; fi
+
+# plain text with timestamps: one "[start --> end] text" line per segment
+run --language en --timestamps --max-new-tokens 32 > "$W/plain.txt" 2>/dev/null &&
+  grep -qE '^\[00:00:00\.000 --> 00:00:00\.880\] ' "$W/plain.txt" && ok || bad "plain timestamps: $(cat "$W/plain.txt")"
+
+# errors
+"$MMC" transcribe --help | grep -q -- "--features FILE" && ok || bad "help"
+"$MMC" transcribe --features $F/expected.safetensors > /dev/null 2> "$W/e1"; rc=$?
+[ $rc = 2 ] && grep -q -- "--model" "$W/e1" && ok || bad "no --model: rc $rc $(cat "$W/e1")"
+run --task summarize > /dev/null 2> "$W/e2"; rc=$?
+[ $rc = 2 ] && grep -q "transcribe or translate" "$W/e2" && ok || bad "bad task: rc $rc $(cat "$W/e2")"
+run --json --srt > /dev/null 2> "$W/e3"; rc=$?
+[ $rc = 2 ] && ok || bad "--json --srt: rc $rc"
+run --language xx > /dev/null 2> "$W/e4"; rc=$?
+[ $rc = 1 ] && grep -q "lang_to_id" "$W/e4" && ok || bad "unknown language: rc $rc $(cat "$W/e4")"
+"$MMC" transcribe --model $F/model --features $F/model/model.safetensors > /dev/null 2> "$W/e5"; rc=$?
+[ $rc = 1 ] && grep -q "input_features" "$W/e5" && ok || bad "not features: rc $rc $(cat "$W/e5")"
+"$MMC" transcribe --model $F/nope --features $F/expected.safetensors > /dev/null 2> "$W/e6"; rc=$?
+[ $rc = 1 ] && grep -q "config.json" "$W/e6" && ok || bad "missing model: rc $rc $(cat "$W/e6")"
+
+if [ $fail -ne 0 ]; then echo "test_transcribe_cli: $fail of $n checks FAILED"; exit 1; fi
+echo "test_transcribe_cli: all $n checks passed"

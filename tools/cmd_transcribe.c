@@ -1,0 +1,200 @@
+/* cmd_transcribe.c — `mmc transcribe`: speech to text with a Whisper checkpoint
+ * (WhisperForConditionalGeneration directory: config.json, safetensors, generation_config.json,
+ * tokenizer.json). Greedy decoding as transformers' model.generate(...) does it (mmc_whisper.h):
+ * language given or detected, transcribe or translate, optional timestamps, inputs longer than
+ * 30 s walked in windows. Output: plain text, timestamped segments, JSON or SRT.
+ *
+ * Input: log-mel features written as safetensors (--features FILE: a tensor "input_features"
+ * [1, n_mels, frames] or [n_mels, frames], what WhisperFeatureExtractor returns). */
+#include "cli.h"
+
+#include "mmc_io.h"
+#include "mmc_tokenizer.h"
+#include "mmc_whisper.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void help_transcribe(FILE *f) {
+    fprintf(f,
+            "usage: mmc transcribe --model DIR --features FILE.safetensors [options]\n\n"
+            "Transcribe (or translate to English) speech with the Whisper checkpoint in DIR, greedily, as\n"
+            "transformers' WhisperForConditionalGeneration.generate does. Inputs longer than 30 s are\n"
+            "decoded window by window, each window starting where the previous one's last complete\n"
+            "timestamp pair ended (timestamps are then on).\n\n"
+            "options:\n"
+            "  --model DIR              Whisper directory (config.json, model.safetensors,\n"
+            "                           generation_config.json, tokenizer.json)\n"
+            "  --features FILE          log-mel features as safetensors: tensor \"input_features\"\n"
+            "                           [1, n_mels, frames] or [n_mels, frames] (WhisperFeatureExtractor's\n"
+            "                           output; frames = 100 per second, 3000 per window)\n"
+            "  --language L             language code (en, de, ...) or token (<|en|>); default: detected\n"
+            "                           from the first 30 s\n"
+            "  --task T                 transcribe (default) or translate (to English)\n"
+            "  --timestamps             predict segment timestamps (always on beyond 30 s)\n"
+            "  --max-new-tokens N       tokens per window (default: generation_config.json max_length)\n"
+            "  --json                   print {text, language, segments: [{start, end, text, tokens}],\n"
+            "                           tokens, prompt, windows}\n"
+            "  --srt                    print SubRip subtitles, one cue per segment\n"
+            "  -h, --help               this help\n\n"
+            "Audio files (WAV, FLAC, MP3 ...) are read once mmc's audio reader is built in; until\n"
+            "then make the features with transformers' WhisperFeatureExtractor and save them.\n");
+}
+
+static mmc_status load_features(const char *path, int64_t n_mels, float **out, int64_t *frames) {
+    *out = NULL;
+    mmc_st *st = NULL;
+    mmc_status s = mmc_st_open(path, &st);
+    if (s) return s;
+    const mmc_st_entry *e = mmc_st_find(st, "input_features");
+    if (!e && mmc_st_count(st) == 1) e = mmc_st_at(st, 0);
+    if (!e) { mmc_st_close(st); return mmc_error(MMC_ERR_NOT_FOUND, "%s: no tensor 'input_features'", path); }
+    bool ok = (e->ndim == 3 && e->shape[0] == 1) || e->ndim == 2;
+    int64_t M = e->shape[e->ndim - 2], F = e->shape[e->ndim - 1];
+    if (!ok || M != n_mels || F < 1) {
+        mmc_st_close(st);
+        return mmc_error(MMC_ERR_SHAPE, "%s: '%s' must be [1, %lld, frames] or [%lld, frames]", path, e->name,
+                         (long long)n_mels, (long long)n_mels);
+    }
+    mmc_tensor *t = mmc_tensor_new(MMC_F32, e->ndim, e->shape);
+    if (!t) { mmc_st_close(st); return MMC_ERR_OOM; }
+    if ((s = mmc_st_read_into(st, e->name, t))) { mmc_tensor_free(t); mmc_st_close(st); return s; }
+    mmc_st_close(st);
+    *out = malloc((size_t)(M * F) * sizeof(float));
+    if (!*out) { mmc_tensor_free(t); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    memcpy(*out, t->data, (size_t)(M * F) * sizeof(float));
+    mmc_tensor_free(t);
+    *frames = F;
+    return MMC_OK;
+}
+
+/* Text of tokens [a, b) without timestamps and special tokens (WhisperTokenizer.decode's default). */
+static char *text_of(const mmc_tokenizer *tok, const int32_t *ids, int64_t n, int32_t ts_begin) {
+    int32_t *keep = malloc((size_t)(n + 1) * sizeof *keep);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) if (ids[i] < ts_begin) keep[k++] = ids[i];
+    char *s = NULL;
+    if (mmc_tokenizer_decode(tok, keep, k, true, &s) != MMC_OK) s = strdup("");
+    free(keep);
+    return s;
+}
+
+static void fmt_time(char *buf, size_t n, double t, char sep) {
+    if (t < 0) t = 0;
+    long long ms = (long long)(t * 1000.0 + 0.5);
+    snprintf(buf, n, "%02lld:%02lld:%02lld%c%03lld", ms / 3600000, ms / 60000 % 60, ms / 1000 % 60, sep, ms % 1000);
+}
+
+int cmd_transcribe(int argc, char **argv) {
+    const char *model = NULL, *features = NULL, *file = NULL;
+    mmc_whisper_opts o = {0};
+    bool json = false, srt = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return CLI_USAGE; }
+        else if (!strcmp(a, "--features")) { if (!(features = cli_value(argc, argv, &i))) return CLI_USAGE; }
+        else if (!strcmp(a, "--language")) { if (!(o.language = cli_value(argc, argv, &i))) return CLI_USAGE; }
+        else if (!strcmp(a, "--task")) {
+            if (!(o.task = cli_value(argc, argv, &i))) return CLI_USAGE;
+            if (strcmp(o.task, "transcribe") && strcmp(o.task, "translate"))
+                return cli_usage("transcribe", "--task must be transcribe or translate, not '%s'", o.task);
+        } else if (!strcmp(a, "--timestamps")) o.timestamps = true;
+        else if (!strcmp(a, "--max-new-tokens")) {
+            const char *v = cli_value(argc, argv, &i);
+            long long x;
+            if (!v || !cli_int("--max-new-tokens", v, 1, 100000, &x)) return CLI_USAGE;
+            o.max_new_tokens = (int)x;
+        } else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--srt")) srt = true;
+        else if (a[0] == '-' && a[1]) return cli_usage("transcribe", "unknown option '%s'", a);
+        else if (!file) file = a;
+        else return cli_usage("transcribe", "more than one input file ('%s', '%s')", file, a);
+    }
+    if (!model) return cli_usage("transcribe", "--model DIR is required");
+    if (json && srt) return cli_usage("transcribe", "--json and --srt exclude each other");
+    if (file && features) return cli_usage("transcribe", "give an audio FILE or --features, not both");
+    if (file)
+        return cli_usage("transcribe", "audio files are not read by this build yet: make log-mel features with "
+                         "WhisperFeatureExtractor, save them as safetensors and pass --features FILE");
+    if (!features) return cli_usage("transcribe", "--features FILE.safetensors is required");
+
+    double t0 = mmc_now();
+    mmc_whisper *m = NULL;
+    mmc_tokenizer *tok = NULL;
+    mmc_whisper_gen_config *g = calloc(1, sizeof *g);
+    float *feats = NULL;
+    int64_t frames = 0;
+    mmc_whisper_result r = {0};
+    int rc = CLI_ERROR;
+    mmc_status st;
+    if (!g) return cli_fail(MMC_ERR_OOM, "transcribe: out of memory");
+    if ((st = mmc_whisper_load(model, &m))) { cli_fail(st, "transcribe: cannot load the model"); goto done; }
+    if ((st = mmc_whisper_gen_config_load(model, g))) { cli_fail(st, "transcribe: cannot read the generation config"); goto done; }
+    if ((st = mmc_tokenizer_load(model, &tok))) { cli_fail(st, "transcribe: cannot load the tokenizer"); goto done; }
+    if ((st = load_features(features, mmc_whisper_cfg(m)->num_mel_bins, &feats, &frames))) {
+        cli_fail(st, "transcribe: cannot read the features");
+        goto done;
+    }
+    double t1 = mmc_now();
+    if ((st = mmc_whisper_transcribe(m, g, feats, frames, &o, &r))) { cli_fail(st, "transcribe: failed"); goto done; }
+    double t2 = mmc_now();
+    const int32_t tb = mmc_whisper_timestamp_begin(g);
+    const char *lang = r.language_id >= 0 ? mmc_tokenizer_id_to_token(tok, r.language_id) : NULL;
+    char *text = text_of(tok, r.tokens, r.n, tb);
+    char a[32], b[32];
+    if (json) {
+        printf("{\"text\": ");
+        mmc_json_write_string(stdout, text);
+        printf(", \"language\": ");
+        if (lang) mmc_json_write_string(stdout, lang);
+        else printf("null");
+        printf(", \"segments\": [");
+        for (int i = 0; i < r.n_segs; i++) {
+            const mmc_whisper_segment *s = &r.segs[i];
+            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            printf("%s{\"start\": %.2f, \"end\": %.2f, \"text\": ", i ? ", " : "", s->start, s->end);
+            mmc_json_write_string(stdout, t);
+            printf(", \"tokens\": [");
+            for (int64_t k = 0; k < s->n; k++) printf("%s%d", k ? ", " : "", r.tokens[s->first + k]);
+            printf("]}");
+            free(t);
+        }
+        printf("], \"tokens\": [");
+        for (int64_t k = 0; k < r.n; k++) printf("%s%d", k ? ", " : "", r.tokens[k]);
+        printf("], \"prompt\": [");
+        for (int k = 0; k < r.n_prompt; k++) printf("%s%d", k ? ", " : "", r.prompt[k]);
+        printf("], \"windows\": %d, \"frames\": %lld, \"seconds\": %.3f}\n", r.n_windows, (long long)frames, t2 - t1);
+    } else if (srt) {
+        for (int i = 0; i < r.n_segs; i++) {
+            const mmc_whisper_segment *s = &r.segs[i];
+            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            fmt_time(a, sizeof a, s->start, ','), fmt_time(b, sizeof b, s->end, ',');
+            const char *tt = t;
+            while (*tt == ' ') tt++;
+            printf("%d\n%s --> %s\n%s\n\n", i + 1, a, b, tt);
+            free(t);
+        }
+    } else if (o.timestamps) {
+        for (int i = 0; i < r.n_segs; i++) {
+            const mmc_whisper_segment *s = &r.segs[i];
+            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            fmt_time(a, sizeof a, s->start, '.'), fmt_time(b, sizeof b, s->end, '.');
+            printf("[%s --> %s] %s\n", a, b, t);
+            free(t);
+        }
+    } else {
+        printf("%s\n", text);
+    }
+    free(text);
+    fprintf(stderr, "mmc transcribe: %lld frames (%.1f s of audio), %d window(s), %lld tokens, language %s; "
+            "load %.2f s, decode %.2f s\n", (long long)frames, frames / 100.0, r.n_windows, (long long)r.n,
+            lang ? lang : "-", t1 - t0, t2 - t1);
+    rc = CLI_OK;
+done:
+    mmc_whisper_result_free(&r);
+    free(feats);
+    free(g);
+    mmc_tokenizer_free(tok);
+    mmc_whisper_free(m);
+    return rc;
+}

@@ -1,0 +1,162 @@
+"""Fixtures for Whisper (tests/test_whisper.c, tests/test_transcribe_cli.sh), written by transformers
+itself (the version pinned in requirements.txt) with save_pretrained, untouched:
+
+tests/fixtures/whisper/model/: a tiny random WhisperForConditionalGeneration (d_model 32, 4 heads,
+2 encoder + 2 decoder layers, ffn 64, 80 mel bins, max_source_positions 1500 so the encoder takes
+the real 3000 frames, max_target_positions 448), its generation_config.json shaped like
+openai/whisper-*'s (decoder_start_token_id, lang_to_id, task_to_id, no_timestamps_token_id,
+suppress_tokens, begin_suppress_tokens, max_initial_timestamp_index, forced_decoder_ids ...), and a
+WhisperTokenizer / WhisperFeatureExtractor saved through WhisperProcessor.save_pretrained. The
+tokenizer has the real structure: a byte-level BPE (learnt here with HF tokenizers on a few English
+sentences) whose vocabulary ends with <|endoftext|>, then the added special tokens
+<|startoftranscript|>, 12 language tokens, <|translate|>, <|transcribe|>, <|startoflm|>,
+<|startofprev|>, <|nospeech|>, <|notimestamps|>, then the 1501 timestamp tokens <|0.00|> .. <|30.00|>.
+
+tests/fixtures/whisper/expected.safetensors:
+  input_features [1, 80, 3000] (float16 on disk: random log-mel-like values, the reference ran on
+    them upcast to float32), encoder_last_hidden_state [1, 1500, 32],
+  prompt_ids [T] and logits [T, V]: the decoder's logits for a prompt (sot, <|en|>, transcribe,
+    notimestamps, a few text tokens) over those features,
+  gen_<case> (int64): generate(input_features, ...)'s output ids for the cases in cases.json
+    (forced language / detected language / timestamps / translate / long-form over 4500 frames
+    = cat(features, features[:, :, :1500])).
+
+Run: /work/main/.venv-ref/bin/python tools/ref/gen_whisper.py
+"""
+import json
+import os
+import shutil
+import sys
+
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,  # noqa: E402
+                          WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer)
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+OUT = os.path.join(ROOT, "tests", "fixtures", "whisper")
+MODEL = os.path.join(OUT, "model")
+
+torch.manual_seed(0)
+torch.set_num_threads(2)
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(MODEL)
+
+CORPUS = [
+    "He has grave doubts whether Sir Frederick Leighton's work is really Greek after all.",
+    "Mister Quilter is the apostle of the middle classes, and we are glad to welcome his gospel.",
+    "Nor is Mister Quilter's manner less interesting than his matter.",
+    "The quick brown fox jumps over the lazy dog; what colour is the square? It is red.",
+    "Linnell's pictures are a sort of up guards and at em paintings, and Mason's exquisite idylls.",
+    "Speech recognition turns audio into text, one token at a time, 0123456789!",
+] * 4
+LANGS = ["en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca"]
+
+# -- tokenizer: byte-level BPE, <|endoftext|> closing the vocabulary, then the added tokens
+bpe = Tokenizer(models.BPE())
+bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+trainer = trainers.BpeTrainer(vocab_size=420, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                              show_progress=False)
+bpe.train_from_iterator(CORPUS, trainer)
+tj = json.loads(bpe.to_str())
+vocab = dict(tj["model"]["vocab"])
+merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in tj["model"]["merges"]]
+eot = len(vocab)
+vocab["<|endoftext|>"] = eot
+specials = ["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{lang}|>" for lang in LANGS] + [
+    "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+tok = WhisperTokenizer(vocab=vocab, merges=merges, model_max_length=448)
+tok.add_special_tokens({"additional_special_tokens": specials[1:]})
+tok.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])
+ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
+assert ids["<|endoftext|>"] == eot and ids["<|startoftranscript|>"] == eot + 1
+V = len(tok)
+no_ts = ids["<|notimestamps|>"]
+assert tok.convert_tokens_to_ids("<|0.00|>") == no_ts + 1 and tok.convert_tokens_to_ids("<|30.00|>") == V - 1
+fe = WhisperFeatureExtractor(feature_size=80)
+WhisperProcessor(feature_extractor=fe, tokenizer=tok).save_pretrained(MODEL)
+
+# -- model
+cfg = WhisperConfig(vocab_size=V, num_mel_bins=80, d_model=32, encoder_layers=2, decoder_layers=2,
+                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                    max_source_positions=1500, max_target_positions=448, decoder_start_token_id=eot + 1,
+                    pad_token_id=eot, bos_token_id=eot, eos_token_id=eot, scale_embedding=False)
+model = WhisperForConditionalGeneration(cfg).eval()
+g = torch.Generator().manual_seed(1)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if "layer_norm" in name and name.endswith("weight"):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+        elif name.endswith("bias"):
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        elif "embed_positions" in name:
+            p.copy_(0.5 * torch.randn(p.shape, generator=g))
+        elif "embed_tokens" in name:
+            p.copy_(torch.randn(p.shape, generator=g))
+        else:
+            p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
+space = tok.convert_tokens_to_ids("\u0120")
+suppress = sorted({tok.convert_tokens_to_ids(t) for t in ["!", "\"", "#", "(", ")", "*", "-", ":", ";", "?"]}
+                  | {ids[t] for t in ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>",
+                                      "<|nospeech|>"]})
+gc = GenerationConfig(
+    bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, decoder_start_token_id=eot + 1, max_length=448,
+    begin_suppress_tokens=[space, eot], suppress_tokens=suppress,
+    forced_decoder_ids=[[1, None], [2, ids["<|transcribe|>"]]],
+    is_multilingual=True, lang_to_id={f"<|{lang}|>": ids[f"<|{lang}|>"] for lang in LANGS},
+    task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+    no_timestamps_token_id=no_ts, prev_sot_token_id=ids["<|startofprev|>"], max_initial_timestamp_index=50,
+    return_timestamps=False)
+model.generation_config = gc
+model.save_pretrained(MODEL)
+
+# -- inputs: log-mel-like values (the extractor's range is [max - 8, max] / 4 + 1), as float16
+feats = (torch.rand(1, 80, 3000, generator=g) * 1.6 - 0.6)
+t = torch.arange(3000)
+feats = feats + 0.3 * torch.sin(t / 37.0)[None, None] * torch.linspace(0, 1, 80)[None, :, None]
+feats = feats.clamp(-1.0, 1.5).half()
+x = feats.float()
+
+model = WhisperForConditionalGeneration.from_pretrained(MODEL).eval()
+out = {"input_features": feats.contiguous()}
+with torch.no_grad():
+    enc = model.model.encoder(x).last_hidden_state
+    out["encoder_last_hidden_state"] = enc.contiguous()
+    text = tok(" the quick brown fox is red", add_special_tokens=False).input_ids
+    prompt = [eot + 1, ids["<|en|>"], ids["<|transcribe|>"], no_ts] + text
+    logits = model(input_features=x, decoder_input_ids=torch.tensor([prompt])).logits[0]
+    out["prompt_ids"] = torch.tensor(prompt, dtype=torch.int32)
+    out["logits"] = logits.contiguous()
+
+long_x = torch.cat([x, x[:, :, :1500]], dim=-1)
+CASES = {
+    "en": dict(language="en", task="transcribe", max_new_tokens=24),
+    "detect": dict(max_new_tokens=24),
+    "timestamps": dict(language="en", return_timestamps=True, max_new_tokens=32),
+    "translate_ts": dict(language="de", task="translate", return_timestamps=True, max_new_tokens=32),
+    "detect_ts": dict(return_timestamps=True, max_new_tokens=32),
+    "long": dict(language="en", return_timestamps=True, max_new_tokens=24),
+}
+cases = {}
+for name, kw in CASES.items():
+    inp = long_x if name == "long" else x
+    with torch.no_grad():
+        seq = model.generate(input_features=inp, **kw)
+    seq = seq[0] if not isinstance(seq, dict) else seq["sequences"][0]
+    out["gen_" + name] = seq.to(torch.int64).contiguous()
+    cases[name] = dict(kw, frames=inp.shape[-1])
+    print(name, seq.tolist())
+# language detection alone (what generate does at the first step)
+with torch.no_grad():
+    lang = model.detect_language(input_features=x, generation_config=model.generation_config)
+out["detected_language"] = lang.to(torch.int64)
+print("detected", tok.convert_ids_to_tokens(lang.tolist()))
+save_file(out, os.path.join(OUT, "expected.safetensors"))
+with open(os.path.join(OUT, "cases.json"), "w") as f:
+    json.dump(cases, f, indent=1)
+print("vocab", V, "eot", eot, "no_timestamps", no_ts)
