@@ -31,6 +31,7 @@ static const cli_cmd g_cmds[] = {
      cmd_launch, help_launch},
     {"export", "Write a training checkpoint (any rank count / ZeRO stage) as a Hugging Face directory",
      cmd_export, help_export},
+    {"serve", "Serve a model over HTTP with OpenAI's API (chat/completions, streaming, images)", cmd_serve, help_serve},
     {"template", "Render a chat template over messages, exactly as transformers does", cmd_template, help_template},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
