@@ -378,6 +378,81 @@ void mmc_fm_step(const mmc_fm_scheduler *s, int i, const float *model_output, fl
 void mmc_fm_scale_noise(const mmc_fm_scheduler *s, int i, float *sample, const float *noise,
                         int64_t n_elem);
 
+/* ---------------------------------------------------------------- DDPM-family schedulers
+ * diffusers' EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler
+ * and DDIMScheduler (schedulers/scheduling_*.py, 0.42), read from a scheduler_config.json:
+ * src/diffusion/schedulers.c. One struct for the four (they share the training schedule of
+ * betas / alphas_cumprod and the timestep spacings); `kind` picks the set_timesteps and step
+ * rules. Randomness (ancestral noise, SDE noise, DDIM with eta > 0) is a tensor the caller
+ * passes, so a run can use torch's generator's draws, or mmc's. */
+typedef enum { MMC_NSCHED_EULER, MMC_NSCHED_EULER_ANCESTRAL, MMC_NSCHED_DPM_MULTISTEP, MMC_NSCHED_DDIM } mmc_nsched_kind;
+typedef enum { MMC_PRED_EPSILON, MMC_PRED_V, MMC_PRED_SAMPLE } mmc_pred_type;
+typedef enum { MMC_BETA_LINEAR, MMC_BETA_SCALED_LINEAR, MMC_BETA_SQUAREDCOS } mmc_beta_schedule;
+typedef enum { MMC_SPACING_LINSPACE, MMC_SPACING_LEADING, MMC_SPACING_TRAILING } mmc_timestep_spacing;
+typedef struct {
+    mmc_nsched_kind kind;
+    int64_t num_train_timesteps;
+    double beta_start, beta_end;
+    mmc_beta_schedule beta_schedule;
+    mmc_pred_type prediction_type;
+    mmc_timestep_spacing timestep_spacing;
+    int64_t steps_offset;
+    bool rescale_betas_zero_snr;
+    /* Euler and DPM-Solver */
+    bool use_karras_sigmas;
+    bool final_sigmas_sigma_min;        /* final_sigmas_type "sigma_min" (else "zero") */
+    double sigma_min, sigma_max;        /* Karras range; NAN when null (the schedule's ends) */
+    bool interpolation_log_linear;      /* Euler: interpolation_type "log_linear" (else "linear") */
+    /* DPM-Solver */
+    int solver_order;                   /* 1 or 2 */
+    bool sde;                           /* algorithm_type "sde-dpmsolver++" (else "dpmsolver++") */
+    bool solver_heun;                   /* solver_type "heun" (else "midpoint") */
+    bool lower_order_final, euler_at_final;
+    double lambda_min_clipped;          /* -INFINITY by default */
+    /* DDIM */
+    bool clip_sample, set_alpha_to_one;
+    double clip_sample_range;
+} mmc_nsched_config;
+
+typedef struct {
+    mmc_nsched_config cfg;
+    float *alphas_cumprod;      /* [num_train_timesteps] */
+    int num_inference_steps;    /* the n of set_timesteps */
+    int n;                      /* timesteps: n, or n + 1 where numpy's arange gives one more (trailing) */
+    float *timesteps;           /* [n] (integer-valued except Euler's linspace / Karras ones) */
+    float *sigmas;              /* [n + 1] (NULL for DDIM) */
+    float init_noise_sigma;
+    double eta;                 /* DDIM's step(eta=...); 0 unless the caller sets it */
+    /* DPM-Solver's multistep state */
+    float *prev_x0;             /* [n_elem] the previous step's data prediction */
+    int64_t n_elem;
+    int lower_order_nums;
+} mmc_nsched;
+
+/* Defaults of diffusers' __init__ for the kind, then the keys of a scheduler_config.json (its
+ * _class_name picks the kind). Keys mmc cannot honour (trained_betas, thresholding, beta or
+ * exponential sigmas, 3rd-order or non-++ DPM-Solver, learned variance, ...) are
+ * MMC_ERR_UNSUPPORTED naming the key; unknown values are MMC_ERR_INVALID naming key and value. */
+mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsched_config *out);
+/* Reads <dir>/scheduler_config.json (diffusers writes -Infinity for lambda_min_clipped; accepted). */
+mmc_status mmc_nsched_load(const char *scheduler_dir, mmc_nsched *out);
+mmc_status mmc_nsched_init(const mmc_nsched_config *c, mmc_nsched *out);
+void mmc_nsched_free(mmc_nsched *s);
+const char *mmc_nsched_kind_name(mmc_nsched_kind k);
+/* set_timesteps(n): timesteps and sigmas as diffusers computes them (the same float32 / float64
+ * steps), and resets the multistep state. */
+mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n);
+/* scale_model_input at step i: the factor the sample is divided by (sqrt(sigma^2 + 1) for the
+ * Euler kinds, 1 otherwise), and the division itself into out (may alias in). */
+float mmc_nsched_input_divisor(const mmc_nsched *s, int i);
+void mmc_nsched_scale_model_input(const mmc_nsched *s, int i, const float *in, float *out, int64_t n_elem);
+/* step(model_output, timesteps[i], sample): sample [n_elem] is replaced by prev_sample. noise
+ * [n_elem] is required by EulerAncestral, sde-dpmsolver++ and DDIM with eta > 0 (the
+ * randn_tensor draw / variance_noise), else ignored (may be NULL). Steps must run in order
+ * i = 0, 1, ... for DPM-Solver (it keeps the previous data prediction). */
+mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *model_output, float *sample, int64_t n_elem,
+                          const float *noise);
+
 /* ---------------------------------------------------------------- flow-matching training
  * The objective of diffusers' SD3 / Flux training scripts (src/train/flow_matching.c). One
  * --weighting_scheme picks both the timestep density (logit_normal, mode, else uniform) and
