@@ -241,6 +241,56 @@ typedef struct {
  * without it, each block's intermediates are released as soon as its outputs exist. */
 mmc_status mmc_sd3_forward(mmc_ctx *ctx, mmc_sd3 *m, const mmc_sd3_inputs *in, mmc_tensor **out);
 
+/* ---------------------------------------------------------------- UNet2DConditionModel
+ * diffusers' models/unets/unet_2d_condition.py as Stable Diffusion 1.x / 2.x and SDXL use it: see
+ * src/models/diffusion/unet2d_condition.c. DownBlock2D / CrossAttnDownBlock2D, UNetMidBlock2DCrossAttn,
+ * UpBlock2D / CrossAttnUpBlock2D, the "text_time" addition embedding of SDXL. */
+#define MMC_UNET_MAX_LEVELS 6
+typedef struct {
+    int64_t in_channels, out_channels;
+    int levels;
+    int64_t block_out_channels[MMC_UNET_MAX_LEVELS];
+    bool down_cross[MMC_UNET_MAX_LEVELS];           /* CrossAttnDownBlock2D (else DownBlock2D) */
+    bool up_cross[MMC_UNET_MAX_LEVELS];             /* CrossAttnUpBlock2D (else UpBlock2D), in up order */
+    int64_t layers_per_block[MMC_UNET_MAX_LEVELS];
+    int64_t transformer_layers[MMC_UNET_MAX_LEVELS];        /* transformer_layers_per_block, down order */
+    int64_t up_transformer_layers[MMC_UNET_MAX_LEVELS];     /* reverse_transformer_layers_per_block, up order */
+    int64_t heads[MMC_UNET_MAX_LEVELS];             /* num_attention_heads, else attention_head_dim (sic) */
+    bool mid_cross;                                 /* mid_block_type UNetMidBlock2DCrossAttn (else none) */
+    int64_t cross_attention_dim;
+    int64_t norm_num_groups;
+    double norm_eps;
+    bool use_linear_projection;
+    bool flip_sin_to_cos;
+    double freq_shift;
+    double mid_block_scale_factor;
+    int64_t time_embed_dim;                         /* block_out_channels[0] * 4 unless time_embedding_dim */
+    bool text_time;                                 /* addition_embed_type "text_time" (SDXL) */
+    int64_t addition_time_embed_dim, projection_class_embeddings_input_dim;
+} mmc_unet_config;
+
+typedef struct mmc_unet mmc_unet;
+
+mmc_status mmc_unet_config_read(const mmc_json *cfg, const char *what, mmc_unet_config *out);
+/* Load from a unet/ folder (config.json + diffusion_pytorch_model safetensors, single or sharded;
+ * f32 / bf16 / f16, computed in f32). Every missing or mis-shaped tensor is listed. */
+mmc_status mmc_unet_load(const char *dir, mmc_unet **out);
+void mmc_unet_free(mmc_unet *m);
+const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m);
+int64_t mmc_unet_param_count(const mmc_unet *m);
+
+typedef struct {
+    mmc_tensor *sample;        /* [B, in_channels, H, W]; H, W multiples of 2^(levels - 1) */
+    const float *timestep;     /* [B] */
+    mmc_tensor *encoder;       /* [B, T, cross_attention_dim] */
+    mmc_tensor *text_embeds;   /* [B, P] pooled text embeds (text_time only, else NULL) */
+    const float *time_ids;     /* [B, n_time_ids] (text_time only): SDXL's add_time_ids */
+    int n_time_ids;
+} mmc_unet_inputs;
+/* The noise (or v) prediction [B, out_channels, H, W]. Inference only (no tape); each block's
+ * intermediates are released as soon as its output exists. Errors name the input that does not fit. */
+mmc_status mmc_unet_forward(mmc_ctx *ctx, mmc_unet *m, const mmc_unet_inputs *in, mmc_tensor **out);
+
 /* ---------------------------------------------------------------- FluxPipeline
  * text -> image from a FluxPipeline folder, as diffusers' FluxPipeline.__call__ runs it: see
  * src/diffusion/flux_pipeline.c. Components load when first needed; the text encoders are freed
