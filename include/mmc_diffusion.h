@@ -53,7 +53,7 @@ typedef struct {
     char class_name[64];      /* "AutoencoderKL" */
     mmc_dcomp_kind kind;
     bool present;             /* false for [null, null] */
-    bool mmc_implements;      /* mmc can run this class (today: AutoencoderKL, the scheduler) */
+    bool mmc_implements;      /* mmc can run this class */
     char weights[1024];       /* safetensors file or index, "" when the component has none */
     int64_t n_params;         /* parameters (elements) in its safetensors; 0 without weights */
     int n_dtypes;
@@ -502,6 +502,33 @@ void mmc_nsched_scale_model_input(const mmc_nsched *s, int i, const float *in, f
  * i = 0, 1, ... for DPM-Solver (it keeps the previous data prediction). */
 mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *model_output, float *sample, int64_t n_elem,
                           const float *noise);
+
+/* ---------------------------------------------------------------- StableDiffusionXLPipeline
+ * text -> image from a StableDiffusionXLPipeline folder: src/diffusion/sdxl_pipeline.c. Prompt
+ * encodings use mmc_flux_cond (prompt_embeds [B, 77, C1 + C2] = both CLIPs' hidden_states[-2],
+ * pooled [B, P] = the second's text_embeds); latents [B, C, H/f, W/f] are the initial noise (scaled
+ * by the scheduler's init_noise_sigma inside); the sample options' guidance is classifier-free
+ * guidance (> 1 needs a negative encoding: mmc_sdxl_zero_cond when mmc_sdxl_force_zeros and no
+ * negative prompt was given, as diffusers does). The scheduler is the folder's (any of mmc_nsched). */
+typedef struct mmc_sdxl_pipeline mmc_sdxl_pipeline;
+mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out);
+void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p);
+int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p);
+bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p);     /* model_index.json's force_zeros_for_empty_prompt */
+mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM's eta */
+void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w);
+mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width);
+mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
+                                  mmc_flux_cond *out);
+mmc_status mmc_sdxl_zero_cond(const mmc_flux_cond *like, mmc_flux_cond *out);
+/* The denoising loop on latents (updated in place); noise_seed seeds the per-step noise of stochastic
+ * schedulers (EulerAncestral, sde-dpmsolver++, DDIM with eta > 0). */
+mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
+                           mmc_tensor *latents, const mmc_flux_sample_opts *o, uint64_t noise_seed);
+/* Unscale, decode (the UNet is freed first; computed in f32, which is force_upcast), denormalise ->
+ * [B, 3, H, W] in [0, 1]. */
+mmc_status mmc_sdxl_decode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_tensor *latents, bool tiled,
+                           mmc_tensor **image);
 
 /* ---------------------------------------------------------------- flow-matching training
  * The objective of diffusers' SD3 / Flux training scripts (src/train/flow_matching.c). One
