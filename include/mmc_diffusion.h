@@ -227,6 +227,9 @@ mmc_tensor *mmc_sd3_param(const mmc_sd3 *m, const char *name);
 /* The linear modules by diffusers' module names ("transformer_blocks.0.attn.to_q",
  * "transformer_blocks.0.ff.net.0.proj", "context_embedder", ...) for LoRA. */
 mmc_status mmc_sd3_linears(mmc_sd3 *m, mmc_module_list *out);
+/* The trainable parameters (every bound tensor but the pos_embed buffer) and their checkpoint
+ * names; owned by the model. Returns their count. */
+int mmc_sd3_param_list(mmc_sd3 *m, mmc_tensor ***params, const char *const **names);
 
 typedef struct {
     mmc_tensor *hidden;        /* [B, in_channels, H, W] latents; H, W multiples of patch_size */
@@ -556,6 +559,13 @@ typedef struct {
 } mmc_flux_fm_batch;
 /* The scalar loss of one micro-batch, on the tape in grad mode. */
 mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *b, mmc_tensor **loss);
+
+/* SD3 / SD3.5, as diffusers' train_dreambooth_(lora_)sd3.py computes it: the latents unpacked, the
+ * timestep unscaled (0..1000), and with precondition_outputs (the scripts' default) the prediction
+ * turned into an x0 estimate, pred * (-sigma) + noisy, against x0; without, against noise - x0.
+ * The batch's guidance is unused. */
+mmc_status mmc_sd3_fm_loss(mmc_ctx *ctx, mmc_sd3 *m, const mmc_flux_fm_batch *b, bool precondition_outputs,
+                           mmc_tensor **loss);
 
 #ifdef __cplusplus
 }
