@@ -76,7 +76,7 @@ typedef struct {
     int image_backend;         /* 0 pil (Pillow-exact resize) | 1 torchvision (transformers' fast processor) */
 } mmc_data_cfg;
 
-/* Diffusion training (model.path a diffusers FluxPipeline folder): diffusers' training-script
+/* Diffusion training (model.path a diffusers FluxPipeline or StableDiffusion3Pipeline folder): diffusers' training-script
  * options of the same names. */
 typedef struct {
     char *weighting_scheme;           /* none | logit_normal | mode | sigma_sqrt | cosmap */
@@ -86,6 +86,7 @@ typedef struct {
     char *validation_prompt;          /* an image of it every validation_every steps (and at the end) */
     int64_t validation_every, validation_steps;
     int64_t validation_seed;
+    bool precondition_outputs;        /* SD3: the scripts' --precondition_outputs (default true): x0 target */
 } mmc_flow_matching_cfg;
 
 typedef struct {

@@ -380,6 +380,9 @@ mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond
                           mmc_tensor *latents, const mmc_flux_sample_opts *o);
 /* Unscale, decode (the transformer is freed first), denormalise -> [B, 3, H, W] in [0, 1]. */
 mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *latents, bool tiled, mmc_tensor **image);
+/* Sample with the caller's transformer (a model being trained, adapters attached) until called
+ * again with NULL; the pipeline neither frees nor unloads it. */
+void mmc_sd3_pipeline_borrow_transformer(mmc_sd3_pipeline *p, mmc_sd3 *m);
 
 /* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
  * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_flux_cli.sh — `mmc generate-image` and `mmc train` on the tiny FluxPipeline folder written by
+# test_flux_cli.sh — `mmc generate-image` and `mmc train` on the tiny FluxPipeline (and SD3) folders written by
 # diffusers (tests/fixtures/flux/pipe, tools/ref/gen_flux.py):
 #  - from diffusers' own initial noise (--latents), with a negative prompt and true CFG 1.5, the PNG
 #    equals the one diffusers saved within 1/255 per channel (float differences of ~4e-6 may round a
@@ -193,6 +193,49 @@ print("loaded", n)
 PY
 else
   echo "test_flux_cli: no reference venv ($PY): the diffusers load of mmc's adapter is skipped"
+fi
+# ---- mmc train on the SD3 pipeline: LoRA with a validation image, then full fine-tuning with a resume
+cat >"$T/sd3.yaml" <<YAML
+model:
+  path: $S
+  lora: {r: 4, alpha: 4, targets: [attn.to_q, attn.to_k, attn.to_v, attn.to_out.0, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.to_add_out]}
+data: {train: tests/fixtures/flux/imagefolder, resolution: 32, batch_size: 2}
+flow_matching:
+  weighting_scheme: logit_normal
+  max_sequence_length: 12
+  validation_prompt: a red circle on the left
+  validation_steps: 2
+optimizer: {lr: 1.0e-3, weight_decay: 1.0e-4}
+training: {steps: 4, save_every: 2, log_every: 1, output_dir: $T/sd3run, seed: 7}
+YAML
+expect_rc 0 "$MMC" train "$T/sd3.yaml"
+[ -s "$T/sd3run/checkpoint-4/pytorch_lora_weights.safetensors" ] && ok || bad "SD3 LoRA checkpoint: $(ls "$T/sd3run/checkpoint-4" 2>&1)"
+png_dump "$T/sd3run/validation/step-000004.png" >/dev/null 2>"$T/text.txt" && grep -q "^step=4$" "$T/text.txt" && ok \
+  || bad "SD3 validation image: $(ls "$T/sd3run" "$T/sd3run/validation" 2>&1)"
+nl=$(grep -c '"loss"' "$T/sd3run/metrics.jsonl" 2>/dev/null)
+[ "$nl" = 4 ] && ok || bad "SD3 metrics.jsonl has $nl loss lines, want 4"
+grep -q '"loss": \(nan\|inf\)' "$T/sd3run/metrics.jsonl" && bad "SD3: non-finite loss" || ok
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle on the left" --width 32 --height 32 --steps 2 \
+  --guidance 1 --max-sequence-length 12 --lora "$T/sd3run/checkpoint-4" --out "$T/sd3lora.png"
+sed -e "/lora:/d" -e "s|output_dir: $T/sd3run|output_dir: $T/sd3full|" -e "/validation_/d" \
+    -e "s|steps: 4, save_every: 2|steps: 3, save_every: 2|" "$T/sd3.yaml" >"$T/sd3full.yaml"
+expect_rc 0 "$MMC" train "$T/sd3full.yaml"
+[ -s "$T/sd3full/checkpoint-3/diffusion_pytorch_model.safetensors" ] && ok || bad "SD3 full checkpoint: $(ls "$T/sd3full/checkpoint-3" 2>&1)"
+cp -r "$T/sd3full" "$T/sd3full2" && rm -rf "$T/sd3full2/checkpoint-3"
+sed "s|$T/sd3full|$T/sd3full2|" "$T/sd3full.yaml" >"$T/sd3full2.yaml"
+expect_rc 0 "$MMC" train "$T/sd3full2.yaml" --resume
+cmp -s "$T/sd3full/checkpoint-3/diffusion_pytorch_model.safetensors" "$T/sd3full2/checkpoint-3/diffusion_pytorch_model.safetensors" \
+  && ok || bad "SD3: the resumed transformer differs from the uninterrupted run's"
+if [ -x "$PY" ]; then
+  "$PY" - "$S" "$T/sd3run/checkpoint-4" >"$T/py" 2>&1 <<'PY' && ok || bad "diffusers cannot load mmc's SD3 adapter: $(tail -5 "$T/py")"
+import sys, torch
+from diffusers import StableDiffusion3Pipeline
+pipe = StableDiffusion3Pipeline.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+pipe.load_lora_weights(sys.argv[2])
+n = sum(1 for k in pipe.transformer.state_dict() if "lora_A" in k)
+assert n > 0, n
+print("loaded", n)
+PY
 fi
 echo "test_flux_cli: $((n - fail)) of $n checks passed"
 [ $fail = 0 ]

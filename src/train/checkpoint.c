@@ -311,7 +311,7 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
     }
     mmc_checkpoint_tmp_dir(t, token, tmp, sizeof tmp);
     snprintf(final, sizeof final, "%s/checkpoint-%lld", out, (long long)t->step);
-    if (t->flux) {
+    if (mmc_trainer_diffusion(t)) {
         /* diffusers' layouts: the LoRA file load_lora_weights reads, or the transformer folder */
         if ((st = mmc_trainer_flux_save(t, tmp))) goto fail;
     } else if (t->lora) {

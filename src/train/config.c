@@ -94,6 +94,8 @@ static const mmc_cfg_field k_flow_matching[] = {
       "steps between validation images (0: only at the end, when a prompt is set)"),
     F(mmc_flow_matching_cfg, validation_steps, MMC_CFG_INT, 1, 1000, NULL, NULL, "denoising steps of a validation image"),
     F(mmc_flow_matching_cfg, validation_seed, MMC_CFG_INT, 0, 9.2e18, NULL, NULL, "seed of its initial noise"),
+    F(mmc_flow_matching_cfg, precondition_outputs, MMC_CFG_BOOL, U, NULL, NULL,
+      "SD3: turn the prediction into an x0 estimate, pred * (-sigma) + noisy, against x0 (the scripts' default)"),
     {0},
 };
 static const mmc_cfg_field k_parallel[] = {
@@ -186,6 +188,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->flow_matching.guidance = 1.0;
     c->flow_matching.max_sequence_length = 512;
     c->flow_matching.validation_steps = 28;
+    c->flow_matching.precondition_outputs = true;
 }
 
 void mmc_run_config_free(mmc_run_config *c) {

@@ -337,7 +337,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
 /* Every model parameter with its HF name, as transformers >= 4.52 writes them:
  * model.visual.*, model.language_model.*, lm_head.weight (VL); model.*, lm_head.weight (text). */
 static mmc_status build_param_list(mmc_trainer *t) {
-    if (t->flux) return mmc_trainer_flux_params(t);
+    if (mmc_trainer_diffusion(t)) return mmc_trainer_flux_params(t);
     const int nv = t->vl ? t->vl->visual->n_params : 0;
     t->n_params = nv + t->lm->n_params;
     t->params = calloc((size_t)t->n_params, sizeof *t->params);
@@ -381,7 +381,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
         if (st) return mmc_error_prefix(st, "model.quantization");
     }
     mmc_module_list ml = {0};
-    st = t->flux ? mmc_flux_linears(t->flux, &ml)
+    st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
@@ -590,7 +590,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     }
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
-    if (t->flux) {
+    if (mmc_trainer_diffusion(t)) {
         st = mmc_trainer_flux_data_open(t);
         t->src.kind = SRC_FLUX;
         t->src.mb = cfg->data.micro_batch_size;
@@ -621,7 +621,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         }
     }
     if (resume && (st = t->tpc ? tp_restore(t, ckpt) : mmc_trainer_restore(t, ckpt))) goto fail;
-    if (t->flux && (t->world_size > 1 || cfg->parallel.zero > 0)) {
+    if (mmc_trainer_diffusion(t) && (t->world_size > 1 || cfg->parallel.zero > 0)) {
         /* diffusion: plain bucketed all-reduce / ZeRO-1/2 over the transformer's parameters (no units) */
         if ((st = mmc_dp_new(t->dpc, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL,
                              &t->dp)))
@@ -718,6 +718,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->vl) mmc_qwen2_vl_free(t->vl);
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
+    mmc_sd3_free(t->sd3);
     mmc_fm_data_free(t->fm);
     src_close(&t->src);
     mmc_tokenizer_free(t->tok);
@@ -951,7 +952,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         int64_t n;
         mmc_tensor *l = NULL;
         if (t->dp) mmc_dp_forward_begin(t->dp, t->ctx);   /* ZeRO-3: gathers the root unit */
-        if (t->flux) {
+        if (mmc_trainer_diffusion(t)) {
             n = mbs[k].B;
             if ((st = mmc_trainer_flux_loss(t, &mbs[k], scale, &l))) {
                 mmc_ctx_reset(t->ctx);

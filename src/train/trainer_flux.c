@@ -1,16 +1,19 @@
-/* trainer_flux.c — what `mmc train` needs to fine-tune a Flux transformer (full or LoRA) with
- * the flow-matching objective, inside the same trainer as the understanding models (steps,
- * gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
+/* trainer_flux.c — what `mmc train` needs to fine-tune a Flux or SD3 / SD3.5 transformer (full or
+ * LoRA) with the flow-matching objective, inside the same trainer as the understanding models
+ * (steps, gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
  *
- *   model.path   a diffusers FluxPipeline folder; the transformer trains, the VAE and the text
- *                encoders only encode the training set once, before the first step, and are freed
+ *   model.path   a diffusers FluxPipeline or StableDiffusion3Pipeline folder; the transformer trains,
+ *                the VAE and the text encoders only encode the training set once, before the first
+ *                step, and are freed
  *   data.train   an image folder with metadata.jsonl ({"file_name", "text"}: what diffusers' scripts
  *                and HF `imagefolder` read) or a JSONL of {"image", "caption"} (also "text" / "prompt")
  *   images       resized (shorter side, PIL bilinear) and centre-cropped to data.resolution, scaled to
  *                [-1, 1]; the VAE's latent distribution is cached and sampled anew every step (as the
  *                scripts' --cache_latents does), then shifted and scaled
- *   captions     encode_prompt once per sample (CLIP pooled + T5 states of max_sequence_length)
- *   loss         mmc_flux_fm_loss with the config's weighting scheme and guidance; each micro-batch's
+ *   captions     encode_prompt once per sample (Flux: CLIP pooled + T5 states of max_sequence_length;
+ *                SD3: both CLIPs' penultimate states + T5, the two pooled outputs)
+ *   loss         mmc_flux_fm_loss / mmc_sd3_fm_loss (precondition_outputs as the SD3 scripts) with the
+ *                config's weighting scheme and guidance; each micro-batch's
  *                mean times its samples / the global batch's samples, so accumulation gives the
  *                global mean
  *   checkpoints  LoRA: pytorch_lora_weights.safetensors in diffusers' layout (load_lora_weights reads
@@ -46,6 +49,7 @@ struct mmc_fm_data {
     char pipe[2048];
     int64_t *perm, perm_epoch;        /* the data order of epoch perm_epoch (sample_at) */
     mmc_flux_pipeline *vpipe;         /* validation images: the pipeline (its VAE) and the prompt's encoding */
+    mmc_sd3_pipeline *vpipe_sd3;      /* (SD3) */
     mmc_flux_cond vcond;
 };
 
@@ -62,9 +66,10 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
     mmc_diffusers_dir d;
     mmc_status st = mmc_diffusers_open(c->model.path, &d);
     if (st) return mmc_error_prefix(st, "model.path");
-    if (strcmp(d.pipeline, "FluxPipeline") != 0)
+    const bool sd3 = !strcmp(d.pipeline, "StableDiffusion3Pipeline");
+    if (strcmp(d.pipeline, "FluxPipeline") != 0 && !sd3)
         return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: pipeline %s: diffusion training supports FluxPipeline "
-                         "folders", c->model.path, d.pipeline);
+                         "and StableDiffusion3Pipeline folders", c->model.path, d.pipeline);
     if (c->model.quantization.method != MMC_QUANT_NONE)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.quantization: NF4 bases are not wired for diffusion "
                          "transformers yet; use LoRA on the f32 / bf16 transformer", c->file);
@@ -79,7 +84,15 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
      * model.init (a transformer config.json) trains one from scratch */
     const bool resumed = ckpt && ckpt != c->model.path;
     char cfgp[2200];
-    if (c->model.init && !resumed) {
+    if (sd3 && c->model.init && !resumed)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a transformer from scratch) is wired for Flux only; "
+                         "fine-tune the SD3 pipeline's transformer instead", c->file);
+    if (sd3) {
+        if (resumed) snprintf(dir, sizeof dir, "%s", ckpt);
+        else mmc_diffusers_path(&d, "transformer", "", dir, sizeof dir);
+        if ((st = mmc_sd3_load(dir, c->model.lora.r <= 0, &t->sd3))) return st;
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    } else if (c->model.init && !resumed) {
         if (c->model.lora.r > 0)
             return mmc_error(MMC_ERR_INVALID, "%s: model.init trains a transformer from scratch: LoRA on random "
                              "weights makes no sense; drop model.lora", c->file);
@@ -105,7 +118,7 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
 mmc_status mmc_trainer_flux_params(mmc_trainer *t) {
     mmc_tensor **ps;
     const char *const *nm;
-    t->n_params = mmc_flux_param_list(t->flux, &ps, &nm);
+    t->n_params = t->sd3 ? mmc_sd3_param_list(t->sd3, &ps, &nm) : mmc_flux_param_list(t->flux, &ps, &nm);
     t->params = calloc((size_t)t->n_params + 1, sizeof *t->params);
     t->names = calloc((size_t)t->n_params + 1, sizeof *t->names);
     t->name_store = calloc((size_t)t->n_params + 1, sizeof *t->name_store);
@@ -208,6 +221,8 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     mmc_flux_cond_free(&f->vcond);
     if (f->vpipe) mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
     mmc_flux_pipeline_free(f->vpipe);
+    if (f->vpipe_sd3) mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, NULL);
+    mmc_sd3_pipeline_free(f->vpipe_sd3);
     free(f);
 }
 
@@ -338,7 +353,9 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     char key[8192];
     cache_key(t, file, key, sizeof key);
     if (cache_read(t, key) == MMC_OK) {
-        if (c->flow_matching.validation_prompt && (st = mmc_flux_pipeline_open(c->model.path, &f->vpipe))) goto done;
+        if (c->flow_matching.validation_prompt)
+            st = t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &f->vpipe_sd3) : mmc_flux_pipeline_open(c->model.path, &f->vpipe);
+        if (st) goto done;
         fprintf(stderr, "mmc train: %lld encoded samples from the cache (%s/cache)\n", (long long)f->n,
                 c->training.output_dir);
         goto done;
@@ -357,8 +374,8 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     const int fct = mmc_vae_downscale(vae);
     if (res % (2 * fct)) {
         mmc_vae_free(vae);
-        st = mmc_error(MMC_ERR_INVALID, "%s: data.resolution %d must be a multiple of %d (the VAE's factor x 2x2 "
-                       "packing)", c->file, res, 2 * fct);
+        st = mmc_error(MMC_ERR_INVALID, "%s: data.resolution %d must be a multiple of %d (the VAE's factor x %s)",
+                       c->file, res, 2 * fct, t->sd3 ? "the 2x2 patches" : "2x2 packing");
         goto done;
     }
     f->C = mmc_vae_cfg(vae)->latent_channels, f->h = f->w = res / fct;
@@ -384,14 +401,17 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     mmc_vae_free(vae);
     /* captions -> prompt_embeds and pooled, a few at a time (the encoders load once per call) */
     mmc_flux_pipeline *pipe = NULL;
-    if (!st) st = mmc_flux_pipeline_open(c->model.path, &pipe);
+    mmc_sd3_pipeline *spipe = NULL;
+    if (!st) st = t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &spipe) : mmc_flux_pipeline_open(c->model.path, &pipe);
     const int chunk = 64;
     for (int64_t i = 0; i < n && !st; i += chunk) {
         const int k = (int)(n - i < chunk ? n - i : chunk);
         const char *caps[64];
         for (int j = 0; j < k; j++) caps[j] = items[i + j].caption;
         mmc_flux_cond cond;
-        if ((st = mmc_flux_encode_prompt(ctx, pipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond))) break;
+        st = spipe ? mmc_sd3_encode_prompt(ctx, spipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond)
+                   : mmc_flux_encode_prompt(ctx, pipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond);
+        if (st) break;
         if (!f->embeds) {
             f->T = cond.prompt_embeds->shape[1], f->J = cond.prompt_embeds->shape[2], f->P = cond.pooled->shape[1];
             f->embeds = malloc((size_t)(n * f->T * f->J) * sizeof(float));
@@ -405,10 +425,12 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     }
     const char *vp = c->flow_matching.validation_prompt;
     if (!st && vp) {   /* the validation prompt's encoding, and the pipeline kept for its images */
-        st = mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
-        if (!st) f->vpipe = pipe, pipe = NULL;
+        st = spipe ? mmc_sd3_encode_prompt(ctx, spipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond)
+                   : mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
+        if (!st) f->vpipe = pipe, pipe = NULL, f->vpipe_sd3 = spipe, spipe = NULL;
     }
     mmc_flux_pipeline_free(pipe);
+    mmc_sd3_pipeline_free(spipe);
     mmc_ctx_free(ctx);
     if (!st) fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld T5 tokens\n",
                      (long long)n, (long long)f->C, (long long)f->h, (long long)f->w, (long long)f->T);
@@ -475,7 +497,8 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
     mmc_flux_fm_batch fb = {.latents = x0, .noise = nz, .sigmas = sig, .timesteps = ts, .prompt_embeds = pe,
                             .pooled = pp, .guidance = fc->guidance, .weighting = f->scheme};
     mmc_tensor *l = NULL;
-    mmc_status st = mmc_flux_fm_loss(ctx, t->flux, &fb, &l);
+    mmc_status st = t->sd3 ? mmc_sd3_fm_loss(ctx, t->sd3, &fb, fc->precondition_outputs, &l)
+                           : mmc_flux_fm_loss(ctx, t->flux, &fb, &l);
     if (st) return st;
     *loss = mmc_scale(ctx, l, (float)((double)B * scale));   /* sum of per-sample losses / global samples */
     return MMC_OK;
@@ -484,7 +507,7 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
 /* ------------------------------------------------------------------ validation images */
 bool mmc_trainer_flux_validation_due(const mmc_trainer *t) {
     const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
-    if (!t->flux || !fc->validation_prompt) return false;
+    if (!mmc_trainer_diffusion(t) || !fc->validation_prompt) return false;
     return (fc->validation_every > 0 && t->step % fc->validation_every == 0) || t->step == t->cfg->training.steps;
 }
 
@@ -499,21 +522,31 @@ mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
     mmc_status st = mmc_mkdir_p(dir);
     if (st) return st;
     snprintf(path, cap, "%s/step-%06lld.png", dir, (long long)t->step);
-    mmc_flux_pipeline_borrow_transformer(f->vpipe, t->flux);
     mmc_ctx *ctx = t->ctx;
     const int64_t C = f->C, h = f->h, w = f->w;
     mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(1, C, h, w));
     mmc_rng r;
     mmc_rng_init(&r, (uint64_t)c->flow_matching.validation_seed);
     mmc_rng_normal(&r, z->data, mmc_numel(z), 0.0f, 1.0f);
-    mmc_tensor *lat = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, (h / 2) * (w / 2), 4 * C));
-    memcpy(lat->data, mmc_flux_pack_latents(ctx, z)->data, mmc_nbytes(lat));
     mmc_flux_sample_opts o = {.height = res, .width = res, .steps = (int)c->flow_matching.validation_steps,
                               .guidance = c->flow_matching.guidance};
-    mmc_tensor *img = NULL;
-    st = mmc_flux_sample(ctx, f->vpipe, &f->vcond, NULL, lat, &o);
-    if (!st) st = mmc_flux_decode(ctx, f->vpipe, lat, res, res, false, &img);
-    mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
+    mmc_tensor *img = NULL, *lat;
+    if (t->sd3) {   /* SD3: unpacked latents, no guidance (a validation image of the conditional branch alone) */
+        mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, t->sd3);
+        lat = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, C, h, w));
+        memcpy(lat->data, z->data, mmc_nbytes(lat));
+        o.guidance = 1.0;
+        st = mmc_sd3_sample(ctx, f->vpipe_sd3, &f->vcond, NULL, lat, &o);
+        if (!st) st = mmc_sd3_decode(ctx, f->vpipe_sd3, lat, false, &img);
+        mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, NULL);
+    } else {
+        mmc_flux_pipeline_borrow_transformer(f->vpipe, t->flux);
+        lat = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, (h / 2) * (w / 2), 4 * C));
+        memcpy(lat->data, mmc_flux_pack_latents(ctx, z)->data, mmc_nbytes(lat));
+        st = mmc_flux_sample(ctx, f->vpipe, &f->vcond, NULL, lat, &o);
+        if (!st) st = mmc_flux_decode(ctx, f->vpipe, lat, res, res, false, &img);
+        mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
+    }
     mmc_tensor_free(lat);
     if (!st) {
         uint8_t *rgb = malloc((size_t)res * res * 3);
@@ -546,6 +579,10 @@ mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir) {
         const mmc_tensor *p = t->params[i];
         if (p->dtype == MMC_F32 || p->dtype == MMC_BF16) st = mmc_stw_add(w, t->names[i], p);
         else st = mmc_error(MMC_ERR_UNSUPPORTED, "parameter %s: dtype %s", t->names[i], mmc_dtype_name(p->dtype));
+    }
+    if (!st && t->sd3) {   /* the position table: a persistent buffer save_pretrained writes, not a parameter */
+        const mmc_tensor *pe = mmc_sd3_param(t->sd3, "pos_embed.pos_embed");
+        if (pe) st = mmc_stw_add(w, "pos_embed.pos_embed", pe);
     }
     if (!st) st = mmc_stw_set_metadata(w, "format", "pt");
     snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
