@@ -133,6 +133,24 @@ for s in 3 6; do
 done
 nl=$(grep -c '"loss"' "$T/run/metrics.jsonl" 2>/dev/null)
 [ "$nl" = 6 ] && ok || bad "metrics.jsonl has $nl loss lines, want 6"
+# the validation images are in the TensorBoard event file too (PNG records)
+ev=$(ls "$T"/run/tb/events.out.tfevents.* 2>/dev/null | head -1)
+np=$(grep -ac "IHDR" "$ev" 2>/dev/null)
+[ "${np:-0}" -ge 2 ] && ok || bad "TensorBoard events $ev: $np PNG images, want 2"
+if [ -x "$PY" ]; then
+  "$PY" - "$ev" "$T/run/validation" >"$T/py" 2>&1 <<'PY' && ok || bad "tensorboard cannot read the validation images: $(tail -5 "$T/py")"
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"images": 0})
+acc.Reload()
+ims = acc.Images("validation/image")
+assert [e.step for e in ims] == [3, 6], [e.step for e in ims]
+for e in ims:
+    png = open(f"{sys.argv[2]}/step-{e.step:06d}.png", "rb").read()
+    assert e.encoded_image_string == png and e.width == 32 and e.height == 32, e.step
+print("images", [e.step for e in ims])
+PY
+fi
 grep -q '"loss": \(nan\|inf\)' "$T/run/metrics.jsonl" && bad "non-finite loss: $(cat "$T/run/metrics.jsonl")" || ok
 # resume from checkpoint-3: steps 4-6 repeat exactly
 cp -r "$T/run" "$T/run2"

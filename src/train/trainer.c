@@ -1366,6 +1366,8 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             char vpath[2400];
             const double v0 = mmc_now();
             if ((st = mmc_trainer_flux_validate(t, vpath, sizeof vpath))) break;
+            const int res = (int)t->cfg->data.resolution;
+            if ((st = mmc_tb_image(tb, "validation/image", t->step, vpath, res, res)) || (st = mmc_tb_flush(tb))) break;
             if (tty) fputc('\n', stderr);
             fprintf(stderr, "validation image %s (%.1f s)\n", vpath, mmc_now() - v0);
         }

@@ -38,6 +38,8 @@ typedef struct {
 typedef struct mmc_tb mmc_tb;
 mmc_status mmc_tb_open(const char *dir, mmc_tb **out);
 mmc_status mmc_tb_scalar(mmc_tb *tb, const char *tag, int64_t step, double value);
+/* The PNG file at png_path as an image summary (TensorBoard's Images tab). */
+mmc_status mmc_tb_image(mmc_tb *tb, const char *tag, int64_t step, const char *png_path, int width, int height);
 mmc_status mmc_tb_flush(mmc_tb *tb);
 void mmc_tb_close(mmc_tb *tb);
 /* Masked CRC32C as TFRecord uses it (exposed for tests). */
