@@ -545,6 +545,9 @@ mmc_status mmc_fm_scheme_parse(const char *s, const char *what, mmc_fm_scheme *o
 /* compute_density_for_timestep_sampling: n values of u in [0, 1]. */
 void mmc_fm_sample_u(mmc_fm_scheme scheme, double logit_mean, double logit_std, double mode_scale, mmc_rng *r, int n,
                      float *u);
+/* diffusers' find_nearest_bucket (training_utils): the bucket (bh[i], bw[i]) with the least
+ * |h * bw - w * bh|, the last of equals. */
+int mmc_fm_nearest_bucket(int h, int w, const int *bh, const int *bw, int n);
 /* compute_loss_weighting_for_sd3 at sigma. */
 float mmc_fm_loss_weight(mmc_fm_scheme scheme, float sigma);
 /* index = (u * num_train_timesteps).long() into the scheduler's __init__ schedule: its sigma and

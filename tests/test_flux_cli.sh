@@ -183,6 +183,31 @@ mkdir -p "$T/badset" && printf '{"file_name": "00.png", "text": "ok"}\n{"file_na
 sed -e "s|train: tests/fixtures/flux/imagefolder|train: $T/badset|" -e "s|output_dir: $T/run|output_dir: $T/bad|" "$T/run.yaml" >"$T/bad.yaml"
 expect_rc 1 "$MMC" train "$T/bad.yaml"
 expect_err "metadata.jsonl:2: expected a JSON object"
+# aspect-ratio buckets (diffusers' "h,w;h,w" strings): images of three shapes, each resized to its
+# nearest bucket; micro-batches of one bucket; the run resumes exactly
+printf '%s\n' '{"image": "../flux/imagefolder/00.png", "caption": "a red circle"}' \
+  '{"image": "../flux/imagefolder/01.png", "caption": "a blue square"}' \
+  '{"image": "../image/rgba.png", "caption": "a wide picture"}' \
+  '{"image": "../image/rgb_500x333.jpg", "caption": "a wide photo"}' \
+  '{"image": "../image/grey_alpha_LA.png", "caption": "a tall picture"}' >"$T/buckets.jsonl"
+cat >"$T/bk.yaml" <<YAML
+model: {path: $P, lora: {r: 2, alpha: 2, targets: [to_q, to_v]}}
+data: {train: $T/buckets.jsonl, image_root: tests/fixtures/flux, resolution: 32, batch_size: 2, aspect_ratio_buckets: "32,32;24,40;40,24"}
+flow_matching: {max_sequence_length: 16}
+optimizer: {lr: 1.0e-3}
+training: {steps: 4, save_every: 2, log_every: 1, output_dir: $T/bk, seed: 3}
+YAML
+expect_rc 0 "$MMC" train "$T/bk.yaml"
+expect_err "aspect-ratio buckets: 32x32: 3 24x40: 2 40x24: 0"
+grep -q '"loss": \(nan\|inf\)' "$T/bk/metrics.jsonl" && bad "buckets: non-finite loss" || ok
+cp -r "$T/bk" "$T/bk2" && rm -rf "$T/bk2/checkpoint-4"
+sed "s|$T/bk|$T/bk2|" "$T/bk.yaml" >"$T/bk2.yaml"
+expect_rc 0 "$MMC" train "$T/bk2.yaml" --resume
+a=$(grep -o '"loss": [^,]*' "$T/bk/metrics.jsonl" | tail -2); b=$(grep -o '"loss": [^,]*' "$T/bk2/metrics.jsonl" | tail -2)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "buckets: resumed losses differ: [$a] vs [$b]"
+sed "s|aspect_ratio_buckets: \"32,32;24,40;40,24\"|aspect_ratio_buckets: \"32,30\"|" "$T/bk.yaml" >"$T/bk3.yaml"
+expect_rc 1 "$MMC" train "$T/bk3.yaml"
+expect_err "bucket 32,30 must be a multiple of 4"
 # from scratch: model.init gives the transformer (random init), the pipeline folder the rest; full
 # checkpoints are the transformer folder, which generate-image's pipeline can load
 cat >"$T/init.yaml" <<YAML

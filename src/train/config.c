@@ -76,6 +76,9 @@ static const mmc_cfg_field k_data[] = {
     F(mmc_data_cfg, add_vision_id, MMC_CFG_BOOL, U, NULL, NULL, "'Picture k: ' before each image (chat template)"),
     F(mmc_data_cfg, image_backend, MMC_CFG_ENUM, U, k_backends, NULL,
       "image resize: pil (Pillow-exact) | torchvision (transformers' default fast processor)"),
+    F(mmc_data_cfg, aspect_ratio_buckets, MMC_CFG_STR, U, NULL, NULL,
+      "diffusion: \"h,w;h,w;...\": each image resized to the bucket nearest its aspect ratio (diffusers' "
+      "--aspect_ratio_buckets); micro-batches hold one bucket"),
     F(mmc_data_cfg, resolution, MMC_CFG_INT, 16, 1 << 16, NULL, NULL,
       "diffusion: training image size (shorter side resized, then centre-cropped square)"),
     {0},
