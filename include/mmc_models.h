@@ -207,6 +207,9 @@ mmc_status mmc_qwen2_tp_check(const mmc_qwen2_config *cfg, int tp, const char *w
  * o/down on columns, the rest replicated; m->param_split records each parameter's split. */
 mmc_status mmc_qwen2_load_tp(const char *dir, const mmc_qwen2_config *cfg, struct mmc_comm *tp, bool trainable,
                              mmc_qwen2 **out);
+/* The same from an open checkpoint, names under prefix (as mmc_qwen2_load_from). */
+mmc_status mmc_qwen2_load_from_tp(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix, const char *lm_head_name,
+                                  struct mmc_comm *tp, bool trainable, mmc_qwen2 **out);
 /* This rank's shard of a full f32 model (e.g. a fresh mmc_qwen2_new), as trainable parameters. */
 mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, struct mmc_comm *tp, mmc_qwen2 **out);
 /* Every parameter at full size (new f32 tensors in full[0 .. n_params), in m->params order;

@@ -118,6 +118,11 @@ typedef struct {
 
 /* Load from an HF directory (config.json + safetensors); model_type qwen2_vl or qwen2_5_vl. */
 mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out);
+/* Tensor parallelism (mmc_tp.h): the same with the language model split over tp (its slices
+ * only are bound: mmc_qwen2_load_from_tp) and the vision tower replicated; tp NULL = load. */
+mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm *tp, mmc_qwen2_vl **out);
+/* Replace m's (full, f32) language model by this rank's tp shard, e.g. after mmc_qwen2_vl_new. */
+mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp);
 void mmc_qwen2_vl_free(mmc_qwen2_vl *m);
 
 /* M-RoPE positions as transformers' get_rope_index (5.x): text runs count up by one; an

@@ -36,7 +36,8 @@ grep -m1 'tp validation' "$out"
 
 # ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
 # weights and AdamW moments compared by `tp_worker compare`), resume across layouts
-# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), and the layout errors before any work
+# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks, Qwen2-VL with the language
+# model split, and the layout errors before any work
 cfg() {  # cfg NAME TP STEPS
   cat > "$W/$1.yaml" <<YAML
 model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
@@ -64,6 +65,22 @@ cmp_runs "tp=2 3 steps, resumed at tp=1" ref r21
 run1 "$W/ref.yaml" --set training.output_dir="$W/r12" --set training.steps=3 &&
   runN 2 "$W/tp2.yaml" --set training.output_dir="$W/r12" --resume || fail=1
 cmp_runs "tp=1 3 steps, resumed at tp=2" ref r12
+runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tp2dp2" || { echo "FAIL: tp2 x dp2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 x dp=2 (4 ranks) vs 1 process" ref tp2dp2
+# Qwen2-VL: the language model split, the vision tower replicated; mixed text / image batches
+vlcfg() {  # vlcfg NAME TP
+  cat > "$W/$1.yaml" <<YAML
+model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
+data: {train: tests/fixtures/data/mixed.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: 4, micro_batch_size: 2, num_workers: 1, shuffle: false, bucket_window: 64}
+parallel: {tensor_parallel: $2}
+optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
+training: {steps: 4, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/$1}
+YAML
+}
+vlcfg vlref 1; vlcfg vltp2 2
+run1 "$W/vlref.yaml" || { echo "FAIL: VL reference run"; tail "$W/train.log"; fail=1; }
+runN 2 "$W/vltp2.yaml" || { echo "FAIL: VL tp=2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train Qwen2-VL (LM tp=2, tower replicated) vs 1 process" vlref vltp2
 expect_err() {  # expect_err WHAT PATTERN NP YAML...
   local what=$1 pat=$2 np=$3; shift 3
   if [ "$np" = 1 ]; then "$MMC" train "$@" >"$out" 2>&1; else timeout 60 "${MPIRUN[@]}" -np "$np" "$MMC" train "$@" >"$out" 2>&1; fi

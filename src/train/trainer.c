@@ -296,12 +296,16 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
                          "(supported: qwen2_vl, qwen2_5_vl, qwen2)", path, type);
     }
-    if (t->tpc && vl) {
-        mmc_json_free(j);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel %d: tensor parallelism covers the text "
-                         "qwen2 language model only so far (not %s); use tensor_parallel 1", c->file, t->tp_size, type);
-    }
-    if (t->tpc) {   /* each rank binds only its slices (mmc_qwen2_load_tp), or shards a seeded init */
+    if (t->tpc && vl) {   /* the language model split, the vision tower replicated */
+        if (dir) {
+            st = mmc_qwen2_vl_load_tp(dir, true, t->tpc, &t->vl);
+        } else {
+            st = mmc_qwen2_vl_new(j, path, (uint64_t)c->training.seed, &t->vl);
+            if (!st) st = mmc_qwen2_vl_shard_tp(t->vl, t->tpc);
+        }
+        if (st) mmc_error_prefix(st, "%s: model %s", c->file, path);
+        if (!st) t->lm = t->vl->lm;
+    } else if (t->tpc) {   /* each rank binds only its slices (mmc_qwen2_load_tp), or shards a seeded init */
         mmc_qwen2_config qc;
         st = mmc_qwen2_config_read(j, &qc);
         if (!st) st = mmc_qwen2_tp_check(&qc, t->tp_size, "the language model");
@@ -766,6 +770,13 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
  * the local slice while the ordinary writer runs; to restore, full-size buffers are swapped in,
  * the ordinary reader fills them, and each rank keeps its slice. */
 typedef struct { mmc_tensor *t; void *local; int64_t shape[MMC_MAX_DIMS]; int split; } tp_swap_ent;
+
+/* the split of a model tensor: the language model's record; anything else (the vision tower) is replicated */
+static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p) {
+    for (int k = 0; k < t->lm->n_params; k++)
+        if (t->lm->params[k] == p) return t->lm->param_split[k];
+    return MMC_TP_REPLICATED;
+}
 typedef struct { tp_swap_ent *e; int n; float **m_local, **v_local; } tp_swap;
 
 /* rank r's slice along split of a full contiguous tensor of es-byte elements */
@@ -851,7 +862,7 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
         const int n = pass ? t->n_opt : t->n_params;
         for (int i = 0; i < n && !st; i++) {
             mmc_tensor *p = pass ? t->opt[i] : t->params[i];
-            int split = pass ? t->opt_split[i] : t->lm->param_split[i];
+            int split = pass ? t->opt_split[i] : lm_split_of(t, p);
             if (split < 0) continue;
             bool dup = false;
             for (int k = 0; k < sw->n && !dup; k++) dup = sw->e[k].t == p;

@@ -453,6 +453,11 @@ mmc_status mmc_qwen2_load_tp(const char *dir, const mmc_qwen2_config *cfg, mmc_c
     return st ? mmc_error_prefix(st, "%s", dir) : MMC_OK;
 }
 
+mmc_status mmc_qwen2_load_from_tp(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix, const char *lm_head_name,
+                                  mmc_comm *tp, bool trainable, mmc_qwen2 **out) {
+    return tp_build(cfg, tp, st, prefix, lm_head_name, NULL, trainable, out);
+}
+
 mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, mmc_comm *tp, mmc_qwen2 **out) {
     return tp_build(&full->cfg, tp, NULL, NULL, NULL, full, true, out);
 }

@@ -69,7 +69,21 @@ mmc_status mmc_qwen2_vl_new(const mmc_json *cfg, const char *what, uint64_t seed
     return MMC_OK;
 }
 
+mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp) {
+    mmc_qwen2 *s = NULL;
+    mmc_status st = mmc_qwen2_shard_tp(m->lm, tp, &s);
+    if (st) return st;
+    s->recompute = m->lm->recompute;
+    mmc_qwen2_free(m->lm);
+    m->lm = s;
+    return MMC_OK;
+}
+
 mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out) {
+    return mmc_qwen2_vl_load_tp(dir, trainable, NULL, out);
+}
+
+mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm *tp, mmc_qwen2_vl **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -92,7 +106,9 @@ mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out
     /* load both parts even if the first fails, so that every problem is reported at once */
     mmc_status vst = mmc_vision_load_from(m->st, &vc, vpre, trainable, &m->visual);
     if (vst) verr = strdup(mmc_last_error());
-    mmc_status lst = mmc_qwen2_load_from(m->st, &tc, lpre, "lm_head.weight", trainable, &m->lm);
+    /* with tensor parallelism the language model binds its slices, the tower stays whole */
+    mmc_status lst = tp ? mmc_qwen2_load_from_tp(m->st, &tc, lpre, "lm_head.weight", tp, trainable, &m->lm)
+                        : mmc_qwen2_load_from(m->st, &tc, lpre, "lm_head.weight", trainable, &m->lm);
     if (vst || lst) {
         st = vst ? vst : lst;
         char *lerr = lst ? strdup(mmc_last_error()) : NULL;
