@@ -41,7 +41,12 @@ mmc_tensor *mmc_tp_copy(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
 /* g: y = all_reduce(x); backward dx += dy. */
 mmc_tensor *mmc_tp_reduce(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
 /* Row-parallel linear: x [..., K/tp] (this rank's input features) with l->w [N, K/tp];
- * -> g(x W^T) + b [..., N]. LoRA on a row-parallel linear is not supported (MMC_CHECK). */
+ * -> g(x W^T + s B (A x)) + b [..., N].
+ * LoRA under tensor parallelism: on a column-parallel linear A [r, K] is replicated and B
+ * [N/tp, r] split on rows; on a row-parallel one A [r, K/tp] is split on columns and B [N, r]
+ * replicated. The replicated factor's gradient is then a partial sum on each rank (its input or
+ * output is split): the caller all-reduces it over the group after backward (Megatron does the
+ * same for such "sequence-parallel"-style partial gradients). */
 mmc_tensor *mmc_tp_row_linear(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l);
 /* Vocab-parallel embedding: table [V/tp, C] holds ids [vocab_start, vocab_start + V/tp);
  * ids [...] (i32/i64, each in [0, V)) -> g(masked lookup) [..., C], replicated. */

@@ -37,7 +37,7 @@ grep -m1 'tp validation' "$out"
 # ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
 # weights and AdamW moments compared by `tp_worker compare`), resume across layouts
 # (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks, Qwen2-VL with the language
-# model split, and the layout errors before any work
+# model split, LoRA, and the layout errors before any work
 cfg() {  # cfg NAME TP STEPS
   cat > "$W/$1.yaml" <<YAML
 model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
@@ -81,6 +81,16 @@ vlcfg vlref 1; vlcfg vltp2 2
 run1 "$W/vlref.yaml" || { echo "FAIL: VL reference run"; tail "$W/train.log"; fail=1; }
 runN 2 "$W/vltp2.yaml" || { echo "FAIL: VL tp=2 run"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train Qwen2-VL (LM tp=2, tower replicated) vs 1 process" vlref vltp2
+# LoRA on every projection: A whole / B split on column-parallel modules, A split / B whole on
+# row-parallel ones (the whole factor's partial gradient all-reduced); then a resume at tp=2
+LORA='lora: {r: 4, alpha: 8, dropout: 0.0, targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}'
+for n in ref tp2; do sed "s/dtype: f32}/dtype: f32, $LORA}/; s#output_dir: $W/$n}#output_dir: $W/${n}L}#" "$W/$n.yaml" > "$W/${n}L.yaml"; done
+run1 "$W/refL.yaml" || { echo "FAIL: LoRA reference run"; tail "$W/train.log"; fail=1; }
+runN 2 "$W/tp2L.yaml" || { echo "FAIL: LoRA tp=2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train LoRA tp=2 vs 1 process (adapters)" refL tp2L
+runN 2 "$W/tp2L.yaml" --set training.output_dir="$W/rL" --set training.steps=3 &&
+  runN 2 "$W/tp2L.yaml" --set training.output_dir="$W/rL" --resume || fail=1
+cmp_runs "LoRA tp=2 3 steps, resumed at tp=2" refL rL
 expect_err() {  # expect_err WHAT PATTERN NP YAML...
   local what=$1 pat=$2 np=$3; shift 3
   if [ "$np" = 1 ]; then "$MMC" train "$@" >"$out" 2>&1; else timeout 60 "${MPIRUN[@]}" -np "$np" "$MMC" train "$@" >"$out" 2>&1; fi
@@ -92,8 +102,8 @@ cfg bad4 4 2
 expect_err "tp 4 over 2 KV heads" "does not divide num_key_value_heads 2 of the language model: each rank must hold whole KV heads; use tensor_parallel 1 or 2" 4 "$W/bad4.yaml"
 expect_err "tp larger than the world" "tensor_parallel 2 is larger than the job's 1 process" 1 "$W/tp2.yaml"
 expect_err "world not divisible by tp" "3 processes do not divide into tensor-parallel groups of 2" 3 "$W/tp2.yaml"
-sed 's/dtype: f32}/dtype: f32, lora: {r: 4, alpha: 8, targets: [q_proj]}}/' "$W/tp2.yaml" > "$W/lora.yaml"
-expect_err "tp with LoRA" "LoRA under tensor parallelism is not supported yet" 1 "$W/lora.yaml"
+sed 's/dtype: f32}/dtype: f32, quantization: {method: nf4}, lora: {r: 4, alpha: 8, targets: [q_proj]}}/' "$W/tp2.yaml" > "$W/qlora.yaml"
+expect_err "tp with QLoRA" "QLoRA under tensor parallelism is not supported yet" 1 "$W/qlora.yaml"
 
 [ $fail = 0 ] && echo "test_tp: passed" || echo "test_tp: FAILED"
 exit $fail

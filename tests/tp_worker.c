@@ -130,7 +130,7 @@ static mmc_status copy_file(const char *from, const char *to) {
 
 /* ---- `tp_worker compare A B`: two `mmc train` output directories hold the same run: every
  * loss of metrics.jsonl within 1e-5 relative, and every tensor of the last checkpoint's
- * model.safetensors and optimizer.safetensors: weights within 2e-4 absolute (1 % of the
+ * model.safetensors (LoRA: adapter_model.safetensors) and optimizer.safetensors: weights within 2e-4 absolute (1 % of the
  * lr * steps they may move; isolated entries whose gradient is near zero carry AdamW-amplified
  * rounding noise) and 1e-6 on average, the moments within 1e-2 of each tensor's max. */
 static int read_losses(const char *dir, double *l, int cap) {
@@ -202,7 +202,11 @@ static int compare(const char *a, const char *b) {
     last_ckpt(a, ca, sizeof ca);
     last_ckpt(b, cb, sizeof cb);
     int nt = 0, no = 0;
-    double wd = cmp_file(ca, cb, "model.safetensors", false, &nt);
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/model.safetensors", ca);
+    struct stat sb;
+    const char *wf = stat(probe, &sb) == 0 ? "model.safetensors" : "adapter_model.safetensors";   /* LoRA: the adapters */
+    double wd = cmp_file(ca, cb, wf, false, &nt);
     double od = cmp_file(ca, cb, "optimizer.safetensors", true, &no);
     const double mean = g_sum_diff / (g_n_diff > 0 ? g_n_diff : 1);
     printf("%d steps: loss max rel diff %.2e (tol 1e-5); %d weights max abs diff %.2e (tol 2e-4), mean %.2e (tol 1e-6); "

@@ -58,7 +58,8 @@ mmc_tensor *mmc_tp_reduce(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
 }
 
 mmc_tensor *mmc_tp_row_linear(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l) {
-    MMC_CHECK(!l->lora, "mmc_tp_row_linear: LoRA on a row-parallel linear is not supported");
+    /* LoRA (A split on its input columns like W, B replicated): B (A_r x_r) summed over ranks by
+     * the same reduction is B (A x); B's gradient is then partial per rank (see mmc_tp.h) */
     mmc_linear_w nb = *l;
     nb.b = NULL;   /* the bias is replicated: added once, after the reduction */
     mmc_tensor *y = mmc_tp_reduce(ctx, tp, mmc_nn_linear(ctx, x, &nb));

@@ -274,9 +274,9 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     "is not implemented yet; data_parallel and tensor_parallel are)", (long long)p->pipeline_parallel);
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
      * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
-    if (p->tensor_parallel > 1 && c->model.lora.r > 0)
-        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.lora: LoRA under tensor parallelism is "
-                    "not supported yet; use tensor_parallel 1 (data_parallel scales LoRA)", (long long)p->tensor_parallel);
+    if (p->tensor_parallel > 1 && c->model.quantization.method != MMC_QUANT_NONE)
+        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.quantization: QLoRA under tensor "
+                    "parallelism is not supported yet; use tensor_parallel 1", (long long)p->tensor_parallel);
     if (p->tensor_parallel > 1 && p->zero > 0)
         return verr(c, root, "parallel", "tensor_parallel", "%lld with zero %lld: ZeRO over the data-parallel "
                     "replicas of a tensor-parallel model is not supported yet; use zero 0", (long long)p->tensor_parallel,

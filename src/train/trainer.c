@@ -272,6 +272,42 @@ static uint32_t component_of(const char *name) {
 }
 
 static mmc_status tp_restore(mmc_trainer *t, const char *dir);
+
+/* LoRA under tensor parallelism (mmc_tp.h): the decoder's column-parallel modules (q/k/v,
+ * gate/up) keep A whole and split B on rows, the row-parallel ones (o/down) split A on columns
+ * and keep B whole; the replicated factor's gradient is partial on each rank. A is
+ * re-initialised as one process would (the same kaiming-uniform stream over the full [r, K],
+ * then sliced), so a tp run starts from the same adapters. */
+static mmc_status tp_lora_setup(mmc_trainer *t) {
+    mmc_lora_set *s = t->lora;
+    const int P = t->tp_size, r = mmc_comm_rank(t->tpc);
+    t->lora_split = calloc((size_t)s->n_params + 1, 1);
+    t->lora_partial = calloc((size_t)s->n_params + 1, sizeof *t->lora_partial);
+    if (!t->lora_split || !t->lora_partial) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_rng rng;
+    mmc_rng_init(&rng, (uint64_t)t->cfg->training.seed);
+    for (int i = 0; i < s->n; i++) {
+        int kind = 0;   /* 0 replicated module (vision), 1 column-parallel, 2 row-parallel */
+        for (int64_t l = 0; l < t->lm->cfg.num_layers && !kind; l++) {
+            mmc_qwen2_layer *L = &t->lm->layers[l];
+            if (s->mods[i] == &L->q || s->mods[i] == &L->k || s->mods[i] == &L->v || s->mods[i] == &L->gate ||
+                s->mods[i] == &L->up) kind = 1;
+            else if (s->mods[i] == &L->o || s->mods[i] == &L->down) kind = 2;
+        }
+        mmc_tensor *A = s->adapters[i].A;
+        const int64_t R = A->shape[0], K = A->shape[1] * (kind == 2 ? P : 1);
+        float *full = malloc((size_t)(R * K) * sizeof(float));
+        if (!full) return mmc_error(MMC_ERR_OOM, "out of memory");
+        mmc_rng_uniform(&rng, full, R * K, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
+        mmc_tp_take_slice(full, 2, MMC_SHAPE(R, K), kind == 2 ? 1 : -1, r, P, A->data);
+        free(full);
+        t->lora_split[2 * i] = (signed char)(kind == 2 ? 1 : MMC_TP_REPLICATED);
+        t->lora_split[2 * i + 1] = (signed char)(kind == 1 ? 0 : MMC_TP_REPLICATED);
+        t->lora_partial[2 * i] = kind == 1;       /* A whole, fed the full input: only our output rows' share */
+        t->lora_partial[2 * i + 1] = kind == 2;   /* B whole, fed our partial A x */
+    }
+    return MMC_OK;
+}
 static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const mmc_run_config *c = t->cfg;
     if (mmc_trainer_is_flux_dir(c->model.path)) return mmc_trainer_flux_load(t, dir);   /* diffusion */
@@ -394,6 +430,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     if (!st) st = mmc_lora_attach(&ml, &lc, &t->lora);
     mmc_module_list_free(&ml);
     if (st) return mmc_error_prefix(st, "model.lora");
+    if (t->tpc && (st = tp_lora_setup(t))) return st;
     t->lora_names = calloc((size_t)t->lora->n_params, sizeof *t->lora_names);
     if (!t->lora_names) return mmc_error(MMC_ERR_OOM, "out of memory");
     t->n_lora_names = t->lora->n_params;
@@ -590,6 +627,8 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
             t->opt_split[i] = MMC_TP_REPLICATED;
             for (int k = 0; k < t->lm->n_params; k++)
                 if (t->lm->params[k] == t->opt_model[i]) t->opt_split[i] = t->lm->param_split[k];
+            for (int k = 0; t->lora && k < t->lora->n_params; k++)
+                if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
     }
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
@@ -732,6 +771,8 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->h_loss);
     free(t->h_lr);
     free(t->opt_split);
+    free(t->lora_split);
+    free(t->lora_partial);
     if (t->have_groups) mmc_dist_groups_free(&t->groups);
     if (t->owns_dist) mmc_dist_finalize();
     free(t);
@@ -1009,6 +1050,10 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                            "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
             goto done;
         }
+    }
+    for (int i = 0; t->lora_partial && i < t->lora->n_params; i++) {   /* tp: partial LoRA gradients */
+        mmc_tensor *g = t->lora_partial[i] ? t->lora->params[i]->grad : NULL;
+        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
     }
     for (int i = 0; i < t->n_opt; i++)
         if (t->opt[i] != t->opt_model[i]) t->opt[i]->grad = t->opt_model[i]->grad;

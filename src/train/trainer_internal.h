@@ -96,6 +96,8 @@ struct mmc_trainer {
     mmc_comm *tpc, *dpc;       /* tpc NULL at tp 1 */
     int tp_size, dp_rank, dp_size;
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
+    signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
+    bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
