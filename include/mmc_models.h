@@ -63,6 +63,7 @@ typedef struct {
     mmc_linear_w down;            /* w [C, F] */
     struct mmc_comm *tp;          /* tensor-parallel group (mmc_tp.h) or NULL: then q/k/v/gate/up
                                    * hold this rank's output rows and o/down its input columns */
+    bool sp;                      /* set by mmc_qwen2_forward: x is this rank's sequence slice */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of
@@ -106,6 +107,9 @@ typedef struct mmc_qwen2 {
     struct mmc_comm *tp;          /* tensor-parallel group (not owned), or NULL (mmc_qwen2_load_tp) */
     signed char *param_split;     /* [n_params] with tp: the dimension each parameter is split on
                                    * over the group, or MMC_TP_REPLICATED (-1); NULL without tp */
+    bool sp;                      /* with tp: sequence parallelism in training forwards (mmc_tp.h);
+                                   * the replicated parameters' gradients are then partial */
+    bool sp_active;               /* the last forward ran sequence-parallel (its hidden is gathered) */
 } mmc_qwen2;
 
 /* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference

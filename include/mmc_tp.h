@@ -60,6 +60,23 @@ mmc_tensor *mmc_tp_cross_entropy(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *logits,
  * generation); backward takes this rank's slice of the gradient. */
 mmc_tensor *mmc_tp_gather_last(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
 
+/* ---------------------------------------------------------------- sequence parallelism
+ * (Korthikanti et al. 2022, Megatron's sequence_parallel): between the tensor-parallel blocks
+ * the residual stream, the norms and the bias adds run on this rank's slice of the sequence,
+ * x [B, T/tp, C] (rank r holds positions [r T/tp, (r+1) T/tp) of every row); f becomes an
+ * all-gather along T (backward: reduce-scatter) and g a reduce-scatter (backward: all-gather).
+ * Replicated parameters used on the slices (norm weights, row-parallel biases) then get a
+ * partial gradient on each rank, which the caller all-reduces over the group after backward.
+ * T must be divisible by tp. */
+/* x [B, T, C] replicated -> this rank's slice [B, T/tp, C]; backward all-gathers. */
+mmc_tensor *mmc_tp_sp_split(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
+/* x [B, T/tp, C] -> [B, T, C] (all-gather along T); backward reduce-scatters the gradient. */
+mmc_tensor *mmc_tp_sp_gather(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
+/* x [B, T, C] partial sums -> [B, T/tp, C] summed over ranks; backward all-gathers. */
+mmc_tensor *mmc_tp_sp_reduce_scatter(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
+/* Row-parallel linear ending in a reduce-scatter: -> [B, T/tp, N] (+ b). */
+mmc_tensor *mmc_tp_row_linear_sp(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l);
+
 /* ---------------------------------------------------------------- sharded parameters */
 /* Bind this rank's slice of checkpoint tensor `name` (full shape `shape`, split on dim
  * split_dim or MMC_TP_REPLICATED) as a new f32 tensor: only the slice is read from the

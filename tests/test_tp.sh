@@ -2,7 +2,7 @@
 # test_tp.sh — tensor parallelism (mmc_tp.h) on 2 ranks against one process
 # (tests/tp_worker.c): the tiny Qwen2 (untied, then tied embeddings) trained 5 steps at tp=2
 # reproduces the single-process losses (1e-5 relative) and final weights (5e-5 absolute);
-# the gathered checkpoint loads at tp=1 and at tp=2; then tp2 x dp2 on 4 ranks. Skipped (exit 77) when mpirun or the
+# the gathered checkpoint loads at tp=1 and at tp=2; with sequence parallelism; tp2 x dp2 on 4 ranks. Skipped (exit 77) when mpirun or the
 # worker (built only when CMake finds MPI) is missing.
 set -u
 MMC=${MMC:-build/mmc}
@@ -25,6 +25,13 @@ for fx in tiny tiny_tied; do
     echo "FAIL: tp=2 on $fx:"; cat "$out"; fail=1
   fi
 done
+# sequence parallelism: norms and residuals on sequence slices (all-gather / reduce-scatter)
+if timeout 120 "${MPIRUN[@]}" -np 2 "$WORKER" tests/fixtures/qwen2/tiny 2 "$W/ckpt_sp" 5 sp >"$out" 2>&1 &&
+   [ "$(grep -c 'all .* tp checks passed' "$out")" = 2 ]; then
+  echo "tiny: $(grep 'tp parity' "$out")"
+else
+  echo "FAIL: tp=2 sequence-parallel:"; cat "$out"; fail=1
+fi
 # tp2 x dp2 on 4 ranks: two replicas of a 2-way split, gradients summed over the dp group
 if timeout 120 "${MPIRUN[@]}" -np 4 "$WORKER" tests/fixtures/qwen2/tiny 2 "$W/ckpt_dp" 5 >"$out" 2>&1 &&
    [ "$(grep -c 'all .* tp checks passed' "$out")" = 4 ]; then
@@ -37,7 +44,7 @@ grep -m1 'tp validation' "$out"
 # ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
 # weights and AdamW moments compared by `tp_worker compare`), resume across layouts
 # (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks, Qwen2-VL with the language
-# model split, LoRA, and the layout errors before any work
+# model split, LoRA, sequence parallelism, and the layout errors before any work
 cfg() {  # cfg NAME TP STEPS
   cat > "$W/$1.yaml" <<YAML
 model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
@@ -81,6 +88,12 @@ vlcfg vlref 1; vlcfg vltp2 2
 run1 "$W/vlref.yaml" || { echo "FAIL: VL reference run"; tail "$W/train.log"; fail=1; }
 runN 2 "$W/vltp2.yaml" || { echo "FAIL: VL tp=2 run"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train Qwen2-VL (LM tp=2, tower replicated) vs 1 process" vlref vltp2
+runN 2 "$W/vltp2.yaml" --set training.output_dir="$W/vlsp2" --set parallel.sequence_parallel=true ||
+  { echo "FAIL: VL tp=2 sequence-parallel run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train Qwen2-VL tp=2 + sequence parallelism (odd lengths padded) vs 1 process" vlref vlsp2
+runN 2 "$W/tp2.yaml" --set training.output_dir="$W/sp2" --set parallel.sequence_parallel=true ||
+  { echo "FAIL: tp=2 sequence-parallel run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 + sequence parallelism vs 1 process" ref sp2
 # LoRA on every projection: A whole / B split on column-parallel modules, A split / B whole on
 # row-parallel ones (the whole factor's partial gradient all-reduced); then a resume at tp=2
 LORA='lora: {r: 4, alpha: 8, dropout: 0.0, targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}'
@@ -103,6 +116,7 @@ expect_err "tp 4 over 2 KV heads" "does not divide num_key_value_heads 2 of the 
 expect_err "tp larger than the world" "tensor_parallel 2 is larger than the job's 1 process" 1 "$W/tp2.yaml"
 expect_err "world not divisible by tp" "3 processes do not divide into tensor-parallel groups of 2" 3 "$W/tp2.yaml"
 sed 's/dtype: f32}/dtype: f32, quantization: {method: nf4}, lora: {r: 4, alpha: 8, targets: [q_proj]}}/' "$W/tp2.yaml" > "$W/qlora.yaml"
+expect_err "sequence_parallel without tp" "sequence_parallel: true needs tensor_parallel 2 or more" 1 "$W/ref.yaml" --set parallel.sequence_parallel=true
 expect_err "tp with QLoRA" "QLoRA under tensor parallelism is not supported yet" 1 "$W/qlora.yaml"
 
 [ $fail = 0 ] && echo "test_tp: passed" || echo "test_tp: FAILED"

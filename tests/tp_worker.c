@@ -1,11 +1,11 @@
 /* tp_worker.c — the program tests/test_tp.sh starts under mpirun: tensor-parallel training of
  * the tiny Qwen2 (tests/fixtures/qwen2/<dir>) against single-process training.
  *
- *   tp_worker DIR TP OUT [STEPS]
+ *   tp_worker DIR TP OUT [STEPS [sp]]
  *
  * The world is cut into tp groups of TP ranks (Megatron order: tensor fastest) and W/TP data-
  * parallel replicas. Every rank binds only its slices of DIR's weights (mmc_qwen2_load_tp) and
- * trains STEPS AdamW steps (gradient clipping at 1.0 through the tp-aware global norm); data-
+ * trains STEPS AdamW steps (with sp: sequence parallelism between the blocks; gradient clipping at 1.0 through the tp-aware global norm); data-
  * parallel replica d takes micro-batch d of each global batch and the gradients are summed
  * over the dp group. World rank 0 then runs the same steps in one process on the full model,
  * accumulating the W/TP micro-batches, and compares: the losses of every step (relative), the
@@ -75,6 +75,11 @@ static void train(mmc_qwen2 *m, mmc_comm *tp, mmc_comm *dp, int steps, int n_glo
             mmc_backward(ctx, l);
             mmc_ctx_reset(ctx);
         }
+        if (m->sp)   /* sequence parallelism: the replicated parameters' gradients are partial */
+            for (int i = 0; i < m->n_params; i++)
+                if (m->param_split[i] < 0 && m->params[i]->grad)
+                    CHECK_OK(mmc_all_reduce(tp, m->params[i]->grad->data, m->params[i]->grad->data,
+                                            mmc_numel(m->params[i]), MMC_F32, MMC_SUM));
         if (dp && mmc_comm_size(dp) > 1) {
             for (int i = 0; i < m->n_params; i++)
                 if (m->params[i]->grad)
@@ -224,6 +229,7 @@ int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: tp_worker DIR TP OUT [STEPS] | tp_worker compare RUN_A RUN_B\n"); return 2; }
     const char *dir = argv[1], *out = argv[3];
     const int tpn = atoi(argv[2]), steps = argc > 4 ? atoi(argv[4]) : 5;
+    const bool sp = argc > 5 && !strcmp(argv[5], "sp");
     mmc_comm *world;
     mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = 300};
     if (mmc_dist_init(&dop, &world)) { fprintf(stderr, "dist init: %s\n", mmc_last_error()); return 1; }
@@ -260,6 +266,7 @@ int main(int argc, char **argv) {
     mmc_qwen2 *m = NULL;
     CHECK_OK(mmc_qwen2_load_tp(dir, &cfg, g.tp, true, &m));
     if (!m) mmc_dist_abort(1);
+    m->sp = sp;
     int64_t local = 0;
     for (int i = 0; i < m->n_params; i++) local += mmc_numel(m->params[i]);
     double tl[MAX_STEPS], tn[MAX_STEPS];
@@ -374,9 +381,9 @@ int main(int argc, char **argv) {
             mmc_ctx_free(ctx);
             mmc_qwen2_free(m1);
         }
-        printf("tp parity: tp=%d dp=%d, %d steps: max loss rel diff %.2e (tol 1e-5), max grad-norm rel diff %.2e, "
+        printf("tp parity: tp=%d%s dp=%d, %d steps: max loss rel diff %.2e (tol 1e-5), max grad-norm rel diff %.2e, "
                "max |weight diff| %.2e (tol 5e-5; weights moved up to %.2e); local params %lld of %lld\n",
-               tpn, ndp, steps, max_lrel, max_nrel, max_wrel, max_moved, (long long)local,
+               tpn, sp ? " (sequence-parallel)" : "", ndp, steps, max_lrel, max_nrel, max_wrel, max_moved, (long long)local,
                (long long)mmc_qwen2_param_count(ref));
         printf("tp checkpoint: gathered safetensors loads at tp=1: max logit diff %.2e (tol 1e-4); reloaded at tp=%d: "
                "loss %.9f vs %.9f\n", max_ldiff, tpn, lb, la);

@@ -430,7 +430,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     if (!st) st = mmc_lora_attach(&ml, &lc, &t->lora);
     mmc_module_list_free(&ml);
     if (st) return mmc_error_prefix(st, "model.lora");
-    if (t->tpc && (st = tp_lora_setup(t))) return st;
+    if (t->tpc && (st = tp_lora_setup(t))) return st;   /* (before the sequence-parallel flag: same splits) */
     t->lora_names = calloc((size_t)t->lora->n_params, sizeof *t->lora_names);
     if (!t->lora_names) return mmc_error(MMC_ERR_OOM, "out of memory");
     t->n_lora_names = t->lora->n_params;
@@ -616,6 +616,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
+    if (t->tpc) t->lm->sp = cfg->parallel.sequence_parallel;
     if (t->tpc) {   /* each trained tensor's split, from the model's (masters follow their bf16 tensor) */
         if (cfg->training.ema_decay > 0) {
             st = mmc_error(MMC_ERR_INVALID, "%s: training.ema_decay with parallel.tensor_parallel is not supported yet",
@@ -946,6 +947,33 @@ static mmc_status tp_restore(mmc_trainer *t, const char *dir) {
     return st;
 }
 
+/* Sequence parallelism splits the sequence over the tp ranks: a micro-batch whose length is
+ * not a multiple of tp gets pad positions appended to every row (id 0, label ignored,
+ * positions continuing; a packed row's padded tail, in no segment, just grows). Attention is causal, so
+ * the real tokens' outputs and the loss do not change. */
+static mmc_status sp_pad_batch(mmc_batch *b, int64_t mult) {
+    const int64_t B = b->B, T = b->T, T2 = (T + mult - 1) / mult * mult;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(B * T2)), *lab = malloc(sizeof *lab * (size_t)(B * T2));
+    int64_t *pos = b->position_ids ? malloc(sizeof *pos * (size_t)(3 * B * T2)) : NULL;
+    if (!ids || !lab || (b->position_ids && !pos)) {
+        free(ids); free(lab); free(pos);
+        return mmc_error(MMC_ERR_OOM, "out of memory padding a micro-batch for sequence parallelism");
+    }
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t t = 0; t < T2; t++) {
+            ids[r * T2 + t] = t < T ? b->input_ids[r * T + t] : 0;
+            lab[r * T2 + t] = t < T ? b->labels[r * T + t] : MMC_IGNORE_INDEX;
+            for (int k = 0; pos && k < 3; k++) {
+                const int64_t *src = b->position_ids + (k * B + r) * T;
+                pos[(k * B + r) * T2 + t] = t < T ? src[t] : src[T - 1] + (t - T + 1);
+            }
+        }
+    free(b->input_ids); free(b->labels); free(b->position_ids);
+    b->input_ids = ids, b->labels = lab, b->position_ids = pos;
+    b->T = T2;
+    return MMC_OK;
+}
+
 /* ------------------------------------------------------------------ one step */
 mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     const mmc_run_config *c = t->cfg;
@@ -1002,6 +1030,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                                                                 (uint64_t)k));
         int64_t n;
         mmc_tensor *l = NULL;
+        if (t->tpc && t->lm->sp && mbs[k].T % t->tp_size && (st = sp_pad_batch(&mbs[k], t->tp_size))) goto done;
         if (t->dp) mmc_dp_forward_begin(t->dp, t->ctx);   /* ZeRO-3: gathers the root unit */
         if (t->flux) {
             n = mbs[k].B;
@@ -1050,6 +1079,10 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                            "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
             goto done;
         }
+    }
+    for (int i = 0; t->tpc && t->lm->sp && i < t->lm->n_params; i++) {   /* sp: the replicated parameters' partial gradients */
+        mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
+        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
     }
     for (int i = 0; t->lora_partial && i < t->lora->n_params; i++) {   /* tp: partial LoRA gradients */
         mmc_tensor *g = t->lora_partial[i] ? t->lora->params[i]->grad : NULL;
