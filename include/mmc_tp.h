@@ -34,6 +34,13 @@ extern "C" {
 #endif
 
 #define MMC_TP_REPLICATED (-1)
+/* A fused projection [3 n, ...] (q, k, v stacked, as the vision tower's qkv): each third is
+ * split on its rows, i.e. the view [3, n, ...] is split on dim 1; rank r holds
+ * [q_r; k_r; v_r]. Usable wherever a split dimension is taken. */
+#define MMC_TP_FUSED3 8
+/* The plain (shape, split dim) that split code `split` of a tensor of shape `shape` means:
+ * MMC_TP_FUSED3 -> [3, shape[0]/3, shape[1..]] split on 1; anything else unchanged. */
+void mmc_tp_view(int ndim, const int64_t *shape, int split, int *vndim, int64_t *vshape, int *vsplit);
 
 /* ---------------------------------------------------------------- autograd ops */
 /* f: y = x (a new tensor sharing nothing with x); backward dx += all_reduce(dy). */

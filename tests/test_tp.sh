@@ -44,7 +44,7 @@ grep -m1 'tp validation' "$out"
 # ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
 # weights and AdamW moments compared by `tp_worker compare`), resume across layouts
 # (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks, Qwen2-VL with the language
-# model split, LoRA, sequence parallelism, and the layout errors before any work
+# model and the vision tower split (and LoRA on both), LoRA, sequence parallelism, and the layout errors before any work
 cfg() {  # cfg NAME TP STEPS
   cat > "$W/$1.yaml" <<YAML
 model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
@@ -87,7 +87,25 @@ YAML
 vlcfg vlref 1; vlcfg vltp2 2
 run1 "$W/vlref.yaml" || { echo "FAIL: VL reference run"; tail "$W/train.log"; fail=1; }
 runN 2 "$W/vltp2.yaml" || { echo "FAIL: VL tp=2 run"; tail "$W/train.log"; fail=1; }
-cmp_runs "mmc train Qwen2-VL (LM tp=2, tower replicated) vs 1 process" vlref vltp2
+cmp_runs "mmc train Qwen2-VL (LM and vision tower tp=2) vs 1 process" vlref vltp2
+runN 2 "$W/vltp2.yaml" --set training.output_dir="$W/vlr" --set training.steps=2 &&
+  run1 "$W/vlref.yaml" --set training.output_dir="$W/vlr" --resume || fail=1
+cmp_runs "Qwen2-VL tp=2 2 steps, resumed at tp=1" vlref vlr
+# Qwen2.5-VL from an HF directory (window attention, SwiGLU tower MLP, RMSNorm), images in every row
+cat > "$W/q25.yaml" <<YAML
+model: {path: tests/fixtures/qwen2_vl/q25_v5, dtype: f32}
+data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
+parallel: {tensor_parallel: 2}
+optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, schedule: constant, grad_clip: 1.0}
+training: {steps: 4, seed: 0, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/q25}
+YAML
+run1 "$W/q25.yaml" --set parallel.tensor_parallel=1 --set training.output_dir="$W/q25ref" &&
+  runN 2 "$W/q25.yaml" || { echo "FAIL: Qwen2.5-VL runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "Qwen2.5-VL (LM and tower tp=2) vs 1 process" q25ref q25
+VLORA='lora: {r: 4, alpha: 8, dropout: 0.0, targets: [qkv, proj, fc1, fc2, q_proj, o_proj, up_proj, down_proj]}'
+for n in vlref vltp2; do sed "s/dtype: f32}/dtype: f32, $VLORA}/; s#output_dir: $W/$n}#output_dir: $W/${n}L}#" "$W/$n.yaml" > "$W/${n}L.yaml"; done
+run1 "$W/vlrefL.yaml" && runN 2 "$W/vltp2L.yaml" || { echo "FAIL: VL LoRA runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "Qwen2-VL LoRA on tower (fused qkv) and LM modules, tp=2 vs 1 process (adapters)" vlrefL vltp2L
 runN 2 "$W/vltp2.yaml" --set training.output_dir="$W/vlsp2" --set parallel.sequence_parallel=true ||
   { echo "FAIL: VL tp=2 sequence-parallel run"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train Qwen2-VL tp=2 + sequence parallelism (odd lengths padded) vs 1 process" vlref vlsp2

@@ -348,8 +348,28 @@ mmc_tensor *mmc_tp_row_linear_sp(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, cons
 }
 
 /* ------------------------------------------------------------------ sharded parameters */
-/* a shape seen as [outer, d, inner] around the split dimension */
+void mmc_tp_view(int ndim, const int64_t *shape, int split, int *vndim, int64_t *vshape, int *vsplit) {
+    if (split != MMC_TP_FUSED3) {
+        *vndim = ndim, *vsplit = split;
+        for (int k = 0; k < ndim; k++) vshape[k] = shape[k];
+        return;
+    }
+    MMC_CHECK(ndim < MMC_MAX_DIMS && shape[0] % 3 == 0, "mmc_tp_view: a fused split needs [3 n, ...]");
+    *vndim = ndim + 1, *vsplit = 1;
+    vshape[0] = 3, vshape[1] = shape[0] / 3;
+    for (int k = 1; k < ndim; k++) vshape[k + 1] = shape[k];
+}
+
+/* a shape seen as [outer, d, inner] around the split dimension (fused splits through their view) */
 static void split_geom(int ndim, const int64_t *shape, int dim, int64_t *outer, int64_t *d, int64_t *inner) {
+    if (dim == MMC_TP_FUSED3) {
+        int vn, vd;
+        int64_t vs[MMC_MAX_DIMS + 1];
+        mmc_tp_view(ndim, shape, dim, &vn, vs, &vd);
+        *outer = 3, *d = vs[1], *inner = 1;
+        for (int k = 2; k < vn; k++) *inner *= vs[k];
+        return;
+    }
     *outer = 1, *inner = 1, *d = 1;
     if (dim < 0) { for (int k = 0; k < ndim; k++) *inner *= shape[k]; return; }
     for (int k = 0; k < dim; k++) *outer *= shape[k];
@@ -359,7 +379,8 @@ static void split_geom(int ndim, const int64_t *shape, int dim, int64_t *outer, 
 
 void mmc_tp_local_shape(int ndim, const int64_t *full, int split_dim, int tp_size, int64_t *local) {
     for (int k = 0; k < ndim; k++) local[k] = full[k];
-    if (split_dim >= 0) local[split_dim] = full[split_dim] / tp_size;
+    if (split_dim == MMC_TP_FUSED3) local[0] = full[0] / tp_size;
+    else if (split_dim >= 0) local[split_dim] = full[split_dim] / tp_size;
 }
 
 void mmc_tp_take_slice(const float *full, int ndim, const int64_t *full_shape, int split_dim, int rank,

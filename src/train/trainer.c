@@ -272,6 +272,7 @@ static uint32_t component_of(const char *name) {
 }
 
 static mmc_status tp_restore(mmc_trainer *t, const char *dir);
+static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p);
 
 /* LoRA under tensor parallelism (mmc_tp.h): the decoder's column-parallel modules (q/k/v,
  * gate/up) keep A whole and split B on rows, the row-parallel ones (o/down) split A on columns
@@ -287,12 +288,21 @@ static mmc_status tp_lora_setup(mmc_trainer *t) {
     mmc_rng rng;
     mmc_rng_init(&rng, (uint64_t)t->cfg->training.seed);
     for (int i = 0; i < s->n; i++) {
-        int kind = 0;   /* 0 replicated module (vision), 1 column-parallel, 2 row-parallel */
+        /* 0 replicated module (a replicated tower's), 1 column-parallel, 2 row-parallel, 3 the
+         * tower's fused qkv (column-parallel per third) */
+        int kind = 0;
         for (int64_t l = 0; l < t->lm->cfg.num_layers && !kind; l++) {
             mmc_qwen2_layer *L = &t->lm->layers[l];
             if (s->mods[i] == &L->q || s->mods[i] == &L->k || s->mods[i] == &L->v || s->mods[i] == &L->gate ||
                 s->mods[i] == &L->up) kind = 1;
             else if (s->mods[i] == &L->o || s->mods[i] == &L->down) kind = 2;
+        }
+        const mmc_vision *vt = t->vl ? t->vl->visual : NULL;
+        for (int64_t l = 0; vt && vt->tp && l < vt->cfg.depth && !kind; l++) {
+            mmc_vision_block *b = &vt->blocks[l];
+            if (s->mods[i] == &b->qkv) kind = 3;
+            else if (s->mods[i] == &b->fc1 || s->mods[i] == &b->gate || s->mods[i] == &b->up) kind = 1;
+            else if (s->mods[i] == &b->proj || s->mods[i] == &b->fc2 || s->mods[i] == &b->down) kind = 2;
         }
         mmc_tensor *A = s->adapters[i].A;
         const int64_t R = A->shape[0], K = A->shape[1] * (kind == 2 ? P : 1);
@@ -302,8 +312,8 @@ static mmc_status tp_lora_setup(mmc_trainer *t) {
         mmc_tp_take_slice(full, 2, MMC_SHAPE(R, K), kind == 2 ? 1 : -1, r, P, A->data);
         free(full);
         t->lora_split[2 * i] = (signed char)(kind == 2 ? 1 : MMC_TP_REPLICATED);
-        t->lora_split[2 * i + 1] = (signed char)(kind == 1 ? 0 : MMC_TP_REPLICATED);
-        t->lora_partial[2 * i] = kind == 1;       /* A whole, fed the full input: only our output rows' share */
+        t->lora_split[2 * i + 1] = (signed char)(kind == 1 ? 0 : kind == 3 ? MMC_TP_FUSED3 : MMC_TP_REPLICATED);
+        t->lora_partial[2 * i] = kind == 1 || kind == 3;   /* A whole, fed the full input: our output rows' share */
         t->lora_partial[2 * i + 1] = kind == 2;   /* B whole, fed our partial A x */
     }
     return MMC_OK;
@@ -625,9 +635,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         }
         if (!(t->opt_split = calloc((size_t)t->n_opt + 1, 1))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
         for (int i = 0; i < t->n_opt; i++) {
-            t->opt_split[i] = MMC_TP_REPLICATED;
-            for (int k = 0; k < t->lm->n_params; k++)
-                if (t->lm->params[k] == t->opt_model[i]) t->opt_split[i] = t->lm->param_split[k];
+            t->opt_split[i] = (signed char)lm_split_of(t, t->opt_model[i]);
             for (int k = 0; t->lora && k < t->lora->n_params; k++)
                 if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
@@ -813,16 +821,23 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
  * the ordinary reader fills them, and each rank keeps its slice. */
 typedef struct { mmc_tensor *t; void *local; int64_t shape[MMC_MAX_DIMS]; int split; } tp_swap_ent;
 
-/* the split of a model tensor: the language model's record; anything else (the vision tower) is replicated */
+/* the split of a model tensor: the language model's or the vision tower's record (a
+ * replicated tower has none) */
 static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p) {
     for (int k = 0; k < t->lm->n_params; k++)
         if (t->lm->params[k] == p) return t->lm->param_split[k];
+    const mmc_vision *v = t->vl ? t->vl->visual : NULL;
+    for (int k = 0; v && v->param_split && k < v->n_params; k++)
+        if (v->params[k] == p) return v->param_split[k];
     return MMC_TP_REPLICATED;
 }
 typedef struct { tp_swap_ent *e; int n; float **m_local, **v_local; } tp_swap;
 
 /* rank r's slice along split of a full contiguous tensor of es-byte elements */
-static void slice_bytes(const char *full, int ndim, const int64_t *shape, int split, int r, int P, size_t es, char *local) {
+static void slice_bytes(const char *full, int ndim0, const int64_t *shape0, int split0, int r, int P, size_t es, char *local) {
+    int ndim, split;
+    int64_t shape[MMC_MAX_DIMS + 1];
+    mmc_tp_view(ndim0, shape0, split0, &ndim, shape, &split);   /* a fused qkv through its [3, n, ...] view */
     int64_t outer = 1, inner = 1;
     for (int k = 0; k < split; k++) outer *= shape[k];
     for (int k = split + 1; k < ndim; k++) inner *= shape[k];
@@ -847,7 +862,7 @@ static void tp_to_local(mmc_trainer *t, tp_swap *sw, bool take) {
         if (take) {
             int64_t full[MMC_MAX_DIMS];
             mmc_tp_local_shape(t->opt[i]->ndim, t->opt[i]->shape, -1, 1, full);
-            full[t->opt_split[i]] *= P;
+            full[t->opt_split[i] == MMC_TP_FUSED3 ? 0 : t->opt_split[i]] *= P;
             mmc_tp_take_slice(t->adamw.m[i], t->opt[i]->ndim, full, t->opt_split[i], r, P, sw->m_local[i]);
             mmc_tp_take_slice(t->adamw.v[i], t->opt[i]->ndim, full, t->opt_split[i], r, P, sw->v_local[i]);
         }
@@ -877,7 +892,7 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
         const mmc_tensor *p = t->opt[i];
         int64_t full[MMC_MAX_DIMS];
         mmc_tp_local_shape(p->ndim, p->shape, -1, 1, full);
-        full[t->opt_split[i]] *= P;
+        full[t->opt_split[i] == MMC_TP_FUSED3 ? 0 : t->opt_split[i]] *= P;
         mmc_tensor *fm = mmc_tensor_new(MMC_F32, p->ndim, full), *fv = mmc_tensor_new(MMC_F32, p->ndim, full);
         if (!fm || !fv) { mmc_tensor_free(fm); mmc_tensor_free(fv); st = MMC_ERR_OOM; break; }
         if (gather) {
@@ -912,7 +927,7 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
             tp_swap_ent *e = &sw->e[sw->n];
             int64_t full[MMC_MAX_DIMS];
             memcpy(full, p->shape, sizeof full);
-            full[split] *= P;
+            full[split == MMC_TP_FUSED3 ? 0 : split] *= P;   /* a fused qkv grows on its rows */
             mmc_tensor *f = mmc_tensor_new(MMC_F32, p->ndim, full);
             if (!f) { st = MMC_ERR_OOM; break; }
             if (gather) st = mmc_tp_gather(t->tpc, p, split, f);
@@ -1358,9 +1373,15 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             (double)state / 1048576.0, (long long)tc->steps, (long long)t->step,
             (long long)c->data.batch_size, (long long)tc->gradient_accumulation,
             (long long)c->data.micro_batch_size, t->dp_size > 1 ? " over data-parallel ranks" : "");
-    if (t->tpc)
-        fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s): each rank holds 1/%d of the "
-                "language model's matrices\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world), t->tp_size);
+    if (t->tpc) {
+        char why[160] = "";
+        if (t->vl && !t->vl->visual->tp) mmc_vision_tp_ok(&t->vl->visual->cfg, t->tp_size, why, sizeof why);
+        fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s)%s: each rank holds 1/%d of the "
+                "language model's matrices%s%s%s\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
+                t->lm->sp ? " with sequence parallelism" : "", t->tp_size,
+                !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
+                why, t->vl && !t->vl->visual->tp ? ")" : "");
+    }
     if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,

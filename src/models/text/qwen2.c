@@ -471,7 +471,8 @@ mmc_status mmc_qwen2_gather_weights(mmc_qwen2 *m, mmc_tensor **full) {
         int sp = m->param_split ? m->param_split[i] : -1;
         int64_t shape[MMC_MAX_DIMS];
         memcpy(shape, p->shape, sizeof shape);
-        if (sp >= 0) shape[sp] *= P;
+        if (sp == MMC_TP_FUSED3) shape[0] *= P;
+        else if (sp >= 0) shape[sp] *= P;
         if (!(full[i] = mmc_tensor_new(MMC_F32, p->ndim, shape))) { st = MMC_ERR_OOM; break; }
         snprintf(full[i]->name, sizeof full[i]->name, "%s", p->name);
         st = mmc_tp_gather(m->tp, p, sp, full[i]);

@@ -6,6 +6,7 @@
  * rope_deltas (max position + 1 - length) offset the positions of every decoded token, as
  * transformers' _prepare_position_ids_for_generation does. */
 #include "mmc_vl.h"
+#include "mmc_parallel.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,17 @@ mmc_status mmc_qwen2_vl_new(const mmc_json *cfg, const char *what, uint64_t seed
     return MMC_OK;
 }
 
+/* the vision tower's shard, when tp divides its heads and MLP (else it stays replicated) */
+static mmc_status shard_vision(mmc_qwen2_vl *m, struct mmc_comm *tp) {
+    if (!mmc_vision_tp_ok(&m->visual->cfg, mmc_comm_size(tp), NULL, 0)) return MMC_OK;
+    mmc_vision *v = NULL;
+    mmc_status st = mmc_vision_shard_tp(m->visual, tp, &v);
+    if (st) return st;
+    mmc_vision_free(m->visual);
+    m->visual = v;
+    return MMC_OK;
+}
+
 mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp) {
     mmc_qwen2 *s = NULL;
     mmc_status st = mmc_qwen2_shard_tp(m->lm, tp, &s);
@@ -76,7 +88,7 @@ mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp) {
     s->recompute = m->lm->recompute;
     mmc_qwen2_free(m->lm);
     m->lm = s;
-    return MMC_OK;
+    return shard_vision(m, tp);
 }
 
 mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out) {
@@ -118,6 +130,8 @@ mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm
     }
     free(verr);
     mmc_json_free(cfg);
+    /* tensor parallelism: the tower (small next to the language model) is loaded whole, then sliced */
+    if (tp && trainable && (st = shard_vision(m, tp))) { cfg = NULL; goto fail; }
     if (trainable) {   /* weights were copied: the mapping is not needed */
         mmc_st_close(m->st);
         m->st = NULL;
