@@ -21,6 +21,7 @@ for fx in tiny tiny_tied; do
      [ "$(grep -c 'all .* tp checks passed' "$out")" = 2 ]; then
     echo "$fx: $(grep 'tp parity' "$out")"
     echo "$fx: $(grep 'tp checkpoint' "$out")"
+    echo "$fx: $(grep 'tp communication' "$out")"
   else
     echo "FAIL: tp=2 on $fx:"; cat "$out"; fail=1
   fi
@@ -29,6 +30,7 @@ done
 if timeout 120 "${MPIRUN[@]}" -np 2 "$WORKER" tests/fixtures/qwen2/tiny 2 "$W/ckpt_sp" 5 sp >"$out" 2>&1 &&
    [ "$(grep -c 'all .* tp checks passed' "$out")" = 2 ]; then
   echo "tiny: $(grep 'tp parity' "$out")"
+  echo "tiny: sequence-parallel $(grep 'tp communication' "$out")"
 else
   echo "FAIL: tp=2 sequence-parallel:"; cat "$out"; fail=1
 fi

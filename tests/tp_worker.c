@@ -271,7 +271,31 @@ int main(int argc, char **argv) {
     for (int i = 0; i < m->n_params; i++) local += mmc_numel(m->params[i]);
     double tl[MAX_STEPS], tn[MAX_STEPS];
     int my_micro = g.dp_rank;
+    mmc_dist_stats s0, s1;
+    mmc_dist_get_stats(&s0);
     train(m, g.tp, g.dp, steps, ndp, &my_micro, 1, tl, tn);
+    mmc_dist_get_stats(&s1);
+    /* communication volume (bytes handed to collectives: all-reduce and all-gather count this
+     * rank's contribution, reduce-scatter its whole input) against the Megatron accounting,
+     * with M = one [B, T, C] f32 activation and L layers, per step:
+     *   no sp: forward 1 (embedding) + 2L (o, down) all-reduces, backward 2L + 1 (f before
+     *          q/k/v, gate/up and lm_head): (4L + 2) M;
+     *   sp:    the embedding all-reduce M, 4L + 1 reduce-scatters (o, down forward; the
+     *          gathers' backward) M each, 4L + 2 all-gathers M / tp each;
+     * plus the vocab-parallel loss (row max f32 + sum-exp and target f64: 20 bytes a row), the
+     * gradient norm (the split parameters' sum of squares, 8 bytes) and, with sp, the replicated
+     * parameters' partial gradients. Only the tp collectives: checked when dp = 1. */
+    if (ndp == 1 && tpn > 1) {
+        const int64_t L = cfg.num_layers, M = (int64_t)B * T * cfg.hidden_size * 4, N = (int64_t)B * T;
+        const int64_t per = sp ? M + (4 * L + 1) * M + (4 * L + 2) * (M / tpn) : (4 * L + 2) * M;
+        int64_t repl = 0;
+        for (int i = 0; sp && i < m->n_params; i++) repl += m->param_split[i] < 0 ? mmc_numel(m->params[i]) * 4 : 0;
+        const int64_t want = steps * (per + 20 * N + 8 + repl), got = s1.bytes - s0.bytes;
+        if (R == 0)
+            printf("tp communication: %lld bytes in %lld collectives over %d steps, model %lld bytes (%.1f KiB per "
+                   "step)\n", (long long)got, (long long)(s1.ops - s0.ops), steps, (long long)want, got / 1024.0 / steps);
+        CHECKF(got == want, "communication %lld bytes, the model says %lld", (long long)got, (long long)want);
+    }
     mmc_tensor **full = calloc((size_t)m->n_params, sizeof *full);
     CHECK_OK(mmc_qwen2_gather_weights(m, full));
 
