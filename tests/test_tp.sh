@@ -45,7 +45,7 @@ grep -m1 'tp validation' "$out"
 
 # ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
 # weights and AdamW moments compared by `tp_worker compare`), resume across layouts
-# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks, Qwen2-VL with the language
+# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks (ZeRO 0-2), Qwen2-VL with the language
 # model and the vision tower split (and LoRA on both), LoRA, sequence parallelism, and the layout errors before any work
 cfg() {  # cfg NAME TP STEPS
   cat > "$W/$1.yaml" <<YAML
@@ -76,6 +76,14 @@ run1 "$W/ref.yaml" --set training.output_dir="$W/r12" --set training.steps=3 &&
 cmp_runs "tp=1 3 steps, resumed at tp=2" ref r12
 runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tp2dp2" || { echo "FAIL: tp2 x dp2 run"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train tp=2 x dp=2 (4 ranks) vs 1 process" ref tp2dp2
+# ZeRO-1 / ZeRO-2 over the data-parallel replicas of the tp model (the global norm over dp
+# shards of tp slices); checkpoints stay full tensors, so the ZeRO-2 run resumes from one
+runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz1" --set parallel.zero=1 ||
+  { echo "FAIL: tp2 x dp2 ZeRO-1 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 x dp=2 ZeRO-1 vs 1 process" ref tpz1
+runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz2" --set parallel.zero=2 --set training.steps=3 &&
+  runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz2" --set parallel.zero=2 --resume || fail=1
+cmp_runs "tp=2 x dp=2 ZeRO-2, 3 steps, resumed" ref tpz2
 # Qwen2-VL: the language model split, the vision tower replicated; mixed text / image batches
 vlcfg() {  # vlcfg NAME TP
   cat > "$W/$1.yaml" <<YAML
@@ -137,6 +145,7 @@ expect_err "tp larger than the world" "tensor_parallel 2 is larger than the job'
 expect_err "world not divisible by tp" "3 processes do not divide into tensor-parallel groups of 2" 3 "$W/tp2.yaml"
 sed 's/dtype: f32}/dtype: f32, quantization: {method: nf4}, lora: {r: 4, alpha: 8, targets: [q_proj]}}/' "$W/tp2.yaml" > "$W/qlora.yaml"
 expect_err "sequence_parallel without tp" "sequence_parallel: true needs tensor_parallel 2 or more" 1 "$W/ref.yaml" --set parallel.sequence_parallel=true
+expect_err "tp with ZeRO-3" "ZeRO-3 over the data-parallel replicas of a tensor-parallel model is not supported yet" 1 "$W/tp2.yaml" --set parallel.zero=3
 expect_err "tp with QLoRA" "QLoRA under tensor parallelism is not supported yet" 1 "$W/qlora.yaml"
 
 [ $fail = 0 ] && echo "test_tp: passed" || echo "test_tp: FAILED"

@@ -282,10 +282,13 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->tensor_parallel > 1 && c->model.quantization.method != MMC_QUANT_NONE)
         return verr(c, root, "parallel", "tensor_parallel", "%lld with model.quantization: QLoRA under tensor "
                     "parallelism is not supported yet; use tensor_parallel 1", (long long)p->tensor_parallel);
-    if (p->tensor_parallel > 1 && p->zero > 0)
-        return verr(c, root, "parallel", "tensor_parallel", "%lld with zero %lld: ZeRO over the data-parallel "
-                    "replicas of a tensor-parallel model is not supported yet; use zero 0", (long long)p->tensor_parallel,
-                    (long long)p->zero);
+    if (p->tensor_parallel > 1 && p->zero == 3)
+        return verr(c, root, "parallel", "zero", "3 with tensor_parallel %lld: ZeRO-3 over the data-parallel replicas of "
+                    "a tensor-parallel model is not supported yet; use zero 0-2", (long long)p->tensor_parallel);
+    if (p->tensor_parallel > 1 && p->zero > 0 && (p->sequence_parallel || c->model.lora.r > 0))
+        return verr(c, root, "parallel", "zero", "%lld with tensor_parallel %lld and %s: not supported yet (their partial "
+                    "gradients are reduced outside ZeRO's shards); use zero 0", (long long)p->zero,
+                    (long long)p->tensor_parallel, p->sequence_parallel ? "sequence_parallel" : "LoRA");
     if (d->batch_size % (d->micro_batch_size * p->data_parallel))
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
                     "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,

@@ -734,6 +734,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         free(fz_unit);
         free(through);
         if (st) goto fail;
+        if (t->tpc) mmc_dp_set_tp(t->dp, t->tpc, t->opt_split);   /* the norm over the tp slices */
         if (cfg->parallel.zero >= 1) {   /* this rank keeps only its shard of the AdamW state */
             mmc_dp_scatter_state(t->dp, &t->adamw);
             mmc_adamw_free(&t->adamw);
@@ -1283,10 +1284,25 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
     if (t->tpc) {   /* every tp rank gathers; world rank 0 writes full tensors */
+        /* ZeRO-1/2: the moments are gathered over dp first (the local tensors' full state) */
+        const bool zs = t->dp && t->cfg->parallel.zero >= 1;
+        mmc_adamw keep = t->adamw, full = {0};
+        mmc_status st = MMC_OK;
+        if (zs) {
+            st = mmc_adamw_init(&full, &keep.o, t->opt, t->n_opt);
+            if (!st) st = mmc_dp_gather_state(t->dp, &full);
+            t->adamw = full;
+        }
         tp_swap sw;
-        mmc_status st = tp_to_full(t, true, &sw);
-        if (!st) st = save_ranked_inner(t);
-        tp_to_local(t, &sw, false);
+        if (!st) st = tp_to_full(t, true, &sw);
+        if (!st) {
+            st = save_ranked_inner(t);
+            tp_to_local(t, &sw, false);
+        }
+        if (zs) {
+            mmc_adamw_free(&t->adamw);
+            t->adamw = keep;
+        }
         return st;
     }
     /* ZeRO-3: parameters are gathered for rank 0's files (collective) and freed after — the
@@ -1302,7 +1318,7 @@ static mmc_status save_ranked(mmc_trainer *t) {
 
 static mmc_status save_ranked_inner(mmc_trainer *t) {
     mmc_status st = MMC_OK;
-    const bool sharded = t->dp && t->cfg->parallel.zero >= 1;
+    const bool sharded = mmc_trainer_state_sharded(t);
     if (!sharded) {
         if (t->rank == 0) st = mmc_trainer_save(t);
         return agree(t, st, "rank 0's save");

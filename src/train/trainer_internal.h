@@ -128,6 +128,11 @@ mmc_status mmc_rm_rf(const char *path);
 mmc_status mmc_mkdir_p(const char *path);
 /* ZeRO-3 without LoRA: checkpoints keep the trained parameters in the ranks' shards (no
  * model.safetensors; the untrained ones go to model.frozen.safetensors) */
+/* ZeRO >= 1 checkpoints keep the moments in per-rank shard files, except under tensor
+ * parallelism, whose checkpoints are gathered into full tensors (any layout reads them) */
+static inline bool mmc_trainer_state_sharded(const mmc_trainer *t) {
+    return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc;
+}
 static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
     return t->dp && t->cfg->parallel.zero == 3 && !t->lora;
 }
