@@ -118,7 +118,7 @@ mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm
     /* load both parts even if the first fails, so that every problem is reported at once */
     mmc_status vst = mmc_vision_load_from(m->st, &vc, vpre, trainable, &m->visual);
     if (vst) verr = strdup(mmc_last_error());
-    /* with tensor parallelism the language model binds its slices, the tower stays whole */
+    /* with tensor parallelism the language model binds its slices (the tower is sliced below) */
     mmc_status lst = tp ? mmc_qwen2_load_from_tp(m->st, &tc, lpre, "lm_head.weight", tp, trainable, &m->lm)
                         : mmc_qwen2_load_from(m->st, &tc, lpre, "lm_head.weight", trainable, &m->lm);
     if (vst || lst) {
@@ -131,7 +131,7 @@ mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm
     free(verr);
     mmc_json_free(cfg);
     /* tensor parallelism: the tower (small next to the language model) is loaded whole, then sliced */
-    if (tp && trainable && (st = shard_vision(m, tp))) { cfg = NULL; goto fail; }
+    if (tp && trainable && (st = shard_vision(m, tp))) { cfg = NULL, verr = NULL; goto fail; }
     if (trainable) {   /* weights were copied: the mapping is not needed */
         mmc_st_close(m->st);
         m->st = NULL;
