@@ -104,6 +104,8 @@ static const mmc_cfg_field k_flow_matching[] = {
 static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, data_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "data-parallel ranks"),
     F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
+    F(mmc_parallel_cfg, sequence_parallel, MMC_CFG_BOOL, U, NULL, NULL,
+      "norms and residuals on sequence slices between tensor-parallel blocks"),
     F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "pipeline stages"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
@@ -169,7 +171,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.micro_batch_size = 1;
     c->data.num_workers = 2;
     c->data.prefetch = 4;
-    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0, 600.0};
+    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0, 600.0, false};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
     c->optimizer.weight_decay = 0.0;
@@ -280,13 +282,19 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     "is not implemented yet; data_parallel and tensor_parallel are)", (long long)p->pipeline_parallel);
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
      * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
-    if (p->tensor_parallel > 1 && c->model.lora.r > 0)
-        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.lora: LoRA under tensor parallelism is "
-                    "not supported yet; use tensor_parallel 1 (data_parallel scales LoRA)", (long long)p->tensor_parallel);
-    if (p->tensor_parallel > 1 && p->zero > 0)
-        return verr(c, root, "parallel", "tensor_parallel", "%lld with zero %lld: ZeRO over the data-parallel "
-                    "replicas of a tensor-parallel model is not supported yet; use zero 0", (long long)p->tensor_parallel,
-                    (long long)p->zero);
+    if (p->sequence_parallel && p->tensor_parallel < 2)
+        return verr(c, root, "parallel", "sequence_parallel", "true needs tensor_parallel 2 or more (the sequence is "
+                    "split over the tensor-parallel group)");
+    if (p->tensor_parallel > 1 && c->model.quantization.method != MMC_QUANT_NONE)
+        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.quantization: QLoRA under tensor "
+                    "parallelism is not supported yet; use tensor_parallel 1", (long long)p->tensor_parallel);
+    if (p->tensor_parallel > 1 && p->zero == 3)
+        return verr(c, root, "parallel", "zero", "3 with tensor_parallel %lld: ZeRO-3 over the data-parallel replicas of "
+                    "a tensor-parallel model is not supported yet; use zero 0-2", (long long)p->tensor_parallel);
+    if (p->tensor_parallel > 1 && p->zero > 0 && (p->sequence_parallel || c->model.lora.r > 0))
+        return verr(c, root, "parallel", "zero", "%lld with tensor_parallel %lld and %s: not supported yet (their partial "
+                    "gradients are reduced outside ZeRO's shards); use zero 0", (long long)p->zero,
+                    (long long)p->tensor_parallel, p->sequence_parallel ? "sequence_parallel" : "LoRA");
     if (d->batch_size % (d->micro_batch_size * p->data_parallel))
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
                     "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,

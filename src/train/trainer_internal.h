@@ -98,6 +98,8 @@ struct mmc_trainer {
     mmc_comm *tpc, *dpc;       /* tpc NULL at tp 1 */
     int tp_size, dp_rank, dp_size;
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
+    signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
+    bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
@@ -132,6 +134,11 @@ mmc_status mmc_rm_rf(const char *path);
 mmc_status mmc_mkdir_p(const char *path);
 /* ZeRO-3 without LoRA: checkpoints keep the trained parameters in the ranks' shards (no
  * model.safetensors; the untrained ones go to model.frozen.safetensors) */
+/* ZeRO >= 1 checkpoints keep the moments in per-rank shard files, except under tensor
+ * parallelism, whose checkpoints are gathered into full tensors (any layout reads them) */
+static inline bool mmc_trainer_state_sharded(const mmc_trainer *t) {
+    return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc;
+}
 static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
     return t->dp && t->cfg->parallel.zero == 3 && !t->lora;
 }
