@@ -9,6 +9,7 @@
  * ids succeeds; with the Metaspace "first" pipelines, text that is valid UTF-8, has no "▁"
  * (U+2581) and does not start with a space round-trips exactly (special tokens kept). */
 #include "fuzz_util.h"
+#include "mmc_io.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,17 +17,9 @@
 
 static mmc_tokenizer *g_tok[3];
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-    fclose(f);
-    *n = (size_t)sz;
-    return b;
+static char *read_all(const char *path, size_t *n) {   /* NULL if unreadable */
+    char *b = NULL;
+    return mmc_read_file(path, &b, n) == MMC_OK ? b : NULL;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -38,7 +31,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     mmc_status st = mmc_tokenizer_load(p, &g_tok[0]);
     size_t n = 0;
     snprintf(p, sizeof p, "%sllama_tok_hub/tokenizer.json", root);
-    char *j = slurp(p, &n);
+    char *j = read_all(p, &n);
     if (!st && j) st = mmc_tokenizer_load_memory(j, n, NULL, 0, p, &g_tok[1]);
     free(j);
     snprintf(p, sizeof p, "%sllama_tok_joined", root);

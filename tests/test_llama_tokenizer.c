@@ -19,21 +19,13 @@
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
+#include "mmc_io.h"
 
 #define ROOT "tests/fixtures/llama_tokenizer/"
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-    if (b) b[sz] = 0;
-    fclose(f);
-    if (n) *n = (size_t)sz;
-    return b;
+static char *read_all(const char *path, size_t *n) {   /* NULL if unreadable */
+    char *b = NULL;
+    return mmc_read_file(path, &b, n) == MMC_OK ? b : NULL;
 }
 
 static bool ids_equal(const int32_t *got, int64_t n, const cJSON *want) {
@@ -64,7 +56,7 @@ static void check_layout(const cJSON *exp, const char *name, bool with_config) {
     } else {
         snprintf(path, sizeof path, ROOT "%s/tokenizer.json", name);
         size_t n = 0;
-        char *json = slurp(path, &n);
+        char *json = read_all(path, &n);
         CHECK(json != NULL);
         if (json) CHECK_OK(mmc_tokenizer_load_memory(json, n, NULL, 0, path, &t));
         free(json);
@@ -141,7 +133,7 @@ static void check_layout(const cJSON *exp, const char *name, bool with_config) {
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     size_t n = 0;
-    char *buf = slurp(ROOT "expected.json", &n);
+    char *buf = read_all(ROOT "expected.json", &n);
     CHECK(buf != NULL);
     cJSON *exp = buf ? cJSON_Parse(buf) : NULL;
     free(buf);
