@@ -3,8 +3,9 @@
  * tools/ref/gen_whisper.py): d_model 32, 4 heads, 2 + 2 layers, 80 mel bins, 3000 frames.
  *   encoder: last_hidden_state [1500, 32] within 1e-4
  *   decoder: logits [T, V] of a prompt within 1e-4, fed at once and token by token (KV cache)
- *   generate: token ids equal for forced language, detected language, timestamps, translate,
- *             and long-form (4500 frames: two windows); the detected language equal
+ *   generate: token ids equal for forced language, detected language, timestamps, translate, the
+ *             default max_length, on the features and their negation, and long-form (4500 frames);
+ *             the detected language equal
  *   tokenizer: the checkpoint's tokenizer.json loads; the special and timestamp tokens map to the
  *             generation config's ids; decode of a prompt
  *   layouts: a bare WhisperModel's names ("encoder.*", "decoder.*") with an explicit proj_out.weight
@@ -96,21 +97,22 @@ static void check_generate(mmc_whisper *m, const mmc_st *exp) {
     cJSON_ArrayForEach(e, (const cJSON *)cj) {
         const char *name = e->string;
         const cJSON *lang = cJSON_GetObjectItem(e, "language"), *task = cJSON_GetObjectItem(e, "task");
+        const cJSON *mnt = cJSON_GetObjectItem(e, "max_new_tokens");   /* absent: max_length rules */
         mmc_whisper_opts o = {
             .language = cJSON_IsString(lang) ? lang->valuestring : NULL,
             .task = cJSON_IsString(task) ? task->valuestring : NULL,
             .timestamps = cJSON_IsTrue(cJSON_GetObjectItem(e, "return_timestamps")),
-            .max_new_tokens = cJSON_GetObjectItem(e, "max_new_tokens")->valueint,
+            .max_new_tokens = cJSON_IsNumber(mnt) ? mnt->valueint : 0,
         };
         int64_t frames = (int64_t)cJSON_GetObjectItem(e, "frames")->valuedouble;
-        float *in = feats;
-        if (frames != F) {   /* long: cat(features, features[:, :frames - F]) */
-            in = malloc((size_t)(M * frames) * sizeof(float));
-            for (int64_t k = 0; k < M; k++) {
-                memcpy(in + k * frames, feats + k * F, (size_t)F * sizeof(float));
-                memcpy(in + k * frames + F, feats + k * F, (size_t)(frames - F) * sizeof(float));
+        const char *input = cJSON_GetObjectItem(e, "input")->valuestring;
+        /* "x": the features; "neg": -x; "long": cat(x, x[:, :frames - F]) */
+        float *in = malloc((size_t)(M * frames) * sizeof(float));
+        for (int64_t k = 0; k < M; k++)
+            for (int64_t t = 0; t < frames; t++) {
+                float v = feats[k * F + t % F];
+                in[k * frames + t] = !strcmp(input, "neg") ? -v : v;
             }
-        }
         mmc_whisper_result r;
         CHECK_OK(mmc_whisper_transcribe(m, &g, in, frames, &o, &r));
         char key[64];
@@ -134,7 +136,7 @@ static void check_generate(mmc_whisper *m, const mmc_st *exp) {
         }
         mmc_tensor_free(want);
         mmc_whisper_result_free(&r);
-        if (in != feats) free(in);
+        free(in);
     }
     mmc_whisper_opts bad = {.language = "xx"};
     mmc_whisper_result r;

@@ -18,8 +18,11 @@ tests/fixtures/whisper/expected.safetensors:
   prompt_ids [T] and logits [T, V]: the decoder's logits for a prompt (sot, <|en|>, transcribe,
     notimestamps, a few text tokens) over those features,
   gen_<case> (int64): generate(input_features, ...)'s output ids for the cases in cases.json
-    (forced language / detected language / timestamps / translate / long-form over 4500 frames
-    = cat(features, features[:, :, :1500])).
+    (forced language / detected language / timestamps / translate / the generation config's
+    max_length / long-form over 4500 frames = cat(features, features[:, :, :1500])), on the
+    features ("x") or their negation ("neg").
+The random weights give the cross-attention a large scale so that the tokens depend on the
+features and the model emits timestamp pairs, several segments per window and EOS.
 
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_whisper.py
 """
@@ -97,7 +100,11 @@ with torch.no_grad():
         elif "embed_positions" in name:
             p.copy_(0.5 * torch.randn(p.shape, generator=g))
         elif "embed_tokens" in name:
-            p.copy_(torch.randn(p.shape, generator=g))
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        elif "encoder_attn.v_proj" in name or "encoder_attn.out_proj" in name:
+            # a strong cross-attention path: the random model's tokens then depend on the audio and
+            # it emits timestamp pairs, several segments per window and EOS
+            p.copy_(3.0 * torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
         else:
             p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
 space = tok.convert_tokens_to_ids("\u0120")
@@ -133,24 +140,27 @@ with torch.no_grad():
     out["prompt_ids"] = torch.tensor(prompt, dtype=torch.int32)
     out["logits"] = logits.contiguous()
 
-long_x = torch.cat([x, x[:, :, :1500]], dim=-1)
+INPUTS = {"x": x, "neg": -x, "long": torch.cat([x, x[:, :, :1500]], dim=-1)}
 CASES = {
-    "en": dict(language="en", task="transcribe", max_new_tokens=24),
-    "detect": dict(max_new_tokens=24),
-    "timestamps": dict(language="en", return_timestamps=True, max_new_tokens=32),
-    "translate_ts": dict(language="de", task="translate", return_timestamps=True, max_new_tokens=32),
-    "detect_ts": dict(return_timestamps=True, max_new_tokens=32),
-    "long": dict(language="en", return_timestamps=True, max_new_tokens=24),
+    "en": ("x", dict(language="en", task="transcribe", max_new_tokens=24)),
+    "detect": ("x", dict(max_new_tokens=24)),
+    "timestamps": ("x", dict(language="en", return_timestamps=True, max_new_tokens=40)),
+    "translate_ts": ("x", dict(language="de", task="translate", return_timestamps=True, max_new_tokens=32)),
+    "detect_ts": ("x", dict(return_timestamps=True, max_new_tokens=32)),
+    "neg": ("neg", dict(language="en", max_new_tokens=40)),
+    "neg_ts": ("neg", dict(language="fr", return_timestamps=True, max_new_tokens=60)),
+    "neg_default": ("neg", dict(return_timestamps=True)),
+    "long": ("long", dict(language="en", return_timestamps=True, max_new_tokens=24)),
 }
 cases = {}
-for name, kw in CASES.items():
-    inp = long_x if name == "long" else x
+for name, (inp_name, kw) in CASES.items():
+    inp = INPUTS[inp_name]
     with torch.no_grad():
         seq = model.generate(input_features=inp, **kw)
     seq = seq[0] if not isinstance(seq, dict) else seq["sequences"][0]
     out["gen_" + name] = seq.to(torch.int64).contiguous()
-    cases[name] = dict(kw, frames=inp.shape[-1])
-    print(name, seq.tolist())
+    cases[name] = dict(kw, input=inp_name, frames=inp.shape[-1])
+    print(name, len(seq), seq.tolist()[:60])
 # language detection alone (what generate does at the first step)
 with torch.no_grad():
     lang = model.detect_language(input_features=x, generation_config=model.generation_config)
