@@ -213,6 +213,20 @@ static void check_layouts(const mmc_st *exp) {
         }
         free(lg);
         mmc_ctx_free(ctx);
+        if (!zero) {
+            /* no generation_config.json: config.json's fields, as GenerationConfig.from_model_config */
+            mmc_whisper_gen_config g;
+            CHECK_OK(mmc_whisper_gen_config_load(dir, &g));
+            CHECK(g.decoder_start_token_id == 421 && g.eos_token_id == 420 && g.n_langs < 0 &&
+                  g.no_timestamps_token_id < 0 && g.max_length == 20);
+            mmc_whisper_opts o = {.max_new_tokens = 3};
+            mmc_whisper_result r;
+            CHECK_OK(mmc_whisper_transcribe(m, &g, feats, F, &o, &r));
+            CHECK(r.n_prompt == 1 && r.prompt[0] == 421 && r.language_id == -1);
+            mmc_whisper_result_free(&r);
+            o.timestamps = true;
+            CHECK_ERR(mmc_whisper_transcribe(m, &g, feats, F, &o, &r), MMC_ERR_INVALID);
+        }
         mmc_whisper_free(m);
     }
     free(feats);

@@ -77,10 +77,18 @@ mmc_status mmc_whisper_gen_config_load(const char *dir, mmc_whisper_gen_config *
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     mmc_json *jg = NULL, *jc = NULL;
-    mmc_status st = mmc_json_load(path, &jg);
+    mmc_status st = mmc_json_load(cpath, &jc);
     if (st) return st;
-    if ((st = mmc_json_load(cpath, &jc))) { mmc_json_free(jg); return st; }
-    const cJSON *o = (const cJSON *)jg, *c = (const cJSON *)jc;
+    /* without generation_config.json transformers derives one from config.json's generation
+     * fields (GenerationConfig.from_model_config): no lang_to_id / no_timestamps_token_id there */
+    FILE *probe = fopen(path, "r");
+    if (probe) {
+        fclose(probe);
+        if ((st = mmc_json_load(path, &jg))) { mmc_json_free(jc); return st; }
+    } else {
+        snprintf(path, sizeof path, "%s", cpath);
+    }
+    const cJSON *c = (const cJSON *)jc, *o = jg ? (const cJSON *)jg : c;
     g->decoder_start_token_id = json_int_or(o, "decoder_start_token_id", json_int_or(c, "decoder_start_token_id", -1));
     g->eos_token_id = json_int_or(o, "eos_token_id", json_int_or(c, "eos_token_id", -1));
     if (g->eos_token_id < 0) g->eos_token_id = json_int_or(o, "bos_token_id", -1);
