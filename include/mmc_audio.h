@@ -51,6 +51,7 @@ typedef struct {
     float padding_value;
     bool return_attention_mask;
     float *mel_filters;    /* [n_fft/2+1, feature_size], as transformers builds it (slaney) */
+    void *priv;            /* FFT plan, window and filters in double (whisper_features.c) */
 } mmc_whisper_fe;
 
 mmc_status mmc_whisper_fe_load(const char *model_dir, mmc_whisper_fe *fe);

@@ -53,7 +53,7 @@ typedef struct {
     char class_name[64];      /* "AutoencoderKL" */
     mmc_dcomp_kind kind;
     bool present;             /* false for [null, null] */
-    bool mmc_implements;      /* mmc can run this class (today: AutoencoderKL, the scheduler) */
+    bool mmc_implements;      /* mmc can run this class */
     char weights[1024];       /* safetensors file or index, "" when the component has none */
     int64_t n_params;         /* parameters (elements) in its safetensors; 0 without weights */
     int n_dtypes;
@@ -241,6 +241,56 @@ typedef struct {
  * without it, each block's intermediates are released as soon as its outputs exist. */
 mmc_status mmc_sd3_forward(mmc_ctx *ctx, mmc_sd3 *m, const mmc_sd3_inputs *in, mmc_tensor **out);
 
+/* ---------------------------------------------------------------- UNet2DConditionModel
+ * diffusers' models/unets/unet_2d_condition.py as Stable Diffusion 1.x / 2.x and SDXL use it: see
+ * src/models/diffusion/unet2d_condition.c. DownBlock2D / CrossAttnDownBlock2D, UNetMidBlock2DCrossAttn,
+ * UpBlock2D / CrossAttnUpBlock2D, the "text_time" addition embedding of SDXL. */
+#define MMC_UNET_MAX_LEVELS 6
+typedef struct {
+    int64_t in_channels, out_channels;
+    int levels;
+    int64_t block_out_channels[MMC_UNET_MAX_LEVELS];
+    bool down_cross[MMC_UNET_MAX_LEVELS];           /* CrossAttnDownBlock2D (else DownBlock2D) */
+    bool up_cross[MMC_UNET_MAX_LEVELS];             /* CrossAttnUpBlock2D (else UpBlock2D), in up order */
+    int64_t layers_per_block[MMC_UNET_MAX_LEVELS];
+    int64_t transformer_layers[MMC_UNET_MAX_LEVELS];        /* transformer_layers_per_block, down order */
+    int64_t up_transformer_layers[MMC_UNET_MAX_LEVELS];     /* reverse_transformer_layers_per_block, up order */
+    int64_t heads[MMC_UNET_MAX_LEVELS];             /* num_attention_heads, else attention_head_dim (sic) */
+    bool mid_cross;                                 /* mid_block_type UNetMidBlock2DCrossAttn (else none) */
+    int64_t cross_attention_dim;
+    int64_t norm_num_groups;
+    double norm_eps;
+    bool use_linear_projection;
+    bool flip_sin_to_cos;
+    double freq_shift;
+    double mid_block_scale_factor;
+    int64_t time_embed_dim;                         /* block_out_channels[0] * 4 unless time_embedding_dim */
+    bool text_time;                                 /* addition_embed_type "text_time" (SDXL) */
+    int64_t addition_time_embed_dim, projection_class_embeddings_input_dim;
+} mmc_unet_config;
+
+typedef struct mmc_unet mmc_unet;
+
+mmc_status mmc_unet_config_read(const mmc_json *cfg, const char *what, mmc_unet_config *out);
+/* Load from a unet/ folder (config.json + diffusion_pytorch_model safetensors, single or sharded;
+ * f32 / bf16 / f16, computed in f32). Every missing or mis-shaped tensor is listed. */
+mmc_status mmc_unet_load(const char *dir, mmc_unet **out);
+void mmc_unet_free(mmc_unet *m);
+const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m);
+int64_t mmc_unet_param_count(const mmc_unet *m);
+
+typedef struct {
+    mmc_tensor *sample;        /* [B, in_channels, H, W]; H, W multiples of 2^(levels - 1) */
+    const float *timestep;     /* [B] */
+    mmc_tensor *encoder;       /* [B, T, cross_attention_dim] */
+    mmc_tensor *text_embeds;   /* [B, P] pooled text embeds (text_time only, else NULL) */
+    const float *time_ids;     /* [B, n_time_ids] (text_time only): SDXL's add_time_ids */
+    int n_time_ids;
+} mmc_unet_inputs;
+/* The noise (or v) prediction [B, out_channels, H, W]. Inference only (no tape); each block's
+ * intermediates are released as soon as its output exists. Errors name the input that does not fit. */
+mmc_status mmc_unet_forward(mmc_ctx *ctx, mmc_unet *m, const mmc_unet_inputs *in, mmc_tensor **out);
+
 /* ---------------------------------------------------------------- FluxPipeline
  * text -> image from a FluxPipeline folder, as diffusers' FluxPipeline.__call__ runs it: see
  * src/diffusion/flux_pipeline.c. Components load when first needed; the text encoders are freed
@@ -377,6 +427,108 @@ void mmc_fm_step(const mmc_fm_scheduler *s, int i, const float *model_output, fl
 /* scale_noise: sample = sigma[i] * noise + (1 - sigma[i]) * sample (img2img, training). */
 void mmc_fm_scale_noise(const mmc_fm_scheduler *s, int i, float *sample, const float *noise,
                         int64_t n_elem);
+
+/* ---------------------------------------------------------------- DDPM-family schedulers
+ * diffusers' EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler
+ * and DDIMScheduler (schedulers/scheduling_*.py, 0.42), read from a scheduler_config.json:
+ * src/diffusion/schedulers.c. One struct for the four (they share the training schedule of
+ * betas / alphas_cumprod and the timestep spacings); `kind` picks the set_timesteps and step
+ * rules. Randomness (ancestral noise, SDE noise, DDIM with eta > 0) is a tensor the caller
+ * passes, so a run can use torch's generator's draws, or mmc's. */
+typedef enum { MMC_NSCHED_EULER, MMC_NSCHED_EULER_ANCESTRAL, MMC_NSCHED_DPM_MULTISTEP, MMC_NSCHED_DDIM } mmc_nsched_kind;
+typedef enum { MMC_PRED_EPSILON, MMC_PRED_V, MMC_PRED_SAMPLE } mmc_pred_type;
+typedef enum { MMC_BETA_LINEAR, MMC_BETA_SCALED_LINEAR, MMC_BETA_SQUAREDCOS } mmc_beta_schedule;
+typedef enum { MMC_SPACING_LINSPACE, MMC_SPACING_LEADING, MMC_SPACING_TRAILING } mmc_timestep_spacing;
+typedef struct {
+    mmc_nsched_kind kind;
+    int64_t num_train_timesteps;
+    double beta_start, beta_end;
+    mmc_beta_schedule beta_schedule;
+    mmc_pred_type prediction_type;
+    mmc_timestep_spacing timestep_spacing;
+    int64_t steps_offset;
+    bool rescale_betas_zero_snr;
+    /* Euler and DPM-Solver */
+    bool use_karras_sigmas;
+    bool final_sigmas_sigma_min;        /* final_sigmas_type "sigma_min" (else "zero") */
+    double sigma_min, sigma_max;        /* Karras range; NAN when null (the schedule's ends) */
+    bool interpolation_log_linear;      /* Euler: interpolation_type "log_linear" (else "linear") */
+    /* DPM-Solver */
+    int solver_order;                   /* 1 or 2 */
+    bool sde;                           /* algorithm_type "sde-dpmsolver++" (else "dpmsolver++") */
+    bool solver_heun;                   /* solver_type "heun" (else "midpoint") */
+    bool lower_order_final, euler_at_final;
+    double lambda_min_clipped;          /* -INFINITY by default */
+    /* DDIM */
+    bool clip_sample, set_alpha_to_one;
+    double clip_sample_range;
+} mmc_nsched_config;
+
+typedef struct {
+    mmc_nsched_config cfg;
+    float *alphas_cumprod;      /* [num_train_timesteps] */
+    int num_inference_steps;    /* the n of set_timesteps */
+    int n;                      /* timesteps: n, or n + 1 where numpy's arange gives one more (trailing) */
+    float *timesteps;           /* [n] (integer-valued except Euler's linspace / Karras ones) */
+    float *sigmas;              /* [n + 1] (NULL for DDIM) */
+    float init_noise_sigma;
+    double eta;                 /* DDIM's step(eta=...); 0 unless the caller sets it */
+    /* DPM-Solver's multistep state */
+    float *prev_x0;             /* [n_elem] the previous step's data prediction */
+    int64_t n_elem;
+    int lower_order_nums;
+} mmc_nsched;
+
+/* Defaults of diffusers' __init__ for the kind, then the keys of a scheduler_config.json (its
+ * _class_name picks the kind). Keys mmc cannot honour (trained_betas, thresholding, beta or
+ * exponential sigmas, 3rd-order or non-++ DPM-Solver, learned variance, ...) are
+ * MMC_ERR_UNSUPPORTED naming the key; unknown values are MMC_ERR_INVALID naming key and value. */
+mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsched_config *out);
+/* Reads <dir>/scheduler_config.json (diffusers writes -Infinity for lambda_min_clipped; accepted). */
+mmc_status mmc_nsched_load(const char *scheduler_dir, mmc_nsched *out);
+mmc_status mmc_nsched_init(const mmc_nsched_config *c, mmc_nsched *out);
+void mmc_nsched_free(mmc_nsched *s);
+const char *mmc_nsched_kind_name(mmc_nsched_kind k);
+/* set_timesteps(n): timesteps and sigmas as diffusers computes them (the same float32 / float64
+ * steps), and resets the multistep state. */
+mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n);
+/* scale_model_input at step i: the factor the sample is divided by (sqrt(sigma^2 + 1) for the
+ * Euler kinds, 1 otherwise), and the division itself into out (may alias in). */
+float mmc_nsched_input_divisor(const mmc_nsched *s, int i);
+void mmc_nsched_scale_model_input(const mmc_nsched *s, int i, const float *in, float *out, int64_t n_elem);
+/* step(model_output, timesteps[i], sample): sample [n_elem] is replaced by prev_sample. noise
+ * [n_elem] is required by EulerAncestral, sde-dpmsolver++ and DDIM with eta > 0 (the
+ * randn_tensor draw / variance_noise), else ignored (may be NULL). Steps must run in order
+ * i = 0, 1, ... for DPM-Solver (it keeps the previous data prediction). */
+mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *model_output, float *sample, int64_t n_elem,
+                          const float *noise);
+
+/* ---------------------------------------------------------------- StableDiffusionXLPipeline
+ * text -> image from a StableDiffusionXLPipeline folder: src/diffusion/sdxl_pipeline.c. Prompt
+ * encodings use mmc_flux_cond (prompt_embeds [B, 77, C1 + C2] = both CLIPs' hidden_states[-2],
+ * pooled [B, P] = the second's text_embeds); latents [B, C, H/f, W/f] are the initial noise (scaled
+ * by the scheduler's init_noise_sigma inside); the sample options' guidance is classifier-free
+ * guidance (> 1 needs a negative encoding: mmc_sdxl_zero_cond when mmc_sdxl_force_zeros and no
+ * negative prompt was given, as diffusers does). The scheduler is the folder's (any of mmc_nsched). */
+typedef struct mmc_sdxl_pipeline mmc_sdxl_pipeline;
+mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out);
+void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p);
+int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p);
+bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p);     /* model_index.json's force_zeros_for_empty_prompt */
+mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM's eta */
+void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w);
+mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width);
+mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
+                                  mmc_flux_cond *out);
+mmc_status mmc_sdxl_zero_cond(const mmc_flux_cond *like, mmc_flux_cond *out);
+/* The denoising loop on latents (updated in place); noise_seed seeds the per-step noise of stochastic
+ * schedulers (EulerAncestral, sde-dpmsolver++, DDIM with eta > 0). */
+mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
+                           mmc_tensor *latents, const mmc_flux_sample_opts *o, uint64_t noise_seed);
+/* Unscale, decode (the UNet is freed first; computed in f32, which is force_upcast), denormalise ->
+ * [B, 3, H, W] in [0, 1]. */
+mmc_status mmc_sdxl_decode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_tensor *latents, bool tiled,
+                           mmc_tensor **image);
 
 /* ---------------------------------------------------------------- flow-matching training
  * The objective of diffusers' SD3 / Flux training scripts (src/train/flow_matching.c). One

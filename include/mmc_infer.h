@@ -3,6 +3,7 @@
  *
  * Sampling follows transformers' logits-processor order: repetition penalty, then
  * temperature, top-k, top-p, min-p, then a draw from the softmax (or argmax when greedy).
+ * OpenAI's presence / frequency penalties (off by default) come before all of them.
  */
 #ifndef MMC_INFER_H
 #define MMC_INFER_H
@@ -21,6 +22,13 @@ typedef struct {
     float min_p;               /* 0: off */
     float repetition_penalty;  /* 1: off (HF semantics: divide positive logits, multiply negative) */
     uint64_t seed;
+    /* OpenAI's penalties over the tokens generated so far (not the prompt), applied to the raw
+     * logits before everything else: logit[t] -= count(t) * frequency_penalty
+     * + (count(t) > 0) * presence_penalty. 0: off. */
+    float presence_penalty, frequency_penalty;
+    /* Called with the raw logits [vocab] of every step before any processing (logprobs). */
+    void (*on_logits)(void *user, const float *logits, int64_t vocab);
+    void *logits_user;
 } mmc_sampler_opts;
 
 void mmc_sampler_defaults(mmc_sampler_opts *o);   /* greedy */
@@ -32,6 +40,7 @@ typedef struct {
     int32_t *idx;               /* [V] scratch */
     uint8_t *seen;              /* [V] scratch for the repetition penalty */
     int64_t vocab;
+    int64_t n_first;            /* history length at the first call (the prompt), -1 before */
 } mmc_sampler;
 
 mmc_status mmc_sampler_init(mmc_sampler *s, const mmc_sampler_opts *o, int64_t vocab);

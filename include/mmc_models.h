@@ -61,6 +61,8 @@ typedef struct {
     mmc_tensor *post_norm;        /* [C] */
     mmc_linear_w gate, up;        /* w [F, C] */
     mmc_linear_w down;            /* w [C, F] */
+    struct mmc_comm *tp;          /* tensor-parallel group (mmc_tp.h) or NULL: then q/k/v/gate/up
+                                   * hold this rank's output rows and o/down its input columns */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of
@@ -101,6 +103,9 @@ typedef struct mmc_qwen2 {
     mmc_st *st;                   /* mapping kept alive when weights are zero-copy */
     bool recompute;               /* activation checkpointing per block */
     mmc_lora_set *adapter;        /* PEFT adapter applied at inference (owned), or NULL */
+    struct mmc_comm *tp;          /* tensor-parallel group (not owned), or NULL (mmc_qwen2_load_tp) */
+    signed char *param_split;     /* [n_params] with tp: the dimension each parameter is split on
+                                   * over the group, or MMC_TP_REPLICATED (-1); NULL without tp */
 } mmc_qwen2;
 
 /* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference
@@ -186,8 +191,27 @@ void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *cfg, mm
  * Without autograd the layers run in their inference form (mmc_qwen2_layer_forward_infer). */
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv);
-/* hidden [..., C] -> logits [..., V] */
+/* hidden [..., C] -> logits [..., V] (with tensor parallelism gathered over the group) */
 mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden);
+/* The same, with tensor parallelism only this rank's vocabulary slice [..., V/tp] (rows
+ * rank*V/tp ..) for the vocab-parallel loss; without, mmc_qwen2_logits. */
+mmc_tensor *mmc_qwen2_logits_local(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden);
+
+/* ---- tensor parallelism (mmc_tp.h; Megatron's split) ----
+ * Check before any work that tp ranks can split this model: tp must divide the KV heads, the
+ * query heads, intermediate_size and vocab_size; the error says which, why and which sizes
+ * would do. what names the model in the message (NULL: "the language model"). */
+mmc_status mmc_qwen2_tp_check(const mmc_qwen2_config *cfg, int tp, const char *what);
+/* Load this rank's slices of an HF directory's weights (f32 copies of the slices only; the
+ * mapping is closed afterwards): q/k/v/gate/up and the embedding / lm_head split on rows,
+ * o/down on columns, the rest replicated; m->param_split records each parameter's split. */
+mmc_status mmc_qwen2_load_tp(const char *dir, const mmc_qwen2_config *cfg, struct mmc_comm *tp, bool trainable,
+                             mmc_qwen2 **out);
+/* This rank's shard of a full f32 model (e.g. a fresh mmc_qwen2_new), as trainable parameters. */
+mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, struct mmc_comm *tp, mmc_qwen2 **out);
+/* Every parameter at full size (new f32 tensors in full[0 .. n_params), in m->params order;
+ * split ones all-gathered: collective over m->tp). Free each with mmc_tensor_free. */
+mmc_status mmc_qwen2_gather_weights(mmc_qwen2 *m, mmc_tensor **full);
 /* The text model as a decoder (1-D RoPE positions at the cache's end); generate with
  * mmc_generate (mmc_infer.h). */
 mmc_decoder mmc_qwen2_decoder(mmc_qwen2 *m);

@@ -94,6 +94,10 @@ typedef struct {
 typedef struct {
     bool add_generation_prompt;
     bool add_vision_id;
+    /* mmc_chat_encode: apply the tokenizer's post-processor (Llama's <s>) to the rendered text,
+     * as a processor call does (LlavaProcessor(text=...) tokenizes with add_special_tokens=True);
+     * tokenizer.apply_chat_template(tokenize=True) does not (false). */
+    bool add_special_tokens;
 } mmc_chat_options;
 
 /* Byte span [start, end) of one assistant turn in the rendered string: what the template adds

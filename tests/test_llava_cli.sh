@@ -3,7 +3,8 @@
 # (tools/ref/gen_llava.py -> tests/fixtures/llava/): v5 (transformers 5's save_pretrained output,
 # untouched: processor_config.json, chat_template.jinja), v452 (4.52-4.57's weight names), hub
 # (the Hub's 4.4x layout: bf16 matrices, preprocessor_config.json, chat_template.json) and v5_full
-# (list vision_feature_layer, "full" strategy, biases, tied head), each with the non-square
+# (list vision_feature_layer, "full" strategy, biases, tied head), hub_llama (the Hub layout with
+# Llama's SentencePiece BPE tokenizer: <s> from the processor, byte fallback; the greedy text too), each with the non-square
 # fixture image through the chat template (executed by mmc's Jinja engine, LLaVA-1.5's
 # selectattr template) and CLIPImageProcessor. Against transformers on the same directories:
 #   generate: prompt token count and the 8 greedy new tokens are equal
@@ -43,6 +44,10 @@ while IFS=$'\t' read -r dir case np ids argmax; do
   [ $rc = 0 ] && ok || { bad "$dir $case: generate exited $rc: $(cat "$W/err")"; continue; }
   got=$(sed -E 's/.*"tokens": \[([^]]*)\].*/\1/' "$W/gen" | tr -d ' ')
   [ "$got" = "$ids" ] && ok || bad "$dir $case: generate tokens [$got] != transformers [$ids]"
+  if [ -f "$E/$dir.greedy_text.txt" ]; then   # the decoded text (SentencePiece byte fallback, stripped space)
+    gott=$(sed -E 's/^\{"text": "(.*)", "tokens".*/\1/' "$W/gen")
+    [ "$gott" = "$(cat "$E/$dir.greedy_text.txt")" ] && ok || bad "$dir $case: text \"$gott\" != transformers \"$(cat "$E/$dir.greedy_text.txt")\""
+  fi
   gotn=$(sed -n 's/.*"prompt_tokens": \([0-9]*\).*/\1/p' "$W/gen")
   [ "$gotn" = "$np" ] && ok || bad "$dir $case: prompt_tokens $gotn != transformers $np"
   "$MMC" forward --model "$d" "${media[@]}" --prompt "$PROMPT" --out "$W/fw.safetensors" --json >"$W/fw" 2>"$W/err" \
@@ -59,7 +64,7 @@ while IFS=$'\t' read -r dir case np ids argmax; do
   echo "llava $dir $case: tokens equal, last_logits max |diff| $3"
   checked=$((checked + 1))
 done < $E/expected.tsv
-[ $checked = 5 ] && ok || bad "$checked of 5 cases ran"
+[ $checked = 6 ] && ok || bad "$checked of 6 cases ran"
 # mmc info names the family, the tower and the projector
 "$MMC" info $E/hub >"$W/info" 2>"$W/err" && ok || bad "info: $(cat "$W/err")"
 grep -q "^family: *LLaVA-1.5" "$W/info" && grep -q "^vision tower: *CLIP ViT" "$W/info" \

@@ -33,6 +33,7 @@ static const cli_cmd g_cmds[] = {
      cmd_export, help_export},
     {"transcribe", "Speech to text with a Whisper checkpoint (language detection, timestamps, JSON / SRT)",
      cmd_transcribe, help_transcribe},
+    {"serve", "Serve a model over HTTP with OpenAI's API (chat/completions, streaming, images)", cmd_serve, help_serve},
     {"template", "Render a chat template over messages, exactly as transformers does", cmd_template, help_template},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];

@@ -129,7 +129,8 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     mmc_status st;
     if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
     else {
-        mmc_chat_options co = {.add_generation_prompt = true};
+        /* LLaVA's reference is its processor: the templated text tokenized with the post-processor */
+        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava != NULL};
         st = mmc_chat_encode(m->tok, msgs, n_msgs, &co, &ids, NULL, &n);
     }
     if (st) return st;

@@ -1,7 +1,8 @@
 /* sampler.c — next-token selection, mirroring transformers' logits processors and warpers
  * (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
  * TopPLogitsWarper, MinPLogitsWarper) followed by multinomial sampling, or argmax when
- * greedy. Draws come from the seeded Philox stream, so a seed reproduces a completion. */
+ * greedy. Draws come from the seeded Philox stream, so a seed reproduces a completion.
+ * OpenAI's presence and frequency penalties (the API's definition) precede them when set. */
 #include "mmc_infer.h"
 
 #include <math.h>
@@ -19,6 +20,7 @@ mmc_status mmc_sampler_init(mmc_sampler *s, const mmc_sampler_opts *o, int64_t v
     memset(s, 0, sizeof *s);
     s->opts = *o;
     s->vocab = vocab;
+    s->n_first = -1;
     if (o->top_p <= 0 || o->top_p > 1) return mmc_error(MMC_ERR_INVALID, "top_p must be in (0, 1], got %g", o->top_p);
     if (o->min_p < 0 || o->min_p > 1) return mmc_error(MMC_ERR_INVALID, "min_p must be in [0, 1], got %g", o->min_p);
     if (o->top_k < 0) return mmc_error(MMC_ERR_INVALID, "top_k must be >= 0, got %d", o->top_k);
@@ -51,6 +53,19 @@ static int by_prob_desc(const void *a, const void *b) {
 int32_t mmc_sampler_next(mmc_sampler *s, float *logits, const int32_t *hist, int64_t n_hist) {
     const mmc_sampler_opts *o = &s->opts;
     int64_t V = s->vocab;
+    if (s->n_first < 0) s->n_first = n_hist;
+    if (o->on_logits) o->on_logits(o->logits_user, logits, V);
+    if ((o->presence_penalty != 0.0f || o->frequency_penalty != 0.0f) && n_hist > s->n_first) {
+        /* OpenAI: over the completion so far; frequency once per occurrence, presence once */
+        for (int64_t i = s->n_first; i < n_hist; i++) {
+            int32_t t = hist[i];
+            if (t < 0 || t >= V) continue;
+            logits[t] -= o->frequency_penalty;
+            if (!s->seen[t]) { s->seen[t] = 1; logits[t] -= o->presence_penalty; }
+        }
+        for (int64_t i = s->n_first; i < n_hist; i++)
+            if (hist[i] >= 0 && hist[i] < V) s->seen[hist[i]] = 0;
+    }
     if (o->repetition_penalty != 1.0f) {
         for (int64_t i = 0; i < n_hist; i++) {   /* each distinct token once */
             int32_t t = hist[i];

@@ -247,7 +247,7 @@ mmc_status mmc_chat_encode(const mmc_tokenizer *tok, const mmc_chat_message *msg
     int64_t *offs = NULL;
     mmc_status st = mmc_chat_render(tok, msgs, n_msgs, opt, &s, mask ? &sp : NULL, &nsp);
     if (st) return st;
-    st = mmc_tokenizer_encode_offsets(tok, s, -1, false, ids, &offs, n);
+    st = mmc_tokenizer_encode_offsets(tok, s, -1, opt && opt->add_special_tokens, ids, &offs, n);
     if (!st && mask) {
         *mask = calloc((size_t)*n + 1, 1);
         if (!*mask) st = mmc_error(MMC_ERR_OOM, "mmc_chat_encode: out of memory");

@@ -50,6 +50,22 @@ struct mmc_tokenizer {
     int32_t byte_id[256];       /* id of the single-byte token, -1 if none */
     int32_t unk_id;             /* model unk_token id or -1 */
     bool ignore_merges;
+    /* SentencePiece-style BPE (Llama, Mistral, LLaVA-1.5, Vicuna ...): symbols start from
+     * characters, spaces are "▁" (U+2581), a character missing from the vocab becomes its UTF-8
+     * bytes as "<0xXX>" tokens (byte_fallback) or unk (consecutive unks fused with fuse_unk). */
+    bool spm;
+    bool byte_fallback, fuse_unk;
+    int32_t fallback_id[256];   /* id of "<0xXX>", -1 if absent */
+    bool spm_norm_prepend;      /* normalizer Prepend("▁") (the Hub's legacy layout): every section */
+    bool spm_norm_replace;      /* normalizer Replace(" " -> "▁") */
+    bool spm_meta;              /* pre_tokenizer Metaspace("▁") */
+    int spm_prepend;            /* Metaspace prepend_scheme: 0 never, 1 always, 2 first */
+    bool spm_split;             /* Metaspace split: pieces start at each "▁" */
+    bool spm_word_split;        /* no merge joins a character to a following "▁": BPE per "▁" run + word */
+    bool dec_byte_fallback;     /* decoder turns "<0xXX>" tokens into bytes */
+    int dec_strip_left;         /* decoder strips this many leading spaces of the text */
+    bool tf5_llama;             /* tokenizer_class LlamaTokenizer: transformers 5's own pipeline */
+    char model_type[64];        /* config.json beside tokenizer.json ("" if none) */
     /* added tokens, and for each first byte the candidates (longest first) */
     tok_added *added;
     int n_added, cap_added;

@@ -25,6 +25,8 @@
 #include <utf8proc.h>
 
 /* ------------------------------------------------------------------ utilities */
+#define SPM_SPACE "\xE2\x96\x81" /* U+2581, SentencePiece's space */
+
 static uint64_t hash_bytes(const void *p, size_t n) {
     const uint8_t *s = p;
     uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
@@ -187,6 +189,20 @@ static uint8_t *bytelevel_bytes(const char *s, int32_t *nout) {
         i += (size_t)k;
     }
     if (!ok) { memcpy(o, s, n); j = (int32_t)n; }
+    *nout = j;
+    return o;
+}
+
+/* Bytes a SentencePiece-style token decodes to: its text with each "▁" replaced by a space. */
+static uint8_t *spm_bytes(const char *s, int32_t *nout) {
+    size_t n = strlen(s);
+    uint8_t *o = malloc(n + 1);
+    if (!o) return NULL;
+    int32_t j = 0;
+    for (size_t i = 0; i < n;) {
+        if (i + 3 <= n && !memcmp(s + i, SPM_SPACE, 3)) { o[j++] = ' '; i += 3; }
+        else o[j++] = (uint8_t)s[i++];
+    }
     *nout = j;
     return o;
 }
@@ -389,7 +405,7 @@ static tok_merge heap_pop(tok_merge *h, int64_t *n) {
 static bool bpe_word(const mmc_tokenizer *t, tok_scratch *sc, const uint8_t *w, int64_t n,
                      int64_t base, tok_out *o) {
     if (t->ignore_merges) {
-        int32_t id = strmap_get(t, &t->vocab_bytes, false, w, (size_t)n);
+        int32_t id = strmap_get(t, &t->vocab_bytes, t->spm, w, (size_t)n);
         if (id >= 0) { out_push(o, id, base, base + n); return true; }
     }
     uint64_t h = 0;
@@ -419,17 +435,33 @@ static bool bpe_word(const mmc_tokenizer *t, tok_scratch *sc, const uint8_t *w, 
     if (!grow((void **)&sc->heap, &sc->cap_heap, n + 1, sizeof(tok_merge))) return false;
     int32_t *sid = sc->sid, *prev = sc->sprev, *next = sc->snext, *len = sc->slen;
     int64_t ns = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int32_t id = t->byte_id[w[i]];
-        if (id < 0) {
-            if (t->unk_id < 0) continue; /* HF: a char missing from the vocab is dropped */
-            id = t->unk_id;
+#define PUSH_SYM(ID, AT, LEN) do { sid[ns] = (ID); sc->sstart[ns] = (int32_t)(AT); len[ns] = (LEN); ns++; } while (0)
+    if (t->spm) { /* one symbol per character; bytes or unk for characters the vocab lacks */
+        bool unk_last = false;
+        for (int64_t i = 0; i < n;) {
+            int l = utf8_seq(w + i, n - i);
+            if (l <= 0) l = 1;
+            int32_t id = strmap_get(t, &t->vocab_bytes, true, w + i, (size_t)l);
+            bool fb = id < 0 && t->byte_fallback;
+            for (int k = 0; fb && k < l; k++) fb = t->fallback_id[w[i + k]] >= 0;
+            if (id >= 0) { PUSH_SYM(id, i, l); unk_last = false; }
+            else if (fb) { for (int k = 0; k < l; k++) PUSH_SYM(t->fallback_id[w[i + k]], i + k, 1); unk_last = false; }
+            else if (t->unk_id >= 0) {
+                if (unk_last && t->fuse_unk) len[ns - 1] += l;
+                else { PUSH_SYM(t->unk_id, i, l); unk_last = true; }
+            } /* no unk token: HF drops the character */
+            i += l;
         }
-        sid[ns] = id;
-        sc->sstart[ns] = (int32_t)i;
-        len[ns] = 1;
-        ns++;
-    }
+    } else
+        for (int64_t i = 0; i < n; i++) {
+            int32_t id = t->byte_id[w[i]];
+            if (id < 0) {
+                if (t->unk_id < 0) continue; /* HF: a char missing from the vocab is dropped */
+                id = t->unk_id;
+            }
+            PUSH_SYM(id, i, 1);
+        }
+#undef PUSH_SYM
     for (int64_t i = 0; i < ns; i++) { prev[i] = (int32_t)i - 1; next[i] = i + 1 < ns ? (int32_t)i + 1 : -1; }
     int64_t nh = 0;
     tok_merge *heap = sc->heap;
@@ -503,7 +535,19 @@ static mmc_status split_level(const mmc_tokenizer *t, tok_scratch *sc, int level
                               int64_t n, int64_t off, tok_out *o) {
     if (n <= 0) return MMC_OK;
     if (level == t->n_splits) {
-        if (!bpe_word(t, sc, (const uint8_t *)s, n, off, o))
+        int64_t start = 0;
+        /* Metaspace split (MergedWithNext): a piece starts at each "▁". Without it, a piece may still
+         * start at each run of "▁" when no merge can join a character to a following "▁"
+         * (spm_word_split, checked at load): the same tokens, and the word cache applies. */
+        if (t->spm && (t->spm_split || t->spm_word_split))
+            for (int64_t p = 1; p + 3 <= n; p++)
+                if (!memcmp(s + p, SPM_SPACE, 3) && (t->spm_split || p < 3 || memcmp(s + p - 3, SPM_SPACE, 3))) {
+                    if (!bpe_word(t, sc, (const uint8_t *)s + start, p - start, off + start, o))
+                        return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+                    start = p;
+                    p += 2;
+                }
+        if (!bpe_word(t, sc, (const uint8_t *)s + start, n - start, off + start, o))
             return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
         return MMC_OK;
     }
@@ -607,10 +651,56 @@ static mmc_status process_normalized(const mmc_tokenizer *t, tok_scratch *sc, co
     return split_level(t, sc, 0, s + pos, n - pos, pos, o);
 }
 
+/* SentencePiece-style segment: spaces become "▁", a "▁" is prepended (the Hub's legacy
+ * Prepend normalizer: every section; Metaspace: "always", or "first" for the section at the
+ * start of the input, and only when it does not already start with one), then BPE over the
+ * characters. Offsets map back to the input: a "▁" to its space, the prepended one to the
+ * first character. */
+static mmc_status process_segment_spm(const mmc_tokenizer *t, tok_scratch *sc, const char *seg, int64_t n,
+                                      int64_t base, tok_out *o) {
+    if (n <= 0) return MMC_OK;
+    int64_t need = 3 * n + 3, mc;
+    if (!grow((void **)&sc->nbuf, &sc->ncap, need, 1)) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+    mc = 0;
+    if (!grow((void **)&sc->nmap_s, &mc, need, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+    mc = 0;
+    if (!grow((void **)&sc->nmap_e, &mc, need, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+    const uint8_t *u = (const uint8_t *)seg;
+    int first_len = utf8_seq(u, n);
+    if (first_len <= 0) first_len = 1;
+    bool replace = t->spm_norm_replace || t->spm_meta;
+    bool starts_space = (replace && seg[0] == ' ') || (n >= 3 && !memcmp(seg, SPM_SPACE, 3));
+    bool prepend = t->spm_norm_prepend ||
+                   (t->spm_meta && !starts_space && (t->spm_prepend == 1 || (t->spm_prepend == 2 && base == 0)));
+    int64_t j = 0;
+    if (prepend)
+        for (int k = 0; k < 3; k++) { sc->nbuf[j] = SPM_SPACE[k]; sc->nmap_s[j] = base; sc->nmap_e[j] = base + first_len; j++; }
+    for (int64_t i = 0; i < n;) {
+        int l = utf8_seq(u + i, n - i);
+        if (l <= 0) l = 1;
+        if (replace && seg[i] == ' ') {
+            for (int k = 0; k < 3; k++) { sc->nbuf[j] = SPM_SPACE[k]; sc->nmap_s[j] = base + i; sc->nmap_e[j] = base + i + 1; j++; }
+        } else {
+            for (int k = 0; k < l; k++) { sc->nbuf[j] = seg[i + k]; sc->nmap_s[j] = base + i; sc->nmap_e[j] = base + i + l; j++; }
+        }
+        i += l;
+    }
+    int64_t first = o->n;
+    mmc_status st = process_normalized(t, sc, sc->nbuf, j, o);
+    if (!st && o->want_offs)
+        for (int64_t k = first; k < o->n; k++) {
+            int64_t s0 = o->offs[2 * k], e0 = o->offs[2 * k + 1];
+            o->offs[2 * k] = s0 < j ? sc->nmap_s[s0] : base + n;
+            o->offs[2 * k + 1] = e0 > 0 ? sc->nmap_e[e0 - 1] : base;
+        }
+    return st;
+}
+
 /* Normalize (NFC) + encode seg[0, n), which starts at byte `base` of the input. */
 static mmc_status process_segment(const mmc_tokenizer *t, tok_scratch *sc, const char *seg, int64_t n,
                                   int64_t base, tok_out *o) {
     if (n <= 0) return MMC_OK;
+    if (t->spm) return process_segment_spm(t, sc, seg, n, base, o);
     int64_t first = o->n;
     bool identity = true;
     const uint8_t *u = (const uint8_t *)seg;
@@ -734,6 +824,63 @@ mmc_status mmc_tokenizer_encode_offsets(const mmc_tokenizer *t, const char *text
 }
 
 /* ------------------------------------------------------------------ decode */
+/* The byte a ByteFallback decoder reads from a token "<0xXX>", or -1. */
+static int fallback_byte(const char *tok) {
+    if (!tok || strlen(tok) != 6 || memcmp(tok, "<0x", 3) != 0 || tok[5] != '>') return -1;
+    int v = 0;
+    for (int k = 3; k < 5; k++) {
+        char c = tok[k];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        v = 16 * v + d;
+    }
+    return v;
+}
+
+/* Decoder Sequence[Replace("▁" -> " "), ByteFallback, Fuse, Strip(" ", k, 0)] (or Metaspace):
+ * id_bytes already hold each token with "▁" replaced; a run of "<0xXX>" tokens becomes its bytes
+ * when they are valid UTF-8, else one U+FFFD per token (as tokenizers' ByteFallback); then up
+ * to k leading spaces of the whole text are stripped. */
+static mmc_status decode_spm(const mmc_tokenizer *t, const int32_t *ids, int64_t n, bool skip_special,
+                             size_t total, char **out) {
+    uint8_t *b = malloc(3 * total + 4 * (size_t)n + 1); /* U+FFFD (3 bytes) may stand for a 1-byte token */
+    if (!b) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+    size_t j = 0, run = 0, nrun = 0; /* pending fallback bytes start at b + run; nrun tokens */
+    bool in_run = false;
+    for (int64_t i = 0; i <= n; i++) {
+        int v = -1;
+        if (i < n) {
+            if (skip_special && t->is_special[ids[i]]) continue;
+            if (t->dec_byte_fallback) v = fallback_byte(t->id_str[ids[i]]);
+        }
+        if (v >= 0) {
+            if (!in_run) { in_run = true; run = j; nrun = 0; }
+            b[j++] = (uint8_t)v;
+            nrun++;
+            continue;
+        }
+        if (in_run) {
+            if (!utf8_valid(b + run, (int64_t)(j - run))) {
+                j = run;
+                for (size_t k = 0; k < nrun; k++) { memcpy(b + j, "\xEF\xBF\xBD", 3); j += 3; }
+            }
+            in_run = false;
+        }
+        if (i == n) break;
+        memcpy(b + j, t->id_bytes[ids[i]], (size_t)t->id_nbytes[ids[i]]);
+        j += (size_t)t->id_nbytes[ids[i]];
+    }
+    size_t skip = 0;
+    while ((int)skip < t->dec_strip_left && skip < j && b[skip] == ' ') skip++;
+    if (skip) { memmove(b, b + skip, j - skip); j -= skip; }
+    b[j] = 0;
+    if (utf8_valid(b, (int64_t)j)) { *out = (char *)b; return MMC_OK; }
+    int64_t m;
+    *out = utf8_repair(b, (int64_t)j, &m);
+    free(b);
+    return *out ? MMC_OK : mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+}
+
 mmc_status mmc_tokenizer_decode(const mmc_tokenizer *t, const int32_t *ids, int64_t n, bool skip_special,
                                 char **out) {
     if (!t || !out || (!ids && n)) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_decode: NULL argument");
@@ -745,6 +892,7 @@ mmc_status mmc_tokenizer_decode(const mmc_tokenizer *t, const int32_t *ids, int6
                              ids[i], (long long)i);
         total += (size_t)t->id_nbytes[ids[i]];
     }
+    if (t->spm) return decode_spm(t, ids, n, skip_special, total, out);
     uint8_t *b = malloc(total + 1);
     if (!b) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
     size_t j = 0;
@@ -873,6 +1021,27 @@ static mmc_status parse_pretok(mmc_tokenizer *t, const cJSON *p, bool *saw_bytel
         if (!rx && !lit) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: Split pre_tokenizer without a pattern", t->path);
         return add_regex(t, rx ? rx : lit, !rx);
     }
+    if (!strcmp(type, "Metaspace")) {
+        const char *r = jstr(p, "replacement"), *ps = jstr(p, "prepend_scheme");
+        if (!r || strcmp(r, SPM_SPACE))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: pre_tokenizer Metaspace with replacement '%s' is not "
+                             "supported (only \"\u2581\")", t->path, r ? r : "?");
+        if (t->spm_meta || t->n_splits)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: pre_tokenizer Metaspace combined with another "
+                             "pre_tokenizer is not supported", t->path);
+        if (ps) {
+            if (!strcmp(ps, "always")) t->spm_prepend = 1;
+            else if (!strcmp(ps, "first")) t->spm_prepend = 2;
+            else if (!strcmp(ps, "never")) t->spm_prepend = 0;
+            else return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: pre_tokenizer Metaspace: prepend_scheme '%s' is not "
+                                  "always / first / never", t->path, ps);
+        } else t->spm_prepend = jbool(p, "add_prefix_space", true) ? 1 : 0; /* the older key */
+        t->spm_split = jbool(p, "split", true);
+        t->spm_meta = true;
+        return MMC_OK;
+    }
+    if (t->spm_meta)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: pre_tokenizer '%s' after Metaspace is not supported", t->path, type);
     if (!strcmp(type, "ByteLevel")) {
         if (jbool(p, "add_prefix_space", false))
             return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: ByteLevel add_prefix_space = true is not supported", t->path);
@@ -887,6 +1056,22 @@ static mmc_status parse_normalizer(mmc_tokenizer *t, const cJSON *p) {
     if (!p || cJSON_IsNull(p)) return MMC_OK;
     const char *type = jstr(p, "type");
     if (type && !strcmp(type, "NFC")) { t->nfc = true; return MMC_OK; }
+    if (type && !strcmp(type, "Prepend")) { /* the Hub's Llama layout: Prepend("▁"), Replace(" ", "▁") */
+        const char *c = jstr(p, "prepend");
+        if (!c || strcmp(c, SPM_SPACE))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: normalizer Prepend('%s') is not supported (only \"\u2581\")",
+                             t->path, c ? c : "?");
+        t->spm_norm_prepend = true;
+        return MMC_OK;
+    }
+    if (type && !strcmp(type, "Replace")) {
+        const char *pat = jstr(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "String"), *c = jstr(p, "content");
+        if (!pat || !c || strcmp(pat, " ") || strcmp(c, SPM_SPACE))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: normalizer Replace is supported only as Replace(\" \" -> "
+                             "\"\u2581\") (SentencePiece's spaces)", t->path);
+        t->spm_norm_replace = true;
+        return MMC_OK;
+    }
     if (type && !strcmp(type, "Sequence")) {
         const cJSON *e;
         cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(p, "normalizers")) {
@@ -895,8 +1080,100 @@ static mmc_status parse_normalizer(mmc_tokenizer *t, const cJSON *p) {
         }
         return MMC_OK;
     }
-    return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: normalizer '%s' is not supported (only NFC)", t->path,
+    return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: normalizer '%s' is not supported (NFC, Prepend, Replace)", t->path,
                      type ? type : "?");
+}
+
+/* decoder of a SentencePiece-style tokenizer: Sequence[Replace("▁" -> " "), ByteFallback, Fuse,
+ * Strip(" ", k, 0)] as transformers' LlamaConverter writes it, or Metaspace. */
+static mmc_status parse_spm_decoder(mmc_tokenizer *t, const cJSON *d) {
+    const char *type = jstr(d, "type");
+    if (type && !strcmp(type, "Metaspace")) {
+        const char *r = jstr(d, "replacement"), *ps = jstr(d, "prepend_scheme");
+        if (!r || strcmp(r, SPM_SPACE))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: decoder Metaspace with replacement '%s' is not supported",
+                             t->path, r ? r : "?");
+        t->dec_strip_left = (ps ? strcmp(ps, "never") != 0 : jbool(d, "add_prefix_space", true)) ? 1 : 0;
+        return MMC_OK;
+    }
+    if (!type || strcmp(type, "Sequence"))
+        return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: decoder '%s' is not supported for a SentencePiece-style "
+                         "tokenizer (Metaspace, or Sequence[Replace, ByteFallback, Fuse, Strip])", t->path, type ? type : "null");
+    bool replace = false, fused = false;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(d, "decoders")) {
+        const char *ty = jstr(e, "type");
+        if (ty && !strcmp(ty, "Replace")) {
+            const char *pat = jstr(cJSON_GetObjectItemCaseSensitive(e, "pattern"), "String"), *c = jstr(e, "content");
+            if (!pat || !c || strcmp(pat, SPM_SPACE) || strcmp(c, " ")) break;
+            replace = true;
+        } else if (ty && !strcmp(ty, "ByteFallback")) t->dec_byte_fallback = true;
+        else if (ty && !strcmp(ty, "Fuse")) fused = true;
+        else if (ty && !strcmp(ty, "Strip")) {
+            const char *c = jstr(e, "content");
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "start"), *z = cJSON_GetObjectItemCaseSensitive(e, "stop");
+            if (!fused || !c || strcmp(c, " ") || !cJSON_IsNumber(a) || a->valuedouble < 0 || a->valuedouble > 16 ||
+                (cJSON_IsNumber(z) && z->valuedouble != 0)) break;
+            t->dec_strip_left = (int)a->valuedouble;
+        } else break;
+        continue;
+    }
+    if (e || !replace)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: decoder Sequence is supported as [Replace(\"\u2581\" -> \" \"), "
+                         "ByteFallback, Fuse, Strip(\" \", k, 0)] (Llama's)%s%s", t->path, e ? "; not its entry " : "",
+                         e ? (jstr(e, "type") ? jstr(e, "type") : "?") : "");
+    return MMC_OK;
+}
+
+/* tokenizer_config.json fields that choose transformers 5's own pipeline: LlamaTokenizer (and
+ * its alias LlamaTokenizerFast) rebuilds BPE(byte_fallback, fuse_unk) + Metaspace from the vocab
+ * and merges, whatever tokenizer.json's normalizer / pre_tokenizer / decoder say. */
+typedef struct { bool llama, add_prefix_space, legacy, add_bos, add_eos; char bos[64], eos[64]; } tok_cfg_peek;
+
+/* Model types whose tokenizer transformers 5.23 loads as TokenizersBackend, i.e. tokenizer.json as
+ * written, even when tokenizer_config.json names LlamaTokenizer (its TOKENIZER_MAPPING_NAMES and
+ * MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): LLaVA-1.5 / NeXT, Mistral, InternLM2, Phi-3 ... */
+static const char *const TF5_FILE_AS_WRITTEN[] = {
+    "EvollaModel", "arctic", "aria", "beam", "bigbird_pegasus", "camembertv2-base", "canary", "chatlm", "cohere_asr",
+    "ernie4_5", "ernie4_5_moe", "flex_olmo", "fuyu", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm4v", "glm4v_moe",
+    "glm_image", "glmasr", "got_ocr2", "gpt_bigcode", "gradium_phonon_tts", "granite", "granitemoe", "granitemoehybrid",
+    "granitemoeshared", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm", "internlm2", "internlm3", "iquestcoder", "jamba",
+    "kimi_k25", "kimi_linear", "kosmos-2", "llava", "llava_next", "mimo_v2_flash", "minicpm3", "minicpm_ocr", "minicpmv",
+    "minicpmv4_6", "minicpmv4_7", "minimax_m2", "ministral", "ministral3", "mistral", "mistral3", "mistral_large4",
+    "mixtral", "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemo_speechlm", "nemotron", "nvfp4",
+    "nystromformer", "olmo2", "olmo3", "olmo_hybrid", "opencua", "openvla", "paddleocr_vl", "pegasus_x", "persimmon",
+    "phi3", "phi3_v", "phimoe", "pix2struct", "pixtral", "pocket_tts", "smolvlm", "stablelm", "step3_vl", "umt5",
+    "vipllava", "voxtral", "voxtral_realtime", "xlm-roberta-xl"};
+
+static bool tf5_file_as_written(const char *model_type) {
+    for (size_t i = 0; i < sizeof TF5_FILE_AS_WRITTEN / sizeof *TF5_FILE_AS_WRITTEN; i++)
+        if (!strcmp(model_type, TF5_FILE_AS_WRITTEN[i])) return true;
+    return false;
+}
+
+static void peek_config(const char *cbuf, size_t cn, tok_cfg_peek *pk) {
+    memset(pk, 0, sizeof *pk);
+    pk->add_prefix_space = true;
+    pk->add_bos = true;
+    snprintf(pk->bos, sizeof pk->bos, "<s>");
+    snprintf(pk->eos, sizeof pk->eos, "</s>");
+    if (!cbuf) return;
+    cJSON *cfg = cJSON_ParseWithLength(cbuf, cn);
+    if (!cJSON_IsObject(cfg)) { cJSON_Delete(cfg); return; }
+    const char *cls = jstr(cfg, "tokenizer_class");
+    pk->llama = cls && (!strcmp(cls, "LlamaTokenizer") || !strcmp(cls, "LlamaTokenizerFast"));
+    pk->add_prefix_space = jbool(cfg, "add_prefix_space", true);
+    pk->legacy = jbool(cfg, "legacy", false);
+    pk->add_bos = jbool(cfg, "add_bos_token", true);
+    pk->add_eos = jbool(cfg, "add_eos_token", false);
+    const char *keys[2] = {"bos_token", "eos_token"};
+    char *dst[2] = {pk->bos, pk->eos};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, keys[k]);
+        const char *c = cJSON_IsString(v) ? v->valuestring : jstr(v, "content");
+        if (c && strlen(c) < 64) snprintf(dst[k], 64, "%s", c);
+    }
+    cJSON_Delete(cfg);
 }
 
 static int32_t lookup_name(mmc_tokenizer *t, const char *s) {
@@ -939,7 +1216,7 @@ static mmc_status set_token(mmc_tokenizer *t, int32_t id, const char *s) {
     if (id < 0 || id >= t->n_ids) return mmc_error(MMC_ERR_FORMAT, "tokenizer %s: token id %d out of range", t->path, id);
     if (t->id_str[id]) return MMC_OK;
     t->id_str[id] = strdup(s);
-    t->id_bytes[id] = bytelevel_bytes(s, &t->id_nbytes[id]);
+    t->id_bytes[id] = t->spm ? spm_bytes(s, &t->id_nbytes[id]) : bytelevel_bytes(s, &t->id_nbytes[id]);
     if (!t->id_str[id] || !t->id_bytes[id]) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
     return MMC_OK;
 }
@@ -1112,24 +1389,51 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
         st = mmc_error(MMC_ERR_FORMAT, "tokenizer %s: BPE model needs a \"vocab\" object and a \"merges\" array", jpath);
         goto fail;
     }
-    if (jbool(model, "byte_fallback", false)) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: BPE byte_fallback is not supported", jpath); goto fail; }
     const cJSON *drop = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(drop) && drop->valuedouble > 0) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: BPE dropout is not supported", jpath); goto fail; }
     const char *csp = jstr(model, "continuing_subword_prefix"), *eow = jstr(model, "end_of_word_suffix");
     if ((csp && *csp) || (eow && *eow)) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: BPE subword prefix/suffix is not supported", jpath); goto fail; }
     t->ignore_merges = jbool(model, "ignore_merges", false);
-
-    if ((st = parse_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer")))) goto fail;
-    bool bl = false;
-    if ((st = parse_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bl))) goto fail;
-    if (!bl) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: no ByteLevel pre_tokenizer (only byte-level BPE is supported)", jpath); goto fail; }
+    t->byte_fallback = jbool(model, "byte_fallback", false);
+    t->fuse_unk = jbool(model, "fuse_unk", false);
+    tok_cfg_peek pk;
+    peek_config(cbuf, cn, &pk);
+    /* transformers 5 keeps the file's pipeline for these model types, and for a ByteLevel file */
+    const char *ptype = jstr(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "type");
+    if (pk.llama && (tf5_file_as_written(t->model_type) || (ptype && !strcmp(ptype, "ByteLevel")) ||
+                     memmem(buf, n, "\"ByteLevel\"", 11))) pk.llama = false;
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    if (!jstr(dec, "type") || strcmp(jstr(dec, "type"), "ByteLevel")) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: decoder '%s' is not supported (only ByteLevel)", jpath,
-                       jstr(dec, "type") ? jstr(dec, "type") : "null");
-        goto fail;
+    if (pk.llama) { /* transformers 5's LlamaTokenizer.__init__, whatever the file's pipeline */
+        t->tf5_llama = t->spm = t->spm_meta = true;
+        t->spm_prepend = pk.add_prefix_space ? (pk.legacy ? 1 : 2) : 0;
+        t->spm_split = false;
+        t->byte_fallback = t->fuse_unk = t->dec_byte_fallback = true;
+        t->ignore_merges = false;
+        t->dec_strip_left = pk.add_prefix_space ? 1 : 0;
+    } else {
+        if ((st = parse_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer")))) goto fail;
+        bool bl = false;
+        if ((st = parse_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bl))) goto fail;
+        t->spm = t->spm_norm_prepend || t->spm_norm_replace || t->spm_meta;
+        if (t->spm) {
+            if (bl || t->nfc || t->n_splits) {
+                st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: a SentencePiece-style pipeline (Metaspace / Prepend / "
+                               "Replace) mixed with %s is not supported", jpath, bl ? "ByteLevel" : t->nfc ? "NFC" : "Split");
+                goto fail;
+            }
+            if ((st = parse_spm_decoder(t, dec))) goto fail;
+        } else {
+            if (!bl) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: no ByteLevel pre_tokenizer (supported: byte-level BPE, "
+                                      "and SentencePiece-style BPE with Metaspace or Prepend/Replace)", jpath); goto fail; }
+            if (t->byte_fallback) { st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: BPE byte_fallback with a ByteLevel pre_tokenizer is not supported", jpath); goto fail; }
+            if (!jstr(dec, "type") || strcmp(jstr(dec, "type"), "ByteLevel")) {
+                st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: decoder '%s' is not supported for byte-level BPE (only ByteLevel)", jpath,
+                               jstr(dec, "type") ? jstr(dec, "type") : "null");
+                goto fail;
+            }
+        }
+        parse_postproc(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
     }
-    parse_postproc(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
 
     /* ids: every id must lie below the number of entries read, so a file cannot make the
      * per-id tables (and the maps sized from them) larger than itself */
@@ -1182,16 +1486,23 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
         }
         if ((st = set_token(t, id, e->string)) ||
             (st = strmap_put(t, &t->vocab_str, true, e->string, strlen(e->string), id)) ||
-            (st = strmap_put(t, &t->vocab_bytes, false, t->id_bytes[id], (size_t)t->id_nbytes[id], id)))
+            (st = t->spm ? strmap_put(t, &t->vocab_bytes, true, e->string, strlen(e->string), id) /* by text */
+                         : strmap_put(t, &t->vocab_bytes, false, t->id_bytes[id], (size_t)t->id_nbytes[id], id)))
             goto fail;
     }
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
-        t->byte_id[b] = strmap_get(t, &t->vocab_bytes, false, &c, 1);
+        char fb[8];
+        snprintf(fb, sizeof fb, "<0x%02X>", b);
+        t->byte_id[b] = t->spm ? -1 : strmap_get(t, &t->vocab_bytes, false, &c, 1);
+        t->fallback_id[b] = t->spm && t->byte_fallback ? strmap_get(t, &t->vocab_bytes, true, fb, strlen(fb)) : -1;
     }
     if (jstr(model, "unk_token")) t->unk_id = t->role_id[MMC_TOK_UNK] = lookup_name(t, jstr(model, "unk_token"));
+    if (t->tf5_llama) t->unk_id = -1; /* its BPE is built without an unk token: unknown characters are dropped */
 
     /* merges */
+    t->spm_word_split = t->spm && !t->spm_split && !t->ignore_merges &&
+                        strmap_get(t, &t->vocab_bytes, true, SPM_SPACE, 3) >= 0;
     int nm = cJSON_GetArraySize(merges);
     uint32_t cap = 16;
     while (cap < (uint32_t)nm * 2 + 16) cap <<= 1;
@@ -1234,6 +1545,12 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
                            (int)(la < NAME_MAX_SHOWN ? la : NAME_MAX_SHOWN), a, (int)(lb < NAME_MAX_SHOWN ? lb : NAME_MAX_SHOWN), b);
             goto fail;
         }
+        if (t->spm_word_split) /* a merged token with a character then "▁" forbids splitting at "▁" runs */
+            for (size_t q = 1; q + 3 <= la + lb; q++)
+                if (!memcmp(tmp + q, SPM_SPACE, 3) && (q < 3 || memcmp(tmp + q - 3, SPM_SPACE, 3))) {
+                    t->spm_word_split = false;
+                    break;
+                }
         uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
         uint32_t i = (uint32_t)hash_u64(key) & t->mmask;
         while (t->mrank[i] >= 0 && t->mkey[i] != key) i = (i + 1) & t->mmask;
@@ -1250,6 +1567,14 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
     cJSON_Delete(root);
     root = NULL;
     if ((st = load_config(t, cbuf, cn, cname))) goto fail;
+    if (t->tf5_llama) { /* update_post_processor: [bos] $A [eos] by add_bos_token / add_eos_token */
+        t->n_pp_pre = t->n_pp_post = 0;
+        t->pp_unsupported = false;
+        int32_t b = lookup_name(t, pk.bos), e2 = lookup_name(t, pk.eos);
+        if (pk.add_bos) { if (b < 0) t->pp_unsupported = true; else t->pp_pre[t->n_pp_pre++] = b; }
+        if (pk.add_eos) { if (e2 < 0) t->pp_unsupported = true; else t->pp_post[t->n_pp_post++] = e2; }
+        snprintf(t->pp_type, sizeof t->pp_type, "LlamaTokenizer bos/eos");
+    }
     for (int i = 0; i < t->n_pp_pre; i++) if (t->pp_pre[i] < 0 || t->pp_pre[i] >= t->n_ids) t->pp_unsupported = true;
     for (int i = 0; i < t->n_pp_post; i++) if (t->pp_post[i] < 0 || t->pp_post[i] >= t->n_ids) t->pp_unsupported = true;
     return MMC_OK;
@@ -1310,6 +1635,20 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
     else if (st) st = mmc_error_prefix(st, "tokenizer config");
     mmc_tokenizer *t = NULL;
     if (!st) st = tokenizer_new(jpath, &t);
+    if (!st) { /* the model's config.json beside it: its model_type decides transformers 5's class */
+        char mpath[1040], *mb = NULL;
+        size_t mn = 0;
+        const char *sl = strrchr(cpath, '/');
+        snprintf(mpath, sizeof mpath, "%.*s%sconfig.json", sl ? (int)(sl - cpath) : 0, cpath, sl ? "/" : "");
+        if (mmc_read_file(mpath, &mb, &mn) == MMC_OK) {
+            cJSON *mj = cJSON_ParseWithLength(mb, mn);
+            const char *mt = jstr(mj, "model_type");
+            if (mt) snprintf(t->model_type, sizeof t->model_type, "%s", mt);
+            cJSON_Delete(mj);
+            free(mb);
+        }
+        mmc_clear_error();
+    }
     if (!st && (st = load_buffers(t, buf, n, cbuf, cn, cpath))) { mmc_tokenizer_free(t); t = NULL; }
     free(buf);
     free(cbuf);

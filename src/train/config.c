@@ -269,12 +269,18 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     (long long)d->batch_size, (long long)d->micro_batch_size);
     c->training.gradient_accumulation = d->batch_size / d->micro_batch_size;
     const mmc_parallel_cfg *p = &c->parallel;
-    static const char *pk[] = {"tensor_parallel", "pipeline_parallel"};
-    const int64_t pv[] = {p->tensor_parallel, p->pipeline_parallel};
-    for (int i = 0; i < 2; i++)
-        if (pv[i] != 1)
-            return verr(c, root, "parallel", pk[i], "%lld: only 1 is supported (tensor and pipeline "
-                        "parallelism are not implemented yet; data_parallel is)", (long long)pv[i]);
+    if (p->pipeline_parallel != 1)
+        return verr(c, root, "parallel", "pipeline_parallel", "%lld: only 1 is supported (pipeline parallelism "
+                    "is not implemented yet; data_parallel and tensor_parallel are)", (long long)p->pipeline_parallel);
+    /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
+     * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
+    if (p->tensor_parallel > 1 && c->model.lora.r > 0)
+        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.lora: LoRA under tensor parallelism is "
+                    "not supported yet; use tensor_parallel 1 (data_parallel scales LoRA)", (long long)p->tensor_parallel);
+    if (p->tensor_parallel > 1 && p->zero > 0)
+        return verr(c, root, "parallel", "tensor_parallel", "%lld with zero %lld: ZeRO over the data-parallel "
+                    "replicas of a tensor-parallel model is not supported yet; use zero 0", (long long)p->tensor_parallel,
+                    (long long)p->zero);
     if (d->batch_size % (d->micro_batch_size * p->data_parallel))
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
                     "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,

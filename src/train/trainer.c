@@ -8,6 +8,7 @@
  * normalisation, clip_grad_norm_, get_*_schedule_with_warmup, torch.optim.AdamW), so a run
  * matches transformers + torch step for step (tests/test_train_parity.c). */
 #include "trainer_internal.h"
+#include "mmc_tp.h"
 #include "mmc_quant.h"
 
 #include <errno.h>
@@ -270,6 +271,7 @@ static uint32_t component_of(const char *name) {
     return MMC_FREEZE_LM;
 }
 
+static mmc_status tp_restore(mmc_trainer *t, const char *dir);
 static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const mmc_run_config *c = t->cfg;
     if (mmc_trainer_is_flux_dir(c->model.path)) return mmc_trainer_flux_load(t, dir);   /* diffusion */
@@ -294,7 +296,26 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
                          "(supported: qwen2_vl, qwen2_5_vl, qwen2)", path, type);
     }
-    if (vl) {
+    if (t->tpc && vl) {
+        mmc_json_free(j);
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel %d: tensor parallelism covers the text "
+                         "qwen2 language model only so far (not %s); use tensor_parallel 1", c->file, t->tp_size, type);
+    }
+    if (t->tpc) {   /* each rank binds only its slices (mmc_qwen2_load_tp), or shards a seeded init */
+        mmc_qwen2_config qc;
+        st = mmc_qwen2_config_read(j, &qc);
+        if (!st) st = mmc_qwen2_tp_check(&qc, t->tp_size, "the language model");
+        if (st) {
+            mmc_error_prefix(st, "%s: model %s", c->file, path);
+        } else if (dir) {
+            st = mmc_qwen2_load_tp(dir, &qc, t->tpc, true, &t->lm);
+        } else {
+            mmc_qwen2 *full = NULL;
+            st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &full);
+            if (!st) st = mmc_qwen2_shard_tp(full, t->tpc, &t->lm);
+            mmc_qwen2_free(full);
+        }
+    } else if (vl) {
         if (dir) st = mmc_qwen2_vl_load(dir, true, &t->vl);
         else st = mmc_qwen2_vl_new(j, path, (uint64_t)c->training.seed, &t->vl);
         if (!st) t->lm = t->vl->lm;
@@ -492,13 +513,51 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     }
     t->rank = mmc_comm_rank(t->world);
     t->world_size = mmc_comm_size(t->world);
-    if (cfg->parallel.data_parallel != t->world_size) {
-        st = mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel is %lld but the job has %d process%s (rank %d); "
+    t->tp_size = (int)cfg->parallel.tensor_parallel;
+    if (t->tp_size > t->world_size) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: parallel.tensor_parallel %d is larger than the job's %d process%s: a "
+                       "tensor-parallel group needs that many ranks; launch with mpirun -np %d (or a multiple)",
+                       cfg->file, t->tp_size, t->world_size, t->world_size == 1 ? "" : "es", t->tp_size);
+        goto fail;
+    }
+    if (t->world_size % t->tp_size) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: the job's %d processes do not divide into tensor-parallel groups of %d "
+                       "(parallel.tensor_parallel); launch a multiple of %d processes", cfg->file, t->world_size,
+                       t->tp_size, t->tp_size);
+        goto fail;
+    }
+    t->dp_size = t->world_size / t->tp_size;
+    /* at tp > 1 data_parallel may be left out (1): it is world / tensor_parallel */
+    if (cfg->parallel.data_parallel != t->dp_size && !(t->tp_size > 1 && cfg->parallel.data_parallel == 1)) {
+        if (t->tp_size > 1)
+            st = mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel %lld x tensor_parallel %d is not the job's %d "
+                           "processes; set data_parallel: %d or leave it out", cfg->file,
+                           (long long)cfg->parallel.data_parallel, t->tp_size, t->world_size, t->dp_size);
+        else
+            st = mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel is %lld but the job has %d process%s (rank %d); "
                        "launch with mmc launch -n %lld (or mpirun -np %lld), or set parallel.data_parallel: %d",
                        cfg->file, (long long)cfg->parallel.data_parallel, t->world_size,
                        t->world_size == 1 ? "" : "es", t->rank, (long long)cfg->parallel.data_parallel,
                        (long long)cfg->parallel.data_parallel, t->world_size);
         goto fail;
+    }
+    if (t->tp_size > 1) {
+        if (cfg->training.gradient_accumulation % t->dp_size) {
+            st = mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld does not divide into %d data-parallel replicas "
+                           "(world %d / tensor_parallel %d) x micro_batch_size %lld", cfg->file,
+                           (long long)cfg->data.batch_size, t->dp_size, t->world_size, t->tp_size,
+                           (long long)cfg->data.micro_batch_size);
+            goto fail;
+        }
+        mmc_dist_layout lay = {.tensor = t->tp_size, .data = t->dp_size};
+        if ((st = mmc_dist_layout_groups(t->world, &lay, &t->groups))) goto fail;
+        t->have_groups = true;
+        t->tpc = t->groups.tp;
+        t->dpc = t->groups.dp;
+        t->dp_rank = t->groups.dp_rank;
+    } else {
+        t->dpc = t->world;
+        t->dp_rank = t->rank;
     }
     if (resume) {
         int64_t step;
@@ -516,6 +575,19 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
+    if (t->tpc) {   /* each trained tensor's split, from the model's (masters follow their bf16 tensor) */
+        if (cfg->training.ema_decay > 0) {
+            st = mmc_error(MMC_ERR_INVALID, "%s: training.ema_decay with parallel.tensor_parallel is not supported yet",
+                           cfg->file);
+            goto fail;
+        }
+        if (!(t->opt_split = calloc((size_t)t->n_opt + 1, 1))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+        for (int i = 0; i < t->n_opt; i++) {
+            t->opt_split[i] = MMC_TP_REPLICATED;
+            for (int k = 0; k < t->lm->n_params; k++)
+                if (t->lm->params[k] == t->opt_model[i]) t->opt_split[i] = t->lm->param_split[k];
+        }
+    }
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
     if (t->flux) {
@@ -531,10 +603,10 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         st = mmc_error(MMC_ERR_INVALID, "data.train %s: has images (pixel_values) but the model is a text qwen2",
                        cfg->data.train);
     if (st) goto fail;
-    if (t->src.kind == SRC_FIXED && t->src.N < t->world_size) {
+    if (t->src.kind == SRC_FIXED && t->src.N < t->dp_size) {
         st = mmc_error(MMC_ERR_INVALID, "data.train %s has %lld samples, fewer than the %d data-parallel ranks "
                        "(rank %d): use fewer processes or more data", cfg->data.train, (long long)t->src.N,
-                       t->world_size, t->rank);
+                       t->dp_size, t->rank);
         goto fail;
     }
     if (cfg->training.ema_decay > 0) {   /* the EMA starts at the initial weights */
@@ -548,17 +620,17 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
             memcpy(t->ema[i], t->opt[i]->data, (size_t)mmc_numel(t->opt[i]) * sizeof(float));
         }
     }
-    if (resume && (st = mmc_trainer_restore(t, ckpt))) goto fail;
+    if (resume && (st = t->tpc ? tp_restore(t, ckpt) : mmc_trainer_restore(t, ckpt))) goto fail;
     if (t->flux && (t->world_size > 1 || cfg->parallel.zero > 0)) {
         /* diffusion: plain bucketed all-reduce / ZeRO-1/2 over the transformer's parameters (no units) */
-        if ((st = mmc_dp_new(t->world, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL,
+        if ((st = mmc_dp_new(t->dpc, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL,
                              &t->dp)))
             goto fail;
         if (cfg->parallel.zero >= 1) {
             mmc_dp_scatter_state(t->dp, &t->adamw);
             mmc_adamw_free(&t->adamw);
         }
-    } else if (t->world_size > 1 || cfg->parallel.zero > 0) {
+    } else if (t->dp_size > 1 || cfg->parallel.zero > 0) {
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
          * layer and each vision block, keyed by its layer struct as the models name it; the
          * vision blocks run first. The untrained parameters go too (ZeRO-3 shards them). */
@@ -601,7 +673,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         for (int b = 0; b < nv; b++) through[nl + b] = first_vis < b;
         mmc_dp_units units = {.unit_of = unit_of, .keys = keys, .n_units = nl + nv, .fwd_pos = fwd,
                               .frozen = fz, .frozen_unit = fz_unit, .n_frozen = nfz, .grad_through = through};
-        st = mmc_dp_new(t->world, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, &units,
+        st = mmc_dp_new(t->dpc, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, &units,
                         &t->dp);
         free(unit_of);
         free(keys);
@@ -655,6 +727,8 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->h_step);
     free(t->h_loss);
     free(t->h_lr);
+    free(t->opt_split);
+    if (t->have_groups) mmc_dist_groups_free(&t->groups);
     if (t->owns_dist) mmc_dist_finalize();
     free(t);
 }
@@ -685,14 +759,149 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
     if (state_bytes) *state_bytes = bytes;
 }
 
+/* ------------------------------------------------------------------ tensor parallelism: checkpoints
+ * A checkpoint holds full tensors (HF safetensors, full AdamW moments and masters) whatever tp
+ * wrote it, so it loads at any tp (and in transformers). To save, every split tensor — the
+ * model's, the fp32 masters, the moments — is gathered over the tp group and swapped in for
+ * the local slice while the ordinary writer runs; to restore, full-size buffers are swapped in,
+ * the ordinary reader fills them, and each rank keeps its slice. */
+typedef struct { mmc_tensor *t; void *local; int64_t shape[MMC_MAX_DIMS]; int split; } tp_swap_ent;
+typedef struct { tp_swap_ent *e; int n; float **m_local, **v_local; } tp_swap;
+
+/* rank r's slice along split of a full contiguous tensor of es-byte elements */
+static void slice_bytes(const char *full, int ndim, const int64_t *shape, int split, int r, int P, size_t es, char *local) {
+    int64_t outer = 1, inner = 1;
+    for (int k = 0; k < split; k++) outer *= shape[k];
+    for (int k = split + 1; k < ndim; k++) inner *= shape[k];
+    const int64_t d = shape[split], dl = d / P;
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(local + (size_t)(o * dl * inner) * es, full + (size_t)((o * d + (int64_t)r * dl) * inner) * es,
+               (size_t)(dl * inner) * es);
+}
+
+static void tp_to_local(mmc_trainer *t, tp_swap *sw, bool take) {
+    const int P = t->tp_size, r = mmc_comm_rank(t->tpc);
+    for (int k = 0; k < sw->n; k++) {
+        tp_swap_ent *e = &sw->e[k];
+        if (take) slice_bytes(e->t->data, e->t->ndim, e->t->shape, e->split, r, P, mmc_dtype_size(e->t->dtype), e->local);
+        free(e->t->data);
+        e->t->data = e->local;
+        memcpy(e->t->shape, e->shape, sizeof e->shape);
+        mmc_set_contiguous_strides(e->t);
+    }
+    for (int i = 0; sw->m_local && i < t->n_opt; i++) {
+        if (!sw->m_local[i]) continue;
+        if (take) {
+            int64_t full[MMC_MAX_DIMS];
+            mmc_tp_local_shape(t->opt[i]->ndim, t->opt[i]->shape, -1, 1, full);
+            full[t->opt_split[i]] *= P;
+            mmc_tp_take_slice(t->adamw.m[i], t->opt[i]->ndim, full, t->opt_split[i], r, P, sw->m_local[i]);
+            mmc_tp_take_slice(t->adamw.v[i], t->opt[i]->ndim, full, t->opt_split[i], r, P, sw->v_local[i]);
+        }
+        free(t->adamw.m[i]);
+        free(t->adamw.v[i]);
+        t->adamw.m[i] = sw->m_local[i];
+        t->adamw.v[i] = sw->v_local[i];
+    }
+    free(sw->e);
+    free(sw->m_local);
+    free(sw->v_local);
+    memset(sw, 0, sizeof *sw);
+}
+
+/* Swap full-size tensors in (gather: with their gathered values; collective over tp). */
+static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
+    memset(sw, 0, sizeof *sw);
+    const int P = t->tp_size;
+    mmc_status st = MMC_OK;
+    sw->e = calloc((size_t)(t->n_params + t->n_opt) + 1, sizeof *sw->e);
+    sw->m_local = calloc((size_t)t->n_opt + 1, sizeof *sw->m_local);
+    sw->v_local = calloc((size_t)t->n_opt + 1, sizeof *sw->v_local);
+    if (!sw->e || !sw->m_local || !sw->v_local) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    /* the moments first, while opt[i] still has its local shape */
+    for (int i = 0; i < t->n_opt && !st; i++) {
+        if (t->opt_split[i] < 0 || !t->adamw.m) continue;
+        const mmc_tensor *p = t->opt[i];
+        int64_t full[MMC_MAX_DIMS];
+        mmc_tp_local_shape(p->ndim, p->shape, -1, 1, full);
+        full[t->opt_split[i]] *= P;
+        mmc_tensor *fm = mmc_tensor_new(MMC_F32, p->ndim, full), *fv = mmc_tensor_new(MMC_F32, p->ndim, full);
+        if (!fm || !fv) { mmc_tensor_free(fm); mmc_tensor_free(fv); st = MMC_ERR_OOM; break; }
+        if (gather) {
+            mmc_tensor *lm = mmc_tensor_wrap(MMC_F32, p->ndim, p->shape, t->adamw.m[i]);
+            mmc_tensor *lv = mmc_tensor_wrap(MMC_F32, p->ndim, p->shape, t->adamw.v[i]);
+            st = mmc_tp_gather(t->tpc, lm, t->opt_split[i], fm);
+            if (!st) st = mmc_tp_gather(t->tpc, lv, t->opt_split[i], fv);
+            mmc_tensor_free(lm);
+            mmc_tensor_free(lv);
+        }
+        sw->m_local[i] = t->adamw.m[i];
+        sw->v_local[i] = t->adamw.v[i];
+        /* the buffers change hands: adamw frees them with free() (they are plain allocations) */
+        t->adamw.m[i] = malloc(mmc_nbytes(fm));
+        t->adamw.v[i] = malloc(mmc_nbytes(fv));
+        if (t->adamw.m[i]) memcpy(t->adamw.m[i], fm->data, mmc_nbytes(fm));
+        if (t->adamw.v[i]) memcpy(t->adamw.v[i], fv->data, mmc_nbytes(fv));
+        mmc_tensor_free(fm);
+        mmc_tensor_free(fv);
+        if (!t->adamw.m[i] || !t->adamw.v[i]) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    /* the model's tensors and the fp32 masters (each distinct tensor once) */
+    for (int pass = 0; pass < 2 && !st; pass++) {
+        const int n = pass ? t->n_opt : t->n_params;
+        for (int i = 0; i < n && !st; i++) {
+            mmc_tensor *p = pass ? t->opt[i] : t->params[i];
+            int split = pass ? t->opt_split[i] : t->lm->param_split[i];
+            if (split < 0) continue;
+            bool dup = false;
+            for (int k = 0; k < sw->n && !dup; k++) dup = sw->e[k].t == p;
+            if (dup) continue;
+            tp_swap_ent *e = &sw->e[sw->n];
+            int64_t full[MMC_MAX_DIMS];
+            memcpy(full, p->shape, sizeof full);
+            full[split] *= P;
+            mmc_tensor *f = mmc_tensor_new(MMC_F32, p->ndim, full);
+            if (!f) { st = MMC_ERR_OOM; break; }
+            if (gather) st = mmc_tp_gather(t->tpc, p, split, f);
+            void *buf = malloc(mmc_nbytes(f) / sizeof(float) * mmc_dtype_size(p->dtype) + 64);
+            if (!buf) st = mmc_error(MMC_ERR_OOM, "out of memory");
+            else mmc_convert(buf, p->dtype, f->data, MMC_F32, mmc_numel(f));
+            mmc_tensor_free(f);
+            if (st) { free(buf); break; }
+            e->t = p, e->local = p->data, e->split = split;
+            memcpy(e->shape, p->shape, sizeof e->shape);
+            p->data = buf;
+            memcpy(p->shape, full, sizeof full);
+            mmc_set_contiguous_strides(p);
+            sw->n++;
+        }
+    }
+    if (!st) return MMC_OK;
+fail:
+    tp_to_local(t, sw, false);
+    return st;
+}
+
+/* --resume at tp: the model came sliced from the checkpoint's safetensors; the moments and
+ * masters are read at full size and sliced. The full buffers start gathered, so that what the
+ * reader does not overwrite (the weights themselves) comes back unchanged. */
+static mmc_status tp_restore(mmc_trainer *t, const char *dir) {
+    tp_swap sw;
+    mmc_status st = tp_to_full(t, true, &sw);
+    if (st) return st;
+    st = mmc_trainer_restore(t, dir);
+    tp_to_local(t, &sw, st == MMC_OK);
+    return st;
+}
+
 /* ------------------------------------------------------------------ one step */
 mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     const mmc_run_config *c = t->cfg;
     /* data parallelism: this rank takes micro-batches [rank*ga, (rank+1)*ga) of the global
      * batch's data.batch_size / micro_batch_size; the source position stays global */
-    const int64_t ga = c->training.gradient_accumulation / t->world_size;
+    const int64_t ga = c->training.gradient_accumulation / t->dp_size;
     const int64_t pos0 = t->src.position;
-    t->src.position = pos0 + (int64_t)t->rank * ga;
+    t->src.position = pos0 + (int64_t)t->dp_rank * ga;   /* the ranks of a tp group read the same data */
     double t0 = mmc_now();
     if (t->dp) mmc_dp_reset_timing(t->dp);
     memset(s, 0, sizeof *s);
@@ -700,11 +909,11 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     if (!mbs) return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = MMC_OK;
     int64_t got = 0, labels = 0;
-    if (t->src.kind == SRC_LOADER && t->world_size > 1) {
+    if (t->src.kind == SRC_LOADER && t->dp_size > 1) {
         /* the loader is sequential: skip the micro-batches of the ranks before this one (they
          * are decoded and dropped; a sharded loader would avoid that) */
         t->src.position = pos0;
-        for (int64_t k = 0; k < (int64_t)t->rank * ga; k++) {
+        for (int64_t k = 0; k < (int64_t)t->dp_rank * ga; k++) {
             mmc_batch skip;
             if ((st = src_next(&t->src, &skip))) goto done;
             batch_release(&skip);
@@ -717,16 +926,16 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         s->samples += mbs[got].B;
     }
     s->data_s = mmc_now() - t0;
-    if (t->src.kind == SRC_LOADER && t->world_size > 1)   /* and past the ranks after it */
+    if (t->src.kind == SRC_LOADER && t->dp_size > 1)   /* and past the ranks after it */
         for (int64_t k = t->src.position; k < pos0 + c->training.gradient_accumulation; k++) {
             mmc_batch skip;
             if ((st = src_next(&t->src, &skip))) goto done;
             batch_release(&skip);
         }
     t->src.position = pos0 + c->training.gradient_accumulation;
-    if (t->world_size > 1) {   /* the loss is normalised by the label tokens of the whole global batch */
+    if (t->dp_size > 1) {   /* the loss is normalised by the label tokens of the whole global batch */
         int64_t v[3] = {labels, s->tokens, s->samples};
-        if ((st = mmc_all_reduce(t->world, v, v, 3, MMC_I64, MMC_SUM))) goto done;
+        if ((st = mmc_all_reduce(t->dpc, v, v, 3, MMC_I64, MMC_SUM))) goto done;
         labels = v[0]; s->tokens = v[1]; s->samples = v[2];
     }
     s->label_tokens = labels;
@@ -763,7 +972,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         float lv = *(const float *)l->data;
         const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
         if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
-        if (!isfinite(lv) && t->world_size == 1) {
+        if (!isfinite(lv) && t->dp_size == 1) {   /* (the tp ranks of a replica share the loss) */
             mmc_ctx_reset(t->ctx);
             if (t->dp) mmc_dp_forward_end(t->dp);
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "
@@ -783,7 +992,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         /* every rank joins every collective, whatever its micro-batches held; a non-finite
          * loss on any rank stops every rank at the same step */
         if ((st = mmc_dp_finish(t->dp, t->ctx))) goto done;
-        if ((st = mmc_all_reduce(t->world, &loss, &loss, 1, MMC_F64, MMC_SUM))) goto done;
+        if ((st = mmc_all_reduce(t->dpc, &loss, &loss, 1, MMC_F64, MMC_SUM))) goto done;
         if (!isfinite(loss)) {
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite on some rank; stopping without "
                            "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
@@ -794,6 +1003,15 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         if (t->opt[i] != t->opt_model[i]) t->opt[i]->grad = t->opt_model[i]->grad;
     if (t->dp && c->parallel.zero >= 1) {
         if ((st = mmc_dp_clip(t->dp, c->optimizer.grad_clip, &norm))) goto done;
+    } else if (t->tpc) {   /* the global norm: split gradients' squares summed over the tp group */
+        if ((st = mmc_tp_grad_norm(t->tpc, t->opt, t->opt_split, t->n_opt, &norm))) goto done;
+        if (c->optimizer.grad_clip > 0 && norm > c->optimizer.grad_clip) {   /* as clip_grad_norm_ */
+            const float cf = (float)(c->optimizer.grad_clip / (norm + 1e-6));
+            for (int i = 0; i < t->n_opt; i++) {
+                mmc_tensor *g = t->opt[i]->grad;
+                if (g) for (int64_t e = 0, ne = mmc_numel(g); e < ne; e++) ((float *)g->data)[e] *= cf;
+            }
+        }
     } else {
         norm = mmc_clip_grad_norm(t->opt, t->n_opt, c->optimizer.grad_clip);
     }
@@ -960,6 +1178,13 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
  * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
+    if (t->tpc) {   /* every tp rank gathers; world rank 0 writes full tensors */
+        tp_swap sw;
+        mmc_status st = tp_to_full(t, true, &sw);
+        if (!st) st = save_ranked_inner(t);
+        tp_to_local(t, &sw, false);
+        return st;
+    }
     /* ZeRO-3: parameters are gathered for rank 0's files (collective) and freed after — the
      * LoRA adapters for the PEFT files (the base is model.path), or the untrained parameters
      * for model.frozen.safetensors (a full gather: a spike of the whole model's size); the
@@ -1043,11 +1268,14 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             "%lld, global batch %lld = %lld x %lld micro-batches%s\n", (long long)trainable,
             (double)state / 1048576.0, (long long)tc->steps, (long long)t->step,
             (long long)c->data.batch_size, (long long)tc->gradient_accumulation,
-            (long long)c->data.micro_batch_size, t->world_size > 1 ? " over data-parallel ranks" : "");
-    if (t->world_size > 1)
+            (long long)c->data.micro_batch_size, t->dp_size > 1 ? " over data-parallel ranks" : "");
+    if (t->tpc)
+        fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s): each rank holds 1/%d of the "
+                "language model's matrices\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world), t->tp_size);
+    if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
-                t->world_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,
-                (long long)(tc->gradient_accumulation / t->world_size));
+                t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,
+                (long long)(tc->gradient_accumulation / t->dp_size));
     if (t->lora) {
         int64_t base = t->quant_numel;
         for (int i = 0; i < t->n_params; i++) base += mmc_numel(t->params[i]);

@@ -88,6 +88,14 @@ struct mmc_trainer {
     int rank, world_size;
     bool owns_dist;            /* this trainer started the runtime (and finalizes it) */
     mmc_dp *dp;
+    /* tensor parallelism (mmc_tp.h): the world cut into tp groups (tensor fastest) and dp
+     * replicas; data parallelism runs over dpc (== world at tp 1). rank / world_size stay the
+     * world's: world rank 0 prints and writes. */
+    mmc_dist_groups groups;
+    bool have_groups;
+    mmc_comm *tpc, *dpc;       /* tpc NULL at tp 1 */
+    int tp_size, dp_rank, dp_size;
+    signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;

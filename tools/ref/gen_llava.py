@@ -14,6 +14,7 @@ Writes tests/fixtures/llava/:
              projector.
   v452/      v5's checkpoint as transformers 4.52-4.57 write it: model.vision_tower.vision_model.*,
              model.multi_modal_projector.*, model.language_model.*, lm_head.*, config image_token_id.
+  hub_llama/ the Hub layout with Llama's SentencePiece BPE tokenizer (see hub_llama() below).
   hub/       v5's weights and settings in the Hub's 4.4x layout: vision_tower.vision_model.* /
              multi_modal_projector.* / language_model.model.* / language_model.lm_head.*, bf16
              matrices (the weights are rounded to bf16 first, so the copy is lossless), config with
@@ -190,12 +191,92 @@ for layout in ("hub", "v452"):
     ref[layout + ".logits"] = ref["v5.logits"]
     ref[layout + ".greedy"] = ref["v5.greedy"]
     expected[layout] = expected["v5"]
+
+# hub_llama/: what users download (llava-hf/llava-1.5-7b-hf): the Hub layout with Llama's SentencePiece
+# BPE tokenizer (tests/fixtures/llama_tokenizer/llama_tok_hub: byte fallback, legacy Prepend/Replace
+# normalizer, tokenizer_class LlamaTokenizer, <image> 640, <pad> 641), eos </s>. Built as v5 is, then
+# renamed and cast like hub/; the references from the converted directory as transformers reads it.
+def hub_llama():
+    global tok, IMG, V
+    saved = (tok, IMG, V)
+    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "llama_tokenizer", "llama_tok_hub"))
+    IMG, V = tok.convert_tokens_to_ids("<image>"), len(tok)
+    tmp = os.path.join(OUT, "_v5_llama")
+    shutil.rmtree(tmp, ignore_errors=True)
+    c = config(False)
+    c.text_config.eos_token_id = tok.eos_token_id
+    c.text_config.pad_token_id = tok.pad_token_id
+    m = LlavaForConditionalGeneration(c).float().eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("bias") or "norm" in n or "layrnorm" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+            if "embed" in n or "lm_head" in n or "linear_" in n:
+                p.mul_(8.0)
+            p.copy_(p.to(torch.bfloat16).float())
+    m.generation_config.max_new_tokens = 8
+    m.generation_config.do_sample = False
+    m.generation_config.eos_token_id = tok.eos_token_id
+    m.save_pretrained(tmp)
+    processor(False).save_pretrained(tmp)
+    dst = os.path.join(OUT, "hub_llama")
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs(dst)
+    out = {}
+    for k, v in load_file(os.path.join(tmp, "model.safetensors")).items():
+        if k.startswith("vision_tower."):
+            k = "vision_tower.vision_model." + k[len("vision_tower."):]
+        out[k] = v.to(torch.bfloat16) if v.dim() >= 2 else v
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    cj = json.load(open(os.path.join(tmp, "config.json")))
+    t = cj["text_config"]
+    cj.pop("dtype", None)
+    cj["torch_dtype"] = "bfloat16"
+    rp = t.pop("rope_parameters")
+    t["rope_theta"] = rp.pop("rope_theta")
+    t["rope_scaling"] = rp
+    t.pop("dtype", None)
+    t["torch_dtype"] = "bfloat16"
+    cj["vision_config"].pop("dtype", None)
+    json.dump(cj, open(os.path.join(dst, "config.json"), "w"), indent=2)
+    shutil.copy(os.path.join(tmp, "generation_config.json"), dst)
+    for f in ("tokenizer.json", "tokenizer_config.json"):   # the Hub's files, not transformers 5's rewrite
+        shutil.copy(os.path.join(ROOT, "llama_tokenizer", "llama_tok_hub", f), dst)
+    pc = json.load(open(os.path.join(tmp, "processor_config.json")))
+    ipc = pc.pop("image_processor")
+    ipc["processor_class"] = "LlavaProcessor"
+    json.dump(ipc, open(os.path.join(dst, "preprocessor_config.json"), "w"), indent=2)
+    json.dump({"chat_template": TEMPLATE}, open(os.path.join(dst, "chat_template.json"), "w"), indent=2)
+    pc.pop("chat_template", None)   # the Hub's processor_config.json: patch_size, strategy, extra tokens
+    json.dump(pc, open(os.path.join(dst, "processor_config.json"), "w"), indent=2)
+    shutil.rmtree(tmp)
+    proc = AutoProcessor.from_pretrained(dst, backend="pil")
+    m = LlavaForConditionalGeneration.from_pretrained(dst, dtype=torch.float32).eval()
+    text = proc.apply_chat_template(conv, add_generation_prompt=True)
+    inputs = proc(images=image, text=text, return_tensors="pt")
+    with torch.no_grad():
+        logits = m(**inputs).logits
+        g = m.generate(**inputs, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    T = inputs["input_ids"].shape[1]
+    ref["hub_llama.ids"] = inputs["input_ids"].to(torch.int64)
+    ref["hub_llama.logits"] = logits.float()
+    ref["hub_llama.greedy"] = g[:, T:].to(torch.int64)
+    expected["hub_llama"] = {"prompt": PROMPT, "templated": text, "n_prompt": T, "greedy_ids": g[0, T:].tolist(),
+                             "greedy_text": proc.tokenizer.decode(g[0, T:], skip_special_tokens=True),
+                             "image_processor_class": type(proc.image_processor).__name__}
+    with open(os.path.join(OUT, "hub_llama.greedy_text.txt"), "w", encoding="utf-8") as f:
+        f.write(expected["hub_llama"]["greedy_text"])
+    tok, IMG, V = saved
+
+
+hub_llama()
 save_file({k: v.contiguous().clone() for k, v in ref.items()}, os.path.join(OUT, "ref.safetensors"))
 # for tests/test_llava_cli.sh (no Python there): dir, case, prompt tokens, greedy ids, last-position
 # argmax, and the last position's logits one per line in <dir>.<case>.logits.txt
 rows = []
 for d, case, lk, gk in (("v5", "image", "v5.logits", "v5.greedy"), ("v452", "image", "v452.logits", "v452.greedy"),
                         ("hub", "image", "hub.logits", "hub.greedy"),
+                        ("hub_llama", "image", "hub_llama.logits", "hub_llama.greedy"),
                         ("v5_full", "image", "v5_full.logits", "v5_full.greedy"),
                         ("v5", "image_torchvision", "v5.tv_logits", "v5.tv_greedy")):
     last = ref[lk][0, -1]

@@ -10,6 +10,7 @@
 #include "mmc_models.h"
 #include "mmc_lora.h"
 #include "mmc_quant.h"
+#include "mmc_tp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -147,6 +148,7 @@ typedef struct {
     int ndim;
     int64_t shape[2];
     bool optional;
+    int split;              /* tensor parallelism: dimension split over the group, or -1 (replicated) */
 } wspec;
 
 static int build_specs(mmc_qwen2 *m, wspec *s) {
@@ -155,32 +157,36 @@ static int build_specs(mmc_qwen2 *m, wspec *s) {
     int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
     int n = 0;
 #define SPEC(nm, ptr, nd, d0, d1) do { snprintf(s[n].name, sizeof s[n].name, "%s", nm); s[n].slot = (ptr); \
-    s[n].ndim = nd; s[n].shape[0] = d0; s[n].shape[1] = d1; s[n].optional = false; n++; } while (0)
-    SPEC("embed_tokens.weight", &m->embed, 2, V, C);
+    s[n].ndim = nd; s[n].shape[0] = d0; s[n].shape[1] = d1; s[n].optional = false; s[n].split = -1; n++; } while (0)
+    /* Megatron's split: q/k/v/gate/up column-parallel (output rows), o/down row-parallel (input
+     * columns), the embedding vocab-parallel (rows); norms and o/down biases replicated */
+#define SPLIT(d) (s[n - 1].split = (d))
+    SPEC("embed_tokens.weight", &m->embed, 2, V, C); SPLIT(0);
     for (int64_t i = 0; i < c->num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
         char b[96];
 #define LSPEC(suffix, ptr, nd, d0, d1) do { snprintf(b, sizeof b, "layers.%lld.%s", (long long)i, suffix); \
     SPEC(b, ptr, nd, d0, d1); } while (0)
         LSPEC("input_layernorm.weight", &L->input_norm, 1, C, 0);
-        LSPEC("self_attn.q_proj.weight", &L->q.w, 2, QD, C);
-        if (c->qkv_bias) LSPEC("self_attn.q_proj.bias", &L->q.b, 1, QD, 0);
-        LSPEC("self_attn.k_proj.weight", &L->k.w, 2, KD, C);
-        if (c->qkv_bias) LSPEC("self_attn.k_proj.bias", &L->k.b, 1, KD, 0);
-        LSPEC("self_attn.v_proj.weight", &L->v.w, 2, KD, C);
-        if (c->qkv_bias) LSPEC("self_attn.v_proj.bias", &L->v.b, 1, KD, 0);
-        LSPEC("self_attn.o_proj.weight", &L->o.w, 2, C, QD);
+        LSPEC("self_attn.q_proj.weight", &L->q.w, 2, QD, C); SPLIT(0);
+        if (c->qkv_bias) { LSPEC("self_attn.q_proj.bias", &L->q.b, 1, QD, 0); SPLIT(0); }
+        LSPEC("self_attn.k_proj.weight", &L->k.w, 2, KD, C); SPLIT(0);
+        if (c->qkv_bias) { LSPEC("self_attn.k_proj.bias", &L->k.b, 1, KD, 0); SPLIT(0); }
+        LSPEC("self_attn.v_proj.weight", &L->v.w, 2, KD, C); SPLIT(0);
+        if (c->qkv_bias) { LSPEC("self_attn.v_proj.bias", &L->v.b, 1, KD, 0); SPLIT(0); }
+        LSPEC("self_attn.o_proj.weight", &L->o.w, 2, C, QD); SPLIT(1);
         if (c->o_bias) LSPEC("self_attn.o_proj.bias", &L->o.b, 1, C, 0);
         LSPEC("post_attention_layernorm.weight", &L->post_norm, 1, C, 0);
-        LSPEC("mlp.gate_proj.weight", &L->gate.w, 2, F, C);
-        if (c->mlp_bias) LSPEC("mlp.gate_proj.bias", &L->gate.b, 1, F, 0);
-        LSPEC("mlp.up_proj.weight", &L->up.w, 2, F, C);
-        if (c->mlp_bias) LSPEC("mlp.up_proj.bias", &L->up.b, 1, F, 0);
-        LSPEC("mlp.down_proj.weight", &L->down.w, 2, C, F);
+        LSPEC("mlp.gate_proj.weight", &L->gate.w, 2, F, C); SPLIT(0);
+        if (c->mlp_bias) { LSPEC("mlp.gate_proj.bias", &L->gate.b, 1, F, 0); SPLIT(0); }
+        LSPEC("mlp.up_proj.weight", &L->up.w, 2, F, C); SPLIT(0);
+        if (c->mlp_bias) { LSPEC("mlp.up_proj.bias", &L->up.b, 1, F, 0); SPLIT(0); }
+        LSPEC("mlp.down_proj.weight", &L->down.w, 2, C, F); SPLIT(1);
         if (c->mlp_bias) LSPEC("mlp.down_proj.bias", &L->down.b, 1, C, 0);
 #undef LSPEC
     }
     SPEC("norm.weight", &m->norm, 1, C, 0);
+#undef SPLIT
 #undef SPEC
     return n;
 }
@@ -216,7 +222,7 @@ static mmc_qwen2 *alloc_model(const mmc_qwen2_config *cfg, wspec **specs, int *n
 static void register_param(mmc_qwen2 *m, mmc_tensor *t, const char *name) {
     for (int i = 0; i < m->n_params; i++) if (m->params[i] == t) return;
     snprintf(m->param_names[m->n_params], sizeof m->param_names[0], "%s", name);
-    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->name, sizeof t->name, "%.*s", (int)sizeof t->name - 1, name);
     m->params[m->n_params++] = t;
 }
 
@@ -323,6 +329,152 @@ mmc_status mmc_decoder_load_cfg(const char *dir, const mmc_qwen2_config *cfgp, b
     return MMC_OK;
 }
 
+/* ------------------------------------------------------------------ tensor parallelism */
+mmc_status mmc_qwen2_tp_check(const mmc_qwen2_config *c, int tp, const char *what) {
+    if (tp <= 1) return MMC_OK;
+    const char *why = NULL, *key = NULL;
+    int64_t v = 0;
+    if (c->num_kv_heads % tp) key = "num_key_value_heads", v = c->num_kv_heads, why = "each rank must hold whole KV heads";
+    else if (c->num_heads % tp) key = "num_attention_heads", v = c->num_heads, why = "each rank must hold whole query heads";
+    else if (c->intermediate_size % tp) key = "intermediate_size", v = c->intermediate_size,
+        why = "gate/up rows and down columns are split evenly";
+    else if (c->vocab_size % tp) key = "vocab_size", v = c->vocab_size,
+        why = "the embedding and lm_head rows (vocab-parallel) are split evenly; pad the vocabulary to a multiple of "
+              "tensor_parallel (Megatron's make-vocab-size-divisible-by) in the checkpoint";
+    if (!key) return MMC_OK;
+    char ok[160] = "";
+    size_t len = 0;
+    int64_t g = c->num_kv_heads;   /* suggest the sizes that divide every split quantity */
+    for (int d = 1; d <= 64 && d <= g; d++)
+        if (!(c->num_kv_heads % d) && !(c->num_heads % d) && !(c->intermediate_size % d) && !(c->vocab_size % d))
+            len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? (d * 2 > g ? " or " : ", ") : "", d);
+    return mmc_error(MMC_ERR_INVALID, "tensor_parallel %d does not divide %s %lld of %s: %s; use tensor_parallel %s",
+                     tp, key, (long long)v, what ? what : "the language model", why, ok);
+}
+
+/* A model holding this rank's slices: from the checkpoint st (only the slices are read), or
+ * from a full model (its tensors sliced; used for random init, so that a tp run starts from
+ * the same weights as a single-process one). */
+static mmc_status tp_build(const mmc_qwen2_config *cfg, mmc_comm *tp, const mmc_st *st, const char *prefix,
+                           const char *lm_head_name, mmc_qwen2 *full, bool trainable, mmc_qwen2 **out) {
+    *out = NULL;
+    const int P = mmc_comm_size(tp), r = mmc_comm_rank(tp);
+    mmc_status stt = mmc_qwen2_tp_check(cfg, P, NULL);
+    if (stt) return stt;
+    wspec *s, *fs = NULL;
+    int n;
+    mmc_qwen2 *m = alloc_model(cfg, &s, &n);
+    if (!m) return mmc_error(MMC_ERR_OOM, "out of memory allocating a Qwen2 model");
+    int cap = 2 + 16 * (int)cfg->num_layers + 2;
+    m->param_split = calloc((size_t)cap, 1);
+    if (full) {
+        fs = calloc((size_t)cap, sizeof *fs);
+        if (fs) build_specs(full, fs);
+    }
+    size_t errcap = 8192;
+    char *errs = calloc(1, errcap);
+    if (!m->param_split || !errs || (full && !fs)) {
+        free(s); free(fs); free(errs); mmc_qwen2_free(m);
+        return mmc_error(MMC_ERR_OOM, "out of memory allocating a Qwen2 model");
+    }
+    m->tp = tp;
+    int bad = 0;
+    for (int i = 0; i <= n; i++) {
+        /* i == n: lm_head, unless tied */
+        const char *nm = i < n ? s[i].name : "lm_head.weight";
+        int split = i < n ? s[i].split : 0;
+        mmc_tensor **slot = i < n ? s[i].slot : &m->lm_head;
+        int64_t shape[2] = {cfg->vocab_size, cfg->hidden_size};
+        if (i < n) shape[0] = s[i].shape[0], shape[1] = s[i].shape[1];
+        int nd = i < n ? s[i].ndim : 2;
+        if (i == n && (full ? full->lm_head == full->embed
+                            : cfg->tie_word_embeddings && !mmc_st_find(st, lm_head_name))) {
+            m->lm_head = m->embed;
+            break;
+        }
+        if (full) {
+            const mmc_tensor *src = i < n ? *fs[i].slot : full->lm_head;
+            int64_t local[2];
+            mmc_tp_local_shape(nd, shape, split, P, local);
+            mmc_tensor *t = mmc_tensor_new(MMC_F32, nd, local);
+            if (!t) { bad++; continue; }
+            MMC_CHECK(src->dtype == MMC_F32 && mmc_is_contiguous(src), "tp_build: full model must be f32");
+            mmc_tp_take_slice(src->data, nd, shape, split, r, P, t->data);
+            if (trainable) t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+            *slot = t;
+        } else {
+            char fulln[256];
+            if (i < n) snprintf(fulln, sizeof fulln, "%s%s", prefix, nm);
+            else snprintf(fulln, sizeof fulln, "%s", lm_head_name);
+            if (mmc_tp_bind(st, fulln, nd, shape, split, tp, trainable, slot, errs, errcap) != MMC_OK) { bad++; continue; }
+        }
+        m->param_split[m->n_params] = (signed char)split;
+        register_param(m, *slot, nm);
+    }
+    free(s);
+    free(fs);
+    if (bad) {
+        mmc_error(MMC_ERR_FORMAT, "Qwen2 weights (tensor-parallel rank %d of %d): %d problem%s (prefix '%s'):%s", r, P,
+                  bad, bad > 1 ? "s" : "", prefix ? prefix : "", errs);
+        free(errs);
+        mmc_qwen2_free(m);
+        return MMC_ERR_FORMAT;
+    }
+    free(errs);
+    for (int64_t l = 0; l < cfg->num_layers; l++) {
+        mmc_qwen2_layer *L = &m->layers[l];
+        L->tp = tp;
+        L->q.out_features /= P; L->k.out_features /= P; L->v.out_features /= P;
+        L->o.in_features /= P;
+        L->gate.out_features /= P; L->up.out_features /= P; L->down.in_features /= P;
+    }
+    m->cfg.dtype = MMC_F32;
+    *out = m;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_load_tp(const char *dir, const mmc_qwen2_config *cfg, mmc_comm *tp, bool trainable,
+                             mmc_qwen2 **out) {
+    *out = NULL;
+    mmc_st *w = NULL;
+    mmc_status st;
+    if ((st = mmc_st_open(dir, &w))) return st;
+    static const char *prefixes[] = {"model.", "model.language_model.", "language_model.model."};
+    static const char *heads[] = {"lm_head.weight", "lm_head.weight", "language_model.lm_head.weight"};
+    int pick = -1;
+    for (int i = 0; i < 3 && pick < 0; i++) {
+        char probe[128];
+        snprintf(probe, sizeof probe, "%sembed_tokens.weight", prefixes[i]);
+        if (mmc_st_find(w, probe)) pick = i;
+    }
+    if (pick < 0) st = mmc_error(MMC_ERR_NOT_FOUND, "%s: no embed_tokens.weight under any known prefix", dir);
+    else st = tp_build(cfg, tp, w, prefixes[pick], heads[pick], NULL, trainable, out);
+    mmc_st_close(w);   /* every slice was copied out */
+    return st ? mmc_error_prefix(st, "%s", dir) : MMC_OK;
+}
+
+mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, mmc_comm *tp, mmc_qwen2 **out) {
+    return tp_build(&full->cfg, tp, NULL, NULL, NULL, full, true, out);
+}
+
+mmc_status mmc_qwen2_gather_weights(mmc_qwen2 *m, mmc_tensor **full) {
+    for (int i = 0; i < m->n_params; i++) full[i] = NULL;
+    const int P = m->tp ? mmc_comm_size(m->tp) : 1;
+    mmc_status st = MMC_OK;
+    for (int i = 0; i < m->n_params && !st; i++) {
+        const mmc_tensor *p = m->params[i];
+        int sp = m->param_split ? m->param_split[i] : -1;
+        int64_t shape[MMC_MAX_DIMS];
+        memcpy(shape, p->shape, sizeof shape);
+        if (sp >= 0) shape[sp] *= P;
+        if (!(full[i] = mmc_tensor_new(MMC_F32, p->ndim, shape))) { st = MMC_ERR_OOM; break; }
+        snprintf(full[i]->name, sizeof full[i]->name, "%s", p->name);
+        st = mmc_tp_gather(m->tp, p, sp, full[i]);
+    }
+    if (st) for (int i = 0; i < m->n_params; i++) { mmc_tensor_free(full[i]); full[i] = NULL; }
+    return st;
+}
+
 void mmc_qwen2_free(mmc_qwen2 *m) {
     if (!m) return;
     mmc_lora_free(m->adapter);   /* detaches from the layers, so before they go */
@@ -332,6 +484,7 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
         for (int j = 0; j < 7; j++) mmc_nf4_free(ls[j]->q);
     }
     for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
+    free(m->param_split);
     free(m->params);
     free(m->param_names);
     free(m->layers);
@@ -444,6 +597,7 @@ static void kv_append(mmc_ctx *ctx, mmc_kv_cache *kv, int layer, mmc_tensor *k, 
 
 /* ------------------------------------------------------------------ forward */
 mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids) {
+    if (m->tp) return mmc_tp_embedding(ctx, m->tp, m->embed, ids, mmc_comm_rank(m->tp) * m->embed->shape[0]);
     return mmc_embedding(ctx, m->embed, ids);
 }
 
@@ -453,23 +607,31 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
                                   mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *attn,
                                   mmc_kv_cache *kv, int layer_idx) {
     const int64_t B = x->shape[0], T = x->shape[1], D = c->head_dim;
+    /* heads held here: all of them, or with tensor parallelism Hq/tp and Hkv/tp (whole GQA groups) */
+    const int64_t Hq = L->q.out_features / D, Hkv = L->k.out_features / D;
     mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, (float)c->rms_norm_eps);  /* [B, T, C] */
+    h = mmc_tp_copy(ctx, L->tp, h);                                              /* f: no-op without tp */
     mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4,
-                                MMC_SHAPE(B, T, c->num_heads, D));               /* [B, T, Hq, D] */
+                                MMC_SHAPE(B, T, Hq, D));                         /* [B, T, Hq, D] */
     mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4,
-                                MMC_SHAPE(B, T, c->num_kv_heads, D));            /* [B, T, Hkv, D] */
+                                MMC_SHAPE(B, T, Hkv, D));                        /* [B, T, Hkv, D] */
     mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4,
-                                MMC_SHAPE(B, T, c->num_kv_heads, D));            /* [B, T, Hkv, D] */
+                                MMC_SHAPE(B, T, Hkv, D));                        /* [B, T, Hkv, D] */
     q = mmc_rope(ctx, q, cos, sin);
     k = mmc_rope(ctx, k, cos, sin);
     if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
     mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
-    a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, c->num_heads * D));
-    return mmc_nn_linear(ctx, a, &L->o);
+    a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, Hq * D));
+    return L->tp ? mmc_tp_row_linear(ctx, L->tp, a, &L->o) : mmc_nn_linear(ctx, a, &L->o);
 }
 
 /* The MLP half on normed rows h [..., C]: down(silu(gate(h)) * up(h)) -> [..., C]. */
 static mmc_tensor *mlp(mmc_ctx *ctx, mmc_qwen2_layer *L, mmc_tensor *h) {
+    if (L->tp) {   /* column-parallel gate/up (f before), row-parallel down (g after) */
+        h = mmc_tp_copy(ctx, L->tp, h);
+        return mmc_tp_row_linear(ctx, L->tp, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate),
+                                                        mmc_nn_linear(ctx, h, &L->up)), &L->down);
+    }
     return mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up)),
                          &L->down);
 }
@@ -576,7 +738,13 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_ten
 }
 
 mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
+    if (m->tp) return mmc_tp_gather_last(ctx, m->tp, mmc_qwen2_logits_local(ctx, m, hidden));
     return mmc_linear(ctx, hidden, m->lm_head, NULL);
+}
+
+mmc_tensor *mmc_qwen2_logits_local(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
+    if (!m->tp) return mmc_linear(ctx, hidden, m->lm_head, NULL);
+    return mmc_linear(ctx, mmc_tp_copy(ctx, m->tp, hidden), m->lm_head, NULL);   /* column-parallel */
 }
 
 /* ------------------------------------------------------------------ rope variants */
@@ -660,7 +828,7 @@ mmc_decoder mmc_qwen2_decoder(mmc_qwen2 *m) {
     /* dynamic NTK scaling exists to run past max_position_embeddings */
     return (mmc_decoder){.self = m, .vocab_size = m->cfg.vocab_size,
                          .max_positions = m->cfg.rope_kind == MMC_ROPE_DYNAMIC ? MMC_CONFIG_MAX_DIM
-                                                                               : m->cfg.max_position_embeddings, .kv_heads = m->cfg.num_kv_heads,
+                                                                               : m->cfg.max_position_embeddings, .kv_heads = m->layers[0].k.out_features / m->cfg.head_dim,
                          .head_dim = m->cfg.head_dim, .n_layers = (int)m->cfg.num_layers,
                          .prefill = qwen2_prefill, .decode = qwen2_decode};
 }

@@ -7,6 +7,7 @@
 #include "mmc_vl.h"
 #include "mmc_io.h"
 #include "mmc_ops.h"
+#include "mmc_tp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +20,9 @@ int64_t mmc_count_label_tokens(const int32_t *labels, int64_t B, int64_t T) {
     return n;
 }
 
-mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *labels,
-                               double scale, int64_t *n_scored) {
+/* tensor parallelism: logits are this rank's vocabulary slice from vocab_start (tp NULL: all) */
+static mmc_tensor *causal_lm_loss(mmc_ctx *ctx, mmc_comm *tp, int64_t vocab_start, mmc_tensor *logits,
+                                  const int32_t *labels, double scale, int64_t *n_scored) {
     MMC_CHECK(logits->ndim == 3 && logits->dtype == MMC_F32, "mmc_causal_lm_loss: logits must be f32 [B, T, V]");
     int64_t B = logits->shape[0], T = logits->shape[1], V = logits->shape[2];
     mmc_tensor *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(B * T));                /* [B*T] */
@@ -36,8 +38,14 @@ mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *
     }
     if (n_scored) *n_scored = n;
     mmc_tensor *flat = mmc_reshape(ctx, logits, 2, MMC_SHAPE(B * T, V));        /* [B*T, V] */
-    mmc_tensor *mean = mmc_cross_entropy(ctx, flat, tg, MMC_IGNORE_INDEX);      /* [] */
+    mmc_tensor *mean = tp ? mmc_tp_cross_entropy(ctx, tp, mmc_contiguous(ctx, flat), tg, vocab_start, MMC_IGNORE_INDEX)
+                          : mmc_cross_entropy(ctx, flat, tg, MMC_IGNORE_INDEX);      /* [] */
     return mmc_scale(ctx, mean, (float)((double)n * scale));
+}
+
+mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *labels,
+                               double scale, int64_t *n_scored) {
+    return causal_lm_loss(ctx, NULL, 0, logits, labels, scale, n_scored);
 }
 
 mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, double scale,
@@ -59,6 +67,11 @@ mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, do
     mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
     mmc_tensor *x = mmc_qwen2_embed(ctx, m, ids);                                /* [B, T, C] */
     x = mmc_qwen2_forward(ctx, m, x, cos, sin, &attn, NULL);                     /* [B, T, C] */
+    if (m->tp) {   /* vocab-parallel: the loss from this rank's logits [B, T, V/tp], never gathered */
+        mmc_tensor *logits = mmc_qwen2_logits_local(ctx, m, x);                  /* [B, T, V/tp] */
+        return causal_lm_loss(ctx, m->tp, mmc_comm_rank(m->tp) * m->lm_head->shape[0], logits, b->labels, scale,
+                              n_scored);
+    }
     mmc_tensor *logits = mmc_qwen2_logits(ctx, m, x);                            /* [B, T, V] */
     return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
 }

@@ -1,0 +1,141 @@
+/* mmc_serve.h — `mmc serve`: an OpenAI-compatible HTTP server (libmicrohttpd) in front of one
+ * model. Three layers, each replaceable on its own:
+ *   - the request parser (src/serve/request.c): a JSON body of /v1/chat/completions or
+ *     /v1/completions -> mmc_serve_request, with OpenAI's 400 errors (type, param, code);
+ *   - the engine (src/serve/engine.c): a queue and one thread that runs requests one at a time
+ *     through an mmc_serve_backend (submit -> events of text deltas -> done / cancel). A later
+ *     batching engine replaces engine.c behind the same job interface;
+ *   - the HTTP front (src/serve/http.c): routes, API key, limits, SSE streaming, /metrics,
+ *     graceful shutdown.
+ * The backend (tools/cmd_serve.c) renders the chat template, loads images and generates with
+ * the same code as `mmc generate`, so a greedy served completion equals `mmc generate`'s.
+ * Response and error bodies follow OpenAI's API reference (chat.completion, chat.completion.chunk,
+ * text_completion, {"error": {"message", "type", "param", "code"}}). */
+#ifndef MMC_SERVE_H
+#define MMC_SERVE_H
+
+#include "mmc.h"
+#include "mmc_infer.h"
+#include "mmc_tokenizer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Limits; mmc_serve_limits_default gives the values `mmc serve --help` lists. */
+typedef struct {
+    size_t max_body_bytes;       /* larger request bodies: 413 */
+    int max_json_depth;          /* deeper nesting of objects/arrays: 400 */
+    int max_images;              /* image parts per request: 400 */
+    int64_t max_image_pixels;    /* a larger decoded image: 400 */
+    int64_t max_prompt_tokens;   /* 0: the model's context length; more: 400 context_length_exceeded */
+    int max_output_tokens;       /* max_tokens above it: 400; the default when a request gives none */
+    double max_request_seconds;  /* generation stops there (finish_reason "length") */
+    int max_connections;         /* concurrent HTTP connections */
+    int max_queue;               /* requests waiting or running; more: 429 */
+    int max_n;                   /* the largest n */
+} mmc_serve_limits;
+void mmc_serve_limits_default(mmc_serve_limits *l);
+
+/* An OpenAI error: HTTP status and the body's fields ("" -> null). */
+typedef struct {
+    int status;
+    char type[40], param[96], code[48], message[512];
+} mmc_serve_error;
+/* Fill e and return false (for `return mmc_serve_fail(...)`). */
+bool mmc_serve_fail(mmc_serve_error *e, int status, const char *type, const char *param, const char *code,
+                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error": {...}} as a malloc'd string. */
+char *mmc_serve_error_json(const mmc_serve_error *e);
+
+/* ------------------------------------------------------------------ requests */
+typedef enum { MMC_SERVE_CHAT = 0, MMC_SERVE_COMPLETION } mmc_serve_kind;
+
+typedef struct {
+    mmc_chat_part_type type;     /* MMC_CHAT_TEXT or MMC_CHAT_IMAGE */
+    char *text;                  /* text parts */
+    unsigned char *data;         /* an image from a data: URI (decoded bytes) ... */
+    size_t n_data;
+    char *path;                  /* ... or a local file, resolved, under --media-root */
+} mmc_serve_part;
+
+typedef struct {
+    char *role;
+    char *content;               /* a string content, or NULL: parts */
+    mmc_serve_part *parts;
+    int n_parts;
+} mmc_serve_message;
+
+#define MMC_SERVE_MAX_STOP 4
+typedef struct {
+    mmc_serve_kind kind;
+    char *model;                 /* NULL if absent */
+    mmc_serve_message *msgs;     /* chat */
+    int n_msgs, n_images;
+    char *prompt;                /* completions */
+    /* sampling: NAN / -1 when not given (the model's generation_config.json decides) */
+    double temperature, top_p, min_p, presence_penalty, frequency_penalty;
+    int64_t top_k, max_tokens, seed;
+    bool has_seed;
+    int n;
+    char *stop[MMC_SERVE_MAX_STOP];
+    int n_stop;
+    bool stream, include_usage;
+    bool logprobs;               /* chat: logprobs true; completions: logprobs = k given */
+    int top_logprobs;            /* chat: top_logprobs; completions: the logprobs integer */
+} mmc_serve_request;
+
+/* Parse a request body. media_root (a resolved directory, or NULL: local paths refused) bounds
+ * local image paths. false with *err set (status 400) on any invalid field. */
+bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, const mmc_serve_limits *lim,
+                             const char *media_root, mmc_serve_request *req, mmc_serve_error *err);
+void mmc_serve_request_free(mmc_serve_request *req);
+/* Standard base64 (padding optional, no whitespace) -> malloc'd bytes; false if malformed. */
+bool mmc_serve_base64_decode(const char *s, size_t n, unsigned char **out, size_t *n_out);
+
+/* ------------------------------------------------------------------ backend */
+/* One generation of a prepared prompt: the backend calls on_token per new token (return false
+ * to stop) and installs on_logits (may be NULL) as the sampler's raw-logits hook. */
+typedef struct {
+    int max_new;
+    uint64_t seed;
+    mmc_token_cb on_token;
+    void (*on_logits)(void *user, const float *logits, int64_t vocab);
+    void *user;
+} mmc_serve_gen;
+
+typedef struct {
+    void *self;
+    const mmc_tokenizer *tok;
+    const char *model_id;        /* the name /v1/models lists */
+    int64_t context_length;
+    /* Render + encode the request's prompt (chat template, images). *prompt: backend state for
+     * generate; *n_prompt its tokens; *default_max_new the model's default length (or -1). */
+    bool (*prepare)(void *self, const mmc_serve_request *req, void **prompt, int64_t *n_prompt,
+                    int64_t *default_max_new, mmc_serve_error *err);
+    mmc_status (*generate)(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g);
+    void (*release)(void *self, void *prompt);
+} mmc_serve_backend;
+
+/* ------------------------------------------------------------------ server */
+typedef struct {
+    const char *host;            /* default 127.0.0.1 */
+    int port;                    /* 0: any free port (printed) */
+    const char *api_key;         /* NULL: no auth */
+    const char *media_root;      /* NULL: no local image paths */
+    int threads;                 /* compute threads (0: all cores) */
+    mmc_serve_limits limits;
+} mmc_serve_options;
+
+/* Run until SIGTERM / SIGINT: then stop accepting, cancel queued requests, end in-flight streams
+ * (their final chunk and [DONE]) and return MMC_OK. Prints "listening on http://HOST:PORT". */
+mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,609 @@
+/* schedulers.c — the DDPM-family samplers of Stable Diffusion / SDXL pipelines, mirroring
+ * diffusers 0.42's schedulers/scheduling_euler_discrete.py, scheduling_euler_ancestral_discrete.py,
+ * scheduling_dpmsolver_multistep.py (dpmsolver++ and sde-dpmsolver++, orders 1-2) and
+ * scheduling_ddim.py: the training schedule of __init__ (betas, alphas_cumprod, zero-terminal-SNR
+ * rescaling), set_timesteps (linspace / leading / trailing spacing, Karras sigmas, final sigma),
+ * scale_model_input and step.
+ *
+ * Exactness. diffusers builds the training schedule in torch float32 (torch.linspace evaluates
+ * start + step * i as one fused multiply-add from whichever end is nearer; torch.cumprod
+ * accumulates in double on the CPU), and the inference schedule in numpy, float64 for the
+ * interpolation and Karras ramps, float32 where it calls np.log on the float32 sigmas. Each
+ * function below does its arithmetic in the same type, one rounding per numpy / torch operation
+ * (fmaf only where torch fuses), so timesteps come out equal and sigmas within an ulp or two
+ * (tests/test_schedulers.c); the compiler must not contract a*b+c elsewhere, hence the pragma. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "mmc_diffusion.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *mmc_nsched_kind_name(mmc_nsched_kind k) {
+    switch (k) {
+    case MMC_NSCHED_EULER: return "EulerDiscreteScheduler";
+    case MMC_NSCHED_EULER_ANCESTRAL: return "EulerAncestralDiscreteScheduler";
+    case MMC_NSCHED_DPM_MULTISTEP: return "DPMSolverMultistepScheduler";
+    case MMC_NSCHED_DDIM: return "DDIMScheduler";
+    }
+    return "?";
+}
+
+/* ---------------------------------------------------------------- config */
+
+static void config_default(mmc_nsched_kind kind, mmc_nsched_config *c) {
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    c->num_train_timesteps = 1000;
+    c->beta_start = 0.0001;
+    c->beta_end = 0.02;
+    c->beta_schedule = MMC_BETA_LINEAR;
+    c->prediction_type = MMC_PRED_EPSILON;
+    c->timestep_spacing = kind == MMC_NSCHED_DDIM ? MMC_SPACING_LEADING : MMC_SPACING_LINSPACE;
+    c->sigma_min = c->sigma_max = NAN;
+    c->solver_order = 2;
+    c->lower_order_final = true;
+    c->lambda_min_clipped = -INFINITY;
+    c->clip_sample = true;
+    c->set_alpha_to_one = true;
+    c->clip_sample_range = 1.0;
+}
+
+/* A key that must hold its default for mmc to honour the config. */
+static mmc_status need_default_str(const mmc_json *j, const char *what, const char *key, const char *def) {
+    const char *v = NULL;
+    mmc_status st = mmc_json_str(j, key, def, &v);
+    if (st) return mmc_error_prefix(st, "%s: ", what);
+    if (strcmp(v, def) != 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %s '%s' is not supported (only '%s')", what, key, v, def);
+    return MMC_OK;
+}
+static mmc_status need_false(const mmc_json *j, const char *what, const char *key) {
+    bool v = false;
+    mmc_status st = mmc_json_bool(j, key, false, &v);
+    if (st) return mmc_error_prefix(st, "%s: ", what);
+    if (v) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %s true is not supported; set it to false", what, key);
+    return MMC_OK;
+}
+
+/* A key that is absent or null (mmc_json_str reads null as its default). */
+static bool json_null_or_absent(const mmc_json *j, const char *key) {
+    const char *v = NULL;
+    if (!mmc_json_has(j, key)) return true;
+    return mmc_json_str(j, key, NULL, &v) == MMC_OK && v == NULL;
+}
+
+mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsched_config *c) {
+    mmc_status st;
+    const char *cls = NULL;
+    if ((st = mmc_json_str(j, "_class_name", "", &cls))) return mmc_error_prefix(st, "%s: ", what);
+    mmc_nsched_kind kind;
+    if (!strcmp(cls, "EulerDiscreteScheduler")) kind = MMC_NSCHED_EULER;
+    else if (!strcmp(cls, "EulerAncestralDiscreteScheduler")) kind = MMC_NSCHED_EULER_ANCESTRAL;
+    else if (!strcmp(cls, "DPMSolverMultistepScheduler")) kind = MMC_NSCHED_DPM_MULTISTEP;
+    else if (!strcmp(cls, "DDIMScheduler")) kind = MMC_NSCHED_DDIM;
+    else
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: _class_name '%s' is not a scheduler mmc runs (EulerDiscreteScheduler, "
+                         "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, DDIMScheduler)", what, cls);
+    config_default(kind, c);
+    const char *beta = NULL, *pred = NULL, *spacing = NULL;
+    if ((st = mmc_json_int(j, "num_train_timesteps", 1000, &c->num_train_timesteps)) ||
+        (st = mmc_json_num(j, "beta_start", 0.0001, &c->beta_start)) ||
+        (st = mmc_json_num(j, "beta_end", 0.02, &c->beta_end)) ||
+        (st = mmc_json_str(j, "beta_schedule", "linear", &beta)) ||
+        (st = mmc_json_str(j, "prediction_type", "epsilon", &pred)) ||
+        (st = mmc_json_str(j, "timestep_spacing", kind == MMC_NSCHED_DDIM ? "leading" : "linspace", &spacing)) ||
+        (st = mmc_json_int(j, "steps_offset", 0, &c->steps_offset)) ||
+        (st = mmc_json_bool(j, "rescale_betas_zero_snr", false, &c->rescale_betas_zero_snr)))
+        return mmc_error_prefix(st, "%s: ", what);
+    if (!json_null_or_absent(j, "trained_betas"))
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: trained_betas is not supported; use beta_schedule", what);
+    if (c->num_train_timesteps < 2 || c->num_train_timesteps > 100000)
+        return mmc_error(MMC_ERR_INVALID, "%s: num_train_timesteps %lld must be in [2, 100000]", what,
+                         (long long)c->num_train_timesteps);
+    if (!strcmp(beta, "linear")) c->beta_schedule = MMC_BETA_LINEAR;
+    else if (!strcmp(beta, "scaled_linear")) c->beta_schedule = MMC_BETA_SCALED_LINEAR;
+    else if (!strcmp(beta, "squaredcos_cap_v2")) c->beta_schedule = MMC_BETA_SQUAREDCOS;
+    else return mmc_error(MMC_ERR_INVALID, "%s: beta_schedule '%s' must be linear, scaled_linear or squaredcos_cap_v2",
+                          what, beta);
+    if (!strcmp(pred, "epsilon")) c->prediction_type = MMC_PRED_EPSILON;
+    else if (!strcmp(pred, "v_prediction")) c->prediction_type = MMC_PRED_V;
+    else if (!strcmp(pred, "sample") || (kind == MMC_NSCHED_EULER && !strcmp(pred, "original_sample")))
+        c->prediction_type = MMC_PRED_SAMPLE;
+    else return mmc_error(MMC_ERR_INVALID, "%s: prediction_type '%s' must be epsilon, v_prediction or sample", what, pred);
+    if (kind == MMC_NSCHED_EULER_ANCESTRAL && c->prediction_type == MMC_PRED_SAMPLE)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: prediction_type 'sample' is not implemented by "
+                         "EulerAncestralDiscreteScheduler (diffusers raises too)", what);
+    if (!strcmp(spacing, "linspace")) c->timestep_spacing = MMC_SPACING_LINSPACE;
+    else if (!strcmp(spacing, "leading")) c->timestep_spacing = MMC_SPACING_LEADING;
+    else if (!strcmp(spacing, "trailing")) c->timestep_spacing = MMC_SPACING_TRAILING;
+    else return mmc_error(MMC_ERR_INVALID, "%s: timestep_spacing '%s' must be linspace, leading or trailing", what, spacing);
+
+    if (kind == MMC_NSCHED_EULER || kind == MMC_NSCHED_DPM_MULTISTEP) {
+        const char *fst = NULL;
+        if ((st = mmc_json_bool(j, "use_karras_sigmas", false, &c->use_karras_sigmas)) ||
+            (st = mmc_json_str(j, "final_sigmas_type", "zero", &fst)) ||
+            (st = mmc_json_num(j, "sigma_min", NAN, &c->sigma_min)) ||
+            (st = mmc_json_num(j, "sigma_max", NAN, &c->sigma_max)))
+            return mmc_error_prefix(st, "%s: ", what);
+        if ((st = need_false(j, what, "use_exponential_sigmas")) || (st = need_false(j, what, "use_beta_sigmas")))
+            return st;
+        if (!strcmp(fst, "sigma_min")) c->final_sigmas_sigma_min = true;
+        else if (strcmp(fst, "zero") != 0)
+            return mmc_error(MMC_ERR_INVALID, "%s: final_sigmas_type '%s' must be 'zero' or 'sigma_min'", what, fst);
+    }
+    if (kind == MMC_NSCHED_EULER) {
+        const char *interp = NULL;
+        if ((st = mmc_json_str(j, "interpolation_type", "linear", &interp))) return mmc_error_prefix(st, "%s: ", what);
+        if (!strcmp(interp, "log_linear")) c->interpolation_log_linear = true;
+        else if (strcmp(interp, "linear") != 0)
+            return mmc_error(MMC_ERR_INVALID, "%s: interpolation_type '%s' must be 'linear' or 'log_linear'", what, interp);
+        if ((st = need_default_str(j, what, "timestep_type", "discrete"))) return st;
+    }
+    if (kind == MMC_NSCHED_DPM_MULTISTEP) {
+        int64_t order = 2;
+        const char *alg = NULL, *solver = NULL;
+        if ((st = mmc_json_int(j, "solver_order", 2, &order)) ||
+            (st = mmc_json_str(j, "algorithm_type", "dpmsolver++", &alg)) ||
+            (st = mmc_json_str(j, "solver_type", "midpoint", &solver)) ||
+            (st = mmc_json_bool(j, "lower_order_final", true, &c->lower_order_final)) ||
+            (st = mmc_json_bool(j, "euler_at_final", false, &c->euler_at_final)) ||
+            (st = mmc_json_num(j, "lambda_min_clipped", -INFINITY, &c->lambda_min_clipped)))
+            return mmc_error_prefix(st, "%s: ", what);
+        if (order != 1 && order != 2)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: solver_order %lld is not supported (1 or 2)", what, (long long)order);
+        c->solver_order = (int)order;
+        if (!strcmp(alg, "sde-dpmsolver++")) c->sde = true;
+        else if (strcmp(alg, "dpmsolver++") != 0 && strcmp(alg, "deis") != 0)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: algorithm_type '%s' is not supported (dpmsolver++ or "
+                             "sde-dpmsolver++)", what, alg);
+        if (!strcmp(solver, "heun")) c->solver_heun = true;
+        else if (strcmp(solver, "midpoint") && strcmp(solver, "logrho") && strcmp(solver, "bh1") && strcmp(solver, "bh2"))
+            return mmc_error(MMC_ERR_INVALID, "%s: solver_type '%s' must be 'midpoint' or 'heun'", what, solver);
+        if ((st = need_false(j, what, "thresholding")) || (st = need_false(j, what, "use_lu_lambdas")) ||
+            (st = need_false(j, what, "use_flow_sigmas")) || (st = need_false(j, what, "use_dynamic_shifting")))
+            return st;
+        if (!json_null_or_absent(j, "variance_type"))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: variance_type (learned variance) is not supported; set it to null", what);
+    }
+    if (kind == MMC_NSCHED_DDIM) {
+        if ((st = mmc_json_bool(j, "clip_sample", true, &c->clip_sample)) ||
+            (st = mmc_json_bool(j, "set_alpha_to_one", true, &c->set_alpha_to_one)) ||
+            (st = mmc_json_num(j, "clip_sample_range", 1.0, &c->clip_sample_range)))
+            return mmc_error_prefix(st, "%s: ", what);
+        if ((st = need_false(j, what, "thresholding"))) return st;
+    }
+    return MMC_OK;
+}
+
+void mmc_nsched_free(mmc_nsched *s) {
+    if (!s) return;
+    free(s->alphas_cumprod);
+    free(s->timesteps);
+    free(s->sigmas);
+    free(s->prev_x0);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------- training schedule */
+
+/* torch.linspace(a, b, n, dtype=float32): a fused multiply-add from the nearer end. */
+static void torch_linspace_f32(float a, float b, int64_t n, float *out) {
+    if (n == 1) { out[0] = a; return; }
+    const float step = (b - a) / (float)(n - 1);
+    const int64_t half = n / 2;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = i < half ? fmaf(step, (float)i, a) : fmaf(-step, (float)(n - i - 1), b);
+}
+
+static double alpha_bar_cos(double t) {
+    double c = cos((t + 0.008) / 1.008 * M_PI / 2);
+    return c * c;
+}
+
+/* torch.cumprod on the CPU: accumulated in double, each prefix rounded to float. */
+static void cumprod_f32(const float *a, int64_t n, float *out) {
+    double acc = 1.0;
+    for (int64_t i = 0; i < n; i++) {
+        acc *= (double)a[i];
+        out[i] = (float)acc;
+    }
+}
+
+mmc_status mmc_nsched_init(const mmc_nsched_config *c, mmc_nsched *s) {
+    memset(s, 0, sizeof *s);
+    s->cfg = *c;
+    const int64_t T = c->num_train_timesteps;
+    float *betas = malloc((size_t)T * sizeof(float)), *alphas = malloc((size_t)T * sizeof(float));
+    s->alphas_cumprod = calloc((size_t)T, sizeof(float));
+    if (!betas || !alphas || !s->alphas_cumprod) {
+        free(betas);
+        free(alphas);
+        mmc_nsched_free(s);
+        return mmc_error(MMC_ERR_OOM, "scheduler: out of memory for %lld timesteps", (long long)T);
+    }
+    switch (c->beta_schedule) {
+    case MMC_BETA_LINEAR: torch_linspace_f32((float)c->beta_start, (float)c->beta_end, T, betas); break;
+    case MMC_BETA_SCALED_LINEAR:
+        torch_linspace_f32((float)sqrt(c->beta_start), (float)sqrt(c->beta_end), T, betas);
+        for (int64_t i = 0; i < T; i++) betas[i] = betas[i] * betas[i];
+        break;
+    case MMC_BETA_SQUAREDCOS:   /* betas_for_alpha_bar in Python floats, then float32 */
+        for (int64_t i = 0; i < T; i++) {
+            double t1 = (double)i / (double)T, t2 = (double)(i + 1) / (double)T;
+            double b = 1 - alpha_bar_cos(t2) / alpha_bar_cos(t1);
+            betas[i] = (float)(b < 0.999 ? b : 0.999);
+        }
+        break;
+    }
+    float *ac = s->alphas_cumprod;
+    if (c->rescale_betas_zero_snr) {   /* rescale_zero_terminal_snr, torch float32 */
+        for (int64_t i = 0; i < T; i++) alphas[i] = 1.0f - betas[i];
+        cumprod_f32(alphas, T, ac);
+        for (int64_t i = 0; i < T; i++) ac[i] = sqrtf(ac[i]);
+        const float a0 = ac[0], aT = ac[T - 1], k = a0 / (a0 - aT);
+        for (int64_t i = 0; i < T; i++) {
+            ac[i] = (ac[i] - aT) * k;
+            ac[i] = ac[i] * ac[i];
+        }
+        betas[0] = 1.0f - ac[0];
+        for (int64_t i = 1; i < T; i++) betas[i] = 1.0f - ac[i] / ac[i - 1];
+    }
+    for (int64_t i = 0; i < T; i++) alphas[i] = 1.0f - betas[i];
+    cumprod_f32(alphas, T, ac);
+    if (c->rescale_betas_zero_snr && c->kind != MMC_NSCHED_DDIM) ac[T - 1] = 0x1p-24f;
+    free(betas);
+    free(alphas);
+    s->init_noise_sigma = 1.0f;
+    return MMC_OK;
+}
+
+/* Replace diffusers' non-JSON -Infinity / Infinity / NaN (Python's json.dumps writes them) by
+ * numbers strtod reads as such (1e999 overflows to inf) or null. */
+static char *fix_nonfinite(const char *in, size_t len) {
+    char *out = malloc(len * 2 + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    bool str = false;
+    for (size_t i = 0; i < len; i++) {
+        if (in[i] == '"' && (i == 0 || in[i - 1] != '\\')) str = !str;
+        if (!str && !strncmp(in + i, "Infinity", 8 < len - i ? 8 : len - i) && len - i >= 8) {
+            memcpy(out + o, "1e999", 5);
+            o += 5;
+            i += 7;
+        } else if (!str && len - i >= 3 && !strncmp(in + i, "NaN", 3)) {
+            memcpy(out + o, "null", 4);
+            o += 4;
+            i += 2;
+        } else {
+            out[o++] = in[i];
+        }
+    }
+    out[o] = 0;
+    return out;
+}
+
+mmc_status mmc_nsched_load(const char *dir, mmc_nsched *out) {
+    memset(out, 0, sizeof *out);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
+    char *text = NULL, *fixed = NULL;
+    size_t len = 0;
+    mmc_json *j = NULL;
+    mmc_status st = mmc_read_file(path, &text, &len);
+    if (st) return st;
+    fixed = fix_nonfinite(text, len);
+    free(text);
+    if (!fixed) return mmc_error(MMC_ERR_OOM, "%s: out of memory", path);
+    st = mmc_json_parse(fixed, strlen(fixed), path, &j);
+    free(fixed);
+    if (st) return st;
+    mmc_nsched_config c;
+    st = mmc_nsched_config_read(j, path, &c);
+    mmc_json_free(j);
+    return st ? st : mmc_nsched_init(&c, out);
+}
+
+/* ---------------------------------------------------------------- numpy helpers (float64) */
+
+/* np.linspace(a, b, n): i * ((b - a) / (n - 1)) + a, the last exactly b. */
+static double np_linspace_at(double a, double b, int n, int i) {
+    if (n == 1) return a;
+    if (i == n - 1) return b;
+    return (double)i * ((b - a) / (double)(n - 1)) + a;
+}
+
+/* np.arange(start, 0, -step) for a float step: ceil((0 - start) / -step) values,
+ * start + i * ((start - step) - start). Returns the count (<= cap). */
+static int np_arange_down(double start, double step, double *out, int cap) {
+    double d = -step;
+    double len = ceil((0.0 - start) / d);
+    int n = len > 0 ? (int)len : 0;
+    if (n > cap) n = cap;
+    if (n >= 1) out[0] = start;
+    double delta = (start + d) - start;
+    for (int i = 1; i < n; i++) out[i] = start + (double)i * delta;
+    return n;
+}
+
+/* np.interp(x, arange(len), fp) for fp of float32 values. */
+static double np_interp_arange(double x, const float *fp, int64_t len) {
+    if (x <= 0) return fp[0];
+    if (x >= (double)(len - 1)) return fp[len - 1];
+    int64_t j = (int64_t)floor(x);
+    if ((double)j == x) return fp[j];
+    double slope = ((double)fp[j + 1] - (double)fp[j]) / ((double)(j + 1) - (double)j);
+    return slope * (x - (double)j) + (double)fp[j];
+}
+
+/* _sigma_to_t: sigma (float64) against log_sigmas (float32, ascending) -> fractional index. */
+static double sigma_to_t(double sigma, const float *log_sigmas, int64_t T) {
+    double ls = log(sigma > 1e-10 ? sigma : 1e-10);
+    int64_t low = 0;   /* the last index with log_sigmas[i] <= ls (cumsum(...).argmax()), 0 if none */
+    for (int64_t i = 0; i < T; i++)
+        if (ls - (double)log_sigmas[i] >= 0) low = i;
+    if (low > T - 2) low = T - 2;
+    const float lo = log_sigmas[low], hi = log_sigmas[low + 1];
+    double w = ((double)lo - ls) / (double)(lo - hi);
+    w = w < 0 ? 0 : w > 1 ? 1 : w;
+    return (1 - w) * (double)low + w * (double)(low + 1);
+}
+
+/* _convert_to_karras (rho 7) into out[n] (float64). */
+static void karras(double smin, double smax, int n, double *out) {
+    const double rho = 7.0, min_inv = pow(smin, 1 / rho), max_inv = pow(smax, 1 / rho);
+    for (int i = 0; i < n; i++) out[i] = pow(max_inv + np_linspace_at(0, 1, n, i) * (min_inv - max_inv), rho);
+}
+
+/* ---------------------------------------------------------------- set_timesteps */
+
+mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
+    const mmc_nsched_config *c = &s->cfg;
+    const int64_t T = c->num_train_timesteps;
+    if (n < 1 || n > T)
+        return mmc_error(MMC_ERR_INVALID, "%s: %d inference steps: must be in [1, num_train_timesteps = %lld]",
+                         mmc_nsched_kind_name(c->kind), n, (long long)T);
+    free(s->timesteps);
+    free(s->sigmas);
+    free(s->prev_x0);
+    s->timesteps = s->sigmas = s->prev_x0 = NULL;
+    s->n_elem = 0;
+    s->lower_order_nums = 0;
+    s->num_inference_steps = n;
+    const int cap = n + 2;
+    double *ts = calloc((size_t)cap, sizeof(double)), *sg = calloc((size_t)cap + 1, sizeof(double));
+    float *sig_full = malloc((size_t)T * sizeof(float)), *log_sig = malloc((size_t)T * sizeof(float));
+    mmc_status st = MMC_OK;
+    if (!ts || !sg || !sig_full || !log_sig) { st = mmc_error(MMC_ERR_OOM, "scheduler: out of memory"); goto fail; }
+    for (int64_t i = 0; i < T; i++) {
+        const float a = s->alphas_cumprod[i];
+        sig_full[i] = sqrtf((1.0f - a) / a);
+        log_sig[i] = logf(sig_full[i]);
+    }
+    const bool dpm = c->kind == MMC_NSCHED_DPM_MULTISTEP;
+    int m = n;   /* timesteps produced */
+
+    /* the spacing (numpy float64; DPM-Solver's int64 over n + 1 points, DDIM's rounded int64) */
+    int64_t last = T;
+    if (dpm && c->lambda_min_clipped > -INFINITY) {
+        /* searchsorted(flip(lambda_t), lambda_min_clipped): lambda_t in float32 torch */
+        int64_t idx = 0;
+        for (int64_t i = T - 1; i >= 0; i--) {
+            const float a = s->alphas_cumprod[i];
+            float lam = logf(sqrtf(a)) - logf(sqrtf(1.0f - a));
+            if ((double)lam < c->lambda_min_clipped) idx++;
+        }
+        last = T - idx;
+    }
+    if (c->timestep_spacing == MMC_SPACING_LINSPACE) {
+        if (dpm) {
+            for (int i = 0; i < n; i++) ts[i] = nearbyint(np_linspace_at(0, (double)(last - 1), n + 1, n - i));
+        } else if (c->kind == MMC_NSCHED_DDIM) {
+            for (int i = 0; i < n; i++) ts[i] = nearbyint(np_linspace_at(0, (double)(T - 1), n, n - 1 - i));
+        } else {   /* Euler kinds: dtype float32 */
+            for (int i = 0; i < n; i++) ts[i] = (float)np_linspace_at(0, (double)(T - 1), n, n - 1 - i);
+        }
+    } else if (c->timestep_spacing == MMC_SPACING_LEADING) {
+        const int64_t ratio = dpm ? last / (n + 1) : T / n;
+        for (int i = 0; i < n; i++) ts[i] = (double)((int64_t)(dpm ? n - i : n - 1 - i) * ratio + c->steps_offset);
+    } else {
+        double r[64 + 1], *buf = n + 2 <= 65 ? r : malloc((size_t)(n + 2) * sizeof(double));
+        if (!buf) { st = mmc_error(MMC_ERR_OOM, "scheduler: out of memory"); goto fail; }
+        m = np_arange_down(dpm ? (double)last : (double)T, (double)T / (double)n, buf, n + 1);
+        for (int i = 0; i < m; i++) ts[i] = nearbyint(buf[i]) - 1;
+        if (buf != r) free(buf);
+    }
+    if (c->kind != MMC_NSCHED_DDIM && c->kind != MMC_NSCHED_DPM_MULTISTEP)
+        for (int i = 0; i < m; i++) ts[i] = (float)ts[i];   /* .astype(np.float32) */
+
+    if (c->kind == MMC_NSCHED_DDIM) goto done;
+
+    /* sigmas (float64 until the final float32 cast): ns of them, then the final one */
+    int ns = m;
+    if (c->kind == MMC_NSCHED_EULER && c->interpolation_log_linear) {
+        /* torch.linspace(log(s[-1]), log(s[0]), n + 1).exp() in float32 */
+        float *tmp = malloc((size_t)(m + 1) * sizeof(float));
+        if (!tmp) { st = mmc_error(MMC_ERR_OOM, "scheduler: out of memory"); goto fail; }
+        torch_linspace_f32(log_sig[T - 1], log_sig[0], m + 1, tmp);
+        for (int i = 0; i <= m; i++) sg[i] = expf(tmp[i]);
+        free(tmp);
+        ns = m + 1;   /* diffusers' log_linear schedule: n + 1 sigmas before the final one is appended */
+    } else {
+        for (int i = 0; i < m; i++) sg[i] = np_interp_arange(ts[i], sig_full, T);
+    }
+    if (c->use_karras_sigmas) {
+        double smin, smax;
+        if (dpm) { smin = sig_full[0]; smax = sig_full[T - 1]; }   /* np.flip(sigmas) */
+        else { smin = sg[ns - 1]; smax = sg[0]; }
+        if (!isnan(c->sigma_min)) smin = c->sigma_min;
+        if (!isnan(c->sigma_max)) smax = c->sigma_max;
+        karras(smin, smax, n, sg);
+        m = ns = n;
+        for (int i = 0; i < m; i++) {
+            double t = sigma_to_t(sg[i], log_sig, T);
+            ts[i] = dpm ? (c->beta_schedule != MMC_BETA_SQUAREDCOS ? nearbyint(t) : trunc(t)) : (double)(float)t;
+        }
+    }
+    sg[ns] = c->final_sigmas_sigma_min ? (double)sqrtf((1.0f - s->alphas_cumprod[0]) / s->alphas_cumprod[0]) : 0.0;
+    s->sigmas = malloc((size_t)(ns + 1) * sizeof(float));
+    if (!s->sigmas) { st = mmc_error(MMC_ERR_OOM, "scheduler: out of memory"); goto fail; }
+    float smax = 0;
+    for (int i = 0; i <= ns; i++) {
+        s->sigmas[i] = (float)sg[i];
+        if (s->sigmas[i] > smax) smax = s->sigmas[i];
+    }
+    if (c->kind == MMC_NSCHED_EULER || c->kind == MMC_NSCHED_EULER_ANCESTRAL)
+        s->init_noise_sigma = c->timestep_spacing == MMC_SPACING_LEADING ? sqrtf(smax * smax + 1.0f) : smax;
+done:
+    s->timesteps = malloc((size_t)m * sizeof(float));
+    if (!s->timesteps) { st = mmc_error(MMC_ERR_OOM, "scheduler: out of memory"); goto fail; }
+    for (int i = 0; i < m; i++) s->timesteps[i] = (float)ts[i];
+    s->n = m;
+fail:
+    free(ts);
+    free(sg);
+    free(sig_full);
+    free(log_sig);
+    return st;
+}
+
+/* ---------------------------------------------------------------- scale_model_input, step */
+
+float mmc_nsched_input_divisor(const mmc_nsched *s, int i) {
+    if (s->cfg.kind != MMC_NSCHED_EULER && s->cfg.kind != MMC_NSCHED_EULER_ANCESTRAL) return 1.0f;
+    const float sg = s->sigmas[i];
+    return sqrtf(sg * sg + 1.0f);
+}
+
+void mmc_nsched_scale_model_input(const mmc_nsched *s, int i, const float *in, float *out, int64_t n) {
+    const float d = mmc_nsched_input_divisor(s, i);
+    for (int64_t k = 0; k < n; k++) out[k] = in[k] / d;
+}
+
+/* _sigma_to_alpha_sigma_t in float32 */
+static void alpha_sigma(float sigma, float *alpha_t, float *sigma_t) {
+    *alpha_t = 1.0f / sqrtf(sigma * sigma + 1.0f);
+    *sigma_t = sigma * *alpha_t;
+}
+
+static mmc_status dpm_step(mmc_nsched *s, int i, const float *mo, float *x, int64_t n, const float *noise) {
+    const mmc_nsched_config *c = &s->cfg;
+    if (s->prev_x0 && s->n_elem != n)
+        return mmc_error(MMC_ERR_INVALID, "DPMSolverMultistepScheduler: step %d on %lld values, the previous on %lld",
+                         i, (long long)n, (long long)s->n_elem);
+    if (!s->prev_x0) {
+        s->prev_x0 = malloc((size_t)n * sizeof(float));
+        if (!s->prev_x0) return mmc_error(MMC_ERR_OOM, "DPMSolverMultistepScheduler: out of memory");
+        s->n_elem = n;
+    }
+    const int N = s->n;
+    const bool lof = i == N - 1 && (c->euler_at_final || (c->lower_order_final && N < 15) || !c->final_sigmas_sigma_min);
+    float a_s0, s_s0, a_t, s_t;
+    alpha_sigma(s->sigmas[i], &a_s0, &s_s0);
+    alpha_sigma(s->sigmas[i + 1], &a_t, &s_t);
+    const float lam_t = logf(a_t) - logf(s_t), lam_s0 = logf(a_s0) - logf(s_s0), h = lam_t - lam_s0;
+    const bool first = c->solver_order == 1 || s->lower_order_nums < 1 || lof;
+    float r0inv = 0;
+    if (!first) {
+        float a_s1, s_s1;
+        alpha_sigma(s->sigmas[i - 1], &a_s1, &s_s1);
+        const float lam_s1 = logf(a_s1) - logf(s_s1), h0 = lam_s0 - lam_s1, r0 = h0 / h;
+        r0inv = 1.0f / r0;
+    }
+    const float em = expf(-h), e2 = expf(-2.0f * h);
+    const float ratio = s_t / s_s0;
+    /* coefficients as diffusers groups its scalar factors */
+    const float k_ode = a_t * (em - 1.0f), k_sde = a_t * (1.0f - e2), k_noise = s_t * sqrtf(1.0f - e2);
+    const float k_sde_x = ratio * em;
+    float k_d1;
+    if (!c->sde) k_d1 = c->solver_heun ? a_t * ((em - 1.0f) / h + 1.0f) : 0.5f * k_ode;
+    else k_d1 = c->solver_heun ? a_t * ((1.0f - e2) / (-2.0f * h) + 1.0f) : 0.5f * k_sde;
+    for (int64_t k = 0; k < n; k++) {
+        float x0;   /* convert_model_output (dpmsolver++: the data prediction) */
+        if (c->prediction_type == MMC_PRED_EPSILON) x0 = (x[k] - s_s0 * mo[k]) / a_s0;
+        else if (c->prediction_type == MMC_PRED_V) x0 = a_s0 * x[k] - s_s0 * mo[k];
+        else x0 = mo[k];
+        float out;
+        if (first) {
+            out = !c->sde ? ratio * x[k] - k_ode * x0 : k_sde_x * x[k] + k_sde * x0 + k_noise * noise[k];
+        } else {
+            const float d1 = r0inv * (x0 - s->prev_x0[k]);
+            if (!c->sde) out = c->solver_heun ? ratio * x[k] - k_ode * x0 + k_d1 * d1 : ratio * x[k] - k_ode * x0 - k_d1 * d1;
+            else out = k_sde_x * x[k] + k_sde * x0 + k_d1 * d1 + k_noise * noise[k];
+        }
+        s->prev_x0[k] = x0;
+        x[k] = out;
+    }
+    if (s->lower_order_nums < c->solver_order) s->lower_order_nums++;
+    return MMC_OK;
+}
+
+mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *mo, float *x, int64_t n, const float *noise) {
+    const mmc_nsched_config *c = &s->cfg;
+    if (!s->timesteps || i < 0 || i >= s->n)
+        return mmc_error(MMC_ERR_INVALID, "%s: step %d outside the %d timesteps of set_timesteps",
+                         mmc_nsched_kind_name(c->kind), i, s->n);
+    const bool needs_noise = c->kind == MMC_NSCHED_EULER_ANCESTRAL || (c->kind == MMC_NSCHED_DPM_MULTISTEP && c->sde) ||
+                             (c->kind == MMC_NSCHED_DDIM && s->eta > 0);
+    if (needs_noise && !noise)
+        return mmc_error(MMC_ERR_INVALID, "%s: this step draws noise; pass a noise tensor", mmc_nsched_kind_name(c->kind));
+    switch (c->kind) {
+    case MMC_NSCHED_EULER: {
+        const float sg = s->sigmas[i], dt = s->sigmas[i + 1] - sg;
+        const float vc = -sg / sqrtf(sg * sg + 1.0f), vd = sg * sg + 1.0f;
+        for (int64_t k = 0; k < n; k++) {
+            float x0;
+            if (c->prediction_type == MMC_PRED_EPSILON) x0 = x[k] - sg * mo[k];
+            else if (c->prediction_type == MMC_PRED_V) x0 = mo[k] * vc + x[k] / vd;
+            else x0 = mo[k];
+            const float d = (x[k] - x0) / sg;
+            x[k] = x[k] + d * dt;
+        }
+        return MMC_OK;
+    }
+    case MMC_NSCHED_EULER_ANCESTRAL: {
+        const float sf = s->sigmas[i], st = s->sigmas[i + 1];
+        const float up = sqrtf(st * st * (sf * sf - st * st) / (sf * sf));
+        const float down = sqrtf(st * st - up * up), dt = down - sf;
+        const float vc = -sf / sqrtf(sf * sf + 1.0f), vd = sf * sf + 1.0f;
+        for (int64_t k = 0; k < n; k++) {
+            const float x0 = c->prediction_type == MMC_PRED_EPSILON ? x[k] - sf * mo[k] : mo[k] * vc + x[k] / vd;
+            const float d = (x[k] - x0) / sf;
+            x[k] = (x[k] + d * dt) + noise[k] * up;
+        }
+        return MMC_OK;
+    }
+    case MMC_NSCHED_DPM_MULTISTEP: return dpm_step(s, i, mo, x, n, noise);
+    case MMC_NSCHED_DDIM: {
+        const int64_t t = (int64_t)s->timesteps[i], T = c->num_train_timesteps;
+        const int64_t tp = t - T / s->num_inference_steps;
+        if (t < 0 || t >= T)
+            return mmc_error(MMC_ERR_INVALID, "DDIMScheduler: timestep %lld outside [0, %lld)", (long long)t, (long long)T);
+        const float at = s->alphas_cumprod[t];
+        const float ap = tp >= 0 ? s->alphas_cumprod[tp] : c->set_alpha_to_one ? 1.0f : s->alphas_cumprod[0];
+        const float bt = 1.0f - at, bp = 1.0f - ap;
+        const float sat = sqrtf(at), sbt = sqrtf(bt), sap = sqrtf(ap);
+        const float var = bp / bt * (1.0f - at / ap);
+        const float sd = (float)s->eta * sqrtf(var);
+        const float kdir = sqrtf(1.0f - ap - sd * sd);
+        const float lo = (float)-c->clip_sample_range, hi = (float)c->clip_sample_range;
+        for (int64_t k = 0; k < n; k++) {
+            float x0, pe;
+            if (c->prediction_type == MMC_PRED_EPSILON) { x0 = (x[k] - sbt * mo[k]) / sat; pe = mo[k]; }
+            else if (c->prediction_type == MMC_PRED_SAMPLE) { x0 = mo[k]; pe = (x[k] - sat * x0) / sbt; }
+            else { x0 = sat * x[k] - sbt * mo[k]; pe = sat * mo[k] + sbt * x[k]; }
+            if (c->clip_sample) x0 = x0 < lo ? lo : x0 > hi ? hi : x0;
+            float out = sap * x0 + kdir * pe;
+            if (s->eta > 0) out = out + sd * noise[k];
+            x[k] = out;
+        }
+        return MMC_OK;
+    }
+    }
+    return MMC_ERR_INVALID;
+}

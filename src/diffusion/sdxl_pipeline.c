@@ -1,0 +1,251 @@
+/* sdxl_pipeline.c — text -> image with a StableDiffusionXLPipeline folder, mirroring diffusers'
+ * pipelines/stable_diffusion_xl/pipeline_stable_diffusion_xl.py:
+ *
+ *   encode_prompt: CLIP-L (CLIPTextModel) and CLIP-G (CLIPTextModelWithProjection), 77 padded tokens
+ *        each, hidden_states[-2] of both concatenated on the channel axis    -> prompt_embeds [B, 77, C1 + C2]
+ *        the projected pooled output (text_embeds) of the second             -> pooled [B, P]
+ *   classifier-free guidance (guidance > 1): the batch [negative; positive]; with no negative prompt
+ *        and model_index.json's force_zeros_for_empty_prompt (SDXL base: true) the negative
+ *        conditioning is zeros, else the negative prompt ("" by default) is encoded the same way
+ *   add_time_ids = (original size, crop top-left, target size) = (H, W, 0, 0, H, W) for both halves
+ *   latents = injected noise x scheduler.init_noise_sigma; per step: scale_model_input, the UNet,
+ *        noise_uncond + guidance (noise_text - noise_uncond), scheduler.step (any scheduler of
+ *        src/diffusion/schedulers.c; the noise of stochastic ones from mmc's Philox stream)
+ *   image = vae.decode(latents / scaling_factor) / 2 + 0.5, clamped
+ *
+ * force_upcast: diffusers decodes with an upcast f32 VAE when its weights are f16 (the SDXL VAE
+ * overflows in f16); mmc computes every model in f32 whatever the stored dtype, which is that upcast. */
+#include "mmc_diffusion.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct mmc_sdxl_pipeline {
+    mmc_diffusers_dir dir;
+    mmc_unet_config unet_cfg;
+    mmc_vae_config vae_cfg;
+    mmc_nsched sched;
+    mmc_unet *unet;
+    mmc_vae *vae;
+    bool force_zeros;                 /* force_zeros_for_empty_prompt */
+    char path[5][1024];               /* unet, vae, scheduler, text_encoder, text_encoder_2 */
+};
+enum { X_UNET, X_VAE, X_SCHED, X_TE1, X_TE2 };
+
+mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out) {
+    *out = NULL;
+    mmc_sdxl_pipeline *p = calloc(1, sizeof *p);
+    if (!p) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_json *j = NULL;
+    char path[1100];
+    mmc_status st = mmc_diffusers_open(dir, &p->dir);
+    if (st) goto fail;
+    if (strcmp(p->dir.pipeline, "StableDiffusionXLPipeline") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusionXLPipeline", dir, p->dir.pipeline);
+        goto fail;
+    }
+    static const char *const names[] = {"unet", "vae", "scheduler", "text_encoder", "text_encoder_2"};
+    for (int i = 0; i < 5; i++) mmc_diffusers_path(&p->dir, names[i], "", p->path[i], sizeof p->path[i]);
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    if ((st = mmc_json_load(path, &j))) goto fail;
+    st = mmc_json_bool(j, "force_zeros_for_empty_prompt", true, &p->force_zeros);
+    mmc_json_free(j), j = NULL;
+    if (st) goto fail;
+    snprintf(path, sizeof path, "%s/config.json", p->path[X_UNET]);
+    if ((st = mmc_json_load(path, &j))) goto fail;
+    st = mmc_unet_config_read(j, "unet/config.json", &p->unet_cfg);
+    mmc_json_free(j), j = NULL;
+    if (st) goto fail;
+    if (!p->unet_cfg.text_time) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: unet/config.json: an SDXL UNet has addition_embed_type \"text_time\"", dir);
+        goto fail;
+    }
+    snprintf(path, sizeof path, "%s/config.json", p->path[X_VAE]);
+    if ((st = mmc_json_load(path, &j))) goto fail;
+    st = mmc_vae_config_read(j, "vae/config.json", &p->vae_cfg);
+    mmc_json_free(j), j = NULL;
+    if (st) goto fail;
+    if ((st = mmc_nsched_load(p->path[X_SCHED], &p->sched))) goto fail;
+    *out = p;
+    return MMC_OK;
+fail:
+    mmc_json_free(j);
+    mmc_sdxl_pipeline_free(p);
+    return st;
+}
+
+void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p) {
+    if (!p) return;
+    mmc_unet_free(p->unet);
+    mmc_vae_free(p->vae);
+    mmc_nsched_free(&p->sched);
+    free(p);
+}
+
+int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p) { return (int)p->unet_cfg.in_channels; }
+bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p) { return p->force_zeros; }
+mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p) { return &p->sched; }
+
+void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w) {
+    const int f = 1 << (p->vae_cfg.levels - 1);
+    *h = height / f, *w = width / f;
+}
+
+mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width) {
+    return mmc_diffusion_check_size(height, width, (1 << (p->vae_cfg.levels - 1)) * (1 << (p->unet_cfg.levels - 1)),
+                                    "VAE factor x the UNet's 2^(levels - 1)");
+}
+
+mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
+                                  mmc_flux_cond *out) {
+    memset(out, 0, sizeof *out);
+    mmc_tensor *h[2] = {0}, *pooled = NULL;
+    char tok[1100];
+    mmc_status st;
+    mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);
+    if ((st = mmc_pipe_clip_encode(ctx, tok, p->path[X_TE1], prompts, B, &h[0], NULL, NULL))) goto done;
+    mmc_diffusers_path(&p->dir, "tokenizer_2", "", tok, sizeof tok);
+    if ((st = mmc_pipe_clip_encode(ctx, tok, p->path[X_TE2], prompts, B, &h[1], NULL, &pooled))) goto done;
+    const int64_t L = h[0]->shape[1], C0 = h[0]->shape[2], C1 = h[1]->shape[2], P = pooled->shape[1];
+    const mmc_unet_config *u = &p->unet_cfg;
+    const int64_t want_p = u->projection_class_embeddings_input_dim - 6 * u->addition_time_embed_dim;
+    if (h[1]->shape[1] != L || C0 + C1 != u->cross_attention_dim || P != want_p) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the text encoders give %lld + %lld channels over %lld / %lld tokens and %lld "
+                       "pooled; the UNet takes cross_attention_dim %lld and %lld pooled (projection_class_embeddings_"
+                       "input_dim - 6 x addition_time_embed_dim)", p->dir.dir, (long long)C0, (long long)C1,
+                       (long long)L, (long long)h[1]->shape[1], (long long)P, (long long)u->cross_attention_dim,
+                       (long long)want_p);
+        goto done;
+    }
+    out->prompt_embeds = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(B, L, C0 + C1));
+    if (!out->prompt_embeds) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    float *e = out->prompt_embeds->data;
+    for (int64_t r = 0; r < (int64_t)B * L; r++) {   /* torch.concat(prompt_embeds_list, dim=-1) */
+        memcpy(e + r * (C0 + C1), (float *)h[0]->data + r * C0, (size_t)C0 * sizeof(float));
+        memcpy(e + r * (C0 + C1) + C0, (float *)h[1]->data + r * C1, (size_t)C1 * sizeof(float));
+    }
+    out->pooled = pooled, pooled = NULL;
+done:
+    mmc_tensor_free(h[0]);
+    mmc_tensor_free(h[1]);
+    mmc_tensor_free(pooled);
+    if (st) mmc_flux_cond_free(out);
+    return st;
+}
+
+mmc_status mmc_sdxl_zero_cond(const mmc_flux_cond *like, mmc_flux_cond *out) {
+    out->prompt_embeds = mmc_tensor_new(MMC_F32, 3, like->prompt_embeds->shape);
+    out->pooled = mmc_tensor_new(MMC_F32, 2, like->pooled->shape);
+    if (!out->prompt_embeds || !out->pooled) {
+        mmc_flux_cond_free(out);
+        return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    memset(out->prompt_embeds->data, 0, mmc_nbytes(out->prompt_embeds));
+    memset(out->pooled->data, 0, mmc_nbytes(out->pooled));
+    return MMC_OK;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* rows of a then of b along dim 0 -> [2B, ...] in ctx */
+static mmc_tensor *stack2(mmc_ctx *ctx, const mmc_tensor *a, const mmc_tensor *b) {
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, a->shape, sizeof shape);
+    shape[0] *= 2;
+    mmc_tensor *t = mmc_new(ctx, MMC_F32, a->ndim, shape);
+    memcpy(t->data, a->data, mmc_nbytes(a));
+    memcpy((char *)t->data + mmc_nbytes(a), b->data, mmc_nbytes(b));
+    return t;
+}
+
+mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
+                           mmc_tensor *latents, const mmc_flux_sample_opts *o, uint64_t noise_seed) {
+    mmc_status st = mmc_sdxl_check_size(p, o->height, o->width);
+    if (st) return st;
+    int64_t h, w;
+    mmc_sdxl_latent_size(p, o->height, o->width, &h, &w);
+    const int64_t B = latents->shape[0], C = p->unet_cfg.in_channels;
+    if (latents->ndim != 4 || latents->shape[1] != C || latents->shape[2] != h || latents->shape[3] != w ||
+        !mmc_is_contiguous(latents) || latents->dtype != MMC_F32)
+        return mmc_error(MMC_ERR_INVALID, "latents must be f32 [B, %lld, %lld, %lld] for %dx%d", (long long)C,
+                         (long long)h, (long long)w, o->width, o->height);
+    if (cond->prompt_embeds->shape[0] != B || cond->pooled->shape[0] != B)
+        return mmc_error(MMC_ERR_INVALID, "the prompt encoding has batch %lld, the latents %lld",
+                         (long long)cond->prompt_embeds->shape[0], (long long)B);
+    const bool cfg = o->guidance > 1.0;
+    if (cfg && !neg) return mmc_error(MMC_ERR_INVALID, "guidance %g > 1 needs the negative conditioning", o->guidance);
+    if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
+    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], &p->unet))) return st;
+    if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    const int64_t n = mmc_numel(latents), B2 = cfg ? 2 * B : B;
+    float *ts = malloc((size_t)B2 * sizeof *ts), *ids = malloc((size_t)B2 * 6 * sizeof *ids);
+    float *noise = malloc((size_t)n * sizeof *noise);
+    if (!ts || !ids || !noise) {
+        free(ts), free(ids), free(noise);
+        mmc_set_grad_enabled(ctx, was);
+        return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    for (int64_t b = 0; b < B2; b++) {   /* _get_add_time_ids: original size, crop (0, 0), target size */
+        const float v[6] = {(float)o->height, (float)o->width, 0, 0, (float)o->height, (float)o->width};
+        memcpy(ids + b * 6, v, sizeof v);
+    }
+    float *x = latents->data;
+    const float ins = p->sched.init_noise_sigma;
+    for (int64_t k = 0; k < n; k++) x[k] = x[k] * ins;     /* prepare_latents: latents * init_noise_sigma */
+    mmc_rng rng;
+    mmc_rng_init(&rng, noise_seed);
+    for (int i = 0; i < p->sched.n && !st; i++) {
+        const double t0 = now_s();
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        for (int64_t b = 0; b < B2; b++) ts[b] = p->sched.timesteps[i];
+        mmc_tensor *lmi = cfg ? stack2(ctx, latents, latents) : mmc_new(ctx, MMC_F32, 4, latents->shape);
+        if (!cfg) memcpy(lmi->data, x, (size_t)n * sizeof(float));
+        mmc_nsched_scale_model_input(&p->sched, i, lmi->data, lmi->data, mmc_numel(lmi));
+        mmc_unet_inputs in = {.sample = lmi, .timestep = ts, .encoder = cond->prompt_embeds,
+                              .text_embeds = cond->pooled, .time_ids = ids, .n_time_ids = 6};
+        if (cfg) {   /* [negative; positive], as the pipeline concatenates them */
+            in.encoder = stack2(ctx, neg->prompt_embeds, cond->prompt_embeds);
+            in.text_embeds = stack2(ctx, neg->pooled, cond->pooled);
+        }
+        mmc_tensor *eps = NULL;
+        st = mmc_unet_forward(ctx, p->unet, &in, &eps);
+        if (!st) {
+            float *e = eps->data;
+            if (cfg) {   /* noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond) */
+                const float g = (float)o->guidance;
+                for (int64_t k = 0; k < n; k++) e[k] = e[k] + g * (e[n + k] - e[k]);
+            }
+            mmc_rng_normal(&rng, noise, n, 0.0f, 1.0f);   /* used only by stochastic schedulers */
+            st = mmc_nsched_step(&p->sched, i, e, x, n, noise);
+        }
+        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, now_s() - t0);
+    }
+    free(ts);
+    free(ids);
+    free(noise);
+    mmc_set_grad_enabled(ctx, was);
+    return st;
+}
+
+mmc_status mmc_sdxl_decode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_tensor *latents, bool tiled,
+                           mmc_tensor **image) {
+    *image = NULL;
+    mmc_status st;
+    mmc_unet_free(p->unet);                 /* the VAE decodes with the UNet gone */
+    p->unet = NULL;
+    if (!p->vae && (st = mmc_vae_load(p->path[X_VAE], &p->vae))) return st;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, latents->shape);
+    memcpy(z->data, latents->data, mmc_nbytes(z));
+    mmc_vae_unscale_latents(p->vae, z);     /* latents / scaling_factor (+ shift_factor, 0 for SDXL) */
+    *image = mmc_vae_postprocess(ctx, tiled ? mmc_vae_decode_tiled(ctx, p->vae, z, 0) : mmc_vae_decode(ctx, p->vae, z));
+    mmc_set_grad_enabled(ctx, was);
+    return MMC_OK;
+}

@@ -1,0 +1,328 @@
+/* whisper_features.c — transformers' WhisperFeatureExtractor: the log-mel spectrogram Whisper
+ * and Qwen2.5-Omni's audio encoder take. Mirrors its numpy path (_np_extract_fbank_features
+ * with audio_utils.spectrogram): the clip padded with padding_value to n_samples (30 s), a
+ * centred STFT (reflect padding of n_fft/2 each side, periodic Hann window, hop 160), the
+ * power spectrum, the slaney-normalised slaney-scale mel filter bank of
+ * audio_utils.mel_filter_bank (0 to 8000 Hz, computed here, not read from a file), log10 of
+ * max(1e-10, mel), the last frame dropped, max(x, max(x) - 8), then (x + 4) / 4.
+ *
+ * Like numpy, the FFT (src/backend/cpu/fft.c), the power and the filter product run in double;
+ * the spectrum is rounded to float between FFT and power as numpy's complex64 buffer does,
+ * and the final clamp and scale are done in float as numpy does on its float32 array. The
+ * filters are sparse (each mel band covers a few FFT bins), so only their non-zero span is
+ * summed. Frames are independent and split across OpenMP threads.
+ */
+#include "mmc_audio.h"
+#include "mmc_io.h"
+
+#include "fft.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_MELS 1024
+#define MAX_NFFT 8192
+
+typedef float mmc_fftvf __attribute__((vector_size(4 * MMC_FFT_LANES)));
+
+typedef struct {
+    mmc_rfft *fft;
+    double *window;      /* [n_fft] np.hanning(n_fft + 1)[:-1] */
+    double *filt;        /* [n_mels, n_freq] transposed filters in double */
+    int *lo, *hi;        /* [n_mels] non-zero span of each filter */
+} fe_priv;
+
+static void priv_free(fe_priv *p) {
+    if (!p) return;
+    mmc_rfft_free(p->fft);
+    free(p->window);
+    free(p->filt);
+    free(p->lo);
+    free(p->hi);
+    free(p);
+}
+
+void mmc_whisper_fe_free(mmc_whisper_fe *fe) {
+    if (!fe) return;
+    free(fe->mel_filters);
+    priv_free(fe->priv);
+    memset(fe, 0, sizeof *fe);
+}
+
+/* audio_utils.hertz_to_mel / mel_to_hertz, mel_scale="slaney" */
+static double hz_to_mel(double f) {
+    const double logstep = 27.0 / log(6.4);
+    return f >= 1000.0 ? 15.0 + log(f / 1000.0) * logstep : 3.0 * f / 200.0;
+}
+static double mel_to_hz(double m) {
+    const double logstep = log(6.4) / 27.0;
+    return m >= 15.0 ? 1000.0 * exp(logstep * (m - 15.0)) : 200.0 * m / 3.0;
+}
+
+/* np.linspace(a, b, num)[i] */
+static double linspace(double a, double b, int num, int i) {
+    if (num > 1 && i == num - 1) return b;
+    return num > 1 ? i * ((b - a) / (num - 1)) + a : a;
+}
+
+/* mel_filter_bank(1 + n_fft // 2, n_mels, 0, 8000, sr, norm="slaney", mel_scale="slaney"):
+ * filt[m, f] in double (transposed from transformers' [n_freq, n_mels]). */
+static mmc_status build(mmc_whisper_fe *fe) {
+    int nf = fe->n_fft / 2 + 1, nm = fe->feature_size;
+    fe_priv *p = calloc(1, sizeof *p);
+    double *ff = malloc(sizeof(double) * (size_t)(nm + 2));
+    mmc_status st = MMC_OK;
+    if (!p || !ff) { st = mmc_error(MMC_ERR_OOM, "whisper features: out of memory"); goto fail; }
+    if ((st = mmc_rfft_plan(fe->n_fft, &p->fft))) goto fail;
+    p->window = malloc(sizeof(double) * (size_t)fe->n_fft);
+    p->filt = calloc((size_t)nm * nf, sizeof(double));
+    p->lo = malloc(sizeof(int) * (size_t)nm);
+    p->hi = malloc(sizeof(int) * (size_t)nm);
+    fe->mel_filters = malloc(sizeof(float) * (size_t)nm * nf);
+    if (!p->window || !p->filt || !p->lo || !p->hi || !fe->mel_filters) {
+        st = mmc_error(MMC_ERR_OOM, "whisper features: out of memory");
+        goto fail;
+    }
+    /* np.hanning(M) = 0.5 + 0.5 cos(pi k / (M - 1)), k = 1-M, 3-M, ..., M-1; periodic: M = n_fft + 1 */
+    int M = fe->n_fft + 1;
+    for (int j = 0; j < fe->n_fft; j++) p->window[j] = 0.5 + 0.5 * cos(M_PI * (double)(1 - M + 2 * j) / (M - 1));
+    double mmin = hz_to_mel(0.0), mmax = hz_to_mel(8000.0);
+    for (int i = 0; i < nm + 2; i++) ff[i] = mel_to_hz(linspace(mmin, mmax, nm + 2, i));
+    for (int m = 0; m < nm; m++) {
+        double enorm = 2.0 / (ff[m + 2] - ff[m]);
+        p->lo[m] = nf;
+        p->hi[m] = 0;
+        for (int f = 0; f < nf; f++) {
+            double fft_f = linspace(0.0, (double)(fe->sampling_rate / 2), nf, f);
+            double down = -(ff[m] - fft_f) / (ff[m + 1] - ff[m]);
+            double up = (ff[m + 2] - fft_f) / (ff[m + 2] - ff[m + 1]);
+            double v = fmax(0.0, fmin(down, up)) * enorm;
+            p->filt[(size_t)m * nf + f] = v;
+            fe->mel_filters[(size_t)f * nm + m] = (float)v;
+            if (v != 0.0) {
+                if (f < p->lo[m]) p->lo[m] = f;
+                p->hi[m] = f + 1;
+            }
+        }
+        if (p->hi[m] == 0) p->lo[m] = 0;   /* an all-zero band (too many mels for n_fft), as transformers allows */
+    }
+    free(ff);
+    fe->priv = p;
+    return MMC_OK;
+fail:
+    free(ff);
+    priv_free(p);
+    free(fe->mel_filters);
+    fe->mel_filters = NULL;
+    return st;
+}
+
+static mmc_status check(const mmc_whisper_fe *fe, const char *where) {
+    if (fe->feature_size < 1 || fe->feature_size > MAX_MELS)
+        return mmc_error(MMC_ERR_INVALID, "%s: feature_size %d is out of range (1 to %d; Whisper uses 80 or 128)", where,
+                         fe->feature_size, MAX_MELS);
+    if (fe->sampling_rate < 1000 || fe->sampling_rate > 192000)
+        return mmc_error(MMC_ERR_INVALID, "%s: sampling_rate %d is out of range (Whisper uses 16000)", where, fe->sampling_rate);
+    if (fe->n_fft < 2 || fe->n_fft % 2 || fe->n_fft > MAX_NFFT)
+        return mmc_error(MMC_ERR_INVALID, "%s: n_fft %d must be even, 2 to %d (Whisper uses 400)", where, fe->n_fft, MAX_NFFT);
+    if (fe->hop_length < 1 || fe->hop_length > fe->n_fft * 4)
+        return mmc_error(MMC_ERR_INVALID, "%s: hop_length %d is out of range (Whisper uses 160)", where, fe->hop_length);
+    if (fe->chunk_length < 1 || (int64_t)fe->chunk_length * fe->sampling_rate > (int64_t)3600 * 192000)
+        return mmc_error(MMC_ERR_INVALID, "%s: chunk_length %d s is out of range (Whisper uses 30)", where, fe->chunk_length);
+    if (fe->n_samples <= fe->n_fft / 2)
+        return mmc_error(MMC_ERR_INVALID, "%s: a chunk of %d samples is shorter than half the FFT (%d)", where,
+                         fe->n_samples, fe->n_fft);
+    return MMC_OK;
+}
+
+static void set_defaults(mmc_whisper_fe *fe, int n_mels) {
+    memset(fe, 0, sizeof *fe);
+    fe->feature_size = n_mels;
+    fe->sampling_rate = 16000;
+    fe->hop_length = 160;
+    fe->chunk_length = 30;
+    fe->n_fft = 400;
+    fe->padding_value = 0.0f;
+    fe->return_attention_mask = false;
+}
+
+static void derive(mmc_whisper_fe *fe) {
+    fe->n_samples = fe->chunk_length * fe->sampling_rate;
+    fe->nb_max_frames = fe->n_samples / fe->hop_length;
+}
+
+mmc_status mmc_whisper_fe_init(mmc_whisper_fe *fe, int n_mels) {
+    set_defaults(fe, n_mels);
+    derive(fe);
+    mmc_status st = check(fe, "WhisperFeatureExtractor");
+    if (!st) st = build(fe);
+    if (st) memset(fe, 0, sizeof *fe);
+    return st;
+}
+
+static mmc_status get_int(const mmc_json *j, const char *key, const char *path, int def, int *out) {
+    int64_t v;
+    mmc_status st = mmc_json_int(j, key, def, &v);
+    if (st) return mmc_error_prefix(st, "%s", path);
+    if (v < INT32_MIN || v > INT32_MAX) return mmc_error(MMC_ERR_INVALID, "%s: %s %lld is out of range", path, key, (long long)v);
+    *out = (int)v;
+    return MMC_OK;
+}
+
+static mmc_status apply(const mmc_json *j, const char *path, mmc_whisper_fe *fe) {
+    mmc_status st;
+    const char *type = NULL;
+    if ((st = mmc_json_str(j, "feature_extractor_type", NULL, &type))) return mmc_error_prefix(st, "%s", path);
+    if (type && strcmp(type, "WhisperFeatureExtractor") != 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: feature_extractor_type is %s; only WhisperFeatureExtractor is "
+                         "supported", path, type);
+    if ((st = get_int(j, "feature_size", path, fe->feature_size, &fe->feature_size)) ||
+        (st = get_int(j, "sampling_rate", path, fe->sampling_rate, &fe->sampling_rate)) ||
+        (st = get_int(j, "hop_length", path, fe->hop_length, &fe->hop_length)) ||
+        (st = get_int(j, "chunk_length", path, fe->chunk_length, &fe->chunk_length)) ||
+        (st = get_int(j, "n_fft", path, fe->n_fft, &fe->n_fft)))
+        return st;
+    double pv, dither;
+    if ((st = mmc_json_num(j, "padding_value", 0.0, &pv)) || (st = mmc_json_num(j, "dither", 0.0, &dither)) ||
+        (st = mmc_json_bool(j, "return_attention_mask", false, &fe->return_attention_mask)))
+        return mmc_error_prefix(st, "%s", path);
+    if (dither != 0.0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: dither %g adds random noise to the features, which mmc does not "
+                         "reproduce; set \"dither\": 0.0 (Whisper's default)", path, dither);
+    if (!isfinite(pv)) return mmc_error(MMC_ERR_INVALID, "%s: padding_value is not finite", path);
+    fe->padding_value = (float)pv;
+    derive(fe);
+    /* the saved derived values must agree with what transformers would derive */
+    int ns, nb;
+    if ((st = get_int(j, "n_samples", path, fe->n_samples, &ns)) || (st = get_int(j, "nb_max_frames", path, fe->nb_max_frames, &nb)))
+        return st;
+    if ((st = check(fe, path))) return st;
+    if (ns != fe->n_samples || nb != fe->nb_max_frames)
+        return mmc_error(MMC_ERR_INVALID, "%s: n_samples %d / nb_max_frames %d disagree with chunk_length %d * "
+                         "sampling_rate %d / hop_length %d", path, ns, nb, fe->chunk_length, fe->sampling_rate,
+                         fe->hop_length);
+    return MMC_OK;
+}
+
+/* One file: MMC_OK with *found set when it holds a feature extractor (processor_config.json:
+ * its "feature_extractor" object; preprocessor_config.json: the whole object). */
+static mmc_status load_file(const char *path, bool nested_only, mmc_whisper_fe *fe, bool *found) {
+    *found = false;
+    mmc_json *j = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return st;
+    if (!mmc_json_is_object(j)) {
+        mmc_json_free(j);
+        return mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    const mmc_json *sub = mmc_json_get(j, "feature_extractor");
+    if (sub && !mmc_json_is_object(sub)) st = mmc_error(MMC_ERR_FORMAT, "%s: feature_extractor must be an object", path);
+    else if (sub || !nested_only) {
+        st = apply(sub ? sub : j, path, fe);
+        *found = !st;
+    }
+    mmc_json_free(j);
+    return st;
+}
+
+mmc_status mmc_whisper_fe_load(const char *model_dir, mmc_whisper_fe *fe) {
+    static const char *const names[2] = {"processor_config.json", "preprocessor_config.json"};
+    set_defaults(fe, 80);
+    for (int k = 0; k < 2; k++) {
+        char path[4200];
+        if (snprintf(path, sizeof path, "%s/%s", model_dir, names[k]) >= (int)sizeof path)
+            return mmc_error(MMC_ERR_INVALID, "%s: path too long", model_dir);
+        struct stat sb;
+        if (lstat(path, &sb) != 0) continue;
+        bool found;
+        mmc_status st = load_file(path, k == 0, fe, &found);
+        if (st) { memset(fe, 0, sizeof *fe); return mmc_error_prefix(st, "feature extractor config"); }
+        if (found) {
+            st = build(fe);
+            if (st) memset(fe, 0, sizeof *fe);
+            return st;
+        }
+    }
+    memset(fe, 0, sizeof *fe);
+    return mmc_error(MMC_ERR_NOT_FOUND, "%s: no feature extractor config (preprocessor_config.json, or "
+                     "processor_config.json with \"feature_extractor\")", model_dir);
+}
+
+mmc_status mmc_whisper_features(const mmc_whisper_fe *fe, const float *pcm, int64_t n, float *out, int32_t *mask) {
+    const fe_priv *p = fe->priv;
+    if (!p) return mmc_error(MMC_ERR_INVALID, "whisper features: the extractor is not initialised (mmc_whisper_fe_load/_init)");
+    if (n < 0 || (n > 0 && !pcm)) return mmc_error(MMC_ERR_INVALID, "whisper features: bad input (%lld samples)", (long long)n);
+    if (n > fe->n_samples)
+        return mmc_error(MMC_ERR_INVALID, "whisper features: the clip has %lld samples (%.2f s), more than the %d s "
+                         "(%d samples) the model takes at once; split it into chunks of at most %d s",
+                         (long long)n, (double)n / fe->sampling_rate, fe->chunk_length, fe->n_samples, fe->chunk_length);
+    const int L = fe->n_samples, nfft = fe->n_fft, half = nfft / 2, hop = fe->hop_length;
+    const int nf = half + 1, nm = fe->feature_size, T = fe->nb_max_frames;
+    /* [L + n_fft] the padded clip, reflect-padded by n_fft/2 each side (np.pad mode="reflect") */
+    float *buf = malloc(sizeof(float) * (size_t)(L + nfft));
+    if (!buf) return mmc_error(MMC_ERR_OOM, "whisper features: out of memory");
+    float *x = buf + half;
+    for (int64_t i = 0; i < n; i++) x[i] = pcm[i];
+    for (int64_t i = n; i < L; i++) x[i] = fe->padding_value;
+    for (int i = 1; i <= half; i++) {
+        x[-i] = x[i];
+        x[L - 1 + i] = x[L - 1 - i];
+    }
+    mmc_status st = MMC_OK;
+    const int L8 = MMC_FFT_LANES, wl = mmc_rfft_work_lanes(p->fft), nblk = (T + L8 - 1) / L8;
+    float gmax = -FLT_MAX;
+    /* MMC_FFT_LANES frames per step, one per vector lane; blocks of frames split across
+     * threads, which pay from a few hundred frames on */
+#pragma omp parallel if ((int64_t)T * nfft > (1 << 17)) reduction(max : gmax)
+    {
+        mmc_fftv *frame = aligned_alloc(sizeof(mmc_fftv), sizeof(mmc_fftv) * (size_t)(nfft + 3 * nf + wl));
+        if (!frame) {
+#pragma omp critical
+            st = mmc_error(MMC_ERR_OOM, "whisper features: out of memory");
+        } else {
+            mmc_fftv *re = frame + nfft, *im = re + nf, *pw = im + nf, *work = pw + nf;
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < nblk; blk++) {
+                int t0 = blk * L8, nl = T - t0 < L8 ? T - t0 : L8;
+                for (int j = 0; j < nfft; j++) {
+                    mmc_fftv v = {0};
+                    for (int l = 0; l < nl; l++) v[l] = (double)buf[(size_t)(t0 + l) * hop + j];
+                    frame[j] = v * p->window[j];
+                }
+                mmc_rfft_exec_lanes(p->fft, frame, re, im, work);
+                for (int f = 0; f < nf; f++) {   /* |complex64|^2 in float64, as numpy */
+                    mmc_fftv a = __builtin_convertvector(__builtin_convertvector(re[f], mmc_fftvf), mmc_fftv);
+                    mmc_fftv b = __builtin_convertvector(__builtin_convertvector(im[f], mmc_fftvf), mmc_fftv);
+                    pw[f] = a * a + b * b;
+                }
+                for (int m = 0; m < nm; m++) {
+                    const double *w = p->filt + (size_t)m * nf;
+                    mmc_fftv acc = {0};
+                    for (int f = p->lo[m]; f < p->hi[m]; f++) acc += w[f] * pw[f];
+                    float *o = out + (size_t)m * T + t0;
+                    for (int l = 0; l < nl; l++) {
+                        float v = (float)log10(acc[l] > 1e-10 ? acc[l] : 1e-10);
+                        o[l] = v;
+                        if (v > gmax) gmax = v;
+                    }
+                }
+            }
+            free(frame);
+        }
+    }
+    free(buf);
+    if (st) return st;
+    const float floor_v = gmax - 8.0f;
+    const int64_t total = (int64_t)nm * T;
+#pragma omp parallel for schedule(static) if (total > (1 << 18))
+    for (int64_t i = 0; i < total; i++) {
+        float v = out[i] > floor_v ? out[i] : floor_v;
+        out[i] = (v + 4.0f) / 4.0f;
+    }
+    if (mask)   /* the sample mask [::hop]: frame t is real when sample t * hop is */
+        for (int t = 0; t < T; t++) mask[t] = (int64_t)t * hop < n;
+    return MMC_OK;
+}

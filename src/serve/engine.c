@@ -1,0 +1,630 @@
+/* engine.c — the engine of `mmc serve`: a bounded queue of jobs and one thread that runs them
+ * one at a time through the backend (prepare the prompt, then each of the n choices with its
+ * own seed). Generated tokens become text the way `mmc generate` prints it (the decode of all
+ * tokens so far, an incomplete UTF-8 sequence held back), cut at the first stop sequence (text
+ * that may still become one is held back too), and are written to the job as OpenAI SSE
+ * chunks (chat.completion.chunk / text_completion) or kept for the final body. Logprobs come
+ * from the sampler's raw-logits hook (log-softmax of the model's logits, as OpenAI reports).
+ * The job interface (serve_internal.h: submit -> events -> done / cancel) is what a batching
+ * engine will implement in its place. */
+#include "serve_internal.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const int serve_status_codes[SERVE_N_STATUS] = {200, 400, 401, 404, 405, 408, 413, 429, 500, 503, 0, 0};
+const double serve_buckets[SERVE_N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+
+struct serve_engine {
+    const mmc_serve_backend *b;
+    mmc_serve_options opt;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    serve_job *head, *tail;
+    serve_job *running;
+    int depth;                /* queued + running */
+    bool stopping;
+    serve_metrics metrics;
+    uint64_t id_state;
+    /* per-step scratch for logprobs */
+    float *row;
+    int64_t row_v;
+    bool row_valid;
+};
+
+/* ------------------------------------------------------------------ jobs */
+static void job_free(serve_job *j) {
+    if (j->choices)
+        for (int i = 0; i < j->req.n; i++) {
+            free(j->choices[i].ids);
+            free(j->choices[i].text);
+            free(j->choices[i].lps);
+        }
+    free(j->choices);
+    free(j->sse);
+    mmc_serve_request_free(&j->req);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void serve_job_release(serve_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left == 0) job_free(j);
+}
+
+void serve_job_cancel(serve_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->cancelled = true;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void serve_job_wait_prepared(serve_job *j) {
+    pthread_mutex_lock(&j->mu);
+    while (j->state == JOB_QUEUED) pthread_cond_wait(&j->cv, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void serve_job_wait_done(serve_job *j) {
+    pthread_mutex_lock(&j->mu);
+    while (j->state != JOB_DONE) pthread_cond_wait(&j->cv, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void job_set_state(serve_job *j, serve_job_state s) {
+    pthread_mutex_lock(&j->mu);
+    j->state = s;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static bool job_cancelled(serve_job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool c = j->cancelled;
+    pthread_mutex_unlock(&j->mu);
+    return c;
+}
+
+/* append one SSE event "data: <json>\n\n" (json freed) */
+static void sse_event(serve_job *j, char *json) {
+    if (!json) return;
+    size_t n = strlen(json) + 8;
+    pthread_mutex_lock(&j->mu);
+    if (j->sse_len + n + 1 > j->sse_cap) {
+        size_t cap = (j->sse_len + n + 1) * 2;
+        char *p = realloc(j->sse, cap);
+        if (!p) { pthread_mutex_unlock(&j->mu); free(json); return; }
+        j->sse = p;
+        j->sse_cap = cap;
+    }
+    j->sse_len += (size_t)sprintf(j->sse + j->sse_len, "data: %s\n\n", json);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    free(json);
+}
+
+/* ------------------------------------------------------------------ submit */
+serve_job *serve_submit(serve_engine *e, mmc_serve_request *req, mmc_serve_error *err) {
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j) { mmc_serve_fail(err, 500, "server_error", NULL, NULL, "out of memory"); return NULL; }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 2;
+    j->created = (long long)time(NULL);
+    j->t_submit = mmc_now();
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping || e->depth >= e->opt.limits.max_queue) {
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (stopping) mmc_serve_fail(err, 503, "server_error", NULL, "server_shutting_down", "The server is shutting down.");
+        else mmc_serve_fail(err, 429, "rate_limit_exceeded", NULL, "rate_limit_exceeded",
+                            "The server is busy (%d requests queued or running); retry later.", e->opt.limits.max_queue);
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j);
+        return NULL;
+    }
+    e->id_state = e->id_state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t r1 = e->id_state ^ (uint64_t)j->t_submit * 1000003u;
+    e->id_state = e->id_state * 6364136223846793005ull + 1442695040888963407ull;
+    snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", req->kind == MMC_SERVE_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)r1, (unsigned long long)(e->id_state >> 32));
+    j->req = *req;
+    memset(req, 0, sizeof *req);
+    if (e->tail) e->tail->next = j;
+    else e->head = j;
+    e->tail = j;
+    e->depth++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return j;
+}
+
+/* ------------------------------------------------------------------ chunks */
+static cJSON *usage_json(const serve_job *j) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->n_prompt + j->n_completion));
+    return u;
+}
+
+static cJSON *obj_head(const serve_engine *e, const serve_job *j, const char *object) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", e->b->model_id);
+    cJSON_AddNullToObject(o, "system_fingerprint");
+    return o;
+}
+
+static char *token_str(const serve_engine *e, int32_t id) {
+    char *s = NULL;
+    if (mmc_tokenizer_decode(e->b->tok, &id, 1, false, &s) != MMC_OK) return NULL;
+    return s;
+}
+
+/* logprobs of entries [from, to): chat's {"content": [...]} or completions' legacy object */
+static cJSON *logprobs_json(const serve_engine *e, const serve_job *j, const serve_choice *c, int from, int to,
+                            size_t text_offset) {
+    if (!j->req.logprobs) return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    if (j->req.kind == MMC_SERVE_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        cJSON_AddNullToObject(o, "refusal");
+        for (int i = from; i < to; i++) {
+            const serve_logprob *l = &c->lps[i];
+            for (int k = -1; k < (i >= 0 ? l->n_top : 0); k++) {
+                int32_t id = k < 0 ? l->id : l->top_id[k];
+                char *s = token_str(e, id);
+                cJSON *t = cJSON_CreateObject();
+                cJSON_AddStringToObject(t, "token", s ? s : "");
+                cJSON_AddNumberToObject(t, "logprob", k < 0 ? l->lp : l->top_lp[k]);
+                cJSON *bytes = cJSON_AddArrayToObject(t, "bytes");
+                for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++)
+                    cJSON_AddItemToArray(bytes, cJSON_CreateNumber(*p));
+                free(s);
+                if (k < 0) {
+                    cJSON_AddItemToArray(content, t);
+                    cJSON_AddArrayToObject(t, "top_logprobs");
+                } else
+                    cJSON_AddItemToArray(cJSON_GetObjectItem(cJSON_GetArrayItem(content, cJSON_GetArraySize(content) - 1),
+                                                             "top_logprobs"), t);
+            }
+        }
+    } else {
+        cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+        cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+        size_t off = text_offset;
+        for (int i = from; i < to; i++) {
+            const serve_logprob *l = &c->lps[i];
+            char *s = token_str(e, l->id);
+            cJSON_AddItemToArray(toks, cJSON_CreateString(s ? s : ""));
+            cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->lp));
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+            off += s ? strlen(s) : 0;
+            free(s);
+            cJSON *t = cJSON_CreateObject();
+            for (int k = 0; k < l->n_top; k++) {
+                char *ts = token_str(e, l->top_id[k]);
+                cJSON_AddNumberToObject(t, ts ? ts : "", l->top_lp[k]);
+                free(ts);
+            }
+            cJSON_AddItemToArray(tops, t);
+        }
+    }
+    return o;
+}
+
+/* one streamed chunk for choice idx: delta text (may be NULL), role on the first, finish */
+static void emit_chunk(serve_engine *e, serve_job *j, int idx, const char *delta, size_t n_delta, bool role,
+                       const char *finish) {
+    bool chat = j->req.kind == MMC_SERVE_CHAT;
+    serve_choice *c = &j->choices[idx];
+    cJSON *o = obj_head(e, j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *chs = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(chs, ch);
+    cJSON_AddNumberToObject(ch, "index", idx);
+    char *text = malloc(n_delta + 1);
+    if (text) { memcpy(text, delta ? delta : "", n_delta); text[n_delta] = 0; }
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (delta || role) cJSON_AddStringToObject(d, "content", text ? text : "");
+    } else
+        cJSON_AddStringToObject(ch, "text", text ? text : "");
+    free(text);
+    if (j->req.logprobs && !role && c->lp_emitted < c->n_lp && (delta || finish)) {
+        cJSON_AddItemToObject(ch, "logprobs", logprobs_json(e, j, c, c->lp_emitted, c->n_lp, c->emitted - n_delta));
+        c->lp_emitted = c->n_lp;
+    } else
+        cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    if (j->req.include_usage) cJSON_AddNullToObject(o, "usage");
+    sse_event(j, cJSON_PrintUnformatted(o));
+    cJSON_Delete(o);
+}
+
+char *serve_job_response(serve_engine *e, serve_job *j) {
+    bool chat = j->req.kind == MMC_SERVE_CHAT;
+    cJSON *o = obj_head(e, j, chat ? "chat.completion" : "text_completion");
+    cJSON *chs = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < j->req.n; i++) {
+        serve_choice *c = &j->choices[i];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(chs, ch);
+        cJSON_AddNumberToObject(ch, "index", i);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", c->text ? c->text : "");
+            cJSON_AddNullToObject(m, "refusal");
+        } else
+            cJSON_AddStringToObject(ch, "text", c->text ? c->text : "");
+        cJSON_AddItemToObject(ch, "logprobs", logprobs_json(e, j, c, 0, c->n_lp, 0));
+        cJSON_AddStringToObject(ch, "finish_reason", c->finish ? c->finish : "stop");
+    }
+    cJSON_AddItemToObject(o, "usage", usage_json(j));
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+/* ------------------------------------------------------------------ running a job */
+typedef struct {
+    serve_engine *e;
+    serve_job *j;
+    serve_choice *c;
+    int idx, max_new;
+    bool stopped;             /* by a stop sequence, cancellation or the time limit */
+    const char *finish;
+    double t_last;
+} run_ctx;
+
+static void observe(long long *counts, double *sum, long long *n, double v, pthread_mutex_t *mu) {
+    pthread_mutex_lock(mu);
+    int b = 0;
+    while (b < SERVE_N_BUCKETS && v > serve_buckets[b]) b++;
+    counts[b]++;
+    *sum += v;
+    ++*n;
+    pthread_mutex_unlock(mu);
+}
+
+static void on_logits(void *user, const float *logits, int64_t V) {
+    run_ctx *r = user;
+    serve_engine *e = r->e;
+    if (e->row_v < V) {
+        float *p = realloc(e->row, (size_t)V * sizeof *p);
+        if (!p) return;
+        e->row = p;
+        e->row_v = V;
+    }
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < V; i++) mx = fmaxf(mx, logits[i]);
+    double s = 0;
+    for (int64_t i = 0; i < V; i++) s += exp((double)logits[i] - mx);
+    float lse = mx + (float)log(s);
+    for (int64_t i = 0; i < V; i++) e->row[i] = logits[i] - lse;
+    e->row_valid = true;
+}
+
+/* the longest suffix of text[0:len) that is a proper prefix of a stop string */
+static size_t stop_holdback(const mmc_serve_request *q, const char *text, size_t len) {
+    size_t hold = 0;
+    for (int s = 0; s < q->n_stop; s++) {
+        size_t sl = strlen(q->stop[s]);
+        for (size_t k = sl - 1; k > hold; k--)
+            if (k <= len && !memcmp(text + len - k, q->stop[s], k)) { hold = k; break; }
+    }
+    return hold;
+}
+
+/* bring c->text up to date with the ids; stream what is safe; true when a stop sequence hit */
+static bool update_text(run_ctx *r, bool final) {
+    serve_engine *e = r->e;
+    serve_job *j = r->j;
+    serve_choice *c = r->c;
+    char *text = NULL;
+    if (mmc_tokenizer_decode(e->b->tok, c->ids, c->n_ids, true, &text) != MMC_OK) return false;
+    size_t len = strlen(text);
+    if (!final && len >= 3 && !memcmp(text + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
+    bool hit = false;
+    size_t cut = len;
+    for (int s = 0; s < j->req.n_stop; s++) {
+        char *p = strstr(text, j->req.stop[s]);
+        if (p && (size_t)(p - text) < cut) { cut = (size_t)(p - text); hit = true; }
+    }
+    size_t safe = hit || final ? cut : len - stop_holdback(&j->req, text, len);
+    if (safe < c->emitted) safe = c->emitted;   /* never take back streamed text */
+    text[hit ? cut : len] = 0;
+    free(c->text);
+    c->text = text;
+    if (j->req.stream && safe > c->emitted) {
+        size_t from = c->emitted;
+        c->emitted = safe;
+        emit_chunk(e, j, r->idx, text + from, safe - from, false, NULL);
+    }
+    return hit;
+}
+
+static bool on_token(void *user, int32_t tok) {
+    run_ctx *r = user;
+    serve_engine *e = r->e;
+    serve_job *j = r->j;
+    serve_choice *c = r->c;
+    double now = mmc_now();
+    if (c->n_ids == 0) observe(e->metrics.ttft, &e->metrics.ttft_sum, &e->metrics.ttft_n, now - j->t_submit, &e->metrics.mu);
+    else observe(e->metrics.itl, &e->metrics.itl_sum, &e->metrics.itl_n, now - r->t_last, &e->metrics.mu);
+    r->t_last = now;
+    if (c->n_ids == c->cap_ids) {
+        int cap = c->cap_ids ? c->cap_ids * 2 : 64;
+        int32_t *p = realloc(c->ids, (size_t)cap * sizeof *p);
+        if (!p) return false;
+        c->ids = p;
+        c->cap_ids = cap;
+    }
+    c->ids[c->n_ids++] = tok;
+    j->n_completion++;
+    if (j->req.logprobs && e->row_valid) {
+        if (c->n_lp == c->cap_lp) {
+            int cap = c->cap_lp ? c->cap_lp * 2 : 64;
+            serve_logprob *p = realloc(c->lps, (size_t)cap * sizeof *p);
+            if (!p) return false;
+            c->lps = p;
+            c->cap_lp = cap;
+        }
+        serve_logprob *l = &c->lps[c->n_lp++];
+        memset(l, 0, sizeof *l);
+        l->id = tok;
+        l->lp = e->row[tok];
+        int k = j->req.top_logprobs < SERVE_MAX_TOP ? j->req.top_logprobs : SERVE_MAX_TOP;
+        for (int t = 0; t < k; t++) {   /* k passes of selection: k <= 20 */
+            int32_t best = -1;
+            for (int64_t v = 0; v < e->row_v; v++) {
+                bool used = false;
+                for (int u = 0; u < t; u++) used |= l->top_id[u] == v;
+                if (!used && (best < 0 || e->row[v] > e->row[best])) best = (int32_t)v;
+            }
+            l->top_id[t] = best;
+            l->top_lp[t] = e->row[best];
+        }
+        l->n_top = k;
+        e->row_valid = false;
+    }
+    if (update_text(r, false)) { r->stopped = true; r->finish = "stop"; return false; }
+    if (job_cancelled(j)) { r->stopped = true; r->finish = "stop"; return false; }
+    if (now - j->t_submit > e->opt.limits.max_request_seconds) { r->stopped = true; r->finish = "length"; return false; }
+    return true;
+}
+
+static void run_job(serve_engine *e, serve_job *j) {
+    const mmc_serve_backend *b = e->b;
+    mmc_serve_request *q = &j->req;
+    void *prompt = NULL;
+    int64_t n_prompt = 0, def_max = -1;
+    mmc_serve_error err = {0};
+    if (!b->prepare(b->self, q, &prompt, &n_prompt, &def_max, &err)) goto fail;
+    int64_t ctx = b->context_length, lim_prompt = e->opt.limits.max_prompt_tokens;
+    if (lim_prompt <= 0 || lim_prompt > ctx - 1) lim_prompt = ctx - 1;
+    if (n_prompt > lim_prompt) {
+        mmc_serve_fail(&err, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                       "This model's maximum context length is %lld tokens (prompts up to %lld). However, your "
+                       "messages resulted in %lld tokens. Please reduce the length of the messages.",
+                       (long long)ctx, (long long)lim_prompt, (long long)n_prompt);
+        goto fail;
+    }
+    int64_t max_new;
+    if (q->max_tokens > 0) {
+        max_new = q->max_tokens;
+        if (max_new > e->opt.limits.max_output_tokens) {
+            mmc_serve_fail(&err, 400, "invalid_request_error", "max_tokens", "invalid_value",
+                           "max_tokens is too large: %lld. This server supports at most %d completion tokens.",
+                           (long long)max_new, e->opt.limits.max_output_tokens);
+            goto fail;
+        }
+        if (n_prompt + max_new > ctx) {
+            mmc_serve_fail(&err, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
+                           "This model's maximum context length is %lld tokens. However, you requested %lld tokens "
+                           "(%lld in the messages, %lld in the completion). Please reduce the length of the "
+                           "messages or completion.", (long long)ctx, (long long)(n_prompt + max_new),
+                           (long long)n_prompt, (long long)max_new);
+            goto fail;
+        }
+    } else {
+        max_new = def_max > 0 ? def_max : e->opt.limits.max_output_tokens;
+        if (max_new > e->opt.limits.max_output_tokens) max_new = e->opt.limits.max_output_tokens;
+        if (max_new > ctx - n_prompt) max_new = ctx - n_prompt;
+    }
+    j->n_prompt = n_prompt;
+    j->choices = calloc((size_t)q->n, sizeof *j->choices);
+    if (!j->choices) { mmc_serve_fail(&err, 500, "server_error", NULL, NULL, "out of memory"); goto fail; }
+    job_set_state(j, JOB_PREPARED);
+    uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
+    for (int i = 0; i < q->n; i++) {
+        run_ctx r = {.e = e, .j = j, .c = &j->choices[i], .idx = i, .max_new = (int)max_new, .t_last = mmc_now()};
+        if (q->stream) emit_chunk(e, j, i, NULL, 0, q->kind == MMC_SERVE_CHAT, NULL);
+        mmc_serve_gen g = {.max_new = (int)max_new, .seed = seed + (uint64_t)i, .on_token = on_token,
+                           .on_logits = q->logprobs ? on_logits : NULL, .user = &r};
+        e->row_valid = false;
+        mmc_status st = job_cancelled(j) ? MMC_OK : b->generate(b->self, prompt, q, &g);
+        if (st) {
+            mmc_serve_fail(&err, 500, "server_error", NULL, NULL, "generation failed: %s", mmc_last_error());
+            if (!q->stream) goto fail;
+            r.finish = "stop";   /* headers are out: end the stream */
+        }
+        if (!r.stopped) {
+            update_text(&r, true);
+            r.finish = r.c->n_ids >= max_new ? "length" : "stop";
+        }
+        r.c->finish = r.finish;
+        if (q->stream) emit_chunk(e, j, i, NULL, 0, false, r.finish);
+    }
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.prompt_tokens += j->n_prompt;
+    e->metrics.completion_tokens += j->n_completion;
+    pthread_mutex_unlock(&e->metrics.mu);
+    if (q->stream) {
+        if (q->include_usage) {
+            cJSON *o = obj_head(e, j, q->kind == MMC_SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+            cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToObject(o, "usage", usage_json(j));
+            sse_event(j, cJSON_PrintUnformatted(o));
+            cJSON_Delete(o);
+        }
+        sse_event(j, strdup("[DONE]"));
+    }
+    if (prompt) b->release(b->self, prompt);
+    job_set_state(j, JOB_DONE);
+    return;
+fail:
+    if (prompt) b->release(b->self, prompt);
+    pthread_mutex_lock(&j->mu);
+    j->failed = true;
+    j->err = err;
+    j->state = JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void *engine_main(void *arg) {
+    serve_engine *e = arg;
+    if (e->opt.threads > 0) mmc_set_num_threads(e->opt.threads);
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->head && !e->stopping) pthread_cond_wait(&e->cv, &e->mu);
+        if (!e->head) { pthread_mutex_unlock(&e->mu); break; }
+        serve_job *j = e->head;
+        e->head = j->next;
+        if (!e->head) e->tail = NULL;
+        e->running = j;
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (stopping) serve_job_cancel(j);
+        if (job_cancelled(j) && j->state == JOB_QUEUED) {
+            pthread_mutex_lock(&j->mu);
+            j->failed = true;
+            mmc_serve_fail(&j->err, 503, "server_error", NULL, "request_cancelled",
+                           "The request was cancelled (client gone or server shutting down).");
+            j->state = JOB_DONE;
+            pthread_cond_broadcast(&j->cv);
+            pthread_mutex_unlock(&j->mu);
+        } else
+            run_job(e, j);
+        pthread_mutex_lock(&e->mu);
+        e->running = NULL;
+        e->depth--;
+        pthread_mutex_unlock(&e->mu);
+        serve_job_release(j);
+    }
+    return NULL;
+}
+
+mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_options *o, serve_engine **out) {
+    serve_engine *e = calloc(1, sizeof *e);
+    if (!e) return mmc_error(MMC_ERR_OOM, "out of memory");
+    e->b = b;
+    e->opt = *o;
+    e->id_state = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->metrics.mu, NULL);
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        free(e);
+        return mmc_error(MMC_ERR_IO, "cannot start the engine thread");
+    }
+    *out = e;
+    return MMC_OK;
+}
+
+void serve_engine_stop(serve_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    for (serve_job *j = e->head; j; j = j->next) serve_job_cancel(j);
+    if (e->running) serve_job_cancel(e->running);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+}
+
+void serve_engine_free(serve_engine *e) {
+    free(e->row);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->metrics.mu);
+    free(e);
+}
+
+serve_metrics *serve_engine_metrics(serve_engine *e) { return &e->metrics; }
+const mmc_serve_backend *serve_engine_backend(serve_engine *e) { return e->b; }
+
+int serve_engine_queue_depth(serve_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int d = e->depth;
+    pthread_mutex_unlock(&e->mu);
+    return d;
+}
+
+void serve_metrics_request(serve_metrics *m, int status) {
+    pthread_mutex_lock(&m->mu);
+    int k = SERVE_N_STATUS - 1;
+    for (int i = 0; i < SERVE_N_STATUS; i++)
+        if (serve_status_codes[i] == status) { k = i; break; }
+    m->requests[k]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void hist_text(char **buf, size_t *len, size_t cap, const char *name, const char *help, const long long *c,
+                      double sum, long long n) {
+    *len += (size_t)snprintf(*buf + *len, cap - *len, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    long long acc = 0;
+    for (int b = 0; b < SERVE_N_BUCKETS; b++) {
+        acc += c[b];
+        *len += (size_t)snprintf(*buf + *len, cap - *len, "%s_bucket{le=\"%g\"} %lld\n", name, serve_buckets[b], acc);
+    }
+    acc += c[SERVE_N_BUCKETS];
+    *len += (size_t)snprintf(*buf + *len, cap - *len, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n",
+                             name, acc, name, sum, name, n);
+}
+
+char *serve_metrics_text(serve_engine *e) {
+    size_t cap = 16384, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    int depth = serve_engine_queue_depth(e);
+    serve_metrics *m = &e->metrics;
+    pthread_mutex_lock(&m->mu);
+    len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_requests_total HTTP requests by status code.\n"
+                            "# TYPE mmc_requests_total counter\n");
+    for (int i = 0; i < SERVE_N_STATUS; i++)
+        if (serve_status_codes[i])
+            len += (size_t)snprintf(buf + len, cap - len, "mmc_requests_total{code=\"%d\"} %lld\n",
+                                    serve_status_codes[i], m->requests[i]);
+        else if (i == SERVE_N_STATUS - 1)
+            len += (size_t)snprintf(buf + len, cap - len, "mmc_requests_total{code=\"other\"} %lld\n", m->requests[i]);
+    len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_prompt_tokens_total Prompt tokens processed.\n# TYPE mmc_prompt_tokens_total counter\n"
+                            "mmc_prompt_tokens_total %lld\n"
+                            "# HELP mmc_completion_tokens_total Completion tokens generated.\n"
+                            "# TYPE mmc_completion_tokens_total counter\nmmc_completion_tokens_total %lld\n"
+                            "# HELP mmc_queue_depth Requests queued or running.\n# TYPE mmc_queue_depth gauge\n"
+                            "mmc_queue_depth %d\n",
+                            m->prompt_tokens, m->completion_tokens, depth);
+    hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
+              m->ttft_sum, m->ttft_n);
+    hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,
+              m->itl_sum, m->itl_n);
+    pthread_mutex_unlock(&m->mu);
+    return buf;
+}

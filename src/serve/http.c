@@ -1,0 +1,371 @@
+/* http.c — the HTTP front of `mmc serve` on libmicrohttpd (a thread per connection, MHD's
+ * listening thread): routes GET /health, GET /v1/models[/ID], GET /metrics, POST
+ * /v1/chat/completions and /v1/completions; the API key (every route but /health needs
+ * "Authorization: Bearer KEY", else 401); limits on body size (413) and connections; SSE
+ * streaming from the job's bytes through MHD's response-from-callback, a dropped client
+ * cancelling its job; graceful shutdown on SIGTERM / SIGINT (stop accepting, cancel queued
+ * and running jobs, let their streams end with the final chunk and [DONE], then return).
+ * Status codes and error bodies as OpenAI's API returns them. */
+#include "serve_internal.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    serve_engine *e;
+    const mmc_serve_options *o;
+    char media_root[PATH_MAX];
+    bool has_media_root;
+    long long started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int active;               /* requests being handled */
+    volatile int shutting_down;
+} server;
+
+typedef struct {
+    server *s;
+    char *body;
+    size_t len, cap;
+    bool too_big, counted;
+} conn_state;
+
+typedef struct {
+    server *s;
+    serve_job *j;
+    size_t off;
+} stream_state;
+
+static volatile sig_atomic_t g_signal;
+static void on_signal(int sig) { g_signal = sig; }
+
+static enum MHD_Result send_body(server *s, struct MHD_Connection *c, int status, const char *type, char *body) {
+    if (!body) body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(body); return MHD_NO; }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    serve_metrics_request(serve_engine_metrics(s->e), status);
+    return ret;
+}
+
+static enum MHD_Result send_error(server *s, struct MHD_Connection *c, const mmc_serve_error *e) {
+    return send_body(s, c, e->status ? e->status : 500, "application/json", mmc_serve_error_json(e));
+}
+
+static enum MHD_Result fail(server *s, struct MHD_Connection *c, int status, const char *type, const char *code,
+                            const char *msg) {
+    mmc_serve_error e;
+    mmc_serve_fail(&e, status, type, NULL, code, "%s", msg);
+    return send_error(s, c, &e);
+}
+
+/* constant-time comparison of the bearer token */
+static bool authorized(server *s, struct MHD_Connection *c) {
+    if (!s->o->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    const char *got = h + 7, *want = s->o->api_key;
+    size_t gl = strlen(got), wl = strlen(want);
+    unsigned char diff = gl != wl;
+    for (size_t i = 0; i < wl; i++) diff |= (unsigned char)(want[i] ^ (i < gl ? got[i] : 0));
+    return diff == 0;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream_state *st = cls;
+    serve_job *j = st->j;
+    pthread_mutex_lock(&j->mu);
+    while (st->off == j->sse_len && j->state != JOB_DONE) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT && st->off == j->sse_len && j->state != JOB_DONE) {
+            pthread_mutex_unlock(&j->mu);
+            static const char ka[] = ": keep-alive\n\n";   /* an SSE comment: finds a vanished client */
+            size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
+            memcpy(buf, ka, n);
+            return (ssize_t)n;
+        }
+    }
+    ssize_t n;
+    if (st->off < j->sse_len) {
+        size_t k = j->sse_len - st->off < max ? j->sse_len - st->off : max;
+        memcpy(buf, j->sse + st->off, k);
+        st->off += k;
+        n = (ssize_t)k;
+    } else
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    pthread_mutex_unlock(&j->mu);
+    return n;
+}
+
+static void stream_free(void *cls) {
+    stream_state *st = cls;
+    serve_job_cancel(st->j);   /* no effect once done; stops generation for a dropped client */
+    serve_job_release(st->j);
+    free(st);
+}
+
+static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_state *cs, mmc_serve_kind kind) {
+    const mmc_serve_backend *b = serve_engine_backend(s->e);
+    mmc_serve_request req;
+    mmc_serve_error err;
+    if (!mmc_serve_parse_request(cs->body ? cs->body : "", cs->len, kind, &s->o->limits,
+                                 s->has_media_root ? s->media_root : NULL, &req, &err))
+        return send_error(s, c, &err);
+    if (req.model && strcmp(req.model, b->model_id) != 0) {
+        mmc_serve_fail(&err, 404, "invalid_request_error", "model", "model_not_found",
+                       "The model `%.200s` does not exist or you do not have access to it.", req.model);
+        mmc_serve_request_free(&req);
+        return send_error(s, c, &err);
+    }
+    bool stream = req.stream;
+    serve_job *j = serve_submit(s->e, &req, &err);
+    if (!j) {
+        mmc_serve_request_free(&req);
+        return send_error(s, c, &err);
+    }
+    if (stream) {
+        serve_job_wait_prepared(j);
+        if (j->failed) {
+            err = j->err;
+            serve_job_release(j);
+            return send_error(s, c, &err);
+        }
+        stream_state *st = calloc(1, sizeof *st);
+        if (!st) { serve_job_cancel(j); serve_job_release(j); return MHD_NO; }
+        *st = (stream_state){s, j, 0};
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
+        if (!r) { stream_free(st); return MHD_NO; }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        serve_metrics_request(serve_engine_metrics(s->e), 200);
+        return ret;
+    }
+    serve_job_wait_done(j);
+    enum MHD_Result ret;
+    if (j->failed) {
+        err = j->err;
+        ret = send_error(s, c, &err);
+    } else
+        ret = send_body(s, c, 200, "application/json", serve_job_response(s->e, j));
+    serve_job_release(j);
+    return ret;
+}
+
+static char *model_json(server *s, bool list) {
+    const mmc_serve_backend *b = serve_engine_backend(s->e);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", b->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->started);
+    cJSON_AddStringToObject(m, "owned_by", "mmc");
+    cJSON_AddNumberToObject(m, "max_model_len", (double)b->context_length);
+    cJSON *root = m;
+    if (list) {
+        root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "object", "list");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    }
+    char *out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return out;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload_data, size_t *upload_data_size,
+                               void **con_cls) {
+    (void)version;
+    server *s = cls;
+    conn_state *cs = *con_cls;
+    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (!cs) {   /* headers only: check what can be refused before the body */
+        cs = calloc(1, sizeof *cs);
+        if (!cs) return MHD_NO;
+        cs->s = s;
+        *con_cls = cs;
+        pthread_mutex_lock(&s->mu);
+        s->active++;
+        cs->counted = true;
+        pthread_mutex_unlock(&s->mu);
+        if (s->shutting_down)
+            return fail(s, c, 503, "server_error", "server_shutting_down", "The server is shutting down.");
+        if (strcmp(url, "/health") != 0 && !authorized(s, c))
+            return fail(s, c, 401, "invalid_request_error", "invalid_api_key",
+                        "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->o->limits.max_body_bytes) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "The request body is larger than this server's limit of %zu bytes.",
+                     s->o->limits.max_body_bytes);
+            return fail(s, c, 413, "invalid_request_error", "request_too_large", msg);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (cs->too_big || cs->len + n > s->o->limits.max_body_bytes) {
+            cs->too_big = true;
+            return MHD_YES;
+        }
+        if (cs->len + n + 1 > cs->cap) {
+            size_t cap = (cs->len + n + 1) * 2;
+            if (cap > s->o->limits.max_body_bytes + 1) cap = s->o->limits.max_body_bytes + 1;
+            char *p = realloc(cs->body, cap);
+            if (!p) return MHD_NO;
+            cs->body = p;
+            cs->cap = cap;
+        }
+        memcpy(cs->body + cs->len, upload_data, n);
+        cs->len += n;
+        cs->body[cs->len] = 0;
+        return MHD_YES;
+    }
+    if (cs->too_big) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "The request body is larger than this server's limit of %zu bytes.",
+                 s->o->limits.max_body_bytes);
+        return fail(s, c, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    bool chat = !strcmp(url, "/v1/chat/completions"), cmpl = !strcmp(url, "/v1/completions");
+    if (!strcmp(url, "/health")) {
+        if (!get) goto method;
+        return send_body(s, c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+    }
+    if (!strcmp(url, "/v1/models")) {
+        if (!get) goto method;
+        return send_body(s, c, 200, "application/json", model_json(s, true));
+    }
+    if (!strncmp(url, "/v1/models/", 11)) {
+        if (!get) goto method;
+        if (strcmp(url + 11, serve_engine_backend(s->e)->model_id) != 0) {
+            mmc_serve_error e;
+            mmc_serve_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+                           "The model `%.200s` does not exist or you do not have access to it.", url + 11);
+            return send_error(s, c, &e);
+        }
+        return send_body(s, c, 200, "application/json", model_json(s, false));
+    }
+    if (!strcmp(url, "/metrics")) {
+        if (!get) goto method;
+        return send_body(s, c, 200, "text/plain; version=0.0.4", serve_metrics_text(s->e));
+    }
+    if (chat || cmpl) {
+        if (!post) goto method;
+        return completion(s, c, cs, chat ? MMC_SERVE_CHAT : MMC_SERVE_COMPLETION);
+    }
+    {
+        mmc_serve_error e;
+        mmc_serve_fail(&e, 404, "invalid_request_error", NULL, "unknown_url", "Unknown request URL: %s %.200s.",
+                       method, url);
+        return send_error(s, c, &e);
+    }
+method : {
+    mmc_serve_error e;
+    mmc_serve_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                   "Method %s is not allowed for %.200s.", method, url);
+    return send_error(s, c, &e);
+}
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)c;
+    (void)toe;
+    server *s = cls;
+    conn_state *cs = *con_cls;
+    if (!cs) return;
+    if (cs->counted) {
+        pthread_mutex_lock(&s->mu);
+        s->active--;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    free(cs->body);
+    free(cs);
+    *con_cls = NULL;
+}
+
+mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o) {
+    server s = {.o = o, .started = (long long)time(NULL)};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    if (o->media_root) {
+        if (!realpath(o->media_root, s.media_root))
+            return mmc_error(MMC_ERR_NOT_FOUND, "--media-root %s: %s", o->media_root, strerror(errno));
+        s.has_media_root = true;
+    }
+    const char *host = o->host ? o->host : "127.0.0.1";
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai) return mmc_error(MMC_ERR_INVALID, "--host %s: %s", host, gai_strerror(gai));
+    mmc_status st = serve_engine_start(b, o, &s.e);
+    if (st) { freeaddrinfo(ai); return st; }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                     (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, &s, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!d) {
+        serve_engine_stop(s.e);
+        serve_engine_free(s.e);
+        return mmc_error(MMC_ERR_IO, "cannot listen on %s:%d (in use, or not an address of this machine?)", host,
+                         o->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    int bound = di ? di->port : o->port;
+    struct sigaction sa = {.sa_handler = on_signal}, old_term, old_int, old_pipe;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+    struct sigaction ign = {.sa_handler = SIG_IGN};
+    sigaction(SIGPIPE, &ign, &old_pipe);
+    fprintf(stderr, "mmc serve: %s on http://%s:%d (OpenAI API under /v1; Ctrl-C to stop)\n", b->model_id, host, bound);
+    fprintf(stderr, "listening on http://%s:%d\n", host, bound);
+    fflush(stderr);
+    while (!g_signal) usleep(50 * 1000);
+    fprintf(stderr, "mmc serve: signal %d: stopping (cancelling in-flight requests)\n", (int)g_signal);
+    s.shutting_down = 1;
+    MHD_quiesce_daemon(d);
+    serve_engine_stop(s.e);   /* cancels queued and running jobs; their streams end with [DONE] */
+    double t0 = mmc_now();
+    pthread_mutex_lock(&s.mu);
+    while (s.active > 0 && mmc_now() - t0 < 10) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&s.cv, &s.mu, &ts);
+    }
+    pthread_mutex_unlock(&s.mu);
+    MHD_stop_daemon(d);
+    serve_engine_free(s.e);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGPIPE, &old_pipe, NULL);
+    g_signal = 0;
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
+    fprintf(stderr, "mmc serve: stopped\n");
+    return MMC_OK;
+}

@@ -1,0 +1,399 @@
+/* request.c — the request parser of `mmc serve`: a JSON body of POST /v1/chat/completions or
+ * /v1/completions -> mmc_serve_request, with the field names, types and ranges of OpenAI's API
+ * reference (Chat Completions: messages with string or part-list content, text and image_url
+ * parts; Completions: prompt). Images are base64 data: URIs (decoded here) or, only when the
+ * server has a media root, local paths resolved inside it; URLs are refused (no network
+ * fetch). Every error is a 400 in OpenAI's shape naming the parameter. */
+#include "mmc_serve.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mmc_serve_limits_default(mmc_serve_limits *l) {
+    *l = (mmc_serve_limits){.max_body_bytes = 32u << 20,
+                            .max_json_depth = 32,
+                            .max_images = 8,
+                            .max_image_pixels = 16 << 20,
+                            .max_prompt_tokens = 0,
+                            .max_output_tokens = 2048,
+                            .max_request_seconds = 600,
+                            .max_connections = 64,
+                            .max_queue = 32,
+                            .max_n = 8};
+}
+
+bool mmc_serve_fail(mmc_serve_error *e, int status, const char *type, const char *param, const char *code,
+                    const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s", type ? type : "");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+char *mmc_serve_error_json(const mmc_serve_error *e) {
+    cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type[0] ? e->type : "invalid_request_error");
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    if (e->code[0]) cJSON_AddStringToObject(o, "code", e->code);
+    else cJSON_AddNullToObject(o, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+#define BAD(param, ...) mmc_serve_fail(err, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+#define BADTYPE(param, want, got)                                                                          \
+    mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_type",                               \
+                   "Invalid type for '%s': expected %s, but got %s instead.", param, want, got)
+
+static const char *type_name(const cJSON *j) {
+    if (cJSON_IsString(j)) return "a string";
+    if (cJSON_IsNumber(j)) return "a number";
+    if (cJSON_IsBool(j)) return "a boolean";
+    if (cJSON_IsNull(j)) return "null";
+    if (cJSON_IsArray(j)) return "an array";
+    if (cJSON_IsObject(j)) return "an object";
+    return "an unknown type";
+}
+
+static int b64v(unsigned char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+bool mmc_serve_base64_decode(const char *s, size_t n, unsigned char **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    while (n && s[n - 1] == '=') n--;
+    if (n % 4 == 1) return false;
+    unsigned char *b = malloc(n / 4 * 3 + 3);
+    if (!b) return false;
+    size_t k = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        int v = b64v((unsigned char)s[i]);
+        if (v < 0) { free(b); return false; }
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) { bits -= 8; b[k++] = (unsigned char)(acc >> bits); }
+    }
+    *out = b;
+    *n_out = k;
+    return true;
+}
+
+/* Maximum nesting of objects/arrays, strings skipped (checked before cJSON recurses). */
+static int json_depth(const char *s, size_t n) {
+    int d = 0, mx = 0;
+    bool str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (str) {
+            if (c == '\\') i++;
+            else if (c == '"') str = false;
+        } else if (c == '"') str = true;
+        else if (c == '{' || c == '[') { if (++d > mx) mx = d; }
+        else if (c == '}' || c == ']') d--;
+    }
+    return mx;
+}
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+/* number fields: absent/null -> keep the default; wrong type or out of range -> 400 */
+static bool get_num(const cJSON *root, const char *key, double lo, double hi, double *out, mmc_serve_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!j || cJSON_IsNull(j)) return true;
+    if (!cJSON_IsNumber(j)) return BADTYPE(key, "a decimal", type_name(j));
+    if (!(j->valuedouble >= lo && j->valuedouble <= hi))
+        return BAD(key, "%g is not a valid value for '%s': it must be in [%g, %g].", j->valuedouble, key, lo, hi);
+    *out = j->valuedouble;
+    return true;
+}
+
+static bool get_int(const cJSON *root, const char *key, int64_t lo, int64_t hi, int64_t *out, bool *given,
+                    mmc_serve_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!j || cJSON_IsNull(j)) return true;
+    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble))
+        return BADTYPE(key, "an integer", cJSON_IsNumber(j) ? "a decimal" : type_name(j));
+    if (!(j->valuedouble >= (double)lo && j->valuedouble <= (double)hi))
+        return BAD(key, "%.0f is not a valid value for '%s': it must be in [%lld, %lld].", j->valuedouble, key,
+                   (long long)lo, (long long)hi);
+    *out = (int64_t)j->valuedouble;
+    if (given) *given = true;
+    return true;
+}
+
+static bool get_bool(const cJSON *root, const char *key, bool *out, mmc_serve_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!j || cJSON_IsNull(j)) return true;
+    if (!cJSON_IsBool(j)) return BADTYPE(key, "a boolean", type_name(j));
+    *out = cJSON_IsTrue(j);
+    return true;
+}
+
+/* An image_url part's url -> bytes (data: URI) or a resolved path under media_root. */
+static bool image_source(const char *url, const char *param, const char *media_root, mmc_serve_part *p,
+                         mmc_serve_error *err) {
+    if (!strncmp(url, "data:", 5)) {
+        const char *b = strstr(url, ";base64,");
+        const char *comma = strchr(url, ',');
+        if (!b || b > comma)
+            return BAD(param, "Invalid image data URI: only base64 data URIs (data:image/...;base64,...) are supported.");
+        b += 8;
+        if (!mmc_serve_base64_decode(b, strlen(b), &p->data, &p->n_data) || p->n_data == 0)
+            return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_format",
+                                  "Invalid base64 in the image data URI.");
+        return true;
+    }
+    if (strstr(url, "://") && strncmp(url, "file://", 7) != 0)
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_url",
+                              "This server does not fetch image URLs; send the image as a base64 data URI.");
+    if (!media_root)
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_url",
+                              "Local image paths are disabled (the server has no --media-root); send a data URI.");
+    const char *path = !strncmp(url, "file://", 7) ? url + 7 : url;
+    char joined[PATH_MAX * 2], real[PATH_MAX];
+    if (path[0] == '/') snprintf(joined, sizeof joined, "%s", path);
+    else snprintf(joined, sizeof joined, "%s/%s", media_root, path);
+    size_t rl = strlen(media_root);
+    if (!realpath(joined, real) || strncmp(real, media_root, rl) != 0 || (real[rl] != '/' && real[rl] != 0))
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_url",
+                              "Image path '%.200s' is not a readable file under the server's media root.", path);
+    p->path = dup_str(real);
+    return p->path != NULL;
+}
+
+static bool parse_content(const cJSON *c, int mi, const mmc_serve_limits *lim, const char *media_root,
+                          mmc_serve_request *r, mmc_serve_message *m, mmc_serve_error *err) {
+    char param[96];
+    snprintf(param, sizeof param, "messages.[%d].content", mi);
+    if (!c || cJSON_IsNull(c)) {
+        if (strcmp(m->role, "assistant") != 0) return BAD(param, "Missing required parameter: '%s'.", param);
+        m->content = dup_str("");
+        return m->content != NULL;
+    }
+    if (cJSON_IsString(c)) { m->content = dup_str(c->valuestring); return m->content != NULL; }
+    if (!cJSON_IsArray(c)) return BADTYPE(param, "a string or an array of content parts", type_name(c));
+    int n = cJSON_GetArraySize(c);
+    m->parts = calloc((size_t)(n ? n : 1), sizeof *m->parts);
+    if (!m->parts) return BAD(param, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, c) {
+        snprintf(param, sizeof param, "messages.[%d].content.[%d]", mi, m->n_parts);
+        mmc_serve_part *p = &m->parts[m->n_parts++];
+        if (!cJSON_IsObject(it)) return BADTYPE(param, "an object", type_name(it));
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "type");
+        if (!cJSON_IsString(t)) return BAD(param, "Missing or invalid 'type' in content part %s.", param);
+        if (!strcmp(t->valuestring, "text")) {
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(it, "text");
+            if (!cJSON_IsString(x)) return BADTYPE("text", "a string", x ? type_name(x) : "nothing");
+            p->type = MMC_CHAT_TEXT;
+            if (!(p->text = dup_str(x->valuestring))) return BAD(param, "out of memory");
+        } else if (!strcmp(t->valuestring, "image_url")) {
+            const cJSON *u = cJSON_GetObjectItemCaseSensitive(it, "image_url");
+            if (cJSON_IsObject(u)) u = cJSON_GetObjectItemCaseSensitive(u, "url");
+            if (!cJSON_IsString(u)) return BAD(param, "Invalid content part %s: image_url.url must be a string.", param);
+            p->type = MMC_CHAT_IMAGE;
+            if (++r->n_images > lim->max_images)
+                return mmc_serve_fail(err, 400, "invalid_request_error", "messages", "too_many_images",
+                                      "Too many images: at most %d per request.", lim->max_images);
+            if (!image_source(u->valuestring, param, media_root, p, err)) return false;
+        } else
+            return BAD(param, "Unsupported content part type '%.40s' (this server takes 'text' and 'image_url').",
+                       t->valuestring);
+    }
+    return true;
+}
+
+static bool parse_messages(const cJSON *root, const mmc_serve_limits *lim, const char *media_root,
+                           mmc_serve_request *r, mmc_serve_error *err) {
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!ms) return BAD("messages", "Missing required parameter: 'messages'.");
+    if (!cJSON_IsArray(ms)) return BADTYPE("messages", "an array", type_name(ms));
+    int n = cJSON_GetArraySize(ms);
+    if (n == 0) return mmc_serve_fail(err, 400, "invalid_request_error", "messages", "empty_array",
+                                      "Invalid 'messages': empty array. Expected an array with minimum length 1.");
+    r->msgs = calloc((size_t)n, sizeof *r->msgs);
+    if (!r->msgs) return BAD("messages", "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, ms) {
+        int i = r->n_msgs;
+        mmc_serve_message *m = &r->msgs[r->n_msgs++];
+        char param[64];
+        snprintf(param, sizeof param, "messages.[%d]", i);
+        if (!cJSON_IsObject(it)) return BADTYPE(param, "an object", type_name(it));
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        snprintf(param, sizeof param, "messages.[%d].role", i);
+        if (!cJSON_IsString(role)) return BAD(param, "Missing or invalid '%s': expected a string.", param);
+        const char *rs = role->valuestring;
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool") &&
+            strcmp(rs, "developer"))
+            return BAD(param, "Invalid value: '%.40s'. Supported values are: 'system', 'developer', 'user', "
+                       "'assistant', and 'tool'.", rs);
+        if (!(m->role = dup_str(!strcmp(rs, "developer") ? "system" : rs))) return BAD(param, "out of memory");
+        if (!parse_content(cJSON_GetObjectItemCaseSensitive(it, "content"), i, lim, media_root, r, m, err))
+            return false;
+    }
+    return true;
+}
+
+bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, const mmc_serve_limits *lim,
+                             const char *media_root, mmc_serve_request *r, mmc_serve_error *err) {
+    memset(r, 0, sizeof *r);
+    memset(err, 0, sizeof *err);
+    r->kind = kind;
+    r->temperature = r->top_p = r->min_p = NAN;
+    r->presence_penalty = r->frequency_penalty = 0;
+    r->top_k = r->max_tokens = -1;
+    r->n = 1;
+    if (json_depth(body, len) > lim->max_json_depth)
+        return mmc_serve_fail(err, 400, "invalid_request_error", NULL, "json_too_deep",
+                              "The request body nests objects/arrays deeper than %d levels.", lim->max_json_depth);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root)
+        return mmc_serve_fail(err, 400, "invalid_request_error", NULL, NULL,
+                              "We could not parse the JSON body of your request. (HINT: This likely means you "
+                              "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)");
+    bool ok = false;
+    const cJSON *j;
+    if (!cJSON_IsObject(root)) {
+        BAD(NULL, "The request body must be a JSON object, not %s.", type_name(root));
+        goto done;
+    }
+    if ((j = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsNull(j)) {
+        if (!cJSON_IsString(j)) { BADTYPE("model", "a string", type_name(j)); goto done; }
+        if (!(r->model = dup_str(j->valuestring))) goto done;
+    }
+    if (kind == MMC_SERVE_CHAT) {
+        if (!parse_messages(root, lim, media_root, r, err)) goto done;
+    } else {
+        j = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        if (!j) { BAD("prompt", "Missing required parameter: 'prompt'."); goto done; }
+        if (cJSON_IsArray(j) && cJSON_GetArraySize(j) == 1 && cJSON_IsString(cJSON_GetArrayItem(j, 0)))
+            j = cJSON_GetArrayItem(j, 0);
+        else if (cJSON_IsArray(j)) {
+            mmc_serve_fail(err, 400, "invalid_request_error", "prompt", "unsupported_value",
+                           "This server takes one prompt string per request, not a list of prompts or token ids.");
+            goto done;
+        }
+        if (!cJSON_IsString(j)) { BADTYPE("prompt", "a string", type_name(j)); goto done; }
+        if (!(r->prompt = dup_str(j->valuestring))) goto done;
+    }
+    int64_t v;
+    bool given = false;
+    if (!get_num(root, "temperature", 0, 2, &r->temperature, err) || !get_num(root, "top_p", 0, 1, &r->top_p, err) ||
+        !get_num(root, "min_p", 0, 1, &r->min_p, err) ||
+        !get_num(root, "presence_penalty", -2, 2, &r->presence_penalty, err) ||
+        !get_num(root, "frequency_penalty", -2, 2, &r->frequency_penalty, err))
+        goto done;
+    if (r->top_p == 0) { BAD("top_p", "0 is not a valid value for 'top_p': it must be in (0, 1]."); goto done; }
+    if (!get_int(root, "top_k", -1, INT32_MAX, &r->top_k, NULL, err)) goto done;
+    if (cJSON_GetObjectItemCaseSensitive(root, "top_k") && r->top_k == -1) r->top_k = 0;   /* -1: off */
+    if (!get_int(root, "max_tokens", 1, INT32_MAX, &r->max_tokens, NULL, err) ||
+        !get_int(root, "max_completion_tokens", 1, INT32_MAX, &r->max_tokens, NULL, err))
+        goto done;
+    if (!get_int(root, "seed", INT64_MIN, INT64_MAX, &r->seed, &r->has_seed, err)) goto done;
+    v = 1;
+    if (!get_int(root, "n", 1, lim->max_n, &v, NULL, err)) goto done;
+    r->n = (int)v;
+    if (!get_bool(root, "stream", &r->stream, err)) goto done;
+    if ((j = cJSON_GetObjectItemCaseSensitive(root, "stream_options")) && !cJSON_IsNull(j)) {
+        if (!cJSON_IsObject(j)) { BADTYPE("stream_options", "an object", type_name(j)); goto done; }
+        if (!r->stream) {
+            BAD("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+            goto done;
+        }
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(j, "include_usage");
+        if (u && !cJSON_IsNull(u)) {
+            if (!cJSON_IsBool(u)) { BADTYPE("stream_options.include_usage", "a boolean", type_name(u)); goto done; }
+            r->include_usage = cJSON_IsTrue(u);
+        }
+    }
+    if ((j = cJSON_GetObjectItemCaseSensitive(root, "stop")) && !cJSON_IsNull(j)) {
+        if (cJSON_IsString(j)) {
+            if (j->valuestring[0] && !(r->stop[r->n_stop++] = dup_str(j->valuestring))) goto done;
+        } else if (cJSON_IsArray(j)) {
+            if (cJSON_GetArraySize(j) > MMC_SERVE_MAX_STOP) {
+                BAD("stop", "Invalid 'stop': array too long. Expected an array with maximum length %d.", MMC_SERVE_MAX_STOP);
+                goto done;
+            }
+            const cJSON *s;
+            cJSON_ArrayForEach(s, j) {
+                if (!cJSON_IsString(s)) { BADTYPE("stop", "a string or an array of strings", "an array with a non-string"); goto done; }
+                if (s->valuestring[0] && !(r->stop[r->n_stop++] = dup_str(s->valuestring))) goto done;
+            }
+        } else {
+            BADTYPE("stop", "a string or an array of strings", type_name(j));
+            goto done;
+        }
+    }
+    if (kind == MMC_SERVE_CHAT) {
+        if (!get_bool(root, "logprobs", &r->logprobs, err)) goto done;
+        v = 0;
+        given = false;
+        if (!get_int(root, "top_logprobs", 0, 20, &v, &given, err)) goto done;
+        if (given && !r->logprobs) {
+            BAD("top_logprobs", "Using 'top_logprobs' requires 'logprobs' to be true.");
+            goto done;
+        }
+        r->top_logprobs = (int)v;
+    } else {
+        v = 0;
+        given = false;
+        if (!get_int(root, "logprobs", 0, 5, &v, &given, err)) goto done;
+        r->logprobs = given;
+        r->top_logprobs = (int)v;
+    }
+    ok = true;
+done:
+    cJSON_Delete(root);
+    if (!ok) {
+        if (!err->status) BAD(NULL, "out of memory");
+        mmc_serve_request_free(r);
+    }
+    return ok;
+}
+
+void mmc_serve_request_free(mmc_serve_request *r) {
+    for (int i = 0; i < r->n_msgs; i++) {
+        mmc_serve_message *m = &r->msgs[i];
+        for (int k = 0; k < m->n_parts; k++) {
+            free(m->parts[k].text);
+            free(m->parts[k].data);
+            free(m->parts[k].path);
+        }
+        free(m->parts);
+        free(m->role);
+        free(m->content);
+    }
+    free(r->msgs);
+    free(r->prompt);
+    free(r->model);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}

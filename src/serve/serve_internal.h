@@ -1,0 +1,86 @@
+/* serve_internal.h — what the engine (engine.c) and the HTTP front (http.c) of `mmc serve`
+ * share: the job (one request's life: queued -> prepared -> done, its SSE bytes and choices),
+ * the engine's submit / wait / cancel / release calls, and the metrics. A batching engine
+ * replaces engine.c behind these calls. */
+#ifndef MMC_SERVE_INTERNAL_H
+#define MMC_SERVE_INTERNAL_H
+
+#include "mmc_serve.h"
+
+#include <pthread.h>
+
+#define SERVE_MAX_TOP 20
+typedef struct {
+    int32_t id;
+    float lp;
+    int n_top;
+    int32_t top_id[SERVE_MAX_TOP];
+    float top_lp[SERVE_MAX_TOP];
+} serve_logprob;
+
+typedef struct {
+    int32_t *ids;
+    int n_ids, cap_ids;
+    char *text;              /* the visible completion so far (cut at a stop sequence) */
+    size_t emitted;          /* bytes of text already streamed */
+    const char *finish;      /* "stop" | "length" once done */
+    serve_logprob *lps;
+    int n_lp, cap_lp, lp_emitted;
+} serve_choice;
+
+typedef enum { JOB_QUEUED = 0, JOB_PREPARED, JOB_DONE } serve_job_state;
+
+typedef struct serve_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                /* the HTTP side and the engine */
+    mmc_serve_request req;
+    serve_job_state state;
+    bool cancelled, failed;
+    mmc_serve_error err;
+    int64_t n_prompt, n_completion;
+    serve_choice *choices;   /* [req.n] */
+    char *sse;               /* streamed bytes (SSE events), appended by the engine */
+    size_t sse_len, sse_cap;
+    char id[48];
+    long long created;
+    double t_submit;
+    struct serve_job *next;
+} serve_job;
+
+#define SERVE_N_STATUS 12
+#define SERVE_N_BUCKETS 12
+typedef struct {
+    pthread_mutex_t mu;
+    long long requests[SERVE_N_STATUS];   /* by serve_status_codes[] */
+    long long prompt_tokens, completion_tokens;
+    long long ttft[SERVE_N_BUCKETS + 1], itl[SERVE_N_BUCKETS + 1];   /* counts per bucket, +Inf last */
+    double ttft_sum, itl_sum;
+    long long ttft_n, itl_n;
+} serve_metrics;
+extern const int serve_status_codes[SERVE_N_STATUS];
+extern const double serve_buckets[SERVE_N_BUCKETS];
+
+typedef struct serve_engine serve_engine;
+mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_options *o, serve_engine **out);
+/* Cancel queued and running jobs and join the thread (jobs still held stay valid); then free. */
+void serve_engine_stop(serve_engine *e);
+void serve_engine_free(serve_engine *e);
+/* Queue a request (taken over on success). NULL and *err (429) when the queue is full, (503)
+ * when shutting down. The job comes with one reference for the caller. */
+serve_job *serve_submit(serve_engine *e, mmc_serve_request *req, mmc_serve_error *err);
+/* Block until the job is prepared (prompt built; streaming can start) or done. */
+void serve_job_wait_prepared(serve_job *j);
+void serve_job_wait_done(serve_job *j);
+void serve_job_cancel(serve_job *j);
+void serve_job_release(serve_job *j);
+/* The non-streaming body of a done job (chat.completion / text_completion), malloc'd. */
+char *serve_job_response(serve_engine *e, serve_job *j);
+serve_metrics *serve_engine_metrics(serve_engine *e);
+int serve_engine_queue_depth(serve_engine *e);
+void serve_metrics_request(serve_metrics *m, int status);
+/* Prometheus text exposition, malloc'd. */
+char *serve_metrics_text(serve_engine *e);
+const mmc_serve_backend *serve_engine_backend(serve_engine *e);
+
+#endif

@@ -1,0 +1,87 @@
+/* test_sdxl_pipeline.c — StableDiffusionXLPipeline against diffusers 0.42 on a whole tiny pipeline folder
+ * written by save_pretrained (tests/fixtures/sdxl, tools/ref/gen_sdxl.py): a CLIPTextModel and a
+ * CLIPTextModelWithProjection giving encode_prompt's concatenated penultimate states and pooled
+ * text_embeds within 1e-4, and the images from injected latents within 1e-3 through the folder's
+ * EulerDiscreteScheduler: (a) CFG 5 with no negative prompt (force_zeros_for_empty_prompt: zero negative
+ * conditioning), 3 steps, batch 2; (b) no guidance, 2 steps; (c) CFG 3 against a negative prompt. Also
+ * the errors of a missing negative encoding and a size the VAE and UNet cannot take. */
+#include "test_util.h"
+#include "mmc_diffusion.h"
+
+#include <unistd.h>
+
+#define DIR_ "tests/fixtures/sdxl"
+
+static mmc_flux_cond first_row(const mmc_flux_cond *c) {
+    mmc_flux_cond r = {mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, c->prompt_embeds->shape[1], c->prompt_embeds->shape[2])),
+                       mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(1, c->pooled->shape[1]))};
+    memcpy(r.prompt_embeds->data, c->prompt_embeds->data, mmc_nbytes(r.prompt_embeds));
+    memcpy(r.pooled->data, c->pooled->data, mmc_nbytes(r.pooled));
+    return r;
+}
+
+static void run(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_st *exp, const char *lat_key, const char *img_key,
+                const mmc_flux_cond *cond, const mmc_flux_cond *neg, int steps, double guidance, const char *what) {
+    mmc_tensor *lat = fixture_tensor(exp, lat_key, MMC_F32), *want = fixture_tensor(exp, img_key, MMC_F32), *img = NULL;
+    mmc_flux_sample_opts o = {.height = 16, .width = 24, .steps = steps, .guidance = guidance};
+    CHECK_OK(mmc_sdxl_sample(ctx, p, cond, neg, lat, &o, 0));
+    CHECK_OK(mmc_sdxl_decode(ctx, p, lat, false, &img));
+    if (img) {
+        CHECK(mmc_same_shape(img, want));
+        CHECK_CLOSE(img, want, 1e-3, 0, what);
+        printf("%s: image max|diff| %.2e\n", what, max_abs_diff(img, want));
+    }
+    mmc_tensor_free(lat);
+    mmc_tensor_free(want);
+}
+
+int main(void) {
+    if (access(DIR_ "/expected.safetensors", R_OK) != 0) {
+        fprintf(stderr, "test_sdxl_pipeline: fixtures absent (tools/ref/gen_sdxl.py); skipping\n");
+        return TEST_SKIP_CODE;
+    }
+    mmc_sdxl_pipeline *p = NULL;
+    CHECK_OK(mmc_sdxl_pipeline_open(DIR_, &p));
+    mmc_st *exp = fixture_open("sdxl/expected.safetensors");
+    if (!p || !exp) return test_done("test_sdxl_pipeline");
+    CHECK(mmc_sdxl_force_zeros(p));
+    mmc_ctx *ctx = mmc_ctx_new();
+    static const char *const prompts[2] = {"a photo of a red circle", "a blue square on the left"};
+    static const char *const negs[2] = {"green left", "green left"};
+    mmc_flux_cond cond = {0}, neg = {0}, zero = {0};
+    CHECK_OK(mmc_sdxl_encode_prompt(ctx, p, prompts, 2, &cond));
+    CHECK_OK(mmc_sdxl_encode_prompt(ctx, p, negs, 2, &neg));
+    static const char *const keys[4] = {"prompt_embeds", "pooled", "negative_prompt_embeds", "negative_pooled"};
+    mmc_tensor *got[4] = {cond.prompt_embeds, cond.pooled, neg.prompt_embeds, neg.pooled};
+    for (int k = 0; k < 4 && got[k]; k++) {
+        mmc_tensor *want = fixture_tensor(exp, keys[k], MMC_F32);
+        CHECK(mmc_same_shape(got[k], want));
+        CHECK_CLOSE(got[k], want, 1e-4, 0, keys[k]);
+        printf("encode_prompt %s: max|diff| %.2e\n", keys[k], max_abs_diff(got[k], want));
+        mmc_tensor_free(want);
+    }
+    if (!cond.prompt_embeds || !neg.prompt_embeds) goto done;
+    CHECK_OK(mmc_sdxl_zero_cond(&cond, &zero));
+    run(ctx, p, exp, "latents_a", "image_a", &cond, &zero, 3, 5.0, "pipeline a (CFG 5, zero negative, batch 2)");
+    mmc_flux_cond c0 = first_row(&cond), n0 = first_row(&neg);
+    run(ctx, p, exp, "latents_b", "image_b", &c0, NULL, 2, 1.0, "pipeline b (no guidance)");
+    run(ctx, p, exp, "latents_b", "image_c", &c0, &n0, 3, 3.0, "pipeline c (CFG 3, negative prompt)");
+    /* guidance without a negative encoding; a size that the VAE and UNet cannot take */
+    mmc_tensor *lat = fixture_tensor(exp, "latents_b", MMC_F32);
+    mmc_flux_sample_opts o = {.height = 16, .width = 24, .steps = 2, .guidance = 3.0};
+    CHECK_ERR(mmc_sdxl_sample(ctx, p, &c0, NULL, lat, &o, 0), MMC_ERR_INVALID);
+    o.height = 14;
+    CHECK_ERR(mmc_sdxl_sample(ctx, p, &c0, &n0, lat, &o, 0), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "nearest valid size") != NULL);
+    mmc_tensor_free(lat);
+    mmc_flux_cond_free(&c0);
+    mmc_flux_cond_free(&n0);
+done:
+    mmc_flux_cond_free(&cond);
+    mmc_flux_cond_free(&neg);
+    mmc_flux_cond_free(&zero);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_sdxl_pipeline_free(p);
+    return test_done("test_sdxl_pipeline");
+}

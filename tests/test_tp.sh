@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# test_tp.sh — tensor parallelism (mmc_tp.h) on 2 ranks against one process
+# (tests/tp_worker.c): the tiny Qwen2 (untied, then tied embeddings) trained 5 steps at tp=2
+# reproduces the single-process losses (1e-5 relative) and final weights (5e-5 absolute);
+# the gathered checkpoint loads at tp=1 and at tp=2; then tp2 x dp2 on 4 ranks. Skipped (exit 77) when mpirun or the
+# worker (built only when CMake finds MPI) is missing.
+set -u
+MMC=${MMC:-build/mmc}
+WORKER=${TP_WORKER:-$(dirname "$MMC")/tp_worker}
+if ! command -v mpirun >/dev/null 2>&1; then echo "test_tp: skipped: no mpirun on PATH"; exit 77; fi
+if [ ! -x "$WORKER" ]; then echo "test_tp: skipped: no $WORKER (built without MPI)"; exit 77; fi
+export OMP_NUM_THREADS=1
+export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
+MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+fail=0
+W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
+export OMPI_MCA_orte_tmpdir_base="$W"   # its own OpenMPI session directory (see test_dist_mpi.sh)
+for fx in tiny tiny_tied; do
+  if timeout 120 "${MPIRUN[@]}" -np 2 "$WORKER" tests/fixtures/qwen2/$fx 2 "$W/ckpt_$fx" 5 >"$out" 2>&1 &&
+     [ "$(grep -c 'all .* tp checks passed' "$out")" = 2 ]; then
+    echo "$fx: $(grep 'tp parity' "$out")"
+    echo "$fx: $(grep 'tp checkpoint' "$out")"
+  else
+    echo "FAIL: tp=2 on $fx:"; cat "$out"; fail=1
+  fi
+done
+# tp2 x dp2 on 4 ranks: two replicas of a 2-way split, gradients summed over the dp group
+if timeout 120 "${MPIRUN[@]}" -np 4 "$WORKER" tests/fixtures/qwen2/tiny 2 "$W/ckpt_dp" 5 >"$out" 2>&1 &&
+   [ "$(grep -c 'all .* tp checks passed' "$out")" = 4 ]; then
+  echo "tiny: $(grep 'tp parity' "$out")"
+else
+  echo "FAIL: tp=2 x dp=2:"; cat "$out"; fail=1
+fi
+grep -m1 'tp validation' "$out"
+
+# ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
+# weights and AdamW moments compared by `tp_worker compare`), resume across layouts
+# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), and the layout errors before any work
+cfg() {  # cfg NAME TP STEPS
+  cat > "$W/$1.yaml" <<YAML
+model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
+data: {train: synthetic, seq_len: 16, batch_size: 4, micro_batch_size: 2}
+parallel: {tensor_parallel: $2}
+optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
+training: {steps: $3, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/$1}
+YAML
+}
+run1() { "$MMC" train "$@" 2>>"$W/train.log" >/dev/null; }
+runN() { local n=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$n" "$MMC" train "$@" >>"$W/train.log" 2>&1; }
+cmp_runs() {  # cmp_runs WHAT REF RUN
+  if "$WORKER" compare "$W/$2" "$W/$3" >"$out" 2>&1; then echo "$1: $(cat "$out")"
+  else echo "FAIL: $1:"; cat "$out"; tail -n 30 "$W/train.log"; fail=1; fi
+}
+cfg ref 1 6; cfg tp2 2 6
+run1 "$W/ref.yaml" || { echo "FAIL: reference run"; tail "$W/train.log"; fail=1; }
+runN 2 "$W/tp2.yaml" || { echo "FAIL: tp=2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 vs 1 process" ref tp2
+runN 2 "$W/tp2.yaml" --set training.output_dir="$W/r22" --set training.steps=3 &&
+  cp -r "$W/r22" "$W/r21" && runN 2 "$W/tp2.yaml" --set training.output_dir="$W/r22" --resume || fail=1
+cmp_runs "tp=2 3 steps, resumed at tp=2" ref r22
+run1 "$W/ref.yaml" --set training.output_dir="$W/r21" --resume || fail=1
+cmp_runs "tp=2 3 steps, resumed at tp=1" ref r21
+run1 "$W/ref.yaml" --set training.output_dir="$W/r12" --set training.steps=3 &&
+  runN 2 "$W/tp2.yaml" --set training.output_dir="$W/r12" --resume || fail=1
+cmp_runs "tp=1 3 steps, resumed at tp=2" ref r12
+expect_err() {  # expect_err WHAT PATTERN NP YAML...
+  local what=$1 pat=$2 np=$3; shift 3
+  if [ "$np" = 1 ]; then "$MMC" train "$@" >"$out" 2>&1; else timeout 60 "${MPIRUN[@]}" -np "$np" "$MMC" train "$@" >"$out" 2>&1; fi
+  local rc=$?
+  if [ $rc != 0 ] && [ $rc != 124 ] && grep -q "$pat" "$out"; then echo "error ($what): $(grep -m1 "$pat" "$out" | cut -c1-300)"
+  else echo "FAIL: $what: rc $rc, no '$pat':"; cat "$out"; fail=1; fi
+}
+cfg bad4 4 2
+expect_err "tp 4 over 2 KV heads" "does not divide num_key_value_heads 2 of the language model: each rank must hold whole KV heads; use tensor_parallel 1 or 2" 4 "$W/bad4.yaml"
+expect_err "tp larger than the world" "tensor_parallel 2 is larger than the job's 1 process" 1 "$W/tp2.yaml"
+expect_err "world not divisible by tp" "3 processes do not divide into tensor-parallel groups of 2" 3 "$W/tp2.yaml"
+sed 's/dtype: f32}/dtype: f32, lora: {r: 4, alpha: 8, targets: [q_proj]}}/' "$W/tp2.yaml" > "$W/lora.yaml"
+expect_err "tp with LoRA" "LoRA under tensor parallelism is not supported yet" 1 "$W/lora.yaml"
+
+[ $fail = 0 ] && echo "test_tp: passed" || echo "test_tp: FAILED"
+exit $fail

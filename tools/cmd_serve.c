@@ -1,0 +1,284 @@
+/* cmd_serve.c — `mmc serve`: an OpenAI-compatible server for one model directory (see
+ * include/mmc_serve.h for the server). This file is its backend: the model, chat template,
+ * image processor and generation loop of `mmc generate` (tools/runner.c), so a served greedy
+ * completion equals `mmc generate`'s for the same messages. Images arrive as bytes (data:
+ * URIs, written to a private temporary file for the shared loader) or as paths the server
+ * resolved under --media-root. */
+#include "cli.h"
+#include "mmc_serve.h"
+#include "runner.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void help_serve(FILE *f) {
+    mmc_serve_limits l;
+    mmc_serve_limits_default(&l);
+    fprintf(f,
+            "usage: mmc serve --model DIR [options]\n\n"
+            "Serve the model in DIR over HTTP with OpenAI's API:\n"
+            "  POST /v1/chat/completions   messages with text and image_url parts (base64 data: URIs;\n"
+            "                              local paths only under --media-root; URLs are never fetched)\n"
+            "  POST /v1/completions        a raw prompt (no chat template)\n"
+            "  GET  /v1/models, /v1/models/ID, /health, /metrics (Prometheus text)\n"
+            "Prompts are rendered with the model's own chat template and generated exactly as `mmc\n"
+            "generate` does (greedy unless temperature > 0 or the model's generation_config.json samples).\n"
+            "Requests: stream (SSE, data: [DONE]), stream_options.include_usage, max_tokens /\n"
+            "max_completion_tokens, temperature, top_p, top_k, min_p, seed, n, stop, presence_penalty,\n"
+            "frequency_penalty, logprobs, top_logprobs. Requests run one at a time in arrival order.\n"
+            "SIGTERM / SIGINT: stop accepting, cancel queued and running requests (their streams end\n"
+            "with a final chunk and [DONE]), exit 0.\n\n"
+            "options:\n"
+            "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
+            "  --adapter DIR            apply this PEFT LoRA adapter to the model\n"
+            "  --served-model-name N    the model id clients use (default: DIR's last component)\n"
+            "  --chat-template FILE     render with this Jinja template instead of the model's\n"
+            "  --chat-template-name N   use the model's template named N\n"
+            "  --host H                 address to bind (default 127.0.0.1; 0.0.0.0 = every interface)\n"
+            "  --port P                 TCP port (default 8080; 0 = any free port, printed on start)\n"
+            "  --api-key KEY            require 'Authorization: Bearer KEY' on every route but /health\n"
+            "                           (default: $MMC_API_KEY if set, else no key)\n"
+            "  --media-root DIR         allow image_url paths (or file:// URLs) to files under DIR\n"
+            "  --threads N              compute threads (default: OMP_NUM_THREADS, else all cores)\n"
+            "limits (an OpenAI-style 4xx error beyond each):\n"
+            "  --max-body-bytes N       request body size (default %zu; 413)\n"
+            "  --max-json-depth N       JSON nesting (default %d)\n"
+            "  --max-images N           images per request (default %d)\n"
+            "  --max-image-pixels N     pixels of one decoded image (default %lld)\n"
+            "  --max-prompt-tokens N    prompt tokens (default: the model's context length)\n"
+            "  --max-tokens N           max_tokens at most, and the default when a request gives none\n"
+            "                           and the model's generation_config.json sets no length (default %d)\n"
+            "  --request-timeout S      seconds per request; generation stops there with\n"
+            "                           finish_reason \"length\" (default %g)\n"
+            "  --max-connections N      concurrent connections (default %d)\n"
+            "  --max-queue N            requests queued or running; more get 429 (default %d)\n"
+            "  --max-n N                the largest n (default %d)\n"
+            "  -h, --help               this help\n\n"
+            "example:\n"
+            "  mmc serve --model ./Qwen2-VL-2B-Instruct --port 8080 &\n"
+            "  curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+            "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32}'\n",
+            l.max_body_bytes, l.max_json_depth, l.max_images, (long long)l.max_image_pixels, l.max_output_tokens,
+            l.max_request_seconds, l.max_connections, l.max_queue, l.max_n);
+}
+
+typedef struct {
+    cli_model m;
+    char tmpdir[64];
+    unsigned long long n_tmp;
+} serve_backend;
+
+typedef struct {
+    cli_prompt p;
+} serve_prompt;
+
+static bool backend_prepare(void *self, const mmc_serve_request *req, void **out, int64_t *n_prompt,
+                            int64_t *default_max_new, mmc_serve_error *err) {
+    serve_backend *sb = self;
+    cli_model *m = &sb->m;
+    int n_msgs = req->kind == MMC_SERVE_CHAT ? req->n_msgs : 0, n_parts = 0;
+    for (int i = 0; i < n_msgs; i++) n_parts += req->msgs[i].n_parts;
+    mmc_chat_message *msgs = calloc(n_msgs > 0 ? (size_t)n_msgs : 1, sizeof *msgs);
+    mmc_chat_part *parts = calloc((size_t)(n_parts ? n_parts : 1), sizeof *parts);
+    const char **images = calloc((size_t)(req->n_images ? req->n_images : 1), sizeof *images);
+    char **tmp = calloc((size_t)(req->n_images ? req->n_images : 1), sizeof *tmp);
+    serve_prompt *sp = calloc(1, sizeof *sp);
+    int n_img = 0, n_tmp = 0;
+    bool ok = false;
+    if (!msgs || !parts || !images || !tmp || !sp) {
+        mmc_serve_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    int np = 0;
+    for (int i = 0; i < n_msgs; i++) {
+        const mmc_serve_message *q = &req->msgs[i];
+        msgs[i] = (mmc_chat_message){.role = q->role, .content = q->content, .parts = parts + np, .n_parts = q->n_parts};
+        for (int k = 0; k < q->n_parts; k++) {
+            const mmc_serve_part *p = &q->parts[k];
+            parts[np++] = (mmc_chat_part){.type = p->type, .text = p->text};
+            if (p->type != MMC_CHAT_IMAGE) continue;
+            if (p->path) { images[n_img++] = p->path; continue; }
+            char path[128];
+            snprintf(path, sizeof path, "%s/img%llu", sb->tmpdir, sb->n_tmp++);
+            if (mmc_write_file_atomic(path, p->data, p->n_data) != MMC_OK || !(tmp[n_tmp] = strdup(path))) {
+                mmc_serve_fail(err, 500, "server_error", NULL, NULL, "cannot store the image: %s", mmc_last_error());
+                goto done;
+            }
+            images[n_img++] = tmp[n_tmp++];
+        }
+    }
+    if (n_img && !m->vl && !m->llava) {
+        mmc_serve_fail(err, 400, "invalid_request_error", "messages", "image_not_supported",
+                       "The model %s is text-only (model_type %s) and takes no images.", m->base_dir, m->model_type);
+        goto done;
+    }
+    mmc_status st = cli_prompt_build(m, msgs, n_msgs, req->kind == MMC_SERVE_COMPLETION, req->prompt, images, n_img,
+                                     NULL, &sp->p);
+    if (st) {
+        bool image = n_img && (strstr(mmc_last_error(), "image") || strstr(mmc_last_error(), "JPEG") ||
+                               strstr(mmc_last_error(), "PNG") || strstr(mmc_last_error(), "pixels"));
+        mmc_serve_fail(err, 400, "invalid_request_error", "messages", image ? "invalid_image" : NULL,
+                       "Cannot build the prompt: %s", mmc_last_error());
+        goto done;
+    }
+    *n_prompt = sp->p.n;
+    *default_max_new = m->gen.length_set ? mmc_gen_config_max_new(&m->gen, sp->p.n) : -1;
+    *out = sp;
+    sp = NULL;
+    ok = true;
+done:
+    for (int i = 0; i < n_tmp; i++) { unlink(tmp[i]); free(tmp[i]); }
+    free(tmp);
+    free(images);
+    free(parts);
+    free(msgs);
+    free(sp);
+    return ok;
+}
+
+static mmc_status backend_generate(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g) {
+    serve_backend *sb = self;
+    serve_prompt *sp = prompt;
+    cli_sampling s;
+    cli_sampling_init(&s);
+    if (!isnan(req->temperature)) s.temperature = req->temperature;
+    if (!isnan(req->top_p)) s.top_p = req->top_p;
+    if (!isnan(req->min_p)) s.min_p = req->min_p;
+    if (req->top_k >= 0) s.top_k = req->top_k;
+    s.max_new = g->max_new;
+    s.seed = (long long)g->seed;
+    mmc_gen_opts go = {0};
+    int32_t eos[MMC_GEN_MAX_EOS];
+    cli_sampling_resolve(&sb->m, &s, g->max_new, sp->p.n, &go, eos);
+    go.max_new_tokens = g->max_new;
+    go.sampler.seed = g->seed;
+    go.sampler.presence_penalty = (float)req->presence_penalty;
+    go.sampler.frequency_penalty = (float)req->frequency_penalty;
+    go.sampler.on_logits = g->on_logits;
+    go.sampler.logits_user = g->user;
+    go.on_token = g->on_token;
+    go.user = g->user;
+    int32_t *out = malloc((size_t)(g->max_new + 1) * sizeof *out);
+    if (!out) return mmc_error(MMC_ERR_OOM, "out of memory");
+    int n_out = 0;
+    mmc_status st = cli_generate(&sb->m, &sp->p, &go, out, &n_out);
+    free(out);
+    return st;
+}
+
+static void backend_release(void *self, void *prompt) {
+    (void)self;
+    serve_prompt *sp = prompt;
+    cli_prompt_free(&sp->p);
+    free(sp);
+}
+
+static int opt_ll(const char *o, int argc, char **argv, int *i, long long lo, long long hi, long long *out) {
+    const char *v = cli_value(argc, argv, i);
+    return v && cli_int(o, v, lo, hi, out) ? 0 : -1;
+}
+
+int cmd_serve(int argc, char **argv) {
+    mmc_serve_options o = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("MMC_API_KEY")};
+    if (o.api_key && !o.api_key[0]) o.api_key = NULL;
+    mmc_serve_limits_default(&o.limits);
+    const char *model = NULL, *adapter = NULL, *name = NULL, *tpl = NULL, *tpl_name = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        long long v = 0;
+        double x = 0;
+        const char **slot = !strcmp(a, "--model") ? &model : !strcmp(a, "--adapter") ? &adapter
+                          : !strcmp(a, "--served-model-name") ? &name : !strcmp(a, "--host") ? &o.host
+                          : !strcmp(a, "--api-key") ? &o.api_key : !strcmp(a, "--media-root") ? &o.media_root
+                          : !strcmp(a, "--chat-template") ? &tpl : !strcmp(a, "--chat-template-name") ? &tpl_name : NULL;
+        if (slot) {
+            if (!(*slot = cli_value(argc, argv, &i))) return CLI_USAGE;
+        } else if (!strcmp(a, "--port")) {
+            if (opt_ll(a, argc, argv, &i, 0, 65535, &v)) return CLI_USAGE;
+            o.port = (int)v;
+        } else if (!strcmp(a, "--threads")) {
+            if (opt_ll(a, argc, argv, &i, 0, 4096, &v)) return CLI_USAGE;
+            o.threads = (int)v;
+        } else if (!strcmp(a, "--max-body-bytes")) {
+            if (opt_ll(a, argc, argv, &i, 1024, (long long)1 << 34, &v)) return CLI_USAGE;
+            o.limits.max_body_bytes = (size_t)v;
+        } else if (!strcmp(a, "--max-json-depth")) {
+            if (opt_ll(a, argc, argv, &i, 4, 1000, &v)) return CLI_USAGE;
+            o.limits.max_json_depth = (int)v;
+        } else if (!strcmp(a, "--max-images")) {
+            if (opt_ll(a, argc, argv, &i, 0, 1024, &v)) return CLI_USAGE;
+            o.limits.max_images = (int)v;
+        } else if (!strcmp(a, "--max-image-pixels")) {
+            if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 40, &v)) return CLI_USAGE;
+            o.limits.max_image_pixels = v;
+        } else if (!strcmp(a, "--max-prompt-tokens")) {
+            if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 40, &v)) return CLI_USAGE;
+            o.limits.max_prompt_tokens = v;
+        } else if (!strcmp(a, "--max-tokens")) {
+            if (opt_ll(a, argc, argv, &i, 1, 1 << 30, &v)) return CLI_USAGE;
+            o.limits.max_output_tokens = (int)v;
+        } else if (!strcmp(a, "--request-timeout")) {
+            const char *s = cli_value(argc, argv, &i);
+            if (!s || !cli_float(a, s, 0.001, 1e7, &x)) return CLI_USAGE;
+            o.limits.max_request_seconds = x;
+        } else if (!strcmp(a, "--max-connections")) {
+            if (opt_ll(a, argc, argv, &i, 1, 100000, &v)) return CLI_USAGE;
+            o.limits.max_connections = (int)v;
+        } else if (!strcmp(a, "--max-queue")) {
+            if (opt_ll(a, argc, argv, &i, 1, 100000, &v)) return CLI_USAGE;
+            o.limits.max_queue = (int)v;
+        } else if (!strcmp(a, "--max-n")) {
+            if (opt_ll(a, argc, argv, &i, 1, 128, &v)) return CLI_USAGE;
+            o.limits.max_n = (int)v;
+        } else
+            return cli_usage("serve", "unknown option '%s'", a);
+    }
+    if (!model && !adapter) return cli_usage("serve", "--model DIR is required");
+    if (o.api_key && !o.api_key[0]) return cli_usage("serve", "--api-key must not be empty");
+
+    serve_backend sb = {0};
+    mmc_status st = cli_model_load(model ? model : adapter, model ? adapter : NULL, &sb.m);
+    if (st) return cli_fail(st, "serve: cannot load the model");
+    int rc = CLI_ERROR;
+    if ((st = cli_model_set_template(&sb.m, tpl, tpl_name))) {
+        cli_fail(st, "serve: cannot set the chat template");
+        goto done;
+    }
+    sb.m.max_image_pixels = o.limits.max_image_pixels;
+    snprintf(sb.tmpdir, sizeof sb.tmpdir, "/tmp/mmc-serve.XXXXXX");
+    if (!mkdtemp(sb.tmpdir)) {
+        cli_fail(mmc_error(MMC_ERR_IO, "mkdtemp: %s", strerror(errno)), "serve: no temporary directory");
+        goto done;
+    }
+    char id[256];
+    if (name) snprintf(id, sizeof id, "%s", name);
+    else {
+        const char *d = model ? model : adapter;
+        size_t n = strlen(d);
+        while (n > 1 && d[n - 1] == '/') n--;
+        const char *b = d + n;
+        while (b > d && b[-1] != '/') b--;
+        snprintf(id, sizeof id, "%.*s", (int)(d + n - b), b);
+    }
+    mmc_qwen2_vl_request vreq = {sb.m.vlm, NULL, 0};
+    mmc_llava_request lreq = {sb.m.llava, NULL};
+    mmc_decoder dec = sb.m.llava ? mmc_llava_decoder(&lreq) : sb.m.vl ? mmc_qwen2_vl_decoder(&vreq)
+                                                                       : mmc_qwen2_decoder(sb.m.lm);
+    mmc_serve_backend b = {.self = &sb,
+                           .tok = sb.m.tok,
+                           .model_id = id,
+                           .context_length = dec.max_positions,
+                           .prepare = backend_prepare,
+                           .generate = backend_generate,
+                           .release = backend_release};
+    st = mmc_serve_run(&b, &o);
+    rmdir(sb.tmpdir);
+    if (st) cli_fail(st, "serve: cannot serve");
+    else rc = 0;
+done:
+    cli_model_free(&sb.m);
+    return rc;
+}

@@ -1,0 +1,94 @@
+"""A whole StableDiffusionXLPipeline folder for `mmc generate-image` (tests/test_sdxl_pipeline.c), written
+by diffusers' save_pretrained untouched: a CLIPTextModel (hidden 16) and a CLIPTextModelWithProjection
+(hidden 24, projection 12) with their tokenizers, a tiny SDXL-shaped UNet2DConditionModel (cross_attention_dim
+16 + 24, text_time micro-conditioning over 12 + 6 x 8 inputs), an AutoencoderKL (factor 2, force_upcast) and
+SDXL's EulerDiscreteScheduler config; force_zeros_for_empty_prompt as SDXL base sets it, no watermarker.
+expected.safetensors: encode_prompt's prompt_embeds / pooled text_embeds for two prompts, and for a negative
+prompt; the injected latents and the images (output_type="pt") of (a) CFG 5.0 with no negative prompt (zeroed
+negative conditioning), 3 steps, batch 2, (b) no CFG, 2 steps, (c) CFG 3.0 with a negative prompt, 3 steps.
+
+Run: /work/main/.venv-ref/bin/python tools/ref/gen_sdxl.py
+"""
+import os
+import shutil
+import sys
+
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+import torch
+from safetensors.torch import save_file
+
+import diffusers
+from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+from ref_common import rand_init, tiny_tokenizers
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+OUT = os.path.join(ROOT, "tests", "fixtures", "sdxl")
+torch.set_num_threads(2)
+torch.manual_seed(0)
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+g = torch.Generator().manual_seed(1)
+
+tmp = os.path.join(OUT, "_tok")
+os.makedirs(tmp)
+words = ["a", "red", "blue", "green", "circle", "square", "on", "the", "left", "right", "photo", "of"]
+clip_tok, _, n_vocab, _ = tiny_tokenizers(tmp, words, pad_token="<|endoftext|>")
+
+
+def clip_cfg(hidden, heads, proj=None):
+    kw = dict(vocab_size=n_vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=3,
+              num_attention_heads=heads, max_position_embeddings=77, eos_token_id=1, bos_token_id=0, pad_token_id=1)
+    if proj:
+        kw["projection_dim"] = proj
+    return CLIPTextConfig(**kw)
+
+
+te1 = CLIPTextModel(clip_cfg(16, 2))
+rand_init(te1, 3)
+te2 = CLIPTextModelWithProjection(clip_cfg(24, 3, proj=12))
+rand_init(te2, 4)
+vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                    block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+                    sample_size=32, scaling_factor=0.13025, force_upcast=True)
+rand_init(vae, 5)
+unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4,
+                            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), block_out_channels=(8, 16),
+                            layers_per_block=1, transformer_layers_per_block=(1, 2), cross_attention_dim=40,
+                            attention_head_dim=(2, 2), norm_num_groups=4, use_linear_projection=True,
+                            addition_embed_type="text_time", addition_time_embed_dim=8,
+                            projection_class_embeddings_input_dim=12 + 6 * 8)
+rand_init(unet, 6)
+sched = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
+                               timestep_spacing="leading", interpolation_type="linear", prediction_type="epsilon")
+pipe = StableDiffusionXLPipeline(vae=vae.eval(), text_encoder=te1.eval(), text_encoder_2=te2.eval(),
+                                 tokenizer=clip_tok, tokenizer_2=clip_tok, unet=unet.eval(), scheduler=sched,
+                                 force_zeros_for_empty_prompt=True, add_watermarker=False)
+pipe.save_pretrained(OUT)
+shutil.rmtree(tmp)
+pipe = StableDiffusionXLPipeline.from_pretrained(OUT, torch_dtype=torch.float32, add_watermarker=False)
+exp = {}
+prompts = ["a photo of a red circle", "a blue square on the left"]
+H, W = 16, 24       # latents 8 x 12 (vae factor 2)
+with torch.no_grad():
+    pe, _, pp, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False)
+    exp.update(prompt_embeds=pe, pooled=pp)
+    npe, _, npp, _ = pipe.encode_prompt(["green left", "green left"], do_classifier_free_guidance=False)
+    exp.update(negative_prompt_embeds=npe, negative_pooled=npp)
+    lat = torch.randn(2, 4, 8, 12, generator=g)
+    exp["latents_a"] = lat
+    exp["image_a"] = pipe(prompt=prompts, height=H, width=W, num_inference_steps=3, guidance_scale=5.0, latents=lat,
+                          output_type="pt").images
+    lat = torch.randn(1, 4, 8, 12, generator=g)
+    exp["latents_b"] = lat
+    exp["image_b"] = pipe(prompt=prompts[0], height=H, width=W, num_inference_steps=2, guidance_scale=1.0,
+                          latents=lat, output_type="pt").images
+    exp["image_c"] = pipe(prompt=prompts[0], negative_prompt="green left", height=H, width=W, num_inference_steps=3,
+                          guidance_scale=3.0, latents=lat, output_type="pt").images
+save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
+print("sdxl pipeline fixture (diffusers %s) in %s" % (diffusers.__version__, OUT))
