@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # test_transcribe_cli.sh — `mmc transcribe` on the tiny random Whisper checkpoint of
-# tests/fixtures/whisper (tools/ref/gen_whisper.py) with the fixture's log-mel features:
+# tests/fixtures/whisper (tools/ref/gen_whisper.py) with two FLAC files (8 s; 40 s, long-form) and
+# the fixture's log-mel features:
+#   audio: the ids equal transformers' generate() on WhisperProcessor's features of the same samples;
 #   --json: the generated ids equal transformers' generate() (language en, no timestamps;
 #           language en with timestamps), the detected language equal; --srt cues well formed;
 #   usage and runtime errors: exit 2 for a bad command line, 1 for an unknown language or
@@ -44,6 +46,20 @@ else bad "transcribe --srt: $(cat "$W/srt.err")"; fi
 run --language en --timestamps --max-new-tokens 40 > "$W/plain.txt" 2>/dev/null &&
   grep -qE '^\[00:00:00\.840 --> 00:00:27\.960\] ' "$W/plain.txt" && ok || bad "plain timestamps: $(cat "$W/plain.txt")"
 
+# audio files (mmc_audio_load + WhisperFeatureExtractor's features + generate): the 8 s clip padded
+# to 30 s, the 40 s one long-form over its 4000 frames; ids equal transformers' on the same samples
+for clip in tones_8s tones_40s; do
+  want=$(grep -o "\"$clip\": {[^}]*}" $F/audio_expected.json | grep -o '"tokens": \[[0-9, ]*\]')
+  frames=$(grep -o "\"$clip\": {[^}]*}" $F/audio_expected.json | grep -o '"frames": [0-9]*' | grep -o '[0-9]*$')
+  if "$MMC" transcribe $F/$clip.flac --model $F/model --language en --timestamps --max-new-tokens 40 --json \
+       > "$W/$clip.json" 2> "$W/$clip.err"; then
+    [ -n "$want" ] && grep -qF "$want" "$W/$clip.json" && grep -q "\"frames\": $frames," "$W/$clip.json" && ok ||
+      bad "$clip: want $want ($frames frames), got $(cat "$W/$clip.json")"
+  else bad "transcribe $clip.flac: $(cat "$W/$clip.err")"; fi
+done
+"$MMC" transcribe $F/tones_40s.flac --model $F/model --language en --max-new-tokens 4 --srt > "$W/long.srt" 2>/dev/null &&
+  grep -qE '^[0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{3} --> ' "$W/long.srt" && ok || bad "long srt: $(cat "$W/long.srt")"
+
 # errors
 "$MMC" transcribe --help | grep -q -- "--features FILE" && ok || bad "help"
 "$MMC" transcribe --features $F/expected.safetensors > /dev/null 2> "$W/e1"; rc=$?
@@ -52,12 +68,20 @@ run --task summarize > /dev/null 2> "$W/e2"; rc=$?
 [ $rc = 2 ] && grep -q "transcribe or translate" "$W/e2" && ok || bad "bad task: rc $rc $(cat "$W/e2")"
 run --json --srt > /dev/null 2> "$W/e3"; rc=$?
 [ $rc = 2 ] && ok || bad "--json --srt: rc $rc"
+"$MMC" transcribe $F/tones_8s.flac --features $F/expected.safetensors --model $F/model > /dev/null 2> "$W/e3"; rc=$?
+[ $rc = 2 ] && ok || bad "--json --srt: rc $rc"
 run --language xx > /dev/null 2> "$W/e4"; rc=$?
 [ $rc = 1 ] && grep -q "lang_to_id" "$W/e4" && ok || bad "unknown language: rc $rc $(cat "$W/e4")"
 "$MMC" transcribe --model $F/model --features $F/model/model.safetensors > /dev/null 2> "$W/e5"; rc=$?
 [ $rc = 1 ] && grep -q "input_features" "$W/e5" && ok || bad "not features: rc $rc $(cat "$W/e5")"
 "$MMC" transcribe --model $F/nope --features $F/expected.safetensors > /dev/null 2> "$W/e6"; rc=$?
 [ $rc = 1 ] && grep -q "config.json" "$W/e6" && ok || bad "missing model: rc $rc $(cat "$W/e6")"
+"$MMC" transcribe $F/nope.wav --model $F/model > /dev/null 2> "$W/e7"; rc=$?
+[ $rc = 1 ] && grep -q "nope.wav" "$W/e7" && ok || bad "missing audio: rc $rc $(cat "$W/e7")"
+"$MMC" transcribe $F/cases.json --model $F/model > /dev/null 2> "$W/e8"; rc=$?
+[ $rc = 1 ] && grep -q "cases.json" "$W/e8" && ok || bad "not audio: rc $rc $(cat "$W/e8")"
+"$MMC" transcribe --model $F/model > /dev/null 2> "$W/e9"; rc=$?
+[ $rc = 2 ] && ok || bad "no input: rc $rc"
 
 if [ $fail -ne 0 ]; then echo "test_transcribe_cli: $fail of $n checks FAILED"; exit 1; fi
 echo "test_transcribe_cli: all $n checks passed"
