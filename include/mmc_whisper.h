@@ -64,7 +64,8 @@ typedef struct {
     int32_t decoder_start_token_id, eos_token_id, no_timestamps_token_id; /* -1: absent */
     int32_t prev_sot_token_id;
     int32_t max_length, max_initial_timestamp_index;                     /* -1: absent */
-    bool is_multilingual, return_timestamps;
+    bool is_multilingual;               /* false only when the file says so */
+    bool return_timestamps;
     int n_forced;                       /* forced_decoder_ids [[i, id|null] ...]: ids at 1..n */
     int32_t forced[8];                  /* -1 for null (the language slot) */
     int n_langs;
@@ -79,7 +80,7 @@ mmc_status mmc_whisper_gen_config_load(const char *dir, mmc_whisper_gen_config *
 typedef struct {
     const char *language;   /* "en", "<|en|>", or NULL: detected at the first window */
     const char *task;       /* "transcribe", "translate" or NULL (generation config's) */
-    bool timestamps;        /* return_timestamps */
+    bool timestamps;        /* return_timestamps (on as well when generation_config.json says so) */
     int max_new_tokens;     /* 0: generation_config max_length rules */
 } mmc_whisper_opts;
 

@@ -96,7 +96,8 @@ mmc_status mmc_whisper_gen_config_load(const char *dir, mmc_whisper_gen_config *
     g->prev_sot_token_id = json_int_or(o, "prev_sot_token_id", -1);
     g->max_length = json_int_or(o, "max_length", 20);
     g->max_initial_timestamp_index = json_int_or(o, "max_initial_timestamp_index", -1);
-    g->is_multilingual = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "is_multilingual"));
+    /* absent: no check (transformers refuses language / task only when it is present and false) */
+    g->is_multilingual = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "is_multilingual"));
     g->return_timestamps = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "return_timestamps"));
     g->transcribe_id = g->translate_id = -1;
     if (g->decoder_start_token_id < 0 || g->eos_token_id < 0) {
@@ -276,13 +277,16 @@ mmc_status mmc_whisper_transcribe(const mmc_whisper *m, const mmc_whisper_gen_co
     const int input_stride = 2;
     const double time_precision = 0.02, time_precision_features = 0.01;
     if (frames < 1) return mmc_error(MMC_ERR_INVALID, "Whisper: no feature frames");
-    bool timestamps = o->timestamps || frames > W;   /* long-form needs them (transformers sets it) */
+    /* return_timestamps: the option, else the generation config's; long-form needs them
+     * (transformers turns them on) */
+    bool timestamps = o->timestamps || g->return_timestamps || frames > W;
     if (timestamps && g->no_timestamps_token_id < 0)
         return mmc_error(MMC_ERR_INVALID, "Whisper: timestamps need no_timestamps_token_id in generation_config.json");
     if (o->task && strcmp(o->task, "transcribe") && strcmp(o->task, "translate"))
         return mmc_error(MMC_ERR_INVALID, "Whisper: task '%s' is neither transcribe nor translate", o->task);
-    if ((o->task || o->language) && g->n_langs < 0 && g->is_multilingual == false && g->transcribe_id < 0)
-        return mmc_error(MMC_ERR_INVALID, "Whisper: this model is English-only: it takes no language or task");
+    if ((o->task || o->language) && !g->is_multilingual)
+        return mmc_error(MMC_ERR_INVALID, "Whisper: this model is English-only (is_multilingual false in "
+                         "generation_config.json): it takes no language or task");
     int32_t task_id = -1;
     if (o->task) {
         task_id = !strcmp(o->task, "translate") ? g->translate_id : g->transcribe_id;
