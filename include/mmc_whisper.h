@@ -78,7 +78,7 @@ typedef struct {
 mmc_status mmc_whisper_gen_config_load(const char *dir, mmc_whisper_gen_config *g);
 
 typedef struct {
-    const char *language;   /* "en", "<|en|>", or NULL: detected at the first window */
+    const char *language;   /* "en", "<|en|>", "english", or NULL: detected at the first window */
     const char *task;       /* "transcribe", "translate" or NULL (generation config's) */
     bool timestamps;        /* return_timestamps (on as well when generation_config.json says so) */
     int max_new_tokens;     /* 0: generation_config max_length rules */

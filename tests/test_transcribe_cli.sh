@@ -22,7 +22,7 @@ want_en='"tokens": [1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 1838, 
 # generate(..., language="en", return_timestamps=True, max_new_tokens=40)
 want_ts='"tokens": [482, 232, 1838, 1838, 232, 1891, 1891, 232, 1898, 1898, 232, 232, 232, 232, 232, 232, 232, 232, 232, 232, 232, 1937, 1937, 446, 232, 1373, 1373, 232, 1838, 1838, 232, 1898, 1898]'
 
-if run --language en --task transcribe --max-new-tokens 24 --json > "$W/en.json" 2> "$W/en.err"; then
+if run --language English --task transcribe --max-new-tokens 24 --json > "$W/en.json" 2> "$W/en.err"; then
   if grep -qF "$want_en" "$W/en.json" && grep -q '"language": "<|en|>"' "$W/en.json" &&
      grep -q '"prompt": \[421, 422, 435, 439\]' "$W/en.json"; then ok; else bad "en tokens: $(cat "$W/en.json")"; fi
 else bad "transcribe --language en: $(cat "$W/en.err")"; fi

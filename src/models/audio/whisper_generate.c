@@ -146,6 +146,34 @@ void mmc_whisper_result_free(mmc_whisper_result *r) {
 
 /* ------------------------------------------------------------------ prompt */
 
+/* English language names as `generate(language=...)` accepts them besides codes (the languages
+ * Whisper was trained on, and common aliases), each mapped to its token's code. */
+static const char *const LANG_NAMES[][2] = {
+    {"english", "en"}, {"chinese", "zh"}, {"german", "de"}, {"spanish", "es"}, {"russian", "ru"},
+    {"korean", "ko"}, {"french", "fr"}, {"japanese", "ja"}, {"portuguese", "pt"}, {"turkish", "tr"},
+    {"polish", "pl"}, {"catalan", "ca"}, {"dutch", "nl"}, {"arabic", "ar"}, {"swedish", "sv"},
+    {"italian", "it"}, {"indonesian", "id"}, {"hindi", "hi"}, {"finnish", "fi"}, {"vietnamese", "vi"},
+    {"hebrew", "he"}, {"ukrainian", "uk"}, {"greek", "el"}, {"malay", "ms"}, {"czech", "cs"},
+    {"romanian", "ro"}, {"danish", "da"}, {"hungarian", "hu"}, {"tamil", "ta"}, {"norwegian", "no"},
+    {"thai", "th"}, {"urdu", "ur"}, {"croatian", "hr"}, {"bulgarian", "bg"}, {"lithuanian", "lt"},
+    {"latin", "la"}, {"maori", "mi"}, {"malayalam", "ml"}, {"welsh", "cy"}, {"slovak", "sk"},
+    {"telugu", "te"}, {"persian", "fa"}, {"latvian", "lv"}, {"bengali", "bn"}, {"serbian", "sr"},
+    {"azerbaijani", "az"}, {"slovenian", "sl"}, {"kannada", "kn"}, {"estonian", "et"}, {"macedonian", "mk"},
+    {"breton", "br"}, {"basque", "eu"}, {"icelandic", "is"}, {"armenian", "hy"}, {"nepali", "ne"},
+    {"mongolian", "mn"}, {"bosnian", "bs"}, {"kazakh", "kk"}, {"albanian", "sq"}, {"swahili", "sw"},
+    {"galician", "gl"}, {"marathi", "mr"}, {"punjabi", "pa"}, {"sinhala", "si"}, {"khmer", "km"},
+    {"shona", "sn"}, {"yoruba", "yo"}, {"somali", "so"}, {"afrikaans", "af"}, {"occitan", "oc"},
+    {"georgian", "ka"}, {"belarusian", "be"}, {"tajik", "tg"}, {"sindhi", "sd"}, {"gujarati", "gu"},
+    {"amharic", "am"}, {"yiddish", "yi"}, {"lao", "lo"}, {"uzbek", "uz"}, {"faroese", "fo"},
+    {"haitian creole", "ht"}, {"pashto", "ps"}, {"turkmen", "tk"}, {"nynorsk", "nn"}, {"maltese", "mt"},
+    {"sanskrit", "sa"}, {"luxembourgish", "lb"}, {"myanmar", "my"}, {"tibetan", "bo"}, {"tagalog", "tl"},
+    {"malagasy", "mg"}, {"assamese", "as"}, {"tatar", "tt"}, {"hawaiian", "haw"}, {"lingala", "ln"},
+    {"hausa", "ha"}, {"bashkir", "ba"}, {"javanese", "jw"}, {"sundanese", "su"}, {"cantonese", "yue"},
+    {"burmese", "my"}, {"valencian", "ca"}, {"flemish", "nl"}, {"haitian", "ht"}, {"letzeburgesch", "lb"},
+    {"pushto", "ps"}, {"panjabi", "pa"}, {"moldavian", "ro"}, {"moldovan", "ro"}, {"sinhalese", "si"},
+    {"castilian", "es"}, {"mandarin", "zh"},
+};
+
 static mmc_status language_id(const mmc_whisper_gen_config *g, const char *lang, int32_t *id) {
     char tok[32];
     if (lang[0] == '<') snprintf(tok, sizeof tok, "%s", lang);
@@ -155,7 +183,10 @@ static mmc_status language_id(const mmc_whisper_gen_config *g, const char *lang,
         char low[24];
         for (size_t i = 0; i < n; i++) low[i] = (char)tolower((unsigned char)lang[i]);
         low[n] = 0;
-        snprintf(tok, sizeof tok, "<|%s|>", low);
+        const char *code = low;
+        for (size_t i = 0; i < sizeof LANG_NAMES / sizeof LANG_NAMES[0]; i++)
+            if (!strcmp(low, LANG_NAMES[i][0])) code = LANG_NAMES[i][1];
+        snprintf(tok, sizeof tok, "<|%s|>", code);
     }
     for (int i = 0; i < g->n_langs; i++)
         if (!strcmp(g->lang_tok[i], tok)) { *id = g->lang_id[i]; return MMC_OK; }
@@ -167,7 +198,7 @@ static mmc_status language_id(const mmc_whisper_gen_config *g, const char *lang,
     if (g->n_langs <= 0) return mmc_error(MMC_ERR_INVALID, "language '%s': this model is English-only (no lang_to_id in "
                                            "generation_config.json)", lang);
     return mmc_error(MMC_ERR_INVALID, "language '%s' is not in the model's generation_config.json lang_to_id (give a "
-                     "code: %s)", lang, list);
+                     "name or one of the codes: %s)", lang, list);
 }
 
 /* Argmax of the logits over the language tokens (transformers' detect_language). */
