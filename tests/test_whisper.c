@@ -10,6 +10,7 @@
  *             generation config's ids; decode of a prompt
  *   layouts: a bare WhisperModel's names ("encoder.*", "decoder.*") with an explicit proj_out.weight
  *             (logits within 1e-4), and a zero proj_out (logits 0: the stored projection is used)
+ *   bf16: the fixture rounded to bf16 and stored as BF16 vs the same values as F32 (within 1e-5)
  *   errors: a wrong frame count, an unknown language, a missing file. */
 #include "test_util.h"
 #include "mmc_tokenizer.h"
@@ -237,6 +238,90 @@ static void check_layouts(const mmc_st *exp) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* bf16 checkpoints: every tensor of the fixture rounded to bf16 and stored as BF16 (matrices,
+ * embeddings and conv kernels then stay bf16, widened in the kernels) against the same rounded
+ * values stored as F32: the encoder output and the logits agree within 1e-5. */
+static void write_rounded(const char *dir, bool as_bf16) {
+    mmc_st *src = NULL;
+    CHECK_OK(mmc_st_open(DIR "/model.safetensors", &src));
+    if (!src) return;
+    mmc_stw *w = mmc_stw_new();
+    void **bufs = calloc((size_t)mmc_st_count(src), sizeof *bufs);
+    for (int i = 0; i < mmc_st_count(src); i++) {
+        const mmc_st_entry *e = mmc_st_at(src, i);
+        int64_t n = (int64_t)(e->nbytes / 4);
+        uint16_t *h = malloc((size_t)n * 2);
+        float *f = malloc((size_t)n * 4);
+        memcpy(f, e->data, (size_t)n * 4);
+        mmc_convert(h, MMC_BF16, f, MMC_F32, n);
+        mmc_convert(f, MMC_F32, h, MMC_BF16, n);
+        if (as_bf16) free(f), bufs[i] = h;
+        else free(h), bufs[i] = f;
+        CHECK_OK(mmc_stw_add_raw(w, e->name, as_bf16 ? MMC_BF16 : MMC_F32, e->ndim, e->shape, bufs[i]));
+    }
+    char p[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    CHECK_OK(mmc_stw_write(w, p));
+    mmc_stw_free(w);
+    for (int i = 0; i < mmc_st_count(src); i++) free(bufs[i]);
+    free(bufs);
+    mmc_st_close(src);
+    char *cfg = NULL;
+    size_t n = 0;
+    CHECK_OK(mmc_read_file(DIR "/config.json", &cfg, &n));
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (cfg) CHECK_OK(mmc_write_file_atomic(p, cfg, n));
+    free(cfg);
+}
+
+static void check_bf16(const mmc_st *exp) {
+    char dir[2][40] = {"/tmp/mmc_test_whisper_bf_XXXXXX", "/tmp/mmc_test_whisper_rf_XXXXXX"};
+    if (!mkdtemp(dir[0]) || !mkdtemp(dir[1])) { CHECK(!"mkdtemp"); return; }
+    mmc_tensor *pids = fixture_tensor(exp, "prompt_ids", MMC_I32);
+    int64_t M, F;
+    float *feats = features(exp, &M, &F);
+    const int64_t T = pids->shape[0];
+    float *out[2][2] = {{NULL}};   /* [bf16, f32][encoder, logits] */
+    int64_t n_enc = 0, V = 0;
+    for (int k = 0; k < 2; k++) {
+        write_rounded(dir[k], k == 0);
+        mmc_whisper *m = NULL;
+        CHECK_OK(mmc_whisper_load(dir[k], &m));
+        if (!m) continue;
+        mmc_ctx *ctx = mmc_ctx_new();
+        mmc_tensor *enc = NULL;
+        mmc_whisper_dec *dec = NULL;
+        V = mmc_whisper_cfg(m)->vocab_size;
+        out[k][1] = calloc((size_t)(T * V), sizeof(float));
+        CHECK_OK(mmc_whisper_encode(ctx, m, feats, F, &enc));
+        if (enc) {
+            n_enc = mmc_numel(enc);
+            out[k][0] = malloc((size_t)n_enc * sizeof(float));
+            memcpy(out[k][0], enc->data, (size_t)n_enc * sizeof(float));
+            CHECK_OK(mmc_whisper_dec_new(ctx, m, enc, &dec));
+        }
+        if (dec) CHECK_OK(mmc_whisper_dec_step(ctx, dec, pids->data, T, true, out[k][1]));
+        mmc_whisper_dec_free(dec);
+        mmc_ctx_free(ctx);
+        mmc_whisper_free(m);
+    }
+    if (out[0][0] && out[1][0] && out[0][1] && out[1][1]) {
+        double de = 0, dl = 0;
+        for (int64_t i = 0; i < n_enc; i++) de = fmax(de, fabs(out[0][0][i] - out[1][0][i]));
+        for (int64_t i = 0; i < T * V; i++) dl = fmax(dl, fabs(out[0][1][i] - out[1][1][i]));
+        CHECKF(de <= 1e-5 && dl <= 1e-5, "bf16 vs f32 of the same values: encoder %.3g, logits %.3g", de, dl);
+        printf("bf16 checkpoint vs its values in f32: encoder max|diff| %.2e, logits %.2e\n", de, dl);
+    }
+    for (int k = 0; k < 2; k++) {
+        free(out[k][0]), free(out[k][1]);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir[k]);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir[k]);
+    }
+    free(feats);
+    mmc_tensor_free(pids);
+}
+
 static void check_tokenizer(void) {
     mmc_tokenizer *tok = NULL;
     CHECK_OK(mmc_tokenizer_load(DIR, &tok));
@@ -283,7 +368,7 @@ int main(int argc, char **argv) {
             printf("whisper: %lld parameters\n", (long long)mmc_whisper_param_count(m));
             if (test_part(argc, argv, "model")) check_model(m, exp);
             if (test_part(argc, argv, "generate")) check_generate(m, exp);
-            if (test_part(argc, argv, "model")) check_layouts(exp);
+            if (test_part(argc, argv, "model")) check_layouts(exp), check_bf16(exp);
         }
         if (exp) mmc_st_close(exp);
         mmc_whisper_free(m);
