@@ -143,6 +143,15 @@ static void check_generate(mmc_whisper *m, const mmc_st *exp) {
     mmc_whisper_result r;
     CHECK_ERR(mmc_whisper_transcribe(m, &g, feats, F, &bad, &r), MMC_ERR_INVALID);
     printf("  (%s)\n", mmc_last_error());
+    mmc_whisper_opts by_name = {.language = "English", .max_new_tokens = 2};
+    CHECK_OK(mmc_whisper_transcribe(m, &g, feats, F, &by_name, &r));
+    for (int i = 0; i < g.n_langs; i++)
+        if (!strcmp(g.lang_tok[i], "<|en|>")) CHECK(r.language_id == g.lang_id[i]);
+    mmc_whisper_result_free(&r);
+    mmc_whisper_gen_config g2 = g;
+    g2.lang_id[0] = (int32_t)mmc_whisper_cfg(m)->vocab_size + 5;   /* another checkpoint's config */
+    CHECK_ERR(mmc_whisper_transcribe(m, &g2, feats, F, &bad, &r), MMC_ERR_FORMAT);
+    printf("  (%s)\n", mmc_last_error());
     mmc_json_free(cj);
     free(feats);
 }

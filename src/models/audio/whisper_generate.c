@@ -318,6 +318,13 @@ mmc_status mmc_whisper_transcribe(const mmc_whisper *m, const mmc_whisper_gen_co
     if ((o->task || o->language) && !g->is_multilingual)
         return mmc_error(MMC_ERR_INVALID, "Whisper: this model is English-only (is_multilingual false in "
                          "generation_config.json): it takes no language or task");
+    /* ids the decoder is fed or the rules index must lie in the vocabulary */
+    bool bad = g->decoder_start_token_id >= V || g->eos_token_id >= V || g->transcribe_id >= V || g->translate_id >= V;
+    for (int i = 0; i < g->n_langs; i++) bad |= g->lang_id[i] < 0 || g->lang_id[i] >= V;
+    for (int i = 0; i < g->n_forced; i++) bad |= g->forced[i] >= V;
+    if (bad)
+        return mmc_error(MMC_ERR_FORMAT, "Whisper: generation_config.json names token ids outside the model's vocabulary "
+                         "(%lld tokens): is it from another checkpoint?", (long long)V);
     int32_t task_id = -1;
     if (o->task) {
         task_id = !strcmp(o->task, "translate") ? g->translate_id : g->transcribe_id;
