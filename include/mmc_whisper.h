@@ -13,6 +13,7 @@
 
 #include "mmc.h"
 #include "mmc_ops.h"
+#include "mmc_tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -110,6 +111,11 @@ typedef struct {
 mmc_status mmc_whisper_transcribe(const mmc_whisper *m, const mmc_whisper_gen_config *g, const float *feats,
                                   int64_t frames, const mmc_whisper_opts *o, mmc_whisper_result *r);
 void mmc_whisper_result_free(mmc_whisper_result *r);
+/* The text of ids as WhisperTokenizer.decode(ids, skip_special_tokens=True) gives it: timestamp
+ * tokens and special tokens dropped. *out malloc'd. (The generic mmc_tokenizer_decode keeps the
+ * timestamps, which are ordinary added tokens in tokenizer.json.) */
+mmc_status mmc_whisper_text(const mmc_tokenizer *tok, const mmc_whisper_gen_config *g, const int32_t *ids, int64_t n,
+                            char **out);
 /* The first token id that is a timestamp (<|0.00|>): no_timestamps_token_id + 1. */
 int32_t mmc_whisper_timestamp_begin(const mmc_whisper_gen_config *g);
 

@@ -3,7 +3,7 @@
  * tools/ref/gen_whisper.py): d_model 32, 4 heads, 2 + 2 layers, 80 mel bins, 3000 frames.
  *   encoder: last_hidden_state [1500, 32] within 1e-4
  *   decoder: logits [T, V] of a prompt within 1e-4, fed at once and token by token (KV cache)
- *   generate: token ids equal for forced language, detected language, timestamps, translate, the
+ *   generate: token ids (and their text, decoded as WhisperTokenizer.decode does) equal for forced language, detected language, timestamps, translate, the
  *             default max_length, on the features and their negation, and long-form (4500 frames);
  *             the detected language equal
  *   tokenizer: the checkpoint's tokenizer.json loads; the special and timestamp tokens map to the
@@ -87,13 +87,16 @@ static void check_model(mmc_whisper *m, const mmc_st *exp) {
 }
 
 static void check_generate(mmc_whisper *m, const mmc_st *exp) {
+    mmc_tokenizer *tok = NULL;
+    CHECK_OK(mmc_tokenizer_load(DIR, &tok));
+    if (!tok) return;
     mmc_whisper_gen_config g;
     CHECK_OK(mmc_whisper_gen_config_load(DIR, &g));
     int64_t M, F;
     float *feats = features(exp, &M, &F);
     mmc_json *cj = NULL;
     CHECK_OK(mmc_json_load("tests/fixtures/whisper/cases.json", &cj));
-    if (!cj) { free(feats); return; }
+    if (!cj) { free(feats); mmc_tokenizer_free(tok); return; }
     const cJSON *e;
     cJSON_ArrayForEach(e, (const cJSON *)cj) {
         const char *name = e->string;
@@ -130,6 +133,12 @@ static void check_generate(mmc_whisper *m, const mmc_st *exp) {
             for (int64_t i = 0; i < r.n; i++) fprintf(stderr, "%d ", r.tokens[i]);
             fputc('\n', stderr);
         }
+        const cJSON *wt = cJSON_GetObjectItem(e, "text");
+        char *text = NULL;
+        CHECK_OK(mmc_whisper_text(tok, &g, r.tokens, r.n, &text));
+        CHECKF(text && cJSON_IsString(wt) && !strcmp(text, wt->valuestring), "%s: text '%s' vs '%s'", name,
+               text ? text : "", cJSON_IsString(wt) ? wt->valuestring : "?");
+        free(text);
         if (!strcmp(name, "detect")) {
             mmc_tensor *dl = fixture_tensor(exp, "detected_language", MMC_I64);
             CHECK(r.language_id == ((int64_t *)dl->data)[0]);
@@ -153,6 +162,7 @@ static void check_generate(mmc_whisper *m, const mmc_st *exp) {
     CHECK_ERR(mmc_whisper_transcribe(m, &g2, feats, F, &bad, &r), MMC_ERR_FORMAT);
     printf("  (%s)\n", mmc_last_error());
     mmc_json_free(cj);
+    mmc_tokenizer_free(tok);
     free(feats);
 }
 

@@ -119,14 +119,10 @@ static mmc_status load_features(const char *path, int64_t n_mels, float **out, i
     return MMC_OK;
 }
 
-/* Text of tokens [a, b) without timestamps and special tokens (WhisperTokenizer.decode's default). */
-static char *text_of(const mmc_tokenizer *tok, const int32_t *ids, int64_t n, int32_t ts_begin) {
-    int32_t *keep = malloc((size_t)(n + 1) * sizeof *keep);
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; i++) if (ids[i] < ts_begin) keep[k++] = ids[i];
+/* WhisperTokenizer.decode(ids, skip_special_tokens=True); "" if the ids do not decode. */
+static char *text_of(const mmc_tokenizer *tok, const mmc_whisper_gen_config *g, const int32_t *ids, int64_t n) {
     char *s = NULL;
-    if (mmc_tokenizer_decode(tok, keep, k, true, &s) != MMC_OK) s = strdup("");
-    free(keep);
+    if (mmc_whisper_text(tok, g, ids, n, &s) != MMC_OK) s = strdup("");
     return s;
 }
 
@@ -189,9 +185,8 @@ int cmd_transcribe(int argc, char **argv) {
     double t1 = mmc_now();
     if ((st = mmc_whisper_transcribe(m, g, feats, frames, &o, &r))) { cli_fail(st, "transcribe: failed"); goto done; }
     double t2 = mmc_now();
-    const int32_t tb = mmc_whisper_timestamp_begin(g);
     const char *lang = r.language_id >= 0 ? mmc_tokenizer_id_to_token(tok, r.language_id) : NULL;
-    char *text = text_of(tok, r.tokens, r.n, tb);
+    char *text = text_of(tok, g, r.tokens, r.n);
     char a[32], b[32];
     if (json) {
         printf("{\"text\": ");
@@ -202,7 +197,7 @@ int cmd_transcribe(int argc, char **argv) {
         printf(", \"segments\": [");
         for (int i = 0; i < r.n_segs; i++) {
             const mmc_whisper_segment *s = &r.segs[i];
-            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            char *t = text_of(tok, g, r.tokens + s->first, s->n);
             printf("%s{\"start\": %.2f, \"end\": %.2f, \"text\": ", i ? ", " : "", s->start, s->end);
             mmc_json_write_string(stdout, t);
             printf(", \"tokens\": [");
@@ -218,7 +213,7 @@ int cmd_transcribe(int argc, char **argv) {
     } else if (srt) {
         for (int i = 0; i < r.n_segs; i++) {
             const mmc_whisper_segment *s = &r.segs[i];
-            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            char *t = text_of(tok, g, r.tokens + s->first, s->n);
             fmt_time(a, sizeof a, s->start, ','), fmt_time(b, sizeof b, s->end, ',');
             const char *tt = t;
             while (*tt == ' ') tt++;
@@ -228,7 +223,7 @@ int cmd_transcribe(int argc, char **argv) {
     } else if (o.timestamps) {
         for (int i = 0; i < r.n_segs; i++) {
             const mmc_whisper_segment *s = &r.segs[i];
-            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            char *t = text_of(tok, g, r.tokens + s->first, s->n);
             fmt_time(a, sizeof a, s->start, '.'), fmt_time(b, sizeof b, s->end, '.');
             printf("[%s --> %s] %s\n", a, b, t);
             free(t);

@@ -17,7 +17,8 @@ tests/fixtures/whisper/expected.safetensors:
     them upcast to float32), encoder_last_hidden_state [1, 1500, 32],
   prompt_ids [T] and logits [T, V]: the decoder's logits for a prompt (sot, <|en|>, transcribe,
     notimestamps, a few text tokens) over those features,
-  gen_<case> (int64): generate(input_features, ...)'s output ids for the cases in cases.json
+  gen_<case> (int64): generate(input_features, ...)'s output ids for the cases in cases.json (with
+    their text, tokenizer.decode(ids, skip_special_tokens=True))
     (forced language / detected language / timestamps / translate / the generation config's
     max_length / long-form over 4500 frames = cat(features, features[:, :, :1500])), on the
     features ("x") or their negation ("neg").
@@ -166,7 +167,8 @@ for name, (inp_name, kw) in CASES.items():
         seq = model.generate(input_features=inp, **kw)
     seq = seq[0] if not isinstance(seq, dict) else seq["sequences"][0]
     out["gen_" + name] = seq.to(torch.int64).contiguous()
-    cases[name] = dict(kw, input=inp_name, frames=inp.shape[-1])
+    # the transcription as a user reads it: WhisperTokenizer.decode drops timestamps and specials
+    cases[name] = dict(kw, input=inp_name, frames=inp.shape[-1], text=tok.decode(seq, skip_special_tokens=True))
     print(name, len(seq), seq.tolist()[:60])
 # language detection alone (what generate does at the first step)
 with torch.no_grad():

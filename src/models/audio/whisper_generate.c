@@ -138,6 +138,19 @@ int32_t mmc_whisper_timestamp_begin(const mmc_whisper_gen_config *g) {
     return g->no_timestamps_token_id >= 0 ? g->no_timestamps_token_id + 1 : INT32_MAX;
 }
 
+mmc_status mmc_whisper_text(const mmc_tokenizer *tok, const mmc_whisper_gen_config *g, const int32_t *ids, int64_t n,
+                            char **out) {
+    *out = NULL;
+    const int32_t tb = mmc_whisper_timestamp_begin(g);
+    int32_t *keep = malloc((size_t)(n + 1) * sizeof *keep);
+    if (!keep) return mmc_error(MMC_ERR_OOM, "out of memory");
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) if (ids[i] < tb) keep[k++] = ids[i];
+    mmc_status st = mmc_tokenizer_decode(tok, keep, k, true, out);
+    free(keep);
+    return st;
+}
+
 void mmc_whisper_result_free(mmc_whisper_result *r) {
     free(r->tokens);
     free(r->segs);
