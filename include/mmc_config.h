@@ -10,7 +10,7 @@
  *   data:     {train, eval, image_root, max_pixels, min_pixels, max_image_pixels, seq_len, packing, truncation,
  *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict,
  *              bucket_window, add_vision_id}
- *   parallel: {data_parallel, tensor_parallel, pipeline_parallel, zero, timeout}
+ *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, zero, timeout}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
  *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
  */
@@ -73,10 +73,12 @@ typedef struct {
                                   when shuffle is off) */
     bool add_vision_id;
     int64_t resolution;        /* diffusion: images resized (shorter side) and centre-cropped to this */
+    char *aspect_ratio_buckets; /* diffusion: "h,w;h,w;..." (diffusers' --aspect_ratio_buckets): each image
+                                 * resized to its nearest bucket, micro-batches of one bucket */
     int image_backend;         /* 0 pil (Pillow-exact resize) | 1 torchvision (transformers' fast processor) */
 } mmc_data_cfg;
 
-/* Diffusion training (model.path a diffusers FluxPipeline folder): diffusers' training-script
+/* Diffusion training (model.path a diffusers FluxPipeline or StableDiffusion3Pipeline folder): diffusers' training-script
  * options of the same names. */
 typedef struct {
     char *weighting_scheme;           /* none | logit_normal | mode | sigma_sqrt | cosmap */
@@ -86,12 +88,14 @@ typedef struct {
     char *validation_prompt;          /* an image of it every validation_every steps (and at the end) */
     int64_t validation_every, validation_steps;
     int64_t validation_seed;
+    bool precondition_outputs;        /* SD3: the scripts' --precondition_outputs (default true): x0 target */
 } mmc_flow_matching_cfg;
 
 typedef struct {
     int64_t data_parallel, tensor_parallel, pipeline_parallel, zero;
     double timeout;                   /* seconds before a stuck collective aborts the job
                                        * (env MMC_DIST_TIMEOUT overrides) */
+    bool sequence_parallel;           /* with tensor_parallel > 1: norms and residuals on sequence slices */
 } mmc_parallel_cfg;
 
 typedef enum { MMC_OPT_ADAMW = 0 } mmc_opt_type;

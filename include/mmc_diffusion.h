@@ -227,6 +227,9 @@ mmc_tensor *mmc_sd3_param(const mmc_sd3 *m, const char *name);
 /* The linear modules by diffusers' module names ("transformer_blocks.0.attn.to_q",
  * "transformer_blocks.0.ff.net.0.proj", "context_embedder", ...) for LoRA. */
 mmc_status mmc_sd3_linears(mmc_sd3 *m, mmc_module_list *out);
+/* The trainable parameters (every bound tensor but the pos_embed buffer) and their checkpoint
+ * names; owned by the model. Returns their count. */
+int mmc_sd3_param_list(mmc_sd3 *m, mmc_tensor ***params, const char *const **names);
 
 typedef struct {
     mmc_tensor *hidden;        /* [B, in_channels, H, W] latents; H, W multiples of patch_size */
@@ -377,6 +380,9 @@ mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond
                           mmc_tensor *latents, const mmc_flux_sample_opts *o);
 /* Unscale, decode (the transformer is freed first), denormalise -> [B, 3, H, W] in [0, 1]. */
 mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *latents, bool tiled, mmc_tensor **image);
+/* Sample with the caller's transformer (a model being trained, adapters attached) until called
+ * again with NULL; the pipeline neither frees nor unloads it. */
+void mmc_sd3_pipeline_borrow_transformer(mmc_sd3_pipeline *p, mmc_sd3 *m);
 
 /* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
  * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same
@@ -539,6 +545,9 @@ mmc_status mmc_fm_scheme_parse(const char *s, const char *what, mmc_fm_scheme *o
 /* compute_density_for_timestep_sampling: n values of u in [0, 1]. */
 void mmc_fm_sample_u(mmc_fm_scheme scheme, double logit_mean, double logit_std, double mode_scale, mmc_rng *r, int n,
                      float *u);
+/* diffusers' find_nearest_bucket (training_utils): the bucket (bh[i], bw[i]) with the least
+ * |h * bw - w * bh|, the last of equals. */
+int mmc_fm_nearest_bucket(int h, int w, const int *bh, const int *bw, int n);
 /* compute_loss_weighting_for_sd3 at sigma. */
 float mmc_fm_loss_weight(mmc_fm_scheme scheme, float sigma);
 /* index = (u * num_train_timesteps).long() into the scheduler's __init__ schedule: its sigma and
@@ -556,6 +565,13 @@ typedef struct {
 } mmc_flux_fm_batch;
 /* The scalar loss of one micro-batch, on the tape in grad mode. */
 mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *b, mmc_tensor **loss);
+
+/* SD3 / SD3.5, as diffusers' train_dreambooth_(lora_)sd3.py computes it: the latents unpacked, the
+ * timestep unscaled (0..1000), and with precondition_outputs (the scripts' default) the prediction
+ * turned into an x0 estimate, pred * (-sigma) + noisy, against x0; without, against noise - x0.
+ * The batch's guidance is unused. */
+mmc_status mmc_sd3_fm_loss(mmc_ctx *ctx, mmc_sd3 *m, const mmc_flux_fm_batch *b, bool precondition_outputs,
+                           mmc_tensor **loss);
 
 #ifdef __cplusplus
 }

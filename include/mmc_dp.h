@@ -82,6 +82,10 @@ void mmc_dp_backward(mmc_dp *d, mmc_ctx *ctx, mmc_tensor *loss, bool last_micro)
 mmc_status mmc_dp_finish(mmc_dp *d, mmc_ctx *ctx);
 /* Global gradient norm (over all ranks' shards for ZeRO >= 1), clipped as
  * torch.nn.utils.clip_grad_norm_ (ZeRO-0: the caller's mmc_clip_grad_norm does the same). */
+/* Tensor parallelism (mmc_tp.h): the parameters are this rank's tp slices; split[i] (the i-th
+ * parameter given to mmc_dp_new: split dim or -1) makes mmc_dp_clip sum the split ones'
+ * squares over tp too and count the replicated ones once. tp NULL or of size 1: plain. */
+void mmc_dp_set_tp(mmc_dp *d, mmc_comm *tp, const signed char *split);
 mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm);
 /* ZeRO >= 1: AdamW on this rank's shard, then all-gather the parameters into opt[i]. */
 mmc_status mmc_dp_step(mmc_dp *d, double lr);

@@ -63,6 +63,7 @@ typedef struct {
     mmc_linear_w down;            /* w [C, F] */
     struct mmc_comm *tp;          /* tensor-parallel group (mmc_tp.h) or NULL: then q/k/v/gate/up
                                    * hold this rank's output rows and o/down its input columns */
+    bool sp;                      /* set by mmc_qwen2_forward: x is this rank's sequence slice */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of
@@ -106,6 +107,9 @@ typedef struct mmc_qwen2 {
     struct mmc_comm *tp;          /* tensor-parallel group (not owned), or NULL (mmc_qwen2_load_tp) */
     signed char *param_split;     /* [n_params] with tp: the dimension each parameter is split on
                                    * over the group, or MMC_TP_REPLICATED (-1); NULL without tp */
+    bool sp;                      /* with tp: sequence parallelism in training forwards (mmc_tp.h);
+                                   * the replicated parameters' gradients are then partial */
+    bool sp_active;               /* the last forward ran sequence-parallel (its hidden is gathered) */
 } mmc_qwen2;
 
 /* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference
@@ -207,6 +211,9 @@ mmc_status mmc_qwen2_tp_check(const mmc_qwen2_config *cfg, int tp, const char *w
  * o/down on columns, the rest replicated; m->param_split records each parameter's split. */
 mmc_status mmc_qwen2_load_tp(const char *dir, const mmc_qwen2_config *cfg, struct mmc_comm *tp, bool trainable,
                              mmc_qwen2 **out);
+/* The same from an open checkpoint, names under prefix (as mmc_qwen2_load_from). */
+mmc_status mmc_qwen2_load_from_tp(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix, const char *lm_head_name,
+                                  struct mmc_comm *tp, bool trainable, mmc_qwen2 **out);
 /* This rank's shard of a full f32 model (e.g. a fresh mmc_qwen2_new), as trainable parameters. */
 mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, struct mmc_comm *tp, mmc_qwen2 **out);
 /* Every parameter at full size (new f32 tensors in full[0 .. n_params), in m->params order;

@@ -34,6 +34,13 @@ extern "C" {
 #endif
 
 #define MMC_TP_REPLICATED (-1)
+/* A fused projection [3 n, ...] (q, k, v stacked, as the vision tower's qkv): each third is
+ * split on its rows, i.e. the view [3, n, ...] is split on dim 1; rank r holds
+ * [q_r; k_r; v_r]. Usable wherever a split dimension is taken. */
+#define MMC_TP_FUSED3 8
+/* The plain (shape, split dim) that split code `split` of a tensor of shape `shape` means:
+ * MMC_TP_FUSED3 -> [3, shape[0]/3, shape[1..]] split on 1; anything else unchanged. */
+void mmc_tp_view(int ndim, const int64_t *shape, int split, int *vndim, int64_t *vshape, int *vsplit);
 
 /* ---------------------------------------------------------------- autograd ops */
 /* f: y = x (a new tensor sharing nothing with x); backward dx += all_reduce(dy). */
@@ -41,7 +48,12 @@ mmc_tensor *mmc_tp_copy(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
 /* g: y = all_reduce(x); backward dx += dy. */
 mmc_tensor *mmc_tp_reduce(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
 /* Row-parallel linear: x [..., K/tp] (this rank's input features) with l->w [N, K/tp];
- * -> g(x W^T) + b [..., N]. LoRA on a row-parallel linear is not supported (MMC_CHECK). */
+ * -> g(x W^T + s B (A x)) + b [..., N].
+ * LoRA under tensor parallelism: on a column-parallel linear A [r, K] is replicated and B
+ * [N/tp, r] split on rows; on a row-parallel one A [r, K/tp] is split on columns and B [N, r]
+ * replicated. The replicated factor's gradient is then a partial sum on each rank (its input or
+ * output is split): the caller all-reduces it over the group after backward (Megatron does the
+ * same for such "sequence-parallel"-style partial gradients). */
 mmc_tensor *mmc_tp_row_linear(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l);
 /* Vocab-parallel embedding: table [V/tp, C] holds ids [vocab_start, vocab_start + V/tp);
  * ids [...] (i32/i64, each in [0, V)) -> g(masked lookup) [..., C], replicated. */
@@ -54,6 +66,23 @@ mmc_tensor *mmc_tp_cross_entropy(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *logits,
 /* All-gather along the last dimension: x [..., n/tp] -> [..., n] (e.g. the full logits for
  * generation); backward takes this rank's slice of the gradient. */
 mmc_tensor *mmc_tp_gather_last(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
+
+/* ---------------------------------------------------------------- sequence parallelism
+ * (Korthikanti et al. 2022, Megatron's sequence_parallel): between the tensor-parallel blocks
+ * the residual stream, the norms and the bias adds run on this rank's slice of the sequence,
+ * x [B, T/tp, C] (rank r holds positions [r T/tp, (r+1) T/tp) of every row); f becomes an
+ * all-gather along T (backward: reduce-scatter) and g a reduce-scatter (backward: all-gather).
+ * Replicated parameters used on the slices (norm weights, row-parallel biases) then get a
+ * partial gradient on each rank, which the caller all-reduces over the group after backward.
+ * T must be divisible by tp. */
+/* x [B, T, C] replicated -> this rank's slice [B, T/tp, C]; backward all-gathers. */
+mmc_tensor *mmc_tp_sp_split(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
+/* x [B, T/tp, C] -> [B, T, C] (all-gather along T); backward reduce-scatters the gradient. */
+mmc_tensor *mmc_tp_sp_gather(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
+/* x [B, T, C] partial sums -> [B, T/tp, C] summed over ranks; backward all-gathers. */
+mmc_tensor *mmc_tp_sp_reduce_scatter(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
+/* Row-parallel linear ending in a reduce-scatter: -> [B, T/tp, N] (+ b). */
+mmc_tensor *mmc_tp_row_linear_sp(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l);
 
 /* ---------------------------------------------------------------- sharded parameters */
 /* Bind this rank's slice of checkpoint tensor `name` (full shape `shape`, split on dim

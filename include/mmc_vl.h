@@ -54,6 +54,7 @@ typedef struct {
     mmc_tensor *norm2_w, *norm2_b;   /* [Cv] */
     mmc_linear_w fc1, fc2;           /* Qwen2-VL: w [Fv, Cv] / [Cv, Fv], with biases */
     mmc_linear_w gate, up, down;     /* Qwen2.5-VL: w [Fv, Cv] / [Fv, Cv] / [Cv, Fv], with biases */
+    struct mmc_comm *tp;             /* tensor parallelism (mmc_vision_shard_tp) or NULL */
 } mmc_vision_block;
 
 typedef struct {
@@ -67,6 +68,8 @@ typedef struct {
     char (*param_names)[96];         /* HF names without the "visual." prefix */
     int n_params;
     bool recompute;                  /* training: checkpoint each block (mmc_checkpoint) */
+    struct mmc_comm *tp;             /* tensor-parallel group (not owned) or NULL */
+    signed char *param_split;        /* [n_params] with tp: split code of each parameter (mmc_tp.h) */
 } mmc_vision;
 
 /* Read vision_config from a parsed config.json (either layout). */
@@ -79,6 +82,13 @@ mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const 
 /* Fresh tower with random init (matrices normal(0, 0.02), biases normal(0, 0.02), norms 1), f32. */
 mmc_status mmc_vision_new(const mmc_vision_config *cfg, uint64_t seed, mmc_vision **out);
 void mmc_vision_free(mmc_vision *v);
+/* Tensor parallelism (mmc_tp.h): can tp ranks split this tower (tp divides num_heads and
+ * intermediate_size)? If not, *why says which (for the log) and the tower stays replicated. */
+bool mmc_vision_tp_ok(const mmc_vision_config *cfg, int tp, char *why, size_t cap);
+/* This rank's shard of a full f32 tower: qkv split per third on rows (MMC_TP_FUSED3, whole
+ * heads), proj and fc2 / down on columns (row-parallel), fc1 / gate / up on rows; norms, the
+ * patch embedding and the merger replicated. */
+mmc_status mmc_vision_shard_tp(mmc_vision *full, struct mmc_comm *tp, mmc_vision **out);
 /* pixels [N, Cin*kt*p*p] (f32) for n grids (t, h, w) = grid_thw[3i..3i+2], N = sum t*h*w
  * -> [N / m^2, Co], in the images' token order. In grad mode with v->recompute, each block
  * that has something to train (its own parameters or LoRA adapters, or a patch embedding
@@ -118,6 +128,13 @@ typedef struct {
 
 /* Load from an HF directory (config.json + safetensors); model_type qwen2_vl or qwen2_5_vl. */
 mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out);
+/* Tensor parallelism (mmc_tp.h): the same with the language model split over tp (its slices
+ * only are bound: mmc_qwen2_load_from_tp) and the vision tower split too when tp divides its
+ * heads and MLP (mmc_vision_tp_ok; trainable only), else replicated; tp NULL = load. */
+mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm *tp, mmc_qwen2_vl **out);
+/* Replace m's (full, f32) language model (and vision tower, as above) by this rank's tp shard,
+ * e.g. after mmc_qwen2_vl_new. */
+mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp);
 void mmc_qwen2_vl_free(mmc_qwen2_vl *m);
 
 /* M-RoPE positions as transformers' get_rope_index (5.x): text runs count up by one; an

@@ -480,6 +480,19 @@ static void check_errors(void) {
     MMC_CHECK(system(cmd) == 0, "rm");
 }
 
+/* Aspect-ratio buckets: the bucket diffusers' find_nearest_bucket picks (its answers for these sizes,
+ * taken from diffusers 0.42.1 with parse_buckets_string("32,32;24,40;40,24;32,48;48,32")), ties to the last. */
+static void check_buckets(void) {
+    const int bh[] = {32, 24, 40, 32, 48}, bw[] = {32, 40, 24, 48, 32};
+    const int cases[][3] = {{40, 48, 0}, {50, 70, 3}, {33, 29, 0}, {333, 500, 3}, {100, 100, 0}, {30, 50, 1},
+                            {50, 30, 2}, {64, 64, 0}, {1, 1000, 1}, {1000, 1, 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECKF(mmc_fm_nearest_bucket(cases[i][0], cases[i][1], bh, bw, 5) == cases[i][2], "%dx%d: bucket %d, diffusers %d",
+               cases[i][0], cases[i][1], mmc_fm_nearest_bucket(cases[i][0], cases[i][1], bh, bw, 5), cases[i][2]);
+    const int th[] = {32, 16}, tw[] = {32, 16};
+    CHECK(mmc_fm_nearest_bucket(10, 10, th, tw, 2) == 1);   /* equal metrics: the last */
+}
+
 int main(int argc, char **argv) {
     if (access("tests/fixtures/flux/transformer_g/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_flux: fixtures absent (tools/ref/gen_flux.py); skipping\n");
@@ -496,6 +509,7 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "train")) {
         check_fm_formulas();
         check_train();
+        check_buckets();
     }
     if (test_part(argc, argv, "errors")) check_errors();
     return test_done("test_flux");

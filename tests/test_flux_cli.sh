@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_flux_cli.sh — `mmc generate-image` and `mmc train` on the tiny FluxPipeline folder written by
+# test_flux_cli.sh — `mmc generate-image` and `mmc train` on the tiny FluxPipeline (and SD3) folders written by
 # diffusers (tests/fixtures/flux/pipe, tools/ref/gen_flux.py):
 #  - from diffusers' own initial noise (--latents), with a negative prompt and true CFG 1.5, the PNG
 #    equals the one diffusers saved within 1/255 per channel (float differences of ~4e-6 may round a
@@ -133,6 +133,24 @@ for s in 3 6; do
 done
 nl=$(grep -c '"loss"' "$T/run/metrics.jsonl" 2>/dev/null)
 [ "$nl" = 6 ] && ok || bad "metrics.jsonl has $nl loss lines, want 6"
+# the validation images are in the TensorBoard event file too (PNG records)
+ev=$(ls "$T"/run/tb/events.out.tfevents.* 2>/dev/null | head -1)
+np=$(grep -ac "IHDR" "$ev" 2>/dev/null)
+[ "${np:-0}" -ge 2 ] && ok || bad "TensorBoard events $ev: $np PNG images, want 2"
+if [ -x "$PY" ]; then
+  "$PY" - "$ev" "$T/run/validation" >"$T/py" 2>&1 <<'PY' && ok || bad "tensorboard cannot read the validation images: $(tail -5 "$T/py")"
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"images": 0})
+acc.Reload()
+ims = acc.Images("validation/image")
+assert [e.step for e in ims] == [3, 6], [e.step for e in ims]
+for e in ims:
+    png = open(f"{sys.argv[2]}/step-{e.step:06d}.png", "rb").read()
+    assert e.encoded_image_string == png and e.width == 32 and e.height == 32, e.step
+print("images", [e.step for e in ims])
+PY
+fi
 grep -q '"loss": \(nan\|inf\)' "$T/run/metrics.jsonl" && bad "non-finite loss: $(cat "$T/run/metrics.jsonl")" || ok
 # resume from checkpoint-3: steps 4-6 repeat exactly
 cp -r "$T/run" "$T/run2"
@@ -165,6 +183,31 @@ mkdir -p "$T/badset" && printf '{"file_name": "00.png", "text": "ok"}\n{"file_na
 sed -e "s|train: tests/fixtures/flux/imagefolder|train: $T/badset|" -e "s|output_dir: $T/run|output_dir: $T/bad|" "$T/run.yaml" >"$T/bad.yaml"
 expect_rc 1 "$MMC" train "$T/bad.yaml"
 expect_err "metadata.jsonl:2: expected a JSON object"
+# aspect-ratio buckets (diffusers' "h,w;h,w" strings): images of three shapes, each resized to its
+# nearest bucket; micro-batches of one bucket; the run resumes exactly
+printf '%s\n' '{"image": "../flux/imagefolder/00.png", "caption": "a red circle"}' \
+  '{"image": "../flux/imagefolder/01.png", "caption": "a blue square"}' \
+  '{"image": "../image/rgba.png", "caption": "a wide picture"}' \
+  '{"image": "../image/rgb_500x333.jpg", "caption": "a wide photo"}' \
+  '{"image": "../image/grey_alpha_LA.png", "caption": "a tall picture"}' >"$T/buckets.jsonl"
+cat >"$T/bk.yaml" <<YAML
+model: {path: $P, lora: {r: 2, alpha: 2, targets: [to_q, to_v]}}
+data: {train: $T/buckets.jsonl, image_root: tests/fixtures/flux, resolution: 32, batch_size: 2, aspect_ratio_buckets: "32,32;24,40;40,24"}
+flow_matching: {max_sequence_length: 16}
+optimizer: {lr: 1.0e-3}
+training: {steps: 4, save_every: 2, log_every: 1, output_dir: $T/bk, seed: 3}
+YAML
+expect_rc 0 "$MMC" train "$T/bk.yaml"
+expect_err "aspect-ratio buckets: 32x32: 3 24x40: 2 40x24: 0"
+grep -q '"loss": \(nan\|inf\)' "$T/bk/metrics.jsonl" && bad "buckets: non-finite loss" || ok
+cp -r "$T/bk" "$T/bk2" && rm -rf "$T/bk2/checkpoint-4"
+sed "s|$T/bk|$T/bk2|" "$T/bk.yaml" >"$T/bk2.yaml"
+expect_rc 0 "$MMC" train "$T/bk2.yaml" --resume
+a=$(grep -o '"loss": [^,]*' "$T/bk/metrics.jsonl" | tail -2); b=$(grep -o '"loss": [^,]*' "$T/bk2/metrics.jsonl" | tail -2)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "buckets: resumed losses differ: [$a] vs [$b]"
+sed "s|aspect_ratio_buckets: \"32,32;24,40;40,24\"|aspect_ratio_buckets: \"32,30\"|" "$T/bk.yaml" >"$T/bk3.yaml"
+expect_rc 1 "$MMC" train "$T/bk3.yaml"
+expect_err "bucket 32,30 must be a multiple of 4"
 # from scratch: model.init gives the transformer (random init), the pipeline folder the rest; full
 # checkpoints are the transformer folder, which generate-image's pipeline can load
 cat >"$T/init.yaml" <<YAML
@@ -193,6 +236,49 @@ print("loaded", n)
 PY
 else
   echo "test_flux_cli: no reference venv ($PY): the diffusers load of mmc's adapter is skipped"
+fi
+# ---- mmc train on the SD3 pipeline: LoRA with a validation image, then full fine-tuning with a resume
+cat >"$T/sd3.yaml" <<YAML
+model:
+  path: $S
+  lora: {r: 4, alpha: 4, targets: [attn.to_q, attn.to_k, attn.to_v, attn.to_out.0, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.to_add_out]}
+data: {train: tests/fixtures/flux/imagefolder, resolution: 32, batch_size: 2}
+flow_matching:
+  weighting_scheme: logit_normal
+  max_sequence_length: 12
+  validation_prompt: a red circle on the left
+  validation_steps: 2
+optimizer: {lr: 1.0e-3, weight_decay: 1.0e-4}
+training: {steps: 4, save_every: 2, log_every: 1, output_dir: $T/sd3run, seed: 7}
+YAML
+expect_rc 0 "$MMC" train "$T/sd3.yaml"
+[ -s "$T/sd3run/checkpoint-4/pytorch_lora_weights.safetensors" ] && ok || bad "SD3 LoRA checkpoint: $(ls "$T/sd3run/checkpoint-4" 2>&1)"
+png_dump "$T/sd3run/validation/step-000004.png" >/dev/null 2>"$T/text.txt" && grep -q "^step=4$" "$T/text.txt" && ok \
+  || bad "SD3 validation image: $(ls "$T/sd3run" "$T/sd3run/validation" 2>&1)"
+nl=$(grep -c '"loss"' "$T/sd3run/metrics.jsonl" 2>/dev/null)
+[ "$nl" = 4 ] && ok || bad "SD3 metrics.jsonl has $nl loss lines, want 4"
+grep -q '"loss": \(nan\|inf\)' "$T/sd3run/metrics.jsonl" && bad "SD3: non-finite loss" || ok
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle on the left" --width 32 --height 32 --steps 2 \
+  --guidance 1 --max-sequence-length 12 --lora "$T/sd3run/checkpoint-4" --out "$T/sd3lora.png"
+sed -e "/lora:/d" -e "s|output_dir: $T/sd3run|output_dir: $T/sd3full|" -e "/validation_/d" \
+    -e "s|steps: 4, save_every: 2|steps: 3, save_every: 2|" "$T/sd3.yaml" >"$T/sd3full.yaml"
+expect_rc 0 "$MMC" train "$T/sd3full.yaml"
+[ -s "$T/sd3full/checkpoint-3/diffusion_pytorch_model.safetensors" ] && ok || bad "SD3 full checkpoint: $(ls "$T/sd3full/checkpoint-3" 2>&1)"
+cp -r "$T/sd3full" "$T/sd3full2" && rm -rf "$T/sd3full2/checkpoint-3"
+sed "s|$T/sd3full|$T/sd3full2|" "$T/sd3full.yaml" >"$T/sd3full2.yaml"
+expect_rc 0 "$MMC" train "$T/sd3full2.yaml" --resume
+cmp -s "$T/sd3full/checkpoint-3/diffusion_pytorch_model.safetensors" "$T/sd3full2/checkpoint-3/diffusion_pytorch_model.safetensors" \
+  && ok || bad "SD3: the resumed transformer differs from the uninterrupted run's"
+if [ -x "$PY" ]; then
+  "$PY" - "$S" "$T/sd3run/checkpoint-4" >"$T/py" 2>&1 <<'PY' && ok || bad "diffusers cannot load mmc's SD3 adapter: $(tail -5 "$T/py")"
+import sys, torch
+from diffusers import StableDiffusion3Pipeline
+pipe = StableDiffusion3Pipeline.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+pipe.load_lora_weights(sys.argv[2])
+n = sum(1 for k in pipe.transformer.state_dict() if "lora_A" in k)
+assert n > 0, n
+print("loaded", n)
+PY
 fi
 echo "test_flux_cli: $((n - fail)) of $n checks passed"
 [ $fail = 0 ]

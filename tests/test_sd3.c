@@ -8,6 +8,8 @@
  * table against diffusers' sin-cos formula, and the loader's and forward's errors. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
+#include "mmc_lora.h"
+#include "mmc_train.h"
 
 #include <unistd.h>
 
@@ -245,6 +247,115 @@ static void check_errors(void) {
     MMC_CHECK(system(cmd) == 0, "rm");
 }
 
+/* Flow-matching training against diffusers' train_dreambooth_(lora_)sd3.py loop (tools/ref/gen_sd3_train.py):
+ * lora: 20 steps on sd35 (precondition_outputs, sigma_sqrt weighting) — the timestep draws u give the
+ * fixture's sigmas / timesteps bitwise, each step's loss and pre-clip gradient norm within 1e-3
+ * (relative), the final adapter within 1e-3; full: 6 steps of full fine-tuning (velocity target,
+ * cosmap), losses and norms within 1e-3, three final parameters within 1e-3 (relative to their size). */
+static void check_train(bool lora) {
+    const char *dir = lora ? "tests/fixtures/sd3_train/lora" : "tests/fixtures/sd3_train/full";
+    mmc_sd3 *m = NULL;
+    CHECK_OK(mmc_sd3_load("tests/fixtures/sd3/sd35", !lora, &m));
+    char p[256];
+    snprintf(p, sizeof p, "%s/expected.safetensors", dir + strlen("tests/fixtures/"));
+    mmc_st *exp = fixture_open(p);
+    if (!m || !exp) { mmc_sd3_free(m); mmc_st_close(exp); return; }
+    mmc_fm_config fc;
+    mmc_json *j = NULL;
+    snprintf(p, sizeof p, "%s/scheduler_config.json", dir);
+    CHECK_OK(mmc_json_load(p, &j));
+    CHECK_OK(mmc_fm_config_read(j, "scheduler_config.json", &fc));
+    mmc_json_free(j);
+    mmc_module_list ml = {0};
+    mmc_lora_set *s = NULL;
+    mmc_tensor **params = NULL;
+    int n_params = 0;
+    const char *const *names = NULL;
+    if (lora) {
+        CHECK_OK(mmc_sd3_linears(m, &ml));
+        snprintf(p, sizeof p, "%s/initial.safetensors", dir);
+        CHECK_OK(mmc_lora_load_diffusers(p, "transformer", &ml, 1.0f, true, &s));
+        if (!s) { mmc_module_list_free(&ml); mmc_sd3_free(m); mmc_st_close(exp); return; }
+        params = s->params, n_params = s->n_params;
+    } else n_params = mmc_sd3_param_list(m, &params, &names);
+    mmc_adamw opt;
+    mmc_adamw_opts o = {.lr = lora ? 1e-3 : 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
+    CHECK_OK(mmc_adamw_init(&opt, &o, params, n_params));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_flux_fm_batch b = {.prompt_embeds = fixture_tensor(exp, "prompt_embeds", MMC_F32),
+                           .pooled = fixture_tensor(exp, "pooled", MMC_F32),
+                           .weighting = lora ? MMC_FM_SIGMA_SQRT : MMC_FM_COSMAP};
+    double worst_loss = 0, worst_norm = 0;
+    const int steps = lora ? 20 : 6;
+    for (int step = 0; step < steps; step++) {
+        char k[64];
+        mmc_tensor *t[7];
+        static const char *keys[7] = {"x0", "noise", "u", "sigmas", "timesteps", "loss", "grad_norm"};
+        for (int i = 0; i < 7; i++) {
+            snprintf(k, sizeof k, "%s_%d", keys[i], step);
+            t[i] = fixture_tensor(exp, k, MMC_F32);
+        }
+        float sig[2], ts[2];
+        for (int i = 0; i < 2; i++) {
+            mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
+            CHECK(sig[i] == ((float *)t[3]->data)[i] && ts[i] == ((float *)t[4]->data)[i]);   /* bitwise */
+        }
+        b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
+        mmc_tensor *loss = NULL;
+        CHECK_OK(mmc_sd3_fm_loss(ctx, m, &b, lora, &loss));
+        if (!loss) break;
+        const double lv = *(float *)loss->data;
+        mmc_backward(ctx, loss);
+        mmc_ctx_reset(ctx);
+        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
+        mmc_adamw_step(&opt, o.lr);
+        mmc_zero_grad(params, n_params);
+        const double wl = ((float *)t[5]->data)[0], wn = ((float *)t[6]->data)[0];
+        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
+        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
+        CHECKF(rl < 1e-3 && rn < 1e-3, "%s step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", lora ? "lora" : "full",
+               step, lv, wl, norm, wn);
+        for (int i = 0; i < 7; i++) mmc_tensor_free(t[i]);
+    }
+    double worst_w = 0;
+    if (lora) {
+        snprintf(p, sizeof p, "%s/final.safetensors", dir + strlen("tests/fixtures/"));
+        mmc_st *fin = fixture_open(p);
+        for (int i = 0; fin && i < s->n; i++)
+            for (int ab = 0; ab < 2; ab++) {
+                char k[320];
+                snprintf(k, sizeof k, "transformer.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
+                mmc_tensor *want = fixture_tensor(fin, k, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
+                worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+                mmc_tensor_free(want);
+            }
+        mmc_st_close(fin);
+    } else {
+        snprintf(p, sizeof p, "%s/final_params.safetensors", dir + strlen("tests/fixtures/"));
+        mmc_st *fin = fixture_open(p);
+        static const char *pn[3] = {"transformer_blocks.0.attn.to_q.weight", "proj_out.weight",
+                                    "transformer_blocks.1.ff.net.2.bias"};
+        for (int i = 0; fin && i < 3; i++) {
+            mmc_tensor *want = fixture_tensor(fin, pn[i], MMC_F32), *got = mmc_sd3_param(m, pn[i]);
+            CHECKF(got != NULL, "no parameter %s", pn[i]);
+            if (got) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+            mmc_tensor_free(want);
+        }
+        mmc_st_close(fin);
+    }
+    CHECKF(worst_w < 1e-3, "%s: final weights: max relative difference %.2e", lora ? "lora" : "full", worst_w);
+    printf("train_%s: %d steps, loss rel diff <= %.2e, grad norm <= %.2e, final weights <= %.2e\n", lora ? "lora" : "full",
+           steps, worst_loss, worst_norm, worst_w);
+    mmc_tensor_free(b.prompt_embeds);
+    mmc_tensor_free(b.pooled);
+    mmc_adamw_free(&opt);
+    mmc_ctx_free(ctx);
+    mmc_lora_free(s);
+    mmc_module_list_free(&ml);
+    mmc_sd3_free(m);
+    mmc_st_close(exp);
+}
+
 int main(int argc, char **argv) {
     if (access("tests/fixtures/sd3/sd3/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_sd3: fixtures absent (tools/ref/gen_sd3.py); skipping\n");
@@ -259,5 +370,9 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "modules")) check_modules();
     if (test_part(argc, argv, "pos_embed")) check_pos_embed();
     if (test_part(argc, argv, "errors")) check_errors();
+    if (test_part(argc, argv, "train")) {
+        check_train(true);
+        check_train(false);
+    }
     return test_done("test_sd3");
 }

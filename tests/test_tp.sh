@@ -2,7 +2,7 @@
 # test_tp.sh — tensor parallelism (mmc_tp.h) on 2 ranks against one process
 # (tests/tp_worker.c): the tiny Qwen2 (untied, then tied embeddings) trained 5 steps at tp=2
 # reproduces the single-process losses (1e-5 relative) and final weights (5e-5 absolute);
-# the gathered checkpoint loads at tp=1 and at tp=2; then tp2 x dp2 on 4 ranks. Skipped (exit 77) when mpirun or the
+# the gathered checkpoint loads at tp=1 and at tp=2; with sequence parallelism; tp2 x dp2 on 4 ranks. Skipped (exit 77) when mpirun or the
 # worker (built only when CMake finds MPI) is missing.
 set -u
 MMC=${MMC:-build/mmc}
@@ -21,10 +21,19 @@ for fx in tiny tiny_tied; do
      [ "$(grep -c 'all .* tp checks passed' "$out")" = 2 ]; then
     echo "$fx: $(grep 'tp parity' "$out")"
     echo "$fx: $(grep 'tp checkpoint' "$out")"
+    echo "$fx: $(grep 'tp communication' "$out")"
   else
     echo "FAIL: tp=2 on $fx:"; cat "$out"; fail=1
   fi
 done
+# sequence parallelism: norms and residuals on sequence slices (all-gather / reduce-scatter)
+if timeout 120 "${MPIRUN[@]}" -np 2 "$WORKER" tests/fixtures/qwen2/tiny 2 "$W/ckpt_sp" 5 sp >"$out" 2>&1 &&
+   [ "$(grep -c 'all .* tp checks passed' "$out")" = 2 ]; then
+  echo "tiny: $(grep 'tp parity' "$out")"
+  echo "tiny: sequence-parallel $(grep 'tp communication' "$out")"
+else
+  echo "FAIL: tp=2 sequence-parallel:"; cat "$out"; fail=1
+fi
 # tp2 x dp2 on 4 ranks: two replicas of a 2-way split, gradients summed over the dp group
 if timeout 120 "${MPIRUN[@]}" -np 4 "$WORKER" tests/fixtures/qwen2/tiny 2 "$W/ckpt_dp" 5 >"$out" 2>&1 &&
    [ "$(grep -c 'all .* tp checks passed' "$out")" = 4 ]; then
@@ -36,7 +45,8 @@ grep -m1 'tp validation' "$out"
 
 # ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
 # weights and AdamW moments compared by `tp_worker compare`), resume across layouts
-# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), and the layout errors before any work
+# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks (ZeRO 0-2), Qwen2-VL with the language
+# model and the vision tower split (and LoRA on both), LoRA, sequence parallelism, and the layout errors before any work
 cfg() {  # cfg NAME TP STEPS
   cat > "$W/$1.yaml" <<YAML
 model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
@@ -64,6 +74,64 @@ cmp_runs "tp=2 3 steps, resumed at tp=1" ref r21
 run1 "$W/ref.yaml" --set training.output_dir="$W/r12" --set training.steps=3 &&
   runN 2 "$W/tp2.yaml" --set training.output_dir="$W/r12" --resume || fail=1
 cmp_runs "tp=1 3 steps, resumed at tp=2" ref r12
+runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tp2dp2" || { echo "FAIL: tp2 x dp2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 x dp=2 (4 ranks) vs 1 process" ref tp2dp2
+# ZeRO-1 / ZeRO-2 over the data-parallel replicas of the tp model (the global norm over dp
+# shards of tp slices); checkpoints stay full tensors, so the ZeRO-2 run resumes from one
+runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz1" --set parallel.zero=1 ||
+  { echo "FAIL: tp2 x dp2 ZeRO-1 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 x dp=2 ZeRO-1 vs 1 process" ref tpz1
+runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz2" --set parallel.zero=2 --set training.steps=3 &&
+  runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz2" --set parallel.zero=2 --resume || fail=1
+cmp_runs "tp=2 x dp=2 ZeRO-2, 3 steps, resumed" ref tpz2
+# Qwen2-VL: the language model split, the vision tower replicated; mixed text / image batches
+vlcfg() {  # vlcfg NAME TP
+  cat > "$W/$1.yaml" <<YAML
+model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
+data: {train: tests/fixtures/data/mixed.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: 4, micro_batch_size: 2, num_workers: 1, shuffle: false, bucket_window: 64}
+parallel: {tensor_parallel: $2}
+optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
+training: {steps: 4, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/$1}
+YAML
+}
+vlcfg vlref 1; vlcfg vltp2 2
+run1 "$W/vlref.yaml" || { echo "FAIL: VL reference run"; tail "$W/train.log"; fail=1; }
+runN 2 "$W/vltp2.yaml" || { echo "FAIL: VL tp=2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train Qwen2-VL (LM and vision tower tp=2) vs 1 process" vlref vltp2
+runN 2 "$W/vltp2.yaml" --set training.output_dir="$W/vlr" --set training.steps=2 &&
+  run1 "$W/vlref.yaml" --set training.output_dir="$W/vlr" --resume || fail=1
+cmp_runs "Qwen2-VL tp=2 2 steps, resumed at tp=1" vlref vlr
+# Qwen2.5-VL from an HF directory (window attention, SwiGLU tower MLP, RMSNorm), images in every row
+cat > "$W/q25.yaml" <<YAML
+model: {path: tests/fixtures/qwen2_vl/q25_v5, dtype: f32}
+data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
+parallel: {tensor_parallel: 2}
+optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, schedule: constant, grad_clip: 1.0}
+training: {steps: 4, seed: 0, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/q25}
+YAML
+run1 "$W/q25.yaml" --set parallel.tensor_parallel=1 --set training.output_dir="$W/q25ref" &&
+  runN 2 "$W/q25.yaml" || { echo "FAIL: Qwen2.5-VL runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "Qwen2.5-VL (LM and tower tp=2) vs 1 process" q25ref q25
+VLORA='lora: {r: 4, alpha: 8, dropout: 0.0, targets: [qkv, proj, fc1, fc2, q_proj, o_proj, up_proj, down_proj]}'
+for n in vlref vltp2; do sed "s/dtype: f32}/dtype: f32, $VLORA}/; s#output_dir: $W/$n}#output_dir: $W/${n}L}#" "$W/$n.yaml" > "$W/${n}L.yaml"; done
+run1 "$W/vlrefL.yaml" && runN 2 "$W/vltp2L.yaml" || { echo "FAIL: VL LoRA runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "Qwen2-VL LoRA on tower (fused qkv) and LM modules, tp=2 vs 1 process (adapters)" vlrefL vltp2L
+runN 2 "$W/vltp2.yaml" --set training.output_dir="$W/vlsp2" --set parallel.sequence_parallel=true ||
+  { echo "FAIL: VL tp=2 sequence-parallel run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train Qwen2-VL tp=2 + sequence parallelism (odd lengths padded) vs 1 process" vlref vlsp2
+runN 2 "$W/tp2.yaml" --set training.output_dir="$W/sp2" --set parallel.sequence_parallel=true ||
+  { echo "FAIL: tp=2 sequence-parallel run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 + sequence parallelism vs 1 process" ref sp2
+# LoRA on every projection: A whole / B split on column-parallel modules, A split / B whole on
+# row-parallel ones (the whole factor's partial gradient all-reduced); then a resume at tp=2
+LORA='lora: {r: 4, alpha: 8, dropout: 0.0, targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}'
+for n in ref tp2; do sed "s/dtype: f32}/dtype: f32, $LORA}/; s#output_dir: $W/$n}#output_dir: $W/${n}L}#" "$W/$n.yaml" > "$W/${n}L.yaml"; done
+run1 "$W/refL.yaml" || { echo "FAIL: LoRA reference run"; tail "$W/train.log"; fail=1; }
+runN 2 "$W/tp2L.yaml" || { echo "FAIL: LoRA tp=2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train LoRA tp=2 vs 1 process (adapters)" refL tp2L
+runN 2 "$W/tp2L.yaml" --set training.output_dir="$W/rL" --set training.steps=3 &&
+  runN 2 "$W/tp2L.yaml" --set training.output_dir="$W/rL" --resume || fail=1
+cmp_runs "LoRA tp=2 3 steps, resumed at tp=2" refL rL
 expect_err() {  # expect_err WHAT PATTERN NP YAML...
   local what=$1 pat=$2 np=$3; shift 3
   if [ "$np" = 1 ]; then "$MMC" train "$@" >"$out" 2>&1; else timeout 60 "${MPIRUN[@]}" -np "$np" "$MMC" train "$@" >"$out" 2>&1; fi
@@ -75,8 +143,10 @@ cfg bad4 4 2
 expect_err "tp 4 over 2 KV heads" "does not divide num_key_value_heads 2 of the language model: each rank must hold whole KV heads; use tensor_parallel 1 or 2" 4 "$W/bad4.yaml"
 expect_err "tp larger than the world" "tensor_parallel 2 is larger than the job's 1 process" 1 "$W/tp2.yaml"
 expect_err "world not divisible by tp" "3 processes do not divide into tensor-parallel groups of 2" 3 "$W/tp2.yaml"
-sed 's/dtype: f32}/dtype: f32, lora: {r: 4, alpha: 8, targets: [q_proj]}}/' "$W/tp2.yaml" > "$W/lora.yaml"
-expect_err "tp with LoRA" "LoRA under tensor parallelism is not supported yet" 1 "$W/lora.yaml"
+sed 's/dtype: f32}/dtype: f32, quantization: {method: nf4}, lora: {r: 4, alpha: 8, targets: [q_proj]}}/' "$W/tp2.yaml" > "$W/qlora.yaml"
+expect_err "sequence_parallel without tp" "sequence_parallel: true needs tensor_parallel 2 or more" 1 "$W/ref.yaml" --set parallel.sequence_parallel=true
+expect_err "tp with ZeRO-3" "ZeRO-3 over the data-parallel replicas of a tensor-parallel model is not supported yet" 1 "$W/tp2.yaml" --set parallel.zero=3
+expect_err "tp with QLoRA" "QLoRA under tensor parallelism is not supported yet" 1 "$W/qlora.yaml"
 
 [ $fail = 0 ] && echo "test_tp: passed" || echo "test_tp: FAILED"
 exit $fail

@@ -1,11 +1,11 @@
 /* tp_worker.c — the program tests/test_tp.sh starts under mpirun: tensor-parallel training of
  * the tiny Qwen2 (tests/fixtures/qwen2/<dir>) against single-process training.
  *
- *   tp_worker DIR TP OUT [STEPS]
+ *   tp_worker DIR TP OUT [STEPS [sp]]
  *
  * The world is cut into tp groups of TP ranks (Megatron order: tensor fastest) and W/TP data-
  * parallel replicas. Every rank binds only its slices of DIR's weights (mmc_qwen2_load_tp) and
- * trains STEPS AdamW steps (gradient clipping at 1.0 through the tp-aware global norm); data-
+ * trains STEPS AdamW steps (with sp: sequence parallelism between the blocks; gradient clipping at 1.0 through the tp-aware global norm); data-
  * parallel replica d takes micro-batch d of each global batch and the gradients are summed
  * over the dp group. World rank 0 then runs the same steps in one process on the full model,
  * accumulating the W/TP micro-batches, and compares: the losses of every step (relative), the
@@ -75,6 +75,11 @@ static void train(mmc_qwen2 *m, mmc_comm *tp, mmc_comm *dp, int steps, int n_glo
             mmc_backward(ctx, l);
             mmc_ctx_reset(ctx);
         }
+        if (m->sp)   /* sequence parallelism: the replicated parameters' gradients are partial */
+            for (int i = 0; i < m->n_params; i++)
+                if (m->param_split[i] < 0 && m->params[i]->grad)
+                    CHECK_OK(mmc_all_reduce(tp, m->params[i]->grad->data, m->params[i]->grad->data,
+                                            mmc_numel(m->params[i]), MMC_F32, MMC_SUM));
         if (dp && mmc_comm_size(dp) > 1) {
             for (int i = 0; i < m->n_params; i++)
                 if (m->params[i]->grad)
@@ -130,7 +135,7 @@ static mmc_status copy_file(const char *from, const char *to) {
 
 /* ---- `tp_worker compare A B`: two `mmc train` output directories hold the same run: every
  * loss of metrics.jsonl within 1e-5 relative, and every tensor of the last checkpoint's
- * model.safetensors and optimizer.safetensors: weights within 2e-4 absolute (1 % of the
+ * model.safetensors (LoRA: adapter_model.safetensors) and optimizer.safetensors: weights within 2e-4 absolute (1 % of the
  * lr * steps they may move; isolated entries whose gradient is near zero carry AdamW-amplified
  * rounding noise) and 1e-6 on average, the moments within 1e-2 of each tensor's max. */
 static int read_losses(const char *dir, double *l, int cap) {
@@ -202,7 +207,11 @@ static int compare(const char *a, const char *b) {
     last_ckpt(a, ca, sizeof ca);
     last_ckpt(b, cb, sizeof cb);
     int nt = 0, no = 0;
-    double wd = cmp_file(ca, cb, "model.safetensors", false, &nt);
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/model.safetensors", ca);
+    struct stat sb;
+    const char *wf = stat(probe, &sb) == 0 ? "model.safetensors" : "adapter_model.safetensors";   /* LoRA: the adapters */
+    double wd = cmp_file(ca, cb, wf, false, &nt);
     double od = cmp_file(ca, cb, "optimizer.safetensors", true, &no);
     const double mean = g_sum_diff / (g_n_diff > 0 ? g_n_diff : 1);
     printf("%d steps: loss max rel diff %.2e (tol 1e-5); %d weights max abs diff %.2e (tol 2e-4), mean %.2e (tol 1e-6); "
@@ -220,6 +229,7 @@ int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: tp_worker DIR TP OUT [STEPS] | tp_worker compare RUN_A RUN_B\n"); return 2; }
     const char *dir = argv[1], *out = argv[3];
     const int tpn = atoi(argv[2]), steps = argc > 4 ? atoi(argv[4]) : 5;
+    const bool sp = argc > 5 && !strcmp(argv[5], "sp");
     mmc_comm *world;
     mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = 300};
     if (mmc_dist_init(&dop, &world)) { fprintf(stderr, "dist init: %s\n", mmc_last_error()); return 1; }
@@ -256,11 +266,36 @@ int main(int argc, char **argv) {
     mmc_qwen2 *m = NULL;
     CHECK_OK(mmc_qwen2_load_tp(dir, &cfg, g.tp, true, &m));
     if (!m) mmc_dist_abort(1);
+    m->sp = sp;
     int64_t local = 0;
     for (int i = 0; i < m->n_params; i++) local += mmc_numel(m->params[i]);
     double tl[MAX_STEPS], tn[MAX_STEPS];
     int my_micro = g.dp_rank;
+    mmc_dist_stats s0, s1;
+    mmc_dist_get_stats(&s0);
     train(m, g.tp, g.dp, steps, ndp, &my_micro, 1, tl, tn);
+    mmc_dist_get_stats(&s1);
+    /* communication volume (bytes handed to collectives: all-reduce and all-gather count this
+     * rank's contribution, reduce-scatter its whole input) against the Megatron accounting,
+     * with M = one [B, T, C] f32 activation and L layers, per step:
+     *   no sp: forward 1 (embedding) + 2L (o, down) all-reduces, backward 2L + 1 (f before
+     *          q/k/v, gate/up and lm_head): (4L + 2) M;
+     *   sp:    the embedding all-reduce M, 4L + 1 reduce-scatters (o, down forward; the
+     *          gathers' backward) M each, 4L + 2 all-gathers M / tp each;
+     * plus the vocab-parallel loss (row max f32 + sum-exp and target f64: 20 bytes a row), the
+     * gradient norm (the split parameters' sum of squares, 8 bytes) and, with sp, the replicated
+     * parameters' partial gradients. Only the tp collectives: checked when dp = 1. */
+    if (ndp == 1 && tpn > 1) {
+        const int64_t L = cfg.num_layers, M = (int64_t)B * T * cfg.hidden_size * 4, N = (int64_t)B * T;
+        const int64_t per = sp ? M + (4 * L + 1) * M + (4 * L + 2) * (M / tpn) : (4 * L + 2) * M;
+        int64_t repl = 0;
+        for (int i = 0; sp && i < m->n_params; i++) repl += m->param_split[i] < 0 ? mmc_numel(m->params[i]) * 4 : 0;
+        const int64_t want = steps * (per + 20 * N + 8 + repl), got = s1.bytes - s0.bytes;
+        if (R == 0)
+            printf("tp communication: %lld bytes in %lld collectives over %d steps, model %lld bytes (%.1f KiB per "
+                   "step)\n", (long long)got, (long long)(s1.ops - s0.ops), steps, (long long)want, got / 1024.0 / steps);
+        CHECKF(got == want, "communication %lld bytes, the model says %lld", (long long)got, (long long)want);
+    }
     mmc_tensor **full = calloc((size_t)m->n_params, sizeof *full);
     CHECK_OK(mmc_qwen2_gather_weights(m, full));
 
@@ -370,9 +405,9 @@ int main(int argc, char **argv) {
             mmc_ctx_free(ctx);
             mmc_qwen2_free(m1);
         }
-        printf("tp parity: tp=%d dp=%d, %d steps: max loss rel diff %.2e (tol 1e-5), max grad-norm rel diff %.2e, "
+        printf("tp parity: tp=%d%s dp=%d, %d steps: max loss rel diff %.2e (tol 1e-5), max grad-norm rel diff %.2e, "
                "max |weight diff| %.2e (tol 5e-5; weights moved up to %.2e); local params %lld of %lld\n",
-               tpn, ndp, steps, max_lrel, max_nrel, max_wrel, max_moved, (long long)local,
+               tpn, sp ? " (sequence-parallel)" : "", ndp, steps, max_lrel, max_nrel, max_wrel, max_moved, (long long)local,
                (long long)mmc_qwen2_param_count(ref));
         printf("tp checkpoint: gathered safetensors loads at tp=1: max logit diff %.2e (tol 1e-4); reloaded at tp=%d: "
                "loss %.9f vs %.9f\n", max_ldiff, tpn, lb, la);

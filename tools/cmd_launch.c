@@ -25,8 +25,8 @@ void help_launch(FILE *f) {
             "usage: mmc launch -n N RUN.yaml [--hostfile FILE] [--set key.path=value]... [--resume]\n"
             "                  [--print] [-- extra mpirun arguments]\n\n"
             "Run `mmc train RUN.yaml` on N data-parallel processes with mpirun (OpenMPI). The config's\n"
-            "parallel.data_parallel is set to N; data.batch_size stays the global batch and must divide\n"
-            "into N x data.micro_batch_size. Only rank 0 prints progress and writes logs/checkpoints.\n\n"
+            "parallel.data_parallel is set to N (N / parallel.tensor_parallel with tensor parallelism);\n"
+            "data.batch_size stays the global batch and must divide into data_parallel x data.micro_batch_size. Only rank 0 prints progress and writes logs/checkpoints.\n\n"
             "options:\n"
             "  -n, --np, -np N       number of processes (ranks)\n"
             "  --hostfile FILE       mpirun hostfile for a multi-node run (\"host slots=K\" per line)\n"
@@ -122,6 +122,12 @@ int cmd_launch(int argc, char **argv) {
     for (int i = 0; i < n_sets; i++) all[i + 1] = sets[i];
     mmc_run_config cfg;
     mmc_status st = mmc_run_config_load(file, all, n_sets + 1, &cfg);
+    /* tensor parallelism: N ranks are N / tensor_parallel data-parallel replicas */
+    if (!st && cfg.parallel.tensor_parallel > 1 && n % cfg.parallel.tensor_parallel == 0) {
+        snprintf(setdp, sl, "parallel.data_parallel=%lld", n / (long long)cfg.parallel.tensor_parallel);
+        mmc_run_config_free(&cfg);
+        st = mmc_run_config_load(file, all, n_sets + 1, &cfg);
+    }
     free(all);
     if (st) { rc = cli_fail(st, "launch"); goto out; }
     long long threads = cfg.training.threads;

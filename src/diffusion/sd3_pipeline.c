@@ -30,6 +30,7 @@ struct mmc_sd3_pipeline {
     mmc_lora_set *lora;               /* an adapter on the transformer (mmc_sd3_pipeline_load_lora) */
     char path[7][1024];               /* transformer, vae, scheduler, text_encoder(_2, _3) */
     bool has_t5;
+    bool borrowed;                    /* the transformer belongs to the caller (mmc_sd3_pipeline_borrow_transformer) */
 };
 enum { S_TR, S_VAE, S_SCHED, S_TE1, S_TE2, S_TE3 };
 
@@ -74,7 +75,7 @@ fail:
 void mmc_sd3_pipeline_free(mmc_sd3_pipeline *p) {
     if (!p) return;
     mmc_lora_free(p->lora);          /* detaches from the transformer, so before it goes */
-    mmc_sd3_free(p->transformer);
+    if (!p->borrowed) mmc_sd3_free(p->transformer);
     mmc_vae_free(p->vae);
     mmc_fm_free(&p->sched);
     free(p);
@@ -224,10 +225,12 @@ mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *l
     *image = NULL;
     mmc_status st;
     if (!p->vae && (st = mmc_vae_load(p->path[S_VAE], &p->vae))) return st;
-    mmc_lora_free(p->lora);                 /* the VAE decodes with the transformer gone */
-    p->lora = NULL;
-    mmc_sd3_free(p->transformer);
-    p->transformer = NULL;
+    if (!p->borrowed) {                     /* the VAE decodes with the transformer gone */
+        mmc_lora_free(p->lora);
+        p->lora = NULL;
+        mmc_sd3_free(p->transformer);
+        p->transformer = NULL;
+    }
     const bool was = mmc_set_grad_enabled(ctx, false);
     mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, latents->shape);
     memcpy(z->data, latents->data, mmc_nbytes(z));
@@ -235,4 +238,12 @@ mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *l
     *image = mmc_vae_postprocess(ctx, tiled ? mmc_vae_decode_tiled(ctx, p->vae, z, 0) : mmc_vae_decode(ctx, p->vae, z));
     mmc_set_grad_enabled(ctx, was);
     return MMC_OK;
+}
+
+void mmc_sd3_pipeline_borrow_transformer(mmc_sd3_pipeline *p, mmc_sd3 *m) {
+    mmc_lora_free(p->lora);
+    p->lora = NULL;
+    if (!p->borrowed) mmc_sd3_free(p->transformer);
+    p->transformer = m;
+    p->borrowed = m != NULL;
 }

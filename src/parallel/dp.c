@@ -91,6 +91,8 @@ struct mmc_dp {
     double t_first, t_last, exposed;
     int64_t live_g, live_p, peak_g, peak_p;   /* transient gradient / parameter bytes now and at most */
     int64_t peak_p_steps;      /* peak_p before a gather for saving / evaluating */
+    mmc_comm *tp;              /* tensor parallelism (mmc_dp_set_tp): the norm's split terms are summed over it */
+    signed char *tp_split;     /* [n] */
 };
 
 static void *falloc(int64_t n) {
@@ -552,6 +554,7 @@ oom:
 
 void mmc_dp_free(mmc_dp *d) {
     if (!d) return;
+    free(d->tp_split);
     if (d->ctx && d->ctx->hooks.user == d) mmc_ctx_set_param_hooks(d->ctx, NULL);
     for (int i = 0; i < d->nt; i++) {
         bucket *bk = &d->b[i];
@@ -782,14 +785,37 @@ mmc_status mmc_dp_finish(mmc_dp *d, mmc_ctx *c) {
     return st;
 }
 
+void mmc_dp_set_tp(mmc_dp *d, mmc_comm *tp, const signed char *split) {
+    free(d->tp_split);
+    d->tp_split = NULL;
+    d->tp = NULL;
+    if (!tp || mmc_comm_size(tp) < 2) return;
+    MMC_CHECK((d->tp_split = malloc((size_t)d->n + 1)), "dp: out of memory");
+    memcpy(d->tp_split, split, (size_t)d->n);
+    d->tp = tp;
+}
+
 mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm) {
     double s = 0;
-    for (int i = 0; i < d->nb; i++) {
-        const float *g = d->b[i].gshard;
-        for (int64_t k = 0; k < d->b[i].shard; k++) s += (double)g[k] * g[k];
+    mmc_status st;
+    if (d->tp) {   /* tensor parallelism: split parameters' squares summed over tp, replicated ones once */
+        double sr[2] = {0, 0};
+        for (int j = 0; j < d->n_slices; j++) {
+            const float *g = d->slices[j]->grad->data;
+            double a = 0;
+            for (int64_t k = 0, m = mmc_numel(d->slices[j]); k < m; k++) a += (double)g[k] * g[k];
+            sr[d->tp_split[d->slice_param[j]] >= 0 ? 0 : 1] += a;
+        }
+        if ((st = mmc_all_reduce(d->comm, sr, sr, 2, MMC_F64, MMC_SUM))) return st;
+        if ((st = mmc_all_reduce(d->tp, sr, sr, 1, MMC_F64, MMC_SUM))) return st;
+        s = sr[0] + sr[1];
+    } else {
+        for (int i = 0; i < d->nb; i++) {
+            const float *g = d->b[i].gshard;
+            for (int64_t k = 0; k < d->b[i].shard; k++) s += (double)g[k] * g[k];
+        }
+        if ((st = mmc_all_reduce(d->comm, &s, &s, 1, MMC_F64, MMC_SUM))) return st;
     }
-    mmc_status st = mmc_all_reduce(d->comm, &s, &s, 1, MMC_F64, MMC_SUM);
-    if (st) return st;
     *norm = sqrt(s);
     if (max_norm > 0 && *norm > max_norm && isfinite(*norm)) {
         float coef = (float)(max_norm / (*norm + 1e-6));

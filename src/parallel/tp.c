@@ -58,7 +58,8 @@ mmc_tensor *mmc_tp_reduce(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
 }
 
 mmc_tensor *mmc_tp_row_linear(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l) {
-    MMC_CHECK(!l->lora, "mmc_tp_row_linear: LoRA on a row-parallel linear is not supported");
+    /* LoRA (A split on its input columns like W, B replicated): B (A_r x_r) summed over ranks by
+     * the same reduction is B (A x); B's gradient is then partial per rank (see mmc_tp.h) */
     mmc_linear_w nb = *l;
     nb.b = NULL;   /* the bias is replicated: added once, after the reduction */
     mmc_tensor *y = mmc_tp_reduce(ctx, tp, mmc_nn_linear(ctx, x, &nb));
@@ -225,9 +226,150 @@ mmc_tensor *mmc_tp_gather_last(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
     return y;
 }
 
+/* ------------------------------------------------------------------ sequence parallelism
+ * The collectives move rank-major blocks [tp][B][T/tp][C]; pack / unpack convert between
+ * that and [B][T][C] (rank p's block holds positions [p T/tp, (p+1) T/tp) of every row). */
+static void sp_pack(const float *x, float *blocks, int64_t B, int64_t T, int64_t C, int64_t P) {
+    const int64_t Tl = T / P;
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t b = 0; b < B; b++)
+            memcpy(blocks + ((p * B + b) * Tl) * C, x + (b * T + p * Tl) * C, (size_t)(Tl * C) * sizeof(float));
+}
+static void sp_unpack(const float *blocks, float *x, int64_t B, int64_t T, int64_t C, int64_t P) {
+    const int64_t Tl = T / P;
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t b = 0; b < B; b++)
+            memcpy(x + (b * T + p * Tl) * C, blocks + ((p * B + b) * Tl) * C, (size_t)(Tl * C) * sizeof(float));
+}
+
+/* [B, T, C] full (contiguous) -> reduce-scattered slice [B, T/tp, C] into out */
+static void sp_rs(mmc_ctx *ctx, mmc_comm *tp, const float *full, float *out, int64_t B, int64_t T, int64_t C) {
+    const int64_t P = mmc_comm_size(tp);
+    mmc_arena_mark mk = mmc_scratch_mark(ctx);
+    float *blocks = mmc_scratch_alloc(ctx, (size_t)(B * T * C) * sizeof(float));
+    sp_pack(full, blocks, B, T, C, P);
+    tp_ok(mmc_reduce_scatter(tp, blocks, out, B * (T / P) * C, MMC_F32, MMC_SUM), "sequence reduce-scatter");
+    mmc_scratch_release(ctx, mk);
+}
+/* slice [B, T/tp, C] -> all-gathered [B, T, C] into full */
+static void sp_ag(mmc_ctx *ctx, mmc_comm *tp, const float *slice, float *full, int64_t B, int64_t T, int64_t C) {
+    const int64_t P = mmc_comm_size(tp);
+    mmc_arena_mark mk = mmc_scratch_mark(ctx);
+    float *blocks = mmc_scratch_alloc(ctx, (size_t)(B * T * C) * sizeof(float));
+    tp_ok(mmc_all_gather(tp, slice, blocks, B * (T / P) * C, MMC_F32), "sequence all-gather");
+    sp_unpack(blocks, full, B, T, C, P);
+    mmc_scratch_release(ctx, mk);
+}
+
+static void sp_check(mmc_comm *tp, const mmc_tensor *x, const char *what) {
+    MMC_CHECK(x->dtype == MMC_F32 && x->ndim == 3, "%s: x must be f32 [B, T, C]", what);
+    (void)tp;
+}
+
+/* n->i: B, T (full), C */
+static void sp_split_backward(mmc_ctx *ctx, mmc_node *n) {
+    mmc_tensor *x = n->in[0];
+    if (!mmc_requires_grad(x)) return;
+    mmc_comm *tp = n->extra;
+    const int64_t B = n->i[0], T = n->i[1], C = n->i[2];
+    mmc_arena_mark mk = mmc_scratch_mark(ctx);
+    float *full = mmc_scratch_alloc(ctx, (size_t)(B * T * C) * sizeof(float));
+    sp_ag(ctx, tp, n->out->grad->data, full, B, T, C);
+    acc_into(ctx, x, full);
+    mmc_scratch_release(ctx, mk);
+}
+
+mmc_tensor *mmc_tp_sp_split(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
+    sp_check(tp, x, "mmc_tp_sp_split");
+    const int64_t P = mmc_comm_size(tp), r = mmc_comm_rank(tp), B = x->shape[0], T = x->shape[1], C = x->shape[2];
+    MMC_CHECK(T % P == 0, "mmc_tp_sp_split: T %lld not divisible by tp %lld", (long long)T, (long long)P);
+    const int64_t Tl = T / P;
+    mmc_tensor *xc = mmc_contiguous(ctx, x);
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, Tl, C));   /* [B, T/tp, C] */
+    for (int64_t b = 0; b < B; b++)
+        memcpy((float *)y->data + b * Tl * C, (const float *)xc->data + (b * T + r * Tl) * C, (size_t)(Tl * C) * sizeof(float));
+    mmc_node *n = mmc_tape_record(ctx, "tp_sp_split", sp_split_backward, y, 1, &x);
+    if (n) n->extra = tp, n->i[0] = B, n->i[1] = T, n->i[2] = C;
+    return y;
+}
+
+static void sp_gather_backward(mmc_ctx *ctx, mmc_node *n) {
+    mmc_tensor *x = n->in[0];
+    if (!mmc_requires_grad(x)) return;
+    mmc_comm *tp = n->extra;
+    const int64_t B = n->i[0], T = n->i[1], C = n->i[2], Tl = T / mmc_comm_size(tp);
+    mmc_arena_mark mk = mmc_scratch_mark(ctx);
+    float *part = mmc_scratch_alloc(ctx, (size_t)(B * Tl * C) * sizeof(float));
+    sp_rs(ctx, tp, n->out->grad->data, part, B, T, C);
+    acc_into(ctx, x, part);
+    mmc_scratch_release(ctx, mk);
+}
+
+mmc_tensor *mmc_tp_sp_gather(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
+    sp_check(tp, x, "mmc_tp_sp_gather");
+    const int64_t P = mmc_comm_size(tp), B = x->shape[0], Tl = x->shape[1], C = x->shape[2], T = Tl * P;
+    mmc_tensor *xc = mmc_contiguous(ctx, x);
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, T, C));   /* [B, T, C] */
+    sp_ag(ctx, tp, xc->data, y->data, B, T, C);
+    mmc_node *n = mmc_tape_record(ctx, "tp_sp_gather", sp_gather_backward, y, 1, &x);
+    if (n) n->extra = tp, n->i[0] = B, n->i[1] = T, n->i[2] = C;
+    return y;
+}
+
+static void sp_rs_backward(mmc_ctx *ctx, mmc_node *n) {
+    mmc_tensor *x = n->in[0];
+    if (!mmc_requires_grad(x)) return;
+    mmc_comm *tp = n->extra;
+    const int64_t B = n->i[0], T = n->i[1], C = n->i[2];
+    mmc_arena_mark mk = mmc_scratch_mark(ctx);
+    float *full = mmc_scratch_alloc(ctx, (size_t)(B * T * C) * sizeof(float));
+    sp_ag(ctx, tp, n->out->grad->data, full, B, T, C);
+    acc_into(ctx, x, full);
+    mmc_scratch_release(ctx, mk);
+}
+
+mmc_tensor *mmc_tp_sp_reduce_scatter(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
+    sp_check(tp, x, "mmc_tp_sp_reduce_scatter");
+    const int64_t P = mmc_comm_size(tp), B = x->shape[0], T = x->shape[1], C = x->shape[2];
+    MMC_CHECK(T % P == 0, "mmc_tp_sp_reduce_scatter: T %lld not divisible by tp %lld", (long long)T, (long long)P);
+    mmc_tensor *xc = mmc_contiguous(ctx, x);
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, T / P, C));   /* [B, T/tp, C] */
+    sp_rs(ctx, tp, xc->data, y->data, B, T, C);
+    mmc_node *n = mmc_tape_record(ctx, "tp_sp_reduce_scatter", sp_rs_backward, y, 1, &x);
+    if (n) n->extra = tp, n->i[0] = B, n->i[1] = T, n->i[2] = C;
+    return y;
+}
+
+mmc_tensor *mmc_tp_row_linear_sp(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l) {
+    mmc_linear_w nb = *l;
+    nb.b = NULL;
+    mmc_tensor *y = mmc_tp_sp_reduce_scatter(ctx, tp, mmc_nn_linear(ctx, x, &nb));
+    return l->b ? mmc_add(ctx, y, l->b) : y;
+}
+
 /* ------------------------------------------------------------------ sharded parameters */
-/* a shape seen as [outer, d, inner] around the split dimension */
+void mmc_tp_view(int ndim, const int64_t *shape, int split, int *vndim, int64_t *vshape, int *vsplit) {
+    if (split != MMC_TP_FUSED3) {
+        *vndim = ndim, *vsplit = split;
+        for (int k = 0; k < ndim; k++) vshape[k] = shape[k];
+        return;
+    }
+    MMC_CHECK(ndim < MMC_MAX_DIMS && shape[0] % 3 == 0, "mmc_tp_view: a fused split needs [3 n, ...]");
+    *vndim = ndim + 1, *vsplit = 1;
+    vshape[0] = 3, vshape[1] = shape[0] / 3;
+    for (int k = 1; k < ndim; k++) vshape[k + 1] = shape[k];
+}
+
+/* a shape seen as [outer, d, inner] around the split dimension (fused splits through their view) */
 static void split_geom(int ndim, const int64_t *shape, int dim, int64_t *outer, int64_t *d, int64_t *inner) {
+    if (dim == MMC_TP_FUSED3) {
+        int vn, vd;
+        int64_t vs[MMC_MAX_DIMS + 1];
+        mmc_tp_view(ndim, shape, dim, &vn, vs, &vd);
+        *outer = 3, *d = vs[1], *inner = 1;
+        for (int k = 2; k < vn; k++) *inner *= vs[k];
+        return;
+    }
     *outer = 1, *inner = 1, *d = 1;
     if (dim < 0) { for (int k = 0; k < ndim; k++) *inner *= shape[k]; return; }
     for (int k = 0; k < dim; k++) *outer *= shape[k];
@@ -237,7 +379,8 @@ static void split_geom(int ndim, const int64_t *shape, int dim, int64_t *outer, 
 
 void mmc_tp_local_shape(int ndim, const int64_t *full, int split_dim, int tp_size, int64_t *local) {
     for (int k = 0; k < ndim; k++) local[k] = full[k];
-    if (split_dim >= 0) local[split_dim] = full[split_dim] / tp_size;
+    if (split_dim == MMC_TP_FUSED3) local[0] = full[0] / tp_size;
+    else if (split_dim >= 0) local[split_dim] = full[split_dim] / tp_size;
 }
 
 void mmc_tp_take_slice(const float *full, int ndim, const int64_t *full_shape, int split_dim, int rank,

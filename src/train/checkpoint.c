@@ -217,7 +217,7 @@ static mmc_status write_state(mmc_trainer *t, const char *dir) {
     if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = MMC_OK;
     /* ZeRO >= 1: the moments are in the ranks' shard files (optimizer.rank<R>-of-<W>) */
-    const bool sharded = t->dp && t->cfg->parallel.zero >= 1;
+    const bool sharded = mmc_trainer_state_sharded(t);
     for (int i = 0; i < t->n_opt && !st; i++) {
         const mmc_tensor *p = t->opt[i];
         char name[256];
@@ -311,7 +311,7 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
     }
     mmc_checkpoint_tmp_dir(t, token, tmp, sizeof tmp);
     snprintf(final, sizeof final, "%s/checkpoint-%lld", out, (long long)t->step);
-    if (t->flux) {
+    if (mmc_trainer_diffusion(t)) {
         /* diffusers' layouts: the LoRA file load_lora_weights reads, or the transformer folder */
         if ((st = mmc_trainer_flux_save(t, tmp))) goto fail;
     } else if (t->lora) {

@@ -76,6 +76,9 @@ static const mmc_cfg_field k_data[] = {
     F(mmc_data_cfg, add_vision_id, MMC_CFG_BOOL, U, NULL, NULL, "'Picture k: ' before each image (chat template)"),
     F(mmc_data_cfg, image_backend, MMC_CFG_ENUM, U, k_backends, NULL,
       "image resize: pil (Pillow-exact) | torchvision (transformers' default fast processor)"),
+    F(mmc_data_cfg, aspect_ratio_buckets, MMC_CFG_STR, U, NULL, NULL,
+      "diffusion: \"h,w;h,w;...\": each image resized to the bucket nearest its aspect ratio (diffusers' "
+      "--aspect_ratio_buckets); micro-batches hold one bucket"),
     F(mmc_data_cfg, resolution, MMC_CFG_INT, 16, 1 << 16, NULL, NULL,
       "diffusion: training image size (shorter side resized, then centre-cropped square)"),
     {0},
@@ -94,11 +97,15 @@ static const mmc_cfg_field k_flow_matching[] = {
       "steps between validation images (0: only at the end, when a prompt is set)"),
     F(mmc_flow_matching_cfg, validation_steps, MMC_CFG_INT, 1, 1000, NULL, NULL, "denoising steps of a validation image"),
     F(mmc_flow_matching_cfg, validation_seed, MMC_CFG_INT, 0, 9.2e18, NULL, NULL, "seed of its initial noise"),
+    F(mmc_flow_matching_cfg, precondition_outputs, MMC_CFG_BOOL, U, NULL, NULL,
+      "SD3: turn the prediction into an x0 estimate, pred * (-sigma) + noisy, against x0 (the scripts' default)"),
     {0},
 };
 static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, data_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "data-parallel ranks"),
     F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
+    F(mmc_parallel_cfg, sequence_parallel, MMC_CFG_BOOL, U, NULL, NULL,
+      "norms and residuals on sequence slices between tensor-parallel blocks"),
     F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "pipeline stages"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
@@ -164,7 +171,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.micro_batch_size = 1;
     c->data.num_workers = 2;
     c->data.prefetch = 4;
-    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0, 600.0};
+    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0, 600.0, false};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
     c->optimizer.weight_decay = 0.0;
@@ -186,6 +193,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->flow_matching.guidance = 1.0;
     c->flow_matching.max_sequence_length = 512;
     c->flow_matching.validation_steps = 28;
+    c->flow_matching.precondition_outputs = true;
 }
 
 void mmc_run_config_free(mmc_run_config *c) {
@@ -274,13 +282,19 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     "is not implemented yet; data_parallel and tensor_parallel are)", (long long)p->pipeline_parallel);
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
      * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
-    if (p->tensor_parallel > 1 && c->model.lora.r > 0)
-        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.lora: LoRA under tensor parallelism is "
-                    "not supported yet; use tensor_parallel 1 (data_parallel scales LoRA)", (long long)p->tensor_parallel);
-    if (p->tensor_parallel > 1 && p->zero > 0)
-        return verr(c, root, "parallel", "tensor_parallel", "%lld with zero %lld: ZeRO over the data-parallel "
-                    "replicas of a tensor-parallel model is not supported yet; use zero 0", (long long)p->tensor_parallel,
-                    (long long)p->zero);
+    if (p->sequence_parallel && p->tensor_parallel < 2)
+        return verr(c, root, "parallel", "sequence_parallel", "true needs tensor_parallel 2 or more (the sequence is "
+                    "split over the tensor-parallel group)");
+    if (p->tensor_parallel > 1 && c->model.quantization.method != MMC_QUANT_NONE)
+        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.quantization: QLoRA under tensor "
+                    "parallelism is not supported yet; use tensor_parallel 1", (long long)p->tensor_parallel);
+    if (p->tensor_parallel > 1 && p->zero == 3)
+        return verr(c, root, "parallel", "zero", "3 with tensor_parallel %lld: ZeRO-3 over the data-parallel replicas of "
+                    "a tensor-parallel model is not supported yet; use zero 0-2", (long long)p->tensor_parallel);
+    if (p->tensor_parallel > 1 && p->zero > 0 && (p->sequence_parallel || c->model.lora.r > 0))
+        return verr(c, root, "parallel", "zero", "%lld with tensor_parallel %lld and %s: not supported yet (their partial "
+                    "gradients are reduced outside ZeRO's shards); use zero 0", (long long)p->zero,
+                    (long long)p->tensor_parallel, p->sequence_parallel ? "sequence_parallel" : "LoRA");
     if (d->batch_size % (d->micro_batch_size * p->data_parallel))
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
                     "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,

@@ -102,3 +102,39 @@ mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *
     *loss = mmc_mean(ctx, mmc_mul(ctx, mmc_mul(ctx, d, d), wt));             /* mean_b mean_elems(w (v - u)^2) */
     return MMC_OK;
 }
+
+mmc_status mmc_sd3_fm_loss(mmc_ctx *ctx, mmc_sd3 *m, const mmc_flux_fm_batch *b, bool precondition_outputs,
+                           mmc_tensor **loss) {
+    *loss = NULL;
+    const mmc_tensor *x0 = b->latents, *nz = b->noise;
+    if (!x0 || x0->ndim != 4 || x0->dtype != MMC_F32 || !mmc_is_contiguous(x0) || !nz || !mmc_same_shape(x0, nz) ||
+        nz->dtype != MMC_F32 || !mmc_is_contiguous(nz))
+        return mmc_error(MMC_ERR_INVALID, "flow matching: latents and noise must be contiguous f32 [B, C, h, w] of one shape");
+    const int64_t B = x0->shape[0], per = mmc_numel(x0) / B;
+    if (mmc_sd3_cfg(m)->out_channels != x0->shape[1])
+        return mmc_error(MMC_ERR_INVALID, "flow matching: the transformer predicts %lld channels, the latents have %lld",
+                         (long long)mmc_sd3_cfg(m)->out_channels, (long long)x0->shape[1]);
+    mmc_tensor *xt = mmc_new(ctx, MMC_F32, 4, x0->shape), *tg = mmc_new(ctx, MMC_F32, 4, x0->shape);
+    const float *xd = x0->data, *nd = nz->data;
+    float *xtd = xt->data, *tgd = tg->data;
+    for (int64_t bi = 0; bi < B; bi++) {
+        const float s = b->sigmas[bi], one_minus = 1.0f - s;
+        for (int64_t k = bi * per; k < (bi + 1) * per; k++) {
+            xtd[k] = one_minus * xd[k] + s * nd[k];                  /* (1 - sigma) x0 + sigma noise */
+            tgd[k] = precondition_outputs ? xd[k] : nd[k] - xd[k];   /* x0, or the velocity */
+        }
+    }
+    mmc_sd3_inputs in = {.hidden = xt, .encoder = b->prompt_embeds, .pooled = b->pooled, .timestep = b->timesteps};
+    mmc_tensor *pred = NULL;
+    mmc_status st = mmc_sd3_forward(ctx, m, &in, &pred);                   /* [B, C, h, w] */
+    if (st) return st;
+    mmc_tensor *ws = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, 1, 1, 1)), *wt = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, 1, 1, 1));
+    for (int64_t bi = 0; bi < B; bi++) {
+        ((float *)ws->data)[bi] = -b->sigmas[bi];
+        ((float *)wt->data)[bi] = mmc_fm_loss_weight(b->weighting, b->sigmas[bi]);
+    }
+    if (precondition_outputs) pred = mmc_add(ctx, mmc_mul(ctx, pred, ws), xt);   /* model_pred * (-sigmas) + noisy */
+    mmc_tensor *d = mmc_add(ctx, pred, mmc_scale(ctx, tg, -1.0f));
+    *loss = mmc_mean(ctx, mmc_mul(ctx, mmc_mul(ctx, d, d), wt));             /* mean_b mean_elems(w (pred - target)^2) */
+    return MMC_OK;
+}

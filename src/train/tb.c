@@ -2,7 +2,7 @@
  * <host>.<pid> is a TFRecord stream (uint64 length, masked CRC32C of the length, the record,
  * masked CRC32C of the record) of Event protobufs (tensorflow/core/util/event.proto):
  * the first carries file_version "brain.Event:2", the others a Summary with one scalar
- * Value (tag, simple_value). Only the few protobuf fields needed are encoded (varints,
+ * Value (tag, simple_value) or one image (a PNG: diffusion training's validation images). Only the few protobuf fields needed are encoded (varints,
  * fixed64/fixed32, length-delimited), so no protobuf library is involved.
  * tools/ref/check_train_tb.py reads the files with tensorboard's EventAccumulator. */
 #include "trainer_internal.h"
@@ -110,6 +110,66 @@ mmc_status mmc_tb_scalar(mmc_tb *tb, const char *tag, int64_t step, double value
     pb_varint(&ev, (uint64_t)step);
     pb_bytes(&ev, 5, sum.b, sum.n);
     return write_record(tb, &ev);
+}
+
+/* A growable buffer for the one message that does not fit pb's 512 bytes: an image summary. */
+typedef struct { uint8_t *b; size_t n, cap; bool oom; } pbd;
+static void pbd_raw(pbd *p, const void *d, size_t n) {
+    if (p->oom) return;
+    if (p->n + n > p->cap) {
+        size_t c = p->cap ? p->cap : 1024;
+        while (c < p->n + n) c *= 2;
+        uint8_t *q = realloc(p->b, c);
+        if (!q) { p->oom = true; return; }
+        p->b = q, p->cap = c;
+    }
+    memcpy(p->b + p->n, d, n);
+    p->n += n;
+}
+static void pbd_varint(pbd *p, uint64_t v) {
+    uint8_t t[10];
+    int k = 0;
+    while (v >= 0x80) { t[k++] = (uint8_t)(v | 0x80); v >>= 7; }
+    t[k++] = (uint8_t)v;
+    pbd_raw(p, t, (size_t)k);
+}
+static void pbd_bytes(pbd *p, int field, const void *d, size_t n) {
+    pbd_varint(p, (uint64_t)field << 3 | 2);
+    pbd_varint(p, n);
+    pbd_raw(p, d, n);
+}
+
+/* Summary.Value{tag, image = Summary.Image{height, width, colorspace 3 (RGB), encoded PNG}}: what
+ * TensorBoard's Images tab shows (tf.summary.image's v1 layout, which it still reads). */
+mmc_status mmc_tb_image(mmc_tb *tb, const char *tag, int64_t step, const char *png_path, int width, int height) {
+    if (!tb) return MMC_OK;
+    char *png = NULL;
+    size_t n = 0;
+    mmc_status st = mmc_read_file(png_path, &png, &n);
+    if (st) return st;
+    pbd img = {0}, val = {0}, sum = {0}, ev = {0};
+    pbd_varint(&img, 1 << 3 | 0), pbd_varint(&img, (uint64_t)height);
+    pbd_varint(&img, 2 << 3 | 0), pbd_varint(&img, (uint64_t)width);
+    pbd_varint(&img, 3 << 3 | 0), pbd_varint(&img, 3);
+    pbd_bytes(&img, 4, png, n);
+    free(png);
+    pbd_bytes(&val, 1, tag, strlen(tag));
+    pbd_bytes(&val, 4, img.b, img.n);
+    pbd_bytes(&sum, 1, val.b, val.n);
+    double now = wall_now();
+    pbd_varint(&ev, 1 << 3 | 1), pbd_raw(&ev, &now, 8);
+    pbd_varint(&ev, 2 << 3 | 0), pbd_varint(&ev, (uint64_t)step);
+    pbd_bytes(&ev, 5, sum.b, sum.n);
+    if (img.oom || val.oom || sum.oom || ev.oom) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    else {
+        uint64_t len = ev.n;
+        uint32_t lc = mmc_tb_masked_crc32c(&len, 8), dc = mmc_tb_masked_crc32c(ev.b, ev.n);
+        if (fwrite(&len, 8, 1, tb->f) != 1 || fwrite(&lc, 4, 1, tb->f) != 1 || fwrite(ev.b, 1, ev.n, tb->f) != ev.n ||
+            fwrite(&dc, 4, 1, tb->f) != 1)
+            st = mmc_error(MMC_ERR_IO, "%s: write failed: %s", tb->path, strerror(errno));
+    }
+    free(img.b), free(val.b), free(sum.b), free(ev.b);
+    return st;
 }
 
 mmc_status mmc_tb_flush(mmc_tb *tb) {

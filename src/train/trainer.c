@@ -272,6 +272,52 @@ static uint32_t component_of(const char *name) {
 }
 
 static mmc_status tp_restore(mmc_trainer *t, const char *dir);
+static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p);
+
+/* LoRA under tensor parallelism (mmc_tp.h): the decoder's column-parallel modules (q/k/v,
+ * gate/up) keep A whole and split B on rows, the row-parallel ones (o/down) split A on columns
+ * and keep B whole; the replicated factor's gradient is partial on each rank. A is
+ * re-initialised as one process would (the same kaiming-uniform stream over the full [r, K],
+ * then sliced), so a tp run starts from the same adapters. */
+static mmc_status tp_lora_setup(mmc_trainer *t) {
+    mmc_lora_set *s = t->lora;
+    const int P = t->tp_size, r = mmc_comm_rank(t->tpc);
+    t->lora_split = calloc((size_t)s->n_params + 1, 1);
+    t->lora_partial = calloc((size_t)s->n_params + 1, sizeof *t->lora_partial);
+    if (!t->lora_split || !t->lora_partial) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_rng rng;
+    mmc_rng_init(&rng, (uint64_t)t->cfg->training.seed);
+    for (int i = 0; i < s->n; i++) {
+        /* 0 replicated module (a replicated tower's), 1 column-parallel, 2 row-parallel, 3 the
+         * tower's fused qkv (column-parallel per third) */
+        int kind = 0;
+        for (int64_t l = 0; l < t->lm->cfg.num_layers && !kind; l++) {
+            mmc_qwen2_layer *L = &t->lm->layers[l];
+            if (s->mods[i] == &L->q || s->mods[i] == &L->k || s->mods[i] == &L->v || s->mods[i] == &L->gate ||
+                s->mods[i] == &L->up) kind = 1;
+            else if (s->mods[i] == &L->o || s->mods[i] == &L->down) kind = 2;
+        }
+        const mmc_vision *vt = t->vl ? t->vl->visual : NULL;
+        for (int64_t l = 0; vt && vt->tp && l < vt->cfg.depth && !kind; l++) {
+            mmc_vision_block *b = &vt->blocks[l];
+            if (s->mods[i] == &b->qkv) kind = 3;
+            else if (s->mods[i] == &b->fc1 || s->mods[i] == &b->gate || s->mods[i] == &b->up) kind = 1;
+            else if (s->mods[i] == &b->proj || s->mods[i] == &b->fc2 || s->mods[i] == &b->down) kind = 2;
+        }
+        mmc_tensor *A = s->adapters[i].A;
+        const int64_t R = A->shape[0], K = A->shape[1] * (kind == 2 ? P : 1);
+        float *full = malloc((size_t)(R * K) * sizeof(float));
+        if (!full) return mmc_error(MMC_ERR_OOM, "out of memory");
+        mmc_rng_uniform(&rng, full, R * K, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
+        mmc_tp_take_slice(full, 2, MMC_SHAPE(R, K), kind == 2 ? 1 : -1, r, P, A->data);
+        free(full);
+        t->lora_split[2 * i] = (signed char)(kind == 2 ? 1 : MMC_TP_REPLICATED);
+        t->lora_split[2 * i + 1] = (signed char)(kind == 1 ? 0 : kind == 3 ? MMC_TP_FUSED3 : MMC_TP_REPLICATED);
+        t->lora_partial[2 * i] = kind == 1 || kind == 3;   /* A whole, fed the full input: our output rows' share */
+        t->lora_partial[2 * i + 1] = kind == 2;   /* B whole, fed our partial A x */
+    }
+    return MMC_OK;
+}
 static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const mmc_run_config *c = t->cfg;
     if (mmc_trainer_is_flux_dir(c->model.path)) return mmc_trainer_flux_load(t, dir);   /* diffusion */
@@ -296,12 +342,16 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
                          "(supported: qwen2_vl, qwen2_5_vl, qwen2)", path, type);
     }
-    if (t->tpc && vl) {
-        mmc_json_free(j);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel %d: tensor parallelism covers the text "
-                         "qwen2 language model only so far (not %s); use tensor_parallel 1", c->file, t->tp_size, type);
-    }
-    if (t->tpc) {   /* each rank binds only its slices (mmc_qwen2_load_tp), or shards a seeded init */
+    if (t->tpc && vl) {   /* the language model split, the vision tower replicated */
+        if (dir) {
+            st = mmc_qwen2_vl_load_tp(dir, true, t->tpc, &t->vl);
+        } else {
+            st = mmc_qwen2_vl_new(j, path, (uint64_t)c->training.seed, &t->vl);
+            if (!st) st = mmc_qwen2_vl_shard_tp(t->vl, t->tpc);
+        }
+        if (st) mmc_error_prefix(st, "%s: model %s", c->file, path);
+        if (!st) t->lm = t->vl->lm;
+    } else if (t->tpc) {   /* each rank binds only its slices (mmc_qwen2_load_tp), or shards a seeded init */
         mmc_qwen2_config qc;
         st = mmc_qwen2_config_read(j, &qc);
         if (!st) st = mmc_qwen2_tp_check(&qc, t->tp_size, "the language model");
@@ -337,7 +387,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
 /* Every model parameter with its HF name, as transformers >= 4.52 writes them:
  * model.visual.*, model.language_model.*, lm_head.weight (VL); model.*, lm_head.weight (text). */
 static mmc_status build_param_list(mmc_trainer *t) {
-    if (t->flux) return mmc_trainer_flux_params(t);
+    if (mmc_trainer_diffusion(t)) return mmc_trainer_flux_params(t);
     const int nv = t->vl ? t->vl->visual->n_params : 0;
     t->n_params = nv + t->lm->n_params;
     t->params = calloc((size_t)t->n_params, sizeof *t->params);
@@ -381,7 +431,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
         if (st) return mmc_error_prefix(st, "model.quantization");
     }
     mmc_module_list ml = {0};
-    st = t->flux ? mmc_flux_linears(t->flux, &ml)
+    st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
@@ -390,6 +440,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     if (!st) st = mmc_lora_attach(&ml, &lc, &t->lora);
     mmc_module_list_free(&ml);
     if (st) return mmc_error_prefix(st, "model.lora");
+    if (t->tpc && (st = tp_lora_setup(t))) return st;   /* (before the sequence-parallel flag: same splits) */
     t->lora_names = calloc((size_t)t->lora->n_params, sizeof *t->lora_names);
     if (!t->lora_names) return mmc_error(MMC_ERR_OOM, "out of memory");
     t->n_lora_names = t->lora->n_params;
@@ -575,6 +626,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
+    if (t->tpc) t->lm->sp = cfg->parallel.sequence_parallel;
     if (t->tpc) {   /* each trained tensor's split, from the model's (masters follow their bf16 tensor) */
         if (cfg->training.ema_decay > 0) {
             st = mmc_error(MMC_ERR_INVALID, "%s: training.ema_decay with parallel.tensor_parallel is not supported yet",
@@ -583,14 +635,14 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         }
         if (!(t->opt_split = calloc((size_t)t->n_opt + 1, 1))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
         for (int i = 0; i < t->n_opt; i++) {
-            t->opt_split[i] = MMC_TP_REPLICATED;
-            for (int k = 0; k < t->lm->n_params; k++)
-                if (t->lm->params[k] == t->opt_model[i]) t->opt_split[i] = t->lm->param_split[k];
+            t->opt_split[i] = (signed char)lm_split_of(t, t->opt_model[i]);
+            for (int k = 0; t->lora && k < t->lora->n_params; k++)
+                if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
     }
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
-    if (t->flux) {
+    if (mmc_trainer_diffusion(t)) {
         st = mmc_trainer_flux_data_open(t);
         t->src.kind = SRC_FLUX;
         t->src.mb = cfg->data.micro_batch_size;
@@ -621,7 +673,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         }
     }
     if (resume && (st = t->tpc ? tp_restore(t, ckpt) : mmc_trainer_restore(t, ckpt))) goto fail;
-    if (t->flux && (t->world_size > 1 || cfg->parallel.zero > 0)) {
+    if (mmc_trainer_diffusion(t) && (t->world_size > 1 || cfg->parallel.zero > 0)) {
         /* diffusion: plain bucketed all-reduce / ZeRO-1/2 over the transformer's parameters (no units) */
         if ((st = mmc_dp_new(t->dpc, (int)cfg->parallel.zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL,
                              &t->dp)))
@@ -682,6 +734,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         free(fz_unit);
         free(through);
         if (st) goto fail;
+        if (t->tpc) mmc_dp_set_tp(t->dp, t->tpc, t->opt_split);   /* the norm over the tp slices */
         if (cfg->parallel.zero >= 1) {   /* this rank keeps only its shard of the AdamW state */
             mmc_dp_scatter_state(t->dp, &t->adamw);
             mmc_adamw_free(&t->adamw);
@@ -718,6 +771,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->vl) mmc_qwen2_vl_free(t->vl);
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
+    mmc_sd3_free(t->sd3);
     mmc_fm_data_free(t->fm);
     src_close(&t->src);
     mmc_tokenizer_free(t->tok);
@@ -728,6 +782,8 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->h_loss);
     free(t->h_lr);
     free(t->opt_split);
+    free(t->lora_split);
+    free(t->lora_partial);
     if (t->have_groups) mmc_dist_groups_free(&t->groups);
     if (t->owns_dist) mmc_dist_finalize();
     free(t);
@@ -766,10 +822,24 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
  * the local slice while the ordinary writer runs; to restore, full-size buffers are swapped in,
  * the ordinary reader fills them, and each rank keeps its slice. */
 typedef struct { mmc_tensor *t; void *local; int64_t shape[MMC_MAX_DIMS]; int split; } tp_swap_ent;
+
+/* the split of a model tensor: the language model's or the vision tower's record (a
+ * replicated tower has none) */
+static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p) {
+    for (int k = 0; k < t->lm->n_params; k++)
+        if (t->lm->params[k] == p) return t->lm->param_split[k];
+    const mmc_vision *v = t->vl ? t->vl->visual : NULL;
+    for (int k = 0; v && v->param_split && k < v->n_params; k++)
+        if (v->params[k] == p) return v->param_split[k];
+    return MMC_TP_REPLICATED;
+}
 typedef struct { tp_swap_ent *e; int n; float **m_local, **v_local; } tp_swap;
 
 /* rank r's slice along split of a full contiguous tensor of es-byte elements */
-static void slice_bytes(const char *full, int ndim, const int64_t *shape, int split, int r, int P, size_t es, char *local) {
+static void slice_bytes(const char *full, int ndim0, const int64_t *shape0, int split0, int r, int P, size_t es, char *local) {
+    int ndim, split;
+    int64_t shape[MMC_MAX_DIMS + 1];
+    mmc_tp_view(ndim0, shape0, split0, &ndim, shape, &split);   /* a fused qkv through its [3, n, ...] view */
     int64_t outer = 1, inner = 1;
     for (int k = 0; k < split; k++) outer *= shape[k];
     for (int k = split + 1; k < ndim; k++) inner *= shape[k];
@@ -794,7 +864,7 @@ static void tp_to_local(mmc_trainer *t, tp_swap *sw, bool take) {
         if (take) {
             int64_t full[MMC_MAX_DIMS];
             mmc_tp_local_shape(t->opt[i]->ndim, t->opt[i]->shape, -1, 1, full);
-            full[t->opt_split[i]] *= P;
+            full[t->opt_split[i] == MMC_TP_FUSED3 ? 0 : t->opt_split[i]] *= P;
             mmc_tp_take_slice(t->adamw.m[i], t->opt[i]->ndim, full, t->opt_split[i], r, P, sw->m_local[i]);
             mmc_tp_take_slice(t->adamw.v[i], t->opt[i]->ndim, full, t->opt_split[i], r, P, sw->v_local[i]);
         }
@@ -824,7 +894,7 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
         const mmc_tensor *p = t->opt[i];
         int64_t full[MMC_MAX_DIMS];
         mmc_tp_local_shape(p->ndim, p->shape, -1, 1, full);
-        full[t->opt_split[i]] *= P;
+        full[t->opt_split[i] == MMC_TP_FUSED3 ? 0 : t->opt_split[i]] *= P;
         mmc_tensor *fm = mmc_tensor_new(MMC_F32, p->ndim, full), *fv = mmc_tensor_new(MMC_F32, p->ndim, full);
         if (!fm || !fv) { mmc_tensor_free(fm); mmc_tensor_free(fv); st = MMC_ERR_OOM; break; }
         if (gather) {
@@ -851,7 +921,7 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
         const int n = pass ? t->n_opt : t->n_params;
         for (int i = 0; i < n && !st; i++) {
             mmc_tensor *p = pass ? t->opt[i] : t->params[i];
-            int split = pass ? t->opt_split[i] : t->lm->param_split[i];
+            int split = pass ? t->opt_split[i] : lm_split_of(t, p);
             if (split < 0) continue;
             bool dup = false;
             for (int k = 0; k < sw->n && !dup; k++) dup = sw->e[k].t == p;
@@ -859,7 +929,7 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
             tp_swap_ent *e = &sw->e[sw->n];
             int64_t full[MMC_MAX_DIMS];
             memcpy(full, p->shape, sizeof full);
-            full[split] *= P;
+            full[split == MMC_TP_FUSED3 ? 0 : split] *= P;   /* a fused qkv grows on its rows */
             mmc_tensor *f = mmc_tensor_new(MMC_F32, p->ndim, full);
             if (!f) { st = MMC_ERR_OOM; break; }
             if (gather) st = mmc_tp_gather(t->tpc, p, split, f);
@@ -892,6 +962,33 @@ static mmc_status tp_restore(mmc_trainer *t, const char *dir) {
     st = mmc_trainer_restore(t, dir);
     tp_to_local(t, &sw, st == MMC_OK);
     return st;
+}
+
+/* Sequence parallelism splits the sequence over the tp ranks: a micro-batch whose length is
+ * not a multiple of tp gets pad positions appended to every row (id 0, label ignored,
+ * positions continuing; a packed row's padded tail, in no segment, just grows). Attention is causal, so
+ * the real tokens' outputs and the loss do not change. */
+static mmc_status sp_pad_batch(mmc_batch *b, int64_t mult) {
+    const int64_t B = b->B, T = b->T, T2 = (T + mult - 1) / mult * mult;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(B * T2)), *lab = malloc(sizeof *lab * (size_t)(B * T2));
+    int64_t *pos = b->position_ids ? malloc(sizeof *pos * (size_t)(3 * B * T2)) : NULL;
+    if (!ids || !lab || (b->position_ids && !pos)) {
+        free(ids); free(lab); free(pos);
+        return mmc_error(MMC_ERR_OOM, "out of memory padding a micro-batch for sequence parallelism");
+    }
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t t = 0; t < T2; t++) {
+            ids[r * T2 + t] = t < T ? b->input_ids[r * T + t] : 0;
+            lab[r * T2 + t] = t < T ? b->labels[r * T + t] : MMC_IGNORE_INDEX;
+            for (int k = 0; pos && k < 3; k++) {
+                const int64_t *src = b->position_ids + (k * B + r) * T;
+                pos[(k * B + r) * T2 + t] = t < T ? src[t] : src[T - 1] + (t - T + 1);
+            }
+        }
+    free(b->input_ids); free(b->labels); free(b->position_ids);
+    b->input_ids = ids, b->labels = lab, b->position_ids = pos;
+    b->T = T2;
+    return MMC_OK;
 }
 
 /* ------------------------------------------------------------------ one step */
@@ -950,8 +1047,9 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                                                                 (uint64_t)k));
         int64_t n;
         mmc_tensor *l = NULL;
+        if (t->tpc && t->lm->sp && mbs[k].T % t->tp_size && (st = sp_pad_batch(&mbs[k], t->tp_size))) goto done;
         if (t->dp) mmc_dp_forward_begin(t->dp, t->ctx);   /* ZeRO-3: gathers the root unit */
-        if (t->flux) {
+        if (mmc_trainer_diffusion(t)) {
             n = mbs[k].B;
             if ((st = mmc_trainer_flux_loss(t, &mbs[k], scale, &l))) {
                 mmc_ctx_reset(t->ctx);
@@ -998,6 +1096,14 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                            "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
             goto done;
         }
+    }
+    for (int i = 0; t->tpc && t->lm->sp && i < t->lm->n_params; i++) {   /* sp: the replicated parameters' partial gradients */
+        mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
+        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
+    }
+    for (int i = 0; t->lora_partial && i < t->lora->n_params; i++) {   /* tp: partial LoRA gradients */
+        mmc_tensor *g = t->lora_partial[i] ? t->lora->params[i]->grad : NULL;
+        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
     }
     for (int i = 0; i < t->n_opt; i++)
         if (t->opt[i] != t->opt_model[i]) t->opt[i]->grad = t->opt_model[i]->grad;
@@ -1179,10 +1285,25 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
     if (t->tpc) {   /* every tp rank gathers; world rank 0 writes full tensors */
+        /* ZeRO-1/2: the moments are gathered over dp first (the local tensors' full state) */
+        const bool zs = t->dp && t->cfg->parallel.zero >= 1;
+        mmc_adamw keep = t->adamw, full = {0};
+        mmc_status st = MMC_OK;
+        if (zs) {
+            st = mmc_adamw_init(&full, &keep.o, t->opt, t->n_opt);
+            if (!st) st = mmc_dp_gather_state(t->dp, &full);
+            t->adamw = full;
+        }
         tp_swap sw;
-        mmc_status st = tp_to_full(t, true, &sw);
-        if (!st) st = save_ranked_inner(t);
-        tp_to_local(t, &sw, false);
+        if (!st) st = tp_to_full(t, true, &sw);
+        if (!st) {
+            st = save_ranked_inner(t);
+            tp_to_local(t, &sw, false);
+        }
+        if (zs) {
+            mmc_adamw_free(&t->adamw);
+            t->adamw = keep;
+        }
         return st;
     }
     /* ZeRO-3: parameters are gathered for rank 0's files (collective) and freed after — the
@@ -1198,7 +1319,7 @@ static mmc_status save_ranked(mmc_trainer *t) {
 
 static mmc_status save_ranked_inner(mmc_trainer *t) {
     mmc_status st = MMC_OK;
-    const bool sharded = t->dp && t->cfg->parallel.zero >= 1;
+    const bool sharded = mmc_trainer_state_sharded(t);
     if (!sharded) {
         if (t->rank == 0) st = mmc_trainer_save(t);
         return agree(t, st, "rank 0's save");
@@ -1269,9 +1390,15 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             (double)state / 1048576.0, (long long)tc->steps, (long long)t->step,
             (long long)c->data.batch_size, (long long)tc->gradient_accumulation,
             (long long)c->data.micro_batch_size, t->dp_size > 1 ? " over data-parallel ranks" : "");
-    if (t->tpc)
-        fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s): each rank holds 1/%d of the "
-                "language model's matrices\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world), t->tp_size);
+    if (t->tpc) {
+        char why[160] = "";
+        if (t->vl && !t->vl->visual->tp) mmc_vision_tp_ok(&t->vl->visual->cfg, t->tp_size, why, sizeof why);
+        fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s)%s: each rank holds 1/%d of the "
+                "language model's matrices%s%s%s\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
+                t->lm->sp ? " with sequence parallelism" : "", t->tp_size,
+                !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
+                why, t->vl && !t->vl->visual->tp ? ")" : "");
+    }
     if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,
@@ -1365,6 +1492,8 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             char vpath[2400];
             const double v0 = mmc_now();
             if ((st = mmc_trainer_flux_validate(t, vpath, sizeof vpath))) break;
+            const int res = (int)t->cfg->data.resolution;
+            if ((st = mmc_tb_image(tb, "validation/image", t->step, vpath, res, res)) || (st = mmc_tb_flush(tb))) break;
             if (tty) fputc('\n', stderr);
             fprintf(stderr, "validation image %s (%.1f s)\n", vpath, mmc_now() - v0);
         }

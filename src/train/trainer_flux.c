@@ -1,16 +1,19 @@
-/* trainer_flux.c — what `mmc train` needs to fine-tune a Flux transformer (full or LoRA) with
- * the flow-matching objective, inside the same trainer as the understanding models (steps,
- * gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
+/* trainer_flux.c — what `mmc train` needs to fine-tune a Flux or SD3 / SD3.5 transformer (full or
+ * LoRA) with the flow-matching objective, inside the same trainer as the understanding models
+ * (steps, gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
  *
- *   model.path   a diffusers FluxPipeline folder; the transformer trains, the VAE and the text
- *                encoders only encode the training set once, before the first step, and are freed
+ *   model.path   a diffusers FluxPipeline or StableDiffusion3Pipeline folder; the transformer trains,
+ *                the VAE and the text encoders only encode the training set once, before the first
+ *                step, and are freed
  *   data.train   an image folder with metadata.jsonl ({"file_name", "text"}: what diffusers' scripts
  *                and HF `imagefolder` read) or a JSONL of {"image", "caption"} (also "text" / "prompt")
  *   images       resized (shorter side, PIL bilinear) and centre-cropped to data.resolution, scaled to
  *                [-1, 1]; the VAE's latent distribution is cached and sampled anew every step (as the
  *                scripts' --cache_latents does), then shifted and scaled
- *   captions     encode_prompt once per sample (CLIP pooled + T5 states of max_sequence_length)
- *   loss         mmc_flux_fm_loss with the config's weighting scheme and guidance; each micro-batch's
+ *   captions     encode_prompt once per sample (Flux: CLIP pooled + T5 states of max_sequence_length;
+ *                SD3: both CLIPs' penultimate states + T5, the two pooled outputs)
+ *   loss         mmc_flux_fm_loss / mmc_sd3_fm_loss (precondition_outputs as the SD3 scripts) with the
+ *                config's weighting scheme and guidance; each micro-batch's
  *                mean times its samples / the global batch's samples, so accumulation gives the
  *                global mean
  *   checkpoints  LoRA: pytorch_lora_weights.safetensors in diffusers' layout (load_lora_weights reads
@@ -33,10 +36,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define FM_MAX_BUCKETS 64
 struct mmc_fm_data {
     int64_t n;                        /* samples */
-    int64_t C, h, w;                  /* latent channels and size */
-    float *mean, *std;                /* [n, C, h, w] the VAE's latent distribution per image */
+    int64_t C, h, w;                  /* latent channels and the square size (data.resolution) */
+    float *mean, *std;                /* sample i: [C, hw[2i], hw[2i+1]] at off[i]: the VAE's latent distribution */
+    int64_t *off;                     /* [n + 1] */
+    int32_t *hw;                      /* [n, 2] latent height, width of each sample */
+    int32_t *bucket;                  /* [n] its aspect-ratio bucket (0 without buckets) */
+    int n_buckets;
+    int bh[FM_MAX_BUCKETS], bw[FM_MAX_BUCKETS];   /* data.aspect_ratio_buckets, pixels */
+    int64_t *order, order_epoch, epoch_len;       /* with buckets: an epoch's samples, micro-batch by micro-batch */
     float *embeds;                    /* [n, T, J] prompt_embeds */
     float *pooled;                    /* [n, P] */
     int64_t T, J, P;
@@ -46,6 +56,7 @@ struct mmc_fm_data {
     char pipe[2048];
     int64_t *perm, perm_epoch;        /* the data order of epoch perm_epoch (sample_at) */
     mmc_flux_pipeline *vpipe;         /* validation images: the pipeline (its VAE) and the prompt's encoding */
+    mmc_sd3_pipeline *vpipe_sd3;      /* (SD3) */
     mmc_flux_cond vcond;
 };
 
@@ -62,9 +73,10 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
     mmc_diffusers_dir d;
     mmc_status st = mmc_diffusers_open(c->model.path, &d);
     if (st) return mmc_error_prefix(st, "model.path");
-    if (strcmp(d.pipeline, "FluxPipeline") != 0)
+    const bool sd3 = !strcmp(d.pipeline, "StableDiffusion3Pipeline");
+    if (strcmp(d.pipeline, "FluxPipeline") != 0 && !sd3)
         return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: pipeline %s: diffusion training supports FluxPipeline "
-                         "folders", c->model.path, d.pipeline);
+                         "and StableDiffusion3Pipeline folders", c->model.path, d.pipeline);
     if (c->model.quantization.method != MMC_QUANT_NONE)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.quantization: NF4 bases are not wired for diffusion "
                          "transformers yet; use LoRA on the f32 / bf16 transformer", c->file);
@@ -79,7 +91,15 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
      * model.init (a transformer config.json) trains one from scratch */
     const bool resumed = ckpt && ckpt != c->model.path;
     char cfgp[2200];
-    if (c->model.init && !resumed) {
+    if (sd3 && c->model.init && !resumed)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a transformer from scratch) is wired for Flux only; "
+                         "fine-tune the SD3 pipeline's transformer instead", c->file);
+    if (sd3) {
+        if (resumed) snprintf(dir, sizeof dir, "%s", ckpt);
+        else mmc_diffusers_path(&d, "transformer", "", dir, sizeof dir);
+        if ((st = mmc_sd3_load(dir, c->model.lora.r <= 0, &t->sd3))) return st;
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    } else if (c->model.init && !resumed) {
         if (c->model.lora.r > 0)
             return mmc_error(MMC_ERR_INVALID, "%s: model.init trains a transformer from scratch: LoRA on random "
                              "weights makes no sense; drop model.lora", c->file);
@@ -105,7 +125,7 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
 mmc_status mmc_trainer_flux_params(mmc_trainer *t) {
     mmc_tensor **ps;
     const char *const *nm;
-    t->n_params = mmc_flux_param_list(t->flux, &ps, &nm);
+    t->n_params = t->sd3 ? mmc_sd3_param_list(t->sd3, &ps, &nm) : mmc_flux_param_list(t->flux, &ps, &nm);
     t->params = calloc((size_t)t->n_params + 1, sizeof *t->params);
     t->names = calloc((size_t)t->n_params + 1, sizeof *t->names);
     t->name_store = calloc((size_t)t->n_params + 1, sizeof *t->name_store);
@@ -173,28 +193,70 @@ static mmc_status read_items(const char *file, const char *base, fm_item **items
     return st;
 }
 
-/* torchvision Resize(res) (shorter side; PIL bilinear) + CenterCrop(res) + ToTensor + Normalize(0.5)
- * -> x [3, res, res] in [-1, 1]. */
-static mmc_status load_image(const char *path, int res, float *x) {
+/* find_nearest_bucket of diffusers' training_utils: the least |h * bw - w * bh|, the last of equals. */
+int mmc_fm_nearest_bucket(int h, int w, const int *bh, const int *bw, int n) {
+    int best = 0;
+    int64_t bm = INT64_MAX;
+    for (int i = 0; i < n; i++) {
+        int64_t m = (int64_t)h * bw[i] - (int64_t)w * bh[i];
+        if (m < 0) m = -m;
+        if (m <= bm) bm = m, best = i;
+    }
+    return best;
+}
+
+/* "h,w;h,w;..." as parse_buckets_string reads it. */
+static mmc_status parse_buckets(const char *s, const char *file, int *bh, int *bw, int *n) {
+    *n = 0;
+    for (const char *p = s; *p;) {
+        int h, w, used = 0;
+        while (*p == ' ') p++;
+        if (sscanf(p, "%d , %d%n", &h, &w, &used) != 2 || h <= 0 || w <= 0)
+            return mmc_error(MMC_ERR_INVALID, "%s: data.aspect_ratio_buckets \"%s\": expected \"height,width;height,width;...\" "
+                             "with positive integers, at \"%.20s\"", file, s, p);
+        if (*n == FM_MAX_BUCKETS)
+            return mmc_error(MMC_ERR_INVALID, "%s: data.aspect_ratio_buckets: more than %d buckets", file, FM_MAX_BUCKETS);
+        bh[*n] = h, bw[*n] = w, (*n)++;
+        p += used;
+        while (*p == ' ') p++;
+        if (*p == ';') p++;
+        else if (*p) return mmc_error(MMC_ERR_INVALID, "%s: data.aspect_ratio_buckets \"%s\": expected ';' between buckets at "
+                                      "\"%.20s\"", file, s, p);
+    }
+    if (!*n) return mmc_error(MMC_ERR_INVALID, "%s: data.aspect_ratio_buckets is empty", file);
+    return MMC_OK;
+}
+
+/* Without buckets (nb == 0): torchvision Resize(res) (shorter side; PIL bilinear) + CenterCrop(res);
+ * with: the image's nearest bucket, Resize((bh, bw)) to exactly that size (the scripts' paired
+ * transform: the crop that follows is then the whole image). Then ToTensor + Normalize(0.5):
+ * x [3, oh, ow] in [-1, 1]; *bucket gets the bucket. x has room for the largest bucket. */
+static mmc_status load_image(const char *path, int res, const int *bh, const int *bw, int nb, float *x, int *bucket,
+                             int *oh, int *ow) {
     mmc_image_opts o;
     mmc_image_opts_default(&o);
     mmc_image im = {0}, rs = {0};
     mmc_status st = mmc_image_load(path, &o, &im);
     if (st) return st;
-    int H = im.height, W = im.width, nh, nw;
-    if (H <= W) nh = res, nw = (int)((int64_t)res * W / H);   /* int(size * long / short) */
+    int H = im.height, W = im.width, nh, nw, th = res, tw = res;
+    *bucket = 0;
+    if (nb) {
+        *bucket = mmc_fm_nearest_bucket(H, W, bh, bw, nb);
+        nh = th = bh[*bucket], nw = tw = bw[*bucket];
+    } else if (H <= W) nh = res, nw = (int)((int64_t)res * W / H);   /* int(size * long / short) */
     else nw = res, nh = (int)((int64_t)res * H / W);
     st = mmc_image_resize(&im, nh, nw, MMC_RESAMPLE_BILINEAR, &rs);
     mmc_image_free(&im);
     if (st) return st;
-    const int top = (int)nearbyint((nh - res) / 2.0), left = (int)nearbyint((nw - res) / 2.0);   /* round half even */
+    const int top = (int)nearbyint((nh - th) / 2.0), left = (int)nearbyint((nw - tw) / 2.0);   /* round half even */
     for (int c = 0; c < 3; c++)
-        for (int y = 0; y < res; y++)
-            for (int xx = 0; xx < res; xx++) {
+        for (int y = 0; y < th; y++)
+            for (int xx = 0; xx < tw; xx++) {
                 const float v = rs.data[((size_t)(top + y) * (size_t)nw + (size_t)(left + xx)) * 3 + (size_t)c] / 255.0f;
-                x[((size_t)c * res + y) * res + xx] = (v - 0.5f) / 0.5f;
+                x[((size_t)c * th + y) * tw + xx] = (v - 0.5f) / 0.5f;
             }
     mmc_image_free(&rs);
+    *oh = th, *ow = tw;
     return MMC_OK;
 }
 
@@ -202,12 +264,18 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     if (!f) return;
     free(f->mean);
     free(f->std);
+    free(f->off);
+    free(f->hw);
+    free(f->bucket);
+    free(f->order);
     free(f->embeds);
     free(f->pooled);
     free(f->perm);
     mmc_flux_cond_free(&f->vcond);
     if (f->vpipe) mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
     mmc_flux_pipeline_free(f->vpipe);
+    if (f->vpipe_sd3) mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, NULL);
+    mmc_sd3_pipeline_free(f->vpipe_sd3);
     free(f);
 }
 
@@ -220,9 +288,9 @@ static void cache_key(const mmc_trainer *t, const char *data_file, char *key, si
     stat(data_file, &sb);
     char model[PATH_MAX] = "";
     if (!realpath(c->model.path, model)) snprintf(model, sizeof model, "%s", c->model.path);
-    snprintf(key, cap, "model=%s data=%s size=%lld mtime=%lld resolution=%lld max_sequence_length=%lld validation=%s",
-             model, data_file, (long long)sb.st_size, (long long)sb.st_mtime, (long long)c->data.resolution,
-             (long long)c->flow_matching.max_sequence_length,
+    snprintf(key, cap, "v2 model=%s data=%s size=%lld mtime=%lld resolution=%lld buckets=%s max_sequence_length=%lld "
+             "validation=%s", model, data_file, (long long)sb.st_size, (long long)sb.st_mtime, (long long)c->data.resolution,
+             c->data.aspect_ratio_buckets ? c->data.aspect_ratio_buckets : "", (long long)c->flow_matching.max_sequence_length,
              c->flow_matching.validation_prompt ? c->flow_matching.validation_prompt : "");
 }
 
@@ -237,23 +305,47 @@ static mmc_status cache_read(mmc_trainer *t, const char *key) {
     mmc_st *st = NULL;
     if (mmc_st_open(path, &st) != MMC_OK) return MMC_ERR_NOT_FOUND;
     const char *k = mmc_st_metadata(st, "key");
-    const mmc_st_entry *m = mmc_st_find(st, "mean"), *e = mmc_st_find(st, "embeds"), *p = mmc_st_find(st, "pooled");
+    const mmc_st_entry *m = mmc_st_find(st, "mean"), *e = mmc_st_find(st, "embeds"), *p = mmc_st_find(st, "pooled"),
+                       *hw = mmc_st_find(st, "hw"), *bk = mmc_st_find(st, "bucket");
     mmc_status rc = MMC_ERR_NOT_FOUND;
-    if (!k || strcmp(k, key) != 0 || !m || !e || !p || m->ndim != 4 || e->ndim != 3 || p->ndim != 2) goto done;
-    f->n = m->shape[0], f->C = m->shape[1], f->h = m->shape[2], f->w = m->shape[3];
+    if (!k || strcmp(k, key) != 0 || !m || !e || !p || !hw || !bk || m->ndim != 1 || e->ndim != 3 || p->ndim != 2 ||
+        hw->ndim != 2 || hw->shape[1] != 2 || bk->ndim != 1)
+        goto done;
+    f->n = hw->shape[0];
     f->T = e->shape[1], f->J = e->shape[2], f->P = p->shape[1];
-    const int64_t per = f->C * f->h * f->w;
-    f->mean = malloc((size_t)(f->n * per) * sizeof(float));
-    f->std = malloc((size_t)(f->n * per) * sizeof(float));
+    if (e->shape[0] != f->n || p->shape[0] != f->n || bk->shape[0] != f->n) goto done;
+    f->hw = malloc((size_t)(2 * f->n) * sizeof *f->hw);
+    f->bucket = malloc((size_t)f->n * sizeof *f->bucket);
+    f->off = malloc((size_t)(f->n + 1) * sizeof *f->off);
+    if (!f->hw || !f->bucket || !f->off) { rc = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    mmc_tensor *w = mmc_tensor_wrap(MMC_I32, 2, MMC_SHAPE(f->n, 2), f->hw);
+    rc = mmc_st_read_into(st, "hw", w);
+    mmc_tensor_free(w);
+    if (rc) goto done;
+    w = mmc_tensor_wrap(MMC_I32, 1, MMC_SHAPE(f->n), f->bucket);
+    rc = mmc_st_read_into(st, "bucket", w);
+    mmc_tensor_free(w);
+    if (rc) goto done;
+    f->off[0] = 0;
+    for (int64_t i = 0; i < f->n; i++) {
+        if (f->hw[2 * i] <= 0 || f->hw[2 * i + 1] <= 0 || f->bucket[i] < 0 || f->bucket[i] >= (f->n_buckets ? f->n_buckets : 1)) {
+            rc = MMC_ERR_NOT_FOUND;
+            goto done;
+        }
+        f->off[i + 1] = f->off[i] + f->C * f->hw[2 * i] * f->hw[2 * i + 1];
+    }
+    if (m->shape[0] != f->off[f->n]) { rc = MMC_ERR_NOT_FOUND; goto done; }
+    f->mean = malloc((size_t)f->off[f->n] * sizeof(float));
+    f->std = malloc((size_t)f->off[f->n] * sizeof(float));
     f->embeds = malloc((size_t)(f->n * f->T * f->J) * sizeof(float));
     f->pooled = malloc((size_t)(f->n * f->P) * sizeof(float));
     if (!f->mean || !f->std || !f->embeds || !f->pooled) { rc = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     struct { const char *name; float *dst; int ndim; int64_t shape[4]; } ts[] = {
-        {"mean", f->mean, 4, {f->n, f->C, f->h, f->w}}, {"std", f->std, 4, {f->n, f->C, f->h, f->w}},
+        {"mean", f->mean, 1, {f->off[f->n]}}, {"std", f->std, 1, {f->off[f->n]}},
         {"embeds", f->embeds, 3, {f->n, f->T, f->J}}, {"pooled", f->pooled, 2, {f->n, f->P}},
     };
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-        mmc_tensor *w = mmc_tensor_wrap(MMC_F32, ts[i].ndim, ts[i].shape, ts[i].dst);
+        w = mmc_tensor_wrap(MMC_F32, ts[i].ndim, ts[i].shape, ts[i].dst);
         rc = mmc_st_read_into(st, ts[i].name, w);
         mmc_tensor_free(w);
         if (rc) goto done;
@@ -282,8 +374,10 @@ static mmc_status cache_write(mmc_trainer *t, const char *key) {
     cache_path(t, path, sizeof path);
     mmc_stw *w = mmc_stw_new();
     if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
-    st = mmc_stw_add_raw(w, "mean", MMC_F32, 4, MMC_SHAPE(f->n, f->C, f->h, f->w), f->mean);
-    if (!st) st = mmc_stw_add_raw(w, "std", MMC_F32, 4, MMC_SHAPE(f->n, f->C, f->h, f->w), f->std);
+    st = mmc_stw_add_raw(w, "mean", MMC_F32, 1, MMC_SHAPE(f->off[f->n]), f->mean);
+    if (!st) st = mmc_stw_add_raw(w, "std", MMC_F32, 1, MMC_SHAPE(f->off[f->n]), f->std);
+    if (!st) st = mmc_stw_add_raw(w, "hw", MMC_I32, 2, MMC_SHAPE(f->n, 2), f->hw);
+    if (!st) st = mmc_stw_add_raw(w, "bucket", MMC_I32, 1, MMC_SHAPE(f->n), f->bucket);
     if (!st) st = mmc_stw_add_raw(w, "embeds", MMC_F32, 3, MMC_SHAPE(f->n, f->T, f->J), f->embeds);
     if (!st) st = mmc_stw_add_raw(w, "pooled", MMC_F32, 2, MMC_SHAPE(f->n, f->P), f->pooled);
     if (!st && f->vcond.prompt_embeds) st = mmc_stw_add(w, "val_embeds", f->vcond.prompt_embeds);
@@ -334,18 +428,39 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         mmc_json_free(vj);
         if (st) goto done;
         f->scaling = vc.scaling_factor, f->shift = vc.shift_factor;
+        const int fct = 1 << (vc.levels - 1), res = (int)c->data.resolution;
+        f->C = vc.latent_channels, f->h = f->w = res / fct;
+        if (res % (2 * fct)) {
+            st = mmc_error(MMC_ERR_INVALID, "%s: data.resolution %d must be a multiple of %d (the VAE's factor x %s)",
+                           c->file, res, 2 * fct, t->sd3 ? "the 2x2 patches" : "2x2 packing");
+            goto done;
+        }
+        if (c->data.aspect_ratio_buckets) {
+            if ((st = parse_buckets(c->data.aspect_ratio_buckets, c->file, f->bh, f->bw, &f->n_buckets))) goto done;
+            for (int b = 0; b < f->n_buckets; b++)
+                if (f->bh[b] % (2 * fct) || f->bw[b] % (2 * fct)) {
+                    st = mmc_error(MMC_ERR_INVALID, "%s: data.aspect_ratio_buckets: bucket %d,%d must be a multiple of %d on "
+                                   "both sides (the VAE's factor x 2x2 %s); e.g. %d,%d", c->file, f->bh[b], f->bw[b],
+                                   2 * fct, t->sd3 ? "patches" : "packing", (f->bh[b] + fct) / (2 * fct) * 2 * fct,
+                                   (f->bw[b] + fct) / (2 * fct) * 2 * fct);
+                    goto done;
+                }
+        }
     }
     char key[8192];
     cache_key(t, file, key, sizeof key);
     if (cache_read(t, key) == MMC_OK) {
-        if (c->flow_matching.validation_prompt && (st = mmc_flux_pipeline_open(c->model.path, &f->vpipe))) goto done;
+        if (c->flow_matching.validation_prompt)
+            st = t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &f->vpipe_sd3) : mmc_flux_pipeline_open(c->model.path, &f->vpipe);
+        if (st) goto done;
         fprintf(stderr, "mmc train: %lld encoded samples from the cache (%s/cache)\n", (long long)f->n,
                 c->training.output_dir);
         goto done;
     }
     /* a stale or partial cache read leaves nothing behind */
-    free(f->mean), free(f->std), free(f->embeds), free(f->pooled);
+    free(f->mean), free(f->std), free(f->embeds), free(f->pooled), free(f->off), free(f->hw), free(f->bucket);
     f->mean = f->std = f->embeds = f->pooled = NULL;
+    f->off = NULL, f->hw = f->bucket = NULL;
     mmc_flux_cond_free(&f->vcond);
     if ((st = read_items(file, base, &items, &n))) goto done;
     f->n = n;
@@ -355,43 +470,67 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     mmc_vae *vae = NULL;
     if ((st = mmc_vae_load(p, &vae))) goto done;
     const int fct = mmc_vae_downscale(vae);
-    if (res % (2 * fct)) {
+    int maxh = res, maxw = res;
+    for (int b = 0; b < f->n_buckets; b++) maxh = f->bh[b] > maxh ? f->bh[b] : maxh, maxw = f->bw[b] > maxw ? f->bw[b] : maxw;
+    f->off = malloc((size_t)(n + 1) * sizeof *f->off);
+    f->hw = malloc((size_t)(2 * n) * sizeof *f->hw);
+    f->bucket = malloc((size_t)n * sizeof *f->bucket);
+    float *px = malloc((size_t)3 * maxh * maxw * sizeof *px);
+    int64_t cap = 0;
+    mmc_ctx *ctx = mmc_ctx_new();
+    if (!f->off || !f->hw || !f->bucket || !px || !ctx) {
         mmc_vae_free(vae);
-        st = mmc_error(MMC_ERR_INVALID, "%s: data.resolution %d must be a multiple of %d (the VAE's factor x 2x2 "
-                       "packing)", c->file, res, 2 * fct);
+        mmc_ctx_free(ctx);
+        free(px);
+        st = mmc_error(MMC_ERR_OOM, "out of memory");
         goto done;
     }
-    f->C = mmc_vae_cfg(vae)->latent_channels, f->h = f->w = res / fct;
-    const int64_t per = f->C * f->h * f->w;
-    f->mean = malloc((size_t)(n * per) * sizeof(float));
-    f->std = malloc((size_t)(n * per) * sizeof(float));
-    mmc_ctx *ctx = mmc_ctx_new();
-    if (!f->mean || !f->std || !ctx) { mmc_vae_free(vae); mmc_ctx_free(ctx); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    f->off[0] = 0;
     mmc_set_grad_enabled(ctx, false);
     const bool tty = isatty(2);
     for (int64_t i = 0; i < n && !st; i++) {
-        mmc_tensor *x = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(1, 3, res, res));
-        if ((st = load_image(items[i].image, res, x->data))) { mmc_error_prefix(st, "data.train sample %lld", (long long)i); break; }
+        int b = 0, oh = res, ow = res;
+        if ((st = load_image(items[i].image, res, f->bh, f->bw, f->n_buckets, px, &b, &oh, &ow))) {
+            mmc_error_prefix(st, "data.train sample %lld", (long long)i);
+            break;
+        }
+        mmc_tensor *x = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(1, 3, oh, ow));
+        memcpy(x->data, px, mmc_nbytes(x));
         mmc_tensor *mo = mmc_vae_encode(ctx, vae, x), *mean, *std;
         mmc_vae_latent_dist(ctx, mo, &mean, NULL, &std);
-        memcpy(f->mean + i * per, mean->data, (size_t)per * sizeof(float));
-        memcpy(f->std + i * per, std->data, (size_t)per * sizeof(float));
+        const int64_t per = mmc_numel(mean);
+        f->hw[2 * i] = oh / fct, f->hw[2 * i + 1] = ow / fct, f->bucket[i] = b;
+        f->off[i + 1] = f->off[i] + per;
+        if (f->off[i + 1] > cap) {   /* sizes vary with the buckets: grow */
+            cap = 2 * f->off[i + 1] > per * n ? 2 * f->off[i + 1] : per * n;
+            float *nm = realloc(f->mean, (size_t)cap * sizeof *nm);
+            if (nm) f->mean = nm;
+            float *ns = nm ? realloc(f->std, (size_t)cap * sizeof *ns) : NULL;
+            if (ns) f->std = ns;
+            if (!nm || !ns) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+        }
+        memcpy(f->mean + f->off[i], mean->data, (size_t)per * sizeof(float));
+        memcpy(f->std + f->off[i], std->data, (size_t)per * sizeof(float));
         mmc_ctx_reset(ctx);
         if (tty && (i + 1 == n || (i + 1) % 16 == 0))
             fprintf(stderr, "\rmmc train: encoding images %lld/%lld", (long long)i + 1, (long long)n);
     }
     if (tty) fputc('\n', stderr);
+    free(px);
     mmc_vae_free(vae);
     /* captions -> prompt_embeds and pooled, a few at a time (the encoders load once per call) */
     mmc_flux_pipeline *pipe = NULL;
-    if (!st) st = mmc_flux_pipeline_open(c->model.path, &pipe);
+    mmc_sd3_pipeline *spipe = NULL;
+    if (!st) st = t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &spipe) : mmc_flux_pipeline_open(c->model.path, &pipe);
     const int chunk = 64;
     for (int64_t i = 0; i < n && !st; i += chunk) {
         const int k = (int)(n - i < chunk ? n - i : chunk);
         const char *caps[64];
         for (int j = 0; j < k; j++) caps[j] = items[i + j].caption;
         mmc_flux_cond cond;
-        if ((st = mmc_flux_encode_prompt(ctx, pipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond))) break;
+        st = spipe ? mmc_sd3_encode_prompt(ctx, spipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond)
+                   : mmc_flux_encode_prompt(ctx, pipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond);
+        if (st) break;
         if (!f->embeds) {
             f->T = cond.prompt_embeds->shape[1], f->J = cond.prompt_embeds->shape[2], f->P = cond.pooled->shape[1];
             f->embeds = malloc((size_t)(n * f->T * f->J) * sizeof(float));
@@ -405,13 +544,26 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     }
     const char *vp = c->flow_matching.validation_prompt;
     if (!st && vp) {   /* the validation prompt's encoding, and the pipeline kept for its images */
-        st = mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
-        if (!st) f->vpipe = pipe, pipe = NULL;
+        st = spipe ? mmc_sd3_encode_prompt(ctx, spipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond)
+                   : mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
+        if (!st) f->vpipe = pipe, pipe = NULL, f->vpipe_sd3 = spipe, spipe = NULL;
     }
     mmc_flux_pipeline_free(pipe);
+    mmc_sd3_pipeline_free(spipe);
     mmc_ctx_free(ctx);
-    if (!st) fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld T5 tokens\n",
-                     (long long)n, (long long)f->C, (long long)f->h, (long long)f->w, (long long)f->T);
+    if (!st && !f->n_buckets)
+        fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld T5 tokens\n",
+                (long long)n, (long long)f->C, (long long)f->h, (long long)f->w, (long long)f->T);
+    if (!st && f->n_buckets) {
+        fprintf(stderr, "mmc train: %lld images encoded, captions to %lld T5 tokens; aspect-ratio buckets:", (long long)n,
+                (long long)f->T);
+        for (int b = 0; b < f->n_buckets; b++) {
+            int64_t k = 0;
+            for (int64_t i = 0; i < n; i++) k += f->bucket[i] == b;
+            fprintf(stderr, " %dx%d: %lld", f->bh[b], f->bw[b], (long long)k);
+        }
+        fputc('\n', stderr);
+    }
     if (!st && t->rank == 0) st = cache_write(t, key);
 done:
     for (int64_t i = 0; i < n; i++) free(items[i].image), free(items[i].caption);
@@ -421,8 +573,10 @@ done:
 
 /* The dataset index of global sample s: a seeded permutation of each epoch, drawn once per epoch
  * (Fisher-Yates with the epoch's own stream) and kept until the data moves to the next one. */
+static int64_t sample_at_buckets(mmc_trainer *t, int64_t s);
 static int64_t sample_at(mmc_trainer *t, int64_t s) {
     mmc_fm_data *f = t->fm;
+    if (f->n_buckets) return sample_at_buckets(t, s);
     const int64_t n = f->n, epoch = s / n, k = s % n;
     if (!t->cfg->data.shuffle) return k;
     if (!f->perm || f->perm_epoch != epoch) {
@@ -442,12 +596,71 @@ static int64_t sample_at(mmc_trainer *t, int64_t s) {
     return f->perm[k];
 }
 
+/* With aspect-ratio buckets, an epoch is a sequence of micro-batches each of one bucket (as the
+ * scripts' BucketBatchSampler: each bucket's samples shuffled and cut into batches, the batches
+ * shuffled); a bucket's last micro-batch is filled up from its own start (micro-batches here have a
+ * fixed size), so an epoch is sum_b ceil(n_b / mb) * mb samples. */
+static int64_t sample_at_buckets(mmc_trainer *t, int64_t s) {
+    mmc_fm_data *f = t->fm;
+    const int64_t mb = t->cfg->data.micro_batch_size > 0 ? t->cfg->data.micro_batch_size : 1;
+    int64_t cnt[FM_MAX_BUCKETS] = {0};
+    for (int64_t i = 0; i < f->n; i++) cnt[f->bucket[i]]++;
+    if (!f->order) {
+        f->epoch_len = 0;
+        for (int b = 0; b < f->n_buckets; b++) f->epoch_len += (cnt[b] + mb - 1) / mb * mb;
+        f->order = malloc((size_t)(f->epoch_len + f->n) * sizeof *f->order);
+        MMC_CHECK(f->order, "out of memory");
+        f->order_epoch = -1;
+    }
+    const int64_t epoch = s / f->epoch_len, k = s % f->epoch_len;
+    if (f->order_epoch != epoch) {
+        const bool shuffle = t->cfg->data.shuffle;
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)t->cfg->training.seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
+        int64_t *idx = f->order + f->epoch_len, n_mb = f->epoch_len / mb, m = 0;   /* scratch: the samples by bucket */
+        int64_t *mbs = malloc((size_t)n_mb * 2 * sizeof *mbs);   /* (bucket start in idx, bucket size) per micro-batch */
+        MMC_CHECK(mbs, "out of memory");
+        for (int b = 0, at = 0; b < f->n_buckets; b++) {
+            int64_t *bi = idx + at;
+            int64_t c = 0;
+            for (int64_t i = 0; i < f->n; i++) if (f->bucket[i] == b) bi[c++] = i;
+            for (int64_t i = c - 1; shuffle && i > 0; i--) {
+                int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1)), tmp = bi[i];
+                bi[i] = bi[j], bi[j] = tmp;
+            }
+            for (int64_t q = 0; q < c; q += mb) mbs[2 * m] = at + q, mbs[2 * m + 1] = (int64_t)at << 32 | c, m++;
+            at += (int)c;
+        }
+        for (int64_t i = m - 1; shuffle && i > 0; i--) {   /* the micro-batches in a random order */
+            int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1));
+            int64_t a0 = mbs[2 * i], a1 = mbs[2 * i + 1];
+            mbs[2 * i] = mbs[2 * j], mbs[2 * i + 1] = mbs[2 * j + 1];
+            mbs[2 * j] = a0, mbs[2 * j + 1] = a1;
+        }
+        int64_t *tmp = malloc((size_t)f->epoch_len * sizeof *tmp);
+        MMC_CHECK(tmp, "out of memory");
+        for (int64_t q = 0; q < m; q++) {
+            const int64_t start = mbs[2 * q], b0 = mbs[2 * q + 1] >> 32, bc = mbs[2 * q + 1] & 0xFFFFFFFF;
+            for (int64_t u = 0; u < mb; u++) {
+                int64_t pos = start - b0 + u;   /* within the bucket, wrapping to its start */
+                tmp[q * mb + u] = idx[b0 + (pos % bc)];
+            }
+        }
+        memcpy(f->order, tmp, (size_t)f->epoch_len * sizeof *tmp);
+        free(tmp);
+        free(mbs);
+        f->order_epoch = epoch;
+    }
+    return f->order[k];
+}
+
 mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss) {
     const mmc_fm_data *f = t->fm;
-    const int64_t B = b->B, per = f->C * f->h * f->w;
+    const int64_t B = b->B, first = sample_at(t, b->sample_index);
+    const int64_t lh = f->hw[2 * first], lw = f->hw[2 * first + 1], per = f->C * lh * lw;   /* one bucket per micro-batch */
     mmc_ctx *ctx = t->ctx;
-    mmc_tensor *x0 = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, f->C, f->h, f->w));
-    mmc_tensor *nz = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, f->C, f->h, f->w));
+    mmc_tensor *x0 = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, f->C, lh, lw));
+    mmc_tensor *nz = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, f->C, lh, lw));
     mmc_tensor *pe = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, f->T, f->J)), *pp = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, f->P));
     float *eps = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)per * sizeof *eps), u[256], sig[256], ts[256];
     MMC_CHECK(B <= 256, "micro-batch too large");
@@ -462,8 +675,9 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
         mmc_rng r;
         mmc_rng_init(&r, key);
         mmc_rng_normal(&r, eps, per, 0.0f, 1.0f);
+        MMC_CHECK(f->hw[2 * idx] == lh && f->hw[2 * idx + 1] == lw, "a micro-batch mixes latent sizes");
         float *xd = (float *)x0->data + i * per;
-        const float *m = f->mean + idx * per, *sd = f->std + idx * per;
+        const float *m = f->mean + f->off[idx], *sd = f->std + f->off[idx];
         for (int64_t k = 0; k < per; k++)   /* latent_dist.sample(), then (z - shift) * scaling */
             xd[k] = ((m[k] + sd[k] * eps[k]) - (float)f->shift) * (float)f->scaling;
         mmc_rng_normal(&r, (float *)nz->data + i * per, per, 0.0f, 1.0f);
@@ -475,7 +689,8 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
     mmc_flux_fm_batch fb = {.latents = x0, .noise = nz, .sigmas = sig, .timesteps = ts, .prompt_embeds = pe,
                             .pooled = pp, .guidance = fc->guidance, .weighting = f->scheme};
     mmc_tensor *l = NULL;
-    mmc_status st = mmc_flux_fm_loss(ctx, t->flux, &fb, &l);
+    mmc_status st = t->sd3 ? mmc_sd3_fm_loss(ctx, t->sd3, &fb, fc->precondition_outputs, &l)
+                           : mmc_flux_fm_loss(ctx, t->flux, &fb, &l);
     if (st) return st;
     *loss = mmc_scale(ctx, l, (float)((double)B * scale));   /* sum of per-sample losses / global samples */
     return MMC_OK;
@@ -484,7 +699,7 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
 /* ------------------------------------------------------------------ validation images */
 bool mmc_trainer_flux_validation_due(const mmc_trainer *t) {
     const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
-    if (!t->flux || !fc->validation_prompt) return false;
+    if (!mmc_trainer_diffusion(t) || !fc->validation_prompt) return false;
     return (fc->validation_every > 0 && t->step % fc->validation_every == 0) || t->step == t->cfg->training.steps;
 }
 
@@ -499,21 +714,31 @@ mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
     mmc_status st = mmc_mkdir_p(dir);
     if (st) return st;
     snprintf(path, cap, "%s/step-%06lld.png", dir, (long long)t->step);
-    mmc_flux_pipeline_borrow_transformer(f->vpipe, t->flux);
     mmc_ctx *ctx = t->ctx;
     const int64_t C = f->C, h = f->h, w = f->w;
     mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(1, C, h, w));
     mmc_rng r;
     mmc_rng_init(&r, (uint64_t)c->flow_matching.validation_seed);
     mmc_rng_normal(&r, z->data, mmc_numel(z), 0.0f, 1.0f);
-    mmc_tensor *lat = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, (h / 2) * (w / 2), 4 * C));
-    memcpy(lat->data, mmc_flux_pack_latents(ctx, z)->data, mmc_nbytes(lat));
     mmc_flux_sample_opts o = {.height = res, .width = res, .steps = (int)c->flow_matching.validation_steps,
                               .guidance = c->flow_matching.guidance};
-    mmc_tensor *img = NULL;
-    st = mmc_flux_sample(ctx, f->vpipe, &f->vcond, NULL, lat, &o);
-    if (!st) st = mmc_flux_decode(ctx, f->vpipe, lat, res, res, false, &img);
-    mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
+    mmc_tensor *img = NULL, *lat;
+    if (t->sd3) {   /* SD3: unpacked latents, no guidance (a validation image of the conditional branch alone) */
+        mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, t->sd3);
+        lat = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, C, h, w));
+        memcpy(lat->data, z->data, mmc_nbytes(lat));
+        o.guidance = 1.0;
+        st = mmc_sd3_sample(ctx, f->vpipe_sd3, &f->vcond, NULL, lat, &o);
+        if (!st) st = mmc_sd3_decode(ctx, f->vpipe_sd3, lat, false, &img);
+        mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, NULL);
+    } else {
+        mmc_flux_pipeline_borrow_transformer(f->vpipe, t->flux);
+        lat = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, (h / 2) * (w / 2), 4 * C));
+        memcpy(lat->data, mmc_flux_pack_latents(ctx, z)->data, mmc_nbytes(lat));
+        st = mmc_flux_sample(ctx, f->vpipe, &f->vcond, NULL, lat, &o);
+        if (!st) st = mmc_flux_decode(ctx, f->vpipe, lat, res, res, false, &img);
+        mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
+    }
     mmc_tensor_free(lat);
     if (!st) {
         uint8_t *rgb = malloc((size_t)res * res * 3);
@@ -546,6 +771,10 @@ mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir) {
         const mmc_tensor *p = t->params[i];
         if (p->dtype == MMC_F32 || p->dtype == MMC_BF16) st = mmc_stw_add(w, t->names[i], p);
         else st = mmc_error(MMC_ERR_UNSUPPORTED, "parameter %s: dtype %s", t->names[i], mmc_dtype_name(p->dtype));
+    }
+    if (!st && t->sd3) {   /* the position table: a persistent buffer save_pretrained writes, not a parameter */
+        const mmc_tensor *pe = mmc_sd3_param(t->sd3, "pos_embed.pos_embed");
+        if (pe) st = mmc_stw_add(w, "pos_embed.pos_embed", pe);
     }
     if (!st) st = mmc_stw_set_metadata(w, "format", "pt");
     snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);

@@ -38,6 +38,8 @@ typedef struct {
 typedef struct mmc_tb mmc_tb;
 mmc_status mmc_tb_open(const char *dir, mmc_tb **out);
 mmc_status mmc_tb_scalar(mmc_tb *tb, const char *tag, int64_t step, double value);
+/* The PNG file at png_path as an image summary (TensorBoard's Images tab). */
+mmc_status mmc_tb_image(mmc_tb *tb, const char *tag, int64_t step, const char *png_path, int width, int height);
 mmc_status mmc_tb_flush(mmc_tb *tb);
 void mmc_tb_close(mmc_tb *tb);
 /* Masked CRC32C as TFRecord uses it (exposed for tests). */
@@ -96,11 +98,17 @@ struct mmc_trainer {
     mmc_comm *tpc, *dpc;       /* tpc NULL at tp 1 */
     int tp_size, dp_rank, dp_size;
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
+    signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
+    bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
+    mmc_sd3 *sd3;              /* or an SD3 / SD3.5 transformer (a StableDiffusion3Pipeline folder) */
     struct mmc_fm_data *fm;
 };
+
+/* a diffusion transformer trains (trainer_flux.c), not a language model */
+static inline bool mmc_trainer_diffusion(const mmc_trainer *t) { return t->flux || t->sd3; }
 
 /* trainer_flux.c */
 typedef struct mmc_fm_data mmc_fm_data;
@@ -126,6 +134,11 @@ mmc_status mmc_rm_rf(const char *path);
 mmc_status mmc_mkdir_p(const char *path);
 /* ZeRO-3 without LoRA: checkpoints keep the trained parameters in the ranks' shards (no
  * model.safetensors; the untrained ones go to model.frozen.safetensors) */
+/* ZeRO >= 1 checkpoints keep the moments in per-rank shard files, except under tensor
+ * parallelism, whose checkpoints are gathered into full tensors (any layout reads them) */
+static inline bool mmc_trainer_state_sharded(const mmc_trainer *t) {
+    return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc;
+}
 static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
     return t->dp && t->cfg->parallel.zero == 3 && !t->lora;
 }

@@ -63,6 +63,9 @@ struct mmc_sd3 {
     mmc_linear_w norm_out;                          /* [2C, C] */
     mmc_linear_w proj_out;                          /* [p*p*Cout, C] */
     mw_set w;
+    mmc_tensor **train_params;                      /* the parameters without pos_embed (mmc_sd3_param_list) */
+    const char **train_names;
+    int n_train;
 };
 
 /* ------------------------------------------------------------------ config */
@@ -128,6 +131,8 @@ void mmc_sd3_free(mmc_sd3 *m) {
     if (!m) return;
     mw_close(&m->w);
     free(m->blocks);
+    free(m->train_params);
+    free(m->train_names);
     free(m);
 }
 
@@ -226,6 +231,22 @@ mmc_tensor *mmc_sd3_param(const mmc_sd3 *m, const char *name) {
     for (int i = 0; i < m->w.n_params; i++)
         if (!strcmp(m->w.names[i], name)) return m->w.params[i];
     return NULL;
+}
+
+int mmc_sd3_param_list(mmc_sd3 *m, mmc_tensor ***params, const char *const **names) {
+    if (!m->train_params) {
+        m->train_params = calloc((size_t)m->w.n_params + 1, sizeof *m->train_params);
+        m->train_names = calloc((size_t)m->w.n_params + 1, sizeof *m->train_names);
+        MMC_CHECK(m->train_params && m->train_names, "out of memory");
+        for (int i = 0; i < m->w.n_params; i++)
+            if (m->w.params[i] != m->pos_embed) {
+                m->train_params[m->n_train] = m->w.params[i];
+                m->train_names[m->n_train++] = m->w.names[i];
+            }
+    }
+    *params = m->train_params;
+    *names = m->train_names;
+    return m->n_train;
 }
 
 mmc_status mmc_sd3_linears(mmc_sd3 *m, mmc_module_list *out) {

@@ -453,6 +453,11 @@ mmc_status mmc_qwen2_load_tp(const char *dir, const mmc_qwen2_config *cfg, mmc_c
     return st ? mmc_error_prefix(st, "%s", dir) : MMC_OK;
 }
 
+mmc_status mmc_qwen2_load_from_tp(mmc_st *st, const mmc_qwen2_config *cfg, const char *prefix, const char *lm_head_name,
+                                  mmc_comm *tp, bool trainable, mmc_qwen2 **out) {
+    return tp_build(cfg, tp, st, prefix, lm_head_name, NULL, trainable, out);
+}
+
 mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, mmc_comm *tp, mmc_qwen2 **out) {
     return tp_build(&full->cfg, tp, NULL, NULL, NULL, full, true, out);
 }
@@ -466,7 +471,8 @@ mmc_status mmc_qwen2_gather_weights(mmc_qwen2 *m, mmc_tensor **full) {
         int sp = m->param_split ? m->param_split[i] : -1;
         int64_t shape[MMC_MAX_DIMS];
         memcpy(shape, p->shape, sizeof shape);
-        if (sp >= 0) shape[sp] *= P;
+        if (sp == MMC_TP_FUSED3) shape[0] *= P;
+        else if (sp >= 0) shape[sp] *= P;
         if (!(full[i] = mmc_tensor_new(MMC_F32, p->ndim, shape))) { st = MMC_ERR_OOM; break; }
         snprintf(full[i]->name, sizeof full[i]->name, "%s", p->name);
         st = mmc_tp_gather(m->tp, p, sp, full[i]);
@@ -606,11 +612,12 @@ mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids) {
 static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L, mmc_tensor *x,
                                   mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *attn,
                                   mmc_kv_cache *kv, int layer_idx) {
-    const int64_t B = x->shape[0], T = x->shape[1], D = c->head_dim;
+    const int64_t D = c->head_dim;
     /* heads held here: all of them, or with tensor parallelism Hq/tp and Hkv/tp (whole GQA groups) */
     const int64_t Hq = L->q.out_features / D, Hkv = L->k.out_features / D;
-    mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, (float)c->rms_norm_eps);  /* [B, T, C] */
-    h = mmc_tp_copy(ctx, L->tp, h);                                              /* f: no-op without tp */
+    mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, (float)c->rms_norm_eps);  /* [B, T, C] ([B, T/tp, C] with sp) */
+    h = L->sp ? mmc_tp_sp_gather(ctx, L->tp, h) : mmc_tp_copy(ctx, L->tp, h);    /* f: no-op without tp */
+    const int64_t B = h->shape[0], T = h->shape[1];
     mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4,
                                 MMC_SHAPE(B, T, Hq, D));                         /* [B, T, Hq, D] */
     mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4,
@@ -622,15 +629,16 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
     if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
     mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
     a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, Hq * D));
+    if (L->sp) return mmc_tp_row_linear_sp(ctx, L->tp, a, &L->o);               /* [B, T/tp, C] */
     return L->tp ? mmc_tp_row_linear(ctx, L->tp, a, &L->o) : mmc_nn_linear(ctx, a, &L->o);
 }
 
 /* The MLP half on normed rows h [..., C]: down(silu(gate(h)) * up(h)) -> [..., C]. */
 static mmc_tensor *mlp(mmc_ctx *ctx, mmc_qwen2_layer *L, mmc_tensor *h) {
     if (L->tp) {   /* column-parallel gate/up (f before), row-parallel down (g after) */
-        h = mmc_tp_copy(ctx, L->tp, h);
-        return mmc_tp_row_linear(ctx, L->tp, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate),
-                                                        mmc_nn_linear(ctx, h, &L->up)), &L->down);
+        h = L->sp ? mmc_tp_sp_gather(ctx, L->tp, h) : mmc_tp_copy(ctx, L->tp, h);
+        mmc_tensor *a = mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up));
+        return L->sp ? mmc_tp_row_linear_sp(ctx, L->tp, a, &L->down) : mmc_tp_row_linear(ctx, L->tp, a, &L->down);
     }
     return mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up)),
                          &L->down);
@@ -713,6 +721,11 @@ static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in)
 
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv) {
+    /* sequence parallelism (training forwards with tp): the residual stream is this rank's
+     * slice of the sequence from here to the final norm */
+    const bool sp = m->tp && m->sp && mmc_grad_enabled(ctx);
+    m->sp_active = sp;
+    for (int l = 0; l < m->cfg.num_layers; l++) m->layers[l].sp = sp;
     if (!mmc_grad_enabled(ctx)) {
         /* inference: one owned copy of the residual stream, updated layer by layer in place */
         mmc_tensor *xo = mmc_new(ctx, MMC_F32, 3, x->shape);
@@ -724,6 +737,7 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_ten
         return mmc_rmsnorm(ctx, xo, m->norm, (float)m->cfg.rms_norm_eps);
     }
     bool ckpt = m->recompute && !kv && mmc_grad_enabled(ctx);
+    if (sp) x = mmc_tp_sp_split(ctx, m->tp, x);                                  /* [B, T/tp, C] */
     block_args *args = ckpt ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)m->cfg.num_layers) : NULL;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         if (ckpt) {
@@ -734,7 +748,8 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_ten
         }
     }
     if (kv) kv->len += x->shape[1];
-    return mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);
+    mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);
+    return sp ? mmc_tp_sp_gather(ctx, m->tp, h) : h;   /* sp: gathered for the column-parallel lm_head */
 }
 
 mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
@@ -744,7 +759,8 @@ mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
 
 mmc_tensor *mmc_qwen2_logits_local(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden) {
     if (!m->tp) return mmc_linear(ctx, hidden, m->lm_head, NULL);
-    return mmc_linear(ctx, mmc_tp_copy(ctx, m->tp, hidden), m->lm_head, NULL);   /* column-parallel */
+    /* column-parallel; after a sequence-parallel forward the all-gather has played f's part */
+    return mmc_linear(ctx, m->sp_active ? hidden : mmc_tp_copy(ctx, m->tp, hidden), m->lm_head, NULL);
 }
 
 /* ------------------------------------------------------------------ rope variants */

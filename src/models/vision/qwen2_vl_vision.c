@@ -13,6 +13,7 @@
  * inside a window and the fullatt_block_indexes blocks attend over the whole frame; the
  * merger's output is permuted back. */
 #include "mmc_vl.h"
+#include "mmc_tp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +111,7 @@ typedef struct {
     mmc_tensor **slot;
     int ndim;
     int64_t shape[5];
+    int split;              /* tensor parallelism: split code (mmc_tp.h), -1 replicated */
 } vspec;
 
 static int build_specs(mmc_vision *v, vspec *s) {
@@ -118,7 +120,9 @@ static int build_specs(mmc_vision *v, vspec *s) {
     bool q2 = c->arch == MMC_VL_QWEN2;
     int n = 0;
 #define SPEC(nm, ptr, nd, ...) do { snprintf(s[n].name, sizeof s[n].name, "%s", nm); s[n].slot = (ptr); \
-    s[n].ndim = nd; const int64_t sh_[] = {__VA_ARGS__}; memcpy(s[n].shape, sh_, sizeof sh_); n++; } while (0)
+    s[n].ndim = nd; const int64_t sh_[] = {__VA_ARGS__}; memcpy(s[n].shape, sh_, sizeof sh_); s[n].split = -1; \
+    n++; } while (0)
+#define SPLIT(d) (s[n - 1].split = (d))
     SPEC("patch_embed.proj.weight", &v->patch_w, 5, C, c->in_channels, c->temporal_patch_size, c->patch_size,
          c->patch_size);
     for (int64_t i = 0; i < c->depth; i++) {
@@ -130,21 +134,23 @@ static int build_specs(mmc_vision *v, vspec *s) {
         if (q2) BSPEC("norm1.bias", &b->norm1_b, 1, C);
         BSPEC("norm2.weight", &b->norm2_w, 1, C);
         if (q2) BSPEC("norm2.bias", &b->norm2_b, 1, C);
-        BSPEC("attn.qkv.weight", &b->qkv.w, 2, 3 * C, C);
-        BSPEC("attn.qkv.bias", &b->qkv.b, 1, 3 * C);
-        BSPEC("attn.proj.weight", &b->proj.w, 2, C, C);
+        /* tensor parallelism: qkv per third on rows (whole heads), proj / fc2 / down row-parallel,
+         * fc1 / gate / up column-parallel */
+        BSPEC("attn.qkv.weight", &b->qkv.w, 2, 3 * C, C); SPLIT(MMC_TP_FUSED3);
+        BSPEC("attn.qkv.bias", &b->qkv.b, 1, 3 * C); SPLIT(MMC_TP_FUSED3);
+        BSPEC("attn.proj.weight", &b->proj.w, 2, C, C); SPLIT(1);
         BSPEC("attn.proj.bias", &b->proj.b, 1, C);
         if (q2) {
-            BSPEC("mlp.fc1.weight", &b->fc1.w, 2, F, C);
-            BSPEC("mlp.fc1.bias", &b->fc1.b, 1, F);
-            BSPEC("mlp.fc2.weight", &b->fc2.w, 2, C, F);
+            BSPEC("mlp.fc1.weight", &b->fc1.w, 2, F, C); SPLIT(0);
+            BSPEC("mlp.fc1.bias", &b->fc1.b, 1, F); SPLIT(0);
+            BSPEC("mlp.fc2.weight", &b->fc2.w, 2, C, F); SPLIT(1);
             BSPEC("mlp.fc2.bias", &b->fc2.b, 1, C);
         } else {
-            BSPEC("mlp.gate_proj.weight", &b->gate.w, 2, F, C);
-            BSPEC("mlp.gate_proj.bias", &b->gate.b, 1, F);
-            BSPEC("mlp.up_proj.weight", &b->up.w, 2, F, C);
-            BSPEC("mlp.up_proj.bias", &b->up.b, 1, F);
-            BSPEC("mlp.down_proj.weight", &b->down.w, 2, C, F);
+            BSPEC("mlp.gate_proj.weight", &b->gate.w, 2, F, C); SPLIT(0);
+            BSPEC("mlp.gate_proj.bias", &b->gate.b, 1, F); SPLIT(0);
+            BSPEC("mlp.up_proj.weight", &b->up.w, 2, F, C); SPLIT(0);
+            BSPEC("mlp.up_proj.bias", &b->up.b, 1, F); SPLIT(0);
+            BSPEC("mlp.down_proj.weight", &b->down.w, 2, C, F); SPLIT(1);
             BSPEC("mlp.down_proj.bias", &b->down.b, 1, C);
         }
 #undef BSPEC
@@ -155,6 +161,7 @@ static int build_specs(mmc_vision *v, vspec *s) {
     SPEC("merger.mlp.0.bias", &v->mlp0.b, 1, C * m2);
     SPEC("merger.mlp.2.weight", &v->mlp2.w, 2, c->out_hidden_size, C * m2);
     SPEC("merger.mlp.2.bias", &v->mlp2.b, 1, c->out_hidden_size);
+#undef SPLIT
 #undef SPEC
     return n;
 }
@@ -165,10 +172,72 @@ static mmc_vision *vision_alloc(const mmc_vision_config *cfg, vspec **specs, int
 void mmc_vision_free(mmc_vision *v) {
     if (!v) return;
     for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
+    free(v->param_split);
     free(v->params);
     free(v->param_names);
     free(v->blocks);
     free(v);
+}
+
+bool mmc_vision_tp_ok(const mmc_vision_config *cfg, int tp, char *why, size_t cap) {
+    if (why && cap) why[0] = 0;
+    if (tp <= 1) return true;
+    if (cfg->num_heads % tp) {
+        if (why) snprintf(why, cap, "num_heads %lld is not divisible by tensor_parallel %d", (long long)cfg->num_heads, tp);
+        return false;
+    }
+    if (cfg->intermediate_size % tp) {
+        if (why) snprintf(why, cap, "intermediate_size %lld is not divisible by tensor_parallel %d",
+                          (long long)cfg->intermediate_size, tp);
+        return false;
+    }
+    return true;
+}
+
+mmc_status mmc_vision_shard_tp(mmc_vision *full, mmc_comm *tp, mmc_vision **out) {
+    *out = NULL;
+    const int P = mmc_comm_size(tp), r = mmc_comm_rank(tp);
+    char why[160];
+    if (!mmc_vision_tp_ok(&full->cfg, P, why, sizeof why))
+        return mmc_error(MMC_ERR_INVALID, "vision tower: tensor_parallel %d cannot split it: %s", P, why);
+    vspec *s = NULL, *fs = NULL;
+    int n = 0, nf = 0;
+    mmc_vision *v = vision_alloc(&full->cfg, &s, &n);
+    if (v) fs = calloc((size_t)(8 + 20 * (int)full->cfg.depth), sizeof *fs);
+    if (v && fs) nf = build_specs(full, fs);
+    if (v) v->param_split = calloc((size_t)(8 + 20 * (int)full->cfg.depth), 1);
+    if (!v || !fs || !v->param_split || nf != n) {
+        free(s); free(fs); mmc_vision_free(v);
+        return mmc_error(MMC_ERR_OOM, "out of memory allocating a vision tower");
+    }
+    for (int i = 0; i < n; i++) {
+        const mmc_tensor *src = *fs[i].slot;
+        MMC_CHECK(src && src->dtype == MMC_F32 && mmc_is_contiguous(src), "mmc_vision_shard_tp: the tower must be f32");
+        int64_t local[5];
+        mmc_tp_local_shape(s[i].ndim, s[i].shape, s[i].split, P, local);
+        mmc_tensor *t = mmc_tensor_new(MMC_F32, s[i].ndim, local);
+        if (!t) { free(s); free(fs); mmc_vision_free(v); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        mmc_tp_take_slice(src->data, s[i].ndim, s[i].shape, s[i].split, r, P, t->data);
+        t->flags = (t->flags & ~(uint32_t)(MMC_PARAM | MMC_REQUIRES_GRAD)) | (src->flags & (MMC_PARAM | MMC_REQUIRES_GRAD));
+        snprintf(t->name, sizeof t->name, "%s", src->name);
+        *s[i].slot = t;
+        v->param_split[v->n_params] = (signed char)s[i].split;
+        snprintf(v->param_names[v->n_params], sizeof v->param_names[0], "%s", s[i].name);
+        v->params[v->n_params++] = t;
+    }
+    free(s);
+    free(fs);
+    v->tp = tp;
+    v->recompute = full->recompute;
+    for (int64_t i = 0; i < v->cfg.depth; i++) {
+        mmc_vision_block *b = &v->blocks[i];
+        b->tp = tp;
+        b->qkv.out_features /= P; b->proj.in_features /= P;
+        b->fc1.out_features /= P; b->fc2.in_features /= P;
+        b->gate.out_features /= P; b->up.out_features /= P; b->down.in_features /= P;
+    }
+    *out = v;
+    return MMC_OK;
 }
 
 mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const char *prefix, bool trainable,
@@ -338,19 +407,24 @@ static mmc_tensor *vnorm(mmc_ctx *ctx, const mmc_vision_config *c, mmc_tensor *x
 /* The block's MLP on normed rows h [1, n, C] -> [1, n, C]: Qwen2-VL's fc2(act(fc1 h)) (QuickGELU),
  * Qwen2.5-VL's down(act(gate h) * up h) (SwiGLU). */
 static mmc_tensor *vmlp(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vision_block *b, mmc_tensor *h) {
-    if (c->arch == MMC_VL_QWEN2)
-        return mmc_nn_linear(ctx, act(ctx, c->act, mmc_nn_linear(ctx, h, &b->fc1)), &b->fc2);
+    h = mmc_tp_copy(ctx, b->tp, h);   /* tensor parallelism: column-parallel in, row-parallel out */
+    if (c->arch == MMC_VL_QWEN2) {
+        mmc_tensor *a = act(ctx, c->act, mmc_nn_linear(ctx, h, &b->fc1));
+        return b->tp ? mmc_tp_row_linear(ctx, b->tp, a, &b->fc2) : mmc_nn_linear(ctx, a, &b->fc2);
+    }
     mmc_tensor *g = mmc_nn_linear(ctx, h, &b->gate), *u = mmc_nn_linear(ctx, h, &b->up);
     g = c->act == MMC_ACT_SILU ? mmc_swiglu(ctx, g, u) : mmc_mul(ctx, act(ctx, c->act, g), u);
-    return mmc_nn_linear(ctx, g, &b->down);
+    return b->tp ? mmc_tp_row_linear(ctx, b->tp, g, &b->down) : mmc_nn_linear(ctx, g, &b->down);
 }
 
 /* x [1, N, Cv] -> [1, N, Cv] (Qwen2VLVisionBlock / Qwen2_5_VLVisionBlock) */
 static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vision_block *b, mmc_tensor *x,
                                  mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *ao) {
-    int64_t N = x->shape[1], C = c->embed_dim, H = c->num_heads, D = C / H;
+    /* heads held here: all, or num_heads / tp with tensor parallelism */
+    const int64_t N = x->shape[1], D = c->embed_dim / c->num_heads, H = b->qkv.out_features / 3 / D, C = H * D;
     mmc_params_begin(ctx, b);   /* ZeRO-3: the block's parameters are gathered here, freed at the end */
-    mmc_tensor *h = vnorm(ctx, c, x, b->norm1_w, b->norm1_b);                  /* [1, N, C] */
+    mmc_tensor *h = vnorm(ctx, c, x, b->norm1_w, b->norm1_b);                  /* [1, N, Cv] */
+    h = mmc_tp_copy(ctx, b->tp, h);
     mmc_tensor *f = mmc_nn_linear(ctx, h, &b->qkv);                             /* [1, N, 3C] */
     f = mmc_reshape(ctx, f, 5, MMC_SHAPE(1, N, 3, H, D));
     mmc_tensor *qkv[3];
@@ -359,7 +433,7 @@ static mmc_tensor *block_forward(mmc_ctx *ctx, const mmc_vision_config *c, mmc_v
     mmc_tensor *q = mmc_rope(ctx, qkv[0], cos, sin), *k = mmc_rope(ctx, qkv[1], cos, sin);
     mmc_tensor *a = mmc_attention(ctx, q, k, qkv[2], ao);                        /* [1, N, H, D] */
     a = mmc_reshape(ctx, a, 3, MMC_SHAPE(1, N, C));
-    x = mmc_add(ctx, x, mmc_nn_linear(ctx, a, &b->proj));
+    x = mmc_add(ctx, x, b->tp ? mmc_tp_row_linear(ctx, b->tp, a, &b->proj) : mmc_nn_linear(ctx, a, &b->proj));
     h = vnorm(ctx, c, x, b->norm2_w, b->norm2_b);
     mmc_tensor *y = vmlp(ctx, c, b, h);
     x = mmc_add(ctx, x, y);
@@ -383,7 +457,9 @@ static int64_t chunk_rows(int64_t rows, int64_t width) {
 static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vision_block *b, mmc_tensor *x,
                                 mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *ao) {
     mmc_arena *ar = mmc_ctx_arena(ctx);
-    const int64_t N = x->shape[1], C = c->embed_dim, H = c->num_heads, D = C / H;
+    /* C: the attention width held here (the embedding width Cv / tp with tensor parallelism) */
+    const int64_t N = x->shape[1], D = c->embed_dim / c->num_heads, H = b->qkv.out_features / 3 / D, C = H * D,
+                  Cv = c->embed_dim;
     float *xd = x->data;
     mmc_arena_mark m0 = mmc_arena_get_mark(ar);
     mmc_tensor *qkv[3];                                                          /* [1, N, H, D] */
@@ -407,8 +483,9 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t n = N - r0 < R ? N - r0 : R;
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
-        mmc_tensor *y = mmc_nn_linear(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, a, 1, r0, n)), &b->proj);
-        mmc_infer_residual_add(ctx, xd + r0 * C, y);
+        mmc_tensor *an = mmc_contiguous(ctx, mmc_narrow(ctx, a, 1, r0, n));
+        mmc_tensor *y = b->tp ? mmc_tp_row_linear(ctx, b->tp, an, &b->proj) : mmc_nn_linear(ctx, an, &b->proj);
+        mmc_infer_residual_add(ctx, xd + r0 * Cv, y);
         mmc_arena_release(ar, mk);
     }
     mmc_arena_release(ar, m0);
@@ -418,7 +495,7 @@ static void block_forward_infer(mmc_ctx *ctx, const mmc_vision_config *c, mmc_vi
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
         mmc_tensor *h = vnorm(ctx, c, mmc_narrow(ctx, x, 1, r0, n), b->norm2_w, b->norm2_b);
         mmc_tensor *y = vmlp(ctx, c, b, h);
-        mmc_infer_residual_add(ctx, xd + r0 * C, y);
+        mmc_infer_residual_add(ctx, xd + r0 * Cv, y);
         mmc_arena_release(ar, mk);
     }
 }

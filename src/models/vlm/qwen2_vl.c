@@ -6,6 +6,7 @@
  * rope_deltas (max position + 1 - length) offset the positions of every decoded token, as
  * transformers' _prepare_position_ids_for_generation does. */
 #include "mmc_vl.h"
+#include "mmc_parallel.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,7 +70,32 @@ mmc_status mmc_qwen2_vl_new(const mmc_json *cfg, const char *what, uint64_t seed
     return MMC_OK;
 }
 
+/* the vision tower's shard, when tp divides its heads and MLP (else it stays replicated) */
+static mmc_status shard_vision(mmc_qwen2_vl *m, struct mmc_comm *tp) {
+    if (!mmc_vision_tp_ok(&m->visual->cfg, mmc_comm_size(tp), NULL, 0)) return MMC_OK;
+    mmc_vision *v = NULL;
+    mmc_status st = mmc_vision_shard_tp(m->visual, tp, &v);
+    if (st) return st;
+    mmc_vision_free(m->visual);
+    m->visual = v;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp) {
+    mmc_qwen2 *s = NULL;
+    mmc_status st = mmc_qwen2_shard_tp(m->lm, tp, &s);
+    if (st) return st;
+    s->recompute = m->lm->recompute;
+    mmc_qwen2_free(m->lm);
+    m->lm = s;
+    return shard_vision(m, tp);
+}
+
 mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out) {
+    return mmc_qwen2_vl_load_tp(dir, trainable, NULL, out);
+}
+
+mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm *tp, mmc_qwen2_vl **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -92,7 +118,9 @@ mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out
     /* load both parts even if the first fails, so that every problem is reported at once */
     mmc_status vst = mmc_vision_load_from(m->st, &vc, vpre, trainable, &m->visual);
     if (vst) verr = strdup(mmc_last_error());
-    mmc_status lst = mmc_qwen2_load_from(m->st, &tc, lpre, "lm_head.weight", trainable, &m->lm);
+    /* with tensor parallelism the language model binds its slices (the tower is sliced below) */
+    mmc_status lst = tp ? mmc_qwen2_load_from_tp(m->st, &tc, lpre, "lm_head.weight", tp, trainable, &m->lm)
+                        : mmc_qwen2_load_from(m->st, &tc, lpre, "lm_head.weight", trainable, &m->lm);
     if (vst || lst) {
         st = vst ? vst : lst;
         char *lerr = lst ? strdup(mmc_last_error()) : NULL;
@@ -102,6 +130,8 @@ mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out
     }
     free(verr);
     mmc_json_free(cfg);
+    /* tensor parallelism: the tower (small next to the language model) is loaded whole, then sliced */
+    if (tp && trainable && (st = shard_vision(m, tp))) { cfg = NULL, verr = NULL; goto fail; }
     if (trainable) {   /* weights were copied: the mapping is not needed */
         mmc_st_close(m->st);
         m->st = NULL;

@@ -130,6 +130,12 @@ mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batc
     mmc_tensor *h;
     mmc_status st = mmc_qwen2_vl_forward_ex(ctx, m, ids, &media, &seq, NULL, NULL, &h);   /* [B, T, C] */
     if (st) return st;
+    if (m->lm->tp) {   /* vocab-parallel loss on this rank's logits [B, T, V/tp] */
+        mmc_tensor *logits = mmc_qwen2_logits_local(ctx, m->lm, h);
+        *loss = causal_lm_loss(ctx, m->lm->tp, mmc_comm_rank(m->lm->tp) * m->lm->lm_head->shape[0], logits, b->labels,
+                               scale, n_scored);
+        return MMC_OK;
+    }
     mmc_tensor *logits = mmc_qwen2_vl_logits(ctx, m, h);                          /* [B, T, V] */
     *loss = mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
     return MMC_OK;
