@@ -13,6 +13,7 @@
 
 #include "mmc.h"
 #include "mmc_ops.h"
+#include "mmc_tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,7 +65,8 @@ typedef struct {
     int32_t decoder_start_token_id, eos_token_id, no_timestamps_token_id; /* -1: absent */
     int32_t prev_sot_token_id;
     int32_t max_length, max_initial_timestamp_index;                     /* -1: absent */
-    bool is_multilingual, return_timestamps;
+    bool is_multilingual;               /* false only when the file says so */
+    bool return_timestamps;
     int n_forced;                       /* forced_decoder_ids [[i, id|null] ...]: ids at 1..n */
     int32_t forced[8];                  /* -1 for null (the language slot) */
     int n_langs;
@@ -77,9 +79,9 @@ typedef struct {
 mmc_status mmc_whisper_gen_config_load(const char *dir, mmc_whisper_gen_config *g);
 
 typedef struct {
-    const char *language;   /* "en", "<|en|>", or NULL: detected at the first window */
+    const char *language;   /* "en", "<|en|>", "english", or NULL: detected at the first window */
     const char *task;       /* "transcribe", "translate" or NULL (generation config's) */
-    bool timestamps;        /* return_timestamps */
+    bool timestamps;        /* return_timestamps (on as well when generation_config.json says so) */
     int max_new_tokens;     /* 0: generation_config max_length rules */
 } mmc_whisper_opts;
 
@@ -109,6 +111,11 @@ typedef struct {
 mmc_status mmc_whisper_transcribe(const mmc_whisper *m, const mmc_whisper_gen_config *g, const float *feats,
                                   int64_t frames, const mmc_whisper_opts *o, mmc_whisper_result *r);
 void mmc_whisper_result_free(mmc_whisper_result *r);
+/* The text of ids as WhisperTokenizer.decode(ids, skip_special_tokens=True) gives it: timestamp
+ * tokens and special tokens dropped. *out malloc'd. (The generic mmc_tokenizer_decode keeps the
+ * timestamps, which are ordinary added tokens in tokenizer.json.) */
+mmc_status mmc_whisper_text(const mmc_tokenizer *tok, const mmc_whisper_gen_config *g, const int32_t *ids, int64_t n,
+                            char **out);
 /* The first token id that is a timestamp (<|0.00|>): no_timestamps_token_id + 1. */
 int32_t mmc_whisper_timestamp_begin(const mmc_whisper_gen_config *g);
 

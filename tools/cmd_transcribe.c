@@ -4,10 +4,15 @@
  * language given or detected, transcribe or translate, optional timestamps, inputs longer than
  * 30 s walked in windows. Output: plain text, timestamped segments, JSON or SRT.
  *
- * Input: log-mel features written as safetensors (--features FILE: a tensor "input_features"
- * [1, n_mels, frames] or [n_mels, frames], what WhisperFeatureExtractor returns). */
+ * Input: an audio file (anything FFmpeg decodes, the audio track of a video included), resampled
+ * to 16 kHz mono (mmc_audio_load) and turned into log-mel features as WhisperFeatureExtractor does
+ * (mmc_whisper_features with the checkpoint's preprocessor config): a clip up to 30 s padded to
+ * 30 s (processor(audio)), a longer one over its whole length (processor(audio, truncation=False,
+ * padding="longest"), transformers' long-form input); or features written as safetensors
+ * (--features FILE: a tensor "input_features" [1, n_mels, frames] or [n_mels, frames]). */
 #include "cli.h"
 
+#include "mmc_audio.h"
 #include "mmc_io.h"
 #include "mmc_tokenizer.h"
 #include "mmc_whisper.h"
@@ -17,28 +22,74 @@
 
 void help_transcribe(FILE *f) {
     fprintf(f,
-            "usage: mmc transcribe --model DIR --features FILE.safetensors [options]\n\n"
+            "usage: mmc transcribe FILE --model DIR [options]\n"
+            "       mmc transcribe --features FEATURES.safetensors --model DIR [options]\n\n"
             "Transcribe (or translate to English) speech with the Whisper checkpoint in DIR, greedily, as\n"
             "transformers' WhisperForConditionalGeneration.generate does. Inputs longer than 30 s are\n"
             "decoded window by window, each window starting where the previous one's last complete\n"
             "timestamp pair ended (timestamps are then on).\n\n"
+            "FILE is an audio file (WAV, FLAC, MP3, OGG/Opus, M4A/AAC, or a video's audio track),\n"
+            "resampled to 16 kHz mono; its log-mel features are WhisperFeatureExtractor's (the\n"
+            "checkpoint's preprocessor_config.json): padded to 30 s, or over the whole clip when longer.\n\n"
             "options:\n"
             "  --model DIR              Whisper directory (config.json, model.safetensors,\n"
-            "                           generation_config.json, tokenizer.json)\n"
-            "  --features FILE          log-mel features as safetensors: tensor \"input_features\"\n"
-            "                           [1, n_mels, frames] or [n_mels, frames] (WhisperFeatureExtractor's\n"
-            "                           output; frames = 100 per second, 3000 per window)\n"
-            "  --language L             language code (en, de, ...) or token (<|en|>); default: detected\n"
-            "                           from the first 30 s\n"
-            "  --task T                 transcribe (default) or translate (to English)\n"
+            "                           generation_config.json, tokenizer.json, preprocessor_config.json\n"
+            "                           or processor_config.json)\n"
+            "  --features FILE          instead of an audio file, log-mel features as safetensors:\n"
+            "                           tensor \"input_features\" [1, n_mels, frames] or [n_mels, frames]\n"
+            "                           (WhisperFeatureExtractor's output; 100 frames a second)\n"
+            "  --language L             language code (en, de ...), name (english, german ...) or token\n"
+            "                           (<|en|>); default: detected from the first 30 s\n"
+            "  --task T                 transcribe or translate (to English); default: the generation\n"
+            "                           config's (forced_decoder_ids), transcribe when --language is given\n"
             "  --timestamps             predict segment timestamps (always on beyond 30 s)\n"
+            "                           output: one \"[start --> end] text\" line per segment\n"
             "  --max-new-tokens N       tokens per window (default: generation_config.json max_length)\n"
             "  --json                   print {text, language, segments: [{start, end, text, tokens}],\n"
             "                           tokens, prompt, windows}\n"
             "  --srt                    print SubRip subtitles, one cue per segment\n"
             "  -h, --help               this help\n\n"
-            "Audio files (WAV, FLAC, MP3 ...) are read once mmc's audio reader is built in; until\n"
-            "then make the features with transformers' WhisperFeatureExtractor and save them.\n");
+            "example:\n"
+            "  mmc transcribe talk.mp3 --model ./whisper-small --language en --timestamps --srt > talk.srt\n");
+}
+
+/* The log-mel features of an audio file, as transformers' processor makes them for generate():
+ * up to 30 s, processor(audio) (padded to 30 s); longer, processor(audio, truncation=False,
+ * padding="longest") (the whole clip, frames = samples / hop), computed by the same extractor with
+ * its window widened to the clip (a copy of the settings; the max - 8 floor then spans the whole
+ * clip, as there). */
+static mmc_status audio_features(const char *path, const char *model, int64_t n_mels, float **out, int64_t *frames,
+                                 double *seconds) {
+    *out = NULL;
+    mmc_whisper_fe fe;
+    mmc_status st = mmc_whisper_fe_load(model, &fe);
+    if (st) return st;
+    if (fe.feature_size != n_mels) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the feature extractor makes %d mel bins, the model takes %lld", model,
+                       fe.feature_size, (long long)n_mels);
+        mmc_whisper_fe_free(&fe);
+        return st;
+    }
+    mmc_audio a = {0};
+    if ((st = mmc_audio_load(path, fe.sampling_rate, &a))) { mmc_whisper_fe_free(&fe); return st; }
+    mmc_whisper_fe w = fe;
+    if (a.n > fe.n_samples) {
+        if (a.n / fe.hop_length > INT32_MAX / 2) {
+            st = mmc_error(MMC_ERR_INVALID, "%s: too long", path);
+            goto done;
+        }
+        w.n_samples = (int)a.n;
+        w.nb_max_frames = (int)(a.n / fe.hop_length);
+    }
+    *frames = w.nb_max_frames;
+    *seconds = (double)a.n / fe.sampling_rate;
+    *out = malloc((size_t)(n_mels * *frames) * sizeof(float));
+    if (!*out) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if ((st = mmc_whisper_features(&w, a.samples, a.n, *out, NULL))) { free(*out); *out = NULL; }
+done:
+    mmc_audio_free(&a);
+    mmc_whisper_fe_free(&fe);
+    return st;
 }
 
 static mmc_status load_features(const char *path, int64_t n_mels, float **out, int64_t *frames) {
@@ -68,14 +119,10 @@ static mmc_status load_features(const char *path, int64_t n_mels, float **out, i
     return MMC_OK;
 }
 
-/* Text of tokens [a, b) without timestamps and special tokens (WhisperTokenizer.decode's default). */
-static char *text_of(const mmc_tokenizer *tok, const int32_t *ids, int64_t n, int32_t ts_begin) {
-    int32_t *keep = malloc((size_t)(n + 1) * sizeof *keep);
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; i++) if (ids[i] < ts_begin) keep[k++] = ids[i];
+/* WhisperTokenizer.decode(ids, skip_special_tokens=True); "" if the ids do not decode. */
+static char *text_of(const mmc_tokenizer *tok, const mmc_whisper_gen_config *g, const int32_t *ids, int64_t n) {
     char *s = NULL;
-    if (mmc_tokenizer_decode(tok, keep, k, true, &s) != MMC_OK) s = strdup("");
-    free(keep);
+    if (mmc_whisper_text(tok, g, ids, n, &s) != MMC_OK) s = strdup("");
     return s;
 }
 
@@ -113,10 +160,7 @@ int cmd_transcribe(int argc, char **argv) {
     if (!model) return cli_usage("transcribe", "--model DIR is required");
     if (json && srt) return cli_usage("transcribe", "--json and --srt exclude each other");
     if (file && features) return cli_usage("transcribe", "give an audio FILE or --features, not both");
-    if (file)
-        return cli_usage("transcribe", "audio files are not read by this build yet: make log-mel features with "
-                         "WhisperFeatureExtractor, save them as safetensors and pass --features FILE");
-    if (!features) return cli_usage("transcribe", "--features FILE.safetensors is required");
+    if (!file && !features) return cli_usage("transcribe", "an audio FILE (or --features FILE.safetensors) is required");
 
     double t0 = mmc_now();
     mmc_whisper *m = NULL;
@@ -131,16 +175,18 @@ int cmd_transcribe(int argc, char **argv) {
     if ((st = mmc_whisper_load(model, &m))) { cli_fail(st, "transcribe: cannot load the model"); goto done; }
     if ((st = mmc_whisper_gen_config_load(model, g))) { cli_fail(st, "transcribe: cannot read the generation config"); goto done; }
     if ((st = mmc_tokenizer_load(model, &tok))) { cli_fail(st, "transcribe: cannot load the tokenizer"); goto done; }
-    if ((st = load_features(features, mmc_whisper_cfg(m)->num_mel_bins, &feats, &frames))) {
-        cli_fail(st, "transcribe: cannot read the features");
+    double seconds = 0;
+    if (file) st = audio_features(file, model, mmc_whisper_cfg(m)->num_mel_bins, &feats, &frames, &seconds);
+    else st = load_features(features, mmc_whisper_cfg(m)->num_mel_bins, &feats, &frames), seconds = frames / 100.0;
+    if (st) {
+        cli_fail(st, "transcribe: cannot read %s", file ? file : features);
         goto done;
     }
     double t1 = mmc_now();
     if ((st = mmc_whisper_transcribe(m, g, feats, frames, &o, &r))) { cli_fail(st, "transcribe: failed"); goto done; }
     double t2 = mmc_now();
-    const int32_t tb = mmc_whisper_timestamp_begin(g);
     const char *lang = r.language_id >= 0 ? mmc_tokenizer_id_to_token(tok, r.language_id) : NULL;
-    char *text = text_of(tok, r.tokens, r.n, tb);
+    char *text = text_of(tok, g, r.tokens, r.n);
     char a[32], b[32];
     if (json) {
         printf("{\"text\": ");
@@ -151,7 +197,7 @@ int cmd_transcribe(int argc, char **argv) {
         printf(", \"segments\": [");
         for (int i = 0; i < r.n_segs; i++) {
             const mmc_whisper_segment *s = &r.segs[i];
-            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            char *t = text_of(tok, g, r.tokens + s->first, s->n);
             printf("%s{\"start\": %.2f, \"end\": %.2f, \"text\": ", i ? ", " : "", s->start, s->end);
             mmc_json_write_string(stdout, t);
             printf(", \"tokens\": [");
@@ -167,7 +213,7 @@ int cmd_transcribe(int argc, char **argv) {
     } else if (srt) {
         for (int i = 0; i < r.n_segs; i++) {
             const mmc_whisper_segment *s = &r.segs[i];
-            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            char *t = text_of(tok, g, r.tokens + s->first, s->n);
             fmt_time(a, sizeof a, s->start, ','), fmt_time(b, sizeof b, s->end, ',');
             const char *tt = t;
             while (*tt == ' ') tt++;
@@ -177,7 +223,7 @@ int cmd_transcribe(int argc, char **argv) {
     } else if (o.timestamps) {
         for (int i = 0; i < r.n_segs; i++) {
             const mmc_whisper_segment *s = &r.segs[i];
-            char *t = text_of(tok, r.tokens + s->first, s->n, tb);
+            char *t = text_of(tok, g, r.tokens + s->first, s->n);
             fmt_time(a, sizeof a, s->start, '.'), fmt_time(b, sizeof b, s->end, '.');
             printf("[%s --> %s] %s\n", a, b, t);
             free(t);
@@ -187,7 +233,7 @@ int cmd_transcribe(int argc, char **argv) {
     }
     free(text);
     fprintf(stderr, "mmc transcribe: %lld frames (%.1f s of audio), %d window(s), %lld tokens, language %s; "
-            "load %.2f s, decode %.2f s\n", (long long)frames, frames / 100.0, r.n_windows, (long long)r.n,
+            "load %.2f s, decode %.2f s\n", (long long)frames, seconds, r.n_windows, (long long)r.n,
             lang ? lang : "-", t1 - t0, t2 - t1);
     rc = CLI_OK;
 done:

@@ -17,9 +17,20 @@ tests/fixtures/whisper/expected.safetensors:
     them upcast to float32), encoder_last_hidden_state [1, 1500, 32],
   prompt_ids [T] and logits [T, V]: the decoder's logits for a prompt (sot, <|en|>, transcribe,
     notimestamps, a few text tokens) over those features,
-  gen_<case> (int64): generate(input_features, ...)'s output ids for the cases in cases.json
-    (forced language / detected language / timestamps / translate / long-form over 4500 frames
-    = cat(features, features[:, :, :1500])).
+  gen_<case> (int64): generate(input_features, ...)'s output ids for the cases in cases.json (with
+    their text, tokenizer.decode(ids, skip_special_tokens=True))
+    (forced language / detected language / timestamps / translate / the generation config's
+    max_length / long-form over 4500 frames = cat(features, features[:, :, :1500])), on the
+    features ("x") or their negation ("neg").
+The random weights give the cross-attention a large scale so that the tokens depend on the
+features and the model emits timestamp pairs, several segments per window and EOS.
+
+tests/fixtures/whisper/tones_8s.flac, tones_40s.flac: 16 kHz mono 16-bit FLAC (lossless, so every
+decoder yields the same samples, int16 / 32768) of tone bursts between silences, written with PyAV;
+audio_expected.json: for each, the ids of generate() on WhisperProcessor's features of those
+samples, as a user calls it: processor(audio) for the 8 s clip (padded to 30 s),
+processor(audio, truncation=False, padding="longest") for the 40 s one (long-form), with the
+options given there.
 
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_whisper.py
 """
@@ -97,7 +108,11 @@ with torch.no_grad():
         elif "embed_positions" in name:
             p.copy_(0.5 * torch.randn(p.shape, generator=g))
         elif "embed_tokens" in name:
-            p.copy_(torch.randn(p.shape, generator=g))
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        elif "encoder_attn.v_proj" in name or "encoder_attn.out_proj" in name:
+            # a strong cross-attention path: the random model's tokens then depend on the audio and
+            # it emits timestamp pairs, several segments per window and EOS
+            p.copy_(3.0 * torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
         else:
             p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
 space = tok.convert_tokens_to_ids("\u0120")
@@ -133,24 +148,28 @@ with torch.no_grad():
     out["prompt_ids"] = torch.tensor(prompt, dtype=torch.int32)
     out["logits"] = logits.contiguous()
 
-long_x = torch.cat([x, x[:, :, :1500]], dim=-1)
+INPUTS = {"x": x, "neg": -x, "long": torch.cat([x, x[:, :, :1500]], dim=-1)}
 CASES = {
-    "en": dict(language="en", task="transcribe", max_new_tokens=24),
-    "detect": dict(max_new_tokens=24),
-    "timestamps": dict(language="en", return_timestamps=True, max_new_tokens=32),
-    "translate_ts": dict(language="de", task="translate", return_timestamps=True, max_new_tokens=32),
-    "detect_ts": dict(return_timestamps=True, max_new_tokens=32),
-    "long": dict(language="en", return_timestamps=True, max_new_tokens=24),
+    "en": ("x", dict(language="en", task="transcribe", max_new_tokens=24)),
+    "detect": ("x", dict(max_new_tokens=24)),
+    "timestamps": ("x", dict(language="en", return_timestamps=True, max_new_tokens=40)),
+    "translate_ts": ("x", dict(language="de", task="translate", return_timestamps=True, max_new_tokens=32)),
+    "detect_ts": ("x", dict(return_timestamps=True, max_new_tokens=32)),
+    "neg": ("neg", dict(language="en", max_new_tokens=40)),
+    "neg_ts": ("neg", dict(language="fr", return_timestamps=True, max_new_tokens=60)),
+    "neg_default": ("neg", dict(return_timestamps=True)),
+    "long": ("long", dict(language="en", return_timestamps=True, max_new_tokens=24)),
 }
 cases = {}
-for name, kw in CASES.items():
-    inp = long_x if name == "long" else x
+for name, (inp_name, kw) in CASES.items():
+    inp = INPUTS[inp_name]
     with torch.no_grad():
         seq = model.generate(input_features=inp, **kw)
     seq = seq[0] if not isinstance(seq, dict) else seq["sequences"][0]
     out["gen_" + name] = seq.to(torch.int64).contiguous()
-    cases[name] = dict(kw, frames=inp.shape[-1])
-    print(name, seq.tolist())
+    # the transcription as a user reads it: WhisperTokenizer.decode drops timestamps and specials
+    cases[name] = dict(kw, input=inp_name, frames=inp.shape[-1], text=tok.decode(seq, skip_special_tokens=True))
+    print(name, len(seq), seq.tolist()[:60])
 # language detection alone (what generate does at the first step)
 with torch.no_grad():
     lang = model.detect_language(input_features=x, generation_config=model.generation_config)
@@ -160,3 +179,63 @@ save_file(out, os.path.join(OUT, "expected.safetensors"))
 with open(os.path.join(OUT, "cases.json"), "w") as f:
     json.dump(cases, f, indent=1)
 print("vocab", V, "eot", eot, "no_timestamps", no_ts)
+
+
+# -- audio files and end-to-end references (mmc transcribe FILE)
+import av  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def tones(seconds, bursts):
+    """int16 samples at 16 kHz: silence with (start s, length s, Hz, amplitude) tone bursts, faded."""
+    sr = 16000
+    y = np.zeros(seconds * sr)
+    for start, length, hz, amp in bursts:
+        t = np.arange(int(length * sr)) / sr
+        env = np.minimum(1.0, np.minimum(t, length - t) / 0.05)
+        seg = amp * env * (np.sin(2 * np.pi * hz * t) + 0.3 * np.sin(2 * np.pi * 2.5 * hz * t))
+        i = int(start * sr)
+        y[i:i + len(seg)] += seg
+    return np.clip(np.round(y * 32767), -32768, 32767).astype(np.int16)
+
+
+def write_flac(path, pcm):
+    with av.open(path, "w", format="flac") as f:
+        st = f.add_stream("flac", rate=16000, layout="mono")
+        st.format = "s16"
+        for i in range(0, len(pcm), 4096):
+            fr = av.AudioFrame.from_ndarray(pcm[None, i:i + 4096], format="s16", layout="mono")
+            fr.sample_rate = 16000
+            for pkt in st.encode(fr):
+                f.mux(pkt)
+        for pkt in st.encode(None):
+            f.mux(pkt)
+
+
+proc = WhisperProcessor.from_pretrained(MODEL)
+AUDIO = {
+    "tones_8s": (tones(8, [(0.5, 1.5, 300, 0.3), (3.0, 2.0, 550, 0.2), (6.0, 1.0, 900, 0.4)]),
+                 dict(language="en", return_timestamps=True, max_new_tokens=40), False),
+    "tones_40s": (tones(40, [(1.0, 2.0, 350, 0.3), (12.0, 3.0, 700, 0.2), (31.0, 2.5, 450, 0.35)]),
+                  dict(language="en", return_timestamps=True, max_new_tokens=40), True),
+}
+audio_ref = {}
+for name, (pcm, kw, longform) in AUDIO.items():
+    path = os.path.join(OUT, name + ".flac")
+    write_flac(path, pcm)
+    with av.open(path) as f:   # the samples every decoder gets back
+        back = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(audio=0)])
+    assert np.array_equal(back, pcm), name
+    audio = pcm.astype(np.float32) / 32768.0
+    if longform:
+        inp = proc(audio, sampling_rate=16000, return_tensors="pt", truncation=False, padding="longest",
+                   return_attention_mask=True)
+    else:
+        inp = proc(audio, sampling_rate=16000, return_tensors="pt")
+    with torch.no_grad():
+        seq = model.generate(input_features=inp.input_features, **kw)
+    seq = seq[0] if not isinstance(seq, dict) else seq["sequences"][0]
+    audio_ref[name] = dict(kw, frames=int(inp.input_features.shape[-1]), tokens=seq.tolist())
+    print(name, os.path.getsize(path), "bytes", inp.input_features.shape, seq.tolist())
+with open(os.path.join(OUT, "audio_expected.json"), "w") as f:
+    json.dump(audio_ref, f)   # one line: the shell test greps it

@@ -343,7 +343,6 @@ mmc_status mmc_whisper_dec_step(mmc_ctx *ctx, mmc_whisper_dec *d, const int32_t 
     mmc_tensor *x = mmc_embedding(ctx, m->tok_emb, tid);                    /* [1, n, C] */
     if (c->scale_embedding) x = mmc_scale(ctx, x, sqrtf((float)C));
     x = mmc_add(ctx, x, mmc_embedding(ctx, m->dec_pos, pid));
-    const int64_t D = C / H;
     for (int64_t i = 0; i < c->decoder_layers; i++) {
         const wh_layer *L = &m->dec[i];
         /* self-attention: this step's keys/values go into the cache, the queries see all of it */
@@ -357,7 +356,6 @@ mmc_status mmc_whisper_dec_step(mmc_ctx *ctx, mmc_whisper_dec *d, const int32_t 
         h = mmc_layernorm(ctx, x, L->cross.ln_w, L->cross.ln_b, 1e-5f);
         x = mmc_add(ctx, x, attn_out(ctx, &L->cross, h, d->cross_k[i], d->cross_v[i], H, false));
         x = ffn(ctx, m, L, x);
-        (void)D;
     }
     mmc_tensor *last = all_logits ? x : mmc_narrow(ctx, x, 1, n - 1, 1);
     last = mmc_layernorm(ctx, mmc_contiguous(ctx, last), m->dec_ln_w, m->dec_ln_b, 1e-5f);

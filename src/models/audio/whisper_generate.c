@@ -77,10 +77,18 @@ mmc_status mmc_whisper_gen_config_load(const char *dir, mmc_whisper_gen_config *
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     mmc_json *jg = NULL, *jc = NULL;
-    mmc_status st = mmc_json_load(path, &jg);
+    mmc_status st = mmc_json_load(cpath, &jc);
     if (st) return st;
-    if ((st = mmc_json_load(cpath, &jc))) { mmc_json_free(jg); return st; }
-    const cJSON *o = (const cJSON *)jg, *c = (const cJSON *)jc;
+    /* without generation_config.json transformers derives one from config.json's generation
+     * fields (GenerationConfig.from_model_config): no lang_to_id / no_timestamps_token_id there */
+    FILE *probe = fopen(path, "r");
+    if (probe) {
+        fclose(probe);
+        if ((st = mmc_json_load(path, &jg))) { mmc_json_free(jc); return st; }
+    } else {
+        snprintf(path, sizeof path, "%s", cpath);
+    }
+    const cJSON *c = (const cJSON *)jc, *o = jg ? (const cJSON *)jg : c;
     g->decoder_start_token_id = json_int_or(o, "decoder_start_token_id", json_int_or(c, "decoder_start_token_id", -1));
     g->eos_token_id = json_int_or(o, "eos_token_id", json_int_or(c, "eos_token_id", -1));
     if (g->eos_token_id < 0) g->eos_token_id = json_int_or(o, "bos_token_id", -1);
@@ -88,7 +96,8 @@ mmc_status mmc_whisper_gen_config_load(const char *dir, mmc_whisper_gen_config *
     g->prev_sot_token_id = json_int_or(o, "prev_sot_token_id", -1);
     g->max_length = json_int_or(o, "max_length", 20);
     g->max_initial_timestamp_index = json_int_or(o, "max_initial_timestamp_index", -1);
-    g->is_multilingual = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "is_multilingual"));
+    /* absent: no check (transformers refuses language / task only when it is present and false) */
+    g->is_multilingual = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "is_multilingual"));
     g->return_timestamps = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "return_timestamps"));
     g->transcribe_id = g->translate_id = -1;
     if (g->decoder_start_token_id < 0 || g->eos_token_id < 0) {
@@ -129,6 +138,19 @@ int32_t mmc_whisper_timestamp_begin(const mmc_whisper_gen_config *g) {
     return g->no_timestamps_token_id >= 0 ? g->no_timestamps_token_id + 1 : INT32_MAX;
 }
 
+mmc_status mmc_whisper_text(const mmc_tokenizer *tok, const mmc_whisper_gen_config *g, const int32_t *ids, int64_t n,
+                            char **out) {
+    *out = NULL;
+    const int32_t tb = mmc_whisper_timestamp_begin(g);
+    int32_t *keep = malloc((size_t)(n + 1) * sizeof *keep);
+    if (!keep) return mmc_error(MMC_ERR_OOM, "out of memory");
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) if (ids[i] < tb) keep[k++] = ids[i];
+    mmc_status st = mmc_tokenizer_decode(tok, keep, k, true, out);
+    free(keep);
+    return st;
+}
+
 void mmc_whisper_result_free(mmc_whisper_result *r) {
     free(r->tokens);
     free(r->segs);
@@ -136,6 +158,34 @@ void mmc_whisper_result_free(mmc_whisper_result *r) {
 }
 
 /* ------------------------------------------------------------------ prompt */
+
+/* English language names as `generate(language=...)` accepts them besides codes (the languages
+ * Whisper was trained on, and common aliases), each mapped to its token's code. */
+static const char *const LANG_NAMES[][2] = {
+    {"english", "en"}, {"chinese", "zh"}, {"german", "de"}, {"spanish", "es"}, {"russian", "ru"},
+    {"korean", "ko"}, {"french", "fr"}, {"japanese", "ja"}, {"portuguese", "pt"}, {"turkish", "tr"},
+    {"polish", "pl"}, {"catalan", "ca"}, {"dutch", "nl"}, {"arabic", "ar"}, {"swedish", "sv"},
+    {"italian", "it"}, {"indonesian", "id"}, {"hindi", "hi"}, {"finnish", "fi"}, {"vietnamese", "vi"},
+    {"hebrew", "he"}, {"ukrainian", "uk"}, {"greek", "el"}, {"malay", "ms"}, {"czech", "cs"},
+    {"romanian", "ro"}, {"danish", "da"}, {"hungarian", "hu"}, {"tamil", "ta"}, {"norwegian", "no"},
+    {"thai", "th"}, {"urdu", "ur"}, {"croatian", "hr"}, {"bulgarian", "bg"}, {"lithuanian", "lt"},
+    {"latin", "la"}, {"maori", "mi"}, {"malayalam", "ml"}, {"welsh", "cy"}, {"slovak", "sk"},
+    {"telugu", "te"}, {"persian", "fa"}, {"latvian", "lv"}, {"bengali", "bn"}, {"serbian", "sr"},
+    {"azerbaijani", "az"}, {"slovenian", "sl"}, {"kannada", "kn"}, {"estonian", "et"}, {"macedonian", "mk"},
+    {"breton", "br"}, {"basque", "eu"}, {"icelandic", "is"}, {"armenian", "hy"}, {"nepali", "ne"},
+    {"mongolian", "mn"}, {"bosnian", "bs"}, {"kazakh", "kk"}, {"albanian", "sq"}, {"swahili", "sw"},
+    {"galician", "gl"}, {"marathi", "mr"}, {"punjabi", "pa"}, {"sinhala", "si"}, {"khmer", "km"},
+    {"shona", "sn"}, {"yoruba", "yo"}, {"somali", "so"}, {"afrikaans", "af"}, {"occitan", "oc"},
+    {"georgian", "ka"}, {"belarusian", "be"}, {"tajik", "tg"}, {"sindhi", "sd"}, {"gujarati", "gu"},
+    {"amharic", "am"}, {"yiddish", "yi"}, {"lao", "lo"}, {"uzbek", "uz"}, {"faroese", "fo"},
+    {"haitian creole", "ht"}, {"pashto", "ps"}, {"turkmen", "tk"}, {"nynorsk", "nn"}, {"maltese", "mt"},
+    {"sanskrit", "sa"}, {"luxembourgish", "lb"}, {"myanmar", "my"}, {"tibetan", "bo"}, {"tagalog", "tl"},
+    {"malagasy", "mg"}, {"assamese", "as"}, {"tatar", "tt"}, {"hawaiian", "haw"}, {"lingala", "ln"},
+    {"hausa", "ha"}, {"bashkir", "ba"}, {"javanese", "jw"}, {"sundanese", "su"}, {"cantonese", "yue"},
+    {"burmese", "my"}, {"valencian", "ca"}, {"flemish", "nl"}, {"haitian", "ht"}, {"letzeburgesch", "lb"},
+    {"pushto", "ps"}, {"panjabi", "pa"}, {"moldavian", "ro"}, {"moldovan", "ro"}, {"sinhalese", "si"},
+    {"castilian", "es"}, {"mandarin", "zh"},
+};
 
 static mmc_status language_id(const mmc_whisper_gen_config *g, const char *lang, int32_t *id) {
     char tok[32];
@@ -146,7 +196,10 @@ static mmc_status language_id(const mmc_whisper_gen_config *g, const char *lang,
         char low[24];
         for (size_t i = 0; i < n; i++) low[i] = (char)tolower((unsigned char)lang[i]);
         low[n] = 0;
-        snprintf(tok, sizeof tok, "<|%s|>", low);
+        const char *code = low;
+        for (size_t i = 0; i < sizeof LANG_NAMES / sizeof LANG_NAMES[0]; i++)
+            if (!strcmp(low, LANG_NAMES[i][0])) code = LANG_NAMES[i][1];
+        snprintf(tok, sizeof tok, "<|%s|>", code);
     }
     for (int i = 0; i < g->n_langs; i++)
         if (!strcmp(g->lang_tok[i], tok)) { *id = g->lang_id[i]; return MMC_OK; }
@@ -158,7 +211,7 @@ static mmc_status language_id(const mmc_whisper_gen_config *g, const char *lang,
     if (g->n_langs <= 0) return mmc_error(MMC_ERR_INVALID, "language '%s': this model is English-only (no lang_to_id in "
                                            "generation_config.json)", lang);
     return mmc_error(MMC_ERR_INVALID, "language '%s' is not in the model's generation_config.json lang_to_id (give a "
-                     "code: %s)", lang, list);
+                     "name or one of the codes: %s)", lang, list);
 }
 
 /* Argmax of the logits over the language tokens (transformers' detect_language). */
@@ -268,13 +321,23 @@ mmc_status mmc_whisper_transcribe(const mmc_whisper *m, const mmc_whisper_gen_co
     const int input_stride = 2;
     const double time_precision = 0.02, time_precision_features = 0.01;
     if (frames < 1) return mmc_error(MMC_ERR_INVALID, "Whisper: no feature frames");
-    bool timestamps = o->timestamps || frames > W;   /* long-form needs them (transformers sets it) */
+    /* return_timestamps: the option, else the generation config's; long-form needs them
+     * (transformers turns them on) */
+    bool timestamps = o->timestamps || g->return_timestamps || frames > W;
     if (timestamps && g->no_timestamps_token_id < 0)
         return mmc_error(MMC_ERR_INVALID, "Whisper: timestamps need no_timestamps_token_id in generation_config.json");
     if (o->task && strcmp(o->task, "transcribe") && strcmp(o->task, "translate"))
         return mmc_error(MMC_ERR_INVALID, "Whisper: task '%s' is neither transcribe nor translate", o->task);
-    if ((o->task || o->language) && g->n_langs < 0 && g->is_multilingual == false && g->transcribe_id < 0)
-        return mmc_error(MMC_ERR_INVALID, "Whisper: this model is English-only: it takes no language or task");
+    if ((o->task || o->language) && !g->is_multilingual)
+        return mmc_error(MMC_ERR_INVALID, "Whisper: this model is English-only (is_multilingual false in "
+                         "generation_config.json): it takes no language or task");
+    /* ids the decoder is fed or the rules index must lie in the vocabulary */
+    bool bad = g->decoder_start_token_id >= V || g->eos_token_id >= V || g->transcribe_id >= V || g->translate_id >= V;
+    for (int i = 0; i < g->n_langs; i++) bad |= g->lang_id[i] < 0 || g->lang_id[i] >= V;
+    for (int i = 0; i < g->n_forced; i++) bad |= g->forced[i] >= V;
+    if (bad)
+        return mmc_error(MMC_ERR_FORMAT, "Whisper: generation_config.json names token ids outside the model's vocabulary "
+                         "(%lld tokens): is it from another checkpoint?", (long long)V);
     int32_t task_id = -1;
     if (o->task) {
         task_id = !strcmp(o->task, "translate") ? g->translate_id : g->transcribe_id;
