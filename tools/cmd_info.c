@@ -135,7 +135,8 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                             char *proj, size_t np, char *lm, size_t nl) {
     snprintf(family, nf, "%s", !strcmp(mt, "qwen2") ? "Qwen2" : !strcmp(mt, "llama") ? "Llama"
                                : !strcmp(mt, "qwen2_vl") ? "Qwen2-VL" : !strcmp(mt, "qwen2_5_vl") ? "Qwen2.5-VL"
-                               : !strcmp(mt, "llava") ? "LLaVA-1.5" : "unknown");
+                               : !strcmp(mt, "llava") ? "LLaVA-1.5"
+                               : !strcmp(mt, "whisper") ? "Whisper (speech to text: mmc transcribe)" : "unknown");
     if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
         int64_t depth = 0;
         mmc_json_int(cfg, "vision_config.depth", 32, &depth);
@@ -231,7 +232,7 @@ int cmd_info(int argc, char **argv) {
                 if (strstr(e->name, comps[k].match[j])) { c = k; break; }
         comps[c].params += n;
     }
-    static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava"};
+    static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "whisper"};
     char family[64], tower[256] = "", projector[160] = "", lmdesc[160] = "";
     describe_family(cfg, model_type, family, sizeof family, tower, sizeof tower, projector, sizeof projector, lmdesc,
                     sizeof lmdesc);
@@ -270,7 +271,7 @@ int cmd_info(int argc, char **argv) {
     } else {
         printf("model:          %s\n", dir);
         printf("model_type:     %s (%s)%s\n", model_type, arch,
-               ok ? "" : " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava)");
+               ok ? "" :  " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava, whisper)");
         printf("family:         %s\n", family);
         if (tower[0]) printf("vision tower:   %s\n", tower);
         if (projector[0]) printf("projector:      %s\n", projector);
