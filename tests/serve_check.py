@@ -170,6 +170,14 @@ if s1 == 200 and s2 == 200 and s3 == 200:
 else:
     check(False, "n=2 status %s %s %s" % (s1, s2, s3))
 
+# --- sampling (temperature 1, a seed) draws what `mmc generate --temperature 1 --seed S` draws
+sref = json.loads(subprocess.run([MMC, "generate", "--model", MODEL, "--prompt", "Tell a story.", "--max-new-tokens",
+                                  "16", "--temperature", "1", "--seed", "77", "--json"],
+                                 capture_output=True, text=True, check=True).stdout)
+s, j, _ = req("POST", "/v1/chat/completions", chat_body("Tell a story.", image=None, temperature=1, seed=77, max_tokens=16))
+check(s == 200 and j["choices"][0]["message"]["content"] == sref["text"],
+      "sampled with seed 77: %r != mmc generate's %r" % (j["choices"][0]["message"]["content"] if s == 200 else j, sref["text"]))
+
 # --- completions and logprobs
 s, j, _ = req("POST", "/v1/completions", {"prompt": "hello", "max_tokens": 4, "temperature": 0, "logprobs": 2})
 check(s == 200 and j["object"] == "text_completion" and j["id"].startswith("cmpl-")

@@ -330,30 +330,59 @@ static size_t stop_holdback(const mmc_serve_request *q, const char *text, size_t
     return hold;
 }
 
-/* bring c->text up to date with the ids; stream what is safe; true when a stop sequence hit */
+static bool text_append(serve_choice *c, const char *s, size_t n) {
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = (c->len + n + 1) * 2;
+        char *p = realloc(c->text, cap);
+        if (!p) return false;
+        c->text = p;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, s, n);
+    c->len += n;
+    c->text[c->len] = 0;
+    return true;
+}
+
+/* Incremental detokenization (the decode of a window of recent tokens minus the decode of its
+ * older part, as vLLM and transformers' TextStreamer do; a window ending in an incomplete UTF-8
+ * sequence waits for more): O(window) per token instead of decoding everything again. Then the
+ * stop strings (searched only where a new match can start), and what is safe is streamed.
+ * True when a stop string hit. */
 static bool update_text(run_ctx *r, bool final) {
     serve_engine *e = r->e;
     serve_job *j = r->j;
     serve_choice *c = r->c;
-    char *text = NULL;
-    if (mmc_tokenizer_decode(e->b->tok, c->ids, c->n_ids, true, &text) != MMC_OK) return false;
-    size_t len = strlen(text);
-    if (!final && len >= 3 && !memcmp(text + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
-    bool hit = false;
-    size_t cut = len;
-    for (int s = 0; s < j->req.n_stop; s++) {
-        char *p = strstr(text, j->req.stop[s]);
-        if (p && (size_t)(p - text) < cut) { cut = (size_t)(p - text); hit = true; }
+    char *pre = NULL, *cur = NULL;
+    size_t old = c->len;
+    if (mmc_tokenizer_decode(e->b->tok, c->ids + c->prefix_off, c->read_off - c->prefix_off, true, &pre) == MMC_OK &&
+        mmc_tokenizer_decode(e->b->tok, c->ids + c->prefix_off, c->n_ids - c->prefix_off, true, &cur) == MMC_OK) {
+        size_t pl = strlen(pre), cl = strlen(cur);
+        bool incomplete = cl >= 3 && !memcmp(cur + cl - 3, "\xEF\xBF\xBD", 3);
+        if (cl > pl && (final || !incomplete) && text_append(c, cur + pl, cl - pl)) {
+            c->prefix_off = c->read_off;
+            c->read_off = c->n_ids;
+        }
     }
-    size_t safe = hit || final ? cut : len - stop_holdback(&j->req, text, len);
+    free(pre);
+    free(cur);
+    if (!c->text && !text_append(c, "", 0)) return false;
+    size_t maxstop = 0;
+    for (int s = 0; s < j->req.n_stop; s++)
+        if (strlen(j->req.stop[s]) > maxstop) maxstop = strlen(j->req.stop[s]);
+    size_t from = old + 1 > maxstop ? old + 1 - maxstop : 0, cut = c->len;
+    bool hit = false;
+    for (int s = 0; s < j->req.n_stop; s++) {
+        char *p = strstr(c->text + from, j->req.stop[s]);
+        if (p && (size_t)(p - c->text) < cut) { cut = (size_t)(p - c->text); hit = true; }
+    }
+    if (hit) { c->len = cut; c->text[cut] = 0; }
+    size_t safe = hit || final ? c->len : c->len - stop_holdback(&j->req, c->text, c->len);
     if (safe < c->emitted) safe = c->emitted;   /* never take back streamed text */
-    text[hit ? cut : len] = 0;
-    free(c->text);
-    c->text = text;
     if (j->req.stream && safe > c->emitted) {
-        size_t from = c->emitted;
+        size_t at = c->emitted;
         c->emitted = safe;
-        emit_chunk(e, j, r->idx, text + from, safe - from, false, NULL);
+        emit_chunk(e, j, r->idx, c->text + at, safe - at, false, NULL);
     }
     return hit;
 }

@@ -21,7 +21,9 @@ typedef struct {
 typedef struct {
     int32_t *ids;
     int n_ids, cap_ids;
-    char *text;              /* the visible completion so far (cut at a stop sequence) */
+    char *text;              /* the completion so far (cut at a stop sequence) */
+    size_t len, cap;
+    int prefix_off, read_off;/* incremental detokenization window: ids[prefix_off:read_off] decoded */
     size_t emitted;          /* bytes of text already streamed */
     const char *finish;      /* "stop" | "length" once done */
     serve_logprob *lps;
