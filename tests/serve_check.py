@@ -280,6 +280,22 @@ after = metric("mmc_completion_tokens_total")
 check(after is not None and after - before < 2000 + 8, "disconnect did not cancel: %s tokens" % (after - before))
 print("serve_check: the disconnected stream generated %d of 2000 tokens" % (after - before - 8))
 check(metric("mmc_queue_depth") == 0, "queue depth after the disconnect")
+# the same for a non-streaming request whose client leaves while it generates
+before = metric("mmc_completion_tokens_total")
+body = json.dumps(chat_body(image=None, max_tokens=2000, temperature=1.0, seed=2)).encode()
+sock = socket.create_connection(("127.0.0.1", PORT))
+sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
+             b"\r\n\r\n" + body)
+time.sleep(0.3)
+sock.close()
+time.sleep(0.7)
+check(metric("mmc_queue_depth") == 0, "a non-streaming request whose client left is still running")
+s, j, _ = req("POST", "/v1/chat/completions", chat_body())
+check(s == 200 and j["choices"][0]["message"]["content"] == ref["text"], "after a non-streaming disconnect: %s" % s)
+after = metric("mmc_completion_tokens_total")
+check(after - before < 2000, "a non-streaming disconnect did not cancel: %s tokens" % (after - before))
+print("serve_check: the disconnected non-streaming request generated %d of 2000 tokens" % (after - before - 8))
 
 # --- 8 concurrent clients, each its own prompt: all complete, each equal to its sequential answer
 prompts = ["Count to %d." % i for i in range(8)]

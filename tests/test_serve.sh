@@ -67,7 +67,8 @@ tail -c 200 "$W/stream" | grep -q '^data: \[DONE\]' && ok || bad "the stream cut
 grep -q 'stopped' "$W/err" && ok || bad "no 'stopped' line: $(tail -3 "$W/err")"
 
 # limits, on a second server: image pixels, prompt tokens, n, a full queue (429), the request time
-start_server --max-image-pixels 10000 --max-prompt-tokens 40 --max-queue 1 --request-timeout 1 --max-n 2 ||
+start_server --max-image-pixels 10000 --max-prompt-tokens 40 --max-queue 1 --request-timeout 2 --max-n 2 \
+  --max-connections 2 ||
   { bad "mmc serve (limits) did not start"; echo "test_serve: $fail of $n checks failed"; exit 1; }
 post() { curl -s -o "$W/body" -w '%{http_code}' http://127.0.0.1:$PORT/v1/chat/completions -H "Authorization: Bearer $KEY" -d "$1"; }
 b64=$(base64 -w0 "$IMG")
@@ -77,17 +78,25 @@ code=$(post '{"messages":[{"role":"user","content":"'"$(printf 'word %.0s' $(seq
 [ "$code" = 400 ] && grep -q '"code":"context_length_exceeded"' "$W/body" && ok || bad "a prompt over --max-prompt-tokens: $code $(cat "$W/body")"
 code=$(post '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"n":3}')
 [ "$code" = 400 ] && grep -q '"param":"n"' "$W/body" && ok || bad "n over --max-n: $code $(cat "$W/body")"
+# a slow client holds a request open (headers sent, body not), a stream runs: a third request is
+# over --max-connections 2 (503); with the slow client gone, one more is over --max-queue 1 (429)
+exec 3<>/dev/tcp/127.0.0.1/$PORT
+printf 'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{' "$KEY" >&3
 curl -sN http://127.0.0.1:$PORT/v1/chat/completions -H "Authorization: Bearer $KEY" \
   -d '{"messages":[{"role":"user","content":"Tell a story."}],"max_tokens":2000,"temperature":1,"seed":3,"stream":true,"stream_options":{"include_usage":true}}' \
-  >"$W/stream2" 2>/dev/null &
+  >"$W/stream2" 2>/dev/null 3>&- &
 CPID=$!
 for _ in $(seq 100); do grep -q '"content"' "$W/stream2" 2>/dev/null && break; sleep 0.05; done
+code=$(post '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}')
+[ "$code" = 503 ] && grep -q '"code":"too_many_connections"' "$W/body" && ok || bad "a request beyond --max-connections 2: $code $(cat "$W/body")"
+exec 3>&-
+sleep 0.3
 code=$(post '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}')
 [ "$code" = 429 ] && grep -q '"type":"rate_limit_exceeded"' "$W/body" && ok || bad "a request beyond --max-queue 1: $code $(cat "$W/body")"
 wait $CPID
 grep -q '"finish_reason":"length"' "$W/stream2" && ok || bad "the stream over --request-timeout has no finish_reason length"
 toks=$(sed -n 's/.*"completion_tokens":\([0-9]*\).*/\1/p' "$W/stream2")
-[ -n "$toks" ] && [ "$toks" -lt 2000 ] && ok || bad "--request-timeout 1 did not stop generation: $toks tokens"
+[ -n "$toks" ] && [ "$toks" -lt 2000 ] && ok || bad "--request-timeout 2 did not stop generation: $toks tokens"
 code=$(post '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}')
 [ "$code" = 200 ] && ok || bad "after the queue drained: $code $(cat "$W/body")"
 kill -TERM $SPID; wait $SPID; rc=$?; SPID=

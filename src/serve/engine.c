@@ -67,17 +67,25 @@ void serve_job_cancel(serve_job *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
-void serve_job_wait_prepared(serve_job *j) {
+static void job_wait(serve_job *j, serve_job_state until, bool (*gone)(void *), void *user) {
     pthread_mutex_lock(&j->mu);
-    while (j->state == JOB_QUEUED) pthread_cond_wait(&j->cv, &j->mu);
+    while (j->state < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) && gone && !j->cancelled && j->state < until) {
+            pthread_mutex_unlock(&j->mu);
+            bool g = gone(user);
+            pthread_mutex_lock(&j->mu);
+            if (g) j->cancelled = true;
+        }
+    }
     pthread_mutex_unlock(&j->mu);
 }
 
-void serve_job_wait_done(serve_job *j) {
-    pthread_mutex_lock(&j->mu);
-    while (j->state != JOB_DONE) pthread_cond_wait(&j->cv, &j->mu);
-    pthread_mutex_unlock(&j->mu);
-}
+void serve_job_wait_prepared(serve_job *j, bool (*gone)(void *), void *user) { job_wait(j, JOB_PREPARED, gone, user); }
+void serve_job_wait_done(serve_job *j, bool (*gone)(void *), void *user) { job_wait(j, JOB_DONE, gone, user); }
 
 static void job_set_state(serve_job *j, serve_job_state s) {
     pthread_mutex_lock(&j->mu);

@@ -120,6 +120,16 @@ static void stream_free(void *cls) {
     free(st);
 }
 
+/* the client closed its end (recv would return 0) or the socket failed: no one waits for the answer */
+static bool client_gone(void *user) {
+    struct MHD_Connection *c = user;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_state *cs, mmc_serve_kind kind) {
     const mmc_serve_backend *b = serve_engine_backend(s->e);
     mmc_serve_request req;
@@ -140,7 +150,7 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_stat
         return send_error(s, c, &err);
     }
     if (stream) {
-        serve_job_wait_prepared(j);
+        serve_job_wait_prepared(j, client_gone, c);
         if (j->failed) {
             err = j->err;
             serve_job_release(j);
@@ -158,7 +168,7 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_stat
         serve_metrics_request(serve_engine_metrics(s->e), 200);
         return ret;
     }
-    serve_job_wait_done(j);
+    serve_job_wait_done(j, client_gone, c);
     enum MHD_Result ret;
     if (j->failed) {
         err = j->err;
@@ -204,8 +214,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         s->active++;
         cs->counted = true;
         pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&s->mu);
+        bool busy = s->active > s->o->limits.max_connections;
+        pthread_mutex_unlock(&s->mu);
         if (s->shutting_down)
             return fail(s, c, 503, "server_error", "server_shutting_down", "The server is shutting down.");
+        if (busy)
+            return fail(s, c, 503, "server_error", "too_many_connections",
+                        "The server has too many open requests (--max-connections); retry later.");
         if (strcmp(url, "/health") != 0 && !authorized(s, c))
             return fail(s, c, 401, "invalid_request_error", "invalid_api_key",
                         "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
@@ -323,7 +339,7 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
                      (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections + 16, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
         MHD_OPTION_NOTIFY_COMPLETED, completed, &s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) {

@@ -71,9 +71,10 @@ void serve_engine_free(serve_engine *e);
 /* Queue a request (taken over on success). NULL and *err (429) when the queue is full, (503)
  * when shutting down. The job comes with one reference for the caller. */
 serve_job *serve_submit(serve_engine *e, mmc_serve_request *req, mmc_serve_error *err);
-/* Block until the job is prepared (prompt built; streaming can start) or done. */
-void serve_job_wait_prepared(serve_job *j);
-void serve_job_wait_done(serve_job *j);
+/* Block until the job is prepared (prompt built; streaming can start) or done. gone (may be
+ * NULL) is asked every 200 ms whether the client went away; if so the job is cancelled. */
+void serve_job_wait_prepared(serve_job *j, bool (*gone)(void *), void *user);
+void serve_job_wait_done(serve_job *j, bool (*gone)(void *), void *user);
 void serve_job_cancel(serve_job *j);
 void serve_job_release(serve_job *j);
 /* The non-streaming body of a done job (chat.completion / text_completion), malloc'd. */
