@@ -23,7 +23,6 @@ const double serve_buckets[SERVE_N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.
 struct serve_engine {
     const mmc_serve_backend *b;
     mmc_serve_options opt;
-    pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     serve_job *head, *tail;
@@ -534,8 +533,7 @@ fail:
     pthread_mutex_unlock(&j->mu);
 }
 
-static void *engine_main(void *arg) {
-    serve_engine *e = arg;
+void serve_engine_loop(serve_engine *e) {
     if (e->opt.threads > 0) mmc_set_num_threads(e->opt.threads);
     for (;;) {
         pthread_mutex_lock(&e->mu);
@@ -564,7 +562,6 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&e->mu);
         serve_job_release(j);
     }
-    return NULL;
 }
 
 mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_options *o, serve_engine **out) {
@@ -576,10 +573,6 @@ mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_option
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->metrics.mu, NULL);
-    if (pthread_create(&e->thread, NULL, engine_main, e)) {
-        free(e);
-        return mmc_error(MMC_ERR_IO, "cannot start the engine thread");
-    }
     *out = e;
     return MMC_OK;
 }
@@ -591,7 +584,6 @@ void serve_engine_stop(serve_engine *e) {
     if (e->running) serve_job_cancel(e->running);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
 }
 
 void serve_engine_free(serve_engine *e) {

@@ -32,6 +32,7 @@ typedef struct {
     pthread_cond_t cv;
     int active;               /* requests being handled */
     volatile int shutting_down;
+    struct MHD_Daemon *d;
 } server;
 
 typedef struct {
@@ -49,6 +50,17 @@ typedef struct {
 
 static volatile sig_atomic_t g_signal;
 static void on_signal(int sig) { g_signal = sig; }
+
+/* the thread that waits for SIGTERM / SIGINT, then stops accepting and stops the engine */
+static void *watch_signals(void *arg) {
+    server *s = arg;
+    while (!g_signal) usleep(50 * 1000);
+    fprintf(stderr, "mmc serve: signal %d: stopping (cancelling in-flight requests)\n", (int)g_signal);
+    s->shutting_down = 1;
+    MHD_quiesce_daemon(s->d);
+    serve_engine_stop(s->e);   /* cancels queued and running jobs; their streams end with [DONE] */
+    return NULL;
+}
 
 static enum MHD_Result send_body(server *s, struct MHD_Connection *c, int status, const char *type, char *body) {
     if (!body) body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
@@ -359,11 +371,16 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
     fprintf(stderr, "mmc serve: %s on http://%s:%d (OpenAI API under /v1; Ctrl-C to stop)\n", b->model_id, host, bound);
     fprintf(stderr, "listening on http://%s:%d\n", host, bound);
     fflush(stderr);
-    while (!g_signal) usleep(50 * 1000);
-    fprintf(stderr, "mmc serve: signal %d: stopping (cancelling in-flight requests)\n", (int)g_signal);
-    s.shutting_down = 1;
-    MHD_quiesce_daemon(d);
-    serve_engine_stop(s.e);   /* cancels queued and running jobs; their streams end with [DONE] */
+    s.d = d;
+    pthread_t watcher;
+    if (pthread_create(&watcher, NULL, watch_signals, &s)) {
+        MHD_stop_daemon(d);
+        serve_engine_stop(s.e);
+        serve_engine_free(s.e);
+        return mmc_error(MMC_ERR_IO, "cannot start the signal watcher thread");
+    }
+    serve_engine_loop(s.e);   /* here, until a signal stops it */
+    pthread_join(watcher, NULL);
     double t0 = mmc_now();
     pthread_mutex_lock(&s.mu);
     while (s.active > 0 && mmc_now() - t0 < 10) {

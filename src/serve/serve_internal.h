@@ -65,7 +65,11 @@ extern const double serve_buckets[SERVE_N_BUCKETS];
 
 typedef struct serve_engine serve_engine;
 mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_options *o, serve_engine **out);
-/* Cancel queued and running jobs and join the thread (jobs still held stay valid); then free. */
+/* Run jobs in the calling thread (mmc_serve_run's main thread: compute threads' per-thread
+ * buffers live there) until serve_engine_stop and the queue is drained. */
+void serve_engine_loop(serve_engine *e);
+/* From any thread: refuse new jobs, cancel queued and running ones (their streams end with
+ * [DONE]); serve_engine_loop returns once they are done. Free after the loop returned. */
 void serve_engine_stop(serve_engine *e);
 void serve_engine_free(serve_engine *e);
 /* Queue a request (taken over on success). NULL and *err (429) when the queue is full, (503)
