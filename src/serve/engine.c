@@ -424,18 +424,20 @@ static bool on_token(void *user, int32_t tok) {
         memset(l, 0, sizeof *l);
         l->id = tok;
         l->lp = e->row[tok];
-        int k = j->req.top_logprobs < SERVE_MAX_TOP ? j->req.top_logprobs : SERVE_MAX_TOP;
-        for (int t = 0; t < k; t++) {   /* k passes of selection: k <= 20 */
-            int32_t best = -1;
-            for (int64_t v = 0; v < e->row_v; v++) {
-                bool used = false;
-                for (int u = 0; u < t; u++) used |= l->top_id[u] == v;
-                if (!used && (best < 0 || e->row[v] > e->row[best])) best = (int32_t)v;
+        int k = j->req.top_logprobs < SERVE_MAX_TOP ? j->req.top_logprobs : SERVE_MAX_TOP, have = 0;
+        for (int64_t v = 0; v < e->row_v && k > 0; v++) {   /* one pass, a sorted top-k (ties: lower id first) */
+            float x = e->row[v];
+            if (have == k && x <= l->top_lp[k - 1]) continue;
+            int at = have < k ? have++ : k - 1;
+            while (at > 0 && l->top_lp[at - 1] < x) {
+                l->top_lp[at] = l->top_lp[at - 1];
+                l->top_id[at] = l->top_id[at - 1];
+                at--;
             }
-            l->top_id[t] = best;
-            l->top_lp[t] = e->row[best];
+            l->top_lp[at] = x;
+            l->top_id[at] = (int32_t)v;
         }
-        l->n_top = k;
+        l->n_top = have;
         e->row_valid = false;
     }
     if (update_text(r, false)) { r->stopped = true; r->finish = "stop"; return false; }
