@@ -245,6 +245,13 @@ s, j = raw_post(b"", 2 << 20)   # a 2 MiB body announced: refused before it is s
 check(s == 413 and is_error(j, code="request_too_large"), "a 2 MiB body (limit 1 MiB): %s %s" % (s, j))
 s, j = raw_post(b"Expect: 100-continue\r\n", 2 << 20)
 check(s == 413 and is_error(j), "a 2 MiB body with Expect: 100-continue: %s %s" % (s, j))
+c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)   # chunked: no Content-Length to refuse by
+c.request("POST", "/v1/chat/completions", body=iter([b'{"messages": "', b"x" * (3 << 19), b'"}']),
+          headers={"Authorization": "Bearer " + KEY, "Transfer-Encoding": "chunked"}, encode_chunked=True)
+r = c.getresponse()
+j = json.loads(r.read())
+c.close()
+check(r.status == 413 and is_error(j, code="request_too_large"), "a 1.5 MiB chunked body: %s %s" % (r.status, j))
 s, j, _ = req("POST", "/v1/chat/completions", chat_body(model="gpt-4o"))
 check(s == 404 and is_error(j, code="model_not_found"), "unknown model: %s %s" % (s, j))
 s, j, _ = req("GET", "/v1/nothing")

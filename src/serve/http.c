@@ -38,7 +38,7 @@ typedef struct {
 typedef struct {
     server *s;
     char *body;
-    size_t len, cap;
+    size_t len, cap, discarded;
     bool too_big, counted;
 } conn_state;
 
@@ -250,8 +250,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (cs->too_big || cs->len + n > s->o->limits.max_body_bytes) {
+            /* a chunked body over the limit (no Content-Length to refuse it by): read on and
+             * discard, answer 413 at its end; one more than twice the limit: drop the connection */
             cs->too_big = true;
-            return MHD_YES;
+            cs->discarded += n;
+            return cs->discarded > 2 * s->o->limits.max_body_bytes ? MHD_NO : MHD_YES;
         }
         if (cs->len + n + 1 > cs->cap) {
             size_t cap = (cs->len + n + 1) * 2;
