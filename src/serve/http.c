@@ -371,8 +371,10 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
     sigaction(SIGINT, &sa, &old_int);
     struct sigaction ign = {.sa_handler = SIG_IGN};
     sigaction(SIGPIPE, &ign, &old_pipe);
-    fprintf(stderr, "mmc serve: %s on http://%s:%d (OpenAI API under /v1; Ctrl-C to stop)\n", b->model_id, host, bound);
-    fprintf(stderr, "listening on http://%s:%d\n", host, bound);
+    const char *lb = strchr(host, ':') ? "[" : "", *rb = strchr(host, ':') ? "]" : "";   /* IPv6 in a URL */
+    fprintf(stderr, "mmc serve: %s on http://%s%s%s:%d (OpenAI API under /v1; Ctrl-C to stop)\n", b->model_id, lb, host,
+            rb, bound);
+    fprintf(stderr, "listening on http://%s%s%s:%d\n", lb, host, rb, bound);
     fflush(stderr);
     s.d = d;
     pthread_t watcher;
