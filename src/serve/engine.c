@@ -501,9 +501,9 @@ static void run_job(serve_engine *e, serve_job *j) {
             if (!q->stream) goto fail;
             r.finish = "stop";   /* headers are out: end the stream */
         }
-        if (!r.stopped) {
-            update_text(&r, true);
-            r.finish = r.c->n_ids >= max_new ? "length" : "stop";
+        if (!r.stopped) {   /* EOS, or max_new: the held-back rest (a stop string may complete in it) */
+            bool hit = update_text(&r, true);
+            r.finish = hit || r.c->n_ids < max_new ? "stop" : "length";
         }
         r.c->finish = r.finish;
         if (q->stream) emit_chunk(e, j, i, NULL, 0, false, r.finish);
