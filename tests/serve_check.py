@@ -198,6 +198,12 @@ for field, val in [("max_tokens", "8"), ("temperature", "hot"), ("messages", "hi
                    ("stop", 7), ("top_p", 5)]:
     s, j, _ = req("POST", "/v1/chat/completions", chat_body(**{field: val}))
     check(s == 400 and is_error(j, param=field), "%s=%r: %s %s" % (field, val, s, j))
+for field, val in [("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+                   ("logit_bias", {"1": 5})]:
+    s, j, _ = req("POST", "/v1/chat/completions", chat_body(**{field: val}))
+    check(s == 400 and is_error(j, param=field, code="unsupported_parameter"), "%s=%r: %s %s" % (field, val, s, j))
+s, j, _ = req("POST", "/v1/chat/completions", chat_body(image=None, response_format={"type": "text"}, tools=[], max_tokens=1))
+check(s == 200, "response_format text and tools [] are accepted: %s %s" % (s, j))
 s, j, _ = req("POST", "/v1/chat/completions", raw=b"[" * 100 + b"]" * 100)
 check(s == 400 and is_error(j, code="json_too_deep"), "deep JSON: %s %s" % (s, j))
 s, j, _ = req("POST", "/v1/chat/completions", raw=b'{"messages": []}')
