@@ -15,6 +15,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int active;               /* requests being handled */
-    volatile int shutting_down;
+    atomic_int shutting_down;
     struct MHD_Daemon *d;
 } server;
 
@@ -48,7 +49,7 @@ typedef struct {
     size_t off;
 } stream_state;
 
-static volatile sig_atomic_t g_signal;
+static atomic_int g_signal;   /* lock-free: async-signal-safe */
 static void on_signal(int sig) { g_signal = sig; }
 
 /* the thread that waits for SIGTERM / SIGINT, then stops accepting and stops the engine */
