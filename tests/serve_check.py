@@ -170,6 +170,14 @@ if s1 == 200 and s2 == 200 and s3 == 200:
 else:
     check(False, "n=2 status %s %s %s" % (s1, s2, s3))
 
+# --- sampling (temperature 1, a seed) draws what `mmc generate --temperature 1 --seed S` draws
+sref = json.loads(subprocess.run([MMC, "generate", "--model", MODEL, "--prompt", "Tell a story.", "--max-new-tokens",
+                                  "16", "--temperature", "1", "--seed", "77", "--json"],
+                                 capture_output=True, text=True, check=True).stdout)
+s, j, _ = req("POST", "/v1/chat/completions", chat_body("Tell a story.", image=None, temperature=1, seed=77, max_tokens=16))
+check(s == 200 and j["choices"][0]["message"]["content"] == sref["text"],
+      "sampled with seed 77: %r != mmc generate's %r" % (j["choices"][0]["message"]["content"] if s == 200 else j, sref["text"]))
+
 # --- completions and logprobs
 s, j, _ = req("POST", "/v1/completions", {"prompt": "hello", "max_tokens": 4, "temperature": 0, "logprobs": 2})
 check(s == 200 and j["object"] == "text_completion" and j["id"].startswith("cmpl-")
@@ -190,6 +198,12 @@ for field, val in [("max_tokens", "8"), ("temperature", "hot"), ("messages", "hi
                    ("stop", 7), ("top_p", 5)]:
     s, j, _ = req("POST", "/v1/chat/completions", chat_body(**{field: val}))
     check(s == 400 and is_error(j, param=field), "%s=%r: %s %s" % (field, val, s, j))
+for field, val in [("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+                   ("logit_bias", {"1": 5})]:
+    s, j, _ = req("POST", "/v1/chat/completions", chat_body(**{field: val}))
+    check(s == 400 and is_error(j, param=field, code="unsupported_parameter"), "%s=%r: %s %s" % (field, val, s, j))
+s, j, _ = req("POST", "/v1/chat/completions", chat_body(image=None, response_format={"type": "text"}, tools=[], max_tokens=1))
+check(s == 200, "response_format text and tools [] are accepted: %s %s" % (s, j))
 s, j, _ = req("POST", "/v1/chat/completions", raw=b"[" * 100 + b"]" * 100)
 check(s == 400 and is_error(j, code="json_too_deep"), "deep JSON: %s %s" % (s, j))
 s, j, _ = req("POST", "/v1/chat/completions", raw=b'{"messages": []}')
@@ -237,6 +251,13 @@ s, j = raw_post(b"", 2 << 20)   # a 2 MiB body announced: refused before it is s
 check(s == 413 and is_error(j, code="request_too_large"), "a 2 MiB body (limit 1 MiB): %s %s" % (s, j))
 s, j = raw_post(b"Expect: 100-continue\r\n", 2 << 20)
 check(s == 413 and is_error(j), "a 2 MiB body with Expect: 100-continue: %s %s" % (s, j))
+c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)   # chunked: no Content-Length to refuse by
+c.request("POST", "/v1/chat/completions", body=iter([b'{"messages": "', b"x" * (3 << 19), b'"}']),
+          headers={"Authorization": "Bearer " + KEY, "Transfer-Encoding": "chunked"}, encode_chunked=True)
+r = c.getresponse()
+j = json.loads(r.read())
+c.close()
+check(r.status == 413 and is_error(j, code="request_too_large"), "a 1.5 MiB chunked body: %s %s" % (r.status, j))
 s, j, _ = req("POST", "/v1/chat/completions", chat_body(model="gpt-4o"))
 check(s == 404 and is_error(j, code="model_not_found"), "unknown model: %s %s" % (s, j))
 s, j, _ = req("GET", "/v1/nothing")
@@ -256,6 +277,16 @@ def metric(name):
     return None
 
 
+def wait_idle(seconds=5):
+    """queue depth 0 within seconds (the engine counts a job out just after its answer is sent)"""
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        if metric("mmc_queue_depth") == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 before = metric("mmc_completion_tokens_total")
 sock = socket.create_connection(("127.0.0.1", PORT))
 body = json.dumps(chat_body(image=None, max_tokens=2000, stream=True, temperature=1.0, seed=1)).encode()
@@ -271,7 +302,22 @@ check(s == 200 and j["choices"][0]["message"]["content"] == ref["text"], "after 
 after = metric("mmc_completion_tokens_total")
 check(after is not None and after - before < 2000 + 8, "disconnect did not cancel: %s tokens" % (after - before))
 print("serve_check: the disconnected stream generated %d of 2000 tokens" % (after - before - 8))
-check(metric("mmc_queue_depth") == 0, "queue depth after the disconnect")
+check(wait_idle(), "queue depth after the disconnect")
+# the same for a non-streaming request whose client leaves while it generates
+before = metric("mmc_completion_tokens_total")
+body = json.dumps(chat_body(image=None, max_tokens=2000, temperature=1.0, seed=2)).encode()
+sock = socket.create_connection(("127.0.0.1", PORT))
+sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
+             b"\r\n\r\n" + body)
+time.sleep(0.3)
+sock.close()
+check(wait_idle(), "a non-streaming request whose client left is still running")
+s, j, _ = req("POST", "/v1/chat/completions", chat_body())
+check(s == 200 and j["choices"][0]["message"]["content"] == ref["text"], "after a non-streaming disconnect: %s" % s)
+after = metric("mmc_completion_tokens_total")
+check(after - before < 2000, "a non-streaming disconnect did not cancel: %s tokens" % (after - before))
+print("serve_check: the disconnected non-streaming request generated %d of 2000 tokens" % (after - before - 8))
 
 # --- 8 concurrent clients, each its own prompt: all complete, each equal to its sequential answer
 prompts = ["Count to %d." % i for i in range(8)]

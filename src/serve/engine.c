@@ -23,7 +23,6 @@ const double serve_buckets[SERVE_N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.
 struct serve_engine {
     const mmc_serve_backend *b;
     mmc_serve_options opt;
-    pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     serve_job *head, *tail;
@@ -67,17 +66,25 @@ void serve_job_cancel(serve_job *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
-void serve_job_wait_prepared(serve_job *j) {
+static void job_wait(serve_job *j, serve_job_state until, bool (*gone)(void *), void *user) {
     pthread_mutex_lock(&j->mu);
-    while (j->state == JOB_QUEUED) pthread_cond_wait(&j->cv, &j->mu);
+    while (j->state < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) && gone && !j->cancelled && j->state < until) {
+            pthread_mutex_unlock(&j->mu);
+            bool g = gone(user);
+            pthread_mutex_lock(&j->mu);
+            if (g) j->cancelled = true;
+        }
+    }
     pthread_mutex_unlock(&j->mu);
 }
 
-void serve_job_wait_done(serve_job *j) {
-    pthread_mutex_lock(&j->mu);
-    while (j->state != JOB_DONE) pthread_cond_wait(&j->cv, &j->mu);
-    pthread_mutex_unlock(&j->mu);
-}
+void serve_job_wait_prepared(serve_job *j, bool (*gone)(void *), void *user) { job_wait(j, JOB_PREPARED, gone, user); }
+void serve_job_wait_done(serve_job *j, bool (*gone)(void *), void *user) { job_wait(j, JOB_DONE, gone, user); }
 
 static void job_set_state(serve_job *j, serve_job_state s) {
     pthread_mutex_lock(&j->mu);
@@ -330,30 +337,59 @@ static size_t stop_holdback(const mmc_serve_request *q, const char *text, size_t
     return hold;
 }
 
-/* bring c->text up to date with the ids; stream what is safe; true when a stop sequence hit */
+static bool text_append(serve_choice *c, const char *s, size_t n) {
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = (c->len + n + 1) * 2;
+        char *p = realloc(c->text, cap);
+        if (!p) return false;
+        c->text = p;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, s, n);
+    c->len += n;
+    c->text[c->len] = 0;
+    return true;
+}
+
+/* Incremental detokenization (the decode of a window of recent tokens minus the decode of its
+ * older part, as vLLM and transformers' TextStreamer do; a window ending in an incomplete UTF-8
+ * sequence waits for more): O(window) per token instead of decoding everything again. Then the
+ * stop strings (searched only where a new match can start), and what is safe is streamed.
+ * True when a stop string hit. */
 static bool update_text(run_ctx *r, bool final) {
     serve_engine *e = r->e;
     serve_job *j = r->j;
     serve_choice *c = r->c;
-    char *text = NULL;
-    if (mmc_tokenizer_decode(e->b->tok, c->ids, c->n_ids, true, &text) != MMC_OK) return false;
-    size_t len = strlen(text);
-    if (!final && len >= 3 && !memcmp(text + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
-    bool hit = false;
-    size_t cut = len;
-    for (int s = 0; s < j->req.n_stop; s++) {
-        char *p = strstr(text, j->req.stop[s]);
-        if (p && (size_t)(p - text) < cut) { cut = (size_t)(p - text); hit = true; }
+    char *pre = NULL, *cur = NULL;
+    size_t old = c->len;
+    if (mmc_tokenizer_decode(e->b->tok, c->ids + c->prefix_off, c->read_off - c->prefix_off, true, &pre) == MMC_OK &&
+        mmc_tokenizer_decode(e->b->tok, c->ids + c->prefix_off, c->n_ids - c->prefix_off, true, &cur) == MMC_OK) {
+        size_t pl = strlen(pre), cl = strlen(cur);
+        bool incomplete = cl >= 3 && !memcmp(cur + cl - 3, "\xEF\xBF\xBD", 3);
+        if (cl > pl && (final || !incomplete) && text_append(c, cur + pl, cl - pl)) {
+            c->prefix_off = c->read_off;
+            c->read_off = c->n_ids;
+        }
     }
-    size_t safe = hit || final ? cut : len - stop_holdback(&j->req, text, len);
+    free(pre);
+    free(cur);
+    if (!c->text && !text_append(c, "", 0)) return false;
+    size_t maxstop = 0;
+    for (int s = 0; s < j->req.n_stop; s++)
+        if (strlen(j->req.stop[s]) > maxstop) maxstop = strlen(j->req.stop[s]);
+    size_t from = old + 1 > maxstop ? old + 1 - maxstop : 0, cut = c->len;
+    bool hit = false;
+    for (int s = 0; s < j->req.n_stop; s++) {
+        char *p = strstr(c->text + from, j->req.stop[s]);
+        if (p && (size_t)(p - c->text) < cut) { cut = (size_t)(p - c->text); hit = true; }
+    }
+    if (hit) { c->len = cut; c->text[cut] = 0; }
+    size_t safe = hit || final ? c->len : c->len - stop_holdback(&j->req, c->text, c->len);
     if (safe < c->emitted) safe = c->emitted;   /* never take back streamed text */
-    text[hit ? cut : len] = 0;
-    free(c->text);
-    c->text = text;
     if (j->req.stream && safe > c->emitted) {
-        size_t from = c->emitted;
+        size_t at = c->emitted;
         c->emitted = safe;
-        emit_chunk(e, j, r->idx, text + from, safe - from, false, NULL);
+        emit_chunk(e, j, r->idx, c->text + at, safe - at, false, NULL);
     }
     return hit;
 }
@@ -388,18 +424,20 @@ static bool on_token(void *user, int32_t tok) {
         memset(l, 0, sizeof *l);
         l->id = tok;
         l->lp = e->row[tok];
-        int k = j->req.top_logprobs < SERVE_MAX_TOP ? j->req.top_logprobs : SERVE_MAX_TOP;
-        for (int t = 0; t < k; t++) {   /* k passes of selection: k <= 20 */
-            int32_t best = -1;
-            for (int64_t v = 0; v < e->row_v; v++) {
-                bool used = false;
-                for (int u = 0; u < t; u++) used |= l->top_id[u] == v;
-                if (!used && (best < 0 || e->row[v] > e->row[best])) best = (int32_t)v;
+        int k = j->req.top_logprobs < SERVE_MAX_TOP ? j->req.top_logprobs : SERVE_MAX_TOP, have = 0;
+        for (int64_t v = 0; v < e->row_v && k > 0; v++) {   /* one pass, a sorted top-k (ties: lower id first) */
+            float x = e->row[v];
+            if (have == k && x <= l->top_lp[k - 1]) continue;
+            int at = have < k ? have++ : k - 1;
+            while (at > 0 && l->top_lp[at - 1] < x) {
+                l->top_lp[at] = l->top_lp[at - 1];
+                l->top_id[at] = l->top_id[at - 1];
+                at--;
             }
-            l->top_id[t] = best;
-            l->top_lp[t] = e->row[best];
+            l->top_lp[at] = x;
+            l->top_id[at] = (int32_t)v;
         }
-        l->n_top = k;
+        l->n_top = have;
         e->row_valid = false;
     }
     if (update_text(r, false)) { r->stopped = true; r->finish = "stop"; return false; }
@@ -463,9 +501,9 @@ static void run_job(serve_engine *e, serve_job *j) {
             if (!q->stream) goto fail;
             r.finish = "stop";   /* headers are out: end the stream */
         }
-        if (!r.stopped) {
-            update_text(&r, true);
-            r.finish = r.c->n_ids >= max_new ? "length" : "stop";
+        if (!r.stopped) {   /* EOS, or max_new: the held-back rest (a stop string may complete in it) */
+            bool hit = update_text(&r, true);
+            r.finish = hit || r.c->n_ids < max_new ? "stop" : "length";
         }
         r.c->finish = r.finish;
         if (q->stream) emit_chunk(e, j, i, NULL, 0, false, r.finish);
@@ -497,8 +535,7 @@ fail:
     pthread_mutex_unlock(&j->mu);
 }
 
-static void *engine_main(void *arg) {
-    serve_engine *e = arg;
+void serve_engine_loop(serve_engine *e) {
     if (e->opt.threads > 0) mmc_set_num_threads(e->opt.threads);
     for (;;) {
         pthread_mutex_lock(&e->mu);
@@ -527,7 +564,6 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&e->mu);
         serve_job_release(j);
     }
-    return NULL;
 }
 
 mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_options *o, serve_engine **out) {
@@ -539,10 +575,6 @@ mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_option
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->metrics.mu, NULL);
-    if (pthread_create(&e->thread, NULL, engine_main, e)) {
-        free(e);
-        return mmc_error(MMC_ERR_IO, "cannot start the engine thread");
-    }
     *out = e;
     return MMC_OK;
 }
@@ -554,7 +586,6 @@ void serve_engine_stop(serve_engine *e) {
     if (e->running) serve_job_cancel(e->running);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
 }
 
 void serve_engine_free(serve_engine *e) {

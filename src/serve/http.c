@@ -15,6 +15,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +32,14 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int active;               /* requests being handled */
-    volatile int shutting_down;
+    atomic_int shutting_down;
+    struct MHD_Daemon *d;
 } server;
 
 typedef struct {
     server *s;
     char *body;
-    size_t len, cap;
+    size_t len, cap, discarded;
     bool too_big, counted;
 } conn_state;
 
@@ -47,8 +49,19 @@ typedef struct {
     size_t off;
 } stream_state;
 
-static volatile sig_atomic_t g_signal;
+static atomic_int g_signal;   /* lock-free: async-signal-safe */
 static void on_signal(int sig) { g_signal = sig; }
+
+/* the thread that waits for SIGTERM / SIGINT, then stops accepting and stops the engine */
+static void *watch_signals(void *arg) {
+    server *s = arg;
+    while (!g_signal) usleep(50 * 1000);
+    fprintf(stderr, "mmc serve: signal %d: stopping (cancelling in-flight requests)\n", (int)g_signal);
+    s->shutting_down = 1;
+    MHD_quiesce_daemon(s->d);
+    serve_engine_stop(s->e);   /* cancels queued and running jobs; their streams end with [DONE] */
+    return NULL;
+}
 
 static enum MHD_Result send_body(server *s, struct MHD_Connection *c, int status, const char *type, char *body) {
     if (!body) body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
@@ -120,6 +133,16 @@ static void stream_free(void *cls) {
     free(st);
 }
 
+/* the client closed its end (recv would return 0) or the socket failed: no one waits for the answer */
+static bool client_gone(void *user) {
+    struct MHD_Connection *c = user;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_state *cs, mmc_serve_kind kind) {
     const mmc_serve_backend *b = serve_engine_backend(s->e);
     mmc_serve_request req;
@@ -140,7 +163,7 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_stat
         return send_error(s, c, &err);
     }
     if (stream) {
-        serve_job_wait_prepared(j);
+        serve_job_wait_prepared(j, client_gone, c);
         if (j->failed) {
             err = j->err;
             serve_job_release(j);
@@ -158,7 +181,7 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_stat
         serve_metrics_request(serve_engine_metrics(s->e), 200);
         return ret;
     }
-    serve_job_wait_done(j);
+    serve_job_wait_done(j, client_gone, c);
     enum MHD_Result ret;
     if (j->failed) {
         err = j->err;
@@ -204,8 +227,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         s->active++;
         cs->counted = true;
         pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&s->mu);
+        bool busy = s->active > s->o->limits.max_connections;
+        pthread_mutex_unlock(&s->mu);
         if (s->shutting_down)
             return fail(s, c, 503, "server_error", "server_shutting_down", "The server is shutting down.");
+        if (busy)
+            return fail(s, c, 503, "server_error", "too_many_connections",
+                        "The server has too many open requests (--max-connections); retry later.");
         if (strcmp(url, "/health") != 0 && !authorized(s, c))
             return fail(s, c, 401, "invalid_request_error", "invalid_api_key",
                         "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
@@ -222,8 +251,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (cs->too_big || cs->len + n > s->o->limits.max_body_bytes) {
+            /* a chunked body over the limit (no Content-Length to refuse it by): read on and
+             * discard, answer 413 at its end; one more than twice the limit: drop the connection */
             cs->too_big = true;
-            return MHD_YES;
+            cs->discarded += n;
+            return cs->discarded > 2 * s->o->limits.max_body_bytes ? MHD_NO : MHD_YES;
         }
         if (cs->len + n + 1 > cs->cap) {
             size_t cap = (cs->len + n + 1) * 2;
@@ -323,7 +355,7 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
                      (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections + 16, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
         MHD_OPTION_NOTIFY_COMPLETED, completed, &s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) {
@@ -340,14 +372,21 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
     sigaction(SIGINT, &sa, &old_int);
     struct sigaction ign = {.sa_handler = SIG_IGN};
     sigaction(SIGPIPE, &ign, &old_pipe);
-    fprintf(stderr, "mmc serve: %s on http://%s:%d (OpenAI API under /v1; Ctrl-C to stop)\n", b->model_id, host, bound);
-    fprintf(stderr, "listening on http://%s:%d\n", host, bound);
+    const char *lb = strchr(host, ':') ? "[" : "", *rb = strchr(host, ':') ? "]" : "";   /* IPv6 in a URL */
+    fprintf(stderr, "mmc serve: %s on http://%s%s%s:%d (OpenAI API under /v1; Ctrl-C to stop)\n", b->model_id, lb, host,
+            rb, bound);
+    fprintf(stderr, "listening on http://%s%s%s:%d\n", lb, host, rb, bound);
     fflush(stderr);
-    while (!g_signal) usleep(50 * 1000);
-    fprintf(stderr, "mmc serve: signal %d: stopping (cancelling in-flight requests)\n", (int)g_signal);
-    s.shutting_down = 1;
-    MHD_quiesce_daemon(d);
-    serve_engine_stop(s.e);   /* cancels queued and running jobs; their streams end with [DONE] */
+    s.d = d;
+    pthread_t watcher;
+    if (pthread_create(&watcher, NULL, watch_signals, &s)) {
+        MHD_stop_daemon(d);
+        serve_engine_stop(s.e);
+        serve_engine_free(s.e);
+        return mmc_error(MMC_ERR_IO, "cannot start the signal watcher thread");
+    }
+    serve_engine_loop(s.e);   /* here, until a signal stops it */
+    pthread_join(watcher, NULL);
     double t0 = mmc_now();
     pthread_mutex_lock(&s.mu);
     while (s.active > 0 && mmc_now() - t0 < 10) {

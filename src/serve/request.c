@@ -261,6 +261,30 @@ static bool parse_messages(const cJSON *root, const mmc_serve_limits *lim, const
     return true;
 }
 
+/* Fields whose request this server cannot honour yet: refused (400 unsupported_parameter) rather
+ * than ignored, so a client asking for JSON output or tool calls is not handed free text. A
+ * value that asks for nothing (tools [], tool_choice "none", response_format text, echo false,
+ * best_of 1, empty logit_bias) passes. */
+static bool unsupported(const cJSON *root, mmc_serve_error *err) {
+    static const char *const keys[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
+                                       "logit_bias", "echo", "suffix", "best_of", "audio", "prediction"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (!j || cJSON_IsNull(j) || cJSON_IsFalse(j)) continue;
+        if ((cJSON_IsArray(j) || cJSON_IsObject(j)) && !j->child) continue;   /* [] or {} */
+        if (cJSON_IsString(j) && !strcmp(keys[i], "tool_choice") && !strcmp(j->valuestring, "none")) continue;
+        if (cJSON_IsNumber(j) && !strcmp(keys[i], "best_of") && j->valuedouble == 1) continue;
+        if (cJSON_IsString(j) && !strcmp(keys[i], "suffix") && !j->valuestring[0]) continue;
+        if (cJSON_IsObject(j) && !strcmp(keys[i], "response_format")) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
+            if (cJSON_IsString(t) && !strcmp(t->valuestring, "text")) continue;
+        }
+        return mmc_serve_fail(err, 400, "invalid_request_error", keys[i], "unsupported_parameter",
+                              "Unsupported parameter: '%s' is not supported by this server yet.", keys[i]);
+    }
+    return true;
+}
+
 bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, const mmc_serve_limits *lim,
                              const char *media_root, mmc_serve_request *r, mmc_serve_error *err) {
     memset(r, 0, sizeof *r);
@@ -289,6 +313,7 @@ bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, 
         if (!cJSON_IsString(j)) { BADTYPE("model", "a string", type_name(j)); goto done; }
         if (!(r->model = dup_str(j->valuestring))) goto done;
     }
+    if (!unsupported(root, err)) goto done;
     if (kind == MMC_SERVE_CHAT) {
         if (!parse_messages(root, lim, media_root, r, err)) goto done;
     } else {

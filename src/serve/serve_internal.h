@@ -21,7 +21,9 @@ typedef struct {
 typedef struct {
     int32_t *ids;
     int n_ids, cap_ids;
-    char *text;              /* the visible completion so far (cut at a stop sequence) */
+    char *text;              /* the completion so far (cut at a stop sequence) */
+    size_t len, cap;
+    int prefix_off, read_off;/* incremental detokenization window: ids[prefix_off:read_off] decoded */
     size_t emitted;          /* bytes of text already streamed */
     const char *finish;      /* "stop" | "length" once done */
     serve_logprob *lps;
@@ -63,15 +65,20 @@ extern const double serve_buckets[SERVE_N_BUCKETS];
 
 typedef struct serve_engine serve_engine;
 mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_options *o, serve_engine **out);
-/* Cancel queued and running jobs and join the thread (jobs still held stay valid); then free. */
+/* Run jobs in the calling thread (mmc_serve_run's main thread: compute threads' per-thread
+ * buffers live there) until serve_engine_stop and the queue is drained. */
+void serve_engine_loop(serve_engine *e);
+/* From any thread: refuse new jobs, cancel queued and running ones (their streams end with
+ * [DONE]); serve_engine_loop returns once they are done. Free after the loop returned. */
 void serve_engine_stop(serve_engine *e);
 void serve_engine_free(serve_engine *e);
 /* Queue a request (taken over on success). NULL and *err (429) when the queue is full, (503)
  * when shutting down. The job comes with one reference for the caller. */
 serve_job *serve_submit(serve_engine *e, mmc_serve_request *req, mmc_serve_error *err);
-/* Block until the job is prepared (prompt built; streaming can start) or done. */
-void serve_job_wait_prepared(serve_job *j);
-void serve_job_wait_done(serve_job *j);
+/* Block until the job is prepared (prompt built; streaming can start) or done. gone (may be
+ * NULL) is asked every 200 ms whether the client went away; if so the job is cancelled. */
+void serve_job_wait_prepared(serve_job *j, bool (*gone)(void *), void *user);
+void serve_job_wait_done(serve_job *j, bool (*gone)(void *), void *user);
 void serve_job_cancel(serve_job *j);
 void serve_job_release(serve_job *j);
 /* The non-streaming body of a done job (chat.completion / text_completion), malloc'd. */
