@@ -208,16 +208,24 @@ bool cli_stream_token(void *user, int32_t token) {
     cli_stream *s = user;
     s->ids[s->n++] = token;
     if (!s->print) return true;
-    char *text = NULL;
-    if (mmc_tokenizer_decode(s->tok, s->ids, s->n, true, &text) != MMC_OK) return true;
-    size_t len = strlen(text);
-    if (len >= 3 && memcmp(text + len - 3, "\xEF\xBF\xBD", 3) == 0) len -= 3;
-    if (len > s->printed) {
-        fwrite(text + s->printed, 1, len - s->printed, stdout);
-        fflush(stdout);
-        s->printed = len;
+    /* incremental: the decode of the recent tokens [prefix_off, n) minus that of [prefix_off, read_off)
+     * (vLLM's and TextStreamer's window: both start at the same token, so a decoder that strips the
+     * text's first space, as SentencePiece ones do, strips both alike); O(window) per token, not O(n) */
+    char *pre = NULL, *cur = NULL;
+    if (mmc_tokenizer_decode(s->tok, s->ids + s->prefix_off, s->read_off - s->prefix_off, true, &pre) == MMC_OK &&
+        mmc_tokenizer_decode(s->tok, s->ids + s->prefix_off, s->n - s->prefix_off, true, &cur) == MMC_OK) {
+        size_t pl = strlen(pre), cl = strlen(cur);
+        bool incomplete = cl >= 3 && memcmp(cur + cl - 3, "\xEF\xBF\xBD", 3) == 0;   /* wait for the rest */
+        if (cl > pl && !incomplete) {
+            fwrite(cur + pl, 1, cl - pl, stdout);
+            fflush(stdout);
+            s->printed += cl - pl;
+            s->prefix_off = s->read_off;
+            s->read_off = s->n;
+        }
     }
-    free(text);
+    free(pre);
+    free(cur);
     return true;
 }
 

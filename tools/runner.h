@@ -98,7 +98,8 @@ typedef struct {
     const mmc_tokenizer *tok;
     int32_t *ids;
     int n;
-    size_t printed;
+    size_t printed;            /* bytes of the decoded text written so far */
+    int prefix_off, read_off;  /* the incremental decode's window (see cli_stream_token) */
     bool print;
 } cli_stream;
 bool cli_stream_token(void *user, int32_t token);
