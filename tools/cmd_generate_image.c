@@ -20,7 +20,10 @@ void help_generate_image(FILE *f) {
             "text_encoder/ (CLIP), text_encoder_2/ (T5), tokenizers, scheduler/), the way diffusers'\n"
             "FluxPipeline does: same sigmas and shift, same guidance, same VAE scaling; or with a\n"
             "StableDiffusion3Pipeline folder as diffusers' SD3 pipeline does (classifier-free guidance\n"
-            "with --guidance, default 7; 256 T5 tokens). Text encoders are freed before the denoising\n"
+            "with --guidance, default 7; 256 T5 tokens); or with a StableDiffusionXLPipeline folder as\n"
+            "diffusers' SDXL pipeline does (its scheduler_config.json's Euler / Euler ancestral / DPM-Solver++\n"
+            "/ DDIM scheduler, --guidance default 5, 50 steps, zero negative conditioning without\n"
+            "--negative-prompt where force_zeros_for_empty_prompt). Text encoders are freed before the denoising\n"
             "loop. Images are PNGs whose tEXt chunks hold the prompt and every setting.\n\n"
             "options:\n"
             "  --model DIR             the pipeline folder (required)\n"
@@ -247,13 +250,82 @@ done:
     return rc;
 }
 
+/* StableDiffusionXLPipeline: classifier-free guidance with --guidance (default 5); without
+ * --negative-prompt the negative conditioning is zeros where model_index.json sets
+ * force_zeros_for_empty_prompt (SDXL base), else the encoding of "", as diffusers does. The noise of
+ * stochastic schedulers comes from mmc's stream seed + 1. */
+static int run_sdxl(const gi_args *a, int B, bool tiled, progress_state *ps) {
+    if (a->init_image || a->true_cfg > 1.0 || a->lora)
+        return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for SDXL pipelines yet "
+                         "(SDXL guides with --guidance)");
+    mmc_sdxl_pipeline *p = NULL;
+    mmc_status st = mmc_sdxl_pipeline_open(a->model, &p);
+    if (st) return cli_fail(st, "cannot open the pipeline");
+    if ((st = mmc_sdxl_check_size(p, (int)a->height, (int)a->width))) {
+        mmc_sdxl_pipeline_free(p);
+        return cli_fail(st, "bad size");
+    }
+    mmc_ctx *ctx = mmc_ctx_new();
+    const double t0 = mmc_now();
+    const char **pr = malloc((size_t)B * 2 * sizeof *pr), **ng = pr + B;
+    mmc_flux_cond cond = {0}, neg = {0};
+    mmc_tensor *lat = NULL, *img = NULL;
+    int rc = CLI_ERROR;
+    for (int b = 0; b < B; b++) pr[b] = a->prompt, ng[b] = a->neg ? a->neg : "";
+    const bool cfg = a->guidance > 1.0;
+    double t_text = 0, t_denoise = 0, t_decode = 0;
+    if ((st = mmc_sdxl_encode_prompt(ctx, p, pr, B, &cond))) goto done;
+    if (cfg) {
+        if (!a->neg && mmc_sdxl_force_zeros(p)) st = mmc_sdxl_zero_cond(&cond, &neg);
+        else st = mmc_sdxl_encode_prompt(ctx, p, ng, B, &neg);
+        if (st) goto done;
+    }
+    t_text = mmc_now() - t0;
+    int64_t shape[4] = {B, mmc_sdxl_pipeline_latent_channels(p), 0, 0};
+    mmc_sdxl_latent_size(p, (int)a->height, (int)a->width, &shape[2], &shape[3]);
+    lat = mmc_tensor_new(MMC_F32, 4, shape);
+    if (a->latents_path) {
+        mmc_tensor *t = NULL;
+        if ((st = read_latents(ctx, a->latents_path, &t))) goto done;
+        if (!mmc_same_shape(t, lat)) {
+            st = mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch",
+                           a->latents_path, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                           (long long)shape[3]);
+            goto done;
+        }
+        memcpy(lat->data, t->data, mmc_nbytes(lat));
+    } else {
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)a->seed);
+        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
+    }
+    mmc_flux_sample_opts o = {.height = (int)a->height, .width = (int)a->width, .steps = (int)a->steps,
+                              .guidance = a->guidance, .progress = on_step, .user = ps};
+    double t1 = mmc_now();
+    if ((st = mmc_sdxl_sample(ctx, p, &cond, cfg ? &neg : NULL, lat, &o, (uint64_t)a->seed + 1))) goto done;
+    t_denoise = mmc_now() - t1;
+    t1 = mmc_now();
+    if ((st = mmc_sdxl_decode(ctx, p, lat, tiled, &img))) goto done;
+    t_decode = mmc_now() - t1;
+    rc = write_outputs(a, img, t0, t_text, t_denoise, t_decode);
+done:
+    if (st) rc = cli_fail(st, "SDXL generation failed");
+    mmc_tensor_free(lat);
+    free(pr);
+    mmc_flux_cond_free(&cond);
+    mmc_flux_cond_free(&neg);
+    mmc_ctx_free(ctx);
+    mmc_sdxl_pipeline_free(p);
+    return rc;
+}
+
 int cmd_generate_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
     const char *init_image = NULL;
     double strength = 0.6;
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
-    bool json = false, tiled = false, maxlen_given = false, guidance_given = false;
+    bool json = false, tiled = false, maxlen_given = false, guidance_given = false, steps_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
@@ -273,7 +345,7 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--width")) { if (!cli_int(a, v, 1, 16384, &width)) return CLI_USAGE; }
         else if (!strcmp(a, "--height")) { if (!cli_int(a, v, 1, 16384, &height)) return CLI_USAGE; }
-        else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return CLI_USAGE; }
+        else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return CLI_USAGE; steps_given = true; }
         else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 64, &batch)) return CLI_USAGE; }
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, (long long)1 << 62, &seed)) return CLI_USAGE; }
         else if (!strcmp(a, "--max-sequence-length")) { if (!cli_int(a, v, 1, 4096, &maxlen)) return CLI_USAGE; maxlen_given = true; }
@@ -290,13 +362,20 @@ int cmd_generate_image(int argc, char **argv) {
                   .lora = lora, .init_image = init_image, .pipeline = "FluxPipeline", .strength = strength,
                   .guidance = guidance, .true_cfg = true_cfg, .width = width, .height = height, .steps = steps,
                   .seed = seed, .maxlen = maxlen, .json = json};
-    {   /* which pipeline: SD3 folders take their own path */
+    {   /* which pipeline (model_index.json's _class_name): SD3 and SDXL folders take their own paths */
         mmc_diffusers_dir d;
-        if (mmc_diffusers_open(model, &d) == MMC_OK && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
+        const bool opened = mmc_diffusers_open(model, &d) == MMC_OK;
+        if (opened && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
             ga.pipeline = "StableDiffusion3Pipeline";
             if (!maxlen_given) ga.maxlen = 256;        /* the SD3 pipeline's default */
             if (!guidance_given) ga.guidance = 7.0;
             return run_sd3(&ga, (int)batch, tiled, &ps);
+        }
+        if (opened && !strcmp(d.pipeline, "StableDiffusionXLPipeline")) {
+            ga.pipeline = "StableDiffusionXLPipeline";
+            if (!guidance_given) ga.guidance = 5.0;    /* the SDXL pipeline's defaults */
+            if (!steps_given) ga.steps = 50;
+            return run_sdxl(&ga, (int)batch, tiled, &ps);
         }
     }
     mmc_flux_pipeline *p = NULL;

@@ -6,6 +6,8 @@ SDXL's EulerDiscreteScheduler config; force_zeros_for_empty_prompt as SDXL base 
 expected.safetensors: encode_prompt's prompt_embeds / pooled text_embeds for two prompts, and for a negative
 prompt; the injected latents and the images (output_type="pt") of (a) CFG 5.0 with no negative prompt (zeroed
 negative conditioning), 3 steps, batch 2, (b) no CFG, 2 steps, (c) CFG 3.0 with a negative prompt, 3 steps.
+cli_latents.safetensors / cli_expected.png: (c)'s initial noise as `mmc generate-image --latents` reads it, and
+the PNG diffusers saves from it (tests/test_sdxl_cli.sh).
 
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_sdxl.py
 """
@@ -90,5 +92,9 @@ with torch.no_grad():
                           latents=lat, output_type="pt").images
     exp["image_c"] = pipe(prompt=prompts[0], negative_prompt="green left", height=H, width=W, num_inference_steps=3,
                           guidance_scale=3.0, latents=lat, output_type="pt").images
+    # the same run as `mmc generate-image --latents` takes it, and the PNG diffusers saves
+    save_file({"latents": lat.contiguous()}, os.path.join(OUT, "cli_latents.safetensors"))
+    pipe(prompt=prompts[0], negative_prompt="green left", height=H, width=W, num_inference_steps=3,
+         guidance_scale=3.0, latents=lat).images[0].save(os.path.join(OUT, "cli_expected.png"))
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
 print("sdxl pipeline fixture (diffusers %s) in %s" % (diffusers.__version__, OUT))
