@@ -516,6 +516,9 @@ void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p);
 int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p);
 bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p);     /* model_index.json's force_zeros_for_empty_prompt */
 mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM's eta */
+/* Swap the scheduler for the one in scheduler_dir/scheduler_config.json (diffusers' pipe.scheduler =
+ * Cls.from_config(...)). */
+mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir);
 void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w);
 mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width);
 mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,

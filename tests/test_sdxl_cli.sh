@@ -3,8 +3,8 @@
 # (tests/fixtures/sdxl, tools/ref/gen_sdxl.py): model_index.json's _class_name takes the SDXL path; from
 # diffusers' own initial noise (--latents) with a negative prompt and CFG 3 the PNG equals diffusers'
 # image within 1/255 per channel (its numerics: test_sdxl_pipeline); the tEXt chunks name the pipeline;
-# seeded runs repeat; sizes the VAE and UNet cannot take name the nearest valid size; options not wired
-# for SDXL are usage errors.
+# seeded runs repeat; --scheduler swaps the scheduler; sizes the VAE and UNet cannot take name the
+# nearest valid size; options not wired for SDXL are usage errors.
 set -u
 MMC=${MMC:-build/mmc}
 fail=0; n=0
@@ -71,6 +71,15 @@ if cmp -s "$T/s1.png" "$T/s2.png"; then ok; else bad "the same seed gave differe
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a photo of a red circle" --width 24 --height 16 --steps 4 \
   --seed 8 --out "$T/s3.png"
 if cmp -s "$T/s1.png" "$T/s3.png"; then bad "different seeds gave the same image"; else ok; fi
+# --scheduler swaps the folder's scheduler (diffusers' pipe.scheduler = Cls.from_config(...)): the
+# ancestral one draws noise, so a different image from the same seed; an absent config is an error
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a photo of a red circle" --width 24 --height 16 --steps 4 \
+  --seed 7 --scheduler tests/fixtures/schedulers/ea_sdxl --out "$T/ea.png"
+if [ -s "$T/ea.png" ] && ! cmp -s "$T/s1.png" "$T/ea.png"; then ok; else bad "--scheduler made no (different) image"; fi
+expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --scheduler "$T" --out "$T/x.png"
+expect_err "scheduler_config.json"
+expect_rc 2 "$MMC" generate-image --model tests/fixtures/sd3_pipe --prompt "x" --scheduler "$T" --out "$T/x.png"
+expect_err "StableDiffusionXLPipeline folders only"
 # a size the VAE (factor 2) and the UNet (2 levels: 2) cannot take
 expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 22 --height 16 --steps 1 --out "$T/x.png"
 expect_err "nearest valid size is 24x16"

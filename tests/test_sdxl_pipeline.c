@@ -3,7 +3,8 @@
  * CLIPTextModelWithProjection giving encode_prompt's concatenated penultimate states and pooled
  * text_embeds within 1e-4, and the images from injected latents within 1e-3 through the folder's
  * EulerDiscreteScheduler: (a) CFG 5 with no negative prompt (force_zeros_for_empty_prompt: zero negative
- * conditioning), 3 steps, batch 2; (b) no guidance, 2 steps; (c) CFG 3 against a negative prompt. Also
+ * conditioning), 3 steps, batch 2; (b) no guidance, 2 steps; (c) CFG 3 against a negative prompt; (d) the
+ * scheduler swapped for DPM-Solver++ 2M Karras (scheduler_dpm/), CFG 4, 4 steps. Also
  * the errors of a missing negative encoding and a size the VAE and UNet cannot take. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
@@ -66,6 +67,12 @@ int main(void) {
     mmc_flux_cond c0 = first_row(&cond), n0 = first_row(&neg);
     run(ctx, p, exp, "latents_b", "image_b", &c0, NULL, 2, 1.0, "pipeline b (no guidance)");
     run(ctx, p, exp, "latents_b", "image_c", &c0, &n0, 3, 3.0, "pipeline c (CFG 3, negative prompt)");
+    /* (d) DPM-Solver++ 2M Karras swapped in from scheduler_dpm/, CFG 4 with the zero negative */
+    mmc_flux_cond z0 = first_row(&zero);
+    CHECK_OK(mmc_sdxl_pipeline_set_scheduler(p, DIR_ "/scheduler_dpm"));
+    CHECK(mmc_sdxl_scheduler(p)->cfg.kind == MMC_NSCHED_DPM_MULTISTEP);
+    run(ctx, p, exp, "latents_b", "image_d", &c0, &z0, 4, 4.0, "pipeline d (DPM-Solver++ 2M Karras, CFG 4)");
+    mmc_flux_cond_free(&z0);
     /* guidance without a negative encoding; a size that the VAE and UNet cannot take */
     mmc_tensor *lat = fixture_tensor(exp, "latents_b", MMC_F32);
     mmc_flux_sample_opts o = {.height = 16, .width = 24, .steps = 2, .guidance = 3.0};

@@ -49,6 +49,9 @@ void help_generate_image(FILE *f) {
             "  --latents F             initial noise from a safetensors file (tensor \"latents\", packed\n"
             "                          [B, S, 4C] as FluxPipeline takes latents=, or [B, C, h, w]): for\n"
             "                          bit-for-bit comparisons with diffusers, whose RNG differs\n"
+            "  --scheduler DIR         SDXL: use the scheduler_config.json in DIR instead of the folder's\n"
+            "                          (Euler, Euler ancestral, DPM-Solver++ 2M / SDE, DDIM), as\n"
+            "                          pipe.scheduler = Cls.from_config(...) does\n"
             "  --tiled-decode          decode the VAE in tiles (diffusers' enable_tiling): large images\n"
             "                          in bounded memory\n"
             "  --out F.png             output file (default image.png)\n"
@@ -126,7 +129,7 @@ static float cli_lora_spec(const char *spec, char *path, size_t cap) {
 
 /* What the command was asked, for the PNG text chunks and the report. */
 typedef struct {
-    const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline;
+    const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline, *scheduler;
     double strength, guidance, true_cfg;
     long long width, height, steps, seed, maxlen;
     bool json;
@@ -265,6 +268,10 @@ static int run_sdxl(const gi_args *a, int B, bool tiled, progress_state *ps) {
         mmc_sdxl_pipeline_free(p);
         return cli_fail(st, "bad size");
     }
+    if (a->scheduler && (st = mmc_sdxl_pipeline_set_scheduler(p, a->scheduler))) {
+        mmc_sdxl_pipeline_free(p);
+        return cli_fail(st, "cannot use --scheduler %s", a->scheduler);
+    }
     mmc_ctx *ctx = mmc_ctx_new();
     const double t0 = mmc_now();
     const char **pr = malloc((size_t)B * 2 * sizeof *pr), **ng = pr + B;
@@ -321,7 +328,7 @@ done:
 
 int cmd_generate_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
-    const char *init_image = NULL;
+    const char *init_image = NULL, *scheduler = NULL;
     double strength = 0.6;
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
@@ -337,6 +344,7 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--negative-prompt")) neg = v;
         else if (!strcmp(a, "--latents")) latents_path = v;
         else if (!strcmp(a, "--init-image")) init_image = v;
+        else if (!strcmp(a, "--scheduler")) scheduler = v;
         else if (!strcmp(a, "--strength")) { if (!cli_float(a, v, 0, 1, &strength)) return CLI_USAGE; }
         else if (!strcmp(a, "--lora")) {
             if (lora) return cli_usage("generate-image", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
@@ -359,12 +367,15 @@ int cmd_generate_image(int argc, char **argv) {
         return cli_usage("generate-image", "--true-cfg %.3g needs --negative-prompt (the pass it guides against)", true_cfg);
     progress_state ps = {.tty = isatty(2), .quiet = json};
     gi_args ga = {.model = model, .prompt = prompt, .neg = neg, .latents_path = latents_path, .out = out,
-                  .lora = lora, .init_image = init_image, .pipeline = "FluxPipeline", .strength = strength,
+                  .lora = lora, .init_image = init_image, .pipeline = "FluxPipeline", .scheduler = scheduler,
+                  .strength = strength,
                   .guidance = guidance, .true_cfg = true_cfg, .width = width, .height = height, .steps = steps,
                   .seed = seed, .maxlen = maxlen, .json = json};
     {   /* which pipeline (model_index.json's _class_name): SD3 and SDXL folders take their own paths */
         mmc_diffusers_dir d;
         const bool opened = mmc_diffusers_open(model, &d) == MMC_OK;
+        if (scheduler && !(opened && !strcmp(d.pipeline, "StableDiffusionXLPipeline")))
+            return cli_usage("generate-image", "--scheduler is wired for StableDiffusionXLPipeline folders only so far");
         if (opened && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
             ga.pipeline = "StableDiffusion3Pipeline";
             if (!maxlen_given) ga.maxlen = 256;        /* the SD3 pipeline's default */
@@ -377,6 +388,7 @@ int cmd_generate_image(int argc, char **argv) {
             if (!steps_given) ga.steps = 50;
             return run_sdxl(&ga, (int)batch, tiled, &ps);
         }
+
     }
     mmc_flux_pipeline *p = NULL;
     mmc_status st = mmc_flux_pipeline_open(model, &p);

@@ -83,6 +83,15 @@ void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p) {
     free(p);
 }
 
+mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir) {
+    mmc_nsched s;
+    mmc_status st = mmc_nsched_load(scheduler_dir, &s);
+    if (st) return st;
+    mmc_nsched_free(&p->sched);
+    p->sched = s;
+    return MMC_OK;
+}
+
 int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p) { return (int)p->unet_cfg.in_channels; }
 bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p) { return p->force_zeros; }
 mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p) { return &p->sched; }

@@ -7,7 +7,8 @@ expected.safetensors: encode_prompt's prompt_embeds / pooled text_embeds for two
 prompt; the injected latents and the images (output_type="pt") of (a) CFG 5.0 with no negative prompt (zeroed
 negative conditioning), 3 steps, batch 2, (b) no CFG, 2 steps, (c) CFG 3.0 with a negative prompt, 3 steps.
 cli_latents.safetensors / cli_expected.png: (c)'s initial noise as `mmc generate-image --latents` reads it, and
-the PNG diffusers saves from it (tests/test_sdxl_cli.sh).
+the PNG diffusers saves from it (tests/test_sdxl_cli.sh). scheduler_dpm/: a DPMSolverMultistepScheduler (2M Karras)
+from the pipeline's scheduler config, and image_d: (d) the pipeline with it, CFG 4 (zero negative), 4 steps.
 
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_sdxl.py
 """
@@ -23,7 +24,8 @@ import torch
 from safetensors.torch import save_file
 
 import diffusers
-from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, EulerDiscreteScheduler, StableDiffusionXLPipeline,
+                       UNet2DConditionModel)
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
 from ref_common import rand_init, tiny_tokenizers
@@ -96,5 +98,13 @@ with torch.no_grad():
     save_file({"latents": lat.contiguous()}, os.path.join(OUT, "cli_latents.safetensors"))
     pipe(prompt=prompts[0], negative_prompt="green left", height=H, width=W, num_inference_steps=3,
          guidance_scale=3.0, latents=lat).images[0].save(os.path.join(OUT, "cli_expected.png"))
+    # (d) the scheduler swapped as users do (pipe.scheduler = ...from_config): DPM-Solver++ 2M Karras, its
+    # config saved beside the pipeline in scheduler_dpm/
+    dpm = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, use_karras_sigmas=True,
+                                                  algorithm_type="dpmsolver++")
+    dpm.save_config(os.path.join(OUT, "scheduler_dpm"))
+    pipe.scheduler = DPMSolverMultistepScheduler.from_pretrained(os.path.join(OUT, "scheduler_dpm"))
+    exp["image_d"] = pipe(prompt=prompts[0], height=H, width=W, num_inference_steps=4, guidance_scale=4.0,
+                          latents=lat, output_type="pt").images
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
 print("sdxl pipeline fixture (diffusers %s) in %s" % (diffusers.__version__, OUT))
