@@ -467,6 +467,7 @@ typedef struct {
 typedef struct {
     mmc_nsched_config cfg;
     float *alphas_cumprod;      /* [num_train_timesteps] */
+    float train_ac_last;        /* DDPMScheduler's alphas_cumprod[-1] (differs under zero-SNR rescaling) */
     int num_inference_steps;    /* the n of set_timesteps */
     int n;                      /* timesteps: n, or n + 1 where numpy's arange gives one more (trailing) */
     float *timesteps;           /* [n] (integer-valued except Euler's linspace / Karras ones) */
@@ -502,6 +503,17 @@ void mmc_nsched_scale_model_input(const mmc_nsched *s, int i, const float *in, f
  * i = 0, 1, ... for DPM-Solver (it keeps the previous data prediction). */
 mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *model_output, float *sample, int64_t n_elem,
                           const float *noise);
+/* Training arithmetic of DDPMScheduler on this config's schedule (diffusers' training scripts load the
+ * pipeline's scheduler_config.json into a DDPMScheduler; its alphas_cumprod ends at 0 under zero-SNR
+ * rescaling, not 2^-24). For B samples of `per` values each at integer timesteps t[B] in [0, T):
+ * add_noise: out = sqrt(ac[t]) x0 + sqrt(1 - ac[t]) noise; velocity (get_velocity, the v-prediction
+ * target): out = sqrt(ac[t]) noise - sqrt(1 - ac[t]) x0; snr (training_utils.compute_snr): (sqrt(ac[t]) /
+ * sqrt(1 - ac[t]))^2, for min-SNR loss weighting. */
+void mmc_nsched_add_noise(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                          const float *noise, float *out);
+void mmc_nsched_velocity(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                         const float *noise, float *out);
+float mmc_nsched_snr(const mmc_nsched *s, int64_t t);
 
 /* ---------------------------------------------------------------- StableDiffusionXLPipeline
  * text -> image from a StableDiffusionXLPipeline folder: src/diffusion/sdxl_pipeline.c. Prompt

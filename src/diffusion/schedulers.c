@@ -3,7 +3,8 @@
  * scheduling_dpmsolver_multistep.py (dpmsolver++ and sde-dpmsolver++, orders 1-2) and
  * scheduling_ddim.py: the training schedule of __init__ (betas, alphas_cumprod, zero-terminal-SNR
  * rescaling), set_timesteps (linspace / leading / trailing spacing, Karras sigmas, final sigma),
- * scale_model_input and step.
+ * scale_model_input and step; and DDPMScheduler's training arithmetic (add_noise, get_velocity) with
+ * training_utils.compute_snr.
  *
  * Exactness. diffusers builds the training schedule in torch float32 (torch.linspace evaluates
  * start + step * i as one fused multiply-add from whichever end is nearer; torch.cumprod
@@ -256,6 +257,7 @@ mmc_status mmc_nsched_init(const mmc_nsched_config *c, mmc_nsched *s) {
     }
     for (int64_t i = 0; i < T; i++) alphas[i] = 1.0f - betas[i];
     cumprod_f32(alphas, T, ac);
+    s->train_ac_last = ac[T - 1];
     if (c->rescale_betas_zero_snr && c->kind != MMC_NSCHED_DDIM) ac[T - 1] = 0x1p-24f;
     free(betas);
     free(alphas);
@@ -272,7 +274,7 @@ static char *fix_nonfinite(const char *in, size_t len) {
     bool str = false;
     for (size_t i = 0; i < len; i++) {
         if (in[i] == '"' && (i == 0 || in[i - 1] != '\\')) str = !str;
-        if (!str && !strncmp(in + i, "Infinity", 8 < len - i ? 8 : len - i) && len - i >= 8) {
+        if (!str && len - i >= 8 && !strncmp(in + i, "Infinity", 8)) {
             memcpy(out + o, "1e999", 5);
             o += 5;
             i += 7;
@@ -606,4 +608,33 @@ mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *mo, float *x, int6
     }
     }
     return MMC_ERR_INVALID;
+}
+
+/* ---------------------------------------------------------------- training (DDPMScheduler) */
+
+static float train_ac(const mmc_nsched *s, int64_t t) {
+    MMC_CHECK(t >= 0 && t < s->cfg.num_train_timesteps, "scheduler: training timestep %lld outside [0, %lld)",
+              (long long)t, (long long)s->cfg.num_train_timesteps);
+    return t == s->cfg.num_train_timesteps - 1 ? s->train_ac_last : s->alphas_cumprod[t];
+}
+
+void mmc_nsched_add_noise(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                          const float *noise, float *out) {
+    for (int64_t b = 0; b < B; b++) {
+        const float ac = train_ac(s, t[b]), sa = sqrtf(ac), so = sqrtf(1.0f - ac);
+        for (int64_t k = b * per; k < (b + 1) * per; k++) out[k] = sa * x0[k] + so * noise[k];
+    }
+}
+
+void mmc_nsched_velocity(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                         const float *noise, float *out) {
+    for (int64_t b = 0; b < B; b++) {
+        const float ac = train_ac(s, t[b]), sa = sqrtf(ac), so = sqrtf(1.0f - ac);
+        for (int64_t k = b * per; k < (b + 1) * per; k++) out[k] = sa * noise[k] - so * x0[k];
+    }
+}
+
+float mmc_nsched_snr(const mmc_nsched *s, int64_t t) {
+    const float ac = train_ac(s, t), r = sqrtf(ac) / sqrtf(1.0f - ac);
+    return r * r;
 }

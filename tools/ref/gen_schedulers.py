@@ -113,5 +113,17 @@ for name, (cls, kw) in CASES.items():
             exp[f"{name}/{key}/{i}/prev_sample"] = out.clone()
             x = out
 
+# training arithmetic: each config loaded into a DDPMScheduler, as the training scripts do
+from diffusers import DDPMScheduler
+from diffusers.training_utils import compute_snr
+g = torch.Generator().manual_seed(7)
+x0, noise = torch.randn(4, 3, 2, 5, generator=g), torch.randn(4, 3, 2, 5, generator=g)
+tt = torch.tensor([0, 17, 500, 999])
+exp["train/x0"], exp["train/noise"], exp["train/t"] = x0, noise, tt.to(torch.int32)
+for name in ("euler_sdxl", "euler_trailing_v_zsnr", "ddim_linspace_clip", "dpm_cos_karras_clip"):
+    ddpm = DDPMScheduler.from_pretrained(os.path.join(OUT, name))
+    exp[f"train/{name}/add_noise"] = ddpm.add_noise(x0, noise, tt)
+    exp[f"train/{name}/velocity"] = ddpm.get_velocity(x0, noise, tt)
+    exp[f"train/{name}/snr"] = compute_snr(ddpm, tt)
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
 print("wrote", OUT, len(exp), "tensors")
