@@ -248,6 +248,7 @@ mmc_status mmc_sd3_forward(mmc_ctx *ctx, mmc_sd3 *m, const mmc_sd3_inputs *in, m
 #define MMC_UNET_MAX_LEVELS 6
 typedef struct {
     int64_t in_channels, out_channels;
+    int64_t sample_size;                            /* latent size a side the model was trained at */
     int levels;
     int64_t block_out_channels[MMC_UNET_MAX_LEVELS];
     bool down_cross[MMC_UNET_MAX_LEVELS];           /* CrossAttnDownBlock2D (else DownBlock2D) */
@@ -521,12 +522,17 @@ float mmc_nsched_snr(const mmc_nsched *s, int64_t t);
  * pooled [B, P] = the second's text_embeds); latents [B, C, H/f, W/f] are the initial noise (scaled
  * by the scheduler's init_noise_sigma inside); the sample options' guidance is classifier-free
  * guidance (> 1 needs a negative encoding: mmc_sdxl_zero_cond when mmc_sdxl_force_zeros and no
- * negative prompt was given, as diffusers does). The scheduler is the folder's (any of mmc_nsched). */
+ * negative prompt was given, as diffusers does). The scheduler is the folder's (any of mmc_nsched), or
+ * one set with mmc_sdxl_pipeline_set_scheduler (a folder whose own scheduler mmc does not run opens, and
+ * sampling then needs one set). The same calls run a StableDiffusionPipeline (SD 1.x / 2.x) folder:
+ * prompt_embeds = the CLIPTextModel's last_hidden_state, pooled NULL, no add_time_ids, never zeros. */
 typedef struct mmc_sdxl_pipeline mmc_sdxl_pipeline;
 mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out);
 void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p);
 int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p);
 bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p);     /* model_index.json's force_zeros_for_empty_prompt */
+bool mmc_sdxl_is_xl(const mmc_sdxl_pipeline *p);           /* SDXL (else an SD 1.x / 2.x StableDiffusionPipeline) */
+int mmc_sdxl_default_size(const mmc_sdxl_pipeline *p);     /* unet sample_size x VAE factor: 1024 SDXL, 512 SD 1.5 */
 mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM's eta */
 /* Swap the scheduler for the one in scheduler_dir/scheduler_config.json (diffusers' pipe.scheduler =
  * Cls.from_config(...)). */

@@ -3,7 +3,7 @@
 # (tests/fixtures/sdxl, tools/ref/gen_sdxl.py): model_index.json's _class_name takes the SDXL path; from
 # diffusers' own initial noise (--latents) with a negative prompt and CFG 3 the PNG equals diffusers'
 # image within 1/255 per channel (its numerics: test_sdxl_pipeline); the tEXt chunks name the pipeline;
-# seeded runs repeat; --scheduler swaps the scheduler; sizes the VAE and UNet cannot take name the
+# seeded runs repeat; --scheduler swaps the scheduler; an SD 1.x folder runs with a DDIM scheduler; sizes the VAE and UNet cannot take name the
 # nearest valid size; options not wired for SDXL are usage errors.
 set -u
 MMC=${MMC:-build/mmc}
@@ -12,7 +12,14 @@ ok()   { n=$((n+1)); }
 bad()  { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 P=tests/fixtures/sdxl
-[ -f "$P/expected.safetensors" ] || { echo "test_sdxl_cli: skipped: fixtures absent (tools/ref/gen_sdxl.py)"; exit 77; }
+[ -f "$P/expected.safetensors" ] || { # a StableDiffusionPipeline (SD 1.x) folder: its PNDMScheduler asks for --scheduler; with DDIM it runs
+S=tests/fixtures/sd15_pipe
+expect_rc 1 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 --out "$T/sd.png"
+expect_err "PNDMScheduler"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
+  --scheduler $S/scheduler_ddim --out "$T/sd.png"
+if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi
+echo "test_sdxl_cli: skipped: fixtures absent (tools/ref/gen_sdxl.py)"; exit 77; }
 expect_rc() { local want=$1; shift; "$@" >"$T/out" 2>"$T/err"; local rc=$?
   if [ "$rc" = "$want" ]; then ok; else bad "'$*' exited $rc, expected $want: $(cat "$T/err")"; fi; }
 expect_err() { if grep -q -- "$1" "$T/err"; then ok; else bad "stderr lacks '$1': $(cat "$T/err")"; fi; }
@@ -79,11 +86,18 @@ if [ -s "$T/ea.png" ] && ! cmp -s "$T/s1.png" "$T/ea.png"; then ok; else bad "--
 expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --scheduler "$T" --out "$T/x.png"
 expect_err "scheduler_config.json"
 expect_rc 2 "$MMC" generate-image --model tests/fixtures/sd3_pipe --prompt "x" --scheduler "$T" --out "$T/x.png"
-expect_err "StableDiffusionXLPipeline folders only"
+expect_err "StableDiffusionPipeline folders only"
 # a size the VAE (factor 2) and the UNet (2 levels: 2) cannot take
 expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 22 --height 16 --steps 1 --out "$T/x.png"
 expect_err "nearest valid size is 24x16"
 expect_rc 2 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --lora /nonexistent --out "$T/x.png"
-expect_err "not wired for SDXL"
+expect_err "not wired for SDXL / SD pipelines"
+# a StableDiffusionPipeline (SD 1.x) folder: its PNDMScheduler asks for --scheduler; with DDIM it runs
+S=tests/fixtures/sd15_pipe
+expect_rc 1 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 --out "$T/sd.png"
+expect_err "PNDMScheduler"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
+  --scheduler $S/scheduler_ddim --out "$T/sd.png"
+if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi
 echo "test_sdxl_cli: $((n - fail)) of $n checks passed"
 [ "$fail" = 0 ]

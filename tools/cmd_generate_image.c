@@ -23,7 +23,9 @@ void help_generate_image(FILE *f) {
             "with --guidance, default 7; 256 T5 tokens); or with a StableDiffusionXLPipeline folder as\n"
             "diffusers' SDXL pipeline does (its scheduler_config.json's Euler / Euler ancestral / DPM-Solver++\n"
             "/ DDIM scheduler, --guidance default 5, 50 steps, zero negative conditioning without\n"
-            "--negative-prompt where force_zeros_for_empty_prompt). Text encoders are freed before the denoising\n"
+            "--negative-prompt where force_zeros_for_empty_prompt); a StableDiffusionPipeline (SD 1.x / 2.x)\n"
+            "folder likewise (--guidance default 7.5; SD 1.5's PNDMScheduler needs --scheduler DIR).\n"
+            "Text encoders are freed before the denoising\n"
             "loop. Images are PNGs whose tEXt chunks hold the prompt and every setting.\n\n"
             "options:\n"
             "  --model DIR             the pipeline folder (required)\n"
@@ -31,7 +33,8 @@ void help_generate_image(FILE *f) {
             "  --negative-prompt TEXT  with --true-cfg > 1: a second pass per step against this prompt\n"
             "  --width W --height H    image size in pixels (default 1024 x 1024); multiples of 2 x the\n"
             "                          VAE factor (16 for released Flux models), else an error names the\n"
-            "                          nearest valid size\n"
+            "                          nearest valid size; SDXL / SD folders default to the UNet's\n"
+            "                          sample_size x the VAE factor (1024 SDXL, 512 SD 1.5)\n"
             "  --steps N               denoising steps (default 28; 4 for schnell-style models)\n"
             "  --guidance G            distilled guidance of guidance-embedding checkpoints (default 3.5;\n"
             "                          ignored by models without one)\n"
@@ -49,7 +52,7 @@ void help_generate_image(FILE *f) {
             "  --latents F             initial noise from a safetensors file (tensor \"latents\", packed\n"
             "                          [B, S, 4C] as FluxPipeline takes latents=, or [B, C, h, w]): for\n"
             "                          bit-for-bit comparisons with diffusers, whose RNG differs\n"
-            "  --scheduler DIR         SDXL: use the scheduler_config.json in DIR instead of the folder's\n"
+            "  --scheduler DIR         SDXL / SD: use the scheduler_config.json in DIR instead of the folder's\n"
             "                          (Euler, Euler ancestral, DPM-Solver++ 2M / SDE, DDIM), as\n"
             "                          pipe.scheduler = Cls.from_config(...) does\n"
             "  --tiled-decode          decode the VAE in tiles (diffusers' enable_tiling): large images\n"
@@ -133,6 +136,7 @@ typedef struct {
     double strength, guidance, true_cfg;
     long long width, height, steps, seed, maxlen;
     bool json;
+    bool size_from_model;     /* neither --width nor --height: the UNet pipelines take the model's size */
 } gi_args;
 
 /* images [B, 3, H, W] in [0, 1] -> PNGs (numpy_to_pil: (x * 255).round() to uint8, HWC) with the
@@ -253,17 +257,19 @@ done:
     return rc;
 }
 
-/* StableDiffusionXLPipeline: classifier-free guidance with --guidance (default 5); without
- * --negative-prompt the negative conditioning is zeros where model_index.json sets
- * force_zeros_for_empty_prompt (SDXL base), else the encoding of "", as diffusers does. The noise of
- * stochastic schedulers comes from mmc's stream seed + 1. */
-static int run_sdxl(const gi_args *a, int B, bool tiled, progress_state *ps) {
+/* StableDiffusionXLPipeline (and StableDiffusionPipeline, SD 1.x / 2.x): classifier-free guidance with
+ * --guidance (default 5; 7.5 for SD); without --negative-prompt the negative conditioning is zeros where
+ * model_index.json sets force_zeros_for_empty_prompt (SDXL base), else the encoding of "", as diffusers
+ * does. The noise of stochastic schedulers comes from mmc's stream seed + 1. */
+static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
+    gi_args args = *ga, *a = &args;
     if (a->init_image || a->true_cfg > 1.0 || a->lora)
-        return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for SDXL pipelines yet "
-                         "(SDXL guides with --guidance)");
+        return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for SDXL / SD pipelines "
+                         "yet (they guide with --guidance)");
     mmc_sdxl_pipeline *p = NULL;
     mmc_status st = mmc_sdxl_pipeline_open(a->model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
+    if (a->size_from_model) a->width = a->height = mmc_sdxl_default_size(p);   /* as the pipelines default */
     if ((st = mmc_sdxl_check_size(p, (int)a->height, (int)a->width))) {
         mmc_sdxl_pipeline_free(p);
         return cli_fail(st, "bad size");
@@ -316,7 +322,7 @@ static int run_sdxl(const gi_args *a, int B, bool tiled, progress_state *ps) {
     t_decode = mmc_now() - t1;
     rc = write_outputs(a, img, t0, t_text, t_denoise, t_decode);
 done:
-    if (st) rc = cli_fail(st, "SDXL generation failed");
+    if (st) rc = cli_fail(st, "%s generation failed", a->pipeline);
     mmc_tensor_free(lat);
     free(pr);
     mmc_flux_cond_free(&cond);
@@ -333,6 +339,7 @@ int cmd_generate_image(int argc, char **argv) {
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
     bool json = false, tiled = false, maxlen_given = false, guidance_given = false, steps_given = false;
+    bool size_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
@@ -351,8 +358,8 @@ int cmd_generate_image(int argc, char **argv) {
             lora = v;
         }
         else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--width")) { if (!cli_int(a, v, 1, 16384, &width)) return CLI_USAGE; }
-        else if (!strcmp(a, "--height")) { if (!cli_int(a, v, 1, 16384, &height)) return CLI_USAGE; }
+        else if (!strcmp(a, "--width")) { if (!cli_int(a, v, 1, 16384, &width)) return CLI_USAGE; size_given = true; }
+        else if (!strcmp(a, "--height")) { if (!cli_int(a, v, 1, 16384, &height)) return CLI_USAGE; size_given = true; }
         else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return CLI_USAGE; steps_given = true; }
         else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 64, &batch)) return CLI_USAGE; }
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, (long long)1 << 62, &seed)) return CLI_USAGE; }
@@ -374,18 +381,22 @@ int cmd_generate_image(int argc, char **argv) {
     {   /* which pipeline (model_index.json's _class_name): SD3 and SDXL folders take their own paths */
         mmc_diffusers_dir d;
         const bool opened = mmc_diffusers_open(model, &d) == MMC_OK;
-        if (scheduler && !(opened && !strcmp(d.pipeline, "StableDiffusionXLPipeline")))
-            return cli_usage("generate-image", "--scheduler is wired for StableDiffusionXLPipeline folders only so far");
+        const bool xl = opened && !strcmp(d.pipeline, "StableDiffusionXLPipeline");
+        const bool sd = opened && !strcmp(d.pipeline, "StableDiffusionPipeline");
+        if (scheduler && !xl && !sd)
+            return cli_usage("generate-image", "--scheduler is wired for StableDiffusionXLPipeline and "
+                             "StableDiffusionPipeline folders only so far");
         if (opened && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
             ga.pipeline = "StableDiffusion3Pipeline";
             if (!maxlen_given) ga.maxlen = 256;        /* the SD3 pipeline's default */
             if (!guidance_given) ga.guidance = 7.0;
             return run_sd3(&ga, (int)batch, tiled, &ps);
         }
-        if (opened && !strcmp(d.pipeline, "StableDiffusionXLPipeline")) {
-            ga.pipeline = "StableDiffusionXLPipeline";
-            if (!guidance_given) ga.guidance = 5.0;    /* the SDXL pipeline's defaults */
+        if (xl || sd) {   /* the UNet pipelines: SDXL, SD 1.x / 2.x */
+            ga.pipeline = xl ? "StableDiffusionXLPipeline" : "StableDiffusionPipeline";
+            if (!guidance_given) ga.guidance = xl ? 5.0 : 7.5;    /* the pipelines' defaults */
             if (!steps_given) ga.steps = 50;
+            ga.size_from_model = !size_given;
             return run_sdxl(&ga, (int)batch, tiled, &ps);
         }
 

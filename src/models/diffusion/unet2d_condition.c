@@ -128,6 +128,7 @@ mmc_status mmc_unet_config_read(const mmc_json *j, const char *what, mmc_unet_co
     int64_t kin = 3, kout = 3, temb_dim = 0;
     if ((st = mmc_json_int(j, "in_channels", 4, &c->in_channels)) ||
         (st = mmc_json_int(j, "out_channels", 4, &c->out_channels)) ||
+        (st = mmc_json_int(j, mmc_json_has(j, "sample_size.0") ? "sample_size.0" : "sample_size", 64, &c->sample_size)) ||
         (st = mmc_json_int(j, "norm_num_groups", 32, &c->norm_num_groups)) ||
         (st = mmc_json_num(j, "norm_eps", 1e-5, &c->norm_eps)) ||
         (st = mmc_json_bool(j, "use_linear_projection", false, &c->use_linear_projection)) ||
