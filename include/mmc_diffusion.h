@@ -436,7 +436,8 @@ void mmc_fm_scale_noise(const mmc_fm_scheduler *s, int i, float *sample, const f
  * betas / alphas_cumprod and the timestep spacings); `kind` picks the set_timesteps and step
  * rules. Randomness (ancestral noise, SDE noise, DDIM with eta > 0) is a tensor the caller
  * passes, so a run can use torch's generator's draws, or mmc's. */
-typedef enum { MMC_NSCHED_EULER, MMC_NSCHED_EULER_ANCESTRAL, MMC_NSCHED_DPM_MULTISTEP, MMC_NSCHED_DDIM } mmc_nsched_kind;
+typedef enum { MMC_NSCHED_EULER, MMC_NSCHED_EULER_ANCESTRAL, MMC_NSCHED_DPM_MULTISTEP, MMC_NSCHED_DDIM,
+               MMC_NSCHED_PNDM } mmc_nsched_kind;
 typedef enum { MMC_PRED_EPSILON, MMC_PRED_V, MMC_PRED_SAMPLE } mmc_pred_type;
 typedef enum { MMC_BETA_LINEAR, MMC_BETA_SCALED_LINEAR, MMC_BETA_SQUAREDCOS } mmc_beta_schedule;
 typedef enum { MMC_SPACING_LINSPACE, MMC_SPACING_LEADING, MMC_SPACING_TRAILING } mmc_timestep_spacing;
@@ -460,7 +461,7 @@ typedef struct {
     bool solver_heun;                   /* solver_type "heun" (else "midpoint") */
     bool lower_order_final, euler_at_final;
     double lambda_min_clipped;          /* -INFINITY by default */
-    /* DDIM */
+    /* DDIM (and PNDM's set_alpha_to_one) */
     bool clip_sample, set_alpha_to_one;
     double clip_sample_range;
 } mmc_nsched_config;
@@ -479,6 +480,10 @@ typedef struct {
     float *prev_x0;             /* [n_elem] the previous step's data prediction */
     int64_t n_elem;
     int lower_order_nums;
+    /* PNDM's (PLMS) state: the last model outputs (ets, oldest first) and the sample of its first step */
+    float *pndm_buf;            /* [5 * n_elem]: four ets and cur_sample */
+    float *ets[4];
+    int n_ets, counter;
 } mmc_nsched;
 
 /* Defaults of diffusers' __init__ for the kind, then the keys of a scheduler_config.json (its

@@ -1,4 +1,4 @@
-/* test_schedulers.c — EulerDiscrete, EulerAncestralDiscrete, DPMSolverMultistep and DDIM schedulers
+/* test_schedulers.c — EulerDiscrete, EulerAncestralDiscrete, DPMSolverMultistep, DDIM and PNDM (PLMS) schedulers
  * against diffusers 0.42 (tests/fixtures/schedulers, tools/ref/gen_schedulers.py): for each
  * scheduler_config.json as save_config wrote it and 1 to 50 steps, set_timesteps' timesteps equal
  * diffusers' exactly and sigmas within 1e-6 relative (init_noise_sigma too); a whole sampling loop per
@@ -13,6 +13,7 @@ static const char *CASES[] = {
     "ea_sdxl", "ea_trailing_v_zsnr", "ea_linspace",
     "dpm_2m", "dpm_2m_karras", "dpm_sde_karras_v", "dpm_heun_final", "dpm_cos_karras_clip", "dpm_order1_zsnr",
     "ddim_sd15", "ddim_trailing_v_zsnr", "ddim_linspace_clip",
+    "pndm_sd15", "pndm_linspace_v", "pndm_trailing",
 };
 static const int STEPS[] = {1, 2, 3, 7, 10, 13, 20, 25, 30, 50};
 static double worst_sigma = 0, worst_sigma_zsnr = 0, worst_step = 0;
@@ -179,7 +180,7 @@ static void check_train(const mmc_st *exp) {
 
 static void check_errors(void) {
     const char *bad[][2] = {
-        {"{\"_class_name\": \"PNDMScheduler\"}", "PNDMScheduler"},
+        {"{\"_class_name\": \"LMSDiscreteScheduler\"}", "LMSDiscreteScheduler"},
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"beta_schedule\": \"cubic\"}", "beta_schedule"},
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"prediction_type\": \"x\"}", "prediction_type"},
         {"{\"_class_name\": \"DDIMScheduler\", \"timestep_spacing\": \"even\"}", "timestep_spacing"},
@@ -188,6 +189,7 @@ static void check_errors(void) {
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"use_exponential_sigmas\": true}", "use_exponential_sigmas"},
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"trained_betas\": [0.1, 0.2]}", "trained_betas"},
         {"{\"_class_name\": \"DDIMScheduler\", \"thresholding\": true}", "thresholding"},
+        {"{\"_class_name\": \"PNDMScheduler\"}", "skip_prk_steps"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         mmc_json *j = NULL;

@@ -3,7 +3,8 @@
 # (tests/fixtures/sdxl, tools/ref/gen_sdxl.py): model_index.json's _class_name takes the SDXL path; from
 # diffusers' own initial noise (--latents) with a negative prompt and CFG 3 the PNG equals diffusers'
 # image within 1/255 per channel (its numerics: test_sdxl_pipeline); the tEXt chunks name the pipeline;
-# seeded runs repeat; --scheduler swaps the scheduler; an SD 1.x folder runs with a DDIM scheduler; sizes the VAE and UNet cannot take name the
+# seeded runs repeat; --scheduler swaps the scheduler; an SD 1.x folder runs with its PNDM scheduler and with DDIM,
+# one with an unsupported scheduler asks for --scheduler; sizes the VAE and UNet cannot take name the
 # nearest valid size; options not wired for SDXL are usage errors.
 set -u
 MMC=${MMC:-build/mmc}
@@ -12,10 +13,16 @@ ok()   { n=$((n+1)); }
 bad()  { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 P=tests/fixtures/sdxl
-[ -f "$P/expected.safetensors" ] || { # a StableDiffusionPipeline (SD 1.x) folder: its PNDMScheduler asks for --scheduler; with DDIM it runs
+[ -f "$P/expected.safetensors" ] || { # a StableDiffusionPipeline (SD 1.x) folder runs with its PNDM scheduler and with DDIM; a copy whose scheduler
+# mmc does not run (LMSDiscreteScheduler) opens and asks for --scheduler
 S=tests/fixtures/sd15_pipe
-expect_rc 1 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 --out "$T/sd.png"
-expect_err "PNDMScheduler"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --steps 3 --out "$T/sdp.png"
+cp -r $S "$T/lms" && sed -i 's/PNDMScheduler/LMSDiscreteScheduler/' "$T/lms/model_index.json" "$T/lms/scheduler/scheduler_config.json"
+expect_rc 1 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --out "$T/sd.png"
+expect_err "LMSDiscreteScheduler"
+expect_err "\-\-scheduler DIR"
+expect_rc 0 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --scheduler $S/scheduler_ddim \
+  --out "$T/sd.png"
 expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
   --scheduler $S/scheduler_ddim --out "$T/sd.png"
 if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi
@@ -92,10 +99,16 @@ expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 22 --height 16
 expect_err "nearest valid size is 24x16"
 expect_rc 2 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --lora /nonexistent --out "$T/x.png"
 expect_err "not wired for SDXL / SD pipelines"
-# a StableDiffusionPipeline (SD 1.x) folder: its PNDMScheduler asks for --scheduler; with DDIM it runs
+# a StableDiffusionPipeline (SD 1.x) folder runs with its PNDM scheduler and with DDIM; a copy whose scheduler
+# mmc does not run (LMSDiscreteScheduler) opens and asks for --scheduler
 S=tests/fixtures/sd15_pipe
-expect_rc 1 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 --out "$T/sd.png"
-expect_err "PNDMScheduler"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --steps 3 --out "$T/sdp.png"
+cp -r $S "$T/lms" && sed -i 's/PNDMScheduler/LMSDiscreteScheduler/' "$T/lms/model_index.json" "$T/lms/scheduler/scheduler_config.json"
+expect_rc 1 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --out "$T/sd.png"
+expect_err "LMSDiscreteScheduler"
+expect_err "\-\-scheduler DIR"
+expect_rc 0 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --scheduler $S/scheduler_ddim \
+  --out "$T/sd.png"
 expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
   --scheduler $S/scheduler_ddim --out "$T/sd.png"
 if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi

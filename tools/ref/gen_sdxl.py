@@ -11,9 +11,9 @@ the PNG diffusers saves from it (tests/test_sdxl_cli.sh). scheduler_dpm/: a DPMS
 from the pipeline's scheduler config, and image_d: (d) the pipeline with it, CFG 4 (zero negative), 4 steps.
 
 tests/fixtures/sd15_pipe/: a StableDiffusionPipeline (SD 1.x shape: one CLIPTextModel, a UNet without addition
-embedding, conv projections) shipped with SD 1.5's PNDMScheduler config (which mmc does not run), scheduler_ddim/ a
-DDIMScheduler from it (clip_sample off), and expected.safetensors: encode_prompt's prompt_embeds and the ""
-negative, and with DDIM: (a) CFG 7.5, 3 steps, batch 2, (b) no CFG, 2 steps, (c) CFG 4 against a negative prompt.
+embedding, conv projections) shipped with SD 1.5's PNDMScheduler config, scheduler_ddim/ a DDIMScheduler from it
+(clip_sample off), and expected.safetensors: encode_prompt's prompt_embeds and the "" negative; (p) with the
+folder's PNDM, CFG 7.5, 4 steps; and with DDIM: (a) CFG 7.5, 3 steps, batch 2, (b) no CFG, 2 steps, (c) CFG 4 against a negative prompt.
 
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_sdxl.py
 """
@@ -123,8 +123,8 @@ with torch.no_grad():
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
 
 # ---------------------------------------------------------------- StableDiffusionPipeline (SD 1.x shape)
-# shipped with SD 1.5's PNDMScheduler settings (which mmc does not run); the images use DDIM from that
-# config, saved in scheduler_ddim/, as users swap it in
+# shipped with SD 1.5's PNDMScheduler settings; image (p) with it, the others with DDIM from that config, saved
+# in scheduler_ddim/, as users swap it in
 os.makedirs(os.path.join(OUT_SD, "_tok"))
 sd_tok, _, _, _ = tiny_tokenizers(os.path.join(OUT_SD, "_tok"), words, pad_token="<|endoftext|>")
 pndm = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
@@ -135,9 +135,13 @@ sd = StableDiffusionPipeline(vae=vae.eval(), text_encoder=te_sd.eval(), tokenize
 sd.save_pretrained(OUT_SD)
 shutil.rmtree(os.path.join(OUT_SD, "_tok"))
 sd = StableDiffusionPipeline.from_pretrained(OUT_SD, torch_dtype=torch.float32)
+with torch.no_grad():   # (p) the folder's own PNDM (PLMS) scheduler, CFG 7.5 against "", 4 steps
+    lat_p = torch.randn(1, 4, 8, 12, generator=g)
+    image_p = sd(prompt="a photo of a red circle", height=16, width=24, num_inference_steps=4, guidance_scale=7.5,
+                 latents=lat_p, output_type="pt").images
 DDIMScheduler.from_config(sd.scheduler.config, clip_sample=False).save_config(os.path.join(OUT_SD, "scheduler_ddim"))
 sd.scheduler = DDIMScheduler.from_pretrained(os.path.join(OUT_SD, "scheduler_ddim"))
-exp = {}
+exp = {"latents_p": lat_p, "image_p": image_p}
 with torch.no_grad():
     pe, npe = sd.encode_prompt(prompts, "cpu", 1, True, None)
     exp.update(prompt_embeds=pe, negative_prompt_embeds=npe)
