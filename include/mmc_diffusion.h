@@ -251,6 +251,7 @@ mmc_status mmc_sd3_forward(mmc_ctx *ctx, mmc_sd3 *m, const mmc_sd3_inputs *in, m
 #define MMC_UNET_MAX_LEVELS 6
 typedef struct {
     int64_t in_channels, out_channels;
+    int64_t sample_size;                            /* latent size a side the model was trained at */
     int levels;
     int64_t block_out_channels[MMC_UNET_MAX_LEVELS];
     bool down_cross[MMC_UNET_MAX_LEVELS];           /* CrossAttnDownBlock2D (else DownBlock2D) */
@@ -441,7 +442,8 @@ void mmc_fm_scale_noise(const mmc_fm_scheduler *s, int i, float *sample, const f
  * betas / alphas_cumprod and the timestep spacings); `kind` picks the set_timesteps and step
  * rules. Randomness (ancestral noise, SDE noise, DDIM with eta > 0) is a tensor the caller
  * passes, so a run can use torch's generator's draws, or mmc's. */
-typedef enum { MMC_NSCHED_EULER, MMC_NSCHED_EULER_ANCESTRAL, MMC_NSCHED_DPM_MULTISTEP, MMC_NSCHED_DDIM } mmc_nsched_kind;
+typedef enum { MMC_NSCHED_EULER, MMC_NSCHED_EULER_ANCESTRAL, MMC_NSCHED_DPM_MULTISTEP, MMC_NSCHED_DDIM,
+               MMC_NSCHED_PNDM } mmc_nsched_kind;
 typedef enum { MMC_PRED_EPSILON, MMC_PRED_V, MMC_PRED_SAMPLE } mmc_pred_type;
 typedef enum { MMC_BETA_LINEAR, MMC_BETA_SCALED_LINEAR, MMC_BETA_SQUAREDCOS } mmc_beta_schedule;
 typedef enum { MMC_SPACING_LINSPACE, MMC_SPACING_LEADING, MMC_SPACING_TRAILING } mmc_timestep_spacing;
@@ -465,7 +467,7 @@ typedef struct {
     bool solver_heun;                   /* solver_type "heun" (else "midpoint") */
     bool lower_order_final, euler_at_final;
     double lambda_min_clipped;          /* -INFINITY by default */
-    /* DDIM */
+    /* DDIM (and PNDM's set_alpha_to_one) */
     bool clip_sample, set_alpha_to_one;
     double clip_sample_range;
 } mmc_nsched_config;
@@ -473,6 +475,7 @@ typedef struct {
 typedef struct {
     mmc_nsched_config cfg;
     float *alphas_cumprod;      /* [num_train_timesteps] */
+    float train_ac_last;        /* DDPMScheduler's alphas_cumprod[-1] (differs under zero-SNR rescaling) */
     int num_inference_steps;    /* the n of set_timesteps */
     int n;                      /* timesteps: n, or n + 1 where numpy's arange gives one more (trailing) */
     float *timesteps;           /* [n] (integer-valued except Euler's linspace / Karras ones) */
@@ -483,6 +486,10 @@ typedef struct {
     float *prev_x0;             /* [n_elem] the previous step's data prediction */
     int64_t n_elem;
     int lower_order_nums;
+    /* PNDM's (PLMS) state: the last model outputs (ets, oldest first) and the sample of its first step */
+    float *pndm_buf;            /* [5 * n_elem]: four ets and cur_sample */
+    float *ets[4];
+    int n_ets, counter;
 } mmc_nsched;
 
 /* Defaults of diffusers' __init__ for the kind, then the keys of a scheduler_config.json (its
@@ -508,6 +515,17 @@ void mmc_nsched_scale_model_input(const mmc_nsched *s, int i, const float *in, f
  * i = 0, 1, ... for DPM-Solver (it keeps the previous data prediction). */
 mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *model_output, float *sample, int64_t n_elem,
                           const float *noise);
+/* Training arithmetic of DDPMScheduler on this config's schedule (diffusers' training scripts load the
+ * pipeline's scheduler_config.json into a DDPMScheduler; its alphas_cumprod ends at 0 under zero-SNR
+ * rescaling, not 2^-24). For B samples of `per` values each at integer timesteps t[B] in [0, T):
+ * add_noise: out = sqrt(ac[t]) x0 + sqrt(1 - ac[t]) noise; velocity (get_velocity, the v-prediction
+ * target): out = sqrt(ac[t]) noise - sqrt(1 - ac[t]) x0; snr (training_utils.compute_snr): (sqrt(ac[t]) /
+ * sqrt(1 - ac[t]))^2, for min-SNR loss weighting. */
+void mmc_nsched_add_noise(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                          const float *noise, float *out);
+void mmc_nsched_velocity(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                         const float *noise, float *out);
+float mmc_nsched_snr(const mmc_nsched *s, int64_t t);
 
 /* ---------------------------------------------------------------- StableDiffusionXLPipeline
  * text -> image from a StableDiffusionXLPipeline folder: src/diffusion/sdxl_pipeline.c. Prompt
@@ -515,13 +533,21 @@ mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *model_output, floa
  * pooled [B, P] = the second's text_embeds); latents [B, C, H/f, W/f] are the initial noise (scaled
  * by the scheduler's init_noise_sigma inside); the sample options' guidance is classifier-free
  * guidance (> 1 needs a negative encoding: mmc_sdxl_zero_cond when mmc_sdxl_force_zeros and no
- * negative prompt was given, as diffusers does). The scheduler is the folder's (any of mmc_nsched). */
+ * negative prompt was given, as diffusers does). The scheduler is the folder's (any of mmc_nsched), or
+ * one set with mmc_sdxl_pipeline_set_scheduler (a folder whose own scheduler mmc does not run opens, and
+ * sampling then needs one set). The same calls run a StableDiffusionPipeline (SD 1.x / 2.x) folder:
+ * prompt_embeds = the CLIPTextModel's last_hidden_state, pooled NULL, no add_time_ids, never zeros. */
 typedef struct mmc_sdxl_pipeline mmc_sdxl_pipeline;
 mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out);
 void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p);
 int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p);
 bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p);     /* model_index.json's force_zeros_for_empty_prompt */
+bool mmc_sdxl_is_xl(const mmc_sdxl_pipeline *p);           /* SDXL (else an SD 1.x / 2.x StableDiffusionPipeline) */
+int mmc_sdxl_default_size(const mmc_sdxl_pipeline *p);     /* unet sample_size x VAE factor: 1024 SDXL, 512 SD 1.5 */
 mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM's eta */
+/* Swap the scheduler for the one in scheduler_dir/scheduler_config.json (diffusers' pipe.scheduler =
+ * Cls.from_config(...)). */
+mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir);
 void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w);
 mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width);
 mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,

@@ -1,9 +1,10 @@
-/* test_schedulers.c — EulerDiscrete, EulerAncestralDiscrete, DPMSolverMultistep and DDIM schedulers
+/* test_schedulers.c — EulerDiscrete, EulerAncestralDiscrete, DPMSolverMultistep, DDIM and PNDM (PLMS) schedulers
  * against diffusers 0.42 (tests/fixtures/schedulers, tools/ref/gen_schedulers.py): for each
  * scheduler_config.json as save_config wrote it and 1 to 50 steps, set_timesteps' timesteps equal
  * diffusers' exactly and sigmas within 1e-6 relative (init_noise_sigma too); a whole sampling loop per
  * config (scale_model_input, then step with the fixture's model outputs and noise) stays within 1e-5
- * of diffusers' prev_sample at every step; bad configs are errors naming the key. */
+ * of diffusers' prev_sample at every step; DDPMScheduler's add_noise / get_velocity and compute_snr on
+ * each config's training schedule match; bad configs are errors naming the key. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 
@@ -12,6 +13,7 @@ static const char *CASES[] = {
     "ea_sdxl", "ea_trailing_v_zsnr", "ea_linspace",
     "dpm_2m", "dpm_2m_karras", "dpm_sde_karras_v", "dpm_heun_final", "dpm_cos_karras_clip", "dpm_order1_zsnr",
     "ddim_sd15", "ddim_trailing_v_zsnr", "ddim_linspace_clip",
+    "pndm_sd15", "pndm_linspace_v", "pndm_trailing",
 };
 static const int STEPS[] = {1, 2, 3, 7, 10, 13, 20, 25, 30, 50};
 static double worst_sigma = 0, worst_sigma_zsnr = 0, worst_step = 0;
@@ -142,9 +144,43 @@ static void check_loop(const mmc_st *exp, const char *name, const char *loop, do
     mmc_nsched_free(&s);
 }
 
+/* DDPMScheduler's add_noise / get_velocity and compute_snr on each config's training schedule */
+static void check_train(const mmc_st *exp) {
+    static const char *const names[] = {"euler_sdxl", "euler_trailing_v_zsnr", "ddim_linspace_clip", "dpm_cos_karras_clip"};
+    int64_t n = 0, nt = 0;
+    const float *x0 = entry(exp, "train/x0", &n), *noise = entry(exp, "train/noise", &n);
+    const mmc_st_entry *te = mmc_st_find(exp, "train/t");
+    CHECK(x0 && noise && te);
+    if (!x0 || !noise || !te) return;
+    nt = (int64_t)(te->nbytes / 4);
+    int64_t t[8];
+    for (int64_t b = 0; b < nt && b < 8; b++) t[b] = ((const int32_t *)te->data)[b];
+    float *out = malloc((size_t)n * sizeof(float)), snr[8];
+    for (size_t c = 0; c < sizeof names / sizeof *names; c++) {
+        char dir[256], key[256];
+        snprintf(dir, sizeof dir, "tests/fixtures/schedulers/%s", names[c]);
+        mmc_nsched s;
+        CHECK_OK(mmc_nsched_load(dir, &s));
+        int64_t k;
+        mmc_nsched_add_noise(&s, t, nt, n / nt, x0, noise, out);
+        snprintf(key, sizeof key, "train/%s/add_noise", names[c]);
+        const float *w = entry(exp, key, &k);
+        if (w) compare(key, out, w, n, 1e-6, 1.0);
+        mmc_nsched_velocity(&s, t, nt, n / nt, x0, noise, out);
+        snprintf(key, sizeof key, "train/%s/velocity", names[c]);
+        if ((w = entry(exp, key, &k))) compare(key, out, w, n, 1e-6, 1.0);
+        for (int64_t b = 0; b < nt; b++) snr[b] = mmc_nsched_snr(&s, t[b]);
+        snprintf(key, sizeof key, "train/%s/snr", names[c]);
+        /* relative: the SNR spans 1e4 at t = 0 to 0 (zero-terminal-SNR) at t = 999 */
+        if ((w = entry(exp, key, &k))) compare(key, snr, w, nt, 1e-5, 1e-30);
+        mmc_nsched_free(&s);
+    }
+    free(out);
+}
+
 static void check_errors(void) {
     const char *bad[][2] = {
-        {"{\"_class_name\": \"PNDMScheduler\"}", "PNDMScheduler"},
+        {"{\"_class_name\": \"LMSDiscreteScheduler\"}", "LMSDiscreteScheduler"},
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"beta_schedule\": \"cubic\"}", "beta_schedule"},
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"prediction_type\": \"x\"}", "prediction_type"},
         {"{\"_class_name\": \"DDIMScheduler\", \"timestep_spacing\": \"even\"}", "timestep_spacing"},
@@ -153,6 +189,7 @@ static void check_errors(void) {
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"use_exponential_sigmas\": true}", "use_exponential_sigmas"},
         {"{\"_class_name\": \"EulerDiscreteScheduler\", \"trained_betas\": [0.1, 0.2]}", "trained_betas"},
         {"{\"_class_name\": \"DDIMScheduler\", \"thresholding\": true}", "thresholding"},
+        {"{\"_class_name\": \"PNDMScheduler\"}", "skip_prk_steps"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         mmc_json *j = NULL;
@@ -186,6 +223,7 @@ int main(int argc, char **argv) {
             check_loop(exp, CASES[c], "loop", 0.0);
             if (!strncmp(CASES[c], "ddim", 4)) check_loop(exp, CASES[c], "loop_eta", 0.6);
         }
+    if (test_part(argc, argv, "train")) check_train(exp);
     if (test_part(argc, argv, "errors")) check_errors();
     printf("timesteps: %d of %d bitwise equal; sigmas worst relative difference %.3g (zero-SNR rescaled: %.3g); "
            "steps worst %.3g\n", n_ts_exact, n_ts, worst_sigma, worst_sigma_zsnr, worst_step);

@@ -3,7 +3,8 @@
  * two CrossAttnDownBlock2D, 2 resnets per level, 1/1/2 transformer layers, linear projections,
  * "text_time" micro-conditioning) and an SD 1.5-shaped one (conv projections, no addition embedding,
  * flip_sin_to_cos false, freq_shift 1, mid_block_scale_factor 0.5), each on a non-square 8x12 latent
- * with two different timesteps: the noise prediction within 1e-4 of diffusers. Also the errors of bad
+ * with two different timesteps: the noise prediction within 1e-4 of diffusers; the SDXL one also stored
+ * in f16 (SDXL's fp16 variant) and bf16, against diffusers' f32 forward of those weights. Also the errors of bad
  * inputs and configs. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
@@ -91,6 +92,10 @@ static void check_config_errors(void) {
 
 int main(int argc, char **argv) {
     if (test_part(argc, argv, "sdxl")) check_case("sdxl");
+    if (test_part(argc, argv, "half")) {   /* the fp16 variant and a bf16 copy, computed in f32 */
+        check_case("sdxl_f16");
+        check_case("sdxl_bf16");
+    }
     if (test_part(argc, argv, "sd15")) check_case("sd15");
     if (test_part(argc, argv, "errors")) check_config_errors();
     return test_done("test_unet");

@@ -20,7 +20,11 @@ void help_generate_image(FILE *f) {
             "text_encoder/ (CLIP), text_encoder_2/ (T5), tokenizers, scheduler/), the way diffusers'\n"
             "FluxPipeline does: same sigmas and shift, same guidance, same VAE scaling; or with a\n"
             "StableDiffusion3Pipeline folder as diffusers' SD3 pipeline does (classifier-free guidance\n"
-            "with --guidance, default 7; 256 T5 tokens). Text encoders are freed before the denoising\n"
+            "with --guidance, default 7; 256 T5 tokens); or with a StableDiffusionXLPipeline folder as\n"
+            "diffusers' SDXL pipeline does (its scheduler_config.json's Euler / Euler ancestral / DPM-Solver++\n"
+            "/ DDIM / PNDM scheduler, --guidance default 5, 50 steps, zero negative conditioning without\n"
+            "--negative-prompt where force_zeros_for_empty_prompt); a StableDiffusionPipeline (SD 1.x / 2.x)\n"
+            "folder likewise (--guidance default 7.5). Text encoders are freed before the denoising\n"
             "loop. Images are PNGs whose tEXt chunks hold the prompt and every setting.\n\n"
             "options:\n"
             "  --model DIR             the pipeline folder (required)\n"
@@ -28,7 +32,8 @@ void help_generate_image(FILE *f) {
             "  --negative-prompt TEXT  with --true-cfg > 1: a second pass per step against this prompt\n"
             "  --width W --height H    image size in pixels (default 1024 x 1024); multiples of 2 x the\n"
             "                          VAE factor (16 for released Flux models), else an error names the\n"
-            "                          nearest valid size\n"
+            "                          nearest valid size; SDXL / SD folders default to the UNet's\n"
+            "                          sample_size x the VAE factor (1024 SDXL, 512 SD 1.5)\n"
             "  --steps N               denoising steps (default 28; 4 for schnell-style models)\n"
             "  --guidance G            distilled guidance of guidance-embedding checkpoints (default 3.5;\n"
             "                          ignored by models without one)\n"
@@ -46,6 +51,9 @@ void help_generate_image(FILE *f) {
             "  --latents F             initial noise from a safetensors file (tensor \"latents\", packed\n"
             "                          [B, S, 4C] as FluxPipeline takes latents=, or [B, C, h, w]): for\n"
             "                          bit-for-bit comparisons with diffusers, whose RNG differs\n"
+            "  --scheduler DIR         SDXL / SD: use the scheduler_config.json in DIR instead of the folder's\n"
+            "                          (Euler, Euler ancestral, DPM-Solver++ 2M / SDE, DDIM, PNDM), as\n"
+            "                          pipe.scheduler = Cls.from_config(...) does\n"
             "  --tiled-decode          decode the VAE in tiles (diffusers' enable_tiling): large images\n"
             "                          in bounded memory\n"
             "  --out F.png             output file (default image.png)\n"
@@ -123,10 +131,11 @@ static float cli_lora_spec(const char *spec, char *path, size_t cap) {
 
 /* What the command was asked, for the PNG text chunks and the report. */
 typedef struct {
-    const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline;
+    const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline, *scheduler;
     double strength, guidance, true_cfg;
     long long width, height, steps, seed, maxlen;
     bool json;
+    bool size_from_model;     /* neither --width nor --height: the UNet pipelines take the model's size */
 } gi_args;
 
 /* images [B, 3, H, W] in [0, 1] -> PNGs (numpy_to_pil: (x * 255).round() to uint8, HWC) with the
@@ -247,13 +256,89 @@ done:
     return rc;
 }
 
+/* StableDiffusionXLPipeline (and StableDiffusionPipeline, SD 1.x / 2.x): classifier-free guidance with
+ * --guidance (default 5; 7.5 for SD); without --negative-prompt the negative conditioning is zeros where
+ * model_index.json sets force_zeros_for_empty_prompt (SDXL base), else the encoding of "", as diffusers
+ * does. The noise of stochastic schedulers comes from mmc's stream seed + 1. */
+static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
+    gi_args args = *ga, *a = &args;
+    if (a->init_image || a->true_cfg > 1.0 || a->lora)
+        return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for SDXL / SD pipelines "
+                         "yet (they guide with --guidance)");
+    mmc_sdxl_pipeline *p = NULL;
+    mmc_status st = mmc_sdxl_pipeline_open(a->model, &p);
+    if (st) return cli_fail(st, "cannot open the pipeline");
+    if (a->size_from_model) a->width = a->height = mmc_sdxl_default_size(p);   /* as the pipelines default */
+    if ((st = mmc_sdxl_check_size(p, (int)a->height, (int)a->width))) {
+        mmc_sdxl_pipeline_free(p);
+        return cli_fail(st, "bad size");
+    }
+    if (a->scheduler && (st = mmc_sdxl_pipeline_set_scheduler(p, a->scheduler))) {
+        mmc_sdxl_pipeline_free(p);
+        return cli_fail(st, "cannot use --scheduler %s", a->scheduler);
+    }
+    mmc_ctx *ctx = mmc_ctx_new();
+    const double t0 = mmc_now();
+    const char **pr = malloc((size_t)B * 2 * sizeof *pr), **ng = pr + B;
+    mmc_flux_cond cond = {0}, neg = {0};
+    mmc_tensor *lat = NULL, *img = NULL;
+    int rc = CLI_ERROR;
+    for (int b = 0; b < B; b++) pr[b] = a->prompt, ng[b] = a->neg ? a->neg : "";
+    const bool cfg = a->guidance > 1.0;
+    double t_text = 0, t_denoise = 0, t_decode = 0;
+    if ((st = mmc_sdxl_encode_prompt(ctx, p, pr, B, &cond))) goto done;
+    if (cfg) {
+        if (!a->neg && mmc_sdxl_force_zeros(p)) st = mmc_sdxl_zero_cond(&cond, &neg);
+        else st = mmc_sdxl_encode_prompt(ctx, p, ng, B, &neg);
+        if (st) goto done;
+    }
+    t_text = mmc_now() - t0;
+    int64_t shape[4] = {B, mmc_sdxl_pipeline_latent_channels(p), 0, 0};
+    mmc_sdxl_latent_size(p, (int)a->height, (int)a->width, &shape[2], &shape[3]);
+    lat = mmc_tensor_new(MMC_F32, 4, shape);
+    if (a->latents_path) {
+        mmc_tensor *t = NULL;
+        if ((st = read_latents(ctx, a->latents_path, &t))) goto done;
+        if (!mmc_same_shape(t, lat)) {
+            st = mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch",
+                           a->latents_path, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                           (long long)shape[3]);
+            goto done;
+        }
+        memcpy(lat->data, t->data, mmc_nbytes(lat));
+    } else {
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)a->seed);
+        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
+    }
+    mmc_flux_sample_opts o = {.height = (int)a->height, .width = (int)a->width, .steps = (int)a->steps,
+                              .guidance = a->guidance, .progress = on_step, .user = ps};
+    double t1 = mmc_now();
+    if ((st = mmc_sdxl_sample(ctx, p, &cond, cfg ? &neg : NULL, lat, &o, (uint64_t)a->seed + 1))) goto done;
+    t_denoise = mmc_now() - t1;
+    t1 = mmc_now();
+    if ((st = mmc_sdxl_decode(ctx, p, lat, tiled, &img))) goto done;
+    t_decode = mmc_now() - t1;
+    rc = write_outputs(a, img, t0, t_text, t_denoise, t_decode);
+done:
+    if (st) rc = cli_fail(st, "%s generation failed", a->pipeline);
+    mmc_tensor_free(lat);
+    free(pr);
+    mmc_flux_cond_free(&cond);
+    mmc_flux_cond_free(&neg);
+    mmc_ctx_free(ctx);
+    mmc_sdxl_pipeline_free(p);
+    return rc;
+}
+
 int cmd_generate_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
-    const char *init_image = NULL;
+    const char *init_image = NULL, *scheduler = NULL;
     double strength = 0.6;
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
-    bool json = false, tiled = false, maxlen_given = false, guidance_given = false;
+    bool json = false, tiled = false, maxlen_given = false, guidance_given = false, steps_given = false;
+    bool size_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
@@ -265,15 +350,16 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--negative-prompt")) neg = v;
         else if (!strcmp(a, "--latents")) latents_path = v;
         else if (!strcmp(a, "--init-image")) init_image = v;
+        else if (!strcmp(a, "--scheduler")) scheduler = v;
         else if (!strcmp(a, "--strength")) { if (!cli_float(a, v, 0, 1, &strength)) return CLI_USAGE; }
         else if (!strcmp(a, "--lora")) {
             if (lora) return cli_usage("generate-image", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
             lora = v;
         }
         else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--width")) { if (!cli_int(a, v, 1, 16384, &width)) return CLI_USAGE; }
-        else if (!strcmp(a, "--height")) { if (!cli_int(a, v, 1, 16384, &height)) return CLI_USAGE; }
-        else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return CLI_USAGE; }
+        else if (!strcmp(a, "--width")) { if (!cli_int(a, v, 1, 16384, &width)) return CLI_USAGE; size_given = true; }
+        else if (!strcmp(a, "--height")) { if (!cli_int(a, v, 1, 16384, &height)) return CLI_USAGE; size_given = true; }
+        else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return CLI_USAGE; steps_given = true; }
         else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 64, &batch)) return CLI_USAGE; }
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, (long long)1 << 62, &seed)) return CLI_USAGE; }
         else if (!strcmp(a, "--max-sequence-length")) { if (!cli_int(a, v, 1, 4096, &maxlen)) return CLI_USAGE; maxlen_given = true; }
@@ -287,17 +373,32 @@ int cmd_generate_image(int argc, char **argv) {
         return cli_usage("generate-image", "--true-cfg %.3g needs --negative-prompt (the pass it guides against)", true_cfg);
     progress_state ps = {.tty = isatty(2), .quiet = json};
     gi_args ga = {.model = model, .prompt = prompt, .neg = neg, .latents_path = latents_path, .out = out,
-                  .lora = lora, .init_image = init_image, .pipeline = "FluxPipeline", .strength = strength,
+                  .lora = lora, .init_image = init_image, .pipeline = "FluxPipeline", .scheduler = scheduler,
+                  .strength = strength,
                   .guidance = guidance, .true_cfg = true_cfg, .width = width, .height = height, .steps = steps,
                   .seed = seed, .maxlen = maxlen, .json = json};
-    {   /* which pipeline: SD3 folders take their own path */
+    {   /* which pipeline (model_index.json's _class_name): SD3 and SDXL folders take their own paths */
         mmc_diffusers_dir d;
-        if (mmc_diffusers_open(model, &d) == MMC_OK && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
+        const bool opened = mmc_diffusers_open(model, &d) == MMC_OK;
+        const bool xl = opened && !strcmp(d.pipeline, "StableDiffusionXLPipeline");
+        const bool sd = opened && !strcmp(d.pipeline, "StableDiffusionPipeline");
+        if (scheduler && !xl && !sd)
+            return cli_usage("generate-image", "--scheduler is wired for StableDiffusionXLPipeline and "
+                             "StableDiffusionPipeline folders only so far");
+        if (opened && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
             ga.pipeline = "StableDiffusion3Pipeline";
             if (!maxlen_given) ga.maxlen = 256;        /* the SD3 pipeline's default */
             if (!guidance_given) ga.guidance = 7.0;
             return run_sd3(&ga, (int)batch, tiled, &ps);
         }
+        if (xl || sd) {   /* the UNet pipelines: SDXL, SD 1.x / 2.x */
+            ga.pipeline = xl ? "StableDiffusionXLPipeline" : "StableDiffusionPipeline";
+            if (!guidance_given) ga.guidance = xl ? 5.0 : 7.5;    /* the pipelines' defaults */
+            if (!steps_given) ga.steps = 50;
+            ga.size_from_model = !size_given;
+            return run_sdxl(&ga, (int)batch, tiled, &ps);
+        }
+
     }
     mmc_flux_pipeline *p = NULL;
     mmc_status st = mmc_flux_pipeline_open(model, &p);

@@ -39,7 +39,7 @@ static const class_info CLASSES[] = {
     {"diffusers", "EulerDiscreteScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "EulerAncestralDiscreteScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "DDIMScheduler", MMC_DCOMP_SCHEDULER, true},
-    {"diffusers", "PNDMScheduler", MMC_DCOMP_SCHEDULER, false},
+    {"diffusers", "PNDMScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "LMSDiscreteScheduler", MMC_DCOMP_SCHEDULER, false},
     {"diffusers", "DPMSolverMultistepScheduler", MMC_DCOMP_SCHEDULER, true},
     {"transformers", "CLIPTextModel", MMC_DCOMP_TEXT_ENCODER, true},

@@ -1,9 +1,10 @@
 /* schedulers.c — the DDPM-family samplers of Stable Diffusion / SDXL pipelines, mirroring
  * diffusers 0.42's schedulers/scheduling_euler_discrete.py, scheduling_euler_ancestral_discrete.py,
- * scheduling_dpmsolver_multistep.py (dpmsolver++ and sde-dpmsolver++, orders 1-2) and
- * scheduling_ddim.py: the training schedule of __init__ (betas, alphas_cumprod, zero-terminal-SNR
+ * scheduling_dpmsolver_multistep.py (dpmsolver++ and sde-dpmsolver++, orders 1-2), scheduling_ddim.py and
+ * scheduling_pndm.py (the PLMS steps of skip_prk_steps, as SD 1.5 ships it): the training schedule of __init__ (betas, alphas_cumprod, zero-terminal-SNR
  * rescaling), set_timesteps (linspace / leading / trailing spacing, Karras sigmas, final sigma),
- * scale_model_input and step.
+ * scale_model_input and step; and DDPMScheduler's training arithmetic (add_noise, get_velocity) with
+ * training_utils.compute_snr.
  *
  * Exactness. diffusers builds the training schedule in torch float32 (torch.linspace evaluates
  * start + step * i as one fused multiply-add from whichever end is nearer; torch.cumprod
@@ -30,6 +31,7 @@ const char *mmc_nsched_kind_name(mmc_nsched_kind k) {
     case MMC_NSCHED_EULER_ANCESTRAL: return "EulerAncestralDiscreteScheduler";
     case MMC_NSCHED_DPM_MULTISTEP: return "DPMSolverMultistepScheduler";
     case MMC_NSCHED_DDIM: return "DDIMScheduler";
+    case MMC_NSCHED_PNDM: return "PNDMScheduler";
     }
     return "?";
 }
@@ -44,13 +46,13 @@ static void config_default(mmc_nsched_kind kind, mmc_nsched_config *c) {
     c->beta_end = 0.02;
     c->beta_schedule = MMC_BETA_LINEAR;
     c->prediction_type = MMC_PRED_EPSILON;
-    c->timestep_spacing = kind == MMC_NSCHED_DDIM ? MMC_SPACING_LEADING : MMC_SPACING_LINSPACE;
+    c->timestep_spacing = kind == MMC_NSCHED_DDIM || kind == MMC_NSCHED_PNDM ? MMC_SPACING_LEADING : MMC_SPACING_LINSPACE;
     c->sigma_min = c->sigma_max = NAN;
     c->solver_order = 2;
     c->lower_order_final = true;
     c->lambda_min_clipped = -INFINITY;
     c->clip_sample = true;
-    c->set_alpha_to_one = true;
+    c->set_alpha_to_one = kind != MMC_NSCHED_PNDM;
     c->clip_sample_range = 1.0;
 }
 
@@ -87,9 +89,11 @@ mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsche
     else if (!strcmp(cls, "EulerAncestralDiscreteScheduler")) kind = MMC_NSCHED_EULER_ANCESTRAL;
     else if (!strcmp(cls, "DPMSolverMultistepScheduler")) kind = MMC_NSCHED_DPM_MULTISTEP;
     else if (!strcmp(cls, "DDIMScheduler")) kind = MMC_NSCHED_DDIM;
+    else if (!strcmp(cls, "PNDMScheduler")) kind = MMC_NSCHED_PNDM;
     else
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: _class_name '%s' is not a scheduler mmc runs (EulerDiscreteScheduler, "
-                         "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, DDIMScheduler)", what, cls);
+                         "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, DDIMScheduler, PNDMScheduler)",
+                         what, cls);
     config_default(kind, c);
     const char *beta = NULL, *pred = NULL, *spacing = NULL;
     if ((st = mmc_json_int(j, "num_train_timesteps", 1000, &c->num_train_timesteps)) ||
@@ -97,7 +101,8 @@ mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsche
         (st = mmc_json_num(j, "beta_end", 0.02, &c->beta_end)) ||
         (st = mmc_json_str(j, "beta_schedule", "linear", &beta)) ||
         (st = mmc_json_str(j, "prediction_type", "epsilon", &pred)) ||
-        (st = mmc_json_str(j, "timestep_spacing", kind == MMC_NSCHED_DDIM ? "leading" : "linspace", &spacing)) ||
+        (st = mmc_json_str(j, "timestep_spacing", kind == MMC_NSCHED_DDIM || kind == MMC_NSCHED_PNDM ? "leading" : "linspace",
+                           &spacing)) ||
         (st = mmc_json_int(j, "steps_offset", 0, &c->steps_offset)) ||
         (st = mmc_json_bool(j, "rescale_betas_zero_snr", false, &c->rescale_betas_zero_snr)))
         return mmc_error_prefix(st, "%s: ", what);
@@ -116,9 +121,9 @@ mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsche
     else if (!strcmp(pred, "sample") || (kind == MMC_NSCHED_EULER && !strcmp(pred, "original_sample")))
         c->prediction_type = MMC_PRED_SAMPLE;
     else return mmc_error(MMC_ERR_INVALID, "%s: prediction_type '%s' must be epsilon, v_prediction or sample", what, pred);
-    if (kind == MMC_NSCHED_EULER_ANCESTRAL && c->prediction_type == MMC_PRED_SAMPLE)
+    if ((kind == MMC_NSCHED_EULER_ANCESTRAL || kind == MMC_NSCHED_PNDM) && c->prediction_type == MMC_PRED_SAMPLE)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: prediction_type 'sample' is not implemented by "
-                         "EulerAncestralDiscreteScheduler (diffusers raises too)", what);
+                         "%s (diffusers raises too)", what, mmc_nsched_kind_name(kind));
     if (!strcmp(spacing, "linspace")) c->timestep_spacing = MMC_SPACING_LINSPACE;
     else if (!strcmp(spacing, "leading")) c->timestep_spacing = MMC_SPACING_LEADING;
     else if (!strcmp(spacing, "trailing")) c->timestep_spacing = MMC_SPACING_TRAILING;
@@ -171,6 +176,15 @@ mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsche
         if (!json_null_or_absent(j, "variance_type"))
             return mmc_error(MMC_ERR_UNSUPPORTED, "%s: variance_type (learned variance) is not supported; set it to null", what);
     }
+    if (kind == MMC_NSCHED_PNDM) {
+        bool skip_prk = false;
+        if ((st = mmc_json_bool(j, "skip_prk_steps", false, &skip_prk)) ||
+            (st = mmc_json_bool(j, "set_alpha_to_one", false, &c->set_alpha_to_one)))
+            return mmc_error_prefix(st, "%s: ", what);
+        if (!skip_prk)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: PNDMScheduler's Runge-Kutta warm-up (skip_prk_steps false) is not "
+                             "supported; set skip_prk_steps to true (as Stable Diffusion ships it)", what);
+    }
     if (kind == MMC_NSCHED_DDIM) {
         if ((st = mmc_json_bool(j, "clip_sample", true, &c->clip_sample)) ||
             (st = mmc_json_bool(j, "set_alpha_to_one", true, &c->set_alpha_to_one)) ||
@@ -187,6 +201,7 @@ void mmc_nsched_free(mmc_nsched *s) {
     free(s->timesteps);
     free(s->sigmas);
     free(s->prev_x0);
+    free(s->pndm_buf);
     memset(s, 0, sizeof *s);
 }
 
@@ -256,6 +271,7 @@ mmc_status mmc_nsched_init(const mmc_nsched_config *c, mmc_nsched *s) {
     }
     for (int64_t i = 0; i < T; i++) alphas[i] = 1.0f - betas[i];
     cumprod_f32(alphas, T, ac);
+    s->train_ac_last = ac[T - 1];
     if (c->rescale_betas_zero_snr && c->kind != MMC_NSCHED_DDIM) ac[T - 1] = 0x1p-24f;
     free(betas);
     free(alphas);
@@ -272,7 +288,7 @@ static char *fix_nonfinite(const char *in, size_t len) {
     bool str = false;
     for (size_t i = 0; i < len; i++) {
         if (in[i] == '"' && (i == 0 || in[i - 1] != '\\')) str = !str;
-        if (!str && !strncmp(in + i, "Infinity", 8 < len - i ? 8 : len - i) && len - i >= 8) {
+        if (!str && len - i >= 8 && !strncmp(in + i, "Infinity", 8)) {
             memcpy(out + o, "1e999", 5);
             o += 5;
             i += 7;
@@ -371,9 +387,11 @@ mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
     free(s->timesteps);
     free(s->sigmas);
     free(s->prev_x0);
-    s->timesteps = s->sigmas = s->prev_x0 = NULL;
+    free(s->pndm_buf);
+    s->timesteps = s->sigmas = s->prev_x0 = s->pndm_buf = NULL;
     s->n_elem = 0;
     s->lower_order_nums = 0;
+    s->n_ets = s->counter = 0;
     s->num_inference_steps = n;
     const int cap = n + 2;
     double *ts = calloc((size_t)cap, sizeof(double)), *sg = calloc((size_t)cap + 1, sizeof(double));
@@ -403,7 +421,7 @@ mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
     if (c->timestep_spacing == MMC_SPACING_LINSPACE) {
         if (dpm) {
             for (int i = 0; i < n; i++) ts[i] = nearbyint(np_linspace_at(0, (double)(last - 1), n + 1, n - i));
-        } else if (c->kind == MMC_NSCHED_DDIM) {
+        } else if (c->kind == MMC_NSCHED_DDIM || c->kind == MMC_NSCHED_PNDM) {
             for (int i = 0; i < n; i++) ts[i] = nearbyint(np_linspace_at(0, (double)(T - 1), n, n - 1 - i));
         } else {   /* Euler kinds: dtype float32 */
             for (int i = 0; i < n; i++) ts[i] = (float)np_linspace_at(0, (double)(T - 1), n, n - 1 - i);
@@ -418,10 +436,16 @@ mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
         for (int i = 0; i < m; i++) ts[i] = nearbyint(buf[i]) - 1;
         if (buf != r) free(buf);
     }
-    if (c->kind != MMC_NSCHED_DDIM && c->kind != MMC_NSCHED_DPM_MULTISTEP)
+    if (c->kind == MMC_NSCHED_EULER || c->kind == MMC_NSCHED_EULER_ANCESTRAL)
         for (int i = 0; i < m; i++) ts[i] = (float)ts[i];   /* .astype(np.float32) */
 
-    if (c->kind == MMC_NSCHED_DDIM) goto done;
+    if (c->kind == MMC_NSCHED_PNDM && m >= 2) {
+        /* plms_timesteps (skip_prk_steps): the descending spacing with its second-smallest value
+         * repeated (the PLMS warm-up step runs twice at it): [t_m-1, ..., t_1, t_1, t_0] */
+        for (int i = m; i > 1; i--) ts[i] = ts[i - 1];
+        m++;
+    }
+    if (c->kind == MMC_NSCHED_DDIM || c->kind == MMC_NSCHED_PNDM) goto done;
 
     /* sigmas (float64 until the final float32 cast): ns of them, then the final one */
     int ns = m;
@@ -473,6 +497,72 @@ fail:
 }
 
 /* ---------------------------------------------------------------- scale_model_input, step */
+
+/* PNDMScheduler._get_prev_sample from timestep t to prev (float32 torch) */
+static void pndm_prev(const mmc_nsched *s, int64_t t, int64_t prev, const float *x, const float *mo, float *out, int64_t n) {
+    const mmc_nsched_config *c = &s->cfg;
+    const float at = s->alphas_cumprod[t];
+    const float ap = prev >= 0 ? s->alphas_cumprod[prev] : c->set_alpha_to_one ? 1.0f : s->alphas_cumprod[0];
+    const float bt = 1.0f - at, bp = 1.0f - ap;
+    const float sc = sqrtf(ap / at), denom = at * sqrtf(bp) + sqrtf(at * bt * ap), dif = ap - at;
+    const float sat = sqrtf(at), sbt = sqrtf(bt);
+    for (int64_t k = 0; k < n; k++) {
+        const float e = c->prediction_type == MMC_PRED_V ? sat * mo[k] + sbt * x[k] : mo[k];
+        out[k] = sc * x[k] - dif * e / denom;
+    }
+}
+
+/* PNDMScheduler.step_plms (skip_prk_steps) at step i; x in place. */
+static mmc_status pndm_step(mmc_nsched *s, int i, const float *mo, float *x, int64_t n) {
+    if (s->pndm_buf && s->n_elem != n)
+        return mmc_error(MMC_ERR_INVALID, "PNDMScheduler: step %d on %lld values, the previous on %lld", i,
+                         (long long)n, (long long)s->n_elem);
+    if (!s->pndm_buf) {
+        s->pndm_buf = malloc((size_t)n * 5 * sizeof(float));
+        if (!s->pndm_buf) return mmc_error(MMC_ERR_OOM, "PNDMScheduler: out of memory");
+        s->n_elem = n;
+        for (int k = 0; k < 4; k++) s->ets[k] = s->pndm_buf + (int64_t)k * n;
+        s->n_ets = 0;
+    }
+    float *cur = s->pndm_buf + 4 * n;
+    const int64_t ratio = s->cfg.num_train_timesteps / s->num_inference_steps;
+    int64_t t = (int64_t)s->timesteps[i], prev = t - ratio;
+    if (s->counter != 1) {   /* ets = ets[-3:] + [model_output] */
+        if (s->n_ets == 4) {
+            float *old = s->ets[0];
+            s->ets[0] = s->ets[1], s->ets[1] = s->ets[2], s->ets[2] = s->ets[3], s->ets[3] = old;
+            s->n_ets = 3;
+        }
+        memcpy(s->ets[s->n_ets++], mo, (size_t)n * sizeof(float));
+    } else {
+        prev = t;
+        t = t + ratio;
+    }
+    float *e = malloc((size_t)n * sizeof(float));
+    if (!e) return mmc_error(MMC_ERR_OOM, "PNDMScheduler: out of memory");
+    const float *const *E = (const float *const *)s->ets;
+    const int L = s->n_ets;
+    const float *src = x;
+    if (L == 1 && s->counter == 0) {
+        memcpy(e, mo, (size_t)n * sizeof(float));
+        memcpy(cur, x, (size_t)n * sizeof(float));
+    } else if (L == 1 && s->counter == 1) {
+        for (int64_t k = 0; k < n; k++) e[k] = (mo[k] + E[0][k]) / 2.0f;
+        src = cur;
+    } else if (L == 2) {
+        for (int64_t k = 0; k < n; k++) e[k] = (3.0f * E[1][k] - E[0][k]) / 2.0f;
+    } else if (L == 3) {
+        for (int64_t k = 0; k < n; k++) e[k] = (23.0f * E[2][k] - 16.0f * E[1][k] + 5.0f * E[0][k]) / 12.0f;
+    } else {
+        const float k24 = (float)(1.0 / 24.0);
+        for (int64_t k = 0; k < n; k++)
+            e[k] = k24 * (55.0f * E[3][k] - 59.0f * E[2][k] + 37.0f * E[1][k] - 9.0f * E[0][k]);
+    }
+    pndm_prev(s, t, prev, src, e, x, n);
+    free(e);
+    s->counter++;
+    return MMC_OK;
+}
 
 float mmc_nsched_input_divisor(const mmc_nsched *s, int i) {
     if (s->cfg.kind != MMC_NSCHED_EULER && s->cfg.kind != MMC_NSCHED_EULER_ANCESTRAL) return 1.0f;
@@ -579,6 +669,7 @@ mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *mo, float *x, int6
         return MMC_OK;
     }
     case MMC_NSCHED_DPM_MULTISTEP: return dpm_step(s, i, mo, x, n, noise);
+    case MMC_NSCHED_PNDM: return pndm_step(s, i, mo, x, n);
     case MMC_NSCHED_DDIM: {
         const int64_t t = (int64_t)s->timesteps[i], T = c->num_train_timesteps;
         const int64_t tp = t - T / s->num_inference_steps;
@@ -606,4 +697,33 @@ mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *mo, float *x, int6
     }
     }
     return MMC_ERR_INVALID;
+}
+
+/* ---------------------------------------------------------------- training (DDPMScheduler) */
+
+static float train_ac(const mmc_nsched *s, int64_t t) {
+    MMC_CHECK(t >= 0 && t < s->cfg.num_train_timesteps, "scheduler: training timestep %lld outside [0, %lld)",
+              (long long)t, (long long)s->cfg.num_train_timesteps);
+    return t == s->cfg.num_train_timesteps - 1 ? s->train_ac_last : s->alphas_cumprod[t];
+}
+
+void mmc_nsched_add_noise(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                          const float *noise, float *out) {
+    for (int64_t b = 0; b < B; b++) {
+        const float ac = train_ac(s, t[b]), sa = sqrtf(ac), so = sqrtf(1.0f - ac);
+        for (int64_t k = b * per; k < (b + 1) * per; k++) out[k] = sa * x0[k] + so * noise[k];
+    }
+}
+
+void mmc_nsched_velocity(const mmc_nsched *s, const int64_t *t, int64_t B, int64_t per, const float *x0,
+                         const float *noise, float *out) {
+    for (int64_t b = 0; b < B; b++) {
+        const float ac = train_ac(s, t[b]), sa = sqrtf(ac), so = sqrtf(1.0f - ac);
+        for (int64_t k = b * per; k < (b + 1) * per; k++) out[k] = sa * noise[k] - so * x0[k];
+    }
+}
+
+float mmc_nsched_snr(const mmc_nsched *s, int64_t t) {
+    const float ac = train_ac(s, t), r = sqrtf(ac) / sqrtf(1.0f - ac);
+    return r * r;
 }

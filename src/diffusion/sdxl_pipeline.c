@@ -1,5 +1,8 @@
 /* sdxl_pipeline.c — text -> image with a StableDiffusionXLPipeline folder, mirroring diffusers'
- * pipelines/stable_diffusion_xl/pipeline_stable_diffusion_xl.py:
+ * pipelines/stable_diffusion_xl/pipeline_stable_diffusion_xl.py, and with a StableDiffusionPipeline
+ * (SD 1.x / 2.x: pipelines/stable_diffusion/pipeline_stable_diffusion.py), which differs only in its
+ * conditioning: one CLIPTextModel's last_hidden_state (after the final LayerNorm), no pooled vector, no
+ * add_time_ids, and an encoded negative prompt ("" by default, never zeros):
  *
  *   encode_prompt: CLIP-L (CLIPTextModel) and CLIP-G (CLIPTextModelWithProjection), 77 padded tokens
  *        each, hidden_states[-2] of both concatenated on the channel axis    -> prompt_embeds [B, 77, C1 + C2]
@@ -16,6 +19,7 @@
  * force_upcast: diffusers decodes with an upcast f32 VAE when its weights are f16 (the SDXL VAE
  * overflows in f16); mmc computes every model in f32 whatever the stored dtype, which is that upcast. */
 #include "mmc_diffusion.h"
+#include "mmc_encoders.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +32,10 @@ struct mmc_sdxl_pipeline {
     mmc_nsched sched;
     mmc_unet *unet;
     mmc_vae *vae;
-    bool force_zeros;                 /* force_zeros_for_empty_prompt */
+    bool sdxl;                        /* StableDiffusionXLPipeline (else StableDiffusionPipeline) */
+    bool force_zeros;                 /* force_zeros_for_empty_prompt (SDXL only) */
+    bool have_sched;                  /* the folder's scheduler loaded (or one set since) */
+    char sched_err[512];              /* why the folder's scheduler did not load */
     char path[5][1024];               /* unet, vae, scheduler, text_encoder, text_encoder_2 */
 };
 enum { X_UNET, X_VAE, X_SCHED, X_TE1, X_TE2 };
@@ -41,8 +48,10 @@ mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out) {
     char path[1100];
     mmc_status st = mmc_diffusers_open(dir, &p->dir);
     if (st) goto fail;
-    if (strcmp(p->dir.pipeline, "StableDiffusionXLPipeline") != 0) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusionXLPipeline", dir, p->dir.pipeline);
+    p->sdxl = !strcmp(p->dir.pipeline, "StableDiffusionXLPipeline");
+    if (!p->sdxl && strcmp(p->dir.pipeline, "StableDiffusionPipeline") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusionXLPipeline or StableDiffusionPipeline",
+                       dir, p->dir.pipeline);
         goto fail;
     }
     static const char *const names[] = {"unet", "vae", "scheduler", "text_encoder", "text_encoder_2"};
@@ -50,6 +59,7 @@ mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out) {
     snprintf(path, sizeof path, "%s/model_index.json", dir);
     if ((st = mmc_json_load(path, &j))) goto fail;
     st = mmc_json_bool(j, "force_zeros_for_empty_prompt", true, &p->force_zeros);
+    p->force_zeros = p->force_zeros && p->sdxl;
     mmc_json_free(j), j = NULL;
     if (st) goto fail;
     snprintf(path, sizeof path, "%s/config.json", p->path[X_UNET]);
@@ -57,8 +67,9 @@ mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out) {
     st = mmc_unet_config_read(j, "unet/config.json", &p->unet_cfg);
     mmc_json_free(j), j = NULL;
     if (st) goto fail;
-    if (!p->unet_cfg.text_time) {
-        st = mmc_error(MMC_ERR_FORMAT, "%s: unet/config.json: an SDXL UNet has addition_embed_type \"text_time\"", dir);
+    if (p->unet_cfg.text_time != p->sdxl) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: unet/config.json: %s UNet %s addition_embed_type \"text_time\"", dir,
+                       p->sdxl ? "an SDXL" : "a StableDiffusionPipeline", p->sdxl ? "has" : "has no");
         goto fail;
     }
     snprintf(path, sizeof path, "%s/config.json", p->path[X_VAE]);
@@ -66,7 +77,9 @@ mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out) {
     st = mmc_vae_config_read(j, "vae/config.json", &p->vae_cfg);
     mmc_json_free(j), j = NULL;
     if (st) goto fail;
-    if ((st = mmc_nsched_load(p->path[X_SCHED], &p->sched))) goto fail;
+    /* a scheduler mmc does not run (SD 1.5 ships PNDMScheduler) is an error only if none is set in its place */
+    if (mmc_nsched_load(p->path[X_SCHED], &p->sched) == MMC_OK) p->have_sched = true;
+    else snprintf(p->sched_err, sizeof p->sched_err, "%s", mmc_last_error());
     *out = p;
     return MMC_OK;
 fail:
@@ -83,8 +96,22 @@ void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p) {
     free(p);
 }
 
+mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir) {
+    mmc_nsched s;
+    mmc_status st = mmc_nsched_load(scheduler_dir, &s);
+    if (st) return st;
+    mmc_nsched_free(&p->sched);
+    p->sched = s;
+    p->have_sched = true;
+    return MMC_OK;
+}
+
 int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p) { return (int)p->unet_cfg.in_channels; }
 bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p) { return p->force_zeros; }
+bool mmc_sdxl_is_xl(const mmc_sdxl_pipeline *p) { return p->sdxl; }
+int mmc_sdxl_default_size(const mmc_sdxl_pipeline *p) {
+    return (int)p->unet_cfg.sample_size * (1 << (p->vae_cfg.levels - 1));   /* default_sample_size * vae_scale_factor */
+}
 mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p) { return &p->sched; }
 
 void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w) {
@@ -97,9 +124,42 @@ mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width
                                     "VAE factor x the UNet's 2^(levels - 1)");
 }
 
+/* StableDiffusionPipeline.encode_prompt (clip_skip None): text_encoder(ids)[0], the last_hidden_state
+ * after final_layer_norm, over prompts padded to model_max_length; no attention mask (use_attention_mask
+ * is false in the released configs). */
+static mmc_status sd_encode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B, mmc_flux_cond *out) {
+    mmc_clip_tokenizer *ct = NULL;
+    mmc_clip_text *m = NULL;
+    char tok[1100];
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);
+    mmc_status st;
+    if ((st = mmc_clip_tokenizer_load(tok, &ct)) || (st = mmc_clip_text_load(p->path[X_TE1], &m))) goto done;
+    const int L = mmc_clip_tokenizer_model_max_length(ct);
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L));
+    for (int b = 0; b < B && !st; b++)
+        st = mmc_clip_tokenizer_encode_padded(ct, prompts[b], L, (int32_t *)ids->data + (int64_t)b * L, NULL, NULL);
+    mmc_clip_text_out o;
+    if (st || (st = mmc_clip_text_forward(ctx, m, ids, NULL, &o))) goto done;
+    if (o.last_hidden_state->shape[2] != p->unet_cfg.cross_attention_dim) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the text encoder gives %lld channels, the UNet's cross_attention_dim is %lld",
+                       p->dir.dir, (long long)o.last_hidden_state->shape[2], (long long)p->unet_cfg.cross_attention_dim);
+        goto done;
+    }
+    out->prompt_embeds = mmc_tensor_new(MMC_F32, 3, o.last_hidden_state->shape);
+    if (!out->prompt_embeds) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    memcpy(out->prompt_embeds->data, o.last_hidden_state->data, mmc_nbytes(out->prompt_embeds));
+done:
+    mmc_clip_text_free(m);
+    mmc_clip_tokenizer_free(ct);
+    mmc_set_grad_enabled(ctx, was);
+    return st;
+}
+
 mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
                                   mmc_flux_cond *out) {
     memset(out, 0, sizeof *out);
+    if (!p->sdxl) return sd_encode(ctx, p, prompts, B, out);
     mmc_tensor *h[2] = {0}, *pooled = NULL;
     char tok[1100];
     mmc_status st;
@@ -136,13 +196,13 @@ done:
 
 mmc_status mmc_sdxl_zero_cond(const mmc_flux_cond *like, mmc_flux_cond *out) {
     out->prompt_embeds = mmc_tensor_new(MMC_F32, 3, like->prompt_embeds->shape);
-    out->pooled = mmc_tensor_new(MMC_F32, 2, like->pooled->shape);
-    if (!out->prompt_embeds || !out->pooled) {
+    out->pooled = like->pooled ? mmc_tensor_new(MMC_F32, 2, like->pooled->shape) : NULL;
+    if (!out->prompt_embeds || (like->pooled && !out->pooled)) {
         mmc_flux_cond_free(out);
         return mmc_error(MMC_ERR_OOM, "out of memory");
     }
     memset(out->prompt_embeds->data, 0, mmc_nbytes(out->prompt_embeds));
-    memset(out->pooled->data, 0, mmc_nbytes(out->pooled));
+    if (out->pooled) memset(out->pooled->data, 0, mmc_nbytes(out->pooled));
     return MMC_OK;
 }
 
@@ -174,12 +234,14 @@ mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_co
         !mmc_is_contiguous(latents) || latents->dtype != MMC_F32)
         return mmc_error(MMC_ERR_INVALID, "latents must be f32 [B, %lld, %lld, %lld] for %dx%d", (long long)C,
                          (long long)h, (long long)w, o->width, o->height);
-    if (cond->prompt_embeds->shape[0] != B || cond->pooled->shape[0] != B)
+    if (cond->prompt_embeds->shape[0] != B || (p->sdxl && (!cond->pooled || cond->pooled->shape[0] != B)))
         return mmc_error(MMC_ERR_INVALID, "the prompt encoding has batch %lld, the latents %lld",
                          (long long)cond->prompt_embeds->shape[0], (long long)B);
     const bool cfg = o->guidance > 1.0;
     if (cfg && !neg) return mmc_error(MMC_ERR_INVALID, "guidance %g > 1 needs the negative conditioning", o->guidance);
     if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
+    if (!p->have_sched)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s (set another scheduler: generate-image --scheduler DIR)", p->sched_err);
     if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], &p->unet))) return st;
     if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
@@ -207,11 +269,11 @@ mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_co
         mmc_tensor *lmi = cfg ? stack2(ctx, latents, latents) : mmc_new(ctx, MMC_F32, 4, latents->shape);
         if (!cfg) memcpy(lmi->data, x, (size_t)n * sizeof(float));
         mmc_nsched_scale_model_input(&p->sched, i, lmi->data, lmi->data, mmc_numel(lmi));
-        mmc_unet_inputs in = {.sample = lmi, .timestep = ts, .encoder = cond->prompt_embeds,
-                              .text_embeds = cond->pooled, .time_ids = ids, .n_time_ids = 6};
+        mmc_unet_inputs in = {.sample = lmi, .timestep = ts, .encoder = cond->prompt_embeds};
+        if (p->sdxl) in.text_embeds = cond->pooled, in.time_ids = ids, in.n_time_ids = 6;
         if (cfg) {   /* [negative; positive], as the pipeline concatenates them */
             in.encoder = stack2(ctx, neg->prompt_embeds, cond->prompt_embeds);
-            in.text_embeds = stack2(ctx, neg->pooled, cond->pooled);
+            if (p->sdxl) in.text_embeds = stack2(ctx, neg->pooled, cond->pooled);
         }
         mmc_tensor *eps = NULL;
         st = mmc_unet_forward(ctx, p->unet, &in, &eps);

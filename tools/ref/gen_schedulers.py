@@ -2,7 +2,7 @@
 version pinned in requirements.txt):
 
 * <case>/scheduler_config.json: EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
-  DPMSolverMultistepScheduler and DDIMScheduler configs as save_config writes them (SDXL's and SD 1.5's
+  DPMSolverMultistepScheduler, DDIMScheduler and PNDMScheduler (skip_prk_steps) configs as save_config writes them (SDXL's and SD 1.5's
   own settings, and variants over beta_schedule, prediction_type, timestep_spacing, Karras sigmas,
   final_sigmas_type, zero-terminal-SNR rescaling, SDE / Heun / euler_at_final DPM-Solver).
 * expected.safetensors: per case and step count N, set_timesteps(N)'s timesteps and sigmas (as float32),
@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                       EulerDiscreteScheduler)
+                       EulerDiscreteScheduler, PNDMScheduler)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "schedulers")
@@ -67,9 +67,14 @@ CASES = {
                                                  prediction_type="v_prediction", rescale_betas_zero_snr=True)),
     "ddim_linspace_clip": (DDIMScheduler, dict(timestep_spacing="linspace", prediction_type="sample",
                                                clip_sample=True, clip_sample_range=0.8)),
+    # PNDM (PLMS) as SD 1.5 ships it; linspace v-prediction with set_alpha_to_one; trailing
+    "pndm_sd15": (PNDMScheduler, dict(SDXL, skip_prk_steps=True, set_alpha_to_one=False)),
+    "pndm_linspace_v": (PNDMScheduler, dict(skip_prk_steps=True, set_alpha_to_one=True, timestep_spacing="linspace",
+                                            prediction_type="v_prediction")),
+    "pndm_trailing": (PNDMScheduler, dict(SDXL, skip_prk_steps=True, timestep_spacing="trailing")),
 }
 STEPS = [1, 2, 3, 7, 10, 13, 20, 25, 30, 50]
-LOOP_STEPS = {"default": 8, "dpm_2m": 16, "dpm_2m_karras": 16}
+LOOP_STEPS = {"default": 8, "dpm_2m": 16, "dpm_2m_karras": 16, "pndm_trailing": 3}
 SHAPE = (1, 4, 4, 5)
 
 exp = {}
@@ -80,7 +85,7 @@ for name, (cls, kw) in CASES.items():
     for n in STEPS:
         s.set_timesteps(n)
         exp[f"{name}/{n}/timesteps"] = s.timesteps.float().clone()
-        if cls is not DDIMScheduler:
+        if cls not in (DDIMScheduler, PNDMScheduler):
             exp[f"{name}/{n}/sigmas"] = s.sigmas.float().clone()
         exp[f"{name}/{n}/init_noise_sigma"] = torch.tensor([float(s.init_noise_sigma)], dtype=torch.float32)
 
@@ -113,5 +118,17 @@ for name, (cls, kw) in CASES.items():
             exp[f"{name}/{key}/{i}/prev_sample"] = out.clone()
             x = out
 
+# training arithmetic: each config loaded into a DDPMScheduler, as the training scripts do
+from diffusers import DDPMScheduler
+from diffusers.training_utils import compute_snr
+g = torch.Generator().manual_seed(7)
+x0, noise = torch.randn(4, 3, 2, 5, generator=g), torch.randn(4, 3, 2, 5, generator=g)
+tt = torch.tensor([0, 17, 500, 999])
+exp["train/x0"], exp["train/noise"], exp["train/t"] = x0, noise, tt.to(torch.int32)
+for name in ("euler_sdxl", "euler_trailing_v_zsnr", "ddim_linspace_clip", "dpm_cos_karras_clip"):
+    ddpm = DDPMScheduler.from_pretrained(os.path.join(OUT, name))
+    exp[f"train/{name}/add_noise"] = ddpm.add_noise(x0, noise, tt)
+    exp[f"train/{name}/velocity"] = ddpm.get_velocity(x0, noise, tt)
+    exp[f"train/{name}/snr"] = compute_snr(ddpm, tt)
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
 print("wrote", OUT, len(exp), "tensors")

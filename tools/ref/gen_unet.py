@@ -9,6 +9,8 @@ requirements.txt):
 * sd15/: an SD 1.5-shaped one: CrossAttnDownBlock2D x2 then DownBlock2D, one int attention_head_dim,
   1x1-conv projections (use_linear_projection false), no addition embedding, flip_sin_to_cos false and
   freq_shift 1 (to exercise both settings), mid_block_scale_factor 0.5.
+* sdxl_f16/, sdxl_bf16/: sdxl's weights stored in float16 (SDXL's fp16 variant) and bfloat16; their expected
+  output is diffusers' f32 forward of the rounded weights.
 * <case>/expected.safetensors: a non-square latent sample, per-sample timesteps, encoder_hidden_states,
   (text_embeds, time_ids), and the noise prediction unet(...).sample.
 
@@ -77,3 +79,16 @@ for i, (name, cfg) in enumerate(CASES.items()):
     exp["out"] = out
     save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
     print(name, "params", sum(p.numel() for p in unet.parameters()), "max|out|", out.abs().max().item())
+    if name != "sdxl":
+        continue
+    # the same UNet stored in f16 (SDXL's fp16 variant) and bf16: the expected output is the f32 forward
+    # of the rounded weights (what diffusers computes after upcasting, and what mmc computes)
+    for dt, tag in ((torch.float16, "sdxl_f16"), (torch.bfloat16, "sdxl_bf16")):
+        half = UNet2DConditionModel.from_pretrained(d).to(dt)
+        half.save_pretrained(os.path.join(OUT, tag))
+        up = UNet2DConditionModel.from_pretrained(os.path.join(OUT, tag), torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            o = up(sample, timestep, encoder_hidden_states=enc, **kw).sample
+        save_file({k: v.contiguous() for k, v in dict(exp, out=o).items()},
+                  os.path.join(OUT, tag, "expected.safetensors"))
+        print(tag, "max|out - f32 out|", (o - out).abs().max().item())

@@ -31,6 +31,7 @@
 #include "mmc_diffusion.h"
 #include "mmc_models.h"
 #include "../model_weights.h"
+#include "../../nn/resnet2d.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,14 +39,7 @@
 
 #define VAE_EPS 1e-6f
 
-typedef struct {
-    int64_t cin, cout;
-    mmc_tensor *norm1_w, *norm1_b;        /* [Cin] */
-    mmc_tensor *conv1_w, *conv1_b;        /* [Cout, Cin, 3, 3], [Cout] */
-    mmc_tensor *norm2_w, *norm2_b;        /* [Cout] */
-    mmc_tensor *conv2_w, *conv2_b;        /* [Cout, Cout, 3, 3], [Cout] */
-    mmc_tensor *shortcut_w, *shortcut_b;  /* [Cout, Cin, 1, 1], [Cout]; NULL when Cin == Cout */
-} resnet_block;
+typedef mmc_resnet2d resnet_block;         /* src/nn/resnet2d.c, without time embedding */
 
 typedef struct {
     mmc_tensor *norm_w, *norm_b;          /* [C] */
@@ -158,12 +152,7 @@ static void bind_wb(binder *b, const char *prefix, const char *name, mmc_tensor 
 #define bind_linear(b, prefix, name, w, bias, c) bind_wb(b, prefix, name, w, bias, 2, MMC_SHAPE(c, c))
 
 static void bind_resnet(binder *b, const char *prefix, resnet_block *r, int64_t cin, int64_t cout) {
-    r->cin = cin, r->cout = cout;
-    bind_vec(b, prefix, "norm1", &r->norm1_w, &r->norm1_b, cin);
-    bind_conv(b, prefix, "conv1", &r->conv1_w, &r->conv1_b, cout, cin, 3);
-    bind_vec(b, prefix, "norm2", &r->norm2_w, &r->norm2_b, cout);
-    bind_conv(b, prefix, "conv2", &r->conv2_w, &r->conv2_b, cout, cout, 3);
-    if (cin != cout) bind_conv(b, prefix, "conv_shortcut", &r->shortcut_w, &r->shortcut_b, cout, cin, 1);
+    mmc_resnet2d_bind(&b->v->w, prefix, r, cin, cout, 0);
 }
 
 static void bind_mid(binder *b, const char *coder_prefix, mid_block *m, int64_t C, bool attn) {
@@ -288,14 +277,7 @@ static mmc_tensor *norm_silu(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, mmc_
 
 /* ResnetBlock2D (temb None, output_scale_factor 1): x [B, Cin, H, W] -> [B, Cout, H, W] */
 static mmc_tensor *resnet_forward(mmc_ctx *ctx, const mmc_vae *v, const resnet_block *r, mmc_tensor *x) {
-    mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-    mmc_tensor *h = norm_silu(ctx, v, x, r->norm1_w, r->norm1_b);
-    h = mw_keep(ctx, m, mmc_conv2d(ctx, h, r->conv1_w, r->conv1_b, 1, 1));   /* [B, Cout, H, W] */
-    mmc_arena_mark m2 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-    h = norm_silu(ctx, v, h, r->norm2_w, r->norm2_b);
-    h = mw_keep(ctx, m2, mmc_conv2d(ctx, h, r->conv2_w, r->conv2_b, 1, 1));
-    mmc_tensor *shortcut = r->shortcut_w ? mmc_conv2d(ctx, x, r->shortcut_w, r->shortcut_b, 1, 0) : x;
-    return mw_keep(ctx, m, mmc_add(ctx, shortcut, h));
+    return mmc_resnet2d_forward(ctx, r, x, NULL, (int)v->cfg.norm_num_groups, VAE_EPS, 1.0);
 }
 
 /* Attention (AttnProcessor2_0, one head of dim C, residual): x [B, C, H, W] -> same */

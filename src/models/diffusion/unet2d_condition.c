@@ -28,6 +28,7 @@
 #include "mmc_diffusion.h"
 #include "mmc_models.h"
 #include "../model_weights.h"
+#include "../../nn/resnet2d.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -36,15 +37,7 @@
 #define T2D_GN_EPS 1e-6f   /* Transformer2DModel's GroupNorm */
 #define LN_EPS 1e-5f       /* BasicTransformerBlock's LayerNorms (norm_eps default) */
 
-typedef struct {
-    int64_t cin, cout;
-    mmc_tensor *norm1_w, *norm1_b;        /* [Cin] */
-    mmc_tensor *conv1_w, *conv1_b;        /* [Cout, Cin, 3, 3], [Cout] */
-    mmc_tensor *temb_w, *temb_b;          /* time_emb_proj [Cout, Temb], [Cout] */
-    mmc_tensor *norm2_w, *norm2_b;        /* [Cout] */
-    mmc_tensor *conv2_w, *conv2_b;        /* [Cout, Cout, 3, 3] */
-    mmc_tensor *short_w, *short_b;        /* [Cout, Cin, 1, 1]; NULL when Cin == Cout */
-} resnet;
+typedef mmc_resnet2d resnet;                /* src/nn/resnet2d.c */
 
 typedef struct {
     mmc_tensor *q, *k, *v;                /* [C, C], [C, Ckv], [C, Ckv]: no bias */
@@ -135,6 +128,7 @@ mmc_status mmc_unet_config_read(const mmc_json *j, const char *what, mmc_unet_co
     int64_t kin = 3, kout = 3, temb_dim = 0;
     if ((st = mmc_json_int(j, "in_channels", 4, &c->in_channels)) ||
         (st = mmc_json_int(j, "out_channels", 4, &c->out_channels)) ||
+        (st = mmc_json_int(j, mmc_json_has(j, "sample_size.0") ? "sample_size.0" : "sample_size", 64, &c->sample_size)) ||
         (st = mmc_json_int(j, "norm_num_groups", 32, &c->norm_num_groups)) ||
         (st = mmc_json_num(j, "norm_eps", 1e-5, &c->norm_eps)) ||
         (st = mmc_json_bool(j, "use_linear_projection", false, &c->use_linear_projection)) ||
@@ -256,13 +250,7 @@ mmc_status mmc_unet_config_read(const mmc_json *j, const char *what, mmc_unet_co
 /* ------------------------------------------------------------------ weights */
 
 static void bind_resnet(mw_set *w, const char *p, resnet *r, int64_t cin, int64_t cout, int64_t temb) {
-    r->cin = cin, r->cout = cout;
-    mw_bind_wb(w, p, "norm1", &r->norm1_w, &r->norm1_b, 1, MMC_SHAPE(cin));
-    mw_bind_wb(w, p, "conv1", &r->conv1_w, &r->conv1_b, 4, MMC_SHAPE(cout, cin, 3, 3));
-    mw_bind_wb(w, p, "time_emb_proj", &r->temb_w, &r->temb_b, 2, MMC_SHAPE(cout, temb));
-    mw_bind_wb(w, p, "norm2", &r->norm2_w, &r->norm2_b, 1, MMC_SHAPE(cout));
-    mw_bind_wb(w, p, "conv2", &r->conv2_w, &r->conv2_b, 4, MMC_SHAPE(cout, cout, 3, 3));
-    if (cin != cout) mw_bind_wb(w, p, "conv_shortcut", &r->short_w, &r->short_b, 4, MMC_SHAPE(cout, cin, 1, 1));
+    mmc_resnet2d_bind(w, p, r, cin, cout, temb);
 }
 
 static void bind_attention(mw_set *w, const char *p, const char *name, attention *a, int64_t C, int64_t ckv) {
@@ -427,22 +415,7 @@ static mmc_tensor *norm_silu(mmc_ctx *ctx, mmc_tensor *x, int groups, mmc_tensor
 /* ResnetBlock2D: x [B, Cin, H, W], temb_act = SiLU(emb) [B, Temb] -> [B, Cout, H, W] */
 static mmc_tensor *resnet_forward(mmc_ctx *ctx, const mmc_unet *m, const resnet *r, mmc_tensor *x,
                                   mmc_tensor *temb_act, double out_scale) {
-    const mmc_unet_config *c = &m->cfg;
-    const int G = (int)c->norm_num_groups;
-    const float eps = (float)c->norm_eps;
-    mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-    const int64_t B = x->shape[0];
-    mmc_tensor *h = norm_silu(ctx, x, G, r->norm1_w, r->norm1_b, eps);
-    h = mw_keep(ctx, mk, mmc_conv2d(ctx, h, r->conv1_w, r->conv1_b, 1, 1));        /* [B, Cout, H, W] */
-    mmc_arena_mark m2 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-    mmc_tensor *t = mmc_linear(ctx, temb_act, r->temb_w, r->temb_b);               /* [B, Cout] */
-    h = mmc_add(ctx, h, mmc_reshape(ctx, t, 4, MMC_SHAPE(B, r->cout, 1, 1)));
-    h = norm_silu(ctx, h, G, r->norm2_w, r->norm2_b, eps);
-    h = mw_keep(ctx, m2, mmc_conv2d(ctx, h, r->conv2_w, r->conv2_b, 1, 1));
-    mmc_tensor *sc = r->short_w ? mmc_conv2d(ctx, x, r->short_w, r->short_b, 1, 0) : x;
-    mmc_tensor *y = mmc_add(ctx, sc, h);
-    if (out_scale != 1.0) y = mmc_scale(ctx, y, (float)(1.0 / out_scale));
-    return mw_keep(ctx, mk, y);
+    return mmc_resnet2d_forward(ctx, r, x, temb_act, (int)m->cfg.norm_num_groups, (float)m->cfg.norm_eps, out_scale);
 }
 
 /* Attention (AttnProcessor2_0): x [B, S, C] attends to kv [B, T, Ckv] -> [B, S, C] */

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# test_sdxl_cli.sh — `mmc generate-image` on the tiny StableDiffusionXLPipeline folder written by diffusers
+# (tests/fixtures/sdxl, tools/ref/gen_sdxl.py): model_index.json's _class_name takes the SDXL path; from
+# diffusers' own initial noise (--latents) with a negative prompt and CFG 3 the PNG equals diffusers'
+# image within 1/255 per channel (its numerics: test_sdxl_pipeline); the tEXt chunks name the pipeline;
+# seeded runs repeat; --scheduler swaps the scheduler; an SD 1.x folder runs with its PNDM scheduler and with DDIM,
+# one with an unsupported scheduler asks for --scheduler; sizes the VAE and UNet cannot take name the
+# nearest valid size; options not wired for SDXL are usage errors.
+set -u
+MMC=${MMC:-build/mmc}
+fail=0; n=0
+ok()   { n=$((n+1)); }
+bad()  { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+P=tests/fixtures/sdxl
+[ -f "$P/expected.safetensors" ] || { # a StableDiffusionPipeline (SD 1.x) folder runs with its PNDM scheduler and with DDIM; a copy whose scheduler
+# mmc does not run (LMSDiscreteScheduler) opens and asks for --scheduler
+S=tests/fixtures/sd15_pipe
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --steps 3 --out "$T/sdp.png"
+cp -r $S "$T/lms" && sed -i 's/PNDMScheduler/LMSDiscreteScheduler/' "$T/lms/model_index.json" "$T/lms/scheduler/scheduler_config.json"
+expect_rc 1 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --out "$T/sd.png"
+expect_err "LMSDiscreteScheduler"
+expect_err "\-\-scheduler DIR"
+expect_rc 0 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --scheduler $S/scheduler_ddim \
+  --out "$T/sd.png"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
+  --scheduler $S/scheduler_ddim --out "$T/sd.png"
+if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi
+echo "test_sdxl_cli: skipped: fixtures absent (tools/ref/gen_sdxl.py)"; exit 77; }
+expect_rc() { local want=$1; shift; "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  if [ "$rc" = "$want" ]; then ok; else bad "'$*' exited $rc, expected $want: $(cat "$T/err")"; fi; }
+expect_err() { if grep -q -- "$1" "$T/err"; then ok; else bad "stderr lacks '$1': $(cat "$T/err")"; fi; }
+
+# diffusers' latents_b (the initial noise of its image_c) as --latents reads them: tensor "latents"
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a photo of a red circle" --negative-prompt "green left" \
+  --guidance 3 --steps 3 --width 24 --height 16 --latents $P/cli_latents.safetensors --out "$T/c.png" --json
+if grep -q '"steps": 3' "$T/out" && [ -s "$T/c.png" ]; then ok; else bad "no image or JSON: $(cat "$T/out")"; fi
+if grep -aq "mmc generate-image (StableDiffusionXLPipeline)" "$T/c.png"; then ok; else bad "PNG lacks the pipeline name"; fi
+# pixels against the PNG diffusers saved from the same noise (a system python3's zlib decodes both; the
+# check is skipped without one, test_sdxl_pipeline compares the floats either way)
+if command -v python3 >/dev/null; then
+  if python3 - "$T/c.png" $P/cli_expected.png >"$T/cmp" 2>&1 <<'PY'
+import struct, sys, zlib
+def pixels(path):
+    data = open(path, "rb").read()
+    pos, idat, w, h = 8, b"", 0, 0
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and ctype == 2, "8-bit RGB expected"
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw, out, stride, prev = zlib.decompress(idat), [], w * 3, bytearray(w * 3)
+    for y in range(h):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - 3] if i >= 3 else 0
+            b, c = prev[i], prev[i - 3] if i >= 3 else 0
+            if f == 1: line[i] = (line[i] + a) & 255
+            elif f == 2: line[i] = (line[i] + b) & 255
+            elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += line
+        prev = line
+    return w, h, out
+wa, ha, a = pixels(sys.argv[1])
+wb, hb, b = pixels(sys.argv[2])
+worst = max(abs(x - y) for x, y in zip(a, b)) if (wa, ha) == (wb, hb) else 999
+print("size", wa, ha, "vs", wb, hb, "max pixel difference", worst)
+sys.exit(0 if worst <= 1 else 1)
+PY
+  then ok; else bad "PNG differs from diffusers': $(cat "$T/cmp")"; fi
+fi
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a photo of a red circle" --width 24 --height 16 --steps 4 \
+  --seed 7 --out "$T/s1.png"
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a photo of a red circle" --width 24 --height 16 --steps 4 \
+  --seed 7 --out "$T/s2.png"
+if cmp -s "$T/s1.png" "$T/s2.png"; then ok; else bad "the same seed gave different images"; fi
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a photo of a red circle" --width 24 --height 16 --steps 4 \
+  --seed 8 --out "$T/s3.png"
+if cmp -s "$T/s1.png" "$T/s3.png"; then bad "different seeds gave the same image"; else ok; fi
+# --scheduler swaps the folder's scheduler (diffusers' pipe.scheduler = Cls.from_config(...)): the
+# ancestral one draws noise, so a different image from the same seed; an absent config is an error
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a photo of a red circle" --width 24 --height 16 --steps 4 \
+  --seed 7 --scheduler tests/fixtures/schedulers/ea_sdxl --out "$T/ea.png"
+if [ -s "$T/ea.png" ] && ! cmp -s "$T/s1.png" "$T/ea.png"; then ok; else bad "--scheduler made no (different) image"; fi
+expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --scheduler "$T" --out "$T/x.png"
+expect_err "scheduler_config.json"
+expect_rc 2 "$MMC" generate-image --model tests/fixtures/sd3_pipe --prompt "x" --scheduler "$T" --out "$T/x.png"
+expect_err "StableDiffusionPipeline folders only"
+# a size the VAE (factor 2) and the UNet (2 levels: 2) cannot take
+expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 22 --height 16 --steps 1 --out "$T/x.png"
+expect_err "nearest valid size is 24x16"
+expect_rc 2 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --lora /nonexistent --out "$T/x.png"
+expect_err "not wired for SDXL / SD pipelines"
+# a StableDiffusionPipeline (SD 1.x) folder runs with its PNDM scheduler and with DDIM; a copy whose scheduler
+# mmc does not run (LMSDiscreteScheduler) opens and asks for --scheduler
+S=tests/fixtures/sd15_pipe
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --steps 3 --out "$T/sdp.png"
+cp -r $S "$T/lms" && sed -i 's/PNDMScheduler/LMSDiscreteScheduler/' "$T/lms/model_index.json" "$T/lms/scheduler/scheduler_config.json"
+expect_rc 1 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --out "$T/sd.png"
+expect_err "LMSDiscreteScheduler"
+expect_err "\-\-scheduler DIR"
+expect_rc 0 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --steps 2 --scheduler $S/scheduler_ddim \
+  --out "$T/sd.png"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
+  --scheduler $S/scheduler_ddim --out "$T/sd.png"
+if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi
+echo "test_sdxl_cli: $((n - fail)) of $n checks passed"
+[ "$fail" = 0 ]
