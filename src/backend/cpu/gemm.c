@@ -337,8 +337,31 @@ typedef struct {
     size_t a_cap;
     float *v;              /* small-M: A copied contiguous [M, K] */
     size_t v_cap;
+    bool registered;       /* the thread-exit destructor knows this thread's buffers */
 } bufs;
 static _Thread_local bufs tl_bufs;
+
+/* A thread that ends (a server's connection or engine thread, an OpenMP pool torn down) frees its
+ * packing buffers: a pthread key's destructor runs at thread exit, before its TLS goes. */
+static pthread_key_t g_bufs_key;
+static pthread_once_t g_bufs_once = PTHREAD_ONCE_INIT;
+static void bufs_release(void *p) {
+    bufs *t = p;
+    free(t->b);
+    for (int i = 0; i < MAX_THREADS; i++) free(t->a[i]);
+    free(t->v);
+    memset(t, 0, sizeof *t);
+}
+static void bufs_key_init(void) { MMC_CHECK(pthread_key_create(&g_bufs_key, bufs_release) == 0, "gemm: pthread_key_create"); }
+static bufs *my_bufs(void) {
+    bufs *t = &tl_bufs;
+    if (!t->registered) {
+        pthread_once(&g_bufs_once, bufs_key_init);
+        pthread_setspecific(g_bufs_key, t);
+        t->registered = true;
+    }
+    return t;
+}
 
 static float *grow(float *p, size_t *cap, size_t need_floats) {
     if (need_floats <= *cap) return p;
@@ -351,7 +374,7 @@ static float *grow(float *p, size_t *cap, size_t need_floats) {
 }
 
 static void ensure_bufs(const kdesc *kd, int nth) {
-    bufs *t = &tl_bufs;
+    bufs *t = my_bufs();
     size_t need_a = (size_t)kd->mc * kslots(kd, kd->kc), need_b = (size_t)kslots(kd, kd->kc) * kd->nc;
     t->b = grow(t->b, &t->b_cap, need_b);
     if (need_a > t->a_cap) {
@@ -820,7 +843,7 @@ static void gemm_small_m(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N
     /* AVX-512 bf16 x·Wᵀ: each full 32-block of k de-interleaved (16 evens, then 16 odds) */
     const bool deint = wide && tb && b16;
     if (ta || (M > 1 && lda != K) || deint) {
-        bufs *t = &tl_bufs;
+        bufs *t = my_bufs();
         t->v = grow(t->v, &t->v_cap, (size_t)(M * K));
         for (int64_t m = 0; m < M; m++)
             for (int64_t k = 0; k < K; k++) {
