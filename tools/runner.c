@@ -53,9 +53,16 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) m->vocab_size = m->llava->lm->cfg.vocab_size;
         mmc_clip_proc_default(&m->cproc);
         if (!st) st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
+    } else if (!strcmp(mt, "internvl")) {
+        if (m->adapter_dir[0])
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for internvl yet", m->adapter_dir);
+        else st = mmc_internvl_load(dir, &m->internvl);
+        if (!st) m->vocab_size = m->internvl->lm->cfg.vocab_size;
+        mmc_internvl_proc_default(&m->iproc);
+        if (!st) st = mmc_internvl_proc_load_dir(dir, &m->iproc, NULL, 0);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
-                       "qwen2_vl, qwen2_5_vl, llava)", dir, mt);
+                       "qwen2_vl, qwen2_5_vl, llava, internvl)", dir, mt);
     }
     mmc_json_free(cfg);
     if (!st) {
@@ -77,6 +84,7 @@ void cli_model_free(cli_model *m) {
     mmc_qwen2_free(m->lm);
     mmc_qwen2_vl_free(m->vlm);
     mmc_llava_free(m->llava);
+    mmc_internvl_free(m->internvl);
     mmc_tokenizer_free(m->tok);
     memset(m, 0, sizeof *m);
 }
@@ -86,6 +94,7 @@ void cli_prompt_free(cli_prompt *p) {
     mmc_vlproc_out_free(&p->img);
     mmc_vlproc_out_free(&p->vid);
     mmc_tensor_free(p->llava_pixels);
+    mmc_tensor_free(p->internvl_pixels);
     memset(p, 0, sizeof *p);
 }
 
@@ -120,6 +129,44 @@ done:
     return st;
 }
 
+/* InternVL: GotOcr2ImageProcessor's tiles of each image, and each <IMG_CONTEXT> of the templated
+ * prompt expanded into <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>, as InternVLProcessor
+ * does (takes ids). */
+static mmc_status internvl_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
+                                  const char *video_dir, cli_prompt *p) {
+    mmc_status st = MMC_OK;
+    if (video_dir) {
+        free(ids);
+        return mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
+    }
+    mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
+    int64_t *tiles = calloc((size_t)(n_images ? n_images : 1), sizeof *tiles);
+    int loaded = 0;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
+    if (!imgs || !tiles) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    for (; loaded < n_images; loaded++)
+        if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
+    if (n_images && (st = mmc_internvl_preprocess(&m->iproc, imgs, n_images, &p->internvl_pixels, tiles))) goto done;
+    int64_t per_tile = m->iproc.image_seq_length;
+    for (int i = 0; i < n_images; i++) tiles[i] *= per_tile;
+    int32_t start = mmc_tokenizer_token_to_id(m->tok, "<img>"), end = mmc_tokenizer_token_to_id(m->tok, "</img>");
+    if (n_images && (start < 0 || end < 0)) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <img> / </img> tokens (InternVLProcessor's "
+                       "start_image_token / end_image_token)", m->base_dir);
+        goto done;
+    }
+    st = mmc_internvl_expand(ids, n, (int32_t)m->internvl->image_token_id, start, end, tiles, n_images, &p->ids, &p->n);
+done:
+    for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
+    free(imgs);
+    free(tiles);
+    free(ids);
+    if (st) cli_prompt_free(p);
+    return st;
+}
+
 mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
                             const char *raw_text, const char *const *images, int n_images,
                             const char *video_dir, cli_prompt *p) {
@@ -130,11 +177,12 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
     else {
         /* LLaVA's reference is its processor: the templated text tokenized with the post-processor */
-        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava != NULL};
+        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava || m->internvl};
         st = mmc_chat_encode(m->tok, msgs, n_msgs, &co, &ids, NULL, &n);
     }
     if (st) return st;
     if (m->llava) return llava_prompt(m, ids, n, images, n_images, video_dir, p);
+    if (m->internvl) return internvl_prompt(m, ids, n, images, n_images, video_dir, p);
     if (!m->vl) {
         if (n_images || video_dir) {
             free(ids);
@@ -200,7 +248,9 @@ mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *o
                         int *n_out) {
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
     mmc_llava_request lreq = {m->llava, p->llava_pixels};
-    mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
+    mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
+    mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
+                  : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
     return mmc_generate(&d, p->ids, p->n, opts, out, n_out);
 }
 
@@ -304,6 +354,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
     if (m->vl) m->proc.resize_mode = a->resize_mode;
     if (m->llava) m->cproc.resize_mode = a->resize_mode;
+    if (m->internvl) m->iproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
 }
