@@ -37,12 +37,17 @@ typedef struct {
     bool attention_bias, use_qk_norm, rms_norm;     /* norm_type "rms_norm" */
     bool use_mean_pooling;                          /* false: a final LayerNorm ("layernorm") */
     bool abs_pos;                                   /* use_absolute_position_embeddings */
+    double qk_norm_eps;                             /* 1e-6 (HF-native); layer_norm_eps (OpenGVLab's) */
+    bool remote;                                    /* OpenGVLab's InternVisionModel names (fused attn.qkv) */
 } mmc_intern_vit_config;
 
 typedef struct mmc_intern_vit mmc_intern_vit;
 
 /* From a vision_config object (InternVLVisionConfig's defaults for what it omits). */
 mmc_status mmc_intern_vit_config_read(const mmc_json *vc, const char *what, mmc_intern_vit_config *out);
+/* From OpenGVLab's remote-code vision_config (InternVisionConfig, model_type intern_vit_6b:
+ * qkv_bias, qk_normalization, norm_type, layer_norm_eps, image_size, patch_size, ...). */
+mmc_status mmc_intern_vit_config_read_remote(const mmc_json *vc, const char *what, mmc_intern_vit_config *out);
 /* pixels [N, Cin, H, W] f32 (H, W multiples of patch_size; position embeddings interpolated
  * bicubically when the grid differs from image_size's, as interpolate_pos_encoding does) ->
  * hidden states hs[0 .. n_layers] [N, 1 + (H/p)(W/p), Cv]: hs[0] the embeddings, hs[i] layer i's
@@ -62,6 +67,8 @@ typedef struct mmc_internvl {
     int64_t image_token_id;       /* <IMG_CONTEXT> */
     int feature_layer;            /* index into hs[] (0 .. L), made non-negative; L + 1: last_hidden_state */
     int shuffle;                  /* 1 / downsample_ratio (2) */
+    bool ps_v1;                   /* OpenGVLab's ps_version "v1": the shuffled grid left transposed */
+    bool remote_layout;           /* OpenGVLab's InternVLChatModel (vision_model.*, mlp1.*, language_model.*) */
     bool hub_layout;              /* language_model.model.* (5.x saves) rather than model.language_model.* */
     void *weights;                /* the tower's and projector's bound tensors (internal) */
 } mmc_internvl;
@@ -91,6 +98,7 @@ typedef struct {
     int64_t size_h, size_w;       /* the tile size (size.height / width) */
     bool crop_to_patches;         /* InternVLProcessor passes true (its images_kwargs default) */
     int64_t min_patches, max_patches;
+    bool use_thumbnail;           /* true for transformers; the config's use_thumbnail for OpenGVLab's */
     mmc_resample resample;
     bool do_resize, do_rescale, do_normalize;
     double rescale_factor;
@@ -100,7 +108,10 @@ typedef struct {
 } mmc_internvl_proc;
 
 void mmc_internvl_proc_default(mmc_internvl_proc *p);
-/* processor_config.json ("image_processor", image_seq_length), else preprocessor_config.json. */
+/* processor_config.json ("image_processor", image_seq_length), else preprocessor_config.json; for
+ * OpenGVLab's layout (config.json model_type internvl_chat) config.json's force_image_size (else
+ * vision_config.image_size), dynamic_image_size, min/max_dynamic_patch, use_thumbnail, with
+ * load_image's ImageNet mean/std and bicubic resize, and image_seq_length its num_image_token. */
 mmc_status mmc_internvl_proc_load_dir(const char *dir, mmc_internvl_proc *p, char *used, size_t cap);
 /* The tile grid get_optimal_tiled_canvas picks for an image (columns, rows). */
 void mmc_internvl_tile_grid(const mmc_internvl_proc *p, int64_t h, int64_t w, int *cols, int *rows);

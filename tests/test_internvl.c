@@ -5,7 +5,8 @@
  * greedy decoding through the KV cache (token-identical); v5_rms adds RMSNorm, QK-norm, the final
  * LayerNorm (use_mean_pooling false), 84-pixel tiles on a 56-pixel tower (bicubic position
  * interpolation) and a tied head. The processor: pixel_values (PIL backend) within 1e-5 and the
- * chat-templated, expanded ids equal to InternVLProcessor's; config errors. */
+ * chat-templated, expanded ids equal to InternVLProcessor's; OpenGVLab's remote-code layout
+ * (InternVLChatModel, ps_version v2 and v1); config errors. */
 #include "test_util.h"
 
 #include <stdlib.h>
@@ -90,6 +91,73 @@ static void test_model(const char *name) {
     mmc_tensor_free(greedy);
     mmc_tensor_free(vlast);
     mmc_tensor_free(feats);
+    mmc_ctx_free(ctx);
+    mmc_internvl_free(m);
+}
+
+/* OpenGVLab's remote-code layout (remote/: v5 renamed, ps_version v2; remote_v1/: the same weights
+ * with ps_version v1): v5's ids and tiles give transformers' logits (v5's; remote_v1's from
+ * transformers with pixel_shuffle patched to v1, its last position) and greedy tokens. */
+static void test_remote(const char *name) {
+    char dir[256], key[128];
+    snprintf(dir, sizeof dir, "tests/fixtures/internvl/%s", name);
+    mmc_internvl *m = NULL;
+    if (mmc_internvl_load(dir, &m) != MMC_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, mmc_last_error());
+        g_fail++;
+        return;
+    }
+    bool v1 = !strcmp(name, "remote_v1");
+    CHECK(m->remote_layout && m->ps_v1 == v1 && m->image_token_id == 1394 && m->feature_layer == 2);
+    mmc_tensor *ids = fixture_tensor(ref, "v5.ids", MMC_I64), *px = fixture_tensor(ref, "v5.pixel_values", MMC_F32);
+    snprintf(key, sizeof key, "%s.logits", v1 ? "remote_v1" : "v5");
+    mmc_tensor *want = fixture_tensor(ref, key, MMC_F32);
+    snprintf(key, sizeof key, "%s.greedy", v1 ? "remote_v1" : "v5");
+    mmc_tensor *greedy = fixture_tensor(ref, key, MMC_I64);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *h = NULL;
+    CHECK_OK(mmc_internvl_forward(ctx, m, ids, px, NULL, &h));
+    if (h) {
+        mmc_tensor *got = mmc_internvl_logits(ctx, m, h);
+        if (v1) got = mmc_contiguous(ctx, mmc_narrow(ctx, got, 1, got->shape[1] - 1, 1));
+        printf("internvl %-9s logits [%lld, %lld, %lld] max|diff| %.4e\n", name, (long long)got->shape[0],
+               (long long)got->shape[1], (long long)got->shape[2], max_abs_diff(got, want));
+        CHECK_CLOSE(got, want, 1e-4, 0, dir);
+    }
+    mmc_ctx_reset(ctx);
+    const int64_t T = ids->shape[1];
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
+    mmc_internvl_request r = {m, px};
+    mmc_decoder dec = mmc_internvl_decoder(&r);
+    int32_t out[64];
+    int n = 0;
+    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
+    mmc_sampler_defaults(&o.sampler);
+    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
+    bool same = n == greedy->shape[1];
+    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
+    CHECKF(same, "%s: greedy tokens differ from transformers' (%d tokens)", dir, n);
+    /* the tiling settings from config.json: v5's tiles */
+    mmc_internvl_proc p;
+    mmc_internvl_proc_default(&p);
+    CHECK_OK(mmc_internvl_proc_load_dir(dir, &p, NULL, 0));
+    CHECK(p.size_h == 56 && p.max_patches == 6 && p.use_thumbnail && p.crop_to_patches && p.image_seq_length == 4);
+    mmc_image img;
+    if (mmc_image_load("tests/fixtures/e2e/shapes_160x120.png", NULL, &img) == MMC_OK) {
+        mmc_tensor *tp = NULL;
+        int64_t tiles = 0;
+        CHECK_OK(mmc_internvl_preprocess(&p, &img, 1, &tp, &tiles));
+        if (tp) CHECK_CLOSE(tp, px, 1e-5, 0, "remote tiles");
+        mmc_tensor_free(tp);
+        mmc_image_free(&img);
+    } else g_fail++;
+    free(prompt);
+    mmc_tensor_free(ids);
+    mmc_tensor_free(px);
+    mmc_tensor_free(want);
+    mmc_tensor_free(greedy);
     mmc_ctx_free(ctx);
     mmc_internvl_free(m);
 }
@@ -217,6 +285,8 @@ int main(void) {
     test_processor("v5_rms", 3, 9);
     test_model("v5");
     test_model("v5_rms");
+    test_remote("remote");
+    test_remote("remote_v1");
     test_errors();
     mmc_st_close(ref);
     return test_done("test_internvl");

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_internvl_cli.sh — `mmc generate`, `mmc forward`, `mmc chat` and `mmc info` on tiny InternVL
 # checkpoints (tools/ref/gen_internvl.py -> tests/fixtures/internvl/): v5 and v5_rms, each as
-# transformers 5.23's save_pretrained wrote it (processor_config.json, chat_template.jinja),
+# transformers 5.23's save_pretrained wrote it (processor_config.json, chat_template.jinja), and
+# remote / remote_v1, v5 in OpenGVLab's InternVLChatModel layout (tiling settings in config.json,
+# the chat template in tokenizer_config.json; ps_version v2 / v1),
 # with the non-square fixture image tiled by the GotOcr2 crop_to_patches processor and the prompt
 # rendered by mmc's Jinja engine and expanded to <img><IMG_CONTEXT>*N</img>. Against transformers:
 #   generate: prompt token count and the 8 greedy new tokens are equal
@@ -53,7 +55,7 @@ while IFS=$'\t' read -r dir case np ids argmax; do
   echo "internvl $dir: tokens equal, last_logits max |diff| $3"
   checked=$((checked + 1))
 done < $E/expected.tsv
-[ $checked = 2 ] && ok || bad "$checked of 2 cases ran"
+[ $checked = 4 ] && ok || bad "$checked of 4 cases ran"
 # mmc info names the family, the tower and the projector
 "$MMC" info $E/v5_rms >"$W/info" 2>"$W/err" && ok || bad "info: $(cat "$W/err")"
 grep -q "^family: *InternVL" "$W/info" && grep -q "^vision tower: *InternViT: 3 layers, hidden 36, rms_norm, qk-norm" "$W/info" \
@@ -61,6 +63,10 @@ grep -q "^family: *InternVL" "$W/info" && grep -q "^vision tower: *InternViT: 3 
   && grep -q "^language model: *Qwen2" "$W/info" && ok || bad "info: $(cat "$W/info")"
 "$MMC" info --json $E/v5 >"$W/info" 2>"$W/err" && grep -q '"supported": true' "$W/info" && grep -q '"family": "InternVL"' "$W/info" \
   && ok || bad "info --json: $(cat "$W/info" "$W/err")"
+"$MMC" info $E/remote >"$W/info" 2>"$W/err" && grep -q "^family: *InternVL (OpenGVLab InternVLChatModel layout)" "$W/info" \
+  && grep -q "^vision tower: *InternViT: 3 layers, hidden 36, layer_norm, 56x56 px tiles in 14x14 patches; features of layer -2" "$W/info" \
+  && grep -q "^projector: *pixel shuffle x0.5 (ps_version v2) -> mlp1: LayerNorm -> Linear -> GELU -> Linear" "$W/info" \
+  && grep -q "^language model: *Qwen2" "$W/info" && ok || bad "info remote: $(cat "$W/info" "$W/err")"
 # placeholders and images must agree; a prompt without an image is text only
 "$MMC" generate --model $E/v5 --prompt "$PROMPT" --max-new-tokens 2 --json >/dev/null 2>"$W/err" \
   && ok || bad "text-only prompt: $(cat "$W/err")"

@@ -53,7 +53,7 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) m->vocab_size = m->llava->lm->cfg.vocab_size;
         mmc_clip_proc_default(&m->cproc);
         if (!st) st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
-    } else if (!strcmp(mt, "internvl")) {
+    } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
         if (m->adapter_dir[0])
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for internvl yet", m->adapter_dir);
         else st = mmc_internvl_load(dir, &m->internvl);
@@ -62,7 +62,7 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) st = mmc_internvl_proc_load_dir(dir, &m->iproc, NULL, 0);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
-                       "qwen2_vl, qwen2_5_vl, llava, internvl)", dir, mt);
+                       "qwen2_vl, qwen2_5_vl, llava, internvl, internvl_chat)", dir, mt);
     }
     mmc_json_free(cfg);
     if (!st) {

@@ -14,7 +14,15 @@
  *
  * InternVLProcessor calls the image processor with crop_to_patches=True (its images_kwargs
  * default, which outranks the saved image processor's own crop_to_patches), and replaces each
- * <IMG_CONTEXT> of the templated text by <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>. */
+ * <IMG_CONTEXT> of the templated text by <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>.
+ *
+ * OpenGVLab's own pipeline (load_image / dynamic_preprocess of the model cards) tiles the same
+ * way from config.json's settings, with Pillow's bicubic resize, ToTensor's u / 255 in float32
+ * (a last-bit difference to u * (1/255) at most) and ImageNet mean/std; the thumbnail only with
+ * use_thumbnail. Its candidate grids come from a Python set sorted by area, whose order within one
+ * area can differ from the enumeration above; the pick differs only for an image whose aspect
+ * ratio lies exactly midway between two grids of one area (e.g. 5:4 between 2x1 and 1x2), where
+ * the tie rule prefers the later one. That case follows transformers' order here. */
 #include "mmc_internvl.h"
 #include "mmc_io.h"
 #include "processors/processors_internal.h"
@@ -23,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define IVL_MAX_SIDE 65536
 #define IVL_MAX_PATCHES 256
@@ -33,6 +42,7 @@ void mmc_internvl_proc_default(mmc_internvl_proc *p) {
     p->crop_to_patches = true;
     p->min_patches = 1;
     p->max_patches = 12;
+    p->use_thumbnail = true;
     p->resample = MMC_RESAMPLE_BICUBIC;
     p->do_resize = p->do_rescale = p->do_normalize = true;
     p->rescale_factor = 1.0 / 255.0;
@@ -87,10 +97,56 @@ static mmc_status apply(const mmc_json *o, const char *path, const char *where, 
     return MMC_OK;
 }
 
+/* OpenGVLab's InternVLChatConfig: the tiling settings live in config.json */
+static mmc_status load_remote(const mmc_json *cfg, const char *path, mmc_internvl_proc *p) {
+    mmc_status st;
+    int64_t S = 0, ps = 14, vs = 448;
+    double r = 0.5;
+    bool dyn = false;
+    if ((st = mmc_json_int(cfg, "vision_config.image_size", 448, &vs)) ||
+        (st = mmc_json_int(cfg, "vision_config.patch_size", 14, &ps)) ||
+        (st = mmc_json_num(cfg, "downsample_ratio", 0.5, &r)) ||
+        (st = mmc_json_bool(cfg, "dynamic_image_size", false, &dyn)) ||
+        (st = mmc_json_int(cfg, "min_dynamic_patch", 1, &p->min_patches)) ||
+        (st = mmc_json_int(cfg, "max_dynamic_patch", 6, &p->max_patches)) ||
+        (st = mmc_json_bool(cfg, "use_thumbnail", false, &p->use_thumbnail)))
+        return mmc_error_prefix(st, "%s", path);
+    const mmc_json *f = mmc_json_get(cfg, "force_image_size");
+    if (f && mmc_json_int(cfg, "force_image_size", 0, &S) != MMC_OK) S = 0;   /* null */
+    if (S <= 0) S = vs;
+    if (S < 1 || S > IVL_MAX_SIDE || ps < 1 || S % ps || !(r > 0 && r <= 1) || p->min_patches < 1 ||
+        p->max_patches < 1 || p->max_patches > IVL_MAX_PATCHES)
+        return mmc_error(MMC_ERR_FORMAT, "%s: force_image_size / vision_config.image_size %lld, patch_size %lld, "
+                         "downsample_ratio %g or min/max_dynamic_patch %lld / %lld out of range", path, (long long)S,
+                         (long long)ps, r, (long long)p->min_patches, (long long)p->max_patches);
+    p->size_h = p->size_w = S;
+    p->crop_to_patches = dyn;
+    /* num_image_token = int((image_size // patch_size) ** 2 * (downsample_ratio ** 2)) */
+    p->image_seq_length = (int64_t)((double)(S / ps) * (double)(S / ps) * (r * r));
+    return MMC_OK;
+}
+
 mmc_status mmc_internvl_proc_load_dir(const char *dir, mmc_internvl_proc *p, char *used, size_t cap) {
     static const char *const names[2] = {"processor_config.json", "preprocessor_config.json"};
     if (used && cap) used[0] = 0;
     mmc_internvl_proc q = *p;
+    {
+        char path[4200];
+        if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
+            return mmc_error(MMC_ERR_INVALID, "%s: path too long", dir);
+        mmc_json *j = NULL;
+        const char *mt = "";
+        if (access(path, R_OK) == 0 && mmc_json_load(path, &j) == MMC_OK && mmc_json_str(j, "model_type", "", &mt) == MMC_OK &&
+            !strcmp(mt, "internvl_chat")) {
+            mmc_status st = load_remote(j, path, &q);
+            mmc_json_free(j);
+            if (st) return st;
+            if (used && cap) snprintf(used, cap, "%s", path);
+            *p = q;
+            return MMC_OK;
+        }
+        mmc_json_free(j);
+    }
     bool found = false;
     for (int k = 0; k < 2; k++) {
         char path[4200];
@@ -177,7 +233,7 @@ mmc_status mmc_internvl_preprocess(const mmc_internvl_proc *p, const mmc_image *
         int cols = 1, rows = 1;
         bool tile = p->crop_to_patches && p->max_patches > 1;
         if (tile) mmc_internvl_tile_grid(p, imgs[i].height, imgs[i].width, &cols, &rows);
-        n_tiles[i] = tile && cols * rows > 1 ? cols * rows + 1 : 1;
+        n_tiles[i] = tile && cols * rows > 1 ? cols * rows + (p->use_thumbnail ? 1 : 0) : 1;
         total += n_tiles[i];
     }
     mmc_tensor *t = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(total, 3, th, tw));
@@ -195,7 +251,7 @@ mmc_status mmc_internvl_preprocess(const mmc_internvl_proc *p, const mmc_image *
             for (int b = 0; b < cols * rows; b++, dst += per)
                 put_tile(&rs, (b / cols) * th, (b % cols) * tw, th, tw, lut, dst);
             mmc_image_free(&rs);
-            if (cols * rows > 1) {   /* the thumbnail */
+            if (cols * rows > 1 && p->use_thumbnail) {   /* the thumbnail */
                 if ((st = mmc_image_resize(img, (int)th, (int)tw, p->resample, &rs))) break;
                 put_tile(&rs, 0, 0, th, tw, lut, dst);
                 dst += per;

@@ -16,6 +16,7 @@ Writes tests/fixtures/internvl/:
            tests/fixtures/e2e/shapes_160x120.png), ids (InternVLProcessor's expansion of the templated
            prompt), logits [1, T, V], greedy 8 new tokens.
   expected.json  the prompt, the chat-templated prompt and the greedy text per directory.
+  remote/, remote_v1/  OpenGVLab's remote-code layout (InternVLChatModel) made from v5 (see remote() below).
   expected.tsv, <dir>.image.logits.txt  the same for the shell test.
 The tokenizer is the fixture tokenizer (tests/fixtures/tokenizer, byte-level BPE) with InternVL's <img>,
 </img>, <IMG_CONTEXT> and <video> added as special tokens and named in extra_special_tokens, as the
@@ -34,7 +35,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":   # deterministic set / dict orders 
 
 import torch
 from PIL import Image
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import (AutoImageProcessor, AutoProcessor, AutoTokenizer, GotOcr2ImageProcessor, InternVLConfig,
                           InternVLForConditionalGeneration, InternVLProcessor, InternVLVideoProcessor, Qwen2Config)
 
@@ -146,12 +147,114 @@ for name, rms in (("v5", False), ("v5_rms", True)):
                       "image_processor_class": type(proc.image_processor).__name__,
                       "default_image_processor_class": type(fast.image_processor).__name__}
 
-save_file({k: v.contiguous().clone() for k, v in ref.items()}, os.path.join(OUT, "ref.safetensors"))
+
+
+# remote/: v5's weights and settings in OpenGVLab's remote-code layout (InternVLChatModel, what most InternVL
+# checkpoints on the Hub are): vision_model.* with the fused attn.qkv, mlp1.{0,1,3}, language_model.*; config.json
+# with llm_config (4.4x style: flat rope_theta, torch_dtype), vision_config (intern_vit_6b: qkv_bias,
+# qk_normalization), select_layer, downsample_ratio, ps_version, template, force_image_size and the tiling keys;
+# the chat template inside tokenizer_config.json. The same computation as v5, so v5's references apply
+# (OpenGVLab's ToTensor divides by 255 in float32: pixel differences of one float32 ulp at most).
+# remote_v1/: the same with ps_version "v1" (no final permute in pixel_shuffle; model.safetensors a link to
+# remote's); its references from transformers' InternVL with pixel_shuffle patched to v1's (logits of the last
+# position). Both link tokenizer.json to v5's.
+VIS = {"embeddings.cls_token": "embeddings.class_embedding",
+       "embeddings.patch_embeddings.projection.": "embeddings.patch_embedding.",
+       "embeddings.position_embeddings": "embeddings.position_embedding",
+       "attention.projection_layer.": "attn.proj.", "attention.q_norm.": "attn.q_norm.",
+       "attention.k_norm.": "attn.k_norm.", "lambda_1": "ls1", "lambda_2": "ls2", "layernorm_before.": "norm1.",
+       "layernorm_after.": "norm2.", "encoder.layer.": "encoder.layers."}
+
+
+def remote(dst, ps_version):
+    src = os.path.join(OUT, "v5")
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs(dst)
+    c = json.load(open(os.path.join(src, "config.json")))
+    if ps_version == "v2":
+        w = load_file(os.path.join(src, "model.safetensors"))
+        out = {}
+        for k, v in w.items():
+            if k.startswith("vision_tower."):
+                if ".attention.k_proj." in k or ".attention.v_proj." in k:
+                    continue
+                if ".attention.q_proj." in k:
+                    kind = k.rsplit(".", 1)[1]
+                    qkv = torch.cat([w[k], w[k.replace("q_proj", "k_proj")], w[k.replace("q_proj", "v_proj")]], 0)
+                    k = k.replace("attention.q_proj." + kind, "attn.qkv." + kind)
+                    v = qkv
+                k = "vision_model." + k[len("vision_tower."):]
+                for a, b in VIS.items():
+                    k = k.replace(a, b)
+            elif k.startswith("multi_modal_projector."):
+                k = k.replace("multi_modal_projector.layer_norm.", "mlp1.0.").replace(
+                    "multi_modal_projector.linear_1.", "mlp1.1.").replace("multi_modal_projector.linear_2.", "mlp1.3.")
+            out[k] = v.contiguous()
+        save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    else:
+        os.symlink(os.path.join("..", "remote", "model.safetensors"), os.path.join(dst, "model.safetensors"))
+    t = dict(c["text_config"])
+    rp = t.pop("rope_parameters")
+    t["rope_theta"] = rp["rope_theta"]
+    t.pop("dtype", None)
+    t.update(architectures=["Qwen2ForCausalLM"], torch_dtype="float32")
+    vc = c["vision_config"]
+    vision = {"architectures": ["InternVisionModel"], "model_type": "intern_vit_6b", "hidden_size": vc["hidden_size"],
+              "intermediate_size": vc["intermediate_size"], "num_hidden_layers": vc["num_hidden_layers"],
+              "num_attention_heads": vc["num_attention_heads"], "image_size": vc["image_size"][0],
+              "patch_size": vc["patch_size"][0], "num_channels": 3, "qkv_bias": vc["attention_bias"],
+              "qk_normalization": vc["use_qk_norm"], "norm_type": vc["norm_type"], "layer_norm_eps": vc["layer_norm_eps"],
+              "hidden_act": "gelu", "drop_path_rate": 0.0, "dropout": 0.0, "attention_dropout": 0.0,
+              "initializer_factor": 1.0, "initializer_range": 0.02, "use_flash_attn": False}
+    pc = json.load(open(os.path.join(src, "processor_config.json")))["image_processor"]
+    rc = {"architectures": ["InternVLChatModel"], "model_type": "internvl_chat", "torch_dtype": "float32",
+          "auto_map": {"AutoConfig": "configuration_internvl_chat.InternVLChatConfig",
+                       "AutoModel": "modeling_internvl_chat.InternVLChatModel"},
+          "downsample_ratio": c["downsample_ratio"], "ps_version": ps_version, "select_layer": c["vision_feature_layer"],
+          "template": "internvl2_5", "force_image_size": pc["size"]["height"], "dynamic_image_size": True,
+          "min_dynamic_patch": pc["min_patches"], "max_dynamic_patch": pc["max_patches"], "use_thumbnail": True,
+          "use_backbone_lora": 0, "use_llm_lora": 0, "llm_config": t, "vision_config": vision}
+    json.dump(rc, open(os.path.join(dst, "config.json"), "w"), indent=2)
+    shutil.copy(os.path.join(src, "generation_config.json"), dst)
+    os.symlink(os.path.join("..", "v5", "tokenizer.json"), os.path.join(dst, "tokenizer.json"))   # fixture size
+    tc = json.load(open(os.path.join(src, "tokenizer_config.json")))
+    tc["chat_template"] = TEMPLATE
+    json.dump(tc, open(os.path.join(dst, "tokenizer_config.json"), "w"), indent=2, ensure_ascii=False)
+
+
+remote(os.path.join(OUT, "remote"), "v2")
+remote(os.path.join(OUT, "remote_v1"), "v1")
+for k in ("ids", "pixel_values", "logits", "greedy"):
+    ref["remote." + k] = ref["v5." + k]
+expected["remote"] = expected["v5"]
+
+
+def pixel_shuffle_v1(self, x, scale_factor=0.5):   # OpenGVLab's ps_version "v1": the last permute left out
+    n, w, h, c = x.size()
+    x = x.view(n, w, int(h * scale_factor), int(c / scale_factor)).permute(0, 2, 1, 3).contiguous()
+    return x.view(n, int(h * scale_factor), int(w * scale_factor), int(c / (scale_factor * scale_factor)))
+
+
+from transformers.models.internvl import modeling_internvl  # noqa: E402
+modeling_internvl.InternVLModel.pixel_shuffle = pixel_shuffle_v1
+m = InternVLForConditionalGeneration.from_pretrained(os.path.join(OUT, "v5")).float().eval()
+with torch.no_grad():
+    lg = m(input_ids=ref["v5.ids"], pixel_values=ref["v5.pixel_values"]).logits
+    g = m.generate(input_ids=ref["v5.ids"], pixel_values=ref["v5.pixel_values"], max_new_tokens=8, min_new_tokens=8,
+                   do_sample=False)
+T = ref["v5.ids"].shape[1]
+ref["remote_v1.logits"] = lg[:, -1:].float()   # the last position only (fixture size): [1, 1, V]
+ref["remote_v1.greedy"] = g[:, T:].to(torch.int64)
+print("v1 vs v2 logits differ by", (lg - ref["v5.logits"]).abs().max().item())
+expected["remote_v1"] = dict(expected["v5"], greedy_ids=g[0, T:].tolist(), greedy_text=tok.decode(g[0, T:]))
+
+save_file({k: v.contiguous().clone() for k, v in ref.items() if not k.startswith("remote.")},
+          os.path.join(OUT, "ref.safetensors"))
 rows = []
-for d in ("v5", "v5_rms"):
+for d in ("v5", "v5_rms", "remote", "remote_v1"):
     lk, gk = d + ".logits", d + ".greedy"
     last = ref[lk][0, -1]
-    rows.append("\t".join([d, "image", str(ref[lk].shape[1]), ",".join(str(int(x)) for x in ref[gk][0]),
+    rows.append("\t".join([d, "image", str(expected[d]["n_prompt"]), ",".join(str(int(x)) for x in ref[gk][0]),
                            str(int(last.argmax()))]))
     with open(os.path.join(OUT, f"{d}.image.logits.txt"), "w") as f:
         f.write("".join(f"{float(x):.9g}\n" for x in last))

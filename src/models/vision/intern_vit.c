@@ -13,7 +13,14 @@
  *       x = x + lambda_2 * fc2(act(fc1(layernorm_after(x))))
  *   last_hidden_state = layernorm(x) unless use_mean_pooling (then x itself)
  * Dropouts and drop-path are off (inference). hidden_states[0] is the embeddings' output,
- * hidden_states[i] layer i's, as transformers' capture_outputs records them. */
+ * hidden_states[i] layer i's, as transformers' capture_outputs records them.
+ *
+ * OpenGVLab's remote-code InternVisionModel (modeling_intern_vit.py) computes the same with other
+ * names: embeddings.class_embedding / patch_embedding / position_embedding, encoder.layers.N.
+ * norm1 / norm2 / attn.qkv (q, k, v stacked on the output axis) / attn.q_norm / attn.k_norm /
+ * attn.proj / ls1 / ls2 / mlp.fc1 / mlp.fc2, its q/k norms with layer_norm_eps, no final norm
+ * (last_hidden_state is the last layer's output), and the position table always interpolated
+ * (to the same size that is the identity). */
 #include "intern_vit.h"
 #include "../encoders/encoder_common.h"
 
@@ -25,6 +32,7 @@
 typedef struct {
     mmc_tensor *n1_w, *n1_b, *n2_w, *n2_b;   /* layernorm_before / _after [Cv] (b NULL for RMSNorm) */
     mmc_tensor *q_w, *k_w, *v_w, *q_b, *k_b, *v_b;   /* [Cv, Cv], [Cv] (b with attention_bias) */
+    mmc_tensor *qkv_w, *qkv_b;               /* OpenGVLab's fused attn.qkv [3 Cv, Cv], [3 Cv] (q_w .. NULL) */
     mmc_tensor *qn_w, *kn_w;                 /* q_norm / k_norm [Cv] with use_qk_norm */
     mmc_tensor *o_w, *o_b;                   /* projection_layer [Cv, Cv], [Cv] */
     mmc_tensor *lambda1, *lambda2;           /* layer scale [Cv] */
@@ -55,6 +63,8 @@ static mmc_status read_square(const mmc_json *j, const char *key, int64_t def, c
     return st ? mmc_error_prefix(st, "%s: vision_config", what) : MMC_OK;
 }
 
+static mmc_status check(const mmc_intern_vit_config *c, const char *what);
+
 mmc_status mmc_intern_vit_config_read(const mmc_json *j, const char *what, mmc_intern_vit_config *c) {
     memset(c, 0, sizeof *c);
     mmc_status st;
@@ -80,6 +90,40 @@ mmc_status mmc_intern_vit_config_read(const mmc_json *j, const char *what, mmc_i
     if (strcmp(norm, "layer_norm") && strcmp(norm, "rms_norm"))
         return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.norm_type '%s' is not layer_norm or rms_norm", what, norm);
     c->rms_norm = !strcmp(norm, "rms_norm");
+    c->qk_norm_eps = 1e-6;   /* InternVLVisionRMSNorm(embed_dim): its default, not layer_norm_eps */
+    return check(c, what);
+}
+
+mmc_status mmc_intern_vit_config_read_remote(const mmc_json *j, const char *what, mmc_intern_vit_config *c) {
+    memset(c, 0, sizeof *c);
+    mmc_status st;
+    const char *act = NULL, *norm = NULL;
+    /* InternVisionConfig's defaults (InternViT-6B) */
+    if ((st = mmc_json_int(j, "hidden_size", 3200, &c->hidden_size)) ||
+        (st = mmc_json_int(j, "intermediate_size", 12800, &c->intermediate_size)) ||
+        (st = mmc_json_int(j, "num_hidden_layers", 48, &c->num_hidden_layers)) ||
+        (st = mmc_json_int(j, "num_attention_heads", 25, &c->num_attention_heads)) ||
+        (st = mmc_json_int(j, "num_channels", 3, &c->num_channels)) ||
+        (st = mmc_json_int(j, "image_size", 224, &c->image_size)) ||
+        (st = mmc_json_int(j, "patch_size", 14, &c->patch_size)) ||
+        (st = mmc_json_num(j, "layer_norm_eps", 1e-6, &c->layer_norm_eps)) ||
+        (st = mmc_json_str(j, "hidden_act", "gelu", &act)) ||
+        (st = mmc_json_str(j, "norm_type", "rms_norm", &norm)) ||
+        (st = mmc_json_bool(j, "qkv_bias", false, &c->attention_bias)) ||
+        (st = mmc_json_bool(j, "qk_normalization", true, &c->use_qk_norm)))
+        return mmc_error_prefix(st, "%s: vision_config", what);
+    if ((st = mmc_act_parse(act, what, &c->hidden_act))) return st;
+    if (strcmp(norm, "layer_norm") && strcmp(norm, "rms_norm"))
+        return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.norm_type '%s' is not layer_norm or rms_norm", what, norm);
+    c->rms_norm = !strcmp(norm, "rms_norm");
+    c->use_mean_pooling = true;   /* no final norm */
+    c->abs_pos = true;
+    c->qk_norm_eps = c->layer_norm_eps;
+    c->remote = true;
+    return check(c, what);
+}
+
+static mmc_status check(const mmc_intern_vit_config *c, const char *what) {
     int64_t v[] = {c->hidden_size, c->intermediate_size, c->num_hidden_layers, c->num_attention_heads,
                    c->num_channels, c->image_size, c->patch_size};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
@@ -116,6 +160,29 @@ mmc_intern_vit *intern_vit_bind(mw_set *w, const char *prefix, const mmc_intern_
     const int64_t C = c->hidden_size, F = c->intermediate_size, p = c->patch_size, g = c->image_size / p;
     char pre[256];
     snprintf(pre, sizeof pre, "%sembeddings.", prefix);
+    if (c->remote) {   /* OpenGVLab's InternVisionModel */
+        mw_bind_wb(w, pre, "patch_embedding", &v->patch_w, &v->patch_b, 4, MMC_SHAPE(C, c->num_channels, p, p));
+        mw_bind(w, pre, "class_embedding", &v->cls, 3, MMC_SHAPE(1, 1, C));
+        mw_bind(w, pre, "position_embedding", &v->pos, 3, MMC_SHAPE(1, 1 + g * g, C));
+        for (int64_t i = 0; i < c->num_hidden_layers; i++) {
+            vit_layer *L = &v->layers[i];
+            snprintf(pre, sizeof pre, "%sencoder.layers.%lld.", prefix, (long long)i);
+            bind_norm(w, pre, "norm1", c->rms_norm, &L->n1_w, &L->n1_b, C);
+            bind_norm(w, pre, "norm2", c->rms_norm, &L->n2_w, &L->n2_b, C);
+            if (c->attention_bias) mw_bind_wb(w, pre, "attn.qkv", &L->qkv_w, &L->qkv_b, 2, MMC_SHAPE(3 * C, C));
+            else mw_bind(w, pre, "attn.qkv.weight", &L->qkv_w, 2, MMC_SHAPE(3 * C, C));
+            if (c->use_qk_norm) {
+                mw_bind(w, pre, "attn.q_norm.weight", &L->qn_w, 1, MMC_SHAPE(C));
+                mw_bind(w, pre, "attn.k_norm.weight", &L->kn_w, 1, MMC_SHAPE(C));
+            }
+            mw_bind_wb(w, pre, "attn.proj", &L->o_w, &L->o_b, 2, MMC_SHAPE(C, C));
+            mw_bind(w, pre, "ls1", &L->lambda1, 1, MMC_SHAPE(C));
+            mw_bind(w, pre, "ls2", &L->lambda2, 1, MMC_SHAPE(C));
+            mw_bind_wb(w, pre, "mlp.fc1", &L->fc1_w, &L->fc1_b, 2, MMC_SHAPE(F, C));
+            mw_bind_wb(w, pre, "mlp.fc2", &L->fc2_w, &L->fc2_b, 2, MMC_SHAPE(C, F));
+        }
+        return v;
+    }
     mw_bind_wb(w, pre, "patch_embeddings.projection", &v->patch_w, &v->patch_b, 4, MMC_SHAPE(C, c->num_channels, p, p));
     mw_bind(w, pre, "cls_token", &v->cls, 3, MMC_SHAPE(1, 1, C));
     if (c->abs_pos) mw_bind(w, pre, "position_embeddings", &v->pos, 3, MMC_SHAPE(1, 1 + g * g, C));
@@ -165,11 +232,17 @@ static mmc_tensor *norm(mmc_ctx *ctx, const mmc_intern_vit_config *c, mmc_tensor
 static mmc_tensor *layer_forward(mmc_ctx *ctx, const mmc_intern_vit_config *c, const vit_layer *L, mmc_tensor *x) {
     const int64_t N = x->shape[0], T = x->shape[1], C = c->hidden_size, H = c->num_attention_heads, D = C / H;
     mmc_tensor *h = norm(ctx, c, x, L->n1_w, L->n1_b);
-    mmc_tensor *q = mmc_linear(ctx, h, L->q_w, L->q_b), *k = mmc_linear(ctx, h, L->k_w, L->k_b);   /* [N, T, Cv] */
-    mmc_tensor *v = mmc_linear(ctx, h, L->v_w, L->v_b);
-    if (c->use_qk_norm) {   /* InternVLVisionRMSNorm(embed_dim): its default eps, not layer_norm_eps */
-        q = mmc_rmsnorm(ctx, q, L->qn_w, 1e-6f);
-        k = mmc_rmsnorm(ctx, k, L->kn_w, 1e-6f);
+    mmc_tensor *q, *k, *v;                                                   /* [N, T, Cv] each */
+    if (L->qkv_w) {   /* OpenGVLab's fused qkv: q, k, v stacked on the output axis */
+        mmc_tensor *qkv = mmc_linear(ctx, h, L->qkv_w, L->qkv_b);               /* [N, T, 3 Cv] */
+        q = mmc_narrow(ctx, qkv, 2, 0, C), k = mmc_narrow(ctx, qkv, 2, C, C), v = mmc_narrow(ctx, qkv, 2, 2 * C, C);
+    } else {
+        q = mmc_linear(ctx, h, L->q_w, L->q_b), k = mmc_linear(ctx, h, L->k_w, L->k_b);
+        v = mmc_linear(ctx, h, L->v_w, L->v_b);
+    }
+    if (c->use_qk_norm) {
+        q = mmc_rmsnorm(ctx, mmc_contiguous(ctx, q), L->qn_w, (float)c->qk_norm_eps);
+        k = mmc_rmsnorm(ctx, mmc_contiguous(ctx, k), L->kn_w, (float)c->qk_norm_eps);
     }
     q = mmc_reshape(ctx, mmc_contiguous(ctx, q), 4, MMC_SHAPE(N, T, H, D));
     k = mmc_reshape(ctx, mmc_contiguous(ctx, k), 4, MMC_SHAPE(N, T, H, D));

@@ -14,10 +14,20 @@
  * Positions are plain 1-D. The config is InternVLConfig: text_config (Qwen2), vision_config
  * (InternVLVisionConfig), image_token_id, downsample_ratio, projector_hidden_act,
  * vision_feature_layer (an int) and vision_feature_select_strategy ("default"; "full" leaves a
- * non-square grid that transformers cannot reshape either). */
+ * non-square grid that transformers cannot reshape either).
+ *
+ * OpenGVLab's remote-code layout (InternVLChatModel, model_type "internvl_chat", what most
+ * InternVL checkpoints on the Hub are) is the same computation under other names, read onto the
+ * same structs: vision_model.* (InternVisionModel, intern_vit.c's remote names), mlp1.0 / mlp1.1 /
+ * mlp1.3 (LayerNorm, Linear, GELU, Linear), language_model.model.* / language_model.lm_head.*; the
+ * config's llm_config (Qwen2ForCausalLM; InternLM2 is not supported yet), vision_config
+ * (intern_vit_6b), select_layer, downsample_ratio and ps_version ("v1" leaves the shuffled grid
+ * transposed: token (a, b) at b * g r + a). The <IMG_CONTEXT> id is not in that config: it is
+ * read from the directory's tokenizer, as InternVLChatModel.chat() does. */
 #include "mmc_internvl.h"
 #include "../vision/intern_vit.h"
 #include "../encoders/encoder_common.h"
+#include "mmc_tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -41,13 +51,76 @@ int64_t mmc_internvl_tile_tokens(const mmc_internvl *m, int64_t s) {
     return g * g;
 }
 
+static mmc_status downsample_read(const mmc_json *cfg, const char *path, const mmc_intern_vit_config *vc,
+                                  mmc_internvl *m) {
+    double r;
+    mmc_status st;
+    if ((st = mmc_json_num(cfg, "downsample_ratio", 0.5, &r))) return mmc_error_prefix(st, "%s", path);
+    double inv = r > 0 ? 1.0 / r : 0;
+    if (!(inv >= 1 && inv <= 16 && fabs(inv - floor(inv + 0.5)) < 1e-9))
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: downsample_ratio %g is not 1/k for an integer k", path, r);
+    m->shuffle = (int)floor(inv + 0.5);
+    if ((vc->image_size / vc->patch_size) % m->shuffle)
+        return mmc_error(MMC_ERR_FORMAT, "%s: the tower's %lld x %lld patch grid does not divide by 1/downsample_ratio "
+                         "%d", path, (long long)(vc->image_size / vc->patch_size),
+                         (long long)(vc->image_size / vc->patch_size), m->shuffle);
+    return MMC_OK;
+}
+
+static mmc_status feature_layer_read(const mmc_json *cfg, const char *path, const char *key,
+                                     const mmc_intern_vit_config *vc, mmc_internvl *m) {
+    int64_t fl;
+    mmc_status st = mmc_json_int(cfg, key, -1, &fl);
+    if (st) return mmc_error_prefix(st, "%s: %s (an int; lists are not supported)", path, key);
+    const int64_t L = vc->num_hidden_layers;
+    int64_t k = fl == -1 ? L + 1 : fl < 0 ? L + 1 + fl : fl;
+    if (k < 0 || k > L + 1 || (fl >= 0 && fl > L))
+        return mmc_error(MMC_ERR_FORMAT, "%s: %s %lld is outside the tower's %lld hidden states", path, key,
+                         (long long)fl, (long long)(L + 1));
+    m->feature_layer = (int)k;
+    return MMC_OK;
+}
+
+/* OpenGVLab's InternVLChatConfig */
+static mmc_status read_config_remote(const mmc_json *cfg, const char *path, mmc_internvl *m, mmc_qwen2_config *tc,
+                                     mmc_intern_vit_config *vc) {
+    mmc_status st;
+    const char *s = NULL;
+    m->remote_layout = true;
+    const mmc_json *t = mmc_json_get(cfg, "llm_config");
+    if (!t) return mmc_error(MMC_ERR_FORMAT, "%s: 'llm_config' is missing", path);
+    if ((st = mmc_json_str(t, "model_type", "qwen2", &s))) return mmc_error_prefix(st, "%s", path);
+    if (strcmp(s, "qwen2"))
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: llm_config.model_type '%s' is not supported (qwen2)", path, s);
+    if ((st = mmc_decoder_config_read(t, t, NULL, tc))) return mmc_error_prefix(st, "%s: llm_config", path);
+    const mmc_json *v = mmc_json_get(cfg, "vision_config");
+    if (!v) return mmc_error(MMC_ERR_FORMAT, "%s: 'vision_config' is missing", path);
+    if ((st = mmc_json_str(v, "model_type", "intern_vit_6b", &s))) return mmc_error_prefix(st, "%s", path);
+    if (strcmp(s, "intern_vit_6b"))
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: vision_config.model_type '%s' is not supported (intern_vit_6b)",
+                         path, s);
+    if ((st = mmc_intern_vit_config_read_remote(v, path, vc))) return st;
+    int64_t id = -1;
+    if (mmc_json_has(cfg, "img_context_token_id") && mmc_json_int(cfg, "img_context_token_id", -1, &id) != MMC_OK)
+        id = -1;   /* null: set by chat() from the tokenizer */
+    m->image_token_id = id;
+    m->proj_act = MMC_ACT_GELU;   /* nn.GELU() */
+    if ((st = downsample_read(cfg, path, vc, m))) return st;
+    if ((st = mmc_json_str(cfg, "ps_version", "v1", &s))) return mmc_error_prefix(st, "%s", path);
+    if (strcmp(s, "v1") && strcmp(s, "v2"))
+        return mmc_error(MMC_ERR_FORMAT, "%s: ps_version '%s' is not v1 or v2", path, s);
+    m->ps_v1 = !strcmp(s, "v1");
+    return feature_layer_read(cfg, path, "select_layer", vc, m);
+}
+
 static mmc_status read_config(const mmc_json *cfg, const char *path, mmc_internvl *m, mmc_qwen2_config *tc,
                               mmc_intern_vit_config *vc) {
     mmc_status st;
     const char *s = NULL;
     if ((st = mmc_json_str(cfg, "model_type", "", &s))) return mmc_error_prefix(st, "%s", path);
+    if (!strcmp(s, "internvl_chat")) return read_config_remote(cfg, path, m, tc, vc);
     if (strcmp(s, "internvl"))
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not internvl", path, s);
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not internvl or internvl_chat", path, s);
     const mmc_json *t = mmc_json_get(cfg, "text_config");
     if (!t) return mmc_error(MMC_ERR_FORMAT, "%s: 'text_config' is missing", path);
     if ((st = mmc_json_str(t, "model_type", "qwen2", &s))) return mmc_error_prefix(st, "%s", path);
@@ -69,37 +142,20 @@ static mmc_status read_config(const mmc_json *cfg, const char *path, mmc_internv
     m->image_token_id = id;
     if ((st = mmc_json_str(cfg, "projector_hidden_act", "gelu", &s))) return mmc_error_prefix(st, "%s", path);
     if ((st = mmc_act_parse(s, path, &m->proj_act))) return st;
-    double r;
-    if ((st = mmc_json_num(cfg, "downsample_ratio", 0.5, &r))) return mmc_error_prefix(st, "%s", path);
-    double inv = r > 0 ? 1.0 / r : 0;
-    if (!(inv >= 1 && inv <= 16 && fabs(inv - floor(inv + 0.5)) < 1e-9))
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: downsample_ratio %g is not 1/k for an integer k", path, r);
-    m->shuffle = (int)floor(inv + 0.5);
-    if ((vc->image_size / vc->patch_size) % m->shuffle)
-        return mmc_error(MMC_ERR_FORMAT, "%s: the tower's %lld x %lld patch grid does not divide by 1/downsample_ratio "
-                         "%d", path, (long long)(vc->image_size / vc->patch_size),
-                         (long long)(vc->image_size / vc->patch_size), m->shuffle);
+    if ((st = downsample_read(cfg, path, vc, m))) return st;
     if ((st = mmc_json_str(cfg, "vision_feature_select_strategy", "default", &s))) return mmc_error_prefix(st, "%s", path);
     if (strcmp(s, "default"))
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: vision_feature_select_strategy '%s' (only default: the CLS token "
                          "leaves a non-square grid for the pixel shuffle)", path, s);
-    int64_t fl;
-    if ((st = mmc_json_int(cfg, "vision_feature_layer", -1, &fl)))
-        return mmc_error_prefix(st, "%s: vision_feature_layer (an int; lists are not supported)", path);
-    const int64_t L = vc->num_hidden_layers;
-    int64_t k = fl == -1 ? L + 1 : fl < 0 ? L + 1 + fl : fl;
-    if (k < 0 || k > L + 1 || (fl >= 0 && fl > L))
-        return mmc_error(MMC_ERR_FORMAT, "%s: vision_feature_layer %lld is outside the tower's %lld hidden states",
-                         path, (long long)fl, (long long)(L + 1));
-    m->feature_layer = (int)k;
-    return MMC_OK;
+    return feature_layer_read(cfg, path, "vision_feature_layer", vc, m);
 }
 
 static void bind_projector(mw_set *w, const char *ppre, mmc_internvl *m, int64_t Cv, int64_t C) {
     const int64_t K = Cv * m->shuffle * m->shuffle;
-    mw_bind_wb(w, ppre, "layer_norm", &m->proj_ln_w, &m->proj_ln_b, 1, MMC_SHAPE(K));
-    mw_bind_linear(w, ppre, "linear_1", &m->proj1, C, K, true);
-    mw_bind_linear(w, ppre, "linear_2", &m->proj2, C, C, true);
+    bool r = m->remote_layout;   /* mlp1 = Sequential(LayerNorm, Linear, GELU, Linear) */
+    mw_bind_wb(w, ppre, r ? "0" : "layer_norm", &m->proj_ln_w, &m->proj_ln_b, 1, MMC_SHAPE(K));
+    mw_bind_linear(w, ppre, r ? "1" : "linear_1", &m->proj1, C, K, true);
+    mw_bind_linear(w, ppre, r ? "3" : "linear_2", &m->proj2, C, C, true);
 }
 
 mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
@@ -124,7 +180,8 @@ mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
     const char *vpre = mmc_st_find(w->st, "model.vision_tower.embeddings.cls_token") ? "model.vision_tower." : "vision_tower.";
     const char *ppre = mmc_st_find(w->st, "model.multi_modal_projector.linear_1.weight") ? "model.multi_modal_projector."
                                                                                           : "multi_modal_projector.";
-    m->hub_layout = !mmc_st_find(w->st, "model.language_model.embed_tokens.weight");
+    if (m->remote_layout) vpre = "vision_model.", ppre = "mlp1.";
+    m->hub_layout = m->remote_layout || !mmc_st_find(w->st, "model.language_model.embed_tokens.weight");
     const char *lpre = m->hub_layout ? "language_model.model." : "model.language_model.";
     const char *head = m->hub_layout ? "language_model.lm_head.weight" : "lm_head.weight";
     if (!(m->vision = intern_vit_bind(w, vpre, &vc))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
@@ -138,6 +195,17 @@ mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
         mmc_error(st, "%s%s%s%s", vst && verr ? verr : "", vst && lst ? "\n" : "", lst ? dir : "", lerr ? lerr : "");
         free(lerr);
         goto fail;
+    }
+    if (m->image_token_id < 0) {   /* InternVLChatModel: chat() takes <IMG_CONTEXT>'s id from the tokenizer */
+        mmc_tokenizer *tok = NULL;
+        if ((st = mmc_tokenizer_load(dir, &tok))) { mmc_error_prefix(st, "%s: the <IMG_CONTEXT> id", dir); goto fail; }
+        int32_t id = mmc_tokenizer_token_to_id(tok, "<IMG_CONTEXT>");
+        mmc_tokenizer_free(tok);
+        if (id < 0 || id >= tc.vocab_size) {
+            st = mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <IMG_CONTEXT> token inside the vocabulary", dir);
+            goto fail;
+        }
+        m->image_token_id = id;
     }
     free(verr);
     mmc_json_free(cfg);
@@ -198,6 +266,7 @@ mmc_status mmc_internvl_image_features(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor
                 for (int64_t i = 0; i < s; i++)
                     for (int64_t j = 0; j < s; j++) {
                         int64_t cell = (s * a + i) * g + (s * b + j);
+                        if (m->ps_v1) cell = (s * b + i) * g + (s * a + j);   /* the output grid transposed */
                         memcpy(row + (i * s + j) * Cv, fd + (n * (1 + g * g) + 1 + cell) * Cv, (size_t)Cv * sizeof(float));
                     }
             }
