@@ -15,6 +15,7 @@
 #include "mmc_infer.h"
 #include "mmc_internvl.h"
 #include "mmc_tokenizer.h"
+#include "mmc_io.h"
 
 static mmc_st *ref;
 
@@ -162,6 +163,54 @@ static void test_remote(const char *name) {
     mmc_internvl_free(m);
 }
 
+/* transformers 4.52-4.57's weight names (model.vision_tower.*, model.multi_modal_projector.*,
+ * model.language_model.*, lm_head.*): v5's tensors renamed into a temporary directory give v5's logits. */
+static void test_v452(void) {
+    char dir[] = "/tmp/mmc_test_internvl.XXXXXX", path[256], cmd[4400], cwd[4096];
+    if (!mkdtemp(dir) || !getcwd(cwd, sizeof cwd)) { g_fail++; return; }
+    snprintf(cmd, sizeof cmd, "ln -s %s/tests/fixtures/internvl/v5/config.json %s/", cwd, dir);
+    if (system(cmd) != 0) { g_fail++; return; }
+    mmc_st *st = NULL;
+    CHECK_OK(mmc_st_open("tests/fixtures/internvl/v5/model.safetensors", &st));
+    mmc_stw *w = mmc_stw_new();
+    if (!st || !w) { g_fail++; mmc_st_close(st); mmc_stw_free(w); return; }
+    static char names[256][160];
+    int n = mmc_st_count(st);
+    for (int i = 0; i < n && i < 256; i++) {
+        const mmc_st_entry *e = mmc_st_at(st, i);
+        const char *k = e->name;
+        if (!strncmp(k, "language_model.model.", 21)) snprintf(names[i], sizeof names[i], "model.language_model.%s", k + 21);
+        else if (!strcmp(k, "language_model.lm_head.weight")) snprintf(names[i], sizeof names[i], "lm_head.weight");
+        else snprintf(names[i], sizeof names[i], "model.%s", k);
+        CHECK_OK(mmc_stw_add_raw(w, names[i], e->dtype, e->ndim, e->shape, e->data));
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(mmc_stw_write(w, path));
+    mmc_stw_free(w);
+    mmc_st_close(st);
+    mmc_internvl *m = NULL;
+    CHECK_OK(mmc_internvl_load(dir, &m));
+    if (m) {
+        CHECK(!m->hub_layout);
+        mmc_tensor *ids = fixture_tensor(ref, "v5.ids", MMC_I64), *px = fixture_tensor(ref, "v5.pixel_values", MMC_F32);
+        mmc_tensor *want = fixture_tensor(ref, "v5.logits", MMC_F32), *h = NULL;
+        mmc_ctx *ctx = mmc_ctx_new();
+        CHECK_OK(mmc_internvl_forward(ctx, m, ids, px, NULL, &h));
+        if (h) {
+            mmc_tensor *got = mmc_internvl_logits(ctx, m, h);
+            printf("internvl v452 (renamed v5) logits max|diff| %.4e\n", max_abs_diff(got, want));
+            CHECK_CLOSE(got, want, 1e-4, 0, "v452 layout");
+        }
+        mmc_ctx_free(ctx);
+        mmc_tensor_free(ids);
+        mmc_tensor_free(px);
+        mmc_tensor_free(want);
+        mmc_internvl_free(m);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) g_fail++;
+}
+
 /* The processor from the saved processor_config.json on the non-square fixture image: the tiles
  * within 1e-5 of GotOcr2ImageProcessorPil's, and the chat template (mmc's Jinja engine) + the
  * <img><IMG_CONTEXT>*N</img> expansion equal to InternVLProcessor's ids. */
@@ -285,6 +334,7 @@ int main(void) {
     test_processor("v5_rms", 3, 9);
     test_model("v5");
     test_model("v5_rms");
+    test_v452();
     test_remote("remote");
     test_remote("remote_v1");
     test_errors();
