@@ -104,7 +104,7 @@ typedef struct {
     double rescale_factor;
     float image_mean[3], image_std[3];
     int64_t image_seq_length;     /* <IMG_CONTEXT> tokens per tile */
-    mmc_vlproc_resize_mode resize_mode;   /* PIL (default) only */
+    mmc_vlproc_resize_mode resize_mode;   /* PIL (default) or TORCH (transformers 5's default torchvision backend) */
 } mmc_internvl_proc;
 
 void mmc_internvl_proc_default(mmc_internvl_proc *p);

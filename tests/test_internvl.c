@@ -4,7 +4,8 @@
  * forward over the processor's prompt with one image tiled 3x2 + thumbnail (1e-4 max-abs, f32),
  * greedy decoding through the KV cache (token-identical); v5_rms adds RMSNorm, QK-norm, the final
  * LayerNorm (use_mean_pooling false), 84-pixel tiles on a 56-pixel tower (bicubic position
- * interpolation) and a tied head. The processor: pixel_values (PIL backend) within 1e-5 and the
+ * interpolation) and a tied head. The processor: pixel_values (PIL backend, and the torchvision
+ * backend of transformers 5's default processor) within 1e-5 and the
  * chat-templated, expanded ids equal to InternVLProcessor's; OpenGVLab's remote-code layout
  * (InternVLChatModel, ps_version v2 and v1); config errors. */
 #include "test_util.h"
@@ -234,6 +235,19 @@ static void test_processor(const char *name, int64_t want_tiles, int64_t want_se
         printf("internvl processor %-7s %lld tiles pixel_values max|diff| %.4e (%s)\n", name, (long long)tiles,
                max_abs_diff(px, want), used);
         CHECK_CLOSE(px, want, 1e-5, 0, key);
+    }
+    if (!strcmp(name, "v5")) {   /* transformers 5's default GotOcr2ImageProcessor (torchvision backend) */
+        mmc_internvl_proc pt = p;
+        pt.resize_mode = MMC_VLPROC_RESIZE_TORCH;
+        mmc_tensor *tv = NULL, *wtv = fixture_tensor(ref, "v5.pixel_values_torchvision", MMC_F32);
+        int64_t nt = 0;
+        CHECK_OK(mmc_internvl_preprocess(&pt, &img, 1, &tv, &nt));
+        if (tv) {
+            printf("internvl processor v5      torchvision pixel_values max|diff| %.4e\n", max_abs_diff(tv, wtv));
+            CHECK_CLOSE(tv, wtv, 1e-5, 0, "v5.pixel_values_torchvision");
+        }
+        mmc_tensor_free(tv);
+        mmc_tensor_free(wtv);
     }
     /* the prompt */
     mmc_tokenizer *tok = NULL;

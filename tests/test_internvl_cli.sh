@@ -3,7 +3,8 @@
 # checkpoints (tools/ref/gen_internvl.py -> tests/fixtures/internvl/): v5 and v5_rms, each as
 # transformers 5.23's save_pretrained wrote it (processor_config.json, chat_template.jinja), and
 # remote / remote_v1, v5 in OpenGVLab's InternVLChatModel layout (tiling settings in config.json,
-# the chat template in tokenizer_config.json; ps_version v2 / v1),
+# the chat template in tokenizer_config.json; ps_version v2 / v1), and v5 with --image-backend
+# torchvision (transformers 5's default image processor),
 # with the non-square fixture image tiled by the GotOcr2 crop_to_patches processor and the prompt
 # rendered by mmc's Jinja engine and expanded to <img><IMG_CONTEXT>*N</img>. Against transformers:
 #   generate: prompt token count and the 8 greedy new tokens are equal
@@ -34,28 +35,30 @@ checked=0
 while IFS=$'\t' read -r dir case np ids argmax; do
   case "$dir" in ''|'#'*) continue ;; esac
   d=$E/$dir
-  "$MMC" generate --model "$d" --image "$IMG" --prompt "$PROMPT" --max-new-tokens 8 --json >"$W/gen" 2>"$W/err"
+  media=(--image "$IMG")
+  [ "$case" = image_torchvision ] && media+=(--image-backend torchvision)
+  "$MMC" generate --model "$d" "${media[@]}" --prompt "$PROMPT" --max-new-tokens 8 --json >"$W/gen" 2>"$W/err"
   rc=$?
-  [ $rc = 0 ] && ok || { bad "$dir: generate exited $rc: $(cat "$W/err")"; continue; }
+  [ $rc = 0 ] && ok || { bad "$dir $case: generate exited $rc: $(cat "$W/err")"; continue; }
   got=$(sed -E 's/.*"tokens": \[([^]]*)\].*/\1/' "$W/gen" | tr -d ' ')
-  [ "$got" = "$ids" ] && ok || bad "$dir: generate tokens [$got] != transformers [$ids]"
+  [ "$got" = "$ids" ] && ok || bad "$dir $case: generate tokens [$got] != transformers [$ids]"
   gotn=$(sed -n 's/.*"prompt_tokens": \([0-9]*\).*/\1/p' "$W/gen")
-  [ "$gotn" = "$np" ] && ok || bad "$dir: prompt_tokens $gotn != transformers $np"
-  "$MMC" forward --model "$d" --image "$IMG" --prompt "$PROMPT" --out "$W/fw.safetensors" --json >"$W/fw" 2>"$W/err" \
-    && ok || { bad "$dir: forward failed: $(cat "$W/err")"; continue; }
-  grep -q "\"tokens\": $np," "$W/fw" && ok || bad "$dir: forward tokens: $(cat "$W/fw") (transformers $np)"
-  grep -q "\"argmax_last\": $argmax," "$W/fw" && ok || bad "$dir: forward argmax: $(cat "$W/fw") (transformers $argmax)"
+  [ "$gotn" = "$np" ] && ok || bad "$dir $case: prompt_tokens $gotn != transformers $np"
+  "$MMC" forward --model "$d" "${media[@]}" --prompt "$PROMPT" --out "$W/fw.safetensors" --json >"$W/fw" 2>"$W/err" \
+    && ok || { bad "$dir $case: forward failed: $(cat "$W/err")"; continue; }
+  grep -q "\"tokens\": $np," "$W/fw" && ok || bad "$dir $case: forward tokens: $(cat "$W/fw") (transformers $np)"
+  grep -q "\"argmax_last\": $argmax," "$W/fw" && ok || bad "$dir $case: forward argmax: $(cat "$W/fw") (transformers $argmax)"
   st_floats "$W/fw.safetensors" last_logits >"$W/got.txt"
   res=$(paste "$W/got.txt" "$E/$dir.$case.logits.txt" | awk '
     { n++; d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; if (d > 1e-4) bad++ }
     END { printf "%d %d %.3g", n, bad + 0, m }')
   set -- $res
   want=$(wc -l < "$E/$dir.$case.logits.txt")
-  [ "$1" = "$want" ] && [ "$2" = 0 ] && ok || bad "$dir: last_logits: $2 of $1 (want $want) outside 1e-4, max |diff| $3"
-  echo "internvl $dir: tokens equal, last_logits max |diff| $3"
+  [ "$1" = "$want" ] && [ "$2" = 0 ] && ok || bad "$dir $case: last_logits: $2 of $1 (want $want) outside 1e-4, max |diff| $3"
+  echo "internvl $dir $case: tokens equal, last_logits max |diff| $3"
   checked=$((checked + 1))
 done < $E/expected.tsv
-[ $checked = 4 ] && ok || bad "$checked of 4 cases ran"
+[ $checked = 5 ] && ok || bad "$checked of 5 cases ran"
 # mmc info names the family, the tower and the projector
 "$MMC" info $E/v5_rms >"$W/info" 2>"$W/err" && ok || bad "info: $(cat "$W/err")"
 grep -q "^family: *InternVL" "$W/info" && grep -q "^vision tower: *InternViT: 3 layers, hidden 36, rms_norm, qk-norm" "$W/info" \

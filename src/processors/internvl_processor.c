@@ -12,6 +12,10 @@
  *   rescale   u * rescale_factor in double, then float32; normalise (x - mean) / std in float32
  *             (the per-byte table of mmc_qwen2vl_pixel_lut)       -> pixel_values [tiles, 3, th, tw]
  *
+ * With resize_mode MMC_VLPROC_RESIZE_TORCH it mirrors transformers 5's default GotOcr2ImageProcessor
+ * (TorchvisionBackend): the same tiles from torch's uint8 antialiased resize (each tile's second
+ * resize to the tile size is the identity), then the fused rescale_and_normalize.
+ *
  * InternVLProcessor calls the image processor with crop_to_patches=True (its images_kwargs
  * default, which outranks the saved image processor's own crop_to_patches), and replaces each
  * <IMG_CONTEXT> of the templated text by <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>.
@@ -211,12 +215,17 @@ static void put_tile(const mmc_image *img, int64_t top, int64_t left, int64_t th
         }
 }
 
+static mmc_status resize(bool torch, const mmc_image *img, int h, int w, mmc_resample f, mmc_image *out) {
+    return torch ? mmc_image_resize_torch_u8(img, h, w, f, out) : mmc_image_resize(img, h, w, f, out);
+}
+
 mmc_status mmc_internvl_preprocess(const mmc_internvl_proc *p, const mmc_image *imgs, int n, mmc_tensor **out,
                                    int64_t *n_tiles) {
     *out = NULL;
     if (n < 1) return mmc_error(MMC_ERR_INVALID, "InternVL image processor: no images");
-    if (p->resize_mode != MMC_VLPROC_RESIZE_PIL)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "InternVL image processor: only the PIL backend is supported");
+    if (p->resize_mode == MMC_VLPROC_RESIZE_FLOAT)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "InternVL image processor: the float resize mode is not supported");
+    const bool torch = p->resize_mode == MMC_VLPROC_RESIZE_TORCH;
     const int64_t th = p->size_h, tw = p->size_w;
     float lut[3][256];
     mmc_qwen2vl_proc q;   /* the rescale / normalise settings in the Qwen processor's form */
@@ -226,7 +235,7 @@ mmc_status mmc_internvl_preprocess(const mmc_internvl_proc *p, const mmc_image *
     q.rescale_factor = p->rescale_factor;
     q.do_rescale = p->do_rescale;
     q.do_normalize = p->do_normalize;
-    mmc_qwen2vl_pixel_lut(&q, MMC_VLPROC_RESIZE_PIL, lut);
+    mmc_qwen2vl_pixel_lut(&q, p->resize_mode, lut);
     /* the tile counts first, for one allocation */
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -247,12 +256,12 @@ mmc_status mmc_internvl_preprocess(const mmc_internvl_proc *p, const mmc_image *
         if (p->crop_to_patches && p->max_patches > 1) {
             int cols, rows;
             mmc_internvl_tile_grid(p, img->height, img->width, &cols, &rows);
-            if ((st = mmc_image_resize(img, (int)(th * rows), (int)(tw * cols), p->resample, &rs))) break;
+            if ((st = resize(torch, img, (int)(th * rows), (int)(tw * cols), p->resample, &rs))) break;
             for (int b = 0; b < cols * rows; b++, dst += per)
                 put_tile(&rs, (b / cols) * th, (b % cols) * tw, th, tw, lut, dst);
             mmc_image_free(&rs);
             if (cols * rows > 1 && p->use_thumbnail) {   /* the thumbnail */
-                if ((st = mmc_image_resize(img, (int)th, (int)tw, p->resample, &rs))) break;
+                if ((st = resize(torch, img, (int)th, (int)tw, p->resample, &rs))) break;
                 put_tile(&rs, 0, 0, th, tw, lut, dst);
                 dst += per;
                 mmc_image_free(&rs);
@@ -260,7 +269,7 @@ mmc_status mmc_internvl_preprocess(const mmc_internvl_proc *p, const mmc_image *
         } else {
             const mmc_image *cur = img;
             if (p->do_resize) {
-                if ((st = mmc_image_resize(img, (int)th, (int)tw, p->resample, &rs))) break;
+                if ((st = resize(torch, img, (int)th, (int)tw, p->resample, &rs))) break;
                 cur = &rs;
             } else if (img->height != th || img->width != tw) {
                 st = mmc_error(MMC_ERR_INVALID, "InternVL image processor: image %d is %d x %d, not %lld x %lld, "

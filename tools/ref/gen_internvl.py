@@ -14,7 +14,8 @@ Writes tests/fixtures/internvl/:
            max 2 tiles (a 2x1 grid + thumbnail), bilinear resize, tied head, gelu_pytorch_tanh projector.
   ref.safetensors  per directory: pixel_values (GotOcr2ImageProcessor, PIL backend, of
            tests/fixtures/e2e/shapes_160x120.png), ids (InternVLProcessor's expansion of the templated
-           prompt), logits [1, T, V], greedy 8 new tokens.
+           prompt), logits [1, T, V], greedy 8 new tokens; for v5 also pixel_values_torchvision (transformers 5's
+           default GotOcr2ImageProcessor) with its last-position logits and greedy tokens (tv_logits, tv_greedy).
   expected.json  the prompt, the chat-templated prompt and the greedy text per directory.
   remote/, remote_v1/  OpenGVLab's remote-code layout (InternVLChatModel) made from v5 (see remote() below).
   expected.tsv, <dir>.image.logits.txt  the same for the shell test.
@@ -135,6 +136,11 @@ for name, rms in (("v5", False), ("v5_rms", True)):
     T = inputs["input_ids"].shape[1]
     fin = fast(images=image, text=text, return_tensors="pt")
     assert torch.equal(fin["input_ids"], inputs["input_ids"])
+    if name == "v5":   # transformers 5's default (torchvision) image processor: the CLI's --image-backend torchvision
+        ref["v5.pixel_values_torchvision"] = fin["pixel_values"].float()
+        with torch.no_grad():
+            ref["v5.tv_logits"] = m(**fin).logits[:, -1:].float()   # the last position: [1, 1, V]
+            ref["v5.tv_greedy"] = m.generate(**fin, max_new_tokens=8, min_new_tokens=8, do_sample=False)[:, T:]
     ref[name + ".ids"] = inputs["input_ids"].to(torch.int64)
     ref[name + ".pixel_values"] = inputs["pixel_values"].float()
     ref[name + ".vision_last"] = vis.hidden_states[-1].float()        # the last layer's output
@@ -251,12 +257,14 @@ expected["remote_v1"] = dict(expected["v5"], greedy_ids=g[0, T:].tolist(), greed
 save_file({k: v.contiguous().clone() for k, v in ref.items() if not k.startswith("remote.")},
           os.path.join(OUT, "ref.safetensors"))
 rows = []
-for d in ("v5", "v5_rms", "remote", "remote_v1"):
-    lk, gk = d + ".logits", d + ".greedy"
+for d, case, lk, gk in (("v5", "image", "v5.logits", "v5.greedy"), ("v5_rms", "image", "v5_rms.logits", "v5_rms.greedy"),
+                        ("remote", "image", "remote.logits", "remote.greedy"),
+                        ("remote_v1", "image", "remote_v1.logits", "remote_v1.greedy"),
+                        ("v5", "image_torchvision", "v5.tv_logits", "v5.tv_greedy")):
     last = ref[lk][0, -1]
-    rows.append("\t".join([d, "image", str(expected[d]["n_prompt"]), ",".join(str(int(x)) for x in ref[gk][0]),
+    rows.append("\t".join([d, case, str(expected[d]["n_prompt"]), ",".join(str(int(x)) for x in ref[gk][0]),
                            str(int(last.argmax()))]))
-    with open(os.path.join(OUT, f"{d}.image.logits.txt"), "w") as f:
+    with open(os.path.join(OUT, f"{d}.{case}.logits.txt"), "w") as f:
         f.write("".join(f"{float(x):.9g}\n" for x in last))
 with open(os.path.join(OUT, "expected.tsv"), "w") as f:
     f.write("# dir\tcase\tprompt_tokens\tgreedy_ids\targmax_last (tools/ref/gen_internvl.py)\n" + "\n".join(rows) + "\n")
