@@ -3,7 +3,8 @@
 # checkpoints (tools/ref/gen_internvl.py -> tests/fixtures/internvl/): v5 and v5_rms, each as
 # transformers 5.23's save_pretrained wrote it (processor_config.json, chat_template.jinja), and
 # remote / remote_v1, v5 in OpenGVLab's InternVLChatModel layout (tiling settings in config.json,
-# the chat template in tokenizer_config.json; ps_version v2 / v1), and v5 with --image-backend
+# a text-only chat template in tokenizer_config.json, the prompt built as chat() does: "<image>\n"
+# in the text, expanded in the text; ps_version v2 / v1), and v5 with --image-backend
 # torchvision (transformers 5's default image processor),
 # with the non-square fixture image tiled by the GotOcr2 crop_to_patches processor and the prompt
 # rendered by mmc's Jinja engine and expanded to <img><IMG_CONTEXT>*N</img>. Against transformers:
@@ -75,6 +76,8 @@ grep -q "^family: *InternVL" "$W/info" && grep -q "^vision tower: *InternViT: 3 
   && ok || bad "text-only prompt: $(cat "$W/err")"
 "$MMC" generate --model $E/v5 --image "$IMG" --image "$IMG" --prompt "$PROMPT" --max-new-tokens 2 --json >"$W/gen" 2>"$W/err" \
   && grep -q "\"prompt_tokens\": 104," "$W/gen" && ok || bad "two images (2 x (<img> + 7 tiles x 4 + </img> + newline) + 42 tokens): $(cat "$W/gen" "$W/err")"
+"$MMC" generate --model $E/remote --image "$IMG" --image "$IMG" --prompt "$PROMPT" --max-new-tokens 2 --json >"$W/gen" 2>"$W/err" \
+  && grep -q "\"prompt_tokens\": 104," "$W/gen" && ok || bad "remote, two images (chat()'s <image> text expansion): $(cat "$W/gen" "$W/err")"
 "$MMC" generate --model $E/v5 --raw --prompt "<IMG_CONTEXT> hi" --max-new-tokens 2 >/dev/null 2>"$W/err"; rc=$?
 [ $rc = 1 ] && grep -q "1 image placeholder but 0 images" "$W/err" && ok \
   || bad "an <IMG_CONTEXT> without an image: exit $rc, $(cat "$W/err")"

@@ -129,40 +129,112 @@ done:
     return st;
 }
 
-/* InternVL: GotOcr2ImageProcessor's tiles of each image, and each <IMG_CONTEXT> of the templated
- * prompt expanded into <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>, as InternVLProcessor
- * does (takes ids). */
-static mmc_status internvl_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
-                                  const char *video_dir, cli_prompt *p) {
+/* InternVL's images: the processor's tiles of each (p->internvl_pixels) and the <IMG_CONTEXT>
+ * count each takes (tokens[i] = image_seq_length * tiles). */
+static mmc_status internvl_images(cli_model *m, const char *const *images, int n_images, cli_prompt *p,
+                                  int64_t *tokens) {
     mmc_status st = MMC_OK;
-    if (video_dir) {
-        free(ids);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
-    }
     mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
-    int64_t *tiles = calloc((size_t)(n_images ? n_images : 1), sizeof *tiles);
     int loaded = 0;
     mmc_image_opts io;
     mmc_image_opts_default(&io);
     if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
-    if (!imgs || !tiles) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if (!imgs) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (; loaded < n_images; loaded++)
         if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
-    if (n_images && (st = mmc_internvl_preprocess(&m->iproc, imgs, n_images, &p->internvl_pixels, tiles))) goto done;
-    int64_t per_tile = m->iproc.image_seq_length;
-    for (int i = 0; i < n_images; i++) tiles[i] *= per_tile;
-    int32_t start = mmc_tokenizer_token_to_id(m->tok, "<img>"), end = mmc_tokenizer_token_to_id(m->tok, "</img>");
-    if (n_images && (start < 0 || end < 0)) {
-        st = mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <img> / </img> tokens (InternVLProcessor's "
-                       "start_image_token / end_image_token)", m->base_dir);
-        goto done;
-    }
-    st = mmc_internvl_expand(ids, n, (int32_t)m->internvl->image_token_id, start, end, tiles, n_images, &p->ids, &p->n);
+    if (n_images && (st = mmc_internvl_preprocess(&m->iproc, imgs, n_images, &p->internvl_pixels, tokens))) goto done;
+    for (int i = 0; i < n_images; i++) tokens[i] *= m->iproc.image_seq_length;
 done:
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
     free(imgs);
-    free(tiles);
+    return st;
+}
+
+/* InternVL (HF-native): each <IMG_CONTEXT> of the templated prompt expanded into
+ * <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>, as InternVLProcessor does (takes ids). */
+static mmc_status internvl_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
+                                  const char *video_dir, cli_prompt *p) {
+    mmc_status st = MMC_OK;
+    int64_t *tokens = calloc((size_t)(n_images ? n_images : 1), sizeof *tokens);
+    if (video_dir) st = mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
+    else if (!tokens) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st) st = internvl_images(m, images, n_images, p, tokens);
+    int32_t start = mmc_tokenizer_token_to_id(m->tok, "<img>"), end = mmc_tokenizer_token_to_id(m->tok, "</img>");
+    if (!st && n_images && (start < 0 || end < 0))
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <img> / </img> tokens (InternVLProcessor's "
+                       "start_image_token / end_image_token)", m->base_dir);
+    if (!st)
+        st = mmc_internvl_expand(ids, n, (int32_t)m->internvl->image_token_id, start, end, tokens, n_images, &p->ids,
+                                 &p->n);
+    free(tokens);
     free(ids);
+    if (st) cli_prompt_free(p);
+    return st;
+}
+
+/* InternVL in OpenGVLab's layout, as InternVLChatModel.chat() builds a prompt: each image part
+ * becomes "<image>\n" in the message text (its tokenizer's chat template takes string content),
+ * the rendered text's i-th "<image>" becomes "<img>" + "<IMG_CONTEXT>" x tokens[i] + "</img>", then
+ * the text is tokenized. The system prompt is the tokenizer template's (chat() takes
+ * conversation.py's; give it with --system). */
+static mmc_status internvl_remote_prompt(cli_model *m, const mmc_chat_message *msgs, int n_msgs,
+                                         const char *const *images, int n_images, const char *video_dir,
+                                         cli_prompt *p) {
+    if (video_dir) return mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
+    mmc_status st = MMC_OK;
+    int64_t *tokens = calloc((size_t)(n_images ? n_images : 1), sizeof *tokens);
+    mmc_chat_message *flat = calloc((size_t)(n_msgs ? n_msgs : 1), sizeof *flat);
+    char **texts = calloc((size_t)(n_msgs ? n_msgs : 1), sizeof *texts);
+    char *rendered = NULL, *expanded = NULL;
+    if (!tokens || !flat || !texts) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if ((st = internvl_images(m, images, n_images, p, tokens))) goto done;
+    for (int i = 0; i < n_msgs; i++) {
+        flat[i] = msgs[i];
+        if (msgs[i].content || !msgs[i].parts) continue;
+        size_t len = 1;
+        for (int k = 0; k < msgs[i].n_parts; k++)
+            len += msgs[i].parts[k].type == MMC_CHAT_TEXT && msgs[i].parts[k].text ? strlen(msgs[i].parts[k].text) : 8;
+        if (!(texts[i] = malloc(len))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        texts[i][0] = 0;
+        for (int k = 0; k < msgs[i].n_parts; k++) {
+            const mmc_chat_part *q = &msgs[i].parts[k];
+            if (q->type == MMC_CHAT_IMAGE) strcat(texts[i], "<image>\n");
+            else if (q->type == MMC_CHAT_TEXT && q->text) strcat(texts[i], q->text);
+        }
+        flat[i].content = texts[i], flat[i].parts = NULL, flat[i].n_parts = 0;
+    }
+    mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = true};
+    if ((st = mmc_chat_render(m->tok, flat, n_msgs, &co, &rendered, NULL, NULL))) goto done;
+    size_t need = strlen(rendered) + 1;
+    int found = 0;
+    for (const char *s = strstr(rendered, "<image>"); s; s = strstr(s + 7, "<image>"), found++)
+        if (found < n_images) need += 11 + (size_t)tokens[found] * 13;
+    if (found != n_images) {
+        st = mmc_error(MMC_ERR_INVALID, "the prompt has %d image placeholder%s but %d image%s", found,
+                       found == 1 ? "" : "s", n_images, n_images == 1 ? "" : "s");
+        goto done;
+    }
+    if (!(expanded = malloc(need))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    char *o = expanded;
+    const char *s = rendered;
+    for (int i = 0; i < n_images; i++) {
+        const char *at = strstr(s, "<image>");
+        memcpy(o, s, (size_t)(at - s));
+        o += at - s;
+        o += sprintf(o, "<img>");
+        for (int64_t k = 0; k < tokens[i]; k++) o += sprintf(o, "<IMG_CONTEXT>");
+        o += sprintf(o, "</img>");
+        s = at + 7;
+    }
+    strcpy(o, s);
+    st = mmc_tokenizer_encode(m->tok, expanded, -1, true, &p->ids, &p->n);
+done:
+    for (int i = 0; texts && i < n_msgs; i++) free(texts[i]);
+    free(texts);
+    free(flat);
+    free(tokens);
+    free(rendered);
+    free(expanded);
     if (st) cli_prompt_free(p);
     return st;
 }
@@ -174,6 +246,8 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     int32_t *ids = NULL;
     int64_t n = 0;
     mmc_status st;
+    if (!raw && m->internvl && m->internvl->remote_layout)
+        return internvl_remote_prompt(m, msgs, n_msgs, images, n_images, video_dir, p);
     if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
     else {
         /* LLaVA's reference is its processor: the templated text tokenized with the post-processor */

@@ -159,7 +159,7 @@ for name, rms in (("v5", False), ("v5_rms", True)):
 # checkpoints on the Hub are): vision_model.* with the fused attn.qkv, mlp1.{0,1,3}, language_model.*; config.json
 # with llm_config (4.4x style: flat rope_theta, torch_dtype), vision_config (intern_vit_6b: qkv_bias,
 # qk_normalization), select_layer, downsample_ratio, ps_version, template, force_image_size and the tiling keys;
-# the chat template inside tokenizer_config.json. The same computation as v5, so v5's references apply
+# the text-only chat template inside tokenizer_config.json (REMOTE_TEMPLATE). The same computation as v5, so v5's references apply
 # (OpenGVLab's ToTensor divides by 255 in float32: pixel differences of one float32 ulp at most).
 # remote_v1/: the same with ps_version "v1" (no final permute in pixel_shuffle; model.safetensors a link to
 # remote's); its references from transformers' InternVL with pixel_shuffle patched to v1's (logits of the last
@@ -170,6 +170,15 @@ VIS = {"embeddings.cls_token": "embeddings.class_embedding",
        "attention.projection_layer.": "attn.proj.", "attention.q_norm.": "attn.q_norm.",
        "attention.k_norm.": "attn.k_norm.", "lambda_1": "ls1", "lambda_2": "ls2", "layernorm_before.": "norm1.",
        "layernorm_after.": "norm2.", "encoder.layer.": "encoder.layers."}
+
+
+# OpenGVLab's repos ship a text-only ChatML template in tokenizer_config.json (string content): chat() writes
+# "<image>\n" into the question and expands it in the text; with the system message of TEMPLATE the expanded
+# prompt is v5's, token for token.
+REMOTE_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                   "{{ '<|im_start|>system\n你是InternVL。<|im_end|>\n' }}{% endif %}"
+                   "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
 def remote(dst, ps_version):
@@ -224,11 +233,16 @@ def remote(dst, ps_version):
     shutil.copy(os.path.join(src, "generation_config.json"), dst)
     os.symlink(os.path.join("..", "v5", "tokenizer.json"), os.path.join(dst, "tokenizer.json"))   # fixture size
     tc = json.load(open(os.path.join(src, "tokenizer_config.json")))
-    tc["chat_template"] = TEMPLATE
+    tc["chat_template"] = REMOTE_TEMPLATE
     json.dump(tc, open(os.path.join(dst, "tokenizer_config.json"), "w"), indent=2, ensure_ascii=False)
 
 
 remote(os.path.join(OUT, "remote"), "v2")
+# the prompt as InternVLChatModel.chat() builds it from the remote directory's tokenizer: v5's ids
+rt = AutoTokenizer.from_pretrained(os.path.join(OUT, "remote"))
+q = rt.apply_chat_template([{"role": "user", "content": "<image>\n" + PROMPT}], tokenize=False, add_generation_prompt=True)
+q = q.replace("<image>", "<img>" + "<IMG_CONTEXT>" * (4 * expected["v5"]["n_tiles"]) + "</img>", 1)
+assert rt(q, return_tensors="pt")["input_ids"].tolist() == ref["v5.ids"].tolist(), q
 remote(os.path.join(OUT, "remote_v1"), "v1")
 for k in ("ids", "pixel_values", "logits", "greedy"):
     ref["remote." + k] = ref["v5." + k]
