@@ -340,6 +340,26 @@ static void test_errors(void) {
     }
 }
 
+/* OpenGVLab's layout with an InternLM2 language model (InternVL2.5-8B's): a clear refusal naming the key */
+static void test_remote_internlm2(void) {
+    char dir[] = "/tmp/mmc_test_internvl.XXXXXX", path[256], cmd[4400];
+    if (!mkdtemp(dir)) { g_fail++; return; }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) { g_fail++; return; }
+    fprintf(f, "{\"model_type\": \"internvl_chat\", \"architectures\": [\"InternVLChatModel\"], \"llm_config\": "
+               "{\"model_type\": \"internlm2\", \"architectures\": [\"InternLM2ForCausalLM\"]}, \"vision_config\": "
+               "{\"model_type\": \"intern_vit_6b\"}}");
+    fclose(f);
+    mmc_internvl *m = NULL;
+    mmc_status st = mmc_internvl_load(dir, &m);
+    CHECKF(st == MMC_ERR_UNSUPPORTED && strstr(mmc_last_error(), "llm_config.model_type 'internlm2'") &&
+           strstr(mmc_last_error(), "config.json"), "internlm2: %s", st ? mmc_last_error() : "loaded");
+    mmc_internvl_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) g_fail++;
+}
+
 int main(void) {
     ref = fixture_open("internvl/ref.safetensors");
     if (!ref) return test_done("test_internvl");
@@ -352,6 +372,7 @@ int main(void) {
     test_remote("remote");
     test_remote("remote_v1");
     test_errors();
+    test_remote_internlm2();
     mmc_st_close(ref);
     return test_done("test_internvl");
 }
