@@ -80,6 +80,7 @@ int cmd_chat(int argc, char **argv) {
     if (st) return cli_fail(st, "chat: cannot load the model");
     if (cm.vl) cm.proc.resize_mode = resize_mode;
     if (cm.llava) cm.cproc.resize_mode = resize_mode;
+    if (cm.internvl) cm.iproc.resize_mode = resize_mode;
     if ((st = cli_model_set_template(&cm, tpl, tpl_name))) {
         cli_model_free(&cm);
         return cli_fail(st, "chat: cannot use the chat template");
@@ -118,7 +119,7 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         if (!strncmp(line, "/image ", 7)) {
-            if (!cm.vl && !cm.llava) { fprintf(stderr, "mmc chat: %s is text-only; /image needs a vision-language model\n", model); continue; }
+            if (!cm.vl && !cm.llava && !cm.internvl) { fprintf(stderr, "mmc chat: %s is text-only; /image needs a vision-language model\n", model); continue; }
             if (n_images == 64) { fprintf(stderr, "mmc chat: at most 64 images per conversation\n"); continue; }
             if (access(line + 7, R_OK) != 0) { fprintf(stderr, "mmc chat: cannot read %s\n", line + 7); continue; }
             image_store[n_images] = strdup(line + 7);

@@ -72,6 +72,12 @@ int cmd_forward(int argc, char **argv) {
             goto done;
         }
         logits = mmc_llava_logits(ctx, cm.llava, hidden);
+    } else if (cm.internvl) {
+        if ((st = mmc_internvl_forward(ctx, cm.internvl, ids, cp.internvl_pixels, NULL, &hidden))) {
+            cli_fail(st, "forward: forward pass failed");
+            goto done;
+        }
+        logits = mmc_internvl_logits(ctx, cm.internvl, hidden);
     } else if (cm.vl) {
         if ((st = mmc_qwen2_vl_forward(ctx, cm.vlm, ids, &cp.media, NULL, NULL, &hidden))) {
             cli_fail(st, "forward: forward pass failed");

@@ -135,7 +135,8 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                             char *proj, size_t np, char *lm, size_t nl) {
     snprintf(family, nf, "%s", !strcmp(mt, "qwen2") ? "Qwen2" : !strcmp(mt, "llama") ? "Llama"
                                : !strcmp(mt, "qwen2_vl") ? "Qwen2-VL" : !strcmp(mt, "qwen2_5_vl") ? "Qwen2.5-VL"
-                               : !strcmp(mt, "llava") ? "LLaVA-1.5"
+                               : !strcmp(mt, "llava") ? "LLaVA-1.5" : !strcmp(mt, "internvl") ? "InternVL"
+                               : !strcmp(mt, "internvl_chat") ? "InternVL (OpenGVLab InternVLChatModel layout)"
                                : !strcmp(mt, "whisper") ? "Whisper (speech to text: mmc transcribe)" : "unknown");
     if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
         int64_t depth = 0;
@@ -161,6 +162,28 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                  (long long)p, layer, strat);
         snprintf(proj, np, "multi_modal_projector: linear_1 -> %s -> linear_2", act);
         snprintf(lm, nl, "%s", !strcmp(tt, "llama") ? "Llama" : tt);
+    } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
+        int64_t L = 24, C = 1024, S = 448, p = 14, fl = -1;
+        double r = 0.5;
+        const char *norm = "layer_norm", *act = "gelu", *tt = "qwen2", *ps = "";
+        bool qk = false, remote = !strcmp(mt, "internvl_chat");
+        mmc_json_int(cfg, "vision_config.num_hidden_layers", L, &L);
+        mmc_json_int(cfg, "vision_config.hidden_size", C, &C);
+        if (mmc_json_int(cfg, "vision_config.image_size", S, &S) != MMC_OK) mmc_json_int(cfg, "vision_config.image_size.0", S, &S);
+        if (mmc_json_int(cfg, "vision_config.patch_size", p, &p) != MMC_OK) mmc_json_int(cfg, "vision_config.patch_size.0", p, &p);
+        mmc_json_str(cfg, "vision_config.norm_type", norm, &norm);
+        mmc_json_bool(cfg, remote ? "vision_config.qk_normalization" : "vision_config.use_qk_norm", qk, &qk);
+        mmc_json_int(cfg, remote ? "select_layer" : "vision_feature_layer", fl, &fl);
+        mmc_json_num(cfg, "downsample_ratio", r, &r);
+        mmc_json_str(cfg, "projector_hidden_act", act, &act);
+        mmc_json_str(cfg, remote ? "llm_config.model_type" : "text_config.model_type", tt, &tt);
+        if (remote) mmc_json_str(cfg, "ps_version", "v1", &ps);
+        snprintf(tower, nt, "InternViT: %lld layers, hidden %lld, %s%s, %lldx%lld px tiles in %lldx%lld patches; "
+                 "features of layer %lld", (long long)L, (long long)C, norm, qk ? ", qk-norm" : "", (long long)S,
+                 (long long)S, (long long)p, (long long)p, (long long)fl);
+        if (remote) snprintf(proj, np, "pixel shuffle x%g (ps_version %s) -> mlp1: LayerNorm -> Linear -> GELU -> Linear", r, ps);
+        else snprintf(proj, np, "pixel shuffle x%g -> multi_modal_projector: layer_norm -> linear_1 -> %s -> linear_2", r, act);
+        snprintf(lm, nl, "%s", !strcmp(tt, "qwen2") ? "Qwen2" : tt);
     }
 }
 
@@ -232,7 +255,8 @@ int cmd_info(int argc, char **argv) {
                 if (strstr(e->name, comps[k].match[j])) { c = k; break; }
         comps[c].params += n;
     }
-    static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "whisper"};
+    static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "internvl",
+                                            "internvl_chat", "whisper"};
     char family[64], tower[256] = "", projector[160] = "", lmdesc[160] = "";
     describe_family(cfg, model_type, family, sizeof family, tower, sizeof tower, projector, sizeof projector, lmdesc,
                     sizeof lmdesc);
@@ -271,7 +295,8 @@ int cmd_info(int argc, char **argv) {
     } else {
         printf("model:          %s\n", dir);
         printf("model_type:     %s (%s)%s\n", model_type, arch,
-               ok ? "" :  " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava, whisper)");
+               ok ? "" : " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava, internvl, "
+               "internvl_chat, whisper)");
         printf("family:         %s\n", family);
         if (tower[0]) printf("vision tower:   %s\n", tower);
         if (projector[0]) printf("projector:      %s\n", projector);

@@ -111,7 +111,7 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
             images[n_img++] = tmp[n_tmp++];
         }
     }
-    if (n_img && !m->vl && !m->llava) {
+    if (n_img && !m->vl && !m->llava && !m->internvl) {
         mmc_serve_fail(err, 400, "invalid_request_error", "messages", "image_not_supported",
                        "The model %s is text-only (model_type %s) and takes no images.", m->base_dir, m->model_type);
         goto done;
@@ -266,8 +266,9 @@ int cmd_serve(int argc, char **argv) {
     }
     mmc_qwen2_vl_request vreq = {sb.m.vlm, NULL, 0};
     mmc_llava_request lreq = {sb.m.llava, NULL};
-    mmc_decoder dec = sb.m.llava ? mmc_llava_decoder(&lreq) : sb.m.vl ? mmc_qwen2_vl_decoder(&vreq)
-                                                                       : mmc_qwen2_decoder(sb.m.lm);
+    mmc_internvl_request ireq = {sb.m.internvl, NULL};
+    mmc_decoder dec = sb.m.llava ? mmc_llava_decoder(&lreq) : sb.m.internvl ? mmc_internvl_decoder(&ireq)
+                    : sb.m.vl ? mmc_qwen2_vl_decoder(&vreq) : mmc_qwen2_decoder(sb.m.lm);
     mmc_serve_backend b = {.self = &sb,
                            .tok = sb.m.tok,
                            .model_id = id,

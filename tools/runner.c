@@ -53,9 +53,16 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) m->vocab_size = m->llava->lm->cfg.vocab_size;
         mmc_clip_proc_default(&m->cproc);
         if (!st) st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
+    } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
+        if (m->adapter_dir[0])
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for internvl yet", m->adapter_dir);
+        else st = mmc_internvl_load(dir, &m->internvl);
+        if (!st) m->vocab_size = m->internvl->lm->cfg.vocab_size;
+        mmc_internvl_proc_default(&m->iproc);
+        if (!st) st = mmc_internvl_proc_load_dir(dir, &m->iproc, NULL, 0);
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
-                       "qwen2_vl, qwen2_5_vl, llava)", dir, mt);
+                       "qwen2_vl, qwen2_5_vl, llava, internvl, internvl_chat)", dir, mt);
     }
     mmc_json_free(cfg);
     if (!st) {
@@ -77,6 +84,7 @@ void cli_model_free(cli_model *m) {
     mmc_qwen2_free(m->lm);
     mmc_qwen2_vl_free(m->vlm);
     mmc_llava_free(m->llava);
+    mmc_internvl_free(m->internvl);
     mmc_tokenizer_free(m->tok);
     memset(m, 0, sizeof *m);
 }
@@ -86,6 +94,7 @@ void cli_prompt_free(cli_prompt *p) {
     mmc_vlproc_out_free(&p->img);
     mmc_vlproc_out_free(&p->vid);
     mmc_tensor_free(p->llava_pixels);
+    mmc_tensor_free(p->internvl_pixels);
     memset(p, 0, sizeof *p);
 }
 
@@ -120,6 +129,116 @@ done:
     return st;
 }
 
+/* InternVL's images: the processor's tiles of each (p->internvl_pixels) and the <IMG_CONTEXT>
+ * count each takes (tokens[i] = image_seq_length * tiles). */
+static mmc_status internvl_images(cli_model *m, const char *const *images, int n_images, cli_prompt *p,
+                                  int64_t *tokens) {
+    mmc_status st = MMC_OK;
+    mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
+    int loaded = 0;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
+    if (!imgs) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (; loaded < n_images; loaded++)
+        if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
+    if (n_images && (st = mmc_internvl_preprocess(&m->iproc, imgs, n_images, &p->internvl_pixels, tokens))) goto done;
+    for (int i = 0; i < n_images; i++) tokens[i] *= m->iproc.image_seq_length;
+done:
+    for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
+    free(imgs);
+    return st;
+}
+
+/* InternVL (HF-native): each <IMG_CONTEXT> of the templated prompt expanded into
+ * <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>, as InternVLProcessor does (takes ids). */
+static mmc_status internvl_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
+                                  const char *video_dir, cli_prompt *p) {
+    mmc_status st = MMC_OK;
+    int64_t *tokens = calloc((size_t)(n_images ? n_images : 1), sizeof *tokens);
+    if (video_dir) st = mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
+    else if (!tokens) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st) st = internvl_images(m, images, n_images, p, tokens);
+    int32_t start = mmc_tokenizer_token_to_id(m->tok, "<img>"), end = mmc_tokenizer_token_to_id(m->tok, "</img>");
+    if (!st && n_images && (start < 0 || end < 0))
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <img> / </img> tokens (InternVLProcessor's "
+                       "start_image_token / end_image_token)", m->base_dir);
+    if (!st)
+        st = mmc_internvl_expand(ids, n, (int32_t)m->internvl->image_token_id, start, end, tokens, n_images, &p->ids,
+                                 &p->n);
+    free(tokens);
+    free(ids);
+    if (st) cli_prompt_free(p);
+    return st;
+}
+
+/* InternVL in OpenGVLab's layout, as InternVLChatModel.chat() builds a prompt: each image part
+ * becomes "<image>\n" in the message text (its tokenizer's chat template takes string content),
+ * the rendered text's i-th "<image>" becomes "<img>" + "<IMG_CONTEXT>" x tokens[i] + "</img>", then
+ * the text is tokenized. The system prompt is the tokenizer template's (chat() takes
+ * conversation.py's; give it with --system). */
+static mmc_status internvl_remote_prompt(cli_model *m, const mmc_chat_message *msgs, int n_msgs,
+                                         const char *const *images, int n_images, const char *video_dir,
+                                         cli_prompt *p) {
+    if (video_dir) return mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
+    mmc_status st = MMC_OK;
+    int64_t *tokens = calloc((size_t)(n_images ? n_images : 1), sizeof *tokens);
+    mmc_chat_message *flat = calloc((size_t)(n_msgs ? n_msgs : 1), sizeof *flat);
+    char **texts = calloc((size_t)(n_msgs ? n_msgs : 1), sizeof *texts);
+    char *rendered = NULL, *expanded = NULL;
+    if (!tokens || !flat || !texts) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if ((st = internvl_images(m, images, n_images, p, tokens))) goto done;
+    for (int i = 0; i < n_msgs; i++) {
+        flat[i] = msgs[i];
+        if (msgs[i].content || !msgs[i].parts) continue;
+        size_t len = 1;
+        for (int k = 0; k < msgs[i].n_parts; k++)
+            len += msgs[i].parts[k].type == MMC_CHAT_TEXT && msgs[i].parts[k].text ? strlen(msgs[i].parts[k].text) : 8;
+        if (!(texts[i] = malloc(len))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        texts[i][0] = 0;
+        for (int k = 0; k < msgs[i].n_parts; k++) {
+            const mmc_chat_part *q = &msgs[i].parts[k];
+            if (q->type == MMC_CHAT_IMAGE) strcat(texts[i], "<image>\n");
+            else if (q->type == MMC_CHAT_TEXT && q->text) strcat(texts[i], q->text);
+        }
+        flat[i].content = texts[i], flat[i].parts = NULL, flat[i].n_parts = 0;
+    }
+    mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = true};
+    if ((st = mmc_chat_render(m->tok, flat, n_msgs, &co, &rendered, NULL, NULL))) goto done;
+    size_t need = strlen(rendered) + 1;
+    int found = 0;
+    for (const char *s = strstr(rendered, "<image>"); s; s = strstr(s + 7, "<image>"), found++)
+        if (found < n_images) need += 11 + (size_t)tokens[found] * 13;
+    if (found != n_images) {
+        st = mmc_error(MMC_ERR_INVALID, "the prompt has %d image placeholder%s but %d image%s", found,
+                       found == 1 ? "" : "s", n_images, n_images == 1 ? "" : "s");
+        goto done;
+    }
+    if (!(expanded = malloc(need))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    char *o = expanded;
+    const char *s = rendered;
+    for (int i = 0; i < n_images; i++) {
+        const char *at = strstr(s, "<image>");
+        memcpy(o, s, (size_t)(at - s));
+        o += at - s;
+        o += sprintf(o, "<img>");
+        for (int64_t k = 0; k < tokens[i]; k++) o += sprintf(o, "<IMG_CONTEXT>");
+        o += sprintf(o, "</img>");
+        s = at + 7;
+    }
+    strcpy(o, s);
+    st = mmc_tokenizer_encode(m->tok, expanded, -1, true, &p->ids, &p->n);
+done:
+    for (int i = 0; texts && i < n_msgs; i++) free(texts[i]);
+    free(texts);
+    free(flat);
+    free(tokens);
+    free(rendered);
+    free(expanded);
+    if (st) cli_prompt_free(p);
+    return st;
+}
+
 mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
                             const char *raw_text, const char *const *images, int n_images,
                             const char *video_dir, cli_prompt *p) {
@@ -127,14 +246,17 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     int32_t *ids = NULL;
     int64_t n = 0;
     mmc_status st;
+    if (!raw && m->internvl && m->internvl->remote_layout)
+        return internvl_remote_prompt(m, msgs, n_msgs, images, n_images, video_dir, p);
     if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
     else {
         /* LLaVA's reference is its processor: the templated text tokenized with the post-processor */
-        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava != NULL};
+        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava || m->internvl};
         st = mmc_chat_encode(m->tok, msgs, n_msgs, &co, &ids, NULL, &n);
     }
     if (st) return st;
     if (m->llava) return llava_prompt(m, ids, n, images, n_images, video_dir, p);
+    if (m->internvl) return internvl_prompt(m, ids, n, images, n_images, video_dir, p);
     if (!m->vl) {
         if (n_images || video_dir) {
             free(ids);
@@ -200,7 +322,9 @@ mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *o
                         int *n_out) {
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
     mmc_llava_request lreq = {m->llava, p->llava_pixels};
-    mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
+    mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
+    mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
+                  : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
     return mmc_generate(&d, p->ids, p->n, opts, out, n_out);
 }
 
@@ -312,6 +436,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
     if (m->vl) m->proc.resize_mode = a->resize_mode;
     if (m->llava) m->cproc.resize_mode = a->resize_mode;
+    if (m->internvl) m->iproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
 }

@@ -9,6 +9,7 @@
 #include "mmc_tokenizer.h"
 #include "mmc_vl.h"
 #include "mmc_llava.h"
+#include "mmc_internvl.h"
 #include "mmc_vlproc.h"
 #include "mmc_video.h"
 
@@ -19,6 +20,8 @@ typedef struct {
     mmc_qwen2_vl *vlm;        /* Qwen2-VL / Qwen2.5-VL */
     mmc_llava *llava;         /* LLaVA-1.5 (vl is false: no Qwen2-VL media path) */
     mmc_clip_proc cproc;      /* LLaVA's CLIPImageProcessor settings */
+    mmc_internvl *internvl;   /* InternVL (HF-native; vl is false) */
+    mmc_internvl_proc iproc;  /* its image processor / InternVLProcessor settings */
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
@@ -47,6 +50,7 @@ typedef struct {
     double second_per_grid_ts;/* the video's (Qwen2.5-VL temporal positions) */
     mmc_vl_media media;
     mmc_tensor *llava_pixels; /* LLaVA: [n_images, 3, S, S] (persistent) or NULL */
+    mmc_tensor *internvl_pixels; /* InternVL: the tiles of all images [n_tiles, 3, s, s] (persistent) or NULL */
 } cli_prompt;
 
 /* Render msgs with the chat template (or take raw text), load + preprocess the images (in

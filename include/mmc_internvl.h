@@ -1,0 +1,130 @@
+/* mmc_internvl.h — InternVL 2.5 / 3 in transformers' HF-native layout
+ * (InternVLForConditionalGeneration, model_type "internvl"): an InternViT vision tower
+ * (InternVLVisionModel), pixel shuffle x downsample_ratio, a multi_modal_projector (LayerNorm +
+ * Linear + act + Linear) and a Qwen2 language model (mmc_models.h's decoder, qwen2.c); and its
+ * processor (GotOcr2ImageProcessor's crop_to_patches tiling + InternVLProcessor's
+ * <img><IMG_CONTEXT>*N</img> expansion).
+ *
+ * The tower maps tiles pixel_values [N, 3, s, s] to hidden states; the model takes
+ * vision_feature_layer (-1: the last hidden state, after the tower's final LayerNorm unless
+ * use_mean_pooling), drops the CLS token, pixel-shuffles the (s/p)^2 grid to
+ * (s/p * r)^2 tokens of Cv / r^2 channels, projects them to the LM's hidden size and puts them
+ * at the <IMG_CONTEXT> positions. Weights are read as transformers 5.x save_pretrained writes them
+ * (vision_tower.*, multi_modal_projector.*, language_model.model.*, language_model.lm_head.*) and
+ * as 4.52-4.57 write them (model.vision_tower.*, model.multi_modal_projector.*,
+ * model.language_model.*, lm_head.*). Inference only. */
+#ifndef MMC_INTERNVL_H
+#define MMC_INTERNVL_H
+
+#include "mmc.h"
+#include "mmc_io.h"
+#include "mmc_image.h"
+#include "mmc_encoders.h"
+#include "mmc_models.h"
+#include "mmc_vlproc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- InternViT tower */
+typedef struct {
+    int64_t hidden_size, intermediate_size;  /* Cv, Fv */
+    int64_t num_hidden_layers, num_attention_heads;
+    int64_t num_channels, image_size, patch_size;   /* square sizes (image_size / patch_size lists must be square) */
+    double layer_norm_eps;
+    mmc_act hidden_act;
+    bool attention_bias, use_qk_norm, rms_norm;     /* norm_type "rms_norm" */
+    bool use_mean_pooling;                          /* false: a final LayerNorm ("layernorm") */
+    bool abs_pos;                                   /* use_absolute_position_embeddings */
+    double qk_norm_eps;                             /* 1e-6 (HF-native); layer_norm_eps (OpenGVLab's) */
+    bool remote;                                    /* OpenGVLab's InternVisionModel names (fused attn.qkv) */
+} mmc_intern_vit_config;
+
+typedef struct mmc_intern_vit mmc_intern_vit;
+
+/* From a vision_config object (InternVLVisionConfig's defaults for what it omits). */
+mmc_status mmc_intern_vit_config_read(const mmc_json *vc, const char *what, mmc_intern_vit_config *out);
+/* From OpenGVLab's remote-code vision_config (InternVisionConfig, model_type intern_vit_6b:
+ * qkv_bias, qk_normalization, norm_type, layer_norm_eps, image_size, patch_size, ...). */
+mmc_status mmc_intern_vit_config_read_remote(const mmc_json *vc, const char *what, mmc_intern_vit_config *out);
+/* pixels [N, Cin, H, W] f32 (H, W multiples of patch_size; position embeddings interpolated
+ * bicubically when the grid differs from image_size's, as interpolate_pos_encoding does) ->
+ * hidden states hs[0 .. n_layers] [N, 1 + (H/p)(W/p), Cv]: hs[0] the embeddings, hs[i] layer i's
+ * output; with n_layers == num_hidden_layers, *last is the last hidden state (after the final
+ * LayerNorm when use_mean_pooling is false), else NULL. In ctx's arena. */
+mmc_status mmc_intern_vit_forward(mmc_ctx *ctx, mmc_intern_vit *v, mmc_tensor *pixels, int n_layers,
+                                  mmc_tensor ***hs, mmc_tensor **last);
+
+/* ---------------------------------------------------------------- InternVL */
+typedef struct mmc_internvl {
+    mmc_intern_vit *vision;
+    mmc_qwen2 *lm;                /* Qwen2 */
+    mmc_tensor *proj_ln_w, *proj_ln_b;   /* multi_modal_projector.layer_norm [Cv / r^2] */
+    mmc_linear_w proj1;           /* linear_1: w [C, Cv / r^2], b [C] */
+    mmc_linear_w proj2;           /* linear_2: w [C, C], b [C] */
+    mmc_act proj_act;             /* projector_hidden_act (gelu) */
+    int64_t image_token_id;       /* <IMG_CONTEXT> */
+    int feature_layer;            /* index into hs[] (0 .. L), made non-negative; L + 1: last_hidden_state */
+    int shuffle;                  /* 1 / downsample_ratio (2) */
+    bool ps_v1;                   /* OpenGVLab's ps_version "v1": the shuffled grid left transposed */
+    bool remote_layout;           /* OpenGVLab's InternVLChatModel (vision_model.*, mlp1.*, language_model.*) */
+    bool hub_layout;              /* language_model.model.* (5.x saves) rather than model.language_model.* */
+    void *weights;                /* the tower's and projector's bound tensors (internal) */
+} mmc_internvl;
+
+mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out);
+/* Fresh model with random init from a parsed config.json; for benchmarks. */
+mmc_status mmc_internvl_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_internvl **out);
+void mmc_internvl_free(mmc_internvl *m);
+/* <IMG_CONTEXT> tokens per tile of side s: ((s/p) r)^2. */
+int64_t mmc_internvl_tile_tokens(const mmc_internvl *m, int64_t s);
+/* tiles [N, 3, s, s] -> projected features [N * tile_tokens, C]. */
+mmc_status mmc_internvl_image_features(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *pixels, mmc_tensor **out);
+/* ids [B, T] -> hidden [B, T, C] after the final norm; the features of pixels (or NULL) replace
+ * the <IMG_CONTEXT> embeddings in order (the counts must agree); positions kv->len + t. */
+mmc_status mmc_internvl_forward(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *ids, mmc_tensor *pixels,
+                                mmc_kv_cache *kv, mmc_tensor **hidden);
+mmc_tensor *mmc_internvl_logits(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *hidden);
+
+typedef struct {
+    mmc_internvl *m;
+    mmc_tensor *pixels;           /* [N, 3, s, s] or NULL */
+} mmc_internvl_request;
+mmc_decoder mmc_internvl_decoder(mmc_internvl_request *r);
+
+/* ---------------------------------------------------------------- processor */
+typedef struct {
+    int64_t size_h, size_w;       /* the tile size (size.height / width) */
+    bool crop_to_patches;         /* InternVLProcessor passes true (its images_kwargs default) */
+    int64_t min_patches, max_patches;
+    bool use_thumbnail;           /* true for transformers; the config's use_thumbnail for OpenGVLab's */
+    mmc_resample resample;
+    bool do_resize, do_rescale, do_normalize;
+    double rescale_factor;
+    float image_mean[3], image_std[3];
+    int64_t image_seq_length;     /* <IMG_CONTEXT> tokens per tile */
+    mmc_vlproc_resize_mode resize_mode;   /* PIL (default) or TORCH (transformers 5's default torchvision backend) */
+} mmc_internvl_proc;
+
+void mmc_internvl_proc_default(mmc_internvl_proc *p);
+/* processor_config.json ("image_processor", image_seq_length), else preprocessor_config.json; for
+ * OpenGVLab's layout (config.json model_type internvl_chat) config.json's force_image_size (else
+ * vision_config.image_size), dynamic_image_size, min/max_dynamic_patch, use_thumbnail, with
+ * load_image's ImageNet mean/std and bicubic resize, and image_seq_length its num_image_token. */
+mmc_status mmc_internvl_proc_load_dir(const char *dir, mmc_internvl_proc *p, char *used, size_t cap);
+/* The tile grid get_optimal_tiled_canvas picks for an image (columns, rows). */
+void mmc_internvl_tile_grid(const mmc_internvl_proc *p, int64_t h, int64_t w, int *cols, int *rows);
+/* Images -> pixel_values [sum tiles, 3, size_h, size_w] and tiles per image (n_tiles[n]). */
+mmc_status mmc_internvl_preprocess(const mmc_internvl_proc *p, const mmc_image *imgs, int n, mmc_tensor **out,
+                                   int64_t *n_tiles);
+/* ids with one image_token per image -> each replaced by start, image_token x
+ * (image_seq_length * n_tiles[i]), end (InternVLProcessor's expansion; the three are special
+ * tokens, so expanding ids equals expanding the text). *out malloc'd. */
+mmc_status mmc_internvl_expand(const int32_t *ids, int64_t n, int32_t image_token, int32_t start, int32_t end,
+                               const int64_t *tokens_per_image, int n_images, int32_t **out, int64_t *n_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMC_INTERNVL_H */
