@@ -239,6 +239,8 @@ static void test_features(void) {
     free(pcm);
     mmc_whisper_fe fe;
     CHECK_ERR(mmc_whisper_fe_load(DIR_, &fe), MMC_ERR_NOT_FOUND);
+    /* an image processor's preprocessor_config.json is not a feature extractor's */
+    CHECK_ERR(mmc_whisper_fe_load("tests/fixtures/llava/hub", &fe), MMC_ERR_NOT_FOUND);
 }
 
 static void expect_fail(const char *what, mmc_status st, const char *needle) {

@@ -220,7 +220,8 @@ static mmc_status load_file(const char *path, bool nested_only, mmc_whisper_fe *
     }
     const mmc_json *sub = mmc_json_get(j, "feature_extractor");
     if (sub && !mmc_json_is_object(sub)) st = mmc_error(MMC_ERR_FORMAT, "%s: feature_extractor must be an object", path);
-    else if (sub || !nested_only) {
+    else if (sub || (!nested_only && (mmc_json_has(j, "feature_extractor_type") || mmc_json_has(j, "feature_size")))) {
+        /* (a preprocessor_config.json with neither is an image processor's: not ours) */
         st = apply(sub ? sub : j, path, fe);
         *found = !st;
     }
