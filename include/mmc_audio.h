@@ -31,7 +31,10 @@ typedef struct {
 #define MMC_AUDIO_MAX_SECONDS (4 * 3600)
 
 /* Decode the first audio stream of `path` (any container FFmpeg demuxes, video files
- * included), downmix to mono and resample to `target_rate` Hz. */
+ * included), downmix to mono and resample to `target_rate` Hz (1000 to 768000): mono is the
+ * mean of the channels and the resampler libsoxr at HQ, as librosa.load(path, sr=...) gives
+ * (README "Audio input" has the measured difference). With 2+ OpenMP threads decoding and
+ * resampling overlap on two threads; the output does not depend on it. */
 mmc_status mmc_audio_load(const char *path, int target_rate, mmc_audio *out);
 /* Same from a buffer; `name` is used in messages. */
 mmc_status mmc_audio_load_mem(const void *data, size_t size, const char *name, int target_rate,

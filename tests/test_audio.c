@@ -126,6 +126,18 @@ static void test_lossy(void) {
             printf("decode %s vs PyAV: max |diff| %.2e\n", cases[k].file, d);
             CHECKF(d < 1e-4, "%s: differs from PyAV's decode by %.3g", cases[k].file, d);
         }
+        /* one thread (no decoder thread) gives the same samples */
+        int th = mmc_get_num_threads();
+        mmc_set_num_threads(1);
+        mmc_audio one;
+        CHECK_OK(mmc_audio_load(cases[k].file, 16000, &one));
+        mmc_set_num_threads(th > 1 ? th : 2);
+        mmc_audio c;
+        CHECK_OK(mmc_audio_load(cases[k].file, 16000, &c));
+        mmc_set_num_threads(th);
+        CHECK(one.n == c.n && one.n > 0 && memcmp(one.samples, c.samples, sizeof(float) * (size_t)one.n) == 0);
+        mmc_audio_free(&one);
+        mmc_audio_free(&c);
         mmc_audio_free(&a);
         /* and from memory, resampled */
         size_t nb = 0;
@@ -227,6 +239,8 @@ static void test_features(void) {
     free(pcm);
     mmc_whisper_fe fe;
     CHECK_ERR(mmc_whisper_fe_load(DIR_, &fe), MMC_ERR_NOT_FOUND);
+    /* an image processor's preprocessor_config.json is not a feature extractor's */
+    CHECK_ERR(mmc_whisper_fe_load("tests/fixtures/llava/hub", &fe), MMC_ERR_NOT_FOUND);
 }
 
 static void expect_fail(const char *what, mmc_status st, const char *needle) {

@@ -24,6 +24,8 @@
 #include <libavutil/opt.h>
 #include <libswresample/swresample.h>
 
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +62,7 @@ typedef struct {
     int64_t n, cap, max_n;
     int64_t src_samples;  /* decoded samples per channel at the source rate */
     int src_rate, src_channels;
+    struct pipe_t *pipe;  /* decoder thread's queue (decode_pipelined) */
 } reader;
 
 static mmc_status averr(mmc_status st, const reader *r, int err, const char *what, const char *hint) {
@@ -184,7 +187,7 @@ done:
     return st;
 }
 
-static mmc_status take_frame(reader *r, const AVFrame *f) {
+static mmc_status take_frame(reader *r, AVFrame *f) {
     if (f->nb_samples <= 0) return MMC_OK;
     if (f->sample_rate <= 0 || f->sample_rate > MAX_RATE)
         return mmc_error(MMC_ERR_FORMAT, "audio %s: sample rate %d Hz in the stream; %s", r->name, f->sample_rate, REENCODE);
@@ -200,13 +203,14 @@ static mmc_status take_frame(reader *r, const AVFrame *f) {
     return convert(r, (const uint8_t **)f->extended_data, f->nb_samples);
 }
 
-static mmc_status decode_all(reader *r) {
+/* Demux and decode every frame of the stream into r->frame, handing each to sink(). */
+static mmc_status decode_loop(reader *r, mmc_status (*sink)(reader *, AVFrame *)) {
     mmc_status st;
     int e;
     for (bool eof = false;;) {
         e = avcodec_receive_frame(r->dec, r->frame);
         if (e == 0) {
-            st = take_frame(r, r->frame);
+            st = sink(r, r->frame);
             av_frame_unref(r->frame);
             if (st) return st;
             continue;
@@ -223,8 +227,104 @@ static mmc_status decode_all(reader *r) {
         if (r->pkt->stream_index == r->stream) (void)avcodec_send_packet(r->dec, r->pkt);   /* a bad packet is skipped, as ffmpeg does */
         av_packet_unref(r->pkt);
     }
-    if (r->swr && (st = convert(r, NULL, 0))) return st;
     return MMC_OK;
+}
+
+/* With two threads or more, decoding (libavcodec) and resampling (libsoxr) overlap: a
+ * decoder thread hands frames over a small queue to the calling thread, which downmixes and
+ * resamples them in order. Same output as one thread (each frame goes through the same
+ * converter in the same order). */
+#define QCAP 32
+typedef struct pipe_t {
+    pthread_mutex_t mu;
+    pthread_cond_t nonempty, nonfull;
+    AVFrame *q[QCAP];
+    int head, count;
+    bool done, stop;
+    mmc_status st;          /* the decoder thread's */
+    char err[1024];         /* and its message (messages are per thread) */
+} pipe_t;
+
+static mmc_status push_frame(reader *r, AVFrame *f) {
+    pipe_t *p = r->pipe;
+    AVFrame *c = av_frame_alloc();
+    if (!c) return mmc_error(MMC_ERR_OOM, "audio %s: out of memory", r->name);
+    av_frame_move_ref(c, f);
+    pthread_mutex_lock(&p->mu);
+    while (p->count == QCAP && !p->stop) pthread_cond_wait(&p->nonfull, &p->mu);
+    bool stop = p->stop;
+    if (!stop) {
+        p->q[(p->head + p->count) % QCAP] = c;
+        p->count++;
+        pthread_cond_signal(&p->nonempty);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (stop) { av_frame_free(&c); return MMC_ERR_INVALID; }   /* the consumer failed; its message stands */
+    return MMC_OK;
+}
+
+static void *decoder_main(void *arg) {
+    reader *r = arg;
+    pipe_t *p = r->pipe;
+    mmc_status st = decode_loop(r, push_frame);
+    pthread_mutex_lock(&p->mu);
+    p->st = st;
+    if (st) snprintf(p->err, sizeof p->err, "%s", mmc_last_error());
+    p->done = true;
+    pthread_cond_signal(&p->nonempty);
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static mmc_status decode_pipelined(reader *r) {
+    pipe_t p = {.st = MMC_OK};
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.nonempty, NULL);
+    pthread_cond_init(&p.nonfull, NULL);
+    r->pipe = &p;
+    pthread_t th;
+    mmc_status st = MMC_OK;
+    if (pthread_create(&th, NULL, decoder_main, r) != 0) {
+        st = decode_loop(r, take_frame);   /* no thread to be had: do it in this one */
+        goto out;
+    }
+    for (;;) {
+        pthread_mutex_lock(&p.mu);
+        while (p.count == 0 && !p.done) pthread_cond_wait(&p.nonempty, &p.mu);
+        AVFrame *f = NULL;
+        if (p.count) {
+            f = p.q[p.head];
+            p.head = (p.head + 1) % QCAP;
+            p.count--;
+            pthread_cond_signal(&p.nonfull);
+        }
+        pthread_mutex_unlock(&p.mu);
+        if (!f) break;   /* done and drained */
+        st = take_frame(r, f);
+        av_frame_free(&f);
+        if (st) {
+            pthread_mutex_lock(&p.mu);
+            p.stop = true;
+            pthread_cond_signal(&p.nonfull);
+            pthread_mutex_unlock(&p.mu);
+            break;
+        }
+    }
+    pthread_join(th, NULL);
+    for (; p.count; p.count--, p.head = (p.head + 1) % QCAP) av_frame_free(&p.q[p.head]);
+    if (!st && p.st) st = mmc_error(p.st, "%s", p.err);
+out:
+    r->pipe = NULL;
+    pthread_cond_destroy(&p.nonempty);
+    pthread_cond_destroy(&p.nonfull);
+    pthread_mutex_destroy(&p.mu);
+    return st;
+}
+
+static mmc_status decode_all(reader *r, double dur) {
+    mmc_status st = (dur >= 0 && dur < 0.5) || mmc_get_num_threads() < 2 ? decode_loop(r, take_frame) : decode_pipelined(r);
+    if (!st && r->swr) st = convert(r, NULL, 0);
+    return st;
 }
 
 static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
@@ -293,7 +393,11 @@ static mmc_status open_common(reader *r) {
     if ((e = avcodec_open2(r->dec, codec, NULL)) < 0) return averr(MMC_ERR_FORMAT, r, e, "cannot open the decoder", REENCODE);
     for (unsigned i = 0; i < r->fmt->nb_streams; i++)   /* demux only the stream we decode */
         if ((int)i != r->stream) r->fmt->streams[i]->discard = AVDISCARD_ALL;
-    mmc_status st = decode_all(r);
+    if (dur > 0) {   /* the whole output at once where the header knows the length */
+        mmc_status st = reserve(r, (int64_t)fmin(dur * r->target_rate * 1.01 + 4096, (double)(r->max_n - r->n)));
+        if (st) return st;
+    }
+    mmc_status st = decode_all(r, dur);
     if (st) return st;
     if (r->src_samples == 0 || r->n == 0)
         return mmc_error(MMC_ERR_FORMAT, "audio %s: the audio stream holds no decodable samples (empty or damaged); %s",

@@ -220,7 +220,8 @@ static mmc_status load_file(const char *path, bool nested_only, mmc_whisper_fe *
     }
     const mmc_json *sub = mmc_json_get(j, "feature_extractor");
     if (sub && !mmc_json_is_object(sub)) st = mmc_error(MMC_ERR_FORMAT, "%s: feature_extractor must be an object", path);
-    else if (sub || !nested_only) {
+    else if (sub || (!nested_only && (mmc_json_has(j, "feature_extractor_type") || mmc_json_has(j, "feature_size")))) {
+        /* (a preprocessor_config.json with neither is an image processor's: not ours) */
         st = apply(sub ? sub : j, path, fe);
         *found = !st;
     }
@@ -284,7 +285,7 @@ mmc_status mmc_whisper_features(const mmc_whisper_fe *fe, const float *pcm, int6
             st = mmc_error(MMC_ERR_OOM, "whisper features: out of memory");
         } else {
             mmc_fftv *re = frame + nfft, *im = re + nf, *pw = im + nf, *work = pw + nf;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8)   /* dynamic: a thread the OS preempts does not hold the rest up */
             for (int blk = 0; blk < nblk; blk++) {
                 int t0 = blk * L8, nl = T - t0 < L8 ? T - t0 : L8;
                 for (int j = 0; j < nfft; j++) {
@@ -317,8 +318,7 @@ mmc_status mmc_whisper_features(const mmc_whisper_fe *fe, const float *pcm, int6
     if (st) return st;
     const float floor_v = gmax - 8.0f;
     const int64_t total = (int64_t)nm * T;
-#pragma omp parallel for schedule(static) if (total > (1 << 18))
-    for (int64_t i = 0; i < total; i++) {
+    for (int64_t i = 0; i < total; i++) {   /* ~0.1 ms: not worth a second fork/join */
         float v = out[i] > floor_v ? out[i] : floor_v;
         out[i] = (v + 4.0f) / 4.0f;
     }
