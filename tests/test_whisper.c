@@ -375,6 +375,19 @@ static void check_tokenizer(void) {
         mmc_tensor_free(p);
         mmc_st_close(exp);
     }
+    /* with special tokens, WhisperTokenizer's prefix: transformers 5.23's
+     * AutoTokenizer.from_pretrained(DIR)("hello world").input_ids = [421, 439, 262, 267, 78, 417, 75, 67, 420]
+     * (<|startoftranscript|> <|notimestamps|> ... <|endoftext|>; tokenizer_config has no language or task) */
+    {
+        static const int32_t want[] = {421, 439, 262, 267, 78, 417, 75, 67, 420};
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        CHECK_OK(mmc_tokenizer_encode(tok, "hello world", -1, true, &ids, &n));
+        bool eq = n == 9;
+        for (int64_t i = 0; eq && i < n; i++) eq = ids[i] == want[i];
+        CHECKF(eq, "encode with special tokens: %lld ids unlike WhisperTokenizer's prefix + text + <|endoftext|>", (long long)n);
+        free(ids);
+    }
     mmc_tokenizer_free(tok);
 }
 

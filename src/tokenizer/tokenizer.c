@@ -1128,7 +1128,14 @@ static mmc_status parse_spm_decoder(mmc_tokenizer *t, const cJSON *d) {
 /* tokenizer_config.json fields that choose transformers 5's own pipeline: LlamaTokenizer (and
  * its alias LlamaTokenizerFast) rebuilds BPE(byte_fallback, fuse_unk) + Metaspace from the vocab
  * and merges, whatever tokenizer.json's normalizer / pre_tokenizer / decoder say. */
-typedef struct { bool llama, add_prefix_space, legacy, add_bos, add_eos; char bos[64], eos[64]; } tok_cfg_peek;
+typedef struct {
+    bool llama, add_prefix_space, legacy, add_bos, add_eos;
+    char bos[64], eos[64];
+    /* WhisperTokenizer: its post-processor is rebuilt from the prefix tokens <|startoftranscript|>
+     * [<|lang|>] [<|task|>] [<|notimestamps|>] ... <|endoftext|> (set_prefix_tokens) */
+    bool whisper, predict_timestamps;
+    char language[32], task[32];
+} tok_cfg_peek;
 
 /* Model types whose tokenizer transformers 5.23 loads as TokenizersBackend, i.e. tokenizer.json as
  * written, even when tokenizer_config.json names LlamaTokenizer (its TOKENIZER_MAPPING_NAMES and
@@ -1162,6 +1169,10 @@ static void peek_config(const char *cbuf, size_t cn, tok_cfg_peek *pk) {
     if (!cJSON_IsObject(cfg)) { cJSON_Delete(cfg); return; }
     const char *cls = jstr(cfg, "tokenizer_class");
     pk->llama = cls && (!strcmp(cls, "LlamaTokenizer") || !strcmp(cls, "LlamaTokenizerFast"));
+    pk->whisper = cls && (!strcmp(cls, "WhisperTokenizer") || !strcmp(cls, "WhisperTokenizerFast"));
+    pk->predict_timestamps = jbool(cfg, "predict_timestamps", false);
+    if (jstr(cfg, "language") && strlen(jstr(cfg, "language")) < 24) snprintf(pk->language, sizeof pk->language, "%s", jstr(cfg, "language"));
+    if (jstr(cfg, "task") && strlen(jstr(cfg, "task")) < 24) snprintf(pk->task, sizeof pk->task, "%s", jstr(cfg, "task"));
     pk->add_prefix_space = jbool(cfg, "add_prefix_space", true);
     pk->legacy = jbool(cfg, "legacy", false);
     pk->add_bos = jbool(cfg, "add_bos_token", true);
@@ -1574,6 +1585,31 @@ static mmc_status load_buffers(mmc_tokenizer *t, const char *buf, size_t n, cons
         if (pk.add_bos) { if (b < 0) t->pp_unsupported = true; else t->pp_pre[t->n_pp_pre++] = b; }
         if (pk.add_eos) { if (e2 < 0) t->pp_unsupported = true; else t->pp_post[t->n_pp_post++] = e2; }
         snprintf(t->pp_type, sizeof t->pp_type, "LlamaTokenizer bos/eos");
+    }
+    if (pk.whisper) { /* WhisperTokenizer.set_prefix_tokens: the post-processor transformers 5 installs */
+        t->n_pp_pre = t->n_pp_post = 0;
+        t->pp_unsupported = false;
+        char name[48];
+        int32_t sot = lookup_name(t, "<|startoftranscript|>"), eot = lookup_name(t, "<|endoftext|>");
+        int32_t lang = -1, task = -1, nots = pk.predict_timestamps ? -2 : lookup_name(t, "<|notimestamps|>");
+        if (pk.language[0]) {   /* a code ("en") or the token itself; a language name needs transformers' table */
+            snprintf(name, sizeof name, pk.language[0] == '<' ? "%s" : "<|%s|>", pk.language);
+            lang = lookup_name(t, name);
+        }
+        if (pk.task[0]) {
+            snprintf(name, sizeof name, "<|%s|>", pk.task);
+            task = lookup_name(t, name);
+        }
+        if (sot < 0 || eot < 0 || nots == -1 || (pk.language[0] && lang < 0) || (pk.task[0] && task < 0)) {
+            t->pp_unsupported = true;
+            snprintf(t->pp_type, sizeof t->pp_type, "WhisperTokenizer prefix (language '%.8s')", pk.language);
+        } else {
+            t->pp_pre[t->n_pp_pre++] = sot;
+            if (lang >= 0) t->pp_pre[t->n_pp_pre++] = lang;
+            if (task >= 0) t->pp_pre[t->n_pp_pre++] = task;
+            if (nots >= 0) t->pp_pre[t->n_pp_pre++] = nots;
+            t->pp_post[t->n_pp_post++] = eot;
+        }
     }
     for (int i = 0; i < t->n_pp_pre; i++) if (t->pp_pre[i] < 0 || t->pp_pre[i] >= t->n_ids) t->pp_unsupported = true;
     for (int i = 0; i < t->n_pp_post; i++) if (t->pp_post[i] < 0 || t->pp_post[i] >= t->n_ids) t->pp_unsupported = true;
