@@ -13,8 +13,9 @@
  * tensor's max |value|). The gathered weights are saved under the HF names as OUT/model.safetensors
  * (with DIR's config.json); the checkpoint is loaded back at tp=1 (its logits must equal the
  * tp model's gathered logits) and at tp=TP (its loss must equal the trained model's).
- * Tolerances: losses 1e-5 relative, gradient norms 1e-4 relative, final weights 5e-5 absolute
- * (they move up to lr * steps = 1.5e-2). Float reduction order differs: the row-parallel
+ * Tolerances: losses 1e-5 relative, gradient norms 1e-4 relative, final weights 2e-4 absolute
+ * (they move up to lr * steps = 1.5e-2; the optimised build stays near 1e-5, the unoptimised
+ * sanitizer build reached 7.5e-5 on tiny_tied: same as mmc train's test, test_tp.sh). Float reduction order differs: the row-parallel
  * all-reduce adds partial products the single process sums in one GEMM; the weights differ
  * most where the gradient is mathematically zero (k_proj's bias: softmax ignores a constant
  * added to every key), since AdamW's normalisation turns rounding noise there into lr-sized
@@ -406,14 +407,14 @@ int main(int argc, char **argv) {
             mmc_qwen2_free(m1);
         }
         printf("tp parity: tp=%d%s dp=%d, %d steps: max loss rel diff %.2e (tol 1e-5), max grad-norm rel diff %.2e, "
-               "max |weight diff| %.2e (tol 5e-5; weights moved up to %.2e); local params %lld of %lld\n",
+               "max |weight diff| %.2e (tol 2e-4; weights moved up to %.2e); local params %lld of %lld\n",
                tpn, sp ? " (sequence-parallel)" : "", ndp, steps, max_lrel, max_nrel, max_wrel, max_moved, (long long)local,
                (long long)mmc_qwen2_param_count(ref));
         printf("tp checkpoint: gathered safetensors loads at tp=1: max logit diff %.2e (tol 1e-4); reloaded at tp=%d: "
                "loss %.9f vs %.9f\n", max_ldiff, tpn, lb, la);
         CHECK(max_lrel <= 1e-5);
         CHECK(max_nrel <= 1e-4);
-        CHECK(max_wrel <= 5e-5);
+        CHECK(max_wrel <= 2e-4);
         CHECK(max_moved > 1e-3);
         CHECK(max_ldiff <= 1e-4);
         CHECK(local * tpn < mmc_qwen2_param_count(ref) * 2);   /* sharded, not a full copy */
