@@ -12,7 +12,13 @@ one token per image feature, pixel_values from CLIPImageProcessor; labels are th
 start inside an assistant span (what the template adds for an assistant turn after the
 generation prompt, trailing whitespace stripped), -100 elsewhere. Loss: transformers' causal-LM
 loss (mean over label tokens). Optimiser: torch.optim.AdamW, constant lr, no weight decay,
-no clipping.
+no clipping. Images: the slow CLIPImageProcessor (PIL), as AutoProcessor gives for this folder.
+
+ZERO_GRADS: on the text-only sample no gradient reaches the projector; torch leaves its .grad
+None and AdamW then skips it (no moment decay, no step count), while mmc's AdamW steps every
+trained tensor with a zero gradient (one global step count). The reference fills such grads
+with zeros so that both run the same optimiser; the skipping is a known difference of mmc's
+optimizer (it shows from the first step after a text-only batch, ~1e-3 on the loss here).
 
   lora_init/      PEFT adapter (r 4, alpha 8, LM q/k/v/o/gate/up/down + projector linear_1/2,
                   torch's default init: A kaiming-uniform, B 0) — mmc starts from it
@@ -108,6 +114,9 @@ def train(model, params, data, steps, lr):
         out = model(input_ids=ids, pixel_values=pv, labels=labels)
         opt.zero_grad()
         out.loss.backward()
+        for p in params:   # see ZERO_GRADS
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         opt.step()
         losses.append(out.loss.item())
     return losses
