@@ -1077,6 +1077,12 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     }
     s->label_tokens = labels;
     const double scale = 1.0 / (double)(labels > 0 ? labels : 1);
+    /* LLaVA: every trained tensor has a gradient buffer from the first step, so that one no
+     * gradient reaches (the projector on a text-only batch) is stepped with a zero gradient
+     * whether or not an earlier step of this process touched it (else a resumed run would skip
+     * it where the uninterrupted one steps it). DP's reducer hands out its own buffers. */
+    for (int i = 0; t->llava && !t->dp && i < t->n_opt; i++)
+        if (!t->opt_model[i]->grad) mmc_grad(t->ctx, t->opt_model[i]);
     mmc_zero_grad(t->params, t->n_params);
     if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
     double loss = 0;
