@@ -80,6 +80,27 @@ if "$MMC" train "$W/lora.yaml" --set training.steps=10 --set training.output_dir
   [ "$(wc -l < "$W/r2.txt")" = 10 ] && within "$d" 0 && ok || bad "resumed losses differ ($d)"
 else cat "$W/r1.log" "$W/r2.log" 2>/dev/null; bad "resume failed"; fi
 
+# packing: the first packed row holds samples 0, 1, 2, 3, 0, 1, 2 (295 + 189 of 512 tokens);
+# its loss is the label-weighted mean of the reference's per-sample losses at the start
+# (7.546634 x 15, 7.755545 x 19, 8.086265 x 10, 7.600223 x 24 labels -> 7.725358)
+if "$MMC" train "$W/lora.yaml" --set training.steps=1 --set data.packing=true --set training.output_dir="$W/pk" 2> "$W/pk.log"; then
+  d=$(losses "$W/pk.log" | awk '{d = $1 - 7.725358; print d < 0 ? -d : d}')
+  within "$d" 1e-4 && ok || bad "packed loss off by $d"
+else cat "$W/pk.log"; bad "packed training failed"; fi
+
+# data parallelism (2 ranks, ZeRO-2): the losses of the single-process run with the same global batch
+if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
+  "$MMC" train "$W/lora.yaml" --set training.steps=3 --set data.batch_size=2 --set training.output_dir="$W/d1" 2> "$W/d1.log"
+  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/lora.yaml" \
+    --set training.steps=3 --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
+    --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
+  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
+  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
+  [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
+else
+  echo "test_llava_train: skipped: the data-parallel check (built without MPI)"
+fi
+
 # inference with adapters
 IMG=$F/img0.png
 if "$MMC" forward --model tests/fixtures/llava/v5 --adapter $F/lora_ref --image $IMG --prompt "What is in the picture?" \
