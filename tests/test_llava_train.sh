@@ -9,6 +9,7 @@
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   inference: the PEFT-trained adapter (lora_ref) through `mmc forward --adapter`: the last
 #         logits within 1e-4 of PEFT's (measured: 8e-6); mmc's LoRA checkpoint as --model
+# mmc merge: the adapter folded into the base (the tower copied as it was) gives PEFT's logits.
 # With the reference venv (.venv-ref or MMC_REF_PYTHON): PEFT loads mmc's LoRA checkpoint and
 # transformers its full checkpoint, each giving the logits `mmc forward` gives within 1e-4.
 set -u
@@ -116,6 +117,20 @@ for ck in lora:checkpoint-20 full:checkpoint-6; do
        --out "$W/${ck%%:*}.safetensors" 2> "$W/f2.log"; then ok
   else cat "$W/f2.log"; bad "forward --model on the ${ck%%:*} checkpoint failed"; fi
 done
+
+# mmc merge: the PEFT-trained adapter folded in (LM + projector linears); the CLIP tower's
+# weights are copied unchanged; the merged model gives PEFT's logits
+if "$MMC" merge --adapter $F/lora_ref --out "$W/merged" > "$W/mg.log" 2>&1 &&
+   "$MMC" forward --model "$W/merged" --image $IMG --prompt "What is in the picture?" --out "$W/mg.safetensors" 2>> "$W/mg.log"; then
+  grep -q "merged 16 adapted weights" "$W/mg.log" && ok || { cat "$W/mg.log"; bad "merge did not fold the 16 adapted linears"; }
+  st_floats "$W/mg.safetensors" last_logits > "$W/mg.txt"
+  d=$(maxdiff "$W/mg.txt" "$W/peft.txt")
+  echo "merged adapter: max |logit - PEFT's| = $d"
+  within "$d" 1e-4 && ok || bad "merged logits differ from PEFT's by $d"
+  k=vision_tower.encoder.layers.1.self_attn.q_proj.weight
+  st_floats "$W/merged/model.safetensors" $k > "$W/t1.txt"; st_floats tests/fixtures/llava/v5/model.safetensors $k > "$W/t0.txt"
+  [ -s "$W/t0.txt" ] && cmp -s "$W/t0.txt" "$W/t1.txt" && ok || bad "merge changed the vision tower ($k)"
+else cat "$W/mg.log"; bad "merge failed"; fi
 
 if "$PY" -c "import transformers, peft" 2>/dev/null; then
   "$PY" tools/ref/check_llava_train.py "$W/lora/checkpoint-20" "$W/lora.safetensors" \
