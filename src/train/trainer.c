@@ -808,7 +808,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->lora_names) for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
     free(t->lora_names);
     if (t->vl) mmc_qwen2_vl_free(t->vl);
-    if (t->llava) mmc_llava_free(t->llava);
+    else if (t->llava) mmc_llava_free(t->llava);
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
     mmc_sd3_free(t->sd3);
