@@ -12,7 +12,7 @@
  * (model.vision_tower.vision_model.*, model.multi_modal_projector.*, model.language_model.*,
  * lm_head.*) and 5.x save_pretrained's (the 4.4x names with the tower as vision_tower.*).
  * Training (llava_train.c): the causal-LM loss of a data-pipeline batch with gradients through
- * the projector and the language model (the CLIP tower runs frozen), the parameters under the
+ * the projector and the language model (and the CLIP tower when its weights require grad), the parameters under the
  * names save_pretrained writes, and the linears under PEFT's module names for LoRA.
  */
 #ifndef MMC_LLAVA_H
@@ -100,7 +100,8 @@ mmc_decoder mmc_llava_decoder(mmc_llava_request *r);
 mmc_status mmc_llava_params(mmc_llava *m, mmc_tensor ***params, char ***names, int *n);
 /* The linears LoRA may adapt, with PEFT's module names on transformers 5's model:
  * model.language_model.layers.N.{self_attn.q/k/v/o_proj, mlp.gate/up/down_proj},
- * model.multi_modal_projector.linear_1 / linear_2 (the tower is frozen and not listed). */
+ * model.multi_modal_projector.linear_1 / linear_2 (the tower's attention / MLP are plain tensors
+ * of the shared CLIP layer, not LoRA-able linears: not listed). */
 struct mmc_module_list;
 mmc_status mmc_llava_linears(mmc_llava *m, struct mmc_module_list *out);
 /* A PEFT adapter directory on the model at inference (mmc_lora_load; freed with the model). */

@@ -82,7 +82,7 @@ mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batc
                                    mmc_tensor **loss, int64_t *n_scored);
 /* LLaVA causal-LM loss for one micro-batch of the data pipeline (llava_train.c): pixel_values
  * [n_images, 3 * S * S] (CLIPImageProcessor's, one row per image), their features in place of
- * the <image> tokens (gradients through the projector, the tower frozen), plain 1-D positions
+ * the <image> tokens (gradients through the projector, and the tower unless frozen), plain 1-D positions
  * (restarting at each packed segment). */
 struct mmc_llava;
 mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, double scale,

@@ -5,7 +5,7 @@
 #         linear_1/linear_2, started from the reference's initial adapter via model.lora.init),
 #         every step's loss within 1e-3 of PEFT's (measured: 4e-5)
 #   full: 6 steps (vision_tower frozen), every loss within 1e-3 (measured: 5e-5); the
-#         checkpoint holds save_pretrained's names
+#         checkpoint holds save_pretrained's names; 6 steps with the tower trained too (6e-5)
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   inference: the PEFT-trained adapter (lora_ref) through `mmc forward --adapter`: the last
 #         logits within 1e-4 of PEFT's (measured: 8e-6); mmc's LoRA checkpoint as --model
@@ -71,6 +71,14 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
     case "$hdr" in *"\"$k\""*) ok ;; *) bad "full checkpoint lacks $k" ;; esac
   done
 else cat "$W/full.log"; bad "full training failed"; fi
+
+# the tower trained too (model.freeze given without vision_tower)
+if "$MMC" train "$W/full.yaml" --set "model.freeze=[]" --set training.save_every=0 --set training.output_dir="$W/ft" 2> "$W/ft.log"; then
+  losses "$W/ft.log" > "$W/ft.txt"
+  d=$(maxdiff "$W/ft.txt" $F/full_tower_losses.txt)
+  echo "full 6 steps, tower trained: max |loss - transformers'| = $d"
+  within "$d" 1e-3 && ok || bad "tower-trained losses differ from transformers' by $d"
+else cat "$W/ft.log"; bad "tower training failed"; fi
 
 # resume: stop after step 10 (its checkpoint), go on to 20
 if "$MMC" train "$W/lora.yaml" --set training.steps=10 --set training.output_dir="$W/res" 2> "$W/r1.log" &&

@@ -27,6 +27,7 @@ optimizer (it shows from the first step after a text-only batch, ~1e-3 on the lo
   lora_ref/       the adapter after those 20 steps (PEFT save_pretrained)
   lora_ref.logits.txt  logits of base + lora_ref on prompt.txt / img0.png (last position)
   full_losses.txt per-step loss of 6 full fine-tuning steps (vision tower frozen, lr 1e-3)
+  full_tower_losses.txt  the same with nothing frozen (the CLIP tower trained too)
 """
 import json
 import os
@@ -162,6 +163,13 @@ def main():
         p.requires_grad_("vision_tower" not in n)
     losses = train(model, [p for p in model.parameters() if p.requires_grad], data, 6, 1e-3)
     with open(os.path.join(OUT, "full_losses.txt"), "w") as f:
+        f.write("".join("%.8f\n" % v for v in losses))
+
+    # full fine-tuning, everything trained
+    model = LlavaForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
+    model.train()
+    losses = train(model, list(model.parameters()), data, 6, 1e-3)
+    with open(os.path.join(OUT, "full_tower_losses.txt"), "w") as f:
         f.write("".join("%.8f\n" % v for v in losses))
 
 

@@ -3,7 +3,8 @@
  * (transformers 5.x, models/llava/modeling_llava.py) and how save_pretrained / PEFT name things:
  *
  *   f = linear_2(act(linear_1(select(vision_tower(pixel_values)))))   [n_images * n_tok, C]
- *       the tower runs without gradients (frozen), the projector with them
+ *       the tower runs without a tape when frozen (the trainer's default), with one when its
+ *       weights require grad; the projector always with gradients
  *   x = embed_tokens(ids) with f scattered onto the <image> rows (masked_scatter)   [B, T, C]
  *   loss = ForCausalLMLoss(lm_head(norm(Llama(x, positions 0 .. T-1))), labels)
  *
