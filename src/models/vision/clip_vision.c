@@ -9,8 +9,9 @@
  *   per layer (CLIPEncoderLayer, encoder_common.c, no mask): x = x + attn(ln1(x)); x = x + mlp(ln2(x))
  *                                                       hidden_states[i]
  * With its weights requiring grad (LLaVA training with the tower unfrozen) the embeddings come
- * from differentiable ops and the layers keep their tape. post_layernorm acts on the pooled CLS token only, which LLaVA does not use. The input must be
- * S x S (no interpolate_pos_encoding), as transformers requires. */
+ * from differentiable ops and the layers keep their tape. post_layernorm acts on the pooled
+ * CLS token only, which LLaVA does not use. The input must be S x S (no
+ * interpolate_pos_encoding), as transformers requires. */
 #include "clip_vision.h"
 
 #include <stdlib.h>
