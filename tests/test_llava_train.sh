@@ -6,6 +6,8 @@
 #         every step's loss within 1e-3 of PEFT's (measured: 4e-5)
 #   full: 6 steps (vision_tower frozen), every loss within 1e-3 (measured: 5e-5); the
 #         checkpoint holds save_pretrained's names; 6 steps with the tower trained too (6e-5)
+#   packing: the first packed row's loss; DP: 2 ranks (LoRA ZeRO-2, full ZeRO-3 + mmc export)
+#         give the single-process losses / weights (with MPI)
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   inference: the PEFT-trained adapter (lora_ref) through `mmc forward --adapter`: the last
 #         logits within 1e-4 of PEFT's (measured: 8e-6); mmc's LoRA checkpoint as --model
@@ -106,8 +108,24 @@ if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; 
   losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
   d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
   [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
+  # full fine-tuning under ZeRO-3 (parameters in the ranks' shards), consolidated by mmc export:
+  # the losses and the exported weights of the single-process run
+  "$MMC" train "$W/full.yaml" --set training.steps=2 --set training.save_every=2 --set data.batch_size=2 \
+    --set training.output_dir="$W/z1" 2> "$W/z1.log"
+  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/full.yaml" \
+    --set training.steps=2 --set training.save_every=2 --set data.batch_size=2 --set parallel.data_parallel=2 \
+    --set parallel.zero=3 --set training.output_dir="$W/z3" > "$W/z3.log" 2>&1
+  losses "$W/z1.log" > "$W/z1.txt"; losses "$W/z3.log" > "$W/z3.txt"
+  d=$(maxdiff "$W/z1.txt" "$W/z3.txt")
+  [ "$(wc -l < "$W/z3.txt")" = 2 ] && within "$d" 1e-5 && ok || { tail -5 "$W/z3.log"; bad "ZeRO-3 losses differ ($d)"; }
+  if "$MMC" export "$W/z3/checkpoint-2" --out "$W/z3e" > /dev/null 2>&1; then
+    k=multi_modal_projector.linear_1.weight
+    st_floats "$W/z3e/model.safetensors" $k > "$W/e3.txt"; st_floats "$W/z1/checkpoint-2/model.safetensors" $k > "$W/e1.txt"
+    d=$(maxdiff "$W/e1.txt" "$W/e3.txt")
+    within "$d" 1e-6 && ok || bad "ZeRO-3 exported $k differs by $d"
+  else bad "mmc export of the ZeRO-3 checkpoint failed"; fi
 else
-  echo "test_llava_train: skipped: the data-parallel check (built without MPI)"
+  echo "test_llava_train: skipped: the data-parallel checks (built without MPI)"
 fi
 
 # inference with adapters
