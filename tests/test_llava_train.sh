@@ -3,7 +3,8 @@
 # transformers 5.23 + PEFT 0.21 (tools/ref/gen_llava_train.py -> tests/fixtures/llava_train/):
 #   LoRA: 20 steps (r 4, alpha 8 on the LM's q/k/v/o/gate/up/down and the projector's
 #         linear_1/linear_2, started from the reference's initial adapter via model.lora.init),
-#         every step's loss within 1e-3 of PEFT's (measured: 4e-5)
+#         every step's loss within 1e-3 of PEFT's (measured: 4e-5); 8 steps on hub_llama (the
+#         Hub's names, Llama's SentencePiece-style tokenizer; 1e-5)
 #   full: 6 steps (vision_tower frozen), every loss within 1e-3 (measured: 5e-5); the
 #         checkpoint holds save_pretrained's names; 6 steps with the tower trained too (6e-5)
 #   packing: the first packed row's loss; DP: 2 ranks (LoRA ZeRO-2, full ZeRO-3 + mmc export)
@@ -61,6 +62,15 @@ if "$MMC" train "$W/lora.yaml" 2> "$W/lora.log"; then
   within "$d" 1e-3 && ok || bad "LoRA losses differ from PEFT's by $d"
   [ -f "$W/lora/checkpoint-20/adapter_model.safetensors" ] && ok || bad "no LoRA checkpoint"
 else cat "$W/lora.log"; bad "LoRA training failed"; fi
+
+# the Hub's layout with Llama's SentencePiece-style tokenizer (<s>, "▁"): 8 LoRA steps
+if "$MMC" train "$W/lora.yaml" --set model.path=tests/fixtures/llava/hub_llama --set model.lora.init=$F/hub_lora_init \
+     --set training.steps=8 --set training.save_every=0 --set training.output_dir="$W/hub" 2> "$W/hub.log"; then
+  losses "$W/hub.log" > "$W/hub.txt"
+  d=$(maxdiff "$W/hub.txt" $F/hub_lora_losses.txt)
+  echo "hub_llama LoRA 8 steps: max |loss - PEFT's| = $d"
+  within "$d" 1e-3 && ok || bad "hub_llama LoRA losses differ from PEFT's by $d"
+else cat "$W/hub.log"; bad "hub_llama LoRA training failed"; fi
 
 if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   losses "$W/full.log" > "$W/full.txt"

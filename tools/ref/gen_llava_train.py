@@ -28,6 +28,8 @@ optimizer (it shows from the first step after a text-only batch, ~1e-3 on the lo
   lora_ref.logits.txt  logits of base + lora_ref on prompt.txt / img0.png (last position)
   full_losses.txt per-step loss of 6 full fine-tuning steps (vision tower frozen, lr 1e-3)
   full_tower_losses.txt  the same with nothing frozen (the CLIP tower trained too)
+  hub_lora_init/, hub_lora_losses.txt  8 LoRA steps on tests/fixtures/llava/hub_llama (the Hub's
+                  4.4x weight names, Llama's SentencePiece-style tokenizer with <s>)
 """
 import json
 import os
@@ -123,10 +125,34 @@ def train(model, params, data, steps, lr):
     return losses
 
 
+def set_base(d, rel):
+    p = os.path.join(OUT, d, "adapter_config.json")
+    j = json.load(open(p))
+    j["base_model_name_or_path"] = rel
+    json.dump(j, open(p, "w"), indent=2)
+
+
+def hub():
+    base_dir = os.path.join(ROOT, "tests/fixtures/llava/hub_llama")
+    torch.manual_seed(1)
+    proc = AutoProcessor.from_pretrained(base_dir)
+    base = LlavaForConditionalGeneration.from_pretrained(base_dir, dtype=torch.float32)
+    data = batches(proc, base)
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS))
+    pm.save_pretrained(os.path.join(OUT, "hub_lora_init"))
+    set_base("hub_lora_init", "tests/fixtures/llava/hub_llama")
+    pm.train()
+    losses = train(pm, [p for p in pm.parameters() if p.requires_grad], data, 8, 5e-3)
+    with open(os.path.join(OUT, "hub_lora_losses.txt"), "w") as f:
+        f.write("".join("%.8f\n" % v for v in losses))
+
+
 def main():
     torch.manual_seed(0)
     os.makedirs(OUT, exist_ok=True)
     write_data()
+    hub()
+    torch.manual_seed(0)
     proc = AutoProcessor.from_pretrained(BASE)
     base = LlavaForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
     data = batches(proc, base)
