@@ -40,6 +40,7 @@ typedef struct {
     int64_t r;                        /* 0 = LoRA off */
     double alpha, dropout;
     mmc_str_list targets;             /* module names or patterns (q_proj, ...) */
+    char *init;                       /* a PEFT adapter directory to start from (or NULL) */
 } mmc_lora_cfg;
 
 typedef struct {

@@ -112,6 +112,14 @@ typedef struct {
                                   min/max_pixels); videos given as frame folders use it */
     mmc_qwen2vl_video_proc vproc; /* video files: the model's video processor settings
                                   (mmc_video.h; defaults + 2 fps sampling when none) */
+    /* not YAML keys: a LLaVA model's processing (LlavaProcessor) instead of Qwen2-VL's — images
+     * through CLIPImageProcessor (one row of 3*S*S per image, image_grid_thw (1, 1, 1)), the
+     * templated text tokenised with the tokenizer's special tokens (Llama's <s>), each <image>
+     * (llava_image_id) expanded to llava_image_tokens copies */
+    bool llava;
+    mmc_clip_proc clip;
+    int64_t llava_image_tokens;
+    int32_t llava_image_id;
     bool blank_media;          /* not a YAML key: every image / video frame replaced by a
                                   black one of the same size (mmc eval --blank-images) */
 } mmc_data_opts;

@@ -11,7 +11,9 @@
  * language_model.model.*, language_model.lm_head.*), transformers 4.52-4.57's
  * (model.vision_tower.vision_model.*, model.multi_modal_projector.*, model.language_model.*,
  * lm_head.*) and 5.x save_pretrained's (the 4.4x names with the tower as vision_tower.*).
- * Inference only.
+ * Training (llava_train.c): the causal-LM loss of a data-pipeline batch with gradients through
+ * the projector and the language model (and the CLIP tower when its weights require grad), the parameters under the
+ * names save_pretrained writes, and the linears under PEFT's module names for LoRA.
  */
 #ifndef MMC_LLAVA_H
 #define MMC_LLAVA_H
@@ -60,11 +62,14 @@ typedef struct mmc_llava {
     int n_feature_layers;
     bool feature_full;            /* vision_feature_select_strategy "full": keep the CLS token */
     bool hub_layout;              /* language model under language_model.model. (4.4x / 5.x saves) */
+    struct mmc_lora_set *adapter; /* a PEFT adapter attached at inference (mmc_llava_attach_adapter) */
     void *weights;                /* the tower's and projector's bound tensors (internal) */
 } mmc_llava;
 
 /* Load from an HF directory (config.json + safetensors), model_type "llava". */
 mmc_status mmc_llava_load(const char *dir, mmc_llava **out);
+/* The same; trainable: every weight is an owned f32 copy (the trainer updates them in place). */
+mmc_status mmc_llava_load_ex(const char *dir, bool trainable, mmc_llava **out);
 /* Fresh model with random init (f32: matrices normal(0, 0.02), norms 1, biases 0) from a parsed
  * config.json (`what` names it in messages); for benchmarks. */
 mmc_status mmc_llava_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_llava **out);
@@ -86,6 +91,21 @@ typedef struct {
     mmc_tensor *pixels;           /* [N, 3, S, S] or NULL */
 } mmc_llava_request;
 mmc_decoder mmc_llava_decoder(mmc_llava_request *r);
+
+/* ---------------------------------------------------------------- training (llava_train.c)
+ * Every parameter with the name transformers 5's save_pretrained writes: vision_tower.* (as the
+ * checkpoint had it, without a leading "model."), multi_modal_projector.*,
+ * language_model.model.*, language_model.lm_head.weight. *params / *names malloc'd (the name
+ * strings too: free each, then the arrays); the tensors stay the model's. */
+mmc_status mmc_llava_params(mmc_llava *m, mmc_tensor ***params, char ***names, int *n);
+/* The linears LoRA may adapt, with PEFT's module names on transformers 5's model:
+ * model.language_model.layers.N.{self_attn.q/k/v/o_proj, mlp.gate/up/down_proj},
+ * model.multi_modal_projector.linear_1 / linear_2 (the tower's attention / MLP are plain tensors
+ * of the shared CLIP layer, not LoRA-able linears: not listed). */
+struct mmc_module_list;
+mmc_status mmc_llava_linears(mmc_llava *m, struct mmc_module_list *out);
+/* A PEFT adapter directory on the model at inference (mmc_lora_load; freed with the model). */
+mmc_status mmc_llava_attach_adapter(mmc_llava *m, const char *adapter_dir);
 
 #ifdef __cplusplus
 }

@@ -80,6 +80,13 @@ mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, do
  * row with cu_seqlens; M-RoPE positions computed per row / segment unless the batch has them). */
 mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batch *b, double scale,
                                    mmc_tensor **loss, int64_t *n_scored);
+/* LLaVA causal-LM loss for one micro-batch of the data pipeline (llava_train.c): pixel_values
+ * [n_images, 3 * S * S] (CLIPImageProcessor's, one row per image), their features in place of
+ * the <image> tokens (gradients through the projector, and the tower unless frozen), plain 1-D positions
+ * (restarting at each packed segment). */
+struct mmc_llava;
+mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, double scale,
+                                mmc_tensor **loss, int64_t *n_scored);
 /* Save a text Qwen2 as an HF directory's model.safetensors (model.* + lm_head.weight), in
  * dtype dt (F32 / BF16). */
 mmc_status mmc_qwen2_save_weights(const mmc_qwen2 *m, const char *path, mmc_dtype dt);

@@ -47,10 +47,9 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         }
         mmc_qwen2vl_video_sampling_default(&m->vproc);
     } else if (!strcmp(mt, "llava")) {
-        if (m->adapter_dir[0])
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for llava yet", m->adapter_dir);
-        else st = mmc_llava_load(dir, &m->llava);
+        st = mmc_llava_load(dir, &m->llava);
         if (!st) m->vocab_size = m->llava->lm->cfg.vocab_size;
+        if (!st && m->adapter_dir[0]) st = mmc_llava_attach_adapter(m->llava, m->adapter_dir);
         mmc_clip_proc_default(&m->cproc);
         if (!st) st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
     } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {

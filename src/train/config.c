@@ -32,6 +32,7 @@ static const mmc_cfg_field k_lora[] = {
     F(mmc_lora_cfg, alpha, MMC_CFG_FLOAT, 0, 1e6, NULL, NULL, "LoRA alpha (scale = alpha / r)"),
     F(mmc_lora_cfg, dropout, MMC_CFG_FLOAT, 0, 0.999, NULL, NULL, "dropout on the adapter input"),
     F(mmc_lora_cfg, targets, MMC_CFG_STR_LIST, U, NULL, NULL, "module names or patterns (q_proj, ...)"),
+    F(mmc_lora_cfg, init, MMC_CFG_STR, U, NULL, NULL, "PEFT adapter directory to start from (its weights)"),
     {0},
 };
 static const mmc_cfg_field k_quantization[] = {
@@ -258,7 +259,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         }
         m->freeze_mask |= 1u << k;
     }
-    if (m->lora.r > 0 && m->lora.targets.n == 0)
+    if (m->lora.r > 0 && m->lora.targets.n == 0 && !m->lora.init)
         return verr(c, root, "model", "lora", "lora.r = %lld but lora.targets is empty; name the modules "
                     "(e.g. [q_proj, k_proj, v_proj, o_proj])", (long long)m->lora.r);
     if (m->quantization.method == MMC_QUANT_NF4 && m->lora.r == 0)

@@ -5,6 +5,9 @@
  * Labels are the ids of assistant tokens (content + closing <|im_end|>), -100 elsewhere.
  * Truncation to seq_len never cuts a vision block: an image whose tokens would not fit is
  * dropped with everything after it (its pixel rows too), so pads and pixels stay consistent.
+ * For a LLaVA model (o->llava) the sample is made as LlavaProcessor makes it instead
+ * (prepare_llava): the model's chat template tokenised with the special tokens, images through
+ * CLIPImageProcessor, each <image> expanded to one token per image feature.
  */
 #include "data_internal.h"
 
@@ -147,9 +150,122 @@ static int count_parts(const mmc_chat_message *m, int n, mmc_chat_part_type t) {
     return c;
 }
 
+/* LLaVA: labels from the assistant spans as for Qwen2-VL; truncation drops an image block that
+ * would not fit with everything after it. */
+static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_dataset *ds,
+                                int64_t idx, bool prompt_only, mmc_batch *out, bool *media_err) {
+    mmc_example ex;
+    mmc_dataset_get(ds, idx, &ex);
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (o->max_image_pixels > 0) io.max_pixels = o->max_image_pixels;
+    int n_msgs = ex.n_messages;
+    if (prompt_only) {
+        while (n_msgs > 0 && strcmp(ex.messages[n_msgs - 1].role, "assistant")) n_msgs--;
+        n_msgs--;
+    }
+    const int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
+    const int64_t K = o->llava_image_tokens;
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    int64_t n = 0;
+    mmc_tensor *pv = NULL;
+    mmc_status st;
+    if (count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO)) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: LLaVA-1.5 takes images, not videos", mmc_dataset_path(ds), ex.line);
+        goto fail;
+    }
+    if (n_img) {
+        mmc_image *imgs = calloc((size_t)n_img, sizeof *imgs);
+        if (!imgs) { st = oom(); goto fail; }
+        int loaded = 0;
+        st = MMC_OK;
+        for (; loaded < n_img; loaded++)
+            if ((st = load_one(ex.images[loaded], loaded, &io, &imgs[loaded]))) break;
+            else if (o->blank_media) memset(imgs[loaded].data, 0, (size_t)imgs[loaded].height * imgs[loaded].width * 3);
+        if (!st) st = mmc_clip_preprocess(&o->clip, imgs, n_img, &pv);   /* [n_img, 3, S, S] */
+        for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
+        free(imgs);
+        if (st) {
+            *media_err = true;
+            st = mmc_error_prefix(st, "%s:%d: sample %lld", mmc_dataset_path(ds), ex.line, (long long)idx);
+            goto fail;
+        }
+    }
+    mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id,
+                           .add_special_tokens = true};
+    if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
+    int64_t seen = 0;
+    for (int64_t i = 0; i < n; i++) seen += ids[i] == o->llava_image_id;
+    if (seen != n_img) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s:%d: the text holds %lld <image> tokens for %d images (literal <image> in "
+                       "the text?)", mmc_dataset_path(ds), ex.line, (long long)seen, n_img);
+        goto fail;
+    }
+    /* the expanded length, and where it must be cut: before the first image that would not fit */
+    int64_t total = 0, cut = -1;
+    int keep = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t w = ids[i] == o->llava_image_id ? K : 1;
+        if (cut < 0 && total + w > o->seq_len) cut = w > 1 ? total : o->seq_len;
+        if (cut < 0 && w > 1) keep++;
+        total += w;
+    }
+    if (cut >= 0 && !o->truncation) {
+        st = mmc_error(MMC_ERR_INVALID, "%s:%d: sample %lld has %lld tokens > seq_len %lld (set data.truncation: "
+                       "true or raise seq_len)", mmc_dataset_path(ds), ex.line, (long long)idx, (long long)total,
+                       (long long)o->seq_len);
+        goto fail;
+    }
+    const int64_t T = cut >= 0 ? cut : total;
+    out->input_ids = malloc((size_t)(T ? T : 1) * sizeof(int32_t));
+    out->labels = malloc((size_t)(T ? T : 1) * sizeof(int32_t));
+    out->sample_ids = malloc(sizeof *out->sample_ids);
+    if (!out->input_ids || !out->labels || !out->sample_ids) { st = oom(); goto fail; }
+    int64_t j = 0;
+    for (int64_t i = 0; i < n && j < T; i++) {
+        if (ids[i] == o->llava_image_id) {
+            for (int64_t q = 0; q < K; q++, j++) { out->input_ids[j] = ids[i]; out->labels[j] = MMC_IGNORE_INDEX; }
+        } else {
+            out->input_ids[j] = ids[i];
+            out->labels[j] = (mask[i] && !prompt_only) ? ids[i] : MMC_IGNORE_INDEX;
+            j++;
+        }
+    }
+    out->B = 1;
+    out->T = T;
+    out->n_seqs = 1;
+    out->sample_ids[0] = idx;
+    out->sample_index = idx;
+    out->n_tokens = T;
+    for (int64_t t = 1; t < T; t++) out->n_label_tokens += out->labels[t] != MMC_IGNORE_INDEX;
+    if (keep) {
+        const int64_t dim = mmc_numel(pv) / pv->shape[0];
+        out->pixel_values = steal_or_copy(pv, keep * dim);
+        out->image_grid_thw = malloc((size_t)keep * 3 * sizeof(int64_t));
+        if (!out->pixel_values || !out->image_grid_thw) { st = oom(); goto fail; }
+        for (int k = 0; k < 3 * keep; k++) out->image_grid_thw[k] = 1;
+        out->patch_dim = dim;
+        out->n_patches = keep;
+        out->n_images = keep;
+    }
+    free(ids);
+    free(mask);
+    mmc_tensor_free(pv);
+    return MMC_OK;
+fail:
+    free(ids);
+    free(mask);
+    mmc_tensor_free(pv);
+    mmc_batch_free(out);
+    return st;
+}
+
 mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_dataset *ds,
                                int64_t idx, bool prompt_only, mmc_batch *out, bool *media_err) {
     memset(out, 0, sizeof *out);
+    *media_err = false;
+    if (o->llava) return prepare_llava(o, tok, ds, idx, prompt_only, out, media_err);
     *media_err = false;
     mmc_example ex;
     mmc_dataset_get(ds, idx, &ex);

@@ -147,7 +147,17 @@ static mmc_status loader_open(mmc_trainer *t) {
     o->bucket_window = d->bucket_window;
     if (!d->shuffle && d->bucket_window == 0) o->bucket_window = d->micro_batch_size;
     o->add_vision_id = d->add_vision_id;
-    if (t->src_dir[0]) {
+    if (t->llava) {   /* LlavaProcessor: CLIPImageProcessor, <image> x one token per feature */
+        o->llava = true;
+        mmc_clip_proc_default(&o->clip);
+        if (t->src_dir[0]) {
+            mmc_status st = mmc_clip_proc_load_dir(t->src_dir, &o->clip, NULL, 0);
+            if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
+        }
+        o->clip.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+        o->llava_image_tokens = mmc_llava_image_tokens(t->llava);
+        o->llava_image_id = (int32_t)t->llava->image_token_id;
+    } else if (t->src_dir[0]) {
         mmc_status st = mmc_qwen2vl_proc_load_dir(t->src_dir, &o->proc, NULL, 0);
         if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
     }
@@ -267,6 +277,8 @@ static mmc_status src_next(batch_src *s, mmc_batch *b) {
 static uint32_t component_of(const char *name) {
     if (strstr(name, "visual.merger") || strstr(name, "visual.merger.")) return MMC_FREEZE_MERGER;
     if (strstr(name, "visual.")) return MMC_FREEZE_VISION;
+    if (strstr(name, "multi_modal_projector.")) return MMC_FREEZE_MERGER;   /* LLaVA's */
+    if (!strncmp(name, "vision_tower.", 13)) return MMC_FREEZE_VISION;
     if (strstr(name, "embed_tokens")) return MMC_FREEZE_EMBED;
     return MMC_FREEZE_LM;
 }
@@ -337,12 +349,18 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const char *type = "?";
     mmc_json_str(j, "model_type", "?", &type);
     bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
-    if (strcmp(type, "qwen2") != 0 && !vl) {
+    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && !vl) {
         mmc_json_free(j);
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                         "(supported: qwen2_vl, qwen2_5_vl, qwen2)", path, type);
+                         "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava)", path, type);
     }
-    if (t->tpc && vl) {   /* the language model split, the vision tower replicated */
+    if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
+        if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llava yet",
+                                   c->file);
+        else if (dir) st = mmc_llava_load_ex(dir, true, &t->llava);
+        else st = mmc_llava_new(j, path, (uint64_t)c->training.seed, &t->llava);
+        if (!st) t->lm = t->llava->lm;
+    } else if (t->tpc && vl) {   /* the language model split, the vision tower replicated */
         if (dir) {
             st = mmc_qwen2_vl_load_tp(dir, true, t->tpc, &t->vl);
         } else {
@@ -388,6 +406,13 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
  * model.visual.*, model.language_model.*, lm_head.weight (VL); model.*, lm_head.weight (text). */
 static mmc_status build_param_list(mmc_trainer *t) {
     if (mmc_trainer_diffusion(t)) return mmc_trainer_flux_params(t);
+    if (t->llava) {   /* save_pretrained's names (llava_train.c) */
+        mmc_status st = mmc_llava_params(t->llava, &t->params, &t->name_store, &t->n_params);
+        if (st) return st;
+        if (!(t->names = calloc((size_t)t->n_params + 1, sizeof *t->names))) return mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
+        return MMC_OK;
+    }
     const int nv = t->vl ? t->vl->visual->n_params : 0;
     t->n_params = nv + t->lm->n_params;
     t->params = calloc((size_t)t->n_params, sizeof *t->params);
@@ -432,12 +457,21 @@ static mmc_status setup_lora(mmc_trainer *t) {
     }
     mmc_module_list ml = {0};
     st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
-         : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
+         : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
+         : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
                           .targets = (const char *const *)c->model.lora.targets.items,
                           .n_targets = c->model.lora.targets.n, .seed = (uint64_t)c->training.seed};
-    if (!st) st = mmc_lora_attach(&ml, &lc, &t->lora);
+    /* model.lora.init: start from a saved PEFT adapter (its rank, alpha and targets) */
+    if (!st && c->model.lora.init) {
+        st = mmc_lora_load(c->model.lora.init, &ml, true, &t->lora);
+        if (!st && t->lora->r != (int)c->model.lora.r)
+            st = mmc_error(MMC_ERR_INVALID, "%s has rank %d but model.lora.r is %lld", c->model.lora.init, t->lora->r,
+                           (long long)c->model.lora.r);
+    } else if (!st) {
+        st = mmc_lora_attach(&ml, &lc, &t->lora);
+    }
     mmc_module_list_free(&ml);
     if (st) return mmc_error_prefix(st, "model.lora");
     if (t->tpc && (st = tp_lora_setup(t))) return st;   /* (before the sequence-parallel flag: same splits) */
@@ -463,7 +497,9 @@ static mmc_status setup_params(mmc_trainer *t) {
     for (int i = 0; i < t->n_params; i++) {
         mmc_tensor *p = t->params[i];
         /* with LoRA the whole base model is frozen, as PEFT does */
-        bool frozen = t->lora || (component_of(t->names[i]) & c->model.freeze_mask) != 0;
+        /* LLaVA's CLIP tower is frozen unless model.freeze is given (then the list decides) */
+        const uint32_t fmask = c->model.freeze_mask | (t->llava && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u);
+        bool frozen = t->lora || (component_of(t->names[i]) & fmask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
         bool to_bf16 = c->model.dtype == MMC_RUN_BF16 && p->ndim >= 2 && p->dtype == MMC_F32;
@@ -520,7 +556,7 @@ static void grad_source(const char *name, int *vis, int *lm) {
         *lm = -1;   /* every decoder layer reads image features */
         if (v) *vis = atoi(v + 14);
         else if (!strstr(name, "visual.merger")) *vis = -1;   /* patch embedding */
-    } else if (strstr(name, "embed_tokens")) {
+    } else if (strstr(name, "embed_tokens") || strstr(name, "multi_modal_projector.")) {
         *lm = -1;
     } else if (l) {
         *lm = atoi(l + 7);
@@ -535,7 +571,7 @@ static int unit_of_name(const char *name, int nl, int nv) {
         int b = atoi(v + 14);
         return b >= 0 && b < nv ? nl + b : -1;
     }
-    if (l && !strstr(name, "visual.")) {
+    if (l && !strstr(name, "visual.") && strncmp(name, "vision_tower.", 13)) {
         int k = atoi(l + 7);
         return k >= 0 && k < nl ? k : -1;
     }
@@ -646,11 +682,14 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         st = mmc_trainer_flux_data_open(t);
         t->src.kind = SRC_FLUX;
         t->src.mb = cfg->data.micro_batch_size;
-    } else if (t->vl && is_dataset(cfg->data.train)) {
+    } else if ((t->vl || t->llava) && is_dataset(cfg->data.train)) {
         st = loader_open(t);
     } else {
         st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
     }
+    if (!st && t->llava && t->src.kind != SRC_LOADER)
+        st = mmc_error(MMC_ERR_INVALID, "data.train %s: llava trains on a JSON/JSONL dataset (messages + images)",
+                       cfg->data.train);
     if (!st && t->src.pixels && !t->vl)
         st = mmc_error(MMC_ERR_INVALID, "data.train %s: has images (pixel_values) but the model is a text qwen2",
                        cfg->data.train);
@@ -769,6 +808,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->lora_names) for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
     free(t->lora_names);
     if (t->vl) mmc_qwen2_vl_free(t->vl);
+    else if (t->llava) mmc_llava_free(t->llava);
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
     mmc_sd3_free(t->sd3);
@@ -1037,6 +1077,12 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     }
     s->label_tokens = labels;
     const double scale = 1.0 / (double)(labels > 0 ? labels : 1);
+    /* LLaVA: every trained tensor has a gradient buffer from the first step, so that one no
+     * gradient reaches (the projector on a text-only batch) is stepped with a zero gradient
+     * whether or not an earlier step of this process touched it (else a resumed run would skip
+     * it where the uninterrupted one steps it). DP's reducer hands out its own buffers. */
+    for (int i = 0; t->llava && !t->dp && i < t->n_opt; i++)
+        if (!t->opt_model[i]->grad) mmc_grad(t->ctx, t->opt_model[i]);
     mmc_zero_grad(t->params, t->n_params);
     if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
     double loss = 0;
@@ -1056,8 +1102,9 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                 mmc_error_prefix(st, "step %lld, micro-batch %lld", (long long)t->step + 1, (long long)k + 1);
                 goto done;
             }
-        } else if (t->vl) {
-            if ((st = mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
+        } else if (t->vl || t->llava) {
+            if ((st = t->llava ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
+                               : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
                 mmc_ctx_reset(t->ctx);
                 if (t->dp) mmc_dp_forward_end(t->dp);
                 mmc_error_prefix(st, "step %lld, micro-batch %lld (first sample %lld)", (long long)t->step + 1,
@@ -1167,7 +1214,7 @@ done:
 static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
     *loss = NAN;
     *tokens = 0;
-    if (!t->vl || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
+    if ((!t->vl && !t->llava) || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
     mmc_loader *l = NULL;
     mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
     if (st) return mmc_error_prefix(st, "data.eval");
@@ -1181,7 +1228,8 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
         if (b.B == 0) { mmc_batch_free(&b); break; }
         mmc_tensor *lt = NULL;
         int64_t k = 0;
-        st = mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
+        st = t->llava ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
+                      : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
         if (!st) sum += *(const float *)lt->data, n += k;
         mmc_ctx_reset(t->ctx);
         mmc_batch_free(&b);

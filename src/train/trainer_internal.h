@@ -9,6 +9,7 @@
 #include "mmc_dp.h"
 #include "mmc_tokenizer.h"
 #include "mmc_diffusion.h"
+#include "mmc_llava.h"
 
 #include <stdio.h>
 
@@ -53,6 +54,7 @@ struct mmc_trainer {
     const mmc_run_config *cfg;
     mmc_qwen2 *lm;             /* the language model (vl->lm for a VL model) */
     mmc_qwen2_vl *vl;          /* Qwen2-VL / Qwen2.5-VL, or NULL for a text Qwen2 */
+    mmc_llava *llava;          /* LLaVA-1.5 (lm = llava->lm), or NULL */
     mmc_tokenizer *tok;        /* for the data pipeline (VL with JSON/JSONL data) */
     mmc_data_opts dopts;
     mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */

@@ -8,8 +8,10 @@
  *   x = pre_layrnorm(x)                                 hidden_states[0]
  *   per layer (CLIPEncoderLayer, encoder_common.c, no mask): x = x + attn(ln1(x)); x = x + mlp(ln2(x))
  *                                                       hidden_states[i]
- * post_layernorm acts on the pooled CLS token only, which LLaVA does not use. The input must be
- * S x S (no interpolate_pos_encoding), as transformers requires. */
+ * With its weights requiring grad (LLaVA training with the tower unfrozen) the embeddings come
+ * from differentiable ops and the layers keep their tape. post_layernorm acts on the pooled
+ * CLS token only, which LLaVA does not use. The input must be S x S (no
+ * interpolate_pos_encoding), as transformers requires. */
 #include "clip_vision.h"
 
 #include <stdlib.h>
@@ -88,7 +90,10 @@ mmc_status mmc_clip_vision_forward(mmc_ctx *ctx, mmc_clip_vision *v, mmc_tensor 
         return mmc_error(MMC_ERR_INVALID, "CLIP vision tower: %d layers asked of %lld", n_layers,
                          (long long)c->num_hidden_layers);
     const int64_t N = pixels->shape[0], T = 1 + g * g, K = Cin * p * p;
-    bool was = mmc_set_grad_enabled(ctx, false);
+    /* training the tower (its weights require grad): the embeddings from differentiable ops;
+     * otherwise no tape at all */
+    const bool grad = mmc_grad_enabled(ctx) && (v->patch_w->flags & MMC_REQUIRES_GRAD);
+    bool was = mmc_set_grad_enabled(ctx, grad);
     /* the stride-p convolution as a matmul: patches [N*g*g, Cin*p*p] in the weight's (c, y, x) order */
     mmc_tensor *px = mmc_contiguous(ctx, pixels);
     mmc_tensor *patches = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(N * g * g, K));
@@ -106,16 +111,24 @@ mmc_status mmc_clip_vision_forward(mmc_ctx *ctx, mmc_clip_vision *v, mmc_tensor 
     mmc_tensor *w2 = mmc_reshape(ctx, v->patch_w, 2, MMC_SHAPE(C, K));
     mmc_tensor *pe = mmc_contiguous(ctx, mmc_linear(ctx, patches, w2, NULL));          /* [N*g*g, Cv] */
     /* cat(class_embedding, patches) + position_embedding */
-    mmc_tensor *x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(N, T, C));
-    mmc_tensor *cls = mmc_contiguous(ctx, mmc_cast(ctx, v->class_emb, MMC_F32));
-    mmc_tensor *pos = mmc_contiguous(ctx, mmc_cast(ctx, v->pos_emb, MMC_F32));
-    float *xd = x->data;
-    const float *cd = cls->data, *pd = pos->data, *ed = pe->data;
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *e = t == 0 ? cd : ed + (n * g * g + t - 1) * C;
-            for (int64_t k = 0; k < C; k++) xd[(n * T + t) * C + k] = e[k] + pd[t * C + k];
-        }
+    mmc_tensor *x;
+    if (grad) {
+        mmc_tensor *cls = mmc_add(ctx, mmc_zeros(ctx, MMC_F32, 3, MMC_SHAPE(N, 1, C)),
+                                  mmc_reshape(ctx, v->class_emb, 3, MMC_SHAPE(1, 1, C)));        /* [N, 1, C] */
+        mmc_tensor *parts[2] = {cls, mmc_reshape(ctx, pe, 3, MMC_SHAPE(N, g * g, C))};
+        x = mmc_add(ctx, mmc_concat(ctx, parts, 2, 1), mmc_reshape(ctx, v->pos_emb, 3, MMC_SHAPE(1, T, C)));
+    } else {   /* written directly: [N, T, C] */
+        x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(N, T, C));
+        mmc_tensor *cls = mmc_contiguous(ctx, mmc_cast(ctx, v->class_emb, MMC_F32));
+        mmc_tensor *pos = mmc_contiguous(ctx, mmc_cast(ctx, v->pos_emb, MMC_F32));
+        float *xd = x->data;
+        const float *cd = cls->data, *pd = pos->data, *ed = pe->data;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t t = 0; t < T; t++) {
+                const float *e = t == 0 ? cd : ed + (n * g * g + t - 1) * C;
+                for (int64_t k = 0; k < C; k++) xd[(n * T + t) * C + k] = e[k] + pd[t * C + k];
+            }
+    }
     mmc_tensor **hs = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *hs * (size_t)(n_layers + 1));
     hs[0] = x = mmc_layernorm(ctx, x, v->pre_ln_w, v->pre_ln_b, (float)c->layer_norm_eps);   /* [N, T, Cv] */
     for (int i = 0; i < n_layers; i++) {

@@ -16,6 +16,7 @@
  * int or a list) and vision_feature_select_strategy. */
 #include "mmc_llava.h"
 #include "../vision/clip_vision.h"
+#include "mmc_lora.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 
 void mmc_llava_free(mmc_llava *m) {
     if (!m) return;
+    mmc_lora_free(m->adapter);   /* detaches from the layers, so before they go */
     mmc_qwen2_free(m->lm);   /* its tensors view the mapping the weight set owns */
     clip_vision_free(m->vision);
     if (m->weights) {
@@ -94,7 +96,9 @@ static mmc_status read_config(const mmc_json *cfg, const char *path, mmc_llava *
     return MMC_OK;
 }
 
-mmc_status mmc_llava_load(const char *dir, mmc_llava **out) {
+mmc_status mmc_llava_load(const char *dir, mmc_llava **out) { return mmc_llava_load_ex(dir, false, out); }
+
+mmc_status mmc_llava_load_ex(const char *dir, bool trainable, mmc_llava **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -111,6 +115,7 @@ mmc_status mmc_llava_load(const char *dir, mmc_llava **out) {
     bool pbias = true;
     if ((st = read_config(cfg, path, m, &tc, &vc, &pbias))) goto fail;
     if ((st = mw_open(dir, "model", w))) goto fail;
+    w->trainable = trainable;
     /* Three namings are about: the Hub's 4.4x (vision_tower.vision_model., multi_modal_projector.,
      * language_model.model., language_model.lm_head.), transformers 4.52-4.57's (model.vision_tower.vision_model.,
      * model.multi_modal_projector., model.language_model., lm_head.) and what 5.x's save_pretrained
@@ -136,7 +141,7 @@ mmc_status mmc_llava_load(const char *dir, mmc_llava **out) {
     /* load both parts even if the first fails, so that every problem is reported at once */
     mmc_status vst = mw_status(w, dir, "LLaVA vision tower / projector");
     if (vst) verr = strdup(mmc_last_error());
-    mmc_status lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, false, &m->lm);
+    mmc_status lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, trainable, &m->lm);
     if (vst || lst) {
         st = vst ? vst : lst;
         char *lerr = lst ? strdup(mmc_last_error()) : NULL;
