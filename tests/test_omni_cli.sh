@@ -4,7 +4,7 @@
 # Qwen2_5OmniForConditionalGeneration (thinker.* weights), each with the fixture WAV (audio case) and
 # the WAV plus the fixture image (image_audio case) through the directory's chat template.
 # Against transformers 5.23 on the same directories: the prompt token count and the 8 greedy new
-# tokens are equal. Also: --audio on a model that is not Qwen2.5-Omni is refused with a message, and
+# tokens are equal; `mmc forward` gives the same prompt length and last-position argmax. Also: --audio on a model that is not Qwen2.5-Omni is refused with a message, and
 # `mmc info` on the full checkpoint says the talker / token2wav (speech output) are not supported.
 set -u
 MMC=${MMC:-build/mmc}
@@ -29,6 +29,10 @@ for dir in thinker full; do
     gotn=$(sed -n 's/.*"prompt_tokens": \([0-9]*\).*/\1/p' "$W/gen")
     want=$(np_of "$case")
     [ "$gotn" = "$want" ] && ok || bad "$dir $case: prompt_tokens $gotn != transformers $want"
+    # forward: the prompt's length and the last position's argmax (the first greedy token)
+    "$MMC" forward --model "$E/$dir" "${media[@]}" --prompt "$prompt" --out "$W/fw.safetensors" --json >"$W/fw" 2>"$W/err" \
+      && grep -q "\"tokens\": $want," "$W/fw" && grep -q "\"argmax_last\": ${ids%% *}," "$W/fw" && ok \
+      || bad "$dir $case: forward: $(cat "$W/fw" "$W/err")"
   done <"$E/expected.tsv"
 done
 
