@@ -14,7 +14,11 @@
  *          wrapped in its bos / eos tokens). Without image or video grids transformers uses
  *          plain 0..T-1 positions, and so does this.
  *
- * Not implemented yet: videos (with or without use_audio_in_video's time-interleaved audio).
+ *          A video run gets (long(t * second_per_grid * position_id_per_seconds), h, w); with
+ *          use_audio_in_video the video's audio track and frames share one
+ *          <|vision_bos|><|audio_bos|> ... <|audio_eos|><|vision_eos|> block whose tokens alternate
+ *          in chunks of seconds_per_chunk (video chunk j, then audio chunk j), both starting at
+ *          the same position.
  */
 #ifndef MMC_OMNI_H
 #define MMC_OMNI_H
@@ -58,6 +62,7 @@ typedef struct {
     mmc_vision *visual;
     mmc_qwen2 *lm;
     int64_t audio_token_id, image_token_id, video_token_id, vision_start_token_id, audio_start_token_id;
+    int64_t audio_end_token_id;
     double position_id_per_seconds, seconds_per_chunk;
     bool full_checkpoint;            /* a Qwen2_5OmniForConditionalGeneration (thinker.* prefix) */
     bool has_talker;                 /* ... that holds talker / token2wav weights (not run) */
@@ -81,9 +86,16 @@ typedef struct {
     mmc_tensor *pixel_values;        /* [Ni, Cin*kt*p*p] or NULL */
     const int64_t *image_grid_thw;   /* [n_images][3] */
     int n_images;
+    mmc_tensor *pixel_values_videos; /* [Nv, Cin*kt*p*p] or NULL */
+    const int64_t *video_grid_thw;   /* [n_videos][3] */
+    int n_videos;
+    const double *second_per_grid;   /* [n_videos]: temporal_patch_size / fps (the processor's 2 / 2.0 = 1) */
+    /* Each video takes its audio track: the audios are consumed in prompt order, a video's
+     * at its <|VIDEO|> placeholder (transformers' use_audio_in_video / load_audio_from_video). */
+    bool use_audio_in_video;
 } mmc_omni_media;
 
-/* get_rope_index of Qwen2_5OmniThinkerModel for one row ids [T] (no videos): pos [3, T],
+/* get_rope_index of Qwen2_5OmniThinkerModel for one row ids [T]: pos [3, T],
  * *delta = max + 1 - T. */
 mmc_status mmc_omni_rope_index(const mmc_omni *m, const int32_t *ids, int64_t T, const mmc_omni_media *media,
                                int64_t *pos, int64_t *delta);
@@ -98,10 +110,16 @@ mmc_status mmc_omni_forward(mmc_ctx *ctx, mmc_omni *m, const int32_t *ids, int64
 mmc_status mmc_omni_audio_features(const mmc_whisper_fe *fe, const float *pcm, int64_t n, float **feats,
                                    int64_t *stride, int64_t *frames);
 /* Qwen2_5OmniProcessor's placeholder expansion on token ids: every <|AUDIO|> becomes the i-th
- * audio's token count (from its real frame count), every <|IMAGE|> grid t*h*w / merge^2 tokens.
+ * audio's token count (from its real frame count), every <|IMAGE|> grid t*h*w / merge^2 tokens,
+ * every <|VIDEO|> its grid's tokens or, with use_audio_in_video, <|audio_bos|> + the video's and
+ * its audio's tokens interleaved by seconds_per_chunk + <|audio_eos|> (replace_video_with_audio_token).
  * *out malloc'd. Errors when the placeholders and the media counts disagree. */
 mmc_status mmc_omni_expand(const mmc_omni *m, const int32_t *ids, int64_t n, const mmc_omni_media *media,
                            int32_t **out, int64_t *n_out);
+
+/* transformers' get_chunked_index over increasing values: bounds b[0..k] (b has n + 2 slots) of
+ * the k runs; a new run starts at each element reaching the next multiple of tpc. */
+int mmc_omni_chunks(const double *vals, int64_t n, double tpc, int64_t *b);
 
 /* Request state for mmc_generate (mmc_infer.h). */
 typedef struct {

@@ -116,6 +116,8 @@ mmc_status mmc_omni_load(const char *dir, mmc_omni **out) {
     m->vision_start_token_id = v;
     if ((st = mmc_json_int(tc, "audio_start_token_id", 151647, &v))) goto fail;
     m->audio_start_token_id = v;
+    if ((st = mmc_json_int(tc, "audio_end_token_id", 151648, &v))) goto fail;
+    m->audio_end_token_id = v;
     if ((st = mmc_json_num(tc, "position_id_per_seconds", 25, &d))) goto fail;
     m->position_id_per_seconds = d;
     if ((st = mmc_json_num(tc, "seconds_per_chunk", 2, &d))) goto fail;
@@ -139,57 +141,140 @@ fail:
 }
 
 /* ------------------------------------------------------------------ placeholders and positions */
+/* Positions of one video grid (t, h, w order) from start st: p[3][n]. */
+static void video_positions(const mmc_omni *m, const int64_t *g, double spg, int64_t st, int64_t *p, int64_t n) {
+    const int64_t ms = m->visual->cfg.spatial_merge_size, lh = g[1] / ms, lw = g[2] / ms;
+    int64_t k = 0;
+    for (int64_t a = 0; a < g[0]; a++) {
+        /* arange(t) * second_per_grid (float32) * position_id_per_seconds, .long() */
+        int64_t tp = (int64_t)((float)((float)a * (float)spg) * (float)m->position_id_per_seconds);
+        for (int64_t r = 0; r < lh; r++)
+            for (int64_t c = 0; c < lw; c++, k++) p[k] = tp + st, p[n + k] = r + st, p[2 * n + k] = c + st;
+    }
+}
+
 mmc_status mmc_omni_rope_index(const mmc_omni *m, const int32_t *ids, int64_t T, const mmc_omni_media *media,
                                int64_t *pos, int64_t *delta) {
     static const mmc_omni_media none = {0};
     if (!media) media = &none;
     int64_t *p0 = pos, *p1 = pos + T, *p2 = pos + 2 * T;
-    const int32_t at = (int32_t)m->audio_token_id, it = (int32_t)m->image_token_id;
-    /* transformers computes 3-D positions only when image (or video) grids are given; otherwise
+    const int32_t at = (int32_t)m->audio_token_id, it = (int32_t)m->image_token_id, vt = (int32_t)m->video_token_id;
+    /* transformers computes 3-D positions only when image or video grids are given; otherwise
      * they are the attention mask's cumsum - 1 (all ones here): 0..T-1 */
-    if (media->n_images == 0) {
+    if (media->n_images == 0 && media->n_videos == 0) {
         for (int64_t t = 0; t < T; t++) p0[t] = p1[t] = p2[t] = t;
         if (delta) *delta = 0;
         return MMC_OK;
     }
     const int64_t ms = m->visual->cfg.spatial_merge_size;
+    /* next: the last segment's max + 1, as transformers' llm_pos_ids_list[-1].max() + 1 */
     int64_t next = 0, t = 0;
-    int na = 0, ni = 0;
+    int na = 0, ni = 0, nv = 0;
+    mmc_status st = MMC_OK;
+    int64_t *buf = NULL;
     while (t < T) {
+        bool block = media->use_audio_in_video && ids[t] == (int32_t)m->vision_start_token_id && t + 2 < T &&
+                     ids[t + 1] == (int32_t)m->audio_start_token_id && ids[t + 2] == vt;
+        if (block) {   /* <|vision_bos|><|audio_bos|> video and audio interleaved <|audio_eos|><|vision_eos|> */
+            if (nv >= media->n_videos || na >= media->n_audios)
+                return mmc_error(MMC_ERR_INVALID, "more video-with-audio blocks than videos / audios");
+            p0[t] = p1[t] = p2[t] = next, p0[t + 1] = p1[t + 1] = p2[t + 1] = next;
+            t += 2;
+            const int64_t s0 = ++next;
+            const int64_t *g = media->video_grid_thw + 3 * nv;
+            double spg = media->second_per_grid ? media->second_per_grid[nv] : 1.0;
+            int64_t nvt = g[0] * (g[1] / ms) * (g[2] / ms), nat = mmc_omni_audio_tokens(media->audios[na].frames);
+            nv++, na++;
+            free(buf);
+            buf = malloc(sizeof(int64_t) * (size_t)(3 * nvt + nvt + nat + 4) + sizeof(double) * (size_t)(nvt + nat));
+            if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory");
+            int64_t *vp = buf, *bv = vp + 3 * nvt, *ba = bv + nvt + 2;
+            double *vals = (double *)(ba + nat + 2);
+            video_positions(m, g, spg, s0, vp, nvt);
+            for (int64_t i = 0; i < nvt; i++) vals[i] = (double)(vp[i] - s0);
+            for (int64_t i = 0; i < nat; i++) vals[nvt + i] = (double)i;
+            double tpc = (double)(int64_t)(m->position_id_per_seconds * m->seconds_per_chunk);
+            int cv = mmc_omni_chunks(vals, nvt, tpc, bv), ca = mmc_omni_chunks(vals + nvt, nat, tpc, ba);
+            int64_t last_max = s0 - 1;
+            for (int j = 0; j < (cv > ca ? cv : ca); j++) {
+                if (j < cv) {
+                    last_max = -1;
+                    for (int64_t i = bv[j]; i < bv[j + 1]; i++, t++) {
+                        if (t >= T || ids[t] != vt) goto bad_block;
+                        p0[t] = vp[i], p1[t] = vp[nvt + i], p2[t] = vp[2 * nvt + i];
+                        int64_t mx = p0[t] > p1[t] ? p0[t] : p1[t];
+                        mx = mx > p2[t] ? mx : p2[t];
+                        if (mx > last_max) last_max = mx;
+                    }
+                }
+                if (j < ca) {
+                    for (int64_t i = ba[j]; i < ba[j + 1]; i++, t++) {
+                        if (t >= T || ids[t] != at) goto bad_block;
+                        p0[t] = p1[t] = p2[t] = s0 + i;
+                    }
+                    last_max = s0 + ba[j + 1] - 1;
+                }
+            }
+            next = last_max + 1;
+            if (t + 1 >= T) goto bad_block;
+            p0[t] = p1[t] = p2[t] = next, p0[t + 1] = p1[t + 1] = p2[t + 1] = next;
+            t += 2, next++;
+            continue;
+        bad_block:
+            st = mmc_error(MMC_ERR_INVALID, "position %lld: video %d with its audio track: the tokens do not follow "
+                           "the interleaved chunks Qwen2_5OmniProcessor makes (use_audio_in_video)", (long long)t, nv - 1);
+            break;
+        }
         if (ids[t] == at) {   /* audio: one position per token */
-            if (na >= media->n_audios) return mmc_error(MMC_ERR_INVALID, "more audio runs than audios");
+            if (na >= media->n_audios) { st = mmc_error(MMC_ERR_INVALID, "more audio runs than audios"); break; }
             int64_t n = mmc_omni_audio_tokens(media->audios[na++].frames), run = 0;
             while (t + run < T && ids[t + run] == at && run < n) run++;
-            if (run != n)
-                return mmc_error(MMC_ERR_INVALID, "position %lld: audio %d needs %lld <|AUDIO|> tokens, found %lld",
-                                 (long long)t, na - 1, (long long)n, (long long)run);
+            if (run != n) {
+                st = mmc_error(MMC_ERR_INVALID, "position %lld: audio %d needs %lld <|AUDIO|> tokens, found %lld",
+                               (long long)t, na - 1, (long long)n, (long long)run);
+                break;
+            }
             for (int64_t i = 0; i < n; i++, t++) p0[t] = p1[t] = p2[t] = next + i;
             next += n;
-        } else if (ids[t] == it) {   /* image: (t * position_id_per_seconds, h, w) + start */
-            if (ni >= media->n_images) return mmc_error(MMC_ERR_INVALID, "more image runs than images");
-            const int64_t *g = media->image_grid_thw + 3 * ni++;
-            int64_t lt = g[0], lh = g[1] / ms, lw = g[2] / ms, n = lt * lh * lw, run = 0;
-            while (t + run < T && ids[t + run] == it && run < n) run++;
-            if (run != n)
-                return mmc_error(MMC_ERR_INVALID, "position %lld: image %d needs %lld <|IMAGE|> tokens, found %lld",
-                                 (long long)t, ni - 1, (long long)n, (long long)run);
+        } else if (ids[t] == it || ids[t] == vt) {   /* (t * scale, h, w) + start */
+            bool img = ids[t] == it;
+            if (img ? ni >= media->n_images : nv >= media->n_videos) {
+                st = mmc_error(MMC_ERR_INVALID, "more %s runs than %ss", img ? "image" : "video", img ? "image" : "video");
+                break;
+            }
+            const int64_t *g = img ? media->image_grid_thw + 3 * ni : media->video_grid_thw + 3 * nv;
+            double spg = img ? 1.0 : media->second_per_grid ? media->second_per_grid[nv] : 1.0;
+            int k = img ? ni++ : nv++;
+            int64_t n = g[0] * (g[1] / ms) * (g[2] / ms), run = 0;
+            while (t + run < T && ids[t + run] == ids[t] && run < n) run++;
+            if (run != n) {
+                st = mmc_error(MMC_ERR_INVALID, "position %lld: %s %d needs %lld placeholder tokens, found %lld",
+                               (long long)t, img ? "image" : "video", k, (long long)n, (long long)run);
+                break;
+            }
+            free(buf);
+            if (!(buf = malloc(sizeof(int64_t) * (size_t)(3 * n)))) return mmc_error(MMC_ERR_OOM, "out of memory");
+            video_positions(m, g, spg, next, buf, n);
             int64_t mx = next - 1;
-            for (int64_t a = 0; a < lt; a++)
-                for (int64_t r = 0; r < lh; r++)
-                    for (int64_t c = 0; c < lw; c++, t++) {
-                        int64_t tp = (int64_t)((float)a * (float)m->position_id_per_seconds);
-                        p0[t] = next + tp, p1[t] = next + r, p2[t] = next + c;
-                        if (p0[t] > mx) mx = p0[t];
-                        if (p1[t] > mx) mx = p1[t];
-                        if (p2[t] > mx) mx = p2[t];
-                    }
+            for (int64_t i = 0; i < n; i++, t++) {
+                p0[t] = buf[i], p1[t] = buf[n + i], p2[t] = buf[2 * n + i];
+                if (p0[t] > mx) mx = p0[t];
+                if (p1[t] > mx) mx = p1[t];
+                if (p2[t] > mx) mx = p2[t];
+            }
             next = mx + 1;
         } else {
             p0[t] = p1[t] = p2[t] = next++;
             t++;
         }
     }
-    if (delta) *delta = next - T;
+    free(buf);
+    if (st) return st;
+    if (delta) {
+        int64_t mx = -1;
+        for (int64_t i = 0; i < 3 * T; i++) mx = pos[i] > mx ? pos[i] : mx;
+        *delta = mx + 1 - T;
+    }
     return MMC_OK;
 }
 
@@ -219,7 +304,7 @@ mmc_status mmc_omni_forward(mmc_ctx *ctx, mmc_omni *m, const int32_t *ids, int64
     const int64_t C = c->hidden_size;
     if (T <= 0) return mmc_error(MMC_ERR_INVALID, "omni forward: empty input");
     bool prefill = !kv || kv->len == 0;
-    bool has_media = media && (media->n_audios > 0 || media->n_images > 0);
+    bool has_media = media && (media->n_audios > 0 || media->n_images > 0 || media->n_videos > 0);
     if (!prefill && has_media)
         return mmc_error(MMC_ERR_UNSUPPORTED, "omni forward: audio or images after the prompt are not supported");
     for (int64_t i = 0; i < T; i++)
@@ -260,12 +345,16 @@ mmc_status mmc_omni_forward(mmc_ctx *ctx, mmc_omni *m, const int32_t *ids, int64
             if (!st) st = place(e, ids, T, (int32_t)m->audio_token_id, all, "audio");
             break;
         }
-        if (!st && media->n_images > 0) {
+        for (int k = 0; k < 2 && !st; k++) {
+            int n = k ? media->n_videos : media->n_images;
+            if (!n) continue;
             mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_tensor *f;
-            st = mmc_vision_forward(ctx, m->visual, media->pixel_values, media->image_grid_thw, media->n_images, &f, NULL);
-            if (!st) st = place(e, ids, T, (int32_t)m->image_token_id, mmc_contiguous(ctx, f), "image");
-            else mmc_error_prefix(st, "images");
+            st = mmc_vision_forward(ctx, m->visual, k ? media->pixel_values_videos : media->pixel_values,
+                                    k ? media->video_grid_thw : media->image_grid_thw, n, &f, NULL);
+            if (!st) st = place(e, ids, T, (int32_t)(k ? m->video_token_id : m->image_token_id), mmc_contiguous(ctx, f),
+                                k ? "video" : "image");
+            else mmc_error_prefix(st, "%s", k ? "videos" : "images");
             mmc_arena_release(mmc_ctx_arena(ctx), mk);
         }
         if (st) goto done;
