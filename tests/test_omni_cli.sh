@@ -2,7 +2,9 @@
 # test_omni_cli.sh — `mmc generate --audio` and `mmc info` on the tiny Qwen2.5-Omni checkpoints of
 # tools/ref/gen_omni.py (tests/fixtures/omni): the thinker and the full
 # Qwen2_5OmniForConditionalGeneration (thinker.* weights), each with the fixture WAV (audio case) and
-# the WAV plus the fixture image (image_audio case) through the directory's chat template.
+# the WAV plus the fixture image (image_audio case), and tests/fixtures/audio/video.mp4 with
+# --audio-in-video (cli_video: every frame, its AAC track, interleaved TMRoPE), through the
+# directory's chat template.
 # Against transformers 5.23 on the same directories: the prompt token count and the 8 greedy new
 # tokens are equal; `mmc forward` gives the same prompt length and last-position argmax. Also: --audio on a model that is not Qwen2.5-Omni is refused with a message, and
 # `mmc info` on the full checkpoint says the talker / token2wav (speech output) are not supported.
@@ -20,6 +22,7 @@ for dir in thinker full; do
   while IFS=$'\t' read -r case ids; do
     [ -n "$case" ] || continue
     if [ "$case" = image_audio ]; then media=(--image "$E/image.png" --audio "$E/audio.wav"); prompt="Describe both."
+    elif [ "$case" = cli_video ]; then media=(--video tests/fixtures/audio/video.mp4 --audio-in-video); prompt="What happens?"
     else media=(--audio "$E/audio.wav"); prompt="What did you hear?"; fi
     "$MMC" generate --model "$E/$dir" "${media[@]}" --prompt "$prompt" --max-new-tokens 8 --json >"$W/gen" 2>"$W/err"
     rc=$?
@@ -41,6 +44,13 @@ done
 rc=$?
 [ $rc != 0 ] && grep -q "audio input needs a Qwen2.5-Omni model" "$W/err" && ok \
   || bad "--audio on llava: rc $rc, $(cat "$W/err")"
+# --audio-in-video needs a video file, and an omni model
+"$MMC" generate --model "$E/thinker" --audio-in-video --prompt x >"$W/out" 2>"$W/err"
+rc=$?
+[ $rc != 0 ] && grep -q -- "--audio-in-video needs a video file" "$W/err" && ok || bad "--audio-in-video alone: rc $rc, $(cat "$W/err")"
+"$MMC" generate --model tests/fixtures/llava/v5 --video tests/fixtures/audio/video.mp4 --audio-in-video --prompt x >"$W/out" 2>"$W/err"
+rc=$?
+[ $rc != 0 ] && grep -q -- "--audio-in-video needs a Qwen2.5-Omni model" "$W/err" && ok || bad "--audio-in-video on llava: rc $rc, $(cat "$W/err")"
 # a missing audio file names it
 "$MMC" generate --model "$E/thinker" --audio "$W/none.wav" --prompt x >"$W/out" 2>"$W/err"
 rc=$?

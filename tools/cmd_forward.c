@@ -24,6 +24,7 @@ void help_forward(FILE *f) {
             "                    mmc generate --help)\n"
             "  --image FILE      attach an image (repeatable; vision-language models)\n"
             "  --audio FILE      attach an audio file (repeatable; Qwen2.5-Omni)\n"
+            "  --audio-in-video  Qwen2.5-Omni: the --video file's audio track goes with its frames\n"
             "  --video FILE|DIR  attach a video file (sampled at 2 fps or as the video processor\n"
             "                    config says) or a folder of frames; --video-fps F,\n"
             "                    --video-frames N, --video-max-frames N, --video-pixel-budget\n"

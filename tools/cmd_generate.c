@@ -26,6 +26,8 @@ void help_generate(FILE *f) {
             "                           list of {name, template}, or additional_chat_templates/N.jinja)\n"
             "  --image FILE             attach an image (repeatable; vision-language models)\n"
             "  --audio FILE             attach an audio file (repeatable; Qwen2.5-Omni: WAV, FLAC, MP3, ...)\n"
+            "  --audio-in-video         Qwen2.5-Omni: the --video file's audio track goes with its frames\n"
+            "                           (transformers' use_audio_in_video: time-interleaved)\n"
             "  --video FILE|DIR         attach a video: a file (MP4, MKV, WebM, AVI, MOV, GIF ...)\n"
             "                           sampled at 2 fps or as the video processor config says,\n"
             "                           or a folder of frames (every frame)\n"

@@ -69,6 +69,12 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         mmc_qwen2vl_proc_default(&m->proc);
         if (!st) st = mmc_qwen2vl_proc_load_dir(dir, &m->proc, NULL, 0);
         if (!st) st = mmc_whisper_fe_load(dir, &m->fe);
+        /* videos: every frame unless --video-fps / --video-frames (transformers' do_sample_frames false),
+         * and Qwen2_5OmniProcessor's videos_kwargs size (128*28*28 .. 768*28*28), which transformers
+         * applies over the video processor's own */
+        mmc_qwen2vl_video_proc_default(&m->vproc);
+        if (!st) st = mmc_qwen2vl_video_proc_load_dir(dir, &m->vproc);
+        m->vproc.proc.video_min_pixels = 128 * 28 * 28, m->vproc.proc.video_max_pixels = 768 * 28 * 28;
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
                        "qwen2_vl, qwen2_5_vl, llava, internvl, internvl_chat, qwen2_5_omni_thinker, qwen2_5_omni)",
@@ -265,28 +271,53 @@ static mmc_status omni_prompt(cli_model *m, int32_t *ids, int64_t n, const char 
     mmc_image_opts io;
     mmc_image_opts_default(&io);
     if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
-    p->audio_feats = calloc((size_t)(n_audios ? n_audios : 1), sizeof *p->audio_feats);
-    p->audios = calloc((size_t)(n_audios ? n_audios : 1), sizeof *p->audios);
-    if (video_dir) st = mmc_error(MMC_ERR_UNSUPPORTED, "Qwen2.5-Omni: videos are not supported yet");
+    bool track = m->omni_audio_in_video && video_dir;
+    int n_aud = n_audios + (track ? 1 : 0);
+    struct stat sb;
+    bool frames_dir = video_dir && stat(video_dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+    p->audio_feats = calloc((size_t)n_aud + 1, sizeof *p->audio_feats);
+    p->audios = calloc((size_t)n_aud + 1, sizeof *p->audios);
+    if (m->omni_audio_in_video && (!video_dir || frames_dir))
+        st = mmc_error(MMC_ERR_INVALID, "--audio-in-video needs a video file with an audio track (--video FILE)");
     else if (!imgs || !p->audio_feats || !p->audios) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st && video_dir) {   /* every frame (or the --video-* sampling); second_per_grid = tps / fps (2.0 unset) */
+        mmc_video_clip clip = {0};
+        mmc_image *frames = NULL;
+        int n_frames = 0;
+        if (frames_dir) st = mmc_load_frames_dir(video_dir, &io, &frames, &n_frames);
+        else if (!(st = mmc_qwen2vl_video_load(&m->vproc, video_dir, &clip))) frames = clip.frames, n_frames = clip.n;
+        if (!st) st = mmc_qwen2vl_video_preprocess(&m->vproc, frames, n_frames, &p->vid);
+        p->second_per_grid_ts = m->vproc.proc.temporal_patch_size / (m->vproc.fps > 0 ? m->vproc.fps : 2.0);
+        if (frames_dir) {
+            for (int i = 0; i < n_frames; i++) mmc_image_free(&frames[i]);
+            free(frames);
+        } else {
+            mmc_video_clip_free(&clip);
+        }
+    }
     for (; !st && loaded < n_images; loaded++)
         if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) break;
     if (!st && n_images) st = mmc_qwen2vl_preprocess_images(&m->proc, imgs, n_images, &p->img);
-    for (int i = 0; !st && i < n_audios; i++) {
+    for (int i = 0; !st && i < n_aud; i++) {   /* the video's track first: its placeholder comes first */
+        const char *src = track ? (i == 0 ? video_dir : audios[i - 1]) : audios[i];
         mmc_audio au = {0};
-        st = mmc_audio_load(audios[i], m->fe.sampling_rate, &au);
+        st = mmc_audio_load(src, m->fe.sampling_rate, &au);
         if (!st) {
             mmc_omni_audio_in *a = &p->audios[i];
             st = mmc_omni_audio_features(&m->fe, au.samples, au.n, &p->audio_feats[i], &a->stride, &a->frames);
             a->feats = p->audio_feats[i];
-            if (st) mmc_error_prefix(st, "%s", audios[i]);
+            if (st) mmc_error_prefix(st, "%s", src);
             else p->n_audios++;
         }
         mmc_audio_free(&au);
     }
     if (!st) {
-        p->omni = (mmc_omni_media){.audios = p->audios, .n_audios = n_audios, .pixel_values = p->img.pixel_values,
-                                   .image_grid_thw = n_images ? &p->img.grid_thw[0][0] : NULL, .n_images = n_images};
+        p->omni = (mmc_omni_media){.audios = p->audios, .n_audios = n_aud, .pixel_values = p->img.pixel_values,
+                                   .image_grid_thw = n_images ? &p->img.grid_thw[0][0] : NULL, .n_images = n_images,
+                                   .pixel_values_videos = p->vid.pixel_values,
+                                   .video_grid_thw = video_dir ? &p->vid.grid_thw[0][0] : NULL,
+                                   .n_videos = video_dir ? 1 : 0, .second_per_grid = &p->second_per_grid_ts,
+                                   .use_audio_in_video = track};
         st = mmc_omni_expand(m->omni, ids, n, &p->omni, &p->ids, &p->n);
     }
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
@@ -434,6 +465,7 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
                       : !strcmp(o, "--chat-template") ? &a->chat_template
                       : !strcmp(o, "--chat-template-name") ? &a->chat_template_name : NULL;
     if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
+    if (!strcmp(o, "--audio-in-video")) { a->audio_in_video = true; return 1; }
     if (!strcmp(o, "--max-image-pixels")) {
         const char *v = cli_value(argc, argv, i);
         long long n;
@@ -517,6 +549,10 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
     if (m->vl || m->omni) m->proc.resize_mode = a->resize_mode;
+    if (a->audio_in_video && !m->omni)
+        return mmc_error(MMC_ERR_INVALID, "--audio-in-video needs a Qwen2.5-Omni model; this one is model_type %s",
+                         m->model_type);
+    m->omni_audio_in_video = a->audio_in_video;
     if (m->llava) m->cproc.resize_mode = a->resize_mode;
     if (m->internvl) m->iproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;

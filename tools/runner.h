@@ -26,6 +26,7 @@ typedef struct {
     mmc_internvl_proc iproc;  /* its image processor / InternVLProcessor settings */
     mmc_omni *omni;           /* Qwen2.5-Omni thinker (vl is false; images and audio in its own path) */
     mmc_whisper_fe fe;        /* its feature extractor */
+    bool omni_audio_in_video; /* --audio-in-video: the video's audio track goes with it (use_audio_in_video) */
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
@@ -70,7 +71,7 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
 void cli_prompt_free(cli_prompt *p);
 
 /* The prompt options generate and forward share: --model, --adapter, --prompt, --system,
- * --image (repeatable), --audio (repeatable; Qwen2.5-Omni), --video, --raw, --max-image-pixels, and the video sampling overrides
+ * --image (repeatable), --audio (repeatable; Qwen2.5-Omni), --audio-in-video, --video, --raw, --max-image-pixels, and the video sampling overrides
  * --video-fps, --video-frames, --video-max-frames, --video-pixel-budget, and --image-backend. */
 #define CLI_MAX_IMAGES 64
 typedef struct {
@@ -80,6 +81,7 @@ typedef struct {
     int n_images;
     const char *audios[CLI_MAX_IMAGES];
     int n_audios;
+    bool audio_in_video;      /* --audio-in-video (Qwen2.5-Omni) */
     bool raw;
     int64_t max_image_pixels; /* 0: the default (cli_model.max_image_pixels) */
     double video_fps;         /* > 0: sample this many frames per second */

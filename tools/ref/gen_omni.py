@@ -233,6 +233,35 @@ print("video T", T, "grid", inputs["video_grid_thw"].tolist(), "spg", spg, "audi
 print(ids[0].tolist())
 print(pos[0, 0].tolist())
 
+# ---------------------------------------------------------------- the CLI's video file with its audio track
+# tests/fixtures/audio/video.mp4 (10 frames 32x32 at 10 fps, 1 s AAC 44.1 kHz stereo): every frame (the saved
+# video processor has do_sample_frames false) read with PyAV, the track decoded with PyAV (channels averaged)
+# and resampled to 16 kHz with soxr HQ (librosa's path, what mmc's reader does), given as the video's audio.
+import av
+import soxr
+VFILE = os.path.join(ROOT, "audio", "video.mp4")
+c = av.open(VFILE)
+vframes = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+c.close()
+c = av.open(VFILE)
+chunks = [f.to_ndarray() for f in c.decode(audio=0)]
+arate = c.streams.audio[0].rate
+c.close()
+pcm = np.concatenate([x if x.ndim == 2 else x[None] for x in chunks], axis=1).astype(np.float64).mean(0)
+track = soxr.resample(pcm, arate, 16000, quality="HQ").astype(np.float32)
+conv = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]
+text = proc.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+inputs = proc(text=text, videos=[vframes], audio=[track], audio_from_video_indices=[0], load_audio_from_video=True,
+              return_tensors="pt")
+T = inputs["input_ids"].shape[1]
+with torch.no_grad():
+    g = m.generate(**inputs, use_audio_in_video=True, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+expected["cli_video"] = {"templated": text, "n_prompt": T, "n_frames": int(inputs["feature_attention_mask"].sum()),
+                         "grid": inputs["video_grid_thw"][0].tolist(), "greedy_ids": g[0, T:].tolist(),
+                         "prompt": "What happens?"}
+print("cli_video T", T, "grid", inputs["video_grid_thw"].tolist(), "frames", vframes.shape, "track", track.shape,
+      "greedy", g[0, T:].tolist())
+
 # ---------------------------------------------------------------- full checkpoint (thinker + talker + token2wav)
 df = os.path.join(OUT, "full")
 shutil.rmtree(df, ignore_errors=True)
@@ -269,7 +298,7 @@ with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(expected, f, indent=1)
 with open(os.path.join(OUT, "expected.tsv"), "w") as f:
     for name, e in expected.items():
-        if name == "video":   # not through the CLI yet
+        if name == "video":   # frames and a WAV: test_omni.c only
             continue
         f.write("%s\t%s\n" % (name, " ".join(map(str, e["greedy_ids"]))))
 print("ok", V, ID)
