@@ -77,10 +77,10 @@ mmc_status mmc_tokenizer_set_chat_template(mmc_tokenizer *tok, const char *src, 
  * exactly as transformers' apply_chat_template(tokenize=False): the template of the
  * tokenizer's directory in transformers 5's precedence (chat_template.jinja,
  * chat_template.json, processor_config.json, tokenizer_config.json), else the one the
- * tokenizer loaded; content parts become {"type": "text"|"image"|"video"}; bos/eos from
+ * tokenizer loaded; content parts become {"type": "text"|"image"|"video"|"audio"}; bos/eos from
  * tokenizer_config.json. mmc_chat_* return MMC_ERR_UNSUPPORTED when there is no chat
  * template, and the template's own error (raise_exception ...) otherwise. */
-typedef enum { MMC_CHAT_TEXT = 0, MMC_CHAT_IMAGE, MMC_CHAT_VIDEO } mmc_chat_part_type;
+typedef enum { MMC_CHAT_TEXT = 0, MMC_CHAT_IMAGE, MMC_CHAT_VIDEO, MMC_CHAT_AUDIO } mmc_chat_part_type;
 typedef struct {
     mmc_chat_part_type type;
     const char *text; /* MMC_CHAT_TEXT only */

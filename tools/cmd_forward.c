@@ -23,6 +23,8 @@ void help_forward(FILE *f) {
             "  --chat-template FILE, --chat-template-name N   the template to render with (see\n"
             "                    mmc generate --help)\n"
             "  --image FILE      attach an image (repeatable; vision-language models)\n"
+            "  --audio FILE      attach an audio file (repeatable; Qwen2.5-Omni)\n"
+            "  --audio-in-video  Qwen2.5-Omni: the --video file's audio track goes with its frames\n"
             "  --video FILE|DIR  attach a video file (sampled at 2 fps or as the video processor\n"
             "                    config says) or a folder of frames; --video-fps F,\n"
             "                    --video-frames N, --video-max-frames N, --video-pixel-budget\n"
@@ -84,6 +86,12 @@ int cmd_forward(int argc, char **argv) {
             goto done;
         }
         logits = mmc_qwen2_vl_logits(ctx, cm.vlm, hidden);
+    } else if (cm.omni) {
+        if ((st = mmc_omni_forward(ctx, cm.omni, cp.ids, cp.n, &cp.omni, NULL, NULL, &hidden))) {
+            cli_fail(st, "forward: forward pass failed");
+            goto done;
+        }
+        logits = mmc_qwen2_logits(ctx, cm.omni->lm, hidden);
     } else {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(cp.n));
         for (int64_t t = 0; t < cp.n; t++) ((int64_t *)pos->data)[t] = t;

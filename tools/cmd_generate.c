@@ -1,7 +1,8 @@
 /* cmd_generate.c — `mmc generate`: load a Hugging Face model directory, render the prompt
  * with the model's chat template, and stream the completion (sampling settings from the
  * model's generation_config.json as transformers resolves them, the command line over them).
- * Text-only Qwen2 and Qwen2-VL / Qwen2.5-VL with images and a video (see runner.c). */
+ * Text-only Qwen2 and Qwen2-VL / Qwen2.5-VL with images and a video, Qwen2.5-Omni with audio
+ * (see runner.c). */
 #include "cli.h"
 #include "runner.h"
 
@@ -24,6 +25,9 @@ void help_generate(FILE *f) {
             "  --chat-template-name N   use the model's template named N (tokenizer_config.json's\n"
             "                           list of {name, template}, or additional_chat_templates/N.jinja)\n"
             "  --image FILE             attach an image (repeatable; vision-language models)\n"
+            "  --audio FILE             attach an audio file (repeatable; Qwen2.5-Omni: WAV, FLAC, MP3, ...)\n"
+            "  --audio-in-video         Qwen2.5-Omni: the --video file's audio track goes with its frames\n"
+            "                           (transformers' use_audio_in_video: time-interleaved)\n"
             "  --video FILE|DIR         attach a video: a file (MP4, MKV, WebM, AVI, MOV, GIF ...)\n"
             "                           sampled at 2 fps or as the video processor config says,\n"
             "                           or a folder of frames (every frame)\n"

@@ -137,7 +137,10 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                                : !strcmp(mt, "qwen2_vl") ? "Qwen2-VL" : !strcmp(mt, "qwen2_5_vl") ? "Qwen2.5-VL"
                                : !strcmp(mt, "llava") ? "LLaVA-1.5" : !strcmp(mt, "internvl") ? "InternVL"
                                : !strcmp(mt, "internvl_chat") ? "InternVL (OpenGVLab InternVLChatModel layout)"
-                               : !strcmp(mt, "whisper") ? "Whisper (speech to text: mmc transcribe)" : "unknown");
+                               : !strcmp(mt, "whisper") ? "Whisper (speech to text: mmc transcribe)"
+                               : !strcmp(mt, "qwen2_5_omni_thinker") ? "Qwen2.5-Omni thinker (text, audio, images -> text)"
+                               : !strcmp(mt, "qwen2_5_omni") ? "Qwen2.5-Omni (the thinker: text, audio, images -> text)"
+                               : "unknown");
     if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
         int64_t depth = 0;
         mmc_json_int(cfg, "vision_config.depth", 32, &depth);
@@ -256,7 +259,11 @@ int cmd_info(int argc, char **argv) {
         comps[c].params += n;
     }
     static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "internvl",
-                                            "internvl_chat", "whisper"};
+                                            "internvl_chat", "whisper", "qwen2_5_omni_thinker", "qwen2_5_omni"};
+    /* a full Qwen2.5-Omni checkpoint: mmc runs its thinker; the talker and token2wav (speech output) are not */
+    const char *speech = !strcmp(model_type, "qwen2_5_omni")
+                             ? "not supported: the talker and token2wav (speech output) are not run; the thinker "
+                               "(text output) is" : NULL;
     char family[64], tower[256] = "", projector[160] = "", lmdesc[160] = "";
     describe_family(cfg, model_type, family, sizeof family, tower, sizeof tower, projector, sizeof projector, lmdesc,
                     sizeof lmdesc);
@@ -271,6 +278,7 @@ int cmd_info(int argc, char **argv) {
         if (tower[0]) { printf(", \"vision_tower\": "); mmc_json_write_string(stdout, tower); }
         if (projector[0]) { printf(", \"projector\": "); mmc_json_write_string(stdout, projector); }
         if (lmdesc[0]) { printf(", \"language_model\": "); mmc_json_write_string(stdout, lmdesc); }
+        if (speech) { printf(", \"speech_output\": "); mmc_json_write_string(stdout, speech); }
         printf(", ");
         printf("\"components\": {");
         int first = 1;
@@ -296,8 +304,9 @@ int cmd_info(int argc, char **argv) {
         printf("model:          %s\n", dir);
         printf("model_type:     %s (%s)%s\n", model_type, arch,
                ok ? "" : " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava, internvl, "
-               "internvl_chat, whisper)");
+               "internvl_chat, whisper, qwen2_5_omni_thinker, qwen2_5_omni)");
         printf("family:         %s\n", family);
+        if (speech) printf("speech output:  %s\n", speech);
         if (tower[0]) printf("vision tower:   %s\n", tower);
         if (projector[0]) printf("projector:      %s\n", projector);
         if (lmdesc[0]) printf("language model: %s\n", lmdesc);

@@ -248,6 +248,11 @@ int cmd_serve(int argc, char **argv) {
         cli_fail(st, "serve: cannot set the chat template");
         goto done;
     }
+    if (sb.m.omni) {   /* its audio / image requests are not wired into the server yet */
+        cli_fail(mmc_error(MMC_ERR_UNSUPPORTED, "%s: Qwen2.5-Omni is not served yet; use mmc generate --audio",
+                           model ? model : adapter), "serve: cannot serve the model");
+        goto done;
+    }
     sb.m.max_image_pixels = o.limits.max_image_pixels;
     snprintf(sb.tmpdir, sizeof sb.tmpdir, "/tmp/mmc-serve.XXXXXX");
     if (!mkdtemp(sb.tmpdir)) {

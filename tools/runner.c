@@ -59,9 +59,25 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) m->vocab_size = m->internvl->lm->cfg.vocab_size;
         mmc_internvl_proc_default(&m->iproc);
         if (!st) st = mmc_internvl_proc_load_dir(dir, &m->iproc, NULL, 0);
+    } else if (!strcmp(mt, "qwen2_5_omni_thinker") || !strcmp(mt, "qwen2_5_omni")) {
+        /* the thinker only (text output); a full checkpoint's talker / token2wav are not run */
+        if (m->adapter_dir[0])
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for Qwen2.5-Omni yet", m->adapter_dir);
+        else st = mmc_omni_load(dir, &m->omni);
+        if (!st) m->vocab_size = m->omni->lm->cfg.vocab_size;
+        mmc_qwen2vl_proc_default(&m->proc);
+        if (!st) st = mmc_qwen2vl_proc_load_dir(dir, &m->proc, NULL, 0);
+        if (!st) st = mmc_whisper_fe_load(dir, &m->fe);
+        /* videos: every frame unless --video-fps / --video-frames (transformers' do_sample_frames false),
+         * and Qwen2_5OmniProcessor's videos_kwargs size (128*28*28 .. 768*28*28), which transformers
+         * applies over the video processor's own */
+        mmc_qwen2vl_video_proc_default(&m->vproc);
+        if (!st) st = mmc_qwen2vl_video_proc_load_dir(dir, &m->vproc);
+        m->vproc.proc.video_min_pixels = 128 * 28 * 28, m->vproc.proc.video_max_pixels = 768 * 28 * 28;
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
-                       "qwen2_vl, qwen2_5_vl, llava, internvl, internvl_chat)", dir, mt);
+                       "qwen2_vl, qwen2_5_vl, llava, internvl, internvl_chat, qwen2_5_omni_thinker, qwen2_5_omni)",
+                       dir, mt);
     }
     mmc_json_free(cfg);
     if (!st) {
@@ -84,6 +100,8 @@ void cli_model_free(cli_model *m) {
     mmc_qwen2_vl_free(m->vlm);
     mmc_llava_free(m->llava);
     mmc_internvl_free(m->internvl);
+    mmc_omni_free(m->omni);
+    if (m->fe.mel_filters || m->fe.priv) mmc_whisper_fe_free(&m->fe);
     mmc_tokenizer_free(m->tok);
     memset(m, 0, sizeof *m);
 }
@@ -94,6 +112,9 @@ void cli_prompt_free(cli_prompt *p) {
     mmc_vlproc_out_free(&p->vid);
     mmc_tensor_free(p->llava_pixels);
     mmc_tensor_free(p->internvl_pixels);
+    for (int i = 0; i < p->n_audios; i++) free(p->audio_feats[i]);
+    free(p->audio_feats);
+    free(p->audios);
     memset(p, 0, sizeof *p);
 }
 
@@ -238,10 +259,90 @@ done:
     return st;
 }
 
+/* Qwen2.5-Omni: images through the Qwen2-VL image processor, audio files decoded at the feature
+ * extractor's rate and turned into log-mel features, <|IMAGE|> / <|AUDIO|> expanded as
+ * Qwen2_5OmniProcessor does (takes ids). */
+static mmc_status omni_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
+                              const char *const *audios, int n_audios, const char *video_dir, cli_prompt *p) {
+    mmc_status st = MMC_OK;
+    mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
+    int loaded = 0;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
+    bool track = m->omni_audio_in_video && video_dir;
+    int n_aud = n_audios + (track ? 1 : 0);
+    struct stat sb;
+    bool frames_dir = video_dir && stat(video_dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+    p->audio_feats = calloc((size_t)n_aud + 1, sizeof *p->audio_feats);
+    p->audios = calloc((size_t)n_aud + 1, sizeof *p->audios);
+    if (m->omni_audio_in_video && (!video_dir || frames_dir))
+        st = mmc_error(MMC_ERR_INVALID, "--audio-in-video needs a video file with an audio track (--video FILE)");
+    else if (!imgs || !p->audio_feats || !p->audios) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st && video_dir) {   /* every frame (or the --video-* sampling); second_per_grid = tps / fps (2.0 unset) */
+        mmc_video_clip clip = {0};
+        mmc_image *frames = NULL;
+        int n_frames = 0;
+        if (frames_dir) st = mmc_load_frames_dir(video_dir, &io, &frames, &n_frames);
+        else if (!(st = mmc_qwen2vl_video_load(&m->vproc, video_dir, &clip))) frames = clip.frames, n_frames = clip.n;
+        if (!st) st = mmc_qwen2vl_video_preprocess(&m->vproc, frames, n_frames, &p->vid);
+        p->second_per_grid_ts = m->vproc.proc.temporal_patch_size / (m->vproc.fps > 0 ? m->vproc.fps : 2.0);
+        if (frames_dir) {
+            for (int i = 0; i < n_frames; i++) mmc_image_free(&frames[i]);
+            free(frames);
+        } else {
+            mmc_video_clip_free(&clip);
+        }
+    }
+    for (; !st && loaded < n_images; loaded++)
+        if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) break;
+    if (!st && n_images) st = mmc_qwen2vl_preprocess_images(&m->proc, imgs, n_images, &p->img);
+    for (int i = 0; !st && i < n_aud; i++) {   /* the video's track first: its placeholder comes first */
+        const char *src = track ? (i == 0 ? video_dir : audios[i - 1]) : audios[i];
+        mmc_audio au = {0};
+        st = mmc_audio_load(src, m->fe.sampling_rate, &au);
+        if (!st) {
+            mmc_omni_audio_in *a = &p->audios[i];
+            st = mmc_omni_audio_features(&m->fe, au.samples, au.n, &p->audio_feats[i], &a->stride, &a->frames);
+            a->feats = p->audio_feats[i];
+            if (st) mmc_error_prefix(st, "%s", src);
+            else p->n_audios++;
+        }
+        mmc_audio_free(&au);
+    }
+    if (!st) {
+        p->omni = (mmc_omni_media){.audios = p->audios, .n_audios = n_aud, .pixel_values = p->img.pixel_values,
+                                   .image_grid_thw = n_images ? &p->img.grid_thw[0][0] : NULL, .n_images = n_images,
+                                   .pixel_values_videos = p->vid.pixel_values,
+                                   .video_grid_thw = video_dir ? &p->vid.grid_thw[0][0] : NULL,
+                                   .n_videos = video_dir ? 1 : 0, .second_per_grid = &p->second_per_grid_ts,
+                                   .use_audio_in_video = track};
+        st = mmc_omni_expand(m->omni, ids, n, &p->omni, &p->ids, &p->n);
+    }
+    for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
+    free(imgs);
+    free(ids);
+    if (st) cli_prompt_free(p);
+    return st;
+}
+
+static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
+                               const char *raw_text, const char *const *images, int n_images,
+                               const char *const *audios, int n_audios, const char *video_dir, cli_prompt *p);
+
 mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
                             const char *raw_text, const char *const *images, int n_images,
                             const char *video_dir, cli_prompt *p) {
+    return prompt_build(m, msgs, n_msgs, raw, raw_text, images, n_images, NULL, 0, video_dir, p);
+}
+
+static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
+                               const char *raw_text, const char *const *images, int n_images,
+                               const char *const *audios, int n_audios, const char *video_dir, cli_prompt *p) {
     memset(p, 0, sizeof *p);
+    if (n_audios && !m->omni)
+        return mmc_error(MMC_ERR_INVALID, "audio input needs a Qwen2.5-Omni model (qwen2_5_omni_thinker or "
+                         "qwen2_5_omni); this one is model_type %s", m->model_type);
     int32_t *ids = NULL;
     int64_t n = 0;
     mmc_status st;
@@ -256,6 +357,7 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     if (st) return st;
     if (m->llava) return llava_prompt(m, ids, n, images, n_images, video_dir, p);
     if (m->internvl) return internvl_prompt(m, ids, n, images, n_images, video_dir, p);
+    if (m->omni) return omni_prompt(m, ids, n, images, n_images, audios, n_audios, video_dir, p);
     if (!m->vl) {
         if (n_images || video_dir) {
             free(ids);
@@ -322,7 +424,9 @@ mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *o
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
     mmc_llava_request lreq = {m->llava, p->llava_pixels};
     mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
+    mmc_omni_request oreq = {m->omni, &p->omni, 0};
     mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
+                  : m->omni ? mmc_omni_decoder(&oreq)
                   : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
     return mmc_generate(&d, p->ids, p->n, opts, out, n_out);
 }
@@ -360,6 +464,7 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
                       : !strcmp(o, "--chat-template") ? &a->chat_template
                       : !strcmp(o, "--chat-template-name") ? &a->chat_template_name : NULL;
     if (!strcmp(o, "--raw")) { a->raw = true; return 1; }
+    if (!strcmp(o, "--audio-in-video")) { a->audio_in_video = true; return 1; }
     if (!strcmp(o, "--max-image-pixels")) {
         const char *v = cli_value(argc, argv, i);
         long long n;
@@ -386,13 +491,21 @@ int cli_prompt_arg(const char *cmd, int argc, char **argv, int *i, cli_prompt_ar
         else a->video_max_frames = (int)x;
         return 1;
     }
-    if (!slot && strcmp(o, "--image") != 0) return 0;
+    if (!slot && strcmp(o, "--image") != 0 && strcmp(o, "--audio") != 0) return 0;
     if (*i + 1 >= argc) {
         cli_usage(cmd, "option %s needs a value", o);
         return -1;
     }
     const char *v = argv[++*i];
     if (slot) { *slot = v; return 1; }
+    if (!strcmp(o, "--audio")) {
+        if (a->n_audios == CLI_MAX_IMAGES) {
+            cli_usage(cmd, "at most %d audio files", CLI_MAX_IMAGES);
+            return -1;
+        }
+        a->audios[a->n_audios++] = v;
+        return 1;
+    }
     if (a->n_images == CLI_MAX_IMAGES) {
         cli_usage(cmd, "at most %d images", CLI_MAX_IMAGES);
         return -1;
@@ -411,16 +524,17 @@ int cli_image_backend(const char *cmd, const char *v, mmc_vlproc_resize_mode *mo
 int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a) {
     if (!a->model && !a->adapter) return cli_usage(cmd, "--model DIR is required");
     if (!a->prompt) return cli_usage(cmd, "--prompt TEXT is required");
-    if (a->raw && (a->n_images || a->video))
+    if (a->raw && (a->n_images || a->video || a->n_audios))
         return cli_usage(cmd, "--raw cannot place images; drop --raw to use the chat template");
     return 0;
 }
 
 mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p) {
-    mmc_chat_part parts[CLI_MAX_IMAGES + 2];
+    mmc_chat_part parts[2 * CLI_MAX_IMAGES + 2];
     int np = 0;
     for (int i = 0; i < a->n_images; i++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_IMAGE};
     if (a->video) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_VIDEO};
+    for (int i = 0; i < a->n_audios; i++) parts[np++] = (mmc_chat_part){.type = MMC_CHAT_AUDIO};
     parts[np++] = (mmc_chat_part){.type = MMC_CHAT_TEXT, .text = a->prompt};
     mmc_chat_message msgs[2];
     int nm = 0;
@@ -433,11 +547,15 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_frames > 0) { m->vproc.num_frames = a->video_frames; m->vproc.fps = 0; }
     if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
     if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
-    if (m->vl) m->proc.resize_mode = a->resize_mode;
+    if (m->vl || m->omni) m->proc.resize_mode = a->resize_mode;
+    if (a->audio_in_video && !m->omni)
+        return mmc_error(MMC_ERR_INVALID, "--audio-in-video needs a Qwen2.5-Omni model; this one is model_type %s",
+                         m->model_type);
+    m->omni_audio_in_video = a->audio_in_video;
     if (m->llava) m->cproc.resize_mode = a->resize_mode;
     if (m->internvl) m->iproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
-    return cli_prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->video, p);
+    return prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->audios, a->n_audios, a->video, p);
 }
 
 mmc_status cli_model_set_template(cli_model *m, const char *file, const char *name) {

@@ -12,6 +12,8 @@
 #include "mmc_internvl.h"
 #include "mmc_vlproc.h"
 #include "mmc_video.h"
+#include "mmc_omni.h"
+#include "mmc_audio.h"
 
 typedef struct {
     char model_type[32];
@@ -22,6 +24,9 @@ typedef struct {
     mmc_clip_proc cproc;      /* LLaVA's CLIPImageProcessor settings */
     mmc_internvl *internvl;   /* InternVL (HF-native; vl is false) */
     mmc_internvl_proc iproc;  /* its image processor / InternVLProcessor settings */
+    mmc_omni *omni;           /* Qwen2.5-Omni thinker (vl is false; images and audio in its own path) */
+    mmc_whisper_fe fe;        /* its feature extractor */
+    bool omni_audio_in_video; /* --audio-in-video: the video's audio track goes with it (use_audio_in_video) */
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
@@ -51,6 +56,10 @@ typedef struct {
     mmc_vl_media media;
     mmc_tensor *llava_pixels; /* LLaVA: [n_images, 3, S, S] (persistent) or NULL */
     mmc_tensor *internvl_pixels; /* InternVL: the tiles of all images [n_tiles, 3, s, s] (persistent) or NULL */
+    float **audio_feats;      /* Qwen2.5-Omni: per audio [n_mels, stride] (malloc'd) */
+    mmc_omni_audio_in *audios;
+    int n_audios;
+    mmc_omni_media omni;
 } cli_prompt;
 
 /* Render msgs with the chat template (or take raw text), load + preprocess the images (in
@@ -62,7 +71,7 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
 void cli_prompt_free(cli_prompt *p);
 
 /* The prompt options generate and forward share: --model, --adapter, --prompt, --system,
- * --image (repeatable), --video, --raw, --max-image-pixels, and the video sampling overrides
+ * --image (repeatable), --audio (repeatable; Qwen2.5-Omni), --audio-in-video, --video, --raw, --max-image-pixels, and the video sampling overrides
  * --video-fps, --video-frames, --video-max-frames, --video-pixel-budget, and --image-backend. */
 #define CLI_MAX_IMAGES 64
 typedef struct {
@@ -70,6 +79,9 @@ typedef struct {
     const char *chat_template, *chat_template_name;   /* --chat-template FILE, --chat-template-name N */
     const char *images[CLI_MAX_IMAGES];
     int n_images;
+    const char *audios[CLI_MAX_IMAGES];
+    int n_audios;
+    bool audio_in_video;      /* --audio-in-video (Qwen2.5-Omni) */
     bool raw;
     int64_t max_image_pixels; /* 0: the default (cli_model.max_image_pixels) */
     double video_fps;         /* > 0: sample this many frames per second */

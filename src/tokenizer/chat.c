@@ -144,7 +144,8 @@ static cJSON *messages_json(const mmc_chat_message *msgs, int n) {
             cJSON *o = cJSON_CreateObject();
             if (!o) break;
             cJSON_AddItemToArray(parts, o);
-            cJSON_AddStringToObject(o, "type", p->type == MMC_CHAT_IMAGE ? "image" : p->type == MMC_CHAT_VIDEO ? "video" : "text");
+            cJSON_AddStringToObject(o, "type", p->type == MMC_CHAT_IMAGE ? "image" : p->type == MMC_CHAT_VIDEO ? "video"
+                                                  : p->type == MMC_CHAT_AUDIO ? "audio" : "text");
             if (p->type == MMC_CHAT_TEXT) cJSON_AddStringToObject(o, "text", p->text ? p->text : "");
         }
     }
