@@ -278,10 +278,17 @@ typedef struct mmc_unet mmc_unet;
 mmc_status mmc_unet_config_read(const mmc_json *cfg, const char *what, mmc_unet_config *out);
 /* Load from a unet/ folder (config.json + diffusion_pytorch_model safetensors, single or sharded;
  * f32 / bf16 / f16, computed in f32). Every missing or mis-shaped tensor is listed. */
-mmc_status mmc_unet_load(const char *dir, mmc_unet **out);
+mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out);
 void mmc_unet_free(mmc_unet *m);
 const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m);
 int64_t mmc_unet_param_count(const mmc_unet *m);
+/* Every parameter and its checkpoint name ("down_blocks.1.attentions.0.proj_in.weight"), owned by
+ * the model (the optimizer's and a checkpoint's view). Returns their count. */
+int mmc_unet_param_list(mmc_unet *m, mmc_tensor ***params, const char *const **names);
+/* The nn.Linear modules of the transformers and embeddings under diffusers' module names
+ * ("down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q", "...ff.net.0.proj", proj_in /
+ * proj_out with use_linear_projection, "time_embedding.linear_1", "add_embedding.linear_2"): for LoRA. */
+mmc_status mmc_unet_linears(mmc_unet *m, mmc_module_list *out);
 
 typedef struct {
     mmc_tensor *sample;        /* [B, in_channels, H, W]; H, W multiples of 2^(levels - 1) */

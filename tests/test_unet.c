@@ -16,7 +16,7 @@ static void check_case(const char *name) {
     snprintf(dir, sizeof dir, "tests/fixtures/unet/%s", name);
     snprintf(rel, sizeof rel, "unet/%s/expected.safetensors", name);
     mmc_unet *m = NULL;
-    CHECK_OK(mmc_unet_load(dir, &m));
+    CHECK_OK(mmc_unet_load(dir, false, &m));
     if (!m) return;
     mmc_st *exp = fixture_open(rel);
     if (!exp) { mmc_unet_free(m); return; }

@@ -242,7 +242,7 @@ mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_co
     if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
     if (!p->have_sched)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s (set another scheduler: generate-image --scheduler DIR)", p->sched_err);
-    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], &p->unet))) return st;
+    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], false, &p->unet))) return st;
     if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
     const int64_t n = mmc_numel(latents), B2 = cfg ? 2 * B : B;
