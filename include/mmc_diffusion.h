@@ -606,6 +606,29 @@ mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *
 mmc_status mmc_sd3_fm_loss(mmc_ctx *ctx, mmc_sd3 *m, const mmc_flux_fm_batch *b, bool precondition_outputs,
                            mmc_tensor **loss);
 
+/* ---------------------------------------------------------------- DDPM training (SD 1.x / 2.x, SDXL)
+ * The objective of diffusers' train_text_to_image(_lora)(_sdxl).py: src/train/ddpm_loss.c. */
+typedef struct {
+    const mmc_tensor *latents;        /* [B, C, h, w] x0: VAE latents * scaling_factor */
+    const mmc_tensor *noise;          /* [B, C, h, w] (offset noise already added) */
+    const int64_t *timesteps;         /* [B] integers in [0, num_train_timesteps) */
+    mmc_tensor *prompt_embeds;        /* [B, T, cross_attention_dim] */
+    mmc_tensor *text_embeds;          /* [B, P] pooled (SDXL: text_encoder_2's), NULL without text_time */
+    const float *time_ids;            /* [B, n_time_ids] SDXL's (original size, crop top-left, target size) */
+    int n_time_ids;
+    mmc_pred_type prediction_type;    /* the scheduler's, or the run's override */
+    double snr_gamma;                 /* min-SNR weighting; 0: off (plain MSE) */
+} mmc_ddpm_batch;
+/* The scalar loss of one micro-batch, on the tape in grad mode. s: the pipeline's scheduler (its
+ * DDPMScheduler training schedule). */
+mmc_status mmc_unet_ddpm_loss(mmc_ctx *ctx, mmc_unet *m, const mmc_nsched *s, const mmc_ddpm_batch *b,
+                              mmc_tensor **loss);
+/* min(snr_t, gamma) / snr_t (epsilon), / (snr_t + 1) (v_prediction), min(snr_t, gamma) (sample);
+ * 1 when snr_gamma <= 0. */
+float mmc_ddpm_snr_weight(const mmc_nsched *s, mmc_pred_type pred, double snr_gamma, int64_t t);
+/* The scripts' offset noise for one sample: noise [C, per_channel] += noise_offset * randn(C, 1, 1). */
+void mmc_ddpm_offset_noise(mmc_rng *r, int64_t C, int64_t per_channel, double noise_offset, float *noise);
+
 #ifdef __cplusplus
 }
 #endif
