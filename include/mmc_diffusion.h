@@ -555,6 +555,12 @@ mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM'
 /* Swap the scheduler for the one in scheduler_dir/scheduler_config.json (diffusers' pipe.scheduler =
  * Cls.from_config(...)). */
 mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir);
+/* A diffusers LoRA for the UNet ("unet.<module>.lora_A.weight", as save_lora_weights and `mmc train`
+ * write it; a directory or .safetensors path) applied unmerged at scale * weight. One at a time. */
+mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight);
+/* Sample with the caller's UNet (training's validation images; its adapters stay the caller's); NULL
+ * returns to the pipeline's own. The pipeline never frees a borrowed UNet. */
+void mmc_sdxl_pipeline_borrow_unet(mmc_sdxl_pipeline *p, mmc_unet *m);
 void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w);
 mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width);
 mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
