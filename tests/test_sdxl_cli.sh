@@ -5,7 +5,10 @@
 # image within 1/255 per channel (its numerics: test_sdxl_pipeline); the tEXt chunks name the pipeline;
 # seeded runs repeat; --scheduler swaps the scheduler; an SD 1.x folder runs with its PNDM scheduler and with DDIM,
 # one with an unsupported scheduler asks for --scheduler; sizes the VAE and UNet cannot take name the
-# nearest valid size; options not wired for SDXL are usage errors.
+# nearest valid size; options not wired for SDXL are usage errors. `mmc train` on the SDXL folder (the DDPM
+# objective): a LoRA run with offset noise and a validation image, generate-image --lora with the adapter (and
+# diffusers' load_lora_weights reading it, with the reference venv), data parallelism giving the one-process
+# losses, aspect-ratio buckets, a full min-SNR v_prediction run resumed bit-exactly; an SD 1.x LoRA run.
 set -u
 MMC=${MMC:-build/mmc}
 fail=0; n=0
@@ -149,6 +152,30 @@ sed "s|$T/xlfull|$T/xlfull2|" "$T/xlfull.yaml" >"$T/xlfull2.yaml"
 expect_rc 0 "$MMC" train "$T/xlfull2.yaml" --resume
 cmp -s "$T/xlfull/checkpoint-3/diffusion_pytorch_model.safetensors" "$T/xlfull2/checkpoint-3/diffusion_pytorch_model.safetensors" \
   && ok || bad "SDXL: the resumed UNet differs from the uninterrupted run's"
+# data parallelism: 2 ranks x 1 micro-batch draw what 1 process x 2 micro-batches draws (per-sample streams)
+if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
+  sed -e "s|output_dir: $T/xlrun|output_dir: $T/dp1|" -e "/validation_/d" -e "/flow_matching/d" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 0|" \
+      -e "s|batch_size: 2}|batch_size: 2, micro_batch_size: 1}|" "$T/xl.yaml" >"$T/dp.yaml"
+  expect_rc 0 "$MMC" train "$T/dp.yaml"
+  export OMPI_MCA_orte_tmpdir_base="$T" MMC_DIST_TIMEOUT=${MMC_DIST_TIMEOUT:-120}
+  expect_rc 0 timeout -k 10 300 "$MMC" launch -n 2 "$T/dp.yaml" --set training.output_dir=$T/dp2 --set parallel.data_parallel=2
+  a=$(grep -o '"loss": [^,]*' "$T/dp1/metrics.jsonl"); b=$(grep -o '"loss": [^,]*' "$T/dp2/metrics.jsonl" 2>/dev/null)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "SDXL: 2-rank losses [$b] differ from 1 process [$a]"
+else
+  echo "test_sdxl_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
+fi
+# aspect-ratio buckets: the 70x50 image goes to the wide bucket (its time_ids: original size, crop (0, 0), the bucket)
+printf '%s\n' '{"image": "../flux/imagefolder/00.png", "caption": "a red circle"}' \
+  '{"image": "../flux/imagefolder/01.png", "caption": "a blue square"}' \
+  '{"image": "../image/rgba.png", "caption": "a wide picture"}' >"$T/bk.jsonl"
+cat >"$T/bk.yaml" <<YAML
+model: {path: $P, lora: {r: 2, alpha: 2, targets: [to_q, to_v]}}
+data: {train: $T/bk.jsonl, image_root: tests/fixtures/flux, resolution: 32, batch_size: 1, aspect_ratio_buckets: "32,32;32,48"}
+optimizer: {lr: 1.0e-3}
+training: {steps: 3, log_every: 1, output_dir: $T/bk, seed: 3}
+YAML
+expect_rc 0 "$MMC" train "$T/bk.yaml"
+grep -q "32x48: 1" "$T/err" && ok || bad "SDXL buckets: $(grep -i bucket "$T/err")"
 # a bad prediction_type names the key
 sed "s|diffusion: .*|diffusion: {prediction_type: x0}|" "$T/xlfull.yaml" >"$T/badpt.yaml"
 expect_rc 1 "$MMC" train "$T/badpt.yaml"
