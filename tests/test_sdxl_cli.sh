@@ -11,6 +11,7 @@
 # losses, aspect-ratio buckets, a full min-SNR v_prediction run resumed bit-exactly; an SD 1.x LoRA run.
 set -u
 MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
 fail=0; n=0
 ok()   { n=$((n+1)); }
 bad()  { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
