@@ -8,7 +8,8 @@
  * inputs and configs. Part "train": DDPM training against diffusers' train_text_to_image(_lora)(_sdxl).py loop
  * (tools/ref/gen_sdxl_train.py, tests/fixtures/sdxl_train): 20 LoRA steps on the SDXL-shaped UNet (epsilon,
  * offset noise, per-image add_time_ids) and 6 full fine-tuning steps of the SD 1.5-shaped one (v_prediction,
- * min-SNR gamma 5): every step's loss and clipped grad norm and the final weights within 1e-3 relative. */
+ * min-SNR gamma 5): every step's loss and clipped grad norm and the final weights within 1e-3 relative; and
+ * mmc_unet_linears names exactly the bound nn.Linear weights under diffusers' module names. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 #include "mmc_train.h"
@@ -103,6 +104,34 @@ static mmc_tensor *unet_param(mmc_unet *m, const char *name) {
     for (int i = 0; i < n; i++)
         if (!strcmp(ns[i], name)) return ps[i];
     return NULL;
+}
+
+/* mmc_unet_linears: every module is a checkpoint tensor "<name>.weight" of the module's shape, and the names
+ * are diffusers' (proj_in / proj_out only with linear projections). */
+static void check_linears(const char *name, int want_proj) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/unet/%s", name);
+    mmc_unet *m = NULL;
+    CHECK_OK(mmc_unet_load(dir, false, &m));
+    if (!m) return;
+    mmc_module_list ml = {0};
+    CHECK_OK(mmc_unet_linears(m, &ml));
+    int proj = 0, bad = 0;
+    for (int i = 0; i < ml.n; i++) {
+        char w[MMC_MODULE_NAME + 16];
+        snprintf(w, sizeof w, "%s.weight", ml.names[i]);
+        const mmc_tensor *t = unet_param(m, w);
+        if (!t || t != ml.mods[i]->w) bad++, printf("  %s: not the bound tensor\n", w);
+        proj += strstr(ml.names[i], ".proj_in") != NULL;
+    }
+    CHECKF(bad == 0 && proj == want_proj, "%s: %d modules, %d not bound tensors, %d proj_in (want %d)", name, ml.n, bad,
+           proj, want_proj);
+    bool found = false;
+    for (int i = 0; i < ml.n; i++)
+        found |= !strcmp(ml.names[i], "down_blocks.1.attentions.0.transformer_blocks.0.ff.net.0.proj");
+    CHECK(found);
+    mmc_module_list_free(&ml);
+    mmc_unet_free(m);
 }
 
 static void check_train(bool lora) {
@@ -214,6 +243,8 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "sd15")) check_case("sd15");
     if (test_part(argc, argv, "errors")) check_config_errors();
     if (test_part(argc, argv, "train")) {
+        check_linears("sdxl", 11);   /* Transformer2DModels: 2 + 2 down, 1 mid, 3 + 3 up; linear projections */
+        check_linears("sd15", 0);    /* 1x1-conv projections: no proj_in module */
         check_train(true);
         check_train(false);
     }
