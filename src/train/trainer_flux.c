@@ -450,6 +450,12 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         const char *pt = c->diffusion.prediction_type;   /* register_to_config(prediction_type=...) */
         if (pt) f->pred = !strcmp(pt, "v_prediction") ? MMC_PRED_V : !strcmp(pt, "sample") ? MMC_PRED_SAMPLE
                                                                                            : MMC_PRED_EPSILON;
+        const mmc_nsched_kind k = f->nsched.cfg.kind;
+        if (c->flow_matching.validation_prompt && f->pred == MMC_PRED_SAMPLE &&
+            (k == MMC_NSCHED_EULER_ANCESTRAL || k == MMC_NSCHED_PNDM))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: diffusion.prediction_type sample: the pipeline's %s scheduler "
+                             "cannot sample its validation images (drop flow_matching.validation_prompt)", c->file,
+                             mmc_nsched_kind_name(k));
     } else {
         mmc_fm_scheduler sch;
         if ((st = mmc_fm_load(p, &sch))) return st;
@@ -807,6 +813,7 @@ mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
     mmc_tensor *img = NULL, *lat;
     if (t->unet) {   /* SDXL / SD: the run's scheduler settings as the pipeline's, no guidance (the conditional branch) */
         mmc_sdxl_pipeline_borrow_unet(f->vpipe_sdxl, t->unet);
+        mmc_sdxl_scheduler(f->vpipe_sdxl)->cfg.prediction_type = f->pred;   /* what the UNet learns to predict */
         lat = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, C, h, w));
         memcpy(lat->data, z->data, mmc_nbytes(lat));
         o.guidance = 1.0;
