@@ -92,6 +92,15 @@ typedef struct {
     bool precondition_outputs;        /* SD3: the scripts' --precondition_outputs (default true): x0 target */
 } mmc_flow_matching_cfg;
 
+/* DDPM-objective training (model.path a StableDiffusionXLPipeline or StableDiffusionPipeline folder):
+ * the options of diffusers' train_text_to_image(_lora)(_sdxl).py of the same names. Validation images
+ * use flow_matching.validation_*. */
+typedef struct {
+    double snr_gamma;                 /* min-SNR loss weighting (0: off, plain MSE) */
+    double noise_offset;              /* noise += noise_offset * randn(B, C, 1, 1) */
+    char *prediction_type;            /* epsilon | v_prediction | sample; NULL: the scheduler's */
+} mmc_diffusion_cfg;
+
 typedef struct {
     int64_t data_parallel, tensor_parallel, pipeline_parallel, zero;
     double timeout;                   /* seconds before a stuck collective aborts the job
@@ -123,6 +132,7 @@ typedef struct {
     mmc_optimizer_cfg optimizer;
     mmc_training_cfg training;
     mmc_flow_matching_cfg flow_matching;
+    mmc_diffusion_cfg diffusion;
     char *file;                       /* the YAML path (for messages) */
 } mmc_run_config;
 

@@ -278,10 +278,17 @@ typedef struct mmc_unet mmc_unet;
 mmc_status mmc_unet_config_read(const mmc_json *cfg, const char *what, mmc_unet_config *out);
 /* Load from a unet/ folder (config.json + diffusion_pytorch_model safetensors, single or sharded;
  * f32 / bf16 / f16, computed in f32). Every missing or mis-shaped tensor is listed. */
-mmc_status mmc_unet_load(const char *dir, mmc_unet **out);
+mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out);
 void mmc_unet_free(mmc_unet *m);
 const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m);
 int64_t mmc_unet_param_count(const mmc_unet *m);
+/* Every parameter and its checkpoint name ("down_blocks.1.attentions.0.proj_in.weight"), owned by
+ * the model (the optimizer's and a checkpoint's view). Returns their count. */
+int mmc_unet_param_list(mmc_unet *m, mmc_tensor ***params, const char *const **names);
+/* The nn.Linear modules of the transformers and embeddings under diffusers' module names
+ * ("down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q", "...ff.net.0.proj", proj_in /
+ * proj_out with use_linear_projection, "time_embedding.linear_1", "add_embedding.linear_2"): for LoRA. */
+mmc_status mmc_unet_linears(mmc_unet *m, mmc_module_list *out);
 
 typedef struct {
     mmc_tensor *sample;        /* [B, in_channels, H, W]; H, W multiples of 2^(levels - 1) */
@@ -548,6 +555,12 @@ mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM'
 /* Swap the scheduler for the one in scheduler_dir/scheduler_config.json (diffusers' pipe.scheduler =
  * Cls.from_config(...)). */
 mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir);
+/* A diffusers LoRA for the UNet ("unet.<module>.lora_A.weight", as save_lora_weights and `mmc train`
+ * write it; a directory or .safetensors path) applied unmerged at scale * weight. One at a time. */
+mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight);
+/* Sample with the caller's UNet (training's validation images; its adapters stay the caller's); NULL
+ * returns to the pipeline's own. The pipeline never frees a borrowed UNet. */
+void mmc_sdxl_pipeline_borrow_unet(mmc_sdxl_pipeline *p, mmc_unet *m);
 void mmc_sdxl_latent_size(const mmc_sdxl_pipeline *p, int height, int width, int64_t *h, int64_t *w);
 mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width);
 mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
@@ -598,6 +611,29 @@ mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *
  * The batch's guidance is unused. */
 mmc_status mmc_sd3_fm_loss(mmc_ctx *ctx, mmc_sd3 *m, const mmc_flux_fm_batch *b, bool precondition_outputs,
                            mmc_tensor **loss);
+
+/* ---------------------------------------------------------------- DDPM training (SD 1.x / 2.x, SDXL)
+ * The objective of diffusers' train_text_to_image(_lora)(_sdxl).py: src/train/ddpm_loss.c. */
+typedef struct {
+    const mmc_tensor *latents;        /* [B, C, h, w] x0: VAE latents * scaling_factor */
+    const mmc_tensor *noise;          /* [B, C, h, w] (offset noise already added) */
+    const int64_t *timesteps;         /* [B] integers in [0, num_train_timesteps) */
+    mmc_tensor *prompt_embeds;        /* [B, T, cross_attention_dim] */
+    mmc_tensor *text_embeds;          /* [B, P] pooled (SDXL: text_encoder_2's), NULL without text_time */
+    const float *time_ids;            /* [B, n_time_ids] SDXL's (original size, crop top-left, target size) */
+    int n_time_ids;
+    mmc_pred_type prediction_type;    /* the scheduler's, or the run's override */
+    double snr_gamma;                 /* min-SNR weighting; 0: off (plain MSE) */
+} mmc_ddpm_batch;
+/* The scalar loss of one micro-batch, on the tape in grad mode. s: the pipeline's scheduler (its
+ * DDPMScheduler training schedule). */
+mmc_status mmc_unet_ddpm_loss(mmc_ctx *ctx, mmc_unet *m, const mmc_nsched *s, const mmc_ddpm_batch *b,
+                              mmc_tensor **loss);
+/* min(snr_t, gamma) / snr_t (epsilon), / (snr_t + 1) (v_prediction), min(snr_t, gamma) (sample);
+ * 1 when snr_gamma <= 0. */
+float mmc_ddpm_snr_weight(const mmc_nsched *s, mmc_pred_type pred, double snr_gamma, int64_t t);
+/* The scripts' offset noise for one sample: noise [C, per_channel] += noise_offset * randn(C, 1, 1). */
+void mmc_ddpm_offset_noise(mmc_rng *r, int64_t C, int64_t per_channel, double noise_offset, float *noise);
 
 #ifdef __cplusplus
 }

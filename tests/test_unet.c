@@ -5,9 +5,16 @@
  * flip_sin_to_cos false, freq_shift 1, mid_block_scale_factor 0.5), each on a non-square 8x12 latent
  * with two different timesteps: the noise prediction within 1e-4 of diffusers; the SDXL one also stored
  * in f16 (SDXL's fp16 variant) and bf16, against diffusers' f32 forward of those weights. Also the errors of bad
- * inputs and configs. */
+ * inputs and configs. Part "train": DDPM training against diffusers' train_text_to_image(_lora)(_sdxl).py loop
+ * (tools/ref/gen_sdxl_train.py, tests/fixtures/sdxl_train): 20 LoRA steps on the SDXL-shaped UNet (epsilon,
+ * offset noise, per-image add_time_ids) and 6 full fine-tuning steps of the SD 1.5-shaped one (v_prediction,
+ * min-SNR gamma 5): every step's loss and clipped grad norm and the final weights within 1e-3 relative; and
+ * mmc_unet_linears names exactly the bound nn.Linear weights under diffusers' module names. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
+#include "mmc_train.h"
+
+#include <math.h>
 
 #define TOL 1e-4
 
@@ -16,7 +23,7 @@ static void check_case(const char *name) {
     snprintf(dir, sizeof dir, "tests/fixtures/unet/%s", name);
     snprintf(rel, sizeof rel, "unet/%s/expected.safetensors", name);
     mmc_unet *m = NULL;
-    CHECK_OK(mmc_unet_load(dir, &m));
+    CHECK_OK(mmc_unet_load(dir, false, &m));
     if (!m) return;
     mmc_st *exp = fixture_open(rel);
     if (!exp) { mmc_unet_free(m); return; }
@@ -90,6 +97,143 @@ static void check_config_errors(void) {
     }
 }
 
+static mmc_tensor *unet_param(mmc_unet *m, const char *name) {
+    mmc_tensor **ps = NULL;
+    const char *const *ns = NULL;
+    const int n = mmc_unet_param_list(m, &ps, &ns);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(ns[i], name)) return ps[i];
+    return NULL;
+}
+
+/* mmc_unet_linears: every module is a checkpoint tensor "<name>.weight" of the module's shape, and the names
+ * are diffusers' (proj_in / proj_out only with linear projections). */
+static void check_linears(const char *name, int want_proj) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/unet/%s", name);
+    mmc_unet *m = NULL;
+    CHECK_OK(mmc_unet_load(dir, false, &m));
+    if (!m) return;
+    mmc_module_list ml = {0};
+    CHECK_OK(mmc_unet_linears(m, &ml));
+    int proj = 0, bad = 0;
+    for (int i = 0; i < ml.n; i++) {
+        char w[MMC_MODULE_NAME + 16];
+        snprintf(w, sizeof w, "%s.weight", ml.names[i]);
+        const mmc_tensor *t = unet_param(m, w);
+        if (!t || t != ml.mods[i]->w) bad++, printf("  %s: not the bound tensor\n", w);
+        proj += strstr(ml.names[i], ".proj_in") != NULL;
+    }
+    CHECKF(bad == 0 && proj == want_proj, "%s: %d modules, %d not bound tensors, %d proj_in (want %d)", name, ml.n, bad,
+           proj, want_proj);
+    bool found = false;
+    for (int i = 0; i < ml.n; i++)
+        found |= !strcmp(ml.names[i], "down_blocks.1.attentions.0.transformer_blocks.0.ff.net.0.proj");
+    CHECK(found);
+    mmc_module_list_free(&ml);
+    mmc_unet_free(m);
+}
+
+static void check_train(bool lora) {
+    const char *dir = lora ? "tests/fixtures/sdxl_train/lora" : "tests/fixtures/sdxl_train/full";
+    mmc_unet *m = NULL;
+    CHECK_OK(mmc_unet_load(lora ? "tests/fixtures/unet/sdxl" : "tests/fixtures/unet/sd15", !lora, &m));
+    char p[256];
+    snprintf(p, sizeof p, "%s/expected.safetensors", dir + strlen("tests/fixtures/"));
+    mmc_st *exp = fixture_open(p);
+    mmc_nsched sch = {0};
+    CHECK_OK(mmc_nsched_load("tests/fixtures/sdxl_train/scheduler", &sch));
+    if (!m || !exp || !sch.alphas_cumprod) { mmc_unet_free(m); mmc_st_close(exp); mmc_nsched_free(&sch); return; }
+    mmc_module_list ml = {0};
+    mmc_lora_set *s = NULL;
+    mmc_tensor **params = NULL;
+    int n_params = 0;
+    const char *const *names = NULL;
+    if (lora) {
+        CHECK_OK(mmc_unet_linears(m, &ml));
+        snprintf(p, sizeof p, "%s/initial.safetensors", dir);
+        CHECK_OK(mmc_lora_load_diffusers(p, "unet", &ml, 1.0f, true, &s));
+        if (!s) { mmc_module_list_free(&ml); mmc_unet_free(m); mmc_st_close(exp); mmc_nsched_free(&sch); return; }
+        params = s->params, n_params = s->n_params;
+    } else n_params = mmc_unet_param_list(m, &params, &names);
+    mmc_adamw opt;
+    mmc_adamw_opts o = {.lr = lora ? 1e-3 : 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-2};
+    CHECK_OK(mmc_adamw_init(&opt, &o, params, n_params));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_ddpm_batch b = {.prompt_embeds = fixture_tensor(exp, "prompt_embeds", MMC_F32),
+                        .text_embeds = lora ? fixture_tensor(exp, "text_embeds", MMC_F32) : NULL,
+                        .prediction_type = lora ? MMC_PRED_EPSILON : MMC_PRED_V, .snr_gamma = lora ? 0.0 : 5.0};
+    double worst_loss = 0, worst_norm = 0;
+    const int steps = lora ? 20 : 6;
+    for (int step = 0; step < steps; step++) {
+        char k[64];
+        mmc_tensor *t[6] = {0};
+        static const char *keys[6] = {"x0", "noise", "timesteps", "loss", "grad_norm", "time_ids"};
+        for (int i = 0; i < (lora ? 6 : 5); i++) {
+            snprintf(k, sizeof k, "%s_%d", keys[i], step);
+            t[i] = fixture_tensor(exp, k, MMC_F32);
+        }
+        int64_t ts[2];
+        for (int i = 0; i < 2; i++) ts[i] = (int64_t)((float *)t[2]->data)[i];
+        b.latents = t[0], b.noise = t[1], b.timesteps = ts;
+        if (lora) b.time_ids = t[5]->data, b.n_time_ids = (int)t[5]->shape[1];
+        mmc_tensor *loss = NULL;
+        CHECK_OK(mmc_unet_ddpm_loss(ctx, m, &sch, &b, &loss));
+        if (!loss) break;
+        const double lv = *(float *)loss->data;
+        mmc_backward(ctx, loss);
+        mmc_ctx_reset(ctx);
+        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
+        mmc_adamw_step(&opt, o.lr);
+        mmc_zero_grad(params, n_params);
+        const double wl = ((float *)t[3]->data)[0], wn = ((float *)t[4]->data)[0];
+        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
+        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
+        CHECKF(rl < 1e-3 && rn < 1e-3, "%s step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", lora ? "lora" : "full",
+               step, lv, wl, norm, wn);
+        for (int i = 0; i < 6; i++) mmc_tensor_free(t[i]);
+    }
+    double worst_w = 0;
+    if (lora) {
+        snprintf(p, sizeof p, "%s/final.safetensors", dir + strlen("tests/fixtures/"));
+        mmc_st *fin = fixture_open(p);
+        CHECK(s->n > 0);
+        for (int i = 0; fin && i < s->n; i++)
+            for (int ab = 0; ab < 2; ab++) {
+                char k[320];
+                snprintf(k, sizeof k, "unet.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
+                mmc_tensor *want = fixture_tensor(fin, k, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
+                worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+                mmc_tensor_free(want);
+            }
+        mmc_st_close(fin);
+    } else {
+        snprintf(p, sizeof p, "%s/final_params.safetensors", dir + strlen("tests/fixtures/"));
+        mmc_st *fin = fixture_open(p);
+        static const char *pn[3] = {"down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.weight",
+                                    "conv_out.weight", "up_blocks.1.resnets.0.conv1.bias"};
+        for (int i = 0; fin && i < 3; i++) {
+            mmc_tensor *want = fixture_tensor(fin, pn[i], MMC_F32), *got = unet_param(m, pn[i]);
+            CHECKF(got != NULL, "no parameter %s", pn[i]);
+            if (got) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+            mmc_tensor_free(want);
+        }
+        mmc_st_close(fin);
+    }
+    CHECKF(worst_w < 1e-3, "%s: final weights: max relative difference %.2e", lora ? "lora" : "full", worst_w);
+    printf("train_%s: %d steps, %d tensors trained, loss rel diff <= %.2e, grad norm <= %.2e, final weights <= %.2e\n",
+           lora ? "lora" : "full", steps, n_params, worst_loss, worst_norm, worst_w);
+    mmc_tensor_free(b.prompt_embeds);
+    mmc_tensor_free(b.text_embeds);
+    mmc_adamw_free(&opt);
+    mmc_ctx_free(ctx);
+    mmc_lora_free(s);
+    mmc_module_list_free(&ml);
+    mmc_nsched_free(&sch);
+    mmc_unet_free(m);
+    mmc_st_close(exp);
+}
+
 int main(int argc, char **argv) {
     if (test_part(argc, argv, "sdxl")) check_case("sdxl");
     if (test_part(argc, argv, "half")) {   /* the fp16 variant and a bf16 copy, computed in f32 */
@@ -98,5 +242,11 @@ int main(int argc, char **argv) {
     }
     if (test_part(argc, argv, "sd15")) check_case("sd15");
     if (test_part(argc, argv, "errors")) check_config_errors();
+    if (test_part(argc, argv, "train")) {
+        check_linears("sdxl", 11);   /* Transformer2DModels: 2 + 2 down, 1 mid, 3 + 3 up; linear projections */
+        check_linears("sd15", 0);    /* 1x1-conv projections: no proj_in module */
+        check_train(true);
+        check_train(false);
+    }
     return test_done("test_unet");
 }

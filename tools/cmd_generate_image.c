@@ -262,8 +262,8 @@ done:
  * does. The noise of stochastic schedulers comes from mmc's stream seed + 1. */
 static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
     gi_args args = *ga, *a = &args;
-    if (a->init_image || a->true_cfg > 1.0 || a->lora)
-        return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for SDXL / SD pipelines "
+    if (a->init_image || a->true_cfg > 1.0)
+        return cli_usage("generate-image", "--init-image and --true-cfg are not wired for SDXL / SD pipelines "
                          "yet (they guide with --guidance)");
     mmc_sdxl_pipeline *p = NULL;
     mmc_status st = mmc_sdxl_pipeline_open(a->model, &p);
@@ -272,6 +272,14 @@ static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
     if ((st = mmc_sdxl_check_size(p, (int)a->height, (int)a->width))) {
         mmc_sdxl_pipeline_free(p);
         return cli_fail(st, "bad size");
+    }
+    if (a->lora) {
+        char path[4096];
+        const float w = cli_lora_spec(a->lora, path, sizeof path);
+        if ((st = mmc_sdxl_pipeline_load_lora(p, path, w))) {
+            mmc_sdxl_pipeline_free(p);
+            return cli_fail(st, "cannot apply --lora %s", a->lora);
+        }
     }
     if (a->scheduler && (st = mmc_sdxl_pipeline_set_scheduler(p, a->scheduler))) {
         mmc_sdxl_pipeline_free(p);

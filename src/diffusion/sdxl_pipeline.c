@@ -20,6 +20,7 @@
  * overflows in f16); mmc computes every model in f32 whatever the stored dtype, which is that upcast. */
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
+#include "mmc_lora.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,8 @@ struct mmc_sdxl_pipeline {
     mmc_vae_config vae_cfg;
     mmc_nsched sched;
     mmc_unet *unet;
+    mmc_lora_set *lora;               /* an adapter on the UNet (mmc_sdxl_pipeline_load_lora) */
+    bool borrowed;                    /* the UNet belongs to the caller (mmc_sdxl_pipeline_borrow_unet) */
     mmc_vae *vae;
     bool sdxl;                        /* StableDiffusionXLPipeline (else StableDiffusionPipeline) */
     bool force_zeros;                 /* force_zeros_for_empty_prompt (SDXL only) */
@@ -90,10 +93,30 @@ fail:
 
 void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p) {
     if (!p) return;
-    mmc_unet_free(p->unet);
+    mmc_lora_free(p->lora);           /* detaches from the UNet, so before it goes */
+    if (!p->borrowed) mmc_unet_free(p->unet);
     mmc_vae_free(p->vae);
     mmc_nsched_free(&p->sched);
     free(p);
+}
+
+mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight) {
+    if (p->lora) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    mmc_status st;
+    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], false, &p->unet))) return st;
+    mmc_module_list ml = {0};
+    st = mmc_unet_linears(p->unet, &ml);
+    if (!st) st = mmc_lora_load_diffusers(path, "unet", &ml, weight, false, &p->lora);
+    mmc_module_list_free(&ml);
+    return st;
+}
+
+void mmc_sdxl_pipeline_borrow_unet(mmc_sdxl_pipeline *p, mmc_unet *m) {
+    mmc_lora_free(p->lora);
+    p->lora = NULL;
+    if (!p->borrowed) mmc_unet_free(p->unet);
+    p->unet = m;
+    p->borrowed = m != NULL;
 }
 
 mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir) {
@@ -242,7 +265,7 @@ mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_co
     if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
     if (!p->have_sched)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s (set another scheduler: generate-image --scheduler DIR)", p->sched_err);
-    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], &p->unet))) return st;
+    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], false, &p->unet))) return st;
     if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
     const int64_t n = mmc_numel(latents), B2 = cfg ? 2 * B : B;
@@ -300,8 +323,12 @@ mmc_status mmc_sdxl_decode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_tensor 
                            mmc_tensor **image) {
     *image = NULL;
     mmc_status st;
-    mmc_unet_free(p->unet);                 /* the VAE decodes with the UNet gone */
-    p->unet = NULL;
+    if (!p->borrowed) {                     /* the VAE decodes with the UNet gone */
+        mmc_lora_free(p->lora);
+        p->lora = NULL;
+        mmc_unet_free(p->unet);
+        p->unet = NULL;
+    }
     if (!p->vae && (st = mmc_vae_load(p->path[X_VAE], &p->vae))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
     mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, latents->shape);

@@ -102,6 +102,14 @@ static const mmc_cfg_field k_flow_matching[] = {
       "SD3: turn the prediction into an x0 estimate, pred * (-sigma) + noisy, against x0 (the scripts' default)"),
     {0},
 };
+static const mmc_cfg_field k_diffusion[] = {
+    F(mmc_diffusion_cfg, snr_gamma, MMC_CFG_FLOAT, 0, 1e6, NULL, NULL,
+      "min-SNR weighting gamma (0: off): loss weight min(snr, gamma) / snr (epsilon), / (snr + 1) (v_prediction)"),
+    F(mmc_diffusion_cfg, noise_offset, MMC_CFG_FLOAT, 0, 10, NULL, NULL, "offset noise: + noise_offset * randn(B, C, 1, 1)"),
+    F(mmc_diffusion_cfg, prediction_type, MMC_CFG_STR, U, NULL, NULL,
+      "epsilon | v_prediction | sample (default: the scheduler's)"),
+    {0},
+};
 static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, data_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "data-parallel ranks"),
     F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
@@ -147,6 +155,8 @@ static const mmc_cfg_field k_root[] = {
     F(mmc_run_config, training, MMC_CFG_SECTION, U, NULL, k_training, "how long, logs, checkpoints"),
     F(mmc_run_config, flow_matching, MMC_CFG_SECTION, U, NULL, k_flow_matching,
       "diffusion training objective (FluxPipeline models)"),
+    F(mmc_run_config, diffusion, MMC_CFG_SECTION, U, NULL, k_diffusion,
+      "DDPM training objective (StableDiffusionXLPipeline / StableDiffusionPipeline models)"),
     {0},
 };
 #undef F
@@ -329,6 +339,9 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         mmc_fm_scheme_parse(c->flow_matching.weighting_scheme, "flow_matching.weighting_scheme", &scheme))
         return verr(c, root, "flow_matching", "weighting_scheme", "'%s' is not one of none, logit_normal, mode, "
                     "sigma_sqrt, cosmap", c->flow_matching.weighting_scheme);
+    const char *pt = c->diffusion.prediction_type;
+    if (pt && strcmp(pt, "epsilon") && strcmp(pt, "v_prediction") && strcmp(pt, "sample"))
+        return verr(c, root, "diffusion", "prediction_type", "'%s' is not one of epsilon, v_prediction, sample", pt);
     return MMC_OK;
 }
 

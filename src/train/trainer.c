@@ -457,6 +457,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     }
     mmc_module_list ml = {0};
     st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
+         : t->unet ? mmc_unet_linears(t->unet, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
          : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
@@ -812,6 +813,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
     mmc_sd3_free(t->sd3);
+    mmc_unet_free(t->unet);
     mmc_fm_data_free(t->fm);
     src_close(&t->src);
     mmc_tokenizer_free(t->tok);

@@ -1,8 +1,10 @@
 /* trainer_flux.c — what `mmc train` needs to fine-tune a Flux or SD3 / SD3.5 transformer (full or
- * LoRA) with the flow-matching objective, inside the same trainer as the understanding models
- * (steps, gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
+ * LoRA) with the flow-matching objective, or the UNet of an SDXL / SD 1.x-2.x pipeline with the DDPM
+ * objective of train_text_to_image(_lora)(_sdxl).py, inside the same trainer as the understanding
+ * models (steps, gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
  *
- *   model.path   a diffusers FluxPipeline or StableDiffusion3Pipeline folder; the transformer trains,
+ *   model.path   a diffusers FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline or
+ *                StableDiffusionPipeline folder; the transformer (UNet) trains,
  *                the VAE and the text encoders only encode the training set once, before the first
  *                step, and are freed
  *   data.train   an image folder with metadata.jsonl ({"file_name", "text"}: what diffusers' scripts
@@ -11,13 +13,16 @@
  *                [-1, 1]; the VAE's latent distribution is cached and sampled anew every step (as the
  *                scripts' --cache_latents does), then shifted and scaled
  *   captions     encode_prompt once per sample (Flux: CLIP pooled + T5 states of max_sequence_length;
- *                SD3: both CLIPs' penultimate states + T5, the two pooled outputs)
+ *                SD3: both CLIPs' penultimate states + T5, the two pooled outputs; SDXL: both CLIPs'
+ *                penultimate states, CLIP-G's projected pooled output; SD: the CLIP's last state);
+ *                SDXL's add_time_ids per image: (original size, crop top-left, target size)
  *   loss         mmc_flux_fm_loss / mmc_sd3_fm_loss (precondition_outputs as the SD3 scripts) with the
- *                config's weighting scheme and guidance; each micro-batch's
+ *                config's weighting scheme and guidance; UNets: mmc_unet_ddpm_loss (the diffusion
+ *                section's snr_gamma, noise_offset, prediction_type); each micro-batch's
  *                mean times its samples / the global batch's samples, so accumulation gives the
  *                global mean
  *   checkpoints  LoRA: pytorch_lora_weights.safetensors in diffusers' layout (load_lora_weights reads
- *                it, so does `mmc generate-image --lora`); full: the transformer folder
+ *                it, so does `mmc generate-image --lora`); full: the transformer (UNet) folder
  *                (config.json + diffusion_pytorch_model.safetensors)
  *
  * The data order is a seeded permutation per epoch; each sample's latent draw, noise and timestep
@@ -57,7 +62,13 @@ struct mmc_fm_data {
     int64_t *perm, perm_epoch;        /* the data order of epoch perm_epoch (sample_at) */
     mmc_flux_pipeline *vpipe;         /* validation images: the pipeline (its VAE) and the prompt's encoding */
     mmc_sd3_pipeline *vpipe_sd3;      /* (SD3) */
+    mmc_sdxl_pipeline *vpipe_sdxl;    /* (SDXL / SD) */
     mmc_flux_cond vcond;
+    /* UNets (DDPM objective) */
+    float *time_ids;                  /* [n, 6] SDXL's add_time_ids of each image (kept for every model) */
+    mmc_nsched nsched;                /* the pipeline's scheduler: its DDPM training schedule */
+    mmc_pred_type pred;               /* its prediction_type, or diffusion.prediction_type */
+    bool sdxl;                        /* text_time conditioning (pooled + time_ids) */
 };
 
 /* ------------------------------------------------------------------ the model */
@@ -74,9 +85,11 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
     mmc_status st = mmc_diffusers_open(c->model.path, &d);
     if (st) return mmc_error_prefix(st, "model.path");
     const bool sd3 = !strcmp(d.pipeline, "StableDiffusion3Pipeline");
-    if (strcmp(d.pipeline, "FluxPipeline") != 0 && !sd3)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: pipeline %s: diffusion training supports FluxPipeline "
-                         "and StableDiffusion3Pipeline folders", c->model.path, d.pipeline);
+    const bool unet = !strcmp(d.pipeline, "StableDiffusionXLPipeline") || !strcmp(d.pipeline, "StableDiffusionPipeline");
+    if (strcmp(d.pipeline, "FluxPipeline") != 0 && !sd3 && !unet)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: pipeline %s: diffusion training supports FluxPipeline, "
+                         "StableDiffusion3Pipeline, StableDiffusionXLPipeline and StableDiffusionPipeline folders",
+                         c->model.path, d.pipeline);
     if (c->model.quantization.method != MMC_QUANT_NONE)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.quantization: NF4 bases are not wired for diffusion "
                          "transformers yet; use LoRA on the f32 / bf16 transformer", c->file);
@@ -91,10 +104,15 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
      * model.init (a transformer config.json) trains one from scratch */
     const bool resumed = ckpt && ckpt != c->model.path;
     char cfgp[2200];
-    if (sd3 && c->model.init && !resumed)
+    if ((sd3 || unet) && c->model.init && !resumed)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a transformer from scratch) is wired for Flux only; "
-                         "fine-tune the SD3 pipeline's transformer instead", c->file);
-    if (sd3) {
+                         "fine-tune the pipeline's %s instead", c->file, sd3 ? "transformer" : "UNet");
+    if (unet) {
+        if (resumed) snprintf(dir, sizeof dir, "%s", ckpt);
+        else mmc_diffusers_path(&d, "unet", "", dir, sizeof dir);
+        if ((st = mmc_unet_load(dir, c->model.lora.r <= 0, &t->unet))) return st;
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    } else if (sd3) {
         if (resumed) snprintf(dir, sizeof dir, "%s", ckpt);
         else mmc_diffusers_path(&d, "transformer", "", dir, sizeof dir);
         if ((st = mmc_sd3_load(dir, c->model.lora.r <= 0, &t->sd3))) return st;
@@ -125,7 +143,8 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
 mmc_status mmc_trainer_flux_params(mmc_trainer *t) {
     mmc_tensor **ps;
     const char *const *nm;
-    t->n_params = t->sd3 ? mmc_sd3_param_list(t->sd3, &ps, &nm) : mmc_flux_param_list(t->flux, &ps, &nm);
+    t->n_params = t->unet ? mmc_unet_param_list(t->unet, &ps, &nm)
+                  : t->sd3 ? mmc_sd3_param_list(t->sd3, &ps, &nm) : mmc_flux_param_list(t->flux, &ps, &nm);
     t->params = calloc((size_t)t->n_params + 1, sizeof *t->params);
     t->names = calloc((size_t)t->n_params + 1, sizeof *t->names);
     t->name_store = calloc((size_t)t->n_params + 1, sizeof *t->name_store);
@@ -232,13 +251,14 @@ static mmc_status parse_buckets(const char *s, const char *file, int *bh, int *b
  * transform: the crop that follows is then the whole image). Then ToTensor + Normalize(0.5):
  * x [3, oh, ow] in [-1, 1]; *bucket gets the bucket. x has room for the largest bucket. */
 static mmc_status load_image(const char *path, int res, const int *bh, const int *bw, int nb, float *x, int *bucket,
-                             int *oh, int *ow) {
+                             int *oh, int *ow, float *time_ids) {
     mmc_image_opts o;
     mmc_image_opts_default(&o);
     mmc_image im = {0}, rs = {0};
     mmc_status st = mmc_image_load(path, &o, &im);
     if (st) return st;
     int H = im.height, W = im.width, nh, nw, th = res, tw = res;
+    time_ids[0] = (float)H, time_ids[1] = (float)W;   /* SDXL: the original size (before the resize) */
     *bucket = 0;
     if (nb) {
         *bucket = mmc_fm_nearest_bucket(H, W, bh, bw, nb);
@@ -249,6 +269,8 @@ static mmc_status load_image(const char *path, int res, const int *bh, const int
     mmc_image_free(&im);
     if (st) return st;
     const int top = (int)nearbyint((nh - th) / 2.0), left = (int)nearbyint((nw - tw) / 2.0);   /* round half even */
+    /* the crop's top-left and the target size: compute_time_ids of train_text_to_image_sdxl.py */
+    time_ids[2] = (float)top, time_ids[3] = (float)left, time_ids[4] = (float)th, time_ids[5] = (float)tw;
     for (int c = 0; c < 3; c++)
         for (int y = 0; y < th; y++)
             for (int xx = 0; xx < tw; xx++) {
@@ -271,11 +293,15 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     free(f->embeds);
     free(f->pooled);
     free(f->perm);
+    free(f->time_ids);
+    mmc_nsched_free(&f->nsched);
     mmc_flux_cond_free(&f->vcond);
     if (f->vpipe) mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
     mmc_flux_pipeline_free(f->vpipe);
     if (f->vpipe_sd3) mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, NULL);
     mmc_sd3_pipeline_free(f->vpipe_sd3);
+    if (f->vpipe_sdxl) mmc_sdxl_pipeline_borrow_unet(f->vpipe_sdxl, NULL);
+    mmc_sdxl_pipeline_free(f->vpipe_sdxl);
     free(f);
 }
 
@@ -288,7 +314,7 @@ static void cache_key(const mmc_trainer *t, const char *data_file, char *key, si
     stat(data_file, &sb);
     char model[PATH_MAX] = "";
     if (!realpath(c->model.path, model)) snprintf(model, sizeof model, "%s", c->model.path);
-    snprintf(key, cap, "v2 model=%s data=%s size=%lld mtime=%lld resolution=%lld buckets=%s max_sequence_length=%lld "
+    snprintf(key, cap, "v3 model=%s data=%s size=%lld mtime=%lld resolution=%lld buckets=%s max_sequence_length=%lld "
              "validation=%s", model, data_file, (long long)sb.st_size, (long long)sb.st_mtime, (long long)c->data.resolution,
              c->data.aspect_ratio_buckets ? c->data.aspect_ratio_buckets : "", (long long)c->flow_matching.max_sequence_length,
              c->flow_matching.validation_prompt ? c->flow_matching.validation_prompt : "");
@@ -306,14 +332,15 @@ static mmc_status cache_read(mmc_trainer *t, const char *key) {
     if (mmc_st_open(path, &st) != MMC_OK) return MMC_ERR_NOT_FOUND;
     const char *k = mmc_st_metadata(st, "key");
     const mmc_st_entry *m = mmc_st_find(st, "mean"), *e = mmc_st_find(st, "embeds"), *p = mmc_st_find(st, "pooled"),
-                       *hw = mmc_st_find(st, "hw"), *bk = mmc_st_find(st, "bucket");
+                       *hw = mmc_st_find(st, "hw"), *bk = mmc_st_find(st, "bucket"),
+                       *ti = mmc_st_find(st, "time_ids");
     mmc_status rc = MMC_ERR_NOT_FOUND;
     if (!k || strcmp(k, key) != 0 || !m || !e || !p || !hw || !bk || m->ndim != 1 || e->ndim != 3 || p->ndim != 2 ||
-        hw->ndim != 2 || hw->shape[1] != 2 || bk->ndim != 1)
+        hw->ndim != 2 || hw->shape[1] != 2 || bk->ndim != 1 || !ti || ti->ndim != 2 || ti->shape[1] != 6)
         goto done;
     f->n = hw->shape[0];
     f->T = e->shape[1], f->J = e->shape[2], f->P = p->shape[1];
-    if (e->shape[0] != f->n || p->shape[0] != f->n || bk->shape[0] != f->n) goto done;
+    if (e->shape[0] != f->n || p->shape[0] != f->n || bk->shape[0] != f->n || ti->shape[0] != f->n) goto done;
     f->hw = malloc((size_t)(2 * f->n) * sizeof *f->hw);
     f->bucket = malloc((size_t)f->n * sizeof *f->bucket);
     f->off = malloc((size_t)(f->n + 1) * sizeof *f->off);
@@ -339,10 +366,15 @@ static mmc_status cache_read(mmc_trainer *t, const char *key) {
     f->std = malloc((size_t)f->off[f->n] * sizeof(float));
     f->embeds = malloc((size_t)(f->n * f->T * f->J) * sizeof(float));
     f->pooled = malloc((size_t)(f->n * f->P) * sizeof(float));
-    if (!f->mean || !f->std || !f->embeds || !f->pooled) { rc = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    f->time_ids = malloc((size_t)(f->n * 6) * sizeof(float));
+    if (!f->mean || !f->std || !f->embeds || !f->pooled || !f->time_ids) {
+        rc = mmc_error(MMC_ERR_OOM, "out of memory");
+        goto done;
+    }
     struct { const char *name; float *dst; int ndim; int64_t shape[4]; } ts[] = {
         {"mean", f->mean, 1, {f->off[f->n]}}, {"std", f->std, 1, {f->off[f->n]}},
         {"embeds", f->embeds, 3, {f->n, f->T, f->J}}, {"pooled", f->pooled, 2, {f->n, f->P}},
+        {"time_ids", f->time_ids, 2, {f->n, 6}},
     };
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         w = mmc_tensor_wrap(MMC_F32, ts[i].ndim, ts[i].shape, ts[i].dst);
@@ -380,12 +412,24 @@ static mmc_status cache_write(mmc_trainer *t, const char *key) {
     if (!st) st = mmc_stw_add_raw(w, "bucket", MMC_I32, 1, MMC_SHAPE(f->n), f->bucket);
     if (!st) st = mmc_stw_add_raw(w, "embeds", MMC_F32, 3, MMC_SHAPE(f->n, f->T, f->J), f->embeds);
     if (!st) st = mmc_stw_add_raw(w, "pooled", MMC_F32, 2, MMC_SHAPE(f->n, f->P), f->pooled);
+    if (!st) st = mmc_stw_add_raw(w, "time_ids", MMC_F32, 2, MMC_SHAPE(f->n, 6), f->time_ids);
     if (!st && f->vcond.prompt_embeds) st = mmc_stw_add(w, "val_embeds", f->vcond.prompt_embeds);
     if (!st && f->vcond.pooled) st = mmc_stw_add(w, "val_pooled", f->vcond.pooled);
     if (!st) st = mmc_stw_set_metadata(w, "key", key);
     if (!st) st = mmc_stw_write(w, path);   /* atomic: a temporary file renamed into place */
     mmc_stw_free(w);
     return st;
+}
+
+/* SDXL / SD encode_prompt; SD has no pooled vector: a [B, 1] zero stands in for it in the cache
+ * (the loss passes no text_embeds without text_time). */
+static mmc_status sdxl_encode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *caps, int B, mmc_flux_cond *out) {
+    mmc_status st = mmc_sdxl_encode_prompt(ctx, p, caps, B, out);
+    if (st || out->pooled) return st;
+    out->pooled = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(B, 1));
+    if (!out->pooled) return mmc_error(MMC_ERR_OOM, "out of memory");
+    memset(out->pooled->data, 0, mmc_nbytes(out->pooled));
+    return MMC_OK;
 }
 
 mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
@@ -399,10 +443,25 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     if (st) return st;
     char p[2200];
     snprintf(p, sizeof p, "%s/scheduler", c->model.path);
-    mmc_fm_scheduler sch;
-    if ((st = mmc_fm_load(p, &sch))) return st;
-    f->sched = sch.cfg;
-    mmc_fm_free(&sch);
+    if (t->unet) {   /* DDPMScheduler.from_pretrained(scheduler): the training schedule of its config */
+        if ((st = mmc_nsched_load(p, &f->nsched))) return st;
+        f->sdxl = mmc_unet_cfg(t->unet)->text_time;
+        f->pred = f->nsched.cfg.prediction_type;
+        const char *pt = c->diffusion.prediction_type;   /* register_to_config(prediction_type=...) */
+        if (pt) f->pred = !strcmp(pt, "v_prediction") ? MMC_PRED_V : !strcmp(pt, "sample") ? MMC_PRED_SAMPLE
+                                                                                           : MMC_PRED_EPSILON;
+        const mmc_nsched_kind k = f->nsched.cfg.kind;
+        if (c->flow_matching.validation_prompt && f->pred == MMC_PRED_SAMPLE &&
+            (k == MMC_NSCHED_EULER_ANCESTRAL || k == MMC_NSCHED_PNDM))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: diffusion.prediction_type sample: the pipeline's %s scheduler "
+                             "cannot sample its validation images (drop flow_matching.validation_prompt)", c->file,
+                             mmc_nsched_kind_name(k));
+    } else {
+        mmc_fm_scheduler sch;
+        if ((st = mmc_fm_load(p, &sch))) return st;
+        f->sched = sch.cfg;
+        mmc_fm_free(&sch);
+    }
     /* the samples */
     fm_item *items = NULL;
     int64_t n = 0;
@@ -429,20 +488,23 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         if (st) goto done;
         f->scaling = vc.scaling_factor, f->shift = vc.shift_factor;
         const int fct = 1 << (vc.levels - 1), res = (int)c->data.resolution;
+        /* the latent side must divide by 2 (Flux's packing, SD3's patches) or 2^(levels - 1) (a UNet) */
+        const int lf = t->unet ? 1 << (mmc_unet_cfg(t->unet)->levels - 1) : 2;
+        const char *why = t->unet ? "the UNet's 2^(levels - 1)" : t->sd3 ? "the 2x2 patches" : "2x2 packing";
         f->C = vc.latent_channels, f->h = f->w = res / fct;
-        if (res % (2 * fct)) {
+        if (res % (lf * fct)) {
             st = mmc_error(MMC_ERR_INVALID, "%s: data.resolution %d must be a multiple of %d (the VAE's factor x %s)",
-                           c->file, res, 2 * fct, t->sd3 ? "the 2x2 patches" : "2x2 packing");
+                           c->file, res, lf * fct, why);
             goto done;
         }
         if (c->data.aspect_ratio_buckets) {
             if ((st = parse_buckets(c->data.aspect_ratio_buckets, c->file, f->bh, f->bw, &f->n_buckets))) goto done;
             for (int b = 0; b < f->n_buckets; b++)
-                if (f->bh[b] % (2 * fct) || f->bw[b] % (2 * fct)) {
+                if (f->bh[b] % (lf * fct) || f->bw[b] % (lf * fct)) {
+                    const int q = lf * fct;
                     st = mmc_error(MMC_ERR_INVALID, "%s: data.aspect_ratio_buckets: bucket %d,%d must be a multiple of %d on "
-                                   "both sides (the VAE's factor x 2x2 %s); e.g. %d,%d", c->file, f->bh[b], f->bw[b],
-                                   2 * fct, t->sd3 ? "patches" : "packing", (f->bh[b] + fct) / (2 * fct) * 2 * fct,
-                                   (f->bw[b] + fct) / (2 * fct) * 2 * fct);
+                                   "both sides (the VAE's factor x %s); e.g. %d,%d", c->file, f->bh[b], f->bw[b],
+                                   q, why, (f->bh[b] + q / 2) / q * q, (f->bw[b] + q / 2) / q * q);
                     goto done;
                 }
         }
@@ -451,7 +513,8 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     cache_key(t, file, key, sizeof key);
     if (cache_read(t, key) == MMC_OK) {
         if (c->flow_matching.validation_prompt)
-            st = t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &f->vpipe_sd3) : mmc_flux_pipeline_open(c->model.path, &f->vpipe);
+            st = t->unet ? mmc_sdxl_pipeline_open(c->model.path, &f->vpipe_sdxl)
+                 : t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &f->vpipe_sd3) : mmc_flux_pipeline_open(c->model.path, &f->vpipe);
         if (st) goto done;
         fprintf(stderr, "mmc train: %lld encoded samples from the cache (%s/cache)\n", (long long)f->n,
                 c->training.output_dir);
@@ -459,7 +522,8 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     }
     /* a stale or partial cache read leaves nothing behind */
     free(f->mean), free(f->std), free(f->embeds), free(f->pooled), free(f->off), free(f->hw), free(f->bucket);
-    f->mean = f->std = f->embeds = f->pooled = NULL;
+    free(f->time_ids);
+    f->mean = f->std = f->embeds = f->pooled = f->time_ids = NULL;
     f->off = NULL, f->hw = f->bucket = NULL;
     mmc_flux_cond_free(&f->vcond);
     if ((st = read_items(file, base, &items, &n))) goto done;
@@ -475,10 +539,11 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     f->off = malloc((size_t)(n + 1) * sizeof *f->off);
     f->hw = malloc((size_t)(2 * n) * sizeof *f->hw);
     f->bucket = malloc((size_t)n * sizeof *f->bucket);
+    f->time_ids = malloc((size_t)n * 6 * sizeof *f->time_ids);
     float *px = malloc((size_t)3 * maxh * maxw * sizeof *px);
     int64_t cap = 0;
     mmc_ctx *ctx = mmc_ctx_new();
-    if (!f->off || !f->hw || !f->bucket || !px || !ctx) {
+    if (!f->off || !f->hw || !f->bucket || !f->time_ids || !px || !ctx) {
         mmc_vae_free(vae);
         mmc_ctx_free(ctx);
         free(px);
@@ -490,7 +555,7 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     const bool tty = isatty(2);
     for (int64_t i = 0; i < n && !st; i++) {
         int b = 0, oh = res, ow = res;
-        if ((st = load_image(items[i].image, res, f->bh, f->bw, f->n_buckets, px, &b, &oh, &ow))) {
+        if ((st = load_image(items[i].image, res, f->bh, f->bw, f->n_buckets, px, &b, &oh, &ow, f->time_ids + 6 * i))) {
             mmc_error_prefix(st, "data.train sample %lld", (long long)i);
             break;
         }
@@ -521,15 +586,18 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     /* captions -> prompt_embeds and pooled, a few at a time (the encoders load once per call) */
     mmc_flux_pipeline *pipe = NULL;
     mmc_sd3_pipeline *spipe = NULL;
-    if (!st) st = t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &spipe) : mmc_flux_pipeline_open(c->model.path, &pipe);
+    mmc_sdxl_pipeline *xpipe = NULL;
+    if (!st) st = t->unet ? mmc_sdxl_pipeline_open(c->model.path, &xpipe)
+                  : t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &spipe) : mmc_flux_pipeline_open(c->model.path, &pipe);
     const int chunk = 64;
     for (int64_t i = 0; i < n && !st; i += chunk) {
         const int k = (int)(n - i < chunk ? n - i : chunk);
         const char *caps[64];
         for (int j = 0; j < k; j++) caps[j] = items[i + j].caption;
         mmc_flux_cond cond;
-        st = spipe ? mmc_sd3_encode_prompt(ctx, spipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond)
-                   : mmc_flux_encode_prompt(ctx, pipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond);
+        st = xpipe ? sdxl_encode(ctx, xpipe, caps, k, &cond)
+             : spipe ? mmc_sd3_encode_prompt(ctx, spipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond)
+                     : mmc_flux_encode_prompt(ctx, pipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond);
         if (st) break;
         if (!f->embeds) {
             f->T = cond.prompt_embeds->shape[1], f->J = cond.prompt_embeds->shape[2], f->P = cond.pooled->shape[1];
@@ -544,18 +612,20 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     }
     const char *vp = c->flow_matching.validation_prompt;
     if (!st && vp) {   /* the validation prompt's encoding, and the pipeline kept for its images */
-        st = spipe ? mmc_sd3_encode_prompt(ctx, spipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond)
-                   : mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
-        if (!st) f->vpipe = pipe, pipe = NULL, f->vpipe_sd3 = spipe, spipe = NULL;
+        st = xpipe ? sdxl_encode(ctx, xpipe, &vp, 1, &f->vcond)
+             : spipe ? mmc_sd3_encode_prompt(ctx, spipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond)
+                     : mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
+        if (!st) f->vpipe = pipe, pipe = NULL, f->vpipe_sd3 = spipe, spipe = NULL, f->vpipe_sdxl = xpipe, xpipe = NULL;
     }
     mmc_flux_pipeline_free(pipe);
     mmc_sd3_pipeline_free(spipe);
+    mmc_sdxl_pipeline_free(xpipe);
     mmc_ctx_free(ctx);
     if (!st && !f->n_buckets)
-        fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld T5 tokens\n",
+        fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld tokens\n",
                 (long long)n, (long long)f->C, (long long)f->h, (long long)f->w, (long long)f->T);
     if (!st && f->n_buckets) {
-        fprintf(stderr, "mmc train: %lld images encoded, captions to %lld T5 tokens; aspect-ratio buckets:", (long long)n,
+        fprintf(stderr, "mmc train: %lld images encoded, captions to %lld tokens; aspect-ratio buckets:", (long long)n,
                 (long long)f->T);
         for (int b = 0; b < f->n_buckets; b++) {
             int64_t k = 0;
@@ -663,6 +733,8 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
     mmc_tensor *nz = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, f->C, lh, lw));
     mmc_tensor *pe = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, f->T, f->J)), *pp = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, f->P));
     float *eps = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)per * sizeof *eps), u[256], sig[256], ts[256];
+    int64_t dt[256];
+    float *tid = f->sdxl ? mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)B * 6 * sizeof *tid) : NULL;
     MMC_CHECK(B <= 256, "micro-batch too large");
     const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
     /* every draw of a sample comes from its own stream, keyed by (seed, step, global sample index):
@@ -681,9 +753,25 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
         for (int64_t k = 0; k < per; k++)   /* latent_dist.sample(), then (z - shift) * scaling */
             xd[k] = ((m[k] + sd[k] * eps[k]) - (float)f->shift) * (float)f->scaling;
         mmc_rng_normal(&r, (float *)nz->data + i * per, per, 0.0f, 1.0f);
-        mmc_fm_sample_u(f->scheme, fc->logit_mean, fc->logit_std, fc->mode_scale, &r, 1, &u[i]);
+        if (t->unet) {   /* offset noise, then randint(0, num_train_timesteps) */
+            mmc_ddpm_offset_noise(&r, f->C, lh * lw, t->cfg->diffusion.noise_offset, (float *)nz->data + i * per);
+            dt[i] = (int64_t)(mmc_rng_u64(&r) % (uint64_t)f->nsched.cfg.num_train_timesteps);
+            if (tid) memcpy(tid + 6 * i, f->time_ids + 6 * idx, 6 * sizeof *tid);
+        } else {
+            mmc_fm_sample_u(f->scheme, fc->logit_mean, fc->logit_std, fc->mode_scale, &r, 1, &u[i]);
+        }
         memcpy((float *)pe->data + i * f->T * f->J, f->embeds + idx * f->T * f->J, (size_t)(f->T * f->J) * sizeof(float));
         memcpy((float *)pp->data + i * f->P, f->pooled + idx * f->P, (size_t)f->P * sizeof(float));
+    }
+    if (t->unet) {
+        mmc_ddpm_batch db = {.latents = x0, .noise = nz, .timesteps = dt, .prompt_embeds = pe,
+                             .text_embeds = f->sdxl ? pp : NULL, .time_ids = tid, .n_time_ids = f->sdxl ? 6 : 0,
+                             .prediction_type = f->pred, .snr_gamma = t->cfg->diffusion.snr_gamma};
+        mmc_tensor *l = NULL;
+        mmc_status st = mmc_unet_ddpm_loss(ctx, t->unet, &f->nsched, &db, &l);
+        if (st) return st;
+        *loss = mmc_scale(ctx, l, (float)((double)B * scale));   /* sum of per-sample losses / global samples */
+        return MMC_OK;
     }
     for (int64_t i = 0; i < B; i++) mmc_fm_train_sigma(&f->sched, u[i], &sig[i], &ts[i]);
     mmc_flux_fm_batch fb = {.latents = x0, .noise = nz, .sigmas = sig, .timesteps = ts, .prompt_embeds = pe,
@@ -723,7 +811,16 @@ mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
     mmc_flux_sample_opts o = {.height = res, .width = res, .steps = (int)c->flow_matching.validation_steps,
                               .guidance = c->flow_matching.guidance};
     mmc_tensor *img = NULL, *lat;
-    if (t->sd3) {   /* SD3: unpacked latents, no guidance (a validation image of the conditional branch alone) */
+    if (t->unet) {   /* SDXL / SD: the run's scheduler settings as the pipeline's, no guidance (the conditional branch) */
+        mmc_sdxl_pipeline_borrow_unet(f->vpipe_sdxl, t->unet);
+        mmc_sdxl_scheduler(f->vpipe_sdxl)->cfg.prediction_type = f->pred;   /* what the UNet learns to predict */
+        lat = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, C, h, w));
+        memcpy(lat->data, z->data, mmc_nbytes(lat));
+        o.guidance = 1.0;
+        st = mmc_sdxl_sample(ctx, f->vpipe_sdxl, &f->vcond, NULL, lat, &o, (uint64_t)c->flow_matching.validation_seed + 1);
+        if (!st) st = mmc_sdxl_decode(ctx, f->vpipe_sdxl, lat, false, &img);
+        mmc_sdxl_pipeline_borrow_unet(f->vpipe_sdxl, NULL);
+    } else if (t->sd3) {   /* SD3: unpacked latents, no guidance (a validation image of the conditional branch alone) */
         mmc_sd3_pipeline_borrow_transformer(f->vpipe_sd3, t->sd3);
         lat = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, C, h, w));
         memcpy(lat->data, z->data, mmc_nbytes(lat));
@@ -759,7 +856,7 @@ mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
 
 /* ------------------------------------------------------------------ checkpoints */
 mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir) {
-    if (t->lora) return mmc_lora_save_diffusers(t->lora, dir, "transformer");
+    if (t->lora) return mmc_lora_save_diffusers(t->lora, dir, t->unet ? "unet" : "transformer");
     /* the transformer folder as save_pretrained writes it */
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);

@@ -106,11 +106,12 @@ struct mmc_trainer {
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
     mmc_sd3 *sd3;              /* or an SD3 / SD3.5 transformer (a StableDiffusion3Pipeline folder) */
+    mmc_unet *unet;            /* or an SDXL / SD 1.x UNet (StableDiffusion(XL)Pipeline folders, DDPM objective) */
     struct mmc_fm_data *fm;
 };
 
 /* a diffusion transformer trains (trainer_flux.c), not a language model */
-static inline bool mmc_trainer_diffusion(const mmc_trainer *t) { return t->flux || t->sd3; }
+static inline bool mmc_trainer_diffusion(const mmc_trainer *t) { return t->flux || t->sd3 || t->unet; }
 
 /* trainer_flux.c */
 typedef struct mmc_fm_data mmc_fm_data;

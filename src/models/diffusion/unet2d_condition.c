@@ -23,12 +23,15 @@
  *
  * The config key attention_head_dim is, for these models, the number of heads (diffusers keeps the
  * misnomer for compatibility: num_attention_heads = num_attention_heads or attention_head_dim), the
- * head dim being channels / heads. Inference only; each block's intermediates are released once its
- * output exists (mw_keep), so peak memory is the skips plus one block's activations. */
+ * head dim being channels / heads. Without a tape, each block's intermediates are released once its
+ * output exists (mw_keep), so peak memory is the skips plus one block's activations. In grad mode
+ * (training) every op records onto the tape and nothing is released; the nn.Linear modules are
+ * mmc_linear_w under diffusers' module names (mmc_unet_linears), so LoRA attaches as PEFT's does. */
 #include "mmc_diffusion.h"
 #include "mmc_models.h"
 #include "../model_weights.h"
 #include "../../nn/resnet2d.h"
+#include "mmc_lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -40,23 +43,24 @@
 typedef mmc_resnet2d resnet;                /* src/nn/resnet2d.c */
 
 typedef struct {
-    mmc_tensor *q, *k, *v;                /* [C, C], [C, Ckv], [C, Ckv]: no bias */
-    mmc_tensor *o_w, *o_b;                /* to_out.0 [C, C], [C] */
+    mmc_linear_w q, k, v;                 /* [C, C], [C, Ckv], [C, Ckv]: no bias */
+    mmc_linear_w o;                       /* to_out.0 [C, C] + bias */
 } attention;
 
 typedef struct {
     mmc_tensor *n1_w, *n1_b, *n2_w, *n2_b, *n3_w, *n3_b;   /* LayerNorms [C] */
     attention self, cross;
-    mmc_tensor *ff0_w, *ff0_b;            /* GEGLU proj [8C, C], [8C] */
-    mmc_tensor *ff2_w, *ff2_b;            /* [C, 4C], [C] */
+    mmc_linear_w ff0;                     /* GEGLU proj [8C, C] + bias */
+    mmc_linear_w ff2;                     /* [C, 4C] + bias */
 } tblock;
 
 typedef struct {
     int64_t C, heads;
     int n_blocks;
     mmc_tensor *norm_w, *norm_b;          /* GroupNorm [C] */
-    mmc_tensor *in_w, *in_b;              /* proj_in [C, C] or [C, C, 1, 1] */
+    mmc_tensor *in_w, *in_b;              /* proj_in [C, C, 1, 1] (use_linear_projection false) */
     mmc_tensor *out_w, *out_b;            /* proj_out */
+    mmc_linear_w in_l, out_l;             /* proj_in / proj_out [C, C] (use_linear_projection true) */
     tblock *blocks;
 } transformer2d;
 
@@ -70,13 +74,14 @@ typedef struct {
 struct mmc_unet {
     mmc_unet_config cfg;
     mmc_tensor *conv_in_w, *conv_in_b;
-    mmc_tensor *t1_w, *t1_b, *t2_w, *t2_b;        /* time_embedding.linear_1 / linear_2 */
-    mmc_tensor *a1_w, *a1_b, *a2_w, *a2_b;        /* add_embedding (text_time) */
+    mmc_linear_w t1, t2;                          /* time_embedding.linear_1 / linear_2 */
+    mmc_linear_w a1, a2;                          /* add_embedding (text_time) */
     level down[MMC_UNET_MAX_LEVELS], up[MMC_UNET_MAX_LEVELS];
     resnet mid_res[2];
     transformer2d mid_attn;
     mmc_tensor *norm_out_w, *norm_out_b, *conv_out_w, *conv_out_b;
     mw_set w;
+    const char **train_names;                     /* mmc_unet_param_list's view of w.names */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -256,10 +261,10 @@ static void bind_resnet(mw_set *w, const char *p, resnet *r, int64_t cin, int64_
 static void bind_attention(mw_set *w, const char *p, const char *name, attention *a, int64_t C, int64_t ckv) {
     char q[256];
     snprintf(q, sizeof q, "%s%s.", p, name);
-    mw_bind(w, q, "to_q.weight", &a->q, 2, MMC_SHAPE(C, C));
-    mw_bind(w, q, "to_k.weight", &a->k, 2, MMC_SHAPE(C, ckv));
-    mw_bind(w, q, "to_v.weight", &a->v, 2, MMC_SHAPE(C, ckv));
-    mw_bind_wb(w, q, "to_out.0", &a->o_w, &a->o_b, 2, MMC_SHAPE(C, C));
+    mw_bind_linear(w, q, "to_q", &a->q, C, C, false);
+    mw_bind_linear(w, q, "to_k", &a->k, C, ckv, false);
+    mw_bind_linear(w, q, "to_v", &a->v, C, ckv, false);
+    mw_bind_linear(w, q, "to_out.0", &a->o, C, C, true);
 }
 
 static mmc_status bind_transformer(mw_set *w, const mmc_unet_config *c, const char *p, transformer2d *t, int64_t C,
@@ -269,8 +274,8 @@ static mmc_status bind_transformer(mw_set *w, const mmc_unet_config *c, const ch
     if (!t->blocks) return mmc_error(MMC_ERR_OOM, "out of memory");
     mw_bind_wb(w, p, "norm", &t->norm_w, &t->norm_b, 1, MMC_SHAPE(C));
     if (c->use_linear_projection) {
-        mw_bind_wb(w, p, "proj_in", &t->in_w, &t->in_b, 2, MMC_SHAPE(C, C));
-        mw_bind_wb(w, p, "proj_out", &t->out_w, &t->out_b, 2, MMC_SHAPE(C, C));
+        mw_bind_linear(w, p, "proj_in", &t->in_l, C, C, true);
+        mw_bind_linear(w, p, "proj_out", &t->out_l, C, C, true);
     } else {
         mw_bind_wb(w, p, "proj_in", &t->in_w, &t->in_b, 4, MMC_SHAPE(C, C, 1, 1));
         mw_bind_wb(w, p, "proj_out", &t->out_w, &t->out_b, 4, MMC_SHAPE(C, C, 1, 1));
@@ -284,8 +289,8 @@ static mmc_status bind_transformer(mw_set *w, const mmc_unet_config *c, const ch
         mw_bind_wb(w, q, "norm3", &b->n3_w, &b->n3_b, 1, MMC_SHAPE(C));
         bind_attention(w, q, "attn1", &b->self, C, C);
         bind_attention(w, q, "attn2", &b->cross, C, c->cross_attention_dim);
-        mw_bind_wb(w, q, "ff.net.0.proj", &b->ff0_w, &b->ff0_b, 2, MMC_SHAPE(8 * C, C));
-        mw_bind_wb(w, q, "ff.net.2", &b->ff2_w, &b->ff2_b, 2, MMC_SHAPE(C, 4 * C));
+        mw_bind_linear(w, q, "ff.net.0.proj", &b->ff0, 8 * C, C, true);
+        mw_bind_linear(w, q, "ff.net.2", &b->ff2, C, 4 * C, true);
     }
     return MMC_OK;
 }
@@ -306,12 +311,11 @@ static mmc_status bind_all(mmc_unet *m) {
     char p[256];
     mmc_status st;
     mw_bind_wb(w, "", "conv_in", &m->conv_in_w, &m->conv_in_b, 4, MMC_SHAPE(ch[0], c->in_channels, 3, 3));
-    mw_bind_wb(w, "time_embedding.", "linear_1", &m->t1_w, &m->t1_b, 2, MMC_SHAPE(temb, ch[0]));
-    mw_bind_wb(w, "time_embedding.", "linear_2", &m->t2_w, &m->t2_b, 2, MMC_SHAPE(temb, temb));
+    mw_bind_linear(w, "time_embedding.", "linear_1", &m->t1, temb, ch[0], true);
+    mw_bind_linear(w, "time_embedding.", "linear_2", &m->t2, temb, temb, true);
     if (c->text_time) {
-        mw_bind_wb(w, "add_embedding.", "linear_1", &m->a1_w, &m->a1_b, 2,
-                   MMC_SHAPE(temb, c->projection_class_embeddings_input_dim));
-        mw_bind_wb(w, "add_embedding.", "linear_2", &m->a2_w, &m->a2_b, 2, MMC_SHAPE(temb, temb));
+        mw_bind_linear(w, "add_embedding.", "linear_1", &m->a1, temb, c->projection_class_embeddings_input_dim, true);
+        mw_bind_linear(w, "add_embedding.", "linear_2", &m->a2, temb, temb, true);
     }
     for (int i = 0; i < L; i++) {
         level *lv = &m->down[i];
@@ -376,10 +380,11 @@ void mmc_unet_free(mmc_unet *m) {
     mw_close(&m->w);
     for (int i = 0; i < MMC_UNET_MAX_LEVELS; i++) free_level(&m->down[i]), free_level(&m->up[i]);
     free(m->mid_attn.blocks);
+    free(m->train_names);
     free(m);
 }
 
-mmc_status mmc_unet_load(const char *dir, mmc_unet **out) {
+mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -390,6 +395,7 @@ mmc_status mmc_unet_load(const char *dir, mmc_unet **out) {
     if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mmc_unet_config_read(j, path, &m->cfg))) goto fail;
     if ((st = mw_open(dir, "diffusion_pytorch_model", &m->w))) goto fail;
+    m->w.trainable = trainable;
     if ((st = bind_all(m))) goto fail;
     if ((st = mw_status(&m->w, dir, "UNet2DConditionModel")) ||
         (st = mw_check_unused(&m->w, dir, "UNet2DConditionModel")))
@@ -406,6 +412,68 @@ fail:
 const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m) { return &m->cfg; }
 int64_t mmc_unet_param_count(const mmc_unet *m) { return mw_count(&m->w); }
 
+int mmc_unet_param_list(mmc_unet *m, mmc_tensor ***params, const char *const **names) {
+    if (!m->train_names) {
+        m->train_names = calloc((size_t)m->w.n_params + 1, sizeof *m->train_names);
+        MMC_CHECK(m->train_names, "out of memory");
+        for (int i = 0; i < m->w.n_params; i++) m->train_names[i] = m->w.names[i];
+    }
+    *params = m->w.params;
+    *names = m->train_names;
+    return m->w.n_params;
+}
+
+static mmc_status add_transformer_linears(const mmc_unet *m, transformer2d *t, const char *p, mmc_module_list *out) {
+    char name[MMC_MODULE_NAME];
+    mmc_status st;
+    if (m->cfg.use_linear_projection) {
+        snprintf(name, sizeof name, "%sproj_in", p);
+        if ((st = mmc_module_list_add(out, &t->in_l, name))) return st;
+    }
+    for (int k = 0; k < t->n_blocks; k++) {
+        tblock *b = &t->blocks[k];
+        struct { mmc_linear_w *l; const char *name; } ls[] = {
+            {&b->self.q, "attn1.to_q"},  {&b->self.k, "attn1.to_k"},  {&b->self.v, "attn1.to_v"},
+            {&b->self.o, "attn1.to_out.0"}, {&b->cross.q, "attn2.to_q"}, {&b->cross.k, "attn2.to_k"},
+            {&b->cross.v, "attn2.to_v"}, {&b->cross.o, "attn2.to_out.0"}, {&b->ff0, "ff.net.0.proj"},
+            {&b->ff2, "ff.net.2"},
+        };
+        for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) {
+            snprintf(name, sizeof name, "%stransformer_blocks.%d.%s", p, k, ls[i].name);
+            if ((st = mmc_module_list_add(out, ls[i].l, name))) return st;
+        }
+    }
+    if (m->cfg.use_linear_projection) {
+        snprintf(name, sizeof name, "%sproj_out", p);
+        if ((st = mmc_module_list_add(out, &t->out_l, name))) return st;
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_unet_linears(mmc_unet *m, mmc_module_list *out) {
+    const mmc_unet_config *c = &m->cfg;
+    mmc_status st;
+    char p[128];
+    if ((st = mmc_module_list_add(out, &m->t1, "time_embedding.linear_1")) ||
+        (st = mmc_module_list_add(out, &m->t2, "time_embedding.linear_2")))
+        return st;
+    if (c->text_time && ((st = mmc_module_list_add(out, &m->a1, "add_embedding.linear_1")) ||
+                         (st = mmc_module_list_add(out, &m->a2, "add_embedding.linear_2"))))
+        return st;
+    for (int i = 0; i < c->levels; i++)
+        for (int r = 0; m->down[i].attn && r < m->down[i].n; r++) {
+            snprintf(p, sizeof p, "down_blocks.%d.attentions.%d.", i, r);
+            if ((st = add_transformer_linears(m, &m->down[i].attn[r], p, out))) return st;
+        }
+    if (c->mid_cross && (st = add_transformer_linears(m, &m->mid_attn, "mid_block.attentions.0.", out))) return st;
+    for (int i = 0; i < c->levels; i++)
+        for (int r = 0; m->up[i].attn && r < m->up[i].n; r++) {
+            snprintf(p, sizeof p, "up_blocks.%d.attentions.%d.", i, r);
+            if ((st = add_transformer_linears(m, &m->up[i].attn[r], p, out))) return st;
+        }
+    return MMC_OK;
+}
+
 /* ------------------------------------------------------------------ forward */
 
 static mmc_tensor *norm_silu(mmc_ctx *ctx, mmc_tensor *x, int groups, mmc_tensor *w, mmc_tensor *b, float eps) {
@@ -421,12 +489,12 @@ static mmc_tensor *resnet_forward(mmc_ctx *ctx, const mmc_unet *m, const resnet 
 /* Attention (AttnProcessor2_0): x [B, S, C] attends to kv [B, T, Ckv] -> [B, S, C] */
 static mmc_tensor *attention_forward(mmc_ctx *ctx, const attention *a, mmc_tensor *x, mmc_tensor *kv, int64_t heads) {
     const int64_t B = x->shape[0], S = x->shape[1], C = x->shape[2], T = kv->shape[1], dh = C / heads;
-    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, x, a->q, NULL), 4, MMC_SHAPE(B, S, heads, dh));
-    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, kv, a->k, NULL), 4, MMC_SHAPE(B, T, heads, dh));
-    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, kv, a->v, NULL), 4, MMC_SHAPE(B, T, heads, dh));
+    mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, x, &a->q), 4, MMC_SHAPE(B, S, heads, dh));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, kv, &a->k), 4, MMC_SHAPE(B, T, heads, dh));
+    mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, kv, &a->v), 4, MMC_SHAPE(B, T, heads, dh));
     mmc_attn_opts o = {.scale = (float)pow((double)dh, -0.5)};
     mmc_tensor *h = mmc_attention(ctx, q, k, v, &o);                                 /* [B, S, heads, dh] */
-    return mmc_linear(ctx, mmc_reshape(ctx, h, 3, MMC_SHAPE(B, S, C)), a->o_w, a->o_b);
+    return mmc_nn_linear(ctx, mmc_reshape(ctx, h, 3, MMC_SHAPE(B, S, C)), &a->o);
 }
 
 /* BasicTransformerBlock (layer_norm, GEGLU): h [B, S, C], enc [B, T, Ccross] */
@@ -439,10 +507,10 @@ static mmc_tensor *tblock_forward(mmc_ctx *ctx, const tblock *b, mmc_tensor *h, 
     n = mmc_layernorm(ctx, h, b->n2_w, b->n2_b, LN_EPS);
     h = mw_keep(ctx, m2, mmc_add(ctx, attention_forward(ctx, &b->cross, n, enc, heads), h));
     n = mmc_layernorm(ctx, h, b->n3_w, b->n3_b, LN_EPS);
-    mmc_tensor *p = mmc_linear(ctx, n, b->ff0_w, b->ff0_b);                        /* [B, S, 8C] */
+    mmc_tensor *p = mmc_nn_linear(ctx, n, &b->ff0);                                 /* [B, S, 8C] */
     mmc_tensor *hid = mmc_contiguous(ctx, mmc_narrow(ctx, p, 2, 0, 4 * C));
     mmc_tensor *gate = mmc_contiguous(ctx, mmc_narrow(ctx, p, 2, 4 * C, 4 * C));
-    mmc_tensor *f = mmc_linear(ctx, mmc_mul(ctx, hid, mmc_gelu(ctx, gate)), b->ff2_w, b->ff2_b);
+    mmc_tensor *f = mmc_nn_linear(ctx, mmc_mul(ctx, hid, mmc_gelu(ctx, gate)), &b->ff2);
     return mw_keep(ctx, mk, mmc_add(ctx, f, h));
 }
 
@@ -455,18 +523,18 @@ static mmc_tensor *transformer_forward(mmc_ctx *ctx, const mmc_unet *m, const tr
     mmc_tensor *h = mmc_groupnorm(ctx, x, (int)m->cfg.norm_num_groups, t->norm_w, t->norm_b, T2D_GN_EPS);
     if (!lin) h = mmc_conv2d(ctx, h, t->in_w, t->in_b, 1, 0);
     h = mmc_contiguous(ctx, mmc_transpose(ctx, mmc_reshape(ctx, h, 3, MMC_SHAPE(B, C, H * W)), 1, 2));  /* [B, HW, C] */
-    if (lin) h = mmc_linear(ctx, h, t->in_w, t->in_b);
+    if (lin) h = mmc_nn_linear(ctx, h, &t->in_l);
     h = mw_keep(ctx, mk, h);
     for (int k = 0; k < t->n_blocks; k++) h = tblock_forward(ctx, &t->blocks[k], h, enc, t->heads);
-    if (lin) h = mmc_linear(ctx, h, t->out_w, t->out_b);
+    if (lin) h = mmc_nn_linear(ctx, h, &t->out_l);
     h = mmc_reshape(ctx, mmc_contiguous(ctx, mmc_transpose(ctx, h, 1, 2)), 4, MMC_SHAPE(B, C, H, W));
     if (!lin) h = mmc_conv2d(ctx, h, t->out_w, t->out_b, 1, 0);
     return mw_keep(ctx, mk, mmc_add(ctx, h, x));
 }
 
 /* TimestepEmbedding: linear_1, SiLU, linear_2 */
-static mmc_tensor *mlp_embed(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w1, mmc_tensor *b1, mmc_tensor *w2, mmc_tensor *b2) {
-    return mmc_linear(ctx, mmc_silu(ctx, mmc_linear(ctx, x, w1, b1)), w2, b2);
+static mmc_tensor *mlp_embed(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l1, const mmc_linear_w *l2) {
+    return mmc_nn_linear(ctx, mmc_silu(ctx, mmc_nn_linear(ctx, x, l1)), l2);
 }
 
 mmc_status mmc_unet_forward(mmc_ctx *ctx, mmc_unet *m, const mmc_unet_inputs *in, mmc_tensor **out) {
@@ -500,21 +568,20 @@ mmc_status mmc_unet_forward(mmc_ctx *ctx, mmc_unet *m, const mmc_unet_inputs *in
                              (long long)c->projection_class_embeddings_input_dim,
                              te ? mmc_shape_str(te, s, sizeof s) : "NULL", in->n_time_ids);
     }
-    const bool grad = mmc_set_grad_enabled(ctx, false);
     x = mmc_contiguous(ctx, x);
     enc = mmc_contiguous(ctx, enc);
 
     /* time embedding (+ SDXL's micro-conditioning) */
     mmc_tensor *temb = mmc_timestep_embedding(ctx, in->timestep, B, (int)c->block_out_channels[0], c->flip_sin_to_cos,
                                               c->freq_shift, 1.0, 10000.0);
-    mmc_tensor *emb = mlp_embed(ctx, temb, m->t1_w, m->t1_b, m->t2_w, m->t2_b);        /* [B, Temb] */
+    mmc_tensor *emb = mlp_embed(ctx, temb, &m->t1, &m->t2);        /* [B, Temb] */
     if (c->text_time) {
         const int64_t n = in->n_time_ids, d = c->addition_time_embed_dim;
         mmc_tensor *tid = mmc_timestep_embedding(ctx, in->time_ids, B * n, (int)d, c->flip_sin_to_cos, c->freq_shift,
                                                  1.0, 10000.0);                      /* [B * n, d] */
         mmc_tensor *parts[2] = {mmc_contiguous(ctx, in->text_embeds), mmc_reshape(ctx, tid, 2, MMC_SHAPE(B, n * d))};
         mmc_tensor *cat = mmc_concat(ctx, parts, 2, 1);
-        emb = mmc_add(ctx, emb, mlp_embed(ctx, cat, m->a1_w, m->a1_b, m->a2_w, m->a2_b));
+        emb = mmc_add(ctx, emb, mlp_embed(ctx, cat, &m->a1, &m->a2));
     }
     mmc_tensor *temb_act = mmc_silu(ctx, emb);
 
@@ -558,6 +625,5 @@ mmc_status mmc_unet_forward(mmc_ctx *ctx, mmc_unet *m, const mmc_unet_inputs *in
     }
     h = norm_silu(ctx, h, (int)c->norm_num_groups, m->norm_out_w, m->norm_out_b, (float)c->norm_eps);
     *out = mmc_conv2d(ctx, h, m->conv_out_w, m->conv_out_b, 1, 1);                     /* [B, Cout, H, W] */
-    mmc_set_grad_enabled(ctx, grad);
     return MMC_OK;
 }
