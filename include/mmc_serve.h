@@ -119,6 +119,17 @@ typedef struct {
                     int64_t *default_max_new, mmc_serve_error *err);
     mmc_status (*generate)(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g);
     void (*release)(void *self, void *prompt);
+    /* Continuous batching (all three set, else requests run one at a time through generate):
+     * the language model whose decode steps the engine batches (mmc_qwen2_decode_batch), the
+     * prompt's prefill into a fresh single-sequence cache (the model's own, images included)
+     * with the prompt's token ids (history for penalties), the last position's logits [V] in
+     * ctx and the RoPE offset of later tokens (Qwen2-VL's rope delta, else 0), and the
+     * sampler and EOS ids generate would use (eos: MMC_GEN_MAX_EOS slots, go->eos_ids points there). */
+    struct mmc_qwen2 *lm;
+    mmc_status (*prefill)(void *self, void *prompt, mmc_ctx *ctx, mmc_kv_cache *kv, const int32_t **ids,
+                          int64_t *n_ids, float **logits, int64_t *rope_delta);
+    void (*sampling)(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g,
+                     mmc_gen_opts *go, int32_t *eos);
 } mmc_serve_backend;
 
 /* ------------------------------------------------------------------ server */
@@ -128,6 +139,10 @@ typedef struct {
     const char *api_key;         /* NULL: no auth */
     const char *media_root;      /* NULL: no local image paths */
     int threads;                 /* compute threads (0: all cores) */
+    /* paged KV cache of the batching engine: blocks of kv_block_size positions; kv_blocks of
+     * them (0: kv_memory_mib's worth, 0: enough for max_batch full contexts up to 4 GiB) */
+    int64_t kv_blocks, kv_block_size, kv_memory_mib;
+    int max_batch;               /* sequences decoded together (default 64) */
     mmc_serve_limits limits;
 } mmc_serve_options;
 
