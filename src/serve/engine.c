@@ -647,6 +647,7 @@ static void seq_finish(serve_engine *e, serve_seq *s, const char *finish) {
     r->c->finish = r->finish;
     if (j->req.stream) emit_chunk(e, j, r->idx, NULL, 0, false, r->finish);
     mmc_kv_seq_free(&e->pool, &s->kv);
+    metrics_kv(e);
     if (s->smp_ok) mmc_sampler_free(&s->smp);
     free(s->hist);
     free(s);
@@ -706,6 +707,19 @@ static void batch_start_job(serve_engine *e, serve_job *j) {
         goto fail;
     }
     if (!job_prepare(e, j, &j->prompt, &j->max_new, &err)) goto fail;
+    /* a sequence must fit the whole KV pool (it may end up alone in it) */
+    int64_t cap = e->pool.n_blocks * e->pool.block_size;
+    if (j->n_prompt + 1 > cap || (q->max_tokens > 0 && j->n_prompt + j->max_new > cap)) {
+        mmc_serve_fail(&err, 400, "invalid_request_error", q->max_tokens > 0 ? "max_tokens" : "messages",
+                       "context_length_exceeded", "This server's KV cache holds %lld tokens. However, you requested "
+                       "%lld tokens (%lld in the prompt, %lld in the completion). Please reduce the length of the "
+                       "prompt or completion.", (long long)cap, (long long)(j->n_prompt + j->max_new),
+                       (long long)j->n_prompt, (long long)j->max_new);
+        e->b->release(e->b->self, j->prompt);
+        j->prompt = NULL;
+        goto fail;
+    }
+    if (j->n_prompt + j->max_new > cap) j->max_new = cap - j->n_prompt;
     job_set_state(j, JOB_PREPARED);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
     j->n_live = q->n;
@@ -817,7 +831,8 @@ static void batch_step(serve_engine *e, mmc_ctx *ctx) {
     for (int i = 0; i < e->n_run;) {
         serve_seq *s = e->run[i];
         if (mmc_kv_seq_reserve(&e->pool, &s->kv, s->kv.len + 1)) { i++; continue; }
-        preempt_youngest(e);   /* may be s itself: then index i now holds the next one, or none */
+        preempt_youngest(e);   /* may be s itself; the list shifted: check again from the start */
+        i = 0;
     }
     if (e->n_run == 0) return;
     const int64_t B = e->n_run, V = e->b->lm->cfg.vocab_size;
