@@ -1,8 +1,9 @@
 """bench_serve.py — load generator for `mmc serve` (bench/bench_serve.sh), Python's standard library only:
 C concurrent clients, each sending R streaming /v1/completions requests one after another (greedy,
 max_tokens N, its own prompt); reports output tokens/s over the level's wall time, and p50 / p99 of
-the time to first token and of the inter-token latency (gaps between streamed chunks, each gap divided
-by the tokens it brought). usage: bench_serve.py PORT LEVELS(1,4,16) ROUNDS MAX_TOKENS"""
+the time to first token and of the inter-token latency (the gaps between streamed chunks: a chunk may
+carry several tokens when the detokenizer held back an incomplete character, so these are per chunk).
+usage: bench_serve.py PORT LEVELS(1,4,16) ROUNDS MAX_TOKENS"""
 import http.client
 import json
 import sys

@@ -15,11 +15,12 @@ cp tests/fixtures/qwen2/chat/tokenizer.json tests/fixtures/qwen2/chat/tokenizer_
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); model: Qwen2-0.5B layer shapes x $LAYERS layers, f32, vocab 1392"
 for mode in batching no-batching; do
   flags=(); [ $mode = no-batching ] && flags=(--no-batching)
+  rm -f "$W/err"   # else the last server's port may be read before the new one truncates it
   "$B/mmc" serve --model "$W" --port 0 --max-queue 256 --max-connections 256 "${flags[@]}" >"$W/out" 2>"$W/err" &
   SPID=$!
   PORT=
   for _ in $(seq 600); do
-    PORT=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$W/err"); [ -n "$PORT" ] && break; sleep 0.1
+    PORT=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$W/err" 2>/dev/null); [ -n "$PORT" ] && break; sleep 0.1
   done
   echo "== $mode"
   python3 bench/bench_serve.py "$PORT" "$LEVELS" "$ROUNDS" "$NTOK"

@@ -2,9 +2,10 @@
  * model. Three layers, each replaceable on its own:
  *   - the request parser (src/serve/request.c): a JSON body of /v1/chat/completions or
  *     /v1/completions -> mmc_serve_request, with OpenAI's 400 errors (type, param, code);
- *   - the engine (src/serve/engine.c): a queue and one thread that runs requests one at a time
- *     through an mmc_serve_backend (submit -> events of text deltas -> done / cancel). A later
- *     batching engine replaces engine.c behind the same job interface;
+ *   - the engine (src/serve/engine.c): a queue and one thread that runs requests through an
+ *     mmc_serve_backend (submit -> events of text deltas -> done / cancel): continuously
+ *     batched over a paged KV cache (mmc_infer.h) when the backend exposes its LM, else one at
+ *     a time;
  *   - the HTTP front (src/serve/http.c): routes, API key, limits, SSE streaming, /metrics,
  *     graceful shutdown.
  * The backend (tools/cmd_serve.c) renders the chat template, loads images and generates with
@@ -143,6 +144,7 @@ typedef struct {
      * them (0: kv_memory_mib's worth, 0: enough for max_batch full contexts up to 4 GiB) */
     int64_t kv_blocks, kv_block_size, kv_memory_mib;
     int max_batch;               /* sequences decoded together (default 64) */
+    int64_t prefill_tokens;      /* prompt tokens prefilled per step while others decode (default 512) */
     mmc_serve_limits limits;
 } mmc_serve_options;
 

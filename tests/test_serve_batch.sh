@@ -2,9 +2,11 @@
 # test_serve_batch.sh — continuous batching in `mmc serve`: 8 concurrent clients with different
 # prompts and lengths (raw completions, and chats with an image on the Qwen2-VL checkpoint) each get
 # exactly `mmc generate --greedy`'s text and token count (tests/serve_batch_check.py), on the tiny
-# Qwen2-VL of test_e2e_cli (M-RoPE, vision prefill then batched LM decode) and the tiny Qwen2 text
-# model; then again with a KV pool so small (--kv-blocks 30 of 4 positions: 120, the longest request needs 104) that sequences must be
-# preempted and recomputed: outputs unchanged, mmc_preemptions_total > 0, no block left in use.
+# Qwen2-VL of test_e2e_cli (M-RoPE, vision prefill then batched LM decode), the tiny Qwen2 text
+# model, and the LLaVA (Llama LM) and InternVL (Qwen2 LM) fixtures with text prompts; then again
+# on Qwen2-VL with a KV pool so small (--kv-blocks 30 of 4 positions: 120; the longest request
+# needs 104) that sequences must be preempted and recomputed: outputs unchanged,
+# mmc_preemptions_total > 0, no block left in use.
 set -u
 MMC=${MMC:-build/mmc}
 IMG=$PWD/tests/fixtures/e2e/shapes_160x120.png
@@ -21,6 +23,7 @@ run() {   # MODEL IMAGE|- [check flags] -- [serve flags]
   local flags=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
   shift
+  rm -f "$W/err"   # else the last server's port may be read before the new one truncates it
   "$MMC" serve --model "$model" --port 0 "$@" >"$W/out" 2>"$W/err" &
   SPID=$!
   PORT=
@@ -39,6 +42,8 @@ run() {   # MODEL IMAGE|- [check flags] -- [serve flags]
 
 run tests/fixtures/e2e/q2_v5 "$IMG" -- --max-tokens 256
 run tests/fixtures/qwen2/chat - -- --max-tokens 256
+run tests/fixtures/llava/hub - -- --max-tokens 256
+run tests/fixtures/internvl/v5 - -- --max-tokens 256
 run tests/fixtures/e2e/q2_v5 "$IMG" --expect-preempt -- --max-tokens 256 --kv-block-size 4 --kv-blocks 30
 [ $fail -eq 0 ] && echo "test_serve_batch: all passed" || echo "test_serve_batch: $fail failed"
 exit $((fail > 0))

@@ -65,6 +65,8 @@ void help_serve(FILE *f) {
             "  --kv-memory MIB          KV cache size (default: max-batch full contexts, at most 4096)\n"
             "  --kv-block-size N        positions per block (default 16)\n"
             "  --max-batch N            sequences decoded together (default 64)\n"
+            "  --prefill-tokens N       prompt tokens admitted per step while others decode (default 512;\n"
+            "                           whole prompts: one longer prompt still goes alone)\n"
             "  --no-batching            run requests one at a time (the unbatched engine)\n"
             "  -h, --help               this help\n\n"
             "example:\n"
@@ -280,6 +282,9 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-batch")) {
             if (opt_ll(a, argc, argv, &i, 1, 4096, &v)) return CLI_USAGE;
             o.max_batch = (int)v;
+        } else if (!strcmp(a, "--prefill-tokens")) {
+            if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 30, &v)) return CLI_USAGE;
+            o.prefill_tokens = v;
         } else if (!strcmp(a, "--no-batching")) {
             no_batch = true;
         } else if (!strcmp(a, "--max-n")) {

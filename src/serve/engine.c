@@ -1,6 +1,8 @@
-/* engine.c — the engine of `mmc serve`: a bounded queue of jobs and one thread that runs them
- * one at a time through the backend (prepare the prompt, then each of the n choices with its
- * own seed). Generated tokens become text the way `mmc generate` prints it (the decode of all
+/* engine.c — the engine of `mmc serve`: a bounded queue of jobs and one thread that runs them,
+ * with continuous batching over a paged KV cache when the backend gives its LM, prefill and
+ * sampling (see "continuous batching" below: vLLM's scheduler, simplified: decode-first steps,
+ * FCFS admission, preemption of the youngest by recompute), else one at a time through the
+ * backend (prepare the prompt, then each of the n choices with its own seed). Generated tokens become text the way `mmc generate` prints it (the decode of all
  * tokens so far, an incomplete UTF-8 sequence held back), cut at the first stop sequence (text
  * that may still become one is held back too), and are written to the job as OpenAI SSE
  * chunks (chat.completion.chunk / text_completion) or kept for the final body. Logprobs come
@@ -915,12 +917,16 @@ static void batch_loop(serve_engine *e) {
             if (!seq_gone(e, s)) e->wait[w++] = s;
         }
         e->n_wait = w;
-        /* 3. admissions in line order */
-        while (e->n_wait > 0 && e->n_run < e->max_batch) {
+        /* 3. admissions in line order, under a prefill token budget per step while others
+         * decode (a whole prompt at a time: the first always goes) */
+        int64_t budget = e->opt.prefill_tokens > 0 ? e->opt.prefill_tokens : 512;
+        while (e->n_wait > 0 && e->n_run < e->max_batch && (budget > 0 || e->n_run == 0)) {
             serve_seq *s = e->wait[0];
+            int64_t cost = s->n_hist > 0 ? s->n_hist : s->r.j->n_prompt;
             list_remove(e->wait, &e->n_wait, 0);
             int a = admit(e, ctx, s);
             if (a == 0) { list_push(&e->wait, &e->n_wait, &e->cap_wait, s, true); break; }
+            budget -= cost;
         }
         /* 4. one decode step for every running sequence */
         batch_step(e, ctx);
