@@ -1,8 +1,9 @@
 """bench_serve.py — load generator for `mmc serve` (bench/bench_serve.sh), Python's standard library only:
 C concurrent clients, each sending R streaming /v1/completions requests one after another (greedy,
-max_tokens N, its own prompt); reports output tokens/s over the level's wall time, and p50 / p99 of
-the time to first token and of the inter-token latency (the gaps between streamed chunks: a chunk may
-carry several tokens when the detokenizer held back an incomplete character, so these are per chunk).
+max_tokens N, its own prompt) after one untimed warm-up request; reports output tokens/s over the
+level's wall time, and p50 / p99 of the time to first token and of the inter-token latency (the gaps
+between streamed chunks: a chunk may carry several tokens when the detokenizer held back an incomplete
+character, so these are per chunk).
 usage: bench_serve.py PORT LEVELS(1,4,16) ROUNDS MAX_TOKENS"""
 import http.client
 import json
@@ -44,6 +45,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))] if xs else float("nan")
 
 
+one("warm-up: the weights' pages and the KV pool's first blocks are touched here, untimed", [])
 rows = []
 for C in LEVELS:
     res = []
