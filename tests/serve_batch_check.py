@@ -2,7 +2,8 @@
 once, each with its own prompt and max_tokens (raw completions, and chats with an image for a VLM), half
 of them streaming; every answer must equal `mmc generate --greedy` run alone on the same prompt (text and
 token count). Then /metrics: with --expect-preempt, mmc_preemptions_total > 0 (a tiny --kv-blocks pool
-forced preemption by recompute). Python's standard library only.
+forced preemption by recompute, and a request larger than the whole pool gets 400
+context_length_exceeded). Python's standard library only.
 usage: serve_batch_check.py PORT MMC MODEL IMAGE|- [--expect-preempt]"""
 import base64
 import http.client
@@ -97,6 +98,15 @@ check(pre, "mmc_preemptions_total in /metrics")
 check(used == [0.0], "KV blocks in use after every request finished: %s" % used)
 if EXPECT_PREEMPT:
     check(pre and pre[0] > 0, "no preemption happened with the tiny KV pool")
+    # a request that cannot fit the whole pool is refused up front
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    c.request("POST", "/v1/completions", json.dumps({"prompt": "hello", "max_tokens": 200}),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    j = json.loads(r.read())
+    c.close()
+    check(r.status == 400 and j["error"]["code"] == "context_length_exceeded" and j["error"]["param"] == "max_tokens",
+          "a request larger than the KV pool: %s %s" % (r.status, j))
 print("serve_batch_check: %d concurrent clients, %d equal to mmc generate; preemptions %s; %d failures"
       % (len(cases), sum(1 for e, g in zip(expect, results) if g == e), pre[0] if pre else "?", fails))
 sys.exit(1 if fails else 0)
