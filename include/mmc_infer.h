@@ -134,6 +134,8 @@ float *mmc_kv_seq_at(const mmc_kv_pool *p, const mmc_kv_seq *s, int layer, bool 
 /* Copy a filled contiguous single-sequence cache (batch 1, kv->len positions: a prefill) into s,
  * reserving its blocks; s->len = kv->len. MMC_ERR_OOM without blocks (nothing taken). */
 mmc_status mmc_kv_seq_import(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv);
+/* The same for positions [from, from + n) of the cache, which become s's 0 .. n-1. */
+mmc_status mmc_kv_seq_import_range(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n);
 /* Decode attention through block tables, one query token per sequence: q [B, Hq, D] ->
  * out [B, Hq, D]; sequence b attends over positions [0, seqs[b]->len) of layer l (the new
  * token's K/V already written). Query head h reads KV head h / (Hq / Hkv) (GQA); softmax of
@@ -149,6 +151,14 @@ void mmc_kv_paged_attention(const mmc_kv_pool *p, int layer, mmc_kv_seq *const *
  * by one (blocks must have been reserved). *logits: [B, V] in ctx's arena. */
 mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
                                   int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits);
+
+/* Prefill N text prompts (ids[i] of n[i] tokens, no media) in one forward pass: packed into one
+ * row with block-diagonal causal attention and positions from 0 in each, so each prompt's
+ * result is its prefill alone; seqs[i] (empty) receive their K/V (blocks reserved here; an
+ * MMC_ERR_OOM before any work when the pool is short). *logits: [N, V], each prompt's last
+ * position, in ctx's arena. Not for dynamic NTK RoPE (its tables depend on the length). */
+mmc_status mmc_qwen2_prefill_packed(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *const *ids, const int64_t *n,
+                                    int64_t N, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,8 @@
  * different lengths prefilled one by one and then decoded together as one batch through
  * block tables of 4-position blocks (so every sequence crosses blocks, and the blocks of
  * different sequences interleave in the pool); every step's logits of every sequence match
- * its own decode within 1e-5. Also with M-RoPE on (Qwen2-VL's LM: equal axes after the
+ * its own decode within 1e-5; the same after a packed prefill of all four prompts in one
+ * pass (block-diagonal attention). Also with M-RoPE on (Qwen2-VL's LM: equal axes after the
  * prompt give the 1-D table), with sequences leaving mid-way and a new one joining,
  * and the pool's accounting (blocks taken, refused when short, returned). */
 #include "test_util.h"
@@ -94,6 +95,39 @@ static void run(bool mrope) {
     printf("test_kv_paged: %s: max |logit diff| batched paged vs single decode %.3g\n", mrope ? "mrope" : "rope",
            worst);
     CHECKF(worst <= 1e-5, "max |diff| %.3g", worst);
+    /* packed prefill of all prompts in one pass, then batched decode: the same logits */
+    for (int s = 0; s < NSEQ; s++) mmc_kv_seq_release(&pool, &seq[s]);
+    {
+        const int32_t *ids[NSEQ];
+        int64_t n[NSEQ];
+        mmc_kv_seq *act[NSEQ];
+        for (int s = 0; s < NSEQ; s++) { ids[s] = toks[s]; n[s] = plen[s]; act[s] = &seq[s]; }
+        float *lg;
+        double wp = 0;
+        mmc_ctx_reset(ctx);
+        CHECK_OK(mmc_qwen2_prefill_packed(ctx, m, ids, n, NSEQ, &pool, act, &lg));
+        for (int s = 0; s < NSEQ; s++) {
+            CHECK(seq[s].len == plen[s]);
+            for (int v = 0; v < c.vocab_size; v++) wp = fmax(wp, fabs((double)lg[s * c.vocab_size + v] - ref[s][0][v]));
+        }
+        for (int k = 1; k <= STEPS; k++) {
+            int32_t tk[NSEQ];
+            int64_t pos[NSEQ];
+            for (int s = 0; s < NSEQ; s++) {
+                CHECK(mmc_kv_seq_reserve(&pool, &seq[s], seq[s].len + 1));
+                tk[s] = toks[s][plen[s] + k - 1];
+                pos[s] = seq[s].len;
+            }
+            mmc_ctx_reset(ctx);
+            CHECK_OK(mmc_qwen2_decode_batch(ctx, m, tk, pos, NSEQ, &pool, act, &lg));
+            for (int s = 0; s < NSEQ; s++)
+                for (int v = 0; v < c.vocab_size; v++)
+                    wp = fmax(wp, fabs((double)lg[s * c.vocab_size + v] - ref[s][k][v]));
+        }
+        printf("test_kv_paged: %s: max |logit diff| packed prefill + batched decode vs alone %.3g\n",
+               mrope ? "mrope" : "rope", wp);
+        CHECKF(wp <= 1e-5, "packed: max |diff| %.3g", wp);
+    }
     /* accounting: a reservation larger than the free blocks is refused and takes nothing */
     mmc_kv_seq big = {0};
     int64_t before = pool.n_free;

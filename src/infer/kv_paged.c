@@ -89,24 +89,31 @@ float *mmc_kv_seq_at(const mmc_kv_pool *p, const mmc_kv_seq *s, int layer, bool 
 }
 
 mmc_status mmc_kv_seq_import(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv) {
+    return mmc_kv_seq_import_range(p, s, kv, 0, kv->len);
+}
+
+mmc_status mmc_kv_seq_import_range(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n) {
     if (kv->batch != 1 || kv->kv_heads != p->kv_heads || kv->head_dim != p->head_dim || kv->n_layers != p->n_layers)
         return mmc_error(MMC_ERR_SHAPE, "KV import: a cache of batch %lld, %d layers, %lld x %lld heads does not fit "
                          "the pool's %d layers, %lld x %lld", (long long)kv->batch, kv->n_layers,
                          (long long)kv->kv_heads, (long long)kv->head_dim, p->n_layers, (long long)p->kv_heads,
                          (long long)p->head_dim);
-    if (!mmc_kv_seq_reserve(p, s, kv->len))
-        return mmc_error(MMC_ERR_OOM, "KV pool: %lld positions need %lld blocks, %lld free", (long long)kv->len,
-                         (long long)mmc_kv_pool_blocks_for(p, kv->len), (long long)p->n_free);
+    if (from < 0 || n < 0 || from + n > kv->len)
+        return mmc_error(MMC_ERR_INVALID, "KV import: positions [%lld, %lld) outside the cache's %lld",
+                         (long long)from, (long long)(from + n), (long long)kv->len);
+    if (!mmc_kv_seq_reserve(p, s, n))
+        return mmc_error(MMC_ERR_OOM, "KV pool: %lld positions need %lld blocks, %lld free", (long long)n,
+                         (long long)mmc_kv_pool_blocks_for(p, n), (long long)p->n_free);
     const int64_t row = p->kv_heads * p->head_dim;
     for (int l = 0; l < p->n_layers; l++)
         for (int w = 0; w < 2; w++) {
-            const float *src = (const float *)(w ? kv->v : kv->k)[l]->data;   /* [1, cap, Hkv, D] */
-            for (int64_t t0 = 0; t0 < kv->len; t0 += p->block_size) {
-                int64_t n = kv->len - t0 < p->block_size ? kv->len - t0 : p->block_size;
-                memcpy(mmc_kv_seq_at(p, s, l, w, t0), src + t0 * row, (size_t)(n * row) * sizeof(float));
+            const float *src = (const float *)(w ? kv->v : kv->k)[l]->data + from * row;   /* [1, cap, Hkv, D] */
+            for (int64_t t0 = 0; t0 < n; t0 += p->block_size) {
+                int64_t c = n - t0 < p->block_size ? n - t0 : p->block_size;
+                memcpy(mmc_kv_seq_at(p, s, l, w, t0), src + t0 * row, (size_t)(c * row) * sizeof(float));
             }
         }
-    s->len = kv->len;
+    s->len = n;
     return MMC_OK;
 }
 
@@ -229,4 +236,51 @@ mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tok
     mmc_tensor *hn = mmc_rmsnorm(ctx, x, m->norm, eps);                                       /* [B, 1, C] */
     *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, hn))->data;                        /* [B, 1, V] */
     return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ packed prefill
+ * Several text prompts in one forward: packed into one row [1, sum n, C] with block-diagonal
+ * causal attention (cu_seqlens) and positions restarting at 0 per prompt, so each prompt sees
+ * only itself, as alone; one pass over the weights for all of them. The K/V of each prompt's
+ * span go to its own blocks. */
+mmc_status mmc_qwen2_prefill_packed(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *const *ids, const int64_t *n,
+                                    int64_t N, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits) {
+    const mmc_qwen2_config *c = &m->cfg;
+    if (m->tp) return mmc_error(MMC_ERR_INVALID, "packed prefill does not run tensor-parallel models");
+    if (c->rope_kind == MMC_ROPE_DYNAMIC)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "packed prefill: dynamic NTK RoPE depends on each prompt's length");
+    int64_t T = 0, need = 0;
+    for (int64_t i = 0; i < N; i++) {
+        if (n[i] <= 0) return mmc_error(MMC_ERR_INVALID, "packed prefill: an empty prompt");
+        T += n[i];
+        need += mmc_kv_pool_blocks_for(pool, n[i]) - seqs[i]->n_blocks;
+    }
+    if (need > pool->n_free)
+        return mmc_error(MMC_ERR_OOM, "KV pool: %lld blocks needed, %lld free", (long long)need, (long long)pool->n_free);
+    mmc_tensor *idt = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, T));
+    mmc_tensor *pos = c->mrope ? mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, T)) : mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
+    int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(N + 1));
+    cu[0] = 0;
+    for (int64_t i = 0, t = 0; i < N; i++) {
+        memcpy((int32_t *)idt->data + t, ids[i], (size_t)n[i] * sizeof(int32_t));
+        for (int64_t k = 0; k < n[i]; k++)
+            for (int a = 0; a < (c->mrope ? 3 : 1); a++) ((int64_t *)pos->data)[a * T + t + k] = k;
+        t += n[i];
+        cu[i + 1] = (int32_t)t;
+    }
+    mmc_tensor *cos, *sin;
+    if (c->mrope) mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin);
+    else mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);
+    mmc_kv_cache kv;
+    mmc_status st = mmc_kv_cache_init(&kv, (int)c->num_layers, 1, pool->kv_heads, pool->head_dim, T);
+    if (st) return st;
+    mmc_attn_opts attn = {.causal = true, .cu_seqlens = cu, .n_seqs = (int)N};
+    mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, idt), cos, sin, &attn, &kv);   /* [1, T, C] */
+    mmc_tensor *last = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(N));
+    for (int64_t i = 0; i < N; i++) ((int64_t *)last->data)[i] = cu[i + 1] - 1;
+    mmc_tensor *hl = mmc_gather_rows(ctx, mmc_reshape(ctx, h, 2, MMC_SHAPE(T, c->hidden_size)), last); /* [N, C] */
+    *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, hl))->data;                                 /* [N, V] */
+    for (int64_t i = 0; i < N && !st; i++) st = mmc_kv_seq_import_range(pool, seqs[i], &kv, cu[i], n[i]);
+    mmc_kv_cache_free(&kv);
+    return st;
 }
