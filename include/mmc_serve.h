@@ -131,6 +131,9 @@ typedef struct {
                           int64_t *n_ids, float **logits, int64_t *rope_delta);
     void (*sampling)(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g,
                      mmc_gen_opts *go, int32_t *eos);
+    /* Optional: true with the prompt's ids when it is text only (its prefill is the LM's alone:
+     * the engine then prefills several such prompts in one packed pass). */
+    bool (*text_ids)(void *self, void *prompt, const int32_t **ids, int64_t *n_ids);
 } mmc_serve_backend;
 
 /* ------------------------------------------------------------------ server */

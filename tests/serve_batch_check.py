@@ -94,6 +94,7 @@ metrics = c.getresponse().read().decode()
 c.close()
 pre = [float(l.split()[1]) for l in metrics.splitlines() if l.startswith("mmc_preemptions_total ")]
 used = [float(l.split()[1]) for l in metrics.splitlines() if l.startswith("mmc_kv_blocks_in_use ")]
+packed = [float(l.split()[1]) for l in metrics.splitlines() if l.startswith("mmc_packed_prefill_prompts_total ")]
 check(pre, "mmc_preemptions_total in /metrics")
 check(used == [0.0], "KV blocks in use after every request finished: %s" % used)
 if EXPECT_PREEMPT:
@@ -107,6 +108,7 @@ if EXPECT_PREEMPT:
     c.close()
     check(r.status == 400 and j["error"]["code"] == "context_length_exceeded" and j["error"]["param"] == "max_tokens",
           "a request larger than the KV pool: %s %s" % (r.status, j))
-print("serve_batch_check: %d concurrent clients, %d equal to mmc generate; preemptions %s; %d failures"
-      % (len(cases), sum(1 for e, g in zip(expect, results) if g == e), pre[0] if pre else "?", fails))
+print("serve_batch_check: %d concurrent clients, %d equal to mmc generate; preemptions %s; prompts in packed "
+      "prefills %s; %d failures" % (len(cases), sum(1 for e, g in zip(expect, results) if g == e),
+                                    pre[0] if pre else "?", packed[0] if packed else "?", fails))
 sys.exit(1 if fails else 0)

@@ -208,6 +208,15 @@ static mmc_status backend_prefill(void *self, void *prompt, mmc_ctx *ctx, mmc_kv
     return st;
 }
 
+static bool backend_text_ids(void *self, void *prompt, const int32_t **ids, int64_t *n_ids) {
+    (void)self;
+    cli_prompt *p = &((serve_prompt *)prompt)->p;
+    if (p->media.n_images || p->media.n_videos || p->llava_pixels || p->internvl_pixels) return false;
+    *ids = p->ids;
+    *n_ids = p->n;
+    return true;
+}
+
 static void backend_release(void *self, void *prompt) {
     (void)self;
     serve_prompt *sp = prompt;
@@ -335,7 +344,8 @@ int cmd_serve(int argc, char **argv) {
                            .lm = sb.m.llava ? sb.m.llava->lm : sb.m.internvl ? sb.m.internvl->lm
                                : sb.m.vl ? sb.m.vlm->lm : sb.m.lm,
                            .prefill = backend_prefill,
-                           .sampling = backend_sampling};
+                           .sampling = backend_sampling,
+                           .text_ids = backend_text_ids};
     if (no_batch) b.lm = NULL;
     st = mmc_serve_run(&b, &o);
     rmdir(sb.tmpdir);

@@ -828,6 +828,60 @@ static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     return 1;
 }
 
+/* Text-only prompts at the head of the line, admitted together through one packed prefill
+ * (mmc_qwen2_prefill_packed) while budget, batch size and blocks allow. */
+static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
+    const mmc_serve_backend *b = e->b;
+    if (!b->text_ids || b->lm->cfg.rope_kind == MMC_ROPE_DYNAMIC) return;
+    int K = 0;
+    int64_t blocks = 0, tokens = 0;
+    enum { MAXK = 64 };
+    const int32_t *ids[MAXK];
+    int64_t n[MAXK];
+    while (K < e->n_wait && K < MAXK && e->n_run + K < e->max_batch) {
+        serve_seq *s = e->wait[K];
+        const int32_t *id;
+        int64_t ni;
+        if (!b->text_ids(b->self, s->r.j->prompt, &id, &ni) || ni <= 0) break;
+        int64_t nb = mmc_kv_pool_blocks_for(&e->pool, (s->n_hist > ni ? s->n_hist : ni) + 1);
+        if (blocks + nb > e->pool.n_free || (K > 0 && tokens + ni > *budget)) break;
+        ids[K] = id;
+        n[K++] = ni;
+        blocks += nb;
+        tokens += ni;
+    }
+    if (K < 2) return;   /* one goes the ordinary way */
+    serve_seq *grp[MAXK];
+    mmc_kv_seq *kvs[MAXK];
+    for (int i = 0; i < K; i++) { grp[i] = e->wait[i]; kvs[i] = &grp[i]->kv; }
+    memmove(e->wait, e->wait + K, (size_t)(e->n_wait - K) * sizeof *e->wait);
+    e->n_wait -= K;
+    *budget -= tokens;
+    float *logits = NULL;
+    mmc_ctx_reset(ctx);
+    mmc_status st = mmc_qwen2_prefill_packed(ctx, b->lm, ids, n, K, &e->pool, kvs, &logits);
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.packed += K;
+    pthread_mutex_unlock(&e->metrics.mu);
+    const int64_t V = b->lm->cfg.vocab_size;
+    for (int i = 0; i < K; i++) {
+        serve_seq *s = grp[i];
+        if (st) { seq_abort(e, s, "packed prefill"); continue; }
+        if (s->n_hist == 0) {
+            memcpy(s->hist, ids[i], (size_t)n[i] * sizeof *ids[i]);
+            s->n_hist = s->n_prompt = n[i];
+        }
+        s->base = 0;
+        s->rope_delta = 0;
+        s->order = ++e->n_admitted;
+        if (s->n_hist == s->n_prompt && !seq_take(e, s, logits + i * V)) continue;
+        if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
+            mmc_error(MMC_ERR_OOM, "out of memory");
+            seq_abort(e, s, "admission");
+        }
+    }
+}
+
 static void batch_step(serve_engine *e, mmc_ctx *ctx) {
     /* every running sequence needs room for one more position; the youngest yields */
     for (int i = 0; i < e->n_run;) {
@@ -920,6 +974,7 @@ static void batch_loop(serve_engine *e) {
         /* 3. admissions in line order, under a prefill token budget per step while others
          * decode (a whole prompt at a time: the first always goes) */
         int64_t budget = e->opt.prefill_tokens > 0 ? e->opt.prefill_tokens : 512;
+        admit_packed(e, ctx, &budget);
         while (e->n_wait > 0 && e->n_run < e->max_batch && (budget > 0 || e->n_run == 0)) {
             serve_seq *s = e->wait[0];
             int64_t cost = s->n_hist > 0 ? s->n_hist : s->r.j->n_prompt;
@@ -1090,8 +1145,10 @@ char *serve_metrics_text(serve_engine *e) {
                             "# HELP mmc_running_sequences Sequences in the decode batch.\n"
                             "# TYPE mmc_running_sequences gauge\nmmc_running_sequences %lld\n"
                             "# HELP mmc_preemptions_total Sequences preempted (recomputed) for lack of KV blocks.\n"
-                            "# TYPE mmc_preemptions_total counter\nmmc_preemptions_total %lld\n",
-                            m->kv_blocks_used, m->kv_blocks_total, m->running, m->preemptions);
+                            "# TYPE mmc_preemptions_total counter\nmmc_preemptions_total %lld\n"
+                            "# HELP mmc_packed_prefill_prompts_total Prompts prefilled together in a packed pass.\n"
+                            "# TYPE mmc_packed_prefill_prompts_total counter\nmmc_packed_prefill_prompts_total %lld\n",
+                            m->kv_blocks_used, m->kv_blocks_total, m->running, m->preemptions, m->packed);
     hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
               m->ttft_sum, m->ttft_n);
     hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,

@@ -65,7 +65,7 @@ typedef struct {
     long long ttft[SERVE_N_BUCKETS + 1], itl[SERVE_N_BUCKETS + 1];   /* counts per bucket, +Inf last */
     double ttft_sum, itl_sum;
     long long ttft_n, itl_n;
-    long long kv_blocks_used, kv_blocks_total, running, preemptions;   /* batching engine */
+    long long kv_blocks_used, kv_blocks_total, running, preemptions, packed;   /* batching engine */
 } serve_metrics;
 extern const int serve_status_codes[SERVE_N_STATUS];
 extern const double serve_buckets[SERVE_N_BUCKETS];
