@@ -80,7 +80,7 @@ static void job_wait(serve_job *j, serve_job_state until, bool (*gone)(void *), 
     while (j->state < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000 * 1000;
+        ts.tv_nsec += 50 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
         if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) && gone && !j->cancelled && j->state < until) {
             pthread_mutex_unlock(&j->mu);

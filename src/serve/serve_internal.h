@@ -83,7 +83,7 @@ void serve_engine_free(serve_engine *e);
  * when shutting down. The job comes with one reference for the caller. */
 serve_job *serve_submit(serve_engine *e, mmc_serve_request *req, mmc_serve_error *err);
 /* Block until the job is prepared (prompt built; streaming can start) or done. gone (may be
- * NULL) is asked every 200 ms whether the client went away; if so the job is cancelled. */
+ * NULL) is asked every 50 ms whether the client went away; if so the job is cancelled. */
 void serve_job_wait_prepared(serve_job *j, bool (*gone)(void *), void *user);
 void serve_job_wait_done(serve_job *j, bool (*gone)(void *), void *user);
 void serve_job_cancel(serve_job *j);
