@@ -98,6 +98,68 @@ int64_t mmc_gen_config_max_new(const mmc_gen_config *g, int64_t n_prompt);
 mmc_status mmc_generate(const mmc_decoder *dec, const int32_t *prompt, int64_t n_prompt,
                         const mmc_gen_opts *opts, int32_t *out, int *n_out);
 
+
+/* ---------------------------------------------------------------- paged KV cache
+ * vLLM-style paging for the serving engine: one pool of fixed-size blocks (block_size
+ * positions each; per layer a [n_blocks, block_size, Hkv, D] buffer for K and one for V),
+ * and per sequence a block table (the pool blocks holding its positions 0.., in order). A
+ * sequence grows a block at a time; freeing it returns its blocks. The pool is not
+ * thread-safe: the engine's one thread owns it. */
+typedef struct {
+    int n_layers;
+    int64_t kv_heads, head_dim, block_size, n_blocks;
+    float **k, **v;             /* [n_layers] of [n_blocks, block_size, Hkv, D] */
+    int32_t *free_ids;          /* stack of free block ids */
+    int64_t n_free;
+} mmc_kv_pool;
+
+typedef struct {
+    int32_t *blocks;            /* block table */
+    int64_t n_blocks, cap;
+    int64_t len;                /* positions written */
+} mmc_kv_seq;
+
+mmc_status mmc_kv_pool_init(mmc_kv_pool *p, int n_layers, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                            int64_t n_blocks);
+void mmc_kv_pool_free(mmc_kv_pool *p);
+/* Blocks a sequence needs to hold n positions. */
+int64_t mmc_kv_pool_blocks_for(const mmc_kv_pool *p, int64_t n);
+/* Make s hold at least n positions: false (nothing taken) when the pool has too few free blocks. */
+bool mmc_kv_seq_reserve(mmc_kv_pool *p, mmc_kv_seq *s, int64_t n);
+/* Return s's blocks to the pool; s becomes empty (its table's memory kept for reuse). */
+void mmc_kv_seq_release(mmc_kv_pool *p, mmc_kv_seq *s);
+void mmc_kv_seq_free(mmc_kv_pool *p, mmc_kv_seq *s);
+/* The address of K (or V) [Hkv, D] of position pos of s in layer l (pos < reserved capacity). */
+float *mmc_kv_seq_at(const mmc_kv_pool *p, const mmc_kv_seq *s, int layer, bool value, int64_t pos);
+/* Copy a filled contiguous single-sequence cache (batch 1, kv->len positions: a prefill) into s,
+ * reserving its blocks; s->len = kv->len. MMC_ERR_OOM without blocks (nothing taken). */
+mmc_status mmc_kv_seq_import(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv);
+/* The same for positions [from, from + n) of the cache, which become s's 0 .. n-1. */
+mmc_status mmc_kv_seq_import_range(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n);
+/* Decode attention through block tables, one query token per sequence: q [B, Hq, D] ->
+ * out [B, Hq, D]; sequence b attends over positions [0, seqs[b]->len) of layer l (the new
+ * token's K/V already written). Query head h reads KV head h / (Hq / Hkv) (GQA); softmax of
+ * q.k * scale (0: 1/sqrt(D)). Runs over (sequence, head) pairs in parallel. */
+void mmc_kv_paged_attention(const mmc_kv_pool *p, int layer, mmc_kv_seq *const *seqs, int64_t B, int64_t Hq,
+                            const float *q, float *out, float scale);
+
+/* Batched decode of the text model (mmc_models.h's mmc_qwen2; Llama and the VLMs' LMs too):
+ * B sequences, one new token each, as one [B, C] batch through every linear (one GEMM per
+ * weight), each attending over its own paged cache. tokens [B]; rope_pos [B] the RoPE
+ * position of each token (its cache length, plus Qwen2-VL's rope delta: for M-RoPE the three
+ * axes are equal after the prompt); the new K/V are written at seqs[b]->len, which then grows
+ * by one (blocks must have been reserved). *logits: [B, V] in ctx's arena. */
+mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
+                                  int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits);
+
+/* Prefill N text prompts (ids[i] of n[i] tokens, no media) in one forward pass: packed into one
+ * row with block-diagonal causal attention and positions from 0 in each, so each prompt's
+ * result is its prefill alone; seqs[i] (empty) receive their K/V (blocks reserved here; an
+ * MMC_ERR_OOM before any work when the pool is short). *logits: [N, V], each prompt's last
+ * position, in ctx's arena. Not for dynamic NTK RoPE (its tables depend on the length). */
+mmc_status mmc_qwen2_prefill_packed(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *const *ids, const int64_t *n,
+                                    int64_t N, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits);
+
 #ifdef __cplusplus
 }
 #endif

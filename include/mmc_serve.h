@@ -2,9 +2,10 @@
  * model. Three layers, each replaceable on its own:
  *   - the request parser (src/serve/request.c): a JSON body of /v1/chat/completions or
  *     /v1/completions -> mmc_serve_request, with OpenAI's 400 errors (type, param, code);
- *   - the engine (src/serve/engine.c): a queue and one thread that runs requests one at a time
- *     through an mmc_serve_backend (submit -> events of text deltas -> done / cancel). A later
- *     batching engine replaces engine.c behind the same job interface;
+ *   - the engine (src/serve/engine.c): a queue and one thread that runs requests through an
+ *     mmc_serve_backend (submit -> events of text deltas -> done / cancel): continuously
+ *     batched over a paged KV cache (mmc_infer.h) when the backend exposes its LM, else one at
+ *     a time;
  *   - the HTTP front (src/serve/http.c): routes, API key, limits, SSE streaming, /metrics,
  *     graceful shutdown.
  * The backend (tools/cmd_serve.c) renders the chat template, loads images and generates with
@@ -119,6 +120,20 @@ typedef struct {
                     int64_t *default_max_new, mmc_serve_error *err);
     mmc_status (*generate)(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g);
     void (*release)(void *self, void *prompt);
+    /* Continuous batching (all three set, else requests run one at a time through generate):
+     * the language model whose decode steps the engine batches (mmc_qwen2_decode_batch), the
+     * prompt's prefill into a fresh single-sequence cache (the model's own, images included)
+     * with the prompt's token ids (history for penalties), the last position's logits [V] in
+     * ctx and the RoPE offset of later tokens (Qwen2-VL's rope delta, else 0), and the
+     * sampler and EOS ids generate would use (eos: MMC_GEN_MAX_EOS slots, go->eos_ids points there). */
+    struct mmc_qwen2 *lm;
+    mmc_status (*prefill)(void *self, void *prompt, mmc_ctx *ctx, mmc_kv_cache *kv, const int32_t **ids,
+                          int64_t *n_ids, float **logits, int64_t *rope_delta);
+    void (*sampling)(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g,
+                     mmc_gen_opts *go, int32_t *eos);
+    /* Optional: true with the prompt's ids when it is text only (its prefill is the LM's alone:
+     * the engine then prefills several such prompts in one packed pass). */
+    bool (*text_ids)(void *self, void *prompt, const int32_t **ids, int64_t *n_ids);
 } mmc_serve_backend;
 
 /* ------------------------------------------------------------------ server */
@@ -128,6 +143,11 @@ typedef struct {
     const char *api_key;         /* NULL: no auth */
     const char *media_root;      /* NULL: no local image paths */
     int threads;                 /* compute threads (0: all cores) */
+    /* paged KV cache of the batching engine: blocks of kv_block_size positions; kv_blocks of
+     * them (0: kv_memory_mib's worth, 0: enough for max_batch full contexts up to 4 GiB) */
+    int64_t kv_blocks, kv_block_size, kv_memory_mib;
+    int max_batch;               /* sequences decoded together (default 64) */
+    int64_t prefill_tokens;      /* prompt tokens prefilled per step while others decode (default 512) */
     mmc_serve_limits limits;
 } mmc_serve_options;
 

@@ -28,7 +28,10 @@ void help_serve(FILE *f) {
             "generate` does (greedy unless temperature > 0 or the model's generation_config.json samples).\n"
             "Requests: stream (SSE, data: [DONE]), stream_options.include_usage, max_tokens /\n"
             "max_completion_tokens, temperature, top_p, top_k, min_p, seed, n, stop, presence_penalty,\n"
-            "frequency_penalty, logprobs, top_logprobs. Requests run one at a time in arrival order.\n"
+            "frequency_penalty, logprobs, top_logprobs. Requests are batched continuously: every step\n"
+            "decodes all running sequences together (one GEMM per weight) over a paged KV cache and\n"
+            "admits queued prompts (their prefill) while blocks allow; when blocks run out the youngest\n"
+            "sequence is preempted (its blocks freed, recomputed later). Greedy output equals `mmc generate`'s.\n"
             "SIGTERM / SIGINT: stop accepting, cancel queued and running requests (their streams end\n"
             "with a final chunk and [DONE]), exit 0.\n\n"
             "options:\n"
@@ -57,6 +60,14 @@ void help_serve(FILE *f) {
             "                           beyond N + 16 are refused outright)\n"
             "  --max-queue N            requests queued or running; more get 429 (default %d)\n"
             "  --max-n N                the largest n (default %d)\n"
+            "batching:\n"
+            "  --kv-blocks N            KV cache blocks (default: from --kv-memory)\n"
+            "  --kv-memory MIB          KV cache size (default: max-batch full contexts, at most 4096)\n"
+            "  --kv-block-size N        positions per block (default 16)\n"
+            "  --max-batch N            sequences decoded together (default 64)\n"
+            "  --prefill-tokens N       prompt tokens admitted per step while others decode (default 512;\n"
+            "                           whole prompts: one longer prompt still goes alone)\n"
+            "  --no-batching            run requests one at a time (the unbatched engine)\n"
             "  -h, --help               this help\n\n"
             "example:\n"
             "  mmc serve --model ./Qwen2-VL-2B-Instruct --port 8080 &\n"
@@ -140,7 +151,8 @@ done:
     return ok;
 }
 
-static mmc_status backend_generate(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g) {
+static void backend_sampling(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g,
+                             mmc_gen_opts *out, int32_t *eos) {
     serve_backend *sb = self;
     serve_prompt *sp = prompt;
     cli_sampling s;
@@ -152,7 +164,6 @@ static mmc_status backend_generate(void *self, void *prompt, const mmc_serve_req
     s.max_new = g->max_new;
     s.seed = (long long)g->seed;
     mmc_gen_opts go = {0};
-    int32_t eos[MMC_GEN_MAX_EOS];
     cli_sampling_resolve(&sb->m, &s, g->max_new, sp->p.n, &go, eos);
     go.max_new_tokens = g->max_new;
     go.sampler.seed = g->seed;
@@ -162,12 +173,48 @@ static mmc_status backend_generate(void *self, void *prompt, const mmc_serve_req
     go.sampler.logits_user = g->user;
     go.on_token = g->on_token;
     go.user = g->user;
+    *out = go;
+}
+
+static mmc_status backend_generate(void *self, void *prompt, const mmc_serve_request *req, const mmc_serve_gen *g) {
+    serve_backend *sb = self;
+    serve_prompt *sp = prompt;
+    mmc_gen_opts go;
+    int32_t eos[MMC_GEN_MAX_EOS];
+    backend_sampling(self, prompt, req, g, &go, eos);
     int32_t *out = malloc((size_t)(g->max_new + 1) * sizeof *out);
     if (!out) return mmc_error(MMC_ERR_OOM, "out of memory");
     int n_out = 0;
     mmc_status st = cli_generate(&sb->m, &sp->p, &go, out, &n_out);
     free(out);
     return st;
+}
+
+/* the prompt's prefill as cli_generate's decoder runs it (for the batching engine) */
+static mmc_status backend_prefill(void *self, void *prompt, mmc_ctx *ctx, mmc_kv_cache *kv, const int32_t **ids,
+                                  int64_t *n_ids, float **logits, int64_t *rope_delta) {
+    serve_backend *sb = self;
+    cli_model *m = &sb->m;
+    cli_prompt *p = &((serve_prompt *)prompt)->p;
+    mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
+    mmc_llava_request lreq = {m->llava, p->llava_pixels};
+    mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
+    mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
+                  : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
+    *ids = p->ids;
+    *n_ids = p->n;
+    mmc_status st = d.prefill(ctx, d.self, p->ids, p->n, kv, logits);
+    *rope_delta = m->vl ? req.rope_delta : 0;
+    return st;
+}
+
+static bool backend_text_ids(void *self, void *prompt, const int32_t **ids, int64_t *n_ids) {
+    (void)self;
+    cli_prompt *p = &((serve_prompt *)prompt)->p;
+    if (p->media.n_images || p->media.n_videos || p->llava_pixels || p->internvl_pixels) return false;
+    *ids = p->ids;
+    *n_ids = p->n;
+    return true;
 }
 
 static void backend_release(void *self, void *prompt) {
@@ -187,6 +234,7 @@ int cmd_serve(int argc, char **argv) {
     if (o.api_key && !o.api_key[0]) o.api_key = NULL;
     mmc_serve_limits_default(&o.limits);
     const char *model = NULL, *adapter = NULL, *name = NULL, *tpl = NULL, *tpl_name = NULL;
+    bool no_batch = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long long v = 0;
@@ -231,6 +279,23 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-queue")) {
             if (opt_ll(a, argc, argv, &i, 1, 100000, &v)) return CLI_USAGE;
             o.limits.max_queue = (int)v;
+        } else if (!strcmp(a, "--kv-blocks")) {
+            if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 30, &v)) return CLI_USAGE;
+            o.kv_blocks = v;
+        } else if (!strcmp(a, "--kv-block-size")) {
+            if (opt_ll(a, argc, argv, &i, 1, 4096, &v)) return CLI_USAGE;
+            o.kv_block_size = v;
+        } else if (!strcmp(a, "--kv-memory")) {
+            if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 30, &v)) return CLI_USAGE;
+            o.kv_memory_mib = v;
+        } else if (!strcmp(a, "--max-batch")) {
+            if (opt_ll(a, argc, argv, &i, 1, 4096, &v)) return CLI_USAGE;
+            o.max_batch = (int)v;
+        } else if (!strcmp(a, "--prefill-tokens")) {
+            if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 30, &v)) return CLI_USAGE;
+            o.prefill_tokens = v;
+        } else if (!strcmp(a, "--no-batching")) {
+            no_batch = true;
         } else if (!strcmp(a, "--max-n")) {
             if (opt_ll(a, argc, argv, &i, 1, 128, &v)) return CLI_USAGE;
             o.limits.max_n = (int)v;
@@ -280,7 +345,13 @@ int cmd_serve(int argc, char **argv) {
                            .context_length = dec.max_positions,
                            .prepare = backend_prepare,
                            .generate = backend_generate,
-                           .release = backend_release};
+                           .release = backend_release,
+                           .lm = sb.m.llava ? sb.m.llava->lm : sb.m.internvl ? sb.m.internvl->lm
+                               : sb.m.vl ? sb.m.vlm->lm : sb.m.lm,
+                           .prefill = backend_prefill,
+                           .sampling = backend_sampling,
+                           .text_ids = backend_text_ids};
+    if (no_batch) b.lm = NULL;
     st = mmc_serve_run(&b, &o);
     rmdir(sb.tmpdir);
     if (st) cli_fail(st, "serve: cannot serve");

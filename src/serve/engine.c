@@ -1,6 +1,8 @@
-/* engine.c — the engine of `mmc serve`: a bounded queue of jobs and one thread that runs them
- * one at a time through the backend (prepare the prompt, then each of the n choices with its
- * own seed). Generated tokens become text the way `mmc generate` prints it (the decode of all
+/* engine.c — the engine of `mmc serve`: a bounded queue of jobs and one thread that runs them,
+ * with continuous batching over a paged KV cache when the backend gives its LM, prefill and
+ * sampling (see "continuous batching" below: vLLM's scheduler, simplified: decode-first steps,
+ * FCFS admission, preemption of the youngest by recompute), else one at a time through the
+ * backend (prepare the prompt, then each of the n choices with its own seed). Generated tokens become text the way `mmc generate` prints it (the decode of all
  * tokens so far, an incomplete UTF-8 sequence held back), cut at the first stop sequence (text
  * that may still become one is held back too), and are written to the job as OpenAI SSE
  * chunks (chat.completion.chunk / text_completion) or kept for the final body. Logprobs come
@@ -35,6 +37,13 @@ struct serve_engine {
     float *row;
     int64_t row_v;
     bool row_valid;
+    /* continuous batching (the backend's lm / prefill / sampling set) */
+    bool batching;
+    int max_batch;
+    mmc_kv_pool pool;
+    struct serve_seq **run, **wait;   /* running (admission order), waiting (line order) */
+    int n_run, cap_run, n_wait, cap_wait;
+    uint64_t n_admitted;
 };
 
 /* ------------------------------------------------------------------ jobs */
@@ -71,7 +80,7 @@ static void job_wait(serve_job *j, serve_job_state until, bool (*gone)(void *), 
     while (j->state < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000 * 1000;
+        ts.tv_nsec += 50 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
         if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) && gone && !j->cancelled && j->state < until) {
             pthread_mutex_unlock(&j->mu);
@@ -446,7 +455,10 @@ static bool on_token(void *user, int32_t tok) {
     return true;
 }
 
-static void run_job(serve_engine *e, serve_job *j) {
+/* Render the prompt and settle the token limit: true with *prompt and *max_new_out, else
+ * false with *err (the job is not yet prepared). */
+static bool job_prepare(serve_engine *e, serve_job *j, void **prompt_out, int64_t *max_new_out,
+                        mmc_serve_error *err_out) {
     const mmc_serve_backend *b = e->b;
     mmc_serve_request *q = &j->req;
     void *prompt = NULL;
@@ -487,6 +499,31 @@ static void run_job(serve_engine *e, serve_job *j) {
     j->n_prompt = n_prompt;
     j->choices = calloc((size_t)q->n, sizeof *j->choices);
     if (!j->choices) { mmc_serve_fail(&err, 500, "server_error", NULL, NULL, "out of memory"); goto fail; }
+    *prompt_out = prompt;
+    *max_new_out = max_new;
+    return true;
+fail:
+    if (prompt) b->release(b->self, prompt);
+    *err_out = err;
+    return false;
+}
+
+static void job_fail(serve_job *j, const mmc_serve_error *err) {
+    pthread_mutex_lock(&j->mu);
+    j->failed = true;
+    j->err = *err;
+    j->state = JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void run_job(serve_engine *e, serve_job *j) {
+    const mmc_serve_backend *b = e->b;
+    mmc_serve_request *q = &j->req;
+    void *prompt = NULL;
+    int64_t max_new = 0;
+    mmc_serve_error err = {0};
+    if (!job_prepare(e, j, &prompt, &max_new, &err)) { job_fail(j, &err); return; }
     job_set_state(j, JOB_PREPARED);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
     for (int i = 0; i < q->n; i++) {
@@ -535,8 +572,430 @@ fail:
     pthread_mutex_unlock(&j->mu);
 }
 
+/* ------------------------------------------------------------------ continuous batching
+ * Each choice of a request is a sequence. Every step the engine (1) takes new jobs off the
+ * queue and prepares them, (2) ends sequences whose client left, whose job failed or whose
+ * time is up, (3) admits waiting sequences while blocks allow: the model's own prefill of the
+ * prompt (images included) into a contiguous cache, copied into the paged pool, and the first
+ * token sampled from its logits, and (4) decodes every running sequence together
+ * (mmc_qwen2_decode_batch: one GEMM per weight for the whole batch, attention per sequence
+ * through its block table), each sampling with its own sampler (seed, temperature,
+ * penalties). When a running sequence needs a block and none is free, the youngest running
+ * sequence is preempted by recompute: its blocks are freed and it goes back to the front of
+ * the waiting line with its tokens; readmitted, its prompt is prefilled again and its
+ * generated tokens replayed through the batched decode (logits ignored) before it samples
+ * again. Admission is in arrival order and preempted sequences come first, so none starves. */
+typedef struct serve_seq {
+    run_ctx r;
+    mmc_gen_opts go;
+    int32_t eos[MMC_GEN_MAX_EOS];
+    mmc_sampler smp;
+    bool smp_ok;
+    int32_t *hist;              /* prompt + generated tokens */
+    int64_t n_hist, n_prompt;
+    mmc_kv_seq kv;
+    int64_t base;               /* cache positions minus prompt tokens (a model that expands its prompt) */
+    int64_t rope_delta;
+    uint64_t order;             /* admission order: the largest is the youngest */
+} serve_seq;
+
+static void metrics_kv(serve_engine *e) {
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.kv_blocks_used = e->pool.n_blocks - e->pool.n_free;
+    e->metrics.kv_blocks_total = e->pool.n_blocks;
+    e->metrics.running = e->n_run;
+    pthread_mutex_unlock(&e->metrics.mu);
+}
+
+static void job_complete(serve_engine *e, serve_job *j) {
+    mmc_serve_request *q = &j->req;
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.prompt_tokens += j->n_prompt;
+    e->metrics.completion_tokens += j->n_completion;
+    pthread_mutex_unlock(&e->metrics.mu);
+    if (j->aborted && !q->stream) {
+        if (j->prompt) e->b->release(e->b->self, j->prompt);
+        job_fail(j, &j->err);
+    } else {
+        if (q->stream) {
+            if (q->include_usage) {
+                cJSON *o = obj_head(e, j, q->kind == MMC_SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+                cJSON_AddArrayToObject(o, "choices");
+                cJSON_AddItemToObject(o, "usage", usage_json(j));
+                sse_event(j, cJSON_PrintUnformatted(o));
+                cJSON_Delete(o);
+            }
+            sse_event(j, strdup("[DONE]"));
+        }
+        if (j->prompt) e->b->release(e->b->self, j->prompt);
+        job_set_state(j, JOB_DONE);
+    }
+    j->prompt = NULL;
+    pthread_mutex_lock(&e->mu);
+    e->depth--;
+    pthread_mutex_unlock(&e->mu);
+    serve_job_release(j);
+}
+
+/* end a sequence (finish NULL: EOS or the limit, decided here) */
+static void seq_finish(serve_engine *e, serve_seq *s, const char *finish) {
+    run_ctx *r = &s->r;
+    serve_job *j = r->j;
+    if (finish) { r->stopped = true; r->finish = finish; }
+    if (!r->stopped) {
+        bool hit = update_text(r, true);
+        r->finish = hit || r->c->n_ids < r->max_new ? "stop" : "length";
+    }
+    r->c->finish = r->finish;
+    if (j->req.stream) emit_chunk(e, j, r->idx, NULL, 0, false, r->finish);
+    mmc_kv_seq_free(&e->pool, &s->kv);
+    metrics_kv(e);
+    if (s->smp_ok) mmc_sampler_free(&s->smp);
+    free(s->hist);
+    free(s);
+    if (--j->n_live == 0) job_complete(e, j);
+}
+
+static void seq_abort(serve_engine *e, serve_seq *s, const char *what) {
+    serve_job *j = s->r.j;
+    if (!j->aborted) {
+        mmc_serve_fail(&j->err, 500, "server_error", NULL, NULL, "%s failed: %s", what, mmc_last_error());
+        j->aborted = true;
+    }
+    seq_finish(e, s, "stop");
+}
+
+/* sample the next token from logits [V]; false when the sequence ended (and is freed) */
+static bool seq_take(serve_engine *e, serve_seq *s, float *logits) {
+    e->row_valid = false;
+    int32_t tok = mmc_sampler_next(&s->smp, logits, s->hist, s->n_hist);
+    for (int k = 0; k < s->go.n_eos; k++)
+        if (tok == s->go.eos_ids[k]) { seq_finish(e, s, NULL); return false; }
+    s->hist[s->n_hist++] = tok;
+    if (!on_token(&s->r, tok)) { seq_finish(e, s, NULL); return false; }
+    if (s->r.c->n_ids >= s->r.max_new) { seq_finish(e, s, NULL); return false; }
+    return true;
+}
+
+static bool list_push(serve_seq ***a, int *n, int *cap, serve_seq *s, bool front) {
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 16;
+        serve_seq **p = realloc(*a, (size_t)c * sizeof *p);
+        if (!p) return false;
+        *a = p;
+        *cap = c;
+    }
+    if (front) {
+        memmove(*a + 1, *a, (size_t)*n * sizeof **a);
+        (*a)[0] = s;
+    } else
+        (*a)[*n] = s;
+    ++*n;
+    return true;
+}
+
+static void list_remove(serve_seq **a, int *n, int i) {
+    memmove(a + i, a + i + 1, (size_t)(*n - i - 1) * sizeof *a);
+    --*n;
+}
+
+/* a popped job: prepared, its choices queued as sequences */
+static void batch_start_job(serve_engine *e, serve_job *j) {
+    mmc_serve_request *q = &j->req;
+    mmc_serve_error err = {0};
+    if (job_cancelled(j)) {
+        mmc_serve_fail(&err, 503, "server_error", NULL, "request_cancelled",
+                       "The request was cancelled (client gone or server shutting down).");
+        goto fail;
+    }
+    if (!job_prepare(e, j, &j->prompt, &j->max_new, &err)) goto fail;
+    /* a sequence must fit the whole KV pool (it may end up alone in it) */
+    int64_t cap = e->pool.n_blocks * e->pool.block_size;
+    if (j->n_prompt + 1 > cap || (q->max_tokens > 0 && j->n_prompt + j->max_new > cap)) {
+        mmc_serve_fail(&err, 400, "invalid_request_error", q->max_tokens > 0 ? "max_tokens" : "messages",
+                       "context_length_exceeded", "This server's KV cache holds %lld tokens. However, you requested "
+                       "%lld tokens (%lld in the prompt, %lld in the completion). Please reduce the length of the "
+                       "prompt or completion.", (long long)cap, (long long)(j->n_prompt + j->max_new),
+                       (long long)j->n_prompt, (long long)j->max_new);
+        e->b->release(e->b->self, j->prompt);
+        j->prompt = NULL;
+        goto fail;
+    }
+    if (j->n_prompt + j->max_new > cap) j->max_new = cap - j->n_prompt;
+    job_set_state(j, JOB_PREPARED);
+    uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
+    j->n_live = q->n;
+    for (int i = 0; i < q->n; i++) {
+        if (q->stream) emit_chunk(e, j, i, NULL, 0, q->kind == MMC_SERVE_CHAT, NULL);
+        serve_seq *s = calloc(1, sizeof *s);
+        if (s) {
+            s->r = (run_ctx){.e = e, .j = j, .c = &j->choices[i], .idx = i, .max_new = (int)j->max_new,
+                             .t_last = mmc_now()};
+            mmc_serve_gen g = {.max_new = (int)j->max_new, .seed = seed + (uint64_t)i, .on_token = on_token,
+                               .on_logits = q->logprobs ? on_logits : NULL, .user = &s->r};
+            e->b->sampling(e->b->self, j->prompt, q, &g, &s->go, s->eos);
+            s->go.eos_ids = s->eos;
+            s->n_prompt = j->n_prompt;
+            s->hist = malloc((size_t)(j->n_prompt + j->max_new + 1) * sizeof *s->hist);
+            s->smp_ok = s->hist && mmc_sampler_init(&s->smp, &s->go.sampler, e->b->lm->cfg.vocab_size) == MMC_OK;
+        }
+        if (!s || !s->smp_ok || !list_push(&e->wait, &e->n_wait, &e->cap_wait, s, false)) {
+            if (s) { mmc_error(MMC_ERR_OOM, "out of memory"); seq_abort(e, s, "starting a sequence"); }
+            else if (--j->n_live == 0) job_complete(e, j);
+            continue;
+        }
+        if (j->max_new == 0) seq_finish(e, e->wait[--e->n_wait], NULL);
+    }
+    return;
+fail:
+    job_fail(j, &err);
+    pthread_mutex_lock(&e->mu);
+    e->depth--;
+    pthread_mutex_unlock(&e->mu);
+    serve_job_release(j);
+}
+
+static bool seq_gone(serve_engine *e, serve_seq *s) {
+    serve_job *j = s->r.j;
+    if (j->aborted) { seq_finish(e, s, "stop"); return true; }
+    if (job_cancelled(j)) { seq_finish(e, s, "stop"); return true; }
+    if (mmc_now() - j->t_submit > e->opt.limits.max_request_seconds) { seq_finish(e, s, "length"); return true; }
+    return false;
+}
+
+/* move the youngest running sequence back to the front of the waiting line */
+static void preempt_youngest(serve_engine *e) {
+    int y = 0;
+    for (int i = 1; i < e->n_run; i++)
+        if (e->run[i]->order > e->run[y]->order) y = i;
+    serve_seq *s = e->run[y];
+    list_remove(e->run, &e->n_run, y);
+    mmc_kv_seq_release(&e->pool, &s->kv);
+    if (!list_push(&e->wait, &e->n_wait, &e->cap_wait, s, true)) {
+        mmc_error(MMC_ERR_OOM, "out of memory");
+        seq_abort(e, s, "preemption");
+    }
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.preemptions++;
+    pthread_mutex_unlock(&e->metrics.mu);
+}
+
+/* prefill the first waiting sequence into the pool: 1 admitted, 0 not now (blocks), -1 ended */
+static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
+    mmc_kv_pool *p = &e->pool;
+    int64_t need = mmc_kv_pool_blocks_for(p, s->n_hist + 1);
+    if (need > p->n_free) {
+        if (e->n_run > 0) return 0;
+        if (need > p->n_blocks) {
+            mmc_error(MMC_ERR_OOM, "the KV cache holds %lld positions (%lld blocks of %lld); this sequence needs "
+                      "%lld: start the server with more --kv-blocks / --kv-memory", (long long)(p->n_blocks *
+                      p->block_size), (long long)p->n_blocks, (long long)p->block_size, (long long)(s->n_hist + 1));
+            seq_abort(e, s, "admission");
+            return -1;
+        }
+        return 0;
+    }
+    mmc_kv_cache kv;
+    mmc_status st = mmc_kv_cache_init(&kv, e->b->lm->cfg.num_layers ? (int)e->b->lm->cfg.num_layers : 1, 1,
+                                      p->kv_heads, p->head_dim, s->n_prompt);
+    const int32_t *ids = NULL;
+    int64_t n_ids = 0;
+    float *logits = NULL;
+    mmc_ctx_reset(ctx);
+    if (!st) st = e->b->prefill(e->b->self, s->r.j->prompt, ctx, &kv, &ids, &n_ids, &logits, &s->rope_delta);
+    if (!st && s->n_hist == 0) {   /* first admission: the history starts with the prompt */
+        memcpy(s->hist, ids, (size_t)n_ids * sizeof *ids);
+        s->n_hist = s->n_prompt = n_ids;
+    }
+    if (!st && mmc_kv_pool_blocks_for(p, kv.len + 1) > p->n_free) {   /* a prompt the model expanded */
+        mmc_kv_cache_free(&kv);
+        if (e->n_run > 0) return 0;
+        mmc_error(MMC_ERR_OOM, "the KV cache (%lld blocks) cannot hold this prompt's %lld positions; give more "
+                  "--kv-blocks / --kv-memory", (long long)p->n_blocks, (long long)kv.len);
+        st = MMC_ERR_OOM;
+    }
+    if (!st) st = mmc_kv_seq_import(p, &s->kv, &kv);
+    if (!st) s->base = kv.len - s->n_prompt;
+    mmc_kv_cache_free(&kv);
+    if (st) { seq_abort(e, s, "prefill"); return -1; }
+    s->order = ++e->n_admitted;
+    if (s->n_hist == s->n_prompt && !seq_take(e, s, logits)) return -1;
+    if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
+        mmc_error(MMC_ERR_OOM, "out of memory");
+        seq_abort(e, s, "admission");
+        return -1;
+    }
+    return 1;
+}
+
+/* Text-only prompts at the head of the line, admitted together through one packed prefill
+ * (mmc_qwen2_prefill_packed) while budget, batch size and blocks allow. */
+static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
+    const mmc_serve_backend *b = e->b;
+    if (!b->text_ids || b->lm->cfg.rope_kind == MMC_ROPE_DYNAMIC) return;
+    int K = 0;
+    int64_t blocks = 0, tokens = 0;
+    enum { MAXK = 64 };
+    const int32_t *ids[MAXK];
+    int64_t n[MAXK];
+    while (K < e->n_wait && K < MAXK && e->n_run + K < e->max_batch) {
+        serve_seq *s = e->wait[K];
+        const int32_t *id;
+        int64_t ni;
+        if (!b->text_ids(b->self, s->r.j->prompt, &id, &ni) || ni <= 0) break;
+        int64_t nb = mmc_kv_pool_blocks_for(&e->pool, (s->n_hist > ni ? s->n_hist : ni) + 1);
+        if (blocks + nb > e->pool.n_free || (K > 0 && tokens + ni > *budget)) break;
+        ids[K] = id;
+        n[K++] = ni;
+        blocks += nb;
+        tokens += ni;
+    }
+    if (K < 2) return;   /* one goes the ordinary way */
+    serve_seq *grp[MAXK];
+    mmc_kv_seq *kvs[MAXK];
+    for (int i = 0; i < K; i++) { grp[i] = e->wait[i]; kvs[i] = &grp[i]->kv; }
+    memmove(e->wait, e->wait + K, (size_t)(e->n_wait - K) * sizeof *e->wait);
+    e->n_wait -= K;
+    *budget -= tokens;
+    float *logits = NULL;
+    mmc_ctx_reset(ctx);
+    mmc_status st = mmc_qwen2_prefill_packed(ctx, b->lm, ids, n, K, &e->pool, kvs, &logits);
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.packed += K;
+    pthread_mutex_unlock(&e->metrics.mu);
+    const int64_t V = b->lm->cfg.vocab_size;
+    for (int i = 0; i < K; i++) {
+        serve_seq *s = grp[i];
+        if (st) { seq_abort(e, s, "packed prefill"); continue; }
+        if (s->n_hist == 0) {
+            memcpy(s->hist, ids[i], (size_t)n[i] * sizeof *ids[i]);
+            s->n_hist = s->n_prompt = n[i];
+        }
+        s->base = 0;
+        s->rope_delta = 0;
+        s->order = ++e->n_admitted;
+        if (s->n_hist == s->n_prompt && !seq_take(e, s, logits + i * V)) continue;
+        if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
+            mmc_error(MMC_ERR_OOM, "out of memory");
+            seq_abort(e, s, "admission");
+        }
+    }
+}
+
+static void batch_step(serve_engine *e, mmc_ctx *ctx) {
+    /* every running sequence needs room for one more position; the youngest yields */
+    for (int i = 0; i < e->n_run;) {
+        serve_seq *s = e->run[i];
+        if (mmc_kv_seq_reserve(&e->pool, &s->kv, s->kv.len + 1)) { i++; continue; }
+        preempt_youngest(e);   /* may be s itself; the list shifted: check again from the start */
+        i = 0;
+    }
+    if (e->n_run == 0) return;
+    const int64_t B = e->n_run, V = e->b->lm->cfg.vocab_size;
+    int32_t *tok = malloc((size_t)B * sizeof *tok);
+    int64_t *pos = malloc((size_t)B * sizeof *pos);
+    mmc_kv_seq **kvs = malloc((size_t)B * sizeof *kvs);
+    serve_seq **batch = malloc((size_t)B * sizeof *batch);
+    mmc_status st = tok && pos && kvs && batch ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int64_t b = 0; !st && b < B; b++) {
+        serve_seq *s = batch[b] = e->run[b];
+        tok[b] = s->hist[s->kv.len - s->base];   /* the next token not yet in the cache */
+        pos[b] = s->kv.len + s->rope_delta;
+        kvs[b] = &s->kv;
+    }
+    float *logits = NULL;
+    mmc_ctx_reset(ctx);
+    if (!st) st = mmc_qwen2_decode_batch(ctx, e->b->lm, tok, pos, B, &e->pool, kvs, &logits);
+    if (st) {
+        while (e->n_run > 0) {
+            serve_seq *s = e->run[--e->n_run];
+            seq_abort(e, s, "batched decode");
+        }
+    } else {
+        for (int64_t b = 0; b < B; b++) {
+            serve_seq *s = batch[b];
+            if (s->kv.len - s->base < s->n_hist) continue;   /* replaying after a preemption */
+            if (!seq_take(e, s, logits + b * V))
+                for (int i = 0; i < e->n_run; i++)
+                    if (e->run[i] == s) { list_remove(e->run, &e->n_run, i); break; }
+        }
+    }
+    free(tok);
+    free(pos);
+    free(kvs);
+    free(batch);
+}
+
+static void batch_loop(serve_engine *e) {
+    mmc_ctx *ctx = mmc_ctx_new();
+    if (ctx) mmc_set_grad_enabled(ctx, false);
+    for (;;) {
+        /* 1. new jobs, while the waiting line is short */
+        pthread_mutex_lock(&e->mu);
+        while (!e->head && !e->stopping && e->n_run == 0 && e->n_wait == 0) pthread_cond_wait(&e->cv, &e->mu);
+        bool stopping = e->stopping;
+        if (!e->head && e->n_run == 0 && e->n_wait == 0) { pthread_mutex_unlock(&e->mu); break; }
+        serve_job *got = NULL, **tail = &got;
+        while (e->head && e->n_wait + e->n_run < 2 * e->max_batch) {
+            serve_job *j = e->head;
+            e->head = j->next;
+            if (!e->head) e->tail = NULL;
+            j->next = NULL;
+            *tail = j;
+            tail = &j->next;
+            if (stopping) serve_job_cancel(j);
+        }
+        pthread_mutex_unlock(&e->mu);
+        while (got) {
+            serve_job *j = got;
+            got = j->next;
+            j->next = NULL;
+            if (!ctx) { mmc_serve_error err; mmc_serve_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
+                        job_fail(j, &err); pthread_mutex_lock(&e->mu); e->depth--; pthread_mutex_unlock(&e->mu);
+                        serve_job_release(j); continue; }
+            batch_start_job(e, j);
+        }
+        if (!ctx) continue;
+        /* 2. sequences whose client left, whose job failed or whose time is up */
+        int w = 0;
+        for (int i = 0; i < e->n_run; i++) {
+            serve_seq *s = e->run[i];
+            if (stopping) serve_job_cancel(s->r.j);
+            if (!seq_gone(e, s)) e->run[w++] = s;
+        }
+        e->n_run = w;
+        w = 0;
+        for (int i = 0; i < e->n_wait; i++) {
+            serve_seq *s = e->wait[i];
+            if (stopping) serve_job_cancel(s->r.j);
+            if (!seq_gone(e, s)) e->wait[w++] = s;
+        }
+        e->n_wait = w;
+        /* 3. admissions in line order, under a prefill token budget per step while others
+         * decode (a whole prompt at a time: the first always goes) */
+        int64_t budget = e->opt.prefill_tokens > 0 ? e->opt.prefill_tokens : 512;
+        admit_packed(e, ctx, &budget);
+        while (e->n_wait > 0 && e->n_run < e->max_batch && (budget > 0 || e->n_run == 0)) {
+            serve_seq *s = e->wait[0];
+            int64_t cost = s->n_hist > 0 ? s->n_hist : s->r.j->n_prompt;
+            list_remove(e->wait, &e->n_wait, 0);
+            int a = admit(e, ctx, s);
+            if (a == 0) { list_push(&e->wait, &e->n_wait, &e->cap_wait, s, true); break; }
+            budget -= cost;
+        }
+        /* 4. one decode step for every running sequence */
+        batch_step(e, ctx);
+        metrics_kv(e);
+    }
+    mmc_ctx_free(ctx);
+}
+
 void serve_engine_loop(serve_engine *e) {
     if (e->opt.threads > 0) mmc_set_num_threads(e->opt.threads);
+    if (e->batching) {
+        batch_loop(e);
+        return;
+    }
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->head && !e->stopping) pthread_cond_wait(&e->cv, &e->mu);
@@ -575,6 +1034,29 @@ mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_option
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->metrics.mu, NULL);
+    if (b->lm && b->prefill && b->sampling) {
+        const mmc_qwen2_config *c = &b->lm->cfg;
+        int64_t D = c->head_dim, Hkv = b->lm->layers[0].k.out_features / D;
+        int64_t bs = o->kv_block_size > 0 ? o->kv_block_size : 16;
+        int64_t per_block = (int64_t)c->num_layers * 2 * bs * Hkv * D * (int64_t)sizeof(float);
+        e->max_batch = o->max_batch > 0 ? o->max_batch : 64;
+        int64_t nb = o->kv_blocks;
+        if (nb <= 0) {
+            int64_t mem = o->kv_memory_mib > 0 ? o->kv_memory_mib << 20 : 0;
+            if (mem <= 0) {
+                int64_t ctxlen = b->context_length < ((int64_t)1 << 20) ? b->context_length : (int64_t)1 << 20;
+                mem = (ctxlen + bs) / bs * per_block * e->max_batch;
+                if (mem > ((int64_t)4096 << 20)) mem = (int64_t)4096 << 20;
+            }
+            nb = mem / per_block > 0 ? mem / per_block : 1;
+        }
+        mmc_status st = mmc_kv_pool_init(&e->pool, (int)c->num_layers, Hkv, D, bs, nb);
+        if (st) {
+            serve_engine_free(e);
+            return st;
+        }
+        e->batching = true;
+    }
     *out = e;
     return MMC_OK;
 }
@@ -590,6 +1072,9 @@ void serve_engine_stop(serve_engine *e) {
 
 void serve_engine_free(serve_engine *e) {
     free(e->row);
+    if (e->batching || e->pool.n_blocks) mmc_kv_pool_free(&e->pool);
+    free(e->run);
+    free(e->wait);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->metrics.mu);
@@ -652,6 +1137,18 @@ char *serve_metrics_text(serve_engine *e) {
                             "# HELP mmc_queue_depth Requests queued or running.\n# TYPE mmc_queue_depth gauge\n"
                             "mmc_queue_depth %d\n",
                             m->prompt_tokens, m->completion_tokens, depth);
+    len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_kv_blocks_in_use Paged KV cache blocks held by sequences.\n"
+                            "# TYPE mmc_kv_blocks_in_use gauge\nmmc_kv_blocks_in_use %lld\n"
+                            "# HELP mmc_kv_blocks_total Paged KV cache blocks.\n# TYPE mmc_kv_blocks_total gauge\n"
+                            "mmc_kv_blocks_total %lld\n"
+                            "# HELP mmc_running_sequences Sequences in the decode batch.\n"
+                            "# TYPE mmc_running_sequences gauge\nmmc_running_sequences %lld\n"
+                            "# HELP mmc_preemptions_total Sequences preempted (recomputed) for lack of KV blocks.\n"
+                            "# TYPE mmc_preemptions_total counter\nmmc_preemptions_total %lld\n"
+                            "# HELP mmc_packed_prefill_prompts_total Prompts prefilled together in a packed pass.\n"
+                            "# TYPE mmc_packed_prefill_prompts_total counter\nmmc_packed_prefill_prompts_total %lld\n",
+                            m->kv_blocks_used, m->kv_blocks_total, m->running, m->preemptions, m->packed);
     hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
               m->ttft_sum, m->ttft_n);
     hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,

@@ -47,6 +47,12 @@ typedef struct serve_job {
     char id[48];
     long long created;
     double t_submit;
+    /* the batching engine: the prepared prompt, choices still generating, the token limit,
+     * and a failure that ends every choice of a non-streamed job */
+    void *prompt;
+    int n_live;
+    int64_t max_new;
+    bool aborted;
     struct serve_job *next;
 } serve_job;
 
@@ -59,6 +65,7 @@ typedef struct {
     long long ttft[SERVE_N_BUCKETS + 1], itl[SERVE_N_BUCKETS + 1];   /* counts per bucket, +Inf last */
     double ttft_sum, itl_sum;
     long long ttft_n, itl_n;
+    long long kv_blocks_used, kv_blocks_total, running, preemptions, packed;   /* batching engine */
 } serve_metrics;
 extern const int serve_status_codes[SERVE_N_STATUS];
 extern const double serve_buckets[SERVE_N_BUCKETS];
@@ -76,7 +83,7 @@ void serve_engine_free(serve_engine *e);
  * when shutting down. The job comes with one reference for the caller. */
 serve_job *serve_submit(serve_engine *e, mmc_serve_request *req, mmc_serve_error *err);
 /* Block until the job is prepared (prompt built; streaming can start) or done. gone (may be
- * NULL) is asked every 200 ms whether the client went away; if so the job is cancelled. */
+ * NULL) is asked every 50 ms whether the client went away; if so the job is cancelled. */
 void serve_job_wait_prepared(serve_job *j, bool (*gone)(void *), void *user);
 void serve_job_wait_done(serve_job *j, bool (*gone)(void *), void *user);
 void serve_job_cancel(serve_job *j);

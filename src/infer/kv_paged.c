@@ -1,0 +1,286 @@
+/* kv_paged.c — the paged KV cache of the serving engine (vLLM's PagedAttention layout, on the
+ * CPU): a pool of fixed-size blocks shared by every running sequence, a block table per
+ * sequence, and the decode attention kernel reading K/V through the tables. Positions of a
+ * sequence need not be contiguous in memory, so sequences grow and finish independently and
+ * memory is committed a block at a time instead of a context length per request. The kernel
+ * computes what mmc_attention does for one query row over a contiguous cache (softmax of
+ * scaled dot products, max subtracted, GQA by head groups). */
+#include "mmc_infer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+mmc_status mmc_kv_pool_init(mmc_kv_pool *p, int n_layers, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                            int64_t n_blocks) {
+    memset(p, 0, sizeof *p);
+    if (n_layers <= 0 || kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || n_blocks <= 0)
+        return mmc_error(MMC_ERR_INVALID, "KV pool: layers %d, kv heads %lld, head dim %lld, block size %lld and "
+                         "blocks %lld must all be positive", n_layers, (long long)kv_heads, (long long)head_dim,
+                         (long long)block_size, (long long)n_blocks);
+    p->n_layers = n_layers;
+    p->kv_heads = kv_heads;
+    p->head_dim = head_dim;
+    p->block_size = block_size;
+    p->n_blocks = n_blocks;
+    p->k = calloc((size_t)n_layers, sizeof *p->k);
+    p->v = calloc((size_t)n_layers, sizeof *p->v);
+    p->free_ids = malloc((size_t)n_blocks * sizeof *p->free_ids);
+    if (!p->k || !p->v || !p->free_ids) goto oom;
+    size_t per = (size_t)(n_blocks * block_size * kv_heads * head_dim);
+    for (int l = 0; l < n_layers; l++) {
+        p->k[l] = malloc(per * sizeof(float));
+        p->v[l] = malloc(per * sizeof(float));
+        if (!p->k[l] || !p->v[l]) goto oom;
+    }
+    for (int64_t i = 0; i < n_blocks; i++) p->free_ids[i] = (int32_t)(n_blocks - 1 - i);   /* block 0 first */
+    p->n_free = n_blocks;
+    return MMC_OK;
+oom:
+    mmc_kv_pool_free(p);
+    return mmc_error(MMC_ERR_OOM, "out of memory allocating a KV pool of %lld blocks x %lld positions (%d layers, "
+                     "%lld KV heads x %lld); give fewer blocks (--kv-blocks / --kv-memory)", (long long)n_blocks,
+                     (long long)block_size, n_layers, (long long)kv_heads, (long long)head_dim);
+}
+
+void mmc_kv_pool_free(mmc_kv_pool *p) {
+    for (int l = 0; l < p->n_layers; l++) {
+        if (p->k) free(p->k[l]);
+        if (p->v) free(p->v[l]);
+    }
+    free(p->k);
+    free(p->v);
+    free(p->free_ids);
+    memset(p, 0, sizeof *p);
+}
+
+int64_t mmc_kv_pool_blocks_for(const mmc_kv_pool *p, int64_t n) { return (n + p->block_size - 1) / p->block_size; }
+
+bool mmc_kv_seq_reserve(mmc_kv_pool *p, mmc_kv_seq *s, int64_t n) {
+    int64_t need = mmc_kv_pool_blocks_for(p, n) - s->n_blocks;
+    if (need <= 0) return true;
+    if (need > p->n_free) return false;
+    if (s->n_blocks + need > s->cap) {
+        int64_t cap = (s->n_blocks + need) * 2;
+        int32_t *b = realloc(s->blocks, (size_t)cap * sizeof *b);
+        if (!b) return false;
+        s->blocks = b;
+        s->cap = cap;
+    }
+    while (need-- > 0) s->blocks[s->n_blocks++] = p->free_ids[--p->n_free];
+    return true;
+}
+
+void mmc_kv_seq_release(mmc_kv_pool *p, mmc_kv_seq *s) {
+    while (s->n_blocks > 0) p->free_ids[p->n_free++] = s->blocks[--s->n_blocks];
+    s->len = 0;
+}
+
+void mmc_kv_seq_free(mmc_kv_pool *p, mmc_kv_seq *s) {
+    mmc_kv_seq_release(p, s);
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+float *mmc_kv_seq_at(const mmc_kv_pool *p, const mmc_kv_seq *s, int layer, bool value, int64_t pos) {
+    const int64_t row = p->kv_heads * p->head_dim;
+    int64_t blk = s->blocks[pos / p->block_size], off = pos % p->block_size;
+    return (value ? p->v : p->k)[layer] + (blk * p->block_size + off) * row;
+}
+
+mmc_status mmc_kv_seq_import(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv) {
+    return mmc_kv_seq_import_range(p, s, kv, 0, kv->len);
+}
+
+mmc_status mmc_kv_seq_import_range(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n) {
+    if (kv->batch != 1 || kv->kv_heads != p->kv_heads || kv->head_dim != p->head_dim || kv->n_layers != p->n_layers)
+        return mmc_error(MMC_ERR_SHAPE, "KV import: a cache of batch %lld, %d layers, %lld x %lld heads does not fit "
+                         "the pool's %d layers, %lld x %lld", (long long)kv->batch, kv->n_layers,
+                         (long long)kv->kv_heads, (long long)kv->head_dim, p->n_layers, (long long)p->kv_heads,
+                         (long long)p->head_dim);
+    if (from < 0 || n < 0 || from + n > kv->len)
+        return mmc_error(MMC_ERR_INVALID, "KV import: positions [%lld, %lld) outside the cache's %lld",
+                         (long long)from, (long long)(from + n), (long long)kv->len);
+    if (!mmc_kv_seq_reserve(p, s, n))
+        return mmc_error(MMC_ERR_OOM, "KV pool: %lld positions need %lld blocks, %lld free", (long long)n,
+                         (long long)mmc_kv_pool_blocks_for(p, n), (long long)p->n_free);
+    const int64_t row = p->kv_heads * p->head_dim;
+    for (int l = 0; l < p->n_layers; l++)
+        for (int w = 0; w < 2; w++) {
+            const float *src = (const float *)(w ? kv->v : kv->k)[l]->data + from * row;   /* [1, cap, Hkv, D] */
+            for (int64_t t0 = 0; t0 < n; t0 += p->block_size) {
+                int64_t c = n - t0 < p->block_size ? n - t0 : p->block_size;
+                memcpy(mmc_kv_seq_at(p, s, l, w, t0), src + t0 * row, (size_t)(c * row) * sizeof(float));
+            }
+        }
+    s->len = n;
+    return MMC_OK;
+}
+
+void mmc_kv_paged_attention(const mmc_kv_pool *p, int layer, mmc_kv_seq *const *seqs, int64_t B, int64_t Hq,
+                            const float *q, float *out, float scale) {
+    const int64_t D = p->head_dim, Hkv = p->kv_heads, G = Hq / Hkv, bs = p->block_size, row = Hkv * D;
+    if (scale == 0) scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++) {
+            const mmc_kv_seq *s = seqs[b];
+            const int64_t S = s->len, kh = h / G;
+            const float *qv = q + (b * Hq + h) * D;
+            float *o = out + (b * Hq + h) * D;
+            float *sc = malloc((size_t)(S > 0 ? S : 1) * sizeof *sc);
+            if (!sc) continue;
+            float mx = -INFINITY;
+            for (int64_t t = 0; t < S; t++) {
+                const float *kv = p->k[layer] + (s->blocks[t / bs] * bs + t % bs) * row + kh * D;
+                float d = 0;
+                for (int64_t i = 0; i < D; i++) d += qv[i] * kv[i];
+                sc[t] = d * scale;
+                if (sc[t] > mx) mx = sc[t];
+            }
+            float sum = 0;
+            for (int64_t t = 0; t < S; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
+            for (int64_t i = 0; i < D; i++) o[i] = 0;
+            for (int64_t t = 0; t < S; t++) {
+                const float *vv = p->v[layer] + (s->blocks[t / bs] * bs + t % bs) * row + kh * D;
+                const float w = sc[t] / sum;
+                for (int64_t i = 0; i < D; i++) o[i] += w * vv[i];
+            }
+            free(sc);
+        }
+}
+
+/* ------------------------------------------------------------------ batched decode
+ * The text model's decode step (qwen2.c's layer: rmsnorm, q/k/v, RoPE, attention, o_proj,
+ * residual, rmsnorm, SwiGLU MLP, residual; final norm and lm_head) for B sequences at once:
+ * every linear sees the [B, C] rows of all sequences (one GEMM per weight instead of B
+ * matrix-vector products), only attention runs per sequence, through its block table. Built
+ * from the same public ops as qwen2.c, so adapters (mmc_nn_linear) apply as in generate. */
+mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
+                                  int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits) {
+    const mmc_qwen2_config *c = &m->cfg;
+    if (m->tp) return mmc_error(MMC_ERR_INVALID, "batched decode does not run tensor-parallel models");
+    if (B <= 0) return mmc_error(MMC_ERR_INVALID, "batched decode of %lld sequences", (long long)B);
+    const int64_t D = c->head_dim, C = c->hidden_size, Hq = m->layers[0].q.out_features / D,
+                  Hkv = m->layers[0].k.out_features / D;
+    if (Hkv != pool->kv_heads || D != pool->head_dim || c->num_layers != pool->n_layers)
+        return mmc_error(MMC_ERR_SHAPE, "batched decode: the KV pool (%d layers, %lld x %lld) does not match the "
+                         "model (%lld layers, %lld KV heads x %lld)", pool->n_layers, (long long)pool->kv_heads,
+                         (long long)pool->head_dim, (long long)c->num_layers, (long long)Hkv, (long long)D);
+    for (int64_t b = 0; b < B; b++) {
+        if (tokens[b] < 0 || tokens[b] >= c->vocab_size)
+            return mmc_error(MMC_ERR_INVALID, "batched decode: token %d outside the vocabulary [0, %lld)", tokens[b],
+                             (long long)c->vocab_size);
+        if (mmc_kv_pool_blocks_for(pool, seqs[b]->len + 1) > seqs[b]->n_blocks)
+            return mmc_error(MMC_ERR_INVALID, "batched decode: sequence %lld has no block reserved for position %lld",
+                             (long long)b, (long long)seqs[b]->len);
+    }
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, 1));
+    memcpy(ids->data, tokens, (size_t)B * sizeof(int32_t));
+    /* RoPE tables [B, 1, D], each row at its own position */
+    mmc_tensor *cos, *sin;
+    if (c->mrope) {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, 1));
+        for (int a = 0; a < 3; a++)
+            for (int64_t b = 0; b < B; b++) ((int64_t *)pos->data)[a * B + b] = rope_pos[b];
+        mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)D, c->rope_theta, &cos, &sin);
+    } else if (c->rope_kind == MMC_ROPE_DYNAMIC && B > 1) {
+        /* the NTK base depends on each sequence's own length: one table per row */
+        cos = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, 1, D));
+        sin = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, 1, D));
+        for (int64_t b = 0; b < B; b++) {
+            mmc_tensor *pos = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(1, 1)), *cb, *sb;
+            ((int64_t *)pos->data)[0] = rope_pos[b];
+            mmc_qwen2_rope_table(ctx, c, pos, &cb, &sb);
+            memcpy((float *)cos->data + b * D, mmc_contiguous(ctx, cb)->data, (size_t)D * sizeof(float));
+            memcpy((float *)sin->data + b * D, mmc_contiguous(ctx, sb)->data, (size_t)D * sizeof(float));
+        }
+    } else {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(B, 1));
+        memcpy(pos->data, rope_pos, (size_t)B * sizeof(int64_t));
+        mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);
+    }
+    mmc_arena *ar = mmc_ctx_arena(ctx);
+    /* the residual stream [B, 1, C], ours to update in place */
+    mmc_tensor *x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, 1, C));
+    memcpy(x->data, mmc_contiguous(ctx, mmc_qwen2_embed(ctx, m, ids))->data, mmc_nbytes(x));
+    mmc_tensor *att = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, 1, Hq * D));
+    const float eps = (float)c->rms_norm_eps;
+    for (int l = 0; l < c->num_layers; l++) {
+        mmc_qwen2_layer *L = &m->layers[l];
+        mmc_arena_mark mk = mmc_arena_get_mark(ar);
+        mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                              /* [B, 1, C] */
+        mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4, MMC_SHAPE(B, 1, Hq, D));
+        mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4, MMC_SHAPE(B, 1, Hkv, D));
+        mmc_tensor *v = mmc_contiguous(ctx, mmc_nn_linear(ctx, h, &L->v));                    /* [B, 1, Hkv*D] */
+        q = mmc_contiguous(ctx, mmc_rope(ctx, q, cos, sin));                                  /* [B, 1, Hq, D] */
+        k = mmc_contiguous(ctx, mmc_rope(ctx, k, cos, sin));                                  /* [B, 1, Hkv, D] */
+        for (int64_t b = 0; b < B; b++) {   /* this token's K/V at the end of each sequence */
+            memcpy(mmc_kv_seq_at(pool, seqs[b], l, false, seqs[b]->len), (float *)k->data + b * Hkv * D,
+                   (size_t)(Hkv * D) * sizeof(float));
+            memcpy(mmc_kv_seq_at(pool, seqs[b], l, true, seqs[b]->len), (float *)v->data + b * Hkv * D,
+                   (size_t)(Hkv * D) * sizeof(float));
+            seqs[b]->len++;
+        }
+        mmc_kv_paged_attention(pool, l, seqs, B, Hq, q->data, att->data, 0);
+        for (int64_t b = 0; b < B; b++) seqs[b]->len--;   /* grows once, after the last layer */
+        mmc_infer_residual_add(ctx, x->data, mmc_nn_linear(ctx, att, &L->o));
+        mmc_arena_release(ar, mk);
+        h = mmc_rmsnorm(ctx, x, L->post_norm, eps);
+        mmc_infer_residual_add(ctx, x->data, mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate),
+                                                                           mmc_nn_linear(ctx, h, &L->up)),
+                                                           &L->down));
+        mmc_arena_release(ar, mk);
+    }
+    for (int64_t b = 0; b < B; b++) seqs[b]->len++;
+    mmc_tensor *hn = mmc_rmsnorm(ctx, x, m->norm, eps);                                       /* [B, 1, C] */
+    *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, hn))->data;                        /* [B, 1, V] */
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ packed prefill
+ * Several text prompts in one forward: packed into one row [1, sum n, C] with block-diagonal
+ * causal attention (cu_seqlens) and positions restarting at 0 per prompt, so each prompt sees
+ * only itself, as alone; one pass over the weights for all of them. The K/V of each prompt's
+ * span go to its own blocks. */
+mmc_status mmc_qwen2_prefill_packed(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *const *ids, const int64_t *n,
+                                    int64_t N, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits) {
+    const mmc_qwen2_config *c = &m->cfg;
+    if (m->tp) return mmc_error(MMC_ERR_INVALID, "packed prefill does not run tensor-parallel models");
+    if (c->rope_kind == MMC_ROPE_DYNAMIC)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "packed prefill: dynamic NTK RoPE depends on each prompt's length");
+    int64_t T = 0, need = 0;
+    for (int64_t i = 0; i < N; i++) {
+        if (n[i] <= 0) return mmc_error(MMC_ERR_INVALID, "packed prefill: an empty prompt");
+        T += n[i];
+        need += mmc_kv_pool_blocks_for(pool, n[i]) - seqs[i]->n_blocks;
+    }
+    if (need > pool->n_free)
+        return mmc_error(MMC_ERR_OOM, "KV pool: %lld blocks needed, %lld free", (long long)need, (long long)pool->n_free);
+    mmc_tensor *idt = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, T));
+    mmc_tensor *pos = c->mrope ? mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, T)) : mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
+    int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(N + 1));
+    cu[0] = 0;
+    for (int64_t i = 0, t = 0; i < N; i++) {
+        memcpy((int32_t *)idt->data + t, ids[i], (size_t)n[i] * sizeof(int32_t));
+        for (int64_t k = 0; k < n[i]; k++)
+            for (int a = 0; a < (c->mrope ? 3 : 1); a++) ((int64_t *)pos->data)[a * T + t + k] = k;
+        t += n[i];
+        cu[i + 1] = (int32_t)t;
+    }
+    mmc_tensor *cos, *sin;
+    if (c->mrope) mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin);
+    else mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);
+    mmc_kv_cache kv;
+    mmc_status st = mmc_kv_cache_init(&kv, (int)c->num_layers, 1, pool->kv_heads, pool->head_dim, T);
+    if (st) return st;
+    mmc_attn_opts attn = {.causal = true, .cu_seqlens = cu, .n_seqs = (int)N};
+    mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, idt), cos, sin, &attn, &kv);   /* [1, T, C] */
+    mmc_tensor *last = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(N));
+    for (int64_t i = 0; i < N; i++) ((int64_t *)last->data)[i] = cu[i + 1] - 1;
+    mmc_tensor *hl = mmc_gather_rows(ctx, mmc_reshape(ctx, h, 2, MMC_SHAPE(T, c->hidden_size)), last); /* [N, C] */
+    *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, hl))->data;                                 /* [N, V] */
+    for (int64_t i = 0; i < N && !st; i++) st = mmc_kv_seq_import_range(pool, seqs[i], &kv, cu[i], n[i]);
+    mmc_kv_cache_free(&kv);
+    return st;
+}
