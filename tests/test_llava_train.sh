@@ -17,6 +17,7 @@
 # transformers its full checkpoint, each giving the logits `mmc forward` gives within 1e-4.
 set -u
 MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
 F=tests/fixtures/llava_train
 PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
 [ -x "$MMC" ] || { echo "test_llava_train: skipped: no mmc binary at $MMC"; exit 77; }
