@@ -195,6 +195,11 @@ void mmc_qwen2_layer_forward_infer(mmc_ctx *ctx, const mmc_qwen2_config *cfg, mm
  * Without autograd the layers run in their inference form (mmc_qwen2_layer_forward_infer). */
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv);
+/* The stack over embeds [B, T, C] at 1-D positions kv->len .. kv->len + T - 1 (0.. without a cache),
+ * causal, growing the cache first: what a VLM that splices image features into the text embeddings
+ * (LLaVA, InternVL) runs after the splice. *hidden [B, T, C]; an error only if the cache cannot grow. */
+mmc_status mmc_qwen2_forward_embeds(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_kv_cache *kv,
+                                    mmc_tensor **hidden);
 /* hidden [..., C] -> logits [..., V] (with tensor parallelism gathered over the group) */
 mmc_tensor *mmc_qwen2_logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *hidden);
 /* The same, with tensor parallelism only this rank's vocabulary slice [..., V/tp] (rows

@@ -719,6 +719,20 @@ static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in)
                                    &a->attn, NULL, a->layer);
 }
 
+mmc_status mmc_qwen2_forward_embeds(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_kv_cache *kv,
+                                    mmc_tensor **hidden) {
+    const int64_t T = embeds->shape[1], start = kv ? kv->len : 0;
+    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
+    for (int64_t t = 0; t < T; t++) ((int64_t *)pos->data)[t] = start + t;
+    mmc_tensor *cos, *sin;
+    mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);                    /* [T, D] */
+    mmc_status st;
+    if (kv && (st = mmc_kv_cache_reserve(kv, kv->len + T))) return st;
+    mmc_attn_opts ao = {.causal = true};
+    *hidden = mmc_qwen2_forward(ctx, m, embeds, cos, sin, &ao, kv);
+    return MMC_OK;
+}
+
 mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_tensor *cos,
                               mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv) {
     /* sequence parallelism (training forwards with tp): the residual stream is this rank's

@@ -259,14 +259,7 @@ mmc_status mmc_llava_forward(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_te
         }
         mmc_arena_release(mmc_ctx_arena(ctx), mk);   /* the tower's activations */
     }
-    int64_t start = kv ? kv->len : 0;
-    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
-    for (int64_t t = 0; t < T; t++) ((int64_t *)pos->data)[t] = start + t;
-    mmc_tensor *cos, *sin;
-    mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);                           /* [T, D] */
-    if (kv && (st = mmc_kv_cache_reserve(kv, kv->len + T))) goto done;
-    mmc_attn_opts ao = {.causal = true};
-    *hidden = mmc_qwen2_forward(ctx, m->lm, e, cos, sin, &ao, kv);
+    st = mmc_qwen2_forward_embeds(ctx, m->lm, e, kv, hidden);
 done:
     mmc_set_grad_enabled(ctx, was);
     return st;
