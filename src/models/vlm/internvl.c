@@ -26,6 +26,7 @@
  * read from the directory's tokenizer, as InternVLChatModel.chat() does. */
 #include "mmc_internvl.h"
 #include "../vision/intern_vit.h"
+#include "vlm_splice.h"
 #include "../encoders/encoder_common.h"
 #include "mmc_tokenizer.h"
 
@@ -276,9 +277,6 @@ mmc_status mmc_internvl_image_features(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor
     return MMC_OK;
 }
 
-static int64_t id_at(const mmc_tensor *t, int64_t i) {
-    return t->dtype == MMC_I32 ? ((const int32_t *)t->data)[i] : ((const int64_t *)t->data)[i];
-}
 
 mmc_status mmc_internvl_forward(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *ids, mmc_tensor *pixels,
                                 mmc_kv_cache *kv, mmc_tensor **hidden) {
@@ -286,7 +284,7 @@ mmc_status mmc_internvl_forward(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *ids, 
     const mmc_qwen2_config *c = &m->lm->cfg;
     if (!ids || ids->ndim != 2 || (ids->dtype != MMC_I32 && ids->dtype != MMC_I64))
         return mmc_error(MMC_ERR_SHAPE, "internvl forward: ids must be [B, T] int32/int64");
-    const int64_t B = ids->shape[0], T = ids->shape[1], BT = B * T, C = c->hidden_size;
+    const int64_t B = ids->shape[0], T = ids->shape[1];
     if (T <= 0 || B <= 0) return mmc_error(MMC_ERR_INVALID, "internvl forward: empty input");
     if (pixels && kv && kv->len > 0)
         return mmc_error(MMC_ERR_UNSUPPORTED, "internvl forward: images after the prompt (KV cache holds %lld "
@@ -300,15 +298,7 @@ mmc_status mmc_internvl_forward(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *ids, 
     mmc_status st = MMC_OK;
     mmc_tensor *idc = mmc_contiguous(ctx, ids);
     int64_t n_img = 0;
-    for (int64_t i = 0; i < BT; i++) {
-        int64_t t = id_at(idc, i);
-        if (t < 0 || t >= c->vocab_size) {
-            st = mmc_error(MMC_ERR_INVALID, "token %lld at position %lld is outside the vocabulary [0, %lld)",
-                           (long long)t, (long long)i, (long long)c->vocab_size);
-            goto done;
-        }
-        n_img += t == m->image_token_id;
-    }
+    if ((st = vlm_check_ids(idc, c->vocab_size, m->image_token_id, &n_img))) goto done;
     mmc_tensor *e = mmc_contiguous(ctx, mmc_qwen2_embed(ctx, m->lm, idc));     /* [B, T, C], ours */
     int64_t n_feat = pixels ? pixels->shape[0] * mmc_internvl_tile_tokens(m, pixels->shape[2]) : 0;
     if (n_img != n_feat) {
@@ -322,11 +312,7 @@ mmc_status mmc_internvl_forward(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *ids, 
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         mmc_tensor *f;
         if ((st = mmc_internvl_image_features(ctx, m, pixels, &f))) goto done;
-        const float *fd = f->data;
-        float *ed = e->data;
-        int64_t k = 0;
-        for (int64_t i = 0; i < BT; i++)
-            if (id_at(idc, i) == m->image_token_id) memcpy(ed + i * C, fd + (k++) * C, (size_t)C * sizeof(float));
+        vlm_splice(e, idc, m->image_token_id, f);
         mmc_arena_release(mmc_ctx_arena(ctx), mk);   /* the tower's activations */
     }
     st = mmc_qwen2_forward_embeds(ctx, m->lm, e, kv, hidden);
@@ -340,26 +326,20 @@ mmc_tensor *mmc_internvl_logits(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor *hidde
 }
 
 /* ------------------------------------------------------------------ decoder interface */
-static mmc_status feed(mmc_ctx *ctx, mmc_internvl *m, const int32_t *ids_in, int64_t n, mmc_tensor *pixels,
-                       mmc_kv_cache *kv, float **logits) {
-    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n)), *h;
-    memcpy(ids->data, ids_in, (size_t)n * sizeof(int32_t));
-    mmc_status st = mmc_internvl_forward(ctx, m, ids, pixels, kv, &h);
-    if (st) return st;
-    mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));   /* [1, 1, C] */
-    *logits = mmc_internvl_logits(ctx, m, last)->data;                       /* [1, 1, V] */
-    return MMC_OK;
+static mmc_status internvl_fwd(mmc_ctx *ctx, void *m, mmc_tensor *ids, mmc_tensor *pixels, mmc_kv_cache *kv,
+                              mmc_tensor **h) {
+    return mmc_internvl_forward(ctx, m, ids, pixels, kv, h);
 }
 
 static mmc_status dec_prefill(mmc_ctx *ctx, void *self, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
                               float **logits) {
     mmc_internvl_request *r = self;
-    return feed(ctx, r->m, ids, n, r->pixels, kv, logits);
+    return vlm_feed(ctx, internvl_fwd, r->m, r->m->lm, ids, n, r->pixels, kv, logits);
 }
 
 static mmc_status dec_decode(mmc_ctx *ctx, void *self, int32_t token, mmc_kv_cache *kv, float **logits) {
     mmc_internvl_request *r = self;
-    return feed(ctx, r->m, &token, 1, NULL, kv, logits);
+    return vlm_feed(ctx, internvl_fwd, r->m, r->m->lm, &token, 1, NULL, kv, logits);
 }
 
 mmc_decoder mmc_internvl_decoder(mmc_internvl_request *r) {

@@ -16,6 +16,7 @@
  * int or a list) and vision_feature_select_strategy. */
 #include "mmc_llava.h"
 #include "../vision/clip_vision.h"
+#include "vlm_splice.h"
 #include "mmc_lora.h"
 
 #include <stdio.h>
@@ -210,7 +211,7 @@ mmc_status mmc_llava_forward(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_te
     const mmc_qwen2_config *c = &m->lm->cfg;
     if (!ids || ids->ndim != 2 || (ids->dtype != MMC_I32 && ids->dtype != MMC_I64))
         return mmc_error(MMC_ERR_SHAPE, "llava forward: ids must be [B, T] int32/int64");
-    const int64_t B = ids->shape[0], T = ids->shape[1], BT = B * T, C = c->hidden_size;
+    const int64_t B = ids->shape[0], T = ids->shape[1];
     if (T <= 0 || B <= 0) return mmc_error(MMC_ERR_INVALID, "llava forward: empty input");
     if (pixels && kv && kv->len > 0)
         return mmc_error(MMC_ERR_UNSUPPORTED, "llava forward: images after the prompt (KV cache holds %lld "
@@ -222,15 +223,7 @@ mmc_status mmc_llava_forward(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_te
     mmc_status st = MMC_OK;
     mmc_tensor *idc = mmc_contiguous(ctx, ids);
     int64_t n_img = 0;
-    for (int64_t i = 0; i < BT; i++) {
-        int64_t t = idc->dtype == MMC_I32 ? ((int32_t *)idc->data)[i] : ((int64_t *)idc->data)[i];
-        if (t < 0 || t >= c->vocab_size) {
-            st = mmc_error(MMC_ERR_INVALID, "token %lld at position %lld is outside the vocabulary [0, %lld)",
-                           (long long)t, (long long)i, (long long)c->vocab_size);
-            goto done;
-        }
-        n_img += t == m->image_token_id;
-    }
+    if ((st = vlm_check_ids(idc, c->vocab_size, m->image_token_id, &n_img))) goto done;
     /* embeddings, with the projected image features at the <image> positions */
     mmc_tensor *e = mmc_contiguous(ctx, mmc_qwen2_embed(ctx, m->lm, idc));     /* [B, T, C], ours */
     int64_t n_feat = pixels ? pixels->shape[0] * mmc_llava_image_tokens(m) : 0;
@@ -250,13 +243,7 @@ mmc_status mmc_llava_forward(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_te
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         mmc_tensor *f;
         if ((st = mmc_llava_image_features(ctx, m, pixels, &f))) goto done;
-        const float *fd = f->data;
-        float *ed = e->data;
-        int64_t k = 0;
-        for (int64_t i = 0; i < BT; i++) {
-            int64_t t = idc->dtype == MMC_I32 ? ((int32_t *)idc->data)[i] : ((int64_t *)idc->data)[i];
-            if (t == m->image_token_id) memcpy(ed + i * C, fd + (k++) * C, (size_t)C * sizeof(float));
-        }
+        vlm_splice(e, idc, m->image_token_id, f);
         mmc_arena_release(mmc_ctx_arena(ctx), mk);   /* the tower's activations */
     }
     st = mmc_qwen2_forward_embeds(ctx, m->lm, e, kv, hidden);
@@ -270,26 +257,20 @@ mmc_tensor *mmc_llava_logits(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *hidden) {
 }
 
 /* ------------------------------------------------------------------ decoder interface */
-static mmc_status llava_feed(mmc_ctx *ctx, mmc_llava *m, const int32_t *feed, int64_t n, mmc_tensor *pixels,
-                             mmc_kv_cache *kv, float **logits) {
-    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n)), *h;
-    memcpy(ids->data, feed, (size_t)n * sizeof(int32_t));
-    mmc_status st = mmc_llava_forward(ctx, m, ids, pixels, kv, &h);
-    if (st) return st;
-    mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));   /* [1, 1, C] */
-    *logits = mmc_llava_logits(ctx, m, last)->data;                          /* [1, 1, V] */
-    return MMC_OK;
+static mmc_status llava_fwd(mmc_ctx *ctx, void *m, mmc_tensor *ids, mmc_tensor *pixels, mmc_kv_cache *kv,
+                           mmc_tensor **h) {
+    return mmc_llava_forward(ctx, m, ids, pixels, kv, h);
 }
 
 static mmc_status llava_prefill(mmc_ctx *ctx, void *self, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
                                 float **logits) {
     mmc_llava_request *r = self;
-    return llava_feed(ctx, r->m, ids, n, r->pixels, kv, logits);
+    return vlm_feed(ctx, llava_fwd, r->m, r->m->lm, ids, n, r->pixels, kv, logits);
 }
 
 static mmc_status llava_decode(mmc_ctx *ctx, void *self, int32_t token, mmc_kv_cache *kv, float **logits) {
     mmc_llava_request *r = self;
-    return llava_feed(ctx, r->m, &token, 1, NULL, kv, logits);
+    return vlm_feed(ctx, llava_fwd, r->m, r->m->lm, &token, 1, NULL, kv, logits);
 }
 
 mmc_decoder mmc_llava_decoder(mmc_llava_request *r) {

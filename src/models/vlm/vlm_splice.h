@@ -1,0 +1,26 @@
+/* vlm_splice.h — what the VLMs that splice projected image features into the language model's
+ * token embeddings share (LLaVA, InternVL: transformers' masked_scatter of image_features at the
+ * image-token positions), and their decoder glue: the prompt (or one token) through the model's
+ * forward, the last position's logits. */
+#ifndef MMC_VLM_SPLICE_H
+#define MMC_VLM_SPLICE_H
+
+#include "mmc_models.h"
+
+/* ids [B, T] (int32 / int64, contiguous) at flat index i */
+static inline int64_t vlm_id_at(const mmc_tensor *ids, int64_t i) {
+    return ids->dtype == MMC_I32 ? ((const int32_t *)ids->data)[i] : ((const int64_t *)ids->data)[i];
+}
+/* Every id in [0, vocab) (else an error naming the position); *n_img: how many are image_token_id. */
+mmc_status vlm_check_ids(const mmc_tensor *ids, int64_t vocab, int64_t image_token_id, int64_t *n_img);
+/* e [B, T, C] (contiguous f32): row i = feats row k++ wherever ids[i] == image_token_id. */
+void vlm_splice(mmc_tensor *e, const mmc_tensor *ids, int64_t image_token_id, const mmc_tensor *feats);
+
+typedef mmc_status (*vlm_forward_fn)(mmc_ctx *ctx, void *model, mmc_tensor *ids, mmc_tensor *pixels,
+                                     mmc_kv_cache *kv, mmc_tensor **hidden);
+/* ids_in[0, n) through fwd (pixels only with the prompt), then *logits = lm's logits of the last
+ * position [1, 1, V] (arena memory). */
+mmc_status vlm_feed(mmc_ctx *ctx, vlm_forward_fn fwd, void *model, mmc_qwen2 *lm, const int32_t *ids_in, int64_t n,
+                    mmc_tensor *pixels, mmc_kv_cache *kv, float **logits);
+
+#endif
