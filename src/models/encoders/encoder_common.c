@@ -166,3 +166,19 @@ mmc_tensor *enc_clip_layer_forward(mmc_ctx *ctx, const enc_clip_layer *L, mmc_te
     h = enc_act(ctx, act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));          /* [B, T, F] */
     return mmc_add(ctx, x, mmc_linear(ctx, h, L->fc2_w, L->fc2_b));
 }
+
+mmc_status enc_vit_check_sizes(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads, int64_t channels,
+                               int64_t image, int64_t patch, const char *what) {
+    const int64_t v[] = {hidden, intermediate, layers, heads, channels, image, patch};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        if (v[i] < 1 || v[i] > MMC_CONFIG_MAX_DIM)
+            return mmc_error(MMC_ERR_FORMAT, "%s: vision_config sizes must be from 1 to %lld", what,
+                             (long long)MMC_CONFIG_MAX_DIM);
+    if (hidden % heads)
+        return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.hidden_size %lld is not a multiple of "
+                         "num_attention_heads %lld", what, (long long)hidden, (long long)heads);
+    if (image % patch)
+        return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.image_size %lld is not a multiple of patch_size %lld",
+                         what, (long long)image, (long long)patch);
+    return MMC_OK;
+}

@@ -14,6 +14,10 @@ mmc_tensor *enc_act(mmc_ctx *ctx, mmc_act a, mmc_tensor *x);
 mmc_status enc_check_inputs(const mmc_tensor *ids, const mmc_tensor *mask, int64_t vocab, int64_t max_t,
                             const char *what);
 int64_t enc_int_at(const mmc_tensor *t, int64_t i);   /* flat element of an i32 / i64 tensor */
+/* A ViT's vision_config sizes: each from 1 to MMC_CONFIG_MAX_DIM, hidden a multiple of the heads,
+ * image a multiple of the patch; FORMAT errors prefixed by what. */
+mmc_status enc_vit_check_sizes(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads, int64_t channels,
+                               int64_t image, int64_t patch, const char *what);
 
 /* softmax(scale * q k^T + bias [+ causal] [+ key mask]) v, per batch and head:
  * q [B, T, H, D], k [B, S, H, D], v [B, S, H, Dv] (contiguous) -> [B, T, H, Dv].

@@ -124,19 +124,8 @@ mmc_status mmc_intern_vit_config_read_remote(const mmc_json *j, const char *what
 }
 
 static mmc_status check(const mmc_intern_vit_config *c, const char *what) {
-    int64_t v[] = {c->hidden_size, c->intermediate_size, c->num_hidden_layers, c->num_attention_heads,
-                   c->num_channels, c->image_size, c->patch_size};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        if (v[i] < 1 || v[i] > MMC_CONFIG_MAX_DIM)
-            return mmc_error(MMC_ERR_FORMAT, "%s: vision_config sizes must be from 1 to %lld", what,
-                             (long long)MMC_CONFIG_MAX_DIM);
-    if (c->hidden_size % c->num_attention_heads)
-        return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.hidden_size %lld is not a multiple of "
-                         "num_attention_heads %lld", what, (long long)c->hidden_size, (long long)c->num_attention_heads);
-    if (c->image_size % c->patch_size)
-        return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.image_size %lld is not a multiple of patch_size %lld",
-                         what, (long long)c->image_size, (long long)c->patch_size);
-    return MMC_OK;
+    return enc_vit_check_sizes(c->hidden_size, c->intermediate_size, c->num_hidden_layers, c->num_attention_heads,
+                               c->num_channels, c->image_size, c->patch_size, what);
 }
 
 static void bind_norm(mw_set *w, const char *pre, const char *name, bool rms, mmc_tensor **wt, mmc_tensor **b,

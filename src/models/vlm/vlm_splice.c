@@ -7,7 +7,7 @@ mmc_status vlm_check_ids(const mmc_tensor *ids, int64_t vocab, int64_t image_tok
     const int64_t n = mmc_numel(ids);
     *n_img = 0;
     for (int64_t i = 0; i < n; i++) {
-        const int64_t t = vlm_id_at(ids, i);
+        const int64_t t = enc_int_at(ids, i);
         if (t < 0 || t >= vocab)
             return mmc_error(MMC_ERR_INVALID, "token %lld at position %lld is outside the vocabulary [0, %lld)",
                              (long long)t, (long long)i, (long long)vocab);
@@ -21,7 +21,7 @@ void vlm_splice(mmc_tensor *e, const mmc_tensor *ids, int64_t image_token_id, co
     const float *fd = feats->data;
     float *ed = e->data;
     for (int64_t i = 0, k = 0; i < n; i++)
-        if (vlm_id_at(ids, i) == image_token_id) memcpy(ed + i * C, fd + (k++) * C, (size_t)C * sizeof(float));
+        if (enc_int_at(ids, i) == image_token_id) memcpy(ed + i * C, fd + (k++) * C, (size_t)C * sizeof(float));
 }
 
 mmc_status vlm_feed(mmc_ctx *ctx, vlm_forward_fn fwd, void *model, mmc_qwen2 *lm, const int32_t *ids_in, int64_t n,

@@ -6,11 +6,8 @@
 #define MMC_VLM_SPLICE_H
 
 #include "mmc_models.h"
+#include "../encoders/encoder_common.h"
 
-/* ids [B, T] (int32 / int64, contiguous) at flat index i */
-static inline int64_t vlm_id_at(const mmc_tensor *ids, int64_t i) {
-    return ids->dtype == MMC_I32 ? ((const int32_t *)ids->data)[i] : ((const int64_t *)ids->data)[i];
-}
 /* Every id in [0, vocab) (else an error naming the position); *n_img: how many are image_token_id. */
 mmc_status vlm_check_ids(const mmc_tensor *ids, int64_t vocab, int64_t image_token_id, int64_t *n_img);
 /* e [B, T, C] (contiguous f32): row i = feats row k++ wherever ids[i] == image_token_id. */
