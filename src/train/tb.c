@@ -66,11 +66,11 @@ static double wall_now(void) {
     return (double)tv.tv_sec + tv.tv_usec * 1e-6;
 }
 
-static mmc_status write_record(mmc_tb *tb, const pb *ev) {
-    uint64_t len = ev->n;
-    uint32_t lc = mmc_tb_masked_crc32c(&len, 8), dc = mmc_tb_masked_crc32c(ev->b, ev->n);
+static mmc_status write_record(mmc_tb *tb, const uint8_t *rec, size_t n) {
+    uint64_t len = n;
+    uint32_t lc = mmc_tb_masked_crc32c(&len, 8), dc = mmc_tb_masked_crc32c(rec, n);
     if (fwrite(&len, 8, 1, tb->f) != 1 || fwrite(&lc, 4, 1, tb->f) != 1 ||
-        fwrite(ev->b, 1, ev->n, tb->f) != ev->n || fwrite(&dc, 4, 1, tb->f) != 1)
+        fwrite(rec, 1, n, tb->f) != n || fwrite(&dc, 4, 1, tb->f) != 1)
         return mmc_error(MMC_ERR_IO, "%s: write failed: %s", tb->path, strerror(errno));
     return MMC_OK;
 }
@@ -94,7 +94,7 @@ mmc_status mmc_tb_open(const char *dir, mmc_tb **out) {
     pb ev = {0};
     pb_fixed64(&ev, 1, now);
     pb_bytes(&ev, 3, "brain.Event:2", 13);
-    if ((st = write_record(tb, &ev))) { mmc_tb_close(tb); return st; }
+    if ((st = write_record(tb, ev.b, ev.n))) { mmc_tb_close(tb); return st; }
     *out = tb;
     return MMC_OK;
 }
@@ -109,7 +109,7 @@ mmc_status mmc_tb_scalar(mmc_tb *tb, const char *tag, int64_t step, double value
     pb_varint(&ev, 2 << 3 | 0);
     pb_varint(&ev, (uint64_t)step);
     pb_bytes(&ev, 5, sum.b, sum.n);
-    return write_record(tb, &ev);
+    return write_record(tb, ev.b, ev.n);
 }
 
 /* A growable buffer for the one message that does not fit pb's 512 bytes: an image summary. */
@@ -160,14 +160,7 @@ mmc_status mmc_tb_image(mmc_tb *tb, const char *tag, int64_t step, const char *p
     pbd_varint(&ev, 1 << 3 | 1), pbd_raw(&ev, &now, 8);
     pbd_varint(&ev, 2 << 3 | 0), pbd_varint(&ev, (uint64_t)step);
     pbd_bytes(&ev, 5, sum.b, sum.n);
-    if (img.oom || val.oom || sum.oom || ev.oom) st = mmc_error(MMC_ERR_OOM, "out of memory");
-    else {
-        uint64_t len = ev.n;
-        uint32_t lc = mmc_tb_masked_crc32c(&len, 8), dc = mmc_tb_masked_crc32c(ev.b, ev.n);
-        if (fwrite(&len, 8, 1, tb->f) != 1 || fwrite(&lc, 4, 1, tb->f) != 1 || fwrite(ev.b, 1, ev.n, tb->f) != ev.n ||
-            fwrite(&dc, 4, 1, tb->f) != 1)
-            st = mmc_error(MMC_ERR_IO, "%s: write failed: %s", tb->path, strerror(errno));
-    }
+    st = img.oom || val.oom || sum.oom || ev.oom ? mmc_error(MMC_ERR_OOM, "out of memory") : write_record(tb, ev.b, ev.n);
     free(img.b), free(val.b), free(sum.b), free(ev.b);
     return st;
 }
