@@ -643,6 +643,14 @@ done:
 
 /* The dataset index of global sample s: a seeded permutation of each epoch, drawn once per epoch
  * (Fisher-Yates with the epoch's own stream) and kept until the data moves to the next one. */
+/* Fisher-Yates over a[0, n) with r (the order the epoch permutations have always used) */
+static void shuffle_i64(mmc_rng *r, int64_t *a, int64_t n) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(mmc_rng_u64(r) % (uint64_t)(i + 1)), tmp = a[i];
+        a[i] = a[j], a[j] = tmp;
+    }
+}
+
 static int64_t sample_at_buckets(mmc_trainer *t, int64_t s);
 static int64_t sample_at(mmc_trainer *t, int64_t s) {
     mmc_fm_data *f = t->fm;
@@ -657,10 +665,7 @@ static int64_t sample_at(mmc_trainer *t, int64_t s) {
         for (int64_t i = 0; i < n; i++) f->perm[i] = i;
         mmc_rng r;
         mmc_rng_init(&r, (uint64_t)t->cfg->training.seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
-        for (int64_t i = n - 1; i > 0; i--) {
-            int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1)), tmp = f->perm[i];
-            f->perm[i] = f->perm[j], f->perm[j] = tmp;
-        }
+        shuffle_i64(&r, f->perm, n);
         f->perm_epoch = epoch;
     }
     return f->perm[k];
@@ -673,9 +678,9 @@ static int64_t sample_at(mmc_trainer *t, int64_t s) {
 static int64_t sample_at_buckets(mmc_trainer *t, int64_t s) {
     mmc_fm_data *f = t->fm;
     const int64_t mb = t->cfg->data.micro_batch_size > 0 ? t->cfg->data.micro_batch_size : 1;
-    int64_t cnt[FM_MAX_BUCKETS] = {0};
-    for (int64_t i = 0; i < f->n; i++) cnt[f->bucket[i]]++;
-    if (!f->order) {
+    if (!f->order) {   /* the epoch's length, once: each bucket's samples rounded up to whole micro-batches */
+        int64_t cnt[FM_MAX_BUCKETS] = {0};
+        for (int64_t i = 0; i < f->n; i++) cnt[f->bucket[i]]++;
         f->epoch_len = 0;
         for (int b = 0; b < f->n_buckets; b++) f->epoch_len += (cnt[b] + mb - 1) / mb * mb;
         f->order = malloc((size_t)(f->epoch_len + f->n) * sizeof *f->order);
@@ -694,10 +699,7 @@ static int64_t sample_at_buckets(mmc_trainer *t, int64_t s) {
             int64_t *bi = idx + at;
             int64_t c = 0;
             for (int64_t i = 0; i < f->n; i++) if (f->bucket[i] == b) bi[c++] = i;
-            for (int64_t i = c - 1; shuffle && i > 0; i--) {
-                int64_t j = (int64_t)(mmc_rng_u64(&r) % (uint64_t)(i + 1)), tmp = bi[i];
-                bi[i] = bi[j], bi[j] = tmp;
-            }
+            if (shuffle) shuffle_i64(&r, bi, c);
             for (int64_t q = 0; q < c; q += mb) mbs[2 * m] = at + q, mbs[2 * m + 1] = (int64_t)at << 32 | c, m++;
             at += (int)c;
         }
