@@ -277,7 +277,7 @@ struct tok_scratch {
     tok_merge *heap;
     int64_t cap_heap;
     char *nbuf;
-    int64_t *nmap_s, *nmap_e, ncap;
+    int64_t *nmap_s, *nmap_e, ncap, ms_cap, me_cap;   /* normalized text, and each byte's input span */
     tok_centry *cache;
     uint32_t cmask, ccount;
     char *ckeys;
@@ -659,12 +659,12 @@ static mmc_status process_normalized(const mmc_tokenizer *t, tok_scratch *sc, co
 static mmc_status process_segment_spm(const mmc_tokenizer *t, tok_scratch *sc, const char *seg, int64_t n,
                                       int64_t base, tok_out *o) {
     if (n <= 0) return MMC_OK;
-    int64_t need = 3 * n + 3, mc;
-    if (!grow((void **)&sc->nbuf, &sc->ncap, need, 1)) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
-    mc = 0;
-    if (!grow((void **)&sc->nmap_s, &mc, need, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
-    mc = 0;
-    if (!grow((void **)&sc->nmap_e, &mc, need, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+    const int64_t need = 3 * n + 3;
+    const bool om = o->want_offs;   /* the byte -> input span maps only when offsets are asked for */
+    if (!grow((void **)&sc->nbuf, &sc->ncap, need, 1) ||
+        (om && (!grow((void **)&sc->nmap_s, &sc->ms_cap, need, sizeof(int64_t)) ||
+                !grow((void **)&sc->nmap_e, &sc->me_cap, need, sizeof(int64_t)))))
+        return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
     const uint8_t *u = (const uint8_t *)seg;
     int first_len = utf8_seq(u, n);
     if (first_len <= 0) first_len = 1;
@@ -673,21 +673,20 @@ static mmc_status process_segment_spm(const mmc_tokenizer *t, tok_scratch *sc, c
     bool prepend = t->spm_norm_prepend ||
                    (t->spm_meta && !starts_space && (t->spm_prepend == 1 || (t->spm_prepend == 2 && base == 0)));
     int64_t j = 0;
+#define PUT(byte, s0, e0) do { sc->nbuf[j] = (byte); if (om) sc->nmap_s[j] = (s0), sc->nmap_e[j] = (e0); j++; } while (0)
     if (prepend)
-        for (int k = 0; k < 3; k++) { sc->nbuf[j] = SPM_SPACE[k]; sc->nmap_s[j] = base; sc->nmap_e[j] = base + first_len; j++; }
+        for (int k = 0; k < 3; k++) PUT(SPM_SPACE[k], base, base + first_len);
     for (int64_t i = 0; i < n;) {
         int l = utf8_seq(u + i, n - i);
         if (l <= 0) l = 1;
-        if (replace && seg[i] == ' ') {
-            for (int k = 0; k < 3; k++) { sc->nbuf[j] = SPM_SPACE[k]; sc->nmap_s[j] = base + i; sc->nmap_e[j] = base + i + 1; j++; }
-        } else {
-            for (int k = 0; k < l; k++) { sc->nbuf[j] = seg[i + k]; sc->nmap_s[j] = base + i; sc->nmap_e[j] = base + i + l; j++; }
-        }
+        if (replace && seg[i] == ' ') for (int k = 0; k < 3; k++) PUT(SPM_SPACE[k], base + i, base + i + 1);
+        else for (int k = 0; k < l; k++) PUT(seg[i + k], base + i, base + i + l);
         i += l;
     }
+#undef PUT
     int64_t first = o->n;
     mmc_status st = process_normalized(t, sc, sc->nbuf, j, o);
-    if (!st && o->want_offs)
+    if (!st && om)
         for (int64_t k = first; k < o->n; k++) {
             int64_t s0 = o->offs[2 * k], e0 = o->offs[2 * k + 1];
             o->offs[2 * k] = s0 < j ? sc->nmap_s[s0] : base + n;
@@ -720,10 +719,9 @@ static mmc_status process_segment(const mmc_tokenizer *t, tok_scratch *sc, const
     } else {
         /* chunks = a code point followed by unsafe code points; NFC each changed chunk */
         if (!grow((void **)&sc->nbuf, &sc->ncap, 4 * n + 16, 1)) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
-        int64_t mc = 0;
-        if (!grow((void **)&sc->nmap_s, &mc, 4 * n + 16, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
-        mc = 0;
-        if (!grow((void **)&sc->nmap_e, &mc, 4 * n + 16, sizeof(int64_t))) return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
+        if (!grow((void **)&sc->nmap_s, &sc->ms_cap, 4 * n + 16, sizeof(int64_t)) ||
+            !grow((void **)&sc->nmap_e, &sc->me_cap, 4 * n + 16, sizeof(int64_t)))
+            return mmc_error(MMC_ERR_OOM, "tokenizer: OOM");
         int64_t i = 0, j = 0;
         while (i < n) {
             int l;
