@@ -208,6 +208,9 @@ a=$(grep -o '"loss": [^,]*' "$T/bk/metrics.jsonl" | tail -2); b=$(grep -o '"loss
 sed "s|aspect_ratio_buckets: \"32,32;24,40;40,24\"|aspect_ratio_buckets: \"32,30\"|" "$T/bk.yaml" >"$T/bk3.yaml"
 expect_rc 1 "$MMC" train "$T/bk3.yaml"
 expect_err "bucket 32,30 must be a multiple of 4"
+sed "s|aspect_ratio_buckets: \"32,32;24,40;40,24\"|aspect_ratio_buckets: \"32x32\"|" "$T/bk.yaml" >"$T/bk4.yaml"
+expect_rc 1 "$MMC" train "$T/bk4.yaml"
+expect_err "expected \"height,width;height,width;...\""
 # from scratch: model.init gives the transformer (random init), the pipeline folder the rest; full
 # checkpoints are the transformer folder, which generate-image's pipeline can load
 cat >"$T/init.yaml" <<YAML

@@ -164,6 +164,38 @@ int main(int argc, char **argv) {
         CHECKF(bad == 0, "llava/hub_llama: %d texts unlike the file's own pipeline (transformers 5 keeps it for llava)", bad);
     }
     mmc_tokenizer_free(t);
+    /* malformed or unsupported SentencePiece-style files: an error naming what, never a crash */
+    size_t jn = 0;
+    char *js = read_all(ROOT "llama_tok_meta/tokenizer.json", &jn);
+    CHECK(js != NULL);
+    static const struct { const char *from, *to; mmc_status want; const char *says; } bad[] = {
+        {"\"replacement\":\"\u2581\",\"prepend_scheme\":\"first\"", "\"replacement\":\"_\",\"prepend_scheme\":\"first\"",
+         MMC_ERR_UNSUPPORTED, "Metaspace with replacement '_'"},
+        {"\"prepend_scheme\":\"first\"", "\"prepend_scheme\":\"sometimes\"", MMC_ERR_FORMAT, "prepend_scheme 'sometimes'"},
+        {"{\"type\":\"ByteFallback\"}", "{\"type\":\"WordPiece\"}", MMC_ERR_UNSUPPORTED, "not its entry WordPiece"},
+        {"\"merges\":[", "\"merges\":[[\"\u2581zz\",\"q\"],", MMC_ERR_FORMAT, "missing from the vocab"},
+    };
+    for (size_t i = 0; js && i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *j = cJSON_Parse(js);   /* compact form, so the replacements find their text */
+        char *cj = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        char *at = cj ? strstr(cj, bad[i].from) : NULL;
+        CHECKF(at != NULL, "case %zu: '%s' not in the fixture", i, bad[i].from);
+        if (at) {
+            size_t lf = strlen(bad[i].from), lt = strlen(bad[i].to), n = strlen(cj);
+            char *m = malloc(n - lf + lt + 1);
+            memcpy(m, cj, (size_t)(at - cj));
+            memcpy(m + (at - cj), bad[i].to, lt);
+            memcpy(m + (at - cj) + lt, at + lf, n - (size_t)(at - cj) - lf + 1);
+            mmc_tokenizer *bt = NULL;
+            CHECK_ERR(mmc_tokenizer_load_memory(m, strlen(m), NULL, 0, "bad.json", &bt), bad[i].want);
+            CHECKF(bt == NULL && strstr(mmc_last_error(), bad[i].says), "case %zu: message '%s'", i, mmc_last_error());
+            mmc_tokenizer_free(bt);
+            free(m);
+        }
+        free(cj);
+    }
+    free(js);
     cJSON_Delete(exp);
     return test_done("test_llama_tokenizer");
 }
