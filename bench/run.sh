@@ -10,6 +10,9 @@ VENV=${2:-.venv-ref}
 THREADS=${MMC_BENCH_THREADS:-$(nproc)}
 FILTER=${MMC_BENCH_FILTER:-.}
 export OMP_NUM_THREADS=$THREADS MMC_BENCH_THREADS=$THREADS MMC_BENCH_VENV=$VENV
+# the wait policy the mmc command uses by default (tools/mmc.c), for both sides: spinning OpenMP
+# threads on a shared host cost a many-region decode step up to 10x (README "Whisper")
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 export MMC_REF_PY="$VENV/bin/python"   # bench_video writes its clip with it (PyAV)
 mkdir -p "$BUILD/bench"
 RAW="$BUILD/bench/raw.jsonl"

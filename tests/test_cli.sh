@@ -105,6 +105,10 @@ MMC_GEMM_BLOCKING=28,256,512 expect_rc 0 env -u MMC_GEMM_MC -u MMC_GEMM_KC -u MM
 expect_out "MC=28 KC=256 NC=512 (MMC_GEMM_BLOCKING)"
 MMC_GEMM_BLOCKING=1,2 expect_rc 0 "$MMC" info --system; expect_err "ignoring MMC_GEMM_BLOCKING='1,2'"
 expect_rc 2 "$MMC" info --system $M; expect_err "give no directory"
+# the OpenMP wait policy: passive unless the user sets one (tools/mmc.c re-executes itself once)
+expect_rc 0 env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u KMP_BLOCKTIME "$MMC" info --system
+expect_out "wait policy passive"
+OMP_WAIT_POLICY=active expect_rc 0 "$MMC" info --system; expect_out "wait policy active"
 
 # generate: token-identical to transformers (tools/ref/gen_qwen2.py -> chat_expected.json)
 want=$(sed -E 's/.*"new_ids": (\[[^]]*\]).*/\1/' tests/fixtures/qwen2/chat_expected.json)

@@ -12,6 +12,7 @@
 #include "mmc_io.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -80,7 +81,8 @@ static int info_system(bool json) {
             printf("{\"size\": %lld, \"ways\": %d, \"line\": %d, \"shared_cpus\": %d}", (long long)l->size,
                    l->ways, l->line, l->shared_cpus);
         }
-        printf(", \"source\": \"%s\"}, \"threads\": %d, \"gemm\": {", ci->cache_source, mmc_get_num_threads());
+        printf(", \"source\": \"%s\"}, \"threads\": %d, \"omp_wait_policy\": \"%s\", \"gemm\": {", ci->cache_source,
+               mmc_get_num_threads(), getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "default");
         const mmc_gemm_path *p[3] = {&g.f32, &g.bf16, &g.bf16_infer};
         const char *names[3] = {"f32", "bf16", "bf16_infer"};
         const char *arith[3] = {"f32 FMA", bf16_exact, bf16_arith};
@@ -114,7 +116,8 @@ static int info_system(bool json) {
         if (i < 2) putchar(';');
     }
     printf("  (from %s)\n", ci->cache_source);
-    printf("threads:    %d (OpenMP; OMP_NUM_THREADS sets it)\n", mmc_get_num_threads());
+    printf("threads:    %d (OpenMP; OMP_NUM_THREADS sets it), wait policy %s\n", mmc_get_num_threads(),
+           getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "library default");
     printf("gemm f32:   %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s); M <= %d: %s matvec\n",
            g.f32.kernel, g.f32.mr, g.f32.nr, (long long)g.f32.mc, (long long)g.f32.kc, (long long)g.f32.nc,
            strcmp(g.blocking_source, "model") ? g.blocking_source : "from the caches", g.small_m, g.small_m_kernel);
