@@ -66,5 +66,7 @@ int cmd_serve(int argc, char **argv);
 void help_serve(FILE *f);
 int cmd_template(int argc, char **argv);
 void help_template(FILE *f);
+int cmd_embed(int argc, char **argv);
+void help_embed(FILE *f);
 
 #endif

@@ -36,6 +36,7 @@ static const cli_cmd g_cmds[] = {
      cmd_transcribe, help_transcribe},
     {"serve", "Serve a model over HTTP with OpenAI's API (chat/completions, streaming, images)", cmd_serve, help_serve},
     {"template", "Render a chat template over messages, exactly as transformers does", cmd_template, help_template},
+    {"embed", "Image and text embeddings of a dual encoder (CLIP) and their similarities", cmd_embed, help_embed},
 };
 static const int g_ncmds = sizeof g_cmds / sizeof g_cmds[0];
 

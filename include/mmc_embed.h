@@ -1,0 +1,71 @@
+/* mmc_embed.h — dual encoders for cross-modal retrieval: CLIP (transformers' CLIPModel) as a
+ * whole, its image and text towers each with their projection into one embedding space and
+ * the learned temperature, behind one interface (`mmc embed`, `mmc eval --task retrieval`).
+ *
+ *   image_embeds = normalize(visual_projection(post_layernorm(vision(pixels)[:, 0])))   [N, D]
+ *   text_embeds  = normalize(text_projection(final_layer_norm(text(ids))[eos]))         [M, D]
+ *   logits_per_image = exp(logit_scale) * image_embeds @ text_embeds^T                  [N, M]
+ *
+ * Images go through the model folder's CLIPImageProcessor, texts through its CLIP tokenizer
+ * (truncated to model_max_length, 77), exactly as CLIPProcessor prepares them. */
+#ifndef MMC_EMBED_H
+#define MMC_EMBED_H
+
+#include "mmc.h"
+#include "mmc_image.h"
+#include "mmc_vlproc.h"
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mmc_dual_encoder mmc_dual_encoder;
+
+/* A CLIPModel folder (config.json model_type "clip", safetensors, tokenizer.json, the image
+ * processor's config). Errors name the file and key; a folder of another model type is
+ * MMC_ERR_UNSUPPORTED saying which types embed. */
+mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out);
+void mmc_dual_encoder_free(mmc_dual_encoder *m);
+const char *mmc_dual_encoder_family(const mmc_dual_encoder *m);   /* "clip" */
+int64_t mmc_dual_encoder_dim(const mmc_dual_encoder *m);           /* D: projection_dim */
+double mmc_dual_encoder_logit_scale(const mmc_dual_encoder *m);    /* exp(logit_scale) */
+int64_t mmc_dual_encoder_param_count(const mmc_dual_encoder *m);
+/* The image processor in use (its resize_mode picks PIL's or torchvision's resize). */
+mmc_clip_proc *mmc_dual_encoder_image_proc(mmc_dual_encoder *m);
+
+/* n images -> out [n, D], L2-normalised (through the tower 16 at a time). */
+mmc_status mmc_dual_encoder_embed_images(mmc_dual_encoder *m, const mmc_image *imgs, int n, float *out);
+/* n texts -> out [n, D], L2-normalised. */
+mmc_status mmc_dual_encoder_embed_texts(mmc_dual_encoder *m, const char *const *texts, int n, float *out);
+/* pixel_values [n, 3, H, W] as the processor makes them -> out [n, D] (normalised). */
+mmc_status mmc_dual_encoder_embed_pixels(mmc_dual_encoder *m, const mmc_tensor *pixel_values, float *out);
+
+/* ---------------------------------------------------------------- retrieval evaluation
+ * An image-caption JSONL: one object per line, {"image": PATH, "caption": TEXT} or {"image":
+ * PATH, "captions": [TEXT, ...]} (relative paths from image_root, else the file's folder).
+ * Image -> text: an image is a hit at K when any of its own captions ranks in its top K among
+ * all captions; text -> image: a caption when its image ranks in its top K among all images
+ * (clip_benchmark's zero-shot retrieval protocol). Ties keep the earlier index first. */
+typedef struct {
+    const char *model_dir, *data_path, *image_root;
+    int64_t limit;                 /* first N lines (0: all) */
+    int64_t max_image_pixels;      /* 0: mmc's default (PIL's limit) */
+    int image_backend;             /* mmc_vlproc_resize_mode */
+    FILE *progress;                /* a progress line per batch; NULL: quiet */
+} mmc_retrieval_opts;
+
+typedef struct {
+    int64_t images, captions;
+    double i2t_recall[3], t2i_recall[3];   /* at K = 1, 5, 10 */
+    int64_t *i2t_rank, *t2i_rank;          /* 0-based rank of the best own caption / the own image */
+} mmc_retrieval_result;
+
+mmc_status mmc_retrieval_eval(const mmc_retrieval_opts *o, mmc_retrieval_result *r);
+void mmc_retrieval_result_free(mmc_retrieval_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMC_EMBED_H */

@@ -1,0 +1,189 @@
+/* clip_model.c — CLIP as a dual encoder, mirroring transformers' CLIPModel
+ * (models/clip/modeling_clip.py: get_image_features, get_text_features, forward):
+ *
+ *   hs = vision_model(pixel_values)                       CLIPVisionTransformer (clip_vision.c)
+ *   pooled_img = post_layernorm(hs[-1][:, 0])             the class token            [N, Cv]
+ *   image_embeds = visual_projection(pooled_img)          no bias                    [N, D]
+ *   pooled_txt = text_model(ids).pooler_output            final LN at the EOS (clip_text.c) [M, Ct]
+ *   text_embeds = text_projection(pooled_txt)             no bias                    [M, D]
+ *   both / their L2 norm;  logits_per_image = exp(logit_scale) image_embeds @ text_embeds^T
+ *
+ * Weights: text_model.*, vision_model.*, visual_projection.weight [D, Cv], text_projection.weight
+ * [D, Ct], logit_scale [] — the names CLIPModel.save_pretrained writes (4.x and 5.x alike). The
+ * processor: CLIPImageProcessor from processor_config.json / preprocessor_config.json and the CLIP
+ * BPE tokenizer of tokenizer.json, truncated to model_max_length as CLIPProcessor(truncation=True)
+ * does. The retrieval evaluation over these embeddings is src/train/eval_retrieval.c. */
+#include "mmc_embed.h"
+
+#include "../model_weights.h"
+#include "../vision/clip_vision.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { IMAGE_BATCH = 16 };
+
+struct mmc_dual_encoder {
+    mmc_clip_text *text;            /* text_model.* + text_projection (its own weight set) */
+    mw_set w;                       /* the vision half */
+    mmc_clip_vision *vision;
+    mmc_tensor *visual_proj;        /* [D, Cv] */
+    mmc_tensor *logit_scale;        /* [] */
+    mmc_clip_vision_config vc;
+    int64_t dim;
+    mmc_clip_tokenizer *tok;
+    int max_length;
+    mmc_clip_proc proc;
+    mmc_ctx *ctx;
+};
+
+void mmc_dual_encoder_free(mmc_dual_encoder *m) {
+    if (!m) return;
+    mmc_clip_text_free(m->text);
+    clip_vision_free(m->vision);
+    mw_close(&m->w);
+    mmc_clip_tokenizer_free(m->tok);
+    mmc_ctx_free(m->ctx);
+    free(m);
+}
+
+mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
+    *out = NULL;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *cfg = NULL;
+    mmc_status st = mmc_json_load(path, &cfg);
+    if (st) return st;
+    mmc_dual_encoder *m = calloc(1, sizeof *m);
+    if (!m || !(m->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    const char *mt = NULL;
+    if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto fail;
+    if (strcmp(mt, "clip") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not a dual encoder mmc embeds with; "
+                       "give a CLIPModel folder (model_type \"clip\")", path, mt);
+        goto fail;
+    }
+    const mmc_json *vj = mmc_json_get(cfg, "vision_config");
+    if (!vj || !mmc_json_get(cfg, "text_config")) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: a CLIPModel config needs text_config and vision_config", path);
+        goto fail;
+    }
+    if ((st = mmc_clip_vision_config_read(vj, path, &m->vc))) goto fail;
+    if ((st = mmc_clip_text_load(dir, &m->text))) goto fail;
+    const mmc_clip_text_config *tc = mmc_clip_text_cfg(m->text);
+    if (!tc->with_projection) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: no text_projection.weight: this is a CLIP text tower alone, not a "
+                       "CLIPModel", dir);
+        goto fail;
+    }
+    m->dim = tc->projection_dim;
+    if ((st = mw_open(dir, "model", &m->w))) goto fail;
+    m->vision = clip_vision_bind(&m->w, "vision_model.", &m->vc);
+    if (!m->vision) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    mw_bind(&m->w, "", "visual_projection.weight", &m->visual_proj, 2, MMC_SHAPE(m->dim, m->vc.hidden_size));
+    mw_bind(&m->w, "", "logit_scale", &m->logit_scale, 0, NULL);
+    if ((st = mw_status(&m->w, dir, "CLIPModel vision tower / projections"))) goto fail;
+    if ((st = mmc_clip_tokenizer_load(dir, &m->tok))) goto fail;
+    m->max_length = mmc_clip_tokenizer_model_max_length(m->tok);
+    if (m->max_length > tc->max_position_embeddings) m->max_length = (int)tc->max_position_embeddings;
+    mmc_clip_proc_default(&m->proc);
+    if ((st = mmc_clip_proc_load_dir(dir, &m->proc, NULL, 0))) goto fail;
+    if (m->proc.crop_h != m->vc.image_size || m->proc.crop_w != m->vc.image_size) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the image processor's crop_size %lldx%lld differs from the vision "
+                       "tower's image_size %lld", dir, (long long)m->proc.crop_h, (long long)m->proc.crop_w,
+                       (long long)m->vc.image_size);
+        goto fail;
+    }
+    mmc_json_free(cfg);
+    *out = m;
+    return MMC_OK;
+fail:
+    mmc_json_free(cfg);
+    mmc_dual_encoder_free(m);
+    return st;
+}
+
+const char *mmc_dual_encoder_family(const mmc_dual_encoder *m) { (void)m; return "clip"; }
+int64_t mmc_dual_encoder_dim(const mmc_dual_encoder *m) { return m->dim; }
+mmc_clip_proc *mmc_dual_encoder_image_proc(mmc_dual_encoder *m) { return &m->proc; }
+int64_t mmc_dual_encoder_param_count(const mmc_dual_encoder *m) {
+    return mmc_clip_text_param_count(m->text) + mw_count(&m->w);
+}
+
+double mmc_dual_encoder_logit_scale(const mmc_dual_encoder *m) {
+    mmc_tensor *s = mmc_cast(m->ctx, m->logit_scale, MMC_F32);
+    double v = exp((double)((const float *)s->data)[0]);
+    mmc_ctx_reset(m->ctx);
+    return v;
+}
+
+/* rows [n, D] / their L2 norms (torch: x / x.norm(p=2, dim=-1, keepdim=True)), into out */
+static void normalize_rows(const mmc_tensor *x, int64_t n, int64_t D, float *out) {
+    mmc_tensor *c = (mmc_tensor *)x;
+    const float *src = c->data;
+    for (int64_t i = 0; i < n; i++) {
+        double ss = 0;
+        for (int64_t k = 0; k < D; k++) ss += (double)src[i * D + k] * src[i * D + k];
+        const float inv = (float)sqrt(ss);
+        for (int64_t k = 0; k < D; k++) out[i * D + k] = src[i * D + k] / inv;
+    }
+}
+
+mmc_status mmc_dual_encoder_embed_pixels(mmc_dual_encoder *m, const mmc_tensor *pixel_values, float *out) {
+    const int64_t N = pixel_values->shape[0], Cv = m->vc.hidden_size, D = m->dim;
+    mmc_status st = MMC_OK;
+    for (int64_t b0 = 0; b0 < N && !st; b0 += IMAGE_BATCH) {
+        const int64_t nb = N - b0 < IMAGE_BATCH ? N - b0 : IMAGE_BATCH;
+        mmc_ctx *ctx = m->ctx;
+        mmc_tensor *px = mmc_narrow(ctx, (mmc_tensor *)pixel_values, 0, b0, nb);      /* [nb, 3, S, S] */
+        mmc_tensor **hs;
+        bool was = mmc_set_grad_enabled(ctx, false);
+        if (!(st = mmc_clip_vision_forward(ctx, m->vision, px, (int)m->vc.num_hidden_layers, &hs))) {
+            mmc_tensor *last = hs[m->vc.num_hidden_layers];                                  /* [nb, T, Cv] */
+            mmc_tensor *cls = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, last, 1, 0, 1)),
+                                                              2, MMC_SHAPE(nb, Cv)));        /* [nb, Cv] */
+            mmc_tensor *pooled = mmc_layernorm(ctx, cls, m->vision->post_ln_w, m->vision->post_ln_b,
+                                               (float)m->vc.layer_norm_eps);
+            mmc_tensor *emb = mmc_contiguous(ctx, mmc_linear(ctx, pooled, m->visual_proj, NULL));   /* [nb, D] */
+            normalize_rows(emb, nb, D, out + b0 * D);
+        }
+        mmc_set_grad_enabled(ctx, was);
+        mmc_ctx_reset(ctx);
+    }
+    return st;
+}
+
+mmc_status mmc_dual_encoder_embed_images(mmc_dual_encoder *m, const mmc_image *imgs, int n, float *out) {
+    for (int b0 = 0; b0 < n; b0 += IMAGE_BATCH) {
+        const int nb = n - b0 < IMAGE_BATCH ? n - b0 : IMAGE_BATCH;
+        mmc_tensor *pv = NULL;
+        mmc_status st = mmc_clip_preprocess(&m->proc, imgs + b0, nb, &pv);
+        if (!st) st = mmc_dual_encoder_embed_pixels(m, pv, out + (int64_t)b0 * m->dim);
+        mmc_tensor_free(pv);
+        if (st) return st;
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_dual_encoder_embed_texts(mmc_dual_encoder *m, const char *const *texts, int n, float *out) {
+    const int L = m->max_length;
+    int32_t *ids = malloc((size_t)L * sizeof *ids);
+    if (!ids) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = MMC_OK;
+    for (int i = 0; i < n && !st; i++) {
+        int len = 0;
+        /* CLIPProcessor(text, truncation=True): bos, at most L - 2 tokens, eos; one text at a time
+         * needs no padding (the causal tower never looks past the EOS it pools) */
+        if ((st = mmc_clip_tokenizer_encode_padded(m->tok, texts[i], L, ids, NULL, &len))) break;
+        mmc_ctx *ctx = m->ctx;
+        mmc_tensor *t = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, len));
+        memcpy(t->data, ids, (size_t)len * sizeof *ids);
+        mmc_clip_text_out o;
+        if (!(st = mmc_clip_text_forward(ctx, m->text, t, NULL, &o)))
+            normalize_rows(mmc_contiguous(ctx, o.text_embeds), 1, m->dim, out + (int64_t)i * m->dim);
+        mmc_ctx_reset(ctx);
+    }
+    free(ids);
+    return st;
+}
