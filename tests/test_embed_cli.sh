@@ -62,6 +62,10 @@ else bad "eval --task retrieval: $(cat "$W/r.err")"; fi
 "$MMC" eval --task retrieval --model $F/model --data $F/retrieval.jsonl --limit 2 > "$W/l.txt" 2>/dev/null &&
   grep -q '^images            2, captions 4' "$W/l.txt" && ok || bad "--limit 2: $(cat "$W/l.txt")"
 
+# mmc info names the family, the towers and the projections
+"$MMC" info $F/model > "$W/i.txt" 2>&1 && grep -q '^family: *CLIP (dual encoder' "$W/i.txt" &&
+  grep -q 'into 24 dims' "$W/i.txt" && ! grep -q 'not supported' "$W/i.txt" && ok || bad "info: $(cat "$W/i.txt")"
+
 # errors
 expect() {   # expect RC NEEDLE CMD...
   local rc=$1 needle=$2; shift 2
