@@ -104,17 +104,18 @@ void mmc_video_clip_free(mmc_video_clip *c);
 
 /* ---------------------------------------------------------------- writing (src/io/video_write.c)
  * frames uint8 RGB [F, H, W, 3] -> an MP4 (H.264 through libx264 when libavcodec has it, yuv420p,
- * else MPEG-4 part 2; the log says which), a GIF (FFmpeg's gif encoder on a palette of the
+ * else MPEG-4 part 2; the log says which), a lossless FFV1 .mkv, a GIF (FFmpeg's gif encoder on a palette of the
  * clip's own colours), or a folder of PNG frames (frame_00000.png ...; lossless). Files are
  * written to a temporary name beside the target and renamed into place, so a reader never
  * sees half a file. fps, and the comment / encoder settings, go into the container metadata
  * (for a PNG folder: a settings.json beside the frames). */
 typedef enum {
-    MMC_VIDEO_OUT_AUTO,       /* from the path: .gif -> GIF, .mp4/.mov/.m4v/.mkv -> MP4 (H.264),
-                                 a trailing '/' or an existing directory -> PNG folder */
+    MMC_VIDEO_OUT_AUTO,       /* from the path: .gif -> GIF, .mp4/.mov/.m4v -> MP4 (H.264), .mkv ->
+                                 lossless FFV1, a trailing '/' or an existing directory -> PNG folder */
     MMC_VIDEO_OUT_MP4,
     MMC_VIDEO_OUT_GIF,
-    MMC_VIDEO_OUT_PNG_DIR
+    MMC_VIDEO_OUT_PNG_DIR,
+    MMC_VIDEO_OUT_MKV_FFV1    /* Matroska of FFV1 on RGB words: lossless, pixels come back exactly */
 } mmc_video_out_format;
 
 typedef struct {
