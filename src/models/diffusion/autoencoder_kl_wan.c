@@ -26,7 +26,7 @@
  * Memory therefore depends on the frame size, never on the clip length: one chunk's activations
  * plus the caches.
  *
- * Convolutions are implicit GEMMs: an im2col of a band of output rows (bounded to ~8 MB) times the
+ * Convolutions are implicit GEMMs: an im2col of a band of output rows (bounded to 32 MB) times the
  * [Cout, Cin*kt*kh*kw] weight on the project's blocked GEMM (src/backend/cpu/gemm.c). Weights of any
  * float dtype are widened to f32 once at load. Inference only (no tape). */
 #include "mmc_diffusion.h"
@@ -39,7 +39,7 @@
 #include <string.h>
 
 #define CACHE_T 2
-#define COL_BYTES (8u << 20)       /* im2col band budget */
+#define COL_BYTES (32u << 20)      /* im2col band budget: wide enough that repacking the weights per band is cheap */
 
 /* ------------------------------------------------------------------ weights */
 typedef struct {
@@ -457,12 +457,14 @@ static void ow_range(int64_t W, int64_t Wo, int64_t ss, int64_t pl, int64_t kj, 
 /* y [Cout, To, Ho, Wo] = conv3d over the frame sequence prev [Cin, P, H, W] then x [Cin, T, H, W]
  * (temporal stride st, no temporal padding: the caller puts the causal frames in prev; spatial stride
  * ss, zero padding pt rows on top / pl columns on the left, and whatever Ho, Wo leave at the bottom /
- * right), + bias. To = (P + T - kt) / st + 1. */
-static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T, int64_t H,
-                   int64_t W, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho, int64_t Wo, float *y) {
-    const int64_t To = (P + T - c->kt) / st + 1, HW = H * W, HWo = Ho * Wo, N = To * HWo;
+ * right), + bias. To = (P + T - kt) / st + 1. With up = 2 the input is read as its nearest-neighbour 2x
+ * upsampling (2H x 2W), which is never stored. */
+static void conv3d_up(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T,
+                      int64_t H, int64_t W, int64_t up, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho,
+                      int64_t Wo, float *y) {
+    const int64_t To = (P + T - c->kt) / st + 1, HW = H * W, HWo = Ho * Wo, N = To * HWo, Hv = H * up, Wv = W * up;
     const int64_t K = c->cin * c->kt * c->kh * c->kw;
-    if (c->kt == 1 && c->kh == 1 && c->kw == 1 && ss == 1 && P == 0 && st == 1) {
+    if (c->kt == 1 && c->kh == 1 && c->kw == 1 && ss == 1 && P == 0 && st == 1 && up == 1) {
         mmc_gemm_f32(false, false, c->cout, T * HW, c->cin, 1.0f, c->w, c->cin, x, T * HW, 0.0f, y, N);
     } else {
         /* bands of whole output rows r = (to, oh) of the flattened [To * Ho] */
@@ -478,17 +480,19 @@ static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, co
                 const int64_t kj = k % c->kw, ki = (k / c->kw) % c->kh, a = (k / (c->kw * c->kh)) % c->kt,
                               ci = k / (c->kw * c->kh * c->kt);
                 int64_t ow0, ow1;
-                ow_range(W, Wo, ss, pl, kj, &ow0, &ow1);
+                ow_range(Wv, Wo, ss, pl, kj, &ow0, &ow1);
                 const int64_t off = kj - pl;
                 float *crow = col + k * ldc;
                 for (int64_t r = r0; r < r1; r++) {
                     const int64_t to = r / Ho, oh = r % Ho, f = to * st + a, ih = oh * ss - pt + ki;
                     float *restrict dst = crow + (r - r0) * Wo;
-                    if (ih < 0 || ih >= H) { memset(dst, 0, (size_t)Wo * sizeof(float)); continue; }
+                    if (ih < 0 || ih >= Hv) { memset(dst, 0, (size_t)Wo * sizeof(float)); continue; }
                     const float *frame = f < P ? prev + (ci * P + f) * HW : x + (ci * T + f - P) * HW;
-                    const float *restrict src = frame + ih * W;
+                    const float *restrict src = frame + (ih / up) * W;
                     for (int64_t ow = 0; ow < ow0; ow++) dst[ow] = 0.0f;
-                    if (ss == 1) {
+                    if (up == 2) {   /* nearest 2x: virtual column v reads v / 2 */
+                        for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = src[(ow * ss + off) >> 1];
+                    } else if (ss == 1) {
                         if (ow1 > ow0) memcpy(dst + ow0, src + ow0 + off, (size_t)(ow1 - ow0) * sizeof(float));
                     } else {
                         for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = src[ow * ss + off];
@@ -504,6 +508,11 @@ static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, co
         float *yo = y + o * N, b = c->b[o];
         for (int64_t i = 0; i < N; i++) yo[i] += b;
     }
+}
+
+static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T, int64_t H,
+                   int64_t W, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho, int64_t Wo, float *y) {
+    conv3d_up(s, c, prev, P, x, T, H, W, 1, st, ss, pt, pl, Ho, Wo, y);
 }
 
 /* WanRMS_norm over the channels of x [C, N] (F.normalize: x / max(||x||_2, 1e-12), times sqrt(C) and
@@ -723,20 +732,11 @@ static float *resample_forward(stream *s, const resample *r, float *x, int64_t *
     if (r->mode == RS_UP2D || r->mode == RS_UP3D) {
         /* nearest-exact 2x (for a factor of 2: source index dst / 2), then the 3x3 conv, padding 1 */
         const int64_t H2 = 2 * H, W2 = 2 * W;
-        float *u = falloc(s, C * T * H2 * W2);
-        y = u ? falloc(s, r->conv.cout * T * H2 * W2) : NULL;
-        if (!u || !y) { free(u), free(y), free(x); return NULL; }
-#pragma omp parallel for schedule(static) if (C * T * H2 * W2 > 65536)
-        for (int64_t p = 0; p < C * T; p++)
-            for (int64_t i = 0; i < H2; i++) {
-                const float *src = x + (p * H + i / 2) * W;
-                float *dst = u + (p * H2 + i) * W2;
-                for (int64_t j = 0; j < W2; j++) dst[j] = src[j / 2];
-            }
+        y = falloc(s, r->conv.cout * T * H2 * W2);
+        if (!y) { free(x); return NULL; }
+        /* per frame (kt = 1), the whole chunk as one conv; the im2col reads the upsampled frame */
+        conv3d_up(&s->s, &r->conv, NULL, 0, x, T, H, W, 2, 1, 1, 1, 1, H2, W2, y);
         free(x);
-        /* per frame: the frames are independent (kt = 1), so the whole chunk is one conv */
-        conv3d(&s->s, &r->conv, NULL, 0, u, T, H2, W2, 1, 1, 1, 1, H2, W2, y);
-        free(u);
         H = H2, W = W2;
     } else {
         /* ZeroPad2d((0, 1, 0, 1)) + 3x3 conv stride 2: the zero column / row is what the band reads
