@@ -804,19 +804,68 @@ static float *encoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int
     return h;
 }
 
-/* WanDecoder3d on one chunk x [z_dim, T, h, w]: a new [Cout, T', H, W] */
-static float *decoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W,
-                            int64_t *pT, int64_t *pH, int64_t *pW) {
-    float *h = causal_conv(s, &v->dec_in, x, T, H, W);
-    if (h) h = mid_forward(s, &v->dec_mid, h, T, H, W);
-    for (int i = 0; h && i < v->cfg.levels; i++) {
+/* Where decoded frames go: frames [Cout, Tout, H, W], clamped as diffusers' _decode does. */
+typedef struct {
+    float *frames;
+    int64_t Tout, done, Cout, HW;
+} sink;
+
+static void emit(sink *k, const float *o, int64_t T, int64_t HW) {
+    MMC_ASSERT(k->done + T <= k->Tout && HW == k->HW);
+    for (int64_t c = 0; c < k->Cout; c++)
+        for (int64_t i = 0; i < T * HW; i++) {
+            float val = o[c * T * HW + i];
+            val = val < -1.0f ? -1.0f : val > 1.0f ? 1.0f : val;   /* torch.clamp; NaN passes */
+            k->frames[(c * k->Tout + k->done) * HW + i] = val;
+        }
+    k->done += T;
+}
+
+/* The decoder from up block `from` on (its residual blocks, resamplers, then the head), x [C, T, H, W]
+ * (freed), emitting the output frames. */
+static bool decoder_tail(stream *s, const mmc_wan_vae *v, int from, float *h, int64_t T, int64_t H, int64_t W,
+                         sink *k) {
+    for (int i = from; h && i < v->cfg.levels; i++) {
         const up_block *u = &v->up[i];
         for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
         if (h && u->up.mode != RS_NONE) h = resample_forward(s, &u->up, h, &T, &H, &W);
     }
     if (h) h = head_forward(s, &v->dec_norm_out, &v->dec_out, h, T, H, W);
-    *pT = T, *pH = H, *pW = W;
-    return h;
+    if (!h) return false;
+    emit(k, h, T, H * W);
+    free(h);
+    return true;
+}
+
+/* WanDecoder3d on one chunk x [z_dim, T, h, w]. Past the last temporal upsampler every layer is causal
+ * frame by frame, so the frames of the chunk go through the (largest, full-resolution) rest of the
+ * decoder one at a time, each causal conv's cache carrying the previous frame: the result is the same
+ * as diffusers' 4-frame pass, with a quarter of its activations. */
+static bool decoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W, sink *k) {
+    int last_t = -1;
+    for (int i = 0; i < v->cfg.levels; i++)
+        if (v->up[i].up.mode == RS_UP3D) last_t = i;
+    float *h = causal_conv(s, &v->dec_in, x, T, H, W);
+    if (h) h = mid_forward(s, &v->dec_mid, h, T, H, W);
+    for (int i = 0; h && i <= last_t; i++) {
+        const up_block *u = &v->up[i];
+        for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
+        if (h && u->up.mode != RS_NONE) h = resample_forward(s, &u->up, h, &T, &H, &W);
+    }
+    if (!h) return false;
+    if (T == 1) return decoder_tail(s, v, last_t + 1, h, T, H, W, k);
+    const int tail = s->idx;   /* the tail's caches, revisited for each frame */
+    const int64_t C = v->up[last_t].up.conv.cout, HW = H * W;
+    bool ok = true;
+    for (int64_t f = 0; ok && f < T; f++) {
+        float *one = falloc(s, C * HW);
+        if (!one) { ok = false; break; }
+        for (int64_t c = 0; c < C; c++) memcpy(one + c * HW, h + (c * T + f) * HW, (size_t)HW * sizeof(float));
+        s->idx = tail;
+        ok = decoder_tail(s, v, last_t + 1, one, 1, H, W, k);
+    }
+    free(h);
+    return ok;
 }
 
 static mmc_status check_latent_size(const mmc_wan_vae *v, int64_t t, int64_t h, int64_t w) {
@@ -839,25 +888,14 @@ mmc_status mmc_wan_vae_decode(mmc_wan_vae *v, const float *z, int64_t t, int64_t
     pq = pointwise(&s, &v->post_quant, z, t, hw);
     zt = falloc(&s, Z * hw);
     if (!pq || !zt) goto done;
-    int64_t done_frames = 0;
+    sink k = {.frames = frames, .Tout = Tout, .Cout = Cout, .HW = Ho * Wo};
     for (int64_t i = 0; i < t; i++) {
         s.idx = 0;
         for (int64_t c = 0; c < Z; c++) memcpy(zt + c * hw, pq + (c * t + i) * hw, (size_t)hw * sizeof(float));
-        int64_t T = 0, H = 0, W = 0;
-        float *o = decoder_chunk(&s, v, zt, 1, h, w, &T, &H, &W);
-        if (!o) goto done;
-        MMC_ASSERT(H == Ho && W == Wo && done_frames + T <= Tout);
-        for (int64_t c = 0; c < Cout; c++)
-            for (int64_t k = 0; k < T * H * W; k++) {
-                float val = o[c * T * H * W + k];
-                val = val < -1.0f ? -1.0f : val > 1.0f ? 1.0f : val;   /* torch.clamp; NaN passes */
-                frames[(c * Tout + done_frames) * H * W + k] = val;
-            }
-        free(o);
-        done_frames += T;
+        if (!decoder_chunk(&s, v, zt, 1, h, w, &k)) goto done;
         if (progress) progress(user, (int)(i + 1), (int)t);
     }
-    MMC_ASSERT(done_frames == Tout);
+    MMC_ASSERT(k.done == Tout);
 done:
     st = s.s.st;
     free(pq), free(zt);
