@@ -37,6 +37,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define CACHE_T 2
 #define COL_BYTES (32u << 20)      /* im2col band budget: wide enough that repacking the weights per band is cheap */
@@ -430,6 +431,23 @@ mmc_status mmc_wan_check_frames(int64_t frames) {
 int64_t mmc_wan_vae_latent_frames(int64_t frames) { return (frames - 1) / 4 + 1; }
 
 /* ------------------------------------------------------------------ kernels */
+/* Activations, caches and im2col bands are mapped and unmapped whole (never from the heap): the chunk
+ * loop frees and re-allocates the same sizes over and over, and glibc's adaptive mmap threshold would
+ * otherwise move them onto the heap, whose fragments then stay resident (~70 MB at 320x192). Fresh
+ * pages are zero, which the caches rely on. */
+#define MAP_HDR 64
+static float *fmap(size_t n) {
+    size_t bytes = n * sizeof(float) + MAP_HDR;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    *(size_t *)p = bytes;
+    return (float *)((char *)p + MAP_HDR);
+}
+static void ffree(float *f) {
+    if (!f) return;
+    void *p = (char *)f - MAP_HDR;
+    munmap(p, *(size_t *)p);
+}
 typedef struct {
     float *col;
     size_t col_cap;               /* floats */
@@ -438,8 +456,8 @@ typedef struct {
 
 static float *scratch_col(scratch *s, size_t n) {
     if (n > s->col_cap) {
-        free(s->col);
-        s->col = malloc(n * sizeof(float));
+        ffree(s->col);
+        s->col = fmap(n);
         s->col_cap = s->col ? n : 0;
     }
     return s->col;
@@ -570,9 +588,9 @@ static tcache *next_cache(stream *s) {
 }
 
 static void stream_free(stream *s) {
-    for (int i = 0; i < s->n; i++) free(s->c[i].buf);
+    for (int i = 0; i < s->n; i++) ffree(s->c[i].buf);
     free(s->c);
-    free(s->s.col);
+    ffree(s->s.col);
 }
 
 /* keep the last n frames of [cache (n frames), x (T frames)] in the cache, per channel */
@@ -591,7 +609,7 @@ static void cache_push(tcache *c, int64_t C, const float *x, int64_t T, int64_t 
 }
 
 static float *falloc(stream *s, int64_t n) {
-    float *p = malloc((size_t)n * sizeof(float));
+    float *p = fmap((size_t)n);
     if (!p && !s->s.st) s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (%lld floats of VAE activations)", (long long)n);
     return p;
 }
@@ -604,14 +622,14 @@ static float *causal_conv(stream *s, const conv_w *c, const float *x, int64_t T,
     const int64_t HW = H * W;
     if (!tc->buf) {
         tc->n = CACHE_T;
-        tc->buf = calloc((size_t)(c->cin * CACHE_T * HW), sizeof(float));
+        tc->buf = fmap((size_t)(c->cin * CACHE_T * HW));   /* zero pages */
         if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (VAE feature cache)"); return NULL; }
     }
     float *y = falloc(s, c->cout * T * HW);
     if (!y) return NULL;
     conv3d(&s->s, c, tc->buf, CACHE_T, x, T, H, W, 1, 1, (c->kh - 1) / 2, (c->kw - 1) / 2, H, W, y);
     cache_push(tc, c->cin, x, T, HW);
-    if (s->s.st) { free(y); return NULL; }
+    if (s->s.st) { ffree(y); return NULL; }
     return y;
 }
 
@@ -633,21 +651,21 @@ static float *res_forward(stream *s, const resblock *r, float *x, int64_t T, int
     a = falloc(s, r->norm1.C * N);
     if (!a) goto fail;
     rms_norm(&r->norm1, x, N, true, a);
-    if (h != x) free(x);
+    if (h != x) ffree(x);
     x = NULL;
     b = causal_conv(s, &r->conv1, a, T, H, W);
-    free(a), a = NULL;
+    ffree(a), a = NULL;
     if (!b) goto fail;
     rms_norm(&r->norm2, b, N, true, b);
     a = causal_conv(s, &r->conv2, b, T, H, W);
-    free(b), b = NULL;
+    ffree(b), b = NULL;
     if (!a) goto fail;
     for (int64_t i = 0; i < r->conv2.cout * N; i++) a[i] += h[i];
-    free(h);
+    ffree(h);
     return a;
 fail:
-    if (h != x) free(h);
-    free(x), free(a), free(b);
+    if (h != x) ffree(h);
+    ffree(x), ffree(a), ffree(b);
     return NULL;
 }
 
@@ -686,8 +704,8 @@ static float *attn_forward(stream *s, const attnblock *ab, float *x, int64_t T, 
         }
     }
 done:
-    free(xt), free(qkv), free(o), free(pr), free(S);
-    if (s->s.st) { free(x); return NULL; }
+    ffree(xt), ffree(qkv), ffree(o), ffree(pr), ffree(S);
+    if (s->s.st) { ffree(x); return NULL; }
     return x;
 }
 
@@ -698,24 +716,26 @@ static float *mid_forward(stream *s, const midblock *m, float *x, int64_t T, int
     return x;
 }
 
-/* WanResample: x [C, T, H, W] -> a new [C', T', H', W'] (*T, *H, *W updated); x is freed. */
-static float *resample_forward(stream *s, const resample *r, float *x, int64_t *pT, int64_t *pH, int64_t *pW) {
+/* WanResample: x [C, T, H, W] -> a new [C', T', H', W'] (*T, *H, *W updated); x is freed. part 1 stops
+ * after upsample3d's time step, part 2 skips it (the frames were split in between). */
+static float *resample_part(stream *s, const resample *r, float *x, int64_t *pT, int64_t *pH, int64_t *pW,
+                            int part) {
     int64_t T = *pT, H = *pH, W = *pW;
     const int64_t C = r->conv.cin;
-    if (r->mode == RS_UP3D) {
+    if (r->mode == RS_UP3D && part != 2) {
         tcache *tc = next_cache(s);
-        if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(x); return NULL; }
+        if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(x); return NULL; }
         if (!tc->started) {
             tc->started = true;   /* diffusers' "Rep": the first chunk is not upsampled in time */
         } else {
             const int64_t HW = H * W;
             if (!tc->buf) {
                 tc->n = CACHE_T;
-                tc->buf = calloc((size_t)(C * CACHE_T * HW), sizeof(float));
-                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(x); return NULL; }
+                tc->buf = fmap((size_t)(C * CACHE_T * HW));   /* zero pages */
+                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(x); return NULL; }
             }
             float *tcv = falloc(s, 2 * C * T * HW), *y = falloc(s, C * 2 * T * HW);
-            if (!tcv || !y) { free(tcv), free(y), free(x); return NULL; }
+            if (!tcv || !y) { ffree(tcv), ffree(y), ffree(x); return NULL; }
             conv3d(&s->s, &r->time_conv, tc->buf, CACHE_T, x, T, H, W, 1, 1, 0, 0, H, W, tcv);
             cache_push(tc, C, x, T, HW);
             /* [2, C, T] -> [C, T, 2]: channel half h of time step t becomes frame 2t + h */
@@ -724,38 +744,39 @@ static float *resample_forward(stream *s, const resample *r, float *x, int64_t *
                     for (int h = 0; h < 2; h++)
                         memcpy(y + (c * 2 * T + 2 * t + h) * HW, tcv + ((h * C + c) * T + t) * HW,
                                (size_t)HW * sizeof(float));
-            free(tcv), free(x);
+            ffree(tcv), ffree(x);
             x = y, T *= 2;
         }
+        if (part == 1) { *pT = T; return x; }
     }
     float *y = NULL;
     if (r->mode == RS_UP2D || r->mode == RS_UP3D) {
         /* nearest-exact 2x (for a factor of 2: source index dst / 2), then the 3x3 conv, padding 1 */
         const int64_t H2 = 2 * H, W2 = 2 * W;
         y = falloc(s, r->conv.cout * T * H2 * W2);
-        if (!y) { free(x); return NULL; }
+        if (!y) { ffree(x); return NULL; }
         /* per frame (kt = 1), the whole chunk as one conv; the im2col reads the upsampled frame */
         conv3d_up(&s->s, &r->conv, NULL, 0, x, T, H, W, 2, 1, 1, 1, 1, H2, W2, y);
-        free(x);
+        ffree(x);
         H = H2, W = W2;
     } else {
         /* ZeroPad2d((0, 1, 0, 1)) + 3x3 conv stride 2: the zero column / row is what the band reads
          * past the right / bottom edge */
         const int64_t Ho = (H + 1 - 3) / 2 + 1, Wo = (W + 1 - 3) / 2 + 1;
         y = falloc(s, C * T * Ho * Wo);
-        if (!y) { free(x); return NULL; }
+        if (!y) { ffree(x); return NULL; }
         conv3d(&s->s, &r->conv, NULL, 0, x, T, H, W, 1, 2, 0, 0, Ho, Wo, y);
-        free(x);
+        ffree(x);
         H = Ho, W = Wo;
         if (r->mode == RS_DOWN3D) {
             tcache *tc = next_cache(s);
-            if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(y); return NULL; }
+            if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(y); return NULL; }
             const int64_t HW = H * W;
             if (!tc->started) {
                 /* the first chunk passes through; its last frame is kept */
                 tc->started = true, tc->n = 1;
-                tc->buf = malloc((size_t)(C * HW) * sizeof(float));
-                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(y); return NULL; }
+                tc->buf = fmap((size_t)(C * HW));
+                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(y); return NULL; }
                 for (int64_t c = 0; c < C; c++)
                     memcpy(tc->buf + c * HW, y + (c * T + T - 1) * HW, (size_t)HW * sizeof(float));
             } else {
@@ -765,19 +786,24 @@ static float *resample_forward(stream *s, const resample *r, float *x, int64_t *
                 if (!z) {
                     if (To < 1) s->s.st = mmc_error(MMC_ERR_INVALID, "Wan VAE: a chunk of %lld frames is too short "
                                                      "for the temporal downsampler", (long long)T);
-                    free(y);
+                    ffree(y);
                     return NULL;
                 }
                 conv3d(&s->s, &r->time_conv, tc->buf, 1, y, T, H, W, 2, 1, 0, 0, H, W, z);
                 cache_push(tc, C, y, T, HW);
-                free(y);
+                ffree(y);
                 y = z, T = To;
             }
         }
     }
-    if (s->s.st) { free(y); return NULL; }
+    if (s->s.st) { ffree(y); return NULL; }
     *pT = T, *pH = H, *pW = W;
     return y;
+}
+
+/* part 0: the whole WanResample; 1: only the time step of upsample3d; 2: only the spatial step */
+static float *resample_forward(stream *s, const resample *r, float *x, int64_t *pT, int64_t *pH, int64_t *pW) {
+    return resample_part(s, r, x, pT, pH, pW, 0);
 }
 
 /* RMS -> SiLU -> causal conv_out */
@@ -785,7 +811,7 @@ static float *head_forward(stream *s, const rms_w *norm, const conv_w *conv, flo
                            int64_t W) {
     rms_norm(norm, x, T * H * W, true, x);
     float *y = causal_conv(s, conv, x, T, H, W);
-    free(x);
+    ffree(x);
     return y;
 }
 
@@ -822,9 +848,11 @@ static void emit(sink *k, const float *o, int64_t T, int64_t HW) {
 }
 
 /* The decoder from up block `from` on (its residual blocks, resamplers, then the head), x [C, T, H, W]
- * (freed), emitting the output frames. */
-static bool decoder_tail(stream *s, const mmc_wan_vae *v, int from, float *h, int64_t T, int64_t H, int64_t W,
-                         sink *k) {
+ * (freed), emitting the output frames. spatial_first: first the spatial step of up block from - 1's
+ * upsampler (whose time step ran before the frames were split). */
+static bool decoder_tail(stream *s, const mmc_wan_vae *v, int from, bool spatial_first, float *h, int64_t T,
+                         int64_t H, int64_t W, sink *k) {
+    if (spatial_first) h = resample_part(s, &v->up[from - 1].up, h, &T, &H, &W, 2);
     for (int i = from; h && i < v->cfg.levels; i++) {
         const up_block *u = &v->up[i];
         for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
@@ -833,14 +861,14 @@ static bool decoder_tail(stream *s, const mmc_wan_vae *v, int from, float *h, in
     if (h) h = head_forward(s, &v->dec_norm_out, &v->dec_out, h, T, H, W);
     if (!h) return false;
     emit(k, h, T, H * W);
-    free(h);
+    ffree(h);
     return true;
 }
 
-/* WanDecoder3d on one chunk x [z_dim, T, h, w]. Past the last temporal upsampler every layer is causal
- * frame by frame, so the frames of the chunk go through the (largest, full-resolution) rest of the
- * decoder one at a time, each causal conv's cache carrying the previous frame: the result is the same
- * as diffusers' 4-frame pass, with a quarter of its activations. */
+/* WanDecoder3d on one chunk x [z_dim, T, h, w]. Past the time step of the last temporal upsampler every
+ * layer works frame by frame (its spatial conv, then causal convs), so the frames of the chunk go through
+ * the (largest, full-resolution) rest of the decoder one at a time, each causal conv's cache carrying the
+ * previous frame: the result is the same as diffusers' 4-frame pass, with a quarter of its activations. */
 static bool decoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W, sink *k) {
     int last_t = -1;
     for (int i = 0; i < v->cfg.levels; i++)
@@ -850,21 +878,21 @@ static bool decoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64
     for (int i = 0; h && i <= last_t; i++) {
         const up_block *u = &v->up[i];
         for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
-        if (h && u->up.mode != RS_NONE) h = resample_forward(s, &u->up, h, &T, &H, &W);
+        if (h && u->up.mode != RS_NONE) h = resample_part(s, &u->up, h, &T, &H, &W, i == last_t ? 1 : 0);
     }
     if (!h) return false;
-    if (T == 1) return decoder_tail(s, v, last_t + 1, h, T, H, W, k);
+    if (last_t < 0 || T == 1) return decoder_tail(s, v, last_t + 1, last_t >= 0, h, T, H, W, k);
     const int tail = s->idx;   /* the tail's caches, revisited for each frame */
-    const int64_t C = v->up[last_t].up.conv.cout, HW = H * W;
+    const int64_t C = v->up[last_t].up.conv.cin, HW = H * W;
     bool ok = true;
     for (int64_t f = 0; ok && f < T; f++) {
         float *one = falloc(s, C * HW);
         if (!one) { ok = false; break; }
         for (int64_t c = 0; c < C; c++) memcpy(one + c * HW, h + (c * T + f) * HW, (size_t)HW * sizeof(float));
         s->idx = tail;
-        ok = decoder_tail(s, v, last_t + 1, one, 1, H, W, k);
+        ok = decoder_tail(s, v, last_t + 1, true, one, 1, H, W, k);
     }
-    free(h);
+    ffree(h);
     return ok;
 }
 
@@ -898,7 +926,7 @@ mmc_status mmc_wan_vae_decode(mmc_wan_vae *v, const float *z, int64_t t, int64_t
     MMC_ASSERT(k.done == Tout);
 done:
     st = s.s.st;
-    free(pq), free(zt);
+    ffree(pq), ffree(zt);
     stream_free(&s);
     return st;
 }
@@ -928,7 +956,7 @@ mmc_status mmc_wan_vae_encode(mmc_wan_vae *v, const float *x, int64_t T, int64_t
         if (!o) goto done;
         MMC_ASSERT(To == 1);
         for (int64_t c = 0; c < 2 * Z; c++) memcpy(moments + (c * t + i) * hw, o + c * hw, (size_t)hw * sizeof(float));
-        free(o);
+        ffree(o);
         if (progress) progress(user, (int)(i + 1), (int)n_chunks);
     }
     q = pointwise(&s, &v->quant, moments, t, hw);
@@ -941,7 +969,7 @@ mmc_status mmc_wan_vae_encode(mmc_wan_vae *v, const float *x, int64_t T, int64_t
         }
 done:
     st = s.s.st;
-    free(chunk), free(moments), free(q);
+    ffree(chunk), ffree(moments), ffree(q);
     stream_free(&s);
     return st;
 }
