@@ -1,0 +1,153 @@
+"""Fixtures for Wan2.1 text-to-video (tests/test_wan.c, tests/test_generate_video_cli.sh), written by
+diffusers / transformers themselves (the versions pinned in requirements.txt), save_pretrained untouched:
+
+* transformer/: a WanTransformer3DModel (patch (1, 2, 2), 2 heads of 12 so the rope axes are 4 / 4 / 4,
+  2 blocks, cross_attn_norm, in = out = 4 channels, text_dim 16); expected.safetensors holds fixed inputs
+  (latents [2, 4, 3, 4, 6], integer timesteps, text states [2, 7, 16]) and the output [2, 4, 3, 4, 6].
+* transformer_b/: the same family with out_channels 8, no cross-attention norm, 1 block, weights stored
+  bf16 (the expected output is diffusers on those weights upcast to f32).
+* scheduler_expected.safetensors: UniPCMultistepScheduler sigmas / timesteps of set_timesteps(n) for
+  the Wan configuration (flow_prediction, use_flow_sigmas, flow_shift 3 and 5, bh2, order 2) and a
+  VP one (epsilon, bh1), and a run of step() on fixed model outputs (5 steps each).
+* pipe/: a whole WanPipeline folder (tiny UMT5EncoderModel with a per-layer relative attention bias,
+  a tiny SentencePiece-Unigram T5TokenizerFast, a tiny AutoencoderKLWan, the UniPC scheduler as the
+  Hub's Wan2.1 folders ship it, the transformer); expected.safetensors holds the token ids, UMT5's
+  last_hidden_state on them (with the attention mask), encode_prompt's zero-padded prompt_embeds,
+  and two runs from injected latents with output_type="latent": (a) 3 steps, CFG 5 with a negative
+  prompt, batch 2; (b) 2 steps, guidance 1 (no negative pass); plus (a)'s decoded frames
+  (output_type="pt", [B, F, 3, H, W] in [0, 1]) for when the VAE is in mmc.
+
+Run: .venv-ref/bin/python tools/ref/gen_wan.py
+"""
+import os
+import shutil
+import sys
+
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+import torch
+from safetensors.torch import save_file
+
+from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+from transformers import UMT5Config, UMT5EncoderModel
+
+from ref_common import rand_init, tiny_tokenizers
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+OUT = os.path.join(ROOT, "tests", "fixtures", "wan")
+
+torch.set_num_threads(2)
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+g = torch.Generator().manual_seed(0)
+
+TEXT_DIM = 16
+
+
+# ---------------------------------------------------------------- the transformer alone
+def transformer_case(name, cfg, seed, dtype):
+    tr = WanTransformer3DModel(**cfg)
+    rand_init(tr, seed)
+    d = os.path.join(OUT, name)
+    tr.to(dtype).save_pretrained(d)
+    tr = WanTransformer3DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
+    B, F, H, W, T = 2, 3, 4, 6, 7
+    inp = {
+        "hidden": torch.randn(B, cfg["in_channels"], F, H, W, generator=g),
+        "timestep": torch.tensor([999, 250], dtype=torch.int64),
+        "encoder": torch.randn(B, T, cfg["text_dim"], generator=g),
+    }
+    with torch.no_grad():
+        out = tr(hidden_states=inp["hidden"], timestep=inp["timestep"], encoder_hidden_states=inp["encoder"],
+                 return_dict=False)[0]
+    inp["out"] = out
+    inp["timestep"] = inp["timestep"].float()
+    save_file({k: v.contiguous() for k, v in inp.items()}, os.path.join(d, "expected.safetensors"))
+
+
+TR_CFG = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+              text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+              qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32)
+transformer_case("transformer", TR_CFG, 1, torch.float32)
+transformer_case("transformer_b", dict(TR_CFG, out_channels=8, cross_attn_norm=False, num_layers=1), 2,
+                 torch.bfloat16)
+
+# ---------------------------------------------------------------- UniPC
+sx = {}
+WAN_SCHED = dict(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
+                 solver_order=2, solver_type="bh2", lower_order_final=True, predict_x0=True)
+cases = {"flow3": WAN_SCHED, "flow5": dict(WAN_SCHED, flow_shift=5.0),
+         "vp": dict(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                    prediction_type="epsilon", solver_order=2, solver_type="bh1")}
+for cname, cfg in cases.items():
+    s = UniPCMultistepScheduler(**cfg)
+    s.save_config(os.path.join(OUT, "sched_" + cname))
+    for n in (1, 2, 3, 7, 10, 50):
+        s.set_timesteps(n)
+        sx[f"{cname}_sigmas_{n}"] = s.sigmas.clone()
+        sx[f"{cname}_timesteps_{n}"] = s.timesteps.to(torch.float64)
+    n = 5
+    s.set_timesteps(n)
+    x = torch.randn(2, 3, 4, generator=g)
+    sx[f"{cname}_x0"] = x.clone()
+    for i, t in enumerate(s.timesteps):
+        mo = torch.randn(2, 3, 4, generator=g)
+        sx[f"{cname}_mo_{i}"] = mo
+        x = s.step(mo, t, x, return_dict=False)[0]
+        sx[f"{cname}_x_{i}"] = x.clone()
+save_file({k: v.contiguous() for k, v in sx.items()}, os.path.join(OUT, "scheduler_expected.safetensors"))
+
+# ---------------------------------------------------------------- a whole pipeline
+tmp = os.path.join(OUT, "_tok")
+os.makedirs(tmp)
+words = ["a", "red", "blue", "green", "cat", "dog", "walks", "runs", "on", "the", "beach", "grass", "slowly"]
+_, tok, _, n_pieces = tiny_tokenizers(tmp, words)
+shutil.rmtree(tmp)
+
+te = UMT5EncoderModel(UMT5Config(vocab_size=n_pieces, d_model=TEXT_DIM, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
+                                 relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                 feed_forward_proj="gated-gelu"))
+rand_init(te, 3)
+vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 2, 2], num_res_blocks=1, attn_scales=[],
+                       temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.3, 0.05],
+                       latents_std=[1.5, 0.8, 2.0, 1.1])
+rand_init(vae, 4)
+tr = WanTransformer3DModel(**TR_CFG)
+rand_init(tr, 5)
+sched = UniPCMultistepScheduler(**WAN_SCHED)
+pipe = WanPipeline(tokenizer=tok, text_encoder=te.eval(), vae=vae.eval(), transformer=tr.eval(), scheduler=sched)
+d = os.path.join(OUT, "pipe")
+pipe.save_pretrained(d)
+pipe = WanPipeline.from_pretrained(d, torch_dtype=torch.float32)
+
+exp = {}
+prompts = ["a red cat walks on the beach", "a  blue dog\truns slowly "]
+neg = "green grass"
+MAXLEN = 12
+H, W, FR = 32, 48, 9          # latents [4, 3, 4, 6]
+with torch.no_grad():
+    for i, p in enumerate(prompts + [neg, ""]):
+        ti = pipe.tokenizer(prompt_clean(p), padding="max_length",
+                            max_length=MAXLEN, truncation=True, add_special_tokens=True, return_attention_mask=True,
+                            return_tensors="pt")
+        exp[f"ids{i}"] = ti.input_ids.to(torch.int32)[0]
+        exp[f"mask{i}"] = ti.attention_mask.to(torch.int32)[0]
+        exp[f"umt5_hidden{i}"] = pipe.text_encoder(ti.input_ids, ti.attention_mask).last_hidden_state[0]
+    pe, ne = pipe.encode_prompt(prompts, negative_prompt=[neg, neg], do_classifier_free_guidance=True,
+                                max_sequence_length=MAXLEN)
+    exp["prompt_embeds"], exp["negative_prompt_embeds"] = pe, ne
+    lat = torch.randn(2, 4, 3, 4, 6, generator=g)
+    exp["latents_a"] = lat
+    exp["out_a"] = pipe(prompt=prompts, negative_prompt=neg, height=H, width=W, num_frames=FR, num_inference_steps=3,
+                        guidance_scale=5.0, latents=lat, max_sequence_length=MAXLEN, output_type="latent").frames
+    exp["video_a"] = pipe(prompt=prompts, negative_prompt=neg, height=H, width=W, num_frames=FR, num_inference_steps=3,
+                          guidance_scale=5.0, latents=lat, max_sequence_length=MAXLEN, output_type="pt").frames
+    lat = torch.randn(1, 4, 3, 4, 6, generator=g)
+    exp["latents_b"] = lat
+    exp["out_b"] = pipe(prompt=prompts[0], height=H, width=W, num_frames=FR, num_inference_steps=2,
+                        guidance_scale=1.0, latents=lat, max_sequence_length=MAXLEN, output_type="latent").frames
+save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
+print("wrote", OUT)
