@@ -8,7 +8,8 @@
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
  *    (Wan's flow configuration at flow_shift 3 and 5, and a VP epsilon bh1 one) equal to diffusers
- *    (sigmas within 1 ulp-ish 1e-7, timesteps exact), and 5 steps on fixed model outputs within 1e-6;
+ *    (timesteps exact; flow sigmas exact, VP sigmas within 2 ulp as np.interp rounds), and 5 steps on
+ *    fixed model outputs within 1e-6 (+ 2e-7 relative for the VP samples, |x| up to 36);
  *  - WanPipeline: encode_prompt's zero-padded embeddings within 1e-4, and the latents of two runs
  *    from injected latents (3 steps with CFG 5 and a negative prompt, batch 2; 2 steps without
  *    guidance) within 1e-3 of output_type="latent"; the frame-count and size errors. */
@@ -16,6 +17,7 @@
 #include "mmc_encoders.h"
 #include "mmc_wan_t2v.h"
 
+#include <math.h>
 #include <unistd.h>
 
 #define TOL 1e-4
@@ -125,6 +127,192 @@ static void check_configs(void) {
     MMC_CHECK(system(path) == 0, "cleanup");
 }
 
+/* UMT5EncoderModel and the tokenizer on prompt_clean'd prompts */
+static void check_umt5(void) {
+    mmc_st *exp = fixture_open("wan/pipe/expected.safetensors");
+    if (!exp) return;
+    mmc_t5_tokenizer *tt = NULL;
+    mmc_t5_encoder *te = NULL;
+    CHECK_OK(mmc_t5_tokenizer_load_pipeline(DIR_ "/pipe/tokenizer", MMC_T5_PIPELINE_TRANSFORMERS5, &tt));
+    CHECK_OK(mmc_t5_encoder_load(DIR_ "/pipe/text_encoder", &te));
+    if (!tt || !te) goto done;
+    CHECK(mmc_t5_encoder_cfg(te)->per_layer_bias);
+    static const char *const texts[4] = {"a red cat walks on the beach", "a  blue dog\truns slowly ", "green grass", ""};
+    mmc_ctx *ctx = mmc_ctx_new();
+    for (int i = 0; i < 4; i++) {
+        char key[32], clean[256];
+        mmc_wan_prompt_clean(texts[i], clean, sizeof clean);
+        snprintf(key, sizeof key, "ids%d", i);
+        mmc_tensor *wid = fixture_tensor(exp, key, MMC_I32);
+        const int L = (int)wid->shape[0];
+        mmc_tensor *ids = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(1, L)), *mask = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(1, L));
+        CHECK_OK(mmc_t5_tokenizer_encode_padded(tt, clean, L, ids->data, mask->data, NULL));
+        CHECKF(!memcmp(ids->data, wid->data, (size_t)L * 4), "ids of prompt %d", i);
+        snprintf(key, sizeof key, "umt5_hidden%d", i);
+        mmc_tensor *want = fixture_tensor(exp, key, MMC_F32), *h = NULL;
+        CHECK_OK(mmc_t5_encoder_forward(ctx, te, ids, mask, &h, NULL));
+        if (h) {
+            CHECK_CLOSE(h, want, TOL, 0, key);
+            printf("UMT5 prompt %d: last_hidden_state max|diff| %.2e\n", i, max_abs_diff(h, want));
+        }
+        mmc_tensor_free(wid), mmc_tensor_free(ids), mmc_tensor_free(mask), mmc_tensor_free(want);
+    }
+    mmc_ctx_free(ctx);
+done:
+    mmc_t5_encoder_free(te);
+    mmc_t5_tokenizer_free(tt);
+    mmc_st_close(exp);
+}
+
+/* UniPCMultistepScheduler: schedules equal to diffusers', steps within 1e-6 */
+static void check_unipc(void) {
+    mmc_st *exp = fixture_open("wan/scheduler_expected.safetensors");
+    if (!exp) return;
+    static const char *const cases[3] = {"flow3", "flow5", "vp"};
+    static const int ns[6] = {1, 2, 3, 7, 10, 50};
+    for (int c = 0; c < 3; c++) {
+        char dir[128], key[64];
+        snprintf(dir, sizeof dir, DIR_ "/sched_%s", cases[c]);
+        mmc_nsched s;
+        CHECK_OK(mmc_nsched_load(dir, &s));
+        if (s.cfg.kind != MMC_NSCHED_UNIPC) continue;
+        double worst_sig = 0;
+        for (int k = 0; k < 6; k++) {
+            CHECK_OK(mmc_nsched_set_timesteps(&s, ns[k]));
+            snprintf(key, sizeof key, "%s_sigmas_%d", cases[c], ns[k]);
+            mmc_tensor *ws = fixture_tensor(exp, key, MMC_F32);
+            snprintf(key, sizeof key, "%s_timesteps_%d", cases[c], ns[k]);
+            mmc_tensor *wt = fixture_tensor(exp, key, MMC_F32);
+            CHECKF(s.n == wt->shape[0] && ws->shape[0] == s.n + 1, "%s n=%d: %d timesteps", cases[c], ns[k], s.n);
+            for (int i = 0; i < s.n && i < wt->shape[0]; i++)
+                CHECKF(s.timesteps[i] == ((float *)wt->data)[i], "%s n=%d timestep %d: %g vs %g", cases[c], ns[k], i,
+                       s.timesteps[i], ((float *)wt->data)[i]);
+            for (int i = 0; i <= s.n && i < ws->shape[0]; i++) {
+                double d = fabs((double)s.sigmas[i] - ((float *)ws->data)[i]);
+                if (d > worst_sig) worst_sig = d;
+                CHECKF(d <= 2.5e-7 * fabs(((float *)ws->data)[i]), "%s n=%d sigma %d: %.9g vs %.9g", cases[c], ns[k], i,
+                       s.sigmas[i], ((float *)ws->data)[i]);
+            }
+            mmc_tensor_free(ws), mmc_tensor_free(wt);
+        }
+        /* 5 steps on fixed model outputs */
+        CHECK_OK(mmc_nsched_set_timesteps(&s, 5));
+        snprintf(key, sizeof key, "%s_x0", cases[c]);
+        mmc_tensor *x = fixture_tensor(exp, key, MMC_F32);
+        double worst = 0;
+        for (int i = 0; i < 5; i++) {
+            snprintf(key, sizeof key, "%s_mo_%d", cases[c], i);
+            mmc_tensor *mo = fixture_tensor(exp, key, MMC_F32);
+            snprintf(key, sizeof key, "%s_x_%d", cases[c], i);
+            mmc_tensor *want = fixture_tensor(exp, key, MMC_F32);
+            CHECK_OK(mmc_nsched_step(&s, i, mo->data, x->data, mmc_numel(x), NULL));
+            double d = max_abs_diff(x, want);
+            if (d > worst) worst = d;
+            CHECK_CLOSE(x, want, 1e-6, 2e-7, key);   /* 1e-6, or a few ulp of the VP samples (|x| ~ 30) */
+            memcpy(x->data, want->data, mmc_nbytes(x));   /* each step from diffusers' sample */
+            mmc_tensor_free(mo), mmc_tensor_free(want);
+        }
+        printf("UniPC %s: schedules equal (sigma max|diff| %.1e), 5 steps max|diff| %.2e\n", cases[c], worst_sig, worst);
+        mmc_tensor_free(x);
+        mmc_nsched_free(&s);
+    }
+    mmc_st_close(exp);
+    /* configurations mmc refuses by name */
+    static const struct { const char *json, *needle; mmc_status code; } bad[] = {
+        {"{\"_class_name\": \"UniPCMultistepScheduler\", \"solver_order\": 3}", "solver_order 3", MMC_ERR_UNSUPPORTED},
+        {"{\"_class_name\": \"UniPCMultistepScheduler\", \"disable_corrector\": [0]}", "disable_corrector",
+         MMC_ERR_UNSUPPORTED},
+        {"{\"_class_name\": \"UniPCMultistepScheduler\", \"prediction_type\": \"flow_prediction\"}", "use_flow_sigmas",
+         MMC_ERR_UNSUPPORTED},
+        {"{\"_class_name\": \"UniPCMultistepScheduler\", \"solver_type\": \"bh3\"}", "solver_type", MMC_ERR_INVALID},
+        {"{\"_class_name\": \"UniPCMultistepScheduler\", \"use_flow_sigmas\": true, \"flow_shift\": -1}", "flow_shift",
+         MMC_ERR_INVALID},
+        {"{\"_class_name\": \"UniPCMultistepScheduler\", \"use_karras_sigmas\": true}", "use_karras_sigmas",
+         MMC_ERR_UNSUPPORTED},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        mmc_json *j = NULL;
+        mmc_nsched_config cfg;
+        CHECK_OK(mmc_json_parse(bad[k].json, strlen(bad[k].json), "scheduler_config.json", &j));
+        CHECK_ERR(mmc_nsched_config_read(j, "scheduler_config.json", &cfg), bad[k].code);
+        CHECKF(strstr(mmc_last_error(), bad[k].needle) != NULL, "error '%s' names %s", mmc_last_error(), bad[k].needle);
+        mmc_json_free(j);
+    }
+}
+
+/* WanPipeline: encode_prompt, then the denoising loop from injected latents */
+static void check_pipeline(void) {
+    mmc_wan_pipeline *p = NULL;
+    CHECK_OK(mmc_wan_pipeline_open(DIR_ "/pipe", &p));
+    mmc_st *exp = fixture_open("wan/pipe/expected.safetensors");
+    if (!p || !exp) { mmc_wan_pipeline_free(p); if (exp) mmc_st_close(exp); return; }
+    mmc_ctx *ctx = mmc_ctx_new();
+    static const char *const prompts[2] = {"a red cat walks on the beach", "a  blue dog\truns slowly "};
+    static const char *const negs[2] = {"green grass", "green grass"};
+    mmc_tensor *pe = NULL, *ne = NULL, *pe0 = NULL;
+    CHECK_OK(mmc_wan_encode_prompt(ctx, p, prompts, 2, 12, &pe));
+    CHECK_OK(mmc_wan_encode_prompt(ctx, p, negs, 2, 12, &ne));
+    CHECK_OK(mmc_wan_encode_prompt(ctx, p, prompts, 1, 12, &pe0));
+    mmc_tensor *want = fixture_tensor(exp, "prompt_embeds", MMC_F32), *wneg = fixture_tensor(exp, "negative_prompt_embeds", MMC_F32);
+    if (pe && ne) {
+        CHECK(mmc_same_shape(pe, want));
+        CHECK_CLOSE(pe, want, TOL, 0, "prompt_embeds");
+        CHECK_CLOSE(ne, wneg, TOL, 0, "negative_prompt_embeds");
+        printf("encode_prompt: prompt_embeds max|diff| %.2e, negative %.2e\n", max_abs_diff(pe, want), max_abs_diff(ne, wneg));
+        /* the rows past the prompt's tokens are zero, as diffusers pads them */
+        CHECK(((float *)pe->data)[11 * pe->shape[2]] == 0.0f);
+    }
+    mmc_tensor_free(want), mmc_tensor_free(wneg);
+    /* (a) CFG 5 with a negative prompt, 3 steps, batch 2 */
+    mmc_wan_sample_opts o = {.height = 32, .width = 48, .frames = 9, .steps = 3, .guidance = 5.0};
+    mmc_tensor *lat = fixture_tensor(exp, "latents_a", MMC_F32);
+    want = fixture_tensor(exp, "out_a", MMC_F32);
+    if (pe && ne) {
+        CHECK_OK(mmc_wan_sample(ctx, p, pe, ne, lat, &o));
+        CHECK_CLOSE(lat, want, 1e-3, 0, "pipeline a latents");
+        printf("pipeline a (CFG 5, 3 steps, batch 2): latents max|diff| %.2e (max|v| %.2f)\n", max_abs_diff(lat, want),
+               max_abs(want));
+    }
+    mmc_tensor_free(lat), mmc_tensor_free(want);
+    /* (b) no guidance, 2 steps */
+    lat = fixture_tensor(exp, "latents_b", MMC_F32);
+    want = fixture_tensor(exp, "out_b", MMC_F32);
+    o.steps = 2, o.guidance = 1.0;
+    if (pe0) {
+        CHECK_OK(mmc_wan_sample(ctx, p, pe0, NULL, lat, &o));
+        CHECK_CLOSE(lat, want, 1e-3, 0, "pipeline b latents");
+        printf("pipeline b (no guidance, 2 steps): latents max|diff| %.2e\n", max_abs_diff(lat, want));
+    }
+    /* errors: guidance without a negative encoding, frame counts, sizes */
+    o.guidance = 3.0;
+    CHECK_ERR(mmc_wan_sample(ctx, p, pe0, NULL, lat, &o), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "negative") != NULL);
+    CHECK_ERR(mmc_wan_check_frames(p, 10), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "4k + 1") && strstr(mmc_last_error(), "nearest valid count is 9"));
+    CHECK_ERR(mmc_wan_check_frames(p, 12), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "nearest valid count is 13") != NULL);
+    CHECK_ERR(mmc_wan_check_frames(p, 0), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "nearest valid count is 1") != NULL);
+    CHECK_OK(mmc_wan_check_frames(p, 81));
+    o.frames = 8;
+    CHECK_ERR(mmc_wan_sample(ctx, p, pe0, pe0, lat, &o), MMC_ERR_INVALID);
+    o.frames = 9, o.height = 40;
+    CHECK_ERR(mmc_wan_sample(ctx, p, pe0, pe0, lat, &o), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "nearest valid size is 48x48") != NULL);
+    o.height = 32, o.frames = 13;    /* latents of another clip length */
+    CHECK_ERR(mmc_wan_sample(ctx, p, pe0, pe0, lat, &o), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "latents must be") != NULL);
+    mmc_tensor_free(lat), mmc_tensor_free(want);
+    mmc_tensor_free(pe), mmc_tensor_free(ne), mmc_tensor_free(pe0);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_wan_pipeline_free(p);
+    /* prompt_clean */
+    char buf[128];
+    mmc_wan_prompt_clean("  a &amp;amp; b&#33;\t\n c&lt;d  ", buf, sizeof buf);
+    CHECKF(!strcmp(buf, "a & b! c<d"), "prompt_clean gave '%s'", buf);
+}
+
 int main(int argc, char **argv) {
     if (access(DIR_ "/transformer/config.json", R_OK) != 0) {
         fprintf(stderr, "test_wan: fixtures absent (tools/ref/gen_wan.py); skipping\n");
@@ -135,5 +323,8 @@ int main(int argc, char **argv) {
         check_transformer("transformer_b");
         check_configs();
     }
+    if (test_part(argc, argv, "umt5")) check_umt5();
+    if (test_part(argc, argv, "unipc")) check_unipc();
+    if (test_part(argc, argv, "pipeline")) check_pipeline();
     return test_done("test_wan");
 }

@@ -81,7 +81,8 @@ WAN_SCHED = dict(num_train_timesteps=1000, prediction_type="flow_prediction", us
                  solver_order=2, solver_type="bh2", lower_order_final=True, predict_x0=True)
 cases = {"flow3": WAN_SCHED, "flow5": dict(WAN_SCHED, flow_shift=5.0),
          "vp": dict(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                    prediction_type="epsilon", solver_order=2, solver_type="bh1")}
+                    prediction_type="epsilon", solver_order=2, solver_type="bh1",
+                    final_sigmas_type="sigma_min")}   # bh1 with a zero final sigma is NaN in diffusers too
 for cname, cfg in cases.items():
     s = UniPCMultistepScheduler(**cfg)
     s.save_config(os.path.join(OUT, "sched_" + cname))
