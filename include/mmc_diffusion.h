@@ -139,6 +139,63 @@ void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z);
 mmc_tensor *mmc_vae_postprocess(mmc_ctx *ctx, mmc_tensor *x);
 void mmc_vae_unscale_latents(const mmc_vae *v, mmc_tensor *z);
 
+/* ---------------------------------------------------------------- AutoencoderKLWan
+ * diffusers' AutoencoderKLWan (models/autoencoders/autoencoder_kl_wan.py), the causal 3D VAE
+ * of Wan2.1: see src/models/diffusion/autoencoder_kl_wan.c. One clip at a time (batch 1),
+ * channel-first: video [C, T, H, W] in [-1, 1], latents [z_dim, t, h, w] with
+ * t = (T - 1) / 4 + 1, h = H / 8, w = W / 8 (T = 4k + 1; H, W multiples of 8). Clips run
+ * in chunks as diffusers' feature cache does it: the encoder takes the first frame alone, then
+ * 4 frames at a time; the decoder one latent frame at a time (1, then 4 output frames); every
+ * causal convolution carries its last two input frames (CACHE_T) to the next chunk, so memory
+ * does not grow with the clip. Wan2.1 layouts only (is_residual false, patch_size null,
+ * attn_scales []): others are refused by name. Weights f32 / bf16 / f16, computed in f32. */
+#define MMC_WAN_VAE_MAX_LEVELS 8
+#define MMC_WAN_VAE_MAX_Z 64
+typedef struct {
+    int64_t base_dim, decoder_base_dim, z_dim;
+    int levels;                                        /* len(dim_mult) */
+    int64_t dim_mult[MMC_WAN_VAE_MAX_LEVELS];
+    int64_t num_res_blocks;
+    bool temperal_downsample[MMC_WAN_VAE_MAX_LEVELS];  /* levels - 1 entries (sic: diffusers' key) */
+    int64_t in_channels, out_channels;
+    int64_t scale_factor_temporal, scale_factor_spatial;   /* 4, 8 */
+    float latents_mean[MMC_WAN_VAE_MAX_Z], latents_std[MMC_WAN_VAE_MAX_Z];   /* [z_dim] */
+} mmc_wan_vae_config;
+
+typedef struct mmc_wan_vae mmc_wan_vae;
+/* Called after each chunk: done of n (encoder chunks, or latent frames when decoding). */
+typedef void (*mmc_wan_vae_progress)(void *user, int done, int n);
+
+mmc_status mmc_wan_vae_config_read(const mmc_json *cfg, const char *what, mmc_wan_vae_config *out);
+/* Load from a vae/ folder (config.json + diffusion_pytorch_model safetensors, single or sharded;
+ * f32 / bf16 / f16 weights, widened to f32). Every missing or mis-shaped tensor is listed. */
+mmc_status mmc_wan_vae_load(const char *dir, mmc_wan_vae **out);
+void mmc_wan_vae_free(mmc_wan_vae *v);
+const mmc_wan_vae_config *mmc_wan_vae_cfg(const mmc_wan_vae *v);
+int64_t mmc_wan_vae_param_count(const mmc_wan_vae *v);
+/* MMC_ERR_INVALID unless frames = 4k + 1 (k >= 0), naming the nearest valid count(s). */
+mmc_status mmc_wan_check_frames(int64_t frames);
+/* Latent frames of a clip of `frames` (4k + 1) frames: k + 1. */
+int64_t mmc_wan_vae_latent_frames(int64_t frames);
+
+/* decode: z [z_dim, t, h, w] -> frames [out_channels, 4(t-1)+1, 8h, 8w], clamped to [-1, 1] as
+ * diffusers' _decode does (post_quant_conv first). z is the raw VAE latent: pipelines call it on
+ * mmc_wan_vae_denormalize'd latents. progress may be NULL. */
+mmc_status mmc_wan_vae_decode(mmc_wan_vae *v, const float *z, int64_t t, int64_t h, int64_t w, float *frames,
+                              mmc_wan_vae_progress progress, void *user);
+/* encode: x [in_channels, T, H, W] in [-1, 1] (T = 4k + 1; H, W multiples of 8) -> latent_dist's
+ * mean [z_dim, t, h, w] (= mode()) and logvar clamped to [-30, 20] (may be NULL), after quant_conv. */
+mmc_status mmc_wan_vae_encode(mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W, float *mean,
+                              float *logvar, mmc_wan_vae_progress progress, void *user);
+/* latent_dist.sample(): out[i] = mean[i] + exp(0.5 * logvar[i]) * noise[i] (torch's roundings). */
+void mmc_wan_vae_sample(const float *mean, const float *logvar, const float *noise, int64_t n, float *out);
+/* The Wan pipelines' latent normalisation, in place on z [z_dim, n_per_channel] with
+ * mean / std from config.json (latents_mean / latents_std), in f32 as torch does it:
+ * normalize:   z = (z - mean) * (1 / std)      (WanImageToVideoPipeline, training latents)
+ * denormalize: z = z / (1 / std) + mean         (WanPipeline before vae.decode) */
+void mmc_wan_vae_normalize(const mmc_wan_vae *v, float *z, int64_t n_per_channel);
+void mmc_wan_vae_denormalize(const mmc_wan_vae *v, float *z, int64_t n_per_channel);
+
 /* ---------------------------------------------------------------- FluxTransformer2DModel
  * diffusers' models/transformers/transformer_flux.py: see src/models/diffusion/flux.c.
  * Latents enter packed (the pipeline's _pack_latents: 2x2 patches of the VAE latent as

@@ -102,6 +102,40 @@ typedef struct {
 mmc_status mmc_qwen2vl_video_load(const mmc_qwen2vl_video_proc *p, const char *path, mmc_video_clip *out);
 void mmc_video_clip_free(mmc_video_clip *c);
 
+/* ---------------------------------------------------------------- writing (src/io/video_write.c)
+ * frames uint8 RGB [F, H, W, 3] -> an MP4 (H.264 through libx264 when libavcodec has it, yuv420p,
+ * else MPEG-4 part 2; the log says which), a lossless FFV1 .mkv, a GIF (FFmpeg's gif encoder on a palette of the
+ * clip's own colours), or a folder of PNG frames (frame_00000.png ...; lossless). Files are
+ * written to a temporary name beside the target and renamed into place, so a reader never
+ * sees half a file. fps, and the comment / encoder settings, go into the container metadata
+ * (for a PNG folder: a settings.json beside the frames). */
+typedef enum {
+    MMC_VIDEO_OUT_AUTO,       /* from the path: .gif -> GIF, .mp4/.mov/.m4v -> MP4 (H.264), .mkv ->
+                                 lossless FFV1, a trailing '/' or an existing directory -> PNG folder */
+    MMC_VIDEO_OUT_MP4,
+    MMC_VIDEO_OUT_GIF,
+    MMC_VIDEO_OUT_PNG_DIR,
+    MMC_VIDEO_OUT_MKV_FFV1    /* Matroska of FFV1 on RGB words: lossless, pixels come back exactly */
+} mmc_video_out_format;
+
+typedef struct {
+    mmc_video_out_format format;
+    int crf;                  /* H.264 constant rate factor 0..51 (0 -> 18 here; lower = better) */
+    bool pad_odd;             /* yuv420p needs even sizes: pad an odd height / width by repeating the
+                                 last row / column (else odd sizes are an error saying so) */
+    const char *comment;      /* container "comment" tag (e.g. prompt, seed, steps), or NULL */
+    const char *title;        /* container "title" tag, or NULL */
+    bool quiet;               /* no line on stderr naming the encoder used */
+} mmc_video_write_opts;
+
+/* Write frames [n_frames, height, width, 3] (RGB, row-major) at fps frames per second. opts may be
+ * NULL (AUTO format, defaults). Errors name the path and the reason (unwritable directory, zero or
+ * odd sizes without pad_odd, a format libavcodec cannot encode here). */
+mmc_status mmc_video_write(const char *path, const uint8_t *rgb, int n_frames, int height, int width, double fps,
+                           const mmc_video_write_opts *opts);
+/* Name of the encoder an MP4 would be written with here ("libx264" or "mpeg4"). */
+const char *mmc_video_write_mp4_encoder(void);
+
 #ifdef __cplusplus
 }
 #endif
