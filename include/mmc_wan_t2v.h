@@ -77,10 +77,10 @@ const mmc_wan_config *mmc_wan_pipeline_transformer_cfg(const mmc_wan_pipeline *p
 int mmc_wan_pipeline_vae_spatial(const mmc_wan_pipeline *p);     /* 8 */
 int mmc_wan_pipeline_vae_temporal(const mmc_wan_pipeline *p);    /* 4 */
 /* MMC_ERR_INVALID naming the nearest valid count unless frames = temporal * k + 1. */
-mmc_status mmc_wan_check_frames(const mmc_wan_pipeline *p, int frames);
+mmc_status mmc_wan_pipeline_check_frames(const mmc_wan_pipeline *p, int frames);
 /* MMC_ERR_INVALID naming the nearest valid size unless height and width are multiples of the VAE
  * factor times the patch. */
-mmc_status mmc_wan_check_size(const mmc_wan_pipeline *p, int height, int width);
+mmc_status mmc_wan_pipeline_check_size(const mmc_wan_pipeline *p, int height, int width);
 /* The latent shape [C, F, h, w] of one video. */
 void mmc_wan_latent_shape(const mmc_wan_pipeline *p, int frames, int height, int width, int64_t shape[4]);
 /* encode_prompt for B prompts: prompt_clean (HTML entities, whitespace), the tokenizer padded to
@@ -96,8 +96,13 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
  * weight x alpha / r. One at a time. */
 mmc_status mmc_wan_pipeline_load_lora(mmc_wan_pipeline *p, const char *path, float weight);
 void mmc_wan_pipeline_release_transformer(mmc_wan_pipeline *p);
-/* The folder's vae/ directory and latents_mean / latents_std (for the decode: z * std + mean). */
 const char *mmc_wan_pipeline_vae_dir(const mmc_wan_pipeline *p);
+/* output_type="pt": latents [B, C, t, h, w] -> video [B, frames, 3, H, W] in [0, 1] (persistent):
+ * denormalised with the VAE's latents_mean / latents_std, decoded clip by clip by AutoencoderKLWan
+ * (its chunked causal decode; the transformer is freed first), then x / 2 + 0.5 clamped.
+ * progress (may be NULL) is called after each latent frame: done of n over the whole batch. */
+mmc_status mmc_wan_decode(mmc_wan_pipeline *p, const mmc_tensor *latents, mmc_wan_vae_progress progress, void *user,
+                          mmc_tensor **video);
 /* diffusers' Wan prompt_clean into out (html.unescape twice of the common entities, whitespace
  * runs to one space, stripped). ftfy's fixes are not applied (diffusers applies them only when ftfy
  * is installed; the pinned reference environment has none). */

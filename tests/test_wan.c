@@ -273,8 +273,20 @@ static void check_pipeline(void) {
         printf("pipeline a (CFG 5, 3 steps, batch 2): latents max|diff| %.2e (max|v| %.2f)\n", max_abs_diff(lat, want),
                max_abs(want));
     }
+    /* (a) decoded as output_type="pt" */
+    mmc_tensor *vid = NULL, *wvid = fixture_tensor(exp, "video_a", MMC_F32);
+    if (pe && ne) {
+        CHECK_OK(mmc_wan_decode(p, lat, NULL, NULL, &vid));
+        if (vid) {
+            CHECK(mmc_same_shape(vid, wvid));
+            CHECK_CLOSE(vid, wvid, 1e-3, 0, "pipeline a video");
+            printf("pipeline a decoded: video %s max|diff| %.2e\n", mmc_shape_str(vid, (char[64]){0}, 64),
+                   max_abs_diff(vid, wvid));
+        }
+    }
+    mmc_tensor_free(vid), mmc_tensor_free(wvid);
     mmc_tensor_free(lat), mmc_tensor_free(want);
-    /* (b) no guidance, 2 steps */
+    /* (b) no guidance, 2 steps (the transformer reloads after the decode freed it) */
     lat = fixture_tensor(exp, "latents_b", MMC_F32);
     want = fixture_tensor(exp, "out_b", MMC_F32);
     o.steps = 2, o.guidance = 1.0;
@@ -287,13 +299,13 @@ static void check_pipeline(void) {
     o.guidance = 3.0;
     CHECK_ERR(mmc_wan_sample(ctx, p, pe0, NULL, lat, &o), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "negative") != NULL);
-    CHECK_ERR(mmc_wan_check_frames(p, 10), MMC_ERR_INVALID);
+    CHECK_ERR(mmc_wan_pipeline_check_frames(p, 10), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "4k + 1") && strstr(mmc_last_error(), "nearest valid count is 9"));
-    CHECK_ERR(mmc_wan_check_frames(p, 12), MMC_ERR_INVALID);
+    CHECK_ERR(mmc_wan_pipeline_check_frames(p, 12), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "nearest valid count is 13") != NULL);
-    CHECK_ERR(mmc_wan_check_frames(p, 0), MMC_ERR_INVALID);
+    CHECK_ERR(mmc_wan_pipeline_check_frames(p, 0), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "nearest valid count is 1") != NULL);
-    CHECK_OK(mmc_wan_check_frames(p, 81));
+    CHECK_OK(mmc_wan_pipeline_check_frames(p, 81));
     o.frames = 8;
     CHECK_ERR(mmc_wan_sample(ctx, p, pe0, pe0, lat, &o), MMC_ERR_INVALID);
     o.frames = 9, o.height = 40;

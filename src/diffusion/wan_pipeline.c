@@ -11,8 +11,11 @@
  *        guidance (guidance > 1): noise_uncond + guidance * (noise_text - noise_uncond), both passes
  *        batched here as [negative; positive]; then scheduler.step
  *
- * The decoding (latents * latents_std + latents_mean through AutoencoderKLWan) is the VAE's.
- * The text encoder loads inside encode_prompt and is freed before it returns. */
+ *   video = AutoencoderKLWan.decode(latents / (1 / latents_std) + latents_mean), then
+ *        VideoProcessor.postprocess_video: x / 2 + 0.5 clamped, frames first      [B, F, 3, H, W]
+ *
+ * The text encoder loads inside encode_prompt and is freed before it returns; the transformer is
+ * freed before the VAE decodes. */
 #include "mmc_wan_t2v.h"
 #include "mmc_encoders.h"
 #include "mmc_lora.h"
@@ -26,6 +29,7 @@ struct mmc_wan_pipeline {
     mmc_wan_config tr_cfg;
     mmc_nsched sched;
     mmc_wan *transformer;
+    mmc_wan_vae *vae;
     mmc_lora_set *lora;
     int vae_spatial, vae_temporal;
     char path[4][1024];               /* transformer, vae, scheduler, text_encoder */
@@ -90,6 +94,7 @@ void mmc_wan_pipeline_free(mmc_wan_pipeline *p) {
     if (!p) return;
     mmc_lora_free(p->lora);
     mmc_wan_free(p->transformer);
+    mmc_wan_vae_free(p->vae);
     mmc_nsched_free(&p->sched);
     free(p);
 }
@@ -117,7 +122,7 @@ mmc_status mmc_wan_pipeline_load_lora(mmc_wan_pipeline *p, const char *path, flo
     return st;
 }
 
-mmc_status mmc_wan_check_frames(const mmc_wan_pipeline *p, int frames) {
+mmc_status mmc_wan_pipeline_check_frames(const mmc_wan_pipeline *p, int frames) {
     const int k = p->vae_temporal;
     if (frames >= 1 && (frames - 1) % k == 0) return MMC_OK;
     const int lo = frames < 1 ? 1 : (frames - 1) / k * k + 1, hi = lo + k;
@@ -126,7 +131,7 @@ mmc_status mmc_wan_check_frames(const mmc_wan_pipeline *p, int frames) {
                      "first frame); the nearest valid count is %d", frames, k, k, near);
 }
 
-mmc_status mmc_wan_check_size(const mmc_wan_pipeline *p, int height, int width) {
+mmc_status mmc_wan_pipeline_check_size(const mmc_wan_pipeline *p, int height, int width) {
     return mmc_diffusion_check_size(height, width, p->vae_spatial * (int)p->tr_cfg.patch_size[1],
                                     "VAE factor x patch size");
 }
@@ -279,7 +284,7 @@ static bool embeds_ok(const mmc_tensor *e, int64_t B, int64_t D) {
 mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *cond, const mmc_tensor *neg,
                           mmc_tensor *latents, const mmc_wan_sample_opts *o) {
     mmc_status st;
-    if ((st = mmc_wan_check_frames(p, o->frames)) || (st = mmc_wan_check_size(p, o->height, o->width))) return st;
+    if ((st = mmc_wan_pipeline_check_frames(p, o->frames)) || (st = mmc_wan_pipeline_check_size(p, o->height, o->width))) return st;
     int64_t ls[4];
     mmc_wan_latent_shape(p, o->frames, o->height, o->width, ls);
     const int64_t B = latents->shape[0];
@@ -327,5 +332,61 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
     }
     free(ts);
     mmc_set_grad_enabled(ctx, was);
+    return st;
+}
+
+/* ------------------------------------------------------------------ decoding */
+typedef struct {
+    mmc_wan_vae_progress fn;
+    void *user;
+    int base, total;
+} decode_progress;
+
+static void on_chunk(void *u, int done, int n) {
+    (void)n;
+    decode_progress *d = u;
+    if (d->fn) d->fn(d->user, d->base + done, d->total);
+}
+
+mmc_status mmc_wan_decode(mmc_wan_pipeline *p, const mmc_tensor *latents, mmc_wan_vae_progress progress, void *user,
+                          mmc_tensor **video) {
+    *video = NULL;
+    mmc_status st;
+    if (!p->vae && (st = mmc_wan_vae_load(p->path[S_VAE], &p->vae))) return st;
+    const mmc_wan_vae_config *vc = mmc_wan_vae_cfg(p->vae);
+    if (latents->ndim != 5 || latents->dtype != MMC_F32 || !mmc_is_contiguous(latents) || latents->shape[1] != vc->z_dim)
+        return mmc_error(MMC_ERR_INVALID, "latents must be contiguous f32 [B, %lld, t, h, w] (the VAE's z_dim)",
+                         (long long)vc->z_dim);
+    mmc_wan_pipeline_release_transformer(p);
+    const int64_t B = latents->shape[0], C = latents->shape[1], t = latents->shape[2], h = latents->shape[3],
+                  w = latents->shape[4];
+    const int64_t F = (t - 1) * vc->scale_factor_temporal + 1, H = h * vc->scale_factor_spatial,
+                  W = w * vc->scale_factor_spatial, Co = vc->out_channels, per = t * h * w, np = F * H * W;
+    float *z = malloc((size_t)(C * per) * sizeof(float)), *x = malloc((size_t)(Co * np) * sizeof(float));
+    mmc_tensor *v = mmc_tensor_new(MMC_F32, 5, MMC_SHAPE(B, F, Co, H, W));
+    st = MMC_OK;
+    if (!z || !x || !v) { st = mmc_error(MMC_ERR_OOM, "out of memory for a %lldx%lldx%lld video", (long long)F,
+                                         (long long)W, (long long)H); goto done; }
+    decode_progress dp = {progress, user, 0, (int)(B * t)};
+    for (int64_t b = 0; b < B && !st; b++) {
+        memcpy(z, (const float *)latents->data + b * C * per, (size_t)(C * per) * sizeof(float));
+        mmc_wan_vae_denormalize(p->vae, z, per);
+        dp.base = (int)(b * t);
+        if ((st = mmc_wan_vae_decode(p->vae, z, t, h, w, x, on_chunk, &dp))) break;
+        float *o = (float *)v->data + b * F * Co * H * W;   /* [F, C, H, W] of this clip */
+        for (int64_t c = 0; c < Co; c++)
+            for (int64_t f = 0; f < F; f++) {
+                const float *src = x + (c * F + f) * H * W;
+                float *dst = o + (f * Co + c) * H * W;
+                for (int64_t k = 0; k < H * W; k++) {
+                    float y = src[k] / 2.0f + 0.5f;
+                    dst[k] = y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y;
+                }
+            }
+    }
+done:
+    free(z), free(x);
+    if (st) mmc_tensor_free(v);
+    else *video = v;
     return st;
 }
