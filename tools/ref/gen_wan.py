@@ -15,7 +15,8 @@ diffusers / transformers themselves (the versions pinned in requirements.txt), s
   last_hidden_state on them (with the attention mask), encode_prompt's zero-padded prompt_embeds,
   and two runs from injected latents with output_type="latent": (a) 3 steps, CFG 5 with a negative
   prompt, batch 2; (b) 2 steps, guidance 1 (no negative pass); plus (a)'s decoded frames
-  (output_type="pt", [B, F, 3, H, W] in [0, 1]) for when the VAE is in mmc.
+  (output_type="pt", [B, F, 3, H, W] in [0, 1]). For `mmc generate-video`: (b)'s latents as
+  cli_latents.safetensors and its frames as PIL saves them (output_type="pil") in cli_expected/.
 
 Run: .venv-ref/bin/python tools/ref/gen_wan.py
 """
@@ -150,5 +151,13 @@ with torch.no_grad():
     exp["latents_b"] = lat
     exp["out_b"] = pipe(prompt=prompts[0], height=H, width=W, num_frames=FR, num_inference_steps=2,
                         guidance_scale=1.0, latents=lat, max_sequence_length=MAXLEN, output_type="latent").frames
+    # the CLI case (`mmc generate-video` from these latents into a PNG folder): run b's frames as
+    # output_type="pil" gives them ((x * 255).round() to uint8), saved by PIL
+    save_file({"latents": lat.contiguous()}, os.path.join(d, "cli_latents.safetensors"))
+    frames = pipe(prompt=prompts[0], height=H, width=W, num_frames=FR, num_inference_steps=2, guidance_scale=1.0,
+                  latents=lat, max_sequence_length=MAXLEN, output_type="pil").frames[0]
+    os.makedirs(os.path.join(d, "cli_expected"))
+    for i, fr in enumerate(frames):
+        fr.save(os.path.join(d, "cli_expected", f"frame_{i:05d}.png"))
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
 print("wrote", OUT)
