@@ -4,6 +4,9 @@
  *    cross-attention norm, batch 2 at timesteps 999 and 250: output within 1e-4 (f32); a second model
  *    stored bf16, out_channels 8, no cross-attention norm, within 1e-4 of diffusers on the upcast weights;
  *  - malformed transformer configs (patch_size of two sizes, a missing tensor, an I2V key);
+ *  - training: gradients of sum(out * W) for a dozen parameters (patch embedding, embedders, q/k norms,
+ *    modulation tables, projections) within 1e-4 (+ 1e-4 relative) of torch's autograd; a diffusers LoRA
+ *    (save_lora_weights, r 4, alpha 8) on the linears within 1e-4 of diffusers' output with it;
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -15,6 +18,7 @@
  *    guidance) within 1e-3 of output_type="latent"; the frame-count and size errors. */
 #include "test_util.h"
 #include "mmc_encoders.h"
+#include "mmc_lora.h"
 #include "mmc_wan_t2v.h"
 
 #include <math.h>
@@ -61,6 +65,80 @@ static void check_transformer(const char *name) {
     mmc_ctx_free(ctx);
     mmc_st_close(exp);
     mmc_wan_free(m);
+}
+
+/* Training: gradients of sum(out * W) against torch's autograd; a diffusers LoRA (WanPipeline.save_lora_weights)
+ * on the transformer's linears. */
+static void check_grad_lora(void) {
+    mmc_st *exp = fixture_open("wan/transformer/expected.safetensors"), *gx = fixture_open("wan/transformer/grad_expected.safetensors");
+    mmc_st *lx = fixture_open("wan/lora/expected.safetensors");
+    if (!exp || !gx || !lx) goto done;
+    mmc_tensor *hid = fixture_tensor(exp, "hidden", MMC_F32), *enc = fixture_tensor(exp, "encoder", MMC_F32);
+    mmc_tensor *t = fixture_tensor(exp, "timestep", MMC_F32), *W = fixture_tensor(gx, "loss_weight", MMC_F32);
+    mmc_wan_inputs in = {.hidden = hid, .timestep = t->data, .encoder = enc};
+    mmc_wan *m = NULL;
+    CHECK_OK(mmc_wan_load(DIR_ "/transformer", true, &m));
+    mmc_ctx *ctx = mmc_ctx_new();
+    if (m) {
+        mmc_set_grad_enabled(ctx, true);
+        mmc_tensor *out = NULL;
+        CHECK_OK(mmc_wan_forward(ctx, m, &in, &out));
+        if (out) {
+            mmc_backward(ctx, mmc_sum(ctx, mmc_mul(ctx, out, W)));
+            mmc_tensor **ps;
+            const char *const *names;
+            const int np = mmc_wan_param_list(m, &ps, &names);
+            int compared = 0;
+            double worst = 0;
+            for (int i = 0; i < np; i++) {
+                char key[300];
+                snprintf(key, sizeof key, "grad.%s", names[i]);
+                if (!mmc_st_find(gx, key)) continue;
+                mmc_tensor *want = fixture_tensor(gx, key, MMC_F32);
+                CHECKF(ps[i]->grad != NULL, "%s has no gradient", names[i]);
+                if (ps[i]->grad) {
+                    const double d = max_abs_diff(ps[i]->grad, want), lim = 1e-4 + 1e-4 * max_abs(want);
+                    CHECKF(d <= lim, "grad %s: max|diff| %.3g > %.3g", names[i], d, lim);
+                    if (d / (max_abs(want) + 1e-12) > worst) worst = d / (max_abs(want) + 1e-12);
+                }
+                compared++;
+                mmc_tensor_free(want);
+            }
+            CHECK(compared == 12);
+            printf("gradients of %d parameters: worst max|diff| / max|grad| %.2e\n", compared, worst);
+        }
+        mmc_wan_free(m);
+        m = NULL;
+    }
+    mmc_ctx_free(ctx);
+    /* the LoRA, on an inference copy */
+    ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    CHECK_OK(mmc_wan_load(DIR_ "/transformer", false, &m));
+    if (m) {
+        mmc_module_list ml = {0};
+        mmc_lora_set *ls = NULL;
+        CHECK_OK(mmc_wan_linears(m, &ml));
+        CHECK_OK(mmc_lora_load_diffusers(DIR_ "/lora", "transformer", &ml, 1.0f, false, &ls));
+        mmc_tensor *want = fixture_tensor(lx, "out", MMC_F32), *base = fixture_tensor(exp, "out", MMC_F32), *out = NULL;
+        CHECK_OK(mmc_wan_forward(ctx, m, &in, &out));
+        if (out && ls) {
+            CHECK_CLOSE(out, want, TOL, 0, "output with the LoRA");
+            CHECK(max_abs_diff(want, base) > 1e-2);    /* the adapter does change the output */
+            printf("LoRA (diffusers save_lora_weights): output max|diff| %.2e (changes it by %.2f)\n",
+                   max_abs_diff(out, want), max_abs_diff(want, base));
+        }
+        mmc_lora_free(ls);
+        mmc_module_list_free(&ml);
+        mmc_tensor_free(want), mmc_tensor_free(base);
+        mmc_wan_free(m);
+    }
+    mmc_ctx_free(ctx);
+    mmc_tensor_free(hid), mmc_tensor_free(enc), mmc_tensor_free(t), mmc_tensor_free(W);
+done:
+    if (exp) mmc_st_close(exp);
+    if (gx) mmc_st_close(gx);
+    if (lx) mmc_st_close(lx);
 }
 
 /* A config.json with one key replaced (or added) in a copy of the transformer folder's. */
@@ -335,6 +413,7 @@ int main(int argc, char **argv) {
         check_transformer("transformer_b");
         check_configs();
     }
+    if (test_part(argc, argv, "train")) check_grad_lora();
     if (test_part(argc, argv, "umt5")) check_umt5();
     if (test_part(argc, argv, "unipc")) check_unipc();
     if (test_part(argc, argv, "pipeline")) check_pipeline();

@@ -35,7 +35,7 @@ static const class_info CLASSES[] = {
     {"diffusers", "FluxTransformer2DModel", MMC_DCOMP_TRANSFORMER, true},
     {"diffusers", "SD3Transformer2DModel", MMC_DCOMP_TRANSFORMER, true},
     {"diffusers", "WanTransformer3DModel", MMC_DCOMP_TRANSFORMER, true},
-    {"diffusers", "AutoencoderKLWan", MMC_DCOMP_VAE, false},
+    {"diffusers", "AutoencoderKLWan", MMC_DCOMP_VAE, true},
     {"diffusers", "UniPCMultistepScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "UNet2DConditionModel", MMC_DCOMP_UNET, true},
     {"diffusers", "FlowMatchEulerDiscreteScheduler", MMC_DCOMP_SCHEDULER, true},

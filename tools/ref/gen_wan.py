@@ -6,6 +6,10 @@ diffusers / transformers themselves (the versions pinned in requirements.txt), s
   (latents [2, 4, 3, 4, 6], integer timesteps, text states [2, 7, 16]) and the output [2, 4, 3, 4, 6].
 * transformer_b/: the same family with out_channels 8, no cross-attention norm, 1 block, weights stored
   bf16 (the expected output is diffusers on those weights upcast to f32).
+  transformer/grad_expected.safetensors: the gradients of sum(out * W) (W fixed, saved) for a dozen
+  parameters of every kind, from torch's autograd.
+* lora/: a PEFT LoRA (r 4, alpha 8; attention, FFN and time_proj linears; lora_B randomised) on
+  transformer/, as WanPipeline.save_lora_weights writes it, and the output with it.
 * scheduler_expected.safetensors: UniPCMultistepScheduler sigmas / timesteps of set_timesteps(n) for
   the Wan configuration (flow_prediction, use_flow_sigmas, flow_shift 3 and 5, bh2, order 2) and a
   VP one (epsilon, bh1), and a run of step() on fixed model outputs (5 steps each).
@@ -75,6 +79,44 @@ TR_CFG = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12
 transformer_case("transformer", TR_CFG, 1, torch.float32)
 transformer_case("transformer_b", dict(TR_CFG, out_channels=8, cross_attn_norm=False, num_layers=1), 2,
                  torch.bfloat16)
+
+# ---------------------------------------------------------------- gradients and a LoRA on the transformer
+# (their own generator, so the draws above and below stay as they were)
+g2 = torch.Generator().manual_seed(123)
+d = os.path.join(OUT, "transformer")
+ref = __import__("safetensors.torch", fromlist=["load_file"]).load_file(os.path.join(d, "expected.safetensors"))
+tr = WanTransformer3DModel.from_pretrained(d, torch_dtype=torch.float32).train()
+wgt = torch.randn(ref["out"].shape, generator=g2)
+out = tr(hidden_states=ref["hidden"], timestep=ref["timestep"].long(), encoder_hidden_states=ref["encoder"],
+         return_dict=False)[0]
+(out * wgt).sum().backward()
+GRAD_PARAMS = ["patch_embedding.weight", "condition_embedder.time_embedder.linear_1.weight",
+               "condition_embedder.time_proj.bias", "condition_embedder.text_embedder.linear_2.weight",
+               "blocks.0.attn1.to_q.weight", "blocks.0.attn1.norm_k.weight", "blocks.0.attn2.to_v.bias",
+               "blocks.0.norm2.weight", "blocks.1.ffn.net.0.proj.weight", "blocks.1.scale_shift_table",
+               "scale_shift_table", "proj_out.weight"]
+grads = {"loss_weight": wgt}
+grads.update({"grad." + n: p.grad for n, p in tr.named_parameters() if n in GRAD_PARAMS})
+save_file({k: v.contiguous() for k, v in grads.items()}, os.path.join(d, "grad_expected.safetensors"))
+
+from peft import LoraConfig
+from peft.utils import get_peft_model_state_dict
+from diffusers.training_utils import _collate_lora_metadata
+tr = WanTransformer3DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
+torch.manual_seed(10)                     # PEFT draws lora_A from the global generator
+tr.add_adapter(LoraConfig(r=4, lora_alpha=8, init_lora_weights=True,
+                          target_modules=["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2", "time_proj"]))
+with torch.no_grad():
+    for n, p in tr.named_parameters():
+        if "lora_B" in n:
+            p.copy_(torch.randn(p.shape, generator=g2) * 0.2)
+ld = os.path.join(OUT, "lora")
+WanPipeline.save_lora_weights(ld, transformer_lora_layers=get_peft_model_state_dict(tr),
+                              **_collate_lora_metadata({"transformer": tr}))
+with torch.no_grad():
+    out = tr(hidden_states=ref["hidden"], timestep=ref["timestep"].long(), encoder_hidden_states=ref["encoder"],
+             return_dict=False)[0]
+save_file({"out": out.contiguous()}, os.path.join(ld, "expected.safetensors"))
 
 # ---------------------------------------------------------------- UniPC
 sx = {}
