@@ -31,12 +31,14 @@ typedef struct {
     double eps;
     int64_t rope_max_seq_len;             /* rows of the rope table: patches per axis must not exceed it */
     int rope_dims[3];                     /* t, h, w shares of attention_head_dim (WanRotaryPosEmbed) */
+    int64_t image_dim;                    /* image-to-video: CLIP image states' width (1280), 0 for T2V */
+    int64_t added_kv_proj_dim;            /* I2V: add_k_proj / add_v_proj input width (= heads * head_dim) */
 } mmc_wan_config;
 
 typedef struct mmc_wan mmc_wan;
 
-/* config.json of a transformer/ folder. The image-to-video keys (image_dim, added_kv_proj_dim,
- * pos_embed_seq_len) are MMC_ERR_UNSUPPORTED when set. */
+/* config.json of a transformer/ folder. Wan2.1 I2V's image branch (image_dim with added_kv_proj_dim)
+ * is read; pos_embed_seq_len (the first-last-frame model's FLF2V) is MMC_ERR_UNSUPPORTED when set. */
 mmc_status mmc_wan_config_read(const mmc_json *cfg, const char *what, mmc_wan_config *out);
 /* Load from a transformer/ folder (config.json + diffusion_pytorch_model safetensors, single or
  * sharded; f32 / bf16 / f16, computed in f32). trainable: f32 copies that require grad. Every
@@ -54,6 +56,8 @@ typedef struct {
     mmc_tensor *hidden;        /* [B, in_channels, F, H, W] latents; F, H, W multiples of the patch */
     const float *timestep;     /* [B] as WanPipeline passes it: the scheduler's integer timestep (0..1000) */
     mmc_tensor *encoder;       /* [B, T, text_dim] UMT5 states (zero past each prompt's tokens) */
+    mmc_tensor *image;         /* I2V models only (required there, else NULL): [B, S_img, image_dim] CLIP vision
+                                  states (encoder_hidden_states_image; 257 of them in Wan2.1 I2V) */
 } mmc_wan_inputs;
 /* The flow prediction [B, out_channels, F, H, W]. Differentiable in grad mode; without it each
  * block's intermediates are released as soon as its output exists. */

@@ -3,6 +3,8 @@
  *  - WanTransformer3DModel: 2 heads of 12 (rope axes 4 / 4 / 4), patch (1, 2, 2), 2 blocks with the
  *    cross-attention norm, batch 2 at timesteps 999 and 250: output within 1e-4 (f32); a second model
  *    stored bf16, out_channels 8, no cross-attention norm, within 1e-4 of diffusers on the upcast weights;
+ *  - the image-to-video form (CLIP image branch: image_embedder, add_k_proj / add_v_proj, 512 text tokens)
+ *    within 1e-4;
  *  - malformed transformer configs (patch_size of two sizes, a missing tensor, an I2V key);
  *  - training: gradients of sum(out * W) for a dozen parameters (patch embedding, embedders, q/k norms,
  *    modulation tables, projections) within 1e-4 (+ 1e-4 relative) of torch's autograd; a diffusers LoRA
@@ -40,7 +42,8 @@ static void check_transformer(const char *name) {
     mmc_set_grad_enabled(ctx, false);
     mmc_tensor *hid = fixture_tensor(exp, "hidden", MMC_F32), *enc = fixture_tensor(exp, "encoder", MMC_F32);
     mmc_tensor *t = fixture_tensor(exp, "timestep", MMC_F32), *want = fixture_tensor(exp, "out", MMC_F32);
-    mmc_wan_inputs in = {.hidden = hid, .timestep = t->data, .encoder = enc};
+    mmc_tensor *img = mmc_st_find(exp, "image") ? fixture_tensor(exp, "image", MMC_F32) : NULL;
+    mmc_wan_inputs in = {.hidden = hid, .timestep = t->data, .encoder = enc, .image = img};
     mmc_tensor *out = NULL;
     CHECK_OK(mmc_wan_forward(ctx, m, &in, &out));
     if (out) {
@@ -50,6 +53,11 @@ static void check_transformer(const char *name) {
         printf("%s: output %s max|diff| %.2e (max|v| %.2f)\n", name, mmc_shape_str(out, what, sizeof what),
                max_abs_diff(out, want), max_abs(want));
     }
+    /* image states exactly when the checkpoint has the image branch */
+    in.image = img ? NULL : enc;
+    CHECK_ERR(mmc_wan_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), img ? "encoder_hidden_states_image" : "no image branch") != NULL);
+    in.image = img;
     /* wrong inputs: text width, a frame count the patch does not divide */
     in.encoder = hid;
     CHECK_ERR(mmc_wan_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
@@ -60,7 +68,7 @@ static void check_transformer(const char *name) {
     CHECK_ERR(mmc_wan_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "height 3") != NULL);
     mmc_tensor_free(odd);
-    mmc_tensor *ts[] = {hid, enc, t, want};
+    mmc_tensor *ts[] = {hid, enc, t, want, img};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) mmc_tensor_free(ts[i]);
     mmc_ctx_free(ctx);
     mmc_st_close(exp);
@@ -177,8 +185,10 @@ static void check_configs(void) {
     CHECK_ERR(config_with("\"attention_head_dim\": 13", &c), MMC_ERR_FORMAT);
     CHECK_ERR(config_with("\"num_layers\": \"two\"", &c), MMC_ERR_FORMAT);
     CHECK(strstr(mmc_last_error(), "num_layers") != NULL);
-    CHECK_ERR(config_with("\"image_dim\": 1280", &c), MMC_ERR_UNSUPPORTED);
+    CHECK_ERR(config_with("\"image_dim\": 1280", &c), MMC_ERR_FORMAT);    /* without added_kv_proj_dim */
     CHECK(strstr(mmc_last_error(), "image-to-video") != NULL);
+    CHECK_ERR(config_with("\"pos_embed_seq_len\": 514", &c), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "FLF2V") != NULL);
 
     /* a folder whose weights lack a tensor / were saved from another config */
     char tmp[] = "/tmp/mmc_wan_XXXXXX";
@@ -411,6 +421,7 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "transformer")) {
         check_transformer("transformer");
         check_transformer("transformer_b");
+        check_transformer("transformer_i2v");
         check_configs();
     }
     if (test_part(argc, argv, "train")) check_grad_lora();

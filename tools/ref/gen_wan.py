@@ -10,6 +10,8 @@ diffusers / transformers themselves (the versions pinned in requirements.txt), s
   parameters of every kind, from torch's autograd.
 * lora/: a PEFT LoRA (r 4, alpha 8; attention, FFN and time_proj linears; lora_B randomised) on
   transformer/, as WanPipeline.save_lora_weights writes it, and the output with it.
+* transformer_i2v/: an image-to-video WanTransformer3DModel (image_dim 12, added_kv_proj_dim 24,
+  in_channels 8) with CLIP-like image states [2, 5, 12] and 512 text tokens, and its output.
 * scheduler_expected.safetensors: UniPCMultistepScheduler sigmas / timesteps of set_timesteps(n) for
   the Wan configuration (flow_prediction, use_flow_sigmas, flow_shift 3 and 5, bh2, order 2) and a
   VP one (epsilon, bh1), and a run of step() on fixed model outputs (5 steps each).
@@ -202,4 +204,21 @@ with torch.no_grad():
     for i, fr in enumerate(frames):
         fr.save(os.path.join(d, "cli_expected", f"frame_{i:05d}.png"))
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
+# ---------------------------------------------------------------- image-to-video transformer (Wan2.1 I2V's
+# CLIP image branch: image_embedder, add_k_proj / add_v_proj); diffusers splits [image; text] assuming 512
+# text tokens, so the text here has 512. Its own generator keeps the draws above unchanged.
+g3 = torch.Generator().manual_seed(321)
+cfg = dict(TR_CFG, in_channels=8, image_dim=12, added_kv_proj_dim=24)
+tr = WanTransformer3DModel(**cfg)
+rand_init(tr, 6)
+d = os.path.join(OUT, "transformer_i2v")
+tr.save_pretrained(d)
+tr = WanTransformer3DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
+inp = {"hidden": torch.randn(2, 8, 2, 4, 4, generator=g3), "timestep": torch.tensor([700, 30], dtype=torch.int64),
+       "encoder": torch.randn(2, 512, TEXT_DIM, generator=g3), "image": torch.randn(2, 5, 12, generator=g3)}
+with torch.no_grad():
+    inp["out"] = tr(hidden_states=inp["hidden"], timestep=inp["timestep"], encoder_hidden_states=inp["encoder"],
+                    encoder_hidden_states_image=inp["image"], return_dict=False)[0]
+inp["timestep"] = inp["timestep"].float()
+save_file({k: v.contiguous() for k, v in inp.items()}, os.path.join(d, "expected.safetensors"))
 print("wrote", OUT)

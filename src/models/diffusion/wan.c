@@ -20,12 +20,17 @@
  *   (shift, scale) = scale_shift_table [1, 2, C] + temb; out = proj_out(LN(x) * (1 + scale) + shift)
  *   unpatchify: token (f, i, j) channel ((dt * ph + dy) * pw + dx) * Cout + c ->
  *               [B, Cout, f * pt + dt, i * ph + dy, j * pw + dx]
+ *   image-to-video (Wan2.1 I2V: image_dim, added_kv_proj_dim): img = image_embedder(clip_states)
+ *       = LN(Linear(GELU(Linear(LN(x))))) with affine FP32LayerNorms (eps 1e-5), exact GELU     [B, S_img, C]
+ *       and attn2 adds attention of the same query to k = RMSNorm(add_k_proj(img)), v = add_v_proj(img)
+ *       (diffusers concatenates [img; text] and splits it back assuming 512 text tokens; here the two
+ *       stay apart, which is the same whenever the text has its 512 tokens)
  *
  * LayerNorms without affine weights use eps from config (1e-6). Every projection is an
  * mmc_linear_w, so LoRA adapters attach by diffusers' module names; the patch embedding is a
- * convolution in diffusers (no LoRA there either). The image-to-video branch (image_embedder,
- * add_k_proj / add_v_proj) and Wan2.2's per-token timesteps are not implemented: their configs
- * are refused by name. Without grad mode each block keeps only its output in the arena. */
+ * convolution in diffusers (no LoRA there either). FLF2V's image position table and Wan2.2's
+ * per-token timesteps are not implemented (refused by name). Without grad mode each block keeps
+ * only its output in the arena. */
 #include "mmc_wan_t2v.h"
 #include "mmc_nn.h"
 #include "../model_weights.h"
@@ -37,6 +42,8 @@
 typedef struct {
     mmc_linear_w to_q, to_k, to_v, to_out;          /* [C, C] each, with bias */
     mmc_tensor *norm_q, *norm_k;                    /* [C] RMSNorm across heads */
+    mmc_linear_w add_k, add_v;                      /* I2V attn2 only: [C, added_kv_proj_dim] */
+    mmc_tensor *norm_added_k;                       /* I2V attn2 only: [C] */
 } wan_attn;
 
 typedef struct {
@@ -52,6 +59,9 @@ struct mmc_wan {
     mmc_linear_w t_lin1, t_lin2;                    /* time_embedder: [C, freq_dim], [C, C] */
     mmc_linear_w t_proj;                            /* time_proj: [6C, C] */
     mmc_linear_w txt_lin1, txt_lin2;                /* text_embedder: [C, text_dim], [C, C] */
+    mmc_tensor *img_n1_w, *img_n1_b;                /* I2V image_embedder.norm1 [image_dim] */
+    mmc_linear_w img_ff1, img_ff2;                  /* image_embedder.ff: [I, I], [C, I] */
+    mmc_tensor *img_n2_w, *img_n2_b;                /* image_embedder.norm2 [C] */
     wan_block *blocks;
     mmc_tensor *sst;                                /* scale_shift_table [1, 2, C] */
     mmc_linear_w proj_out;                          /* [pt*ph*pw*Cout, C] */
@@ -92,14 +102,19 @@ mmc_status mmc_wan_config_read(const mmc_json *j, const char *what, mmc_wan_conf
             c->patch_size[a] = ps[a];
         }
     }
-    static const char *const i2v[] = {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"};
-    for (int k = 0; k < 3; k++) {
-        int64_t v = 0;
-        if ((st = mmc_json_int(j, i2v[k], 0, &v))) return mmc_error_prefix(st, "%s: ", what);
-        if (v)
-            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %s is set: this is an image-to-video Wan transformer (CLIP "
-                             "image branch), which mmc does not run yet; use a text-to-video checkpoint", what, i2v[k]);
-    }
+    int64_t pos_len = 0;
+    if ((st = mmc_json_int(j, "image_dim", 0, &c->image_dim)) ||
+        (st = mmc_json_int(j, "added_kv_proj_dim", 0, &c->added_kv_proj_dim)) ||
+        (st = mmc_json_int(j, "pos_embed_seq_len", 0, &pos_len)))
+        return mmc_error_prefix(st, "%s: ", what);
+    if (pos_len)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: pos_embed_seq_len is set: this is the first-last-frame (FLF2V) Wan "
+                         "transformer, whose image position table mmc does not run yet", what);
+    if ((c->image_dim != 0) != (c->added_kv_proj_dim != 0) || c->image_dim < 0 ||
+        (c->added_kv_proj_dim && c->added_kv_proj_dim != c->num_attention_heads * c->attention_head_dim))
+        return mmc_error(MMC_ERR_FORMAT, "%s: image_dim and added_kv_proj_dim come together (image-to-video), "
+                         "added_kv_proj_dim equal to num_attention_heads * attention_head_dim; got %lld and %lld", what,
+                         (long long)c->image_dim, (long long)c->added_kv_proj_dim);
     const int64_t D = c->attention_head_dim;
     if (c->num_attention_heads < 1 || D < 6 || D % 2 || c->in_channels < 1 || c->out_channels < 1 ||
         c->text_dim < 1 || c->freq_dim < 2 || c->freq_dim % 2 || c->ffn_dim < 1 || c->num_layers < 1 ||
@@ -142,12 +157,26 @@ static void bind_all(mmc_wan *m) {
     mw_bind_linear(w, "condition_embedder.", "time_proj", &m->t_proj, 6 * C, C, true);
     mw_bind_linear(w, "condition_embedder.", "text_embedder.linear_1", &m->txt_lin1, C, c->text_dim, true);
     mw_bind_linear(w, "condition_embedder.", "text_embedder.linear_2", &m->txt_lin2, C, C, true);
+    if (c->image_dim) {
+        const int64_t I = c->image_dim;
+        mw_bind_wb(w, "condition_embedder.image_embedder.", "norm1", &m->img_n1_w, &m->img_n1_b, 1, MMC_SHAPE(I));
+        mw_bind_linear(w, "condition_embedder.image_embedder.", "ff.net.0.proj", &m->img_ff1, I, I, true);
+        mw_bind_linear(w, "condition_embedder.image_embedder.", "ff.net.2", &m->img_ff2, C, I, true);
+        mw_bind_wb(w, "condition_embedder.image_embedder.", "norm2", &m->img_n2_w, &m->img_n2_b, 1, MMC_SHAPE(C));
+    }
     char p[64];
     for (int64_t i = 0; i < c->num_layers; i++) {
         wan_block *b = &m->blocks[i];
         snprintf(p, sizeof p, "blocks.%lld.", (long long)i);
         bind_attn(w, p, "attn1", &b->attn1, C);
         bind_attn(w, p, "attn2", &b->attn2, C);
+        if (c->added_kv_proj_dim) {
+            char q[96];
+            snprintf(q, sizeof q, "%sattn2.", p);
+            mw_bind_linear(w, q, "add_k_proj", &b->attn2.add_k, C, c->added_kv_proj_dim, true);
+            mw_bind_linear(w, q, "add_v_proj", &b->attn2.add_v, C, c->added_kv_proj_dim, true);
+            mw_bind(w, q, "norm_added_k.weight", &b->attn2.norm_added_k, 1, MMC_SHAPE(C));
+        }
         if (c->cross_attn_norm) mw_bind_wb(w, p, "norm2", &b->norm2_w, &b->norm2_b, 1, MMC_SHAPE(C));
         mw_bind_linear(w, p, "ffn.net.0.proj", &b->ff_in, c->ffn_dim, C, true);
         mw_bind_linear(w, p, "ffn.net.2", &b->ff_out, C, c->ffn_dim, true);
@@ -209,6 +238,10 @@ mmc_status mmc_wan_linears(mmc_wan *m, mmc_module_list *ml) {
     ADD(&m->t_proj, "condition_embedder.time_proj");
     ADD(&m->txt_lin1, "condition_embedder.text_embedder.linear_1");
     ADD(&m->txt_lin2, "condition_embedder.text_embedder.linear_2");
+    if (m->cfg.image_dim) {
+        ADD(&m->img_ff1, "condition_embedder.image_embedder.ff.net.0.proj");
+        ADD(&m->img_ff2, "condition_embedder.image_embedder.ff.net.2");
+    }
     for (int64_t i = 0; i < m->cfg.num_layers; i++) {
         wan_block *b = &m->blocks[i];
         const long long k = (long long)i;
@@ -218,6 +251,10 @@ mmc_status mmc_wan_linears(mmc_wan *m, mmc_module_list *ml) {
             ADD(&a[n]->to_k, "blocks.%lld.attn%d.to_k", k, n + 1);
             ADD(&a[n]->to_v, "blocks.%lld.attn%d.to_v", k, n + 1);
             ADD(&a[n]->to_out, "blocks.%lld.attn%d.to_out.0", k, n + 1);
+        }
+        if (m->cfg.added_kv_proj_dim) {
+            ADD(&b->attn2.add_k, "blocks.%lld.attn2.add_k_proj", k);
+            ADD(&b->attn2.add_v, "blocks.%lld.attn2.add_v_proj", k);
         }
         ADD(&b->ff_in, "blocks.%lld.ffn.net.0.proj", k);
         ADD(&b->ff_out, "blocks.%lld.ffn.net.2", k);
@@ -249,9 +286,9 @@ static mmc_tensor *layer_norm(mmc_ctx *ctx, const mmc_wan *m, mmc_tensor *x) {
 }
 
 /* WanAttention (processor WanAttnProcessor): x [B, L, C] attends to kv [B, S, C] (x itself for
- * self-attention, with rope) -> [B, L, C] */
+ * self-attention, with rope), plus, for I2V's attn2, to the image states img [B, S_img, C] -> [B, L, C] */
 static mmc_tensor *attention(mmc_ctx *ctx, const mmc_wan *m, const wan_attn *a, mmc_tensor *x, mmc_tensor *kv,
-                             mmc_tensor *cos, mmc_tensor *sin) {
+                             mmc_tensor *img, mmc_tensor *cos, mmc_tensor *sin) {
     const int64_t H = m->cfg.num_attention_heads, D = m->cfg.attention_head_dim;
     const int64_t B = x->shape[0], L = x->shape[1], S = kv->shape[1];
     const float eps = (float)m->cfg.eps;
@@ -267,18 +304,25 @@ static mmc_tensor *attention(mmc_ctx *ctx, const mmc_wan *m, const wan_attn *a, 
     }
     mmc_attn_opts o = {.causal = false};
     mmc_tensor *h = mmc_attention(ctx, q, k, v, &o);                                          /* [B, L, H, D] */
+    if (img) {   /* hidden_states + hidden_states_img */
+        const int64_t Si = img->shape[1];
+        mmc_tensor *ki = mmc_rmsnorm(ctx, mmc_nn_linear(ctx, img, &a->add_k), a->norm_added_k, eps);
+        mmc_tensor *vi = mmc_nn_linear(ctx, img, &a->add_v);
+        h = mmc_add(ctx, h, mmc_attention(ctx, q, mmc_reshape(ctx, ki, 4, MMC_SHAPE(B, Si, H, D)),
+                                          mmc_reshape(ctx, vi, 4, MMC_SHAPE(B, Si, H, D)), &o));
+    }
     return mmc_nn_linear(ctx, mmc_reshape(ctx, h, 3, MMC_SHAPE(B, L, H * D)), &a->to_out);
 }
 
 /* WanTransformerBlock (temb of shape [B, 6, C], Wan2.1) */
 static mmc_tensor *block(mmc_ctx *ctx, const mmc_wan *m, const wan_block *b, mmc_tensor *x, mmc_tensor *cx,
-                         mmc_tensor *e6, mmc_tensor *cos, mmc_tensor *sin) {
+                         mmc_tensor *img, mmc_tensor *e6, mmc_tensor *cos, mmc_tensor *sin) {
     mmc_tensor *e[6];   /* shift, scale, gate, c_shift, c_scale, c_gate */
     chunks(ctx, add_table(ctx, b->sst, e6, 6), 6, e);
     mmc_tensor *n = mmc_modulate(ctx, layer_norm(ctx, m, x), e[0], e[1]);
-    x = mmc_gate_residual(ctx, x, e[2], attention(ctx, m, &b->attn1, n, n, cos, sin));
+    x = mmc_gate_residual(ctx, x, e[2], attention(ctx, m, &b->attn1, n, n, NULL, cos, sin));
     n = b->norm2_w ? mmc_layernorm(ctx, x, b->norm2_w, b->norm2_b, (float)m->cfg.eps) : x;
-    x = mmc_add(ctx, x, attention(ctx, m, &b->attn2, n, cx, NULL, NULL));
+    x = mmc_add(ctx, x, attention(ctx, m, &b->attn2, n, cx, img, NULL, NULL));
     n = mmc_modulate(ctx, layer_norm(ctx, m, x), e[3], e[4]);
     mmc_tensor *f = mmc_nn_linear(ctx, mmc_gelu_tanh(ctx, mmc_nn_linear(ctx, n, &b->ff_in)), &b->ff_out);
     return mmc_gate_residual(ctx, x, e[5], f);
@@ -306,6 +350,15 @@ static mmc_status check_inputs(const mmc_wan *m, const mmc_wan_inputs *in) {
         return mmc_error(MMC_ERR_INVALID, "WanTransformer3DModel: encoder_hidden_states must be contiguous f32 "
                          "[%lld, T, %lld] (text_dim)", (long long)x->shape[0], (long long)c->text_dim);
     if (!in->timestep) return mmc_error(MMC_ERR_INVALID, "WanTransformer3DModel: a timestep is required");
+    const mmc_tensor *im = in->image;
+    if (c->image_dim && (!im || im->ndim != 3 || im->dtype != MMC_F32 || im->shape[0] != x->shape[0] ||
+                         im->shape[2] != c->image_dim || im->shape[1] < 1 || !mmc_is_contiguous(im)))
+        return mmc_error(MMC_ERR_INVALID, "WanTransformer3DModel: this image-to-video checkpoint needs "
+                         "encoder_hidden_states_image, contiguous f32 [%lld, S, %lld] (image_dim)", (long long)x->shape[0],
+                         (long long)c->image_dim);
+    if (!c->image_dim && im)
+        return mmc_error(MMC_ERR_INVALID, "WanTransformer3DModel: image states given, but this checkpoint has no image "
+                         "branch (image_dim null: text-to-video)");
     return MMC_OK;
 }
 
@@ -379,9 +432,15 @@ mmc_status mmc_wan_forward(mmc_ctx *ctx, mmc_wan *m, const mmc_wan_inputs *in, m
     mmc_tensor *cx = mmc_nn_linear(ctx, mmc_gelu_tanh(ctx, mmc_nn_linear(ctx, in->encoder, &m->txt_lin1)),
                                    &m->txt_lin2);                                               /* [B, T, C] */
 
+    mmc_tensor *img = NULL;   /* WanImageEmbedding: FP32LayerNorm (eps 1e-5), FeedForward(gelu), FP32LayerNorm */
+    if (in->image) {
+        img = mmc_layernorm(ctx, in->image, m->img_n1_w, m->img_n1_b, 1e-5f);
+        img = mmc_nn_linear(ctx, mmc_gelu(ctx, mmc_nn_linear(ctx, img, &m->img_ff1)), &m->img_ff2);
+        img = mmc_layernorm(ctx, img, m->img_n2_w, m->img_n2_b, 1e-5f);                       /* [B, S_img, C] */
+    }
     for (int64_t i = 0; i < c->num_layers; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-        x = block(ctx, m, &m->blocks[i], x, cx, e6, cos, sin);
+        x = block(ctx, m, &m->blocks[i], x, cx, img, e6, cos, sin);
         if (!grad) x = mw_keep(ctx, mk, x);
     }
     mmc_tensor *e[2];   /* shift, scale = table + temb */
