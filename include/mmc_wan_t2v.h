@@ -44,6 +44,9 @@ mmc_status mmc_wan_config_read(const mmc_json *cfg, const char *what, mmc_wan_co
  * sharded; f32 / bf16 / f16, computed in f32). trainable: f32 copies that require grad. Every
  * missing or mis-shaped tensor is listed. */
 mmc_status mmc_wan_load(const char *dir, bool trainable, mmc_wan **out);
+/* A randomly initialised transformer (torch's nn.Linear init, seeded; norm weights 1), f32, trainable:
+ * for training from scratch and benchmarks. */
+mmc_status mmc_wan_new(const mmc_wan_config *cfg, uint64_t seed, mmc_wan **out);
 void mmc_wan_free(mmc_wan *m);
 const mmc_wan_config *mmc_wan_cfg(const mmc_wan *m);
 int64_t mmc_wan_param_count(const mmc_wan *m);

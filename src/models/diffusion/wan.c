@@ -215,6 +215,27 @@ fail:
     return st;
 }
 
+mmc_status mmc_wan_new(const mmc_wan_config *cfg, uint64_t seed, mmc_wan **out) {
+    *out = NULL;
+    mmc_wan *m = calloc(1, sizeof *m);
+    if (!m) return mmc_error(MMC_ERR_OOM, "out of memory");
+    m->cfg = *cfg;
+    mmc_status st;
+    if (!(m->blocks = calloc((size_t)cfg->num_layers + 1, sizeof *m->blocks))) {
+        st = mmc_error(MMC_ERR_OOM, "out of memory");
+        goto fail;
+    }
+    if ((st = mw_init_random(&m->w, seed, MW_INIT_TORCH_LINEAR))) goto fail;
+    m->w.trainable = true;
+    bind_all(m);
+    if ((st = mw_status(&m->w, "random init", "WanTransformer3DModel"))) goto fail;
+    *out = m;
+    return MMC_OK;
+fail:
+    mmc_wan_free(m);
+    return st;
+}
+
 const mmc_wan_config *mmc_wan_cfg(const mmc_wan *m) { return &m->cfg; }
 int64_t mmc_wan_param_count(const mmc_wan *m) { return mw_count(&m->w); }
 
