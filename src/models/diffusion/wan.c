@@ -340,10 +340,15 @@ static mmc_tensor *block(mmc_ctx *ctx, const mmc_wan *m, const wan_block *b, mmc
                          mmc_tensor *img, mmc_tensor *e6, mmc_tensor *cos, mmc_tensor *sin) {
     mmc_tensor *e[6];   /* shift, scale, gate, c_shift, c_scale, c_gate */
     chunks(ctx, add_table(ctx, b->sst, e6, 6), 6, e);
+    /* without a tape, each of the three parts' intermediates go as soon as its residual exists */
+    const bool trim = !mmc_grad_enabled(ctx);
+    mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     mmc_tensor *n = mmc_modulate(ctx, layer_norm(ctx, m, x), e[0], e[1]);
     x = mmc_gate_residual(ctx, x, e[2], attention(ctx, m, &b->attn1, n, n, NULL, cos, sin));
+    if (trim) x = mw_keep(ctx, mk, x);
     n = b->norm2_w ? mmc_layernorm(ctx, x, b->norm2_w, b->norm2_b, (float)m->cfg.eps) : x;
     x = mmc_add(ctx, x, attention(ctx, m, &b->attn2, n, cx, img, NULL, NULL));
+    if (trim) x = mw_keep(ctx, mk, x);
     n = mmc_modulate(ctx, layer_norm(ctx, m, x), e[3], e[4]);
     mmc_tensor *f = mmc_nn_linear(ctx, mmc_gelu_tanh(ctx, mmc_nn_linear(ctx, n, &b->ff_in)), &b->ff_out);
     return mmc_gate_residual(ctx, x, e[5], f);
