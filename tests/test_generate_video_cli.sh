@@ -4,6 +4,7 @@
 #  - from diffusers' own initial noise (--latents), 2 steps without guidance, into a folder of PNG frames:
 #    every frame equals the one diffusers gives (output_type="pil") within 1/255 per channel (float
 #    differences of ~5e-6 may round a value the other way), and settings.json holds the prompt, frames, fps;
+#  - --lora (WanPipeline.save_lora_weights' file) changes the frames and is recorded;
 #  - MP4 (H.264), GIF and lossless MKV outputs by extension, with --json timings; CFG with a negative prompt;
 #  - a frame count that is not 4k + 1 and a size the VAE cannot take name the nearest valid value;
 #    latents of the wrong shape name the shape; bad options are usage errors; --help lists the options.
@@ -68,6 +69,14 @@ echo "generate-video vs diffusers: $1 frames, $2 channel values differ (max $3/2
 grep -q '"frames": 9' "$T/frames/settings.json" && grep -q '"fps": 8' "$T/frames/settings.json" \
   && grep -q 'prompt: a red cat walks on the beach' "$T/frames/settings.json" && ok \
   || bad "settings.json: $(cat "$T/frames/settings.json")"
+
+# ---- --lora (a diffusers adapter written by WanPipeline.save_lora_weights) changes the frames
+expect_rc 0 "$MMC" generate-video "${ARGS[@]}" --prompt "a red cat walks on the beach" --guidance 1 --steps 2 \
+  --latents $P/cli_latents.safetensors --lora tests/fixtures/wan/lora:0.8 --out "$T/lora/"
+set -- $(png_cmp "$T/lora" $P/cli_expected)
+[ "$1" = 9 ] && [ "$2" -gt 100 ] && ok || bad "--lora did not change the frames ($2 values differ)"
+grep -q 'lora: tests/fixtures/wan/lora:0.8' "$T/lora/settings.json" && ok || bad "settings.json lacks the LoRA"
+expect_rc 1 "$MMC" generate-video "${ARGS[@]}" --prompt x --lora "$T/nothing-here" --out "$T/e.mp4"
 
 # ---- MP4 / GIF / MKV by extension; CFG with a negative prompt; --json
 expect_rc 0 "$MMC" generate-video "${ARGS[@]}" --prompt "a dog runs" --negative-prompt "grass" --guidance 4 --steps 2 \
