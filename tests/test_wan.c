@@ -407,6 +407,35 @@ static void check_pipeline(void) {
     mmc_ctx_free(ctx);
     mmc_st_close(exp);
     mmc_wan_pipeline_free(p);
+    /* malformed folders: a VAE config with a zero scale factor, an I2V pipeline class, a text encoder of
+     * the wrong width */
+    char tmp[] = "/tmp/mmc_wan_pipe_XXXXXX", cmd[1200];
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    snprintf(cmd, sizeof cmd, "cp -r " DIR_ "/pipe/. %s/ && sed -i 's/\"scale_factor_temporal\": 4/\"scale_factor_temporal\": 0/' "
+             "%s/vae/config.json", tmp, tmp);
+    MMC_CHECK(system(cmd) == 0, "copy");
+    mmc_wan_pipeline *q = NULL;
+    CHECK_ERR(mmc_wan_pipeline_open(tmp, &q), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "scale_factor_temporal") != NULL);
+    snprintf(cmd, sizeof cmd, "cp " DIR_ "/pipe/vae/config.json %s/vae/ && sed -i 's/\"WanPipeline\"/\"WanImageToVideoPipeline\"/' "
+             "%s/model_index.json", tmp, tmp);
+    MMC_CHECK(system(cmd) == 0, "edit");
+    CHECK_ERR(mmc_wan_pipeline_open(tmp, &q), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "WanImageToVideoPipeline") != NULL);
+    snprintf(cmd, sizeof cmd, "cp " DIR_ "/pipe/model_index.json %s/ && sed -i 's/\"text_dim\": 16/\"text_dim\": 20/' "
+             "%s/transformer/config.json", tmp, tmp);
+    MMC_CHECK(system(cmd) == 0, "edit");
+    CHECK_OK(mmc_wan_pipeline_open(tmp, &q));
+    if (q) {
+        mmc_ctx *c2 = mmc_ctx_new();
+        mmc_tensor *e = NULL;
+        CHECK_ERR(mmc_wan_encode_prompt(c2, q, prompts, 1, 12, &e), MMC_ERR_FORMAT);
+        CHECK(strstr(mmc_last_error(), "text_dim is 20") != NULL);
+        mmc_ctx_free(c2);
+        mmc_wan_pipeline_free(q);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    MMC_CHECK(system(cmd) == 0, "cleanup");
     /* prompt_clean */
     char buf[128];
     mmc_wan_prompt_clean("  a &amp;amp; b&#33;\t\n c&lt;d  ", buf, sizeof buf);
