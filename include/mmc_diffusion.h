@@ -500,15 +500,17 @@ void mmc_fm_scale_noise(const mmc_fm_scheduler *s, int i, float *sample, const f
                         int64_t n_elem);
 
 /* ---------------------------------------------------------------- DDPM-family schedulers
- * diffusers' EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler
- * and DDIMScheduler (schedulers/scheduling_*.py, 0.42), read from a scheduler_config.json:
+ * diffusers' EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler,
+ * DDIMScheduler, PNDMScheduler and UniPCMultistepScheduler (orders 1-2, bh1 / bh2, with the flow
+ * sigmas the Wan pipelines use) (schedulers/scheduling_*.py, 0.42), read from a scheduler_config.json:
  * src/diffusion/schedulers.c. One struct for the four (they share the training schedule of
  * betas / alphas_cumprod and the timestep spacings); `kind` picks the set_timesteps and step
  * rules. Randomness (ancestral noise, SDE noise, DDIM with eta > 0) is a tensor the caller
  * passes, so a run can use torch's generator's draws, or mmc's. */
 typedef enum { MMC_NSCHED_EULER, MMC_NSCHED_EULER_ANCESTRAL, MMC_NSCHED_DPM_MULTISTEP, MMC_NSCHED_DDIM,
-               MMC_NSCHED_PNDM } mmc_nsched_kind;
-typedef enum { MMC_PRED_EPSILON, MMC_PRED_V, MMC_PRED_SAMPLE } mmc_pred_type;
+               MMC_NSCHED_PNDM, MMC_NSCHED_UNIPC } mmc_nsched_kind;
+/* FLOW: UniPC's flow_prediction (x0 = sample - sigma * output), the Wan pipelines' */
+typedef enum { MMC_PRED_EPSILON, MMC_PRED_V, MMC_PRED_SAMPLE, MMC_PRED_FLOW } mmc_pred_type;
 typedef enum { MMC_BETA_LINEAR, MMC_BETA_SCALED_LINEAR, MMC_BETA_SQUAREDCOS } mmc_beta_schedule;
 typedef enum { MMC_SPACING_LINSPACE, MMC_SPACING_LEADING, MMC_SPACING_TRAILING } mmc_timestep_spacing;
 typedef struct {
@@ -534,6 +536,10 @@ typedef struct {
     /* DDIM (and PNDM's set_alpha_to_one) */
     bool clip_sample, set_alpha_to_one;
     double clip_sample_range;
+    /* UniPC (solver_order, lower_order_final and final_sigmas_sigma_min above): bh1 or bh2 */
+    bool solver_bh1;
+    bool use_flow_sigmas;               /* sigmas 1 -> 1/T shifted by flow_shift, alpha = 1 - sigma */
+    double flow_shift;
 } mmc_nsched_config;
 
 typedef struct {
@@ -554,6 +560,9 @@ typedef struct {
     float *pndm_buf;            /* [5 * n_elem]: four ets and cur_sample */
     float *ets[4];
     int n_ets, counter;
+    /* UniPC's state: model_outputs[-2], model_outputs[-1] (data predictions) and last_sample */
+    float *unipc_buf;           /* [3 * n_elem] */
+    int unipc_order;            /* this_order of the last predictor (the next corrector's) */
 } mmc_nsched;
 
 /* Defaults of diffusers' __init__ for the kind, then the keys of a scheduler_config.json (its

@@ -66,13 +66,16 @@ mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tenso
                                  mmc_clip_text_out *out);
 
 /* ---------------------------------------------------------------- T5 encoder
- * transformers' models/t5/modeling_t5.py (T5EncoderModel = shared embedding + T5Stack). */
+ * transformers' models/t5/modeling_t5.py (T5EncoderModel = shared embedding + T5Stack), and
+ * models/umt5/modeling_umt5.py (UMT5EncoderModel, model_type "umt5": the same blocks, but every
+ * layer has its own relative attention bias table). */
 typedef struct {
     int64_t vocab_size, d_model, d_kv, d_ff, num_layers, num_heads;
     int64_t num_buckets, max_distance;   /* relative_attention_num_buckets / _max_distance */
     double layer_norm_epsilon;
     bool gated;                          /* feed_forward_proj "gated-*" (v1.1): wi_0, wi_1 */
     mmc_act act;                         /* "gated-gelu" -> gelu_new (tanh) as transformers maps it */
+    bool per_layer_bias;                 /* UMT5: relative_attention_bias in every block, not block 0's shared */
 } mmc_t5_config;
 
 typedef struct mmc_t5_encoder mmc_t5_encoder;

@@ -62,6 +62,8 @@ int cmd_transcribe(int argc, char **argv);
 void help_transcribe(FILE *f);
 int cmd_generate_image(int argc, char **argv);
 void help_generate_image(FILE *f);
+int cmd_generate_video(int argc, char **argv);
+void help_generate_video(FILE *f);
 int cmd_serve(int argc, char **argv);
 void help_serve(FILE *f);
 int cmd_template(int argc, char **argv);

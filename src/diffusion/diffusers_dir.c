@@ -34,6 +34,9 @@ static const class_info CLASSES[] = {
     {"diffusers", "AutoencoderTiny", MMC_DCOMP_VAE, false},
     {"diffusers", "FluxTransformer2DModel", MMC_DCOMP_TRANSFORMER, true},
     {"diffusers", "SD3Transformer2DModel", MMC_DCOMP_TRANSFORMER, true},
+    {"diffusers", "WanTransformer3DModel", MMC_DCOMP_TRANSFORMER, true},
+    {"diffusers", "AutoencoderKLWan", MMC_DCOMP_VAE, true},
+    {"diffusers", "UniPCMultistepScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "UNet2DConditionModel", MMC_DCOMP_UNET, true},
     {"diffusers", "FlowMatchEulerDiscreteScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "EulerDiscreteScheduler", MMC_DCOMP_SCHEDULER, true},
@@ -45,6 +48,7 @@ static const class_info CLASSES[] = {
     {"transformers", "CLIPTextModel", MMC_DCOMP_TEXT_ENCODER, true},
     {"transformers", "CLIPTextModelWithProjection", MMC_DCOMP_TEXT_ENCODER, true},
     {"transformers", "T5EncoderModel", MMC_DCOMP_TEXT_ENCODER, true},
+    {"transformers", "UMT5EncoderModel", MMC_DCOMP_TEXT_ENCODER, true},
     {"transformers", "CLIPTokenizer", MMC_DCOMP_TOKENIZER, true},
     {"transformers", "CLIPTokenizerFast", MMC_DCOMP_TOKENIZER, true},
     {"transformers", "T5Tokenizer", MMC_DCOMP_TOKENIZER, true},
@@ -90,6 +94,11 @@ static const pipeline_info PIPELINES[] = {
       {"text_encoder_2", MMC_DCOMP_TEXT_ENCODER, false}, {"tokenizer", MMC_DCOMP_TOKENIZER, false},
       {"tokenizer_2", MMC_DCOMP_TOKENIZER, false}, {"unet", MMC_DCOMP_UNET, false},
       {"scheduler", MMC_DCOMP_SCHEDULER, false}, OPT_IMAGE}},
+    /* Wan2.1 text-to-video; transformer_2 is Wan2.2's low-noise expert (null in Wan2.1 folders) */
+    {{"WanPipeline"},
+     {{"tokenizer", MMC_DCOMP_TOKENIZER, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
+      {"vae", MMC_DCOMP_VAE, false}, {"transformer", MMC_DCOMP_TRANSFORMER, false},
+      {"scheduler", MMC_DCOMP_SCHEDULER, false}, {"transformer_2", MMC_DCOMP_TRANSFORMER, true}}},
 };
 
 const char *mmc_dcomp_kind_name(mmc_dcomp_kind k) {
@@ -289,7 +298,7 @@ mmc_status mmc_diffusers_open(const char *dir, mmc_diffusers_dir *d) {
     if (!pi) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline class %s is not one mmc knows (FluxPipeline, "
                        "StableDiffusion3Pipeline, StableDiffusionPipeline, StableDiffusionXLPipeline and their "
-                       "img2img forms)", path, pipeline);
+                       "img2img forms, WanPipeline)", path, pipeline);
         goto done;
     }
     /* components: the [library, class] arrays; keys starting with '_' and plain values are settings */

@@ -1,7 +1,9 @@
 /* schedulers.c — the DDPM-family samplers of Stable Diffusion / SDXL pipelines, mirroring
  * diffusers 0.42's schedulers/scheduling_euler_discrete.py, scheduling_euler_ancestral_discrete.py,
  * scheduling_dpmsolver_multistep.py (dpmsolver++ and sde-dpmsolver++, orders 1-2), scheduling_ddim.py and
- * scheduling_pndm.py (the PLMS steps of skip_prk_steps, as SD 1.5 ships it): the training schedule of __init__ (betas, alphas_cumprod, zero-terminal-SNR
+ * scheduling_pndm.py (the PLMS steps of skip_prk_steps, as SD 1.5 ships it) and scheduling_unipc_multistep.py
+ * (UniPC-p with the B(h) variants bh1 / bh2, orders 1-2, data prediction, VP or flow sigmas: the
+ * Wan pipelines' scheduler): the training schedule of __init__ (betas, alphas_cumprod, zero-terminal-SNR
  * rescaling), set_timesteps (linspace / leading / trailing spacing, Karras sigmas, final sigma),
  * scale_model_input and step; and DDPMScheduler's training arithmetic (add_noise, get_velocity) with
  * training_utils.compute_snr.
@@ -32,6 +34,7 @@ const char *mmc_nsched_kind_name(mmc_nsched_kind k) {
     case MMC_NSCHED_DPM_MULTISTEP: return "DPMSolverMultistepScheduler";
     case MMC_NSCHED_DDIM: return "DDIMScheduler";
     case MMC_NSCHED_PNDM: return "PNDMScheduler";
+    case MMC_NSCHED_UNIPC: return "UniPCMultistepScheduler";
     }
     return "?";
 }
@@ -54,6 +57,7 @@ static void config_default(mmc_nsched_kind kind, mmc_nsched_config *c) {
     c->clip_sample = true;
     c->set_alpha_to_one = kind != MMC_NSCHED_PNDM;
     c->clip_sample_range = 1.0;
+    c->flow_shift = 1.0;
 }
 
 /* A key that must hold its default for mmc to honour the config. */
@@ -90,10 +94,11 @@ mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsche
     else if (!strcmp(cls, "DPMSolverMultistepScheduler")) kind = MMC_NSCHED_DPM_MULTISTEP;
     else if (!strcmp(cls, "DDIMScheduler")) kind = MMC_NSCHED_DDIM;
     else if (!strcmp(cls, "PNDMScheduler")) kind = MMC_NSCHED_PNDM;
+    else if (!strcmp(cls, "UniPCMultistepScheduler")) kind = MMC_NSCHED_UNIPC;
     else
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: _class_name '%s' is not a scheduler mmc runs (EulerDiscreteScheduler, "
-                         "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, DDIMScheduler, PNDMScheduler)",
-                         what, cls);
+                         "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, DDIMScheduler, PNDMScheduler, "
+                         "UniPCMultistepScheduler)", what, cls);
     config_default(kind, c);
     const char *beta = NULL, *pred = NULL, *spacing = NULL;
     if ((st = mmc_json_int(j, "num_train_timesteps", 1000, &c->num_train_timesteps)) ||
@@ -120,6 +125,7 @@ mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsche
     else if (!strcmp(pred, "v_prediction")) c->prediction_type = MMC_PRED_V;
     else if (!strcmp(pred, "sample") || (kind == MMC_NSCHED_EULER && !strcmp(pred, "original_sample")))
         c->prediction_type = MMC_PRED_SAMPLE;
+    else if (kind == MMC_NSCHED_UNIPC && !strcmp(pred, "flow_prediction")) c->prediction_type = MMC_PRED_FLOW;
     else return mmc_error(MMC_ERR_INVALID, "%s: prediction_type '%s' must be epsilon, v_prediction or sample", what, pred);
     if ((kind == MMC_NSCHED_EULER_ANCESTRAL || kind == MMC_NSCHED_PNDM) && c->prediction_type == MMC_PRED_SAMPLE)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: prediction_type 'sample' is not implemented by "
@@ -176,6 +182,53 @@ mmc_status mmc_nsched_config_read(const mmc_json *j, const char *what, mmc_nsche
         if (!json_null_or_absent(j, "variance_type"))
             return mmc_error(MMC_ERR_UNSUPPORTED, "%s: variance_type (learned variance) is not supported; set it to null", what);
     }
+    if (kind == MMC_NSCHED_UNIPC) {
+        int64_t order = 2;
+        const char *solver = NULL, *fst = NULL;
+        bool predict_x0 = true;
+        if ((st = mmc_json_int(j, "solver_order", 2, &order)) ||
+            (st = mmc_json_str(j, "solver_type", "bh2", &solver)) ||
+            (st = mmc_json_bool(j, "lower_order_final", true, &c->lower_order_final)) ||
+            (st = mmc_json_bool(j, "predict_x0", true, &predict_x0)) ||
+            (st = mmc_json_bool(j, "use_flow_sigmas", false, &c->use_flow_sigmas)) ||
+            (st = mmc_json_num(j, "flow_shift", 1.0, &c->flow_shift)) ||
+            (st = mmc_json_str(j, "final_sigmas_type", "zero", &fst)))
+            return mmc_error_prefix(st, "%s: ", what);
+        if (order != 1 && order != 2)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: solver_order %lld is not supported (1 or 2)", what, (long long)order);
+        c->solver_order = (int)order;
+        /* diffusers maps midpoint / heun / logrho to bh2 */
+        if (!strcmp(solver, "bh1")) c->solver_bh1 = true;
+        else if (strcmp(solver, "bh2") && strcmp(solver, "midpoint") && strcmp(solver, "heun") && strcmp(solver, "logrho"))
+            return mmc_error(MMC_ERR_INVALID, "%s: solver_type '%s' must be 'bh1' or 'bh2'", what, solver);
+        if (!predict_x0)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: predict_x0 false (UniPC on the noise prediction) is not supported; "
+                             "set it to true", what);
+        if (!strcmp(fst, "sigma_min")) c->final_sigmas_sigma_min = true;
+        else if (strcmp(fst, "zero") != 0)
+            return mmc_error(MMC_ERR_INVALID, "%s: final_sigmas_type '%s' must be 'zero' or 'sigma_min'", what, fst);
+        if (!(c->flow_shift > 0))
+            return mmc_error(MMC_ERR_INVALID, "%s: flow_shift %g must be positive", what, c->flow_shift);
+        if (c->prediction_type == MMC_PRED_FLOW && !c->use_flow_sigmas)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: prediction_type 'flow_prediction' needs use_flow_sigmas true", what);
+        if ((st = need_false(j, what, "thresholding")) || (st = need_false(j, what, "use_karras_sigmas")) ||
+            (st = need_false(j, what, "use_exponential_sigmas")) || (st = need_false(j, what, "use_beta_sigmas")) ||
+            (st = need_false(j, what, "use_dynamic_shifting")))
+            return st;
+        if (!json_null_or_absent(j, "solver_p"))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: solver_p (another scheduler as the predictor) is not supported", what);
+        if (!json_null_or_absent(j, "shift_terminal")) {
+            double v = 0;
+            if ((st = mmc_json_num(j, "shift_terminal", 0, &v))) return mmc_error_prefix(st, "%s: ", what);
+            if (v) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: shift_terminal is not supported; set it to null", what);
+        }
+        const mmc_json *dc = mmc_json_get(j, "disable_corrector");
+        int64_t tmp[1];
+        int nd = 1;
+        if (dc && (mmc_json_int_array(j, "disable_corrector", tmp, &nd) != MMC_OK || nd != 0))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: disable_corrector must be an empty list (skipping the corrector at "
+                             "chosen steps is not supported)", what);
+    }
     if (kind == MMC_NSCHED_PNDM) {
         bool skip_prk = false;
         if ((st = mmc_json_bool(j, "skip_prk_steps", false, &skip_prk)) ||
@@ -202,6 +255,7 @@ void mmc_nsched_free(mmc_nsched *s) {
     free(s->sigmas);
     free(s->prev_x0);
     free(s->pndm_buf);
+    free(s->unipc_buf);
     memset(s, 0, sizeof *s);
 }
 
@@ -388,7 +442,9 @@ mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
     free(s->sigmas);
     free(s->prev_x0);
     free(s->pndm_buf);
-    s->timesteps = s->sigmas = s->prev_x0 = s->pndm_buf = NULL;
+    free(s->unipc_buf);
+    s->timesteps = s->sigmas = s->prev_x0 = s->pndm_buf = s->unipc_buf = NULL;
+    s->unipc_order = 0;
     s->n_elem = 0;
     s->lower_order_nums = 0;
     s->n_ets = s->counter = 0;
@@ -403,8 +459,22 @@ mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
         sig_full[i] = sqrtf((1.0f - a) / a);
         log_sig[i] = logf(sig_full[i]);
     }
-    const bool dpm = c->kind == MMC_NSCHED_DPM_MULTISTEP;
+    /* DPM-Solver and UniPC space their integer timesteps alike (n + 1 points, the last dropped) */
+    const bool dpm = c->kind == MMC_NSCHED_DPM_MULTISTEP || c->kind == MMC_NSCHED_UNIPC;
     int m = n;   /* timesteps produced */
+    int ns = m;
+    if (c->kind == MMC_NSCHED_UNIPC && c->use_flow_sigmas) {
+        /* np.linspace(1, 1/T, n + 1)[:-1], shifted, the first nudged below 1; timesteps = int64(sigma * T) */
+        const double fs = c->flow_shift;
+        for (int i = 0; i < n; i++) {
+            double sgm = np_linspace_at(1.0, 1.0 / (double)T, n + 1, i);
+            sg[i] = fs * sgm / (1 + (fs - 1) * sgm);
+        }
+        if (fabs(sg[0] - 1) < 1e-6) sg[0] -= 1e-6;
+        for (int i = 0; i < n; i++) ts[i] = trunc(sg[i] * (double)T);
+        sg[n] = c->final_sigmas_sigma_min ? sg[n - 1] : 0.0;
+        goto store_sigmas;
+    }
 
     /* the spacing (numpy float64; DPM-Solver's int64 over n + 1 points, DDIM's rounded int64) */
     int64_t last = T;
@@ -448,7 +518,7 @@ mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
     if (c->kind == MMC_NSCHED_DDIM || c->kind == MMC_NSCHED_PNDM) goto done;
 
     /* sigmas (float64 until the final float32 cast): ns of them, then the final one */
-    int ns = m;
+    ns = m;
     if (c->kind == MMC_NSCHED_EULER && c->interpolation_log_linear) {
         /* torch.linspace(log(s[-1]), log(s[0]), n + 1).exp() in float32 */
         float *tmp = malloc((size_t)(m + 1) * sizeof(float));
@@ -474,6 +544,7 @@ mmc_status mmc_nsched_set_timesteps(mmc_nsched *s, int n) {
         }
     }
     sg[ns] = c->final_sigmas_sigma_min ? (double)sqrtf((1.0f - s->alphas_cumprod[0]) / s->alphas_cumprod[0]) : 0.0;
+store_sigmas:
     s->sigmas = malloc((size_t)(ns + 1) * sizeof(float));
     if (!s->sigmas) { st = mmc_error(MMC_ERR_OOM, "scheduler: out of memory"); goto fail; }
     float smax = 0;
@@ -633,6 +704,95 @@ static mmc_status dpm_step(mmc_nsched *s, int i, const float *mo, float *x, int6
     return MMC_OK;
 }
 
+/* UniPC's _sigma_to_alpha_sigma_t and lambda = log(alpha) - log(sigma), float32 */
+static float unipc_lambda(const mmc_nsched *s, float sigma, float *alpha_t, float *sigma_t) {
+    if (s->cfg.use_flow_sigmas) *alpha_t = 1.0f - sigma, *sigma_t = sigma;
+    else alpha_sigma(sigma, alpha_t, sigma_t);
+    return logf(*alpha_t) - logf(*sigma_t);
+}
+
+/* multistep_uni_p_bh_update (p = order; at p = 2 rhos_p = 0.5) and, with model_t,
+ * multistep_uni_c_bh_update (p = 1: rhos_c = 0.5; p = 2: torch.linalg.solve of the 2 x 2 system,
+ * LU with partial pivoting as LAPACK's sgesv does it), predict_x0, from sigma index s0 to t:
+ *   x_t = sigma_t / sigma_s0 * x - alpha_t * h_phi_1 * m0 - alpha_t * B_h * (rhos . D1s [+ rho_c * D1_t])
+ * m0 the last data prediction, m1 the one before (order 2), x the sample at s0 (n values). */
+static void unipc_update(const mmc_nsched *s, int s0, int t, int order, const float *m0, const float *m1,
+                         const float *model_t, const float *x, float *out, int64_t n) {
+    float a_t, s_t, a_s0, s_s0, a_s1, s_s1;
+    const float lam_t = unipc_lambda(s, s->sigmas[t], &a_t, &s_t);
+    const float lam_s0 = unipc_lambda(s, s->sigmas[s0], &a_s0, &s_s0);
+    const float h = lam_t - lam_s0;
+    float rk = 1.0f;
+    if (order == 2) rk = (unipc_lambda(s, s->sigmas[s0 - 1], &a_s1, &s_s1) - lam_s0) / h;
+    const float hh = -h, h_phi_1 = expm1f(hh);
+    const float B_h = s->cfg.solver_bh1 ? hh : expm1f(hh);
+    float rho_p = 0.5f, rho_c0 = 0.0f, rho_c1 = 0.5f;
+    if (model_t && order == 2) {
+        const float hk1 = h_phi_1 / hh - 1.0f, b1 = hk1 * 1.0f / B_h;
+        const float hk2 = hk1 / hh - 0.5f, b2 = hk2 * 2.0f / B_h;
+        /* R = [[1, 1], [rk, 1]]: rhos = R^-1 [b1, b2] */
+        if (fabsf(rk) > 1.0f) {
+            const float l = 1.0f * (1.0f / rk), u = 1.0f - l * 1.0f, y = b1 - l * b2;
+            rho_c1 = y / u;
+            rho_c0 = (b2 - 1.0f * rho_c1) / rk;
+        } else {
+            const float l = rk, u = 1.0f - l * 1.0f, y = b2 - l * b1;
+            rho_c1 = y / u;
+            rho_c0 = (b1 - 1.0f * rho_c1) / 1.0f;
+        }
+    }
+    const float kx = s_t / s_s0, km = a_t * h_phi_1, kb = a_t * B_h;
+    for (int64_t k = 0; k < n; k++) {
+        const float xt_ = kx * x[k] - km * m0[k];
+        float res;
+        if (!model_t) res = order == 2 ? rho_p * ((m1[k] - m0[k]) / rk) : 0.0f;
+        else {
+            const float corr = order == 2 ? rho_c0 * ((m1[k] - m0[k]) / rk) : 0.0f;
+            res = corr + rho_c1 * (model_t[k] - m0[k]);
+        }
+        out[k] = xt_ - kb * res;
+    }
+}
+
+/* UniPCMultistepScheduler.step at index i: convert to the data prediction, correct the sample with
+ * it (UniC, from the second step), predict the next (UniP). */
+static mmc_status unipc_step(mmc_nsched *s, int i, const float *mo, float *x, int64_t n) {
+    const mmc_nsched_config *c = &s->cfg;
+    if (s->unipc_buf && s->n_elem != n)
+        return mmc_error(MMC_ERR_INVALID, "UniPCMultistepScheduler: step %d on %lld values, the previous on %lld", i,
+                         (long long)n, (long long)s->n_elem);
+    if (!s->unipc_buf) {
+        if (i != 0)
+            return mmc_error(MMC_ERR_INVALID, "UniPCMultistepScheduler: steps must start at 0 after set_timesteps "
+                             "(step %d came first)", i);
+        s->unipc_buf = malloc((size_t)n * 4 * sizeof(float));
+        if (!s->unipc_buf) return mmc_error(MMC_ERR_OOM, "UniPCMultistepScheduler: out of memory");
+        s->n_elem = n;
+    }
+    float *m_prev = s->unipc_buf, *m_last = m_prev + n, *last = m_last + n, *x0 = last + n;
+    float a_s, s_s;
+    unipc_lambda(s, s->sigmas[i], &a_s, &s_s);
+    const float sg = s->sigmas[i];
+    for (int64_t k = 0; k < n; k++) {
+        if (c->prediction_type == MMC_PRED_FLOW) x0[k] = x[k] - sg * mo[k];
+        else if (c->prediction_type == MMC_PRED_EPSILON) x0[k] = (x[k] - s_s * mo[k]) / a_s;
+        else if (c->prediction_type == MMC_PRED_V) x0[k] = a_s * x[k] - s_s * mo[k];
+        else x0[k] = mo[k];
+    }
+    if (i > 0 && s->unipc_order > 0)   /* the corrector, with the order of the last predictor */
+        unipc_update(s, i - 1, i, s->unipc_order, m_last, m_prev, x0, last, x, n);
+    memcpy(m_prev, m_last, (size_t)n * sizeof(float));
+    memcpy(m_last, x0, (size_t)n * sizeof(float));
+    int order = c->solver_order;
+    if (c->lower_order_final && s->n - i < order) order = s->n - i;
+    if (order > s->lower_order_nums + 1) order = s->lower_order_nums + 1;
+    s->unipc_order = order;
+    memcpy(last, x, (size_t)n * sizeof(float));
+    unipc_update(s, i, i + 1, order, m_last, m_prev, NULL, last, x, n);
+    if (s->lower_order_nums < c->solver_order) s->lower_order_nums++;
+    return MMC_OK;
+}
+
 mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *mo, float *x, int64_t n, const float *noise) {
     const mmc_nsched_config *c = &s->cfg;
     if (!s->timesteps || i < 0 || i >= s->n)
@@ -670,6 +830,7 @@ mmc_status mmc_nsched_step(mmc_nsched *s, int i, const float *mo, float *x, int6
     }
     case MMC_NSCHED_DPM_MULTISTEP: return dpm_step(s, i, mo, x, n, noise);
     case MMC_NSCHED_PNDM: return pndm_step(s, i, mo, x, n);
+    case MMC_NSCHED_UNIPC: return unipc_step(s, i, mo, x, n);
     case MMC_NSCHED_DDIM: {
         const int64_t t = (int64_t)s->timesteps[i], T = c->num_train_timesteps;
         const int64_t tp = t - T / s->num_inference_steps;

@@ -11,6 +11,9 @@
  *                                        gelu_new(wi_0 x) * wi_1 x
  *   last_hidden_state = final_layer_norm(x)
  *
+ * UMT5EncoderModel (config model_type "umt5") differs only in the bias: every block has its own
+ * relative_attention_bias table and computes its own position bias.
+ *
  * T5LayerNorm is an RMS norm: no mean subtraction, no bias, the variance in f32 (mmc_rmsnorm).
  * Heads have d_kv each, so inner_dim = H * d_kv need not equal d_model. Buckets are
  * bidirectional: half the buckets for keys after the query, half of each half exact, the rest
@@ -35,8 +38,10 @@ typedef struct {
 struct mmc_t5_encoder {
     mmc_t5_config cfg;
     mmc_tensor *embed;                    /* [V, d_model] shared (or encoder.embed_tokens) */
-    mmc_tensor *rel_bias_w;               /* [num_buckets, H] block 0's relative_attention_bias */
-    float *rel_bias;                      /* the same table in f32, [num_buckets, H] */
+    mmc_tensor **rel_bias_w;              /* [n_bias] x [num_buckets, H]: block 0's relative_attention_bias
+                                             (T5), or every block's (UMT5) */
+    float *rel_bias;                      /* the same tables in f32, [n_bias, num_buckets, H] */
+    int64_t n_bias;                       /* 1, or num_layers for UMT5 */
     t5_block *blocks;                     /* [num_layers] */
     mmc_tensor *ln_f;                     /* [d_model] */
     mw_set w;
@@ -45,8 +50,9 @@ struct mmc_t5_encoder {
 mmc_status mmc_t5_config_read(const mmc_json *j, const char *what, mmc_t5_config *c) {
     memset(c, 0, sizeof *c);
     mmc_status st;
-    const char *ffp = NULL;
-    if ((st = mmc_json_int(j, "vocab_size", 32128, &c->vocab_size)) ||
+    const char *ffp = NULL, *mt = NULL;
+    if ((st = mmc_json_str(j, "model_type", "t5", &mt)) ||
+        (st = mmc_json_int(j, "vocab_size", 32128, &c->vocab_size)) ||
         (st = mmc_json_int(j, "d_model", 512, &c->d_model)) ||
         (st = mmc_json_int(j, "d_kv", 64, &c->d_kv)) ||
         (st = mmc_json_int(j, "d_ff", 2048, &c->d_ff)) ||
@@ -57,6 +63,7 @@ mmc_status mmc_t5_config_read(const mmc_json *j, const char *what, mmc_t5_config
         (st = mmc_json_num(j, "layer_norm_epsilon", 1e-6, &c->layer_norm_epsilon)) ||
         (st = mmc_json_str(j, "feed_forward_proj", "relu", &ffp)))
         return mmc_error_prefix(st, "%s: ", what);
+    c->per_layer_bias = !strcmp(mt, "umt5");
     /* T5Config: "gated-<act>" or "<act>"; "gated-gelu" means gelu_new (backwards compatibility) */
     const char *act = ffp;
     c->gated = strncmp(ffp, "gated-", 6) == 0;
@@ -95,6 +102,7 @@ void mmc_t5_encoder_free(mmc_t5_encoder *m) {
     if (!m) return;
     mw_close(&m->w);
     free(m->rel_bias);
+    free(m->rel_bias_w);
     free(m->blocks);
     free(m);
 }
@@ -110,9 +118,11 @@ mmc_status mmc_t5_encoder_load(const char *dir, mmc_t5_encoder **out) {
     if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mmc_t5_config_read(j, path, &m->cfg))) goto fail;
     const mmc_t5_config *c = &m->cfg;
+    m->n_bias = c->per_layer_bias ? c->num_layers : 1;
     m->blocks = calloc((size_t)c->num_layers, sizeof *m->blocks);
-    m->rel_bias = malloc((size_t)(c->num_buckets * c->num_heads) * sizeof(float));
-    if (!m->blocks || !m->rel_bias) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    m->rel_bias = malloc((size_t)(m->n_bias * c->num_buckets * c->num_heads) * sizeof(float));
+    m->rel_bias_w = calloc((size_t)m->n_bias, sizeof *m->rel_bias_w);
+    if (!m->blocks || !m->rel_bias || !m->rel_bias_w) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mw_open(dir, "model", &m->w))) goto fail;
     mw_set *w = &m->w;
     const int64_t C = c->d_model, I = c->num_heads * c->d_kv, F = c->d_ff;
@@ -130,8 +140,8 @@ mmc_status mmc_t5_encoder_load(const char *dir, mmc_t5_encoder **out) {
         mw_bind(w, p, "SelfAttention.k.weight", &Bk->k, 2, MMC_SHAPE(I, C));
         mw_bind(w, p, "SelfAttention.v.weight", &Bk->v, 2, MMC_SHAPE(I, C));
         mw_bind(w, p, "SelfAttention.o.weight", &Bk->o, 2, MMC_SHAPE(C, I));
-        if (i == 0)
-            mw_bind(w, p, "SelfAttention.relative_attention_bias.weight", &m->rel_bias_w, 2,
+        if (i < m->n_bias)
+            mw_bind(w, p, "SelfAttention.relative_attention_bias.weight", &m->rel_bias_w[i], 2,
                      MMC_SHAPE(c->num_buckets, c->num_heads));
         snprintf(p, sizeof p, "encoder.block.%lld.layer.1.", (long long)i);
         mw_bind(w, p, "layer_norm.weight", &Bk->ln2, 1, MMC_SHAPE(C));
@@ -144,8 +154,9 @@ mmc_status mmc_t5_encoder_load(const char *dir, mmc_t5_encoder **out) {
         mw_bind(w, p, "DenseReluDense.wo.weight", &Bk->wo, 2, MMC_SHAPE(C, F));
     }
     mw_bind(w, "", "encoder.final_layer_norm.weight", &m->ln_f, 1, MMC_SHAPE(C));
-    if ((st = mw_status(w, dir, "T5EncoderModel"))) goto fail;
-    for (int64_t i = 0; i < c->num_buckets * c->num_heads; i++) m->rel_bias[i] = (float)mmc_get_flat(m->rel_bias_w, i);
+    if ((st = mw_status(w, dir, c->per_layer_bias ? "UMT5EncoderModel" : "T5EncoderModel"))) goto fail;
+    for (int64_t l = 0, nb = c->num_buckets * c->num_heads; l < m->n_bias; l++)
+        for (int64_t i = 0; i < nb; i++) m->rel_bias[l * nb + i] = (float)mmc_get_flat(m->rel_bias_w[l], i);
     mmc_json_free(j);
     *out = m;
     return MMC_OK;
@@ -158,14 +169,15 @@ fail:
 const mmc_t5_config *mmc_t5_encoder_cfg(const mmc_t5_encoder *m) { return &m->cfg; }
 int64_t mmc_t5_encoder_param_count(const mmc_t5_encoder *m) { return mw_count(&m->w); }
 
-/* T5Attention.compute_bias: values_{h, t, s} depend on s - t only -> [H, 2T - 1] f32 with
- * entry (h, s - t + T - 1) (scratch owned by the caller's mark) */
-static float *compute_bias(mmc_ctx *ctx, const mmc_t5_encoder *m, int64_t T) {
+/* T5Attention.compute_bias of table l: values_{h, t, s} depend on s - t only -> [H, 2T - 1] f32
+ * with entry (h, s - t + T - 1) (scratch owned by the caller's mark) */
+static float *compute_bias(mmc_ctx *ctx, const mmc_t5_encoder *m, int64_t T, int64_t l) {
     const int64_t H = m->cfg.num_heads, R = 2 * T - 1;
+    const float *table = m->rel_bias + l * m->cfg.num_buckets * H;
     float *bias = mmc_scratch_alloc(ctx, (size_t)(H * R) * sizeof(float));
     for (int64_t r = 0; r < R; r++) {
         int bk = mmc_t5_relative_position_bucket(r - (T - 1), true, (int)m->cfg.num_buckets, (int)m->cfg.max_distance);
-        for (int64_t h = 0; h < H; h++) bias[h * R + r] = m->rel_bias[bk * H + h];
+        for (int64_t h = 0; h < H; h++) bias[h * R + r] = table[bk * H + h];
     }
     return bias;
 }
@@ -203,12 +215,13 @@ mmc_status mmc_t5_encoder_forward(mmc_ctx *ctx, mmc_t5_encoder *m, const mmc_ten
     const int64_t T = ids->shape[1];
     bool was = mmc_set_grad_enabled(ctx, false);
     mmc_arena_mark sm = mmc_scratch_mark(ctx);
-    const float *bias = compute_bias(ctx, m, T);                                         /* [H, 2T - 1] */
+    const float *bias = compute_bias(ctx, m, T, 0);                                      /* [H, 2T - 1] */
     mmc_tensor *x = mmc_embedding(ctx, m->embed, (mmc_tensor *)ids);                     /* [B, T, d_model] */
     mmc_tensor *pen = x;
     for (int64_t i = 0; i < c->num_layers; i++) {
         pen = x;
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        if (i > 0 && i < m->n_bias) bias = compute_bias(ctx, m, T, i);                  /* UMT5: this block's */
         mmc_tensor *y = self_attention(ctx, m, &m->blocks[i], x, mask, bias);
         x = mw_keep(ctx, mk, feed_forward(ctx, m, &m->blocks[i], y));
     }

@@ -1,0 +1,392 @@
+/* wan_pipeline.c — text -> video with a WanPipeline folder (Wan2.1 T2V), mirroring diffusers'
+ * pipelines/wan/pipeline_wan.py:
+ *
+ *   prompt_clean (html.unescape twice, whitespace runs to one space, strip); the tokenizer padded
+ *        and truncated to max_sequence_length (512 in diffusers; EOS appended); UMT5EncoderModel
+ *        with the attention mask; the states past each prompt's own tokens replaced by zeros
+ *                                                                   -> [B, max_sequence_length, d]
+ *   latents [B, 16, (frames - 1) / 4 + 1, height / 8, width / 8] (VAE factors from vae/config.json)
+ *   UniPCMultistepScheduler.set_timesteps(n) (flow sigmas shifted by flow_shift); at each step the
+ *        transformer on the latents with the integer timestep t (not / 1000); classifier-free
+ *        guidance (guidance > 1): noise_uncond + guidance * (noise_text - noise_uncond), both passes
+ *        batched here as [negative; positive]; then scheduler.step
+ *
+ *   video = AutoencoderKLWan.decode(latents / (1 / latents_std) + latents_mean), then
+ *        VideoProcessor.postprocess_video: x / 2 + 0.5 clamped, frames first      [B, F, 3, H, W]
+ *
+ * The text encoder loads inside encode_prompt and is freed before it returns; the transformer is
+ * freed before the VAE decodes. */
+#include "mmc_wan_t2v.h"
+#include "mmc_encoders.h"
+#include "mmc_lora.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct mmc_wan_pipeline {
+    mmc_diffusers_dir dir;
+    mmc_wan_config tr_cfg;
+    mmc_nsched sched;
+    mmc_wan *transformer;
+    mmc_wan_vae *vae;
+    mmc_lora_set *lora;
+    int vae_spatial, vae_temporal;
+    char path[4][1024];               /* transformer, vae, scheduler, text_encoder */
+    char tok_path[1024];
+};
+enum { S_TR, S_VAE, S_SCHED, S_TE };
+
+static mmc_status read_json(const char *dir, const char *file, mmc_json **j) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    return mmc_json_load(p, j);
+}
+
+mmc_status mmc_wan_pipeline_open(const char *dir, mmc_wan_pipeline **out) {
+    *out = NULL;
+    mmc_wan_pipeline *p = calloc(1, sizeof *p);
+    if (!p) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_json *j = NULL;
+    mmc_status st = mmc_diffusers_open(dir, &p->dir);
+    if (st) goto fail;
+    if (strcmp(p->dir.pipeline, "WanPipeline") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a WanPipeline", dir, p->dir.pipeline);
+        goto fail;
+    }
+    const mmc_diffusers_component *t2 = mmc_diffusers_find(&p->dir, "transformer_2");
+    if (t2 && t2->present) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: a transformer_2 (Wan2.2's two-expert denoising) is not supported yet",
+                       dir);
+        goto fail;
+    }
+    static const char *const names[] = {"transformer", "vae", "scheduler", "text_encoder"};
+    for (int i = 0; i < 4; i++) mmc_diffusers_path(&p->dir, names[i], "", p->path[i], sizeof p->path[i]);
+    mmc_diffusers_path(&p->dir, "tokenizer", "", p->tok_path, sizeof p->tok_path);
+    if ((st = read_json(p->path[S_TR], "config.json", &j))) goto fail;
+    st = mmc_wan_config_read(j, "transformer/config.json", &p->tr_cfg);
+    mmc_json_free(j), j = NULL;
+    if (st) goto fail;
+    /* the VAE's scale factors as WanPipeline reads them (scale_factor_temporal / _spatial, 4 / 8) */
+    if ((st = read_json(p->path[S_VAE], "config.json", &j))) goto fail;
+    int64_t ft = 4, fs = 8;
+    if ((st = mmc_json_int(j, "scale_factor_temporal", 4, &ft)) || (st = mmc_json_int(j, "scale_factor_spatial", 8, &fs))) {
+        st = mmc_error_prefix(st, "vae/config.json: ");
+        goto fail;
+    }
+    mmc_json_free(j), j = NULL;
+    if (ft < 1 || ft > 64 || fs < 1 || fs > 64) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s/vae/config.json: scale_factor_temporal %lld / scale_factor_spatial %lld must "
+                       "be in [1, 64]", dir, (long long)ft, (long long)fs);
+        goto fail;
+    }
+    p->vae_temporal = (int)ft, p->vae_spatial = (int)fs;
+    if ((st = mmc_nsched_load(p->path[S_SCHED], &p->sched))) goto fail;
+    *out = p;
+    return MMC_OK;
+fail:
+    mmc_json_free(j);
+    mmc_wan_pipeline_free(p);
+    return st;
+}
+
+void mmc_wan_pipeline_free(mmc_wan_pipeline *p) {
+    if (!p) return;
+    mmc_lora_free(p->lora);
+    mmc_wan_free(p->transformer);
+    mmc_wan_vae_free(p->vae);
+    mmc_nsched_free(&p->sched);
+    free(p);
+}
+
+void mmc_wan_pipeline_release_transformer(mmc_wan_pipeline *p) {
+    mmc_lora_free(p->lora);
+    p->lora = NULL;
+    mmc_wan_free(p->transformer);
+    p->transformer = NULL;
+}
+
+const mmc_wan_config *mmc_wan_pipeline_transformer_cfg(const mmc_wan_pipeline *p) { return &p->tr_cfg; }
+int mmc_wan_pipeline_vae_spatial(const mmc_wan_pipeline *p) { return p->vae_spatial; }
+int mmc_wan_pipeline_vae_temporal(const mmc_wan_pipeline *p) { return p->vae_temporal; }
+const char *mmc_wan_pipeline_vae_dir(const mmc_wan_pipeline *p) { return p->path[S_VAE]; }
+
+mmc_status mmc_wan_pipeline_load_lora(mmc_wan_pipeline *p, const char *path, float weight) {
+    if (p->lora) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    mmc_status st;
+    if (!p->transformer && (st = mmc_wan_load(p->path[S_TR], false, &p->transformer))) return st;
+    mmc_module_list ml = {0};
+    st = mmc_wan_linears(p->transformer, &ml);
+    if (!st) st = mmc_lora_load_diffusers(path, "transformer", &ml, weight, false, &p->lora);
+    mmc_module_list_free(&ml);
+    return st;
+}
+
+mmc_status mmc_wan_pipeline_check_frames(const mmc_wan_pipeline *p, int frames) {
+    const int k = p->vae_temporal;
+    if (frames >= 1 && (frames - 1) % k == 0) return MMC_OK;
+    const int lo = frames < 1 ? 1 : (frames - 1) / k * k + 1, hi = lo + k;
+    const int near = frames < 1 ? 1 : frames - lo <= hi - frames ? lo : hi;
+    return mmc_error(MMC_ERR_INVALID, "%d frames: the count must be %dk + 1 (the VAE compresses time %dx after the "
+                     "first frame); the nearest valid count is %d", frames, k, k, near);
+}
+
+mmc_status mmc_wan_pipeline_check_size(const mmc_wan_pipeline *p, int height, int width) {
+    return mmc_diffusion_check_size(height, width, p->vae_spatial * (int)p->tr_cfg.patch_size[1],
+                                    "VAE factor x patch size");
+}
+
+void mmc_wan_latent_shape(const mmc_wan_pipeline *p, int frames, int height, int width, int64_t shape[4]) {
+    shape[0] = p->tr_cfg.in_channels;
+    shape[1] = (frames - 1) / p->vae_temporal + 1;
+    shape[2] = height / p->vae_spatial;
+    shape[3] = width / p->vae_spatial;
+}
+
+/* ------------------------------------------------------------------ prompts */
+static size_t put_utf8(char *o, unsigned long cp) {
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | (cp >> 12)), o[1] = (char)(0x80 | ((cp >> 6) & 0x3F)), o[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | (cp >> 18)), o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)), o[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* html.unescape of the named entities prompts carry and of numeric references */
+static void html_unescape(const char *in, char *out, size_t cap) {
+    static const struct { const char *name; unsigned long cp; } ent[] = {
+        {"amp;", '&'}, {"lt;", '<'}, {"gt;", '>'}, {"quot;", '"'}, {"apos;", '\''}, {"#39;", '\''}, {"nbsp;", 0xA0},
+    };
+    size_t o = 0;
+    while (*in && o + 5 < cap) {
+        if (*in == '&') {
+            size_t k;
+            for (k = 0; k < sizeof ent / sizeof ent[0]; k++)
+                if (!strncmp(in + 1, ent[k].name, strlen(ent[k].name))) break;
+            if (k < sizeof ent / sizeof ent[0]) {
+                o += put_utf8(out + o, ent[k].cp);
+                in += 1 + strlen(ent[k].name);
+                continue;
+            }
+            if (in[1] == '#') {
+                char *end = NULL;
+                const bool hex = in[2] == 'x' || in[2] == 'X';
+                unsigned long cp = strtoul(in + (hex ? 3 : 2), &end, hex ? 16 : 10);
+                if (end && end != in + (hex ? 3 : 2) && cp > 0 && cp < 0x110000 && !(cp >= 0xD800 && cp < 0xE000)) {
+                    o += put_utf8(out + o, cp);
+                    in = *end == ';' ? end + 1 : end;
+                    continue;
+                }
+            }
+        }
+        out[o++] = *in++;
+    }
+    out[o] = 0;
+}
+
+void mmc_wan_prompt_clean(const char *in, char *out, size_t cap) {
+    if (!cap) return;
+    char *a = malloc(cap), *b = malloc(cap);
+    if (!a || !b) { free(a), free(b); out[0] = 0; return; }
+    html_unescape(in, a, cap);
+    html_unescape(a, b, cap);
+    /* whitespace runs (ASCII and U+00A0) -> one space, stripped */
+    size_t o = 0;
+    bool pending = false;
+    for (const unsigned char *s = (const unsigned char *)b; *s && o + 2 < cap;) {
+        const bool nbsp = s[0] == 0xC2 && s[1] == 0xA0;
+        if (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1C && *s <= 0x1F) || nbsp) {
+            pending = o > 0;
+            s += nbsp ? 2 : 1;
+            continue;
+        }
+        if (pending) out[o++] = ' ', pending = false;
+        out[o++] = (char)*s++;
+    }
+    out[o] = 0;
+    free(a), free(b);
+}
+
+mmc_status mmc_wan_encode_prompt(mmc_ctx *ctx, mmc_wan_pipeline *p, const char *const *prompts, int B,
+                                 int max_sequence_length, mmc_tensor **embeds) {
+    *embeds = NULL;
+    const int L = max_sequence_length;
+    if (B < 1 || L < 1) return mmc_error(MMC_ERR_INVALID, "encode_prompt: %d prompts of %d tokens", B, L);
+    mmc_t5_tokenizer *tt = NULL;
+    mmc_t5_encoder *te = NULL;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    char *clean = NULL;
+    mmc_status st;
+    if ((st = mmc_t5_tokenizer_load_pipeline(p->tok_path, MMC_T5_PIPELINE_TRANSFORMERS5, &tt)) ||
+        (st = mmc_t5_encoder_load(p->path[S_TE], &te)))
+        goto done;
+    const int64_t d = mmc_t5_encoder_cfg(te)->d_model;
+    if (d != p->tr_cfg.text_dim) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the text encoder gives %lld channels, the transformer's text_dim is %lld",
+                       p->dir.dir, (long long)d, (long long)p->tr_cfg.text_dim);
+        goto done;
+    }
+    mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L)), *mask = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L)), *h = NULL;
+    int *n_real = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)B * sizeof *n_real);
+    for (int b = 0; b < B && !st; b++) {
+        const size_t cap = strlen(prompts[b]) * 4 + 16;
+        free(clean);
+        if (!(clean = malloc(cap))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+        mmc_wan_prompt_clean(prompts[b], clean, cap);
+        st = mmc_t5_tokenizer_encode_padded(tt, clean, L, (int32_t *)ids->data + (int64_t)b * L,
+                                            (int32_t *)mask->data + (int64_t)b * L, &n_real[b]);
+    }
+    if (!st) st = mmc_t5_encoder_forward(ctx, te, ids, mask, &h, NULL);
+    if (!st) {
+        if (!(*embeds = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(B, L, d)))) st = mmc_error(MMC_ERR_OOM, "out of memory");
+        else {
+            memset((*embeds)->data, 0, mmc_nbytes(*embeds));
+            for (int b = 0; b < B; b++)   /* u[:seq_len] then zeros to max_sequence_length */
+                memcpy((float *)(*embeds)->data + (int64_t)b * L * d, (float *)h->data + (int64_t)b * L * d,
+                       (size_t)n_real[b] * (size_t)d * sizeof(float));
+        }
+    }
+    mmc_arena_release(mmc_ctx_arena(ctx), mk);
+done:
+    free(clean);
+    mmc_t5_encoder_free(te);
+    mmc_t5_tokenizer_free(tt);
+    mmc_set_grad_enabled(ctx, was);
+    return st;
+}
+
+/* ------------------------------------------------------------------ sampling */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static mmc_tensor *stack2(mmc_ctx *ctx, const mmc_tensor *a, const mmc_tensor *b) {
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, a->shape, sizeof shape);
+    shape[0] *= 2;
+    mmc_tensor *t = mmc_new(ctx, MMC_F32, a->ndim, shape);
+    memcpy(t->data, a->data, mmc_nbytes(a));
+    memcpy((char *)t->data + mmc_nbytes(a), b->data, mmc_nbytes(b));
+    return t;
+}
+
+static bool embeds_ok(const mmc_tensor *e, int64_t B, int64_t D) {
+    return e && e->ndim == 3 && e->dtype == MMC_F32 && e->shape[0] == B && e->shape[2] == D && mmc_is_contiguous(e);
+}
+
+mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *cond, const mmc_tensor *neg,
+                          mmc_tensor *latents, const mmc_wan_sample_opts *o) {
+    mmc_status st;
+    if ((st = mmc_wan_pipeline_check_frames(p, o->frames)) || (st = mmc_wan_pipeline_check_size(p, o->height, o->width))) return st;
+    int64_t ls[4];
+    mmc_wan_latent_shape(p, o->frames, o->height, o->width, ls);
+    const int64_t B = latents->shape[0];
+    if (latents->ndim != 5 || latents->dtype != MMC_F32 || !mmc_is_contiguous(latents) || latents->shape[1] != ls[0] ||
+        latents->shape[2] != ls[1] || latents->shape[3] != ls[2] || latents->shape[4] != ls[3])
+        return mmc_error(MMC_ERR_INVALID, "latents must be f32 [B, %lld, %lld, %lld, %lld] for %d frames of %dx%d",
+                         (long long)ls[0], (long long)ls[1], (long long)ls[2], (long long)ls[3], o->frames, o->width,
+                         o->height);
+    const bool cfg = o->guidance > 1.0;
+    if (cfg && !neg) return mmc_error(MMC_ERR_INVALID, "guidance %g > 1 needs the negative prompt's encoding", o->guidance);
+    if (!embeds_ok(cond, B, p->tr_cfg.text_dim) || (cfg && !embeds_ok(neg, B, p->tr_cfg.text_dim)))
+        return mmc_error(MMC_ERR_INVALID, "prompt encodings must be f32 [%lld, T, %lld] (text_dim)", (long long)B,
+                         (long long)p->tr_cfg.text_dim);
+    if (cfg && cond->shape[1] != neg->shape[1])
+        return mmc_error(MMC_ERR_INVALID, "the prompt and negative prompt encodings differ in length (%lld, %lld)",
+                         (long long)cond->shape[1], (long long)neg->shape[1]);
+    if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
+    if (!p->transformer && (st = mmc_wan_load(p->path[S_TR], false, &p->transformer))) return st;
+    if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    float *ts = malloc((size_t)B * 2 * sizeof *ts);
+    if (!ts) { mmc_set_grad_enabled(ctx, was); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    const int64_t n = mmc_numel(latents);
+    for (int i = 0; i < p->sched.n && !st; i++) {
+        const double t0 = now_s();
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        for (int64_t b = 0; b < 2 * B; b++) ts[b] = p->sched.timesteps[i];   /* t.expand(B): the integer timestep */
+        mmc_wan_inputs in = {.hidden = latents, .timestep = ts, .encoder = (mmc_tensor *)cond};
+        if (cfg) {   /* [negative; positive] in one batch: the two passes diffusers runs */
+            in.hidden = stack2(ctx, latents, latents);
+            in.encoder = stack2(ctx, neg, cond);
+        }
+        mmc_tensor *v = NULL;
+        st = mmc_wan_forward(ctx, p->transformer, &in, &v);
+        if (!st) {
+            float *vd = v->data;
+            if (cfg) {   /* noise_uncond + guidance_scale * (noise_pred - noise_uncond) */
+                const float g = (float)o->guidance;
+                for (int64_t k = 0; k < n; k++) vd[k] = vd[k] + g * (vd[n + k] - vd[k]);
+            }
+            st = mmc_nsched_step(&p->sched, i, vd, latents->data, n, NULL);
+        }
+        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, now_s() - t0);
+    }
+    free(ts);
+    mmc_set_grad_enabled(ctx, was);
+    return st;
+}
+
+/* ------------------------------------------------------------------ decoding */
+typedef struct {
+    mmc_wan_vae_progress fn;
+    void *user;
+    int base, total;
+} decode_progress;
+
+static void on_chunk(void *u, int done, int n) {
+    (void)n;
+    decode_progress *d = u;
+    if (d->fn) d->fn(d->user, d->base + done, d->total);
+}
+
+mmc_status mmc_wan_decode(mmc_wan_pipeline *p, const mmc_tensor *latents, mmc_wan_vae_progress progress, void *user,
+                          mmc_tensor **video) {
+    *video = NULL;
+    mmc_status st;
+    if (!p->vae && (st = mmc_wan_vae_load(p->path[S_VAE], &p->vae))) return st;
+    const mmc_wan_vae_config *vc = mmc_wan_vae_cfg(p->vae);
+    if (latents->ndim != 5 || latents->dtype != MMC_F32 || !mmc_is_contiguous(latents) || latents->shape[1] != vc->z_dim)
+        return mmc_error(MMC_ERR_INVALID, "latents must be contiguous f32 [B, %lld, t, h, w] (the VAE's z_dim)",
+                         (long long)vc->z_dim);
+    mmc_wan_pipeline_release_transformer(p);
+    const int64_t B = latents->shape[0], C = latents->shape[1], t = latents->shape[2], h = latents->shape[3],
+                  w = latents->shape[4];
+    const int64_t F = (t - 1) * vc->scale_factor_temporal + 1, H = h * vc->scale_factor_spatial,
+                  W = w * vc->scale_factor_spatial, Co = vc->out_channels, per = t * h * w, np = F * H * W;
+    float *z = malloc((size_t)(C * per) * sizeof(float)), *x = malloc((size_t)(Co * np) * sizeof(float));
+    mmc_tensor *v = mmc_tensor_new(MMC_F32, 5, MMC_SHAPE(B, F, Co, H, W));
+    st = MMC_OK;
+    if (!z || !x || !v) { st = mmc_error(MMC_ERR_OOM, "out of memory for a %lldx%lldx%lld video", (long long)F,
+                                         (long long)W, (long long)H); goto done; }
+    decode_progress dp = {progress, user, 0, (int)(B * t)};
+    for (int64_t b = 0; b < B && !st; b++) {
+        memcpy(z, (const float *)latents->data + b * C * per, (size_t)(C * per) * sizeof(float));
+        mmc_wan_vae_denormalize(p->vae, z, per);
+        dp.base = (int)(b * t);
+        if ((st = mmc_wan_vae_decode(p->vae, z, t, h, w, x, on_chunk, &dp))) break;
+        float *o = (float *)v->data + b * F * Co * H * W;   /* [F, C, H, W] of this clip */
+        for (int64_t c = 0; c < Co; c++)
+            for (int64_t f = 0; f < F; f++) {
+                const float *src = x + (c * F + f) * H * W;
+                float *dst = o + (f * Co + c) * H * W;
+                for (int64_t k = 0; k < H * W; k++) {
+                    float y = src[k] / 2.0f + 0.5f;
+                    dst[k] = y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y;
+                }
+            }
+    }
+done:
+    free(z), free(x);
+    if (st) mmc_tensor_free(v);
+    else *video = v;
+    return st;
+}
