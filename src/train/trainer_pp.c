@@ -1,0 +1,374 @@
+/* trainer_pp.c — the trainer's side of pipeline parallelism (mmc_pp.h; parallel.pipeline_parallel):
+ * the layout checks and process groups (Megatron's order: data-parallel ranks of a stage
+ * adjacent, stages outermost), cutting the loaded model down to this rank's stage, one
+ * optimizer step's micro-batches through the 1F1B runtime with the gradient sums it needs
+ * (over the stage's data-parallel group, and the tied embedding between the first and last
+ * stage), the global gradient norm over the stages, and checkpoints.
+ *
+ * A checkpoint is the normal single-process one (HF model.safetensors with every layer,
+ * optimizer.safetensors, trainer_state.json): the first rank of each stage sends its
+ * parameters, AdamW moments and fp32 masters to world rank 0, which writes them with the
+ * single-process saver. So a run resumes at any number of stages (each stage loads the full
+ * checkpoint and keeps its part), and transformers loads it as it is. */
+#include "trainer_internal.h"
+#include "mmc_pp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ layout */
+mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const int P = (int)c->parallel.pipeline_parallel, W = t->world_size;
+    t->pp_size = P;
+    if (t->tp_size > 1)   /* (config.c refuses it first; kept for library callers) */
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel with tensor_parallel is not supported yet",
+                         c->file);
+    if (P > W)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_parallel %d is larger than the job's %d process%s: "
+                         "each stage needs its own rank; launch with mmc launch -n %d (or a multiple)", c->file, P, W,
+                         W == 1 ? "" : "es", P);
+    if (W % P)
+        return mmc_error(MMC_ERR_INVALID, "%s: the job's %d processes do not divide into %d pipeline stages "
+                         "(parallel.pipeline_parallel); launch a multiple of %d processes", c->file, W, P, P);
+    t->dp_size = W / P;
+    if (c->parallel.data_parallel != t->dp_size && c->parallel.data_parallel != 1)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel %lld x pipeline_parallel %d is not the job's %d "
+                         "processes; set data_parallel: %d or leave it out", c->file,
+                         (long long)c->parallel.data_parallel, P, W, t->dp_size);
+    if (c->training.gradient_accumulation % t->dp_size)
+        return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld does not divide into %d data-parallel replicas "
+                         "(world %d / pipeline_parallel %d) x micro_batch_size %lld", c->file,
+                         (long long)c->data.batch_size, t->dp_size, W, P, (long long)c->data.micro_batch_size);
+    mmc_dist_layout lay = {.pipeline = P, .data = t->dp_size};
+    mmc_status st = mmc_dist_layout_groups(t->world, &lay, &t->groups);
+    if (st) return st;
+    t->have_groups = true;
+    t->dpc = t->groups.dp;
+    t->dp_rank = t->groups.dp_rank;
+    t->pp_rank = t->groups.pp_rank;
+    const int64_t M = c->training.gradient_accumulation / t->dp_size;
+    if (t->rank == 0 && M < P)
+        fprintf(stderr, "mmc train: warning: %lld micro-batch%s per step and data-parallel rank (data.batch_size / "
+                "micro_batch_size / data_parallel) is fewer than the %d pipeline stages: 1F1B keeps stages idle "
+                "%.0f%% of each step ((P-1)/(M+P-1)); use at least %d micro-batches, better 4 x %d\n", (long long)M,
+                M == 1 ? "" : "es", P, 100.0 * mmc_pp_bubble_fraction(P, (int)M), P, P);
+    return MMC_OK;
+}
+
+/* peak RSS since the last reset (VmHWM), MiB */
+static double peak_rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb / 1024.0;
+}
+
+mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const int P = t->pp_size, s = t->pp_rank;
+    if (t->vl || t->llava || mmc_trainer_diffusion(t) || !t->lm)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a text qwen2 (Qwen2ForCausalLM) "
+                         "so far; %s is not split into stages yet: use data or tensor parallelism for it", c->file,
+                         t->vl ? "Qwen2-VL" : t->llava ? "LLaVA" : "a diffusion model");
+    int64_t sizes[256], bounds[257];
+    const int ns = c->parallel.pipeline_layers.n;
+    if (ns > 256) return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_layers: more than 256 stages", c->file);
+    for (int i = 0; i < ns; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
+    mmc_status st = mmc_pp_split_layers(t->lm->cfg.num_layers, P, sizes, ns, bounds);
+    if (st) return mmc_error_prefix(st, "%s", c->file);
+    t->pp_tied = t->lm->lm_head == t->lm->embed;
+    t->pp_l0 = bounds[s], t->pp_l1 = bounds[s + 1];
+    if ((st = mmc_pp_trim_qwen2(t->lm, s, P, t->pp_l0, t->pp_l1))) return st;
+    if ((st = mmc_pp_new(t->groups.pp, t->lm, t->pp_l0, t->pp_l1, &t->pp))) return st;
+    /* the memory figures from here on are the stage's own (the full model was read first) */
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) { fputs("5", f); fclose(f); }
+    if (t->rank == 0) {
+        const int M = (int)(c->training.gradient_accumulation / t->dp_size);
+        fprintf(stderr, "mmc train: pipeline parallelism %d stages x data parallelism %d (%s), 1F1B over %d "
+                "micro-batches per step (bubble (P-1)/(M+P-1) = %.1f%%); stage layers:", P, t->dp_size,
+                mmc_comm_backend_name(t->world), M, 100.0 * mmc_pp_bubble_fraction(P, M));
+        for (int k = 0; k < P; k++) fprintf(stderr, " [%lld, %lld)", (long long)bounds[k], (long long)bounds[k + 1]);
+        fprintf(stderr, "%s\n", t->pp_tied ? "; tied embeddings: first and last stage sum their gradients" : "");
+    }
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ one step */
+static bool is_tied_copy(const mmc_trainer *t, const mmc_tensor *p) {
+    return t->pp_tied && t->pp_size > 1 && t->pp_rank == t->pp_size - 1 && p == t->lm->embed;
+}
+
+mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss) {
+    mmc_status st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
+    if (st) return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
+    /* every trained tensor has a gradient buffer, so the reductions below match on every rank */
+    int64_t total = 0;
+    for (int i = 0; i < t->n_opt; i++) total += mmc_numel(mmc_grad(t->ctx, t->opt_model[i]));
+    if (t->dp_size > 1) {   /* the stage's replicas: one all-reduce of the packed gradients */
+        float *buf = malloc((size_t)total * sizeof(float) + 1);
+        if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory packing the gradients");
+        int64_t off = 0;
+        for (int i = 0; i < t->n_opt; i++) {
+            const mmc_tensor *g = t->opt_model[i]->grad;
+            memcpy(buf + off, g->data, mmc_nbytes(g));
+            off += mmc_numel(g);
+        }
+        st = mmc_all_reduce(t->dpc, buf, buf, total, MMC_F32, MMC_SUM);
+        off = 0;
+        for (int i = 0; !st && i < t->n_opt; i++) {
+            const mmc_tensor *g = t->opt_model[i]->grad;
+            memcpy(g->data, buf + off, mmc_nbytes(g));
+            off += mmc_numel(g);
+        }
+        free(buf);
+        if (st) return st;
+    }
+    if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1)) {
+        mmc_tensor *e = t->lm->embed;
+        if (e->flags & MMC_REQUIRES_GRAD) st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, e)->data, mmc_numel(e));
+        if (st) return st;
+    }
+    /* the loss lives on the last stage of each replica: summed over the world (0 elsewhere) */
+    if ((st = mmc_all_reduce(t->world, loss, loss, 1, MMC_F64, MMC_SUM))) return st;
+    if (!isfinite(*loss))
+        return mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite; stopping without updating the "
+                         "weights — the last checkpoint is intact; lower optimizer.lr or check the data",
+                         (long long)t->step + 1);
+    if (t->step + 1 == t->cfg->training.steps) {   /* each rank's memory at the end of the run */
+        int64_t bytes;
+        double wait;
+        mmc_pp_last_stats(t->pp, &bytes, &wait);
+        fprintf(stderr, "mmc train: pipeline stage %d/%d (layers [%lld, %lld)), data-parallel rank %d: peak RSS %.1f "
+                "MiB since set-up; last step sent %.2f MiB point-to-point, %.3f s waiting in receives\n",
+                t->pp_rank, t->pp_size, (long long)t->pp_l0, (long long)t->pp_l1, t->dp_rank, peak_rss_mib(),
+                (double)bytes / 1048576.0, wait);
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
+    double sq = 0;
+    for (int i = 0; i < t->n_opt; i++) {
+        const mmc_tensor *g = t->opt[i]->grad;
+        if (!g || is_tied_copy(t, t->opt_model[i])) continue;   /* the tied embedding counts once */
+        const float *gd = g->data;
+        double s = 0;
+        for (int64_t k = 0, n = mmc_numel(g); k < n; k++) s += (double)gd[k] * gd[k];
+        sq += s;
+    }
+    mmc_status st = mmc_all_reduce(t->groups.pp, &sq, &sq, 1, MMC_F64, MMC_SUM);
+    if (st) return st;
+    *norm = sqrt(sq);
+    const double max_norm = t->cfg->optimizer.grad_clip;
+    if (max_norm > 0 && *norm > max_norm) {   /* as clip_grad_norm_ (mmc_clip_grad_norm) */
+        const float coef = (float)(max_norm / (*norm + 1e-6));
+        for (int i = 0; i < t->n_opt; i++) {
+            mmc_tensor *g = t->opt[i]->grad;
+            if (g) for (int64_t k = 0, n = mmc_numel(g); k < n; k++) ((float *)g->data)[k] *= coef;
+        }
+    }
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ checkpoints
+ * A stage's part as one byte message: per parameter a header, its values (model dtype), and for
+ * a trained one its AdamW moments and, when distinct, its fp32 master. */
+typedef struct {
+    char name[200];
+    int32_t dtype, ndim, flags, trained, master;
+    int64_t shape[MMC_MAX_DIMS];
+} part_hdr;
+
+static int opt_index(const mmc_trainer *t, const mmc_tensor *p) {
+    for (int j = 0; j < t->n_opt; j++)
+        if (t->opt_model[j] == p) return j;
+    return -1;
+}
+
+static mmc_status pack_stage(const mmc_trainer *t, uint8_t **out, int64_t *len) {
+    int64_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint8_t *b = pass ? *out : NULL;
+        int64_t off = 0;
+        for (int i = 0; i < t->n_params; i++) {
+            const mmc_tensor *p = t->params[i];
+            if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
+            const int j = opt_index(t, p);
+            part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
+                          .master = j >= 0 && t->opt[j] != p};
+            snprintf(h.name, sizeof h.name, "%s", t->names[i]);
+            memcpy(h.shape, p->shape, sizeof h.shape);
+            const int64_t k = mmc_numel(p);
+            if (b) {
+                memcpy(b + off, &h, sizeof h);
+                memcpy(b + off + sizeof h, p->data, mmc_nbytes(p));
+            }
+            off += (int64_t)sizeof h + (int64_t)mmc_nbytes(p);
+            if (j >= 0) {
+                if (b) {
+                    memcpy(b + off, t->adamw.m[j], (size_t)k * 4);
+                    memcpy(b + off + k * 4, t->adamw.v[j], (size_t)k * 4);
+                    if (h.master) memcpy(b + off + 2 * k * 4, t->opt[j]->data, (size_t)k * 4);
+                }
+                off += (2 + h.master) * k * 4;
+            }
+        }
+        n = off;
+        if (!pass && !(*out = malloc((size_t)n + 1))) return mmc_error(MMC_ERR_OOM, "out of memory packing the stage");
+    }
+    *len = n;
+    return MMC_OK;
+}
+
+/* the full run as the single-process trainer holds it, for its saver (world rank 0) */
+typedef struct {
+    int n_params, n_opt;
+    mmc_tensor **params, **opt, **opt_model;
+    const char **names, **opt_names;
+    float **m, **v;
+    char **store;          /* received names */
+    mmc_tensor **own;      /* received tensors (params and masters) to free */
+    float **own_mv;
+    int n_own, n_store, n_own_mv;
+    int cap;               /* of params / opt (own and own_mv: 2 cap) */
+} full_view;
+
+static void view_free(full_view *v) {
+    for (int i = 0; i < v->n_own; i++) mmc_tensor_free(v->own[i]);
+    for (int i = 0; i < v->n_store; i++) free(v->store[i]);
+    for (int i = 0; i < v->n_own_mv; i++) free(v->own_mv[i]);
+    free(v->params); free(v->opt); free(v->opt_model); free(v->names); free(v->opt_names);
+    free(v->m); free(v->v); free(v->store); free(v->own); free(v->own_mv);
+}
+
+static mmc_status unpack_stage(full_view *v, const uint8_t *b, int64_t len) {
+    for (int64_t off = 0; off < len;) {
+        part_hdr h;
+        if (v->n_params >= v->cap || off + (int64_t)sizeof h > len) return mmc_error(MMC_ERR_INVALID, "malformed part");
+        memcpy(&h, b + off, sizeof h);
+        off += sizeof h;
+        h.name[sizeof h.name - 1] = 0;
+        mmc_tensor *p = h.ndim >= 0 && h.ndim <= MMC_MAX_DIMS ? mmc_tensor_new((mmc_dtype)h.dtype, h.ndim, h.shape) : NULL;
+        const int64_t need = p ? (int64_t)mmc_nbytes(p) : 0;
+        if (p && off + need + (h.trained ? (2 + h.master) * mmc_numel(p) * 4 : 0) > len) {
+            mmc_tensor_free(p);
+            return mmc_error(MMC_ERR_INVALID, "malformed part: %s runs past the message", h.name);
+        }
+        char *nm = strdup(h.name);
+        if (!p || !nm) { mmc_tensor_free(p); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        v->own[v->n_own++] = p;
+        v->store[v->n_store++] = nm;
+        memcpy(p->data, b + off, mmc_nbytes(p));
+        off += (int64_t)mmc_nbytes(p);
+        p->flags |= (uint32_t)h.flags & (MMC_PARAM | MMC_REQUIRES_GRAD);
+        snprintf(p->name, sizeof p->name, "%.*s", (int)sizeof p->name - 1, nm);
+        v->params[v->n_params] = p;
+        v->names[v->n_params++] = nm;
+        if (!h.trained) continue;
+        const int64_t k = mmc_numel(p);
+        float *m = malloc((size_t)k * 4 + 1), *vv = malloc((size_t)k * 4 + 1);
+        if (!m || !vv) { free(m); free(vv); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        v->own_mv[v->n_own_mv++] = m;
+        v->own_mv[v->n_own_mv++] = vv;
+        memcpy(m, b + off, (size_t)k * 4);
+        memcpy(vv, b + off + k * 4, (size_t)k * 4);
+        off += 2 * k * 4;
+        mmc_tensor *master = p;
+        if (h.master) {
+            if (!(master = mmc_tensor_new(MMC_F32, h.ndim, h.shape))) return mmc_error(MMC_ERR_OOM, "out of memory");
+            v->own[v->n_own++] = master;
+            memcpy(master->data, b + off, (size_t)k * 4);
+            off += k * 4;
+            snprintf(master->name, sizeof master->name, "%s", p->name);
+        }
+        v->opt[v->n_opt] = master;
+        v->opt_model[v->n_opt] = p;
+        v->opt_names[v->n_opt] = nm;
+        v->m[v->n_opt] = m;
+        v->v[v->n_opt++] = vv;
+    }
+    return MMC_OK;
+}
+
+#define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
+
+static mmc_status save_on_rank0(mmc_trainer *t) {
+    full_view v = {0};
+    uint8_t *buf = NULL;
+    int64_t total = 0;
+    mmc_status st = MMC_OK;
+    const int cap = 64 + 32 * (int)(t->lm->cfg.num_layers + 4) + t->n_params;   /* parameters of the whole model */
+    v.params = calloc((size_t)cap, sizeof *v.params);
+    v.names = calloc((size_t)cap, sizeof *v.names);
+    v.opt = calloc((size_t)cap, sizeof *v.opt);
+    v.opt_model = calloc((size_t)cap, sizeof *v.opt_model);
+    v.opt_names = calloc((size_t)cap, sizeof *v.opt_names);
+    v.m = calloc((size_t)cap, sizeof *v.m);
+    v.v = calloc((size_t)cap, sizeof *v.v);
+    v.store = calloc((size_t)cap, sizeof *v.store);
+    v.own = calloc((size_t)(2 * cap), sizeof *v.own);
+    v.own_mv = calloc((size_t)(2 * cap), sizeof *v.own_mv);
+    v.cap = cap;
+    if (!v.params || !v.names || !v.opt || !v.opt_model || !v.opt_names || !v.m || !v.v || !v.store || !v.own ||
+        !v.own_mv) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    for (int i = 0; i < t->n_params; i++) v.params[v.n_params] = t->params[i], v.names[v.n_params++] = t->names[i];
+    for (int j = 0; j < t->n_opt; j++) {
+        v.opt[v.n_opt] = t->opt[j], v.opt_model[v.n_opt] = t->opt_model[j], v.opt_names[v.n_opt] = t->opt_names[j];
+        v.m[v.n_opt] = t->adamw.m[j], v.v[v.n_opt++] = t->adamw.v[j];
+    }
+    for (int s = 1; s < t->pp_size && !st; s++) {   /* stage order = the model's parameter order */
+        int64_t len = 0;
+        if ((st = mmc_recv(t->groups.pp, &len, 1, MMC_I64, s, 201))) break;
+        if (!(buf = malloc((size_t)len + 1))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+        if (!(st = mmc_recv(t->groups.pp, buf, len, MMC_U8, s, 202))) st = unpack_stage(&v, buf, len);
+        if (st) mmc_error_prefix(st, "pipeline stage %d's part of the checkpoint", s);
+        free(buf);
+        buf = NULL;
+        total += len;
+    }
+    if (st) goto done;
+    /* the single-process saver over the whole model */
+    SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
+    SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
+    SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
+    st = mmc_trainer_save(t);
+    SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
+    SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
+    SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
+done:
+    free(buf);
+    view_free(&v);
+    return st;
+}
+
+mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
+    mmc_status st = MMC_OK;
+    if (t->dp_rank == 0) {   /* replicas hold the same weights: the first one's stages gather */
+        if (t->pp_rank == 0) {
+            st = save_on_rank0(t);
+        } else {
+            uint8_t *buf = NULL;
+            int64_t len = 0;
+            st = pack_stage(t, &buf, &len);
+            if (st) len = 0;
+            /* (a failed pack still sends an empty part, so rank 0 does not wait for it) */
+            mmc_status s2 = mmc_send(t->groups.pp, &len, 1, MMC_I64, 0, 201);
+            if (!s2) s2 = mmc_send(t->groups.pp, buf ? buf : (uint8_t *)"", len, MMC_U8, 0, 202);
+            if (!st) st = s2;
+            free(buf);
+        }
+    }
+    int64_t bad = st != MMC_OK;
+    mmc_status s2 = mmc_all_reduce(t->world, &bad, &bad, 1, MMC_I64, MMC_MAX);
+    if (s2) return s2;
+    if (bad && !st)
+        st = mmc_error(MMC_ERR_IO, "checkpoint at step %lld: gathering the pipeline stages or rank 0's save failed "
+                       "on another rank (see its message)", (long long)t->step);
+    return st;
+}
