@@ -177,8 +177,10 @@ mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
 }
 
 /* ------------------------------------------------------------------ checkpoints
- * A stage's part as one byte message: per parameter a header, its values (model dtype), and for
- * a trained one its AdamW moments and, when distinct, its fp32 master. */
+ * A stage's part goes to world rank 0 tensor by tensor, straight from and into the tensors
+ * (no packed copy on either side): the count, then per parameter a header, its values (model
+ * dtype) and, for a trained one, its AdamW moments and, when distinct, its fp32 master. */
+enum { TAG_N = 201, TAG_HDR, TAG_VAL, TAG_M, TAG_V, TAG_MASTER };
 typedef struct {
     char name[200];
     int32_t dtype, ndim, flags, trained, master;
@@ -191,39 +193,27 @@ static int opt_index(const mmc_trainer *t, const mmc_tensor *p) {
     return -1;
 }
 
-static mmc_status pack_stage(const mmc_trainer *t, uint8_t **out, int64_t *len) {
+static mmc_status send_stage(const mmc_trainer *t) {
+    mmc_comm *pp = t->groups.pp;
     int64_t n = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        uint8_t *b = pass ? *out : NULL;
-        int64_t off = 0;
-        for (int i = 0; i < t->n_params; i++) {
-            const mmc_tensor *p = t->params[i];
-            if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
-            const int j = opt_index(t, p);
-            part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
-                          .master = j >= 0 && t->opt[j] != p};
-            snprintf(h.name, sizeof h.name, "%s", t->names[i]);
-            memcpy(h.shape, p->shape, sizeof h.shape);
-            const int64_t k = mmc_numel(p);
-            if (b) {
-                memcpy(b + off, &h, sizeof h);
-                memcpy(b + off + sizeof h, p->data, mmc_nbytes(p));
-            }
-            off += (int64_t)sizeof h + (int64_t)mmc_nbytes(p);
-            if (j >= 0) {
-                if (b) {
-                    memcpy(b + off, t->adamw.m[j], (size_t)k * 4);
-                    memcpy(b + off + k * 4, t->adamw.v[j], (size_t)k * 4);
-                    if (h.master) memcpy(b + off + 2 * k * 4, t->opt[j]->data, (size_t)k * 4);
-                }
-                off += (2 + h.master) * k * 4;
-            }
-        }
-        n = off;
-        if (!pass && !(*out = malloc((size_t)n + 1))) return mmc_error(MMC_ERR_OOM, "out of memory packing the stage");
+    for (int i = 0; i < t->n_params; i++) n += !is_tied_copy(t, t->params[i]);
+    mmc_status st = mmc_send(pp, &n, 1, MMC_I64, 0, TAG_N);
+    for (int i = 0; i < t->n_params && !st; i++) {
+        const mmc_tensor *p = t->params[i];
+        if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
+        const int j = opt_index(t, p);
+        part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
+                      .master = j >= 0 && t->opt[j] != p};
+        snprintf(h.name, sizeof h.name, "%s", t->names[i]);
+        memcpy(h.shape, p->shape, sizeof h.shape);
+        const int64_t k = mmc_numel(p);
+        st = mmc_send(pp, &h, (int64_t)sizeof h, MMC_U8, 0, TAG_HDR);
+        if (!st) st = mmc_send(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, 0, TAG_VAL);
+        if (!st && j >= 0) st = mmc_send(pp, t->adamw.m[j], k, MMC_F32, 0, TAG_M);
+        if (!st && j >= 0) st = mmc_send(pp, t->adamw.v[j], k, MMC_F32, 0, TAG_V);
+        if (!st && h.master) st = mmc_send(pp, t->opt[j]->data, k, MMC_F32, 0, TAG_MASTER);
     }
-    *len = n;
-    return MMC_OK;
+    return st;
 }
 
 /* the full run as the single-process trainer holds it, for its saver (world rank 0) */
@@ -247,45 +237,38 @@ static void view_free(full_view *v) {
     free(v->m); free(v->v); free(v->store); free(v->own); free(v->own_mv);
 }
 
-static mmc_status unpack_stage(full_view *v, const uint8_t *b, int64_t len) {
-    for (int64_t off = 0; off < len;) {
+static mmc_status recv_stage(mmc_comm *pp, int s, full_view *v) {
+    int64_t n = 0;
+    mmc_status st = mmc_recv(pp, &n, 1, MMC_I64, s, TAG_N);
+    for (int64_t i = 0; i < n && !st; i++) {
         part_hdr h;
-        if (v->n_params >= v->cap || off + (int64_t)sizeof h > len) return mmc_error(MMC_ERR_INVALID, "malformed part");
-        memcpy(&h, b + off, sizeof h);
-        off += sizeof h;
+        if ((st = mmc_recv(pp, &h, (int64_t)sizeof h, MMC_U8, s, TAG_HDR))) break;
         h.name[sizeof h.name - 1] = 0;
-        mmc_tensor *p = h.ndim >= 0 && h.ndim <= MMC_MAX_DIMS ? mmc_tensor_new((mmc_dtype)h.dtype, h.ndim, h.shape) : NULL;
-        const int64_t need = p ? (int64_t)mmc_nbytes(p) : 0;
-        if (p && off + need + (h.trained ? (2 + h.master) * mmc_numel(p) * 4 : 0) > len) {
-            mmc_tensor_free(p);
-            return mmc_error(MMC_ERR_INVALID, "malformed part: %s runs past the message", h.name);
-        }
+        if (v->n_params >= v->cap || h.ndim < 0 || h.ndim > MMC_MAX_DIMS ||
+            (h.dtype != MMC_F32 && h.dtype != MMC_BF16 && h.dtype != MMC_F16))
+            return mmc_error(MMC_ERR_INVALID, "tensor %lld ('%s'): bad header", (long long)i, h.name);
+        mmc_tensor *p = mmc_tensor_new((mmc_dtype)h.dtype, h.ndim, h.shape);
         char *nm = strdup(h.name);
         if (!p || !nm) { mmc_tensor_free(p); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
         v->own[v->n_own++] = p;
         v->store[v->n_store++] = nm;
-        memcpy(p->data, b + off, mmc_nbytes(p));
-        off += (int64_t)mmc_nbytes(p);
         p->flags |= (uint32_t)h.flags & (MMC_PARAM | MMC_REQUIRES_GRAD);
         snprintf(p->name, sizeof p->name, "%.*s", (int)sizeof p->name - 1, nm);
         v->params[v->n_params] = p;
         v->names[v->n_params++] = nm;
-        if (!h.trained) continue;
+        if ((st = mmc_recv(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, s, TAG_VAL)) || !h.trained) continue;
         const int64_t k = mmc_numel(p);
         float *m = malloc((size_t)k * 4 + 1), *vv = malloc((size_t)k * 4 + 1);
         if (!m || !vv) { free(m); free(vv); return mmc_error(MMC_ERR_OOM, "out of memory"); }
         v->own_mv[v->n_own_mv++] = m;
         v->own_mv[v->n_own_mv++] = vv;
-        memcpy(m, b + off, (size_t)k * 4);
-        memcpy(vv, b + off + k * 4, (size_t)k * 4);
-        off += 2 * k * 4;
+        if ((st = mmc_recv(pp, m, k, MMC_F32, s, TAG_M)) || (st = mmc_recv(pp, vv, k, MMC_F32, s, TAG_V))) break;
         mmc_tensor *master = p;
         if (h.master) {
             if (!(master = mmc_tensor_new(MMC_F32, h.ndim, h.shape))) return mmc_error(MMC_ERR_OOM, "out of memory");
             v->own[v->n_own++] = master;
-            memcpy(master->data, b + off, (size_t)k * 4);
-            off += k * 4;
             snprintf(master->name, sizeof master->name, "%s", p->name);
+            if ((st = mmc_recv(pp, master->data, k, MMC_F32, s, TAG_MASTER))) break;
         }
         v->opt[v->n_opt] = master;
         v->opt_model[v->n_opt] = p;
@@ -293,15 +276,13 @@ static mmc_status unpack_stage(full_view *v, const uint8_t *b, int64_t len) {
         v->m[v->n_opt] = m;
         v->v[v->n_opt++] = vv;
     }
-    return MMC_OK;
+    return st;
 }
 
 #define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
 
 static mmc_status save_on_rank0(mmc_trainer *t) {
     full_view v = {0};
-    uint8_t *buf = NULL;
-    int64_t total = 0;
     mmc_status st = MMC_OK;
     const int cap = 64 + 32 * (int)(t->lm->cfg.num_layers + 4) + t->n_params;   /* parameters of the whole model */
     v.params = calloc((size_t)cap, sizeof *v.params);
@@ -322,16 +303,8 @@ static mmc_status save_on_rank0(mmc_trainer *t) {
         v.opt[v.n_opt] = t->opt[j], v.opt_model[v.n_opt] = t->opt_model[j], v.opt_names[v.n_opt] = t->opt_names[j];
         v.m[v.n_opt] = t->adamw.m[j], v.v[v.n_opt++] = t->adamw.v[j];
     }
-    for (int s = 1; s < t->pp_size && !st; s++) {   /* stage order = the model's parameter order */
-        int64_t len = 0;
-        if ((st = mmc_recv(t->groups.pp, &len, 1, MMC_I64, s, 201))) break;
-        if (!(buf = malloc((size_t)len + 1))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
-        if (!(st = mmc_recv(t->groups.pp, buf, len, MMC_U8, s, 202))) st = unpack_stage(&v, buf, len);
-        if (st) mmc_error_prefix(st, "pipeline stage %d's part of the checkpoint", s);
-        free(buf);
-        buf = NULL;
-        total += len;
-    }
+    for (int s = 1; s < t->pp_size && !st; s++)   /* stage order = the model's parameter order */
+        if ((st = recv_stage(t->groups.pp, s, &v))) mmc_error_prefix(st, "pipeline stage %d's part of the checkpoint", s);
     if (st) goto done;
     /* the single-process saver over the whole model */
     SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
@@ -342,28 +315,14 @@ static mmc_status save_on_rank0(mmc_trainer *t) {
     SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
     SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
 done:
-    free(buf);
     view_free(&v);
     return st;
 }
 
 mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
     mmc_status st = MMC_OK;
-    if (t->dp_rank == 0) {   /* replicas hold the same weights: the first one's stages gather */
-        if (t->pp_rank == 0) {
-            st = save_on_rank0(t);
-        } else {
-            uint8_t *buf = NULL;
-            int64_t len = 0;
-            st = pack_stage(t, &buf, &len);
-            if (st) len = 0;
-            /* (a failed pack still sends an empty part, so rank 0 does not wait for it) */
-            mmc_status s2 = mmc_send(t->groups.pp, &len, 1, MMC_I64, 0, 201);
-            if (!s2) s2 = mmc_send(t->groups.pp, buf ? buf : (uint8_t *)"", len, MMC_U8, 0, 202);
-            if (!st) st = s2;
-            free(buf);
-        }
-    }
+    if (t->dp_rank == 0)   /* replicas hold the same weights: the first one's stages gather */
+        st = t->pp_rank == 0 ? save_on_rank0(t) : send_stage(t);
     int64_t bad = st != MMC_OK;
     mmc_status s2 = mmc_all_reduce(t->world, &bad, &bad, 1, MMC_I64, MMC_MAX);
     if (s2) return s2;
