@@ -10,6 +10,7 @@
 #     embedding's two halves, or the replicas' gradients, are summed in another order; AdamW turns
 #     that rounding into up to ~5e-6 where a gradient is near zero);
 #   - a control that must fail: a run at another learning rate against the pp=2 run;
+#   - bf16 weights with activation recompute at pp=2: exact;
 #   - resume across layouts (pp2 -> pp2, pp2 -> 1 process, pp2 -> pp4, 1 process -> pp2): exact;
 #   - the layout errors before any work, and the warning for fewer micro-batches than stages.
 # Skipped (exit 77) without mpirun or an MPI build.
@@ -68,6 +69,11 @@ cmp_runs "pp=4 (4 layers, 6 micro-batches) vs 1 process" ref4 pp4 "$EXACT"
 runN 2 "$W/ref4.yaml" $PP2 --set "parallel.pipeline_layers=[1, 3]" --set training.output_dir="$W/pp13" ||
   { echo "FAIL: pp=2 [1, 3] run"; tail "$W/train.log"; fail=1; }
 cmp_runs "pp=2 split [1, 3] vs 1 process" ref4 pp13 "$EXACT"
+# bf16 weights (fp32 masters) with activation recompute, against the same single-process run
+BFR="--set model.dtype=bf16 --set model.recompute=full"
+run1 "$W/ref4.yaml" $BFR --set training.output_dir="$W/bref" &&
+  runN 2 "$W/ref4.yaml" $BFR $PP2 --set training.output_dir="$W/bpp2" || { echo "FAIL: bf16 runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "bf16 + recompute, pp=2 vs 1 process" bref bpp2 "$EXACT"
 # resume: the checkpoint is the single-process layout, so any number of stages reads it
 runN 2 "$W/ref4.yaml" $PP2 --set training.output_dir="$W/r22" --set training.steps=2 &&
   cp -r "$W/r22" "$W/r21" && cp -r "$W/r22" "$W/r24" &&
