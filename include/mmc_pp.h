@@ -17,6 +17,8 @@
  * gradients equal the single-process ones bit for bit (tied embeddings aside, whose two halves
  * are summed once at the end, as Megatron all-reduces the embedding group).
  *
+ * Qwen2-VL / Qwen2.5-VL: the vision tower and merger sit on the first stage with the embedding.
+ *
  * Tied embeddings (tie_word_embeddings): the first stage holds embed_tokens, the last stage a
  * copy used as lm_head; after the micro-batches the two gradients are summed between the two
  * stages, so both copies take the same AdamW step and stay equal. */
@@ -27,6 +29,7 @@
 #include "mmc_models.h"
 #include "mmc_data.h"
 #include "mmc_parallel.h"
+#include "mmc_vl.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,12 +65,17 @@ mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, in
  * stage, norm and lm_head on the last, and with tied embeddings the embedding on the last stage
  * too, as its lm_head): every other parameter is freed and leaves m->params. */
 mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t l1);
+/* Qwen2-VL: the language model as above, the vision tower (and merger) on the first stage only. */
+mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int64_t l0, int64_t l1);
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct mmc_pp mmc_pp;
 /* pp: the pipeline group (its rank is the stage); m: the trimmed stage model. */
 mmc_status mmc_pp_new(mmc_comm *pp, mmc_qwen2 *m, int64_t l0, int64_t l1, mmc_pp **out);
 void mmc_pp_free(mmc_pp *p);
+/* Run a Qwen2-VL (m of mmc_pp_new is vl->lm): the first stage runs the vision tower and places
+ * its features in the embeddings; every stage computes the M-RoPE positions from the batch. */
+void mmc_pp_set_vl(mmc_pp *p, mmc_qwen2_vl *vl);
 int mmc_pp_stage(const mmc_pp *p);
 int mmc_pp_stages(const mmc_pp *p);
 /* One step's forwards and backwards over micro-batches mbs[0 .. M) in 1F1B order; each

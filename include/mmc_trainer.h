@@ -80,6 +80,9 @@ mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, do
  * row with cu_seqlens; M-RoPE positions computed per row / segment unless the batch has them). */
 mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batch *b, double scale,
                                    mmc_tensor **loss, int64_t *n_scored);
+/* A data-pipeline micro-batch as the Qwen2-VL forward takes it: ids [B, T] (returned) and its
+ * images / videos in *media (pixel values copied into ctx's arena). */
+mmc_tensor *mmc_qwen2_vl_batch_media(mmc_ctx *ctx, const mmc_batch *b, mmc_vl_media *media);
 /* LLaVA causal-LM loss for one micro-batch of the data pipeline (llava_train.c): pixel_values
  * [n_images, 3 * S * S] (CLIPImageProcessor's, one row per image), their features in place of
  * the <image> tokens (gradients through the projector, and the tower unless frozen), plain 1-D positions

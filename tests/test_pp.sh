@@ -11,6 +11,8 @@
 #     that rounding into up to ~5e-6 where a gradient is near zero);
 #   - a control that must fail: a run at another learning rate against the pp=2 run;
 #   - bf16 weights with activation recompute at pp=2: exact;
+#   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
+#     above, Qwen2.5-VL (untied) exact;
 #   - resume across layouts (pp2 -> pp2, pp2 -> 1 process, pp2 -> pp4, 1 process -> pp2): exact;
 #   - the layout errors before any work, and the warning for fewer micro-batches than stages.
 # Skipped (exit 77) without mpirun or an MPI build.
@@ -74,6 +76,30 @@ BFR="--set model.dtype=bf16 --set model.recompute=full"
 run1 "$W/ref4.yaml" $BFR --set training.output_dir="$W/bref" &&
   runN 2 "$W/ref4.yaml" $BFR $PP2 --set training.output_dir="$W/bpp2" || { echo "FAIL: bf16 runs"; tail "$W/train.log"; fail=1; }
 cmp_runs "bf16 + recompute, pp=2 vs 1 process" bref bpp2 "$EXACT"
+# Qwen2-VL (tied embeddings; the vision tower on stage 0, M-RoPE positions on every stage) on
+# mixed text / image batches of the data pipeline, padded and packed; Qwen2.5-VL from an HF
+# directory (untied: exact) on a fixed batch with an image in every row
+cat > "$W/vlref.yaml" <<YAML
+model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
+data: {train: tests/fixtures/data/mixed.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: 4, micro_batch_size: 1, num_workers: 1, shuffle: false, bucket_window: 64}
+optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
+training: {steps: 3, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/vlref}
+YAML
+cat > "$W/q25ref.yaml" <<YAML
+model: {path: tests/fixtures/qwen2_vl/q25_v5, dtype: f32}
+data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
+optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, schedule: constant, grad_clip: 1.0}
+training: {steps: 3, seed: 0, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/q25ref}
+YAML
+PK="--set data.packing=true"
+run1 "$W/vlref.yaml" && runN 2 "$W/vlref.yaml" $PP2 --set training.output_dir="$W/vlpp2" &&
+  run1 "$W/vlref.yaml" $PK --set training.output_dir="$W/vlpk1" &&
+  runN 2 "$W/vlref.yaml" $PK $PP2 --set training.output_dir="$W/vlpk2" &&
+  run1 "$W/q25ref.yaml" && runN 2 "$W/q25ref.yaml" $PP2 --set training.output_dir="$W/q25pp2" ||
+  { echo "FAIL: VL runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "Qwen2-VL pp=2 (tower on stage 0), mixed text/image batches vs 1 process" vlref vlpp2 "$CLOSE"
+cmp_runs "Qwen2-VL pp=2, packed rows vs 1 process" vlpk1 vlpk2 "$CLOSE"
+cmp_runs "Qwen2.5-VL (HF directory) pp=2 vs 1 process" q25ref q25pp2 "$EXACT"
 # resume: the checkpoint is the single-process layout, so any number of stages reads it
 runN 2 "$W/ref4.yaml" $PP2 --set training.output_dir="$W/r22" --set training.steps=2 &&
   cp -r "$W/r22" "$W/r21" && cp -r "$W/r22" "$W/r24" &&
@@ -109,13 +135,14 @@ expect_err "world not divisible by pp" "3 processes do not divide into 2 pipelin
 expect_err "pp with tp" "pipeline_parallel: 2 with tensor_parallel > 1 (pp x tp) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2
 expect_err "pp with ZeRO" "2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.zero=1
 expect_err "pp with LoRA" "2 with LoRA (model.lora) is not supported yet" 1 "$W/ref.yaml" $PP2 --set model.lora.r=4 --set "model.lora.targets=[q_proj]"
-cat > "$W/vl.yaml" <<YAML
-model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
-data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
+cat > "$W/llava.yaml" <<YAML
+model: {path: tests/fixtures/llava/v5, dtype: f32}
+data: {train: tests/fixtures/llava_train/data.jsonl, batch_size: 2, micro_batch_size: 1, num_workers: 0, seq_len: 512}
 parallel: {pipeline_parallel: 2}
-training: {steps: 1, output_dir: $W/vl}
+training: {steps: 1, output_dir: $W/llava}
 YAML
-expect_err "Qwen2-VL" "splits a text qwen2 (Qwen2ForCausalLM) so far; Qwen2-VL is not split into stages yet" 2 "$W/vl.yaml"
+expect_err "LLaVA" "LLaVA is not split into stages yet" 2 "$W/llava.yaml"
+expect_err "pp with an evaluation set" "2 with an evaluation set (data.eval) is not supported yet" 1 "$W/ref.yaml" $PP2 --set data.eval=x.jsonl
 
 [ $fail = 0 ] && echo "test_pp: passed" || echo "test_pp: FAILED"
 exit $fail

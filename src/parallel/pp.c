@@ -15,6 +15,7 @@
 #include "mmc_pp.h"
 #include "mmc_ops.h"
 #include "mmc_trainer.h"
+#include "mmc_vl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -125,6 +126,15 @@ static bool keep_param(const char *name, int stage, int P, bool tied, int64_t l0
     return stage == P - 1;   /* norm.weight, lm_head.weight */
 }
 
+mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int64_t l0, int64_t l1) {
+    mmc_vision *v = m->visual;
+    if (stage > 0) {   /* the towers run on the first stage only */
+        for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
+        v->n_params = 0;
+    }
+    return mmc_pp_trim_qwen2(m->lm, stage, P, l0, l1);
+}
+
 mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t l1) {
     if (m->tp || m->adapter)
         return mmc_error(MMC_ERR_UNSUPPORTED, "pipeline stages: the model is tensor-parallel or has an adapter");
@@ -162,6 +172,7 @@ struct mmc_pp {
     int stage, P;
     int64_t l0, l1;
     mmc_qwen2 *m;
+    mmc_qwen2_vl *vl;       /* Qwen2-VL (m == vl->lm), or NULL */
     int n_slots;
     mmc_ctx **ctx;          /* [n_slots] one autograd context per micro-batch in flight */
     mmc_tensor **in, **out; /* [n_slots] received input (not on stage 0), output or loss */
@@ -212,6 +223,8 @@ void mmc_pp_free(mmc_pp *p) {
     free(p);
 }
 
+void mmc_pp_set_vl(mmc_pp *p, mmc_qwen2_vl *vl) { p->vl = vl; }
+
 int mmc_pp_stage(const mmc_pp *p) { return p->stage; }
 int mmc_pp_stages(const mmc_pp *p) { return p->P; }
 
@@ -251,8 +264,16 @@ static mmc_status stage_forward(mmc_pp *p, int k, const mmc_batch *b, double sca
     const int D = (int)m->cfg.head_dim;
     mmc_status st;
     mmc_ctx_reset(ctx);
-    mmc_tensor *cos, *sin;
-    if (m->cfg.mrope) {
+    mmc_tensor *cos, *sin, *x = NULL;
+    mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+    if (p->vl) {   /* Qwen2-VL: positions from the ids and the media's grids; towers and splice on stage 0 */
+        mmc_vl_media media;
+        mmc_tensor *ids = mmc_qwen2_vl_batch_media(ctx, b, &media);                 /* [B, T] */
+        mmc_vl_seq seq = {.position_ids = b->position_ids, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+        if ((st = mmc_qwen2_vl_inputs(ctx, p->vl, ids, &media, &seq, NULL, NULL, p->stage == 0 ? &x : NULL, &cos,
+                                      &sin, &attn)))
+            return mmc_error_prefix(st, "micro-batch %d (first sample %lld)", k + 1, (long long)b->sample_index);
+    } else if (m->cfg.mrope) {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, T));          /* [3, B, T] */
         memcpy(pos->data, b->position_ids, (size_t)(3 * B * T) * sizeof(int64_t));
         mmc_rope_table_mrope(ctx, pos, m->cfg.mrope_section, D, m->cfg.rope_theta, &cos, &sin);
@@ -261,9 +282,9 @@ static mmc_status stage_forward(mmc_pp *p, int k, const mmc_batch *b, double sca
         memcpy(pos->data, b->position_ids, (size_t)(B * T) * sizeof(int64_t));
         mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
     }
-    mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
-    mmc_tensor *x;
-    if (p->stage == 0) {
+    if (p->stage == 0 && p->vl) {
+        p->in[slot] = NULL;   /* (x: the embeddings with the vision features) */
+    } else if (p->stage == 0) {
         mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));             /* [B, T] */
         memcpy(ids->data, b->input_ids, (size_t)(B * T) * sizeof(int32_t));
         x = mmc_qwen2_embed(ctx, m, ids);                                        /* [B, T, C] */

@@ -306,7 +306,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->pipeline_parallel > 1) {
         const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1 (pp x tp)" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
                           : c->model.lora.r > 0 ? "LoRA (model.lora)" : c->training.ema_decay > 0 ? "training.ema_decay"
-                          : NULL;
+                          : c->data.eval ? "an evaluation set (data.eval)" : NULL;
         if (why)
             return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
                         "parallelism composes with plain data parallelism (zero 0) of full-parameter training",

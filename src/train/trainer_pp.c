@@ -71,10 +71,10 @@ static double peak_rss_mib(void) {
 mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const int P = t->pp_size, s = t->pp_rank;
-    if (t->vl || t->llava || mmc_trainer_diffusion(t) || !t->lm)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a text qwen2 (Qwen2ForCausalLM) "
-                         "so far; %s is not split into stages yet: use data or tensor parallelism for it", c->file,
-                         t->vl ? "Qwen2-VL" : t->llava ? "LLaVA" : "a diffusion model");
+    if (t->llava || mmc_trainer_diffusion(t) || !t->lm)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2 or Qwen2-VL / Qwen2.5-VL "
+                         "so far; %s is not split into stages yet: use data parallelism for it", c->file,
+                         t->llava ? "LLaVA" : "a diffusion model");
     int64_t sizes[256], bounds[257];
     const int ns = c->parallel.pipeline_layers.n;
     if (ns > 256) return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_layers: more than 256 stages", c->file);
@@ -83,8 +83,11 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     if (st) return mmc_error_prefix(st, "%s", c->file);
     t->pp_tied = t->lm->lm_head == t->lm->embed;
     t->pp_l0 = bounds[s], t->pp_l1 = bounds[s + 1];
-    if ((st = mmc_pp_trim_qwen2(t->lm, s, P, t->pp_l0, t->pp_l1))) return st;
+    if ((st = t->vl ? mmc_pp_trim_qwen2_vl(t->vl, s, P, t->pp_l0, t->pp_l1)
+                    : mmc_pp_trim_qwen2(t->lm, s, P, t->pp_l0, t->pp_l1)))
+        return st;
     if ((st = mmc_pp_new(t->groups.pp, t->lm, t->pp_l0, t->pp_l1, &t->pp))) return st;
+    if (t->vl) mmc_pp_set_vl(t->pp, t->vl);
     /* the memory figures from here on are the stage's own (the full model was read first) */
     FILE *f = fopen("/proc/self/clear_refs", "w");
     if (f) { fputs("5", f); fclose(f); }
