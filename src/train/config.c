@@ -116,7 +116,7 @@ static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, sequence_parallel, MMC_CFG_BOOL, U, NULL, NULL,
       "norms and residuals on sequence slices between tensor-parallel blocks"),
     F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
-      "pipeline stages (text qwen2: decoder layers split, 1F1B schedule)"),
+      "pipeline stages (Qwen2 / Qwen2-VL decoder layers split, 1F1B schedule)"),
     F(mmc_parallel_cfg, pipeline_layers, MMC_CFG_STR_LIST, U, NULL, NULL,
       "decoder layers of each pipeline stage, e.g. [3, 5] (default: an even split)"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
