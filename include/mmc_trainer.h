@@ -70,6 +70,11 @@ mmc_status mmc_checkpoint_latest(const char *dir, int64_t *step, char *path, siz
  * and the number of scored tokens in *n_scored. logits [B, T, V] f32. */
 mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *labels,
                                double scale, int64_t *n_scored);
+/* The same with tensor parallelism: logits [B, T, V/tp] are this rank's vocabulary slice from
+ * vocab_start (vocab-parallel cross-entropy, mmc_tp.h); the same scalar on every rank of tp. */
+struct mmc_comm;
+mmc_tensor *mmc_causal_lm_loss_tp(mmc_ctx *ctx, struct mmc_comm *tp, int64_t vocab_start, mmc_tensor *logits,
+                                  const int32_t *labels, double scale, int64_t *n_scored);
 /* Scored tokens of labels [B, T] after the shift. */
 int64_t mmc_count_label_tokens(const int32_t *labels, int64_t B, int64_t T);
 

@@ -9,6 +9,8 @@
 #     within 5e-5 absolute and 1e-7 on average, moments within 1e-3 of each tensor's scale (the
 #     embedding's two halves, or the replicas' gradients, are summed in another order; AdamW turns
 #     that rounding into up to ~5e-6 where a gradient is near zero);
+#   - pp=2 x tp=2 on 4 ranks: bit-identical to tp=2 alone, and within test_tp.sh's tolerances
+#     (1e-5 loss, 2e-4 / 1e-6 weights, 1e-2 moments) of one process, also resumed in one process;
 #   - a control that must fail: a run at another learning rate against the pp=2 run;
 #   - bf16 weights with activation recompute at pp=2: exact;
 #   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
@@ -100,6 +102,20 @@ run1 "$W/vlref.yaml" && runN 2 "$W/vlref.yaml" $PP2 --set training.output_dir="$
 cmp_runs "Qwen2-VL pp=2 (tower on stage 0), mixed text/image batches vs 1 process" vlref vlpp2 "$CLOSE"
 cmp_runs "Qwen2-VL pp=2, packed rows vs 1 process" vlpk1 vlpk2 "$CLOSE"
 cmp_runs "Qwen2.5-VL (HF directory) pp=2 vs 1 process" q25ref q25pp2 "$EXACT"
+# pp=2 x tp=2 (4 ranks; the stage models tensor-parallel, activations replicated over the tp
+# group): the same as tp=2 alone bit for bit, and against one process within test_tp.sh's
+# tolerances (the row-parallel all-reduce sums partial products in another order); a resume of
+# it in one process
+TPT="1e-5 2e-4 1e-6 1e-2"
+TP2="--set parallel.tensor_parallel=2"
+runN 2 "$W/ref.yaml" $TP2 --set training.output_dir="$W/tp2" &&
+  runN 4 "$W/ref.yaml" $TP2 $PP2 --set training.output_dir="$W/tp2pp2" || { echo "FAIL: tp runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "pp=2 x tp=2 (4 ranks) vs tp=2" tp2 tp2pp2 "$EXACT"
+cmp_runs "pp=2 x tp=2 (4 ranks) vs 1 process" ref tp2pp2 "$TPT"
+grep -m1 'stages x tensor parallelism 2' "$W/train.log"
+runN 4 "$W/ref4.yaml" $TP2 $PP2 --set training.output_dir="$W/rtp" --set training.steps=2 &&
+  run1 "$W/ref4.yaml" --set training.output_dir="$W/rtp" --resume || fail=1
+cmp_runs "pp=2 x tp=2 2 steps, resumed in 1 process" ref4 rtp "$TPT"
 # resume: the checkpoint is the single-process layout, so any number of stages reads it
 runN 2 "$W/ref4.yaml" $PP2 --set training.output_dir="$W/r22" --set training.steps=2 &&
   cp -r "$W/r22" "$W/r21" && cp -r "$W/r22" "$W/r24" &&
@@ -132,7 +148,8 @@ expect_err "split of the wrong length" "pipeline_layers: 3 entries but pipeline_
 expect_err "split not a number" "'x' (stage 0) must be a whole number" 1 "$W/ref.yaml" $PP2 --set "parallel.pipeline_layers=[x, 1]"
 expect_err "pp larger than the world" "pipeline_parallel 2 is larger than the job's 1 process" 1 "$W/ref.yaml" $PP2
 expect_err "world not divisible by pp" "3 processes do not divide into 2 pipeline stages" 3 "$W/ref.yaml" $PP2 --set data.batch_size=6
-expect_err "pp with tp" "pipeline_parallel: 2 with tensor_parallel > 1 (pp x tp) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2
+expect_err "pp with sequence parallelism" "pipeline_parallel: 2 with sequence_parallel is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2 --set parallel.sequence_parallel=true
+expect_err "pp x tp larger than the world" "pipeline_parallel 2 x tensor_parallel 2 is larger than the job's 2 processes" 2 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2
 expect_err "pp with ZeRO" "2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.zero=1
 expect_err "pp with LoRA" "2 with LoRA (model.lora) is not supported yet" 1 "$W/ref.yaml" $PP2 --set model.lora.r=4 --set "model.lora.targets=[q_proj]"
 cat > "$W/llava.yaml" <<YAML

@@ -136,8 +136,7 @@ mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int64_t l0, i
 }
 
 mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t l1) {
-    if (m->tp || m->adapter)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "pipeline stages: the model is tensor-parallel or has an adapter");
+    if (m->adapter) return mmc_error(MMC_ERR_UNSUPPORTED, "pipeline stages: the model has an inference adapter");
     const bool tied = m->lm_head == m->embed;
     int n = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -146,6 +145,7 @@ mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t
             if (n != i) {
                 m->params[n] = p;
                 memcpy(m->param_names[n], m->param_names[i], sizeof m->param_names[0]);
+                if (m->param_split) m->param_split[n] = m->param_split[i];   /* tensor parallelism */
             }
             n++;
             continue;
@@ -308,9 +308,15 @@ static mmc_status stage_forward(mmc_pp *p, int k, const mmc_batch *b, double sca
     }
     if (p->stage == p->P - 1) {
         mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);   /* [B, T, C] */
-        mmc_tensor *logits = mmc_qwen2_logits(ctx, m, h);                         /* [B, T, V] */
         int64_t n;
-        p->out[slot] = mmc_causal_lm_loss(ctx, logits, b->labels, scale, &n);     /* [] */
+        if (m->tp) {   /* vocab-parallel: this rank's logits [B, T, V/tp], never gathered */
+            mmc_tensor *logits = mmc_qwen2_logits_local(ctx, m, h);              /* [B, T, V/tp] */
+            p->out[slot] = mmc_causal_lm_loss_tp(ctx, m->tp, mmc_comm_rank(m->tp) * m->lm_head->shape[0], logits,
+                                                 b->labels, scale, &n);         /* [] */
+        } else {
+            mmc_tensor *logits = mmc_qwen2_logits(ctx, m, h);                     /* [B, T, V] */
+            p->out[slot] = mmc_causal_lm_loss(ctx, logits, b->labels, scale, &n); /* [] */
+        }
         *loss += *(const float *)p->out[slot]->data;
         return MMC_OK;
     }

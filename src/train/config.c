@@ -291,8 +291,8 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     (long long)d->batch_size, (long long)d->micro_batch_size);
     c->training.gradient_accumulation = d->batch_size / d->micro_batch_size;
     const mmc_parallel_cfg *p = &c->parallel;
-    /* pipeline parallelism (trainer_pp.c): the text Qwen2 with plain data parallelism; the layer
-     * counts are checked against the model when its config.json is read */
+    /* pipeline parallelism (trainer_pp.c): Qwen2 / Qwen2-VL with plain data parallelism and
+     * tensor parallelism; the layer counts are checked against the model when its config.json is read */
     if (p->pipeline_layers.n && p->pipeline_layers.n != p->pipeline_parallel)
         return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel is %lld: give one "
                     "decoder-layer count per stage", p->pipeline_layers.n, (long long)p->pipeline_parallel);
@@ -304,12 +304,13 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                         "layers, at least 1: no stage may be empty", p->pipeline_layers.items[i], i);
     }
     if (p->pipeline_parallel > 1) {
-        const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1 (pp x tp)" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+        const char *why = p->sequence_parallel ? "sequence_parallel" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
                           : c->model.lora.r > 0 ? "LoRA (model.lora)" : c->training.ema_decay > 0 ? "training.ema_decay"
                           : c->data.eval ? "an evaluation set (data.eval)" : NULL;
         if (why)
             return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
-                        "parallelism composes with plain data parallelism (zero 0) of full-parameter training",
+                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (without "
+                        "sequence_parallel) of full-parameter training",
                         (long long)p->pipeline_parallel, why);
     }
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —

@@ -1346,7 +1346,7 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
  * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
-    if (t->pp) return mmc_trainer_pp_save(t);   /* the stages gathered into one checkpoint */
+    if (t->pp && !t->tpc) return mmc_trainer_pp_save(t);   /* the stages gathered into one checkpoint */
     if (t->tpc) {   /* every tp rank gathers; world rank 0 writes full tensors */
         /* ZeRO-1/2: the moments are gathered over dp first (the local tensors' full state) */
         const bool zs = t->dp && t->cfg->parallel.zero >= 1;
@@ -1360,7 +1360,7 @@ static mmc_status save_ranked(mmc_trainer *t) {
         tp_swap sw;
         if (!st) st = tp_to_full(t, true, &sw);
         if (!st) {
-            st = save_ranked_inner(t);
+            st = t->pp ? mmc_trainer_pp_save(t) : save_ranked_inner(t);   /* pp x tp: the full tensors' stages */
             tp_to_local(t, &sw, false);
         }
         if (zs) {

@@ -20,34 +20,36 @@
 /* ------------------------------------------------------------------ layout */
 mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
-    const int P = (int)c->parallel.pipeline_parallel, W = t->world_size;
+    const int P = (int)c->parallel.pipeline_parallel, W = t->world_size, TP = t->tp_size, MP = P * TP;
     t->pp_size = P;
-    if (t->tp_size > 1)   /* (config.c refuses it first; kept for library callers) */
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel with tensor_parallel is not supported yet",
-                         c->file);
-    if (P > W)
-        return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_parallel %d is larger than the job's %d process%s: "
-                         "each stage needs its own rank; launch with mmc launch -n %d (or a multiple)", c->file, P, W,
-                         W == 1 ? "" : "es", P);
-    if (W % P)
-        return mmc_error(MMC_ERR_INVALID, "%s: the job's %d processes do not divide into %d pipeline stages "
-                         "(parallel.pipeline_parallel); launch a multiple of %d processes", c->file, W, P, P);
-    t->dp_size = W / P;
+    char what[96];   /* the model-parallel group, for the messages */
+    if (TP > 1) snprintf(what, sizeof what, "pipeline_parallel %d x tensor_parallel %d", P, TP);
+    else snprintf(what, sizeof what, "pipeline_parallel %d", P);
+    if (MP > W)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.%s is larger than the job's %d process%s: each stage%s needs "
+                         "its own rank; launch with mmc launch -n %d (or a multiple)", c->file, what, W,
+                         W == 1 ? "" : "es", TP > 1 ? " and tensor slice" : "", MP);
+    if (W % MP)
+        return mmc_error(MMC_ERR_INVALID, "%s: the job's %d processes do not divide into %d pipeline stages%s "
+                         "(parallel.%s); launch a multiple of %d processes", c->file, W, P,
+                         TP > 1 ? " of tensor-parallel groups" : "", what, MP);
+    t->dp_size = W / MP;
     if (c->parallel.data_parallel != t->dp_size && c->parallel.data_parallel != 1)
-        return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel %lld x pipeline_parallel %d is not the job's %d "
-                         "processes; set data_parallel: %d or leave it out", c->file,
-                         (long long)c->parallel.data_parallel, P, W, t->dp_size);
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel %lld x %s is not the job's %d processes; set "
+                         "data_parallel: %d or leave it out", c->file, (long long)c->parallel.data_parallel, what, W,
+                         t->dp_size);
     if (c->training.gradient_accumulation % t->dp_size)
         return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld does not divide into %d data-parallel replicas "
                          "(world %d / pipeline_parallel %d) x micro_batch_size %lld", c->file,
                          (long long)c->data.batch_size, t->dp_size, W, P, (long long)c->data.micro_batch_size);
-    mmc_dist_layout lay = {.pipeline = P, .data = t->dp_size};
+    mmc_dist_layout lay = {.tensor = TP, .pipeline = P, .data = t->dp_size};
     mmc_status st = mmc_dist_layout_groups(t->world, &lay, &t->groups);
     if (st) return st;
     t->have_groups = true;
     t->dpc = t->groups.dp;
     t->dp_rank = t->groups.dp_rank;
     t->pp_rank = t->groups.pp_rank;
+    if (TP > 1) t->tpc = t->groups.tp;
     const int64_t M = c->training.gradient_accumulation / t->dp_size;
     if (t->rank == 0 && M < P)
         fprintf(stderr, "mmc train: warning: %lld micro-batch%s per step and data-parallel rank (data.batch_size / "
@@ -93,8 +95,10 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     if (f) { fputs("5", f); fclose(f); }
     if (t->rank == 0) {
         const int M = (int)(c->training.gradient_accumulation / t->dp_size);
-        fprintf(stderr, "mmc train: pipeline parallelism %d stages x data parallelism %d (%s), 1F1B over %d "
-                "micro-batches per step (bubble (P-1)/(M+P-1) = %.1f%%); stage layers:", P, t->dp_size,
+        char tps[48] = "";
+        if (t->tp_size > 1) snprintf(tps, sizeof tps, " x tensor parallelism %d", t->tp_size);
+        fprintf(stderr, "mmc train: pipeline parallelism %d stages%s x data parallelism %d (%s), 1F1B over %d "
+                "micro-batches per step (bubble (P-1)/(M+P-1) = %.1f%%); stage layers:", P, tps, t->dp_size,
                 mmc_comm_backend_name(t->world), M, 100.0 * mmc_pp_bubble_fraction(P, M));
         for (int k = 0; k < P; k++) fprintf(stderr, " [%lld, %lld)", (long long)bounds[k], (long long)bounds[k + 1]);
         fprintf(stderr, "%s\n", t->pp_tied ? "; tied embeddings: first and last stage sum their gradients" : "");
@@ -137,7 +141,9 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
         if (e->flags & MMC_REQUIRES_GRAD) st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, e)->data, mmc_numel(e));
         if (st) return st;
     }
-    /* the loss lives on the last stage of each replica: summed over the world (0 elsewhere) */
+    /* the loss lives on the last stage of each replica: summed over the world (0 elsewhere; with
+     * tp every rank of the last stage has it: counted once) */
+    if (t->tpc && t->groups.tp_rank != 0) *loss = 0;
     if ((st = mmc_all_reduce(t->world, loss, loss, 1, MMC_F64, MMC_SUM))) return st;
     if (!isfinite(*loss))
         return mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite; stopping without updating the "
@@ -156,18 +162,20 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
 }
 
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
-    double sq = 0;
+    double sq[2] = {0, 0};   /* tensor-parallel slices (summed over tp), replicated */
     for (int i = 0; i < t->n_opt; i++) {
         const mmc_tensor *g = t->opt[i]->grad;
         if (!g || is_tied_copy(t, t->opt_model[i])) continue;   /* the tied embedding counts once */
         const float *gd = g->data;
         double s = 0;
         for (int64_t k = 0, n = mmc_numel(g); k < n; k++) s += (double)gd[k] * gd[k];
-        sq += s;
+        sq[t->opt_split && t->opt_split[i] >= 0 ? 0 : 1] += s;
     }
-    mmc_status st = mmc_all_reduce(t->groups.pp, &sq, &sq, 1, MMC_F64, MMC_SUM);
+    mmc_status st = t->tpc ? mmc_all_reduce(t->tpc, sq, sq, 1, MMC_F64, MMC_SUM) : MMC_OK;
+    double total = sq[0] + sq[1];
+    if (!st) st = mmc_all_reduce(t->groups.pp, &total, &total, 1, MMC_F64, MMC_SUM);
     if (st) return st;
-    *norm = sqrt(sq);
+    *norm = sqrt(total);
     const double max_norm = t->cfg->optimizer.grad_clip;
     if (max_norm > 0 && *norm > max_norm) {   /* as clip_grad_norm_ (mmc_clip_grad_norm) */
         const float coef = (float)(max_norm / (*norm + 1e-6));
@@ -324,7 +332,9 @@ done:
 
 mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
     mmc_status st = MMC_OK;
-    if (t->dp_rank == 0)   /* replicas hold the same weights: the first one's stages gather */
+    /* replicas hold the same weights: the first one's stages gather (with tp: its first tp rank's,
+     * which holds the full tensors the caller gathered) */
+    if (t->dp_rank == 0 && (!t->tpc || t->groups.tp_rank == 0))
         st = t->pp_rank == 0 ? save_on_rank0(t) : send_stage(t);
     int64_t bad = st != MMC_OK;
     mmc_status s2 = mmc_all_reduce(t->world, &bad, &bad, 1, MMC_I64, MMC_MAX);

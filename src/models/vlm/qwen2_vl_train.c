@@ -48,6 +48,11 @@ mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *
     return causal_lm_loss(ctx, NULL, 0, logits, labels, scale, n_scored);
 }
 
+mmc_tensor *mmc_causal_lm_loss_tp(mmc_ctx *ctx, struct mmc_comm *tp, int64_t vocab_start, mmc_tensor *logits,
+                                  const int32_t *labels, double scale, int64_t *n_scored) {
+    return causal_lm_loss(ctx, tp, vocab_start, logits, labels, scale, n_scored);
+}
+
 mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, double scale,
                               int64_t *n_scored) {
     int64_t B = b->B, T = b->T;
