@@ -1,5 +1,8 @@
 /* mmc_pp.h — pipeline parallelism (GPipe's stages, Huang et al. 2019, with the 1F1B schedule of
- * PipeDream-Flush / Megatron-LM, Narayanan et al. 2021) for the text Qwen2 decoder.
+ * PipeDream-Flush / Megatron-LM, Narayanan et al. 2021) for the Qwen2 decoder (text, and the
+ * language model of Qwen2-VL / Qwen2.5-VL); a stage's model may itself be tensor-parallel
+ * (mmc_tp.h: the residual stream between stages is then replicated over the tp group, and each
+ * tp rank talks to its peer of the neighbouring stage).
  *
  * The decoder layers are cut into P contiguous ranges, one per stage (pipeline rank): the token
  * embedding sits on the first stage, the final norm, lm_head and the loss on the last. A stage

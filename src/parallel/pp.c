@@ -1,4 +1,4 @@
-/* pp.c — pipeline parallelism (mmc_pp.h) for the text Qwen2 decoder, after Megatron-LM's
+/* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-VL decoder, after Megatron-LM's
  * pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: warm-up,
  * steady 1F1B, cool-down) and p2p_communication.py (the residual stream and its gradient sent
  * between neighbouring stages): the schedule and its simulator, the layer split, trimming a

@@ -1,12 +1,13 @@
 /* trainer_pp.c — the trainer's side of pipeline parallelism (mmc_pp.h; parallel.pipeline_parallel):
- * the layout checks and process groups (Megatron's order: data-parallel ranks of a stage
- * adjacent, stages outermost), cutting the loaded model down to this rank's stage, one
+ * the layout checks and process groups (Megatron's order: tensor fastest, then data, then
+ * pipeline stages), cutting the loaded model down to this rank's stage, one
  * optimizer step's micro-batches through the 1F1B runtime with the gradient sums it needs
  * (over the stage's data-parallel group, and the tied embedding between the first and last
- * stage), the global gradient norm over the stages, and checkpoints.
+ * stage), the global gradient norm over the tensor slices and the stages, and checkpoints.
  *
  * A checkpoint is the normal single-process one (HF model.safetensors with every layer,
- * optimizer.safetensors, trainer_state.json): the first rank of each stage sends its
+ * optimizer.safetensors, trainer_state.json): with tp the stage's tensors are first gathered
+ * over its tp group (trainer.c's tp_to_full); then the first rank of each stage sends its
  * parameters, AdamW moments and fp32 masters to world rank 0, which writes them with the
  * single-process saver. So a run resumes at any number of stages (each stage loads the full
  * checkpoint and keeps its part), and transformers loads it as it is. */
