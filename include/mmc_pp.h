@@ -43,20 +43,32 @@ typedef enum { MMC_PP_FORWARD = 0, MMC_PP_BACKWARD = 1 } mmc_pp_kind;
 typedef struct {
     int kind;   /* mmc_pp_kind */
     int mb;     /* micro-batch, 0-based */
+    int chunk;  /* interleaved: the rank's model chunk (virtual stage chunk P + stage); else 0 */
 } mmc_pp_op;
 
 /* The 1F1B order of stage `stage` (0-based) of P over M micro-batches: 2 M operations written
  * to ops (capacity 2 M); returns how many (2 M), or -1 on bad arguments. */
 int mmc_pp_schedule_1f1b(int P, int stage, int M, mmc_pp_op *ops);
+/* The same with v model chunks per rank (interleaved 1F1B, Narayanan et al. 2021 sec. 2.2, as
+ * Megatron's forward_backward_pipelining_with_interleaving orders it: chunk c of rank s is
+ * virtual stage c P + s; groups of P micro-batches go through chunk 0, then chunk 1, ...):
+ * 2 M v operations; v = 1 is plain 1F1B. Interleaving needs P >= 2 and M a multiple of P
+ * (else -1). */
+int mmc_pp_schedule(int P, int v, int stage, int M, mmc_pp_op *ops);
 /* Largest number of micro-batches in flight (forward done, backward not) on that stage. */
 int mmc_pp_max_in_flight(int P, int stage, int M);
 /* The analytic bubble share of a 1F1B (or GPipe) step with equal stage times: (P-1)/(M+P-1). */
 double mmc_pp_bubble_fraction(int P, int M);
+/* Interleaved: each chunk's share of a micro-batch's time is 1/v, so (P-1)/(v M + P - 1). */
+double mmc_pp_bubble_fraction_v(int P, int v, int M);
 /* Run the P stages' schedules against each other in simulated time (forward tf, backward tb per
  * micro-batch per stage, transfers free): each operation starts when its stage is free and its
  * input has arrived. Returns the step's makespan and, in *bubble, the idle share of the stages'
  * time (1 - busy / (P * makespan)); -1 if the schedules deadlock. */
 double mmc_pp_simulate(int P, int M, double tf, double tb, double *bubble);
+/* The same for v chunks per rank (tf, tb: a rank's whole forward / backward of a micro-batch;
+ * a chunk takes 1/v of it). */
+double mmc_pp_simulate_v(int P, int v, int M, double tf, double tb, double *bubble);
 
 /* ---------------------------------------------------------------- stages */
 /* Cut n_layers decoder layers into P stages: bounds[0 .. P] with stage s holding layers
@@ -68,13 +80,17 @@ mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, in
  * stage, norm and lm_head on the last, and with tied embeddings the embedding on the last stage
  * too, as its lm_head): every other parameter is freed and leaves m->params. */
 mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t l1);
+/* The same for a rank holding nc chunks of layers [l0[c], l1[c]) (interleaved stages). */
+mmc_status mmc_pp_trim_qwen2_chunks(mmc_qwen2 *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1);
 /* Qwen2-VL: the language model as above, the vision tower (and merger) on the first stage only. */
-mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int64_t l0, int64_t l1);
+mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1);
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct mmc_pp mmc_pp;
 /* pp: the pipeline group (its rank is the stage); m: the trimmed stage model. */
 mmc_status mmc_pp_new(mmc_comm *pp, mmc_qwen2 *m, int64_t l0, int64_t l1, mmc_pp **out);
+/* Interleaved: this rank's v chunks, chunk c holding layers [l0[c], l1[c]) (virtual stage c P + stage). */
+mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, const int64_t *l1, mmc_pp **out);
 void mmc_pp_free(mmc_pp *p);
 /* Run a Qwen2-VL (m of mmc_pp_new is vl->lm): the first stage runs the vision tower and places
  * its features in the embeddings; every stage computes the M-RoPE positions from the batch. */

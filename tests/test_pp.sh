@@ -12,6 +12,7 @@
 #   - pp=2 x tp=2 on 4 ranks: bit-identical to tp=2 alone, and within test_tp.sh's tolerances
 #     (1e-5 loss, 2e-4 / 1e-6 weights, 1e-2 moments) of one process, also resumed in one process;
 #   - a control that must fail: a run at another learning rate against the pp=2 run;
+#   - interleaved 1F1B (pipeline_virtual 2) at pp=2 on the 4-layer model: exact;
 #   - bf16 weights with activation recompute at pp=2: exact;
 #   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
 #     above, Qwen2.5-VL (untied) exact;
@@ -73,6 +74,11 @@ cmp_runs "pp=4 (4 layers, 6 micro-batches) vs 1 process" ref4 pp4 "$EXACT"
 runN 2 "$W/ref4.yaml" $PP2 --set "parallel.pipeline_layers=[1, 3]" --set training.output_dir="$W/pp13" ||
   { echo "FAIL: pp=2 [1, 3] run"; tail "$W/train.log"; fail=1; }
 cmp_runs "pp=2 split [1, 3] vs 1 process" ref4 pp13 "$EXACT"
+# interleaved 1F1B: 2 chunks per rank (virtual stages [0,1) [1,2) on rank 0 / 1, then [2,3) [3,4))
+runN 2 "$W/ref4.yaml" $PP2 --set parallel.pipeline_virtual=2 --set training.output_dir="$W/ppv2" ||
+  { echo "FAIL: interleaved run"; tail "$W/train.log"; fail=1; }
+cmp_runs "interleaved pp=2 x 2 chunks (6 micro-batches) vs 1 process" ref4 ppv2 "$EXACT"
+grep -m1 'interleaved (2 chunks' "$W/train.log"
 # bf16 weights (fp32 masters) with activation recompute, against the same single-process run
 BFR="--set model.dtype=bf16 --set model.recompute=full"
 run1 "$W/ref4.yaml" $BFR --set training.output_dir="$W/bref" &&
@@ -146,6 +152,9 @@ else echo "FAIL: no warning for 1 micro-batch on 2 stages:"; cat "$out"; fail=1;
 expect_err "an empty stage" "'0' (stage 1) must be a whole number of decoder layers, at least 1: no stage may be empty" 1 "$W/ref.yaml" $PP2 --set "parallel.pipeline_layers=[2, 0]"
 expect_err "split of the wrong length" "pipeline_layers: 3 entries but pipeline_parallel is 2" 1 "$W/ref.yaml" $PP2 --set "parallel.pipeline_layers=[1, 1, 1]"
 expect_err "split not a number" "'x' (stage 0) must be a whole number" 1 "$W/ref.yaml" $PP2 --set "parallel.pipeline_layers=[x, 1]"
+expect_err "interleaving, micro-batches not a multiple of the stages" "a step has 3 per data-parallel rank .*: use a multiple of 2" 2 "$W/ref4.yaml" $PP2 --set parallel.pipeline_virtual=2 --set data.batch_size=3
+expect_err "interleaving without stages" "pipeline_virtual: 2 needs pipeline_parallel 2 or more" 1 "$W/ref.yaml" --set parallel.pipeline_virtual=2
+expect_err "interleaving, too few layers" "2 stages x 2 chunks (pipeline_virtual) = 4 virtual stages: .*more than the model's 2 decoder layers" 2 "$W/ref.yaml" $PP2 --set parallel.pipeline_virtual=2
 expect_err "pp larger than the world" "pipeline_parallel 2 is larger than the job's 1 process" 1 "$W/ref.yaml" $PP2
 expect_err "world not divisible by pp" "3 processes do not divide into 2 pipeline stages" 3 "$W/ref.yaml" $PP2 --set data.batch_size=6
 expect_err "pp with sequence parallelism" "pipeline_parallel: 2 with sequence_parallel is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2 --set parallel.sequence_parallel=true

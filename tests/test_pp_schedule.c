@@ -68,6 +68,52 @@ static void test_schedule(void) {
     CHECK(mmc_pp_schedule_1f1b(2, 0, 0, ops) == -1);
 }
 
+static void seq_str_v(int P, int v, int s, int M, char *buf, size_t cap) {
+    mmc_pp_op ops[128];
+    int n = mmc_pp_schedule(P, v, s, M, ops);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%s%c%dc%d", i ? " " : "", ops[i].kind == MMC_PP_FORWARD ? 'F' : 'B', ops[i].mb,
+                 ops[i].chunk);
+    }
+}
+
+/* interleaved 1F1B (v chunks per rank): the order Megatron's schedule gives for P = 2, v = 2,
+ * M = 4 ("F<mb>c<chunk>"), and the invariants: every (micro-batch, chunk) forward once then
+ * backward once, each chunk's micro-batches in order */
+static void test_schedule_interleaved(void) {
+    char buf[512];
+    seq_str_v(2, 2, 0, 4, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "F0c0 F1c0 F0c1 F1c1 F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0 B2c1 B3c1 B2c0 B3c0"), "rank 0: %s",
+           buf);
+    seq_str_v(2, 2, 1, 4, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "F0c0 F1c0 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 B2c0 B3c0"), "rank 1: %s",
+           buf);
+    seq_str_v(3, 1, 0, 4, buf, sizeof buf);
+    CHECK(!strcmp(buf, "F0c0 F1c0 F2c0 B0c0 F3c0 B1c0 B2c0 B3c0"));   /* v = 1: plain 1F1B */
+    mmc_pp_op ops[2 * 16 * 4];
+    CHECK(mmc_pp_schedule(2, 2, 0, 3, ops) == -1);   /* M not a multiple of P */
+    CHECK(mmc_pp_schedule(1, 2, 0, 4, ops) == -1);   /* one stage cannot interleave */
+    int bad = 0;
+    for (int P = 2; P <= 4; P++)
+        for (int v = 2; v <= 4; v++)
+            for (int M = P; M <= 16; M += P)
+                for (int s = 0; s < P; s++) {
+                    int n = mmc_pp_schedule(P, v, s, M, ops), fnext[4] = {0}, bnext[4] = {0};
+                    bool ok = n == 2 * M * v;
+                    for (int i = 0; ok && i < n; i++) {
+                        const int c = ops[i].chunk;
+                        ok = c >= 0 && c < v;
+                        if (ok && ops[i].kind == MMC_PP_FORWARD) ok = ops[i].mb == fnext[c]++;
+                        else if (ok) ok = ops[i].mb == bnext[c]++ && bnext[c] <= fnext[c];
+                    }
+                    for (int c = 0; ok && c < v; c++) ok = fnext[c] == M && bnext[c] == M;
+                    if (!ok && bad++ < 3) fprintf(stderr, "interleaved invariant broken at P=%d v=%d M=%d rank %d\n", P, v, M, s);
+                }
+    CHECK(bad == 0);
+}
+
 static void test_simulate(void) {
     printf("1F1B bubble (simulated, forward:backward 1:2 | analytic (P-1)/(M+P-1)):");
     for (int P = 2; P <= 4; P += 2)
@@ -83,6 +129,19 @@ static void test_simulate(void) {
         }
     printf("\n");
     CHECK_NEAR(mmc_pp_bubble_fraction(4, 8), 3.0 / 11.0, 1e-15);
+    /* interleaved: no deadlock, and the bubble shrinks by v (to (P-1)/(v M + P - 1)) */
+    printf("interleaved 1F1B bubble (simulated, 1:2 | analytic (P-1)/(vM+P-1)):");
+    for (int P = 2; P <= 4; P += 2)
+        for (int v = 2; v <= 4; v += 2)
+            for (int M = P; M <= 16; M *= 2) {
+                double bubble, span = mmc_pp_simulate_v(P, v, M, 1.0, 2.0, &bubble);
+                CHECKF(span > 0, "interleaved P=%d v=%d M=%d deadlocks", P, v, M);
+                CHECKF(fabs(bubble - mmc_pp_bubble_fraction_v(P, v, M)) < 1e-12, "P=%d v=%d M=%d: bubble %.6f, "
+                       "expected %.6f", P, v, M, bubble, mmc_pp_bubble_fraction_v(P, v, M));
+                if (M == 8) printf(" P=%d v=%d M=%d %.1f%% | %.1f%%;", P, v, M, 100 * bubble,
+                                   100 * mmc_pp_bubble_fraction_v(P, v, M));
+            }
+    printf("\n");
     double b;
     CHECK(mmc_pp_simulate(1, 3, 1, 2, &b) > 0 && b == 0);   /* one stage: no bubble */
 }
@@ -291,6 +350,7 @@ int main(int argc, char **argv) {
     if (argc == 8 && !strcmp(argv[1], "compare"))
         return compare(argv[2], argv[3], atof(argv[4]), atof(argv[5]), atof(argv[6]), atof(argv[7]));
     test_schedule();
+    test_schedule_interleaved();
     test_simulate();
     test_split();
     test_trim();

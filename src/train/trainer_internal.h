@@ -102,11 +102,12 @@ struct mmc_trainer {
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
     bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
-    /* pipeline parallelism (trainer_pp.c): this rank's stage of pp_size, holding decoder layers
-     * [pp_l0, pp_l1); NULL / 1 without */
+    /* pipeline parallelism (trainer_pp.c): this rank's stage of pp_size, holding pp_v chunks of
+     * decoder layers [pp_l0[c], pp_l1[c]) (interleaved: virtual stage c pp_size + pp_rank);
+     * NULL / 1 without */
     struct mmc_pp *pp;
-    int pp_size, pp_rank;
-    int64_t pp_l0, pp_l1;
+    int pp_size, pp_rank, pp_v;
+    int64_t pp_l0[16], pp_l1[16];
     bool pp_tied;              /* tied embeddings split over the first and the last stage */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */

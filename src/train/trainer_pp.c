@@ -51,7 +51,13 @@ mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
     t->dp_rank = t->groups.dp_rank;
     t->pp_rank = t->groups.pp_rank;
     if (TP > 1) t->tpc = t->groups.tp;
-    const int64_t M = c->training.gradient_accumulation / t->dp_size;
+    const int64_t M = c->training.gradient_accumulation / t->dp_size, v = c->parallel.pipeline_virtual;
+    t->pp_v = (int)v;
+    if (v > 1 && M % P)
+        return mmc_error(MMC_ERR_INVALID, "%s: interleaved 1F1B (parallel.pipeline_virtual %lld) sends micro-batches "
+                         "through the stages in groups of pipeline_parallel %d, but a step has %lld per data-parallel "
+                         "rank (data.batch_size / micro_batch_size / data_parallel): use a multiple of %d", c->file,
+                         (long long)v, P, (long long)M, P);
     if (t->rank == 0 && M < P)
         fprintf(stderr, "mmc train: warning: %lld micro-batch%s per step and data-parallel rank (data.batch_size / "
                 "micro_batch_size / data_parallel) is fewer than the %d pipeline stages: 1F1B keeps stages idle "
@@ -78,18 +84,20 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2 or Qwen2-VL / Qwen2.5-VL "
                          "so far; %s is not split into stages yet: use data parallelism for it", c->file,
                          t->llava ? "LLaVA" : "a diffusion model");
+    const int v = t->pp_v, nv = P * v;   /* virtual stages: chunk c of rank s is c P + s */
+    if (nv > 256) return mmc_error(MMC_ERR_INVALID, "%s: more than 256 (virtual) pipeline stages", c->file);
     int64_t sizes[256], bounds[257];
     const int ns = c->parallel.pipeline_layers.n;
-    if (ns > 256) return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_layers: more than 256 stages", c->file);
-    for (int i = 0; i < ns; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
-    mmc_status st = mmc_pp_split_layers(t->lm->cfg.num_layers, P, sizes, ns, bounds);
+    for (int i = 0; i < ns && i < 256; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
+    mmc_status st = mmc_pp_split_layers(t->lm->cfg.num_layers, nv, sizes, ns, bounds);
+    if (st && v > 1) return mmc_error_prefix(st, "%s: %d stages x %d chunks (pipeline_virtual) = %d virtual stages", c->file, P, v, nv);
     if (st) return mmc_error_prefix(st, "%s", c->file);
     t->pp_tied = t->lm->lm_head == t->lm->embed;
-    t->pp_l0 = bounds[s], t->pp_l1 = bounds[s + 1];
-    if ((st = t->vl ? mmc_pp_trim_qwen2_vl(t->vl, s, P, t->pp_l0, t->pp_l1)
-                    : mmc_pp_trim_qwen2(t->lm, s, P, t->pp_l0, t->pp_l1)))
+    for (int k = 0; k < v; k++) t->pp_l0[k] = bounds[k * P + s], t->pp_l1[k] = bounds[k * P + s + 1];
+    if ((st = t->vl ? mmc_pp_trim_qwen2_vl(t->vl, s, P, v, t->pp_l0, t->pp_l1)
+                    : mmc_pp_trim_qwen2_chunks(t->lm, s, P, v, t->pp_l0, t->pp_l1)))
         return st;
-    if ((st = mmc_pp_new(t->groups.pp, t->lm, t->pp_l0, t->pp_l1, &t->pp))) return st;
+    if ((st = mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp))) return st;
     if (t->vl) mmc_pp_set_vl(t->pp, t->vl);
     /* the memory figures from here on are the stage's own (the full model was read first) */
     FILE *f = fopen("/proc/self/clear_refs", "w");
@@ -98,10 +106,14 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
         const int M = (int)(c->training.gradient_accumulation / t->dp_size);
         char tps[48] = "";
         if (t->tp_size > 1) snprintf(tps, sizeof tps, " x tensor parallelism %d", t->tp_size);
-        fprintf(stderr, "mmc train: pipeline parallelism %d stages%s x data parallelism %d (%s), 1F1B over %d "
-                "micro-batches per step (bubble (P-1)/(M+P-1) = %.1f%%); stage layers:", P, tps, t->dp_size,
-                mmc_comm_backend_name(t->world), M, 100.0 * mmc_pp_bubble_fraction(P, M));
-        for (int k = 0; k < P; k++) fprintf(stderr, " [%lld, %lld)", (long long)bounds[k], (long long)bounds[k + 1]);
+        char vs[64] = "";
+        if (v > 1) snprintf(vs, sizeof vs, " interleaved (%d chunks per rank)", v);
+        fprintf(stderr, "mmc train: pipeline parallelism %d stages%s x data parallelism %d (%s), 1F1B%s over %d "
+                "micro-batches per step (bubble (P-1)/(%sM+P-1) = %.1f%%); stage layers:", P, tps, t->dp_size,
+                mmc_comm_backend_name(t->world), vs, M, v > 1 ? "v " : "", 100.0 * mmc_pp_bubble_fraction_v(P, v, M));
+        for (int k = 0; k < nv; k++)
+            fprintf(stderr, "%s[%lld, %lld)", v > 1 && k % P == 0 ? (k ? " | " : " ") : " ", (long long)bounds[k],
+                    (long long)bounds[k + 1]);
         fprintf(stderr, "%s\n", t->pp_tied ? "; tied embeddings: first and last stage sum their gradients" : "");
     }
     return MMC_OK;
@@ -154,10 +166,14 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
         int64_t bytes;
         double wait;
         mmc_pp_last_stats(t->pp, &bytes, &wait);
-        fprintf(stderr, "mmc train: pipeline stage %d/%d (layers [%lld, %lld)), data-parallel rank %d: peak RSS %.1f "
-                "MiB since set-up; last step sent %.2f MiB point-to-point, %.3f s waiting in receives\n",
-                t->pp_rank, t->pp_size, (long long)t->pp_l0, (long long)t->pp_l1, t->dp_rank, peak_rss_mib(),
-                (double)bytes / 1048576.0, wait);
+        char ls[256] = "";
+        for (int k = 0; k < t->pp_v; k++) {
+            size_t u = strlen(ls);
+            snprintf(ls + u, sizeof ls - u, "%s[%lld, %lld)", k ? " " : "", (long long)t->pp_l0[k], (long long)t->pp_l1[k]);
+        }
+        fprintf(stderr, "mmc train: pipeline stage %d/%d (layers %s), data-parallel rank %d: peak RSS %.1f MiB since "
+                "set-up; last step sent %.2f MiB point-to-point, %.3f s waiting in receives\n", t->pp_rank,
+                t->pp_size, ls, t->dp_rank, peak_rss_mib(), (double)bytes / 1048576.0, wait);
     }
     return MMC_OK;
 }
