@@ -70,6 +70,11 @@ mmc_status mmc_checkpoint_latest(const char *dir, int64_t *step, char *path, siz
  * and the number of scored tokens in *n_scored. logits [B, T, V] f32. */
 mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *labels,
                                double scale, int64_t *n_scored);
+/* The same with tensor parallelism: logits [B, T, V/tp] are this rank's vocabulary slice from
+ * vocab_start (vocab-parallel cross-entropy, mmc_tp.h); the same scalar on every rank of tp. */
+struct mmc_comm;
+mmc_tensor *mmc_causal_lm_loss_tp(mmc_ctx *ctx, struct mmc_comm *tp, int64_t vocab_start, mmc_tensor *logits,
+                                  const int32_t *labels, double scale, int64_t *n_scored);
 /* Scored tokens of labels [B, T] after the shift. */
 int64_t mmc_count_label_tokens(const int32_t *labels, int64_t B, int64_t T);
 
@@ -80,6 +85,9 @@ mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, do
  * row with cu_seqlens; M-RoPE positions computed per row / segment unless the batch has them). */
 mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batch *b, double scale,
                                    mmc_tensor **loss, int64_t *n_scored);
+/* A data-pipeline micro-batch as the Qwen2-VL forward takes it: ids [B, T] (returned) and its
+ * images / videos in *media (pixel values copied into ctx's arena). */
+mmc_tensor *mmc_qwen2_vl_batch_media(mmc_ctx *ctx, const mmc_batch *b, mmc_vl_media *media);
 /* LLaVA causal-LM loss for one micro-batch of the data pipeline (llava_train.c): pixel_values
  * [n_images, 3 * S * S] (CLIPImageProcessor's, one row per image), their features in place of
  * the <image> tokens (gradients through the projector, and the tower unless frozen), plain 1-D positions

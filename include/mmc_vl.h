@@ -164,6 +164,13 @@ typedef struct {
 mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
                                    const mmc_vl_seq *seq, mmc_kv_cache *kv, int64_t *rope_deltas,
                                    mmc_tensor **hidden);
+/* The decoder's inputs as mmc_qwen2_vl_forward_ex computes them: the token embeddings with the
+ * vision features at the placeholders -> *embeds [B, T, C] (embeds NULL: neither the embedding
+ * nor the towers run — a later pipeline stage, mmc_pp.h, needs only the positions), the M-RoPE
+ * tables *cos, *sin [B, T, D] and the attention options (a packed row's blocks, in ctx's arena). */
+mmc_status mmc_qwen2_vl_inputs(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
+                               const mmc_vl_seq *seq, mmc_kv_cache *kv, int64_t *rope_deltas, mmc_tensor **embeds,
+                               mmc_tensor **cos, mmc_tensor **sin, mmc_attn_opts *attn);
 /* Fresh model with random init (both parts f32, mmc_vision_new / mmc_qwen2_new) from a parsed
  * config.json (`what` names it in messages). */
 mmc_status mmc_qwen2_vl_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_qwen2_vl **out);

@@ -1,7 +1,7 @@
 /* config.c — the run configuration (mmc_config.h): the schema of the five sections, the
  * defaults, `--set` overrides, and the cross-field rules that a per-key schema cannot
- * express (path xor init, batch_size divisible by micro_batch_size, data parallelism only:
- * tensor and pipeline parallel 1, ...). Every error names file:line and the dotted key;
+ * express (path xor init, batch_size divisible by micro_batch_size, which parallel layouts
+ * combine, ...). Every error names file:line and the dotted key;
  * unknown keys get the closest valid key (mmc_cfg_read). Defaults follow HF Trainer / LLaMA-Factory where they exist. */
 #include "mmc_config.h"
 #include "mmc_diffusion.h"
@@ -115,7 +115,13 @@ static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
     F(mmc_parallel_cfg, sequence_parallel, MMC_CFG_BOOL, U, NULL, NULL,
       "norms and residuals on sequence slices between tensor-parallel blocks"),
-    F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "pipeline stages"),
+    F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
+      "pipeline stages (Qwen2 / Qwen2-VL decoder layers split, 1F1B schedule)"),
+    F(mmc_parallel_cfg, pipeline_layers, MMC_CFG_STR_LIST, U, NULL, NULL,
+      "decoder layers of each pipeline stage, e.g. [3, 5] (default: an even split; with pipeline_virtual v: "
+      "P x v entries, virtual stage c P + s on rank s)"),
+    F(mmc_parallel_cfg, pipeline_virtual, MMC_CFG_INT, 1, 16, NULL, NULL,
+      "model chunks per pipeline rank: interleaved 1F1B, bubble / v (Megatron's virtual pipeline size)"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
       "seconds a rank waits on a collective before aborting the job, naming the rank it waits on (600; "
@@ -182,7 +188,8 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.micro_batch_size = 1;
     c->data.num_workers = 2;
     c->data.prefetch = 4;
-    c->parallel = (mmc_parallel_cfg){1, 1, 1, 0, 600.0, false};
+    c->parallel = (mmc_parallel_cfg){.data_parallel = 1, .tensor_parallel = 1, .pipeline_parallel = 1, .pipeline_virtual = 1,
+                                     .timeout = 600.0};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
     c->optimizer.weight_decay = 0.0;
@@ -288,9 +295,37 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                     (long long)d->batch_size, (long long)d->micro_batch_size);
     c->training.gradient_accumulation = d->batch_size / d->micro_batch_size;
     const mmc_parallel_cfg *p = &c->parallel;
-    if (p->pipeline_parallel != 1)
-        return verr(c, root, "parallel", "pipeline_parallel", "%lld: only 1 is supported (pipeline parallelism "
-                    "is not implemented yet; data_parallel and tensor_parallel are)", (long long)p->pipeline_parallel);
+    /* pipeline parallelism (trainer_pp.c): Qwen2 / Qwen2-VL with plain data parallelism and
+     * tensor parallelism; the layer counts are checked against the model when its config.json is read */
+    if (p->pipeline_virtual > 1 && p->pipeline_parallel < 2)
+        return verr(c, root, "parallel", "pipeline_virtual", "%lld needs pipeline_parallel 2 or more (the chunks of "
+                    "a rank interleave with the other stages')", (long long)p->pipeline_virtual);
+    if (p->pipeline_layers.n && p->pipeline_layers.n != p->pipeline_parallel * p->pipeline_virtual) {
+        if (p->pipeline_virtual > 1)
+            return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel %lld x "
+                        "pipeline_virtual %lld makes %lld virtual stages: give one decoder-layer count per virtual "
+                        "stage", p->pipeline_layers.n, (long long)p->pipeline_parallel, (long long)p->pipeline_virtual,
+                        (long long)(p->pipeline_parallel * p->pipeline_virtual));
+        return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel is %lld: give one "
+                    "decoder-layer count per stage", p->pipeline_layers.n, (long long)p->pipeline_parallel);
+    }
+    for (int i = 0; i < p->pipeline_layers.n; i++) {
+        char *end;
+        long long v = strtoll(p->pipeline_layers.items[i], &end, 10);
+        if (!*p->pipeline_layers.items[i] || *end || v < 1)
+            return verr(c, root, "parallel", "pipeline_layers", "'%s' (stage %d) must be a whole number of decoder "
+                        "layers, at least 1: no stage may be empty", p->pipeline_layers.items[i], i);
+    }
+    if (p->pipeline_parallel > 1) {
+        const char *why = p->sequence_parallel ? "sequence_parallel" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+                          : c->model.lora.r > 0 ? "LoRA (model.lora)" : c->training.ema_decay > 0 ? "training.ema_decay"
+                          : c->data.eval ? "an evaluation set (data.eval)" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
+                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (without "
+                        "sequence_parallel) of full-parameter training",
+                        (long long)p->pipeline_parallel, why);
+    }
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
      * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
     if (p->sequence_parallel && p->tensor_parallel < 2)

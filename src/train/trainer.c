@@ -10,6 +10,7 @@
 #include "trainer_internal.h"
 #include "mmc_tp.h"
 #include "mmc_quant.h"
+#include "mmc_pp.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -602,6 +603,11 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     t->rank = mmc_comm_rank(t->world);
     t->world_size = mmc_comm_size(t->world);
     t->tp_size = (int)cfg->parallel.tensor_parallel;
+    t->pp_size = 1;
+    if (cfg->parallel.pipeline_parallel > 1) {   /* pipeline stages (trainer_pp.c): their own layout and groups */
+        if ((st = mmc_trainer_pp_layout(t))) goto fail;
+        goto layout_done;
+    }
     if (t->tp_size > t->world_size) {
         st = mmc_error(MMC_ERR_INVALID, "%s: parallel.tensor_parallel %d is larger than the job's %d process%s: a "
                        "tensor-parallel group needs that many ranks; launch with mpirun -np %d (or a multiple)",
@@ -647,6 +653,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         t->dpc = t->world;
         t->dp_rank = t->rank;
     }
+layout_done:
     if (resume) {
         int64_t step;
         if ((st = mmc_checkpoint_latest(cfg->training.output_dir, &step, ckpt, sizeof ckpt))) {
@@ -660,6 +667,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if ((st = load_model(t, resume && cfg->model.lora.r <= 0 && !mmc_dp_checkpoint_params_sharded(ckpt) ? ckpt
                                                                                                        : cfg->model.path)))
         goto fail;
+    if (t->pp_size > 1 && (st = mmc_trainer_pp_setup(t))) goto fail;   /* keep this stage's layers */
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
@@ -722,7 +730,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
             mmc_dp_scatter_state(t->dp, &t->adamw);
             mmc_adamw_free(&t->adamw);
         }
-    } else if (t->dp_size > 1 || cfg->parallel.zero > 0) {
+    } else if (!t->pp && (t->dp_size > 1 || cfg->parallel.zero > 0)) {   /* (pp: trainer_pp.c sums over dp) */
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
          * layer and each vision block, keyed by its layer struct as the models name it; the
          * vision blocks run first. The untrained parameters go too (ZeRO-3 shards them). */
@@ -798,6 +806,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->ema) for (int i = 0; i < t->n_opt; i++) free(t->ema[i]);
     free(t->ema);
     mmc_dp_free(t->dp);
+    mmc_pp_free(t->pp);
     free(t->opt);
     free(t->opt_model);
     free(t->opt_names);
@@ -1088,7 +1097,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     mmc_zero_grad(t->params, t->n_params);
     if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
     double loss = 0;
-    for (int64_t k = 0; k < ga; k++) {
+    if (t->pp && (st = mmc_trainer_pp_step(t, mbs, ga, scale, &loss))) goto done;   /* 1F1B over the stages */
+    for (int64_t k = 0; !t->pp && k < ga; k++) {
         /* LoRA dropout masks: one stream per (seed, step, micro-batch), so a resume redraws them */
         if (t->lora && c->model.lora.dropout > 0)
             mmc_nn_set_dropout_seed(t->ctx, mmc_nn_dropout_seed((uint64_t)c->training.seed, (uint64_t)t->step,
@@ -1158,6 +1168,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         if (t->opt[i] != t->opt_model[i]) t->opt[i]->grad = t->opt_model[i]->grad;
     if (t->dp && c->parallel.zero >= 1) {
         if ((st = mmc_dp_clip(t->dp, c->optimizer.grad_clip, &norm))) goto done;
+    } else if (t->pp) {   /* the global norm over the stages */
+        if ((st = mmc_trainer_pp_clip(t, &norm))) goto done;
     } else if (t->tpc) {   /* the global norm: split gradients' squares summed over the tp group */
         if ((st = mmc_tp_grad_norm(t->tpc, t->opt, t->opt_split, t->n_opt, &norm))) goto done;
         if (c->optimizer.grad_clip > 0 && norm > c->optimizer.grad_clip) {   /* as clip_grad_norm_ */
@@ -1334,6 +1346,7 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
  * ZeRO-0: rank 0 writes everything. Every rank learns the outcome of each phase. */
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
+    if (t->pp && !t->tpc) return mmc_trainer_pp_save(t);   /* the stages gathered into one checkpoint */
     if (t->tpc) {   /* every tp rank gathers; world rank 0 writes full tensors */
         /* ZeRO-1/2: the moments are gathered over dp first (the local tensors' full state) */
         const bool zs = t->dp && t->cfg->parallel.zero >= 1;
@@ -1347,7 +1360,7 @@ static mmc_status save_ranked(mmc_trainer *t) {
         tp_swap sw;
         if (!st) st = tp_to_full(t, true, &sw);
         if (!st) {
-            st = save_ranked_inner(t);
+            st = t->pp ? mmc_trainer_pp_save(t) : save_ranked_inner(t);   /* pp x tp: the full tensors' stages */
             tp_to_local(t, &sw, false);
         }
         if (zs) {

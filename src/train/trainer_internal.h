@@ -102,6 +102,13 @@ struct mmc_trainer {
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
     bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
+    /* pipeline parallelism (trainer_pp.c): this rank's stage of pp_size, holding pp_v chunks of
+     * decoder layers [pp_l0[c], pp_l1[c]) (interleaved: virtual stage c pp_size + pp_rank);
+     * NULL / 1 without */
+    struct mmc_pp *pp;
+    int pp_size, pp_rank, pp_v;
+    int64_t pp_l0[16], pp_l1[16];
+    bool pp_tied;              /* tied embeddings split over the first and the last stage */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
@@ -124,6 +131,13 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
 mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir);
 bool mmc_trainer_flux_validation_due(const mmc_trainer *t);
 mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap);
+
+/* trainer_pp.c */
+mmc_status mmc_trainer_pp_layout(mmc_trainer *t);
+mmc_status mmc_trainer_pp_setup(mmc_trainer *t);
+mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss);
+mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
+mmc_status mmc_trainer_pp_save(mmc_trainer *t);
 
 /* checkpoint.c */
 mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);

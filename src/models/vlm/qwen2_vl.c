@@ -301,10 +301,10 @@ mmc_status mmc_qwen2_vl_forward(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, 
     return mmc_qwen2_vl_forward_ex(ctx, m, ids, media, NULL, kv, rope_deltas, hidden);
 }
 
-mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
-                                   const mmc_vl_seq *seq, mmc_kv_cache *kv, int64_t *rope_deltas,
-                                   mmc_tensor **hidden) {
-    *hidden = NULL;
+mmc_status mmc_qwen2_vl_inputs(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
+                               const mmc_vl_seq *seq, mmc_kv_cache *kv, int64_t *rope_deltas, mmc_tensor **embeds,
+                               mmc_tensor **cos_out, mmc_tensor **sin_out, mmc_attn_opts *attn) {
+    if (embeds) *embeds = NULL;
     static const mmc_vl_seq no_seq = {0};
     if (!seq) seq = &no_seq;
     const mmc_qwen2_config *c = &m->lm->cfg;
@@ -351,9 +351,9 @@ mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *id
                 p[b * T + t] = p[(B + b) * T + t] = p[(2 * B + b) * T + t] = v;
             }
     }
-    /* embeddings, with the vision features at the placeholders */
-    mmc_tensor *e = mmc_reshape(ctx, mmc_qwen2_embed(ctx, m->lm, idc), 2, MMC_SHAPE(BT, C));  /* [B*T, C] */
-    if (has_media) {
+    /* embeddings, with the vision features at the placeholders (not wanted: a later pipeline stage) */
+    mmc_tensor *e = embeds ? mmc_reshape(ctx, mmc_qwen2_embed(ctx, m->lm, idc), 2, MMC_SHAPE(BT, C)) : NULL; /* [B*T, C] */
+    if (has_media && embeds) {
         for (int k = 0; k < 2; k++) {
             int n = k ? media->n_videos : media->n_images;
             if (!n) continue;
@@ -374,9 +374,8 @@ mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *id
             }
         }
     }
-    e = mmc_reshape(ctx, e, 3, MMC_SHAPE(B, T, C));
-    mmc_tensor *cos, *sin;
-    mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin); /* [B, T, D] */
+    if (embeds) *embeds = mmc_reshape(ctx, e, 3, MMC_SHAPE(B, T, C));
+    mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, cos_out, sin_out); /* [B, T, D] */
     if (kv) {
         mmc_status st = mmc_kv_cache_reserve(kv, kv->len + T);
         if (st) return st;
@@ -394,6 +393,20 @@ mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *id
         ao.cu_seqlens = cu;
         ao.n_seqs = n;
     }
+    *attn = ao;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_vl_forward_ex(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, const mmc_vl_media *media,
+                                   const mmc_vl_seq *seq, mmc_kv_cache *kv, int64_t *rope_deltas,
+                                   mmc_tensor **hidden) {
+    *hidden = NULL;
+    const mmc_qwen2_config *c = &m->lm->cfg;
+    mmc_tensor *e, *cos, *sin;
+    mmc_attn_opts ao;
+    mmc_status st = mmc_qwen2_vl_inputs(ctx, m, ids, media, seq, kv, rope_deltas, &e, &cos, &sin, &ao);
+    if (st) return st;
+    const int64_t T = e->shape[1];
     if (mmc_grad_enabled(ctx)) {
         *hidden = mmc_qwen2_forward(ctx, m->lm, e, cos, sin, &ao, kv);
         return MMC_OK;

@@ -48,6 +48,11 @@ mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *
     return causal_lm_loss(ctx, NULL, 0, logits, labels, scale, n_scored);
 }
 
+mmc_tensor *mmc_causal_lm_loss_tp(mmc_ctx *ctx, struct mmc_comm *tp, int64_t vocab_start, mmc_tensor *logits,
+                                  const int32_t *labels, double scale, int64_t *n_scored) {
+    return causal_lm_loss(ctx, tp, vocab_start, logits, labels, scale, n_scored);
+}
+
 mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, double scale,
                               int64_t *n_scored) {
     int64_t B = b->B, T = b->T;
@@ -106,13 +111,10 @@ done:
     return st;
 }
 
-mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batch *b, double scale,
-                                   mmc_tensor **loss, int64_t *n_scored) {
-    *loss = NULL;
-    int64_t B = b->B, T = b->T;
-    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));                 /* [B, T] */
-    memcpy(ids->data, b->input_ids, (size_t)(B * T) * sizeof(int32_t));
+mmc_tensor *mmc_qwen2_vl_batch_media(mmc_ctx *ctx, const mmc_batch *b, mmc_vl_media *out) {
     mmc_vl_media media = {0};
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(b->B, b->T));           /* [B, T] */
+    memcpy(ids->data, b->input_ids, (size_t)(b->B * b->T) * sizeof(int32_t));
     if (b->n_images > 0) {
         media.pixel_values = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(b->n_patches, b->patch_dim));      /* [Ni, P] */
         memcpy(media.pixel_values->data, b->pixel_values, mmc_nbytes(media.pixel_values));
@@ -126,6 +128,15 @@ mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batc
         media.n_videos = b->n_videos;
         media.second_per_grid_ts = b->video_second_per_grid_ts;
     }
+    *out = media;
+    return ids;
+}
+
+mmc_status mmc_qwen2_vl_batch_loss(mmc_ctx *ctx, mmc_qwen2_vl *m, const mmc_batch *b, double scale,
+                                   mmc_tensor **loss, int64_t *n_scored) {
+    *loss = NULL;
+    mmc_vl_media media;
+    mmc_tensor *ids = mmc_qwen2_vl_batch_media(ctx, b, &media);                  /* [B, T] */
     mmc_vl_seq seq = {.position_ids = b->position_ids, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
     mmc_tensor *h;
     mmc_status st = mmc_qwen2_vl_forward_ex(ctx, m, ids, &media, &seq, NULL, NULL, &h);   /* [B, T, C] */

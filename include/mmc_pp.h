@@ -1,0 +1,114 @@
+/* mmc_pp.h — pipeline parallelism (GPipe's stages, Huang et al. 2019, with the 1F1B schedule of
+ * PipeDream-Flush / Megatron-LM, Narayanan et al. 2021) for the Qwen2 decoder (text, and the
+ * language model of Qwen2-VL / Qwen2.5-VL); a stage's model may itself be tensor-parallel
+ * (mmc_tp.h: the residual stream between stages is then replicated over the tp group, and each
+ * tp rank talks to its peer of the neighbouring stage).
+ *
+ * The decoder layers are cut into P contiguous ranges, one per stage (pipeline rank): the token
+ * embedding sits on the first stage, the final norm, lm_head and the loss on the last. A stage
+ * receives the residual stream [B, T, C] of a micro-batch from the stage before it, runs its
+ * layers and sends the result on; in backward the gradient of that tensor travels the other way.
+ * All transfers are point-to-point through the communicator (mmc_send_start / mmc_recv), never
+ * MPI directly, so a GPU backend takes the same path.
+ *
+ * 1F1B: stage s of P runs min(P-1-s, M) warm-up forwards, then alternates one forward and one
+ * backward until its M forwards are done, then the remaining backwards (cool-down). At most P-s
+ * micro-batches are in flight on stage s (activation memory of P-s micro-batches instead of
+ * GPipe's M), and with equal forward and backward times per stage the idle ("bubble") share of
+ * a step is (P-1)/(M+P-1). Backwards run in micro-batch order, so each parameter's gradient is
+ * accumulated in the same order as one process with gradient accumulation: the stage's
+ * gradients equal the single-process ones bit for bit (tied embeddings aside, whose two halves
+ * are summed once at the end, as Megatron all-reduces the embedding group).
+ *
+ * Qwen2-VL / Qwen2.5-VL: the vision tower and merger sit on the first stage with the embedding.
+ *
+ * Tied embeddings (tie_word_embeddings): the first stage holds embed_tokens, the last stage a
+ * copy used as lm_head; after the micro-batches the two gradients are summed between the two
+ * stages, so both copies take the same AdamW step and stay equal. */
+#ifndef MMC_PP_H
+#define MMC_PP_H
+
+#include "mmc.h"
+#include "mmc_models.h"
+#include "mmc_data.h"
+#include "mmc_parallel.h"
+#include "mmc_vl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- schedule */
+typedef enum { MMC_PP_FORWARD = 0, MMC_PP_BACKWARD = 1 } mmc_pp_kind;
+typedef struct {
+    int kind;   /* mmc_pp_kind */
+    int mb;     /* micro-batch, 0-based */
+    int chunk;  /* interleaved: the rank's model chunk (virtual stage chunk P + stage); else 0 */
+} mmc_pp_op;
+
+/* The 1F1B order of stage `stage` (0-based) of P over M micro-batches: 2 M operations written
+ * to ops (capacity 2 M); returns how many (2 M), or -1 on bad arguments. */
+int mmc_pp_schedule_1f1b(int P, int stage, int M, mmc_pp_op *ops);
+/* The same with v model chunks per rank (interleaved 1F1B, Narayanan et al. 2021 sec. 2.2, as
+ * Megatron's forward_backward_pipelining_with_interleaving orders it: chunk c of rank s is
+ * virtual stage c P + s; groups of P micro-batches go through chunk 0, then chunk 1, ...):
+ * 2 M v operations; v = 1 is plain 1F1B. Interleaving needs P >= 2 and M a multiple of P
+ * (else -1). */
+int mmc_pp_schedule(int P, int v, int stage, int M, mmc_pp_op *ops);
+/* Largest number of micro-batches in flight (forward done, backward not) on that stage. */
+int mmc_pp_max_in_flight(int P, int stage, int M);
+/* The analytic bubble share of a 1F1B (or GPipe) step with equal stage times: (P-1)/(M+P-1). */
+double mmc_pp_bubble_fraction(int P, int M);
+/* Interleaved: each chunk's share of a micro-batch's time is 1/v, so (P-1)/(v M + P - 1). */
+double mmc_pp_bubble_fraction_v(int P, int v, int M);
+/* Run the P stages' schedules against each other in simulated time (forward tf, backward tb per
+ * micro-batch per stage, transfers free): each operation starts when its stage is free and its
+ * input has arrived. Returns the step's makespan and, in *bubble, the idle share of the stages'
+ * time (1 - busy / (P * makespan)); -1 if the schedules deadlock. */
+double mmc_pp_simulate(int P, int M, double tf, double tb, double *bubble);
+/* The same for v chunks per rank (tf, tb: a rank's whole forward / backward of a micro-batch;
+ * a chunk takes 1/v of it). */
+double mmc_pp_simulate_v(int P, int v, int M, double tf, double tb, double *bubble);
+
+/* ---------------------------------------------------------------- stages */
+/* Cut n_layers decoder layers into P stages: bounds[0 .. P] with stage s holding layers
+ * [bounds[s], bounds[s+1]). sizes (n_sizes == P) gives each stage's count explicitly
+ * (parallel.pipeline_layers); without it the layers are split evenly, which needs P to divide
+ * n_layers. Errors name the sizes and say what would do (no stage may be empty). */
+mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, int n_sizes, int64_t *bounds);
+/* Keep only stage `stage`'s part of a text Qwen2 (layers [l0, l1), embed_tokens on the first
+ * stage, norm and lm_head on the last, and with tied embeddings the embedding on the last stage
+ * too, as its lm_head): every other parameter is freed and leaves m->params. */
+mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t l1);
+/* The same for a rank holding nc chunks of layers [l0[c], l1[c]) (interleaved stages). */
+mmc_status mmc_pp_trim_qwen2_chunks(mmc_qwen2 *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1);
+/* Qwen2-VL: the language model as above, the vision tower (and merger) on the first stage only. */
+mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1);
+
+/* ---------------------------------------------------------------- the runtime */
+typedef struct mmc_pp mmc_pp;
+/* pp: the pipeline group (its rank is the stage); m: the trimmed stage model. */
+mmc_status mmc_pp_new(mmc_comm *pp, mmc_qwen2 *m, int64_t l0, int64_t l1, mmc_pp **out);
+/* Interleaved: this rank's v chunks, chunk c holding layers [l0[c], l1[c]) (virtual stage c P + stage). */
+mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, const int64_t *l1, mmc_pp **out);
+void mmc_pp_free(mmc_pp *p);
+/* Run a Qwen2-VL (m of mmc_pp_new is vl->lm): the first stage runs the vision tower and places
+ * its features in the embeddings; every stage computes the M-RoPE positions from the batch. */
+void mmc_pp_set_vl(mmc_pp *p, mmc_qwen2_vl *vl);
+int mmc_pp_stage(const mmc_pp *p);
+int mmc_pp_stages(const mmc_pp *p);
+/* One step's forwards and backwards over micro-batches mbs[0 .. M) in 1F1B order; each
+ * micro-batch's loss is its summed token loss times scale (the trainer's 1 / label tokens of
+ * the global batch), gradients accumulate into the stage's parameters. On the last stage
+ * *loss is the sum of the micro-batches' scaled losses, elsewhere 0. Collective over pp. */
+mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, double *loss);
+/* With tied embeddings: sum the embedding's gradient between the first and the last stage
+ * (g: the stage's copy, NULL on the stages between; count elements). Collective over pp. */
+mmc_status mmc_pp_tied_reduce(mmc_pp *p, float *g, int64_t count);
+/* Communication of the last mmc_pp_run: bytes sent and seconds blocked in receives. */
+void mmc_pp_last_stats(const mmc_pp *p, int64_t *bytes_sent, double *recv_wait_s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,500 @@
+/* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-VL decoder, after Megatron-LM's
+ * pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: warm-up,
+ * steady 1F1B, cool-down) and p2p_communication.py (the residual stream and its gradient sent
+ * between neighbouring stages): the schedule and its simulator, the layer split, trimming a
+ * model to its stage, and the runtime that executes one step's micro-batches.
+ *
+ * Each micro-batch in flight has its own autograd context (tape and activation arena), so the
+ * backward of micro-batch k walks only its own graph while later forwards are still alive; the
+ * parameters and their gradient buffers are shared (persistent). The activation a stage sends
+ * stays in its context until that micro-batch's backward (the send is waited on there, when the
+ * next stage has certainly received it); the gradient sent back is copied into a per-slot
+ * buffer so the context is released at once. Receives are blocking, sends non-blocking: with
+ * the 1F1B order no stage ever waits on a send, so the step cannot deadlock (the simulator
+ * checks the same dependency graph). A communicator failure inside the step is returned. */
+#include "mmc_pp.h"
+#include "mmc_ops.h"
+#include "mmc_trainer.h"
+#include "mmc_vl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { TAG_TIED = 103 };
+
+/* ------------------------------------------------------------------ schedule */
+int mmc_pp_schedule(int P, int v, int stage, int M, mmc_pp_op *ops) {
+    if (P < 1 || v < 1 || stage < 0 || stage >= P || M < 1 || !ops || (v > 1 && (P < 2 || M % P))) return -1;
+    int n = 0;
+    if (v == 1) {
+        const int warm = P - 1 - stage < M ? P - 1 - stage : M;
+        int f = 0, b = 0;
+        for (; f < warm; f++) ops[n++] = (mmc_pp_op){MMC_PP_FORWARD, f, 0};
+        for (; f < M; f++, b++) {   /* steady: one forward, one backward */
+            ops[n++] = (mmc_pp_op){MMC_PP_FORWARD, f, 0};
+            ops[n++] = (mmc_pp_op){MMC_PP_BACKWARD, b, 0};
+        }
+        for (; b < M; b++) ops[n++] = (mmc_pp_op){MMC_PP_BACKWARD, b, 0};   /* cool-down */
+        return n;
+    }
+    /* interleaved (Megatron's forward_backward_pipelining_with_interleaving): the k-th forward of
+     * the rank runs chunk (k mod P v) / P on micro-batch (k / P v) P + k mod P, i.e. groups of P
+     * micro-batches go through chunk 0, then chunk 1, ...; backwards visit the chunks in reverse */
+    const int total = M * v;
+    int warm = (P - stage - 1) * 2 + (v - 1) * P;
+    if (warm > total) warm = total;
+#define OP(kind, k) ((mmc_pp_op){(kind), ((k) / (P * v)) * P + (k) % P, \
+                     (kind) == MMC_PP_FORWARD ? ((k) % (P * v)) / P : v - 1 - ((k) % (P * v)) / P})
+    int f = 0, b = 0;
+    for (; f < warm; f++) ops[n++] = OP(MMC_PP_FORWARD, f);
+    for (; f < total; f++, b++) {
+        ops[n++] = OP(MMC_PP_FORWARD, f);
+        ops[n++] = OP(MMC_PP_BACKWARD, b);
+    }
+    for (; b < total; b++) ops[n++] = OP(MMC_PP_BACKWARD, b);
+#undef OP
+    return n;
+}
+
+int mmc_pp_schedule_1f1b(int P, int stage, int M, mmc_pp_op *ops) { return mmc_pp_schedule(P, 1, stage, M, ops); }
+
+int mmc_pp_max_in_flight(int P, int stage, int M) {
+    int warm = P - 1 - stage < M ? P - 1 - stage : M;
+    return warm < M ? warm + 1 : warm;
+}
+
+double mmc_pp_bubble_fraction(int P, int M) { return mmc_pp_bubble_fraction_v(P, 1, M); }
+
+double mmc_pp_bubble_fraction_v(int P, int v, int M) {
+    return P < 1 || M < 1 || v < 1 ? 0.0 : (double)(P - 1) / ((double)v * M + P - 1);
+}
+
+double mmc_pp_simulate(int P, int M, double tf, double tb, double *bubble) {
+    return mmc_pp_simulate_v(P, 1, M, tf, tb, bubble);
+}
+
+double mmc_pp_simulate_v(int P, int v, int M, double tf, double tb, double *bubble) {
+    if (bubble) *bubble = 0;
+    if (P < 1 || M < 1 || v < 1) return -1;
+    const int nops = 2 * M * v, nst = P * v;   /* ops per rank; virtual stages (chunk c of rank r: c P + r) */
+    mmc_pp_op *ops = malloc(sizeof *ops * (size_t)(nops * P));
+    double *fend = malloc(sizeof *fend * (size_t)(M * nst)), *bend = malloc(sizeof *bend * (size_t)(M * nst));
+    double *free_at = calloc((size_t)P, sizeof *free_at);
+    int *next = calloc((size_t)P, sizeof *next);
+    double span = -1;
+    if (!ops || !fend || !bend || !free_at || !next) goto done;
+    for (int s = 0; s < P; s++)
+        if (mmc_pp_schedule(P, v, s, M, ops + (size_t)s * nops) != nops) goto done;
+    for (int i = 0; i < M * nst; i++) fend[i] = bend[i] = -1;   /* [virtual stage * M + mb]: finish times */
+    for (int left = nops * P; left > 0;) {
+        int progressed = 0;
+        for (int s = 0; s < P; s++) {
+            while (next[s] < nops) {
+                const mmc_pp_op o = ops[(size_t)s * nops + next[s]];
+                const int j = o.chunk * P + s;   /* its virtual stage */
+                double ready;   /* when its input has arrived */
+                if (o.kind == MMC_PP_FORWARD) ready = j == 0 ? 0 : fend[(j - 1) * M + o.mb];
+                else ready = j == nst - 1 ? fend[j * M + o.mb] : bend[(j + 1) * M + o.mb];
+                if (ready < 0) break;
+                double start = ready > free_at[s] ? ready : free_at[s];
+                free_at[s] = start + (o.kind == MMC_PP_FORWARD ? tf : tb) / v;
+                (o.kind == MMC_PP_FORWARD ? fend : bend)[j * M + o.mb] = free_at[s];
+                next[s]++, left--, progressed++;
+            }
+        }
+        if (!progressed) goto done;   /* deadlock */
+    }
+    span = 0;
+    for (int s = 0; s < P; s++) span = free_at[s] > span ? free_at[s] : span;
+    if (bubble) *bubble = 1.0 - (double)M * (tf + tb) / span;   /* per rank: busy M (tf + tb) of span */
+done:
+    free(ops); free(fend); free(bend); free(free_at); free(next);
+    return span;
+}
+
+/* ------------------------------------------------------------------ stages */
+mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, int n_sizes, int64_t *bounds) {
+    if (P < 1) return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_parallel must be at least 1 (got %d)", P);
+    if (n_sizes > 0) {
+        if (n_sizes != P)
+            return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_layers has %d entries but pipeline_parallel is %d: "
+                             "give one layer count per stage", n_sizes, P);
+        int64_t sum = 0;
+        for (int s = 0; s < P; s++) {
+            if (sizes[s] < 1)
+                return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_layers: stage %d gets %lld layers; every stage "
+                                 "needs at least one decoder layer", s, (long long)sizes[s]);
+            sum += sizes[s];
+        }
+        if (sum != n_layers)
+            return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_layers adds up to %lld layers but the model has %lld "
+                             "(num_hidden_layers): the counts must add up to it", (long long)sum, (long long)n_layers);
+        bounds[0] = 0;
+        for (int s = 0; s < P; s++) bounds[s + 1] = bounds[s] + sizes[s];
+        return MMC_OK;
+    }
+    if (n_layers < P)
+        return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_parallel %d is more than the model's %lld decoder layers "
+                         "(num_hidden_layers): a stage would be empty; use at most %lld stages", P,
+                         (long long)n_layers, (long long)n_layers);
+    if (n_layers % P)
+        return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_parallel %d does not divide the model's %lld decoder "
+                         "layers; use a divisor of %lld or give each stage's count in parallel.pipeline_layers "
+                         "(e.g. [%lld, %lld, ...])", P, (long long)n_layers, (long long)n_layers,
+                         (long long)(n_layers / P + 1), (long long)(n_layers / P));
+    for (int s = 0; s <= P; s++) bounds[s] = n_layers / P * s;
+    return MMC_OK;
+}
+
+static bool keep_param(const char *name, int stage, int P, bool tied, int nr, const int64_t *l0, const int64_t *l1) {
+    if (!strncmp(name, "layers.", 7)) {
+        long long l = atoll(name + 7);
+        for (int c = 0; c < nr; c++)
+            if (l >= l0[c] && l < l1[c]) return true;
+        return false;
+    }
+    if (!strcmp(name, "embed_tokens.weight")) return stage == 0 || (tied && stage == P - 1);
+    return stage == P - 1;   /* norm.weight, lm_head.weight */
+}
+
+mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1) {
+    mmc_vision *v = m->visual;
+    if (stage > 0) {   /* the towers run on the first stage only */
+        for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
+        v->n_params = 0;
+    }
+    return mmc_pp_trim_qwen2_chunks(m->lm, stage, P, nc, l0, l1);
+}
+
+mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t l1) {
+    return mmc_pp_trim_qwen2_chunks(m, stage, P, 1, &l0, &l1);
+}
+
+mmc_status mmc_pp_trim_qwen2_chunks(mmc_qwen2 *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1) {
+    if (m->adapter) return mmc_error(MMC_ERR_UNSUPPORTED, "pipeline stages: the model has an inference adapter");
+    const bool tied = m->lm_head == m->embed;
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        mmc_tensor *p = m->params[i];
+        if (keep_param(m->param_names[i], stage, P, tied, nc, l0, l1)) {
+            if (n != i) {
+                m->params[n] = p;
+                memcpy(m->param_names[n], m->param_names[i], sizeof m->param_names[0]);
+                if (m->param_split) m->param_split[n] = m->param_split[i];   /* tensor parallelism */
+            }
+            n++;
+            continue;
+        }
+        /* the model's slots that point at it go too */
+        if (m->embed == p) m->embed = NULL;
+        if (m->norm == p) m->norm = NULL;
+        if (m->lm_head == p) m->lm_head = NULL;
+        mmc_tensor_free(p);
+    }
+    m->n_params = n;
+    if (!m->embed && tied) m->lm_head = NULL;
+    for (int64_t l = 0; l < m->cfg.num_layers; l++) {
+        bool mine = false;
+        for (int c = 0; c < nc; c++) mine |= l >= l0[c] && l < l1[c];
+        if (!mine) memset(&m->layers[l], 0, sizeof m->layers[l]);   /* (its tensors were freed above) */
+    }
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ runtime */
+/* A rank holds v chunks (v = 1 without interleaving): chunk c is virtual stage c P + stage, with
+ * decoder layers [l0[c], l1[c]). Messages carry the receiving chunk in their tag, so transfers
+ * for different chunks between the same two ranks never match each other. */
+enum { TAG_CHUNK = 1000 };   /* + 2 chunk (activations), + 2 chunk + 1 (gradients) */
+
+typedef struct {
+    mmc_ctx *ctx;           /* one autograd context per micro-batch (and chunk) in flight */
+    mmc_tensor *in, *out;   /* received input (not on the first virtual stage), output or loss */
+    mmc_dist_req *act_req, *grad_req;   /* pending sends */
+    float *grad_buf;        /* the input gradient being sent back */
+    int64_t grad_cap;
+    bool busy;
+} pp_slot;
+
+struct mmc_pp {
+    mmc_comm *pp;
+    int stage, P, v;
+    int64_t *l0, *l1;       /* [v] */
+    mmc_qwen2 *m;
+    mmc_qwen2_vl *vl;       /* Qwen2-VL (m == vl->lm), or NULL */
+    int n_slots;
+    pp_slot *slots;
+    int *slot_of;           /* [v M] during a run: the slot of (chunk, micro-batch) */
+    int64_t bytes;
+    double recv_s;
+};
+
+mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, const int64_t *l1, mmc_pp **out) {
+    *out = NULL;
+    mmc_pp *p = calloc(1, sizeof *p);
+    if (!p) return mmc_error(MMC_ERR_OOM, "out of memory");
+    p->pp = pp;
+    p->stage = mmc_comm_rank(pp);
+    p->P = mmc_comm_size(pp);
+    p->v = v;
+    p->m = m;
+    p->l0 = malloc(sizeof *p->l0 * (size_t)v);
+    p->l1 = malloc(sizeof *p->l1 * (size_t)v);
+    if (!p->l0 || !p->l1) goto oom;
+    memcpy(p->l0, l0, sizeof *p->l0 * (size_t)v);
+    memcpy(p->l1, l1, sizeof *p->l1 * (size_t)v);
+    *out = p;
+    return MMC_OK;
+oom:
+    mmc_pp_free(p);
+    return mmc_error(MMC_ERR_OOM, "out of memory for the pipeline stage");
+}
+
+mmc_status mmc_pp_new(mmc_comm *pp, mmc_qwen2 *m, int64_t l0, int64_t l1, mmc_pp **out) {
+    return mmc_pp_new_v(pp, m, 1, &l0, &l1, out);
+}
+
+/* contexts for `need` micro-batches in flight (grown on first use; kept across steps) */
+static mmc_status ensure_slots(mmc_pp *p, int need) {
+    if (need <= p->n_slots) return MMC_OK;
+    pp_slot *s = realloc(p->slots, sizeof *s * (size_t)need);
+    if (!s) return mmc_error(MMC_ERR_OOM, "out of memory");
+    p->slots = s;
+    for (int i = p->n_slots; i < need; i++) {
+        memset(&s[i], 0, sizeof s[i]);
+        if (!(s[i].ctx = mmc_ctx_new())) return mmc_error(MMC_ERR_OOM, "out of memory for the pipeline's contexts");
+        p->n_slots = i + 1;
+    }
+    return MMC_OK;
+}
+
+void mmc_pp_free(mmc_pp *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n_slots; i++) {
+        mmc_dist_wait(p->slots[i].act_req);
+        mmc_dist_wait(p->slots[i].grad_req);
+        mmc_ctx_free(p->slots[i].ctx);
+        free(p->slots[i].grad_buf);
+    }
+    free(p->slots);
+    free(p->slot_of);
+    free(p->l0);
+    free(p->l1);
+    free(p);
+}
+
+void mmc_pp_set_vl(mmc_pp *p, mmc_qwen2_vl *vl) { p->vl = vl; }
+
+int mmc_pp_stage(const mmc_pp *p) { return p->stage; }
+int mmc_pp_stages(const mmc_pp *p) { return p->P; }
+
+void mmc_pp_last_stats(const mmc_pp *p, int64_t *bytes_sent, double *recv_wait_s) {
+    if (bytes_sent) *bytes_sent = p->bytes;
+    if (recv_wait_s) *recv_wait_s = p->recv_s;
+}
+
+typedef struct {
+    mmc_pp *p;
+    int layer;
+    mmc_tensor *cos, *sin;
+    mmc_attn_opts attn;
+} block_args;
+
+static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
+    block_args *a = user;
+    (void)n_in;
+    return mmc_qwen2_layer_forward(ctx, &a->p->m->cfg, &a->p->m->layers[a->layer], in[0], a->cos, a->sin, &a->attn,
+                                   NULL, a->layer);
+}
+
+static mmc_status recv_timed(mmc_pp *p, void *buf, int64_t n, int peer, int tag) {
+    double t0 = mmc_now();
+    mmc_status st = mmc_recv(p->pp, buf, n, MMC_F32, peer, tag);
+    p->recv_s += mmc_now() - t0;
+    return st;
+}
+
+static bool first_vs(const mmc_pp *p, int c) { return p->stage == 0 && c == 0; }
+static bool last_vs(const mmc_pp *p, int c) { return p->stage == p->P - 1 && c == p->v - 1; }
+/* the neighbouring virtual stages: (rank, chunk) before and after chunk c of this rank */
+static int prev_rank(const mmc_pp *p) { return p->stage > 0 ? p->stage - 1 : p->P - 1; }
+static int prev_chunk(const mmc_pp *p, int c) { return p->stage > 0 ? c : c - 1; }
+static int next_rank(const mmc_pp *p) { return p->stage < p->P - 1 ? p->stage + 1 : 0; }
+static int next_chunk(const mmc_pp *p, int c) { return p->stage < p->P - 1 ? c : c + 1; }
+
+/* Forward of micro-batch k through chunk c: embed or receive, the chunk's layers, then send on
+ * or (last virtual stage) the loss. */
+static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch *b, double scale, double *loss) {
+    int slot = -1;
+    for (int i = 0; i < p->n_slots && slot < 0; i++)
+        if (!p->slots[i].busy) slot = i;
+    MMC_CHECK(slot >= 0, "pipeline: no free context (schedule and contexts disagree)");
+    pp_slot *sl = &p->slots[slot];
+    sl->busy = true;
+    p->slot_of[c * M + k] = slot;
+    mmc_ctx *ctx = sl->ctx;
+    mmc_qwen2 *m = p->m;
+    const int64_t B = b->B, T = b->T, C = m->cfg.hidden_size;
+    const int D = (int)m->cfg.head_dim;
+    mmc_status st;
+    mmc_ctx_reset(ctx);
+    mmc_tensor *cos, *sin, *x = NULL;
+    mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+    if (p->vl) {   /* Qwen2-VL: positions from the ids and the media's grids; towers and splice on stage 0 */
+        mmc_vl_media media;
+        mmc_tensor *ids = mmc_qwen2_vl_batch_media(ctx, b, &media);                 /* [B, T] */
+        mmc_vl_seq seq = {.position_ids = b->position_ids, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+        if ((st = mmc_qwen2_vl_inputs(ctx, p->vl, ids, &media, &seq, NULL, NULL, first_vs(p, c) ? &x : NULL, &cos,
+                                      &sin, &attn)))
+            return mmc_error_prefix(st, "micro-batch %d (first sample %lld)", k + 1, (long long)b->sample_index);
+    } else if (m->cfg.mrope) {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, T));          /* [3, B, T] */
+        memcpy(pos->data, b->position_ids, (size_t)(3 * B * T) * sizeof(int64_t));
+        mmc_rope_table_mrope(ctx, pos, m->cfg.mrope_section, D, m->cfg.rope_theta, &cos, &sin);
+    } else {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(B, T));             /* [B, T] */
+        memcpy(pos->data, b->position_ids, (size_t)(B * T) * sizeof(int64_t));
+        mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
+    }
+    sl->in = NULL;
+    if (first_vs(p, c) && !p->vl) {
+        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));             /* [B, T] */
+        memcpy(ids->data, b->input_ids, (size_t)(B * T) * sizeof(int32_t));
+        x = mmc_qwen2_embed(ctx, m, ids);                                        /* [B, T, C] */
+    } else if (!first_vs(p, c)) {   /* (Qwen2-VL's first stage: x holds the embeddings with the features) */
+        x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, T, C));                        /* [B, T, C] from the stage before */
+        if ((st = recv_timed(p, x->data, B * T * C, prev_rank(p), TAG_CHUNK + 2 * c)))
+            return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's activations", p->stage, k + 1);
+        x->flags |= MMC_REQUIRES_GRAD;   /* a leaf whose gradient goes back */
+        sl->in = x;
+    }
+    const bool ckpt = m->recompute;
+    for (int64_t l = p->l0[c]; l < p->l1[c]; l++) {
+        if (ckpt) {
+            block_args *a = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *a);
+            *a = (block_args){p, (int)l, cos, sin, attn};
+            x = mmc_checkpoint(ctx, block_fn, a, &x, 1);
+        } else {
+            x = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], x, cos, sin, &attn, NULL, (int)l);
+        }
+    }
+    if (last_vs(p, c)) {
+        mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);   /* [B, T, C] */
+        int64_t n;
+        if (m->tp) {   /* vocab-parallel: this rank's logits [B, T, V/tp], never gathered */
+            mmc_tensor *logits = mmc_qwen2_logits_local(ctx, m, h);              /* [B, T, V/tp] */
+            sl->out = mmc_causal_lm_loss_tp(ctx, m->tp, mmc_comm_rank(m->tp) * m->lm_head->shape[0], logits,
+                                            b->labels, scale, &n);              /* [] */
+        } else {
+            mmc_tensor *logits = mmc_qwen2_logits(ctx, m, h);                     /* [B, T, V] */
+            sl->out = mmc_causal_lm_loss(ctx, logits, b->labels, scale, &n);     /* [] */
+        }
+        *loss += *(const float *)sl->out->data;
+        return MMC_OK;
+    }
+    x = mmc_contiguous(ctx, x);
+    sl->out = x;
+    p->bytes += (int64_t)mmc_nbytes(x);
+    if ((st = mmc_send_start(p->pp, x->data, B * T * C, MMC_F32, next_rank(p), TAG_CHUNK + 2 * next_chunk(p, c),
+                             &sl->act_req)))
+        return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's activations", p->stage, k + 1);
+    return MMC_OK;
+}
+
+static mmc_status stage_backward(mmc_pp *p, int c, int k, int M) {
+    pp_slot *sl = &p->slots[p->slot_of[c * M + k]];
+    mmc_ctx *ctx = sl->ctx;
+    mmc_tensor *y = sl->out;
+    mmc_status st;
+    if (last_vs(p, c)) {
+        mmc_backward(ctx, y);
+    } else {
+        mmc_tensor *g = mmc_grad(ctx, y);   /* [B, T, C] zeros: y has no consumer here */
+        if ((st = recv_timed(p, g->data, mmc_numel(y), next_rank(p), TAG_CHUNK + 2 * c + 1)))
+            return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's gradient", p->stage, k + 1);
+        /* the next stage has used our activations: the send is complete (or completes now) */
+        if ((st = mmc_dist_wait(sl->act_req))) return st;
+        sl->act_req = NULL;
+        if (mmc_requires_grad(y)) {
+            bool prev = mmc_set_grad_enabled(ctx, false);   /* backward rules are not recorded */
+            mmc_backward_range(ctx, 0, mmc_tape_len(ctx));
+            mmc_set_grad_enabled(ctx, prev);
+        }
+    }
+    if (!first_vs(p, c)) {
+        mmc_tensor *x = sl->in;
+        const int64_t n = mmc_numel(x);
+        if ((st = mmc_dist_wait(sl->grad_req))) return st;   /* the slot's previous send */
+        sl->grad_req = NULL;
+        if (sl->grad_cap < n) {
+            free(sl->grad_buf);
+            if (!(sl->grad_buf = malloc((size_t)n * sizeof(float)))) return mmc_error(MMC_ERR_OOM, "out of memory");
+            sl->grad_cap = n;
+        }
+        if (x->grad) memcpy(sl->grad_buf, x->grad->data, (size_t)n * sizeof(float));
+        else memset(sl->grad_buf, 0, (size_t)n * sizeof(float));   /* nothing trainable reached it */
+        p->bytes += n * (int64_t)sizeof(float);
+        if ((st = mmc_send_start(p->pp, sl->grad_buf, n, MMC_F32, prev_rank(p), TAG_CHUNK + 2 * prev_chunk(p, c) + 1,
+                                 &sl->grad_req)))
+            return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's gradient", p->stage, k + 1);
+    }
+    mmc_ctx_reset(ctx);   /* this micro-batch's activations are done with */
+    sl->out = sl->in = NULL;
+    sl->busy = false;
+    return MMC_OK;
+}
+
+mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, double *loss) {
+    *loss = 0;
+    p->bytes = 0;
+    p->recv_s = 0;
+    const int nops = 2 * M * p->v;
+    mmc_pp_op *ops = malloc(sizeof *ops * (size_t)nops);
+    int *slot_of = realloc(p->slot_of, sizeof *slot_of * (size_t)(M * p->v));
+    if (!ops || !slot_of) { free(ops); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    p->slot_of = slot_of;
+    const int n = mmc_pp_schedule(p->P, p->v, p->stage, M, ops);
+    mmc_status st = n == nops ? MMC_OK : mmc_error(MMC_ERR_INVALID, "pipeline: %d micro-batches do not make a schedule "
+                                                   "over %d stages x %d chunks (interleaving needs a multiple of the "
+                                                   "stages)", M, p->P, p->v);
+    int fly = 0, need = 0;   /* contexts: the most micro-batches in flight */
+    for (int i = 0; i < n; i++) {
+        fly += ops[i].kind == MMC_PP_FORWARD ? 1 : -1;
+        need = fly > need ? fly : need;
+    }
+    if (!st) st = ensure_slots(p, need);
+    for (int i = 0; i < n && !st; i++)
+        st = ops[i].kind == MMC_PP_FORWARD ? stage_forward(p, ops[i].chunk, ops[i].mb, M, &mbs[ops[i].mb], scale, loss)
+                                           : stage_backward(p, ops[i].chunk, ops[i].mb, M);
+    free(ops);
+    for (int i = 0; i < p->n_slots; i++) {   /* the last gradients sent back */
+        pp_slot *sl = &p->slots[i];
+        mmc_status s2 = mmc_dist_wait(sl->grad_req);
+        sl->grad_req = NULL;
+        if (!st) st = s2;
+        if (st && sl->act_req) { mmc_dist_wait(sl->act_req); sl->act_req = NULL; }
+        mmc_ctx_reset(sl->ctx);
+        sl->out = sl->in = NULL;
+        sl->busy = false;
+    }
+    return st;
+}
+
+mmc_status mmc_pp_tied_reduce(mmc_pp *p, float *g, int64_t count) {
+    if (p->P < 2 || (p->stage != 0 && p->stage != p->P - 1)) return MMC_OK;
+    const int peer = p->stage == 0 ? p->P - 1 : 0;
+    float *other = malloc((size_t)count * sizeof(float));
+    if (!other) return mmc_error(MMC_ERR_OOM, "out of memory for the tied embedding's gradient");
+    mmc_dist_req *rq = NULL;
+    mmc_status st = mmc_send_start(p->pp, g, count, MMC_F32, peer, TAG_TIED, &rq);
+    if (!st) st = mmc_recv(p->pp, other, count, MMC_F32, peer, TAG_TIED);
+    mmc_status s2 = mmc_dist_wait(rq);
+    if (!st) st = s2;
+    /* a + b is b + a in floating point: both copies get the same sum */
+    if (!st)
+        for (int64_t i = 0; i < count; i++) g[i] += other[i];
+    free(other);
+    return st ? mmc_error_prefix(st, "pipeline: summing the tied embedding's gradient") : MMC_OK;
+}

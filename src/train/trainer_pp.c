@@ -1,0 +1,363 @@
+/* trainer_pp.c — the trainer's side of pipeline parallelism (mmc_pp.h; parallel.pipeline_parallel):
+ * the layout checks and process groups (Megatron's order: tensor fastest, then data, then
+ * pipeline stages), cutting the loaded model down to this rank's stage, one
+ * optimizer step's micro-batches through the 1F1B runtime with the gradient sums it needs
+ * (over the stage's data-parallel group, and the tied embedding between the first and last
+ * stage), the global gradient norm over the tensor slices and the stages, and checkpoints.
+ *
+ * A checkpoint is the normal single-process one (HF model.safetensors with every layer,
+ * optimizer.safetensors, trainer_state.json): with tp the stage's tensors are first gathered
+ * over its tp group (trainer.c's tp_to_full); then the first rank of each stage sends its
+ * parameters, AdamW moments and fp32 masters to world rank 0, which writes them with the
+ * single-process saver. So a run resumes at any number of stages (each stage loads the full
+ * checkpoint and keeps its part), and transformers loads it as it is. */
+#include "trainer_internal.h"
+#include "mmc_pp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ layout */
+mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const int P = (int)c->parallel.pipeline_parallel, W = t->world_size, TP = t->tp_size, MP = P * TP;
+    t->pp_size = P;
+    char what[96];   /* the model-parallel group, for the messages */
+    if (TP > 1) snprintf(what, sizeof what, "pipeline_parallel %d x tensor_parallel %d", P, TP);
+    else snprintf(what, sizeof what, "pipeline_parallel %d", P);
+    if (MP > W)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.%s is larger than the job's %d process%s: each stage%s needs "
+                         "its own rank; launch with mmc launch -n %d (or a multiple)", c->file, what, W,
+                         W == 1 ? "" : "es", TP > 1 ? " and tensor slice" : "", MP);
+    if (W % MP)
+        return mmc_error(MMC_ERR_INVALID, "%s: the job's %d processes do not divide into %d pipeline stages%s "
+                         "(parallel.%s); launch a multiple of %d processes", c->file, W, P,
+                         TP > 1 ? " of tensor-parallel groups" : "", what, MP);
+    t->dp_size = W / MP;
+    if (c->parallel.data_parallel != t->dp_size && c->parallel.data_parallel != 1)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel %lld x %s is not the job's %d processes; set "
+                         "data_parallel: %d or leave it out", c->file, (long long)c->parallel.data_parallel, what, W,
+                         t->dp_size);
+    if (c->training.gradient_accumulation % t->dp_size)
+        return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld does not divide into %d data-parallel replicas "
+                         "(world %d / pipeline_parallel %d) x micro_batch_size %lld", c->file,
+                         (long long)c->data.batch_size, t->dp_size, W, P, (long long)c->data.micro_batch_size);
+    mmc_dist_layout lay = {.tensor = TP, .pipeline = P, .data = t->dp_size};
+    mmc_status st = mmc_dist_layout_groups(t->world, &lay, &t->groups);
+    if (st) return st;
+    t->have_groups = true;
+    t->dpc = t->groups.dp;
+    t->dp_rank = t->groups.dp_rank;
+    t->pp_rank = t->groups.pp_rank;
+    if (TP > 1) t->tpc = t->groups.tp;
+    const int64_t M = c->training.gradient_accumulation / t->dp_size, v = c->parallel.pipeline_virtual;
+    t->pp_v = (int)v;
+    if (v > 1 && M % P)
+        return mmc_error(MMC_ERR_INVALID, "%s: interleaved 1F1B (parallel.pipeline_virtual %lld) sends micro-batches "
+                         "through the stages in groups of pipeline_parallel %d, but a step has %lld per data-parallel "
+                         "rank (data.batch_size / micro_batch_size / data_parallel): use a multiple of %d", c->file,
+                         (long long)v, P, (long long)M, P);
+    if (t->rank == 0 && M < P)
+        fprintf(stderr, "mmc train: warning: %lld micro-batch%s per step and data-parallel rank (data.batch_size / "
+                "micro_batch_size / data_parallel) is fewer than the %d pipeline stages: 1F1B keeps stages idle "
+                "%.0f%% of each step ((P-1)/(M+P-1)); use at least %d micro-batches, better 4 x %d\n", (long long)M,
+                M == 1 ? "" : "es", P, 100.0 * mmc_pp_bubble_fraction(P, (int)M), P, P);
+    return MMC_OK;
+}
+
+/* peak RSS since the last reset (VmHWM), MiB */
+static double peak_rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb / 1024.0;
+}
+
+mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const int P = t->pp_size, s = t->pp_rank;
+    if (t->llava || mmc_trainer_diffusion(t) || !t->lm)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2 or Qwen2-VL / Qwen2.5-VL "
+                         "so far; %s is not split into stages yet: use data parallelism for it", c->file,
+                         t->llava ? "LLaVA" : "a diffusion model");
+    const int v = t->pp_v, nv = P * v;   /* virtual stages: chunk c of rank s is c P + s */
+    if (nv > 256) return mmc_error(MMC_ERR_INVALID, "%s: more than 256 (virtual) pipeline stages", c->file);
+    int64_t sizes[256], bounds[257];
+    const int ns = c->parallel.pipeline_layers.n;
+    for (int i = 0; i < ns && i < 256; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
+    mmc_status st = mmc_pp_split_layers(t->lm->cfg.num_layers, nv, sizes, ns, bounds);
+    if (st && v > 1) return mmc_error_prefix(st, "%s: %d stages x %d chunks (pipeline_virtual) = %d virtual stages", c->file, P, v, nv);
+    if (st) return mmc_error_prefix(st, "%s", c->file);
+    t->pp_tied = t->lm->lm_head == t->lm->embed;
+    for (int k = 0; k < v; k++) t->pp_l0[k] = bounds[k * P + s], t->pp_l1[k] = bounds[k * P + s + 1];
+    if ((st = t->vl ? mmc_pp_trim_qwen2_vl(t->vl, s, P, v, t->pp_l0, t->pp_l1)
+                    : mmc_pp_trim_qwen2_chunks(t->lm, s, P, v, t->pp_l0, t->pp_l1)))
+        return st;
+    if ((st = mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp))) return st;
+    if (t->vl) mmc_pp_set_vl(t->pp, t->vl);
+    /* the memory figures from here on are the stage's own (the full model was read first) */
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) { fputs("5", f); fclose(f); }
+    if (t->rank == 0) {
+        const int M = (int)(c->training.gradient_accumulation / t->dp_size);
+        char tps[48] = "";
+        if (t->tp_size > 1) snprintf(tps, sizeof tps, " x tensor parallelism %d", t->tp_size);
+        char vs[64] = "";
+        if (v > 1) snprintf(vs, sizeof vs, " interleaved (%d chunks per rank)", v);
+        fprintf(stderr, "mmc train: pipeline parallelism %d stages%s x data parallelism %d (%s), 1F1B%s over %d "
+                "micro-batches per step (bubble (P-1)/(%sM+P-1) = %.1f%%); stage layers:", P, tps, t->dp_size,
+                mmc_comm_backend_name(t->world), vs, M, v > 1 ? "v " : "", 100.0 * mmc_pp_bubble_fraction_v(P, v, M));
+        for (int k = 0; k < nv; k++)
+            fprintf(stderr, "%s[%lld, %lld)", v > 1 && k % P == 0 ? (k ? " | " : " ") : " ", (long long)bounds[k],
+                    (long long)bounds[k + 1]);
+        fprintf(stderr, "%s\n", t->pp_tied ? "; tied embeddings: first and last stage sum their gradients" : "");
+    }
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ one step */
+static bool is_tied_copy(const mmc_trainer *t, const mmc_tensor *p) {
+    return t->pp_tied && t->pp_size > 1 && t->pp_rank == t->pp_size - 1 && p == t->lm->embed;
+}
+
+mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss) {
+    mmc_status st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
+    if (st) return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
+    /* every trained tensor has a gradient buffer, so the reductions below match on every rank */
+    int64_t total = 0;
+    for (int i = 0; i < t->n_opt; i++) total += mmc_numel(mmc_grad(t->ctx, t->opt_model[i]));
+    if (t->dp_size > 1) {   /* the stage's replicas: one all-reduce of the packed gradients */
+        float *buf = malloc((size_t)total * sizeof(float) + 1);
+        if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory packing the gradients");
+        int64_t off = 0;
+        for (int i = 0; i < t->n_opt; i++) {
+            const mmc_tensor *g = t->opt_model[i]->grad;
+            memcpy(buf + off, g->data, mmc_nbytes(g));
+            off += mmc_numel(g);
+        }
+        st = mmc_all_reduce(t->dpc, buf, buf, total, MMC_F32, MMC_SUM);
+        off = 0;
+        for (int i = 0; !st && i < t->n_opt; i++) {
+            const mmc_tensor *g = t->opt_model[i]->grad;
+            memcpy(g->data, buf + off, mmc_nbytes(g));
+            off += mmc_numel(g);
+        }
+        free(buf);
+        if (st) return st;
+    }
+    if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1)) {
+        mmc_tensor *e = t->lm->embed;
+        if (e->flags & MMC_REQUIRES_GRAD) st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, e)->data, mmc_numel(e));
+        if (st) return st;
+    }
+    /* the loss lives on the last stage of each replica: summed over the world (0 elsewhere; with
+     * tp every rank of the last stage has it: counted once) */
+    if (t->tpc && t->groups.tp_rank != 0) *loss = 0;
+    if ((st = mmc_all_reduce(t->world, loss, loss, 1, MMC_F64, MMC_SUM))) return st;
+    if (!isfinite(*loss))
+        return mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite; stopping without updating the "
+                         "weights — the last checkpoint is intact; lower optimizer.lr or check the data",
+                         (long long)t->step + 1);
+    if (t->step + 1 == t->cfg->training.steps) {   /* each rank's memory at the end of the run */
+        int64_t bytes;
+        double wait;
+        mmc_pp_last_stats(t->pp, &bytes, &wait);
+        char ls[256] = "";
+        for (int k = 0; k < t->pp_v; k++) {
+            size_t u = strlen(ls);
+            snprintf(ls + u, sizeof ls - u, "%s[%lld, %lld)", k ? " " : "", (long long)t->pp_l0[k], (long long)t->pp_l1[k]);
+        }
+        fprintf(stderr, "mmc train: pipeline stage %d/%d (layers %s), data-parallel rank %d: peak RSS %.1f MiB since "
+                "set-up; last step sent %.2f MiB point-to-point, %.3f s waiting in receives\n", t->pp_rank,
+                t->pp_size, ls, t->dp_rank, peak_rss_mib(), (double)bytes / 1048576.0, wait);
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
+    double sq[2] = {0, 0};   /* tensor-parallel slices (summed over tp), replicated */
+    for (int i = 0; i < t->n_opt; i++) {
+        const mmc_tensor *g = t->opt[i]->grad;
+        if (!g || is_tied_copy(t, t->opt_model[i])) continue;   /* the tied embedding counts once */
+        const float *gd = g->data;
+        double s = 0;
+        for (int64_t k = 0, n = mmc_numel(g); k < n; k++) s += (double)gd[k] * gd[k];
+        sq[t->opt_split && t->opt_split[i] >= 0 ? 0 : 1] += s;
+    }
+    mmc_status st = t->tpc ? mmc_all_reduce(t->tpc, sq, sq, 1, MMC_F64, MMC_SUM) : MMC_OK;
+    double total = sq[0] + sq[1];
+    if (!st) st = mmc_all_reduce(t->groups.pp, &total, &total, 1, MMC_F64, MMC_SUM);
+    if (st) return st;
+    *norm = sqrt(total);
+    const double max_norm = t->cfg->optimizer.grad_clip;
+    if (max_norm > 0 && *norm > max_norm) {   /* as clip_grad_norm_ (mmc_clip_grad_norm) */
+        const float coef = (float)(max_norm / (*norm + 1e-6));
+        for (int i = 0; i < t->n_opt; i++) {
+            mmc_tensor *g = t->opt[i]->grad;
+            if (g) for (int64_t k = 0, n = mmc_numel(g); k < n; k++) ((float *)g->data)[k] *= coef;
+        }
+    }
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ checkpoints
+ * A stage's part goes to world rank 0 tensor by tensor, straight from and into the tensors
+ * (no packed copy on either side): the count, then per parameter a header, its values (model
+ * dtype) and, for a trained one, its AdamW moments and, when distinct, its fp32 master. */
+enum { TAG_N = 201, TAG_HDR, TAG_VAL, TAG_M, TAG_V, TAG_MASTER };
+typedef struct {
+    char name[200];
+    int32_t dtype, ndim, flags, trained, master;
+    int64_t shape[MMC_MAX_DIMS];
+} part_hdr;
+
+static int opt_index(const mmc_trainer *t, const mmc_tensor *p) {
+    for (int j = 0; j < t->n_opt; j++)
+        if (t->opt_model[j] == p) return j;
+    return -1;
+}
+
+static mmc_status send_stage(const mmc_trainer *t) {
+    mmc_comm *pp = t->groups.pp;
+    int64_t n = 0;
+    for (int i = 0; i < t->n_params; i++) n += !is_tied_copy(t, t->params[i]);
+    mmc_status st = mmc_send(pp, &n, 1, MMC_I64, 0, TAG_N);
+    for (int i = 0; i < t->n_params && !st; i++) {
+        const mmc_tensor *p = t->params[i];
+        if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
+        const int j = opt_index(t, p);
+        part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
+                      .master = j >= 0 && t->opt[j] != p};
+        snprintf(h.name, sizeof h.name, "%s", t->names[i]);
+        memcpy(h.shape, p->shape, sizeof h.shape);
+        const int64_t k = mmc_numel(p);
+        st = mmc_send(pp, &h, (int64_t)sizeof h, MMC_U8, 0, TAG_HDR);
+        if (!st) st = mmc_send(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, 0, TAG_VAL);
+        if (!st && j >= 0) st = mmc_send(pp, t->adamw.m[j], k, MMC_F32, 0, TAG_M);
+        if (!st && j >= 0) st = mmc_send(pp, t->adamw.v[j], k, MMC_F32, 0, TAG_V);
+        if (!st && h.master) st = mmc_send(pp, t->opt[j]->data, k, MMC_F32, 0, TAG_MASTER);
+    }
+    return st;
+}
+
+/* the full run as the single-process trainer holds it, for its saver (world rank 0) */
+typedef struct {
+    int n_params, n_opt;
+    mmc_tensor **params, **opt, **opt_model;
+    const char **names, **opt_names;
+    float **m, **v;
+    char **store;          /* received names */
+    mmc_tensor **own;      /* received tensors (params and masters) to free */
+    float **own_mv;
+    int n_own, n_store, n_own_mv;
+    int cap;               /* of params / opt (own and own_mv: 2 cap) */
+} full_view;
+
+static void view_free(full_view *v) {
+    for (int i = 0; i < v->n_own; i++) mmc_tensor_free(v->own[i]);
+    for (int i = 0; i < v->n_store; i++) free(v->store[i]);
+    for (int i = 0; i < v->n_own_mv; i++) free(v->own_mv[i]);
+    free(v->params); free(v->opt); free(v->opt_model); free(v->names); free(v->opt_names);
+    free(v->m); free(v->v); free(v->store); free(v->own); free(v->own_mv);
+}
+
+static mmc_status recv_stage(mmc_comm *pp, int s, full_view *v) {
+    int64_t n = 0;
+    mmc_status st = mmc_recv(pp, &n, 1, MMC_I64, s, TAG_N);
+    for (int64_t i = 0; i < n && !st; i++) {
+        part_hdr h;
+        if ((st = mmc_recv(pp, &h, (int64_t)sizeof h, MMC_U8, s, TAG_HDR))) break;
+        h.name[sizeof h.name - 1] = 0;
+        if (v->n_params >= v->cap || h.ndim < 0 || h.ndim > MMC_MAX_DIMS ||
+            (h.dtype != MMC_F32 && h.dtype != MMC_BF16 && h.dtype != MMC_F16))
+            return mmc_error(MMC_ERR_INVALID, "tensor %lld ('%s'): bad header", (long long)i, h.name);
+        mmc_tensor *p = mmc_tensor_new((mmc_dtype)h.dtype, h.ndim, h.shape);
+        char *nm = strdup(h.name);
+        if (!p || !nm) { mmc_tensor_free(p); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        v->own[v->n_own++] = p;
+        v->store[v->n_store++] = nm;
+        p->flags |= (uint32_t)h.flags & (MMC_PARAM | MMC_REQUIRES_GRAD);
+        snprintf(p->name, sizeof p->name, "%.*s", (int)sizeof p->name - 1, nm);
+        v->params[v->n_params] = p;
+        v->names[v->n_params++] = nm;
+        if ((st = mmc_recv(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, s, TAG_VAL)) || !h.trained) continue;
+        const int64_t k = mmc_numel(p);
+        float *m = malloc((size_t)k * 4 + 1), *vv = malloc((size_t)k * 4 + 1);
+        if (!m || !vv) { free(m); free(vv); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        v->own_mv[v->n_own_mv++] = m;
+        v->own_mv[v->n_own_mv++] = vv;
+        if ((st = mmc_recv(pp, m, k, MMC_F32, s, TAG_M)) || (st = mmc_recv(pp, vv, k, MMC_F32, s, TAG_V))) break;
+        mmc_tensor *master = p;
+        if (h.master) {
+            if (!(master = mmc_tensor_new(MMC_F32, h.ndim, h.shape))) return mmc_error(MMC_ERR_OOM, "out of memory");
+            v->own[v->n_own++] = master;
+            snprintf(master->name, sizeof master->name, "%s", p->name);
+            if ((st = mmc_recv(pp, master->data, k, MMC_F32, s, TAG_MASTER))) break;
+        }
+        v->opt[v->n_opt] = master;
+        v->opt_model[v->n_opt] = p;
+        v->opt_names[v->n_opt] = nm;
+        v->m[v->n_opt] = m;
+        v->v[v->n_opt++] = vv;
+    }
+    return st;
+}
+
+#define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
+
+static mmc_status save_on_rank0(mmc_trainer *t) {
+    full_view v = {0};
+    mmc_status st = MMC_OK;
+    const int cap = 64 + 32 * (int)(t->lm->cfg.num_layers + 4) + t->n_params;   /* parameters of the whole model */
+    v.params = calloc((size_t)cap, sizeof *v.params);
+    v.names = calloc((size_t)cap, sizeof *v.names);
+    v.opt = calloc((size_t)cap, sizeof *v.opt);
+    v.opt_model = calloc((size_t)cap, sizeof *v.opt_model);
+    v.opt_names = calloc((size_t)cap, sizeof *v.opt_names);
+    v.m = calloc((size_t)cap, sizeof *v.m);
+    v.v = calloc((size_t)cap, sizeof *v.v);
+    v.store = calloc((size_t)cap, sizeof *v.store);
+    v.own = calloc((size_t)(2 * cap), sizeof *v.own);
+    v.own_mv = calloc((size_t)(2 * cap), sizeof *v.own_mv);
+    v.cap = cap;
+    if (!v.params || !v.names || !v.opt || !v.opt_model || !v.opt_names || !v.m || !v.v || !v.store || !v.own ||
+        !v.own_mv) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    for (int i = 0; i < t->n_params; i++) v.params[v.n_params] = t->params[i], v.names[v.n_params++] = t->names[i];
+    for (int j = 0; j < t->n_opt; j++) {
+        v.opt[v.n_opt] = t->opt[j], v.opt_model[v.n_opt] = t->opt_model[j], v.opt_names[v.n_opt] = t->opt_names[j];
+        v.m[v.n_opt] = t->adamw.m[j], v.v[v.n_opt++] = t->adamw.v[j];
+    }
+    for (int s = 1; s < t->pp_size && !st; s++)   /* stage order = the model's parameter order */
+        if ((st = recv_stage(t->groups.pp, s, &v))) mmc_error_prefix(st, "pipeline stage %d's part of the checkpoint", s);
+    if (st) goto done;
+    /* the single-process saver over the whole model */
+    SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
+    SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
+    SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
+    st = mmc_trainer_save(t);
+    SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
+    SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
+    SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
+done:
+    view_free(&v);
+    return st;
+}
+
+mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
+    mmc_status st = MMC_OK;
+    /* replicas hold the same weights: the first one's stages gather (with tp: its first tp rank's,
+     * which holds the full tensors the caller gathered) */
+    if (t->dp_rank == 0 && (!t->tpc || t->groups.tp_rank == 0))
+        st = t->pp_rank == 0 ? save_on_rank0(t) : send_stage(t);
+    int64_t bad = st != MMC_OK;
+    mmc_status s2 = mmc_all_reduce(t->world, &bad, &bad, 1, MMC_I64, MMC_MAX);
+    if (s2) return s2;
+    if (bad && !st)
+        st = mmc_error(MMC_ERR_IO, "checkpoint at step %lld: gathering the pipeline stages or rank 0's save failed "
+                       "on another rank (see its message)", (long long)t->step);
+    return st;
+}

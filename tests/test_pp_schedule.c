@@ -1,0 +1,359 @@
+/* test_pp_schedule.c — pipeline parallelism (mmc_pp.h) without MPI: the 1F1B order for P = 2 and 4
+ * against the expected sequences (and its invariants for P <= 8, M <= 16), the schedule run
+ * in simulated time (no deadlock; bubble share (P-1)/(M+P-1), to 1e-12, for equal and for
+ * 1:2 forward:backward costs), the layer split and its errors, trimming a Qwen2 to a stage,
+ * and the runtime on one stage (P = 1, the single-process communicator): its loss and every
+ * gradient equal the plain forward/backward with gradient accumulation exactly.
+ *
+ *   test_pp_schedule                the unit tests above
+ *   test_pp_schedule compare A B ...    (for test_pp.sh) two `mmc train` output directories: losses
+ *                                   of metrics.jsonl, the last checkpoint's model.safetensors and
+ *                                   optimizer.safetensors; tolerances LOSS_REL W_ABS W_MEAN MOM_REL
+ *                                   (0 0 0 0 = bit-identical); prints the measured figures. */
+#include "test_util.h"
+#include "mmc_pp.h"
+#include "mmc_models.h"
+#include "mmc_trainer.h"
+#include "mmc_io.h"
+
+#include <dirent.h>
+
+static void seq_str(int P, int s, int M, char *buf, size_t cap) {
+    mmc_pp_op ops[64];
+    int n = mmc_pp_schedule_1f1b(P, s, M, ops);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%s%c%d", i ? " " : "", ops[i].kind == MMC_PP_FORWARD ? 'F' : 'B', ops[i].mb);
+    }
+}
+
+static void test_schedule(void) {
+    static const struct { int P, s, M; const char *want; } cases[] = {
+        {2, 0, 4, "F0 F1 B0 F2 B1 F3 B2 B3"},
+        {2, 1, 4, "F0 B0 F1 B1 F2 B2 F3 B3"},
+        {4, 0, 4, "F0 F1 F2 F3 B0 B1 B2 B3"},
+        {4, 1, 4, "F0 F1 F2 B0 F3 B1 B2 B3"},
+        {4, 2, 4, "F0 F1 B0 F2 B1 F3 B2 B3"},
+        {4, 3, 4, "F0 B0 F1 B1 F2 B2 F3 B3"},
+        {4, 0, 8, "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"},
+        {4, 0, 2, "F0 F1 B0 B1"},   /* fewer micro-batches than stages: warm-up is cut short */
+        {4, 3, 2, "F0 B0 F1 B1"},
+    };
+    char buf[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        seq_str(cases[i].P, cases[i].s, cases[i].M, buf, sizeof buf);
+        CHECKF(!strcmp(buf, cases[i].want), "P=%d stage %d M=%d: %s, expected %s", cases[i].P, cases[i].s,
+               cases[i].M, buf, cases[i].want);
+    }
+    /* invariants: each micro-batch forward once, backward once after it, backwards in order, at
+     * most P - s in flight (the stage's contexts), as mmc_pp_max_in_flight says */
+    mmc_pp_op ops[64];
+    int bad = 0;
+    for (int P = 1; P <= 8; P++)
+        for (int M = 1; M <= 16; M++)
+            for (int s = 0; s < P; s++) {
+                int n = mmc_pp_schedule_1f1b(P, s, M, ops), fdone = 0, bdone = 0, fly = 0, maxfly = 0;
+                bool ok = n == 2 * M;
+                for (int i = 0; ok && i < n; i++) {
+                    if (ops[i].kind == MMC_PP_FORWARD) ok = ops[i].mb == fdone++, fly++;
+                    else ok = ops[i].mb == bdone++ && bdone <= fdone, fly--;
+                    maxfly = fly > maxfly ? fly : maxfly;
+                }
+                ok = ok && fdone == M && bdone == M && maxfly <= P - s && maxfly == mmc_pp_max_in_flight(P, s, M);
+                if (!ok && bad++ < 3) fprintf(stderr, "1F1B invariant broken at P=%d stage %d M=%d\n", P, s, M);
+            }
+    CHECK(bad == 0);
+    CHECK(mmc_pp_schedule_1f1b(2, 2, 4, ops) == -1);   /* no stage 2 of 2 */
+    CHECK(mmc_pp_schedule_1f1b(2, 0, 0, ops) == -1);
+}
+
+static void seq_str_v(int P, int v, int s, int M, char *buf, size_t cap) {
+    mmc_pp_op ops[128];
+    int n = mmc_pp_schedule(P, v, s, M, ops);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%s%c%dc%d", i ? " " : "", ops[i].kind == MMC_PP_FORWARD ? 'F' : 'B', ops[i].mb,
+                 ops[i].chunk);
+    }
+}
+
+/* interleaved 1F1B (v chunks per rank): the order Megatron's schedule gives for P = 2, v = 2,
+ * M = 4 ("F<mb>c<chunk>"), and the invariants: every (micro-batch, chunk) forward once then
+ * backward once, each chunk's micro-batches in order */
+static void test_schedule_interleaved(void) {
+    char buf[512];
+    seq_str_v(2, 2, 0, 4, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "F0c0 F1c0 F0c1 F1c1 F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0 B2c1 B3c1 B2c0 B3c0"), "rank 0: %s",
+           buf);
+    seq_str_v(2, 2, 1, 4, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "F0c0 F1c0 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 B2c0 B3c0"), "rank 1: %s",
+           buf);
+    seq_str_v(3, 1, 0, 4, buf, sizeof buf);
+    CHECK(!strcmp(buf, "F0c0 F1c0 F2c0 B0c0 F3c0 B1c0 B2c0 B3c0"));   /* v = 1: plain 1F1B */
+    mmc_pp_op ops[2 * 16 * 4];
+    CHECK(mmc_pp_schedule(2, 2, 0, 3, ops) == -1);   /* M not a multiple of P */
+    CHECK(mmc_pp_schedule(1, 2, 0, 4, ops) == -1);   /* one stage cannot interleave */
+    int bad = 0;
+    for (int P = 2; P <= 4; P++)
+        for (int v = 2; v <= 4; v++)
+            for (int M = P; M <= 16; M += P)
+                for (int s = 0; s < P; s++) {
+                    int n = mmc_pp_schedule(P, v, s, M, ops), fnext[4] = {0}, bnext[4] = {0};
+                    bool ok = n == 2 * M * v;
+                    for (int i = 0; ok && i < n; i++) {
+                        const int c = ops[i].chunk;
+                        ok = c >= 0 && c < v;
+                        if (ok && ops[i].kind == MMC_PP_FORWARD) ok = ops[i].mb == fnext[c]++;
+                        else if (ok) ok = ops[i].mb == bnext[c]++ && bnext[c] <= fnext[c];
+                    }
+                    for (int c = 0; ok && c < v; c++) ok = fnext[c] == M && bnext[c] == M;
+                    if (!ok && bad++ < 3) fprintf(stderr, "interleaved invariant broken at P=%d v=%d M=%d rank %d\n", P, v, M, s);
+                }
+    CHECK(bad == 0);
+}
+
+static void test_simulate(void) {
+    printf("1F1B bubble (simulated, forward:backward 1:2 | analytic (P-1)/(M+P-1)):");
+    for (int P = 2; P <= 4; P += 2)
+        for (int M = 1; M <= 16; M *= 2) {
+            for (int r = 1; r <= 2; r++) {
+                double bubble, span = mmc_pp_simulate(P, M, 1.0, (double)r, &bubble);
+                CHECKF(span > 0, "P=%d M=%d deadlocks", P, M);
+                CHECK_NEAR(span, (double)(M + P - 1) * (1.0 + r), 1e-12);
+                CHECK_NEAR(bubble, mmc_pp_bubble_fraction(P, M), 1e-12);
+                if (r == 2 && (M == 4 || M == 8 || M == 16)) printf(" P=%d M=%d %.1f%% | %.1f%%;", P, M, 100 * bubble,
+                                                                    100 * mmc_pp_bubble_fraction(P, M));
+            }
+        }
+    printf("\n");
+    CHECK_NEAR(mmc_pp_bubble_fraction(4, 8), 3.0 / 11.0, 1e-15);
+    /* interleaved: no deadlock, and the bubble shrinks by v (to (P-1)/(v M + P - 1)) */
+    printf("interleaved 1F1B bubble (simulated, 1:2 | analytic (P-1)/(vM+P-1)):");
+    for (int P = 2; P <= 4; P += 2)
+        for (int v = 2; v <= 4; v += 2)
+            for (int M = P; M <= 16; M *= 2) {
+                double bubble, span = mmc_pp_simulate_v(P, v, M, 1.0, 2.0, &bubble);
+                CHECKF(span > 0, "interleaved P=%d v=%d M=%d deadlocks", P, v, M);
+                CHECKF(fabs(bubble - mmc_pp_bubble_fraction_v(P, v, M)) < 1e-12, "P=%d v=%d M=%d: bubble %.6f, "
+                       "expected %.6f", P, v, M, bubble, mmc_pp_bubble_fraction_v(P, v, M));
+                if (M == 8) printf(" P=%d v=%d M=%d %.1f%% | %.1f%%;", P, v, M, 100 * bubble,
+                                   100 * mmc_pp_bubble_fraction_v(P, v, M));
+            }
+    printf("\n");
+    double b;
+    CHECK(mmc_pp_simulate(1, 3, 1, 2, &b) > 0 && b == 0);   /* one stage: no bubble */
+}
+
+static void test_split(void) {
+    int64_t bd[9];
+    CHECK_OK(mmc_pp_split_layers(8, 4, NULL, 0, bd));
+    CHECK(bd[0] == 0 && bd[1] == 2 && bd[2] == 4 && bd[3] == 6 && bd[4] == 8);
+    CHECK_OK(mmc_pp_split_layers(8, 2, (const int64_t[]){3, 5}, 2, bd));
+    CHECK(bd[0] == 0 && bd[1] == 3 && bd[2] == 8);
+    CHECK_ERR(mmc_pp_split_layers(6, 4, NULL, 0, bd), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "does not divide the model's 6 decoder layers") &&
+          strstr(mmc_last_error(), "pipeline_layers"));
+    CHECK_ERR(mmc_pp_split_layers(2, 3, NULL, 0, bd), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "a stage would be empty"));
+    CHECK_ERR(mmc_pp_split_layers(4, 2, (const int64_t[]){4, 0}, 2, bd), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "stage 1 gets 0 layers"));
+    CHECK_ERR(mmc_pp_split_layers(4, 2, (const int64_t[]){1, 2}, 2, bd), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "adds up to 3 layers but the model has 4"));
+    CHECK_ERR(mmc_pp_split_layers(4, 2, (const int64_t[]){1, 1, 2}, 3, bd), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "3 entries but pipeline_parallel is 2"));
+}
+
+static mmc_qwen2_config tiny_cfg(int layers, bool tied) {
+    mmc_qwen2_config c = {.vocab_size = 64, .hidden_size = 32, .intermediate_size = 48, .num_layers = layers,
+                          .num_heads = 4, .num_kv_heads = 2, .head_dim = 8, .max_position_embeddings = 128,
+                          .rms_norm_eps = 1e-6, .rope_theta = 10000, .tie_word_embeddings = tied, .qkv_bias = true,
+                          .dtype = MMC_F32};
+    return c;
+}
+
+static bool has_param(const mmc_qwen2 *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->param_names[i], name)) return true;
+    return false;
+}
+
+static void test_trim(void) {
+    for (int tied = 0; tied < 2; tied++) {
+        mmc_qwen2_config c = tiny_cfg(4, tied);
+        mmc_qwen2 *full = NULL, *m0 = NULL, *m1 = NULL;
+        CHECK_OK(mmc_qwen2_new(&c, 1, &full));
+        CHECK_OK(mmc_qwen2_new(&c, 1, &m0));
+        CHECK_OK(mmc_qwen2_new(&c, 1, &m1));
+        if (!full || !m0 || !m1) return;
+        const int per_layer = 12;   /* 2 norms, q/k/v weights and biases, o, gate, up, down */
+        CHECK(full->n_params == 1 + 4 * per_layer + 1 + !tied);
+        CHECK_OK(mmc_pp_trim_qwen2(m0, 0, 2, 0, 1));
+        CHECK_OK(mmc_pp_trim_qwen2(m1, 1, 2, 1, 4));
+        CHECK(m0->n_params == 1 + per_layer && has_param(m0, "embed_tokens.weight") &&
+              has_param(m0, "layers.0.mlp.down_proj.weight") && !has_param(m0, "layers.1.mlp.down_proj.weight") &&
+              !has_param(m0, "norm.weight") && !m0->norm);
+        CHECK(m1->n_params == 3 * per_layer + 1 + 1 && has_param(m1, "layers.3.input_layernorm.weight") &&
+              !has_param(m1, "layers.0.input_layernorm.weight") && has_param(m1, "norm.weight") && m1->lm_head);
+        /* tied: the last stage keeps the embedding as its lm_head, under the embedding's name */
+        CHECK(has_param(m1, tied ? "embed_tokens.weight" : "lm_head.weight") &&
+              !has_param(m1, tied ? "lm_head.weight" : "embed_tokens.weight"));
+        CHECK(!m1->layers[0].q.w && m1->layers[1].q.w && !m0->layers[3].down.w);
+        mmc_qwen2_free(full);
+        mmc_qwen2_free(m0);
+        mmc_qwen2_free(m1);
+    }
+}
+
+/* P = 1 through the runtime against mmc_qwen2_lm_loss + mmc_backward per micro-batch */
+static void test_runtime_single(void) {
+    mmc_comm *world = NULL;
+    mmc_dist_opts o = {.backend = MMC_DIST_SINGLE};
+    CHECK_OK(mmc_dist_init(&o, &world));
+    if (!world) return;
+    enum { M = 3, B = 2, T = 7 };
+    for (int tied = 0; tied < 2; tied++) {
+        mmc_qwen2_config c = tiny_cfg(2, tied);
+        mmc_qwen2 *a = NULL, *b = NULL;
+        CHECK_OK(mmc_qwen2_new(&c, 3, &a));
+        CHECK_OK(mmc_qwen2_new(&c, 3, &b));
+        if (!a || !b) return;
+        int32_t ids[M][B * T], lab[M][B * T];
+        int64_t pos[M][3 * B * T];
+        mmc_batch mbs[M];
+        uint32_t x = 12345;
+        for (int k = 0; k < M; k++) {
+            for (int i = 0; i < B * T; i++) {
+                x = x * 1664525u + 1013904223u;
+                ids[k][i] = (int32_t)((x >> 8) % 64);
+                lab[k][i] = i % T == 0 ? MMC_IGNORE_INDEX : ids[k][i];
+            }
+            for (int i = 0; i < 3 * B * T; i++) pos[k][i] = i % T;
+            mbs[k] = (mmc_batch){.B = B, .T = T, .input_ids = ids[k], .labels = lab[k], .position_ids = pos[k],
+                                 .n_seqs = B};
+        }
+        const double scale = 1.0 / 30.0;
+        mmc_ctx *ctx = mmc_ctx_new();
+        double ref = 0;
+        for (int k = 0; k < M; k++) {
+            int64_t n;
+            mmc_tensor *l = mmc_qwen2_lm_loss(ctx, a, &mbs[k], scale, &n);
+            ref += *(float *)l->data;
+            mmc_backward(ctx, l);
+            mmc_ctx_reset(ctx);
+        }
+        mmc_pp *pp = NULL;
+        double got = -1;
+        CHECK_OK(mmc_pp_new(world, b, 0, 2, &pp));
+        if (pp) CHECK_OK(mmc_pp_run(pp, mbs, M, scale, &got));
+        CHECK(got == ref);
+        int same = 0;
+        for (int i = 0; i < a->n_params; i++) {
+            const mmc_tensor *ga = a->params[i]->grad, *gb = b->params[i]->grad;
+            same += ga && gb && !memcmp(ga->data, gb->data, mmc_nbytes(ga));
+        }
+        CHECKF(same == a->n_params, "%d of %d gradients bit-identical (tied %d)", same, a->n_params, tied);
+        mmc_pp_free(pp);
+        mmc_ctx_free(ctx);
+        mmc_qwen2_free(a);
+        mmc_qwen2_free(b);
+    }
+    mmc_dist_finalize();
+}
+
+/* ------------------------------------------------------------------ compare mode */
+static int read_losses(const char *dir, double *l, int cap) {
+    char path[2048], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f) && n < cap) {
+        const char *p = strstr(line, "\"loss\": ");
+        if (p) l[n++] = atof(p + 8);
+    }
+    fclose(f);
+    return n;
+}
+
+static void last_ckpt(const char *dir, char *out, size_t cap) {
+    DIR *d = opendir(dir);
+    long best = -1;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (!strncmp(e->d_name, "checkpoint-", 11) && atol(e->d_name + 11) > best) best = atol(e->d_name + 11);
+    if (d) closedir(d);
+    snprintf(out, cap, "%s/checkpoint-%ld", dir, best);
+}
+
+/* max |diff| (moments: relative to the tensor's max |value|) and the summed |diff| / count */
+static double cmp_file(const char *a, const char *b, const char *file, bool rel, int *nt, double *sum, double *cnt) {
+    char pa[4096], pb[4096];
+    snprintf(pa, sizeof pa, "%s/%s", a, file);
+    snprintf(pb, sizeof pb, "%s/%s", b, file);
+    mmc_st *sa = NULL, *sb = NULL;
+    CHECK_OK(mmc_st_open(pa, &sa));
+    CHECK_OK(mmc_st_open(pb, &sb));
+    double worst = 0;
+    if (!sa || !sb) { mmc_st_close(sa); mmc_st_close(sb); return 1e9; }
+    CHECKF(mmc_st_count(sa) == mmc_st_count(sb), "%s: %d tensors vs %d", file, mmc_st_count(sa), mmc_st_count(sb));
+    for (int i = 0; i < mmc_st_count(sa); i++) {
+        const char *nm = mmc_st_at(sa, i)->name;
+        mmc_tensor *ta = mmc_st_tensor(sa, nm), *tb = mmc_st_find(sb, nm) ? mmc_st_tensor(sb, nm) : NULL;
+        CHECKF(tb && mmc_same_shape(ta, tb), "%s: %s missing or of another shape in %s", file, nm, b);
+        if (tb && mmc_same_shape(ta, tb)) {
+            double d = 0, mx = 0;
+            for (int64_t e = 0; e < mmc_numel(ta); e++) {
+                double de = fabs(mmc_get_flat(ta, e) - mmc_get_flat(tb, e));
+                d = fmax(d, de);
+                *sum += de, *cnt += 1;
+                mx = fmax(mx, fabs(mmc_get_flat(ta, e)));
+            }
+            if (rel && mx > 0) d /= mx;
+            worst = fmax(worst, d);
+            (*nt)++;
+        }
+        mmc_tensor_free(ta);
+        mmc_tensor_free(tb);
+    }
+    mmc_st_close(sa);
+    mmc_st_close(sb);
+    return worst;
+}
+
+static int compare(const char *a, const char *b, double tl, double tw, double tm, double to) {
+    double la[64], lb[64];
+    int na = read_losses(a, la, 64), nb = read_losses(b, lb, 64);
+    CHECKF(na > 0 && na == nb, "losses: %d in %s, %d in %s", na, a, nb, b);
+    double lrel = 0;
+    for (int i = 0; i < na && i < nb; i++) lrel = fmax(lrel, fabs(la[i] - lb[i]) / fabs(la[i]));
+    char ca[2048], cb[2048];
+    last_ckpt(a, ca, sizeof ca);
+    last_ckpt(b, cb, sizeof cb);
+    int nw = 0, no = 0;
+    double ws = 0, wc = 0, os = 0, oc = 0;
+    double wd = cmp_file(ca, cb, "model.safetensors", false, &nw, &ws, &wc);
+    double od = cmp_file(ca, cb, "optimizer.safetensors", true, &no, &os, &oc);
+    const double wmean = ws / (wc > 0 ? wc : 1);
+    printf("%d steps: loss max rel diff %.2e (tol %.0e); %d weights max abs diff %.2e (tol %.0e), mean %.2e (tol "
+           "%.0e); %d optimizer tensors max diff %.2e of scale (tol %.0e)\n", na, lrel, tl, nw, wd, tw, wmean, tm, no,
+           od, to);
+    CHECK(lrel <= tl);
+    CHECK(wd <= tw);
+    CHECK(wmean <= tm);
+    CHECK(od <= to);
+    return g_fail ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 8 && !strcmp(argv[1], "compare"))
+        return compare(argv[2], argv[3], atof(argv[4]), atof(argv[5]), atof(argv[6]), atof(argv[7]));
+    test_schedule();
+    test_schedule_interleaved();
+    test_simulate();
+    test_split();
+    test_trim();
+    test_runtime_single();
+    return test_done("test_pp_schedule");
+}
