@@ -148,6 +148,9 @@ typedef struct {
     int64_t kv_blocks, kv_block_size, kv_memory_mib;
     int max_batch;               /* sequences decoded together (default 64) */
     int64_t prefill_tokens;      /* prompt tokens prefilled per step while others decode (default 512) */
+    int64_t prefill_chunk;       /* > 0: text prompts prefilled at most this many tokens per step, a long
+                                  * one over several steps between decode steps (0: whole prompts) */
+    bool no_prefix_cache;        /* do not reuse the KV blocks of earlier prompts' common prefixes */
     mmc_serve_limits limits;
 } mmc_serve_options;
 
