@@ -88,6 +88,9 @@ typedef struct {
     bool stream, include_usage;
     bool logprobs;               /* chat: logprobs true; completions: logprobs = k given */
     int top_logprobs;            /* chat: top_logprobs; completions: the logprobs integer */
+    /* response_format json_object / json_schema: the compiled constraint (mmc_json_constraint.h)
+     * every choice's tokens are masked with; NULL: free text */
+    struct mmc_jc_schema *json_schema;
 } mmc_serve_request;
 
 /* Parse a request body. media_root (a resolved directory, or NULL: local paths refused) bounds

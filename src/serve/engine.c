@@ -10,6 +10,7 @@
  * The job interface (serve_internal.h: submit -> events -> done / cancel) is what a batching
  * engine will implement in its place. */
 #include "serve_internal.h"
+#include "mmc_json_constraint.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -44,6 +45,7 @@ struct serve_engine {
     struct serve_seq **run, **wait;   /* running (admission order), waiting (line order) */
     struct serve_seq *pf;             /* a text prompt part-way through its chunked prefill */
     int64_t chunk;                    /* --prefill-chunk (0: whole prompts) */
+    mmc_jc_vocab *jc_vocab;           /* every token's bytes, for response_format (built on first use) */
     int n_run, cap_run, n_wait, cap_wait;
     uint64_t n_admitted;
 };
@@ -525,6 +527,13 @@ static void run_job(serve_engine *e, serve_job *j) {
     void *prompt = NULL;
     int64_t max_new = 0;
     mmc_serve_error err = {0};
+    if (q->json_schema) {
+        mmc_serve_fail(&err, 400, "invalid_request_error", "response_format", "unsupported_parameter",
+                       "response_format json_object / json_schema needs the batching engine, which this server "
+                       "does not run (--no-batching, or a model without a batched decode).");
+        job_fail(j, &err);
+        return;
+    }
     if (!job_prepare(e, j, &prompt, &max_new, &err)) { job_fail(j, &err); return; }
     job_set_state(j, JOB_PREPARED);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
@@ -601,6 +610,7 @@ typedef struct serve_seq {
     uint64_t order;             /* admission order: the largest is the youngest */
     mmc_kv_cache stage;         /* text prompts: the contiguous cache of a prefill in progress */
     bool staged;
+    mmc_jc_state *jc;           /* response_format: the JSON automaton of this choice's text */
 } serve_seq;
 
 static void metrics_kv(serve_engine *e) {
@@ -656,6 +666,7 @@ static void seq_finish(serve_engine *e, serve_seq *s, const char *finish) {
     if (j->req.stream) emit_chunk(e, j, r->idx, NULL, 0, false, r->finish);
     if (s->staged) mmc_kv_cache_free(&s->stage);
     if (e->pf == s) e->pf = NULL;
+    mmc_jc_state_free(s->jc);
     mmc_kv_seq_free(&e->pool, &s->kv);
     metrics_kv(e);
     if (s->smp_ok) mmc_sampler_free(&s->smp);
@@ -676,11 +687,24 @@ static void seq_abort(serve_engine *e, serve_seq *s, const char *what) {
 /* sample the next token from logits [V]; false when the sequence ended (and is freed) */
 static bool seq_take(serve_engine *e, serve_seq *s, float *logits) {
     e->row_valid = false;
+    /* response_format: only tokens that keep the text valid JSON (completable within max_tokens) */
+    if (s->jc)
+        mmc_jc_mask(s->jc, e->jc_vocab, s->r.max_new - s->r.c->n_ids, s->go.eos_ids, s->go.n_eos, logits,
+                    e->b->lm->cfg.vocab_size);
     int32_t tok = mmc_sampler_next(&s->smp, logits, s->hist, s->n_hist);
     for (int k = 0; k < s->go.n_eos; k++)
         if (tok == s->go.eos_ids[k]) { seq_finish(e, s, NULL); return false; }
+    if (s->jc && !mmc_jc_feed_token(s->jc, e->jc_vocab, tok)) {   /* nothing fit: end rather than break JSON */
+        seq_finish(e, s, NULL);
+        return false;
+    }
     s->hist[s->n_hist++] = tok;
     if (!on_token(&s->r, tok)) { seq_finish(e, s, NULL); return false; }
+    if (s->jc && mmc_jc_done(s->jc)) {   /* the JSON value is complete: the end, as at EOS */
+        if (!s->r.stopped) update_text(&s->r, true);
+        seq_finish(e, s, "stop");
+        return false;
+    }
     if (s->r.c->n_ids >= s->r.max_new) { seq_finish(e, s, NULL); return false; }
     return true;
 }
@@ -730,6 +754,12 @@ static void batch_start_job(serve_engine *e, serve_job *j) {
         goto fail;
     }
     if (j->n_prompt + j->max_new > cap) j->max_new = cap - j->n_prompt;
+    if (q->json_schema && !e->jc_vocab && mmc_jc_vocab_build(e->b->tok, &e->jc_vocab)) {
+        mmc_serve_fail(&err, 500, "server_error", NULL, NULL, "%s", mmc_last_error());
+        e->b->release(e->b->self, j->prompt);
+        j->prompt = NULL;
+        goto fail;
+    }
     job_set_state(j, JOB_PREPARED);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
     j->n_live = q->n;
@@ -745,7 +775,8 @@ static void batch_start_job(serve_engine *e, serve_job *j) {
             s->go.eos_ids = s->eos;
             s->n_prompt = j->n_prompt;
             s->hist = malloc((size_t)(j->n_prompt + j->max_new + 1) * sizeof *s->hist);
-            s->smp_ok = s->hist && mmc_sampler_init(&s->smp, &s->go.sampler, e->b->lm->cfg.vocab_size) == MMC_OK;
+            s->smp_ok = s->hist && mmc_sampler_init(&s->smp, &s->go.sampler, e->b->lm->cfg.vocab_size) == MMC_OK &&
+                        (!q->json_schema || (s->jc = mmc_jc_start(q->json_schema)));
         }
         if (!s || !s->smp_ok || !list_push(&e->wait, &e->n_wait, &e->cap_wait, s, false)) {
             if (s) { mmc_error(MMC_ERR_OOM, "out of memory"); seq_abort(e, s, "starting a sequence"); }
@@ -1180,6 +1211,7 @@ void serve_engine_stop(serve_engine *e) {
 
 void serve_engine_free(serve_engine *e) {
     free(e->row);
+    mmc_jc_vocab_free(e->jc_vocab);
     if (e->batching || e->pool.n_blocks) mmc_kv_pool_free(&e->pool);
     free(e->run);
     free(e->wait);
