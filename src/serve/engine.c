@@ -595,7 +595,14 @@ fail:
  * sequence is preempted by recompute: its blocks are freed and it goes back to the front of
  * the waiting line with its tokens; readmitted, its prompt is prefilled again and its
  * generated tokens replayed through the batched decode (logits ignored) before it samples
- * again. Admission is in arrival order and preempted sequences come first, so none starves. */
+ * again. Admission is in arrival order and preempted sequences come first, so none starves.
+ * Text-only prompts take another way in (admit_text): the longest cached prefix of full blocks
+ * from the pool's prefix cache (vLLM's automatic prefix caching), then the rest prefilled over
+ * a contiguous copy of the sequence's positions, all at once or, with --prefill-chunk, a
+ * chunk per step while the others keep decoding (the sequence waits in e->pf between steps);
+ * its full prompt blocks then join the cache. A preempted text sequence recomputes its whole
+ * history this way. With response_format, each choice's logits are masked by its JSON
+ * automaton (json_constraint.c) before sampling, and it ends when the value is complete. */
 typedef struct serve_seq {
     run_ctx r;
     mmc_gen_opts go;
