@@ -33,6 +33,13 @@ static bool accepts(const mmc_jc_schema *s, const char *text) {
     return ok;
 }
 
+/* characters (code points) of a UTF-8 string */
+static int64_t chars(const char *s) {
+    int64_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) n += (*p & 0xC0) != 0x80;
+    return n;
+}
+
 /* the schema above, checked on a parsed value */
 static bool valid(const cJSON *o) {
     if (!cJSON_IsObject(o)) return false;
@@ -41,7 +48,7 @@ static bool valid(const cJSON *o) {
     cJSON_ArrayForEach(v, o) {
         n++;
         const char *k = v->string;
-        if (!strcmp(k, "name")) { if (!cJSON_IsString(v) || strlen(v->valuestring) > 8 * 4) return false; }
+        if (!strcmp(k, "name")) { if (!cJSON_IsString(v) || chars(v->valuestring) > 8) return false; }
         else if (!strcmp(k, "age")) { if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return false; }
         else if (!strcmp(k, "score")) { if (!cJSON_IsNumber(v)) return false; }
         else if (!strcmp(k, "ok")) { if (!cJSON_IsBool(v)) return false; }
@@ -52,7 +59,7 @@ static bool valid(const cJSON *o) {
         } else if (!strcmp(k, "tags")) {
             if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > 3) return false;
             const cJSON *t;
-            cJSON_ArrayForEach(t, v) if (!cJSON_IsString(t)) return false;
+            cJSON_ArrayForEach(t, v) if (!cJSON_IsString(t) || chars(t->valuestring) > 4) return false;
         } else if (!strcmp(k, "pos")) {
             if (!cJSON_IsObject(v) || !cJSON_IsNumber(cJSON_GetObjectItem(v, "x")) ||
                 !cJSON_IsNumber(cJSON_GetObjectItem(v, "y")) || cJSON_GetArraySize(v) != 2)

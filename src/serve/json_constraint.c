@@ -74,7 +74,45 @@ struct mmc_jc_vocab {
     uint8_t **bytes;
     int32_t *len;
     uint8_t *special;
+    /* ordinary tokens grouped by their first byte: ids by_first[first[b] .. first[b + 1]) (one
+     * step of the automaton per group rules out whole groups: most, outside strings) */
+    int32_t *by_first;
+    int64_t first[257];
+    /* the same order, for a sequential walk: each token's bytes in one blob, and whether it is
+     * plain string content (printable, no quote or backslash, whole UTF-8 characters: nchar) */
+    uint8_t *blob;
+    int64_t *off;
+    int32_t *nchar;             /* -1: not plain */
 };
+
+/* characters of plain string content in b[0 .. n), or -1 */
+static int32_t plain_chars(const uint8_t *b, int32_t n) {
+    int32_t c = 0;
+    for (int32_t i = 0; i < n; c++) {
+        uint8_t x = b[i], lo = 0x80, hi = 0xBF;
+        int need;
+        if (x < 0x20 || x == '"' || x == '\\' || x == 0x7F) return -1;
+        if (x < 0x80) need = 0;
+        else if (x >= 0xC2 && x <= 0xDF) need = 1;
+        else if (x >= 0xE0 && x <= 0xEF) {
+            need = 2;
+            if (x == 0xE0) lo = 0xA0;
+            if (x == 0xED) hi = 0x9F;
+        } else if (x >= 0xF0 && x <= 0xF4) {
+            need = 3;
+            if (x == 0xF0) lo = 0x90;
+            if (x == 0xF4) hi = 0x8F;
+        } else
+            return -1;
+        if (i + need > n - 1) return -1;   /* a character cut at the token's end */
+        for (int k = 1; k <= need; k++) {
+            uint8_t y = b[i + k];
+            if (y < (k == 1 ? lo : 0x80) || y > (k == 1 ? hi : 0xBF)) return -1;
+        }
+        i += need + 1;
+    }
+    return c;
+}
 
 /* the literals of an any-value that are not strings, numbers, objects or arrays */
 static char *any_lits[3] = {"true", "false", "null"};
@@ -853,6 +891,27 @@ mmc_status mmc_jc_vocab_build(const mmc_tokenizer *tok, mmc_jc_vocab **out) {
         memcpy(v->bytes[id], tmp, (size_t)k);
         v->len[id] = (int32_t)k;
     }
+    if (!(v->by_first = malloc((size_t)n * sizeof *v->by_first))) goto oom;
+    for (int32_t id = 0; id < n; id++)
+        if (v->len[id] > 0 && !v->special[id]) v->first[v->bytes[id][0] + 1]++;
+    for (int b = 0; b < 256; b++) v->first[b + 1] += v->first[b];
+    int64_t fill[256];
+    memcpy(fill, v->first, sizeof fill);
+    for (int32_t id = 0; id < n; id++)
+        if (v->len[id] > 0 && !v->special[id]) v->by_first[fill[v->bytes[id][0]]++] = id;
+    int64_t m = v->first[256], total = 0;
+    for (int64_t k = 0; k < m; k++) total += v->len[v->by_first[k]];
+    v->blob = malloc((size_t)(total ? total : 1));
+    v->off = malloc((size_t)(m + 1) * sizeof *v->off);
+    v->nchar = malloc((size_t)(m ? m : 1) * sizeof *v->nchar);
+    if (!v->blob || !v->off || !v->nchar) goto oom;
+    v->off[0] = 0;
+    for (int64_t k = 0; k < m; k++) {
+        int32_t id = v->by_first[k];
+        memcpy(v->blob + v->off[k], v->bytes[id], (size_t)v->len[id]);
+        v->off[k + 1] = v->off[k] + v->len[id];
+        v->nchar[k] = plain_chars(v->bytes[id], v->len[id]);
+    }
     *out = v;
     return MMC_OK;
 oom:
@@ -866,6 +925,10 @@ void mmc_jc_vocab_free(mmc_jc_vocab *v) {
     free(v->bytes);
     free(v->len);
     free(v->special);
+    free(v->by_first);
+    free(v->blob);
+    free(v->off);
+    free(v->nchar);
     free(v);
 }
 
@@ -882,25 +945,47 @@ void mmc_jc_mask(const mmc_jc_state *st, const mmc_jc_vocab *v, int64_t budget, 
     /* tight: the completion may not fit the tokens left after this one unless checked per token */
     bool tight = !done && (int64_t)need + 256 >= budget;
     int64_t allowed = 0;
-    mmc_jc_state tmp;
-    for (int64_t id = 0; id < V; id++) {
-        bool ok = false;
-        if (!done && id < v->n && !v->special[id] && v->len[id] > 0) {
-            memcpy(&tmp, st, state_size(st->depth));
-            ok = true;
-            for (int32_t i = 0; i < v->len[id] && ok; i++) ok = feed_byte(&tmp, v->bytes[id][i]);
+    /* everything off, then the tokens that fit back on (their logits kept aside first) */
+    float *keep = malloc((size_t)V * sizeof *keep);
+    if (!keep) return;   /* out of memory: unconstrained rather than nothing */
+    memcpy(keep, logits, (size_t)V * sizeof *keep);
+    for (int64_t id = 0; id < V; id++) logits[id] = -INFINITY;
+    mmc_jc_state head, tmp;
+    /* inside a string value, plain tokens need no simulation: only the length limit applies */
+    const jc_frame *top = !done ? &st->f[st->depth - 1] : NULL;
+    const bool in_str = top && top->kind == F_STR && !(top->key && top->node) && !top->esc && !top->u8_need && !tight;
+    const int64_t str_room = in_str && top->node && top->node->max_len >= 0 ? top->node->max_len - top->count : INT64_MAX;
+    for (int b = 0; b < 256 && !done; b++) {
+        if (v->first[b] == v->first[b + 1]) continue;
+        memcpy(&head, st, state_size(st->depth));
+        if (!feed_byte(&head, (uint8_t)b)) continue;   /* no token starting with b fits */
+        for (int64_t k = v->first[b]; k < v->first[b + 1]; k++) {
+            int32_t id = v->by_first[k];
+            if (id >= V) continue;
+            if (in_str && v->nchar[k] >= 0) {
+                if (v->nchar[k] <= str_room) {
+                    logits[id] = keep[id];
+                    allowed++;
+                }
+                continue;
+            }
+            memcpy(&tmp, &head, state_size(head.depth));
+            bool ok = true;
+            const uint8_t *tb = v->blob + v->off[k];
+            const int32_t tl = (int32_t)(v->off[k + 1] - v->off[k]);
+            for (int32_t i = 1; i < tl && ok; i++) ok = feed_byte(&tmp, tb[i]);
             if (ok && tight && !mmc_jc_done(&tmp)) {
                 char c2[1024];
                 ok = (int64_t)mmc_jc_close(&tmp, c2, sizeof c2) <= budget - 1;
             }
+            if (ok) {
+                logits[id] = keep[id];
+                allowed++;
+            }
         }
-        if (ok) allowed++;
-        else logits[id] = -INFINITY;
     }
     /* eos only once the value is complete (or, should nothing else fit, to end at all) */
-    for (int k = 0; k < n_eos; k++) {
-        if (eos[k] < 0 || eos[k] >= V) continue;
-        if (!done && allowed > 0) logits[eos[k]] = -INFINITY;
-        else if (logits[eos[k]] == -INFINITY) logits[eos[k]] = 0;
-    }
+    for (int k = 0; k < n_eos; k++)
+        if (eos[k] >= 0 && eos[k] < V && (done || allowed == 0)) logits[eos[k]] = keep[eos[k]];
+    free(keep);
 }
