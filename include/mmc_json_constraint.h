@@ -37,6 +37,9 @@ typedef struct mmc_jc_vocab mmc_jc_vocab;
  * not JSON, not an object schema, or uses what the subset lacks. */
 bool mmc_jc_compile(const char *schema, size_t n, mmc_jc_schema **out, char *err, size_t n_err);
 void mmc_jc_schema_free(mmc_jc_schema *s);
+/* Literal text before and after the value (tool calls: "<tool_call>\n" ... "\n</tool_call>"), at
+ * most 256 bytes each; false when out of memory or too long. */
+bool mmc_jc_wrap(mmc_jc_schema *s, const char *prefix, const char *suffix);
 
 /* A fresh automaton at the start of the text (NULL when out of memory). */
 mmc_jc_state *mmc_jc_start(const mmc_jc_schema *s);

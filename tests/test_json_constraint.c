@@ -178,6 +178,35 @@ int main(void) {
     mmc_tokenizer_free(tok);
     mmc_jc_schema_free(s);
     mmc_jc_schema_free(any);
+    /* a wrapped value (tool calls): literal prefix and suffix, completions through them */
+    {
+        const char *ts = "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"f\"},\"arguments\":{\"type\":"
+                         "\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]}},"
+                         "\"required\":[\"name\",\"arguments\"]}";
+        mmc_jc_schema *w = NULL;
+        CHECKF(mmc_jc_compile(ts, strlen(ts), &w, err, sizeof err), "%s", err);
+        if (w) {
+            CHECK(mmc_jc_wrap(w, "<tool_call>\n", "\n</tool_call>"));
+            const char *good_w = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 3}}\n</tool_call>";
+            CHECK(accepts(w, good_w));
+            CHECK(!accepts(w, "{\"name\":\"f\",\"arguments\":{\"x\":3}}"));
+            CHECK(!accepts(w, "<tool_call>\n{\"name\":\"f\",\"arguments\":{\"x\":3}}"));
+            for (size_t k = 0; k < strlen(good_w); k++) {
+                mmc_jc_state *st = mmc_jc_start(w);
+                char close[512];
+                CHECK(mmc_jc_feed(st, (const uint8_t *)good_w, k));
+                size_t c = mmc_jc_close(st, close, sizeof close);
+                CHECKF(mmc_jc_feed(st, (const uint8_t *)close, c) && mmc_jc_done(st), "wrapped prefix %zu + %s", k, close);
+                mmc_jc_state_free(st);
+            }
+            mmc_jc_state *st = mmc_jc_start(w);
+            char close[512];
+            mmc_jc_close(st, close, sizeof close);
+            CHECKF(!strcmp(close, "<tool_call>\n{\"name\":\"f\",\"arguments\":{\"x\":0}}\n</tool_call>"), "%s", close);
+            mmc_jc_state_free(st);
+        }
+        mmc_jc_schema_free(w);
+    }
     /* refused schemas */
     check_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"string\"}]}}}", "'anyOf'");
     check_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}",

@@ -48,6 +48,8 @@ typedef struct jc_node {
 
 struct mmc_jc_schema {
     jc_node *root;
+    char *prefix, *suffix;       /* literal text around the value (mmc_jc_wrap), or NULL */
+    int32_t n_prefix, n_suffix;
     jc_node **all;
     int n_all, cap_all;
 };
@@ -66,6 +68,7 @@ typedef struct {
 struct mmc_jc_state {
     const mmc_jc_schema *s;
     int depth, ws;
+    int32_t pre, post;           /* bytes of the schema's prefix / suffix matched */
     jc_frame f[JC_MAX_DEPTH];
 };
 
@@ -174,6 +177,8 @@ void mmc_jc_schema_free(mmc_jc_schema *s) {
     if (!s) return;
     for (int i = 0; i < s->n_all; i++) node_free(s->all[i]);
     free(s->all);
+    free(s->prefix);
+    free(s->suffix);
     free(s);
 }
 
@@ -441,7 +446,19 @@ mmc_jc_state *mmc_jc_start(const mmc_jc_schema *s) {
 
 void mmc_jc_state_free(mmc_jc_state *st) { free(st); }
 
-bool mmc_jc_done(const mmc_jc_state *st) { return st->depth == 0; }
+bool mmc_jc_done(const mmc_jc_state *st) { return st->depth == 0 && st->post == st->s->n_suffix; }
+
+bool mmc_jc_wrap(mmc_jc_schema *s, const char *prefix, const char *suffix) {
+    char *p = strdup(prefix ? prefix : ""), *q = strdup(suffix ? suffix : "");
+    if (!p || !q || strlen(p) > 256 || strlen(q) > 256) { free(p); free(q); return false; }
+    free(s->prefix);
+    free(s->suffix);
+    s->prefix = p;
+    s->suffix = q;
+    s->n_prefix = (int32_t)strlen(p);
+    s->n_suffix = (int32_t)strlen(q);
+    return true;
+}
 
 static bool is_ws(uint8_t b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
 
@@ -711,8 +728,19 @@ static bool step(mmc_jc_state *st, uint8_t b) {
     return true;
 }
 
-/* step, with the whitespace counter reset on any non-whitespace byte the frames consumed */
+/* step, with the whitespace counter reset on any non-whitespace byte the frames consumed; the
+ * prefix before the value and the suffix after it are literal */
 static bool feed_byte(mmc_jc_state *st, uint8_t b) {
+    if (st->pre < st->s->n_prefix) {
+        if ((uint8_t)st->s->prefix[st->pre] != b) return false;
+        st->pre++;
+        return true;
+    }
+    if (st->depth == 0) {
+        if (st->post >= st->s->n_suffix || (uint8_t)st->s->suffix[st->post] != b) return false;
+        st->post++;
+        return true;
+    }
     if (!is_ws(b) || (st->depth > 0 && st->f[st->depth - 1].kind == F_STR)) st->ws = 0;
     return step(st, b);
 }
@@ -778,6 +806,7 @@ static int key_choice(const jc_node *n, const jc_frame *k, uint64_t seen) {
 size_t mmc_jc_close(const mmc_jc_state *st, char *buf, size_t cap) {
     sink s = {buf, cap, 0};
     int chosen = -1;   /* a closed-object key's completion, for its object frame */
+    if (st->pre < st->s->n_prefix) put(&s, st->s->prefix + st->pre, (size_t)(st->s->n_prefix - st->pre));
     for (int d = st->depth - 1; d >= 0; d--) {
         const jc_frame *f = &st->f[d];
         const jc_node *n = f->node;
@@ -866,6 +895,7 @@ size_t mmc_jc_close(const mmc_jc_state *st, char *buf, size_t cap) {
         }
         }
     }
+    if (st->s->n_suffix > st->post) put(&s, st->s->suffix + st->post, (size_t)(st->s->n_suffix - st->post));
     if (s.n < cap) buf[s.n] = 0;
     else if (cap) buf[cap - 1] = 0;
     return s.n;
@@ -952,7 +982,7 @@ void mmc_jc_mask(const mmc_jc_state *st, const mmc_jc_vocab *v, int64_t budget, 
     for (int64_t id = 0; id < V; id++) logits[id] = -INFINITY;
     mmc_jc_state head, tmp;
     /* inside a string value, plain tokens need no simulation: only the length limit applies */
-    const jc_frame *top = !done ? &st->f[st->depth - 1] : NULL;
+    const jc_frame *top = !done && st->depth > 0 && st->pre == st->s->n_prefix ? &st->f[st->depth - 1] : NULL;
     const bool in_str = top && top->kind == F_STR && !(top->key && top->node) && !top->esc && !top->u8_need && !tight;
     const int64_t str_room = in_str && top->node && top->node->max_len >= 0 ? top->node->max_len - top->count : INT64_MAX;
     for (int b = 0; b < 256 && !done; b++) {
