@@ -109,8 +109,26 @@ typedef struct {
     int n_layers;
     int64_t kv_heads, head_dim, block_size, n_blocks;
     float **k, **v;             /* [n_layers] of [n_blocks, block_size, Hkv, D] */
-    int32_t *free_ids;          /* stack of free block ids */
-    int64_t n_free;
+    int32_t *free_ids;          /* stack of empty block ids (n_empty of them) */
+    int64_t n_empty;
+    int64_t n_free;             /* blocks a reservation may take: the empty ones plus the evictable
+                                 * cached ones (held by no sequence) */
+    int32_t *ref;               /* [n_blocks] sequences holding each block */
+    /* prefix caching (vLLM's automatic prefix caching): a full block of prompt tokens is kept,
+     * once its sequence has computed it, under the chain hash of all tokens up to its end
+     * (hash[i] = H(hash[i-1], tokens of block i)); a later prompt with the same tokens takes
+     * those blocks (reference counted) instead of recomputing them. Blocks no sequence holds
+     * stay cached until a reservation needs them (least recently released first). Shared
+     * blocks are full and read-only: a sequence writes only past its matched prefix. */
+    bool prefix_cache;          /* mmc_kv_pool_init turns it on; callers may switch it off */
+    uint64_t *hash, *parent;    /* [n_blocks] a cached block's chain hash and its parent's */
+    int32_t *toks;              /* [n_blocks, block_size] a cached block's tokens (checked on a hit) */
+    uint8_t *cached;            /* [n_blocks] in the hash table */
+    int32_t *bucket, *hnext;    /* hash table: [n_bucket] heads, [n_blocks] chains (-1: end) */
+    int64_t n_bucket;
+    int32_t *lru_prev, *lru_next, lru_head, lru_tail;   /* cached blocks of ref 0, oldest first */
+    int64_t n_lru;
+    long long prefix_queries, prefix_hits, prefix_evictions;   /* full blocks looked up / found / evicted */
 } mmc_kv_pool;
 
 typedef struct {
@@ -126,6 +144,23 @@ void mmc_kv_pool_free(mmc_kv_pool *p);
 int64_t mmc_kv_pool_blocks_for(const mmc_kv_pool *p, int64_t n);
 /* Make s hold at least n positions: false (nothing taken) when the pool has too few free blocks. */
 bool mmc_kv_seq_reserve(mmc_kv_pool *p, mmc_kv_seq *s, int64_t n);
+/* Prefix caching. The positions of the longest cached prefix of ids[0 .. n) that is a whole
+ * number of blocks and leaves at least one token to compute (a multiple of block_size, < n);
+ * nothing is taken (for planning). */
+int64_t mmc_kv_prefix_lookup(mmc_kv_pool *p, const int32_t *ids, int64_t n);
+/* The same for an empty s, which takes those blocks (their reference counts grow; evictable
+ * ones stop being evictable) and s->len becomes the matched positions; counts queries/hits. */
+int64_t mmc_kv_seq_match_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n);
+/* Offer s's full blocks covering ids[0 .. n) (n <= s->len; the tokens whose K/V s holds at
+ * positions 0 .. n-1) to the cache. A block whose prefix is already cached in another block
+ * stays private. No-op when prefix_cache is off. */
+void mmc_kv_seq_cache_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n);
+/* Copy s's positions [0, s->len) into an empty contiguous single-sequence cache (batch 1,
+ * reserved here for at least extra more positions); kv->len = s->len. */
+mmc_status mmc_kv_seq_export(const mmc_kv_pool *p, const mmc_kv_seq *s, mmc_kv_cache *kv, int64_t extra);
+/* Append kv's positions [from, from + n) to s at s->len .. (reserving blocks; MMC_ERR_OOM and
+ * nothing taken when short); s->len grows by n. */
+mmc_status mmc_kv_seq_append(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n);
 /* Return s's blocks to the pool; s becomes empty (its table's memory kept for reuse). */
 void mmc_kv_seq_release(mmc_kv_pool *p, mmc_kv_seq *s);
 void mmc_kv_seq_free(mmc_kv_pool *p, mmc_kv_seq *s);
@@ -151,6 +186,13 @@ void mmc_kv_paged_attention(const mmc_kv_pool *p, int layer, mmc_kv_seq *const *
  * by one (blocks must have been reserved). *logits: [B, V] in ctx's arena. */
 mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
                                   int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits);
+
+/* Prefill n text tokens ids at positions kv->len .. of a contiguous single-sequence cache (the
+ * decoder's 1-D RoPE, or M-RoPE with equal axes for Qwen2-VL's LM on text), growing kv: one
+ * chunk of a chunked prefill, or the rest of a prompt after a cached prefix. Causal attention
+ * over the cache and the chunk (bottom-right aligned). *logits: the last position's [V]. */
+mmc_status mmc_qwen2_prefill_chunk(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                                   float **logits);
 
 /* Prefill N text prompts (ids[i] of n[i] tokens, no media) in one forward pass: packed into one
  * row with block-diagonal causal attention and positions from 0 in each, so each prompt's

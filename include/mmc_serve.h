@@ -88,6 +88,9 @@ typedef struct {
     bool stream, include_usage;
     bool logprobs;               /* chat: logprobs true; completions: logprobs = k given */
     int top_logprobs;            /* chat: top_logprobs; completions: the logprobs integer */
+    /* response_format json_object / json_schema: the compiled constraint (mmc_json_constraint.h)
+     * every choice's tokens are masked with; NULL: free text */
+    struct mmc_jc_schema *json_schema;
 } mmc_serve_request;
 
 /* Parse a request body. media_root (a resolved directory, or NULL: local paths refused) bounds
@@ -148,6 +151,9 @@ typedef struct {
     int64_t kv_blocks, kv_block_size, kv_memory_mib;
     int max_batch;               /* sequences decoded together (default 64) */
     int64_t prefill_tokens;      /* prompt tokens prefilled per step while others decode (default 512) */
+    int64_t prefill_chunk;       /* > 0: text prompts prefilled at most this many tokens per step, a long
+                                  * one over several steps between decode steps (0: whole prompts) */
+    bool no_prefix_cache;        /* do not reuse the KV blocks of earlier prompts' common prefixes */
     mmc_serve_limits limits;
 } mmc_serve_options;
 

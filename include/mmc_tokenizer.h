@@ -57,6 +57,10 @@ const char *mmc_tokenizer_id_to_token(const mmc_tokenizer *tok, int32_t id);
 /* 1 + the largest id (model vocabulary and added tokens): HF get_vocab_size(True). */
 int32_t mmc_tokenizer_vocab_size(const mmc_tokenizer *tok);
 bool mmc_tokenizer_is_special(const mmc_tokenizer *tok, int32_t id);
+/* The bytes token id stands for in decoded text (ByteLevel: its bytes; SentencePiece: "▁" as a
+ * space, a byte-fallback token "<0xXX>" as its byte): copied to buf when they fit in cap; returns
+ * their count (-1: no such id). */
+int64_t mmc_tokenizer_token_bytes(const mmc_tokenizer *tok, int32_t id, uint8_t *buf, int64_t cap);
 
 /* Special-token roles from tokenizer_config.json (-1 when absent). */
 typedef enum { MMC_TOK_BOS = 0, MMC_TOK_EOS, MMC_TOK_PAD, MMC_TOK_UNK, MMC_TOK_ROLE_COUNT } mmc_tok_role;

@@ -67,6 +67,10 @@ void help_serve(FILE *f) {
             "  --max-batch N            sequences decoded together (default 64)\n"
             "  --prefill-tokens N       prompt tokens admitted per step while others decode (default 512;\n"
             "                           whole prompts: one longer prompt still goes alone)\n"
+            "  --prefill-chunk N        prefill text prompts N tokens per step, interleaved with the\n"
+            "                           decode steps of running requests (default 0: whole prompts)\n"
+            "  --no-prefix-cache        do not reuse the KV cache of earlier prompts' common prefixes\n"
+            "                           (on by default for text prompts: full blocks, hashed)\n"
             "  --no-batching            run requests one at a time (the unbatched engine)\n"
             "  -h, --help               this help\n\n"
             "example:\n"
@@ -294,6 +298,11 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--prefill-tokens")) {
             if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 30, &v)) return CLI_USAGE;
             o.prefill_tokens = v;
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            if (opt_ll(a, argc, argv, &i, 0, (long long)1 << 30, &v)) return CLI_USAGE;
+            o.prefill_chunk = v;
+        } else if (!strcmp(a, "--no-prefix-cache")) {
+            o.no_prefix_cache = true;
         } else if (!strcmp(a, "--no-batching")) {
             no_batch = true;
         } else if (!strcmp(a, "--max-n")) {

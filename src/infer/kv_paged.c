@@ -4,7 +4,12 @@
  * sequence need not be contiguous in memory, so sequences grow and finish independently and
  * memory is committed a block at a time instead of a context length per request. The kernel
  * computes what mmc_attention does for one query row over a contiguous cache (softmax of
- * scaled dot products, max subtracted, GQA by head groups). */
+ * scaled dot products, max subtracted, GQA by head groups).
+ * Prefix caching follows vLLM's automatic prefix caching: full blocks of prompt tokens are
+ * found again by a hash chained over all tokens up to each block's end, shared by reference
+ * count, and kept after their last sequence leaves until a reservation needs the block (LRU).
+ * A prefill that starts after a cached prefix (or continues a chunked prefill) runs over a
+ * contiguous copy of the sequence's positions (mmc_kv_seq_export) and appends its new K/V. */
 #include "mmc_infer.h"
 
 #include <math.h>
@@ -14,19 +19,33 @@
 mmc_status mmc_kv_pool_init(mmc_kv_pool *p, int n_layers, int64_t kv_heads, int64_t head_dim, int64_t block_size,
                             int64_t n_blocks) {
     memset(p, 0, sizeof *p);
-    if (n_layers <= 0 || kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || n_blocks <= 0)
+    if (n_layers <= 0 || kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX)
         return mmc_error(MMC_ERR_INVALID, "KV pool: layers %d, kv heads %lld, head dim %lld, block size %lld and "
-                         "blocks %lld must all be positive", n_layers, (long long)kv_heads, (long long)head_dim,
-                         (long long)block_size, (long long)n_blocks);
+                         "blocks %lld must all be positive (blocks below 2^31)", n_layers, (long long)kv_heads,
+                         (long long)head_dim, (long long)block_size, (long long)n_blocks);
     p->n_layers = n_layers;
     p->kv_heads = kv_heads;
     p->head_dim = head_dim;
     p->block_size = block_size;
     p->n_blocks = n_blocks;
+    p->prefix_cache = true;
+    p->n_bucket = 1;
+    while (p->n_bucket < 2 * n_blocks) p->n_bucket *= 2;
     p->k = calloc((size_t)n_layers, sizeof *p->k);
     p->v = calloc((size_t)n_layers, sizeof *p->v);
     p->free_ids = malloc((size_t)n_blocks * sizeof *p->free_ids);
-    if (!p->k || !p->v || !p->free_ids) goto oom;
+    p->ref = calloc((size_t)n_blocks, sizeof *p->ref);
+    p->hash = calloc((size_t)n_blocks, sizeof *p->hash);
+    p->parent = calloc((size_t)n_blocks, sizeof *p->parent);
+    p->toks = malloc((size_t)(n_blocks * block_size) * sizeof *p->toks);
+    p->cached = calloc((size_t)n_blocks, 1);
+    p->hnext = malloc((size_t)n_blocks * sizeof *p->hnext);
+    p->lru_prev = malloc((size_t)n_blocks * sizeof *p->lru_prev);
+    p->lru_next = malloc((size_t)n_blocks * sizeof *p->lru_next);
+    p->bucket = malloc((size_t)p->n_bucket * sizeof *p->bucket);
+    if (!p->k || !p->v || !p->free_ids || !p->ref || !p->hash || !p->parent || !p->toks || !p->cached || !p->hnext ||
+        !p->lru_prev || !p->lru_next || !p->bucket)
+        goto oom;
     size_t per = (size_t)(n_blocks * block_size * kv_heads * head_dim);
     for (int l = 0; l < n_layers; l++) {
         p->k[l] = malloc(per * sizeof(float));
@@ -34,7 +53,9 @@ mmc_status mmc_kv_pool_init(mmc_kv_pool *p, int n_layers, int64_t kv_heads, int6
         if (!p->k[l] || !p->v[l]) goto oom;
     }
     for (int64_t i = 0; i < n_blocks; i++) p->free_ids[i] = (int32_t)(n_blocks - 1 - i);   /* block 0 first */
-    p->n_free = n_blocks;
+    for (int64_t i = 0; i < p->n_bucket; i++) p->bucket[i] = -1;
+    p->lru_head = p->lru_tail = -1;
+    p->n_empty = p->n_free = n_blocks;
     return MMC_OK;
 oom:
     mmc_kv_pool_free(p);
@@ -51,28 +72,117 @@ void mmc_kv_pool_free(mmc_kv_pool *p) {
     free(p->k);
     free(p->v);
     free(p->free_ids);
+    free(p->ref);
+    free(p->hash);
+    free(p->parent);
+    free(p->toks);
+    free(p->cached);
+    free(p->hnext);
+    free(p->lru_prev);
+    free(p->lru_next);
+    free(p->bucket);
     memset(p, 0, sizeof *p);
 }
 
 int64_t mmc_kv_pool_blocks_for(const mmc_kv_pool *p, int64_t n) { return (n + p->block_size - 1) / p->block_size; }
 
+/* ------------------------------------------------------------------ prefix cache bookkeeping */
+/* The chain hash of a block: splitmix64 steps over the parent's hash and each token id (a
+ * 64-bit hash; a hit is confirmed against the stored tokens and parent hash, so a collision
+ * can only cost a miss, never wrong K/V). */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t block_hash(uint64_t parent, const int32_t *t, int64_t n) {
+    uint64_t h = mix64(parent ^ 0x6D6D632D6B762D31ull);
+    for (int64_t i = 0; i < n; i++) h = mix64(h ^ (uint32_t)t[i]);
+    return h;
+}
+
+static void lru_unlink(mmc_kv_pool *p, int32_t b) {
+    int32_t pr = p->lru_prev[b], nx = p->lru_next[b];
+    if (pr >= 0) p->lru_next[pr] = nx;
+    else p->lru_head = nx;
+    if (nx >= 0) p->lru_prev[nx] = pr;
+    else p->lru_tail = pr;
+    p->n_lru--;
+}
+
+static void lru_push(mmc_kv_pool *p, int32_t b) {
+    p->lru_prev[b] = p->lru_tail;
+    p->lru_next[b] = -1;
+    if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b;
+    else p->lru_head = b;
+    p->lru_tail = b;
+    p->n_lru++;
+}
+
+static void table_remove(mmc_kv_pool *p, int32_t b) {
+    int32_t *at = &p->bucket[p->hash[b] & (uint64_t)(p->n_bucket - 1)];
+    while (*at >= 0 && *at != b) at = &p->hnext[*at];
+    if (*at == b) *at = p->hnext[b];
+    p->cached[b] = 0;
+}
+
+static int32_t table_find(const mmc_kv_pool *p, uint64_t h, uint64_t parent, const int32_t *t) {
+    for (int32_t b = p->bucket[h & (uint64_t)(p->n_bucket - 1)]; b >= 0; b = p->hnext[b])
+        if (p->hash[b] == h && p->parent[b] == parent &&
+            !memcmp(p->toks + (int64_t)b * p->block_size, t, (size_t)p->block_size * sizeof *t))
+            return b;
+    return -1;
+}
+
+/* take a block for a sequence: an empty one, else the least recently released cached one */
+static int32_t block_take(mmc_kv_pool *p) {
+    int32_t b;
+    if (p->n_empty > 0) b = p->free_ids[--p->n_empty];
+    else {
+        b = p->lru_head;
+        lru_unlink(p, b);
+        table_remove(p, b);
+        p->prefix_evictions++;
+    }
+    p->n_free--;
+    p->ref[b] = 1;
+    return b;
+}
+
+static void block_drop(mmc_kv_pool *p, int32_t b) {
+    if (--p->ref[b] > 0) return;
+    if (p->cached[b] && p->prefix_cache) lru_push(p, b);
+    else {
+        if (p->cached[b]) table_remove(p, b);
+        p->free_ids[p->n_empty++] = b;
+    }
+    p->n_free++;
+}
+
+static bool table_grow(mmc_kv_seq *s, int64_t need) {
+    if (s->n_blocks + need <= s->cap) return true;
+    int64_t cap = (s->n_blocks + need) * 2;
+    int32_t *b = realloc(s->blocks, (size_t)cap * sizeof *b);
+    if (!b) return false;
+    s->blocks = b;
+    s->cap = cap;
+    return true;
+}
+
 bool mmc_kv_seq_reserve(mmc_kv_pool *p, mmc_kv_seq *s, int64_t n) {
     int64_t need = mmc_kv_pool_blocks_for(p, n) - s->n_blocks;
     if (need <= 0) return true;
     if (need > p->n_free) return false;
-    if (s->n_blocks + need > s->cap) {
-        int64_t cap = (s->n_blocks + need) * 2;
-        int32_t *b = realloc(s->blocks, (size_t)cap * sizeof *b);
-        if (!b) return false;
-        s->blocks = b;
-        s->cap = cap;
-    }
-    while (need-- > 0) s->blocks[s->n_blocks++] = p->free_ids[--p->n_free];
+    if (!table_grow(s, need)) return false;
+    while (need-- > 0) s->blocks[s->n_blocks++] = block_take(p);
     return true;
 }
 
 void mmc_kv_seq_release(mmc_kv_pool *p, mmc_kv_seq *s) {
-    while (s->n_blocks > 0) p->free_ids[p->n_free++] = s->blocks[--s->n_blocks];
+    /* the last blocks first: a prefix's tail is evicted before its head (which more prompts share) */
+    while (s->n_blocks > 0) block_drop(p, s->blocks[--s->n_blocks]);
     s->len = 0;
 }
 
@@ -80,6 +190,59 @@ void mmc_kv_seq_free(mmc_kv_pool *p, mmc_kv_seq *s) {
     mmc_kv_seq_release(p, s);
     free(s->blocks);
     memset(s, 0, sizeof *s);
+}
+
+static int64_t prefix_walk(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n) {
+    if (!p->prefix_cache || n <= 1) return 0;
+    const int64_t bs = p->block_size, full = (n - 1) / bs;   /* at least one token left to compute */
+    if (s && !table_grow(s, full)) return 0;
+    uint64_t h = 0;
+    int64_t i = 0;
+    for (; i < full; i++) {
+        uint64_t hi = block_hash(h, ids + i * bs, bs);
+        int32_t b = table_find(p, hi, h, ids + i * bs);
+        if (b < 0) break;
+        if (s) {
+            if (p->ref[b]++ == 0) { lru_unlink(p, b); p->n_free--; }
+            s->blocks[s->n_blocks++] = b;
+        }
+        h = hi;
+    }
+    if (s) {
+        p->prefix_queries += full;
+        p->prefix_hits += i;
+        s->len = i * bs;
+    }
+    return i * bs;
+}
+
+int64_t mmc_kv_prefix_lookup(mmc_kv_pool *p, const int32_t *ids, int64_t n) { return prefix_walk(p, NULL, ids, n); }
+
+int64_t mmc_kv_seq_match_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n) {
+    if (s->n_blocks || s->len) return 0;
+    return prefix_walk(p, s, ids, n);
+}
+
+void mmc_kv_seq_cache_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n) {
+    if (!p->prefix_cache) return;
+    const int64_t bs = p->block_size;
+    if (n > s->len) n = s->len;
+    uint64_t h = 0;
+    for (int64_t i = 0; i < n / bs; i++) {
+        const int32_t *t = ids + i * bs;
+        uint64_t hi = block_hash(h, t, bs);
+        int32_t b = s->blocks[i];
+        if (!p->cached[b] && table_find(p, hi, h, t) < 0) {
+            p->hash[b] = hi;
+            p->parent[b] = h;
+            memcpy(p->toks + (int64_t)b * bs, t, (size_t)bs * sizeof *t);
+            int32_t *head = &p->bucket[hi & (uint64_t)(p->n_bucket - 1)];
+            p->hnext[b] = *head;
+            *head = b;
+            p->cached[b] = 1;
+        }
+        h = hi;
+    }
 }
 
 float *mmc_kv_seq_at(const mmc_kv_pool *p, const mmc_kv_seq *s, int layer, bool value, int64_t pos) {
@@ -92,28 +255,57 @@ mmc_status mmc_kv_seq_import(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *
     return mmc_kv_seq_import_range(p, s, kv, 0, kv->len);
 }
 
-mmc_status mmc_kv_seq_import_range(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n) {
+static mmc_status check_fit(const mmc_kv_pool *p, const mmc_kv_cache *kv) {
     if (kv->batch != 1 || kv->kv_heads != p->kv_heads || kv->head_dim != p->head_dim || kv->n_layers != p->n_layers)
         return mmc_error(MMC_ERR_SHAPE, "KV import: a cache of batch %lld, %d layers, %lld x %lld heads does not fit "
                          "the pool's %d layers, %lld x %lld", (long long)kv->batch, kv->n_layers,
                          (long long)kv->kv_heads, (long long)kv->head_dim, p->n_layers, (long long)p->kv_heads,
                          (long long)p->head_dim);
+    return MMC_OK;
+}
+
+mmc_status mmc_kv_seq_append(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n) {
+    mmc_status st = check_fit(p, kv);
+    if (st) return st;
     if (from < 0 || n < 0 || from + n > kv->len)
         return mmc_error(MMC_ERR_INVALID, "KV import: positions [%lld, %lld) outside the cache's %lld",
                          (long long)from, (long long)(from + n), (long long)kv->len);
-    if (!mmc_kv_seq_reserve(p, s, n))
-        return mmc_error(MMC_ERR_OOM, "KV pool: %lld positions need %lld blocks, %lld free", (long long)n,
-                         (long long)mmc_kv_pool_blocks_for(p, n), (long long)p->n_free);
-    const int64_t row = p->kv_heads * p->head_dim;
+    if (!mmc_kv_seq_reserve(p, s, s->len + n))
+        return mmc_error(MMC_ERR_OOM, "KV pool: %lld positions need %lld blocks, %lld free", (long long)(s->len + n),
+                         (long long)(mmc_kv_pool_blocks_for(p, s->len + n) - s->n_blocks), (long long)p->n_free);
+    const int64_t row = p->kv_heads * p->head_dim, bs = p->block_size;
     for (int l = 0; l < p->n_layers; l++)
         for (int w = 0; w < 2; w++) {
             const float *src = (const float *)(w ? kv->v : kv->k)[l]->data + from * row;   /* [1, cap, Hkv, D] */
-            for (int64_t t0 = 0; t0 < n; t0 += p->block_size) {
-                int64_t c = n - t0 < p->block_size ? n - t0 : p->block_size;
-                memcpy(mmc_kv_seq_at(p, s, l, w, t0), src + t0 * row, (size_t)(c * row) * sizeof(float));
+            for (int64_t t0 = 0; t0 < n;) {   /* runs within one destination block */
+                int64_t pos = s->len + t0, c = bs - pos % bs;
+                if (c > n - t0) c = n - t0;
+                memcpy(mmc_kv_seq_at(p, s, l, w, pos), src + t0 * row, (size_t)(c * row) * sizeof(float));
+                t0 += c;
             }
         }
-    s->len = n;
+    s->len += n;
+    return MMC_OK;
+}
+
+mmc_status mmc_kv_seq_import_range(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_cache *kv, int64_t from, int64_t n) {
+    s->len = 0;
+    return mmc_kv_seq_append(p, s, kv, from, n);
+}
+
+mmc_status mmc_kv_seq_export(const mmc_kv_pool *p, const mmc_kv_seq *s, mmc_kv_cache *kv, int64_t extra) {
+    mmc_status st = mmc_kv_cache_init(kv, p->n_layers, 1, p->kv_heads, p->head_dim, s->len + extra);
+    if (st) return st;
+    const int64_t row = p->kv_heads * p->head_dim, bs = p->block_size;
+    for (int l = 0; l < p->n_layers; l++)
+        for (int w = 0; w < 2; w++) {
+            float *dst = (float *)(w ? kv->v : kv->k)[l]->data;   /* [1, cap, Hkv, D] */
+            for (int64_t t0 = 0; t0 < s->len; t0 += bs) {
+                int64_t c = s->len - t0 < bs ? s->len - t0 : bs;
+                memcpy(dst + t0 * row, mmc_kv_seq_at(p, s, l, w, t0), (size_t)(c * row) * sizeof(float));
+            }
+        }
+    kv->len = s->len;
     return MMC_OK;
 }
 
@@ -235,6 +427,39 @@ mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tok
     for (int64_t b = 0; b < B; b++) seqs[b]->len++;
     mmc_tensor *hn = mmc_rmsnorm(ctx, x, m->norm, eps);                                       /* [B, 1, C] */
     *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, hn))->data;                        /* [B, 1, V] */
+    return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ chunked prefill
+ * A chunk of text tokens at the end of a contiguous cache (qwen2.c's decoder feed, with the
+ * M-RoPE table of equal axes for Qwen2-VL's LM, as its text-only prefill builds it). */
+mmc_status mmc_qwen2_prefill_chunk(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                                   float **logits) {
+    const mmc_qwen2_config *c = &m->cfg;
+    if (n <= 0) return mmc_error(MMC_ERR_INVALID, "chunked prefill: an empty chunk");
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return mmc_error(MMC_ERR_INVALID, "chunked prefill: token %d outside the vocabulary [0, %lld)", ids[i],
+                             (long long)c->vocab_size);
+    mmc_status st = mmc_kv_cache_reserve(kv, kv->len + n);
+    if (st) return st;
+    mmc_tensor *idt = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n));
+    memcpy(idt->data, ids, (size_t)n * sizeof(int32_t));
+    mmc_tensor *cos, *sin;
+    if (c->mrope) {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, n));
+        for (int a = 0; a < 3; a++)
+            for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[a * n + t] = kv->len + t;
+        mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin);
+    } else {
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));
+        for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[t] = kv->len + t;
+        mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);
+    }
+    mmc_attn_opts attn = {.causal = true};
+    mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, idt), cos, sin, &attn, kv);   /* [1, n, C] */
+    mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));                     /* [1, 1, C] */
+    *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, last))->data;                          /* [1, 1, V] */
     return MMC_OK;
 }
 

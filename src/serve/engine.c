@@ -10,6 +10,7 @@
  * The job interface (serve_internal.h: submit -> events -> done / cancel) is what a batching
  * engine will implement in its place. */
 #include "serve_internal.h"
+#include "mmc_json_constraint.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -42,6 +43,9 @@ struct serve_engine {
     int max_batch;
     mmc_kv_pool pool;
     struct serve_seq **run, **wait;   /* running (admission order), waiting (line order) */
+    struct serve_seq *pf;             /* a text prompt part-way through its chunked prefill */
+    int64_t chunk;                    /* --prefill-chunk (0: whole prompts) */
+    mmc_jc_vocab *jc_vocab;           /* every token's bytes, for response_format (built on first use) */
     int n_run, cap_run, n_wait, cap_wait;
     uint64_t n_admitted;
 };
@@ -523,6 +527,13 @@ static void run_job(serve_engine *e, serve_job *j) {
     void *prompt = NULL;
     int64_t max_new = 0;
     mmc_serve_error err = {0};
+    if (q->json_schema) {
+        mmc_serve_fail(&err, 400, "invalid_request_error", "response_format", "unsupported_parameter",
+                       "response_format json_object / json_schema needs the batching engine, which this server "
+                       "does not run (--no-batching, or a model without a batched decode).");
+        job_fail(j, &err);
+        return;
+    }
     if (!job_prepare(e, j, &prompt, &max_new, &err)) { job_fail(j, &err); return; }
     job_set_state(j, JOB_PREPARED);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
@@ -584,7 +595,14 @@ fail:
  * sequence is preempted by recompute: its blocks are freed and it goes back to the front of
  * the waiting line with its tokens; readmitted, its prompt is prefilled again and its
  * generated tokens replayed through the batched decode (logits ignored) before it samples
- * again. Admission is in arrival order and preempted sequences come first, so none starves. */
+ * again. Admission is in arrival order and preempted sequences come first, so none starves.
+ * Text-only prompts take another way in (admit_text): the longest cached prefix of full blocks
+ * from the pool's prefix cache (vLLM's automatic prefix caching), then the rest prefilled over
+ * a contiguous copy of the sequence's positions, all at once or, with --prefill-chunk, a
+ * chunk per step while the others keep decoding (the sequence waits in e->pf between steps);
+ * its full prompt blocks then join the cache. A preempted text sequence recomputes its whole
+ * history this way. With response_format, each choice's logits are masked by its JSON
+ * automaton (json_constraint.c) before sampling, and it ends when the value is complete. */
 typedef struct serve_seq {
     run_ctx r;
     mmc_gen_opts go;
@@ -597,6 +615,9 @@ typedef struct serve_seq {
     int64_t base;               /* cache positions minus prompt tokens (a model that expands its prompt) */
     int64_t rope_delta;
     uint64_t order;             /* admission order: the largest is the youngest */
+    mmc_kv_cache stage;         /* text prompts: the contiguous cache of a prefill in progress */
+    bool staged;
+    mmc_jc_state *jc;           /* response_format: the JSON automaton of this choice's text */
 } serve_seq;
 
 static void metrics_kv(serve_engine *e) {
@@ -604,6 +625,8 @@ static void metrics_kv(serve_engine *e) {
     e->metrics.kv_blocks_used = e->pool.n_blocks - e->pool.n_free;
     e->metrics.kv_blocks_total = e->pool.n_blocks;
     e->metrics.running = e->n_run;
+    e->metrics.kv_blocks_cached = e->pool.n_lru;
+    e->metrics.prefix_evictions = e->pool.prefix_evictions;
     pthread_mutex_unlock(&e->metrics.mu);
 }
 
@@ -648,6 +671,9 @@ static void seq_finish(serve_engine *e, serve_seq *s, const char *finish) {
     }
     r->c->finish = r->finish;
     if (j->req.stream) emit_chunk(e, j, r->idx, NULL, 0, false, r->finish);
+    if (s->staged) mmc_kv_cache_free(&s->stage);
+    if (e->pf == s) e->pf = NULL;
+    mmc_jc_state_free(s->jc);
     mmc_kv_seq_free(&e->pool, &s->kv);
     metrics_kv(e);
     if (s->smp_ok) mmc_sampler_free(&s->smp);
@@ -668,11 +694,24 @@ static void seq_abort(serve_engine *e, serve_seq *s, const char *what) {
 /* sample the next token from logits [V]; false when the sequence ended (and is freed) */
 static bool seq_take(serve_engine *e, serve_seq *s, float *logits) {
     e->row_valid = false;
+    /* response_format: only tokens that keep the text valid JSON (completable within max_tokens) */
+    if (s->jc)
+        mmc_jc_mask(s->jc, e->jc_vocab, s->r.max_new - s->r.c->n_ids, s->go.eos_ids, s->go.n_eos, logits,
+                    e->b->lm->cfg.vocab_size);
     int32_t tok = mmc_sampler_next(&s->smp, logits, s->hist, s->n_hist);
     for (int k = 0; k < s->go.n_eos; k++)
         if (tok == s->go.eos_ids[k]) { seq_finish(e, s, NULL); return false; }
+    if (s->jc && !mmc_jc_feed_token(s->jc, e->jc_vocab, tok)) {   /* nothing fit: end rather than break JSON */
+        seq_finish(e, s, NULL);
+        return false;
+    }
     s->hist[s->n_hist++] = tok;
     if (!on_token(&s->r, tok)) { seq_finish(e, s, NULL); return false; }
+    if (s->jc && mmc_jc_done(s->jc)) {   /* the JSON value is complete: the end, as at EOS */
+        if (!s->r.stopped) update_text(&s->r, true);
+        seq_finish(e, s, "stop");
+        return false;
+    }
     if (s->r.c->n_ids >= s->r.max_new) { seq_finish(e, s, NULL); return false; }
     return true;
 }
@@ -722,6 +761,12 @@ static void batch_start_job(serve_engine *e, serve_job *j) {
         goto fail;
     }
     if (j->n_prompt + j->max_new > cap) j->max_new = cap - j->n_prompt;
+    if (q->json_schema && !e->jc_vocab && mmc_jc_vocab_build(e->b->tok, &e->jc_vocab)) {
+        mmc_serve_fail(&err, 500, "server_error", NULL, NULL, "%s", mmc_last_error());
+        e->b->release(e->b->self, j->prompt);
+        j->prompt = NULL;
+        goto fail;
+    }
     job_set_state(j, JOB_PREPARED);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
     j->n_live = q->n;
@@ -737,7 +782,8 @@ static void batch_start_job(serve_engine *e, serve_job *j) {
             s->go.eos_ids = s->eos;
             s->n_prompt = j->n_prompt;
             s->hist = malloc((size_t)(j->n_prompt + j->max_new + 1) * sizeof *s->hist);
-            s->smp_ok = s->hist && mmc_sampler_init(&s->smp, &s->go.sampler, e->b->lm->cfg.vocab_size) == MMC_OK;
+            s->smp_ok = s->hist && mmc_sampler_init(&s->smp, &s->go.sampler, e->b->lm->cfg.vocab_size) == MMC_OK &&
+                        (!q->json_schema || (s->jc = mmc_jc_start(q->json_schema)));
         }
         if (!s || !s->smp_ok || !list_push(&e->wait, &e->n_wait, &e->cap_wait, s, false)) {
             if (s) { mmc_error(MMC_ERR_OOM, "out of memory"); seq_abort(e, s, "starting a sequence"); }
@@ -828,6 +874,87 @@ static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     return 1;
 }
 
+/* A text prompt through the pool's own prefill: the longest cached prefix of its prompt is
+ * taken from the prefix cache, the rest is prefilled over a contiguous copy of the sequence's
+ * positions (all of it at once, or with --prefill-chunk at most *budget tokens per step: the
+ * sequence then stays in e->pf between steps), appended to its blocks, and its full prompt
+ * blocks are offered to the cache. A preempted sequence recomputes its whole history so. 1:
+ * admitted or in progress, 0: not now (blocks), -1: ended. */
+static bool seq_text_ids(serve_engine *e, serve_seq *s, const int32_t **ids, int64_t *n) {
+    const mmc_serve_backend *b = e->b;
+    return b->text_ids && b->lm->cfg.rope_kind != MMC_ROPE_DYNAMIC && b->text_ids(b->self, s->r.j->prompt, ids, n) &&
+           *n > 0;
+}
+
+static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t *ids, int64_t n_ids,
+                      int64_t *budget) {
+    mmc_kv_pool *p = &e->pool;
+    if (s->n_hist == 0) {
+        memcpy(s->hist, ids, (size_t)n_ids * sizeof *ids);
+        s->n_hist = s->n_prompt = n_ids;
+    }
+    const int64_t n = s->n_hist;
+    mmc_status st = MMC_OK;
+    if (!s->staged) {
+        int64_t total = mmc_kv_pool_blocks_for(p, n + 1);
+        if (total > p->n_blocks) {
+            mmc_error(MMC_ERR_OOM, "the KV cache holds %lld positions (%lld blocks of %lld); this sequence needs "
+                      "%lld: start the server with more --kv-blocks / --kv-memory", (long long)(p->n_blocks *
+                      p->block_size), (long long)p->n_blocks, (long long)p->block_size, (long long)(n + 1));
+            seq_abort(e, s, "admission");
+            return -1;
+        }
+        int64_t hit = mmc_kv_seq_match_prefix(p, &s->kv, s->hist, s->n_prompt);
+        if (!mmc_kv_seq_reserve(p, &s->kv, n + 1)) {
+            mmc_kv_seq_release(p, &s->kv);
+            return 0;
+        }
+        if ((st = mmc_kv_seq_export(p, &s->kv, &s->stage, n - hit))) { seq_abort(e, s, "prefill"); return -1; }
+        s->staged = true;
+        pthread_mutex_lock(&e->metrics.mu);
+        if (p->prefix_cache) {
+            e->metrics.prefix_queried += s->n_prompt;
+            e->metrics.prefix_hit += hit;
+        }
+        pthread_mutex_unlock(&e->metrics.mu);
+    }
+    float *logits = NULL;
+    while (s->stage.len < n) {
+        int64_t c = n - s->stage.len;
+        if (e->chunk > 0) {
+            int64_t lim = e->chunk < *budget ? e->chunk : *budget;
+            if (lim <= 0) break;
+            if (c > lim) c = lim;
+        }
+        mmc_ctx_reset(ctx);
+        st = mmc_qwen2_prefill_chunk(ctx, e->b->lm, s->hist + s->stage.len, c, &s->stage, &logits);
+        if (!st) st = mmc_kv_seq_append(p, &s->kv, &s->stage, s->stage.len - c, c);
+        if (st) { seq_abort(e, s, "prefill"); return -1; }
+        *budget -= c;
+        pthread_mutex_lock(&e->metrics.mu);
+        e->metrics.prefill_chunks++;
+        pthread_mutex_unlock(&e->metrics.mu);
+    }
+    if (s->stage.len < n) {
+        e->pf = s;
+        return 1;
+    }
+    mmc_kv_cache_free(&s->stage);
+    s->staged = false;
+    if (e->pf == s) e->pf = NULL;
+    mmc_kv_seq_cache_prefix(p, &s->kv, s->hist, s->n_prompt);
+    s->base = 0;
+    s->rope_delta = 0;
+    s->order = ++e->n_admitted;
+    if (!seq_take(e, s, logits)) return -1;   /* the whole history is in the cache: the next token */
+    if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
+        mmc_error(MMC_ERR_OOM, "out of memory");
+        seq_abort(e, s, "admission");
+        return -1;
+    }
+    return 1;
+}
+
 /* Text-only prompts at the head of the line, admitted together through one packed prefill
  * (mmc_qwen2_prefill_packed) while budget, batch size and blocks allow. */
 static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
@@ -843,8 +970,9 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
         const int32_t *id;
         int64_t ni;
         if (!b->text_ids(b->self, s->r.j->prompt, &id, &ni) || ni <= 0) break;
+        if (mmc_kv_prefix_lookup(&e->pool, id, ni) > 0) break;   /* it takes its cached prefix instead */
         int64_t nb = mmc_kv_pool_blocks_for(&e->pool, (s->n_hist > ni ? s->n_hist : ni) + 1);
-        if (blocks + nb > e->pool.n_free || (K > 0 && tokens + ni > *budget)) break;
+        if (blocks + nb > e->pool.n_free || ((K > 0 || e->chunk > 0) && tokens + ni > *budget)) break;
         ids[K] = id;
         n[K++] = ni;
         blocks += nb;
@@ -874,6 +1002,10 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
         s->base = 0;
         s->rope_delta = 0;
         s->order = ++e->n_admitted;
+        mmc_kv_seq_cache_prefix(&e->pool, &s->kv, ids[i], n[i]);
+        pthread_mutex_lock(&e->metrics.mu);
+        e->metrics.prefix_queried += e->pool.prefix_cache ? n[i] : 0;
+        pthread_mutex_unlock(&e->metrics.mu);
         if (s->n_hist == s->n_prompt && !seq_take(e, s, logits + i * V)) continue;
         if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
             mmc_error(MMC_ERR_OOM, "out of memory");
@@ -932,9 +1064,9 @@ static void batch_loop(serve_engine *e) {
     for (;;) {
         /* 1. new jobs, while the waiting line is short */
         pthread_mutex_lock(&e->mu);
-        while (!e->head && !e->stopping && e->n_run == 0 && e->n_wait == 0) pthread_cond_wait(&e->cv, &e->mu);
+        while (!e->head && !e->stopping && e->n_run == 0 && e->n_wait == 0 && !e->pf) pthread_cond_wait(&e->cv, &e->mu);
         bool stopping = e->stopping;
-        if (!e->head && e->n_run == 0 && e->n_wait == 0) { pthread_mutex_unlock(&e->mu); break; }
+        if (!e->head && e->n_run == 0 && e->n_wait == 0 && !e->pf) { pthread_mutex_unlock(&e->mu); break; }
         serve_job *got = NULL, **tail = &got;
         while (e->head && e->n_wait + e->n_run < 2 * e->max_batch) {
             serve_job *j = e->head;
@@ -971,17 +1103,29 @@ static void batch_loop(serve_engine *e) {
             if (!seq_gone(e, s)) e->wait[w++] = s;
         }
         e->n_wait = w;
+        if (e->pf) {
+            if (stopping) serve_job_cancel(e->pf->r.j);
+            seq_gone(e, e->pf);   /* e->pf becomes NULL if it ended */
+        }
         /* 3. admissions in line order, under a prefill token budget per step while others
-         * decode (a whole prompt at a time: the first always goes) */
-        int64_t budget = e->opt.prefill_tokens > 0 ? e->opt.prefill_tokens : 512;
-        admit_packed(e, ctx, &budget);
-        while (e->n_wait > 0 && e->n_run < e->max_batch && (budget > 0 || e->n_run == 0)) {
+         * decode: whole prompts (the first always goes), or with --prefill-chunk that many
+         * prompt tokens, a longer prompt continuing over the next steps */
+        int64_t budget = e->chunk > 0 ? e->chunk : e->opt.prefill_tokens > 0 ? e->opt.prefill_tokens : 512;
+        const int32_t *tids;
+        int64_t n_tids;
+        if (e->pf && seq_text_ids(e, e->pf, &tids, &n_tids)) admit_text(e, ctx, e->pf, tids, n_tids, &budget);
+        if (!e->pf) admit_packed(e, ctx, &budget);
+        while (!e->pf && e->n_wait > 0 && e->n_run < e->max_batch && (budget > 0 || (e->chunk <= 0 && e->n_run == 0))) {
             serve_seq *s = e->wait[0];
             int64_t cost = s->n_hist > 0 ? s->n_hist : s->r.j->n_prompt;
             list_remove(e->wait, &e->n_wait, 0);
-            int a = admit(e, ctx, s);
+            int a;
+            if (seq_text_ids(e, s, &tids, &n_tids)) a = admit_text(e, ctx, s, tids, n_tids, &budget);
+            else {
+                a = admit(e, ctx, s);
+                if (a) budget -= cost;
+            }
             if (a == 0) { list_push(&e->wait, &e->n_wait, &e->cap_wait, s, true); break; }
-            budget -= cost;
         }
         /* 4. one decode step for every running sequence */
         batch_step(e, ctx);
@@ -1055,6 +1199,8 @@ mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_option
             serve_engine_free(e);
             return st;
         }
+        e->pool.prefix_cache = !o->no_prefix_cache;
+        e->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 0;
         e->batching = true;
     }
     *out = e;
@@ -1072,6 +1218,7 @@ void serve_engine_stop(serve_engine *e) {
 
 void serve_engine_free(serve_engine *e) {
     free(e->row);
+    mmc_jc_vocab_free(e->jc_vocab);
     if (e->batching || e->pool.n_blocks) mmc_kv_pool_free(&e->pool);
     free(e->run);
     free(e->wait);
@@ -1149,6 +1296,19 @@ char *serve_metrics_text(serve_engine *e) {
                             "# HELP mmc_packed_prefill_prompts_total Prompts prefilled together in a packed pass.\n"
                             "# TYPE mmc_packed_prefill_prompts_total counter\nmmc_packed_prefill_prompts_total %lld\n",
                             m->kv_blocks_used, m->kv_blocks_total, m->running, m->preemptions, m->packed);
+    len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n"
+                            "# TYPE mmc_prefix_cache_queries_total counter\nmmc_prefix_cache_queries_total %lld\n"
+                            "# HELP mmc_prefix_cache_hits_total Prompt tokens whose KV came from the prefix cache "
+                            "(not prefilled).\n# TYPE mmc_prefix_cache_hits_total counter\nmmc_prefix_cache_hits_total %lld\n"
+                            "# HELP mmc_kv_blocks_cached Cached KV blocks held by no sequence (evictable).\n"
+                            "# TYPE mmc_kv_blocks_cached gauge\nmmc_kv_blocks_cached %lld\n"
+                            "# HELP mmc_prefix_cache_evictions_total Cached KV blocks evicted for new ones.\n"
+                            "# TYPE mmc_prefix_cache_evictions_total counter\nmmc_prefix_cache_evictions_total %lld\n"
+                            "# HELP mmc_prefill_chunks_total Prefill passes of text prompts (chunks).\n"
+                            "# TYPE mmc_prefill_chunks_total counter\nmmc_prefill_chunks_total %lld\n",
+                            m->prefix_queried, m->prefix_hit, m->kv_blocks_cached, m->prefix_evictions,
+                            m->prefill_chunks);
     hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
               m->ttft_sum, m->ttft_n);
     hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,

@@ -5,6 +5,7 @@
  * server has a media root, local paths resolved inside it; URLs are refused (no network
  * fetch). Every error is a 400 in OpenAI's shape naming the parameter. */
 #include "mmc_serve.h"
+#include "mmc_json_constraint.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -263,10 +264,10 @@ static bool parse_messages(const cJSON *root, const mmc_serve_limits *lim, const
 
 /* Fields whose request this server cannot honour yet: refused (400 unsupported_parameter) rather
  * than ignored, so a client asking for JSON output or tool calls is not handed free text. A
- * value that asks for nothing (tools [], tool_choice "none", response_format text, echo false,
+ * value that asks for nothing (tools [], tool_choice "none", echo false,
  * best_of 1, empty logit_bias) passes. */
 static bool unsupported(const cJSON *root, mmc_serve_error *err) {
-    static const char *const keys[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
+    static const char *const keys[] = {"tools", "tool_choice", "functions", "function_call",
                                        "logit_bias", "echo", "suffix", "best_of", "audio", "prediction"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
@@ -275,13 +276,56 @@ static bool unsupported(const cJSON *root, mmc_serve_error *err) {
         if (cJSON_IsString(j) && !strcmp(keys[i], "tool_choice") && !strcmp(j->valuestring, "none")) continue;
         if (cJSON_IsNumber(j) && !strcmp(keys[i], "best_of") && j->valuedouble == 1) continue;
         if (cJSON_IsString(j) && !strcmp(keys[i], "suffix") && !j->valuestring[0]) continue;
-        if (cJSON_IsObject(j) && !strcmp(keys[i], "response_format")) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
-            if (cJSON_IsString(t) && !strcmp(t->valuestring, "text")) continue;
-        }
         return mmc_serve_fail(err, 400, "invalid_request_error", keys[i], "unsupported_parameter",
                               "Unsupported parameter: '%s' is not supported by this server yet.", keys[i]);
     }
+    return true;
+}
+
+/* response_format: text (nothing to do), json_object (any JSON object) or json_schema (its
+ * "schema", compiled: a schema outside the supported subset is a 400 naming what is missing)
+ * -> r->json_schema for the engine's constrained decoding. */
+static bool parse_response_format(const cJSON *root, mmc_serve_request *r, mmc_serve_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!j || cJSON_IsNull(j)) return true;
+    if (!cJSON_IsObject(j)) { BADTYPE("response_format", "an object", type_name(j)); return false; }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
+    if (!t) { BAD("response_format.type", "Missing required parameter: 'response_format.type'."); return false; }
+    if (!cJSON_IsString(t)) { BADTYPE("response_format.type", "a string", type_name(t)); return false; }
+    char msg[400];
+    if (!strcmp(t->valuestring, "text")) return true;
+    if (!strcmp(t->valuestring, "json_object")) {
+        if (!mmc_jc_compile(NULL, 0, &r->json_schema, msg, sizeof msg))
+            return mmc_serve_fail(err, 500, "server_error", NULL, NULL, "%s", msg);
+        return true;
+    }
+    if (strcmp(t->valuestring, "json_schema"))
+        return mmc_serve_fail(err, 400, "invalid_request_error", "response_format.type", "invalid_value",
+                              "Invalid value: '%.64s'. Supported values are: 'text', 'json_object', and "
+                              "'json_schema'.", t->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(j, "json_schema");
+    if (!js) { BAD("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'."); return false; }
+    if (!cJSON_IsObject(js)) { BADTYPE("response_format.json_schema", "an object", type_name(js)); return false; }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (!name) {
+        BAD("response_format.json_schema.name", "Missing required parameter: 'response_format.json_schema.name'.");
+        return false;
+    }
+    if (!cJSON_IsString(name)) { BADTYPE("response_format.json_schema.name", "a string", type_name(name)); return false; }
+    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    char *text = NULL;
+    if (sch && !cJSON_IsObject(sch)) {
+        BADTYPE("response_format.json_schema.schema", "an object", type_name(sch));
+        return false;
+    }
+    if (sch && !(text = cJSON_PrintUnformatted(sch))) return mmc_serve_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    /* no schema: any JSON object */
+    bool ok = mmc_jc_compile(text, text ? strlen(text) : 0, &r->json_schema, msg, sizeof msg);
+    free(text);
+    if (!ok)
+        return mmc_serve_fail(err, 400, "invalid_request_error", "response_format", "invalid_json_schema",
+                              "Invalid schema for response_format '%.64s': %s. This server's constrained decoding "
+                              "supports a subset of JSON Schema.", name->valuestring, msg);
     return true;
 }
 
@@ -314,6 +358,7 @@ bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, 
         if (!(r->model = dup_str(j->valuestring))) goto done;
     }
     if (!unsupported(root, err)) goto done;
+    if (!parse_response_format(root, r, err)) goto done;
     if (kind == MMC_SERVE_CHAT) {
         if (!parse_messages(root, lim, media_root, r, err)) goto done;
     } else {
@@ -420,5 +465,6 @@ void mmc_serve_request_free(mmc_serve_request *r) {
     free(r->prompt);
     free(r->model);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    mmc_jc_schema_free(r->json_schema);
     memset(r, 0, sizeof *r);
 }

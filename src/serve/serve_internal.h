@@ -66,6 +66,8 @@ typedef struct {
     double ttft_sum, itl_sum;
     long long ttft_n, itl_n;
     long long kv_blocks_used, kv_blocks_total, running, preemptions, packed;   /* batching engine */
+    long long prefix_queried, prefix_hit;   /* prompt tokens looked up in / taken from the prefix cache */
+    long long kv_blocks_cached, prefix_evictions, prefill_chunks;
 } serve_metrics;
 extern const int serve_status_codes[SERVE_N_STATUS];
 extern const double serve_buckets[SERVE_N_BUCKETS];

@@ -919,6 +919,17 @@ int32_t mmc_tokenizer_vocab_size(const mmc_tokenizer *t) { return t ? t->n_ids :
 bool mmc_tokenizer_is_special(const mmc_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_ids && t->is_special[id];
 }
+int64_t mmc_tokenizer_token_bytes(const mmc_tokenizer *t, int32_t id, uint8_t *buf, int64_t cap) {
+    if (!t || id < 0 || id >= t->n_ids || !t->id_str[id]) return -1;
+    int v = t->spm && t->dec_byte_fallback ? fallback_byte(t->id_str[id]) : -1;
+    if (v >= 0) {
+        if (cap >= 1) buf[0] = (uint8_t)v;
+        return 1;
+    }
+    int64_t n = t->id_nbytes[id];
+    if (n <= cap) memcpy(buf, t->id_bytes[id], (size_t)n);
+    return n;
+}
 int32_t mmc_tokenizer_special_id(const mmc_tokenizer *t, mmc_tok_role r) {
     return (t && r >= 0 && r < MMC_TOK_ROLE_COUNT) ? t->role_id[r] : -1;
 }
