@@ -112,6 +112,16 @@ b = body({"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
 b["messages"][0]["content"].insert(1, {"type": "audio_url", "audio_url": {"url": "audio.wav"}})
 s, j = req(b)
 same(s, j, ref_two, "two audio parts")
+# an image and a clip (transformers' image_audio case of tests/fixtures/omni: 43 prompt tokens)
+IMG = os.path.join(ROOT, "image.png")
+cmd = [MMC, "generate", "--model", MODEL, "--prompt", "Describe both.", "--max-new-tokens", "8", "--greedy", "--json",
+       "--image", IMG, "--audio", WAV]
+ref_ia = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+check(ref_ia["prompt_tokens"] == 43, "generate image+audio prompt: %d tokens, transformers 43" % ref_ia["prompt_tokens"])
+b = body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(IMG)}}, "Describe both.")
+b["messages"][0]["content"].insert(1, {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}})
+s, j = req(b)
+same(s, j, ref_ia, "image + audio")
 # text only on the omni model (the packed text prefill path): equal to generate without --audio
 s, j = req(body(None, "Both?"))
 same(s, j, ref2, "text only")
