@@ -6,7 +6,8 @@
 # each turn's prompt ids (apply_chat_template of the whole conversation with the decoded first reply,
 # then Qwen2_5OmniProcessor's <|AUDIO|> expansion of both clips) are equal, token for token
 # (--show-prompt-ids prints them), and the 8 greedy new tokens of turn 1 are the fixture's (turn 2's
-# prompt holds their decoded text). Tolerance: none (integer ids).
+# prompt holds their decoded text); an image and a clip in one message give transformers' 43-token prompt.
+# Tolerance: none (integer ids).
 # Also: /audio on a model without an audio tower is refused with a message and the chat goes on; a
 # missing file is refused; a corrupt clip fails the turn with a message naming it, drops its
 # attachment, and the next turn works; /reset forgets the audios.
@@ -48,6 +49,13 @@ check_conv "--audio" --audio "$O/audio.wav"
   >"$W/gen" 2>"$W/gerr" || bad "generate: $(cat "$W/gerr")"
 got=$(sed -E 's/.*"tokens": \[([^]]*)\].*/\1/' "$W/gen" | tr -d ',')
 [ "$got" = "$(want turn1_greedy)" ] && ok || bad "generate tokens [$got] != transformers [$(want turn1_greedy)]"
+
+# /image + /audio in one message (Qwen2.5-Omni takes images in chat too): transformers' image_audio case of
+# tests/fixtures/omni has a 43-token prompt
+printf '/image %s\n/audio %s\nDescribe both.\n' "$O/image.png" "$O/audio.wav" >"$W/in"
+"$MMC" chat --model "$O/thinker" --greedy --max-new-tokens 2 --show-prompt-ids <"$W/in" >"$W/out" 2>"$W/err"
+np=$(sed -n 's/^\[prompt \([0-9]*\) tokens:.*/\1/p' "$W/err")
+[ "$np" = 43 ] && ok || bad "/image + /audio: prompt of $np tokens, transformers 43: $(cat "$W/err" | cut -c1-200)"
 
 # errors: /audio on a text-only / vision model, a missing file, a corrupt clip (the turn fails, the chat goes on)
 printf '/audio %s\nhello\n' "$O/audio.wav" >"$W/in"
