@@ -24,7 +24,7 @@ void help_serve(FILE *f) {
             "  POST /v1/chat/completions   messages with text and image_url parts (base64 data: URIs;\n"
             "                              local paths only under --media-root; URLs are never fetched),\n"
             "                              and for Qwen2.5-Omni input_audio parts ({\"data\": base64,\n"
-            "                              \"format\": \"wav\"|\"mp3\"|flac|ogg|opus|m4a|aac|webm}) and\n"
+            "                              \"format\": wav, mp3, flac, ogg, opus, m4a, aac or webm}) and\n"
             "                              audio_url parts (data: URIs, or paths under --media-root)\n"
             "  POST /v1/completions        a raw prompt (no chat template)\n"
             "  GET  /v1/models, /v1/models/ID, /health, /metrics (Prometheus text)\n"
