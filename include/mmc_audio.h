@@ -39,6 +39,12 @@ mmc_status mmc_audio_load(const char *path, int target_rate, mmc_audio *out);
 /* Same from a buffer; `name` is used in messages. */
 mmc_status mmc_audio_load_mem(const void *data, size_t size, const char *name, int target_rate,
                               mmc_audio *out);
+/* The same refusing audio longer than max_seconds (0 or more than MMC_AUDIO_MAX_SECONDS: that
+ * limit) with a message giving both lengths; the header's duration is checked before decoding
+ * where the container states it, else decoding stops as soon as the limit is passed. */
+mmc_status mmc_audio_load_max(const char *path, int target_rate, double max_seconds, mmc_audio *out);
+mmc_status mmc_audio_load_mem_max(const void *data, size_t size, const char *name, int target_rate,
+                                  double max_seconds, mmc_audio *out);
 void mmc_audio_free(mmc_audio *a);
 
 /* WhisperFeatureExtractor settings (preprocessor_config.json, or the "feature_extractor"

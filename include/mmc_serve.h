@@ -33,6 +33,8 @@ typedef struct {
     int max_json_depth;          /* deeper nesting of objects/arrays: 400 */
     int max_images;              /* image parts per request: 400 */
     int64_t max_image_pixels;    /* a larger decoded image: 400 */
+    int max_audios;              /* input_audio / audio_url parts per request: 400 */
+    double max_audio_seconds;    /* a longer decoded clip: 400 */
     int64_t max_prompt_tokens;   /* 0: the model's context length; more: 400 context_length_exceeded */
     int max_output_tokens;       /* max_tokens above it: 400; the default when a request gives none */
     double max_request_seconds;  /* generation stops there (finish_reason "length") */
@@ -57,11 +59,12 @@ char *mmc_serve_error_json(const mmc_serve_error *e);
 typedef enum { MMC_SERVE_CHAT = 0, MMC_SERVE_COMPLETION } mmc_serve_kind;
 
 typedef struct {
-    mmc_chat_part_type type;     /* MMC_CHAT_TEXT or MMC_CHAT_IMAGE */
+    mmc_chat_part_type type;     /* MMC_CHAT_TEXT, MMC_CHAT_IMAGE or MMC_CHAT_AUDIO */
     char *text;                  /* text parts */
-    unsigned char *data;         /* an image from a data: URI (decoded bytes) ... */
+    unsigned char *data;         /* an image / audio from a data: URI or input_audio (decoded bytes) ... */
     size_t n_data;
     char *path;                  /* ... or a local file, resolved, under --media-root */
+    char format[8];              /* input_audio.format ("wav", "mp3", ...), else "" */
 } mmc_serve_part;
 
 typedef struct {
@@ -76,7 +79,7 @@ typedef struct {
     mmc_serve_kind kind;
     char *model;                 /* NULL if absent */
     mmc_serve_message *msgs;     /* chat */
-    int n_msgs, n_images;
+    int n_msgs, n_images, n_audios;
     char *prompt;                /* completions */
     /* sampling: NAN / -1 when not given (the model's generation_config.json decides) */
     double temperature, top_p, min_p, presence_penalty, frequency_penalty;

@@ -6,7 +6,7 @@ PKGS=(build-essential cmake pkg-config libomp-dev libyaml-dev libcjson-dev
       libjpeg62-turbo-dev libpng-dev libpcre2-dev libutf8proc-dev libcairo2-dev
       libopenmpi-dev openmpi-bin
       libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libswresample-dev
-      libmicrohttpd-dev curl python3-venv)
+      libmicrohttpd-dev curl python3-venv espeak-ng)
 [ "${MMC_BOOTSTRAP_EXTRA:-}" ] && PKGS+=(${MMC_BOOTSTRAP_EXTRA})
 missing=()
 for p in "${PKGS[@]}"; do

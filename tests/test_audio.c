@@ -6,7 +6,8 @@
  * below); the FFT against a direct DFT; the mel filters and log-mel features of
  * WhisperFeatureExtractor (80 and 128 bins, numpy path) within 1e-5, with the attention mask;
  * preprocessor_config.json / processor_config.json; and errors, not crashes, on a truncated
- * file, an empty file, a text file, a video without sound and a clip longer than 30 s. */
+ * file, an empty file, a text file, a video without sound and a clip longer than 30 s; a caller's
+ * length limit (mmc_audio_load_max / _mem_max) refuses longer clips with both lengths. */
 #include "mmc_audio.h"
 #include "test_util.h"
 
@@ -289,6 +290,22 @@ static void test_errors(void) {
     memcpy(hdr + 36, "data", 4); memcpy(hdr + 40, &data_len, 4);
     memset(hdr + 44, 128, data_len);
     expect_fail("5-hour file", mmc_audio_load_mem(hdr, sizeof hdr, "long.wav", 16000, &a), "longer than");
+    /* a caller's lower limit (mmc serve --max-audio-seconds): refused from the header (WAV) or while
+     * decoding (MP3, whose length is an estimate), the message giving both lengths; a clip under it loads
+     * as without the limit */
+    expect_fail("1 s WAV over a 0.5 s limit", mmc_audio_load_mem_max(wav, nb, "tone.wav", 16000, 0.5, &a),
+                "longer than the 0.5 s allowed");
+    expect_fail("1 s WAV file over a 0.5 s limit", mmc_audio_load_max(DIR_ "/tone.wav", 16000, 0.5, &a),
+                "1.0 s of audio is longer than the 0.5 s allowed");
+    expect_fail("MP3 over a 0.2 s limit", mmc_audio_load_max(DIR_ "/speech.mp3", 16000, 0.2, &a), "0.2 s allowed");
+    {
+        mmc_audio u = {0}, l = {0};
+        CHECK_OK(mmc_audio_load(DIR_ "/tone.wav", 16000, &u));
+        CHECK_OK(mmc_audio_load_mem_max(wav, nb, "tone.wav", 16000, 2.0, &l));
+        CHECK(u.n == l.n && u.n > 0 && !memcmp(u.samples, l.samples, sizeof(float) * (size_t)u.n));
+        mmc_audio_free(&u);
+        mmc_audio_free(&l);
+    }
     /* a FLAC cut in half: its STREAMINFO gives the length */
     unsigned char *fl = read_file(DIR_ "/tone.flac", &nb);
     expect_fail("truncated FLAC", mmc_audio_load_mem(fl, nb / 2, "cut.flac", 16000, &a), "truncated");

@@ -3,7 +3,8 @@
  * image processor and generation loop of `mmc generate` (tools/runner.c), so a served greedy
  * completion equals `mmc generate`'s for the same messages. Images arrive as bytes (data:
  * URIs, written to a private temporary file for the shared loader) or as paths the server
- * resolved under --media-root. */
+ * resolved under --media-root; audio (Qwen2.5-Omni: input_audio / audio_url parts) as bytes
+ * decoded from memory (mmc_audio_load_mem_max) or such paths. */
 #include "cli.h"
 #include "mmc_serve.h"
 #include "runner.h"
@@ -21,7 +22,10 @@ void help_serve(FILE *f) {
             "usage: mmc serve --model DIR [options]\n\n"
             "Serve the model in DIR over HTTP with OpenAI's API:\n"
             "  POST /v1/chat/completions   messages with text and image_url parts (base64 data: URIs;\n"
-            "                              local paths only under --media-root; URLs are never fetched)\n"
+            "                              local paths only under --media-root; URLs are never fetched),\n"
+            "                              and for Qwen2.5-Omni input_audio parts ({\"data\": base64,\n"
+            "                              \"format\": wav, mp3, flac, ogg, opus, m4a, aac or webm}) and\n"
+            "                              audio_url parts (data: URIs, or paths under --media-root)\n"
             "  POST /v1/completions        a raw prompt (no chat template)\n"
             "  GET  /v1/models, /v1/models/ID, /health, /metrics (Prometheus text)\n"
             "Prompts are rendered with the model's own chat template and generated exactly as `mmc\n"
@@ -44,13 +48,16 @@ void help_serve(FILE *f) {
             "  --port P                 TCP port (default 8080; 0 = any free port, printed on start)\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' on every route but /health\n"
             "                           (default: $MMC_API_KEY if set, else no key)\n"
-            "  --media-root DIR         allow image_url paths (or file:// URLs) to files under DIR\n"
+            "  --media-root DIR         allow image_url / audio_url paths (or file:// URLs) to files under DIR\n"
             "  --threads N              compute threads (default: OMP_NUM_THREADS, else all cores)\n"
             "limits (an OpenAI-style 4xx error beyond each):\n"
             "  --max-body-bytes N       request body size (default %zu; 413)\n"
             "  --max-json-depth N       JSON nesting (default %d)\n"
             "  --max-images N           images per request (default %d)\n"
             "  --max-image-pixels N     pixels of one decoded image (default %lld)\n"
+            "  --max-audios N           audio parts per request (default %d)\n"
+            "  --max-audio-seconds S    seconds of one decoded audio clip (default %g; the model's\n"
+            "                           feature extractor window may be shorter: 30 s for Whisper's)\n"
             "  --max-prompt-tokens N    prompt tokens (default: the model's context length)\n"
             "  --max-tokens N           max_tokens at most, and the default when a request gives none\n"
             "                           and the model's generation_config.json sets no length (default %d)\n"
@@ -77,7 +84,8 @@ void help_serve(FILE *f) {
             "  mmc serve --model ./Qwen2-VL-2B-Instruct --port 8080 &\n"
             "  curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32}'\n",
-            l.max_body_bytes, l.max_json_depth, l.max_images, (long long)l.max_image_pixels, l.max_output_tokens,
+            l.max_body_bytes, l.max_json_depth, l.max_images, (long long)l.max_image_pixels, l.max_audios,
+            l.max_audio_seconds, l.max_output_tokens,
             l.max_request_seconds, l.max_connections, l.max_queue, l.max_n);
 }
 
@@ -101,10 +109,12 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
     mmc_chat_part *parts = calloc((size_t)(n_parts ? n_parts : 1), sizeof *parts);
     const char **images = calloc((size_t)(req->n_images ? req->n_images : 1), sizeof *images);
     char **tmp = calloc((size_t)(req->n_images ? req->n_images : 1), sizeof *tmp);
+    cli_audio *audios = calloc((size_t)(req->n_audios ? req->n_audios : 1), sizeof *audios);
+    char(*names)[48] = calloc((size_t)(req->n_audios ? req->n_audios : 1), sizeof *names);   /* for messages */
     serve_prompt *sp = calloc(1, sizeof *sp);
-    int n_img = 0, n_tmp = 0;
+    int n_img = 0, n_tmp = 0, n_aud = 0;
     bool ok = false;
-    if (!msgs || !parts || !images || !tmp || !sp) {
+    if (!msgs || !parts || !images || !tmp || !audios || !names || !sp) {
         mmc_serve_fail(err, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
@@ -115,6 +125,12 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
         for (int k = 0; k < q->n_parts; k++) {
             const mmc_serve_part *p = &q->parts[k];
             parts[np++] = (mmc_chat_part){.type = p->type, .text = p->text};
+            if (p->type == MMC_CHAT_AUDIO) {   /* decoded from memory by the prompt builder */
+                snprintf(names[n_aud], sizeof names[n_aud], "messages.[%d].content.[%d]", i, k);
+                audios[n_aud] = (cli_audio){.path = p->path, .data = p->data, .n_data = p->n_data, .name = names[n_aud]};
+                n_aud++;
+                continue;
+            }
             if (p->type != MMC_CHAT_IMAGE) continue;
             if (p->path) { images[n_img++] = p->path; continue; }
             char path[128];
@@ -126,13 +142,28 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
             images[n_img++] = tmp[n_tmp++];
         }
     }
-    if (n_img && !m->vl && !m->llava && !m->internvl) {
+    if (n_img && !m->vl && !m->llava && !m->internvl && !m->omni) {
         mmc_serve_fail(err, 400, "invalid_request_error", "messages", "image_not_supported",
                        "The model %s is text-only (model_type %s) and takes no images.", m->base_dir, m->model_type);
         goto done;
     }
-    mmc_status st = cli_prompt_build(m, msgs, n_msgs, req->kind == MMC_SERVE_COMPLETION, req->prompt, images, n_img,
-                                     NULL, &sp->p);
+    if (n_aud && !m->omni) {
+        mmc_serve_fail(err, 400, "invalid_request_error", "messages", "audio_not_supported",
+                       "The model %s (model_type %s) has no audio encoder and takes no audio; audio input needs a "
+                       "Qwen2.5-Omni model.", m->base_dir, m->model_type);
+        goto done;
+    }
+    mmc_status st = n_aud ? cli_prompt_build_audio(m, msgs, n_msgs, images, n_img, audios, n_aud, NULL, &sp->p)
+                          : cli_prompt_build(m, msgs, n_msgs, req->kind == MMC_SERVE_COMPLETION, req->prompt, images,
+                                             n_img, NULL, &sp->p);
+    const char *e = mmc_last_error();
+    if (st && n_aud && (strstr(e, "messages.[") || !strncmp(e, "audio ", 6) || strstr(e, "Qwen2.5-Omni audio"))) {
+        /* the reader's / feature extractor's message (a data part's names the part, a path's the file) */
+        bool long_ = strstr(e, "longer than") || strstr(e, "more than the");
+        mmc_serve_fail(err, 400, "invalid_request_error", "messages", long_ ? "audio_too_long" : "invalid_audio",
+                       "Cannot use the audio: %s", mmc_last_error());
+        goto done;
+    }
     if (st) {
         bool image = n_img && (strstr(mmc_last_error(), "image") || strstr(mmc_last_error(), "JPEG") ||
                                strstr(mmc_last_error(), "PNG") || strstr(mmc_last_error(), "pixels"));
@@ -148,6 +179,8 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
 done:
     for (int i = 0; i < n_tmp; i++) { unlink(tmp[i]); free(tmp[i]); }
     free(tmp);
+    free(audios);
+    free(names);
     free(images);
     free(parts);
     free(msgs);
@@ -203,12 +236,13 @@ static mmc_status backend_prefill(void *self, void *prompt, mmc_ctx *ctx, mmc_kv
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
     mmc_llava_request lreq = {m->llava, p->llava_pixels};
     mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
+    mmc_omni_request oreq = {m->omni, &p->omni, 0};
     mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
-                  : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
+                  : m->omni ? mmc_omni_decoder(&oreq) : m->vl ? mmc_qwen2_vl_decoder(&req) : mmc_qwen2_decoder(m->lm);
     *ids = p->ids;
     *n_ids = p->n;
     mmc_status st = d.prefill(ctx, d.self, p->ids, p->n, kv, logits);
-    *rope_delta = m->vl ? req.rope_delta : 0;
+    *rope_delta = m->vl ? req.rope_delta : m->omni ? oreq.rope_delta : 0;
     return st;
 }
 
@@ -216,6 +250,7 @@ static bool backend_text_ids(void *self, void *prompt, const int32_t **ids, int6
     (void)self;
     cli_prompt *p = &((serve_prompt *)prompt)->p;
     if (p->media.n_images || p->media.n_videos || p->llava_pixels || p->internvl_pixels) return false;
+    if (p->omni.n_audios || p->omni.n_images || p->omni.n_videos) return false;   /* Qwen2.5-Omni's media */
     *ids = p->ids;
     *n_ids = p->n;
     return true;
@@ -267,6 +302,13 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-image-pixels")) {
             if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 40, &v)) return CLI_USAGE;
             o.limits.max_image_pixels = v;
+        } else if (!strcmp(a, "--max-audios")) {
+            if (opt_ll(a, argc, argv, &i, 0, 1024, &v)) return CLI_USAGE;
+            o.limits.max_audios = (int)v;
+        } else if (!strcmp(a, "--max-audio-seconds")) {
+            const char *s = cli_value(argc, argv, &i);
+            if (!s || !cli_float(a, s, 0.01, MMC_AUDIO_MAX_SECONDS, &x)) return CLI_USAGE;
+            o.limits.max_audio_seconds = x;
         } else if (!strcmp(a, "--max-prompt-tokens")) {
             if (opt_ll(a, argc, argv, &i, 1, (long long)1 << 40, &v)) return CLI_USAGE;
             o.limits.max_prompt_tokens = v;
@@ -322,12 +364,8 @@ int cmd_serve(int argc, char **argv) {
         cli_fail(st, "serve: cannot set the chat template");
         goto done;
     }
-    if (sb.m.omni) {   /* its audio / image requests are not wired into the server yet */
-        cli_fail(mmc_error(MMC_ERR_UNSUPPORTED, "%s: Qwen2.5-Omni is not served yet; use mmc generate --audio",
-                           model ? model : adapter), "serve: cannot serve the model");
-        goto done;
-    }
     sb.m.max_image_pixels = o.limits.max_image_pixels;
+    sb.m.max_audio_seconds = o.limits.max_audio_seconds;
     snprintf(sb.tmpdir, sizeof sb.tmpdir, "/tmp/mmc-serve.XXXXXX");
     if (!mkdtemp(sb.tmpdir)) {
         cli_fail(mmc_error(MMC_ERR_IO, "mkdtemp: %s", strerror(errno)), "serve: no temporary directory");
@@ -346,8 +384,10 @@ int cmd_serve(int argc, char **argv) {
     mmc_qwen2_vl_request vreq = {sb.m.vlm, NULL, 0};
     mmc_llava_request lreq = {sb.m.llava, NULL};
     mmc_internvl_request ireq = {sb.m.internvl, NULL};
+    mmc_omni_request oreq = {sb.m.omni, NULL, 0};
     mmc_decoder dec = sb.m.llava ? mmc_llava_decoder(&lreq) : sb.m.internvl ? mmc_internvl_decoder(&ireq)
-                    : sb.m.vl ? mmc_qwen2_vl_decoder(&vreq) : mmc_qwen2_decoder(sb.m.lm);
+                    : sb.m.omni ? mmc_omni_decoder(&oreq) : sb.m.vl ? mmc_qwen2_vl_decoder(&vreq)
+                    : mmc_qwen2_decoder(sb.m.lm);
     mmc_serve_backend b = {.self = &sb,
                            .tok = sb.m.tok,
                            .model_id = id,
@@ -356,7 +396,7 @@ int cmd_serve(int argc, char **argv) {
                            .generate = backend_generate,
                            .release = backend_release,
                            .lm = sb.m.llava ? sb.m.llava->lm : sb.m.internvl ? sb.m.internvl->lm
-                               : sb.m.vl ? sb.m.vlm->lm : sb.m.lm,
+                               : sb.m.omni ? sb.m.omni->lm : sb.m.vl ? sb.m.vlm->lm : sb.m.lm,
                            .prefill = backend_prefill,
                            .sampling = backend_sampling,
                            .text_ids = backend_text_ids};

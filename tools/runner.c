@@ -263,7 +263,7 @@ done:
  * extractor's rate and turned into log-mel features, <|IMAGE|> / <|AUDIO|> expanded as
  * Qwen2_5OmniProcessor does (takes ids). */
 static mmc_status omni_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
-                              const char *const *audios, int n_audios, const char *video_dir, cli_prompt *p) {
+                              const cli_audio *audios, int n_audios, const char *video_dir, cli_prompt *p) {
     mmc_status st = MMC_OK;
     mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
     int loaded = 0;
@@ -298,9 +298,11 @@ static mmc_status omni_prompt(cli_model *m, int32_t *ids, int64_t n, const char 
         if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) break;
     if (!st && n_images) st = mmc_qwen2vl_preprocess_images(&m->proc, imgs, n_images, &p->img);
     for (int i = 0; !st && i < n_aud; i++) {   /* the video's track first: its placeholder comes first */
-        const char *src = track ? (i == 0 ? video_dir : audios[i - 1]) : audios[i];
+        const cli_audio *ca = track ? (i == 0 ? NULL : &audios[i - 1]) : &audios[i];
+        const char *src = !ca ? video_dir : ca->path ? ca->path : ca->name ? ca->name : "(audio bytes)";
         mmc_audio au = {0};
-        st = mmc_audio_load(src, m->fe.sampling_rate, &au);
+        st = ca && !ca->path ? mmc_audio_load_mem_max(ca->data, ca->n_data, src, m->fe.sampling_rate, m->max_audio_seconds, &au)
+                             : mmc_audio_load_max(src, m->fe.sampling_rate, m->max_audio_seconds, &au);
         if (!st) {
             mmc_omni_audio_in *a = &p->audios[i];
             st = mmc_omni_audio_features(&m->fe, au.samples, au.n, &p->audio_feats[i], &a->stride, &a->frames);
@@ -328,7 +330,7 @@ static mmc_status omni_prompt(cli_model *m, int32_t *ids, int64_t n, const char 
 
 static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
                                const char *raw_text, const char *const *images, int n_images,
-                               const char *const *audios, int n_audios, const char *video_dir, cli_prompt *p);
+                               const cli_audio *audios, int n_audios, const char *video_dir, cli_prompt *p);
 
 mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
                             const char *raw_text, const char *const *images, int n_images,
@@ -336,9 +338,15 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
     return prompt_build(m, msgs, n_msgs, raw, raw_text, images, n_images, NULL, 0, video_dir, p);
 }
 
+mmc_status cli_prompt_build_audio(cli_model *m, const mmc_chat_message *msgs, int n_msgs, const char *const *images,
+                                  int n_images, const cli_audio *audios, int n_audios, const char *video_dir,
+                                  cli_prompt *p) {
+    return prompt_build(m, msgs, n_msgs, false, NULL, images, n_images, audios, n_audios, video_dir, p);
+}
+
 static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_msgs, bool raw,
                                const char *raw_text, const char *const *images, int n_images,
-                               const char *const *audios, int n_audios, const char *video_dir, cli_prompt *p) {
+                               const cli_audio *audios, int n_audios, const char *video_dir, cli_prompt *p) {
     memset(p, 0, sizeof *p);
     if (n_audios && !m->omni)
         return mmc_error(MMC_ERR_INVALID, "audio input needs a Qwen2.5-Omni model (qwen2_5_omni_thinker or "
@@ -555,7 +563,9 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (m->llava) m->cproc.resize_mode = a->resize_mode;
     if (m->internvl) m->iproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
-    return prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->audios, a->n_audios, a->video, p);
+    cli_audio auds[CLI_MAX_IMAGES];
+    for (int i = 0; i < a->n_audios; i++) auds[i] = (cli_audio){.path = a->audios[i]};
+    return prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, auds, a->n_audios, a->video, p);
 }
 
 mmc_status cli_model_set_template(cli_model *m, const char *file, const char *name) {

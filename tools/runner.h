@@ -30,6 +30,8 @@ typedef struct {
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int64_t max_image_pixels; /* refuse larger image files (0: MMC_IMAGE_MAX_PIXELS_DEFAULT) */
+    double max_audio_seconds; /* refuse longer audio (0: the reader's MMC_AUDIO_MAX_SECONDS; the
+                                 feature extractor's window bounds it further) */
     mmc_qwen2vl_video_proc vproc; /* the video processor's own settings (mmc_video.h) */
     int64_t vocab_size;
     char base_dir[4096];      /* where config.json and the weights came from */
@@ -69,6 +71,19 @@ mmc_status cli_prompt_build(cli_model *m, const mmc_chat_message *msgs, int n_ms
                             const char *raw_text, const char *const *images, int n_images,
                             const char *video_dir, cli_prompt *p);
 void cli_prompt_free(cli_prompt *p);
+/* An audio attachment (Qwen2.5-Omni): a file, or encoded bytes in memory (WAV, MP3, ... as a
+ * served request sends them; name is used in messages). */
+typedef struct {
+    const char *path;
+    const void *data;
+    size_t n_data;
+    const char *name;
+} cli_audio;
+/* cli_prompt_build (chat template) with audio too: audios[i] goes with the i-th MMC_CHAT_AUDIO
+ * part of msgs, decoded (mmc_audio_load*_max with m->max_audio_seconds) and turned into features. */
+mmc_status cli_prompt_build_audio(cli_model *m, const mmc_chat_message *msgs, int n_msgs, const char *const *images,
+                                  int n_images, const cli_audio *audios, int n_audios, const char *video_dir,
+                                  cli_prompt *p);
 
 /* The prompt options generate and forward share: --model, --adapter, --prompt, --system,
  * --image (repeatable), --audio (repeatable; Qwen2.5-Omni), --audio-in-video, --video, --raw, --max-image-pixels, and the video sampling overrides

@@ -12,7 +12,8 @@
  * resampling happens and a 16-bit WAV gives exactly (sum of channels / C) / 32768.
  *
  * Limits: the stream is refused (before anything large is allocated where the header tells
- * the duration, else as soon as the decoded length passes it) beyond MMC_AUDIO_MAX_SECONDS;
+ * the duration, else as soon as the decoded length passes it) beyond MMC_AUDIO_MAX_SECONDS, or
+ * the caller's lower limit (mmc_audio_load_max / _mem_max: `mmc serve --max-audio-seconds`);
  * a file whose header promises much more audio than it holds is reported as truncated rather
  * than returned short.
  */
@@ -60,6 +61,7 @@ typedef struct {
     AVChannelLayout swr_layout;
     float *out;           /* [cap] mono samples at target_rate */
     int64_t n, cap, max_n;
+    double max_seconds;   /* the limit (MMC_AUDIO_MAX_SECONDS, or a caller's lower one) */
     int64_t src_samples;  /* decoded samples per channel at the source rate */
     int src_rate, src_channels;
     struct pipe_t *pipe;  /* decoder thread's queue (decode_pipelined) */
@@ -111,10 +113,17 @@ static void reader_close(reader *r) {
 }
 
 static mmc_status too_long(const reader *r, double seconds) {
+    if (r->max_seconds < MMC_AUDIO_MAX_SECONDS)   /* a caller's limit (a server's, say) */
+        return mmc_error(MMC_ERR_INVALID, "audio %s: %.1f s of audio is longer than the %g s allowed here; send a "
+                         "shorter clip", r->name, seconds, r->max_seconds);
     return mmc_error(MMC_ERR_INVALID, "audio %s: %.0f s of audio is longer than the %d s this reader decodes at once; "
                      "cut it into pieces first (ffmpeg -i IN -f segment -segment_time 3600 -c copy OUT%%03d.EXT)",
                      r->name, seconds, MMC_AUDIO_MAX_SECONDS);
 }
+
+/* What the limit lets pass beyond itself: 1 s for the reader's own, 0.1 s (encoder padding) for a
+ * caller's. */
+static double slack(const reader *r) { return r->max_seconds < MMC_AUDIO_MAX_SECONDS ? 0.1 : 1.0; }
 
 /* Room for k more output samples, refusing past the limit. */
 static mmc_status reserve(reader *r, int64_t k) {
@@ -198,7 +207,7 @@ static mmc_status take_frame(reader *r, AVFrame *f) {
         if (!r->src_rate) { r->src_rate = f->sample_rate; r->src_channels = f->ch_layout.nb_channels; }
     }
     r->src_samples += f->nb_samples;
-    if ((double)r->src_samples / f->sample_rate > MMC_AUDIO_MAX_SECONDS + 1.0)
+    if ((double)r->src_samples / f->sample_rate > r->max_seconds + slack(r))
         return too_long(r, (double)r->src_samples / f->sample_rate);
     return convert(r, (const uint8_t **)f->extended_data, f->nb_samples);
 }
@@ -384,7 +393,7 @@ static mmc_status open_common(reader *r) {
     double dur = -1;
     if (s->duration > 0 && s->time_base.num > 0 && s->time_base.den > 0) dur = (double)s->duration * av_q2d(s->time_base);
     else if (r->fmt->duration > 0) dur = (double)r->fmt->duration / AV_TIME_BASE;
-    if (dur > MMC_AUDIO_MAX_SECONDS + 1.0) return too_long(r, dur);
+    if (dur > r->max_seconds + slack(r)) return too_long(r, dur);
     if (!(r->dec = avcodec_alloc_context3(codec)) || !(r->pkt = av_packet_alloc()) || !(r->frame = av_frame_alloc()))
         return mmc_error(MMC_ERR_OOM, "audio %s: out of memory", r->name);
     if ((e = avcodec_parameters_to_context(r->dec, s->codecpar)) < 0)
@@ -439,13 +448,23 @@ static AVDictionary *open_opts(void) {
     return o;
 }
 
+/* max_seconds in (0, MMC_AUDIO_MAX_SECONDS]: the limit; anything else: MMC_AUDIO_MAX_SECONDS */
+static void set_limit(reader *r, double max_seconds) {
+    r->max_seconds = max_seconds > 0 && max_seconds < MMC_AUDIO_MAX_SECONDS ? max_seconds : MMC_AUDIO_MAX_SECONDS;
+    r->max_n = (int64_t)ceil(r->max_seconds * r->target_rate) + r->target_rate;
+}
+
 mmc_status mmc_audio_load(const char *path, int target_rate, mmc_audio *out) {
+    return mmc_audio_load_max(path, target_rate, 0, out);
+}
+
+mmc_status mmc_audio_load_max(const char *path, int target_rate, double max_seconds, mmc_audio *out) {
     memset(out, 0, sizeof *out);
     quiet_once();
     reader r = {.name = path, .target_rate = target_rate};
     mmc_status st = check_rate(path, target_rate);
     if (st) return st;
-    r.max_n = (int64_t)MMC_AUDIO_MAX_SECONDS * target_rate + target_rate;
+    set_limit(&r, max_seconds);
     struct stat sb;
     bool regular = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
     if (regular && sb.st_size == 0) return mmc_error(MMC_ERR_FORMAT, "audio %s: the file is empty", path);
@@ -466,6 +485,11 @@ mmc_status mmc_audio_load(const char *path, int target_rate, mmc_audio *out) {
 }
 
 mmc_status mmc_audio_load_mem(const void *data, size_t size, const char *name, int target_rate, mmc_audio *out) {
+    return mmc_audio_load_mem_max(data, size, name, target_rate, 0, out);
+}
+
+mmc_status mmc_audio_load_mem_max(const void *data, size_t size, const char *name, int target_rate, double max_seconds,
+                                  mmc_audio *out) {
     memset(out, 0, sizeof *out);
     quiet_once();
     reader r = {.name = name ? name : "(memory)", .target_rate = target_rate, .mem = data, .mem_len = size};
@@ -473,7 +497,7 @@ mmc_status mmc_audio_load_mem(const void *data, size_t size, const char *name, i
     if (st) return st;
     if (size == 0) return mmc_error(MMC_ERR_FORMAT, "audio %s: the file is empty", r.name);
     if ((st = wav_check(&r, data, size < 4096 ? size : 4096, (int64_t)size))) return st;
-    r.max_n = (int64_t)MMC_AUDIO_MAX_SECONDS * target_rate + target_rate;
+    set_limit(&r, max_seconds);
     uint8_t *buf = av_malloc(4096);
     if (!buf || !(r.mem_io = avio_alloc_context(buf, 4096, 0, &r, mem_read, NULL, mem_seek)) ||
         !(r.fmt = avformat_alloc_context())) {

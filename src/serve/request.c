@@ -1,9 +1,11 @@
 /* request.c — the request parser of `mmc serve`: a JSON body of POST /v1/chat/completions or
  * /v1/completions -> mmc_serve_request, with the field names, types and ranges of OpenAI's API
- * reference (Chat Completions: messages with string or part-list content, text and image_url
- * parts; Completions: prompt). Images are base64 data: URIs (decoded here) or, only when the
- * server has a media root, local paths resolved inside it; URLs are refused (no network
- * fetch). Every error is a 400 in OpenAI's shape naming the parameter. */
+ * reference (Chat Completions: messages with string or part-list content, text, image_url and
+ * input_audio parts, and vLLM's audio_url; Completions: prompt). Images and audio are base64
+ * (input_audio.data, or data: URIs; decoded here) or, only when the server has a media root,
+ * local paths resolved inside it; URLs are refused (no network fetch). The audio's bytes are
+ * decoded later, by the backend (mmc_audio_load_mem_max). Every error is a 400 in OpenAI's shape
+ * naming the parameter. */
 #include "mmc_serve.h"
 #include "mmc_json_constraint.h"
 
@@ -20,6 +22,8 @@ void mmc_serve_limits_default(mmc_serve_limits *l) {
                             .max_json_depth = 32,
                             .max_images = 8,
                             .max_image_pixels = 16 << 20,
+                            .max_audios = 8,
+                            .max_audio_seconds = 300,
                             .max_prompt_tokens = 0,
                             .max_output_tokens = 2048,
                             .max_request_seconds = 600,
@@ -156,36 +160,74 @@ static bool get_bool(const cJSON *root, const char *key, bool *out, mmc_serve_er
     return true;
 }
 
-/* An image_url part's url -> bytes (data: URI) or a resolved path under media_root. */
-static bool image_source(const char *url, const char *param, const char *media_root, mmc_serve_part *p,
-                         mmc_serve_error *err) {
+/* An image_url / audio_url part's url -> bytes (data: URI) or a resolved path under media_root;
+ * what: "image" or "audio" (in the messages and codes). */
+static bool media_source(const char *url, const char *what, const char *param, const char *media_root,
+                         mmc_serve_part *p, mmc_serve_error *err) {
+    char code_fmt[32], code_url[32];
+    snprintf(code_fmt, sizeof code_fmt, "invalid_%s_format", what);
+    snprintf(code_url, sizeof code_url, "invalid_%s_url", what);
     if (!strncmp(url, "data:", 5)) {
         const char *b = strstr(url, ";base64,");
         const char *comma = strchr(url, ',');
         if (!b || b > comma)
-            return BAD(param, "Invalid image data URI: only base64 data URIs (data:image/...;base64,...) are supported.");
+            return BAD(param, "Invalid %s data URI: only base64 data URIs (data:%s/...;base64,...) are supported.", what,
+                       what);
         b += 8;
         if (!mmc_serve_base64_decode(b, strlen(b), &p->data, &p->n_data) || p->n_data == 0)
-            return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_format",
-                                  "Invalid base64 in the image data URI.");
+            return mmc_serve_fail(err, 400, "invalid_request_error", param, code_fmt,
+                                  "Invalid base64 in the %s data URI.", what);
         return true;
     }
     if (strstr(url, "://") && strncmp(url, "file://", 7) != 0)
-        return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_url",
-                              "This server does not fetch image URLs; send the image as a base64 data URI.");
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, code_url,
+                              "This server does not fetch %s URLs; send the %s as a base64 data URI.", what, what);
     if (!media_root)
-        return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_url",
-                              "Local image paths are disabled (the server has no --media-root); send a data URI.");
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, code_url,
+                              "Local %s paths are disabled (the server has no --media-root); send a data URI.", what);
     const char *path = !strncmp(url, "file://", 7) ? url + 7 : url;
     char joined[PATH_MAX * 2], real[PATH_MAX];
     if (path[0] == '/') snprintf(joined, sizeof joined, "%s", path);
     else snprintf(joined, sizeof joined, "%s/%s", media_root, path);
     size_t rl = strlen(media_root);
     if (!realpath(joined, real) || strncmp(real, media_root, rl) != 0 || (real[rl] != '/' && real[rl] != 0))
-        return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_image_url",
-                              "Image path '%.200s' is not a readable file under the server's media root.", path);
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, code_url,
+                              "%s path '%.200s' is not a readable file under the server's media root.",
+                              what[0] == 'i' ? "Image" : "Audio", path);
     p->path = dup_str(real);
     return p->path != NULL;
+}
+
+/* Formats input_audio.format may name: OpenAI's wav and mp3, and what else the decoder reads
+ * (the bytes are probed; the format must only be one of these). */
+static const char *const audio_formats[] = {"wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "webm"};
+
+/* An input_audio part ({"data": base64, "format": ...}) or an audio_url part ({"url": data: URI
+ * or a path under the media root}, or the url string itself) -> p's bytes or path. */
+static bool audio_part(const cJSON *it, const char *type, const char *param, const char *media_root, mmc_serve_part *p,
+                       mmc_serve_error *err) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(it, type);
+    if (!strcmp(type, "audio_url")) {
+        if (cJSON_IsObject(o)) o = cJSON_GetObjectItemCaseSensitive(o, "url");
+        if (!cJSON_IsString(o)) return BAD(param, "Invalid content part %s: audio_url.url must be a string.", param);
+        return media_source(o->valuestring, "audio", param, media_root, p, err);
+    }
+    if (!cJSON_IsObject(o))
+        return BAD(param, "Invalid content part %s: input_audio must be an object with 'data' and 'format'.", param);
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "data"), *f = cJSON_GetObjectItemCaseSensitive(o, "format");
+    if (!cJSON_IsString(d)) return BAD(param, "Invalid content part %s: input_audio.data must be a base64 string.", param);
+    if (!cJSON_IsString(f)) return BAD(param, "Invalid content part %s: input_audio.format must be a string.", param);
+    bool known = false;
+    for (size_t i = 0; i < sizeof audio_formats / sizeof audio_formats[0]; i++) known |= !strcmp(f->valuestring, audio_formats[i]);
+    if (!known)
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, "unsupported_audio_format",
+                              "Unsupported input_audio.format '%.20s': this server takes wav, mp3, flac, ogg, opus, "
+                              "m4a, aac or webm.", f->valuestring);
+    if (!mmc_serve_base64_decode(d->valuestring, strlen(d->valuestring), &p->data, &p->n_data) || p->n_data == 0)
+        return mmc_serve_fail(err, 400, "invalid_request_error", param, "invalid_audio_format",
+                              "Invalid base64 in input_audio.data (standard base64, no line breaks).");
+    snprintf(p->format, sizeof p->format, "%s", f->valuestring);
+    return true;
 }
 
 static bool parse_content(const cJSON *c, int mi, const mmc_serve_limits *lim, const char *media_root,
@@ -222,10 +264,16 @@ static bool parse_content(const cJSON *c, int mi, const mmc_serve_limits *lim, c
             if (++r->n_images > lim->max_images)
                 return mmc_serve_fail(err, 400, "invalid_request_error", "messages", "too_many_images",
                                       "Too many images: at most %d per request.", lim->max_images);
-            if (!image_source(u->valuestring, param, media_root, p, err)) return false;
+            if (!media_source(u->valuestring, "image", param, media_root, p, err)) return false;
+        } else if (!strcmp(t->valuestring, "input_audio") || !strcmp(t->valuestring, "audio_url")) {
+            p->type = MMC_CHAT_AUDIO;
+            if (++r->n_audios > lim->max_audios)
+                return mmc_serve_fail(err, 400, "invalid_request_error", "messages", "too_many_audios",
+                                      "Too many audio parts: at most %d per request.", lim->max_audios);
+            if (!audio_part(it, t->valuestring, param, media_root, p, err)) return false;
         } else
-            return BAD(param, "Unsupported content part type '%.40s' (this server takes 'text' and 'image_url').",
-                       t->valuestring);
+            return BAD(param, "Unsupported content part type '%.40s' (this server takes 'text', 'image_url', "
+                       "'input_audio' and 'audio_url').", t->valuestring);
     }
     return true;
 }
