@@ -105,6 +105,7 @@ mmc_status mmc_vae_config_read(const mmc_json *cfg, const char *what, mmc_vae_co
  * .index.json): f32 / bf16 / f16, computed in f32. Every missing or mis-shaped tensor is
  * reported. Old checkpoints' attention names (query/key/value/proj_attn) are accepted. */
 mmc_status mmc_vae_load(const char *dir, mmc_vae **out);
+mmc_status mmc_vae_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_vae **out);   /* as mmc_unet_load_st */
 void mmc_vae_free(mmc_vae *v);
 const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v);
 int64_t mmc_vae_param_count(const mmc_vae *v);
@@ -279,6 +280,10 @@ mmc_status mmc_unet_config_read(const mmc_json *cfg, const char *what, mmc_unet_
 /* Load from a unet/ folder (config.json + diffusion_pytorch_model safetensors, single or sharded;
  * f32 / bf16 / f16, computed in f32). Every missing or mis-shaped tensor is listed. */
 mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out);
+/* The same with the weights taken from `weights` (diffusers names; taken, closed on failure too), config.json
+ * from config_dir; `what` names the weights in errors (a single-file checkpoint: src/diffusion/single_file.c). */
+mmc_status mmc_unet_load_st(const char *config_dir, mmc_st *weights, const char *what, bool trainable,
+                            mmc_unet **out);
 void mmc_unet_free(mmc_unet *m);
 const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m);
 int64_t mmc_unet_param_count(const mmc_unet *m);
@@ -366,8 +371,29 @@ mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, f
  * rebuilds T5Tokenizer (MMC_T5_PIPELINE_TRANSFORMERS5), as diffusers runs it. */
 mmc_status mmc_pipe_clip_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
                                 int B, mmc_tensor **penultimate, mmc_tensor **pooled, mmc_tensor **text_embeds);
+/* The same with the encoder's weights from `weights` (taken; mmc_clip_text_load_st), config.json from enc_dir. */
+mmc_status mmc_pipe_clip_encode_st(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, mmc_st *weights,
+                                   const char *what, const char *const *prompts, int B, mmc_tensor **penultimate,
+                                   mmc_tensor **pooled, mmc_tensor **text_embeds);
 mmc_status mmc_pipe_t5_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
                               int B, int max_sequence_length, mmc_tensor **states);
+
+/* ---------------------------------------------------------------- single-file checkpoints
+ * One .safetensors in the original LDM / SGM layout (SD 1.x, SDXL base and refiner), converted as diffusers'
+ * from_single_file converts it: src/diffusion/single_file.c. Each component comes out as a set of diffusers
+ * names viewing the file (valid while the mmc_single_file lives), for mmc_unet_load_st and the like. */
+typedef enum { MMC_SF_SDXL_BASE, MMC_SF_SDXL_REFINER, MMC_SF_SD1 } mmc_single_file_kind;
+typedef struct mmc_single_file mmc_single_file;
+mmc_status mmc_single_file_open(const char *path, mmc_single_file **out);
+void mmc_single_file_free(mmc_single_file *sf);
+mmc_single_file_kind mmc_single_file_get_kind(const mmc_single_file *sf);
+const char *mmc_single_file_kind_name(mmc_single_file_kind k);
+const char *mmc_single_file_path(const mmc_single_file *sf);
+/* The UNet (layers_per_block from cfg), the VAE (its levels from cfg), text encoder 0 (CLIP-L) or 1 (OpenCLIP
+ * bigG, the SDXL text_encoder_2). Errors name the file and the first tensor that fits no rule. */
+mmc_status mmc_single_file_unet(mmc_single_file *sf, const mmc_unet_config *cfg, mmc_st **out);
+mmc_status mmc_single_file_vae(mmc_single_file *sf, const mmc_vae_config *cfg, mmc_st **out);
+mmc_status mmc_single_file_text_encoder(mmc_single_file *sf, int which, mmc_st **out);
 
 /* ---------------------------------------------------------------- StableDiffusion3Pipeline
  * text -> image from a StableDiffusion3Pipeline folder: src/diffusion/sd3_pipeline.c. Prompt
@@ -546,6 +572,10 @@ float mmc_nsched_snr(const mmc_nsched *s, int64_t t);
  * prompt_embeds = the CLIPTextModel's last_hidden_state, pooled NULL, no add_time_ids, never zeros. */
 typedef struct mmc_sdxl_pipeline mmc_sdxl_pipeline;
 mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out);
+/* A single-file checkpoint (SD 1.x or SDXL base, mmc_single_file_open) with the diffusers folder that gives its
+ * configs, tokenizers and scheduler (config_dir; its weights, if any, are not read). NULL config_dir is an
+ * error saying so. */
+mmc_status mmc_sdxl_pipeline_open_single_file(const char *file, const char *config_dir, mmc_sdxl_pipeline **out);
 void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p);
 int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p);
 bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p);     /* model_index.json's force_zeros_for_empty_prompt */

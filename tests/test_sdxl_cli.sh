@@ -103,6 +103,22 @@ expect_rc 0 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --ste
 expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
   --scheduler $S/scheduler_ddim --out "$T/sd.png"
 if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi
+# single-file checkpoints (tests/fixtures/sdxl_single: their numerics in test_sdxl_single_file): --model FILE with
+# the --config folder of configs and tokenizers; without --config the error says to pass it; --config with a folder
+F=tests/fixtures/sdxl_single
+expect_rc 0 "$MMC" generate-image --model $F/sdxl.safetensors --config $P --prompt "a red circle" --width 24 --height 16 \
+  --steps 2 --seed 3 --out "$T/sf.png"
+if grep -aq "mmc generate-image (StableDiffusionXLPipeline)" "$T/sf.png" && ! cmp -s "$T/sf.png" "$T/s1.png"; then ok
+else bad "single-file PNG"; fi
+expect_rc 0 "$MMC" generate-image --model $F/sd15.safetensors --config $S --scheduler $S/scheduler_ddim \
+  --prompt "a red circle" --width 24 --height 16 --steps 2 --out "$T/sf15.png"
+if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sf15.png"; then ok; else bad "SD 1.x single-file PNG"; fi
+expect_rc 1 "$MMC" generate-image --model $F/sdxl.safetensors --prompt "x" --width 24 --height 16 --out "$T/x.png"
+expect_err "\-\-config DIR"
+expect_rc 1 "$MMC" generate-image --model $F/sdxl.safetensors --config $S --prompt "x" --width 24 --height 16 --out "$T/x.png"
+expect_err "StableDiffusionPipeline"
+expect_rc 2 "$MMC" generate-image --model $P --config $P --prompt "x" --out "$T/x.png"
+expect_err "single-file"
 # ---- mmc train on the SDXL pipeline (the DDPM objective of train_text_to_image_(lora_)sdxl.py): LoRA on the
 # scripts' targets with offset noise and a validation image; generate-image --lora with the result; diffusers'
 # load_lora_weights reads the adapter; full fine-tuning with min-SNR v_prediction, resumed bit-exactly; SD 1.x

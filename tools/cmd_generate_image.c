@@ -11,11 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void help_generate_image(FILE *f) {
     fprintf(f,
-            "usage: mmc generate-image --model DIR --prompt TEXT [options]\n\n"
+            "usage: mmc generate-image --model DIR --prompt TEXT [options]\n"
+            "       mmc generate-image --model FILE.safetensors --config DIR --prompt TEXT [options]\n\n"
             "Generate images with a diffusers FluxPipeline folder (model_index.json, transformer/, vae/,\n"
             "text_encoder/ (CLIP), text_encoder_2/ (T5), tokenizers, scheduler/), the way diffusers'\n"
             "FluxPipeline does: same sigmas and shift, same guidance, same VAE scaling; or with a\n"
@@ -27,7 +29,13 @@ void help_generate_image(FILE *f) {
             "folder likewise (--guidance default 7.5). Text encoders are freed before the denoising\n"
             "loop. Images are PNGs whose tEXt chunks hold the prompt and every setting.\n\n"
             "options:\n"
-            "  --model DIR             the pipeline folder (required)\n"
+            "  --model DIR|FILE        the pipeline folder (required); or a single-file SD 1.x / SDXL\n"
+            "                          checkpoint (one .safetensors in the original LDM / SGM layout, as\n"
+            "                          Civitai and the Hub ship them), converted as diffusers' from_single_file\n"
+            "  --config DIR            with a single-file --model: the diffusers folder of the same model\n"
+            "                          that gives the configs, tokenizers and scheduler (its weights are not\n"
+            "                          read), as from_single_file(config=DIR); e.g. the model's Hub repo\n"
+            "                          downloaded without its weights\n"
             "  --prompt TEXT           the prompt (required)\n"
             "  --negative-prompt TEXT  with --true-cfg > 1: a second pass per step against this prompt\n"
             "  --width W --height H    image size in pixels (default 1024 x 1024); multiples of 2 x the\n"
@@ -132,10 +140,12 @@ static float cli_lora_spec(const char *spec, char *path, size_t cap) {
 /* What the command was asked, for the PNG text chunks and the report. */
 typedef struct {
     const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline, *scheduler;
+    const char *config;       /* --config DIR: the configs and tokenizers of a single-file --model */
     double strength, guidance, true_cfg;
     long long width, height, steps, seed, maxlen;
     bool json;
     bool size_from_model;     /* neither --width nor --height: the UNet pipelines take the model's size */
+    bool single_file;         /* --model is one .safetensors in the original LDM / SGM layout */
 } gi_args;
 
 /* images [B, 3, H, W] in [0, 1] -> PNGs (numpy_to_pil: (x * 255).round() to uint8, HWC) with the
@@ -266,7 +276,8 @@ static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
         return cli_usage("generate-image", "--init-image and --true-cfg are not wired for SDXL / SD pipelines "
                          "yet (they guide with --guidance)");
     mmc_sdxl_pipeline *p = NULL;
-    mmc_status st = mmc_sdxl_pipeline_open(a->model, &p);
+    mmc_status st = a->single_file ? mmc_sdxl_pipeline_open_single_file(a->model, a->config, &p)
+                                   : mmc_sdxl_pipeline_open(a->model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
     if (a->size_from_model) a->width = a->height = mmc_sdxl_default_size(p);   /* as the pipelines default */
     if ((st = mmc_sdxl_check_size(p, (int)a->height, (int)a->width))) {
@@ -341,7 +352,7 @@ done:
 
 int cmd_generate_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
-    const char *init_image = NULL, *scheduler = NULL;
+    const char *init_image = NULL, *scheduler = NULL, *config = NULL;
     double strength = 0.6;
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
@@ -359,6 +370,7 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--latents")) latents_path = v;
         else if (!strcmp(a, "--init-image")) init_image = v;
         else if (!strcmp(a, "--scheduler")) scheduler = v;
+        else if (!strcmp(a, "--config")) config = v;
         else if (!strcmp(a, "--strength")) { if (!cli_float(a, v, 0, 1, &strength)) return CLI_USAGE; }
         else if (!strcmp(a, "--lora")) {
             if (lora) return cli_usage("generate-image", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
@@ -385,6 +397,23 @@ int cmd_generate_image(int argc, char **argv) {
                   .strength = strength,
                   .guidance = guidance, .true_cfg = true_cfg, .width = width, .height = height, .steps = steps,
                   .seed = seed, .maxlen = maxlen, .json = json};
+    struct stat sb;
+    if (stat(model, &sb) == 0 && S_ISREG(sb.st_mode)) {   /* a single-file SD 1.x / SDXL checkpoint */
+        mmc_single_file *sf = NULL;
+        mmc_status st = mmc_single_file_open(model, &sf);
+        if (st) return cli_fail(st, "cannot open --model %s", model);
+        const bool xl = mmc_single_file_get_kind(sf) != MMC_SF_SD1;
+        mmc_single_file_free(sf);
+        ga.pipeline = xl ? "StableDiffusionXLPipeline" : "StableDiffusionPipeline";
+        ga.config = config, ga.single_file = true;
+        if (!guidance_given) ga.guidance = xl ? 5.0 : 7.5;
+        if (!steps_given) ga.steps = 50;
+        ga.size_from_model = !size_given;
+        return run_sdxl(&ga, (int)batch, tiled, &ps);
+    }
+    if (config)
+        return cli_usage("generate-image", "--config DIR goes with a single-file --model (one .safetensors); %s is "
+                         "a folder", model);
     {   /* which pipeline (model_index.json's _class_name): SD3 and SDXL folders take their own paths */
         mmc_diffusers_dir d;
         const bool opened = mmc_diffusers_open(model, &d) == MMC_OK;

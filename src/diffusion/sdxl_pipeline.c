@@ -35,6 +35,7 @@ struct mmc_sdxl_pipeline {
     mmc_lora_set *lora;               /* an adapter on the UNet (mmc_sdxl_pipeline_load_lora) */
     bool borrowed;                    /* the UNet belongs to the caller (mmc_sdxl_pipeline_borrow_unet) */
     mmc_vae *vae;
+    mmc_single_file *sf;              /* the weights come from a single-file checkpoint (the folder gives configs) */
     bool sdxl;                        /* StableDiffusionXLPipeline (else StableDiffusionPipeline) */
     bool force_zeros;                 /* force_zeros_for_empty_prompt (SDXL only) */
     bool have_sched;                  /* the folder's scheduler loaded (or one set since) */
@@ -43,13 +44,46 @@ struct mmc_sdxl_pipeline {
 };
 enum { X_UNET, X_VAE, X_SCHED, X_TE1, X_TE2 };
 
-mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out) {
+/* A folder of configs and tokenizers for a single-file checkpoint: model_index.json names the pipeline; the
+ * component folders need their config.json only (as diffusers' from_single_file(config=...) reads them). */
+static mmc_status open_config_dir(const char *dir, const mmc_single_file *sf, mmc_diffusers_dir *d) {
+    memset(d, 0, sizeof *d);
+    snprintf(d->dir, sizeof d->dir, "%s", dir);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    mmc_json *j = NULL;
+    const char *cls = NULL;
+    mmc_status st = mmc_json_load(path, &j);
+    if (st) return mmc_error_prefix(st, "--config (the diffusers folder of configs and tokenizers a single-file "
+                                    "checkpoint needs): ");
+    if (!(st = mmc_json_str(j, "_class_name", "", &cls))) snprintf(d->pipeline, sizeof d->pipeline, "%s", cls);
+    mmc_json_free(j);
+    if (st) return st;
+    const mmc_single_file_kind k = mmc_single_file_get_kind(sf);
+    const bool xl = !strcmp(d->pipeline, "StableDiffusionXLPipeline") ||
+                    !strcmp(d->pipeline, "StableDiffusionXLImg2ImgPipeline");
+    const bool ok = k == MMC_SF_SD1 ? !strcmp(d->pipeline, "StableDiffusionPipeline") ||
+                                          !strcmp(d->pipeline, "StableDiffusionImg2ImgPipeline")
+                                    : k == MMC_SF_SDXL_BASE && xl;
+    if (!ok)
+        return mmc_error(k == MMC_SF_SDXL_REFINER ? MMC_ERR_UNSUPPORTED : MMC_ERR_INVALID,
+                         "%s: an %s checkpoint, but the config folder %s is a %s%s", mmc_single_file_path(sf),
+                         mmc_single_file_kind_name(k), dir, d->pipeline[0] ? d->pipeline : "(no _class_name)",
+                         k == MMC_SF_SDXL_REFINER ? " (single-file SDXL refiners are not read yet)" : "");
+    /* the folder's own pipeline class decides below; an Img2Img config folder runs as its text-to-image twin */
+    if (xl) snprintf(d->pipeline, sizeof d->pipeline, "StableDiffusionXLPipeline");
+    else snprintf(d->pipeline, sizeof d->pipeline, "StableDiffusionPipeline");
+    return MMC_OK;
+}
+
+static mmc_status open_common(const char *dir, mmc_single_file *sf, mmc_sdxl_pipeline **out) {
     *out = NULL;
     mmc_sdxl_pipeline *p = calloc(1, sizeof *p);
-    if (!p) return mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!p) { mmc_single_file_free(sf); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    p->sf = sf;
     mmc_json *j = NULL;
     char path[1100];
-    mmc_status st = mmc_diffusers_open(dir, &p->dir);
+    mmc_status st = sf ? open_config_dir(dir, sf, &p->dir) : mmc_diffusers_open(dir, &p->dir);
     if (st) goto fail;
     p->sdxl = !strcmp(p->dir.pipeline, "StableDiffusionXLPipeline");
     if (!p->sdxl && strcmp(p->dir.pipeline, "StableDiffusionPipeline") != 0) {
@@ -91,19 +125,61 @@ fail:
     return st;
 }
 
+mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out) { return open_common(dir, NULL, out); }
+
+mmc_status mmc_sdxl_pipeline_open_single_file(const char *file, const char *config_dir, mmc_sdxl_pipeline **out) {
+    *out = NULL;
+    mmc_single_file *sf = NULL;
+    mmc_status st = mmc_single_file_open(file, &sf);
+    if (st) return st;
+    if (!config_dir) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: an %s single-file checkpoint holds no configs or tokenizers: pass the "
+                       "diffusers folder they come from with --config DIR (as diffusers' from_single_file(config=...); "
+                       "the model's Hub repo downloaded without its weights will do)", file,
+                       mmc_single_file_kind_name(mmc_single_file_get_kind(sf)));
+        mmc_single_file_free(sf);
+        return st;
+    }
+    return open_common(config_dir, sf, out);
+}
+
 void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p) {
     if (!p) return;
     mmc_lora_free(p->lora);           /* detaches from the UNet, so before it goes */
     if (!p->borrowed) mmc_unet_free(p->unet);
     mmc_vae_free(p->vae);
     mmc_nsched_free(&p->sched);
+    mmc_single_file_free(p->sf);      /* after the models that view its mapping */
     free(p);
+}
+
+/* The components, from the folder or from the single file with the folder's config.json */
+static mmc_status load_unet(mmc_sdxl_pipeline *p) {
+    if (p->unet) return MMC_OK;
+    if (!p->sf) return mmc_unet_load(p->path[X_UNET], false, &p->unet);
+    mmc_st *w = NULL;
+    mmc_status st = mmc_single_file_unet(p->sf, &p->unet_cfg, &w);
+    return st ? st : mmc_unet_load_st(p->path[X_UNET], w, mmc_single_file_path(p->sf), false, &p->unet);
+}
+
+static mmc_status load_vae(mmc_sdxl_pipeline *p) {
+    if (p->vae) return MMC_OK;
+    if (!p->sf) return mmc_vae_load(p->path[X_VAE], &p->vae);
+    mmc_st *w = NULL;
+    mmc_status st = mmc_single_file_vae(p->sf, &p->vae_cfg, &w);
+    return st ? st : mmc_vae_load_st(p->path[X_VAE], w, mmc_single_file_path(p->sf), &p->vae);
+}
+
+/* text encoder `which` (0, 1) as an mmc_st of the single file's, or NULL (*w) from the folder */
+static mmc_status te_weights(mmc_sdxl_pipeline *p, int which, mmc_st **w) {
+    *w = NULL;
+    return p->sf ? mmc_single_file_text_encoder(p->sf, which, w) : MMC_OK;
 }
 
 mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight) {
     if (p->lora) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
     mmc_status st;
-    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], false, &p->unet))) return st;
+    if ((st = load_unet(p))) return st;
     mmc_module_list ml = {0};
     st = mmc_unet_linears(p->unet, &ml);
     if (!st) st = mmc_lora_load_diffusers(path, "unet", &ml, weight, false, &p->lora);
@@ -156,8 +232,13 @@ static mmc_status sd_encode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *cons
     char tok[1100];
     const bool was = mmc_set_grad_enabled(ctx, false);
     mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);
+    mmc_st *w = NULL;
     mmc_status st;
-    if ((st = mmc_clip_tokenizer_load(tok, &ct)) || (st = mmc_clip_text_load(p->path[X_TE1], &m))) goto done;
+    if ((st = te_weights(p, 0, &w))) goto done;
+    if ((st = mmc_clip_tokenizer_load(tok, &ct))) { mmc_st_close(w); goto done; }
+    st = w ? mmc_clip_text_load_st(p->path[X_TE1], w, mmc_single_file_path(p->sf), &m)
+           : mmc_clip_text_load(p->path[X_TE1], &m);
+    if (st) goto done;
     const int L = mmc_clip_tokenizer_model_max_length(ct);
     mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L));
     for (int b = 0; b < B && !st; b++)
@@ -186,10 +267,16 @@ mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char
     mmc_tensor *h[2] = {0}, *pooled = NULL;
     char tok[1100];
     mmc_status st;
+    const char *what = p->sf ? mmc_single_file_path(p->sf) : NULL;
+    mmc_st *w = NULL;
     mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);
-    if ((st = mmc_pipe_clip_encode(ctx, tok, p->path[X_TE1], prompts, B, &h[0], NULL, NULL))) goto done;
+    if ((st = te_weights(p, 0, &w)) ||
+        (st = mmc_pipe_clip_encode_st(ctx, tok, p->path[X_TE1], w, what, prompts, B, &h[0], NULL, NULL)))
+        goto done;
     mmc_diffusers_path(&p->dir, "tokenizer_2", "", tok, sizeof tok);
-    if ((st = mmc_pipe_clip_encode(ctx, tok, p->path[X_TE2], prompts, B, &h[1], NULL, &pooled))) goto done;
+    if ((st = te_weights(p, 1, &w)) ||
+        (st = mmc_pipe_clip_encode_st(ctx, tok, p->path[X_TE2], w, what, prompts, B, &h[1], NULL, &pooled)))
+        goto done;
     const int64_t L = h[0]->shape[1], C0 = h[0]->shape[2], C1 = h[1]->shape[2], P = pooled->shape[1];
     const mmc_unet_config *u = &p->unet_cfg;
     const int64_t want_p = u->projection_class_embeddings_input_dim - 6 * u->addition_time_embed_dim;
@@ -265,7 +352,7 @@ mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_co
     if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
     if (!p->have_sched)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s (set another scheduler: generate-image --scheduler DIR)", p->sched_err);
-    if (!p->unet && (st = mmc_unet_load(p->path[X_UNET], false, &p->unet))) return st;
+    if ((st = load_unet(p))) return st;
     if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
     const int64_t n = mmc_numel(latents), B2 = cfg ? 2 * B : B;
@@ -329,7 +416,7 @@ mmc_status mmc_sdxl_decode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_tensor 
         mmc_unet_free(p->unet);
         p->unet = NULL;
     }
-    if (!p->vae && (st = mmc_vae_load(p->path[X_VAE], &p->vae))) return st;
+    if ((st = load_vae(p))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
     mmc_tensor *z = mmc_new(ctx, MMC_F32, 4, latents->shape);
     memcpy(z->data, latents->data, mmc_nbytes(z));

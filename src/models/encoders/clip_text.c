@@ -70,20 +70,24 @@ void mmc_clip_text_free(mmc_clip_text *m) {
     free(m);
 }
 
-mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) {
+/* dir holds config.json; the weights are its model.safetensors, or `from` (taken) */
+static mmc_status clip_text_load(const char *dir, mmc_st *from, const char *what, mmc_clip_text **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *j = NULL;
+    mmc_clip_text *m = NULL;
     mmc_status st = mmc_json_load(path, &j);
-    if (st) return st;
-    mmc_clip_text *m = calloc(1, sizeof *m);
+    if (st) goto fail;
+    m = calloc(1, sizeof *m);
     if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mmc_clip_text_config_read(j, path, &m->cfg))) goto fail;
     mmc_clip_text_config *c = &m->cfg;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    if ((st = mw_open(dir, "model", &m->w))) goto fail;
+    st = from ? mw_adopt(from, &m->w) : mw_open(dir, "model", &m->w);
+    from = NULL;
+    if (st) goto fail;
     mw_set *w = &m->w;
     const char *pre = mmc_st_find(w->st, "text_model.embeddings.token_embedding.weight") ? "text_model." : "";
     /* the projection is bound where the class says so or the checkpoint has one */
@@ -101,15 +105,22 @@ mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) {
     mw_bind(w, pre, "final_layer_norm.weight", &m->ln_f_w, 1, MMC_SHAPE(C));
     mw_bind(w, pre, "final_layer_norm.bias", &m->ln_f_b, 1, MMC_SHAPE(C));
     if (c->with_projection) mw_bind(w, "", "text_projection.weight", &m->proj, 2, MMC_SHAPE(c->projection_dim, C));
-    if ((st = mw_status(w, dir, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
+    if ((st = mw_status(w, what, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
         goto fail;
     mmc_json_free(j);
     *out = m;
     return MMC_OK;
 fail:
+    if (from) mmc_st_close(from);
     mmc_json_free(j);
     mmc_clip_text_free(m);
     return st;
+}
+
+mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) { return clip_text_load(dir, NULL, dir, out); }
+
+mmc_status mmc_clip_text_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_clip_text **out) {
+    return clip_text_load(config_dir, weights, what, out);
 }
 
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
