@@ -19,6 +19,8 @@
 
 #include <stdio.h>
 
+struct mmc_clip_text;   /* mmc_encoders.h */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -371,10 +373,17 @@ mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, f
  * rebuilds T5Tokenizer (MMC_T5_PIPELINE_TRANSFORMERS5), as diffusers runs it. */
 mmc_status mmc_pipe_clip_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
                                 int B, mmc_tensor **penultimate, mmc_tensor **pooled, mmc_tensor **text_embeds);
-/* The same with the encoder's weights from `weights` (taken; mmc_clip_text_load_st), config.json from enc_dir. */
-mmc_status mmc_pipe_clip_encode_st(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, mmc_st *weights,
-                                   const char *what, const char *const *prompts, int B, mmc_tensor **penultimate,
-                                   mmc_tensor **pooled, mmc_tensor **text_embeds);
+/* The same with the encoder loaded as `lo` says: its weights from lo->weights (taken; mmc_clip_text_load_st, named
+ * lo->what in errors) else enc_dir's, and lo->patch called on it once loaded (a kohya LoRA merged in). */
+typedef struct {
+    mmc_st *weights;
+    const char *what;
+    mmc_status (*patch)(void *user, struct mmc_clip_text *m);
+    void *user;
+} mmc_clip_load;
+mmc_status mmc_pipe_clip_encode_st(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const mmc_clip_load *lo,
+                                   const char *const *prompts, int B, mmc_tensor **penultimate, mmc_tensor **pooled,
+                                   mmc_tensor **text_embeds);
 mmc_status mmc_pipe_t5_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
                               int B, int max_sequence_length, mmc_tensor **states);
 
@@ -394,6 +403,21 @@ const char *mmc_single_file_path(const mmc_single_file *sf);
 mmc_status mmc_single_file_unet(mmc_single_file *sf, const mmc_unet_config *cfg, mmc_st **out);
 mmc_status mmc_single_file_vae(mmc_single_file *sf, const mmc_vae_config *cfg, mmc_st **out);
 mmc_status mmc_single_file_text_encoder(mmc_single_file *sf, int which, mmc_st **out);
+
+/* ---------------------------------------------------------------- kohya / A1111 LoRA files
+ * lora_unet_* / lora_te_* / lora_te1_* / lora_te2_* keys with lora_down / lora_up / alpha, converted as diffusers'
+ * load_lora_weights does: src/diffusion/lora_kohya.c. Open reads and checks the whole file (every key kohya
+ * naming, lora_up beside each lora_down, equal ranks, alpha a number), scales alpha / r x weight. */
+typedef struct mmc_kohya_lora mmc_kohya_lora;
+bool mmc_lora_file_is_kohya(const char *path);     /* a .safetensors with kohya-style keys */
+mmc_status mmc_kohya_lora_open(const char *path, float weight, mmc_kohya_lora **out);
+void mmc_kohya_lora_free(mmc_kohya_lora *k);
+int mmc_kohya_lora_count(const mmc_kohya_lora *k, int comp);   /* adapters of 0 UNet, 1 text_encoder, 2 text_encoder_2 */
+/* The UNet's adapters on ml (mmc_unet_linears), unmerged; a module name that fits none is an error naming its key. */
+mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, const mmc_unet_config *cfg,
+                               mmc_lora_set **out);
+/* Merge text encoder `which`'s (1, 2) adapters into a loaded CLIP text model. */
+mmc_status mmc_kohya_lora_merge_clip(const mmc_kohya_lora *k, int which, struct mmc_clip_text *m);
 
 /* ---------------------------------------------------------------- StableDiffusion3Pipeline
  * text -> image from a StableDiffusion3Pipeline folder: src/diffusion/sd3_pipeline.c. Prompt

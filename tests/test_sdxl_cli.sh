@@ -119,6 +119,16 @@ expect_rc 1 "$MMC" generate-image --model $F/sdxl.safetensors --config $S --prom
 expect_err "StableDiffusionPipeline"
 expect_rc 2 "$MMC" generate-image --model $P --config $P --prompt "x" --out "$T/x.png"
 expect_err "single-file"
+# a kohya / A1111 LoRA file (numerics: test_sdxl_kohya_lora) through --lora FILE:SCALE, on the folder and on a
+# single file; a file in no LoRA naming names its first key
+K=tests/fixtures/sdxl_kohya
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --width 24 --height 16 --steps 2 --seed 3 \
+  --lora $K/sdxl_sgm_names.safetensors:0.8 --out "$T/kohya.png"
+if [ -s "$T/kohya.png" ] && ! cmp -s "$T/kohya.png" "$T/s1.png"; then ok; else bad "kohya LoRA made no (different) image"; fi
+expect_rc 0 "$MMC" generate-image --model $F/sdxl.safetensors --config $P --prompt "a red circle" --width 24 --height 16 \
+  --steps 2 --lora $K/sdxl_diffusers_names.safetensors --out "$T/kohya_sf.png"
+expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --lora $F/expected.safetensors --out "$T/x.png"
+expect_err "cannot apply --lora"
 # ---- mmc train on the SDXL pipeline (the DDPM objective of train_text_to_image_(lora_)sdxl.py): LoRA on the
 # scripts' targets with offset noise and a validation image; generate-image --lora with the result; diffusers'
 # load_lora_weights reads the adapter; full fine-tuning with min-SNR v_prediction, resumed bit-exactly; SD 1.x

@@ -36,6 +36,7 @@ struct mmc_sdxl_pipeline {
     bool borrowed;                    /* the UNet belongs to the caller (mmc_sdxl_pipeline_borrow_unet) */
     mmc_vae *vae;
     mmc_single_file *sf;              /* the weights come from a single-file checkpoint (the folder gives configs) */
+    mmc_kohya_lora *kohya;            /* a kohya / A1111 LoRA: its text-encoder adapters merge as the encoders load */
     bool sdxl;                        /* StableDiffusionXLPipeline (else StableDiffusionPipeline) */
     bool force_zeros;                 /* force_zeros_for_empty_prompt (SDXL only) */
     bool have_sched;                  /* the folder's scheduler loaded (or one set since) */
@@ -150,6 +151,7 @@ void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p) {
     mmc_vae_free(p->vae);
     mmc_nsched_free(&p->sched);
     mmc_single_file_free(p->sf);      /* after the models that view its mapping */
+    mmc_kohya_lora_free(p->kohya);
     free(p);
 }
 
@@ -170,6 +172,13 @@ static mmc_status load_vae(mmc_sdxl_pipeline *p) {
     return st ? st : mmc_vae_load_st(p->path[X_VAE], w, mmc_single_file_path(p->sf), &p->vae);
 }
 
+/* a kohya LoRA's text-encoder adapters merged into encoder `which` (1, 2) as it loads */
+typedef struct { mmc_sdxl_pipeline *p; int which; } te_patch;
+static mmc_status kohya_te(void *u, struct mmc_clip_text *m) {
+    const te_patch *t = u;
+    return t->p->kohya ? mmc_kohya_lora_merge_clip(t->p->kohya, t->which, m) : MMC_OK;
+}
+
 /* text encoder `which` (0, 1) as an mmc_st of the single file's, or NULL (*w) from the folder */
 static mmc_status te_weights(mmc_sdxl_pipeline *p, int which, mmc_st **w) {
     *w = NULL;
@@ -177,12 +186,20 @@ static mmc_status te_weights(mmc_sdxl_pipeline *p, int which, mmc_st **w) {
 }
 
 mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight) {
-    if (p->lora) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    if (p->lora || p->kohya) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
     mmc_status st;
     if ((st = load_unet(p))) return st;
     mmc_module_list ml = {0};
     st = mmc_unet_linears(p->unet, &ml);
-    if (!st) st = mmc_lora_load_diffusers(path, "unet", &ml, weight, false, &p->lora);
+    if (!st && mmc_lora_file_is_kohya(path)) {   /* kohya / A1111 naming, detected from the keys */
+        if (!(st = mmc_kohya_lora_open(path, weight, &p->kohya)) && mmc_kohya_lora_count(p->kohya, 2) && !p->sdxl)
+            st = mmc_error(MMC_ERR_INVALID, "%s: lora_te2_* adapters, but a StableDiffusionPipeline has one text "
+                           "encoder", path);
+        if (!st && mmc_kohya_lora_count(p->kohya, 0)) st = mmc_kohya_lora_unet(p->kohya, &ml, &p->unet_cfg, &p->lora);
+        if (st) mmc_kohya_lora_free(p->kohya), p->kohya = NULL;
+    } else if (!st) {
+        st = mmc_lora_load_diffusers(path, "unet", &ml, weight, false, &p->lora);
+    }
     mmc_module_list_free(&ml);
     return st;
 }
@@ -238,7 +255,7 @@ static mmc_status sd_encode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *cons
     if ((st = mmc_clip_tokenizer_load(tok, &ct))) { mmc_st_close(w); goto done; }
     st = w ? mmc_clip_text_load_st(p->path[X_TE1], w, mmc_single_file_path(p->sf), &m)
            : mmc_clip_text_load(p->path[X_TE1], &m);
-    if (st) goto done;
+    if (st || (p->kohya && (st = mmc_kohya_lora_merge_clip(p->kohya, 1, m)))) goto done;
     const int L = mmc_clip_tokenizer_model_max_length(ct);
     mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L));
     for (int b = 0; b < B && !st; b++)
@@ -267,15 +284,16 @@ mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char
     mmc_tensor *h[2] = {0}, *pooled = NULL;
     char tok[1100];
     mmc_status st;
-    const char *what = p->sf ? mmc_single_file_path(p->sf) : NULL;
-    mmc_st *w = NULL;
+    te_patch pa[2] = {{p, 1}, {p, 2}};
+    mmc_clip_load lo[2] = {{.what = p->sf ? mmc_single_file_path(p->sf) : NULL, .patch = kohya_te, .user = &pa[0]},
+                           {.what = p->sf ? mmc_single_file_path(p->sf) : NULL, .patch = kohya_te, .user = &pa[1]}};
     mmc_diffusers_path(&p->dir, "tokenizer", "", tok, sizeof tok);
-    if ((st = te_weights(p, 0, &w)) ||
-        (st = mmc_pipe_clip_encode_st(ctx, tok, p->path[X_TE1], w, what, prompts, B, &h[0], NULL, NULL)))
+    if ((st = te_weights(p, 0, &lo[0].weights)) ||
+        (st = mmc_pipe_clip_encode_st(ctx, tok, p->path[X_TE1], &lo[0], prompts, B, &h[0], NULL, NULL)))
         goto done;
     mmc_diffusers_path(&p->dir, "tokenizer_2", "", tok, sizeof tok);
-    if ((st = te_weights(p, 1, &w)) ||
-        (st = mmc_pipe_clip_encode_st(ctx, tok, p->path[X_TE2], w, what, prompts, B, &h[1], NULL, &pooled)))
+    if ((st = te_weights(p, 1, &lo[1].weights)) ||
+        (st = mmc_pipe_clip_encode_st(ctx, tok, p->path[X_TE2], &lo[1], prompts, B, &h[1], NULL, &pooled)))
         goto done;
     const int64_t L = h[0]->shape[1], C0 = h[0]->shape[2], C1 = h[1]->shape[2], P = pooled->shape[1];
     const mmc_unet_config *u = &p->unet_cfg;

@@ -15,6 +15,7 @@
  * input, before the final LayerNorm. Weight names: "text_model." + the module path (4.x and
  * WithProjection), or without the prefix (a CLIPTextModel saved by transformers 5). */
 #include "encoder_common.h"
+#include "mmc_lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -121,6 +122,37 @@ mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) { return cli
 
 mmc_status mmc_clip_text_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_clip_text **out) {
     return clip_text_load(config_dir, weights, what, out);
+}
+
+mmc_status mmc_clip_text_merge_lora(mmc_clip_text *m, const char *module, const mmc_tensor *A, const mmc_tensor *B,
+                                    float scale) {
+    const char *bare = strncmp(module, "text_model.", 11) ? module : module + 11;
+    mmc_tensor *t = NULL;
+    for (int i = 0; i < m->w.n_params && !t; i++) {
+        const char *n = m->w.names[i];
+        if (!strncmp(n, "text_model.", 11)) n += 11;
+        size_t lb = strlen(bare);
+        if (!strncmp(n, bare, lb) && !strcmp(n + lb, ".weight")) t = m->w.params[i];
+    }
+    if (!t || t->ndim != 2)
+        return mmc_error(MMC_ERR_NOT_FOUND, "LoRA: '%s' is not a linear of this CLIP text model", module);
+    const int64_t N = t->shape[0], K = t->shape[1], r = A->shape[0];
+    if (A->ndim != 2 || B->ndim != 2 || A->shape[1] != K || B->shape[0] != N || B->shape[1] != r)
+        return mmc_error(MMC_ERR_SHAPE, "LoRA: '%s' is [%lld, %lld]; the adapter's A is [%lld, %lld], B [%lld, %lld]",
+                         module, (long long)N, (long long)K, (long long)A->shape[0],
+                         (long long)(A->ndim > 1 ? A->shape[1] : 0), (long long)B->shape[0],
+                         (long long)(B->ndim > 1 ? B->shape[1] : 0));
+    if (t->dtype != MMC_F32 || !(t->flags & MMC_OWNS_DATA)) {   /* a view of the file or bf16: an f32 copy of its own */
+        float *d = malloc((size_t)(N * K) * sizeof *d);
+        if (!d) return mmc_error(MMC_ERR_OOM, "out of memory");
+        mmc_convert(d, MMC_F32, t->data, t->dtype, N * K);
+        if (t->flags & MMC_OWNS_DATA) free(t->data);
+        t->data = d;
+        t->dtype = MMC_F32;
+        t->flags |= MMC_OWNS_DATA;
+    }
+    mmc_lora_merge_into(t->data, A->data, B->data, N, K, r, scale);
+    return MMC_OK;
 }
 
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
