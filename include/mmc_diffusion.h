@@ -324,6 +324,8 @@ typedef struct {
     double guidance;             /* distilled guidance (guidance_embeds checkpoints), 3.5 in diffusers */
     double true_cfg;             /* > 1 with a negative prompt: a second pass per step */
     int start_step;              /* img2img: the first step (mmc_flux_img2img_latents); 0 otherwise */
+    bool img2img;                /* SDXL / SD: the latents are mmc_sdxl_img2img_latents' (already noised, not
+                                  * scaled by init_noise_sigma), denoised from start_step */
     void (*progress)(void *user, int step, int n, double step_seconds);
     void *user;
 } mmc_flux_sample_opts;
@@ -620,6 +622,23 @@ mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width
 mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
                                   mmc_flux_cond *out);
 mmc_status mmc_sdxl_zero_cond(const mmc_flux_cond *like, mmc_flux_cond *out);
+/* img2img as StableDiffusionXLImg2ImgPipeline / StableDiffusionImg2ImgPipeline do it:
+ * encode_image: pixels [B, 3, H, W] in [-1, 1] (VaeImageProcessor.preprocess's output) -> VAE latent_dist.sample()
+ *   with vae_noise [B, C, h, w] (the generator's draw, for parity) or, when NULL, mmc's stream `seed`, times
+ *   scaling_factor -> *latents [B, C, h, w] (persistent).
+ * img2img_latents: set_timesteps(steps); get_timesteps: init = min(int(steps x strength), steps), start =
+ *   steps - init (an error when no step is left); latents = scheduler.add_noise(image_latents, noise,
+ *   timesteps[start]) (Euler kinds: x + sigma n; DPM-Solver: alpha_t x + sigma_t n; DDIM / PNDM: sqrt(ac) x +
+ *   sqrt(1 - ac) n), written into latents; set the sample options' img2img and start_step = *start_step. */
+mmc_status mmc_sdxl_encode_image(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const float *pixels, int64_t B, int height,
+                                 int width, const mmc_tensor *vae_noise, uint64_t seed, mmc_tensor **latents);
+mmc_status mmc_sdxl_img2img_latents(mmc_sdxl_pipeline *p, const mmc_tensor *image_latents, const mmc_tensor *noise,
+                                    int steps, double strength, mmc_tensor *latents, int *start_step);
+/* The refiner's micro-conditioning (model_index.json requires_aesthetics_score): add_time_ids (original size, crop,
+ * aesthetic_score) and, for the negative half, negative_aesthetic_score (diffusers' defaults 6 and 2.5). */
+bool mmc_sdxl_requires_aesthetics(const mmc_sdxl_pipeline *p);
+void mmc_sdxl_set_aesthetic_scores(mmc_sdxl_pipeline *p, double aesthetic_score, double negative_aesthetic_score);
+bool mmc_sdxl_has_text_encoder(const mmc_sdxl_pipeline *p);  /* false for the refiner (CLIP-G only) */
 /* The denoising loop on latents (updated in place); noise_seed seeds the per-step noise of stochastic
  * schedulers (EulerAncestral, sde-dpmsolver++, DDIM with eta > 0). */
 mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
