@@ -129,6 +129,26 @@ expect_rc 0 "$MMC" generate-image --model $F/sdxl.safetensors --config $P --prom
   --steps 2 --lora $K/sdxl_diffusers_names.safetensors --out "$T/kohya_sf.png"
 expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --lora $F/expected.safetensors --out "$T/x.png"
 expect_err "cannot apply --lora"
+# img2img (numerics: test_sdxl_img2img) from diffusers' own PNG: SDXL (StableDiffusionXLImg2ImgPipeline in the PNG),
+# strength changes the image; the refiner folder with --init-image and its aesthetic scores, and without it a usage
+# error; a strength that leaves no step names --strength
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --init-image $P/cli_expected.png --strength 0.6 \
+  --steps 5 --width 24 --height 16 --out "$T/i2i_a.png"
+if grep -aq "StableDiffusionXLImg2ImgPipeline" "$T/i2i_a.png"; then ok; else bad "img2img PNG lacks the pipeline name"; fi
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --init-image $P/cli_expected.png --strength 0.9 \
+  --steps 5 --width 24 --height 16 --out "$T/i2i_b.png"
+if cmp -s "$T/i2i_a.png" "$T/i2i_b.png"; then bad "--strength made no difference"; else ok; fi
+R=tests/fixtures/sdxl_refiner
+expect_rc 0 "$MMC" generate-image --model $R --prompt "a red circle" --init-image "$T/i2i_a.png" --steps 4 \
+  --aesthetic-score 7 --negative-aesthetic-score 2 --width 24 --height 16 --out "$T/ref.png"
+expect_rc 2 "$MMC" generate-image --model $R --prompt "a red circle" --steps 4 --width 24 --height 16 --out "$T/x.png"
+expect_err "init-image"
+expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --init-image $P/cli_expected.png --strength 0.1 --steps 5 \
+  --width 24 --height 16 --out "$T/x.png"
+expect_err "\-\-strength"
+expect_rc 0 "$MMC" generate-image --model $S --scheduler $S/scheduler_ddim --prompt "a red circle" --steps 4 \
+  --init-image $P/cli_expected.png --width 24 --height 16 --out "$T/sdi2i.png"
+if grep -aq "StableDiffusionImg2ImgPipeline" "$T/sdi2i.png"; then ok; else bad "SD img2img PNG lacks the pipeline name"; fi
 # ---- mmc train on the SDXL pipeline (the DDPM objective of train_text_to_image_(lora_)sdxl.py): LoRA on the
 # scripts' targets with offset noise and a validation image; generate-image --lora with the result; diffusers'
 # load_lora_weights reads the adapter; full fine-tuning with min-SNR v_prediction, resumed bit-exactly; SD 1.x
