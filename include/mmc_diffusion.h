@@ -396,6 +396,8 @@ mmc_status mmc_pipe_t5_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc
 typedef enum { MMC_SF_SDXL_BASE, MMC_SF_SDXL_REFINER, MMC_SF_SD1 } mmc_single_file_kind;
 typedef struct mmc_single_file mmc_single_file;
 mmc_status mmc_single_file_open(const char *path, mmc_single_file **out);
+/* The same over tensors already opened (taken, also on failure; `path` names them in errors): the fuzzer's entry. */
+mmc_status mmc_single_file_open_st(mmc_st *tensors, const char *path, mmc_single_file **out);
 void mmc_single_file_free(mmc_single_file *sf);
 mmc_single_file_kind mmc_single_file_get_kind(const mmc_single_file *sf);
 const char *mmc_single_file_kind_name(mmc_single_file_kind k);
@@ -413,6 +415,7 @@ mmc_status mmc_single_file_text_encoder(mmc_single_file *sf, int which, mmc_st *
 typedef struct mmc_kohya_lora mmc_kohya_lora;
 bool mmc_lora_file_is_kohya(const char *path);     /* a .safetensors with kohya-style keys */
 mmc_status mmc_kohya_lora_open(const char *path, float weight, mmc_kohya_lora **out);
+mmc_status mmc_kohya_lora_open_st(mmc_st *tensors, const char *path, float weight, mmc_kohya_lora **out);   /* taken */
 void mmc_kohya_lora_free(mmc_kohya_lora *k);
 int mmc_kohya_lora_count(const mmc_kohya_lora *k, int comp);   /* adapters of 0 UNet, 1 text_encoder, 2 text_encoder_2 */
 /* The UNet's adapters on ml (mmc_unet_linears), unmerged; a module name that fits none is an error naming its key. */
@@ -598,7 +601,7 @@ float mmc_nsched_snr(const mmc_nsched *s, int64_t t);
  * prompt_embeds = the CLIPTextModel's last_hidden_state, pooled NULL, no add_time_ids, never zeros. */
 typedef struct mmc_sdxl_pipeline mmc_sdxl_pipeline;
 mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out);
-/* A single-file checkpoint (SD 1.x or SDXL base, mmc_single_file_open) with the diffusers folder that gives its
+/* A single-file checkpoint (SD 1.x, SDXL base or refiner, mmc_single_file_open) with the diffusers folder that gives its
  * configs, tokenizers and scheduler (config_dir; its weights, if any, are not read). NULL config_dir is an
  * error saying so. */
 mmc_status mmc_sdxl_pipeline_open_single_file(const char *file, const char *config_dir, mmc_sdxl_pipeline **out);

@@ -6,7 +6,9 @@
  *   sd    SD 1.x with DDIM, strength 0.75 of 4 steps, CFG 7.5 against ""
  *   ref   the SDXL refiner layout (tests/fixtures/sdxl_refiner: CLIP-G only, requires_aesthetics_score: time ids
  *         (original size, crop, aesthetic score 6 / negative 2.5)), strength 0.5 of 4, CFG 5 against "";
- *         ref2: aesthetic scores 7.5 / 1.0 with DPM-Solver++ 2M Karras, strength 0.7 of 5
+ *         ref2: aesthetic scores 7.5 / 1.0 with DPM-Solver++ 2M Karras, strength 0.7 of 5; refsf: the "ref" case on
+ *         the refiner written as a single file (OpenCLIP under conditioner.embedders.0.model.), read by
+ *         from_single_file(config=sdxl_refiner) in diffusers and mmc_sdxl_pipeline_open_single_file here
  * and the errors of a strength that leaves no step and of a mis-shaped VAE noise. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
@@ -15,6 +17,7 @@
 
 typedef struct {
     const char *key, *dir, *sched, *prompt;
+    const char *single_file;      /* the weights from this single-file checkpoint, dir giving the configs */
     double strength, guidance, aes, neg_aes;
     int steps;
     bool zero_negative;
@@ -22,7 +25,8 @@ typedef struct {
 
 static void run_case(const mmc_st *exp, const i2i_case *c) {
     mmc_sdxl_pipeline *p = NULL;
-    CHECK_OK(mmc_sdxl_pipeline_open(c->dir, &p));
+    CHECK_OK(c->single_file ? mmc_sdxl_pipeline_open_single_file(c->single_file, c->dir, &p)
+                            : mmc_sdxl_pipeline_open(c->dir, &p));
     if (!p) return;
     if (c->sched) CHECK_OK(mmc_sdxl_pipeline_set_scheduler(p, c->sched));
     if (c->aes > 0) mmc_sdxl_set_aesthetic_scores(p, c->aes, c->neg_aes);
@@ -98,12 +102,14 @@ int main(int argc, char **argv) {
     mmc_st *exp = fixture_open("sdxl_img2img/expected.safetensors");
     if (!exp) return test_done("test_sdxl_img2img");
     static const i2i_case cases[] = {
-        {"xl", "tests/fixtures/sdxl", NULL, "a photo of a red circle", 0.6, 5.0, 0, 0, 5, true},
-        {"sd", "tests/fixtures/sd15_pipe", "tests/fixtures/sd15_pipe/scheduler_ddim", "a photo of a red circle", 0.75,
-         7.5, 0, 0, 4, false},
-        {"ref", "tests/fixtures/sdxl_refiner", NULL, "a photo of a red circle", 0.5, 5.0, 0, 0, 4, false},
-        {"ref2", "tests/fixtures/sdxl_refiner", "tests/fixtures/sdxl/scheduler_dpm", "a blue square on the left", 0.7,
-         4.0, 7.5, 1.0, 5, false},
+        {"xl", "tests/fixtures/sdxl", NULL, "a photo of a red circle", NULL, 0.6, 5.0, 0, 0, 5, true},
+        {"sd", "tests/fixtures/sd15_pipe", "tests/fixtures/sd15_pipe/scheduler_ddim", "a photo of a red circle", NULL,
+         0.75, 7.5, 0, 0, 4, false},
+        {"ref", "tests/fixtures/sdxl_refiner", NULL, "a photo of a red circle", NULL, 0.5, 5.0, 0, 0, 4, false},
+        {"ref2", "tests/fixtures/sdxl_refiner", "tests/fixtures/sdxl/scheduler_dpm", "a blue square on the left", NULL,
+         0.7, 4.0, 7.5, 1.0, 5, false},
+        {"refsf", "tests/fixtures/sdxl_refiner", NULL, "a photo of a red circle",
+         "tests/fixtures/sdxl_img2img/refiner_single.safetensors", 0.5, 5.0, 0, 0, 4, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         if (test_part(argc, argv, cases[i].key)) run_case(exp, &cases[i]);

@@ -100,7 +100,12 @@ mmc_status mmc_kohya_lora_open(const char *path, float weight, mmc_kohya_lora **
     *out = NULL;
     mmc_st *st = NULL;
     mmc_status rc = mmc_st_open(path, &st);
-    if (rc) return rc;
+    return rc ? rc : mmc_kohya_lora_open_st(st, path, weight, out);
+}
+
+mmc_status mmc_kohya_lora_open_st(mmc_st *st, const char *path, float weight, mmc_kohya_lora **out) {
+    *out = NULL;
+    mmc_status rc = MMC_OK;
     mmc_kohya_lora *k = calloc(1, sizeof *k);
     if (!k || !(k->it = calloc((size_t)mmc_st_count(st) + 1, sizeof *k->it))) {
         rc = mmc_error(MMC_ERR_OOM, "out of memory");

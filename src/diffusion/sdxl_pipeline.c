@@ -69,12 +69,11 @@ static mmc_status open_config_dir(const char *dir, const mmc_single_file *sf, mm
                     !strcmp(d->pipeline, "StableDiffusionXLImg2ImgPipeline");
     const bool ok = k == MMC_SF_SD1 ? !strcmp(d->pipeline, "StableDiffusionPipeline") ||
                                           !strcmp(d->pipeline, "StableDiffusionImg2ImgPipeline")
-                                    : k == MMC_SF_SDXL_BASE && xl;
+                                    : xl;
     if (!ok)
-        return mmc_error(k == MMC_SF_SDXL_REFINER ? MMC_ERR_UNSUPPORTED : MMC_ERR_INVALID,
-                         "%s: an %s checkpoint, but the config folder %s is a %s%s", mmc_single_file_path(sf),
-                         mmc_single_file_kind_name(k), dir, d->pipeline[0] ? d->pipeline : "(no _class_name)",
-                         k == MMC_SF_SDXL_REFINER ? " (single-file SDXL refiners are not read yet)" : "");
+        return mmc_error(MMC_ERR_INVALID, "%s: an %s checkpoint, but the config folder %s is a %s",
+                         mmc_single_file_path(sf), mmc_single_file_kind_name(k), dir,
+                         d->pipeline[0] ? d->pipeline : "(no _class_name)");
     /* the folder's own pipeline class decides below; an Img2Img config folder runs as its text-to-image twin */
     if (xl) snprintf(d->pipeline, sizeof d->pipeline, "StableDiffusionXLPipeline");
     else snprintf(d->pipeline, sizeof d->pipeline, "StableDiffusionPipeline");
@@ -94,7 +93,7 @@ static mmc_status open_common(const char *dir, mmc_single_file *sf, mmc_sdxl_pip
               !strcmp(p->dir.pipeline, "StableDiffusionXLImg2ImgPipeline");
     p->aes = 6.0, p->neg_aes = 2.5;
     const mmc_diffusers_component *te1 = mmc_diffusers_find(&p->dir, "text_encoder");
-    p->has_te1 = sf || (te1 && te1->present);
+    p->has_te1 = sf ? mmc_single_file_get_kind(sf) != MMC_SF_SDXL_REFINER : te1 && te1->present;
     if (!p->sdxl && strcmp(p->dir.pipeline, "StableDiffusionPipeline") != 0) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusionXLPipeline or StableDiffusionPipeline",
                        dir, p->dir.pipeline);

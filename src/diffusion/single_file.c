@@ -54,11 +54,18 @@ const char *mmc_single_file_kind_name(mmc_single_file_kind k) {
 
 mmc_status mmc_single_file_open(const char *path, mmc_single_file **out) {
     *out = NULL;
+    mmc_st *st = NULL;
+    mmc_status rc = mmc_st_open(path, &st);
+    return rc ? rc : mmc_single_file_open_st(st, path, out);
+}
+
+mmc_status mmc_single_file_open_st(mmc_st *tensors, const char *path, mmc_single_file **out) {
+    *out = NULL;
     mmc_single_file *sf = calloc(1, sizeof *sf);
-    if (!sf) return mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!sf) { mmc_st_close(tensors); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     snprintf(sf->path, sizeof sf->path, "%s", path);
-    mmc_status st = mmc_st_open(path, &sf->st);
-    if (st) goto fail;
+    sf->st = tensors;
+    mmc_status st = MMC_OK;
     if (!mmc_st_find(sf->st, K_UNET)) {
         st = mmc_error(MMC_ERR_FORMAT, "%s: not a single-file Stable Diffusion checkpoint: no '%s' (the original "
                        "LDM / SGM layout; a diffusers folder is passed as the folder itself)", path, K_UNET);

@@ -13,6 +13,8 @@ prepare_latents' randn, added at the first timestep by scheduler.add_noise), and
   sd_*    SD 1.x (tests/fixtures/sd15_pipe with scheduler_ddim), strength 0.75, 4 steps (3 run), CFG 7.5 against ""
   ref_*   the refiner, strength 0.5, 4 steps (2 run), CFG 5 against "" with aesthetic scores 6 / 2.5; ref2_*: the same
           with aesthetic_score 7.5, negative_aesthetic_score 1.0 and the DPM-Solver++ scheduler of tests/fixtures/sdxl
+  refsf_* the "ref" case on refiner_single.safetensors: the refiner re-drawn and written as a single file (SGM
+          layout, its OpenCLIP under conditioner.embedders.0.model.), read by from_single_file(config=sdxl_refiner)
 
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_sdxl_img2img.py (after gen_sdxl.py)
 """
@@ -33,6 +35,7 @@ from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscrete
                        UNet2DConditionModel)
 from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 
+from ldm_layout import check_loaded, f16, open_clip_to_ldm, unet_to_ldm, vae_to_ldm
 from ref_common import rand_init
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -94,5 +97,22 @@ run(ref, "ref", 43, (1, 4, 8, 12), prompt="a photo of a red circle", strength=0.
 ref.scheduler = DPMSolverMultistepScheduler.from_pretrained(os.path.join(SDXL_DIR, "scheduler_dpm"))
 run(ref, "ref2", 44, (1, 4, 8, 12), prompt="a blue square on the left", strength=0.7, num_inference_steps=5,
     guidance_scale=4.0, aesthetic_score=7.5, negative_aesthetic_score=1.0)
+# the refiner as a single file (conditioner.embedders.0.model.* = its OpenCLIP), weights re-drawn, f16, read by
+# from_single_file(config=the refiner folder): refsf_*, the "ref" case on it
+ref.scheduler = EulerDiscreteScheduler.from_config(xl.scheduler.config)
+for i, m in enumerate((ref.unet, ref.vae, ref.text_encoder_2)):
+    rand_init(m, 300 + i)
+w = {n: {k: v.half().float() for k, v in getattr(ref, n).state_dict().items()} for n in ("unet", "vae", "text_encoder_2")}
+ckpt = {**unet_to_ldm(w["unet"], ref.unet.config), **vae_to_ldm(w["vae"], ref.vae.config),
+        **open_clip_to_ldm(w["text_encoder_2"], "conditioner.embedders.0.model.")}
+REF_FILE = os.path.join(OUT, "refiner_single.safetensors")
+save_file(f16(ckpt), REF_FILE)
+rsf = StableDiffusionXLImg2ImgPipeline.from_single_file(REF_FILE, config=REF_DIR, local_files_only=True,
+                                                        torch_dtype=torch.float32, add_watermarker=False)
+assert rsf.text_encoder is None
+for n in w:
+    check_loaded(n, getattr(rsf, n), w[n])
+run(rsf, "refsf", 45, (1, 4, 8, 12), prompt="a photo of a red circle", strength=0.5, num_inference_steps=4,
+    guidance_scale=5.0)
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "expected.safetensors"))
 print("img2img fixtures (diffusers %s) in %s, %s" % (diffusers.__version__, OUT, REF_DIR))
