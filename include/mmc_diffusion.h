@@ -19,6 +19,8 @@
 
 #include <stdio.h>
 
+struct mmc_clip_text;   /* mmc_encoders.h */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -105,6 +107,7 @@ mmc_status mmc_vae_config_read(const mmc_json *cfg, const char *what, mmc_vae_co
  * .index.json): f32 / bf16 / f16, computed in f32. Every missing or mis-shaped tensor is
  * reported. Old checkpoints' attention names (query/key/value/proj_attn) are accepted. */
 mmc_status mmc_vae_load(const char *dir, mmc_vae **out);
+mmc_status mmc_vae_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_vae **out);   /* as mmc_unet_load_st */
 void mmc_vae_free(mmc_vae *v);
 const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v);
 int64_t mmc_vae_param_count(const mmc_vae *v);
@@ -336,6 +339,10 @@ mmc_status mmc_unet_config_read(const mmc_json *cfg, const char *what, mmc_unet_
 /* Load from a unet/ folder (config.json + diffusion_pytorch_model safetensors, single or sharded;
  * f32 / bf16 / f16, computed in f32). Every missing or mis-shaped tensor is listed. */
 mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out);
+/* The same with the weights taken from `weights` (diffusers names; taken, closed on failure too), config.json
+ * from config_dir; `what` names the weights in errors (a single-file checkpoint: src/diffusion/single_file.c). */
+mmc_status mmc_unet_load_st(const char *config_dir, mmc_st *weights, const char *what, bool trainable,
+                            mmc_unet **out);
 void mmc_unet_free(mmc_unet *m);
 const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m);
 int64_t mmc_unet_param_count(const mmc_unet *m);
@@ -374,6 +381,8 @@ typedef struct {
     double guidance;             /* distilled guidance (guidance_embeds checkpoints), 3.5 in diffusers */
     double true_cfg;             /* > 1 with a negative prompt: a second pass per step */
     int start_step;              /* img2img: the first step (mmc_flux_img2img_latents); 0 otherwise */
+    bool img2img;                /* SDXL / SD: the latents are mmc_sdxl_img2img_latents' (already noised, not
+                                  * scaled by init_noise_sigma), denoised from start_step */
     void (*progress)(void *user, int step, int n, double step_seconds);
     void *user;
 } mmc_flux_sample_opts;
@@ -423,8 +432,54 @@ mmc_status mmc_flux_pipeline_load_lora(mmc_flux_pipeline *p, const char *path, f
  * rebuilds T5Tokenizer (MMC_T5_PIPELINE_TRANSFORMERS5), as diffusers runs it. */
 mmc_status mmc_pipe_clip_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
                                 int B, mmc_tensor **penultimate, mmc_tensor **pooled, mmc_tensor **text_embeds);
+/* The same with the encoder loaded as `lo` says: its weights from lo->weights (taken; mmc_clip_text_load_st, named
+ * lo->what in errors) else enc_dir's, and lo->patch called on it once loaded (a kohya LoRA merged in). */
+typedef struct {
+    mmc_st *weights;
+    const char *what;
+    mmc_status (*patch)(void *user, struct mmc_clip_text *m);
+    void *user;
+} mmc_clip_load;
+mmc_status mmc_pipe_clip_encode_st(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const mmc_clip_load *lo,
+                                   const char *const *prompts, int B, mmc_tensor **penultimate, mmc_tensor **pooled,
+                                   mmc_tensor **text_embeds);
 mmc_status mmc_pipe_t5_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
                               int B, int max_sequence_length, mmc_tensor **states);
+
+/* ---------------------------------------------------------------- single-file checkpoints
+ * One .safetensors in the original LDM / SGM layout (SD 1.x, SDXL base and refiner), converted as diffusers'
+ * from_single_file converts it: src/diffusion/single_file.c. Each component comes out as a set of diffusers
+ * names viewing the file (valid while the mmc_single_file lives), for mmc_unet_load_st and the like. */
+typedef enum { MMC_SF_SDXL_BASE, MMC_SF_SDXL_REFINER, MMC_SF_SD1 } mmc_single_file_kind;
+typedef struct mmc_single_file mmc_single_file;
+mmc_status mmc_single_file_open(const char *path, mmc_single_file **out);
+/* The same over tensors already opened (taken, also on failure; `path` names them in errors): the fuzzer's entry. */
+mmc_status mmc_single_file_open_st(mmc_st *tensors, const char *path, mmc_single_file **out);
+void mmc_single_file_free(mmc_single_file *sf);
+mmc_single_file_kind mmc_single_file_get_kind(const mmc_single_file *sf);
+const char *mmc_single_file_kind_name(mmc_single_file_kind k);
+const char *mmc_single_file_path(const mmc_single_file *sf);
+/* The UNet (layers_per_block from cfg), the VAE (its levels from cfg), text encoder 0 (CLIP-L) or 1 (OpenCLIP
+ * bigG, the SDXL text_encoder_2). Errors name the file and the first tensor that fits no rule. */
+mmc_status mmc_single_file_unet(mmc_single_file *sf, const mmc_unet_config *cfg, mmc_st **out);
+mmc_status mmc_single_file_vae(mmc_single_file *sf, const mmc_vae_config *cfg, mmc_st **out);
+mmc_status mmc_single_file_text_encoder(mmc_single_file *sf, int which, mmc_st **out);
+
+/* ---------------------------------------------------------------- kohya / A1111 LoRA files
+ * lora_unet_* / lora_te_* / lora_te1_* / lora_te2_* keys with lora_down / lora_up / alpha, converted as diffusers'
+ * load_lora_weights does: src/diffusion/lora_kohya.c. Open reads and checks the whole file (every key kohya
+ * naming, lora_up beside each lora_down, equal ranks, alpha a number), scales alpha / r x weight. */
+typedef struct mmc_kohya_lora mmc_kohya_lora;
+bool mmc_lora_file_is_kohya(const char *path);     /* a .safetensors with kohya-style keys */
+mmc_status mmc_kohya_lora_open(const char *path, float weight, mmc_kohya_lora **out);
+mmc_status mmc_kohya_lora_open_st(mmc_st *tensors, const char *path, float weight, mmc_kohya_lora **out);   /* taken */
+void mmc_kohya_lora_free(mmc_kohya_lora *k);
+int mmc_kohya_lora_count(const mmc_kohya_lora *k, int comp);   /* adapters of 0 UNet, 1 text_encoder, 2 text_encoder_2 */
+/* The UNet's adapters on ml (mmc_unet_linears), unmerged; a module name that fits none is an error naming its key. */
+mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, const mmc_unet_config *cfg,
+                               mmc_lora_set **out);
+/* Merge text encoder `which`'s (1, 2) adapters into a loaded CLIP text model. */
+mmc_status mmc_kohya_lora_merge_clip(const mmc_kohya_lora *k, int which, struct mmc_clip_text *m);
 
 /* ---------------------------------------------------------------- StableDiffusion3Pipeline
  * text -> image from a StableDiffusion3Pipeline folder: src/diffusion/sd3_pipeline.c. Prompt
@@ -612,6 +667,10 @@ float mmc_nsched_snr(const mmc_nsched *s, int64_t t);
  * prompt_embeds = the CLIPTextModel's last_hidden_state, pooled NULL, no add_time_ids, never zeros. */
 typedef struct mmc_sdxl_pipeline mmc_sdxl_pipeline;
 mmc_status mmc_sdxl_pipeline_open(const char *dir, mmc_sdxl_pipeline **out);
+/* A single-file checkpoint (SD 1.x, SDXL base or refiner, mmc_single_file_open) with the diffusers folder that gives its
+ * configs, tokenizers and scheduler (config_dir; its weights, if any, are not read). NULL config_dir is an
+ * error saying so. */
+mmc_status mmc_sdxl_pipeline_open_single_file(const char *file, const char *config_dir, mmc_sdxl_pipeline **out);
 void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p);
 int mmc_sdxl_pipeline_latent_channels(const mmc_sdxl_pipeline *p);
 bool mmc_sdxl_force_zeros(const mmc_sdxl_pipeline *p);     /* model_index.json's force_zeros_for_empty_prompt */
@@ -632,6 +691,23 @@ mmc_status mmc_sdxl_check_size(const mmc_sdxl_pipeline *p, int height, int width
 mmc_status mmc_sdxl_encode_prompt(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *const *prompts, int B,
                                   mmc_flux_cond *out);
 mmc_status mmc_sdxl_zero_cond(const mmc_flux_cond *like, mmc_flux_cond *out);
+/* img2img as StableDiffusionXLImg2ImgPipeline / StableDiffusionImg2ImgPipeline do it:
+ * encode_image: pixels [B, 3, H, W] in [-1, 1] (VaeImageProcessor.preprocess's output) -> VAE latent_dist.sample()
+ *   with vae_noise [B, C, h, w] (the generator's draw, for parity) or, when NULL, mmc's stream `seed`, times
+ *   scaling_factor -> *latents [B, C, h, w] (persistent).
+ * img2img_latents: set_timesteps(steps); get_timesteps: init = min(int(steps x strength), steps), start =
+ *   steps - init (an error when no step is left); latents = scheduler.add_noise(image_latents, noise,
+ *   timesteps[start]) (Euler kinds: x + sigma n; DPM-Solver: alpha_t x + sigma_t n; DDIM / PNDM: sqrt(ac) x +
+ *   sqrt(1 - ac) n), written into latents; set the sample options' img2img and start_step = *start_step. */
+mmc_status mmc_sdxl_encode_image(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const float *pixels, int64_t B, int height,
+                                 int width, const mmc_tensor *vae_noise, uint64_t seed, mmc_tensor **latents);
+mmc_status mmc_sdxl_img2img_latents(mmc_sdxl_pipeline *p, const mmc_tensor *image_latents, const mmc_tensor *noise,
+                                    int steps, double strength, mmc_tensor *latents, int *start_step);
+/* The refiner's micro-conditioning (model_index.json requires_aesthetics_score): add_time_ids (original size, crop,
+ * aesthetic_score) and, for the negative half, negative_aesthetic_score (diffusers' defaults 6 and 2.5). */
+bool mmc_sdxl_requires_aesthetics(const mmc_sdxl_pipeline *p);
+void mmc_sdxl_set_aesthetic_scores(mmc_sdxl_pipeline *p, double aesthetic_score, double negative_aesthetic_score);
+bool mmc_sdxl_has_text_encoder(const mmc_sdxl_pipeline *p);  /* false for the refiner (CLIP-G only) */
 /* The denoising loop on latents (updated in place); noise_seed seeds the per-step noise of stochastic
  * schedulers (EulerAncestral, sde-dpmsolver++, DDIM with eta > 0). */
 mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,

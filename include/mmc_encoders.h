@@ -46,8 +46,15 @@ typedef struct mmc_clip_text mmc_clip_text;
 mmc_status mmc_clip_text_config_read(const mmc_json *cfg, const char *what, mmc_clip_text_config *out);
 /* dir: a component folder (text_encoder/). Every missing or mis-shaped tensor is listed. */
 mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out);
+/* config.json from config_dir, the weights from `weights` (taken; as mmc_unet_load_st) */
+mmc_status mmc_clip_text_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_clip_text **out);
 void mmc_clip_text_free(mmc_clip_text *m);
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m);
+/* W += scale · B [N, r] · A [r, K] on the linear `module` ("encoder.layers.0.self_attn.q_proj", with or without
+ * "text_model."; "text_projection"), in f32 (a view of the checkpoint becomes a copy): a LoRA merged at load, as
+ * the pipelines apply a kohya file's text-encoder adapters (src/diffusion/lora_kohya.c). */
+mmc_status mmc_clip_text_merge_lora(mmc_clip_text *m, const char *module, const mmc_tensor *A, const mmc_tensor *B,
+                                    float scale);
 int64_t mmc_clip_text_param_count(const mmc_clip_text *m);
 
 typedef struct {

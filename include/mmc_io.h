@@ -38,6 +38,12 @@ mmc_status mmc_st_open(const char *path, mmc_st **out);
  * errors). Used by the fuzzer and for embedded blobs. */
 mmc_status mmc_st_open_memory(const void *buf, size_t n, const char *what, mmc_st **out);
 void mmc_st_close(mmc_st *st);
+/* A set built in memory, of entries viewing data the caller keeps alive until mmc_st_close: the
+ * renamed / re-sliced views of another set that the single-file checkpoint loaders hand to the
+ * model loaders. A name added twice is MMC_ERR_FORMAT. */
+mmc_status mmc_st_new_view(mmc_st **out);
+mmc_status mmc_st_add_view(mmc_st *st, const char *name, mmc_dtype dt, int ndim, const int64_t *shape,
+                           const void *data);
 int mmc_st_count(const mmc_st *st);
 const mmc_st_entry *mmc_st_at(const mmc_st *st, int i);
 const mmc_st_entry *mmc_st_find(const mmc_st *st, const char *name); /* NULL if absent */

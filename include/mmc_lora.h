@@ -89,6 +89,16 @@ mmc_status mmc_lora_save_diffusers(const mmc_lora_set *s, const char *dir, const
 mmc_status mmc_lora_load_diffusers(const char *path, const char *component, const mmc_module_list *ml, float weight,
                                    bool trainable, mmc_lora_set **out);
 
+/* Adapters from tensors already read (f32, contiguous: A [r, K], B [N, r]), each on module ml->mods[module] with
+ * its own rank and scale (y = base(x) + scale · B(A(x))), not trainable: what a kohya / A1111 file converts to
+ * (src/nn/lora_convert.c). Shapes that do not fit the module are MMC_ERR_SHAPE naming it. */
+typedef struct {
+    int module;                   /* index into the module list */
+    const mmc_tensor *A, *B;
+    float scale;                  /* alpha / r x the adapter weight */
+} mmc_lora_item;
+mmc_status mmc_lora_set_build(const mmc_module_list *ml, const mmc_lora_item *items, int n, mmc_lora_set **out);
+
 /* ---- inference on an adapter directory (no `mmc merge` needed)
  * True if dir holds a PEFT adapter (dir/adapter_config.json exists). */
 bool mmc_lora_is_adapter_dir(const char *dir);

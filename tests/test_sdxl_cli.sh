@@ -103,6 +103,52 @@ expect_rc 0 "$MMC" generate-image --model "$T/lms" --prompt "a red circle" --ste
 expect_rc 0 "$MMC" generate-image --model $S --prompt "a red circle" --width 24 --height 16 --steps 2 \
   --scheduler $S/scheduler_ddim --out "$T/sd.png"
 if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sd.png"; then ok; else bad "SD PNG lacks the pipeline name"; fi
+# single-file checkpoints (tests/fixtures/sdxl_single: their numerics in test_sdxl_single_file): --model FILE with
+# the --config folder of configs and tokenizers; without --config the error says to pass it; --config with a folder
+F=tests/fixtures/sdxl_single
+expect_rc 0 "$MMC" generate-image --model $F/sdxl.safetensors --config $P --prompt "a red circle" --width 24 --height 16 \
+  --steps 2 --seed 3 --out "$T/sf.png"
+if grep -aq "mmc generate-image (StableDiffusionXLPipeline)" "$T/sf.png" && ! cmp -s "$T/sf.png" "$T/s1.png"; then ok
+else bad "single-file PNG"; fi
+expect_rc 0 "$MMC" generate-image --model $F/sd15.safetensors --config $S --scheduler $S/scheduler_ddim \
+  --prompt "a red circle" --width 24 --height 16 --steps 2 --out "$T/sf15.png"
+if grep -aq "mmc generate-image (StableDiffusionPipeline)" "$T/sf15.png"; then ok; else bad "SD 1.x single-file PNG"; fi
+expect_rc 1 "$MMC" generate-image --model $F/sdxl.safetensors --prompt "x" --width 24 --height 16 --out "$T/x.png"
+expect_err "\-\-config DIR"
+expect_rc 1 "$MMC" generate-image --model $F/sdxl.safetensors --config $S --prompt "x" --width 24 --height 16 --out "$T/x.png"
+expect_err "StableDiffusionPipeline"
+expect_rc 2 "$MMC" generate-image --model $P --config $P --prompt "x" --out "$T/x.png"
+expect_err "single-file"
+# a kohya / A1111 LoRA file (numerics: test_sdxl_kohya_lora) through --lora FILE:SCALE, on the folder and on a
+# single file; a file in no LoRA naming names its first key
+K=tests/fixtures/sdxl_kohya
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --width 24 --height 16 --steps 2 --seed 3 \
+  --lora $K/sdxl_sgm_names.safetensors:0.8 --out "$T/kohya.png"
+if [ -s "$T/kohya.png" ] && ! cmp -s "$T/kohya.png" "$T/s1.png"; then ok; else bad "kohya LoRA made no (different) image"; fi
+expect_rc 0 "$MMC" generate-image --model $F/sdxl.safetensors --config $P --prompt "a red circle" --width 24 --height 16 \
+  --steps 2 --lora $K/sdxl_diffusers_names.safetensors --out "$T/kohya_sf.png"
+expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --width 24 --height 16 --lora $F/expected.safetensors --out "$T/x.png"
+expect_err "cannot apply --lora"
+# img2img (numerics: test_sdxl_img2img) from diffusers' own PNG: SDXL (StableDiffusionXLImg2ImgPipeline in the PNG),
+# strength changes the image; the refiner folder with --init-image and its aesthetic scores, and without it a usage
+# error; a strength that leaves no step names --strength
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --init-image $P/cli_expected.png --strength 0.6 \
+  --steps 5 --width 24 --height 16 --out "$T/i2i_a.png"
+if grep -aq "StableDiffusionXLImg2ImgPipeline" "$T/i2i_a.png"; then ok; else bad "img2img PNG lacks the pipeline name"; fi
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --init-image $P/cli_expected.png --strength 0.9 \
+  --steps 5 --width 24 --height 16 --out "$T/i2i_b.png"
+if cmp -s "$T/i2i_a.png" "$T/i2i_b.png"; then bad "--strength made no difference"; else ok; fi
+R=tests/fixtures/sdxl_refiner
+expect_rc 0 "$MMC" generate-image --model $R --prompt "a red circle" --init-image "$T/i2i_a.png" --steps 4 \
+  --aesthetic-score 7 --negative-aesthetic-score 2 --width 24 --height 16 --out "$T/ref.png"
+expect_rc 2 "$MMC" generate-image --model $R --prompt "a red circle" --steps 4 --width 24 --height 16 --out "$T/x.png"
+expect_err "init-image"
+expect_rc 1 "$MMC" generate-image --model $P --prompt "x" --init-image $P/cli_expected.png --strength 0.1 --steps 5 \
+  --width 24 --height 16 --out "$T/x.png"
+expect_err "\-\-strength"
+expect_rc 0 "$MMC" generate-image --model $S --scheduler $S/scheduler_ddim --prompt "a red circle" --steps 4 \
+  --init-image $P/cli_expected.png --width 24 --height 16 --out "$T/sdi2i.png"
+if grep -aq "StableDiffusionImg2ImgPipeline" "$T/sdi2i.png"; then ok; else bad "SD img2img PNG lacks the pipeline name"; fi
 # ---- mmc train on the SDXL pipeline (the DDPM objective of train_text_to_image_(lora_)sdxl.py): LoRA on the
 # scripts' targets with offset noise and a validation image; generate-image --lora with the result; diffusers'
 # load_lora_weights reads the adapter; full fine-tuning with min-SNR v_prediction, resumed bit-exactly; SD 1.x

@@ -11,11 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void help_generate_image(FILE *f) {
     fprintf(f,
-            "usage: mmc generate-image --model DIR --prompt TEXT [options]\n\n"
+            "usage: mmc generate-image --model DIR --prompt TEXT [options]\n"
+            "       mmc generate-image --model FILE.safetensors --config DIR --prompt TEXT [options]\n\n"
             "Generate images with a diffusers FluxPipeline folder (model_index.json, transformer/, vae/,\n"
             "text_encoder/ (CLIP), text_encoder_2/ (T5), tokenizers, scheduler/), the way diffusers'\n"
             "FluxPipeline does: same sigmas and shift, same guidance, same VAE scaling; or with a\n"
@@ -27,7 +29,13 @@ void help_generate_image(FILE *f) {
             "folder likewise (--guidance default 7.5). Text encoders are freed before the denoising\n"
             "loop. Images are PNGs whose tEXt chunks hold the prompt and every setting.\n\n"
             "options:\n"
-            "  --model DIR             the pipeline folder (required)\n"
+            "  --model DIR|FILE        the pipeline folder (required); or a single-file SD 1.x / SDXL\n"
+            "                          checkpoint (one .safetensors in the original LDM / SGM layout, as\n"
+            "                          Civitai and the Hub ship them), converted as diffusers' from_single_file\n"
+            "  --config DIR            with a single-file --model: the diffusers folder of the same model\n"
+            "                          that gives the configs, tokenizers and scheduler (its weights are not\n"
+            "                          read), as from_single_file(config=DIR); e.g. the model's Hub repo\n"
+            "                          downloaded without its weights\n"
             "  --prompt TEXT           the prompt (required)\n"
             "  --negative-prompt TEXT  with --true-cfg > 1: a second pass per step against this prompt\n"
             "  --width W --height H    image size in pixels (default 1024 x 1024); multiples of 2 x the\n"
@@ -43,11 +51,19 @@ void help_generate_image(FILE *f) {
             "  --max-sequence-length L T5 tokens (default 512, as FluxPipeline)\n"
             "  --lora DIR[:SCALE]      a diffusers LoRA (pytorch_lora_weights.safetensors, as diffusers'\n"
             "                          save_lora_weights and `mmc train` write it) applied unmerged, at\n"
-            "                          SCALE (default 1, as set_adapters' weight)\n"
-            "  --init-image F          img2img (FluxImg2ImgPipeline): start from this image, resized to\n"
-            "                          the output size with Pillow's lanczos, VAE-encoded\n"
-            "  --strength S            img2img: how much noise to add, 0..1 (default 0.6); the first\n"
-            "                          int(steps - steps * S) steps are skipped\n"
+            "                          SCALE (default 1, as set_adapters' weight); SDXL / SD: also a kohya /\n"
+            "                          A1111 file (lora_unet_* / lora_te1_* / lora_te2_* keys, diffusers or SGM\n"
+            "                          block names, per-module alpha / rank), detected from its keys, as\n"
+            "                          load_lora_weights converts it (text-encoder adapters merged at load)\n"
+            "  --init-image F          img2img (FluxImg2ImgPipeline, StableDiffusionXLImg2ImgPipeline,\n"
+            "                          StableDiffusionImg2ImgPipeline): start from this image, resized to\n"
+            "                          the output size with Pillow's lanczos, VAE-encoded; required by an\n"
+            "                          SDXL refiner folder (no text_encoder, requires_aesthetics_score)\n"
+            "  --strength S            img2img: how much noise to add, 0..1 (default 0.6 Flux, 0.3 SDXL,\n"
+            "                          0.8 SD, as the pipelines); the first steps - int(steps * S) steps\n"
+            "                          (Flux: int(steps - steps * S)) are skipped\n"
+            "  --aesthetic-score A     the SDXL refiner's aesthetic_score (default 6)\n"
+            "  --negative-aesthetic-score A  its negative_aesthetic_score (default 2.5)\n"
             "  --latents F             initial noise from a safetensors file (tensor \"latents\", packed\n"
             "                          [B, S, 4C] as FluxPipeline takes latents=, or [B, C, h, w]): for\n"
             "                          bit-for-bit comparisons with diffusers, whose RNG differs\n"
@@ -129,13 +145,42 @@ static float cli_lora_spec(const char *spec, char *path, size_t cap) {
     return 1.0f;
 }
 
+/* --init-image: the file, resized to H x W with Pillow's lanczos when it differs, as B copies of pixels
+ * [3, H, W] in [-1, 1] (VaeImageProcessor.preprocess: resize, / 255, 2x - 1). *px is malloc'ed. */
+static mmc_status init_pixels(const char *path, int64_t B, int64_t height, int64_t width, float **px) {
+    *px = NULL;
+    mmc_image im = {0}, rs = {0};
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    mmc_status st = mmc_image_load(path, &io, &im);
+    if (st) return st;
+    if (im.height != height || im.width != width) {
+        st = mmc_image_resize(&im, (int)height, (int)width, MMC_RESAMPLE_LANCZOS, &rs);
+        mmc_image_free(&im);
+        if (st) return st;
+        im = rs;
+    }
+    float *x = malloc((size_t)B * 3 * (size_t)height * (size_t)width * sizeof *x);
+    if (!x) { mmc_image_free(&im); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    for (int64_t b = 0; b < B; b++)
+        for (int c = 0; c < 3; c++)
+            for (int64_t i = 0; i < height * width; i++)
+                x[(b * 3 + c) * height * width + i] = (im.data[i * 3 + c] / 255.0f - 0.5f) / 0.5f;
+    mmc_image_free(&im);
+    *px = x;
+    return MMC_OK;
+}
+
 /* What the command was asked, for the PNG text chunks and the report. */
 typedef struct {
     const char *model, *prompt, *neg, *latents_path, *out, *lora, *init_image, *pipeline, *scheduler;
+    const char *config;       /* --config DIR: the configs and tokenizers of a single-file --model */
     double strength, guidance, true_cfg;
+    double aesthetic, negative_aesthetic;   /* the SDXL refiner's scores (< 0: the pipeline's 6 / 2.5) */
     long long width, height, steps, seed, maxlen;
     bool json;
     bool size_from_model;     /* neither --width nor --height: the UNet pipelines take the model's size */
+    bool single_file;         /* --model is one .safetensors in the original LDM / SGM layout */
 } gi_args;
 
 /* images [B, 3, H, W] in [0, 1] -> PNGs (numpy_to_pil: (x * 255).round() to uint8, HWC) with the
@@ -262,13 +307,22 @@ done:
  * does. The noise of stochastic schedulers comes from mmc's stream seed + 1. */
 static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
     gi_args args = *ga, *a = &args;
-    if (a->init_image || a->true_cfg > 1.0)
-        return cli_usage("generate-image", "--init-image and --true-cfg are not wired for SDXL / SD pipelines "
-                         "yet (they guide with --guidance)");
+    if (a->true_cfg > 1.0)
+        return cli_usage("generate-image", "--true-cfg is not wired for SDXL / SD pipelines (they guide with "
+                         "--guidance)");
     mmc_sdxl_pipeline *p = NULL;
-    mmc_status st = mmc_sdxl_pipeline_open(a->model, &p);
+    mmc_status st = a->single_file ? mmc_sdxl_pipeline_open_single_file(a->model, a->config, &p)
+                                   : mmc_sdxl_pipeline_open(a->model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
     if (a->size_from_model) a->width = a->height = mmc_sdxl_default_size(p);   /* as the pipelines default */
+    if (!mmc_sdxl_has_text_encoder(p) && !a->init_image) {
+        mmc_sdxl_pipeline_free(p);
+        return cli_usage("generate-image", "%s is an SDXL refiner (CLIP-G only, an img2img pipeline): give it "
+                         "--init-image (e.g. the base model's output)", a->model);
+    }
+    if (mmc_sdxl_requires_aesthetics(p))
+        mmc_sdxl_set_aesthetic_scores(p, a->aesthetic >= 0 ? a->aesthetic : 6.0,
+                                      a->negative_aesthetic >= 0 ? a->negative_aesthetic : 2.5);
     if ((st = mmc_sdxl_check_size(p, (int)a->height, (int)a->width))) {
         mmc_sdxl_pipeline_free(p);
         return cli_fail(st, "bad size");
@@ -321,6 +375,17 @@ static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
     }
     mmc_flux_sample_opts o = {.height = (int)a->height, .width = (int)a->width, .steps = (int)a->steps,
                               .guidance = a->guidance, .progress = on_step, .user = ps};
+    if (a->init_image) {   /* img2img: the image's latents (sampled from the stream seed + 2), noised by lat */
+        float *px = NULL;
+        mmc_tensor *il = NULL;
+        if ((st = init_pixels(a->init_image, B, a->height, a->width, &px))) goto done;
+        st = mmc_sdxl_encode_image(ctx, p, px, B, (int)a->height, (int)a->width, NULL, (uint64_t)a->seed + 2, &il);
+        free(px);
+        if (!st) st = mmc_sdxl_img2img_latents(p, il, lat, (int)a->steps, a->strength, lat, &o.start_step);
+        mmc_tensor_free(il);
+        if (st) goto done;
+        o.img2img = true;
+    }
     double t1 = mmc_now();
     if ((st = mmc_sdxl_sample(ctx, p, &cond, cfg ? &neg : NULL, lat, &o, (uint64_t)a->seed + 1))) goto done;
     t_denoise = mmc_now() - t1;
@@ -341,8 +406,9 @@ done:
 
 int cmd_generate_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = NULL, *latents_path = NULL, *out = "image.png", *lora = NULL;
-    const char *init_image = NULL, *scheduler = NULL;
-    double strength = 0.6;
+    const char *init_image = NULL, *scheduler = NULL, *config = NULL;
+    double strength = 0.6, aes = -1, neg_aes = -1;
+    bool strength_given = false;
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
     bool json = false, tiled = false, maxlen_given = false, guidance_given = false, steps_given = false;
@@ -359,7 +425,10 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--latents")) latents_path = v;
         else if (!strcmp(a, "--init-image")) init_image = v;
         else if (!strcmp(a, "--scheduler")) scheduler = v;
-        else if (!strcmp(a, "--strength")) { if (!cli_float(a, v, 0, 1, &strength)) return CLI_USAGE; }
+        else if (!strcmp(a, "--config")) config = v;
+        else if (!strcmp(a, "--strength")) { if (!cli_float(a, v, 0, 1, &strength)) return CLI_USAGE; strength_given = true; }
+        else if (!strcmp(a, "--aesthetic-score")) { if (!cli_float(a, v, 0, 100, &aes)) return CLI_USAGE; }
+        else if (!strcmp(a, "--negative-aesthetic-score")) { if (!cli_float(a, v, 0, 100, &neg_aes)) return CLI_USAGE; }
         else if (!strcmp(a, "--lora")) {
             if (lora) return cli_usage("generate-image", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
             lora = v;
@@ -382,14 +451,35 @@ int cmd_generate_image(int argc, char **argv) {
     progress_state ps = {.tty = isatty(2), .quiet = json};
     gi_args ga = {.model = model, .prompt = prompt, .neg = neg, .latents_path = latents_path, .out = out,
                   .lora = lora, .init_image = init_image, .pipeline = "FluxPipeline", .scheduler = scheduler,
-                  .strength = strength,
+                  .strength = strength, .aesthetic = aes, .negative_aesthetic = neg_aes,
                   .guidance = guidance, .true_cfg = true_cfg, .width = width, .height = height, .steps = steps,
                   .seed = seed, .maxlen = maxlen, .json = json};
+    struct stat sb;
+    if (stat(model, &sb) == 0 && S_ISREG(sb.st_mode)) {   /* a single-file SD 1.x / SDXL checkpoint */
+        mmc_single_file *sf = NULL;
+        mmc_status st = mmc_single_file_open(model, &sf);
+        if (st) return cli_fail(st, "cannot open --model %s", model);
+        const bool xl = mmc_single_file_get_kind(sf) != MMC_SF_SD1;
+        mmc_single_file_free(sf);
+        ga.pipeline = xl ? (init_image ? "StableDiffusionXLImg2ImgPipeline" : "StableDiffusionXLPipeline")
+                         : (init_image ? "StableDiffusionImg2ImgPipeline" : "StableDiffusionPipeline");
+        ga.config = config, ga.single_file = true;
+        if (!guidance_given) ga.guidance = xl ? 5.0 : 7.5;
+        if (!strength_given) ga.strength = xl ? 0.3 : 0.8;
+        if (!steps_given) ga.steps = 50;
+        ga.size_from_model = !size_given;
+        return run_sdxl(&ga, (int)batch, tiled, &ps);
+    }
+    if (config)
+        return cli_usage("generate-image", "--config DIR goes with a single-file --model (one .safetensors); %s is "
+                         "a folder", model);
     {   /* which pipeline (model_index.json's _class_name): SD3 and SDXL folders take their own paths */
         mmc_diffusers_dir d;
         const bool opened = mmc_diffusers_open(model, &d) == MMC_OK;
-        const bool xl = opened && !strcmp(d.pipeline, "StableDiffusionXLPipeline");
-        const bool sd = opened && !strcmp(d.pipeline, "StableDiffusionPipeline");
+        const bool xl = opened && (!strcmp(d.pipeline, "StableDiffusionXLPipeline") ||
+                                   !strcmp(d.pipeline, "StableDiffusionXLImg2ImgPipeline"));
+        const bool sd = opened && (!strcmp(d.pipeline, "StableDiffusionPipeline") ||
+                                   !strcmp(d.pipeline, "StableDiffusionImg2ImgPipeline"));
         if (scheduler && !xl && !sd)
             return cli_usage("generate-image", "--scheduler is wired for StableDiffusionXLPipeline and "
                              "StableDiffusionPipeline folders only so far");
@@ -400,8 +490,10 @@ int cmd_generate_image(int argc, char **argv) {
             return run_sd3(&ga, (int)batch, tiled, &ps);
         }
         if (xl || sd) {   /* the UNet pipelines: SDXL, SD 1.x / 2.x */
-            ga.pipeline = xl ? "StableDiffusionXLPipeline" : "StableDiffusionPipeline";
+            ga.pipeline = xl ? (init_image ? "StableDiffusionXLImg2ImgPipeline" : "StableDiffusionXLPipeline")
+                             : (init_image ? "StableDiffusionImg2ImgPipeline" : "StableDiffusionPipeline");
             if (!guidance_given) ga.guidance = xl ? 5.0 : 7.5;    /* the pipelines' defaults */
+            if (!strength_given) ga.strength = xl ? 0.3 : 0.8;
             if (!steps_given) ga.steps = 50;
             ga.size_from_model = !size_given;
             return run_sdxl(&ga, (int)batch, tiled, &ps);
@@ -452,23 +544,8 @@ int cmd_generate_image(int argc, char **argv) {
     }
     int start_step = 0;
     if (init_image) {   /* img2img: the noise above mixes with the image's latents at the start step */
-        mmc_image im = {0}, rs = {0};
-        mmc_image_opts io;
-        mmc_image_opts_default(&io);
-        if ((st = mmc_image_load(init_image, &io, &im))) { cli_fail(st, "cannot read --init-image"); goto done; }
-        if (im.height != height || im.width != width) {
-            st = mmc_image_resize(&im, (int)height, (int)width, MMC_RESAMPLE_LANCZOS, &rs);
-            mmc_image_free(&im);
-            if (st) { cli_fail(st, "cannot resize --init-image"); goto done; }
-            im = rs;
-        }
-        float *px = malloc((size_t)B * 3 * (size_t)height * (size_t)width * sizeof *px);
-        if (!px) { mmc_image_free(&im); cli_fail(mmc_error(MMC_ERR_OOM, "out of memory"), "img2img"); goto done; }
-        for (int b = 0; b < B; b++)
-            for (int c = 0; c < 3; c++)
-                for (int64_t i = 0; i < height * width; i++)
-                    px[((int64_t)b * 3 + c) * height * width + i] = (im.data[i * 3 + c] / 255.0f - 0.5f) / 0.5f;
-        mmc_image_free(&im);
+        float *px = NULL;
+        if ((st = init_pixels(init_image, B, height, width, &px))) { cli_fail(st, "cannot read --init-image"); goto done; }
         mmc_tensor *il = NULL;
         st = mmc_flux_encode_image(ctx, p, px, B, (int)height, (int)width, (uint64_t)seed + 1, &il);
         free(px);

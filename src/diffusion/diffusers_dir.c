@@ -89,9 +89,10 @@ static const pipeline_info PIPELINES[] = {
      {{"vae", MMC_DCOMP_VAE, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
       {"tokenizer", MMC_DCOMP_TOKENIZER, false}, {"unet", MMC_DCOMP_UNET, false},
       {"scheduler", MMC_DCOMP_SCHEDULER, false}, {"safety_checker", MMC_DCOMP_SAFETY_CHECKER, true}, OPT_IMAGE}},
+    /* SDXL: the refiner (StableDiffusionXLImg2ImgPipeline) ships without text_encoder / tokenizer */
     {{"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"},
-     {{"vae", MMC_DCOMP_VAE, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
-      {"text_encoder_2", MMC_DCOMP_TEXT_ENCODER, false}, {"tokenizer", MMC_DCOMP_TOKENIZER, false},
+     {{"vae", MMC_DCOMP_VAE, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, true},
+      {"text_encoder_2", MMC_DCOMP_TEXT_ENCODER, false}, {"tokenizer", MMC_DCOMP_TOKENIZER, true},
       {"tokenizer_2", MMC_DCOMP_TOKENIZER, false}, {"unet", MMC_DCOMP_UNET, false},
       {"scheduler", MMC_DCOMP_SCHEDULER, false}, OPT_IMAGE}},
     /* Wan2.1 text-to-video; transformer_2 is Wan2.2's low-noise expert (null in Wan2.1 folders) */

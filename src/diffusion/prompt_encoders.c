@@ -18,11 +18,22 @@ static mmc_tensor *keep_copy(const mmc_tensor *t) {
 
 mmc_status mmc_pipe_clip_encode(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const char *const *prompts,
                                 int B, mmc_tensor **penultimate, mmc_tensor **pooled, mmc_tensor **text_embeds) {
+    return mmc_pipe_clip_encode_st(ctx, tok_dir, enc_dir, NULL, prompts, B, penultimate, pooled, text_embeds);
+}
+
+mmc_status mmc_pipe_clip_encode_st(mmc_ctx *ctx, const char *tok_dir, const char *enc_dir, const mmc_clip_load *lo,
+                                   const char *const *prompts, int B, mmc_tensor **penultimate, mmc_tensor **pooled,
+                                   mmc_tensor **text_embeds) {
     mmc_clip_tokenizer *ct = NULL;
     mmc_clip_text *m = NULL;
     const bool was = mmc_set_grad_enabled(ctx, false);
-    mmc_status st;
-    if ((st = mmc_clip_tokenizer_load(tok_dir, &ct)) || (st = mmc_clip_text_load(enc_dir, &m))) goto done;
+    mmc_st *weights = lo ? lo->weights : NULL;
+    mmc_status st = mmc_clip_tokenizer_load(tok_dir, &ct);
+    if (st && weights) mmc_st_close(weights);
+    if (st || (st = weights ? mmc_clip_text_load_st(enc_dir, weights, lo->what ? lo->what : enc_dir, &m)
+                            : mmc_clip_text_load(enc_dir, &m)))
+        goto done;
+    if (lo && lo->patch && (st = lo->patch(lo->user, m))) goto done;
     const int L = mmc_clip_tokenizer_model_max_length(ct);
     mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, L));
     for (int b = 0; b < B && !st; b++)

@@ -501,6 +501,22 @@ mmc_status mmc_st_open_memory(const void *buf, size_t n, const char *what, mmc_s
     return MMC_OK;
 }
 
+mmc_status mmc_st_new_view(mmc_st **out) {
+    *out = calloc(1, sizeof **out);
+    return *out ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+}
+
+mmc_status mmc_st_add_view(mmc_st *st, const char *name, mmc_dtype dt, int ndim, const int64_t *shape,
+                           const void *data) {
+    if (table_lookup(st, name) >= 0) return mmc_error(MMC_ERR_FORMAT, "tensor '%s' appears twice", name);
+    if (ndim < 0 || ndim > MMC_MAX_DIMS) return mmc_error(MMC_ERR_INVALID, "tensor '%s': %d dims", name, ndim);
+    mmc_st_entry e = {.dtype = dt, .ndim = ndim, .data = data};
+    size_t n = mmc_dtype_size(dt);
+    for (int d = 0; d < ndim; d++) e.shape[d] = shape[d], n *= (size_t)shape[d];
+    e.nbytes = n;
+    return add_entry(st, name, e);
+}
+
 int mmc_st_count(const mmc_st *st) { return st->n; }
 const mmc_st_entry *mmc_st_at(const mmc_st *st, int i) {
     return i >= 0 && i < st->n ? &st->entries[i] : NULL;

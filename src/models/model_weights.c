@@ -57,6 +57,14 @@ mmc_status mw_open(const char *dir, const char *stem, mw_set *w) {
     return mmc_st_open(p, &w->st);
 }
 
+mmc_status mw_adopt(mmc_st *st, mw_set *w) {
+    memset(w, 0, sizeof *w);
+    w->st = st;    /* closed by mw_close, also on failure here */
+    w->errcap = 16384;
+    w->errs = calloc(1, w->errcap);
+    return w->errs ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+}
+
 void mw_bind(mw_set *w, const char *prefix, const char *name, mmc_tensor **slot, int ndim, const int64_t *shape) {
     char full[256], dummy[512] = "";
     snprintf(full, sizeof full, "%s%s", prefix, name);

@@ -35,6 +35,9 @@ typedef enum { MW_INIT_NONE, MW_INIT_HF_NORMAL, MW_INIT_TORCH_LINEAR } mw_init;
 /* Open "<dir>/<stem>.safetensors", else "<dir>/<stem>.safetensors.index.json" (stem "model" for
  * transformers, "diffusion_pytorch_model" for diffusers); NOT_FOUND naming both when absent. */
 mmc_status mw_open(const char *dir, const char *stem, mw_set *w);
+/* A set over tensors already opened (a component's view of a single-file checkpoint: mmc_st_new_view);
+ * the set owns st from here on, whatever the result. */
+mmc_status mw_adopt(mmc_st *st, mw_set *w);
 /* A set without a checkpoint (fresh models, benchmarks): every mw_bind allocates an f32 tensor of
  * the asked shape, initialised as `kind` says from a stream seeded with seed; trainable ones (set
  * w->trainable) are flagged MMC_PARAM | MMC_REQUIRES_GRAD. */

@@ -477,6 +477,37 @@ done:
 }
 
 /* ------------------------------------------------------------------ merge */
+mmc_status mmc_lora_set_build(const mmc_module_list *ml, const mmc_lora_item *items, int n, mmc_lora_set **out) {
+    *out = NULL;
+    mmc_lora_set *s = set_new(n);
+    if (!s) return mmc_error(MMC_ERR_OOM, "LoRA: out of memory");
+    mmc_status st = MMC_OK;
+    for (int i = 0; i < n && !st; i++) {
+        const mmc_lora_item *it = &items[i];
+        MMC_ASSERT(it->module >= 0 && it->module < ml->n);
+        mmc_linear_w *l = ml->mods[it->module];
+        if (it->A->ndim != 2 || it->B->ndim != 2 || it->A->shape[0] != it->B->shape[1] ||
+            it->A->shape[1] != l->in_features || it->B->shape[0] != l->out_features) {
+            st = mmc_error(MMC_ERR_SHAPE, "LoRA: module '%s' is [%lld, %lld]; the adapter's A is [%lld, %lld], B [%lld, "
+                           "%lld]", ml->names[it->module], (long long)l->out_features, (long long)l->in_features,
+                           (long long)it->A->shape[0], (long long)(it->A->ndim > 1 ? it->A->shape[1] : 0),
+                           (long long)it->B->shape[0], (long long)(it->B->ndim > 1 ? it->B->shape[1] : 0));
+            break;
+        }
+        s->r = (int)it->A->shape[0];                       /* this adapter's rank (they may differ) */
+        if ((st = add_adapter(s, l, ml->names[it->module], it->module, false))) break;
+        mmc_lora *a = &s->adapters[s->n - 1];
+        memcpy(a->A->data, it->A->data, mmc_nbytes(a->A));
+        memcpy(a->B->data, it->B->data, mmc_nbytes(a->B));
+        a->scale = it->scale;
+    }
+    if (!st && n > 0) s->r = (int)items[0].A->shape[0], s->alpha = items[0].scale * (float)s->r;
+    if (!st) st = targets_from_modules(s);
+    if (st) { mmc_lora_free(s); return st; }
+    *out = s;
+    return MMC_OK;
+}
+
 void mmc_lora_merge_into(float *W, const float *A, const float *B, int64_t N, int64_t K, int64_t r,
                          float scale) {
     /* W [N, K] += scale · B [N, r] · A [r, K] */
@@ -736,10 +767,9 @@ mmc_status mmc_lora_load_diffusers(const char *path, const char *component, cons
         if (lk > lsuf && !strcmp(en->name + lk - lsuf, ".lora_A.weight") && en->ndim == 2) s->r = (int)en->shape[0];
     }
     if (!s->r) {
-        st = mmc_error(MMC_ERR_FORMAT, "%s: no <module>.lora_A.weight tensors: not a diffusers / PEFT LoRA file%s", file,
-                       mmc_st_count(w) && strstr(mmc_st_at(w, 0)->name, "lora_down")
-                           ? " (this is a kohya-style file with lora_down / lora_up keys; convert it with diffusers first)"
-                           : "");
+        st = mmc_error(MMC_ERR_FORMAT, "%s: no <module>.lora_A.weight tensors: not a diffusers / PEFT LoRA file%s%s%s",
+                       file, mmc_st_count(w) ? " (first key '" : "", mmc_st_count(w) ? mmc_st_at(w, 0)->name : "",
+                       mmc_st_count(w) ? "'; kohya files are read by the SDXL / SD pipelines' --lora)" : "");
         goto done;
     }
     s->alpha = (float)s->r;

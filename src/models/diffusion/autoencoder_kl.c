@@ -236,32 +236,43 @@ void mmc_vae_free(mmc_vae *v) {
     free(v);
 }
 
-mmc_status mmc_vae_load(const char *dir, mmc_vae **out) {
+/* dir holds config.json; the weights are its diffusion_pytorch_model.safetensors, or `from` (taken) */
+static mmc_status vae_load(const char *dir, mmc_st *from, const char *what, mmc_vae **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *j = NULL;
+    mmc_vae *v = NULL;
     mmc_status st = mmc_json_load(path, &j);
-    if (st) return st;
-    mmc_vae *v = calloc(1, sizeof *v);
+    if (st) goto fail;
+    v = calloc(1, sizeof *v);
     binder b = {.v = v};
     if (!v) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mmc_vae_config_read(j, path, &v->cfg))) goto fail;
     if ((st = alloc_levels(&v->enc, v->cfg.levels, (int)v->cfg.layers_per_block)) ||
         (st = alloc_levels(&v->dec, v->cfg.levels, (int)v->cfg.layers_per_block + 1)))
         goto fail;
-    if ((st = mw_open(dir, "diffusion_pytorch_model", &v->w))) goto fail;
+    st = from ? mw_adopt(from, &v->w) : mw_open(dir, "diffusion_pytorch_model", &v->w);
+    from = NULL;
+    if (st) goto fail;
     bind_all(&b);
     /* a checkpoint with tensors this config does not use was saved from another config */
-    if ((st = mw_status(&v->w, dir, "AutoencoderKL")) || (st = mw_check_unused(&v->w, dir, "AutoencoderKL")))
+    if ((st = mw_status(&v->w, what, "AutoencoderKL")) || (st = mw_check_unused(&v->w, what, "AutoencoderKL")))
         goto fail;
     mmc_json_free(j);
     *out = v;
     return MMC_OK;
 fail:
+    if (from) mmc_st_close(from);
     mmc_json_free(j);
     mmc_vae_free(v);
     return st;
+}
+
+mmc_status mmc_vae_load(const char *dir, mmc_vae **out) { return vae_load(dir, NULL, dir, out); }
+
+mmc_status mmc_vae_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_vae **out) {
+    return vae_load(config_dir, weights, what, out);
 }
 
 const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v) { return &v->cfg; }

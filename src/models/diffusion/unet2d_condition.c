@@ -384,29 +384,43 @@ void mmc_unet_free(mmc_unet *m) {
     free(m);
 }
 
-mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out) {
+/* dir holds config.json; the weights are its diffusion_pytorch_model.safetensors, or `from` (taken) */
+static mmc_status unet_load(const char *dir, mmc_st *from, const char *what, bool trainable, mmc_unet **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *j = NULL;
+    mmc_unet *m = NULL;
     mmc_status st = mmc_json_load(path, &j);
-    if (st) return st;
-    mmc_unet *m = calloc(1, sizeof *m);
+    if (st) goto fail;
+    m = calloc(1, sizeof *m);
     if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mmc_unet_config_read(j, path, &m->cfg))) goto fail;
-    if ((st = mw_open(dir, "diffusion_pytorch_model", &m->w))) goto fail;
+    st = from ? mw_adopt(from, &m->w) : mw_open(dir, "diffusion_pytorch_model", &m->w);
+    from = NULL;
+    if (st) goto fail;
     m->w.trainable = trainable;
     if ((st = bind_all(m))) goto fail;
-    if ((st = mw_status(&m->w, dir, "UNet2DConditionModel")) ||
-        (st = mw_check_unused(&m->w, dir, "UNet2DConditionModel")))
+    if ((st = mw_status(&m->w, what, "UNet2DConditionModel")) ||
+        (st = mw_check_unused(&m->w, what, "UNet2DConditionModel")))
         goto fail;
     mmc_json_free(j);
     *out = m;
     return MMC_OK;
 fail:
+    if (from) mmc_st_close(from);
     mmc_json_free(j);
     mmc_unet_free(m);
     return st;
+}
+
+mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out) {
+    return unet_load(dir, NULL, dir, trainable, out);
+}
+
+mmc_status mmc_unet_load_st(const char *config_dir, mmc_st *weights, const char *what, bool trainable,
+                            mmc_unet **out) {
+    return unet_load(config_dir, weights, what, trainable, out);
 }
 
 const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m) { return &m->cfg; }

@@ -15,6 +15,7 @@
  * input, before the final LayerNorm. Weight names: "text_model." + the module path (4.x and
  * WithProjection), or without the prefix (a CLIPTextModel saved by transformers 5). */
 #include "encoder_common.h"
+#include "mmc_lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -70,20 +71,24 @@ void mmc_clip_text_free(mmc_clip_text *m) {
     free(m);
 }
 
-mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) {
+/* dir holds config.json; the weights are its model.safetensors, or `from` (taken) */
+static mmc_status clip_text_load(const char *dir, mmc_st *from, const char *what, mmc_clip_text **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *j = NULL;
+    mmc_clip_text *m = NULL;
     mmc_status st = mmc_json_load(path, &j);
-    if (st) return st;
-    mmc_clip_text *m = calloc(1, sizeof *m);
+    if (st) goto fail;
+    m = calloc(1, sizeof *m);
     if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mmc_clip_text_config_read(j, path, &m->cfg))) goto fail;
     mmc_clip_text_config *c = &m->cfg;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    if ((st = mw_open(dir, "model", &m->w))) goto fail;
+    st = from ? mw_adopt(from, &m->w) : mw_open(dir, "model", &m->w);
+    from = NULL;
+    if (st) goto fail;
     mw_set *w = &m->w;
     const char *pre = mmc_st_find(w->st, "text_model.embeddings.token_embedding.weight") ? "text_model." : "";
     /* the projection is bound where the class says so or the checkpoint has one */
@@ -101,15 +106,53 @@ mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) {
     mw_bind(w, pre, "final_layer_norm.weight", &m->ln_f_w, 1, MMC_SHAPE(C));
     mw_bind(w, pre, "final_layer_norm.bias", &m->ln_f_b, 1, MMC_SHAPE(C));
     if (c->with_projection) mw_bind(w, "", "text_projection.weight", &m->proj, 2, MMC_SHAPE(c->projection_dim, C));
-    if ((st = mw_status(w, dir, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
+    if ((st = mw_status(w, what, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
         goto fail;
     mmc_json_free(j);
     *out = m;
     return MMC_OK;
 fail:
+    if (from) mmc_st_close(from);
     mmc_json_free(j);
     mmc_clip_text_free(m);
     return st;
+}
+
+mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) { return clip_text_load(dir, NULL, dir, out); }
+
+mmc_status mmc_clip_text_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_clip_text **out) {
+    return clip_text_load(config_dir, weights, what, out);
+}
+
+mmc_status mmc_clip_text_merge_lora(mmc_clip_text *m, const char *module, const mmc_tensor *A, const mmc_tensor *B,
+                                    float scale) {
+    const char *bare = strncmp(module, "text_model.", 11) ? module : module + 11;
+    mmc_tensor *t = NULL;
+    for (int i = 0; i < m->w.n_params && !t; i++) {
+        const char *n = m->w.names[i];
+        if (!strncmp(n, "text_model.", 11)) n += 11;
+        size_t lb = strlen(bare);
+        if (!strncmp(n, bare, lb) && !strcmp(n + lb, ".weight")) t = m->w.params[i];
+    }
+    if (!t || t->ndim != 2)
+        return mmc_error(MMC_ERR_NOT_FOUND, "LoRA: '%s' is not a linear of this CLIP text model", module);
+    const int64_t N = t->shape[0], K = t->shape[1], r = A->shape[0];
+    if (A->ndim != 2 || B->ndim != 2 || A->shape[1] != K || B->shape[0] != N || B->shape[1] != r)
+        return mmc_error(MMC_ERR_SHAPE, "LoRA: '%s' is [%lld, %lld]; the adapter's A is [%lld, %lld], B [%lld, %lld]",
+                         module, (long long)N, (long long)K, (long long)A->shape[0],
+                         (long long)(A->ndim > 1 ? A->shape[1] : 0), (long long)B->shape[0],
+                         (long long)(B->ndim > 1 ? B->shape[1] : 0));
+    if (t->dtype != MMC_F32 || !(t->flags & MMC_OWNS_DATA)) {   /* a view of the file or bf16: an f32 copy of its own */
+        float *d = malloc((size_t)(N * K) * sizeof *d);
+        if (!d) return mmc_error(MMC_ERR_OOM, "out of memory");
+        mmc_convert(d, MMC_F32, t->data, t->dtype, N * K);
+        if (t->flags & MMC_OWNS_DATA) free(t->data);
+        t->data = d;
+        t->dtype = MMC_F32;
+        t->flags |= MMC_OWNS_DATA;
+    }
+    mmc_lora_merge_into(t->data, A->data, B->data, N, K, r, scale);
+    return MMC_OK;
 }
 
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
