@@ -14,6 +14,7 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,7 +210,10 @@ static void test_parity(const char *name, double frame_tol, mmc_tokenizer *tok, 
     mmc_video_clip_free(&clip);
 }
 
-/* Every container decodes; frames fetched by seeking equal those decoded in sequence. */
+/* Every container decodes; frames fetched by seeking equal those decoded in sequence. The
+ * sequence is read by one reader (one OpenMP thread), the seeks by a reader per thread over
+ * keyframe segments (three threads), and from memory (mmc_video_open_mem) the same: the
+ * parallel path must give the one-reader path's bytes. */
 static void test_containers(void) {
     const char *names[] = {"mkv", "mp4", "webm", "avi", "gif", "mov"};
     for (int k = 0; k < 6; k++) {
@@ -227,7 +231,26 @@ static void test_containers(void) {
         int64_t all[64], some[4] = {1, n / 2, n / 2 + 1, n - 1};
         for (int i = 0; i < n; i++) all[i] = i;
         mmc_image fa[64], fs[4];
-        if (!CHECK_OK_(mmc_video_read(v, all, n, fa))) { mmc_video_close(v); continue; }
+        int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        bool ok = CHECK_OK_(mmc_video_read(v, all, n, fa));
+        omp_set_num_threads(3);
+        if (!ok) { mmc_video_close(v); omp_set_num_threads(threads); continue; }
+        /* every frame again, by the thread readers, from a copy in memory */
+        char *bytes = NULL;
+        size_t len = 0;
+        mmc_video *vm = NULL;
+        mmc_image fm[64];
+        if (CHECK_OK_(mmc_read_file(path, &bytes, &len)) && CHECK_OK_(mmc_video_open_mem(bytes, len, path, &vm)) &&
+            CHECK_OK_(mmc_video_read(vm, all, n, fm))) {
+            for (int i = 0; i < n; i++) {
+                CHECKF(!memcmp(fm[i].data, fa[i].data, (size_t)64 * 48 * 3), "%s: frame %d from memory, 3 threads, "
+                       "differs", path, i);
+                mmc_image_free(&fm[i]);
+            }
+        }
+        mmc_video_close(vm);
+        free(bytes);
         /* reopen: a fresh handle reads the subset by seeking */
         mmc_video *v2 = NULL;
         CHECK_OK(mmc_video_open(path, &v2));
@@ -249,6 +272,7 @@ static void test_containers(void) {
         for (int i = 0; i < n; i++) mmc_image_free(&fa[i]);
         mmc_video_close(v2);
         mmc_video_close(v);
+        omp_set_num_threads(threads);
     }
 }
 
