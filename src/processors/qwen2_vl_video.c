@@ -445,8 +445,17 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
     bool resize = oh != H || ow != W;
     mmc_image *rs = resize ? calloc((size_t)n, sizeof *rs) : NULL;
     const uint8_t **fp = malloc(sizeof *fp * (size_t)T);   /* [T] frames after resize; padding repeats the last */
-    out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P));
-    if ((resize && !rs) || !fp || !out->pixel_values) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
+    /* every element is written below: no zeroing pass (mmc_tensor_new's memset is one thread over
+     * hundreds of MB); the pages are first touched by the patchify threads */
+    out->pixel_values = mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P), NULL);
+    if (out->pixel_values) {
+        out->pixel_values->data = aligned_alloc(64, (mmc_nbytes(out->pixel_values) + 63) / 64 * 64);
+        if (out->pixel_values->data) out->pixel_values->flags |= MMC_OWNS_DATA;
+    }
+    if ((resize && !rs) || !fp || !out->pixel_values || !out->pixel_values->data) {
+        st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory");
+        goto fail;
+    }
     st = MMC_OK;
     if (resize) {   /* torchvision resizes uint8 frames with torch's uint8 kernels; one frame per thread */
         mmc_status fst = MMC_OK;
