@@ -1,7 +1,8 @@
 /* bench_video.c — a video prompt's input side: a 30 s 720p H.264 clip (900 frames at 30 fps)
  * sampled at 2 fps (60 frames) through FFmpeg (keyframe seek, decode to the frame, RGB24), and
  * the Qwen2-VL video processor's defaults (smart_resize to <= 768*28*28 pixels, normalise,
- * patchify). Peer: bench/peer_video.py (transformers' video processor with its PyAV decoder).
+ * patchify). Peer: bench/peer_video.py (transformers' video processor with its default decoder:
+ * torchcodec when it loads, else transformers' load_video with PyAV).
  * The clip is written at bench time by the peer script (PyAV + libx264) into build/bench/. */
 #include "bench_util.h"
 #include "mmc_video.h"

@@ -1,9 +1,14 @@
 """Peer for bench/bench_video.c: transformers' Qwen2-VL video processor on a 30 s 720p H.264
 clip sampled at 2 fps (60 of 900 frames): decode + sampling (transformers.video_utils.load_video
 with the processor's sample_frames) and then the processor's preprocessing (resize, normalise,
-patchify). transformers 5.x decodes with torchcodec by default; it is not installed in the
-reference venv (and torchvision >= 0.26 has no decoder), so the peer is transformers' PyAV
-backend, the one a user gets with `pip install av` — the same FFmpeg decoders mmc calls.
+patchify). The decoder is the one transformers 5.23 picks by default: the video processor's
+fetch_videos uses torchcodec when it is installed and loads (FFmpeg's shared libraries,
+libavdevice/libavfilter included); without it, and with torchvision >= 0.26 (no decoder), it
+raises. The pinned reference requirements have no torchcodec, so there the peer is transformers'
+own load_video with its default backend, "pyav" (av pinned: PyAV's default slice threading, every
+frame decoded up to the last wanted one). The backend used is printed to stderr; both run with
+the bench's thread count (OMP_NUM_THREADS, torch.set_num_threads; FFmpeg threads: each backend's
+default, 0 = automatic).
 
 `python bench/peer_video.py --make-clip PATH` writes the clip (PyAV + libx264, moving shapes
 over a scrolling texture, 30 fps, keyframe every 2 s as phone cameras write) and exits."""
@@ -48,23 +53,36 @@ from peer_util import median_time, report  # noqa: E402
 from transformers import Qwen2VLVideoProcessor  # noqa: E402
 from transformers.video_utils import load_video  # noqa: E402
 
+
 if not os.path.exists(CLIP):
     make_clip(CLIP)
 vp = Qwen2VLVideoProcessor()   # the defaults: size 128*28*28 .. 768*28*28 pixels per frame
 
 
+try:
+    from transformers.utils.import_utils import is_torchcodec_usable
+    TORCHCODEC = is_torchcodec_usable(decode="video")
+except Exception:
+    TORCHCODEC = False
+BACKEND = "torchcodec" if TORCHCODEC else "pyav"
+
+
 def decode():
+    if TORCHCODEC:   # the processor's own path for a file: fetch_videos with its sample_frames
+        return vp.fetch_videos(CLIP, sample_indices_fn=partial(vp.sample_frames, fps=2))
     return load_video(CLIP, backend="pyav", sample_indices_fn=partial(vp.sample_frames, fps=2))
 
 
 def full():
+    if TORCHCODEC:   # a path straight to the processor, as a user writes it
+        return vp(videos=[CLIP], do_sample_frames=True, fps=2, return_tensors="pt", cap_pixels_per_frame=False)
     frames, meta = decode()
     return vp(videos=[frames], video_metadata=[meta], do_sample_frames=False, return_tensors="pt",
               cap_pixels_per_frame=False)
 
 
 out = full()
-print(f"peer_video: {len(decode()[1].frames_indices)} frames -> pixel_values_videos "
+print(f"peer_video ({BACKEND}): {len(decode()[1].frames_indices)} frames -> pixel_values_videos "
       f"{tuple(out['pixel_values_videos'].shape)}, grid {out['video_grid_thw'].tolist()}", file=sys.stderr)
 report("video_decode_sample_30s_720p_h264_2fps", 1.0 / median_time(decode, min_s=0, min_iters=3), "clips/s")
 report("video_qwen2vl_30s_720p_h264_2fps", 1.0 / median_time(full, min_s=0, min_iters=3), "clips/s")

@@ -57,6 +57,9 @@ typedef struct {
     int min_frames, max_frames; /* 4, 768 */
     bool cap_pixels_per_frame;  /* qwen-vl-utils' total pixel budget (transformers opt-in) */
     int64_t max_video_tokens;   /* 128000: the budget is 90% of this many tokens' pixels */
+    bool qwen_vl_utils;         /* frames and size as qwen-vl-utils' fetch_video (the CLI's
+                                   --video-pixel-budget): smart_nframes, round(linspace) indices,
+                                   its float total-pixel share; see mmc_qwen_vl_utils_size */
 } mmc_qwen2vl_video_proc;
 
 /* Qwen2VLVideoProcessor's defaults: size {shortest_edge 128*28*28, longest_edge 28*28*768},
@@ -82,6 +85,13 @@ mmc_status mmc_qwen2vl_video_proc_load(const char *path, mmc_qwen2vl_video_proc 
  * *idx is malloc'd. Fails with the reason transformers gives (and what to change). */
 mmc_status mmc_qwen2vl_video_sample(const mmc_qwen2vl_video_proc *p, int64_t total_frames, double video_fps,
                                     int64_t **idx, int *n);
+/* With p->qwen_vl_utils set, mmc_qwen2vl_video_sample is qwen-vl-utils' smart_nframes (num_frames
+ * as its "nframes", else fps with min_frames ceiled and max_frames floored to FRAME_FACTOR 2)
+ * and round(torch.linspace(0, total - 1, nframes)) in float32; this is the size fetch_video
+ * resizes n frames of HxW to: smart_resize (its own: float bounds, no floor at `factor`) within
+ * [video_min_pixels, min(video_max_pixels, max(min(768 * factor^2, total_pixels / n * 2),
+ * int(1.05 * video_min_pixels)))], total_pixels = max_video_tokens * factor^2 * 0.9. */
+mmc_status mmc_qwen_vl_utils_size(const mmc_qwen2vl_video_proc *p, int height, int width, int n, int *out_h, int *out_w);
 
 /* Qwen2VLVideoProcessor._preprocess on frames of equal size (the fast, torchvision backend):
  * smart_resize within the video bounds (and the per-frame share of the total budget when

@@ -5,7 +5,10 @@
  * second_per_grid_ts, input_ids of a chat prompt with the video, and Qwen2-VL / Qwen2.5-VL
  * logits (1e-4). Then every container of the fixture set decodes, keyframe-seek reads equal
  * sequential reads, damaged inputs fail with a message instead of crashing, and the fuzz
- * target's past crash inputs run clean. */
+ * target's past crash inputs run clean. qwen-vl-utils' frame choice and size
+ * (tools/ref/gen_qwen_vl_utils.py): its indices and resized sizes over a table (exact) and one
+ * file end to end (equal indices, grid and input_ids; pixel_values_videos 1e-5 but for <= 1% of
+ * values one uint8 level off at rounding ties of fetch_video's float resize). */
 #include "mmc_data.h"
 #include "mmc_prompt.h"
 #include "mmc_tokenizer.h"
@@ -13,7 +16,9 @@
 #include "mmc_vl.h"
 #include "test_util.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,7 +214,10 @@ static void test_parity(const char *name, double frame_tol, mmc_tokenizer *tok, 
     mmc_video_clip_free(&clip);
 }
 
-/* Every container decodes; frames fetched by seeking equal those decoded in sequence. */
+/* Every container decodes; frames fetched by seeking equal those decoded in sequence. The
+ * sequence is read by one reader (one OpenMP thread), the seeks by a reader per thread over
+ * keyframe segments (three threads), and from memory (mmc_video_open_mem) the same: the
+ * parallel path must give the one-reader path's bytes. */
 static void test_containers(void) {
     const char *names[] = {"mkv", "mp4", "webm", "avi", "gif", "mov"};
     for (int k = 0; k < 6; k++) {
@@ -227,7 +235,26 @@ static void test_containers(void) {
         int64_t all[64], some[4] = {1, n / 2, n / 2 + 1, n - 1};
         for (int i = 0; i < n; i++) all[i] = i;
         mmc_image fa[64], fs[4];
-        if (!CHECK_OK_(mmc_video_read(v, all, n, fa))) { mmc_video_close(v); continue; }
+        int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        bool ok = CHECK_OK_(mmc_video_read(v, all, n, fa));
+        omp_set_num_threads(3);
+        if (!ok) { mmc_video_close(v); omp_set_num_threads(threads); continue; }
+        /* every frame again, by the thread readers, from a copy in memory */
+        char *bytes = NULL;
+        size_t len = 0;
+        mmc_video *vm = NULL;
+        mmc_image fm[64];
+        if (CHECK_OK_(mmc_read_file(path, &bytes, &len)) && CHECK_OK_(mmc_video_open_mem(bytes, len, path, &vm)) &&
+            CHECK_OK_(mmc_video_read(vm, all, n, fm))) {
+            for (int i = 0; i < n; i++) {
+                CHECKF(!memcmp(fm[i].data, fa[i].data, (size_t)64 * 48 * 3), "%s: frame %d from memory, 3 threads, "
+                       "differs", path, i);
+                mmc_image_free(&fm[i]);
+            }
+        }
+        mmc_video_close(vm);
+        free(bytes);
         /* reopen: a fresh handle reads the subset by seeking */
         mmc_video *v2 = NULL;
         CHECK_OK(mmc_video_open(path, &v2));
@@ -249,6 +276,7 @@ static void test_containers(void) {
         for (int i = 0; i < n; i++) mmc_image_free(&fa[i]);
         mmc_video_close(v2);
         mmc_video_close(v);
+        omp_set_num_threads(threads);
     }
 }
 
@@ -338,6 +366,137 @@ static void test_dataset(mmc_tokenizer *tok) {
     remove("build/test_video_data.jsonl");
 }
 
+static double jnum(const cJSON *o, const char *k, double dflt) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(x) ? x->valuedouble : dflt;
+}
+
+/* qwen-vl-utils' fetch_video frame choice and size (tools/ref/gen_qwen_vl_utils.py ran it over a
+ * table of clips and requests): with qwen_vl_utils set, the indices (exact), the resized height
+ * and width (exact), and an error wherever it raises. */
+static void test_qwen_vl_utils_table(void) {
+    char *text = NULL;
+    size_t len = 0;
+    if (!CHECK_OK_(mmc_read_file("tests/fixtures/qwen_vl_utils/cases.json", &text, &len))) return;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *rows = cJSON_GetObjectItemCaseSensitive(root, "rows");
+    CHECK(cJSON_GetArraySize(rows) > 500);
+    int n_ok = 0, n_err = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, rows) {
+        mmc_qwen2vl_video_proc p;
+        mmc_qwen2vl_video_proc_default(&p);
+        p.qwen_vl_utils = true;
+        p.proc.patch_size = (int)jnum(r, "patch_size", 14);
+        p.proc.video_min_pixels = (int64_t)jnum(r, "min_pixels", 0);
+        p.proc.video_max_pixels = (int64_t)jnum(r, "max_pixels", 0);
+        p.max_video_tokens = (int64_t)jnum(r, "tokens", 0);
+        p.num_frames = (int)jnum(r, "nframes", 0);
+        p.fps = jnum(r, "fps", 0);
+        p.min_frames = (int)jnum(r, "min_frames", 4);
+        p.max_frames = (int)jnum(r, "max_frames", 768);
+        int64_t total = (int64_t)jnum(r, "total", 0);
+        int H = (int)jnum(r, "height", 0), W = (int)jnum(r, "width", 0);
+        char row[256];
+        snprintf(row, sizeof row, "total %lld at %g fps, %dx%d, %s %g, frames [%d, %d], pixels [%lld, %lld], %lld tokens",
+                 (long long)total, jnum(r, "video_fps", 0), W, H, p.num_frames ? "nframes" : "fps",
+                 p.num_frames ? p.num_frames : p.fps, p.min_frames, p.max_frames, (long long)p.proc.video_min_pixels,
+                 (long long)p.proc.video_max_pixels, (long long)p.max_video_tokens);
+        int64_t *idx = NULL;
+        int n = 0, oh = 0, ow = 0;
+        mmc_status st = mmc_qwen2vl_video_sample(&p, total, jnum(r, "video_fps", 0), &idx, &n);
+        if (!st) st = mmc_qwen_vl_utils_size(&p, H, W, n, &oh, &ow);
+        const cJSON *want = cJSON_GetObjectItemCaseSensitive(r, "indices");
+        if (cJSON_GetObjectItemCaseSensitive(r, "error")) {
+            CHECKF(st != MMC_OK, "%s: qwen-vl-utils raises, mmc gave %d frames", row, n);
+            n_err++;
+        } else {
+            CHECKF(st == MMC_OK, "%s: %s", row, mmc_last_error());
+        }
+        if (!cJSON_GetObjectItemCaseSensitive(r, "error") && st == MMC_OK) {
+            bool same = cJSON_GetArraySize(want) == n;
+            for (int i = 0; same && i < n; i++) same = (int64_t)cJSON_GetArrayItem(want, i)->valuedouble == idx[i];
+            CHECKF(same, "%s: %d frame indices differ from qwen-vl-utils' %d", row, n, cJSON_GetArraySize(want));
+            CHECKF(oh == (int)jnum(r, "resized_height", -1) && ow == (int)jnum(r, "resized_width", -1),
+                   "%s: resized to %dx%d, qwen-vl-utils %gx%g", row, ow, oh, jnum(r, "resized_width", -1),
+                   jnum(r, "resized_height", -1));
+            n_ok++;
+        }
+        free(idx);
+    }
+    printf("qwen-vl-utils table: %d rows equal, %d refused as it refuses them\n", n_ok, n_err);
+    cJSON_Delete(root);
+}
+
+/* End to end: moving.mkv through mmc in qwen-vl-utils mode (what `--video-fps 4 --video-pixel-budget`
+ * sets) against fetch_video + Qwen2VLProcessor(do_sample_frames=False): indices equal,
+ * pixel_values_videos within 1e-5 but for rounding ties (below), grid and input_ids equal,
+ * second_per_grid_ts within 1e-12. */
+static void test_qwen_vl_utils_e2e(mmc_tokenizer *tok) {
+    mmc_st *e2e = fixture_open("qwen_vl_utils/e2e.safetensors");
+    if (!e2e) return;
+    mmc_qwen2vl_video_proc p;
+    mmc_qwen2vl_video_proc_default(&p);
+    CHECK_OK(mmc_qwen2vl_video_proc_load_dir("tests/fixtures/qwen_vl_utils/proc", &p));
+    p.qwen_vl_utils = true;
+    p.fps = 4;
+    p.min_frames = 4;
+    p.max_frames = 768;
+    p.max_video_tokens = 16;   /* the request's budget (e2e.json) */
+    mmc_video_clip clip;
+    if (!CHECK_OK_(mmc_qwen2vl_video_load(&p, DIR_ "/moving.mkv", &clip))) { mmc_st_close(e2e); return; }
+    mmc_tensor *wi = fixture_tensor(e2e, "indices", MMC_I64);
+    CHECKF(clip.n == mmc_numel(wi) && !memcmp(clip.indices, wi->data, sizeof(int64_t) * (size_t)clip.n),
+           "qwen-vl-utils e2e: %d frame indices differ", clip.n);
+    mmc_vlproc_out o = {0};
+    CHECK_OK(mmc_qwen2vl_video_preprocess(&p, clip.frames, clip.n, &o));
+    mmc_tensor *pv = fixture_tensor(e2e, "pixel_values_videos", MMC_F32);
+    /* fetch_video resizes in float32 and rounds to uint8 (torchvision's v1 resize); mmc mirrors that
+     * kernel but not torch's float weights to the last bit, so a value within 1e-7 of a .5 tie may
+     * round the other way: one uint8 level (1/255/std), on at most 1% of the values */
+    if (o.pixel_values) {
+        CHECK_CLOSE(o.pixel_values, pv, 1.0 / 255 / 0.26 + 1e-5, 0, "qwen-vl-utils e2e pixel_values_videos (one level)");
+        int64_t off = 0, nv = mmc_numel(pv);
+        for (int64_t i = 0; i < nv && mmc_numel(o.pixel_values) == nv; i++)
+            off += fabsf(((float *)o.pixel_values->data)[i] - ((float *)pv->data)[i]) > 1e-5f;
+        printf("qwen-vl-utils e2e: %lld of %lld pixel values off by one level, the rest within 1e-5\n", (long long)off,
+               (long long)nv);
+        CHECKF(off * 100 <= nv, "qwen-vl-utils e2e: %lld of %lld values differ by more than 1e-5", (long long)off,
+               (long long)nv);
+    }
+    mmc_tensor *g = fixture_tensor(e2e, "video_grid_thw", MMC_I64);
+    CHECK(o.grid_thw && !memcmp(o.grid_thw[0], g->data, sizeof(int64_t) * 3));
+    mmc_tensor *spg = fixture_tensor(e2e, "second_per_grid_ts", MMC_F64);
+    CHECK_NEAR(clip.second_per_grid_ts, ((double *)spg->data)[0], 1e-12);
+    if (tok && o.grid_thw) {
+        const char *text = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+                           "<|vision_start|><|video_pad|><|vision_end|>What moves?<|im_end|>\n<|im_start|>assistant\n";
+        int32_t *ids = NULL, *full = NULL;
+        int64_t n = 0, nf = 0, vt = o.num_tokens;
+        CHECK_OK(mmc_tokenizer_encode(tok, text, -1, false, &ids, &n));
+        CHECK_OK(mmc_vl_expand_pads(ids, NULL, n, mmc_tokenizer_token_to_id(tok, "<|image_pad|>"), NULL, 0,
+                                    mmc_tokenizer_token_to_id(tok, "<|video_pad|>"), &vt, 1, &full, NULL, &nf));
+        mmc_tensor *wid = fixture_tensor(e2e, "input_ids", MMC_I64);
+        bool same = nf == mmc_numel(wid);
+        for (int64_t i = 0; same && i < nf; i++) same = full[i] == ((int64_t *)wid->data)[i];
+        CHECKF(same, "qwen-vl-utils e2e: input_ids differ (%lld tokens, transformers %lld)", (long long)nf,
+               (long long)mmc_numel(wid));
+        mmc_tensor_free(wid);
+        free(ids);
+        free(full);
+    }
+    printf("qwen-vl-utils e2e: %d frames, grid %lld x %lld x %lld\n", clip.n, o.grid_thw ? (long long)o.grid_thw[0][0] : 0,
+           o.grid_thw ? (long long)o.grid_thw[0][1] : 0, o.grid_thw ? (long long)o.grid_thw[0][2] : 0);
+    mmc_tensor_free(spg);
+    mmc_tensor_free(g);
+    mmc_tensor_free(pv);
+    mmc_tensor_free(wi);
+    mmc_vlproc_out_free(&o);
+    mmc_video_clip_free(&clip);
+    mmc_st_close(e2e);
+}
+
 /* Inputs that once crashed fuzz_video: each must now run through without a sanitizer report. */
 static void test_regressions(void) {
     DIR *d = opendir(DIR_ "/regress");
@@ -373,6 +532,8 @@ int main(void) {
         test_parity("mp4", 8, tok, q2, q25);     /* H.264: FFmpeg 5.1 here vs PyAV's bundled FFmpeg */
     }
     if (tok) test_dataset(tok);
+    test_qwen_vl_utils_table();
+    test_qwen_vl_utils_e2e(tok);
     test_containers();
     test_errors();
     test_regressions();

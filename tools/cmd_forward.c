@@ -28,6 +28,7 @@ void help_forward(FILE *f) {
             "  --video FILE|DIR  attach a video file (sampled at 2 fps or as the video processor\n"
             "                    config says) or a folder of frames; --video-fps F,\n"
             "                    --video-frames N, --video-max-frames N, --video-pixel-budget\n"
+            "                    (--video-pixel-budget: frames and size as qwen-vl-utils)\n"
             "  --max-image-pixels N  refuse image files with more pixels (default 178956970,\n"
             "                    PIL's decompression-bomb limit)\n"
             "  --image-backend B  pil (default): Pillow-exact resize, transformers' backend=\"pil\";\n"

@@ -554,7 +554,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     if (a->video_fps > 0) { m->vproc.fps = a->video_fps; m->vproc.num_frames = 0; }
     if (a->video_frames > 0) { m->vproc.num_frames = a->video_frames; m->vproc.fps = 0; }
     if (a->video_max_frames > 0) m->vproc.max_frames = a->video_max_frames;
-    if (a->video_budget) m->vproc.cap_pixels_per_frame = true;
+    if (a->video_budget) m->vproc.qwen_vl_utils = true;   /* frames and size as qwen-vl-utils' fetch_video */
     if (m->vl || m->omni) m->proc.resize_mode = a->resize_mode;
     if (a->audio_in_video && !m->omni)
         return mmc_error(MMC_ERR_INVALID, "--audio-in-video needs a Qwen2.5-Omni model; this one is model_type %s",

@@ -101,7 +101,7 @@ typedef struct {
     int64_t max_image_pixels; /* 0: the default (cli_model.max_image_pixels) */
     double video_fps;         /* > 0: sample this many frames per second */
     int video_frames, video_max_frames;   /* > 0: a fixed frame count / a cap */
-    bool video_budget;        /* qwen-vl-utils' total pixel budget (cap_pixels_per_frame) */
+    bool video_budget;        /* frames and size as qwen-vl-utils' fetch_video (smart_nframes, its budget) */
     mmc_vlproc_resize_mode resize_mode;   /* --image-backend: pil (the zero default) | torchvision */
 } cli_prompt_args;
 /* --image-backend V (generate, forward, chat): transformers' backend="pil" -> the Pillow-exact

@@ -9,6 +9,12 @@
  * wanted frame unless that frame can be reached by decoding forward, and decodes up to the
  * frame's exact timestamp. Files whose packets lack timestamps or repeat one are decoded
  * from the start and counted, as PyAV does.
+ *
+ * With more than one OpenMP thread and wanted frames behind two or more keyframes, each thread
+ * opens its own reader of the file (demuxer and single-threaded decoder, the frame index
+ * borrowed) and decodes whole keyframe segments: decoding from a keyframe gives the same
+ * frames whichever thread does it, so the output is that of the one-reader path. Frames no
+ * other frame refers to are only decoded when wanted.
  */
 #include "mmc_video.h"
 
@@ -18,6 +24,9 @@
 #include <libswscale/swscale.h>
 
 #include <limits.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +37,7 @@
 
 struct mmc_video {
     char name[512];
+    char *path;                  /* the file (NULL for _mem): thread readers reopen it */
     AVFormatContext *fmt;
     AVIOContext *mem_io;         /* custom I/O for _mem (owned) */
     const uint8_t *mem;          /* the caller's buffer */
@@ -47,6 +57,7 @@ struct mmc_video {
     int n_want;
     int64_t seq_index;           /* sequential mode: index of the next decoded frame */
     bool at_start, eof;
+    bool borrowed;               /* a thread reader: pts / key_pts belong to the parent */
 };
 
 static mmc_status averr(mmc_status st, const mmc_video *v, int err, const char *what, const char *hint) {
@@ -207,6 +218,7 @@ mmc_status mmc_video_open(const char *path, mmc_video **out) {
     mmc_video *v = calloc(1, sizeof *v);
     if (!v) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", path);
     set_name(v, path);
+    if (!(v->path = strdup(path))) { free(v); return mmc_error(MMC_ERR_OOM, "video %s: out of memory", path); }
     AVDictionary *opts = open_opts();
     int r = avformat_open_input(&v->fmt, path, NULL, &opts);
     av_dict_free(&opts);
@@ -260,8 +272,11 @@ void mmc_video_close(mmc_video *v) {
         av_freep(&v->mem_io->buffer);
         avio_context_free(&v->mem_io);
     }
-    free(v->pts);
-    free(v->key_pts);
+    if (!v->borrowed) {
+        free(v->pts);
+        free(v->key_pts);
+    }
+    free(v->path);
     free(v);
 }
 
@@ -378,41 +393,179 @@ static int64_t key_before(const mmc_video *v, int64_t ts) {
     return lo ? v->key_pts[lo - 1] : INT64_MIN;
 }
 
-static mmc_status read_seek(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
+/* Decode the frame with timestamp `want` (frame idx) into *out: seek to the keyframe before
+ * it unless decoding forward from the last frame gets there without passing one. */
+static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, mmc_image *out) {
     mmc_status st = MMC_OK;
-    int64_t *want = malloc(sizeof(int64_t) * (size_t)n);
-    if (!want) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
-    for (int k = 0; k < n; k++) want[k] = v->pts[idx[k]];
-    v->want = want;   /* freed by mmc_video_read */
-    v->n_want = n;
-    for (int k = 0; k < n; k++) {
-        int64_t want = v->pts[idx[k]];
-        int64_t key = key_before(v, want);
-        if (key == INT64_MIN) key = v->pts[0];
-        /* decode forward when no keyframe lies between the last decoded frame and the target */
-        bool forward = v->cur_pts != INT64_MIN && v->cur_pts < want && key <= v->cur_pts;
-        if (!forward && !(v->at_start && key <= v->pts[0])) {
-            if ((st = rewind_to(v, key))) return st;
-        }
-        v->at_start = false;
-        for (;;) {
-            int r = next_frame(v, &st);
-            if (r < 0) return st;
-            if (r == 0)
-                return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld (timestamp %lld) could not be decoded (the "
-                                 "file is truncated or damaged); %s", v->name, (long long)idx[k], (long long)want,
-                                 REENCODE);
-            int64_t t = frame_ts(v->frame);
-            if (t != AV_NOPTS_VALUE) v->cur_pts = t;
-            if (t == want) { st = to_rgb(v, &frames[k]); av_frame_unref(v->frame); break; }
-            av_frame_unref(v->frame);
-            if (t != AV_NOPTS_VALUE && t > want)
-                return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld (timestamp %lld) is missing from the decoded "
-                                 "stream; %s", v->name, (long long)idx[k], (long long)want, REENCODE);
-        }
-        if (st) return st;
+    int64_t key = key_before(v, want);
+    if (key == INT64_MIN) key = v->pts[0];
+    /* decode forward when no keyframe lies between the last decoded frame and the target */
+    bool forward = v->cur_pts != INT64_MIN && v->cur_pts < want && key <= v->cur_pts;
+    if (!forward && !(v->at_start && key <= v->pts[0])) {
+        if ((st = rewind_to(v, key))) return st;
     }
+    v->at_start = false;
+    for (;;) {
+        int r = next_frame(v, &st);
+        if (r < 0) return st;
+        if (r == 0)
+            return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld (timestamp %lld) could not be decoded (the "
+                             "file is truncated or damaged); %s", v->name, (long long)idx, (long long)want, REENCODE);
+        int64_t t = frame_ts(v->frame);
+        if (t != AV_NOPTS_VALUE) v->cur_pts = t;
+        if (t == want) { st = to_rgb(v, out); av_frame_unref(v->frame); return st; }
+        av_frame_unref(v->frame);
+        if (t != AV_NOPTS_VALUE && t > want)
+            return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld (timestamp %lld) is missing from the decoded "
+                             "stream; %s", v->name, (long long)idx, (long long)want, REENCODE);
+    }
+}
+
+static mmc_status read_seek(mmc_video *v, const int64_t *idx, const int64_t *want, int n, mmc_image *frames) {
+    mmc_status st = MMC_OK;
+    for (int k = 0; k < n && !st; k++) st = seek_one(v, idx[k], want[k], &frames[k]);
+    return st;
+}
+
+/* A reader of the same file for one decoding thread: its own demuxer (a second open of the
+ * file, or its own I/O over the caller's buffer), a single-threaded decoder set up from the
+ * parent's codec parameters, the parent's frame index borrowed. */
+static mmc_status reader_open(const mmc_video *v, mmc_video **out) {
+    *out = NULL;
+    mmc_video *w = calloc(1, sizeof *w);
+    if (!w) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+    memcpy(w->name, v->name, sizeof w->name);
+    w->borrowed = true;
+    w->pts = v->pts;
+    w->n_pts = v->n_pts;
+    w->key_pts = v->key_pts;
+    w->n_key = v->n_key;
+    w->info = v->info;
+    w->stream = v->stream;
+    w->mem = v->mem;
+    w->mem_len = v->mem_len;
+    mmc_status st;
+    int r;
+    AVDictionary *opts = open_opts();
+    if (v->mem) {
+        uint8_t *buf = av_malloc(4096);
+        if (!buf || !(w->mem_io = avio_alloc_context(buf, 4096, 0, w, mem_read, NULL, mem_seek)) ||
+            !(w->fmt = avformat_alloc_context())) {
+            if (!w->mem_io) av_free(buf);
+            av_dict_free(&opts);
+            st = mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+            goto fail;
+        }
+        w->fmt->pb = w->mem_io;
+        w->fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
+        r = avformat_open_input(&w->fmt, NULL, v->fmt->iformat, &opts);
+    } else {
+        r = avformat_open_input(&w->fmt, v->path, v->fmt->iformat, &opts);
+    }
+    av_dict_free(&opts);
+    if (r < 0) { st = averr(MMC_ERR_IO, v, r, "cannot reopen for a decoding thread", REENCODE); goto fail; }
+    const AVCodecParameters *par = v->fmt->streams[v->stream]->codecpar;
+    /* the same demuxer on the same bytes numbers the streams alike; where streams only appear
+     * once packets are read (MPEG-TS), probe as the parent did */
+    if ((unsigned)w->stream >= w->fmt->nb_streams && (r = avformat_find_stream_info(w->fmt, NULL)) < 0) {
+        st = averr(MMC_ERR_FORMAT, v, r, "cannot read the stream headers again", REENCODE);
+        goto fail;
+    }
+    if ((unsigned)w->stream >= w->fmt->nb_streams || w->fmt->streams[w->stream]->codecpar->codec_id != par->codec_id) {
+        st = mmc_error(MMC_ERR_FORMAT, "video %s: a second reader of the file sees other streams", v->name);
+        goto fail;
+    }
+    const AVCodec *codec = avcodec_find_decoder(par->codec_id);
+    if (!codec || !(w->dec = avcodec_alloc_context3(codec)) || !(w->pkt = av_packet_alloc()) ||
+        !(w->frame = av_frame_alloc())) {
+        st = mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+        goto fail;
+    }
+    if ((r = avcodec_parameters_to_context(w->dec, par)) < 0) { st = averr(MMC_ERR_FORMAT, v, r, "bad codec parameters", REENCODE); goto fail; }
+    w->dec->thread_count = 1;   /* the threads decode segments side by side */
+    if ((r = avcodec_open2(w->dec, codec, NULL)) < 0) { st = averr(MMC_ERR_FORMAT, v, r, "cannot open the decoder", REENCODE); goto fail; }
+    w->cur_pts = INT64_MIN;
+    w->at_start = true;
+    *out = w;
     return MMC_OK;
+fail:
+    mmc_video_close(w);
+    return st;
+}
+
+/* Keyframe segments over threads: seg[s] is the first wanted frame behind segment s's
+ * keyframe. Returns 1 when done (st says how), 0 when this path does not apply (one segment,
+ * one thread, or a thread reader could not be opened) and nothing was decoded. */
+static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, int n, mmc_image *frames,
+                         mmc_status *st_out) {
+#ifdef _OPENMP
+    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    int threads = 1;
+#endif
+    if (threads < 2 || n < 2) return 0;
+    int *seg = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!seg) return 0;
+    int nseg = 0;
+    int64_t prev = INT64_MIN;
+    for (int k = 0; k < n; k++) {
+        int64_t key = key_before(v, want[k]);
+        if (k == 0 || key != prev) seg[nseg++] = k;
+        prev = key;
+    }
+    seg[nseg] = n;
+    int nw = threads < nseg ? threads : nseg;
+    if (nw < 2) { free(seg); return 0; }
+    mmc_video **w = calloc((size_t)nw, sizeof *w);
+    int opened = 0;
+    for (; w && opened < nw; opened++)
+        if (reader_open(v, &w[opened])) break;
+    if (!w || opened < nw) {   /* the one-reader path still works */
+        for (int i = 0; w && i < opened; i++) mmc_video_close(w[i]);
+        free(w);
+        free(seg);
+        return 0;
+    }
+    int err = 0;   /* the first failure's status; its message (set in its thread) in msg */
+    char msg[1024] = {0};
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nw) schedule(dynamic, 1)
+#endif
+    for (int s = 0; s < nseg; s++) {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        mmc_video *r = w[t];
+        r->want = want;
+        r->n_want = n;
+        int failed;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+        failed = err;
+        mmc_status e = failed ? MMC_OK : read_seek(r, idx + seg[s], want + seg[s], seg[s + 1] - seg[s], frames + seg[s]);
+        r->want = NULL;
+        if (e) {
+#ifdef _OPENMP
+#pragma omp critical(mmc_video_err)
+#endif
+            {
+                if (!err) {
+                    snprintf(msg, sizeof msg, "%s", mmc_last_error());
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                    err = (int)e;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nw; i++) mmc_video_close(w[i]);
+    free(w);
+    free(seg);
+    *st_out = err ? mmc_error((mmc_status)err, "%s", msg) : MMC_OK;   /* the message into this thread's error */
+    return 1;
 }
 
 mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
@@ -430,9 +583,21 @@ mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *fr
                          "sample fewer frames (--video-fps, --video-max-frames) or scale the video down",
                          v->name, n, v->info.width, v->info.height, (long long)MMC_VIDEO_MAX_TOTAL_PIXELS);
     memset(frames, 0, sizeof *frames * (size_t)n);
-    mmc_status st = v->info.seekable ? read_seek(v, idx, n, frames) : read_sequential(v, idx, n, frames);
-    free((void *)v->want);
-    v->want = NULL;
+    mmc_status st = MMC_OK;
+    if (v->info.seekable) {
+        int64_t *want = malloc(sizeof(int64_t) * (size_t)n);   /* the pts of each wanted frame, ascending */
+        if (!want) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
+        for (int k = 0; k < n; k++) want[k] = v->pts[idx[k]];
+        if (!read_parallel(v, idx, want, n, frames, &st)) {
+            v->want = want;
+            v->n_want = n;
+            st = read_seek(v, idx, want, n, frames);
+            v->want = NULL;
+        }
+        free(want);
+    } else {
+        st = read_sequential(v, idx, n, frames);
+    }
     if (st) {
         for (int k = 0; k < n; k++) mmc_image_free(&frames[k]);
         v->cur_pts = INT64_MIN;

@@ -179,11 +179,199 @@ mmc_status mmc_qwen2vl_video_proc_load_dir(const char *dir, mmc_qwen2vl_video_pr
     return MMC_OK;
 }
 
+/* qwen-vl-utils' FRAME_FACTOR and VIDEO_MAX_TOKEN_NUM (the per-frame cap, in tokens) */
+#define QVU_FRAME_FACTOR 2
+#define QVU_VIDEO_MAX_TOKENS 768
+
+/* qwen-vl-utils' smart_nframes and the index choice of its readers:
+ * torch.linspace(0, total - 1, nframes) (float32: step = (end - start) / (steps - 1), the first
+ * half counted from the start, the second from the end, as ATen's linspace) .round() (half to
+ * even). */
+static mmc_status qvu_sample(const mmc_qwen2vl_video_proc *p, int64_t total, double video_fps, int64_t **idx, int *n) {
+    const int ff = QVU_FRAME_FACTOR;
+    double nf;
+    if (p->num_frames > 0) {
+        nf = nearbyint((double)p->num_frames / ff) * ff;   /* round_by_factor: Python round */
+    } else {
+        if (!(video_fps > 0))
+            return mmc_error(MMC_ERR_INVALID, "the video has no frame rate (0 fps), needed to sample %g frames per "
+                             "second; give a frame count instead (--video-frames N)", p->fps > 0 ? p->fps : 2.0);
+        double fps = p->fps > 0 ? p->fps : 2.0;   /* FPS */
+        double minf = ceil((double)p->min_frames / ff) * ff;
+        double maxf = floor((double)p->max_frames / ff) * ff;
+        double x = (double)total / video_fps * fps;
+        if (x < minf) x = minf;
+        if (x > maxf) x = maxf;
+        if (x > (double)total) x = (double)total;
+        nf = floor(x / ff) * ff;
+    }
+    if (!(nf >= ff && nf <= (double)total))
+        return mmc_error(MMC_ERR_INVALID, "the video can't be sampled as qwen-vl-utils does: nframes should be in [%d, "
+                         "%lld], got %g; %s", ff, (long long)total, nf,
+                         nf > (double)total ? "decrease the frame count or fps" : "give it as an image, or a longer clip");
+    if (nf > INT32_MAX / 2) return mmc_error(MMC_ERR_INVALID, "video: %g frames to sample is too many", nf);
+    int64_t steps = (int64_t)nf;
+    int64_t *out = malloc(sizeof(int64_t) * (size_t)steps);
+    if (!out) return mmc_error(MMC_ERR_OOM, "video sampling: out of memory");
+    float start = 0.0f, end = (float)(total - 1);
+    float step = (end - start) / (float)(steps - 1);
+    int64_t half = steps / 2;
+    for (int64_t i = 0; i < steps; i++) {
+        float x = i < half ? start + step * (float)i : end - step * (float)(steps - i - 1);
+        out[i] = (int64_t)nearbyintf(x);
+    }
+    *idx = out;
+    *n = (int)steps;
+    return MMC_OK;
+}
+
+/* qwen-vl-utils' smart_resize: its float bounds, max(factor, round) before the bounds, none after. */
+static mmc_status qvu_smart_resize(int height, int width, int factor, double min_px, double max_px, int *oh, int *ow) {
+    if (height <= 0 || width <= 0)
+        return mmc_error(MMC_ERR_INVALID, "smart_resize: bad size %dx%d", width, height);
+    double ar = (double)(height > width ? height : width) / (height > width ? width : height);
+    if (ar > 200)
+        return mmc_error(MMC_ERR_INVALID, "smart_resize: absolute aspect ratio must be smaller than 200, got %g (%dx%d)",
+                         ar, width, height);
+    double h = fmax(factor, nearbyint((double)height / factor) * factor);
+    double w = fmax(factor, nearbyint((double)width / factor) * factor);
+    if (h * w > max_px) {
+        double beta = sqrt((double)height * width / max_px);
+        h = floor((double)height / beta / factor) * factor;
+        w = floor((double)width / beta / factor) * factor;
+    } else if (h * w < min_px) {
+        double beta = sqrt(min_px / ((double)height * width));
+        h = ceil(height * beta / factor) * factor;
+        w = ceil(width * beta / factor) * factor;
+    }
+    if (h < factor || w < factor || h > 1e6 || w > 1e6)
+        return mmc_error(MMC_ERR_INVALID, "smart_resize: %dx%d within [%g, %g] pixels gives %gx%g", width, height, min_px,
+                         max_px, w, h);
+    *oh = (int)h;
+    *ow = (int)w;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen_vl_utils_size(const mmc_qwen2vl_video_proc *p, int height, int width, int n, int *out_h, int *out_w) {
+    const mmc_qwen2vl_proc *q = &p->proc;
+    int factor = q->patch_size * q->merge_size;
+    if (n <= 0) return mmc_error(MMC_ERR_INVALID, "qwen-vl-utils size: no frames");
+    double min_px = (double)q->video_min_pixels;
+    double total_px = (double)((int64_t)p->max_video_tokens * factor * factor) * 0.9;   /* MODEL_SEQ_LEN * f * f * 0.9 */
+    double max_px = fmin((double)QVU_VIDEO_MAX_TOKENS * factor * factor, total_px / n * QVU_FRAME_FACTOR);
+    max_px = fmax(max_px, (double)(int64_t)(min_px * 1.05));
+    max_px = fmin((double)q->video_max_pixels, max_px);   /* the given max_pixels only lowers it */
+    return qvu_smart_resize(height, width, factor, min_px, max_px, out_h, out_w);
+}
+
+/* torch's antialiased interpolate weights for float32 tensors (UpSampleKernel.cpp,
+ * _compute_weights_aa with scalar_t = float): the centre, support and the filter in float, the
+ * filter's argument formed in double as the C++ expression promotes it, normalised in float.
+ * w: [out][ks]; lo/sz: [out] the window. */
+static float aa_filter(float x, mmc_resample f) {
+    x = fabsf(x);
+    if (f == MMC_RESAMPLE_BILINEAR) return x < 1.0f ? 1.0f - x : 0.0f;
+    const float a = -0.5f;   /* bicubic, antialias: Keys' a = -0.5 (as PIL) */
+    if (x < 1.0f) return ((a + 2) * x - (a + 3)) * x * x + 1;
+    if (x < 2.0f) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+    return 0.0f;
+}
+
+static int aa_weights(int in, int out, mmc_resample f, float **w_out, int **lo_out, int **sz_out) {
+    float scale = (float)in / (float)out;
+    float support = (float)((f == MMC_RESAMPLE_BILINEAR ? 1.0 : 2.0) * (scale >= 1.0f ? scale : 1.0f));
+    int ks = (int)ceil(support) * 2 + 1;
+    float *w = calloc((size_t)out * ks, sizeof *w);
+    int *lo = malloc(sizeof(int) * (size_t)out), *sz = malloc(sizeof(int) * (size_t)out);
+    if (!w || !lo || !sz) { free(w); free(lo); free(sz); return 0; }
+    float invscale = (float)(scale >= 1.0f ? 1.0 / scale : 1.0);
+    for (int i = 0; i < out; i++) {
+        float center = (float)(scale * (i + 0.5));
+        int64_t xmin = (int64_t)((double)(center - support) + 0.5), xmax = (int64_t)((double)(center + support) + 0.5);
+        if (xmin < 0) xmin = 0;
+        if (xmax > in) xmax = in;
+        int n = (int)(xmax - xmin);
+        if (n > ks) n = ks;
+        float total = 0, *wi = w + (size_t)i * ks;
+        for (int j = 0; j < n; j++) {
+            wi[j] = aa_filter((float)(((double)((float)(j + xmin) - center) + 0.5) * (double)invscale), f);
+            total += wi[j];
+        }
+        if (total != 0)
+            for (int j = 0; j < n; j++) wi[j] /= total;
+        lo[i] = (int)xmin;
+        sz[i] = n;
+    }
+    *w_out = w;
+    *lo_out = lo;
+    *sz_out = sz;
+    return ks;
+}
+
+/* out[i] = x[lo]*w[0] + x[lo+s]*w[1] + ... in float, in torch's order (no fused multiply-add:
+ * the sums are formed as separate products and additions). */
+__attribute__((optimize("fp-contract=off"))) static void aa_pass(const float *src, float *dst, int lines, int in,
+                                                                  int out, int64_t line_stride, int64_t step,
+                                                                  int64_t out_line_stride, int64_t out_step,
+                                                                  const float *w, const int *lo, const int *sz, int ks) {
+    for (int l = 0; l < lines; l++)
+        for (int i = 0; i < out; i++) {
+            const float *x = src + l * line_stride + (int64_t)lo[i] * step, *wi = w + (size_t)i * ks;
+            float acc = x[0] * wi[0];
+            for (int j = 1; j < sz[i]; j++) {
+                float t = x[j * step] * wi[j];
+                acc = acc + t;
+            }
+            dst[l * out_line_stride + i * out_step] = acc;
+        }
+    (void)in;
+}
+
+/* fetch_video's resize: torchvision.transforms.functional.resize (the v1 API) on a uint8 tensor
+ * resizes in float32 (torch's antialiased interpolate: the width first, then the height, a
+ * dimension whose size does not change is left alone) and rounds back (clamp to [0, 255], round
+ * half to even); the processor then sees those values as floats. transformers' own path (the v2
+ * API) runs torch's uint8 kernel instead, which differs by a few levels. */
+static mmc_status qvu_resize(const mmc_image *src, int oh, int ow, mmc_resample f, mmc_image *dst) {
+    int H = src->height, W = src->width;
+    float *a = malloc(sizeof(float) * 3 * (size_t)H * W), *b = malloc(sizeof(float) * 3 * (size_t)H * ow);
+    float *c = malloc(sizeof(float) * 3 * (size_t)oh * ow);
+    float *wh = NULL, *wv = NULL;
+    int *loh = NULL, *szh = NULL, *lov = NULL, *szv = NULL;
+    int ksh = W != ow ? aa_weights(W, ow, f, &wh, &loh, &szh) : 1;
+    int ksv = H != oh ? aa_weights(H, oh, f, &wv, &lov, &szv) : 1;
+    mmc_status st = a && b && c && ksh && ksv ? MMC_OK : mmc_error(MMC_ERR_OOM, "qwen-vl-utils resize: out of memory");
+    if (!st) {
+        for (size_t i = 0; i < (size_t)H * W; i++)   /* HWC uint8 -> CHW float */
+            for (int ch = 0; ch < 3; ch++) a[(size_t)ch * H * W + i] = src->data[i * 3 + ch];
+        const float *cur = a;
+        if (W != ow) {   /* rows of every channel: [3 * H] lines of W -> ow */
+            aa_pass(a, b, 3 * H, W, ow, W, 1, ow, 1, wh, loh, szh, ksh);
+            cur = b;
+        }
+        if (H != oh)   /* per channel, per column: H -> oh */
+            for (int ch = 0; ch < 3; ch++)
+                aa_pass(cur + (size_t)ch * H * ow, c + (size_t)ch * oh * ow, ow, H, oh, 1, ow, 1, ow, wv, lov, szv, ksv);
+        else
+            memcpy(c, cur, sizeof(float) * 3 * (size_t)oh * ow);
+        st = mmc_image_alloc(dst, oh, ow);
+        for (size_t i = 0; !st && i < (size_t)oh * ow; i++)
+            for (int ch = 0; ch < 3; ch++) {
+                float x = c[(size_t)ch * oh * ow + i];
+                x = x < 0 ? 0 : x > 255 ? 255 : x;
+                dst->data[i * 3 + ch] = (uint8_t)nearbyintf(x);
+            }
+    }
+    free(a); free(b); free(c); free(wh); free(wv); free(loh); free(szh); free(lov); free(szv);
+    return st;
+}
+
 mmc_status mmc_qwen2vl_video_sample(const mmc_qwen2vl_video_proc *p, int64_t total, double video_fps, int64_t **idx,
                                     int *n) {
     *idx = NULL;
     *n = 0;
     if (total <= 0) return mmc_error(MMC_ERR_INVALID, "video has no frames");
+    if (p->qwen_vl_utils) return qvu_sample(p, total, video_fps, idx, n);
     int tp = p->proc.temporal_patch_size;
     int64_t num = 0;
     bool sample = p->do_sample_frames && (p->num_frames > 0 || p->fps > 0);
@@ -233,7 +421,9 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
     int P = p->patch_size, m = p->merge_size, tp = p->temporal_patch_size, factor = P * m;
     int oh = H, ow = W;
     mmc_status st;
-    if (p->do_resize) {
+    if (vp->qwen_vl_utils) {   /* fetch_video resizes whatever the processor's do_resize says */
+        if ((st = mmc_qwen_vl_utils_size(vp, H, W, n, &oh, &ow))) return st;
+    } else if (p->do_resize) {
         int64_t max_px = p->video_max_pixels;
         if (vp->cap_pixels_per_frame) {   /* an even share of qwen-vl-utils' total budget */
             int64_t total_px = (int64_t)((double)vp->max_video_tokens * factor * factor * 0.9);
@@ -255,14 +445,24 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
     bool resize = oh != H || ow != W;
     mmc_image *rs = resize ? calloc((size_t)n, sizeof *rs) : NULL;
     const uint8_t **fp = malloc(sizeof *fp * (size_t)T);   /* [T] frames after resize; padding repeats the last */
-    out->pixel_values = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P));
-    if ((resize && !rs) || !fp || !out->pixel_values) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
+    /* every element is written below: no zeroing pass (mmc_tensor_new's memset is one thread over
+     * hundreds of MB); the pages are first touched by the patchify threads */
+    out->pixel_values = mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P), NULL);
+    if (out->pixel_values) {
+        out->pixel_values->data = aligned_alloc(64, (mmc_nbytes(out->pixel_values) + 63) / 64 * 64);
+        if (out->pixel_values->data) out->pixel_values->flags |= MMC_OWNS_DATA;
+    }
+    if ((resize && !rs) || !fp || !out->pixel_values || !out->pixel_values->data) {
+        st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory");
+        goto fail;
+    }
     st = MMC_OK;
     if (resize) {   /* torchvision resizes uint8 frames with torch's uint8 kernels; one frame per thread */
         mmc_status fst = MMC_OK;
 #pragma omp parallel for schedule(dynamic) if (n > 1 && (int64_t)oh * ow > 16384)
         for (int i = 0; i < n; i++) {
-            mmc_status e = mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &rs[i]);
+            mmc_status e = vp->qwen_vl_utils ? qvu_resize(&frames[i], oh, ow, p->resample, &rs[i])
+                                             : mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &rs[i]);
             if (e) {
 #pragma omp critical
                 fst = e;
