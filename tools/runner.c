@@ -46,12 +46,17 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
             st = mmc_qwen2vl_video_proc_load_dir(vdir, &m->vproc);
         }
         mmc_qwen2vl_video_sampling_default(&m->vproc);
-    } else if (!strcmp(mt, "llava")) {
+    } else if (!strcmp(mt, "llava") || !strcmp(mt, "llava_next") || !strcmp(mt, "llava_onevision")) {
         st = mmc_llava_load(dir, &m->llava);
         if (!st) m->vocab_size = m->llava->lm->cfg.vocab_size;
         if (!st && m->adapter_dir[0]) st = mmc_llava_attach_adapter(m->llava, m->adapter_dir);
         mmc_clip_proc_default(&m->cproc);
-        if (!st) st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
+        if (!st && m->llava->variant != MMC_LLAVA_15) {
+            mmc_llava_next_proc_default(&m->nproc, m->llava);
+            st = mmc_llava_next_proc_load_dir(dir, &m->nproc, NULL, 0);
+        } else if (!st) {
+            st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
+        }
     } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
         if (m->adapter_dir[0])
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for internvl yet", m->adapter_dir);
@@ -76,7 +81,7 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         m->vproc.proc.video_min_pixels = 128 * 28 * 28, m->vproc.proc.video_max_pixels = 768 * 28 * 28;
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
-                       "qwen2_vl, qwen2_5_vl, llava, internvl, internvl_chat, qwen2_5_omni_thinker, qwen2_5_omni)",
+                       "qwen2_vl, qwen2_5_vl, llava, llava_next, llava_onevision, internvl, internvl_chat, qwen2_5_omni_thinker, qwen2_5_omni)",
                        dir, mt);
     }
     mmc_json_free(cfg);
@@ -111,6 +116,7 @@ void cli_prompt_free(cli_prompt *p) {
     mmc_vlproc_out_free(&p->img);
     mmc_vlproc_out_free(&p->vid);
     mmc_tensor_free(p->llava_pixels);
+    free(p->llava_sizes);
     mmc_tensor_free(p->internvl_pixels);
     for (int i = 0; i < p->n_audios; i++) free(p->audio_feats[i]);
     free(p->audio_feats);
@@ -136,8 +142,19 @@ static mmc_status llava_prompt(cli_model *m, int32_t *ids, int64_t n, const char
     if (!imgs || !img_tok) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     for (; loaded < n_images; loaded++)
         if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
-    if (n_images && (st = mmc_clip_preprocess(&m->cproc, imgs, n_images, &p->llava_pixels))) goto done;
-    for (int i = 0; i < n_images; i++) img_tok[i] = mmc_llava_image_tokens(m->llava);
+    if (m->llava->variant != MMC_LLAVA_15 && n_images) {   /* NeXT / OneVision: tiles, sizes, their counts */
+        p->llava_sizes = calloc((size_t)n_images, sizeof *p->llava_sizes);
+        if (!p->llava_sizes) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        p->llava_n_images = n_images;
+        if ((st = mmc_llava_next_preprocess(&m->nproc, imgs, n_images, n_images > 1, &p->llava_pixels,
+                                            p->llava_sizes)))
+            goto done;
+        for (int i = 0; i < n_images; i++)
+            img_tok[i] = mmc_llava_next_image_tokens(&m->nproc, p->llava_sizes[i][0], p->llava_sizes[i][1], n_images > 1);
+    } else {
+        if (n_images && (st = mmc_clip_preprocess(&m->cproc, imgs, n_images, &p->llava_pixels))) goto done;
+        for (int i = 0; i < n_images; i++) img_tok[i] = mmc_llava_image_tokens(m->llava);
+    }
     st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->llava->image_token_id, img_tok, n_images, -1, NULL, 0,
                             &p->ids, NULL, &p->n);
 done:
@@ -422,7 +439,7 @@ done:
 mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
                         int *n_out) {
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
-    mmc_llava_request lreq = {m->llava, p->llava_pixels};
+    mmc_llava_request lreq = {m->llava, p->llava_pixels, (const int64_t (*)[2])p->llava_sizes, p->llava_n_images};
     mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
     mmc_omni_request oreq = {m->omni, &p->omni, 0};
     mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
@@ -552,7 +569,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
         return mmc_error(MMC_ERR_INVALID, "--audio-in-video needs a Qwen2.5-Omni model; this one is model_type %s",
                          m->model_type);
     m->omni_audio_in_video = a->audio_in_video;
-    if (m->llava) m->cproc.resize_mode = a->resize_mode;
+    if (m->llava) m->cproc.resize_mode = m->nproc.base.resize_mode = a->resize_mode;
     if (m->internvl) m->iproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     return prompt_build(m, msgs, nm, a->raw, a->prompt, a->images, a->n_images, a->audios, a->n_audios, a->video, p);

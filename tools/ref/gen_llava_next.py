@@ -1,0 +1,179 @@
+"""Tiny random LLaVA-NeXT and LLaVA-OneVision checkpoints and what transformers computes on them, for
+tests/test_llava_next.c and tests/test_llava_cli.sh.
+
+Writes
+  tests/fixtures/llava_onevision/ov/  LlavaOnevisionForConditionalGeneration (SigLIP tower with the attention-pooling
+      head, Qwen2 LM with GQA, anyres grid pinpoints of 24-pixel tiles, vision_aspect_ratio anyres_max_4 so that
+      both test images are downsampled, strategy "full", vision_feature_layer -1): model.save_pretrained +
+      processor.save_pretrained (LlavaOnevisionProcessor, PIL image processor), untouched.
+  tests/fixtures/llava_next/next/    LlavaNextForConditionalGeneration (CLIP tower, Mistral LM with GQA and a sliding
+      window longer than any prompt, pinpoints of 30-pixel tiles, strategy "default", vision_feature_layer -2),
+      the same way.
+  tests/fixtures/llava_next/tall_97x151.png  the second test image (odd sizes, portrait), made from
+      tests/fixtures/e2e/shapes_160x120.png (landscape, the first).
+  <fixture>/ref.safetensors  per case (<dir>.<case>): ids, pixel_values [P, 3, S, S] (PIL backend; the patches of
+      each image in order, batch padding removed), image_sizes [n, 2], features (the packed image features
+      transformers splices in, [n_features, C]), logits [1, len(logits_pos), V] at positions logits_pos (every
+      4th and the last), greedy (8 new tokens); for ov also
+      <case>.pooler (SiglipVisionModel's pooler_output of the pixel_values).
+  <fixture>/expected.tsv, <dir>.<case>.logits.txt  for the shell test (as gen_llava.py writes them).
+Cases: image_wide (shapes_160x120), image_tall (tall_97x151) and, for ov, two_images (both in one prompt: no
+tiling, pad_to_square, one newline each).
+Run: .venv-ref/bin/python tools/ref/gen_llava_next.py
+"""
+import json
+import os
+import shutil
+import sys
+
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+from transformers import (AutoImageProcessor, AutoProcessor, AutoTokenizer, CLIPVisionConfig, LlavaNextConfig,
+                          LlavaNextForConditionalGeneration, LlavaNextImageProcessorPil, LlavaNextProcessor,
+                          LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                          LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor, MistralConfig, Qwen2Config,
+                          SiglipVisionConfig, SiglipVisionModel)
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures")
+torch.manual_seed(1919)
+
+tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tokenizer"))
+tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+IMG, VID = tok.convert_tokens_to_ids("<image>"), tok.convert_tokens_to_ids("<video>")
+V = len(tok)
+EOS = tok.convert_tokens_to_ids("<|im_end|>")
+# ChatML with one "<image>\n" per image before the text (llava-onevision-qwen2's template, shortened)
+TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+            "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}"
+            "{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+            "{{ content['text'] }}{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+wide = Image.open(os.path.join(ROOT, "e2e", "shapes_160x120.png")).convert("RGB")
+NEXT_DIR = os.path.join(ROOT, "llava_next")
+OV_DIR = os.path.join(ROOT, "llava_onevision")
+os.makedirs(NEXT_DIR, exist_ok=True)
+os.makedirs(OV_DIR, exist_ok=True)
+TALL = os.path.join(NEXT_DIR, "tall_97x151.png")
+wide.transpose(Image.Transpose.ROTATE_90).resize((97, 151), Image.Resampling.BICUBIC).save(TALL)
+tall = Image.open(TALL).convert("RGB")
+PROMPT = "What is in the image?"
+
+
+def scramble(m):
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("bias") or "norm" in n or "layrnorm" in n or "probe" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+            if "embed_tokens" in n or "lm_head" in n or "linear_" in n or "image_newline" in n:
+                p.mul_(8.0)                                           # logits of magnitude ~1
+
+
+def ov_model():
+    text = Qwen2Config(vocab_size=V, hidden_size=48, intermediate_size=100, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=0)
+    vision = SiglipVisionConfig(hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=3,
+                                image_size=24, patch_size=6, vision_use_head=True)
+    pins = [[24, 24], [24, 48], [48, 24], [48, 48], [48, 72], [72, 48], [72, 72]]
+    cfg = LlavaOnevisionConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_index=IMG,
+                               video_token_index=VID, image_grid_pinpoints=pins, vision_aspect_ratio="anyres_max_4",
+                               vision_feature_layer=-1, vision_feature_select_strategy="full")
+    m = LlavaOnevisionForConditionalGeneration(cfg).float().eval()
+    scramble(m)
+    ip = LlavaOnevisionImageProcessorPil(size={"height": 24, "width": 24}, image_grid_pinpoints=pins)
+    vp = LlavaOnevisionVideoProcessor(size={"height": 24, "width": 24})
+    proc = LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, num_image_tokens=16,
+                                   vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_4",
+                                   chat_template=TEMPLATE)
+    return m, proc, LlavaOnevisionForConditionalGeneration
+
+
+def next_model():
+    text = MistralConfig(vocab_size=V, hidden_size=48, intermediate_size=100, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                         rms_norm_eps=1e-5, sliding_window=4096, tie_word_embeddings=False, eos_token_id=EOS,
+                         pad_token_id=0)
+    vision = CLIPVisionConfig(hidden_size=30, intermediate_size=52, num_hidden_layers=3, num_attention_heads=3,
+                              image_size=30, patch_size=6, hidden_act="quick_gelu", layer_norm_eps=1e-5)
+    pins = [[30, 60], [60, 30], [60, 60], [90, 30], [30, 90]]
+    cfg = LlavaNextConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_index=IMG,
+                          image_grid_pinpoints=pins, vision_feature_layer=-2,
+                          vision_feature_select_strategy="default")
+    m = LlavaNextForConditionalGeneration(cfg).float().eval()
+    scramble(m)
+    ip = LlavaNextImageProcessorPil(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30},
+                                    image_grid_pinpoints=pins)
+    proc = LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=6, vision_feature_select_strategy="default",
+                              num_additional_image_tokens=1, chat_template=TEMPLATE)
+    return m, proc, LlavaNextForConditionalGeneration
+
+
+def run(out_dir, name, build, cases):
+    d = os.path.join(out_dir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    m, proc, cls = build()
+    m.generation_config.max_new_tokens = 8
+    m.generation_config.do_sample = False
+    m.save_pretrained(d)
+    proc.save_pretrained(d)
+    # everything below from the directory as saved
+    proc = AutoProcessor.from_pretrained(d)
+    proc.image_processor = AutoImageProcessor.from_pretrained(d, backend="pil")   # (the video processor has no PIL form)
+    assert type(proc.image_processor).__name__.endswith("Pil"), type(proc.image_processor)
+    m = cls.from_pretrained(d).float().eval()
+    ref, rows, expected = {}, [], {}
+    for case, images in cases:
+        conv = [{"role": "user", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": PROMPT}]}]
+        text = proc.apply_chat_template(conv, add_generation_prompt=True)
+        inputs = proc(images=[images], text=text, return_tensors="pt")
+        with torch.no_grad():
+            kw = {k: v for k, v in inputs.items() if k in ("pixel_values", "image_sizes", "batch_num_images")}
+            feats = m.model.get_image_features(**kw).pooler_output
+            logits = m(**inputs).logits
+            g = m.generate(**inputs, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        T = inputs["input_ids"].shape[1]
+        pv = inputs["pixel_values"]
+        # the real patches of each image (the processor pads the patch axis to a batch)
+        n_real = [f.shape[0] for f in feats]
+        key = f"{name}.{case}"
+        if len(images) > 1:
+            pix = pv.reshape(-1, *pv.shape[-3:])[: len(images)]
+        else:
+            from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+            npatch = image_size_to_num_patches(inputs["image_sizes"][0].tolist(), m.config.image_grid_pinpoints,
+                                               m.config.vision_config.image_size)
+            pix = pv[0, :npatch]
+        ref[key + ".ids"] = inputs["input_ids"].to(torch.int64)
+        ref[key + ".pixel_values"] = pix.float().contiguous()
+        ref[key + ".image_sizes"] = inputs["image_sizes"].to(torch.int64)
+        ref[key + ".features"] = torch.cat(list(feats), 0).float()
+        pos = sorted(set(range(0, T, 4)) | {T - 1})   # a subset of positions keeps the fixture small
+        ref[key + ".logits_pos"] = torch.tensor(pos, dtype=torch.int64)
+        ref[key + ".logits"] = logits[:, pos].float()
+        ref[key + ".greedy"] = g[:, T:].to(torch.int64)
+        if isinstance(m.model.vision_tower, SiglipVisionModel) and m.model.vision_tower.config.vision_use_head:
+            with torch.no_grad():
+                ref[key + ".pooler"] = m.model.vision_tower(pix).pooler_output.float()
+        last = logits[0, -1]
+        rows.append("\t".join([name, case, str(T), ",".join(str(int(x)) for x in g[0, T:]), str(int(last.argmax()))]))
+        with open(os.path.join(out_dir, f"{name}.{case}.logits.txt"), "w") as f:
+            f.write("".join(f"{float(x):.9g}\n" for x in last))
+        expected[case] = {"templated": text, "n_prompt": T, "n_features": n_real,
+                          "greedy_ids": g[0, T:].tolist(), "image_sizes": inputs["image_sizes"].tolist()}
+    save_file({k: v.contiguous().clone() for k, v in ref.items()}, os.path.join(out_dir, "ref.safetensors"))
+    with open(os.path.join(out_dir, "expected.tsv"), "w") as f:
+        f.write("# dir\tcase\tprompt_tokens\tgreedy_ids\targmax_last (tools/ref/gen_llava_next.py)\n"
+                + "\n".join(rows) + "\n")
+    json.dump(expected, open(os.path.join(out_dir, "expected.json"), "w"), indent=2)
+    print(name, {k: list(v.shape) for k, v in ref.items()})
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "templated"} for k, v in expected.items()}))
+
+
+run(OV_DIR, "ov", ov_model, [("image_wide", [wide]), ("image_tall", [tall]), ("two_images", [wide, tall])])
+run(NEXT_DIR, "next", next_model, [("image_wide", [wide]), ("image_tall", [tall])])
