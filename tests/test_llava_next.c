@@ -5,9 +5,12 @@
  *   image_sizes equal, the processors' <image> counts equal to the fixture ids' (so input_ids match)
  *   image features (pack_image_features: un-padding, anyres_max bilinear downsampling, newlines)
  *                                                                           max |diff| <= 1e-4
- *   logits at every 4th position and the last (f32)                         max |diff| <= 1e-4
+ *   logits at every 6th position and the last (f32)                         max |diff| <= 1e-4
  *   8 greedy tokens through the KV cache                                    equal
  *   SigLIP's attention-pooling head (pooler_output) on the OneVision tiles   max |diff| <= 1e-4
+ * the same checkpoints in the Hub's 4.4x files (ov_hub: vision_tower.vision_model.*, bf16, preprocessor_config.json
+ * + processor_config.json) and in transformers 4.52's names (next_v452: model.*, lm_head.*): features and
+ * last-position logits within 1e-4, greedy tokens equal, the hub processor files giving the same pixels and counts;
  * plus config / weight / processor-config errors (bad image_grid_pinpoints, unknown strategy,
  * bad vision_aspect_ratio, unsupported text model, a missing image_newline tensor). */
 #include "test_util.h"
@@ -128,6 +131,80 @@ static void test_case(const char *fixdir, const char *name, const char *cas, int
 #undef REF
     free(prompt);
     mmc_tensor *all[] = {ids, px, sz, feats, pos, want, greedy, got_px};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mmc_tensor_free(all[i]);
+    mmc_ctx_free(ctx);
+    mmc_llava_free(m);
+    mmc_st_close(ref);
+}
+
+/* A copy of `base` in another weight / file layout (gen_llava_next.py layout_copy): the image_wide case. */
+static void test_copy(const char *fixdir, const char *copy, const char *base) {
+    char dir[256], key[160], refp[128];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s/%s", fixdir, copy);
+    snprintf(refp, sizeof refp, "%s/ref.safetensors", fixdir);
+    mmc_st *ref = fixture_open(refp);
+    if (!ref) return;
+    mmc_llava *m = NULL;
+    if (mmc_llava_load(dir, &m) != MMC_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, mmc_last_error());
+        g_fail++;
+        mmc_st_close(ref);
+        return;
+    }
+#define REF(who, suffix, dt) (snprintf(key, sizeof key, "%s.image_wide.%s", who, suffix), fixture_tensor(ref, key, dt))
+    mmc_tensor *ids = REF(base, "ids", MMC_I64), *px = REF(base, "pixel_values", MMC_F32);
+    mmc_tensor *sz = REF(base, "image_sizes", MMC_I64), *feats = REF(copy, "features", MMC_F32);
+    mmc_tensor *want = REF(copy, "last_logits", MMC_F32), *greedy = REF(copy, "greedy", MMC_I64);
+#undef REF
+    const int64_t sizes[1][2] = {{((int64_t *)sz->data)[0], ((int64_t *)sz->data)[1]}};
+    CHECK(m->hub_layout == !strcmp(copy, "ov_hub"));
+    /* the processor from this directory's files */
+    mmc_llava_next_proc p;
+    mmc_llava_next_proc_default(&p, m);
+    char used[4400];
+    CHECK_OK(mmc_llava_next_proc_load_dir(dir, &p, used, sizeof used));
+    mmc_image img;
+    mmc_tensor *got_px = NULL;
+    int64_t got_sz[1][2];
+    if (mmc_image_load(WIDE, NULL, &img) == MMC_OK) {
+        CHECK_OK(mmc_llava_next_preprocess(&p, &img, 1, false, &got_px, got_sz));
+        if (got_px) CHECK_CLOSE(got_px, px, 1e-5, 0, "pixel_values (copy's processor files)");
+        int64_t n_ids = 0;
+        for (int64_t t = 0; t < ids->shape[1]; t++) n_ids += ((int64_t *)ids->data)[t] == m->image_token_id;
+        CHECK(mmc_llava_next_image_tokens(&p, img.height, img.width, false) == n_ids);
+        mmc_image_free(&img);
+    } else {
+        g_fail++;
+    }
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *f = NULL, *h = NULL;
+    CHECK_OK(mmc_llava_image_features_sized(ctx, m, px, sizes, 1, &f));
+    if (f) CHECK_CLOSE(f, feats, 1e-4, 0, "image features (copy)");
+    CHECK_OK(mmc_llava_forward_sized(ctx, m, ids, px, sizes, 1, NULL, &h));
+    if (h) {
+        const int64_t T = h->shape[1];
+        mmc_tensor *lg = mmc_contiguous(ctx, mmc_llava_logits(ctx, m, mmc_narrow(ctx, h, 1, T - 1, 1)));
+        printf("%-9s (%s) features max|diff| %.3g, last logits max|diff| %.3g (%s)\n", copy, base,
+               f ? max_abs_diff(f, feats) : -1.0, max_abs_diff(lg, want), used);
+        CHECK_CLOSE(lg, want, 1e-4, 0, "last logits (copy)");
+    }
+    mmc_ctx_reset(ctx);
+    const int64_t T = ids->shape[1];
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
+    mmc_llava_request r = {m, px, sizes, 1};
+    mmc_decoder dec = mmc_llava_decoder(&r);
+    int32_t out[64];
+    int n = 0;
+    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
+    mmc_sampler_defaults(&o.sampler);
+    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
+    bool same = n == greedy->shape[1];
+    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
+    CHECKF(same, "%s: greedy tokens differ from transformers' (%d tokens)", copy, n);
+    free(prompt);
+    mmc_tensor *all[] = {ids, px, sz, feats, want, greedy, got_px};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mmc_tensor_free(all[i]);
     mmc_ctx_free(ctx);
     mmc_llava_free(m);
@@ -263,6 +340,8 @@ int main(void) {
     test_case("llava_onevision", "ov", "two_images", 2);
     test_case("llava_next", "next", "image_wide", 1);
     test_case("llava_next", "next", "image_tall", 1);
+    test_copy("llava_onevision", "ov_hub", "ov");
+    test_copy("llava_next", "next_v452", "next");
     test_errors();
     return test_done("test_llava_next");
 }

@@ -14,9 +14,11 @@ Writes
   <fixture>/ref.safetensors  per case (<dir>.<case>): ids, pixel_values [P, 3, S, S] (PIL backend; the patches of
       each image in order, batch padding removed), image_sizes [n, 2], features (the packed image features
       transformers splices in, [n_features, C]), logits [1, len(logits_pos), V] at positions logits_pos (every
-      4th and the last), greedy (8 new tokens); for ov also
+      6th and the last), greedy (8 new tokens); for ov also
       <case>.pooler (SiglipVisionModel's pooler_output of the pixel_values).
   <fixture>/expected.tsv, <dir>.<case>.logits.txt  for the shell test (as gen_llava.py writes them).
+  tests/fixtures/llava_onevision/ov_hub/, tests/fixtures/llava_next/next_v452/  the same checkpoints in the Hub's
+      4.4x files and in transformers 4.52-4.57's weight names (bf16 matrices; see layout_copy).
 Cases: image_wide (shapes_160x120), image_tall (tall_97x151) and, for ov, two_images (both in one prompt: no
 tiling, pad_to_square, one newline each).
 Run: .venv-ref/bin/python tools/ref/gen_llava_next.py
@@ -32,7 +34,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":
 
 import torch
 from PIL import Image
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import (AutoImageProcessor, AutoProcessor, AutoTokenizer, CLIPVisionConfig, LlavaNextConfig,
                           LlavaNextForConditionalGeneration, LlavaNextImageProcessorPil, LlavaNextProcessor,
                           LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
@@ -72,6 +74,7 @@ def scramble(m):
                 p.add_(torch.randn_like(p) * 0.1)
             if "embed_tokens" in n or "lm_head" in n or "linear_" in n or "image_newline" in n:
                 p.mul_(8.0)                                           # logits of magnitude ~1
+            p.copy_(p.to(torch.bfloat16).float())                     # bf16-exact: the bf16 copies are lossless
 
 
 def ov_model():
@@ -153,7 +156,7 @@ def run(out_dir, name, build, cases):
         ref[key + ".pixel_values"] = pix.float().contiguous()
         ref[key + ".image_sizes"] = inputs["image_sizes"].to(torch.int64)
         ref[key + ".features"] = torch.cat(list(feats), 0).float()
-        pos = sorted(set(range(0, T, 4)) | {T - 1})   # a subset of positions keeps the fixture small
+        pos = sorted(set(range(0, T, 6)) | {T - 1})   # a subset of positions keeps the fixture small
         ref[key + ".logits_pos"] = torch.tensor(pos, dtype=torch.int64)
         ref[key + ".logits"] = logits[:, pos].float()
         ref[key + ".greedy"] = g[:, T:].to(torch.int64)
@@ -175,5 +178,73 @@ def run(out_dir, name, build, cases):
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "templated"} for k, v in expected.items()}))
 
 
+
+
+def layout_copy(out_dir, name, copy, cls, layout):
+    """<name>'s checkpoint in another weight naming, bf16 matrices (lossless: the weights are bf16-exact):
+    layout "hub" = the Hub's 4.4x files (vision_tower.vision_model.*, image_newline, multi_modal_projector.*,
+    language_model.model.*, language_model.lm_head.*; config with torch_dtype and a flat text rope_theta;
+    preprocessor_config.json + processor_config.json + chat_template.json), "v452" = transformers 4.52-4.57's
+    names (model.vision_tower.vision_model.*, model.image_newline, model.multi_modal_projector.*,
+    model.language_model.*, lm_head.*). No tokenizer (the C test feeds the ids). References from the copy as
+    transformers reads it: the image_wide case's features and last-position logits, and greedy tokens."""
+    src, dst = os.path.join(out_dir, name), os.path.join(out_dir, copy)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs(dst)
+    out = {}
+    for k, v in load_file(os.path.join(src, "model.safetensors")).items():
+        if k.startswith("vision_tower."):
+            k = "vision_tower.vision_model." + k[len("vision_tower."):]
+        if layout == "v452":
+            if k.startswith("language_model.model."):
+                k = "model.language_model." + k[len("language_model.model."):]
+            elif k == "language_model.lm_head.weight":
+                k = "lm_head.weight"
+            else:
+                k = "model." + k
+        out[k] = v.to(torch.bfloat16) if v.dim() >= 2 else v
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    cj = json.load(open(os.path.join(src, "config.json")))
+    t = cj["text_config"]
+    cj.pop("dtype", None)
+    cj["torch_dtype"] = "bfloat16"
+    if layout == "hub":
+        rp = t.pop("rope_parameters")
+        t["rope_theta"] = rp.pop("rope_theta")
+        t.pop("layer_types", None)
+    t.pop("dtype", None)
+    t["torch_dtype"] = "bfloat16"
+    cj["vision_config"].pop("dtype", None)
+    json.dump(cj, open(os.path.join(dst, "config.json"), "w"), indent=2)
+    shutil.copy(os.path.join(src, "generation_config.json"), dst)
+    pc = json.load(open(os.path.join(src, "processor_config.json")))
+    if layout == "hub":
+        ipc = pc.pop("image_processor")
+        pc.pop("video_processor", None)
+        ipc["processor_class"] = pc["processor_class"]
+        json.dump(ipc, open(os.path.join(dst, "preprocessor_config.json"), "w"), indent=2)
+        json.dump({"chat_template": open(os.path.join(src, "chat_template.jinja")).read()},
+                  open(os.path.join(dst, "chat_template.json"), "w"), indent=2)
+    json.dump(pc, open(os.path.join(dst, "processor_config.json"), "w"), indent=2)
+    m = cls.from_pretrained(dst, dtype=torch.float32).eval()
+    ref = dict(load_file(os.path.join(out_dir, "ref.safetensors")))
+    key = f"{name}.image_wide"
+    kw = {"pixel_values": ref[key + ".pixel_values"][None], "image_sizes": ref[key + ".image_sizes"]}
+    ids = ref[key + ".ids"]
+    with torch.no_grad():
+        feats = torch.cat(list(m.model.get_image_features(**kw).pooler_output), 0).float()
+        logits = m(input_ids=ids, **kw).logits
+        g = m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw, max_new_tokens=8, min_new_tokens=8,
+                       do_sample=False)
+    assert (feats - ref[key + ".features"]).abs().max() < 1e-6   # the same weights, read from other names
+    ref[f"{copy}.image_wide.features"] = feats
+    ref[f"{copy}.image_wide.last_logits"] = logits[0, -1].float()
+    ref[f"{copy}.image_wide.greedy"] = g[:, ids.shape[1]:].to(torch.int64)
+    save_file({k: v.contiguous().clone() for k, v in ref.items()}, os.path.join(out_dir, "ref.safetensors"))
+    print(copy, sorted(out)[:3], "greedy", g[0, ids.shape[1]:].tolist())
+
+
 run(OV_DIR, "ov", ov_model, [("image_wide", [wide]), ("image_tall", [tall]), ("two_images", [wide, tall])])
+layout_copy(OV_DIR, "ov", "ov_hub", LlavaOnevisionForConditionalGeneration, "hub")
 run(NEXT_DIR, "next", next_model, [("image_wide", [wide]), ("image_tall", [tall])])
+layout_copy(NEXT_DIR, "next", "next_v452", LlavaNextForConditionalGeneration, "v452")
