@@ -135,6 +135,12 @@ int64_t mmc_llava_image_patches(const mmc_llava *m, int64_t h, int64_t w, bool m
  * image_newline; several images in a OneVision prompt: each one tile + image_newline. */
 mmc_status mmc_llava_image_features_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2],
                                           int n_images, mmc_tensor **out);
+/* OneVision's video path (get_video_features): frames [F, 3, S, S] -> each frame's tile features
+ * bilinearly pooled from g x g to ceil(g/2) x ceil(g/2) (apply_pooling), then one image_newline
+ * -> [F * ceil(g/2)^2 + 1, C]. MMC_ERR_UNSUPPORTED for the other variants. */
+mmc_status mmc_llava_video_features(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *frames, mmc_tensor **out);
+/* The <video> tokens of n_frames frames (the model's count): n_frames * ceil(g/2)^2 + 1. */
+int64_t mmc_llava_video_tokens(const mmc_llava *m, int64_t n_frames);
 /* LLaVA-1.5's (no sizes). */
 mmc_status mmc_llava_image_features(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, mmc_tensor **out);
 /* ids [B, T] (i32/i64) -> hidden [B, T, C] after the final norm. Prefill (kv NULL or empty):
@@ -146,6 +152,11 @@ mmc_status mmc_llava_forward(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_te
  * need (mmc_llava_image_features_sized); LLaVA-1.5 ignores them. */
 mmc_status mmc_llava_forward_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels,
                                    const int64_t (*sizes)[2], int n_images, mmc_kv_cache *kv, mmc_tensor **hidden);
+/* The same with a OneVision video's frames [F, 3, S, S] (or NULL), spliced at the video_token_id
+ * positions (their count must equal mmc_llava_video_tokens). */
+mmc_status mmc_llava_forward_media(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels,
+                                   const int64_t (*sizes)[2], int n_images, mmc_tensor *video, mmc_kv_cache *kv,
+                                   mmc_tensor **hidden);
 mmc_tensor *mmc_llava_logits(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *hidden);   /* [..., C] -> [..., V] */
 
 /* One generation request as a decoder (mmc_models.h): the prefill runs the tower on pixels. */
@@ -154,6 +165,7 @@ typedef struct {
     mmc_tensor *pixels;           /* [N, 3, S, S] or NULL */
     const int64_t (*sizes)[2];    /* NeXT / OneVision: the images' (height, width) */
     int n_images;
+    mmc_tensor *video;            /* OneVision: a video's frames [F, 3, S, S] or NULL */
 } mmc_llava_request;
 
 /* ---------------------------------------------------------------- NeXT / OneVision processor
@@ -171,6 +183,8 @@ typedef struct {
     int64_t num_image_tokens;     /* OneVision: tokens of one tile */
     int64_t max_num_patches;      /* OneVision: vision_aspect_ratio anyres_max_N */
     bool strategy_default;        /* vision_feature_select_strategy "default": one token fewer */
+    mmc_clip_proc video;          /* OneVision's video processor (LlavaOnevisionVideoProcessor): size, mean / std,
+                                   * rescale, resample (torchvision, as transformers requires for videos) */
 } mmc_llava_next_proc;
 
 /* Defaults of the model's image processor class, the counts' keys from the model's config. */
@@ -185,6 +199,13 @@ mmc_status mmc_llava_next_preprocess(const mmc_llava_next_proc *p, const mmc_ima
                                      mmc_tensor **pixels, int64_t (*sizes)[2]);
 /* The <image> tokens of an h x w image (the processor's count, which the model's features must equal). */
 int64_t mmc_llava_next_image_tokens(const mmc_llava_next_proc *p, int64_t h, int64_t w, bool multi);
+/* OneVision video frames -> pixel_values_videos [F, 3, h, w]: every frame resized to the video
+ * processor's size with torch's uint8 antialiased resize, then its fused rescale + normalise
+ * (LlavaOnevisionVideoProcessor on the torchvision backend). */
+mmc_status mmc_llava_next_preprocess_video(const mmc_llava_next_proc *p, const mmc_image *frames, int n,
+                                           mmc_tensor **out);
+/* The processor's <video> count: n_frames * ceil(sqrt(num_image_tokens) / 2)^2 + 1. */
+int64_t mmc_llava_next_video_tokens(const mmc_llava_next_proc *p, int64_t n_frames);
 mmc_decoder mmc_llava_decoder(mmc_llava_request *r);
 
 /* ---------------------------------------------------------------- training (llava_train.c)

@@ -48,7 +48,7 @@ static void test_model(const char *name, const char *refname) {
     const int64_t T = ids->shape[1];
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
     for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
-    mmc_llava_request r = {m, px, NULL, 0};
+    mmc_llava_request r = {m, px, NULL, 0, NULL};
     mmc_decoder dec = mmc_llava_decoder(&r);
     int32_t out[64];
     int n = 0;

@@ -11,7 +11,8 @@
 #   forward:  the last position's logits within 1e-4 absolute, and the same argmax
 # plus v5 with --image-backend torchvision (transformers 5's default image processor), and the
 # LLaVA-OneVision / LLaVA-NeXT fixtures (tools/ref/gen_llava_next.py) with a landscape, a portrait
-# and (OneVision) both images in one prompt: the same checks, and mmc info's family / tower / LM.
+# and (OneVision) both images in one prompt and a 3-frame video (--video FOLDER): the same checks, and
+# mmc info's family / tower / LM.
 set -u
 MMC=${MMC:-build/mmc}
 E=tests/fixtures/llava
@@ -75,20 +76,22 @@ nchecked=0
 for F in tests/fixtures/llava_onevision tests/fixtures/llava_next; do
   while IFS=$'\t' read -r dir case np ids argmax; do
     case "$dir" in ''|'#'*) continue ;; esac
+    q=$PROMPT
     case "$case" in
+      video) media=(--video tests/fixtures/llava_onevision/video); q="What happens?" ;;
       image_wide) media=(--image "$IMG") ;;
       image_tall) media=(--image "$TALL") ;;
       two_images) media=(--image "$IMG" --image "$TALL") ;;
     esac
     d=$F/$dir
-    "$MMC" generate --model "$d" "${media[@]}" --prompt "$PROMPT" --max-new-tokens 8 --json >"$W/gen" 2>"$W/err"
+    "$MMC" generate --model "$d" "${media[@]}" --prompt "$q" --max-new-tokens 8 --json >"$W/gen" 2>"$W/err"
     rc=$?
     [ $rc = 0 ] && ok || { bad "$dir $case: generate exited $rc: $(cat "$W/err")"; continue; }
     got=$(sed -E 's/.*"tokens": \[([^]]*)\].*/\1/' "$W/gen" | tr -d ' ')
     [ "$got" = "$ids" ] && ok || bad "$dir $case: generate tokens [$got] != transformers [$ids]"
     gotn=$(sed -n 's/.*"prompt_tokens": \([0-9]*\).*/\1/p' "$W/gen")
     [ "$gotn" = "$np" ] && ok || bad "$dir $case: prompt_tokens $gotn != transformers $np"
-    "$MMC" forward --model "$d" "${media[@]}" --prompt "$PROMPT" --out "$W/fw.safetensors" --json >"$W/fw" 2>"$W/err" \
+    "$MMC" forward --model "$d" "${media[@]}" --prompt "$q" --out "$W/fw.safetensors" --json >"$W/fw" 2>"$W/err" \
       && ok || { bad "$dir $case: forward failed: $(cat "$W/err")"; continue; }
     grep -q "\"argmax_last\": $argmax," "$W/fw" && ok || bad "$dir $case: forward argmax: $(cat "$W/fw") (transformers $argmax)"
     st_floats "$W/fw.safetensors" last_logits >"$W/got.txt"
@@ -102,7 +105,7 @@ for F in tests/fixtures/llava_onevision tests/fixtures/llava_next; do
     nchecked=$((nchecked + 1))
   done < $F/expected.tsv
 done
-[ $nchecked = 5 ] && ok || bad "$nchecked of 5 NeXT / OneVision cases ran"
+[ $nchecked = 6 ] && ok || bad "$nchecked of 6 NeXT / OneVision cases ran"
 "$MMC" info tests/fixtures/llava_onevision/ov >"$W/info" 2>"$W/err" && grep -q "^family: *LLaVA-OneVision" "$W/info" \
   && grep -q "^vision tower: *SigLIP ViT" "$W/info" && grep -q "anyres_max_4" "$W/info" \
   && grep -q "^language model: *Qwen2" "$W/info" && ok || bad "info ov: $(cat "$W/info" "$W/err")"

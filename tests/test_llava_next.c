@@ -8,6 +8,9 @@
  *   logits at every 6th position and the last (f32)                         max |diff| <= 1e-4
  *   8 greedy tokens through the KV cache                                    equal
  *   SigLIP's attention-pooling head (pooler_output) on the OneVision tiles   max |diff| <= 1e-4
+ * OneVision's video path (3 frames of 45 x 34, tests/fixtures/llava_onevision/video/): pixel_values_videos of
+ * the torchvision video processor (1e-5), the <video> count, features (2x2 bilinear pooling + newline, 1e-4),
+ * logits (1e-4) and greedy tokens;
  * the same checkpoints in the Hub's 4.4x files (ov_hub: vision_tower.vision_model.*, bf16, preprocessor_config.json
  * + processor_config.json) and in transformers 4.52's names (next_v452: model.*, lm_head.*): features and
  * last-position logits within 1e-4, greedy tokens equal, the hub processor files giving the same pixels and counts;
@@ -101,7 +104,7 @@ static void test_case(const char *fixdir, const char *name, const char *cas, int
     const int64_t T = ids->shape[1];
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
     for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
-    mmc_llava_request r = {m, px, (const int64_t (*)[2])sizes, n_images};
+    mmc_llava_request r = {m, px, (const int64_t (*)[2])sizes, n_images, NULL};
     mmc_decoder dec = mmc_llava_decoder(&r);
     int32_t out[64];
     int n = 0;
@@ -193,7 +196,7 @@ static void test_copy(const char *fixdir, const char *copy, const char *base) {
     const int64_t T = ids->shape[1];
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
     for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
-    mmc_llava_request r = {m, px, sizes, 1};
+    mmc_llava_request r = {m, px, sizes, 1, NULL};
     mmc_decoder dec = mmc_llava_decoder(&r);
     int32_t out[64];
     int n = 0;
@@ -209,6 +212,94 @@ static void test_copy(const char *fixdir, const char *copy, const char *base) {
     mmc_ctx_free(ctx);
     mmc_llava_free(m);
     mmc_st_close(ref);
+}
+
+static void test_video(void) {
+    mmc_st *ref = fixture_open("llava_onevision/ref.safetensors");
+    if (!ref) return;
+    mmc_llava *m = NULL;
+    if (mmc_llava_load("tests/fixtures/llava_onevision/ov", &m) != MMC_OK) {
+        fprintf(stderr, "load: %s\n", mmc_last_error());
+        g_fail++;
+        mmc_st_close(ref);
+        return;
+    }
+    mmc_tensor *ids = fixture_tensor(ref, "ov.video.ids", MMC_I64), *px = fixture_tensor(ref, "ov.video.pixel_values_videos", MMC_F32);
+    mmc_tensor *feats = fixture_tensor(ref, "ov.video.features", MMC_F32), *pos = fixture_tensor(ref, "ov.video.logits_pos", MMC_I64);
+    mmc_tensor *want = fixture_tensor(ref, "ov.video.logits", MMC_F32), *greedy = fixture_tensor(ref, "ov.video.greedy", MMC_I64);
+    mmc_llava_next_proc p;
+    mmc_llava_next_proc_default(&p, m);
+    CHECK_OK(mmc_llava_next_proc_load_dir("tests/fixtures/llava_onevision/ov", &p, NULL, 0));
+    CHECK(p.video.size_h == 24 && p.video.size_w == 24);
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    mmc_image *frames = NULL;
+    int nf = 0;
+    CHECK_OK(mmc_load_frames_dir("tests/fixtures/llava_onevision/video", &io, &frames, &nf));
+    mmc_tensor *got_px = NULL;
+    if (nf) CHECK_OK(mmc_llava_next_preprocess_video(&p, frames, nf, &got_px));
+    if (got_px) {
+        printf("ov video      pixel_values_videos [%lld, 3, %lld, %lld] max|diff| %.3g\n", (long long)got_px->shape[0],
+               (long long)got_px->shape[2], (long long)got_px->shape[3], max_abs_diff(got_px, px));
+        CHECK_CLOSE(got_px, px, 1e-5, 0, "pixel_values_videos");
+    }
+    for (int i = 0; i < nf; i++) mmc_image_free(&frames[i]);
+    free(frames);
+    int64_t n_vid = 0;
+    for (int64_t t = 0; t < ids->shape[1]; t++) n_vid += ((int64_t *)ids->data)[t] == m->video_token_id;
+    CHECK(mmc_llava_next_video_tokens(&p, nf) == n_vid && mmc_llava_video_tokens(m, nf) == n_vid);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *f = NULL, *h = NULL;
+    CHECK_OK(mmc_llava_video_features(ctx, m, px, &f));
+    if (f) {
+        printf("ov video      features [%lld, %lld] max|diff| %.3g\n", (long long)f->shape[0], (long long)f->shape[1],
+               max_abs_diff(f, feats));
+        CHECK_CLOSE(f, feats, 1e-4, 0, "video features");
+    }
+    CHECK_OK(mmc_llava_forward_media(ctx, m, ids, NULL, NULL, 0, px, NULL, &h));
+    if (h) {
+        mmc_tensor *lg = mmc_contiguous(ctx, mmc_llava_logits(ctx, m, h));
+        const int64_t V = lg->shape[2], np_ = pos->shape[0];
+        mmc_tensor *sel = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(1, np_, V));
+        for (int64_t i = 0; i < np_; i++)
+            memcpy((float *)sel->data + i * V, (float *)lg->data + ((int64_t *)pos->data)[i] * V, sizeof(float) * V);
+        printf("ov video      logits [%lld of %lld positions] max|diff| %.3g\n", (long long)np_, (long long)lg->shape[1],
+               max_abs_diff(sel, want));
+        CHECK_CLOSE(sel, want, 1e-4, 0, "video logits");
+    }
+    /* a prompt without the <video> tokens, and a video for a model without a video path */
+    mmc_tensor *few = mmc_zeros(ctx, MMC_I64, 2, MMC_SHAPE(1, 3));
+    CHECK(mmc_llava_forward_media(ctx, m, few, NULL, NULL, 0, px, NULL, &h) == MMC_ERR_INVALID);
+    CHECK(mmc_llava_forward_media(ctx, m, ids, NULL, NULL, 0, NULL, NULL, &h) == MMC_ERR_INVALID);
+    mmc_ctx_reset(ctx);
+    const int64_t T = ids->shape[1];
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
+    mmc_llava_request r = {m, NULL, NULL, 0, px};
+    mmc_decoder dec = mmc_llava_decoder(&r);
+    int32_t out[64];
+    int n = 0;
+    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
+    mmc_sampler_defaults(&o.sampler);
+    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
+    bool same = n == greedy->shape[1];
+    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
+    CHECKF(same, "ov video: greedy tokens differ from transformers' (%d tokens)", n);
+    free(prompt);
+    mmc_tensor *all[] = {ids, px, feats, pos, want, greedy, got_px};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mmc_tensor_free(all[i]);
+    mmc_ctx_free(ctx);
+    mmc_llava_free(m);
+    mmc_st_close(ref);
+    mmc_llava *nx = NULL;
+    if (mmc_llava_load("tests/fixtures/llava_next/next", &nx) == MMC_OK) {
+        mmc_ctx *c2 = mmc_ctx_new();
+        mmc_tensor *v = mmc_zeros(c2, MMC_F32, 4, MMC_SHAPE(1, 3, 30, 30)), *fo = NULL;
+        CHECK(mmc_llava_video_features(c2, nx, v, &fo) == MMC_ERR_UNSUPPORTED);
+        mmc_ctx_free(c2);
+        mmc_llava_free(nx);
+    }
 }
 
 /* the configs as read */
@@ -340,6 +431,7 @@ int main(void) {
     test_case("llava_onevision", "ov", "two_images", 2);
     test_case("llava_next", "next", "image_wide", 1);
     test_case("llava_next", "next", "image_tall", 1);
+    test_video();
     test_copy("llava_onevision", "ov_hub", "ov");
     test_copy("llava_next", "next_v452", "next");
     test_errors();

@@ -54,6 +54,7 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st && m->llava->variant != MMC_LLAVA_15) {
             mmc_llava_next_proc_default(&m->nproc, m->llava);
             st = mmc_llava_next_proc_load_dir(dir, &m->nproc, NULL, 0);
+            mmc_qwen2vl_video_proc_default(&m->vproc);   /* a video file: every frame unless --video-fps / -frames */
         } else if (!st) {
             st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
         }
@@ -117,6 +118,7 @@ void cli_prompt_free(cli_prompt *p) {
     mmc_vlproc_out_free(&p->vid);
     mmc_tensor_free(p->llava_pixels);
     free(p->llava_sizes);
+    mmc_tensor_free(p->llava_video);
     mmc_tensor_free(p->internvl_pixels);
     for (int i = 0; i < p->n_audios; i++) free(p->audio_feats[i]);
     free(p->audio_feats);
@@ -129,10 +131,11 @@ void cli_prompt_free(cli_prompt *p) {
 static mmc_status llava_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
                                const char *video_dir, cli_prompt *p) {
     mmc_status st = MMC_OK;
-    if (video_dir) {
+    if (video_dir && m->llava->variant != MMC_LLAVA_ONEVISION) {
         free(ids);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "llava takes images, not videos");
+        return mmc_error(MMC_ERR_UNSUPPORTED, "llava takes images, not videos (LLaVA-OneVision takes both)");
     }
+    int64_t vid_tok = 0;
     mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
     int64_t *img_tok = calloc((size_t)(n_images ? n_images : 1), sizeof *img_tok);
     int loaded = 0;
@@ -155,7 +158,26 @@ static mmc_status llava_prompt(cli_model *m, int32_t *ids, int64_t n, const char
         if (n_images && (st = mmc_clip_preprocess(&m->cproc, imgs, n_images, &p->llava_pixels))) goto done;
         for (int i = 0; i < n_images; i++) img_tok[i] = mmc_llava_image_tokens(m->llava);
     }
-    st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->llava->image_token_id, img_tok, n_images, -1, NULL, 0,
+    if (video_dir) {   /* OneVision: every frame of a folder, or of a file (--video-fps / --video-frames sample) */
+        struct stat sb;
+        const bool frames_dir = stat(video_dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+        mmc_video_clip clip = {0};
+        mmc_image *frames = NULL;
+        int nf = 0;
+        if (frames_dir) st = mmc_load_frames_dir(video_dir, &io, &frames, &nf);
+        else if (!(st = mmc_qwen2vl_video_load(&m->vproc, video_dir, &clip))) frames = clip.frames, nf = clip.n;
+        if (!st) st = mmc_llava_next_preprocess_video(&m->nproc, frames, nf, &p->llava_video);
+        vid_tok = mmc_llava_next_video_tokens(&m->nproc, nf);
+        if (frames_dir) {
+            for (int i = 0; i < nf; i++) mmc_image_free(&frames[i]);
+            free(frames);
+        } else {
+            mmc_video_clip_free(&clip);
+        }
+        if (st) goto done;
+    }
+    st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->llava->image_token_id, img_tok, n_images,
+                            video_dir ? (int32_t)m->llava->video_token_id : -1, &vid_tok, video_dir ? 1 : 0,
                             &p->ids, NULL, &p->n);
 done:
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
@@ -439,7 +461,8 @@ done:
 mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
                         int *n_out) {
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
-    mmc_llava_request lreq = {m->llava, p->llava_pixels, (const int64_t (*)[2])p->llava_sizes, p->llava_n_images};
+    mmc_llava_request lreq = {m->llava, p->llava_pixels, (const int64_t (*)[2])p->llava_sizes, p->llava_n_images,
+                              p->llava_video};
     mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
     mmc_omni_request oreq = {m->omni, &p->omni, 0};
     mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)

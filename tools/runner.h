@@ -58,6 +58,7 @@ typedef struct {
     mmc_tensor *llava_pixels; /* LLaVA: [n_images, 3, S, S] (NeXT / OneVision: every tile) (persistent) or NULL */
     int64_t (*llava_sizes)[2];/* NeXT / OneVision: each image's (height, width) (malloc'd) */
     int llava_n_images;
+    mmc_tensor *llava_video;  /* LLaVA-OneVision: a video's frames [F, 3, S, S] (persistent) or NULL */
     mmc_tensor *internvl_pixels; /* InternVL: the tiles of all images [n_tiles, 3, s, s] (persistent) or NULL */
     float **audio_feats;      /* Qwen2.5-Omni: per audio [n_mels, stride] (malloc'd) */
     mmc_omni_audio_in *audios;

@@ -20,7 +20,12 @@
  * processed tile size (h', w'): scale = best // (h', w'); grid = (patches a side) * scale, un-padded
  * to the aspect ratio (round(., 7) then int, as unpad_image); OneVision shrinks it by ratio =
  * sqrt(H W / (N * patches^2)) when ratio > 1.1 (anyres_max_N); + one newline per row + the base
- * tile's tokens (NeXT: + num_additional_image_tokens); one fewer with strategy "default". */
+ * tile's tokens (NeXT: + num_additional_image_tokens); one fewer with strategy "default".
+ *
+ * OneVision's videos (LlavaOnevisionVideoProcessor, which transformers runs on torchvision only): every
+ * frame resized to size (384 x 384) with torch's uint8 antialiased resize, then the fused rescale +
+ * normalise; settings from processor_config.json's "video_processor" (5.x) or
+ * video_preprocessor_config.json (4.4x); <video> count frames * ceil(sqrt(num_image_tokens) / 2)^2 + 1. */
 #include "mmc_llava.h"
 #include "mmc_io.h"
 #include "processors/processors_internal.h"
@@ -57,6 +62,49 @@ void mmc_llava_next_proc_default(mmc_llava_next_proc *p, const mmc_llava *m) {
     p->num_image_tokens = (S / patch) * (S / patch);
     p->max_num_patches = m && m->max_num_patches ? m->max_num_patches : 9;
     p->strategy_default = m ? !m->feature_full : !p->onevision;
+    mmc_clip_proc_default(&p->video);   /* LlavaOnevisionVideoProcessor: 384 x 384, no crop, CLIP mean / std */
+    p->video.shortest_edge = 0, p->video.size_h = p->video.size_w = 384;
+    p->video.do_center_crop = false;
+    p->video.resize_mode = MMC_VLPROC_RESIZE_TORCH;
+}
+
+/* a video processor object o (in `path`, under `where`) over *c: size {height, width}, mean / std,
+ * rescale, resample and the do_* flags */
+static mmc_status read_video(const mmc_json *o, const char *path, const char *where, mmc_clip_proc *c) {
+    mmc_status st;
+    int64_t h = c->size_h, w = c->size_w, r = c->resample == MMC_RESAMPLE_BILINEAR ? 2 : 3;
+    if ((st = mmc_json_int(o, "size.height", h, &h)) || (st = mmc_json_int(o, "size.width", w, &w)) ||
+        (st = mmc_json_num(o, "rescale_factor", c->rescale_factor, &c->rescale_factor)) ||
+        (st = mmc_json_bool(o, "do_resize", c->do_resize, &c->do_resize)) ||
+        (st = mmc_json_bool(o, "do_center_crop", c->do_center_crop, &c->do_center_crop)) ||
+        (st = mmc_json_bool(o, "do_rescale", c->do_rescale, &c->do_rescale)) ||
+        (st = mmc_json_bool(o, "do_normalize", c->do_normalize, &c->do_normalize)) ||
+        (st = mmc_json_int(o, "resample", r, &r)))
+        return where[0] ? mmc_error_prefix(st, "%s: %s", path, where) : st;   /* a root's messages name the file */
+    if (h < 1 || w < 1 || h > 65536 || w > 65536)
+        return mmc_error(MMC_ERR_FORMAT, "%s: %ssize must be {height, width}, each from 1 to 65536", path, where);
+    if (c->do_center_crop)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sdo_center_crop is not supported for videos", path, where);
+    if (r != 2 && r != 3)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sresample=%lld (only 2 bilinear, 3 bicubic)", path, where, (long long)r);
+    c->resample = r == 2 ? MMC_RESAMPLE_BILINEAR : MMC_RESAMPLE_BICUBIC;
+    c->shortest_edge = 0, c->size_h = h, c->size_w = w;
+    const char *arr[2] = {"image_mean", "image_std"};
+    for (int k = 0; k < 2; k++) {
+        if (!mmc_json_has(o, arr[k])) continue;
+        double d[3];
+        char key[32];
+        bool ok = true;
+        for (int i = 0; i < 3 && ok; i++) {
+            snprintf(key, sizeof key, "%s.%d", arr[k], i);
+            ok = mmc_json_has(o, key) && mmc_json_num(o, key, 0, &d[i]) == MMC_OK;
+        }
+        snprintf(key, sizeof key, "%s.3", arr[k]);
+        if (!ok || mmc_json_has(o, key))
+            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
+        for (int i = 0; i < 3; i++) (k ? c->image_std : c->image_mean)[i] = (float)d[i];
+    }
+    return MMC_OK;
 }
 
 /* image_grid_pinpoints of object o (in `path`, under `where`) into p, when present */
@@ -128,6 +176,16 @@ mmc_status mmc_llava_next_proc_load_dir(const char *dir, mmc_llava_next_proc *p,
         mmc_json *j = NULL;
         if ((st = mmc_json_load(path, &j))) return st;
         st = read_processor_keys(j, path, &q);
+        const mmc_json *v = mmc_json_get(j, "video_processor");
+        if (!st && v) st = read_video(v, path, "video_processor.", &q.video);
+        mmc_json_free(j);
+        if (st) return st;
+    }
+    snprintf(path, sizeof path, "%s/video_preprocessor_config.json", dir);
+    if (stat(path, &sb) == 0) {   /* 4.4x: the video processor in its own file */
+        mmc_json *j = NULL;
+        if ((st = mmc_json_load(path, &j))) return st;
+        st = read_video(j, path, "", &q.video);
         mmc_json_free(j);
         if (st) return st;
     }
@@ -350,6 +408,54 @@ mmc_status mmc_llava_next_preprocess(const mmc_llava_next_proc *p, const mmc_ima
                 mmc_image_free(&piece);
             }
         mmc_image_free(&c);
+    }
+    if (st) { mmc_tensor_free(t); return st; }
+    *out = t;
+    return MMC_OK;
+}
+
+int64_t mmc_llava_next_video_tokens(const mmc_llava_next_proc *p, int64_t n_frames) {
+    const int64_t side = (int64_t)sqrt((double)p->num_image_tokens), q = (side + 1) / 2;
+    return n_frames * q * q + 1;
+}
+
+mmc_status mmc_llava_next_preprocess_video(const mmc_llava_next_proc *p, const mmc_image *frames, int n,
+                                           mmc_tensor **out) {
+    *out = NULL;
+    if (n < 1) return mmc_error(MMC_ERR_INVALID, "LLaVA-OneVision video processor: no frames");
+    const mmc_clip_proc *c = &p->video;
+    float lut[3][256];
+    mmc_qwen2vl_proc q;
+    mmc_qwen2vl_proc_default(&q);
+    memcpy(q.image_mean, c->image_mean, sizeof q.image_mean);
+    memcpy(q.image_std, c->image_std, sizeof q.image_std);
+    q.rescale_factor = c->rescale_factor;
+    q.do_rescale = c->do_rescale;
+    q.do_normalize = c->do_normalize;
+    mmc_qwen2vl_pixel_lut(&q, MMC_VLPROC_RESIZE_TORCH, lut);   /* TorchvisionBackend.rescale_and_normalize */
+    const int64_t h = c->do_resize ? c->size_h : frames[0].height, w = c->do_resize ? c->size_w : frames[0].width;
+    mmc_tensor *t = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(n, 3, h, w));
+    if (!t) return mmc_error(MMC_ERR_OOM, "out of memory for pixel_values_videos");
+    mmc_status st = MMC_OK;
+    for (int i = 0; i < n && !st; i++) {
+        mmc_image rs = {0};
+        const mmc_image *cur = &frames[i];
+        if (c->do_resize) {
+            if ((st = mmc_image_resize_torch_u8(&frames[i], (int)h, (int)w, c->resample, &rs))) break;
+            cur = &rs;
+        }
+        if (cur->height != h || cur->width != w) {
+            st = mmc_error(MMC_ERR_INVALID, "LLaVA-OneVision video processor: frames of different sizes (do_resize is "
+                           "false)");
+        } else {
+            float *dst = (float *)t->data + (int64_t)i * 3 * h * w;
+            for (int64_t y = 0; y < h; y++)
+                for (int64_t x = 0; x < w; x++) {
+                    const uint8_t *px = cur->data + (y * w + x) * 3;
+                    for (int k = 0; k < 3; k++) dst[(k * h + y) * w + x] = lut[k][px[k]];
+                }
+        }
+        mmc_image_free(&rs);
     }
     if (st) { mmc_tensor_free(t); return st; }
     *out = t;

@@ -20,7 +20,9 @@ Writes
   tests/fixtures/llava_onevision/ov_hub/, tests/fixtures/llava_next/next_v452/  the same checkpoints in the Hub's
       4.4x files and in transformers 4.52-4.57's weight names (bf16 matrices; see layout_copy).
 Cases: image_wide (shapes_160x120), image_tall (tall_97x151) and, for ov, two_images (both in one prompt: no
-tiling, pad_to_square, one newline each).
+tiling, pad_to_square, one newline each) and video (tests/fixtures/llava_onevision/video/: 3 frames of 45 x 34 through
+LlavaOnevisionVideoProcessor, torchvision as transformers requires; ov.video.pixel_values_videos [F, 3, S, S],
+features = get_video_features' pooler_output [F * ceil(g/2)^2 + 1, C]).
 Run: .venv-ref/bin/python tools/ref/gen_llava_next.py
 """
 import json
@@ -52,6 +54,7 @@ EOS = tok.convert_tokens_to_ids("<|im_end|>")
 # ChatML with one "<image>\n" per image before the text (llava-onevision-qwen2's template, shortened)
 TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
             "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}"
+            "{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\n' }}"
             "{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
             "{{ content['text'] }}{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -65,6 +68,14 @@ TALL = os.path.join(NEXT_DIR, "tall_97x151.png")
 wide.transpose(Image.Transpose.ROTATE_90).resize((97, 151), Image.Resampling.BICUBIC).save(TALL)
 tall = Image.open(TALL).convert("RGB")
 PROMPT = "What is in the image?"
+# a 3-frame video of odd-sized frames (45 x 34), cut from the landscape image
+VIDEO_DIR = os.path.join(OV_DIR, "video")
+os.makedirs(VIDEO_DIR, exist_ok=True)
+frames = []
+for i in range(3):
+    fr = wide.crop((10 + 30 * i, 5 + 20 * i, 100 + 30 * i, 73 + 20 * i)).resize((45, 34), Image.Resampling.BILINEAR)
+    fr.save(os.path.join(VIDEO_DIR, f"frame_{i:02d}.png"))
+    frames.append(Image.open(os.path.join(VIDEO_DIR, f"frame_{i:02d}.png")).convert("RGB"))
 
 
 def scramble(m):
@@ -117,6 +128,31 @@ def next_model():
     return m, proc, LlavaNextForConditionalGeneration
 
 
+def run_video(m, proc, name, out_dir, ref, rows, expected):
+    conv = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]
+    text = proc.apply_chat_template(conv, add_generation_prompt=True)
+    inputs = proc(videos=[frames], text=text, return_tensors="pt")
+    with torch.no_grad():
+        feats = m.model.get_video_features(inputs["pixel_values_videos"]).pooler_output
+        logits = m(**inputs).logits
+        g = m.generate(**inputs, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    T = inputs["input_ids"].shape[1]
+    key = f"{name}.video"
+    pos = sorted(set(range(0, T, 6)) | {T - 1})
+    ref[key + ".ids"] = inputs["input_ids"].to(torch.int64)
+    ref[key + ".pixel_values_videos"] = inputs["pixel_values_videos"][0].float().contiguous()
+    ref[key + ".features"] = feats.reshape(-1, feats.shape[-1]).float()
+    ref[key + ".logits_pos"] = torch.tensor(pos, dtype=torch.int64)
+    ref[key + ".logits"] = logits[:, pos].float()
+    ref[key + ".greedy"] = g[:, T:].to(torch.int64)
+    last = logits[0, -1]
+    rows.append("\t".join([name, "video", str(T), ",".join(str(int(x)) for x in g[0, T:]), str(int(last.argmax()))]))
+    with open(os.path.join(out_dir, f"{name}.video.logits.txt"), "w") as f:
+        f.write("".join(f"{float(x):.9g}\n" for x in last))
+    expected["video"] = {"templated": text, "n_prompt": T, "greedy_ids": g[0, T:].tolist(),
+                         "video_processor": type(proc.video_processor).__name__}
+
+
 def run(out_dir, name, build, cases):
     d = os.path.join(out_dir, name)
     shutil.rmtree(d, ignore_errors=True)
@@ -132,6 +168,9 @@ def run(out_dir, name, build, cases):
     m = cls.from_pretrained(d).float().eval()
     ref, rows, expected = {}, [], {}
     for case, images in cases:
+        if case == "video":   # OneVision's video path: every frame, 2x2 bilinear pooling, one newline
+            run_video(m, proc, name, out_dir, ref, rows, expected)
+            continue
         conv = [{"role": "user", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": PROMPT}]}]
         text = proc.apply_chat_template(conv, add_generation_prompt=True)
         inputs = proc(images=[images], text=text, return_tensors="pt")
@@ -244,7 +283,8 @@ def layout_copy(out_dir, name, copy, cls, layout):
     print(copy, sorted(out)[:3], "greedy", g[0, ids.shape[1]:].tolist())
 
 
-run(OV_DIR, "ov", ov_model, [("image_wide", [wide]), ("image_tall", [tall]), ("two_images", [wide, tall])])
+run(OV_DIR, "ov", ov_model, [("image_wide", [wide]), ("image_tall", [tall]), ("two_images", [wide, tall]),
+                             ("video", None)])
 layout_copy(OV_DIR, "ov", "ov_hub", LlavaOnevisionForConditionalGeneration, "hub")
 run(NEXT_DIR, "next", next_model, [("image_wide", [wide]), ("image_tall", [tall])])
 layout_copy(NEXT_DIR, "next", "next_v452", LlavaNextForConditionalGeneration, "v452")

@@ -536,20 +536,61 @@ mmc_status mmc_llava_image_features_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor
     return MMC_OK;
 }
 
+int64_t mmc_llava_video_tokens(const mmc_llava *m, int64_t n_frames) {
+    int64_t S, g;
+    bool cls;
+    tower_geom(m, &S, &g, &cls);
+    const int64_t q = (g + 1) / 2;
+    return n_frames * q * q + 1;
+}
+
+mmc_status mmc_llava_video_features(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *frames, mmc_tensor **out) {
+    *out = NULL;
+    if (m->variant != MMC_LLAVA_ONEVISION)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s takes images, not videos", variant_name(m->variant));
+    if (!frames || frames->ndim != 4 || frames->shape[0] < 1)
+        return mmc_error(MMC_ERR_SHAPE, "llava_onevision: video frames must be [F, 3, S, S]");
+    int64_t S, g;
+    bool cls;
+    tower_geom(m, &S, &g, &cls);
+    const int64_t n_tok = mmc_llava_image_tokens(m), F = frames->shape[0], q = (g + 1) / 2;
+    if (n_tok != g * g)
+        return mmc_error(MMC_ERR_INVALID, "llava_onevision: a frame gives %lld features, not a %lld x %lld grid "
+                         "(vision_feature_select_strategy 'default' with a SigLIP tower; use 'full')", (long long)n_tok,
+                         (long long)g, (long long)g);
+    mmc_tensor *f;
+    mmc_status st = tile_features(ctx, m, frames, &f);                      /* [F * g*g, C] */
+    if (st) return st;
+    const int64_t C = f->shape[1];
+    mmc_tensor *o = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(F * q * q + 1, C));  /* [F * q*q + 1, C] */
+    mmc_tensor *nlt = mmc_contiguous(ctx, mmc_cast(ctx, m->image_newline, MMC_F32));
+    for (int64_t i = 0; i < F; i++)   /* apply_pooling: interpolate(size=ceil(g/2), bilinear) per frame */
+        bilinear_hwc((const float *)f->data + i * g * g * C, g, g, C, (float *)o->data + i * q * q * C, q, q);
+    memcpy((float *)o->data + F * q * q * C, nlt->data, (size_t)C * sizeof(float));
+    *out = o;
+    return MMC_OK;
+}
+
 mmc_status mmc_llava_forward(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels, mmc_kv_cache *kv,
                              mmc_tensor **hidden) {
-    return mmc_llava_forward_sized(ctx, m, ids, pixels, NULL, 0, kv, hidden);
+    return mmc_llava_forward_media(ctx, m, ids, pixels, NULL, 0, NULL, kv, hidden);
 }
 
 mmc_status mmc_llava_forward_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels,
                                    const int64_t (*sizes)[2], int n_images, mmc_kv_cache *kv, mmc_tensor **hidden) {
+    return mmc_llava_forward_media(ctx, m, ids, pixels, sizes, n_images, NULL, kv, hidden);
+}
+
+mmc_status mmc_llava_forward_media(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels,
+                                   const int64_t (*sizes)[2], int n_images, mmc_tensor *video, mmc_kv_cache *kv,
+                                   mmc_tensor **hidden) {
     *hidden = NULL;
     const mmc_qwen2_config *c = &m->lm->cfg;
     if (!ids || ids->ndim != 2 || (ids->dtype != MMC_I32 && ids->dtype != MMC_I64))
         return mmc_error(MMC_ERR_SHAPE, "llava forward: ids must be [B, T] int32/int64");
     const int64_t B = ids->shape[0], T = ids->shape[1];
     if (T <= 0 || B <= 0) return mmc_error(MMC_ERR_INVALID, "llava forward: empty input");
-    if (pixels && kv && kv->len > 0)
+    if ((pixels || video) && kv && kv->len > 0)
         return mmc_error(MMC_ERR_UNSUPPORTED, "llava forward: images after the prompt (KV cache holds %lld "
                          "positions) are not supported", (long long)kv->len);
     if (kv && (kv->batch != B || kv->n_layers != c->num_layers))
@@ -580,6 +621,31 @@ mmc_status mmc_llava_forward_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, 
         vlm_splice(e, idc, m->image_token_id, f);
         mmc_arena_release(mmc_ctx_arena(ctx), mk);   /* the tower's activations */
     }
+    if (m->variant == MMC_LLAVA_ONEVISION) {   /* the <video> positions */
+        int64_t n_vid = 0;
+        for (int64_t i = 0; i < mmc_numel(idc); i++) n_vid += enc_int_at(idc, i) == m->video_token_id;
+        const int64_t want = video ? mmc_llava_video_tokens(m, video->shape[0]) : 0;
+        if (video && video->ndim != 4) {
+            st = mmc_error(MMC_ERR_SHAPE, "llava_onevision forward: video frames must be [F, 3, S, S]");
+            goto done;
+        }
+        if (n_vid != want) {
+            st = mmc_error(MMC_ERR_INVALID, "video features and video tokens do not match: the prompt has %lld <video> "
+                           "tokens (id %lld) but the video gives %lld features", (long long)n_vid,
+                           (long long)m->video_token_id, (long long)want);
+            goto done;
+        }
+        if (video) {
+            mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+            mmc_tensor *f;
+            if ((st = mmc_llava_video_features(ctx, m, video, &f))) goto done;
+            vlm_splice(e, idc, m->video_token_id, f);
+            mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        }
+    } else if (video) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s takes images, not videos", variant_name(m->variant));
+        goto done;
+    }
     st = mmc_qwen2_forward_embeds(ctx, m->lm, e, kv, hidden);
 done:
     mmc_set_grad_enabled(ctx, was);
@@ -594,7 +660,8 @@ mmc_tensor *mmc_llava_logits(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *hidden) {
 static mmc_status llava_fwd(mmc_ctx *ctx, void *self, mmc_tensor *ids, mmc_tensor *pixels, mmc_kv_cache *kv,
                            mmc_tensor **h) {
     mmc_llava_request *r = self;
-    return mmc_llava_forward_sized(ctx, r->m, ids, pixels, r->sizes, r->n_images, kv, h);
+    const bool prefill = !kv || kv->len == 0;   /* the video goes with the prompt, as the images do */
+    return mmc_llava_forward_media(ctx, r->m, ids, pixels, r->sizes, r->n_images, prefill ? r->video : NULL, kv, h);
 }
 
 static mmc_status llava_prefill(mmc_ctx *ctx, void *self, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
