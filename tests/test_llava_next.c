@@ -230,7 +230,7 @@ static void test_video(void) {
     mmc_llava_next_proc p;
     mmc_llava_next_proc_default(&p, m);
     CHECK_OK(mmc_llava_next_proc_load_dir("tests/fixtures/llava_onevision/ov", &p, NULL, 0));
-    CHECK(p.video.size_h == 24 && p.video.size_w == 24);
+    CHECK(p.video.size_h == 26 && p.video.size_w == 26);
     mmc_image_opts io;
     mmc_image_opts_default(&io);
     mmc_image *frames = NULL;
@@ -308,7 +308,7 @@ static void test_configs(void) {
     CHECK_OK(mmc_llava_load("tests/fixtures/llava_onevision/ov", &m));
     if (m) {
         CHECK(m->variant == MMC_LLAVA_ONEVISION && m->siglip && !m->vision && m->feature_full);
-        CHECK(m->max_num_patches == 4 && m->n_pinpoints == 7 && m->pinpoints[6][0] == 72 && !strcmp(m->lm_family, "Qwen2"));
+        CHECK(m->max_num_patches == 4 && m->n_pinpoints == 7 && m->pinpoints[6][0] == 78 && !strcmp(m->lm_family, "Qwen2"));
         CHECK(m->lm->cfg.qkv_bias && m->lm->cfg.num_kv_heads == 2 && m->feature_layers[0] == 2);
         CHECK(mmc_llava_image_tokens(m) == 16 && mmc_llava_image_patches(m, 120, 160, false) == 10 &&
               mmc_llava_image_patches(m, 120, 160, true) == 1);
@@ -356,9 +356,9 @@ static void test_errors(void) {
     static const struct { const char *fix, *file, *from, *to, *want; } cases[] = {
         {"llava_onevision/ov", "config.json", "\"vision_feature_select_strategy\": \"full\"",
          "\"vision_feature_select_strategy\": \"cls\"", "vision_feature_select_strategy 'cls'"},
-        {"llava_onevision/ov", "config.json", "[\n    [\n      24,\n      24\n    ]", "[\n    [\n      25,\n      24\n    ]",
-         "image_grid_pinpoints[0] = [25, 24]"},
-        {"llava_onevision/ov", "config.json", "[\n    [\n      24,\n      24\n    ]", "[\n    [\n      24\n    ]",
+        {"llava_onevision/ov", "config.json", "[\n    [\n      26,\n      26\n    ]", "[\n    [\n      25,\n      26\n    ]",
+         "image_grid_pinpoints[0] = [25, 26]"},
+        {"llava_onevision/ov", "config.json", "[\n    [\n      26,\n      26\n    ]", "[\n    [\n      26\n    ]",
          "image_grid_pinpoints[0] is not a [height, width] pair"},
         {"llava_onevision/ov", "config.json", "\"anyres_max_4\"", "\"anyres\"", "vision_aspect_ratio 'anyres'"},
         {"llava_onevision/ov", "config.json", "\"model_type\": \"qwen2\"", "\"model_type\": \"gemma\"",

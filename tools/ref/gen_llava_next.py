@@ -3,7 +3,8 @@ tests/test_llava_next.c and tests/test_llava_cli.sh.
 
 Writes
   tests/fixtures/llava_onevision/ov/  LlavaOnevisionForConditionalGeneration (SigLIP tower with the attention-pooling
-      head, Qwen2 LM with GQA, anyres grid pinpoints of 24-pixel tiles, vision_aspect_ratio anyres_max_4 so that
+      head and, like siglip-so400m-patch14-384, an image_size (26) that is not a multiple of its patch_size (6),
+      Qwen2 LM with GQA, anyres grid pinpoints of 26-pixel tiles, vision_aspect_ratio anyres_max_4 so that
       both test images are downsampled, strategy "full", vision_feature_layer -1): model.save_pretrained +
       processor.save_pretrained (LlavaOnevisionProcessor, PIL image processor), untouched.
   tests/fixtures/llava_next/next/    LlavaNextForConditionalGeneration (CLIP tower, Mistral LM with GQA and a sliding
@@ -93,15 +94,15 @@ def ov_model():
                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
                        rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=0)
     vision = SiglipVisionConfig(hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=3,
-                                image_size=24, patch_size=6, vision_use_head=True)
-    pins = [[24, 24], [24, 48], [48, 24], [48, 48], [48, 72], [72, 48], [72, 72]]
+                                image_size=26, patch_size=6, vision_use_head=True)   # 26 // 6 = 4, as 384 // 14
+    pins = [[26, 26], [26, 52], [52, 26], [52, 52], [52, 78], [78, 52], [78, 78]]
     cfg = LlavaOnevisionConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_index=IMG,
                                video_token_index=VID, image_grid_pinpoints=pins, vision_aspect_ratio="anyres_max_4",
                                vision_feature_layer=-1, vision_feature_select_strategy="full")
     m = LlavaOnevisionForConditionalGeneration(cfg).float().eval()
     scramble(m)
-    ip = LlavaOnevisionImageProcessorPil(size={"height": 24, "width": 24}, image_grid_pinpoints=pins)
-    vp = LlavaOnevisionVideoProcessor(size={"height": 24, "width": 24})
+    ip = LlavaOnevisionImageProcessorPil(size={"height": 26, "width": 26}, image_grid_pinpoints=pins)
+    vp = LlavaOnevisionVideoProcessor(size={"height": 26, "width": 26})
     proc = LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, num_image_tokens=16,
                                    vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_4",
                                    chat_template=TEMPLATE)

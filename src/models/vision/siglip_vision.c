@@ -12,7 +12,8 @@
  *       learned probe [1, 1, Cv] over the tokens, then h + mlp(layernorm(h)), token 0   [N, Cv]
  * hidden_states[L] is the last layer's output before post_layernorm (transformers captures it with
  * tie_last_hidden_states=False), which is what LLaVA-OneVision's vision_feature_layer -1 selects.
- * The input must be S x S: LLaVA never passes interpolate_pos_encoding, so the bicubic
+ * g = S // p: S need not be a multiple of p (384 px in 14-px patches: the convolution ignores the
+ * last S % p rows and columns). The input must be S x S: LLaVA never passes interpolate_pos_encoding, so the bicubic
  * interpolation of the position table is not implemented (a different size is an error). */
 #include "siglip_vision.h"
 
@@ -37,8 +38,13 @@ mmc_status mmc_siglip_vision_config_read(const mmc_json *j, const char *what, mm
         (st = mmc_json_str(j, "hidden_act", "gelu_pytorch_tanh", &act)))
         return mmc_error_prefix(st, "%s: vision_config", what);
     if ((st = mmc_act_parse(act, what, &c->hidden_act))) return st;
+    if (c->patch_size > c->image_size || c->patch_size < 1)
+        return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.patch_size %lld is not from 1 to image_size %lld", what,
+                         (long long)c->patch_size, (long long)c->image_size);
+    /* image_size need not be a multiple of patch_size: siglip-so400m-patch14-384 (LLaVA-OneVision's
+     * tower) sees 384 px in 27 patches of 14, the valid convolution dropping the last 6 rows / columns */
     return enc_vit_check_sizes(c->hidden_size, c->intermediate_size, c->num_hidden_layers, c->num_attention_heads,
-                               c->num_channels, c->image_size, c->patch_size, what);
+                               c->num_channels, c->image_size - c->image_size % c->patch_size, c->patch_size, what);
 }
 
 const mmc_siglip_vision_config *mmc_siglip_vision_cfg(const mmc_siglip_vision *v) { return &v->cfg; }
