@@ -77,6 +77,12 @@ mmc_status mmc_siglip_vision_forward(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_ten
  * -> [N, Cv] (MMC_ERR_UNSUPPORTED without vision_use_head). */
 mmc_status mmc_siglip_vision_pool(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor *pixels, mmc_tensor **out);
 
+/* SiglipImageProcessor's class defaults in CLIPImageProcessor's form (mmc_clip_proc: a fixed
+ * {height, width} resize, 224 x 224, bicubic; no centre crop; rescale 1/255; mean = std = 0.5):
+ * then mmc_clip_proc_load_dir reads a saved preprocessor_config.json over them and
+ * mmc_clip_preprocess applies it (PIL backend, or torchvision with resize_mode TORCH). */
+void mmc_siglip_proc_default(mmc_clip_proc *p);
+
 /* ---------------------------------------------------------------- LLaVA */
 #define MMC_LLAVA_MAX_FEATURE_LAYERS 16
 #define MMC_LLAVA_MAX_PINPOINTS 128

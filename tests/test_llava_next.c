@@ -14,6 +14,7 @@
  * the same checkpoints in the Hub's 4.4x files (ov_hub: vision_tower.vision_model.*, bf16, preprocessor_config.json
  * + processor_config.json) and in transformers 4.52's names (next_v452: model.*, lm_head.*): features and
  * last-position logits within 1e-4, greedy tokens equal, the hub processor files giving the same pixels and counts;
+ * SiglipImageProcessor (bicubic / bilinear, PIL and torchvision) within 1e-5;
  * plus config / weight / processor-config errors (bad image_grid_pinpoints, unknown strategy,
  * bad vision_aspect_ratio, unsupported text model, a missing image_newline tensor). */
 #include "test_util.h"
@@ -302,6 +303,44 @@ static void test_video(void) {
     }
 }
 
+/* SiglipImageProcessor (tests/fixtures/siglip: bicubic and bilinear at 26 x 30) on both test images: the PIL
+ * backend and the torchvision mode within 1e-5 of transformers' SiglipImageProcessorPil / SiglipImageProcessor. */
+static void test_siglip_processor(void) {
+    mmc_st *ref = fixture_open("siglip/ref.safetensors");
+    if (!ref) return;
+    static const char *const names[2] = {"bicubic", "bilinear"}, *const imgs[2] = {"wide", "tall"};
+    const char *files[2] = {WIDE, TALL};
+    for (int k = 0; k < 2; k++) {
+        char dir[128], key[96];
+        snprintf(dir, sizeof dir, "tests/fixtures/siglip/%s", names[k]);
+        mmc_clip_proc p;
+        mmc_siglip_proc_default(&p);
+        CHECK(p.size_h == 224 && !p.do_center_crop && p.image_mean[1] == 0.5f);
+        CHECK_OK(mmc_clip_proc_load_dir(dir, &p, NULL, 0));
+        CHECK(p.size_h == 26 && p.size_w == 30 && p.resample == (k ? MMC_RESAMPLE_BILINEAR : MMC_RESAMPLE_BICUBIC));
+        for (int i = 0; i < 2; i++) {
+            mmc_image img;
+            if (mmc_image_load(files[i], NULL, &img) != MMC_OK) { g_fail++; continue; }
+            for (int mode = 0; mode < 2; mode++) {
+                p.resize_mode = mode ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+                mmc_tensor *px = NULL;
+                CHECK_OK(mmc_clip_preprocess(&p, &img, 1, &px));
+                snprintf(key, sizeof key, "%s.%s.%s", names[k], imgs[i], mode ? "torchvision" : "pil");
+                mmc_tensor *want = fixture_tensor(ref, key, MMC_F32);
+                if (px) {
+                    printf("siglip processor %-8s %-4s %-11s max|diff| %.3g\n", names[k], imgs[i],
+                           mode ? "torchvision" : "pil", max_abs_diff(px, want));
+                    CHECK_CLOSE(px, want, 1e-5, 0, key);
+                }
+                mmc_tensor_free(px);
+                mmc_tensor_free(want);
+            }
+            mmc_image_free(&img);
+        }
+    }
+    mmc_st_close(ref);
+}
+
 /* the configs as read */
 static void test_configs(void) {
     mmc_llava *m = NULL;
@@ -432,6 +471,7 @@ int main(void) {
     test_case("llava_next", "next", "image_wide", 1);
     test_case("llava_next", "next", "image_tall", 1);
     test_video();
+    test_siglip_processor();
     test_copy("llava_onevision", "ov_hub", "ov");
     test_copy("llava_next", "next_v452", "next");
     test_errors();

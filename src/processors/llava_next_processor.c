@@ -22,6 +22,9 @@
  * sqrt(H W / (N * patches^2)) when ratio > 1.1 (anyres_max_N); + one newline per row + the base
  * tile's tokens (NeXT: + num_additional_image_tokens); one fewer with strategy "default".
  *
+ * SiglipImageProcessor (SiglipImageProcessorPil: resize to {height, width}, rescale, normalise with 0.5 / 0.5)
+ * is CLIPImageProcessor without the crop: mmc_siglip_proc_default gives its defaults in mmc_clip_proc's form.
+ *
  * OneVision's videos (LlavaOnevisionVideoProcessor, which transformers runs on torchvision only): every
  * frame resized to size (384 x 384) with torch's uint8 antialiased resize, then the fused rescale +
  * normalise; settings from processor_config.json's "video_processor" (5.x) or
@@ -35,6 +38,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+void mmc_siglip_proc_default(mmc_clip_proc *p) {
+    mmc_clip_proc_default(p);
+    p->shortest_edge = 0, p->size_h = p->size_w = 224;
+    p->do_center_crop = false;
+    for (int c = 0; c < 3; c++) p->image_mean[c] = p->image_std[c] = 0.5f;   /* IMAGENET_STANDARD_MEAN / STD */
+}
 
 void mmc_llava_next_proc_default(mmc_llava_next_proc *p, const mmc_llava *m) {
     memset(p, 0, sizeof *p);

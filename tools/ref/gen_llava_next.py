@@ -20,6 +20,8 @@ Writes
   <fixture>/expected.tsv, <dir>.<case>.logits.txt  for the shell test (as gen_llava.py writes them).
   tests/fixtures/llava_onevision/ov_hub/, tests/fixtures/llava_next/next_v452/  the same checkpoints in the Hub's
       4.4x files and in transformers 4.52-4.57's weight names (bf16 matrices; see layout_copy).
+  tests/fixtures/siglip/  SiglipImageProcessor configs (bicubic, bilinear; 26 x 30) and their pixel_values of both test
+      images, PIL and torchvision backends (siglip_processors()).
 Cases: image_wide (shapes_160x120), image_tall (tall_97x151) and, for ov, two_images (both in one prompt: no
 tiling, pad_to_square, one newline each) and video (tests/fixtures/llava_onevision/video/: 3 frames of 45 x 34 through
 LlavaOnevisionVideoProcessor, torchvision as transformers requires; ov.video.pixel_values_videos [F, 3, S, S],
@@ -42,7 +44,7 @@ from transformers import (AutoImageProcessor, AutoProcessor, AutoTokenizer, CLIP
                           LlavaNextForConditionalGeneration, LlavaNextImageProcessorPil, LlavaNextProcessor,
                           LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
                           LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor, MistralConfig, Qwen2Config,
-                          SiglipVisionConfig, SiglipVisionModel)
+                          SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures")
 torch.manual_seed(1919)
@@ -289,3 +291,26 @@ run(OV_DIR, "ov", ov_model, [("image_wide", [wide]), ("image_tall", [tall]), ("t
 layout_copy(OV_DIR, "ov", "ov_hub", LlavaOnevisionForConditionalGeneration, "hub")
 run(NEXT_DIR, "next", next_model, [("image_wide", [wide]), ("image_tall", [tall])])
 layout_copy(NEXT_DIR, "next", "next_v452", LlavaNextForConditionalGeneration, "v452")
+
+
+def siglip_processors():
+    """SiglipImageProcessor (a fixed-size resize, rescale, normalise with mean = std = 0.5) saved by save_pretrained
+    with bicubic and with bilinear resampling at an odd 26 x 30 size; pixel_values of both test images from the PIL
+    backend and from transformers 5's default (torchvision) one -> tests/fixtures/siglip/."""
+    out = os.path.join(ROOT, "siglip")
+    os.makedirs(out, exist_ok=True)
+    ref = {}
+    for name, resample in (("bicubic", 3), ("bilinear", 2)):
+        d = os.path.join(out, name)
+        shutil.rmtree(d, ignore_errors=True)
+        SiglipImageProcessorPil(size={"height": 26, "width": 30}, resample=resample).save_pretrained(d)
+        pil, tv = AutoImageProcessor.from_pretrained(d, backend="pil"), AutoImageProcessor.from_pretrained(d)
+        assert type(pil).__name__ == "SiglipImageProcessorPil" and type(tv).__name__ == "SiglipImageProcessor"
+        for img_name, img in (("wide", wide), ("tall", tall)):
+            ref[f"{name}.{img_name}.pil"] = pil(img, return_tensors="pt")["pixel_values"].float()
+            ref[f"{name}.{img_name}.torchvision"] = tv(img, return_tensors="pt")["pixel_values"].float()
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "ref.safetensors"))
+    print("siglip", {k: list(v.shape) for k, v in ref.items()})
+
+
+siglip_processors()
