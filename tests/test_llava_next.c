@@ -115,6 +115,18 @@ static void test_case(const char *fixdir, const char *name, const char *cas, int
     bool same = n == greedy->shape[1];
     for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
     CHECKF(same, "%s %s: greedy tokens differ from transformers' (%d tokens)", name, cas, n);
+    /* a decoding step may carry a generated <image> id without images (embedded as a token, as in transformers) */
+    {
+        const mmc_qwen2_config *lc = &m->lm->cfg;
+        mmc_kv_cache kv;
+        CHECK_OK(mmc_kv_cache_init(&kv, (int)lc->num_layers, 1, lc->num_kv_heads, lc->head_dim, T + 2));
+        CHECK_OK(mmc_llava_forward_sized(ctx, m, ids, px, (const int64_t (*)[2])sizes, n_images, &kv, &h));
+        mmc_tensor *one = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(1, 1));
+        ((int64_t *)one->data)[0] = m->image_token_id;
+        CHECK_OK(mmc_llava_forward_sized(ctx, m, one, NULL, NULL, 0, &kv, &h));
+        mmc_kv_cache_free(&kv);
+        mmc_ctx_reset(ctx);
+    }
     /* the counts must agree: one placeholder short, and no sizes */
     ((int64_t *)ids->data)[T - 1] = ((int64_t *)ids->data)[0];
     for (int64_t t = 0; t < T; t++)

@@ -606,7 +606,10 @@ mmc_status mmc_llava_forward_media(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, 
     if (pixels && (st = check_sizes(m, pixels, sizes, n_images))) goto done;
     int64_t n_feat = !pixels ? 0 : m->variant == MMC_LLAVA_15 ? pixels->shape[0] * mmc_llava_image_tokens(m)
                                                               : feature_count(m, sizes, n_images, &P);
-    if (n_img != n_feat) {
+    /* a decoding step without media embeds a generated <image> / <video> id as any token, as
+     * transformers does (it matches placeholders only when pixel_values come with the input) */
+    const bool decode_step = !pixels && !video && kv && kv->len > 0;
+    if (n_img != n_feat && !decode_step) {
         const int64_t ni = !pixels ? 0 : m->variant == MMC_LLAVA_15 ? pixels->shape[0] : n_images;
         st = mmc_error(MMC_ERR_INVALID, "image features and image tokens do not match: the prompt has %lld <image> "
                        "tokens (id %lld) but %lld image%s give%s %lld features", (long long)n_img,
@@ -629,7 +632,7 @@ mmc_status mmc_llava_forward_media(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, 
             st = mmc_error(MMC_ERR_SHAPE, "llava_onevision forward: video frames must be [F, 3, S, S]");
             goto done;
         }
-        if (n_vid != want) {
+        if (n_vid != want && !decode_step) {
             st = mmc_error(MMC_ERR_INVALID, "video features and video tokens do not match: the prompt has %lld <video> "
                            "tokens (id %lld) but the video gives %lld features", (long long)n_vid,
                            (long long)m->video_token_id, (long long)want);
