@@ -103,6 +103,8 @@ typedef struct mmc_llava {
     int64_t max_num_patches;      /* OneVision: vision_aspect_ratio "anyres_max_N" -> N */
     int64_t video_token_id;       /* OneVision: video_token_index (not used yet) */
     const char *lm_family;        /* "Llama", "Mistral" or "Qwen2" (text_config.model_type) */
+    int64_t sliding_window;       /* Mistral's sliding_window (Qwen2's with use_sliding_window), 0 = none: not
+                                   * implemented, so longer sequences are refused rather than computed wrongly */
     mmc_qwen2 *lm;                /* Llama (mmc_llama_config_read's flags) */
     mmc_linear_w proj1;           /* multi_modal_projector.linear_1: w [C, Cv * n_feature_layers], b [C] */
     mmc_linear_w proj2;           /* multi_modal_projector.linear_2: w [C, C], b [C] */

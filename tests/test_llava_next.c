@@ -371,6 +371,15 @@ static void test_configs(void) {
         CHECK(m->variant == MMC_LLAVA_NEXT && m->vision && !m->siglip && !m->feature_full);
         CHECK(m->n_pinpoints == 5 && !strcmp(m->lm_family, "Mistral") && !m->lm->cfg.qkv_bias);
         CHECK(mmc_llava_image_tokens(m) == 25 && mmc_llava_image_patches(m, 151, 97, false) == 5);
+        /* Mistral's sliding window is read; a sequence longer than it is refused, not computed as full attention */
+        CHECK(m->sliding_window == 4096);
+        m->sliding_window = 2;
+        mmc_ctx *ctx = mmc_ctx_new();
+        mmc_tensor *ids = mmc_zeros(ctx, MMC_I64, 2, MMC_SHAPE(1, 3)), *h = NULL;
+        CHECK(mmc_llava_forward(ctx, m, ids, NULL, NULL, &h) == MMC_ERR_UNSUPPORTED && strstr(mmc_last_error(), "sliding_window 2"));
+        m->sliding_window = 3;
+        CHECK_OK(mmc_llava_forward(ctx, m, ids, NULL, NULL, &h));
+        mmc_ctx_free(ctx);
         mmc_llava_free(m);
     }
     /* select_best_resolution: ties keep the first with the least waste */

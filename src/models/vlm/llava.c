@@ -23,9 +23,10 @@
  * (CLIP or SigLIP), image_token_id or the 4.4x image_token_index, projector_hidden_act,
  * multimodal_projector_bias, vision_feature_layer (an int or a list), vision_feature_select_strategy,
  * and for NeXT / OneVision image_grid_pinpoints (each a multiple of the tower's image_size, as the
- * tiling needs) and OneVision's vision_aspect_ratio ("anyres_max_N"). Mistral's sliding window
- * (4096 in the configs that set one) is not applied: it is a no-op for prompts shorter than the
- * window, and longer ones are refused by max_position_embeddings long before (said in README). */
+ * tiling needs) and OneVision's vision_aspect_ratio ("anyres_max_N"). Mistral's sliding-window
+ * attention is not implemented: it equals full attention while the sequence fits in the window
+ * (4096 for Mistral-7B-v0.1; llava-v1.6-mistral's v0.2 has none), and a longer sequence under a
+ * window is refused (MMC_ERR_UNSUPPORTED) rather than computed differently. */
 #include "mmc_llava.h"
 #include "../vision/clip_vision.h"
 #include "../vision/siglip_vision.h"
@@ -213,12 +214,19 @@ static mmc_status read_config(const mmc_json *cfg, const char *path, mmc_llava *
     if (!strcmp(lmt, "llama") || !strcmp(lmt, "mistral")) {
         m->lm_family = !strcmp(lmt, "llama") ? "Llama" : "Mistral";
         if ((st = mmc_llama_config_read_section(cfg, t ? t : cfg, tc))) return mmc_error_prefix(st, "%s", path);
+        if (!strcmp(lmt, "mistral") &&
+            (st = mmc_json_int(t ? t : cfg, "sliding_window", 0, &m->sliding_window)))   /* null: none */
+            return mmc_error_prefix(st, "%s", path);
     } else if (!strcmp(lmt, "qwen2")) {
         m->lm_family = "Qwen2";
         /* Qwen2Config's defaults for what text_config omits */
         const mmc_qwen2_config defs = {.vocab_size = 151936, .hidden_size = 4096, .intermediate_size = 22016,
                                        .num_layers = 32, .num_heads = 32, .max_position_embeddings = 32768};
         if ((st = mmc_decoder_config_read(cfg, t ? t : cfg, &defs, tc))) return mmc_error_prefix(st, "%s", path);
+        bool sw = false;
+        if ((st = mmc_json_bool(t ? t : cfg, "use_sliding_window", false, &sw)) ||
+            (sw && (st = mmc_json_int(t ? t : cfg, "sliding_window", 0, &m->sliding_window))))
+            return mmc_error_prefix(st, "%s", path);
     } else {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: text_config.model_type '%s' is not supported (llama, mistral, "
                          "qwen2)", path, lmt);
@@ -596,6 +604,10 @@ mmc_status mmc_llava_forward_media(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, 
     if (kv && (kv->batch != B || kv->n_layers != c->num_layers))
         return mmc_error(MMC_ERR_SHAPE, "llava forward: KV cache for batch %lld / %d layers, input batch %lld",
                          (long long)kv->batch, kv->n_layers, (long long)B);
+    if (m->sliding_window > 0 && (kv ? kv->len : 0) + T > m->sliding_window)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "llava forward: %lld positions exceed the %s language model's "
+                         "sliding_window %lld (sliding-window attention is not implemented)",
+                         (long long)((kv ? kv->len : 0) + T), m->lm_family, (long long)m->sliding_window);
     bool was = mmc_set_grad_enabled(ctx, false);
     mmc_status st = MMC_OK;
     mmc_tensor *idc = mmc_contiguous(ctx, ids);
