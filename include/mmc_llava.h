@@ -1,4 +1,7 @@
-/* mmc_llava.h — LLaVA-1.5 (transformers' LlavaForConditionalGeneration, model_type "llava"):
+/* mmc_llava.h — LLaVA-1.5 (transformers' LlavaForConditionalGeneration, model_type "llava"),
+ * LLaVA-NeXT (LlavaNextForConditionalGeneration, "llava_next") and LLaVA-OneVision
+ * (LlavaOnevisionForConditionalGeneration, "llava_onevision"), one struct with a variant.
+ * LLaVA-1.5:
  * a CLIP ViT vision tower (CLIPVisionModel), a two-layer multi_modal_projector and a Llama
  * language model (mmc_models.h's decoder with Llama's flags, llama.c).
  *
@@ -22,6 +25,7 @@
 #include "mmc_io.h"
 #include "mmc_encoders.h"
 #include "mmc_models.h"
+#include "mmc_vlproc.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,10 +53,58 @@ const mmc_clip_vision_config *mmc_clip_vision_cfg(const mmc_clip_vision *v);
 mmc_status mmc_clip_vision_forward(mmc_ctx *ctx, mmc_clip_vision *v, mmc_tensor *pixels, int n_layers,
                                    mmc_tensor ***hs);
 
+/* ---------------------------------------------------------------- SigLIP vision tower */
+typedef struct {
+    int64_t hidden_size, intermediate_size;         /* Cv, Fv */
+    int64_t num_hidden_layers, num_attention_heads;
+    int64_t num_channels, image_size, patch_size;   /* S = image_size, p = patch_size */
+    double layer_norm_eps;
+    mmc_act hidden_act;           /* gelu_pytorch_tanh */
+    bool use_head;                /* vision_use_head: the attention-pooling head is in the checkpoint */
+} mmc_siglip_vision_config;
+
+typedef struct mmc_siglip_vision mmc_siglip_vision;
+
+/* From a vision_config object (SiglipVisionConfig's defaults for what it omits); `what` names it. */
+mmc_status mmc_siglip_vision_config_read(const mmc_json *vc, const char *what, mmc_siglip_vision_config *out);
+const mmc_siglip_vision_config *mmc_siglip_vision_cfg(const mmc_siglip_vision *v);
+/* pixels [N, Cin, S, S] f32 -> hs[0 .. n_layers] [N, (S/p)^2, Cv]: hs[0] the patch + position
+ * embeddings, hs[i] layer i's output (the last one before post_layernorm, as transformers'
+ * hidden_states). Inference only (no tape). *hs is in ctx's arena. */
+mmc_status mmc_siglip_vision_forward(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor *pixels, int n_layers,
+                                     mmc_tensor ***hs);
+/* SiglipVisionModel's pooler_output: the attention-pooling head over post_layernorm(last layer)
+ * -> [N, Cv] (MMC_ERR_UNSUPPORTED without vision_use_head). */
+mmc_status mmc_siglip_vision_pool(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor *pixels, mmc_tensor **out);
+
+/* SiglipImageProcessor's class defaults in CLIPImageProcessor's form (mmc_clip_proc: a fixed
+ * {height, width} resize, 224 x 224, bicubic; no centre crop; rescale 1/255; mean = std = 0.5):
+ * then mmc_clip_proc_load_dir reads a saved preprocessor_config.json over them and
+ * mmc_clip_preprocess applies it (PIL backend, or torchvision with resize_mode TORCH). */
+void mmc_siglip_proc_default(mmc_clip_proc *p);
+
 /* ---------------------------------------------------------------- LLaVA */
 #define MMC_LLAVA_MAX_FEATURE_LAYERS 16
+#define MMC_LLAVA_MAX_PINPOINTS 128
+typedef enum {
+    MMC_LLAVA_15 = 0,             /* "llava": one S x S image, its features as they are */
+    MMC_LLAVA_NEXT,               /* "llava_next": anyres tiles + base image, unpadded grid, image_newline */
+    MMC_LLAVA_ONEVISION,          /* "llava_onevision": NeXT's, plus anyres_max_N downsampling and, with several
+                                   * images in a prompt, each image padded to a square without tiles */
+} mmc_llava_variant;
+
 typedef struct mmc_llava {
-    mmc_clip_vision *vision;
+    mmc_llava_variant variant;
+    mmc_clip_vision *vision;      /* the CLIP tower, or NULL when the tower is SigLIP */
+    mmc_siglip_vision *siglip;    /* the SigLIP tower (vision_config.model_type siglip_vision_model) or NULL */
+    mmc_tensor *image_newline;    /* NeXT / OneVision: image_newline [C] */
+    int64_t pinpoints[MMC_LLAVA_MAX_PINPOINTS][2];  /* image_grid_pinpoints (height, width) */
+    int n_pinpoints;
+    int64_t max_num_patches;      /* OneVision: vision_aspect_ratio "anyres_max_N" -> N */
+    int64_t video_token_id;       /* OneVision: video_token_index (not used yet) */
+    const char *lm_family;        /* "Llama", "Mistral" or "Qwen2" (text_config.model_type) */
+    int64_t sliding_window;       /* Mistral's sliding_window (Qwen2's with use_sliding_window), 0 = none: not
+                                   * implemented, so longer sequences are refused rather than computed wrongly */
     mmc_qwen2 *lm;                /* Llama (mmc_llama_config_read's flags) */
     mmc_linear_w proj1;           /* multi_modal_projector.linear_1: w [C, Cv * n_feature_layers], b [C] */
     mmc_linear_w proj2;           /* multi_modal_projector.linear_2: w [C, C], b [C] */
@@ -74,22 +126,94 @@ mmc_status mmc_llava_load_ex(const char *dir, bool trainable, mmc_llava **out);
  * config.json (`what` names it in messages); for benchmarks. */
 mmc_status mmc_llava_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_llava **out);
 void mmc_llava_free(mmc_llava *m);
-/* Features (and so <image> tokens) per image: (S/p)^2, plus one with "full". */
+/* Features of one S x S tile after vision_feature_select_strategy: (S/p)^2 plus the CLS token with
+ * "full" (CLIP); (S/p)^2 (SigLIP "full"), minus one with "default" (SigLIP has no CLS, but
+ * transformers drops the first token all the same). For LLaVA-1.5 the <image> tokens per image. */
 int64_t mmc_llava_image_tokens(const mmc_llava *m);
-/* pixels [N, 3, S, S] -> projected features [N * image_tokens, C]. */
+/* select_best_resolution (transformers' image_processing_utils): of pinpoints [n][2] (height, width),
+ * the one keeping most of an h x w image's pixels, the least waste on ties, the first on equal. */
+void mmc_llava_best_resolution(const int64_t (*pins)[2], int n, int64_t h, int64_t w, int64_t *bh, int64_t *bw);
+/* NeXT / OneVision: the tiles (base image first) the model expects for an h x w image; 1 for a
+ * OneVision image in a prompt of several (multi). */
+int64_t mmc_llava_image_patches(const mmc_llava *m, int64_t h, int64_t w, bool multi);
+/* pixels [P, 3, S, S] -> projected features [n_features, C]: LLaVA-1.5 each image's tile's tokens;
+ * NeXT / OneVision (sizes [n_images][2] the original (height, width); P the sum of
+ * mmc_llava_image_patches) pack_image_features' output: per image the base tile's tokens, then the
+ * tiles' grid un-padded (OneVision: bilinearly downsampled past anyres_max_N), rows ending in
+ * image_newline; several images in a OneVision prompt: each one tile + image_newline. */
+mmc_status mmc_llava_image_features_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2],
+                                          int n_images, mmc_tensor **out);
+/* OneVision's video path (get_video_features): frames [F, 3, S, S] -> each frame's tile features
+ * bilinearly pooled from g x g to ceil(g/2) x ceil(g/2) (apply_pooling), then one image_newline
+ * -> [F * ceil(g/2)^2 + 1, C]. MMC_ERR_UNSUPPORTED for the other variants. */
+mmc_status mmc_llava_video_features(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *frames, mmc_tensor **out);
+/* The <video> tokens of n_frames frames (the model's count): n_frames * ceil(g/2)^2 + 1. */
+int64_t mmc_llava_video_tokens(const mmc_llava *m, int64_t n_frames);
+/* LLaVA-1.5's (no sizes). */
 mmc_status mmc_llava_image_features(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, mmc_tensor **out);
 /* ids [B, T] (i32/i64) -> hidden [B, T, C] after the final norm. Prefill (kv NULL or empty):
  * with pixels (may be NULL) the projected features replace the <image> embeddings in order
  * (their count must equal the number of <image> tokens); positions are kv->len + t. */
 mmc_status mmc_llava_forward(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels, mmc_kv_cache *kv,
                              mmc_tensor **hidden);
+/* The same with the images' original sizes [n_images][2] (height, width), which NeXT and OneVision
+ * need (mmc_llava_image_features_sized); LLaVA-1.5 ignores them. */
+mmc_status mmc_llava_forward_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels,
+                                   const int64_t (*sizes)[2], int n_images, mmc_kv_cache *kv, mmc_tensor **hidden);
+/* The same with a OneVision video's frames [F, 3, S, S] (or NULL), spliced at the video_token_id
+ * positions (their count must equal mmc_llava_video_tokens). */
+mmc_status mmc_llava_forward_media(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, mmc_tensor *pixels,
+                                   const int64_t (*sizes)[2], int n_images, mmc_tensor *video, mmc_kv_cache *kv,
+                                   mmc_tensor **hidden);
 mmc_tensor *mmc_llava_logits(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *hidden);   /* [..., C] -> [..., V] */
 
 /* One generation request as a decoder (mmc_models.h): the prefill runs the tower on pixels. */
 typedef struct {
     mmc_llava *m;
     mmc_tensor *pixels;           /* [N, 3, S, S] or NULL */
+    const int64_t (*sizes)[2];    /* NeXT / OneVision: the images' (height, width) */
+    int n_images;
+    mmc_tensor *video;            /* OneVision: a video's frames [F, 3, S, S] or NULL */
 } mmc_llava_request;
+
+/* ---------------------------------------------------------------- NeXT / OneVision processor
+ * (llava_next_processor.c) LlavaNextImageProcessorPil / LlavaOnevisionImageProcessorPil and the
+ * processors' placeholder counts (LlavaNextProcessor / LlavaOnevisionProcessor
+ * _get_number_of_features). */
+typedef struct {
+    mmc_clip_proc base;           /* size, crop_size, do_center_crop, resample, mean / std, rescale */
+    bool onevision;
+    int64_t pinpoints[MMC_LLAVA_MAX_PINPOINTS][2];
+    int n_pinpoints;
+    /* the processor's own keys (processor_config.json), for the placeholder counts */
+    int64_t patch_size;           /* NeXT: patch_size */
+    int64_t num_additional_image_tokens;   /* NeXT: 1 for a tower with a CLS token */
+    int64_t num_image_tokens;     /* OneVision: tokens of one tile */
+    int64_t max_num_patches;      /* OneVision: vision_aspect_ratio anyres_max_N */
+    bool strategy_default;        /* vision_feature_select_strategy "default": one token fewer */
+    mmc_clip_proc video;          /* OneVision's video processor (LlavaOnevisionVideoProcessor): size, mean / std,
+                                   * rescale, resample (torchvision, as transformers requires for videos) */
+} mmc_llava_next_proc;
+
+/* Defaults of the model's image processor class, the counts' keys from the model's config. */
+void mmc_llava_next_proc_default(mmc_llava_next_proc *p, const mmc_llava *m);
+/* processor_config.json (5.x: image_processor inside) or preprocessor_config.json + processor_config.json
+ * (4.4x) over *p. used (may be NULL): the image processor file read. */
+mmc_status mmc_llava_next_proc_load_dir(const char *dir, mmc_llava_next_proc *p, char *used, size_t cap);
+/* images -> pixel_values [P, 3, S, S] (each image's tiles, base first, no batch padding) and
+ * sizes[i] = (height, width); multi (OneVision, several images in a prompt): padded to a square
+ * of the mean colour, one tile each. PIL backend only. */
+mmc_status mmc_llava_next_preprocess(const mmc_llava_next_proc *p, const mmc_image *imgs, int n, bool multi,
+                                     mmc_tensor **pixels, int64_t (*sizes)[2]);
+/* The <image> tokens of an h x w image (the processor's count, which the model's features must equal). */
+int64_t mmc_llava_next_image_tokens(const mmc_llava_next_proc *p, int64_t h, int64_t w, bool multi);
+/* OneVision video frames -> pixel_values_videos [F, 3, h, w]: every frame resized to the video
+ * processor's size with torch's uint8 antialiased resize, then its fused rescale + normalise
+ * (LlavaOnevisionVideoProcessor on the torchvision backend). */
+mmc_status mmc_llava_next_preprocess_video(const mmc_llava_next_proc *p, const mmc_image *frames, int n,
+                                           mmc_tensor **out);
+/* The processor's <video> count: n_frames * ceil(sqrt(num_image_tokens) / 2)^2 + 1. */
+int64_t mmc_llava_next_video_tokens(const mmc_llava_next_proc *p, int64_t n_frames);
 mmc_decoder mmc_llava_decoder(mmc_llava_request *r);
 
 /* ---------------------------------------------------------------- training (llava_train.c)

@@ -48,7 +48,7 @@ static void test_model(const char *name, const char *refname) {
     const int64_t T = ids->shape[1];
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
     for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
-    mmc_llava_request r = {m, px};
+    mmc_llava_request r = {m, px, NULL, 0, NULL};
     mmc_decoder dec = mmc_llava_decoder(&r);
     int32_t out[64];
     int n = 0;
@@ -155,8 +155,8 @@ static void test_hub_config(void) {
  * one thing wrong: text_config / vision_config extras and a top-level key). */
 static void test_errors(void) {
     static const struct { const char *text, *vision, *top, *want; } cases[] = {
-        {"", ", \"model_type\": \"siglip_vision_model\"", "", "vision_config.model_type 'siglip_vision_model'"},
-        {", \"model_type\": \"mistral\"", "", "", "text_config.model_type 'mistral'"},
+        {"", ", \"model_type\": \"dinov2\"", "", "vision_config.model_type 'dinov2'"},
+        {", \"model_type\": \"gemma\"", "", "", "text_config.model_type 'gemma'"},
         {"", "", ", \"vision_feature_layer\": -9", "vision_feature_layer -9"},
         {"", "", ", \"vision_feature_select_strategy\": \"cls\"", "vision_feature_select_strategy 'cls'"},
         {", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", "", "", "rope_type 'yarn'"},

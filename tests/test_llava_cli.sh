@@ -9,7 +9,10 @@
 # selectattr template) and CLIPImageProcessor. Against transformers on the same directories:
 #   generate: prompt token count and the 8 greedy new tokens are equal
 #   forward:  the last position's logits within 1e-4 absolute, and the same argmax
-# plus v5 with --image-backend torchvision (transformers 5's default image processor).
+# plus v5 with --image-backend torchvision (transformers 5's default image processor), and the
+# LLaVA-OneVision / LLaVA-NeXT fixtures (tools/ref/gen_llava_next.py) with a landscape, a portrait
+# and (OneVision) both images in one prompt and a 3-frame video (--video FOLDER): the same checks, and
+# mmc info's family / tower / LM.
 set -u
 MMC=${MMC:-build/mmc}
 E=tests/fixtures/llava
@@ -65,6 +68,53 @@ while IFS=$'\t' read -r dir case np ids argmax; do
   checked=$((checked + 1))
 done < $E/expected.tsv
 [ $checked = 6 ] && ok || bad "$checked of 6 cases ran"
+# LLaVA-OneVision (SigLIP + Qwen2) and LLaVA-NeXT (CLIP + Mistral), tools/ref/gen_llava_next.py: the
+# anyres tiles, the processors' placeholder counts, the un-padded / downsampled features and the
+# newlines, through the same commands; the same checks as above against transformers
+TALL=tests/fixtures/llava_next/tall_97x151.png
+nchecked=0
+for F in tests/fixtures/llava_onevision tests/fixtures/llava_next; do
+  while IFS=$'\t' read -r dir case np ids argmax; do
+    case "$dir" in ''|'#'*) continue ;; esac
+    q=$PROMPT
+    case "$case" in
+      video) media=(--video tests/fixtures/llava_onevision/video); q="What happens?" ;;
+      image_wide) media=(--image "$IMG") ;;
+      image_tall) media=(--image "$TALL") ;;
+      two_images) media=(--image "$IMG" --image "$TALL") ;;
+    esac
+    d=$F/$dir
+    "$MMC" generate --model "$d" "${media[@]}" --prompt "$q" --max-new-tokens 8 --json >"$W/gen" 2>"$W/err"
+    rc=$?
+    [ $rc = 0 ] && ok || { bad "$dir $case: generate exited $rc: $(cat "$W/err")"; continue; }
+    got=$(sed -E 's/.*"tokens": \[([^]]*)\].*/\1/' "$W/gen" | tr -d ' ')
+    [ "$got" = "$ids" ] && ok || bad "$dir $case: generate tokens [$got] != transformers [$ids]"
+    gotn=$(sed -n 's/.*"prompt_tokens": \([0-9]*\).*/\1/p' "$W/gen")
+    [ "$gotn" = "$np" ] && ok || bad "$dir $case: prompt_tokens $gotn != transformers $np"
+    "$MMC" forward --model "$d" "${media[@]}" --prompt "$q" --out "$W/fw.safetensors" --json >"$W/fw" 2>"$W/err" \
+      && ok || { bad "$dir $case: forward failed: $(cat "$W/err")"; continue; }
+    grep -q "\"argmax_last\": $argmax," "$W/fw" && ok || bad "$dir $case: forward argmax: $(cat "$W/fw") (transformers $argmax)"
+    st_floats "$W/fw.safetensors" last_logits >"$W/got.txt"
+    res=$(paste "$W/got.txt" "$F/$dir.$case.logits.txt" | awk '
+      { n++; d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; if (d > 1e-4) bad++ }
+      END { printf "%d %d %.3g", n, bad + 0, m }')
+    set -- $res
+    want=$(wc -l < "$F/$dir.$case.logits.txt")
+    [ "$1" = "$want" ] && [ "$2" = 0 ] && ok || bad "$dir $case: last_logits: $2 of $1 (want $want) outside 1e-4, max |diff| $3"
+    echo "llava $dir $case: tokens equal, last_logits max |diff| $3"
+    nchecked=$((nchecked + 1))
+  done < $F/expected.tsv
+done
+[ $nchecked = 6 ] && ok || bad "$nchecked of 6 NeXT / OneVision cases ran"
+"$MMC" info tests/fixtures/llava_onevision/ov >"$W/info" 2>"$W/err" && grep -q "^family: *LLaVA-OneVision" "$W/info" \
+  && grep -q "^vision tower: *SigLIP ViT" "$W/info" && grep -q "anyres_max_4" "$W/info" \
+  && grep -q "^language model: *Qwen2" "$W/info" && ok || bad "info ov: $(cat "$W/info" "$W/err")"
+"$MMC" info tests/fixtures/llava_next/next >"$W/info" 2>"$W/err" && grep -q "^family: *LLaVA-NeXT" "$W/info" \
+  && grep -q "^vision tower: *CLIP ViT" "$W/info" && grep -q "^language model: *Mistral" "$W/info" \
+  && ok || bad "info next: $(cat "$W/info" "$W/err")"
+"$MMC" generate --model tests/fixtures/llava_next/next --image "$IMG" --image-backend torchvision --prompt x \
+  >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 1 ] && grep -q "only the PIL backend" "$W/err" && ok || bad "next --image-backend torchvision: exit $rc, $(cat "$W/err")"
 # mmc info names the family, the tower and the projector
 "$MMC" info $E/hub >"$W/info" 2>"$W/err" && ok || bad "info: $(cat "$W/err")"
 grep -q "^family: *LLaVA-1.5" "$W/info" && grep -q "^vision tower: *CLIP ViT" "$W/info" \

@@ -96,7 +96,7 @@ int cmd_chat(int argc, char **argv) {
     cm.max_image_pixels = max_image_pixels;
     if (st) return cli_fail(st, "chat: cannot load the model");
     if (cm.vl) cm.proc.resize_mode = resize_mode;
-    if (cm.llava) cm.cproc.resize_mode = resize_mode;
+    if (cm.llava) cm.cproc.resize_mode = cm.nproc.base.resize_mode = resize_mode;
     if (cm.internvl) cm.iproc.resize_mode = resize_mode;
     if (cm.omni) cm.proc.resize_mode = resize_mode;
     if (n_arg_audios && !cm.omni) {

@@ -70,7 +70,8 @@ int cmd_forward(int argc, char **argv) {
     memcpy(ids->data, cp.ids, (size_t)cp.n * sizeof(int32_t));
     mmc_tensor *hidden = NULL, *logits = NULL;
     if (cm.llava) {
-        if ((st = mmc_llava_forward(ctx, cm.llava, ids, cp.llava_pixels, NULL, &hidden))) {
+        if ((st = mmc_llava_forward_media(ctx, cm.llava, ids, cp.llava_pixels, (const int64_t (*)[2])cp.llava_sizes,
+                                           cp.llava_n_images, cp.llava_video, NULL, &hidden))) {
             cli_fail(st, "forward: forward pass failed");
             goto done;
         }

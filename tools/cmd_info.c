@@ -138,7 +138,8 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                             char *proj, size_t np, char *lm, size_t nl) {
     snprintf(family, nf, "%s", !strcmp(mt, "qwen2") ? "Qwen2" : !strcmp(mt, "llama") ? "Llama"
                                : !strcmp(mt, "qwen2_vl") ? "Qwen2-VL" : !strcmp(mt, "qwen2_5_vl") ? "Qwen2.5-VL"
-                               : !strcmp(mt, "llava") ? "LLaVA-1.5" : !strcmp(mt, "internvl") ? "InternVL"
+                               : !strcmp(mt, "llava") ? "LLaVA-1.5" : !strcmp(mt, "llava_next") ? "LLaVA-NeXT"
+                               : !strcmp(mt, "llava_onevision") ? "LLaVA-OneVision" : !strcmp(mt, "internvl") ? "InternVL"
                                : !strcmp(mt, "internvl_chat") ? "InternVL (OpenGVLab InternVLChatModel layout)"
                                : !strcmp(mt, "whisper") ? "Whisper (speech to text: mmc transcribe)"
                                : !strcmp(mt, "qwen2_5_omni_thinker") ? "Qwen2.5-Omni thinker (text, audio, images -> text)"
@@ -163,9 +164,11 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                  (long long)C, (long long)S, (long long)S, (long long)p, (long long)p);
         snprintf(proj, np, "visual_projection / text_projection into %lld dims, learned temperature", (long long)D);
         snprintf(lm, nl, "CLIP text transformer, %lld layers (an encoder: no generation)", (long long)TL);
-    } else if (!strcmp(mt, "llava")) {
-        int64_t L = 12, C = 768, S = 224, p = 32, fl = -2;
-        const char *vt = "clip_vision_model", *act = "gelu", *strat = "default", *tt = "llama";
+    } else if (!strcmp(mt, "llava") || !strcmp(mt, "llava_next") || !strcmp(mt, "llava_onevision")) {
+        const bool ov = !strcmp(mt, "llava_onevision");
+        int64_t L = 12, C = 768, S = 224, p = 32, fl = ov ? -1 : -2;
+        const char *vt = ov ? "siglip_vision_model" : "clip_vision_model", *act = "gelu", *strat = ov ? "full" : "default",
+                   *tt = ov ? "qwen2" : "llama";
         mmc_json_str(cfg, "vision_config.model_type", vt, &vt);
         mmc_json_int(cfg, "vision_config.num_hidden_layers", L, &L);
         mmc_json_int(cfg, "vision_config.hidden_size", C, &C);
@@ -176,11 +179,16 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
         mmc_json_str(cfg, "text_config.model_type", tt, &tt);
         char layer[32] = "a list";
         if (mmc_json_int(cfg, "vision_feature_layer", fl, &fl) == MMC_OK) snprintf(layer, sizeof layer, "%lld", (long long)fl);
-        snprintf(tower, nt, "CLIP ViT (%s): %lld layers, hidden %lld, %lldx%lld px in %lldx%lld patches; features of "
-                 "layer %s, strategy %s", vt, (long long)L, (long long)C, (long long)S, (long long)S, (long long)p,
+        snprintf(tower, nt, "%s (%s): %lld layers, hidden %lld, %lldx%lld px in %lldx%lld patches; features of "
+                 "layer %s, strategy %s", !strcmp(vt, "siglip_vision_model") ? "SigLIP ViT" : "CLIP ViT", vt, (long long)L, (long long)C, (long long)S, (long long)S, (long long)p,
                  (long long)p, layer, strat);
-        snprintf(proj, np, "multi_modal_projector: linear_1 -> %s -> linear_2", act);
-        snprintf(lm, nl, "%s", !strcmp(tt, "llama") ? "Llama" : tt);
+        const char *ar = "anyres_max_9";
+        mmc_json_str(cfg, "vision_aspect_ratio", ar, &ar);
+        snprintf(proj, np, "multi_modal_projector: linear_1 -> %s -> linear_2%s%s%s", act,
+                 strcmp(mt, "llava") ? "; anyres tiles (image_grid_pinpoints), un-padding, image_newline" : "",
+                 ov ? "; vision_aspect_ratio " : "", ov ? ar : "");
+        snprintf(lm, nl, "%s", !strcmp(tt, "llama") ? "Llama" : !strcmp(tt, "mistral") ? "Mistral (sliding window not applied)"
+                               : !strcmp(tt, "qwen2") ? "Qwen2" : tt);
     } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
         int64_t L = 24, C = 1024, S = 448, p = 14, fl = -1;
         double r = 0.5;
@@ -274,9 +282,9 @@ int cmd_info(int argc, char **argv) {
                 if (strstr(e->name, comps[k].match[j])) { c = k; break; }
         comps[c].params += n;
     }
-    static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "internvl",
-                                            "internvl_chat", "whisper", "qwen2_5_omni_thinker", "qwen2_5_omni",
-                                            "clip"};
+    static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "llava_next",
+                                            "llava_onevision", "internvl", "internvl_chat", "whisper",
+                                            "qwen2_5_omni_thinker", "qwen2_5_omni", "clip"};
     /* a full Qwen2.5-Omni checkpoint: mmc runs its thinker; the talker and token2wav (speech output) are not */
     const char *speech = !strcmp(model_type, "qwen2_5_omni")
                              ? "not supported: the talker and token2wav (speech output) are not run; the thinker "
@@ -320,8 +328,8 @@ int cmd_info(int argc, char **argv) {
     } else {
         printf("model:          %s\n", dir);
         printf("model_type:     %s (%s)%s\n", model_type, arch,
-               ok ? "" : " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava, internvl, "
-               "internvl_chat, whisper, qwen2_5_omni_thinker, qwen2_5_omni, clip)");
+               ok ? "" : " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava, llava_next, "
+               "llava_onevision, internvl, internvl_chat, whisper, qwen2_5_omni_thinker, qwen2_5_omni, clip)");
         printf("family:         %s\n", family);
         if (speech) printf("speech output:  %s\n", speech);
         if (tower[0]) printf("vision tower:   %s\n", tower);

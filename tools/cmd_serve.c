@@ -234,7 +234,8 @@ static mmc_status backend_prefill(void *self, void *prompt, mmc_ctx *ctx, mmc_kv
     cli_model *m = &sb->m;
     cli_prompt *p = &((serve_prompt *)prompt)->p;
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
-    mmc_llava_request lreq = {m->llava, p->llava_pixels};
+    mmc_llava_request lreq = {m->llava, p->llava_pixels, (const int64_t (*)[2])p->llava_sizes, p->llava_n_images,
+                              p->llava_video};
     mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
     mmc_omni_request oreq = {m->omni, &p->omni, 0};
     mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
@@ -382,7 +383,7 @@ int cmd_serve(int argc, char **argv) {
         snprintf(id, sizeof id, "%.*s", (int)(d + n - b), b);
     }
     mmc_qwen2_vl_request vreq = {sb.m.vlm, NULL, 0};
-    mmc_llava_request lreq = {sb.m.llava, NULL};
+    mmc_llava_request lreq = {sb.m.llava, NULL, NULL, 0, NULL};
     mmc_internvl_request ireq = {sb.m.internvl, NULL};
     mmc_omni_request oreq = {sb.m.omni, NULL, 0};
     mmc_decoder dec = sb.m.llava ? mmc_llava_decoder(&lreq) : sb.m.internvl ? mmc_internvl_decoder(&ireq)

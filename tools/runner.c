@@ -46,12 +46,18 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
             st = mmc_qwen2vl_video_proc_load_dir(vdir, &m->vproc);
         }
         mmc_qwen2vl_video_sampling_default(&m->vproc);
-    } else if (!strcmp(mt, "llava")) {
+    } else if (!strcmp(mt, "llava") || !strcmp(mt, "llava_next") || !strcmp(mt, "llava_onevision")) {
         st = mmc_llava_load(dir, &m->llava);
         if (!st) m->vocab_size = m->llava->lm->cfg.vocab_size;
         if (!st && m->adapter_dir[0]) st = mmc_llava_attach_adapter(m->llava, m->adapter_dir);
         mmc_clip_proc_default(&m->cproc);
-        if (!st) st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
+        if (!st && m->llava->variant != MMC_LLAVA_15) {
+            mmc_llava_next_proc_default(&m->nproc, m->llava);
+            st = mmc_llava_next_proc_load_dir(dir, &m->nproc, NULL, 0);
+            mmc_qwen2vl_video_proc_default(&m->vproc);   /* a video file: every frame unless --video-fps / -frames */
+        } else if (!st) {
+            st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
+        }
     } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
         if (m->adapter_dir[0])
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for internvl yet", m->adapter_dir);
@@ -76,7 +82,7 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         m->vproc.proc.video_min_pixels = 128 * 28 * 28, m->vproc.proc.video_max_pixels = 768 * 28 * 28;
     } else {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: qwen2, llama, "
-                       "qwen2_vl, qwen2_5_vl, llava, internvl, internvl_chat, qwen2_5_omni_thinker, qwen2_5_omni)",
+                       "qwen2_vl, qwen2_5_vl, llava, llava_next, llava_onevision, internvl, internvl_chat, qwen2_5_omni_thinker, qwen2_5_omni)",
                        dir, mt);
     }
     mmc_json_free(cfg);
@@ -111,6 +117,8 @@ void cli_prompt_free(cli_prompt *p) {
     mmc_vlproc_out_free(&p->img);
     mmc_vlproc_out_free(&p->vid);
     mmc_tensor_free(p->llava_pixels);
+    free(p->llava_sizes);
+    mmc_tensor_free(p->llava_video);
     mmc_tensor_free(p->internvl_pixels);
     for (int i = 0; i < p->n_audios; i++) free(p->audio_feats[i]);
     free(p->audio_feats);
@@ -123,10 +131,11 @@ void cli_prompt_free(cli_prompt *p) {
 static mmc_status llava_prompt(cli_model *m, int32_t *ids, int64_t n, const char *const *images, int n_images,
                                const char *video_dir, cli_prompt *p) {
     mmc_status st = MMC_OK;
-    if (video_dir) {
+    if (video_dir && m->llava->variant != MMC_LLAVA_ONEVISION) {
         free(ids);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "llava takes images, not videos");
+        return mmc_error(MMC_ERR_UNSUPPORTED, "llava takes images, not videos (LLaVA-OneVision takes both)");
     }
+    int64_t vid_tok = 0;
     mmc_image *imgs = calloc((size_t)(n_images ? n_images : 1), sizeof *imgs);
     int64_t *img_tok = calloc((size_t)(n_images ? n_images : 1), sizeof *img_tok);
     int loaded = 0;
@@ -136,9 +145,39 @@ static mmc_status llava_prompt(cli_model *m, int32_t *ids, int64_t n, const char
     if (!imgs || !img_tok) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     for (; loaded < n_images; loaded++)
         if ((st = mmc_image_load(images[loaded], &io, &imgs[loaded]))) goto done;
-    if (n_images && (st = mmc_clip_preprocess(&m->cproc, imgs, n_images, &p->llava_pixels))) goto done;
-    for (int i = 0; i < n_images; i++) img_tok[i] = mmc_llava_image_tokens(m->llava);
-    st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->llava->image_token_id, img_tok, n_images, -1, NULL, 0,
+    if (m->llava->variant != MMC_LLAVA_15 && n_images) {   /* NeXT / OneVision: tiles, sizes, their counts */
+        p->llava_sizes = calloc((size_t)n_images, sizeof *p->llava_sizes);
+        if (!p->llava_sizes) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        p->llava_n_images = n_images;
+        if ((st = mmc_llava_next_preprocess(&m->nproc, imgs, n_images, n_images > 1, &p->llava_pixels,
+                                            p->llava_sizes)))
+            goto done;
+        for (int i = 0; i < n_images; i++)
+            img_tok[i] = mmc_llava_next_image_tokens(&m->nproc, p->llava_sizes[i][0], p->llava_sizes[i][1], n_images > 1);
+    } else {
+        if (n_images && (st = mmc_clip_preprocess(&m->cproc, imgs, n_images, &p->llava_pixels))) goto done;
+        for (int i = 0; i < n_images; i++) img_tok[i] = mmc_llava_image_tokens(m->llava);
+    }
+    if (video_dir) {   /* OneVision: every frame of a folder, or of a file (--video-fps / --video-frames sample) */
+        struct stat sb;
+        const bool frames_dir = stat(video_dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+        mmc_video_clip clip = {0};
+        mmc_image *frames = NULL;
+        int nf = 0;
+        if (frames_dir) st = mmc_load_frames_dir(video_dir, &io, &frames, &nf);
+        else if (!(st = mmc_qwen2vl_video_load(&m->vproc, video_dir, &clip))) frames = clip.frames, nf = clip.n;
+        if (!st) st = mmc_llava_next_preprocess_video(&m->nproc, frames, nf, &p->llava_video);
+        vid_tok = mmc_llava_next_video_tokens(&m->nproc, nf);
+        if (frames_dir) {
+            for (int i = 0; i < nf; i++) mmc_image_free(&frames[i]);
+            free(frames);
+        } else {
+            mmc_video_clip_free(&clip);
+        }
+        if (st) goto done;
+    }
+    st = mmc_vl_expand_pads(ids, NULL, n, (int32_t)m->llava->image_token_id, img_tok, n_images,
+                            video_dir ? (int32_t)m->llava->video_token_id : -1, &vid_tok, video_dir ? 1 : 0,
                             &p->ids, NULL, &p->n);
 done:
     for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
@@ -430,7 +469,8 @@ done:
 mmc_status cli_generate(cli_model *m, const cli_prompt *p, const mmc_gen_opts *opts, int32_t *out,
                         int *n_out) {
     mmc_qwen2_vl_request req = {m->vlm, &p->media, 0};
-    mmc_llava_request lreq = {m->llava, p->llava_pixels};
+    mmc_llava_request lreq = {m->llava, p->llava_pixels, (const int64_t (*)[2])p->llava_sizes, p->llava_n_images,
+                              p->llava_video};
     mmc_internvl_request ireq = {m->internvl, p->internvl_pixels};
     mmc_omni_request oreq = {m->omni, &p->omni, 0};
     mmc_decoder d = m->llava ? mmc_llava_decoder(&lreq) : m->internvl ? mmc_internvl_decoder(&ireq)
@@ -560,7 +600,7 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
         return mmc_error(MMC_ERR_INVALID, "--audio-in-video needs a Qwen2.5-Omni model; this one is model_type %s",
                          m->model_type);
     m->omni_audio_in_video = a->audio_in_video;
-    if (m->llava) m->cproc.resize_mode = a->resize_mode;
+    if (m->llava) m->cproc.resize_mode = m->nproc.base.resize_mode = a->resize_mode;
     if (m->internvl) m->iproc.resize_mode = a->resize_mode;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     cli_audio auds[CLI_MAX_IMAGES];

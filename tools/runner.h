@@ -22,6 +22,7 @@ typedef struct {
     mmc_qwen2_vl *vlm;        /* Qwen2-VL / Qwen2.5-VL */
     mmc_llava *llava;         /* LLaVA-1.5 (vl is false: no Qwen2-VL media path) */
     mmc_clip_proc cproc;      /* LLaVA's CLIPImageProcessor settings */
+    mmc_llava_next_proc nproc; /* LLaVA-NeXT / OneVision's image processor (llava->variant != MMC_LLAVA_15) */
     mmc_internvl *internvl;   /* InternVL (HF-native; vl is false) */
     mmc_internvl_proc iproc;  /* its image processor / InternVLProcessor settings */
     mmc_omni *omni;           /* Qwen2.5-Omni thinker (vl is false; images and audio in its own path) */
@@ -56,7 +57,10 @@ typedef struct {
     mmc_vlproc_out img, vid;  /* processor outputs (persistent tensors) */
     double second_per_grid_ts;/* the video's (Qwen2.5-VL temporal positions) */
     mmc_vl_media media;
-    mmc_tensor *llava_pixels; /* LLaVA: [n_images, 3, S, S] (persistent) or NULL */
+    mmc_tensor *llava_pixels; /* LLaVA: [n_images, 3, S, S] (NeXT / OneVision: every tile) (persistent) or NULL */
+    int64_t (*llava_sizes)[2];/* NeXT / OneVision: each image's (height, width) (malloc'd) */
+    int llava_n_images;
+    mmc_tensor *llava_video;  /* LLaVA-OneVision: a video's frames [F, 3, S, S] (persistent) or NULL */
     mmc_tensor *internvl_pixels; /* InternVL: the tiles of all images [n_tiles, 3, s, s] (persistent) or NULL */
     float **audio_feats;      /* Qwen2.5-Omni: per audio [n_mels, stride] (malloc'd) */
     mmc_omni_audio_in *audios;

@@ -34,6 +34,8 @@ mmc_status mmc_llava_params(mmc_llava *m, mmc_tensor ***params, char ***names, i
     *params = NULL;
     *names = NULL;
     *n = 0;
+    if (m->variant != MMC_LLAVA_15 || !m->vision)   /* NeXT / OneVision / a SigLIP tower: inference only */
+        return mmc_error(MMC_ERR_UNSUPPORTED, "llava training: only LLaVA-1.5 with a CLIP tower is supported");
     const mw_set *w = m->weights;
     const int nw = w->n_params, total = nw + m->lm->n_params;
     mmc_tensor **p = calloc((size_t)total + 1, sizeof *p);
@@ -84,6 +86,8 @@ mmc_status mmc_llava_attach_adapter(mmc_llava *m, const char *adapter_dir) {
 mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, double scale,
                                 mmc_tensor **loss, int64_t *n_scored) {
     *loss = NULL;
+    if (m->variant != MMC_LLAVA_15 || !m->vision)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "llava training: only LLaVA-1.5 with a CLIP tower is supported");
     const mmc_qwen2_config *c = &m->lm->cfg;
     const mmc_clip_vision_config *vc = mmc_clip_vision_cfg(m->vision);
     const int64_t B = b->B, T = b->T, BT = B * T, C = c->hidden_size, S = vc->image_size;
