@@ -170,5 +170,8 @@ YAML
 expect_err "LLaVA" "LLaVA is not split into stages yet" 2 "$W/llava.yaml"
 expect_err "pp with an evaluation set" "2 with an evaluation set (data.eval) is not supported yet" 1 "$W/ref.yaml" $PP2 --set data.eval=x.jsonl
 
+# the shipped example is a valid config: it gets past the layout on 2 ranks and fails at the missing model
+expect_err "examples/pipeline_qwen2_vl_2b.yaml parses" "Qwen2-VL-2B-Instruct/config.json" 2 examples/pipeline_qwen2_vl_2b.yaml
+
 [ $fail = 0 ] && echo "test_pp: passed" || echo "test_pp: FAILED"
 exit $fail

@@ -1,17 +1,19 @@
 /* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-VL decoder, after Megatron-LM's
  * pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: warm-up,
- * steady 1F1B, cool-down) and p2p_communication.py (the residual stream and its gradient sent
- * between neighbouring stages): the schedule and its simulator, the layer split, trimming a
- * model to its stage, and the runtime that executes one step's micro-batches.
+ * steady 1F1B, cool-down; ..._with_interleaving: v model chunks per rank) and p2p_communication.py
+ * (the residual stream and its gradient sent between neighbouring stages): the schedules and
+ * their simulator, the layer split, trimming a model to its stage, and the runtime that executes
+ * one step's micro-batches.
  *
  * Each micro-batch in flight has its own autograd context (tape and activation arena), so the
  * backward of micro-batch k walks only its own graph while later forwards are still alive; the
  * parameters and their gradient buffers are shared (persistent). The activation a stage sends
  * stays in its context until that micro-batch's backward (the send is waited on there, when the
  * next stage has certainly received it); the gradient sent back is copied into a per-slot
- * buffer so the context is released at once. Receives are blocking, sends non-blocking: with
- * the 1F1B order no stage ever waits on a send, so the step cannot deadlock (the simulator
- * checks the same dependency graph). A communicator failure inside the step is returned. */
+ * buffer so the context is released at once. Receives are blocking, sends non-blocking: no
+ * stage ever waits on a send, so the step deadlocks only if the schedules' dependency graph has
+ * a cycle, which the simulator (the same graph) rules out for every P, v, M the tests try. A
+ * communicator failure inside the step is returned. */
 #include "mmc_pp.h"
 #include "mmc_ops.h"
 #include "mmc_trainer.h"
