@@ -135,6 +135,10 @@ mmc_status mmc_video_write(const char *path, const uint8_t *rgb, int n_frames, i
                            const mmc_video_write_opts *opts);
 /* Name of the encoder an MP4 would be written with here ("libx264" or "mpeg4"). */
 const char *mmc_video_write_mp4_encoder(void);
+/* A decoded clip x [3, F, H, W] in [-1, 1] (a video VAE's output, channel-first) -> RGB frames
+ * rgb [F, H, W, 3] as diffusers hands them to export_to_video: x / 2 + 0.5 clamped to [0, 1] in f32
+ * (VideoProcessor.postprocess_video), then uint8(x * 255), truncated (export_to_video's astype). */
+void mmc_video_frames_to_rgb(const float *x, int n_frames, int height, int width, uint8_t *rgb);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,7 @@
  *     codec named, PSNR >= 30 dB (crf 18 gives ~40+ on this clip), the comment / title tags in the container;
  *   - GIF: count and size exact, fps within GIF's centisecond delays, PSNR >= 25 dB (one 256-colour palette);
  *   - a PNG folder: every frame exact, settings.json with the fps and comment;
- * and the errors: odd sizes for yuv420p (and pad_odd padding them to even), an unwritable directory, a name
+ * the float-to-RGB conversion diffusers' export_to_video applies, and the errors: odd sizes for yuv420p (and pad_odd padding them to even), an unwritable directory, a name
  * without a known extension, zero frames, a bad fps; no temporary file is left behind. */
 #include "test_util.h"
 #include "mmc_image.h"
@@ -172,6 +172,14 @@ int main(void) {
     CHECK_ERR(mmc_video_write(p, rgb, F, H, W, 0.0, &o), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "fps"));
     CHECK(leftovers(dir) == 0);
+
+    /* VAE output [3, F, H, W] in [-1, 1] -> RGB as export_to_video gets it: (x / 2 + 0.5) clamped, * 255, truncated */
+    const float vx[3 * 2] = {-1.5f, 1.0f, 0.0f, 0.999f, -0.2f, 2.0f};   /* [3, 2 frames, 1, 1] */
+    uint8_t vr[6];
+    mmc_video_frames_to_rgb(vx, 2, 1, 1, vr);
+    CHECK(vr[0] == 0 && vr[3] == 255);      /* R of frames 0, 1 */
+    CHECK(vr[1] == 127 && vr[4] == 254);    /* G: 0.5 * 255 = 127.5 -> 127; 0.9995 * 255 = 254.87 -> 254 */
+    CHECK(vr[2] == 102 && vr[5] == 255);    /* B: 0.4 * 255 = 102.000002 -> 102 */
 
     free(odd), free(rgb);
     char cmd[300];

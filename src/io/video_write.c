@@ -387,6 +387,16 @@ static mmc_status write_png_dir(const char *path, const uint8_t *rgb, int F, int
     return st;
 }
 
+void mmc_video_frames_to_rgb(const float *x, int n_frames, int height, int width, uint8_t *rgb) {
+    const int64_t HW = (int64_t)height * width, N = (int64_t)n_frames * HW;
+    for (int c = 0; c < 3; c++)
+        for (int64_t i = 0; i < N; i++) {
+            float v = x[c * N + i] / 2.0f + 0.5f;
+            v = v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v;
+            rgb[i * 3 + c] = (uint8_t)(v * 255.0f);
+        }
+}
+
 /* ------------------------------------------------------------------ entry */
 mmc_status mmc_video_write(const char *path, const uint8_t *rgb, int n_frames, int height, int width, double fps,
                            const mmc_video_write_opts *opts) {

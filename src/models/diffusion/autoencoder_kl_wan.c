@@ -26,7 +26,7 @@
  * Memory therefore depends on the frame size, never on the clip length: one chunk's activations
  * plus the caches.
  *
- * Convolutions are implicit GEMMs: an im2col of a band of output rows (bounded to ~8 MB) times the
+ * Convolutions are implicit GEMMs: an im2col of a band of output rows (bounded to 32 MB) times the
  * [Cout, Cin*kt*kh*kw] weight on the project's blocked GEMM (src/backend/cpu/gemm.c). Weights of any
  * float dtype are widened to f32 once at load. Inference only (no tape). */
 #include "mmc_diffusion.h"
@@ -37,9 +37,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define CACHE_T 2
-#define COL_BYTES (8u << 20)       /* im2col band budget */
+#define COL_BYTES (32u << 20)      /* im2col band budget: wide enough that repacking the weights per band is cheap */
 
 /* ------------------------------------------------------------------ weights */
 typedef struct {
@@ -430,6 +431,23 @@ mmc_status mmc_wan_check_frames(int64_t frames) {
 int64_t mmc_wan_vae_latent_frames(int64_t frames) { return (frames - 1) / 4 + 1; }
 
 /* ------------------------------------------------------------------ kernels */
+/* Activations, caches and im2col bands are mapped and unmapped whole (never from the heap): the chunk
+ * loop frees and re-allocates the same sizes over and over, and glibc's adaptive mmap threshold would
+ * otherwise move them onto the heap, whose fragments then stay resident (~70 MB at 320x192). Fresh
+ * pages are zero, which the caches rely on. */
+#define MAP_HDR 64
+static float *fmap(size_t n) {
+    size_t bytes = n * sizeof(float) + MAP_HDR;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    *(size_t *)p = bytes;
+    return (float *)((char *)p + MAP_HDR);
+}
+static void ffree(float *f) {
+    if (!f) return;
+    void *p = (char *)f - MAP_HDR;
+    munmap(p, *(size_t *)p);
+}
 typedef struct {
     float *col;
     size_t col_cap;               /* floats */
@@ -438,8 +456,8 @@ typedef struct {
 
 static float *scratch_col(scratch *s, size_t n) {
     if (n > s->col_cap) {
-        free(s->col);
-        s->col = malloc(n * sizeof(float));
+        ffree(s->col);
+        s->col = fmap(n);
         s->col_cap = s->col ? n : 0;
     }
     return s->col;
@@ -457,12 +475,14 @@ static void ow_range(int64_t W, int64_t Wo, int64_t ss, int64_t pl, int64_t kj, 
 /* y [Cout, To, Ho, Wo] = conv3d over the frame sequence prev [Cin, P, H, W] then x [Cin, T, H, W]
  * (temporal stride st, no temporal padding: the caller puts the causal frames in prev; spatial stride
  * ss, zero padding pt rows on top / pl columns on the left, and whatever Ho, Wo leave at the bottom /
- * right), + bias. To = (P + T - kt) / st + 1. */
-static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T, int64_t H,
-                   int64_t W, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho, int64_t Wo, float *y) {
-    const int64_t To = (P + T - c->kt) / st + 1, HW = H * W, HWo = Ho * Wo, N = To * HWo;
+ * right), + bias. To = (P + T - kt) / st + 1. With up = 2 the input is read as its nearest-neighbour 2x
+ * upsampling (2H x 2W), which is never stored. */
+static void conv3d_up(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T,
+                      int64_t H, int64_t W, int64_t up, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho,
+                      int64_t Wo, float *y) {
+    const int64_t To = (P + T - c->kt) / st + 1, HW = H * W, HWo = Ho * Wo, N = To * HWo, Hv = H * up, Wv = W * up;
     const int64_t K = c->cin * c->kt * c->kh * c->kw;
-    if (c->kt == 1 && c->kh == 1 && c->kw == 1 && ss == 1 && P == 0 && st == 1) {
+    if (c->kt == 1 && c->kh == 1 && c->kw == 1 && ss == 1 && P == 0 && st == 1 && up == 1) {
         mmc_gemm_f32(false, false, c->cout, T * HW, c->cin, 1.0f, c->w, c->cin, x, T * HW, 0.0f, y, N);
     } else {
         /* bands of whole output rows r = (to, oh) of the flattened [To * Ho] */
@@ -478,17 +498,19 @@ static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, co
                 const int64_t kj = k % c->kw, ki = (k / c->kw) % c->kh, a = (k / (c->kw * c->kh)) % c->kt,
                               ci = k / (c->kw * c->kh * c->kt);
                 int64_t ow0, ow1;
-                ow_range(W, Wo, ss, pl, kj, &ow0, &ow1);
+                ow_range(Wv, Wo, ss, pl, kj, &ow0, &ow1);
                 const int64_t off = kj - pl;
                 float *crow = col + k * ldc;
                 for (int64_t r = r0; r < r1; r++) {
                     const int64_t to = r / Ho, oh = r % Ho, f = to * st + a, ih = oh * ss - pt + ki;
                     float *restrict dst = crow + (r - r0) * Wo;
-                    if (ih < 0 || ih >= H) { memset(dst, 0, (size_t)Wo * sizeof(float)); continue; }
+                    if (ih < 0 || ih >= Hv) { memset(dst, 0, (size_t)Wo * sizeof(float)); continue; }
                     const float *frame = f < P ? prev + (ci * P + f) * HW : x + (ci * T + f - P) * HW;
-                    const float *restrict src = frame + ih * W;
+                    const float *restrict src = frame + (ih / up) * W;
                     for (int64_t ow = 0; ow < ow0; ow++) dst[ow] = 0.0f;
-                    if (ss == 1) {
+                    if (up == 2) {   /* nearest 2x: virtual column v reads v / 2 */
+                        for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = src[(ow * ss + off) >> 1];
+                    } else if (ss == 1) {
                         if (ow1 > ow0) memcpy(dst + ow0, src + ow0 + off, (size_t)(ow1 - ow0) * sizeof(float));
                     } else {
                         for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = src[ow * ss + off];
@@ -504,6 +526,11 @@ static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, co
         float *yo = y + o * N, b = c->b[o];
         for (int64_t i = 0; i < N; i++) yo[i] += b;
     }
+}
+
+static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T, int64_t H,
+                   int64_t W, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho, int64_t Wo, float *y) {
+    conv3d_up(s, c, prev, P, x, T, H, W, 1, st, ss, pt, pl, Ho, Wo, y);
 }
 
 /* WanRMS_norm over the channels of x [C, N] (F.normalize: x / max(||x||_2, 1e-12), times sqrt(C) and
@@ -561,9 +588,9 @@ static tcache *next_cache(stream *s) {
 }
 
 static void stream_free(stream *s) {
-    for (int i = 0; i < s->n; i++) free(s->c[i].buf);
+    for (int i = 0; i < s->n; i++) ffree(s->c[i].buf);
     free(s->c);
-    free(s->s.col);
+    ffree(s->s.col);
 }
 
 /* keep the last n frames of [cache (n frames), x (T frames)] in the cache, per channel */
@@ -582,7 +609,7 @@ static void cache_push(tcache *c, int64_t C, const float *x, int64_t T, int64_t 
 }
 
 static float *falloc(stream *s, int64_t n) {
-    float *p = malloc((size_t)n * sizeof(float));
+    float *p = fmap((size_t)n);
     if (!p && !s->s.st) s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (%lld floats of VAE activations)", (long long)n);
     return p;
 }
@@ -595,14 +622,14 @@ static float *causal_conv(stream *s, const conv_w *c, const float *x, int64_t T,
     const int64_t HW = H * W;
     if (!tc->buf) {
         tc->n = CACHE_T;
-        tc->buf = calloc((size_t)(c->cin * CACHE_T * HW), sizeof(float));
+        tc->buf = fmap((size_t)(c->cin * CACHE_T * HW));   /* zero pages */
         if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (VAE feature cache)"); return NULL; }
     }
     float *y = falloc(s, c->cout * T * HW);
     if (!y) return NULL;
     conv3d(&s->s, c, tc->buf, CACHE_T, x, T, H, W, 1, 1, (c->kh - 1) / 2, (c->kw - 1) / 2, H, W, y);
     cache_push(tc, c->cin, x, T, HW);
-    if (s->s.st) { free(y); return NULL; }
+    if (s->s.st) { ffree(y); return NULL; }
     return y;
 }
 
@@ -624,21 +651,21 @@ static float *res_forward(stream *s, const resblock *r, float *x, int64_t T, int
     a = falloc(s, r->norm1.C * N);
     if (!a) goto fail;
     rms_norm(&r->norm1, x, N, true, a);
-    if (h != x) free(x);
+    if (h != x) ffree(x);
     x = NULL;
     b = causal_conv(s, &r->conv1, a, T, H, W);
-    free(a), a = NULL;
+    ffree(a), a = NULL;
     if (!b) goto fail;
     rms_norm(&r->norm2, b, N, true, b);
     a = causal_conv(s, &r->conv2, b, T, H, W);
-    free(b), b = NULL;
+    ffree(b), b = NULL;
     if (!a) goto fail;
     for (int64_t i = 0; i < r->conv2.cout * N; i++) a[i] += h[i];
-    free(h);
+    ffree(h);
     return a;
 fail:
-    if (h != x) free(h);
-    free(x), free(a), free(b);
+    if (h != x) ffree(h);
+    ffree(x), ffree(a), ffree(b);
     return NULL;
 }
 
@@ -677,8 +704,8 @@ static float *attn_forward(stream *s, const attnblock *ab, float *x, int64_t T, 
         }
     }
 done:
-    free(xt), free(qkv), free(o), free(pr), free(S);
-    if (s->s.st) { free(x); return NULL; }
+    ffree(xt), ffree(qkv), ffree(o), ffree(pr), ffree(S);
+    if (s->s.st) { ffree(x); return NULL; }
     return x;
 }
 
@@ -689,24 +716,26 @@ static float *mid_forward(stream *s, const midblock *m, float *x, int64_t T, int
     return x;
 }
 
-/* WanResample: x [C, T, H, W] -> a new [C', T', H', W'] (*T, *H, *W updated); x is freed. */
-static float *resample_forward(stream *s, const resample *r, float *x, int64_t *pT, int64_t *pH, int64_t *pW) {
+/* WanResample: x [C, T, H, W] -> a new [C', T', H', W'] (*T, *H, *W updated); x is freed. part 1 stops
+ * after upsample3d's time step, part 2 skips it (the frames were split in between). */
+static float *resample_part(stream *s, const resample *r, float *x, int64_t *pT, int64_t *pH, int64_t *pW,
+                            int part) {
     int64_t T = *pT, H = *pH, W = *pW;
     const int64_t C = r->conv.cin;
-    if (r->mode == RS_UP3D) {
+    if (r->mode == RS_UP3D && part != 2) {
         tcache *tc = next_cache(s);
-        if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(x); return NULL; }
+        if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(x); return NULL; }
         if (!tc->started) {
             tc->started = true;   /* diffusers' "Rep": the first chunk is not upsampled in time */
         } else {
             const int64_t HW = H * W;
             if (!tc->buf) {
                 tc->n = CACHE_T;
-                tc->buf = calloc((size_t)(C * CACHE_T * HW), sizeof(float));
-                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(x); return NULL; }
+                tc->buf = fmap((size_t)(C * CACHE_T * HW));   /* zero pages */
+                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(x); return NULL; }
             }
             float *tcv = falloc(s, 2 * C * T * HW), *y = falloc(s, C * 2 * T * HW);
-            if (!tcv || !y) { free(tcv), free(y), free(x); return NULL; }
+            if (!tcv || !y) { ffree(tcv), ffree(y), ffree(x); return NULL; }
             conv3d(&s->s, &r->time_conv, tc->buf, CACHE_T, x, T, H, W, 1, 1, 0, 0, H, W, tcv);
             cache_push(tc, C, x, T, HW);
             /* [2, C, T] -> [C, T, 2]: channel half h of time step t becomes frame 2t + h */
@@ -715,47 +744,39 @@ static float *resample_forward(stream *s, const resample *r, float *x, int64_t *
                     for (int h = 0; h < 2; h++)
                         memcpy(y + (c * 2 * T + 2 * t + h) * HW, tcv + ((h * C + c) * T + t) * HW,
                                (size_t)HW * sizeof(float));
-            free(tcv), free(x);
+            ffree(tcv), ffree(x);
             x = y, T *= 2;
         }
+        if (part == 1) { *pT = T; return x; }
     }
     float *y = NULL;
     if (r->mode == RS_UP2D || r->mode == RS_UP3D) {
         /* nearest-exact 2x (for a factor of 2: source index dst / 2), then the 3x3 conv, padding 1 */
         const int64_t H2 = 2 * H, W2 = 2 * W;
-        float *u = falloc(s, C * T * H2 * W2);
-        y = u ? falloc(s, r->conv.cout * T * H2 * W2) : NULL;
-        if (!u || !y) { free(u), free(y), free(x); return NULL; }
-#pragma omp parallel for schedule(static) if (C * T * H2 * W2 > 65536)
-        for (int64_t p = 0; p < C * T; p++)
-            for (int64_t i = 0; i < H2; i++) {
-                const float *src = x + (p * H + i / 2) * W;
-                float *dst = u + (p * H2 + i) * W2;
-                for (int64_t j = 0; j < W2; j++) dst[j] = src[j / 2];
-            }
-        free(x);
-        /* per frame: the frames are independent (kt = 1), so the whole chunk is one conv */
-        conv3d(&s->s, &r->conv, NULL, 0, u, T, H2, W2, 1, 1, 1, 1, H2, W2, y);
-        free(u);
+        y = falloc(s, r->conv.cout * T * H2 * W2);
+        if (!y) { ffree(x); return NULL; }
+        /* per frame (kt = 1), the whole chunk as one conv; the im2col reads the upsampled frame */
+        conv3d_up(&s->s, &r->conv, NULL, 0, x, T, H, W, 2, 1, 1, 1, 1, H2, W2, y);
+        ffree(x);
         H = H2, W = W2;
     } else {
         /* ZeroPad2d((0, 1, 0, 1)) + 3x3 conv stride 2: the zero column / row is what the band reads
          * past the right / bottom edge */
         const int64_t Ho = (H + 1 - 3) / 2 + 1, Wo = (W + 1 - 3) / 2 + 1;
         y = falloc(s, C * T * Ho * Wo);
-        if (!y) { free(x); return NULL; }
+        if (!y) { ffree(x); return NULL; }
         conv3d(&s->s, &r->conv, NULL, 0, x, T, H, W, 1, 2, 0, 0, Ho, Wo, y);
-        free(x);
+        ffree(x);
         H = Ho, W = Wo;
         if (r->mode == RS_DOWN3D) {
             tcache *tc = next_cache(s);
-            if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(y); return NULL; }
+            if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(y); return NULL; }
             const int64_t HW = H * W;
             if (!tc->started) {
                 /* the first chunk passes through; its last frame is kept */
                 tc->started = true, tc->n = 1;
-                tc->buf = malloc((size_t)(C * HW) * sizeof(float));
-                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); free(y); return NULL; }
+                tc->buf = fmap((size_t)(C * HW));
+                if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); ffree(y); return NULL; }
                 for (int64_t c = 0; c < C; c++)
                     memcpy(tc->buf + c * HW, y + (c * T + T - 1) * HW, (size_t)HW * sizeof(float));
             } else {
@@ -765,19 +786,24 @@ static float *resample_forward(stream *s, const resample *r, float *x, int64_t *
                 if (!z) {
                     if (To < 1) s->s.st = mmc_error(MMC_ERR_INVALID, "Wan VAE: a chunk of %lld frames is too short "
                                                      "for the temporal downsampler", (long long)T);
-                    free(y);
+                    ffree(y);
                     return NULL;
                 }
                 conv3d(&s->s, &r->time_conv, tc->buf, 1, y, T, H, W, 2, 1, 0, 0, H, W, z);
                 cache_push(tc, C, y, T, HW);
-                free(y);
+                ffree(y);
                 y = z, T = To;
             }
         }
     }
-    if (s->s.st) { free(y); return NULL; }
+    if (s->s.st) { ffree(y); return NULL; }
     *pT = T, *pH = H, *pW = W;
     return y;
+}
+
+/* part 0: the whole WanResample; 1: only the time step of upsample3d; 2: only the spatial step */
+static float *resample_forward(stream *s, const resample *r, float *x, int64_t *pT, int64_t *pH, int64_t *pW) {
+    return resample_part(s, r, x, pT, pH, pW, 0);
 }
 
 /* RMS -> SiLU -> causal conv_out */
@@ -785,7 +811,7 @@ static float *head_forward(stream *s, const rms_w *norm, const conv_w *conv, flo
                            int64_t W) {
     rms_norm(norm, x, T * H * W, true, x);
     float *y = causal_conv(s, conv, x, T, H, W);
-    free(x);
+    ffree(x);
     return y;
 }
 
@@ -804,19 +830,70 @@ static float *encoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int
     return h;
 }
 
-/* WanDecoder3d on one chunk x [z_dim, T, h, w]: a new [Cout, T', H, W] */
-static float *decoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W,
-                            int64_t *pT, int64_t *pH, int64_t *pW) {
-    float *h = causal_conv(s, &v->dec_in, x, T, H, W);
-    if (h) h = mid_forward(s, &v->dec_mid, h, T, H, W);
-    for (int i = 0; h && i < v->cfg.levels; i++) {
+/* Where decoded frames go: frames [Cout, Tout, H, W], clamped as diffusers' _decode does. */
+typedef struct {
+    float *frames;
+    int64_t Tout, done, Cout, HW;
+} sink;
+
+static void emit(sink *k, const float *o, int64_t T, int64_t HW) {
+    MMC_ASSERT(k->done + T <= k->Tout && HW == k->HW);
+    for (int64_t c = 0; c < k->Cout; c++)
+        for (int64_t i = 0; i < T * HW; i++) {
+            float val = o[c * T * HW + i];
+            val = val < -1.0f ? -1.0f : val > 1.0f ? 1.0f : val;   /* torch.clamp; NaN passes */
+            k->frames[(c * k->Tout + k->done) * HW + i] = val;
+        }
+    k->done += T;
+}
+
+/* The decoder from up block `from` on (its residual blocks, resamplers, then the head), x [C, T, H, W]
+ * (freed), emitting the output frames. spatial_first: first the spatial step of up block from - 1's
+ * upsampler (whose time step ran before the frames were split). */
+static bool decoder_tail(stream *s, const mmc_wan_vae *v, int from, bool spatial_first, float *h, int64_t T,
+                         int64_t H, int64_t W, sink *k) {
+    if (spatial_first) h = resample_part(s, &v->up[from - 1].up, h, &T, &H, &W, 2);
+    for (int i = from; h && i < v->cfg.levels; i++) {
         const up_block *u = &v->up[i];
         for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
         if (h && u->up.mode != RS_NONE) h = resample_forward(s, &u->up, h, &T, &H, &W);
     }
     if (h) h = head_forward(s, &v->dec_norm_out, &v->dec_out, h, T, H, W);
-    *pT = T, *pH = H, *pW = W;
-    return h;
+    if (!h) return false;
+    emit(k, h, T, H * W);
+    ffree(h);
+    return true;
+}
+
+/* WanDecoder3d on one chunk x [z_dim, T, h, w]. Past the time step of the last temporal upsampler every
+ * layer works frame by frame (its spatial conv, then causal convs), so the frames of the chunk go through
+ * the (largest, full-resolution) rest of the decoder one at a time, each causal conv's cache carrying the
+ * previous frame: the result is the same as diffusers' 4-frame pass, with a quarter of its activations. */
+static bool decoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W, sink *k) {
+    int last_t = -1;
+    for (int i = 0; i < v->cfg.levels; i++)
+        if (v->up[i].up.mode == RS_UP3D) last_t = i;
+    float *h = causal_conv(s, &v->dec_in, x, T, H, W);
+    if (h) h = mid_forward(s, &v->dec_mid, h, T, H, W);
+    for (int i = 0; h && i <= last_t; i++) {
+        const up_block *u = &v->up[i];
+        for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
+        if (h && u->up.mode != RS_NONE) h = resample_part(s, &u->up, h, &T, &H, &W, i == last_t ? 1 : 0);
+    }
+    if (!h) return false;
+    if (last_t < 0 || T == 1) return decoder_tail(s, v, last_t + 1, last_t >= 0, h, T, H, W, k);
+    const int tail = s->idx;   /* the tail's caches, revisited for each frame */
+    const int64_t C = v->up[last_t].up.conv.cin, HW = H * W;
+    bool ok = true;
+    for (int64_t f = 0; ok && f < T; f++) {
+        float *one = falloc(s, C * HW);
+        if (!one) { ok = false; break; }
+        for (int64_t c = 0; c < C; c++) memcpy(one + c * HW, h + (c * T + f) * HW, (size_t)HW * sizeof(float));
+        s->idx = tail;
+        ok = decoder_tail(s, v, last_t + 1, true, one, 1, H, W, k);
+    }
+    ffree(h);
+    return ok;
 }
 
 static mmc_status check_latent_size(const mmc_wan_vae *v, int64_t t, int64_t h, int64_t w) {
@@ -839,28 +916,17 @@ mmc_status mmc_wan_vae_decode(mmc_wan_vae *v, const float *z, int64_t t, int64_t
     pq = pointwise(&s, &v->post_quant, z, t, hw);
     zt = falloc(&s, Z * hw);
     if (!pq || !zt) goto done;
-    int64_t done_frames = 0;
+    sink k = {.frames = frames, .Tout = Tout, .Cout = Cout, .HW = Ho * Wo};
     for (int64_t i = 0; i < t; i++) {
         s.idx = 0;
         for (int64_t c = 0; c < Z; c++) memcpy(zt + c * hw, pq + (c * t + i) * hw, (size_t)hw * sizeof(float));
-        int64_t T = 0, H = 0, W = 0;
-        float *o = decoder_chunk(&s, v, zt, 1, h, w, &T, &H, &W);
-        if (!o) goto done;
-        MMC_ASSERT(H == Ho && W == Wo && done_frames + T <= Tout);
-        for (int64_t c = 0; c < Cout; c++)
-            for (int64_t k = 0; k < T * H * W; k++) {
-                float val = o[c * T * H * W + k];
-                val = val < -1.0f ? -1.0f : val > 1.0f ? 1.0f : val;   /* torch.clamp; NaN passes */
-                frames[(c * Tout + done_frames) * H * W + k] = val;
-            }
-        free(o);
-        done_frames += T;
+        if (!decoder_chunk(&s, v, zt, 1, h, w, &k)) goto done;
         if (progress) progress(user, (int)(i + 1), (int)t);
     }
-    MMC_ASSERT(done_frames == Tout);
+    MMC_ASSERT(k.done == Tout);
 done:
     st = s.s.st;
-    free(pq), free(zt);
+    ffree(pq), ffree(zt);
     stream_free(&s);
     return st;
 }
@@ -890,7 +956,7 @@ mmc_status mmc_wan_vae_encode(mmc_wan_vae *v, const float *x, int64_t T, int64_t
         if (!o) goto done;
         MMC_ASSERT(To == 1);
         for (int64_t c = 0; c < 2 * Z; c++) memcpy(moments + (c * t + i) * hw, o + c * hw, (size_t)hw * sizeof(float));
-        free(o);
+        ffree(o);
         if (progress) progress(user, (int)(i + 1), (int)n_chunks);
     }
     q = pointwise(&s, &v->quant, moments, t, hw);
@@ -903,7 +969,7 @@ mmc_status mmc_wan_vae_encode(mmc_wan_vae *v, const float *x, int64_t T, int64_t
         }
 done:
     st = s.s.st;
-    free(chunk), free(moments), free(q);
+    ffree(chunk), ffree(moments), ffree(q);
     stream_free(&s);
     return st;
 }
