@@ -2,8 +2,9 @@
 # test_generate_video_cli.sh — `mmc generate-video` on the tiny WanPipeline folder written by diffusers
 # (tests/fixtures/wan/pipe, tools/ref/gen_wan.py):
 #  - from diffusers' own initial noise (--latents), 2 steps without guidance, into a folder of PNG frames:
-#    every frame equals the one diffusers gives (output_type="pil") within 1/255 per channel (float
-#    differences of ~5e-6 may round a value the other way), and settings.json holds the prompt, frames, fps;
+#    every frame equals the uint8 frame diffusers hands export_to_video (output_type="np", truncated)
+#    within 1/255 per channel (float differences of ~5e-6 may truncate a value the other way), and
+#    settings.json holds the prompt, frames, fps;
 #  - --lora (WanPipeline.save_lora_weights' file) changes the frames and is recorded;
 #  - MP4 (H.264), GIF and lossless MKV outputs by extension, with --json timings; CFG with a negative prompt;
 #  - a frame count that is not 4k + 1 and a size the VAE cannot take name the nearest valid value;

@@ -1,6 +1,6 @@
 /* cmd_generate_video.c — `mmc generate-video`: text -> video with a diffusers WanPipeline folder
  * (src/diffusion/wan_pipeline.c), as diffusers' WanPipeline(...).frames[0] then export_to_video
- * does it: the prompt through UMT5, the denoising loop with a progress bar, the causal VAE decoded
+ * does it (frames to uint8 by truncation, as export_to_video's astype): the prompt through UMT5, the denoising loop with a progress bar, the causal VAE decoded
  * chunk by chunk with its own progress bar, and the frames written by mmc_video_write as MP4
  * (H.264), GIF, lossless MKV or a folder of PNG frames, by the output's extension, with the prompt
  * and settings in the container's metadata. */
@@ -190,14 +190,15 @@ int cmd_generate_video(int argc, char **argv) {
     if ((st = mmc_wan_decode(p, lat, on_chunk, &pd, &video))) { cli_fail(st, "VAE decode failed"); goto done; }
     const double t_decode = mmc_now() - t1;
 
-    /* [1, F, 3, H, W] in [0, 1] -> RGB bytes [F, H, W, 3], (x * 255).round() as numpy_to_pil */
+    /* [1, F, 3, H, W] in [0, 1] -> RGB bytes [F, H, W, 3] as diffusers' export_to_video gets them from
+     * output_type="np" frames: (frame * 255).astype(np.uint8), truncated */
     const int64_t F = video->shape[1], H = video->shape[3], W = video->shape[4];
     rgb = malloc((size_t)(F * H * W * 3));
     if (!rgb) { cli_fail(mmc_error(MMC_ERR_OOM, "out of memory"), "frames"); goto done; }
     const float *x = video->data;
     for (int64_t f = 0; f < F; f++)
         for (int c = 0; c < 3; c++)
-            for (int64_t i = 0; i < H * W; i++) rgb[(f * H * W + i) * 3 + c] = (uint8_t)lrintf(x[(f * 3 + c) * H * W + i] * 255.0f);
+            for (int64_t i = 0; i < H * W; i++) rgb[(f * H * W + i) * 3 + c] = (uint8_t)(x[(f * 3 + c) * H * W + i] * 255.0f);
     char comment[8192];
     snprintf(comment, sizeof comment, "prompt: %s; negative_prompt: %s; model: %s; frames: %lld; fps: %g; size: %lldx%lld; "
              "steps: %lld; guidance: %g; seed: %lld%s; lora: %s; software: mmc generate-video (WanPipeline)", prompt,

@@ -22,7 +22,8 @@ diffusers / transformers themselves (the versions pinned in requirements.txt), s
   and two runs from injected latents with output_type="latent": (a) 3 steps, CFG 5 with a negative
   prompt, batch 2; (b) 2 steps, guidance 1 (no negative pass); plus (a)'s decoded frames
   (output_type="pt", [B, F, 3, H, W] in [0, 1]). For `mmc generate-video`: (b)'s latents as
-  cli_latents.safetensors and its frames as PIL saves them (output_type="pil") in cli_expected/.
+  cli_latents.safetensors and its frames as export_to_video gets them (output_type="np", uint8
+  truncation) in cli_expected/ (PNGs written by PIL).
 
 Run: .venv-ref/bin/python tools/ref/gen_wan.py
 """
@@ -196,13 +197,16 @@ with torch.no_grad():
     exp["out_b"] = pipe(prompt=prompts[0], height=H, width=W, num_frames=FR, num_inference_steps=2,
                         guidance_scale=1.0, latents=lat, max_sequence_length=MAXLEN, output_type="latent").frames
     # the CLI case (`mmc generate-video` from these latents into a PNG folder): run b's frames as
-    # output_type="pil" gives them ((x * 255).round() to uint8), saved by PIL
+    # diffusers' documented path hands them to export_to_video (output_type="np", then
+    # (frame * 255).astype(np.uint8): truncated), saved by PIL
+    import numpy as np
+    from PIL import Image
     save_file({"latents": lat.contiguous()}, os.path.join(d, "cli_latents.safetensors"))
     frames = pipe(prompt=prompts[0], height=H, width=W, num_frames=FR, num_inference_steps=2, guidance_scale=1.0,
-                  latents=lat, max_sequence_length=MAXLEN, output_type="pil").frames[0]
+                  latents=lat, max_sequence_length=MAXLEN, output_type="np").frames[0]
     os.makedirs(os.path.join(d, "cli_expected"))
     for i, fr in enumerate(frames):
-        fr.save(os.path.join(d, "cli_expected", f"frame_{i:05d}.png"))
+        Image.fromarray((fr * 255).astype(np.uint8)).save(os.path.join(d, "cli_expected", f"frame_{i:05d}.png"))
 save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
 # ---------------------------------------------------------------- image-to-video transformer (Wan2.1 I2V's
 # CLIP image branch: image_embedder, add_k_proj / add_v_proj); diffusers splits [image; text] assuming 512
