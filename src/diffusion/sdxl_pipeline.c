@@ -142,11 +142,14 @@ mmc_status mmc_sdxl_pipeline_open_single_file(const char *file, const char *conf
     mmc_single_file *sf = NULL;
     mmc_status st = mmc_single_file_open(file, &sf);
     if (st) return st;
-    if (!config_dir) {
+    if (!config_dir) {   /* the repos diffusers' from_single_file fetches the configs from for each kind */
+        const mmc_single_file_kind k = mmc_single_file_get_kind(sf);
         st = mmc_error(MMC_ERR_INVALID, "%s: an %s single-file checkpoint holds no configs or tokenizers: pass the "
-                       "diffusers folder they come from with --config DIR (as diffusers' from_single_file(config=...); "
-                       "the model's Hub repo downloaded without its weights will do)", file,
-                       mmc_single_file_kind_name(mmc_single_file_get_kind(sf)));
+                       "diffusers folder they come from with --config DIR (as diffusers' from_single_file(config=...)): "
+                       "the Hub repo %s downloaded without its weights will do", file, mmc_single_file_kind_name(k),
+                       k == MMC_SF_SDXL_BASE ? "stabilityai/stable-diffusion-xl-base-1.0"
+                       : k == MMC_SF_SDXL_REFINER ? "stabilityai/stable-diffusion-xl-refiner-1.0"
+                                                  : "stable-diffusion-v1-5/stable-diffusion-v1-5");
         mmc_single_file_free(sf);
         return st;
     }
