@@ -418,9 +418,9 @@ mmc_status mmc_kohya_lora_open(const char *path, float weight, mmc_kohya_lora **
 mmc_status mmc_kohya_lora_open_st(mmc_st *tensors, const char *path, float weight, mmc_kohya_lora **out);   /* taken */
 void mmc_kohya_lora_free(mmc_kohya_lora *k);
 int mmc_kohya_lora_count(const mmc_kohya_lora *k, int comp);   /* adapters of 0 UNet, 1 text_encoder, 2 text_encoder_2 */
-/* The UNet's adapters on ml (mmc_unet_linears), unmerged; a module name that fits none is an error naming its key. */
-mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, const mmc_unet_config *cfg,
-                               mmc_lora_set **out);
+/* The UNet's adapters: on its linears ml (mmc_unet_linears) unmerged, into its 1x1 convolutions merged; a module
+ * name that fits none is an error naming its key. */
+mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, mmc_unet *unet, mmc_lora_set **out);
 /* Merge text encoder `which`'s (1, 2) adapters into a loaded CLIP text model. */
 mmc_status mmc_kohya_lora_merge_clip(const mmc_kohya_lora *k, int which, struct mmc_clip_text *m);
 

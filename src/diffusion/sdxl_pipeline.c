@@ -207,7 +207,7 @@ mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, f
         if (!(st = mmc_kohya_lora_open(path, weight, &p->kohya)) && mmc_kohya_lora_count(p->kohya, 2) && !p->sdxl)
             st = mmc_error(MMC_ERR_INVALID, "%s: lora_te2_* adapters, but a StableDiffusionPipeline has one text "
                            "encoder", path);
-        if (!st && mmc_kohya_lora_count(p->kohya, 0)) st = mmc_kohya_lora_unet(p->kohya, &ml, &p->unet_cfg, &p->lora);
+        if (!st && mmc_kohya_lora_count(p->kohya, 0)) st = mmc_kohya_lora_unet(p->kohya, &ml, p->unet, &p->lora);
         if (st) mmc_kohya_lora_free(p->kohya), p->kohya = NULL;
     } else if (!st) {
         st = mmc_lora_load_diffusers(path, "unet", &ml, weight, false, &p->lora);
