@@ -94,8 +94,9 @@ static mmc_status open_common(const char *dir, mmc_single_file *sf, mmc_sdxl_pip
     p->aes = 6.0, p->neg_aes = 2.5;
     const mmc_diffusers_component *te1 = mmc_diffusers_find(&p->dir, "text_encoder");
     p->has_te1 = sf ? mmc_single_file_get_kind(sf) != MMC_SF_SDXL_REFINER : te1 && te1->present;
-    if (!p->sdxl && strcmp(p->dir.pipeline, "StableDiffusionPipeline") != 0) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusionXLPipeline or StableDiffusionPipeline",
+    if (!p->sdxl && strcmp(p->dir.pipeline, "StableDiffusionPipeline") != 0 &&
+        strcmp(p->dir.pipeline, "StableDiffusionImg2ImgPipeline") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusion(XL)Pipeline or its Img2Img form",
                        dir, p->dir.pipeline);
         goto fail;
     }
