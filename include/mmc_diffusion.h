@@ -615,7 +615,9 @@ mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM'
  * Cls.from_config(...)). */
 mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir);
 /* A diffusers LoRA for the UNet ("unet.<module>.lora_A.weight", as save_lora_weights and `mmc train`
- * write it; a directory or .safetensors path) applied unmerged at scale * weight. One at a time. */
+ * write it; a directory or .safetensors path) applied unmerged at scale * weight, or a kohya / A1111 file
+ * (mmc_lora_file_is_kohya: UNet and text-encoder adapters). One at a time; attached again whenever the UNet
+ * is loaded again (mmc_sdxl_decode frees it). */
 mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight);
 /* Sample with the caller's UNet (training's validation images; its adapters stay the caller's); NULL
  * returns to the pipeline's own. The pipeline never frees a borrowed UNet. */

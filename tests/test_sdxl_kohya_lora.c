@@ -112,6 +112,8 @@ static void check_sdxl(void) {
     if (cond.prompt_embeds) {
         CHECK_OK(mmc_sdxl_zero_cond(&cond, &zero));
         sample_case(ctx, p, exp, "latents", "image", &cond, &zero, 5.0);
+        /* again: decode freed the UNet, the next sample loads it with the adapters again */
+        sample_case(ctx, p, exp, "latents", "image", &cond, &zero, 5.0);
     }
     mmc_flux_cond_free(&cond);
     mmc_flux_cond_free(&zero);
