@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (mmc_st_open_memory(buf, size, "fuzz", &st) == MMC_OK && mmc_kohya_lora_open_st(st, "fuzz", 1.0f, &k) == MMC_OK) {
         mmc_module_list ml = {0};
         mmc_lora_set *s = NULL;
-        if (mmc_unet_linears(g_unet, &ml) == MMC_OK && mmc_kohya_lora_unet(k, &ml, mmc_unet_cfg(g_unet), &s) == MMC_OK)
+        if (mmc_unet_linears(g_unet, &ml) == MMC_OK && mmc_kohya_lora_unet(k, &ml, g_unet, &s) == MMC_OK)
             mmc_lora_free(s);
         mmc_module_list_free(&ml);
         (void)mmc_kohya_lora_merge_clip(k, 2, g_te2);

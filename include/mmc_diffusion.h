@@ -475,9 +475,9 @@ mmc_status mmc_kohya_lora_open(const char *path, float weight, mmc_kohya_lora **
 mmc_status mmc_kohya_lora_open_st(mmc_st *tensors, const char *path, float weight, mmc_kohya_lora **out);   /* taken */
 void mmc_kohya_lora_free(mmc_kohya_lora *k);
 int mmc_kohya_lora_count(const mmc_kohya_lora *k, int comp);   /* adapters of 0 UNet, 1 text_encoder, 2 text_encoder_2 */
-/* The UNet's adapters on ml (mmc_unet_linears), unmerged; a module name that fits none is an error naming its key. */
-mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, const mmc_unet_config *cfg,
-                               mmc_lora_set **out);
+/* The UNet's adapters: on its linears ml (mmc_unet_linears) unmerged, into its 1x1 convolutions merged; a module
+ * name that fits none is an error naming its key. */
+mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, mmc_unet *unet, mmc_lora_set **out);
 /* Merge text encoder `which`'s (1, 2) adapters into a loaded CLIP text model. */
 mmc_status mmc_kohya_lora_merge_clip(const mmc_kohya_lora *k, int which, struct mmc_clip_text *m);
 
@@ -681,7 +681,9 @@ mmc_nsched *mmc_sdxl_scheduler(mmc_sdxl_pipeline *p);       /* e.g. to set DDIM'
  * Cls.from_config(...)). */
 mmc_status mmc_sdxl_pipeline_set_scheduler(mmc_sdxl_pipeline *p, const char *scheduler_dir);
 /* A diffusers LoRA for the UNet ("unet.<module>.lora_A.weight", as save_lora_weights and `mmc train`
- * write it; a directory or .safetensors path) applied unmerged at scale * weight. One at a time. */
+ * write it; a directory or .safetensors path) applied unmerged at scale * weight, or a kohya / A1111 file
+ * (mmc_lora_file_is_kohya: UNet and text-encoder adapters). One at a time; attached again whenever the UNet
+ * is loaded again (mmc_sdxl_decode frees it). */
 mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight);
 /* Sample with the caller's UNet (training's validation images; its adapters stay the caller's); NULL
  * returns to the pipeline's own. The pipeline never frees a borrowed UNet. */

@@ -89,6 +89,9 @@ mmc_status mmc_lora_save_diffusers(const mmc_lora_set *s, const char *dir, const
 mmc_status mmc_lora_load_diffusers(const char *path, const char *component, const mmc_module_list *ml, float weight,
                                    bool trainable, mmc_lora_set **out);
 
+/* W += scale · B [N, r] · A [r, K] on a weight W [N, ...] of N x K values (a linear's [N, K], a 1x1 convolution's
+ * [N, K, 1, 1]) in f32: a view of a checkpoint, or another dtype, becomes an f32 copy W owns. `what` names it. */
+mmc_status mmc_lora_merge_tensor(mmc_tensor *W, const mmc_tensor *A, const mmc_tensor *B, float scale, const char *what);
 /* Adapters from tensors already read (f32, contiguous: A [r, K], B [N, r]), each on module ml->mods[module] with
  * its own rank and scale (y = base(x) + scale · B(A(x))), not trainable: what a kohya / A1111 file converts to
  * (src/nn/lora_convert.c). Shapes that do not fit the module are MMC_ERR_SHAPE naming it. */

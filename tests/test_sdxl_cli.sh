@@ -149,6 +149,11 @@ expect_err "\-\-strength"
 expect_rc 0 "$MMC" generate-image --model $S --scheduler $S/scheduler_ddim --prompt "a red circle" --steps 4 \
   --init-image $P/cli_expected.png --width 24 --height 16 --out "$T/sdi2i.png"
 if grep -aq "StableDiffusionImg2ImgPipeline" "$T/sdi2i.png"; then ok; else bad "SD img2img PNG lacks the pipeline name"; fi
+# a folder saved from StableDiffusionImg2ImgPipeline (its model_index.json class) runs the same way
+cp -r $S "$T/sdimg" && sed -i 's/"StableDiffusionPipeline"/"StableDiffusionImg2ImgPipeline"/' "$T/sdimg/model_index.json"
+expect_rc 0 "$MMC" generate-image --model "$T/sdimg" --scheduler $S/scheduler_ddim --prompt "a red circle" --steps 4 \
+  --init-image $P/cli_expected.png --width 24 --height 16 --out "$T/sdi2i_b.png"
+if grep -aq "StableDiffusionImg2ImgPipeline" "$T/sdi2i_b.png"; then ok; else bad "Img2Img folder PNG"; fi
 # ---- mmc train on the SDXL pipeline (the DDPM objective of train_text_to_image_(lora_)sdxl.py): LoRA on the
 # scripts' targets with offset noise and a validation image; generate-image --lora with the result; diffusers'
 # load_lora_weights reads the adapter; full fine-tuning with min-SNR v_prediction, resumed bit-exactly; SD 1.x

@@ -16,10 +16,11 @@
  * those: the same module for every name both accept, and an error naming the key for one that matches nothing.
  * (diffusers mangles add_embedding_linear_N in the diffusers spelling into one module; kohya writes SDXL's as
  * label_emb_0_N, which both read alike.) Ranks and alphas may differ per module, as diffusers' rank_pattern allows.
- * The UNet's adapters run unmerged (mmc_lora_set_build, PEFT's forward); the text encoders are loaded for each
- * prompt encoding and freed, so their adapters are merged into the weights as they load
- * (mmc_clip_text_merge_lora; the same function to rounding). LoHa / LoKr / DoRA keys and convolution adapters
- * (LoCon on resnets, SD 1.x's 1x1-conv proj_in) are errors that say so. */
+ * The UNet's linear adapters run unmerged (mmc_lora_set_build, PEFT's forward); those of its 1x1 convolutions (SD
+ * 1.x's proj_in / proj_out, kohya's [r, in, 1, 1] / [out, r, 1, 1]) are merged into the loaded weights; the text
+ * encoders are loaded for each prompt encoding and freed, so their adapters are merged as they load
+ * (mmc_clip_text_merge_lora): the same function to rounding. LoHa / LoKr / DoRA keys and 3x3 convolution adapters
+ * (LoCon on resnets) are errors that say so. */
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
 
@@ -213,9 +214,31 @@ static void sgm_name(const char *name, int lpb, char *o, size_t n) {
     }
 }
 
-mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, const mmc_unet_config *cfg,
+/* A 1x1 convolution of the UNet named (diffusers or SGM spelling, underscored) `module`: its weight, or NULL */
+static mmc_tensor *unet_conv1x1(mmc_unet *m, const char *module) {
+    mmc_tensor **params;
+    const char *const *names;
+    const int n = mmc_unet_param_list(m, &params, &names);
+    char mod[MMC_MODULE_NAME], us[MMC_MODULE_NAME], sgm[MMC_MODULE_NAME];
+    for (int i = 0; i < n; i++) {
+        const size_t l = strlen(names[i]);
+        if (l < 8 || strcmp(names[i] + l - 7, ".weight") != 0 || params[i]->ndim != 4 || params[i]->shape[2] != 1 ||
+            params[i]->shape[3] != 1 || l - 7 >= sizeof mod)
+            continue;
+        snprintf(mod, sizeof mod, "%.*s", (int)(l - 7), names[i]);
+        underscored(mod, us, sizeof us);
+        if (!strcmp(us, module)) return params[i];
+        sgm_name(mod, (int)mmc_unet_cfg(m)->layers_per_block[0], sgm, sizeof sgm);
+        underscored(sgm, us, sizeof us);
+        if (sgm[0] && !strcmp(us, module)) return params[i];
+    }
+    return NULL;
+}
+
+mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *ml, mmc_unet *unet,
                                mmc_lora_set **out) {
     *out = NULL;
+    const mmc_unet_config *cfg = mmc_unet_cfg(unet);
     const int n = mmc_kohya_lora_count(k, 0);
     char (*spell)[2][MMC_MODULE_NAME] = calloc((size_t)ml->n + 1, sizeof *spell);
     mmc_lora_item *items = calloc((size_t)n + 1, sizeof *items);
@@ -234,11 +257,17 @@ mmc_status mmc_kohya_lora_unet(const mmc_kohya_lora *k, const mmc_module_list *m
         int found = -1;
         for (int i = 0; i < ml->n && found < 0; i++)
             if (!strcmp(it->module, spell[i][0]) || (spell[i][1][0] && !strcmp(it->module, spell[i][1]))) found = i;
-        if (found < 0) {
-            st = mmc_error(MMC_ERR_NOT_FOUND, "%s: '%s': the UNet has no linear module '%s' (in diffusers or SGM block "
-                           "names); mmc adapts the attention, feed-forward, linear proj_in / proj_out and time / add "
-                           "embedding linears, not convolutions (LoCon resnets, SD 1.x's 1x1-conv proj_in)", k->path,
-                           it->key, it->module);
+        if (found < 0) {   /* a 1x1 convolution (SD 1.x's proj_in / proj_out): merged into its weight */
+            mmc_tensor *w = unet_conv1x1(unet, it->module);
+            if (w) {
+                if ((st = mmc_lora_merge_tensor(w, it->A, it->B, it->scale, it->key)))
+                    st = mmc_error_prefix(st, "%s: ", k->path);
+                continue;
+            }
+            st = mmc_error(MMC_ERR_NOT_FOUND, "%s: '%s': the UNet has no linear or 1x1-convolution module '%s' (in "
+                           "diffusers or SGM block names); mmc adapts the attention, feed-forward, proj_in / proj_out "
+                           "and time / add embedding modules, not 3x3 convolutions (LoCon resnets)", k->path, it->key,
+                           it->module);
             break;
         }
         items[m++] = (mmc_lora_item){.module = found, .A = it->A, .B = it->B, .scale = it->scale};

@@ -38,6 +38,8 @@ struct mmc_sdxl_pipeline {
     mmc_vae *vae;
     mmc_single_file *sf;              /* the weights come from a single-file checkpoint (the folder gives configs) */
     mmc_kohya_lora *kohya;            /* a kohya / A1111 LoRA: its text-encoder adapters merge as the encoders load */
+    char lora_path[1024];             /* the LoRA file, attached again whenever the UNet is loaded again */
+    float lora_weight;
     bool sdxl;                        /* StableDiffusionXL(Img2Img)Pipeline (else StableDiffusionPipeline) */
     bool has_te1;                     /* text_encoder present (the SDXL refiner has CLIP-G only) */
     bool aesthetics;                  /* requires_aesthetics_score: add_time_ids end with an aesthetic score */
@@ -94,8 +96,9 @@ static mmc_status open_common(const char *dir, mmc_single_file *sf, mmc_sdxl_pip
     p->aes = 6.0, p->neg_aes = 2.5;
     const mmc_diffusers_component *te1 = mmc_diffusers_find(&p->dir, "text_encoder");
     p->has_te1 = sf ? mmc_single_file_get_kind(sf) != MMC_SF_SDXL_REFINER : te1 && te1->present;
-    if (!p->sdxl && strcmp(p->dir.pipeline, "StableDiffusionPipeline") != 0) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusionXLPipeline or StableDiffusionPipeline",
+    if (!p->sdxl && strcmp(p->dir.pipeline, "StableDiffusionPipeline") != 0 &&
+        strcmp(p->dir.pipeline, "StableDiffusionImg2ImgPipeline") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusion(XL)Pipeline or its Img2Img form",
                        dir, p->dir.pipeline);
         goto fail;
     }
@@ -142,11 +145,14 @@ mmc_status mmc_sdxl_pipeline_open_single_file(const char *file, const char *conf
     mmc_single_file *sf = NULL;
     mmc_status st = mmc_single_file_open(file, &sf);
     if (st) return st;
-    if (!config_dir) {
+    if (!config_dir) {   /* the repos diffusers' from_single_file fetches the configs from for each kind */
+        const mmc_single_file_kind k = mmc_single_file_get_kind(sf);
         st = mmc_error(MMC_ERR_INVALID, "%s: an %s single-file checkpoint holds no configs or tokenizers: pass the "
-                       "diffusers folder they come from with --config DIR (as diffusers' from_single_file(config=...); "
-                       "the model's Hub repo downloaded without its weights will do)", file,
-                       mmc_single_file_kind_name(mmc_single_file_get_kind(sf)));
+                       "diffusers folder they come from with --config DIR (as diffusers' from_single_file(config=...)): "
+                       "the Hub repo %s downloaded without its weights will do", file, mmc_single_file_kind_name(k),
+                       k == MMC_SF_SDXL_BASE ? "stabilityai/stable-diffusion-xl-base-1.0"
+                       : k == MMC_SF_SDXL_REFINER ? "stabilityai/stable-diffusion-xl-refiner-1.0"
+                                                  : "stable-diffusion-v1-5/stable-diffusion-v1-5");
         mmc_single_file_free(sf);
         return st;
     }
@@ -164,13 +170,33 @@ void mmc_sdxl_pipeline_free(mmc_sdxl_pipeline *p) {
     free(p);
 }
 
-/* The components, from the folder or from the single file with the folder's config.json */
+/* The LoRA of mmc_sdxl_pipeline_load_lora on the loaded UNet: a kohya file's UNet adapters, or a diffusers one */
+static mmc_status attach_lora(mmc_sdxl_pipeline *p) {
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_unet_linears(p->unet, &ml);
+    if (!st && p->kohya) st = mmc_kohya_lora_count(p->kohya, 0) ? mmc_kohya_lora_unet(p->kohya, &ml, p->unet, &p->lora)
+                                                                : MMC_OK;
+    else if (!st) st = mmc_lora_load_diffusers(p->lora_path, "unet", &ml, p->lora_weight, false, &p->lora);
+    mmc_module_list_free(&ml);
+    return st;
+}
+
+/* The components, from the folder or from the single file with the folder's config.json; the UNet with the
+ * pipeline's LoRA (decode frees the UNet, a later sample loads it again) */
 static mmc_status load_unet(mmc_sdxl_pipeline *p) {
     if (p->unet) return MMC_OK;
-    if (!p->sf) return mmc_unet_load(p->path[X_UNET], false, &p->unet);
-    mmc_st *w = NULL;
-    mmc_status st = mmc_single_file_unet(p->sf, &p->unet_cfg, &w);
-    return st ? st : mmc_unet_load_st(p->path[X_UNET], w, mmc_single_file_path(p->sf), false, &p->unet);
+    mmc_status st;
+    if (!p->sf) st = mmc_unet_load(p->path[X_UNET], false, &p->unet);
+    else {
+        mmc_st *w = NULL;
+        st = mmc_single_file_unet(p->sf, &p->unet_cfg, &w);
+        if (!st) st = mmc_unet_load_st(p->path[X_UNET], w, mmc_single_file_path(p->sf), false, &p->unet);
+    }
+    if (!st && p->lora_path[0] && (st = attach_lora(p))) {
+        mmc_unet_free(p->unet);
+        p->unet = NULL;
+    }
+    return st;
 }
 
 static mmc_status load_vae(mmc_sdxl_pipeline *p) {
@@ -195,21 +221,24 @@ static mmc_status te_weights(mmc_sdxl_pipeline *p, int which, mmc_st **w) {
 }
 
 mmc_status mmc_sdxl_pipeline_load_lora(mmc_sdxl_pipeline *p, const char *path, float weight) {
-    if (p->lora || p->kohya) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    if (p->lora || p->kohya || p->lora_path[0])
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    if (strlen(path) >= sizeof p->lora_path) return mmc_error(MMC_ERR_INVALID, "%s: path too long", path);
     mmc_status st;
     if ((st = load_unet(p))) return st;
-    mmc_module_list ml = {0};
-    st = mmc_unet_linears(p->unet, &ml);
-    if (!st && mmc_lora_file_is_kohya(path)) {   /* kohya / A1111 naming, detected from the keys */
+    if (mmc_lora_file_is_kohya(path)) {   /* kohya / A1111 naming, detected from the keys */
         if (!(st = mmc_kohya_lora_open(path, weight, &p->kohya)) && mmc_kohya_lora_count(p->kohya, 2) && !p->sdxl)
             st = mmc_error(MMC_ERR_INVALID, "%s: lora_te2_* adapters, but a StableDiffusionPipeline has one text "
                            "encoder", path);
-        if (!st && mmc_kohya_lora_count(p->kohya, 0)) st = mmc_kohya_lora_unet(p->kohya, &ml, &p->unet_cfg, &p->lora);
-        if (st) mmc_kohya_lora_free(p->kohya), p->kohya = NULL;
-    } else if (!st) {
-        st = mmc_lora_load_diffusers(path, "unet", &ml, weight, false, &p->lora);
     }
-    mmc_module_list_free(&ml);
+    snprintf(p->lora_path, sizeof p->lora_path, "%s", path);
+    p->lora_weight = weight;
+    if (!st) st = attach_lora(p);
+    if (st) {
+        mmc_kohya_lora_free(p->kohya);
+        p->kohya = NULL;
+        p->lora_path[0] = 0;
+    }
     return st;
 }
 

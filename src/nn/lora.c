@@ -477,6 +477,26 @@ done:
 }
 
 /* ------------------------------------------------------------------ merge */
+mmc_status mmc_lora_merge_tensor(mmc_tensor *W, const mmc_tensor *A, const mmc_tensor *B, float scale, const char *what) {
+    const int64_t N = W->ndim ? W->shape[0] : 0, K = N ? mmc_numel(W) / N : 0;
+    if (W->ndim < 2 || A->ndim != 2 || B->ndim != 2 || A->shape[1] != K || B->shape[0] != N || B->shape[1] != A->shape[0])
+        return mmc_error(MMC_ERR_SHAPE, "LoRA: '%s' is [%lld, %lld]; the adapter's A is [%lld, %lld], B [%lld, %lld]",
+                         what, (long long)N, (long long)K, (long long)A->shape[0],
+                         (long long)(A->ndim > 1 ? A->shape[1] : 0), (long long)B->shape[0],
+                         (long long)(B->ndim > 1 ? B->shape[1] : 0));
+    if (W->dtype != MMC_F32 || !(W->flags & MMC_OWNS_DATA) || !mmc_is_contiguous(W)) {   /* an f32 copy of its own */
+        float *d = malloc((size_t)(N * K) * sizeof *d);
+        if (!d) return mmc_error(MMC_ERR_OOM, "out of memory");
+        mmc_convert(d, MMC_F32, W->data, W->dtype, N * K);
+        if (W->flags & MMC_OWNS_DATA) free(W->data);
+        W->data = d;
+        W->dtype = MMC_F32;
+        W->flags |= MMC_OWNS_DATA;
+    }
+    mmc_lora_merge_into(W->data, A->data, B->data, N, K, A->shape[0], scale);
+    return MMC_OK;
+}
+
 mmc_status mmc_lora_set_build(const mmc_module_list *ml, const mmc_lora_item *items, int n, mmc_lora_set **out) {
     *out = NULL;
     mmc_lora_set *s = set_new(n);

@@ -14,7 +14,8 @@ tests/fixtures/sdxl_kohya/
   sdxl_diffusers_names.safetensors   UNet (transformer linears, proj_in / proj_out, time embedding) + both text
                                      encoders, diffusers module names for the UNet
   sdxl_sgm_names.safetensors         the same tensors with the SGM block names, plus label_emb (add_embedding)
-  sd15.safetensors                   SD 1.x: the UNet's attention / feed-forward linears + "lora_te_" text encoder
+  sd15.safetensors                   SD 1.x: the UNet's attention / feed-forward linears and its 1x1-conv proj_in /
+                                     proj_out (4-d lora_down / lora_up) + "lora_te_" text encoder
   expected.safetensors
     unet_x / unet_t / unet_ctx / unet_text_embeds / unet_time_ids / unet_out: the SDXL UNet with the SGM-named LoRA
         loaded; unet_out_diffusers_names: with the other file (no add_embedding adapter: see below)
@@ -63,8 +64,11 @@ def lora_tensors(prefix, mods, seed_shift):
     for i, (name, lin) in enumerate(mods):
         r = 4 if (i + seed_shift) % 3 == 0 else 2
         k = prefix + name.replace(".", "_")
-        out[k + ".lora_down.weight"] = torch.randn(r, lin.in_features, generator=g) / lin.in_features ** 0.5
-        out[k + ".lora_up.weight"] = 0.5 * torch.randn(lin.out_features, r, generator=g) / r ** 0.5
+        conv = isinstance(lin, torch.nn.Conv2d)    # a 1x1 convolution: kohya's [r, in, 1, 1] / [out, r, 1, 1]
+        fin, fout = (lin.in_channels, lin.out_channels) if conv else (lin.in_features, lin.out_features)
+        tail = (1, 1) if conv else ()
+        out[k + ".lora_down.weight"] = torch.randn(r, fin, *tail, generator=g) / fin ** 0.5
+        out[k + ".lora_up.weight"] = 0.5 * torch.randn(fout, r, *tail, generator=g) / r ** 0.5
         out[k + ".alpha"] = torch.tensor(3.0)
     return out
 
@@ -146,10 +150,13 @@ with torch.no_grad():
     exp["image"] = xl(prompt=prompts, height=16, width=24, num_inference_steps=3, guidance_scale=5.0, latents=lat,
                       output_type="pt").images
 
-# ---------------------------------------------------------------- SD 1.x (conv proj_in / proj_out stay unadapted)
+# ---------------------------------------------------------------- SD 1.x: its proj_in / proj_out are 1x1 convolutions, adapted too
 sd = StableDiffusionPipeline.from_pretrained(SD_DIR, torch_dtype=torch.float32)
 sd.scheduler = DDIMScheduler.from_pretrained(os.path.join(SD_DIR, "scheduler_ddim"))
-tens = {**lora_tensors("lora_unet_", unet_mods(sd.unet, True), 0), **lora_tensors("lora_te_", te_mods(sd.text_encoder), 1)}
+convs = [(n, m) for n, m in sd.unet.named_modules() if isinstance(m, torch.nn.Conv2d) and n.endswith(("proj_in", "proj_out"))]
+assert convs and all(m.kernel_size == (1, 1) for _, m in convs)
+tens = {**lora_tensors("lora_unet_", unet_mods(sd.unet, True) + convs, 0),
+        **lora_tensors("lora_te_", te_mods(sd.text_encoder), 1)}
 save_file(tens, os.path.join(OUT, "sd15.safetensors"))
 with torch.no_grad():
     x = torch.randn(2, 4, 8, 12, generator=g)

@@ -136,23 +136,7 @@ mmc_status mmc_clip_text_merge_lora(mmc_clip_text *m, const char *module, const 
     }
     if (!t || t->ndim != 2)
         return mmc_error(MMC_ERR_NOT_FOUND, "LoRA: '%s' is not a linear of this CLIP text model", module);
-    const int64_t N = t->shape[0], K = t->shape[1], r = A->shape[0];
-    if (A->ndim != 2 || B->ndim != 2 || A->shape[1] != K || B->shape[0] != N || B->shape[1] != r)
-        return mmc_error(MMC_ERR_SHAPE, "LoRA: '%s' is [%lld, %lld]; the adapter's A is [%lld, %lld], B [%lld, %lld]",
-                         module, (long long)N, (long long)K, (long long)A->shape[0],
-                         (long long)(A->ndim > 1 ? A->shape[1] : 0), (long long)B->shape[0],
-                         (long long)(B->ndim > 1 ? B->shape[1] : 0));
-    if (t->dtype != MMC_F32 || !(t->flags & MMC_OWNS_DATA)) {   /* a view of the file or bf16: an f32 copy of its own */
-        float *d = malloc((size_t)(N * K) * sizeof *d);
-        if (!d) return mmc_error(MMC_ERR_OOM, "out of memory");
-        mmc_convert(d, MMC_F32, t->data, t->dtype, N * K);
-        if (t->flags & MMC_OWNS_DATA) free(t->data);
-        t->data = d;
-        t->dtype = MMC_F32;
-        t->flags |= MMC_OWNS_DATA;
-    }
-    mmc_lora_merge_into(t->data, A->data, B->data, N, K, r, scale);
-    return MMC_OK;
+    return mmc_lora_merge_tensor(t, A, B, scale, module);
 }
 
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
