@@ -286,6 +286,34 @@ static void check_errors(void) {
     MMC_CHECK(system(dir) == 0, "rm");
 }
 
+/* The Hub's layout with broken parts: each an error naming the file (and line). */
+static void check_hub_errors(void) {
+    char tmp[] = "/tmp/mmc_test_clip_hub_XXXXXX", cmd[600], path[700];
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    static const struct { const char *file, *text, *needle; } cases[] = {
+        {"merges.txt", NULL, "merges.txt"},                                  /* absent */
+        {"merges.txt", "#version: 0.2\na b\nnopair\n", "merges.txt:3"},
+        {"merges.txt", "#version: 0.2\nzz qq\n", "missing from the vocab"},
+        {"vocab.json", "[1, 2]", "vocab.json"},
+        {"vocab.json", "{\"a\": 0}", "bos / eos"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s/t && cp -r " ROOT "clip_hub %s/t", tmp, tmp);
+        CHECK(system(cmd) == 0);
+        snprintf(path, sizeof path, "%s/t/%s", tmp, cases[k].file);
+        if (cases[k].text) CHECK_OK(mmc_write_file_atomic(path, cases[k].text, strlen(cases[k].text)));
+        else CHECK(unlink(path) == 0);
+        snprintf(path, sizeof path, "%s/t", tmp);
+        mmc_clip_tokenizer *t = NULL;
+        mmc_status st = mmc_clip_tokenizer_load(path, &t);
+        CHECKF(st != MMC_OK && t == NULL && strstr(mmc_last_error(), cases[k].needle),
+               "hub case %zu: status %d, '%s' (wanted '%s')", k, st, mmc_last_error(), cases[k].needle);
+        mmc_clip_tokenizer_free(t);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void) {
     if (access(ROOT "clip_quick/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_text_encoders: fixtures absent (tools/ref/gen_text_encoders.py); skipping\n");
@@ -300,9 +328,12 @@ int main(void) {
     check_encoder("t5_relu", true);
     check_tokenizer("clip_tokenizer");
     check_tokenizer("clip_tokenizer_pad");
+    check_tokenizer("clip_hub");       /* the Hub's vocab.json + merges.txt, no tokenizer.json */
+    check_tokenizer("clip_hub_pad");
     check_layout("clip_quick", false, "text_model.", NULL, NULL);   /* CLIPTextModel as 4.x saved it */
     check_layout("t5_relu", true, "", "shared.weight", "encoder.embed_tokens.weight");
     check_pipeline_folders();
     check_errors();
+    check_hub_errors();
     return test_done("test_text_encoders");
 }

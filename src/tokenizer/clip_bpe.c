@@ -26,6 +26,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #define MAX_NORMALIZERS 8
@@ -283,6 +284,101 @@ static cJSON *parse_file(const char *path, mmc_status *st) {
     return j;
 }
 
+/* The Hub's layout of CLIP's tokenizer (the SD 1.x / SDXL / Flux repos): vocab.json + merges.txt and a
+ * tokenizer_config.json naming the special tokens, no tokenizer.json. transformers' CLIPTokenizer
+ * builds its pipeline from the two files — NFC, \s+ -> " ", lowercase; Split(CLIP's regex, removed,
+ * inverted) + ByteLevel; BPE with "</w>" word ends, unk <|endoftext|>; RobertaProcessing(bos, eos) —
+ * and this writes that pipeline as the tokenizer.json the rest of the loader reads. merges.txt: an
+ * optional "#version" line, then one "a b" pair per line. */
+static cJSON *hub_pipeline(const char *dir, mmc_status *st) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    cJSON *vocab = parse_file(path, st), *cfg = NULL, *j = NULL;
+    char *merges = NULL;
+    size_t mlen = 0;
+    if (!vocab) return NULL;
+    if (!cJSON_IsObject(vocab)) { *st = mmc_error(MMC_ERR_FORMAT, "%s: not a JSON object of token -> id", path); goto done; }
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    if ((*st = mmc_read_file(path, &merges, &mlen))) goto done;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (f) { fclose(f); if (!(cfg = parse_file(path, st))) goto done; }
+    const char *bos = config_token(cfg, "bos_token"), *eos = config_token(cfg, "eos_token"),
+               *unk = config_token(cfg, "unk_token"), *pad = config_token(cfg, "pad_token");
+    bos = bos ? bos : "<|startoftext|>", eos = eos ? eos : "<|endoftext|>", unk = unk ? unk : "<|endoftext|>";
+    const cJSON *ib = cJSON_GetObjectItemCaseSensitive(vocab, bos), *ie = cJSON_GetObjectItemCaseSensitive(vocab, eos);
+    if (!cJSON_IsNumber(ib) || !cJSON_IsNumber(ie)) {
+        *st = mmc_error(MMC_ERR_FORMAT, "%s/vocab.json: the bos / eos tokens '%s' / '%s' are not in the vocabulary", dir,
+                        bos, eos);
+        goto done;
+    }
+    j = cJSON_CreateObject();
+    cJSON *model = cJSON_AddObjectToObject(j, "model"), *ml = NULL;
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddStringToObject(model, "end_of_word_suffix", "</w>");
+    cJSON_AddStringToObject(model, "continuing_subword_prefix", "");
+    cJSON_AddStringToObject(model, "unk_token", unk);
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    vocab = NULL;
+    ml = cJSON_AddArrayToObject(model, "merges");
+    int line = 0;
+    for (char *p = merges, *next; p && *p; p = next) {
+        line++;
+        char *nl = strchr(p, '\n');
+        next = nl ? nl + 1 : NULL;
+        if (nl) *nl = 0;
+        size_t n = strlen(p);
+        if (n && p[n - 1] == '\r') p[--n] = 0;
+        if (!n || (line == 1 && !strncmp(p, "#version", 8))) continue;
+        if (!strchr(p, ' ')) {
+            *st = mmc_error(MMC_ERR_FORMAT, "%s/merges.txt:%d: not an \"a b\" pair", dir, line);
+            goto done;
+        }
+        cJSON_AddItemToArray(ml, cJSON_CreateString(p));
+    }
+    cJSON *norm = cJSON_AddObjectToObject(j, "normalizer"), *nl = NULL, *n;
+    cJSON_AddStringToObject(norm, "type", "Sequence");
+    nl = cJSON_AddArrayToObject(norm, "normalizers");
+    n = cJSON_CreateObject(), cJSON_AddStringToObject(n, "type", "NFC"), cJSON_AddItemToArray(nl, n);
+    n = cJSON_CreateObject(), cJSON_AddStringToObject(n, "type", "Replace");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(n, "pattern"), "Regex", "\\s+");
+    cJSON_AddStringToObject(n, "content", " "), cJSON_AddItemToArray(nl, n);
+    n = cJSON_CreateObject(), cJSON_AddStringToObject(n, "type", "Lowercase"), cJSON_AddItemToArray(nl, n);
+    cJSON *pre = cJSON_AddObjectToObject(j, "pre_tokenizer"), *pl;
+    cJSON_AddStringToObject(pre, "type", "Sequence");
+    pl = cJSON_AddArrayToObject(pre, "pretokenizers");
+    n = cJSON_CreateObject(), cJSON_AddStringToObject(n, "type", "Split");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(n, "pattern"), "Regex",
+                            "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+");
+    cJSON_AddStringToObject(n, "behavior", "Removed"), cJSON_AddTrueToObject(n, "invert"), cJSON_AddItemToArray(pl, n);
+    n = cJSON_CreateObject(), cJSON_AddStringToObject(n, "type", "ByteLevel");
+    cJSON_AddFalseToObject(n, "add_prefix_space"), cJSON_AddItemToArray(pl, n);
+    /* the special tokens split off the raw text, as transformers adds them */
+    cJSON *added = cJSON_AddArrayToObject(j, "added_tokens");
+    const char *specials[4] = {bos, eos, unk, pad ? pad : eos};   /* SDXL's tokenizer_2 pads with "!" */
+    for (int k = 0; k < 4; k++) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "vocab"), specials[k]);
+        bool dup = false;
+        for (int q = 0; q < k; q++) dup |= !strcmp(specials[q], specials[k]);
+        if (!cJSON_IsNumber(id) || dup) continue;
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", id->valuedouble);
+        cJSON_AddStringToObject(a, "content", specials[k]);
+        cJSON_AddItemToArray(added, a);
+    }
+    cJSON *pp = cJSON_AddObjectToObject(j, "post_processor"), *cls, *sep;
+    cJSON_AddStringToObject(pp, "type", "RobertaProcessing");
+    cls = cJSON_AddArrayToObject(pp, "cls"), sep = cJSON_AddArrayToObject(pp, "sep");
+    cJSON_AddItemToArray(cls, cJSON_CreateString(bos)), cJSON_AddItemToArray(cls, cJSON_CreateNumber(ib->valuedouble));
+    cJSON_AddItemToArray(sep, cJSON_CreateString(eos)), cJSON_AddItemToArray(sep, cJSON_CreateNumber(ie->valuedouble));
+done:
+    if (*st) { cJSON_Delete(j); j = NULL; }
+    cJSON_Delete(vocab);
+    cJSON_Delete(cfg);
+    free(merges);
+    return j;
+}
+
 mmc_status mmc_clip_tokenizer_load(const char *dir, mmc_clip_tokenizer **out) {
     *out = NULL;
     mmc_status st = MMC_OK;
@@ -293,7 +389,12 @@ mmc_status mmc_clip_tokenizer_load(const char *dir, mmc_clip_tokenizer **out) {
     bool is_file = dl >= 5 && !strcmp(dir + dl - 5, ".json");
     if (is_file) snprintf(t->path, sizeof t->path, "%s", dir);
     else snprintf(t->path, sizeof t->path, "%s/tokenizer.json", dir);
-    if (!(j = parse_file(t->path, &st))) goto fail;
+    char vpath[1100];
+    snprintf(vpath, sizeof vpath, "%s/vocab.json", dir);
+    if (!is_file && access(t->path, F_OK) != 0 && access(vpath, F_OK) == 0) {   /* the Hub's vocab + merges */
+        snprintf(t->path, sizeof t->path, "%s/vocab.json + merges.txt", dir);
+        if (!(j = hub_pipeline(dir, &st))) goto fail;
+    } else if (!(j = parse_file(t->path, &st))) goto fail;
     if ((st = read_model(t, cJSON_GetObjectItemCaseSensitive(j, "model"))) ||
         (st = read_normalizers(t, cJSON_GetObjectItemCaseSensitive(j, "normalizer"))) ||
         (st = read_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"))))

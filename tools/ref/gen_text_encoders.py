@@ -25,7 +25,10 @@ rounding exactly.
   normalizer, pre-tokenizer and </w> word ends; 600 tokens, every byte in the alphabet but only
   the byte+</w> seen in the corpus, so unknown word ends occur). clip_tokenizer_pad pads with "!"
   (SDXL's tokenizer_2). tokenizer_cases.json: captions (unicode, long, empty, whitespace, the
-  special tokens written out); tokenizer_expected.safetensors: for each tokenizer, the ids and
+  special tokens written out); clip_hub/, clip_hub_pad/: the same two tokenizers in the Hub's layout of the
+  SD 1.x / SDXL repos (vocab.json, merges.txt, tokenizer_config.json with AddedToken dicts,
+  special_tokens_map.json; no tokenizer.json), read back by CLIPTokenizer.from_pretrained for their ids;
+  tokenizer_expected.safetensors: for each tokenizer, the ids and
   attention masks of tok(captions, padding="max_length", max_length=77, truncation=True) as the
   pipelines call it, and the unpadded, untruncated ids (flattened with lengths).
 
@@ -218,6 +221,40 @@ for name, kw in (("clip_tokenizer", {}), ("clip_tokenizer_pad", {"pad_token": "!
     tok = CLIPTokenizer(vocab=vocab, merges=merges, **kw)
     tok.save_pretrained(os.path.join(OUT, name))
     tok = CLIPTokenizer.from_pretrained(os.path.join(OUT, name))
+    enc = tok(CAPTIONS, padding="max_length", max_length=77, truncation=True, return_tensors="pt")
+    tok_expected[name + ".ids"] = enc.input_ids.to(torch.int32)
+    tok_expected[name + ".mask"] = enc.attention_mask.to(torch.int32)
+    full = [tok(c).input_ids for c in CAPTIONS]
+    tok_expected[name + ".full_ids"] = torch.tensor([i for f in full for i in f], dtype=torch.int32)
+    tok_expected[name + ".full_len"] = torch.tensor([len(f) for f in full], dtype=torch.int32)
+# The Hub's layout of the same tokenizers, as the SD 1.x / SDXL repos ship them: vocab.json + merges.txt,
+# tokenizer_config.json with AddedToken dicts, special_tokens_map.json, no tokenizer.json; read back by
+# transformers' CLIPTokenizer.from_pretrained (which builds its pipeline from the two files).
+def added(content):
+    return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": True, "rstrip": False,
+            "single_word": False}
+
+
+for name, pad in (("clip_hub", "<|endoftext|>"), ("clip_hub_pad", "!")):
+    d = os.path.join(OUT, name)
+    os.makedirs(d)
+    with open(os.path.join(d, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(d, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    cfg = {"add_prefix_space": False, "bos_token": added("<|startoftext|>"), "do_lower_case": True,
+           "eos_token": added("<|endoftext|>"), "errors": "replace", "model_max_length": 77,
+           "name_or_path": "openai/clip-vit-large-patch14", "pad_token": pad,
+           "special_tokens_map_file": "./special_tokens_map.json", "tokenizer_class": "CLIPTokenizer",
+           "unk_token": added("<|endoftext|>")}
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    stm = {k: ({kk: vv for kk, vv in v.items() if kk != "__type"} if isinstance(v, dict) else v)
+           for k, v in cfg.items() if k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+        json.dump(stm, f, indent=2)
+    tok = CLIPTokenizer.from_pretrained(d)
+    assert not os.path.exists(os.path.join(d, "tokenizer.json"))
     enc = tok(CAPTIONS, padding="max_length", max_length=77, truncation=True, return_tensors="pt")
     tok_expected[name + ".ids"] = enc.input_ids.to(torch.int32)
     tok_expected[name + ".mask"] = enc.attention_mask.to(torch.int32)
