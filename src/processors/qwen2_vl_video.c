@@ -313,10 +313,14 @@ static int aa_weights(int in, int out, mmc_resample f, float **w_out, int **lo_o
 
 /* out[i] = x[lo]*w[0] + x[lo+s]*w[1] + ... in float, in torch's order (no fused multiply-add:
  * the sums are formed as separate products and additions). */
-__attribute__((optimize("fp-contract=off"))) static void aa_pass(const float *src, float *dst, int lines, int in,
-                                                                  int out, int64_t line_stride, int64_t step,
-                                                                  int64_t out_line_stride, int64_t out_step,
-                                                                  const float *w, const int *lo, const int *sz, int ks) {
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))   /* gnu11 fuses a*b + c otherwise */
+#else
+#define NO_FP_CONTRACT   /* clang fuses only within one expression */
+#endif
+NO_FP_CONTRACT static void aa_pass(const float *src, float *dst, int lines, int in, int out, int64_t line_stride,
+                                   int64_t step, int64_t out_line_stride, int64_t out_step, const float *w,
+                                   const int *lo, const int *sz, int ks) {
     for (int l = 0; l < lines; l++)
         for (int i = 0; i < out; i++) {
             const float *x = src + l * line_stride + (int64_t)lo[i] * step, *wi = w + (size_t)i * ks;
