@@ -5,8 +5,9 @@
  * presentation order, converted to RGB24 by libswscale with PyAV's defaults (bilinear flags,
  * the frame's colour space and range), so a lossless file decodes to the same bytes as
  * PyAV's frame.to_ndarray(format="rgb24"). Frames are fetched by seeking to the keyframe
- * before each wanted one and decoding forward to its timestamp; containers whose timestamps
- * cannot be trusted are decoded from the start. Sampling mirrors Qwen2VLVideoProcessor's
+ * before each wanted one and decoding forward to its timestamp (with several OpenMP threads,
+ * keyframe segments side by side, a reader per thread: the same bytes); containers whose
+ * timestamps cannot be trusted are decoded from the start. Sampling mirrors Qwen2VLVideoProcessor's
  * sample_frames; settings are read with transformers' precedence (processor_config.json's
  * "video_processor", then video_preprocessor_config.json, then preprocessor_config.json).
  */
@@ -95,7 +96,8 @@ mmc_status mmc_qwen_vl_utils_size(const mmc_qwen2vl_video_proc *p, int height, i
 
 /* Qwen2VLVideoProcessor._preprocess on frames of equal size (the fast, torchvision backend):
  * smart_resize within the video bounds (and the per-frame share of the total budget when
- * cap_pixels_per_frame), torch's uint8 antialiased resize (mmc_image_resize_torch_u8), fused
+ * cap_pixels_per_frame; with qwen_vl_utils, mmc_qwen_vl_utils_size and fetch_video's float
+ * resize rounded to uint8), torch's uint8 antialiased resize (mmc_image_resize_torch_u8), fused
  * rescale+normalise ((x - mean*255) / (std*255) in float32), temporal padding, patchify. */
 mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *p, const mmc_image *frames, int n,
                                         mmc_vlproc_out *out);

@@ -156,6 +156,20 @@ static void test_parity(const char *name, double frame_tol, mmc_tokenizer *tok, 
     if (o_ref.pixel_values) CHECK_CLOSE(o_ref.pixel_values, pv, 1e-5, 0, what);
     snprintf(what, sizeof what, "%s pixel_values_videos from mmc's frames", name);
     if (o.pixel_values) CHECK_CLOSE(o.pixel_values, pv, frame_tol == 0 ? 1e-5 : frame_tol / 255 / 0.26 + 1e-5, 0, what);
+    /* one thread: each temporal group resized and patchified at once (the fused path); three: the
+     * frames resized first, then patchified; the same values either way */
+    int threads = omp_get_max_threads();
+    mmc_vlproc_out o1 = {0}, o3 = {0};
+    omp_set_num_threads(1);
+    CHECK_OK(mmc_qwen2vl_video_preprocess(&p, clip.frames, clip.n, &o1));
+    omp_set_num_threads(3);
+    CHECK_OK(mmc_qwen2vl_video_preprocess(&p, clip.frames, clip.n, &o3));
+    omp_set_num_threads(threads);
+    CHECKF(o1.pixel_values && o3.pixel_values && mmc_numel(o1.pixel_values) == mmc_numel(o3.pixel_values) &&
+           !memcmp(o1.pixel_values->data, o3.pixel_values->data, mmc_nbytes(o1.pixel_values)),
+           "%s: pixel_values_videos differ between the fused and the two-step path", name);
+    mmc_vlproc_out_free(&o1);
+    mmc_vlproc_out_free(&o3);
     snprintf(key, sizeof key, "%s.video_grid_thw", name);
     int64_t *g = read_i64(key, &one);
     CHECK(o.grid_thw && !memcmp(o.grid_thw[0], g, sizeof(int64_t) * 3));

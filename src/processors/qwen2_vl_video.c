@@ -13,6 +13,9 @@
 #include "processors/processors_internal.h"
 
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,10 +313,14 @@ static int aa_weights(int in, int out, mmc_resample f, float **w_out, int **lo_o
 
 /* out[i] = x[lo]*w[0] + x[lo+s]*w[1] + ... in float, in torch's order (no fused multiply-add:
  * the sums are formed as separate products and additions). */
-__attribute__((optimize("fp-contract=off"))) static void aa_pass(const float *src, float *dst, int lines, int in,
-                                                                  int out, int64_t line_stride, int64_t step,
-                                                                  int64_t out_line_stride, int64_t out_step,
-                                                                  const float *w, const int *lo, const int *sz, int ks) {
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))   /* gnu11 fuses a*b + c otherwise */
+#else
+#define NO_FP_CONTRACT   /* clang fuses only within one expression */
+#endif
+NO_FP_CONTRACT static void aa_pass(const float *src, float *dst, int lines, int in, int out, int64_t line_stride,
+                                   int64_t step, int64_t out_line_stride, int64_t out_step, const float *w,
+                                   const int *lo, const int *sz, int ks) {
     for (int l = 0; l < lines; l++)
         for (int i = 0; i < out; i++) {
             const float *x = src + l * line_stride + (int64_t)lo[i] * step, *wi = w + (size_t)i * ks;
@@ -408,6 +415,30 @@ mmc_status mmc_qwen2vl_video_sample(const mmc_qwen2vl_video_proc *p, int64_t tot
     return MMC_OK;
 }
 
+/* Patchify temporal group t straight from its uint8 frames f[tp] (after resize): rows
+ * (t, h/(P*m), w/(P*m), m, m) for block rows [bh0, bh1), columns (C, tp, P, P), each value
+ * lut[c][byte]. */
+static void patchify_group(const uint8_t *const *f, int64_t t, int64_t bh0, int64_t bh1, int oh, int ow, int P, int m,
+                           int tp, const float (*lut)[256], float *dst) {
+    const int64_t bh_n = oh / P / m, bw_n = ow / P / m, D = 3LL * tp * P * P;
+    for (int64_t bh = bh0; bh < bh1; bh++) {
+        int64_t row = (t * bh_n + bh) * bw_n * m * m;
+        for (int64_t bw = 0; bw < bw_n; bw++)
+            for (int mh = 0; mh < m; mh++)
+                for (int mw = 0; mw < m; mw++, row++) {
+                    float *o = dst + row * D;
+                    int64_t y0 = (bh * m + mh) * P, x0 = (bw * m + mw) * P;
+                    for (int c = 0; c < 3; c++)
+                        for (int tt = 0; tt < tp; tt++) {
+                            const uint8_t *q = f[tt] + (y0 * ow + x0) * 3 + c;
+                            const float *l = lut[c];
+                            for (int py = 0; py < P; py++, o += P, q += (size_t)ow * 3)
+                                for (int px = 0; px < P; px++) o[px] = l[q[3 * px]];
+                        }
+                }
+    }
+}
+
 mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const mmc_image *frames, int n,
                                         mmc_vlproc_out *out) {
     const mmc_qwen2vl_proc *p = &vp->proc;
@@ -443,7 +474,15 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
     float lut[3][256];   /* the torchvision backend's rescale + normalise: videos have no PIL path */
     mmc_qwen2vl_pixel_lut(p, MMC_VLPROC_RESIZE_TORCH, lut);
     bool resize = oh != H || ow != W;
-    mmc_image *rs = resize ? calloc((size_t)n, sizeof *rs) : NULL;
+#ifdef _OPENMP
+    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    int threads = 1;
+#endif
+    /* enough temporal groups to go round the threads: each resizes a group's frames into buffers
+     * of its own and patchifies them at once (no frame-sized intermediates for the whole clip) */
+    bool fused = resize && tp <= 16 && gt >= 2 * threads;
+    mmc_image *rs = resize && !fused ? calloc((size_t)n, sizeof *rs) : NULL;
     const uint8_t **fp = malloc(sizeof *fp * (size_t)T);   /* [T] frames after resize; padding repeats the last */
     /* every element is written below: no zeroing pass (mmc_tensor_new's memset is one thread over
      * hundreds of MB); the pages are first touched by the patchify threads */
@@ -452,11 +491,34 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
         out->pixel_values->data = aligned_alloc(64, (mmc_nbytes(out->pixel_values) + 63) / 64 * 64);
         if (out->pixel_values->data) out->pixel_values->flags |= MMC_OWNS_DATA;
     }
-    if ((resize && !rs) || !fp || !out->pixel_values || !out->pixel_values->data) {
+    if ((resize && !fused && !rs) || !fp || !out->pixel_values || !out->pixel_values->data) {
         st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory");
         goto fail;
     }
     st = MMC_OK;
+    if (fused) {
+        mmc_status fst = MMC_OK;
+#pragma omp parallel for schedule(dynamic)
+        for (int64_t t = 0; t < gt; t++) {
+            mmc_image loc[16] = {{0}};
+            const uint8_t *f[16];
+            mmc_status e = MMC_OK;
+            for (int tt = 0; tt < tp && !e; tt++) {
+                int i = (int)(t * tp + tt) < n ? (int)(t * tp + tt) : n - 1;   /* padding repeats the last */
+                e = vp->qwen_vl_utils ? qvu_resize(&frames[i], oh, ow, p->resample, &loc[tt])
+                                      : mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &loc[tt]);
+                f[tt] = loc[tt].data;
+            }
+            if (!e) patchify_group(f, t, 0, gh / m, oh, ow, P, m, tp, (const float(*)[256])lut, out->pixel_values->data);
+            for (int tt = 0; tt < tp; tt++) mmc_image_free(&loc[tt]);
+            if (e) {
+#pragma omp critical
+                fst = e;
+            }
+        }
+        if ((st = fst)) goto fail;
+        goto grid;
+    }
     if (resize) {   /* torchvision resizes uint8 frames with torch's uint8 kernels; one frame per thread */
         mmc_status fst = MMC_OK;
 #pragma omp parallel for schedule(dynamic) if (n > 1 && (int64_t)oh * ow > 16384)
@@ -471,27 +533,12 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
         if ((st = fst)) goto fail;
     }
     for (int i = 0; i < T; i++) fp[i] = resize ? rs[i < n ? i : n - 1].data : frames[i < n ? i : n - 1].data;
-    /* patchify straight from the uint8 frames: rows (t, h/(P*m), w/(P*m), m, m), columns (C, tp, P, P) */
-    const int64_t bh_n = gh / m, bw_n = gw / m, D = 3LL * tp * P * P;
-    float *dst = out->pixel_values->data;
-#pragma omp parallel for collapse(2) schedule(static) if (gt * gh * gw * D > (1 << 18))
+    const int64_t bh_n = gh / m;
+#pragma omp parallel for collapse(2) schedule(static) if (gt * gh * gw * 3LL * tp * P * P > (1 << 18))
     for (int64_t t = 0; t < gt; t++)
-        for (int64_t bh = 0; bh < bh_n; bh++) {
-            int64_t row = (t * bh_n + bh) * bw_n * m * m;
-            for (int64_t bw = 0; bw < bw_n; bw++)
-                for (int mh = 0; mh < m; mh++)
-                    for (int mw = 0; mw < m; mw++, row++) {
-                        float *o = dst + row * D;
-                        int64_t y0 = (bh * m + mh) * P, x0 = (bw * m + mw) * P;
-                        for (int c = 0; c < 3; c++)
-                            for (int tt = 0; tt < tp; tt++) {
-                                const uint8_t *f = fp[t * tp + tt] + (y0 * ow + x0) * 3 + c;
-                                const float *l = lut[c];
-                                for (int py = 0; py < P; py++, o += P, f += (size_t)ow * 3)
-                                    for (int px = 0; px < P; px++) o[px] = l[f[3 * px]];
-                            }
-                    }
-        }
+        for (int64_t bh = 0; bh < bh_n; bh++)
+            patchify_group(fp + t * tp, t, bh, bh + 1, oh, ow, P, m, tp, (const float(*)[256])lut, out->pixel_values->data);
+grid:
     if (!(out->grid_thw = malloc(sizeof *out->grid_thw))) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
     out->grid_thw[0][0] = gt;
     out->grid_thw[0][1] = gh;
