@@ -503,6 +503,18 @@ mmc_status mmc_sd3_decode(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_tensor *l
 /* Sample with the caller's transformer (a model being trained, adapters attached) until called
  * again with NULL; the pipeline neither frees nor unloads it. */
 void mmc_sd3_pipeline_borrow_transformer(mmc_sd3_pipeline *p, mmc_sd3 *m);
+/* img2img as StableDiffusion3Img2ImgPipeline:
+ * encode_image: pixels [B, 3, H, W] in [-1, 1] (VaeImageProcessor.preprocess's output) -> VAE latent_dist.sample()
+ *   with vae_noise [B, C, h, w] (the generator's draw, for parity) or, when NULL, mmc's stream `seed`, then
+ *   (z - shift_factor) * scaling_factor -> *latents [B, C, h, w] (persistent).
+ * img2img_latents: set_timesteps(steps) (mu when dynamic); start = int(max(steps - min(steps x strength, steps), 0))
+ *   (an error when no step is left); latents = scale_noise(image_latents, timesteps[start], noise) (latents may be
+ *   image_latents); set the sample options' start_step = *start_step. */
+mmc_status mmc_sd3_encode_image(mmc_ctx *ctx, mmc_sd3_pipeline *p, const float *pixels, int64_t B, int height,
+                                int width, const mmc_tensor *vae_noise, uint64_t seed, mmc_tensor **latents);
+mmc_status mmc_sd3_img2img_latents(mmc_sd3_pipeline *p, const mmc_tensor *image_latents, const mmc_tensor *noise,
+                                   int steps, double strength, int height, int width, mmc_tensor *latents,
+                                   int *start_step);
 
 /* ---------------------------------------------------------------- FlowMatchEulerDiscreteScheduler
  * diffusers' schedulers/scheduling_flow_match_euler_discrete.py, computed in the same

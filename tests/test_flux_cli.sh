@@ -102,6 +102,30 @@ expect_rc 0 "$MMC" generate-image --model $S --prompt "a photo of a red circle" 
   --guidance 1 --max-sequence-length 12 --lora $S/lora:0.5 --out "$T/sd3l.png"
 expect_rc 2 "$MMC" generate-image --model $S --prompt x --width 48 --height 32 --true-cfg 2 --negative-prompt y
 expect_err "Flux pipelines only"
+# SD3 img2img (StableDiffusion3Img2ImgPipeline; numerics: test_sd3_pipeline): a PNG of another size, the default
+# strength 0.6 in the text chunks, injected noise, a strength that leaves no step, one out of range
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a photo of a red circle" --width 48 --height 32 --steps 3 \
+  --guidance 4.5 --max-sequence-length 12 --init-image $P/init.png --out "$T/sd3i.png"
+png_dump "$T/sd3i.png" >/dev/null 2>"$T/text.txt" && grep -q "^strength=0.6$" "$T/text.txt" \
+  && grep -q "^software=mmc generate-image (StableDiffusion3Img2ImgPipeline)$" "$T/text.txt" && ok \
+  || bad "SD3 img2img PNG: $(cat "$T/text.txt")"
+python3 - "$T/noise.safetensors" <<'PY'
+import json, struct, sys
+n = 1 * 4 * 16 * 24; h = json.dumps({"latents": {"dtype": "F32", "shape": [1, 4, 16, 24], "data_offsets": [0, 4 * n]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<%df" % n, *[((i * 37) % 17 - 8) / 8.0 for i in range(n)]))
+PY
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a photo of a red circle" --width 48 --height 32 --steps 3 \
+  --guidance 1 --max-sequence-length 12 --init-image $P/init.png --strength 0.9 --latents "$T/noise.safetensors" \
+  --out "$T/sd3n1.png"
+expect_rc 0 "$MMC" generate-image --model $S --prompt "a photo of a red circle" --width 48 --height 32 --steps 3 \
+  --guidance 1 --max-sequence-length 12 --init-image $P/init.png --strength 0.9 --latents "$T/noise.safetensors" \
+  --seed 5 --out "$T/sd3n2.png"
+png_dump "$T/sd3n1.png" >"$T/n1.txt" 2>/dev/null; png_dump "$T/sd3n2.png" >"$T/n2.txt" 2>/dev/null
+[ -s "$T/n1.txt" ] && ! cmp -s "$T/n1.txt" "$T/n2.txt" && ok || bad "SD3 img2img: the VAE sample should follow --seed"
+expect_rc 1 "$MMC" generate-image --model $S --prompt x --width 48 --height 32 --steps 4 --max-sequence-length 12 \
+  --init-image $P/init.png --strength 0
+expect_err "no denoising step"
+expect_rc 2 "$MMC" generate-image --model $S --prompt x --width 48 --height 32 --init-image $P/init.png --strength 1.5
 
 # ---- mmc train: LoRA on the transformer from an image folder
 cat >"$T/run.yaml" <<YAML

@@ -56,18 +56,20 @@ void help_generate_image(FILE *f) {
             "                          block names, per-module alpha / rank), detected from its keys, as\n"
             "                          load_lora_weights converts it (text-encoder and 1x1-conv adapters\n"
             "                          merged at load)\n"
-            "  --init-image F          img2img (FluxImg2ImgPipeline, StableDiffusionXLImg2ImgPipeline,\n"
-            "                          StableDiffusionImg2ImgPipeline): start from this image, resized to\n"
-            "                          the output size with Pillow's lanczos, VAE-encoded; required by an\n"
+            "  --init-image F          img2img (FluxImg2ImgPipeline, StableDiffusion3Img2ImgPipeline,\n"
+            "                          StableDiffusionXLImg2ImgPipeline, StableDiffusionImg2ImgPipeline):\n"
+            "                          start from this image, resized to the output size with Pillow's\n"
+            "                          lanczos, VAE-encoded; required by an\n"
             "                          SDXL refiner folder (no text_encoder, requires_aesthetics_score)\n"
-            "  --strength S            img2img: how much noise to add, 0..1 (default 0.6 Flux, 0.3 SDXL,\n"
-            "                          0.8 SD, as the pipelines); the first steps - int(steps * S) steps\n"
-            "                          (Flux: int(steps - steps * S)) are skipped\n"
+            "  --strength S            img2img: how much noise to add, 0..1 (default 0.6 Flux and SD3, 0.3\n"
+            "                          SDXL, 0.8 SD, as the pipelines); the first steps - int(steps * S)\n"
+            "                          steps (Flux, SD3: int(steps - steps * S)) are skipped\n"
             "  --aesthetic-score A     the SDXL refiner's aesthetic_score (default 6)\n"
             "  --negative-aesthetic-score A  its negative_aesthetic_score (default 2.5)\n"
             "  --latents F             initial noise from a safetensors file (tensor \"latents\", packed\n"
             "                          [B, S, 4C] as FluxPipeline takes latents=, or [B, C, h, w]): for\n"
-            "                          bit-for-bit comparisons with diffusers, whose RNG differs\n"
+            "                          bit-for-bit comparisons with diffusers, whose RNG differs; with\n"
+            "                          --init-image (Flux, SD3) the noise mixed into the image's latents\n"
             "  --scheduler DIR         SDXL / SD: use the scheduler_config.json in DIR instead of the folder's\n"
             "                          (Euler, Euler ancestral, DPM-Solver++ 2M / SDE, DDIM, PNDM), as\n"
             "                          pipe.scheduler = Cls.from_config(...) does\n"
@@ -233,9 +235,9 @@ static int write_outputs(const gi_args *a, const mmc_tensor *img, double t0, dou
 /* StableDiffusion3Pipeline: classifier-free guidance with --guidance (the negative prompt defaults to
  * "", as diffusers'), unpacked latents [B, C, H/f, W/f]. */
 static int run_sd3(const gi_args *a, int B, bool tiled, progress_state *ps) {
-    if (a->init_image || a->true_cfg > 1.0)
-        return cli_usage("generate-image", "--init-image and --true-cfg are wired for Flux pipelines only so far "
-                         "(SD3 guides with --guidance)");
+    if (a->true_cfg > 1.0)
+        return cli_usage("generate-image", "--true-cfg is wired for Flux pipelines only so far (SD3 guides with "
+                         "--guidance)");
     mmc_sd3_pipeline *p = NULL;
     mmc_status st = mmc_sd3_pipeline_open(a->model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
@@ -284,6 +286,17 @@ static int run_sd3(const gi_args *a, int B, bool tiled, progress_state *ps) {
     }
     mmc_flux_sample_opts o = {.height = (int)a->height, .width = (int)a->width, .steps = (int)a->steps,
                               .guidance = a->guidance, .progress = on_step, .user = ps};
+    if (a->init_image) {   /* img2img: the image's latents (sampled from the stream seed + 1), noised by lat */
+        float *px = NULL;
+        mmc_tensor *il = NULL;
+        if ((st = init_pixels(a->init_image, B, a->height, a->width, &px))) goto done;
+        st = mmc_sd3_encode_image(ctx, p, px, B, (int)a->height, (int)a->width, NULL, (uint64_t)a->seed + 1, &il);
+        free(px);
+        if (!st) st = mmc_sd3_img2img_latents(p, il, lat, (int)a->steps, a->strength, (int)a->height, (int)a->width,
+                                              lat, &o.start_step);
+        mmc_tensor_free(il);
+        if (st) goto done;
+    }
     double t1 = mmc_now();
     if ((st = mmc_sd3_sample(ctx, p, &cond, cfg ? &neg : NULL, lat, &o))) goto done;
     t_denoise = mmc_now() - t1;
@@ -484,8 +497,9 @@ int cmd_generate_image(int argc, char **argv) {
         if (scheduler && !xl && !sd)
             return cli_usage("generate-image", "--scheduler is wired for StableDiffusionXLPipeline and "
                              "StableDiffusionPipeline folders only so far");
-        if (opened && !strcmp(d.pipeline, "StableDiffusion3Pipeline")) {
-            ga.pipeline = "StableDiffusion3Pipeline";
+        if (opened && (!strcmp(d.pipeline, "StableDiffusion3Pipeline") ||
+                       !strcmp(d.pipeline, "StableDiffusion3Img2ImgPipeline"))) {
+            ga.pipeline = init_image ? "StableDiffusion3Img2ImgPipeline" : "StableDiffusion3Pipeline";
             if (!maxlen_given) ga.maxlen = 256;        /* the SD3 pipeline's default */
             if (!guidance_given) ga.guidance = 7.0;
             return run_sd3(&ga, (int)batch, tiled, &ps);

@@ -12,6 +12,13 @@
  *        the transformer takes t = sigma * 1000 as is; Euler steps on unpacked latents [B, C, h, w]
  *   image = vae.decode(latents / scaling_factor + shift_factor) / 2 + 0.5, clamped
  *
+ * img2img as StableDiffusion3Img2ImgPipeline (pipeline_stable_diffusion_3_img2img.py):
+ *   image_latents = (retrieve_latents(vae.encode(image), generator) - shift_factor) * scaling_factor, the
+ *        latent_dist sampled (sample_mode "sample") with the generator's first draw
+ *   set_timesteps(n) as above; get_timesteps: t_start = int(max(n - min(n * strength, n), 0))
+ *   latents = scheduler.scale_noise(image_latents, timesteps[t_start], noise) = sigma n + (1 - sigma) x
+ *        (noise: the generator's second draw), then the steps t_start .. n - 1
+ *
  * The text encoders load for encode_prompt and are freed before it returns. */
 #include "mmc_diffusion.h"
 #include "mmc_lora.h"
@@ -46,8 +53,10 @@ mmc_status mmc_sd3_pipeline_open(const char *dir, mmc_sd3_pipeline **out) {
     if (!p) return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = mmc_diffusers_open(dir, &p->dir);
     if (st) goto fail;
-    if (strcmp(p->dir.pipeline, "StableDiffusion3Pipeline") != 0) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusion3Pipeline", dir, p->dir.pipeline);
+    if (strcmp(p->dir.pipeline, "StableDiffusion3Pipeline") != 0 &&
+        strcmp(p->dir.pipeline, "StableDiffusion3Img2ImgPipeline") != 0) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a StableDiffusion3Pipeline (or its Img2Img)", dir,
+                       p->dir.pipeline);
         goto fail;
     }
     static const char *const names[] = {"transformer", "vae", "scheduler", "text_encoder", "text_encoder_2",
@@ -171,6 +180,16 @@ static mmc_tensor *stack2(mmc_ctx *ctx, const mmc_tensor *a, const mmc_tensor *b
     return t;
 }
 
+/* retrieve_timesteps(scheduler, n, mu=...): mu from the image's patch count when the shift is dynamic */
+static mmc_status set_timesteps(mmc_sd3_pipeline *p, int steps, int height, int width) {
+    const int f = 1 << (p->vae_cfg.levels - 1);
+    const int64_t h = height / f, w = width / f;
+    double mu = 0;
+    if (p->sched.cfg.use_dynamic_shifting)
+        mu = mmc_fm_calculate_shift(&p->sched.cfg, (h / p->tr_cfg.patch_size) * (w / p->tr_cfg.patch_size));
+    return mmc_fm_set_timesteps(&p->sched, steps, NULL, mu);
+}
+
 mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
                           mmc_tensor *latents, const mmc_flux_sample_opts *o) {
     mmc_status st = mmc_sd3_check_size(p, o->height, o->width);
@@ -184,16 +203,16 @@ mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond
     const bool cfg = o->guidance > 1.0;
     if (cfg && !neg) return mmc_error(MMC_ERR_INVALID, "guidance %g > 1 needs the negative prompt's encoding", o->guidance);
     if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
+    if (o->start_step < 0 || o->start_step >= o->steps)
+        return mmc_error(MMC_ERR_INVALID, "img2img: the strength leaves no denoising step of %d (start %d)", o->steps,
+                         o->start_step);
     if (!p->transformer && (st = mmc_sd3_load(p->path[S_TR], false, &p->transformer))) return st;
-    double mu = 0;
-    if (p->sched.cfg.use_dynamic_shifting)
-        mu = mmc_fm_calculate_shift(&p->sched.cfg, (h / p->tr_cfg.patch_size) * (w / p->tr_cfg.patch_size));
-    if ((st = mmc_fm_set_timesteps(&p->sched, o->steps, NULL, mu))) return st;
+    if ((st = set_timesteps(p, o->steps, o->height, o->width))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
     float *ts = malloc((size_t)B * 2 * sizeof *ts);
     if (!ts) { mmc_set_grad_enabled(ctx, was); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     const int64_t n = mmc_numel(latents);
-    for (int i = 0; i < p->sched.n && !st; i++) {
+    for (int i = o->start_step; i < p->sched.n && !st; i++) {
         const double t0 = now_s();
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         for (int64_t b = 0; b < 2 * B; b++) ts[b] = p->sched.timesteps[i];     /* t.expand(2B), not / 1000 */
@@ -214,7 +233,7 @@ mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond
             mmc_fm_step(&p->sched, i, vd, latents->data, n, NULL);
         }
         mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, now_s() - t0);
+        if (!st && o->progress) o->progress(o->user, i + 1 - o->start_step, p->sched.n - o->start_step, now_s() - t0);
     }
     free(ts);
     mmc_set_grad_enabled(ctx, was);
@@ -246,4 +265,70 @@ void mmc_sd3_pipeline_borrow_transformer(mmc_sd3_pipeline *p, mmc_sd3 *m) {
     if (!p->borrowed) mmc_sd3_free(p->transformer);
     p->transformer = m;
     p->borrowed = m != NULL;
+}
+
+/* ------------------------------------------------------------------ img2img (StableDiffusion3Img2ImgPipeline) */
+mmc_status mmc_sd3_encode_image(mmc_ctx *ctx, mmc_sd3_pipeline *p, const float *pixels, int64_t B, int height,
+                                int width, const mmc_tensor *vae_noise, uint64_t seed, mmc_tensor **latents) {
+    *latents = NULL;
+    mmc_status st = mmc_sd3_check_size(p, height, width);
+    if (st) return st;
+    if (!p->vae && (st = mmc_vae_load(p->path[S_VAE], &p->vae))) return st;
+    int64_t h, w;
+    mmc_sd3_latent_size(p, height, width, &h, &w);
+    const int64_t C = p->vae_cfg.latent_channels;
+    if (vae_noise && (vae_noise->ndim != 4 || vae_noise->shape[0] != B || vae_noise->shape[1] != C ||
+                      vae_noise->shape[2] != h || vae_noise->shape[3] != w || vae_noise->dtype != MMC_F32 ||
+                      !mmc_is_contiguous(vae_noise)))
+        return mmc_error(MMC_ERR_SHAPE, "img2img: the VAE sample noise must be f32 [%lld, %lld, %lld, %lld]", (long long)B,
+                         (long long)C, (long long)h, (long long)w);
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    mmc_tensor *x = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, 3, height, width));   /* [B, 3, H, W] in [-1, 1] */
+    memcpy(x->data, pixels, mmc_nbytes(x));
+    mmc_tensor *noise = NULL;
+    if (vae_noise) {
+        noise = mmc_new(ctx, MMC_F32, 4, vae_noise->shape);
+        memcpy(noise->data, vae_noise->data, mmc_nbytes(noise));
+    }
+    /* retrieve_latents(vae.encode(image), generator) = latent_dist.sample(generator): mean + std * noise */
+    mmc_tensor *z = mmc_vae_sample(ctx, mmc_vae_encode(ctx, p->vae, x), noise, seed);   /* [B, C, h, w] */
+    mmc_tensor *out = mmc_tensor_new(MMC_F32, 4, z->shape);
+    if (out) {
+        memcpy(out->data, z->data, mmc_nbytes(out));
+        mmc_vae_scale_latents(p->vae, out);                 /* (z - shift_factor) * scaling_factor */
+    }
+    mmc_arena_release(mmc_ctx_arena(ctx), mk);
+    mmc_set_grad_enabled(ctx, was);
+    if (!out) return mmc_error(MMC_ERR_OOM, "out of memory");
+    *latents = out;
+    return MMC_OK;
+}
+
+mmc_status mmc_sd3_img2img_latents(mmc_sd3_pipeline *p, const mmc_tensor *image_latents, const mmc_tensor *noise,
+                                   int steps, double strength, int height, int width, mmc_tensor *latents,
+                                   int *start_step) {
+    mmc_status st = mmc_sd3_check_size(p, height, width);
+    if (st) return st;
+    if (!(strength >= 0.0 && strength <= 1.0))
+        return mmc_error(MMC_ERR_INVALID, "img2img: strength %g must be in [0, 1]", strength);
+    if (steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", steps);
+    int64_t h, w;
+    mmc_sd3_latent_size(p, height, width, &h, &w);
+    const int64_t C = p->tr_cfg.in_channels;
+    if (image_latents->ndim != 4 || image_latents->shape[1] != C || image_latents->shape[2] != h ||
+        image_latents->shape[3] != w || !mmc_same_shape(image_latents, noise) || !mmc_same_shape(noise, latents) ||
+        image_latents->dtype != MMC_F32 || noise->dtype != MMC_F32 || latents->dtype != MMC_F32)
+        return mmc_error(MMC_ERR_SHAPE, "img2img: the image latents, the noise and the latents must be f32 [B, %lld, "
+                         "%lld, %lld]", (long long)C, (long long)h, (long long)w);
+    const int t0 = mmc_flux_img2img_start(steps, strength);   /* the same get_timesteps as FluxImg2ImgPipeline */
+    if (steps - t0 < 1)
+        return mmc_error(MMC_ERR_INVALID, "img2img: strength %g with %d steps leaves no denoising step; raise "
+                         "--strength or --steps", strength, steps);
+    if ((st = set_timesteps(p, steps, height, width))) return st;
+    /* scale_noise at timesteps[t_start]: sigma * noise + (1 - sigma) * image_latents */
+    if (latents->data != image_latents->data) memcpy(latents->data, image_latents->data, mmc_nbytes(latents));
+    mmc_fm_scale_noise(&p->sched, t0, latents->data, noise->data, mmc_numel(latents));
+    *start_step = t0;
+    return MMC_OK;
 }
