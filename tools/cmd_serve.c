@@ -111,7 +111,8 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
     int np = 0;
     for (int i = 0; i < n_msgs; i++) {
         const mmc_serve_message *q = &req->msgs[i];
-        msgs[i] = (mmc_chat_message){.role = q->role, .content = q->content, .parts = parts + np, .n_parts = q->n_parts};
+        msgs[i] = (mmc_chat_message){.role = q->role, .content = q->content, .parts = parts + np, .n_parts = q->n_parts,
+                                     .tool_calls = q->tool_calls, .name = q->name, .tool_call_id = q->tool_call_id};
         for (int k = 0; k < q->n_parts; k++) {
             const mmc_serve_part *p = &q->parts[k];
             parts[np++] = (mmc_chat_part){.type = p->type, .text = p->text};
@@ -131,8 +132,10 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
                        "The model %s is text-only (model_type %s) and takes no images.", m->base_dir, m->model_type);
         goto done;
     }
+    m->chat_tools = req->tool_choice != MMC_SERVE_TOOLS_NONE ? req->tools : NULL;   /* this prompt only */
     mmc_status st = cli_prompt_build(m, msgs, n_msgs, req->kind == MMC_SERVE_COMPLETION, req->prompt, images, n_img,
                                      NULL, &sp->p);
+    m->chat_tools = NULL;
     if (st) {
         bool image = n_img && (strstr(mmc_last_error(), "image") || strstr(mmc_last_error(), "JPEG") ||
                                strstr(mmc_last_error(), "PNG") || strstr(mmc_last_error(), "pixels"));
