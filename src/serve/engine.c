@@ -552,7 +552,7 @@ static bool on_token(void *user, int32_t tok) {
         int k = j->req.top_logprobs < SERVE_MAX_TOP ? j->req.top_logprobs : SERVE_MAX_TOP, have = 0;
         for (int64_t v = 0; v < e->row_v && k > 0; v++) {   /* one pass, a sorted top-k (ties: lower id first) */
             float x = e->row[v];
-            if (have == k && x <= l->top_lp[k - 1]) continue;
+            if (x == -INFINITY || (have == k && x <= l->top_lp[k - 1])) continue;   /* masked tokens are no alternative */
             int at = have < k ? have++ : k - 1;
             while (at > 0 && l->top_lp[at - 1] < x) {
                 l->top_lp[at] = l->top_lp[at - 1];
