@@ -130,6 +130,8 @@ bad = [({"tool_choice": "required"}, "tool_choice", None),
        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
            "a": {"type": "string", "format": "date"}}}}}], "tool_choice": "required"}, "tools", "invalid_function_parameters"),
        ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages.[0].tool_calls", None)]
+st, j = post("/v1/completions", {"prompt": "x", "max_tokens": 2, "tools": TOOLS})
+check(st == 400 and j["error"]["param"] == "tools", "tools on /v1/completions: %s %s" % (st, j))
 for extra, param, code in bad:
     body = dict({"messages": user, "max_tokens": 4}, **extra)
     st, j = post("/v1/chat/completions", body)

@@ -484,6 +484,16 @@ bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, 
     if (!unsupported(root, err)) goto done;
     if (!parse_response_format(root, r, err)) goto done;
     if (kind == MMC_SERVE_CHAT && !parse_tools(root, r, err)) goto done;
+    if (kind == MMC_SERVE_COMPLETION)
+        for (int k = 0; k < 2; k++) {
+            const char *key = k ? "tool_choice" : "tools";
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+            if (v && !cJSON_IsNull(v)) {
+                mmc_serve_fail(err, 400, "invalid_request_error", key, "unsupported_parameter",
+                               "Unrecognized request argument supplied: %s (tools are for /v1/chat/completions).", key);
+                goto done;
+            }
+        }
     if (kind == MMC_SERVE_CHAT) {
         if (!parse_messages(root, lim, media_root, r, err)) goto done;
     } else {
