@@ -398,7 +398,8 @@ static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n
     if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
     else {
         /* LLaVA's reference is its processor: the templated text tokenized with the post-processor */
-        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava || m->internvl};
+        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava || m->internvl,
+                               .tools = m->chat_tools};
         st = mmc_chat_encode(m->tok, msgs, n_msgs, &co, &ids, NULL, &n);
     }
     if (st) return st;
