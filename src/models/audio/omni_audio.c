@@ -121,6 +121,14 @@ mmc_status mmc_omni_audio_load_from(mmc_st *st, const mmc_omni_audio_config *c, 
     return MMC_OK;
 }
 
+void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (**names)[256], int *n) {
+    *params = a->w.params;
+    *names = a->w.names;
+    *n = a->w.n_params;
+}
+
+int64_t mmc_omni_audio_mels(const mmc_omni_audio *a) { return a->cfg.num_mel_bins; }
+
 int64_t mmc_omni_audio_tokens(int64_t frames) {
     int64_t a = (frames - 1) / 2 + 1;
     return (a - 2) / 2 + 1;

@@ -64,7 +64,9 @@ static mmc_status load_vision(mmc_st *st, const mmc_vision_config *vc, const cha
     return MMC_OK;
 }
 
-mmc_status mmc_omni_load(const char *dir, mmc_omni **out) {
+mmc_status mmc_omni_load(const char *dir, mmc_omni **out) { return mmc_omni_load_ex(dir, false, out); }
+
+mmc_status mmc_omni_load_ex(const char *dir, bool trainable, mmc_omni **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -127,7 +129,7 @@ mmc_status mmc_omni_load(const char *dir, mmc_omni **out) {
     char lpre[64], head[64];
     snprintf(lpre, sizeof lpre, "%smodel.", pre);
     snprintf(head, sizeof head, "%slm_head.weight", pre);
-    if ((st = mmc_qwen2_load_from(m->st, &lc, lpre, head, false, &m->lm))) goto fail;
+    if ((st = mmc_qwen2_load_from(m->st, &lc, lpre, head, trainable, &m->lm))) goto fail;
     if ((st = mmc_omni_audio_load_from(m->st, &ac, pre, &m->audio))) goto fail;
     if ((st = load_vision(m->st, &vc, pre, &m->visual))) goto fail;
     if (m->full_checkpoint) m->has_talker = mmc_json_get(root, "talker_config") != NULL;
