@@ -128,7 +128,8 @@ mmc_status mmc_omni_load_ex(const char *dir, bool trainable, mmc_omni **out);
 void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (**names)[256], int *n);
 int64_t mmc_omni_audio_mels(const mmc_omni_audio *a);
 /* Every parameter of a thinker under save_pretrained's names (model.*, lm_head.weight,
- * audio_tower.*, visual.* with q / k / v as views of the fused qkv: *views, freed by the
+ * audio_tower.*, visual.* with q / k / v as views of the fused qkv; *views (those views and owned
+ * copies such as audio_tower.audio_bos_eos_token) freed by the
  * caller with mmc_tensor_free). Arrays malloc'd. */
 mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc_tensor ***views, int *n,
                            int *n_views);

@@ -4,20 +4,24 @@
 # LLaMA-Factory records with "audios" (and one with an image + an audio, one text only), made
 # into samples as Qwen2_5OmniProcessor + the chat template make them, assistant-only labels.
 #   LoRA: 20 steps (r 4, alpha 8 on the LM's q/k/v/o/gate/up/down, started from the reference's
-#         initial adapter via model.lora.init), every step's loss within 1e-3 of PEFT's
-#   full: 6 steps of the LM (audio encoder and vision tower frozen), every loss within 1e-3; the
+#         initial adapter via model.lora.init), every step's loss within 1e-3 of PEFT's (measured 5.4e-6)
+#   full: 6 steps of the LM (audio encoder and vision tower frozen), every loss within 1e-3
+#         (measured 1.5e-6); the
 #         checkpoint holds the thinker's save_pretrained names (model.*, audio_tower.*, visual.*
 #         with separate q / k / v) and `mmc forward` loads it
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   DP: 2 ranks (LoRA, ZeRO-2) give the single-process losses (with MPI)
 #   inference: the PEFT-trained adapter (lora_ref) through `mmc forward --adapter` with the audio:
-#         the last logits within 1e-4 of PEFT's; `mmc merge` of it gives the same logits
+#         the last logits within 1e-4 of PEFT's (5e-7); `mmc merge` of it gives the same logits (4.2e-7)
+# With the reference venv (.venv-ref or MMC_REF_PYTHON): PEFT loads mmc's LoRA checkpoint and
+# transformers its full checkpoint, each giving the logits `mmc forward` gives within 1e-4.
 # The measured figures are printed (and quoted in the README's Qwen2.5-Omni training section).
 set -u
 MMC=${MMC:-build/mmc}
 export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 F=tests/fixtures/omni_train
 BASE=tests/fixtures/omni/thinker
+PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
 [ -x "$MMC" ] || { echo "test_omni_train: skipped: no mmc binary at $MMC"; exit 77; }
 W=$(mktemp -d /tmp/mmc_test_omni_train.XXXXXX); trap 'rm -rf "$W"' EXIT
 fail=0; n=0
@@ -67,7 +71,7 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   within "$d" 1e-3 && ok || bad "full fine-tuning losses differ from transformers' by $d"
   hdr=$(head -c 30000 "$W/full/checkpoint-6/model.safetensors" | tr -d '\0')
   for k in model.embed_tokens.weight lm_head.weight audio_tower.conv1.weight visual.blocks.0.attn.q.weight \
-           visual.blocks.0.attn.v.bias visual.merger.mlp.0.weight; do
+           visual.blocks.0.attn.v.bias visual.merger.mlp.0.weight audio_tower.audio_bos_eos_token.weight; do
     case "$hdr" in *"\"$k\""*) ok ;; *) bad "full checkpoint lacks $k" ;; esac
   done
   if "$MMC" forward --model "$W/full/checkpoint-6" --audio $F/a0.wav --prompt "What colour is the square?" \
@@ -120,5 +124,13 @@ if "$MMC" merge --adapter $F/lora_ref --out "$W/merged" > "$W/mg.log" 2>&1 &&
   echo "merged adapter: max |logit - PEFT's| = $d"
   within "$d" 1e-4 && ok || bad "merged logits differ from PEFT's by $d"
 else cat "$W/mg.log"; bad "merge failed"; fi
+if "$PY" -c "import transformers, peft" 2>/dev/null; then
+  "$MMC" forward --model "$W/lora/checkpoint-20" --audio $F/a0.wav --prompt "What colour is the square?" \
+    --out "$W/lc.safetensors" 2> /dev/null
+  "$PY" tools/ref/check_omni_train.py "$W/lora/checkpoint-20" "$W/lc.safetensors" \
+      "$W/full/checkpoint-6" "$W/fc.safetensors" $F/a0.wav && ok || bad "reference check of the checkpoints"
+else
+  echo "test_omni_train: skipped: the PEFT / transformers loading checks (no $PY)"
+fi
 echo "test_omni_train: $((n - fail))/$n passed"
 [ "$fail" = 0 ]

@@ -500,7 +500,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
          : t->unet ? mmc_unet_linears(t->unet, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
-         : mmc_qwen2_linears(t->lm, "model.", &ml);
+         : t->omni ? mmc_omni_linears(t->omni, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
                           .targets = (const char *const *)c->model.lora.targets.items,

@@ -111,7 +111,9 @@ def encode(proc, auds, imgs, q, a):
     labels = ids.clone()
     labels[:len(pids)] = -100
     labels[-1] = -100   # the newline after <|im_end|>
-    inputs = {k: v for k, v in e.items() if k not in ("attention_mask",)}
+    # (the attention mask goes in too, as a trainer's collator passes it: without one the thinker
+    # falls back to plain 0..T-1 positions instead of TMRoPE's image positions)
+    inputs = dict(e)
     inputs["labels"] = labels[None]
     return inputs
 
@@ -135,7 +137,7 @@ def load_base():
     m = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
     m.train()
     for n, p in m.named_parameters():
-        p.requires_grad_(not (n.startswith("audio_tower.") or n.startswith("visual.")))
+        p.requires_grad_(not ("audio_tower." in n or "visual." in n))   # (live names: model.audio_tower.*, model.visual.*)
     return m
 
 

@@ -17,7 +17,8 @@
  *
  * Parameter names are save_pretrained's for the thinker: model.*, lm_head.weight,
  * audio_tower.*, visual.* (the vision tower's fused qkv exposed as Omni's separate q / k / v
- * rows through views, so a full checkpoint is the thinker layout transformers loads). */
+ * rows through views, and the unused audio_tower.audio_bos_eos_token copied, so a full checkpoint
+ * is the thinker layout transformers loads with nothing missing). */
 #include "mmc_omni.h"
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
@@ -47,8 +48,11 @@ mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc
     const mmc_vision *v = m->visual;
     int nq = 0;
     for (int i = 0; i < v->n_params; i++) nq += strstr(v->param_names[i], "attn.qkv.") != NULL;
-    const int total = m->lm->n_params + na + v->n_params + 2 * nq;
-    mmc_tensor **p = calloc((size_t)total + 1, sizeof *p), **vw = calloc((size_t)(3 * nq) + 1, sizeof *vw);
+    /* audio_tower.audio_bos_eos_token (an embedding the thinker's forward does not use): kept as it was */
+    const char *bos_eos = "audio_tower.audio_bos_eos_token.weight";
+    const mmc_st_entry *be = m->st ? mmc_st_find(m->st, bos_eos) : NULL;
+    const int total = m->lm->n_params + na + v->n_params + 2 * nq + (be != NULL);
+    mmc_tensor **p = calloc((size_t)total + 1, sizeof *p), **vw = calloc((size_t)(3 * nq) + 2, sizeof *vw);
     char **nm = calloc((size_t)total + 1, sizeof *nm);
     mmc_status st = MMC_OK;
     int k = 0, nv = 0;
@@ -84,6 +88,13 @@ mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc
             snprintf(buf, sizeof buf, "visual.%.*sattn.%c.%s", (int)(q - pn), pn, "qkv"[j], q + strlen("attn.qkv."));
             st = add_name(nm, k, "", buf);
         }
+    }
+    if (!st && be) {
+        mmc_tensor *e = mmc_tensor_new(MMC_F32, be->ndim, be->shape);
+        if (!e) st = mmc_error(MMC_ERR_OOM, "out of memory");
+        else vw[nv++] = e, p[k] = e;
+        if (!st) st = mmc_st_read_into(m->st, bos_eos, e);
+        if (!st) st = add_name(nm, k++, "", bos_eos);
     }
     if (st) goto fail;
     *params = p, *names = nm, *views = vw, *n = k, *n_views = nv;
