@@ -9,6 +9,7 @@
 #         (measured 1.5e-6); the
 #         checkpoint holds the thinker's save_pretrained names (model.*, audio_tower.*, visual.*
 #         with separate q / k / v) and `mmc forward` loads it
+#   OpenAI audio parts give the LLaMA-Factory record's loss; QLoRA (NF4) runs near LoRA's losses
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   DP: 2 ranks (LoRA, ZeRO-2) give the single-process losses (with MPI)
 #   inference: the PEFT-trained adapter (lora_ref) through `mmc forward --adapter` with the audio:
@@ -77,6 +78,22 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   if "$MMC" forward --model "$W/full/checkpoint-6" --audio $F/a0.wav --prompt "What colour is the square?" \
        --out "$W/fc.safetensors" 2> "$W/fc.log"; then ok; else cat "$W/fc.log"; bad "forward on the full checkpoint failed"; fi
 else cat "$W/full.log"; bad "full training failed"; fi
+
+# OpenAI content parts with an audio path: the same sample as the first record, the same first loss
+printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "audio", "audio": "'"$PWD/$F"'/a0.wav"}, {"type": "text", "text": "What colour is the square?"}]}, {"role": "assistant", "content": "Red."}]}' > "$W/oa.jsonl"
+if "$MMC" train "$W/lora.yaml" --set data.train="$W/oa.jsonl" --set training.steps=1 --set training.output_dir="$W/oa" 2> "$W/oa.log"; then
+  d=$(losses "$W/oa.log" | paste - <(head -1 $F/lora_losses.txt) | awk '{d = $1 - $2; print d < 0 ? -d : d}')
+  within "$d" 1e-5 && ok || bad "OpenAI audio part: first loss off by $d"
+else cat "$W/oa.log"; bad "training on OpenAI audio parts failed"; fi
+
+# QLoRA (the LM's projections in NF4): runs, and stays near the LoRA losses (NF4 rounding of the
+# base weights only: within 0.01 over 3 steps here)
+if "$MMC" train "$W/lora.yaml" --set model.quantization.method=nf4 --set training.steps=3 --set training.save_every=0 \
+     --set training.output_dir="$W/q" 2> "$W/q.log"; then
+  losses "$W/q.log" > "$W/q.txt"; head -3 "$W/lora.txt" > "$W/l3.txt"
+  d=$(maxdiff "$W/q.txt" "$W/l3.txt")
+  within "$d" 1e-2 && ok || bad "QLoRA losses differ from LoRA's by $d"
+else cat "$W/q.log"; bad "QLoRA training failed"; fi
 
 # malformed: an <audio> tag without its file, and audio for a model without an audio encoder
 printf '%s\n' '{"messages": [{"role": "user", "content": "<audio>Hi"}, {"role": "assistant", "content": "Yo"}]}' > "$W/bad.jsonl"
