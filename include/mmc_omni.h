@@ -124,6 +124,12 @@ int mmc_omni_chunks(const double *vals, int64_t n, double tpc, int64_t *b);
 /* ---------------------------------------------------------------- training (omni_train.c) */
 /* mmc_omni_load with the language model's weights copied to trainable f32 parameters. */
 mmc_status mmc_omni_load_ex(const char *dir, bool trainable, mmc_omni **out);
+/* A fresh thinker from a parsed thinker config.json (model.init): the LM (mmc_qwen2_new), the
+ * vision tower (mmc_vision_new) and the audio encoder (mmc_omni_audio_new) from separate streams
+ * of seed; what names the config in messages. */
+mmc_status mmc_omni_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_omni **out);
+/* A fresh audio encoder: transformers' init (N(0, 0.02) matrices, zero biases, unit LayerNorms). */
+mmc_status mmc_omni_audio_new(const mmc_omni_audio_config *c, uint64_t seed, mmc_omni_audio **out);
 /* The audio encoder's bound tensors and their checkpoint names ("audio_tower.*"). */
 void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (**names)[256], int *n);
 int64_t mmc_omni_audio_mels(const mmc_omni_audio *a);

@@ -10,6 +10,7 @@
 #         checkpoint holds the thinker's save_pretrained names (model.*, audio_tower.*, visual.*
 #         with separate q / k / v) and `mmc forward` loads it
 #   OpenAI audio parts give the LLaMA-Factory record's loss; QLoRA (NF4) runs near LoRA's losses
+#   model.init: a fresh thinker trains (micro-batches of 2, audio in both rows) and its checkpoint loads
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   DP: 2 ranks (LoRA, ZeRO-2) give the single-process losses (with MPI)
 #   inference: the PEFT-trained adapter (lora_ref) through `mmc forward --adapter` with the audio:
@@ -94,6 +95,21 @@ if "$MMC" train "$W/lora.yaml" --set model.quantization.method=nf4 --set trainin
   d=$(maxdiff "$W/q.txt" "$W/l3.txt")
   within "$d" 1e-2 && ok || bad "QLoRA losses differ from LoRA's by $d"
 else cat "$W/q.log"; bad "QLoRA training failed"; fi
+
+# model.init: a fresh thinker from its config.json (the fixture's), padded micro-batches of 2 with
+# audio in both rows; the loss falls and the checkpoint loads in mmc forward
+cat > "$W/init.yaml" <<YAML
+model: {init: $BASE/config.json, tokenizer: $BASE, dtype: f32}
+data: {train: $F/data.jsonl, batch_size: 2, micro_batch_size: 2, shuffle: true, num_workers: 1, seq_len: 512}
+optimizer: {lr: 3.0e-3, weight_decay: 0.0, schedule: constant, grad_clip: 1.0}
+training: {steps: 20, log_every: 1, save_every: 20, output_dir: $W/init, seed: 0}
+YAML
+if "$MMC" train "$W/init.yaml" 2> "$W/init.log"; then
+  losses "$W/init.log" > "$W/init.txt"
+  awk 'NR == 1 {a = $1} {b = $1} END {exit !(b < a - 0.5)}' "$W/init.txt" && ok || bad "random-init loss did not fall: $(head -1 "$W/init.txt") -> $(tail -1 "$W/init.txt")"
+  "$MMC" forward --model "$W/init/checkpoint-20" --audio $F/a0.wav --prompt "Hi" --out "$W/ii.safetensors" 2> "$W/ii.log" &&
+    ok || { cat "$W/ii.log"; bad "forward on the random-init checkpoint failed"; }
+else cat "$W/init.log"; bad "model.init training failed"; fi
 
 # malformed: an <audio> tag without its file, and audio for a model without an audio encoder
 printf '%s\n' '{"messages": [{"role": "user", "content": "<audio>Hi"}, {"role": "assistant", "content": "Yo"}]}' > "$W/bad.jsonl"

@@ -376,16 +376,14 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         if (t->tpc || c->parallel.pipeline_parallel > 1)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism is not supported for "
                            "qwen2_5_omni_thinker yet (data parallelism is)", c->file);
-        else if (!dir)
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a random thinker) is not supported yet; give "
-                           "model.path (a qwen2_5_omni_thinker directory)", c->file);
         else if (c->model.dtype == MMC_RUN_BF16)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.dtype bf16 is not supported for qwen2_5_omni_thinker "
                            "yet; use f32", c->file);
         else if (c->model.freeze.items && (c->model.freeze_mask & towers) != towers)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.freeze: training the Qwen2.5-Omni audio / vision encoders "
                            "is not supported yet; list audio, vision_tower and merger", c->file);
-        else st = mmc_omni_load_ex(dir, true, &t->omni);
+        else if (dir) st = mmc_omni_load_ex(dir, true, &t->omni);
+        else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
         if (!st) t->lm = t->omni->lm;
     } else if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
         if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llava yet",

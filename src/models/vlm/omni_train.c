@@ -51,7 +51,8 @@ mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc
     /* audio_tower.audio_bos_eos_token (an embedding the thinker's forward does not use): kept as it was */
     const char *bos_eos = "audio_tower.audio_bos_eos_token.weight";
     const mmc_st_entry *be = m->st ? mmc_st_find(m->st, bos_eos) : NULL;
-    const int total = m->lm->n_params + na + v->n_params + 2 * nq + (be != NULL);
+    const bool fresh_be = !m->st;   /* a fresh thinker (mmc_omni_new): the embedding saved as zeros */
+    const int total = m->lm->n_params + na + v->n_params + 2 * nq + (be != NULL || fresh_be);
     mmc_tensor **p = calloc((size_t)total + 1, sizeof *p), **vw = calloc((size_t)(3 * nq) + 2, sizeof *vw);
     char **nm = calloc((size_t)total + 1, sizeof *nm);
     mmc_status st = MMC_OK;
@@ -89,11 +90,13 @@ mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc
             st = add_name(nm, k, "", buf);
         }
     }
-    if (!st && be) {
-        mmc_tensor *e = mmc_tensor_new(MMC_F32, be->ndim, be->shape);
+    if (!st && (be || fresh_be)) {
+        mmc_tensor *e = be ? mmc_tensor_new(MMC_F32, be->ndim, be->shape)
+                           : mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(2, m->lm->cfg.hidden_size));
         if (!e) st = mmc_error(MMC_ERR_OOM, "out of memory");
         else vw[nv++] = e, p[k] = e;
-        if (!st) st = mmc_st_read_into(m->st, bos_eos, e);
+        if (!st && be) st = mmc_st_read_into(m->st, bos_eos, e);
+        if (!st && !be) memset(e->data, 0, mmc_nbytes(e));
         if (!st) st = add_name(nm, k++, "", bos_eos);
     }
     if (st) goto fail;
