@@ -11,6 +11,7 @@
 #         with separate q / k / v) and `mmc forward` loads it
 #   OpenAI audio parts give the LLaMA-Factory record's loss; QLoRA (NF4) runs near LoRA's losses
 #   model.init: a fresh thinker trains (micro-batches of 2, audio in both rows) and its checkpoint loads
+#   mmc eval takes the thinker and audio records (--blank-images silences the audio)
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   DP: 2 ranks (LoRA, ZeRO-2) give the single-process losses (with MPI)
 #   inference: the PEFT-trained adapter (lora_ref) through `mmc forward --adapter` with the audio:
@@ -110,6 +111,15 @@ if "$MMC" train "$W/init.yaml" 2> "$W/init.log"; then
   "$MMC" forward --model "$W/init/checkpoint-20" --audio $F/a0.wav --prompt "Hi" --out "$W/ii.safetensors" 2> "$W/ii.log" &&
     ok || { cat "$W/ii.log"; bad "forward on the random-init checkpoint failed"; }
 else cat "$W/init.log"; bad "model.init training failed"; fi
+
+# mmc eval on the audio dataset: the LoRA checkpoint's teacher-forced loss over the four records equals
+# the mean of what it scores (a finite loss, 4 samples, 37 label tokens); --blank-images silences the
+# audio (features of zeros), which changes the loss
+if "$MMC" eval --model "$W/lora/checkpoint-20" --data $F/data.jsonl --json > "$W/ev.json" 2> "$W/ev.log" &&
+   "$MMC" eval --model "$W/lora/checkpoint-20" --data $F/data.jsonl --json --blank-images > "$W/evb.json" 2>> "$W/ev.log"; then
+  grep -q '"samples":4,"tokens":37,"skipped":0' "$W/ev.json" && ok || { cat "$W/ev.json"; bad "eval: unexpected counts"; }
+  [ "$(sed 's/,.*//' "$W/ev.json")" != "$(sed 's/,.*//' "$W/evb.json")" ] && ok || bad "eval: silencing the audio left the loss unchanged"
+else cat "$W/ev.log"; bad "mmc eval on the omni checkpoint failed"; fi
 
 # malformed: an <audio> tag without its file, and audio for a model without an audio encoder
 printf '%s\n' '{"messages": [{"role": "user", "content": "<audio>Hi"}, {"role": "assistant", "content": "Yo"}]}' > "$W/bad.jsonl"
