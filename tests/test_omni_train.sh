@@ -127,6 +127,11 @@ if "$MMC" train "$W/lora.yaml" --set data.train="$W/bad.jsonl" --set training.ou
   bad "a record with an <audio> tag but no audios was accepted"
 else grep -q "1 audio placeholder" "$W/bad.log" && ok || { cat "$W/bad.log"; bad "unclear error for a missing audio"; }; fi
 
+printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "audio", "audio": 5}]}, {"role": "assistant", "content": "Yo"}]}' > "$W/bad2.jsonl"
+if "$MMC" train "$W/lora.yaml" --set data.train="$W/bad2.jsonl" --set training.output_dir="$W/bad2" 2> "$W/bad2.log"; then
+  bad "an audio part with a number for its path was accepted"
+else grep -q "bad2.jsonl:1.*audio must be a path string" "$W/bad2.log" && ok || { cat "$W/bad2.log"; bad "unclear error for a bad audio part"; }; fi
+
 # resume: stop after step 10 (its checkpoint), go on to 20
 if "$MMC" train "$W/lora.yaml" --set training.steps=10 --set training.output_dir="$W/res" 2> "$W/r1.log" &&
    "$MMC" train "$W/lora.yaml" --set training.output_dir="$W/res" --resume 2> "$W/r2.log"; then
