@@ -5,8 +5,9 @@
 #          10 steps of a thinker from scratch, `mmc eval` on 20 held-out-voice questions and on
 #          their silent control, one `mmc generate` — checking that every stage runs and reports
 #          (eval JSON with 20 samples, 5 per question type); no accuracy target (~30 s at load 20);
-#   full   (`make test-demos`, ctest label demo): the demo with its defaults and DEMO_CHECK=1:
-#          accuracy >= 0.9 on held-out voices, the silent control <= 0.5.
+#   full   (run by hand: not yet in `make test-demos`, the recipe misses it — README "Two commands"):
+#          the demo with its defaults and DEMO_CHECK=1: accuracy >= 0.9 on held-out voices, the
+#          silent control <= 0.5.
 # Skipped (77) without espeak-ng. No Python: the JSON is read with grep.
 set -u
 PART=${1:-short}
