@@ -132,6 +132,11 @@ if "$MMC" train "$W/lora.yaml" --set data.train="$W/bad2.jsonl" --set training.o
   bad "an audio part with a number for its path was accepted"
 else grep -q "bad2.jsonl:1.*audio must be a path string" "$W/bad2.log" && ok || { cat "$W/bad2.log"; bad "unclear error for a bad audio part"; }; fi
 
+# ZeRO-3 (its parameter sharding does not cover the thinker's frozen encoders yet): refused
+if "$MMC" train "$W/full.yaml" --set parallel.zero=3 --set training.output_dir="$W/z3" 2> "$W/z3.log"; then
+  bad "ZeRO-3 was accepted for the thinker"
+else grep -q "ZeRO-3 are not supported for qwen2_5_omni_thinker" "$W/z3.log" && ok || { cat "$W/z3.log"; bad "unclear ZeRO-3 refusal"; }; fi
+
 # resume: stop after step 10 (its checkpoint), go on to 20
 if "$MMC" train "$W/lora.yaml" --set training.steps=10 --set training.output_dir="$W/res" 2> "$W/r1.log" &&
    "$MMC" train "$W/lora.yaml" --set training.output_dir="$W/res" --resume 2> "$W/r2.log"; then

@@ -373,9 +373,9 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     }
     if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
         const uint32_t towers = MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER;
-        if (t->tpc || c->parallel.pipeline_parallel > 1)
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism is not supported for "
-                           "qwen2_5_omni_thinker yet (data parallelism is)", c->file);
+        if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
+                           "qwen2_5_omni_thinker yet (data parallelism with parallel.zero 0-2 is)", c->file);
         else if (c->model.dtype == MMC_RUN_BF16)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.dtype bf16 is not supported for qwen2_5_omni_thinker "
                            "yet; use f32", c->file);
