@@ -35,6 +35,7 @@ enum {
     MMC_FREEZE_MERGER = 1u << 1,      /* merger: the vision -> LM projector */
     MMC_FREEZE_LM = 1u << 2,          /* language_model: decoder layers, final norm, lm_head */
     MMC_FREEZE_EMBED = 1u << 3,       /* embeddings: embed_tokens (and a tied lm_head) */
+    MMC_FREEZE_AUDIO = 1u << 4,       /* audio: Qwen2.5-Omni's audio encoder (audio_tower) */
 };
 
 typedef struct {

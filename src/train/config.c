@@ -22,7 +22,7 @@ static const char *const k_quant[] = {"none", "nf4", NULL};
 static const char *const k_opt[] = {"adamw", NULL};
 static const char *const k_sched[] = {"constant", "linear", "cosine", NULL};
 static const char *const k_backends[] = {"pil", "torchvision", NULL};   /* = mmc_vlproc_resize_mode */
-static const char *const k_components[] = {"vision_tower", "merger", "language_model", "embeddings"};
+static const char *const k_components[] = {"vision_tower", "merger", "language_model", "embeddings", "audio"};
 
 #define U (-1.0), (-2.0)  /* unchecked range (min > max) */
 #define F(st, key, type, ...) {#key, type, offsetof(st, key), __VA_ARGS__}
@@ -47,7 +47,7 @@ static const mmc_cfg_field k_model[] = {
     F(mmc_model_cfg, tokenizer, MMC_CFG_STR, U, NULL, NULL, "tokenizer/processor directory (default: path)"),
     F(mmc_model_cfg, dtype, MMC_CFG_ENUM, U, k_dtypes, NULL, "f32 | bf16 weights (fp32 master + state)"),
     F(mmc_model_cfg, freeze, MMC_CFG_STR_LIST, U, NULL, NULL,
-      "components kept fixed: vision_tower, merger, language_model, embeddings"),
+      "components kept fixed: vision_tower, merger, language_model, embeddings, audio (Qwen2.5-Omni's audio encoder)"),
     F(mmc_model_cfg, recompute, MMC_CFG_ENUM, U, k_recompute, NULL, "activation recompute: none | full"),
     F(mmc_model_cfg, lora, MMC_CFG_SECTION, U, NULL, k_lora, "LoRA adapters"),
     F(mmc_model_cfg, quantization, MMC_CFG_SECTION, U, NULL, k_quantization, "QLoRA base quantisation"),
@@ -272,7 +272,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
             char hint[96] = "";
             if (pick >= 0) snprintf(hint, sizeof hint, " (did you mean '%s'?)", k_components[pick]);
             return verr(c, root, "model", "freeze", "unknown component '%s'; expected vision_tower, merger, "
-                        "language_model or embeddings%s", s, hint);
+                        "language_model, embeddings or audio%s", s, hint);
         }
         m->freeze_mask |= 1u << k;
     }

@@ -11,6 +11,7 @@
 #include "mmc_tp.h"
 #include "mmc_quant.h"
 #include "mmc_pp.h"
+#include "mmc_omni.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -162,6 +163,19 @@ static mmc_status loader_open(mmc_trainer *t) {
         mmc_status st = mmc_qwen2vl_proc_load_dir(t->src_dir, &o->proc, NULL, 0);
         if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
     }
+    if (t->omni) {   /* Qwen2_5OmniProcessor: + the WhisperFeatureExtractor, <|AUDIO|> / <|IMAGE|> by id */
+        if (d->packing)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: data.packing is not supported for Qwen2.5-Omni training yet",
+                             c->file);
+        mmc_status st = t->src_dir[0] ? mmc_whisper_fe_load(t->src_dir, &t->omni_fe)
+                                      : mmc_error(MMC_ERR_INVALID, "no model directory");
+        if (st) return mmc_error_prefix(st, "%s: the model's audio feature extractor", c->file);
+        o->omni = true;
+        o->fe = &t->omni_fe;
+        o->omni_audio_id = (int32_t)t->omni->audio_token_id;
+        o->omni_image_id = (int32_t)t->omni->image_token_id;
+        o->omni_video_id = (int32_t)t->omni->video_token_id;
+    }
     if (o->min_pixels > 0) o->proc.min_pixels = o->min_pixels;
     if (o->max_pixels > 0) o->proc.max_pixels = o->max_pixels;
     /* data.image_backend: pil (0) | torchvision (1), transformers' default fast processor */
@@ -276,6 +290,7 @@ static mmc_status src_next(batch_src *s, mmc_batch *b) {
 /* ------------------------------------------------------------------ model set-up */
 /* Component of an HF parameter name (text Qwen2 names, or Qwen2-VL's). */
 static uint32_t component_of(const char *name) {
+    if (!strncmp(name, "audio_tower.", 12)) return MMC_FREEZE_AUDIO;   /* Qwen2.5-Omni's */
     if (strstr(name, "visual.merger") || strstr(name, "visual.merger.")) return MMC_FREEZE_MERGER;
     if (strstr(name, "visual.")) return MMC_FREEZE_VISION;
     if (strstr(name, "multi_modal_projector.")) return MMC_FREEZE_MERGER;   /* LLaVA's */
@@ -350,12 +365,27 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const char *type = "?";
     mmc_json_str(j, "model_type", "?", &type);
     bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
-    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && !vl) {
+    bool omni = !strcmp(type, "qwen2_5_omni_thinker");
+    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && !vl && !omni) {
         mmc_json_free(j);
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                         "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava)", path, type);
+                         "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava, qwen2_5_omni_thinker)", path, type);
     }
-    if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
+    if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
+        const uint32_t towers = MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER;
+        if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
+                           "qwen2_5_omni_thinker yet (data parallelism with parallel.zero 0-2 is)", c->file);
+        else if (c->model.dtype == MMC_RUN_BF16)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.dtype bf16 is not supported for qwen2_5_omni_thinker "
+                           "yet; use f32", c->file);
+        else if (c->model.freeze.items && (c->model.freeze_mask & towers) != towers)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.freeze: training the Qwen2.5-Omni audio / vision encoders "
+                           "is not supported yet; list audio, vision_tower and merger", c->file);
+        else if (dir) st = mmc_omni_load_ex(dir, true, &t->omni);
+        else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
+        if (!st) t->lm = t->omni->lm;
+    } else if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
         if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llava yet",
                                    c->file);
         else if (dir) st = mmc_llava_load_ex(dir, true, &t->llava);
@@ -414,6 +444,14 @@ static mmc_status build_param_list(mmc_trainer *t) {
         for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
         return MMC_OK;
     }
+    if (t->omni) {   /* the thinker layout (omni_train.c) */
+        mmc_status st = mmc_omni_params(t->omni, &t->params, &t->name_store, &t->omni_views, &t->n_params,
+                                        &t->n_omni_views);
+        if (st) return st;
+        if (!(t->names = calloc((size_t)t->n_params + 1, sizeof *t->names))) return mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
+        return MMC_OK;
+    }
     const int nv = t->vl ? t->vl->visual->n_params : 0;
     t->n_params = nv + t->lm->n_params;
     t->params = calloc((size_t)t->n_params, sizeof *t->params);
@@ -460,7 +498,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
          : t->unet ? mmc_unet_linears(t->unet, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
-         : mmc_qwen2_linears(t->lm, "model.", &ml);
+         : t->omni ? mmc_omni_linears(t->omni, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
                           .targets = (const char *const *)c->model.lora.targets.items,
@@ -500,7 +538,8 @@ static mmc_status setup_params(mmc_trainer *t) {
         mmc_tensor *p = t->params[i];
         /* with LoRA the whole base model is frozen, as PEFT does */
         /* LLaVA's CLIP tower is frozen unless model.freeze is given (then the list decides) */
-        const uint32_t fmask = c->model.freeze_mask | (t->llava && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u);
+        const uint32_t fmask = c->model.freeze_mask | (t->llava && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u) |
+                               (t->omni ? MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER : 0u);
         bool frozen = t->lora || (component_of(t->names[i]) & fmask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
@@ -691,11 +730,14 @@ layout_done:
         st = mmc_trainer_flux_data_open(t);
         t->src.kind = SRC_FLUX;
         t->src.mb = cfg->data.micro_batch_size;
-    } else if ((t->vl || t->llava) && is_dataset(cfg->data.train)) {
+    } else if ((t->vl || t->llava || t->omni) && is_dataset(cfg->data.train)) {
         st = loader_open(t);
     } else {
         st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
     }
+    if (!st && t->omni && t->src.kind != SRC_LOADER)
+        st = mmc_error(MMC_ERR_INVALID, "data.train %s: qwen2_5_omni_thinker trains on a JSON/JSONL dataset (messages "
+                       "+ audios / images)", cfg->data.train);
     if (!st && t->llava && t->src.kind != SRC_LOADER)
         st = mmc_error(MMC_ERR_INVALID, "data.train %s: llava trains on a JSON/JSONL dataset (messages + images)",
                        cfg->data.train);
@@ -817,8 +859,12 @@ void mmc_trainer_free(mmc_trainer *t) {
     mmc_lora_free(t->lora);
     if (t->lora_names) for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
     free(t->lora_names);
+    for (int i = 0; i < t->n_omni_views; i++) mmc_tensor_free(t->omni_views[i]);
+    free(t->omni_views);
+    if (t->omni_fe.mel_filters || t->omni_fe.priv) mmc_whisper_fe_free(&t->omni_fe);
     if (t->vl) mmc_qwen2_vl_free(t->vl);
     else if (t->llava) mmc_llava_free(t->llava);
+    else if (t->omni) mmc_omni_free(t->omni);
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
     mmc_sd3_free(t->sd3);
@@ -1114,9 +1160,10 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                 mmc_error_prefix(st, "step %lld, micro-batch %lld", (long long)t->step + 1, (long long)k + 1);
                 goto done;
             }
-        } else if (t->vl || t->llava) {
-            if ((st = t->llava ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
-                               : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
+        } else if (t->vl || t->llava || t->omni) {
+            if ((st = t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
+                      : t->omni ? mmc_omni_batch_loss(t->ctx, t->omni, &mbs[k], scale, &l, &n)
+                                : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
                 mmc_ctx_reset(t->ctx);
                 if (t->dp) mmc_dp_forward_end(t->dp);
                 mmc_error_prefix(st, "step %lld, micro-batch %lld (first sample %lld)", (long long)t->step + 1,
@@ -1228,7 +1275,7 @@ done:
 static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
     *loss = NAN;
     *tokens = 0;
-    if ((!t->vl && !t->llava) || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
+    if ((!t->vl && !t->llava && !t->omni) || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
     mmc_loader *l = NULL;
     mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
     if (st) return mmc_error_prefix(st, "data.eval");
@@ -1242,8 +1289,9 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
         if (b.B == 0) { mmc_batch_free(&b); break; }
         mmc_tensor *lt = NULL;
         int64_t k = 0;
-        st = t->llava ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
-                      : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
+        st = t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
+             : t->omni ? mmc_omni_batch_loss(t->ctx, t->omni, &b, 1.0, &lt, &k)
+                       : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
         if (!st) sum += *(const float *)lt->data, n += k;
         mmc_ctx_reset(t->ctx);
         mmc_batch_free(&b);

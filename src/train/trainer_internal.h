@@ -55,6 +55,10 @@ struct mmc_trainer {
     mmc_qwen2 *lm;             /* the language model (vl->lm for a VL model) */
     mmc_qwen2_vl *vl;          /* Qwen2-VL / Qwen2.5-VL, or NULL for a text Qwen2 */
     mmc_llava *llava;          /* LLaVA-1.5 (lm = llava->lm), or NULL */
+    struct mmc_omni *omni;     /* Qwen2.5-Omni thinker (lm = omni->lm; omni_train.c), or NULL */
+    mmc_tensor **omni_views;   /* its vision q / k / v views (mmc_omni_params) */
+    int n_omni_views;
+    mmc_whisper_fe omni_fe;    /* its WhisperFeatureExtractor (the data pipeline's) */
     mmc_tokenizer *tok;        /* for the data pipeline (VL with JSON/JSONL data) */
     mmc_data_opts dopts;
     mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */
