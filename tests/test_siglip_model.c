@@ -2,7 +2,8 @@
  * src/models/encoders/siglip_text.c, src/tokenizer/siglip_spm.c) against transformers
  * (tools/ref/gen_siglip_model.py, tests/fixtures/siglip_model): SiglipTokenizer's ids and attention
  * mask of processor(text=..., padding="max_length") equal (64 per text; punctuation, upper case, an
- * empty text and one truncated), pixel_values of SiglipImageProcessor (PIL backend) within 1e-5,
+ * empty text and one truncated; and 21 harder texts of tokenizer_cases.json: Unicode spaces, NFKC,
+ * accents, CJK, emoji, special tokens written out), pixel_values of SiglipImageProcessor (PIL backend) within 1e-5,
  * normalised image and text embeddings within 1e-5, logits_per_image (with logit_bias) within 1e-4,
  * sigmoid probabilities within 1e-5; retrieval ranks and recalls equal to those on transformers'
  * embeddings; malformed folders (config keys, weights, spiece.model) give errors naming them. */
@@ -97,6 +98,42 @@ static void test_embeddings(void) {
     mmc_dual_encoder_free(m);
     mmc_json_free(exp);
     mmc_st_close(ref);
+}
+
+/* SiglipTokenizer's ids on harder texts (tokenizer_cases.json): reported, each one must be equal */
+static void test_tokenizer_cases(void) {
+    mmc_json *j = NULL;
+    CHECK_OK(mmc_json_load(FIX "/tokenizer_cases.json", &j));
+    mmc_siglip_tokenizer *tok = NULL;
+    CHECK_OK(mmc_siglip_tokenizer_load(FIX "/model", &tok));
+    if (!j || !tok) { mmc_json_free(j); mmc_siglip_tokenizer_free(tok); return; }
+    int same = 0, total = 0;
+    for (int c = 0;; c++) {
+        char key[48];
+        const char *text = NULL;
+        snprintf(key, sizeof key, "texts.%d", c);
+        if (!mmc_json_get(j, key)) break;
+        CHECK_OK(mmc_json_str(j, key, "", &text));
+        int32_t ids[L];
+        CHECK_OK(mmc_siglip_tokenizer_encode_padded(tok, text, L, ids, NULL, NULL));
+        bool eq = true;
+        int64_t want[L];
+        for (int k = 0; k < L; k++) {
+            snprintf(key, sizeof key, "input_ids.%d.%d", c, k);
+            CHECK_OK(mmc_json_int(j, key, -1, &want[k]));
+            eq = eq && ids[k] == want[k];
+        }
+        if (!eq) {   /* the first 16 ids, mmc's / transformers' */
+            for (int k = 0; k < 16; k++) fprintf(stderr, "%d/%lld ", ids[k], (long long)want[k]);
+            fprintf(stderr, "\n");
+        }
+        CHECKF(eq, "tokenizer case %d ('%s'): ids differ from SiglipTokenizer's", c, text);
+        same += eq, total++;
+    }
+    CHECK(total >= 20);
+    printf("tokenizer cases: %d of %d equal\n", same, total);
+    mmc_siglip_tokenizer_free(tok);
+    mmc_json_free(j);
 }
 
 static void test_retrieval(void) {
@@ -217,6 +254,7 @@ static void test_errors(void) {
 
 int main(void) {
     test_embeddings();
+    test_tokenizer_cases();
     test_retrieval();
     test_errors();
     return test_done("test_siglip_model");

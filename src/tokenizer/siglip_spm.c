@@ -15,9 +15,13 @@
  *     tokens merge into one unk id;
  *   then at most max_length - 1 ids, </s>, and padding="max_length" with pad_token (</s> for SigLIP),
  *     the attention mask 1 on the real tokens and the </s>.
- * SiglipTokenizer encodes "<unk>" + "▁" + text and drops the "<unk>" pieces: since no piece holds
- * "▁" but at its start, that equals encoding the text alone, which is what is done here. The empty
- * text (or one only of punctuation) is just </s>.
+ * As SiglipTokenizer.tokenize / _tokenize do: "▁" in the text becomes a space; the special tokens
+ * (eos, unk, pad: "</s>", "<unk>") are split off the raw text first (leftmost, longest) and give
+ * their ids; each stretch between them is canonicalized ("▁" prepended to the first one only), then
+ * "<unk>" + it goes through SentencePiece and the first len(encode("<unk>")) tokens are dropped
+ * (all kept when fewer came: a stretch whose first characters are unknown merges into the unknown
+ * run of "<unk>" and vanishes, as in transformers); a lone "▁" token before a split-off special
+ * token goes. The empty text (or one only of punctuation) is just </s>.
  * spiece.model is a protobuf ModelProto: pieces (field 1: piece 1, score 2, type 3), normalizer_spec
  * (field 3: precompiled_charsmap 2, add_dummy_prefix 3, remove_extra_whitespaces 4), read here with
  * every length bounds-checked. Not supported (an error names the file): byte_fallback models.
@@ -50,7 +54,8 @@ struct mmc_siglip_tokenizer {
     const char *norm_str;       /* its strings */
     size_t norm_len;
     bool dummy_prefix, remove_ws, lower;
-    int32_t unk, eos, pad;
+    int32_t unk, eos, pad, space;   /* space: the id of "▁" (-1 none) */
+    int unk_len;                    /* unk_token_length: len(sp_model.encode("<unk>")) */
     double min_score, max_score;
     int model_max_length;
 };
@@ -109,6 +114,9 @@ void mmc_siglip_tokenizer_free(mmc_siglip_tokenizer *t) {
     free(t->tab);
     free(t);
 }
+
+static mmc_status encode_segment(const mmc_siglip_tokenizer *t, const char *text, size_t len, bool first,
+                                 int unk_len, int32_t **ids, int *n_ids, int *cap);
 
 static int32_t config_id(const mmc_siglip_tokenizer *t, const mmc_json *cfg, const char *key, const char *dflt) {
     const char *s = NULL;
@@ -229,6 +237,14 @@ mmc_status mmc_siglip_tokenizer_load(const char *dir, mmc_siglip_tokenizer **out
         st = mmc_error(MMC_ERR_FORMAT, "%s: eos_token / pad_token are not pieces of spiece.model", dir);
         goto fail;
     }
+    t->space = lookup(t, "\xe2\x96\x81", 3);
+    {   /* unk_token_length: "<unk>" through the same encoder, nothing dropped */
+        int32_t *ids = NULL;
+        int n = 0, cap = 0;
+        if ((st = encode_segment(t, "", 0, false, 0, &ids, &n, &cap))) goto fail;
+        free(ids);
+        t->unk_len = n;
+    }
     mmc_json_free(cfg);
     *out = t;
     return MMC_OK;
@@ -295,12 +311,15 @@ static size_t charsmap_longest(const mmc_siglip_tokenizer *t, const uint8_t *s, 
     return best;
 }
 
-/* canonicalize_text then SentencePiece's normalizer -> "▁a▁red▁cat" in *out */
-static mmc_status normalize(const mmc_siglip_tokenizer *t, const char *text, buf *out) {
+/* "<unk>" + canonicalize_text(("▁" if first) + text), then SentencePiece's normalizer ->
+ * "▁<unk>▁a▁red▁cat" in *out, as _tokenize hands it to sp_model.encode */
+static mmc_status normalize(const mmc_siglip_tokenizer *t, const char *text, size_t n, bool first, buf *out) {
     buf c = {0};
-    size_t n = strlen(text);
     const uint8_t *s = (const uint8_t *)text;
     bool space = false;
+    if (!put(&c, t->piece[t->unk], (size_t)(t->plen[t->unk] > 0 ? t->plen[t->unk] : 0))) goto oom;
+    const size_t c0 = c.n;   /* where canonicalize_text's output starts (its strip) */
+    if (first && !put(&c, "\xe2\x96\x81", 3)) goto oom;
     for (size_t i = 0; i < n;) {
         utf8proc_int32_t cp;
         utf8proc_ssize_t k = utf8proc_iterate(s + i, (utf8proc_ssize_t)(n - i), &cp);
@@ -308,9 +327,28 @@ static mmc_status normalize(const mmc_siglip_tokenizer *t, const char *text, buf
         i += (size_t)k;
         if (cp < 128 && strchr("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", (int)cp) && cp) continue;
         if (py_space(cp)) { space = true; continue; }
-        if (space && c.n && !put(&c, " ", 1)) goto oom;   /* leading spaces vanish (strip) */
+        if (space && c.n > c0 && !put(&c, " ", 1)) goto oom;   /* leading spaces vanish (strip) */
         space = false;
+        if (t->lower && cp == 0x130) {            /* str.lower: U+0130 -> "i" + U+0307 */
+            if (!put(&c, "i\xcc\x87", 3)) goto oom;
+            continue;
+        }
+        if (t->lower && cp == 0x3A3) {            /* final sigma: after a letter, not before one */
+            utf8proc_int32_t nx = -1, pv = -1;
+            if (i < n) utf8proc_iterate(s + i, (utf8proc_ssize_t)(n - i), &nx);
+            size_t b = c.n;
+            while (b && (c.p[b - 1] & 0xC0) == 0x80) b--;
+            if (b < c.n) utf8proc_iterate((const uint8_t *)c.p + b, (utf8proc_ssize_t)(c.n - b), &pv);
+            else if (c.n) pv = (uint8_t)c.p[c.n - 1];
+            const bool after = pv >= 0 && utf8proc_category(pv) >= UTF8PROC_CATEGORY_LU &&
+                               utf8proc_category(pv) <= UTF8PROC_CATEGORY_LO;
+            const bool before = nx >= 0 && utf8proc_category(nx) >= UTF8PROC_CATEGORY_LU &&
+                                utf8proc_category(nx) <= UTF8PROC_CATEGORY_LO;
+            if (!put(&c, after && !before ? "\xcf\x82" : "\xcf\x83", 2)) goto oom;
+            continue;
+        }
         if (t->lower) cp = utf8proc_tolower(cp);
+        if (cp == 0x2581) cp = ' ';                  /* tokenize(): "\u2581" in the text is a space */
         uint8_t e[4];
         if (!put(&c, (const char *)e, (size_t)utf8proc_encode_char(cp, e))) goto oom;
     }
@@ -360,11 +398,12 @@ static size_t utf8_chars(const char *s, size_t n) {
     return c;
 }
 
-mmc_status mmc_siglip_tokenizer_encode_padded(const mmc_siglip_tokenizer *t, const char *text, int max_length,
-                                              int32_t *ids, int32_t *mask, int *n_real) {
-    if (max_length < 1) return mmc_error(MMC_ERR_INVALID, "SigLIP tokenizer: max_length %d < 1", max_length);
+/* one stretch between special tokens: normalized, Viterbi, unknowns merged, the first unk_len
+ * tokens (those of "<unk>") dropped unless fewer came, appended to *ids */
+static mmc_status encode_segment(const mmc_siglip_tokenizer *t, const char *text, size_t len, bool first,
+                                 int unk_len, int32_t **ids, int *n_ids, int *cap) {
     buf s = {0};
-    mmc_status st = normalize(t, text, &s);
+    mmc_status st = normalize(t, text, len, first, &s);
     if (st) { free(s.p); return st; }
     const size_t n = s.n;
     double *best = malloc((n + 1) * sizeof *best);
@@ -375,44 +414,97 @@ mmc_status mmc_siglip_tokenizer_encode_padded(const mmc_siglip_tokenizer *t, con
     const double unk_score = t->min_score - 10.0;
     for (size_t i = 0; i < n; i++) {
         if (from[i] < 0 && i) continue;   /* not a character boundary reached */
-        const utf8proc_ssize_t cl = (s.p[i] & 0x80) == 0 ? 1 : (s.p[i] & 0xE0) == 0xC0 ? 2 : (s.p[i] & 0xF0) == 0xE0 ? 3 : 4;
+        const size_t cl = (s.p[i] & 0x80) == 0 ? 1 : (s.p[i] & 0xE0) == 0xC0 ? 2 : (s.p[i] & 0xF0) == 0xE0 ? 3 : 4;
         bool single = false;
         for (size_t l = 1; l <= (size_t)t->max_piece_len && i + l <= n; l++) {
             if (i + l < n && (s.p[i + l] & 0xC0) == 0x80) continue;   /* inside a character */
             int32_t id = lookup(t, s.p + i, l);
             if (id < 0 || (t->type[id] != T_NORMAL && t->type[id] != T_USER)) continue;
-            if (l == (size_t)cl) single = true;
+            if (l == cl) single = true;
             /* a user-defined piece scores its length in characters times the best score, less 0.1 */
             const double sc = best[i] + (t->type[id] == T_USER ? (double)utf8_chars(s.p + i, l) * t->max_score - 0.1
                                                                  : t->score[id]);
             if (from[i + l] < 0 || sc > best[i + l]) best[i + l] = sc, from[i + l] = (int32_t)i, tok[i + l] = id;
         }
-        if (!single && i + (size_t)cl <= n) {
+        if (!single && i + cl <= n) {
             const double sc = best[i] + unk_score;
             if (from[i + cl] < 0 || sc > best[i + cl]) best[i + cl] = sc, from[i + cl] = (int32_t)i, tok[i + cl] = t->unk;
         }
     }
-    /* back from the end, then forward with consecutive unknowns merged */
     path = malloc((n + 1) * sizeof *path);
     if (!path) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     int np = 0;
-    for (size_t e = n; e > 0; e = (size_t)from[e]) path[np++] = tok[e];
-    int k = 0;
-    for (int i = np - 1; i >= 0 && k < max_length - 1; i--) {
-        if (path[i] == t->unk && k && ids[k - 1] == t->unk) continue;
-        ids[k++] = path[i];
+    for (size_t e = n; e > 0 && from[e] >= 0; e = (size_t)from[e]) path[np++] = tok[e];
+    if (*n_ids + np > *cap) {
+        int c = (*n_ids + np) * 2 + 16;
+        int32_t *q = realloc(*ids, (size_t)c * sizeof *q);
+        if (!q) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        *ids = q, *cap = c;
     }
-    ids[k++] = t->eos;
-    if (n_real) *n_real = k;
-    for (int i = 0; i < max_length; i++) {
-        if (mask) mask[i] = i < k;
-        if (i >= k) ids[i] = t->pad;
+    /* back to front, then forward with consecutive unknowns merged into one */
+    int got = 0;
+    for (int i = np - 1; i >= 0; i--) {
+        if (path[i] == t->unk && i < np - 1 && path[i + 1] == t->unk) continue;
+        tok[got++] = path[i];
     }
+    const int drop = got >= unk_len ? unk_len : 0;
+    for (int i = drop; i < got; i++) (*ids)[(*n_ids)++] = tok[i];
 done:
     free(s.p);
     free(best);
     free(from);
     free(tok);
     free(path);
+    return st;
+}
+
+mmc_status mmc_siglip_tokenizer_encode_padded(const mmc_siglip_tokenizer *t, const char *text, int max_length,
+                                              int32_t *ids, int32_t *mask, int *n_real) {
+    if (max_length < 1) return mmc_error(MMC_ERR_INVALID, "SigLIP tokenizer: max_length %d < 1", max_length);
+    /* the special tokens (eos, unk, pad) split off the raw text first, leftmost then longest */
+    const int32_t sp[3] = {t->eos, t->unk, t->pad};
+    int32_t *all = NULL;
+    int n_all = 0, cap = 0;
+    mmc_status st = MMC_OK;
+    const size_t n = strlen(text);
+    size_t seg = 0;
+    bool first = true;
+    int first_special = -1;   /* where the first split-off special token went */
+    for (size_t i = 0; i <= n && !st;) {
+        int32_t hit = -1;
+        size_t hl = 0;
+        for (int k = 0; k < 3 && i < n; k++) {
+            const size_t l = (size_t)t->plen[sp[k]];
+            if (l > hl && i + l <= n && !memcmp(text + i, t->piece[sp[k]], l)) hit = sp[k], hl = l;
+        }
+        if (hit < 0 && i < n) { i++; continue; }
+        if (i > seg || first) st = encode_segment(t, text + seg, i - seg, first, t->unk_len, &all, &n_all, &cap);
+        first = false;
+        if (st || hit < 0) break;
+        if (n_all + 1 > cap) {
+            int c = n_all * 2 + 16;
+            int32_t *q = realloc(all, (size_t)c * sizeof *q);
+            if (!q) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+            all = q, cap = c;
+        }
+        if (first_special < 0) first_special = n_all;
+        all[n_all++] = hit;
+        i += hl;
+        seg = i;
+    }
+    /* tokenize(): a lone "▁" before a special token (one split off the text, not an unknown piece) goes */
+    if (!st && n_all > 1 && all[0] == t->space && first_special == 1)
+        memmove(all, all + 1, (size_t)--n_all * sizeof *all);
+    if (!st) {
+        int k = n_all < max_length - 1 ? n_all : max_length - 1;
+        if (k > 0) memcpy(ids, all, (size_t)k * sizeof *ids);
+        ids[k++] = t->eos;
+        if (n_real) *n_real = k;
+        for (int i = 0; i < max_length; i++) {
+            if (mask) mask[i] = i < k;
+            if (i >= k) ids[i] = t->pad;
+        }
+    }
+    free(all);
     return st;
 }

@@ -16,6 +16,10 @@ Writes tests/fixtures/siglip_model/:
              the tokenizer's model_max_length, 64), pixel_values (PIL backend), image_embeds [4, 32],
              text_embeds [5, 32] (L2 normalised, as SiglipModel.forward returns them), logits_per_image
              [4, 5] = img @ txt^T * exp(logit_scale) + logit_bias, probs = sigmoid(logits_per_image).
+  tokenizer_cases.json  SiglipTokenizer's input_ids (padding="max_length", truncation) for texts
+             with punctuation, accents (composed and decomposed), NFKC-affected characters, Unicode
+             spaces, CJK, emoji, special tokens written out, "\u2581", upper case with special lower
+             casings, a truncated one.
   retrieval.jsonl / expected.json  as gen_clip_model.py: recalls and ranks of the standard protocol
              on transformers' embeddings, plus the texts, images, logits and probabilities.
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_siglip_model.py
@@ -134,4 +138,17 @@ with open(os.path.join(OUT, "expected.json"), "w") as f:
                "probs": torch.sigmoid(out.logits_per_image).tolist(),
                "logit_scale_exp": float(model.logit_scale.detach().exp()), "logit_bias": float(model.logit_bias.detach())},
               f, indent=1)
+
+# the tokenizer on harder texts: SiglipTokenizer's ids (padding="max_length", 64) for each
+CASES = ["", " ", "!!!", "   leading and trailing   ", "Two  dogs\tplaying\n\nin   the SNOW, 4k, 8K HDR!!!",
+         "caf\u00e9 cafe\u0301 na\u00efve", "\uff21\uff42\uff43 full-width", "\u2460 circled \u00bd fraction \ufb01ne",
+         "non\u00a0breaking\u3000ideographic\u2003em space", "\u4e00\u4e8c\u4e09 cjk", "emoji \U0001F468\u200d\U0001F469 x",
+         "</s> written out <unk>", "\u2581already\u2581metaspace", "UPPER lower MiXeD \u0130stanbul \u00df",
+         "tabs\tand\nnewlines\r\n", "under_score and-dash (parens) [brackets] {braces}", "qqqq zzzz xxxx",
+         "a photo of a cat sitting on the left of the grid " * 4, "\u00c5ngstr\u00f6m \u212b \u2126 ohm",
+         "digits 0123456789 and \u0661\u0662\u0663", "\u1100\u1161\u11a8 jamo \uac00",
+         "a</s>b", "ab</s>cd ef", "  </s> lead", "x<pad>y <unk><unk>z", "\u039f\u0394\u039f\u03a3 \u03a3\u0391 \u03a3"]
+tcases = {"texts": CASES, "input_ids": tok(CASES, padding="max_length", truncation=True)["input_ids"]}
+with open(os.path.join(OUT, "tokenizer_cases.json"), "w") as f:
+    json.dump(tcases, f, indent=0)
 print("wrote", OUT, exp)
