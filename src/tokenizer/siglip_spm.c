@@ -6,8 +6,8 @@
  *     str.lower on everything but its few one-to-many cases), drop ASCII punctuation
  *     (string.punctuation), each run of whitespace -> one space, strip;
  *   SentencePiece's normalizer: at each position the LONGEST prefix in precompiled_charsmap's
- *     double array (Darts) is replaced by its string, else one UTF-8 character is kept (a malformed
- *     byte becomes U+FFFD); remove_extra_whitespaces drops leading, trailing and repeated spaces;
+ *     double array (Darts) is replaced by its string, else one UTF-8 character is kept (text that is
+ *     not valid UTF-8 is an error); remove_extra_whitespaces drops leading, trailing and repeated spaces;
  *     add_dummy_prefix puts one in front; spaces become "▁";
  *   Unigram Viterbi over the whole normalized text (EncodeOptimized): positions left to right, a
  *     piece (NORMAL or USER_DEFINED) replaces the best path into its end only when strictly better;
