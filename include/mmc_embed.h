@@ -70,6 +70,22 @@ int32_t mmc_siglip_tokenizer_vocab_size(const mmc_siglip_tokenizer *t);
 mmc_status mmc_siglip_tokenizer_encode_padded(const mmc_siglip_tokenizer *t, const char *text, int max_length,
                                               int32_t *ids, int32_t *mask, int *n_real);
 
+/* ---------------------------------------------------------------- contrastive losses
+ * The objectives of CLIPModel / SiglipModel.forward(return_loss=True) over a batch of n
+ * (image i, text i) pairs and their gradients (src/train/contrastive.c). The training loop through
+ * `mmc train` that uses them is not built yet. */
+typedef enum { MMC_CONTRASTIVE_CLIP, MMC_CONTRASTIVE_SIGLIP } mmc_contrastive_kind;
+typedef struct {
+    double loss;
+    double d_logit_scale;   /* w.r.t. the logit_scale parameter (the log of the scale) */
+    double d_logit_bias;    /* SigLIP; 0 for CLIP */
+    float *d_img, *d_txt;   /* caller's [n, D] buffers for the gradients (NULL: not wanted) */
+} mmc_contrastive_out;
+/* img, txt [n, D]: the pooled projections before the L2 normalisation (the model normalises);
+ * logit_scale: the parameter (the scale is its exp); logit_bias ignored for CLIP. */
+mmc_status mmc_contrastive_loss(mmc_contrastive_kind kind, const float *img, const float *txt, int64_t n, int64_t D,
+                                double logit_scale, double logit_bias, mmc_contrastive_out *o);
+
 /* ---------------------------------------------------------------- retrieval evaluation
  * An image-caption JSONL: one object per line, {"image": PATH, "caption": TEXT} or {"image":
  * PATH, "captions": [TEXT, ...]} (relative paths from image_root, else the file's folder).
