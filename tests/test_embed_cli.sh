@@ -106,6 +106,9 @@ if "$MMC" eval --task retrieval --model $S/model --data $S/retrieval.jsonl --jso
   [ $ok = 1 ] && ok || bad "siglip retrieval: $(cat "$W/sr.json") vs $S/expected.json"
 else bad "eval --task retrieval (siglip): $(cat "$W/sr.err")"; fi
 
+"$MMC" info tests/fixtures/siglip_model/model > "$W/i2.txt" 2>&1 && grep -q '^family: *SigLIP (dual encoder' "$W/i2.txt" &&
+  ! grep -q 'not supported' "$W/i2.txt" && ok || bad "info siglip: $(cat "$W/i2.txt")"
+
 # errors
 expect() {   # expect RC NEEDLE CMD...
   local rc=$1 needle=$2; shift 2
