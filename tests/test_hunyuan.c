@@ -1,0 +1,175 @@
+/* test_hunyuan.c — HunyuanDiT2DModel against diffusers 0.42 on tiny random checkpoints written by
+ * save_pretrained (tests/fixtures/hunyuan, tools/ref/gen_hunyuan.py): a v1.1-shaped model (image-size
+ * and style conditioning, 6 blocks so two long skips pop in stack order) and a v1.2-shaped one (no
+ * size / style conditioning, 4 blocks), with padded BERT and T5 masks (the learned padding rows are
+ * read) and non-square latents. The prediction (8 channels: learn_sigma) is within 1e-4 of diffusers
+ * (f32); the rotary table mmc_hunyuan_rope builds is within 1e-5 of the pipeline's
+ * get_2d_rotary_pos_embed over get_resize_crop_region_for_grid. Also: the loader's errors on
+ * malformed configs / checkpoints and the forward's errors on mis-sized inputs. */
+#include "test_util.h"
+#include "mmc_diffusion.h"
+
+#include <unistd.h>
+
+#define TOL 1e-4        /* model output, f32 */
+#define ROPE_TOL 1e-5   /* cos / sin table */
+
+typedef struct {
+    mmc_tensor *hid, *t, *enc, *mask, *enc5, *mask5, *meta, *style, *cos, *sin, *want;
+} hy_case;
+
+static mmc_st *open_case(const char *name, hy_case *k) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "hunyuan/%s/expected.safetensors", name);
+    mmc_st *exp = fixture_open(rel);
+    if (!exp) return NULL;
+    k->hid = fixture_tensor(exp, "hidden", MMC_F32), k->t = fixture_tensor(exp, "timestep", MMC_F32);
+    k->enc = fixture_tensor(exp, "encoder", MMC_F32), k->mask = fixture_tensor(exp, "mask", MMC_I32);
+    k->enc5 = fixture_tensor(exp, "encoder_t5", MMC_F32), k->mask5 = fixture_tensor(exp, "mask_t5", MMC_I32);
+    k->meta = fixture_tensor(exp, "image_meta_size", MMC_F32), k->style = fixture_tensor(exp, "style", MMC_I64);
+    k->cos = fixture_tensor(exp, "rope_cos", MMC_F32), k->sin = fixture_tensor(exp, "rope_sin", MMC_F32);
+    k->want = fixture_tensor(exp, "out", MMC_F32);
+    return exp;
+}
+
+static void free_case(hy_case *k) {
+    mmc_tensor *ts[] = {k->hid, k->t, k->enc, k->mask, k->enc5, k->mask5, k->meta, k->style, k->cos, k->sin, k->want};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) mmc_tensor_free(ts[i]);
+}
+
+static void check_model(const char *name) {
+    char dir[256], what[160];
+    snprintf(dir, sizeof dir, "tests/fixtures/hunyuan/%s", name);
+    mmc_hunyuan_dit *m = NULL;
+    CHECK_OK(mmc_hunyuan_dit_load(dir, &m));
+    if (!m) return;
+    hy_case k;
+    mmc_st *exp = open_case(name, &k);
+    if (!exp) { mmc_hunyuan_dit_free(m); return; }
+    const mmc_hunyuan_dit_config *c = mmc_hunyuan_dit_cfg(m);
+    CHECK(c->out_channels == 2 * c->in_channels);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+
+    /* the pipeline's rotary table for this latent size */
+    const int64_t p = c->patch_size, gh = k.hid->shape[2] / p, gw = k.hid->shape[3] / p;
+    mmc_tensor *cos = NULL, *sin = NULL;
+    mmc_hunyuan_rope(ctx, c->attention_head_dim, gh, gw, 512 / 8 / p, &cos, &sin);
+    CHECK(mmc_same_shape(cos, k.cos) && mmc_same_shape(sin, k.sin));
+    CHECK_CLOSE(cos, k.cos, ROPE_TOL, 0, "rope cos");
+    CHECK_CLOSE(sin, k.sin, ROPE_TOL, 0, "rope sin");
+    printf("%s: rope %lldx%lld max|diff| cos %.2e sin %.2e\n", name, (long long)gh, (long long)gw,
+           max_abs_diff(cos, k.cos), max_abs_diff(sin, k.sin));
+
+    mmc_hunyuan_dit_inputs in = {.hidden = k.hid, .timestep = k.t->data, .encoder = k.enc, .mask = k.mask->data,
+                                 .encoder_t5 = k.enc5, .mask_t5 = k.mask5->data, .image_meta_size = k.meta->data,
+                                 .style = k.style->data, .rope_cos = k.cos, .rope_sin = k.sin};
+    mmc_tensor *out = NULL;
+    CHECK_OK(mmc_hunyuan_dit_forward(ctx, m, &in, &out));
+    if (out) {
+        snprintf(what, sizeof what, "%s prediction", name);
+        CHECK(mmc_same_shape(out, k.want));
+        CHECK_CLOSE(out, k.want, TOL, 0, what);
+        printf("%s: prediction %s max|diff| %.2e (max|out| %.2f)\n", name, mmc_shape_str(out, what, sizeof what),
+               max_abs_diff(out, k.want), max_abs(k.want));
+    }
+    /* with mmc's own table: the same within the tolerance */
+    in.rope_cos = cos, in.rope_sin = sin;
+    CHECK_OK(mmc_hunyuan_dit_forward(ctx, m, &in, &out));
+    if (out) CHECK_CLOSE(out, k.want, TOL, 0, "prediction with mmc_hunyuan_rope");
+    /* a mask flip changes the output (the padding rows are read) */
+    int32_t *mk = k.mask->data;
+    mk[0] ^= 1;
+    CHECK_OK(mmc_hunyuan_dit_forward(ctx, m, &in, &out));
+    if (out) CHECK(max_abs_diff(out, k.want) > 1e-3);
+    mk[0] ^= 1;
+
+    /* bad inputs are errors naming what is wrong */
+    mmc_tensor *odd = mmc_zeros(ctx, MMC_F32, 4, MMC_SHAPE(2, c->in_channels, p + 1, 2 * p));
+    in.hidden = odd;
+    CHECK_ERR(mmc_hunyuan_dit_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "multiples of patch_size") != NULL);
+    in.hidden = k.enc;
+    CHECK_ERR(mmc_hunyuan_dit_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "hidden_states") != NULL);
+    in.hidden = k.hid, in.encoder = k.enc5;
+    CHECK_ERR(mmc_hunyuan_dit_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "encoder_hidden_states must") != NULL);
+    in.encoder = k.enc, in.encoder_t5 = k.enc;
+    CHECK_ERR(mmc_hunyuan_dit_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "encoder_hidden_states_t5") != NULL);
+    in.encoder_t5 = k.enc5, in.rope_cos = k.sin->shape[0] > 1 ? k.hid : k.sin;
+    CHECK_ERR(mmc_hunyuan_dit_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "image_rotary_emb") != NULL);
+    in.rope_cos = k.cos;
+    if (c->use_style_cond_and_image_meta_size) {
+        in.image_meta_size = NULL;
+        CHECK_ERR(mmc_hunyuan_dit_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+        CHECK(strstr(mmc_last_error(), "image_meta_size") != NULL);
+        in.image_meta_size = k.meta->data;
+        const int64_t bad_style[2] = {0, 1};
+        in.style = bad_style;
+        CHECK_ERR(mmc_hunyuan_dit_forward(ctx, m, &in, &out), MMC_ERR_INVALID);
+        CHECK(strstr(mmc_last_error(), "style[1]") != NULL);
+    }
+    free_case(&k);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_hunyuan_dit_free(m);
+}
+
+static void edit_load(const char *tmp, const char *src, const char *sed, mmc_status want, const char *needle) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "sed '%s' %s/config.json > %s/config.json", sed, src, tmp);
+    MMC_CHECK(system(cmd) == 0, "sed");
+    mmc_hunyuan_dit *m = NULL;
+    CHECK_ERR(mmc_hunyuan_dit_load(tmp, &m), want);
+    CHECKF(strstr(mmc_last_error(), needle) != NULL, "'%s' not in: %s", needle, mmc_last_error());
+    mmc_hunyuan_dit_free(m);
+}
+
+static void check_errors(void) {
+    mmc_hunyuan_dit *m = NULL;
+    CHECK_ERR(mmc_hunyuan_dit_load("tests/fixtures/hunyuan/nonexistent", &m), MMC_ERR_NOT_FOUND);
+    char tmp[] = "/tmp/mmc_hunyuan_XXXXXX";
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    char cmd[768];
+    const char *src = "tests/fixtures/hunyuan/v11";
+    snprintf(cmd, sizeof cmd, "cp %s/diffusion_pytorch_model.safetensors %s/", src, tmp);
+    MMC_CHECK(system(cmd) == 0, "cp");
+    /* a config that does not match the checkpoint: the mis-shaped and missing tensors are named */
+    edit_load(tmp, src, "s/\"num_layers\": 6/\"num_layers\": 8/", MMC_ERR_FORMAT, "missing tensor 'blocks.6.skip_norm.weight'");
+    edit_load(tmp, src, "s/\"num_layers\": 6/\"num_layers\": 4/", MMC_ERR_FORMAT, "missing tensor 'blocks.3.skip_linear.weight'");
+    edit_load(tmp, src, "s/\"use_style_cond_and_image_meta_size\": true/\"use_style_cond_and_image_meta_size\": false/",
+              MMC_ERR_FORMAT, "extra_embedder.linear_1.weight");
+    edit_load(tmp, src, "s/\"learn_sigma\": true/\"learn_sigma\": false/", MMC_ERR_FORMAT, "proj_out.weight");
+    edit_load(tmp, src, "s/\"num_layers\": 6/\"num_layers\": 5/", MMC_ERR_FORMAT, "must be even");
+    edit_load(tmp, src, "s/\"hidden_size\": 16/\"hidden_size\": 24/", MMC_ERR_FORMAT, "hidden_size");
+    edit_load(tmp, src, "s/\"cross_attention_dim_t5\": 16/\"cross_attention_dim_t5\": 12/", MMC_ERR_FORMAT,
+              "cross_attention_dim_t5");
+    edit_load(tmp, src, "s/\"gelu-approximate\"/\"geglu\"/", MMC_ERR_UNSUPPORTED, "activation_fn");
+    edit_load(tmp, src, "/\"patch_size\"/d", MMC_ERR_FORMAT, "patch_size");
+    edit_load(tmp, src, "s/\"num_attention_heads\": 2/\"num_attention_heads\": \"2\"/", MMC_ERR_FORMAT,
+              "num_attention_heads");
+    /* a truncated checkpoint */
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/ && head -c 5000 %s/diffusion_pytorch_model.safetensors > "
+             "%s/diffusion_pytorch_model.safetensors", src, tmp, src, tmp);
+    MMC_CHECK(system(cmd) == 0, "truncate");
+    CHECK(mmc_hunyuan_dit_load(tmp, &m) != MMC_OK);
+    CHECK(strstr(mmc_last_error(), "diffusion_pytorch_model") != NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    MMC_CHECK(system(cmd) == 0, "rm");
+}
+
+int main(int argc, char **argv) {
+    if (access("tests/fixtures/hunyuan/v11/expected.safetensors", R_OK) != 0) {
+        fprintf(stderr, "test_hunyuan: fixtures absent (tools/ref/gen_hunyuan.py); skipping\n");
+        return TEST_SKIP_CODE;
+    }
+    if (test_part(argc, argv, "transformer")) {
+        check_model("v11");
+        check_model("v12");
+    }
+    if (test_part(argc, argv, "errors")) check_errors();
+    return test_done("test_hunyuan");
+}

@@ -1,0 +1,89 @@
+"""Fixtures for HunyuanDiT2DModel (tests/test_hunyuan.c), written by diffusers itself (the version pinned in
+requirements.txt), save_pretrained untouched:
+
+* hunyuan/v11/: HunyuanDiT v1.1-shaped (use_style_cond_and_image_meta_size true: image-size and style
+  conditioning), 2 heads of 8 (inner 16), 6 blocks (blocks 4 and 5 take the long skips of blocks 1 and 0,
+  popped last-in first-out), patch 2, in_channels 4 (learn_sigma: 8 out channels), cross_attention_dim 12,
+  cross_attention_dim_t5 16 (the attention pooler's 8 heads of 2), text_len 5, text_len_t5 7, f32.
+  Latents [2, 4, 8, 6] (4 x 3 patches).
+* hunyuan/v12/: v1.2-shaped (no size / style conditioning), 4 blocks (block 3 takes block 0's skip),
+  latents [2, 4, 6, 6].
+
+expected.safetensors per model: hidden, timestep [B], encoder [B, text_len, cross], mask [B, text_len]
+(int32, with padding so text_embedding_padding is read), encoder_t5, mask_t5, image_meta_size [B, 6] and
+style [B] (v11), rope_cos / rope_sin [S, head_dim] as HunyuanDiTPipeline builds them
+(get_2d_rotary_pos_embed over get_resize_crop_region_for_grid with base_size 512 // 8 // patch_size),
+and out [B, 2 * in_channels, H, W].
+
+Run: .venv-ref/bin/python tools/ref/gen_hunyuan.py
+"""
+import os
+import shutil
+import sys
+
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+import torch
+from safetensors.torch import save_file
+
+import diffusers
+from diffusers import HunyuanDiT2DModel
+from diffusers.models.embeddings import get_2d_rotary_pos_embed
+from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+
+from ref_common import rand_init
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+OUT = os.path.join(ROOT, "tests", "fixtures", "hunyuan")
+
+torch.set_num_threads(2)
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+g = torch.Generator().manual_seed(0)
+
+
+def case(name, cfg, seed, H, W):
+    tr = HunyuanDiT2DModel(**cfg)
+    rand_init(tr, seed)
+    d = os.path.join(OUT, name)
+    tr.save_pretrained(d)
+    tr = HunyuanDiT2DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
+    B, L, L5 = 2, cfg["text_len"], cfg["text_len_t5"]
+    mask = torch.ones(B, L, dtype=torch.int32)
+    mask[0, 3:] = 0
+    mask[1, 4:] = 0
+    mask5 = torch.ones(B, L5, dtype=torch.int32)
+    mask5[0, 2:] = 0
+    inp = {
+        "hidden": torch.randn(B, cfg["in_channels"], H, W, generator=g),
+        "timestep": torch.tensor([999.0, 37.0]),
+        "encoder": torch.randn(B, L, cfg["cross_attention_dim"], generator=g),
+        "mask": mask,
+        "encoder_t5": torch.randn(B, L5, cfg["cross_attention_dim_t5"], generator=g),
+        "mask_t5": mask5,
+        "image_meta_size": torch.tensor([[1024.0, 1024.0, 1024.0, 1024.0, 0.0, 0.0],
+                                         [768.0, 512.0, 640.0, 448.0, 16.0, 8.0]]),
+        "style": torch.tensor([0, 0], dtype=torch.int64),
+    }
+    p = cfg["patch_size"]
+    gh, gw = H // p, W // p
+    base = 512 // 8 // p
+    crops = get_resize_crop_region_for_grid((gh, gw), base)
+    cos, sin = get_2d_rotary_pos_embed(cfg["attention_head_dim"], crops, (gh, gw))
+    inp["rope_cos"], inp["rope_sin"] = cos, sin
+    with torch.no_grad():
+        inp["out"] = tr(hidden_states=inp["hidden"], timestep=inp["timestep"], encoder_hidden_states=inp["encoder"],
+                        text_embedding_mask=inp["mask"], encoder_hidden_states_t5=inp["encoder_t5"],
+                        text_embedding_mask_t5=inp["mask_t5"], image_meta_size=inp["image_meta_size"],
+                        style=inp["style"], image_rotary_emb=(cos, sin), return_dict=False)[0]
+    save_file({k: v.contiguous() for k, v in inp.items()}, os.path.join(d, "expected.safetensors"))
+
+
+base_cfg = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=8,
+                hidden_size=16, mlp_ratio=2.5, cross_attention_dim=12, cross_attention_dim_t5=16,
+                pooled_projection_dim=10, text_len=5, text_len_t5=7)
+case("v11", dict(base_cfg, num_layers=6, use_style_cond_and_image_meta_size=True), 1, 8, 6)
+case("v12", dict(base_cfg, num_layers=4, use_style_cond_and_image_meta_size=False), 2, 6, 6)
+print("hunyuan fixtures (diffusers %s) in %s" % (diffusers.__version__, OUT))
