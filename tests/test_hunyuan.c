@@ -8,11 +8,13 @@
  * malformed configs / checkpoints and the forward's errors on mis-sized inputs. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
+#include "mmc_encoders.h"
 
 #include <unistd.h>
 
 #define TOL 1e-4        /* model output, f32 */
 #define ROPE_TOL 1e-5   /* cos / sin table */
+#define BERT_TOL 1e-4   /* BertModel last_hidden_state, f32 */
 
 typedef struct {
     mmc_tensor *hid, *t, *enc, *mask, *enc5, *mask5, *meta, *style, *cos, *sin, *want;
@@ -161,6 +163,68 @@ static void check_errors(void) {
     MMC_CHECK(system(cmd) == 0, "rm");
 }
 
+/* BertModel (tests/fixtures/hunyuan/text_encoder: 2 post-LN layers of 3 heads) on two prompts
+ * tokenized by transformers' BertTokenizer (padded to 16, so the key mask is exercised) */
+static void check_bert(void) {
+    mmc_bert *m = NULL;
+    CHECK_OK(mmc_bert_load("tests/fixtures/hunyuan/text_encoder", &m));
+    if (!m) return;
+    mmc_st *exp = fixture_open("hunyuan/text_encoder/expected.safetensors");
+    if (!exp) { mmc_bert_free(m); return; }
+    mmc_tensor *want = fixture_tensor(exp, "hidden", MMC_F32);
+    mmc_tensor *i0 = fixture_tensor(exp, "ids_0", MMC_I32), *i1 = fixture_tensor(exp, "ids_1", MMC_I32);
+    mmc_tensor *m0 = fixture_tensor(exp, "mask_0", MMC_I32), *m1 = fixture_tensor(exp, "mask_1", MMC_I32);
+    const int64_t T = i0->shape[0];
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(2, T)), *mask = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(2, T));
+    memcpy(ids->data, i0->data, (size_t)T * 4), memcpy((int32_t *)ids->data + T, i1->data, (size_t)T * 4);
+    memcpy(mask->data, m0->data, (size_t)T * 4), memcpy((int32_t *)mask->data + T, m1->data, (size_t)T * 4);
+    mmc_tensor *out = NULL;
+    CHECK_OK(mmc_bert_forward(ctx, m, ids, mask, &out));
+    if (out) {
+        CHECK(mmc_same_shape(out, want));
+        CHECK_CLOSE(out, want, BERT_TOL, 0, "BertModel last_hidden_state");
+        printf("bert: last_hidden_state max|diff| %.2e (max|h| %.2f)\n", max_abs_diff(out, want), max_abs(want));
+    }
+    /* ids past the vocabulary and sequences past max_position_embeddings are errors */
+    ((int32_t *)ids->data)[1] = (int32_t)mmc_bert_cfg(m)->vocab_size;
+    CHECK_ERR(mmc_bert_forward(ctx, m, ids, mask, &out), MMC_ERR_INVALID);
+    mmc_tensor *longer = mmc_zeros(ctx, MMC_I32, 2, MMC_SHAPE(1, mmc_bert_cfg(m)->max_position_embeddings + 1));
+    CHECK_ERR(mmc_bert_forward(ctx, m, longer, NULL, &out), MMC_ERR_INVALID);
+    mmc_tensor *ts[] = {want, i0, i1, m0, m1};
+    for (size_t i = 0; i < 5; i++) mmc_tensor_free(ts[i]);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_bert_free(m);
+    /* malformed configs / checkpoints */
+    char tmp[] = "/tmp/mmc_hybert_XXXXXX";
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    char cmd[768];
+    const char *src = "tests/fixtures/hunyuan/text_encoder";
+    snprintf(cmd, sizeof cmd, "cp %s/model.safetensors %s/ && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\""
+             ": 3/' %s/config.json > %s/config.json", src, tmp, src, tmp);
+    MMC_CHECK(system(cmd) == 0, "cp");
+    CHECK_ERR(mmc_bert_load(tmp, &m), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "encoder.layer.2.attention.self.query.weight") != NULL);
+    snprintf(cmd, sizeof cmd, "sed 's/\"hidden_size\": 12/\"hidden_size\": 13/' %s/config.json > %s/config.json",
+             src, tmp);
+    MMC_CHECK(system(cmd) == 0, "sed");
+    CHECK_ERR(mmc_bert_load(tmp, &m), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "num_attention_heads") != NULL);
+    snprintf(cmd, sizeof cmd, "sed 's/\"model_type\": \"bert\"/\"model_type\": \"bert\", "
+             "\"position_embedding_type\": \"relative_key\"/' %s/config.json > %s/config.json", src, tmp);
+    MMC_CHECK(system(cmd) == 0, "sed");
+    CHECK_ERR(mmc_bert_load(tmp, &m), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "position_embedding_type") != NULL);
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/ && head -c 3000 %s/model.safetensors > %s/model.safetensors",
+             src, tmp, src, tmp);
+    MMC_CHECK(system(cmd) == 0, "truncate");
+    CHECK(mmc_bert_load(tmp, &m) != MMC_OK);
+    CHECK(strstr(mmc_last_error(), "model.safetensors") != NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    MMC_CHECK(system(cmd) == 0, "rm");
+}
+
 int main(int argc, char **argv) {
     if (access("tests/fixtures/hunyuan/v11/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_hunyuan: fixtures absent (tools/ref/gen_hunyuan.py); skipping\n");
@@ -171,5 +235,6 @@ int main(int argc, char **argv) {
         check_model("v12");
     }
     if (test_part(argc, argv, "errors")) check_errors();
+    if (test_part(argc, argv, "bert")) check_bert();
     return test_done("test_hunyuan");
 }

@@ -87,3 +87,51 @@ base_cfg = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, patc
 case("v11", dict(base_cfg, num_layers=6, use_style_cond_and_image_meta_size=True), 1, 8, 6)
 case("v12", dict(base_cfg, num_layers=4, use_style_cond_and_image_meta_size=False), 2, 6, 6)
 print("hunyuan fixtures (diffusers %s) in %s" % (diffusers.__version__, OUT))
+
+
+# ---- the first text encoder: a tiny BertModel (Chinese-BERT layout) and its BertTokenizer
+def bert_case():
+    from transformers import BertConfig, BertModel, BertTokenizer
+    import tempfile
+
+    chars = list("一个可爱的小猫坐在红色沙发上，画风写实。狗天空")
+    words = ["a", "cute", "cat", "on", "the", "red", "sofa", "photo", "##s", "##ing", "dog", "sit", "painting", "of"]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + words + list(",.!?") + ["##" + c for c in "st"]
+    vocab += list("abcdefghijklmnopqrstuvwxyz")
+    seen, uniq = set(), []
+    for v in vocab:
+        if v not in seen:
+            seen.add(v)
+            uniq.append(v)
+    tmp = tempfile.mkdtemp()
+    with open(os.path.join(tmp, "vocab.txt"), "w") as f:
+        f.write("\n".join(uniq) + "\n")
+    tok = BertTokenizer(os.path.join(tmp, "vocab.txt"), model_max_length=77)
+    tok.save_pretrained(os.path.join(OUT, "tokenizer"))
+    tok = BertTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"))
+    cfg = BertConfig(vocab_size=len(uniq), hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
+                     intermediate_size=20, max_position_embeddings=16, type_vocab_size=2)
+    torch.manual_seed(3)
+    bert = BertModel(cfg)
+    rand_init(bert, 3)
+    bert.eval()
+    bert.save_pretrained(os.path.join(OUT, "text_encoder"))
+    texts = ["一个可爱的小猫坐在红色沙发上，画风写实。", "A cute cat sitting on the RED sofa, photos!",
+             "Ünknown wörds: 狗 in the sky?? dogs", "", "  painting\tof\na  dog  "]
+    exp = {}
+    for i, t in enumerate(texts):
+        ids = tok(t, padding="max_length", max_length=16, truncation=True, return_attention_mask=True,
+                  return_tensors="pt")
+        exp["ids_%d" % i] = ids.input_ids[0].to(torch.int32)
+        exp["mask_%d" % i] = ids.attention_mask[0].to(torch.int32)
+        with open(os.path.join(OUT, "tokenizer", "text_%d.txt" % i), "w") as f:
+            f.write(t)
+    ids = torch.stack([exp["ids_0"], exp["ids_1"]]).long()
+    mask = torch.stack([exp["mask_0"], exp["mask_1"]]).long()
+    with torch.no_grad():
+        exp["hidden"] = bert(input_ids=ids, attention_mask=mask)[0]
+    save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(OUT, "text_encoder", "expected.safetensors"))
+
+
+bert_case()
+print("bert fixtures in %s" % OUT)
