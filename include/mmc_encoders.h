@@ -121,6 +121,22 @@ int64_t mmc_bert_param_count(const mmc_bert *m);
 mmc_status mmc_bert_forward(mmc_ctx *ctx, mmc_bert *m, const mmc_tensor *ids, const mmc_tensor *mask,
                             mmc_tensor **last_hidden_state);
 
+/* ---------------------------------------------------------------- BERT tokenizer
+ * BERT's WordPiece from a tokenizer.json as transformers' BertTokenizer writes it (BertNormalizer,
+ * BertPreTokenizer, WordPiece, "[CLS] $A [SEP]"): HunyuanDiT's first tokenizer. See
+ * src/tokenizer/bert_wordpiece.c. Ids equal HF tokenizers'. */
+typedef struct mmc_bert_tokenizer mmc_bert_tokenizer;
+/* dir: a tokenizer folder (tokenizer.json; tokenizer_config.json for model_max_length) */
+mmc_status mmc_bert_tokenizer_load(const char *dir, mmc_bert_tokenizer **out);
+void mmc_bert_tokenizer_free(mmc_bert_tokenizer *t);
+int mmc_bert_tokenizer_model_max_length(const mmc_bert_tokenizer *t);
+int32_t mmc_bert_tokenizer_vocab_size(const mmc_bert_tokenizer *t);
+/* The word pieces of text without [CLS] / [SEP]: *n of them, the first cap written. */
+mmc_status mmc_bert_tokenizer_encode(const mmc_bert_tokenizer *t, const char *text, int32_t *ids, int cap, int *n);
+/* tokenizer(text, padding="max_length", max_length, truncation=True): ids and mask [max_length]. */
+mmc_status mmc_bert_tokenizer_encode_padded(const mmc_bert_tokenizer *t, const char *text, int max_length,
+                                            int32_t *ids, int32_t *mask);
+
 /* ---------------------------------------------------------------- CLIP tokenizer
  * CLIP's BPE from a tokenizer.json as transformers' CLIPTokenizer writes it (tokenizers
  * backend): added tokens split off the raw text; normalizer NFC, \s+ -> " ", lowercase;

@@ -225,6 +225,69 @@ static void check_bert(void) {
     MMC_CHECK(system(cmd) == 0, "rm");
 }
 
+/* BertTokenizer ids (tests/fixtures/hunyuan/tokenizer, padded / truncated to 16 as the pipeline
+ * pads to 77): Chinese text with full-width punctuation, mixed case and punctuation, accents and
+ * unknown words, the empty prompt, tabs / newlines / repeated spaces. Equal ids and masks. */
+static void check_bert_tokenizer(void) {
+    mmc_bert_tokenizer *t = NULL;
+    CHECK_OK(mmc_bert_tokenizer_load("tests/fixtures/hunyuan/tokenizer", &t));
+    if (!t) return;
+    CHECK(mmc_bert_tokenizer_model_max_length(t) == 77);
+    mmc_st *exp = fixture_open("hunyuan/text_encoder/expected.safetensors");
+    if (!exp) { mmc_bert_tokenizer_free(t); return; }
+    for (int i = 0; i < 5; i++) {
+        char name[64], *text = NULL;
+        size_t n = 0;
+        snprintf(name, sizeof name, "tests/fixtures/hunyuan/prompts/text_%d.txt", i);
+        CHECK_OK(mmc_read_file(name, &text, &n));
+        if (!text) continue;
+        snprintf(name, sizeof name, "ids_%d", i);
+        mmc_tensor *want = fixture_tensor(exp, name, MMC_I32);
+        snprintf(name, sizeof name, "mask_%d", i);
+        mmc_tensor *wmask = fixture_tensor(exp, name, MMC_I32);
+        int32_t ids[16], mask[16];
+        CHECK_OK(mmc_bert_tokenizer_encode_padded(t, text, 16, ids, mask));
+        const bool same = !memcmp(ids, want->data, sizeof ids) && !memcmp(mask, wmask->data, sizeof mask);
+        CHECKF(same, "text_%d: ids differ from BertTokenizer's", i);
+        if (!same) {
+            for (int k = 0; k < 16; k++) fprintf(stderr, " %d/%d", ids[k], ((int32_t *)want->data)[k]);
+            fprintf(stderr, "\n");
+        }
+        mmc_tensor_free(want);
+        mmc_tensor_free(wmask);
+        free(text);
+    }
+    int32_t ids[2], mask[2];
+    CHECK_ERR(mmc_bert_tokenizer_encode_padded(t, "x", 1, ids, mask), MMC_ERR_INVALID);
+    mmc_st_close(exp);
+    mmc_bert_tokenizer_free(t);
+    /* malformed tokenizer.json files name the key */
+    char tmp[] = "/tmp/mmc_hytok_XXXXXX";
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    const char *src = "tests/fixtures/hunyuan/tokenizer/tokenizer.json";
+    struct { const char *sed, *needle; mmc_status code; } bad[] = {
+        {"s/\"WordPiece\", \"unk_token\"/\"BPE\", \"unk_token\"/; s/\"type\": \"WordPiece\",$/\"type\": \"BPE\",/",
+         "model.type", MMC_ERR_UNSUPPORTED},
+        {"s/\"BertNormalizer\"/\"NFC\"/", "normalizer.type", MMC_ERR_UNSUPPORTED},
+        {"s/\"BertPreTokenizer\"/\"Whitespace\"/", "pre_tokenizer.type", MMC_ERR_UNSUPPORTED},
+        {"s/\"unk_token\": \"\\[UNK\\]\"/\"unk_token\": \"<unk>\"/", "unk_token", MMC_ERR_FORMAT},
+        {"s/\"\\[CLS\\]\": 2/\"\\[CLS\\]\": -2/", "model.vocab", MMC_ERR_FORMAT},
+        {"100,$d", "not valid JSON", MMC_ERR_FORMAT},   /* truncated */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[768];
+        snprintf(cmd, sizeof cmd, "sed '%s' %s > %s/tokenizer.json", bad[i].sed, src, tmp);
+        MMC_CHECK(system(cmd) == 0, "sed");
+        CHECK_ERR(mmc_bert_tokenizer_load(tmp, &t), bad[i].code);
+        CHECKF(strstr(mmc_last_error(), bad[i].needle) != NULL, "'%s' not in: %s", bad[i].needle, mmc_last_error());
+        mmc_bert_tokenizer_free(t);
+        t = NULL;
+    }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    MMC_CHECK(system(cmd) == 0, "rm");
+}
+
 int main(int argc, char **argv) {
     if (access("tests/fixtures/hunyuan/v11/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_hunyuan: fixtures absent (tools/ref/gen_hunyuan.py); skipping\n");
@@ -236,5 +299,6 @@ int main(int argc, char **argv) {
     }
     if (test_part(argc, argv, "errors")) check_errors();
     if (test_part(argc, argv, "bert")) check_bert();
+    if (test_part(argc, argv, "tokenizer")) check_bert_tokenizer();
     return test_done("test_hunyuan");
 }

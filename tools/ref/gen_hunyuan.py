@@ -124,7 +124,8 @@ def bert_case():
                   return_tensors="pt")
         exp["ids_%d" % i] = ids.input_ids[0].to(torch.int32)
         exp["mask_%d" % i] = ids.attention_mask[0].to(torch.int32)
-        with open(os.path.join(OUT, "tokenizer", "text_%d.txt" % i), "w") as f:
+        os.makedirs(os.path.join(OUT, "prompts"), exist_ok=True)
+        with open(os.path.join(OUT, "prompts", "text_%d.txt" % i), "w") as f:
             f.write(t)
     ids = torch.stack([exp["ids_0"], exp["ids_1"]]).long()
     mask = torch.stack([exp["mask_0"], exp["mask_1"]]).long()
