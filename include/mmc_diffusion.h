@@ -351,6 +351,39 @@ typedef struct {
 mmc_status mmc_hunyuan_dit_forward(mmc_ctx *ctx, mmc_hunyuan_dit *m, const mmc_hunyuan_dit_inputs *in,
                                    mmc_tensor **out);
 
+/* ---------------------------------------------------------------- HunyuanDiTPipeline
+ * diffusers' pipelines/hunyuandit/pipeline_hunyuandit.py over a diffusers folder (tokenizer /
+ * text_encoder: BERT, tokenizer_2 / text_encoder_2: T5, transformer, vae, scheduler: DDPMScheduler):
+ * src/diffusion/hunyuan_pipeline.c. */
+typedef struct mmc_hunyuan_pipeline mmc_hunyuan_pipeline;
+typedef struct {
+    mmc_tensor *embeds, *mask;          /* BERT last_hidden_state [B, 77, C], mask [B, 77] i32 */
+    mmc_tensor *embeds_t5, *mask_t5;    /* T5 [B, 256, E5], mask [B, 256] i32 */
+} mmc_hunyuan_cond;
+typedef struct {
+    int height, width;                  /* pixels; the latents are height / 8 x width / 8 */
+    int steps;
+    double guidance;                    /* > 1: classifier-free guidance with the negative encoding */
+    uint64_t seed;                      /* mmc's rng for DDPM's variance noise when step_noise is NULL */
+    const float *step_noise;            /* [steps, B, C, h, w] the scheduler's draws (torch's generator), or NULL */
+    void (*progress)(void *user, int step, int n, double step_seconds);
+    void *user;
+} mmc_hunyuan_opts;
+mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out);
+void mmc_hunyuan_pipeline_free(mmc_hunyuan_pipeline *p);
+int mmc_hunyuan_pipeline_latent_channels(const mmc_hunyuan_pipeline *p);
+/* use_resolution_binning (the pipeline's default): sizes floored to multiples of 16, then, unless one of
+ * the trained shapes, mapped to the closest (map_to_standard_shapes). */
+void mmc_hunyuan_bin_resolution(int *height, int *width);
+/* encode_prompt for both encoders (tensors in ctx's arena). */
+mmc_status mmc_hunyuan_encode_prompt(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const char *const *prompts, int B,
+                                     mmc_hunyuan_cond *out);
+/* The denoising loop on latents [B, C, h, w] (the initial noise, replaced by the result). */
+mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_hunyuan_cond *cond,
+                              const mmc_hunyuan_cond *neg, const mmc_hunyuan_opts *o, mmc_tensor *latents);
+/* VAE decode of latents / scaling_factor -> images [B, 3, H, W] in [0, 1]. */
+mmc_status mmc_hunyuan_decode(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_tensor *latents, mmc_tensor **image);
+
 /* ---------------------------------------------------------------- UNet2DConditionModel
  * diffusers' models/unets/unet_2d_condition.py as Stable Diffusion 1.x / 2.x and SDXL use it: see
  * src/models/diffusion/unet2d_condition.c. DownBlock2D / CrossAttnDownBlock2D, UNetMidBlock2DCrossAttn,

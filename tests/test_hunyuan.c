@@ -15,6 +15,8 @@
 #define TOL 1e-4        /* model output, f32 */
 #define ROPE_TOL 1e-5   /* cos / sin table */
 #define BERT_TOL 1e-4   /* BertModel last_hidden_state, f32 */
+#define ENC_TOL 1e-4    /* the pipeline's prompt encodings */
+#define PIPE_TOL 1e-3   /* the whole pipeline: latents and images after 2-3 steps */
 
 typedef struct {
     mmc_tensor *hid, *t, *enc, *mask, *enc5, *mask5, *meta, *style, *cos, *sin, *want;
@@ -288,6 +290,108 @@ static void check_bert_tokenizer(void) {
     MMC_CHECK(system(cmd) == 0, "rm");
 }
 
+/* HunyuanDiTPipeline (tests/fixtures/hunyuan/pipe) from injected latents and the scheduler's recorded
+ * noise draws, use_resolution_binning=False at 64 x 48: (a) two prompts (Chinese and English) with
+ * negative prompts "" and "red", guidance 5, 3 steps, as latents and as images; (b) one prompt without
+ * guidance, 2 steps. Also the prompt encodings of both encoders with their masks. */
+static void check_pipeline(void) {
+    mmc_hunyuan_pipeline *p = NULL;
+    CHECK_OK(mmc_hunyuan_pipeline_open("tests/fixtures/hunyuan/pipe", &p));
+    if (!p) return;
+    mmc_st *exp = fixture_open("hunyuan/pipe/expected.safetensors");
+    if (!exp) { mmc_hunyuan_pipeline_free(p); return; }
+    mmc_ctx *ctx = mmc_ctx_new();
+    const char *prompts[2] = {"\u4e00\u4e2a\u53ef\u7231\u7684\u5c0f\u732b\u5750\u5728\u7ea2\u8272\u6c99\u53d1\u4e0a",
+                              "a photo of the cute cat"};
+    const char *negs[2] = {"", "red"};
+    mmc_hunyuan_cond cond, neg;
+    CHECK_OK(mmc_hunyuan_encode_prompt(ctx, p, prompts, 2, &cond));
+    CHECK_OK(mmc_hunyuan_encode_prompt(ctx, p, negs, 2, &neg));
+    struct { const char *name; mmc_tensor *got; mmc_dtype dt; } enc[] = {
+        {"bert_embeds", cond.embeds, MMC_F32}, {"bert_neg", neg.embeds, MMC_F32}, {"bert_mask", cond.mask, MMC_I32},
+        {"t5_embeds", cond.embeds_t5, MMC_F32}, {"t5_neg", neg.embeds_t5, MMC_F32}, {"t5_mask", cond.mask_t5, MMC_I32},
+        {"t5_neg_mask", neg.mask_t5, MMC_I32}};
+    for (size_t i = 0; i < sizeof enc / sizeof enc[0]; i++) {
+        mmc_tensor *want = fixture_tensor(exp, enc[i].name, enc[i].dt);
+        if (!enc[i].got) { CHECK(enc[i].got != NULL); mmc_tensor_free(want); continue; }
+        CHECK(mmc_same_shape(enc[i].got, want));
+        if (enc[i].dt == MMC_I32) CHECKF(!memcmp(enc[i].got->data, want->data, mmc_nbytes(want)), "%s", enc[i].name);
+        else {
+            CHECK_CLOSE(enc[i].got, want, ENC_TOL, 0, enc[i].name);
+            printf("pipe: %s max|diff| %.2e\n", enc[i].name, max_abs_diff(enc[i].got, want));
+        }
+        mmc_tensor_free(want);
+    }
+    /* (a) guidance 5, 3 steps */
+    mmc_tensor *lat = fixture_tensor(exp, "latents_a", MMC_F32), *noise = fixture_tensor(exp, "noise_a", MMC_F32);
+    mmc_tensor *want_lat = fixture_tensor(exp, "out_a_latent", MMC_F32), *want_img = fixture_tensor(exp, "out_a_image", MMC_F32);
+    mmc_hunyuan_opts o = {.height = 64, .width = 48, .steps = 3, .guidance = 5.0, .step_noise = noise->data};
+    CHECK_OK(mmc_hunyuan_sample(ctx, p, &cond, &neg, &o, lat));
+    CHECK_CLOSE(lat, want_lat, PIPE_TOL, 0, "pipeline (a) latents");
+    printf("pipe (a): latents max|diff| %.2e (max|x| %.2f)\n", max_abs_diff(lat, want_lat), max_abs(want_lat));
+    mmc_tensor *img = NULL;
+    CHECK_OK(mmc_hunyuan_decode(ctx, p, lat, &img));
+    if (img) {
+        CHECK(mmc_same_shape(img, want_img));
+        CHECK_CLOSE(img, want_img, PIPE_TOL, 0, "pipeline (a) image");
+        printf("pipe (a): image max|diff| %.2e\n", max_abs_diff(img, want_img));
+    }
+    /* (b) no guidance, 2 steps */
+    mmc_tensor *lat_b = fixture_tensor(exp, "latents_b", MMC_F32), *noise_b = fixture_tensor(exp, "noise_b", MMC_F32);
+    mmc_tensor *want_b = fixture_tensor(exp, "out_b_image", MMC_F32);
+    mmc_hunyuan_cond cb;
+    CHECK_OK(mmc_hunyuan_encode_prompt(ctx, p, prompts + 1, 1, &cb));
+    o.steps = 2, o.guidance = 1.0, o.step_noise = noise_b->data;
+    CHECK_OK(mmc_hunyuan_sample(ctx, p, &cb, NULL, &o, lat_b));
+    CHECK_OK(mmc_hunyuan_decode(ctx, p, lat_b, &img));
+    if (img) {
+        CHECK_CLOSE(img, want_b, PIPE_TOL, 0, "pipeline (b) image");
+        printf("pipe (b): image max|diff| %.2e\n", max_abs_diff(img, want_b));
+    }
+    /* errors: a size that does not match the latents, guidance without the negative encoding */
+    o.height = 80;
+    CHECK_ERR(mmc_hunyuan_sample(ctx, p, &cb, NULL, &o, lat_b), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "needs latents") != NULL);
+    o.height = 64, o.guidance = 3.0;
+    CHECK_ERR(mmc_hunyuan_sample(ctx, p, &cb, NULL, &o, lat_b), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "negative") != NULL);
+    /* resolution binning as map_to_standard_shapes */
+    int hh = 64, ww = 48;
+    mmc_hunyuan_bin_resolution(&hh, &ww);
+    CHECK(hh == 1024 && ww == 768);
+    hh = 720, ww = 1280;
+    mmc_hunyuan_bin_resolution(&hh, &ww);
+    CHECK(hh == 768 && ww == 1280);
+    hh = 1152, ww = 864;   /* 3:4 trained shape: kept */
+    mmc_hunyuan_bin_resolution(&hh, &ww);
+    CHECK(hh == 1152 && ww == 864);
+    mmc_tensor *ts[] = {lat, noise, want_lat, want_img, lat_b, noise_b, want_b};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) mmc_tensor_free(ts[i]);
+    mmc_ctx_free(ctx);
+    mmc_st_close(exp);
+    mmc_hunyuan_pipeline_free(p);
+    /* a scheduler the pipeline does not run */
+    char tmp[] = "/tmp/mmc_hypipe_XXXXXX", cmd[768];
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    snprintf(cmd, sizeof cmd, "cp -r tests/fixtures/hunyuan/pipe/. %s/ && sed -i 's/\"fixed_small\"/\"learned_range\"/' "
+             "%s/scheduler/scheduler_config.json", tmp, tmp);
+    MMC_CHECK(system(cmd) == 0, "cp");
+    CHECK_ERR(mmc_hunyuan_pipeline_open(tmp, &p), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "variance_type") != NULL);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"learned_range\"/\"fixed_small\"/; s/\"v_prediction\"/\"x0\"/' "
+             "%s/scheduler/scheduler_config.json", tmp);
+    MMC_CHECK(system(cmd) == 0, "sed");
+    CHECK_ERR(mmc_hunyuan_pipeline_open(tmp, &p), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "prediction_type") != NULL);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"x0\"/\"v_prediction\"/' %s/scheduler/scheduler_config.json && "
+             "sed -i 's/\"text_len\": 77/\"text_len\": 76/' %s/transformer/config.json", tmp, tmp);
+    MMC_CHECK(system(cmd) == 0, "sed");
+    CHECK_ERR(mmc_hunyuan_pipeline_open(tmp, &p), MMC_ERR_FORMAT);
+    CHECK(strstr(mmc_last_error(), "text_embedding_padding") != NULL || strstr(mmc_last_error(), "text_len") != NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    MMC_CHECK(system(cmd) == 0, "rm");
+}
+
 int main(int argc, char **argv) {
     if (access("tests/fixtures/hunyuan/v11/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_hunyuan: fixtures absent (tools/ref/gen_hunyuan.py); skipping\n");
@@ -300,5 +404,6 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "errors")) check_errors();
     if (test_part(argc, argv, "bert")) check_bert();
     if (test_part(argc, argv, "tokenizer")) check_bert_tokenizer();
+    if (test_part(argc, argv, "pipeline")) check_pipeline();
     return test_done("test_hunyuan");
 }

@@ -136,3 +136,85 @@ def bert_case():
 
 bert_case()
 print("bert fixtures in %s" % OUT)
+
+
+# ---- the whole HunyuanDiTPipeline (pipe/): the BERT above, a T5EncoderModel in MT5's layout (gated-gelu,
+# untied), the Unigram T5 tokenizer, a v1.1 transformer with the pipeline's fixed lengths (77 / 256), a
+# 4-level AutoencoderKL (vae scale 8: the pipeline's rotary grid is height // 8 // patch whatever the VAE),
+# DDPMScheduler as HunyuanDiT ships it (v_prediction, scaled_linear 0.00085 .. 0.03, steps_offset 1); runs at
+# 64 x 48 with use_resolution_binning=False (binning maps any size to one of the 1024-class shapes)
+def pipe_case():
+    from diffusers import AutoencoderKL, DDPMScheduler, HunyuanDiTPipeline
+    from transformers import BertModel, BertTokenizer, T5Config, T5EncoderModel
+    from ref_common import tiny_tokenizers
+    import tempfile
+
+    tmp = tempfile.mkdtemp()
+    _, t5_tok, _, n_pieces = tiny_tokenizers(tmp, ["a", "cute", "cat", "red", "sofa", "photo", "of", "the", "on"])
+    bert = BertModel.from_pretrained(os.path.join(OUT, "text_encoder"))
+    tok = BertTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"))
+    # max_position_embeddings 77: the pipeline pads BERT prompts to 77
+    from transformers import BertConfig
+    cfg = BertConfig(vocab_size=bert.config.vocab_size, hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
+                     intermediate_size=20, max_position_embeddings=77)
+    bert = BertModel(cfg)
+    rand_init(bert, 11)
+    t5 = T5EncoderModel(T5Config(vocab_size=n_pieces, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=2,
+                                 feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    rand_init(t5, 12)
+    tr = HunyuanDiT2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=8,
+                           hidden_size=16, num_layers=4, mlp_ratio=2.0, cross_attention_dim=12,
+                           cross_attention_dim_t5=16, pooled_projection_dim=10, text_len=77, text_len_t5=256,
+                           use_style_cond_and_image_meta_size=True)
+    rand_init(tr, 13)
+    vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                        block_out_channels=(4, 4, 4, 4), layers_per_block=1, latent_channels=4, norm_num_groups=2,
+                        sample_size=64, scaling_factor=0.13025)
+    rand_init(vae, 14)
+    sched = DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.03, beta_schedule="scaled_linear",
+                          prediction_type="v_prediction", clip_sample=False, steps_offset=1, timestep_spacing="leading")
+    pipe = HunyuanDiTPipeline(vae=vae.eval(), text_encoder=bert.eval(), tokenizer=tok, transformer=tr.eval(),
+                              scheduler=sched, safety_checker=None, feature_extractor=None,
+                              requires_safety_checker=False, text_encoder_2=t5.eval(), tokenizer_2=t5_tok)
+    d = os.path.join(OUT, "pipe")
+    pipe.save_pretrained(d)
+    shutil.rmtree(tmp)
+    pipe = HunyuanDiTPipeline.from_pretrained(d, torch_dtype=torch.float32)
+    exp = {}
+    prompts = ["一个可爱的小猫坐在红色沙发上", "a photo of the cute cat"]
+    H, W = 64, 48
+    # DDPMScheduler.step draws variance noise (randn_tensor(model_output.shape, generator)) at every t > 0;
+    # with a seeded generator and injected latents those are its only draws: recorded as noise_* [steps, B, C, h, w]
+    def draws(seed, n, shape):
+        gg = torch.Generator().manual_seed(seed)
+        return torch.stack([torch.randn(shape, generator=gg) for _ in range(n)])
+
+    gen = lambda seed: torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        lat = torch.randn(2, 4, H // 8, W // 8, generator=g)
+        exp["latents_a"] = lat
+        exp["noise_a"] = draws(100, 3, lat.shape)
+        kw = dict(prompt=prompts, negative_prompt=["", "red"], height=H, width=W, num_inference_steps=3,
+                  guidance_scale=5.0, latents=lat, use_resolution_binning=False)
+        exp["out_a_latent"] = pipe(**kw, output_type="latent", generator=gen(100)).images
+        exp["out_a_image"] = pipe(**kw, output_type="pt", generator=gen(100)).images
+        lat = torch.randn(1, 4, H // 8, W // 8, generator=g)
+        exp["latents_b"] = lat
+        exp["noise_b"] = draws(101, 2, lat.shape)
+        exp["out_b_image"] = pipe(prompt=prompts[1], height=H, width=W, num_inference_steps=2, guidance_scale=1.0,
+                                  latents=lat, output_type="pt", use_resolution_binning=False,
+                                  generator=gen(101)).images
+        # the prompt encodings
+        pe, npe, pm, npm = pipe.encode_prompt(prompts, device="cpu", dtype=torch.float32, num_images_per_prompt=1,
+                                              do_classifier_free_guidance=True, negative_prompt=["", "red"],
+                                              max_sequence_length=77, text_encoder_index=0)
+        pe2, npe2, pm2, npm2 = pipe.encode_prompt(prompts, device="cpu", dtype=torch.float32, num_images_per_prompt=1,
+                                                  do_classifier_free_guidance=True, negative_prompt=["", "red"],
+                                                  max_sequence_length=256, text_encoder_index=1)
+        exp.update(bert_embeds=pe, bert_neg=npe, bert_mask=pm.to(torch.int32), t5_embeds=pe2, t5_neg=npe2,
+                   t5_mask=pm2.to(torch.int32), t5_neg_mask=npm2.to(torch.int32))
+    save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(d, "expected.safetensors"))
+
+
+pipe_case()
+print("pipeline fixture in %s" % OUT)
