@@ -244,6 +244,7 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
     const int64_t T = p->sched.cfg.num_train_timesteps;
     for (int i = 0; i < p->sched.n && !st; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        const double t_start = mmc_now();
         const float t = p->sched.timesteps[i];
         for (int64_t b = 0; b < B2; b++) ts[b] = t;
         in.hidden = cfg ? stack2(ctx, latents, latents) : mmc_new(ctx, MMC_F32, 4, latents->shape);
@@ -287,7 +288,7 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
         }
         free(e);
         mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        if (o->progress) o->progress(o->user, i + 1, p->sched.n, 0.0);
+        if (o->progress) o->progress(o->user, i + 1, p->sched.n, mmc_now() - t_start);
     }
 done:
     free(ts), free(meta), free(style), free(noise);

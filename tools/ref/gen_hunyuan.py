@@ -204,6 +204,12 @@ def pipe_case():
         exp["out_b_image"] = pipe(prompt=prompts[1], height=H, width=W, num_inference_steps=2, guidance_scale=1.0,
                                   latents=lat, output_type="pt", use_resolution_binning=False,
                                   generator=gen(101)).images
+        # the CLI check (tests/test_hunyuan_cli.sh): one step, whose DDPM variance noise is scaled by
+        # sqrt(1e-20) (alpha_prod_t_prev = 1 at the last step), so mmc's own draws give diffusers' image
+        lat = torch.randn(1, 4, H // 8, W // 8, generator=g)
+        save_file({"latents": lat}, os.path.join(d, "cli_latents.safetensors"))
+        pipe(prompt="a red sofa", negative_prompt="cat", height=H, width=W, num_inference_steps=1, guidance_scale=5.0,
+             latents=lat, use_resolution_binning=False).images[0].save(os.path.join(d, "cli_expected.png"))
         # the prompt encodings
         pe, npe, pm, npm = pipe.encode_prompt(prompts, device="cpu", dtype=torch.float32, num_images_per_prompt=1,
                                               do_classifier_free_guidance=True, negative_prompt=["", "red"],
