@@ -2,7 +2,7 @@
  * save_pretrained (tests/fixtures/hunyuan, tools/ref/gen_hunyuan.py): a v1.1-shaped model (image-size
  * and style conditioning, 6 blocks so two long skips pop in stack order) and a v1.2-shaped one (no
  * size / style conditioning, 4 blocks), with padded BERT and T5 masks (the learned padding rows are
- * read) and non-square latents. The prediction (8 channels: learn_sigma) is within 1e-4 of diffusers
+ * read) and non-square latents; and a 2-block v1.1 model stored in bf16 (run from the mapped bf16 weights). The prediction (8 channels: learn_sigma) is within 1e-4 of diffusers
  * (f32); the rotary table mmc_hunyuan_rope builds is within 1e-5 of the pipeline's
  * get_2d_rotary_pos_embed over get_resize_crop_region_for_grid. Also: the loader's errors on
  * malformed configs / checkpoints and the forward's errors on mis-sized inputs. */
@@ -400,6 +400,7 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "transformer")) {
         check_model("v11");
         check_model("v12");
+        check_model("v11_bf16");
     }
     if (test_part(argc, argv, "errors")) check_errors();
     if (test_part(argc, argv, "bert")) check_bert();

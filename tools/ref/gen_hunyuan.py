@@ -8,6 +8,8 @@ requirements.txt), save_pretrained untouched:
   Latents [2, 4, 8, 6] (4 x 3 patches).
 * hunyuan/v12/: v1.2-shaped (no size / style conditioning), 4 blocks (block 3 takes block 0's skip),
   latents [2, 4, 6, 6].
+* hunyuan/v11_bf16/: v1.1-shaped, 2 blocks, weights stored bf16 (the padding rows and the pooler's positions
+  too); the expected output is diffusers running it upcast to f32.
 
 expected.safetensors per model: hidden, timestep [B], encoder [B, text_len, cross], mask [B, text_len]
 (int32, with padding so text_embedding_padding is read), encoder_t5, mask_t5, image_meta_size [B, 6] and
@@ -44,11 +46,11 @@ os.makedirs(OUT)
 g = torch.Generator().manual_seed(0)
 
 
-def case(name, cfg, seed, H, W):
+def case(name, cfg, seed, H, W, dtype=torch.float32):
     tr = HunyuanDiT2DModel(**cfg)
     rand_init(tr, seed)
     d = os.path.join(OUT, name)
-    tr.save_pretrained(d)
+    tr.to(dtype).save_pretrained(d)
     tr = HunyuanDiT2DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
     B, L, L5 = 2, cfg["text_len"], cfg["text_len_t5"]
     mask = torch.ones(B, L, dtype=torch.int32)
@@ -86,6 +88,7 @@ base_cfg = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, patc
                 pooled_projection_dim=10, text_len=5, text_len_t5=7)
 case("v11", dict(base_cfg, num_layers=6, use_style_cond_and_image_meta_size=True), 1, 8, 6)
 case("v12", dict(base_cfg, num_layers=4, use_style_cond_and_image_meta_size=False), 2, 6, 6)
+case("v11_bf16", dict(base_cfg, num_layers=2, use_style_cond_and_image_meta_size=True), 4, 4, 6, torch.bfloat16)
 print("hunyuan fixtures (diffusers %s) in %s" % (diffusers.__version__, OUT))
 
 

@@ -24,7 +24,8 @@
  *   out  = proj_out(LN(x) * (1 + scale) + shift), (scale, shift) = Linear(SiLU(temb)).chunk(2)
  *   unpatchify as sd3.c: token (i, j) channel (py*p + px)*Cout + c -> [B, Cout, i*p + py, j*p + px]
  *
- * LayerNorms have eps 1e-6. Inference only (no grad-mode bookkeeping beyond what the ops record);
+ * LayerNorms have eps 1e-6. bf16 matrices stay mapped (the two tables added elementwise, the padding
+ * rows and the pooler's positions, are widened per forward); f16 ones are widened at load. Inference only (no grad-mode bookkeeping beyond what the ops record);
  * each block's intermediates are released as soon as its output exists, the skip stack is kept. */
 #include "mmc_diffusion.h"
 #include "mmc_nn.h"
@@ -330,7 +331,8 @@ static mmc_tensor *attention_pool(mmc_ctx *ctx, const mmc_hunyuan_dit *m, mmc_te
     mmc_tensor *tt = mmc_contiguous(ctx, mmc_transpose(ctx, t5, 1, 2));
     mmc_tensor *mean = mmc_reshape(ctx, mmc_linear(ctx, tt, avg, NULL), 3, MMC_SHAPE(B, 1, E));
     mmc_tensor *cat[2] = {mean, t5};
-    mmc_tensor *x = mmc_add(ctx, mmc_concat(ctx, cat, 2, 1), m->pool_pos);     /* [B, L+1, E] */
+    mmc_tensor *pos = m->pool_pos->dtype == MMC_F32 ? m->pool_pos : mmc_cast(ctx, m->pool_pos, MMC_F32);
+    mmc_tensor *x = mmc_add(ctx, mmc_concat(ctx, cat, 2, 1), pos);              /* [B, L+1, E] */
     mmc_tensor *x0 = mmc_contiguous(ctx, mmc_narrow(ctx, x, 1, 0, 1));          /* [B, 1, E] */
     mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, x0, &m->pool_q), 4, MMC_SHAPE(B, 1, HY_POOL_HEADS, Hd));
     mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, x, &m->pool_k), 4, MMC_SHAPE(B, L + 1, HY_POOL_HEADS, Hd));
@@ -429,7 +431,8 @@ mmc_status mmc_hunyuan_dit_forward(mmc_ctx *ctx, mmc_hunyuan_dit *m, const mmc_h
             ((float *)drop->data)[b * (L + L5) + t] = on ? 0.0f : 1.0f;
         }
     (void)X;
-    mmc_tensor *ctxs = mmc_add(ctx, mmc_mul(ctx, txt, keep), mmc_mul(ctx, m->text_pad, drop));
+    mmc_tensor *pad = m->text_pad->dtype == MMC_F32 ? m->text_pad : mmc_cast(ctx, m->text_pad, MMC_F32);
+    mmc_tensor *ctxs = mmc_add(ctx, mmc_mul(ctx, txt, keep), mmc_mul(ctx, pad, drop));
 
     mmc_tensor *skips[MMC_HUNYUAN_MAX_LAYERS];
     int n_skips = 0;
