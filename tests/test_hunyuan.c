@@ -227,12 +227,13 @@ static void check_bert(void) {
     MMC_CHECK(system(cmd) == 0, "rm");
 }
 
-/* BertTokenizer ids (tests/fixtures/hunyuan/tokenizer, padded / truncated to 16 as the pipeline
+/* BertTokenizer ids (tests/fixtures/hunyuan/tokenizer as transformers 5 saves it, and tokenizer_vocab: the
+ * vocab.txt the tokenizer was built from with a Hub-style tokenizer_config.json; padded / truncated to 16 as the pipeline
  * pads to 77): Chinese text with full-width punctuation, mixed case and punctuation, accents and
  * unknown words, the empty prompt, tabs / newlines / repeated spaces. Equal ids and masks. */
-static void check_bert_tokenizer(void) {
+static void check_bert_tokenizer(const char *dir) {
     mmc_bert_tokenizer *t = NULL;
-    CHECK_OK(mmc_bert_tokenizer_load("tests/fixtures/hunyuan/tokenizer", &t));
+    CHECK_OK(mmc_bert_tokenizer_load(dir, &t));
     if (!t) return;
     CHECK(mmc_bert_tokenizer_model_max_length(t) == 77);
     mmc_st *exp = fixture_open("hunyuan/text_encoder/expected.safetensors");
@@ -250,7 +251,7 @@ static void check_bert_tokenizer(void) {
         int32_t ids[16], mask[16];
         CHECK_OK(mmc_bert_tokenizer_encode_padded(t, text, 16, ids, mask));
         const bool same = !memcmp(ids, want->data, sizeof ids) && !memcmp(mask, wmask->data, sizeof mask);
-        CHECKF(same, "text_%d: ids differ from BertTokenizer's", i);
+        CHECKF(same, "%s text_%d: ids differ from BertTokenizer's", dir, i);
         if (!same) {
             for (int k = 0; k < 16; k++) fprintf(stderr, " %d/%d", ids[k], ((int32_t *)want->data)[k]);
             fprintf(stderr, "\n");
@@ -263,6 +264,11 @@ static void check_bert_tokenizer(void) {
     CHECK_ERR(mmc_bert_tokenizer_encode_padded(t, "x", 1, ids, mask), MMC_ERR_INVALID);
     mmc_st_close(exp);
     mmc_bert_tokenizer_free(t);
+    if (strstr(dir, "tokenizer_vocab")) {   /* vocab.txt layout: a folder with neither file is named */
+        CHECK_ERR(mmc_bert_tokenizer_load("tests/fixtures/hunyuan/v11", &t), MMC_ERR_NOT_FOUND);
+        CHECK(strstr(mmc_last_error(), "vocab.txt") != NULL);
+        return;
+    }
     /* malformed tokenizer.json files name the key */
     char tmp[] = "/tmp/mmc_hytok_XXXXXX";
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
@@ -404,7 +410,10 @@ int main(int argc, char **argv) {
     }
     if (test_part(argc, argv, "errors")) check_errors();
     if (test_part(argc, argv, "bert")) check_bert();
-    if (test_part(argc, argv, "tokenizer")) check_bert_tokenizer();
+    if (test_part(argc, argv, "tokenizer")) {
+        check_bert_tokenizer("tests/fixtures/hunyuan/tokenizer");
+        check_bert_tokenizer("tests/fixtures/hunyuan/tokenizer_vocab");   /* vocab.txt + tokenizer_config.json */
+    }
     if (test_part(argc, argv, "pipeline")) check_pipeline();
     return test_done("test_hunyuan");
 }

@@ -16,6 +16,8 @@
  *       is one unk_token
  *   post: [CLS] + ids + [SEP]; truncation keeps max_length - 2 word pieces; padding with [PAD]
  *
+ * Without a tokenizer.json (the Hub's older folders) the same pipeline is built from vocab.txt and
+ * tokenizer_config.json's do_lower_case / tokenize_chinese_chars / strip_accents, as transformers does.
  * Ids equal HF tokenizers' for these components. Only this layout is accepted: other model,
  * normalizer or pre-tokenizer types are UNSUPPORTED errors naming the key. */
 #include "mmc_encoders.h"
@@ -80,6 +82,31 @@ static bool jbool(const cJSON *o, const char *k, bool def, bool *is_null) {
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
 }
 
+static mmc_status vocab_alloc(mmc_bert_tokenizer *t, int32_t n) {
+    uint32_t cap = 16;
+    while (cap < 2u * (uint32_t)n) cap <<= 1;
+    t->tok = calloc((size_t)n, sizeof *t->tok);
+    t->tok_id = calloc((size_t)n, sizeof *t->tok_id);
+    t->slot = malloc(cap * sizeof *t->slot);
+    if (!t->tok || !t->tok_id || !t->slot) return mmc_error(MMC_ERR_OOM, "out of memory");
+    memset(t->slot, 0xff, cap * sizeof *t->slot);
+    t->mask = cap - 1;
+    return MMC_OK;
+}
+
+/* one vocabulary entry; a repeated token keeps its first id */
+static mmc_status vocab_add(mmc_bert_tokenizer *t, const char *s, size_t len, int32_t id) {
+    if (vocab_get(t, s, len) >= 0) return MMC_OK;
+    t->tok[t->n] = strndup(s, len);
+    if (!t->tok[t->n]) return mmc_error(MMC_ERR_OOM, "out of memory");
+    t->tok_id[t->n] = id;
+    if (id + 1 > t->n_ids) t->n_ids = id + 1;
+    uint32_t i = (uint32_t)fnv(s, len) & t->mask;
+    while (t->slot[i] >= 0) i = (i + 1) & t->mask;
+    t->slot[i] = t->n++;
+    return MMC_OK;
+}
+
 static mmc_status parse(mmc_bert_tokenizer *t, const cJSON *root, const char *path) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const char *mt = jstr(model, "type");
@@ -108,28 +135,13 @@ static mmc_status parse(mmc_bert_tokenizer *t, const cJSON *root, const char *pa
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     if (!cJSON_IsObject(vocab) || !vocab->child)
         return mmc_error(MMC_ERR_FORMAT, "%s: model.vocab must be a non-empty object of token -> id", path);
-    int32_t n = cJSON_GetArraySize(vocab);
-    uint32_t cap = 16;
-    while (cap < 2u * (uint32_t)n) cap <<= 1;
-    t->tok = calloc((size_t)n, sizeof *t->tok);
-    t->tok_id = calloc((size_t)n, sizeof *t->tok_id);
-    t->slot = malloc(cap * sizeof *t->slot);
-    if (!t->tok || !t->tok_id || !t->slot) return mmc_error(MMC_ERR_OOM, "out of memory");
-    memset(t->slot, 0xff, cap * sizeof *t->slot);
-    t->mask = cap - 1;
+    mmc_status st = vocab_alloc(t, cJSON_GetArraySize(vocab));
+    if (st) return st;
     for (const cJSON *e = vocab->child; e; e = e->next) {
         if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e8 || !e->string)
             return mmc_error(MMC_ERR_FORMAT, "%s: model.vocab[\"%s\"] must be a non-negative id", path,
                              e->string ? e->string : "?");
-        const size_t len = strlen(e->string);
-        if (vocab_get(t, e->string, len) >= 0) continue;   /* a JSON object with a repeated key: first wins */
-        t->tok[t->n] = strdup(e->string);
-        if (!t->tok[t->n]) return mmc_error(MMC_ERR_OOM, "out of memory");
-        t->tok_id[t->n] = (int32_t)e->valuedouble;
-        if (t->tok_id[t->n] + 1 > t->n_ids) t->n_ids = t->tok_id[t->n] + 1;
-        uint32_t i = (uint32_t)fnv(e->string, len) & t->mask;
-        while (t->slot[i] >= 0) i = (i + 1) & t->mask;
-        t->slot[i] = t->n++;
+        if ((st = vocab_add(t, e->string, strlen(e->string), (int32_t)e->valuedouble))) return st;
     }
     const char *unk = jstr(model, "unk_token");
     t->unk = unk ? vocab_get(t, unk, strlen(unk)) : -1;
@@ -165,12 +177,98 @@ static mmc_status parse(mmc_bert_tokenizer *t, const cJSON *root, const char *pa
     return MMC_OK;
 }
 
+/* The Hub's older layout: vocab.txt (one token per line, id = line number) and tokenizer_config.json's
+ * do_lower_case / tokenize_chinese_chars / strip_accents, as transformers builds the same pipeline from
+ * them; the special tokens are [UNK] [CLS] [SEP] [PAD] and [MASK] (added when in the vocabulary). */
+static mmc_status load_vocab_txt(mmc_bert_tokenizer *t, const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    char *buf = NULL;
+    size_t n = 0;
+    mmc_status st = mmc_read_file(path, &buf, &n);
+    if (st) return st;
+    int32_t lines = 1;
+    for (size_t i = 0; i < n; i++) lines += buf[i] == '\n';
+    if ((st = vocab_alloc(t, lines))) goto done;
+    int32_t id = 0;
+    for (size_t i = 0; i < n;) {
+        size_t e = i;
+        while (e < n && buf[e] != '\n') e++;
+        size_t len = e - i;
+        if (len && buf[i + len - 1] == '\r') len--;
+        if (len && (st = vocab_add(t, buf + i, len, id))) goto done;
+        id++;
+        i = e + 1;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    mmc_json *cfg = NULL;
+    bool lower = true, chinese = true;
+    const mmc_json *sa = NULL;
+    if (mmc_json_load(path, &cfg) == MMC_OK) {
+        mmc_json_bool(cfg, "do_lower_case", true, &lower);
+        mmc_json_bool(cfg, "tokenize_chinese_chars", true, &chinese);
+        sa = mmc_json_get(cfg, "strip_accents");
+    }
+    mmc_clear_error();
+    t->clean_text = true, t->chinese = chinese, t->lowercase = lower;
+    bool sab = lower;
+    if (sa && mmc_json_bool(cfg, "strip_accents", lower, &sab) != MMC_OK) { mmc_clear_error(); sab = lower; }
+    t->strip_accents = sab;
+    mmc_json_free(cfg);
+    snprintf(t->prefix, sizeof t->prefix, "##");
+    t->max_chars = 100;
+    static const char *const specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    for (int k = 0; k < 5; k++) {
+        const int32_t sid = vocab_get(t, specials[k], strlen(specials[k]));
+        if (sid < 0) continue;
+        t->added[t->n_added].s = strdup(specials[k]);
+        if (!t->added[t->n_added].s) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        t->added[t->n_added].len = (int)strlen(specials[k]);
+        t->added[t->n_added++].id = sid;
+    }
+    t->unk = vocab_get(t, "[UNK]", 5), t->cls = vocab_get(t, "[CLS]", 5), t->sep = vocab_get(t, "[SEP]", 5);
+    t->pad = vocab_get(t, "[PAD]", 5);
+    if (t->unk < 0 || t->cls < 0 || t->sep < 0 || t->pad < 0) {
+        snprintf(path, sizeof path, "%s/vocab.txt", dir);
+        st = mmc_error(MMC_ERR_FORMAT, "%s: [UNK], [CLS], [SEP] and [PAD] must be in the vocabulary", path);
+    }
+done:
+    free(buf);
+    return st;
+}
+
 mmc_status mmc_bert_tokenizer_load(const char *dir, mmc_bert_tokenizer **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     char *buf = NULL;
     size_t n = 0;
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {   /* no tokenizer.json: the vocab.txt layout */
+        snprintf(path, sizeof path, "%s/vocab.txt", dir);
+        FILE *v = fopen(path, "rb");
+        if (!v)
+            return mmc_error(MMC_ERR_NOT_FOUND, "%s: neither tokenizer.json nor vocab.txt: not a BERT tokenizer folder",
+                             dir);
+        fclose(v);
+        mmc_bert_tokenizer *t = calloc(1, sizeof *t);
+        if (!t) return mmc_error(MMC_ERR_OOM, "out of memory");
+        t->model_max_length = 512;
+        mmc_status st = load_vocab_txt(t, dir);
+        if (st) { mmc_bert_tokenizer_free(t); return st; }
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        mmc_json *cfg = NULL;
+        if (mmc_json_load(path, &cfg) == MMC_OK) {
+            int64_t ml = 0;
+            if (mmc_json_int(cfg, "model_max_length", 512, &ml) == MMC_OK && ml > 0 && ml < 1000000)
+                t->model_max_length = (int)ml;
+            mmc_json_free(cfg);
+        }
+        mmc_clear_error();
+        *out = t;
+        return MMC_OK;
+    }
+    fclose(probe);
     mmc_status st = mmc_read_file(path, &buf, &n);
     if (st) return st;
     cJSON *root = cJSON_ParseWithLength(buf, n);

@@ -110,6 +110,14 @@ def bert_case():
     with open(os.path.join(tmp, "vocab.txt"), "w") as f:
         f.write("\n".join(uniq) + "\n")
     tok = BertTokenizer(os.path.join(tmp, "vocab.txt"), model_max_length=77)
+    # the Hub's older layout of the same tokenizer (HunyuanDiT's own tokenizer/ folder): vocab.txt and a
+    # tokenizer_config.json without tokenizer.json
+    os.makedirs(os.path.join(OUT, "tokenizer_vocab"))
+    shutil.copy(os.path.join(tmp, "vocab.txt"), os.path.join(OUT, "tokenizer_vocab", "vocab.txt"))
+    with open(os.path.join(OUT, "tokenizer_vocab", "tokenizer_config.json"), "w") as f:
+        f.write('{"do_lower_case": true, "model_max_length": 77, "tokenizer_class": "BertTokenizer"}\n')
+    assert BertTokenizer.from_pretrained(os.path.join(OUT, "tokenizer_vocab"))("Ünknown 狗, x").input_ids == \
+        tok("Ünknown 狗, x").input_ids
     tok.save_pretrained(os.path.join(OUT, "tokenizer"))
     tok = BertTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"))
     cfg = BertConfig(vocab_size=len(uniq), hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
