@@ -364,6 +364,7 @@ typedef struct {
     int height, width;                  /* pixels; the latents are height / 8 x width / 8 */
     int steps;
     double guidance;                    /* > 1: classifier-free guidance with the negative encoding */
+    double guidance_rescale;            /* rescale_noise_cfg's phi (0: off, the pipeline's default) */
     uint64_t seed;                      /* mmc's rng for DDPM's variance noise when step_noise is NULL */
     const float *step_noise;            /* [steps, B, C, h, w] the scheduler's draws (torch's generator), or NULL */
     void (*progress)(void *user, int step, int n, double step_seconds);

@@ -354,6 +354,20 @@ static void check_pipeline(void) {
         CHECK_CLOSE(img, want_b, PIPE_TOL, 0, "pipeline (b) image");
         printf("pipe (b): image max|diff| %.2e\n", max_abs_diff(img, want_b));
     }
+    /* (c) guidance 4 with guidance_rescale 0.7, 2 steps, negative prompts "" */
+    {
+        mmc_tensor *lat_c = fixture_tensor(exp, "latents_a", MMC_F32), *noise_c = fixture_tensor(exp, "noise_c", MMC_F32);
+        mmc_tensor *want_c = fixture_tensor(exp, "out_c_latent", MMC_F32);
+        const char *empty[2] = {"", ""};
+        mmc_hunyuan_cond nc;
+        CHECK_OK(mmc_hunyuan_encode_prompt(ctx, p, empty, 2, &nc));
+        mmc_hunyuan_opts oc = {.height = 64, .width = 48, .steps = 2, .guidance = 4.0, .guidance_rescale = 0.7,
+                               .step_noise = noise_c->data};
+        CHECK_OK(mmc_hunyuan_sample(ctx, p, &cond, &nc, &oc, lat_c));
+        CHECK_CLOSE(lat_c, want_c, PIPE_TOL, 0, "pipeline (c) guidance_rescale latents");
+        printf("pipe (c): guidance_rescale 0.7 latents max|diff| %.2e\n", max_abs_diff(lat_c, want_c));
+        mmc_tensor_free(lat_c), mmc_tensor_free(noise_c), mmc_tensor_free(want_c);
+    }
     /* errors: a size that does not match the latents, guidance without the negative encoding */
     o.height = 80;
     CHECK_ERR(mmc_hunyuan_sample(ctx, p, &cb, NULL, &o, lat_b), MMC_ERR_INVALID);

@@ -8,7 +8,7 @@
  *   image_rotary_emb over the (height // 8 // patch, width // 8 // patch) grid, base 512 // 8 // patch
  *   image_meta_size = original_size (1024, 1024) + target_size (height, width) + crop (0, 0); style 0
  *   per step: noise_pred = transformer(...)[:, :in_channels] (the learned variance dropped), CFG,
- *       DDPMScheduler.step (below); guidance_rescale (0 by default) is not implemented
+ *       rescale_noise_cfg when guidance_rescale > 0 (0 by default), DDPMScheduler.step (below)
  *   VAE decode of latents / scaling_factor, images to [0, 1]
  *
  * DDPMScheduler.step (schedulers/scheduling_ddpm.py, variance_type "fixed_small", no clipping):
@@ -265,6 +265,27 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
                     e[b * per + k] = po[b * oc + k];
                 }
             }
+        if (cfg && o->guidance_rescale > 0) {   /* rescale_noise_cfg: per sample, std over C, h, w (unbiased) */
+            const double phi = o->guidance_rescale;
+            for (int64_t b = 0; b < B; b++) {
+                const int64_t m = Cl * h * w;
+                double st_[2] = {0, 0};
+                for (int pass = 0; pass < 2; pass++) {
+                    double sum = 0, sq = 0;
+                    for (int64_t k = 0; k < m; k++) {
+                        const double v = pass ? e[b * per + k] : po[(B + b) * oc + k];
+                        sum += v, sq += v * v;
+                    }
+                    const double mean = sum / (double)m;
+                    st_[pass] = sqrt(fmax(sq - (double)m * mean * mean, 0.0) / (double)(m - 1));
+                }
+                const float ratio = (float)(st_[0] / st_[1]);
+                for (int64_t k = 0; k < m; k++) {
+                    const float v = e[b * per + k];
+                    e[b * per + k] = (float)(phi * (double)(v * ratio) + (1.0 - phi) * (double)v);
+                }
+            }
+        }
         /* DDPMScheduler.step */
         const int64_t ti = (int64_t)t, prev = ti - T / p->sched.num_inference_steps;
         const double a = p->sched.alphas_cumprod[ti], ap = prev >= 0 ? p->sched.alphas_cumprod[prev] : 1.0;

@@ -215,6 +215,11 @@ def pipe_case():
         exp["out_b_image"] = pipe(prompt=prompts[1], height=H, width=W, num_inference_steps=2, guidance_scale=1.0,
                                   latents=lat, output_type="pt", use_resolution_binning=False,
                                   generator=gen(101)).images
+        # guidance_rescale 0.7 (rescale_noise_cfg), 2 steps, from latents_a
+        exp["noise_c"] = draws(102, 2, exp["latents_a"].shape)
+        exp["out_c_latent"] = pipe(prompt=prompts, height=H, width=W, num_inference_steps=2, guidance_scale=4.0,
+                                   guidance_rescale=0.7, latents=exp["latents_a"], output_type="latent",
+                                   use_resolution_binning=False, generator=gen(102)).images
         # the CLI check (tests/test_hunyuan_cli.sh): one step, whose DDPM variance noise is scaled by
         # sqrt(1e-20) (alpha_prod_t_prev = 1 at the last step), so mmc's own draws give diffusers' image
         lat = torch.randn(1, 4, H // 8, W // 8, generator=g)
