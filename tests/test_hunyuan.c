@@ -122,6 +122,35 @@ static void check_model(const char *name) {
     mmc_hunyuan_dit_free(m);
 }
 
+/* The forward's gradient against finite differences (latents, BERT and T5 states) on the v1.1 fixture
+ * (skips, pooler, size / style conditioning): the path a training loop would take. f32 central
+ * differences leave ~1e-3 of noise: hence the absolute tolerance. */
+static hy_case g_case;
+static mmc_hunyuan_dit *g_model;
+static mmc_tensor *f_model(mmc_ctx *ctx, mmc_tensor **in, void *u) {
+    (void)u;
+    mmc_hunyuan_dit_inputs x = {.hidden = in[0], .timestep = g_case.t->data, .encoder = in[1],
+                                .mask = g_case.mask->data, .encoder_t5 = in[2], .mask_t5 = g_case.mask5->data,
+                                .image_meta_size = g_case.meta->data, .style = g_case.style->data,
+                                .rope_cos = g_case.cos, .rope_sin = g_case.sin};
+    mmc_tensor *out = NULL;
+    MMC_CHECK(mmc_hunyuan_dit_forward(ctx, g_model, &x, &out) == MMC_OK, "%s", mmc_last_error());
+    return out;
+}
+
+static void check_grad(void) {
+    CHECK_OK(mmc_hunyuan_dit_load("tests/fixtures/hunyuan/v11", &g_model));
+    if (!g_model) return;
+    mmc_st *exp = open_case("v11", &g_case);
+    if (!exp) { mmc_hunyuan_dit_free(g_model); return; }
+    mmc_tensor *in[3] = {g_case.hid, g_case.enc, g_case.enc5};
+    for (int i = 0; i < 3; i++) in[i]->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+    CHECK(gradcheck("hunyuan forward", f_model, in, 3, NULL, 1e-2, 6e-3, 2e-2, 10) == 0);
+    free_case(&g_case);
+    mmc_st_close(exp);
+    mmc_hunyuan_dit_free(g_model);
+}
+
 static void edit_load(const char *tmp, const char *src, const char *sed, mmc_status want, const char *needle) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "sed '%s' %s/config.json > %s/config.json", sed, src, tmp);
@@ -422,6 +451,7 @@ int main(int argc, char **argv) {
         check_model("v12");
         check_model("v11_bf16");
     }
+    if (test_part(argc, argv, "grad")) check_grad();
     if (test_part(argc, argv, "errors")) check_errors();
     if (test_part(argc, argv, "bert")) check_bert();
     if (test_part(argc, argv, "tokenizer")) {
