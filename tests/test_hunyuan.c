@@ -1,11 +1,15 @@
-/* test_hunyuan.c — HunyuanDiT2DModel against diffusers 0.42 on tiny random checkpoints written by
- * save_pretrained (tests/fixtures/hunyuan, tools/ref/gen_hunyuan.py): a v1.1-shaped model (image-size
- * and style conditioning, 6 blocks so two long skips pop in stack order) and a v1.2-shaped one (no
- * size / style conditioning, 4 blocks), with padded BERT and T5 masks (the learned padding rows are
- * read) and non-square latents; and a 2-block v1.1 model stored in bf16 (run from the mapped bf16 weights). The prediction (8 channels: learn_sigma) is within 1e-4 of diffusers
- * (f32); the rotary table mmc_hunyuan_rope builds is within 1e-5 of the pipeline's
- * get_2d_rotary_pos_embed over get_resize_crop_region_for_grid. Also: the loader's errors on
- * malformed configs / checkpoints and the forward's errors on mis-sized inputs. */
+/* test_hunyuan.c — HunyuanDiT against diffusers 0.42 / transformers 5.23 on tiny random checkpoints
+ * written by save_pretrained (tests/fixtures/hunyuan, tools/ref/gen_hunyuan.py). HunyuanDiT2DModel: a
+ * v1.1-shaped model (image-size and style conditioning, 6 blocks so two long skips pop in stack order),
+ * a v1.2-shaped one (no size / style conditioning, 4 blocks), with padded BERT and T5 masks (the
+ * learned padding rows are read) and non-square latents, and a 2-block v1.1 model stored in bf16: the
+ * prediction (8 channels: learn_sigma) within 1e-4 of diffusers (f32); the rotary table
+ * mmc_hunyuan_rope builds within 1e-5 of the pipeline's get_2d_rotary_pos_embed over
+ * get_resize_crop_region_for_grid; the gradient against finite differences. BertModel within 1e-4,
+ * the BERT tokenizer's ids equal (tokenizer.json and vocab.txt layouts), the whole HunyuanDiTPipeline
+ * from injected latents and recorded scheduler draws within 1e-3 (latents and images; CFG, no CFG,
+ * guidance_rescale). Also the loaders' errors on malformed configs / checkpoints / tokenizer files and
+ * the forward's errors on mis-sized inputs. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
@@ -171,8 +175,10 @@ static void check_errors(void) {
     snprintf(cmd, sizeof cmd, "cp %s/diffusion_pytorch_model.safetensors %s/", src, tmp);
     MMC_CHECK(system(cmd) == 0, "cp");
     /* a config that does not match the checkpoint: the mis-shaped and missing tensors are named */
-    edit_load(tmp, src, "s/\"num_layers\": 6/\"num_layers\": 8/", MMC_ERR_FORMAT, "missing tensor 'blocks.6.skip_norm.weight'");
-    edit_load(tmp, src, "s/\"num_layers\": 6/\"num_layers\": 4/", MMC_ERR_FORMAT, "missing tensor 'blocks.3.skip_linear.weight'");
+    edit_load(tmp, src, "s/\"num_layers\": 6/\"num_layers\": 8/", MMC_ERR_FORMAT,
+              "missing tensor 'blocks.6.skip_norm.weight'");
+    edit_load(tmp, src, "s/\"num_layers\": 6/\"num_layers\": 4/", MMC_ERR_FORMAT,
+              "missing tensor 'blocks.3.skip_linear.weight'");
     edit_load(tmp, src, "s/\"use_style_cond_and_image_meta_size\": true/\"use_style_cond_and_image_meta_size\": false/",
               MMC_ERR_FORMAT, "extra_embedder.linear_1.weight");
     edit_load(tmp, src, "s/\"learn_sigma\": true/\"learn_sigma\": false/", MMC_ERR_FORMAT, "proj_out.weight");
@@ -257,7 +263,8 @@ static void check_bert(void) {
 }
 
 /* BertTokenizer ids (tests/fixtures/hunyuan/tokenizer as transformers 5 saves it, and tokenizer_vocab: the
- * vocab.txt the tokenizer was built from with a Hub-style tokenizer_config.json; padded / truncated to 16 as the pipeline
+ * vocab.txt the tokenizer was built from with a Hub-style tokenizer_config.json; padded / truncated to
+ * 16 as the pipeline
  * pads to 77): Chinese text with full-width punctuation, mixed case and punctuation, accents and
  * unknown words, the empty prompt, tabs / newlines / repeated spaces. Equal ids and masks. */
 static void check_bert_tokenizer(const char *dir) {
@@ -359,7 +366,8 @@ static void check_pipeline(void) {
     }
     /* (a) guidance 5, 3 steps */
     mmc_tensor *lat = fixture_tensor(exp, "latents_a", MMC_F32), *noise = fixture_tensor(exp, "noise_a", MMC_F32);
-    mmc_tensor *want_lat = fixture_tensor(exp, "out_a_latent", MMC_F32), *want_img = fixture_tensor(exp, "out_a_image", MMC_F32);
+    mmc_tensor *want_lat = fixture_tensor(exp, "out_a_latent", MMC_F32);
+    mmc_tensor *want_img = fixture_tensor(exp, "out_a_image", MMC_F32);
     mmc_hunyuan_opts o = {.height = 64, .width = 48, .steps = 3, .guidance = 5.0, .step_noise = noise->data};
     CHECK_OK(mmc_hunyuan_sample(ctx, p, &cond, &neg, &o, lat));
     CHECK_CLOSE(lat, want_lat, PIPE_TOL, 0, "pipeline (a) latents");
@@ -385,7 +393,8 @@ static void check_pipeline(void) {
     }
     /* (c) guidance 4 with guidance_rescale 0.7, 2 steps, negative prompts "" */
     {
-        mmc_tensor *lat_c = fixture_tensor(exp, "latents_a", MMC_F32), *noise_c = fixture_tensor(exp, "noise_c", MMC_F32);
+        mmc_tensor *lat_c = fixture_tensor(exp, "latents_a", MMC_F32);
+        mmc_tensor *noise_c = fixture_tensor(exp, "noise_c", MMC_F32);
         mmc_tensor *want_c = fixture_tensor(exp, "out_c_latent", MMC_F32);
         const char *empty[2] = {"", ""};
         mmc_hunyuan_cond nc;

@@ -90,7 +90,10 @@ static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
     if (!strcmp(beta, "linear")) c.beta_schedule = MMC_BETA_LINEAR;
     else if (!strcmp(beta, "scaled_linear")) c.beta_schedule = MMC_BETA_SCALED_LINEAR;
     else if (!strcmp(beta, "squaredcos_cap_v2")) c.beta_schedule = MMC_BETA_SQUAREDCOS;
-    else { mmc_error(st, "%s: beta_schedule '%s' must be linear, scaled_linear or squaredcos_cap_v2", path, beta); goto done; }
+    else {
+        mmc_error(st, "%s: beta_schedule '%s' must be linear, scaled_linear or squaredcos_cap_v2", path, beta);
+        goto done;
+    }
     if (!strcmp(pred, "epsilon")) c.prediction_type = MMC_PRED_EPSILON;
     else if (!strcmp(pred, "v_prediction")) c.prediction_type = MMC_PRED_V;
     else { mmc_error(st, "%s: prediction_type '%s' must be epsilon or v_prediction", path, pred); goto done; }
@@ -118,7 +121,8 @@ mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out
     char d[1024];
     mmc_status st;
 #define SUB(name) (snprintf(d, sizeof d, "%s/%s", dir, name), d)
-    if ((st = mmc_bert_tokenizer_load(SUB("tokenizer"), &p->tok)) || (st = mmc_bert_load(SUB("text_encoder"), &p->bert)) ||
+    if ((st = mmc_bert_tokenizer_load(SUB("tokenizer"), &p->tok)) ||
+        (st = mmc_bert_load(SUB("text_encoder"), &p->bert)) ||
         (st = mmc_t5_tokenizer_load(SUB("tokenizer_2"), &p->tok2)) ||
         (st = mmc_t5_encoder_load(SUB("text_encoder_2"), &p->t5)) ||
         (st = mmc_hunyuan_dit_load(SUB("transformer"), &p->dit)) || (st = mmc_vae_load(SUB("vae"), &p->vae)) ||
@@ -128,9 +132,9 @@ mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out
     const mmc_hunyuan_dit_config *c = mmc_hunyuan_dit_cfg(p->dit);
     if (c->cross_attention_dim != mmc_bert_cfg(p->bert)->hidden_size ||
         c->cross_attention_dim_t5 != mmc_t5_encoder_cfg(p->t5)->d_model || c->text_len != 77 || c->text_len_t5 != 256) {
-        st = mmc_error(MMC_ERR_FORMAT, "%s: transformer cross_attention_dim %lld / cross_attention_dim_t5 %lld / text_len "
-                       "%lld / text_len_t5 %lld must be the BERT hidden size %lld, the T5 d_model %lld, 77 and 256 (the "
-                       "pipeline's prompt lengths)", dir, (long long)c->cross_attention_dim,
+        st = mmc_error(MMC_ERR_FORMAT, "%s: transformer cross_attention_dim %lld / cross_attention_dim_t5 %lld / "
+                       "text_len %lld / text_len_t5 %lld must be the BERT hidden size %lld, the T5 d_model %lld, 77 "
+                       "and 256 (the pipeline's prompt lengths)", dir, (long long)c->cross_attention_dim,
                        (long long)c->cross_attention_dim_t5, (long long)c->text_len, (long long)c->text_len_t5,
                        (long long)mmc_bert_cfg(p->bert)->hidden_size, (long long)mmc_t5_encoder_cfg(p->t5)->d_model);
         goto fail;
@@ -210,9 +214,10 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
         return mmc_error(MMC_ERR_INVALID, "HunyuanDiTPipeline: the prompt encoding must have batch %lld", (long long)B);
     const bool cfg = o->guidance > 1.0;
     if (cfg && (!neg || !neg->embeds || neg->embeds->shape[0] != B))
-        return mmc_error(MMC_ERR_INVALID, "HunyuanDiTPipeline: guidance %g > 1 needs the negative encoding of batch %lld",
-                         o->guidance, (long long)B);
-    if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "HunyuanDiTPipeline: steps must be at least 1, got %d", o->steps);
+        return mmc_error(MMC_ERR_INVALID, "HunyuanDiTPipeline: guidance %g > 1 needs the negative encoding of "
+                         "batch %lld", o->guidance, (long long)B);
+    if (o->steps < 1)
+        return mmc_error(MMC_ERR_INVALID, "HunyuanDiTPipeline: steps must be at least 1, got %d", o->steps);
     mmc_status st;
     if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
@@ -250,7 +255,10 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
         in.hidden = cfg ? stack2(ctx, latents, latents) : mmc_new(ctx, MMC_F32, 4, latents->shape);
         if (!cfg) memcpy(in.hidden->data, x, (size_t)n * sizeof(float));   /* DDPM's scale_model_input: identity */
         mmc_tensor *out = NULL;
-        if ((st = mmc_hunyuan_dit_forward(ctx, p->dit, &in, &out))) { mmc_arena_release(mmc_ctx_arena(ctx), mk); break; }
+        if ((st = mmc_hunyuan_dit_forward(ctx, p->dit, &in, &out))) {
+            mmc_arena_release(mmc_ctx_arena(ctx), mk);
+            break;
+        }
         /* noise_pred.chunk(2, dim=1)[0], then CFG: [B2, 2 Cl, h, w] -> e [B, Cl, h, w] */
         float *e = malloc((size_t)n * sizeof *e);
         if (!e) { st = mmc_error(MMC_ERR_OOM, "out of memory"); mmc_arena_release(mmc_ctx_arena(ctx), mk); break; }
@@ -302,7 +310,8 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
         }
         for (int64_t k = 0; k < n; k++) {
             const float xs = x[k];
-            const float x0 = p->pred == MMC_PRED_V ? sqrtf(fa) * xs - sqrtf(fb) * e[k] : (xs - sqrtf(fb) * e[k]) / sqrtf(fa);
+            const float x0 = p->pred == MMC_PRED_V ? sqrtf(fa) * xs - sqrtf(fb) * e[k]
+                                                   : (xs - sqrtf(fb) * e[k]) / sqrtf(fa);
             float y = c0 * x0 + c1 * xs;
             if (nz) y += sd * nz[k];
             x[k] = y;

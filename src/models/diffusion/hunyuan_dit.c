@@ -24,9 +24,10 @@
  *   out  = proj_out(LN(x) * (1 + scale) + shift), (scale, shift) = Linear(SiLU(temb)).chunk(2)
  *   unpatchify as sd3.c: token (i, j) channel (py*p + px)*Cout + c -> [B, Cout, i*p + py, j*p + px]
  *
- * LayerNorms have eps 1e-6. bf16 matrices stay mapped (the two tables added elementwise, the padding
- * rows and the pooler's positions, are widened per forward); f16 ones are widened at load. Inference only (no grad-mode bookkeeping beyond what the ops record);
- * each block's intermediates are released as soon as its output exists, the skip stack is kept. */
+ * LayerNorms have eps 1e-6. bf16 matrices stay mapped (the two tables added elementwise, the
+ * padding rows and the pooler's positions, are widened per forward); f16 ones are widened at load.
+ * Inference first: without grad mode each block's intermediates are released as soon as its output
+ * exists (the skip stack is kept); in grad mode the forward is differentiable. */
 #include "mmc_diffusion.h"
 #include "mmc_nn.h"
 #include "../model_weights.h"
@@ -127,7 +128,8 @@ mmc_status mmc_hunyuan_dit_config_read(const mmc_json *j, const char *what, mmc_
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: num_layers %lld: at most %d are supported", what,
                          (long long)c->num_layers, MMC_HUNYUAN_MAX_LAYERS);
     c->ff_inner = (int64_t)((double)C * mlp_ratio);   /* python int() truncates */
-    if (c->ff_inner < 1) return mmc_error(MMC_ERR_FORMAT, "%s: mlp_ratio %g gives an empty feed-forward", what, mlp_ratio);
+    if (c->ff_inner < 1)
+        return mmc_error(MMC_ERR_FORMAT, "%s: mlp_ratio %g gives an empty feed-forward", what, mlp_ratio);
     return MMC_OK;
 }
 
@@ -350,7 +352,8 @@ static mmc_status check_inputs(const mmc_hunyuan_dit *m, const mmc_hunyuan_dit_i
     if (!x || x->ndim != 4 || x->dtype != MMC_F32 || x->shape[1] != c->in_channels || !mmc_is_contiguous(x) ||
         x->shape[0] < 1)
         return mmc_error(MMC_ERR_INVALID, "HunyuanDiT2DModel: hidden_states must be contiguous f32 [B, %lld, H, W] "
-                         "(in_channels), got %s", (long long)c->in_channels, x ? mmc_shape_str(x, s, sizeof s) : "none");
+                         "(in_channels), got %s", (long long)c->in_channels,
+                         x ? mmc_shape_str(x, s, sizeof s) : "none");
     const int64_t B = x->shape[0], H = x->shape[2], W = x->shape[3];
     if (H < ps || W < ps || H % ps || W % ps)
         return mmc_error(MMC_ERR_INVALID, "HunyuanDiT2DModel: hidden_states height %lld and width %lld must be "
