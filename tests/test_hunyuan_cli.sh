@@ -4,8 +4,8 @@
 # path; from diffusers' initial noise (--latents) with a negative prompt, CFG 5 and one DDPM step (whose variance
 # noise is scaled by 1e-10, so mmc's draws do not matter) the PNG equals diffusers' within 1/255 per channel (the
 # multi-step numerics with torch's draws: test_hunyuan); the tEXt chunks name the pipeline; seeded runs repeat;
-# resolution binning maps 64 x 48 to 1024 x 768 (checked on the latents' shape error); options not wired are
-# usage errors.
+# --guidance-rescale changes it; resolution binning maps 64 x 48 to 1024 x 768 (checked on the latents' shape
+# error); options not wired are usage errors.
 set -u
 MMC=${MMC:-build/mmc}
 fail=0; n=0
@@ -61,6 +61,11 @@ sys.exit(0 if worst <= 1 else 1)
 PY
   then ok; else bad "PNG differs from diffusers': $(cat "$T/cmp")"; fi
 fi
+# --guidance-rescale changes the image; out of [0, 1] it is a usage error
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red sofa" --negative-prompt "cat" --steps 1 --width 48 \
+  --height 64 --no-resolution-binning --latents $P/cli_latents.safetensors --guidance-rescale 0.7 --out "$T/r.png"
+if cmp -s "$T/c.png" "$T/r.png"; then bad "--guidance-rescale 0.7 left the image unchanged"; else ok; fi
+expect_rc 2 "$MMC" generate-image --model $P --prompt "a cat" --guidance-rescale 2 --out "$T/x.png"
 # seeded runs (mmc's noise) repeat
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a cute cat" --steps 2 --width 48 --height 64 \
   --no-resolution-binning --seed 7 --out "$T/s1.png"

@@ -72,6 +72,7 @@ void help_generate_image(FILE *f) {
             "  --scheduler DIR         SDXL / SD: use the scheduler_config.json in DIR instead of the folder's\n"
             "                          (Euler, Euler ancestral, DPM-Solver++ 2M / SDE, DDIM, PNDM), as\n"
             "                          pipe.scheduler = Cls.from_config(...) does\n"
+            "  --guidance-rescale R    HunyuanDiT: rescale_noise_cfg's guidance_rescale, 0..1 (default 0)\n"
             "  --no-resolution-binning HunyuanDiT: keep --width / --height (floored to multiples of 16) instead\n"
             "                          of mapping them to the closest trained shape (use_resolution_binning)\n"
             "  --tiled-decode          decode the VAE in tiles (diffusers' enable_tiling): large images\n"
@@ -312,7 +313,7 @@ done:
 /* HunyuanDiTPipeline: BERT + T5 prompts, classifier-free guidance with --guidance (default 5, negative
  * prompt "" unless given), DDPM steps (default 50), sizes binned to the trained shapes unless
  * --no-resolution-binning (use_resolution_binning=False). */
-static int run_hunyuan(gi_args a, int B, bool binning, progress_state *ps) {
+static int run_hunyuan(gi_args a, int B, bool binning, double rescale, progress_state *ps) {
     if (a.init_image || a.true_cfg > 1.0 || a.lora)
         return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for HunyuanDiTPipeline "
                          "folders (it guides with --guidance)");
@@ -355,7 +356,7 @@ static int run_hunyuan(gi_args a, int B, bool binning, progress_state *ps) {
         mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);   /* DDPM's init_noise_sigma is 1 */
     }
     mmc_hunyuan_opts o = {.height = h, .width = w, .steps = (int)a.steps, .guidance = a.guidance,
-                          .seed = (uint64_t)a.seed + 1, .progress = on_step, .user = ps};
+                          .guidance_rescale = rescale, .seed = (uint64_t)a.seed + 1, .progress = on_step, .user = ps};
     double t1 = mmc_now();
     if ((st = mmc_hunyuan_sample(ctx, p, &cond, cfg ? &neg : NULL, &o, lat))) goto done;
     t_denoise = mmc_now() - t1;
@@ -480,6 +481,7 @@ int cmd_generate_image(int argc, char **argv) {
     double guidance = 3.5, true_cfg = 1.0;
     bool json = false, tiled = false, maxlen_given = false, guidance_given = false, steps_given = false;
     bool size_given = false, binning = true;
+    double rescale = 0;   /* HunyuanDiT's guidance_rescale */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
@@ -509,6 +511,7 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, (long long)1 << 62, &seed)) return CLI_USAGE; }
         else if (!strcmp(a, "--max-sequence-length")) { if (!cli_int(a, v, 1, 4096, &maxlen)) return CLI_USAGE; maxlen_given = true; }
         else if (!strcmp(a, "--guidance")) { if (!cli_float(a, v, 0, 100, &guidance)) return CLI_USAGE; guidance_given = true; }
+        else if (!strcmp(a, "--guidance-rescale")) { if (!cli_float(a, v, 0, 1, &rescale)) return CLI_USAGE; }
         else if (!strcmp(a, "--true-cfg")) { if (!cli_float(a, v, 0, 100, &true_cfg)) return CLI_USAGE; }
         else return cli_usage("generate-image", "unknown option '%s'", a);
     }
@@ -561,7 +564,7 @@ int cmd_generate_image(int argc, char **argv) {
             ga.pipeline = "HunyuanDiTPipeline";
             if (!guidance_given) ga.guidance = 5.0;    /* the pipeline's defaults */
             if (!steps_given) ga.steps = 50;
-            return run_hunyuan(ga, (int)batch, binning, &ps);
+            return run_hunyuan(ga, (int)batch, binning, rescale, &ps);
         }
         if (xl || sd) {   /* the UNet pipelines: SDXL, SD 1.x / 2.x */
             ga.pipeline = xl ? (init_image ? "StableDiffusionXLImg2ImgPipeline" : "StableDiffusionXLPipeline")
