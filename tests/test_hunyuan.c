@@ -428,11 +428,34 @@ static void check_pipeline(void) {
     mmc_ctx_free(ctx);
     mmc_st_close(exp);
     mmc_hunyuan_pipeline_free(p);
-    /* a scheduler the pipeline does not run */
     char tmp[] = "/tmp/mmc_hypipe_XXXXXX", cmd[768];
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
-    snprintf(cmd, sizeof cmd, "cp -r tests/fixtures/hunyuan/pipe/. %s/ && sed -i 's/\"fixed_small\"/\"learned_range\"/' "
-             "%s/scheduler/scheduler_config.json", tmp, tmp);
+    /* (d) DDPMScheduler with trailing spacing (diffusers' save_config): previous_timestep is the next entry of
+     * the schedule (999 -> 666 -> 333 -> -1), 3 steps without guidance */
+    snprintf(cmd, sizeof cmd, "cp -r tests/fixtures/hunyuan/pipe/. %s/ && cp tests/fixtures/hunyuan/scheduler_trailing/"
+             "scheduler_config.json %s/scheduler/", tmp, tmp);
+    MMC_CHECK(system(cmd) == 0, "cp");
+    CHECK_OK(mmc_hunyuan_pipeline_open(tmp, &p));
+    if (p) {
+        mmc_ctx *c2 = mmc_ctx_new();
+        mmc_st *e2 = fixture_open("hunyuan/pipe/expected.safetensors");
+        mmc_tensor *lat_d = fixture_tensor(e2, "latents_b", MMC_F32), *noise_d = fixture_tensor(e2, "noise_d", MMC_F32);
+        mmc_tensor *want_d = fixture_tensor(e2, "out_d_latent", MMC_F32);
+        mmc_hunyuan_cond cd;
+        CHECK_OK(mmc_hunyuan_encode_prompt(c2, p, prompts + 1, 1, &cd));
+        mmc_hunyuan_opts od = {.height = 64, .width = 48, .steps = 3, .guidance = 1.0, .step_noise = noise_d->data};
+        CHECK_OK(mmc_hunyuan_sample(c2, p, &cd, NULL, &od, lat_d));
+        CHECK_CLOSE(lat_d, want_d, PIPE_TOL, 0, "pipeline (d) trailing spacing latents");
+        printf("pipe (d): trailing spacing latents max|diff| %.2e\n", max_abs_diff(lat_d, want_d));
+        mmc_tensor_free(lat_d), mmc_tensor_free(noise_d), mmc_tensor_free(want_d);
+        mmc_st_close(e2);
+        mmc_ctx_free(c2);
+        mmc_hunyuan_pipeline_free(p);
+        p = NULL;
+    }
+    /* a scheduler the pipeline does not run */
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/hunyuan/pipe/scheduler/scheduler_config.json %s/scheduler/ && "
+             "sed -i 's/\"fixed_small\"/\"learned_range\"/' %s/scheduler/scheduler_config.json", tmp, tmp);
     MMC_CHECK(system(cmd) == 0, "cp");
     CHECK_ERR(mmc_hunyuan_pipeline_open(tmp, &p), MMC_ERR_UNSUPPORTED);
     CHECK(strstr(mmc_last_error(), "variance_type") != NULL);

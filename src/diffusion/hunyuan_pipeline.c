@@ -12,7 +12,7 @@
  *   VAE decode of latents / scaling_factor, images to [0, 1]
  *
  * DDPMScheduler.step (schedulers/scheduling_ddpm.py, variance_type "fixed_small", no clipping):
- *   prev_t = t - T // n; a = ac[t], a' = ac[prev_t] (1 when prev_t < 0); b = 1 - a, b' = 1 - a'
+ *   prev_t = the next timestep of the schedule (-1 after the last); a = ac[t], a' = ac[prev_t] (1 when prev_t < 0); b = 1 - a, b' = 1 - a'
  *   alpha = a / a', beta = 1 - alpha; x0 = sqrt(a) x - sqrt(b) v (v_prediction) or (x - sqrt(b) e) / sqrt(a)
  *   x' = sqrt(a') beta / b * x0 + sqrt(alpha) b' / b * x + [t > 0] sqrt(max(b' / b * beta, 1e-20)) * noise
  * The timesteps and alphas_cumprod are mmc_nsched's (the DDIM rules: the same spacing arithmetic). The
@@ -246,7 +246,6 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
     mmc_rng rng;
     mmc_rng_init(&rng, o->seed);
     float *x = latents->data;
-    const int64_t T = p->sched.cfg.num_train_timesteps;
     for (int i = 0; i < p->sched.n && !st; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         const double t_start = mmc_now();
@@ -295,7 +294,8 @@ mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_h
             }
         }
         /* DDPMScheduler.step */
-        const int64_t ti = (int64_t)t, prev = ti - T / p->sched.num_inference_steps;
+        /* previous_timestep: the next entry of the schedule, -1 after the last */
+        const int64_t ti = (int64_t)t, prev = i + 1 < p->sched.n ? (int64_t)p->sched.timesteps[i + 1] : -1;
         const double a = p->sched.alphas_cumprod[ti], ap = prev >= 0 ? p->sched.alphas_cumprod[prev] : 1.0;
         const float fa = (float)a, fap = (float)ap, fb = 1.0f - fa, fbp = 1.0f - fap;
         const float alpha = fa / fap, beta = 1.0f - alpha;

@@ -220,6 +220,15 @@ def pipe_case():
         exp["out_c_latent"] = pipe(prompt=prompts, height=H, width=W, num_inference_steps=2, guidance_scale=4.0,
                                    guidance_rescale=0.7, latents=exp["latents_a"], output_type="latent",
                                    use_resolution_binning=False, generator=gen(102)).images
+        # trailing spacing (previous_timestep: the next entry of the schedule, not t - T // n), 3 steps, no CFG
+        tsched = DDPMScheduler.from_config(pipe.scheduler.config, timestep_spacing="trailing")
+        tsched.save_config(os.path.join(OUT, "scheduler_trailing"))
+        pipe.scheduler = tsched
+        exp["noise_d"] = draws(103, 3, exp["latents_b"].shape)
+        exp["out_d_latent"] = pipe(prompt=prompts[1], height=H, width=W, num_inference_steps=3, guidance_scale=1.0,
+                                   latents=exp["latents_b"], output_type="latent", use_resolution_binning=False,
+                                   generator=gen(103)).images
+        pipe.scheduler = DDPMScheduler.from_pretrained(d, subfolder="scheduler")
         # the CLI check (tests/test_hunyuan_cli.sh): one step, whose DDPM variance noise is scaled by
         # sqrt(1e-20) (alpha_prod_t_prev = 1 at the last step), so mmc's own draws give diffusers' image
         lat = torch.randn(1, 4, H // 8, W // 8, generator=g)
