@@ -459,6 +459,14 @@ static void check_pipeline(void) {
     MMC_CHECK(system(cmd) == 0, "cp");
     CHECK_ERR(mmc_hunyuan_pipeline_open(tmp, &p), MMC_ERR_UNSUPPORTED);
     CHECK(strstr(mmc_last_error(), "variance_type") != NULL);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"learned_range\"/\"fixed_small\"/; s/\"trained_betas\": null/"
+             "\"trained_betas\": [0.1, 0.2]/' %s/scheduler/scheduler_config.json", tmp);
+    MMC_CHECK(system(cmd) == 0, "sed");
+    CHECK_ERR(mmc_hunyuan_pipeline_open(tmp, &p), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "trained_betas") != NULL);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"trained_betas\": \\[0.1, 0.2\\]/\"trained_betas\": null/; "
+             "s/\"fixed_small\"/\"learned_range\"/' %s/scheduler/scheduler_config.json", tmp);
+    MMC_CHECK(system(cmd) == 0, "sed");
     snprintf(cmd, sizeof cmd, "sed -i 's/\"learned_range\"/\"fixed_small\"/; s/\"v_prediction\"/\"x0\"/' "
              "%s/scheduler/scheduler_config.json", tmp);
     MMC_CHECK(system(cmd) == 0, "sed");

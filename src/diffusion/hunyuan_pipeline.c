@@ -81,6 +81,12 @@ static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
         mmc_error(st, "%s: _class_name '%s': HunyuanDiTPipeline runs DDPMScheduler", path, cls);
         goto done;
     }
+    const char *tbv = NULL;   /* null (or absent) reads as a NULL string; an array is not one */
+    if (mmc_json_has(j, "trained_betas") && !(mmc_json_str(j, "trained_betas", NULL, &tbv) == MMC_OK && !tbv)) {
+        mmc_clear_error();
+        mmc_error(st, "%s: trained_betas is not supported; use beta_schedule", path);
+        goto done;
+    }
     if (strcmp(var, "fixed_small") != 0 || clip || thr || zsnr) {
         mmc_error(st, "%s: variance_type '%s', clip_sample, thresholding, rescale_betas_zero_snr: only fixed_small "
                   "without clipping, thresholding or zero-SNR rescaling is supported", path, var);
