@@ -3,14 +3,14 @@
 src/serve/web/chat.html) in a headless Debian chromium driven by Playwright: the page loads with
 no console error (so nothing broke the Content-Security-Policy), shows the model id from
 /v1/models once the API key is typed, sends a message with an image attached by the file input
-(temperature 0) and renders the streamed answer equal to `mmc generate --greedy`'s text (exact
+(temperature 0; a pasted image is checked too) and renders the streamed answer equal to `mmc generate --greedy`'s text (exact
 string equality) with finish_reason length; a second turn sends the whole history (3 messages);
 during a long greedy generation (max_tokens 2000) streamed text shows before the end, then Stop
 cuts it (12 other clients keep the engine busy meanwhile): the page shows a strict prefix of the
 full answer, and /metrics counts fewer than 2000 completion tokens for it and no running sequence
 once the others are done. Saves a screenshot.
 Usage: serve_web_check.py PORT API_KEY MODEL_ID IMAGE EXPECTED_TEXT SCREENSHOT"""
-import json, sys, threading, time, urllib.request
+import base64, json, sys, threading, time, urllib.request
 
 from playwright.sync_api import sync_playwright
 
@@ -76,7 +76,17 @@ with sync_playwright() as p:
           parts[0]["type"] == "image_url" and parts[0]["image_url"]["url"].startswith("data:image/png;base64,") and
           parts[1] == {"type": "text", "text": "What colour is the square?"}, "turn 1 request %s" % str(b)[:300])
 
-    # turn 2: the history goes with it
+    # turn 2: an image pasted into the message box shows as an attachment (a click removes it);
+    # the history goes with the request
+    with open(IMG, "rb") as f:
+        png = base64.b64encode(f.read()).decode()
+    page.evaluate("""(b64) => { const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        const dt = new DataTransfer(); dt.items.add(new File([bytes], 'p.png', {type: 'image/png'}));
+        document.getElementById('prompt').dispatchEvent(new ClipboardEvent('paste', {clipboardData: dt})); }""", png)
+    page.wait_for_selector("#attachments img")
+    check(page.get_attribute("#attachments img", "src") == "data:image/png;base64," + png, "pasted image data URI")
+    page.click("#attachments img")
+    check(page.locator("#attachments img").count() == 0, "a click did not remove the attachment")
     page.fill("#prompt", "And the circle?")
     page.press("#prompt", "Enter")
     finish, text2 = wait_finished(page)
