@@ -6,8 +6,8 @@ no console error (so nothing broke the Content-Security-Policy), shows the model
 (temperature 0; a pasted image is checked too) and renders the streamed answer equal to `mmc generate --greedy`'s text (exact
 string equality) with finish_reason length; a second turn sends the whole history (3 messages);
 during a long greedy generation (max_tokens 2000) streamed text shows before the end, then Stop
-cuts it (12 other clients keep the engine busy meanwhile): the page shows a strict prefix of the
-full answer, and /metrics counts fewer than 2000 completion tokens for it and no running sequence
+cuts it (12 other clients keep the engine busy meanwhile): the page shows a prefix of the full
+answer, and /metrics counts fewer than 2000 completion tokens for it and no running sequence
 once the others are done. Saves a screenshot.
 Usage: serve_web_check.py PORT API_KEY MODEL_ID IMAGE EXPECTED_TEXT SCREENSHOT"""
 import base64, json, sys, threading, time, urllib.request
@@ -126,8 +126,10 @@ with sync_playwright() as p:
     page.click("#stop")
     finish, text3 = wait_finished(page)
     check(finish == "stopped", "Stop: the stream was not cut (finish %s, %d chars)" % (finish, len(text3)))
-    check(0 < len(text3) < len(full) and full.startswith(text3),
-          "Stop: the page shows %d chars, not a strict prefix of the %d-char answer" % (len(text3), len(full)))
+    # a prefix, not always a strict one: the random model's greedy 2000 tokens are 501 chars, its later
+    # tokens decode to nothing visible; that the generation was cut is /metrics' count below
+    check(0 < len(text3) and full.startswith(text3),
+          "Stop: the page shows %d chars, not a prefix of the %d-char answer" % (len(text3), len(full)))
     check(page.is_enabled("#send") and not page.is_enabled("#stop"), "Stop: buttons not reset")
     running_at_stop = metric("mmc_running_sequences")
     for t in threads:
