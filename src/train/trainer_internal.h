@@ -10,6 +10,7 @@
 #include "mmc_tokenizer.h"
 #include "mmc_diffusion.h"
 #include "mmc_llava.h"
+#include "mmc_internvl.h"
 
 #include <stdio.h>
 
@@ -55,6 +56,7 @@ struct mmc_trainer {
     mmc_qwen2 *lm;             /* the language model (vl->lm for a VL model) */
     mmc_qwen2_vl *vl;          /* Qwen2-VL / Qwen2.5-VL, or NULL for a text Qwen2 */
     mmc_llava *llava;          /* LLaVA-1.5 (lm = llava->lm), or NULL */
+    mmc_internvl *internvl;    /* InternVL, HF-native layout (lm = internvl->lm), or NULL */
     mmc_tokenizer *tok;        /* for the data pipeline (VL with JSON/JSONL data) */
     mmc_data_opts dopts;
     mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */

@@ -159,7 +159,9 @@ static void bind_projector(mw_set *w, const char *ppre, mmc_internvl *m, int64_t
     mw_bind_linear(w, ppre, r ? "3" : "linear_2", &m->proj2, C, C, true);
 }
 
-mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
+mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) { return mmc_internvl_load_ex(dir, false, out); }
+
+mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -174,6 +176,7 @@ mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
     mmc_qwen2_config tc;
     mmc_intern_vit_config vc;
     if ((st = read_config(cfg, path, m, &tc, &vc))) goto fail;
+    w->trainable = trainable;   /* f32 copies flagged as parameters (internvl_train.c) */
     if ((st = mw_open(dir, "model", w))) goto fail;
     /* 5.x save_pretrained: vision_tower., multi_modal_projector., language_model.model.,
      * language_model.lm_head.; 4.52-4.57: model.vision_tower., model.multi_modal_projector.,
@@ -189,7 +192,7 @@ mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
     bind_projector(w, ppre, m, vc.hidden_size, tc.hidden_size);
     mmc_status vst = mw_status(w, dir, "InternVL vision tower / projector");
     if (vst) verr = strdup(mmc_last_error());
-    mmc_status lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, false, &m->lm);
+    mmc_status lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, trainable, &m->lm);
     if (vst || lst) {
         st = vst ? vst : lst;
         char *lerr = lst ? strdup(mmc_last_error()) : NULL;
