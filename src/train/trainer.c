@@ -530,8 +530,8 @@ static mmc_status setup_params(mmc_trainer *t) {
     for (int i = 0; i < t->n_params; i++) {
         mmc_tensor *p = t->params[i];
         /* with LoRA the whole base model is frozen, as PEFT does */
-        /* LLaVA's CLIP tower is frozen unless model.freeze is given (then the list decides) */
-        const uint32_t fmask = c->model.freeze_mask | ((t->llava && !c->model.freeze.items) || t->internvl ? MMC_FREEZE_VISION : 0u);
+        /* LLaVA's CLIP tower (InternVL's InternViT) is frozen unless model.freeze is given (then the list decides) */
+        const uint32_t fmask = c->model.freeze_mask | ((t->llava || t->internvl) && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u);
         bool frozen = t->lora || (component_of(t->names[i]) & fmask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
