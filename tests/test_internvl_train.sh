@@ -11,10 +11,13 @@
 #   the tower unfrozen: refused with a message (InternViT trains frozen only)
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   DP: 2 ranks (LoRA, ZeRO-2) give the single-process losses (with MPI)
+#   mmc merge of PEFT's trained adapter: 16 linears folded, the tower copied unchanged
+#   malformed: the internvl_chat layout and a video sample refused with messages
 # With the reference venv (.venv-ref or MMC_REF_PYTHON), tools/ref/check_internvl_train.py:
 # transformers loads the full checkpoint (logits = mmc forward's within 1e-4 at the text
 # positions), PEFT loads mmc's 20-step adapter (its tensors within 2e-3 of PEFT's own 20-step
-# adapter, measured 8e-4; the adapted logits within 2e-3, measured 1.1e-3).
+# adapter, measured 8e-4; the adapted logits within 2e-3, measured 1.1e-3), and the merged model
+# through `mmc forward` gives PEFT's logits within 1e-4 at the text positions.
 set -u
 MMC=${MMC:-build/mmc}
 export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
@@ -25,6 +28,16 @@ W=$(mktemp -d /tmp/mmc_test_internvl_train.XXXXXX); trap 'rm -rf "$W"' EXIT
 fail=0; n=0
 ok()  { n=$((n+1)); }
 bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
+# floats of one tensor of a .safetensors, one per line (header data_offsets, then od)
+st_floats() {
+  local f=$1 name=$2 hlen hdr off
+  hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
+  hdr=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null)
+  off=$(printf '%s' "$hdr" | sed -E "s/.*\"$name\": *\{[^}]*\"data_offsets\": *\[ *([0-9]+), *([0-9]+) *\].*/\1 \2/")
+  case "$off" in ""|*[!0-9\ ]*) echo "no $name in $f" >&2; return 1 ;; esac
+  set -- $off
+  od -An -v -tf4 -w4 -j $((8 + hlen + $1)) -N $(($2 - $1)) "$f" | tr -d ' '
+}
 # max |a - b| over two files of one number per line
 maxdiff() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d}
                                   END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
@@ -106,9 +119,29 @@ else
   echo "test_internvl_train: skipped: the data-parallel check (built without MPI)"
 fi
 
+# mmc merge: the PEFT-trained adapter folded in (LM + projector linears); the InternViT tower's
+# weights copied unchanged; `mmc forward` runs the merged model (its logits against PEFT's below)
+if "$MMC" merge --adapter $F/lora_ref --out "$W/merged" > "$W/mg.log" 2>&1 &&
+   "$MMC" forward --model "$W/merged" --image $F/wide.png --prompt "What is in the picture?" \
+     --out "$W/mg.safetensors" 2>> "$W/mg.log"; then
+  grep -q "merged 16 adapted weights" "$W/mg.log" && ok || { cat "$W/mg.log"; bad "merge did not fold the 16 adapted linears"; }
+  k=vision_tower.encoder.layer.1.attention.q_proj.weight
+  st_floats "$W/merged/model.safetensors" $k > "$W/t1.txt"; st_floats tests/fixtures/internvl/v5/model.safetensors $k > "$W/t0.txt"
+  [ -s "$W/t0.txt" ] && cmp -s "$W/t0.txt" "$W/t1.txt" && ok || bad "merge changed the vision tower ($k)"
+else cat "$W/mg.log"; bad "merge failed"; fi
+
+# malformed: OpenGVLab's layout and a video sample are refused with messages naming them
+if "$MMC" train "$W/full.yaml" --set model.path=tests/fixtures/internvl/remote --set training.output_dir="$W/rm" \
+     > "$W/rm.log" 2>&1; then bad "internvl_chat training was accepted"
+else grep -q "internvl_chat layout is inference only" "$W/rm.log" && ok || { cat "$W/rm.log"; bad "internvl_chat: no clear error"; }; fi
+printf '%s\n' '{"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "x"}], "videos": ["v.mp4"]}' > "$W/video.jsonl"
+if "$MMC" train "$W/full.yaml" --set data.train="$W/video.jsonl" --set data.strict=true --set training.steps=1 \
+     --set training.output_dir="$W/vd" > "$W/vd.log" 2>&1; then bad "a video sample was accepted"
+else grep -q "InternVL takes images, not videos" "$W/vd.log" && ok || { cat "$W/vd.log"; bad "video sample: no clear error"; }; fi
+
 if "$PY" -c "import transformers, peft" 2>/dev/null; then
   "$PY" tools/ref/check_internvl_train.py "$W/lora/checkpoint-20" $F/lora_ref "$W/full/checkpoint-6" \
-      "$W/full.safetensors" $F/wide.png 2> "$W/py.log" && ok || { cat "$W/py.log"; bad "reference check of the checkpoints"; }
+      "$W/full.safetensors" $F/wide.png "$W/mg.safetensors" 2> "$W/py.log" && ok || { cat "$W/py.log"; bad "reference check of the checkpoints"; }
 else
   echo "test_internvl_train: skipped: the PEFT / transformers loading checks (no $PY)"
 fi

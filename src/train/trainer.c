@@ -368,9 +368,11 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     mmc_json_str(j, "model_type", "?", &type);
     bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
     if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && strcmp(type, "internvl") != 0 && !vl) {
-        mmc_json_free(j);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                         "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava, internvl)", path, type);
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
+                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava, internvl; OpenGVLab's internvl_chat "
+                       "layout is inference only)", path, type);
+        mmc_json_free(j);   /* (type points into it) */
+        return st;
     }
     if (!strcmp(type, "internvl")) {   /* InternVL, HF-native (internvl_train.c): the tower stays frozen */
         if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for internvl yet",

@@ -1,6 +1,6 @@
 """check_internvl_train.py — tests/test_internvl_train.sh's reference side.
 
-  python tools/ref/check_internvl_train.py LORA_CKPT LORA_REF FULL_CKPT FULL_FWD.safetensors IMAGE
+  python tools/ref/check_internvl_train.py LORA_CKPT LORA_REF FULL_CKPT FULL_FWD.safetensors IMAGE [MERGED_FWD]
 
 LoRA: PEFT loads mmc's adapter checkpoint (LORA_CKPT, after the 20 steps) on its recorded base;
 every lora_A / lora_B tensor is compared with PEFT's own 20-step adapter (LORA_REF, trained on
@@ -8,7 +8,9 @@ the same data by gen_internvl_train.py): max |diff| <= 2e-3 (AdamW amplifies flo
 in early steps; measured 1e-4), and the two adapted models' logits on FULL_FWD's prompt + IMAGE
 within 2e-3. Full: transformers loads mmc's full fine-tuning checkpoint (FULL_CKPT); its logits
 on the input_ids `mmc forward` used (FULL_FWD, with IMAGE's tiles from GotOcr2ImageProcessor,
-PIL backend) must equal mmc's within 1e-4 at the text positions.
+PIL backend) must equal mmc's within 1e-4 at the text positions. MERGED_FWD: `mmc forward` of
+LORA_REF merged by `mmc merge` (same prompt and image) — PEFT's logits with LORA_REF within 1e-4
+at the text positions.
 
 TEXT_ROWS: the logits at the <IMG_CONTEXT> positions themselves (never scored in training) differ
 by up to 4e-3 on this tiny random model for the upscaled 150x47 image, the text positions after
@@ -63,6 +65,15 @@ def main():
     d = (out[0] - out[1]).abs().max().item()
     print("mmc's adapter in PEFT vs PEFT's adapter: max |logit diff| = %.3g" % d)
     ok &= d <= TOL_LORA
+    if len(sys.argv) > 6:
+        mg = load_file(sys.argv[6])
+        if not torch.equal(mg["input_ids"].long(), ids[0]):
+            print("the merged forward used other input_ids")
+            ok = False
+        else:
+            d = (out[1] - mg["logits"])[text].abs().max().item()
+            print("mmc merge of PEFT's adapter in mmc forward vs PEFT: max |logit diff| (text positions) = %.3g" % d)
+            ok &= d <= TOL_FULL
     sys.exit(0 if ok else 1)
 
 
