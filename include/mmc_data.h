@@ -51,6 +51,7 @@
 #include "mmc_vlproc.h"
 #include "mmc_video.h"
 #include "mmc_audio.h"
+#include "mmc_internvl.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -136,6 +137,13 @@ typedef struct {
     bool omni;
     const mmc_whisper_fe *fe;
     int32_t omni_audio_id, omni_image_id, omni_video_id;
+    /* not YAML keys: an InternVL model's processing (InternVLProcessor) — images through
+     * iproc's dynamic tiling (one row of 3*s*s per tile, image_grid_thw (tiles, 1, 1)), the
+     * template's <IMG_CONTEXT> (llava_image_id) becoming <img> (internvl_start),
+     * llava_image_tokens x tiles <IMG_CONTEXT>, </img> (internvl_end); set with llava */
+    bool internvl;
+    mmc_internvl_proc iproc;
+    int32_t internvl_start, internvl_end;
     bool blank_media;          /* not a YAML key: every image / video frame replaced by a
                                   black one of the same size (mmc eval --blank-images) */
 } mmc_data_opts;

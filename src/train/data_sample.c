@@ -7,7 +7,9 @@
  * dropped with everything after it (its pixel rows too), so pads and pixels stay consistent.
  * For a LLaVA model (o->llava) the sample is made as LlavaProcessor makes it instead
  * (prepare_llava): the model's chat template tokenised with the special tokens, images through
- * CLIPImageProcessor, each <image> expanded to one token per image feature.
+ * CLIPImageProcessor, each <image> expanded to one token per image feature. For InternVL
+ * (o->internvl, same function) as InternVLProcessor makes it: the images' dynamic tiles, each
+ * <IMG_CONTEXT> of the template becoming <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>.
  */
 #include "data_internal.h"
 #include "mmc_omni.h"
@@ -167,15 +169,19 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     }
     const int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
     const int64_t K = o->llava_image_tokens;
+    int64_t *tiles = NULL;   /* InternVL: tiles per image (else 1 each) */
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     int64_t n = 0;
     mmc_tensor *pv = NULL;
     mmc_status st;
     if (count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO)) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: LLaVA-1.5 takes images, not videos", mmc_dataset_path(ds), ex.line);
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: %s takes images, not videos", mmc_dataset_path(ds), ex.line,
+                       o->internvl ? "InternVL" : "LLaVA-1.5");
         goto fail;
     }
+    if (!(tiles = calloc((size_t)n_img + 1, sizeof *tiles))) { st = oom(); goto fail; }
+    for (int i = 0; i < n_img; i++) tiles[i] = 1;
     if (n_img) {
         mmc_image *imgs = calloc((size_t)n_img, sizeof *imgs);
         if (!imgs) { st = oom(); goto fail; }
@@ -184,7 +190,8 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
         for (; loaded < n_img; loaded++)
             if ((st = load_one(ex.images[loaded], loaded, &io, &imgs[loaded]))) break;
             else if (o->blank_media) memset(imgs[loaded].data, 0, (size_t)imgs[loaded].height * imgs[loaded].width * 3);
-        if (!st) st = mmc_clip_preprocess(&o->clip, imgs, n_img, &pv);   /* [n_img, 3, S, S] */
+        if (!st && o->internvl) st = mmc_internvl_preprocess(&o->iproc, imgs, n_img, &pv, tiles);   /* [tiles, 3, s, s] */
+        else if (!st) st = mmc_clip_preprocess(&o->clip, imgs, n_img, &pv);   /* [n_img, 3, S, S] */
         for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
         free(imgs);
         if (st) {
@@ -205,9 +212,9 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     }
     /* the expanded length, and where it must be cut: before the first image that would not fit */
     int64_t total = 0, cut = -1;
-    int keep = 0;
+    int keep = 0, img = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t w = ids[i] == o->llava_image_id ? K : 1;
+        int64_t w = ids[i] != o->llava_image_id ? 1 : o->internvl ? K * tiles[img++] + 2 : K;
         if (cut < 0 && total + w > o->seq_len) cut = w > 1 ? total : o->seq_len;
         if (cut < 0 && w > 1) keep++;
         total += w;
@@ -224,9 +231,13 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     out->sample_ids = malloc(sizeof *out->sample_ids);
     if (!out->input_ids || !out->labels || !out->sample_ids) { st = oom(); goto fail; }
     int64_t j = 0;
+    img = 0;
     for (int64_t i = 0; i < n && j < T; i++) {
         if (ids[i] == o->llava_image_id) {
-            for (int64_t q = 0; q < K; q++, j++) { out->input_ids[j] = ids[i]; out->labels[j] = MMC_IGNORE_INDEX; }
+            const int64_t kk = o->internvl ? K * tiles[img++] : K;
+            if (o->internvl) { out->input_ids[j] = o->internvl_start; out->labels[j++] = MMC_IGNORE_INDEX; }
+            for (int64_t q = 0; q < kk; q++, j++) { out->input_ids[j] = ids[i]; out->labels[j] = MMC_IGNORE_INDEX; }
+            if (o->internvl) { out->input_ids[j] = o->internvl_end; out->labels[j++] = MMC_IGNORE_INDEX; }
         } else {
             out->input_ids[j] = ids[i];
             out->labels[j] = (mask[i] && !prompt_only) ? ids[i] : MMC_IGNORE_INDEX;
@@ -242,19 +253,23 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     for (int64_t t = 1; t < T; t++) out->n_label_tokens += out->labels[t] != MMC_IGNORE_INDEX;
     if (keep) {
         const int64_t dim = mmc_numel(pv) / pv->shape[0];
-        out->pixel_values = steal_or_copy(pv, keep * dim);
+        int64_t rows = 0;   /* the kept images' tiles */
+        for (int k = 0; k < keep; k++) rows += tiles[k];
+        out->pixel_values = steal_or_copy(pv, rows * dim);
         out->image_grid_thw = malloc((size_t)keep * 3 * sizeof(int64_t));
         if (!out->pixel_values || !out->image_grid_thw) { st = oom(); goto fail; }
-        for (int k = 0; k < 3 * keep; k++) out->image_grid_thw[k] = 1;
+        for (int k = 0; k < 3 * keep; k++) out->image_grid_thw[k] = k % 3 ? 1 : tiles[k / 3];
         out->patch_dim = dim;
-        out->n_patches = keep;
+        out->n_patches = rows;
         out->n_images = keep;
     }
+    free(tiles);
     free(ids);
     free(mask);
     mmc_tensor_free(pv);
     return MMC_OK;
 fail:
+    free(tiles);
     free(ids);
     free(mask);
     mmc_tensor_free(pv);

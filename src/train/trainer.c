@@ -159,6 +159,16 @@ static mmc_status loader_open(mmc_trainer *t) {
         o->clip.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
         o->llava_image_tokens = mmc_llava_image_tokens(t->llava);
         o->llava_image_id = (int32_t)t->llava->image_token_id;
+    } else if (t->internvl) {   /* InternVLProcessor: dynamic tiles, <img> <IMG_CONTEXT> x N </img> */
+        o->llava = o->internvl = true;
+        mmc_internvl_proc_default(&o->iproc);
+        if (t->src_dir[0]) {
+            mmc_status st = mmc_internvl_proc_load_dir(t->src_dir, &o->iproc, NULL, 0);
+            if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
+        }
+        o->iproc.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+        o->llava_image_tokens = o->iproc.image_seq_length;
+        o->llava_image_id = (int32_t)t->internvl->image_token_id;
     } else if (t->src_dir[0]) {
         mmc_status st = mmc_qwen2vl_proc_load_dir(t->src_dir, &o->proc, NULL, 0);
         if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
@@ -194,6 +204,13 @@ static mmc_status loader_open(mmc_trainer *t) {
                          "(tokenizer.json + chat template); give model.tokenizer", c->file, d->train);
     mmc_status st = mmc_tokenizer_load(t->src_dir, &t->tok);
     if (st) return mmc_error_prefix(st, "tokenizer (%s)", t->src_dir);
+    if (o->internvl) {
+        o->internvl_start = mmc_tokenizer_token_to_id(t->tok, "<img>");
+        o->internvl_end = mmc_tokenizer_token_to_id(t->tok, "</img>");
+        if (o->internvl_start < 0 || o->internvl_end < 0)
+            return mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <img> / </img> tokens (InternVLProcessor's "
+                             "start_image_token / end_image_token)", t->src_dir);
+    }
     memset(&t->src, 0, sizeof t->src);
     t->src.kind = SRC_LOADER;
     t->src.mb = d->micro_batch_size;
@@ -366,10 +383,12 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     mmc_json_str(j, "model_type", "?", &type);
     bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
     bool omni = !strcmp(type, "qwen2_5_omni_thinker");
-    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && !vl && !omni) {
-        mmc_json_free(j);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                         "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava, qwen2_5_omni_thinker)", path, type);
+    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && strcmp(type, "internvl") != 0 && !vl && !omni) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
+                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava, internvl, qwen2_5_omni_thinker; OpenGVLab's "
+                       "internvl_chat layout is inference only)", path, type);
+        mmc_json_free(j);   /* (type points into it) */
+        return st;
     }
     if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
         const uint32_t towers = MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER;
@@ -385,6 +404,12 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         else if (dir) st = mmc_omni_load_ex(dir, true, &t->omni);
         else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
         if (!st) t->lm = t->omni->lm;
+    } else if (!strcmp(type, "internvl")) {   /* InternVL, HF-native (internvl_train.c): the tower stays frozen */
+        if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for internvl yet",
+                                   c->file);
+        else if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);
+        else st = mmc_internvl_new(j, path, (uint64_t)c->training.seed, &t->internvl);
+        if (!st) t->lm = t->internvl->lm;
     } else if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
         if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llava yet",
                                    c->file);
@@ -444,9 +469,10 @@ static mmc_status build_param_list(mmc_trainer *t) {
         for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
         return MMC_OK;
     }
-    if (t->omni) {   /* the thinker layout (omni_train.c) */
-        mmc_status st = mmc_omni_params(t->omni, &t->params, &t->name_store, &t->omni_views, &t->n_params,
-                                        &t->n_omni_views);
+    if (t->omni || t->internvl) {   /* the thinker layout (omni_train.c) / save_pretrained's names (internvl_train.c) */
+        mmc_status st = t->omni ? mmc_omni_params(t->omni, &t->params, &t->name_store, &t->omni_views, &t->n_params,
+                                                  &t->n_omni_views)
+                                : mmc_internvl_params(t->internvl, &t->params, &t->name_store, &t->n_params);
         if (st) return st;
         if (!(t->names = calloc((size_t)t->n_params + 1, sizeof *t->names))) return mmc_error(MMC_ERR_OOM, "out of memory");
         for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
@@ -498,7 +524,8 @@ static mmc_status setup_lora(mmc_trainer *t) {
     st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
          : t->unet ? mmc_unet_linears(t->unet, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
-         : t->omni ? mmc_omni_linears(t->omni, &ml) : mmc_qwen2_linears(t->lm, "model.", &ml);
+         : t->omni ? mmc_omni_linears(t->omni, &ml) : t->internvl ? mmc_internvl_linears(t->internvl, &ml)
+         : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
                           .targets = (const char *const *)c->model.lora.targets.items,
@@ -537,8 +564,9 @@ static mmc_status setup_params(mmc_trainer *t) {
     for (int i = 0; i < t->n_params; i++) {
         mmc_tensor *p = t->params[i];
         /* with LoRA the whole base model is frozen, as PEFT does */
-        /* LLaVA's CLIP tower is frozen unless model.freeze is given (then the list decides) */
-        const uint32_t fmask = c->model.freeze_mask | (t->llava && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u) |
+        /* LLaVA's CLIP tower (InternVL's InternViT) is frozen unless model.freeze is given (then the list decides) */
+        const uint32_t fmask = c->model.freeze_mask |
+                               ((t->llava || t->internvl) && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u) |
                                (t->omni ? MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER : 0u);
         bool frozen = t->lora || (component_of(t->names[i]) & fmask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
@@ -730,7 +758,7 @@ layout_done:
         st = mmc_trainer_flux_data_open(t);
         t->src.kind = SRC_FLUX;
         t->src.mb = cfg->data.micro_batch_size;
-    } else if ((t->vl || t->llava || t->omni) && is_dataset(cfg->data.train)) {
+    } else if ((t->vl || t->llava || t->omni || t->internvl) && is_dataset(cfg->data.train)) {
         st = loader_open(t);
     } else {
         st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
@@ -738,8 +766,8 @@ layout_done:
     if (!st && t->omni && t->src.kind != SRC_LOADER)
         st = mmc_error(MMC_ERR_INVALID, "data.train %s: qwen2_5_omni_thinker trains on a JSON/JSONL dataset (messages "
                        "+ audios / images)", cfg->data.train);
-    if (!st && t->llava && t->src.kind != SRC_LOADER)
-        st = mmc_error(MMC_ERR_INVALID, "data.train %s: llava trains on a JSON/JSONL dataset (messages + images)",
+    if (!st && (t->llava || t->internvl) && t->src.kind != SRC_LOADER)
+        st = mmc_error(MMC_ERR_INVALID, "data.train %s: llava / internvl train on a JSON/JSONL dataset (messages + images)",
                        cfg->data.train);
     if (!st && t->src.pixels && !t->vl)
         st = mmc_error(MMC_ERR_INVALID, "data.train %s: has images (pixel_values) but the model is a text qwen2",
@@ -865,6 +893,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->vl) mmc_qwen2_vl_free(t->vl);
     else if (t->llava) mmc_llava_free(t->llava);
     else if (t->omni) mmc_omni_free(t->omni);
+    else if (t->internvl) mmc_internvl_free(t->internvl);
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
     mmc_sd3_free(t->sd3);
@@ -1138,7 +1167,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
      * gradient reaches (the projector on a text-only batch) is stepped with a zero gradient
      * whether or not an earlier step of this process touched it (else a resumed run would skip
      * it where the uninterrupted one steps it). DP's reducer hands out its own buffers. */
-    for (int i = 0; t->llava && !t->dp && i < t->n_opt; i++)
+    for (int i = 0; (t->llava || t->internvl) && !t->dp && i < t->n_opt; i++)
         if (!t->opt_model[i]->grad) mmc_grad(t->ctx, t->opt_model[i]);
     mmc_zero_grad(t->params, t->n_params);
     if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
@@ -1160,10 +1189,11 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                 mmc_error_prefix(st, "step %lld, micro-batch %lld", (long long)t->step + 1, (long long)k + 1);
                 goto done;
             }
-        } else if (t->vl || t->llava || t->omni) {
-            if ((st = t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
-                      : t->omni ? mmc_omni_batch_loss(t->ctx, t->omni, &mbs[k], scale, &l, &n)
-                                : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
+        } else if (t->vl || t->llava || t->omni || t->internvl) {
+            if ((st = t->internvl ? mmc_internvl_batch_loss(t->ctx, t->internvl, &mbs[k], scale, &l, &n)
+                      : t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
+                      : t->omni   ? mmc_omni_batch_loss(t->ctx, t->omni, &mbs[k], scale, &l, &n)
+                                  : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
                 mmc_ctx_reset(t->ctx);
                 if (t->dp) mmc_dp_forward_end(t->dp);
                 mmc_error_prefix(st, "step %lld, micro-batch %lld (first sample %lld)", (long long)t->step + 1,
@@ -1275,7 +1305,8 @@ done:
 static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
     *loss = NAN;
     *tokens = 0;
-    if ((!t->vl && !t->llava && !t->omni) || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
+    if ((!t->vl && !t->llava && !t->omni && !t->internvl) || t->src.kind != SRC_LOADER || !t->dopts.eval)
+        return MMC_ERR_NOT_FOUND;
     mmc_loader *l = NULL;
     mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
     if (st) return mmc_error_prefix(st, "data.eval");
@@ -1289,9 +1320,10 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
         if (b.B == 0) { mmc_batch_free(&b); break; }
         mmc_tensor *lt = NULL;
         int64_t k = 0;
-        st = t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
-             : t->omni ? mmc_omni_batch_loss(t->ctx, t->omni, &b, 1.0, &lt, &k)
-                       : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
+        st = t->internvl ? mmc_internvl_batch_loss(t->ctx, t->internvl, &b, 1.0, &lt, &k)
+             : t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
+             : t->omni   ? mmc_omni_batch_loss(t->ctx, t->omni, &b, 1.0, &lt, &k)
+                         : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
         if (!st) sum += *(const float *)lt->data, n += k;
         mmc_ctx_reset(t->ctx);
         mmc_batch_free(&b);

@@ -10,6 +10,7 @@
 #include "mmc_tokenizer.h"
 #include "mmc_diffusion.h"
 #include "mmc_llava.h"
+#include "mmc_internvl.h"
 
 #include <stdio.h>
 
@@ -59,6 +60,7 @@ struct mmc_trainer {
     mmc_tensor **omni_views;   /* its vision q / k / v views (mmc_omni_params) */
     int n_omni_views;
     mmc_whisper_fe omni_fe;    /* its WhisperFeatureExtractor (the data pipeline's) */
+    mmc_internvl *internvl;    /* InternVL, HF-native layout (lm = internvl->lm), or NULL */
     mmc_tokenizer *tok;        /* for the data pipeline (VL with JSON/JSONL data) */
     mmc_data_opts dopts;
     mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */
