@@ -28,6 +28,15 @@ for np in 2 4; do
     echo "FAIL: cp_worker on $np ranks:"; cat "$out"; fail=1
   fi
 done
+# per-rank activation memory of a T=4096 row (forward + backward): cp=2 must hold at most 0.6 of
+# the single process's arena peak (attention, MLP and logits all scale with T/C), same loss (1e-5 rel)
+timeout 60 "$CPW" mem tests/fixtures/qwen2/tiny 4096 >"$out" 2>&1 && timeout 60 "${MPIRUN[@]}" -np 2 "$CPW" mem tests/fixtures/qwen2/tiny 4096 >>"$out" 2>&1
+if awk '/cp memory/ { for (i = 1; i <= NF; i++) { if ($i == "peak") p[$6] = $(i + 1); if ($i == "loss") l[$6] = $(i + 1) } }
+        END { d = l["1,"] - l["2,"]; if (d < 0) d = -d; exit !(p["1,"] > 0 && p["2,"] <= 0.6 * p["1,"] && d <= 1e-5 * l["1,"]) }' "$out"; then
+  grep 'cp memory' "$out" | grep -v 'rank 1'
+else
+  echo "FAIL: cp memory:"; cat "$out"; fail=1
+fi
 
 cfg() {  # cfg NAME CP SEQ_LEN
   cat > "$W/$1.yaml" <<YAML
