@@ -59,8 +59,10 @@ runN 2 "$W/cp2.yaml" || { echo "FAIL: cp=2 run"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train cp=2 vs 1 process" ref cp2
 run1 "$W/ref15.yaml" && runN 2 "$W/cp15.yaml" || { echo "FAIL: seq_len 15 runs"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train cp=2, seq_len 15 (padded to 16, masked) vs 1 process" ref15 cp15
-runN 4 "$W/cp2.yaml" --set training.output_dir="$W/cpdp" || { echo "FAIL: cp2 x dp2 run"; tail "$W/train.log"; fail=1; }
-cmp_runs "mmc train cp=2 x dp=2 (4 ranks) vs 1 process" ref cpdp
+# through `mmc launch -n 4` (it sets data_parallel = 4 / context_parallel)
+timeout 120 "$MMC" launch -n 4 "$W/cp2.yaml" --set training.output_dir="$W/cpdp" >>"$W/train.log" 2>&1 ||
+  { echo "FAIL: cp2 x dp2 run (mmc launch -n 4)"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc launch -n 4: cp=2 x dp=2 vs 1 process" ref cpdp
 runN 2 "$W/cp2.yaml" --set training.output_dir="$W/r22" --set training.steps=3 &&
   cp -r "$W/r22" "$W/r21" && runN 2 "$W/cp2.yaml" --set training.output_dir="$W/r22" --resume || fail=1
 cmp_runs "cp=2 3 steps, resumed at cp=2" ref r22
