@@ -85,6 +85,13 @@ expect_err "cp larger than the world" "context_parallel 2 is larger than the job
 expect_err "world not divisible by cp" "3 processes do not divide into context-parallel groups of 2" 3 "$W/cp2.yaml"
 expect_err "cp with tp" "context_parallel: 2 with tensor_parallel > 1 is not supported yet" 1 "$W/cp2.yaml" --set parallel.tensor_parallel=2
 expect_err "cp with ZeRO" "context_parallel: 2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/cp2.yaml" --set parallel.zero=1
+cat > "$W/vl.yaml" <<YAML
+model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
+data: {train: tests/fixtures/data/mixed.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: 4, micro_batch_size: 2, num_workers: 1}
+parallel: {context_parallel: 2}
+training: {steps: 1, output_dir: $W/vl}
+YAML
+expect_err "cp on Qwen2-VL" "parallel.context_parallel is implemented for the text Qwen2 family only so far (this model is a Qwen2-VL)" 2 "$W/vl.yaml"
 
 [ $fail = 0 ] && echo "test_cp: passed" || echo "test_cp: FAILED"
 exit $fail
