@@ -85,6 +85,11 @@ expect_err "cp larger than the world" "context_parallel 2 is larger than the job
 expect_err "world not divisible by cp" "3 processes do not divide into context-parallel groups of 2" 3 "$W/cp2.yaml"
 expect_err "cp with tp" "context_parallel: 2 with tensor_parallel > 1 is not supported yet" 1 "$W/cp2.yaml" --set parallel.tensor_parallel=2
 expect_err "cp with ZeRO" "context_parallel: 2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/cp2.yaml" --set parallel.zero=1
+# a non-finite loss on the group stops every rank at the same step (no rank left in a collective)
+MMC_TRAIN_TEST_NAN_STEP=2 timeout 60 "$MMC" launch -n 4 "$W/cp2.yaml" --set training.output_dir="$W/nan" >"$out" 2>&1
+if [ "$(grep -c 'the loss is not finite on some context-parallel rank' "$out")" = 4 ]; then
+  echo "error (NaN loss at cp2 x dp2): every rank: $(grep -m1 'not finite' "$out" | cut -c1-160)"
+else echo "FAIL: NaN loss under cp:"; cat "$out"; fail=1; fi
 cat > "$W/vl.yaml" <<YAML
 model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
 data: {train: tests/fixtures/data/mixed.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: 4, micro_batch_size: 2, num_workers: 1}

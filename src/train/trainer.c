@@ -1137,7 +1137,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         float lv = *(const float *)l->data;
         const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
         if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
-        if (!isfinite(lv) && t->dp_size == 1) {   /* (the tp ranks of a replica share the loss) */
+        if (!isfinite(lv) && t->dp_size == 1 && !t->cpc) {   /* (the tp ranks of a replica share the loss; cp: below) */
             mmc_ctx_reset(t->ctx);
             if (t->dp) mmc_dp_forward_end(t->dp);
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "
@@ -1158,7 +1158,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
          * loss on any rank stops every rank at the same step */
         if ((st = mmc_dp_finish(t->dp, t->ctx))) goto done;
         if ((st = mmc_all_reduce(t->dpc, &loss, &loss, 1, MMC_F64, MMC_SUM))) goto done;
-        if (!isfinite(loss)) {
+        if (!isfinite(loss) && !t->cpc) {   /* (cp: checked once summed over the cp group too) */
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite on some rank; stopping without "
                            "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
             goto done;

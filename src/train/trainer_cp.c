@@ -8,6 +8,7 @@
 #include "trainer_internal.h"
 #include "mmc_cp.h"
 
+#include <math.h>
 #include <string.h>
 
 mmc_status mmc_cp_trainer_layout(mmc_trainer *t) {
@@ -55,5 +56,10 @@ mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {
         mmc_tensor *g = t->opt_model[i]->grad;
         if (g && (st = mmc_all_reduce(t->cpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) return st;
     }
-    return mmc_all_reduce(t->cpc, loss, loss, 1, MMC_F64, MMC_SUM);
+    if ((st = mmc_all_reduce(t->cpc, loss, loss, 1, MMC_F64, MMC_SUM))) return st;
+    if (!isfinite(*loss))   /* every rank of the group sees the sum: all stop at the same step */
+        return mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite on some context-parallel rank; stopping "
+                         "without updating the weights — the last checkpoint is intact; lower optimizer.lr or check "
+                         "the data", (long long)t->step + 1);
+    return MMC_OK;
 }
