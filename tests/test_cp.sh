@@ -68,6 +68,9 @@ runN 2 "$W/cp2.yaml" --set training.output_dir="$W/r22" --set training.steps=3 &
 cmp_runs "cp=2 3 steps, resumed at cp=2" ref r22
 run1 "$W/ref.yaml" --set training.output_dir="$W/r21" --resume || fail=1
 cmp_runs "cp=2 3 steps, resumed at cp=1" ref r21
+# activation recompute: the all-to-alls run again inside backward, in the same order on every rank
+runN 2 "$W/cp2.yaml" --set training.output_dir="$W/rc" --set model.recompute=full || { echo "FAIL: cp=2 recompute run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train cp=2 + model.recompute full vs 1 process" ref rc
 LORA='lora: {r: 4, alpha: 8, dropout: 0.0, targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}'
 for n in ref cp2; do sed "s/dtype: f32}/dtype: f32, $LORA}/; s#output_dir: $W/$n}#output_dir: $W/${n}L}#" "$W/$n.yaml" > "$W/${n}L.yaml"; done
 run1 "$W/refL.yaml" && runN 2 "$W/cp2L.yaml" || { echo "FAIL: LoRA runs"; tail "$W/train.log"; fail=1; }
