@@ -1471,6 +1471,10 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                 !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
                 why, t->vl && !t->vl->visual->tp ? ")" : "");
     }
+    if (t->cpc)
+        fprintf(stderr, "mmc train: context parallelism (Ulysses) %d x data parallelism %d (%s): each rank holds 1/%d "
+                "of every sequence, attention exchanges heads for tokens\n", t->cp_size, t->dp_size,
+                mmc_comm_backend_name(t->world), t->cp_size);
     if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,
