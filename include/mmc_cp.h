@@ -8,8 +8,9 @@
  * output back to [B, T/C, H, D]. Backward mirrors it: the gradient of one all-to-all is the
  * other. RoPE is applied before the exchange, with each token's global position.
  * Weights are replicated over the group; each rank's weight gradients are partial (its tokens
- * only) and are all-reduced over the group, as data parallelism does. Query and KV heads must
- * both divide by C (whole GQA groups per rank). */
+ * only) and are all-reduced over the group, as data parallelism does. C must divide the query
+ * heads; KV heads are divided among the ranks when C divides them, else (C a multiple of them)
+ * each is replicated over C / Hkv ranks (mmc_cp_expand_kv). */
 #ifndef MMC_CP_H
 #define MMC_CP_H
 
@@ -32,6 +33,10 @@ mmc_status mmc_cp_head_to_seq_raw(mmc_comm *cp, const float *y, float *x, int64_
 mmc_tensor *mmc_cp_seq_to_head(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *x);   /* [B,T/C,H,D] -> [B,T,H/C,D] */
 mmc_tensor *mmc_cp_head_to_seq(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *y);   /* [B,T,H/C,D] -> [B,T/C,H,D] */
 
+/* k or v [B, T/C, Hkv, D] ready for mmc_cp_seq_to_head: itself when C divides Hkv; when Hkv < C
+ * (C a multiple of Hkv) each KV head repeated C / Hkv times -> [B, T/C, C, D], so that each rank
+ * receives the KV head of its query heads' GQA group (backward sums the copies). */
+mmc_tensor *mmc_cp_expand_kv(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *k);
 /* Whether a Qwen2 text model can be split over C context-parallel ranks: MMC_OK, or an
  * MMC_ERR_INVALID naming the key (num_attention_heads / num_key_value_heads) and what to do. */
 mmc_status mmc_cp_check_qwen2(const mmc_qwen2_config *c, int C, const char *file);

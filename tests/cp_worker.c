@@ -8,14 +8,15 @@
  *    whole sequence, and head->seq must give back the shard bit for bit (pure data movement:
  *    tolerance 0).
  * 2. Attention: random q [B, T, 4, D], k, v [B, T, 2, D] (GQA), causal, and a packed row (B = 1,
- *    three cu_seqlens segments); every rank also computes the unsplit attention. The
+ *    three cu_seqlens segments), and with C/2 KV heads (each replicated over 2 ranks by
+ *    mmc_cp_expand_kv); every rank also computes the unsplit attention. The
  *    Ulysses output (shard -> seq->head -> attention -> head->seq) must equal the rank's slice
  *    of the unsplit output: each head's attention runs on the same whole sequence through the
  *    same kernel, so the tolerance is 1e-6 absolute (float summation order only; measured 0).
  *    Gradients of L = sum(out * w) (w fixed random) with respect to the q/k/v shards — through
  *    the all-to-all backwards of every rank — must equal the slices of the unsplit gradients
- *    within 1e-5 absolute (the k/v gradients are sums over the query heads of a GQA group,
- *    added in the same order). Prints "cp unit: ..." with the measured figures. */
+ *    within 1e-5 absolute (measured 0 with C KV heads; 4.8e-7 with replicated ones, whose copies'
+ *    gradients are summed in another order). Prints "cp unit: ..." with the measured figures. */
 #include "test_util.h"
 #include "mmc_parallel.h"
 #include "mmc_cp.h"
@@ -63,9 +64,10 @@ static void resharding(mmc_comm *cp) {
 }
 
 /* one attention case: B rows of T = Tl * C tokens, optional packing */
-static void attention_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *cu, int n_seqs, uint64_t seed) {
+static void attention_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *cu, int n_seqs, int64_t Hkv,
+                           uint64_t seed) {
     const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
-    const int64_t T = Tl * C, Hq = 2 * C, Hkv = C, D = 8;
+    const int64_t T = Tl * C, Hq = 2 * C, D = 8;
     mmc_tensor *q = randn_param(seed, 4, MMC_SHAPE(B, T, Hq, D), 1.0f), *k = randn_param(seed + 1, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f),
                *v = randn_param(seed + 2, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f);
     mmc_tensor *qs = randn_param(seed, 4, MMC_SHAPE(B, T, Hq, D), 1.0f), *ks = randn_param(seed + 1, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f),
@@ -82,8 +84,8 @@ static void attention_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *c
     /* Ulysses: this rank's tokens [r Tl, (r+1) Tl) */
     mmc_tensor *ws = mmc_contiguous(ctx, mmc_narrow(ctx, w, 1, r * Tl, Tl));
     mmc_tensor *oq = mmc_cp_seq_to_head(ctx, cp, mmc_narrow(ctx, qs, 1, r * Tl, Tl));
-    mmc_tensor *ok = mmc_cp_seq_to_head(ctx, cp, mmc_narrow(ctx, ks, 1, r * Tl, Tl));
-    mmc_tensor *ov = mmc_cp_seq_to_head(ctx, cp, mmc_narrow(ctx, vs, 1, r * Tl, Tl));
+    mmc_tensor *ok = mmc_cp_seq_to_head(ctx, cp, mmc_cp_expand_kv(ctx, cp, mmc_narrow(ctx, ks, 1, r * Tl, Tl)));
+    mmc_tensor *ov = mmc_cp_seq_to_head(ctx, cp, mmc_cp_expand_kv(ctx, cp, mmc_narrow(ctx, vs, 1, r * Tl, Tl)));
     mmc_tensor *os = mmc_cp_head_to_seq(ctx, cp, mmc_attention(ctx, oq, ok, ov, &ao));   /* [B, Tl, Hq, D] */
     mmc_backward(ctx, mmc_sum(ctx, mmc_mul(ctx, os, ws)));
     mmc_tensor *ofs = mmc_contiguous(ctx1, mmc_narrow(ctx1, of, 1, r * Tl, Tl));
@@ -154,9 +156,17 @@ int main(int argc, char **argv) {
     }
     const int R = mmc_comm_rank(world), C = mmc_comm_size(world);
     resharding(world);
-    attention_case(world, 2, 5, NULL, 0, 11);                 /* padded rows, causal */
+    attention_case(world, 2, 5, NULL, 0, C, 11);              /* padded rows, causal, C KV heads */
     const int32_t cu[4] = {0, 3 * C, 3 * C + 2, 4 * C};       /* one packed row: 3 segments */
-    attention_case(world, 1, 4, cu, 3, 21);
+    attention_case(world, 1, 4, cu, 3, C, 21);
+    attention_case(world, 2, 5, NULL, 0, C / 2 > 0 ? C / 2 : 1, 31);   /* fewer KV heads than ranks: replicated */
+    if (R == 0) {   /* validation: query heads must divide; KV heads divide or are divided by C */
+        mmc_qwen2_config qc = {.num_heads = 12, .num_kv_heads = 4};
+        CHECK(mmc_cp_check_qwen2(&qc, 4, "x.yaml") == MMC_OK && mmc_cp_check_qwen2(&qc, 12, "x.yaml") == MMC_OK);
+        CHECK(mmc_cp_check_qwen2(&qc, 6, "x.yaml") == MMC_ERR_INVALID && strstr(mmc_last_error(), "num_key_value_heads 4"));
+        printf("cp validation: %s\n", mmc_last_error());
+        CHECK(mmc_cp_check_qwen2(&qc, 8, "x.yaml") == MMC_ERR_INVALID && strstr(mmc_last_error(), "num_attention_heads 12"));
+    }
     if (R == 0) printf("cp unit: %d ranks: re-sharding exact; attention vs unsplit max |diff| %.2e (tol 1e-6), "
                        "q/k/v gradients %.2e (tol 1e-5)\n", C, g_fwd, g_bwd);
     if (!g_fail) printf("rank %d: all %d cp checks passed\n", R, g_checks);

@@ -134,18 +134,38 @@ mmc_tensor *mmc_cp_head_to_seq(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *y) {
     return x;
 }
 
+/* KV heads fewer than the group (GQA, Hkv < C, C % Hkv == 0): each repeated C / Hkv times, so that
+ * rank r gets KV head r Hkv / C — the one its query heads [r Hq/C, (r+1) Hq/C) attend with. The
+ * repeat is a broadcast multiply by ones, whose backward sums the copies' gradients. */
+mmc_tensor *mmc_cp_expand_kv(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *k) {
+    const int C = cp ? mmc_comm_size(cp) : 1;
+    const int64_t B = k->shape[0], T = k->shape[1], H = k->shape[2], D = k->shape[3];
+    if (C <= 1 || H % C == 0) return k;
+    MMC_CHECK(C % H == 0, "mmc_cp_expand_kv: %lld KV heads neither divide nor are divided by %d ranks", (long long)H, C);
+    const int64_t rep = C / H;
+    mmc_tensor *ones = mmc_new(ctx, MMC_F32, 5, MMC_SHAPE(1, 1, 1, rep, 1));
+    for (int64_t i = 0; i < rep; i++) ((float *)ones->data)[i] = 1.0f;
+    mmc_tensor *e = mmc_mul(ctx, mmc_reshape(ctx, k, 5, MMC_SHAPE(B, T, H, 1, D)), ones);   /* [B, T, H, rep, D] */
+    return mmc_reshape(ctx, mmc_contiguous(ctx, e), 4, MMC_SHAPE(B, T, H * rep, D));       /* [B, T, C, D] */
+}
+
 /* ------------------------------------------------------------------ Qwen2 */
 mmc_status mmc_cp_check_qwen2(const mmc_qwen2_config *c, int C, const char *file) {
     if (C <= 1) return MMC_OK;
     const char *key = NULL;
     int64_t v = 0;
     if (c->num_heads % C) key = "num_attention_heads", v = c->num_heads;
-    else if (c->num_kv_heads % C) key = "num_key_value_heads", v = c->num_kv_heads;
+    else if (c->num_kv_heads % C && C % c->num_kv_heads) key = "num_key_value_heads", v = c->num_kv_heads;
     if (!key) return MMC_OK;
-    return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d does not divide %s %lld of the language "
-                     "model: Ulysses attention gives each rank whole query and KV heads (KV-head replication is not "
-                     "implemented); use a context_parallel that divides both %d query and %d KV heads",
-                     file ? file : "config", C, key, (long long)v, (int)c->num_heads, (int)c->num_kv_heads);
+    if (key[4] == 'k')
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d neither divides nor is a multiple of "
+                         "num_key_value_heads %lld of the language model: Ulysses attention gives each rank whole KV "
+                         "heads (divided among the ranks, or each replicated over C / num_key_value_heads ranks); use "
+                         "a context_parallel that divides %d and is a multiple or a divisor of %d",
+                         file ? file : "config", C, (long long)v, (int)c->num_heads, (int)c->num_kv_heads);
+    return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d does not divide num_attention_heads %lld of "
+                     "the language model: Ulysses attention gives each rank whole query heads; use a context_parallel "
+                     "that divides %d", file ? file : "config", C, (long long)v, (int)c->num_heads);
 }
 
 void mmc_cp_attach_qwen2(mmc_qwen2 *m, mmc_comm *cp) {
