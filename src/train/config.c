@@ -122,6 +122,8 @@ static const mmc_cfg_field k_parallel[] = {
       "P x v entries, virtual stage c P + s on rank s)"),
     F(mmc_parallel_cfg, pipeline_virtual, MMC_CFG_INT, 1, 16, NULL, NULL,
       "model chunks per pipeline rank: interleaved 1F1B, bubble / v (Megatron's virtual pipeline size)"),
+    F(mmc_parallel_cfg, context_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
+      "context-parallel ranks (DeepSpeed-Ulysses): each sequence split over them, heads exchanged in attention"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
       "seconds a rank waits on a collective before aborting the job, naming the rank it waits on (600; "
@@ -189,6 +191,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.num_workers = 2;
     c->data.prefetch = 4;
     c->parallel = (mmc_parallel_cfg){.data_parallel = 1, .tensor_parallel = 1, .pipeline_parallel = 1, .pipeline_virtual = 1,
+                                     .context_parallel = 1,
                                      .timeout = 600.0};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
@@ -341,6 +344,18 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         return verr(c, root, "parallel", "zero", "%lld with tensor_parallel %lld and %s: not supported yet (their partial "
                     "gradients are reduced outside ZeRO's shards); use zero 0", (long long)p->zero,
                     (long long)p->tensor_parallel, p->sequence_parallel ? "sequence_parallel" : "LoRA");
+    /* context parallelism (mmc_cp.h): the text Qwen2 with plain data parallelism (heads and KV heads
+     * are checked against config.json when the model is read) */
+    if (p->context_parallel > 1) {
+        const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
+                          : p->zero > 0 ? "ZeRO (parallel.zero > 0)" : c->model.quantization.method != MMC_QUANT_NONE
+                          ? "model.quantization" : c->training.ema_decay > 0 ? "training.ema_decay"
+                          : c->data.eval ? "an evaluation set (data.eval)" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "context_parallel", "%lld with %s is not supported yet; context "
+                        "parallelism composes with plain data parallelism (zero 0) of the text Qwen2",
+                        (long long)p->context_parallel, why);
+    }
     if (d->batch_size % (d->micro_batch_size * p->data_parallel))
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
                     "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,

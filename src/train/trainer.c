@@ -8,6 +8,7 @@
  * normalisation, clip_grad_norm_, get_*_schedule_with_warmup, torch.optim.AdamW), so a run
  * matches transformers + torch step for step (tests/test_train_parity.c). */
 #include "trainer_internal.h"
+#include "mmc_cp.h"
 #include "mmc_tp.h"
 #include "mmc_quant.h"
 #include "mmc_pp.h"
@@ -675,6 +676,10 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         if ((st = mmc_trainer_pp_layout(t))) goto fail;
         goto layout_done;
     }
+    if ((t->cp_size = (int)cfg->parallel.context_parallel) > 1) {   /* Ulysses: cp groups x dp replicas */
+        if ((st = mmc_cp_trainer_layout(t))) goto fail;
+        goto layout_done;
+    }
     if (t->tp_size > t->world_size) {
         st = mmc_error(MMC_ERR_INVALID, "%s: parallel.tensor_parallel %d is larger than the job's %d process%s: a "
                        "tensor-parallel group needs that many ranks; launch with mpirun -np %d (or a multiple)",
@@ -735,6 +740,7 @@ layout_done:
                                                                                                        : cfg->model.path)))
         goto fail;
     if (t->pp_size > 1 && (st = mmc_trainer_pp_setup(t))) goto fail;   /* keep this stage's layers */
+    if (t->cpc && (st = mmc_cp_trainer_check(t))) goto fail;        /* text Qwen2, heads % cp */
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
@@ -1181,6 +1187,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         int64_t n;
         mmc_tensor *l = NULL;
         if (t->tpc && t->lm->sp && mbs[k].T % t->tp_size && (st = sp_pad_batch(&mbs[k], t->tp_size))) goto done;
+        if (t->cpc && mbs[k].T % t->cp_size && (st = sp_pad_batch(&mbs[k], t->cp_size))) goto done;   /* cp: pad, masked */
         if (t->dp) mmc_dp_forward_begin(t->dp, t->ctx);   /* ZeRO-3: gathers the root unit */
         if (mmc_trainer_diffusion(t)) {
             n = mbs[k].B;
@@ -1201,12 +1208,13 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                 goto done;
             }
         } else {
-            l = mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
+            l = t->cpc ? mmc_cp_qwen2_lm_loss(t->ctx, t->lm, t->cpc, &mbs[k], scale, &n)   /* this rank's shard */
+                       : mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
         }
         float lv = *(const float *)l->data;
         const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
         if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
-        if (!isfinite(lv) && t->dp_size == 1) {   /* (the tp ranks of a replica share the loss) */
+        if (!isfinite(lv) && t->dp_size == 1 && !t->cpc) {   /* (the tp ranks of a replica share the loss; cp: below) */
             mmc_ctx_reset(t->ctx);
             if (t->dp) mmc_dp_forward_end(t->dp);
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "
@@ -1227,12 +1235,13 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
          * loss on any rank stops every rank at the same step */
         if ((st = mmc_dp_finish(t->dp, t->ctx))) goto done;
         if ((st = mmc_all_reduce(t->dpc, &loss, &loss, 1, MMC_F64, MMC_SUM))) goto done;
-        if (!isfinite(loss)) {
+        if (!isfinite(loss) && !t->cpc) {   /* (cp: checked once summed over the cp group too) */
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite on some rank; stopping without "
                            "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
             goto done;
         }
     }
+    if (t->cpc && (st = mmc_cp_trainer_reduce(t, &loss))) goto done;   /* cp: weight gradients and loss summed */
     for (int i = 0; t->tpc && t->lm->sp && i < t->lm->n_params; i++) {   /* sp: the replicated parameters' partial gradients */
         mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
         if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
@@ -1542,6 +1551,10 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                 !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
                 why, t->vl && !t->vl->visual->tp ? ")" : "");
     }
+    if (t->cpc)
+        fprintf(stderr, "mmc train: context parallelism (Ulysses) %d x data parallelism %d (%s): each rank holds 1/%d "
+                "of every sequence, attention exchanges heads for tokens\n", t->cp_size, t->dp_size,
+                mmc_comm_backend_name(t->world), t->cp_size);
     if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,

@@ -105,6 +105,10 @@ struct mmc_trainer {
     bool have_groups;
     mmc_comm *tpc, *dpc;       /* tpc NULL at tp 1 */
     int tp_size, dp_rank, dp_size;
+    /* context parallelism (mmc_cp.h): cp_size ranks share each micro-batch, one sequence shard
+     * each; cpc NULL at cp 1 (the dp replicas are world / cp_size, over dpc) */
+    mmc_comm *cpc;
+    int cp_size;
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
     bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
@@ -144,6 +148,11 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t);
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss);
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
 mmc_status mmc_trainer_pp_save(mmc_trainer *t);
+
+/* trainer_cp.c: context parallelism (mmc_cp.h) */
+mmc_status mmc_cp_trainer_layout(mmc_trainer *t);
+mmc_status mmc_cp_trainer_check(mmc_trainer *t);
+mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss);
 
 /* checkpoint.c */
 mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);
