@@ -13,8 +13,15 @@ printed against it for the record.
 
 Writes tests/fixtures/llama_train/: tiny/ (config.json, model.safetensors, tokenizer files),
 batch.safetensors (input_ids, labels: the trainer's data.train) and parity.safetensors (losses,
-grad_norms, lrs [20] float64 and "final.<HF name>" float32 for every weight)."""
+grad_norms, lrs [20] float64 and "final.<HF name>" float32 for every weight).
+
+LoRA (PEFT, float32 as a user runs it): r 4, alpha 8, no dropout on the modules named q_proj,
+v_proj, down_proj, the same loop and batch (every LoRA matrix is 2-D, so all take the decay),
+from PEFT's initial adapter with lora_B set to small random values (PEFT's zero B would leave
+A's first gradients zero): lora_init/ (the adapter mmc starts from, model.lora.init),
+lora_losses.txt (20 losses), lora_ref/ (the adapter after 20 steps, save_pretrained)."""
 import contextlib
+import json
 import os
 import sys
 
@@ -64,7 +71,7 @@ def float64_throughout():
 
 def train(model, rows, n_items, V):
     model.train()
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}   # LoRA: the adapter only
     decay = [p for p in params.values() if p.ndim >= 2]
     no_decay = [p for p in params.values() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -80,7 +87,7 @@ def train(model, rows, n_items, V):
                                                      ignore_index=-100, reduction="sum") / n_items
             loss.backward()
             total += loss.item()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         lrs.append(sched.get_last_lr()[0])
         opt.step()
         sched.step()
@@ -133,3 +140,31 @@ for n, p in m64.named_parameters():
     out["final." + n] = p.detach().float().contiguous()
 save_file(out, os.path.join(OUT, "parity.safetensors"))
 save_file({"input_ids": ids, "labels": labels.to(torch.int32)}, os.path.join(OUT, "batch.safetensors"))
+
+# ---- LoRA through PEFT
+from peft import LoraConfig, get_peft_model   # noqa: E402
+
+torch.manual_seed(1)
+base = LlamaForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="eager")
+pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                     target_modules=["q_proj", "v_proj", "down_proj"]))
+with torch.no_grad():
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:
+            p.normal_(0.0, 0.02)
+
+
+def save_adapter(d):
+    pm.save_pretrained(os.path.join(OUT, d))
+    c = os.path.join(OUT, d, "adapter_config.json")
+    j = json.load(open(c))
+    j["base_model_name_or_path"] = "tests/fixtures/llama_train/tiny"   # relative to the repository root
+    json.dump(j, open(c, "w"), indent=2)
+
+
+save_adapter("lora_init")
+lora = train(pm, rows, n_items, V)
+save_adapter("lora_ref")
+with open(os.path.join(OUT, "lora_losses.txt"), "w") as f:
+    f.write("".join("%.8f\n" % v for v in lora[0]))
+print("lora losses", [round(x, 5) for x in lora[0]])
