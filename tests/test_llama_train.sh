@@ -10,7 +10,7 @@
 #   QLoRA: the base quantised to NF4 (block 64, double quantisation), the same LoRA: 20 steps run
 #         and the first loss is within 1e-3 relative of the float base's (NF4 moves the tiny
 #         model's logits a little; measured 5.6e-5) — a smoke check, the NF4 kernels' parity
-#         is test_qlora's
+#         is test_lora's
 #   DP (with mpirun): 2 ranks x 1 micro-batch give the single-process LoRA losses within 1e-5
 #         (measured: identical)
 # With the reference venv (.venv-ref or MMC_REF_PYTHON): transformers loads the full checkpoint

@@ -350,8 +350,9 @@ static mmc_status tp_lora_setup(mmc_trainer *t) {
  * Mistral's sliding-window attention is not implemented (attention is full causal), which is
  * exact only while no sequence is longer than the window: data.seq_len past it is refused. */
 static mmc_status llama_check(const mmc_run_config *c, const mmc_json *j, const char *path, bool tp) {
-    if (tp) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llama / "
-                             "mistral yet (data parallelism is)", c->file);
+    if (tp || c->parallel.pipeline_parallel > 1)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel / pipeline_parallel are not supported "
+                         "for llama / mistral yet (data parallelism is)", c->file);
     const mmc_json *sw = mmc_json_get(j, "sliding_window");
     if (sw && mmc_json_has(j, "sliding_window")) {
         int64_t w = 0;
