@@ -6,6 +6,8 @@
 #         initial adapter (model.lora.init): every step's loss within 1e-4 relative of PEFT's
 #         (measured below), the final lora_A / lora_B of layer 0 q_proj within 1e-4 of PEFT's
 #   full: 20 steps through the CLI; the checkpoint holds LlamaForCausalLM's names (lm_head untied)
+#   Mistral: 2 full steps, the checkpoint loaded by transformers; data.seq_len past its
+#         sliding_window refused with a message
 #   resume: the full run resumed from checkpoint-10 prints the same loss lines for steps 11-20
 #   QLoRA: the base quantised to NF4 (block 64, double quantisation), the same LoRA: 20 steps run
 #         and the first loss is within 1e-3 relative of the float base's (NF4 moves the tiny
@@ -113,9 +115,18 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   else cat "$W/res.log"; bad "resume failed"; fi
 else cat "$W/full.log"; bad "full training failed"; fi
 
+# Mistral: 2 full steps (its parity is test_llama_train_parity's); the window must cover data.seq_len
+"$MMC" train "$W/full.yaml" --set model.path=$F/mistral --set data.seq_len=24 --set training.steps=2 \
+  --set optimizer.warmup_steps=1 --set training.save_every=2 --set training.output_dir="$W/mistral" 2> "$W/mistral.log" \
+  && ok || { cat "$W/mistral.log"; bad "Mistral training failed"; }
+if "$MMC" train "$W/full.yaml" --set model.path=$F/mistral --set data.seq_len=64 --set training.output_dir="$W/m2" 2> "$W/m2.log"; then
+  bad "Mistral with data.seq_len past sliding_window was accepted"
+else grep -q "sliding_window 32 is shorter than data.seq_len 64" "$W/m2.log" && ok || { cat "$W/m2.log"; bad "sliding_window message"; }; fi
+
 # the reference loaders
 if "$PY" -c "import transformers, peft, tensorboard" 2>/dev/null; then
   "$PY" tools/ref/check_train_outputs.py "$W/full" > "$W/chk.log" 2>&1 && ok || { cat "$W/chk.log"; bad "transformers check of the full checkpoint"; }
+  "$PY" tools/ref/check_train_outputs.py "$W/mistral" > "$W/chkm.log" 2>&1 && ok || { cat "$W/chkm.log"; bad "transformers check of the Mistral checkpoint"; }
   "$PY" - "$W/lora/checkpoint-20" <<'PYEOF' > "$W/peft.log" 2>&1 && ok || { cat "$W/peft.log"; bad "PEFT could not load mmc's LoRA checkpoint"; }
 import sys, torch
 from peft import PeftModel

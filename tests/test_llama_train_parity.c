@@ -4,7 +4,8 @@
  * rope_scaling and an untied lm_head, 20 steps on a fixed tokenized batch with gradient
  * accumulation (2 micro-batches), global-batch loss normalisation, clipping, warmup + cosine and
  * AdamW without decay on 1-D params: every step's loss and grad norm within 1e-5 relative of the
- * float64 reference, the lr exactly, every final weight within 1e-5 normwise. Also: a Mistral
+ * float64 reference, the lr exactly, every final weight within 1e-5 normwise; the same for a tiny
+ * MistralForCausalLM (tied embeddings, window longer than the batch). Also: a Mistral
  * config whose sliding_window is shorter than data.seq_len is refused with a message. */
 #include "test_util.h"
 #include "mmc_config.h"
@@ -97,6 +98,19 @@ static void parity(bool recompute) {
     mmc_run_config_free(&cfg);
 }
 
+/* Mistral (tied embeddings, sliding_window 32 >= the batch's 24 tokens): the same recipe */
+static void mistral_parity(void) {
+    mmc_run_config cfg;
+    const char *sets[] = {"model.path=tests/fixtures/llama_train/mistral", "data.seq_len=24"};
+    CHECK_OK(mmc_run_config_parse(k_yaml, strlen(k_yaml), "mistral_parity.yaml", sets, 2, &cfg));
+    mmc_trainer *t = NULL;
+    CHECK_OK(mmc_trainer_new(&cfg, false, &t));
+    /* 2 layers x 9 tensors + embed_tokens + norm (lm_head tied) */
+    if (t) compare_run(t, "llama_train/mistral_parity.safetensors", "mistral parity", 3e-3, 20);
+    mmc_trainer_free(t);
+    mmc_run_config_free(&cfg);
+}
+
 /* Mistral: a sliding_window shorter than data.seq_len is refused (sliding-window attention is
  * not implemented); a window at least seq_len long trains as full causal attention. */
 static void mistral_window(void) {
@@ -136,6 +150,7 @@ static void mistral_window(void) {
 int main(void) {
     parity(false);
     parity(true);
+    mistral_parity();
     mistral_window();
     return test_done("test_llama_train_parity");
 }

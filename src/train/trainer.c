@@ -393,11 +393,11 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     }
     if (llama) {   /* LlamaForCausalLM / MistralForCausalLM: qwen2.c's decoder with Llama's config keys */
         mmc_qwen2_config qc;
-        st = llama_check(c, j, path, t->tpc != NULL);
-        if (!st && dir) st = mmc_llama_load(dir, j, true, &t->lm);
-        else if (!st && !(st = mmc_llama_config_read(j, &qc)))
-            st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
-        if (st) mmc_error_prefix(st, "%s", path);
+        if (!(st = llama_check(c, j, path, t->tpc != NULL))) {
+            if (dir) st = mmc_llama_load(dir, j, true, &t->lm);
+            else if (!(st = mmc_llama_config_read(j, &qc))) st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
+            if (st) mmc_error_prefix(st, "%s", path);
+        }
     } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
         const uint32_t towers = MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER;
         if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)

@@ -19,7 +19,11 @@ LoRA (PEFT, float32 as a user runs it): r 4, alpha 8, no dropout on the modules 
 v_proj, down_proj, the same loop and batch (every LoRA matrix is 2-D, so all take the decay),
 from PEFT's initial adapter with lora_B set to small random values (PEFT's zero B would leave
 A's first gradients zero): lora_init/ (the adapter mmc starts from, model.lora.init),
-lora_losses.txt (20 losses), lora_ref/ (the adapter after 20 steps, save_pretrained)."""
+lora_losses.txt (20 losses), lora_ref/ (the adapter after 20 steps, save_pretrained).
+
+Mistral: a tiny MistralForCausalLM (GQA, tied embeddings, sliding_window 32 >= the batch's 24
+tokens, so its attention is the full causal one) through the same float64 full fine-tuning
+recipe: mistral/ (save_pretrained) and mistral_parity.safetensors (as parity.safetensors)."""
 import contextlib
 import json
 import os
@@ -32,6 +36,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":
 import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, get_cosine_schedule_with_warmup
+from transformers import MistralConfig, MistralForCausalLM
 
 root = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(root, "tests/fixtures/llama_train")
@@ -122,23 +127,29 @@ labels[1, :9] = -100
 n_items = int((labels[:, 1:] != -100).sum())
 rows = [(ids[r:r + 1].long(), labels[r:r + 1]) for r in range(2)]
 
-with float64_throughout():
-    m64 = LlamaForCausalLM.from_pretrained(tiny, dtype=torch.float64, attn_implementation="eager")
-    ref = train(m64, rows, n_items, V)
-m32 = LlamaForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="eager")
-f32 = train(m32, rows, n_items, V)
-w32 = dict(m32.named_parameters())
-worst = max(float((w32[n].detach().double() - p.detach()).norm() / p.detach().norm()) for n, p in m64.named_parameters())
-worst_loss = max(abs(a - b) / abs(b) for a, b in zip(f32[0], ref[0]))
-print(f"torch float32 vs the float64 reference: loss {worst_loss:.2e} rel, final weights {worst:.2e} normwise")
-print("losses", [round(x, 5) for x in ref[0]])
 
-out = {"input_ids": ids, "labels": labels.to(torch.int32),
-       "losses": torch.tensor(ref[0], dtype=torch.float64), "grad_norms": torch.tensor(ref[1], dtype=torch.float64),
-       "lrs": torch.tensor(ref[2], dtype=torch.float64)}
-for n, p in m64.named_parameters():
-    out["final." + n] = p.detach().float().contiguous()
-save_file(out, os.path.join(OUT, "parity.safetensors"))
+
+def full_parity(cls, d, name):
+    with float64_throughout():
+        m64 = cls.from_pretrained(d, dtype=torch.float64, attn_implementation="eager")
+        ref = train(m64, rows, n_items, V)
+    m32 = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    f32 = train(m32, rows, n_items, V)
+    w32 = dict(m32.named_parameters())
+    worst = max(float((w32[n].detach().double() - p.detach()).norm() / p.detach().norm())
+                for n, p in m64.named_parameters())
+    worst_loss = max(abs(a - b) / abs(b) for a, b in zip(f32[0], ref[0]))
+    print(f"{name}: torch float32 vs the float64 reference: loss {worst_loss:.2e} rel, final weights {worst:.2e} normwise")
+    print("losses", [round(x, 5) for x in ref[0]])
+    out = {"input_ids": ids, "labels": labels.to(torch.int32),
+           "losses": torch.tensor(ref[0], dtype=torch.float64), "grad_norms": torch.tensor(ref[1], dtype=torch.float64),
+           "lrs": torch.tensor(ref[2], dtype=torch.float64)}
+    for n, p in m64.named_parameters():
+        out["final." + n] = p.detach().float().contiguous()
+    save_file(out, os.path.join(OUT, name))
+
+
+full_parity(LlamaForCausalLM, tiny, "parity.safetensors")
 save_file({"input_ids": ids, "labels": labels.to(torch.int32)}, os.path.join(OUT, "batch.safetensors"))
 
 # ---- LoRA through PEFT
@@ -168,3 +179,13 @@ save_adapter("lora_ref")
 with open(os.path.join(OUT, "lora_losses.txt"), "w") as f:
     f.write("".join("%.8f\n" % v for v in lora[0]))
 print("lora losses", [round(x, 5) for x in lora[0]])
+
+# ---- Mistral: full fine-tuning parity
+mcfg = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
+                     sliding_window=32, tie_word_embeddings=True, attention_dropout=0.0, bos_token_id=1,
+                     eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+torch.manual_seed(2)
+mdir = os.path.join(OUT, "mistral")
+MistralForCausalLM(mcfg).save_pretrained(mdir)
+full_parity(MistralForCausalLM, mdir, "mistral_parity.safetensors")
