@@ -364,6 +364,24 @@ static mmc_status tp_lora_setup(mmc_trainer *t) {
     }
     return MMC_OK;
 }
+/* Text Llama / Mistral: what the shared decoder cannot train yet is refused up front.
+ * Mistral's sliding-window attention is not implemented (attention is full causal), which is
+ * exact only while no sequence is longer than the window: data.seq_len past it is refused. */
+static mmc_status llama_check(const mmc_run_config *c, const mmc_json *j, const char *path, bool tp) {
+    if (tp || c->parallel.pipeline_parallel > 1)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel / pipeline_parallel are not supported "
+                         "for llama / mistral yet (data parallelism is)", c->file);
+    const mmc_json *sw = mmc_json_get(j, "sliding_window");
+    if (sw && mmc_json_has(j, "sliding_window")) {
+        int64_t w = 0;
+        if (!mmc_json_int(j, "sliding_window", 0, &w) && w > 0 && c->data.seq_len > w)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: sliding_window %lld is shorter than data.seq_len %lld; "
+                             "sliding-window attention is not implemented: set data.seq_len <= %lld",
+                             path, (long long)w, (long long)c->data.seq_len, (long long)w);
+    }
+    return MMC_OK;
+}
+
 static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const mmc_run_config *c = t->cfg;
     if (mmc_trainer_is_flux_dir(c->model.path)) return mmc_trainer_flux_load(t, dir);   /* diffusion */
@@ -384,14 +402,23 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     mmc_json_str(j, "model_type", "?", &type);
     bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
     bool omni = !strcmp(type, "qwen2_5_omni_thinker");
-    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && strcmp(type, "internvl") != 0 && !vl && !omni) {
+    bool llama = !strcmp(type, "llama") || !strcmp(type, "mistral");   /* text Llama / Mistral (llama_check) */
+    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && strcmp(type, "internvl") != 0 && !vl && !omni &&
+        !llama) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava, internvl, qwen2_5_omni_thinker; OpenGVLab's "
-                       "internvl_chat layout is inference only)", path, type);
+                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, llama, mistral, llava, internvl, qwen2_5_omni_thinker; "
+                       "OpenGVLab's internvl_chat layout is inference only)", path, type);
         mmc_json_free(j);   /* (type points into it) */
         return st;
     }
-    if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
+    if (llama) {   /* LlamaForCausalLM / MistralForCausalLM: qwen2.c's decoder with Llama's config keys */
+        mmc_qwen2_config qc;
+        if (!(st = llama_check(c, j, path, t->tpc != NULL))) {
+            if (dir) st = mmc_llama_load(dir, j, true, &t->lm);
+            else if (!(st = mmc_llama_config_read(j, &qc))) st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
+            if (st) mmc_error_prefix(st, "%s", path);
+        }
+    } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
         const uint32_t towers = MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER;
         if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "

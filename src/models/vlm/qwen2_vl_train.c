@@ -67,7 +67,7 @@ mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, do
     } else {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(B, T));             /* [B, T] */
         memcpy(pos->data, b->position_ids, (size_t)(B * T) * sizeof(int64_t));
-        mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
+        mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);   /* rope_scaling: linear, dynamic, llama3 too */
     }
     mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
     mmc_tensor *x = mmc_qwen2_embed(ctx, m, ids);                                /* [B, T, C] */
