@@ -5,7 +5,8 @@
  *   clip_b32_image_embed_16: images/s — 16 preprocessed images [16, 3, 224, 224] through the
  *       vision tower, post_layernorm, visual_projection and the L2 normalisation
  *       (get_image_features + normalisation on the peer's side);
- *   clip_b32_text_embed_16: texts/s — 16 captions of 6-14 words, tokenised and embedded (the peer:
+ *   clip_b32_text_embed_16: texts/s — 16 captions of 6-14 words, tokenised and embedded as one padded,
+ *       masked batch (the peer:
  *       its fast tokenizer with padding=True, then get_text_features + normalisation).
  * The checkpoint is written to a temp folder with CLIPModel's tensor names; its tokenizer is the
  * 600-token fixture tokenizer (tests/fixtures/clip_model/model; token ids stay below 600, the

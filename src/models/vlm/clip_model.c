@@ -295,22 +295,40 @@ static mmc_status siglip_embed_texts(mmc_dual_encoder *m, const char *const *tex
 mmc_status mmc_dual_encoder_embed_texts(mmc_dual_encoder *m, const char *const *texts, int n, float *out) {
     const int L = m->max_length;
     if (m->fam == FAM_SIGLIP) return siglip_embed_texts(m, texts, n, out);
-    int32_t *ids = malloc((size_t)L * sizeof *ids);
-    if (!ids) return mmc_error(MMC_ERR_OOM, "out of memory");
+    /* CLIPProcessor(text, padding=True, truncation=True): each row bos, at most L - 2 tokens, eos,
+     * padded to the batch's longest with the pad id and masked; the causal tower pools the first
+     * EOS, which no padding precedes. TEXT_BATCH rows through the tower at a time. */
+    enum { TEXT_BATCH = 32 };
+    int32_t pad = 0, bos, eos;
+    mmc_clip_tokenizer_special_ids(m->tok, &bos, &eos, &pad);
+    if (pad < 0) pad = eos;
+    int32_t *ids = malloc((size_t)TEXT_BATCH * L * sizeof *ids);
+    int *lens = malloc(TEXT_BATCH * sizeof *lens);
+    if (!ids || !lens) { free(ids); free(lens); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     mmc_status st = MMC_OK;
-    for (int i = 0; i < n && !st; i++) {
-        int len = 0;
-        /* CLIPProcessor(text, truncation=True): bos, at most L - 2 tokens, eos; one text at a time
-         * needs no padding (the causal tower never looks past the EOS it pools) */
-        if ((st = mmc_clip_tokenizer_encode_padded(m->tok, texts[i], L, ids, NULL, &len))) break;
+    for (int b0 = 0; b0 < n && !st; b0 += TEXT_BATCH) {
+        const int nb = n - b0 < TEXT_BATCH ? n - b0 : TEXT_BATCH;
+        int T = 1;
+        for (int i = 0; i < nb && !st; i++) {
+            st = mmc_clip_tokenizer_encode_padded(m->tok, texts[b0 + i], L, ids + (size_t)i * L, NULL, &lens[i]);
+            if (lens[i] > T) T = lens[i];
+        }
+        if (st) break;
         mmc_ctx *ctx = m->ctx;
-        mmc_tensor *t = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, len));
-        memcpy(t->data, ids, (size_t)len * sizeof *ids);
+        mmc_tensor *t = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(nb, T));                          /* [nb, T] */
+        mmc_tensor *mask = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(nb, T));
+        int32_t *td = t->data, *md = mask->data;
+        for (int i = 0; i < nb; i++)
+            for (int k = 0; k < T; k++) {
+                td[i * T + k] = k < lens[i] ? ids[(size_t)i * L + k] : pad;
+                md[i * T + k] = k < lens[i];
+            }
         mmc_clip_text_out o;
-        if (!(st = mmc_clip_text_forward(ctx, m->text, t, NULL, &o)))
-            normalize_rows(mmc_contiguous(ctx, o.text_embeds), 1, m->dim, out + (int64_t)i * m->dim);
+        if (!(st = mmc_clip_text_forward(ctx, m->text, t, mask, &o)))
+            normalize_rows(mmc_contiguous(ctx, o.text_embeds), nb, m->dim, out + (int64_t)b0 * m->dim);
         mmc_ctx_reset(ctx);
     }
+    free(lens);
     free(ids);
     return st;
 }
