@@ -9,6 +9,8 @@
  *  - training: gradients of sum(out * W) for a dozen parameters (patch embedding, embedders, q/k norms,
  *    modulation tables, projections) within 1e-4 (+ 1e-4 relative) of torch's autograd; a diffusers LoRA
  *    (save_lora_weights, r 4, alpha 8) on the linears within 1e-4 of diffusers' output with it;
+ *  - flow-matching LoRA training (train_lora): 12 steps against diffusers + PEFT (tests/fixtures/wan_train,
+ *    tools/ref/gen_wan_train.py): losses and gradient norms within 1e-3, the final adapter within 1e-3;
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -21,6 +23,7 @@
 #include "test_util.h"
 #include "mmc_encoders.h"
 #include "mmc_lora.h"
+#include "mmc_train.h"
 #include "mmc_wan_t2v.h"
 
 #include <math.h>
@@ -442,6 +445,93 @@ static void check_pipeline(void) {
     CHECKF(!strcmp(buf, "a & b! c<d"), "prompt_clean gave '%s'", buf);
 }
 
+/* Flow-matching LoRA training against diffusers + PEFT (tools/ref/gen_wan_train.py, 12 steps, r 4 on
+ * attn1 / attn2 to_q / to_k / to_v / to_out.0 and ffn.net.0.proj / ffn.net.2, velocity target, shift 3,
+ * clip 1.0, AdamW 1e-3): the uniform draws u give the fixture's sigmas / timesteps bitwise, each step's loss
+ * and pre-clip gradient norm within 1e-3 (relative), the final adapter within 1e-3 of its largest entry. */
+static void check_train_lora(void) {
+    const char *dir = "tests/fixtures/wan_train";
+    mmc_wan *m = NULL;
+    CHECK_OK(mmc_wan_load(DIR_ "/transformer", false, &m));
+    mmc_st *exp = fixture_open("wan_train/expected.safetensors");
+    if (!m || !exp) { mmc_wan_free(m); mmc_st_close(exp); return; }
+    mmc_fm_config fc;
+    mmc_json *j = NULL;
+    char p[256];
+    snprintf(p, sizeof p, "%s/scheduler_config.json", dir);
+    CHECK_OK(mmc_json_load(p, &j));
+    CHECK_OK(mmc_fm_config_read(j, "scheduler_config.json", &fc));
+    mmc_json_free(j);
+    mmc_module_list ml = {0};
+    mmc_lora_set *s = NULL;
+    CHECK_OK(mmc_wan_linears(m, &ml));
+    snprintf(p, sizeof p, "%s/initial.safetensors", dir);
+    CHECK_OK(mmc_lora_load_diffusers(p, "transformer", &ml, 1.0f, true, &s));
+    if (!s) { mmc_module_list_free(&ml); mmc_wan_free(m); mmc_st_close(exp); return; }
+    CHECKF(s->n == 2 * 10, "adapters: %d, want 20 (2 blocks x 10 linears)", s->n);
+    mmc_tensor **params = s->params;
+    const int n_params = s->n_params;
+    mmc_adamw opt;
+    mmc_adamw_opts o = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
+    CHECK_OK(mmc_adamw_init(&opt, &o, params, n_params));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_flux_fm_batch b = {.prompt_embeds = fixture_tensor(exp, "prompt_embeds", MMC_F32), .weighting = MMC_FM_NONE};
+    double worst_loss = 0, worst_norm = 0;
+    const int steps = 12;
+    for (int step = 0; step < steps; step++) {
+        char k[64];
+        mmc_tensor *t[7];
+        static const char *keys[7] = {"x0", "noise", "u", "sigmas", "timesteps", "loss", "grad_norm"};
+        for (int i = 0; i < 7; i++) {
+            snprintf(k, sizeof k, "%s_%d", keys[i], step);
+            t[i] = fixture_tensor(exp, k, MMC_F32);
+        }
+        float sig[2], ts[2];
+        for (int i = 0; i < 2; i++) {
+            mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
+            CHECKF(sig[i] == ((float *)t[3]->data)[i] && ts[i] == ((float *)t[4]->data)[i],
+                   "step %d sample %d: sigma %.9g timestep %.9g vs %.9g %.9g", step, i, sig[i], ts[i],
+                   ((float *)t[3]->data)[i], ((float *)t[4]->data)[i]);   /* bitwise */
+        }
+        b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
+        mmc_tensor *loss = NULL;
+        CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+        if (!loss) break;
+        const double lv = *(float *)loss->data;
+        mmc_backward(ctx, loss);
+        mmc_ctx_reset(ctx);
+        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
+        mmc_adamw_step(&opt, o.lr);
+        mmc_zero_grad(params, n_params);
+        const double wl = ((float *)t[5]->data)[0], wn = ((float *)t[6]->data)[0];
+        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
+        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
+        CHECKF(rl < 1e-3 && rn < 1e-3, "step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", step, lv, wl, norm, wn);
+        for (int i = 0; i < 7; i++) mmc_tensor_free(t[i]);
+    }
+    double worst_w = 0;
+    mmc_st *fin = fixture_open("wan_train/final.safetensors");
+    for (int i = 0; fin && i < s->n; i++)
+        for (int ab = 0; ab < 2; ab++) {
+            char k[320];
+            snprintf(k, sizeof k, "transformer.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
+            mmc_tensor *want = fixture_tensor(fin, k, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
+            worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+            mmc_tensor_free(want);
+        }
+    mmc_st_close(fin);
+    CHECKF(worst_w < 1e-3, "final adapter: max relative difference %.2e", worst_w);
+    printf("train_lora: %d steps, loss rel diff <= %.2e, grad norm <= %.2e, final adapter <= %.2e\n", steps, worst_loss,
+           worst_norm, worst_w);
+    mmc_tensor_free(b.prompt_embeds);
+    mmc_adamw_free(&opt);
+    mmc_ctx_free(ctx);
+    mmc_lora_free(s);
+    mmc_module_list_free(&ml);
+    mmc_wan_free(m);
+    mmc_st_close(exp);
+}
+
 int main(int argc, char **argv) {
     if (access(DIR_ "/transformer/config.json", R_OK) != 0) {
         fprintf(stderr, "test_wan: fixtures absent (tools/ref/gen_wan.py); skipping\n");
@@ -454,6 +544,7 @@ int main(int argc, char **argv) {
         check_configs();
     }
     if (test_part(argc, argv, "train")) check_grad_lora();
+    if (test_part(argc, argv, "train_lora")) check_train_lora();
     if (test_part(argc, argv, "umt5")) check_umt5();
     if (test_part(argc, argv, "unipc")) check_unipc();
     if (test_part(argc, argv, "pipeline")) check_pipeline();
