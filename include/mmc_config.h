@@ -75,6 +75,7 @@ typedef struct {
                                   when shuffle is off) */
     bool add_vision_id;
     int64_t resolution;        /* diffusion: images resized (shorter side) and centre-cropped to this */
+    int64_t num_frames;        /* diffusion (Wan): frames sampled uniformly from each video, 4k + 1 */
     char *aspect_ratio_buckets; /* diffusion: "h,w;h,w;..." (diffusers' --aspect_ratio_buckets): each image
                                  * resized to its nearest bucket, micro-batches of one bucket */
     int image_backend;         /* 0 pil (Pillow-exact resize) | 1 torchvision (transformers' fast processor) */

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# test_wan_train_cli.sh — `mmc train` on the tiny WanPipeline folder (tests/fixtures/wan/pipe, tools/ref/gen_wan.py)
+# with a JSONL of videos (tests/fixtures/video: FFmpeg-decoded, 5 frames sampled uniformly, 16x16 centre crop):
+#  - LoRA on attn1/attn2 to_q/to_k/to_v/to_out.0 and ffn.net.0.proj / ffn.net.2: finite losses, a
+#    diffusers-layout adapter (transformer.<module>.lora_A.weight) in each checkpoint that
+#    `mmc generate-video --lora` loads; the encoded videos cached (a second run skips the encoders);
+#  - a resumed run repeats the uninterrupted one's losses and adapter bit for bit;
+#  - full fine-tuning writes a transformer folder;
+#  - a malformed JSONL line, a missing video and a frame count that is not 4k + 1 are errors naming them.
+# (The loss itself is checked against diffusers + PEFT by test_wan train_lora.)
+set -u
+MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+fail=0; n=0
+ok()   { n=$((n+1)); }
+bad()  { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+P=tests/fixtures/wan/pipe
+[ -f "$P/model_index.json" ] && [ -f tests/fixtures/video/moving.mp4 ] || { echo "fixtures absent; skipping"; exit 77; }
+"$MMC" --help 2>&1 | grep -q "generate-video" || { echo "mmc without video support; skipping"; exit 77; }
+expect_rc() { local want=$1; shift; "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  if [ "$rc" = "$want" ]; then ok; else bad "'$*' exited $rc, expected $want: $(cat "$T/err")"; fi; }
+expect_err() { if grep -q -- "$1" "$T/err"; then ok; else bad "stderr lacks '$1': $(cat "$T/err")"; fi; }
+
+V=$PWD/tests/fixtures/video
+cat >"$T/data.jsonl" <<J
+{"video": "$V/moving.mp4", "caption": "a square moving right"}
+{"video": "$V/moving.mkv", "text": "a moving square"}
+J
+cat >"$T/run.yaml" <<YAML
+model:
+  path: $P
+  lora: {r: 4, alpha: 4, targets: [to_q, to_k, to_v, to_out.0, ffn.net.0.proj, ffn.net.2]}
+data: {train: $T/data.jsonl, resolution: 16, num_frames: 5, batch_size: 2, micro_batch_size: 1}
+flow_matching: {max_sequence_length: 8}
+optimizer: {lr: 1.0e-3, weight_decay: 1.0e-4}
+training: {steps: 4, save_every: 2, log_every: 1, output_dir: $T/run, seed: 5}
+YAML
+expect_rc 0 "$MMC" train "$T/run.yaml"
+expect_err "videos encoded to 4x2x2x2 latents"
+for s in 2 4; do
+  f="$T/run/checkpoint-$s/pytorch_lora_weights.safetensors"
+  [ -s "$f" ] && grep -aq "transformer.blocks.1.attn2.to_out.0.lora_B.weight" "$f" && grep -aq "transformer.blocks.0.ffn.net.0.proj.lora_A.weight" "$f" \
+    && ok || bad "checkpoint-$s lacks the diffusers-layout adapter: $(ls "$T/run/checkpoint-$s" 2>&1)"
+done
+nl=$(grep -c '"loss"' "$T/run/metrics.jsonl" 2>/dev/null)
+[ "$nl" = 4 ] && ok || bad "metrics.jsonl has $nl loss lines, want 4"
+grep -q '"loss": \(nan\|inf\)' "$T/run/metrics.jsonl" && bad "non-finite loss: $(cat "$T/run/metrics.jsonl")" || ok
+# resume from checkpoint-2: steps 3-4 repeat exactly, from the cache
+cp -r "$T/run" "$T/run2"
+rm -rf "$T/run2/checkpoint-4"
+sed "s|$T/run|$T/run2|" "$T/run.yaml" >"$T/run2.yaml"
+expect_rc 0 "$MMC" train "$T/run2.yaml" --resume
+expect_err "encoded videos from the cache"
+a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -2); b=$(grep -o '"loss": [^,]*' "$T/run2/metrics.jsonl" | tail -2)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
+cmp -s "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" "$T/run2/checkpoint-4/pytorch_lora_weights.safetensors" \
+  && ok || bad "resumed adapter differs from the uninterrupted run's"
+# the adapter generates
+expect_rc 0 "$MMC" generate-video --model "$P" --prompt "a square" --frames 5 --height 16 --width 16 --steps 2 \
+  --lora "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" --output "$T/gen/"
+# full fine-tuning: a transformer folder
+sed -e "/lora:/d" -e "s|output_dir: $T/run,|output_dir: $T/full,|" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 2|" "$T/run.yaml" >"$T/full.yaml"
+expect_rc 0 "$MMC" train "$T/full.yaml"
+[ -s "$T/full/checkpoint-2/diffusion_pytorch_model.safetensors" ] && [ -s "$T/full/checkpoint-2/config.json" ] \
+  && ok || bad "full checkpoint: $(ls "$T/full/checkpoint-2" 2>&1)"
+# errors
+echo '{"video": "x.mp4"}' >"$T/bad.jsonl"
+sed -e "s|$T/data.jsonl|$T/bad.jsonl|" -e "s|output_dir: $T/run,|output_dir: $T/bad,|" "$T/run.yaml" >"$T/bad.yaml"
+expect_rc 1 "$MMC" train "$T/bad.yaml"
+expect_err "bad.jsonl:1: expected a JSON object with a \"video\""
+echo '{"video": "nope.mp4", "caption": "x"}' >"$T/bad.jsonl"
+expect_rc 1 "$MMC" train "$T/bad.yaml"
+expect_err "nope.mp4"
+sed -e "s|num_frames: 5|num_frames: 6|" -e "s|output_dir: $T/run,|output_dir: $T/bad2,|" "$T/run.yaml" >"$T/bad2.yaml"
+expect_rc 1 "$MMC" train "$T/bad2.yaml"
+expect_err "num_frames"
+echo "test_wan_train_cli: $((n - fail))/$n checks passed"
+[ "$fail" = 0 ]
