@@ -4,6 +4,7 @@
 #  - LoRA on attn1/attn2 to_q/to_k/to_v/to_out.0 and ffn.net.0.proj / ffn.net.2: finite losses, a
 #    diffusers-layout adapter (transformer.<module>.lora_A.weight) in each checkpoint that
 #    `mmc generate-video --lora` loads; the encoded videos cached (a second run skips the encoders);
+#  - with the reference venv, diffusers' WanPipeline.load_lora_weights loads the adapter exactly;
 #  - a resumed run repeats the uninterrupted one's losses and adapter bit for bit;
 #  - full fine-tuning writes a transformer folder;
 #  - a malformed JSONL line, a missing video and a frame count that is not 4k + 1 are errors naming them.
@@ -59,6 +60,25 @@ cmp -s "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" "$T/run2/checkpoin
 # the adapter generates
 expect_rc 0 "$MMC" generate-video --model "$P" --prompt "a square" --frames 5 --height 16 --width 16 --steps 2 \
   --lora "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" --output "$T/gen/"
+# with the reference venv: diffusers' WanPipeline.load_lora_weights takes the adapter whole (every
+# lora_A / lora_B of the file lands in the transformer's PEFT layers, none left over)
+PY=${MMC_REF_PY:-.venv-ref/bin/python}
+if [ -x "$PY" ]; then
+  "$PY" - "$P" "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" >"$T/py" 2>&1 <<'PYEOF' && ok || bad "diffusers cannot load mmc's Wan adapter: $(tail -5 "$T/py")"
+import sys, torch
+from safetensors.torch import load_file
+from diffusers import WanPipeline
+pipe = WanPipeline.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+pipe.load_lora_weights(sys.argv[2], adapter_name="mmc")
+sd = load_file(sys.argv[2])
+mods = dict(pipe.transformer.named_modules())
+for k, v in sd.items():
+    name, ab = k[len("transformer."):].rsplit(".lora_", 1)
+    layer = getattr(mods[name], "lora_" + ab[0])["mmc"]
+    assert torch.equal(layer.weight, v), k
+print("loaded", len(sd), "tensors")
+PYEOF
+fi
 # full fine-tuning: a transformer folder
 sed -e "/lora:/d" -e "s|output_dir: $T/run,|output_dir: $T/full,|" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 2|" "$T/run.yaml" >"$T/full.yaml"
 expect_rc 0 "$MMC" train "$T/full.yaml"
