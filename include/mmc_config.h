@@ -9,7 +9,7 @@
  *              quantization {method, double_quant, block_size}}
  *   data:     {train, eval, image_root, max_pixels, min_pixels, max_image_pixels, seq_len, packing, truncation,
  *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict,
- *              bucket_window, add_vision_id}
+ *              bucket_window, add_vision_id, resolution, aspect_ratio_buckets, num_frames}
  *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, pipeline_layers,
  *             pipeline_virtual, zero, timeout}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}

@@ -6,6 +6,7 @@
 #    `mmc generate-video --lora` loads; the encoded videos cached (a second run skips the encoders);
 #  - with the reference venv, diffusers' WanPipeline.load_lora_weights loads the adapter exactly;
 #  - a resumed run repeats the uninterrupted one's losses and adapter bit for bit;
+#  - 2 data-parallel ranks (mmc launch) give the one process's losses;
 #  - full fine-tuning writes a transformer folder;
 #  - a malformed JSONL line, a missing video and a frame count that is not 4k + 1 are errors naming them.
 # (The loss itself is checked against diffusers + PEFT by test_wan train_lora.)
@@ -78,6 +79,17 @@ for k, v in sd.items():
     assert torch.equal(layer.weight, v), k
 print("loaded", len(sd), "tensors")
 PYEOF
+fi
+# data parallelism: 2 ranks x 1 micro-batch draw what 1 process x 2 micro-batches draws (per-sample streams)
+if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
+  sed -e "s|steps: 4, save_every: 2|steps: 2, save_every: 0|" -e "s|output_dir: $T/run,|output_dir: $T/dp1,|" "$T/run.yaml" >"$T/dp.yaml"
+  expect_rc 0 "$MMC" train "$T/dp.yaml"
+  export OMPI_MCA_orte_tmpdir_base="$T" MMC_DIST_TIMEOUT=${MMC_DIST_TIMEOUT:-120}
+  expect_rc 0 timeout -k 10 300 "$MMC" launch -n 2 "$T/dp.yaml" --set training.output_dir=$T/dp2 --set parallel.data_parallel=2
+  a=$(grep -o '"loss": [^,]*' "$T/dp1/metrics.jsonl"); b=$(grep -o '"loss": [^,]*' "$T/dp2/metrics.jsonl" 2>/dev/null)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "2-rank losses [$b] differ from 1 process [$a]"
+else
+  echo "test_wan_train_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
 fi
 # full fine-tuning: a transformer folder
 sed -e "/lora:/d" -e "s|output_dir: $T/run,|output_dir: $T/full,|" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 2|" "$T/run.yaml" >"$T/full.yaml"
