@@ -65,6 +65,9 @@ typedef struct {
 /* The flow prediction [B, out_channels, F, H, W]. Differentiable in grad mode; without it each
  * block's intermediates are released as soon as its output exists. */
 mmc_status mmc_wan_forward(mmc_ctx *ctx, mmc_wan *m, const mmc_wan_inputs *in, mmc_tensor **out);
+/* Activation recompute (model.recompute: full): in grad mode each block runs under mmc_checkpoint,
+ * its intermediates rebuilt in backward (the same gradients, less memory). */
+void mmc_wan_set_recompute(mmc_wan *m, bool on);
 /* Training (src/train/trainer_wan.c): the flow-matching loss of one micro-batch, on the tape in grad
  * mode: latents / noise [B, C, F, h, w], the batch's sigmas and timesteps (mmc_fm_train_sigma),
  * prompt_embeds [B, T, text_dim], the weighting scheme; target noise - x0 (pooled and guidance unused). */

@@ -11,6 +11,7 @@
  *    (save_lora_weights, r 4, alpha 8) on the linears within 1e-4 of diffusers' output with it;
  *  - flow-matching LoRA training (train_lora): 12 steps against diffusers + PEFT (tests/fixtures/wan_train,
  *    tools/ref/gen_wan_train.py): losses and gradient norms within 1e-3, the final adapter within 1e-3;
+ *    activation recompute gives the same loss and gradients bitwise;
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -523,6 +524,43 @@ static void check_train_lora(void) {
     CHECKF(worst_w < 1e-3, "final adapter: max relative difference %.2e", worst_w);
     printf("train_lora: %d steps, loss rel diff <= %.2e, grad norm <= %.2e, final adapter <= %.2e\n", steps, worst_loss,
            worst_norm, worst_w);
+    /* activation recompute (model.recompute: full) gives the same loss and gradients (bitwise: the
+     * blocks are re-run with the same inputs in the same order) */
+    {
+        mmc_tensor *t[3];
+        static const char *keys[3] = {"x0_0", "noise_0", "u_0"};
+        for (int i = 0; i < 3; i++) t[i] = fixture_tensor(exp, keys[i], MMC_F32);
+        float sig[2], ts[2];
+        for (int i = 0; i < 2; i++) mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
+        b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
+        float lv[2];
+        float **g = calloc((size_t)n_params, sizeof *g);
+        for (int pass = 0; pass < 2 && g; pass++) {
+            mmc_wan_set_recompute(m, pass == 1);
+            mmc_tensor *loss = NULL;
+            CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+            if (!loss) break;
+            lv[pass] = *(float *)loss->data;
+            mmc_backward(ctx, loss);
+            mmc_ctx_reset(ctx);
+            int diff = 0, cmp = 0;
+            for (int i = 0; i < n_params; i++) {
+                const mmc_tensor *gr = params[i]->grad;
+                if (!gr) continue;
+                if (pass == 0) {
+                    g[i] = malloc(mmc_nbytes(gr));
+                    if (g[i]) memcpy(g[i], gr->data, mmc_nbytes(gr));
+                } else if (g[i]) cmp++, diff += memcmp(g[i], gr->data, mmc_nbytes(gr)) != 0;
+            }
+            if (pass == 1) CHECKF(cmp == n_params && diff == 0 && lv[0] == lv[1], "recompute: loss %.9g vs %.9g, "
+                                  "%d of %d gradients compared, %d differ", lv[1], lv[0], cmp, n_params, diff);
+            mmc_zero_grad(params, n_params);
+        }
+        mmc_wan_set_recompute(m, false);
+        for (int i = 0; g && i < n_params; i++) free(g[i]);
+        free(g);
+        for (int i = 0; i < 3; i++) mmc_tensor_free(t[i]);
+    }
     mmc_tensor_free(b.prompt_embeds);
     mmc_adamw_free(&opt);
     mmc_ctx_free(ctx);

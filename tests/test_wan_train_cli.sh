@@ -6,6 +6,7 @@
 #    `mmc generate-video --lora` loads; the encoded videos cached (a second run skips the encoders);
 #  - with the reference venv, diffusers' WanPipeline.load_lora_weights loads the adapter exactly;
 #  - a resumed run repeats the uninterrupted one's losses and adapter bit for bit;
+#  - model.recompute: full gives the same losses;
 #  - 2 data-parallel ranks (mmc launch) give the one process's losses;
 #  - full fine-tuning writes a transformer folder;
 #  - a malformed JSONL line, a missing video and a frame count that is not 4k + 1 are errors naming them.
@@ -91,6 +92,11 @@ if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
 else
   echo "test_wan_train_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
 fi
+# model.recompute: full (activation recompute) trains the same steps: the same losses
+sed -e "s|output_dir: $T/run,|output_dir: $T/rc,|" -e "s|^model:|model:\n  recompute: full|" "$T/run.yaml" >"$T/rc.yaml"
+expect_rc 0 "$MMC" train "$T/rc.yaml"
+a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl"); b=$(grep -o '"loss": [^,]*' "$T/rc/metrics.jsonl" 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "losses with recompute [$b] differ from [$a]"
 # full fine-tuning: a transformer folder
 sed -e "/lora:/d" -e "s|output_dir: $T/run,|output_dir: $T/full,|" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 2|" "$T/run.yaml" >"$T/full.yaml"
 expect_rc 0 "$MMC" train "$T/full.yaml"

@@ -105,6 +105,7 @@ mmc_status mmc_trainer_wan_load(mmc_trainer *t, const char *ckpt) {
     else snprintf(dir, sizeof dir, "%s/transformer", c->model.path);
     mmc_status st = mmc_wan_load(dir, c->model.lora.r <= 0, &t->wan);
     if (st) return st;
+    mmc_wan_set_recompute(t->wan, c->model.recompute == MMC_RECOMPUTE_FULL);
     if (mmc_wan_cfg(t->wan)->image_dim > 0)
         return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: an image-to-video transformer (image_dim set): Wan "
                          "training is wired for text-to-video (WanPipeline) only", c->model.path);
