@@ -11,7 +11,8 @@
  *    (save_lora_weights, r 4, alpha 8) on the linears within 1e-4 of diffusers' output with it;
  *  - flow-matching LoRA training (train_lora): 12 steps against diffusers + PEFT (tests/fixtures/wan_train,
  *    tools/ref/gen_wan_train.py): losses and gradient norms within 1e-3, the final adapter within 1e-3;
- *    activation recompute gives the same loss and gradients bitwise;
+ *    activation recompute gives the same loss and gradients bitwise; one video's training pixels (uniform
+ *    frame sampling, resize + centre crop) against PyAV + PIL and its normalised latent distribution;
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -26,6 +27,7 @@
 #include "mmc_lora.h"
 #include "mmc_train.h"
 #include "mmc_wan_t2v.h"
+#include "train/trainer_internal.h"
 
 #include <math.h>
 #include <unistd.h>
@@ -570,6 +572,46 @@ static void check_train_lora(void) {
     mmc_st_close(exp);
 }
 
+/* The training data of one video as `mmc train` prepares it (trainer_wan.c) against PyAV + PIL + diffusers
+ * (tools/ref/gen_wan_train.py, data_expected.safetensors): 5 frames of tests/fixtures/video/moving.mp4 sampled
+ * uniformly, resized and centre-cropped to 16x16, in [-1, 1]: within 1e-6 (the same bytes); the AutoencoderKLWan
+ * latent distribution normalised by latents_mean / latents_std: mean and std within 1e-4. Also: too few frames
+ * and a missing file are errors naming the file. */
+static void check_train_data(void) {
+    mmc_st *exp = fixture_open("wan_train/data_expected.safetensors");
+    if (!exp) return;
+    const int F = 5, R = 16;
+    mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(3, F, R, R));
+    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px->data));
+    mmc_tensor *want = fixture_tensor(exp, "pixels", MMC_F32);
+    const double dp = max_abs_diff(px, want);
+    CHECKF(dp < 1e-6, "pixels: max difference %.3g", dp);
+    mmc_tensor_free(want);
+    mmc_wan_vae *vae = NULL;
+    CHECK_OK(mmc_wan_vae_load(DIR_ "/pipe/vae", &vae));
+    double dm = 1, ds = 1;
+    if (vae) {
+        mmc_tensor *wm = fixture_tensor(exp, "mean", MMC_F32), *ws = fixture_tensor(exp, "std", MMC_F32);
+        mmc_tensor *m = mmc_tensor_new(MMC_F32, wm->ndim, wm->shape), *sd = mmc_tensor_new(MMC_F32, wm->ndim, wm->shape);
+        float *lv = malloc(mmc_nbytes(m));
+        CHECK_OK(mmc_trainer_wan_encode_clip(vae, px->data, F, R, m->data, sd->data, lv));
+        dm = max_abs_diff(m, wm), ds = max_abs_diff(sd, ws);
+        CHECKF(dm < 1e-4 && ds < 1e-4, "latent distribution: mean %.3g, std %.3g", dm, ds);
+        free(lv);
+        mmc_tensor_free(m), mmc_tensor_free(sd), mmc_tensor_free(wm), mmc_tensor_free(ws);
+        mmc_wan_vae_free(vae);
+    }
+    printf("train_data: pixels %.2e, latent mean %.2e, std %.2e\n", dp, dm, ds);
+    float *big = malloc((size_t)3 * 33 * R * R * sizeof *big);
+    CHECK_ERR(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", 33, R, big), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "moving.mp4") && strstr(mmc_last_error(), "data.num_frames"));
+    CHECK(mmc_trainer_wan_load_video("tests/fixtures/video/absent.mp4", F, R, big) != MMC_OK);
+    CHECK(strstr(mmc_last_error(), "absent.mp4") != NULL);
+    free(big);
+    mmc_tensor_free(px);
+    mmc_st_close(exp);
+}
+
 int main(int argc, char **argv) {
     if (access(DIR_ "/transformer/config.json", R_OK) != 0) {
         fprintf(stderr, "test_wan: fixtures absent (tools/ref/gen_wan.py); skipping\n");
@@ -582,7 +624,10 @@ int main(int argc, char **argv) {
         check_configs();
     }
     if (test_part(argc, argv, "train")) check_grad_lora();
-    if (test_part(argc, argv, "train_lora")) check_train_lora();
+    if (test_part(argc, argv, "train_lora")) {
+        check_train_lora();
+        check_train_data();
+    }
     if (test_part(argc, argv, "umt5")) check_umt5();
     if (test_part(argc, argv, "unipc")) check_unipc();
     if (test_part(argc, argv, "pipeline")) check_pipeline();

@@ -163,7 +163,7 @@ static mmc_status read_items(const char *file, const char *base, wan_item **item
 
 /* F frames sampled uniformly, resized (shorter side to res, bilinear) and centre-cropped, in [-1, 1]:
  * x [3, F, res, res]. */
-static mmc_status load_video(const char *path, int F, int res, float *x) {
+mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x) {
     mmc_video *v = NULL;
     mmc_status st = mmc_video_open(path, &v);
     if (st) return st;
@@ -199,6 +199,25 @@ static mmc_status load_video(const char *path, int F, int res, float *x) {
     free(fr);
     free(idx);
     return st ? mmc_error_prefix(st, "%s", path) : MMC_OK;
+}
+
+/* One clip x [3, F, res, res] -> its normalised latent distribution: mean' = (mean - latents_mean) *
+ * (1 / latents_std), std' = exp(logvar / 2) * (1 / latents_std) (the pipelines' f32 order); lv: scratch
+ * of the latent's size. */
+mmc_status mmc_trainer_wan_encode_clip(mmc_wan_vae *vae, const float *x, int F, int res, float *mean, float *std,
+                                       float *lv) {
+    mmc_status st = mmc_wan_vae_encode(vae, x, F, res, res, mean, lv, NULL, NULL);
+    if (st) return st;
+    const mmc_wan_vae_config *vc = mmc_wan_vae_cfg(vae);
+    const int64_t pc = mmc_wan_vae_latent_frames(F) * (res / vc->scale_factor_spatial) * (res / vc->scale_factor_spatial);
+    for (int64_t ch = 0; ch < vc->z_dim; ch++) {
+        const float mu = vc->latents_mean[ch], inv = 1.0f / vc->latents_std[ch];
+        for (int64_t k = ch * pc; k < (ch + 1) * pc; k++) {
+            mean[k] = (mean[k] - mu) * inv;
+            std[k] = expf(0.5f * lv[k]) * inv;
+        }
+    }
+    return MMC_OK;
 }
 
 static void cache_file(const mmc_trainer *t, char *path, size_t cap) {
@@ -304,23 +323,13 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     d->n = n;
     mmc_wan_vae *vae = NULL;
     if ((st = mmc_wan_vae_load(mmc_wan_pipeline_vae_dir(pipe), &vae))) goto items_done;
-    const mmc_wan_vae_config *vc = mmc_wan_vae_cfg(vae);
     float *px = malloc((size_t)3 * F * res * res * sizeof *px), *lv = malloc((size_t)d->per * sizeof *lv);
     d->mean = malloc((size_t)(n * d->per) * sizeof(float));
     d->std = malloc((size_t)(n * d->per) * sizeof(float));
     if (!px || !lv || !d->mean || !d->std) st = mmc_error(MMC_ERR_OOM, "out of memory");
-    const int64_t pc = d->F * d->h * d->w;   /* latent elements per channel */
     for (int64_t i = 0; i < n && !st; i++) {
-        if ((st = load_video(items[i].video, F, res, px))) { mmc_error_prefix(st, "data.train sample %lld", (long long)i); break; }
-        float *m = d->mean + i * d->per, *s = d->std + i * d->per;
-        if ((st = mmc_wan_vae_encode(vae, px, F, res, res, m, lv, NULL, NULL))) break;
-        for (int64_t ch = 0; ch < d->C; ch++) {   /* (z - mean) * (1 / std), the pipelines' f32 order */
-            const float mu = vc->latents_mean[ch], inv = 1.0f / vc->latents_std[ch];
-            for (int64_t k = ch * pc; k < (ch + 1) * pc; k++) {
-                m[k] = (m[k] - mu) * inv;
-                s[k] = expf(0.5f * lv[k]) * inv;
-            }
-        }
+        if ((st = mmc_trainer_wan_load_video(items[i].video, F, res, px))) { mmc_error_prefix(st, "data.train sample %lld", (long long)i); break; }
+        if ((st = mmc_trainer_wan_encode_clip(vae, px, F, res, d->mean + i * d->per, d->std + i * d->per, lv))) break;
         if (isatty(2)) fprintf(stderr, "\rmmc train: encoding videos %lld/%lld%s", (long long)i + 1, (long long)n,
                                i + 1 == n ? "\n" : "");
     }

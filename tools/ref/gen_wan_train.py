@@ -77,3 +77,39 @@ sched.save_config(OUT)
 WanPipeline.save_lora_weights(OUT, transformer_lora_layers=get_peft_model_state_dict(tr))
 os.rename(os.path.join(OUT, "pytorch_lora_weights.safetensors"), os.path.join(OUT, "final.safetensors"))
 print("wan training fixtures in", OUT, [f"{exp[f'loss_{s}'].item():.5f}" for s in range(STEPS)])
+
+# ---------------------------------------------------------------- the training data of one video
+# data_expected.safetensors: tests/fixtures/video/moving.mp4 as mmc train prepares it (5 frames, 16x16):
+# PyAV's rgb24 frames at round(linspace(0, N - 1, 5)) (uniform sampling), PIL bilinear resize of the
+# shorter side to 16 (int(16 * long / short)), centre crop (round half even), to [-1, 1]; then
+# AutoencoderKLWan (tests/fixtures/wan/pipe/vae) encode: latent_dist mean and std, normalised as the Wan
+# pipelines normalise latents: (z - latents_mean) * (1 / latents_std).
+import av
+import numpy as np
+from PIL import Image
+from diffusers import AutoencoderKLWan
+
+F, RES = 5, 16
+with av.open(os.path.join(ROOT, "tests", "fixtures", "video", "moving.mp4")) as c:
+    frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+idx = np.round(np.linspace(0, len(frames) - 1, F)).astype(int)
+px = []
+for i in idx:
+    im = Image.fromarray(frames[i])
+    W, H = im.size
+    nh, nw = (RES, int(RES * W / H)) if H <= W else (int(RES * H / W), RES)
+    im = im.resize((nw, nh), Image.BILINEAR)
+    top, left = round((nh - RES) / 2), round((nw - RES) / 2)
+    a = np.asarray(im, dtype=np.float32)[top:top + RES, left:left + RES] / 255.0
+    px.append(torch.from_numpy((a - 0.5) / 0.5).permute(2, 0, 1))
+x = torch.stack(px, 1)                                          # [3, F, RES, RES]
+vae = AutoencoderKLWan.from_pretrained(os.path.join(ROOT, "tests", "fixtures", "wan", "pipe", "vae"),
+                                       torch_dtype=torch.float32)
+with torch.no_grad():
+    dist = vae.encode(x[None]).latent_dist
+lm = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+ls = 1.0 / torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+save_file({"pixels": x.contiguous(), "frame_index": torch.from_numpy(idx).to(torch.int64),
+           "mean": ((dist.mean - lm) * ls)[0].contiguous(), "std": (dist.std * ls)[0].contiguous()},
+          os.path.join(OUT, "data_expected.safetensors"))
+print("data:", len(frames), "frames, sampled", idx.tolist())
