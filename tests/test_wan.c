@@ -13,6 +13,7 @@
  *    tools/ref/gen_wan_train.py): losses and gradient norms within 1e-3, the final adapter within 1e-3;
  *    activation recompute gives the same loss and gradients bitwise; one video's training pixels (uniform
  *    frame sampling, resize + centre crop) against PyAV + PIL and its normalised latent distribution;
+ *    4 steps of full fine-tuning (losses, gradient norms, five final parameters within 1e-3);
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -612,6 +613,76 @@ static void check_train_data(void) {
     mmc_st_close(exp);
 }
 
+/* Full fine-tuning (every parameter trainable, AdamW 1e-4, clip 1.0) against diffusers + torch
+ * (gen_wan_train.py, full_expected.safetensors): 4 steps, each loss and pre-clip gradient norm within
+ * 1e-3 (relative), five final parameters within 1e-3 of their largest entry. */
+static void check_train_full(void) {
+    mmc_wan *m = NULL;
+    CHECK_OK(mmc_wan_load(DIR_ "/transformer", true, &m));
+    mmc_st *exp = fixture_open("wan_train/full_expected.safetensors");
+    if (!m || !exp) { mmc_wan_free(m); mmc_st_close(exp); return; }
+    mmc_fm_config fc;
+    mmc_json *j = NULL;
+    CHECK_OK(mmc_json_load("tests/fixtures/wan_train/scheduler_config.json", &j));
+    CHECK_OK(mmc_fm_config_read(j, "scheduler_config.json", &fc));
+    mmc_json_free(j);
+    mmc_tensor **params = NULL;
+    const char *const *names = NULL;
+    const int n_params = mmc_wan_param_list(m, &params, &names);
+    mmc_adamw opt;
+    mmc_adamw_opts o = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
+    CHECK_OK(mmc_adamw_init(&opt, &o, params, n_params));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_flux_fm_batch b = {.prompt_embeds = fixture_tensor(exp, "prompt_embeds", MMC_F32), .weighting = MMC_FM_NONE};
+    double worst_loss = 0, worst_norm = 0, worst_w = 0;
+    for (int step = 0; step < 4; step++) {
+        char k[64];
+        mmc_tensor *t[5];
+        static const char *keys[5] = {"x0", "noise", "u", "loss", "grad_norm"};
+        for (int i = 0; i < 5; i++) {
+            snprintf(k, sizeof k, "%s_%d", keys[i], step);
+            t[i] = fixture_tensor(exp, k, MMC_F32);
+        }
+        float sig[2], ts[2];
+        for (int i = 0; i < 2; i++) mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
+        b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
+        mmc_tensor *loss = NULL;
+        CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+        if (!loss) break;
+        const double lv = *(float *)loss->data;
+        mmc_backward(ctx, loss);
+        mmc_ctx_reset(ctx);
+        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
+        mmc_adamw_step(&opt, o.lr);
+        mmc_zero_grad(params, n_params);
+        const double wl = ((float *)t[3]->data)[0], wn = ((float *)t[4]->data)[0];
+        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
+        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
+        CHECKF(rl < 1e-3 && rn < 1e-3, "full step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", step, lv, wl, norm, wn);
+        for (int i = 0; i < 5; i++) mmc_tensor_free(t[i]);
+    }
+    static const char *pn[5] = {"blocks.0.attn1.to_q.weight", "proj_out.weight", "blocks.1.ffn.net.2.bias",
+                                "scale_shift_table", "condition_embedder.time_embedder.linear_1.weight"};
+    for (int i = 0; i < 5; i++) {
+        char k[128];
+        snprintf(k, sizeof k, "final.%s", pn[i]);
+        mmc_tensor *want = fixture_tensor(exp, k, MMC_F32), *got = NULL;
+        for (int q = 0; q < n_params; q++)
+            if (!strcmp(names[q], pn[i])) got = params[q];
+        CHECKF(got != NULL, "no parameter %s", pn[i]);
+        if (got && want) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+        mmc_tensor_free(want);
+    }
+    CHECKF(worst_w < 1e-3, "full: final parameters: max relative difference %.2e", worst_w);
+    printf("train_full: 4 steps, loss rel diff <= %.2e, grad norm <= %.2e, final parameters <= %.2e\n", worst_loss,
+           worst_norm, worst_w);
+    mmc_tensor_free(b.prompt_embeds);
+    mmc_adamw_free(&opt);
+    mmc_ctx_free(ctx);
+    mmc_wan_free(m);
+    mmc_st_close(exp);
+}
+
 int main(int argc, char **argv) {
     if (access(DIR_ "/transformer/config.json", R_OK) != 0) {
         fprintf(stderr, "test_wan: fixtures absent (tools/ref/gen_wan.py); skipping\n");
@@ -627,6 +698,7 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "train_lora")) {
         check_train_lora();
         check_train_data();
+        check_train_full();
     }
     if (test_part(argc, argv, "umt5")) check_umt5();
     if (test_part(argc, argv, "unipc")) check_unipc();

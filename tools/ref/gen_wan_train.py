@@ -11,6 +11,8 @@ diffusers + PEFT themselves (the versions pinned in requirements.txt):
   ffn.net.0.proj / ffn.net.2. Saved: initial.safetensors (the adapter before training, WanPipeline.save_lora_weights),
   expected.safetensors (every step's inputs, loss and pre-clip grad norm), final.safetensors,
   scheduler_config.json.
+* wan_train/data_expected.safetensors: one video's training pixels and normalised latent distribution (below).
+* wan_train/full_expected.safetensors: 4 steps of full fine-tuning (below).
 
 Run: .venv-ref/bin/python tools/ref/gen_wan_train.py
 """
@@ -113,3 +115,36 @@ save_file({"pixels": x.contiguous(), "frame_index": torch.from_numpy(idx).to(tor
            "mean": ((dist.mean - lm) * ls)[0].contiguous(), "std": (dist.std * ls)[0].contiguous()},
           os.path.join(OUT, "data_expected.safetensors"))
 print("data:", len(frames), "frames, sampled", idx.tolist())
+
+# ---------------------------------------------------------------- full fine-tuning
+# full_expected.safetensors: 4 steps of full fine-tuning of the same transformer (every parameter; AdamW
+# lr 1e-4, wd 1e-4, clip 1.0), the draws as above from their own generator; then three parameters.
+g = torch.Generator().manual_seed(32)
+tr = WanTransformer3DModel.from_pretrained(SRC, torch_dtype=torch.float32)
+params = [p for p in tr.parameters() if p.requires_grad]
+opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4, eps=1e-8)
+emb = torch.randn(B, T, tr.config.text_dim, generator=g)
+full = {"prompt_embeds": emb}
+tr.train()
+for step in range(4):
+    x0 = torch.randn(B, C, 2, h, w, generator=g)
+    noise = torch.randn(x0.shape, generator=g)
+    u = torch.rand(B, generator=g)
+    indices = (u * sched.config.num_train_timesteps).long()
+    timesteps, sigmas = sched.timesteps[indices], sched.sigmas[indices]
+    sig = sigmas.reshape(B, 1, 1, 1, 1)
+    pred = tr(hidden_states=(1.0 - sig) * x0 + sig * noise, timestep=timesteps, encoder_hidden_states=emb,
+              return_dict=False)[0]
+    loss = torch.mean(((pred - (noise - x0)) ** 2).reshape(B, -1), 1).mean()
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    opt.zero_grad()
+    full.update({f"x0_{step}": x0, f"noise_{step}": noise, f"u_{step}": u, f"loss_{step}": loss.detach().reshape(1),
+                 f"grad_norm_{step}": gn.detach().reshape(1)})
+sd = tr.state_dict()
+for k in ("blocks.0.attn1.to_q.weight", "proj_out.weight", "blocks.1.ffn.net.2.bias", "scale_shift_table",
+          "condition_embedder.time_embedder.linear_1.weight"):
+    full["final." + k] = sd[k]
+save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(OUT, "full_expected.safetensors"))
+print("full:", [f"{full[f'loss_{s}'].item():.5f}" for s in range(4)])
