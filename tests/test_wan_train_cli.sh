@@ -4,6 +4,7 @@
 #  - LoRA on attn1/attn2 to_q/to_k/to_v/to_out.0 and ffn.net.0.proj / ffn.net.2: finite losses, a
 #    diffusers-layout adapter (transformer.<module>.lora_A.weight) in each checkpoint that
 #    `mmc generate-video --lora` loads; the encoded videos cached (a second run skips the encoders);
+#  - a truncated cache is encoded again (the same losses);
 #  - with the reference venv, diffusers' WanPipeline.load_lora_weights loads the adapter exactly;
 #  - a resumed run repeats the uninterrupted one's losses and adapter bit for bit;
 #  - model.recompute: full gives the same losses;
@@ -59,6 +60,14 @@ a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -2); b=$(grep -o '"los
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
 cmp -s "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" "$T/run2/checkpoint-4/pytorch_lora_weights.safetensors" \
   && ok || bad "resumed adapter differs from the uninterrupted run's"
+# a truncated cache is not trusted: the videos are encoded again, the same losses follow
+cp -r "$T/run" "$T/run3"; rm -rf "$T/run3/checkpoint-"* "$T/run3/metrics.jsonl"
+head -c 100 "$T/run/cache/wan_data.safetensors" >"$T/run3/cache/wan_data.safetensors"
+sed "s|$T/run,|$T/run3,|" "$T/run.yaml" >"$T/run3.yaml"
+expect_rc 0 "$MMC" train "$T/run3.yaml"
+expect_err "videos encoded to"
+a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl"); b=$(grep -o '"loss": [^,]*' "$T/run3/metrics.jsonl" 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "losses after re-encoding a truncated cache [$b] differ from [$a]"
 # the adapter generates
 expect_rc 0 "$MMC" generate-video --model "$P" --prompt "a square" --frames 5 --height 16 --width 16 --steps 2 \
   --lora "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" --output "$T/gen/"
