@@ -122,5 +122,8 @@ expect_err "nope.mp4"
 sed -e "s|num_frames: 5|num_frames: 6|" -e "s|output_dir: $T/run,|output_dir: $T/bad2,|" "$T/run.yaml" >"$T/bad2.yaml"
 expect_rc 1 "$MMC" train "$T/bad2.yaml"
 expect_err "num_frames"
+sed -e "s|num_frames: 5|num_frames: 5, aspect_ratio_buckets: \"16,16;16,32\"|" -e "s|output_dir: $T/run,|output_dir: $T/bad3,|" "$T/run.yaml" >"$T/bad3.yaml"
+expect_rc 1 "$MMC" train "$T/bad3.yaml"
+expect_err "aspect_ratio_buckets"
 echo "test_wan_train_cli: $((n - fail))/$n checks passed"
 [ "$fail" = 0 ]

@@ -100,6 +100,9 @@ mmc_status mmc_trainer_wan_load(mmc_trainer *t, const char *ckpt) {
     if (c->flow_matching.validation_prompt)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: flow_matching.validation_prompt: validation videos are not wired for "
                          "Wan yet; drop it and run `mmc generate-video --lora` on a checkpoint", c->file);
+    if (c->data.aspect_ratio_buckets)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: data.aspect_ratio_buckets: Wan training crops every video square "
+                         "(data.resolution); drop the buckets", c->file);
     char dir[2000], cfgp[2100];
     if (ckpt && ckpt != c->model.path) snprintf(dir, sizeof dir, "%s", ckpt);   /* full fine-tune resumes from it */
     else snprintf(dir, sizeof dir, "%s/transformer", c->model.path);
