@@ -110,6 +110,9 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
  * weight x alpha / r. One at a time. */
 mmc_status mmc_wan_pipeline_load_lora(mmc_wan_pipeline *p, const char *path, float weight);
 void mmc_wan_pipeline_release_transformer(mmc_wan_pipeline *p);
+/* Sample with the caller's transformer (training's validation videos: adapters attached), not freed by
+ * the pipeline; NULL hands it back. */
+void mmc_wan_pipeline_borrow_transformer(mmc_wan_pipeline *p, mmc_wan *m);
 const char *mmc_wan_pipeline_vae_dir(const mmc_wan_pipeline *p);
 /* output_type="pt": latents [B, C, t, h, w] -> video [B, frames, 3, H, W] in [0, 1] (persistent):
  * denormalised with the VAE's latents_mean / latents_std, decoded clip by clip by AutoencoderKLWan

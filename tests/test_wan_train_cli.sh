@@ -7,6 +7,7 @@
 #  - a truncated cache is encoded again (the same losses);
 #  - with the reference venv, diffusers' WanPipeline.load_lora_weights loads the adapter exactly;
 #  - a resumed run repeats the uninterrupted one's losses and adapter bit for bit;
+#  - validation videos (PNG frames, the first in TensorBoard) leave the losses unchanged;
 #  - model.recompute: full gives the same losses;
 #  - 2 data-parallel ranks (mmc launch) give the one process's losses;
 #  - full fine-tuning writes a transformer folder;
@@ -101,6 +102,20 @@ if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
 else
   echo "test_wan_train_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
 fi
+# validation videos: PNG frames of the prompt every step (and the first frame in TensorBoard); the losses unchanged
+sed -e "s|output_dir: $T/run,|output_dir: $T/val,|" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 0|" \
+    -e "s|flow_matching: {max_sequence_length: 8}|flow_matching: {max_sequence_length: 8, validation_prompt: a red square, validation_every: 1, validation_steps: 2}|" \
+    "$T/run.yaml" >"$T/val.yaml"
+expect_rc 0 "$MMC" train "$T/val.yaml"
+for s in 1 2; do
+  nf=$(ls "$T/val/validation/step-00000$s/" 2>/dev/null | grep -c '^frame_.*\.png$')
+  [ "$nf" = 5 ] && ok || bad "validation video of step $s has $nf frames, want 5: $(ls -R "$T/val/validation" 2>&1)"
+done
+ev=$(ls "$T"/val/tb/events.out.tfevents.* 2>/dev/null | head -1)
+np=$(grep -ac "IHDR" "$ev" 2>/dev/null)
+[ "${np:-0}" -ge 2 ] && ok || bad "TensorBoard events $ev: $np PNG images, want 2"
+a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | head -2); b=$(grep -o '"loss": [^,]*' "$T/val/metrics.jsonl" 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "losses with validation [$b] differ from [$a]"
 # model.recompute: full (activation recompute) trains the same steps: the same losses
 sed -e "s|output_dir: $T/run,|output_dir: $T/rc,|" -e "s|^model:|model:\n  recompute: full|" "$T/run.yaml" >"$T/rc.yaml"
 expect_rc 0 "$MMC" train "$T/rc.yaml"

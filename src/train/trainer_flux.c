@@ -800,6 +800,7 @@ bool mmc_trainer_flux_validation_due(const mmc_trainer *t) {
 /* One image of the validation prompt with the weights as they are (adapters attached), written to
  * output_dir/validation/step-<N>.png with the prompt and step in its text chunks. */
 mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
+    if (t->wan) return mmc_trainer_wan_validate(t, path, cap);   /* a video: trainer_wan.c */
     mmc_fm_data *f = t->fm;
     const mmc_run_config *c = t->cfg;
     const int res = (int)c->data.resolution;

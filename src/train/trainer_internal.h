@@ -141,6 +141,7 @@ mmc_status mmc_trainer_wan_load(mmc_trainer *t, const char *ckpt);
 mmc_status mmc_trainer_wan_data_open(mmc_trainer *t);
 void mmc_wan_data_free(mmc_wan_data *d);
 mmc_status mmc_trainer_wan_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss);
+mmc_status mmc_trainer_wan_validate(mmc_trainer *t, char *path, size_t cap);
 /* (exposed for test_wan) one training clip: F frames sampled uniformly, resized + centre-cropped to
  * res, in [-1, 1] -> x [3, F, res, res]; its normalised latent distribution */
 mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x);

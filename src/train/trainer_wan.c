@@ -24,6 +24,8 @@
  *                flow_matching.max_sequence_length, cached with the latents
  *   loss         mmc_wan_fm_loss above; each sample's latent draw, noise and timestep come from a
  *                stream keyed by (seed, step, sample), as the Flux path's
+ *   validation   flow_matching.validation_prompt: a video every validation_every steps (and at the end),
+ *                PNG frames in output_dir/validation/step-<N>/, the first frame in TensorBoard
  *   checkpoints  trainer_flux.c's: LoRA as pytorch_lora_weights.safetensors
  *                ("transformer.<module>.lora_A.weight"), full as a transformer folder. */
 #include "trainer_internal.h"
@@ -84,11 +86,16 @@ struct mmc_wan_data {
     mmc_fm_config sched;
     mmc_fm_scheme scheme;
     int64_t *perm, perm_epoch;
+    mmc_wan_pipeline *vpipe;          /* validation videos: the pipeline (its VAE, scheduler) and the prompt's states */
+    mmc_tensor *vcond;
 };
 
 void mmc_wan_data_free(mmc_wan_data *d) {
     if (!d) return;
     free(d->mean), free(d->std), free(d->embeds), free(d->perm);
+    mmc_tensor_free(d->vcond);
+    if (d->vpipe) mmc_wan_pipeline_borrow_transformer(d->vpipe, NULL);
+    mmc_wan_pipeline_free(d->vpipe);
     free(d);
 }
 
@@ -97,9 +104,6 @@ mmc_status mmc_trainer_wan_load(mmc_trainer *t, const char *ckpt) {
     if (c->model.init && !(ckpt && ckpt != c->model.path))
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a transformer from scratch) is wired for Flux only; "
                          "fine-tune the WanPipeline's transformer instead", c->file);
-    if (c->flow_matching.validation_prompt)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: flow_matching.validation_prompt: validation videos are not wired for "
-                         "Wan yet; drop it and run `mmc generate-video --lora` on a checkpoint", c->file);
     if (c->data.aspect_ratio_buckets)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: data.aspect_ratio_buckets: Wan training crops every video square "
                          "(data.resolution); drop the buckets", c->file);
@@ -375,7 +379,66 @@ items_done:
     for (int64_t i = 0; i < n; i++) free(items[i].video), free(items[i].caption);
     free(items);
 done:
+    if (!st && c->flow_matching.validation_prompt) {   /* the validation prompt's states; the pipeline kept */
+        mmc_ctx *vc = mmc_ctx_new();
+        if (!vc) st = mmc_error(MMC_ERR_OOM, "out of memory");
+        else {
+            mmc_set_grad_enabled(vc, false);
+            const char *vp = c->flow_matching.validation_prompt;
+            st = mmc_wan_encode_prompt(vc, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &d->vcond);
+            mmc_ctx_free(vc);
+        }
+        if (!st) d->vpipe = pipe, pipe = NULL;
+    }
     mmc_wan_pipeline_free(pipe);
+    return st;
+}
+
+/* A validation video of the prompt with the weights as they are (adapters attached): the pipeline's
+ * sampler (no guidance: the conditional branch) from flow_matching.validation_seed's noise, written as PNG
+ * frames to output_dir/validation/step-<N>/; path: its first frame (for TensorBoard). */
+mmc_status mmc_trainer_wan_validate(mmc_trainer *t, char *path, size_t cap) {
+    mmc_wan_data *d = t->wd;
+    const mmc_run_config *c = t->cfg;
+    const int res = (int)c->data.resolution, F = (int)c->data.num_frames;
+    char dir[2200];
+    snprintf(dir, sizeof dir, "%s/validation", c->training.output_dir);
+    mmc_status st = mmc_mkdir_p(dir);
+    if (st) return st;
+    snprintf(dir, sizeof dir, "%s/validation/step-%06lld/", c->training.output_dir, (long long)t->step);
+    mmc_ctx *ctx = t->ctx;
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *lat = mmc_tensor_new(MMC_F32, 5, MMC_SHAPE(1, d->C, d->F, d->h, d->w)), *video = NULL;
+    if (!lat) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st) {
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)c->flow_matching.validation_seed);
+        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
+        mmc_wan_pipeline_borrow_transformer(d->vpipe, t->wan);
+        mmc_wan_sample_opts o = {.height = res, .width = res, .frames = F,
+                                 .steps = (int)c->flow_matching.validation_steps, .guidance = 1.0};
+        st = mmc_wan_sample(ctx, d->vpipe, d->vcond, NULL, lat, &o);
+        if (!st) st = mmc_wan_decode(d->vpipe, lat, NULL, NULL, &video);   /* [1, F, 3, H, W] in [0, 1] */
+        mmc_wan_pipeline_borrow_transformer(d->vpipe, NULL);
+    }
+    uint8_t *rgb = st ? NULL : malloc((size_t)F * res * res * 3);
+    if (!st && !rgb) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st) {
+        const float *v = video->data;
+        for (int64_t f = 0; f < F; f++)
+            for (int64_t i = 0; i < (int64_t)res * res; i++)
+                for (int ch = 0; ch < 3; ch++)
+                    rgb[(f * res * res + i) * 3 + ch] = (uint8_t)lrintf(v[(f * 3 + ch) * res * res + i] * 255.0f);
+        mmc_video_write_opts vo = {.format = MMC_VIDEO_OUT_PNG_DIR, .comment = c->flow_matching.validation_prompt,
+                                   .title = "mmc train (validation video)", .quiet = true};
+        st = mmc_video_write(dir, rgb, F, res, res, 16.0, &vo);
+        snprintf(path, cap, "%sframe_00000.png", dir);
+    }
+    free(rgb);
+    mmc_tensor_free(video);
+    mmc_tensor_free(lat);
+    mmc_ctx_reset(ctx);
+    mmc_set_grad_enabled(ctx, true);
     return st;
 }
 
