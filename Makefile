@@ -6,7 +6,7 @@ JOBS    ?= $(shell nproc)
 REF_VENV ?= .venv-ref
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test test-demos test-asan fuzz bench fixtures clean
+.PHONY: all deps build run run-omni test test-demos test-asan fuzz bench fixtures clean
 
 all: build
 
@@ -22,6 +22,9 @@ build: deps $(BUILD)/CMakeCache.txt
 
 run: build
 	@bash scripts/demo.sh $(BUILD)
+
+run-omni: build
+	@bash scripts/demo_omni.sh $(BUILD)
 
 # ctest's exit status is the target's; after ctest's summary, the skipped tests and why
 # (tests/report_skips.sh; ctest itself lists them without the reason).

@@ -7,6 +7,8 @@
  *    "value": "<image>\nWhat is this?"}, ...]}  ("video" likewise with <video>)
  *  - LLaMA-Factory / MindSpeed-MM: {"messages": [{"role": "user", "content": "<image>Hi"}],
  *    "images": [...], "videos": [...]}
+ *    Audio (Qwen2.5-Omni): "<audio>" tags with "audios": [...], or OpenAI parts
+ *    {"type": "audio", "audio": "a.wav"}.
  *  - OpenAI: {"messages": [{"role": "user", "content": [{"type": "text", "text": ".."},
  *    {"type": "image", "image": "a.jpg"} | {"type": "image_url", "image_url": {"url": ..}} |
  *    {"type": "video", "video": "frames_dir"}]}]}
@@ -48,6 +50,8 @@
 #include "mmc_tokenizer.h"
 #include "mmc_vlproc.h"
 #include "mmc_video.h"
+#include "mmc_audio.h"
+#include "mmc_internvl.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +78,12 @@ typedef struct {
     int n_videos;
     double *video_second_per_grid_ts; /* [n_videos] temporal_patch_size / sampled fps (Qwen2.5-VL
                                   time positions; a frame folder counts as 24 fps, as transformers) */
+    /* Qwen2.5-Omni audio inputs of all samples, in token order (WhisperFeatureExtractor's
+     * padded features and the feature_attention_mask's sums) */
+    float *audio_feats;        /* [n_audios, audio_mels, audio_stride] */
+    int64_t *audio_frames;     /* [n_audios] real frames of each */
+    int n_audios;
+    int64_t audio_mels, audio_stride;
     int64_t n_tokens;          /* real (non-pad) tokens in the batch */
     int64_t n_label_tokens;    /* labels != -100 after the shift (what the loss averages over) */
     int64_t sample_index;      /* index of the first sample (for logging/resume) */
@@ -120,6 +130,20 @@ typedef struct {
     mmc_clip_proc clip;
     int64_t llava_image_tokens;
     int32_t llava_image_id;
+    /* not YAML keys: a Qwen2.5-Omni thinker's processing (Qwen2_5OmniProcessor): audios through
+     * the WhisperFeatureExtractor `fe` (not owned), each <|AUDIO|> (omni_audio_id) expanded to
+     * the audio encoder's token count, <|IMAGE|> / <|VIDEO|> (omni_image_id / omni_video_id) as
+     * Qwen2-VL's pads; without omni, audio in a dataset is an error */
+    bool omni;
+    const mmc_whisper_fe *fe;
+    int32_t omni_audio_id, omni_image_id, omni_video_id;
+    /* not YAML keys: an InternVL model's processing (InternVLProcessor) — images through
+     * iproc's dynamic tiling (one row of 3*s*s per tile, image_grid_thw (tiles, 1, 1)), the
+     * template's <IMG_CONTEXT> (llava_image_id) becoming <img> (internvl_start),
+     * llava_image_tokens x tiles <IMG_CONTEXT>, </img> (internvl_end); set with llava */
+    bool internvl;
+    mmc_internvl_proc iproc;
+    int32_t internvl_start, internvl_end;
     bool blank_media;          /* not a YAML key: every image / video frame replaced by a
                                   black one of the same size (mmc eval --blank-images) */
 } mmc_data_opts;
@@ -150,6 +174,8 @@ typedef struct {
     int n_images;
     const char *const *videos;         /* resolved frame directories */
     int n_videos;
+    const char *const *audios;         /* resolved audio files (<audio> tags / audio parts) */
+    int n_audios;
     const char *type;                  /* "type" field or NULL */
     const char *answer;                /* text of the last assistant message */
     int line;                          /* 1-based line in the file */

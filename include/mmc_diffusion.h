@@ -304,6 +304,87 @@ typedef struct {
  * without it, each block's intermediates are released as soon as its outputs exist. */
 mmc_status mmc_sd3_forward(mmc_ctx *ctx, mmc_sd3 *m, const mmc_sd3_inputs *in, mmc_tensor **out);
 
+/* ---------------------------------------------------------------- HunyuanDiT2DModel
+ * diffusers' models/transformers/hunyuan_transformer_2d.py: see src/models/diffusion/hunyuan_dit.c.
+ * Latents enter unpacked [B, C, H, W]; text as the BERT states [B, text_len, cross_attention_dim]
+ * and the T5 states [B, text_len_t5, cross_attention_dim_t5] with their 0/1 masks. */
+#define MMC_HUNYUAN_MAX_LAYERS 128
+typedef struct {
+    int64_t num_attention_heads, attention_head_dim;   /* hidden_size must be heads * head_dim */
+    int64_t in_channels, patch_size, sample_size, hidden_size, num_layers;
+    int64_t out_channels;                              /* 2 * in_channels with learn_sigma */
+    int64_t ff_inner;                                  /* int(inner_dim * mlp_ratio) */
+    int64_t cross_attention_dim, cross_attention_dim_t5, pooled_projection_dim;
+    int64_t text_len, text_len_t5;
+    bool learn_sigma, use_style_cond_and_image_meta_size;
+} mmc_hunyuan_dit_config;
+
+typedef struct mmc_hunyuan_dit mmc_hunyuan_dit;
+
+mmc_status mmc_hunyuan_dit_config_read(const mmc_json *cfg, const char *what, mmc_hunyuan_dit_config *out);
+/* Load from a transformer/ folder (config.json + diffusion_pytorch_model safetensors, single or
+ * sharded; f32 / bf16 / f16). Every missing or mis-shaped tensor is listed. */
+mmc_status mmc_hunyuan_dit_load(const char *dir, mmc_hunyuan_dit **out);
+void mmc_hunyuan_dit_free(mmc_hunyuan_dit *m);
+const mmc_hunyuan_dit_config *mmc_hunyuan_dit_cfg(const mmc_hunyuan_dit *m);
+int64_t mmc_hunyuan_dit_param_count(const mmc_hunyuan_dit *m);
+
+/* The rotary table HunyuanDiTPipeline passes as image_rotary_emb: get_2d_rotary_pos_embed(head_dim,
+ * get_resize_crop_region_for_grid((gh, gw), base_size), (gh, gw)) with gh = height // 8 // patch,
+ * base_size = 512 // 8 // patch -> cos, sin [gh * gw, head_dim] f32 (interleaved pairs). */
+void mmc_hunyuan_rope(mmc_ctx *ctx, int64_t head_dim, int64_t gh, int64_t gw, int64_t base_size, mmc_tensor **cos,
+                      mmc_tensor **sin);
+
+typedef struct {
+    mmc_tensor *hidden;        /* [B, in_channels, H, W] latents; H, W multiples of patch_size */
+    const float *timestep;     /* [B] */
+    mmc_tensor *encoder;       /* [B, text_len, cross_attention_dim] BERT last hidden state */
+    const int32_t *mask;       /* [B, text_len] 0/1 */
+    mmc_tensor *encoder_t5;    /* [B, text_len_t5, cross_attention_dim_t5] */
+    const int32_t *mask_t5;    /* [B, text_len_t5] 0/1 */
+    const float *image_meta_size;   /* [B, 6] (original, target size, crop top-left); v1.1 configs only */
+    const int64_t *style;      /* [B] style_embedder rows; v1.1 configs only */
+    mmc_tensor *rope_cos, *rope_sin;  /* [(H/p)(W/p), head_dim] (mmc_hunyuan_rope) */
+} mmc_hunyuan_dit_inputs;
+/* The prediction [B, out_channels, H, W] (noise / v in the first in_channels, the learned variance
+ * after). Errors name the input whose size does not fit the config. */
+mmc_status mmc_hunyuan_dit_forward(mmc_ctx *ctx, mmc_hunyuan_dit *m, const mmc_hunyuan_dit_inputs *in,
+                                   mmc_tensor **out);
+
+/* ---------------------------------------------------------------- HunyuanDiTPipeline
+ * diffusers' pipelines/hunyuandit/pipeline_hunyuandit.py over a diffusers folder (tokenizer /
+ * text_encoder: BERT, tokenizer_2 / text_encoder_2: T5, transformer, vae, scheduler: DDPMScheduler):
+ * src/diffusion/hunyuan_pipeline.c. */
+typedef struct mmc_hunyuan_pipeline mmc_hunyuan_pipeline;
+typedef struct {
+    mmc_tensor *embeds, *mask;          /* BERT last_hidden_state [B, 77, C], mask [B, 77] i32 */
+    mmc_tensor *embeds_t5, *mask_t5;    /* T5 [B, 256, E5], mask [B, 256] i32 */
+} mmc_hunyuan_cond;
+typedef struct {
+    int height, width;                  /* pixels; the latents are height / 8 x width / 8 */
+    int steps;
+    double guidance;                    /* > 1: classifier-free guidance with the negative encoding */
+    double guidance_rescale;            /* rescale_noise_cfg's phi (0: off, the pipeline's default) */
+    uint64_t seed;                      /* mmc's rng for DDPM's variance noise when step_noise is NULL */
+    const float *step_noise;            /* [steps, B, C, h, w] the scheduler's draws (torch's generator), or NULL */
+    void (*progress)(void *user, int step, int n, double step_seconds);
+    void *user;
+} mmc_hunyuan_opts;
+mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out);
+void mmc_hunyuan_pipeline_free(mmc_hunyuan_pipeline *p);
+int mmc_hunyuan_pipeline_latent_channels(const mmc_hunyuan_pipeline *p);
+/* use_resolution_binning (the pipeline's default): sizes floored to multiples of 16, then, unless one of
+ * the trained shapes, mapped to the closest (map_to_standard_shapes). */
+void mmc_hunyuan_bin_resolution(int *height, int *width);
+/* encode_prompt for both encoders (tensors in ctx's arena). */
+mmc_status mmc_hunyuan_encode_prompt(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const char *const *prompts, int B,
+                                     mmc_hunyuan_cond *out);
+/* The denoising loop on latents [B, C, h, w] (the initial noise, replaced by the result). */
+mmc_status mmc_hunyuan_sample(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_hunyuan_cond *cond,
+                              const mmc_hunyuan_cond *neg, const mmc_hunyuan_opts *o, mmc_tensor *latents);
+/* VAE decode of latents / scaling_factor -> images [B, 3, H, W] in [0, 1]. */
+mmc_status mmc_hunyuan_decode(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const mmc_tensor *latents, mmc_tensor **image);
+
 /* ---------------------------------------------------------------- UNet2DConditionModel
  * diffusers' models/unets/unet_2d_condition.py as Stable Diffusion 1.x / 2.x and SDXL use it: see
  * src/models/diffusion/unet2d_condition.c. DownBlock2D / CrossAttnDownBlock2D, UNetMidBlock2DCrossAttn,

@@ -1,4 +1,7 @@
-/* mmc_embed.h — dual encoders for cross-modal retrieval: CLIP (transformers' CLIPModel) as a
+/* mmc_embed.h — dual encoders for cross-modal retrieval: CLIP (transformers' CLIPModel) and
+ * SigLIP (SiglipModel: pooled text at the last position through `head`, images through the
+ * attention-pooling head, logits_per_image = exp(logit_scale) img @ txt^T + logit_bias, read as
+ * sigmoid probabilities; texts padded to max_length 64 as SiglipProcessor(padding="max_length")) as a
  * whole, its image and text towers each with their projection into one embedding space and
  * the learned temperature, behind one interface (`mmc embed`, `mmc eval --task retrieval`).
  *
@@ -23,12 +26,12 @@ extern "C" {
 
 typedef struct mmc_dual_encoder mmc_dual_encoder;
 
-/* A CLIPModel folder (config.json model_type "clip", safetensors, tokenizer.json, the image
+/* A CLIPModel or SiglipModel folder (config.json model_type "clip" / "siglip", safetensors, tokenizer.json, the image
  * processor's config). Errors name the file and key; a folder of another model type is
  * MMC_ERR_UNSUPPORTED saying which types embed. */
 mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out);
 void mmc_dual_encoder_free(mmc_dual_encoder *m);
-const char *mmc_dual_encoder_family(const mmc_dual_encoder *m);   /* "clip" */
+const char *mmc_dual_encoder_family(const mmc_dual_encoder *m);   /* "clip" or "siglip" */
 int64_t mmc_dual_encoder_dim(const mmc_dual_encoder *m);           /* D: projection_dim */
 double mmc_dual_encoder_logit_scale(const mmc_dual_encoder *m);    /* exp(logit_scale) */
 int64_t mmc_dual_encoder_param_count(const mmc_dual_encoder *m);
@@ -41,6 +44,47 @@ mmc_status mmc_dual_encoder_embed_images(mmc_dual_encoder *m, const mmc_image *i
 mmc_status mmc_dual_encoder_embed_texts(mmc_dual_encoder *m, const char *const *texts, int n, float *out);
 /* pixel_values [n, 3, H, W] as the processor makes them -> out [n, D] (normalised). */
 mmc_status mmc_dual_encoder_embed_pixels(mmc_dual_encoder *m, const mmc_tensor *pixel_values, float *out);
+
+/* ids [n, T] i32 (as the model's processor makes them) and mask [n, T] or NULL -> out [n, D], normalised. */
+mmc_status mmc_dual_encoder_embed_ids(mmc_dual_encoder *m, const mmc_tensor *ids, const mmc_tensor *mask, float *out);
+/* SigLIP's learned bias (logit_bias); 0 for CLIP. */
+double mmc_dual_encoder_logit_bias(const mmc_dual_encoder *m);
+/* true where the model is trained with the sigmoid loss (SigLIP): its probabilities are
+ * sigmoid(logits_per_image) per pair, not a softmax over the texts. */
+bool mmc_dual_encoder_sigmoid(const mmc_dual_encoder *m);
+/* logits_per_image [n, k] = img [n, D] @ txt[k, D]^T * exp(logit_scale) + logit_bias */
+void mmc_dual_encoder_logits(const mmc_dual_encoder *m, const float *img, int64_t n, const float *txt, int64_t k,
+                             float *logits);
+
+/* ---------------------------------------------------------------- SigLIP's tokenizer
+ * SiglipTokenizer from a folder's spiece.model and tokenizer_config.json (src/tokenizer/siglip_spm.c):
+ * canonicalize_text, SentencePiece's normalizer and Unigram, </s>, padding="max_length". A
+ * malformed or truncated spiece.model is MMC_ERR_FORMAT naming the file. */
+typedef struct mmc_siglip_tokenizer mmc_siglip_tokenizer;
+mmc_status mmc_siglip_tokenizer_load(const char *dir, mmc_siglip_tokenizer **out);
+void mmc_siglip_tokenizer_free(mmc_siglip_tokenizer *t);
+int mmc_siglip_tokenizer_model_max_length(const mmc_siglip_tokenizer *t);   /* 64 by default */
+int32_t mmc_siglip_tokenizer_vocab_size(const mmc_siglip_tokenizer *t);
+/* tokenizer(text, padding="max_length", max_length=L, truncation=True): ids[L] (at most L - 1
+ * pieces, </s>, then pad_token), mask[L] (may be NULL), *n_real (may be NULL) the unpadded length. */
+mmc_status mmc_siglip_tokenizer_encode_padded(const mmc_siglip_tokenizer *t, const char *text, int max_length,
+                                              int32_t *ids, int32_t *mask, int *n_real);
+
+/* ---------------------------------------------------------------- contrastive losses
+ * The objectives of CLIPModel / SiglipModel.forward(return_loss=True) over a batch of n
+ * (image i, text i) pairs and their gradients (src/train/contrastive.c). The training loop through
+ * `mmc train` that uses them is not built yet. */
+typedef enum { MMC_CONTRASTIVE_CLIP, MMC_CONTRASTIVE_SIGLIP } mmc_contrastive_kind;
+typedef struct {
+    double loss;
+    double d_logit_scale;   /* w.r.t. the logit_scale parameter (the log of the scale) */
+    double d_logit_bias;    /* SigLIP; 0 for CLIP */
+    float *d_img, *d_txt;   /* caller's [n, D] buffers for the gradients (NULL: not wanted) */
+} mmc_contrastive_out;
+/* img, txt [n, D]: the pooled projections before the L2 normalisation (the model normalises);
+ * logit_scale: the parameter (the scale is its exp); logit_bias ignored for CLIP. */
+mmc_status mmc_contrastive_loss(mmc_contrastive_kind kind, const float *img, const float *txt, int64_t n, int64_t D,
+                                double logit_scale, double logit_bias, mmc_contrastive_out *o);
 
 /* ---------------------------------------------------------------- retrieval evaluation
  * An image-caption JSONL: one object per line, {"image": PATH, "caption": TEXT} or {"image":

@@ -99,6 +99,44 @@ mmc_status mmc_t5_encoder_forward(mmc_ctx *ctx, mmc_t5_encoder *m, const mmc_ten
 /* T5Attention._relative_position_bucket (bidirectional), relative = key pos - query pos. */
 int mmc_t5_relative_position_bucket(int64_t relative, bool bidirectional, int num_buckets, int max_distance);
 
+/* ---------------------------------------------------------------- BERT encoder
+ * transformers' models/bert/modeling_bert.py (BertModel: embeddings with token types, post-LN
+ * layers): HunyuanDiT's first text encoder. See src/models/encoders/bert.c. */
+typedef struct {
+    int64_t vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size;
+    int64_t max_position_embeddings, type_vocab_size;
+    double layer_norm_eps;
+    mmc_act hidden_act;                  /* "gelu": the erf form */
+} mmc_bert_config;
+
+typedef struct mmc_bert mmc_bert;
+
+mmc_status mmc_bert_config_read(const mmc_json *cfg, const char *what, mmc_bert_config *out);
+mmc_status mmc_bert_load(const char *dir, mmc_bert **out);
+void mmc_bert_free(mmc_bert *m);
+const mmc_bert_config *mmc_bert_cfg(const mmc_bert *m);
+int64_t mmc_bert_param_count(const mmc_bert *m);
+/* last_hidden_state [B, T, hidden_size]; ids [B, T] (T <= max_position_embeddings, ids <
+ * vocab_size, else MMC_ERR_INVALID), mask [B, T] key padding or NULL; token types all 0. */
+mmc_status mmc_bert_forward(mmc_ctx *ctx, mmc_bert *m, const mmc_tensor *ids, const mmc_tensor *mask,
+                            mmc_tensor **last_hidden_state);
+
+/* ---------------------------------------------------------------- BERT tokenizer
+ * BERT's WordPiece from a tokenizer.json as transformers' BertTokenizer writes it (BertNormalizer,
+ * BertPreTokenizer, WordPiece, "[CLS] $A [SEP]"): HunyuanDiT's first tokenizer. See
+ * src/tokenizer/bert_wordpiece.c. Ids equal HF tokenizers'. */
+typedef struct mmc_bert_tokenizer mmc_bert_tokenizer;
+/* dir: a tokenizer folder (tokenizer.json; tokenizer_config.json for model_max_length) */
+mmc_status mmc_bert_tokenizer_load(const char *dir, mmc_bert_tokenizer **out);
+void mmc_bert_tokenizer_free(mmc_bert_tokenizer *t);
+int mmc_bert_tokenizer_model_max_length(const mmc_bert_tokenizer *t);
+int32_t mmc_bert_tokenizer_vocab_size(const mmc_bert_tokenizer *t);
+/* The word pieces of text without [CLS] / [SEP]: *n of them, the first cap written. */
+mmc_status mmc_bert_tokenizer_encode(const mmc_bert_tokenizer *t, const char *text, int32_t *ids, int cap, int *n);
+/* tokenizer(text, padding="max_length", max_length, truncation=True): ids and mask [max_length]. */
+mmc_status mmc_bert_tokenizer_encode_padded(const mmc_bert_tokenizer *t, const char *text, int max_length,
+                                            int32_t *ids, int32_t *mask);
+
 /* ---------------------------------------------------------------- CLIP tokenizer
  * CLIP's BPE from a tokenizer.json as transformers' CLIPTokenizer writes it (tokenizers
  * backend): added tokens split off the raw text; normalizer NFC, \s+ -> " ", lowercase;

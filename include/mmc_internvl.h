@@ -12,7 +12,7 @@
  * at the <IMG_CONTEXT> positions. Weights are read as transformers 5.x save_pretrained writes them
  * (vision_tower.*, multi_modal_projector.*, language_model.model.*, language_model.lm_head.*) and
  * as 4.52-4.57 write them (model.vision_tower.*, model.multi_modal_projector.*,
- * model.language_model.*, lm_head.*). Inference only. */
+ * model.language_model.*, lm_head.*). Training (HF-native layout, tower frozen): internvl_train.c. */
 #ifndef MMC_INTERNVL_H
 #define MMC_INTERNVL_H
 
@@ -65,6 +65,8 @@ typedef struct mmc_internvl {
     mmc_linear_w proj2;           /* linear_2: w [C, C], b [C] */
     mmc_act proj_act;             /* projector_hidden_act (gelu) */
     int64_t image_token_id;       /* <IMG_CONTEXT> */
+    int64_t pad_token_id;         /* text_config.pad_token_id, -1 if none: the embedding's padding_idx
+                                     (its row gets no gradient in training, as nn.Embedding's) */
     int feature_layer;            /* index into hs[] (0 .. L), made non-negative; L + 1: last_hidden_state */
     int shuffle;                  /* 1 / downsample_ratio (2) */
     bool ps_v1;                   /* OpenGVLab's ps_version "v1": the shuffled grid left transposed */
@@ -74,6 +76,8 @@ typedef struct mmc_internvl {
 } mmc_internvl;
 
 mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out);
+/* trainable: every weight an f32 parameter (for mmc train). */
+mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **out);
 /* Fresh model with random init from a parsed config.json; for benchmarks. */
 mmc_status mmc_internvl_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_internvl **out);
 void mmc_internvl_free(mmc_internvl *m);
@@ -92,6 +96,17 @@ typedef struct {
     mmc_tensor *pixels;           /* [N, 3, s, s] or NULL */
 } mmc_internvl_request;
 mmc_decoder mmc_internvl_decoder(mmc_internvl_request *r);
+
+/* ---------------------------------------------------------------- training (internvl_train.c) */
+struct mmc_module_list;
+/* Every parameter with save_pretrained's name (transformers 5: vision_tower.*,
+ * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight); arrays
+ * malloc'd (names too). HF-native layout only. */
+mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n);
+/* The linears LoRA may target, named as in the live transformers model (PEFT's module names):
+ * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2. */
+mmc_status mmc_internvl_linears(mmc_internvl *m, struct mmc_module_list *out);
+/* mmc_internvl_batch_loss: mmc_trainer.h. */
 
 /* ---------------------------------------------------------------- processor */
 typedef struct {

@@ -64,6 +64,8 @@ typedef struct {
     struct mmc_comm *tp;          /* tensor-parallel group (mmc_tp.h) or NULL: then q/k/v/gate/up
                                    * hold this rank's output rows and o/down its input columns */
     bool sp;                      /* set by mmc_qwen2_forward: x is this rank's sequence slice */
+    struct mmc_comm *cp;          /* context-parallel group (mmc_cp.h) or NULL: x holds this rank's
+                                   * sequence shard and attention exchanges heads for tokens */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of

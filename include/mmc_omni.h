@@ -57,7 +57,7 @@ mmc_status mmc_omni_audio_forward(mmc_ctx *ctx, const mmc_omni_audio *a, const f
                                   int64_t frames, mmc_tensor **out);
 
 /* ---------------------------------------------------------------- thinker */
-typedef struct {
+typedef struct mmc_omni {
     mmc_omni_audio *audio;
     mmc_vision *visual;
     mmc_qwen2 *lm;
@@ -120,6 +120,31 @@ mmc_status mmc_omni_expand(const mmc_omni *m, const int32_t *ids, int64_t n, con
 /* transformers' get_chunked_index over increasing values: bounds b[0..k] (b has n + 2 slots) of
  * the k runs; a new run starts at each element reaching the next multiple of tpc. */
 int mmc_omni_chunks(const double *vals, int64_t n, double tpc, int64_t *b);
+
+/* ---------------------------------------------------------------- training (omni_train.c) */
+/* mmc_omni_load with the language model's weights copied to trainable f32 parameters. */
+mmc_status mmc_omni_load_ex(const char *dir, bool trainable, mmc_omni **out);
+/* A fresh thinker from a parsed thinker config.json (model.init): the LM (mmc_qwen2_new), the
+ * vision tower (mmc_vision_new) and the audio encoder (mmc_omni_audio_new) from separate streams
+ * of seed; what names the config in messages. */
+mmc_status mmc_omni_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_omni **out);
+/* A fresh audio encoder: transformers' init (N(0, 0.02) matrices, zero biases, unit LayerNorms). */
+mmc_status mmc_omni_audio_new(const mmc_omni_audio_config *c, uint64_t seed, mmc_omni_audio **out);
+/* The audio encoder's bound tensors and their checkpoint names ("audio_tower.*"). */
+void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (**names)[256], int *n);
+int64_t mmc_omni_audio_mels(const mmc_omni_audio *a);
+/* Every parameter of a thinker under save_pretrained's names (model.*, lm_head.weight,
+ * audio_tower.*, visual.* with q / k / v as views of the fused qkv; *views (those views and owned
+ * copies such as audio_tower.audio_bos_eos_token) freed by the
+ * caller with mmc_tensor_free). Arrays malloc'd. */
+mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc_tensor ***views, int *n,
+                           int *n_views);
+/* The LM's linears under the live thinker's module names (model.language_model.layers.N.self_attn.q_proj ...),
+ * what PEFT records for a thinker. */
+struct mmc_module_list;
+mmc_status mmc_omni_linears(mmc_omni *m, struct mmc_module_list *out);
+/* A PEFT adapter of the thinker applied at inference (`--adapter`). */
+mmc_status mmc_omni_attach_adapter(mmc_omni *m, const char *adapter_dir);
 
 /* Request state for mmc_generate (mmc_infer.h). */
 typedef struct {

@@ -72,6 +72,8 @@ typedef struct {
     char *content;               /* a string content, or NULL: parts */
     mmc_serve_part *parts;
     int n_parts;
+    char *tool_calls;            /* an assistant turn's tool_calls (JSON array text), or NULL */
+    char *name, *tool_call_id;   /* a tool result's, or NULL */
 } mmc_serve_message;
 
 #define MMC_SERVE_MAX_STOP 4
@@ -94,7 +96,13 @@ typedef struct {
     /* response_format json_object / json_schema: the compiled constraint (mmc_json_constraint.h)
      * every choice's tokens are masked with; NULL: free text */
     struct mmc_jc_schema *json_schema;
+    /* tools: the function schemas (JSON array text, for the chat template) and tool_choice:
+     * "auto" (tool calls parsed from the answer), "none" (tools not shown, text only), "required"
+     * or a named function (the answer is constrained to one tool call: json_schema holds it) */
+    char *tools;
+    int tool_choice;             /* MMC_SERVE_TOOLS_* */
 } mmc_serve_request;
+enum { MMC_SERVE_TOOLS_AUTO = 0, MMC_SERVE_TOOLS_NONE, MMC_SERVE_TOOLS_REQUIRED };
 
 /* Parse a request body. media_root (a resolved directory, or NULL: local paths refused) bounds
  * local image paths. false with *err set (status 400) on any invalid field. */

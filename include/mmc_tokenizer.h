@@ -94,6 +94,10 @@ typedef struct {
     const char *content;         /* plain string content, or NULL to use parts */
     const mmc_chat_part *parts;
     int n_parts;
+    /* tool use (OpenAI's fields, as transformers' templates read them): an assistant turn's
+     * tool_calls (JSON array text; a string "arguments" that holds JSON becomes that object), a
+     * tool result's name and tool_call_id; NULL when absent */
+    const char *tool_calls, *name, *tool_call_id;
 } mmc_chat_message;
 typedef struct {
     bool add_generation_prompt;
@@ -102,6 +106,8 @@ typedef struct {
      * as a processor call does (LlavaProcessor(text=...) tokenizes with add_special_tokens=True);
      * tokenizer.apply_chat_template(tokenize=True) does not (false). */
     bool add_special_tokens;
+    /* the template's `tools` (JSON array text of tool schemas), or NULL */
+    const char *tools;
 } mmc_chat_options;
 
 /* Byte span [start, end) of one assistant turn in the rendered string: what the template adds

@@ -95,6 +95,19 @@ mmc_tensor *mmc_qwen2_vl_batch_media(mmc_ctx *ctx, const mmc_batch *b, mmc_vl_me
 struct mmc_llava;
 mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, double scale,
                                 mmc_tensor **loss, int64_t *n_scored);
+/* Qwen2.5-Omni thinker causal-LM loss for one padded micro-batch of the data pipeline
+ * (omni_train.c): audio features and images through the frozen encoders into the <|AUDIO|> /
+ * <|IMAGE|> rows, TMRoPE positions per row. */
+struct mmc_omni;
+mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, struct mmc_omni *m, const mmc_batch *b, double scale,
+                               mmc_tensor **loss, int64_t *n_scored);
+/* InternVL (HF-native) causal-LM loss for one micro-batch (internvl_train.c): pixel_values
+ * [n_tiles, 3 * s * s] (the processor's tiles of every image, in order), their projected
+ * features in place of the <IMG_CONTEXT> tokens (gradients through the projector and the LM;
+ * the InternViT tower frozen), plain 1-D positions restarting at each packed segment. */
+struct mmc_internvl;
+mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, double scale,
+                                   mmc_tensor **loss, int64_t *n_scored);
 /* Save a text Qwen2 as an HF directory's model.safetensors (model.* + lm_head.weight), in
  * dtype dt (F32 / BF16). */
 mmc_status mmc_qwen2_save_weights(const mmc_qwen2 *m, const char *path, mmc_dtype dt);

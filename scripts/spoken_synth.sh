@@ -12,7 +12,7 @@
 # (DIR/audio/<split>_<n>_silent.wav): the control where the question cannot be heard.
 # Deterministic for a given espeak-ng version (1.51 in Debian 12). Needs espeak-ng (scripts/bootstrap.sh
 # installs it). Runs nproc espeak-ng processes at once.
-# Note: mmc cannot train on these files yet (the trainer does not read "audios"; issue 15 item 5).
+# mmc trains on these files (Qwen2.5-Omni thinker, `make run-omni` = scripts/demo_omni.sh).
 set -euo pipefail
 DIR=${1:?usage: spoken_synth.sh DIR [--silent]}
 SILENT=${2:-}

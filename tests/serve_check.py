@@ -198,9 +198,8 @@ for field, val in [("max_tokens", "8"), ("temperature", "hot"), ("messages", "hi
                    ("stop", 7), ("top_p", 5)]:
     s, j, _ = req("POST", "/v1/chat/completions", chat_body(**{field: val}))
     check(s == 400 and is_error(j, param=field), "%s=%r: %s %s" % (field, val, s, j))
-# (response_format json_object / json_schema are served: tests/test_serve_json.sh)
-for field, val in [("tools", [{"type": "function", "function": {"name": "f"}}]),
-                   ("logit_bias", {"1": 5})]:
+# (response_format and tools are served: tests/test_serve_json.sh, tests/test_serve_tools.sh)
+for field, val in [("logit_bias", {"1": 5})]:
     s, j, _ = req("POST", "/v1/chat/completions", chat_body(**{field: val}))
     check(s == 400 and is_error(j, param=field, code="unsupported_parameter"), "%s=%r: %s %s" % (field, val, s, j))
 s, j, _ = req("POST", "/v1/chat/completions", chat_body(image=None, response_format={"type": "text"}, tools=[], max_tokens=1))

@@ -5,6 +5,10 @@
 #          transformers' CLIPModel(**CLIPProcessor(...)) (expected.json), embeddings of norm 1;
 #   eval --task retrieval: recall@1/5/10 both ways equal to those on transformers' embeddings,
 #          --limit, --out ranks;
+#   SigLIP (tests/fixtures/siglip_model, tools/ref/gen_siglip_model.py): the logits_per_image table
+#          (with logit_bias) within 1e-4 and the sigmoid probabilities within 1e-5 of transformers'
+#          SiglipModel(**SiglipProcessor(..., padding="max_length")), --json's family / probs, and the
+#          retrieval recalls equal to those on transformers' embeddings;
 #   errors: exit 2 for a bad command line, 1 for a folder that is not a CLIPModel, a missing
 #          image or a malformed line, each with a message.
 set -u
@@ -65,6 +69,45 @@ else bad "eval --task retrieval: $(cat "$W/r.err")"; fi
 # mmc info names the family, the towers and the projections
 "$MMC" info $F/model > "$W/i.txt" 2>&1 && grep -q '^family: *CLIP (dual encoder' "$W/i.txt" &&
   grep -q 'into 24 dims' "$W/i.txt" && ! grep -q 'not supported' "$W/i.txt" && ok || bad "info: $(cat "$W/i.txt")"
+
+# SigLIP: logits (with the bias) and sigmoid probabilities
+S=tests/fixtures/siglip_model
+table() {   # table KEY FILE: expected.json's KEY matrix, one row per line, comma-separated
+  tr -d ' \n' < "$2" | sed "s/.*\"$1\":\[\[//; s/\]\].*//; s/\],\[/\n/g"
+}
+if "$MMC" embed --model $S/model "${imgs[@]}" "${texts[@]}" > "$W/s.txt" 2> "$W/s.err"; then
+  for part in logits_per_image probs; do
+    tol=$([ $part = probs ] && echo 1e-5 || echo 1e-4)
+    want=$(table $part $S/expected.json)
+    if [ $part = probs ]; then got=$(sed -n '/^probs/,$p' "$W/s.txt" | tail -n +2)
+    else got=$(sed -n '/^logits_per_image/,/^probs/p' "$W/s.txt" | sed '1d;$d'); fi
+    paste <(echo "$want" | tr ',' ' ') <(echo "$got") | awk -v tol=$tol '{h=NF/2; if (h != 5) bad=1;
+         for (i = 1; i <= h; i++) { d = $i - $(i+h); if (d < 0) d = -d; if (d > tol) bad=1 } } END { exit bad }' &&
+      [ "$(echo "$got" | wc -l)" = 4 ] && ok || bad "siglip $part: $got vs $want"
+  done
+else bad "embed siglip: $(cat "$W/s.err")"; fi
+if "$MMC" embed --model $S/model "${imgs[@]}" "${texts[@]}" --json > "$W/s.json" 2> "$W/s.err"; then
+  want=$(table probs $S/expected.json); got=$(table probs "$W/s.json")
+  paste -d, <(echo "$want") <(echo "$got") | awk -F, '{ if (NF != 10) bad=1; for (i = 1; i <= 5; i++) {
+       d = $i - $(i+5); if (d < 0) d = -d; if (d > 1e-5) bad=1 } } END { exit bad }' &&
+    grep -q '"family": "siglip", "dim": 32, "logit_scale": 10\(.0000003\)\?, "logit_bias": -2,' "$W/s.json" && ok ||
+    bad "siglip --json: $(head -c 300 "$W/s.json")"
+else bad "embed siglip --json: $(cat "$W/s.err")"; fi
+if "$MMC" eval --task retrieval --model $S/model --data $S/retrieval.jsonl --json > "$W/sr.json" 2> "$W/sr.err"; then
+  ok=1
+  for dir in i2t t2i; do
+    name=$([ $dir = i2t ] && echo image_to_text || echo text_to_image)
+    for k in 1 5 10; do
+      w=$(tr -d ' \n' < $S/expected.json | grep -o "\"${dir}_recall@$k\":[0-9.e-]*" | cut -d: -f2)
+      g=$(grep -o "\"${name}_recall@$k\": [0-9.]*" "$W/sr.json" | cut -d' ' -f2)
+      awk -v a="$w" -v b="$g" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d < 1e-6) }' || ok=0
+    done
+  done
+  [ $ok = 1 ] && ok || bad "siglip retrieval: $(cat "$W/sr.json") vs $S/expected.json"
+else bad "eval --task retrieval (siglip): $(cat "$W/sr.err")"; fi
+
+"$MMC" info tests/fixtures/siglip_model/model > "$W/i2.txt" 2>&1 && grep -q '^family: *SigLIP (dual encoder' "$W/i2.txt" &&
+  ! grep -q 'not supported' "$W/i2.txt" && ok || bad "info siglip: $(cat "$W/i2.txt")"
 
 # errors
 expect() {   # expect RC NEEDLE CMD...

@@ -105,7 +105,7 @@ static void test_chats(const mmc_tokenizer *tok, const cJSON *chats) {
         int nm;
         mmc_chat_message *m = build_msgs(cJSON_GetObjectItem(c, "messages"), &nm);
         mmc_chat_options o = {cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
-                              cJSON_IsTrue(cJSON_GetObjectItem(c, "add_vision_id")), false};
+                              cJSON_IsTrue(cJSON_GetObjectItem(c, "add_vision_id")), false, NULL};
         char *s = NULL;
         mmc_chat_span *sp = NULL;
         int nsp = 0;

@@ -1,27 +1,33 @@
 /* cmd_embed.c — `mmc embed`: L2-normalised image and text embeddings of a dual encoder (CLIP,
- * include/mmc_embed.h), and their similarity matrix when both kinds are given. */
+ * SigLIP; include/mmc_embed.h), and their similarity matrix when both kinds are given (for SigLIP
+ * also its sigmoid probabilities). */
 #include "cli.h"
 #include "runner.h"
 #include "mmc_embed.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 void help_embed(FILE *f) {
     fprintf(f,
             "usage: mmc embed --model DIR (--image FILE | --text TEXT)... [options]\n\n"
-            "Embed images and texts with the dual encoder in DIR (a CLIPModel folder as transformers\n"
-            "saves it: config.json, safetensors, tokenizer, image processor) into its shared space,\n"
-            "as CLIPModel.get_image_features / get_text_features followed by the L2 normalisation\n"
-            "CLIPModel.forward applies. Images go through the folder's CLIPImageProcessor, texts\n"
-            "through its tokenizer (truncated to 77 tokens). With both images and texts, also\n"
-            "logits_per_image = exp(logit_scale) * image_embeds @ text_embeds^T (CLIPModel's).\n\n"
+            "Embed images and texts with the dual encoder in DIR (a CLIPModel or SiglipModel folder as\n"
+            "transformers saves it: config.json, safetensors, tokenizer, image processor) into its shared\n"
+            "space, as get_image_features / get_text_features followed by the L2 normalisation the\n"
+            "model's forward applies. CLIP: images through the folder's CLIPImageProcessor, texts through\n"
+            "its tokenizer (truncated to 77 tokens). SigLIP: SiglipImageProcessor, and SiglipTokenizer\n"
+            "(spiece.model) with padding=\"max_length\" to 64 tokens, as the model card calls it. With\n"
+            "both images and texts, also logits_per_image = exp(logit_scale) * image_embeds @\n"
+            "text_embeds^T (+ logit_bias for SigLIP) and, for SigLIP, probs = sigmoid(logits_per_image)\n"
+            "(each image-text pair on its own, not a softmax over the texts).\n\n"
             "options:\n"
-            "  --model DIR            the CLIPModel folder (required)\n"
+            "  --model DIR            the CLIPModel / SiglipModel folder (required)\n"
             "  --image FILE           a JPEG or PNG to embed (repeatable; kept in order)\n"
             "  --text TEXT            a text to embed (repeatable)\n"
-            "  --json                 one JSON object: {model, family, dim, logit_scale, images: [{file,\n"
-            "                         embedding}], texts: [{text, embedding}], logits_per_image}\n"
+            "  --json                 one JSON object: {model, family, dim, logit_scale, logit_bias, images:\n"
+            "                         [{file, embedding}], texts: [{text, embedding}], logits_per_image,\n"
+            "                         probs (SigLIP)}\n"
             "                         (default: one line per input, \"image|text<TAB>name<TAB>values\",\n"
             "                         then the similarity table)\n"
             "  --image-backend B      pil (default): Pillow-exact resize; torchvision: the resize of\n"
@@ -77,12 +83,13 @@ int cmd_embed(int argc, char **argv) {
         if ((st = mmc_image_load(imgs[i], &io, &im[i]))) { rc = cli_fail(st, "cannot read image"); goto done; }
     if (n_img && (st = mmc_dual_encoder_embed_images(m, im, n_img, ie))) { rc = cli_fail(st, "image embedding failed"); goto done; }
     if (n_txt && (st = mmc_dual_encoder_embed_texts(m, texts, n_txt, te))) { rc = cli_fail(st, "text embedding failed"); goto done; }
-    const double scale = mmc_dual_encoder_logit_scale(m);
+    const double scale = mmc_dual_encoder_logit_scale(m), bias = mmc_dual_encoder_logit_bias(m);
+    const bool sig = mmc_dual_encoder_sigmoid(m);
     if (json) {
         printf("{\"model\": ");
         mmc_json_write_string(stdout, model);
-        printf(", \"family\": \"%s\", \"dim\": %lld, \"logit_scale\": %.9g,\n \"images\": [", mmc_dual_encoder_family(m),
-               (long long)D, scale);
+        printf(", \"family\": \"%s\", \"dim\": %lld, \"logit_scale\": %.9g, \"logit_bias\": %.9g,\n \"images\": [",
+               mmc_dual_encoder_family(m), (long long)D, scale, bias);
         for (int i = 0; i < n_img; i++) {
             printf("%s{\"file\": ", i ? ",\n  " : "");
             mmc_json_write_string(stdout, imgs[i]);
@@ -104,18 +111,26 @@ int cmd_embed(int argc, char **argv) {
         for (int j = 0; j < n_txt; j++) { printf("text\t%s\t", texts[j]); print_vec(te + j * D, D, false); printf("\n"); }
     }
     if (n_img && n_txt) {
-        if (json) printf(",\n \"logits_per_image\": [");
-        else printf("logits_per_image (exp(logit_scale) = %.6g; rows: images, columns: texts)\n", scale);
-        for (int i = 0; i < n_img; i++) {
-            if (json) printf("%s[", i ? ", " : "");
-            for (int j = 0; j < n_txt; j++) {
-                double s = 0;
-                for (int64_t k = 0; k < D; k++) s += (double)ie[i * D + k] * te[j * D + k];
-                printf(json ? "%s%.9g" : "%s%10.5f", j ? (json ? ", " : " ") : "", (double)(float)(scale * s));
+        float *lg = malloc((size_t)n_img * (size_t)n_txt * sizeof *lg);
+        if (!lg) { rc = cli_fail(MMC_ERR_OOM, "out of memory"); goto done; }
+        mmc_dual_encoder_logits(m, ie, n_img, te, n_txt, lg);
+        for (int pass = 0; pass < (sig ? 2 : 1); pass++) {
+            if (json) printf(",\n \"%s\": [", pass ? "probs" : "logits_per_image");
+            else if (pass) printf("probs = sigmoid(logits_per_image) (rows: images, columns: texts)\n");
+            else if (sig) printf("logits_per_image (exp(logit_scale) = %.6g, logit_bias = %.6g; rows: images, columns: "
+                                 "texts)\n", scale, bias);
+            else printf("logits_per_image (exp(logit_scale) = %.6g; rows: images, columns: texts)\n", scale);
+            for (int i = 0; i < n_img; i++) {
+                if (json) printf("%s[", i ? ", " : "");
+                for (int j = 0; j < n_txt; j++) {
+                    const float l = lg[(int64_t)i * n_txt + j], v = pass ? 1.0f / (1.0f + expf(-l)) : l;
+                    printf(json ? "%s%.9g" : "%s%10.5f", j ? (json ? ", " : " ") : "", (double)v);
+                }
+                printf(json ? "]" : "\n");
             }
-            printf(json ? "]" : "\n");
+            if (json) printf("]");
         }
-        if (json) printf("]");
+        free(lg);
     }
     if (json) printf("}\n");
 done:

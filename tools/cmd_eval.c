@@ -19,14 +19,15 @@ void help_eval(FILE *f) {
             "and perplexity over the assistant tokens, and the greedy answer to each sample\n"
             "scored by exact match and normalised match (lower case, no punctuation, no\n"
             "articles, number words -> digits). Samples with a \"type\" get accuracy by type.\n\n"
-            "--task retrieval: zero-shot image <-> text retrieval of a dual encoder (a CLIPModel folder,\n"
-            "see mmc embed) on an image-caption JSONL, one {\"image\": PATH, \"caption\": TEXT} or\n"
+            "--task retrieval: zero-shot image <-> text retrieval of a dual encoder (a CLIPModel or\n"
+            "SiglipModel folder, see mmc embed) on an image-caption JSONL, one {\"image\": PATH, \"caption\": TEXT} or\n"
             "{\"image\": PATH, \"captions\": [TEXT, ...]} per line: recall@1/5/10 image->text (any of\n"
             "the image's captions in its top K) and text->image (the caption's image in its top K), as\n"
             "clip_benchmark scores it. --out FILE writes each sample's ranks as JSONL.\n\n"
             "options:\n"
             "  --task T               chat (default) or retrieval\n"
-            "  --model DIR            Hugging Face Qwen2-VL model directory (required), or a LoRA\n"
+            "  --model DIR            Hugging Face Qwen2-VL model directory (required; or a Qwen2.5-Omni\n"
+            "                         thinker on records with \"audios\" / audio parts), or a LoRA\n"
             "                         adapter directory such as a LoRA training checkpoint (its\n"
             "                         base_model_name_or_path is loaded and the adapter applied)\n"
             "  --adapter DIR          apply this PEFT LoRA adapter to the model (no merge needed)\n"
@@ -39,8 +40,8 @@ void help_eval(FILE *f) {
             "                         transformers' default (fast) Qwen2-VL image processor\n"
             "  --max-image-pixels N   refuse image files with more pixels (default 178956970, PIL's\n"
             "                         decompression-bomb limit)\n"
-            "  --blank-images         replace every image (and video frame) by a black one (does the\n"
-            "                         answer need it?)\n"
+            "  --blank-images         replace every image (and video frame) by a black one, and every\n"
+            "                         audio by silence of its length (does the answer need it?)\n"
             "  --json                 print one JSON object {loss, perplexity, exact_match,\n"
             "                         normalized_match, samples, by_type, ...}\n"
             "  -h, --help             this help\n");
@@ -51,7 +52,7 @@ static int eval_retrieval(const mmc_eval_opts *e, bool json) {
     mmc_retrieval_opts o = {.model_dir = e->model_dir, .data_path = e->data_path, .image_root = e->image_root,
                             .limit = e->limit, .max_image_pixels = e->max_image_pixels,
                             .image_backend = e->image_backend, .progress = json ? NULL : stderr};
-    if (!o.model_dir) return cli_usage("eval", "--task retrieval needs --model DIR (a CLIPModel folder)");
+    if (!o.model_dir) return cli_usage("eval", "--task retrieval needs --model DIR (a CLIPModel or SiglipModel folder)");
     if (e->adapter_dir || e->blank_images)
         return cli_usage("eval", "--adapter and --blank-images do not apply to --task retrieval");
     mmc_retrieval_result r;

@@ -26,7 +26,9 @@ void help_generate_image(FILE *f) {
             "diffusers' SDXL pipeline does (its scheduler_config.json's Euler / Euler ancestral / DPM-Solver++\n"
             "/ DDIM / PNDM scheduler, --guidance default 5, 50 steps, zero negative conditioning without\n"
             "--negative-prompt where force_zeros_for_empty_prompt); a StableDiffusionPipeline (SD 1.x / 2.x)\n"
-            "folder likewise (--guidance default 7.5). Text encoders are freed before the denoising\n"
+            "folder likewise (--guidance default 7.5); a HunyuanDiTPipeline folder as diffusers' does (BERT + T5\n"
+            "prompts, DDPM steps, --guidance default 5, 50 steps, sizes binned to the trained shapes).\n"
+            "Text encoders are freed before the denoising\n"
             "loop. Images are PNGs whose tEXt chunks hold the prompt and every setting.\n\n"
             "options:\n"
             "  --model DIR|FILE        the pipeline folder (required); or a single-file SD 1.x / SDXL\n"
@@ -73,6 +75,9 @@ void help_generate_image(FILE *f) {
             "  --scheduler DIR         SDXL / SD: use the scheduler_config.json in DIR instead of the folder's\n"
             "                          (Euler, Euler ancestral, DPM-Solver++ 2M / SDE, DDIM, PNDM), as\n"
             "                          pipe.scheduler = Cls.from_config(...) does\n"
+            "  --guidance-rescale R    HunyuanDiT: rescale_noise_cfg's guidance_rescale, 0..1 (default 0)\n"
+            "  --no-resolution-binning HunyuanDiT: keep --width / --height (floored to multiples of 16) instead\n"
+            "                          of mapping them to the closest trained shape (use_resolution_binning)\n"
             "  --tiled-decode          decode the VAE in tiles (diffusers' enable_tiling): large images\n"
             "                          in bounded memory\n"
             "  --out F.png             output file (default image.png)\n"
@@ -319,6 +324,69 @@ done:
  * --guidance (default 5; 7.5 for SD); without --negative-prompt the negative conditioning is zeros where
  * model_index.json sets force_zeros_for_empty_prompt (SDXL base), else the encoding of "", as diffusers
  * does. The noise of stochastic schedulers comes from mmc's stream seed + 1. */
+/* HunyuanDiTPipeline: BERT + T5 prompts, classifier-free guidance with --guidance (default 5, negative
+ * prompt "" unless given), DDPM steps (default 50), sizes binned to the trained shapes unless
+ * --no-resolution-binning (use_resolution_binning=False). */
+static int run_hunyuan(gi_args a, int B, bool binning, double rescale, progress_state *ps) {
+    if (a.init_image || a.true_cfg > 1.0 || a.lora)
+        return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for HunyuanDiTPipeline "
+                         "folders (it guides with --guidance)");
+    int h = (int)a.height, w = (int)a.width;
+    if (binning) mmc_hunyuan_bin_resolution(&h, &w);
+    else h = h / 16 * 16, w = w / 16 * 16;     /* the pipeline floors sizes to multiples of 16 */
+    if (h < 16 || w < 16) return cli_usage("generate-image", "--width and --height must be at least 16");
+    a.height = h, a.width = w;
+    mmc_hunyuan_pipeline *p = NULL;
+    mmc_status st = mmc_hunyuan_pipeline_open(a.model, &p);
+    if (st) return cli_fail(st, "cannot open the pipeline");
+    mmc_ctx *ctx = mmc_ctx_new();
+    const double t0 = mmc_now();
+    const char **pr = malloc((size_t)B * 2 * sizeof *pr), **ng = pr + B;
+    mmc_hunyuan_cond cond, neg;
+    mmc_tensor *lat = NULL, *img = NULL;
+    int rc = CLI_ERROR;
+    for (int b = 0; b < B; b++) pr[b] = a.prompt, ng[b] = a.neg ? a.neg : "";
+    const bool cfg = a.guidance > 1.0;
+    double t_text = 0, t_denoise = 0, t_decode = 0;
+    if ((st = mmc_hunyuan_encode_prompt(ctx, p, pr, B, &cond)) ||
+        (cfg && (st = mmc_hunyuan_encode_prompt(ctx, p, ng, B, &neg))))
+        goto done;
+    t_text = mmc_now() - t0;
+    int64_t shape[4] = {B, mmc_hunyuan_pipeline_latent_channels(p), h / 8, w / 8};
+    lat = mmc_tensor_new(MMC_F32, 4, shape);
+    if (a.latents_path) {
+        mmc_tensor *t = NULL;
+        if ((st = read_latents(ctx, a.latents_path, &t))) goto done;
+        if (!mmc_same_shape(t, lat)) {
+            st = mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch",
+                           a.latents_path, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                           (long long)shape[3]);
+            goto done;
+        }
+        memcpy(lat->data, t->data, mmc_nbytes(lat));
+    } else {
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)a.seed);
+        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);   /* DDPM's init_noise_sigma is 1 */
+    }
+    mmc_hunyuan_opts o = {.height = h, .width = w, .steps = (int)a.steps, .guidance = a.guidance,
+                          .guidance_rescale = rescale, .seed = (uint64_t)a.seed + 1, .progress = on_step, .user = ps};
+    double t1 = mmc_now();
+    if ((st = mmc_hunyuan_sample(ctx, p, &cond, cfg ? &neg : NULL, &o, lat))) goto done;
+    t_denoise = mmc_now() - t1;
+    t1 = mmc_now();
+    if ((st = mmc_hunyuan_decode(ctx, p, lat, &img))) goto done;
+    t_decode = mmc_now() - t1;
+    rc = write_outputs(&a, img, t0, t_text, t_denoise, t_decode);
+done:
+    if (st) rc = cli_fail(st, "HunyuanDiT generation failed");
+    mmc_tensor_free(lat);
+    free(pr);
+    mmc_ctx_free(ctx);
+    mmc_hunyuan_pipeline_free(p);
+    return rc;
+}
+
 static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
     gi_args args = *ga, *a = &args;
     if (a->true_cfg > 1.0)
@@ -426,11 +494,13 @@ int cmd_generate_image(int argc, char **argv) {
     long long width = 1024, height = 1024, steps = 28, batch = 1, seed = 0, maxlen = 512;
     double guidance = 3.5, true_cfg = 1.0;
     bool json = false, tiled = false, maxlen_given = false, guidance_given = false, steps_given = false;
-    bool size_given = false;
+    bool size_given = false, binning = true;
+    double rescale = 0;   /* HunyuanDiT's guidance_rescale */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--tiled-decode")) { tiled = true; continue; }
+        if (!strcmp(a, "--no-resolution-binning")) { binning = false; continue; }
         if (a[0] != '-' || !strcmp(a, "-")) return cli_usage("generate-image", "unexpected argument '%s'", a);
         if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE;
         if (!strcmp(a, "--model")) model = v;
@@ -455,6 +525,7 @@ int cmd_generate_image(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, (long long)1 << 62, &seed)) return CLI_USAGE; }
         else if (!strcmp(a, "--max-sequence-length")) { if (!cli_int(a, v, 1, 4096, &maxlen)) return CLI_USAGE; maxlen_given = true; }
         else if (!strcmp(a, "--guidance")) { if (!cli_float(a, v, 0, 100, &guidance)) return CLI_USAGE; guidance_given = true; }
+        else if (!strcmp(a, "--guidance-rescale")) { if (!cli_float(a, v, 0, 1, &rescale)) return CLI_USAGE; }
         else if (!strcmp(a, "--true-cfg")) { if (!cli_float(a, v, 0, 100, &true_cfg)) return CLI_USAGE; }
         else return cli_usage("generate-image", "unknown option '%s'", a);
     }
@@ -503,6 +574,12 @@ int cmd_generate_image(int argc, char **argv) {
             if (!maxlen_given) ga.maxlen = 256;        /* the SD3 pipeline's default */
             if (!guidance_given) ga.guidance = 7.0;
             return run_sd3(&ga, (int)batch, tiled, &ps);
+        }
+        if (opened && !strcmp(d.pipeline, "HunyuanDiTPipeline")) {
+            ga.pipeline = "HunyuanDiTPipeline";
+            if (!guidance_given) ga.guidance = 5.0;    /* the pipeline's defaults */
+            if (!steps_given) ga.steps = 50;
+            return run_hunyuan(ga, (int)batch, binning, rescale, &ps);
         }
         if (xl || sd) {   /* the UNet pipelines: SDXL, SD 1.x / 2.x */
             ga.pipeline = xl ? (init_image ? "StableDiffusionXLImg2ImgPipeline" : "StableDiffusionXLPipeline")

@@ -145,6 +145,7 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                                : !strcmp(mt, "qwen2_5_omni_thinker") ? "Qwen2.5-Omni thinker (text, audio, images -> text)"
                                : !strcmp(mt, "qwen2_5_omni") ? "Qwen2.5-Omni (the thinker: text, audio, images -> text)"
                                : !strcmp(mt, "clip") ? "CLIP (dual encoder: mmc embed)"
+                               : !strcmp(mt, "siglip") ? "SigLIP (dual encoder: mmc embed)"
                                : "unknown");
     if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
         int64_t depth = 0;
@@ -152,6 +153,17 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
         snprintf(tower, nt, "%s vision transformer, %lld blocks", family, (long long)depth);
         snprintf(proj, np, "patch merger (spatial_merge_size^2 tokens -> one)");
         snprintf(lm, nl, "Qwen2");
+    } else if (!strcmp(mt, "siglip")) {
+        int64_t L = 12, C = 768, S = 224, p = 16, TL = 12;
+        mmc_json_int(cfg, "vision_config.num_hidden_layers", L, &L);
+        mmc_json_int(cfg, "vision_config.hidden_size", C, &C);
+        mmc_json_int(cfg, "vision_config.image_size", S, &S);
+        mmc_json_int(cfg, "vision_config.patch_size", p, &p);
+        mmc_json_int(cfg, "text_config.num_hidden_layers", TL, &TL);
+        snprintf(tower, nt, "SigLIP ViT: %lld layers, hidden %lld, %lldx%lld px in %lldx%lld patches, attention-pooling "
+                 "head", (long long)L, (long long)C, (long long)S, (long long)S, (long long)p, (long long)p);
+        snprintf(proj, np, "text head; sigmoid scores exp(logit_scale) * cos + logit_bias");
+        snprintf(lm, nl, "SigLIP text transformer, %lld layers (an encoder: no generation)", (long long)TL);
     } else if (!strcmp(mt, "clip")) {
         int64_t L = 12, C = 768, S = 224, p = 32, D = 512, TL = 12;
         mmc_json_int(cfg, "vision_config.num_hidden_layers", L, &L);
@@ -284,7 +296,7 @@ int cmd_info(int argc, char **argv) {
     }
     static const char *const supported[] = {"qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "llava_next",
                                             "llava_onevision", "internvl", "internvl_chat", "whisper",
-                                            "qwen2_5_omni_thinker", "qwen2_5_omni", "clip"};
+                                            "qwen2_5_omni_thinker", "qwen2_5_omni", "clip", "siglip"};
     /* a full Qwen2.5-Omni checkpoint: mmc runs its thinker; the talker and token2wav (speech output) are not */
     const char *speech = !strcmp(model_type, "qwen2_5_omni")
                              ? "not supported: the talker and token2wav (speech output) are not run; the thinker "
@@ -329,7 +341,7 @@ int cmd_info(int argc, char **argv) {
         printf("model:          %s\n", dir);
         printf("model_type:     %s (%s)%s\n", model_type, arch,
                ok ? "" : " -- not supported by mmc (supported: qwen2, llama, qwen2_vl, qwen2_5_vl, llava, llava_next, "
-               "llava_onevision, internvl, internvl_chat, whisper, qwen2_5_omni_thinker, qwen2_5_omni, clip)");
+               "llava_onevision, internvl, internvl_chat, whisper, qwen2_5_omni_thinker, qwen2_5_omni, clip, siglip)");
         printf("family:         %s\n", family);
         if (speech) printf("speech output:  %s\n", speech);
         if (tower[0]) printf("vision tower:   %s\n", tower);

@@ -25,7 +25,7 @@ void help_launch(FILE *f) {
             "usage: mmc launch -n N RUN.yaml [--hostfile FILE] [--set key.path=value]... [--resume]\n"
             "                  [--print] [-- extra mpirun arguments]\n\n"
             "Run `mmc train RUN.yaml` on N data-parallel processes with mpirun (OpenMPI). The config's\n"
-            "parallel.data_parallel is set to N (N / (tensor_parallel x pipeline_parallel) with model parallelism);\n"
+            "parallel.data_parallel is set to N (N / (tensor_parallel x pipeline_parallel x context_parallel) with model parallelism);\n"
             "data.batch_size stays the global batch and must divide into data_parallel x data.micro_batch_size. Only rank 0 prints progress and writes logs/checkpoints.\n\n"
             "options:\n"
             "  -n, --np, -np N       number of processes (ranks)\n"
@@ -122,12 +122,14 @@ int cmd_launch(int argc, char **argv) {
     for (int i = 0; i < n_sets; i++) all[i + 1] = sets[i];
     mmc_run_config cfg;
     mmc_status st = mmc_run_config_load(file, all, n_sets + 1, &cfg);
-    /* tensor / pipeline parallelism: N ranks are N / (tensor_parallel x pipeline_parallel) replicas */
-    long long mp = st ? 1 : (long long)cfg.parallel.tensor_parallel * (long long)cfg.parallel.pipeline_parallel;
+    /* tensor / pipeline / context parallelism: N ranks are N / (tp x pp x cp) replicas */
+    long long mp = st ? 1 : (long long)cfg.parallel.tensor_parallel * (long long)cfg.parallel.pipeline_parallel *
+                                  (long long)cfg.parallel.context_parallel;
     if (st) {   /* data_parallel N may be what failed (the batch split): read the sizes without it */
         mmc_run_config c2;
         if (mmc_run_config_load(file, all + 1, n_sets, &c2) == MMC_OK) {
-            mp = (long long)c2.parallel.tensor_parallel * (long long)c2.parallel.pipeline_parallel;
+            mp = (long long)c2.parallel.tensor_parallel * (long long)c2.parallel.pipeline_parallel *
+                 (long long)c2.parallel.context_parallel;
             mmc_run_config_free(&c2);
         }
     }

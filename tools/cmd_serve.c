@@ -121,7 +121,8 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
     int np = 0;
     for (int i = 0; i < n_msgs; i++) {
         const mmc_serve_message *q = &req->msgs[i];
-        msgs[i] = (mmc_chat_message){.role = q->role, .content = q->content, .parts = parts + np, .n_parts = q->n_parts};
+        msgs[i] = (mmc_chat_message){.role = q->role, .content = q->content, .parts = parts + np, .n_parts = q->n_parts,
+                                     .tool_calls = q->tool_calls, .name = q->name, .tool_call_id = q->tool_call_id};
         for (int k = 0; k < q->n_parts; k++) {
             const mmc_serve_part *p = &q->parts[k];
             parts[np++] = (mmc_chat_part){.type = p->type, .text = p->text};
@@ -153,9 +154,11 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
                        "Qwen2.5-Omni model.", m->base_dir, m->model_type);
         goto done;
     }
+    m->chat_tools = req->tool_choice != MMC_SERVE_TOOLS_NONE ? req->tools : NULL;   /* this prompt only */
     mmc_status st = n_aud ? cli_prompt_build_audio(m, msgs, n_msgs, images, n_img, audios, n_aud, NULL, &sp->p)
                           : cli_prompt_build(m, msgs, n_msgs, req->kind == MMC_SERVE_COMPLETION, req->prompt, images,
                                              n_img, NULL, &sp->p);
+    m->chat_tools = NULL;
     const char *e = mmc_last_error();
     if (st && n_aud && (strstr(e, "messages.[") || !strncmp(e, "audio ", 6) || strstr(e, "Qwen2.5-Omni audio"))) {
         /* the reader's / feature extractor's message (a data part's names the part, a path's the file) */

@@ -67,9 +67,8 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
         if (!st) st = mmc_internvl_proc_load_dir(dir, &m->iproc, NULL, 0);
     } else if (!strcmp(mt, "qwen2_5_omni_thinker") || !strcmp(mt, "qwen2_5_omni")) {
         /* the thinker only (text output); a full checkpoint's talker / token2wav are not run */
-        if (m->adapter_dir[0])
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for Qwen2.5-Omni yet", m->adapter_dir);
-        else st = mmc_omni_load(dir, &m->omni);
+        st = mmc_omni_load(dir, &m->omni);
+        if (!st && m->adapter_dir[0]) st = mmc_omni_attach_adapter(m->omni, m->adapter_dir);   /* the thinker's LM */
         if (!st) m->vocab_size = m->omni->lm->cfg.vocab_size;
         mmc_qwen2vl_proc_default(&m->proc);
         if (!st) st = mmc_qwen2vl_proc_load_dir(dir, &m->proc, NULL, 0);
@@ -398,7 +397,8 @@ static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n
     if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
     else {
         /* LLaVA's reference is its processor: the templated text tokenized with the post-processor */
-        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava || m->internvl};
+        mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = m->llava || m->internvl,
+                               .tools = m->chat_tools};
         st = mmc_chat_encode(m->tok, msgs, n_msgs, &co, &ids, NULL, &n);
     }
     if (st) return st;

@@ -38,6 +38,8 @@ typedef struct {
     char base_dir[4096];      /* where config.json and the weights came from */
     char adapter_dir[4096];   /* the LoRA adapter applied at inference, or "" */
     mmc_gen_config gen;       /* generation_config.json (adapter dir's copy first), resolved */
+    const char *chat_tools;   /* the chat template's `tools` for the next prompt built (JSON array text;
+                               * `mmc serve` sets it per request), or NULL */
 } cli_model;
 
 /* Load config.json, weights (zero-copy), tokenizer and (for VL) the image processor config

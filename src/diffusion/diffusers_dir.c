@@ -45,6 +45,11 @@ static const class_info CLASSES[] = {
     {"diffusers", "PNDMScheduler", MMC_DCOMP_SCHEDULER, true},
     {"diffusers", "LMSDiscreteScheduler", MMC_DCOMP_SCHEDULER, false},
     {"diffusers", "DPMSolverMultistepScheduler", MMC_DCOMP_SCHEDULER, true},
+    {"diffusers", "HunyuanDiT2DModel", MMC_DCOMP_TRANSFORMER, true},
+    {"diffusers", "DDPMScheduler", MMC_DCOMP_SCHEDULER, true},   /* sampled by the HunyuanDiT pipeline */
+    {"transformers", "BertModel", MMC_DCOMP_TEXT_ENCODER, true},
+    {"transformers", "BertTokenizer", MMC_DCOMP_TOKENIZER, true},
+    {"transformers", "BertTokenizerFast", MMC_DCOMP_TOKENIZER, true},
     {"transformers", "CLIPTextModel", MMC_DCOMP_TEXT_ENCODER, true},
     {"transformers", "CLIPTextModelWithProjection", MMC_DCOMP_TEXT_ENCODER, true},
     {"transformers", "T5EncoderModel", MMC_DCOMP_TEXT_ENCODER, true},
@@ -100,6 +105,13 @@ static const pipeline_info PIPELINES[] = {
      {{"tokenizer", MMC_DCOMP_TOKENIZER, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
       {"vae", MMC_DCOMP_VAE, false}, {"transformer", MMC_DCOMP_TRANSFORMER, false},
       {"scheduler", MMC_DCOMP_SCHEDULER, false}, {"transformer_2", MMC_DCOMP_TRANSFORMER, true}}},
+    /* HunyuanDiT: BERT + T5 (MT5) text encoders */
+    {{"HunyuanDiTPipeline"},
+     {{"vae", MMC_DCOMP_VAE, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
+      {"tokenizer", MMC_DCOMP_TOKENIZER, false}, {"transformer", MMC_DCOMP_TRANSFORMER, false},
+      {"scheduler", MMC_DCOMP_SCHEDULER, false}, {"safety_checker", MMC_DCOMP_SAFETY_CHECKER, true},
+      {"feature_extractor", MMC_DCOMP_FEATURE_EXTRACTOR, true}, {"text_encoder_2", MMC_DCOMP_TEXT_ENCODER, false},
+      {"tokenizer_2", MMC_DCOMP_TOKENIZER, false}}},
 };
 
 const char *mmc_dcomp_kind_name(mmc_dcomp_kind k) {
@@ -299,7 +311,7 @@ mmc_status mmc_diffusers_open(const char *dir, mmc_diffusers_dir *d) {
     if (!pi) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline class %s is not one mmc knows (FluxPipeline, "
                        "StableDiffusion3Pipeline, StableDiffusionPipeline, StableDiffusionXLPipeline and their "
-                       "img2img forms, WanPipeline)", path, pipeline);
+                       "img2img forms, WanPipeline, HunyuanDiTPipeline)", path, pipeline);
         goto done;
     }
     /* components: the [library, class] arrays; keys starting with '_' and plain values are settings */

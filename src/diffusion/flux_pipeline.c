@@ -96,11 +96,6 @@ void mmc_flux_cond_free(mmc_flux_cond *c) {
 }
 
 /* ------------------------------------------------------------------ denoising */
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
                            mmc_tensor *latents, const mmc_flux_sample_opts *o) {
@@ -141,7 +136,7 @@ mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_co
         goto done;
     }
     for (int i = o->start_step; i < p->sched.n; i++) {
-        const double t0 = now_s();
+        const double t0 = mmc_now();
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         for (int64_t b = 0; b < B; b++) ts[b] = p->sched.timesteps[i] / 1000.0f;   /* timestep / 1000 */
         mmc_flux_inputs in = {.hidden = latents, .encoder = cond->prompt_embeds, .pooled = cond->pooled,
@@ -158,7 +153,7 @@ mmc_status mmc_flux_sample(mmc_ctx *ctx, mmc_flux_pipeline *p, const mmc_flux_co
         }
         mmc_fm_step(&p->sched, i, v->data, latents->data, n, NULL);
         mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        if (o->progress) o->progress(o->user, i + 1 - o->start_step, p->sched.n - o->start_step, now_s() - t0);
+        if (o->progress) o->progress(o->user, i + 1 - o->start_step, p->sched.n - o->start_step, mmc_now() - t0);
     }
 done:
     free(ts);

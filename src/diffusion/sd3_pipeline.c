@@ -22,6 +22,7 @@
  * The text encoders load for encode_prompt and are freed before it returns. */
 #include "mmc_diffusion.h"
 #include "mmc_lora.h"
+#include "pipe_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -163,22 +164,7 @@ done:
     return st;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-/* rows [0, B) of a then of b along dim 0 -> [2B, ...] in ctx */
-static mmc_tensor *stack2(mmc_ctx *ctx, const mmc_tensor *a, const mmc_tensor *b) {
-    int64_t shape[MMC_MAX_DIMS];
-    memcpy(shape, a->shape, sizeof shape);
-    shape[0] *= 2;
-    mmc_tensor *t = mmc_new(ctx, MMC_F32, a->ndim, shape);
-    memcpy(t->data, a->data, mmc_nbytes(a));
-    memcpy((char *)t->data + mmc_nbytes(a), b->data, mmc_nbytes(b));
-    return t;
-}
 
 /* retrieve_timesteps(scheduler, n, mu=...): mu from the image's patch count when the shift is dynamic */
 static mmc_status set_timesteps(mmc_sd3_pipeline *p, int steps, int height, int width) {
@@ -213,14 +199,14 @@ mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond
     if (!ts) { mmc_set_grad_enabled(ctx, was); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     const int64_t n = mmc_numel(latents);
     for (int i = o->start_step; i < p->sched.n && !st; i++) {
-        const double t0 = now_s();
+        const double t0 = mmc_now();
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         for (int64_t b = 0; b < 2 * B; b++) ts[b] = p->sched.timesteps[i];     /* t.expand(2B), not / 1000 */
         mmc_sd3_inputs in = {.hidden = latents, .encoder = cond->prompt_embeds, .pooled = cond->pooled, .timestep = ts};
         if (cfg) {   /* the batch [negative; positive], as the pipeline concatenates it */
-            in.hidden = stack2(ctx, latents, latents);
-            in.encoder = stack2(ctx, neg->prompt_embeds, cond->prompt_embeds);
-            in.pooled = stack2(ctx, neg->pooled, cond->pooled);
+            in.hidden = pipe_stack2(ctx, latents, latents);
+            in.encoder = pipe_stack2(ctx, neg->prompt_embeds, cond->prompt_embeds);
+            in.pooled = pipe_stack2(ctx, neg->pooled, cond->pooled);
         }
         mmc_tensor *v = NULL;
         st = mmc_sd3_forward(ctx, p->transformer, &in, &v);
@@ -233,7 +219,7 @@ mmc_status mmc_sd3_sample(mmc_ctx *ctx, mmc_sd3_pipeline *p, const mmc_flux_cond
             mmc_fm_step(&p->sched, i, vd, latents->data, n, NULL);
         }
         mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        if (!st && o->progress) o->progress(o->user, i + 1 - o->start_step, p->sched.n - o->start_step, now_s() - t0);
+        if (!st && o->progress) o->progress(o->user, i + 1 - o->start_step, p->sched.n - o->start_step, mmc_now() - t0);
     }
     free(ts);
     mmc_set_grad_enabled(ctx, was);

@@ -21,6 +21,7 @@
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
 #include "mmc_lora.h"
+#include "pipe_util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -379,22 +380,7 @@ mmc_status mmc_sdxl_zero_cond(const mmc_flux_cond *like, mmc_flux_cond *out) {
     return MMC_OK;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-/* rows of a then of b along dim 0 -> [2B, ...] in ctx */
-static mmc_tensor *stack2(mmc_ctx *ctx, const mmc_tensor *a, const mmc_tensor *b) {
-    int64_t shape[MMC_MAX_DIMS];
-    memcpy(shape, a->shape, sizeof shape);
-    shape[0] *= 2;
-    mmc_tensor *t = mmc_new(ctx, MMC_F32, a->ndim, shape);
-    memcpy(t->data, a->data, mmc_nbytes(a));
-    memcpy((char *)t->data + mmc_nbytes(a), b->data, mmc_nbytes(b));
-    return t;
-}
 
 mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_cond *cond, const mmc_flux_cond *neg,
                            mmc_tensor *latents, const mmc_flux_sample_opts *o, uint64_t noise_seed) {
@@ -444,17 +430,17 @@ mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_co
     mmc_rng rng;
     mmc_rng_init(&rng, noise_seed);
     for (int i = o->img2img ? o->start_step : 0; i < p->sched.n && !st; i++) {
-        const double t0 = now_s();
+        const double t0 = mmc_now();
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         for (int64_t b = 0; b < B2; b++) ts[b] = p->sched.timesteps[i];
-        mmc_tensor *lmi = cfg ? stack2(ctx, latents, latents) : mmc_new(ctx, MMC_F32, 4, latents->shape);
+        mmc_tensor *lmi = cfg ? pipe_stack2(ctx, latents, latents) : mmc_new(ctx, MMC_F32, 4, latents->shape);
         if (!cfg) memcpy(lmi->data, x, (size_t)n * sizeof(float));
         mmc_nsched_scale_model_input(&p->sched, i, lmi->data, lmi->data, mmc_numel(lmi));
         mmc_unet_inputs in = {.sample = lmi, .timestep = ts, .encoder = cond->prompt_embeds};
         if (p->sdxl) in.text_embeds = cond->pooled, in.time_ids = ids, in.n_time_ids = nid;
         if (cfg) {   /* [negative; positive], as the pipeline concatenates them */
-            in.encoder = stack2(ctx, neg->prompt_embeds, cond->prompt_embeds);
-            if (p->sdxl) in.text_embeds = stack2(ctx, neg->pooled, cond->pooled);
+            in.encoder = pipe_stack2(ctx, neg->prompt_embeds, cond->prompt_embeds);
+            if (p->sdxl) in.text_embeds = pipe_stack2(ctx, neg->pooled, cond->pooled);
         }
         mmc_tensor *eps = NULL;
         st = mmc_unet_forward(ctx, p->unet, &in, &eps);
@@ -468,7 +454,7 @@ mmc_status mmc_sdxl_sample(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const mmc_flux_co
             st = mmc_nsched_step(&p->sched, i, e, x, n, noise);
         }
         mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, now_s() - t0);
+        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, mmc_now() - t0);
     }
     free(ts);
     free(ids);

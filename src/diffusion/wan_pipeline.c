@@ -19,6 +19,7 @@
 #include "mmc_wan_t2v.h"
 #include "mmc_encoders.h"
 #include "mmc_lora.h"
+#include "pipe_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -269,21 +270,7 @@ done:
 }
 
 /* ------------------------------------------------------------------ sampling */
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static mmc_tensor *stack2(mmc_ctx *ctx, const mmc_tensor *a, const mmc_tensor *b) {
-    int64_t shape[MMC_MAX_DIMS];
-    memcpy(shape, a->shape, sizeof shape);
-    shape[0] *= 2;
-    mmc_tensor *t = mmc_new(ctx, MMC_F32, a->ndim, shape);
-    memcpy(t->data, a->data, mmc_nbytes(a));
-    memcpy((char *)t->data + mmc_nbytes(a), b->data, mmc_nbytes(b));
-    return t;
-}
 
 static bool embeds_ok(const mmc_tensor *e, int64_t B, int64_t D) {
     return e && e->ndim == 3 && e->dtype == MMC_F32 && e->shape[0] == B && e->shape[2] == D && mmc_is_contiguous(e);
@@ -317,13 +304,13 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
     if (!ts) { mmc_set_grad_enabled(ctx, was); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     const int64_t n = mmc_numel(latents);
     for (int i = 0; i < p->sched.n && !st; i++) {
-        const double t0 = now_s();
+        const double t0 = mmc_now();
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         for (int64_t b = 0; b < 2 * B; b++) ts[b] = p->sched.timesteps[i];   /* t.expand(B): the integer timestep */
         mmc_wan_inputs in = {.hidden = latents, .timestep = ts, .encoder = (mmc_tensor *)cond};
         if (cfg) {   /* [negative; positive] in one batch: the two passes diffusers runs */
-            in.hidden = stack2(ctx, latents, latents);
-            in.encoder = stack2(ctx, neg, cond);
+            in.hidden = pipe_stack2(ctx, latents, latents);
+            in.encoder = pipe_stack2(ctx, neg, cond);
         }
         mmc_tensor *v = NULL;
         st = mmc_wan_forward(ctx, p->transformer, &in, &v);
@@ -336,7 +323,7 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
             st = mmc_nsched_step(&p->sched, i, vd, latents->data, n, NULL);
         }
         mmc_arena_release(mmc_ctx_arena(ctx), mk);
-        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, now_s() - t0);
+        if (!st && o->progress) o->progress(o->user, i + 1, p->sched.n, mmc_now() - t0);
     }
     free(ts);
     mmc_set_grad_enabled(ctx, was);

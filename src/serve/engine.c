@@ -46,6 +46,7 @@ struct serve_engine {
     struct serve_seq *pf;             /* a text prompt part-way through its chunked prefill */
     int64_t chunk;                    /* --prefill-chunk (0: whole prompts) */
     mmc_jc_vocab *jc_vocab;           /* every token's bytes, for response_format (built on first use) */
+    uint64_t call_ids;                /* tool call ids (the engine thread's) */
     int n_run, cap_run, n_wait, cap_wait;
     uint64_t n_admitted;
 };
@@ -57,6 +58,8 @@ static void job_free(serve_job *j) {
             free(j->choices[i].ids);
             free(j->choices[i].text);
             free(j->choices[i].lps);
+            free(j->choices[i].tool_calls);
+            free(j->choices[i].content);
         }
     free(j->choices);
     free(j->sse);
@@ -287,8 +290,11 @@ char *serve_job_response(serve_engine *e, serve_job *j) {
         if (chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", c->text ? c->text : "");
+            cJSON *calls = c->tool_calls ? cJSON_Parse(c->tool_calls) : NULL;
+            if (calls && !c->content) cJSON_AddNullToObject(m, "content");
+            else cJSON_AddStringToObject(m, "content", calls ? c->content : c->text ? c->text : "");
             cJSON_AddNullToObject(m, "refusal");
+            if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
         } else
             cJSON_AddStringToObject(ch, "text", c->text ? c->text : "");
         cJSON_AddItemToObject(ch, "logprobs", logprobs_json(e, j, c, 0, c->n_lp, 0));
@@ -364,6 +370,108 @@ static bool text_append(serve_choice *c, const char *s, size_t n) {
     return true;
 }
 
+/* ------------------------------------------------------------------ tool calls
+ * Qwen / Hermes style (the tool-call format of the chat templates mmc serves with tools): each
+ * call is "<tool_call>" {"name": ..., "arguments": {...}} "</tool_call>" in the answer. With
+ * tools (tool_choice not "none") the text from the first "<tool_call>" on is held back while
+ * streaming; at the end the calls become OpenAI's tool_calls (arguments as a JSON string, ids
+ * call_<hex>), the text outside them the content (null when empty), finish_reason "tool_calls".
+ * An answer whose blocks do not parse stays plain text. */
+#define TOOL_OPEN "<tool_call>"
+#define TOOL_CLOSE "</tool_call>"
+
+static bool tools_parsed(const mmc_serve_request *q) {
+    return q->kind == MMC_SERVE_CHAT && q->tools && q->tool_choice != MMC_SERVE_TOOLS_NONE;
+}
+
+/* where a tool call starts (or may start: a proper prefix of "<tool_call>" at the end), else len */
+static size_t tool_call_start(const char *text, size_t len) {
+    const char *p = text ? strstr(text, TOOL_OPEN) : NULL;
+    if (p && (size_t)(p - text) < len) return (size_t)(p - text);
+    const size_t k = sizeof TOOL_OPEN - 1;
+    for (size_t n = k - 1; n > 0; n--)
+        if (n <= len && !memcmp(text + len - n, TOOL_OPEN, n)) return len - n;
+    return len;
+}
+
+/* parse c->text: true with c->tool_calls / c->content set when at least one call parses */
+static bool tool_calls_parse(serve_choice *c, uint64_t *id_state) {
+    const char *t = c->text ? c->text : "";
+    cJSON *calls = cJSON_CreateArray();
+    char *rest = malloc(strlen(t) + 1);
+    size_t nr = 0;
+    if (!calls || !rest) { cJSON_Delete(calls); free(rest); return false; }
+    const char *p = t;
+    for (;;) {
+        const char *a = strstr(p, TOOL_OPEN), *b = a ? strstr(a, TOOL_CLOSE) : NULL;
+        if (!a || !b) break;
+        cJSON *o = cJSON_ParseWithLength(a + sizeof TOOL_OPEN - 1, (size_t)(b - a) - (sizeof TOOL_OPEN - 1));
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(o, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, "arguments");
+        if (!args) args = cJSON_GetObjectItemCaseSensitive(o, "parameters");
+        if (!cJSON_IsString(nm)) { cJSON_Delete(o); break; }
+        memcpy(rest + nr, p, (size_t)(a - p));
+        nr += (size_t)(a - p);
+        cJSON *call = cJSON_CreateObject(), *fn;
+        char id[40];
+        *id_state = *id_state * 6364136223846793005ull + 1442695040888963407ull;
+        snprintf(id, sizeof id, "call_%016llx", (unsigned long long)(*id_state ^ (*id_state >> 29)));
+        cJSON_AddStringToObject(call, "id", id);
+        cJSON_AddStringToObject(call, "type", "function");
+        fn = cJSON_AddObjectToObject(call, "function");
+        cJSON_AddStringToObject(fn, "name", nm->valuestring);
+        char *as = cJSON_IsString(args) ? strdup(args->valuestring) : args ? cJSON_PrintUnformatted(args) : strdup("{}");
+        cJSON_AddStringToObject(fn, "arguments", as ? as : "{}");
+        free(as);
+        cJSON_AddItemToArray(calls, call);
+        cJSON_Delete(o);
+        p = b + sizeof TOOL_CLOSE - 1;
+    }
+    if (cJSON_GetArraySize(calls) == 0) { cJSON_Delete(calls); free(rest); return false; }
+    size_t tail = strlen(p);
+    memcpy(rest + nr, p, tail);
+    nr += tail;
+    size_t s0 = 0;
+    while (s0 < nr && (rest[s0] == ' ' || rest[s0] == '\n' || rest[s0] == '\t' || rest[s0] == '\r')) s0++;
+    while (nr > s0 && (rest[nr - 1] == ' ' || rest[nr - 1] == '\n' || rest[nr - 1] == '\t' || rest[nr - 1] == '\r')) nr--;
+    memmove(rest, rest + s0, nr - s0);
+    rest[nr - s0] = 0;
+    c->tool_calls = cJSON_PrintUnformatted(calls);
+    cJSON_Delete(calls);
+    if (nr > s0) c->content = rest;
+    else free(rest);
+    return c->tool_calls != NULL;
+}
+
+/* the end of a choice with tools: its calls parsed; streamed as one tool_calls delta, or the
+ * held-back text when none parses */
+static void tool_finish(serve_engine *e, serve_job *j, run_ctx *r) {
+    if (!tools_parsed(&j->req)) return;
+    serve_choice *c = r->c;
+    if (!tool_calls_parse(c, &e->call_ids)) {
+        if (j->req.stream && c->emitted < c->len) {
+            size_t at = c->emitted;
+            c->emitted = c->len;
+            emit_chunk(e, j, r->idx, c->text + at, c->len - at, false, NULL);
+        }
+        return;
+    }
+    r->finish = "tool_calls";
+    if (!j->req.stream) return;
+    cJSON *o = obj_head(e, j, "chat.completion.chunk");
+    cJSON *ch = cJSON_CreateObject(), *calls = cJSON_Parse(c->tool_calls), *call;
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
+    cJSON_AddNumberToObject(ch, "index", r->idx);
+    int k = 0;
+    cJSON_ArrayForEach(call, calls) cJSON_AddItemToObject(call, "index", cJSON_CreateNumber(k++));
+    cJSON_AddItemToObject(cJSON_AddObjectToObject(ch, "delta"), "tool_calls", calls);
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    if (j->req.include_usage) cJSON_AddNullToObject(o, "usage");
+    sse_event(j, cJSON_PrintUnformatted(o));
+    cJSON_Delete(o);
+}
+
 /* Incremental detokenization (the decode of a window of recent tokens minus the decode of its
  * older part, as vLLM and transformers' TextStreamer do; a window ending in an incomplete UTF-8
  * sequence waits for more): O(window) per token instead of decoding everything again. Then the
@@ -398,6 +506,10 @@ static bool update_text(run_ctx *r, bool final) {
     }
     if (hit) { c->len = cut; c->text[cut] = 0; }
     size_t safe = hit || final ? c->len : c->len - stop_holdback(&j->req, c->text, c->len);
+    if (tools_parsed(&j->req)) {   /* a tool call is not streamed as text: held from "<tool_call>" on */
+        size_t at = tool_call_start(c->text, c->len);
+        if (safe > at) safe = at;
+    }
     if (safe < c->emitted) safe = c->emitted;   /* never take back streamed text */
     if (j->req.stream && safe > c->emitted) {
         size_t at = c->emitted;
@@ -440,7 +552,7 @@ static bool on_token(void *user, int32_t tok) {
         int k = j->req.top_logprobs < SERVE_MAX_TOP ? j->req.top_logprobs : SERVE_MAX_TOP, have = 0;
         for (int64_t v = 0; v < e->row_v && k > 0; v++) {   /* one pass, a sorted top-k (ties: lower id first) */
             float x = e->row[v];
-            if (have == k && x <= l->top_lp[k - 1]) continue;
+            if (x == -INFINITY || (have == k && x <= l->top_lp[k - 1])) continue;   /* masked tokens are no alternative */
             int at = have < k ? have++ : k - 1;
             while (at > 0 && l->top_lp[at - 1] < x) {
                 l->top_lp[at] = l->top_lp[at - 1];
@@ -528,9 +640,11 @@ static void run_job(serve_engine *e, serve_job *j) {
     int64_t max_new = 0;
     mmc_serve_error err = {0};
     if (q->json_schema) {
-        mmc_serve_fail(&err, 400, "invalid_request_error", "response_format", "unsupported_parameter",
-                       "response_format json_object / json_schema needs the batching engine, which this server "
-                       "does not run (--no-batching, or a model without a batched decode).");
+        bool tool = q->tool_choice == MMC_SERVE_TOOLS_REQUIRED;
+        mmc_serve_fail(&err, 400, "invalid_request_error", tool ? "tool_choice" : "response_format",
+                       "unsupported_parameter", "%s needs the batching engine (constrained decoding), which this "
+                       "server does not run (--no-batching, or a model without a batched decode).",
+                       tool ? "tool_choice 'required' or a named function" : "response_format json_object / json_schema");
         job_fail(j, &err);
         return;
     }
@@ -553,6 +667,7 @@ static void run_job(serve_engine *e, serve_job *j) {
             bool hit = update_text(&r, true);
             r.finish = hit || r.c->n_ids < max_new ? "stop" : "length";
         }
+        tool_finish(e, j, &r);
         r.c->finish = r.finish;
         if (q->stream) emit_chunk(e, j, i, NULL, 0, false, r.finish);
     }
@@ -669,6 +784,7 @@ static void seq_finish(serve_engine *e, serve_seq *s, const char *finish) {
         bool hit = update_text(r, true);
         r->finish = hit || r->c->n_ids < r->max_new ? "stop" : "length";
     }
+    if (!j->aborted) tool_finish(e, j, r);
     r->c->finish = r->finish;
     if (j->req.stream) emit_chunk(e, j, r->idx, NULL, 0, false, r->finish);
     if (s->staged) mmc_kv_cache_free(&s->stage);
@@ -1175,6 +1291,7 @@ mmc_status serve_engine_start(const mmc_serve_backend *b, const mmc_serve_option
     e->b = b;
     e->opt = *o;
     e->id_state = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+    e->call_ids = e->id_state * 0x9E3779B97F4A7C15ull + 1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->metrics.mu, NULL);

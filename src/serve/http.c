@@ -1,7 +1,7 @@
 /* http.c — the HTTP front of `mmc serve` on libmicrohttpd (a thread per connection, MHD's
- * listening thread): routes GET /health, GET /v1/models[/ID], GET /metrics, POST
- * /v1/chat/completions and /v1/completions; the API key (every route but /health needs
- * "Authorization: Bearer KEY", else 401); limits on body size (413) and connections; SSE
+ * listening thread): routes GET / (the chat page, src/serve/web/chat.html compiled in), GET
+ * /health, GET /v1/models[/ID], GET /metrics, POST /v1/chat/completions and /v1/completions; the
+ * API key (every route but / and /health needs "Authorization: Bearer KEY", else 401); limits on body size (413) and connections; SSE
  * streaming from the job's bytes through MHD's response-from-callback, a dropped client
  * cancelling its job; graceful shutdown on SIGTERM / SIGINT (stop accepting, cancel queued
  * and running jobs, let their streams end with the final chunk and [DONE], then return).
@@ -71,6 +71,27 @@ static enum MHD_Result send_body(server *s, struct MHD_Connection *c, int status
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     serve_metrics_request(serve_engine_metrics(s->e), status);
+    return ret;
+}
+
+/* the chat page, generated from src/serve/web/chat.html by CMakeLists.txt */
+extern const unsigned char mmc_serve_chat_html[];
+extern const size_t mmc_serve_chat_html_len;
+
+static enum MHD_Result send_page(server *s, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(mmc_serve_chat_html_len, (void *)mmc_serve_chat_html,
+                                                             MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+    /* inline script and style only, fetches to this server, images from data: URIs */
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                            "img-src data: blob:; connect-src 'self'; base-uri 'none'; form-action 'none'");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    serve_metrics_request(serve_engine_metrics(s->e), 200);
     return ret;
 }
 
@@ -235,7 +256,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (busy)
             return fail(s, c, 503, "server_error", "too_many_connections",
                         "The server has too many open requests (--max-connections); retry later.");
-        if (strcmp(url, "/health") != 0 && !authorized(s, c))
+        if (strcmp(url, "/health") != 0 && strcmp(url, "/") != 0 && !authorized(s, c))
             return fail(s, c, 401, "invalid_request_error", "invalid_api_key",
                         "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -277,6 +298,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return fail(s, c, 413, "invalid_request_error", "request_too_large", msg);
     }
     bool chat = !strcmp(url, "/v1/chat/completions"), cmpl = !strcmp(url, "/v1/completions");
+    if (!strcmp(url, "/")) {   /* public like /health: its fetches send the key the user types */
+        if (!get) goto method;
+        return send_page(s, c);
+    }
     if (!strcmp(url, "/health")) {
         if (!get) goto method;
         return send_body(s, c, 200, "application/json", strdup("{\"status\":\"ok\"}"));

@@ -278,6 +278,34 @@ static bool parse_content(const cJSON *c, int mi, const mmc_serve_limits *lim, c
     return true;
 }
 
+/* a message's tool use: an assistant's tool_calls (kept as JSON text for the chat template), a
+ * tool result's name and tool_call_id */
+static bool parse_tool_fields(const cJSON *it, int i, mmc_serve_message *m, mmc_serve_error *err) {
+    char param[64];
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+    if (tc && !cJSON_IsNull(tc)) {
+        snprintf(param, sizeof param, "messages.[%d].tool_calls", i);
+        if (!cJSON_IsArray(tc)) return BADTYPE(param, "an array", type_name(tc));
+        if (strcmp(m->role, "assistant")) return BAD(param, "Only assistant messages can have tool_calls.");
+        const cJSON *c;
+        cJSON_ArrayForEach(c, tc) {
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+            if (!cJSON_IsObject(c) || !cJSON_IsObject(fn) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(fn, "name")))
+                return BAD(param, "Invalid '%s': each tool call needs a 'function' object with a 'name'.", param);
+        }
+        if (!(m->tool_calls = cJSON_PrintUnformatted(tc))) return BAD(param, "out of memory");
+    }
+    static const char *const keys[2] = {"name", "tool_call_id"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(it, keys[k]);
+        if (!v || cJSON_IsNull(v)) continue;
+        snprintf(param, sizeof param, "messages.[%d].%s", i, keys[k]);
+        if (!cJSON_IsString(v)) return BADTYPE(param, "a string", type_name(v));
+        if (!(*(k ? &m->tool_call_id : &m->name) = dup_str(v->valuestring))) return BAD(param, "out of memory");
+    }
+    return true;
+}
+
 static bool parse_messages(const cJSON *root, const mmc_serve_limits *lim, const char *media_root,
                            mmc_serve_request *r, mmc_serve_error *err) {
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -306,6 +334,7 @@ static bool parse_messages(const cJSON *root, const mmc_serve_limits *lim, const
         if (!(m->role = dup_str(!strcmp(rs, "developer") ? "system" : rs))) return BAD(param, "out of memory");
         if (!parse_content(cJSON_GetObjectItemCaseSensitive(it, "content"), i, lim, media_root, r, m, err))
             return false;
+        if (!parse_tool_fields(it, i, m, err)) return false;
     }
     return true;
 }
@@ -315,13 +344,11 @@ static bool parse_messages(const cJSON *root, const mmc_serve_limits *lim, const
  * value that asks for nothing (tools [], tool_choice "none", echo false,
  * best_of 1, empty logit_bias) passes. */
 static bool unsupported(const cJSON *root, mmc_serve_error *err) {
-    static const char *const keys[] = {"tools", "tool_choice", "functions", "function_call",
-                                       "logit_bias", "echo", "suffix", "best_of", "audio", "prediction"};
+    static const char *const keys[] = {"functions", "function_call", "logit_bias", "echo", "suffix", "best_of", "audio", "prediction"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
         if (!j || cJSON_IsNull(j) || cJSON_IsFalse(j)) continue;
         if ((cJSON_IsArray(j) || cJSON_IsObject(j)) && !j->child) continue;   /* [] or {} */
-        if (cJSON_IsString(j) && !strcmp(keys[i], "tool_choice") && !strcmp(j->valuestring, "none")) continue;
         if (cJSON_IsNumber(j) && !strcmp(keys[i], "best_of") && j->valuedouble == 1) continue;
         if (cJSON_IsString(j) && !strcmp(keys[i], "suffix") && !j->valuestring[0]) continue;
         return mmc_serve_fail(err, 400, "invalid_request_error", keys[i], "unsupported_parameter",
@@ -377,6 +404,103 @@ static bool parse_response_format(const cJSON *root, mmc_serve_request *r, mmc_s
     return true;
 }
 
+/* tools (function schemas) and tool_choice. "required" and a named function constrain the answer
+ * to one tool call, Qwen / Hermes style: "<tool_call>\n" {"name": ..., "arguments": {...}}
+ * "\n</tool_call>", its arguments by the function's parameters schema when the function is known
+ * (one tool, or named); otherwise calls are parsed from the answer after the fact. */
+static bool parse_tools(const cJSON *root, mmc_serve_request *r, mmc_serve_error *err) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    bool have = tools && !cJSON_IsNull(tools);
+    if (have && !cJSON_IsArray(tools)) return BADTYPE("tools", "an array", type_name(tools));
+    if (have && !tools->child) have = false;   /* [] asks for nothing */
+    const char *named = NULL;
+    r->tool_choice = have ? MMC_SERVE_TOOLS_AUTO : MMC_SERVE_TOOLS_NONE;
+    if (choice && !cJSON_IsNull(choice)) {
+        if (cJSON_IsString(choice)) {
+            const char *c = choice->valuestring;
+            if (!strcmp(c, "none")) r->tool_choice = MMC_SERVE_TOOLS_NONE;
+            else if (!strcmp(c, "auto") || !strcmp(c, "required")) {
+                if (!have)
+                    return BAD("tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when "
+                               "'tools' are specified.");
+                r->tool_choice = c[0] == 'a' ? MMC_SERVE_TOOLS_AUTO : MMC_SERVE_TOOLS_REQUIRED;
+            } else
+                return mmc_serve_fail(err, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                                      "Invalid value: '%.40s'. Supported values are: 'none', 'auto', and 'required'.", c);
+        } else if (cJSON_IsObject(choice)) {
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(choice, "function");
+            const cJSON *nm = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+            if (!cJSON_IsString(nm))
+                return BAD("tool_choice.function.name", "Missing required parameter: 'tool_choice.function.name'.");
+            if (!have)
+                return BAD("tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' "
+                           "are specified.");
+            named = nm->valuestring;
+            r->tool_choice = MMC_SERVE_TOOLS_REQUIRED;
+        } else
+            return BADTYPE("tool_choice", "a string or an object", type_name(choice));
+    }
+    if (!have) return true;
+    /* every tool: {"type": "function", "function": {"name", "description"?, "parameters"?}} */
+    cJSON *names = cJSON_CreateArray();
+    const cJSON *t, *params = NULL;
+    int i = 0, n_match = 0;
+    char param[64];
+    cJSON_ArrayForEach(t, tools) {
+        snprintf(param, sizeof param, "tools[%d]", i++);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type"), *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *nm = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+        if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm)) {
+            cJSON_Delete(names);
+            return BAD(param, "Invalid '%s': a tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}.", param);
+        }
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        if (!named || !strcmp(named, nm->valuestring)) {
+            n_match++;
+            params = p;
+            cJSON_AddItemToArray(names, cJSON_CreateString(nm->valuestring));
+        }
+    }
+    if (named && !n_match) {
+        cJSON_Delete(names);
+        return mmc_serve_fail(err, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                              "Invalid 'tool_choice': no function named '%.64s' in 'tools'.", named);
+    }
+    if (r->tool_choice != MMC_SERVE_TOOLS_NONE && !(r->tools = cJSON_PrintUnformatted(tools))) {
+        cJSON_Delete(names);
+        return BAD("tools", "out of memory");
+    }
+    if (r->tool_choice != MMC_SERVE_TOOLS_REQUIRED) { cJSON_Delete(names); return true; }
+    if (r->json_schema) {
+        cJSON_Delete(names);
+        return BAD("tool_choice", "'tool_choice' %s cannot be combined with a JSON 'response_format'.",
+                   named ? "naming a function" : "'required'");
+    }
+    /* the call's schema: the name among the allowed ones, the arguments by their parameters (when
+     * only one function can be called) */
+    cJSON *sch = cJSON_CreateObject(), *props = cJSON_AddObjectToObject(sch, "properties");
+    cJSON_AddStringToObject(sch, "type", "object");
+    cJSON_AddItemToObject(cJSON_AddObjectToObject(props, "name"), "enum", names);
+    cJSON *args = n_match == 1 && cJSON_IsObject(params) ? cJSON_Duplicate(params, true) : NULL;
+    if (!args) { args = cJSON_CreateObject(); cJSON_AddStringToObject(args, "type", "object"); }
+    cJSON_AddItemToObject(props, "arguments", args);
+    cJSON *req = cJSON_AddArrayToObject(sch, "required");
+    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+    cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+    char *text = cJSON_PrintUnformatted(sch), msg[400];
+    cJSON_Delete(sch);
+    bool ok = text && mmc_jc_compile(text, strlen(text), &r->json_schema, msg, sizeof msg);
+    if (!text) snprintf(msg, sizeof msg, "out of memory");
+    free(text);
+    if (!ok)
+        return mmc_serve_fail(err, 400, "invalid_request_error", "tools", "invalid_function_parameters",
+                              "Invalid parameters schema for the function called with tool_choice: %s. Constrained "
+                              "tool calls support a subset of JSON Schema.", msg);
+    if (!mmc_jc_wrap(r->json_schema, "<tool_call>\n", "\n</tool_call>")) return BAD("tools", "out of memory");
+    return true;
+}
+
 bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, const mmc_serve_limits *lim,
                              const char *media_root, mmc_serve_request *r, mmc_serve_error *err) {
     memset(r, 0, sizeof *r);
@@ -407,6 +531,17 @@ bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, 
     }
     if (!unsupported(root, err)) goto done;
     if (!parse_response_format(root, r, err)) goto done;
+    if (kind == MMC_SERVE_CHAT && !parse_tools(root, r, err)) goto done;
+    if (kind == MMC_SERVE_COMPLETION)
+        for (int k = 0; k < 2; k++) {
+            const char *key = k ? "tool_choice" : "tools";
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+            if (v && !cJSON_IsNull(v)) {
+                mmc_serve_fail(err, 400, "invalid_request_error", key, "unsupported_parameter",
+                               "Unrecognized request argument supplied: %s (tools are for /v1/chat/completions).", key);
+                goto done;
+            }
+        }
     if (kind == MMC_SERVE_CHAT) {
         if (!parse_messages(root, lim, media_root, r, err)) goto done;
     } else {
@@ -508,11 +643,15 @@ void mmc_serve_request_free(mmc_serve_request *r) {
         free(m->parts);
         free(m->role);
         free(m->content);
+        free(m->tool_calls);
+        free(m->name);
+        free(m->tool_call_id);
     }
     free(r->msgs);
     free(r->prompt);
     free(r->model);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     mmc_jc_schema_free(r->json_schema);
+    free(r->tools);
     memset(r, 0, sizeof *r);
 }

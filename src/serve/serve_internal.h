@@ -28,6 +28,8 @@ typedef struct {
     const char *finish;      /* "stop" | "length" once done */
     serve_logprob *lps;
     int n_lp, cap_lp, lp_emitted;
+    char *tool_calls;        /* tools: the calls parsed from text (OpenAI's tool_calls, JSON), or NULL */
+    char *content;           /* then the text outside them (NULL: none) */
 } serve_choice;
 
 typedef enum { JOB_QUEUED = 0, JOB_PREPARED, JOB_DONE } serve_job_state;

@@ -137,6 +137,19 @@ static cJSON *messages_json(const mmc_chat_message *msgs, int n) {
         if (!m) { cJSON_Delete(a); return NULL; }
         cJSON_AddItemToArray(a, m);
         cJSON_AddStringToObject(m, "role", msgs[i].role);
+        if (msgs[i].name) cJSON_AddStringToObject(m, "name", msgs[i].name);
+        if (msgs[i].tool_call_id) cJSON_AddStringToObject(m, "tool_call_id", msgs[i].tool_call_id);
+        cJSON *tc = msgs[i].tool_calls ? cJSON_Parse(msgs[i].tool_calls) : NULL;
+        if (tc) {   /* OpenAI sends arguments as a JSON string; templates print them as an object */
+            cJSON *call;
+            cJSON_ArrayForEach(call, tc) {
+                cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+                cJSON *args = fn ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
+                cJSON *obj = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+                if (obj) cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", obj);
+            }
+            cJSON_AddItemToObject(m, "tool_calls", tc);
+        }
         if (msgs[i].content) { cJSON_AddStringToObject(m, "content", msgs[i].content); continue; }
         cJSON *parts = cJSON_AddArrayToObject(m, "content");
         for (int j = 0; parts && j < msgs[i].n_parts; j++) {
@@ -152,11 +165,12 @@ static cJSON *messages_json(const mmc_chat_message *msgs, int n) {
     return a;
 }
 
-static mmc_status render_n(const tpl_cache_entry *e, cJSON *all, int n, bool gen, const cJSON *extra, char **out, size_t *len) {
+static mmc_status render_n(const tpl_cache_entry *e, cJSON *all, int n, bool gen, const cJSON *extra,
+                           const cJSON *tools, char **out, size_t *len) {
     cJSON *sub = cJSON_CreateArray();
     if (!sub) return mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory");
     for (int i = 0; i < n; i++) cJSON_AddItemReferenceToArray(sub, cJSON_GetArrayItem(all, i));
-    mmc_status st = mmc_template_render_chat(e->t, sub, NULL, NULL, gen, extra, NULL, out, len);
+    mmc_status st = mmc_template_render_chat(e->t, sub, tools, NULL, gen, extra, NULL, out, len);
     cJSON_Delete(sub);
     return st;
 }
@@ -180,14 +194,16 @@ mmc_status mmc_chat_render(const mmc_tokenizer *tok, const mmc_chat_message *msg
     if (st) return st;
     mmc_chat_options o = opt ? *opt : (mmc_chat_options){0};
     cJSON *all = messages_json(msgs, n_msgs), *extra = cJSON_CreateObject();
+    cJSON *tools = o.tools ? cJSON_Parse(o.tools) : NULL;
     char *full = NULL, *a = NULL, *b = NULL;
     mmc_chat_span *sp = NULL;
     size_t nf = 0;
     if (!all || !extra) { st = mmc_error(MMC_ERR_OOM, "mmc_chat_render: out of memory"); goto done; }
+    if (o.tools && !tools) { st = mmc_error(MMC_ERR_INVALID, "mmc_chat_render: tools are not valid JSON"); goto done; }
     if (e->bos) cJSON_AddStringToObject(extra, "bos_token", e->bos);
     if (e->eos) cJSON_AddStringToObject(extra, "eos_token", e->eos);
     if (o.add_vision_id) cJSON_AddTrueToObject(extra, "add_vision_id");
-    if ((st = render_n(e, all, n_msgs, o.add_generation_prompt, extra, &full, &nf))) {
+    if ((st = render_n(e, all, n_msgs, o.add_generation_prompt, extra, tools, &full, &nf))) {
         mmc_error_prefix(st, "chat template of %s", e->dir);
         goto done;
     }
@@ -197,7 +213,8 @@ mmc_status mmc_chat_render(const mmc_tokenizer *tok, const mmc_chat_message *msg
         for (int i = 0, k = 0; i < n_msgs; i++) {
             if (strcmp(msgs[i].role, "assistant")) continue;
             size_t na = 0, nb = 0;
-            bool ok = !render_n(e, all, i, true, extra, &a, &na) && !render_n(e, all, i + 1, false, extra, &b, &nb);
+            bool ok = !render_n(e, all, i, true, extra, tools, &a, &na) &&
+                      !render_n(e, all, i + 1, false, extra, tools, &b, &nb);
             while (ok && nb > na && (b[nb - 1] == '\n' || b[nb - 1] == ' ' || b[nb - 1] == '\t' || b[nb - 1] == '\r')) nb--;
             ok = ok && na >= from && nb > na && nb <= nf && !memcmp(a, b, na) && !memcmp(b, full, nb);
             if (ok) sp[k] = (mmc_chat_span){(int64_t)na, (int64_t)nb};
@@ -232,6 +249,7 @@ done:
     free(sp);
     cJSON_Delete(all);
     cJSON_Delete(extra);
+    cJSON_Delete(tools);
     chat_template_release(e);
     return st;
 }

@@ -344,9 +344,11 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
             snprintf(path, sizeof path, "%s/%s", tmp, k_aux_files[i]);
             if ((st = copy_file(from, path))) goto fail;
         }
-    if (t->src.kind == SRC_LOADER && !t->llava) {   /* (LLaVA's processor files are copied as they are) */
+    if (t->src.kind == SRC_LOADER && !t->llava && !t->internvl) {   /* (LLaVA's / InternVL's processor files are copied as they are) */
         snprintf(path, sizeof path, "%s/preprocessor_config.json", tmp);
-        if ((st = write_preprocessor(t, path))) goto fail;
+        /* (Qwen2.5-Omni's processor_config.json holds its three processors; a preprocessor_config.json
+         * of the image processor alone would be read as the audio feature extractor's) */
+        if (!t->omni && (st = write_preprocessor(t, path))) goto fail;
         snprintf(path, sizeof path, "%s/processor_config.json", tmp);
         if (access(path, F_OK) == 0 && (st = sync_processor_config(t, path))) goto fail;
     }

@@ -22,7 +22,7 @@ static const char *const k_quant[] = {"none", "nf4", NULL};
 static const char *const k_opt[] = {"adamw", NULL};
 static const char *const k_sched[] = {"constant", "linear", "cosine", NULL};
 static const char *const k_backends[] = {"pil", "torchvision", NULL};   /* = mmc_vlproc_resize_mode */
-static const char *const k_components[] = {"vision_tower", "merger", "language_model", "embeddings"};
+static const char *const k_components[] = {"vision_tower", "merger", "language_model", "embeddings", "audio"};
 
 #define U (-1.0), (-2.0)  /* unchecked range (min > max) */
 #define F(st, key, type, ...) {#key, type, offsetof(st, key), __VA_ARGS__}
@@ -47,7 +47,7 @@ static const mmc_cfg_field k_model[] = {
     F(mmc_model_cfg, tokenizer, MMC_CFG_STR, U, NULL, NULL, "tokenizer/processor directory (default: path)"),
     F(mmc_model_cfg, dtype, MMC_CFG_ENUM, U, k_dtypes, NULL, "f32 | bf16 weights (fp32 master + state)"),
     F(mmc_model_cfg, freeze, MMC_CFG_STR_LIST, U, NULL, NULL,
-      "components kept fixed: vision_tower, merger, language_model, embeddings"),
+      "components kept fixed: vision_tower, merger, language_model, embeddings, audio (Qwen2.5-Omni's audio encoder)"),
     F(mmc_model_cfg, recompute, MMC_CFG_ENUM, U, k_recompute, NULL, "activation recompute: none | full"),
     F(mmc_model_cfg, lora, MMC_CFG_SECTION, U, NULL, k_lora, "LoRA adapters"),
     F(mmc_model_cfg, quantization, MMC_CFG_SECTION, U, NULL, k_quantization, "QLoRA base quantisation"),
@@ -124,6 +124,8 @@ static const mmc_cfg_field k_parallel[] = {
       "P x v entries, virtual stage c P + s on rank s)"),
     F(mmc_parallel_cfg, pipeline_virtual, MMC_CFG_INT, 1, 16, NULL, NULL,
       "model chunks per pipeline rank: interleaved 1F1B, bubble / v (Megatron's virtual pipeline size)"),
+    F(mmc_parallel_cfg, context_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
+      "context-parallel ranks (DeepSpeed-Ulysses): each sequence split over them, heads exchanged in attention"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
       "seconds a rank waits on a collective before aborting the job, naming the rank it waits on (600; "
@@ -191,6 +193,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.num_workers = 2;
     c->data.prefetch = 4;
     c->parallel = (mmc_parallel_cfg){.data_parallel = 1, .tensor_parallel = 1, .pipeline_parallel = 1, .pipeline_virtual = 1,
+                                     .context_parallel = 1,
                                      .timeout = 600.0};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
@@ -275,7 +278,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
             char hint[96] = "";
             if (pick >= 0) snprintf(hint, sizeof hint, " (did you mean '%s'?)", k_components[pick]);
             return verr(c, root, "model", "freeze", "unknown component '%s'; expected vision_tower, merger, "
-                        "language_model or embeddings%s", s, hint);
+                        "language_model, embeddings or audio%s", s, hint);
         }
         m->freeze_mask |= 1u << k;
     }
@@ -344,6 +347,18 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         return verr(c, root, "parallel", "zero", "%lld with tensor_parallel %lld and %s: not supported yet (their partial "
                     "gradients are reduced outside ZeRO's shards); use zero 0", (long long)p->zero,
                     (long long)p->tensor_parallel, p->sequence_parallel ? "sequence_parallel" : "LoRA");
+    /* context parallelism (mmc_cp.h): the text Qwen2 with plain data parallelism (heads and KV heads
+     * are checked against config.json when the model is read) */
+    if (p->context_parallel > 1) {
+        const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
+                          : p->zero > 0 ? "ZeRO (parallel.zero > 0)" : c->model.quantization.method != MMC_QUANT_NONE
+                          ? "model.quantization" : c->training.ema_decay > 0 ? "training.ema_decay"
+                          : c->data.eval ? "an evaluation set (data.eval)" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "context_parallel", "%lld with %s is not supported yet; context "
+                        "parallelism composes with plain data parallelism (zero 0) of the text Qwen2",
+                        (long long)p->context_parallel, why);
+    }
     if (d->batch_size % (d->micro_batch_size * p->data_parallel))
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "
                     "micro_batch_size %lld", (long long)d->batch_size, (long long)p->data_parallel,

@@ -29,6 +29,8 @@ void mmc_batch_free(mmc_batch *b) {
     free(b->video_values);
     free(b->video_grid_thw);
     free(b->video_second_per_grid_ts);
+    free(b->audio_feats);
+    free(b->audio_frames);
     memset(b, 0, sizeof *b);
 }
 
@@ -88,6 +90,8 @@ typedef struct {
     int n_images;
     char **videos;
     int n_videos;
+    char **audios;
+    int n_audios;
     char *type;
     const char *answer;
     char *answer_buf;
@@ -112,6 +116,8 @@ static void rec_free(rec *r) {
     free(r->images);
     for (int i = 0; i < r->n_videos; i++) free(r->videos[i]);
     free(r->videos);
+    for (int i = 0; i < r->n_audios; i++) free(r->audios[i]);
+    free(r->audios);
     free(r->type);
     free(r->answer_buf);
     memset(r, 0, sizeof *r);
@@ -138,6 +144,8 @@ void mmc_dataset_get(const mmc_dataset *ds, int64_t i, mmc_example *ex) {
     ex->n_images = r->n_images;
     ex->videos = (const char *const *)r->videos;
     ex->n_videos = r->n_videos;
+    ex->audios = (const char *const *)r->audios;
+    ex->n_audios = r->n_audios;
     ex->type = r->type;
     ex->answer = r->answer;
     ex->line = r->line;
@@ -216,15 +224,15 @@ static mmc_status parts_push(partvec *pv, mmc_chat_part_type t, const char *text
 }
 
 /* Split text on <image> / <video> tags into parts; counts the tags. */
-static mmc_status parts_from_tagged(partvec *pv, const char *s, int *n_img, int *n_vid) {
+static mmc_status parts_from_tagged(partvec *pv, const char *s, int *n_img, int *n_vid, int *n_aud) {
     const char *seg = s;
     for (const char *q = s; *q;) {
-        if (*q == '<' && (!strncmp(q, "<image>", 7) || !strncmp(q, "<video>", 7))) {
-            bool img = q[1] == 'i';
+        if (*q == '<' && (!strncmp(q, "<image>", 7) || !strncmp(q, "<video>", 7) || !strncmp(q, "<audio>", 7))) {
+            bool img = q[1] == 'i', aud = q[1] == 'a';
             mmc_status st = parts_push(pv, MMC_CHAT_TEXT, seg, (size_t)(q - seg));
-            if (!st) st = parts_push(pv, img ? MMC_CHAT_IMAGE : MMC_CHAT_VIDEO, NULL, 0);
+            if (!st) st = parts_push(pv, aud ? MMC_CHAT_AUDIO : img ? MMC_CHAT_IMAGE : MMC_CHAT_VIDEO, NULL, 0);
             if (st) return st;
-            (*(img ? n_img : n_vid))++;
+            (*(aud ? n_aud : img ? n_img : n_vid))++;
             q += 7;
             seg = q;
         } else q++;
@@ -278,9 +286,9 @@ static mmc_status media_list(const pctx *c, const cJSON *j, const char *key, cha
 
 /* Content part of an OpenAI message. *path gets an explicit media path (or NULL). */
 static mmc_status openai_part(const pctx *c, const cJSON *p, int m, int k, partvec *pv,
-                              const char **path, bool *is_img, bool *is_vid) {
+                              const char **path, bool *is_img, bool *is_vid, bool *is_aud) {
     *path = NULL;
-    *is_img = *is_vid = false;
+    *is_img = *is_vid = *is_aud = false;
     if (cJSON_IsString(p)) return parts_push(pv, MMC_CHAT_TEXT, p->valuestring, strlen(p->valuestring));
     if (!cJSON_IsObject(p))
         return PERR(c, MMC_ERR_FORMAT, "messages[%d].content[%d] must be an object, found %s", m, k,
@@ -310,6 +318,17 @@ static mmc_status openai_part(const pctx *c, const cJSON *p, int m, int k, partv
         if (vid) *path = vid->valuestring;
         return parts_push(pv, MMC_CHAT_VIDEO, NULL, 0);
     }
+    const cJSON *aud = cJSON_GetObjectItemCaseSensitive(p, "audio");
+    if ((t && (!strcmp(t, "audio") || !strcmp(t, "audio_url"))) || aud) {   /* Qwen2.5-Omni's audio parts */
+        *is_aud = true;
+        const cJSON *src = aud ? aud : cJSON_GetObjectItemCaseSensitive(p, "audio_url");
+        if (cJSON_IsObject(src)) src = cJSON_GetObjectItemCaseSensitive(src, "url");
+        if (src && !cJSON_IsString(src))
+            return PERR(c, MMC_ERR_FORMAT, "messages[%d].content[%d]: audio must be a path string, found %s",
+                        m, k, json_type_name(src));
+        if (src) *path = src->valuestring;
+        return parts_push(pv, MMC_CHAT_AUDIO, NULL, 0);
+    }
     if (txt) {
         if (!cJSON_IsString(txt))
             return PERR(c, MMC_ERR_FORMAT, "messages[%d].content[%d].text must be a string, found %s", m, k,
@@ -317,7 +336,7 @@ static mmc_status openai_part(const pctx *c, const cJSON *p, int m, int k, partv
         return parts_push(pv, MMC_CHAT_TEXT, txt->valuestring, strlen(txt->valuestring));
     }
     return PERR(c, MMC_ERR_FORMAT, "messages[%d].content[%d]: unknown part type \"%s\" (expected text, "
-                "image, image_url or video)", m, k, t ? t : "?");
+                "image, image_url, video or audio)", m, k, t ? t : "?");
 }
 
 static mmc_status parse_record(const pctx *c, const cJSON *o, rec *r) {
@@ -325,8 +344,9 @@ static mmc_status parse_record(const pctx *c, const cJSON *o, rec *r) {
     r->line = c->line;
     mmc_status st = MMC_OK;
     partvec pv = {0};
-    char **img_inline = NULL, **vid_inline = NULL; /* OpenAI explicit paths, in order */
+    char **img_inline = NULL, **vid_inline = NULL, **aud_inline = NULL; /* OpenAI explicit paths, in order */
     int n_img_inline = 0, n_vid_inline = 0, n_img_slot = 0, n_vid_slot = 0, tag_img = 0, tag_vid = 0;
+    int n_aud_inline = 0, n_aud_slot = 0, tag_aud = 0;
     bool openai = false;
 
     if (!cJSON_IsObject(o))
@@ -349,6 +369,8 @@ static mmc_status parse_record(const pctx *c, const cJSON *o, rec *r) {
         goto fail;
     if ((st = media_list(c, cJSON_GetObjectItemCaseSensitive(o, r->format == MMC_DATA_LLAVA ? "video" : "videos"),
                          r->format == MMC_DATA_LLAVA ? "video" : "videos", &r->videos, &r->n_videos)))
+        goto fail;
+    if ((st = media_list(c, cJSON_GetObjectItemCaseSensitive(o, "audios"), "audios", &r->audios, &r->n_audios)))
         goto fail;
     /* LLaVA files sometimes also use "images" */
     if (r->format == MMC_DATA_LLAVA && !r->n_images &&
@@ -383,14 +405,27 @@ static mmc_status parse_record(const pctx *c, const cJSON *o, rec *r) {
         r->n_msgs = m + 1;
         memset(&pv, 0, sizeof pv);
         if (cJSON_IsString(content)) {
-            st = parts_from_tagged(&pv, content->valuestring, &tag_img, &tag_vid);
+            st = parts_from_tagged(&pv, content->valuestring, &tag_img, &tag_vid, &tag_aud);
         } else if (cJSON_IsArray(content)) {
             openai = true;
             for (int k = 0; k < cJSON_GetArraySize(content) && !st; k++) {
                 const char *path;
-                bool ii, iv;
-                st = openai_part(c, cJSON_GetArrayItem(content, k), m, k, &pv, &path, &ii, &iv);
+                bool ii, iv, ia;
+                st = openai_part(c, cJSON_GetArrayItem(content, k), m, k, &pv, &path, &ii, &iv, &ia);
                 if (st) break;
+                if (ia) {   /* audio parts: all with paths or none */
+                    if (path) {
+                        char **nv = realloc(aud_inline, (size_t)(n_aud_inline + 1) * sizeof *nv);
+                        if (!nv) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+                        aud_inline = nv;
+                        if ((st = media_path(c, "audio", path, &nv[n_aud_inline]))) break;
+                        n_aud_inline++;
+                    } else n_aud_slot++;
+                    if (n_aud_inline && n_aud_slot)
+                        st = PERR(c, MMC_ERR_FORMAT, "messages[%d].content[%d]: mixes audio parts with and "
+                                  "without paths", m, k);
+                    continue;
+                }
                 if (path) {
                     char ***v = ii ? &img_inline : &vid_inline;
                     int *n = ii ? &n_img_inline : &n_vid_inline;
@@ -432,6 +467,16 @@ static mmc_status parse_record(const pctx *c, const cJSON *o, rec *r) {
         if (r->n_videos) { st = PERR(c, MMC_ERR_FORMAT, "video paths given both in content parts and in \"videos\""); goto fail; }
         r->videos = vid_inline; r->n_videos = n_vid_inline; vid_inline = NULL;
     }
+    if (n_aud_inline) {
+        if (r->n_audios) { st = PERR(c, MMC_ERR_FORMAT, "audio paths given both in content parts and in \"audios\""); goto fail; }
+        r->audios = aud_inline; r->n_audios = n_aud_inline; aud_inline = NULL;
+    }
+    int want_aud = tag_aud + n_aud_slot + n_aud_inline;
+    if (want_aud != r->n_audios) {
+        st = PERR(c, MMC_ERR_FORMAT, "%d audio placeholder%s (<audio> tags / audio parts) but %d audio%s listed "
+                  "(\"audios\")", want_aud, want_aud == 1 ? "" : "s", r->n_audios, r->n_audios == 1 ? "" : "s");
+        goto fail;
+    }
     int want_img = tag_img + n_img_slot + n_img_inline, want_vid = tag_vid + n_vid_slot + n_vid_inline;
     if (want_img != r->n_images) {
         st = PERR(c, MMC_ERR_FORMAT, "%d image placeholder%s (<image> tags / image parts) but %d image%s listed",
@@ -463,8 +508,10 @@ static mmc_status parse_record(const pctx *c, const cJSON *o, rec *r) {
 fail:
     for (int i = 0; i < n_img_inline && img_inline; i++) free(img_inline[i]);
     for (int i = 0; i < n_vid_inline && vid_inline; i++) free(vid_inline[i]);
+    for (int i = 0; i < n_aud_inline && aud_inline; i++) free(aud_inline[i]);
     free(img_inline);
     free(vid_inline);
+    free(aud_inline);
     for (int p = 0; p < pv.n && pv.v; p++) free((char *)pv.v[p].text);
     free(pv.v);
     rec_free(r);

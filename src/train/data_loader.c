@@ -225,9 +225,12 @@ static mmc_status next_sample(mmc_loader *L, int64_t limit, item_t *it, bool *en
 static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed, mmc_batch *out) {
     memset(out, 0, sizeof *out);
     int64_t T = 0, sum = 0, np = 0, nvp = 0, dim = 0;
-    int ni = 0, nv = 0;
+    int ni = 0, nv = 0, na = 0;
+    int64_t amels = 0, astride = 0;
     for (int i = 0; i < n; i++) {
         const mmc_batch *s = &its[i]->b;
+        na += s->n_audios;
+        if (s->n_audios) amels = s->audio_mels, astride = s->audio_stride;
         if (s->T > T) T = s->T;
         sum += s->T;
         np += s->n_patches;
@@ -250,7 +253,15 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
         out->video_grid_thw = malloc((size_t)nv * 3 * sizeof(int64_t));
         out->video_second_per_grid_ts = malloc((size_t)nv * sizeof(double));
     }
-    if (!out->input_ids || !out->labels || !out->sample_ids || (packed && !out->cu_seqlens) ||
+    const size_t acells = (size_t)(amels * astride);   /* one audio's features */
+    bool audio_oom = false;
+    if (na) {
+        out->audio_feats = malloc((size_t)na * acells * sizeof(float));
+        out->audio_frames = malloc((size_t)na * sizeof(int64_t));
+        audio_oom = !out->audio_feats || !out->audio_frames;
+        out->audio_mels = amels, out->audio_stride = astride;
+    }
+    if (audio_oom || !out->input_ids || !out->labels || !out->sample_ids || (packed && !out->cu_seqlens) ||
         (np && (!out->pixel_values || !out->image_grid_thw)) || (nvp && (!out->video_values || !out->video_grid_thw || !out->video_second_per_grid_ts))) {
         mmc_batch_free(out);
         return mmc_error(MMC_ERR_OOM, "data loader: out of memory for a [%lld, %lld] batch", (long long)out->B,
@@ -283,6 +294,12 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
                 out->video_second_per_grid_ts[out->n_videos + k] = s->video_second_per_grid_ts ? s->video_second_per_grid_ts[k] : 1.0;
             out->n_video_patches += s->n_video_patches;
             out->n_videos += s->n_videos;
+        }
+        if (s->n_audios) {   /* one feature extractor: every audio has the same [mels, stride] */
+            memcpy(out->audio_feats + (size_t)out->n_audios * acells, s->audio_feats,
+                   (size_t)s->n_audios * acells * sizeof(float));
+            memcpy(out->audio_frames + out->n_audios, s->audio_frames, (size_t)s->n_audios * sizeof(int64_t));
+            out->n_audios += s->n_audios;
         }
     }
     out->n_tokens = sum;

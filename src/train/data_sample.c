@@ -7,9 +7,12 @@
  * dropped with everything after it (its pixel rows too), so pads and pixels stay consistent.
  * For a LLaVA model (o->llava) the sample is made as LlavaProcessor makes it instead
  * (prepare_llava): the model's chat template tokenised with the special tokens, images through
- * CLIPImageProcessor, each <image> expanded to one token per image feature.
+ * CLIPImageProcessor, each <image> expanded to one token per image feature. For InternVL
+ * (o->internvl, same function) as InternVLProcessor makes it: the images' dynamic tiles, each
+ * <IMG_CONTEXT> of the template becoming <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>.
  */
 #include "data_internal.h"
+#include "mmc_omni.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,15 +169,19 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     }
     const int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
     const int64_t K = o->llava_image_tokens;
+    int64_t *tiles = NULL;   /* InternVL: tiles per image (else 1 each) */
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     int64_t n = 0;
     mmc_tensor *pv = NULL;
     mmc_status st;
     if (count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO)) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: LLaVA-1.5 takes images, not videos", mmc_dataset_path(ds), ex.line);
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: %s takes images, not videos", mmc_dataset_path(ds), ex.line,
+                       o->internvl ? "InternVL" : "LLaVA-1.5");
         goto fail;
     }
+    if (!(tiles = calloc((size_t)n_img + 1, sizeof *tiles))) { st = oom(); goto fail; }
+    for (int i = 0; i < n_img; i++) tiles[i] = 1;
     if (n_img) {
         mmc_image *imgs = calloc((size_t)n_img, sizeof *imgs);
         if (!imgs) { st = oom(); goto fail; }
@@ -183,7 +190,8 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
         for (; loaded < n_img; loaded++)
             if ((st = load_one(ex.images[loaded], loaded, &io, &imgs[loaded]))) break;
             else if (o->blank_media) memset(imgs[loaded].data, 0, (size_t)imgs[loaded].height * imgs[loaded].width * 3);
-        if (!st) st = mmc_clip_preprocess(&o->clip, imgs, n_img, &pv);   /* [n_img, 3, S, S] */
+        if (!st && o->internvl) st = mmc_internvl_preprocess(&o->iproc, imgs, n_img, &pv, tiles);   /* [tiles, 3, s, s] */
+        else if (!st) st = mmc_clip_preprocess(&o->clip, imgs, n_img, &pv);   /* [n_img, 3, S, S] */
         for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
         free(imgs);
         if (st) {
@@ -204,9 +212,9 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     }
     /* the expanded length, and where it must be cut: before the first image that would not fit */
     int64_t total = 0, cut = -1;
-    int keep = 0;
+    int keep = 0, img = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t w = ids[i] == o->llava_image_id ? K : 1;
+        int64_t w = ids[i] != o->llava_image_id ? 1 : o->internvl ? K * tiles[img++] + 2 : K;
         if (cut < 0 && total + w > o->seq_len) cut = w > 1 ? total : o->seq_len;
         if (cut < 0 && w > 1) keep++;
         total += w;
@@ -223,9 +231,13 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     out->sample_ids = malloc(sizeof *out->sample_ids);
     if (!out->input_ids || !out->labels || !out->sample_ids) { st = oom(); goto fail; }
     int64_t j = 0;
+    img = 0;
     for (int64_t i = 0; i < n && j < T; i++) {
         if (ids[i] == o->llava_image_id) {
-            for (int64_t q = 0; q < K; q++, j++) { out->input_ids[j] = ids[i]; out->labels[j] = MMC_IGNORE_INDEX; }
+            const int64_t kk = o->internvl ? K * tiles[img++] : K;
+            if (o->internvl) { out->input_ids[j] = o->internvl_start; out->labels[j++] = MMC_IGNORE_INDEX; }
+            for (int64_t q = 0; q < kk; q++, j++) { out->input_ids[j] = ids[i]; out->labels[j] = MMC_IGNORE_INDEX; }
+            if (o->internvl) { out->input_ids[j] = o->internvl_end; out->labels[j++] = MMC_IGNORE_INDEX; }
         } else {
             out->input_ids[j] = ids[i];
             out->labels[j] = (mask[i] && !prompt_only) ? ids[i] : MMC_IGNORE_INDEX;
@@ -241,24 +253,83 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     for (int64_t t = 1; t < T; t++) out->n_label_tokens += out->labels[t] != MMC_IGNORE_INDEX;
     if (keep) {
         const int64_t dim = mmc_numel(pv) / pv->shape[0];
-        out->pixel_values = steal_or_copy(pv, keep * dim);
+        int64_t rows = 0;   /* the kept images' tiles */
+        for (int k = 0; k < keep; k++) rows += tiles[k];
+        out->pixel_values = steal_or_copy(pv, rows * dim);
         out->image_grid_thw = malloc((size_t)keep * 3 * sizeof(int64_t));
         if (!out->pixel_values || !out->image_grid_thw) { st = oom(); goto fail; }
-        for (int k = 0; k < 3 * keep; k++) out->image_grid_thw[k] = 1;
+        for (int k = 0; k < 3 * keep; k++) out->image_grid_thw[k] = k % 3 ? 1 : tiles[k / 3];
         out->patch_dim = dim;
-        out->n_patches = keep;
+        out->n_patches = rows;
         out->n_images = keep;
     }
+    free(tiles);
     free(ids);
     free(mask);
     mmc_tensor_free(pv);
     return MMC_OK;
 fail:
+    free(tiles);
     free(ids);
     free(mask);
     mmc_tensor_free(pv);
     mmc_batch_free(out);
     return st;
+}
+
+
+/* Qwen2.5-Omni: the record's audios through the WhisperFeatureExtractor into out->audio_feats
+ * [n_aud, mels, stride], and every <|AUDIO|> of ids (one per audio part, as the chat template
+ * renders it) expanded to the encoder's token count for that audio (not trained: mask 0). */
+static mmc_status omni_audios(const mmc_data_opts *o, const mmc_example *ex, int n_aud, int32_t **ids,
+                              uint8_t **mask, int64_t *n, mmc_batch *out, bool *media_err) {
+    const mmc_whisper_fe *fe = o->fe;
+    const int64_t mels = fe->feature_size, stride = fe->nb_max_frames;
+    out->audio_feats = malloc(sizeof(float) * (size_t)(n_aud * mels * stride));
+    out->audio_frames = malloc(sizeof(int64_t) * (size_t)n_aud);
+    if (!out->audio_feats || !out->audio_frames) return oom();
+    out->audio_mels = mels, out->audio_stride = stride;
+    int64_t total = *n, seen = 0;
+    for (int a = 0; a < n_aud; a++) {
+        mmc_audio au = {0};
+        mmc_status st = mmc_audio_load_max(ex->audios[a], fe->sampling_rate, MMC_AUDIO_MAX_SECONDS, &au);
+        float *f = NULL;
+        int64_t fs = 0, frames = 0;
+        if (!st) st = mmc_omni_audio_features(fe, au.samples, au.n, &f, &fs, &frames);
+        if (!st && o->blank_media) {   /* the silent-audio control: the features of zeros of the same length */
+            float *z = calloc((size_t)(au.n ? au.n : 1), sizeof *z);
+            free(f);
+            f = NULL;
+            st = z ? mmc_omni_audio_features(fe, z, au.n, &f, &fs, &frames) : oom();
+            free(z);
+        }
+        mmc_audio_free(&au);
+        if (!st && fs != stride) st = mmc_error(MMC_ERR_FORMAT, "audio features of %lld frames, expected %lld",
+                                                (long long)fs, (long long)stride);
+        if (st) { free(f); *media_err = true; return mmc_error_prefix(st, "audio %d (%s)", a, ex->audios[a]); }
+        memcpy(out->audio_feats + (size_t)a * (size_t)(mels * stride), f, sizeof(float) * (size_t)(mels * stride));
+        free(f);
+        out->audio_frames[a] = frames;
+        total += mmc_omni_audio_tokens(frames) - 1;
+    }
+    out->n_audios = n_aud;
+    for (int64_t i = 0; i < *n; i++) seen += (*ids)[i] == o->omni_audio_id;
+    if (seen != n_aud)
+        return mmc_error(MMC_ERR_FORMAT, "the text holds %lld <|AUDIO|> tokens for %d audios (literal special tokens "
+                         "in the text?)", (long long)seen, n_aud);
+    int32_t *ni = malloc(sizeof(int32_t) * (size_t)total);
+    uint8_t *nm = malloc((size_t)total);
+    if (!ni || !nm) { free(ni); free(nm); return oom(); }
+    int64_t j = 0;
+    int a = 0;
+    for (int64_t i = 0; i < *n; i++) {
+        int64_t k = (*ids)[i] == o->omni_audio_id ? mmc_omni_audio_tokens(out->audio_frames[a++]) : 1;
+        for (int64_t q = 0; q < k; q++, j++) ni[j] = (*ids)[i], nm[j] = k == 1 && (*ids)[i] != o->omni_audio_id ? (*mask)[i] : 0;
+    }
+    free(*ids);
+    free(*mask);
+    *ids = ni, *mask = nm, *n = total;
+    return MMC_OK;
 }
 
 mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_dataset *ds,
@@ -282,15 +353,21 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
     }
     int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
     int n_vid = count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO);
-    const int32_t img_pad = mmc_tokenizer_token_to_id(tok, "<|image_pad|>");
-    const int32_t vid_pad = mmc_tokenizer_token_to_id(tok, "<|video_pad|>");
-    const int32_t vis_start = mmc_tokenizer_token_to_id(tok, "<|vision_start|>");
+    int n_aud = count_parts(ex.messages, n_msgs, MMC_CHAT_AUDIO);
+    const int32_t img_pad = o->omni ? o->omni_image_id : mmc_tokenizer_token_to_id(tok, "<|image_pad|>");
+    const int32_t vid_pad = o->omni ? o->omni_video_id : mmc_tokenizer_token_to_id(tok, "<|video_pad|>");
+    const int32_t vis_start = mmc_tokenizer_token_to_id(tok, o->omni ? "<|vision_bos|>" : "<|vision_start|>");
     const int64_t merge2 = (int64_t)o->proc.merge_size * o->proc.merge_size;
     mmc_vlproc_out iv = {0}, vv = {0};
     int32_t *ids = NULL, *eids = NULL, *elab = NULL;
     uint8_t *mask = NULL;
     int64_t n = 0;
     mmc_status st;
+    if (n_aud && !o->omni) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: the sample has audio; audio input needs a Qwen2.5-Omni model "
+                       "(model_type qwen2_5_omni_thinker)", mmc_dataset_path(ds), ex.line);
+        goto fail;
+    }
     if ((n_img && img_pad < 0) || (n_vid && vid_pad < 0)) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: the tokenizer has no <|image_pad|>/<|video_pad|> token",
                        mmc_dataset_path(ds), ex.line);
@@ -304,6 +381,7 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
     out->video_second_per_grid_ts = spg;   /* freed with the batch */
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id};
     if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
+    if (n_aud && (st = omni_audios(o, &ex, n_aud, &ids, &mask, &n, out, media_err))) goto media;
 
     /* expand pads; the counts must match the media (text could contain literal pad tokens) */
     int64_t total = n, seen_img = 0, seen_vid = 0;
@@ -347,11 +425,12 @@ mmc_status mmc_data_prepare_ex(const mmc_data_opts *o, const mmc_tokenizer *tok,
     /* truncation */
     int keep_img = n_img, keep_vid = n_vid;
     if (total > o->seq_len) {
-        if (!o->truncation) {
+        if (!o->truncation || n_aud) {   /* (audio runs are not cut: the features would disagree) */
             free(vstart); free(vend);
-            st = mmc_error(MMC_ERR_INVALID, "%s:%d: sample %lld has %lld tokens > seq_len %lld (set data.truncation: "
-                           "true, raise seq_len or lower max_pixels)", mmc_dataset_path(ds), ex.line,
-                           (long long)idx, (long long)total, (long long)o->seq_len);
+            st = mmc_error(MMC_ERR_INVALID, "%s:%d: sample %lld has %lld tokens > seq_len %lld (%s)",
+                           mmc_dataset_path(ds), ex.line, (long long)idx, (long long)total, (long long)o->seq_len,
+                           n_aud ? "samples with audio are never cut: raise seq_len or shorten the audio"
+                                 : "set data.truncation: true, raise seq_len or lower max_pixels");
             goto fail;
         }
         int64_t cut = o->seq_len;

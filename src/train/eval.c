@@ -11,6 +11,9 @@
  * + <|im_end|>, labels != -100), like HF's label mask; the answer is generated greedily from
  * the prompt that ends before the last assistant turn (mmc_data_prepare's prompt_only).
  * Samples are not truncated (seq_len unbounded).
+ * A Qwen2.5-Omni thinker (qwen2_5_omni_thinker) is evaluated the same way on records with audio
+ * ("audios" / audio parts): the pipeline's Qwen2_5OmniProcessor samples, mmc_omni_forward and its
+ * decoder (--blank-images also silences the audio: the features of zeros of the same length).
  * Answer normalisation follows the SQuAD / VQA evaluation habit (lower case, no
  * punctuation, no articles) plus number words -> digits.
  */
@@ -21,6 +24,7 @@
 #include "mmc_tokenizer.h"
 #include "mmc_vl.h"
 #include "mmc_vlproc.h"
+#include "mmc_omni.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -144,6 +148,8 @@ char *mmc_eval_summary_json(const mmc_eval_summary *s) {
 /* ---------------------------------------------------------------- the run */
 typedef struct {
     mmc_qwen2_vl *m;
+    mmc_omni *om;              /* instead of m: a Qwen2.5-Omni thinker */
+    mmc_whisper_fe fe;         /* its feature extractor */
     mmc_tokenizer *tok;
     mmc_qwen2vl_proc proc;
     int32_t eos[8];
@@ -153,14 +159,16 @@ typedef struct {
 
 /* Teacher-forced NLL of the labelled tokens of b (labels[t] != -100 scores ids[t] from
  * logits[t-1], the trainer's shift). */
-static mmc_status score(evaluator *E, const mmc_batch *b, const mmc_vl_media *media, double *nll, int64_t *count) {
+static mmc_status score(evaluator *E, const mmc_batch *b, const mmc_vl_media *media, const mmc_omni_media *omedia,
+                        double *nll, int64_t *count) {
     mmc_ctx_reset(E->ctx);
     const int64_t n = b->T;
     const int32_t *ids = b->input_ids, *lab = b->labels;
     mmc_tensor *t = mmc_new(E->ctx, MMC_I32, 2, MMC_SHAPE(1, n));
     memcpy(t->data, ids, (size_t)n * sizeof *ids);
     mmc_tensor *h;
-    mmc_status st = mmc_qwen2_vl_forward(E->ctx, E->m, t, media, NULL, NULL, &h);
+    mmc_status st = E->om ? mmc_omni_forward(E->ctx, E->om, ids, n, omedia, NULL, NULL, &h)
+                          : mmc_qwen2_vl_forward(E->ctx, E->m, t, media, NULL, NULL, &h);
     if (st) return st;
     /* only the rows that predict a scored token go through the LM head */
     int64_t first = -1;
@@ -169,7 +177,8 @@ static mmc_status score(evaluator *E, const mmc_batch *b, const mmc_vl_media *me
     *count = 0;
     if (first < 0) return MMC_OK;
     mmc_tensor *hs = mmc_contiguous(E->ctx, mmc_narrow(E->ctx, h, 1, first, n - 1 - first)); /* [1, T', C] */
-    mmc_tensor *lg = mmc_contiguous(E->ctx, mmc_qwen2_vl_logits(E->ctx, E->m, hs));        /* [1, T', V] */
+    mmc_tensor *lg = mmc_contiguous(E->ctx, E->om ? mmc_qwen2_logits(E->ctx, E->om->lm, hs)
+                                                  : mmc_qwen2_vl_logits(E->ctx, E->m, hs));  /* [1, T', V] */
     int64_t V = lg->shape[2];
     const float *L = lg->data;
     for (int64_t i = first + 1; i < n; i++) {
@@ -209,6 +218,19 @@ static void media_free(mmc_vl_media *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* The thinker's media view of a prepared batch (audios point into the batch; *ain malloc'd). */
+static mmc_omni_media omni_media_of(const mmc_batch *b, const mmc_vl_media *vm, mmc_omni_audio_in **ain) {
+    mmc_omni_media m = {.pixel_values = vm->pixel_values, .image_grid_thw = vm->image_grid_thw,
+                        .n_images = vm->n_images};
+    *ain = b->n_audios ? calloc((size_t)b->n_audios, sizeof **ain) : NULL;
+    for (int a = 0; *ain && a < b->n_audios; a++)
+        (*ain)[a] = (mmc_omni_audio_in){.feats = b->audio_feats + (size_t)a * (size_t)(b->audio_mels * b->audio_stride),
+                                        .stride = b->audio_stride, .frames = b->audio_frames[a]};
+    m.audios = *ain;
+    m.n_audios = *ain ? b->n_audios : 0;
+    return m;
+}
+
 static bool media_ok(const mmc_batch *b, const mmc_vl_media *m) {
     return (!b->n_images || m->pixel_values) && (!b->n_videos || m->pixel_values_videos);
 }
@@ -230,7 +252,8 @@ static char *question_of(const mmc_example *ex) {
     q[0] = '\0';
     for (int p = 0; p < m->n_parts; p++)
         strcat(q, m->parts[p].type == MMC_CHAT_TEXT ? m->parts[p].text
-                  : m->parts[p].type == MMC_CHAT_IMAGE ? "<image>" : "<video>");
+                  : m->parts[p].type == MMC_CHAT_IMAGE ? "<image>"
+                  : m->parts[p].type == MMC_CHAT_AUDIO ? "<audio>" : "<video>");
     return q;
 }
 
@@ -240,6 +263,7 @@ static mmc_status eval_sample(evaluator *E, const mmc_eval_opts *o, const mmc_da
                               int64_t i, const char *root, mmc_eval_summary *sum, FILE *pred, bool *skip) {
     mmc_batch full = {0}, prompt = {0};
     mmc_vl_media mf = {0}, mp = {0};
+    mmc_omni_audio_in *af = NULL, *ap = NULL;
     int32_t *gen = NULL;
     char *answer = NULL, *question = NULL;
     bool media_err = false;
@@ -253,7 +277,9 @@ static mmc_status eval_sample(evaluator *E, const mmc_eval_opts *o, const mmc_da
     if (!media_ok(&full, &mf)) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     double nll = 0;
     int64_t cnt = 0;
-    if ((st = score(E, &full, (full.n_images || full.n_videos) ? &mf : NULL, &nll, &cnt))) goto done;
+    mmc_omni_media of = omni_media_of(&full, &mf, &af);
+    if (full.n_audios && !af) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if ((st = score(E, &full, (full.n_images || full.n_videos) ? &mf : NULL, &of, &nll, &cnt))) goto done;
 
     /* greedy answer from the prompt before the last assistant turn */
     if ((st = mmc_data_prepare_ex(d, E->tok, ds, i, true, &prompt, &media_err))) { *skip = media_err; goto done; }
@@ -265,7 +291,10 @@ static mmc_status eval_sample(evaluator *E, const mmc_eval_opts *o, const mmc_da
     mmc_sampler_defaults(&g.sampler);
     int n_gen = 0;
     mmc_qwen2_vl_request req = {E->m, (prompt.n_images || prompt.n_videos) ? &mp : NULL, 0};
-    mmc_decoder dec = mmc_qwen2_vl_decoder(&req);
+    mmc_omni_media om = omni_media_of(&prompt, &mp, &ap);
+    if (prompt.n_audios && !ap) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    mmc_omni_request oreq = {E->om, &om, 0};
+    mmc_decoder dec = E->om ? mmc_omni_decoder(&oreq) : mmc_qwen2_vl_decoder(&req);
     if ((st = mmc_generate(&dec, prompt.input_ids, prompt.T, &g, gen, &n_gen))) goto done;
     if ((st = mmc_tokenizer_decode(E->tok, gen, n_gen, true, &answer))) goto done;
 
@@ -293,6 +322,8 @@ static mmc_status eval_sample(evaluator *E, const mmc_eval_opts *o, const mmc_da
 done:
     media_free(&mf);
     media_free(&mp);
+    free(af);
+    free(ap);
     mmc_batch_free(&full);
     mmc_batch_free(&prompt);
     free(gen);
@@ -317,8 +348,14 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     /* a LoRA checkpoint (adapter directory) evaluates as its base model + the adapter */
     char base[4096], adir[4096];
     if ((st = mmc_lora_resolve(o->model_dir, o->adapter_dir, base, sizeof base, adir, sizeof adir))) goto done;
-    if ((st = mmc_qwen2_vl_load(base, false, &E.m))) { mmc_error_prefix(st, "loading %s", base); goto done; }
-    if (adir[0] && (st = mmc_qwen2_vl_attach_adapter(E.m, adir))) { mmc_error_prefix(st, "adapter %s", adir); goto done; }
+    if (mmc_omni_is_omni_dir(base)) {   /* Qwen2.5-Omni thinker */
+        if ((st = mmc_omni_load(base, &E.om))) { mmc_error_prefix(st, "loading %s", base); goto done; }
+        if (adir[0] && (st = mmc_omni_attach_adapter(E.om, adir))) { mmc_error_prefix(st, "adapter %s", adir); goto done; }
+        if ((st = mmc_whisper_fe_load(base, &E.fe))) { mmc_error_prefix(st, "audio feature extractor of %s", base); goto done; }
+    } else {
+        if ((st = mmc_qwen2_vl_load(base, false, &E.m))) { mmc_error_prefix(st, "loading %s", base); goto done; }
+        if (adir[0] && (st = mmc_qwen2_vl_attach_adapter(E.m, adir))) { mmc_error_prefix(st, "adapter %s", adir); goto done; }
+    }
     /* tokenizer and processor: the adapter directory's copies (a checkpoint's), else the base's */
     const char *aux = base;
     pp = malloc(sizeof base + 32);
@@ -347,6 +384,13 @@ mmc_status mmc_eval_run(const mmc_eval_opts *o, mmc_eval_summary *sum) {
     d.num_workers = 0;
     d.blank_media = o->blank_images;
     d.max_image_pixels = o->max_image_pixels;
+    if (E.om) {
+        d.omni = true;
+        d.fe = &E.fe;
+        d.omni_audio_id = (int32_t)E.om->audio_token_id;
+        d.omni_image_id = (int32_t)E.om->image_token_id;
+        d.omni_video_id = (int32_t)E.om->video_token_id;
+    }
     /* the root the dataset resolved relative media paths against (mmc_dataset_load's rule) */
     char root[4096];
     if (o->image_root && *o->image_root)
@@ -395,6 +439,8 @@ done:
     mmc_ctx_free(E.ctx);
     mmc_tokenizer_free(E.tok);
     mmc_qwen2_vl_free(E.m);
+    mmc_omni_free(E.om);
+    if (E.fe.mel_filters || E.fe.priv) mmc_whisper_fe_free(&E.fe);
     mmc_dataset_free(ds);
     free(pp);
     return st;

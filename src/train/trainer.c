@@ -8,9 +8,11 @@
  * normalisation, clip_grad_norm_, get_*_schedule_with_warmup, torch.optim.AdamW), so a run
  * matches transformers + torch step for step (tests/test_train_parity.c). */
 #include "trainer_internal.h"
+#include "mmc_cp.h"
 #include "mmc_tp.h"
 #include "mmc_quant.h"
 #include "mmc_pp.h"
+#include "mmc_omni.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -158,9 +160,32 @@ static mmc_status loader_open(mmc_trainer *t) {
         o->clip.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
         o->llava_image_tokens = mmc_llava_image_tokens(t->llava);
         o->llava_image_id = (int32_t)t->llava->image_token_id;
+    } else if (t->internvl) {   /* InternVLProcessor: dynamic tiles, <img> <IMG_CONTEXT> x N </img> */
+        o->llava = o->internvl = true;
+        mmc_internvl_proc_default(&o->iproc);
+        if (t->src_dir[0]) {
+            mmc_status st = mmc_internvl_proc_load_dir(t->src_dir, &o->iproc, NULL, 0);
+            if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
+        }
+        o->iproc.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+        o->llava_image_tokens = o->iproc.image_seq_length;
+        o->llava_image_id = (int32_t)t->internvl->image_token_id;
     } else if (t->src_dir[0]) {
         mmc_status st = mmc_qwen2vl_proc_load_dir(t->src_dir, &o->proc, NULL, 0);
         if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
+    }
+    if (t->omni) {   /* Qwen2_5OmniProcessor: + the WhisperFeatureExtractor, <|AUDIO|> / <|IMAGE|> by id */
+        if (d->packing)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: data.packing is not supported for Qwen2.5-Omni training yet",
+                             c->file);
+        mmc_status st = t->src_dir[0] ? mmc_whisper_fe_load(t->src_dir, &t->omni_fe)
+                                      : mmc_error(MMC_ERR_INVALID, "no model directory");
+        if (st) return mmc_error_prefix(st, "%s: the model's audio feature extractor", c->file);
+        o->omni = true;
+        o->fe = &t->omni_fe;
+        o->omni_audio_id = (int32_t)t->omni->audio_token_id;
+        o->omni_image_id = (int32_t)t->omni->image_token_id;
+        o->omni_video_id = (int32_t)t->omni->video_token_id;
     }
     if (o->min_pixels > 0) o->proc.min_pixels = o->min_pixels;
     if (o->max_pixels > 0) o->proc.max_pixels = o->max_pixels;
@@ -180,6 +205,13 @@ static mmc_status loader_open(mmc_trainer *t) {
                          "(tokenizer.json + chat template); give model.tokenizer", c->file, d->train);
     mmc_status st = mmc_tokenizer_load(t->src_dir, &t->tok);
     if (st) return mmc_error_prefix(st, "tokenizer (%s)", t->src_dir);
+    if (o->internvl) {
+        o->internvl_start = mmc_tokenizer_token_to_id(t->tok, "<img>");
+        o->internvl_end = mmc_tokenizer_token_to_id(t->tok, "</img>");
+        if (o->internvl_start < 0 || o->internvl_end < 0)
+            return mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <img> / </img> tokens (InternVLProcessor's "
+                             "start_image_token / end_image_token)", t->src_dir);
+    }
     memset(&t->src, 0, sizeof t->src);
     t->src.kind = SRC_LOADER;
     t->src.mb = d->micro_batch_size;
@@ -276,6 +308,7 @@ static mmc_status src_next(batch_src *s, mmc_batch *b) {
 /* ------------------------------------------------------------------ model set-up */
 /* Component of an HF parameter name (text Qwen2 names, or Qwen2-VL's). */
 static uint32_t component_of(const char *name) {
+    if (!strncmp(name, "audio_tower.", 12)) return MMC_FREEZE_AUDIO;   /* Qwen2.5-Omni's */
     if (strstr(name, "visual.merger") || strstr(name, "visual.merger.")) return MMC_FREEZE_MERGER;
     if (strstr(name, "visual.")) return MMC_FREEZE_VISION;
     if (strstr(name, "multi_modal_projector.")) return MMC_FREEZE_MERGER;   /* LLaVA's */
@@ -350,12 +383,35 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const char *type = "?";
     mmc_json_str(j, "model_type", "?", &type);
     bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
-    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && !vl) {
-        mmc_json_free(j);
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                         "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava)", path, type);
+    bool omni = !strcmp(type, "qwen2_5_omni_thinker");
+    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && strcmp(type, "internvl") != 0 && !vl && !omni) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
+                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, llava, internvl, qwen2_5_omni_thinker; OpenGVLab's "
+                       "internvl_chat layout is inference only)", path, type);
+        mmc_json_free(j);   /* (type points into it) */
+        return st;
     }
-    if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
+    if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
+        const uint32_t towers = MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER;
+        if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
+                           "qwen2_5_omni_thinker yet (data parallelism with parallel.zero 0-2 is)", c->file);
+        else if (c->model.dtype == MMC_RUN_BF16)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.dtype bf16 is not supported for qwen2_5_omni_thinker "
+                           "yet; use f32", c->file);
+        else if (c->model.freeze.items && (c->model.freeze_mask & towers) != towers)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.freeze: training the Qwen2.5-Omni audio / vision encoders "
+                           "is not supported yet; list audio, vision_tower and merger", c->file);
+        else if (dir) st = mmc_omni_load_ex(dir, true, &t->omni);
+        else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
+        if (!st) t->lm = t->omni->lm;
+    } else if (!strcmp(type, "internvl")) {   /* InternVL, HF-native (internvl_train.c): the tower stays frozen */
+        if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for internvl yet",
+                                   c->file);
+        else if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);
+        else st = mmc_internvl_new(j, path, (uint64_t)c->training.seed, &t->internvl);
+        if (!st) t->lm = t->internvl->lm;
+    } else if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
         if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llava yet",
                                    c->file);
         else if (dir) st = mmc_llava_load_ex(dir, true, &t->llava);
@@ -414,6 +470,15 @@ static mmc_status build_param_list(mmc_trainer *t) {
         for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
         return MMC_OK;
     }
+    if (t->omni || t->internvl) {   /* the thinker layout (omni_train.c) / save_pretrained's names (internvl_train.c) */
+        mmc_status st = t->omni ? mmc_omni_params(t->omni, &t->params, &t->name_store, &t->omni_views, &t->n_params,
+                                                  &t->n_omni_views)
+                                : mmc_internvl_params(t->internvl, &t->params, &t->name_store, &t->n_params);
+        if (st) return st;
+        if (!(t->names = calloc((size_t)t->n_params + 1, sizeof *t->names))) return mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
+        return MMC_OK;
+    }
     const int nv = t->vl ? t->vl->visual->n_params : 0;
     t->n_params = nv + t->lm->n_params;
     t->params = calloc((size_t)t->n_params, sizeof *t->params);
@@ -460,6 +525,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     st = t->wan ? mmc_wan_linears(t->wan, &ml) : t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
          : t->unet ? mmc_unet_linears(t->unet, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
+         : t->omni ? mmc_omni_linears(t->omni, &ml) : t->internvl ? mmc_internvl_linears(t->internvl, &ml)
          : mmc_qwen2_linears(t->lm, "model.", &ml);
     mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
                           .dropout = (float)c->model.lora.dropout,
@@ -499,8 +565,10 @@ static mmc_status setup_params(mmc_trainer *t) {
     for (int i = 0; i < t->n_params; i++) {
         mmc_tensor *p = t->params[i];
         /* with LoRA the whole base model is frozen, as PEFT does */
-        /* LLaVA's CLIP tower is frozen unless model.freeze is given (then the list decides) */
-        const uint32_t fmask = c->model.freeze_mask | (t->llava && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u);
+        /* LLaVA's CLIP tower (InternVL's InternViT) is frozen unless model.freeze is given (then the list decides) */
+        const uint32_t fmask = c->model.freeze_mask |
+                               ((t->llava || t->internvl) && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u) |
+                               (t->omni ? MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER : 0u);
         bool frozen = t->lora || (component_of(t->names[i]) & fmask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
@@ -608,6 +676,10 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         if ((st = mmc_trainer_pp_layout(t))) goto fail;
         goto layout_done;
     }
+    if ((t->cp_size = (int)cfg->parallel.context_parallel) > 1) {   /* Ulysses: cp groups x dp replicas */
+        if ((st = mmc_cp_trainer_layout(t))) goto fail;
+        goto layout_done;
+    }
     if (t->tp_size > t->world_size) {
         st = mmc_error(MMC_ERR_INVALID, "%s: parallel.tensor_parallel %d is larger than the job's %d process%s: a "
                        "tensor-parallel group needs that many ranks; launch with mpirun -np %d (or a multiple)",
@@ -668,6 +740,7 @@ layout_done:
                                                                                                        : cfg->model.path)))
         goto fail;
     if (t->pp_size > 1 && (st = mmc_trainer_pp_setup(t))) goto fail;   /* keep this stage's layers */
+    if (t->cpc && (st = mmc_cp_trainer_check(t))) goto fail;        /* text Qwen2, heads % cp */
     if ((st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
@@ -691,13 +764,16 @@ layout_done:
         st = mmc_trainer_flux_data_open(t);
         t->src.kind = SRC_FLUX;
         t->src.mb = cfg->data.micro_batch_size;
-    } else if ((t->vl || t->llava) && is_dataset(cfg->data.train)) {
+    } else if ((t->vl || t->llava || t->omni || t->internvl) && is_dataset(cfg->data.train)) {
         st = loader_open(t);
     } else {
         st = src_open(&t->src, cfg, t->lm->cfg.vocab_size);
     }
-    if (!st && t->llava && t->src.kind != SRC_LOADER)
-        st = mmc_error(MMC_ERR_INVALID, "data.train %s: llava trains on a JSON/JSONL dataset (messages + images)",
+    if (!st && t->omni && t->src.kind != SRC_LOADER)
+        st = mmc_error(MMC_ERR_INVALID, "data.train %s: qwen2_5_omni_thinker trains on a JSON/JSONL dataset (messages "
+                       "+ audios / images)", cfg->data.train);
+    if (!st && (t->llava || t->internvl) && t->src.kind != SRC_LOADER)
+        st = mmc_error(MMC_ERR_INVALID, "data.train %s: llava / internvl train on a JSON/JSONL dataset (messages + images)",
                        cfg->data.train);
     if (!st && t->src.pixels && !t->vl)
         st = mmc_error(MMC_ERR_INVALID, "data.train %s: has images (pixel_values) but the model is a text qwen2",
@@ -817,8 +893,13 @@ void mmc_trainer_free(mmc_trainer *t) {
     mmc_lora_free(t->lora);
     if (t->lora_names) for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
     free(t->lora_names);
+    for (int i = 0; i < t->n_omni_views; i++) mmc_tensor_free(t->omni_views[i]);
+    free(t->omni_views);
+    if (t->omni_fe.mel_filters || t->omni_fe.priv) mmc_whisper_fe_free(&t->omni_fe);
     if (t->vl) mmc_qwen2_vl_free(t->vl);
     else if (t->llava) mmc_llava_free(t->llava);
+    else if (t->omni) mmc_omni_free(t->omni);
+    else if (t->internvl) mmc_internvl_free(t->internvl);
     else mmc_qwen2_free(t->lm);
     mmc_flux_free(t->flux);
     mmc_sd3_free(t->sd3);
@@ -1094,7 +1175,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
      * gradient reaches (the projector on a text-only batch) is stepped with a zero gradient
      * whether or not an earlier step of this process touched it (else a resumed run would skip
      * it where the uninterrupted one steps it). DP's reducer hands out its own buffers. */
-    for (int i = 0; t->llava && !t->dp && i < t->n_opt; i++)
+    for (int i = 0; (t->llava || t->internvl) && !t->dp && i < t->n_opt; i++)
         if (!t->opt_model[i]->grad) mmc_grad(t->ctx, t->opt_model[i]);
     mmc_zero_grad(t->params, t->n_params);
     if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
@@ -1108,6 +1189,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         int64_t n;
         mmc_tensor *l = NULL;
         if (t->tpc && t->lm->sp && mbs[k].T % t->tp_size && (st = sp_pad_batch(&mbs[k], t->tp_size))) goto done;
+        if (t->cpc && mbs[k].T % t->cp_size && (st = sp_pad_batch(&mbs[k], t->cp_size))) goto done;   /* cp: pad, masked */
         if (t->dp) mmc_dp_forward_begin(t->dp, t->ctx);   /* ZeRO-3: gathers the root unit */
         if (mmc_trainer_diffusion(t)) {
             n = mbs[k].B;
@@ -1116,9 +1198,11 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                 mmc_error_prefix(st, "step %lld, micro-batch %lld", (long long)t->step + 1, (long long)k + 1);
                 goto done;
             }
-        } else if (t->vl || t->llava) {
-            if ((st = t->llava ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
-                               : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
+        } else if (t->vl || t->llava || t->omni || t->internvl) {
+            if ((st = t->internvl ? mmc_internvl_batch_loss(t->ctx, t->internvl, &mbs[k], scale, &l, &n)
+                      : t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
+                      : t->omni   ? mmc_omni_batch_loss(t->ctx, t->omni, &mbs[k], scale, &l, &n)
+                                  : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
                 mmc_ctx_reset(t->ctx);
                 if (t->dp) mmc_dp_forward_end(t->dp);
                 mmc_error_prefix(st, "step %lld, micro-batch %lld (first sample %lld)", (long long)t->step + 1,
@@ -1126,12 +1210,13 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                 goto done;
             }
         } else {
-            l = mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
+            l = t->cpc ? mmc_cp_qwen2_lm_loss(t->ctx, t->lm, t->cpc, &mbs[k], scale, &n)   /* this rank's shard */
+                       : mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
         }
         float lv = *(const float *)l->data;
         const char *nan_at = getenv("MMC_TRAIN_TEST_NAN_STEP");   /* test hook: inject a NaN loss */
         if (nan_at && atoll(nan_at) == t->step + 1) lv = NAN;
-        if (!isfinite(lv) && t->dp_size == 1) {   /* (the tp ranks of a replica share the loss) */
+        if (!isfinite(lv) && t->dp_size == 1 && !t->cpc) {   /* (the tp ranks of a replica share the loss; cp: below) */
             mmc_ctx_reset(t->ctx);
             if (t->dp) mmc_dp_forward_end(t->dp);
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is %s (micro-batch %lld of %lld, first sample "
@@ -1152,12 +1237,13 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
          * loss on any rank stops every rank at the same step */
         if ((st = mmc_dp_finish(t->dp, t->ctx))) goto done;
         if ((st = mmc_all_reduce(t->dpc, &loss, &loss, 1, MMC_F64, MMC_SUM))) goto done;
-        if (!isfinite(loss)) {
+        if (!isfinite(loss) && !t->cpc) {   /* (cp: checked once summed over the cp group too) */
             st = mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite on some rank; stopping without "
                            "updating the weights — the last checkpoint is intact", (long long)t->step + 1);
             goto done;
         }
     }
+    if (t->cpc && (st = mmc_cp_trainer_reduce(t, &loss))) goto done;   /* cp: weight gradients and loss summed */
     for (int i = 0; t->tpc && t->lm->sp && i < t->lm->n_params; i++) {   /* sp: the replicated parameters' partial gradients */
         mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
         if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
@@ -1230,7 +1316,8 @@ done:
 static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
     *loss = NAN;
     *tokens = 0;
-    if ((!t->vl && !t->llava) || t->src.kind != SRC_LOADER || !t->dopts.eval) return MMC_ERR_NOT_FOUND;
+    if ((!t->vl && !t->llava && !t->omni && !t->internvl) || t->src.kind != SRC_LOADER || !t->dopts.eval)
+        return MMC_ERR_NOT_FOUND;
     mmc_loader *l = NULL;
     mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
     if (st) return mmc_error_prefix(st, "data.eval");
@@ -1244,8 +1331,10 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
         if (b.B == 0) { mmc_batch_free(&b); break; }
         mmc_tensor *lt = NULL;
         int64_t k = 0;
-        st = t->llava ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
-                      : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
+        st = t->internvl ? mmc_internvl_batch_loss(t->ctx, t->internvl, &b, 1.0, &lt, &k)
+             : t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
+             : t->omni   ? mmc_omni_batch_loss(t->ctx, t->omni, &b, 1.0, &lt, &k)
+                         : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &b, 1.0, &lt, &k);
         if (!st) sum += *(const float *)lt->data, n += k;
         mmc_ctx_reset(t->ctx);
         mmc_batch_free(&b);
@@ -1464,6 +1553,10 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                 !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
                 why, t->vl && !t->vl->visual->tp ? ")" : "");
     }
+    if (t->cpc)
+        fprintf(stderr, "mmc train: context parallelism (Ulysses) %d x data parallelism %d (%s): each rank holds 1/%d "
+                "of every sequence, attention exchanges heads for tokens\n", t->cp_size, t->dp_size,
+                mmc_comm_backend_name(t->world), t->cp_size);
     if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,

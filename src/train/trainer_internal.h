@@ -10,6 +10,7 @@
 #include "mmc_tokenizer.h"
 #include "mmc_diffusion.h"
 #include "mmc_llava.h"
+#include "mmc_internvl.h"
 #include "mmc_wan_t2v.h"
 
 #include <stdio.h>
@@ -56,6 +57,11 @@ struct mmc_trainer {
     mmc_qwen2 *lm;             /* the language model (vl->lm for a VL model) */
     mmc_qwen2_vl *vl;          /* Qwen2-VL / Qwen2.5-VL, or NULL for a text Qwen2 */
     mmc_llava *llava;          /* LLaVA-1.5 (lm = llava->lm), or NULL */
+    struct mmc_omni *omni;     /* Qwen2.5-Omni thinker (lm = omni->lm; omni_train.c), or NULL */
+    mmc_tensor **omni_views;   /* its vision q / k / v views (mmc_omni_params) */
+    int n_omni_views;
+    mmc_whisper_fe omni_fe;    /* its WhisperFeatureExtractor (the data pipeline's) */
+    mmc_internvl *internvl;    /* InternVL, HF-native layout (lm = internvl->lm), or NULL */
     mmc_tokenizer *tok;        /* for the data pipeline (VL with JSON/JSONL data) */
     mmc_data_opts dopts;
     mmc_lora_set *lora;        /* LoRA adapters (model.lora.r > 0), else NULL */
@@ -100,6 +106,10 @@ struct mmc_trainer {
     bool have_groups;
     mmc_comm *tpc, *dpc;       /* tpc NULL at tp 1 */
     int tp_size, dp_rank, dp_size;
+    /* context parallelism (mmc_cp.h): cp_size ranks share each micro-batch, one sequence shard
+     * each; cpc NULL at cp 1 (the dp replicas are world / cp_size, over dpc) */
+    mmc_comm *cpc;
+    int cp_size;
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
     bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
@@ -154,6 +164,11 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t);
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss);
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
 mmc_status mmc_trainer_pp_save(mmc_trainer *t);
+
+/* trainer_cp.c: context parallelism (mmc_cp.h) */
+mmc_status mmc_cp_trainer_layout(mmc_trainer *t);
+mmc_status mmc_cp_trainer_check(mmc_trainer *t);
+mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss);
 
 /* checkpoint.c */
 mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);

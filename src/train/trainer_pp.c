@@ -80,10 +80,10 @@ static double peak_rss_mib(void) {
 mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const int P = t->pp_size, s = t->pp_rank;
-    if (t->llava || mmc_trainer_diffusion(t) || !t->lm)
+    if (t->llava || t->internvl || mmc_trainer_diffusion(t) || !t->lm)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2 or Qwen2-VL / Qwen2.5-VL "
                          "so far; %s is not split into stages yet: use data parallelism for it", c->file,
-                         t->llava ? "LLaVA" : "a diffusion model");
+                         t->llava ? "LLaVA" : t->internvl ? "InternVL" : "a diffusion model");
     const int v = t->pp_v, nv = P * v;   /* virtual stages: chunk c of rank s is c P + s */
     if (nv > 256) return mmc_error(MMC_ERR_INVALID, "%s: more than 256 (virtual) pipeline stages", c->file);
     int64_t sizes[256], bounds[257];

@@ -35,6 +35,7 @@ struct mmc_omni_audio {
     mmc_tensor *ln_post_w, *ln_post_b;
     mmc_linear_w proj;               /* [output_dim, C] */
     float *pos;                      /* [max_source_positions, C] sinusoids */
+    uint64_t seed;                   /* a fresh encoder's init stream */
     mw_set w;
 };
 
@@ -72,20 +73,27 @@ void mmc_omni_audio_free(mmc_omni_audio *a) {
     free(a);
 }
 
-mmc_status mmc_omni_audio_load_from(mmc_st *st, const mmc_omni_audio_config *c, const char *prefix,
-                                    mmc_omni_audio **out) {
+static mmc_status audio_build(mmc_st *st, const mmc_omni_audio_config *c, const char *prefix, uint64_t seed,
+                              mmc_omni_audio **out) {
     *out = NULL;
     mmc_omni_audio *a = calloc(1, sizeof *a);
     if (!a) return mmc_error(MMC_ERR_OOM, "out of memory");
     a->cfg = *c;
+    a->seed = seed;
     const int64_t C = c->d_model, M = c->num_mel_bins, P = c->max_source_positions;
     a->layers = calloc((size_t)c->encoder_layers + 1, sizeof *a->layers);
     a->pos = malloc(sizeof(float) * (size_t)(P * C));
     if (!a->layers || !a->pos) { mmc_omni_audio_free(a); return mmc_error(MMC_ERR_OOM, "out of memory"); }
-    a->w.st = st;   /* borrowed: the thinker owns the mapping */
-    a->w.errcap = 16384;
-    a->w.errs = calloc(1, a->w.errcap);
-    if (!a->w.errs) { mmc_omni_audio_free(a); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    if (!st) {   /* a fresh encoder (mmc_omni_audio_new): transformers' init, N(0, 0.02), biases 0 */
+        mmc_status s = mw_init_random(&a->w, a->seed, MW_INIT_HF_NORMAL);
+        if (s) { mmc_omni_audio_free(a); return s; }
+        a->w.trainable = true;
+    } else {
+        a->w.st = st;   /* borrowed: the thinker owns the mapping */
+        a->w.errcap = 16384;
+        a->w.errs = calloc(1, a->w.errcap);
+        if (!a->w.errs) { mmc_omni_audio_free(a); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    }
     mw_set *w = &a->w;
     char p[256];
     snprintf(p, sizeof p, "%saudio_tower.", prefix);
@@ -107,6 +115,9 @@ mmc_status mmc_omni_audio_load_from(mmc_st *st, const mmc_omni_audio_config *c, 
     }
     mmc_status s = mw_status(w, "checkpoint", "Qwen2_5OmniAudioEncoder");
     if (s) { mmc_omni_audio_free(a); return s; }
+    if (!st) {   /* ln_post is a LayerNorm (weight 1, bias 0) though its name lacks "norm" */
+        for (int64_t i = 0; i < C; i++) ((float *)a->ln_post_w->data)[i] = 1.0f, ((float *)a->ln_post_b->data)[i] = 0.0f;
+    }
     /* SinusoidsPositionEmbedding: inv = exp(-log(10000) / (C/2 - 1) * i) in float32, sin | cos */
     const int64_t H = C / 2;
     const double inc = log(10000.0) / (double)(H - 1);
@@ -119,6 +130,23 @@ mmc_status mmc_omni_audio_load_from(mmc_st *st, const mmc_omni_audio_config *c, 
         }
     *out = a;
     return MMC_OK;
+}
+
+mmc_status mmc_omni_audio_load_from(mmc_st *st, const mmc_omni_audio_config *c, const char *prefix,
+                                    mmc_omni_audio **out) {
+    return audio_build(st, c, prefix, 0, out);
+}
+
+void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (**names)[256], int *n) {
+    *params = a->w.params;
+    *names = a->w.names;
+    *n = a->w.n_params;
+}
+
+int64_t mmc_omni_audio_mels(const mmc_omni_audio *a) { return a->cfg.num_mel_bins; }
+
+mmc_status mmc_omni_audio_new(const mmc_omni_audio_config *c, uint64_t seed, mmc_omni_audio **out) {
+    return audio_build(NULL, c, "", seed, out);
 }
 
 int64_t mmc_omni_audio_tokens(int64_t frames) {

@@ -11,6 +11,7 @@
 #include "mmc_lora.h"
 #include "mmc_quant.h"
 #include "mmc_tp.h"
+#include "mmc_cp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -627,6 +628,14 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
     q = mmc_rope(ctx, q, cos, sin);
     k = mmc_rope(ctx, k, cos, sin);
     if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
+    if (L->cp) {   /* Ulysses (mmc_cp.h): T is this rank's shard; attend over the whole sequence on H/C heads */
+        q = mmc_cp_seq_to_head(ctx, L->cp, q);                                   /* [B, T*C, Hq/C, D] */
+        k = mmc_cp_seq_to_head(ctx, L->cp, mmc_cp_expand_kv(ctx, L->cp, k));     /* (collectives in a fixed order) */
+        v = mmc_cp_seq_to_head(ctx, L->cp, mmc_cp_expand_kv(ctx, L->cp, v));     /* [B, T*C, max(Hkv/C, 1), D] */
+        mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                       /* [B, T*C, Hq/C, D] */
+        a = mmc_reshape(ctx, mmc_cp_head_to_seq(ctx, L->cp, a), 3, MMC_SHAPE(B, T, Hq * D));
+        return mmc_nn_linear(ctx, a, &L->o);                                     /* [B, T, C] */
+    }
     mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
     a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, Hq * D));
     if (L->sp) return mmc_tp_row_linear_sp(ctx, L->tp, a, &L->o);               /* [B, T/tp, C] */

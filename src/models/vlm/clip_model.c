@@ -17,6 +17,8 @@
 
 #include "../model_weights.h"
 #include "../vision/clip_vision.h"
+#include "../vision/siglip_vision.h"
+#include "../encoders/siglip_text.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,7 +26,10 @@
 
 enum { IMAGE_BATCH = 16 };
 
+typedef enum { FAM_CLIP, FAM_SIGLIP } family;
+
 struct mmc_dual_encoder {
+    family fam;
     mmc_clip_text *text;            /* text_model.* + text_projection (its own weight set) */
     mw_set w;                       /* the vision half */
     mmc_clip_vision *vision;
@@ -36,16 +41,67 @@ struct mmc_dual_encoder {
     int max_length;
     mmc_clip_proc proc;
     mmc_ctx *ctx;
+    /* SigLIP: both towers and the scalars in w */
+    siglip_text *stext;
+    mmc_siglip_vision *svision;
+    mmc_siglip_vision_config svc;
+    siglip_text_config stc;
+    mmc_tensor *logit_bias;         /* [1] (SigLIP; NULL for CLIP) */
+    mmc_siglip_tokenizer *stok;
 };
 
 void mmc_dual_encoder_free(mmc_dual_encoder *m) {
     if (!m) return;
     mmc_clip_text_free(m->text);
     clip_vision_free(m->vision);
+    siglip_text_free(m->stext);
+    siglip_vision_free(m->svision);
+    mmc_siglip_tokenizer_free(m->stok);
     mw_close(&m->w);
     mmc_clip_tokenizer_free(m->tok);
     mmc_ctx_free(m->ctx);
     free(m);
+}
+
+/* SiglipModel: text_model.* (siglip_text.c), vision_model.* (vision/siglip_vision.c, with its pooling
+ * head), logit_scale [1], logit_bias [1] in one weight file; SiglipImageProcessor's settings over its
+ * defaults; the tokenizer of spiece.model. */
+static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *path, const mmc_json *cfg) {
+    const mmc_json *vj = mmc_json_get(cfg, "vision_config"), *tj = mmc_json_get(cfg, "text_config");
+    if (!vj || !tj)
+        return mmc_error(MMC_ERR_FORMAT, "%s: a SiglipModel config needs text_config and vision_config", path);
+    mmc_status st;
+    if ((st = mmc_siglip_vision_config_read(vj, path, &m->svc))) return st;
+    if (!m->svc.use_head)
+        return mmc_error(MMC_ERR_FORMAT, "%s: vision_config.vision_use_head is false: SiglipModel pools images with "
+                         "the attention head; this folder has none to embed with", path);
+    if ((st = siglip_text_config_read(tj, path, &m->stc))) return st;
+    if (m->stc.projection_size != m->svc.hidden_size)
+        return mmc_error(MMC_ERR_FORMAT, "%s: text_config.projection_size %lld differs from vision_config.hidden_size "
+                         "%lld: the two embeddings must share one space", path, (long long)m->stc.projection_size,
+                         (long long)m->svc.hidden_size);
+    m->dim = m->stc.projection_size;
+    if ((st = mw_open(dir, "model", &m->w))) return st;
+    m->svision = siglip_vision_bind(&m->w, "vision_model.", &m->svc);
+    m->stext = siglip_text_bind(&m->w, "text_model.", &m->stc);
+    if (!m->svision || !m->stext) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mw_bind(&m->w, "", "logit_scale", &m->logit_scale, 1, MMC_SHAPE(1));
+    mw_bind(&m->w, "", "logit_bias", &m->logit_bias, 1, MMC_SHAPE(1));
+    if ((st = mw_status(&m->w, dir, "SiglipModel"))) return st;
+    m->max_length = (int)m->stc.max_position_embeddings;
+    if ((st = mmc_siglip_tokenizer_load(dir, &m->stok))) return st;
+    /* padding="max_length" pads to the tokenizer's model_max_length (64), within the position table */
+    if (mmc_siglip_tokenizer_model_max_length(m->stok) < m->max_length)
+        m->max_length = mmc_siglip_tokenizer_model_max_length(m->stok);
+    mmc_siglip_proc_default(&m->proc);
+    if ((st = mmc_clip_proc_load_dir(dir, &m->proc, NULL, 0))) return st;
+    const int64_t S = m->svc.image_size;
+    if (m->proc.do_center_crop ? (m->proc.crop_h != S || m->proc.crop_w != S)
+                               : (m->proc.shortest_edge || m->proc.size_h != S || m->proc.size_w != S))
+        return mmc_error(MMC_ERR_FORMAT, "%s: the image processor's output size differs from the vision tower's "
+                         "image_size %lld (SiglipImageProcessor's size must be {\"height\": %lld, \"width\": %lld})",
+                         dir, (long long)S, (long long)S, (long long)S);
+    return MMC_OK;
 }
 
 mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
@@ -59,9 +115,16 @@ mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
     if (!m || !(m->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     const char *mt = NULL;
     if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto fail;
+    if (strcmp(mt, "siglip") == 0) {
+        m->fam = FAM_SIGLIP;
+        if ((st = siglip_load(m, dir, path, cfg))) goto fail;
+        mmc_json_free(cfg);
+        *out = m;
+        return MMC_OK;
+    }
     if (strcmp(mt, "clip") != 0) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not a dual encoder mmc embeds with; "
-                       "give a CLIPModel folder (model_type \"clip\")", path, mt);
+                       "give a CLIPModel folder (model_type \"clip\") or a SiglipModel one (\"siglip\")", path, mt);
         goto fail;
     }
     const mmc_json *vj = mmc_json_get(cfg, "vision_config");
@@ -104,11 +167,33 @@ fail:
     return st;
 }
 
-const char *mmc_dual_encoder_family(const mmc_dual_encoder *m) { (void)m; return "clip"; }
+const char *mmc_dual_encoder_family(const mmc_dual_encoder *m) { return m->fam == FAM_SIGLIP ? "siglip" : "clip"; }
 int64_t mmc_dual_encoder_dim(const mmc_dual_encoder *m) { return m->dim; }
 mmc_clip_proc *mmc_dual_encoder_image_proc(mmc_dual_encoder *m) { return &m->proc; }
 int64_t mmc_dual_encoder_param_count(const mmc_dual_encoder *m) {
-    return mmc_clip_text_param_count(m->text) + mw_count(&m->w);
+    return (m->text ? mmc_clip_text_param_count(m->text) : 0) + mw_count(&m->w);
+}
+
+double mmc_dual_encoder_logit_bias(const mmc_dual_encoder *m) {
+    if (!m->logit_bias) return 0.0;
+    mmc_tensor *s = mmc_cast(m->ctx, m->logit_bias, MMC_F32);
+    double v = (double)((const float *)s->data)[0];
+    mmc_ctx_reset(m->ctx);
+    return v;
+}
+
+bool mmc_dual_encoder_sigmoid(const mmc_dual_encoder *m) { return m->fam == FAM_SIGLIP; }
+
+void mmc_dual_encoder_logits(const mmc_dual_encoder *m, const float *img, int64_t n, const float *txt, int64_t k,
+                             float *logits) {
+    const double scale = mmc_dual_encoder_logit_scale(m), bias = mmc_dual_encoder_logit_bias(m);
+    const int64_t D = m->dim;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < k; j++) {
+            float dot = 0;
+            for (int64_t d = 0; d < D; d++) dot += img[i * D + d] * txt[j * D + d];
+            logits[i * k + j] = (float)(dot * scale + bias);
+        }
 }
 
 double mmc_dual_encoder_logit_scale(const mmc_dual_encoder *m) {
@@ -137,6 +222,13 @@ mmc_status mmc_dual_encoder_embed_pixels(mmc_dual_encoder *m, const mmc_tensor *
         const int64_t nb = N - b0 < IMAGE_BATCH ? N - b0 : IMAGE_BATCH;
         mmc_ctx *ctx = m->ctx;
         mmc_tensor *px = mmc_narrow(ctx, (mmc_tensor *)pixel_values, 0, b0, nb);      /* [nb, 3, S, S] */
+        if (m->fam == FAM_SIGLIP) {
+            mmc_tensor *pooled = NULL;                                                      /* [nb, D] */
+            if (!(st = mmc_siglip_vision_pool(ctx, m->svision, px, &pooled)))
+                normalize_rows(pooled, nb, D, out + b0 * D);
+            mmc_ctx_reset(ctx);
+            continue;
+        }
         mmc_tensor **hs;
         bool was = mmc_set_grad_enabled(ctx, false);
         if (!(st = mmc_clip_vision_forward(ctx, m->vision, px, (int)m->vc.num_hidden_layers, &hs))) {
@@ -166,8 +258,43 @@ mmc_status mmc_dual_encoder_embed_images(mmc_dual_encoder *m, const mmc_image *i
     return MMC_OK;
 }
 
+mmc_status mmc_dual_encoder_embed_ids(mmc_dual_encoder *m, const mmc_tensor *ids, const mmc_tensor *mask, float *out) {
+    mmc_ctx *ctx = m->ctx;
+    mmc_status st;
+    if (m->fam == FAM_SIGLIP) {
+        mmc_tensor *pooled = NULL;                                                          /* [B, D] */
+        if (!(st = siglip_text_forward(ctx, m->stext, ids, mask, &pooled)))
+            normalize_rows(pooled, ids->shape[0], m->dim, out);
+    } else {
+        mmc_clip_text_out o;
+        if (!(st = mmc_clip_text_forward(ctx, m->text, ids, mask, &o)))
+            normalize_rows(mmc_contiguous(ctx, o.text_embeds), ids->shape[0], m->dim, out);
+    }
+    mmc_ctx_reset(ctx);
+    return st;
+}
+
+/* SiglipProcessor(text=texts, padding="max_length"): every text L ids with its mask, 16 at a time */
+static mmc_status siglip_embed_texts(mmc_dual_encoder *m, const char *const *texts, int n, float *out) {
+    const int L = m->max_length;
+    mmc_status st = MMC_OK;
+    for (int b0 = 0; b0 < n && !st; b0 += IMAGE_BATCH) {
+        const int nb = n - b0 < IMAGE_BATCH ? n - b0 : IMAGE_BATCH;
+        mmc_tensor *ids = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(nb, L)), *mask = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(nb, L));
+        if (!ids || !mask) st = mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int i = 0; i < nb && !st; i++)
+            st = mmc_siglip_tokenizer_encode_padded(m->stok, texts[b0 + i], L, (int32_t *)ids->data + (int64_t)i * L,
+                                                     (int32_t *)mask->data + (int64_t)i * L, NULL);
+        if (!st) st = mmc_dual_encoder_embed_ids(m, ids, mask, out + (int64_t)b0 * m->dim);
+        mmc_tensor_free(ids);
+        mmc_tensor_free(mask);
+    }
+    return st;
+}
+
 mmc_status mmc_dual_encoder_embed_texts(mmc_dual_encoder *m, const char *const *texts, int n, float *out) {
     const int L = m->max_length;
+    if (m->fam == FAM_SIGLIP) return siglip_embed_texts(m, texts, n, out);
     int32_t *ids = malloc((size_t)L * sizeof *ids);
     if (!ids) return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = MMC_OK;

@@ -144,6 +144,9 @@ static mmc_status read_config(const mmc_json *cfg, const char *path, mmc_internv
     if ((st = mmc_json_str(cfg, "projector_hidden_act", "gelu", &s))) return mmc_error_prefix(st, "%s", path);
     if ((st = mmc_act_parse(s, path, &m->proj_act))) return st;
     if ((st = downsample_read(cfg, path, vc, m))) return st;
+    /* text_config.pad_token_id: Qwen2's nn.Embedding padding_idx (a JSON null or absent: none) */
+    if (mmc_json_int(t, "pad_token_id", -1, &m->pad_token_id) || m->pad_token_id >= tc->vocab_size)
+        m->pad_token_id = -1;
     if ((st = mmc_json_str(cfg, "vision_feature_select_strategy", "default", &s))) return mmc_error_prefix(st, "%s", path);
     if (strcmp(s, "default"))
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: vision_feature_select_strategy '%s' (only default: the CLS token "
@@ -159,7 +162,9 @@ static void bind_projector(mw_set *w, const char *ppre, mmc_internvl *m, int64_t
     mw_bind_linear(w, ppre, r ? "3" : "linear_2", &m->proj2, C, C, true);
 }
 
-mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
+mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) { return mmc_internvl_load_ex(dir, false, out); }
+
+mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -171,10 +176,12 @@ mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
     char *verr = NULL;
     if (!m || !w) { free(w); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     m->weights = w;
+    m->pad_token_id = -1;
     mmc_qwen2_config tc;
     mmc_intern_vit_config vc;
     if ((st = read_config(cfg, path, m, &tc, &vc))) goto fail;
     if ((st = mw_open(dir, "model", w))) goto fail;
+    w->trainable = trainable;   /* f32 copies flagged as parameters (internvl_train.c) */
     /* 5.x save_pretrained: vision_tower., multi_modal_projector., language_model.model.,
      * language_model.lm_head.; 4.52-4.57: model.vision_tower., model.multi_modal_projector.,
      * model.language_model., lm_head. Each part's prefix is probed. */
@@ -189,7 +196,7 @@ mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) {
     bind_projector(w, ppre, m, vc.hidden_size, tc.hidden_size);
     mmc_status vst = mw_status(w, dir, "InternVL vision tower / projector");
     if (vst) verr = strdup(mmc_last_error());
-    mmc_status lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, false, &m->lm);
+    mmc_status lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, trainable, &m->lm);
     if (vst || lst) {
         st = vst ? vst : lst;
         char *lerr = lst ? strdup(mmc_last_error()) : NULL;
@@ -225,6 +232,7 @@ mmc_status mmc_internvl_new(const mmc_json *cfg, const char *what, uint64_t seed
     mw_set *w = calloc(1, sizeof *w);
     if (!m || !w) { free(m); free(w); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     m->weights = w;
+    m->pad_token_id = -1;
     mmc_qwen2_config tc;
     mmc_intern_vit_config vc;
     mmc_status st = read_config(cfg, what ? what : "config", m, &tc, &vc);

@@ -64,13 +64,32 @@ static mmc_status load_vision(mmc_st *st, const mmc_vision_config *vc, const cha
     return MMC_OK;
 }
 
-mmc_status mmc_omni_load(const char *dir, mmc_omni **out) {
+mmc_status mmc_omni_load(const char *dir, mmc_omni **out) { return mmc_omni_load_ex(dir, false, out); }
+
+/* dir: load its weights; NULL: a fresh thinker from seed (mmc_omni_new) */
+static mmc_status omni_build(const mmc_json *root, const char *path, const char *dir, bool trainable, uint64_t seed,
+                             mmc_omni **out);
+
+mmc_status mmc_omni_load_ex(const char *dir, bool trainable, mmc_omni **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *root = NULL;
     mmc_status st = mmc_json_load(path, &root);
     if (st) return st;
+    st = omni_build(root, path, dir, trainable, 0, out);
+    mmc_json_free(root);
+    return st;
+}
+
+mmc_status mmc_omni_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_omni **out) {
+    return omni_build(cfg, what ? what : "config", NULL, true, seed, out);
+}
+
+static mmc_status omni_build(const mmc_json *root, const char *path, const char *dir, bool trainable, uint64_t seed,
+                             mmc_omni **out) {
+    *out = NULL;
+    mmc_status st = MMC_OK;
     mmc_omni *m = calloc(1, sizeof *m);
     if (!m) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     const char *mt = NULL;
@@ -122,20 +141,30 @@ mmc_status mmc_omni_load(const char *dir, mmc_omni **out) {
     m->position_id_per_seconds = d;
     if ((st = mmc_json_num(tc, "seconds_per_chunk", 2, &d))) goto fail;
     m->seconds_per_chunk = d;
+    if (!dir) {   /* fresh: separate streams per part, as mmc_qwen2_vl_new */
+        if (m->full_checkpoint) {
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: a random init takes a thinker config (model_type "
+                           "qwen2_5_omni_thinker), not a full qwen2_5_omni one", path);
+            goto fail;
+        }
+        if ((st = mmc_qwen2_new(&lc, seed, &m->lm))) goto fail;
+        if ((st = mmc_vision_new(&vc, seed * 0x9E3779B97F4A7C15ull + 1, &m->visual))) goto fail;
+        if ((st = mmc_omni_audio_new(&ac, seed * 0x9E3779B97F4A7C15ull + 2, &m->audio))) goto fail;
+        *out = m;
+        return MMC_OK;
+    }
     if ((st = mmc_st_open(dir, &m->st))) goto fail;
     const char *pre = m->full_checkpoint ? "thinker." : "";
     char lpre[64], head[64];
     snprintf(lpre, sizeof lpre, "%smodel.", pre);
     snprintf(head, sizeof head, "%slm_head.weight", pre);
-    if ((st = mmc_qwen2_load_from(m->st, &lc, lpre, head, false, &m->lm))) goto fail;
+    if ((st = mmc_qwen2_load_from(m->st, &lc, lpre, head, trainable, &m->lm))) goto fail;
     if ((st = mmc_omni_audio_load_from(m->st, &ac, pre, &m->audio))) goto fail;
     if ((st = load_vision(m->st, &vc, pre, &m->visual))) goto fail;
     if (m->full_checkpoint) m->has_talker = mmc_json_get(root, "talker_config") != NULL;
-    mmc_json_free(root);
     *out = m;
     return MMC_OK;
 fail:
-    mmc_json_free(root);
     mmc_omni_free(m);
     return st;
 }

@@ -1,0 +1,56 @@
+/* mmc_cp.h — context parallelism, DeepSpeed-Ulysses style (Jacobs et al. 2023, "DeepSpeed
+ * Ulysses: System Optimizations for Enabling Training of Extreme Long Sequence Transformer
+ * Models"): a context-parallel group of C ranks splits every sample's sequence, rank r holding
+ * positions [r T/C, (r+1) T/C) through the embedding, the norms, the MLPs and the loss. Inside
+ * attention an all-to-all turns the sequence shards of q, k and v [B, T/C, H, D] into head
+ * shards [B, T, H/C, D] (rank r: heads [r H/C, (r+1) H/C) over the whole sequence), the usual
+ * causal (or packed, cu_seqlens) attention runs on them, and the inverse all-to-all brings the
+ * output back to [B, T/C, H, D]. Backward mirrors it: the gradient of one all-to-all is the
+ * other. RoPE is applied before the exchange, with each token's global position.
+ * Weights are replicated over the group; each rank's weight gradients are partial (its tokens
+ * only) and are all-reduced over the group, as data parallelism does. C must divide the query
+ * heads; KV heads are divided among the ranks when C divides them, else (C a multiple of them)
+ * each is replicated over C / Hkv ranks (mmc_cp_expand_kv). */
+#ifndef MMC_CP_H
+#define MMC_CP_H
+
+#include "mmc.h"
+#include "mmc_ops.h"
+#include "mmc_models.h"
+#include "mmc_parallel.h"
+#include "mmc_data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Plain (no autograd) re-sharding over the group's C ranks, f32:
+ * seq -> head: x [B, T/C, H, D] (this rank's tokens, all heads) -> y [B, T, H/C, D];
+ * head -> seq: y [B, T, H/C, D] -> x [B, T/C, H, D]. Collective over cp. */
+mmc_status mmc_cp_seq_to_head_raw(mmc_comm *cp, const float *x, float *y, int64_t B, int64_t Tl, int64_t H, int64_t D);
+mmc_status mmc_cp_head_to_seq_raw(mmc_comm *cp, const float *y, float *x, int64_t B, int64_t Tl, int64_t H, int64_t D);
+/* The autograd ops (cp NULL or of size 1: identity). */
+mmc_tensor *mmc_cp_seq_to_head(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *x);   /* [B,T/C,H,D] -> [B,T,H/C,D] */
+mmc_tensor *mmc_cp_head_to_seq(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *y);   /* [B,T,H/C,D] -> [B,T/C,H,D] */
+
+/* k or v [B, T/C, Hkv, D] ready for mmc_cp_seq_to_head: itself when C divides Hkv; when Hkv < C
+ * (C a multiple of Hkv) each KV head repeated C / Hkv times -> [B, T/C, C, D], so that each rank
+ * receives the KV head of its query heads' GQA group (backward sums the copies). */
+mmc_tensor *mmc_cp_expand_kv(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *k);
+/* Whether a Qwen2 text model can be split over C context-parallel ranks: MMC_OK, or an
+ * MMC_ERR_INVALID naming the key (num_attention_heads / num_key_value_heads) and what to do. */
+mmc_status mmc_cp_check_qwen2(const mmc_qwen2_config *c, int C, const char *file);
+/* Set (cp != NULL) or clear the group on the model's layers: their attention then exchanges
+ * q/k/v and its output as above. */
+void mmc_cp_attach_qwen2(mmc_qwen2 *m, mmc_comm *cp);
+/* The causal-LM loss of this rank's share of micro-batch b (b->T divisible by the group size):
+ * the labels are shifted on the whole row first, so a shard's last token is scored against the
+ * next shard's first; returns sum over this rank's scored tokens of the token NLL times scale
+ * (the caller's 1 / global label count), n_scored this rank's count. */
+mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b,
+                                 double scale, int64_t *n_scored);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,171 @@
+/* internvl_train.c — training side of InternVL 2.5 / 3 in transformers' HF-native layout
+ * (internvl.c), mirroring what InternVLForConditionalGeneration.forward(input_ids, pixel_values,
+ * labels) computes in training (transformers 5.x, models/internvl/modeling_internvl.py) and how
+ * save_pretrained / PEFT name things:
+ *
+ *   f = linear_2(act(linear_1(LayerNorm(pixel_shuffle(InternViT(tiles)[layer][:, 1:])))))
+ *       [n_tiles * tile_tokens, C]; the tower runs without a tape (frozen: mmc train keeps it
+ *       so), the projector with gradients
+ *   x = embed_tokens(ids) with f scattered onto the <IMG_CONTEXT> rows (masked_scatter)  [B, T, C]
+ *   loss = ForCausalLMLoss(lm_head(norm(Qwen2(x, positions 0 .. T-1))), labels)
+ *
+ * Packed rows (cu_seqlens) restart the positions at each segment and attend block-diagonally.
+ * Parameter names are save_pretrained's (transformers 5 writes vision_tower.*,
+ * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight); LoRA module
+ * names are those of the live model (model.language_model.*, model.multi_modal_projector.*),
+ * which is what PEFT records. OpenGVLab's internvl_chat layout is inference only. */
+#include "mmc_internvl.h"
+#include "mmc_lora.h"
+#include "mmc_trainer.h"
+#include "mmc_ops.h"
+#include "../model_weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static mmc_status add_name(char **names, int i, const char *a, const char *b) {
+    size_t len = strlen(a) + strlen(b) + 1;
+    if (!(names[i] = malloc(len))) return mmc_error(MMC_ERR_OOM, "out of memory");
+    snprintf(names[i], len, "%s%s", a, b);
+    return MMC_OK;
+}
+
+static mmc_status layout_check(const mmc_internvl *m) {
+    if (m->remote_layout)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: OpenGVLab's InternVLChatModel layout (model_type "
+                         "internvl_chat) is inference only; convert it to transformers' internvl layout to train");
+    return MMC_OK;
+}
+
+mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n) {
+    *params = NULL;
+    *names = NULL;
+    *n = 0;
+    mmc_status st = layout_check(m);
+    if (st) return st;
+    const mw_set *w = m->weights;
+    const int nw = w->n_params, total = nw + m->lm->n_params;
+    mmc_tensor **p = calloc((size_t)total + 1, sizeof *p);
+    char **nm = calloc((size_t)total + 1, sizeof *nm);
+    if (!p || !nm) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    for (int i = 0; i < nw && !st; i++) {   /* tower + projector: the checkpoint's names, no "model." */
+        const char *s = w->names[i];
+        if (!strncmp(s, "model.", 6)) s += 6;
+        p[i] = w->params[i];
+        st = add_name(nm, i, "", s);
+    }
+    for (int i = 0; i < m->lm->n_params && !st; i++) {
+        const char *s = m->lm->param_names[i];
+        p[nw + i] = m->lm->params[i];
+        st = strcmp(s, "lm_head.weight") ? add_name(nm, nw + i, "language_model.model.", s)
+                                         : add_name(nm, nw + i, "language_model.", s);
+    }
+    if (st) goto fail;
+    *params = p;
+    *names = nm;
+    *n = total;
+    return MMC_OK;
+fail:
+    for (int i = 0; nm && i < total; i++) free(nm[i]);
+    free(nm);
+    free(p);
+    return st;
+}
+
+mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {
+    mmc_status st = layout_check(m);
+    if (!st) st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
+    if (!st) st = mmc_module_list_add(out, &m->proj1, "model.multi_modal_projector.linear_1");
+    if (!st) st = mmc_module_list_add(out, &m->proj2, "model.multi_modal_projector.linear_2");
+    return st;
+}
+
+mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, double scale,
+                                   mmc_tensor **loss, int64_t *n_scored) {
+    *loss = NULL;
+    mmc_status st = layout_check(m);
+    if (st) return st;
+    const mw_set *w = m->weights;
+    for (int i = 0; i < w->n_params; i++)   /* the tower's forward keeps no tape */
+        if ((w->params[i]->flags & MMC_REQUIRES_GRAD) && strstr(w->names[i], "vision_tower."))
+            return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: the InternViT tower is trained frozen only "
+                             "(%s requires grad): keep vision in model.freeze", w->names[i]);
+    const mmc_qwen2_config *c = &m->lm->cfg;
+    const int64_t B = b->B, T = b->T, BT = B * T, C = c->hidden_size;
+    int64_t n_img_tok = 0;
+    for (int64_t i = 0; i < BT; i++) {
+        int32_t t = b->input_ids[i];
+        if (t < 0 || t >= c->vocab_size)
+            return mmc_error(MMC_ERR_INVALID, "token %d at position %lld is outside the vocabulary [0, %lld)", t,
+                             (long long)i, (long long)c->vocab_size);
+        n_img_tok += t == m->image_token_id;
+    }
+    int64_t S = 0;   /* the tile side, from the row length */
+    while (b->n_patches > 0 && 3 * (S + 1) * (S + 1) <= b->patch_dim) S++;
+    if (b->n_patches > 0 && 3 * S * S != b->patch_dim)
+        return mmc_error(MMC_ERR_SHAPE, "internvl batch: pixel rows of %lld values are not 3 x s x s tiles",
+                         (long long)b->patch_dim);
+    const int64_t n_feat = b->n_patches > 0 ? b->n_patches * mmc_internvl_tile_tokens(m, S) : 0;
+    if (n_img_tok != n_feat)
+        return mmc_error(MMC_ERR_INVALID, "the batch has %lld <IMG_CONTEXT> tokens (id %lld) for %lld tiles of "
+                         "%lld features", (long long)n_img_tok, (long long)m->image_token_id,
+                         (long long)b->n_patches, (long long)(S ? mmc_internvl_tile_tokens(m, S) : 0));
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));                       /* [B, T] */
+    memcpy(ids->data, b->input_ids, (size_t)BT * sizeof(int32_t));
+    mmc_tensor *x = mmc_qwen2_embed(ctx, m->lm, ids);                                  /* [B, T, C] */
+    /* nn.Embedding(padding_idx = pad_token_id): the value of that row, no gradient into it — its
+     * positions get a detached copy of the row (transformers' Qwen2Model builds embed_tokens so) */
+    int64_t n_pad = 0;
+    for (int64_t i = 0; m->pad_token_id >= 0 && i < BT; i++) n_pad += b->input_ids[i] == m->pad_token_id;
+    if (n_pad > 0) {
+        mmc_tensor *pidx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n_pad));
+        mmc_tensor *rows = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(n_pad, C));               /* [n_pad, C] */
+        const mmc_tensor *E = m->lm->embed;
+        int64_t k = 0;
+        for (int64_t i = 0; i < BT; i++)
+            if (b->input_ids[i] == m->pad_token_id) ((int64_t *)pidx->data)[k++] = i;
+        for (int64_t r = 0; r < n_pad; r++) {
+            float *dst = (float *)rows->data + r * C;
+            if (E->dtype == MMC_F32) memcpy(dst, (const float *)E->data + m->pad_token_id * C, (size_t)C * sizeof(float));
+            else if (E->dtype == MMC_BF16)   /* model.dtype bf16 */
+                for (int64_t q = 0; q < C; q++) dst[q] = mmc_bf16_to_f32(((const uint16_t *)E->data)[m->pad_token_id * C + q]);
+            else return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: embed_tokens in an unexpected dtype");
+        }
+        x = mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C));
+        x = mmc_reshape(ctx, mmc_scatter_rows(ctx, x, pidx, rows), 3, MMC_SHAPE(B, T, C));
+    }
+    if (n_feat > 0) {
+        mmc_tensor *px = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(b->n_patches, 3, S, S));   /* [N, 3, s, s] */
+        memcpy(px->data, b->pixel_values, mmc_nbytes(px));
+        mmc_tensor *f;
+        if ((st = mmc_internvl_image_features(ctx, m, px, &f))) return st;            /* [N*tok, C] */
+        mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n_img_tok));
+        int64_t k = 0;
+        for (int64_t i = 0; i < BT; i++)
+            if (b->input_ids[i] == m->image_token_id) ((int64_t *)idx->data)[k++] = i;
+        x = mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C));             /* [B*T, C] */
+        x = mmc_reshape(ctx, mmc_scatter_rows(ctx, x, idx, f), 3, MMC_SHAPE(B, T, C)); /* [B, T, C] */
+    }
+    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));                         /* [T] */
+    int64_t *pd = pos->data;
+    for (int64_t t = 0; t < T; t++) pd[t] = t;
+    for (int s = 0; b->cu_seqlens && s < b->n_seqs; s++)   /* packed: each segment from 0 */
+        for (int64_t t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1] && t < T; t++) pd[t] = t - b->cu_seqlens[s];
+    mmc_tensor *cos, *sin;
+    mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);                                     /* [T, D] */
+    mmc_attn_opts ao = {.causal = true};
+    if (b->cu_seqlens) {   /* block-diagonal; the padding tail (not a segment) one more block covering the row */
+        int n = b->n_seqs;
+        int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(n + 2));
+        memcpy(cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n + 1));
+        if (n == 0) cu[0] = 0;
+        if (cu[n] < T) cu[++n] = (int32_t)T;
+        ao.cu_seqlens = cu;
+        ao.n_seqs = n;
+    }
+    x = mmc_qwen2_forward(ctx, m->lm, x, cos, sin, &ao, NULL);                         /* [B, T, C] */
+    mmc_tensor *logits = mmc_qwen2_logits(ctx, m->lm, x);                              /* [B, T, V] */
+    *loss = mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+    return MMC_OK;
+}

@@ -1,0 +1,215 @@
+/* cp.c — context parallelism, DeepSpeed-Ulysses style (mmc_cp.h), after DeepSpeed's
+ * sequence/layer.py (_SeqAllToAll, DistributedAttention): the two all-to-all re-shardings
+ * between sequence shards [B, T/C, H, D] and head shards [B, T, H/C, D] as autograd ops (each
+ * the other's backward), the Qwen2 validation and hook, and the causal-LM loss of one rank's
+ * share of a micro-batch (labels shifted on the whole row, then sliced). A communicator failure
+ * inside an op is fatal, as in tp.c: half-exchanged activations cannot be recovered. */
+#include "mmc_cp.h"
+#include "mmc_trainer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void cp_ok(mmc_status st, const char *what) {
+    MMC_CHECK(st == MMC_OK, "context parallel %s: %s", what, mmc_last_error());
+}
+
+/* ------------------------------------------------------------------ raw re-sharding
+ * Send/receive blocks are [B, Tl, Hc, D] (Tl = T/C, Hc = H/C), block j of the send buffer for
+ * rank j. seq -> head: block j = our tokens, heads [j Hc, (j+1) Hc); the block received from
+ * rank i is tokens [i Tl, (i+1) Tl) of our heads. head -> seq is the exact inverse. */
+static mmc_status s2h(mmc_comm *cp, const float *x, float *y, int64_t B, int64_t Tl, int64_t H, int64_t D,
+                      float *buf) {
+    const int C = mmc_comm_size(cp);
+    const int64_t Hc = H / C, blk = B * Tl * Hc * D, T = Tl * C;
+    float *send = buf, *recv = buf + blk * C;
+    for (int j = 0; j < C; j++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tl; t++)
+                memcpy(send + j * blk + (b * Tl + t) * Hc * D, x + ((b * Tl + t) * H + j * Hc) * D,
+                       (size_t)(Hc * D) * sizeof(float));
+    mmc_status st = mmc_all_to_all(cp, send, recv, blk, MMC_F32);
+    if (st) return st;
+    for (int i = 0; i < C; i++)
+        for (int64_t b = 0; b < B; b++)
+            memcpy(y + (b * T + i * Tl) * Hc * D, recv + i * blk + b * Tl * Hc * D, (size_t)(Tl * Hc * D) * sizeof(float));
+    return MMC_OK;
+}
+
+static mmc_status h2s(mmc_comm *cp, const float *y, float *x, int64_t B, int64_t Tl, int64_t H, int64_t D,
+                      float *buf) {
+    const int C = mmc_comm_size(cp);
+    const int64_t Hc = H / C, blk = B * Tl * Hc * D, T = Tl * C;
+    float *send = buf, *recv = buf + blk * C;
+    for (int i = 0; i < C; i++)
+        for (int64_t b = 0; b < B; b++)
+            memcpy(send + i * blk + b * Tl * Hc * D, y + (b * T + i * Tl) * Hc * D, (size_t)(Tl * Hc * D) * sizeof(float));
+    mmc_status st = mmc_all_to_all(cp, send, recv, blk, MMC_F32);
+    if (st) return st;
+    for (int j = 0; j < C; j++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tl; t++)
+                memcpy(x + ((b * Tl + t) * H + j * Hc) * D, recv + j * blk + (b * Tl + t) * Hc * D,
+                       (size_t)(Hc * D) * sizeof(float));
+    return MMC_OK;
+}
+
+static mmc_status with_buf(mmc_comm *cp, const float *in, float *out, int64_t B, int64_t Tl, int64_t H, int64_t D,
+                           bool to_head) {
+    const int C = mmc_comm_size(cp);
+    if (H % C) return mmc_error(MMC_ERR_INVALID, "context parallel: %lld heads do not divide over %d ranks",
+                                (long long)H, C);
+    float *buf = malloc(sizeof(float) * (size_t)(2 * B * Tl * H * D));
+    if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory for the context-parallel all-to-all buffers");
+    mmc_status st = to_head ? s2h(cp, in, out, B, Tl, H, D, buf) : h2s(cp, in, out, B, Tl, H, D, buf);
+    free(buf);
+    return st;
+}
+
+mmc_status mmc_cp_seq_to_head_raw(mmc_comm *cp, const float *x, float *y, int64_t B, int64_t Tl, int64_t H, int64_t D) {
+    return with_buf(cp, x, y, B, Tl, H, D, true);
+}
+
+mmc_status mmc_cp_head_to_seq_raw(mmc_comm *cp, const float *y, float *x, int64_t B, int64_t Tl, int64_t H, int64_t D) {
+    return with_buf(cp, y, x, B, Tl, H, D, false);
+}
+
+/* ------------------------------------------------------------------ autograd ops */
+static void acc_into(mmc_ctx *ctx, mmc_tensor *x, const float *dy) {
+    float *dx = mmc_grad(ctx, x)->data;
+    const int64_t n = mmc_numel(x);
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) dx[i] += dy[i];
+}
+
+/* n->i: B, Tl, H, D (the sequence-sharded shape) */
+static void s2h_backward(mmc_ctx *ctx, mmc_node *n) {
+    mmc_tensor *x = n->in[0];
+    if (!mmc_requires_grad(x)) return;
+    float *dx = malloc(sizeof(float) * (size_t)mmc_numel(x));
+    MMC_CHECK(dx, "context parallel: out of memory in backward");
+    cp_ok(mmc_cp_head_to_seq_raw(n->extra, n->out->grad->data, dx, n->i[0], n->i[1], n->i[2], n->i[3]),
+          "seq->head backward (all-to-all)");
+    acc_into(ctx, x, dx);
+    free(dx);
+}
+
+static void h2s_backward(mmc_ctx *ctx, mmc_node *n) {
+    mmc_tensor *y = n->in[0];
+    if (!mmc_requires_grad(y)) return;
+    float *dy = malloc(sizeof(float) * (size_t)mmc_numel(y));
+    MMC_CHECK(dy, "context parallel: out of memory in backward");
+    cp_ok(mmc_cp_seq_to_head_raw(n->extra, n->out->grad->data, dy, n->i[0], n->i[1], n->i[2], n->i[3]),
+          "head->seq backward (all-to-all)");
+    acc_into(ctx, y, dy);
+    free(dy);
+}
+
+mmc_tensor *mmc_cp_seq_to_head(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *x) {
+    if (!cp || mmc_comm_size(cp) == 1) return x;
+    MMC_CHECK(x->dtype == MMC_F32 && x->ndim == 4, "mmc_cp_seq_to_head: x must be f32 [B, T/C, H, D]");
+    const int C = mmc_comm_size(cp);
+    const int64_t B = x->shape[0], Tl = x->shape[1], H = x->shape[2], D = x->shape[3];
+    MMC_CHECK(H % C == 0, "mmc_cp_seq_to_head: %lld heads do not divide over %d ranks", (long long)H, C);
+    mmc_tensor *xc = mmc_contiguous(ctx, x);
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, Tl * C, H / C, D));   /* [B, T, H/C, D] */
+    cp_ok(mmc_cp_seq_to_head_raw(cp, xc->data, y->data, B, Tl, H, D), "seq->head (all-to-all)");
+    mmc_node *n = mmc_tape_record(ctx, "cp_seq_to_head", s2h_backward, y, 1, &x);
+    if (n) { n->extra = cp; n->i[0] = B; n->i[1] = Tl; n->i[2] = H; n->i[3] = D; }
+    return y;
+}
+
+mmc_tensor *mmc_cp_head_to_seq(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *y) {
+    if (!cp || mmc_comm_size(cp) == 1) return y;
+    MMC_CHECK(y->dtype == MMC_F32 && y->ndim == 4, "mmc_cp_head_to_seq: y must be f32 [B, T, H/C, D]");
+    const int C = mmc_comm_size(cp);
+    const int64_t B = y->shape[0], T = y->shape[1], Hc = y->shape[2], D = y->shape[3];
+    MMC_CHECK(T % C == 0, "mmc_cp_head_to_seq: T %lld does not divide over %d ranks", (long long)T, C);
+    mmc_tensor *yc = mmc_contiguous(ctx, y);
+    mmc_tensor *x = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, T / C, Hc * C, D));   /* [B, T/C, H, D] */
+    cp_ok(mmc_cp_head_to_seq_raw(cp, yc->data, x->data, B, T / C, Hc * C, D), "head->seq (all-to-all)");
+    mmc_node *n = mmc_tape_record(ctx, "cp_head_to_seq", h2s_backward, x, 1, &y);
+    if (n) { n->extra = cp; n->i[0] = B; n->i[1] = T / C; n->i[2] = Hc * C; n->i[3] = D; }
+    return x;
+}
+
+/* KV heads fewer than the group (GQA, Hkv < C, C % Hkv == 0): each repeated C / Hkv times, so that
+ * rank r gets KV head r Hkv / C — the one its query heads [r Hq/C, (r+1) Hq/C) attend with. The
+ * repeat is a broadcast multiply by ones, whose backward sums the copies' gradients. */
+mmc_tensor *mmc_cp_expand_kv(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *k) {
+    const int C = cp ? mmc_comm_size(cp) : 1;
+    const int64_t B = k->shape[0], T = k->shape[1], H = k->shape[2], D = k->shape[3];
+    if (C <= 1 || H % C == 0) return k;
+    MMC_CHECK(C % H == 0, "mmc_cp_expand_kv: %lld KV heads neither divide nor are divided by %d ranks", (long long)H, C);
+    const int64_t rep = C / H;
+    mmc_tensor *ones = mmc_new(ctx, MMC_F32, 5, MMC_SHAPE(1, 1, 1, rep, 1));
+    for (int64_t i = 0; i < rep; i++) ((float *)ones->data)[i] = 1.0f;
+    mmc_tensor *e = mmc_mul(ctx, mmc_reshape(ctx, k, 5, MMC_SHAPE(B, T, H, 1, D)), ones);   /* [B, T, H, rep, D] */
+    return mmc_reshape(ctx, mmc_contiguous(ctx, e), 4, MMC_SHAPE(B, T, H * rep, D));       /* [B, T, C, D] */
+}
+
+/* ------------------------------------------------------------------ Qwen2 */
+mmc_status mmc_cp_check_qwen2(const mmc_qwen2_config *c, int C, const char *file) {
+    if (C <= 1) return MMC_OK;
+    const char *key = NULL;
+    int64_t v = 0;
+    if (c->num_heads % C) key = "num_attention_heads", v = c->num_heads;
+    else if (c->num_kv_heads % C && C % c->num_kv_heads) key = "num_key_value_heads", v = c->num_kv_heads;
+    if (!key) return MMC_OK;
+    if (key[4] == 'k')
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d neither divides nor is a multiple of "
+                         "num_key_value_heads %lld of the language model: Ulysses attention gives each rank whole KV "
+                         "heads (divided among the ranks, or each replicated over C / num_key_value_heads ranks); use "
+                         "a context_parallel that divides %d and is a multiple or a divisor of %d",
+                         file ? file : "config", C, (long long)v, (int)c->num_heads, (int)c->num_kv_heads);
+    return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d does not divide num_attention_heads %lld of "
+                     "the language model: Ulysses attention gives each rank whole query heads; use a context_parallel "
+                     "that divides %d", file ? file : "config", C, (long long)v, (int)c->num_heads);
+}
+
+void mmc_cp_attach_qwen2(mmc_qwen2 *m, mmc_comm *cp) {
+    for (int l = 0; l < m->cfg.num_layers; l++) m->layers[l].cp = cp && mmc_comm_size(cp) > 1 ? cp : NULL;
+}
+
+mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b, double scale,
+                                 int64_t *n_scored) {
+    const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
+    const int64_t B = b->B, T = b->T, Tl = T / C, t0 = (int64_t)r * Tl;
+    MMC_CHECK(T % C == 0, "mmc_cp_qwen2_lm_loss: T %lld is not a multiple of context_parallel %d (pad the batch)",
+              (long long)T, C);
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, Tl));                /* [B, T/C] */
+    mmc_tensor *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(B * Tl));                /* [B*T/C] shifted labels */
+    int32_t *id = ids->data, *tgd = tg->data;
+    int64_t n = 0;
+    for (int64_t i = 0; i < B; i++)
+        for (int64_t t = 0; t < Tl; t++) {
+            const int64_t g = t0 + t;   /* global position */
+            id[i * Tl + t] = b->input_ids[i * T + g];
+            const int32_t y = g + 1 < T ? b->labels[i * T + g + 1] : MMC_IGNORE_INDEX;
+            tgd[i * Tl + t] = y;
+            n += y != MMC_IGNORE_INDEX;
+        }
+    if (n_scored) *n_scored = n;
+    mmc_tensor *cos, *sin;
+    const int D = (int)m->cfg.head_dim;
+    const int np = m->cfg.mrope ? 3 : 1;
+    mmc_tensor *pos = np == 3 ? mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, Tl)) : mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(B, Tl));
+    int64_t *pd = pos->data;
+    for (int k = 0; k < np; k++)   /* each token keeps its global position (packing restarts included) */
+        for (int64_t i = 0; i < B; i++)
+            for (int64_t t = 0; t < Tl; t++)
+                pd[(k * B + i) * Tl + t] = b->position_ids ? b->position_ids[(k * B + i) * T + t0 + t] : t0 + t;
+    if (np == 3) mmc_rope_table_mrope(ctx, pos, m->cfg.mrope_section, D, m->cfg.rope_theta, &cos, &sin);
+    else mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
+    /* attention runs on the whole sequence after the exchange: the row's (or packed segments') mask as is */
+    mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+    mmc_cp_attach_qwen2(m, cp);
+    mmc_tensor *x = mmc_qwen2_embed(ctx, m, ids);                                /* [B, T/C, C] */
+    x = mmc_qwen2_forward(ctx, m, x, cos, sin, &attn, NULL);                     /* [B, T/C, C] */
+    mmc_tensor *logits = mmc_qwen2_logits(ctx, m, x);                            /* [B, T/C, V] */
+    const int64_t V = logits->shape[2];
+    mmc_tensor *mean = mmc_cross_entropy(ctx, mmc_reshape(ctx, logits, 2, MMC_SHAPE(B * Tl, V)), tg,
+                                         MMC_IGNORE_INDEX);                       /* [] */
+    return mmc_scale(ctx, mean, (float)((double)n * scale));
+}

@@ -1,0 +1,65 @@
+/* trainer_cp.c — mmc train with parallel.context_parallel (mmc_cp.h, DeepSpeed-Ulysses): the
+ * layout (the world cut into context-parallel groups of C ranks, Megatron's order: context
+ * fastest, then data), the model check before any work, and the reductions after backward.
+ * The C ranks of a group read the same micro-batches (they share dp_rank) and each computes
+ * the loss of its sequence shard, scaled by 1 / the global batch's label count; the weight
+ * gradients, partial per rank, are summed over the group exactly as gradient accumulation
+ * sums micro-batches, and the reported loss is the group's sum. */
+#include "trainer_internal.h"
+#include "mmc_cp.h"
+
+#include <math.h>
+#include <string.h>
+
+mmc_status mmc_cp_trainer_layout(mmc_trainer *t) {
+    const mmc_run_config *cfg = t->cfg;
+    const int C = t->cp_size;
+    if (C > t->world_size)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d is larger than the job's %d process%s: a "
+                         "context-parallel group needs that many ranks; launch with mpirun -np %d (or a multiple)",
+                         cfg->file, C, t->world_size, t->world_size == 1 ? "" : "es", C);
+    if (t->world_size % C)
+        return mmc_error(MMC_ERR_INVALID, "%s: the job's %d processes do not divide into context-parallel groups of %d "
+                         "(parallel.context_parallel); launch a multiple of %d processes", cfg->file, t->world_size,
+                         C, C);
+    t->dp_size = t->world_size / C;
+    if (cfg->parallel.data_parallel != t->dp_size && cfg->parallel.data_parallel != 1)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel %lld x context_parallel %d is not the job's %d "
+                         "processes; set data_parallel: %d or leave it out", cfg->file,
+                         (long long)cfg->parallel.data_parallel, C, t->world_size, t->dp_size);
+    if (cfg->training.gradient_accumulation % t->dp_size)
+        return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld does not divide into %d data-parallel replicas "
+                         "(world %d / context_parallel %d) x micro_batch_size %lld", cfg->file,
+                         (long long)cfg->data.batch_size, t->dp_size, t->world_size, C,
+                         (long long)cfg->data.micro_batch_size);
+    mmc_dist_layout lay = {.context = C, .data = t->dp_size};
+    mmc_status st = mmc_dist_layout_groups(t->world, &lay, &t->groups);
+    if (st) return st;
+    t->have_groups = true;
+    t->cpc = t->groups.cp;
+    t->dpc = t->groups.dp;
+    t->dp_rank = t->groups.dp_rank;
+    return MMC_OK;
+}
+
+mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
+    if (t->vl || t->llava || mmc_trainer_diffusion(t) || !t->lm)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel is implemented for the text Qwen2 "
+                         "family only so far (this model is a %s); use context_parallel 1", t->cfg->file,
+                         t->vl ? "Qwen2-VL" : t->llava ? "LLaVA" : "diffusion model");
+    return mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);
+}
+
+mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {
+    mmc_status st;
+    for (int i = 0; i < t->n_opt; i++) {   /* weight gradients: this rank's tokens only -> summed */
+        mmc_tensor *g = t->opt_model[i]->grad;
+        if (g && (st = mmc_all_reduce(t->cpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) return st;
+    }
+    if ((st = mmc_all_reduce(t->cpc, loss, loss, 1, MMC_F64, MMC_SUM))) return st;
+    if (!isfinite(*loss))   /* every rank of the group sees the sum: all stop at the same step */
+        return mmc_error(MMC_ERR_NUMERIC, "step %lld: the loss is not finite on some context-parallel rank; stopping "
+                         "without updating the weights — the last checkpoint is intact; lower optimizer.lr or check "
+                         "the data", (long long)t->step + 1);
+    return MMC_OK;
+}

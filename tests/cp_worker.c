@@ -1,0 +1,175 @@
+/* cp_worker.c — the program tests/test_cp.sh starts under mpirun for the unit checks of
+ * context parallelism (mmc_cp.h), on any number C of ranks (one cp group):
+ *
+ *   cp_worker
+ *
+ * 1. Re-sharding: a global [B, T, H, D] tensor whose every element encodes its (b, t, h, d);
+ *    rank r's sequence shard through seq->head must be exactly heads [r H/C, (r+1) H/C) of the
+ *    whole sequence, and head->seq must give back the shard bit for bit (pure data movement:
+ *    tolerance 0).
+ * 2. Attention: random q [B, T, 4, D], k, v [B, T, 2, D] (GQA), causal, and a packed row (B = 1,
+ *    three cu_seqlens segments), and with C/2 KV heads (each replicated over 2 ranks by
+ *    mmc_cp_expand_kv); every rank also computes the unsplit attention. The
+ *    Ulysses output (shard -> seq->head -> attention -> head->seq) must equal the rank's slice
+ *    of the unsplit output: each head's attention runs on the same whole sequence through the
+ *    same kernel, so the tolerance is 1e-6 absolute (float summation order only; measured 0).
+ *    Gradients of L = sum(out * w) (w fixed random) with respect to the q/k/v shards — through
+ *    the all-to-all backwards of every rank — must equal the slices of the unsplit gradients
+ *    within 1e-5 absolute (measured 0 with C KV heads; 4.8e-7 with replicated ones, whose copies'
+ *    gradients are summed in another order). Prints "cp unit: ..." with the measured figures. */
+#include "test_util.h"
+#include "mmc_parallel.h"
+#include "mmc_cp.h"
+#include "mmc_models.h"
+#include "mmc_trainer.h"
+
+static double g_fwd = 0, g_bwd = 0;
+
+static double maxdiff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) { double d = fabs((double)a[i] - b[i]); if (d > m || d != d) m = d; }
+    return m;
+}
+
+static void resharding(mmc_comm *cp) {
+    const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
+    const int64_t B = 2, Tl = 3, T = Tl * C, H = 2 * C, D = 5, Hc = H / C;
+    float *x = malloc(sizeof(float) * (size_t)(B * Tl * H * D)), *y = malloc(sizeof(float) * (size_t)(B * T * Hc * D)),
+          *x2 = malloc(sizeof(float) * (size_t)(B * Tl * H * D));
+#define CODE(b, t, h, d) (float)((((b) * 100 + (t)) * 100 + (h)) * 10 + (d))
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < Tl; t++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++) x[((b * Tl + t) * H + h) * D + d] = CODE(b, r * Tl + t, h, d);
+    CHECK_OK(mmc_cp_seq_to_head_raw(cp, x, y, B, Tl, H, D));
+    int64_t bad = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < Hc; h++)
+                for (int64_t d = 0; d < D; d++) bad += y[((b * T + t) * Hc + h) * D + d] != CODE(b, t, r * Hc + h, d);
+    CHECKF(bad == 0, "seq->head: %lld misplaced elements", (long long)bad);
+    CHECK_OK(mmc_cp_head_to_seq_raw(cp, y, x2, B, Tl, H, D));
+    CHECKF(memcmp(x, x2, sizeof(float) * (size_t)(B * Tl * H * D)) == 0, "head->seq is not the inverse");
+    /* the autograd ops give the shapes [B, T, H/C, D] and back */
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *xt = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, Tl, H, D));
+    memcpy(xt->data, x, sizeof(float) * (size_t)(B * Tl * H * D));
+    mmc_tensor *yt = mmc_cp_seq_to_head(ctx, cp, xt);
+    CHECK(yt->shape[0] == B && yt->shape[1] == T && yt->shape[2] == Hc && yt->shape[3] == D);
+    mmc_tensor *xb = mmc_cp_head_to_seq(ctx, cp, yt);
+    CHECK(xb->shape[0] == B && xb->shape[1] == Tl && xb->shape[2] == H && xb->shape[3] == D);
+    CHECK(memcmp(xb->data, x, sizeof(float) * (size_t)(B * Tl * H * D)) == 0);
+    mmc_ctx_free(ctx);
+    free(x); free(y); free(x2);
+}
+
+/* one attention case: B rows of T = Tl * C tokens, optional packing */
+static void attention_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *cu, int n_seqs, int64_t Hkv,
+                           uint64_t seed) {
+    const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
+    const int64_t T = Tl * C, Hq = 2 * C, D = 8;
+    mmc_tensor *q = randn_param(seed, 4, MMC_SHAPE(B, T, Hq, D), 1.0f), *k = randn_param(seed + 1, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f),
+               *v = randn_param(seed + 2, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f);
+    mmc_tensor *qs = randn_param(seed, 4, MMC_SHAPE(B, T, Hq, D), 1.0f), *ks = randn_param(seed + 1, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f),
+               *vs = randn_param(seed + 2, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f);
+    mmc_tensor *w = randn_param(seed + 3, 4, MMC_SHAPE(B, T, Hq, D), 1.0f);
+    w->flags &= ~(MMC_PARAM | MMC_REQUIRES_GRAD);
+    mmc_attn_opts ao = {.causal = true, .cu_seqlens = cu, .n_seqs = n_seqs};
+    mmc_ctx *ctx = mmc_ctx_new();
+    /* unsplit */
+    mmc_tensor *of = mmc_attention(ctx, q, k, v, &ao);                           /* [B, T, Hq, D] */
+    mmc_backward(ctx, mmc_sum(ctx, mmc_mul(ctx, of, w)));
+    mmc_ctx *ctx1 = ctx;
+    ctx = mmc_ctx_new();   /* a tape of its own */
+    /* Ulysses: this rank's tokens [r Tl, (r+1) Tl) */
+    mmc_tensor *ws = mmc_contiguous(ctx, mmc_narrow(ctx, w, 1, r * Tl, Tl));
+    mmc_tensor *oq = mmc_cp_seq_to_head(ctx, cp, mmc_narrow(ctx, qs, 1, r * Tl, Tl));
+    mmc_tensor *ok = mmc_cp_seq_to_head(ctx, cp, mmc_cp_expand_kv(ctx, cp, mmc_narrow(ctx, ks, 1, r * Tl, Tl)));
+    mmc_tensor *ov = mmc_cp_seq_to_head(ctx, cp, mmc_cp_expand_kv(ctx, cp, mmc_narrow(ctx, vs, 1, r * Tl, Tl)));
+    mmc_tensor *os = mmc_cp_head_to_seq(ctx, cp, mmc_attention(ctx, oq, ok, ov, &ao));   /* [B, Tl, Hq, D] */
+    mmc_backward(ctx, mmc_sum(ctx, mmc_mul(ctx, os, ws)));
+    mmc_tensor *ofs = mmc_contiguous(ctx1, mmc_narrow(ctx1, of, 1, r * Tl, Tl));
+    mmc_tensor *osc = mmc_contiguous(ctx, os);
+    double df = maxdiff(osc->data, ofs->data, mmc_numel(ofs));
+    CHECKF(df <= 1e-6, "attention output: max |diff| %.3g > 1e-6", df);
+    if (df > g_fwd) g_fwd = df;
+    mmc_tensor *pf[3] = {q, k, v}, *ps[3] = {qs, ks, vs};
+    for (int i = 0; i < 3; i++) {
+        mmc_tensor *gf = mmc_contiguous(ctx, mmc_narrow(ctx, pf[i]->grad, 1, r * Tl, Tl));
+        mmc_tensor *gs = mmc_contiguous(ctx, mmc_narrow(ctx, ps[i]->grad, 1, r * Tl, Tl));
+        double db = maxdiff(gs->data, gf->data, mmc_numel(gf));
+        CHECKF(db <= 1e-5, "gradient of %c: max |diff| %.3g > 1e-5", "qkv"[i], db);
+        if (db > g_bwd) g_bwd = db;
+    }
+    mmc_ctx_free(ctx);
+    mmc_ctx_free(ctx1);
+    mmc_tensor *all[7] = {q, k, v, qs, ks, vs, w};
+    for (int i = 0; i < 7; i++) mmc_tensor_free(all[i]);
+}
+
+/* `cp_worker mem DIR T`: one training forward + backward of a T-token row of the model in DIR,
+ * its sequence split over the world (1 process: unsplit); prints the activation arena's
+ * high-water mark of each rank (the README's per-rank memory figures). */
+static int mem_run(mmc_comm *world, const char *dir, int64_t T) {
+    const int R = mmc_comm_rank(world), C = mmc_comm_size(world);
+    char path[2048];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *cj = NULL;
+    mmc_qwen2 *m = NULL;
+    if (mmc_json_load(path, &cj) || mmc_qwen2_load(dir, cj, true, &m)) { fprintf(stderr, "%s: %s\n", dir, mmc_last_error()); return 1; }
+    if (mmc_cp_check_qwen2(&m->cfg, C, dir) || T % C) {
+        fprintf(stderr, "cp_worker mem: %s (T %lld, cp %d)\n", mmc_last_error(), (long long)T, C);
+        mmc_qwen2_free(m); mmc_json_free(cj);
+        return 1;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T), *lab = malloc(sizeof(int32_t) * (size_t)T);
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)(3 * T));
+    for (int64_t t = 0; t < T; t++) ids[t] = lab[t] = (int32_t)((t * 7919) % m->cfg.vocab_size);
+    for (int64_t t = 0; t < 3 * T; t++) pos[t] = t % T;
+    mmc_batch b = {.B = 1, .T = T, .input_ids = ids, .labels = lab, .position_ids = pos, .n_seqs = 1};
+    mmc_ctx *ctx = mmc_ctx_new();
+    double t0 = mmc_now();
+    mmc_tensor *l = C > 1 ? mmc_cp_qwen2_lm_loss(ctx, m, world, &b, 1.0 / (double)(T - 1), NULL)
+                          : mmc_qwen2_lm_loss(ctx, m, &b, 1.0 / (double)(T - 1), NULL);
+    mmc_backward(ctx, l);
+    const double secs = mmc_now() - t0;
+    double lv = *(const float *)l->data;
+    if (C > 1 && mmc_all_reduce(world, &lv, &lv, 1, MMC_F64, MMC_SUM)) return 1;
+    const double peak = (double)mmc_arena_peak(mmc_ctx_arena(ctx)) / 1048576.0;
+    printf("cp memory: T %lld, cp %d, rank %d: activation arena peak %.1f MiB, forward+backward %.2f s, loss %.7f\n",
+           (long long)T, C, R, peak, secs, lv);
+    mmc_ctx_free(ctx);
+    mmc_qwen2_free(m);
+    mmc_json_free(cj);
+    free(ids); free(lab); free(pos);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    mmc_comm *world;
+    mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = 120};
+    if (mmc_dist_init(&dop, &world)) { fprintf(stderr, "dist init: %s\n", mmc_last_error()); return 1; }
+    if (argc == 4 && !strcmp(argv[1], "mem")) {
+        int rc = mem_run(world, argv[2], atoll(argv[3]));
+        mmc_dist_finalize();
+        return rc;
+    }
+    const int R = mmc_comm_rank(world), C = mmc_comm_size(world);
+    resharding(world);
+    attention_case(world, 2, 5, NULL, 0, C, 11);              /* padded rows, causal, C KV heads */
+    const int32_t cu[4] = {0, 3 * C, 3 * C + 2, 4 * C};       /* one packed row: 3 segments */
+    attention_case(world, 1, 4, cu, 3, C, 21);
+    attention_case(world, 2, 5, NULL, 0, C / 2 > 0 ? C / 2 : 1, 31);   /* fewer KV heads than ranks: replicated */
+    if (R == 0) {   /* validation: query heads must divide; KV heads divide or are divided by C */
+        mmc_qwen2_config qc = {.num_heads = 12, .num_kv_heads = 4};
+        CHECK(mmc_cp_check_qwen2(&qc, 4, "x.yaml") == MMC_OK && mmc_cp_check_qwen2(&qc, 12, "x.yaml") == MMC_OK);
+        CHECK(mmc_cp_check_qwen2(&qc, 6, "x.yaml") == MMC_ERR_INVALID && strstr(mmc_last_error(), "num_key_value_heads 4"));
+        printf("cp validation: %s\n", mmc_last_error());
+        CHECK(mmc_cp_check_qwen2(&qc, 8, "x.yaml") == MMC_ERR_INVALID && strstr(mmc_last_error(), "num_attention_heads 12"));
+    }
+    if (R == 0) printf("cp unit: %d ranks: re-sharding exact; attention vs unsplit max |diff| %.2e (tol 1e-6), "
+                       "q/k/v gradients %.2e (tol 1e-5)\n", C, g_fwd, g_bwd);
+    if (!g_fail) printf("rank %d: all %d cp checks passed\n", R, g_checks);
+    mmc_dist_finalize();
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# test_internvl_train.sh — `mmc train` on InternVL (the tiny tests/fixtures/internvl/v5, HF-native
+# layout) against transformers 5.23 + PEFT 0.21 (tools/ref/gen_internvl_train.py ->
+# tests/fixtures/internvl_train/; data: a wide image of 4 tiles, a tall one of 3, a text-only turn):
+#   LoRA: 20 steps (r 4, alpha 8 on the LM's q/k/v/o/gate/up/down and the projector's
+#         linear_1/linear_2, started from the reference's initial adapter via model.lora.init),
+#         every step's loss within 1e-3 of PEFT's (measured: 2e-5)
+#   full: 6 steps (vision_tower frozen), every loss within 1e-3 (measured: 3e-6); the checkpoint
+#         holds save_pretrained's names and `mmc forward` loads it
+#   QLoRA (NF4 LM): the first loss within 5e-2 of the LoRA reference (quantisation error)
+#   the tower unfrozen: refused with a message (InternViT trains frozen only)
+#   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
+#   DP: 2 ranks (LoRA, ZeRO-2) give the single-process losses (with MPI)
+#   mmc merge of PEFT's trained adapter: 16 linears folded, the tower copied unchanged
+#   malformed: the internvl_chat layout and a video sample refused with messages
+# With the reference venv (.venv-ref or MMC_REF_PYTHON), tools/ref/check_internvl_train.py:
+# transformers loads the full checkpoint (logits = mmc forward's within 1e-4 at the text
+# positions), PEFT loads mmc's 20-step adapter (its tensors within 2e-3 of PEFT's own 20-step
+# adapter, measured 8e-4; the adapted logits within 2e-3, measured 1.1e-3), and the merged model
+# through `mmc forward` gives PEFT's logits within 1e-4 at the text positions.
+set -u
+MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
+F=tests/fixtures/internvl_train
+PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
+[ -x "$MMC" ] || { echo "test_internvl_train: skipped: no mmc binary at $MMC"; exit 77; }
+W=$(mktemp -d /tmp/mmc_test_internvl_train.XXXXXX); trap 'rm -rf "$W"' EXIT
+fail=0; n=0
+ok()  { n=$((n+1)); }
+bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
+# floats of one tensor of a .safetensors, one per line (header data_offsets, then od)
+st_floats() {
+  local f=$1 name=$2 hlen hdr off
+  hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
+  hdr=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null)
+  off=$(printf '%s' "$hdr" | sed -E "s/.*\"$name\": *\{[^}]*\"data_offsets\": *\[ *([0-9]+), *([0-9]+) *\].*/\1 \2/")
+  case "$off" in ""|*[!0-9\ ]*) echo "no $name in $f" >&2; return 1 ;; esac
+  set -- $off
+  od -An -v -tf4 -w4 -j $((8 + hlen + $1)) -N $(($2 - $1)) "$f" | tr -d ' '
+}
+# max |a - b| over two files of one number per line
+maxdiff() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d}
+                                  END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
+within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d != "nan" && d + 0 <= t + 0)}'; }
+losses() { sed -n 's/^step \([0-9]*\)\/[0-9]* loss \([0-9.]*\).*/\2/p' "$1"; }
+
+common="data: {train: $F/data.jsonl, batch_size: 1, micro_batch_size: 1, shuffle: false, num_workers: 0, seq_len: 512}"
+cat > "$W/lora.yaml" <<YAML
+model: {path: tests/fixtures/internvl/v5, dtype: f32, lora: {r: 4, alpha: 8, init: $F/lora_init}}
+$common
+optimizer: {lr: 5.0e-3, weight_decay: 0.0, schedule: constant, grad_clip: 0}
+training: {steps: 20, log_every: 1, save_every: 10, output_dir: $W/lora, seed: 0}
+YAML
+cat > "$W/full.yaml" <<YAML
+model: {path: tests/fixtures/internvl/v5, dtype: f32, freeze: [vision_tower]}
+$common
+optimizer: {lr: 1.0e-3, weight_decay: 0.0, schedule: constant, grad_clip: 0}
+training: {steps: 6, log_every: 1, save_every: 6, output_dir: $W/full, seed: 0}
+YAML
+
+if "$MMC" train "$W/lora.yaml" 2> "$W/lora.log"; then
+  losses "$W/lora.log" > "$W/lora.txt"
+  d=$(maxdiff "$W/lora.txt" $F/lora_losses.txt)
+  echo "LoRA 20 steps: max |loss - PEFT's| = $d"
+  within "$d" 1e-3 && ok || bad "LoRA losses differ from PEFT's by $d"
+  [ -f "$W/lora/checkpoint-20/adapter_model.safetensors" ] && ok || bad "no LoRA checkpoint"
+else cat "$W/lora.log"; bad "LoRA training failed"; fi
+
+if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
+  losses "$W/full.log" > "$W/full.txt"
+  d=$(maxdiff "$W/full.txt" $F/full_losses.txt)
+  echo "full 6 steps: max |loss - transformers'| = $d"
+  within "$d" 1e-3 && ok || bad "full fine-tuning losses differ from transformers' by $d"
+  hdr=$(head -c 20000 "$W/full/checkpoint-6/model.safetensors" | tr -d '\0')
+  for k in language_model.model.embed_tokens.weight language_model.lm_head.weight \
+           multi_modal_projector.layer_norm.weight vision_tower.embeddings.cls_token; do
+    case "$hdr" in *"\"$k\""*) ok ;; *) bad "full checkpoint lacks $k" ;; esac
+  done
+  if "$MMC" forward --model "$W/full/checkpoint-6" --image $F/wide.png --prompt "What is in the picture?" \
+       --out "$W/full.safetensors" 2> "$W/f.log"; then ok
+  else cat "$W/f.log"; bad "forward --model on the full checkpoint failed"; fi
+else cat "$W/full.log"; bad "full training failed"; fi
+
+# the InternViT tower has no backward here: unfreezing it is refused with a message
+if "$MMC" train "$W/full.yaml" --set "model.freeze=[]" --set training.steps=1 --set training.output_dir="$W/ft" \
+     > "$W/ft.log" 2>&1; then bad "training with the tower unfrozen was accepted"
+else grep -q "InternViT tower is trained frozen only" "$W/ft.log" && ok || { cat "$W/ft.log"; bad "unfrozen tower: no clear error"; }; fi
+
+# QLoRA (the LM's projections in NF4, the shared Qwen2 path): runs, and its first loss is the
+# LoRA one up to the quantisation error (measured 2.7e-3; bound 5e-2)
+if "$MMC" train "$W/lora.yaml" --set model.quantization.method=nf4 --set training.steps=2 --set training.save_every=0 \
+     --set training.output_dir="$W/q" 2> "$W/q.log"; then
+  d=$(losses "$W/q.log" | head -1 | awk -v r="$(head -1 $F/lora_losses.txt)" '{d = $1 - r; print d < 0 ? -d : d}')
+  echo "QLoRA NF4: |first loss - PEFT's LoRA| = $d"
+  within "$d" 5e-2 && ok || bad "QLoRA first loss off by $d"
+else cat "$W/q.log"; bad "QLoRA training failed"; fi
+
+# resume: stop after step 10 (its checkpoint), go on to 20
+if "$MMC" train "$W/lora.yaml" --set training.steps=10 --set training.output_dir="$W/res" 2> "$W/r1.log" &&
+   "$MMC" train "$W/lora.yaml" --set training.output_dir="$W/res" --resume 2> "$W/r2.log"; then
+  losses "$W/r2.log" > "$W/r2.txt"
+  sed -n '11,20p' "$W/lora.txt" > "$W/l2.txt"
+  d=$(maxdiff "$W/r2.txt" "$W/l2.txt")
+  [ "$(wc -l < "$W/r2.txt")" = 10 ] && within "$d" 0 && ok || bad "resumed losses differ ($d)"
+else cat "$W/r1.log" "$W/r2.log" 2>/dev/null; bad "resume failed"; fi
+
+# data parallelism (2 ranks, ZeRO-2): the losses of the single-process run with the same global batch
+if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
+  "$MMC" train "$W/lora.yaml" --set training.steps=3 --set data.batch_size=2 --set training.save_every=0 \
+    --set training.output_dir="$W/d1" 2> "$W/d1.log"
+  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/lora.yaml" \
+    --set training.steps=3 --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
+    --set training.save_every=0 --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
+  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
+  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
+  echo "DP 2 ranks: max |loss - single process| = $d"
+  [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
+else
+  echo "test_internvl_train: skipped: the data-parallel check (built without MPI)"
+fi
+
+# mmc merge: the PEFT-trained adapter folded in (LM + projector linears); the InternViT tower's
+# weights copied unchanged; `mmc forward` runs the merged model (its logits against PEFT's below)
+if "$MMC" merge --adapter $F/lora_ref --out "$W/merged" > "$W/mg.log" 2>&1 &&
+   "$MMC" forward --model "$W/merged" --image $F/wide.png --prompt "What is in the picture?" \
+     --out "$W/mg.safetensors" 2>> "$W/mg.log"; then
+  grep -q "merged 16 adapted weights" "$W/mg.log" && ok || { cat "$W/mg.log"; bad "merge did not fold the 16 adapted linears"; }
+  k=vision_tower.encoder.layer.1.attention.q_proj.weight
+  st_floats "$W/merged/model.safetensors" $k > "$W/t1.txt"; st_floats tests/fixtures/internvl/v5/model.safetensors $k > "$W/t0.txt"
+  [ -s "$W/t0.txt" ] && cmp -s "$W/t0.txt" "$W/t1.txt" && ok || bad "merge changed the vision tower ($k)"
+else cat "$W/mg.log"; bad "merge failed"; fi
+
+# malformed: OpenGVLab's layout and a video sample are refused with messages naming them
+if "$MMC" train "$W/full.yaml" --set model.path=tests/fixtures/internvl/remote --set training.output_dir="$W/rm" \
+     > "$W/rm.log" 2>&1; then bad "internvl_chat training was accepted"
+else grep -q "internvl_chat layout is inference only" "$W/rm.log" && ok || { cat "$W/rm.log"; bad "internvl_chat: no clear error"; }; fi
+printf '%s\n' '{"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "x"}], "videos": ["v.mp4"]}' > "$W/video.jsonl"
+if "$MMC" train "$W/full.yaml" --set data.train="$W/video.jsonl" --set data.strict=true --set training.steps=1 \
+     --set training.output_dir="$W/vd" > "$W/vd.log" 2>&1; then bad "a video sample was accepted"
+else grep -q "InternVL takes images, not videos" "$W/vd.log" && ok || { cat "$W/vd.log"; bad "video sample: no clear error"; }; fi
+
+if "$PY" -c "import transformers, peft" 2>/dev/null; then
+  "$PY" tools/ref/check_internvl_train.py "$W/lora/checkpoint-20" $F/lora_ref "$W/full/checkpoint-6" \
+      "$W/full.safetensors" $F/wide.png "$W/mg.safetensors" 2> "$W/py.log" && ok || { cat "$W/py.log"; bad "reference check of the checkpoints"; }
+else
+  echo "test_internvl_train: skipped: the PEFT / transformers loading checks (no $PY)"
+fi
+echo "test_internvl_train: $((n - fail))/$n passed"
+[ "$fail" = 0 ]
