@@ -10,7 +10,7 @@
 #  - validation videos (PNG frames, the first in TensorBoard) leave the losses unchanged;
 #  - model.recompute: full gives the same losses;
 #  - 2 data-parallel ranks (mmc launch) give the one process's losses;
-#  - full fine-tuning writes a transformer folder;
+#  - full fine-tuning writes a transformer folder and resumes from it bit for bit;
 #  - a malformed JSONL line, a missing video and a frame count that is not 4k + 1 are errors naming them.
 # (The loss itself is checked against diffusers + PEFT by test_wan train_lora.)
 set -u
@@ -56,6 +56,7 @@ cp -r "$T/run" "$T/run2"
 rm -rf "$T/run2/checkpoint-4"
 sed "s|$T/run|$T/run2|" "$T/run.yaml" >"$T/run2.yaml"
 expect_rc 0 "$MMC" train "$T/run2.yaml" --resume
+expect_err "resumed at step 2"
 expect_err "encoded videos from the cache"
 a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -2); b=$(grep -o '"loss": [^,]*' "$T/run2/metrics.jsonl" | tail -2)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
@@ -122,10 +123,17 @@ expect_rc 0 "$MMC" train "$T/rc.yaml"
 a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl"); b=$(grep -o '"loss": [^,]*' "$T/rc/metrics.jsonl" 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "losses with recompute [$b] differ from [$a]"
 # full fine-tuning: a transformer folder
-sed -e "/lora:/d" -e "s|output_dir: $T/run,|output_dir: $T/full,|" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 2|" "$T/run.yaml" >"$T/full.yaml"
+sed -e "/lora:/d" -e "s|output_dir: $T/run,|output_dir: $T/full,|" -e "s|steps: 4, save_every: 2|steps: 2, save_every: 1|" "$T/run.yaml" >"$T/full.yaml"
 expect_rc 0 "$MMC" train "$T/full.yaml"
 [ -s "$T/full/checkpoint-2/diffusion_pytorch_model.safetensors" ] && [ -s "$T/full/checkpoint-2/config.json" ] \
   && ok || bad "full checkpoint: $(ls "$T/full/checkpoint-2" 2>&1)"
+# ... and resumes from its transformer folder: step 2 repeats exactly
+cp -r "$T/full" "$T/full2"; rm -rf "$T/full2/checkpoint-2"
+sed "s|$T/full,|$T/full2,|" "$T/full.yaml" >"$T/full2.yaml"
+expect_rc 0 "$MMC" train "$T/full2.yaml" --resume
+expect_err "resumed at step 1"
+cmp -s "$T/full/checkpoint-2/diffusion_pytorch_model.safetensors" "$T/full2/checkpoint-2/diffusion_pytorch_model.safetensors" \
+  && ok || bad "resumed full fine-tuning differs from the uninterrupted run's"
 # errors
 echo '{"video": "x.mp4"}' >"$T/bad.jsonl"
 sed -e "s|$T/data.jsonl|$T/bad.jsonl|" -e "s|output_dir: $T/run,|output_dir: $T/bad,|" "$T/run.yaml" >"$T/bad.yaml"
