@@ -9,7 +9,7 @@
  *              quantization {method, double_quant, block_size}}
  *   data:     {train, eval, image_root, max_pixels, min_pixels, max_image_pixels, seq_len, packing, truncation,
  *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict,
- *              bucket_window, add_vision_id}
+ *              bucket_window, add_vision_id, resolution, aspect_ratio_buckets, num_frames}
  *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, pipeline_layers,
  *             pipeline_virtual, context_parallel, zero, timeout}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
@@ -76,6 +76,7 @@ typedef struct {
                                   when shuffle is off) */
     bool add_vision_id;
     int64_t resolution;        /* diffusion: images resized (shorter side) and centre-cropped to this */
+    int64_t num_frames;        /* diffusion (Wan): frames sampled uniformly from each video, 4k + 1 */
     char *aspect_ratio_buckets; /* diffusion: "h,w;h,w;..." (diffusers' --aspect_ratio_buckets): each image
                                  * resized to its nearest bucket, micro-batches of one bucket */
     int image_backend;         /* 0 pil (Pillow-exact resize) | 1 torchvision (transformers' fast processor) */

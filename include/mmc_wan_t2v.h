@@ -65,6 +65,13 @@ typedef struct {
 /* The flow prediction [B, out_channels, F, H, W]. Differentiable in grad mode; without it each
  * block's intermediates are released as soon as its output exists. */
 mmc_status mmc_wan_forward(mmc_ctx *ctx, mmc_wan *m, const mmc_wan_inputs *in, mmc_tensor **out);
+/* Activation recompute (model.recompute: full): in grad mode each block runs under mmc_checkpoint,
+ * its intermediates rebuilt in backward (the same gradients, less memory). */
+void mmc_wan_set_recompute(mmc_wan *m, bool on);
+/* Training (src/train/trainer_wan.c): the flow-matching loss of one micro-batch, on the tape in grad
+ * mode: latents / noise [B, C, F, h, w], the batch's sigmas and timesteps (mmc_fm_train_sigma),
+ * prompt_embeds [B, T, text_dim], the weighting scheme; target noise - x0 (pooled and guidance unused). */
+mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor **loss);
 
 /* ---------------------------------------------------------------- WanPipeline (text -> video) */
 typedef struct mmc_wan_pipeline mmc_wan_pipeline;
@@ -103,6 +110,9 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
  * weight x alpha / r. One at a time. */
 mmc_status mmc_wan_pipeline_load_lora(mmc_wan_pipeline *p, const char *path, float weight);
 void mmc_wan_pipeline_release_transformer(mmc_wan_pipeline *p);
+/* Sample with the caller's transformer (training's validation videos: adapters attached), not freed by
+ * the pipeline; NULL hands it back. */
+void mmc_wan_pipeline_borrow_transformer(mmc_wan_pipeline *p, mmc_wan *m);
 const char *mmc_wan_pipeline_vae_dir(const mmc_wan_pipeline *p);
 /* output_type="pt": latents [B, C, t, h, w] -> video [B, frames, 3, H, W] in [0, 1] (persistent):
  * denormalised with the VAE's latents_mean / latents_std, decoded clip by clip by AutoencoderKLWan

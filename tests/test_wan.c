@@ -9,6 +9,11 @@
  *  - training: gradients of sum(out * W) for a dozen parameters (patch embedding, embedders, q/k norms,
  *    modulation tables, projections) within 1e-4 (+ 1e-4 relative) of torch's autograd; a diffusers LoRA
  *    (save_lora_weights, r 4, alpha 8) on the linears within 1e-4 of diffusers' output with it;
+ *  - flow-matching LoRA training (train_lora): 12 steps against diffusers + PEFT (tests/fixtures/wan_train,
+ *    tools/ref/gen_wan_train.py): losses and gradient norms within 1e-3, the final adapter within 1e-3;
+ *    activation recompute gives the same loss and gradients bitwise; one video's training pixels (uniform
+ *    frame sampling, resize + centre crop) against PyAV + PIL and its normalised latent distribution;
+ *    4 steps of full fine-tuning (losses, gradient norms, five final parameters within 1e-3);
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -21,7 +26,9 @@
 #include "test_util.h"
 #include "mmc_encoders.h"
 #include "mmc_lora.h"
+#include "mmc_train.h"
 #include "mmc_wan_t2v.h"
+#include "train/trainer_internal.h"
 
 #include <math.h>
 #include <unistd.h>
@@ -442,6 +449,240 @@ static void check_pipeline(void) {
     CHECKF(!strcmp(buf, "a & b! c<d"), "prompt_clean gave '%s'", buf);
 }
 
+/* Flow-matching LoRA training against diffusers + PEFT (tools/ref/gen_wan_train.py, 12 steps, r 4 on
+ * attn1 / attn2 to_q / to_k / to_v / to_out.0 and ffn.net.0.proj / ffn.net.2, velocity target, shift 3,
+ * clip 1.0, AdamW 1e-3): the uniform draws u give the fixture's sigmas / timesteps bitwise, each step's loss
+ * and pre-clip gradient norm within 1e-3 (relative), the final adapter within 1e-3 of its largest entry. */
+static void check_train_lora(void) {
+    const char *dir = "tests/fixtures/wan_train";
+    mmc_wan *m = NULL;
+    CHECK_OK(mmc_wan_load(DIR_ "/transformer", false, &m));
+    mmc_st *exp = fixture_open("wan_train/expected.safetensors");
+    if (!m || !exp) { mmc_wan_free(m); mmc_st_close(exp); return; }
+    mmc_fm_config fc;
+    mmc_json *j = NULL;
+    char p[256];
+    snprintf(p, sizeof p, "%s/scheduler_config.json", dir);
+    CHECK_OK(mmc_json_load(p, &j));
+    CHECK_OK(mmc_fm_config_read(j, "scheduler_config.json", &fc));
+    mmc_json_free(j);
+    mmc_module_list ml = {0};
+    mmc_lora_set *s = NULL;
+    CHECK_OK(mmc_wan_linears(m, &ml));
+    snprintf(p, sizeof p, "%s/initial.safetensors", dir);
+    CHECK_OK(mmc_lora_load_diffusers(p, "transformer", &ml, 1.0f, true, &s));
+    if (!s) { mmc_module_list_free(&ml); mmc_wan_free(m); mmc_st_close(exp); return; }
+    CHECKF(s->n == 2 * 10, "adapters: %d, want 20 (2 blocks x 10 linears)", s->n);
+    mmc_tensor **params = s->params;
+    const int n_params = s->n_params;
+    mmc_adamw opt;
+    mmc_adamw_opts o = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
+    CHECK_OK(mmc_adamw_init(&opt, &o, params, n_params));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_flux_fm_batch b = {.prompt_embeds = fixture_tensor(exp, "prompt_embeds", MMC_F32), .weighting = MMC_FM_NONE};
+    double worst_loss = 0, worst_norm = 0;
+    const int steps = 12;
+    for (int step = 0; step < steps; step++) {
+        char k[64];
+        mmc_tensor *t[7];
+        static const char *keys[7] = {"x0", "noise", "u", "sigmas", "timesteps", "loss", "grad_norm"};
+        for (int i = 0; i < 7; i++) {
+            snprintf(k, sizeof k, "%s_%d", keys[i], step);
+            t[i] = fixture_tensor(exp, k, MMC_F32);
+        }
+        float sig[2], ts[2];
+        for (int i = 0; i < 2; i++) {
+            mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
+            CHECKF(sig[i] == ((float *)t[3]->data)[i] && ts[i] == ((float *)t[4]->data)[i],
+                   "step %d sample %d: sigma %.9g timestep %.9g vs %.9g %.9g", step, i, sig[i], ts[i],
+                   ((float *)t[3]->data)[i], ((float *)t[4]->data)[i]);   /* bitwise */
+        }
+        b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
+        mmc_tensor *loss = NULL;
+        CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+        if (!loss) break;
+        const double lv = *(float *)loss->data;
+        mmc_backward(ctx, loss);
+        mmc_ctx_reset(ctx);
+        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
+        mmc_adamw_step(&opt, o.lr);
+        mmc_zero_grad(params, n_params);
+        const double wl = ((float *)t[5]->data)[0], wn = ((float *)t[6]->data)[0];
+        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
+        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
+        CHECKF(rl < 1e-3 && rn < 1e-3, "step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", step, lv, wl, norm, wn);
+        for (int i = 0; i < 7; i++) mmc_tensor_free(t[i]);
+    }
+    double worst_w = 0;
+    mmc_st *fin = fixture_open("wan_train/final.safetensors");
+    for (int i = 0; fin && i < s->n; i++)
+        for (int ab = 0; ab < 2; ab++) {
+            char k[320];
+            snprintf(k, sizeof k, "transformer.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
+            mmc_tensor *want = fixture_tensor(fin, k, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
+            worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+            mmc_tensor_free(want);
+        }
+    mmc_st_close(fin);
+    CHECKF(worst_w < 1e-3, "final adapter: max relative difference %.2e", worst_w);
+    printf("train_lora: %d steps, loss rel diff <= %.2e, grad norm <= %.2e, final adapter <= %.2e\n", steps, worst_loss,
+           worst_norm, worst_w);
+    /* activation recompute (model.recompute: full) gives the same loss and gradients (bitwise: the
+     * blocks are re-run with the same inputs in the same order) */
+    {
+        mmc_tensor *t[3];
+        static const char *keys[3] = {"x0_0", "noise_0", "u_0"};
+        for (int i = 0; i < 3; i++) t[i] = fixture_tensor(exp, keys[i], MMC_F32);
+        float sig[2], ts[2];
+        for (int i = 0; i < 2; i++) mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
+        b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
+        float lv[2];
+        float **g = calloc((size_t)n_params, sizeof *g);
+        for (int pass = 0; pass < 2 && g; pass++) {
+            mmc_wan_set_recompute(m, pass == 1);
+            mmc_tensor *loss = NULL;
+            CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+            if (!loss) break;
+            lv[pass] = *(float *)loss->data;
+            mmc_backward(ctx, loss);
+            mmc_ctx_reset(ctx);
+            int diff = 0, cmp = 0;
+            for (int i = 0; i < n_params; i++) {
+                const mmc_tensor *gr = params[i]->grad;
+                if (!gr) continue;
+                if (pass == 0) {
+                    g[i] = malloc(mmc_nbytes(gr));
+                    if (g[i]) memcpy(g[i], gr->data, mmc_nbytes(gr));
+                } else if (g[i]) cmp++, diff += memcmp(g[i], gr->data, mmc_nbytes(gr)) != 0;
+            }
+            if (pass == 1) CHECKF(cmp == n_params && diff == 0 && lv[0] == lv[1], "recompute: loss %.9g vs %.9g, "
+                                  "%d of %d gradients compared, %d differ", lv[1], lv[0], cmp, n_params, diff);
+            mmc_zero_grad(params, n_params);
+        }
+        mmc_wan_set_recompute(m, false);
+        for (int i = 0; g && i < n_params; i++) free(g[i]);
+        free(g);
+        for (int i = 0; i < 3; i++) mmc_tensor_free(t[i]);
+    }
+    mmc_tensor_free(b.prompt_embeds);
+    mmc_adamw_free(&opt);
+    mmc_ctx_free(ctx);
+    mmc_lora_free(s);
+    mmc_module_list_free(&ml);
+    mmc_wan_free(m);
+    mmc_st_close(exp);
+}
+
+/* The training data of one video as `mmc train` prepares it (trainer_wan.c) against PyAV + PIL + diffusers
+ * (tools/ref/gen_wan_train.py, data_expected.safetensors): 5 frames of tests/fixtures/video/moving.mp4 sampled
+ * uniformly, resized and centre-cropped to 16x16, in [-1, 1]: within 1e-6 (the same bytes); the AutoencoderKLWan
+ * latent distribution normalised by latents_mean / latents_std: mean and std within 1e-4. Also: too few frames
+ * and a missing file are errors naming the file. */
+static void check_train_data(void) {
+    mmc_st *exp = fixture_open("wan_train/data_expected.safetensors");
+    if (!exp) return;
+    const int F = 5, R = 16;
+    mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(3, F, R, R));
+    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px->data));
+    mmc_tensor *want = fixture_tensor(exp, "pixels", MMC_F32);
+    const double dp = max_abs_diff(px, want);
+    CHECKF(dp < 1e-6, "pixels: max difference %.3g", dp);
+    mmc_tensor_free(want);
+    mmc_wan_vae *vae = NULL;
+    CHECK_OK(mmc_wan_vae_load(DIR_ "/pipe/vae", &vae));
+    double dm = 1, ds = 1;
+    if (vae) {
+        mmc_tensor *wm = fixture_tensor(exp, "mean", MMC_F32), *ws = fixture_tensor(exp, "std", MMC_F32);
+        mmc_tensor *m = mmc_tensor_new(MMC_F32, wm->ndim, wm->shape), *sd = mmc_tensor_new(MMC_F32, wm->ndim, wm->shape);
+        float *lv = malloc(mmc_nbytes(m));
+        CHECK_OK(mmc_trainer_wan_encode_clip(vae, px->data, F, R, m->data, sd->data, lv));
+        dm = max_abs_diff(m, wm), ds = max_abs_diff(sd, ws);
+        CHECKF(dm < 1e-4 && ds < 1e-4, "latent distribution: mean %.3g, std %.3g", dm, ds);
+        free(lv);
+        mmc_tensor_free(m), mmc_tensor_free(sd), mmc_tensor_free(wm), mmc_tensor_free(ws);
+        mmc_wan_vae_free(vae);
+    }
+    printf("train_data: pixels %.2e, latent mean %.2e, std %.2e\n", dp, dm, ds);
+    float *big = malloc((size_t)3 * 33 * R * R * sizeof *big);
+    CHECK_ERR(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", 33, R, big), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "moving.mp4") && strstr(mmc_last_error(), "data.num_frames"));
+    CHECK(mmc_trainer_wan_load_video("tests/fixtures/video/absent.mp4", F, R, big) != MMC_OK);
+    CHECK(strstr(mmc_last_error(), "absent.mp4") != NULL);
+    free(big);
+    mmc_tensor_free(px);
+    mmc_st_close(exp);
+}
+
+/* Full fine-tuning (every parameter trainable, AdamW 1e-4, clip 1.0) against diffusers + torch
+ * (gen_wan_train.py, full_expected.safetensors): 4 steps, each loss and pre-clip gradient norm within
+ * 1e-3 (relative), five final parameters within 1e-3 of their largest entry. */
+static void check_train_full(void) {
+    mmc_wan *m = NULL;
+    CHECK_OK(mmc_wan_load(DIR_ "/transformer", true, &m));
+    mmc_st *exp = fixture_open("wan_train/full_expected.safetensors");
+    if (!m || !exp) { mmc_wan_free(m); mmc_st_close(exp); return; }
+    mmc_fm_config fc;
+    mmc_json *j = NULL;
+    CHECK_OK(mmc_json_load("tests/fixtures/wan_train/scheduler_config.json", &j));
+    CHECK_OK(mmc_fm_config_read(j, "scheduler_config.json", &fc));
+    mmc_json_free(j);
+    mmc_tensor **params = NULL;
+    const char *const *names = NULL;
+    const int n_params = mmc_wan_param_list(m, &params, &names);
+    mmc_adamw opt;
+    mmc_adamw_opts o = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
+    CHECK_OK(mmc_adamw_init(&opt, &o, params, n_params));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_flux_fm_batch b = {.prompt_embeds = fixture_tensor(exp, "prompt_embeds", MMC_F32), .weighting = MMC_FM_NONE};
+    double worst_loss = 0, worst_norm = 0, worst_w = 0;
+    for (int step = 0; step < 4; step++) {
+        char k[64];
+        mmc_tensor *t[5];
+        static const char *keys[5] = {"x0", "noise", "u", "loss", "grad_norm"};
+        for (int i = 0; i < 5; i++) {
+            snprintf(k, sizeof k, "%s_%d", keys[i], step);
+            t[i] = fixture_tensor(exp, k, MMC_F32);
+        }
+        float sig[2], ts[2];
+        for (int i = 0; i < 2; i++) mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
+        b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
+        mmc_tensor *loss = NULL;
+        CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+        if (!loss) break;
+        const double lv = *(float *)loss->data;
+        mmc_backward(ctx, loss);
+        mmc_ctx_reset(ctx);
+        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
+        mmc_adamw_step(&opt, o.lr);
+        mmc_zero_grad(params, n_params);
+        const double wl = ((float *)t[3]->data)[0], wn = ((float *)t[4]->data)[0];
+        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
+        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
+        CHECKF(rl < 1e-3 && rn < 1e-3, "full step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", step, lv, wl, norm, wn);
+        for (int i = 0; i < 5; i++) mmc_tensor_free(t[i]);
+    }
+    static const char *pn[5] = {"blocks.0.attn1.to_q.weight", "proj_out.weight", "blocks.1.ffn.net.2.bias",
+                                "scale_shift_table", "condition_embedder.time_embedder.linear_1.weight"};
+    for (int i = 0; i < 5; i++) {
+        char k[128];
+        snprintf(k, sizeof k, "final.%s", pn[i]);
+        mmc_tensor *want = fixture_tensor(exp, k, MMC_F32), *got = NULL;
+        for (int q = 0; q < n_params; q++)
+            if (!strcmp(names[q], pn[i])) got = params[q];
+        CHECKF(got != NULL, "no parameter %s", pn[i]);
+        if (got && want) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+        mmc_tensor_free(want);
+    }
+    CHECKF(worst_w < 1e-3, "full: final parameters: max relative difference %.2e", worst_w);
+    printf("train_full: 4 steps, loss rel diff <= %.2e, grad norm <= %.2e, final parameters <= %.2e\n", worst_loss,
+           worst_norm, worst_w);
+    mmc_tensor_free(b.prompt_embeds);
+    mmc_adamw_free(&opt);
+    mmc_ctx_free(ctx);
+    mmc_wan_free(m);
+    mmc_st_close(exp);
+}
+
 int main(int argc, char **argv) {
     if (access(DIR_ "/transformer/config.json", R_OK) != 0) {
         fprintf(stderr, "test_wan: fixtures absent (tools/ref/gen_wan.py); skipping\n");
@@ -454,6 +695,11 @@ int main(int argc, char **argv) {
         check_configs();
     }
     if (test_part(argc, argv, "train")) check_grad_lora();
+    if (test_part(argc, argv, "train_lora")) {
+        check_train_lora();
+        check_train_data();
+        check_train_full();
+    }
     if (test_part(argc, argv, "umt5")) check_umt5();
     if (test_part(argc, argv, "unipc")) check_unipc();
     if (test_part(argc, argv, "pipeline")) check_pipeline();

@@ -30,6 +30,7 @@ struct mmc_wan_pipeline {
     mmc_wan_config tr_cfg;
     mmc_nsched sched;
     mmc_wan *transformer;
+    bool borrowed;                    /* the transformer is the caller's (training's validation videos) */
     mmc_wan_vae *vae;
     mmc_lora_set *lora;
     int vae_spatial, vae_temporal;
@@ -94,7 +95,7 @@ fail:
 void mmc_wan_pipeline_free(mmc_wan_pipeline *p) {
     if (!p) return;
     mmc_lora_free(p->lora);
-    mmc_wan_free(p->transformer);
+    if (!p->borrowed) mmc_wan_free(p->transformer);
     mmc_wan_vae_free(p->vae);
     mmc_nsched_free(&p->sched);
     free(p);
@@ -103,8 +104,15 @@ void mmc_wan_pipeline_free(mmc_wan_pipeline *p) {
 void mmc_wan_pipeline_release_transformer(mmc_wan_pipeline *p) {
     mmc_lora_free(p->lora);
     p->lora = NULL;
-    mmc_wan_free(p->transformer);
+    if (!p->borrowed) mmc_wan_free(p->transformer);
     p->transformer = NULL;
+    p->borrowed = false;
+}
+
+void mmc_wan_pipeline_borrow_transformer(mmc_wan_pipeline *p, mmc_wan *m) {
+    mmc_wan_pipeline_release_transformer(p);
+    p->transformer = m;
+    p->borrowed = m != NULL;
 }
 
 const mmc_wan_config *mmc_wan_pipeline_transformer_cfg(const mmc_wan_pipeline *p) { return &p->tr_cfg; }

@@ -82,6 +82,8 @@ static const mmc_cfg_field k_data[] = {
       "--aspect_ratio_buckets); micro-batches hold one bucket"),
     F(mmc_data_cfg, resolution, MMC_CFG_INT, 16, 1 << 16, NULL, NULL,
       "diffusion: training image size (shorter side resized, then centre-cropped square)"),
+    F(mmc_data_cfg, num_frames, MMC_CFG_INT, 1, 1 << 14, NULL, NULL,
+      "diffusion (Wan): frames sampled uniformly from each video (4k + 1)"),
     {0},
 };
 static const mmc_cfg_field k_flow_matching[] = {
@@ -208,6 +210,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->training.keep_last = 0;
     c->training.threads = 0;
     c->data.resolution = 512;
+    c->data.num_frames = 17;
     c->flow_matching.logit_mean = 0.0;     /* diffusers' training scripts' defaults */
     c->flow_matching.logit_std = 1.0;
     c->flow_matching.mode_scale = 1.29;

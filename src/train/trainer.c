@@ -549,7 +549,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
         if (st) return mmc_error_prefix(st, "model.quantization");
     }
     mmc_module_list ml = {0};
-    st = t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
+    st = t->wan ? mmc_wan_linears(t->wan, &ml) : t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
          : t->unet ? mmc_unet_linears(t->unet, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
          : t->omni ? mmc_omni_linears(t->omni, &ml) : t->internvl ? mmc_internvl_linears(t->internvl, &ml)
@@ -932,6 +932,8 @@ void mmc_trainer_free(mmc_trainer *t) {
     mmc_sd3_free(t->sd3);
     mmc_unet_free(t->unet);
     mmc_fm_data_free(t->fm);
+    mmc_wan_free(t->wan);
+    mmc_wan_data_free(t->wd);
     src_close(&t->src);
     mmc_tokenizer_free(t->tok);
     mmc_data_opts_free(&t->dopts);

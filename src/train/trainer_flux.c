@@ -4,7 +4,8 @@
  * models (steps, gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
  *
  *   model.path   a diffusers FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline or
- *                StableDiffusionPipeline folder; the transformer (UNet) trains,
+ *                StableDiffusionPipeline folder; the transformer (UNet) trains (a WanPipeline folder:
+ *                videos, trainer_wan.c),
  *                the VAE and the text encoders only encode the training set once, before the first
  *                step, and are freed
  *   data.train   an image folder with metadata.jsonl ({"file_name", "text"}: what diffusers' scripts
@@ -84,6 +85,7 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
     mmc_diffusers_dir d;
     mmc_status st = mmc_diffusers_open(c->model.path, &d);
     if (st) return mmc_error_prefix(st, "model.path");
+    if (!strcmp(d.pipeline, "WanPipeline")) return mmc_trainer_wan_load(t, ckpt);   /* trainer_wan.c */
     const bool sd3 = !strcmp(d.pipeline, "StableDiffusion3Pipeline");
     const bool unet = !strcmp(d.pipeline, "StableDiffusionXLPipeline") || !strcmp(d.pipeline, "StableDiffusionPipeline");
     if (strcmp(d.pipeline, "FluxPipeline") != 0 && !sd3 && !unet)
@@ -143,7 +145,7 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
 mmc_status mmc_trainer_flux_params(mmc_trainer *t) {
     mmc_tensor **ps;
     const char *const *nm;
-    t->n_params = t->unet ? mmc_unet_param_list(t->unet, &ps, &nm)
+    t->n_params = t->wan ? mmc_wan_param_list(t->wan, &ps, &nm) : t->unet ? mmc_unet_param_list(t->unet, &ps, &nm)
                   : t->sd3 ? mmc_sd3_param_list(t->sd3, &ps, &nm) : mmc_flux_param_list(t->flux, &ps, &nm);
     t->params = calloc((size_t)t->n_params + 1, sizeof *t->params);
     t->names = calloc((size_t)t->n_params + 1, sizeof *t->names);
@@ -433,6 +435,7 @@ static mmc_status sdxl_encode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *co
 }
 
 mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
+    if (t->wan) return mmc_trainer_wan_data_open(t);   /* videos: trainer_wan.c */
     const mmc_run_config *c = t->cfg;
     mmc_fm_data *f = calloc(1, sizeof *f);
     if (!f) return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -727,6 +730,7 @@ static int64_t sample_at_buckets(mmc_trainer *t, int64_t s) {
 }
 
 mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss) {
+    if (t->wan) return mmc_trainer_wan_loss(t, b, scale, loss);
     const mmc_fm_data *f = t->fm;
     const int64_t B = b->B, first = sample_at(t, b->sample_index);
     const int64_t lh = f->hw[2 * first], lw = f->hw[2 * first + 1], per = f->C * lh * lw;   /* one bucket per micro-batch */
@@ -796,6 +800,7 @@ bool mmc_trainer_flux_validation_due(const mmc_trainer *t) {
 /* One image of the validation prompt with the weights as they are (adapters attached), written to
  * output_dir/validation/step-<N>.png with the prompt and step in its text chunks. */
 mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
+    if (t->wan) return mmc_trainer_wan_validate(t, path, cap);   /* a video: trainer_wan.c */
     mmc_fm_data *f = t->fm;
     const mmc_run_config *c = t->cfg;
     const int res = (int)c->data.resolution;

@@ -11,6 +11,7 @@
 #include "mmc_diffusion.h"
 #include "mmc_llava.h"
 #include "mmc_internvl.h"
+#include "mmc_wan_t2v.h"
 
 #include <stdio.h>
 
@@ -125,10 +126,12 @@ struct mmc_trainer {
     mmc_sd3 *sd3;              /* or an SD3 / SD3.5 transformer (a StableDiffusion3Pipeline folder) */
     mmc_unet *unet;            /* or an SDXL / SD 1.x UNet (StableDiffusion(XL)Pipeline folders, DDPM objective) */
     struct mmc_fm_data *fm;
+    mmc_wan *wan;              /* or a Wan2.1 text-to-video transformer (a WanPipeline folder; trainer_wan.c) */
+    struct mmc_wan_data *wd;   /* its cached training set */
 };
 
 /* a diffusion transformer trains (trainer_flux.c), not a language model */
-static inline bool mmc_trainer_diffusion(const mmc_trainer *t) { return t->flux || t->sd3 || t->unet; }
+static inline bool mmc_trainer_diffusion(const mmc_trainer *t) { return t->flux || t->sd3 || t->unet || t->wan; }
 
 /* trainer_flux.c */
 typedef struct mmc_fm_data mmc_fm_data;
@@ -141,6 +144,19 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
 mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir);
 bool mmc_trainer_flux_validation_due(const mmc_trainer *t);
 mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap);
+
+/* trainer_wan.c (called from trainer_flux.c's entry points on a WanPipeline folder) */
+typedef struct mmc_wan_data mmc_wan_data;
+mmc_status mmc_trainer_wan_load(mmc_trainer *t, const char *ckpt);
+mmc_status mmc_trainer_wan_data_open(mmc_trainer *t);
+void mmc_wan_data_free(mmc_wan_data *d);
+mmc_status mmc_trainer_wan_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss);
+mmc_status mmc_trainer_wan_validate(mmc_trainer *t, char *path, size_t cap);
+/* (exposed for test_wan) one training clip: F frames sampled uniformly, resized + centre-cropped to
+ * res, in [-1, 1] -> x [3, F, res, res]; its normalised latent distribution */
+mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x);
+mmc_status mmc_trainer_wan_encode_clip(mmc_wan_vae *vae, const float *x, int F, int res, float *mean, float *std,
+                                       float *lv);
 
 /* trainer_pp.c */
 mmc_status mmc_trainer_pp_layout(mmc_trainer *t);

@@ -67,6 +67,7 @@ struct mmc_wan {
     mmc_linear_w proj_out;                          /* [pt*ph*pw*Cout, C] */
     mw_set w;
     const char **name_ptrs;
+    bool recompute;                                 /* training: checkpoint each block (mmc_checkpoint) */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -428,6 +429,15 @@ static mmc_tensor *unpatchify(mmc_ctx *ctx, const mmc_wan *m, mmc_tensor *y, int
     return mmc_reshape(ctx, y, 5, MMC_SHAPE(B, Co, f * pt, h * ph, w * pw));
 }
 
+void mmc_wan_set_recompute(mmc_wan *m, bool on) { m->recompute = on; }
+
+/* a checkpointed block: in = {x, cx, e6[, img]}; rope tables through the args */
+typedef struct { const mmc_wan *m; const wan_block *b; mmc_tensor *cos, *sin; } wan_block_args;
+static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
+    const wan_block_args *a = user;
+    return block(ctx, a->m, a->b, in[0], in[1], n_in > 3 ? in[3] : NULL, in[2], a->cos, a->sin);
+}
+
 mmc_status mmc_wan_forward(mmc_ctx *ctx, mmc_wan *m, const mmc_wan_inputs *in, mmc_tensor **out) {
     *out = NULL;
     mmc_status st = check_inputs(m, in);
@@ -464,8 +474,16 @@ mmc_status mmc_wan_forward(mmc_ctx *ctx, mmc_wan *m, const mmc_wan_inputs *in, m
         img = mmc_nn_linear(ctx, mmc_gelu(ctx, mmc_nn_linear(ctx, img, &m->img_ff1)), &m->img_ff2);
         img = mmc_layernorm(ctx, img, m->img_n2_w, m->img_n2_b, 1e-5f);                       /* [B, S_img, C] */
     }
+    wan_block_args *args = grad && m->recompute ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)c->num_layers)
+                                                : NULL;
     for (int64_t i = 0; i < c->num_layers; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        if (args) {   /* activation recompute: the block's intermediates are rebuilt in backward */
+            args[i] = (wan_block_args){m, &m->blocks[i], cos, sin};
+            mmc_tensor *bin[4] = {x, cx, e6, img};
+            x = mmc_checkpoint(ctx, block_fn, &args[i], bin, img ? 4 : 3);
+            continue;
+        }
         x = block(ctx, m, &m->blocks[i], x, cx, img, e6, cos, sin);
         if (!grad) x = mw_keep(ctx, mk, x);
     }
