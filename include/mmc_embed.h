@@ -72,8 +72,8 @@ mmc_status mmc_siglip_tokenizer_encode_padded(const mmc_siglip_tokenizer *t, con
 
 /* ---------------------------------------------------------------- contrastive losses
  * The objectives of CLIPModel / SiglipModel.forward(return_loss=True) over a batch of n
- * (image i, text i) pairs and their gradients (src/train/contrastive.c). The training loop through
- * `mmc train` that uses them is not built yet. */
+ * (image i, text i) pairs and their gradients (src/train/contrastive.c); `mmc train` on a CLIPModel
+ * folder (src/train/trainer_contrastive.c) trains with them. */
 typedef enum { MMC_CONTRASTIVE_CLIP, MMC_CONTRASTIVE_SIGLIP } mmc_contrastive_kind;
 typedef struct {
     double loss;

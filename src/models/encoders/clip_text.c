@@ -123,13 +123,9 @@ mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) { return cli
 mmc_status mmc_clip_text_load_trainable(const char *dir, mmc_clip_text **out) {
     return clip_text_load(dir, NULL, dir, true, out);
 }
-int mmc_clip_text_params(mmc_clip_text *m, mmc_tensor ***params, const char *const **names) {
-    static const char *nm[4096];
-    int n = m->w.n_params < 4096 ? m->w.n_params : 4096;
-    for (int i = 0; i < n; i++) nm[i] = m->w.names[i];
-    *params = m->w.params;
-    *names = nm;
-    return n;
+int mmc_clip_text_params(mmc_clip_text *m, mmc_tensor **params, const char **names, int cap) {
+    for (int i = 0; i < m->w.n_params && i < cap; i++) params[i] = m->w.params[i], names[i] = m->w.names[i];
+    return m->w.n_params;
 }
 
 mmc_status mmc_clip_text_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_clip_text **out) {

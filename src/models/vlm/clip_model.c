@@ -328,13 +328,7 @@ mmc_status mmc_dual_encoder_embed_texts(mmc_dual_encoder *m, const char *const *
 
 int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char **names, int cap) {
     int n = 0;
-    if (m->text) {
-        mmc_tensor **tp;
-        const char *const *tn;
-        const int k = mmc_clip_text_params(m->text, &tp, &tn);
-        for (int i = 0; i < k; i++, n++)
-            if (n < cap) params[n] = tp[i], names[n] = tn[i];
-    }
+    if (m->text) n = mmc_clip_text_params(m->text, params, names, cap);
     for (int i = 0; i < m->w.n_params; i++, n++)
         if (n < cap) params[n] = m->w.params[i], names[n] = m->w.names[i];
     return n;
