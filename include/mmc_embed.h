@@ -99,6 +99,16 @@ mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc
 mmc_status mmc_dual_encoder_tokenize(mmc_dual_encoder *m, const char *const *texts, int n, mmc_tensor **ids,
                                      mmc_tensor **mask);
 
+/* The training pairs of an image-caption JSONL (the retrieval format below), each image with its
+ * first caption; relative image paths joined to dir (NULL: as written). Errors name what:line. */
+typedef struct {
+    int n;
+    char **image, **caption;
+} mmc_contrastive_pairs;
+mmc_status mmc_contrastive_pairs_parse(const char *text, size_t len, const char *what, const char *dir,
+                                       mmc_contrastive_pairs *p);
+void mmc_contrastive_pairs_free(mmc_contrastive_pairs *p);
+
 /* ---------------------------------------------------------------- retrieval evaluation
  * An image-caption JSONL: one object per line, {"image": PATH, "caption": TEXT} or {"image":
  * PATH, "captions": [TEXT, ...]} (relative paths from image_root, else the file's folder).

@@ -79,9 +79,11 @@ expect_err() {   # NAME PATTERN ARGS...
 printf '{"image": "../image/rgb_37x53.png", "caption": "a"}\n{"image": "../image/rgb_37x53.png"}\n' > "$W/nocap.jsonl"
 printf '{"image": "%s/tests/fixtures/image/rgb_37x53.png", "caption": "a"}\n{"image": "x.png", "caption": "b"}\n' "$PWD" > "$W/missing.jsonl"
 printf '{"image": "a.png", "caption": "a"\n' > "$W/trunc.jsonl"
+printf '\n[1]\n' > "$W/array.jsonl"
 expect_err "caption missing" "nocap.jsonl:2: no \"caption\"" --set data.train="$W/nocap.jsonl"
-expect_err "image missing" "x.png" --set data.train="$W/missing.jsonl"
+expect_err "image missing" "missing.jsonl: pair 2.*x.png" --set data.train="$W/missing.jsonl"
 expect_err "truncated line" "trunc.jsonl:1" --set data.train="$W/trunc.jsonl"
+expect_err "line not an object" "array.jsonl:2: each line must be an object" --set data.train="$W/array.jsonl"
 expect_err "no data file" "cannot open data.train" --set data.train="$W/none.jsonl"
 expect_err "batch of one" "at least 2 pairs" --set data.batch_size=1 --set data.micro_batch_size=1
 expect_err "data_parallel refused" "gathering the negatives" --set parallel.data_parallel=2 --set data.micro_batch_size=2

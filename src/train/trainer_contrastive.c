@@ -39,65 +39,79 @@ bool mmc_trainer_is_contrastive_dir(const char *dir) {
     return yes;
 }
 
-typedef struct {
-    int n;
-    char **image, **caption;
-} pairs;
+typedef mmc_contrastive_pairs pairs;
 
-static void pairs_free(pairs *p) {
+void mmc_contrastive_pairs_free(mmc_contrastive_pairs *p) {
     for (int i = 0; i < p->n; i++) free(p->image[i]), free(p->caption[i]);
     free(p->image), free(p->caption);
     memset(p, 0, sizeof *p);
 }
+#define pairs_free mmc_contrastive_pairs_free
 
 /* the retrieval JSONL: {"image": PATH, "caption": TEXT} or {"image": PATH, "captions": [TEXT, ...]} */
-static mmc_status pairs_read(const char *path, const char *root, pairs *p) {
+mmc_status mmc_contrastive_pairs_parse(const char *text, size_t len, const char *what, const char *dir,
+                                       mmc_contrastive_pairs *p) {
     memset(p, 0, sizeof *p);
-    FILE *f = fopen(path, "rb");
-    if (!f) return mmc_error(MMC_ERR_NOT_FOUND, "%s: cannot open data.train (an image-caption JSONL)", path);
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", root ? root : path);
-    if (!root) { char *s = strrchr(dir, '/'); if (s) *s = 0; else strcpy(dir, "."); }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
     int lineno = 0, capn = 0;
     mmc_status st = MMC_OK;
-    while (!st && (len = getline(&line, &cap, f)) >= 0) {
+    for (size_t at = 0; at < len && !st;) {
+        const char *line = text + at, *nl = memchr(line, '\n', len - at);
+        const size_t ll = nl ? (size_t)(nl - line) : len - at;
+        at += ll + 1;
         lineno++;
-        if (len <= 1 && (len == 0 || line[0] == '\n')) continue;
-        char what[1100];
-        snprintf(what, sizeof what, "%s:%d", path, lineno);
+        size_t k = 0;
+        while (k < ll && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r')) k++;
+        if (k == ll) continue;   /* blank lines */
+        char where[1100];
+        snprintf(where, sizeof where, "%s:%d", what, lineno);
         mmc_json *j = NULL;
-        if ((st = mmc_json_parse(line, (size_t)len, what, &j))) break;
+        if ((st = mmc_json_parse(line, ll, where, &j))) break;
         const char *img = NULL, *cap1 = NULL;
-        if (!(st = mmc_json_str(j, "image", NULL, &img)) && !img)
-            st = mmc_error(MMC_ERR_FORMAT, "%s: no \"image\" key (each line: {\"image\": PATH, \"caption\": TEXT})", what);
+        if (!mmc_json_is_object(j))
+            st = mmc_error(MMC_ERR_FORMAT, "%s: each line must be an object {\"image\": PATH, \"caption\": TEXT}", where);
+        if (!st && !(st = mmc_json_str(j, "image", NULL, &img)) && !img)
+            st = mmc_error(MMC_ERR_FORMAT, "%s: no \"image\" key (each line: {\"image\": PATH, \"caption\": TEXT})", where);
         if (!st && !(st = mmc_json_str(j, "caption", NULL, &cap1)) && !cap1 &&
             !(st = mmc_json_str(j, "captions.0", NULL, &cap1)) && !cap1)
-            st = mmc_error(MMC_ERR_FORMAT, "%s: no \"caption\" or non-empty \"captions\" list", what);
-        if (!st) {
-            if (p->n == capn) {
-                capn = capn ? 2 * capn : 16;
-                char **a = realloc(p->image, sizeof(char *) * (size_t)capn), **b = a ? realloc(p->caption, sizeof(char *) * (size_t)capn) : NULL;
-                if (a) p->image = a;
-                if (b) p->caption = b;
-                if (!a || !b) st = mmc_error(MMC_ERR_OOM, "out of memory");
-            }
+            st = mmc_error(MMC_ERR_FORMAT, "%s: no \"caption\" or non-empty \"captions\" list", where);
+        if (!st && p->n == capn) {
+            capn = capn ? 2 * capn : 16;
+            char **x = realloc(p->image, sizeof(char *) * (size_t)capn);
+            if (x) p->image = x;
+            char **y = x ? realloc(p->caption, sizeof(char *) * (size_t)capn) : NULL;
+            if (y) p->caption = y;
+            if (!x || !y) st = mmc_error(MMC_ERR_OOM, "out of memory");
         }
         if (!st) {
             char full[2200];
-            if (img[0] == '/') snprintf(full, sizeof full, "%s", img);
+            if (img[0] == '/' || !dir) snprintf(full, sizeof full, "%s", img);
             else snprintf(full, sizeof full, "%s/%s", dir, img);
             p->image[p->n] = strdup(full), p->caption[p->n] = strdup(cap1);
-            p->n++;
+            if (!p->image[p->n] || !p->caption[p->n]) {
+                free(p->image[p->n]), free(p->caption[p->n]);
+                st = mmc_error(MMC_ERR_OOM, "out of memory");
+            } else {
+                p->n++;
+            }
         }
         mmc_json_free(j);
     }
-    free(line);
-    fclose(f);
-    if (!st && p->n == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: no image-caption pairs", path);
+    if (!st && p->n == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: no image-caption pairs", what);
     if (st) pairs_free(p);
+    return st;
+}
+
+static mmc_status pairs_read(const char *path, const char *root, pairs *p) {
+    memset(p, 0, sizeof *p);
+    char *text = NULL;
+    size_t len = 0;
+    if (mmc_read_file(path, &text, &len))
+        return mmc_error(MMC_ERR_NOT_FOUND, "%s: cannot open data.train (an image-caption JSONL)", path);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", root ? root : path);
+    if (!root) { char *s = strrchr(dir, '/'); if (s) *s = 0; else strcpy(dir, "."); }
+    mmc_status st = mmc_contrastive_pairs_parse(text, len, path, dir, p);
+    free(text);
     return st;
 }
 
@@ -191,7 +205,9 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     mmc_image_opts io;
     mmc_image_opts_default(&io);
     if (c->data.max_image_pixels > 0) io.max_pixels = c->data.max_image_pixels;
-    for (int i = 0; i < pr.n && !st; i++) st = mmc_image_load(pr.image[i], &io, &imgs[i]);
+    for (int i = 0; i < pr.n && !st; i++)
+        if ((st = mmc_image_load(pr.image[i], &io, &imgs[i])))
+            st = mmc_error_prefix(st, "%s: pair %d", c->data.train, i + 1);
     if (!st) st = mmc_clip_preprocess(mmc_dual_encoder_image_proc(m), imgs, pr.n, &px_all);
     if (st) goto done;
     mmc_adamw_opts ao;
