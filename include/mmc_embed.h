@@ -86,16 +86,18 @@ typedef struct {
 mmc_status mmc_contrastive_loss(mmc_contrastive_kind kind, const float *img, const float *txt, int64_t n, int64_t D,
                                 double logit_scale, double logit_bias, mmc_contrastive_out *o);
 
-/* ---------------------------------------------------------------- contrastive training (CLIPModel)
- * mmc_dual_encoder_load with f32 weights flagged MMC_PARAM | MMC_REQUIRES_GRAD (SigLIP: UNSUPPORTED for now). */
+/* ---------------------------------------------------------------- contrastive training (CLIP / SigLIP)
+ * mmc_dual_encoder_load with f32 weights flagged MMC_PARAM | MMC_REQUIRES_GRAD. */
 mmc_status mmc_dual_encoder_load_trainable(const char *dir, mmc_dual_encoder **out);
 /* Up to cap weights and their checkpoint names (CLIPModel's); returns the total count. */
 int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char **names, int cap);
-mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m);   /* [] */
+mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m);   /* [] (SigLIP [1]) */
+mmc_tensor *mmc_dual_encoder_logit_bias_param(mmc_dual_encoder *m);    /* SigLIP [1]; NULL for CLIP */
 /* pooled projections before normalisation, graph kept: img [n, D] from pixel_values, txt [n, D] from ids/mask */
 mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc_tensor *pixel_values,
                                     const mmc_tensor *ids, const mmc_tensor *mask, mmc_tensor **img, mmc_tensor **txt);
-/* CLIPProcessor(text, padding=True, truncation=True): ids / mask [n, longest] i32 (caller frees) */
+/* CLIPProcessor(text, padding=True, truncation=True): ids / mask [n, longest] i32; SigLIP: padding="max_length"
+ * (caller frees) */
 mmc_status mmc_dual_encoder_tokenize(mmc_dual_encoder *m, const char *const *texts, int n, mmc_tensor **ids,
                                      mmc_tensor **mask);
 

@@ -1,18 +1,19 @@
-/* trainer_contrastive.c — `mmc train` over a CLIPModel folder: contrastive fine-tuning of both
- * towers, the loop transformers users write around CLIPModel.forward(return_loss=True):
+/* trainer_contrastive.c — `mmc train` over a CLIPModel / SiglipModel folder: contrastive fine-tuning
+ * of both towers, the loop transformers users write around forward(return_loss=True):
  *
  *   for step: B (image, caption) pairs of the image-caption JSONL (mmc eval --task retrieval's
  *             format), in file order and wrapping; each image's first caption
- *     pixel_values = CLIPImageProcessor(images); ids, mask = tokenizer(captions, padding=True)
- *     img = visual_projection(...), txt = text_projection(...)          [B, D], graph kept
- *     loss, d img, d txt, d logit_scale = mmc_contrastive_loss (contrastive.c, clip_loss)
- *     backward from sum(img * d_img) + sum(txt * d_txt); logit_scale.grad += d logit_scale
+ *     pixel_values = the folder's image processor; ids, mask = its tokenizer (CLIP: padding=True,
+ *     SigLIP: padding="max_length")
+ *     img, txt = the pooled projections (CLIP: visual/text_projection; SigLIP: the heads) [B, D], graph kept
+ *     loss, d img, d txt, d logit_scale (, d logit_bias) = mmc_contrastive_loss (contrastive.c)
+ *     backward from sum(img * d_img) + sum(txt * d_txt); logit_scale / logit_bias .grad += theirs
  *     optional clip_grad_norm_, AdamW (torch.optim.AdamW), the run's lr schedule
  *
  * Full fine-tuning (every weight trainable, f32). Checkpoints (training.save_every and the end) are
  * HF folders output_dir/checkpoint-N: model.safetensors with CLIPModel's names plus the source
  * folder's config and processor files, loadable by CLIPModel.from_pretrained and `mmc embed`.
- * Not built yet: SigLIP, LoRA, resume, data_parallel > 1 (refused with a message).
+ * Not built yet: LoRA, resume, data_parallel > 1 (refused with messages).
  * Parity: tests/test_contrastive_train.sh vs tools/ref/gen_contrastive_train.py. */
 #include "trainer_internal.h"
 
@@ -156,7 +157,7 @@ static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step
     if (!st) st = mmc_stw_write(w, p);
     mmc_stw_free(w);
     static const char *files[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                  "vocab.json", "merges.txt", "processor_config.json", "preprocessor_config.json"};
+                                  "vocab.json", "merges.txt", "spiece.model", "processor_config.json", "preprocessor_config.json"};
     for (size_t i = 0; i < sizeof files / sizeof *files && !st; i++) {
         snprintf(s, sizeof s, "%s/%s", src_dir, files[i]);
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
@@ -218,14 +219,15 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     opt_ok = true;
     mmc_schedule sch = {.kind = (mmc_sched_kind)c->optimizer.schedule, .lr = c->optimizer.lr, .min_lr = c->optimizer.min_lr,
                         .warmup_steps = c->optimizer.warmup_steps, .total_steps = c->training.steps};
-    mmc_tensor *scale = mmc_dual_encoder_logit_scale_param(m);
+    mmc_tensor *scale = mmc_dual_encoder_logit_scale_param(m), *bias = mmc_dual_encoder_logit_bias_param(m);
+    const bool sig = mmc_dual_encoder_sigmoid(m);
     const int64_t S = px_all->shape[2], W = px_all->shape[3];
     mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, 3, S, W));
     const char **caps = calloc((size_t)B, sizeof *caps);
     if (!px || !caps) { mmc_tensor_free(px); free(caps); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     const size_t img_floats = (size_t)(3 * S * W);
-    fprintf(stderr, "mmc train: CLIPModel contrastive fine-tuning, %d pairs, batch %lld, %d tensors (%lld parameters)\n",
-            pr.n, (long long)B, np, (long long)mmc_dual_encoder_param_count(m));
+    fprintf(stderr, "mmc train: %s contrastive fine-tuning, %d pairs, batch %lld, %d tensors (%lld parameters)\n",
+            sig ? "SiglipModel" : "CLIPModel", pr.n, (long long)B, np, (long long)mmc_dual_encoder_param_count(m));
     for (; t->step < c->training.steps && !st; ) {
         const int64_t step = t->step;
         for (int64_t b = 0; b < B; b++) {
@@ -242,7 +244,9 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
         mmc_contrastive_out lo = {.d_img = dimg, .d_txt = dtxt};
         if (!st) {
             const double ls = (double)((const float *)scale->data)[0];
-            st = mmc_contrastive_loss(MMC_CONTRASTIVE_CLIP, img->data, txt->data, B, D, ls, 0.0, &lo);
+            const double lb = bias ? (double)((const float *)bias->data)[0] : 0.0;
+            st = mmc_contrastive_loss(sig ? MMC_CONTRASTIVE_SIGLIP : MMC_CONTRASTIVE_CLIP, img->data, txt->data, B, D,
+                                      ls, lb, &lo);
         }
         if (!st) {
             /* surrogate: d(sum(img * G_img) + sum(txt * G_txt)) = the loss's gradients w.r.t. img, txt */
@@ -252,6 +256,7 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
             mmc_tensor *sur = mmc_add(ctx, mmc_sum(ctx, mmc_mul(ctx, img, gi)), mmc_sum(ctx, mmc_mul(ctx, txt, gt)));
             mmc_backward(ctx, sur);
             if (mmc_requires_grad(scale)) ((float *)mmc_grad(ctx, scale)->data)[0] += (float)lo.d_logit_scale;
+            if (bias && mmc_requires_grad(bias)) ((float *)mmc_grad(ctx, bias)->data)[0] += (float)lo.d_logit_bias;
             double gn = c->optimizer.grad_clip > 0 ? mmc_clip_grad_norm(params, np, c->optimizer.grad_clip) : 0;
             const double lr = mmc_schedule_lr(&sch, step);
             mmc_adamw_step(&opt, lr);

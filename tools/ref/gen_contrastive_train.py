@@ -8,8 +8,10 @@ torch.optim.AdamW(lr 1e-4, betas (0.9, 0.999), eps 1e-8) with weight_decay 0.01 
 two or more dims and 0 on the rest (biases, norms, logit_scale: mmc's AdamW groups, as the HF
 Trainer's no-decay group does for biases and norms), no clipping, constant lr.
 
-Writes tests/fixtures/contrastive_train/expected.json: {"losses": [10 floats], "logit_scale": the
-parameter after the 10 updates}.
+The same for tests/fixtures/siglip_model with SiglipModel (the sigmoid loss, logit_bias trained too)
+and SiglipProcessor(padding="max_length"). Writes tests/fixtures/contrastive_train/expected.json
+(CLIP) and expected_siglip.json: {"losses": [10 floats], "logit_scale": the parameter after the 10
+updates}.
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_contrastive_train.py
 """
 import json
@@ -22,7 +24,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":
 
 import torch
 from PIL import Image
-from transformers import CLIPModel, CLIPProcessor
+from transformers import CLIPModel, CLIPProcessor, SiglipModel, SiglipProcessor
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures")
 OUT = os.path.join(ROOT, "contrastive_train")
@@ -30,32 +32,41 @@ os.makedirs(OUT, exist_ok=True)
 torch.manual_seed(0)
 torch.set_num_threads(2)
 STEPS, BATCH, LR, WD = 10, 4, 1e-4, 0.01
-d = os.path.join(ROOT, "clip_model", "model")
-jsonl = os.path.join(ROOT, "clip_model", "retrieval.jsonl")
-pairs = []
-for line in open(jsonl):
-    if not line.strip():
-        continue
-    o = json.loads(line)
-    cap = o["caption"] if "caption" in o else o["captions"][0]
-    pairs.append((os.path.join(os.path.dirname(jsonl), o["image"]), cap))
-model = CLIPModel.from_pretrained(d, dtype=torch.float32).train()
-proc = CLIPProcessor.from_pretrained(d, backend="pil")
-params = [p for p in model.parameters() if p.requires_grad]
-opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
-                         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                        lr=LR, betas=(0.9, 0.999), eps=1e-8)
-losses = []
-for step in range(STEPS):
-    batch = [pairs[(step * BATCH + b) % len(pairs)] for b in range(BATCH)]
-    imgs = [Image.open(p) for p, _ in batch]
-    inp = proc(text=[c for _, c in batch], images=imgs, padding=True, truncation=True, return_tensors="pt")
-    opt.zero_grad()
-    loss = model(**inp, return_loss=True).loss
-    loss.backward()
-    opt.step()
-    losses.append(loss.item())
-    print(step + 1, losses[-1])
-with open(os.path.join(OUT, "expected.json"), "w") as f:
-    json.dump({"losses": losses, "logit_scale": model.logit_scale.item()}, f, indent=1)
+
+
+def run(fam, cls, pcls, kw):
+    d = os.path.join(ROOT, fam + "_model", "model")
+    jsonl = os.path.join(ROOT, "clip_model", "retrieval.jsonl")
+    pairs = []
+    for line in open(jsonl):
+        if not line.strip():
+            continue
+        o = json.loads(line)
+        cap = o["caption"] if "caption" in o else o["captions"][0]
+        pairs.append((os.path.join(os.path.dirname(jsonl), o["image"]), cap))
+    model = cls.from_pretrained(d, dtype=torch.float32).train()
+    proc = pcls.from_pretrained(d, backend="pil")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    losses = []
+    for step in range(STEPS):
+        batch = [pairs[(step * BATCH + b) % len(pairs)] for b in range(BATCH)]
+        imgs = [Image.open(p) for p, _ in batch]
+        inp = proc(text=[c for _, c in batch], images=imgs, truncation=True, return_tensors="pt", **kw)
+        opt.zero_grad()
+        loss = model(**inp, return_loss=True).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        print(fam, step + 1, losses[-1])
+    out = {"losses": losses, "logit_scale": model.logit_scale.item()}
+    name = "expected.json" if fam == "clip" else "expected_%s.json" % fam
+    with open(os.path.join(OUT, name), "w") as f:
+        json.dump(out, f, indent=1)
+
+
+run("clip", CLIPModel, CLIPProcessor, {"padding": True})
+run("siglip", SiglipModel, SiglipProcessor, {"padding": "max_length"})
 print("wrote", OUT)

@@ -66,7 +66,8 @@ void mmc_dual_encoder_free(mmc_dual_encoder *m) {
 /* SiglipModel: text_model.* (siglip_text.c), vision_model.* (vision/siglip_vision.c, with its pooling
  * head), logit_scale [1], logit_bias [1] in one weight file; SiglipImageProcessor's settings over its
  * defaults; the tokenizer of spiece.model. */
-static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *path, const mmc_json *cfg) {
+static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *path, const mmc_json *cfg,
+                              bool trainable) {
     const mmc_json *vj = mmc_json_get(cfg, "vision_config"), *tj = mmc_json_get(cfg, "text_config");
     if (!vj || !tj)
         return mmc_error(MMC_ERR_FORMAT, "%s: a SiglipModel config needs text_config and vision_config", path);
@@ -82,6 +83,7 @@ static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *
                          (long long)m->svc.hidden_size);
     m->dim = m->stc.projection_size;
     if ((st = mw_open(dir, "model", &m->w))) return st;
+    m->w.trainable = trainable;
     m->svision = siglip_vision_bind(&m->w, "vision_model.", &m->svc);
     m->stext = siglip_text_bind(&m->w, "text_model.", &m->stc);
     if (!m->svision || !m->stext) return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -117,12 +119,7 @@ static mmc_status dual_load(const char *dir, bool trainable, mmc_dual_encoder **
     if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto fail;
     if (strcmp(mt, "siglip") == 0) {
         m->fam = FAM_SIGLIP;
-        if (trainable) {
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: training SiglipModel folders is not built yet; mmc train "
-                           "trains CLIPModel folders (model_type \"clip\")", path);
-            goto fail;
-        }
-        if ((st = siglip_load(m, dir, path, cfg))) goto fail;
+        if ((st = siglip_load(m, dir, path, cfg, trainable))) goto fail;
         mmc_json_free(cfg);
         *out = m;
         return MMC_OK;
@@ -335,16 +332,22 @@ int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char
 }
 
 mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m) { return m->logit_scale; }
+mmc_tensor *mmc_dual_encoder_logit_bias_param(mmc_dual_encoder *m) { return m->logit_bias; }
 
-/* CLIPModel.forward's pooled projections before the normalisation, with the graph kept (grad on):
+/* forward's pooled projections before the normalisation, with the graph kept (grad on): CLIP
  * image_embeds = visual_projection(post_layernorm(vision(px)[:, 0])), text_embeds = text_projection(
- * final_layer_norm(text(ids))[eos]); both [n, D] in ctx. */
+ * final_layer_norm(text(ids))[eos]); SigLIP the vision attention-pooling head and the text head at
+ * the last position; both [n, D] in ctx. */
 mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc_tensor *pixel_values,
                                     const mmc_tensor *ids, const mmc_tensor *mask, mmc_tensor **img, mmc_tensor **txt) {
-    if (m->fam != FAM_CLIP) return mmc_error(MMC_ERR_UNSUPPORTED, "contrastive training: CLIPModel folders only");
+    mmc_status st;
+    if (m->fam == FAM_SIGLIP) {   /* the attention-pooling head, the text head at the last position */
+        if ((st = mmc_siglip_vision_pool(ctx, m->svision, (mmc_tensor *)pixel_values, img))) return st;
+        return siglip_text_forward(ctx, m->stext, ids, mask, txt);
+    }
     const int64_t nb = pixel_values->shape[0], Cv = m->vc.hidden_size;
     mmc_tensor **hs;
-    mmc_status st = mmc_clip_vision_forward(ctx, m->vision, (mmc_tensor *)pixel_values, (int)m->vc.num_hidden_layers, &hs);
+    st = mmc_clip_vision_forward(ctx, m->vision, (mmc_tensor *)pixel_values, (int)m->vc.num_hidden_layers, &hs);
     if (st) return st;
     mmc_tensor *last = hs[m->vc.num_hidden_layers];                                         /* [nb, T, Cv] */
     mmc_tensor *cls = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, last, 1, 0, 1)),
@@ -364,8 +367,17 @@ mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc
 mmc_status mmc_dual_encoder_tokenize(mmc_dual_encoder *m, const char *const *texts, int n, mmc_tensor **ids_out,
                                      mmc_tensor **mask_out) {
     *ids_out = *mask_out = NULL;
-    if (m->fam != FAM_CLIP) return mmc_error(MMC_ERR_UNSUPPORTED, "contrastive training: CLIPModel folders only");
     const int L = m->max_length;
+    if (m->fam == FAM_SIGLIP) {   /* SiglipProcessor(padding="max_length"): ids and mask [n, L] */
+        mmc_tensor *a = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(n, L)), *b = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(n, L));
+        mmc_status st = a && b ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int i = 0; i < n && !st; i++)
+            st = mmc_siglip_tokenizer_encode_padded(m->stok, texts[i], L, (int32_t *)a->data + (int64_t)i * L,
+                                                     (int32_t *)b->data + (int64_t)i * L, NULL);
+        if (st) { mmc_tensor_free(a), mmc_tensor_free(b); return st; }
+        *ids_out = a, *mask_out = b;
+        return MMC_OK;
+    }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(2 * n * L)), *mask = ids ? ids + n * L : NULL;
     if (!ids) return mmc_error(MMC_ERR_OOM, "out of memory");
     int longest = 1;
