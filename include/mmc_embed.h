@@ -72,8 +72,8 @@ mmc_status mmc_siglip_tokenizer_encode_padded(const mmc_siglip_tokenizer *t, con
 
 /* ---------------------------------------------------------------- contrastive losses
  * The objectives of CLIPModel / SiglipModel.forward(return_loss=True) over a batch of n
- * (image i, text i) pairs and their gradients (src/train/contrastive.c). The training loop through
- * `mmc train` that uses them is not built yet. */
+ * (image i, text i) pairs and their gradients (src/train/contrastive.c); `mmc train` on a CLIPModel
+ * folder (src/train/trainer_contrastive.c) trains with them. */
 typedef enum { MMC_CONTRASTIVE_CLIP, MMC_CONTRASTIVE_SIGLIP } mmc_contrastive_kind;
 typedef struct {
     double loss;
@@ -85,6 +85,31 @@ typedef struct {
  * logit_scale: the parameter (the scale is its exp); logit_bias ignored for CLIP. */
 mmc_status mmc_contrastive_loss(mmc_contrastive_kind kind, const float *img, const float *txt, int64_t n, int64_t D,
                                 double logit_scale, double logit_bias, mmc_contrastive_out *o);
+
+/* ---------------------------------------------------------------- contrastive training (CLIP / SigLIP)
+ * mmc_dual_encoder_load with f32 weights flagged MMC_PARAM | MMC_REQUIRES_GRAD. */
+mmc_status mmc_dual_encoder_load_trainable(const char *dir, mmc_dual_encoder **out);
+/* Up to cap weights and their checkpoint names (CLIPModel's); returns the total count. */
+int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char **names, int cap);
+mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m);   /* [] (SigLIP [1]) */
+mmc_tensor *mmc_dual_encoder_logit_bias_param(mmc_dual_encoder *m);    /* SigLIP [1]; NULL for CLIP */
+/* pooled projections before normalisation, graph kept: img [n, D] from pixel_values, txt [n, D] from ids/mask */
+mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc_tensor *pixel_values,
+                                    const mmc_tensor *ids, const mmc_tensor *mask, mmc_tensor **img, mmc_tensor **txt);
+/* CLIPProcessor(text, padding=True, truncation=True): ids / mask [n, longest] i32; SigLIP: padding="max_length"
+ * (caller frees) */
+mmc_status mmc_dual_encoder_tokenize(mmc_dual_encoder *m, const char *const *texts, int n, mmc_tensor **ids,
+                                     mmc_tensor **mask);
+
+/* The training pairs of an image-caption JSONL (the retrieval format below), each image with its
+ * first caption; relative image paths joined to dir (NULL: as written). Errors name what:line. */
+typedef struct {
+    int n;
+    char **image, **caption;
+} mmc_contrastive_pairs;
+mmc_status mmc_contrastive_pairs_parse(const char *text, size_t len, const char *what, const char *dir,
+                                       mmc_contrastive_pairs *p);
+void mmc_contrastive_pairs_free(mmc_contrastive_pairs *p);
 
 /* ---------------------------------------------------------------- retrieval evaluation
  * An image-caption JSONL: one object per line, {"image": PATH, "caption": TEXT} or {"image":

@@ -46,6 +46,10 @@ typedef struct mmc_clip_text mmc_clip_text;
 mmc_status mmc_clip_text_config_read(const mmc_json *cfg, const char *what, mmc_clip_text_config *out);
 /* dir: a component folder (text_encoder/). Every missing or mis-shaped tensor is listed. */
 mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out);
+/* The same with f32 weights flagged MMC_PARAM | MMC_REQUIRES_GRAD (contrastive training). */
+mmc_status mmc_clip_text_load_trainable(const char *dir, mmc_clip_text **out);
+/* Up to cap of its bound weights and their checkpoint names (valid while m lives); returns the count. */
+int mmc_clip_text_params(mmc_clip_text *m, mmc_tensor **params, const char **names, int cap);
 /* config.json from config_dir, the weights from `weights` (taken; as mmc_unet_load_st) */
 mmc_status mmc_clip_text_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_clip_text **out);
 void mmc_clip_text_free(mmc_clip_text *m);

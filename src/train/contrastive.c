@@ -1,6 +1,5 @@
 /* contrastive.c — the contrastive losses of transformers' dual encoders and their gradients, the
- * objective of contrastive training (the `mmc train` loop over CLIP / SigLIP folders is not built
- * yet: this is its loss, checked on its own):
+ * objective of contrastive training (`mmc train` over CLIPModel folders: trainer_contrastive.c):
  *
  *   u = img / |img|, v = txt / |txt|             the pooled projections, normalised     [n, D]
  *   CLIP (CLIPModel.forward(return_loss=True), clip_loss; logit_scale not clamped):

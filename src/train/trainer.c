@@ -681,6 +681,16 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if (!t) return mmc_error(MMC_ERR_OOM, "out of memory");
     t->cfg = cfg;
     if (cfg->training.threads > 0) mmc_set_num_threads((int)cfg->training.threads);
+    if (mmc_trainer_is_contrastive_dir(cfg->model.path)) {   /* dual encoders: trainer_contrastive.c's own loop */
+        t->contrastive = true;
+        if (resume) {
+            free(t);
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: --resume for CLIP / SigLIP training is not built yet; "
+                             "start from a written checkpoint-N folder as model.path instead", cfg->file);
+        }
+        *out = t;
+        return MMC_OK;
+    }
     mmc_status st;
     char ckpt[2048] = "";
     /* data parallelism: every rank checks the layout before any work, so a bad config fails
@@ -1528,6 +1538,7 @@ static bool zero3_eval_due(const mmc_trainer *t) {
 }
 
 mmc_status mmc_trainer_run(mmc_trainer *t) {
+    if (t->contrastive) return mmc_trainer_contrastive_run(t);
     const mmc_run_config *c = t->cfg;
     const mmc_training_cfg *tc = &c->training;
     if (t->rank != 0) {   /* only rank 0 prints progress and writes logs and checkpoints */

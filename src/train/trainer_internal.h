@@ -121,6 +121,7 @@ struct mmc_trainer {
     int64_t pp_l0[16], pp_l1[16];
     bool pp_tied;              /* tied embeddings split over the first and the last stage */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
+    bool contrastive;          /* a CLIPModel / SiglipModel folder: trainer_contrastive.c runs the whole loop */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
     mmc_sd3 *sd3;              /* or an SD3 / SD3.5 transformer (a StableDiffusion3Pipeline folder) */
@@ -132,6 +133,10 @@ struct mmc_trainer {
 
 /* a diffusion transformer trains (trainer_flux.c), not a language model */
 static inline bool mmc_trainer_diffusion(const mmc_trainer *t) { return t->flux || t->sd3 || t->unet || t->wan; }
+
+/* trainer_contrastive.c: CLIP / SigLIP dual encoders (model_type clip / siglip) */
+bool mmc_trainer_is_contrastive_dir(const char *dir);
+mmc_status mmc_trainer_contrastive_run(mmc_trainer *t);
 
 /* trainer_flux.c */
 typedef struct mmc_fm_data mmc_fm_data;

@@ -72,7 +72,7 @@ void mmc_clip_text_free(mmc_clip_text *m) {
 }
 
 /* dir holds config.json; the weights are its model.safetensors, or `from` (taken) */
-static mmc_status clip_text_load(const char *dir, mmc_st *from, const char *what, mmc_clip_text **out) {
+static mmc_status clip_text_load(const char *dir, mmc_st *from, const char *what, bool trainable, mmc_clip_text **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -90,6 +90,7 @@ static mmc_status clip_text_load(const char *dir, mmc_st *from, const char *what
     from = NULL;
     if (st) goto fail;
     mw_set *w = &m->w;
+    w->trainable = trainable;   /* f32 copies with gradients (contrastive training) */
     const char *pre = mmc_st_find(w->st, "text_model.embeddings.token_embedding.weight") ? "text_model." : "";
     /* the projection is bound where the class says so or the checkpoint has one */
     c->with_projection = c->with_projection || mmc_st_find(w->st, "text_projection.weight");
@@ -118,10 +119,17 @@ fail:
     return st;
 }
 
-mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) { return clip_text_load(dir, NULL, dir, out); }
+mmc_status mmc_clip_text_load(const char *dir, mmc_clip_text **out) { return clip_text_load(dir, NULL, dir, false, out); }
+mmc_status mmc_clip_text_load_trainable(const char *dir, mmc_clip_text **out) {
+    return clip_text_load(dir, NULL, dir, true, out);
+}
+int mmc_clip_text_params(mmc_clip_text *m, mmc_tensor **params, const char **names, int cap) {
+    for (int i = 0; i < m->w.n_params && i < cap; i++) params[i] = m->w.params[i], names[i] = m->w.names[i];
+    return m->w.n_params;
+}
 
 mmc_status mmc_clip_text_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_clip_text **out) {
-    return clip_text_load(config_dir, weights, what, out);
+    return clip_text_load(config_dir, weights, what, false, out);
 }
 
 mmc_status mmc_clip_text_merge_lora(mmc_clip_text *m, const char *module, const mmc_tensor *A, const mmc_tensor *B,
@@ -171,7 +179,8 @@ mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tenso
     mmc_status st = enc_check_inputs(ids, mask, c->vocab_size, c->max_position_embeddings, "CLIPTextModel");
     if (st) return st;
     const int64_t B = ids->shape[0], T = ids->shape[1], C = c->hidden_size;
-    bool was = mmc_set_grad_enabled(ctx, false);
+    /* grad stays as the caller set it: frozen weights record nothing, trainable ones (contrastive
+     * training) backpropagate through the tower */
     /* CLIPTextEmbeddings: token + position (position_ids = arange(T)) */
     mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
     for (int64_t t = 0; t < T; t++) ((int64_t *)pos->data)[t] = t;
@@ -186,16 +195,15 @@ mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tenso
         hs[i + 1] = x = mw_keep(ctx, mk, layer_forward(ctx, m, &m->layers[i], x, mask));
     }
     mmc_tensor *last = mmc_layernorm(ctx, x, m->ln_f_w, m->ln_f_b, (float)c->layer_norm_eps);
-    mmc_tensor *pooled = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, C));                     /* [B, C] */
-    for (int64_t b = 0; b < B; b++)
-        memcpy((float *)pooled->data + b * C, (const float *)last->data + (b * T + eos_position(m, ids, b)) * C,
-               (size_t)C * sizeof(float));
+    mmc_tensor *eos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(B));
+    for (int64_t b = 0; b < B; b++) ((int64_t *)eos->data)[b] = b * T + eos_position(m, ids, b);
+    mmc_tensor *pooled = mmc_gather_rows(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, last), 2, MMC_SHAPE(B * T, C)),
+                                         eos);                                          /* [B, C] */
     out->last_hidden_state = last;
     out->penultimate = hs[L - 1];
     out->hidden_states = hs;
     out->n_hidden = L + 1;
     out->pooled = pooled;
     out->text_embeds = m->proj ? mmc_linear(ctx, pooled, m->proj, NULL) : NULL;       /* [B, P] */
-    mmc_set_grad_enabled(ctx, was);
     return MMC_OK;
 }

@@ -10,6 +10,8 @@
  * Inference only (grad off inside). */
 #include "siglip_text.h"
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +71,34 @@ void siglip_text_free(siglip_text *t) {
     free(t);
 }
 
+/* SiglipEncoderLayer with the padding mask, differentiable (training): each row's queries attend to its
+ * unmasked keys (a prefix of n_real ids, as padding="max_length" makes), one mmc_attention per row.
+ * Same math as enc_clip_layer_forward(causal false, mask), whose masked kernel has no backward. */
+static mmc_tensor *layer_masked_grad(mmc_ctx *ctx, const enc_clip_layer *L, mmc_tensor *x, int64_t H, float eps,
+                                     mmc_act act, const mmc_tensor *mask) {
+    const int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], D = C / H;
+    mmc_tensor *h = mmc_layernorm(ctx, x, L->ln1_w, L->ln1_b, eps);
+    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, h, L->q_w, L->q_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, h, L->k_w, L->k_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, h, L->v_w, L->v_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor **rows = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)B * sizeof *rows);
+    mmc_attn_opts opts = {.causal = false, .scale = (float)(1.0 / sqrt((double)D))};
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = 0;
+        for (int64_t t = 0; t < T; t++) n = enc_int_at(mask, b * T + t) ? t + 1 : n;
+        if (n == 0) n = T;   /* an all-masked row: the kernel's uniform weights over every key */
+        mmc_tensor *qb = mmc_contiguous(ctx, mmc_narrow(ctx, q, 0, b, 1));                      /* [1, T, H, D] */
+        mmc_tensor *kb = mmc_contiguous(ctx, mmc_narrow(ctx, mmc_narrow(ctx, k, 0, b, 1), 1, 0, n));   /* [1, n, H, D] */
+        mmc_tensor *vb = mmc_contiguous(ctx, mmc_narrow(ctx, mmc_narrow(ctx, v, 0, b, 1), 1, 0, n));
+        rows[b] = mmc_attention(ctx, qb, kb, vb, &opts);                                         /* [1, T, H, D] */
+    }
+    mmc_tensor *o = B == 1 ? rows[0] : mmc_concat(ctx, rows, (int)B, 0);                        /* [B, T, H, D] */
+    x = mmc_add(ctx, x, mmc_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, C)), L->o_w, L->o_b));
+    h = mmc_layernorm(ctx, x, L->ln2_w, L->ln2_b, eps);
+    h = enc_act(ctx, act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));                              /* [B, T, F] */
+    return mmc_add(ctx, x, mmc_linear(ctx, h, L->fc2_w, L->fc2_b));
+}
+
 mmc_status siglip_text_forward(mmc_ctx *ctx, const siglip_text *t, const mmc_tensor *ids, const mmc_tensor *mask,
                                mmc_tensor **pooled) {
     *pooled = NULL;
@@ -76,21 +106,22 @@ mmc_status siglip_text_forward(mmc_ctx *ctx, const siglip_text *t, const mmc_ten
     mmc_status st = enc_check_inputs(ids, mask, c->vocab_size, c->max_position_embeddings, "SiglipTextModel");
     if (st) return st;
     const int64_t B = ids->shape[0], T = ids->shape[1], C = c->hidden_size;
-    bool was = mmc_set_grad_enabled(ctx, false);
     mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
     for (int64_t i = 0; i < T; i++) ((int64_t *)pos->data)[i] = i;
     mmc_tensor *x = mmc_add(ctx, mmc_embedding(ctx, t->tok_emb, (mmc_tensor *)ids),
                             mmc_embedding(ctx, t->pos_emb, pos));                        /* [B, T, C] */
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-        x = mw_keep(ctx, mk, enc_clip_layer_forward(ctx, &t->layers[i], x, c->num_attention_heads,
-                                                    (float)c->layer_norm_eps, c->hidden_act, false, mask));
+        const enc_clip_layer *L = &t->layers[i];
+        x = mask && mmc_grad_enabled(ctx) && mmc_requires_grad(L->q_w)
+                ? layer_masked_grad(ctx, L, x, c->num_attention_heads, (float)c->layer_norm_eps, c->hidden_act, mask)
+                : mw_keep(ctx, mk, enc_clip_layer_forward(ctx, L, x, c->num_attention_heads, (float)c->layer_norm_eps,
+                                                          c->hidden_act, false, mask));
     }
     /* the last position of each row, then the final LayerNorm (per token, so the order does not matter) */
     mmc_tensor *last = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, x, 1, T - 1, 1)), 2,
                                                        MMC_SHAPE(B, C)));                /* [B, C] */
     last = mmc_layernorm(ctx, last, t->ln_f_w, t->ln_f_b, (float)c->layer_norm_eps);
     *pooled = mmc_contiguous(ctx, mmc_linear(ctx, last, t->head_w, t->head_b));          /* [B, P] */
-    mmc_set_grad_enabled(ctx, was);
     return MMC_OK;
 }

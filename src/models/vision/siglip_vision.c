@@ -100,8 +100,7 @@ mmc_status mmc_siglip_vision_forward(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_ten
         return mmc_error(MMC_ERR_INVALID, "SigLIP vision tower: %d layers asked of %lld", n_layers,
                          (long long)c->num_hidden_layers);
     const int64_t N = pixels->shape[0], T = g * g, K = Cin * p * p;
-    bool was = mmc_set_grad_enabled(ctx, false);
-    /* the stride-p convolution as a matmul: patches [N*g*g, Cin*p*p] in the weight's (c, y, x) order */
+    /* grad as the caller set it (frozen weights record nothing); the stride-p convolution as a matmul: patches [N*g*g, Cin*p*p] in the weight's (c, y, x) order */
     mmc_tensor *px = mmc_contiguous(ctx, pixels);
     mmc_tensor *patches = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(N * T, K));
     const float *src = px->data;
@@ -125,7 +124,6 @@ mmc_status mmc_siglip_vision_forward(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_ten
         hs[i + 1] = x = mw_keep(ctx, mk, enc_clip_layer_forward(ctx, &v->layers[i], x, c->num_attention_heads,
                                                                 (float)c->layer_norm_eps, c->hidden_act, false, NULL));
     }
-    mmc_set_grad_enabled(ctx, was);
     *hs_out = hs;
     return MMC_OK;
 }
@@ -138,7 +136,7 @@ mmc_status mmc_siglip_vision_pool(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor
     mmc_tensor **hs;
     mmc_status st = mmc_siglip_vision_forward(ctx, v, pixels, (int)c->num_hidden_layers, &hs);
     if (st) return st;
-    bool was = mmc_set_grad_enabled(ctx, false);
+    /* grad as the caller set it: frozen weights record nothing, trainable ones (contrastive training) do */
     const int64_t N = pixels->shape[0], C = c->hidden_size, H = c->num_attention_heads, D = C / H;
     const int64_t T = hs[0]->shape[1];
     const float eps = (float)c->layer_norm_eps;
@@ -163,6 +161,5 @@ mmc_status mmc_siglip_vision_pool(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor
     m = enc_act(ctx, c->hidden_act, mmc_linear(ctx, m, v->fc1_w, v->fc1_b));
     h = mmc_add(ctx, h, mmc_linear(ctx, m, v->fc2_w, v->fc2_b));
     *out = mmc_contiguous(ctx, mmc_reshape(ctx, h, 2, MMC_SHAPE(N, C)));                    /* [N, C] */
-    mmc_set_grad_enabled(ctx, was);
     return MMC_OK;
 }

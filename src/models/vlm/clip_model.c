@@ -66,7 +66,8 @@ void mmc_dual_encoder_free(mmc_dual_encoder *m) {
 /* SiglipModel: text_model.* (siglip_text.c), vision_model.* (vision/siglip_vision.c, with its pooling
  * head), logit_scale [1], logit_bias [1] in one weight file; SiglipImageProcessor's settings over its
  * defaults; the tokenizer of spiece.model. */
-static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *path, const mmc_json *cfg) {
+static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *path, const mmc_json *cfg,
+                              bool trainable) {
     const mmc_json *vj = mmc_json_get(cfg, "vision_config"), *tj = mmc_json_get(cfg, "text_config");
     if (!vj || !tj)
         return mmc_error(MMC_ERR_FORMAT, "%s: a SiglipModel config needs text_config and vision_config", path);
@@ -82,6 +83,7 @@ static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *
                          (long long)m->svc.hidden_size);
     m->dim = m->stc.projection_size;
     if ((st = mw_open(dir, "model", &m->w))) return st;
+    m->w.trainable = trainable;
     m->svision = siglip_vision_bind(&m->w, "vision_model.", &m->svc);
     m->stext = siglip_text_bind(&m->w, "text_model.", &m->stc);
     if (!m->svision || !m->stext) return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -104,7 +106,7 @@ static mmc_status siglip_load(mmc_dual_encoder *m, const char *dir, const char *
     return MMC_OK;
 }
 
-mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
+static mmc_status dual_load(const char *dir, bool trainable, mmc_dual_encoder **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -117,7 +119,7 @@ mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
     if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto fail;
     if (strcmp(mt, "siglip") == 0) {
         m->fam = FAM_SIGLIP;
-        if ((st = siglip_load(m, dir, path, cfg))) goto fail;
+        if ((st = siglip_load(m, dir, path, cfg, trainable))) goto fail;
         mmc_json_free(cfg);
         *out = m;
         return MMC_OK;
@@ -133,7 +135,7 @@ mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
         goto fail;
     }
     if ((st = mmc_clip_vision_config_read(vj, path, &m->vc))) goto fail;
-    if ((st = mmc_clip_text_load(dir, &m->text))) goto fail;
+    if ((st = (trainable ? mmc_clip_text_load_trainable : mmc_clip_text_load)(dir, &m->text))) goto fail;
     const mmc_clip_text_config *tc = mmc_clip_text_cfg(m->text);
     if (!tc->with_projection) {
         st = mmc_error(MMC_ERR_FORMAT, "%s: no text_projection.weight: this is a CLIP text tower alone, not a "
@@ -142,6 +144,7 @@ mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
     }
     m->dim = tc->projection_dim;
     if ((st = mw_open(dir, "model", &m->w))) goto fail;
+    m->w.trainable = trainable;
     m->vision = clip_vision_bind(&m->w, "vision_model.", &m->vc);
     if (!m->vision) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mw_bind(&m->w, "", "visual_projection.weight", &m->visual_proj, 2, MMC_SHAPE(m->dim, m->vc.hidden_size));
@@ -166,6 +169,9 @@ fail:
     mmc_dual_encoder_free(m);
     return st;
 }
+
+mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) { return dual_load(dir, false, out); }
+mmc_status mmc_dual_encoder_load_trainable(const char *dir, mmc_dual_encoder **out) { return dual_load(dir, true, out); }
 
 const char *mmc_dual_encoder_family(const mmc_dual_encoder *m) { return m->fam == FAM_SIGLIP ? "siglip" : "clip"; }
 int64_t mmc_dual_encoder_dim(const mmc_dual_encoder *m) { return m->dim; }
@@ -329,6 +335,89 @@ mmc_status mmc_dual_encoder_embed_texts(mmc_dual_encoder *m, const char *const *
         mmc_ctx_reset(ctx);
     }
     free(lens);
+    free(ids);
+    return st;
+}
+
+/* ---------------------------------------------------------------- training (src/train/trainer_contrastive.c) */
+
+int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char **names, int cap) {
+    int n = 0;
+    if (m->text) n = mmc_clip_text_params(m->text, params, names, cap);
+    for (int i = 0; i < m->w.n_params; i++, n++)
+        if (n < cap) params[n] = m->w.params[i], names[n] = m->w.names[i];
+    return n;
+}
+
+mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m) { return m->logit_scale; }
+mmc_tensor *mmc_dual_encoder_logit_bias_param(mmc_dual_encoder *m) { return m->logit_bias; }
+
+/* forward's pooled projections before the normalisation, with the graph kept (grad on): CLIP
+ * image_embeds = visual_projection(post_layernorm(vision(px)[:, 0])), text_embeds = text_projection(
+ * final_layer_norm(text(ids))[eos]); SigLIP the vision attention-pooling head and the text head at
+ * the last position; both [n, D] in ctx. */
+mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc_tensor *pixel_values,
+                                    const mmc_tensor *ids, const mmc_tensor *mask, mmc_tensor **img, mmc_tensor **txt) {
+    mmc_status st;
+    if (m->fam == FAM_SIGLIP) {   /* the attention-pooling head, the text head at the last position */
+        if ((st = mmc_siglip_vision_pool(ctx, m->svision, (mmc_tensor *)pixel_values, img))) return st;
+        return siglip_text_forward(ctx, m->stext, ids, mask, txt);
+    }
+    const int64_t nb = pixel_values->shape[0], Cv = m->vc.hidden_size;
+    mmc_tensor **hs;
+    st = mmc_clip_vision_forward(ctx, m->vision, (mmc_tensor *)pixel_values, (int)m->vc.num_hidden_layers, &hs);
+    if (st) return st;
+    mmc_tensor *last = hs[m->vc.num_hidden_layers];                                         /* [nb, T, Cv] */
+    mmc_tensor *cls = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, last, 1, 0, 1)),
+                                                      2, MMC_SHAPE(nb, Cv)));               /* [nb, Cv] */
+    mmc_tensor *pooled = mmc_layernorm(ctx, cls, m->vision->post_ln_w, m->vision->post_ln_b, (float)m->vc.layer_norm_eps);
+    *img = mmc_contiguous(ctx, mmc_linear(ctx, pooled, m->visual_proj, NULL));              /* [nb, D] */
+    mmc_clip_text_out o;
+    /* the causal tower's EOS never attends to the padding after it and the pooled row is all the loss
+     * reads, so the mask changes nothing here: without it the attention is the differentiable kernel */
+    (void)mask;
+    if ((st = mmc_clip_text_forward(ctx, m->text, ids, NULL, &o))) return st;
+    *txt = mmc_contiguous(ctx, o.text_embeds);                                              /* [n, D] */
+    return MMC_OK;
+}
+
+/* CLIPProcessor(text=texts, padding=True, truncation=True): ids / mask [n, Lmax] padded to the longest */
+mmc_status mmc_dual_encoder_tokenize(mmc_dual_encoder *m, const char *const *texts, int n, mmc_tensor **ids_out,
+                                     mmc_tensor **mask_out) {
+    *ids_out = *mask_out = NULL;
+    const int L = m->max_length;
+    if (m->fam == FAM_SIGLIP) {   /* SiglipProcessor(padding="max_length"): ids and mask [n, L] */
+        mmc_tensor *a = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(n, L)), *b = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(n, L));
+        mmc_status st = a && b ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int i = 0; i < n && !st; i++)
+            st = mmc_siglip_tokenizer_encode_padded(m->stok, texts[i], L, (int32_t *)a->data + (int64_t)i * L,
+                                                     (int32_t *)b->data + (int64_t)i * L, NULL);
+        if (st) { mmc_tensor_free(a), mmc_tensor_free(b); return st; }
+        *ids_out = a, *mask_out = b;
+        return MMC_OK;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(2 * n * L)), *mask = ids ? ids + n * L : NULL;
+    if (!ids) return mmc_error(MMC_ERR_OOM, "out of memory");
+    int longest = 1;
+    mmc_status st = MMC_OK;
+    for (int i = 0; i < n && !st; i++) {
+        int len = 0;
+        st = mmc_clip_tokenizer_encode_padded(m->tok, texts[i], L, ids + (int64_t)i * L, mask + (int64_t)i * L, &len);
+        if (len > longest) longest = len;
+    }
+    if (!st) {
+        mmc_tensor *a = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(n, longest)), *b = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(n, longest));
+        if (!a || !b) {
+            mmc_tensor_free(a), mmc_tensor_free(b);
+            st = mmc_error(MMC_ERR_OOM, "out of memory");
+        } else {
+            for (int i = 0; i < n; i++) {
+                memcpy((int32_t *)a->data + (int64_t)i * longest, ids + (int64_t)i * L, sizeof(int32_t) * (size_t)longest);
+                memcpy((int32_t *)b->data + (int64_t)i * longest, mask + (int64_t)i * L, sizeof(int32_t) * (size_t)longest);
+            }
+            *ids_out = a, *mask_out = b;
+        }
+    }
     free(ids);
     return st;
 }

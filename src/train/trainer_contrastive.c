@@ -1,0 +1,291 @@
+/* trainer_contrastive.c — `mmc train` over a CLIPModel / SiglipModel folder: contrastive fine-tuning
+ * of both towers, the loop transformers users write around forward(return_loss=True):
+ *
+ *   for step: B (image, caption) pairs of the image-caption JSONL (mmc eval --task retrieval's
+ *             format), in file order and wrapping; each image's first caption
+ *     pixel_values = the folder's image processor; ids, mask = its tokenizer (CLIP: padding=True,
+ *     SigLIP: padding="max_length")
+ *     img, txt = the pooled projections (CLIP: visual/text_projection; SigLIP: the heads) [B, D], graph kept
+ *     loss, d img, d txt, d logit_scale (, d logit_bias) = mmc_contrastive_loss (contrastive.c)
+ *     backward from sum(img * d_img) + sum(txt * d_txt); logit_scale / logit_bias .grad += theirs
+ *     optional clip_grad_norm_, AdamW (torch.optim.AdamW), the run's lr schedule
+ *
+ * Full fine-tuning (every weight trainable, f32). Checkpoints (training.save_every and the end) are
+ * HF folders output_dir/checkpoint-N: model.safetensors with CLIPModel's names plus the source
+ * folder's config and processor files, loadable by CLIPModel.from_pretrained and `mmc embed`.
+ * Not built yet: LoRA, resume, data_parallel > 1 (refused with messages).
+ * Parity: tests/test_contrastive_train.sh vs tools/ref/gen_contrastive_train.py. */
+#include "trainer_internal.h"
+
+#include "mmc_embed.h"
+#include "mmc_io.h"
+#include "mmc_train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
+
+bool mmc_trainer_is_contrastive_dir(const char *dir) {
+    if (!dir) return false;
+    char path[2048];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *j = NULL;
+    if (mmc_json_load(path, &j)) { mmc_clear_error(); return false; }
+    const char *mt = NULL;
+    bool yes = !mmc_json_str(j, "model_type", "", &mt) && (!strcmp(mt, "clip") || !strcmp(mt, "siglip"));
+    mmc_json_free(j);
+    return yes;
+}
+
+typedef mmc_contrastive_pairs pairs;
+
+void mmc_contrastive_pairs_free(mmc_contrastive_pairs *p) {
+    for (int i = 0; i < p->n; i++) free(p->image[i]), free(p->caption[i]);
+    free(p->image), free(p->caption);
+    memset(p, 0, sizeof *p);
+}
+#define pairs_free mmc_contrastive_pairs_free
+
+/* the retrieval JSONL: {"image": PATH, "caption": TEXT} or {"image": PATH, "captions": [TEXT, ...]} */
+mmc_status mmc_contrastive_pairs_parse(const char *text, size_t len, const char *what, const char *dir,
+                                       mmc_contrastive_pairs *p) {
+    memset(p, 0, sizeof *p);
+    int lineno = 0, capn = 0;
+    mmc_status st = MMC_OK;
+    for (size_t at = 0; at < len && !st;) {
+        const char *line = text + at, *nl = memchr(line, '\n', len - at);
+        const size_t ll = nl ? (size_t)(nl - line) : len - at;
+        at += ll + 1;
+        lineno++;
+        size_t k = 0;
+        while (k < ll && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r')) k++;
+        if (k == ll) continue;   /* blank lines */
+        char where[1100];
+        snprintf(where, sizeof where, "%s:%d", what, lineno);
+        mmc_json *j = NULL;
+        if ((st = mmc_json_parse(line, ll, where, &j))) break;
+        const char *img = NULL, *cap1 = NULL;
+        if (!mmc_json_is_object(j))
+            st = mmc_error(MMC_ERR_FORMAT, "%s: each line must be an object {\"image\": PATH, \"caption\": TEXT}", where);
+        if (!st && !(st = mmc_json_str(j, "image", NULL, &img)) && !img)
+            st = mmc_error(MMC_ERR_FORMAT, "%s: no \"image\" key (each line: {\"image\": PATH, \"caption\": TEXT})", where);
+        if (!st && !(st = mmc_json_str(j, "caption", NULL, &cap1)) && !cap1 &&
+            !(st = mmc_json_str(j, "captions.0", NULL, &cap1)) && !cap1)
+            st = mmc_error(MMC_ERR_FORMAT, "%s: no \"caption\" or non-empty \"captions\" list", where);
+        if (!st && p->n == capn) {
+            capn = capn ? 2 * capn : 16;
+            char **x = realloc(p->image, sizeof(char *) * (size_t)capn);
+            if (x) p->image = x;
+            char **y = x ? realloc(p->caption, sizeof(char *) * (size_t)capn) : NULL;
+            if (y) p->caption = y;
+            if (!x || !y) st = mmc_error(MMC_ERR_OOM, "out of memory");
+        }
+        if (!st) {
+            char full[2200];
+            if (img[0] == '/' || !dir) snprintf(full, sizeof full, "%s", img);
+            else snprintf(full, sizeof full, "%s/%s", dir, img);
+            p->image[p->n] = strdup(full), p->caption[p->n] = strdup(cap1);
+            if (!p->image[p->n] || !p->caption[p->n]) {
+                free(p->image[p->n]), free(p->caption[p->n]);
+                st = mmc_error(MMC_ERR_OOM, "out of memory");
+            } else {
+                p->n++;
+            }
+        }
+        mmc_json_free(j);
+    }
+    if (!st && p->n == 0) st = mmc_error(MMC_ERR_FORMAT, "%s: no image-caption pairs", what);
+    if (st) pairs_free(p);
+    return st;
+}
+
+static mmc_status pairs_read(const char *path, const char *root, pairs *p) {
+    memset(p, 0, sizeof *p);
+    char *text = NULL;
+    size_t len = 0;
+    if (mmc_read_file(path, &text, &len))
+        return mmc_error(MMC_ERR_NOT_FOUND, "%s: cannot open data.train (an image-caption JSONL)", path);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", root ? root : path);
+    if (!root) { char *s = strrchr(dir, '/'); if (s) *s = 0; else strcpy(dir, "."); }
+    mmc_status st = mmc_contrastive_pairs_parse(text, len, path, dir, p);
+    free(text);
+    return st;
+}
+
+static mmc_status copy_file(const char *src, const char *dst) {
+    FILE *f = fopen(src, "rb");
+    if (!f) return MMC_OK;   /* optional files */
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(n > 0 ? (size_t)n : 1);
+    mmc_status st = MMC_OK;
+    if (!buf) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    else if (fread(buf, 1, (size_t)n, f) != (size_t)n) st = mmc_error(MMC_ERR_IO, "%s: short read", src);
+    else st = mmc_write_file_atomic(dst, buf, (size_t)n);
+    free(buf);
+    fclose(f);
+    return st;
+}
+
+/* mkdir -p */
+static mmc_status make_dirs(const char *path) {
+    char p[2048];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') { *s = 0; mkdir(p, 0755); *s = '/'; }
+    if (mkdir(p, 0755) && errno != EEXIST) return mmc_error(MMC_ERR_IO, "%s: cannot create the folder (%s)", p, strerror(errno));
+    return MMC_OK;
+}
+
+/* output_dir/checkpoint-<step>: model.safetensors (CLIPModel's names) + the source's config/processor files */
+static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step, mmc_tensor **params,
+                          const char **names, int n) {
+    char dir[2048], p[2300], s[2300];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%lld", out_dir, (long long)step);
+    mmc_status st = make_dirs(dir);
+    if (st) return st;
+    mmc_stw *w = mmc_stw_new();
+    if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
+    st = mmc_stw_set_metadata(w, "format", "pt");
+    for (int i = 0; i < n && !st; i++) st = mmc_stw_add(w, names[i], params[i]);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (!st) st = mmc_stw_write(w, p);
+    mmc_stw_free(w);
+    static const char *files[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                  "vocab.json", "merges.txt", "spiece.model", "processor_config.json", "preprocessor_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files && !st; i++) {
+        snprintf(s, sizeof s, "%s/%s", src_dir, files[i]);
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        st = copy_file(s, p);
+    }
+    return st;
+}
+
+mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const int64_t B = c->data.batch_size;
+    if (c->parallel.data_parallel > 1 || c->parallel.tensor_parallel > 1 || c->parallel.pipeline_parallel > 1)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: contrastive training runs in one process: gathering the negatives "
+                         "across data-parallel ranks is not built yet; set parallel.data_parallel (and tensor / "
+                         "pipeline) to 1", c->file);
+    if (c->model.lora.r > 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.lora for CLIPModel training is not built yet; remove "
+                         "model.lora for full fine-tuning", c->file);
+    if (!c->data.train)
+        return mmc_error(MMC_ERR_INVALID, "%s: data.train: an image-caption JSONL is needed", c->file);
+    if (B < 2)
+        return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld: a contrastive batch needs at least 2 pairs "
+                         "(the other pairs are the negatives)", c->file, (long long)B);
+    mmc_dual_encoder *m = NULL;
+    pairs pr = {0};
+    mmc_tensor **params = NULL, *px_all = NULL;
+    const char **names = NULL;
+    float *dimg = NULL, *dtxt = NULL;
+    mmc_image *imgs = NULL;
+    mmc_ctx *ctx = NULL;
+    mmc_adamw opt = {0};
+    bool opt_ok = false;
+    mmc_status st;
+    if ((st = mmc_dual_encoder_load_trainable(c->model.path, &m))) return st;
+    if ((st = pairs_read(c->data.train, c->data.image_root, &pr))) goto done;
+    const int np = mmc_dual_encoder_params(m, NULL, NULL, 0);
+    params = calloc((size_t)np, sizeof *params);
+    names = calloc((size_t)np, sizeof *names);
+    const int64_t D = mmc_dual_encoder_dim(m);
+    dimg = malloc(sizeof(float) * (size_t)(2 * B * D));
+    imgs = calloc((size_t)pr.n, sizeof *imgs);
+    if (!params || !names || !dimg || !imgs || !(ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    dtxt = dimg + B * D;
+    mmc_dual_encoder_params(m, params, names, np);
+    /* every image once through the processor: pixel_values [N, 3, S, S] */
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (c->data.max_image_pixels > 0) io.max_pixels = c->data.max_image_pixels;
+    for (int i = 0; i < pr.n && !st; i++)
+        if ((st = mmc_image_load(pr.image[i], &io, &imgs[i])))
+            st = mmc_error_prefix(st, "%s: pair %d", c->data.train, i + 1);
+    if (!st) st = mmc_clip_preprocess(mmc_dual_encoder_image_proc(m), imgs, pr.n, &px_all);
+    if (st) goto done;
+    mmc_adamw_opts ao;
+    mmc_adamw_defaults(&ao);
+    ao.lr = c->optimizer.lr, ao.weight_decay = c->optimizer.weight_decay, ao.eps = c->optimizer.eps;
+    ao.beta1 = c->optimizer.beta1, ao.beta2 = c->optimizer.beta2;
+    if ((st = mmc_adamw_init(&opt, &ao, params, np))) goto done;
+    opt_ok = true;
+    mmc_schedule sch = {.kind = (mmc_sched_kind)c->optimizer.schedule, .lr = c->optimizer.lr, .min_lr = c->optimizer.min_lr,
+                        .warmup_steps = c->optimizer.warmup_steps, .total_steps = c->training.steps};
+    mmc_tensor *scale = mmc_dual_encoder_logit_scale_param(m), *bias = mmc_dual_encoder_logit_bias_param(m);
+    const bool sig = mmc_dual_encoder_sigmoid(m);
+    const int64_t S = px_all->shape[2], W = px_all->shape[3];
+    mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, 3, S, W));
+    const char **caps = calloc((size_t)B, sizeof *caps);
+    if (!px || !caps) { mmc_tensor_free(px); free(caps); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    const size_t img_floats = (size_t)(3 * S * W);
+    fprintf(stderr, "mmc train: %s contrastive fine-tuning, %d pairs, batch %lld, %d tensors (%lld parameters)\n",
+            sig ? "SiglipModel" : "CLIPModel", pr.n, (long long)B, np, (long long)mmc_dual_encoder_param_count(m));
+    for (; t->step < c->training.steps && !st; ) {
+        const int64_t step = t->step;
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t k = (step * B + b) % pr.n;
+            memcpy((float *)px->data + b * (int64_t)img_floats, (const float *)px_all->data + k * (int64_t)img_floats,
+                   img_floats * sizeof(float));
+            caps[b] = pr.caption[k];
+        }
+        mmc_tensor *ids = NULL, *mask = NULL, *img = NULL, *txt = NULL;
+        if ((st = mmc_dual_encoder_tokenize(m, caps, (int)B, &ids, &mask))) break;
+        mmc_zero_grad(params, np);
+        bool was = mmc_set_grad_enabled(ctx, true);
+        st = mmc_dual_encoder_project(ctx, m, px, ids, mask, &img, &txt);
+        mmc_contrastive_out lo = {.d_img = dimg, .d_txt = dtxt};
+        if (!st) {
+            const double ls = (double)((const float *)scale->data)[0];
+            const double lb = bias ? (double)((const float *)bias->data)[0] : 0.0;
+            st = mmc_contrastive_loss(sig ? MMC_CONTRASTIVE_SIGLIP : MMC_CONTRASTIVE_CLIP, img->data, txt->data, B, D,
+                                      ls, lb, &lo);
+        }
+        if (!st) {
+            /* surrogate: d(sum(img * G_img) + sum(txt * G_txt)) = the loss's gradients w.r.t. img, txt */
+            mmc_tensor *gi = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, D)), *gt = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, D));
+            memcpy(gi->data, dimg, sizeof(float) * (size_t)(B * D));
+            memcpy(gt->data, dtxt, sizeof(float) * (size_t)(B * D));
+            mmc_tensor *sur = mmc_add(ctx, mmc_sum(ctx, mmc_mul(ctx, img, gi)), mmc_sum(ctx, mmc_mul(ctx, txt, gt)));
+            mmc_backward(ctx, sur);
+            if (mmc_requires_grad(scale)) ((float *)mmc_grad(ctx, scale)->data)[0] += (float)lo.d_logit_scale;
+            if (bias && mmc_requires_grad(bias)) ((float *)mmc_grad(ctx, bias)->data)[0] += (float)lo.d_logit_bias;
+            double gn = c->optimizer.grad_clip > 0 ? mmc_clip_grad_norm(params, np, c->optimizer.grad_clip) : 0;
+            const double lr = mmc_schedule_lr(&sch, step);
+            mmc_adamw_step(&opt, lr);
+            t->step++;
+            if (c->training.log_every <= 0 || t->step % c->training.log_every == 0 || t->step == 1)
+                printf("step %lld loss %.9g lr %.6g%s\n", (long long)t->step, lo.loss, lr,
+                       c->optimizer.grad_clip > 0 ? "" : ""), (void)gn;
+            fflush(stdout);
+        }
+        mmc_set_grad_enabled(ctx, was);
+        mmc_ctx_reset(ctx);
+        mmc_tensor_free(ids);
+        mmc_tensor_free(mask);
+        if (!st && c->training.output_dir &&
+            ((c->training.save_every > 0 && t->step % c->training.save_every == 0) || t->step == c->training.steps))
+            st = save_hf(c->model.path, c->training.output_dir, t->step, params, names, np);
+    }
+    mmc_tensor_free(px);
+    free(caps);
+done:
+    if (opt_ok) mmc_adamw_free(&opt);
+    if (imgs) for (int i = 0; i < pr.n; i++) mmc_image_free(&imgs[i]);
+    free(imgs);
+    mmc_tensor_free(px_all);
+    mmc_ctx_free(ctx);
+    free(dimg);
+    free(params);
+    free(names);
+    pairs_free(&pr);
+    mmc_dual_encoder_free(m);
+    return st;
+}
