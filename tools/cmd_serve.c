@@ -28,6 +28,7 @@ void help_serve(FILE *f) {
             "                              audio_url parts (data: URIs, or paths under --media-root)\n"
             "  POST /v1/completions        a raw prompt (no chat template)\n"
             "  GET  /v1/models, /v1/models/ID, /health, /metrics (Prometheus text)\n"
+            "  GET  /                      a chat page (streaming, image upload / paste, stop, settings)\n"
             "Prompts are rendered with the model's own chat template and generated exactly as `mmc\n"
             "generate` does (greedy unless temperature > 0 or the model's generation_config.json samples).\n"
             "Requests: stream (SSE, data: [DONE]), stream_options.include_usage, max_tokens /\n"
