@@ -73,6 +73,12 @@ mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *
 /* The same with tensor parallelism: logits [B, T, V/tp] are this rank's vocabulary slice from
  * vocab_start (vocab-parallel cross-entropy, mmc_tp.h); the same scalar on every rank of tp. */
 struct mmc_comm;
+/* The language-model half of a VLM's training loss (LLaVA, InternVL): input embeddings x
+ * [B, T, C] (image features already in place) through the decoder with 1-D positions that
+ * restart at each packed segment (b->cu_seqlens; block-diagonal causal attention, the padding
+ * tail one more block), then the causal-LM loss over b->labels as mmc_causal_lm_loss. */
+mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
+                                      int64_t *n_scored);
 mmc_tensor *mmc_causal_lm_loss_tp(mmc_ctx *ctx, struct mmc_comm *tp, int64_t vocab_start, mmc_tensor *logits,
                                   const int32_t *labels, double scale, int64_t *n_scored);
 /* Scored tokens of labels [B, T] after the shift. */

@@ -147,25 +147,6 @@ mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const m
         x = mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C));             /* [B*T, C] */
         x = mmc_reshape(ctx, mmc_scatter_rows(ctx, x, idx, f), 3, MMC_SHAPE(B, T, C)); /* [B, T, C] */
     }
-    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));                         /* [T] */
-    int64_t *pd = pos->data;
-    for (int64_t t = 0; t < T; t++) pd[t] = t;
-    for (int s = 0; b->cu_seqlens && s < b->n_seqs; s++)   /* packed: each segment from 0 */
-        for (int64_t t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1] && t < T; t++) pd[t] = t - b->cu_seqlens[s];
-    mmc_tensor *cos, *sin;
-    mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);                                     /* [T, D] */
-    mmc_attn_opts ao = {.causal = true};
-    if (b->cu_seqlens) {   /* block-diagonal; the padding tail (not a segment) one more block covering the row */
-        int n = b->n_seqs;
-        int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(n + 2));
-        memcpy(cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n + 1));
-        if (n == 0) cu[0] = 0;
-        if (cu[n] < T) cu[++n] = (int32_t)T;
-        ao.cu_seqlens = cu;
-        ao.n_seqs = n;
-    }
-    x = mmc_qwen2_forward(ctx, m->lm, x, cos, sin, &ao, NULL);                         /* [B, T, C] */
-    mmc_tensor *logits = mmc_qwen2_logits(ctx, m->lm, x);                              /* [B, T, V] */
-    *loss = mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+    *loss = mmc_embeds_causal_lm_loss(ctx, m->lm, x, b, scale, n_scored);                /* [] */
     return MMC_OK;
 }

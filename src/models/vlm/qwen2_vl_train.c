@@ -81,6 +81,31 @@ mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, do
     return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
 }
 
+mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
+                                      int64_t *n_scored) {
+    const int64_t T = b->T;
+    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));                         /* [T] */
+    int64_t *pd = pos->data;
+    for (int64_t t = 0; t < T; t++) pd[t] = t;
+    for (int s = 0; b->cu_seqlens && s < b->n_seqs; s++)   /* packed: each segment from 0 */
+        for (int64_t t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1] && t < T; t++) pd[t] = t - b->cu_seqlens[s];
+    mmc_tensor *cos, *sin;
+    mmc_qwen2_rope_table(ctx, &lm->cfg, pos, &cos, &sin);                               /* [T, D] */
+    mmc_attn_opts ao = {.causal = true};
+    if (b->cu_seqlens) {   /* block-diagonal; the padding tail (not a segment) one more block covering the row */
+        int n = b->n_seqs;
+        int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(n + 2));
+        memcpy(cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n + 1));
+        if (n == 0) cu[0] = 0;
+        if (cu[n] < T) cu[++n] = (int32_t)T;
+        ao.cu_seqlens = cu;
+        ao.n_seqs = n;
+    }
+    x = mmc_qwen2_forward(ctx, lm, x, cos, sin, &ao, NULL);                             /* [B, T, C] */
+    mmc_tensor *logits = mmc_qwen2_logits(ctx, lm, x);                                  /* [B, T, V] */
+    return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+}
+
 mmc_status mmc_qwen2_save_weights(const mmc_qwen2 *m, const char *path, mmc_dtype dt) {
     mmc_stw *w = mmc_stw_new();
     void **tmp = calloc((size_t)m->n_params + 1, sizeof *tmp);
