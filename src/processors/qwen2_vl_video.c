@@ -220,7 +220,8 @@ static mmc_status qvu_sample(const mmc_qwen2vl_video_proc *p, int64_t total, dou
     float step = (end - start) / (float)(steps - 1);
     int64_t half = steps / 2;
     for (int64_t i = 0; i < steps; i++) {
-        float x = i < half ? start + step * (float)i : end - step * (float)(steps - i - 1);
+        /* as ATen's vectorised linspace computes it: one fused multiply-add per value */
+        float x = i < half ? fmaf(step, (float)i, start) : fmaf(-step, (float)(steps - i - 1), end);
         out[i] = (int64_t)nearbyintf(x);
     }
     *idx = out;
@@ -275,8 +276,10 @@ static float aa_filter(float x, mmc_resample f) {
     x = fabsf(x);
     if (f == MMC_RESAMPLE_BILINEAR) return x < 1.0f ? 1.0f - x : 0.0f;
     const float a = -0.5f;   /* bicubic, antialias: Keys' a = -0.5 (as PIL) */
-    if (x < 1.0f) return ((a + 2) * x - (a + 3)) * x * x + 1;
-    if (x < 2.0f) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+    /* the fused multiply-adds torch's build forms here (its CPU kernels are compiled with FMA), written
+     * out so that the result does not depend on this compiler's contraction (-O0 forms none) */
+    if (x < 1.0f) return fmaf(fmaf(a + 2, x, -(a + 3)) * x, x, 1.0f);
+    if (x < 2.0f) return fmaf(fmaf(fmaf(a, x, -5 * a), x, 8 * a), x, -4 * a);
     return 0.0f;
 }
 
