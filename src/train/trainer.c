@@ -930,6 +930,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     mmc_lora_free(t->lora);
     if (t->lora_names) for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
     free(t->lora_names);
+    src_close(&t->src);   /* first: the loader's worker threads read the feature extractor, tokenizer, options */
     for (int i = 0; i < t->n_omni_views; i++) mmc_tensor_free(t->omni_views[i]);
     free(t->omni_views);
     if (t->omni_fe.mel_filters || t->omni_fe.priv) mmc_whisper_fe_free(&t->omni_fe);
@@ -944,7 +945,6 @@ void mmc_trainer_free(mmc_trainer *t) {
     mmc_fm_data_free(t->fm);
     mmc_wan_free(t->wan);
     mmc_wan_data_free(t->wd);
-    src_close(&t->src);
     mmc_tokenizer_free(t->tok);
     mmc_data_opts_free(&t->dopts);
     free(t->config_text);
