@@ -19,17 +19,11 @@
 #include "mmc_trainer.h"
 #include "mmc_ops.h"
 #include "../model_weights.h"
+#include "vlm_splice.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static mmc_status add_name(char **names, int i, const char *a, const char *b) {
-    size_t len = strlen(a) + strlen(b) + 1;
-    if (!(names[i] = malloc(len))) return mmc_error(MMC_ERR_OOM, "out of memory");
-    snprintf(names[i], len, "%s%s", a, b);
-    return MMC_OK;
-}
 
 static mmc_status layout_check(const mmc_internvl *m) {
     if (m->remote_layout)
@@ -39,38 +33,9 @@ static mmc_status layout_check(const mmc_internvl *m) {
 }
 
 mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n) {
-    *params = NULL;
-    *names = NULL;
-    *n = 0;
     mmc_status st = layout_check(m);
-    if (st) return st;
-    const mw_set *w = m->weights;
-    const int nw = w->n_params, total = nw + m->lm->n_params;
-    mmc_tensor **p = calloc((size_t)total + 1, sizeof *p);
-    char **nm = calloc((size_t)total + 1, sizeof *nm);
-    if (!p || !nm) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    for (int i = 0; i < nw && !st; i++) {   /* tower + projector: the checkpoint's names, no "model." */
-        const char *s = w->names[i];
-        if (!strncmp(s, "model.", 6)) s += 6;
-        p[i] = w->params[i];
-        st = add_name(nm, i, "", s);
-    }
-    for (int i = 0; i < m->lm->n_params && !st; i++) {
-        const char *s = m->lm->param_names[i];
-        p[nw + i] = m->lm->params[i];
-        st = strcmp(s, "lm_head.weight") ? add_name(nm, nw + i, "language_model.model.", s)
-                                         : add_name(nm, nw + i, "language_model.", s);
-    }
-    if (st) goto fail;
-    *params = p;
-    *names = nm;
-    *n = total;
-    return MMC_OK;
-fail:
-    for (int i = 0; nm && i < total; i++) free(nm[i]);
-    free(nm);
-    free(p);
-    return st;
+    if (st) { *params = NULL, *names = NULL, *n = 0; return st; }
+    return vlm_train_param_list(m->weights, m->lm, params, names, n);   /* the same names as LLaVA's */
 }
 
 mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {

@@ -18,6 +18,7 @@
 #include "mmc_trainer.h"
 #include "mmc_ops.h"
 #include "../model_weights.h"
+#include "vlm_splice.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,14 +31,11 @@ static mmc_status add_name(char **names, int i, const char *a, const char *b) {
     return MMC_OK;
 }
 
-mmc_status mmc_llava_params(mmc_llava *m, mmc_tensor ***params, char ***names, int *n) {
+mmc_status vlm_train_param_list(const mw_set *w, mmc_qwen2 *lm, mmc_tensor ***params, char ***names, int *n) {
     *params = NULL;
     *names = NULL;
     *n = 0;
-    if (m->variant != MMC_LLAVA_15 || !m->vision)   /* NeXT / OneVision / a SigLIP tower: inference only */
-        return mmc_error(MMC_ERR_UNSUPPORTED, "llava training: only LLaVA-1.5 with a CLIP tower is supported");
-    const mw_set *w = m->weights;
-    const int nw = w->n_params, total = nw + m->lm->n_params;
+    const int nw = w->n_params, total = nw + lm->n_params;
     mmc_tensor **p = calloc((size_t)total + 1, sizeof *p);
     char **nm = calloc((size_t)total + 1, sizeof *nm);
     mmc_status st = MMC_OK;
@@ -48,9 +46,9 @@ mmc_status mmc_llava_params(mmc_llava *m, mmc_tensor ***params, char ***names, i
         p[i] = w->params[i];
         st = add_name(nm, i, "", s);
     }
-    for (int i = 0; i < m->lm->n_params && !st; i++) {
-        const char *s = m->lm->param_names[i];
-        p[nw + i] = m->lm->params[i];
+    for (int i = 0; i < lm->n_params && !st; i++) {
+        const char *s = lm->param_names[i];
+        p[nw + i] = lm->params[i];
         st = strcmp(s, "lm_head.weight") ? add_name(nm, nw + i, "language_model.model.", s)
                                          : add_name(nm, nw + i, "language_model.", s);
     }
@@ -64,6 +62,14 @@ fail:
     free(nm);
     free(p);
     return st;
+}
+
+mmc_status mmc_llava_params(mmc_llava *m, mmc_tensor ***params, char ***names, int *n) {
+    if (m->variant != MMC_LLAVA_15 || !m->vision) {   /* NeXT / OneVision / a SigLIP tower: inference only */
+        *params = NULL, *names = NULL, *n = 0;
+        return mmc_error(MMC_ERR_UNSUPPORTED, "llava training: only LLaVA-1.5 with a CLIP tower is supported");
+    }
+    return vlm_train_param_list(m->weights, m->lm, params, names, n);
 }
 
 mmc_status mmc_llava_linears(mmc_llava *m, mmc_module_list *out) {

@@ -20,4 +20,9 @@ typedef mmc_status (*vlm_forward_fn)(mmc_ctx *ctx, void *model, mmc_tensor *ids,
 mmc_status vlm_feed(mmc_ctx *ctx, vlm_forward_fn fwd, void *model, mmc_qwen2 *lm, const int32_t *ids_in, int64_t n,
                     mmc_tensor *pixels, mmc_kv_cache *kv, float **logits);
 
+/* The trainable parameters of a tower + projector weight set w and its language model lm, named as
+ * LLaVA's / InternVL's save_pretrained names them: w's names without "model.", then
+ * "language_model.model.<name>" ("language_model.lm_head.weight"). Arrays owned by the caller. */
+mmc_status vlm_train_param_list(const mw_set *w, mmc_qwen2 *lm, mmc_tensor ***params, char ***names, int *n);
+
 #endif
