@@ -840,6 +840,10 @@ typedef struct {
     mmc_fm_scheme weighting;
 } mmc_flux_fm_batch;
 /* The scalar loss of one micro-batch, on the tape in grad mode. */
+/* Rectified flow's noising, per sample b of contiguous f32 x0 / noise [B, ...] (any rank):
+ * x_t = (1 - sigmas[b]) x0 + sigmas[b] noise, target = noise - x0 (both in ctx). Flux, SD3 and Wan share it. */
+void mmc_fm_interpolate(mmc_ctx *ctx, const mmc_tensor *x0, const mmc_tensor *nz, const float *sigmas, mmc_tensor **xt,
+                        mmc_tensor **target);
 mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *b, mmc_tensor **loss);
 
 /* SD3 / SD3.5, as diffusers' train_dreambooth_(lora_)sd3.py computes it: the latents unpacked, the

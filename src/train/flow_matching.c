@@ -62,26 +62,35 @@ void mmc_fm_train_sigma(const mmc_fm_config *c, float u, float *sigma, float *ti
     *timestep = s * (float)N;
 }
 
+void mmc_fm_interpolate(mmc_ctx *ctx, const mmc_tensor *x0, const mmc_tensor *nz, const float *sigmas, mmc_tensor **xt,
+                        mmc_tensor **target) {
+    const int64_t B = x0->shape[0], per = mmc_numel(x0) / B;
+    mmc_tensor *x = mmc_new(ctx, MMC_F32, x0->ndim, x0->shape), *tg = mmc_new(ctx, MMC_F32, x0->ndim, x0->shape);
+    const float *xd = x0->data, *nd = nz->data;
+    float *xtd = x->data, *tgd = tg->data;
+    for (int64_t bi = 0; bi < B; bi++) {
+        const float s = sigmas[bi], one_minus = 1.0f - s;
+        for (int64_t k = bi * per; k < (bi + 1) * per; k++) {
+            xtd[k] = one_minus * xd[k] + s * nd[k];      /* (1 - sigma) x0 + sigma noise */
+            tgd[k] = nd[k] - xd[k];                      /* the velocity target */
+        }
+    }
+    *xt = x;
+    *target = tg;
+}
+
 mmc_status mmc_flux_fm_loss(mmc_ctx *ctx, mmc_flux *m, const mmc_flux_fm_batch *b, mmc_tensor **loss) {
     *loss = NULL;
     const mmc_tensor *x0 = b->latents, *nz = b->noise;
     if (!x0 || x0->ndim != 4 || x0->dtype != MMC_F32 || !mmc_is_contiguous(x0) || !nz || !mmc_same_shape(x0, nz) ||
         nz->dtype != MMC_F32 || !mmc_is_contiguous(nz))
         return mmc_error(MMC_ERR_INVALID, "flow matching: latents and noise must be contiguous f32 [B, C, h, w] of one shape");
-    const int64_t B = x0->shape[0], h = x0->shape[2], w = x0->shape[3], per = mmc_numel(x0) / B;
+    const int64_t B = x0->shape[0], h = x0->shape[2], w = x0->shape[3];
     if (h % 2 || w % 2)
         return mmc_error(MMC_ERR_INVALID, "flow matching: latent size %lldx%lld must be even (2x2 packing)", (long long)h,
                          (long long)w);
-    mmc_tensor *xt = mmc_new(ctx, MMC_F32, 4, x0->shape), *tg = mmc_new(ctx, MMC_F32, 4, x0->shape);
-    const float *xd = x0->data, *nd = nz->data;
-    float *xtd = xt->data, *tgd = tg->data;
-    for (int64_t bi = 0; bi < B; bi++) {
-        const float s = b->sigmas[bi], one_minus = 1.0f - s;
-        for (int64_t k = bi * per; k < (bi + 1) * per; k++) {
-            xtd[k] = one_minus * xd[k] + s * nd[k];      /* (1 - sigma) x0 + sigma noise */
-            tgd[k] = nd[k] - xd[k];                      /* the velocity target */
-        }
-    }
+    mmc_tensor *xt, *tg;
+    mmc_fm_interpolate(ctx, x0, nz, b->sigmas, &xt, &tg);                 /* x_t and the velocity target */
     float *ts = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)B * 2 * sizeof *ts), *gd = ts + B;
     for (int64_t bi = 0; bi < B; bi++) ts[bi] = b->timesteps[bi] / 1000.0f, gd[bi] = (float)b->guidance;
     const int64_t T = b->prompt_embeds->shape[1];

@@ -48,7 +48,7 @@ mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b,
         nz->dtype != MMC_F32 || !mmc_is_contiguous(nz))
         return mmc_error(MMC_ERR_INVALID, "Wan flow matching: latents and noise must be contiguous f32 [B, C, F, h, w] "
                          "of one shape");
-    const int64_t B = x0->shape[0], per = mmc_numel(x0) / B;
+    const int64_t B = x0->shape[0];
     if (mmc_wan_cfg(m)->out_channels != x0->shape[1] || mmc_wan_cfg(m)->in_channels != x0->shape[1])
         return mmc_error(MMC_ERR_INVALID, "Wan flow matching: the transformer takes %lld and predicts %lld channels, "
                          "the latents have %lld", (long long)mmc_wan_cfg(m)->in_channels,
@@ -56,16 +56,8 @@ mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b,
     if (!b->prompt_embeds || b->prompt_embeds->ndim != 3 || b->prompt_embeds->shape[0] != B)
         return mmc_error(MMC_ERR_INVALID, "Wan flow matching: prompt_embeds must be [B, T, text_dim] with B = %lld",
                          (long long)B);
-    mmc_tensor *xt = mmc_new(ctx, MMC_F32, 5, x0->shape), *tg = mmc_new(ctx, MMC_F32, 5, x0->shape);
-    const float *xd = x0->data, *nd = nz->data;
-    float *xtd = xt->data, *tgd = tg->data;
-    for (int64_t bi = 0; bi < B; bi++) {
-        const float s = b->sigmas[bi], one_minus = 1.0f - s;
-        for (int64_t k = bi * per; k < (bi + 1) * per; k++) {
-            xtd[k] = one_minus * xd[k] + s * nd[k];      /* (1 - sigma) x0 + sigma noise */
-            tgd[k] = nd[k] - xd[k];                      /* the velocity target */
-        }
-    }
+    mmc_tensor *xt, *tg;
+    mmc_fm_interpolate(ctx, x0, nz, b->sigmas, &xt, &tg);                 /* x_t and the velocity target */
     mmc_wan_inputs in = {.hidden = xt, .timestep = b->timesteps, .encoder = b->prompt_embeds};
     mmc_tensor *pred = NULL;
     mmc_status st = mmc_wan_forward(ctx, m, &in, &pred);                   /* [B, C, F, h, w] */
