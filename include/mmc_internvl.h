@@ -65,8 +65,6 @@ typedef struct mmc_internvl {
     mmc_linear_w proj2;           /* linear_2: w [C, C], b [C] */
     mmc_act proj_act;             /* projector_hidden_act (gelu) */
     int64_t image_token_id;       /* <IMG_CONTEXT> */
-    int64_t pad_token_id;         /* text_config.pad_token_id, -1 if none: the embedding's padding_idx
-                                     (its row gets no gradient in training, as nn.Embedding's) */
     int feature_layer;            /* index into hs[] (0 .. L), made non-negative; L + 1: last_hidden_state */
     int shuffle;                  /* 1 / downsample_ratio (2) */
     bool ps_v1;                   /* OpenGVLab's ps_version "v1": the shuffled grid left transposed */

@@ -40,6 +40,8 @@ typedef struct {
     double rms_norm_eps;
     double rope_theta;
     bool tie_word_embeddings;
+    bool has_pad_token;           /* pad_token_id set: nn.Embedding's padding_idx (that row gets no gradient); */
+    int64_t pad_token_id;         /* a zero-initialised config has none */
     bool mrope;                   /* Qwen2-VL multimodal rope */
     int mrope_section[3];         /* e.g. {16, 24, 24}, sums to D/2 */
     bool qkv_bias;                /* q/k/v projections have biases (Qwen2: always; Llama: attention_bias) */

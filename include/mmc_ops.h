@@ -48,6 +48,9 @@ mmc_tensor *mmc_mean(mmc_ctx *ctx, mmc_tensor *x);  /* -> [] scalar */
 mmc_tensor *mmc_linear(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b);
 /* table [V, C] (f32/bf16), ids [...] (i32/i64) -> [..., C] */
 mmc_tensor *mmc_embedding(mmc_ctx *ctx, mmc_tensor *table, mmc_tensor *ids);
+/* torch's nn.Embedding(padding_idx): the same lookup, but the row padding_idx gets no gradient
+ * (the positions holding it contribute nothing to the table's grad); -1 = none. */
+mmc_tensor *mmc_embedding_padded(mmc_ctx *ctx, mmc_tensor *table, mmc_tensor *ids, int64_t padding_idx);
 
 /* ---------------------------------------------------------------- norms */
 /* x [..., C]; w [C] or NULL. y = x * rsqrt(mean(x^2) + eps) * w (HF Qwen2RMSNorm). */

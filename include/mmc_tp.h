@@ -57,7 +57,8 @@ mmc_tensor *mmc_tp_reduce(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
 mmc_tensor *mmc_tp_row_linear(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l);
 /* Vocab-parallel embedding: table [V/tp, C] holds ids [vocab_start, vocab_start + V/tp);
  * ids [...] (i32/i64, each in [0, V)) -> g(masked lookup) [..., C], replicated. */
-mmc_tensor *mmc_tp_embedding(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *table, mmc_tensor *ids, int64_t vocab_start);
+mmc_tensor *mmc_tp_embedding(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *table, mmc_tensor *ids, int64_t vocab_start,
+                             int64_t padding_idx);   /* -1: none */
 /* Vocab-parallel cross-entropy: logits [N, V/tp] (this rank's vocabulary slice starting at
  * vocab_start), targets [N] global ids or ignore_index; the mean over scored rows as
  * mmc_cross_entropy (0 when all are ignored), the same scalar on every rank. */

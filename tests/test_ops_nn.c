@@ -41,6 +41,9 @@ typedef struct { float eps; int groups, stride, pad; int64_t ignore; } args;
 
 static mmc_tensor *f_linear(mmc_ctx *c, mmc_tensor **in, void *u) { return mmc_linear(c, in[0], in[1], in[2]); }
 static mmc_tensor *f_embedding(mmc_ctx *c, mmc_tensor **in, void *u) { return mmc_embedding(c, in[0], in[1]); }
+static mmc_tensor *f_embedding_pad1(mmc_ctx *c, mmc_tensor **in, void *u) {
+    return mmc_embedding_padded(c, in[0], in[1], 1);
+}
 static mmc_tensor *f_rmsnorm(mmc_ctx *c, mmc_tensor **in, void *u) {
     return mmc_rmsnorm(c, in[0], in[1], ((args *)u)->eps);
 }
@@ -123,6 +126,9 @@ static void test_fixtures(void) {
                  1e-6, 0);
     fixture_case("embedding_bf16", (fx_in[]){{"table", MMC_BF16, 0}, {"ids", MMC_I64, 0}}, 2,
                  f_embedding, &a, 0, 0);
+    /* padding_idx 1: that row's gradient stays exactly zero (torch's F.embedding(padding_idx=1)) */
+    fixture_case("embedding_padded", (fx_in[]){{"table", MMC_F32, 1}, {"ids", MMC_I64, 0}}, 2,
+                 f_embedding_pad1, &a, 0, 0);
     a.eps = 1e-6f;
     fixture_case("rmsnorm", (fx_in[]){{"x", MMC_F32, 1}, {"w", MMC_F32, 1}}, 2, f_rmsnorm, &a, A, R);
     fixture_case("rmsnorm_noweight", (fx_in[]){{"x", MMC_F32, 1}, {NULL}}, 2, f_rmsnorm, &a, A, R);

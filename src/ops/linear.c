@@ -70,12 +70,14 @@ static void embedding_backward(mmc_ctx *ctx, mmc_node *n) {
     int64_t T = mmc_numel(ids), C = table->shape[1];
     float *gt = mmc_grad(ctx, table)->data;
     const float *gy = n->out->grad->data;
+    const int64_t padding_idx = n->i[0];   /* -1: none */
     /* Columns are split over threads; inside a column block tokens are added in order, so
      * repeated ids accumulate identically for any thread count. */
 #pragma omp parallel for schedule(static) if (T * C > 32768)
     for (int64_t c0 = 0; c0 < C; c0 += 128) {
         int64_t c1 = c0 + 128 < C ? c0 + 128 : C;
         for (int64_t t = 0; t < T; t++) {
+            if (id_at(ids, t) == padding_idx) continue;   /* nn.Embedding(padding_idx): no gradient */
             float *dst = gt + id_at(ids, t) * C;
             const float *src = gy + t * C;
 #pragma omp simd
@@ -85,6 +87,10 @@ static void embedding_backward(mmc_ctx *ctx, mmc_node *n) {
 }
 
 mmc_tensor *mmc_embedding(mmc_ctx *ctx, mmc_tensor *table, mmc_tensor *ids) {
+    return mmc_embedding_padded(ctx, table, ids, -1);
+}
+
+mmc_tensor *mmc_embedding_padded(mmc_ctx *ctx, mmc_tensor *table, mmc_tensor *ids, int64_t padding_idx) {
     char st[64], si[64];
     MMC_CHECK(table && ids, "mmc_embedding: table and ids are required");
     MMC_CHECK((table->dtype == MMC_F32 || table->dtype == MMC_BF16) && table->ndim == 2 &&
@@ -115,6 +121,7 @@ mmc_tensor *mmc_embedding(mmc_ctx *ctx, mmc_tensor *table, mmc_tensor *ids) {
             mmc_convert(yd + t * C, MMC_F32, (const uint16_t *)table->data + id * C, MMC_BF16, C);
     }
     mmc_tensor *in[2] = {table, ids};
-    mmc_tape_record(ctx, "embedding", embedding_backward, y, 2, in);
+    mmc_node *n = mmc_tape_record(ctx, "embedding", embedding_backward, y, 2, in);
+    if (n) n->i[0] = padding_idx;
     return y;
 }

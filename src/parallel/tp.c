@@ -74,7 +74,7 @@ static inline int64_t id_at(const mmc_tensor *ids, int64_t i) {
 static void vembed_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *table = n->in[0], *ids = n->in[1];
     if (!mmc_requires_grad(table)) return;
-    const int64_t T = mmc_numel(ids), C = table->shape[1], Vl = table->shape[0], v0 = n->i[0];
+    const int64_t T = mmc_numel(ids), C = table->shape[1], Vl = table->shape[0], v0 = n->i[0], pad = n->i[1];
     float *gt = mmc_grad(ctx, table)->data;
     const float *gy = n->out->grad->data;
     /* column blocks over threads; tokens in order inside a block (deterministic, as mmc_embedding) */
@@ -82,6 +82,7 @@ static void vembed_backward(mmc_ctx *ctx, mmc_node *n) {
     for (int64_t c0 = 0; c0 < C; c0 += 128) {
         int64_t c1 = c0 + 128 < C ? c0 + 128 : C;
         for (int64_t t = 0; t < T; t++) {
+            if (id_at(ids, t) == pad) continue;   /* padding_idx: no gradient */
             int64_t id = id_at(ids, t) - v0;
             if (id < 0 || id >= Vl) continue;
             float *dst = gt + id * C;
@@ -91,8 +92,9 @@ static void vembed_backward(mmc_ctx *ctx, mmc_node *n) {
     }
 }
 
-mmc_tensor *mmc_tp_embedding(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *table, mmc_tensor *ids, int64_t vocab_start) {
-    if (!tp || mmc_comm_size(tp) == 1) return mmc_embedding(ctx, table, ids);
+mmc_tensor *mmc_tp_embedding(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *table, mmc_tensor *ids, int64_t vocab_start,
+                             int64_t padding_idx) {
+    if (!tp || mmc_comm_size(tp) == 1) return mmc_embedding_padded(ctx, table, ids, padding_idx);
     MMC_CHECK((table->dtype == MMC_F32 || table->dtype == MMC_BF16) && table->ndim == 2 && mmc_is_contiguous(table),
               "mmc_tp_embedding: table must be contiguous f32/bf16 [V/tp, C]");
     MMC_CHECK((ids->dtype == MMC_I32 || ids->dtype == MMC_I64) && mmc_is_contiguous(ids) && ids->ndim < MMC_MAX_DIMS,
@@ -117,7 +119,7 @@ mmc_tensor *mmc_tp_embedding(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *table, mmc_
     }
     mmc_tensor *in[2] = {table, ids};
     mmc_node *n = mmc_tape_record(ctx, "tp_embedding", vembed_backward, y, 2, in);
-    if (n) n->i[0] = vocab_start;
+    if (n) n->i[0] = vocab_start, n->i[1] = padding_idx;
     return mmc_tp_reduce(ctx, tp, y);   /* every id is owned by exactly one rank */
 }
 

@@ -59,6 +59,10 @@ def main():
     run("embedding", lambda table, ids: F.embedding(ids, table), {"table": table, "ids": ids}, ["table"])
     run("embedding_bf16", lambda table, ids: F.embedding(ids, table.float()),
         {"table": table.to(torch.bfloat16), "ids": ids}, [])
+    # nn.Embedding(padding_idx=1), as transformers' decoders build embed_tokens from pad_token_id:
+    # row 1 (three of the ids) gets no gradient
+    run("embedding_padded", lambda table, ids: F.embedding(ids, table, padding_idx=1),
+        {"table": table, "ids": ids}, ["table"])
     # --- rmsnorm (transformers Qwen2RMSNorm), eps 1e-6
     x = randn(3, 4, 16, seed=5, scale=2.0)
     w = 1 + randn(16, seed=6, scale=0.2)

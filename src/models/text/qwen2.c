@@ -112,6 +112,12 @@ mmc_status mmc_decoder_config_read(const mmc_json *root, const mmc_json *j, cons
     else st = mmc_json_bool(root, "tie_word_embeddings", false, &tie);
     if (st) return st;
     c->tie_word_embeddings = tie;
+    /* pad_token_id: transformers builds embed_tokens as nn.Embedding(V, C, padding_idx=pad_token_id),
+     * so training never moves that row; null, absent or outside the vocabulary: none */
+    if (!mmc_json_has(j, "pad_token_id") || mmc_json_int(j, "pad_token_id", -1, &v) || v < 0 || v >= c->vocab_size)
+        v = -1;
+    c->has_pad_token = v >= 0;
+    c->pad_token_id = v;
     /* M-RoPE: rope_scaling.mrope_section (Hub) or rope_parameters.mrope_section (5.x) */
     const char *keys[] = {"rope_scaling.mrope_section", "rope_parameters.mrope_section"};
     for (int k = 0; k < 2; k++) {
@@ -604,8 +610,9 @@ static void kv_append(mmc_ctx *ctx, mmc_kv_cache *kv, int layer, mmc_tensor *k, 
 
 /* ------------------------------------------------------------------ forward */
 mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids) {
-    if (m->tp) return mmc_tp_embedding(ctx, m->tp, m->embed, ids, mmc_comm_rank(m->tp) * m->embed->shape[0]);
-    return mmc_embedding(ctx, m->embed, ids);
+    if (m->tp) return mmc_tp_embedding(ctx, m->tp, m->embed, ids, mmc_comm_rank(m->tp) * m->embed->shape[0],
+                                       m->cfg.has_pad_token ? m->cfg.pad_token_id : -1);
+    return mmc_embedding_padded(ctx, m->embed, ids, m->cfg.has_pad_token ? m->cfg.pad_token_id : -1);
 }
 
 /* The layer's self-attention half on the residual stream x [B, T, C]: o(attention(rope(q),

@@ -144,9 +144,6 @@ static mmc_status read_config(const mmc_json *cfg, const char *path, mmc_internv
     if ((st = mmc_json_str(cfg, "projector_hidden_act", "gelu", &s))) return mmc_error_prefix(st, "%s", path);
     if ((st = mmc_act_parse(s, path, &m->proj_act))) return st;
     if ((st = downsample_read(cfg, path, vc, m))) return st;
-    /* text_config.pad_token_id: Qwen2's nn.Embedding padding_idx (a JSON null or absent: none) */
-    if (mmc_json_int(t, "pad_token_id", -1, &m->pad_token_id) || m->pad_token_id >= tc->vocab_size)
-        m->pad_token_id = -1;
     if ((st = mmc_json_str(cfg, "vision_feature_select_strategy", "default", &s))) return mmc_error_prefix(st, "%s", path);
     if (strcmp(s, "default"))
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: vision_feature_select_strategy '%s' (only default: the CLS token "
@@ -176,7 +173,6 @@ mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **
     char *verr = NULL;
     if (!m || !w) { free(w); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     m->weights = w;
-    m->pad_token_id = -1;
     mmc_qwen2_config tc;
     mmc_intern_vit_config vc;
     if ((st = read_config(cfg, path, m, &tc, &vc))) goto fail;
@@ -232,7 +228,6 @@ mmc_status mmc_internvl_new(const mmc_json *cfg, const char *what, uint64_t seed
     mw_set *w = calloc(1, sizeof *w);
     if (!m || !w) { free(m); free(w); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     m->weights = w;
-    m->pad_token_id = -1;
     mmc_qwen2_config tc;
     mmc_intern_vit_config vc;
     mmc_status st = read_config(cfg, what ? what : "config", m, &tc, &vc);

@@ -79,27 +79,7 @@ mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const m
     mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));                       /* [B, T] */
     memcpy(ids->data, b->input_ids, (size_t)BT * sizeof(int32_t));
     mmc_tensor *x = mmc_qwen2_embed(ctx, m->lm, ids);                                  /* [B, T, C] */
-    /* nn.Embedding(padding_idx = pad_token_id): the value of that row, no gradient into it — its
-     * positions get a detached copy of the row (transformers' Qwen2Model builds embed_tokens so) */
-    int64_t n_pad = 0;
-    for (int64_t i = 0; m->pad_token_id >= 0 && i < BT; i++) n_pad += b->input_ids[i] == m->pad_token_id;
-    if (n_pad > 0) {
-        mmc_tensor *pidx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n_pad));
-        mmc_tensor *rows = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(n_pad, C));               /* [n_pad, C] */
-        const mmc_tensor *E = m->lm->embed;
-        int64_t k = 0;
-        for (int64_t i = 0; i < BT; i++)
-            if (b->input_ids[i] == m->pad_token_id) ((int64_t *)pidx->data)[k++] = i;
-        for (int64_t r = 0; r < n_pad; r++) {
-            float *dst = (float *)rows->data + r * C;
-            if (E->dtype == MMC_F32) memcpy(dst, (const float *)E->data + m->pad_token_id * C, (size_t)C * sizeof(float));
-            else if (E->dtype == MMC_BF16)   /* model.dtype bf16 */
-                for (int64_t q = 0; q < C; q++) dst[q] = mmc_bf16_to_f32(((const uint16_t *)E->data)[m->pad_token_id * C + q]);
-            else return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: embed_tokens in an unexpected dtype");
-        }
-        x = mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C));
-        x = mmc_reshape(ctx, mmc_scatter_rows(ctx, x, pidx, rows), 3, MMC_SHAPE(B, T, C));
-    }
+    /* the pad row gets no gradient: mmc_qwen2_embed applies the config's padding_idx */
     if (n_feat > 0) {
         mmc_tensor *px = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(b->n_patches, 3, S, S));   /* [N, 3, s, s] */
         memcpy(px->data, b->pixel_values, mmc_nbytes(px));
