@@ -52,6 +52,13 @@ const mmc_clip_vision_config *mmc_clip_vision_cfg(const mmc_clip_vision *v);
  * MMC_ERR_SHAPE naming the sizes when pixels do not fit. */
 mmc_status mmc_clip_vision_forward(mmc_ctx *ctx, mmc_clip_vision *v, mmc_tensor *pixels, int n_layers,
                                    mmc_tensor ***hs);
+/* A CLIPVisionModel folder on its own (config.json of model_type clip_vision_model, or a config with a
+ * vision_config; weights vision_model.* as 4.x saved them, or bare as 5.x does; f32 / bf16 / f16): Wan2.1 image-to-video's image_encoder.
+ * Every missing, mis-shaped or unexpected tensor is listed. */
+typedef struct mmc_clip_vision_model mmc_clip_vision_model;
+mmc_status mmc_clip_vision_model_load(const char *dir, mmc_clip_vision_model **out);
+mmc_clip_vision *mmc_clip_vision_model_tower(mmc_clip_vision_model *m);
+void mmc_clip_vision_model_free(mmc_clip_vision_model *m);
 
 /* ---------------------------------------------------------------- SigLIP vision tower */
 typedef struct {

@@ -10,6 +10,7 @@
 
 #include "mmc.h"
 #include "mmc_diffusion.h"
+#include "mmc_image.h"
 #include "mmc_io.h"
 #include "mmc_lora.h"
 
@@ -82,6 +83,8 @@ typedef struct {
     double guidance;             /* classifier-free guidance; > 1 needs a negative encoding (5.0 in diffusers) */
     void (*progress)(void *user, int step, int n, double step_seconds);
     void *user;
+    const mmc_tensor *condition;      /* image-to-video only: mmc_wan_i2v_condition's [1, 4 + z_dim, t, h, w] */
+    const mmc_tensor *image_embeds;   /* image-to-video only: mmc_wan_encode_image's [1, S_img, image_dim] */
 } mmc_wan_sample_opts;
 
 /* Reads model_index.json (must be WanPipeline) and the configs; loads no weights. */
@@ -102,8 +105,17 @@ void mmc_wan_latent_shape(const mmc_wan_pipeline *p, int frames, int height, int
  * to zero -> [B, max_sequence_length, text_dim] (persistent). */
 mmc_status mmc_wan_encode_prompt(mmc_ctx *ctx, mmc_wan_pipeline *p, const char *const *prompts, int B,
                                  int max_sequence_length, mmc_tensor **embeds);
-/* The denoising loop on latents [B, C, F, h, w] (updated in place); neg may be NULL when
- * guidance <= 1. */
+/* WanImageToVideoPipeline (Wan2.1 I2V) only. encode_image: CLIPImageProcessor + CLIPVisionModel's
+ * hidden_states[-2] -> [1, S_img, image_dim] (persistent; the encoder is loaded and freed here).
+ * i2v_condition: prepare_latents' condition for a clip of frames x height x width from the image:
+ * the mask channels and the normalised VAE latents of [image resized with lanczos, zeros]
+ * -> [1, scale_factor_temporal + z_dim, t, h, w] (persistent). */
+bool mmc_wan_pipeline_is_i2v(const mmc_wan_pipeline *p);
+mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds);
+mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, int frames, int height, int width,
+                                 mmc_tensor **condition);
+/* The denoising loop on latents [B, C, F, h, w] (updated in place; C = the VAE's z_dim for image to
+ * video, with opts.condition and opts.image_embeds); neg may be NULL when guidance <= 1. */
 mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *cond, const mmc_tensor *neg,
                           mmc_tensor *latents, const mmc_wan_sample_opts *o);
 /* A diffusers LoRA on the transformer ("transformer.<module>.lora_A.weight"), applied unmerged at

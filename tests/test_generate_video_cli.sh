@@ -7,6 +7,8 @@
 #    settings.json holds the prompt, frames, fps;
 #  - --lora (WanPipeline.save_lora_weights' file) changes the frames and is recorded;
 #  - MP4 (H.264), GIF and lossless MKV outputs by extension, with --json timings; CFG with a negative prompt;
+#  - image to video with a WanImageToVideoPipeline folder (--image): frames equal diffusers' within 1/255;
+#    --image refused by a text-to-video folder and required by an image-to-video one;
 #  - a frame count that is not 4k + 1 and a size the VAE cannot take name the nearest valid value;
 #    latents of the wrong shape name the shape; bad options are usage errors; --help lists the options.
 set -u
@@ -91,6 +93,25 @@ grep -q "VAE decode" "$T/err" && grep -q "denoising" "$T/err" && ok || bad "no p
 expect_rc 0 "$MMC" generate-video "${ARGS[@]}" --prompt "a dog runs" --steps 1 --out "$T/v.mkv"
 [ -s "$T/v.mkv" ] && ok || bad "no v.mkv"
 
+# ---- image to video (tests/fixtures/wan_i2v/pipe, a WanImageToVideoPipeline, tools/ref/gen_wan_i2v.py): from
+# diffusers' noise, 2 steps without guidance, the first frame from input.png; frames as diffusers hands them
+# to export_to_video, within 1/255
+I=tests/fixtures/wan_i2v/pipe
+IARGS=(--model $I --width 48 --height 32 --frames 9 --prompt "a red cat walks on the beach")
+expect_rc 0 "$MMC" generate-video "${IARGS[@]}" --image $I/input.png --guidance 1 --steps 2 \
+  --latents $I/cli_latents.safetensors --out "$T/i2v/"
+set -- $(png_cmp "$T/i2v" $I/cli_expected)
+[ "$1" = 9 ] && [ "$4" = 0 ] && ok || bad "image-to-video frames differ from diffusers': $1 frames, $4 values off by > 1 (max $3)"
+echo "generate-video --image vs diffusers' WanImageToVideoPipeline: $1 frames, $2 channel values differ (max $3/255)"
+grep -q 'image: tests/fixtures/wan_i2v/pipe/input.png' "$T/i2v/settings.json" && grep -q 'WanImageToVideoPipeline' \
+  "$T/i2v/settings.json" && ok || bad "settings.json lacks the image: $(cat "$T/i2v/settings.json")"
+expect_rc 2 "$MMC" generate-video "${IARGS[@]}" --out "$T/e.mp4"
+expect_err "image-to-video pipeline: --image F"
+expect_rc 2 "$MMC" generate-video "${ARGS[@]}" --prompt x --image $I/input.png --out "$T/e.mp4"
+expect_err "takes no --image"
+expect_rc 1 "$MMC" generate-video "${IARGS[@]}" --image "$T/no-such.png" --out "$T/e.mp4"
+expect_err "no-such.png"
+
 # ---- errors
 expect_rc 1 "$MMC" generate-video "${ARGS[@]}" --prompt x --frames 10 --out "$T/e.mp4"
 expect_err "nearest valid count is 9"
@@ -110,7 +131,7 @@ expect_rc 2 "$MMC" generate-video --model $P --prompt x --fps 0
 expect_rc 2 "$MMC" generate-video --model $P --prompt x --frobnicate 1
 expect_err "unknown option '--frobnicate'"
 expect_rc 0 "$MMC" generate-video --help
-for o in --frames --fps --negative-prompt --guidance --seed --lora --latents --out --steps --width --height --json; do
+for o in --image --frames --fps --negative-prompt --guidance --seed --lora --latents --out --steps --width --height --json; do
   grep -q -- "$o" "$T/out" && ok || bad "--help lacks $o"
 done
 "$MMC" --help 2>&1 | grep -q "generate-video" && ok || bad "mmc --help does not list generate-video"

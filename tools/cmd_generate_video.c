@@ -1,5 +1,6 @@
-/* cmd_generate_video.c — `mmc generate-video`: text -> video with a diffusers WanPipeline folder
- * (src/diffusion/wan_pipeline.c), as diffusers' WanPipeline(...).frames[0] then export_to_video
+/* cmd_generate_video.c — `mmc generate-video`: text (and, with a WanImageToVideoPipeline folder, a first
+ * frame) -> video (src/diffusion/wan_pipeline.c), as diffusers' WanPipeline / WanImageToVideoPipeline
+ * (...).frames[0] then export_to_video
  * does it (frames to uint8 by truncation, as export_to_video's astype): the prompt through UMT5, the denoising loop with a progress bar, the causal VAE decoded
  * chunk by chunk with its own progress bar, and the frames written by mmc_video_write as MP4
  * (H.264), GIF, lossless MKV or a folder of PNG frames, by the output's extension, with the prompt
@@ -18,18 +19,25 @@
 
 void help_generate_video(FILE *f) {
     fprintf(f,
-            "usage: mmc generate-video --model DIR --prompt TEXT [options]\n\n"
+            "usage: mmc generate-video --model DIR --prompt TEXT [--image F] [options]\n\n"
             "Generate a video with a diffusers WanPipeline folder (Wan2.1 text-to-video: model_index.json,\n"
             "transformer/ (WanTransformer3DModel), vae/ (AutoencoderKLWan), text_encoder/ (UMT5),\n"
             "tokenizer/, scheduler/ (UniPCMultistepScheduler)), the way diffusers' WanPipeline does: same\n"
             "prompt cleaning and zero-padded UMT5 states, same sigmas (flow_shift from the scheduler's\n"
             "config), same classifier-free guidance, same latent normalisation. The text encoder is freed\n"
             "before the denoising loop, the transformer before the VAE, which decodes one latent frame at a\n"
-            "time (memory does not grow with the clip).\n\n"
+            "time (memory does not grow with the clip).\n"
+            "With a WanImageToVideoPipeline folder (Wan2.1 I2V: also image_encoder/ (CLIPVisionModel) and\n"
+            "image_processor/ (CLIPImageProcessor)) --image gives the first frame, as diffusers' pipeline\n"
+            "takes it: CLIP image states condition every block, the image resized to the frame size (Pillow's\n"
+            "lanczos) is VAE-encoded with the other frames zero and joined to the latents with a first-frame\n"
+            "mask.\n\n"
             "options:\n"
             "  --model DIR             the pipeline folder (required)\n"
             "  --prompt TEXT           the prompt (required)\n"
             "  --negative-prompt TEXT  what to guide away from (default \"\", as diffusers)\n"
+            "  --image F               the first frame (JPEG / PNG / WebP ...; required by, and only taken by,\n"
+            "                          an image-to-video folder)\n"
             "  --frames N              frames of the clip (default 81); must be 4k + 1 (the VAE compresses\n"
             "                          time 4x after the first frame), else an error names the nearest count\n"
             "  --fps F                 frames per second written into the file (default 16, Wan2.1's)\n"
@@ -109,7 +117,8 @@ static mmc_status read_latents(const char *path, const int64_t *shape, mmc_tenso
 }
 
 int cmd_generate_video(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *neg = "", *latents_path = NULL, *out = "video.mp4", *lora = NULL;
+    const char *model = NULL, *prompt = NULL, *neg = "", *latents_path = NULL, *out = "video.mp4", *lora = NULL,
+               *image = NULL;
     long long width = 832, height = 480, steps = 50, seed = 0, maxlen = 512, frames = 81;
     double guidance = 5.0, fps = 16.0;
     bool json = false;
@@ -122,6 +131,7 @@ int cmd_generate_video(int argc, char **argv) {
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--negative-prompt")) neg = v;
         else if (!strcmp(a, "--latents")) latents_path = v;
+        else if (!strcmp(a, "--image")) image = v;
         else if (!strcmp(a, "--lora")) {
             if (lora) return cli_usage("generate-video", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
             lora = v;
@@ -145,6 +155,12 @@ int cmd_generate_video(int argc, char **argv) {
     if (st) return cli_fail(st, "cannot open the pipeline");
     if ((st = mmc_wan_pipeline_check_frames(p, (int)frames))) { mmc_wan_pipeline_free(p); return cli_fail(st, "bad --frames"); }
     if ((st = mmc_wan_pipeline_check_size(p, (int)height, (int)width))) { mmc_wan_pipeline_free(p); return cli_fail(st, "bad size"); }
+    const bool i2v = mmc_wan_pipeline_is_i2v(p);
+    if (i2v != (image != NULL)) {
+        mmc_wan_pipeline_free(p);
+        return cli_usage("generate-video", i2v ? "%s is an image-to-video pipeline: --image F (the first frame) is required"
+                                               : "%s is a text-to-video pipeline: it takes no --image", model);
+    }
     if (lora) {
         char path[4096];
         const float w = lora_spec(lora, path, sizeof path);
@@ -155,7 +171,8 @@ int cmd_generate_video(int argc, char **argv) {
     }
     mmc_ctx *ctx = mmc_ctx_new();
     const double t0 = mmc_now();
-    mmc_tensor *cond = NULL, *ncond = NULL, *lat = NULL, *video = NULL;
+    mmc_tensor *cond = NULL, *ncond = NULL, *lat = NULL, *video = NULL, *img_states = NULL, *img_cond = NULL;
+    mmc_image first = {0};
     uint8_t *rgb = NULL;
     int rc = CLI_ERROR;
     const bool cfg = guidance > 1.0;
@@ -164,6 +181,16 @@ int cmd_generate_video(int argc, char **argv) {
         (cfg && (st = mmc_wan_encode_prompt(ctx, p, ng, 1, (int)maxlen, &ncond)))) {
         cli_fail(st, "cannot encode the prompt");
         goto done;
+    }
+    if (i2v) {   /* encode_image, then prepare_latents' condition (the VAE encodes the first frame) */
+        mmc_image_opts io;
+        mmc_image_opts_default(&io);
+        if ((st = mmc_image_load(image, &io, &first))) { cli_fail(st, "cannot read --image %s", image); goto done; }
+        if ((st = mmc_wan_encode_image(ctx, p, &first, &img_states)) ||
+            (st = mmc_wan_i2v_condition(p, &first, (int)frames, (int)height, (int)width, &img_cond))) {
+            cli_fail(st, "cannot encode --image %s", image);
+            goto done;
+        }
     }
     const double t_text = mmc_now() - t0;
     int64_t ls[4], shape[5];
@@ -181,7 +208,8 @@ int cmd_generate_video(int argc, char **argv) {
     }
     progress_state ps = {.tty = isatty(2), .quiet = json, .what = "denoising"};
     mmc_wan_sample_opts o = {.height = (int)height, .width = (int)width, .frames = (int)frames, .steps = (int)steps,
-                             .guidance = guidance, .progress = on_step, .user = &ps};
+                             .guidance = guidance, .progress = on_step, .user = &ps, .condition = img_cond,
+                             .image_embeds = img_states};
     double t1 = mmc_now();
     if ((st = mmc_wan_sample(ctx, p, cond, ncond, lat, &o))) { cli_fail(st, "denoising failed"); goto done; }
     const double t_denoise = mmc_now() - t1;
@@ -201,9 +229,10 @@ int cmd_generate_video(int argc, char **argv) {
             for (int64_t i = 0; i < H * W; i++) rgb[(f * H * W + i) * 3 + c] = (uint8_t)(x[(f * 3 + c) * H * W + i] * 255.0f);
     char comment[8192];
     snprintf(comment, sizeof comment, "prompt: %s; negative_prompt: %s; model: %s; frames: %lld; fps: %g; size: %lldx%lld; "
-             "steps: %lld; guidance: %g; seed: %lld%s; lora: %s; software: mmc generate-video (WanPipeline)", prompt,
+             "steps: %lld; guidance: %g; seed: %lld%s; lora: %s; image: %s; software: mmc generate-video (%s)", prompt,
              cfg ? neg : "", model, frames, fps, width, height, steps, guidance, seed,
-             latents_path ? " (--latents given)" : "", lora ? lora : "");
+             latents_path ? " (--latents given)" : "", lora ? lora : "", image ? image : "",
+             i2v ? "WanImageToVideoPipeline" : "WanPipeline");
     mmc_video_write_opts vo = {.format = MMC_VIDEO_OUT_AUTO, .pad_odd = true, .comment = comment, .title = prompt,
                                .quiet = json};
     if ((st = mmc_video_write(out, rgb, (int)F, (int)H, (int)W, fps, &vo))) { cli_fail(st, "cannot write %s", out); goto done; }
@@ -224,6 +253,9 @@ int cmd_generate_video(int argc, char **argv) {
     rc = CLI_OK;
 done:
     free(rgb);
+    mmc_image_free(&first);
+    mmc_tensor_free(img_states);
+    mmc_tensor_free(img_cond);
     mmc_tensor_free(video);
     mmc_tensor_free(lat);
     mmc_tensor_free(cond);

@@ -59,7 +59,8 @@ static const class_info CLASSES[] = {
     {"transformers", "T5Tokenizer", MMC_DCOMP_TOKENIZER, true},
     {"transformers", "T5TokenizerFast", MMC_DCOMP_TOKENIZER, true},
     {"transformers", "CLIPVisionModelWithProjection", MMC_DCOMP_IMAGE_ENCODER, false},
-    {"transformers", "CLIPImageProcessor", MMC_DCOMP_FEATURE_EXTRACTOR, false},
+    {"transformers", "CLIPVisionModel", MMC_DCOMP_IMAGE_ENCODER, true},   /* Wan2.1 I2V's image_encoder */
+    {"transformers", "CLIPImageProcessor", MMC_DCOMP_FEATURE_EXTRACTOR, true},
     {"transformers", "CLIPFeatureExtractor", MMC_DCOMP_FEATURE_EXTRACTOR, false},
     {"stable_diffusion", "StableDiffusionSafetyChecker", MMC_DCOMP_SAFETY_CHECKER, false},
 };
@@ -105,6 +106,12 @@ static const pipeline_info PIPELINES[] = {
      {{"tokenizer", MMC_DCOMP_TOKENIZER, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
       {"vae", MMC_DCOMP_VAE, false}, {"transformer", MMC_DCOMP_TRANSFORMER, false},
       {"scheduler", MMC_DCOMP_SCHEDULER, false}, {"transformer_2", MMC_DCOMP_TRANSFORMER, true}}},
+    /* Wan2.1 image-to-video: the CLIP vision tower and its processor (null in Wan2.2's I2V folders) */
+    {{"WanImageToVideoPipeline"},
+     {{"tokenizer", MMC_DCOMP_TOKENIZER, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
+      {"vae", MMC_DCOMP_VAE, false}, {"transformer", MMC_DCOMP_TRANSFORMER, false},
+      {"scheduler", MMC_DCOMP_SCHEDULER, false}, {"image_processor", MMC_DCOMP_FEATURE_EXTRACTOR, true},
+      {"image_encoder", MMC_DCOMP_IMAGE_ENCODER, true}, {"transformer_2", MMC_DCOMP_TRANSFORMER, true}}},
     /* HunyuanDiT: BERT + T5 (MT5) text encoders */
     {{"HunyuanDiTPipeline"},
      {{"vae", MMC_DCOMP_VAE, false}, {"text_encoder", MMC_DCOMP_TEXT_ENCODER, false},
@@ -311,7 +318,7 @@ mmc_status mmc_diffusers_open(const char *dir, mmc_diffusers_dir *d) {
     if (!pi) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline class %s is not one mmc knows (FluxPipeline, "
                        "StableDiffusion3Pipeline, StableDiffusionPipeline, StableDiffusionXLPipeline and their "
-                       "img2img forms, WanPipeline, HunyuanDiTPipeline)", path, pipeline);
+                       "img2img forms, WanPipeline, WanImageToVideoPipeline, HunyuanDiTPipeline)", path, pipeline);
         goto done;
     }
     /* components: the [library, class] arrays; keys starting with '_' and plain values are settings */

@@ -14,11 +14,25 @@
  *   video = AutoencoderKLWan.decode(latents / (1 / latents_std) + latents_mean), then
  *        VideoProcessor.postprocess_video: x / 2 + 0.5 clamped, frames first      [B, F, 3, H, W]
  *
- * The text encoder loads inside encode_prompt and is freed before it returns; the transformer is
- * freed before the VAE decodes. */
+ * Image to video (WanImageToVideoPipeline, pipelines/wan/pipeline_wan_i2v.py, Wan2.1 I2V):
+ *
+ *   encode_image: CLIPImageProcessor (transformers 5's default torchvision backend) then
+ *        CLIPVisionModel's hidden_states[-2]                         -> image_embeds [1, S_img, image_dim]
+ *   prepare_latents: the image resized to height x width (VaeImageProcessor: Pillow's lanczos, x / 255,
+ *        2x - 1); video_condition = [image, zeros x (frames - 1)] [3, frames, H, W]; vae.encode(...).mode(),
+ *        normalised (z - mean) * (1 / std); the mask: 1 on the first latent frame, 0 after, in
+ *        scale_factor_temporal channels (the first frame repeated 4 times, folded into channels)
+ *                                        -> condition [1, 4 + z_dim, t, h, w]
+ *   each step: the transformer on cat([latents, condition], channels) with the image states (the same
+ *        for the negative pass); latents have z_dim channels (the transformer's out_channels).
+ *
+ * The text encoder loads inside encode_prompt and is freed before it returns (so is the image
+ * encoder in encode_image); the transformer is freed before the VAE decodes. */
 #include "mmc_wan_t2v.h"
 #include "mmc_encoders.h"
+#include "mmc_llava.h"
 #include "mmc_lora.h"
+#include "mmc_vlproc.h"
 #include "pipe_util.h"
 
 #include <stdlib.h>
@@ -34,8 +48,12 @@ struct mmc_wan_pipeline {
     mmc_wan_vae *vae;
     mmc_lora_set *lora;
     int vae_spatial, vae_temporal;
+    int64_t z_dim;                    /* the VAE's latent channels */
+    bool i2v;                         /* WanImageToVideoPipeline */
+    mmc_clip_proc clip_proc;          /* I2V: image_processor/ */
     char path[4][1024];               /* transformer, vae, scheduler, text_encoder */
     char tok_path[1024];
+    char enc_path[1024];              /* I2V: image_encoder/ */
 };
 enum { S_TR, S_VAE, S_SCHED, S_TE };
 
@@ -45,6 +63,37 @@ static mmc_status read_json(const char *dir, const char *file, mmc_json **j) {
     return mmc_json_load(p, j);
 }
 
+/* WanImageToVideoPipeline's extra parts: Wan2.1's CLIP image branch (Wan2.2's expand_timesteps form,
+ * with no image encoder, is refused), the image processor's settings, the channel arithmetic. */
+static mmc_status i2v_open(mmc_wan_pipeline *p, const char *dir) {
+    mmc_json *j = NULL;
+    bool expand = false;
+    mmc_status st = read_json(dir, "model_index.json", &j);
+    if (!st) st = mmc_json_bool(j, "expand_timesteps", false, &expand);
+    mmc_json_free(j);
+    if (st) return mmc_error_prefix(st, "%s/model_index.json: ", dir);
+    if (expand)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: expand_timesteps (Wan2.2's image-to-video, the first frame as a "
+                         "clean latent) is not supported yet", dir);
+    const mmc_diffusers_component *ie = mmc_diffusers_find(&p->dir, "image_encoder"),
+                                  *ip = mmc_diffusers_find(&p->dir, "image_processor");
+    if (!ie || !ie->present || !ip || !ip->present || p->tr_cfg.image_dim <= 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: this WanImageToVideoPipeline has no CLIP image branch (image_encoder, "
+                         "image_processor and the transformer's image_dim): only Wan2.1's image-to-video is supported", dir);
+    mmc_diffusers_path(&p->dir, "image_encoder", "", p->enc_path, sizeof p->enc_path);
+    char pp[1024];
+    mmc_diffusers_path(&p->dir, "image_processor", "", pp, sizeof pp);
+    mmc_clip_proc_default(&p->clip_proc);
+    if ((st = mmc_clip_proc_load_dir(pp, &p->clip_proc, NULL, 0))) return st;
+    p->clip_proc.resize_mode = MMC_VLPROC_RESIZE_TORCH;   /* transformers 5's CLIPImageProcessor */
+    if (p->tr_cfg.in_channels != 2 * p->z_dim + p->vae_temporal || p->tr_cfg.out_channels != p->z_dim)
+        return mmc_error(MMC_ERR_FORMAT, "%s: the transformer takes %lld channels and gives %lld; image-to-video needs "
+                         "%lld in (latents, %d mask channels, the image's latents) and %lld out (the VAE's z_dim)", dir,
+                         (long long)p->tr_cfg.in_channels, (long long)p->tr_cfg.out_channels,
+                         (long long)(2 * p->z_dim + p->vae_temporal), p->vae_temporal, (long long)p->z_dim);
+    return MMC_OK;
+}
+
 mmc_status mmc_wan_pipeline_open(const char *dir, mmc_wan_pipeline **out) {
     *out = NULL;
     mmc_wan_pipeline *p = calloc(1, sizeof *p);
@@ -52,8 +101,10 @@ mmc_status mmc_wan_pipeline_open(const char *dir, mmc_wan_pipeline **out) {
     mmc_json *j = NULL;
     mmc_status st = mmc_diffusers_open(dir, &p->dir);
     if (st) goto fail;
-    if (strcmp(p->dir.pipeline, "WanPipeline") != 0) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a WanPipeline", dir, p->dir.pipeline);
+    p->i2v = !strcmp(p->dir.pipeline, "WanImageToVideoPipeline");
+    if (strcmp(p->dir.pipeline, "WanPipeline") != 0 && !p->i2v) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline %s is not a WanPipeline or WanImageToVideoPipeline", dir,
+                       p->dir.pipeline);
         goto fail;
     }
     const mmc_diffusers_component *t2 = mmc_diffusers_find(&p->dir, "transformer_2");
@@ -72,7 +123,8 @@ mmc_status mmc_wan_pipeline_open(const char *dir, mmc_wan_pipeline **out) {
     /* the VAE's scale factors as WanPipeline reads them (scale_factor_temporal / _spatial, 4 / 8) */
     if ((st = read_json(p->path[S_VAE], "config.json", &j))) goto fail;
     int64_t ft = 4, fs = 8;
-    if ((st = mmc_json_int(j, "scale_factor_temporal", 4, &ft)) || (st = mmc_json_int(j, "scale_factor_spatial", 8, &fs))) {
+    if ((st = mmc_json_int(j, "scale_factor_temporal", 4, &ft)) || (st = mmc_json_int(j, "scale_factor_spatial", 8, &fs)) ||
+        (st = mmc_json_int(j, "z_dim", 16, &p->z_dim))) {
         st = mmc_error_prefix(st, "vae/config.json: ");
         goto fail;
     }
@@ -83,6 +135,7 @@ mmc_status mmc_wan_pipeline_open(const char *dir, mmc_wan_pipeline **out) {
         goto fail;
     }
     p->vae_temporal = (int)ft, p->vae_spatial = (int)fs;
+    if (p->i2v && (st = i2v_open(p, dir))) goto fail;
     if ((st = mmc_nsched_load(p->path[S_SCHED], &p->sched))) goto fail;
     *out = p;
     return MMC_OK;
@@ -145,8 +198,10 @@ mmc_status mmc_wan_pipeline_check_size(const mmc_wan_pipeline *p, int height, in
                                     "VAE factor x patch size");
 }
 
+bool mmc_wan_pipeline_is_i2v(const mmc_wan_pipeline *p) { return p->i2v; }
+
 void mmc_wan_latent_shape(const mmc_wan_pipeline *p, int frames, int height, int width, int64_t shape[4]) {
-    shape[0] = p->tr_cfg.in_channels;
+    shape[0] = p->i2v ? p->z_dim : p->tr_cfg.in_channels;   /* WanPipeline: in_channels; I2V: vae z_dim */
     shape[1] = (frames - 1) / p->vae_temporal + 1;
     shape[2] = height / p->vae_spatial;
     shape[3] = width / p->vae_spatial;
@@ -269,6 +324,84 @@ done:
     return st;
 }
 
+/* ------------------------------------------------------------------ image to video */
+mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds) {
+    *embeds = NULL;
+    if (!p->i2v) return mmc_error(MMC_ERR_INVALID, "%s: an image needs a WanImageToVideoPipeline", p->dir.dir);
+    mmc_clip_vision_model *enc = NULL;
+    mmc_tensor *px = NULL;
+    const bool was = mmc_set_grad_enabled(ctx, false);
+    mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    mmc_status st = mmc_clip_vision_model_load(p->enc_path, &enc);
+    if (st) goto done;
+    mmc_clip_vision *v = mmc_clip_vision_model_tower(enc);
+    const mmc_clip_vision_config *vc = mmc_clip_vision_cfg(v);
+    if (vc->hidden_size != p->tr_cfg.image_dim) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the image encoder's width %lld differs from the transformer's image_dim %lld",
+                       p->dir.dir, (long long)vc->hidden_size, (long long)p->tr_cfg.image_dim);
+        goto done;
+    }
+    if (p->clip_proc.crop_h != vc->image_size || p->clip_proc.crop_w != vc->image_size) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: image_processor's crop_size %lldx%lld differs from the image encoder's "
+                       "image_size %lld", p->dir.dir, (long long)p->clip_proc.crop_h, (long long)p->clip_proc.crop_w,
+                       (long long)vc->image_size);
+        goto done;
+    }
+    if ((st = mmc_clip_preprocess(&p->clip_proc, img, 1, &px))) goto done;   /* [1, 3, S, S] */
+    /* hidden_states[-2]: the output of the next-to-last layer (the embeddings when there is one layer) */
+    const int nl = (int)vc->num_hidden_layers - 1;
+    mmc_tensor **hs = NULL;
+    if ((st = mmc_clip_vision_forward(ctx, v, px, nl, &hs))) goto done;
+    mmc_tensor *h = mmc_contiguous(ctx, hs[nl]);                                 /* [1, S_img, image_dim] */
+    if (!(*embeds = mmc_tensor_new(MMC_F32, 3, h->shape))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    memcpy((*embeds)->data, h->data, mmc_nbytes(h));
+done:
+    mmc_arena_release(mmc_ctx_arena(ctx), mk);
+    mmc_tensor_free(px);
+    mmc_clip_vision_model_free(enc);
+    mmc_set_grad_enabled(ctx, was);
+    return st;
+}
+
+mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, int frames, int height, int width,
+                                 mmc_tensor **condition) {
+    *condition = NULL;
+    if (!p->i2v) return mmc_error(MMC_ERR_INVALID, "%s: an image needs a WanImageToVideoPipeline", p->dir.dir);
+    mmc_status st;
+    if ((st = mmc_wan_pipeline_check_frames(p, frames)) || (st = mmc_wan_pipeline_check_size(p, height, width))) return st;
+    if (!p->vae && (st = mmc_wan_vae_load(p->path[S_VAE], &p->vae))) return st;
+    const int64_t F = frames, H = height, W = width, HW = H * W, Tm = p->vae_temporal, z = p->z_dim;
+    int64_t ls[4];
+    mmc_wan_latent_shape(p, frames, height, width, ls);
+    const int64_t t = ls[1], per = ls[1] * ls[2] * ls[3];
+    mmc_image rs = {0};
+    const mmc_image *im = img;
+    if (img->height != height || img->width != width) {   /* VaeImageProcessor.resize: Pillow's lanczos */
+        if ((st = mmc_image_resize(img, height, width, MMC_RESAMPLE_LANCZOS, &rs))) return st;
+        im = &rs;
+    }
+    float *x = calloc((size_t)(3 * F * HW), sizeof *x), *mean = malloc((size_t)(z * per) * sizeof *mean);
+    mmc_tensor *c = mmc_tensor_new(MMC_F32, 5, MMC_SHAPE(1, Tm + z, t, ls[2], ls[3]));
+    if (!x || !mean || !c) { st = mmc_error(MMC_ERR_OOM, "out of memory for a %dx%dx%d condition clip", frames, width,
+                                            height); goto done; }
+    for (int ch = 0; ch < 3; ch++)   /* frame 0: x / 255, 2x - 1; frames 1..F-1 stay zero */
+        for (int64_t i = 0; i < HW; i++) x[ch * F * HW + i] = (im->data[i * 3 + ch] / 255.0f - 0.5f) / 0.5f;
+    if ((st = mmc_wan_vae_encode(p->vae, x, F, H, W, mean, NULL, NULL, NULL))) goto done;   /* .mode() */
+    mmc_wan_vae_normalize(p->vae, mean, per);
+    float *cd = c->data;
+    const int64_t hw = ls[2] * ls[3];
+    for (int64_t k = 0; k < Tm; k++)   /* the mask: the first latent frame kept, the rest generated */
+        for (int64_t f = 0; f < t; f++)
+            for (int64_t i = 0; i < hw; i++) cd[(k * t + f) * hw + i] = f == 0 ? 1.0f : 0.0f;
+    memcpy(cd + Tm * per, mean, (size_t)(z * per) * sizeof(float));
+done:
+    mmc_image_free(&rs);
+    free(x), free(mean);
+    if (st) mmc_tensor_free(c);
+    else *condition = c;
+    return st;
+}
+
 /* ------------------------------------------------------------------ sampling */
 
 
@@ -297,6 +430,19 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
         return mmc_error(MMC_ERR_INVALID, "the prompt and negative prompt encodings differ in length (%lld, %lld)",
                          (long long)cond->shape[1], (long long)neg->shape[1]);
     if (o->steps < 1) return mmc_error(MMC_ERR_INVALID, "steps must be at least 1, got %d", o->steps);
+    const mmc_tensor *cnd = o->condition, *img = o->image_embeds;
+    const int64_t per = ls[1] * ls[2] * ls[3], Cc = p->vae_temporal + p->z_dim;
+    if (p->i2v) {   /* condition [1, 4 + z, t, h, w] and image states [1 or B, S_img, image_dim] */
+        if (!cnd || cnd->ndim != 5 || cnd->dtype != MMC_F32 || !mmc_is_contiguous(cnd) || cnd->shape[0] != 1 ||
+            cnd->shape[1] != Cc || mmc_numel(cnd) != Cc * per)
+            return mmc_error(MMC_ERR_INVALID, "image-to-video needs the image's condition, f32 [1, %lld, %lld, %lld, %lld] "
+                             "(mmc_wan_i2v_condition)", (long long)Cc, (long long)ls[1], (long long)ls[2], (long long)ls[3]);
+        if (!img || img->ndim != 3 || img->dtype != MMC_F32 || !mmc_is_contiguous(img) || img->shape[0] != 1 ||
+            img->shape[2] != p->tr_cfg.image_dim)
+            return mmc_error(MMC_ERR_INVALID, "image-to-video needs the image states, f32 [1, S, %lld] (mmc_wan_encode_image)",
+                             (long long)p->tr_cfg.image_dim);
+    } else if (cnd || img)
+        return mmc_error(MMC_ERR_INVALID, "%s: a text-to-video pipeline takes no image", p->dir.dir);
     if (!p->transformer && (st = mmc_wan_load(p->path[S_TR], false, &p->transformer))) return st;
     if ((st = mmc_nsched_set_timesteps(&p->sched, o->steps))) return st;
     const bool was = mmc_set_grad_enabled(ctx, false);
@@ -308,9 +454,22 @@ mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *c
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         for (int64_t b = 0; b < 2 * B; b++) ts[b] = p->sched.timesteps[i];   /* t.expand(B): the integer timestep */
         mmc_wan_inputs in = {.hidden = latents, .timestep = ts, .encoder = (mmc_tensor *)cond};
+        if (p->i2v) {   /* cat([latents, condition], channels); the image states for every row */
+            const int64_t C = latents->shape[1];
+            mmc_tensor *xin = mmc_new(ctx, MMC_F32, 5, MMC_SHAPE(B, C + Cc, ls[1], ls[2], ls[3]));
+            mmc_tensor *ie = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, img->shape[1], img->shape[2]));
+            for (int64_t b = 0; b < B; b++) {
+                memcpy((float *)xin->data + b * (C + Cc) * per, (const float *)latents->data + b * C * per,
+                       (size_t)(C * per) * sizeof(float));
+                memcpy((float *)xin->data + (b * (C + Cc) + C) * per, cnd->data, (size_t)(Cc * per) * sizeof(float));
+                memcpy((float *)ie->data + b * mmc_numel(img), img->data, mmc_nbytes(img));
+            }
+            in.hidden = xin, in.image = ie;
+        }
         if (cfg) {   /* [negative; positive] in one batch: the two passes diffusers runs */
-            in.hidden = pipe_stack2(ctx, latents, latents);
+            in.hidden = pipe_stack2(ctx, in.hidden, in.hidden);
             in.encoder = pipe_stack2(ctx, neg, cond);
+            if (in.image) in.image = pipe_stack2(ctx, in.image, in.image);
         }
         mmc_tensor *v = NULL;
         st = mmc_wan_forward(ctx, p->transformer, &in, &v);

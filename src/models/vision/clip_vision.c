@@ -66,6 +66,54 @@ void clip_vision_free(mmc_clip_vision *v) {
     free(v);
 }
 
+/* ------------------------------------------------------------------ CLIPVisionModel folders */
+struct mmc_clip_vision_model {
+    mw_set w;
+    mmc_clip_vision *v;
+};
+
+mmc_status mmc_clip_vision_model_load(const char *dir, mmc_clip_vision_model **out) {
+    *out = NULL;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmc_json *cfg = NULL;
+    mmc_status st = mmc_json_load(path, &cfg);
+    if (st) return st;
+    mmc_clip_vision_model *m = calloc(1, sizeof *m);
+    if (!m) { mmc_json_free(cfg); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    const char *mt = NULL;
+    const mmc_json *vj = mmc_json_get(cfg, "vision_config");
+    if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto fail;
+    if (!vj && strcmp(mt, "clip_vision_model")) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: model_type '%s' is not a CLIP vision model (clip_vision_model)", path, mt);
+        goto fail;
+    }
+    mmc_clip_vision_config vc;
+    if ((st = mmc_clip_vision_config_read(vj ? vj : cfg, path, &vc))) goto fail;
+    if ((st = mw_open(dir, "model", &m->w))) goto fail;
+    /* transformers 4.x saved the tower under vision_model.; 5.x saves CLIPVisionModel's names bare */
+    const char *prefix = mmc_st_find(m->w.st, "vision_model.embeddings.class_embedding") ? "vision_model." : "";
+    if (!(m->v = clip_vision_bind(&m->w, prefix, &vc))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    if ((st = mw_status(&m->w, dir, "CLIPVisionModel")) || (st = mw_check_unused(&m->w, dir, "CLIPVisionModel")))
+        goto fail;
+    mmc_json_free(cfg);
+    *out = m;
+    return MMC_OK;
+fail:
+    mmc_json_free(cfg);
+    mmc_clip_vision_model_free(m);
+    return st;
+}
+
+mmc_clip_vision *mmc_clip_vision_model_tower(mmc_clip_vision_model *m) { return m->v; }
+
+void mmc_clip_vision_model_free(mmc_clip_vision_model *m) {
+    if (!m) return;
+    clip_vision_free(m->v);
+    mw_close(&m->w);
+    free(m);
+}
+
 mmc_status mmc_clip_vision_forward(mmc_ctx *ctx, mmc_clip_vision *v, mmc_tensor *pixels, int n_layers,
                                    mmc_tensor ***hs_out) {
     *hs_out = NULL;
