@@ -6,7 +6,8 @@
 # tests/fixtures/contrastive_train/expected{,_siglip}.json; measured: CLIP 4.6e-6, SigLIP 2e-6) and the final
 # exp(logit_scale) within 1e-4 relative; the written checkpoint-10 loads in `mmc embed` (and in
 # transformers' CLIPModel.from_pretrained when the reference venv exists: image and text embeddings
-# equal mmc embed's within 1e-4 abs; skipped with a message otherwise); bad inputs fail with messages.
+# equal mmc embed's within 1e-4 abs; skipped with a message otherwise); --resume after a kill reproduces the
+# uninterrupted run byte for byte; bad inputs fail with messages.
 set -u
 MMC=${MMC:-build/mmc}
 PY=${MMC_REF_PYTHON:-/work/main/.venv-ref/bin/python}
@@ -70,6 +71,26 @@ fi
 IMG=tests/fixtures/image/rgb_37x53.png
 train_and_check clip tests/fixtures/clip_model/model tests/fixtures/contrastive_train/expected.json
 train_and_check siglip tests/fixtures/siglip_model/model tests/fixtures/contrastive_train/expected_siglip.json
+
+# --resume: a run killed after its checkpoint-5 (checkpoint-10 removed, a stale temporary folder left)
+# continues from step 6 to the same end: the logged losses of steps 6-10 and checkpoint-10's weights and
+# moments byte-identical to the uninterrupted run's (a cosine schedule with warmup, so the step matters)
+RA=(--set optimizer.schedule=cosine --set optimizer.warmup_steps=2 --set training.save_every=5)
+"$MMC" train examples/clip_contrastive.yaml "${RA[@]}" --set training.output_dir="$W/full" > "$W/full.log" 2>&1 \
+  && "$MMC" train examples/clip_contrastive.yaml "${RA[@]}" --set training.output_dir="$W/cut" > /dev/null 2>&1 \
+  && rm -rf "$W/cut/checkpoint-10" && mkdir "$W/cut/.tmp-checkpoint-10-1" \
+  && "$MMC" train examples/clip_contrastive.yaml "${RA[@]}" --set training.output_dir="$W/cut" --resume > "$W/res.log" 2> "$W/res.err" \
+  && ok "resume: runs" || { cat "$W/full.log" "$W/res.log" "$W/res.err"; bad "resume: a run failed"; }
+grep -q "resuming from $W/cut/checkpoint-5" "$W/res.err" && ok "resume: from checkpoint-5" || bad "resume: $(cat "$W/res.err")"
+grep -E '^step ([6-9]|10) loss' "$W/full.log" > "$W/a.txt"; grep -E '^step [0-9]+ loss' "$W/res.log" > "$W/b.txt"
+[ -s "$W/a.txt" ] && cmp -s "$W/a.txt" "$W/b.txt" && ok "resume: steps 6-10 log the same losses" \
+  || { paste "$W/a.txt" "$W/b.txt"; bad "resume: losses differ"; }
+cmp -s "$W/full/checkpoint-10/model.safetensors" "$W/cut/checkpoint-10/model.safetensors" \
+  && cmp -s "$W/full/checkpoint-10/optimizer.safetensors" "$W/cut/checkpoint-10/optimizer.safetensors" \
+  && ok "resume: checkpoint-10 weights and moments byte-identical" || bad "resume: checkpoint-10 differs"
+"$MMC" train examples/clip_contrastive.yaml --set training.output_dir="$W/empty" --resume > /dev/null 2> "$W/e.err" \
+  && bad "resume without checkpoints succeeded" || { grep -q "no complete checkpoint" "$W/e.err" && ok "resume: no checkpoint -> message" \
+  || bad "resume without checkpoints: $(cat "$W/e.err")"; }
 
 # bad inputs: messages, never a crash
 expect_err() {   # NAME PATTERN ARGS...

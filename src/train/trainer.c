@@ -683,11 +683,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if (cfg->training.threads > 0) mmc_set_num_threads((int)cfg->training.threads);
     if (mmc_trainer_is_contrastive_dir(cfg->model.path)) {   /* dual encoders: trainer_contrastive.c's own loop */
         t->contrastive = true;
-        if (resume) {
-            free(t);
-            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: --resume for CLIP / SigLIP training is not built yet; "
-                             "start from a written checkpoint-N folder as model.path instead", cfg->file);
-        }
+        t->contrastive_resume = resume;
         *out = t;
         return MMC_OK;
     }

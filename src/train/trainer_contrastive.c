@@ -12,8 +12,13 @@
  *
  * Full fine-tuning (every weight trainable, f32). Checkpoints (training.save_every and the end) are
  * HF folders output_dir/checkpoint-N: model.safetensors with CLIPModel's names plus the source
- * folder's config and processor files, loadable by CLIPModel.from_pretrained and `mmc embed`.
- * Not built yet: LoRA, resume, data_parallel > 1 (refused with messages).
+ * folder's config and processor files, loadable by CLIPModel.from_pretrained and `mmc embed`, and
+ * the optimizer's moments (optimizer.safetensors: exp_avg.<name>, exp_avg_sq.<name>) with
+ * trainer_state.json (global_step, adamw_step): each written into a temporary folder renamed into
+ * place, so a killed run leaves whole checkpoints only. --resume continues from the latest: the
+ * weights and moments from it, the pairs from the step (their order is a function of the step),
+ * so the resumed steps equal the uninterrupted run's.
+ * Not built yet: LoRA, data_parallel > 1 (refused with messages).
  * Parity: tests/test_contrastive_train.sh vs tools/ref/gen_contrastive_train.py. */
 #include "trainer_internal.h"
 
@@ -27,6 +32,7 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 bool mmc_trainer_is_contrastive_dir(const char *dir) {
     if (!dir) return false;
@@ -142,11 +148,14 @@ static mmc_status make_dirs(const char *path) {
     return MMC_OK;
 }
 
-/* output_dir/checkpoint-<step>: model.safetensors (CLIPModel's names) + the source's config/processor files */
+/* output_dir/checkpoint-<step>: model.safetensors (CLIPModel's names) + the source's config/processor
+ * files + the optimizer state, written in output_dir/.tmp-checkpoint-<step>-<pid> and renamed into place */
 static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step, mmc_tensor **params,
-                          const char **names, int n) {
-    char dir[2048], p[2300], s[2300];
-    snprintf(dir, sizeof dir, "%s/checkpoint-%lld", out_dir, (long long)step);
+                          const char **names, int n, const mmc_adamw *opt) {
+    char dir[2048], final[2048], p[2300], s[2300];
+    snprintf(final, sizeof final, "%s/checkpoint-%lld", out_dir, (long long)step);
+    snprintf(dir, sizeof dir, "%s/.tmp-checkpoint-%lld-%d", out_dir, (long long)step, (int)getpid());
+    mmc_rm_rf(dir);
     mmc_status st = make_dirs(dir);
     if (st) return st;
     mmc_stw *w = mmc_stw_new();
@@ -156,6 +165,24 @@ static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     if (!st) st = mmc_stw_write(w, p);
     mmc_stw_free(w);
+    if (!st && !(w = mmc_stw_new())) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < n && !st; i++) {   /* the moments, under the parameters' names */
+        char nm[300];
+        snprintf(nm, sizeof nm, "exp_avg.%s", names[i]);
+        st = mmc_stw_add_raw(w, nm, MMC_F32, params[i]->ndim, params[i]->shape, opt->m[i]);
+        snprintf(nm, sizeof nm, "exp_avg_sq.%s", names[i]);
+        if (!st) st = mmc_stw_add_raw(w, nm, MMC_F32, params[i]->ndim, params[i]->shape, opt->v[i]);
+    }
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+    if (!st) st = mmc_stw_write(w, p);
+    mmc_stw_free(w);
+    if (!st) {
+        char js[256];
+        const int len = snprintf(js, sizeof js, "{\"global_step\": %lld, \"adamw_step\": %lld}\n", (long long)step,
+                                 (long long)opt->step);
+        snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+        st = mmc_write_file_atomic(p, js, (size_t)len);
+    }
     static const char *files[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                   "vocab.json", "merges.txt", "spiece.model", "processor_config.json", "preprocessor_config.json"};
     for (size_t i = 0; i < sizeof files / sizeof *files && !st; i++) {
@@ -163,7 +190,58 @@ static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         st = copy_file(s, p);
     }
-    return st;
+    if (!st) {   /* into place: an older folder of the same step (a re-run) is moved aside first */
+        char old[2100];
+        snprintf(old, sizeof old, "%s/.old-checkpoint-%lld-%d", out_dir, (long long)step, (int)getpid());
+        const bool had = access(final, F_OK) == 0;
+        if (had && rename(final, old) != 0)
+            st = mmc_error(MMC_ERR_IO, "%s: cannot move aside: %s", final, strerror(errno));
+        else if (rename(dir, final) != 0) {
+            st = mmc_error(MMC_ERR_IO, "%s: cannot rename into place: %s", final, strerror(errno));
+            if (had) rename(old, final);
+        } else if (had)
+            mmc_rm_rf(old);
+    }
+    if (st) {
+        mmc_rm_rf(dir);
+        return mmc_error_prefix(st, "saving checkpoint-%lld in %s (earlier checkpoints are intact)", (long long)step,
+                                out_dir);
+    }
+    return MMC_OK;
+}
+
+/* --resume: the latest whole checkpoint-N of output_dir: its trainer_state.json and moments (the weights
+ * were loaded from it) */
+static mmc_status restore_state(const char *ckpt, mmc_tensor **params, const char **names, int n, mmc_adamw *opt,
+                                int64_t *step) {
+    char p[2300];
+    snprintf(p, sizeof p, "%s/trainer_state.json", ckpt);
+    mmc_json *j = NULL;
+    int64_t gs = 0, as = 0;
+    mmc_status st = mmc_json_load(p, &j);
+    if (!st && !(st = mmc_json_int(j, "global_step", -1, &gs)) && !(st = mmc_json_int(j, "adamw_step", -1, &as)) &&
+        (gs < 0 || as < 0))
+        st = mmc_error(MMC_ERR_FORMAT, "%s: global_step / adamw_step missing", p);
+    mmc_json_free(j);
+    if (st) return mmc_error_prefix(st, "--resume");
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", ckpt);
+    mmc_st *o = NULL;
+    if ((st = mmc_st_open(p, &o))) return mmc_error_prefix(st, "--resume");
+    for (int i = 0; i < n && !st; i++) {
+        char nm[300];
+        mmc_tensor *mv = mmc_tensor_wrap(MMC_F32, params[i]->ndim, params[i]->shape, opt->m[i]);
+        snprintf(nm, sizeof nm, "exp_avg.%s", names[i]);
+        st = mmc_st_read_into(o, nm, mv);
+        mv->data = opt->v[i];
+        snprintf(nm, sizeof nm, "exp_avg_sq.%s", names[i]);
+        if (!st) st = mmc_st_read_into(o, nm, mv);
+        mmc_tensor_free(mv);
+    }
+    mmc_st_close(o);
+    if (st) return mmc_error_prefix(st, "--resume: %s", p);
+    opt->step = as;
+    *step = gs;
+    return MMC_OK;
 }
 
 mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
@@ -191,7 +269,17 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     mmc_adamw opt = {0};
     bool opt_ok = false;
     mmc_status st;
-    if ((st = mmc_dual_encoder_load_trainable(c->model.path, &m))) return st;
+    char ckpt[2048] = "";
+    int64_t ckpt_step = 0;
+    if (t->contrastive_resume) {
+        if (!c->training.output_dir)
+            return mmc_error(MMC_ERR_INVALID, "%s: --resume needs training.output_dir (where the checkpoints are)", c->file);
+        if ((st = mmc_checkpoint_latest(c->training.output_dir, &ckpt_step, ckpt, sizeof ckpt)))
+            return mmc_error(st, "--resume: no complete checkpoint-<step> directory in %s (%s)", c->training.output_dir,
+                             mmc_last_error());
+        fprintf(stderr, "mmc train: resuming from %s\n", ckpt);
+    }
+    if ((st = mmc_dual_encoder_load_trainable(ckpt[0] ? ckpt : c->model.path, &m))) return st;
     if ((st = pairs_read(c->data.train, c->data.image_root, &pr))) goto done;
     const int np = mmc_dual_encoder_params(m, NULL, NULL, 0);
     params = calloc((size_t)np, sizeof *params);
@@ -217,6 +305,12 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     ao.beta1 = c->optimizer.beta1, ao.beta2 = c->optimizer.beta2;
     if ((st = mmc_adamw_init(&opt, &ao, params, np))) goto done;
     opt_ok = true;
+    if (ckpt[0]) {
+        int64_t s0 = 0;
+        if ((st = restore_state(ckpt, params, names, np, &opt, &s0))) goto done;
+        if (s0 != ckpt_step) { st = mmc_error(MMC_ERR_FORMAT, "--resume: %s says global_step %lld", ckpt, (long long)s0); goto done; }
+        t->step = s0;
+    }
     mmc_schedule sch = {.kind = (mmc_sched_kind)c->optimizer.schedule, .lr = c->optimizer.lr, .min_lr = c->optimizer.min_lr,
                         .warmup_steps = c->optimizer.warmup_steps, .total_steps = c->training.steps};
     mmc_tensor *scale = mmc_dual_encoder_logit_scale_param(m), *bias = mmc_dual_encoder_logit_bias_param(m);
@@ -272,7 +366,7 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
         mmc_tensor_free(mask);
         if (!st && c->training.output_dir &&
             ((c->training.save_every > 0 && t->step % c->training.save_every == 0) || t->step == c->training.steps))
-            st = save_hf(c->model.path, c->training.output_dir, t->step, params, names, np);
+            st = save_hf(c->model.path, c->training.output_dir, t->step, params, names, np, &opt);
     }
     mmc_tensor_free(px);
     free(caps);

@@ -122,6 +122,7 @@ struct mmc_trainer {
     bool pp_tied;              /* tied embeddings split over the first and the last stage */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     bool contrastive;          /* a CLIPModel / SiglipModel folder: trainer_contrastive.c runs the whole loop */
+    bool contrastive_resume;   /* ... from the latest checkpoint-N of training.output_dir (--resume) */
     /* diffusion training (trainer_flux.c): the transformer and its cached training set */
     mmc_flux *flux;
     mmc_sd3 *sd3;              /* or an SD3 / SD3.5 transformer (a StableDiffusion3Pipeline folder) */
