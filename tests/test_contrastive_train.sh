@@ -7,7 +7,8 @@
 # exp(logit_scale) within 1e-4 relative; the written checkpoint-10 loads in `mmc embed` (and in
 # transformers' CLIPModel.from_pretrained when the reference venv exists: image and text embeddings
 # equal mmc embed's within 1e-4 abs; skipped with a message otherwise); --resume after a kill reproduces the
-# uninterrupted run byte for byte; bad inputs fail with messages.
+# uninterrupted run byte for byte; 2 data-parallel ranks with gathered negatives give transformers' losses;
+# bad inputs fail with messages.
 set -u
 MMC=${MMC:-build/mmc}
 PY=${MMC_REF_PYTHON:-/work/main/.venv-ref/bin/python}
@@ -110,5 +111,24 @@ expect_err "truncated line" "trunc.jsonl:1" --set data.train="$W/trunc.jsonl"
 expect_err "line not an object" "array.jsonl:2: each line must be an object" --set data.train="$W/array.jsonl"
 expect_err "no data file" "cannot open data.train" --set data.train="$W/none.jsonl"
 expect_err "batch of one" "at least 2 pairs" --set data.batch_size=1 --set data.micro_batch_size=1
-expect_err "data_parallel refused" "gathering the negatives" --set parallel.data_parallel=2 --set data.micro_batch_size=2
+expect_err "data_parallel without the processes" "parallel.data_parallel is 2 but 1 process" --set parallel.data_parallel=2 --set data.micro_batch_size=2
+expect_err "tensor parallelism refused" "parallelises over data only" --set parallel.tensor_parallel=2
+
+# data parallelism, negatives gathered: 2 ranks x 2 pairs give the single-process 4-pair steps (and transformers')
+if command -v mpirun >/dev/null 2>&1; then
+  MPI=(timeout -k 10 120 mpirun --oversubscribe --bind-to none -np 2)
+  [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+  export OMPI_MCA_orte_tmpdir_base="$W"
+  if ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 "${MPI[@]}" "$MMC" train examples/clip_contrastive.yaml \
+       --set "parallel={data_parallel: 2}" --set data.micro_batch_size=2 --set training.output_dir="$W/dp" > "$W/dp.log" 2>&1; then
+    grep -Eo '^step [0-9]+ loss [-0-9.e+]+' "$W/dp.log" | awk '{print $4}' > "$W/dp.txt"
+    sed -n '/"losses"/,/\]/p' tests/fixtures/contrastive_train/expected.json | grep -Eo '[-0-9][0-9.e+-]*' > "$W/ref.txt"
+    [ "$(wc -l < "$W/dp.txt")" -eq 10 ] && paste "$W/dp.txt" "$W/ref.txt" | awk -v tol=$TOL '{ r = ($1 - $2) / $2; if (r < 0) r = -r; if (r > m) m = r }
+      END { printf "clip, 2 data-parallel ranks (gathered negatives): max relative loss difference vs transformers: %.3g (tolerance %g)\n", m, tol; exit !(m <= tol) }' \
+      && ok "data parallel: losses match transformers' 4-pair steps" || { cat "$W/dp.log"; bad "data parallel: losses"; }
+    [ -f "$W/dp/checkpoint-10/model.safetensors" ] && ok "data parallel: rank 0 saved" || bad "data parallel: no checkpoint"
+  else cat "$W/dp.log"; bad "data parallel: training failed"; fi
+else
+  echo "skip: the data-parallel check (no mpirun on PATH)"
+fi
 exit $fail

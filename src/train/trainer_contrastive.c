@@ -18,7 +18,13 @@
  * place, so a killed run leaves whole checkpoints only. --resume continues from the latest: the
  * weights and moments from it, the pairs from the step (their order is a function of the step),
  * so the resumed steps equal the uninterrupted run's.
- * Not built yet: LoRA, data_parallel > 1 (refused with messages).
+ * Data parallelism (parallel.data_parallel R, under mpirun / mmc launch): each rank encodes its B / R pairs
+ * of the step's batch, the embeddings are all-gathered (rank order = batch order) so every rank computes
+ * the loss over the whole batch, all B - 1 negatives per pair, as open_clip's gather_with_grad; each rank
+ * backpropagates only its rows' gradients, the weight gradients are summed over the ranks, and the
+ * logit scale (bias) gradient, the same on every rank, is added once. The result is the single-process
+ * step on the same B pairs. Rank 0 logs and saves.
+ * Not built yet: LoRA (refused with a message).
  * Parity: tests/test_contrastive_train.sh vs tools/ref/gen_contrastive_train.py. */
 #include "trainer_internal.h"
 
@@ -247,10 +253,29 @@ static mmc_status restore_state(const char *ckpt, mmc_tensor **params, const cha
 mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const int64_t B = c->data.batch_size;
-    if (c->parallel.data_parallel > 1 || c->parallel.tensor_parallel > 1 || c->parallel.pipeline_parallel > 1)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: contrastive training runs in one process: gathering the negatives "
-                         "across data-parallel ranks is not built yet; set parallel.data_parallel (and tensor / "
-                         "pipeline) to 1", c->file);
+    if (c->parallel.tensor_parallel > 1 || c->parallel.pipeline_parallel > 1 || c->parallel.context_parallel > 1 ||
+        c->parallel.zero > 0)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: contrastive training parallelises over data only (the towers are "
+                         "small): set parallel.tensor_parallel, pipeline_parallel and context_parallel to 1 and zero "
+                         "to 0", c->file);
+    const int R = (int)(c->parallel.data_parallel > 1 ? c->parallel.data_parallel : 1);
+    if (B % R)
+        return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld does not split over data_parallel %d ranks", c->file,
+                         (long long)B, R);
+    if (R > 1 || mmc_dist_launched()) {   /* (under mpirun with data_parallel 1: every rank would train alone) */
+        if (!(t->world = mmc_dist_world())) {
+            mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = c->parallel.timeout};
+            mmc_status s0 = mmc_dist_init(&dop, &t->world);
+            if (s0) return s0;
+            t->owns_dist = true;
+        }
+        if (mmc_comm_size(t->world) != R)
+            return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel is %d but %d process(es) run: start %d with "
+                             "`mmc launch -n %d` (or mpirun -np %d)", c->file, R, mmc_comm_size(t->world), R, R, R);
+        t->rank = mmc_comm_rank(t->world);
+    }
+    const int rank = R > 1 ? t->rank : 0;   /* (t->rank is set only above) */
+    const int64_t Bl = B / R;   /* this rank's pairs: rows [rank * Bl, (rank + 1) * Bl) of the batch */
     if (c->model.lora.r > 0)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.lora for CLIPModel training is not built yet; remove "
                          "model.lora for full fine-tuning", c->file);
@@ -263,7 +288,7 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     pairs pr = {0};
     mmc_tensor **params = NULL, *px_all = NULL;
     const char **names = NULL;
-    float *dimg = NULL, *dtxt = NULL;
+    float *dimg = NULL, *dtxt = NULL, *gbuf = NULL;
     mmc_image *imgs = NULL;
     mmc_ctx *ctx = NULL;
     mmc_adamw opt = {0};
@@ -285,11 +310,16 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     params = calloc((size_t)np, sizeof *params);
     names = calloc((size_t)np, sizeof *names);
     const int64_t D = mmc_dual_encoder_dim(m);
-    dimg = malloc(sizeof(float) * (size_t)(2 * B * D));
+    dimg = malloc(sizeof(float) * (size_t)(4 * B * D));   /* d_img, d_txt [B, D]; gathered img, txt [B, D] */
     imgs = calloc((size_t)pr.n, sizeof *imgs);
     if (!params || !names || !dimg || !imgs || !(ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     dtxt = dimg + B * D;
+    float *gimg = dimg + 2 * B * D, *gtxt = dimg + 3 * B * D;
     mmc_dual_encoder_params(m, params, names, np);
+    int64_t n_grad = 0;   /* the flat gradient buffer the ranks sum */
+    for (int i = 0; i < np; i++) n_grad += mmc_numel(params[i]);
+    gbuf = R > 1 ? malloc(sizeof(float) * (size_t)n_grad) : NULL;
+    if (R > 1 && !gbuf) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     /* every image once through the processor: pixel_values [N, 3, S, S] */
     mmc_image_opts io;
     mmc_image_opts_default(&io);
@@ -316,22 +346,24 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     mmc_tensor *scale = mmc_dual_encoder_logit_scale_param(m), *bias = mmc_dual_encoder_logit_bias_param(m);
     const bool sig = mmc_dual_encoder_sigmoid(m);
     const int64_t S = px_all->shape[2], W = px_all->shape[3];
-    mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, 3, S, W));
-    const char **caps = calloc((size_t)B, sizeof *caps);
+    mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(Bl, 3, S, W));
+    const char **caps = calloc((size_t)Bl, sizeof *caps);
     if (!px || !caps) { mmc_tensor_free(px); free(caps); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     const size_t img_floats = (size_t)(3 * S * W);
-    fprintf(stderr, "mmc train: %s contrastive fine-tuning, %d pairs, batch %lld, %d tensors (%lld parameters)\n",
-            sig ? "SiglipModel" : "CLIPModel", pr.n, (long long)B, np, (long long)mmc_dual_encoder_param_count(m));
+    if (rank == 0)
+        fprintf(stderr, "mmc train: %s contrastive fine-tuning, %d pairs, batch %lld%s, %d tensors (%lld parameters)\n",
+                sig ? "SiglipModel" : "CLIPModel", pr.n, (long long)B,
+                R > 1 ? " over data-parallel ranks (negatives gathered)" : "", np, (long long)mmc_dual_encoder_param_count(m));
     for (; t->step < c->training.steps && !st; ) {
         const int64_t step = t->step;
-        for (int64_t b = 0; b < B; b++) {
-            const int64_t k = (step * B + b) % pr.n;
+        for (int64_t b = 0; b < Bl; b++) {
+            const int64_t k = (step * B + rank * Bl + b) % pr.n;
             memcpy((float *)px->data + b * (int64_t)img_floats, (const float *)px_all->data + k * (int64_t)img_floats,
                    img_floats * sizeof(float));
             caps[b] = pr.caption[k];
         }
         mmc_tensor *ids = NULL, *mask = NULL, *img = NULL, *txt = NULL;
-        if ((st = mmc_dual_encoder_tokenize(m, caps, (int)B, &ids, &mask))) break;
+        if ((st = mmc_dual_encoder_tokenize(m, caps, (int)Bl, &ids, &mask))) break;
         mmc_zero_grad(params, np);
         bool was = mmc_set_grad_enabled(ctx, true);
         st = mmc_dual_encoder_project(ctx, m, px, ids, mask, &img, &txt);
@@ -339,38 +371,64 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
         if (!st) {
             const double ls = (double)((const float *)scale->data)[0];
             const double lb = bias ? (double)((const float *)bias->data)[0] : 0.0;
-            st = mmc_contrastive_loss(sig ? MMC_CONTRASTIVE_SIGLIP : MMC_CONTRASTIVE_CLIP, img->data, txt->data, B, D,
-                                      ls, lb, &lo);
+            const float *ai = img->data, *at = txt->data;
+            if (R > 1) {   /* every rank's embeddings, in batch order */
+                img = mmc_contiguous(ctx, img), txt = mmc_contiguous(ctx, txt);
+                if (!(st = mmc_all_gather(t->world, img->data, gimg, Bl * D, MMC_F32)))
+                    st = mmc_all_gather(t->world, txt->data, gtxt, Bl * D, MMC_F32);
+                ai = gimg, at = gtxt;
+            }
+            if (!st)
+                st = mmc_contrastive_loss(sig ? MMC_CONTRASTIVE_SIGLIP : MMC_CONTRASTIVE_CLIP, ai, at, B, D, ls, lb, &lo);
         }
         if (!st) {
-            /* surrogate: d(sum(img * G_img) + sum(txt * G_txt)) = the loss's gradients w.r.t. img, txt */
-            mmc_tensor *gi = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, D)), *gt = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, D));
-            memcpy(gi->data, dimg, sizeof(float) * (size_t)(B * D));
-            memcpy(gt->data, dtxt, sizeof(float) * (size_t)(B * D));
+            /* surrogate: d(sum(img * G_img) + sum(txt * G_txt)) = the loss's gradients w.r.t. this rank's img, txt */
+            mmc_tensor *gi = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(Bl, D)), *gt = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(Bl, D));
+            memcpy(gi->data, dimg + rank * Bl * D, sizeof(float) * (size_t)(Bl * D));
+            memcpy(gt->data, dtxt + rank * Bl * D, sizeof(float) * (size_t)(Bl * D));
             mmc_tensor *sur = mmc_add(ctx, mmc_sum(ctx, mmc_mul(ctx, img, gi)), mmc_sum(ctx, mmc_mul(ctx, txt, gt)));
             mmc_backward(ctx, sur);
+            if (R > 1) {   /* the towers' gradients summed over the ranks (one flat all-reduce) */
+                int64_t o = 0;
+                for (int i = 0; i < np; i++) {
+                    const int64_t n = mmc_numel(params[i]);
+                    if (params[i]->grad) memcpy(gbuf + o, params[i]->grad->data, sizeof(float) * (size_t)n);
+                    else memset(gbuf + o, 0, sizeof(float) * (size_t)n);
+                    o += n;
+                }
+                if ((st = mmc_all_reduce(t->world, gbuf, gbuf, n_grad, MMC_F32, MMC_SUM))) goto step_end;
+                o = 0;
+                for (int i = 0; i < np; i++) {
+                    const int64_t n = mmc_numel(params[i]);
+                    if (mmc_requires_grad(params[i])) memcpy(mmc_grad(ctx, params[i])->data, gbuf + o, sizeof(float) * (size_t)n);
+                    o += n;
+                }
+            }
             if (mmc_requires_grad(scale)) ((float *)mmc_grad(ctx, scale)->data)[0] += (float)lo.d_logit_scale;
             if (bias && mmc_requires_grad(bias)) ((float *)mmc_grad(ctx, bias)->data)[0] += (float)lo.d_logit_bias;
             double gn = c->optimizer.grad_clip > 0 ? mmc_clip_grad_norm(params, np, c->optimizer.grad_clip) : 0;
             const double lr = mmc_schedule_lr(&sch, step);
             mmc_adamw_step(&opt, lr);
             t->step++;
-            if (c->training.log_every <= 0 || t->step % c->training.log_every == 0 || t->step == 1)
+            if (rank == 0 && (c->training.log_every <= 0 || t->step % c->training.log_every == 0 || t->step == 1))
                 printf("step %lld loss %.9g lr %.6g%s\n", (long long)t->step, lo.loss, lr,
                        c->optimizer.grad_clip > 0 ? "" : ""), (void)gn;
             fflush(stdout);
         }
+    step_end:
         mmc_set_grad_enabled(ctx, was);
         mmc_ctx_reset(ctx);
         mmc_tensor_free(ids);
         mmc_tensor_free(mask);
-        if (!st && c->training.output_dir &&
+        if (!st && rank == 0 && c->training.output_dir &&
             ((c->training.save_every > 0 && t->step % c->training.save_every == 0) || t->step == c->training.steps))
             st = save_hf(c->model.path, c->training.output_dir, t->step, params, names, np, &opt);
     }
     mmc_tensor_free(px);
     free(caps);
+    if (!st && R > 1) st = mmc_barrier(t->world);   /* rank 0's last checkpoint is written before anyone exits */
 done:
+    free(gbuf);
     if (opt_ok) mmc_adamw_free(&opt);
     if (imgs) for (int i = 0; i < pr.n; i++) mmc_image_free(&imgs[i]);
     free(imgs);
