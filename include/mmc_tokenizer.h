@@ -125,6 +125,12 @@ mmc_status mmc_chat_render(const mmc_tokenizer *tok, const mmc_chat_message *msg
 mmc_status mmc_chat_encode(const mmc_tokenizer *tok, const mmc_chat_message *msgs, int n_msgs,
                            const mmc_chat_options *opt, int32_t **ids, uint8_t **mask, int64_t *n);
 
+/* ftfy.fix_text's character-level fixes (src/tokenizer/ftfy_lite.c: C1 controls as Windows-1252, Latin
+ * ligatures, full/half-width forms, curly quotes, line breaks, terminal escapes, control characters,
+ * NFC; not the mojibake repair), as diffusers' Wan pipelines apply it to prompts. Malloc'ed; NULL on
+ * out of memory. */
+char *mmc_ftfy_fix_text(const char *text);
+
 #ifdef __cplusplus
 }
 #endif

@@ -132,9 +132,9 @@ const char *mmc_wan_pipeline_vae_dir(const mmc_wan_pipeline *p);
  * progress (may be NULL) is called after each latent frame: done of n over the whole batch. */
 mmc_status mmc_wan_decode(mmc_wan_pipeline *p, const mmc_tensor *latents, mmc_wan_vae_progress progress, void *user,
                           mmc_tensor **video);
-/* diffusers' Wan prompt_clean into out (html.unescape twice of the common entities, whitespace
- * runs to one space, stripped). ftfy's fixes are not applied (diffusers applies them only when ftfy
- * is installed; the pinned reference environment has none). */
+/* diffusers' Wan prompt_clean into out, as with ftfy installed (Wan's requirements; the I2V pipeline
+ * needs it): mmc_ftfy_fix_text (ftfy.fix_text without its mojibake repair), html.unescape twice of the
+ * common entities, Python's whitespace runs to one space, stripped. */
 void mmc_wan_prompt_clean(const char *in, char *out, size_t cap);
 
 #ifdef __cplusplus

@@ -18,6 +18,33 @@
 
 #define DIR_ "tests/fixtures/wan_i2v/pipe"
 
+/* prompt_clean against diffusers' with ftfy installed (tools/ref/gen_wan_prompts.py): curly quotes,
+ * ligatures, full/half-width forms (CJK punctuation), C1 controls, terminal escapes, control characters,
+ * NFC, Python's whitespace, entities with and without markup — byte-equal */
+static void check_prompt_clean(void) {
+    mmc_json *j = NULL;
+    CHECK_OK(mmc_json_load("tests/fixtures/wan_i2v/prompt_clean.json", &j));
+    if (!j) return;
+    int n = 0, same = 0;
+    char key[32], out[4096];
+    for (;; n++) {
+        const char *in = NULL, *want = NULL;
+        snprintf(key, sizeof key, "%d.0", n);
+        if (!mmc_json_has(j, key)) break;
+        snprintf(key, sizeof key, "%d.0", n);
+        CHECK_OK(mmc_json_str(j, key, NULL, &in));
+        snprintf(key, sizeof key, "%d.1", n);
+        CHECK_OK(mmc_json_str(j, key, NULL, &want));
+        if (!in || !want) break;
+        mmc_wan_prompt_clean(in, out, sizeof out);
+        CHECKF(!strcmp(out, want), "prompt_clean(%s) = '%s', diffusers '%s'", in, out, want);
+        same += !strcmp(out, want);
+    }
+    CHECK(n >= 20);
+    printf("prompt_clean: %d of %d prompts byte-equal to diffusers' (ftfy installed)\n", same, n);
+    mmc_json_free(j);
+}
+
 int main(void) {
     if (access(DIR_ "/model_index.json", R_OK) != 0) {
         fprintf(stderr, "test_wan_i2v: fixtures absent (tools/ref/gen_wan_i2v.py); skipping\n");
@@ -165,5 +192,6 @@ int main(void) {
     MMC_CHECK(system(cmd) == 0, "cleanup");
     mmc_image_free(&img);
     mmc_ctx_free(ctx);
+    check_prompt_clean();
     return test_done("test_wan_i2v");
 }

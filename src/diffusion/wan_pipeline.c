@@ -32,6 +32,7 @@
 #include "mmc_encoders.h"
 #include "mmc_llava.h"
 #include "mmc_lora.h"
+#include "mmc_tokenizer.h"
 #include "mmc_vlproc.h"
 #include "pipe_util.h"
 
@@ -224,6 +225,9 @@ static size_t put_utf8(char *o, unsigned long cp) {
 static void html_unescape(const char *in, char *out, size_t cap) {
     static const struct { const char *name; unsigned long cp; } ent[] = {
         {"amp;", '&'}, {"lt;", '<'}, {"gt;", '>'}, {"quot;", '"'}, {"apos;", '\''}, {"#39;", '\''}, {"nbsp;", 0xA0},
+        {"ldquo;", 0x201C}, {"rdquo;", 0x201D}, {"lsquo;", 0x2018}, {"rsquo;", 0x2019}, {"hellip;", 0x2026},
+        {"ndash;", 0x2013}, {"mdash;", 0x2014}, {"copy;", 0xA9}, {"reg;", 0xAE}, {"trade;", 0x2122}, {"deg;", 0xB0},
+        {"times;", 0xD7},
     };
     size_t o = 0;
     while (*in && o + 5 < cap) {
@@ -252,27 +256,41 @@ static void html_unescape(const char *in, char *out, size_t cap) {
     out[o] = 0;
 }
 
+/* Python's str.isspace() at s (what \s matches in a str regex): the UTF-8 length of the whitespace
+ * character there, or 0 */
+static int py_space(const unsigned char *s) {
+    if (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1C && *s <= 0x1F)) return 1;
+    if (s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) return 2;                   /* U+0085, U+00A0 */
+    if (s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) return 3;                     /* U+1680 */
+    if (s[0] == 0xE2 && s[1] == 0x80 && ((s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF))
+        return 3;                                                                      /* U+2000..200A, 2028, 2029, 202F */
+    if (s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) return 3;                     /* U+205F */
+    if (s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) return 3;                     /* U+3000 */
+    return 0;
+}
+
 void mmc_wan_prompt_clean(const char *in, char *out, size_t cap) {
     if (!cap) return;
+    char *fixed = mmc_ftfy_fix_text(in);   /* basic_clean: ftfy.fix_text (Wan's requirements install ftfy) */
     char *a = malloc(cap), *b = malloc(cap);
-    if (!a || !b) { free(a), free(b); out[0] = 0; return; }
-    html_unescape(in, a, cap);
+    if (!fixed || !a || !b) { free(fixed), free(a), free(b); out[0] = 0; return; }
+    html_unescape(fixed, a, cap);
     html_unescape(a, b, cap);
-    /* whitespace runs (ASCII and U+00A0) -> one space, stripped */
+    /* whitespace runs (Python's \s) -> one space, stripped */
     size_t o = 0;
     bool pending = false;
-    for (const unsigned char *s = (const unsigned char *)b; *s && o + 2 < cap;) {
-        const bool nbsp = s[0] == 0xC2 && s[1] == 0xA0;
-        if (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1C && *s <= 0x1F) || nbsp) {
+    for (const unsigned char *s = (const unsigned char *)b; *s && o + 5 < cap;) {
+        const int k = py_space(s);
+        if (k) {
             pending = o > 0;
-            s += nbsp ? 2 : 1;
+            s += k;
             continue;
         }
         if (pending) out[o++] = ' ', pending = false;
         out[o++] = (char)*s++;
     }
     out[o] = 0;
-    free(a), free(b);
+    free(fixed), free(a), free(b);
 }
 
 mmc_status mmc_wan_encode_prompt(mmc_ctx *ctx, mmc_wan_pipeline *p, const char *const *prompts, int B,
