@@ -424,6 +424,9 @@ mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out);
  * from config_dir; `what` names the weights in errors (a single-file checkpoint: src/diffusion/single_file.c). */
 mmc_status mmc_unet_load_st(const char *config_dir, mmc_st *weights, const char *what, bool trainable,
                             mmc_unet **out);
+/* A randomly initialised UNet of a config (config.json's keys; torch's nn.Linear-style init, norm weights 1), f32,
+ * frozen: benchmarks. */
+mmc_status mmc_unet_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_unet **out);
 void mmc_unet_free(mmc_unet *m);
 const mmc_unet_config *mmc_unet_cfg(const mmc_unet *m);
 int64_t mmc_unet_param_count(const mmc_unet *m);

@@ -418,6 +418,20 @@ mmc_status mmc_unet_load(const char *dir, bool trainable, mmc_unet **out) {
     return unet_load(dir, NULL, dir, trainable, out);
 }
 
+mmc_status mmc_unet_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_unet **out) {
+    *out = NULL;
+    mmc_unet *m = calloc(1, sizeof *m);
+    if (!m) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st;
+    if ((st = mmc_unet_config_read(cfg, what, &m->cfg)) || (st = mw_init_random(&m->w, seed, MW_INIT_TORCH_LINEAR)) ||
+        (st = bind_all(m)) || (st = mw_status(&m->w, "random init", "UNet2DConditionModel"))) {
+        mmc_unet_free(m);
+        return st;
+    }
+    *out = m;
+    return MMC_OK;
+}
+
 mmc_status mmc_unet_load_st(const char *config_dir, mmc_st *weights, const char *what, bool trainable,
                             mmc_unet **out) {
     return unet_load(config_dir, weights, what, trainable, out);
