@@ -56,7 +56,9 @@ struct mmc_video {
     const int64_t *want;         /* seek mode: the pts of every frame asked for, ascending; else NULL */
     int n_want;
     int64_t seq_index;           /* sequential mode: index of the next decoded frame */
+    int64_t drain_pts;           /* seek mode: once this frame's packet is sent, drain; INT64_MIN: never */
     bool at_start, eof;
+    bool drained;                /* the decoder was sent its end (drain_pts): seek before decoding on */
     bool borrowed;               /* a thread reader: pts / key_pts belong to the parent */
 };
 
@@ -188,7 +190,7 @@ static mmc_status open_common(mmc_video *v) {
         v->info.seekable = false;
         return averr(MMC_ERR_IO, v, r, "cannot rewind after reading the index", REENCODE);
     }
-    v->cur_pts = INT64_MIN;
+    v->cur_pts = v->drain_pts = INT64_MIN;
     v->at_start = true;
     return MMC_OK;
 }
@@ -302,6 +304,12 @@ static int next_frame(mmc_video *v, mmc_status *st) {
             r = avcodec_send_packet(v->dec, v->pkt);
             /* a damaged packet is skipped as FFmpeg's tools do; the frame count check catches loss */
             (void)r;
+            if (v->pkt->pts == v->drain_pts && v->drain_pts != INT64_MIN) {
+                /* every packet this frame depends on precedes it: drain instead of decoding the
+                 * packets the decoder's reorder delay would otherwise take in first */
+                v->eof = v->drained = true;
+                avcodec_send_packet(v->dec, NULL);
+            }
         }
         av_packet_unref(v->pkt);
     }
@@ -353,7 +361,7 @@ static mmc_status rewind_to(mmc_video *v, int64_t ts) {
     int r = av_seek_frame(v->fmt, v->stream, ts, AVSEEK_FLAG_BACKWARD);
     if (r < 0) return averr(MMC_ERR_IO, v, r, "seek failed", REENCODE);
     avcodec_flush_buffers(v->dec);
-    v->eof = false;
+    v->eof = v->drained = false;
     v->cur_pts = INT64_MIN;
     v->seq_index = 0;
     return MMC_OK;
@@ -394,17 +402,21 @@ static int64_t key_before(const mmc_video *v, int64_t ts) {
 }
 
 /* Decode the frame with timestamp `want` (frame idx) into *out: seek to the keyframe before
- * it unless decoding forward from the last frame gets there without passing one. */
-static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, mmc_image *out) {
+ * it unless decoding forward from the last frame gets there without passing one. `last`: no
+ * frame after this one is reached by decoding forward (the next wanted frame, if any, lies
+ * behind a later keyframe), so the decoder is drained once this frame's packet is in: the
+ * frames decoded are the same, less the packets behind it that the reorder delay reads. */
+static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, bool last, mmc_image *out) {
     mmc_status st = MMC_OK;
     int64_t key = key_before(v, want);
     if (key == INT64_MIN) key = v->pts[0];
     /* decode forward when no keyframe lies between the last decoded frame and the target */
-    bool forward = v->cur_pts != INT64_MIN && v->cur_pts < want && key <= v->cur_pts;
+    bool forward = v->cur_pts != INT64_MIN && v->cur_pts < want && key <= v->cur_pts && !v->drained;
     if (!forward && !(v->at_start && key <= v->pts[0])) {
         if ((st = rewind_to(v, key))) return st;
     }
     v->at_start = false;
+    v->drain_pts = last ? want : INT64_MIN;
     for (;;) {
         int r = next_frame(v, &st);
         if (r < 0) return st;
@@ -423,7 +435,8 @@ static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, mmc_image *o
 
 static mmc_status read_seek(mmc_video *v, const int64_t *idx, const int64_t *want, int n, mmc_image *frames) {
     mmc_status st = MMC_OK;
-    for (int k = 0; k < n && !st; k++) st = seek_one(v, idx[k], want[k], &frames[k]);
+    for (int k = 0; k < n && !st; k++)
+        st = seek_one(v, idx[k], want[k], k == n - 1 || key_before(v, want[k + 1]) > want[k], &frames[k]);
     return st;
 }
 
@@ -484,7 +497,7 @@ static mmc_status reader_open(const mmc_video *v, mmc_video **out) {
     if ((r = avcodec_parameters_to_context(w->dec, par)) < 0) { st = averr(MMC_ERR_FORMAT, v, r, "bad codec parameters", REENCODE); goto fail; }
     w->dec->thread_count = 1;   /* the threads decode segments side by side */
     if ((r = avcodec_open2(w->dec, codec, NULL)) < 0) { st = averr(MMC_ERR_FORMAT, v, r, "cannot open the decoder", REENCODE); goto fail; }
-    w->cur_pts = INT64_MIN;
+    w->cur_pts = w->drain_pts = INT64_MIN;
     w->at_start = true;
     *out = w;
     return MMC_OK;
