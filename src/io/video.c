@@ -44,6 +44,7 @@ struct mmc_video {
     size_t mem_len, mem_pos;
     int stream;
     AVCodecContext *dec;
+    AVCodecContext *dec_alt;     /* a thread reader on frame threads: its single-threaded decoder */
     struct SwsContext *sws;
     AVPacket *pkt;
     AVFrame *frame;
@@ -269,6 +270,7 @@ void mmc_video_close(mmc_video *v) {
     av_frame_free(&v->frame);
     av_packet_free(&v->pkt);
     avcodec_free_context(&v->dec);
+    avcodec_free_context(&v->dec_alt);
     avformat_close_input(&v->fmt);
     if (v->mem_io) {
         av_freep(&v->mem_io->buffer);
@@ -506,6 +508,28 @@ fail:
     return st;
 }
 
+/* Switch thread reader r to a frame-threaded decoder of `threads` threads (opened on first
+ * use; FFmpeg's frame threading gives the frames single-threaded decoding gives). The next
+ * frame is reached by a seek, which flushes it. Stays on the single-threaded one if it cannot
+ * be opened. */
+static void use_frame_threads(mmc_video *r, const mmc_video *v, int threads) {
+    if (r->dec_alt) return;   /* already on it */
+    const AVCodecParameters *par = v->fmt->streams[v->stream]->codecpar;
+    const AVCodec *codec = avcodec_find_decoder(par->codec_id);
+    AVCodecContext *d = codec ? avcodec_alloc_context3(codec) : NULL;
+    if (!d) return;
+    if (avcodec_parameters_to_context(d, par) < 0) { avcodec_free_context(&d); return; }
+    d->thread_count = threads;
+    d->thread_type = FF_THREAD_FRAME;
+    if (avcodec_open2(d, codec, NULL) < 0) { avcodec_free_context(&d); return; }
+    r->dec_alt = r->dec;
+    r->dec = d;
+    /* nothing is decoded forward on the new decoder: the next frame is reached by a seek
+     * (or, for a reader that has read nothing yet, from the start) */
+    r->cur_pts = INT64_MIN;
+    r->drained = false;
+}
+
 /* Keyframe segments over threads: seg[s] is the first wanted frame behind segment s's
  * keyframe. Returns 1 when done (st says how), 0 when this path does not apply (one segment,
  * one thread, or a thread reader could not be opened) and nothing was decoded. */
@@ -528,6 +552,10 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
     }
     seg[nseg] = n;
     int nw = threads < nseg ? threads : nseg;
+    /* threads that would wait for want of a segment (fewer segments than threads, or the last
+     * round of segments) lend themselves to frame threading: those segments get threads / k
+     * decoding threads each, k the segments decoded at that time */
+    int left = nseg % nw, mt_all = threads / nw, mt_last = left ? threads / left : mt_all;
     if (nw < 2) { free(seg); return 0; }
     mmc_video **w = calloc((size_t)nw, sizeof *w);
     int opened = 0;
@@ -550,6 +578,8 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
         t = omp_get_thread_num();
 #endif
         mmc_video *r = w[t];
+        int mt = s >= nseg - left ? mt_last : mt_all;
+        if (mt >= 2) use_frame_threads(r, v, mt);
         r->want = want;
         r->n_want = n;
         int failed;
