@@ -14,7 +14,10 @@
  * opens its own reader of the file (demuxer and single-threaded decoder, the frame index
  * borrowed) and decodes whole keyframe segments: decoding from a keyframe gives the same
  * frames whichever thread does it, so the output is that of the one-reader path. Frames no
- * other frame refers to are only decoded when wanted.
+ * other frame refers to are only decoded when wanted. Once the packet of a segment's last
+ * wanted frame is in, the decoder is drained rather than fed the packets its reorder delay
+ * would read first. Segments decoded while other threads would wait (the last round, or fewer
+ * segments than threads) use FFmpeg's frame threading, whose frames are those of one thread.
  */
 #include "mmc_video.h"
 
