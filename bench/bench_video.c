@@ -3,7 +3,9 @@
  * the Qwen2-VL video processor's defaults (smart_resize to <= 768*28*28 pixels, normalise,
  * patchify). Peer: bench/peer_video.py (transformers' video processor with its default decoder:
  * torchcodec when it loads, else transformers' load_video with PyAV).
- * The clip is written at bench time by the peer script (PyAV + libx264) into build/bench/. */
+ * The clip is written at bench time by the peer script (PyAV + libx264) into build/bench/.
+ * CPU-seconds per clip go to stderr (getrusage: steadier than wall time on a shared host);
+ * MMC_BENCH_VIDEO_CASE=decode|full runs one case (e.g. under perf record). */
 #include "bench_util.h"
 #include "mmc_video.h"
 

@@ -8,7 +8,8 @@ raises. The pinned reference requirements have no torchcodec, so there the peer 
 own load_video with its default backend, "pyav" (av pinned: PyAV's default slice threading, every
 frame decoded up to the last wanted one). The backend used is printed to stderr; both run with
 the bench's thread count (OMP_NUM_THREADS, torch.set_num_threads; FFmpeg threads: each backend's
-default, 0 = automatic).
+default, 0 = automatic). As bench_video, it prints CPU-seconds per clip (getrusage) to stderr
+and MMC_BENCH_VIDEO_CASE=decode|full runs one case.
 
 `python bench/peer_video.py --make-clip PATH` writes the clip (PyAV + libx264, moving shapes
 over a scrolling texture, 30 fps, keyframe every 2 s as phone cameras write) and exits."""
