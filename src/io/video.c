@@ -14,7 +14,10 @@
  * opens its own reader of the file (demuxer and single-threaded decoder, the frame index
  * borrowed) and decodes whole keyframe segments: decoding from a keyframe gives the same
  * frames whichever thread does it, so the output is that of the one-reader path. Frames no
- * other frame refers to are only decoded when wanted.
+ * other frame refers to are only decoded when wanted. Once the packet of a segment's last
+ * wanted frame is in, the decoder is drained rather than fed the packets its reorder delay
+ * would read first. Segments decoded while other threads would wait (the last round, or fewer
+ * segments than threads) use FFmpeg's frame threading, whose frames are those of one thread.
  */
 #include "mmc_video.h"
 
@@ -44,6 +47,7 @@ struct mmc_video {
     size_t mem_len, mem_pos;
     int stream;
     AVCodecContext *dec;
+    AVCodecContext *dec_alt;     /* a thread reader on frame threads: its single-threaded decoder */
     struct SwsContext *sws;
     AVPacket *pkt;
     AVFrame *frame;
@@ -56,7 +60,9 @@ struct mmc_video {
     const int64_t *want;         /* seek mode: the pts of every frame asked for, ascending; else NULL */
     int n_want;
     int64_t seq_index;           /* sequential mode: index of the next decoded frame */
+    int64_t drain_pts;           /* seek mode: once this frame's packet is sent, drain; INT64_MIN: never */
     bool at_start, eof;
+    bool drained;                /* the decoder was sent its end (drain_pts): seek before decoding on */
     bool borrowed;               /* a thread reader: pts / key_pts belong to the parent */
 };
 
@@ -188,7 +194,7 @@ static mmc_status open_common(mmc_video *v) {
         v->info.seekable = false;
         return averr(MMC_ERR_IO, v, r, "cannot rewind after reading the index", REENCODE);
     }
-    v->cur_pts = INT64_MIN;
+    v->cur_pts = v->drain_pts = INT64_MIN;
     v->at_start = true;
     return MMC_OK;
 }
@@ -267,6 +273,7 @@ void mmc_video_close(mmc_video *v) {
     av_frame_free(&v->frame);
     av_packet_free(&v->pkt);
     avcodec_free_context(&v->dec);
+    avcodec_free_context(&v->dec_alt);
     avformat_close_input(&v->fmt);
     if (v->mem_io) {
         av_freep(&v->mem_io->buffer);
@@ -302,6 +309,12 @@ static int next_frame(mmc_video *v, mmc_status *st) {
             r = avcodec_send_packet(v->dec, v->pkt);
             /* a damaged packet is skipped as FFmpeg's tools do; the frame count check catches loss */
             (void)r;
+            if (v->pkt->pts == v->drain_pts && v->drain_pts != INT64_MIN) {
+                /* every packet this frame depends on precedes it: drain instead of decoding the
+                 * packets the decoder's reorder delay would otherwise take in first */
+                v->eof = v->drained = true;
+                avcodec_send_packet(v->dec, NULL);
+            }
         }
         av_packet_unref(v->pkt);
     }
@@ -353,7 +366,7 @@ static mmc_status rewind_to(mmc_video *v, int64_t ts) {
     int r = av_seek_frame(v->fmt, v->stream, ts, AVSEEK_FLAG_BACKWARD);
     if (r < 0) return averr(MMC_ERR_IO, v, r, "seek failed", REENCODE);
     avcodec_flush_buffers(v->dec);
-    v->eof = false;
+    v->eof = v->drained = false;
     v->cur_pts = INT64_MIN;
     v->seq_index = 0;
     return MMC_OK;
@@ -394,17 +407,21 @@ static int64_t key_before(const mmc_video *v, int64_t ts) {
 }
 
 /* Decode the frame with timestamp `want` (frame idx) into *out: seek to the keyframe before
- * it unless decoding forward from the last frame gets there without passing one. */
-static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, mmc_image *out) {
+ * it unless decoding forward from the last frame gets there without passing one. `last`: no
+ * frame after this one is reached by decoding forward (the next wanted frame, if any, lies
+ * behind a later keyframe), so the decoder is drained once this frame's packet is in: the
+ * frames decoded are the same, less the packets behind it that the reorder delay reads. */
+static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, bool last, mmc_image *out) {
     mmc_status st = MMC_OK;
     int64_t key = key_before(v, want);
     if (key == INT64_MIN) key = v->pts[0];
     /* decode forward when no keyframe lies between the last decoded frame and the target */
-    bool forward = v->cur_pts != INT64_MIN && v->cur_pts < want && key <= v->cur_pts;
+    bool forward = v->cur_pts != INT64_MIN && v->cur_pts < want && key <= v->cur_pts && !v->drained;
     if (!forward && !(v->at_start && key <= v->pts[0])) {
         if ((st = rewind_to(v, key))) return st;
     }
     v->at_start = false;
+    v->drain_pts = last ? want : INT64_MIN;
     for (;;) {
         int r = next_frame(v, &st);
         if (r < 0) return st;
@@ -423,7 +440,8 @@ static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, mmc_image *o
 
 static mmc_status read_seek(mmc_video *v, const int64_t *idx, const int64_t *want, int n, mmc_image *frames) {
     mmc_status st = MMC_OK;
-    for (int k = 0; k < n && !st; k++) st = seek_one(v, idx[k], want[k], &frames[k]);
+    for (int k = 0; k < n && !st; k++)
+        st = seek_one(v, idx[k], want[k], k == n - 1 || key_before(v, want[k + 1]) > want[k], &frames[k]);
     return st;
 }
 
@@ -484,13 +502,35 @@ static mmc_status reader_open(const mmc_video *v, mmc_video **out) {
     if ((r = avcodec_parameters_to_context(w->dec, par)) < 0) { st = averr(MMC_ERR_FORMAT, v, r, "bad codec parameters", REENCODE); goto fail; }
     w->dec->thread_count = 1;   /* the threads decode segments side by side */
     if ((r = avcodec_open2(w->dec, codec, NULL)) < 0) { st = averr(MMC_ERR_FORMAT, v, r, "cannot open the decoder", REENCODE); goto fail; }
-    w->cur_pts = INT64_MIN;
+    w->cur_pts = w->drain_pts = INT64_MIN;
     w->at_start = true;
     *out = w;
     return MMC_OK;
 fail:
     mmc_video_close(w);
     return st;
+}
+
+/* Switch thread reader r to a frame-threaded decoder of `threads` threads (opened on first
+ * use; FFmpeg's frame threading gives the frames single-threaded decoding gives). The next
+ * frame is reached by a seek, which flushes it. Stays on the single-threaded one if it cannot
+ * be opened. */
+static void use_frame_threads(mmc_video *r, const mmc_video *v, int threads) {
+    if (r->dec_alt) return;   /* already on it */
+    const AVCodecParameters *par = v->fmt->streams[v->stream]->codecpar;
+    const AVCodec *codec = avcodec_find_decoder(par->codec_id);
+    AVCodecContext *d = codec ? avcodec_alloc_context3(codec) : NULL;
+    if (!d) return;
+    if (avcodec_parameters_to_context(d, par) < 0) { avcodec_free_context(&d); return; }
+    d->thread_count = threads;
+    d->thread_type = FF_THREAD_FRAME;
+    if (avcodec_open2(d, codec, NULL) < 0) { avcodec_free_context(&d); return; }
+    r->dec_alt = r->dec;
+    r->dec = d;
+    /* nothing is decoded forward on the new decoder: the next frame is reached by a seek
+     * (or, for a reader that has read nothing yet, from the start) */
+    r->cur_pts = INT64_MIN;
+    r->drained = false;
 }
 
 /* Keyframe segments over threads: seg[s] is the first wanted frame behind segment s's
@@ -515,6 +555,10 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
     }
     seg[nseg] = n;
     int nw = threads < nseg ? threads : nseg;
+    /* threads that would wait for want of a segment (fewer segments than threads, or the last
+     * round of segments) lend themselves to frame threading: those segments get threads / k
+     * decoding threads each, k the segments decoded at that time */
+    int left = nseg % nw, mt_all = threads / nw, mt_last = left ? threads / left : mt_all;
     if (nw < 2) { free(seg); return 0; }
     mmc_video **w = calloc((size_t)nw, sizeof *w);
     int opened = 0;
@@ -537,6 +581,8 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
         t = omp_get_thread_num();
 #endif
         mmc_video *r = w[t];
+        int mt = s >= nseg - left ? mt_last : mt_all;
+        if (mt >= 2) use_frame_threads(r, v, mt);
         r->want = want;
         r->n_want = n;
         int failed;
