@@ -97,7 +97,9 @@ int cmd_train(int argc, char **argv) {
         return rc;
     }
     bool lead = mmc_trainer_rank(t) == 0;
-    if (resume && lead) fprintf(stderr, "mmc train: resumed at step %lld\n", (long long)mmc_trainer_step_count(t));
+    /* (a CLIP / SigLIP run restores its step inside mmc_trainer_run and says so there) */
+    if (resume && lead && mmc_trainer_step_count(t) > 0)
+        fprintf(stderr, "mmc train: resumed at step %lld\n", (long long)mmc_trainer_step_count(t));
     st = mmc_trainer_run(t);
     rc = CLI_OK;
     if (st) rc = cli_fail(st, "train stopped at step %lld", (long long)mmc_trainer_step_count(t));

@@ -684,6 +684,16 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     if (mmc_trainer_is_contrastive_dir(cfg->model.path)) {   /* dual encoders: trainer_contrastive.c's own loop */
         t->contrastive = true;
         t->contrastive_resume = resume;
+        if (cfg->parallel.data_parallel > 1 || mmc_dist_launched()) {   /* its ranks: data parallelism only */
+            mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = cfg->parallel.timeout};
+            mmc_status s0 = MMC_OK;
+            if (!(t->world = mmc_dist_world())) {
+                s0 = mmc_dist_init(&dop, &t->world);
+                t->owns_dist = !s0;
+            }
+            if (s0) { free(t); return s0; }
+            t->rank = mmc_comm_rank(t->world);
+        }
         *out = t;
         return MMC_OK;
     }

@@ -262,19 +262,13 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     if (B % R)
         return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld does not split over data_parallel %d ranks", c->file,
                          (long long)B, R);
-    if (R > 1 || mmc_dist_launched()) {   /* (under mpirun with data_parallel 1: every rank would train alone) */
-        if (!(t->world = mmc_dist_world())) {
-            mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = c->parallel.timeout};
-            mmc_status s0 = mmc_dist_init(&dop, &t->world);
-            if (s0) return s0;
-            t->owns_dist = true;
-        }
-        if (mmc_comm_size(t->world) != R)
-            return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel is %d but %d process(es) run: start %d with "
-                             "`mmc launch -n %d` (or mpirun -np %d)", c->file, R, mmc_comm_size(t->world), R, R, R);
-        t->rank = mmc_comm_rank(t->world);
-    }
-    const int rank = R > 1 ? t->rank : 0;   /* (t->rank is set only above) */
+    if (t->world && mmc_comm_size(t->world) != R)   /* (the world was started by mmc_trainer_new) */
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel is %d but %d process(es) run: start %d with "
+                         "`mmc launch -n %d` (or mpirun -np %d)", c->file, R, mmc_comm_size(t->world), R, R, R);
+    if (R > 1 && !t->world)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.data_parallel is %d but 1 process runs: start %d with "
+                         "`mmc launch -n %d` (or mpirun -np %d)", c->file, R, R, R, R);
+    const int rank = R > 1 ? t->rank : 0;
     const int64_t Bl = B / R;   /* this rank's pairs: rows [rank * Bl, (rank + 1) * Bl) of the batch */
     if (c->model.lora.r > 0)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.lora for CLIPModel training is not built yet; remove "
