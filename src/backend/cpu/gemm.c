@@ -427,14 +427,25 @@ T512 static inline __m512 ld16(const void *src, bool b16, int64_t off, __mmask16
     return _mm512_maskz_loadu_ps(m, (const float *)src + off);
 }
 
+#ifndef PACK_PF_K
+#define PACK_PF_K 64 /* elements: 4 steps of 16 ahead (measured on Zen 5, 1 thread: +6 % on a
+                        * packing-bound GEMM from L3, +8 % from DRAM; a second, L2 prefetch
+                        * further ahead added nothing) */
+#endif
 /* Transposing pack: `rows` (<= width <= 16) source rows, row i at element offset base_i =
  * row0 + i*ld, k in [k0, k0+kc); writes dst[k*stride + i] for i < width (zeros past rows). */
 T512 static void pack_tr_avx512(const void *src, bool b16, int64_t row0, int64_t ld, int rows,
                                 int width, int64_t k0, int64_t kc, float *dst, int64_t stride) {
     const __mmask16 wm = (__mmask16)((1u << width) - 1u);
+    const int esz = b16 ? 2 : 4;
     for (int64_t kb = 0; kb < kc; kb += 16) {
         const int ke = kc - kb < 16 ? (int)(kc - kb) : 16;
         const __mmask16 km = (__mmask16)((1u << ke) - 1u);
+        /* the rows' lines PACK_PF_K elements ahead: `rows` strided streams, each read one line
+         * per step, are more than the hardware prefetchers follow (the loads stalled here) */
+        if (kb + PACK_PF_K < kc)
+            for (int i = 0; i < rows; i++)
+                _mm_prefetch((const char *)src + (row0 + i * ld + k0 + kb + PACK_PF_K) * esz, _MM_HINT_T0);
         __m512 r[16];
         for (int i = 0; i < 16; i++)
             r[i] = i < rows ? ld16(src, b16, row0 + i * ld + k0 + kb, km) : _mm512_setzero_ps();
