@@ -491,13 +491,19 @@ T512 static void pack_a_t_avx512(const float *A, int64_t lda, int64_t m0, int64_
                                  int64_t kc, float *restrict Ap) {
     const int mr = MR512;
     const __mmask16 full = (__mmask16)((1u << mr) - 1u);
-    for (int64_t p = 0; p < mc; p += mr) {
-        const int64_t rows = mc - p < mr ? mc - p : mr;
-        const __mmask16 m = (__mmask16)((1u << rows) - 1u);
-        const float *src = A + k0 * lda + m0 + p;
-        float *d = Ap + p * kc;
-        for (int64_t k = 0; k < kc; k++)
-            _mm512_mask_storeu_ps(d + k * mr, full, _mm512_maskz_loadu_ps(m, src + k * lda));
+    /* k outer: each source row's mc values are read once, contiguously, and dealt out to the
+     * panels; the row 8 ahead is prefetched (the stride defeats the hardware prefetchers).
+     * Measured on Zen 5 (dyᵀ·x, 1 thread): its share of the time 3.9-5.3 % -> 2.6-2.9 %. */
+    const int64_t seg = mc * (int64_t)sizeof(float);
+    for (int64_t k = 0; k < kc; k++) {
+        const float *src = A + (k0 + k) * lda + m0;
+        if (k + 8 < kc)
+            for (int64_t o = 0; o < seg + 63; o += 64) _mm_prefetch((const char *)(src + 8 * lda) + o, _MM_HINT_T0);
+        for (int64_t p = 0; p < mc; p += mr) {
+            const int64_t rows = mc - p < mr ? mc - p : mr;
+            const __mmask16 m = (__mmask16)((1u << rows) - 1u);
+            _mm512_mask_storeu_ps(Ap + p * kc + k * mr, full, _mm512_maskz_loadu_ps(m, src + p));
+        }
     }
 }
 
@@ -669,6 +675,29 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
     }
 }
 
+/* pack_b_rows for the AVX-512 kernel (NR = 32): per k, each panel's 32 values are two 16-lane
+ * copies (masked at the block's last columns; bf16 widened by a shift). */
+T512 static void pack_b_rows_avx512(const void *B, bool b16, int64_t ldb, int64_t jc, int64_t nc,
+                                    int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
+    const int nr = 32;
+    const int64_t esz = b16 ? 2 : 4, seg = (p1 - p0) * nr * esz;
+    for (int64_t k = 0; k < kc; k++) {
+        const int64_t base = (k0 + k) * ldb + jc;
+        if (k + 8 < kc) { /* rows 8 ahead: the source stride defeats the hardware prefetch */
+            const char *ahead = (const char *)B + ((k0 + k + 8) * ldb + jc + p0 * nr) * esz;
+            for (int64_t o = 0; o < seg; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        }
+        for (int64_t p = p0; p < p1; p++) {
+            float *d = Bp + p * nr * kc + k * nr;
+            const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
+            const __mmask16 m0 = cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1u);
+            const __mmask16 m1 = cols >= 32 ? (__mmask16)0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+            _mm512_store_ps(d, ld16(B, b16, base + c0, m0));
+            _mm512_store_ps(d + 16, ld16(B, b16, base + c0 + 16, m1));
+        }
+    }
+}
+
 /* B stored [K, N] (not transposed): panels [p0, p1) of the block starting at column jc
  * (nc columns), k in [k0, k0+kc); per k the source row segment is read contiguously. */
 static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
@@ -682,6 +711,10 @@ static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, i
         return;
     }
     const int64_t esz = b16 ? 2 : 4, seg = (p1 - p0) * nr * esz; /* bytes per source row */
+    if (kd == &K_AVX512) {
+        pack_b_rows_avx512(B, b16, ldb, jc, nc, p0, p1, k0, kc, Bp);
+        return;
+    }
     for (int64_t k = 0; k < kc; k++) {
         const int64_t base = (k0 + k) * ldb + jc;
         if (k + 8 < kc) { /* rows 8 ahead: the source stride defeats the hardware prefetch */
