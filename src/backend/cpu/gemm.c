@@ -349,7 +349,8 @@ typedef struct {
     size_t b_cap;
     float *a[MAX_THREADS]; /* [MC, KC] packed A block per team thread */
     size_t a_cap;
-    float *bt[MAX_THREADS]; /* [KC, <= NC] packed B block per team thread (sliced GEMMs) */
+    float *bt[MAX_THREADS]; /* [KC, <= NC] packed B block of team threads 1.. (sliced GEMMs;
+                             * thread 0 uses b) */
     size_t bt_cap;
     float *v;              /* small-M: A copied contiguous [M, K] */
     size_t v_cap;
@@ -394,13 +395,14 @@ static float *grow(float *p, size_t *cap, size_t need_floats) {
 static void ensure_bufs(const kdesc *kd, int nth, int64_t bt_cols) {
     bufs *t = my_bufs();
     size_t need_a = (size_t)kd->mc * kslots(kd, kd->kc), need_b = (size_t)kslots(kd, kd->kc) * kd->nc;
-    if (bt_cols > 0) {
+    if (bt_cols > 0) { /* team thread 0 packs into b, the others into bt[i] */
         size_t need_bt = (size_t)kslots(kd, kd->kc) * (size_t)bt_cols;
+        t->b = grow(t->b, &t->b_cap, need_bt);
         if (need_bt > t->bt_cap) {
             for (int i = 0; i < MAX_THREADS; i++) { free(t->bt[i]); t->bt[i] = NULL; }
             t->bt_cap = need_bt;
         }
-        for (int i = 0; i < nth; i++)
+        for (int i = 1; i < nth; i++)
             if (!t->bt[i]) {
                 size_t cap = 0;
                 t->bt[i] = grow(NULL, &cap, t->bt_cap);
@@ -1085,7 +1087,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
         const int64_t mt = (M + mr - 1) / mr, np = (N + nr - 1) / nr;
         const int64_t slice_cols = (np + pn - 1) / pn * nr;
         ensure_bufs(kd, nth, slice_cols < NC ? slice_cols : NC);
-        float **Abuf = tl_bufs.a, **Bbuf = tl_bufs.bt;
+        float **Abuf = tl_bufs.a, **Bbuf = tl_bufs.bt, *B0 = tl_bufs.b;
 #pragma omp parallel num_threads(nth) if (nth > 1)
         {
             /* a team smaller than asked for runs the slices of the missing threads too */
@@ -1094,7 +1096,8 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                 const int64_t r0 = mt * sm / pm * mr, r1 = mt * (sm + 1) / pm * mr;
                 const int64_t c0 = np * sn / pn * nr, c1 = np * (sn + 1) / pn * nr;
                 gemm_slice(kd, ta, tb, r0, r1 < M ? r1 : M, c0, c1 < N ? c1 : N, K, alpha, A, lda, B, b16, ldb,
-                           beta, C, ldc, Abuf[omp_get_thread_num()], Bbuf[omp_get_thread_num()]);
+                           beta, C, ldc, Abuf[omp_get_thread_num()],
+                           omp_get_thread_num() ? Bbuf[omp_get_thread_num()] : B0);
             }
         }
         return;
