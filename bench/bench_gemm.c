@@ -17,6 +17,9 @@
  *                                activations rounded to bf16: MMC_GEMM_BF16=dot), where the CPU
  *                                has it; _vs_bf16: its speed-up over the default bf16 path
  *   gemm_*_frac_peak             the same figure divided by fma_peak (fraction, this run)
+ *   gemm_f32_<layout>_openblas   the gemm_f32 figure again, on a row of its own against the
+ *                                best BLAS of the machine (bench/peer_gemm_blas.py: OpenBLAS,
+ *                                the core it picks and the AVX-512 cores forced, fastest)
  *   mem_read_bw                  streaming read of a 512 MiB buffer on all threads (GB/s): the
  *                                best of two read kernels (a static half per thread with four
  *                                streams; dynamic 1 MiB chunks with eight), max of every
@@ -263,7 +266,12 @@ static void suite(const char *sfx) {
             bench_report(name, gf, "GFLOP/s", 1);
             snprintf(fr_name[n_fr], sizeof fr_name[0], "gemm_%s_%s%s_frac_peak", dt, cases[c].name, sfx);
             fr_val[n_fr++] = gf;
-            if (bf == 0) f32_gflops[c] = gf;
+            if (bf == 0) {
+                f32_gflops[c] = gf;
+                /* the same figure against the best BLAS here (bench/peer_gemm_blas.py: OpenBLAS) */
+                snprintf(name, sizeof name, "gemm_f32_%s%s_openblas", cases[c].name, sfx);
+                bench_report(name, gf, "GFLOP/s", 1);
+            }
             else if (bf == 1) {
                 bf16_gflops[c] = gf;
                 snprintf(name, sizeof name, "gemm_bf16_%s%s_vs_f32", cases[c].name, sfx);

@@ -4,7 +4,8 @@ Prints one JSON object: torch's version, the CPU capability its ATen kernels dis
 (torch.backends.cpu.get_cpu_capability(): "AVX512", "AVX2", ...), the BLAS and oneDNN lines of
 torch.__config__.show() (f32 matmul goes to the BLAS, bf16 matmul and F.linear to oneDNN),
 the thread count, and the versions of the other peers' libraries where they import
-(transformers, tokenizers, diffusers, torchvision, PIL). Not named peer_*.py: run.sh runs
+(transformers, tokenizers, diffusers, torchvision, PIL), and the OpenBLAS that bench/peer_gemm_blas.py
+times (version, the core it selects here). Not named peer_*.py: run.sh runs
 those as benchmarks."""
 import json
 import re
@@ -34,4 +35,11 @@ for mod in ("transformers", "tokenizers", "diffusers", "torchvision", "PIL"):
         out[mod] = {"version": __import__(mod).__version__}
     except Exception:
         pass
+# the best BLAS of the machine, bench_gemm's second peer (bench/peer_gemm_blas.py): OpenBLAS and
+# the core it selects on this CPU, checked at run time
+try:
+    import peer_gemm_blas
+    out["openblas"] = peer_gemm_blas.describe()
+except Exception as e:
+    out["openblas"] = {"error": f"{type(e).__name__}: {e}"}
 print(json.dumps(out))

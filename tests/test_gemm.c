@@ -5,7 +5,9 @@
  * dimensions wider than the matrix, alpha/beta variants, beta=0 over a NaN-filled C, and C
  * padding left untouched. Then bit-identical results with 1 and 2 threads (determinism).
  * One part (and ctest case) per kernel, `test_gemm avx512|avx2|generic|bf16dot`: a kernel this
- * CPU cannot run is skipped (exit 77 when it was the only part asked for).
+ * CPU cannot run is skipped (exit 77 when it was the only part asked for). Parts `blocks` and
+ * `blocks_shared` rerun all of it on every kernel with tiny cache blocks (MMC_GEMM_BLOCKING),
+ * threads sliced or sharing B blocks (MMC_GEMM_SPLIT): many ragged blocks in every dimension.
  * bf16dot (the AVX512_BF16 vdpbf16ps kernel, opt-in, mmc_gemm_bf16_infer only: mmc_gemm_bf16
  * is checked to stay exact while it is on) rounds A to bf16 before multiplying, so
  * its oracle is mmc_gemm_ref_bf16 on A rounded to bf16 (same tolerance: the bf16 products are
@@ -144,45 +146,110 @@ static void bf16dot_error(bool tb, int64_t M, int64_t N, int64_t K) {
     free(A); free(Aa); free(Ba); free(Bh); free(C); free(R); free(Bd);
 }
 
+static const shape g_shapes[] = {
+    {1, 1, 1},    {1, 3, 17},   {2, 33, 65},   {3, 65, 1},    {4, 129, 127}, {1, 130, 300},
+    {5, 1, 1},    {17, 33, 1},  {33, 17, 65},  {65, 127, 33}, {127, 129, 17}, {129, 65, 129},
+    {14, 32, 64}, {28, 64, 257}, {15, 33, 300}, {350, 70, 300}, {6, 16, 513}, {70, 200, 19},
+    /* matvec path split into threaded units of row stretches with ragged ends */
+    {1, 1001, 300}, {2, 2003, 129}, {4, 777, 100},
+    /* K past the default KC (1024) and N past NC (2048): several B blocks, so 2 threads take
+     * gemm.c's sliced path (each thread its own cell, its own packing) */
+    {30, 70, 1100}, {9, 2100, 40},
+};
+static const float g_ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.25f, 0.75f}, {1.0f, 1.0f}};
+
+/* Every shape × trans × (f32, bf16) on the current kernel, alpha/beta sweep, 1 vs 2 threads. */
+static void kernel_suite(void) {
+    for (size_t s = 0; s < sizeof g_shapes / sizeof g_shapes[0]; s++)
+        for (int t = 0; t < 4; t++) {
+            const shape *sh = &g_shapes[s];
+            int v = (int)((s + t) % 4);
+            int64_t pad = (s + t) % 3 == 0 ? 0 : 3 + (int64_t)s;
+            run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, g_ab[v][0], g_ab[v][1], false);
+            run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, g_ab[(v + 1) % 4][0], g_ab[(v + 1) % 4][1], true);
+        }
+    /* alpha/beta sweep on one awkward shape, both paths (M <= 4 and packed) */
+    for (int v = 0; v < 4; v++) {
+        run_case(false, true, 3, 45, 77, 2, g_ab[v][0], g_ab[v][1], false);
+        run_case(true, false, 31, 45, 77, 2, g_ab[v][0], g_ab[v][1], true);
+    }
+    for (int t = 0; t < 4; t++) {
+        run_determinism(t & 1, t >> 1, 300, 200, 333, false);
+        run_determinism(t & 1, t >> 1, 300, 200, 333, true);
+        run_determinism(t & 1, t >> 1, 2, 700, 257, false);
+        run_determinism(t & 1, t >> 1, 3, 700, 257, true);
+        run_determinism(t & 1, t >> 1, 20, 1000, 100, false);
+        run_determinism(t & 1, t >> 1, 600, 70, 600, t == 3); /* tall: whole-N items */
+        run_determinism(t & 1, t >> 1, 100, 70, 1100, t == 1);  /* 2 K blocks: sliced over M */
+        run_determinism(t & 1, t >> 1, 40, 2100, 50, t == 2);   /* 2 N blocks: sliced over N */
+    }
+}
+
+/* The bf16dot kernel's suite (A rounded to bf16 in the oracle; M <= 4 shapes take the matvec
+ * path, which does not use it). */
+static void bf16dot_suite(void) {
+    g_ref_round_a = true;
+    for (size_t s = 0; s < sizeof g_shapes / sizeof g_shapes[0]; s++)
+        for (int t = 0; t < 4; t++) {
+            const shape *sh = &g_shapes[s];
+            if (sh->M <= 4) continue;
+            int v = (int)((s + t) % 4);
+            int64_t pad = (s + t) % 3 == 0 ? 0 : 3 + (int64_t)s;
+            run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, g_ab[v][0], g_ab[v][1], true);
+        }
+    /* K across several K blocks (odd K: the last pair is half zero), odd kc tails */
+    run_case(false, true, 30, 70, 2051, 1, 1.0f, 0.0f, true);
+    run_case(true, false, 45, 33, 1025, 0, 0.5f, 1.0f, true);
+    for (int t = 0; t < 4; t++) {
+        run_determinism(t & 1, t >> 1, 300, 200, 333, true);
+        run_determinism(t & 1, t >> 1, 600, 70, 1100, true);
+    }
+    g_ref_round_a = false;
+}
+
 int main(int argc, char **argv) {
-    static const shape shapes[] = {
-        {1, 1, 1},    {1, 3, 17},   {2, 33, 65},   {3, 65, 1},    {4, 129, 127}, {1, 130, 300},
-        {5, 1, 1},    {17, 33, 1},  {33, 17, 65},  {65, 127, 33}, {127, 129, 17}, {129, 65, 129},
-        {14, 32, 64}, {28, 64, 257}, {15, 33, 300}, {350, 70, 300}, {6, 16, 513}, {70, 200, 19},
-        /* matvec path split into threaded units of row stretches with ragged ends */
-        {1, 1001, 300}, {2, 2003, 129}, {4, 777, 100},
-    };
-    static const float ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.25f, 0.75f}, {1.0f, 1.0f}};
     const char *kernels[] = {"avx512", "avx2", "generic"};
+    /* part "blocks" / "blocks_shared" (asked for by name only: the blocking is read once, at the
+     * first GEMM): tiny cache blocks MC=28 KC=40 NC=64 (bf16dot: MC=28 KC=40 NC=64 as well), so
+     * every shape above spans many row, K and column blocks with ragged last blocks, on every
+     * kernel; 2 threads then take the sliced path ("blocks") or the shared one ("blocks_shared",
+     * MMC_GEMM_SPLIT=shared; native kernel only). Checked against the oracle and 1 vs 2 threads. */
+    bool blocks = argc >= 2 && (!strcmp(argv[1], "blocks") || !strcmp(argv[1], "blocks_shared"));
+    if (blocks) {
+        setenv("MMC_GEMM_BLOCKING", "28,40,64", 1);
+        setenv("MMC_GEMM_SPLIT", !strcmp(argv[1], "blocks") ? "slices" : "shared", 1);
+    }
     const char *native = mmc_gemm_kernel_name();
     printf("test_gemm: native kernel %s\n", native);
+    if (blocks) {
+        test_part(argc, argv, argv[1]);
+        mmc_gemm_info gi;
+        mmc_gemm_describe(&gi);
+        CHECKF(gi.f32.kc == 40 && gi.f32.nc == 64 && gi.f32.mc == 28 && !strcmp(gi.blocking_source, "MMC_GEMM_BLOCKING") &&
+                   !strcmp(gi.split, !strcmp(argv[1], "blocks") ? "slices" : "shared"),
+               "blocking %lld/%lld/%lld from %s, split %s", (long long)gi.f32.mc, (long long)gi.f32.kc,
+               (long long)gi.f32.nc, gi.blocking_source, gi.split);
+        const bool shared = !strcmp(argv[1], "blocks_shared");
+        for (int ki = 0; ki < 3; ki++) {
+            /* blocks_shared: the native kernel only (the shared path is the same for all; its
+             * thousands of barriers take long on a loaded machine) */
+            if ((shared && strcmp(kernels[ki], native)) || mmc_gemm_set_kernel(kernels[ki]) != 0) continue;
+            kernel_suite();
+        }
+        if (!shared && mmc_gemm_set_kernel("avx512") == 0 && mmc_gemm_set_bf16_dot(true) == 0) {
+            bf16dot_suite();
+            mmc_gemm_set_bf16_dot(false);
+        }
+        mmc_gemm_set_kernel(native);
+        return test_done("test_gemm");
+    }
     for (int ki = 0; ki < 3; ki++) {
         if (!test_part(argc, argv, kernels[ki])) continue;
         if (mmc_gemm_set_kernel(kernels[ki]) != 0) {
             test_skip("test_gemm", "kernel %s: this CPU lacks its instructions", kernels[ki]);
             continue;
         }
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-            for (int t = 0; t < 4; t++) {
-                const shape *sh = &shapes[s];
-                int v = (int)((s + t) % 4);
-                int64_t pad = (s + t) % 3 == 0 ? 0 : 3 + (int64_t)s;
-                run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, ab[v][0], ab[v][1], false);
-                run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, ab[(v + 1) % 4][0], ab[(v + 1) % 4][1], true);
-            }
-        /* alpha/beta sweep on one awkward shape, both paths (M <= 4 and packed) */
-        for (int v = 0; v < 4; v++) {
-            run_case(false, true, 3, 45, 77, 2, ab[v][0], ab[v][1], false);
-            run_case(true, false, 31, 45, 77, 2, ab[v][0], ab[v][1], true);
-        }
-        for (int t = 0; t < 4; t++) {
-            run_determinism(t & 1, t >> 1, 300, 200, 333, false);
-            run_determinism(t & 1, t >> 1, 300, 200, 333, true);
-            run_determinism(t & 1, t >> 1, 2, 700, 257, false);
-            run_determinism(t & 1, t >> 1, 3, 700, 257, true);
-            run_determinism(t & 1, t >> 1, 20, 1000, 100, false);
-            run_determinism(t & 1, t >> 1, 600, 70, 600, t == 3); /* tall: whole-N items, 2 K blocks */
-        }
+        kernel_suite();
     }
     mmc_gemm_set_kernel(native);
     if (test_part(argc, argv, "bf16dot")) {
@@ -193,23 +260,7 @@ int main(int argc, char **argv) {
             mmc_gemm_describe(&gi);
             CHECKF(gi.bf16_dot && !strcmp(gi.bf16_infer.kernel, "avx512_bf16") && !strcmp(gi.bf16.kernel, "avx512"),
                    "bf16 paths: infer %s, training %s", gi.bf16_infer.kernel, gi.bf16.kernel);
-            g_ref_round_a = true;
-            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                for (int t = 0; t < 4; t++) {
-                    const shape *sh = &shapes[s];
-                    if (sh->M <= 4) continue;
-                    int v = (int)((s + t) % 4);
-                    int64_t pad = (s + t) % 3 == 0 ? 0 : 3 + (int64_t)s;
-                    run_case(t & 1, t >> 1, sh->M, sh->N, sh->K, pad, ab[v][0], ab[v][1], true);
-                }
-            /* K across several K blocks (odd K: the last pair is half zero), odd kc tails */
-            run_case(false, true, 30, 70, 2051, 1, 1.0f, 0.0f, true);
-            run_case(true, false, 45, 33, 1025, 0, 0.5f, 1.0f, true);
-            for (int t = 0; t < 4; t++) {
-                run_determinism(t & 1, t >> 1, 300, 200, 333, true);
-                run_determinism(t & 1, t >> 1, 600, 70, 1100, true);
-            }
-            g_ref_round_a = false;
+            bf16dot_suite();
             /* switched on, it is still only for inference: mmc_gemm_bf16 keeps the exact path */
             run_case(false, true, 350, 70, 300, 0, 1.0f, 0.0f, true);
             run_case(false, false, 65, 127, 33, 2, 0.5f, 1.0f, true);

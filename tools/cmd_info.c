@@ -28,7 +28,8 @@ void help_info(FILE *f) {
                "extensions mmc's kernels use (avx2, fma, avx512f, avx512_bf16, amx), the caches, the\n"
                "GEMM micro-kernel and cache blocking chosen for f32 and bf16 weights (blocking\n"
                "derived from the caches; MMC_GEMM_BLOCKING=mc,kc,nc overrides, MMC_GEMM_BF16=dot\n"
-               "picks the AVX512_BF16 kernel for inference with bf16 weights) and the thread count.\n\n"
+               "picks the AVX512_BF16 kernel for inference with bf16 weights), how threads share a\n"
+               "GEMM (MMC_GEMM_SPLIT=slices|shared; results are the same) and the thread count.\n\n"
                "options:\n"
                "  --system   describe this machine, not a model directory\n"
                "  --json     print one JSON object instead of a table\n"
@@ -91,8 +92,9 @@ static int info_system(bool json) {
                    "\"arithmetic\": \"%s\"}, ",
                    names[i], p[i]->kernel, p[i]->mr, p[i]->nr, (long long)p[i]->mc, (long long)p[i]->kc,
                    (long long)p[i]->nc, arith[i]);
-        printf("\"bf16_dot_available\": %s, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\"}}\n",
-               g.bf16_dot_available ? "true" : "false", g.small_m, g.small_m_kernel, g.blocking_source);
+        printf("\"bf16_dot_available\": %s, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\", "
+               "\"split\": \"%s\"}}\n",
+               g.bf16_dot_available ? "true" : "false", g.small_m, g.small_m_kernel, g.blocking_source, g.split);
         return 0;
     }
     printf("cpu:        %s %s (family %d, model %d, stepping %d)\n", ci->vendor[0] ? ci->vendor : "?",
@@ -121,6 +123,8 @@ static int info_system(bool json) {
     printf("gemm f32:   %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s); M <= %d: %s matvec\n",
            g.f32.kernel, g.f32.mr, g.f32.nr, (long long)g.f32.mc, (long long)g.f32.kc, (long long)g.f32.nc,
            strcmp(g.blocking_source, "model") ? g.blocking_source : "from the caches", g.small_m, g.small_m_kernel);
+    printf("gemm split: %s (threads: independent slices when a GEMM spans several B blocks, else B packed "
+           "together; MMC_GEMM_SPLIT=slices|shared forces one)\n", g.split);
     printf("gemm bf16:  %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s)\n", g.bf16.kernel, g.bf16.mr,
            g.bf16.nr, (long long)g.bf16.mc, (long long)g.bf16.kc, (long long)g.bf16.nc, bf16_exact);
     if (g.bf16_dot)

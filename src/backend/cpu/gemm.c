@@ -14,14 +14,19 @@
  * MC/KC/NC are derived at start-up from the CPU's caches (cpuinfo.c), per kernel.
  * Edge tiles are computed into a small stack tile (packing pads with zeros) and merged.
  *
- * Threads (OpenMP): B panels are packed cooperatively; the compute is handed out dynamically
- * as (MC row block × chunk of NR panels) items, each thread packing A into its own buffer;
- * row blocks are whole-N items except in the last round, which is split so no thread idles.
+ * Threads (OpenMP), two ways (gemm_packed; MMC_GEMM_SPLIT forces one):
+ *   slices  (GEMMs over several B blocks) each thread runs the whole loop nest on its own cell
+ *           of a pm × pn grid of C (whole MR tiles × whole NR panels, the grid that packs the
+ *           fewest elements per thread) with its own A and B buffers: no barrier at all;
+ *   shared  (one B block) B panels are packed cooperatively, then the compute is handed out
+ *           dynamically as (MC row block × chunk of NR panels) items, each thread packing A
+ *           into its own buffer; row blocks are whole-N items except in the last round, which
+ *           is split so no thread idles; a barrier after each phase.
  * While a block computes, each item prefetches its share of the source of the B block packed
  * next, so packing reads caches instead of waiting on DRAM.
  * Blocking never depends on the thread count and each C tile is computed the same way by
  * whichever thread takes it, with a fixed K order, so results are bit-identical for any
- * number of threads.
+ * number of threads and either way of splitting.
  *
  * Small M (M <= 4, decode / matvec) skips packing: B is streamed once, parallel over N, as
  * a few long sequential streams per thread (what the hardware prefetchers follow best).
@@ -103,18 +108,27 @@ static void ukr_avx2_6x16(int64_t kc, const float *restrict Ap, const float *res
 }
 
 #define MR512 14
+/* k steps before the end of the f32 micro-kernel's loop at which it prefetches its C tile:
+ * measured on Zen 5 (1 thread, alternating with OpenBLAS in one process) ~1 % faster than at the
+ * start, where the lines left L1 again during a long K */
+#define UKR_CPF 128
 #define SMALL_M 4 /* M <= SMALL_M: the unpacked matvec path */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *restrict Bp,
                              float *restrict C, int64_t ldc, float alpha, float beta) {
     __m512 c0[MR512], c1[MR512];
 #pragma GCC unroll 14
-    for (int i = 0; i < MR512; i++) {
-        c0[i] = c1[i] = _mm512_setzero_ps();
-        _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0); /* C tile: 2 lines per row */
-        _mm_prefetch((const char *)(C + i * ldc + 31), _MM_HINT_T0);
-    }
+    for (int i = 0; i < MR512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    /* the C tile (2 lines per row) is prefetched UKR_CPF k steps before the end, where it is
+     * read (beta != 0) or written: prefetched at the start, it left L1 again during a long K */
+    const int64_t kpf = kc > UKR_CPF ? kc - UKR_CPF : 0;
     for (int64_t k = 0; k < kc; k++) {
+        if (k == kpf)
+#pragma GCC unroll 14
+            for (int i = 0; i < MR512; i++) {
+                _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+                _mm_prefetch((const char *)(C + i * ldc + 31), _MM_HINT_T0);
+            }
         __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
         _mm_prefetch((const char *)(Ap + 8 * MR512), _MM_HINT_T0);
 #pragma GCC unroll 14
@@ -204,6 +218,9 @@ static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AVX2, &K_GENERIC};
 
 static const kdesc *g_kernel;
 static int g_bf16_dot;                        /* use K_BF16DOT for packed inference bf16 GEMMs */
+/* How a team shares a packed GEMM (gemm_packed): -1 auto, 0 "slices", 1 "shared"
+ * (MMC_GEMM_SPLIT) */
+static int g_split = -1;
 static const char *g_blocking_source = "model";
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
 
@@ -252,6 +269,11 @@ static void init_blocking(void) {
         for (size_t i = 0; i < sizeof g_all / sizeof g_all[0]; i++) set_blocks(g_all[i], mc, kc, nc);
         g_blocking_source = "MMC_GEMM_MC/KC/NC";
     }
+    const char *sp = getenv("MMC_GEMM_SPLIT");
+    if (sp && strcmp(sp, "shared") == 0) g_split = 1;
+    else if (sp && strcmp(sp, "slices") == 0) g_split = 0;
+    else if (sp && *sp && strcmp(sp, "auto") != 0)
+        fprintf(stderr, "mmc: ignoring MMC_GEMM_SPLIT='%s' (want auto, slices or shared)\n", sp);
     const char *bf = getenv("MMC_GEMM_BF16");
     if (bf && strcmp(bf, "dot") == 0) {
         if (cpu_bf16dot()) g_bf16_dot = 1;
@@ -325,6 +347,7 @@ void mmc_gemm_describe(mmc_gemm_info *out) {
     out->small_m = SMALL_M;
     out->small_m_kernel = k == &K_AVX512 ? "avx512" : "generic";
     out->blocking_source = g_blocking_source;
+    out->split = g_split < 0 ? "auto" : g_split == 0 ? "slices" : "shared";
 }
 
 /* ------------------------------------------------------------------ buffers */
@@ -335,6 +358,9 @@ typedef struct {
     size_t b_cap;
     float *a[MAX_THREADS]; /* [MC, KC] packed A block per team thread */
     size_t a_cap;
+    float *bt[MAX_THREADS]; /* [KC, <= NC] packed B block of team threads 1.. (sliced GEMMs;
+                             * thread 0 uses b) */
+    size_t bt_cap;
     float *v;              /* small-M: A copied contiguous [M, K] */
     size_t v_cap;
     bool registered;       /* the thread-exit destructor knows this thread's buffers */
@@ -348,7 +374,7 @@ static pthread_once_t g_bufs_once = PTHREAD_ONCE_INIT;
 static void bufs_release(void *p) {
     bufs *t = p;
     free(t->b);
-    for (int i = 0; i < MAX_THREADS; i++) free(t->a[i]);
+    for (int i = 0; i < MAX_THREADS; i++) free(t->a[i]), free(t->bt[i]);
     free(t->v);
     memset(t, 0, sizeof *t);
 }
@@ -373,10 +399,26 @@ static float *grow(float *p, size_t *cap, size_t need_floats) {
     return p;
 }
 
-static void ensure_bufs(const kdesc *kd, int nth) {
+/* Packing buffers of the calling thread for a team of nth: A blocks per thread, and either one
+ * shared B block (bt_cols == 0) or one B block of up to bt_cols columns per thread. */
+static void ensure_bufs(const kdesc *kd, int nth, int64_t bt_cols) {
     bufs *t = my_bufs();
     size_t need_a = (size_t)kd->mc * kslots(kd, kd->kc), need_b = (size_t)kslots(kd, kd->kc) * kd->nc;
-    t->b = grow(t->b, &t->b_cap, need_b);
+    if (bt_cols > 0) { /* team thread 0 packs into b, the others into bt[i] */
+        size_t need_bt = (size_t)kslots(kd, kd->kc) * (size_t)bt_cols;
+        t->b = grow(t->b, &t->b_cap, need_bt);
+        if (need_bt > t->bt_cap) {
+            for (int i = 0; i < MAX_THREADS; i++) { free(t->bt[i]); t->bt[i] = NULL; }
+            t->bt_cap = need_bt;
+        }
+        for (int i = 1; i < nth; i++)
+            if (!t->bt[i]) {
+                size_t cap = 0;
+                t->bt[i] = grow(NULL, &cap, t->bt_cap);
+            }
+    } else {
+        t->b = grow(t->b, &t->b_cap, need_b);
+    }
     if (need_a > t->a_cap) {
         for (int i = 0; i < MAX_THREADS; i++) { free(t->a[i]); t->a[i] = NULL; }
         t->a_cap = need_a;
@@ -427,14 +469,25 @@ T512 static inline __m512 ld16(const void *src, bool b16, int64_t off, __mmask16
     return _mm512_maskz_loadu_ps(m, (const float *)src + off);
 }
 
+#ifndef PACK_PF_K
+#define PACK_PF_K 64 /* elements: 4 steps of 16 ahead (measured on Zen 5, 1 thread: +6 % on a
+                        * packing-bound GEMM from L3, +8 % from DRAM; a second, L2 prefetch
+                        * further ahead added nothing) */
+#endif
 /* Transposing pack: `rows` (<= width <= 16) source rows, row i at element offset base_i =
  * row0 + i*ld, k in [k0, k0+kc); writes dst[k*stride + i] for i < width (zeros past rows). */
 T512 static void pack_tr_avx512(const void *src, bool b16, int64_t row0, int64_t ld, int rows,
                                 int width, int64_t k0, int64_t kc, float *dst, int64_t stride) {
     const __mmask16 wm = (__mmask16)((1u << width) - 1u);
+    const int esz = b16 ? 2 : 4;
     for (int64_t kb = 0; kb < kc; kb += 16) {
         const int ke = kc - kb < 16 ? (int)(kc - kb) : 16;
         const __mmask16 km = (__mmask16)((1u << ke) - 1u);
+        /* the rows' lines PACK_PF_K elements ahead: `rows` strided streams, each read one line
+         * per step, are more than the hardware prefetchers follow (the loads stalled here) */
+        if (kb + PACK_PF_K < kc)
+            for (int i = 0; i < rows; i++)
+                _mm_prefetch((const char *)src + (row0 + i * ld + k0 + kb + PACK_PF_K) * esz, _MM_HINT_T0);
         __m512 r[16];
         for (int i = 0; i < 16; i++)
             r[i] = i < rows ? ld16(src, b16, row0 + i * ld + k0 + kb, km) : _mm512_setzero_ps();
@@ -449,13 +502,19 @@ T512 static void pack_a_t_avx512(const float *A, int64_t lda, int64_t m0, int64_
                                  int64_t kc, float *restrict Ap) {
     const int mr = MR512;
     const __mmask16 full = (__mmask16)((1u << mr) - 1u);
-    for (int64_t p = 0; p < mc; p += mr) {
-        const int64_t rows = mc - p < mr ? mc - p : mr;
-        const __mmask16 m = (__mmask16)((1u << rows) - 1u);
-        const float *src = A + k0 * lda + m0 + p;
-        float *d = Ap + p * kc;
-        for (int64_t k = 0; k < kc; k++)
-            _mm512_mask_storeu_ps(d + k * mr, full, _mm512_maskz_loadu_ps(m, src + k * lda));
+    /* k outer: each source row's mc values are read once, contiguously, and dealt out to the
+     * panels; the row 8 ahead is prefetched (the stride defeats the hardware prefetchers).
+     * Measured on Zen 5 (dyᵀ·x, 1 thread): its share of the time 3.9-5.3 % -> 2.6-2.9 %. */
+    const int64_t seg = mc * (int64_t)sizeof(float);
+    for (int64_t k = 0; k < kc; k++) {
+        const float *src = A + (k0 + k) * lda + m0;
+        if (k + 8 < kc)
+            for (int64_t o = 0; o < seg + 63; o += 64) _mm_prefetch((const char *)(src + 8 * lda) + o, _MM_HINT_T0);
+        for (int64_t p = 0; p < mc; p += mr) {
+            const int64_t rows = mc - p < mr ? mc - p : mr;
+            const __mmask16 m = (__mmask16)((1u << rows) - 1u);
+            _mm512_mask_storeu_ps(Ap + p * kc + k * mr, full, _mm512_maskz_loadu_ps(m, src + p));
+        }
     }
 }
 
@@ -627,6 +686,29 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
     }
 }
 
+/* pack_b_rows for the AVX-512 kernel (NR = 32): per k, each panel's 32 values are two 16-lane
+ * copies (masked at the block's last columns; bf16 widened by a shift). */
+T512 static void pack_b_rows_avx512(const void *B, bool b16, int64_t ldb, int64_t jc, int64_t nc,
+                                    int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
+    const int nr = 32;
+    const int64_t esz = b16 ? 2 : 4, seg = (p1 - p0) * nr * esz;
+    for (int64_t k = 0; k < kc; k++) {
+        const int64_t base = (k0 + k) * ldb + jc;
+        if (k + 8 < kc) { /* rows 8 ahead: the source stride defeats the hardware prefetch */
+            const char *ahead = (const char *)B + ((k0 + k + 8) * ldb + jc + p0 * nr) * esz;
+            for (int64_t o = 0; o < seg; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        }
+        for (int64_t p = p0; p < p1; p++) {
+            float *d = Bp + p * nr * kc + k * nr;
+            const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
+            const __mmask16 m0 = cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1u);
+            const __mmask16 m1 = cols >= 32 ? (__mmask16)0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+            _mm512_store_ps(d, ld16(B, b16, base + c0, m0));
+            _mm512_store_ps(d + 16, ld16(B, b16, base + c0 + 16, m1));
+        }
+    }
+}
+
 /* B stored [K, N] (not transposed): panels [p0, p1) of the block starting at column jc
  * (nc columns), k in [k0, k0+kc); per k the source row segment is read contiguously. */
 static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
@@ -640,6 +722,10 @@ static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, i
         return;
     }
     const int64_t esz = b16 ? 2 : 4, seg = (p1 - p0) * nr * esz; /* bytes per source row */
+    if (kd == &K_AVX512) {
+        pack_b_rows_avx512(B, b16, ldb, jc, nc, p0, p1, k0, kc, Bp);
+        return;
+    }
     for (int64_t k = 0; k < kc; k++) {
         const int64_t base = (k0 + k) * ldb + jc;
         if (k + 8 < kc) { /* rows 8 ahead: the source stride defeats the hardware prefetch */
@@ -700,7 +786,13 @@ static inline void mv_tb_body(const int M, int64_t n0, int64_t n1, int64_t K, fl
              * de-interleaved to match (evens, then odds — see gemm_small_m) */
             for (; k + 32 <= K; k += 32) {
                 __m512i w[RMAX];
-                for (int r = 0; r < R; r++) w[r] = _mm512_loadu_si512((const void *)(bh[r] + k));
+                /* each row's line 2 KiB ahead: measured on Zen 5, 1 thread, against a read of the
+                 * same buffer alternated with it, 30-31 -> 35-37 GB/s (0.95 -> 1.06-1.12 of that
+                 * read); the f32 loop below, half the work per byte, gained nothing from it */
+                for (int r = 0; r < R; r++) {
+                    _mm_prefetch((const char *)(bh[r] + k) + 2048, _MM_HINT_T0);
+                    w[r] = _mm512_loadu_si512((const void *)(bh[r] + k));
+                }
                 for (int m = 0; m < M; m++) {
                     __m512 xe = _mm512_loadu_ps(a + m * K + k), xo = _mm512_loadu_ps(a + m * K + k + 16);
                     for (int r = 0; r < R; r++) {
@@ -895,6 +987,91 @@ static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
         for (int64_t n = 0; n < N; n++) C[m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
 }
 
+/* One thread's GEMM on rows [m0, m1) × columns [n0, n1) of C (m0 a multiple of MR, n0 of NR,
+ * so its register tiles are the tiles of the whole GEMM), the Goto loop nest with its own
+ * packing buffers Ap (MC×KC) and Bp (KC × up to NC): no other thread reads them, so nothing
+ * waits. NC is evened out over the slice (e.g. 2432 columns: two blocks of 1216, not
+ * 2048 + 384); results do not depend on MC or NC. While a block computes, each (row block,
+ * panel) unit prefetches its share of the source of the block packed next. */
+static void gemm_slice(const kdesc *kd, bool ta, bool tb, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                       int64_t K, float alpha, const float *A, int64_t lda, const void *B, bool b16,
+                       int64_t ldb, float beta, float *C, int64_t ldc, float *Ap, float *Bp) {
+    const int mr = kd->mr, nr = kd->nr;
+    const int64_t MC = kd->mc, KC = kd->kc, esz = b16 ? 2 : 4;
+    const int64_t w = n1 - n0, nblk = (w + kd->nc - 1) / kd->nc;
+    const int64_t NC = ((w + nblk - 1) / nblk + nr - 1) / nr * nr;
+    const int64_t mblocks = (m1 - m0 + MC - 1) / MC;
+    float tile[16 * 64] __attribute__((aligned(64)));
+    for (int64_t jc = n0; jc < n1; jc += NC) {
+        const int64_t nc = n1 - jc < NC ? n1 - jc : NC, npanels = (nc + nr - 1) / nr;
+        for (int64_t pc = 0; pc < K; pc += KC) {
+            const int64_t kc = K - pc < KC ? K - pc : KC, ks = kslots(kd, kc);
+            const float beta_k = pc == 0 ? beta : 1.0f;
+            if (tb) {
+                for (int64_t p = 0; p < npanels; p++) {
+                    const int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
+                    pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * ks);
+                }
+            } else {
+                pack_b_rows(kd, B, b16, ldb, jc, nc, 0, npanels, pc, kc, Bp);
+            }
+            int64_t nx_jc = jc, nx_pc = pc + KC;
+            if (nx_pc >= K) { nx_jc = jc + NC; nx_pc = 0; }
+            const bool nx = nx_jc < n1;
+            const int64_t nx_nc = n1 - nx_jc < NC ? n1 - nx_jc : NC, nx_kc = K - nx_pc < KC ? K - nx_pc : KC;
+            const int64_t nx_segs = tb ? nx_nc : nx_kc, nx_seg_bytes = (tb ? nx_kc : nx_nc) * esz;
+            const char *nx_base = (const char *)B + (tb ? nx_jc * ldb + nx_pc : nx_pc * ldb + nx_jc) * esz;
+            const int64_t units = mblocks * npanels;
+            for (int64_t mb = 0; mb < mblocks; mb++) {
+                const int64_t ic = m0 + mb * MC, mc = m1 - ic < MC ? m1 - ic : MC;
+                pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
+                for (int64_t jp = 0; jp < npanels; jp++) {
+                    if (nx) {
+                        const int64_t u = mb * npanels + jp;
+                        prefetch_segs(nx_base, ldb * esz, nx_seg_bytes, nx_segs * u / units, nx_segs * (u + 1) / units);
+                    }
+                    const int64_t j = jp * nr, cols = nc - j < nr ? nc - j : nr;
+                    const float *bp = Bp + jp * nr * ks;
+                    for (int64_t i = 0; i < mc; i += mr) {
+                        const int64_t rows = mc - i < mr ? mc - i : mr;
+                        float *c = C + (ic + i) * ldc + jc + j;
+                        if (rows == mr && cols == nr) {
+                            kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
+                        } else {
+                            kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
+                            for (int64_t r = 0; r < rows; r++)
+                                for (int64_t q = 0; q < cols; q++) {
+                                    float s = alpha * tile[r * nr + q];
+                                    c[r * ldc + q] = beta_k == 0.0f ? s : s + beta_k * c[r * ldc + q];
+                                }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The thread grid of a sliced GEMM: pm × pn = nth slices (rows split pm ways in whole MR tiles,
+ * columns pn ways in whole NR panels), chosen to pack the fewest elements per thread: a thread
+ * packs its rows of A once per NC block of its columns, and its columns of B once, so a split
+ * of N repeats A's packing in every column slice and a split of M repeats B's. Returns false
+ * when no grid gives every thread at least one tile row and one panel. */
+static bool slice_grid(const kdesc *kd, int64_t M, int64_t N, int64_t K, int nth, int *pm_out, int *pn_out) {
+    const int64_t mt = (M + kd->mr - 1) / kd->mr, np = (N + kd->nr - 1) / kd->nr;
+    double best = -1;
+    for (int pm = 1; pm <= nth; pm++) {
+        if (nth % pm) continue;
+        const int pn = nth / pm;
+        if (pm > mt || pn > np) continue;
+        const double rows = (double)((mt + pm - 1) / pm * kd->mr), cols = (double)((np + pn - 1) / pn * kd->nr);
+        const double ncb = (double)(int64_t)((cols + (double)kd->nc - 1) / (double)kd->nc);
+        const double cost = rows * (double)K * ncb + cols * (double)K;
+        if (best < 0 || cost < best) best = cost, *pm_out = pm, *pn_out = pn;
+    }
+    return best >= 0;
+}
+
 static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                         float alpha, const float *A, int64_t lda, const void *B, bool b16,
                         int64_t ldb, float beta, float *C, int64_t ldc) {
@@ -903,7 +1080,38 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
     double flops = 2.0 * M * N * K;
     int nth = (flops < 2e6 || omp_in_parallel()) ? 1 : omp_get_max_threads();
     if (nth > MAX_THREADS) nth = MAX_THREADS;
-    ensure_bufs(kd, nth);
+    /* Two ways to share the work (MMC_GEMM_SPLIT forces one):
+     *   slices  each thread an independent gemm_slice on its cell of a pm × pn grid: no barrier,
+     *           but the operand split across the other dimension is packed by every slice of it;
+     *   shared  (below) one B block packed by the team, then the compute handed out dynamically,
+     *           a barrier after each phase of each (NC, KC) block.
+     * auto: slices when the shared way has more than one B block, i.e. more than two barriers
+     * (on Zen 5, 2 threads, quiet host, the shared way's loss against one thread grew with its
+     * barrier count: 0.07-0.09 of peak at 2 barriers, 0.15-0.18 at 6-10, while slicing costs
+     * 0-4 % more CPU time for its repeated packing, measured), shared otherwise. */
+    int pm = 1, pn = 1;
+    const bool many_blocks = ((N + NC - 1) / NC) * ((K + KC - 1) / KC) > 1;
+    const bool slices = g_split == 0 || (g_split < 0 && many_blocks);
+    if (nth == 1 || (slices && slice_grid(kd, M, N, K, nth, &pm, &pn))) {
+        const int64_t mt = (M + mr - 1) / mr, np = (N + nr - 1) / nr;
+        const int64_t slice_cols = (np + pn - 1) / pn * nr;
+        ensure_bufs(kd, nth, slice_cols < NC ? slice_cols : NC);
+        float **Abuf = tl_bufs.a, **Bbuf = tl_bufs.bt, *B0 = tl_bufs.b;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+        {
+            /* a team smaller than asked for runs the slices of the missing threads too */
+            for (int s = omp_get_thread_num(); s < nth; s += omp_get_num_threads()) {
+                const int sm = s / pn, sn = s % pn;
+                const int64_t r0 = mt * sm / pm * mr, r1 = mt * (sm + 1) / pm * mr;
+                const int64_t c0 = np * sn / pn * nr, c1 = np * (sn + 1) / pn * nr;
+                gemm_slice(kd, ta, tb, r0, r1 < M ? r1 : M, c0, c1 < N ? c1 : N, K, alpha, A, lda, B, b16, ldb,
+                           beta, C, ldc, Abuf[omp_get_thread_num()],
+                           omp_get_thread_num() ? Bbuf[omp_get_thread_num()] : B0);
+            }
+        }
+        return;
+    }
+    ensure_bufs(kd, nth, 0);
     float *Bp = tl_bufs.b;
     float **Abuf = tl_bufs.a;
 

@@ -57,6 +57,8 @@ typedef struct {
     int small_m;                 /* M <= small_m runs the unpacked matvec path */
     const char *small_m_kernel;  /* "avx512" or "generic" */
     const char *blocking_source; /* "model" (from the caches) or the env variable that set it */
+    const char *split;           /* how threads share a packed GEMM: "auto", "slices" or "shared"
+                                  * (MMC_GEMM_SPLIT; see gemm.c's gemm_packed) */
 } mmc_gemm_info;
 void mmc_gemm_describe(mmc_gemm_info *out);
 
