@@ -39,10 +39,10 @@ import torch
 from safetensors.torch import save_file
 
 from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-from transformers import UMT5Config, UMT5EncoderModel
+from diffusers import UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 
-from ref_common import rand_init, tiny_tokenizers
+import wan_tiny
+from ref_common import rand_init
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "wan")
@@ -52,7 +52,7 @@ shutil.rmtree(OUT, ignore_errors=True)
 os.makedirs(OUT)
 g = torch.Generator().manual_seed(0)
 
-TEXT_DIM = 16
+TEXT_DIM = wan_tiny.TEXT_DIM
 
 
 # ---------------------------------------------------------------- the transformer alone
@@ -123,8 +123,7 @@ save_file({"out": out.contiguous()}, os.path.join(ld, "expected.safetensors"))
 
 # ---------------------------------------------------------------- UniPC
 sx = {}
-WAN_SCHED = dict(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
-                 solver_order=2, solver_type="bh2", lower_order_final=True, predict_x0=True)
+WAN_SCHED = wan_tiny.SCHED
 cases = {"flow3": WAN_SCHED, "flow5": dict(WAN_SCHED, flow_shift=5.0),
          "vp": dict(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
                     prediction_type="epsilon", solver_order=2, solver_type="bh1",
@@ -148,24 +147,12 @@ for cname, cfg in cases.items():
 save_file({k: v.contiguous() for k, v in sx.items()}, os.path.join(OUT, "scheduler_expected.safetensors"))
 
 # ---------------------------------------------------------------- a whole pipeline
-tmp = os.path.join(OUT, "_tok")
-os.makedirs(tmp)
-words = ["a", "red", "blue", "green", "cat", "dog", "walks", "runs", "on", "the", "beach", "grass", "slowly"]
-_, tok, _, n_pieces = tiny_tokenizers(tmp, words)
-shutil.rmtree(tmp)
-
-te = UMT5EncoderModel(UMT5Config(vocab_size=n_pieces, d_model=TEXT_DIM, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
-                                 relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                                 feed_forward_proj="gated-gelu"))
-rand_init(te, 3)
-vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 2, 2], num_res_blocks=1, attn_scales=[],
-                       temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.3, 0.05],
-                       latents_std=[1.5, 0.8, 2.0, 1.1])
-rand_init(vae, 4)
+tok, te = wan_tiny.text_parts(OUT)
+vae = wan_tiny.vae()
 tr = WanTransformer3DModel(**TR_CFG)
 rand_init(tr, 5)
 sched = UniPCMultistepScheduler(**WAN_SCHED)
-pipe = WanPipeline(tokenizer=tok, text_encoder=te.eval(), vae=vae.eval(), transformer=tr.eval(), scheduler=sched)
+pipe = WanPipeline(tokenizer=tok, text_encoder=te, vae=vae, transformer=tr.eval(), scheduler=sched)
 d = os.path.join(OUT, "pipe")
 pipe.save_pretrained(d)
 pipe = WanPipeline.from_pretrained(d, torch_dtype=torch.float32)

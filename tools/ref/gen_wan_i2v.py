@@ -35,34 +35,24 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanTransformer3DModel
-from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
+from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanTransformer3DModel
+from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
-from ref_common import rand_init, tiny_tokenizers
+import wan_tiny
+from ref_common import rand_init
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "wan_i2v")
 
 torch.set_num_threads(2)
-shutil.rmtree(OUT, ignore_errors=True)
-os.makedirs(OUT)
+for sub in ("pipe", "image_encoder_hub"):   # (prompt_clean.json there is gen_wan_prompts.py's)
+    shutil.rmtree(os.path.join(OUT, sub), ignore_errors=True)
+os.makedirs(OUT, exist_ok=True)
 g = torch.Generator().manual_seed(0)
-TEXT_DIM = 16
+TEXT_DIM = wan_tiny.TEXT_DIM
 
-tmp = os.path.join(OUT, "_tok")
-os.makedirs(tmp)
-words = ["a", "red", "blue", "green", "cat", "dog", "walks", "runs", "on", "the", "beach", "grass", "slowly"]
-_, tok, _, n_pieces = tiny_tokenizers(tmp, words)
-shutil.rmtree(tmp)
-
-te = UMT5EncoderModel(UMT5Config(vocab_size=n_pieces, d_model=TEXT_DIM, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
-                                 relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                                 feed_forward_proj="gated-gelu"))
-rand_init(te, 3)
-vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 2, 2], num_res_blocks=1, attn_scales=[],
-                       temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.3, 0.05],
-                       latents_std=[1.5, 0.8, 2.0, 1.1])
-rand_init(vae, 4)
+tok, te = wan_tiny.text_parts(OUT)
+vae = wan_tiny.vae()
 enc = CLIPVisionModel(CLIPVisionConfig(hidden_size=12, intermediate_size=24, num_hidden_layers=3, num_attention_heads=2,
                                        image_size=32, patch_size=8, projection_dim=12))
 rand_init(enc, 7)
@@ -72,10 +62,8 @@ tr = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attentio
                            qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32, image_dim=12,
                            added_kv_proj_dim=24)
 rand_init(tr, 5)
-sched = UniPCMultistepScheduler(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True,
-                                flow_shift=3.0, solver_order=2, solver_type="bh2", lower_order_final=True,
-                                predict_x0=True)
-pipe = WanImageToVideoPipeline(tokenizer=tok, text_encoder=te.eval(), vae=vae.eval(), scheduler=sched,
+sched = UniPCMultistepScheduler(**wan_tiny.SCHED)
+pipe = WanImageToVideoPipeline(tokenizer=tok, text_encoder=te, vae=vae, scheduler=sched,
                                image_processor=proc, image_encoder=enc.eval(), transformer=tr.eval())
 d = os.path.join(OUT, "pipe")
 pipe.save_pretrained(d)
