@@ -208,10 +208,13 @@ static int64_t wino_tb(const mmc_wino_geom *wg) {
     const int64_t T = ((wg->Ho + 3) / 4) * ((wg->Wo + 3) / 4);
     return T < tb ? (T + 31) / 32 * 32 : tb;
 }
-/* Tiles per chunk of the weight gradient (its GEMMs' K): 512, MMC_CONV_WINO_TC overrides. */
-static int64_t wino_tc(void) {
+/* Tiles per chunk of the weight gradient (its GEMMs' K): 512 (or all there are),
+ * MMC_CONV_WINO_TC overrides. */
+static int64_t wino_tc(const conv_dims *d) {
     const char *e = getenv("MMC_CONV_WINO_TC");
     int64_t tc = e && atoi(e) > 0 ? atoi(e) : 512;
+    const int64_t TT = d->B * ((d->g.Ho + 3) / 4) * ((d->g.Wo + 3) / 4);   /* tiles in all */
+    if (tc > TT) tc = TT;
     return (tc + 15) / 16 * 16;
 }
 
@@ -257,15 +260,13 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     if (wdx) {   /* dx += conv(dy, flipped Wᵀ, pad 2 - pad) */
         const mmc_wino_geom wg = wino_geom(d, true);
         const int64_t tb = wino_tb(&wg);
-        float *U = mmc_scratch_alloc(ctx, mmc_cpu_wino_weight_floats(g->Cin, d->Cout) * sizeof(float));
-        float *sc = mmc_scratch_alloc(ctx, (size_t)max_threads() * mmc_cpu_wino_fwd_floats(&wg, tb) * sizeof(float));
-        mmc_cpu_wino_weight(wf, d->Cout, g->Cin, true, U);
-        mmc_cpu_wino_fwd(gy, d->B, U, NULL, true, dx, &wg, tb, sc);
+        float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d->B, tb, (int)max_threads()) * sizeof(float));
+        mmc_cpu_wino_fwd(gy, d->B, wf, true, NULL, true, dx, &wg, tb, sc);
         dx = NULL;
     }
     if (wdw) {
         const mmc_wino_geom wg = wino_geom(d, false);
-        const int64_t tc = wino_tc();
+        const int64_t tc = wino_tc(d);
         float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_dw_floats(&wg, tc) * sizeof(float));
         mmc_cpu_wino_dw(xd, gy, d->B, dw, &wg, tc, sc);
         dw = NULL;
@@ -393,15 +394,13 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     if (use_winograd(&d, PASS_FWD)) {
         const mmc_wino_geom wg = wino_geom(&d, false);
         const int64_t tb = wino_tb(&wg);
-        float *U = mmc_scratch_alloc(ctx, mmc_cpu_wino_weight_floats(d.Cout, g->Cin) * sizeof(float));
-        float *sc = mmc_scratch_alloc(ctx, (size_t)max_threads() * mmc_cpu_wino_fwd_floats(&wg, tb) * sizeof(float));
+        float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d.B, tb, (int)max_threads()) * sizeof(float));
         float *bias = NULL;
         if (b) {
             bias = mmc_scratch_alloc(ctx, (size_t)d.Cout * sizeof(float));
             mmc_convert(bias, MMC_F32, b->data, b->dtype, d.Cout);
         }
-        mmc_cpu_wino_weight(wf, d.Cout, g->Cin, false, U);
-        mmc_cpu_wino_fwd(x->data, d.B, U, bias, false, yd, &wg, tb, sc);
+        mmc_cpu_wino_fwd(x->data, d.B, wf, false, bias, false, yd, &wg, tb, sc);
         mmc_scratch_release(ctx, m);
         goto record;
     }

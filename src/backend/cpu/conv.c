@@ -141,6 +141,14 @@ static inline void gy6(const v16 *in, int si, v16 *out, int so) {
     out[5 * so] = h3;
 }
 
+/* E3ᵀ m (the weight gradient's output side): 6 -> 3 */
+static inline void e3t(const v16 *in, int si, v16 *out, int so) {
+    const v16 m0 = in[0], m1 = in[si], m2 = in[2 * si], m3 = in[3 * si], m4 = in[4 * si], m5 = in[5 * si];
+    const v16 p12 = m1 + m2, p34 = m3 + m4;
+    out[0] = m0 + p12 + p34;
+    out[so] = m1 - m2 + 2.0f * (m3 - m4);
+    out[2 * so] = p12 + 4.0f * p34 + m5;
+}
 /* G g (weights): 3 -> 6 */
 static inline void g6(const v16 *in, int si, v16 *out, int so) {
     const v16 g0 = in[0], g1 = in[si], g2 = in[2 * si], p = g0 + g2, q = g0 + 4.0f * g2;
@@ -152,16 +160,12 @@ static inline void g6(const v16 *in, int si, v16 *out, int so) {
     out[5 * so] = g2;
 }
 
-size_t mmc_cpu_wino_weight_floats(int64_t M, int64_t N) {
-    return (size_t)(36 * ((M + WINO_MR - 1) / WINO_MR) * WINO_MR * N);
-}
-
-void mmc_cpu_wino_weight(const float *w, int64_t Cout, int64_t Cin, bool bwd_data, float *U) {
-    const int64_t M = bwd_data ? Cin : Cout, N = bwd_data ? Cout : Cin, MB = (M + WINO_MR - 1) / WINO_MR;
+/* Rows [mb * MR, +MR) of U: dst[e * lde + c * MR + i] for e < 36, c < N, i < MR */
+static void wino_weight_panel(const float *w, int64_t Cout, int64_t Cin, bool bwd_data, int64_t mb, float *dst0,
+                              int64_t lde) {
+    const int64_t M = bwd_data ? Cin : Cout, N = bwd_data ? Cout : Cin;
     enum { NC = 16 / WINO_MR };   /* lane l: column c0 + l / WINO_MR, row mb * WINO_MR + l % WINO_MR */
-#pragma omp parallel for schedule(static) if (Cout * Cin > 4096)
-    for (int64_t mb = 0; mb < MB; mb++)
-        for (int64_t c0 = 0; c0 < N; c0 += NC) {
+    for (int64_t c0 = 0; c0 < N; c0 += NC) {
             v16 g[9], t[18], u[36];
             float *gf = (float *)g;   /* [9][16] */
 #ifdef __AVX512F__
@@ -192,13 +196,18 @@ void mmc_cpu_wino_weight(const float *w, int64_t Cout, int64_t Cin, bool bwd_dat
             for (int i = 0; i < 6; i++) g6(t + 3 * i, 1, u + 6 * i, 1);
             /* U[e][mb][c][0..MR) for the NC columns: 16 contiguous floats (fewer at N's end) */
             const size_t n = (size_t)((N - c0 < NC ? N - c0 : NC) * WINO_MR) * sizeof(float);
-            float *dst = U + (mb * N + c0) * WINO_MR;
-            const int64_t lde = MB * N * WINO_MR;
+            float *dst = dst0 + c0 * WINO_MR;
             if (n == sizeof(v16))   /* a constant size: one vector store (a variable one is rep movs) */
                 for (int e = 0; e < 36; e++) memcpy(dst + e * lde, &u[e], sizeof(v16));
             else
                 for (int e = 0; e < 36; e++) memcpy(dst + e * lde, &u[e], n);
         }
+}
+
+static void wino_weight(const float *w, int64_t Cout, int64_t Cin, bool bwd_data, float *U) {
+    const int64_t M = bwd_data ? Cin : Cout, N = bwd_data ? Cout : Cin, MB = (M + WINO_MR - 1) / WINO_MR;
+#pragma omp parallel for schedule(static) if (Cout * Cin > 4096)
+    for (int64_t mb = 0; mb < MB; mb++) wino_weight_panel(w, Cout, Cin, bwd_data, mb, U + mb * N * WINO_MR, MB * N * WINO_MR);
 }
 
 /* C[WINO_MR, 32] (+)= Ap [kc][WINO_MR] · B [kc][32] (row stride ldb), C row stride ldc: the
@@ -335,30 +344,117 @@ static void seg_input_bt(const float *plane, int64_t H, int64_t W, int64_t pad, 
     }
 }
 
-size_t mmc_cpu_wino_fwd_floats(const mmc_wino_geom *g, int64_t tb) {
+/* Two ways to run the forward, picked from the shapes alone (results do not depend on the
+ * thread count either way):
+ *  - units (>= 4 (image, block of tb tiles) units, e.g. a VAE's large image): U transformed
+ *    once into shared scratch, then threads take whole units: input transform of the
+ *    block, 36 GEMMs, output transform, no barriers;
+ *  - team (fewer: a small image with many channels, 512 channels at 32², where U (36 Cout
+ *    Cin floats, 38 MB there) would be written to and read back from memory): per image, the
+ *    input transform of all its tiles in parallel over channels, then threads take panels of
+ *    WINO_MR output channels, each transforming its own weight panel (in L2) right before
+ *    its GEMMs and output transform. */
+static bool fwd_team(const mmc_wino_geom *g, int64_t B, int64_t tb) {
     const tgrid G = grid_of(g);
-    return (size_t)(36 * (g->C + (g->K + WINO_MR - 1) / WINO_MR * WINO_MR) * tb + 6 * seg_L(&G) + 16);
+    return B * ((G.T + tb - 1) / tb) < 4;
 }
 
-void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *U, const float *bias, bool acc, float *y,
-                      const mmc_wino_geom *g, int64_t tb, float *scratch) {
+size_t mmc_cpu_wino_fwd_floats(const mmc_wino_geom *g, int64_t B, int64_t tb, int nth) {
     const tgrid G = grid_of(g);
-    const int64_t blocks = (G.T + tb - 1) / tb, C = g->C, K = g->K, L = seg_L(&G);
-    const int64_t HW = g->H * g->W, P = g->Ho * g->Wo, KB = (K + WINO_MR - 1) / WINO_MR, KP = KB * WINO_MR;
-    /* fewer than 4 (image, block) units (a small image with many channels): each block's
-     * output channels are also split (chunks of >= 32), every chunk redoing the block's input
-     * transform (~1% of its GEMMs there); chosen from the shapes alone */
-    int64_t kq = B * blocks >= 4 ? 1 : (4 + B * blocks - 1) / (B * blocks);
-    if (kq > KP / 32) kq = KP / 32 > 0 ? KP / 32 : 1;
-    const int64_t kbq = (KB + kq - 1) / kq, units = B * blocks * kq;   /* kbq micro-panels a chunk */
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t uq = 0; uq < units; uq++) {
-        const int64_t u = uq / kq, kb0 = (uq % kq) * kbq, kb1 = kb0 + kbq < KB ? kb0 + kbq : KB;
-        const int64_t k0 = kb0 * WINO_MR, k1 = kb1 * WINO_MR < K ? kb1 * WINO_MR : K;
+    const int64_t KB = (g->K + WINO_MR - 1) / WINO_MR;
+    if (fwd_team(g, B, tb)) {
+        const int64_t T = (G.T + 31) / 32 * 32;
+        return (size_t)(36 * g->C * T + nth * (36 * WINO_MR * (g->C + T) + 6 * seg_L(&G) + 32));
+    }
+    return (size_t)(36 * KB * WINO_MR * g->C + nth * (36 * (g->C + KB * WINO_MR) * tb + 6 * seg_L(&G) + 32));
+}
+
+/* Y = Aᵀ M A for output channel k of the segment's tiles, M[e] at m0 + e * lde (+ tile column) */
+static void seg_output(const float *m0, int64_t lde, const seg *sg, const mmc_wino_geom *g, float bv, bool acc,
+                       float *yk) {
+    for (int64_t j = sg->j0; j < sg->j1; j += 16) {
+        const int64_t n = sg->j1 - j < 16 ? sg->j1 - j : 16, ox = 4 * j;
+        const int64_t nx = g->Wo - ox < 4 * n ? g->Wo - ox : 4 * n;   /* outputs a row */
+        v16 m[36], tt[24], o[16];
+        for (int e = 0; e < 36; e++) m[e] = ld16(m0 + e * lde + (j - sg->j0));
+        for (int c = 0; c < 6; c++) at4(m + c, 6, tt + c, 6);   /* tt [4][6] */
+        for (int i = 0; i < 4; i++) at4(tt + 6 * i, 1, o + 4 * i, 1);
+        for (int i = 0; i < 4 && 4 * sg->a + i < g->Ho; i++) {   /* rows of 4 interleaved back */
+            float row[64];
+            inter4(o + 4 * i, 1, row);
+            float *dst = yk + (4 * sg->a + i) * g->Wo + ox;
+            if (acc)
+                for (int64_t q = 0; q < nx; q++) dst[q] += row[q];
+            else
+                for (int64_t q = 0; q < nx; q++) dst[q] = row[q] + bv;
+        }
+    }
+}
+
+/* Mo[e] [MR, ntp] (+)= Up[e] [C][MR]ᵀ · V[e] [C, ntp] for the e = 0..35 of one panel */
+static void panel_gemms(int64_t C, const float *Up, int64_t ldu, const float *V, int64_t ldv, int64_t ntp, float *Mo,
+                        int64_t ldm, int64_t tcols) {
+    for (int e = 0; e < 36; e++)
+        for (int64_t c0 = 0; c0 < C; c0 += WINO_KC)
+            for (int64_t s = 0; s < ntp; s += 32)
+                wino_ukr(C - c0 < WINO_KC ? C - c0 : WINO_KC, Up + e * ldu + c0 * WINO_MR, V + e * ldv + c0 * tcols + s,
+                         tcols, Mo + e * ldm + s, tcols, c0 > 0);
+}
+
+void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, const float *bias, bool acc,
+                      float *y, const mmc_wino_geom *g, int64_t tb, float *scratch) {
+    const tgrid G = grid_of(g);
+    const int64_t C = g->C, K = g->K, L = seg_L(&G), HW = g->H * g->W, P = g->Ho * g->Wo;
+    const int64_t KB = (K + WINO_MR - 1) / WINO_MR, KP = KB * WINO_MR;
+    const int64_t Cout = bwd_data ? C : K, Cin = bwd_data ? K : C;   /* w [Cout, Cin, 3, 3] */
+    if (fwd_team(g, B, tb)) {
+        const int64_t T = (G.T + 31) / 32 * 32;
+        float *V = scratch, *priv = V + 36 * C * T;   /* V [36][C][T]; per thread: Up, Mo, row buffer */
+        const size_t per = (size_t)(36 * WINO_MR * (C + T) + 6 * L + 32);
+        for (int64_t b = 0; b < B; b++) {
+#pragma omp parallel
+            {
 #ifdef _OPENMP
-        float *V = scratch + (size_t)omp_get_thread_num() * mmc_cpu_wino_fwd_floats(g, tb);
+                float *Up = priv + (size_t)omp_get_thread_num() * per;
 #else
-        float *V = scratch;
+                float *Up = priv;
+#endif
+                float *Mo = Up + 36 * WINO_MR * C, *buf = Mo + 36 * WINO_MR * T + 16;
+                seg sg;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t c = 0; c < C; c++) {
+                    for (int64_t t = b * G.T; t < (b + 1) * G.T;) {
+                        t = next_seg(&G, b * G.T, G.T, t, &sg);
+                        seg_input_bt(x + (b * C + c) * HW, g->H, g->W, g->pad, &sg, L, buf, V + c * T + sg.col, C * T);
+                    }
+                    for (int e = 0; e < 36 && T > G.T; e++)
+                        memset(V + (e * C + c) * T + G.T, 0, (size_t)(T - G.T) * sizeof(float));
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t kb = 0; kb < KB; kb++) {
+                    wino_weight_panel(w, Cout, Cin, bwd_data, kb, Up, C * WINO_MR);   /* Up [36][C][MR] */
+                    panel_gemms(C, Up, C * WINO_MR, V, C * T, T, Mo, WINO_MR * T, T);   /* Mo [36][MR][T] */
+                    for (int64_t k = kb * WINO_MR; k < (kb + 1) * WINO_MR && k < K; k++)
+                        for (int64_t t = b * G.T; t < (b + 1) * G.T;) {
+                            t = next_seg(&G, b * G.T, G.T, t, &sg);
+                            seg_output(Mo + (k - kb * WINO_MR) * T + sg.col, WINO_MR * T, &sg, g, bias ? bias[k] : 0.0f,
+                                       acc, y + (b * K + k) * P);
+                        }
+                }
+            }
+        }
+        return;
+    }
+    float *U = scratch, *priv = U + 36 * KP * C;   /* U [36][KB][C][MR]; per thread: V, Mo, row buffer */
+    const size_t per = (size_t)(36 * (C + KP) * tb + 6 * L + 32);
+    const int64_t blocks = (G.T + tb - 1) / tb, units = B * blocks;
+    wino_weight(w, Cout, Cin, bwd_data, U);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; u++) {
+#ifdef _OPENMP
+        float *V = priv + (size_t)omp_get_thread_num() * per;
+#else
+        float *V = priv;
 #endif
         float *Mo = V + 36 * C * tb, *buf = Mo + 36 * KP * tb + 16;   /* V [36][C][tb], Mo [36][KP][tb] */
         const int64_t b = u / blocks, t0 = b * G.T + (u % blocks) * tb;
@@ -373,38 +469,17 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *U, const float *bi
             if (ntp > nt)
                 for (int e = 0; e < 36; e++) memset(V + (e * C + c) * tb + nt, 0, (size_t)(ntp - nt) * sizeof(float));
         }
-        /* Mo[e] [KP, nt] = U[e] [KP, C] · V[e] [C, nt] */
-        for (int e = 0; e < 36; e++)
-            for (int64_t s = 0; s < ntp; s += 32)
-                for (int64_t kb = kb0; kb < kb1; kb++)
-                    for (int64_t c0 = 0; c0 < C; c0 += WINO_KC)
+        for (int e = 0; e < 36; e++)   /* Mo[e] [KP, nt] = U[e] [KP, C] · V[e] [C, nt]; V[e] stays in L1 / L2 */
+            for (int64_t kb = 0; kb < KB; kb++)
+                for (int64_t c0 = 0; c0 < C; c0 += WINO_KC)
+                    for (int64_t s = 0; s < ntp; s += 32)
                         wino_ukr(C - c0 < WINO_KC ? C - c0 : WINO_KC, U + ((e * KB + kb) * C + c0) * WINO_MR,
                                  V + (e * C + c0) * tb + s, tb, Mo + (e * KP + kb * WINO_MR) * tb + s, tb, c0 > 0);
-        /* Y = Aᵀ M A per tile, rows of 4 interleaved back to 4 * 16 contiguous outputs */
-        for (int64_t k = k0; k < k1; k++) {
-            const float bv = bias ? bias[k] : 0.0f;
+        for (int64_t k = 0; k < K; k++)
             for (int64_t t = t0; t < t0 + nt;) {
                 t = next_seg(&G, t0, nt, t, &sg);
-                float *yk = y + (sg.b * K + k) * P;
-                for (int64_t j = sg.j0; j < sg.j1; j += 16) {
-                    const int64_t n = sg.j1 - j < 16 ? sg.j1 - j : 16, ox = 4 * j;
-                    const int64_t nx = g->Wo - ox < 4 * n ? g->Wo - ox : 4 * n;   /* outputs a row */
-                    v16 m[36], tt[24], o[16];
-                    for (int e = 0; e < 36; e++) m[e] = ld16(Mo + (e * KP + k) * tb + sg.col + (j - sg.j0));
-                    for (int c = 0; c < 6; c++) at4(m + c, 6, tt + c, 6);   /* tt [4][6] */
-                    for (int i = 0; i < 4; i++) at4(tt + 6 * i, 1, o + 4 * i, 1);
-                    for (int i = 0; i < 4 && 4 * sg.a + i < g->Ho; i++) {
-                        float row[64];
-                        inter4(o + 4 * i, 1, row);
-                        float *dst = yk + (4 * sg.a + i) * g->Wo + ox;
-                        if (acc)
-                            for (int64_t q = 0; q < nx; q++) dst[q] += row[q];
-                        else
-                            for (int64_t q = 0; q < nx; q++) dst[q] = row[q] + bv;
-                    }
-                }
+                seg_output(Mo + k * tb + sg.col, KP * tb, &sg, g, bias ? bias[k] : 0.0f, acc, y + (sg.b * K + k) * P);
             }
-        }
     }
 }
 
@@ -465,23 +540,23 @@ void mmc_cpu_wino_dw(const float *x, const float *dy, int64_t B, float *dw, cons
                              t0 == 0 ? 0.0f : 1.0f, Wh + e * K * C, C);
         }
     }
-    /* dW[k, c] += E3ᵀ Wh E3: 6x6 -> 3x3 */
-#pragma omp parallel for schedule(static) if (K * C > 4096)
-    for (int64_t kc = 0; kc < K * C; kc++) {
-        double m[36], t[18];
-        for (int e = 0; e < 36; e++) m[e] = Wh[e * K * C + kc];
-        for (int j = 0; j < 6; j++) {   /* columns: t [3][6] */
-            const double *c = m + j;
-            t[j] = c[0] + c[6] + c[12] + c[18] + c[24];
-            t[6 + j] = c[6] - c[12] + 2 * (c[18] - c[24]);
-            t[12 + j] = c[6] + c[12] + 4 * (c[18] + c[24]) + c[30];
+    /* dW[k, c] += E3ᵀ Wh E3: 6x6 -> 3x3, 16 (k, c) pairs a vector */
+    const int64_t KC = K * C;
+#pragma omp parallel for schedule(static) if (KC > 4096)
+    for (int64_t p0 = 0; p0 < KC; p0 += 16) {
+        const int n = KC - p0 < 16 ? (int)(KC - p0) : 16;
+        v16 m[36], t[18], o[9];
+        for (int e = 0; e < 36; e++) {
+            if (n == 16) m[e] = ld16(Wh + e * KC + p0);
+            else {
+                m[e] = (v16){0};
+                for (int l = 0; l < n; l++) m[e][l] = Wh[e * KC + p0 + l];
+            }
         }
-        float *o = dw + kc * 9;
-        for (int i = 0; i < 3; i++) {
-            const double *r = t + 6 * i;
-            o[3 * i] += (float)(r[0] + r[1] + r[2] + r[3] + r[4]);
-            o[3 * i + 1] += (float)(r[1] - r[2] + 2 * (r[3] - r[4]));
-            o[3 * i + 2] += (float)(r[1] + r[2] + 4 * (r[3] + r[4]) + r[5]);
-        }
+        for (int j = 0; j < 6; j++) e3t(m + j, 6, t + j, 6);   /* columns: t [3][6] */
+        for (int i = 0; i < 3; i++) e3t(t + 6 * i, 1, o + 3 * i, 1);
+        const float *of = (const float *)o;   /* [9][16] */
+        for (int l = 0; l < n; l++)
+            for (int i = 0; i < 9; i++) dw[(p0 + l) * 9 + i] += of[i * 16 + l];
     }
 }

@@ -31,19 +31,16 @@ typedef struct {
     int64_t C, K, H, W, Ho, Wo, pad;
 } mmc_wino_geom;
 
-/* floats of the transformed weights for an M-output, N-input Winograd conv */
-size_t mmc_cpu_wino_weight_floats(int64_t M, int64_t N);
-/* w [Cout, Cin, 3, 3] -> U: the forward's G w Gᵀ (M = Cout rows, N = Cin) or with bwd_data
- * those of the flipped kernels, transposed (M = Cin, N = Cout: dx's), packed as the
- * micro-kernel reads them: [36][M / MR][N][MR] (rows past M zero). */
-void mmc_cpu_wino_weight(const float *w, int64_t Cout, int64_t Cin, bool bwd_data, float *U);
-/* floats of per-thread scratch mmc_cpu_wino_fwd needs for tb tiles per block (tb % 32 == 0) */
-size_t mmc_cpu_wino_fwd_floats(const mmc_wino_geom *g, int64_t tb);
-/* y [B, K, Ho, Wo] = conv(x, U) + bias (bias may be NULL), or with acc y += conv(x, U) (no
- * bias). Parallel over (image, block of tb 4x4 output tiles); scratch holds
- * max_threads * mmc_cpu_wino_fwd_floats(g, tb) floats. */
-void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *U, const float *bias, bool acc, float *y,
-                      const mmc_wino_geom *g, int64_t tb, float *scratch);
+/* floats of scratch mmc_cpu_wino_fwd needs for B images, tb tiles per block (tb % 32 == 0)
+ * and up to nth threads */
+size_t mmc_cpu_wino_fwd_floats(const mmc_wino_geom *g, int64_t B, int64_t tb, int nth);
+/* y [B, K, Ho, Wo] = conv(x, w) + bias (bias may be NULL), or with acc y += conv(x, w) (no
+ * bias). w [Cout, Cin, 3, 3] f32: the forward's (K = Cout) or, with bwd_data, the layer's
+ * whose dx this is (K = Cin, C = Cout: flipped, transposed kernels). Threads take (image, block
+ * of tb 4x4 output tiles) units, or for fewer than 4 units panels of output channels (see
+ * conv.c); the same result for any thread count. */
+void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, const float *bias, bool acc,
+                      float *y, const mmc_wino_geom *g, int64_t tb, float *scratch);
 /* floats of scratch mmc_cpu_wino_dw needs for chunks of tc tiles (tc % 16 == 0) */
 size_t mmc_cpu_wino_dw_floats(const mmc_wino_geom *g, int64_t tc);
 /* dw [K, C, 3, 3] += the weight gradient of y = conv(x) given dy [B, K, Ho, Wo] */
