@@ -190,9 +190,11 @@ static mmc_wino_geom wino_geom(const conv_dims *d, bool bwd_data) {
 /* Tiles per block of the forward / backward-data pass: each block streams all of the
  * transformed weights U (36 C K floats) through its GEMMs, so a block's transformed inputs
  * and products (36 (C + K) floats a tile) are made about as large as U (tb = C K / (C + K)),
- * and at least what fills half the L2 of one core (cpuinfo); 32 to 256 tiles, rounded to
- * the micro-kernel's 32 columns. MMC_CONV_WINO_TB overrides. */
-static int64_t wino_tb(const mmc_wino_geom *wg) {
+ * and at least what fills half the L2 of one core (cpuinfo), but no more than 16 MiB a thread
+ * (scratch); 32 to 256 tiles, rounded to the micro-kernel's 32 columns. MMC_CONV_WINO_TB
+ * overrides. (512 channels: 112 -> 128 tiles; 128: 64; 32 -> 64: 64.) */
+#define WINO_BLOCK_BYTES (16 << 20)
+static int64_t wino_tb(const mmc_wino_geom *wg, int64_t B) {
     const char *e = getenv("MMC_CONV_WINO_TB");
     int64_t tb;
     if (e && atoi(e) > 0) tb = atoi(e);
@@ -202,17 +204,25 @@ static int64_t wino_tb(const mmc_wino_geom *wg) {
         int64_t fit = (int64_t)(per_core / 2 / (36.0 * 4 * (wg->C + wg->K)));
         tb = wg->C * wg->K / (wg->C + wg->K);
         if (tb < fit) tb = fit;
+        const int64_t cap = WINO_BLOCK_BYTES / (36 * 4 * (wg->C + wg->K));   /* memory per thread */
+        if (tb > cap) tb = cap;
         tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
     }
     tb = (tb + 31) / 32 * 32;
     const int64_t T = ((wg->Ho + 3) / 4) * ((wg->Wo + 3) / 4);
+    /* at least 4 (image, block) units where 32-tile blocks allow (else the backend's team
+     * mode, meant for small images: its shared transformed input grows with the image) */
+    while (tb > 32 && B * ((T + tb - 1) / tb) < 4) tb -= 32;
     return T < tb ? (T + 31) / 32 * 32 : tb;
 }
-/* Tiles per chunk of the weight gradient (its GEMMs' K): 512 (or all there are),
- * MMC_CONV_WINO_TC overrides. */
+/* Tiles per chunk of the weight gradient (its GEMMs' K): 512, or fewer so that the chunk's
+ * transformed x and dy stay within 16 MiB, or all there are; MMC_CONV_WINO_TC overrides. */
 static int64_t wino_tc(const conv_dims *d) {
     const char *e = getenv("MMC_CONV_WINO_TC");
-    int64_t tc = e && atoi(e) > 0 ? atoi(e) : 512;
+    int64_t tc = 512;
+    const int64_t cap = WINO_BLOCK_BYTES / (36 * 4 * (d->g.Cin + d->Cout));   /* X and DY: 16 MiB */
+    if (tc > cap) tc = cap < 64 ? 64 : cap;
+    if (e && atoi(e) > 0) tc = atoi(e);
     const int64_t TT = d->B * ((d->g.Ho + 3) / 4) * ((d->g.Wo + 3) / 4);   /* tiles in all */
     if (tc > TT) tc = TT;
     return (tc + 15) / 16 * 16;
@@ -259,7 +269,7 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     const float *wf = dx ? weight_f32(ctx, w) : NULL;
     if (wdx) {   /* dx += conv(dy, flipped Wᵀ, pad 2 - pad) */
         const mmc_wino_geom wg = wino_geom(d, true);
-        const int64_t tb = wino_tb(&wg);
+        const int64_t tb = wino_tb(&wg, d->B);
         float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d->B, tb, (int)max_threads()) * sizeof(float));
         mmc_cpu_wino_fwd(gy, d->B, wf, true, NULL, true, dx, &wg, tb, sc);
         dx = NULL;
@@ -393,7 +403,7 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     const float *wf = weight_f32(ctx, w);
     if (use_winograd(&d, PASS_FWD)) {
         const mmc_wino_geom wg = wino_geom(&d, false);
-        const int64_t tb = wino_tb(&wg);
+        const int64_t tb = wino_tb(&wg, d.B);
         float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d.B, tb, (int)max_threads()) * sizeof(float));
         float *bias = NULL;
         if (b) {
