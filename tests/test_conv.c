@@ -4,8 +4,8 @@
  * kernels, backward-weight as F(3x3, 4x4) on the same points), for y, dx, dW and db, on odd
  * sizes, padding 0 / 1 / 2 / 3, stride 2 (Winograd does not apply: the GEMM path runs),
  * partial 4x4 tiles, rows of more than 16 tiles, frozen x / w, no bias, many blocks and
- * weight-gradient chunks (MMC_CONV_WINO_TB / _TC small), a block's output channels split
- * (a small image with many channels), and bitwise the same results on 1 and 2 threads.
+ * weight-gradient chunks (MMC_CONV_WINO_TB / _TC small), the team mode of small images
+ * (threads take panels of output channels), and bitwise the same results on 1 and 2 threads.
  * (mmc_conv2d has no groups or dilation.)
  *
  * Tolerances: max |got - want| / max(|want|, 1e-3) over each tensor.
@@ -144,7 +144,8 @@ int main(void) {
         {3, 16, 13, 6, 20, 1, 2, false, true, true, NULL, NULL},     /* pad 2 (dx: pad 0); Cout % 8 != 0 */
         {1, 24, 37, 41, 40, 1, 1, true, true, true, "32", "32"},     /* many blocks and dW chunks */
         {3, 6, 10, 9, 12, 1, 1, true, true, true, "32", "48"},       /* chunks across images */
-        {1, 20, 8, 9, 136, 1, 1, true, true, true, NULL, NULL},      /* 1 block: output channels split */
+        {1, 20, 8, 9, 136, 1, 1, true, true, true, NULL, NULL},      /* 1 block: team mode (channel panels) */
+        {2, 20, 5, 6, 24, 1, 1, true, true, true, NULL, NULL},       /* team mode over 2 images */
         {2, 3, 3, 5, 4, 1, 1, true, true, true, NULL, NULL},         /* Ho = 3: partial tiles only */
         {2, 8, 12, 12, 8, 1, 1, false, false, true, NULL, NULL},     /* x frozen: no dx */
         {2, 8, 12, 12, 8, 1, 1, true, true, false, NULL, NULL},      /* w frozen: no dW */
