@@ -169,20 +169,26 @@ static void wino_weight_panel(const float *w, int64_t Cout, int64_t Cin, bool bw
             v16 g[9], t[18], u[36];
             float *gf = (float *)g;   /* [9][16] */
 #ifdef __AVX512F__
-            if (Cout * Cin * 9 < INT32_MAX) {   /* 9 masked gathers: lane offsets from w's [r][c] pair */
+            if (Cout * Cin * 9 < INT32_MAX) {   /* 9 gathers: lane offsets from w's [r][c] pair */
                 const float *base = w + (bwd_data ? c0 * Cin + mb * WINO_MR : mb * WINO_MR * Cin + c0) * 9;
-                int32_t off[16];
-                __mmask16 ok = 0;
-                for (int l = 0; l < 16; l++) {
-                    const int64_t dc = l / WINO_MR, dr = l % WINO_MR;
-                    off[l] = (int32_t)((bwd_data ? dc * Cin + dr : dr * Cin + dc) * 9 + (bwd_data ? 8 : 0));
-                    if (mb * WINO_MR + dr < M && c0 + dc < N) ok |= (__mmask16)(1u << l);
-                }
-                const __m512i idx = _mm512_loadu_si512(off);
+                const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+                const __m512i dc = _mm512_srli_epi32(lane, WINO_MR == 8 ? 3 : 2);
+                const __m512i dr = _mm512_and_si512(lane, _mm512_set1_epi32(WINO_MR - 1));
+                const __m512i cin = _mm512_set1_epi32((int32_t)Cin);
+                const __m512i pair = bwd_data ? _mm512_add_epi32(_mm512_mullo_epi32(dc, cin), dr)
+                                              : _mm512_add_epi32(_mm512_mullo_epi32(dr, cin), dc);
+                const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(pair, _mm512_set1_epi32(9)),
+                                                     _mm512_set1_epi32(bwd_data ? 8 : 0));
+                const bool full = (mb + 1) * WINO_MR <= M && c0 + NC <= N;
+                __mmask16 ok = 0xffff;
+                if (!full)
+                    for (int l = 0; l < 16; l++)
+                        if (mb * WINO_MR + l % WINO_MR >= M || c0 + l / WINO_MR >= N) ok &= (__mmask16)~(1u << l);
                 for (int i = 0; i < 9; i++) {
                     const __m512i ii = _mm512_add_epi32(idx, _mm512_set1_epi32(bwd_data ? -i : i));
-                    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, ii, base, 4);
-                    _mm512_storeu_ps(gf + i * 16, v);
+                    const __m512 v = full ? _mm512_i32gather_ps(ii, base, 4)
+                                          : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, ii, base, 4);
+                    memcpy(&g[i], &v, sizeof v);
                 }
             } else
 #endif
