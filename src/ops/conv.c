@@ -164,7 +164,7 @@ static int64_t forward_rows(const conv_dims *d, int64_t R) {
 
 /* Winograd F(4x4, 3x3) (backend conv.c) for 3x3 stride-1 convolutions: MMC_CONV_ALGO=gemm
  * keeps every pass on im2col + GEMM, =winograd takes Winograd wherever it applies, the
- * default (auto) where it is faster (measured: bench_conv, and see conv_algo below). The
+ * default (auto) where it is faster (measured: bench_conv; see below; AVX-512 builds only). The
  * backward-data pass is a forward over dy with the flipped kernels and padding 2 - pad, so
  * it needs pad <= 2. Errors vs the direct sum: ~1e-6 relative (tests/test_conv.c). */
 enum { PASS_FWD, PASS_DX, PASS_DW };
@@ -176,8 +176,9 @@ static bool use_winograd(const conv_dims *d, int pass) {
     if (e && !strcmp(e, "gemm")) return false;
     if (e && !strcmp(e, "winograd")) return true;
     /* auto: the transforms cost ~ (Cin + Cout) per tile against the GEMMs' Cin * Cout; too
-     * few channels or tiles leave the im2col GEMM ahead */
-    return g->Cin >= 16 && d->Cout >= 16 && g->Ho * g->Wo >= 64;
+     * few channels or tiles leave the im2col GEMM ahead; and only where the build has the
+     * AVX-512 kernels */
+    return mmc_cpu_wino_fast() && g->Cin >= 16 && d->Cout >= 16 && g->Ho * g->Wo >= 64;
 }
 static mmc_wino_geom wino_geom(const conv_dims *d, bool bwd_data) {
     const mmc_conv_geom *g = &d->g;

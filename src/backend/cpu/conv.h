@@ -31,6 +31,10 @@ typedef struct {
     int64_t C, K, H, W, Ho, Wo, pad;
 } mmc_wino_geom;
 
+/* Whether this build's Winograd kernels are fast: compiled for AVX-512 (the 16-lane vectors
+ * and shuffles are single zmm instructions there). Otherwise they are correct but slow, and
+ * mmc_conv2d's default keeps im2col + GEMM. */
+bool mmc_cpu_wino_fast(void);
 /* floats of scratch mmc_cpu_wino_fwd needs for B images, tb tiles per block (tb % 32 == 0)
  * and up to nth threads */
 size_t mmc_cpu_wino_fwd_floats(const mmc_wino_geom *g, int64_t B, int64_t tb, int nth);
