@@ -15,6 +15,8 @@
  *    (image, channel) items and team GEMMs per block, grouped images sharing one GEMM.
  * Backward recomputes the columns instead of keeping them (memory), dW via dy·colᵀ (as
  * dWᵀ = col·dyᵀ for small Cout), dx via col2im(Wᵀ·dy) reusing the same buffer.
+ * 3x3 stride-1 layers with enough channels take Winograd F(4x4, 3x3) instead, pass by pass
+ * (use_winograd below; kernels in src/backend/cpu/conv.c; errors ~1e-5 relative, test_conv).
  * bench/bench_conv.c measures it against torch's CPU conv2d. */
 #include "mmc_ops.h"
 #include "conv.h"

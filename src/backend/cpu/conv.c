@@ -1,4 +1,7 @@
-/* conv.c — im2col / col2im (see conv.h), the layout torch's CPU "slow_conv2d" uses to turn
+/* conv.c — CPU convolution kernels: im2col / col2im, and Winograd F(4x4, 3x3) for 3x3
+ * stride-1 layers (second half of the file; see conv.h and src/ops/conv.c for when each runs).
+ *
+ * im2col / col2im: the layout torch's CPU "slow_conv2d" uses to turn
  * nn.functional.conv2d into a GEMM, here over a group of images so the GEMMs are wide.
  * Per output row the valid output columns [ow0, ow1) (those whose input column lies inside
  * the image) are computed once, so the inner loops have no bounds tests: stride 1 is a
