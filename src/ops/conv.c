@@ -15,11 +15,14 @@
  *    (image, channel) items and team GEMMs per block, grouped images sharing one GEMM.
  * Backward recomputes the columns instead of keeping them (memory), dW via dy·colᵀ (as
  * dWᵀ = col·dyᵀ for small Cout), dx via col2im(Wᵀ·dy) reusing the same buffer.
+ * 3x3 stride-1 layers with enough channels take Winograd F(4x4, 3x3) instead, pass by pass
+ * (use_winograd below; kernels in src/backend/cpu/conv.c; errors ~1e-5 relative, test_conv).
  * bench/bench_conv.c measures it against torch's CPU conv2d. */
 #include "mmc_ops.h"
 #include "conv.h"
 #include "gemm.h"
 #include "linear.h"
+#include "cpuinfo.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +164,73 @@ static int64_t forward_rows(const conv_dims *d, int64_t R) {
     return r * g->Wo >= 256 && r * g->stride >= g->kh ? r : R;
 }
 
+/* Winograd F(4x4, 3x3) (backend conv.c) for 3x3 stride-1 convolutions: MMC_CONV_ALGO=gemm
+ * keeps every pass on im2col + GEMM, =winograd takes Winograd wherever it applies, the
+ * default (auto) where it is faster (measured: bench_conv; see below; AVX-512 builds only). The
+ * backward-data pass is a forward over dy with the flipped kernels and padding 2 - pad, so
+ * it needs pad <= 2. Errors vs the direct sum: ~1e-6 relative (tests/test_conv.c). */
+enum { PASS_FWD, PASS_DX, PASS_DW };
+static bool use_winograd(const conv_dims *d, int pass) {
+    const mmc_conv_geom *g = &d->g;
+    if (g->kh != 3 || g->kw != 3 || g->stride != 1 || g->Ho < 2 || g->Wo < 2) return false;
+    if (pass == PASS_DX && g->pad > 2) return false;
+    const char *e = getenv("MMC_CONV_ALGO");
+    if (e && !strcmp(e, "gemm")) return false;
+    if (e && !strcmp(e, "winograd")) return true;
+    /* auto: the transforms cost ~ (Cin + Cout) per tile against the GEMMs' Cin * Cout; too
+     * few channels or tiles leave the im2col GEMM ahead; and only where the build has the
+     * AVX-512 kernels */
+    return mmc_cpu_wino_fast() && g->Cin >= 16 && d->Cout >= 16 && g->Ho * g->Wo >= 64;
+}
+static mmc_wino_geom wino_geom(const conv_dims *d, bool bwd_data) {
+    const mmc_conv_geom *g = &d->g;
+    if (bwd_data)
+        return (mmc_wino_geom){.C = d->Cout, .K = g->Cin, .H = g->Ho, .W = g->Wo, .Ho = g->H, .Wo = g->W,
+                               .pad = 2 - g->pad};
+    return (mmc_wino_geom){.C = g->Cin, .K = d->Cout, .H = g->H, .W = g->W, .Ho = g->Ho, .Wo = g->Wo,
+                           .pad = g->pad};
+}
+/* Tiles per block of the forward / backward-data pass: each block streams all of the
+ * transformed weights U (36 C K floats) through its GEMMs, so a block's transformed inputs
+ * and products (36 (C + K) floats a tile) are made about as large as U (tb = C K / (C + K)),
+ * and at least what fills half the L2 of one core (cpuinfo), but no more than 16 MiB a thread
+ * (scratch); 32 to 256 tiles, rounded to the micro-kernel's 32 columns. MMC_CONV_WINO_TB
+ * overrides. (512 channels: 112 -> 128 tiles; 128: 64; 32 -> 64: 64.) */
+#define WINO_BLOCK_BYTES (16 << 20)
+static int64_t wino_tb(const mmc_wino_geom *wg, int64_t B) {
+    const char *e = getenv("MMC_CONV_WINO_TB");
+    int64_t tb;
+    if (e && atoi(e) > 0) tb = atoi(e);
+    else {
+        const mmc_cache_level *l2 = &mmc_cpu_info_get()->cache.l2;
+        double per_core = l2->size > 0 ? (double)l2->size / (l2->shared_cpus > 1 ? l2->shared_cpus : 1) : 1048576.0;
+        int64_t fit = (int64_t)(per_core / 2 / (36.0 * 4 * (wg->C + wg->K)));
+        tb = wg->C * wg->K / (wg->C + wg->K);
+        if (tb < fit) tb = fit;
+        const int64_t cap = WINO_BLOCK_BYTES / (36 * 4 * (wg->C + wg->K));   /* memory per thread */
+        if (tb > cap) tb = cap;
+        tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
+    }
+    tb = (tb + 31) / 32 * 32;
+    const int64_t T = ((wg->Ho + 3) / 4) * ((wg->Wo + 3) / 4);
+    /* at least 4 (image, block) units where 32-tile blocks allow (else the backend's team
+     * mode, meant for small images: its shared transformed input grows with the image) */
+    while (tb > 32 && B * ((T + tb - 1) / tb) < 4) tb -= 32;
+    return T < tb ? (T + 31) / 32 * 32 : tb;
+}
+/* Tiles per chunk of the weight gradient (its GEMMs' K): 512, or fewer so that the chunk's
+ * transformed x and dy stay within 16 MiB, or all there are; MMC_CONV_WINO_TC overrides. */
+static int64_t wino_tc(const conv_dims *d) {
+    const char *e = getenv("MMC_CONV_WINO_TC");
+    int64_t tc = 512;
+    const int64_t cap = WINO_BLOCK_BYTES / (36 * 4 * (d->g.Cin + d->Cout));   /* X and DY: 16 MiB */
+    if (tc > cap) tc = cap < 64 ? 64 : cap;
+    if (e && atoi(e) > 0) tc = atoi(e);
+    const int64_t TT = d->B * ((d->g.Ho + 3) / 4) * ((d->g.Wo + 3) / 4);   /* tiles in all */
+    if (tc > TT) tc = TT;
+    return (tc + 15) / 16 * 16;
+}
+
 static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     const conv_dims *d = n->extra;
@@ -173,7 +243,8 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_arena_mark m = mmc_scratch_mark(ctx);
     int64_t G, R;
     plan_blocks(d, &G, &R);
-    bool dxw = dx || dw;
+    const bool wdx = dx && use_winograd(d, PASS_DX), wdw = dw && use_winograd(d, PASS_DW);
+    bool dxw = (dx && !wdx) || (dw && !wdw);   /* a pass left to im2col + GEMM */
     /* Grouped images: dy regathered as [Cout, B*P] so that each block's dW and dcol are one
      * GEMM each (K or N = nb*P) instead of nb narrow ones; db is summed in the same pass. */
     float *gyt = dxw && G > 1 && !unit_mode(d, R, true)
@@ -194,11 +265,29 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
             if (db) db[c] += s;
         }
     }
-    if (!dxw) {
+    if (!dx && !dw) {
         mmc_scratch_release(ctx, m);
         return;
     }
     const float *wf = dx ? weight_f32(ctx, w) : NULL;
+    if (wdx) {   /* dx += conv(dy, flipped Wᵀ, pad 2 - pad) */
+        const mmc_wino_geom wg = wino_geom(d, true);
+        const int64_t tb = wino_tb(&wg, d->B);
+        float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d->B, tb, (int)max_threads()) * sizeof(float));
+        mmc_cpu_wino_fwd(gy, d->B, wf, true, NULL, true, dx, &wg, tb, sc);
+        dx = NULL;
+    }
+    if (wdw) {
+        const mmc_wino_geom wg = wino_geom(d, false);
+        const int64_t tc = wino_tc(d);
+        float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_dw_floats(&wg, tc) * sizeof(float));
+        mmc_cpu_wino_dw(xd, gy, d->B, dw, &wg, tc, sc);
+        dw = NULL;
+    }
+    if (!dx && !dw) {
+        mmc_scratch_release(ctx, m);
+        return;
+    }
     if (unit_mode(d, R, true)) {
         const int64_t bands = (g->Ho + R - 1) / R, U = d->B * bands, nth = max_threads();
         const bool tr = d->Cout <= 96;   /* partials as dWᵀ [K, Cout], see below */
@@ -315,6 +404,19 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     const bool b16 = b && b->dtype == MMC_BF16;
     mmc_arena_mark m = mmc_scratch_mark(ctx);
     const float *wf = weight_f32(ctx, w);
+    if (use_winograd(&d, PASS_FWD)) {
+        const mmc_wino_geom wg = wino_geom(&d, false);
+        const int64_t tb = wino_tb(&wg, d.B);
+        float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d.B, tb, (int)max_threads()) * sizeof(float));
+        float *bias = NULL;
+        if (b) {
+            bias = mmc_scratch_alloc(ctx, (size_t)d.Cout * sizeof(float));
+            mmc_convert(bias, MMC_F32, b->data, b->dtype, d.Cout);
+        }
+        mmc_cpu_wino_fwd(x->data, d.B, wf, false, bias, false, yd, &wg, tb, sc);
+        mmc_scratch_release(ctx, m);
+        goto record;
+    }
     int64_t G, R;
     plan_blocks(&d, &G, &R);
     if (G == 1) R = forward_rows(&d, R);
