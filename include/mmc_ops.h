@@ -135,6 +135,15 @@ mmc_tensor *mmc_patch_embed(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tens
 /* x [B, Cin, H, W], w [Cout, Cin, kh, kw], b [Cout] or NULL -> [B, Cout, Ho, Wo] (im2col+GEMM) */
 mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b, int stride,
                        int padding);
+/* Raw 3x3 stride-1 padding-1 convolution on the Winograd kernels, for models that run their own
+ * convolutions (the Wan VAE's causal conv3d, one temporal tap at a time): y [B, K, H, W] = conv(x [B, C,
+ * H, W], w [K, C, 3, 3] f32) + bias (bias may be NULL), or with acc y += conv(x, w) (bias ignored).
+ * mmc_conv3x3_winograd_applies says whether mmc_conv2d's default would take Winograd for that layer
+ * (AVX-512 build, >= 16 channels each side, >= 64 pixels; MMC_CONV_ALGO=gemm / winograd decide
+ * instead when set); mmc_conv3x3_winograd runs it regardless (errors ~1e-6 relative). No tape. */
+bool mmc_conv3x3_winograd_applies(int64_t C, int64_t K, int64_t H, int64_t W);
+mmc_status mmc_conv3x3_winograd(const float *x, int64_t B, int64_t C, int64_t H, int64_t W, const float *w, int64_t K,
+                                const float *bias, bool acc, float *y);
 
 /* ---------------------------------------------------------------- losses */
 /* logits [N, V], targets [N] (i32/i64); mean over targets != ignore_index (-100 in HF).

@@ -231,6 +231,24 @@ static int64_t wino_tc(const conv_dims *d) {
     return (tc + 15) / 16 * 16;
 }
 
+bool mmc_conv3x3_winograd_applies(int64_t C, int64_t K, int64_t H, int64_t W) {
+    const conv_dims d = {.B = 1, .Cout = K, .g = {.Cin = C, .H = H, .W = W, .kh = 3, .kw = 3, .stride = 1, .pad = 1,
+                                                  .Ho = H, .Wo = W}};
+    return use_winograd(&d, PASS_FWD);
+}
+
+mmc_status mmc_conv3x3_winograd(const float *x, int64_t B, int64_t C, int64_t H, int64_t W, const float *w, int64_t K,
+                                const float *bias, bool acc, float *y) {
+    const mmc_wino_geom wg = {.C = C, .K = K, .H = H, .W = W, .Ho = H, .Wo = W, .pad = 1};
+    const int64_t tb = wino_tb(&wg, B);
+    float *sc = malloc(mmc_cpu_wino_fwd_floats(&wg, B, tb, (int)max_threads()) * sizeof(float));
+    if (!sc) return mmc_error(MMC_ERR_OOM, "out of memory (Winograd scratch for %lld -> %lld channels at %lldx%lld)",
+                              (long long)C, (long long)K, (long long)H, (long long)W);
+    mmc_cpu_wino_fwd(x, B, w, false, acc ? NULL : bias, acc, y, &wg, tb, sc);
+    free(sc);
+    return MMC_OK;
+}
+
 static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     const conv_dims *d = n->extra;

@@ -30,6 +30,7 @@
  * [Cout, Cin*kt*kh*kw] weight on the project's blocked GEMM (src/backend/cpu/gemm.c). Weights of any
  * float dtype are widened to f32 once at load. Inference only (no tape). */
 #include "mmc_diffusion.h"
+#include "mmc_ops.h"
 #include "mmc_models.h"
 #include "../model_weights.h"
 #include "../../backend/cpu/gemm.h"
@@ -472,6 +473,40 @@ static void ow_range(int64_t W, int64_t Wo, int64_t ss, int64_t pl, int64_t kj, 
     *a = x0, *b = x1;
 }
 
+/* A 3x3x3 conv (strides 1, spatial padding 1, the causal frames in prev) as three accumulated 3x3 convs on the
+ * Winograd kernels (mmc_conv3x3_winograd), one per temporal tap a: y[to] = sum_a conv2d(frame[to + a], w[:, :, a]).
+ * The frames are gathered frame-major ([P + T, Cin, H, W]) so that tap a's batch of To frames is contiguous; each
+ * tap's weights [Cout, Cin, 3, 3] are copied out of [Cout, Cin, 3, 3, 3] for the call; the result [To, Cout, H, W]
+ * is written back channel-major with the bias. False (nothing done) when the layer is not for Winograd. */
+static bool conv3d_wino(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T,
+                        int64_t H, int64_t W, float *y) {
+    const int64_t Ci = c->cin, Co = c->cout, HW = H * W, F = P + T, To = F - 2;
+    if (To < 1 || !mmc_conv3x3_winograd_applies(Ci, Co, H, W)) return false;
+    float *xf = fmap((size_t)(F * Ci * HW)), *yf = fmap((size_t)(To * Co * HW)), *wa = fmap((size_t)(Co * Ci * 9));
+    if (!xf || !yf || !wa) {
+        s->st = mmc_error(MMC_ERR_OOM, "out of memory (VAE conv3d frames)");
+        ffree(xf), ffree(yf), ffree(wa);
+        return true;
+    }
+#pragma omp parallel for schedule(static) if (F * Ci * HW > 65536)
+    for (int64_t fc = 0; fc < F * Ci; fc++) {   /* [Cin, P | T, HW] -> [F, Cin, HW] */
+        const int64_t f = fc / Ci, ci = fc % Ci;
+        const float *src = f < P ? prev + (ci * P + f) * HW : x + (ci * T + f - P) * HW;
+        memcpy(xf + fc * HW, src, (size_t)HW * sizeof(float));
+    }
+    for (int64_t a = 0; a < 3 && !s->st; a++) {
+        for (int64_t r = 0; r < Co * Ci; r++) memcpy(wa + r * 9, c->w + r * 27 + a * 9, 9 * sizeof(float));
+        s->st = mmc_conv3x3_winograd(xf + a * Ci * HW, To, Ci, H, W, wa, Co, a == 0 ? c->b : NULL, a > 0, yf);
+    }
+#pragma omp parallel for schedule(static) if (To * Co * HW > 65536)
+    for (int64_t oc = 0; oc < Co * To; oc++) {   /* [To, Cout, HW] -> [Cout, To, HW] */
+        const int64_t o = oc / To, t = oc % To;
+        memcpy(y + oc * HW, yf + (t * Co + o) * HW, (size_t)HW * sizeof(float));
+    }
+    ffree(xf), ffree(yf), ffree(wa);
+    return true;
+}
+
 /* y [Cout, To, Ho, Wo] = conv3d over the frame sequence prev [Cin, P, H, W] then x [Cin, T, H, W]
  * (temporal stride st, no temporal padding: the caller puts the causal frames in prev; spatial stride
  * ss, zero padding pt rows on top / pl columns on the left, and whatever Ho, Wo leave at the bottom /
@@ -482,6 +517,9 @@ static void conv3d_up(scratch *s, const conv_w *c, const float *prev, int64_t P,
                       int64_t Wo, float *y) {
     const int64_t To = (P + T - c->kt) / st + 1, HW = H * W, HWo = Ho * Wo, N = To * HWo, Hv = H * up, Wv = W * up;
     const int64_t K = c->cin * c->kt * c->kh * c->kw;
+    if (c->kt == 3 && c->kh == 3 && c->kw == 3 && ss == 1 && st == 1 && up == 1 && pt == 1 && pl == 1 && Ho == H &&
+        Wo == W && conv3d_wino(s, c, prev, P, x, T, H, W, y))
+        return;   /* (bias included) */
     if (c->kt == 1 && c->kh == 1 && c->kw == 1 && ss == 1 && P == 0 && st == 1 && up == 1) {
         mmc_gemm_f32(false, false, c->cout, T * HW, c->cin, 1.0f, c->w, c->cin, x, T * HW, 0.0f, y, N);
     } else {
