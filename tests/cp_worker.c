@@ -107,6 +107,76 @@ static void attention_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *c
     for (int i = 0; i < 7; i++) mmc_tensor_free(all[i]);
 }
 
+/* Ring attention (cp_ring.c): global q [B, T, Hq, D], k, v [B, T, Hkv, D], T = Tl C; rank r takes
+ * the zigzag rows mmc_cp_ring_pos(r, C, Tl, t) as its shard, runs ring attention (K/V blocks round
+ * the C ranks), and compares its output rows and its shards' q/k/v gradients (L = sum(out * w))
+ * with the same rows of the unsplit mmc_attention (another kernel: tiled flash attention).
+ * cu (packed, B = 1) may end before T: the ring takes the tail as one more segment, the unsplit
+ * reference is given it explicitly. Tolerances: output 2e-6, gradients 1e-5 absolute (values and
+ * gradients are O(1); the two kernels sum in different orders). */
+static double g_rfwd = 0, g_rbwd = 0;
+static void ring_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *cu, int n_seqs, int64_t Hkv, bool causal,
+                      uint64_t seed) {
+    const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
+    const int64_t T = Tl * C, Hq = 4, D = 8;
+    mmc_tensor *full[3] = {randn_param(seed, 4, MMC_SHAPE(B, T, Hq, D), 1.0f),
+                           randn_param(seed + 1, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f),
+                           randn_param(seed + 2, 4, MMC_SHAPE(B, T, Hkv, D), 1.0f)};
+    mmc_tensor *w = randn_param(seed + 3, 4, MMC_SHAPE(B, T, Hq, D), 1.0f);
+    w->flags &= ~(MMC_PARAM | MMC_REQUIRES_GRAD);
+    int64_t gi[64];
+    CHECK(Tl <= 64);
+    for (int64_t t = 0; t < Tl; t++) gi[t] = mmc_cp_ring_pos(r, C, Tl, t);
+    /* rows gi of x [B, T, H, D] -> [B, Tl, H, D] */
+#define ROWS(dst, src) do { const int64_t rw_ = (src)->shape[2] * (src)->shape[3]; \
+        for (int64_t b_ = 0; b_ < B; b_++) for (int64_t t_ = 0; t_ < Tl; t_++) \
+            memcpy((float *)(dst) + (b_ * Tl + t_) * rw_, (const float *)(src)->data + (b_ * T + gi[t_]) * rw_, \
+                   sizeof(float) * (size_t)rw_); } while (0)
+    mmc_tensor *sh[3], *ws = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, Tl, Hq, D));
+    for (int i = 0; i < 3; i++) {
+        sh[i] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, Tl, full[i]->shape[2], D));
+        ROWS(sh[i]->data, full[i]);
+        sh[i]->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+    }
+    ROWS(ws->data, w);
+    int32_t cu2[16];
+    int n2 = n_seqs;
+    if (cu) {   /* the reference needs the padding tail as a segment of its own */
+        memcpy(cu2, cu, sizeof(int32_t) * (size_t)(n_seqs + 1));
+        if (cu2[n2] < T) cu2[++n2] = (int32_t)T;
+    }
+    mmc_attn_opts af = {.causal = causal, .cu_seqlens = cu ? cu2 : NULL, .n_seqs = n2};
+    mmc_attn_opts ar = {.causal = causal, .cu_seqlens = cu, .n_seqs = n_seqs};
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *of = mmc_attention(ctx, full[0], full[1], full[2], &af);         /* [B, T, Hq, D] */
+    mmc_backward(ctx, mmc_sum(ctx, mmc_mul(ctx, of, w)));
+    mmc_ctx *cr = mmc_ctx_new();
+    mmc_tensor *os = mmc_cp_ring_attention(cr, cp, sh[0], sh[1], sh[2], &ar);    /* [B, Tl, Hq, D] */
+    mmc_backward(cr, mmc_sum(cr, mmc_mul(cr, os, ws)));
+    float *want = malloc(sizeof(float) * (size_t)(B * Tl * Hq * D));
+    ROWS(want, of);
+    double df = maxdiff(os->data, want, B * Tl * Hq * D);
+    CHECKF(df <= 2e-6, "ring attention output (B %lld, Hkv %lld, %s%s): max |diff| %.3g > 2e-6", (long long)B,
+           (long long)Hkv, causal ? "causal" : "full", cu ? ", packed" : "", df);
+    if (df > g_rfwd) g_rfwd = df;
+    for (int i = 0; i < 3; i++) {
+        float *gw = malloc(sizeof(float) * (size_t)mmc_numel(sh[i]));
+        ROWS(gw, full[i]->grad);
+        double db = maxdiff(sh[i]->grad->data, gw, mmc_numel(sh[i]));
+        CHECKF(db <= 1e-5, "ring attention gradient of %c (B %lld, Hkv %lld, %s%s): max |diff| %.3g > 1e-5", "qkv"[i],
+               (long long)B, (long long)Hkv, causal ? "causal" : "full", cu ? ", packed" : "", db);
+        if (db > g_rbwd) g_rbwd = db;
+        free(gw);
+    }
+#undef ROWS
+    free(want);
+    mmc_ctx_free(cr);
+    mmc_ctx_free(ctx);
+    for (int i = 0; i < 3; i++) { mmc_tensor_free(full[i]); mmc_tensor_free(sh[i]); }
+    mmc_tensor_free(w);
+    mmc_tensor_free(ws);
+}
+
 /* `cp_worker mem DIR T`: one training forward + backward of a T-token row of the model in DIR,
  * its sequence split over the world (1 process: unsplit); prints the activation arena's
  * high-water mark of each rank (the README's per-rank memory figures). */
@@ -160,6 +230,12 @@ int main(int argc, char **argv) {
     const int32_t cu[4] = {0, 3 * C, 3 * C + 2, 4 * C};       /* one packed row: 3 segments */
     attention_case(world, 1, 4, cu, 3, C, 21);
     attention_case(world, 2, 5, NULL, 0, C / 2 > 0 ? C / 2 : 1, 31);   /* fewer KV heads than ranks: replicated */
+    ring_case(world, 2, 6, NULL, 0, 2, true, 41);               /* causal rows, GQA 4:2 */
+    ring_case(world, 1, 8, NULL, 0, 1, true, 51);               /* one KV head for any number of ranks */
+    ring_case(world, 2, 4, NULL, 0, 2, false, 61);              /* full (non-causal) attention */
+    const int32_t pk[5] = {0, 3 * C + 1, 3 * C + 1, 5 * C, 7 * C};   /* packed: an empty segment, a padding tail */
+    ring_case(world, 1, 8, pk, 4, 2, true, 71);
+    ring_case(world, 1, 8, pk, 4, 2, false, 81);
     if (R == 0) {   /* validation: query heads must divide; KV heads divide or are divided by C */
         mmc_qwen2_config qc = {.num_heads = 12, .num_kv_heads = 4};
         CHECK(mmc_cp_check_qwen2(&qc, 4, "x.yaml") == MMC_OK && mmc_cp_check_qwen2(&qc, 12, "x.yaml") == MMC_OK);
@@ -168,7 +244,8 @@ int main(int argc, char **argv) {
         CHECK(mmc_cp_check_qwen2(&qc, 8, "x.yaml") == MMC_ERR_INVALID && strstr(mmc_last_error(), "num_attention_heads 12"));
     }
     if (R == 0) printf("cp unit: %d ranks: re-sharding exact; attention vs unsplit max |diff| %.2e (tol 1e-6), "
-                       "q/k/v gradients %.2e (tol 1e-5)\n", C, g_fwd, g_bwd);
+                       "q/k/v gradients %.2e (tol 1e-5); ring attention (causal, full, packed) vs unsplit "
+                       "output %.2e (tol 2e-6), q/k/v gradients %.2e (tol 1e-5)\n", C, g_fwd, g_bwd, g_rfwd, g_rbwd);
     if (!g_fail) printf("rank %d: all %d cp checks passed\n", R, g_checks);
     mmc_dist_finalize();
     return g_fail ? 1 : 0;
