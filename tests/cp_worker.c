@@ -177,17 +177,18 @@ static void ring_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *cu, in
     mmc_tensor_free(ws);
 }
 
-/* `cp_worker mem DIR T`: one training forward + backward of a T-token row of the model in DIR,
- * its sequence split over the world (1 process: unsplit); prints the activation arena's
- * high-water mark of each rank (the README's per-rank memory figures). */
-static int mem_run(mmc_comm *world, const char *dir, int64_t T) {
+/* `cp_worker mem DIR T [ring]`: one training forward + backward of a T-token row of the model in
+ * DIR, its sequence split over the world (1 process: unsplit), Ulysses or ring attention; prints
+ * the activation arena's high-water mark of each rank and the bytes it sent (the README's
+ * per-rank memory and communication figures). */
+static int mem_run(mmc_comm *world, const char *dir, int64_t T, bool ring) {
     const int R = mmc_comm_rank(world), C = mmc_comm_size(world);
     char path[2048];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mmc_json *cj = NULL;
     mmc_qwen2 *m = NULL;
     if (mmc_json_load(path, &cj) || mmc_qwen2_load(dir, cj, true, &m)) { fprintf(stderr, "%s: %s\n", dir, mmc_last_error()); return 1; }
-    if (mmc_cp_check_qwen2(&m->cfg, C, dir) || T % C) {
+    if ((!ring && mmc_cp_check_qwen2(&m->cfg, C, dir)) || T % (ring ? 2 * C : C)) {
         fprintf(stderr, "cp_worker mem: %s (T %lld, cp %d)\n", mmc_last_error(), (long long)T, C);
         mmc_qwen2_free(m); mmc_json_free(cj);
         return 1;
@@ -197,17 +198,23 @@ static int mem_run(mmc_comm *world, const char *dir, int64_t T) {
     for (int64_t t = 0; t < T; t++) ids[t] = lab[t] = (int32_t)((t * 7919) % m->cfg.vocab_size);
     for (int64_t t = 0; t < 3 * T; t++) pos[t] = t % T;
     mmc_batch b = {.B = 1, .T = T, .input_ids = ids, .labels = lab, .position_ids = pos, .n_seqs = 1};
+    mmc_cp_set_mode_qwen2(m, ring ? MMC_CP_RING : MMC_CP_ULYSSES);
     mmc_ctx *ctx = mmc_ctx_new();
+    if (C > 1 && mmc_barrier(world)) return 1;
+    mmc_dist_reset_stats();
     double t0 = mmc_now();
     mmc_tensor *l = C > 1 ? mmc_cp_qwen2_lm_loss(ctx, m, world, &b, 1.0 / (double)(T - 1), NULL)
                           : mmc_qwen2_lm_loss(ctx, m, &b, 1.0 / (double)(T - 1), NULL);
     mmc_backward(ctx, l);
     const double secs = mmc_now() - t0;
+    mmc_dist_stats ds;
+    mmc_dist_get_stats(&ds);   /* attention's traffic only: nothing else is communicated in between */
     double lv = *(const float *)l->data;
     if (C > 1 && mmc_all_reduce(world, &lv, &lv, 1, MMC_F64, MMC_SUM)) return 1;
     const double peak = (double)mmc_arena_peak(mmc_ctx_arena(ctx)) / 1048576.0;
-    printf("cp memory: T %lld, cp %d, rank %d: activation arena peak %.1f MiB, forward+backward %.2f s, loss %.7f\n",
-           (long long)T, C, R, peak, secs, lv);
+    printf("cp memory: T %lld, cp %d, rank %d: activation arena peak %.1f MiB, forward+backward %.2f s, loss %.7f, "
+           "%s sent %.2f MiB in %lld operations (exposed wait %.3f s)\n", (long long)T, C, R, peak, secs, lv,
+           ring ? "ring" : "ulysses", (double)ds.bytes / 1048576.0, (long long)ds.ops, ds.wait_s);
     mmc_ctx_free(ctx);
     mmc_qwen2_free(m);
     mmc_json_free(cj);
@@ -219,8 +226,8 @@ int main(int argc, char **argv) {
     mmc_comm *world;
     mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = 120};
     if (mmc_dist_init(&dop, &world)) { fprintf(stderr, "dist init: %s\n", mmc_last_error()); return 1; }
-    if (argc == 4 && !strcmp(argv[1], "mem")) {
-        int rc = mem_run(world, argv[2], atoll(argv[3]));
+    if ((argc == 4 || (argc == 5 && !strcmp(argv[4], "ring"))) && !strcmp(argv[1], "mem")) {
+        int rc = mem_run(world, argv[2], atoll(argv[3]), argc == 5);
         mmc_dist_finalize();
         return rc;
     }

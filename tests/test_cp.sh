@@ -21,7 +21,7 @@ MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS
 fail=0
 W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
 export OMPI_MCA_orte_tmpdir_base="$W"   # its own OpenMPI session directory (see test_dist_mpi.sh)
-for np in 2 4; do
+for np in 2 3 4; do
   if timeout 60 "${MPIRUN[@]}" -np $np "$CPW" >"$out" 2>&1 && [ "$(grep -c 'all .* cp checks passed' "$out")" = $np ]; then
     grep 'cp unit' "$out"
   else
@@ -79,6 +79,27 @@ for n in ref cp2; do sed "s/dtype: f32}/dtype: f32, $LORA}/; s#output_dir: $W/$n
 run1 "$W/refL.yaml" && runN 2 "$W/cp2L.yaml" || { echo "FAIL: LoRA runs"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train LoRA cp=2 vs 1 process (adapters)" refL cp2L
 
+# ring attention (parallel.context_parallel_mode: ring): zigzag shards, K/V blocks round the ring
+RING='--set parallel.context_parallel_mode=ring'
+runN 2 "$W/cp2.yaml" --set training.output_dir="$W/ring2" $RING || { echo "FAIL: ring cp=2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train ring cp=2 vs 1 process" ref ring2
+runN 4 "$W/cp2.yaml" --set training.output_dir="$W/ring4" --set parallel.context_parallel=4 $RING ||
+  { echo "FAIL: ring cp=4 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train ring cp=4 (any number of ranks: 2 KV heads, none replicated) vs 1 process" ref ring4
+runN 3 "$W/cp2.yaml" --set training.output_dir="$W/ring3" --set parallel.context_parallel=3 $RING ||
+  { echo "FAIL: ring cp=3 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train ring cp=3 (Ulysses refuses 3 over 4 heads; row padded 16 -> 18) vs 1 process" ref ring3
+runN 2 "$W/cp15.yaml" --set training.output_dir="$W/ring15" $RING || { echo "FAIL: ring seq_len 15 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train ring cp=2, seq_len 15 (padded to 16, masked) vs 1 process" ref15 ring15
+timeout 120 "$MMC" launch -n 4 "$W/cp2.yaml" --set training.output_dir="$W/ringdp" $RING >>"$W/train.log" 2>&1 ||
+  { echo "FAIL: ring cp2 x dp2 run (mmc launch -n 4)"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc launch -n 4: ring cp=2 x dp=2 vs 1 process" ref ringdp
+runN 2 "$W/cp2.yaml" --set training.output_dir="$W/ringrc" --set model.recompute=full $RING ||
+  { echo "FAIL: ring cp=2 recompute run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train ring cp=2 + model.recompute full (the ring runs again inside backward) vs 1 process" ref ringrc
+runN 2 "$W/cp2L.yaml" --set training.output_dir="$W/ring2L" $RING || { echo "FAIL: ring LoRA run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train LoRA ring cp=2 vs 1 process (adapters)" refL ring2L
+
 expect_err() {  # expect_err WHAT PATTERN NP YAML...
   local what=$1 pat=$2 np=$3; shift 3
   if [ "$np" = 1 ]; then "$MMC" train "$@" >"$out" 2>&1; else timeout 60 "${MPIRUN[@]}" -np "$np" "$MMC" train "$@" >"$out" 2>&1; fi
@@ -87,6 +108,7 @@ expect_err() {  # expect_err WHAT PATTERN NP YAML...
   else echo "FAIL: $what: rc $rc, no '$pat':"; cat "$out"; fail=1; fi
 }
 expect_err "cp 3 over 4 query heads" "context_parallel 3 does not divide num_attention_heads 4" 3 "$W/cp2.yaml" --set parallel.context_parallel=3
+expect_err "unknown context_parallel_mode" "context_parallel_mode.*expected one of ulysses, ring" 1 "$W/cp2.yaml" --set parallel.context_parallel_mode=rings
 expect_err "cp larger than the world" "context_parallel 2 is larger than the job's 1 process" 1 "$W/cp2.yaml"
 expect_err "world not divisible by cp" "3 processes do not divide into context-parallel groups of 2" 3 "$W/cp2.yaml"
 expect_err "cp with tp" "context_parallel: 2 with tensor_parallel > 1 is not supported yet" 1 "$W/cp2.yaml" --set parallel.tensor_parallel=2
