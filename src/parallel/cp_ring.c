@@ -67,50 +67,97 @@ static int32_t seg_of(const int32_t *cu, int n, int64_t g) {
 
 typedef struct {
     int64_t B, Tl, Hq, Hkv, D;
+    int C;
     float scale;
     bool causal;
     const int32_t *cu;
     int n_seqs;
 } ring_shape;
 
-static void positions(const ring_shape *a, int r, int C, int64_t *g, int32_t *sg) {
+static void positions(const ring_shape *a, int r, int64_t *g, int32_t *sg) {
     for (int64_t t = 0; t < a->Tl; t++) {
-        g[t] = mmc_cp_ring_pos(r, C, a->Tl, t);
+        g[t] = mmc_cp_ring_pos(r, a->C, a->Tl, t);
         sg[t] = seg_of(a->cu, a->n_seqs, g[t]);
     }
 }
 
-static inline bool visible(const ring_shape *a, int64_t qg, int32_t qs, int64_t kg, int32_t ks) {
-    return qs == ks && (!a->causal || kg <= qg);
-}
-
-static inline float dot(const float *x, const float *y, int64_t n) {
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += x[i] * y[i];
-        s1 += x[i + 1] * y[i + 1];
-        s2 += x[i + 2] * y[i + 2];
-        s3 += x[i + 3] * y[i + 3];
+/* The keys of a block visible to the query at global position qg (segment qs): those of its
+ * segment, up to qg when causal. A block (rank src's shard) is two chunks of Tl/2 contiguous
+ * global positions, so they are at most two ranges of local key indices, [lo[c], hi[c]). */
+static int visible_ranges(const ring_shape *a, int src, int64_t qg, int32_t qs, int64_t *lo, int64_t *hi) {
+    const int64_t T = a->Tl * a->C, h = a->Tl / 2;
+    int64_t gs = 0, ge = T;
+    if (a->cu) {
+        gs = a->cu[qs < a->n_seqs ? qs : a->n_seqs];
+        ge = qs < a->n_seqs ? a->cu[qs + 1] : T;
     }
-    for (; i < n; i++) s0 += x[i] * y[i];
-    return (s0 + s1) + (s2 + s3);
+    if (a->causal && qg + 1 < ge) ge = qg + 1;
+    int nonempty = 0;
+    for (int c = 0; c < 2; c++) {
+        const int64_t c0 = (int64_t)(c ? 2 * a->C - 1 - src : src) * h;   /* the chunk's first global position */
+        const int64_t l = gs > c0 ? gs : c0, e = ge < c0 + h ? ge : c0 + h;
+        lo[c] = c * h + (l - c0);
+        hi[c] = e > l ? c * h + (e - c0) : lo[c];
+        nonempty |= hi[c] > lo[c];
+    }
+    return nonempty;
 }
 
-static inline void axpy(float *y, float a, const float *x, int64_t n) {
+/* e^x for x <= ~0 in f32 (Cody-Waite reduction and the degree-6 polynomial of Cephes' expf, within
+ * 2 ulp), written so that the loops over keys vectorise (libm's expf does not) */
+static inline float exp_f(float x) {
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round to nearest */
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } e = {.i = ((int32_t)n + 127) << 23};
+    return p * e.f;
+}
+
+static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* k [B, Tl, H, D] -> kt [B, H, D, Tl], so that a query's scores over keys are a vector loop */
+static void transpose_kv(const ring_shape *a, const float *k, float *kt) {
+    const int64_t Tl = a->Tl, H = a->Hkv, D = a->D;
+    for (int64_t b = 0; b < a->B; b++)
+        for (int64_t j = 0; j < Tl; j++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++) kt[((b * H + h) * D + d) * Tl + j] = k[((b * Tl + j) * H + h) * D + d];
+}
+
+/* s[j] = sum_d x[d] mul kt[d][j] over the ranges */
+static inline void scores(const float *x, float mul, const float *kt, int64_t Tl, int64_t D, const int64_t *lo,
+                          const int64_t *hi, float *s) {
+    for (int c = 0; c < 2; c++) {
+        for (int64_t j = lo[c]; j < hi[c]; j++) s[j] = 0;
+        for (int64_t d = 0; d < D; d++) {
+            const float xd = x[d] * mul, *kd = kt + d * Tl;
+#pragma omp simd
+            for (int64_t j = lo[c]; j < hi[c]; j++) s[j] += xd * kd[j];
+        }
+    }
 }
 
 /* work gate for the OpenMP regions (multiply-adds of one ring step) */
 static bool worth_threads(const ring_shape *a) { return a->B * a->Tl * a->Tl * a->Hq * a->D > (1 << 16); }
 
 /* One forward ring step: every local query row (b, t, h) of q [B, Tl, Hq, D] (global positions
- * qg, segments qs) against the key block k, v [B, Tl, Hkv, D] (kg, ks): the block's softmax over
- * the row's visible keys gives a partial output o_b and logsumexp l_b, merged into the running
- * (o, lse) by   lse' = log(e^lse + e^l_b),   o' = e^(lse - lse') o + e^(l_b - lse') o_b.
- * o [B, Tl, Hq, D], lse [B, Hq, Tl] (-inf: nothing seen yet); scratch: nthreads x (Tl + D). */
-static void block_fwd(const ring_shape *a, const float *q, const float *k, const float *v, const int64_t *qg,
-                      const int32_t *qs, const int64_t *kg, const int32_t *ks, float *o, float *lse, float *scratch) {
+ * qg, segments qs) against the key block k, v [B, Tl, Hkv, D] of rank src (kt, vt: transposed):
+ * the block's softmax over the row's visible keys gives a partial output o_b and logsumexp l_b,
+ * merged into the running (o, lse) by   lse' = log(e^lse + e^l_b),   o' = e^(lse - lse') o +
+ * e^(l_b - lse') o_b.  o [B, Tl, Hq, D], lse [B, Hq, Tl] (-inf: nothing seen yet); a row with no
+ * visible key in this block is left as is. scratch: nthreads x (Tl + D). */
+static void block_fwd(const ring_shape *a, int src, const float *q, const float *kt, const float *vt, const int64_t *qg,
+                      const int32_t *qs, float *o, float *lse, float *scratch) {
     const int64_t Tl = a->Tl, Hq = a->Hq, Hkv = a->Hkv, D = a->D, G = Hq / Hkv, rows = a->B * Tl * Hq;
 #pragma omp parallel if (worth_threads(a))
     {
@@ -118,21 +165,29 @@ static void block_fwd(const ring_shape *a, const float *q, const float *k, const
 #pragma omp for schedule(dynamic, 16)
         for (int64_t row = 0; row < rows; row++) {   /* row = (b Tl + t) Hq + h */
             const int64_t h = row % Hq, t = (row / Hq) % Tl, b = row / (Hq * Tl), kh = h / G;
-            const float *qr = q + row * D;
-            float m = -INFINITY;
-            for (int64_t j = 0; j < Tl; j++) {
-                if (!visible(a, qg[t], qs[t], kg[j], ks[j])) { s[j] = -INFINITY; continue; }
-                s[j] = a->scale * dot(qr, k + ((b * Tl + j) * Hkv + kh) * D, D);
-                if (s[j] > m) m = s[j];
+            int64_t lo[2], hi[2];
+            if (!visible_ranges(a, src, qg[t], qs[t], lo, hi)) continue;
+            scores(q + row * D, a->scale, kt + (b * Hkv + kh) * D * Tl, Tl, D, lo, hi, s);
+            float m = -INFINITY, l = 0;
+            for (int c = 0; c < 2; c++) {
+#pragma omp simd reduction(max : m)
+                for (int64_t j = lo[c]; j < hi[c]; j++) m = s[j] > m ? s[j] : m;
             }
-            if (m == -INFINITY) continue;   /* no visible key in this block */
-            float l = 0;
             memset(ob, 0, sizeof(float) * (size_t)D);
-            for (int64_t j = 0; j < Tl; j++) {
-                if (s[j] == -INFINITY) continue;
-                const float p = expf(s[j] - m);
-                l += p;
-                axpy(ob, p, v + ((b * Tl + j) * Hkv + kh) * D, D);
+            const float *vtb = vt + (b * Hkv + kh) * D * Tl;
+            for (int c = 0; c < 2; c++) {
+#pragma omp simd reduction(+ : l)
+                for (int64_t j = lo[c]; j < hi[c]; j++) {
+                    s[j] = exp_f(s[j] - m);
+                    l += s[j];
+                }
+                for (int64_t d = 0; d < D; d++) {   /* P v: reductions along the keys (no store chain on ob) */
+                    const float *vd = vtb + d * Tl;
+                    float acc = 0;
+#pragma omp simd reduction(+ : acc)
+                    for (int64_t j = lo[c]; j < hi[c]; j++) acc += s[j] * vd[j];
+                    ob[d] += acc;
+                }
             }
             const float lb = m + logf(l);
             float *orow = o + row * D, *L = lse + (b * Hq + h) * Tl + t;
@@ -149,37 +204,54 @@ static void block_fwd(const ring_shape *a, const float *q, const float *k, const
     }
 }
 
-/* One backward ring step for the key block k, v (kg, ks): with P = exp(scale q·k - lse) from the
- * final logsumexp and delta = rowsum(dO ∘ O),
+/* One backward ring step for the key block k, v of rank src (kt, vt: transposed): with
+ * P = exp(scale q·k - lse) from the final logsumexp and delta = rowsum(dO ∘ O),
  *   dv_j += P_ij dO_i,   dS_ij = P_ij (dO_i·v_j - delta_i),   dq_i += scale dS_ij k_j,   dk_j += scale dS_ij q_i.
  * One unit per (b, KV head): it owns that head's dk/dv rows and its query heads' dq rows, so no
- * two threads write the same element and the sums do not depend on the thread count. */
-static void block_bwd(const ring_shape *a, const float *q, const float *k, const float *v, const float *dO,
-                      const float *lse, const float *delta, const int64_t *qg, const int32_t *qs, const int64_t *kg,
-                      const int32_t *ks, float *dq, float *dk, float *dv) {
+ * two threads write the same element and the sums do not depend on the thread count.
+ * scratch: nthreads x 2 Tl. */
+static void block_bwd(const ring_shape *a, int src, const float *q, const float *kt, const float *vt,
+                      const float *dO, const float *lse, const float *delta, const int64_t *qg, const int32_t *qs,
+                      float *dq, float *dk, float *dv, float *scratch) {
     const int64_t B = a->B, Tl = a->Tl, Hq = a->Hq, Hkv = a->Hkv, D = a->D, G = Hq / Hkv;
 #pragma omp parallel for schedule(dynamic, 1) collapse(2) if (worth_threads(a))
     for (int64_t b = 0; b < B; b++)
-        for (int64_t kh = 0; kh < Hkv; kh++)
+        for (int64_t kh = 0; kh < Hkv; kh++) {
+            float *s = scratch + (size_t)tid_() * (size_t)(2 * Tl), *dp = s + Tl;
+            const float *ktb = kt + (b * Hkv + kh) * D * Tl, *vtb = vt + (b * Hkv + kh) * D * Tl;
             for (int64_t g = 0; g < G; g++) {
                 const int64_t h = kh * G + g;
                 for (int64_t t = 0; t < Tl; t++) {
                     const float L = lse[(b * Hq + h) * Tl + t];
-                    if (L == -INFINITY) continue;
+                    int64_t lo[2], hi[2];
+                    if (L == -INFINITY || !visible_ranges(a, src, qg[t], qs[t], lo, hi)) continue;
                     const int64_t row = (b * Tl + t) * Hq + h;
                     const float *qr = q + row * D, *dor = dO + row * D, di = delta[(b * Hq + h) * Tl + t];
                     float *dqr = dq + row * D;
-                    for (int64_t j = 0; j < Tl; j++) {
-                        if (!visible(a, qg[t], qs[t], kg[j], ks[j])) continue;
-                        const int64_t kr = ((b * Tl + j) * Hkv + kh) * D;
-                        const float p = expf(a->scale * dot(qr, k + kr, D) - L);
-                        const float ds = p * (dot(dor, v + kr, D) - di) * a->scale;
-                        axpy(dv + kr, p, dor, D);
-                        axpy(dqr, ds, k + kr, D);
-                        axpy(dk + kr, ds, qr, D);
+                    scores(qr, a->scale, ktb, Tl, D, lo, hi, s);
+                    scores(dor, 1.0f, vtb, Tl, D, lo, hi, dp);
+                    for (int c = 0; c < 2; c++) {
+#pragma omp simd
+                        for (int64_t j = lo[c]; j < hi[c]; j++) {
+                            s[j] = exp_f(s[j] - L);                        /* P */
+                            dp[j] = s[j] * (dp[j] - di) * a->scale;        /* scale dS */
+                        }
+                        for (int64_t d = 0; d < D; d++) {   /* dq: a reduction along the keys */
+                            const float *kd = ktb + d * Tl;
+                            float acc = 0;
+#pragma omp simd reduction(+ : acc)
+                            for (int64_t j = lo[c]; j < hi[c]; j++) acc += dp[j] * kd[j];
+                            dqr[d] += acc;
+                        }
+                        for (int64_t j = lo[c]; j < hi[c]; j++) {
+                            const int64_t kr = ((b * Tl + j) * Hkv + kh) * D;
+                            axpy(dv + kr, s[j], dor, D);
+                            axpy(dk + kr, dp[j], qr, D);
+                        }
                     }
                 }
             }
+        }
 }
 
 typedef struct {
@@ -195,7 +267,7 @@ static void ring_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_comm *cp = rn->cp;
     const int C = cp ? mmc_comm_size(cp) : 1, r = cp ? mmc_comm_rank(cp) : 0;
     const ring_shape a = {.B = q->shape[0], .Tl = q->shape[1], .Hq = q->shape[2], .Hkv = k->shape[2],
-                          .D = q->shape[3], .scale = (float)n->f[0], .causal = n->i[0] != 0, .cu = rn->cu,
+                          .D = q->shape[3], .C = C, .scale = (float)n->f[0], .causal = n->i[0] != 0, .cu = rn->cu,
                           .n_seqs = (int)n->i[1]};
     const int64_t nq = a.B * a.Tl * a.Hq * a.D, nkv = a.B * a.Tl * a.Hkv * a.D, nl = a.B * a.Hq * a.Tl;
     const float *O = n->out->data, *dO = n->out->grad->data, *lse = n->saved[0]->data;
@@ -205,18 +277,22 @@ static void ring_backward(mmc_ctx *ctx, mmc_node *n) {
         for (int64_t t = 0; t < a.Tl; t++)
             for (int64_t h = 0; h < a.Hq; h++) {
                 const int64_t row = (b * a.Tl + t) * a.Hq + h;
-                delta[(b * a.Hq + h) * a.Tl + t] = dot(dO + row * a.D, O + row * a.D, a.D);
+                float d = 0;
+                for (int64_t i = 0; i < a.D; i++) d += dO[row * a.D + i] * O[row * a.D + i];
+                delta[(b * a.Hq + h) * a.Tl + t] = d;
             }
     float *dq = gq ? mmc_grad(ctx, q)->data : mmc_scratch_alloc(ctx, sizeof(float) * (size_t)nq);
     if (!gq) memset(dq, 0, sizeof(float) * (size_t)nq);
     const size_t kvb = sizeof(float) * (size_t)(2 * nkv);   /* one K/V (or dK/dV) block: [2][B, Tl, Hkv, D] */
     float *cur = mmc_scratch_alloc(ctx, kvb), *nxt = mmc_scratch_alloc(ctx, kvb), *din = mmc_scratch_alloc(ctx, kvb),
           *part = mmc_scratch_alloc(ctx, kvb), *acc[2] = {mmc_scratch_alloc(ctx, kvb), mmc_scratch_alloc(ctx, kvb)};
-    int64_t *qg = mmc_scratch_alloc(ctx, sizeof(int64_t) * (size_t)(2 * a.Tl)), *kg = qg + a.Tl;
-    int32_t *qs = mmc_scratch_alloc(ctx, sizeof(int32_t) * (size_t)(2 * a.Tl)), *ks = qs + a.Tl;
+    float *kt = mmc_scratch_alloc(ctx, kvb);   /* the block's k and v transposed: [2][B, Hkv, D, Tl] */
+    float *scratch = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(mmc_get_num_threads() * 2 * a.Tl));
+    int64_t *qg = mmc_scratch_alloc(ctx, sizeof(int64_t) * (size_t)a.Tl);
+    int32_t *qs = mmc_scratch_alloc(ctx, sizeof(int32_t) * (size_t)a.Tl);
     memcpy(cur, k->data, sizeof(float) * (size_t)nkv);
     memcpy(cur + nkv, v->data, sizeof(float) * (size_t)nkv);
-    positions(&a, r, C, qg, qs);
+    positions(&a, r, qg, qs);
     const int next = (r + 1) % C, prev = (r + C - 1) % C;
     mmc_dist_req *sreq[2] = {NULL, NULL};
     float *mine = acc[0];
@@ -227,9 +303,11 @@ static void ring_backward(mmc_ctx *ctx, mmc_node *n) {
             ring_ok(mmc_send_start(cp, cur, 2 * nkv, MMC_F32, next, TAG_KV, &kvr[1]), "backward: send K/V");
         }
         if (s > 0) ring_ok(mmc_recv_start(cp, din, 2 * nkv, MMC_F32, prev, TAG_DKV, &dr), "backward: receive dK/dV");
-        positions(&a, (r + C - s) % C, C, kg, ks);
         memset(part, 0, kvb);
-        block_bwd(&a, q->data, cur, cur + nkv, dO, lse, delta, qg, qs, kg, ks, dq, part, part + nkv);
+        transpose_kv(&a, cur, kt);
+        transpose_kv(&a, cur + nkv, kt + nkv);
+        block_bwd(&a, (r + C - s) % C, q->data, kt, kt + nkv, dO, lse, delta, qg, qs, dq, part, part + nkv,
+                  scratch);
         float *ac = acc[s & 1];
         if (sreq[s & 1]) ring_ok(mmc_dist_wait(sreq[s & 1]), "backward: send dK/dV"), sreq[s & 1] = NULL;
         if (s == 0) memcpy(ac, part, kvb);
@@ -278,7 +356,7 @@ mmc_tensor *mmc_cp_ring_attention(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *q, mmc
         cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(opts->n_seqs + 1));
         memcpy(cu, opts->cu_seqlens, sizeof(int32_t) * (size_t)(opts->n_seqs + 1));
     }
-    const ring_shape a = {.B = B, .Tl = Tl, .Hq = Hq, .Hkv = Hkv, .D = D,
+    const ring_shape a = {.B = B, .Tl = Tl, .Hq = Hq, .Hkv = Hkv, .D = D, .C = C,
                           .scale = opts->scale != 0 ? opts->scale : 1.0f / sqrtf((float)D), .causal = opts->causal,
                           .cu = cu, .n_seqs = cu ? opts->n_seqs : 0};
     q = mmc_contiguous(ctx, q);
@@ -293,19 +371,21 @@ mmc_tensor *mmc_cp_ring_attention(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *q, mmc
     const size_t kvb = sizeof(float) * (size_t)(2 * nkv);
     float *cur = mmc_scratch_alloc(ctx, kvb), *nxt = mmc_scratch_alloc(ctx, kvb);
     float *scratch = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(mmc_get_num_threads() * (Tl + D)));
-    int64_t *qg = mmc_scratch_alloc(ctx, sizeof(int64_t) * (size_t)(2 * Tl)), *kg = qg + Tl;
-    int32_t *qs = mmc_scratch_alloc(ctx, sizeof(int32_t) * (size_t)(2 * Tl)), *ks = qs + Tl;
+    float *kt = mmc_scratch_alloc(ctx, kvb);   /* the block's k and v transposed: [2][B, Hkv, D, Tl] */
+    int64_t *qg = mmc_scratch_alloc(ctx, sizeof(int64_t) * (size_t)Tl);
+    int32_t *qs = mmc_scratch_alloc(ctx, sizeof(int32_t) * (size_t)Tl);
     memcpy(cur, k->data, sizeof(float) * (size_t)nkv);
     memcpy(cur + nkv, v->data, sizeof(float) * (size_t)nkv);
-    positions(&a, r, C, qg, qs);
+    positions(&a, r, qg, qs);
     for (int s = 0; s < C; s++) {
         mmc_dist_req *req[2] = {NULL, NULL};
         if (s < C - 1) {   /* pass the block on and take the next while computing on this one */
             ring_ok(mmc_recv_start(cp, nxt, 2 * nkv, MMC_F32, (r + C - 1) % C, TAG_KV, &req[0]), "receive K/V");
             ring_ok(mmc_send_start(cp, cur, 2 * nkv, MMC_F32, (r + 1) % C, TAG_KV, &req[1]), "send K/V");
         }
-        positions(&a, (r + C - s) % C, C, kg, ks);   /* the block of rank r - s */
-        block_fwd(&a, q->data, cur, cur + nkv, qg, qs, kg, ks, out->data, L, scratch);
+        transpose_kv(&a, cur, kt);
+        transpose_kv(&a, cur + nkv, kt + nkv);
+        block_fwd(&a, (r + C - s) % C, q->data, kt, kt + nkv, qg, qs, out->data, L, scratch);   /* rank r - s's */
         if (s < C - 1) {
             ring_ok(mmc_dist_wait_all(req, 2), "K/V exchange");
             float *tmp = cur; cur = nxt; nxt = tmp;
