@@ -179,6 +179,43 @@ static void ring_case(mmc_comm *cp, int64_t B, int64_t Tl, const int32_t *cu, in
     mmc_tensor_free(ws);
 }
 
+/* Causal load balance of the zigzag layout: the (query, key) pairs a rank's queries attend to in
+ * each ring step, counted from the global positions alone (mmc_cp_ring_pos), must be the same on
+ * every rank at every step (2 h^2 for a chunk length h, plus h on the step of its own block); with
+ * contiguous shards (rank r holding [r T/C, (r+1) T/C)) rank C-1 would do 2C-1 times rank 0's work. */
+static void zigzag_balance(mmc_comm *cp) {
+    const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
+    const int64_t Tl = 12;
+    int64_t sum[16], own[16], zz = 0, ct = 0;   /* per ring step: summed over ranks / this rank's */
+    CHECK(C <= 16);
+    for (int s = 0; s < C; s++) {
+        const int src = (r + C - s) % C;
+        int64_t z = 0, c = 0;
+        for (int64_t t = 0; t < Tl; t++)
+            for (int64_t j = 0; j < Tl; j++) {
+                z += mmc_cp_ring_pos(src, C, Tl, j) <= mmc_cp_ring_pos(r, C, Tl, t);
+                c += (int64_t)src * Tl + j <= (int64_t)r * Tl + t;
+            }
+        sum[s] = own[s] = z;
+        zz += z, ct += c;
+    }
+    CHECK_OK(mmc_all_reduce(cp, sum, sum, C, MMC_I64, MMC_SUM));   /* equal on all ranks iff C x own == sum on each */
+    int64_t zmax = zz, zmin = zz, cmax = ct, cmin = ct;
+    CHECK_OK(mmc_all_reduce(cp, &zmax, &zmax, 1, MMC_I64, MMC_MAX));
+    CHECK_OK(mmc_all_reduce(cp, &cmax, &cmax, 1, MMC_I64, MMC_MAX));
+    zmin = -zmin, cmin = -cmin;
+    CHECK_OK(mmc_all_reduce(cp, &zmin, &zmin, 1, MMC_I64, MMC_MAX));
+    CHECK_OK(mmc_all_reduce(cp, &cmin, &cmin, 1, MMC_I64, MMC_MAX));
+    zmin = -zmin, cmin = -cmin;
+    for (int s = 0; s < C; s++)
+        CHECKF(sum[s] == (int64_t)C * own[s], "zigzag: ring step %d does not have the same causal work on every rank", s);
+    CHECKF(zmin == zmax, "zigzag: causal work per rank from %lld to %lld pairs", (long long)zmin, (long long)zmax);
+    if (r == 0)
+        printf("cp zigzag: %d ranks, shard %lld: every rank %lld causal pairs (each ring step equal); contiguous "
+               "shards: %lld to %lld (%.1fx)\n", C, (long long)Tl, (long long)zmax, (long long)cmin, (long long)cmax,
+               (double)cmax / (double)cmin);
+}
+
 /* `cp_worker mem DIR T [ring]`: one training forward + backward of a T-token row of the model in
  * DIR, its sequence split over the world (1 process: unsplit), Ulysses or ring attention; prints
  * the activation arena's high-water mark of each rank and the bytes it sent (the README's
@@ -268,6 +305,7 @@ int main(int argc, char **argv) {
     const int32_t cu[4] = {0, 3 * C, 3 * C + 2, 4 * C};       /* one packed row: 3 segments */
     attention_case(world, 1, 4, cu, 3, C, 21);
     attention_case(world, 2, 5, NULL, 0, C / 2 > 0 ? C / 2 : 1, 31);   /* fewer KV heads than ranks: replicated */
+    zigzag_balance(world);
     ring_case(world, 2, 6, NULL, 0, 2, true, 41);               /* causal rows, GQA 4:2 */
     ring_case(world, 1, 8, NULL, 0, 1, true, 51);               /* one KV head for any number of ranks */
     ring_case(world, 2, 4, NULL, 0, 2, false, 61);              /* full (non-causal) attention */

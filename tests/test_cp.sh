@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# test_cp.sh — context parallelism, DeepSpeed-Ulysses (mmc_cp.h), on 2 and 4 ranks against one
-# process. Unit checks (tests/cp_worker.c): the all-to-all re-sharding moves every element to
+# test_cp.sh — context parallelism, DeepSpeed-Ulysses and ring attention (mmc_cp.h), on 2, 3 and 4
+# ranks against one process. Unit checks (tests/cp_worker.c): the all-to-all re-sharding moves every element to
 # its place (exact) and attention through it equals unsplit attention (1e-6; measured 0), with
 # gradients (1e-5; measured 4.8e-7 with replicated KV heads, else 0); cp=2 activation memory <= 0.6x. Then `mmc train` with parallel.context_parallel on the tiny
 # Qwen2: losses (1e-5 relative; measured ~1e-7), final weights (2e-4 absolute, mean 1e-6) and
 # AdamW moments (1e-2 of scale) equal the single-process run's (`tp_worker compare`); a
 # sequence length not divisible by cp (padded and masked); cp=4 over 2 KV heads (replicated); cp2 x dp2 on 4 ranks; resume at
-# cp2 and across layouts; LoRA; the layout errors before any work. Skipped (exit 77) when
+# cp2 and across layouts; LoRA; the layout errors before any work.
+# Ring attention (parallel.context_parallel_mode: ring, src/parallel/cp_ring.c): cp_worker checks it
+# against unsplit mmc_attention on causal, full and packed rows (GQA, one KV head for any C), output
+# within 2e-6 and q/k/v gradients within 1e-5 absolute (measured 4.8e-7 / 1.4e-6: another kernel,
+# another summation order), and that the zigzag shards give every rank equal causal work at every
+# ring step; then `mmc train` at ring cp=2, 3 (which Ulysses refuses over 4 heads), 4, seq_len 15,
+# cp2 x dp2, recompute and LoRA against one process with the same tolerances as Ulysses (measured:
+# losses 2e-7 relative, weights <= 9.4e-5 absolute, mean 1.7e-7: AdamW turns the kernels' 1e-6
+# gradient differences into that on weights whose gradients are near 0). Skipped (exit 77) when
 # mpirun or the workers (built only when CMake finds MPI) are missing.
 set -u
 MMC=${MMC:-build/mmc}
@@ -23,7 +31,7 @@ W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
 export OMPI_MCA_orte_tmpdir_base="$W"   # its own OpenMPI session directory (see test_dist_mpi.sh)
 for np in 2 3 4; do
   if timeout 60 "${MPIRUN[@]}" -np $np "$CPW" >"$out" 2>&1 && [ "$(grep -c 'all .* cp checks passed' "$out")" = $np ]; then
-    grep 'cp unit' "$out"
+    grep 'cp unit\|cp zigzag' "$out"
   else
     echo "FAIL: cp_worker on $np ranks:"; cat "$out"; fail=1
   fi
