@@ -45,6 +45,18 @@ if awk '/cp memory/ { for (i = 1; i <= NF; i++) { if ($i == "peak") p[$6] = $(i 
 else
   echo "FAIL: cp memory:"; cat "$out"; fail=1
 fi
+# ring attention at cp=2: at most 0.55 of the single process's peak (it keeps no head-sharded copies),
+# same loss (1e-5 rel); every rank sent exactly the ring's K/V + dK/dV blocks (the README's figure)
+timeout 60 "${MPIRUN[@]}" -np 2 "$CPW" mem tests/fixtures/qwen2/tiny 4096 ring >"$W/ring.out" 2>&1
+if cat "$out" "$W/ring.out" | awk '/cp memory/ { for (i = 1; i <= NF; i++) { if ($i == "peak") pk = $(i + 1); if ($i == "loss") ls = $(i + 1)
+                                                   if ($i == "sent") { md = $(i - 1); by = $(i + 1) } }
+                                    k = $6 md; p[k] = pk; l[k] = ls; b[k] = by }
+     END { d = l["1,ulysses"] - l["2,ring"]; if (d < 0) d = -d
+           exit !(p["1,ulysses"] > 0 && p["2,ring"] <= 0.55 * p["1,ulysses"] && d <= 1e-5 * l["1,ulysses"] && b["2,ring"] == 4) }'; then
+  grep 'cp memory' "$W/ring.out" | grep -v 'rank 1'
+else
+  echo "FAIL: ring cp memory:"; cat "$out" "$W/ring.out"; fail=1
+fi
 
 cfg() {  # cfg NAME CP SEQ_LEN
   cat > "$W/$1.yaml" <<YAML
