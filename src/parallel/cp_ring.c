@@ -120,11 +120,6 @@ static inline float exp_f(float x) {
     return p * e.f;
 }
 
-static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 /* k [B, Tl, H, D] -> kt [B, H, D, Tl], so that a query's scores over keys are a vector loop */
 static void transpose_kv(const ring_shape *a, const float *k, float *kt) {
     const int64_t Tl = a->Tl, H = a->Hkv, D = a->D;
@@ -209,7 +204,7 @@ static void block_fwd(const ring_shape *a, int src, const float *q, const float 
  *   dv_j += P_ij dO_i,   dS_ij = P_ij (dO_i·v_j - delta_i),   dq_i += scale dS_ij k_j,   dk_j += scale dS_ij q_i.
  * One unit per (b, KV head): it owns that head's dk/dv rows and its query heads' dq rows, so no
  * two threads write the same element and the sums do not depend on the thread count.
- * scratch: nthreads x 2 Tl. */
+ * scratch: nthreads x 2 Tl (D + 1). */
 static void block_bwd(const ring_shape *a, int src, const float *q, const float *kt, const float *vt,
                       const float *dO, const float *lse, const float *delta, const int64_t *qg, const int32_t *qs,
                       float *dq, float *dk, float *dv, float *scratch) {
@@ -217,7 +212,9 @@ static void block_bwd(const ring_shape *a, int src, const float *q, const float 
 #pragma omp parallel for schedule(dynamic, 1) collapse(2) if (worth_threads(a))
     for (int64_t b = 0; b < B; b++)
         for (int64_t kh = 0; kh < Hkv; kh++) {
-            float *s = scratch + (size_t)tid_() * (size_t)(2 * Tl), *dp = s + Tl;
+            float *s = scratch + (size_t)tid_() * (size_t)(2 * Tl * (D + 1)), *dp = s + Tl;
+            float *dkt = dp + Tl, *dvt = dkt + D * Tl;   /* this head's dk, dv transposed: [D, Tl] */
+            memset(dkt, 0, sizeof(float) * (size_t)(2 * D * Tl));
             const float *ktb = kt + (b * Hkv + kh) * D * Tl, *vtb = vt + (b * Hkv + kh) * D * Tl;
             for (int64_t g = 0; g < G; g++) {
                 const int64_t h = kh * G + g;
@@ -243,12 +240,23 @@ static void block_bwd(const ring_shape *a, int src, const float *q, const float 
                             for (int64_t j = lo[c]; j < hi[c]; j++) acc += dp[j] * kd[j];
                             dqr[d] += acc;
                         }
-                        for (int64_t j = lo[c]; j < hi[c]; j++) {
-                            const int64_t kr = ((b * Tl + j) * Hkv + kh) * D;
-                            axpy(dv + kr, s[j], dor, D);
-                            axpy(dk + kr, dp[j], qr, D);
+                        for (int64_t d = 0; d < D; d++) {   /* dk, dv: vector loops along the keys too */
+                            const float qd = qr[d], od = dor[d];
+                            float *kd = dkt + d * Tl, *vd = dvt + d * Tl;
+#pragma omp simd
+                            for (int64_t j = lo[c]; j < hi[c]; j++) {
+                                kd[j] += qd * dp[j];
+                                vd[j] += od * s[j];
+                            }
                         }
                     }
+                }
+            }
+            for (int64_t j = 0; j < Tl; j++) {
+                float *dkr = dk + ((b * Tl + j) * Hkv + kh) * D, *dvr = dv + ((b * Tl + j) * Hkv + kh) * D;
+                for (int64_t d = 0; d < D; d++) {
+                    dkr[d] += dkt[d * Tl + j];
+                    dvr[d] += dvt[d * Tl + j];
                 }
             }
         }
@@ -287,7 +295,7 @@ static void ring_backward(mmc_ctx *ctx, mmc_node *n) {
     float *cur = mmc_scratch_alloc(ctx, kvb), *nxt = mmc_scratch_alloc(ctx, kvb), *din = mmc_scratch_alloc(ctx, kvb),
           *part = mmc_scratch_alloc(ctx, kvb), *acc[2] = {mmc_scratch_alloc(ctx, kvb), mmc_scratch_alloc(ctx, kvb)};
     float *kt = mmc_scratch_alloc(ctx, kvb);   /* the block's k and v transposed: [2][B, Hkv, D, Tl] */
-    float *scratch = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(mmc_get_num_threads() * 2 * a.Tl));
+    float *scratch = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(mmc_get_num_threads() * 2 * a.Tl * (a.D + 1)));
     int64_t *qg = mmc_scratch_alloc(ctx, sizeof(int64_t) * (size_t)a.Tl);
     int32_t *qs = mmc_scratch_alloc(ctx, sizeof(int32_t) * (size_t)a.Tl);
     memcpy(cur, k->data, sizeof(float) * (size_t)nkv);
