@@ -252,8 +252,8 @@ static int mem_run(mmc_comm *world, const char *dir, int64_t T, bool ring) {
     if (C > 1 && mmc_all_reduce(world, &lv, &lv, 1, MMC_F64, MMC_SUM)) return 1;
     const double peak = (double)mmc_arena_peak(mmc_ctx_arena(ctx)) / 1048576.0;
     printf("cp memory: T %lld, cp %d, rank %d: activation arena peak %.1f MiB, forward+backward %.2f s, loss %.7f, "
-           "%s sent %.2f MiB in %lld operations (exposed wait %.3f s)\n", (long long)T, C, R, peak, secs, lv,
-           ring ? "ring" : "ulysses", (double)ds.bytes / 1048576.0, (long long)ds.ops, ds.wait_s);
+           "%s sent %.2f MiB in %lld operations (exposed wait %.3f s of %.3f s in flight)\n", (long long)T, C, R, peak,
+           secs, lv, ring ? "ring" : "ulysses", (double)ds.bytes / 1048576.0, (long long)ds.ops, ds.wait_s, ds.busy_s);
     mmc_ctx_free(ctx);
     mmc_qwen2_free(m);
     mmc_json_free(cj);
