@@ -11,7 +11,8 @@
  *              batch_size, micro_batch_size, num_workers, prefetch, shuffle, strict,
  *              bucket_window, add_vision_id, resolution, aspect_ratio_buckets, num_frames}
  *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, pipeline_layers,
- *             pipeline_virtual, context_parallel, zero, timeout}
+ *             pipeline_virtual, context_parallel,
+ *             context_parallel_mode, zero, timeout}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
  *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
  */
@@ -111,7 +112,8 @@ typedef struct {
     bool sequence_parallel;           /* with tensor_parallel > 1: norms and residuals on sequence slices */
     mmc_str_list pipeline_layers;     /* decoder layers per pipeline stage (empty: an even split) */
     int64_t pipeline_virtual;         /* model chunks per pipeline rank (interleaved 1F1B; 1: plain) */
-    int64_t context_parallel;         /* Ulysses context-parallel ranks splitting each sequence (mmc_cp.h; 1: off) */
+    int64_t context_parallel;         /* context-parallel ranks splitting each sequence (mmc_cp.h; 1: off) */
+    int context_parallel_mode;        /* mmc_cp_mode: ulysses (0) | ring (1) */
 } mmc_parallel_cfg;
 
 typedef enum { MMC_OPT_ADAMW = 0 } mmc_opt_type;

@@ -10,7 +10,13 @@
  * Weights are replicated over the group; each rank's weight gradients are partial (its tokens
  * only) and are all-reduced over the group, as data parallelism does. C must divide the query
  * heads; KV heads are divided among the ranks when C divides them, else (C a multiple of them)
- * each is replicated over C / Hkv ranks (mmc_cp_expand_kv). */
+ * each is replicated over C / Hkv ranks (mmc_cp_expand_kv).
+ *
+ * Ring attention (parallel.context_parallel_mode: ring; src/parallel/cp_ring.c) keeps every
+ * head on every rank instead: the K/V shards are passed around the ring of C ranks, each rank
+ * merging its queries' attention over each block by the log-sum-exp rule, and backward passes
+ * dK/dV around the ring as well. Rank r holds the zigzag shard (chunks r and 2C-1-r of the row
+ * cut into 2C, mmc_cp_ring_pos) so that causal work is equal on every rank; no head constraint. */
 #ifndef MMC_CP_H
 #define MMC_CP_H
 
@@ -23,6 +29,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* How attention crosses the sequence split (parallel.context_parallel_mode). */
+typedef enum { MMC_CP_ULYSSES = 0, MMC_CP_RING = 1 } mmc_cp_mode;
 
 /* Plain (no autograd) re-sharding over the group's C ranks, f32:
  * seq -> head: x [B, T/C, H, D] (this rank's tokens, all heads) -> y [B, T, H/C, D];
@@ -41,10 +50,23 @@ mmc_tensor *mmc_cp_expand_kv(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *k);
  * MMC_ERR_INVALID naming the key (num_attention_heads / num_key_value_heads) and what to do. */
 mmc_status mmc_cp_check_qwen2(const mmc_qwen2_config *c, int C, const char *file);
 /* Set (cp != NULL) or clear the group on the model's layers: their attention then exchanges
- * q/k/v and its output as above. */
+ * q/k/v and its output as above (Ulysses), or runs ring attention after mmc_cp_set_mode_qwen2
+ * (m, MMC_CP_RING). */
 void mmc_cp_attach_qwen2(mmc_qwen2 *m, mmc_comm *cp);
-/* The causal-LM loss of this rank's share of micro-batch b (b->T divisible by the group size):
- * the labels are shifted on the whole row first, so a shard's last token is scored against the
+void mmc_cp_set_mode_qwen2(mmc_qwen2 *m, mmc_cp_mode mode);
+
+/* Ring attention. Global index of local token t of rank r's zigzag shard of Tl = T/C tokens
+ * (Tl even): chunk r for t < Tl/2, chunk 2C-1-r after. */
+int64_t mmc_cp_ring_pos(int r, int C, int64_t Tl, int64_t t);
+/* q [B, T/C, Hq, D], k, v [B, T/C, Hkv, D]: this rank's zigzag shard (RoPE applied at the global
+ * positions) -> [B, T/C, Hq, D], the rows of attention over the whole row. opts as for
+ * mmc_attention, in global positions: causal, scale, cu_seqlens (B == 1; tokens past
+ * cu_seqlens[n_seqs] are one more segment). Collective over cp (NULL or size 1: one block). */
+mmc_tensor *mmc_cp_ring_attention(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *q, mmc_tensor *k, mmc_tensor *v,
+                                  const mmc_attn_opts *opts);
+/* The causal-LM loss of this rank's share of micro-batch b (Ulysses: b->T divisible by the group
+ * size; ring: the row is padded inside to a multiple of 2C, ignored labels, and each rank takes
+ * its zigzag shard, as set by mmc_cp_set_mode_qwen2): the labels are shifted on the whole row first, so a shard's last token is scored against the
  * next shard's first; returns sum over this rank's scored tokens of the token NLL times scale
  * (the caller's 1 / global label count), n_scored this rank's count. */
 mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b,

@@ -68,6 +68,7 @@ typedef struct {
     bool sp;                      /* set by mmc_qwen2_forward: x is this rank's sequence slice */
     struct mmc_comm *cp;          /* context-parallel group (mmc_cp.h) or NULL: x holds this rank's
                                    * sequence shard and attention exchanges heads for tokens */
+    int cp_mode;                  /* mmc_cp_mode: Ulysses (0) or ring attention (1) */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of

@@ -1,8 +1,9 @@
-/* cp.c — context parallelism, DeepSpeed-Ulysses style (mmc_cp.h), after DeepSpeed's
+/* cp.c — context parallelism, DeepSpeed-Ulysses style (mmc_cp.h; ring attention is cp_ring.c), after DeepSpeed's
  * sequence/layer.py (_SeqAllToAll, DistributedAttention): the two all-to-all re-shardings
  * between sequence shards [B, T/C, H, D] and head shards [B, T, H/C, D] as autograd ops (each
  * the other's backward), the Qwen2 validation and hook, and the causal-LM loss of one rank's
- * share of a micro-batch (labels shifted on the whole row, then sliced). A communicator failure
+ * share of a micro-batch (labels shifted on the whole row, then sliced: a contiguous shard for
+ * Ulysses, the zigzag one for ring attention). A communicator failure
  * inside an op is fatal, as in tp.c: half-exchanged activations cannot be recovered. */
 #include "mmc_cp.h"
 #include "mmc_trainer.h"
@@ -161,31 +162,42 @@ mmc_status mmc_cp_check_qwen2(const mmc_qwen2_config *c, int C, const char *file
         return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d neither divides nor is a multiple of "
                          "num_key_value_heads %lld of the language model: Ulysses attention gives each rank whole KV "
                          "heads (divided among the ranks, or each replicated over C / num_key_value_heads ranks); use "
-                         "a context_parallel that divides %d and is a multiple or a divisor of %d",
+                         "a context_parallel that divides %d and is a multiple or a divisor of %d, or set "
+                         "parallel.context_parallel_mode: ring (no head constraint)",
                          file ? file : "config", C, (long long)v, (int)c->num_heads, (int)c->num_kv_heads);
     return mmc_error(MMC_ERR_INVALID, "%s: parallel.context_parallel %d does not divide num_attention_heads %lld of "
                      "the language model: Ulysses attention gives each rank whole query heads; use a context_parallel "
-                     "that divides %d", file ? file : "config", C, (long long)v, (int)c->num_heads);
+                     "that divides %d, or set parallel.context_parallel_mode: ring (no head constraint)", file ? file : "config", C, (long long)v, (int)c->num_heads);
 }
 
 void mmc_cp_attach_qwen2(mmc_qwen2 *m, mmc_comm *cp) {
     for (int l = 0; l < m->cfg.num_layers; l++) m->layers[l].cp = cp && mmc_comm_size(cp) > 1 ? cp : NULL;
 }
 
+void mmc_cp_set_mode_qwen2(mmc_qwen2 *m, mmc_cp_mode mode) {
+    for (int l = 0; l < m->cfg.num_layers; l++) m->layers[l].cp_mode = (int)mode;
+}
+
 mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b, double scale,
                                  int64_t *n_scored) {
     const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
-    const int64_t B = b->B, T = b->T, Tl = T / C, t0 = (int64_t)r * Tl;
-    MMC_CHECK(T % C == 0, "mmc_cp_qwen2_lm_loss: T %lld is not a multiple of context_parallel %d (pad the batch)",
+    const bool ring = m->cfg.num_layers > 0 && m->layers[0].cp_mode == MMC_CP_RING;
+    const int64_t B = b->B, T = b->T;
+    /* ring: the row padded (ignored labels, after every real token) to a multiple of 2C, each rank
+     * holding the zigzag chunks r and 2C-1-r; Ulysses: the contiguous shard r */
+    const int64_t Tp = ring ? (T + 2 * C - 1) / (2 * C) * (2 * C) : T, Tl = Tp / C;
+    MMC_CHECK(Tp % C == 0, "mmc_cp_qwen2_lm_loss: T %lld is not a multiple of context_parallel %d (pad the batch)",
               (long long)T, C);
+    int64_t *gi = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)Tl);   /* global index of each token */
+    for (int64_t t = 0; t < Tl; t++) gi[t] = ring ? mmc_cp_ring_pos(r, C, Tl, t) : (int64_t)r * Tl + t;
     mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, Tl));                /* [B, T/C] */
     mmc_tensor *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(B * Tl));                /* [B*T/C] shifted labels */
     int32_t *id = ids->data, *tgd = tg->data;
     int64_t n = 0;
     for (int64_t i = 0; i < B; i++)
         for (int64_t t = 0; t < Tl; t++) {
-            const int64_t g = t0 + t;   /* global position */
-            id[i * Tl + t] = b->input_ids[i * T + g];
+            const int64_t g = gi[t];
+            id[i * Tl + t] = g < T ? b->input_ids[i * T + g] : 0;
             const int32_t y = g + 1 < T ? b->labels[i * T + g + 1] : MMC_IGNORE_INDEX;
             tgd[i * Tl + t] = y;
             n += y != MMC_IGNORE_INDEX;
@@ -198,11 +210,14 @@ mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const
     int64_t *pd = pos->data;
     for (int k = 0; k < np; k++)   /* each token keeps its global position (packing restarts included) */
         for (int64_t i = 0; i < B; i++)
-            for (int64_t t = 0; t < Tl; t++)
-                pd[(k * B + i) * Tl + t] = b->position_ids ? b->position_ids[(k * B + i) * T + t0 + t] : t0 + t;
+            for (int64_t t = 0; t < Tl; t++) {
+                const int64_t g = gi[t], *src = b->position_ids ? b->position_ids + (k * B + i) * T : NULL;
+                pd[(k * B + i) * Tl + t] = g < T ? (src ? src[g] : g) : (src ? src[T - 1] : T - 1) + (g - T + 1);
+            }
     if (np == 3) mmc_rope_table_mrope(ctx, pos, m->cfg.mrope_section, D, m->cfg.rope_theta, &cos, &sin);
     else mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
-    /* attention runs on the whole sequence after the exchange: the row's (or packed segments') mask as is */
+    /* attention sees the whole sequence (Ulysses: after the exchange; ring: block by block, masked
+     * at global positions): the row's (or packed segments') mask as is */
     mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
     mmc_cp_attach_qwen2(m, cp);
     mmc_tensor *x = mmc_qwen2_embed(ctx, m, ids);                                /* [B, T/C, C] */

@@ -19,6 +19,7 @@
 static const char *const k_dtypes[] = {"f32", "bf16", NULL};
 static const char *const k_recompute[] = {"none", "full", NULL};
 static const char *const k_quant[] = {"none", "nf4", NULL};
+static const char *const k_cp_mode[] = {"ulysses", "ring", NULL};   /* = mmc_cp_mode */
 static const char *const k_opt[] = {"adamw", NULL};
 static const char *const k_sched[] = {"constant", "linear", "cosine", NULL};
 static const char *const k_backends[] = {"pil", "torchvision", NULL};   /* = mmc_vlproc_resize_mode */
@@ -125,7 +126,10 @@ static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, pipeline_virtual, MMC_CFG_INT, 1, 16, NULL, NULL,
       "model chunks per pipeline rank: interleaved 1F1B, bubble / v (Megatron's virtual pipeline size)"),
     F(mmc_parallel_cfg, context_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
-      "context-parallel ranks (DeepSpeed-Ulysses): each sequence split over them, heads exchanged in attention"),
+      "context-parallel ranks: each sequence split over them (attention as context_parallel_mode says)"),
+    F(mmc_parallel_cfg, context_parallel_mode, MMC_CFG_ENUM, U, k_cp_mode, NULL,
+      "ulysses (all-to-all over heads; cp must divide the heads) | ring (K/V blocks passed round the ranks, "
+      "zigzag causal balance; any cp)"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
       "seconds a rank waits on a collective before aborting the job, naming the rank it waits on (600; "

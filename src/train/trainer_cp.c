@@ -1,5 +1,5 @@
-/* trainer_cp.c — mmc train with parallel.context_parallel (mmc_cp.h, DeepSpeed-Ulysses): the
- * layout (the world cut into context-parallel groups of C ranks, Megatron's order: context
+/* trainer_cp.c — mmc train with parallel.context_parallel (mmc_cp.h: DeepSpeed-Ulysses, or ring
+ * attention with parallel.context_parallel_mode: ring): the layout (the world cut into context-parallel groups of C ranks, Megatron's order: context
  * fastest, then data), the model check before any work, and the reductions after backward.
  * The C ranks of a group read the same micro-batches (they share dp_rank) and each computes
  * the loss of its sequence shard, scaled by 1 / the global batch's label count; the weight
@@ -47,7 +47,9 @@ mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel is implemented for the text Qwen2 "
                          "family only so far (this model is a %s); use context_parallel 1", t->cfg->file,
                          t->vl ? "Qwen2-VL" : t->llava ? "LLaVA" : "diffusion model");
-    return mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);
+    const bool ring = t->cfg->parallel.context_parallel_mode == MMC_CP_RING;
+    mmc_cp_set_mode_qwen2(t->lm, ring ? MMC_CP_RING : MMC_CP_ULYSSES);
+    return ring ? MMC_OK : mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);   /* ring: any C */
 }
 
 mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {

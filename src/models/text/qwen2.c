@@ -635,6 +635,10 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
     q = mmc_rope(ctx, q, cos, sin);
     k = mmc_rope(ctx, k, cos, sin);
     if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
+    if (L->cp && L->cp_mode == MMC_CP_RING) {   /* ring attention (mmc_cp.h): K/V blocks round the group */
+        mmc_tensor *a = mmc_cp_ring_attention(ctx, L->cp, q, k, v, attn);          /* [B, T, Hq, D] */
+        return mmc_nn_linear(ctx, mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, Hq * D)), &L->o);
+    }
     if (L->cp) {   /* Ulysses (mmc_cp.h): T is this rank's shard; attend over the whole sequence on H/C heads */
         q = mmc_cp_seq_to_head(ctx, L->cp, q);                                   /* [B, T*C, Hq/C, D] */
         k = mmc_cp_seq_to_head(ctx, L->cp, mmc_cp_expand_kv(ctx, L->cp, k));     /* (collectives in a fixed order) */
