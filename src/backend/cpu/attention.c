@@ -15,13 +15,13 @@
  * per-row correction alpha while adding, so O is never rescaled in a separate pass.
  *
  * exp: 2^x = 2^n · p(f), n = round(x), f = x - n in [-1/2, 1/2], p a degree-5 polynomial
- * fitted (Lawson iterations to the minimax relative error, our fit) to 2^f: 9.2e-8 relative
- * error in exact arithmetic; evaluated in f32 (Horner with FMA, then vscalefps), the
- * measured bound is 2.4e-7 relative for x in [-126, 0] — about 2 ulp (test_ops_attention
- * checks it on a dense sweep). Arguments are <= 0 (scores minus the row maximum, or minus
- * the logsumexp); below -126 the result is 0 or subnormal.
+ * fitted (Lawson iterations toward the minimax relative error; our fit) to 2^f: 9.2e-8
+ * relative error in exact arithmetic; evaluated in f32 (Horner with FMA, then vscalefps) the
+ * error is at most 1.6e-7 relative (~1.3 ulp) for x in [-126, 0], measured on a sweep at
+ * spacing 2^-16 (test_ops_attention asserts 2e-7). Arguments are <= 0 (scores minus the row
+ * maximum, or minus the logsumexp); below -126 the result is exactly 0.
  *
- * Tiles (attn_tiles): BC keys per tile so that one K or V tile (BC x D floats), the B
+ * Tiles (mmc_attn_tiles): BC keys per tile so that one K or V tile (BC x D floats), the B
  * operand every row block of the tile reuses, takes at most half of L1d; BR query rows so
  * that a thread's forward working set (the Q, O and P tiles plus the K and V tiles) takes at
  * most a quarter of L2. Zen 5 / Emerald Rapids (L1d 48 KiB, L2 1-2 MiB), head_dim 64-80:
@@ -100,7 +100,12 @@ static void read_env(void) {
         g_env = (mmc_attn_tiling){v[0], v[1], v[2], v[3]};
     }
 }
+static mmc_attn_tiling g_forced;   /* mmc_attn_force_tiles; fwd_br == 0: none */
+void mmc_attn_force_tiles(const mmc_attn_tiling *t) {
+    g_forced = t ? *t : (mmc_attn_tiling){0};
+}
 static mmc_attn_tiling tiles(const mmc_attn_args *a) {
+    if (g_forced.fwd_br) return g_forced;
     pthread_once(&g_env_once, read_env);
     if (g_env.fwd_br) return g_env;
     const mmc_cpu_info *ci = mmc_cpu_info_get();
@@ -203,10 +208,10 @@ static void mm(int M, int N, int K, const float *A, int64_t ars, int64_t acs, co
     }
 }
 
-/* 2^x for x <= 0 (see the file comment for the error bound); x below -127 gives 0 or a
- * subnormal, -inf gives 0. */
+/* 2^x for x <= 0 (see the file comment for the error bound); x below -126 (and -inf, NaN)
+ * gives exactly 0, so no subnormal P reaches the products (slow on some cores). */
 static inline __m512 exp2_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(1.326472721e-03f);
@@ -215,7 +220,7 @@ static inline __m512 exp2_ps(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402224208e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469776e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(ok, p, n);
 }
 static inline __mmask16 lanes_(int lo, int hi, int c) { /* lanes c..c+15 inside [lo, hi) */
     uint32_t m = 0xFFFF;

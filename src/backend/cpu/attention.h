@@ -52,6 +52,11 @@ void mmc_attn_bwd_f32(const mmc_attn_args *a, const float *out, const float *dou
 typedef struct { int fwd_br, fwd_bc, bwd_br, bwd_bc; } mmc_attn_tiling;
 mmc_attn_tiling mmc_attn_tiles(int D, int Dv, int64_t l1d, int64_t l2);
 
+/* Tests and benchmarks: make every later call use tiling *t (each field >= 1), or the
+ * derived / MMC_ATTN_TILES tiling again with NULL. Not thread-safe against running kernels:
+ * call it between attention calls, and size scratch after it. */
+void mmc_attn_force_tiles(const mmc_attn_tiling *t);
+
 /* y[i] = 2^x[i] by the kernels' vectorised polynomial (error bound in attention.c), for x <= 0;
  * exported so tests can measure the bound. */
 void mmc_attn_exp2_f32(const float *x, float *y, int64_t n);
