@@ -1,10 +1,15 @@
 """peer_attention.py — PyTorch peer of bench/bench_attention.c: F.scaled_dot_product_attention
 (fp32, CPU, enable_gqa) forward and forward+backward, same case names and FLOP formula
-(forward 4*T*S*D*Hq*B, halved when causal; backward 2.5x forward)."""
+(forward 4*T*S*D*Hq*B, halved when causal; backward 2.5x forward), at the thread count of the
+C benches (peer_util). Every call runs under sdpa_kernel(FLASH_ATTENTION): PyTorch's fastest
+CPU path (the tiled flash-attention kernel, _scaled_dot_product_flash_attention_for_cpu and
+its backward), and an error instead of a silent fallback to the unfused math path if this
+PyTorch cannot run it for a shape."""
 import json
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from peer_util import median_time, report  # also sets the thread count
 
@@ -26,11 +31,12 @@ def main():
         fwd = 4.0 * B * T * S * D * Hq * (0.5 if causal else 1.0)
 
         def f():
-            with torch.no_grad():
+            with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
         def fb():
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
             y.backward(gy)
 
         t = median_time(f, 1.0)

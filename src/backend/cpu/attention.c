@@ -5,14 +5,14 @@
  *
  * Every tile product is a small GEMM C[M, N] (+)= A[M, K] · B[K, N] run by register-blocked
  * AVX-512 micro-kernels: MR rows x NV vectors of 16 columns of f32 accumulators, the shape
- * picked from N so the whole width of a head (64, 80, 96, 128) is one register tile where it
- * fits: NV 4 x MR 6, NV 5 x MR 5 (head_dim 80: one 80-wide tile instead of 64 + 16, which
- * left the 16-wide rest at a quarter of the FMA rate), NV 6 x MR 4, NV 8 x MR 3 — 24-25
- * accumulators, so each k step issues NV loads and MR broadcasts for MR·NV FMAs. A is read by
- * broadcasts, so it may be strided either way (which spares transposing P and dS); B rows
- * must be contiguous, so K (forward) and Q, dO (backward) are transposed once per call into
- * scratch. The epilogue stores, adds, or (forward P·V) rescales C by the online softmax's
- * per-row correction alpha while adding, so O is never rescaled in a separate pass.
+ * picked from N: NV 5 x MR 5 (head_dim 80 in one 80-wide tile instead of 64 + 16, which left
+ * the 16-wide rest at a quarter of the FMA rate), NV 4 x MR 6, NV 3 / 2 / 1 x MR 8; wider N in
+ * 64-column panels (NV 6 x MR 4 and NV 8 x MR 3, with 6-8 B loads per k step, ran 15-20 %
+ * slower than 64 + rest on Zen 5). A is read by broadcasts, so it may be strided either way
+ * (which spares transposing P and dS); B rows must be contiguous, so K (forward) and Q, dO
+ * (backward) are transposed once into scratch, at a padded stride (pad_ld). The epilogue
+ * stores, adds, or (forward P·V) rescales C by the online softmax's per-row correction alpha
+ * while adding, so O is never rescaled in a separate pass.
  *
  * exp: 2^x = 2^n · p(f), n = round(x), f = x - n in [-1/2, 1/2], p a degree-5 polynomial
  * fitted (Lawson iterations toward the minimax relative error; our fit) to 2^f: 9.2e-8
@@ -118,7 +118,7 @@ static mmc_attn_tiling tiles(const mmc_attn_args *a) {
 enum { EP_SET, EP_ADD, EP_SCALE };
 #if defined(__AVX512F__)
 #define MR_MAX 8
-#define NV_MAX 8
+#define NV_MAX 5
 static inline __attribute__((always_inline)) void ukr(const int mr, const int nv, int K, const float *A,
                                                       int64_t ars, int64_t acs, const float *B, int64_t ldb,
                                                       float *C, int64_t ldc, int ep, const float *alpha,
@@ -181,16 +181,13 @@ PANEL(panel2, 8, 2)
 PANEL(panel3, 8, 3)
 PANEL(panel4, 6, 4)
 PANEL(panel5, 5, 5)
-PANEL(panel6, 4, 6)
-PANEL(panel8, 3, 8)
 #undef PANEL
 #undef UK
 
 static void mm(int M, int N, int K, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
                float *C, int64_t ldc, int ep, const float *alpha) {
     for (int j = 0; j < N;) {
-        int rem = N - j, nv = rem > 128 ? 4 : (rem + 15) / 16;
-        if (nv == 7) nv = 8;
+        int rem = N - j, nv = rem > 80 ? 4 : (rem + 15) / 16;
         int w = imin(rem, 16 * nv), last = w - 16 * (nv - 1);
         __mmask16 ml = last >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << last) - 1);
         const float *b = B + j;
@@ -200,9 +197,7 @@ static void mm(int M, int N, int K, const float *A, int64_t ars, int64_t acs, co
         case 2: panel2(M, K, A, ars, acs, b, ldb, c, ldc, ep, alpha, ml); break;
         case 3: panel3(M, K, A, ars, acs, b, ldb, c, ldc, ep, alpha, ml); break;
         case 4: panel4(M, K, A, ars, acs, b, ldb, c, ldc, ep, alpha, ml); break;
-        case 5: panel5(M, K, A, ars, acs, b, ldb, c, ldc, ep, alpha, ml); break;
-        case 6: panel6(M, K, A, ars, acs, b, ldb, c, ldc, ep, alpha, ml); break;
-        default: panel8(M, K, A, ars, acs, b, ldb, c, ldc, ep, alpha, ml); break;
+        default: panel5(M, K, A, ars, acs, b, ldb, c, ldc, ep, alpha, ml); break;
         }
         j += w;
     }
@@ -353,11 +348,51 @@ static void copy_rows(const float *src, int64_t ld, int n, int w, float *dst, in
 
 /* src rows (n rows, row stride ld, width w) -> dst [w][n] (row stride ldd), times mul */
 static void transpose_rows(const float *src, int64_t ld, int n, int w, float *dst, int64_t ldd, float mul) {
+#if defined(__AVX512F__)
+    /* 16 x 16 blocks in registers: 32-bit, then 64-bit unpacks give 4 x 4 blocks per 128-bit
+     * lane, two rounds of 128-bit lane shuffles finish the transpose */
+    const __m512 vm = _mm512_set1_ps(mul);
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const int ni = imin(16, n - i0);
+        const __mmask16 mi = ni == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ni) - 1);
+        for (int d0 = 0; d0 < w; d0 += 16) {
+            const int nd = imin(16, w - d0);
+            const __mmask16 md = nd == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nd) - 1);
+            __m512 r[16], t[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < ni ? _mm512_maskz_loadu_ps(md, src + (int64_t)(i0 + i) * ld + d0) : _mm512_setzero_ps();
+            for (int i = 0; i < 8; i++) {
+                t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            for (int g = 0; g < 4; g++) { /* u[4g + c], lane L: rows 4g..4g+3 of column 4L + c */
+                __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
+                __m512d a2 = _mm512_castps_pd(t[4 * g + 2]), a3 = _mm512_castps_pd(t[4 * g + 3]);
+                r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+                r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+                r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+                r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+            }
+            for (int c = 0; c < 4; c++) {
+                __m512 x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+                __m512 y0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+                __m512 y1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+                t[c] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+                t[4 + c] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+                t[8 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+                t[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+            }
+            for (int d = 0; d < nd; d++)
+                _mm512_mask_storeu_ps(dst + (int64_t)(d0 + d) * ldd + i0, mi, _mm512_mul_ps(t[d], vm));
+        }
+    }
+#else
     for (int i0 = 0; i0 < n; i0 += 16)
         for (int d0 = 0; d0 < w; d0 += 16)
             for (int i = i0; i < imin(n, i0 + 16); i++)
                 for (int d = d0; d < imin(w, d0 + 16); d++)
                     dst[(int64_t)d * ldd + i] = src[(int64_t)i * ld + d] * mul;
+#endif
 }
 
 /* ------------------------------------------------------------------ forward */
