@@ -359,12 +359,15 @@ static void transpose_rows(const float *src, int64_t ld, int n, int w, float *ds
             const int nd = imin(16, w - d0);
             const __mmask16 md = nd == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nd) - 1);
             __m512 r[16], t[16];
+#pragma GCC unroll 16
             for (int i = 0; i < 16; i++)
                 r[i] = i < ni ? _mm512_maskz_loadu_ps(md, src + (int64_t)(i0 + i) * ld + d0) : _mm512_setzero_ps();
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
                 t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
             }
+#pragma GCC unroll 4
             for (int g = 0; g < 4; g++) { /* u[4g + c], lane L: rows 4g..4g+3 of column 4L + c */
                 __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
                 __m512d a2 = _mm512_castps_pd(t[4 * g + 2]), a3 = _mm512_castps_pd(t[4 * g + 3]);
@@ -373,6 +376,7 @@ static void transpose_rows(const float *src, int64_t ld, int n, int w, float *ds
                 r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
                 r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
             }
+#pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512 x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
                 __m512 y0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
@@ -382,8 +386,9 @@ static void transpose_rows(const float *src, int64_t ld, int n, int w, float *ds
                 t[8 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);
                 t[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
             }
-            for (int d = 0; d < nd; d++)
-                _mm512_mask_storeu_ps(dst + (int64_t)(d0 + d) * ldd + i0, mi, _mm512_mul_ps(t[d], vm));
+#pragma GCC unroll 16
+            for (int d = 0; d < 16; d++)
+                if (d < nd) _mm512_mask_storeu_ps(dst + (int64_t)(d0 + d) * ldd + i0, mi, _mm512_mul_ps(t[d], vm));
         }
     }
 #else
