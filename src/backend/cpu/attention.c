@@ -256,11 +256,18 @@ void mmc_attn_exp2_f32(const float *x, float *y, int64_t n) {
 static float exp2_row(float *x, int n, float mul, float sub, int lo, int hi) {
 #if defined(__AVX512F__)
     __m512 vm = _mm512_set1_ps(mul), vs = _mm512_set1_ps(sub), acc = _mm512_setzero_ps();
-    if (lo == 0 && hi == n && (n & 15) == 0) {
-        for (int c = 0; c < n; c += 16) {
+    if (lo == 0) { /* whole vectors below hi, one masked, zeros up to n */
+        int c = 0;
+        for (; c + 16 <= hi; c += 16) {
             __m512 v = exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(x + c), vm, vs));
             acc = _mm512_add_ps(acc, v);
             _mm512_storeu_ps(x + c, v);
+        }
+        for (; c < n; c += 16) {
+            __mmask16 ld = lanes_(0, n, c), ok = lanes_(0, hi, c);
+            __m512 v = _mm512_maskz_mov_ps(ok, exp2_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(ok, x + c), vm, vs)));
+            acc = _mm512_add_ps(acc, v);
+            _mm512_mask_storeu_ps(x + c, ld, v);
         }
         return _mm512_reduce_add_ps(acc);
     }
@@ -283,10 +290,35 @@ static float exp2_row(float *x, int n, float mul, float sub, int lo, int hi) {
 #endif
 }
 
+/* m[r] = max(m[r], x[r]); x[r] = 2^(m_old - m_new) (0 where m_old = -inf), n rows */
+static void rescale(float *m, float *x, int n) {
+#if defined(__AVX512F__)
+    for (int r = 0; r < n; r += 16) {
+        __mmask16 k = lanes_(0, n, r);
+        __m512 mo = _mm512_maskz_loadu_ps(k, m + r);
+        __m512 mn = _mm512_max_ps(mo, _mm512_maskz_loadu_ps(k, x + r));
+        _mm512_mask_storeu_ps(m + r, k, mn);
+        _mm512_mask_storeu_ps(x + r, k, exp2_ps(_mm512_sub_ps(mo, mn)));
+    }
+#else
+    for (int r = 0; r < n; r++) {
+        float mn = fmaxf(m[r], x[r]);
+        x[r] = exp2f(m[r] - mn);
+        m[r] = mn;
+    }
+#endif
+}
+
 static float max_row(const float *x, int lo, int hi) {
     float m = -INFINITY;
 #if defined(__AVX512F__)
     __m512 vm = _mm512_set1_ps(-INFINITY);
+    if (lo == 0) { /* whole vectors, then one masked */
+        int c = 0;
+        for (; c + 16 <= hi; c += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + c));
+        if (c < hi) vm = _mm512_mask_max_ps(vm, lanes_(0, hi, c), vm, _mm512_maskz_loadu_ps(lanes_(0, hi, c), x + c));
+        return _mm512_reduce_max_ps(vm);
+    }
     for (int c = lo & ~15; c < hi; c += 16)
         vm = _mm512_mask_max_ps(vm, lanes_(lo, hi, c), vm, _mm512_maskz_loadu_ps(lanes_(lo, hi, c), x + c));
     m = _mm512_reduce_max_ps(vm);
@@ -531,14 +563,14 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
             float *s0 = s + (size_t)rs * BC;
             /* S = Q Kᵀ */
             mm(nr, bc, D, q + (int64_t)rs * a->sq[1], a->sq[1], 1, kt + k0, ldk, s0, BC, EP_SET, NULL);
-            for (int r = rs; r < br; r++) {
-                float *sr = s + (size_t)r * BC;
-                int hi = imin(bc, row_hi(a, &sg, r0 + r) - k0);
-                float mnew = fmaxf(m[r], max_row(sr, 0, hi) * c);
-                alpha[r] = exp2f(m[r] - mnew);   /* m = -inf: 0 */
-                l[r] = l[r] * alpha[r] + exp2_row(sr, bc, c, mnew, 0, hi);
-                m[r] = mnew;
-            }
+            /* online softmax: new row maxima, then alpha = 2^(m_old - m_new) 16 rows at a
+             * time (m_old = -inf: 0), then P = 2^(S·c - m_new) and l = l·alpha + rowsum P */
+            for (int r = rs; r < br; r++)
+                alpha[r] = max_row(s + (size_t)r * BC, 0, imin(bc, row_hi(a, &sg, r0 + r) - k0)) * c;
+            rescale(m + rs, alpha + rs, nr);
+            for (int r = rs; r < br; r++)
+                l[r] = l[r] * alpha[r] +
+                       exp2_row(s + (size_t)r * BC, bc, c, m[r], 0, imin(bc, row_hi(a, &sg, r0 + r) - k0));
             /* O = alpha ∘ O + P V */
             mm(nr, Dv, bc, s0, BC, 1, vb + (int64_t)k0 * Dv, Dv, o + (size_t)rs * Dv, Dv,
                k0 ? EP_SCALE : EP_SET, alpha + rs);
