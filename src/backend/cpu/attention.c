@@ -21,20 +21,35 @@
  * spacing 2^-16 (test_ops_attention asserts 2e-7). Arguments are <= 0 (scores minus the row
  * maximum, or minus the logsumexp); below -126 the result is exactly 0.
  *
- * Tiles (mmc_attn_tiles): BC keys per tile so that one K or V tile (BC x D floats), the B
- * operand every row block of the tile reuses, takes at most half of L1d; BR query rows so
- * that a thread's forward working set (the Q, O and P tiles plus the K and V tiles) takes at
- * most a quarter of L2. Zen 5 / Emerald Rapids (L1d 48 KiB, L2 1-2 MiB), head_dim 64-80:
- * BC 64, BR 128 (measured fastest of BR 64/128/256 x BC 32/64/96 on Zen 5 at the vision
- * shape). MMC_ATTN_TILES=br,bc overrides. Tiles never depend on the thread count.
+ * Tiles (mmc_attn_tiles, from the L1d and L2 per core that cpuinfo.c reads). Forward: BC
+ * keys, so that one K (then V) tile, BC x max(D, Dv) floats — the B operand every row block
+ * of the query tile reuses — takes at most half of L1d, capped at 64 (the width of the
+ * S = Q Kᵀ register tile); BR query rows, so that the tile's Q rows, S/P and O, BR x (BC + D +
+ * Dv) floats, take at most half of L2 (a multiple of 64 in [64, 512]). Backward: BR = 64 (the
+ * width of the Sᵀ = K Qᵀ register tile); BC keys, so that the key tile's Pᵀ, dSᵀ and dK/dV
+ * accumulators, BC x (2 BR + D + Dv) floats, fit in half of L2 beside the query tile's rows
+ * (a multiple of 64 in [64, 256]). Zen 5 (48 KiB L1d, 1 MiB L2), head_dim 80: forward 512 x
+ * 64, backward 64 x 256. Measured there at the vision shape (one thread, CPU time, loaded
+ * host): forward BR 128-1024 and BC 64-128 and backward BC 64-256 all within about 5 %, BC 32
+ * about 8 % slower. MMC_ATTN_TILES=fwd_br,fwd_bc,bwd_br,bwd_bc overrides. Tiles never depend
+ * on the thread count (nor do results); they do depend on the caches, which moves results in
+ * the last bits between machines, as the GEMM's KC does.
+ *
+ * Causal masks: a forward tile skips the query rows that see none of its keys, a backward
+ * query tile the keys none of its rows sees, so only the diagonal band is computed masked.
  *
  * Work split. Forward: one unit per (batch, query head, query tile), dynamic schedule, the
  * costliest (causal: last) query tiles handed out first so no thread is left with a big one
- * at the end. Backward: one unit per (batch, query head) looping key tiles (outer) x query
- * tiles (inner); dK/dV of the key tile stay in L1 and are written once, dQ rows of that
- * head are owned by the unit. With grouped-query heads, each query head writes its own
- * dK/dV slice in scratch and the group is summed afterwards in head order — no atomics, and
- * the result does not depend on the thread count.
+ * at the end. Backward: one unit per (batch, query head), which packs its head (Qᵀ, dOᵀ, Q,
+ * dO, K; O(T·D) against the O(T·S·D) products) and loops key tiles (outer) x query tiles
+ * (inner); dK/dV of the key tile are accumulated in the thread's scratch and written once,
+ * dQ rows of that head are owned by the unit, so nothing is accumulated twice or atomically.
+ * With grouped-query heads, each query head writes its own dK/dV slice in scratch and the
+ * group is summed afterwards in head order (one pass over B·Hq·S·(D + Dv) floats, ~1 % of
+ * the T=2048 GQA case by its memory traffic), so the result does not depend on the thread
+ * count. Folding the
+ * backward's elementwise pass (P, dS) into the epilogues of K Qᵀ and V dOᵀ was tried and
+ * measured no faster on Zen 5 (the exp polynomial's registers next to 24 accumulators).
  */
 #include "attention.h"
 #include "cpuinfo.h"
