@@ -466,12 +466,15 @@ static int qtile_cmp(const void *x, const void *y) {
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
+/* V rows copied contiguous (a strided V tile, e.g. 5 KiB apart as in [T, 16 heads, 80], falls
+ * in a quarter of L1's sets) where enough query rows reuse them to repay the copy */
+static bool copy_v(const mmc_attn_args *a) { return a->T >= 64; }
+
 size_t mmc_attn_fwd_scratch(const mmc_attn_args *a, int nthreads) {
     mmc_attn_tiling t = tiles(a);
-    /* K transposed [B, Hkv, D, pad_ld(S)] and V copied [B, Hkv, S, Dv] (not for decode) */
-    size_t kt = a->T > 1 ? align64(sizeof(float) * (size_t)a->B * a->Hkv * a->D * pad_ld(a->S)) +
-                               align64(sizeof(float) * (size_t)a->B * a->Hkv * a->S * a->Dv)
-                         : 0;
+    /* K transposed [B, Hkv, D, pad_ld(S)] (not for decode) and V copied [B, Hkv, S, Dv] */
+    size_t kt = a->T > 1 ? align64(sizeof(float) * (size_t)a->B * a->Hkv * a->D * pad_ld(a->S)) : 0;
+    if (copy_v(a)) kt += align64(sizeof(float) * (size_t)a->B * a->Hkv * a->S * a->Dv);
     return kt + align64(sizeof(qtile_t) * n_qtiles(a, t.fwd_br)) +
            sizeof(float) * fwd_thread_floats(a, t) * (size_t)nthreads + 64;
 }
@@ -520,6 +523,8 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
     if (a->T > 1) {
         KT = (float *)sp;
         sp += align64(sizeof(float) * (size_t)B * Hkv * D * ldk);
+    }
+    if (copy_v(a)) {
         VC = (float *)sp;
         sp += align64(sizeof(float) * (size_t)B * Hkv * S * Dv);
     }
@@ -546,8 +551,9 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
             int b = (int)(u / ((int64_t)Hkv * nsb)), hk = (int)(u / nsb % Hkv), s0 = (int)(u % nsb) * 64;
             transpose_rows(a->k + b * a->sk[0] + (int64_t)s0 * a->sk[1] + hk * a->sk[2], a->sk[1],
                            imin(64, S - s0), D, KT + ((int64_t)b * Hkv + hk) * D * ldk + s0, ldk, 1.0f);
-            copy_rows(a->v + b * a->sv[0] + (int64_t)s0 * a->sv[1] + hk * a->sv[2], a->sv[1],
-                      imin(64, S - s0), Dv, VC + (((int64_t)b * Hkv + hk) * S + s0) * Dv, Dv);
+            if (VC)
+                copy_rows(a->v + b * a->sv[0] + (int64_t)s0 * a->sv[1] + hk * a->sv[2], a->sv[1],
+                          imin(64, S - s0), Dv, VC + (((int64_t)b * Hkv + hk) * S + s0) * Dv, Dv);
         }
     }
     const float c = a->scale * LOG2E;
@@ -567,7 +573,9 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
         }
         const float *q = a->q + b * a->sq[0] + (int64_t)(sg.q0 + r0) * a->sq[1] + h * a->sq[2];
         const float *kt = KT + ((int64_t)b * Hkv + hk) * D * ldk + sg.k0;
-        const float *vb = VC + (((int64_t)b * Hkv + hk) * S + sg.k0) * Dv;
+        const float *vb = VC ? VC + (((int64_t)b * Hkv + hk) * S + sg.k0) * Dv
+                             : a->v + b * a->sv[0] + (int64_t)sg.k0 * a->sv[1] + hk * a->sv[2];
+        const int64_t ldv = VC ? Dv : a->sv[1];
         for (int r = 0; r < br; r++) { m[r] = -INFINITY; l[r] = 0; }
         int khi = row_hi(a, &sg, r0 + br - 1);           /* last row sees the most keys */
         for (int k0 = 0; k0 < khi; k0 += BC) {
@@ -587,7 +595,7 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
                 l[r] = l[r] * alpha[r] +
                        exp2_row(s + (size_t)r * BC, bc, c, m[r], 0, imin(bc, row_hi(a, &sg, r0 + r) - k0));
             /* O = alpha ∘ O + P V */
-            mm(nr, Dv, bc, s0, BC, 1, vb + (int64_t)k0 * Dv, Dv, o + (size_t)rs * Dv, Dv,
+            mm(nr, Dv, bc, s0, BC, 1, vb + (int64_t)k0 * ldv, ldv, o + (size_t)rs * Dv, Dv,
                k0 ? EP_SCALE : EP_SET, alpha + rs);
         }
         if (khi == 0) memset(o, 0, sizeof(float) * (size_t)br * Dv);
