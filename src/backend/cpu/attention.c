@@ -711,6 +711,15 @@ void mmc_attn_bwd_f32(const mmc_attn_args *a, const float *out, const float *dou
                         int lo = full ? 0 : imax(0, imin(br, k0 + j - off - r0));
 #if defined(__AVX512F__)
                         __m512 vs = _mm512_set1_ps(a->scale);
+                        if (lo == 0 && (br & 15) == 0) { /* every row sees key k0+j: no masks */
+                            for (int r = 0; r < br; r += 16) {
+                                __m512 pv = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p + r), _mm512_loadu_ps(l2 + r0 + r)));
+                                __m512 g = _mm512_sub_ps(_mm512_loadu_ps(ds + r), _mm512_loadu_ps(dd + r0 + r));
+                                _mm512_storeu_ps(p + r, pv);
+                                _mm512_storeu_ps(ds + r, _mm512_mul_ps(_mm512_mul_ps(pv, g), vs));
+                            }
+                            continue;
+                        }
                         for (int r = 0; r < br; r += 16) {
                             __mmask16 ld = lanes_(0, br, r), ok = lanes_(lo, br, r);
                             __m512 x = _mm512_maskz_loadu_ps(ld, p + r);
