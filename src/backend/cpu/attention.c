@@ -29,9 +29,10 @@
  * width of the Sᵀ = K Qᵀ register tile); BC keys, so that the key tile's Pᵀ, dSᵀ and dK/dV
  * accumulators, BC x (2 BR + D + Dv) floats, fit in half of L2 beside the query tile's rows
  * (a multiple of 64 in [64, 256]). Zen 5 (48 KiB L1d, 1 MiB L2), head_dim 80: forward 512 x
- * 64, backward 64 x 256. Measured there at the vision shape (one thread, CPU time, loaded
- * host): forward BR 128-1024 and BC 64-128 and backward BC 64-256 all within about 5 %, BC 32
- * about 8 % slower. MMC_ATTN_TILES=fwd_br,fwd_bc,bwd_br,bwd_bc overrides. Tiles never depend
+ * 64, backward 64 x 256. Measured there at the vision shape (one thread, GFLOP per CPU-second,
+ * loaded host, min of 5): forward BR 512: 207, 1024: 206, 256: 195, 128: 183 (BC 128: 211,
+ * within the noise); backward BC 256: 205, 128: 204, BR 32: 195. MMC_ATTN_TILES=fwd_br,fwd_bc,
+ * bwd_br,bwd_bc overrides. Tiles never depend
  * on the thread count (nor do results); they do depend on the caches, which moves results in
  * the last bits between machines, as the GEMM's KC does.
  *
