@@ -1,9 +1,13 @@
 /* test_ops_attention.c — mmc_attention: finite-difference gradchecks on small shapes; the
  * tiled kernels vs a naive reference (materialised softmax in double) at shapes spanning
- * several tiles, forward and backward, for every mask kind, GQA, D != Dv, strided q/k/v
- * views and the decode path; thread-count determinism; and PyTorch fixtures
- * (tools/ref/gen_attention.py, F.scaled_dot_product_attention). */
+ * several tiles, forward and backward, for every mask kind, GQA, D != Dv, head_dim 64 / 80 /
+ * 128, odd lengths, strided q/k/v views and the decode path, under the tiling derived from
+ * this machine's caches and under forced small and odd tilings (so every remainder path of
+ * the micro-kernels runs); thread-count determinism; the vectorised exp2's error bound; the
+ * tiling model on a table of caches; and PyTorch fixtures (tools/ref/gen_attention.py,
+ * F.scaled_dot_product_attention). */
 #include "test_util.h"
+#include "attention.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -184,7 +188,7 @@ static void check_vs_naive(const char *what, int B, int T, int S, int Hq, int Hk
     if (buf) mmc_tensor_free(buf);
 }
 
-static void test_vs_naive(void) {
+static void vs_naive_set(void) {
     check_vs_naive("full T=S=200 D=64", 1, 200, 200, 2, 2, 64, 64, (cfg){0}, false);
     check_vs_naive("causal T=S=200 D=64 gqa", 2, 200, 200, 4, 2, 64, 64, (cfg){.causal = true}, false);
     check_vs_naive("causal T=70 S=200", 1, 70, 200, 2, 1, 32, 32, (cfg){.causal = true}, false);
@@ -196,6 +200,77 @@ static void test_vs_naive(void) {
     check_vs_naive("varlen 3 seqs", 1, 230, 230, 2, 1, 64, 64, (cfg){.cu = cu, .n_seqs = 3}, false);
     check_vs_naive("varlen 3 seqs causal", 1, 230, 230, 4, 2, 40, 40,
                    (cfg){.causal = true, .cu = cu, .n_seqs = 3}, true);
+    /* the head dims of the models (Qwen2 64, Qwen2-VL vision 80, Llama / Flux 128), odd T */
+    check_vs_naive("full D=80 odd T=131", 1, 131, 131, 3, 3, 80, 80, (cfg){0}, false);
+    check_vs_naive("causal D=80 gqa T=97", 1, 97, 97, 4, 2, 80, 80, (cfg){.causal = true}, false);
+    check_vs_naive("full D=128 T=77 S=45", 1, 77, 45, 2, 1, 128, 128, (cfg){0}, false);
+    check_vs_naive("causal D=128 gqa T=S=99", 1, 99, 99, 4, 1, 128, 128, (cfg){.causal = true}, false);
+    check_vs_naive("causal D=64 gqa T=S=131", 1, 131, 131, 6, 2, 64, 64, (cfg){.causal = true}, true);
+    static const int32_t cu2[5] = {0, 1, 64, 65, 161};
+    check_vs_naive("varlen causal D=80 (1-token seqs)", 1, 161, 161, 2, 2, 80, 80,
+                   (cfg){.causal = true, .cu = cu2, .n_seqs = 4}, false);
+}
+
+static void test_vs_naive(void) {
+    /* under this machine's tiling: shapes past one forward query tile (up to 512 rows) */
+    check_vs_naive("full D=80 T=S=600", 1, 600, 600, 2, 2, 80, 80, (cfg){0}, false);
+    check_vs_naive("causal D=64 gqa T=S=560", 1, 560, 560, 2, 1, 64, 64, (cfg){.causal = true}, false);
+    vs_naive_set();
+    /* forced tilings: small tiles (many tiles, every remainder), then odd sizes */
+    static const mmc_attn_tiling forced[2] = {{32, 16, 16, 32}, {48, 80, 40, 24}};
+    for (int i = 0; i < 2; i++) {
+        mmc_attn_force_tiles(&forced[i]);
+        vs_naive_set();
+    }
+    mmc_attn_force_tiles(NULL);
+}
+
+/* The vectorised exp2 (attention.c): <= 2e-7 relative on [-126, 0] (bound stated there:
+ * 1.6e-7 measured), exactly 0 below -126 and at -inf. */
+static void test_exp2(void) {
+    const int64_t n = 126 * 65536 + 1;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    for (int64_t i = 0; i < n; i++) x[i] = -(float)i / 65536.0f;
+    mmc_attn_exp2_f32(x, y, n);
+    double worst = 0, at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double r = exp2((double)x[i]), e = fabs(y[i] - r) / r;
+        if (!(e <= worst)) { worst = e; at = x[i]; }
+    }
+    CHECKF(worst <= 2e-7, "exp2: max relative error %.3g at x = %g (bound 2e-7)", worst, at);
+    float lo[4] = {-126.5f, -150.0f, -1e30f, -INFINITY}, ylo[4];
+    mmc_attn_exp2_f32(lo, ylo, 4);
+    for (int i = 0; i < 4; i++) CHECKF(ylo[i] == 0.0f, "exp2(%g) = %g, want 0", lo[i], ylo[i]);
+    free(x);
+    free(y);
+}
+
+/* The tiling model on a table of caches: Zen 5 (48 KiB L1d, 1 MiB L2), Emerald Rapids
+ * (48 KiB, 2 MiB), a small core (32 KiB, 256 KiB), unknown caches (0: the small core). Each
+ * tiling must satisfy the model's constraints; the Zen 5 head_dim 80 row is the one measured
+ * there. */
+static void test_tiles(void) {
+    static const struct { int64_t l1, l2; int D; mmc_attn_tiling want; } tab[] = {
+        {48 << 10, 1 << 20, 80, {512, 64, 64, 256}},
+        {48 << 10, 1 << 20, 64, {512, 64, 64, 256}},
+        {48 << 10, 1 << 20, 128, {384, 48, 64, 256}},
+        {48 << 10, 2 << 20, 80, {512, 64, 64, 256}},
+        {32 << 10, 256 << 10, 64, {128, 64, 64, 64}},
+        {32 << 10, 256 << 10, 128, {64, 32, 64, 64}},
+        {0, 0, 64, {128, 64, 64, 64}},
+    };
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+        mmc_attn_tiling t = mmc_attn_tiles(tab[i].D, tab[i].D, tab[i].l1, tab[i].l2);
+        CHECKF(t.fwd_br == tab[i].want.fwd_br && t.fwd_bc == tab[i].want.fwd_bc &&
+                   t.bwd_br == tab[i].want.bwd_br && t.bwd_bc == tab[i].want.bwd_bc,
+               "tiles L1d %lld L2 %lld D %d: got %d,%d,%d,%d want %d,%d,%d,%d", (long long)tab[i].l1,
+               (long long)tab[i].l2, tab[i].D, t.fwd_br, t.fwd_bc, t.bwd_br, t.bwd_bc, tab[i].want.fwd_br,
+               tab[i].want.fwd_bc, tab[i].want.bwd_br, tab[i].want.bwd_bc);
+        int64_t l1 = tab[i].l1 ? tab[i].l1 : 32 << 10, l2 = tab[i].l2 ? tab[i].l2 : 256 << 10, D = tab[i].D;
+        CHECKF(4 * t.fwd_bc * D <= l1 / 2 || t.fwd_bc == 16, "tiles %zu: K tile exceeds half of L1d", i);
+        CHECKF(4 * t.fwd_br * (t.fwd_bc + 2 * D) <= l2 / 2 || t.fwd_br == 64, "tiles %zu: forward set > L2/2", i);
+        CHECKF(t.fwd_br % 16 == 0 && t.fwd_bc % 16 == 0 && t.bwd_bc % 16 == 0, "tiles %zu: not multiples of 16", i);
+    }
 }
 
 static void gc(const char *name, int B, int T, int S, int Hq, int Hkv, int D, int Dv, cfg c) {
@@ -260,6 +335,8 @@ static void test_fixtures(void) {
 int main(void) {
     mmc_set_num_threads(2);
     test_gradcheck();
+    test_exp2();
+    test_tiles();
     test_vs_naive();
     test_fixtures();
     return test_done("test_ops_attention");

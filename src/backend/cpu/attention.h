@@ -44,4 +44,21 @@ void mmc_attn_fwd_f32(const mmc_attn_args *a, float *out, float *lse, void *scra
 void mmc_attn_bwd_f32(const mmc_attn_args *a, const float *out, const float *dout,
                       const float *lse, float *dq, float *dk, float *dv, void *scratch);
 
+/* Query rows x keys per tile of the forward and of the backward pass for head dims D, Dv on
+ * caches of l1d and l2 bytes per core (0 = unknown: a 32 KiB / 256 KiB core is assumed);
+ * attention.c describes the model. A pure function, so tests can feed it other machines'
+ * caches; the kernels call it with mmc_cpu_info_get()'s caches unless the environment sets
+ * MMC_ATTN_TILES=fwd_br,fwd_bc,bwd_br,bwd_bc. */
+typedef struct { int fwd_br, fwd_bc, bwd_br, bwd_bc; } mmc_attn_tiling;
+mmc_attn_tiling mmc_attn_tiles(int D, int Dv, int64_t l1d, int64_t l2);
+
+/* Tests and benchmarks: make every later call use tiling *t (each field >= 1), or the
+ * derived / MMC_ATTN_TILES tiling again with NULL. Not thread-safe against running kernels:
+ * call it between attention calls, and size scratch after it. */
+void mmc_attn_force_tiles(const mmc_attn_tiling *t);
+
+/* y[i] = 2^x[i] by the kernels' vectorised polynomial (error bound in attention.c), for x <= 0;
+ * exported so tests can measure the bound. */
+void mmc_attn_exp2_f32(const float *x, float *y, int64_t n);
+
 #endif
