@@ -424,7 +424,7 @@ for k in range(MAX_CONN):
     holders.append(sk)
 
 
-def drain(sk, out):
+def drain(sk, out, streaming):
     data = b""
     sk.settimeout(0.2)
     while not stop_reading.is_set():
@@ -438,11 +438,13 @@ def drain(sk, out):
             break
         if len(data) < 4096:
             data += b
+            if b'"text"' in data:
+                streaming.release()
     out.append(data)
 
 
-heads = []
-readers = [threading.Thread(target=drain, args=(sk, heads)) for sk in holders]
+heads, streaming = [], threading.Semaphore(0)
+readers = [threading.Thread(target=drain, args=(sk, heads, streaming)) for sk in holders]
 for t in readers:
     t.start()
 t0 = time.time()
@@ -455,6 +457,9 @@ for _ in range(8):
         extra.append((s, j["error"]["code"] if is_error(j) else out[:100]))
     except OSError as e:
         extra.append(("refused", str(e)))
+for _ in range(MAX_CONN):   # the holders all stream (each in the batch: --max-batch above MAX_CONN)
+    if not streaming.acquire(timeout=120):
+        break
 stop_reading.set()
 for t in readers:
     t.join(30)

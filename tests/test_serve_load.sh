@@ -25,9 +25,10 @@ for f in model.safetensors tokenizer.json tokenizer_config.json; do ln -s "$PWD/
 python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = 16384; json.dump(c, open(sys.argv[2], "w"))' \
   tests/fixtures/qwen2/chat/config.json "$M/config.json"
 CT=2 MAXC=72
-# --kv-memory 16: 2048 blocks of 16 positions (the 10k prompt, 72 streams of 300 tokens); --max-queue
-# above the 72 connections so that a full queue (429) does not mask the connection limit (503)
-"$MMC" serve --model "$M" --port 0 --client-timeout $CT --max-connections $MAXC --max-queue 96 \
+# --kv-memory 16: 2048 blocks of 16 positions (the 10k prompt, 72 streams' first tokens); --max-queue
+# above the 72 connections so that a full queue (429) does not mask the connection limit (503), and
+# --max-batch too, so that the 72 streams holding the connections all run
+"$MMC" serve --model "$M" --port 0 --client-timeout $CT --max-connections $MAXC --max-queue 96 --max-batch 96 \
   --max-body-bytes 4194304 --max-tokens 2048 --kv-memory 16 >"$W/out" 2>"$W/err" &
 SPID=$!
 PORT=
