@@ -195,6 +195,7 @@ def level(C, reqs):
 
 rss = []
 t_load = time.time()
+cut0 = metric("mmc_client_timeouts_total")
 for rnd in range(ROUNDS):
     walls = [level(C, REQS) for C in LEVELS]
     check(wait_idle(), "round %d: the engine is not idle afterwards (queue %s, running %s, KV blocks %s)" %
@@ -202,6 +203,8 @@ for rnd in range(ROUNDS):
     rss.append(rss_kib())
     print("serve_load_check: round %d: %s requests at 1/4/16/64 clients in %s s; RSS %.1f MiB" %
           (rnd, REQS, "/".join("%.1f" % w for w in walls), rss[-1] / 1024), flush=True)
+cut = metric("mmc_client_timeouts_total") - cut0
+check(cut == 0, "%d clients of the load rounds were cut off by --client-timeout %g" % (cut, CLIENT_TIMEOUT))
 grow = (rss[-1] - rss[0]) / 1024
 # (under ASan its quarantine holds freed memory: there LeakSanitizer checks for leaks at exit)
 check(SANITIZED or grow <= RSS_BOUND_MIB, "RSS grew %.1f MiB from round 1 to round %d (bound %d MiB): %s KiB" %

@@ -4,7 +4,7 @@
 # to 16384 positions (so that a ~10k-token prompt fits): rounds of 1/4/16/64 concurrent streaming clients,
 # every answer equal to `mmc generate --greedy`'s, the server's RSS flat across rounds; malformed JSON,
 # wrong types, huge base64, bodies over the limit, truncated bodies, slow-loris clients (cut off after
-# --client-timeout 2), clients leaving mid-stream, a ~10k-token prompt (completed) and a ~20k one (400),
+# --client-timeout 5), clients leaving mid-stream, a ~10k-token prompt (completed) and a ~20k one (400),
 # more requests than --max-connections (503): each gets its 4xx or its cancellation, and a normal request
 # after each gets its exact answer. Then SIGTERM: exit 0 (under ASan+UBSan, MMC_SANITIZED=1 with the
 # build-asan binary, also no leak at exit).
@@ -24,7 +24,7 @@ mkdir -p "$M"
 for f in model.safetensors tokenizer.json tokenizer_config.json; do ln -s "$PWD/tests/fixtures/qwen2/chat/$f" "$M/$f"; done
 python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = 16384; json.dump(c, open(sys.argv[2], "w"))' \
   tests/fixtures/qwen2/chat/config.json "$M/config.json"
-CT=2 MAXC=72
+CT=5 MAXC=72   # 5 s: a client of the load rounds stalled 2 s between connect and send at load 17 (niced)
 # --kv-memory 16: 2048 blocks of 16 positions (the 10k prompt, 72 streams' first tokens); --max-queue
 # above the 72 connections so that a full queue (429) does not mask the connection limit (503), and
 # --max-batch too, so that the 72 streams holding the connections all run

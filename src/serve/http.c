@@ -25,13 +25,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-/* one TCP connection (MHD's socket context): its socket and the time by which the request being
+/* one TCP connection (MHD's socket context): its socket (descriptor and inode: the reaper shuts it
+ * down only while the descriptor still names this socket) and the time by which the request being
  * read must be in; deadline 0 while its request is handled and answered */
 typedef struct conn_track {
     int fd;
+    ino_t ino;
     double deadline;
     bool cut;
     struct conn_track *prev, *next;
@@ -80,8 +83,9 @@ static void set_deadline(server *s, struct MHD_Connection *c, bool waiting) {
     pthread_mutex_unlock(&s->track_mu);
 }
 
-/* MHD_OPTION_NOTIFY_CONNECTION: track each connection from accept to close. MHD calls CLOSED before
- * it closes the socket, so the reaper (under track_mu) never shuts down a reused descriptor. */
+/* MHD_OPTION_NOTIFY_CONNECTION: track each connection from accept to close. libmicrohttpd calls
+ * CLOSED before it closes the socket; should a version do otherwise, the inode check of the reaper
+ * still keeps it from shutting down a reused descriptor. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
     server *s = cls;
@@ -91,7 +95,9 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         conn_track *t = ci ? calloc(1, sizeof *t) : NULL;
         *socket_context = t;
         if (!t) return;   /* untracked: MHD's idle timeout still applies */
+        struct stat st;
         t->fd = ci->connect_fd;
+        t->ino = fstat(t->fd, &st) == 0 ? st.st_ino : 0;
         t->deadline = mmc_now() + client_timeout(s);
         pthread_mutex_lock(&s->track_mu);
         t->next = s->tracked;
@@ -128,9 +134,12 @@ static void *reap_slow_clients(void *arg) {
         pthread_mutex_lock(&s->track_mu);
         for (conn_track *t = s->tracked; t; t = t->next)
             if (t->deadline > 0 && now > t->deadline && !t->cut) {
-                shutdown(t->fd, SHUT_RDWR);
+                struct stat st;
+                if (fstat(t->fd, &st) == 0 && st.st_ino == t->ino) {
+                    shutdown(t->fd, SHUT_RDWR);
+                    cut++;
+                }
                 t->cut = true;
-                cut++;
             }
         pthread_mutex_unlock(&s->track_mu);
         if (cut) {
@@ -476,9 +485,11 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
                      (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        /* MHD's idle timeout (a client that stops reading its answer) beyond the reaper's deadline, so that
+         * a request that stops arriving is the reaper's (counted in mmc_client_timeouts_total) */
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections + 16, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)fmax(3, ceil(client_timeout(&s))), MHD_OPTION_NOTIFY_COMPLETED, completed, &s, MHD_OPTION_NOTIFY_CONNECTION,
-        on_connection, &s, MHD_OPTION_END);
+        (unsigned)fmax(3, ceil(client_timeout(&s)) + 2), MHD_OPTION_NOTIFY_COMPLETED, completed, &s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) {
         serve_engine_stop(s.e);
