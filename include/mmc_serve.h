@@ -39,6 +39,8 @@ typedef struct {
     int max_output_tokens;       /* max_tokens above it: 400; the default when a request gives none */
     double max_request_seconds;  /* generation stops there (finish_reason "length") */
     int max_connections;         /* concurrent HTTP connections */
+    double client_timeout_seconds;/* a request's headers and body must arrive within it (slow clients
+                                    are disconnected); also the idle keep-alive timeout */
     int max_queue;               /* requests waiting or running; more: 429 */
     int max_n;                   /* the largest n */
 } mmc_serve_limits;

@@ -67,6 +67,9 @@ void help_serve(FILE *f) {
             "  --max-connections N      concurrent requests; more get 503 (default %d; connections\n"
             "                           beyond N + 16 are refused outright)\n"
             "  --max-queue N            requests queued or running; more get 429 (default %d)\n"
+            "  --client-timeout S       a request's headers and body must arrive within S seconds\n"
+            "                           (slow clients are disconnected); idle connections close then\n"
+            "                           too (default %g)\n"
             "  --max-n N                the largest n (default %d)\n"
             "batching:\n"
             "  --kv-blocks N            KV cache blocks (default: from --kv-memory)\n"
@@ -87,7 +90,7 @@ void help_serve(FILE *f) {
             "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32}'\n",
             l.max_body_bytes, l.max_json_depth, l.max_images, (long long)l.max_image_pixels, l.max_audios,
             l.max_audio_seconds, l.max_output_tokens,
-            l.max_request_seconds, l.max_connections, l.max_queue, l.max_n);
+            l.max_request_seconds, l.max_connections, l.max_queue, l.client_timeout_seconds, l.max_n);
 }
 
 typedef struct {
@@ -327,6 +330,10 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-connections")) {
             if (opt_ll(a, argc, argv, &i, 1, 100000, &v)) return CLI_USAGE;
             o.limits.max_connections = (int)v;
+        } else if (!strcmp(a, "--client-timeout")) {
+            const char *s = cli_value(argc, argv, &i);
+            if (!s || !cli_float(a, s, 0.1, 86400, &x)) return CLI_USAGE;
+            o.limits.client_timeout_seconds = x;
         } else if (!strcmp(a, "--max-queue")) {
             if (opt_ll(a, argc, argv, &i, 1, 100000, &v)) return CLI_USAGE;
             o.limits.max_queue = (int)v;

@@ -1426,6 +1426,13 @@ char *serve_metrics_text(serve_engine *e) {
                             "# TYPE mmc_prefill_chunks_total counter\nmmc_prefill_chunks_total %lld\n",
                             m->prefix_queried, m->prefix_hit, m->kv_blocks_cached, m->prefix_evictions,
                             m->prefill_chunks);
+    len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_open_connections Open TCP connections.\n"
+                            "# TYPE mmc_open_connections gauge\nmmc_open_connections %lld\n"
+                            "# HELP mmc_client_timeouts_total Connections closed because their request did not "
+                            "arrive within --client-timeout.\n"
+                            "# TYPE mmc_client_timeouts_total counter\nmmc_client_timeouts_total %lld\n",
+                            m->connections, m->client_timeouts);
     hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
               m->ttft_sum, m->ttft_n);
     hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,

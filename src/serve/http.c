@@ -1,7 +1,11 @@
 /* http.c — the HTTP front of `mmc serve` on libmicrohttpd (a thread per connection, MHD's
  * listening thread): routes GET / (the chat page, src/serve/web/chat.html compiled in), GET
  * /health, GET /v1/models[/ID], GET /metrics, POST /v1/chat/completions and /v1/completions; the
- * API key (every route but / and /health needs "Authorization: Bearer KEY", else 401); limits on body size (413) and connections; SSE
+ * API key (every route but / and /health needs "Authorization: Bearer KEY", else 401); limits on body size (413) and connections;
+ * slow clients (headers or body trickled, a Content-Length never fulfilled) cut off when their request has
+ * not arrived within --client-timeout (MHD's own timeout is an idle one, which a byte now and then
+ * defeats: a reaper thread shuts such sockets down, so the threads and connection slots they hold
+ * come back); SSE
  * streaming from the job's bytes through MHD's response-from-callback, a dropped client
  * cancelling its job; graceful shutdown on SIGTERM / SIGINT (stop accepting, cancel queued
  * and running jobs, let their streams end with the final chunk and [DONE], then return).
@@ -12,6 +16,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <signal.h>
@@ -20,8 +25,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* one TCP connection (MHD's socket context): its socket (descriptor and inode: the reaper shuts it
+ * down only while the descriptor still names this socket) and the time by which the request being
+ * read must be in; deadline 0 while its request is handled and answered */
+typedef struct conn_track {
+    int fd;
+    ino_t ino;
+    double deadline;
+    bool cut;
+    struct conn_track *prev, *next;
+} conn_track;
 
 typedef struct {
     serve_engine *e;
@@ -34,6 +51,9 @@ typedef struct {
     int active;               /* requests being handled */
     atomic_int shutting_down;
     struct MHD_Daemon *d;
+    pthread_mutex_t track_mu;   /* the open connections (conn_track), for the reaper */
+    conn_track *tracked;
+    atomic_int reaper_stop;
 } server;
 
 typedef struct {
@@ -48,6 +68,89 @@ typedef struct {
     serve_job *j;
     size_t off;
 } stream_state;
+
+static double client_timeout(const server *s) {
+    return s->o->limits.client_timeout_seconds > 0 ? s->o->limits.client_timeout_seconds : 30;
+}
+
+/* the connection's tracker: deadline now + timeout (waiting for a request), or 0 (its request is in) */
+static void set_deadline(server *s, struct MHD_Connection *c, bool waiting) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_track *t = ci ? ci->socket_context : NULL;
+    if (!t) return;
+    pthread_mutex_lock(&s->track_mu);
+    t->deadline = waiting ? mmc_now() + client_timeout(s) : 0;
+    pthread_mutex_unlock(&s->track_mu);
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: track each connection from accept to close. libmicrohttpd calls
+ * CLOSED before it closes the socket; should a version do otherwise, the inode check of the reaper
+ * still keeps it from shutting down a reused descriptor. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    server *s = cls;
+    serve_metrics *m = serve_engine_metrics(s->e);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_track *t = ci ? calloc(1, sizeof *t) : NULL;
+        *socket_context = t;
+        if (!t) return;   /* untracked: MHD's idle timeout still applies */
+        struct stat st;
+        t->fd = ci->connect_fd;
+        t->ino = fstat(t->fd, &st) == 0 ? st.st_ino : 0;
+        t->deadline = mmc_now() + client_timeout(s);
+        pthread_mutex_lock(&s->track_mu);
+        t->next = s->tracked;
+        if (s->tracked) s->tracked->prev = t;
+        s->tracked = t;
+        pthread_mutex_unlock(&s->track_mu);
+        pthread_mutex_lock(&m->mu);
+        m->connections++;
+        pthread_mutex_unlock(&m->mu);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn_track *t = *socket_context;
+        if (!t) return;
+        pthread_mutex_lock(&s->track_mu);
+        if (t->prev) t->prev->next = t->next;
+        else s->tracked = t->next;
+        if (t->next) t->next->prev = t->prev;
+        pthread_mutex_unlock(&s->track_mu);
+        free(t);
+        *socket_context = NULL;
+        pthread_mutex_lock(&m->mu);
+        m->connections--;
+        pthread_mutex_unlock(&m->mu);
+    }
+}
+
+/* every 100 ms: shut down the sockets whose request is overdue; their MHD thread then reads the end
+ * of the stream and closes the connection (no answer: the request never arrived) */
+static void *reap_slow_clients(void *arg) {
+    server *s = arg;
+    while (!s->reaper_stop) {
+        usleep(100 * 1000);
+        double now = mmc_now();
+        long long cut = 0;
+        pthread_mutex_lock(&s->track_mu);
+        for (conn_track *t = s->tracked; t; t = t->next)
+            if (t->deadline > 0 && now > t->deadline && !t->cut) {
+                struct stat st;
+                if (fstat(t->fd, &st) == 0 && st.st_ino == t->ino) {
+                    shutdown(t->fd, SHUT_RDWR);
+                    cut++;
+                }
+                t->cut = true;
+            }
+        pthread_mutex_unlock(&s->track_mu);
+        if (cut) {
+            serve_metrics *m = serve_engine_metrics(s->e);
+            pthread_mutex_lock(&m->mu);
+            m->client_timeouts += cut;
+            pthread_mutex_unlock(&m->mu);
+        }
+    }
+    return NULL;
+}
 
 static atomic_int g_signal;   /* lock-free: async-signal-safe */
 static void on_signal(int sig) { g_signal = sig; }
@@ -291,6 +394,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         cs->body[cs->len] = 0;
         return MHD_YES;
     }
+    set_deadline(s, c, false);   /* the request is in: answering it may take as long as it takes */
     if (cs->too_big) {
         char msg[160];
         snprintf(msg, sizeof msg, "The request body is larger than this server's limit of %zu bytes.",
@@ -343,9 +447,9 @@ method : {
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c;
     (void)toe;
     server *s = cls;
+    set_deadline(s, c, true);   /* a kept-alive connection: the next request within the timeout */
     conn_state *cs = *con_cls;
     if (!cs) return;
     if (cs->counted) {
@@ -363,6 +467,7 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
     server s = {.o = o, .started = (long long)time(NULL)};
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
+    pthread_mutex_init(&s.track_mu, NULL);
     if (o->media_root) {
         if (!realpath(o->media_root, s.media_root))
             return mmc_error(MMC_ERR_NOT_FOUND, "--media-root %s: %s", o->media_root, strerror(errno));
@@ -380,8 +485,11 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
                      (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections + 16, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, &s, MHD_OPTION_END);
+        /* MHD's idle timeout (a client that stops reading its answer) beyond the reaper's deadline, so that
+         * a request that stops arriving is the reaper's (counted in mmc_client_timeouts_total) */
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->limits.max_connections + 16, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)fmax(3, ceil(client_timeout(&s)) + 2), MHD_OPTION_NOTIFY_COMPLETED, completed, &s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) {
         serve_engine_stop(s.e);
@@ -403,8 +511,16 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
     fprintf(stderr, "listening on http://%s%s%s:%d\n", lb, host, rb, bound);
     fflush(stderr);
     s.d = d;
-    pthread_t watcher;
+    pthread_t watcher, reaper;
+    if (pthread_create(&reaper, NULL, reap_slow_clients, &s)) {
+        MHD_stop_daemon(d);
+        serve_engine_stop(s.e);
+        serve_engine_free(s.e);
+        return mmc_error(MMC_ERR_IO, "cannot start the slow-client reaper thread");
+    }
     if (pthread_create(&watcher, NULL, watch_signals, &s)) {
+        s.reaper_stop = 1;
+        pthread_join(reaper, NULL);
         MHD_stop_daemon(d);
         serve_engine_stop(s.e);
         serve_engine_free(s.e);
@@ -422,8 +538,11 @@ mmc_status mmc_serve_run(const mmc_serve_backend *b, const mmc_serve_options *o)
         pthread_cond_timedwait(&s.cv, &s.mu, &ts);
     }
     pthread_mutex_unlock(&s.mu);
+    s.reaper_stop = 1;
+    pthread_join(reaper, NULL);
     MHD_stop_daemon(d);
     serve_engine_free(s.e);
+    pthread_mutex_destroy(&s.track_mu);
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGPIPE, &old_pipe, NULL);

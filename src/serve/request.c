@@ -28,6 +28,7 @@ void mmc_serve_limits_default(mmc_serve_limits *l) {
                             .max_output_tokens = 2048,
                             .max_request_seconds = 600,
                             .max_connections = 64,
+                            .client_timeout_seconds = 30,
                             .max_queue = 32,
                             .max_n = 8};
 }
@@ -104,14 +105,18 @@ bool mmc_serve_base64_decode(const char *s, size_t n, unsigned char **out, size_
     return true;
 }
 
-/* Maximum nesting of objects/arrays, strings skipped (checked before cJSON recurses). */
+/* Maximum nesting of objects/arrays, strings skipped (checked before cJSON recurses); -1 for what
+ * cJSON would accept but JSON (RFC 8259) does not: a NUL byte anywhere, a raw control character
+ * in a string (cJSON reads up to a NUL, and copies control characters into strings). */
 static int json_depth(const char *s, size_t n) {
     int d = 0, mx = 0;
     bool str = false;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
+        if (!c) return -1;
         if (str) {
-            if (c == '\\') i++;
+            if ((unsigned char)c < 0x20) return -1;
+            if (c == '\\') { if (i + 1 < n && !s[i + 1]) return -1; i++; }
             else if (c == '"') str = false;
         } else if (c == '"') str = true;
         else if (c == '{' || c == '[') { if (++d > mx) mx = d; }
@@ -510,11 +515,16 @@ bool mmc_serve_parse_request(const char *body, size_t len, mmc_serve_kind kind, 
     r->presence_penalty = r->frequency_penalty = 0;
     r->top_k = r->max_tokens = -1;
     r->n = 1;
-    if (json_depth(body, len) > lim->max_json_depth)
+    int depth = json_depth(body, len);
+    if (depth > lim->max_json_depth)
         return mmc_serve_fail(err, 400, "invalid_request_error", NULL, "json_too_deep",
                               "The request body nests objects/arrays deeper than %d levels.", lim->max_json_depth);
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    cJSON *root = depth < 0 ? NULL : cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (root) {   /* one value, then only whitespace */
+        while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+        if (end < body + len) { cJSON_Delete(root); root = NULL; }
+    }
     if (!root)
         return mmc_serve_fail(err, 400, "invalid_request_error", NULL, NULL,
                               "We could not parse the JSON body of your request. (HINT: This likely means you "
