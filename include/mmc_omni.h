@@ -45,14 +45,17 @@ typedef struct mmc_omni_audio mmc_omni_audio;
 
 /* audio_config of a thinker config (a parsed JSON object holding "audio_config"). */
 mmc_status mmc_omni_audio_config_read(const mmc_json *thinker_cfg, const char *what, mmc_omni_audio_config *c);
-/* Bind "<prefix>audio_tower.*" of st (zero-copy; st must outlive the encoder). */
+/* Bind "<prefix>audio_tower.*" of st (zero-copy, st outliving the encoder; trainable: f32 copies
+ * flagged MMC_PARAM | MMC_REQUIRES_GRAD, as mmc_omni_load_ex(dir, true) wants for training). */
 mmc_status mmc_omni_audio_load_from(mmc_st *st, const mmc_omni_audio_config *c, const char *prefix,
-                                    mmc_omni_audio **out);
+                                    bool trainable, mmc_omni_audio **out);
 void mmc_omni_audio_free(mmc_omni_audio *a);
 /* Tokens the encoder makes of L feature frames (transformers' _get_feat_extract_output_lengths). */
 int64_t mmc_omni_audio_tokens(int64_t frames);
 /* feats [num_mel_bins, stride] row-major, of which the first `frames` columns are used (the
- * feature_attention_mask's ones) -> *out [mmc_omni_audio_tokens(frames), output_dim] in ctx's arena. */
+ * feature_attention_mask's ones) -> *out [mmc_omni_audio_tokens(frames), output_dim] in ctx's arena.
+ * Records the tape (the encoder trains) when grad mode is on and a parameter of the encoder requires
+ * a gradient; otherwise runs without one. */
 mmc_status mmc_omni_audio_forward(mmc_ctx *ctx, const mmc_omni_audio *a, const float *feats, int64_t stride,
                                   int64_t frames, mmc_tensor **out);
 
@@ -67,6 +70,8 @@ typedef struct mmc_omni {
     bool full_checkpoint;            /* a Qwen2_5OmniForConditionalGeneration (thinker.* prefix) */
     bool has_talker;                 /* ... that holds talker / token2wav weights (not run) */
     mmc_st *st;
+    mmc_tensor **qkv_views;          /* training: the vision q / k / v row views of mmc_omni_params, */
+    int n_qkv_views;                 /* three per fused qkv weight / bias (borrowed from its caller) */
 } mmc_omni;
 
 /* config.json model_type "qwen2_5_omni_thinker" or "qwen2_5_omni" (its thinker_config). */
@@ -133,15 +138,22 @@ mmc_status mmc_omni_audio_new(const mmc_omni_audio_config *c, uint64_t seed, mmc
 /* The audio encoder's bound tensors and their checkpoint names ("audio_tower.*"). */
 void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (**names)[256], int *n);
 int64_t mmc_omni_audio_mels(const mmc_omni_audio *a);
+/* xs[0..n) [n_i, C] stacked along rows, on the tape (any n >= 1; mmc_concat takes at most 8). */
+mmc_tensor *mmc_omni_cat_rows(mmc_ctx *ctx, mmc_tensor **xs, int n);
+/* Whether a parameter of the encoder (or a LoRA adapter on one of its linears) requires a gradient. */
+bool mmc_omni_audio_trainable(const mmc_omni_audio *a);
+/* The encoder's linears (layers.N.self_attn.{q,k,v,out}_proj, fc1, fc2, proj) under prefix, for LoRA. */
+struct mmc_module_list;
+mmc_status mmc_omni_audio_linears(mmc_omni_audio *a, const char *prefix, struct mmc_module_list *out);
 /* Every parameter of a thinker under save_pretrained's names (model.*, lm_head.weight,
  * audio_tower.*, visual.* with q / k / v as views of the fused qkv; *views (those views and owned
  * copies such as audio_tower.audio_bos_eos_token) freed by the
  * caller with mmc_tensor_free). Arrays malloc'd. */
 mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc_tensor ***views, int *n,
                            int *n_views);
-/* The LM's linears under the live thinker's module names (model.language_model.layers.N.self_attn.q_proj ...),
- * what PEFT records for a thinker. */
-struct mmc_module_list;
+/* The LM's and the audio encoder's linears under the live thinker's module names
+ * (model.language_model.layers.N.self_attn.q_proj ..., model.audio_tower.layers.N.fc1 ...), what PEFT
+ * records for a thinker. */
 mmc_status mmc_omni_linears(mmc_omni *m, struct mmc_module_list *out);
 /* A PEFT adapter of the thinker applied at inference (`--adapter`). */
 mmc_status mmc_omni_attach_adapter(mmc_omni *m, const char *adapter_dir);

@@ -8,7 +8,8 @@
 # answer needs the spoken question. Usage: bash scripts/demo_omni.sh [BUILD_DIR]
 #
 # Knobs (environment): DEMO_RUN (output folder, default runs/omni_demo), DEMO_STEPS (default: the
-# YAML's), DEMO_TRAIN (training questions, default 3000), DEMO_VAL (default 200), DEMO_CHECK=1
+# YAML's), DEMO_TRAIN (training questions, default 4000), DEMO_VAL (default 200), DEMO_TYPES (the
+# question types kept, default "colour shape count leftright"; e.g. "colour shape"), DEMO_CHECK=1
 # (exit 1 unless accuracy >= 0.9 and the silent control <= 0.5: `make test-demos`).
 set -euo pipefail
 BUILD=${1:-build}
@@ -26,13 +27,21 @@ latest_ckpt() { ls -d "$1"/checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -1;
 STEPS=${DEMO_STEPS:-$(sed -n 's/^  steps: *\([0-9]*\).*/\1/p' $CFG)}
 WARMUP=$(sed -n 's/^  warmup_steps: *\([0-9]*\).*/\1/p' $CFG)
 [ "$STEPS" -ge "$WARMUP" ] || WARMUP=$((STEPS / 2))
-NTRAIN=${DEMO_TRAIN:-3000}
+NTRAIN=${DEMO_TRAIN:-4000}
 NVAL=${DEMO_VAL:-200}
+TYPES=${DEMO_TYPES:-colour shape count leftright}
+NT=$(wc -w <<<"$TYPES")
 t_start=$(date +%s)
 
-step "1/5 synthetic images + spoken questions: $NTRAIN train, $NVAL val (espeak-ng; val in held-out voices and speeds)"
+step "1/5 synthetic images + spoken questions ($TYPES): $NTRAIN train, $NVAL val (espeak-ng; val in held-out voices and speeds)"
 rm -rf "$DATA"
-"$MMC" synth --out "$DATA" --train "$NTRAIN" --val "$NVAL" --size 56 --seed 0 >/dev/null
+# mmc synth cycles colour, shape, count, leftright: write 4 / NT times as many and keep the asked types
+"$MMC" synth --out "$DATA" --train $((NTRAIN * 4 / NT)) --val $((NVAL * 4 / NT)) --size 56 --seed 0 >/dev/null
+for split in train val; do
+  grep -E "\"type\": \"($(tr ' ' '|' <<<"$TYPES"))\"" "$DATA/$split.jsonl" >"$DATA/$split.kept" || true
+  mv "$DATA/$split.kept" "$DATA/$split.jsonl"
+done
+[ -s "$DATA/train.jsonl" ] || { echo "demo_omni: DEMO_TYPES '$TYPES' kept no question (colour shape count leftright)" >&2; exit 1; }
 bash scripts/spoken_synth.sh "$DATA" --silent
 head -n 1 "$DATA/val_spoken.jsonl"
 

@@ -2,9 +2,9 @@
 # test_demo_omni.sh — the spoken-question demo (`make run-omni` = scripts/demo_omni.sh) in a
 # temporary folder. Two parts, two ctest cases:
 #   short  (`make test`): the whole pipeline on a small schedule — 200 spoken training questions,
-#          10 steps of a thinker from scratch, `mmc eval` on 20 held-out-voice questions and on
-#          their silent control, one `mmc generate` — checking that every stage runs and reports
-#          (eval JSON with 20 samples, 5 per question type); no accuracy target (~30 s at load 20);
+#          10 steps of a thinker from scratch (all of it trainable, as the demo), `mmc eval` on 20
+#          held-out-voice questions and on their silent control, one `mmc generate` — checking that
+#          every stage runs and reports (eval JSON with 20 samples, 5 per question type); no accuracy target (~30 s at load 20);
 #   full   (run by hand: not yet in `make test-demos`, the recipe misses it — README "Two commands"):
 #          the demo with its defaults and DEMO_CHECK=1: accuracy >= 0.9 on held-out voices, the
 #          silent control <= 0.5.

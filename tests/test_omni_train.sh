@@ -9,6 +9,11 @@
 #         (measured 1.5e-6); the
 #         checkpoint holds the thinker's save_pretrained names (model.*, audio_tower.*, visual.*
 #         with separate q / k / v) and `mmc forward` loads it
+#   encoders trained: 8 full steps with the audio encoder trainable (model.freeze: [vision_tower, merger]),
+#         and 8 of everything (model.freeze: []: LM, audio encoder, vision tower, merger), every loss
+#         within 1e-3 of transformers' (measured 1.5e-6 both); the trained encoders' weights are saved;
+#         LoRA on the audio encoder's linears (targets fc1 / fc2: only the audio tower has them) trains
+#         and saves PEFT's module names (model.audio_tower.layers.N.fc1)
 #   OpenAI audio parts give the LLaMA-Factory record's loss; QLoRA (NF4) runs near LoRA's losses
 #   model.init: a fresh thinker trains (micro-batches of 2, audio in both rows) and its checkpoint loads
 #   mmc eval takes the thinker and audio records (--blank-images silences the audio)
@@ -80,6 +85,37 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   if "$MMC" forward --model "$W/full/checkpoint-6" --audio $F/a0.wav --prompt "What colour is the square?" \
        --out "$W/fc.safetensors" 2> "$W/fc.log"; then ok; else cat "$W/fc.log"; bad "forward on the full checkpoint failed"; fi
 else cat "$W/full.log"; bad "full training failed"; fi
+
+# the encoders trained (model.freeze without audio / vision_tower / merger), against transformers
+for run in audio:"[vision_tower, merger]" all:"[]"; do
+  nm=${run%%:*}; fr=${run#*:}
+  if "$MMC" train "$W/full.yaml" --set "model.freeze=$fr" --set training.steps=8 --set training.save_every=8 \
+       --set training.output_dir="$W/full_$nm" 2> "$W/full_$nm.log"; then
+    losses "$W/full_$nm.log" > "$W/full_$nm.txt"
+    d=$(maxdiff "$W/full_$nm.txt" $F/full_${nm}_losses.txt)
+    echo "full 8 steps, model.freeze: $fr: max |loss - transformers'| = $d"
+    within "$d" 1e-3 && ok || bad "full fine-tuning ($nm trainable) losses differ from transformers' by $d"
+    # the saved encoder weights moved from the base's
+    for k in audio_tower.conv1.weight audio_tower.layers.0.fc1.weight $([ $nm = all ] && echo visual.blocks.0.attn.q.weight visual.merger.mlp.0.weight); do
+      a=$(st_floats "$W/full_$nm/checkpoint-8/model.safetensors" "$k" | head -64 | md5sum)
+      b=$(st_floats $BASE/model.safetensors "$k" | head -64 | md5sum)
+      [ "$a" != "$b" ] && ok || bad "$k did not change in the $nm-trainable run"
+    done
+  else cat "$W/full_$nm.log"; bad "full training with the $nm encoders trainable failed"; fi
+done
+cat > "$W/alora.yaml" <<YAML
+model: {path: $BASE, dtype: f32, lora: {r: 4, alpha: 8, targets: [fc1, fc2]}}
+$common
+optimizer: {lr: 5.0e-3, weight_decay: 0.0, schedule: constant, grad_clip: 0}
+training: {steps: 5, log_every: 1, save_every: 5, output_dir: $W/alora, seed: 0}
+YAML
+if "$MMC" train "$W/alora.yaml" 2> "$W/alora.log"; then
+  hdr=$(head -c 8000 "$W/alora/checkpoint-5/adapter_model.safetensors" | tr -d '\0')
+  case "$hdr" in *'"base_model.model.model.audio_tower.layers.1.fc2.lora_B.weight"'*) ok ;;
+    *) bad "audio-encoder LoRA: no model.audio_tower.layers.1.fc2 adapter saved" ;; esac
+  losses "$W/alora.log" > "$W/alora.txt"
+  awk 'NR == 1 {a = $1} NR == 5 {exit !($1 < a - 1e-4)}' "$W/alora.txt" && ok || bad "audio-encoder LoRA did not learn: $(tr '\n' ' ' < "$W/alora.txt")"
+else cat "$W/alora.log"; bad "LoRA on the audio encoder failed"; fi
 
 # OpenAI content parts with an audio path: the same sample as the first record, the same first loss
 printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "audio", "audio": "'"$PWD/$F"'/a0.wav"}, {"type": "text", "text": "What colour is the square?"}]}, {"role": "assistant", "content": "Red."}]}' > "$W/oa.jsonl"

@@ -418,17 +418,13 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
             else if (!(st = mmc_llama_config_read(j, &qc))) st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
             if (st) mmc_error_prefix(st, "%s", path);
         }
-    } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): the audio and vision encoders stay frozen */
-        const uint32_t towers = MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER;
+    } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): encoders frozen unless model.freeze is given */
         if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
                            "qwen2_5_omni_thinker yet (data parallelism with parallel.zero 0-2 is)", c->file);
         else if (c->model.dtype == MMC_RUN_BF16)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.dtype bf16 is not supported for qwen2_5_omni_thinker "
                            "yet; use f32", c->file);
-        else if (c->model.freeze.items && (c->model.freeze_mask & towers) != towers)
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.freeze: training the Qwen2.5-Omni audio / vision encoders "
-                           "is not supported yet; list audio, vision_tower and merger", c->file);
         else if (dir) st = mmc_omni_load_ex(dir, true, &t->omni);
         else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
         if (!st) t->lm = t->omni->lm;
@@ -592,10 +588,12 @@ static mmc_status setup_params(mmc_trainer *t) {
     for (int i = 0; i < t->n_params; i++) {
         mmc_tensor *p = t->params[i];
         /* with LoRA the whole base model is frozen, as PEFT does */
-        /* LLaVA's CLIP tower (InternVL's InternViT) is frozen unless model.freeze is given (then the list decides) */
+        /* LLaVA's CLIP tower (InternVL's InternViT, the Omni thinker's audio encoder, vision tower and merger) is
+         * frozen unless model.freeze is given (then the list decides) */
         const uint32_t fmask = c->model.freeze_mask |
                                ((t->llava || t->internvl) && !c->model.freeze.items ? MMC_FREEZE_VISION : 0u) |
-                               (t->omni ? MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER : 0u);
+                               (t->omni && !c->model.freeze.items ? MMC_FREEZE_AUDIO | MMC_FREEZE_VISION | MMC_FREEZE_MERGER
+                                                                  : 0u);
         bool frozen = t->lora || (component_of(t->names[i]) & fmask) != 0;
         if (frozen) p->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         else p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;

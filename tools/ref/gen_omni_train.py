@@ -12,7 +12,7 @@ audio=..., images=...) expands <|AUDIO|> / <|IMAGE|>); labels are the tokens aft
 generation prompt of the last user turn (the assistant content and its <|im_end|>, not the
 trailing newline), -100 elsewhere. Loss: the thinker's causal-LM loss (mean over label tokens).
 Optimiser: torch.optim.AdamW, constant lr, no weight decay, no clipping. The audio encoder and
-the vision tower are frozen (requires_grad False), as mmc trains them.
+the vision tower are frozen (requires_grad False) unless a run below says otherwise.
 
   lora_init/      PEFT adapter (r 4, alpha 8, the LM's q/k/v/o/gate/up/down; torch's default
                   init: A kaiming-uniform, B 0) — mmc starts from it (model.lora.init)
@@ -21,6 +21,11 @@ the vision tower are frozen (requires_grad False), as mmc trains them.
   lora_ref.logits.txt  logits of base + lora_ref on a0.wav + "What colour is the square?" with the
                   generation prompt (last position)
   full_losses.txt per-step loss of 6 full fine-tuning steps of the LM (lr 1e-3)
+  full_audio_losses.txt   8 full fine-tuning steps (lr 1e-3) with the audio encoder trainable too
+                  (vision tower and merger frozen: mmc's model.freeze: [vision_tower, merger])
+  full_all_losses.txt     8 full fine-tuning steps (lr 1e-3) of everything: LM, audio encoder, vision
+                  tower and merger (model.freeze: []); step 7 is the image record again, after the
+                  tower's update at step 3
 """
 import json
 import os
@@ -133,11 +138,11 @@ def train(model, params, data, steps, lr):
     return losses
 
 
-def load_base():
+def load_base(audio=False, vision=False):
     m = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
     m.train()
-    for n, p in m.named_parameters():
-        p.requires_grad_(not ("audio_tower." in n or "visual." in n))   # (live names: model.audio_tower.*, model.visual.*)
+    for n, p in m.named_parameters():   # (live names: model.audio_tower.*, model.visual.*)
+        p.requires_grad_(("audio_tower." not in n or audio) and ("visual." not in n or vision))
     return m
 
 
@@ -181,6 +186,14 @@ def main():
     with open(os.path.join(OUT, "full_losses.txt"), "w") as f:
         f.write("".join("%.8f\n" % v for v in losses))
     print("full", losses)
+
+    for name, kw in (("full_audio", dict(audio=True)), ("full_all", dict(audio=True, vision=True))):
+        torch.manual_seed(0)
+        model = load_base(**kw)
+        losses = train(model, [p for p in model.parameters() if p.requires_grad], data, 8, 1e-3)
+        with open(os.path.join(OUT, name + "_losses.txt"), "w") as f:
+            f.write("".join("%.8f\n" % v for v in losses))
+        print(name, losses)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,19 @@
  *     x += out_proj(attn(self_attn_layer_norm(x)));  x += fc2(gelu(fc1(final_layer_norm(x))))
  *   then rows (2i, 2i+1) are averaged (AvgPool1d(2), an odd last row dropped), and
  *   out = proj(ln_post(x))                                                          [n, output_dim]
+ * Every step is a tape op (the convolutions as im2col + GEMM, conv2's im2col a row gather), so the
+ * same forward trains the encoder (`mmc train` with model.freeze leaving out `audio`: 8 full steps
+ * within 1.3e-6 of transformers' losses, test_omni_train) and runs inference without a tape.
  */
 #include "mmc_omni.h"
 
 #include "../encoders/encoder_common.h"
 #include "../model_weights.h"
+#include "mmc_lora.h"
 #include "mmc_nn.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,7 +79,7 @@ void mmc_omni_audio_free(mmc_omni_audio *a) {
 }
 
 static mmc_status audio_build(mmc_st *st, const mmc_omni_audio_config *c, const char *prefix, uint64_t seed,
-                              mmc_omni_audio **out) {
+                              bool trainable, mmc_omni_audio **out) {
     *out = NULL;
     mmc_omni_audio *a = calloc(1, sizeof *a);
     if (!a) return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -90,6 +95,7 @@ static mmc_status audio_build(mmc_st *st, const mmc_omni_audio_config *c, const 
         a->w.trainable = true;
     } else {
         a->w.st = st;   /* borrowed: the thinker owns the mapping */
+        a->w.trainable = trainable;   /* f32 copies the optimiser may update, not the read-only mapping */
         a->w.errcap = 16384;
         a->w.errs = calloc(1, a->w.errcap);
         if (!a->w.errs) { mmc_omni_audio_free(a); return mmc_error(MMC_ERR_OOM, "out of memory"); }
@@ -133,8 +139,8 @@ static mmc_status audio_build(mmc_st *st, const mmc_omni_audio_config *c, const 
 }
 
 mmc_status mmc_omni_audio_load_from(mmc_st *st, const mmc_omni_audio_config *c, const char *prefix,
-                                    mmc_omni_audio **out) {
-    return audio_build(st, c, prefix, 0, out);
+                                    bool trainable, mmc_omni_audio **out) {
+    return audio_build(st, c, prefix, 0, trainable, out);
 }
 
 void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (**names)[256], int *n) {
@@ -146,7 +152,7 @@ void mmc_omni_audio_params(const mmc_omni_audio *a, mmc_tensor ***params, char (
 int64_t mmc_omni_audio_mels(const mmc_omni_audio *a) { return a->cfg.num_mel_bins; }
 
 mmc_status mmc_omni_audio_new(const mmc_omni_audio_config *c, uint64_t seed, mmc_omni_audio **out) {
-    return audio_build(NULL, c, "", seed, out);
+    return audio_build(NULL, c, "", seed, true, out);
 }
 
 int64_t mmc_omni_audio_tokens(int64_t frames) {
@@ -154,26 +160,91 @@ int64_t mmc_omni_audio_tokens(int64_t frames) {
     return (a - 2) / 2 + 1;
 }
 
-/* Conv1d(k=3, padding=1, stride s) as im2col + GEMM over x's columns [c0, c0 + Tin) (channel-major
- * [Cin, stride] when !tmajor, else time-major [Tin, Cin]); w [Cout, Cin, 3] -> [Tout, Cout]. */
-static mmc_tensor *conv_k3(mmc_ctx *ctx, const float *x, bool tmajor, int64_t Cin, int64_t ld, int64_t c0,
-                           int64_t Tin, int stride, mmc_tensor *w, mmc_tensor *b) {
-    const int64_t Tout = (Tin - 1) / stride + 1, K = Cin * 3;
-    mmc_tensor *col = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(Tout, K));
+/* conv1 (Conv1d(n_mels, C, k=3, pad=1)) over the feature columns [c0, c0 + Tin) of feats [n_mels, ld]
+ * (channel-major, never needing a gradient): im2col [Tin, n_mels * 3] in the weight's (c, j) order,
+ * then one GEMM; w [C, n_mels, 3] -> [Tin, C] (the weight's gradient through the tape when it has one). */
+static mmc_tensor *conv1_k3(mmc_ctx *ctx, const float *x, int64_t Cin, int64_t ld, int64_t c0, int64_t Tin,
+                            mmc_tensor *w, mmc_tensor *b) {
+    const int64_t K = Cin * 3;
+    mmc_tensor *col = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(Tin, K));
     float *cd = col->data;
-    for (int64_t t = 0; t < Tout; t++) {
+    for (int64_t t = 0; t < Tin; t++) {
         float *row = cd + t * K;
         for (int j = 0; j < 3; j++) {
-            int64_t s = t * stride + j - 1;
+            int64_t s = t + j - 1;
             bool in = s >= 0 && s < Tin;
-            for (int64_t c = 0; c < Cin; c++)
-                row[c * 3 + j] = !in ? 0.0f : tmajor ? x[s * Cin + c] : x[c * ld + c0 + s];
+            for (int64_t c = 0; c < Cin; c++) row[c * 3 + j] = in ? x[c * ld + c0 + s] : 0.0f;
         }
     }
-    mmc_tensor *w2 = mmc_reshape(ctx, w, 2, MMC_SHAPE(w->shape[0], K));
-    return mmc_linear(ctx, col, w2, b);
+    return mmc_linear(ctx, col, mmc_reshape(ctx, w, 2, MMC_SHAPE(w->shape[0], K)), b);
 }
 
+/* conv2 (Conv1d(C, C, k=3, stride=2, pad=1)) on h [Tin, C] (time-major, on the tape when the encoder
+ * trains): the im2col is a row gather of h padded with a zero row on each side ([Tout * 3] rows: input
+ * row 2t + j - 1), regrouped to the weight's (c, j) order; the same GEMM operands as a plain im2col,
+ * so training and inference give the same numbers. -> [Tout, C] */
+static mmc_tensor *conv2_k3(mmc_ctx *ctx, mmc_tensor *h, mmc_tensor *w, mmc_tensor *b) {
+    const int64_t Tin = h->shape[0], C = h->shape[1], Tout = (Tin - 1) / 2 + 1;
+    mmc_tensor *zero = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(1, C));
+    memset(zero->data, 0, mmc_nbytes(zero));
+    mmc_tensor *parts[3] = {zero, h, zero};
+    mmc_tensor *hp = mmc_concat(ctx, parts, 3, 0);                                   /* [Tin + 2, C] */
+    mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(Tout * 3));
+    int64_t *id = idx->data;
+    for (int64_t t = 0; t < Tout; t++)
+        for (int j = 0; j < 3; j++) id[t * 3 + j] = 2 * t + j;   /* padded row of input row 2t + j - 1 */
+    mmc_tensor *col = mmc_reshape(ctx, mmc_gather_rows(ctx, hp, idx), 3, MMC_SHAPE(Tout, 3, C));
+    col = mmc_reshape(ctx, mmc_contiguous(ctx, mmc_transpose(ctx, col, 1, 2)), 2, MMC_SHAPE(Tout, C * 3));
+    return mmc_linear(ctx, col, mmc_reshape(ctx, w, 2, MMC_SHAPE(w->shape[0], C * 3)), b);
+}
+
+static bool lora_trainable(const mmc_linear_w *l) {
+    return l->lora && (mmc_requires_grad(l->lora->A) || mmc_requires_grad(l->lora->B));
+}
+
+mmc_tensor *mmc_omni_cat_rows(mmc_ctx *ctx, mmc_tensor **xs, int n) {
+    if (n == 1) return xs[0];
+    if (n <= 8) return mmc_concat(ctx, xs, n, 0);
+    mmc_tensor *parts[8];   /* mmc_concat takes up to 8 inputs: groups of ceil(n / 8), then those */
+    const int g = (n + 7) / 8;
+    int k = 0;
+    for (int i = 0; i < n; i += g, k++) parts[k] = mmc_omni_cat_rows(ctx, xs + i, n - i < g ? n - i : g);
+    return mmc_omni_cat_rows(ctx, parts, k);
+}
+
+bool mmc_omni_audio_trainable(const mmc_omni_audio *a) {
+    for (int i = 0; i < a->w.n_params; i++)
+        if (mmc_requires_grad(a->w.params[i])) return true;
+    if (lora_trainable(&a->proj)) return true;
+    for (int64_t i = 0; i < a->cfg.encoder_layers; i++) {
+        const oa_layer *L = &a->layers[i];
+        const mmc_linear_w *ls[6] = {&L->q, &L->k, &L->v, &L->o, &L->fc1, &L->fc2};
+        for (int j = 0; j < 6; j++)
+            if (lora_trainable(ls[j])) return true;
+    }
+    return false;
+}
+
+mmc_status mmc_omni_audio_linears(mmc_omni_audio *a, const char *prefix, mmc_module_list *out) {
+    static const char *const nm[6] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                      "self_attn.out_proj", "fc1", "fc2"};
+    char name[MMC_MODULE_NAME];
+    for (int64_t i = 0; i < a->cfg.encoder_layers; i++) {
+        oa_layer *L = &a->layers[i];
+        mmc_linear_w *ls[6] = {&L->q, &L->k, &L->v, &L->o, &L->fc1, &L->fc2};
+        for (int j = 0; j < 6; j++) {
+            snprintf(name, sizeof name, "%slayers.%lld.%s", prefix, (long long)i, nm[j]);
+            mmc_status st = mmc_module_list_add(out, ls[j], name);
+            if (st) return st;
+        }
+    }
+    snprintf(name, sizeof name, "%sproj", prefix);
+    return mmc_module_list_add(out, &a->proj, name);
+}
+
+/* With grad mode on and a trainable encoder (model.freeze without `audio`) every step below is a tape
+ * op, so the loss reaches the encoder's weights; otherwise it runs without a tape, releasing each
+ * chunk's and layer's temporaries as it goes. */
 mmc_status mmc_omni_audio_forward(mmc_ctx *ctx, const mmc_omni_audio *a, const float *feats, int64_t stride,
                                   int64_t frames, mmc_tensor **out) {
     *out = NULL;
@@ -187,26 +258,32 @@ mmc_status mmc_omni_audio_forward(mmc_ctx *ctx, const mmc_omni_audio *a, const f
                          (long long)c->n_window, (long long)c->max_source_positions);
     const int n_chunks = (int)((frames + W - 1) / W);
     const int64_t N = (frames - 1) / 2 + 1;   /* rows after conv2, all chunks */
-    bool was = mmc_set_grad_enabled(ctx, false);
+    const bool tape = mmc_grad_enabled(ctx) && mmc_omni_audio_trainable(a);
+    bool was = mmc_set_grad_enabled(ctx, tape);
     int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(n_chunks + 1));
-    mmc_tensor *x = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(N, C));   /* [N, C] */
+    mmc_tensor **chunks = tape ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *chunks * (size_t)n_chunks) : NULL;
+    mmc_tensor *x = tape ? NULL : mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(N, C));   /* [N, C] */
     cu[0] = 0;
     for (int k = 0; k < n_chunks; k++) {
         int64_t c0 = (int64_t)k * W, l = frames - c0 < W ? frames - c0 : W;
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-        mmc_tensor *h = enc_act(ctx, MMC_ACT_GELU, conv_k3(ctx, feats, false, c->num_mel_bins, stride, c0, l, 1,
-                                                           a->conv1_w, a->conv1_b));        /* [l, C] */
-        h = enc_act(ctx, MMC_ACT_GELU, conv_k3(ctx, mmc_contiguous(ctx, h)->data, true, C, 0, 0, l, 2, a->conv2_w,
-                                               a->conv2_b));                                  /* [n, C] */
-        h = mmc_contiguous(ctx, h);
+        mmc_tensor *h = enc_act(ctx, MMC_ACT_GELU, conv1_k3(ctx, feats, c->num_mel_bins, stride, c0, l, a->conv1_w,
+                                                            a->conv1_b));                       /* [l, C] */
+        h = enc_act(ctx, MMC_ACT_GELU, conv2_k3(ctx, mmc_contiguous(ctx, h), a->conv2_w, a->conv2_b)); /* [n, C] */
         int64_t n = (l - 1) / 2 + 1;
-        float *dst = (float *)x->data + (int64_t)cu[k] * C;
-        const float *src = h->data;
-        for (int64_t i = 0; i < n * C; i++) dst[i] = src[i] + a->pos[i];
+        mmc_tensor *pe = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(n, C));   /* sinusoids[0 .. n), per chunk */
+        memcpy(pe->data, a->pos, sizeof(float) * (size_t)(n * C));
+        h = mmc_contiguous(ctx, mmc_add(ctx, h, pe));
         cu[k + 1] = cu[k] + (int32_t)n;
-        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        if (tape) {
+            chunks[k] = h;
+        } else {
+            memcpy((float *)x->data + (int64_t)cu[k] * C, h->data, sizeof(float) * (size_t)(n * C));
+            mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        }
     }
     MMC_CHECK(cu[n_chunks] == N, "chunk rows %d vs %lld", cu[n_chunks], (long long)N);
+    if (tape) x = mmc_omni_cat_rows(ctx, chunks, n_chunks);
     x = mmc_reshape(ctx, x, 3, MMC_SHAPE(1, N, C));
     mmc_attn_opts ao = {.causal = false, .cu_seqlens = cu, .n_seqs = n_chunks};
     for (int64_t i = 0; i < c->encoder_layers; i++) {
@@ -220,15 +297,15 @@ mmc_status mmc_omni_audio_forward(mmc_ctx *ctx, const mmc_omni_audio *a, const f
         x = mmc_add(ctx, x, mmc_nn_linear(ctx, mmc_reshape(ctx, y, 3, MMC_SHAPE(1, N, C)), &L->o));
         h = mmc_layernorm(ctx, x, L->ln2_w, L->ln2_b, 1e-5f);
         h = enc_act(ctx, c->act, mmc_nn_linear(ctx, h, &L->fc1));
-        x = mw_keep(ctx, mk, mmc_add(ctx, x, mmc_nn_linear(ctx, h, &L->fc2)));
+        x = mw_keep(ctx, mk, mmc_add(ctx, x, mmc_nn_linear(ctx, h, &L->fc2)));   /* (keeps all on a tape) */
     }
-    x = mmc_contiguous(ctx, x);
+    /* AvgPool1d(2): rows (2i, 2i+1) averaged, an odd last row dropped; (a + b) * 0.5 == (a + b) / 2 */
     const int64_t n_out = mmc_omni_audio_tokens(frames);
-    mmc_tensor *pooled = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(n_out, C));
-    const float *xs = x->data;
-    float *pd = pooled->data;
-    for (int64_t i = 0; i < n_out; i++)
-        for (int64_t j = 0; j < C; j++) pd[i * C + j] = (xs[2 * i * C + j] + xs[(2 * i + 1) * C + j]) / 2.0f;
+    x = mmc_reshape(ctx, mmc_narrow(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(N, C)), 0, 0,
+                                    2 * n_out), 3, MMC_SHAPE(n_out, 2, C));
+    mmc_tensor *even = mmc_contiguous(ctx, mmc_narrow(ctx, x, 1, 0, 1));
+    mmc_tensor *odd = mmc_contiguous(ctx, mmc_narrow(ctx, x, 1, 1, 1));
+    mmc_tensor *pooled = mmc_reshape(ctx, mmc_scale(ctx, mmc_add(ctx, even, odd), 0.5f), 2, MMC_SHAPE(n_out, C));
     mmc_tensor *y = mmc_layernorm(ctx, pooled, a->ln_post_w, a->ln_post_b, 1e-5f);
     *out = mmc_contiguous(ctx, mmc_nn_linear(ctx, y, &a->proj));
     mmc_set_grad_enabled(ctx, was);

@@ -159,7 +159,7 @@ static mmc_status omni_build(const mmc_json *root, const char *path, const char 
     snprintf(lpre, sizeof lpre, "%smodel.", pre);
     snprintf(head, sizeof head, "%slm_head.weight", pre);
     if ((st = mmc_qwen2_load_from(m->st, &lc, lpre, head, trainable, &m->lm))) goto fail;
-    if ((st = mmc_omni_audio_load_from(m->st, &ac, pre, &m->audio))) goto fail;
+    if ((st = mmc_omni_audio_load_from(m->st, &ac, pre, trainable, &m->audio))) goto fail;
     if ((st = load_vision(m->st, &vc, pre, &m->visual))) goto fail;
     if (m->full_checkpoint) m->has_talker = mmc_json_get(root, "talker_config") != NULL;
     *out = m;

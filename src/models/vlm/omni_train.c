@@ -10,10 +10,13 @@
  *   loss = ForCausalLMLoss(lm_head(norm(Qwen2(x, TMRoPE positions))), labels)
  *
  * The positions are get_rope_index's per row (mmc_omni_rope_index on the row's own audios and
- * images). The audio and vision encoders run without a tape: they are frozen (model.freeze
- * must name audio, vision_tower and merger when it is given); the language model is trained
- * in full or through LoRA on its linears (PEFT module names model.language_model.layers.N.*, as on the live
- * thinker). Packed rows and videos are not supported for training yet.
+ * images). The audio encoder and the vision tower are frozen by default and then run without a tape;
+ * model.freeze, when given, decides (as for LLaVA): without `audio` the audio encoder trains
+ * (omni_audio.c records its whole forward), without `vision_tower` / `merger` the vision tower / merger
+ * do (each block's fused qkv is then rebuilt on the tape from the q / k / v views the trainer holds, so
+ * their gradients land on the parameters it updates). LoRA reaches the LM's linears and the audio
+ * encoder's (PEFT module names model.language_model.layers.N.*, model.audio_tower.layers.N.*, as on the
+ * live thinker). Packed rows and videos are not supported for training yet.
  *
  * Parameter names are save_pretrained's for the thinker: model.*, lm_head.weight,
  * audio_tower.*, visual.* (the vision tower's fused qkv exposed as Omni's separate q / k / v
@@ -101,6 +104,7 @@ mmc_status mmc_omni_params(mmc_omni *m, mmc_tensor ***params, char ***names, mmc
     }
     if (st) goto fail;
     *params = p, *names = nm, *views = vw, *n = k, *n_views = nv;
+    m->qkv_views = vw, m->n_qkv_views = 3 * nq;   /* the first 3 * nq views, in order (mmc_omni_batch_loss) */
     return MMC_OK;
 fail:
     for (int i = 0; nm && i < total; i++) free(nm[i]);
@@ -112,7 +116,8 @@ fail:
 }
 
 mmc_status mmc_omni_linears(mmc_omni *m, mmc_module_list *out) {
-    return mmc_qwen2_linears(m->lm, "model.language_model.", out);
+    mmc_status st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
+    return st ? st : mmc_omni_audio_linears(m->audio, "model.audio_tower.", out);
 }
 
 mmc_status mmc_omni_attach_adapter(mmc_omni *m, const char *adapter_dir) {
@@ -198,35 +203,74 @@ mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, mmc_omni *m, const mmc_batch *b, do
     memcpy(idt->data, b->input_ids, (size_t)BT * sizeof(int32_t));
     mmc_tensor *x = mmc_reshape(ctx, mmc_contiguous(ctx, mmc_qwen2_embed(ctx, m->lm, idt)), 2, MMC_SHAPE(BT, C));
     mmc_status st = MMC_OK;
-    if (b->n_audios) {   /* the frozen audio encoder, one audio at a time, no tape */
-        mmc_tensor *all = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(want_at, C));            /* [Na_tok, C] */
-        bool was = mmc_set_grad_enabled(ctx, false);
+    if (b->n_audios) {   /* the audio encoder, one audio at a time; on the tape when it trains */
+        const bool tape = mmc_grad_enabled(ctx) && mmc_omni_audio_trainable(m->audio);
+        mmc_tensor *all = NULL;                                                         /* [Na_tok, C] */
+        mmc_tensor **fs = tape ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *fs * (size_t)b->n_audios) : NULL;
+        if (!tape) all = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(want_at, C));
+        bool was = mmc_set_grad_enabled(ctx, tape);
         int64_t off = 0;
         for (int a = 0; a < b->n_audios && !st; a++) {
             mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_tensor *f;
             st = mmc_omni_audio_forward(ctx, m->audio, ain[a].feats, ain[a].stride, ain[a].frames, &f);
-            if (!st) memcpy((float *)all->data + off * C, f->data, sizeof(float) * (size_t)(f->shape[0] * C));
-            if (!st) off += f->shape[0];
-            mmc_arena_release(mmc_ctx_arena(ctx), mk);
+            if (st) break;
+            if (tape) {
+                fs[a] = f;
+            } else {
+                memcpy((float *)all->data + off * C, f->data, sizeof(float) * (size_t)(f->shape[0] * C));
+                off += f->shape[0];
+                mmc_arena_release(mmc_ctx_arena(ctx), mk);
+            }
         }
+        if (!st && tape) all = mmc_omni_cat_rows(ctx, fs, b->n_audios);
         mmc_set_grad_enabled(ctx, was);
         if (st) return mmc_error_prefix(st, "audio encoder");
         x = scatter_tok(ctx, x, b->input_ids, BT, at, all);                             /* [B*T, C] */
     }
-    if (b->n_images) {   /* the frozen vision tower */
+    if (b->n_images) {   /* the vision tower; on the tape when it (or its merger) trains */
         mmc_tensor *px = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(b->n_patches, b->patch_dim));     /* [Np, P] */
         memcpy(px->data, b->pixel_values, mmc_nbytes(px));
-        mmc_tensor *fi = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(want_it, C));              /* [Ni_tok, C] */
-        bool was = mmc_set_grad_enabled(ctx, false);
+        mmc_vision *v = m->visual;
+        bool tape = false;
+        for (int i = 0; i < v->n_params && !tape; i++)
+            tape = !strstr(v->param_names[i], "attn.qkv.") && mmc_requires_grad(v->params[i]);
+        for (int i = 0; i < m->n_qkv_views && !tape; i++) tape = mmc_requires_grad(m->qkv_views[i]);
+        tape = tape && mmc_grad_enabled(ctx);
+        if (tape && v->recompute) return mmc_error(MMC_ERR_UNSUPPORTED, "omni training: activation checkpointing of "
+                                                   "a trainable vision tower is not supported yet");
+        /* trained, the fused qkv of each block is the concatenation of its q / k / v parameters (the
+         * views the trainer updates, which share the fused storage), so their gradients reach them */
+        const size_t n_slots = (size_t)(2 * v->cfg.depth + 1);
+        mmc_tensor ***slots = tape ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *slots * n_slots) : NULL;
+        mmc_tensor **orig = tape ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *orig * n_slots) : NULL;
+        int n_sw = 0;
+        for (int i = 0; tape && i + 2 < m->n_qkv_views; i += 3) {
+            mmc_tensor **q = m->qkv_views + i;
+            for (int64_t l = 0; l < v->cfg.depth; l++) {
+                mmc_linear_w *lw = &v->blocks[l].qkv;
+                mmc_tensor **slot = lw->w && lw->w->data == q[0]->data   ? &lw->w
+                                    : lw->b && lw->b->data == q[0]->data ? &lw->b
+                                                                         : NULL;
+                if (!slot) continue;
+                slots[n_sw] = slot, orig[n_sw++] = *slot;
+                *slot = mmc_reshape(ctx, mmc_concat(ctx, q, 3, 0), (*slot)->ndim, (*slot)->shape);
+                break;
+            }
+        }
+        mmc_tensor *fi = NULL;                                                          /* [Ni_tok, C] */
+        if (!tape) fi = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(want_it, C));
+        bool was = mmc_set_grad_enabled(ctx, tape);
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         mmc_tensor *f;
-        st = mmc_vision_forward(ctx, m->visual, px, b->image_grid_thw, b->n_images, &f, NULL);
+        st = mmc_vision_forward(ctx, v, px, b->image_grid_thw, b->n_images, &f, NULL);
+        for (int i = 0; i < n_sw; i++) *slots[i] = orig[i];   /* the fused tensors back */
         if (!st && mmc_numel(f) != want_it * C)
             st = mmc_error(MMC_ERR_SHAPE, "the vision tower gave %lld values for %lld image tokens",
                            (long long)mmc_numel(f), (long long)want_it);
-        if (!st) memcpy(fi->data, mmc_contiguous(ctx, f)->data, sizeof(float) * (size_t)(want_it * C));
-        mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        if (!st && tape) fi = mmc_reshape(ctx, mmc_contiguous(ctx, f), 2, MMC_SHAPE(want_it, C));
+        if (!st && !tape) memcpy(fi->data, mmc_contiguous(ctx, f)->data, sizeof(float) * (size_t)(want_it * C));
+        if (!tape) mmc_arena_release(mmc_ctx_arena(ctx), mk);
         mmc_set_grad_enabled(ctx, was);
         if (st) return mmc_error_prefix(st, "images");
         x = scatter_tok(ctx, x, b->input_ids, BT, it, fi);                              /* [B*T, C] */
@@ -236,7 +280,26 @@ mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, mmc_omni *m, const mmc_batch *b, do
     mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin);
     mmc_attn_opts ao = {.causal = true};
     x = mmc_qwen2_forward(ctx, m->lm, x, cos, sin, &ao, NULL);                          /* [B, T, C] */
-    mmc_tensor *logits = mmc_qwen2_logits(ctx, m->lm, x);                               /* [B, T, V] */
-    *loss = mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+    /* ForCausalLMLoss (labels shifted left, -100 ignored, the sum over label tokens times scale) with
+     * the logits of the scored rows only: the same mean, the LM head's GEMM and the softmax over the
+     * label count instead of B*T rows (a few answer tokens of a 100-token audio + image prompt) */
+    int64_t n = 0;
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t t = 0; t + 1 < T; t++) n += b->labels[r * T + t + 1] != MMC_IGNORE_INDEX;
+    if (n == 0) {   /* nothing scored: the plain path (its zero loss and zero gradient) */
+        *loss = mmc_causal_lm_loss(ctx, mmc_qwen2_logits(ctx, m->lm, x), b->labels, scale, n_scored);
+        return MMC_OK;
+    }
+    mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));                           /* [n] */
+    mmc_tensor *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(n));                            /* [n] */
+    int64_t k = 0;
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t t = 0; t + 1 < T; t++)
+            if (b->labels[r * T + t + 1] != MMC_IGNORE_INDEX)
+                ((int64_t *)idx->data)[k] = r * T + t, ((int32_t *)tg->data)[k++] = b->labels[r * T + t + 1];
+    mmc_tensor *h = mmc_gather_rows(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C)), idx);
+    mmc_tensor *logits = mmc_qwen2_logits(ctx, m->lm, h);                               /* [n, V] */
+    *loss = mmc_scale(ctx, mmc_cross_entropy(ctx, logits, tg, MMC_IGNORE_INDEX), (float)((double)n * scale));
+    if (n_scored) *n_scored = n;
     return MMC_OK;
 }
