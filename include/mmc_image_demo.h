@@ -46,8 +46,9 @@ mmc_status mmc_imgdemo_write_data(const mmc_imgdemo_data_opts *o);
 
 /* Judge generated images: val (val.jsonl), images_dir/val_NNNNNN.png (one per line). Pixel
  * statistics: the foreground (pixels brighter than half the brightest), its dominant palette
- * colour (nearest of synth's four, by count), its centroid's side, and a shape estimate from the
- * fill of its bounding box (square ~1, circle ~pi/4, triangle ~1/2). Writes out_dir/judge.json
+ * colour (nearest of synth's four, by count), its centroid's side, and a shape estimate: the
+ * template fitted to its bounding box (square, inscribed circle, apex-up triangle) that overlaps
+ * it best. Writes out_dir/judge.json
  * (the accuracies), out_dir/judge.jsonl (per image), out_dir/vlm_questions.jsonl (a colour and
  * a shape question per image in `mmc synth`'s words, images resized to 56 px under
  * out_dir/vlm/: `mmc eval --data` it with the understanding model) and grid_png (prompts above

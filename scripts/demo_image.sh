@@ -23,7 +23,7 @@ MMC="$BUILD/mmc"
 RUN=${DEMO_RUN:-runs/image_demo}
 DATA=$RUN/data
 CFG=examples/image_demo.yaml
-FIX=tests/fixtures/flux/pipe          # the tiny random CLIP + T5 (and their tokenizers)
+BASE=examples/image_demo/pipe        # the FluxPipeline folder: frozen token-embedding CLIP + T5, configs (tools/ref/gen_image_demo.py)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 [ -x "$MMC" ] || { echo "demo_image: $MMC not found; run 'make build' first" >&2; exit 1; }
 
@@ -45,22 +45,20 @@ rm -rf "$DATA"
 "$MMC" image-demo data --out "$DATA" --train "$NTRAIN" --val "$NVAL" --size "$RES" --seed 0
 head -n 2 "$DATA/train/metadata.jsonl"
 
-step "2/7 a tiny AutoencoderKL from scratch ($VAE_STEPS steps): examples/image_demo/vae_config.json"
+step "2/7 a tiny AutoencoderKL from scratch ($VAE_STEPS steps): $BASE/vae/config.json"
 t0=$(date +%s)
 rm -rf "$RUN/vae"
-"$MMC" train-vae --data "$DATA/train" --config examples/image_demo/vae_config.json --out "$RUN/vae" \
+"$MMC" train-vae --data "$DATA/train" --config "$BASE/vae/config.json" --out "$RUN/vae" \
     --resolution "$RES" --steps "$VAE_STEPS" --log-every 100 2>&1 | tee "$RUN/vae.log"
 echo "VAE wall time: $(($(date +%s) - t0)) s; held-out reconstructions: $RUN/vae/reconstructions.png"
 
-# the pipeline folder: the trained VAE, the fixture's text encoders, the demo's scheduler; its
-# transformer/ is a placeholder while training (model.init builds the DiT) and the trained one after
+# the pipeline folder: examples/image_demo/pipe with the trained VAE; its transformer/ holds the
+# untrained DiT while training (model.init builds a fresh one from its config and reads nothing
+# else of it) and the trained DiT after
 pipe() {   # pipe DIR
-    rm -rf "$1"; mkdir -p "$1/scheduler"
-    cp "$FIX/model_index.json" "$1/"
-    cp -r "$FIX/text_encoder" "$FIX/text_encoder_2" "$FIX/tokenizer" "$FIX/tokenizer_2" "$1/"
-    cp examples/image_demo/scheduler_config.json "$1/scheduler/"
-    cp -r "$RUN/vae" "$1/vae"
-    cp -r "$FIX/transformer" "$1/transformer"
+    rm -rf "$1"; mkdir -p "$1"
+    cp -r "$BASE"/. "$1/"
+    cp "$RUN/vae/config.json" "$RUN/vae/diffusion_pytorch_model.safetensors" "$1/vae/"
 }
 
 train_dit() {   # train_dit NAME METADATA_DIR: trains RUN/NAME/pipe's transformer

@@ -18,8 +18,8 @@ void help_image_demo(FILE *f) {
             "       up the validation prompts (--no-holdout: all 24 in both).\n"
             "       --train N (default 4000), --val M (default 48), --size S (default 32), --seed S (0)\n"
             "judge: pixel statistics of generated images DIR/val_NNNNNN.png (one per line of --val): the\n"
-            "       dominant palette colour of the foreground, its centroid's side, a shape estimate from\n"
-            "       the fill of its bounding box. Writes OUT/judge.json (agreement with the captions),\n"
+            "       dominant palette colour of the foreground, its centroid's side, a shape estimate (the\n"
+            "       best-overlapping template fitted to its bounding box). Writes OUT/judge.json (agreement with the captions),\n"
             "       OUT/judge.jsonl (per image), OUT/vlm_questions.jsonl + OUT/vlm/ (a colour and a\n"
             "       shape question per image at 56 px, for `mmc eval` with the understanding model)\n"
             "       and --grid PNG (prompts above images; marks: colour, side, shape; green agrees).\n");

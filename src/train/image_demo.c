@@ -197,8 +197,28 @@ static void judge_pixels(const mmc_image *im, pix_verdict *v) {
     for (int c = 0; c < MMC_SYNTH_N_COLOURS; c++)
         if (v->colour < 0 || cnt[c] > cnt[v->colour]) v->colour = c;
     v->side = sx / (double)n < W / 2.0 ? 0 : 1;
-    const double fill = (double)n / ((double)(x1 - x0 + 1) * (y1 - y0 + 1));
-    v->shape = fill > 0.89 ? MMC_SYNTH_SQUARE : fill < 0.64 ? MMC_SYNTH_TRIANGLE : MMC_SYNTH_CIRCLE;
+    /* shape: the template fitted to the foreground's bounding box (the square is the box, the
+     * circle the inscribed ellipse, the triangle apex-up as synth draws it) that overlaps the
+     * foreground best (intersection over union) */
+    const double bw = x1 - x0 + 1, bh = y1 - y0 + 1, mx = x0 + bw / 2, my = y0 + bh / 2;
+    int64_t inter[MMC_SYNTH_N_SHAPES] = {0}, area[MMC_SYNTH_N_SHAPES] = {0};
+    for (int y = y0; y <= y1; y++)
+        for (int x = x0; x <= x1; x++) {
+            const uint8_t *p = im->data + ((int64_t)y * W + x) * 3;
+            int b = p[0] > p[1] ? p[0] : p[1];
+            b = b > p[2] ? b : p[2];
+            const bool fg = b >= thr;
+            const double dx = (x + 0.5 - mx) / (bw / 2), dy = (y + 0.5 - my) / (bh / 2);   /* in [-1, 1] */
+            const bool in[MMC_SYNTH_N_SHAPES] = {[MMC_SYNTH_CIRCLE] = dx * dx + dy * dy <= 1.0,
+                                                 [MMC_SYNTH_SQUARE] = true,
+                                                 [MMC_SYNTH_TRIANGLE] = fabs(dx) <= 0.5 * (dy + 1.0)};
+            for (int k = 0; k < MMC_SYNTH_N_SHAPES; k++) inter[k] += fg && in[k], area[k] += in[k];
+        }
+    double best = -1;
+    for (int k = 0; k < MMC_SYNTH_N_SHAPES; k++) {
+        const double iou = (double)inter[k] / (double)(area[k] + n - inter[k]);
+        if (iou > best) best = iou, v->shape = k;
+    }
 }
 
 /* 5x7 glyphs of a-z, rows top to bottom, bit 4 the leftmost column */
