@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # demo_image.sh — the image-generation demo (`make run-image`): write captioned `mmc synth` shapes
-# ("a red circle on the left", 32x32; 6 of the 24 colour-shape-side combinations held out of
+# ("a red circle on the left", 48x48; 6 of the 24 colour-shape-side combinations held out of
 # training), train a tiny AutoencoderKL from scratch (`mmc train-vae`), assemble a FluxPipeline
 # folder around it, train a tiny Flux-shaped DiT from scratch on the VAE's latents
 # (examples/image_demo.yaml), generate one image per held-out prompt, and judge them twice: pixel
@@ -12,7 +12,7 @@
 #
 # Knobs (environment): DEMO_RUN (output folder, default runs/image_demo), DEMO_TRAIN (training
 # images, default 4000), DEMO_VAL (held-out prompts, default 48), DEMO_VAE_STEPS (default 400),
-# DEMO_STEPS (DiT steps, default: the YAML's), DEMO_CONTROL=0 (skip the control), DEMO_VLM
+# DEMO_STEPS (DiT steps, default: the YAML's), DEMO_RES (image side, default: the YAML's 48), DEMO_CONTROL=0 (skip the control), DEMO_VLM
 # (the understanding model's checkpoint; default: the newest under runs/demo/model, trained with
 # scripts/demo.sh when there is none), DEMO_VLM=none (skip that judge), DEMO_CHECK=1 (exit 1
 # below the targets: pixel colour >= 0.90, side >= 0.85, VLM shape >= 0.70 (colour >= 0.90);
@@ -34,7 +34,7 @@ WARMUP=$(sed -n 's/^  warmup_steps: *\([0-9]*\).*/\1/p' $CFG)
 NTRAIN=${DEMO_TRAIN:-4000}
 NVAL=${DEMO_VAL:-48}
 VAE_STEPS=${DEMO_VAE_STEPS:-400}
-RES=$(sed -n 's/^  resolution: *\([0-9]*\).*/\1/p' $CFG)
+RES=${DEMO_RES:-$(sed -n 's/^  resolution: *\([0-9]*\).*/\1/p' $CFG)}
 SEQ=$(sed -n 's/^  max_sequence_length: *\([0-9]*\).*/\1/p' $CFG)
 GEN_STEPS=20
 t_start=$(date +%s)
@@ -67,7 +67,8 @@ train_dit() {   # train_dit NAME METADATA_DIR: trains RUN/NAME/pipe's transforme
     rm -rf "$dir/dit"
     local t0; t0=$(date +%s)
     "$MMC" train $CFG --set model.path="$dir/pipe" --set data.train="$2" --set training.output_dir="$dir/dit" \
-        --set training.steps="$STEPS" --set optimizer.warmup_steps="$WARMUP" --set training.save_every="$STEPS"
+        --set training.steps="$STEPS" --set optimizer.warmup_steps="$WARMUP" --set training.save_every="$STEPS" \
+        --set data.resolution="$RES"
     echo "DiT training wall time: $(($(date +%s) - t0)) s"
     local ck; ck=$(ls -d "$dir"/dit/checkpoint-* | sort -t- -k2 -n | tail -1)
     rm -rf "$dir/pipe/transformer"
@@ -106,7 +107,7 @@ if [ "${DEMO_CONTROL:-1}" != 0 ]; then
     ctl_s=$(sed -n 's/.*"side":\([0-9.]*\).*/\1/p' "$RUN/control/judge/judge.json")
 fi
 
-vlm_c=null vlm_s=null
+vlm_c=null vlm_s=null ref_c=null ref_s=null
 VLM=${DEMO_VLM:-}
 if [ "$VLM" != none ]; then
     step "6/7 the understanding model of 'make run' judges the same images (colour and shape questions)"
@@ -125,14 +126,21 @@ if [ "$VLM" != none ]; then
     by=$(sed -n 's/.*"by_type":{\([^}]*\)}.*/\1/p' "$RUN/main/judge/vlm.json")
     vlm_c=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"colour":\(.*\)/\1/p')
     vlm_s=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"shape":\(.*\)/\1/p')
+    # the judge's own accuracy: the same questions on reference renderings of the same prompts
+    "$MMC" image-demo judge --val "$DATA/val.jsonl" --images "$DATA/val_ref" --out "$RUN/ref_judge" >/dev/null
+    "$MMC" eval --model "$VLM" --data "$RUN/ref_judge/vlm_questions.jsonl" --json > "$RUN/ref_judge/vlm.json"
+    by=$(sed -n 's/.*"by_type":{\([^}]*\)}.*/\1/p' "$RUN/ref_judge/vlm.json")
+    ref_c=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"colour":\(.*\)/\1/p')
+    ref_s=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"shape":\(.*\)/\1/p')
+    echo "the same questions on reference renderings of the prompts (the judge's own accuracy): colour $ref_c, shape $ref_s"
 fi
 
 step "7/7 summary"
 px_c=$(sed -n 's/.*"colour":\([0-9.]*\).*/\1/p' "$RUN/main/judge/judge.json")
 px_s=$(sed -n 's/.*"side":\([0-9.]*\).*/\1/p' "$RUN/main/judge/judge.json")
 px_sh=$(sed -n 's/.*"shape_pixels":\([0-9.]*\).*/\1/p' "$RUN/main/judge/judge.json")
-printf '{"pixels":{"colour":%s,"side":%s,"shape":%s},"vlm":{"colour":%s,"shape":%s},"control_pixels":{"colour":%s,"side":%s},"seconds":%d}\n' \
-    "$px_c" "$px_s" "$px_sh" "$vlm_c" "$vlm_s" "$ctl_c" "$ctl_s" $(($(date +%s) - t_start)) | tee "$RUN/summary.json"
+printf '{"pixels":{"colour":%s,"side":%s,"shape":%s},"vlm":{"colour":%s,"shape":%s},"vlm_on_references":{"colour":%s,"shape":%s},"control_pixels":{"colour":%s,"side":%s},"seconds":%d}\n' \
+    "$px_c" "$px_s" "$px_sh" "$vlm_c" "$vlm_s" "$ref_c" "$ref_s" "$ctl_c" "$ctl_s" $(($(date +%s) - t_start)) | tee "$RUN/summary.json"
 echo "held-out prompts: pixel colour $px_c (target >= 0.90), side $px_s (>= 0.85), shape by pixels $px_sh;" \
      "VLM colour $vlm_c, shape $vlm_s (>= 0.70); control colour $ctl_c, side $ctl_s (chance 0.25, 0.5)"
 echo "grid: $RUN/main/grid.png   pipeline: $RUN/main/pipe (mmc generate-image --model $RUN/main/pipe --width $RES --height $RES --max-sequence-length $SEQ --prompt ...)"

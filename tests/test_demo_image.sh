@@ -66,7 +66,7 @@ expect 2 "are required" "$MMC" train-vae --data "$D/train" --out "$W/v0"
 expect 2 "unknown action" "$MMC" image-demo draw --out "$W/x"
 
 # the whole demo on a tiny schedule
-if DEMO_RUN="$W/run" DEMO_TRAIN=200 DEMO_VAL=8 DEMO_VAE_STEPS=5 DEMO_STEPS=10 DEMO_VLM=none \
+if DEMO_RUN="$W/run" DEMO_RES=32 DEMO_TRAIN=200 DEMO_VAL=8 DEMO_VAE_STEPS=5 DEMO_STEPS=10 DEMO_VLM=none \
      bash scripts/demo_image.sh "$(dirname "$MMC")" > "$W/log" 2>&1; then
   for f in vae/reconstructions.png vae/diffusion_pytorch_model.safetensors main/pipe/transformer/diffusion_pytorch_model.safetensors \
            main/grid.png main/gen/val_000007.png control/grid.png summary.json; do
