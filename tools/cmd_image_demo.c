@@ -16,7 +16,7 @@ void help_image_demo(FILE *f) {
             "       DIR/val_ref/ (a reference rendering of each prompt). The 6 colour-shape-side\n"
             "       combinations with (colour + shape + side) %% 4 == 0 are held out of training and make\n"
             "       up the validation prompts (--no-holdout: all 24 in both).\n"
-            "       --train N (default 4000), --val M (default 48), --size S (default 32), --seed S (0)\n"
+            "       --train N (default 4000), --val M (default 48), --size S (default 48), --seed S (0)\n"
             "judge: pixel statistics of generated images DIR/val_NNNNNN.png (one per line of --val): the\n"
             "       dominant palette colour of the foreground, its centroid's side, a shape estimate (the\n"
             "       best-overlapping template fitted to its bounding box). Writes OUT/judge.json (agreement with the captions),\n"
@@ -32,7 +32,7 @@ int cmd_image_demo(int argc, char **argv) {
     }
     const bool data = !strcmp(argv[1], "data"), judge = !strcmp(argv[1], "judge");
     if (!data && !judge) return cli_usage("image-demo", "unknown action '%s' (data or judge)", argv[1]);
-    mmc_imgdemo_data_opts o = {.n_train = 4000, .n_val = 48, .size = 32, .hold_out = true};
+    mmc_imgdemo_data_opts o = {.n_train = 4000, .n_val = 48, .size = 48, .hold_out = true};
     const char *val = NULL, *images = NULL, *out = NULL, *grid = NULL;
     long long v;
     for (int i = 2; i < argc; i++) {
