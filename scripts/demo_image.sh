@@ -107,7 +107,7 @@ if [ "${DEMO_CONTROL:-1}" != 0 ]; then
     ctl_s=$(sed -n 's/.*"side":\([0-9.]*\).*/\1/p' "$RUN/control/judge/judge.json")
 fi
 
-vlm_c=null vlm_s=null ref_c=null ref_s=null
+vlm_c=null vlm_s=null ref_c=null ref_s=null cv_c=null cv_s=null
 VLM=${DEMO_VLM:-}
 if [ "$VLM" != none ]; then
     step "6/7 the understanding model of 'make run' judges the same images (colour and shape questions)"
@@ -133,14 +133,21 @@ if [ "$VLM" != none ]; then
     ref_c=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"colour":\(.*\)/\1/p')
     ref_s=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"shape":\(.*\)/\1/p')
     echo "the same questions on reference renderings of the prompts (the judge's own accuracy): colour $ref_c, shape $ref_s"
+    if [ -s "$RUN/control/judge/vlm_questions.jsonl" ]; then   # and on the control's images (chance 0.25, 0.33)
+        "$MMC" eval --model "$VLM" --data "$RUN/control/judge/vlm_questions.jsonl" --json > "$RUN/control/judge/vlm.json"
+        by=$(sed -n 's/.*"by_type":{\([^}]*\)}.*/\1/p' "$RUN/control/judge/vlm.json")
+        cv_c=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"colour":\(.*\)/\1/p')
+        cv_s=$(printf '%s' "$by" | tr ',' '\n' | sed -n 's/^"shape":\(.*\)/\1/p')
+        echo "the same questions on the control's images: colour $cv_c, shape $cv_s (chance 0.25, 0.33)"
+    fi
 fi
 
 step "7/7 summary"
 px_c=$(sed -n 's/.*"colour":\([0-9.]*\).*/\1/p' "$RUN/main/judge/judge.json")
 px_s=$(sed -n 's/.*"side":\([0-9.]*\).*/\1/p' "$RUN/main/judge/judge.json")
 px_sh=$(sed -n 's/.*"shape_pixels":\([0-9.]*\).*/\1/p' "$RUN/main/judge/judge.json")
-printf '{"pixels":{"colour":%s,"side":%s,"shape":%s},"vlm":{"colour":%s,"shape":%s},"vlm_on_references":{"colour":%s,"shape":%s},"control_pixels":{"colour":%s,"side":%s},"seconds":%d}\n' \
-    "$px_c" "$px_s" "$px_sh" "$vlm_c" "$vlm_s" "$ref_c" "$ref_s" "$ctl_c" "$ctl_s" $(($(date +%s) - t_start)) | tee "$RUN/summary.json"
+printf '{"pixels":{"colour":%s,"side":%s,"shape":%s},"vlm":{"colour":%s,"shape":%s},"vlm_on_references":{"colour":%s,"shape":%s},"control_pixels":{"colour":%s,"side":%s},"control_vlm":{"colour":%s,"shape":%s},"seconds":%d}\n' \
+    "$px_c" "$px_s" "$px_sh" "$vlm_c" "$vlm_s" "$ref_c" "$ref_s" "$ctl_c" "$ctl_s" "$cv_c" "$cv_s" $(($(date +%s) - t_start)) | tee "$RUN/summary.json"
 echo "held-out prompts: pixel colour $px_c (target >= 0.90), side $px_s (>= 0.85), shape by pixels $px_sh;" \
      "VLM colour $vlm_c, shape $vlm_s (>= 0.70); control colour $ctl_c, side $ctl_s (chance 0.25, 0.5)"
 echo "grid: $RUN/main/grid.png   pipeline: $RUN/main/pipe (mmc generate-image --model $RUN/main/pipe --width $RES --height $RES --max-sequence-length $SEQ --prompt ...)"
