@@ -6,7 +6,7 @@ JOBS    ?= $(shell nproc)
 REF_VENV ?= .venv-ref
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run run-omni test test-demos test-asan fuzz bench fixtures clean
+.PHONY: all deps build run run-omni run-image test test-demos test-asan fuzz bench fixtures clean
 
 all: build
 
@@ -25,6 +25,9 @@ run: build
 
 run-omni: build
 	@bash scripts/demo_omni.sh $(BUILD)
+
+run-image: build
+	@bash scripts/demo_image.sh $(BUILD)
 
 # ctest's exit status is the target's; after ctest's summary, the skipped tests and why
 # (tests/report_skips.sh; ctest itself lists them without the reason).

@@ -109,6 +109,10 @@ mmc_status mmc_vae_config_read(const mmc_json *cfg, const char *what, mmc_vae_co
 mmc_status mmc_vae_load(const char *dir, mmc_vae **out);
 mmc_status mmc_vae_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_vae **out);   /* as mmc_unet_load_st */
 void mmc_vae_free(mmc_vae *v);
+/* A fresh, trainable VAE of this config (torch's default init; training: src/train/trainer_vae.c). */
+mmc_status mmc_vae_new(const mmc_vae_config *cfg, uint64_t seed, mmc_vae **out);
+/* Every tensor under its diffusers name (the set's own arrays; n returned). */
+int mmc_vae_param_list(mmc_vae *v, mmc_tensor ***params, const char (**names)[256]);
 const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v);
 int64_t mmc_vae_param_count(const mmc_vae *v);
 int mmc_vae_downscale(const mmc_vae *v);        /* 2^(levels-1) */
@@ -141,6 +145,25 @@ void mmc_vae_scale_latents(const mmc_vae *v, mmc_tensor *z);
 /* VaeImageProcessor.denormalize of a decoded image, in place: x / 2 + 0.5 clamped to [0, 1]. */
 mmc_tensor *mmc_vae_postprocess(mmc_ctx *ctx, mmc_tensor *x);
 void mmc_vae_unscale_latents(const mmc_vae *v, mmc_tensor *z);
+
+/* Training an AutoencoderKL from scratch (`mmc train-vae`, src/train/trainer_vae.c): MSE
+ * reconstruction + kl_weight * the mean KL to N(0, 1), AdamW with warmup and cosine decay; the
+ * config's shift_factor / scaling_factor are set from the trained latents' mean and std. */
+typedef struct {
+    double val_mse, psnr, seconds, shift, scaling;
+} mmc_vae_train_report;
+typedef struct {
+    const char *data;       /* image folder with metadata.jsonl ("file_name" per line) */
+    const char *config;     /* AutoencoderKL config.json: the architecture */
+    const char *out_dir;    /* config.json + diffusion_pytorch_model.safetensors + reconstructions.png */
+    int resolution, batch, log_every;
+    int64_t steps, warmup;
+    double lr, min_lr, kl_weight;
+    uint64_t seed;
+    mmc_vae_train_report *report;   /* filled when not NULL */
+} mmc_vae_train_opts;
+void mmc_vae_train_defaults(mmc_vae_train_opts *o);
+mmc_status mmc_vae_train(const mmc_vae_train_opts *o);
 
 /* ---------------------------------------------------------------- AutoencoderKLWan
  * diffusers' AutoencoderKLWan (models/autoencoders/autoencoder_kl_wan.py), the causal 3D VAE

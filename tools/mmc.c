@@ -26,6 +26,8 @@ static const cli_cmd g_cmds[] = {
      cmd_merge, help_merge},
     {"eval", "Evaluate a model on a dataset: loss, perplexity, exact/normalised-match accuracy",
      cmd_eval, help_eval},
+    {"image-demo", "The image-generation demo's captioned shapes and the pixel judge of generated images", cmd_image_demo, help_image_demo},
+    {"train-vae", "Train a diffusers AutoencoderKL from scratch on an image folder", cmd_train_vae, help_train_vae},
     {"synth", "Write the demo's synthetic shapes dataset (images + questions, JSONL)",
      cmd_synth, help_synth},
     {"train", "Train or fine-tune a model from one YAML run config (resumable checkpoints)",

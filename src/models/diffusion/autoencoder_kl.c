@@ -168,7 +168,7 @@ static void bind_mid(binder *b, const char *coder_prefix, mid_block *m, int64_t 
      * _convert_deprecated_attention_blocks maps query/key/value/proj_attn to these) */
     char probe[192];
     snprintf(probe, sizeof probe, "%sto_q.weight", p);
-    bool old = !mmc_st_find(b->v->w.st, probe);
+    bool old = b->v->w.st && !mmc_st_find(b->v->w.st, probe);   /* a fresh model: diffusers' names */
     attn_block *a = &m->attn;
     bind_vec(b, p, "group_norm", &a->norm_w, &a->norm_b, C);
     bind_linear(b, p, old ? "query" : "to_q", &a->q_w, &a->q_b, C);
@@ -273,6 +273,52 @@ mmc_status mmc_vae_load(const char *dir, mmc_vae **out) { return vae_load(dir, N
 
 mmc_status mmc_vae_load_st(const char *config_dir, mmc_st *weights, const char *what, mmc_vae **out) {
     return vae_load(config_dir, weights, what, out);
+}
+
+/* A fresh VAE (training from scratch, trainer_vae.c): torch's default init of diffusers' modules:
+ * Conv2d / Linear weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (fan_in = Cin * k * k),
+ * GroupNorm weight 1 and bias 0. Every tensor is a trainable f32 parameter. */
+mmc_status mmc_vae_new(const mmc_vae_config *cfg, uint64_t seed, mmc_vae **out) {
+    *out = NULL;
+    mmc_vae *v = calloc(1, sizeof *v);
+    if (!v) return mmc_error(MMC_ERR_OOM, "out of memory");
+    v->cfg = *cfg;
+    binder b = {.v = v};
+    mmc_status st;
+    if ((st = alloc_levels(&v->enc, v->cfg.levels, (int)v->cfg.layers_per_block)) ||
+        (st = alloc_levels(&v->dec, v->cfg.levels, (int)v->cfg.layers_per_block + 1)) ||
+        (st = mw_init_random(&v->w, seed, MW_INIT_TORCH_LINEAR)))
+        goto fail;
+    v->w.trainable = true;
+    bind_all(&b);
+    if ((st = mw_status(&v->w, "random init", "AutoencoderKL"))) goto fail;
+    /* the weight set draws a bias of a [N] vector as U(-1, 1) (no fan-in known at bind time):
+     * redraw each bias with its weight's fan-in, and zero the GroupNorm biases */
+    mmc_rng r;
+    mmc_rng_init(&r, seed ^ 0xB1A5B1A5B1A5B1A5ull);
+    for (int i = 0; i < v->w.n_params; i++) {
+        const char *nm = v->w.names[i], *dot = strrchr(nm, '.');
+        if (!dot || strcmp(dot, ".bias") != 0) continue;
+        mmc_tensor *bias = v->w.params[i];
+        const mmc_tensor *wt = i > 0 ? v->w.params[i - 1] : NULL;   /* bound just before its bias */
+        if (!wt || wt->ndim == 1) {
+            memset(bias->data, 0, mmc_nbytes(bias));
+            continue;
+        }
+        const float bound = 1.0f / sqrtf((float)(mmc_numel(wt) / wt->shape[0]));
+        mmc_rng_uniform(&r, bias->data, mmc_numel(bias), -bound, bound);
+    }
+    *out = v;
+    return MMC_OK;
+fail:
+    mmc_vae_free(v);
+    return st;
+}
+
+int mmc_vae_param_list(mmc_vae *v, mmc_tensor ***params, const char (**names)[256]) {
+    *params = v->w.params;
+    *names = (const char (*)[256])v->w.names;
+    return v->w.n_params;
 }
 
 const mmc_vae_config *mmc_vae_cfg(const mmc_vae *v) { return &v->cfg; }
