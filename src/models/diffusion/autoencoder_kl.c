@@ -372,32 +372,34 @@ static mmc_tensor *out_forward(mmc_ctx *ctx, const mmc_vae *v, const coder *cd, 
 /* Encoder: x [B, Cin, H, W] -> [B, 2*Cl, H/f, W/f] */
 static mmc_tensor *encoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x) {
     const coder *e = &v->enc;
+    /* without a tape only the running h is kept: each block's input is dropped once its output exists */
+    const mmc_arena_mark m0 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     mmc_tensor *h = mmc_conv2d(ctx, x, e->conv_in_w, e->conv_in_b, 1, 1);   /* [B, ch0, H, W] */
     for (int64_t i = 0; i < v->cfg.levels; i++) {
         const level_block *lv = &e->levels[i];
-        for (int r = 0; r < lv->n_res; r++) h = resnet_forward(ctx, v, &lv->res[r], h);
+        for (int r = 0; r < lv->n_res; r++) h = mw_keep(ctx, m0, resnet_forward(ctx, v, &lv->res[r], h));
         if (lv->sample_w) {   /* Downsample2D(padding=0): pad right and bottom, conv stride 2 */
-            mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_tensor *p = mmc_pad2d(ctx, h, 0, 1, 0, 1);
-            h = mw_keep(ctx, m, mmc_conv2d(ctx, p, lv->sample_w, lv->sample_b, 2, 0));   /* [B, C, H/2, W/2] */
+            h = mw_keep(ctx, m0, mmc_conv2d(ctx, p, lv->sample_w, lv->sample_b, 2, 0));   /* [B, C, H/2, W/2] */
         }
     }
-    h = mid_forward(ctx, v, &e->mid, h);
+    h = mw_keep(ctx, m0, mid_forward(ctx, v, &e->mid, h));
     return out_forward(ctx, v, e, h);
 }
 
 /* Decoder: z [B, Cl, h, w] -> [B, Cout, h*f, w*f] */
 static mmc_tensor *decoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *z) {
     const coder *d = &v->dec;
+    /* without a tape only the running h is kept (at 1024² a 128-channel activation is 512 MiB) */
+    const mmc_arena_mark m0 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     mmc_tensor *h = mmc_conv2d(ctx, z, d->conv_in_w, d->conv_in_b, 1, 1);   /* [B, top, h, w] */
-    h = mid_forward(ctx, v, &d->mid, h);
+    h = mw_keep(ctx, m0, mid_forward(ctx, v, &d->mid, h));
     for (int64_t i = 0; i < v->cfg.levels; i++) {
         const level_block *lv = &d->levels[i];
-        for (int r = 0; r < lv->n_res; r++) h = resnet_forward(ctx, v, &lv->res[r], h);
+        for (int r = 0; r < lv->n_res; r++) h = mw_keep(ctx, m0, resnet_forward(ctx, v, &lv->res[r], h));
         if (lv->sample_w) {   /* Upsample2D: nearest 2x, 3x3 conv */
-            mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_tensor *u = mmc_upsample_nearest2x(ctx, h);                  /* [B, C, 2h, 2w] */
-            h = mw_keep(ctx, m, mmc_conv2d(ctx, u, lv->sample_w, lv->sample_b, 1, 1));
+            h = mw_keep(ctx, m0, mmc_conv2d(ctx, u, lv->sample_w, lv->sample_b, 1, 1));
         }
     }
     return out_forward(ctx, v, d, h);
