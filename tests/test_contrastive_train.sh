@@ -11,7 +11,7 @@
 # bad inputs fail with messages.
 set -u
 MMC=${MMC:-build/mmc}
-PY=${MMC_REF_PYTHON:-/work/main/.venv-ref/bin/python}
+PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
 W=$(mktemp -d /tmp/mmc_test_contrastive_train.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fail=0
