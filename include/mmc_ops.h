@@ -35,6 +35,9 @@ mmc_tensor *mmc_gelu(mmc_ctx *ctx, mmc_tensor *x);        /* erf form (nn.GELU()
 mmc_tensor *mmc_gelu_tanh(mmc_ctx *ctx, mmc_tensor *x);   /* tanh approximation */
 mmc_tensor *mmc_quick_gelu(mmc_ctx *ctx, mmc_tensor *x);  /* x * sigmoid(1.702 x) */
 mmc_tensor *mmc_silu(mmc_ctx *ctx, mmc_tensor *x);
+/* x = silu(x) in place, for inference: x contiguous f32, not on a tape (its memory is reused, so only for
+ * a temporary nothing else reads, e.g. a GroupNorm output about to be convolved). Returns x. */
+mmc_tensor *mmc_silu_inplace(mmc_ctx *ctx, mmc_tensor *x);
 /* silu(gate) * up, both [..., F] */
 mmc_tensor *mmc_swiglu(mmc_ctx *ctx, mmc_tensor *gate, mmc_tensor *up);
 mmc_tensor *mmc_softmax(mmc_ctx *ctx, mmc_tensor *x);     /* over the last dim */

@@ -21,7 +21,10 @@ void mmc_resnet2d_bind(mw_set *w, const char *p, mmc_resnet2d *r, int64_t cin, i
 }
 
 static mmc_tensor *norm_silu(mmc_ctx *ctx, mmc_tensor *x, int groups, mmc_tensor *w, mmc_tensor *b, float eps) {
-    return mmc_silu(ctx, mmc_groupnorm(ctx, x, groups, w, b, eps));
+    mmc_tensor *g = mmc_groupnorm(ctx, x, groups, w, b, eps);
+    /* without a tape the norm's output is a temporary: SiLU over it in place (one full activation less) */
+    return mmc_requires_grad(g) || g->dtype != MMC_F32 || !mmc_is_contiguous(g) ? mmc_silu(ctx, g)
+                                                                             : mmc_silu_inplace(ctx, g);
 }
 
 mmc_tensor *mmc_resnet2d_forward(mmc_ctx *ctx, const mmc_resnet2d *r, mmc_tensor *x, mmc_tensor *temb_act,

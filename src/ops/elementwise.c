@@ -222,6 +222,13 @@ mmc_tensor *mmc_gelu(mmc_ctx *ctx, mmc_tensor *x) { return activation(ctx, x, AC
 mmc_tensor *mmc_gelu_tanh(mmc_ctx *ctx, mmc_tensor *x) { return activation(ctx, x, ACT_GELU_TANH, "gelu_tanh"); }
 mmc_tensor *mmc_quick_gelu(mmc_ctx *ctx, mmc_tensor *x) { return activation(ctx, x, ACT_QUICK_GELU, "quick_gelu"); }
 mmc_tensor *mmc_silu(mmc_ctx *ctx, mmc_tensor *x) { return activation(ctx, x, ACT_SILU, "silu"); }
+mmc_tensor *mmc_silu_inplace(mmc_ctx *ctx, mmc_tensor *x) {
+    (void)ctx;
+    MMC_CHECK(x->dtype == MMC_F32 && mmc_is_contiguous(x) && !mmc_requires_grad(x),
+              "mmc_silu_inplace: needs a contiguous f32 tensor no tape holds");
+    ew_xsigmoid_f32(x->data, x->data, 1.0f, mmc_numel(x));   /* the same arithmetic as mmc_silu */
+    return x;
+}
 
 static void swiglu_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *gate = n->in[0], *up = n->in[1];
