@@ -17,7 +17,7 @@ static const cli_cmd g_cmds[] = {
      cmd_generate, help_generate},
     {"generate-image", "Generate images from a prompt with a diffusers Flux or SD3 pipeline folder",
      cmd_generate_image, help_generate_image},
-    {"generate-video", "Generate a video from a prompt with a diffusers WanPipeline folder (MP4 / GIF / PNG frames)",
+    {"generate-video", "Generate a video from a prompt (and a first frame) with a diffusers Wan pipeline folder (MP4 / GIF / PNG frames)",
      cmd_generate_video, help_generate_video},
     {"chat", "Multi-turn chat on the terminal (/image PATH, /video PATH attach media)", cmd_chat, help_chat},
     {"forward", "One forward pass; write the logits to safetensors for parity checks",
