@@ -31,9 +31,13 @@ static const char *k_yaml =
  *    the worst element. Measured worst: 7.6e-6 on layers.1 k_proj.bias with the AVX2 kernels
  *    (5.4e-6 AVX-512), a bias whose gradient is nearly zero (softmax ignores a shift of all of
  *    a query's scores; only RoPE breaks that). The worst element is bounded too:
- *    max|w - w_ref| <= 1e-2 x peak lr, a hundredth of one step (measured 1.35e-5 of 3e-5). */
+ *    max|w - w_ref| <= 1e-2 x peak lr, a hundredth of one step (measured 1.35e-5 of 3e-5).
+ *    The seventh session's attention / GEMM kernels (other summation orders) give 6.8e-6 normwise
+ *    (max 1.5e-5) in the Release build and 1.00e-5 (up_proj; max 2.3e-5) in the Debug ASan build,
+ *    whose scalar code is not FMA-contracted, while losses stay within 1.2e-7: the weight bound is
+ *    2e-5 normwise. */
 #define LOSS_RTOL 1e-5
-#define WEIGHT_RTOL 1e-5
+#define WEIGHT_RTOL 2e-5
 
 /* ||a - b||_2 / ||b||_2 over all elements */
 static double rel_l2(const mmc_tensor *a, const mmc_tensor *b) {
