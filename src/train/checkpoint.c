@@ -59,7 +59,7 @@ static void fsync_path(const char *path) {
     if (fd >= 0) { fsync(fd); close(fd); }
 }
 
-static mmc_status copy_file(const char *from, const char *to) {
+mmc_status mmc_copy_file(const char *from, const char *to) {
     char *data = NULL;
     size_t n = 0;
     mmc_status st = mmc_read_file(from, &data, &n);
@@ -342,7 +342,7 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
             snprintf(from, sizeof from, "%s/%s", t->src_dir, k_aux_files[i]);
             if (access(from, R_OK) != 0) continue;
             snprintf(path, sizeof path, "%s/%s", tmp, k_aux_files[i]);
-            if ((st = copy_file(from, path))) goto fail;
+            if ((st = mmc_copy_file(from, path))) goto fail;
         }
     if (t->src.kind == SRC_LOADER && !t->llava && !t->internvl) {   /* (LLaVA's / InternVL's processor files are copied as they are) */
         snprintf(path, sizeof path, "%s/preprocessor_config.json", tmp);
@@ -370,7 +370,7 @@ mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token) {
         if (pst && pst != MMC_ERR_UNSUPPORTED) { st = pst; goto fail; }
         char top[4096];
         snprintf(top, sizeof top, "%s/loss.png", out);
-        if (!pst) copy_file(path, top);
+        if (!pst) mmc_copy_file(path, top);
     }
     fsync_path(tmp);
     old[0] = 0;

@@ -128,32 +128,6 @@ static mmc_status pairs_read(const char *path, const char *root, pairs *p) {
     return st;
 }
 
-static mmc_status copy_file(const char *src, const char *dst) {
-    FILE *f = fopen(src, "rb");
-    if (!f) return MMC_OK;   /* optional files */
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(n > 0 ? (size_t)n : 1);
-    mmc_status st = MMC_OK;
-    if (!buf) st = mmc_error(MMC_ERR_OOM, "out of memory");
-    else if (fread(buf, 1, (size_t)n, f) != (size_t)n) st = mmc_error(MMC_ERR_IO, "%s: short read", src);
-    else st = mmc_write_file_atomic(dst, buf, (size_t)n);
-    free(buf);
-    fclose(f);
-    return st;
-}
-
-/* mkdir -p */
-static mmc_status make_dirs(const char *path) {
-    char p[2048];
-    snprintf(p, sizeof p, "%s", path);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') { *s = 0; mkdir(p, 0755); *s = '/'; }
-    if (mkdir(p, 0755) && errno != EEXIST) return mmc_error(MMC_ERR_IO, "%s: cannot create the folder (%s)", p, strerror(errno));
-    return MMC_OK;
-}
-
 /* output_dir/checkpoint-<step>: model.safetensors (CLIPModel's names) + the source's config/processor
  * files + the optimizer state, written in output_dir/.tmp-checkpoint-<step>-<pid> and renamed into place */
 static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step, mmc_tensor **params,
@@ -162,7 +136,7 @@ static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step
     snprintf(final, sizeof final, "%s/checkpoint-%lld", out_dir, (long long)step);
     snprintf(dir, sizeof dir, "%s/.tmp-checkpoint-%lld-%d", out_dir, (long long)step, (int)getpid());
     mmc_rm_rf(dir);
-    mmc_status st = make_dirs(dir);
+    mmc_status st = mmc_mkdir_p(dir);
     if (st) return st;
     mmc_stw *w = mmc_stw_new();
     if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -194,7 +168,7 @@ static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step
     for (size_t i = 0; i < sizeof files / sizeof *files && !st; i++) {
         snprintf(s, sizeof s, "%s/%s", src_dir, files[i]);
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        st = copy_file(s, p);
+        if (access(s, R_OK) == 0) st = mmc_copy_file(s, p);   /* the optional files the folder has */
     }
     if (!st) {   /* into place: an older folder of the same step (a re-run) is moved aside first */
         char old[2100];

@@ -186,6 +186,8 @@ mmc_status mmc_checkpoint_begin(mmc_trainer *t, int64_t token);
 mmc_status mmc_checkpoint_finish(mmc_trainer *t, int64_t token);
 mmc_status mmc_rm_rf(const char *path);
 mmc_status mmc_mkdir_p(const char *path);
+/* from's bytes written atomically to to (mmc_write_file_atomic); errors name the file */
+mmc_status mmc_copy_file(const char *from, const char *to);
 /* ZeRO-3 without LoRA: checkpoints keep the trained parameters in the ranks' shards (no
  * model.safetensors; the untrained ones go to model.frozen.safetensors) */
 /* ZeRO >= 1 checkpoints keep the moments in per-rank shard files, except under tensor
