@@ -673,6 +673,23 @@ static int unit_of_name(const char *name, int nl, int nv) {
     return -1;
 }
 
+/* The distributed runtime (started here unless already running) and this process's rank; the watchdog
+ * timeout is parallel.timeout, unless MMC_DIST_TIMEOUT is set. */
+static mmc_status start_world(mmc_trainer *t, const mmc_run_config *cfg) {
+    const char *tenv = getenv("MMC_DIST_TIMEOUT");
+    const bool env_timeout = tenv && atof(tenv) > 0;
+    if (!(t->world = mmc_dist_world())) {
+        mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = env_timeout ? 0 : cfg->parallel.timeout};
+        mmc_status st = mmc_dist_init(&dop, &t->world);
+        if (st) return st;
+        t->owns_dist = true;
+    } else if (!env_timeout && cfg->parallel.timeout > 0) {
+        mmc_dist_set_timeout(cfg->parallel.timeout);
+    }
+    t->rank = mmc_comm_rank(t->world);
+    return MMC_OK;
+}
+
 mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer **out) {
     *out = NULL;
     mmc_trainer *t = calloc(1, sizeof *t);
@@ -683,14 +700,8 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         t->contrastive = true;
         t->contrastive_resume = resume;
         if (cfg->parallel.data_parallel > 1 || mmc_dist_launched()) {   /* its ranks: data parallelism only */
-            mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = cfg->parallel.timeout};
-            mmc_status s0 = MMC_OK;
-            if (!(t->world = mmc_dist_world())) {
-                s0 = mmc_dist_init(&dop, &t->world);
-                t->owns_dist = !s0;
-            }
+            mmc_status s0 = start_world(t, cfg);
             if (s0) { free(t); return s0; }
-            t->rank = mmc_comm_rank(t->world);
         }
         *out = t;
         return MMC_OK;
@@ -699,17 +710,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     char ckpt[2048] = "";
     /* data parallelism: every rank checks the layout before any work, so a bad config fails
      * with the same message on every rank instead of hanging in the first collective */
-    /* the watchdog timeout: parallel.timeout, unless MMC_DIST_TIMEOUT is set */
-    const char *tenv = getenv("MMC_DIST_TIMEOUT");
-    const bool env_timeout = tenv && atof(tenv) > 0;
-    if (!(t->world = mmc_dist_world())) {
-        mmc_dist_opts dop = {.backend = MMC_DIST_AUTO, .timeout_s = env_timeout ? 0 : cfg->parallel.timeout};
-        if ((st = mmc_dist_init(&dop, &t->world))) goto fail;
-        t->owns_dist = true;
-    } else if (!env_timeout && cfg->parallel.timeout > 0) {
-        mmc_dist_set_timeout(cfg->parallel.timeout);
-    }
-    t->rank = mmc_comm_rank(t->world);
+    if ((st = start_world(t, cfg))) goto fail;
     t->world_size = mmc_comm_size(t->world);
     t->tp_size = (int)cfg->parallel.tensor_parallel;
     t->pp_size = 1;
