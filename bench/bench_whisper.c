@@ -7,6 +7,12 @@
  *       (51865: the output projection is a large part of a step): a fresh decoder state over the
  *       1500 encoder states (cross keys/values), a 4-token prompt, then 32 tokens one at a time
  *       through the KV cache; total time / 32.
+ * and the same work split as whisper.cpp splits it (bench/peer_whispercpp.py, pywhispercpp's f16 model
+ * of these shapes; mmc stays f32):
+ *   whisper_small2_encode_cross_30s_ms_whispercpp_f16: the encoder plus the decoder-state set-up
+ *       (every decoder layer's cross-attention keys and values), which whisper_encode also computes;
+ *   whisper_small2_decode_step_ms_whispercpp_f16: after the 4-token prompt, one of the 32 single-token
+ *       steps (their mean), the set-up and the prompt not counted.
  * The random checkpoint is written to a temp folder as save_pretrained lays it out. */
 #include "bench_util.h"
 #include "mmc_io.h"
@@ -106,6 +112,40 @@ static void run_decode(void *arg) {
     mmc_whisper_dec_free(d);
 }
 
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* whisper.cpp's split of the same work, median of REPS runs: encode + cross K/V, then one step */
+static void run_whispercpp_split(wcase *c) {
+    enum { REPS = 5 };
+    double enc[REPS], step[REPS];
+    for (int r = -1; r < REPS; r++) {   /* r = -1: warm-up */
+        mmc_ctx_reset(c->ctx);
+        double t0 = mmc_now();
+        mmc_tensor *e;
+        MMC_CHECK(mmc_whisper_encode(c->ctx, c->m, c->feats, 2 * P, &e) == MMC_OK, "%s", mmc_last_error());
+        mmc_whisper_dec *d;
+        MMC_CHECK(mmc_whisper_dec_new(c->ctx, c->m, e, &d) == MMC_OK, "%s", mmc_last_error());
+        double t1 = mmc_now();
+        int32_t prompt[PROMPT] = {50258, 50259, 50359, 50363};
+        MMC_CHECK(mmc_whisper_dec_step(c->ctx, d, prompt, PROMPT, false, c->logits) == MMC_OK, "%s", mmc_last_error());
+        double t2 = mmc_now();
+        for (int t = 0; t < STEPS; t++) {
+            int32_t id = (int32_t)((t * 7919 + 11) % 50000);
+            MMC_CHECK(mmc_whisper_dec_step(c->ctx, d, &id, 1, false, c->logits) == MMC_OK, "%s", mmc_last_error());
+        }
+        double t3 = mmc_now();
+        mmc_whisper_dec_free(d);
+        if (r >= 0) enc[r] = t1 - t0, step[r] = (t3 - t2) / STEPS;
+    }
+    qsort(enc, REPS, sizeof(double), cmp_d);
+    qsort(step, REPS, sizeof(double), cmp_d);
+    bench_report("whisper_small2_encode_cross_30s_ms_whispercpp_f16", 1e3 * enc[REPS / 2], "ms", 0);
+    bench_report("whisper_small2_decode_step_ms_whispercpp_f16", 1e3 * step[REPS / 2], "ms", 0);
+}
+
 int main(void) {
     char tmp[] = "/tmp/mmc_bench_whisper_XXXXXX";
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
@@ -121,6 +161,7 @@ int main(void) {
     MMC_CHECK(mmc_whisper_encode(ectx, c.m, c.feats, 2 * P, &c.enc) == MMC_OK, "%s", mmc_last_error());
     bench_report("whisper_small2_decode_ms_per_token", 1e3 * bench_time(run_decode, &c, 3.0, 3) / STEPS, "ms", 0);
     mmc_ctx_free(ectx);
+    run_whispercpp_split(&c);
     mmc_whisper_free(c.m);
     free(c.feats);
     free(c.logits);

@@ -1,32 +1,14 @@
 """peer_util.py — what the PyTorch peer scripts share: the thread count the C benches use
-(MMC_BENCH_THREADS), the timing estimator (the median call of a timed run, after one warm-up),
-the JSON line each case prints for bench/merge.py, and the memory baseline (as bench_util.h's
-bench_mem_baseline: RSS after start-up and imports, before the model; figures are peak RSS
-minus it)."""
-import json
+(MMC_BENCH_THREADS), the timing estimator and the JSON line each case prints (peer_timing.py,
+re-exported here), and the memory baseline (as bench_util.h's bench_mem_baseline: RSS after
+start-up and imports, before the model; figures are peak RSS minus it)."""
 import os
-import time
 
 import torch
 
+from peer_timing import median_time, report  # noqa: F401 (re-exported)
+
 torch.set_num_threads(int(os.environ.get("MMC_BENCH_THREADS", "2")))
-
-
-def median_time(fn, min_s=1.0, min_iters=3):
-    """Median seconds per call of fn over at least min_iters calls and min_s seconds."""
-    fn()
-    ts, start = [], time.perf_counter()
-    while len(ts) < 1000 and (len(ts) < min_iters or time.perf_counter() - start < min_s):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def report(name, value, unit, higher=True):
-    print(json.dumps({"name": name, "peer": value, "unit": unit, "better": "higher" if higher else "lower"}),
-          flush=True)
 
 
 def _status_mib(key):
