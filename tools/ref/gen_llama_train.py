@@ -24,7 +24,6 @@ lora_losses.txt (20 losses), lora_ref/ (the adapter after 20 steps, save_pretrai
 Mistral: a tiny MistralForCausalLM (GQA, tied embeddings, sliding_window 32 >= the batch's 24
 tokens, so its attention is the full causal one) through the same float64 full fine-tuning
 recipe: mistral/ (save_pretrained) and mistral_parity.safetensors (as parity.safetensors)."""
-import contextlib
 import json
 import os
 import sys
@@ -38,40 +37,13 @@ from safetensors.torch import save_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, get_cosine_schedule_with_warmup
 from transformers import MistralConfig, MistralForCausalLM
 
+from ref_common import float64_throughout
+
 root = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(root, "tests/fixtures/llama_train")
 torch.set_num_threads(2)
 STEPS = 20
 LR = 3e-3
-
-
-@contextlib.contextmanager
-def float64_throughout():
-    """while active, float64 tensors stay float64 through transformers' .float() / .to(float32) /
-    softmax(dtype=float32) upcasts (see gen_train.py)"""
-    T, F = torch.Tensor, torch.nn.functional
-    saved = (T.float, T.to, F.softmax)
-
-    def to_float(t, *a, **k):
-        return t if t.dtype == torch.float64 else saved[0](t, *a, **k)
-
-    def to(t, *a, **k):
-        if t.dtype == torch.float64:
-            a = tuple(torch.float64 if x is torch.float32 else x for x in a)
-            if k.get("dtype") is torch.float32:
-                k["dtype"] = torch.float64
-        return saved[1](t, *a, **k)
-
-    def softmax(x, *a, **k):
-        if x.dtype == torch.float64 and k.get("dtype") is torch.float32:
-            k["dtype"] = torch.float64
-        return saved[2](x, *a, **k)
-
-    T.float, T.to, F.softmax = to_float, to, softmax
-    try:
-        yield
-    finally:
-        T.float, T.to, F.softmax = saved
 
 
 def train(model, rows, n_items, V):

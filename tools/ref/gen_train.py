@@ -16,7 +16,7 @@ Final weights are stored as float32: rounding the float64 result costs 6e-8 rela
 Writes tests/fixtures/train/parity.safetensors: input_ids, labels, losses [20], grad_norms
 [20], lrs [20] (float64) and every final weight under its HF name (prefixed "final."); and
 batch.safetensors, the fixed batch alone as the trainer's data.train reads it."""
-import contextlib
+from ref_common import float64_throughout
 import os
 import torch
 from safetensors.torch import save_file
@@ -26,36 +26,6 @@ from transformers import Qwen2VLForConditionalGeneration, Qwen2_5_VLForCondition
 root = os.path.join(os.path.dirname(__file__), "..", "..")
 torch.set_num_threads(2)
 STEPS = 20
-
-
-@contextlib.contextmanager
-def float64_throughout():
-    """transformers upcasts to float32 inside RMSNorm, softmax and the vision rotary; in a float64
-    run those casts would round the reference to float32 (measured: 4.7e-6 normwise on the
-    final weights): while active, float64 tensors stay float64."""
-    T, F = torch.Tensor, torch.nn.functional
-    saved = (T.float, T.to, F.softmax)
-
-    def to_float(t, *a, **k):
-        return t if t.dtype == torch.float64 else saved[0](t, *a, **k)
-
-    def to(t, *a, **k):
-        if t.dtype == torch.float64:
-            a = tuple(torch.float64 if x is torch.float32 else x for x in a)
-            if k.get("dtype") is torch.float32:
-                k["dtype"] = torch.float64
-        return saved[1](t, *a, **k)
-
-    def softmax(x, *a, **k):
-        if x.dtype == torch.float64 and k.get("dtype") is torch.float32:
-            k["dtype"] = torch.float64
-        return saved[2](x, *a, **k)
-
-    T.float, T.to, F.softmax = to_float, to, softmax
-    try:
-        yield
-    finally:
-        T.float, T.to, F.softmax = saved
 
 
 def train(model, micro_batches, lr, n_items, V):
