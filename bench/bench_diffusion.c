@@ -20,6 +20,9 @@
  *       over 32² positions): full width, ~0.6 TFLOP. At 512² (the issue's size) a decode is
  *       ~2.5 TFLOP, half a minute per call on a busy 2-core host and too slow for the default
  *       run; MMC_BENCH_VAE_PX=512 (both sides read it) measures vae_decode_512_ms instead.
+ *   flux_step_512_t256_ms_sdcpp / flux_step_1024_t256_ms_sdcpp: the same step with 256 text tokens, the
+ *       count stable-diffusion.cpp's Flux conditioning always gives (its peer: bench/peer_sdcpp.py);
+ *       vae_decode_256_ms_sdcpp repeats vae_decode_256_ms on a row against stable-diffusion.cpp.
  *   *_peak_MiB: peak RSS minus the RSS before the model is loaded (bench_mem_baseline, the
  *       convention of bench_vl.c and peer_util.py), so weights count on both sides; the 1024²
  *       step's peak is taken after resetting VmHWM with the model already resident (weights
@@ -123,7 +126,7 @@ static void report_mem(const char *name, double peak, double base) {
 
 /* ------------------------------------------------------------------ Flux transformer */
 enum { FX_HEADS = 8, FX_HEAD_DIM = 128, FX_C = FX_HEADS * FX_HEAD_DIM, FX_IN = 64, FX_JOINT = 4096,
-       FX_POOLED = 768, FX_DOUBLE = 1, FX_SINGLE = 2, FX_TXT = 512 };
+       FX_POOLED = 768, FX_DOUBLE = 1, FX_SINGLE = 2, FX_TXT = 512, FX_TXT_SDCPP = 256 };
 
 static void write_flux(const char *dir) {
     const int64_t C = FX_C, M = 4 * C, D = FX_HEAD_DIM;
@@ -188,20 +191,21 @@ static void run_flux(void *arg) {
     MMC_CHECK(mmc_flux_forward(c->ctx, c->m, &c->in, &out) == MMC_OK, "%s", mmc_last_error());
 }
 
-/* One step at image size px (latent px/8, packed px/16 per side). */
-static void flux_step(fcase *c, int px, double min_s, int min_iters) {
+/* One step at image size px (latent px/8, packed px/16 per side) with txt text tokens, reported
+ * as `name` (a printf format of px). */
+static void flux_step(fcase *c, int px, int64_t txt, const char *name_fmt, double min_s, int min_iters) {
     const int64_t h = px / 8, S = (int64_t)(px / 16) * (px / 16);
     mmc_tensor *hidden = randn(1, 3, MMC_SHAPE(1, S, FX_IN));
-    mmc_tensor *enc = randn(2, 3, MMC_SHAPE(1, FX_TXT, FX_JOINT));
+    mmc_tensor *enc = randn(2, 3, MMC_SHAPE(1, txt, FX_JOINT));
     mmc_tensor *pooled = randn(3, 2, MMC_SHAPE(1, FX_POOLED));
-    float *img_ids = malloc((size_t)S * 3 * sizeof *img_ids), *txt_ids = calloc((size_t)FX_TXT * 3, sizeof *txt_ids);
+    float *img_ids = malloc((size_t)S * 3 * sizeof *img_ids), *txt_ids = calloc((size_t)txt * 3, sizeof *txt_ids);
     MMC_CHECK(img_ids && txt_ids, "out of memory");
     mmc_flux_latent_ids(h, h, img_ids);
     static const float timestep = 0.5f, guidance = 3.5f;
     c->in = (mmc_flux_inputs){.hidden = hidden, .encoder = enc, .pooled = pooled, .timestep = &timestep,
                               .guidance = &guidance, .img_ids = img_ids, .txt_ids = txt_ids};
     char name[64];
-    snprintf(name, sizeof name, "flux_step_%d_ms", px);
+    snprintf(name, sizeof name, name_fmt, px);
     bench_report(name, 1e3 * bench_time(run_flux, c, min_s, min_iters), "ms", 0);
     mmc_ctx_reset(c->ctx);
     mmc_tensor_free(hidden);
@@ -217,11 +221,14 @@ static void bench_flux(const char *dir) {
     fcase c = {.ctx = mmc_ctx_new()};
     mmc_set_grad_enabled(c.ctx, false);
     MMC_CHECK(mmc_flux_load(dir, false, &c.m) == MMC_OK, "%s", mmc_last_error());
-    flux_step(&c, 512, 3.0, 3);
+    flux_step(&c, 512, FX_TXT, "flux_step_%d_ms", 3.0, 3);
     report_mem("flux_step_512", bench_peak_rss_mib(), base);
     bench_reset_peak_rss();
-    flux_step(&c, 1024, 0.0, 3);
+    flux_step(&c, 1024, FX_TXT, "flux_step_%d_ms", 0.0, 3);
     report_mem("flux_step_1024", bench_peak_rss_mib(), base);
+    /* stable-diffusion.cpp's Flux conditioning is 256 text tokens whatever the model (peer_sdcpp.py) */
+    flux_step(&c, 512, FX_TXT_SDCPP, "flux_step_%d_t256_ms_sdcpp", 3.0, 3);
+    flux_step(&c, 1024, FX_TXT_SDCPP, "flux_step_%d_t256_ms_sdcpp", 0.0, 3);
     mmc_flux_free(c.m);
     mmc_ctx_free(c.ctx);
 }
@@ -318,7 +325,10 @@ static void bench_vae(const char *dir) {
     c.z = randn(4, 4, MMC_SHAPE(1, VAE_LATENT, px / 8, px / 8));
     char name[64];
     snprintf(name, sizeof name, "vae_decode_%d_ms", px);
-    bench_report(name, 1e3 * bench_time(run_vae, &c, 0.0, 3), "ms", 0);
+    const double ms = 1e3 * bench_time(run_vae, &c, 0.0, 3);
+    bench_report(name, ms, "ms", 0);
+    snprintf(name, sizeof name, "vae_decode_%d_ms_sdcpp", px);   /* the same figure, against stable-diffusion.cpp */
+    bench_report(name, ms, "ms", 0);
     snprintf(name, sizeof name, "vae_decode_%d", px);
     report_mem(name, bench_peak_rss_mib(), base);
     mmc_tensor_free(c.z);

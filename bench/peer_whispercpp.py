@@ -15,8 +15,9 @@ The checkpoint is transformers' WhisperForConditionalGeneration at random init (
 in whisper.cpp's own model format (the ggml file its convert-h5-to-ggml.py writes: hparams, mel
 filters, vocabulary, then each tensor under OpenAI's names) by write_ggml below, in a child process
 (`--write PATH`): the timed process never loads PyTorch, whose OpenMP runtime would otherwise run
-ggml's parallel regions. The vocabulary strings are placeholders (nothing is detokenised). Without pywhispercpp the script says so and
-prints no case. `pip install pywhispercpp==1.5.1` (bench/bench_serve_requirements.txt)."""
+ggml's parallel regions. The vocabulary strings are placeholders (nothing is detokenised). Without
+pywhispercpp the script says so and prints no case (1.5.1, a wheel, is pinned in
+tools/ref/requirements.txt)."""
 import os
 import struct
 import subprocess
@@ -107,8 +108,8 @@ def main():
     try:
         import _pywhispercpp as pw
     except ImportError:
-        print("peer_whispercpp: pywhispercpp is not installed (pip install pywhispercpp==1.5.1); skipped",
-              file=sys.stderr)
+        print("peer_whispercpp: pywhispercpp is not installed (make fixtures installs it from "
+              "tools/ref/requirements.txt); skipped", file=sys.stderr)
         return
     i = np.arange(80 * 3000, dtype=np.int64)
     feats = ((((i * 2654435761) % (1 << 32)) % 1000) / 700.0 - 0.6).astype(np.float32)   # bench_whisper's
