@@ -110,6 +110,11 @@ def main():
         print("peer_sdcpp: stable-diffusion-cpp-python is not installed (bench/bench_serve_requirements.txt); "
               "skipped", file=sys.stderr)
         return
+    # stable-diffusion.cpp prints its progress bars and system info on standard output: to stderr with
+    # them, the case lines (print) to the real standard output
+    sys.stdout.flush()
+    sys.stdout = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     log = []
 
     @sdc.sd_log_callback
