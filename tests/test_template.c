@@ -38,6 +38,8 @@ static void show_diff(const char *what, const char *exp, const char *got) {
             exp + from, got + from);
 }
 
+#define FIXED_NOW 1733300000   /* 2024-12-04 08:13:20 UTC */
+
 /* render one case and compare with its "expected" / "error" */
 static int g_cases, g_bad;
 static void check_case(const char *label, const char *src, const cJSON *vars, const cJSON *msgs, const cJSON *tools,
@@ -48,7 +50,8 @@ static void check_case(const char *label, const char *src, const cJSON *vars, co
     mmc_template *t = NULL;
     char *out = NULL;
     mmc_status st = mmc_template_parse(src, -1, &t);
-    mmc_template_limits lim = {.max_output = 1 << 20, .max_steps = 10000000};
+    /* strftime_now on tools/ref/gen_template.py's pinned clock (main sets TZ=UTC) */
+    mmc_template_limits lim = {.max_output = 1 << 20, .max_steps = 10000000, .now = FIXED_NOW};
     if (!st) st = chat ? mmc_template_render_chat(t, msgs, tools, docs, gen, vars, &lim, &out, NULL)
                        : mmc_template_render(t, vars, &lim, &out, NULL);
     if (cJSON_IsString(exp)) {
@@ -115,9 +118,7 @@ static char *render(const char *src, const char *vars_json, mmc_template_limits 
 }
 
 static void test_strftime_and_errors(void) {
-    mmc_template_limits lim = {.now = 1733300000};   /* 2024-12-04 08:13:20 UTC */
-    setenv("TZ", "UTC", 1);
-    tzset();
+    mmc_template_limits lim = {.now = FIXED_NOW};
     mmc_status st;
     char *o = render("{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d %H:%M') }}", NULL, &lim, &st);
     CHECK(st == MMC_OK && o && !strcmp(o, "04 Dec 2024|2024-12-04 08:13"));
@@ -253,6 +254,8 @@ static void test_chat_render(void) {
 }
 
 int main(int argc, char **argv) {
+    setenv("TZ", "UTC", 1);   /* strftime_now's local time, as the fixtures were rendered */
+    tzset();
     if (argc > 1) {   /* replay a differential file: build/test_template /tmp/d.json */
         test_fixtures(argv[1]);
         return test_done("test_template");

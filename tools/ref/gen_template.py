@@ -22,9 +22,24 @@ Run: /work/main/.venv-ref/bin/python tools/ref/gen_template.py
 import json
 import os
 
+import datetime
+
 import jinja2
 import transformers
+import transformers.utils.chat_template_utils as chat_template_utils
 from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+
+
+class FixedClock(datetime.datetime):
+    """strftime_now's clock, pinned: transformers' strftime_now reads datetime.now() (local time);
+    the expected texts would otherwise hold the day they were written, and test_template.c renders
+    with the same instant (FIXED_NOW, TZ=UTC)."""
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.datetime(2024, 12, 4, 8, 13, 20)   # 1733300000 s, UTC
+
+
+chat_template_utils.datetime = FixedClock
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "template")
 
@@ -965,7 +980,7 @@ u("{{ 'a-b'.replace('-', '+') }} {{ 'Hello World'.upper() }} {{ 'Hello World'.lo
 u("{{ 'abcabc'.find('c') }} {{ 'abcabc'.rfind('c') }} {{ 'abc'.find('z') }} {{ 'abcabc'.count('bc') }} {{ 'hello {} {}'.format(1, 'x') }} {{ 'x={x}'.format(x=2) }}"
   " {{ ', '.join(['a', 'b']) }} {{ '123'.isdigit() }} {{ 'ab1'.isalpha() }} {{ ' '.isspace() }} {{ 'Ab'.isupper() }} {{ 'ab'.islower() }}")
 u("{{ 'a\nb\r\nc'.splitlines() }} {{ 'prefix_x'.removeprefix('prefix_') }} {{ [1, 2, 1].count(1) }} {{ [1, 2, 3].index(2) }}")
-# strftime_now is exercised by test_template.c with a fixed clock; raise_exception
+# strftime_now: the llama3_1 cases above, and test_template.c, on the fixed clock; raise_exception
 u("{{ raise_exception('Custom error: ' ~ 42) }}")
 u("before{% if x > 1 %}{{ raise_exception('x too big: ' + x|string) }}{% endif %}", x=5)
 # syntax errors
