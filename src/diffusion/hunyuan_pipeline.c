@@ -50,9 +50,10 @@ void mmc_hunyuan_pipeline_free(mmc_hunyuan_pipeline *p) {
 }
 
 /* DDPMScheduler's scheduler_config.json: the keys mmc honours, the others must keep their defaults */
-static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
+mmc_status mmc_hunyuan_ddpm_load(const char *dir, mmc_nsched *out) {
+    memset(out, 0, sizeof *out);
     char path[1024];
-    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", dir);
+    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
     mmc_json *j = NULL;
     mmc_status st = mmc_json_load(path, &j);
     if (st) return st;
@@ -112,12 +113,20 @@ static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
         goto done;
     }
     c.clip_sample_range = 1.0;
-    if ((st = mmc_nsched_init(&c, &p->sched))) goto done;
-    p->have_sched = true;
-    p->pred = c.prediction_type;
+    st = mmc_nsched_init(&c, out);
 done:
     mmc_json_free(j);
     return st;
+}
+
+static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
+    char d[1024];
+    snprintf(d, sizeof d, "%s/scheduler", dir);
+    mmc_status st = mmc_hunyuan_ddpm_load(d, &p->sched);
+    if (st) return st;
+    p->have_sched = true;
+    p->pred = p->sched.cfg.prediction_type;
+    return MMC_OK;
 }
 
 mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out) {
@@ -131,7 +140,7 @@ mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out
         (st = mmc_bert_load(SUB("text_encoder"), &p->bert)) ||
         (st = mmc_t5_tokenizer_load(SUB("tokenizer_2"), &p->tok2)) ||
         (st = mmc_t5_encoder_load(SUB("text_encoder_2"), &p->t5)) ||
-        (st = mmc_hunyuan_dit_load(SUB("transformer"), &p->dit)) || (st = mmc_vae_load(SUB("vae"), &p->vae)) ||
+        (st = mmc_hunyuan_dit_load(SUB("transformer"), false, &p->dit)) || (st = mmc_vae_load(SUB("vae"), &p->vae)) ||
         (st = load_ddpm(p, dir)))
         goto fail;
 #undef SUB
