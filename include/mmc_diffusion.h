@@ -405,6 +405,14 @@ typedef struct {
 mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out);
 void mmc_hunyuan_pipeline_free(mmc_hunyuan_pipeline *p);
 int mmc_hunyuan_pipeline_latent_channels(const mmc_hunyuan_pipeline *p);
+/* Sample with the caller's transformer (training's validation images); the pipeline's own is freed
+ * at the first call, the borrowed one is never freed by the pipeline. */
+void mmc_hunyuan_pipeline_borrow_transformer(mmc_hunyuan_pipeline *p, mmc_hunyuan_dit *m);
+/* A LoRA on the transformer, applied unmerged at scale * weight: a PEFT adapter directory
+ * (adapter_config.json + adapter_model.safetensors, "base_model.model.<module>.lora_A.weight": what
+ * `mmc train` writes, since diffusers 0.42 has no load_lora_weights for HunyuanDiTPipeline), or a
+ * diffusers-layout pytorch_lora_weights.safetensors ("transformer.<module>...", or its folder). */
+mmc_status mmc_hunyuan_pipeline_load_lora(mmc_hunyuan_pipeline *p, const char *path, float weight);
 /* use_resolution_binning (the pipeline's default): sizes floored to multiples of 16, then, unless one of
  * the trained shapes, mapped to the closest (map_to_standard_shapes). */
 void mmc_hunyuan_bin_resolution(int *height, int *width);
@@ -912,6 +920,9 @@ mmc_status mmc_unet_ddpm_loss(mmc_ctx *ctx, mmc_unet *m, const mmc_nsched *s, co
  * prediction_type) as an mmc_nsched with DDIM's timestep rules; keys mmc does not honour must keep their
  * defaults (errors name the file and key). Training reads its DDPM schedule from it. */
 mmc_status mmc_hunyuan_ddpm_load(const char *dir, mmc_nsched *out);
+/* What HunyuanDiTPipeline's transformer predicts when sampling (a run's diffusion.prediction_type
+ * override; epsilon or v). */
+void mmc_hunyuan_pipeline_set_prediction_type(mmc_hunyuan_pipeline *p, mmc_pred_type pred);
 /* HunyuanDiT2DModel under the same objective (trainer_hunyuan.c): the image-size conditioning from
  * time_ids (6 per sample, required by v1.1 configs), style 0, the pipeline's rotary table over the
  * latent grid (base 512 // 8 // patch_size); with learn_sigma only the first in_channels of the

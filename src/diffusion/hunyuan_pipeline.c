@@ -31,6 +31,8 @@ struct mmc_hunyuan_pipeline {
     mmc_t5_tokenizer *tok2;
     mmc_t5_encoder *t5;
     mmc_hunyuan_dit *dit;
+    bool borrowed;             /* dit is the caller's (mmc_hunyuan_pipeline_borrow_transformer) */
+    mmc_lora_set *lora;        /* an adapter on the transformer (mmc_hunyuan_pipeline_load_lora) */
     mmc_vae *vae;
     mmc_nsched sched;          /* DDIM rules for the timesteps and alphas_cumprod */
     bool have_sched;
@@ -43,7 +45,8 @@ void mmc_hunyuan_pipeline_free(mmc_hunyuan_pipeline *p) {
     mmc_bert_free(p->bert);
     mmc_t5_tokenizer_free(p->tok2);
     mmc_t5_encoder_free(p->t5);
-    mmc_hunyuan_dit_free(p->dit);
+    mmc_lora_free(p->lora);
+    if (!p->borrowed) mmc_hunyuan_dit_free(p->dit);
     mmc_vae_free(p->vae);
     if (p->have_sched) mmc_nsched_free(&p->sched);
     free(p);
@@ -158,6 +161,27 @@ mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out
     return MMC_OK;
 fail:
     mmc_hunyuan_pipeline_free(p);
+    return st;
+}
+
+void mmc_hunyuan_pipeline_borrow_transformer(mmc_hunyuan_pipeline *p, mmc_hunyuan_dit *m) {
+    if (!p->borrowed) mmc_hunyuan_dit_free(p->dit);   /* the pipeline's own one is not needed again */
+    p->dit = m, p->borrowed = true;
+}
+
+void mmc_hunyuan_pipeline_set_prediction_type(mmc_hunyuan_pipeline *p, mmc_pred_type pred) { p->pred = pred; }
+
+mmc_status mmc_hunyuan_pipeline_load_lora(mmc_hunyuan_pipeline *p, const char *path, float weight) {
+    if (p->lora) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_hunyuan_dit_linears(p->dit, &ml);
+    if (!st && mmc_lora_is_adapter_dir(path)) {   /* PEFT's adapter on the transformer (what `mmc train` writes) */
+        st = mmc_lora_load(path, &ml, false, &p->lora);
+        for (int i = 0; !st && i < p->lora->n; i++) p->lora->adapters[i].scale *= weight;
+    } else if (!st) {   /* diffusers' file layout ("transformer.<module>.lora_A.weight") */
+        st = mmc_lora_load_diffusers(path, "transformer", &ml, weight, false, &p->lora);
+    }
+    mmc_module_list_free(&ml);
     return st;
 }
 
