@@ -83,7 +83,8 @@ expect_err "not wired for HunyuanDiTPipeline"
 # step parity against diffusers + PEFT is test_hunyuan's part "train"): LoRA on both attentions and the
 # feed-forward with a validation image, saved as PEFT's adapter on the transformer; generate-image --lora with it
 # equals diffusers' pipeline with PEFT's load of that adapter (1/255, when the reference venv is there); full
-# fine-tuning with recompute gives the losses of the run without, and resumes bit-exactly
+# fine-tuning with recompute (and with 2 micro-batches of 1) gives the losses of the run without, and resumes
+# bit-exactly; a validation prompt with prediction_type sample is an error
 export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
 PY=${MMC_REF_PY:-.venv-ref/bin/python}
 cat >"$T/hy.yaml" <<YAML
@@ -149,6 +150,16 @@ expect_rc 0 "$MMC" train "$T/hyrc.yaml"
 a=$(grep -o '"loss": [^,]*' "$T/hyfull/metrics.jsonl" | cut -d' ' -f2); b=$(grep -o '"loss": [^,]*' "$T/hyrc/metrics.jsonl" 2>/dev/null | cut -d' ' -f2)
 if [ -n "$a" ] && paste <(echo "$a") <(echo "$b") | awk '{d = $1 - $2; if (d < 0) d = -d; if (!($2 != "" && d <= 1e-6 * ($1 < 0 ? -$1 : $1))) exit 1}'
 then ok; else bad "HunyuanDiT: losses with recompute [$b] differ from those without [$a] (1e-6 relative)"; fi
+# gradient accumulation: 2 micro-batches of 1 draw and average what one micro-batch of 2 does
+sed -e "s|$T/hyfull|$T/hymb|" -e "s|batch_size: 2}|batch_size: 2, micro_batch_size: 1}|" "$T/hyfull.yaml" >"$T/hymb.yaml"
+expect_rc 0 "$MMC" train "$T/hymb.yaml"
+b=$(grep -o '"loss": [^,]*' "$T/hymb/metrics.jsonl" 2>/dev/null | cut -d' ' -f2)
+if [ -n "$a" ] && paste <(echo "$a") <(echo "$b") | awk '{d = $1 - $2; if (d < 0) d = -d; if (!($2 != "" && d <= 1e-6 * ($1 < 0 ? -$1 : $1))) exit 1}'
+then ok; else bad "HunyuanDiT: losses of 2 micro-batches [$b] differ from one batch's [$a] (1e-6 relative)"; fi
+# prediction_type sample cannot be sampled by the pipeline: a validation prompt with it is an error naming both
+sed -e "s|diffusion: .*|diffusion: {prediction_type: sample}|" "$T/hy.yaml" >"$T/hysample.yaml"
+expect_rc 1 "$MMC" train "$T/hysample.yaml"
+expect_err "prediction_type sample"
 cp -r "$T/hyfull" "$T/hyfull2" && rm -rf "$T/hyfull2/checkpoint-3"
 sed "s|$T/hyfull|$T/hyfull2|" "$T/hyfull.yaml" >"$T/hyfull2.yaml"
 expect_rc 0 "$MMC" train "$T/hyfull2.yaml" --resume

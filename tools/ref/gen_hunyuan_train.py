@@ -35,7 +35,6 @@ if os.environ.get("PYTHONHASHSEED") != "0":
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 from peft import LoraConfig, get_peft_model
 
@@ -43,7 +42,8 @@ import diffusers
 from diffusers import DDPMScheduler, HunyuanDiT2DModel
 from diffusers.models.embeddings import get_2d_rotary_pos_embed
 from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
-from diffusers.training_utils import compute_snr
+
+from ref_common import ddpm_loss
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 HY = os.path.join(ROOT, "tests", "fixtures", "hunyuan")
@@ -91,24 +91,7 @@ def run(tr, params, steps, lr, pred_type, snr_gamma, noise_offset, d):
                  style=style if cfg.use_style_cond_and_image_meta_size else None, image_rotary_emb=rope,
                  return_dict=False)[0]
         pred = out.chunk(2, dim=1)[0] if cfg.learn_sigma else out
-        if sched.config.prediction_type == "epsilon":
-            target = noise
-        elif sched.config.prediction_type == "v_prediction":
-            target = sched.get_velocity(x0, noise, timesteps)
-        else:
-            raise ValueError(sched.config.prediction_type)
-        if snr_gamma is None:
-            loss = F.mse_loss(pred.float(), target.float(), reduction="mean")
-        else:
-            snr = compute_snr(sched, timesteps)
-            mse_loss_weights = torch.stack([snr, snr_gamma * torch.ones_like(timesteps)], dim=1).min(dim=1)[0]
-            if sched.config.prediction_type == "epsilon":
-                mse_loss_weights = mse_loss_weights / snr
-            elif sched.config.prediction_type == "v_prediction":
-                mse_loss_weights = mse_loss_weights / (snr + 1)
-            loss = F.mse_loss(pred.float(), target.float(), reduction="none")
-            loss = loss.mean(dim=list(range(1, len(loss.shape)))) * mse_loss_weights
-            loss = loss.mean()
+        loss = ddpm_loss(sched, pred, x0, noise, timesteps, snr_gamma)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

@@ -44,3 +44,28 @@ def tiny_tokenizers(tmp, words, **clip_kwargs):
     uni.pre_tokenizer = pre_tokenizers.Metaspace()
     t5 = T5TokenizerFast(tokenizer_object=uni, extra_ids=0, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
     return clip, t5, len(vocab), len(pieces)
+
+
+def ddpm_loss(sched, pred, x0, noise, timesteps, snr_gamma):
+    """The loss of diffusers' train_text_to_image(_lora)(_sdxl).py on a DDPMScheduler: the target of its
+    prediction_type (noise or get_velocity), F.mse_loss, or with snr_gamma the min-SNR weighted per-sample means
+    (compute_snr; min(snr, gamma) / snr for epsilon, / (snr + 1) for v_prediction)."""
+    import torch.nn.functional as F
+    from diffusers.training_utils import compute_snr
+    if sched.config.prediction_type == "epsilon":
+        target = noise
+    elif sched.config.prediction_type == "v_prediction":
+        target = sched.get_velocity(x0, noise, timesteps)
+    else:
+        raise ValueError(sched.config.prediction_type)
+    if snr_gamma is None:
+        return F.mse_loss(pred.float(), target.float(), reduction="mean")
+    snr = compute_snr(sched, timesteps)
+    mse_loss_weights = torch.stack([snr, snr_gamma * torch.ones_like(timesteps)], dim=1).min(dim=1)[0]
+    if sched.config.prediction_type == "epsilon":
+        mse_loss_weights = mse_loss_weights / snr
+    elif sched.config.prediction_type == "v_prediction":
+        mse_loss_weights = mse_loss_weights / (snr + 1)
+    loss = F.mse_loss(pred.float(), target.float(), reduction="none")
+    loss = loss.mean(dim=list(range(1, len(loss.shape)))) * mse_loss_weights
+    return loss.mean()
