@@ -81,7 +81,8 @@ expect_rc 2 "$MMC" generate-image --model $P --prompt "a cat" --true-cfg 2 --neg
 expect_err "not wired for HunyuanDiTPipeline"
 # ---- mmc train on the HunyuanDiTPipeline folder (DDPM, the scheduler's v_prediction, min-SNR, offset noise; the
 # step parity against diffusers + PEFT is test_hunyuan's part "train"): LoRA on both attentions and the
-# feed-forward with a validation image, saved as PEFT's adapter on the transformer; generate-image --lora with it
+# feed-forward with a validation image, saved as PEFT's adapter on the transformer, resumed bit-exactly;
+# generate-image --lora with it
 # equals diffusers' pipeline with PEFT's load of that adapter (1/255, when the reference venv is there); full
 # fine-tuning with recompute (and with 2 micro-batches of 1) gives the losses of the run without, and resumes
 # bit-exactly; a validation prompt with prediction_type sample is an error
@@ -106,6 +107,11 @@ C4=$T/hyrun/checkpoint-4
 nl=$(grep -c '"loss"' "$T/hyrun/metrics.jsonl" 2>/dev/null)
 [ "$nl" = 4 ] && ok || bad "HunyuanDiT metrics.jsonl has $nl loss lines, want 4"
 grep -q '"loss": \(nan\|inf\)' "$T/hyrun/metrics.jsonl" && bad "HunyuanDiT: non-finite loss" || ok
+cp -r "$T/hyrun" "$T/hyrun2" && rm -rf "$T/hyrun2/checkpoint-4"   # the LoRA run resumed from checkpoint-2
+sed "s|$T/hyrun|$T/hyrun2|" "$T/hy.yaml" >"$T/hy2.yaml"
+expect_rc 0 "$MMC" train "$T/hy2.yaml" --resume
+cmp -s "$C4/adapter_model.safetensors" "$T/hyrun2/checkpoint-4/adapter_model.safetensors" && ok \
+  || bad "HunyuanDiT: the resumed adapter differs from the uninterrupted run's"
 GEN=(generate-image --model $P --prompt "a red sofa" --negative-prompt "cat" --steps 1 --width 48 --height 64
      --no-resolution-binning --latents $P/cli_latents.safetensors)
 expect_rc 0 "$MMC" "${GEN[@]}" --lora "$C4" --out "$T/lora.png"
