@@ -346,11 +346,20 @@ typedef struct mmc_hunyuan_dit mmc_hunyuan_dit;
 
 mmc_status mmc_hunyuan_dit_config_read(const mmc_json *cfg, const char *what, mmc_hunyuan_dit_config *out);
 /* Load from a transformer/ folder (config.json + diffusion_pytorch_model safetensors, single or
- * sharded; f32 / bf16 / f16). Every missing or mis-shaped tensor is listed. */
-mmc_status mmc_hunyuan_dit_load(const char *dir, mmc_hunyuan_dit **out);
+ * sharded; f32 / bf16 / f16). Every missing or mis-shaped tensor is listed. trainable: f32 copies
+ * flagged as parameters (full fine-tuning); else mapped views (inference, LoRA). */
+mmc_status mmc_hunyuan_dit_load(const char *dir, bool trainable, mmc_hunyuan_dit **out);
 void mmc_hunyuan_dit_free(mmc_hunyuan_dit *m);
 const mmc_hunyuan_dit_config *mmc_hunyuan_dit_cfg(const mmc_hunyuan_dit *m);
 int64_t mmc_hunyuan_dit_param_count(const mmc_hunyuan_dit *m);
+/* Every tensor with its diffusers name (what save_pretrained writes); the array is the model's. */
+int mmc_hunyuan_dit_param_list(mmc_hunyuan_dit *m, mmc_tensor ***params, const char *const **names);
+/* The tensor of that diffusers name, or NULL. */
+const mmc_tensor *mmc_hunyuan_dit_param(const mmc_hunyuan_dit *m, const char *name);
+/* Every nn.Linear under its diffusers module name ("blocks.0.attn1.to_q", "blocks.3.skip_linear", ...). */
+mmc_status mmc_hunyuan_dit_linears(mmc_hunyuan_dit *m, mmc_module_list *ml);
+/* Activation recompute (model.recompute: full): in grad mode each block runs under mmc_checkpoint. */
+void mmc_hunyuan_dit_set_recompute(mmc_hunyuan_dit *m, bool on);
 
 /* The rotary table HunyuanDiTPipeline passes as image_rotary_emb: get_2d_rotary_pos_embed(head_dim,
  * get_resize_crop_region_for_grid((gh, gw), base_size), (gh, gw)) with gh = height // 8 // patch,
@@ -396,6 +405,14 @@ typedef struct {
 mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out);
 void mmc_hunyuan_pipeline_free(mmc_hunyuan_pipeline *p);
 int mmc_hunyuan_pipeline_latent_channels(const mmc_hunyuan_pipeline *p);
+/* Sample with the caller's transformer (training's validation images); the pipeline's own is freed
+ * at the first call, the borrowed one is never freed by the pipeline. */
+void mmc_hunyuan_pipeline_borrow_transformer(mmc_hunyuan_pipeline *p, mmc_hunyuan_dit *m);
+/* A LoRA on the transformer, applied unmerged at scale * weight: a PEFT adapter directory
+ * (adapter_config.json + adapter_model.safetensors, "base_model.model.<module>.lora_A.weight": what
+ * `mmc train` writes, since diffusers 0.42 has no load_lora_weights for HunyuanDiTPipeline), or a
+ * diffusers-layout pytorch_lora_weights.safetensors ("transformer.<module>...", or its folder). */
+mmc_status mmc_hunyuan_pipeline_load_lora(mmc_hunyuan_pipeline *p, const char *path, float weight);
 /* use_resolution_binning (the pipeline's default): sizes floored to multiples of 16, then, unless one of
  * the trained shapes, mapped to the closest (map_to_standard_shapes). */
 void mmc_hunyuan_bin_resolution(int *height, int *width);
@@ -887,8 +904,11 @@ typedef struct {
     const int64_t *timesteps;         /* [B] integers in [0, num_train_timesteps) */
     mmc_tensor *prompt_embeds;        /* [B, T, cross_attention_dim] */
     mmc_tensor *text_embeds;          /* [B, P] pooled (SDXL: text_encoder_2's), NULL without text_time */
-    const float *time_ids;            /* [B, n_time_ids] SDXL's (original size, crop top-left, target size) */
+    const float *time_ids;            /* [B, n_time_ids] SDXL's (original size, crop top-left, target size);
+                                         HunyuanDiT's image_meta_size (original size, target size, crop top-left) */
     int n_time_ids;
+    const int32_t *mask, *mask_t5;    /* HunyuanDiT: [B, text_len], [B, text_len_t5] 0/1; prompt_embeds are the
+                                         BERT states, text_embeds the T5 states [B, text_len_t5, E5] */
     mmc_pred_type prediction_type;    /* the scheduler's, or the run's override */
     double snr_gamma;                 /* min-SNR weighting; 0: off (plain MSE) */
 } mmc_ddpm_batch;
@@ -896,6 +916,25 @@ typedef struct {
  * DDPMScheduler training schedule). */
 mmc_status mmc_unet_ddpm_loss(mmc_ctx *ctx, mmc_unet *m, const mmc_nsched *s, const mmc_ddpm_batch *b,
                               mmc_tensor **loss);
+/* HunyuanDiTPipeline's DDPMScheduler from its scheduler/ folder (dir: that folder): the schedule (alphas_cumprod,
+ * prediction_type) as an mmc_nsched with DDIM's timestep rules; keys mmc does not honour must keep their
+ * defaults (errors name the file and key). Training reads its DDPM schedule from it. */
+mmc_status mmc_hunyuan_ddpm_load(const char *dir, mmc_nsched *out);
+/* What HunyuanDiTPipeline's transformer predicts when sampling (a run's diffusion.prediction_type
+ * override; epsilon or v). */
+void mmc_hunyuan_pipeline_set_prediction_type(mmc_hunyuan_pipeline *p, mmc_pred_type pred);
+/* HunyuanDiT2DModel under the same objective (trainer_hunyuan.c): the image-size conditioning from
+ * time_ids (6 per sample, required by v1.1 configs), style 0, the pipeline's rotary table over the
+ * latent grid (base 512 // 8 // patch_size); with learn_sigma only the first in_channels of the
+ * prediction enter the loss (the pipeline's noise_pred.chunk(2, dim=1)[0]). */
+mmc_status mmc_hunyuan_ddpm_loss(mmc_ctx *ctx, mmc_hunyuan_dit *m, const mmc_nsched *s, const mmc_ddpm_batch *b,
+                                 mmc_tensor **loss);
+/* The pieces both share: x_t = add_noise(x0, noise, t), the target of b->prediction_type, the timesteps
+ * as floats (all in ctx; errors for a bad batch); then the (min-SNR weighted) mean squared error. */
+mmc_status mmc_ddpm_prepare(mmc_ctx *ctx, const mmc_nsched *s, const mmc_ddpm_batch *b, int64_t out_channels,
+                            mmc_tensor **xt, mmc_tensor **target, float **ts);
+mmc_tensor *mmc_ddpm_finish(mmc_ctx *ctx, const mmc_nsched *s, const mmc_ddpm_batch *b, mmc_tensor *pred,
+                            mmc_tensor *target);
 /* min(snr_t, gamma) / snr_t (epsilon), / (snr_t + 1) (v_prediction), min(snr_t, gamma) (sample);
  * 1 when snr_gamma <= 0. */
 float mmc_ddpm_snr_weight(const mmc_nsched *s, mmc_pred_type pred, double snr_gamma, int64_t t);

@@ -75,6 +75,9 @@ void mmc_lora_free(mmc_lora_set *s);
 /* Write dir/adapter_config.json and dir/adapter_model.safetensors (created atomically;
  * dir is created if missing). base_model may be NULL. */
 mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *base_model);
+/* The same with PEFT's task_type ("CAUSAL_LM" above; NULL writes null: PeftModel.from_pretrained then wraps
+ * any module, e.g. a diffusers transformer, in a plain PeftModel). */
+mmc_status mmc_lora_save_task(const mmc_lora_set *s, const char *dir, const char *base_model, const char *task_type);
 /* Read a PEFT LoRA adapter directory and attach it (trainable: adapter params require
  * grad). Every adapter module must exist in ml, else an error names the missing ones. */
 mmc_status mmc_lora_load(const char *dir, const mmc_module_list *ml, bool trainable, mmc_lora_set **out);

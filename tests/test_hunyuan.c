@@ -9,10 +9,15 @@
  * the BERT tokenizer's ids equal (tokenizer.json and vocab.txt layouts), the whole HunyuanDiTPipeline
  * from injected latents and recorded scheduler draws within 1e-3 (latents and images; CFG, no CFG,
  * guidance_rescale). Also the loaders' errors on malformed configs / checkpoints / tokenizer files and
- * the forward's errors on mis-sized inputs. */
+ * the forward's errors on mis-sized inputs. Part "train": DDPM training against a diffusers + PEFT loop
+ * (tools/ref/gen_hunyuan_train.py, tests/fixtures/hunyuan_train): 20 LoRA steps on the v1.1 model
+ * (v_prediction, min-SNR 5, offset noise, image_meta_size per step; the adapter PEFT saved) and 6 full
+ * steps on the v1.2 one (epsilon): losses, clipped grad norms and final weights within 1e-3 relative;
+ * the LoRA run again with every block checkpointed (recompute): the same losses. */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
+#include "mmc_train.h"
 
 #include <unistd.h>
 
@@ -21,6 +26,10 @@
 #define BERT_TOL 1e-4   /* BertModel last_hidden_state, f32 */
 #define ENC_TOL 1e-4    /* the pipeline's prompt encodings */
 #define PIPE_TOL 1e-3   /* the whole pipeline: latents and images after 2-3 steps */
+#define TRAIN_TOL 1e-3  /* training: each step's loss and clipped grad norm, the final weights (relative) */
+/* recompute against no recompute: step 0 is bit-equal; the gradients sum in another order, so later steps
+ * differ by float rounding (measured <= 1.2e-7 relative) */
+#define RECOMPUTE_TOL 1e-6
 
 typedef struct {
     mmc_tensor *hid, *t, *enc, *mask, *enc5, *mask5, *meta, *style, *cos, *sin, *want;
@@ -49,7 +58,7 @@ static void check_model(const char *name) {
     char dir[256], what[160];
     snprintf(dir, sizeof dir, "tests/fixtures/hunyuan/%s", name);
     mmc_hunyuan_dit *m = NULL;
-    CHECK_OK(mmc_hunyuan_dit_load(dir, &m));
+    CHECK_OK(mmc_hunyuan_dit_load(dir, false, &m));
     if (!m) return;
     hy_case k;
     mmc_st *exp = open_case(name, &k);
@@ -143,7 +152,7 @@ static mmc_tensor *f_model(mmc_ctx *ctx, mmc_tensor **in, void *u) {
 }
 
 static void check_grad(void) {
-    CHECK_OK(mmc_hunyuan_dit_load("tests/fixtures/hunyuan/v11", &g_model));
+    CHECK_OK(mmc_hunyuan_dit_load("tests/fixtures/hunyuan/v11", false, &g_model));
     if (!g_model) return;
     mmc_st *exp = open_case("v11", &g_case);
     if (!exp) { mmc_hunyuan_dit_free(g_model); return; }
@@ -160,14 +169,14 @@ static void edit_load(const char *tmp, const char *src, const char *sed, mmc_sta
     snprintf(cmd, sizeof cmd, "sed '%s' %s/config.json > %s/config.json", sed, src, tmp);
     MMC_CHECK(system(cmd) == 0, "sed");
     mmc_hunyuan_dit *m = NULL;
-    CHECK_ERR(mmc_hunyuan_dit_load(tmp, &m), want);
+    CHECK_ERR(mmc_hunyuan_dit_load(tmp, false, &m), want);
     CHECKF(strstr(mmc_last_error(), needle) != NULL, "'%s' not in: %s", needle, mmc_last_error());
     mmc_hunyuan_dit_free(m);
 }
 
 static void check_errors(void) {
     mmc_hunyuan_dit *m = NULL;
-    CHECK_ERR(mmc_hunyuan_dit_load("tests/fixtures/hunyuan/nonexistent", &m), MMC_ERR_NOT_FOUND);
+    CHECK_ERR(mmc_hunyuan_dit_load("tests/fixtures/hunyuan/nonexistent", false, &m), MMC_ERR_NOT_FOUND);
     char tmp[] = "/tmp/mmc_hunyuan_XXXXXX";
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
     char cmd[768];
@@ -194,7 +203,7 @@ static void check_errors(void) {
     snprintf(cmd, sizeof cmd, "cp %s/config.json %s/ && head -c 5000 %s/diffusion_pytorch_model.safetensors > "
              "%s/diffusion_pytorch_model.safetensors", src, tmp, src, tmp);
     MMC_CHECK(system(cmd) == 0, "truncate");
-    CHECK(mmc_hunyuan_dit_load(tmp, &m) != MMC_OK);
+    CHECK(mmc_hunyuan_dit_load(tmp, false, &m) != MMC_OK);
     CHECK(strstr(mmc_last_error(), "diffusion_pytorch_model") != NULL);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     MMC_CHECK(system(cmd) == 0, "rm");
@@ -481,6 +490,144 @@ static void check_pipeline(void) {
     MMC_CHECK(system(cmd) == 0, "rm");
 }
 
+/* DDPM training against tools/ref/gen_hunyuan_train.py's loop (diffusers + PEFT): lora (v1.1, 20 steps,
+ * v_prediction, min-SNR 5, offset noise; the adapter read from PEFT's save_pretrained) or full (v1.2, 6
+ * steps, epsilon). Every step's loss and clipped grad norm and the final weights within TRAIN_TOL relative.
+ * recompute: the same run with each block checkpointed gives the same losses (*losses: when given, the
+ * losses of this run are stored there / compared with it). */
+static void check_train(bool lora, bool recompute, double *losses) {
+    const char *dir = lora ? "tests/fixtures/hunyuan_train/lora" : "tests/fixtures/hunyuan_train/full";
+    mmc_hunyuan_dit *m = NULL;
+    CHECK_OK(mmc_hunyuan_dit_load(lora ? "tests/fixtures/hunyuan/v11" : "tests/fixtures/hunyuan/v12", !lora, &m));
+    char p[256];
+    snprintf(p, sizeof p, "%s/expected.safetensors", dir + strlen("tests/fixtures/"));
+    mmc_st *exp = fixture_open(p);
+    mmc_nsched sch = {0};
+    CHECK_OK(mmc_hunyuan_ddpm_load("tests/fixtures/hunyuan_train/scheduler", &sch));
+    if (!m || !exp || !sch.alphas_cumprod) {
+        mmc_hunyuan_dit_free(m), mmc_st_close(exp), mmc_nsched_free(&sch);
+        return;
+    }
+    mmc_hunyuan_dit_set_recompute(m, recompute);
+    mmc_module_list ml = {0};
+    mmc_lora_set *s = NULL;
+    mmc_tensor **params = NULL;
+    const char *const *names = NULL;
+    int n_params = 0;
+    if (lora) {
+        CHECK_OK(mmc_hunyuan_dit_linears(m, &ml));
+        snprintf(p, sizeof p, "%s/initial", dir);
+        CHECK_OK(mmc_lora_load(p, &ml, true, &s));
+        if (!s) { mmc_module_list_free(&ml), mmc_hunyuan_dit_free(m), mmc_st_close(exp), mmc_nsched_free(&sch); return; }
+        params = s->params, n_params = s->n_params;
+    } else n_params = mmc_hunyuan_dit_param_list(m, &params, &names);
+    mmc_adamw opt;
+    mmc_adamw_opts o = {.lr = lora ? 1e-3 : 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-2};
+    CHECK_OK(mmc_adamw_init(&opt, &o, params, n_params));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *mask = fixture_tensor(exp, "mask", MMC_I32), *mask5 = fixture_tensor(exp, "mask_t5", MMC_I32);
+    mmc_ddpm_batch b = {.prompt_embeds = fixture_tensor(exp, "encoder", MMC_F32),
+                        .text_embeds = fixture_tensor(exp, "encoder_t5", MMC_F32), .mask = mask->data,
+                        .mask_t5 = mask5->data, .prediction_type = lora ? MMC_PRED_V : MMC_PRED_EPSILON,
+                        .snr_gamma = lora ? 5.0 : 0.0};
+    double worst_loss = 0, worst_norm = 0;
+    const int steps = lora ? 20 : 6;
+    for (int step = 0; step < steps; step++) {
+        char k[64];
+        mmc_tensor *t[6] = {0};
+        static const char *keys[6] = {"x0", "noise", "timesteps", "loss", "grad_norm", "meta"};
+        for (int i = 0; i < 6; i++) {
+            snprintf(k, sizeof k, "%s_%d", keys[i], step);
+            t[i] = fixture_tensor(exp, k, MMC_F32);
+        }
+        int64_t ts[2];
+        for (int i = 0; i < 2; i++) ts[i] = (int64_t)((float *)t[2]->data)[i];
+        b.latents = t[0], b.noise = t[1], b.timesteps = ts, b.time_ids = t[5]->data, b.n_time_ids = 6;
+        mmc_tensor *loss = NULL;
+        CHECK_OK(mmc_hunyuan_ddpm_loss(ctx, m, &sch, &b, &loss));
+        if (!loss) break;
+        const double lv = *(float *)loss->data;
+        static int tape_plain;   /* the tape of a step without recompute: checkpointed blocks leave one node each */
+        if (step == 0 && losses && !recompute) tape_plain = mmc_tape_len(ctx);
+        if (step == 0 && losses && recompute)
+            CHECKF(mmc_tape_len(ctx) < tape_plain / 2, "recompute: %d tape nodes, %d without", mmc_tape_len(ctx),
+                   tape_plain);
+        mmc_backward(ctx, loss);
+        mmc_ctx_reset(ctx);
+        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
+        mmc_adamw_step(&opt, o.lr);
+        mmc_zero_grad(params, n_params);
+        const double wl = ((float *)t[3]->data)[0], wn = ((float *)t[4]->data)[0];
+        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
+        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
+        CHECKF(rl < TRAIN_TOL && rn < TRAIN_TOL, "%s step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f",
+               lora ? "lora" : "full", step, lv, wl, norm, wn);
+        if (losses && recompute) {   /* checkpointed blocks recompute the same numbers */
+            CHECKF(fabs(lv - losses[step]) <= RECOMPUTE_TOL * fabs(losses[step]), "recompute step %d: loss %.9g vs %.9g "
+                   "without", step, lv, losses[step]);
+        } else if (losses) losses[step] = lv;
+        for (int i = 0; i < 6; i++) mmc_tensor_free(t[i]);
+    }
+    double worst_w = 0;
+    snprintf(p, sizeof p, "%s/%s", dir + strlen("tests/fixtures/"),
+             lora ? "final/adapter_model.safetensors" : "final.safetensors");
+    mmc_st *fin = fixture_open(p);
+    int n_cmp = 0;
+    if (lora) {
+        CHECKF(s->n == 60, "lora: %d adapted modules, want 60 (6 blocks x 2 attentions x 4 + 2 ff)", s->n);
+        for (int i = 0; fin && i < s->n; i++)
+            for (int ab = 0; ab < 2; ab++) {
+                char key[320];
+                snprintf(key, sizeof key, "base_model.model.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
+                mmc_tensor *want = fixture_tensor(fin, key, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
+                if (want) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6)), n_cmp++;
+                mmc_tensor_free(want);
+            }
+    } else {
+        for (int i = 0; fin && i < n_params; i++) {
+            mmc_tensor *want = fixture_tensor(fin, names[i], MMC_F32);
+            /* the pooler's key bias shifts every logit of its softmax alike: its true gradient is 0, both sides
+             * move it by rounding noise that AdamW scales to ~lr per step; it stays within 2 lr steps of the
+             * reference (absolute) */
+            const bool kb = !strcmp(names[i], "time_extra_emb.pooler.k_proj.bias");
+            const double r = !want ? 0 : kb ? max_abs_diff(params[i], want) / (2 * o.lr * steps) * TRAIN_TOL
+                                            : max_abs_diff(params[i], want) / fmax(max_abs(want), 1e-6);
+            if (want) worst_w = fmax(worst_w, r), n_cmp++;
+            mmc_tensor_free(want);
+        }
+    }
+    mmc_st_close(fin);
+    CHECKF(n_cmp == (lora ? 2 * s->n : n_params), "%s: %d of the trained tensors in the reference's final weights",
+           lora ? "lora" : "full", n_cmp);
+    CHECKF(worst_w < TRAIN_TOL, "%s: final weights: max relative difference %.2e", lora ? "lora" : "full", worst_w);
+    printf("train_%s%s: %d steps, %d tensors trained, loss rel diff <= %.2e, grad norm <= %.2e, final weights <= "
+           "%.2e%s\n", lora ? "lora" : "full", recompute ? " (recompute)" : "", steps, n_params, worst_loss,
+           worst_norm, worst_w, recompute ? ", losses within 1e-6 of the run without" : "");
+    mmc_tensor_free(b.prompt_embeds), mmc_tensor_free(b.text_embeds), mmc_tensor_free(mask), mmc_tensor_free(mask5);
+    mmc_adamw_free(&opt);
+    mmc_ctx_free(ctx);
+    mmc_lora_free(s);
+    mmc_module_list_free(&ml);
+    mmc_nsched_free(&sch);
+    mmc_hunyuan_dit_free(m);
+    mmc_st_close(exp);
+}
+
+/* An adapter saved for the 6-block model names modules the 4-block one lacks: an error naming one of them. */
+static void check_lora_errors(void) {
+    mmc_hunyuan_dit *m = NULL;
+    CHECK_OK(mmc_hunyuan_dit_load("tests/fixtures/hunyuan/v12", false, &m));
+    if (!m) return;
+    mmc_module_list ml = {0};
+    CHECK_OK(mmc_hunyuan_dit_linears(m, &ml));
+    mmc_lora_set *s = NULL;
+    CHECK(mmc_lora_load("tests/fixtures/hunyuan_train/lora/initial", &ml, false, &s) != MMC_OK && !s);
+    CHECKF(strstr(mmc_last_error(), "blocks.5.") != NULL, "error names the missing module: %s", mmc_last_error());
+    mmc_clear_error();
+    mmc_module_list_free(&ml);
+    mmc_hunyuan_dit_free(m);
+}
+
 int main(int argc, char **argv) {
     if (access("tests/fixtures/hunyuan/v11/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_hunyuan: fixtures absent (tools/ref/gen_hunyuan.py); skipping\n");
@@ -499,5 +646,12 @@ int main(int argc, char **argv) {
         check_bert_tokenizer("tests/fixtures/hunyuan/tokenizer_vocab");   /* vocab.txt + tokenizer_config.json */
     }
     if (test_part(argc, argv, "pipeline")) check_pipeline();
+    if (test_part(argc, argv, "train")) {
+        double losses[20];
+        check_train(true, false, losses);
+        check_train(true, true, losses);   /* model.recompute: full */
+        check_train(false, false, NULL);
+        check_lora_errors();
+    }
     return test_done("test_hunyuan");
 }

@@ -5,7 +5,7 @@
 # noise is scaled by 1e-10, so mmc's draws do not matter) the PNG equals diffusers' within 1/255 per channel (the
 # multi-step numerics with torch's draws: test_hunyuan); the tEXt chunks name the pipeline; seeded runs repeat;
 # --guidance-rescale changes it; resolution binning maps 64 x 48 to 1024 x 768 (checked on the latents' shape
-# error); options not wired are usage errors.
+# error); options not wired are usage errors. Then `mmc train` on the folder (below).
 set -u
 MMC=${MMC:-build/mmc}
 fail=0; n=0
@@ -22,8 +22,7 @@ expect_rc 0 "$MMC" generate-image --model $P --prompt "a red sofa" --negative-pr
   --height 64 --no-resolution-binning --latents $P/cli_latents.safetensors --out "$T/c.png" --json
 if grep -q '"steps": 1' "$T/out" && [ -s "$T/c.png" ]; then ok; else bad "no image or JSON: $(cat "$T/out")"; fi
 if grep -aq "mmc generate-image (HunyuanDiTPipeline)" "$T/c.png"; then ok; else bad "PNG lacks the pipeline name"; fi
-if command -v python3 >/dev/null; then
-  if python3 - "$T/c.png" $P/cli_expected.png >"$T/cmp" 2>&1 <<'PY'
+cat >"$T/pngcmp.py" <<'PY'
 import struct, sys, zlib
 def pixels(path):
     data = open(path, "rb").read()
@@ -59,6 +58,8 @@ worst = max(abs(x - y) for x, y in zip(a, b)) if (wa, ha) == (wb, hb) else 999
 print("size", wa, ha, "vs", wb, hb, "max pixel difference", worst)
 sys.exit(0 if worst <= 1 else 1)
 PY
+if command -v python3 >/dev/null; then
+  if python3 "$T/pngcmp.py" "$T/c.png" $P/cli_expected.png >"$T/cmp" 2>&1
   then ok; else bad "PNG differs from diffusers': $(cat "$T/cmp")"; fi
 fi
 # --guidance-rescale changes the image; out of [0, 1] it is a usage error
@@ -78,5 +79,97 @@ expect_rc 1 "$MMC" generate-image --model $P --prompt "a cat" --steps 1 --width 
 expect_err "128, 96"
 expect_rc 2 "$MMC" generate-image --model $P --prompt "a cat" --true-cfg 2 --negative-prompt x --out "$T/x.png"
 expect_err "not wired for HunyuanDiTPipeline"
+# ---- mmc train on the HunyuanDiTPipeline folder (DDPM, the scheduler's v_prediction, min-SNR, offset noise; the
+# step parity against diffusers + PEFT is test_hunyuan's part "train"): LoRA on both attentions and the
+# feed-forward with a validation image, saved as PEFT's adapter on the transformer, resumed bit-exactly;
+# generate-image --lora with it
+# equals diffusers' pipeline with PEFT's load of that adapter (1/255, when the reference venv is there); full
+# fine-tuning with recompute (and with 2 micro-batches of 1) gives the losses of the run without, and resumes
+# bit-exactly; a validation prompt with prediction_type sample is an error
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
+PY=${MMC_REF_PY:-.venv-ref/bin/python}
+cat >"$T/hy.yaml" <<YAML
+model:
+  path: $P
+  lora: {r: 4, alpha: 8, targets: [to_q, to_k, to_v, to_out.0, ff.net.0.proj, ff.net.2]}
+data: {train: tests/fixtures/flux/imagefolder, resolution: 32, batch_size: 2}
+diffusion: {noise_offset: 0.05, snr_gamma: 5}
+flow_matching: {validation_prompt: a red sofa, validation_steps: 2}
+optimizer: {lr: 3.0e-2, weight_decay: 1.0e-2}
+training: {steps: 4, save_every: 2, log_every: 1, output_dir: $T/hyrun, seed: 7}
+YAML
+expect_rc 0 "$MMC" train "$T/hy.yaml"
+C4=$T/hyrun/checkpoint-4
+[ -s "$C4/adapter_model.safetensors" ] && grep -q '"HunyuanDiT\|transformer' "$C4/adapter_config.json" && ok \
+  || bad "HunyuanDiT LoRA checkpoint: $(ls "$C4" 2>&1)"
+[ -s "$T/hyrun/validation/step-000004.png" ] && grep -aq "a red sofa" "$T/hyrun/validation/step-000004.png" && ok \
+  || bad "HunyuanDiT validation image: $(ls "$T/hyrun/validation" 2>&1)"
+nl=$(grep -c '"loss"' "$T/hyrun/metrics.jsonl" 2>/dev/null)
+[ "$nl" = 4 ] && ok || bad "HunyuanDiT metrics.jsonl has $nl loss lines, want 4"
+grep -q '"loss": \(nan\|inf\)' "$T/hyrun/metrics.jsonl" && bad "HunyuanDiT: non-finite loss" || ok
+cp -r "$T/hyrun" "$T/hyrun2" && rm -rf "$T/hyrun2/checkpoint-4"   # the LoRA run resumed from checkpoint-2
+sed "s|$T/hyrun|$T/hyrun2|" "$T/hy.yaml" >"$T/hy2.yaml"
+expect_rc 0 "$MMC" train "$T/hy2.yaml" --resume
+cmp -s "$C4/adapter_model.safetensors" "$T/hyrun2/checkpoint-4/adapter_model.safetensors" && ok \
+  || bad "HunyuanDiT: the resumed adapter differs from the uninterrupted run's"
+GEN=(generate-image --model $P --prompt "a red sofa" --negative-prompt "cat" --steps 1 --width 48 --height 64
+     --no-resolution-binning --latents $P/cli_latents.safetensors)
+expect_rc 0 "$MMC" "${GEN[@]}" --lora "$C4" --out "$T/lora.png"
+[ -s "$T/lora.png" ] && ! cmp -s "$T/lora.png" "$T/c.png" && ok || bad "--lora changed nothing"
+expect_rc 0 "$MMC" "${GEN[@]}" --lora "$C4:0" --out "$T/lora0.png"
+if command -v python3 >/dev/null; then   # (the PNGs' text chunks differ: compare the pixels)
+  python3 "$T/pngcmp.py" "$T/lora0.png" "$T/c.png" >"$T/cmp" 2>&1 && ok || bad "--lora at scale 0 changed the image: $(cat "$T/cmp")"
+fi
+expect_rc 1 "$MMC" "${GEN[@]}" --lora "$T/nonexistent" --out "$T/x.png"
+expect_err "cannot apply --lora"
+if [ -x "$PY" ]; then
+  "$PY" - "$P" "$C4" "$T/peft.png" >"$T/py" 2>&1 <<'PYEOF' && ok || bad "diffusers + PEFT on mmc's adapter: $(tail -5 "$T/py")"
+import sys, torch
+from safetensors.torch import load_file
+from peft import PeftModel
+from diffusers import HunyuanDiTPipeline
+pipe = HunyuanDiTPipeline.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+pm = PeftModel.from_pretrained(pipe.transformer, sys.argv[2])
+n = sum(1 for k in pm.state_dict() if "lora_A" in k)
+assert n == 40, n   # 4 blocks x (2 attentions x 4 + 2 ff)
+pipe.transformer = pm.merge_and_unload()
+lat = load_file(sys.argv[1] + "/cli_latents.safetensors")["latents"]
+pipe(prompt="a red sofa", negative_prompt="cat", height=64, width=48, num_inference_steps=1, guidance_scale=5.0,
+     latents=lat, use_resolution_binning=False).images[0].save(sys.argv[3])
+PYEOF
+  if python3 "$T/pngcmp.py" "$T/lora.png" "$T/peft.png" >"$T/cmp" 2>&1; then
+    ok; echo "test_hunyuan_cli: --lora vs diffusers + PEFT: $(cat "$T/cmp")"
+    python3 "$T/pngcmp.py" "$T/lora.png" "$T/c.png" | sed "s/^/test_hunyuan_cli: --lora vs the base: /"
+  else bad "--lora image differs from diffusers + PEFT: $(cat "$T/cmp")"; fi
+else
+  echo "test_hunyuan_cli: no reference venv ($PY): the diffusers + PEFT load of mmc's adapter is skipped"
+fi
+# full fine-tuning (epsilon override), with and without recompute; resumed from checkpoint-2
+sed -e "/lora:/d" -e "s|output_dir: $T/hyrun|output_dir: $T/hyfull|" -e "/validation_/d" -e "/flow_matching/d" \
+    -e "s|diffusion: .*|diffusion: {prediction_type: epsilon}|" -e "s|lr: 3.0e-2|lr: 1.0e-3|" \
+    -e "s|steps: 4, save_every: 2|steps: 3, save_every: 2|" "$T/hy.yaml" >"$T/hyfull.yaml"
+expect_rc 0 "$MMC" train "$T/hyfull.yaml"
+[ -s "$T/hyfull/checkpoint-3/diffusion_pytorch_model.safetensors" ] && [ -s "$T/hyfull/checkpoint-3/config.json" ] && ok \
+  || bad "HunyuanDiT full checkpoint: $(ls "$T/hyfull/checkpoint-3" 2>&1)"
+sed -e "s|$T/hyfull|$T/hyrc|" -e "s|^model:|model:\n  recompute: full|" "$T/hyfull.yaml" >"$T/hyrc.yaml"
+expect_rc 0 "$MMC" train "$T/hyrc.yaml"
+a=$(grep -o '"loss": [^,]*' "$T/hyfull/metrics.jsonl" | cut -d' ' -f2); b=$(grep -o '"loss": [^,]*' "$T/hyrc/metrics.jsonl" 2>/dev/null | cut -d' ' -f2)
+if [ -n "$a" ] && paste <(echo "$a") <(echo "$b") | awk '{d = $1 - $2; if (d < 0) d = -d; if (!($2 != "" && d <= 1e-6 * ($1 < 0 ? -$1 : $1))) exit 1}'
+then ok; else bad "HunyuanDiT: losses with recompute [$b] differ from those without [$a] (1e-6 relative)"; fi
+# gradient accumulation: 2 micro-batches of 1 draw and average what one micro-batch of 2 does
+sed -e "s|$T/hyfull|$T/hymb|" -e "s|batch_size: 2}|batch_size: 2, micro_batch_size: 1}|" "$T/hyfull.yaml" >"$T/hymb.yaml"
+expect_rc 0 "$MMC" train "$T/hymb.yaml"
+b=$(grep -o '"loss": [^,]*' "$T/hymb/metrics.jsonl" 2>/dev/null | cut -d' ' -f2)
+if [ -n "$a" ] && paste <(echo "$a") <(echo "$b") | awk '{d = $1 - $2; if (d < 0) d = -d; if (!($2 != "" && d <= 1e-6 * ($1 < 0 ? -$1 : $1))) exit 1}'
+then ok; else bad "HunyuanDiT: losses of 2 micro-batches [$b] differ from one batch's [$a] (1e-6 relative)"; fi
+# prediction_type sample cannot be sampled by the pipeline: a validation prompt with it is an error naming both
+sed -e "s|diffusion: .*|diffusion: {prediction_type: sample}|" "$T/hy.yaml" >"$T/hysample.yaml"
+expect_rc 1 "$MMC" train "$T/hysample.yaml"
+expect_err "prediction_type sample"
+cp -r "$T/hyfull" "$T/hyfull2" && rm -rf "$T/hyfull2/checkpoint-3"
+sed "s|$T/hyfull|$T/hyfull2|" "$T/hyfull.yaml" >"$T/hyfull2.yaml"
+expect_rc 0 "$MMC" train "$T/hyfull2.yaml" --resume
+cmp -s "$T/hyfull/checkpoint-3/diffusion_pytorch_model.safetensors" "$T/hyfull2/checkpoint-3/diffusion_pytorch_model.safetensors" \
+  && ok || bad "HunyuanDiT: the resumed transformer differs from the uninterrupted run's"
 echo "test_hunyuan_cli: $((n - fail)) of $n checks passed"
 [ "$fail" = 0 ]

@@ -57,7 +57,8 @@ void help_generate_image(FILE *f) {
             "                          A1111 file (lora_unet_* / lora_te1_* / lora_te2_* keys, diffusers or SGM\n"
             "                          block names, per-module alpha / rank), detected from its keys, as\n"
             "                          load_lora_weights converts it (text-encoder and 1x1-conv adapters\n"
-            "                          merged at load)\n"
+            "                          merged at load); HunyuanDiT: PEFT's adapter directory on the\n"
+            "                          transformer (adapter_config.json, as `mmc train` writes it)\n"
             "  --init-image F          img2img (FluxImg2ImgPipeline, StableDiffusion3Img2ImgPipeline,\n"
             "                          StableDiffusionXLImg2ImgPipeline, StableDiffusionImg2ImgPipeline):\n"
             "                          start from this image, resized to the output size with Pillow's\n"
@@ -328,8 +329,8 @@ done:
  * prompt "" unless given), DDPM steps (default 50), sizes binned to the trained shapes unless
  * --no-resolution-binning (use_resolution_binning=False). */
 static int run_hunyuan(gi_args a, int B, bool binning, double rescale, progress_state *ps) {
-    if (a.init_image || a.true_cfg > 1.0 || a.lora)
-        return cli_usage("generate-image", "--init-image, --true-cfg and --lora are not wired for HunyuanDiTPipeline "
+    if (a.init_image || a.true_cfg > 1.0)
+        return cli_usage("generate-image", "--init-image and --true-cfg are not wired for HunyuanDiTPipeline "
                          "folders (it guides with --guidance)");
     int h = (int)a.height, w = (int)a.width;
     if (binning) mmc_hunyuan_bin_resolution(&h, &w);
@@ -339,6 +340,14 @@ static int run_hunyuan(gi_args a, int B, bool binning, double rescale, progress_
     mmc_hunyuan_pipeline *p = NULL;
     mmc_status st = mmc_hunyuan_pipeline_open(a.model, &p);
     if (st) return cli_fail(st, "cannot open the pipeline");
+    if (a.lora) {   /* PEFT's adapter on the transformer (what `mmc train` writes), or a diffusers LoRA file */
+        char path[4096];
+        const float wl = cli_lora_spec(a.lora, path, sizeof path);
+        if ((st = mmc_hunyuan_pipeline_load_lora(p, path, wl))) {
+            mmc_hunyuan_pipeline_free(p);
+            return cli_fail(st, "cannot apply --lora %s", a.lora);
+        }
+    }
     mmc_ctx *ctx = mmc_ctx_new();
     const double t0 = mmc_now();
     const char **pr = malloc((size_t)B * 2 * sizeof *pr), **ng = pr + B;

@@ -31,6 +31,8 @@ struct mmc_hunyuan_pipeline {
     mmc_t5_tokenizer *tok2;
     mmc_t5_encoder *t5;
     mmc_hunyuan_dit *dit;
+    bool borrowed;             /* dit is the caller's (mmc_hunyuan_pipeline_borrow_transformer) */
+    mmc_lora_set *lora;        /* an adapter on the transformer (mmc_hunyuan_pipeline_load_lora) */
     mmc_vae *vae;
     mmc_nsched sched;          /* DDIM rules for the timesteps and alphas_cumprod */
     bool have_sched;
@@ -43,16 +45,18 @@ void mmc_hunyuan_pipeline_free(mmc_hunyuan_pipeline *p) {
     mmc_bert_free(p->bert);
     mmc_t5_tokenizer_free(p->tok2);
     mmc_t5_encoder_free(p->t5);
-    mmc_hunyuan_dit_free(p->dit);
+    mmc_lora_free(p->lora);
+    if (!p->borrowed) mmc_hunyuan_dit_free(p->dit);
     mmc_vae_free(p->vae);
     if (p->have_sched) mmc_nsched_free(&p->sched);
     free(p);
 }
 
 /* DDPMScheduler's scheduler_config.json: the keys mmc honours, the others must keep their defaults */
-static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
+mmc_status mmc_hunyuan_ddpm_load(const char *dir, mmc_nsched *out) {
+    memset(out, 0, sizeof *out);
     char path[1024];
-    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", dir);
+    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
     mmc_json *j = NULL;
     mmc_status st = mmc_json_load(path, &j);
     if (st) return st;
@@ -112,12 +116,20 @@ static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
         goto done;
     }
     c.clip_sample_range = 1.0;
-    if ((st = mmc_nsched_init(&c, &p->sched))) goto done;
-    p->have_sched = true;
-    p->pred = c.prediction_type;
+    st = mmc_nsched_init(&c, out);
 done:
     mmc_json_free(j);
     return st;
+}
+
+static mmc_status load_ddpm(mmc_hunyuan_pipeline *p, const char *dir) {
+    char d[1024];
+    snprintf(d, sizeof d, "%s/scheduler", dir);
+    mmc_status st = mmc_hunyuan_ddpm_load(d, &p->sched);
+    if (st) return st;
+    p->have_sched = true;
+    p->pred = p->sched.cfg.prediction_type;
+    return MMC_OK;
 }
 
 mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out) {
@@ -131,7 +143,7 @@ mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out
         (st = mmc_bert_load(SUB("text_encoder"), &p->bert)) ||
         (st = mmc_t5_tokenizer_load(SUB("tokenizer_2"), &p->tok2)) ||
         (st = mmc_t5_encoder_load(SUB("text_encoder_2"), &p->t5)) ||
-        (st = mmc_hunyuan_dit_load(SUB("transformer"), &p->dit)) || (st = mmc_vae_load(SUB("vae"), &p->vae)) ||
+        (st = mmc_hunyuan_dit_load(SUB("transformer"), false, &p->dit)) || (st = mmc_vae_load(SUB("vae"), &p->vae)) ||
         (st = load_ddpm(p, dir)))
         goto fail;
 #undef SUB
@@ -149,6 +161,27 @@ mmc_status mmc_hunyuan_pipeline_open(const char *dir, mmc_hunyuan_pipeline **out
     return MMC_OK;
 fail:
     mmc_hunyuan_pipeline_free(p);
+    return st;
+}
+
+void mmc_hunyuan_pipeline_borrow_transformer(mmc_hunyuan_pipeline *p, mmc_hunyuan_dit *m) {
+    if (!p->borrowed) mmc_hunyuan_dit_free(p->dit);   /* the pipeline's own one is not needed again */
+    p->dit = m, p->borrowed = true;
+}
+
+void mmc_hunyuan_pipeline_set_prediction_type(mmc_hunyuan_pipeline *p, mmc_pred_type pred) { p->pred = pred; }
+
+mmc_status mmc_hunyuan_pipeline_load_lora(mmc_hunyuan_pipeline *p, const char *path, float weight) {
+    if (p->lora) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: one LoRA adapter at a time is supported", path);
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_hunyuan_dit_linears(p->dit, &ml);
+    if (!st && mmc_lora_is_adapter_dir(path)) {   /* PEFT's adapter on the transformer (what `mmc train` writes) */
+        st = mmc_lora_load(path, &ml, false, &p->lora);
+        for (int i = 0; !st && i < p->lora->n; i++) p->lora->adapters[i].scale *= weight;
+    } else if (!st) {   /* diffusers' file layout ("transformer.<module>.lora_A.weight") */
+        st = mmc_lora_load_diffusers(path, "transformer", &ml, weight, false, &p->lora);
+    }
+    mmc_module_list_free(&ml);
     return st;
 }
 

@@ -232,6 +232,10 @@ static mmc_status make_dir(const char *dir) {
 }
 
 mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *base_model) {
+    return mmc_lora_save_task(s, dir, base_model, "CAUSAL_LM");
+}
+
+mmc_status mmc_lora_save_task(const mmc_lora_set *s, const char *dir, const char *base_model, const char *task_type) {
     mmc_status st = make_dir(dir);
     if (st) return st;
     bool plain = true;
@@ -274,7 +278,8 @@ mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *bas
         }
         cJSON_AddStringToObject(j, "target_modules", rx);
     }
-    cJSON_AddStringToObject(j, "task_type", "CAUSAL_LM");
+    if (task_type) cJSON_AddStringToObject(j, "task_type", task_type);
+    else cJSON_AddNullToObject(j, "task_type");   /* a plain PeftModel (any torch module, e.g. a diffusers transformer) */
     cJSON_AddBoolToObject(j, "use_dora", false);
     cJSON_AddBoolToObject(j, "use_rslora", s->use_rslora);
     text = cJSON_Print(j);

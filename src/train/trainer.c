@@ -546,7 +546,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     }
     mmc_module_list ml = {0};
     st = t->wan ? mmc_wan_linears(t->wan, &ml) : t->flux ? mmc_flux_linears(t->flux, &ml) : t->sd3 ? mmc_sd3_linears(t->sd3, &ml)
-         : t->unet ? mmc_unet_linears(t->unet, &ml)
+         : t->unet ? mmc_unet_linears(t->unet, &ml) : t->hy ? mmc_hunyuan_dit_linears(t->hy, &ml)
          : t->vl ? mmc_qwen2_vl_linears(t->vl, &ml) : t->llava ? mmc_llava_linears(t->llava, &ml)
          : t->omni ? mmc_omni_linears(t->omni, &ml) : t->internvl ? mmc_internvl_linears(t->internvl, &ml)
          : mmc_qwen2_linears(t->lm, "model.", &ml);
@@ -947,6 +947,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     mmc_flux_free(t->flux);
     mmc_sd3_free(t->sd3);
     mmc_unet_free(t->unet);
+    mmc_hunyuan_dit_free(t->hy);
     mmc_fm_data_free(t->fm);
     mmc_wan_free(t->wan);
     mmc_wan_data_free(t->wd);

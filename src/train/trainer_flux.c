@@ -3,9 +3,9 @@
  * objective of train_text_to_image(_lora)(_sdxl).py, inside the same trainer as the understanding
  * models (steps, gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
  *
- *   model.path   a diffusers FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline or
- *                StableDiffusionPipeline folder; the transformer (UNet) trains (a WanPipeline folder:
- *                videos, trainer_wan.c),
+ *   model.path   a diffusers FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline,
+ *                StableDiffusionPipeline or HunyuanDiTPipeline folder; the transformer (UNet) trains (a
+ *                WanPipeline folder: videos, trainer_wan.c),
  *                the VAE and the text encoders only encode the training set once, before the first
  *                step, and are freed
  *   data.train   an image folder with metadata.jsonl ({"file_name", "text"}: what diffusers' scripts
@@ -15,15 +15,19 @@
  *                scripts' --cache_latents does), then shifted and scaled
  *   captions     encode_prompt once per sample (Flux: CLIP pooled + T5 states of max_sequence_length;
  *                SD3: both CLIPs' penultimate states + T5, the two pooled outputs; SDXL: both CLIPs'
- *                penultimate states, CLIP-G's projected pooled output; SD: the CLIP's last state);
- *                SDXL's add_time_ids per image: (original size, crop top-left, target size)
+ *                penultimate states, CLIP-G's projected pooled output; SD: the CLIP's last state;
+ *                HunyuanDiT: the BERT and T5 states and both attention masks, frozen);
+ *                SDXL's add_time_ids per image: (original size, crop top-left, target size), which
+ *                HunyuanDiT takes as image_meta_size (original size, target size, crop top-left)
  *   loss         mmc_flux_fm_loss / mmc_sd3_fm_loss (precondition_outputs as the SD3 scripts) with the
  *                config's weighting scheme and guidance; UNets: mmc_unet_ddpm_loss (the diffusion
  *                section's snr_gamma, noise_offset, prediction_type); each micro-batch's
  *                mean times its samples / the global batch's samples, so accumulation gives the
- *                global mean
+ *                global mean; HunyuanDiT: mmc_hunyuan_ddpm_loss (trainer_hunyuan.c), the same settings
  *   checkpoints  LoRA: pytorch_lora_weights.safetensors in diffusers' layout (load_lora_weights reads
- *                it, so does `mmc generate-image --lora`); full: the transformer (UNet) folder
+ *                it, so does `mmc generate-image --lora`); HunyuanDiT: PEFT's adapter on the
+ *                transformer (adapter_config.json + adapter_model.safetensors: diffusers 0.42 has no
+ *                load_lora_weights for HunyuanDiTPipeline); full: the transformer (UNet) folder
  *                (config.json + diffusion_pytorch_model.safetensors)
  *
  * The data order is a seeded permutation per epoch; each sample's latent draw, noise and timestep
@@ -64,12 +68,17 @@ struct mmc_fm_data {
     mmc_flux_pipeline *vpipe;         /* validation images: the pipeline (its VAE) and the prompt's encoding */
     mmc_sd3_pipeline *vpipe_sd3;      /* (SD3) */
     mmc_sdxl_pipeline *vpipe_sdxl;    /* (SDXL / SD) */
+    mmc_hunyuan_pipeline *vpipe_hy;   /* (HunyuanDiT: the prompt is encoded at each validation) */
     mmc_flux_cond vcond;
     /* UNets (DDPM objective) */
     float *time_ids;                  /* [n, 6] SDXL's add_time_ids of each image (kept for every model) */
     mmc_nsched nsched;                /* the pipeline's scheduler: its DDPM training schedule */
     mmc_pred_type pred;               /* its prediction_type, or diffusion.prediction_type */
     bool sdxl;                        /* text_time conditioning (pooled + time_ids) */
+    /* HunyuanDiT: embeds are the BERT states [n, T, J]; these the T5 states and both masks */
+    float *embeds_t5;                 /* [n, T5, J5] */
+    int32_t *masks;                   /* [n, T + T5] BERT mask, then T5 mask */
+    int64_t T5, J5;
 };
 
 /* ------------------------------------------------------------------ the model */
@@ -88,10 +97,11 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
     if (!strcmp(d.pipeline, "WanPipeline")) return mmc_trainer_wan_load(t, ckpt);   /* trainer_wan.c */
     const bool sd3 = !strcmp(d.pipeline, "StableDiffusion3Pipeline");
     const bool unet = !strcmp(d.pipeline, "StableDiffusionXLPipeline") || !strcmp(d.pipeline, "StableDiffusionPipeline");
-    if (strcmp(d.pipeline, "FluxPipeline") != 0 && !sd3 && !unet)
+    const bool hy = !strcmp(d.pipeline, "HunyuanDiTPipeline");
+    if (strcmp(d.pipeline, "FluxPipeline") != 0 && !sd3 && !unet && !hy)
         return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: pipeline %s: diffusion training supports FluxPipeline, "
-                         "StableDiffusion3Pipeline, StableDiffusionXLPipeline and StableDiffusionPipeline folders",
-                         c->model.path, d.pipeline);
+                         "StableDiffusion3Pipeline, StableDiffusionXLPipeline, StableDiffusionPipeline and "
+                         "HunyuanDiTPipeline folders", c->model.path, d.pipeline);
     if (c->model.quantization.method != MMC_QUANT_NONE)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.quantization: NF4 bases are not wired for diffusion "
                          "transformers yet; use LoRA on the f32 / bf16 transformer", c->file);
@@ -106,10 +116,16 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
      * model.init (a transformer config.json) trains one from scratch */
     const bool resumed = ckpt && ckpt != c->model.path;
     char cfgp[2200];
-    if ((sd3 || unet) && c->model.init && !resumed)
+    if ((sd3 || unet || hy) && c->model.init && !resumed)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a transformer from scratch) is wired for Flux only; "
-                         "fine-tune the pipeline's %s instead", c->file, sd3 ? "transformer" : "UNet");
-    if (unet) {
+                         "fine-tune the pipeline's %s instead", c->file, unet ? "UNet" : "transformer");
+    if (hy) {
+        if (resumed) snprintf(dir, sizeof dir, "%s", ckpt);
+        else mmc_diffusers_path(&d, "transformer", "", dir, sizeof dir);
+        if ((st = mmc_hunyuan_dit_load(dir, c->model.lora.r <= 0, &t->hy))) return st;
+        mmc_hunyuan_dit_set_recompute(t->hy, c->model.recompute == MMC_RECOMPUTE_FULL);
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    } else if (unet) {
         if (resumed) snprintf(dir, sizeof dir, "%s", ckpt);
         else mmc_diffusers_path(&d, "unet", "", dir, sizeof dir);
         if ((st = mmc_unet_load(dir, c->model.lora.r <= 0, &t->unet))) return st;
@@ -146,6 +162,7 @@ mmc_status mmc_trainer_flux_params(mmc_trainer *t) {
     mmc_tensor **ps;
     const char *const *nm;
     t->n_params = t->wan ? mmc_wan_param_list(t->wan, &ps, &nm) : t->unet ? mmc_unet_param_list(t->unet, &ps, &nm)
+                  : t->hy ? mmc_hunyuan_dit_param_list(t->hy, &ps, &nm)
                   : t->sd3 ? mmc_sd3_param_list(t->sd3, &ps, &nm) : mmc_flux_param_list(t->flux, &ps, &nm);
     t->params = calloc((size_t)t->n_params + 1, sizeof *t->params);
     t->names = calloc((size_t)t->n_params + 1, sizeof *t->names);
@@ -296,6 +313,8 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     free(f->pooled);
     free(f->perm);
     free(f->time_ids);
+    free(f->embeds_t5);
+    free(f->masks);
     mmc_nsched_free(&f->nsched);
     mmc_flux_cond_free(&f->vcond);
     if (f->vpipe) mmc_flux_pipeline_borrow_transformer(f->vpipe, NULL);
@@ -304,6 +323,7 @@ void mmc_fm_data_free(mmc_fm_data *f) {
     mmc_sd3_pipeline_free(f->vpipe_sd3);
     if (f->vpipe_sdxl) mmc_sdxl_pipeline_borrow_unet(f->vpipe_sdxl, NULL);
     mmc_sdxl_pipeline_free(f->vpipe_sdxl);
+    mmc_hunyuan_pipeline_free(f->vpipe_hy);   /* (the borrowed transformer stays the trainer's) */
     free(f);
 }
 
@@ -384,7 +404,26 @@ static mmc_status cache_read(mmc_trainer *t, const char *key) {
         mmc_tensor_free(w);
         if (rc) goto done;
     }
-    if (t->cfg->flow_matching.validation_prompt) {
+    if (t->hy) {   /* the T5 states and both masks */
+        const mmc_st_entry *e5 = mmc_st_find(st, "embeds_t5"), *mk = mmc_st_find(st, "masks");
+        rc = MMC_ERR_NOT_FOUND;
+        if (!e5 || !mk || e5->ndim != 3 || e5->shape[0] != f->n || mk->ndim != 2 || mk->shape[0] != f->n ||
+            mk->shape[1] != f->T + e5->shape[1])
+            goto done;
+        f->T5 = e5->shape[1], f->J5 = e5->shape[2];
+        f->embeds_t5 = malloc((size_t)(f->n * f->T5 * f->J5) * sizeof(float));
+        f->masks = malloc((size_t)(f->n * (f->T + f->T5)) * sizeof(int32_t));
+        if (!f->embeds_t5 || !f->masks) { rc = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        w = mmc_tensor_wrap(MMC_F32, 3, MMC_SHAPE(f->n, f->T5, f->J5), f->embeds_t5);
+        rc = mmc_st_read_into(st, "embeds_t5", w);
+        mmc_tensor_free(w);
+        if (rc) goto done;
+        w = mmc_tensor_wrap(MMC_I32, 2, MMC_SHAPE(f->n, f->T + f->T5), f->masks);
+        rc = mmc_st_read_into(st, "masks", w);
+        mmc_tensor_free(w);
+        if (rc) goto done;
+    }
+    if (t->cfg->flow_matching.validation_prompt && !t->hy) {   /* (HunyuanDiT encodes it at each validation) */
         const mmc_st_entry *ve = mmc_st_find(st, "val_embeds"), *vp = mmc_st_find(st, "val_pooled");
         if (!ve || !vp) { rc = MMC_ERR_NOT_FOUND; goto done; }
         f->vcond.prompt_embeds = mmc_tensor_new(MMC_F32, ve->ndim, ve->shape);
@@ -415,6 +454,9 @@ static mmc_status cache_write(mmc_trainer *t, const char *key) {
     if (!st) st = mmc_stw_add_raw(w, "embeds", MMC_F32, 3, MMC_SHAPE(f->n, f->T, f->J), f->embeds);
     if (!st) st = mmc_stw_add_raw(w, "pooled", MMC_F32, 2, MMC_SHAPE(f->n, f->P), f->pooled);
     if (!st) st = mmc_stw_add_raw(w, "time_ids", MMC_F32, 2, MMC_SHAPE(f->n, 6), f->time_ids);
+    if (!st && f->embeds_t5)
+        st = mmc_stw_add_raw(w, "embeds_t5", MMC_F32, 3, MMC_SHAPE(f->n, f->T5, f->J5), f->embeds_t5);
+    if (!st && f->masks) st = mmc_stw_add_raw(w, "masks", MMC_I32, 2, MMC_SHAPE(f->n, f->T + f->T5), f->masks);
     if (!st && f->vcond.prompt_embeds) st = mmc_stw_add(w, "val_embeds", f->vcond.prompt_embeds);
     if (!st && f->vcond.pooled) st = mmc_stw_add(w, "val_pooled", f->vcond.pooled);
     if (!st) st = mmc_stw_set_metadata(w, "key", key);
@@ -434,6 +476,33 @@ static mmc_status sdxl_encode(mmc_ctx *ctx, mmc_sdxl_pipeline *p, const char *co
     return MMC_OK;
 }
 
+/* HunyuanDiT's encode_prompt of k captions into samples [i, i + k): the BERT states (embeds), the T5
+ * states and both masks; pooled a [n, 1] zero (unused). */
+static mmc_status hy_encode(mmc_ctx *ctx, mmc_hunyuan_pipeline *p, const char *const *caps, int k, int64_t i,
+                            mmc_fm_data *f) {
+    mmc_hunyuan_cond hc;
+    mmc_status st = mmc_hunyuan_encode_prompt(ctx, p, caps, k, &hc);
+    if (st) return st;
+    const int64_t n = f->n;
+    if (!f->embeds) {
+        f->T = hc.embeds->shape[1], f->J = hc.embeds->shape[2], f->P = 1;
+        f->T5 = hc.embeds_t5->shape[1], f->J5 = hc.embeds_t5->shape[2];
+        f->embeds = malloc((size_t)(n * f->T * f->J) * sizeof(float));
+        f->embeds_t5 = malloc((size_t)(n * f->T5 * f->J5) * sizeof(float));
+        f->masks = malloc((size_t)(n * (f->T + f->T5)) * sizeof(int32_t));
+        f->pooled = calloc((size_t)n, sizeof(float));
+        if (!f->embeds || !f->embeds_t5 || !f->masks || !f->pooled) return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    memcpy(f->embeds + i * f->T * f->J, hc.embeds->data, mmc_nbytes(hc.embeds));
+    memcpy(f->embeds_t5 + i * f->T5 * f->J5, hc.embeds_t5->data, mmc_nbytes(hc.embeds_t5));
+    for (int j = 0; j < k; j++) {
+        int32_t *m = f->masks + (i + j) * (f->T + f->T5);
+        memcpy(m, (int32_t *)hc.mask->data + j * f->T, (size_t)f->T * sizeof *m);
+        memcpy(m + f->T, (int32_t *)hc.mask_t5->data + j * f->T5, (size_t)f->T5 * sizeof *m);
+    }
+    return MMC_OK;
+}
+
 mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     if (t->wan) return mmc_trainer_wan_data_open(t);   /* videos: trainer_wan.c */
     const mmc_run_config *c = t->cfg;
@@ -446,14 +515,17 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     if (st) return st;
     char p[2200];
     snprintf(p, sizeof p, "%s/scheduler", c->model.path);
-    if (t->unet) {   /* DDPMScheduler.from_pretrained(scheduler): the training schedule of its config */
-        if ((st = mmc_nsched_load(p, &f->nsched))) return st;
-        f->sdxl = mmc_unet_cfg(t->unet)->text_time;
+    if (t->unet || t->hy) {   /* DDPMScheduler.from_pretrained(scheduler): the training schedule of its config */
+        if ((st = t->hy ? mmc_hunyuan_ddpm_load(p, &f->nsched) : mmc_nsched_load(p, &f->nsched))) return st;
+        f->sdxl = t->unet && mmc_unet_cfg(t->unet)->text_time;
         f->pred = f->nsched.cfg.prediction_type;
         const char *pt = c->diffusion.prediction_type;   /* register_to_config(prediction_type=...) */
         if (pt) f->pred = !strcmp(pt, "v_prediction") ? MMC_PRED_V : !strcmp(pt, "sample") ? MMC_PRED_SAMPLE
                                                                                            : MMC_PRED_EPSILON;
         const mmc_nsched_kind k = f->nsched.cfg.kind;
+        if (t->hy && c->flow_matching.validation_prompt && f->pred == MMC_PRED_SAMPLE)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: diffusion.prediction_type sample: HunyuanDiTPipeline samples "
+                             "epsilon or v_prediction models only (drop flow_matching.validation_prompt)", c->file);
         if (c->flow_matching.validation_prompt && f->pred == MMC_PRED_SAMPLE &&
             (k == MMC_NSCHED_EULER_ANCESTRAL || k == MMC_NSCHED_PNDM))
             return mmc_error(MMC_ERR_UNSUPPORTED, "%s: diffusion.prediction_type sample: the pipeline's %s scheduler "
@@ -492,8 +564,10 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         f->scaling = vc.scaling_factor, f->shift = vc.shift_factor;
         const int fct = 1 << (vc.levels - 1), res = (int)c->data.resolution;
         /* the latent side must divide by 2 (Flux's packing, SD3's patches) or 2^(levels - 1) (a UNet) */
-        const int lf = t->unet ? 1 << (mmc_unet_cfg(t->unet)->levels - 1) : 2;
-        const char *why = t->unet ? "the UNet's 2^(levels - 1)" : t->sd3 ? "the 2x2 patches" : "2x2 packing";
+        const int lf = t->unet ? 1 << (mmc_unet_cfg(t->unet)->levels - 1)
+                       : t->hy ? (int)mmc_hunyuan_dit_cfg(t->hy)->patch_size : 2;
+        const char *why = t->unet ? "the UNet's 2^(levels - 1)" : t->hy ? "the transformer's patch_size"
+                          : t->sd3 ? "the 2x2 patches" : "2x2 packing";
         f->C = vc.latent_channels, f->h = f->w = res / fct;
         if (res % (lf * fct)) {
             st = mmc_error(MMC_ERR_INVALID, "%s: data.resolution %d must be a multiple of %d (the VAE's factor x %s)",
@@ -516,7 +590,8 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     cache_key(t, file, key, sizeof key);
     if (cache_read(t, key) == MMC_OK) {
         if (c->flow_matching.validation_prompt)
-            st = t->unet ? mmc_sdxl_pipeline_open(c->model.path, &f->vpipe_sdxl)
+            st = t->hy ? mmc_hunyuan_pipeline_open(c->model.path, &f->vpipe_hy)
+                 : t->unet ? mmc_sdxl_pipeline_open(c->model.path, &f->vpipe_sdxl)
                  : t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &f->vpipe_sd3) : mmc_flux_pipeline_open(c->model.path, &f->vpipe);
         if (st) goto done;
         fprintf(stderr, "mmc train: %lld encoded samples from the cache (%s/cache)\n", (long long)f->n,
@@ -525,8 +600,9 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     }
     /* a stale or partial cache read leaves nothing behind */
     free(f->mean), free(f->std), free(f->embeds), free(f->pooled), free(f->off), free(f->hw), free(f->bucket);
-    free(f->time_ids);
-    f->mean = f->std = f->embeds = f->pooled = f->time_ids = NULL;
+    free(f->time_ids), free(f->embeds_t5), free(f->masks);
+    f->mean = f->std = f->embeds = f->pooled = f->time_ids = f->embeds_t5 = NULL;
+    f->masks = NULL;
     f->off = NULL, f->hw = f->bucket = NULL;
     mmc_flux_cond_free(&f->vcond);
     if ((st = read_items(file, base, &items, &n))) goto done;
@@ -590,13 +666,20 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     mmc_flux_pipeline *pipe = NULL;
     mmc_sd3_pipeline *spipe = NULL;
     mmc_sdxl_pipeline *xpipe = NULL;
-    if (!st) st = t->unet ? mmc_sdxl_pipeline_open(c->model.path, &xpipe)
+    mmc_hunyuan_pipeline *hpipe = NULL;
+    if (!st) st = t->hy ? mmc_hunyuan_pipeline_open(c->model.path, &hpipe)
+                  : t->unet ? mmc_sdxl_pipeline_open(c->model.path, &xpipe)
                   : t->sd3 ? mmc_sd3_pipeline_open(c->model.path, &spipe) : mmc_flux_pipeline_open(c->model.path, &pipe);
     const int chunk = 64;
     for (int64_t i = 0; i < n && !st; i += chunk) {
         const int k = (int)(n - i < chunk ? n - i : chunk);
         const char *caps[64];
         for (int j = 0; j < k; j++) caps[j] = items[i + j].caption;
+        if (hpipe) {   /* HunyuanDiT: both encoders' states and masks */
+            st = hy_encode(ctx, hpipe, caps, k, i, f);
+            mmc_ctx_reset(ctx);
+            continue;
+        }
         mmc_flux_cond cond;
         st = xpipe ? sdxl_encode(ctx, xpipe, caps, k, &cond)
              : spipe ? mmc_sd3_encode_prompt(ctx, spipe, caps, k, (int)c->flow_matching.max_sequence_length, &cond)
@@ -614,7 +697,8 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
         mmc_ctx_reset(ctx);
     }
     const char *vp = c->flow_matching.validation_prompt;
-    if (!st && vp) {   /* the validation prompt's encoding, and the pipeline kept for its images */
+    if (!st && vp && hpipe) f->vpipe_hy = hpipe, hpipe = NULL;   /* (it encodes the prompt at each validation) */
+    else if (!st && vp) {   /* the validation prompt's encoding, and the pipeline kept for its images */
         st = xpipe ? sdxl_encode(ctx, xpipe, &vp, 1, &f->vcond)
              : spipe ? mmc_sd3_encode_prompt(ctx, spipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond)
                      : mmc_flux_encode_prompt(ctx, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &f->vcond);
@@ -623,6 +707,7 @@ mmc_status mmc_trainer_flux_data_open(mmc_trainer *t) {
     mmc_flux_pipeline_free(pipe);
     mmc_sd3_pipeline_free(spipe);
     mmc_sdxl_pipeline_free(xpipe);
+    mmc_hunyuan_pipeline_free(hpipe);
     mmc_ctx_free(ctx);
     if (!st && !f->n_buckets)
         fprintf(stderr, "mmc train: %lld images encoded to %lldx%lldx%lld latents, captions to %lld tokens\n",
@@ -740,7 +825,10 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
     mmc_tensor *pe = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, f->T, f->J)), *pp = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(B, f->P));
     float *eps = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)per * sizeof *eps), u[256], sig[256], ts[256];
     int64_t dt[256];
-    float *tid = f->sdxl ? mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)B * 6 * sizeof *tid) : NULL;
+    float *tid = f->sdxl || t->hy ? mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)B * 6 * sizeof *tid) : NULL;
+    mmc_tensor *pe5 = t->hy ? mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, f->T5, f->J5)) : NULL;
+    int32_t *mk = t->hy ? mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)(B * f->T) * sizeof *mk) : NULL;
+    int32_t *mk5 = t->hy ? mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)(B * f->T5) * sizeof *mk5) : NULL;
     MMC_CHECK(B <= 256, "micro-batch too large");
     const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
     /* every draw of a sample comes from its own stream, keyed by (seed, step, global sample index):
@@ -759,22 +847,32 @@ mmc_status mmc_trainer_flux_loss(mmc_trainer *t, const mmc_batch *b, double scal
         for (int64_t k = 0; k < per; k++)   /* latent_dist.sample(), then (z - shift) * scaling */
             xd[k] = ((m[k] + sd[k] * eps[k]) - (float)f->shift) * (float)f->scaling;
         mmc_rng_normal(&r, (float *)nz->data + i * per, per, 0.0f, 1.0f);
-        if (t->unet) {   /* offset noise, then randint(0, num_train_timesteps) */
+        if (t->unet || t->hy) {   /* offset noise, then randint(0, num_train_timesteps) */
             mmc_ddpm_offset_noise(&r, f->C, lh * lw, t->cfg->diffusion.noise_offset, (float *)nz->data + i * per);
             dt[i] = (int64_t)(mmc_rng_u64(&r) % (uint64_t)f->nsched.cfg.num_train_timesteps);
-            if (tid) memcpy(tid + 6 * i, f->time_ids + 6 * idx, 6 * sizeof *tid);
+            const float *ti = f->time_ids + 6 * idx;   /* (original size, crop top-left, target size) */
+            if (t->hy) {   /* image_meta_size: original size, target size, crop top-left */
+                const float hm[6] = {ti[0], ti[1], ti[4], ti[5], ti[2], ti[3]};
+                memcpy(tid + 6 * i, hm, sizeof hm);
+                memcpy((float *)pe5->data + i * f->T5 * f->J5, f->embeds_t5 + idx * f->T5 * f->J5,
+                       (size_t)(f->T5 * f->J5) * sizeof(float));
+                memcpy(mk + i * f->T, f->masks + idx * (f->T + f->T5), (size_t)f->T * sizeof *mk);
+                memcpy(mk5 + i * f->T5, f->masks + idx * (f->T + f->T5) + f->T, (size_t)f->T5 * sizeof *mk5);
+            } else if (tid) memcpy(tid + 6 * i, ti, 6 * sizeof *tid);
         } else {
             mmc_fm_sample_u(f->scheme, fc->logit_mean, fc->logit_std, fc->mode_scale, &r, 1, &u[i]);
         }
         memcpy((float *)pe->data + i * f->T * f->J, f->embeds + idx * f->T * f->J, (size_t)(f->T * f->J) * sizeof(float));
         memcpy((float *)pp->data + i * f->P, f->pooled + idx * f->P, (size_t)f->P * sizeof(float));
     }
-    if (t->unet) {
+    if (t->unet || t->hy) {
         mmc_ddpm_batch db = {.latents = x0, .noise = nz, .timesteps = dt, .prompt_embeds = pe,
-                             .text_embeds = f->sdxl ? pp : NULL, .time_ids = tid, .n_time_ids = f->sdxl ? 6 : 0,
+                             .text_embeds = t->hy ? pe5 : f->sdxl ? pp : NULL, .time_ids = tid,
+                             .n_time_ids = f->sdxl || t->hy ? 6 : 0, .mask = mk, .mask_t5 = mk5,
                              .prediction_type = f->pred, .snr_gamma = t->cfg->diffusion.snr_gamma};
         mmc_tensor *l = NULL;
-        mmc_status st = mmc_unet_ddpm_loss(ctx, t->unet, &f->nsched, &db, &l);
+        mmc_status st = t->hy ? mmc_hunyuan_ddpm_loss(ctx, t->hy, &f->nsched, &db, &l)
+                              : mmc_unet_ddpm_loss(ctx, t->unet, &f->nsched, &db, &l);
         if (st) return st;
         *loss = mmc_scale(ctx, l, (float)((double)B * scale));   /* sum of per-sample losses / global samples */
         return MMC_OK;
@@ -818,7 +916,21 @@ mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
     mmc_flux_sample_opts o = {.height = res, .width = res, .steps = (int)c->flow_matching.validation_steps,
                               .guidance = c->flow_matching.guidance};
     mmc_tensor *img = NULL, *lat;
-    if (t->unet) {   /* SDXL / SD: the run's scheduler settings as the pipeline's, no guidance (the conditional branch) */
+    if (t->hy) {   /* HunyuanDiT: the prompt encoded now, the run's prediction type, no guidance */
+        mmc_hunyuan_pipeline_borrow_transformer(f->vpipe_hy, t->hy);
+        mmc_hunyuan_pipeline_set_prediction_type(f->vpipe_hy, f->pred);
+        const bool was = mmc_set_grad_enabled(ctx, false);
+        mmc_hunyuan_cond hc;
+        const char *vp = c->flow_matching.validation_prompt;
+        lat = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, C, h, w));
+        memcpy(lat->data, z->data, mmc_nbytes(lat));
+        mmc_hunyuan_opts ho = {.height = res, .width = res, .steps = o.steps, .guidance = 1.0,
+                               .seed = (uint64_t)c->flow_matching.validation_seed + 1};
+        st = mmc_hunyuan_encode_prompt(ctx, f->vpipe_hy, &vp, 1, &hc);
+        if (!st) st = mmc_hunyuan_sample(ctx, f->vpipe_hy, &hc, NULL, &ho, lat);
+        if (!st) st = mmc_hunyuan_decode(ctx, f->vpipe_hy, lat, &img);
+        mmc_set_grad_enabled(ctx, was);
+    } else if (t->unet) {   /* SDXL / SD: the run's scheduler settings as the pipeline's, no guidance (the conditional branch) */
         mmc_sdxl_pipeline_borrow_unet(f->vpipe_sdxl, t->unet);
         mmc_sdxl_scheduler(f->vpipe_sdxl)->cfg.prediction_type = f->pred;   /* what the UNet learns to predict */
         lat = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, C, h, w));
@@ -863,6 +975,12 @@ mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap) {
 
 /* ------------------------------------------------------------------ checkpoints */
 mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir) {
+    if (t->lora && t->hy) {   /* PEFT's adapter on the transformer: diffusers 0.42 cannot load a HunyuanDiT LoRA */
+        char base[PATH_MAX], tr[PATH_MAX + 16];
+        if (!realpath(t->cfg->model.path, base)) snprintf(base, sizeof base, "%s", t->cfg->model.path);
+        snprintf(tr, sizeof tr, "%s/transformer", base);
+        return mmc_lora_save_task(t->lora, dir, tr, NULL);
+    }
     if (t->lora) return mmc_lora_save_diffusers(t->lora, dir, t->unet ? "unet" : "transformer");
     /* the transformer folder as save_pretrained writes it */
     char path[4200];

@@ -127,13 +127,16 @@ struct mmc_trainer {
     mmc_flux *flux;
     mmc_sd3 *sd3;              /* or an SD3 / SD3.5 transformer (a StableDiffusion3Pipeline folder) */
     mmc_unet *unet;            /* or an SDXL / SD 1.x UNet (StableDiffusion(XL)Pipeline folders, DDPM objective) */
+    mmc_hunyuan_dit *hy;       /* or a HunyuanDiT2DModel (a HunyuanDiTPipeline folder, DDPM objective) */
     struct mmc_fm_data *fm;
     mmc_wan *wan;              /* or a Wan2.1 text-to-video transformer (a WanPipeline folder; trainer_wan.c) */
     struct mmc_wan_data *wd;   /* its cached training set */
 };
 
 /* a diffusion transformer trains (trainer_flux.c), not a language model */
-static inline bool mmc_trainer_diffusion(const mmc_trainer *t) { return t->flux || t->sd3 || t->unet || t->wan; }
+static inline bool mmc_trainer_diffusion(const mmc_trainer *t) {
+    return t->flux || t->sd3 || t->unet || t->wan || t->hy;
+}
 
 /* trainer_contrastive.c: CLIP / SigLIP dual encoders (model_type clip / siglip) */
 bool mmc_trainer_is_contrastive_dir(const char *dir);

@@ -27,13 +27,13 @@ if os.environ.get("PYTHONHASHSEED") != "0":
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
 from diffusers import DDPMScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-from diffusers.training_utils import compute_snr
+
+from ref_common import ddpm_loss
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 UNETS = os.path.join(ROOT, "tests", "fixtures", "unet")
@@ -80,24 +80,7 @@ def run(unet, params, steps, lr, pred_type, snr_gamma, noise_offset, d):
             kw["added_cond_kwargs"] = {"text_embeds": exp["text_embeds"], "time_ids": time_ids}
             exp[f"time_ids_{step}"] = time_ids
         pred = unet(noisy, timesteps, exp["prompt_embeds"], return_dict=False, **kw)[0]
-        if sched.config.prediction_type == "epsilon":
-            target = noise
-        elif sched.config.prediction_type == "v_prediction":
-            target = sched.get_velocity(x0, noise, timesteps)
-        else:
-            raise ValueError(sched.config.prediction_type)
-        if snr_gamma is None:
-            loss = F.mse_loss(pred.float(), target.float(), reduction="mean")
-        else:
-            snr = compute_snr(sched, timesteps)
-            mse_loss_weights = torch.stack([snr, snr_gamma * torch.ones_like(timesteps)], dim=1).min(dim=1)[0]
-            if sched.config.prediction_type == "epsilon":
-                mse_loss_weights = mse_loss_weights / snr
-            elif sched.config.prediction_type == "v_prediction":
-                mse_loss_weights = mse_loss_weights / (snr + 1)
-            loss = F.mse_loss(pred.float(), target.float(), reduction="none")
-            loss = loss.mean(dim=list(range(1, len(loss.shape)))) * mse_loss_weights
-            loss = loss.mean()
+        loss = ddpm_loss(sched, pred, x0, noise, timesteps, snr_gamma)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

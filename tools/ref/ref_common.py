@@ -50,9 +50,9 @@ def tiny_tokenizers(tmp, words, **clip_kwargs):
 
 @contextlib.contextmanager
 def float64_throughout():
-    """(gen_train.py, gen_llama_train.py) transformers upcasts to float32 inside RMSNorm, softmax and the vision rotary; in a float64
-    run those casts would round the reference to float32 (measured: 4.7e-6 normwise on the
-    final weights): while active, float64 tensors stay float64."""
+    """(gen_train.py, gen_llama_train.py) transformers upcasts to float32 inside RMSNorm, softmax and
+    the vision rotary; in a float64 run those casts would round the reference to float32 (measured:
+    4.7e-6 normwise on the final weights): while active, float64 tensors stay float64."""
     T, F = torch.Tensor, torch.nn.functional
     saved = (T.float, T.to, F.softmax)
 
@@ -76,3 +76,28 @@ def float64_throughout():
         yield
     finally:
         T.float, T.to, F.softmax = saved
+
+
+def ddpm_loss(sched, pred, x0, noise, timesteps, snr_gamma):
+    """The loss of diffusers' train_text_to_image(_lora)(_sdxl).py on a DDPMScheduler: the target of its
+    prediction_type (noise or get_velocity), F.mse_loss, or with snr_gamma the min-SNR weighted per-sample means
+    (compute_snr; min(snr, gamma) / snr for epsilon, / (snr + 1) for v_prediction)."""
+    import torch.nn.functional as F
+    from diffusers.training_utils import compute_snr
+    if sched.config.prediction_type == "epsilon":
+        target = noise
+    elif sched.config.prediction_type == "v_prediction":
+        target = sched.get_velocity(x0, noise, timesteps)
+    else:
+        raise ValueError(sched.config.prediction_type)
+    if snr_gamma is None:
+        return F.mse_loss(pred.float(), target.float(), reduction="mean")
+    snr = compute_snr(sched, timesteps)
+    mse_loss_weights = torch.stack([snr, snr_gamma * torch.ones_like(timesteps)], dim=1).min(dim=1)[0]
+    if sched.config.prediction_type == "epsilon":
+        mse_loss_weights = mse_loss_weights / snr
+    elif sched.config.prediction_type == "v_prediction":
+        mse_loss_weights = mse_loss_weights / (snr + 1)
+    loss = F.mse_loss(pred.float(), target.float(), reduction="none")
+    loss = loss.mean(dim=list(range(1, len(loss.shape)))) * mse_loss_weights
+    return loss.mean()

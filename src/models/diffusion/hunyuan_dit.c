@@ -26,8 +26,10 @@
  *
  * LayerNorms have eps 1e-6. bf16 matrices stay mapped (the two tables added elementwise, the
  * padding rows and the pooler's positions, are widened per forward); f16 ones are widened at load.
- * Inference first: without grad mode each block's intermediates are released as soon as its output
- * exists (the skip stack is kept); in grad mode the forward is differentiable. */
+ * Without grad mode each block's intermediates are released as soon as its output exists (the skip
+ * stack is kept); in grad mode every op records the tape (training: trainer_flux.c), the long skips
+ * included, and with recompute each block runs under mmc_checkpoint (its skip one of its inputs).
+ * mmc_hunyuan_dit_linears names every nn.Linear as diffusers does, for LoRA (PEFT's target_modules). */
 #include "mmc_diffusion.h"
 #include "mmc_nn.h"
 #include "../model_weights.h"
@@ -66,6 +68,8 @@ struct mmc_hunyuan_dit {
     mmc_linear_w norm_out;                          /* [2C, C] */
     mmc_linear_w proj_out;                          /* [p*p*Cout, C] */
     mw_set w;
+    const char **name_ptrs;                         /* mmc_hunyuan_dit_param_list's names (views of w.names) */
+    bool recompute;                                 /* training: checkpoint each block (mmc_checkpoint) */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -137,6 +141,7 @@ mmc_status mmc_hunyuan_dit_config_read(const mmc_json *j, const char *what, mmc_
 void mmc_hunyuan_dit_free(mmc_hunyuan_dit *m) {
     if (!m) return;
     mw_close(&m->w);
+    free(m->name_ptrs);
     free(m->blocks);
     free(m);
 }
@@ -199,7 +204,7 @@ static void bind_all(mmc_hunyuan_dit *m) {
     mw_bind_linear(w, "", "proj_out", &m->proj_out, p * p * c->out_channels, C, true);
 }
 
-mmc_status mmc_hunyuan_dit_load(const char *dir, mmc_hunyuan_dit **out) {
+mmc_status mmc_hunyuan_dit_load(const char *dir, bool trainable, mmc_hunyuan_dit **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -212,6 +217,7 @@ mmc_status mmc_hunyuan_dit_load(const char *dir, mmc_hunyuan_dit **out) {
     m->blocks = calloc((size_t)m->cfg.num_layers, sizeof *m->blocks);
     if (!m->blocks) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     if ((st = mw_open(dir, "diffusion_pytorch_model", &m->w))) goto fail;
+    m->w.trainable = trainable;
     bind_all(m);
     if ((st = mw_status(&m->w, dir, "HunyuanDiT2DModel")) ||
         (st = mw_check_unused(&m->w, dir, "HunyuanDiT2DModel")))
@@ -227,6 +233,57 @@ fail:
 
 const mmc_hunyuan_dit_config *mmc_hunyuan_dit_cfg(const mmc_hunyuan_dit *m) { return &m->cfg; }
 int64_t mmc_hunyuan_dit_param_count(const mmc_hunyuan_dit *m) { return mw_count(&m->w); }
+void mmc_hunyuan_dit_set_recompute(mmc_hunyuan_dit *m, bool on) { m->recompute = on; }
+
+int mmc_hunyuan_dit_param_list(mmc_hunyuan_dit *m, mmc_tensor ***params, const char *const **names) {
+    if (!m->name_ptrs) {
+        m->name_ptrs = calloc((size_t)m->w.n_params + 1, sizeof *m->name_ptrs);
+        MMC_CHECK(m->name_ptrs, "out of memory");
+        for (int i = 0; i < m->w.n_params; i++) m->name_ptrs[i] = m->w.names[i];
+    }
+    *params = m->w.params;
+    *names = m->name_ptrs;
+    return m->w.n_params;
+}
+
+const mmc_tensor *mmc_hunyuan_dit_param(const mmc_hunyuan_dit *m, const char *name) {
+    for (int i = 0; i < m->w.n_params; i++)
+        if (!strcmp(m->w.names[i], name)) return m->w.params[i];
+    return NULL;
+}
+
+/* Every nn.Linear under its diffusers module name (what PEFT's target_modules select). */
+mmc_status mmc_hunyuan_dit_linears(mmc_hunyuan_dit *m, mmc_module_list *ml) {
+    mmc_status st = MMC_OK;
+    char nm[MMC_MODULE_NAME];
+#define ADD(l, ...) do { snprintf(nm, sizeof nm, __VA_ARGS__); if (!st) st = mmc_module_list_add(ml, (l), nm); } while (0)
+    ADD(&m->te_lin1, "text_embedder.linear_1");
+    ADD(&m->te_lin2, "text_embedder.linear_2");
+    ADD(&m->t_lin1, "time_extra_emb.timestep_embedder.linear_1");
+    ADD(&m->t_lin2, "time_extra_emb.timestep_embedder.linear_2");
+    ADD(&m->pool_q, "time_extra_emb.pooler.q_proj");
+    ADD(&m->pool_k, "time_extra_emb.pooler.k_proj");
+    ADD(&m->pool_v, "time_extra_emb.pooler.v_proj");
+    ADD(&m->pool_c, "time_extra_emb.pooler.c_proj");
+    ADD(&m->x_lin1, "time_extra_emb.extra_embedder.linear_1");
+    ADD(&m->x_lin2, "time_extra_emb.extra_embedder.linear_2");
+    for (int64_t i = 0; i < m->cfg.num_layers; i++) {
+        hy_block *b = &m->blocks[i];
+        const long long k = (long long)i;
+        if (b->skip) ADD(&b->skip_linear, "blocks.%lld.skip_linear", k);
+        ADD(&b->norm1_lin, "blocks.%lld.norm1.linear", k);
+        mmc_linear_w *a[2][4] = {{&b->q1, &b->k1, &b->v1, &b->o1}, {&b->q2, &b->k2, &b->v2, &b->o2}};
+        static const char *const an[4] = {"to_q", "to_k", "to_v", "to_out.0"};
+        for (int n = 0; n < 2; n++)
+            for (int j = 0; j < 4; j++) ADD(a[n][j], "blocks.%lld.attn%d.%s", k, n + 1, an[j]);
+        ADD(&b->ff_in, "blocks.%lld.ff.net.0.proj", k);
+        ADD(&b->ff_out, "blocks.%lld.ff.net.2", k);
+    }
+    ADD(&m->norm_out, "norm_out.linear");
+    ADD(&m->proj_out, "proj_out");
+#undef ADD
+    return st;
+}
 
 /* ------------------------------------------------------------------ rotary table */
 /* get_1d_rotary_pos_embed(dim, pos, use_real, repeat_interleave_real) in f32 as diffusers computes
@@ -322,6 +379,13 @@ static mmc_tensor *dit_block(mmc_ctx *ctx, const mmc_hunyuan_dit *m, const hy_bl
                                   b->nk2_b, cos, sin));
     n = mmc_layernorm(ctx, x, b->norm3_w, b->norm3_b, HY_EPS);
     return mmc_add(ctx, x, mmc_nn_linear(ctx, mmc_gelu_tanh(ctx, mmc_nn_linear(ctx, n, &b->ff_in)), &b->ff_out));
+}
+
+/* a checkpointed block: in = {x, ctx, SiLU(temb)[, skip]}; the rotary tables through the args */
+typedef struct { const mmc_hunyuan_dit *m; const hy_block *b; mmc_tensor *cos, *sin; } hy_block_args;
+static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
+    const hy_block_args *a = user;
+    return dit_block(ctx, a->m, a->b, in[0], n_in > 3 ? in[3] : NULL, in[1], in[2], a->cos, a->sin);
 }
 
 /* HunyuanDiTAttentionPool: t5 [B, L5, E] -> [B, P] */
@@ -440,11 +504,18 @@ mmc_status mmc_hunyuan_dit_forward(mmc_ctx *ctx, mmc_hunyuan_dit *m, const mmc_h
     mmc_tensor *skips[MMC_HUNYUAN_MAX_LAYERS];
     int n_skips = 0;
     const int64_t NL = c->num_layers;
+    hy_block_args *args = grad && m->recompute ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)NL) : NULL;
     for (int64_t i = 0; i < NL; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         mmc_tensor *skip = m->blocks[i].skip ? skips[--n_skips] : NULL;
-        x = dit_block(ctx, m, &m->blocks[i], x, skip, ctxs, temb_act, in->rope_cos, in->rope_sin);
-        if (!grad) x = mw_keep(ctx, mk, x);   /* earlier skips sit below the mark: kept */
+        if (args) {   /* activation recompute: the block's intermediates are rebuilt in backward */
+            args[i] = (hy_block_args){m, &m->blocks[i], in->rope_cos, in->rope_sin};
+            mmc_tensor *bin[4] = {x, ctxs, temb_act, skip};
+            x = mmc_checkpoint(ctx, block_fn, &args[i], bin, skip ? 4 : 3);
+        } else {
+            x = dit_block(ctx, m, &m->blocks[i], x, skip, ctxs, temb_act, in->rope_cos, in->rope_sin);
+            if (!grad) x = mw_keep(ctx, mk, x);   /* earlier skips sit below the mark: kept */
+        }
         if (i < NL / 2 - 1) skips[n_skips++] = x;
     }
     mmc_tensor *e[2];   /* norm_out, AdaLayerNormContinuous: (scale, shift) */
