@@ -494,7 +494,7 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
     for (int64_t i = 0; m->layers && i < m->cfg.num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
         mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-        for (int j = 0; j < 7; j++) mmc_nf4_free(ls[j]->q);
+        for (int j = 0; j < 7; j++) mmc_linear_quant_free(ls[j]);
     }
     for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
     free(m->param_split);

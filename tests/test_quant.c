@@ -1,0 +1,160 @@
+/* test_quant.c — weight-only int8 and NF4 inference kernels (mmc_quant.h, qmatvec.c).
+ *
+ * Parts avx512 / avx2 / generic force the kernel (mmc_gemm_set_kernel, as test_gemm does) and
+ * check, for M = 1..4 (the direct matvec) and M = 7 (dequantised tiles + GEMM):
+ *   y = x · dequant(W)ᵀ + b  against a float64 reference over the dequantised matrix,
+ *   per element |y - ref| <= 1e-5 · Σ_k |x_k · w_nk| + 1e-6 (f32 accumulation over K <= 2112
+ *   stays near sqrt(K)·2^-24 of that sum; a wrong code, scale or lane is ~1e-2 of it);
+ * int8 quantisation itself: round half to even at scale 1, the clamp, a zero row; NF4 with and
+ * without double quantisation; K not a multiple of 16 / 64 (int8 tails, NF4's tile fallback);
+ * the backward (dx) of both through the tiles. */
+#include "test_util.h"
+#include "mmc_nn.h"
+#include "mmc_quant.h"
+#include "../src/backend/cpu/gemm.h"
+#include "../src/backend/cpu/qmatvec.h"
+
+/* y [M, N] vs float64 x · wdᵀ + b over the dequantised wd [N, K] */
+static void check_linear(const char *what, const mmc_tensor *y, const float *x, const float *wd, const float *b,
+                         int64_t M, int64_t N, int64_t K) {
+    const float *yd = y->data;
+    double worst = 0;
+    int64_t bad = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = b ? b[n] : 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)x[m * K + k] * (double)wd[n * K + k];
+                s += p;
+                mag += fabs(p);
+            }
+            double tol = 1e-5 * mag + 1e-6, e = fabs(yd[m * N + n] - s);
+            if (!(e <= tol)) bad++;
+            if (e / tol > worst) worst = e / tol;
+        }
+    CHECKF(bad == 0, "%s [M %lld, N %lld, K %lld] (%s): %lld elements over the bound, worst %.3g x the bound", what,
+           (long long)M, (long long)N, (long long)K, mmc_qmv_kernel_name(), (long long)bad, worst);
+}
+
+static void kernel_suite(void) {
+    const int64_t shapes[][2] = {{200, 2112}, {37, 100}, {64, 128}, {9, 64}, {300, 33}};
+    const int64_t Ms[] = {1, 2, 3, 4, 7};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t N = shapes[si][0], K = shapes[si][1];
+        mmc_tensor *w = randn_param(100 + si, 2, MMC_SHAPE(N, K), 0.05f);
+        mmc_tensor *b = randn_param(200 + si, 1, MMC_SHAPE(N), 0.1f);
+        float *wd = malloc(sizeof(float) * (size_t)(N * K));
+        for (int fmt = 0; fmt < 3; fmt++) {   /* int8, NF4, NF4 + double quant */
+            mmc_q8 *q8 = NULL;
+            mmc_nf4 *q4 = NULL;
+            const char *name = fmt == 0 ? "int8" : fmt == 1 ? "nf4" : "nf4+dq";
+            if (fmt == 0) {
+                CHECK_OK(mmc_q8_quantize(w->data, N, K, &q8));
+                if (!q8) continue;
+                mmc_q8_dequantize_rows(q8, 0, N, wd);
+            } else {
+                if ((N * K) % 2) continue;
+                CHECK_OK(mmc_nf4_quantize(w->data, N, K, fmt == 2, &q4));
+                if (!q4) continue;
+                mmc_nf4_dequantize_rows(q4, NULL, 0, N, wd);
+            }
+            /* dequantised weights near the originals: int8 within half a step of each row's
+             * scale, NF4 within the widest gap of its levels (0.16 of the block absmax) */
+            double dmax = 0;
+            for (int64_t i = 0; i < N * K; i++) dmax = fmax(dmax, fabs((double)((float *)w->data)[i] - wd[i]));
+            CHECKF(dmax <= (fmt == 0 ? 0.5001 / 127 : 0.17) * max_abs(w), "%s: max |w - dequant(w)| %g", name, dmax);
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int64_t M = Ms[mi];
+                mmc_tensor *x = randn_param(300 + mi, 2, MMC_SHAPE(M, K), 1.0f);
+                mmc_ctx *ctx = mmc_ctx_new();
+                mmc_set_grad_enabled(ctx, false);
+                mmc_linear_w l = {.b = (mi & 1) ? b : NULL, .q = q4, .q8 = q8, .out_features = N, .in_features = K};
+                mmc_tensor *y = mmc_nn_linear(ctx, x, &l);
+                check_linear(name, y, x->data, wd, l.b ? b->data : NULL, M, N, K);
+                mmc_ctx_free(ctx);
+                mmc_tensor_free(x);
+            }
+            mmc_q8_free(q8);
+            mmc_nf4_free(q4);
+        }
+        free(wd);
+        mmc_tensor_free(w);
+        mmc_tensor_free(b);
+    }
+}
+
+/* int8 rounding: a row with absmax 127 has scale 1, so codes are round_half_even(w) */
+static void test_int8_rounding(void) {
+    const float row[8] = {127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 0.49f, -126.6f, 1.5f};
+    const int8_t want[8] = {127, 2, 4, -2, 0, 0, -127, 2};
+    float w[16] = {0};
+    memcpy(w, row, sizeof row);   /* row 1: all zero */
+    mmc_q8 *q = NULL;
+    CHECK_OK(mmc_q8_quantize(w, 2, 8, &q));
+    if (!q) return;
+    CHECK(q->scale[0] == 1.0f && q->scale[1] == 0.0f);
+    int bad = 0;
+    for (int k = 0; k < 8; k++) bad += q->q[k] != want[k] || q->q[8 + k] != 0;
+    CHECKF(bad == 0, "%d int8 codes differ from round-half-even", bad);
+    CHECK(mmc_q8_bytes(q) == 16 + 2 * sizeof(float));
+    mmc_q8_free(q);
+    CHECK_ERR(mmc_q8_quantize(w, 0, 8, &q), MMC_ERR_SHAPE);
+    mmc_quant_mode mode;
+    CHECK_ERR(mmc_quant_mode_parse("int4", &mode), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "int8, nf4"));
+    CHECK(mmc_quant_mode_parse("nf4", &mode) == MMC_OK && mode == MMC_WQ_NF4);
+}
+
+/* dx = dy · dequant(W) through the tiles (x requires grad), against float64 */
+static void test_backward(void) {
+    const int64_t M = 3, N = 300, K = 128;
+    mmc_tensor *w = randn_param(41, 2, MMC_SHAPE(N, K), 0.05f);
+    float *wd = malloc(sizeof(float) * (size_t)(N * K));
+    for (int fmt = 0; fmt < 2; fmt++) {
+        mmc_q8 *q8 = NULL;
+        mmc_nf4 *q4 = NULL;
+        if (fmt == 0) { CHECK_OK(mmc_q8_quantize(w->data, N, K, &q8)); mmc_q8_dequantize_rows(q8, 0, N, wd); }
+        else { CHECK_OK(mmc_nf4_quantize(w->data, N, K, false, &q4)); mmc_nf4_dequantize_rows(q4, NULL, 0, N, wd); }
+        mmc_tensor *x = randn_param(42, 2, MMC_SHAPE(M, K), 1.0f);
+        x->flags |= MMC_REQUIRES_GRAD;
+        mmc_ctx *ctx = mmc_ctx_new();
+        mmc_linear_w l = {.q = q4, .q8 = q8, .out_features = N, .in_features = K};
+        mmc_tensor *y = mmc_nn_linear(ctx, x, &l);
+        mmc_backward(ctx, mmc_sum(ctx, y));   /* dy = 1: dx[m, k] = Σ_n wd[n, k] */
+        const float *dx = x->grad ? x->grad->data : NULL;
+        CHECK(dx != NULL);
+        int64_t bad = 0;
+        for (int64_t m = 0; dx && m < M; m++)
+            for (int64_t k = 0; k < K; k++) {
+                double s = 0, mag = 0;
+                for (int64_t n = 0; n < N; n++) { s += wd[n * K + k]; mag += fabs(wd[n * K + k]); }
+                bad += !(fabs(dx[m * K + k] - s) <= 1e-5 * mag + 1e-6);
+            }
+        CHECKF(bad == 0, "%s backward: %lld of dx over 1e-5 of Σ|w|", fmt ? "nf4" : "int8", (long long)bad);
+        mmc_ctx_free(ctx);
+        mmc_tensor_free(x);
+        mmc_q8_free(q8);
+        mmc_nf4_free(q4);
+    }
+    free(wd);
+    mmc_tensor_free(w);
+}
+
+int main(int argc, char **argv) {
+    const char *kernels[3] = {"avx512", "avx2", "generic"};
+    const char *native = mmc_gemm_kernel_name();
+    for (int ki = 0; ki < 3; ki++) {
+        if (!test_part(argc, argv, kernels[ki])) continue;
+        if (mmc_gemm_set_kernel(kernels[ki]) != 0) {
+            test_skip("test_quant", "kernel %s: this CPU lacks its instructions", kernels[ki]);
+            continue;
+        }
+        kernel_suite();
+        mmc_gemm_set_kernel(native);
+    }
+    if (test_part(argc, argv, "format")) {
+        test_int8_rounding();
+        test_backward();
+    }
+    return test_done("test_quant");
+}
