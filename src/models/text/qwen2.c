@@ -538,6 +538,16 @@ mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant) {
     return st;
 }
 
+mmc_status mmc_qwen2_quantize(mmc_qwen2 *m, int mode, int *n_linears, int64_t *bytes_before, int64_t *bytes_after) {
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_qwen2_linears(m, "", &ml);
+    if (n_linears) *n_linears = ml.n;
+    if (!st) st = mmc_quantize_linears(ml.mods, ml.n, (mmc_quant_mode)mode, m->params, m->param_names, &m->n_params,
+                                       bytes_before, bytes_after);
+    mmc_module_list_free(&ml);
+    return st;
+}
+
 int64_t mmc_qwen2_param_count(const mmc_qwen2 *m) {
     int64_t n = 0;
     for (int i = 0; i < m->n_params; i++) n += mmc_numel(m->params[i]);
