@@ -3,7 +3,9 @@
  * NF4 (mmc_qwen2_quantize, what `--quantize` does at load). As bench/bench_quant_llama.py does for
  * llama.cpp: a prompt of PROMPT_LEN fixed ids ((i * 37 + 5) % 1000) is prefilled, then NTOK tokens are
  * decoded one at a time (each step: the decoder's decode of one token and the argmax of its logits);
- * tok/s = NTOK / the decode time, best of ROUNDS. Prints one line per mode:
+ * tok/s = NTOK / the decode time, best of ROUNDS; with MMC_BENCH_CPU_CLOCK=1 the time is this thread's CPU
+ * time (run it with OMP_NUM_THREADS=1: the work a token costs, whatever share of the cores a loaded host
+ * gives the process). Prints one line per mode:
  *   MODE tok/s weight-bytes-of-the-decoder-linears
  * usage: bench_quant DIR NTOK ROUNDS PROMPT_LEN MODE...   (MODE: f32, int8, nf4)
  * Without arguments (bench/run.sh runs every build/bench_* so) it says what it is and exits 0. */
@@ -14,6 +16,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static bool g_cpu_clock;
+static double clk(void) {
+    if (!g_cpu_clock) return mmc_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int argmax(const float *v, int64_t n) {
     int64_t b = 0;
@@ -28,6 +39,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *dir = argv[1];
+    g_cpu_clock = getenv("MMC_BENCH_CPU_CLOCK") && atoi(getenv("MMC_BENCH_CPU_CLOCK"));
     int ntok = atoi(argv[2]), rounds = atoi(argv[3]), plen = atoi(argv[4]);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -59,13 +71,13 @@ int main(int argc, char **argv) {
             mmc_ctx_reset(ctx);
             if (dec.prefill(ctx, dec.self, prompt, plen, &kv, &lg)) goto fail;
             int tok = argmax(lg, dec.vocab_size);
-            double t0 = mmc_now();
+            double t0 = clk();
             for (int t = 0; t < ntok; t++) {
                 mmc_ctx_reset(ctx);
                 if (dec.decode(ctx, dec.self, tok, &kv, &lg)) goto fail;
                 tok = argmax(lg, dec.vocab_size);
             }
-            double dt = mmc_now() - t0;
+            double dt = clk() - t0;
             if (dt < best) best = dt;
             mmc_kv_cache_free(&kv);
         }

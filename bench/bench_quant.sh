@@ -8,7 +8,9 @@
 # weights converted to an f32 GGUF (bench/bench_serve_gguf.py) and quantised by llama.cpp's own quantiser to
 # Q8_0 and Q4_K_M (bench/bench_quant_llama.py). Both: a prompt of 8 fixed ids, then QUANT_NTOK (64) greedy
 # tokens one at a time, tok/s of that decode, best of QUANT_ROUNDS (3), the same threads
-# (MMC_BENCH_THREADS, default all cores), one process at a time.
+# (MMC_BENCH_THREADS, default all cores), one process at a time, the two sides alternating within each round;
+# and the same at 1 thread on each process's CPU-time clock (cases _1t_cpu: on a loaded host a process gets a
+# share of the cores, and busy-waiting threads — llama.cpp's — keep a larger one than sleeping ones).
 # Pairs (mmc / llama.cpp, bits per weight of the decoder linears): f32 / F32 (32 / 32), int8 / Q8_0
 # (8 + 32/K, K = 1536 or 8960 / 8.5), nf4 / Q4_K_M (4.5 / about 4.9: Q4_K with Q6_K for some tensors).
 # JSON lines on stdout (bench/merge.py: quant_decode_<pair> with mmc, peer and the ratio), a table on stderr.
@@ -27,33 +29,56 @@ PY=$VENV/bin/python
 "$B/bench_serve_model" "$W" "$LAYERS" 1392 qwen2-vl-2b || exit 1
 cp tests/fixtures/qwen2/chat/tokenizer.json tests/fixtures/qwen2/chat/tokenizer_config.json "$W/"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg); threads $T; model: Qwen2-VL-2B LM shapes x $LAYERS layers, vocab 1392; $NTOK decode tokens, best of $ROUNDS"
-MMC_OUT=$(OMP_NUM_THREADS=$T "$B/bench_quant" "$W" "$NTOK" "$ROUNDS" "$PLEN" f32 int8 nf4) || exit 1
-echo "$MMC_OUT" | sed 's/^/mmc /'
-declare -A P
+# GGUFs first; then ROUNDS rounds, each running every mmc mode and every llama.cpp file once, so that
+# both sides see the same host load (the machine is shared); the best round of each is kept
+declare -A M P
+HAVE_LLAMA=0
 if "$PY" -c 'import llama_cpp, gguf' 2>/dev/null; then
+  HAVE_LLAMA=1
   LV=$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)')
   "$PY" bench/bench_serve_gguf.py "$W" "$W/f32.gguf" f32 || exit 1
-  P[f32]=$("$PY" bench/bench_quant_llama.py decode "$W/f32.gguf" "$NTOK" "$T" "$ROUNDS" "$PLEN")
   for q in q8_0 q4_k_m; do
-    "$PY" bench/bench_quant_llama.py quantize "$W/f32.gguf" "$W/$q.gguf" "$q" "$T" >/dev/null 2>&1 || { echo "bench_quant: llama.cpp quantise $q failed"; continue; }
-    P[$q]=$("$PY" bench/bench_quant_llama.py decode "$W/$q.gguf" "$NTOK" "$T" "$ROUNDS" "$PLEN")
-    rm -f "$W/$q.gguf"
+    "$PY" bench/bench_quant_llama.py quantize "$W/f32.gguf" "$W/$q.gguf" "$q" "$T" >/dev/null 2>&1 || { echo "bench_quant: llama.cpp quantise $q failed"; exit 1; }
   done
-  echo "llama.cpp (llama-cpp-python $LV): f32 ${P[f32]:-?} q8_0 ${P[q8_0]:-?} q4_k_m ${P[q4_k_m]:-?} tok/s"
+  echo "GGUF bytes: f32 $(stat -c %s "$W/f32.gguf"), q8_0 $(stat -c %s "$W/q8_0.gguf"), q4_k_m $(stat -c %s "$W/q4_k_m.gguf")"
 else
   echo "bench_quant: no llama-cpp-python / gguf in $VENV: mmc figures only"
 fi
-python3 - "$LAYERS" "$T" "$MMC_OUT" "${P[f32]:-}" "${P[q8_0]:-}" "${P[q4_k_m]:-}" "$(cut -d' ' -f1 /proc/loadavg)" >&3 <<'PY'
+best() { python3 -c 'import sys; print(max(float(a) for a in sys.argv[1:] if a))' "$@"; }
+# two clocks: wall at $T threads (what a user waits), and one thread's CPU time at 1 thread (_1t_cpu: the
+# work a token costs, whatever share of the cores the loaded host gives each process)
+for r in $(seq "$ROUNDS"); do
+  for clk in wall cpu; do
+    th=$T; [ $clk = cpu ] && th=1
+    out=$(OMP_NUM_THREADS=$th MMC_BENCH_CPU_CLOCK=$([ $clk = cpu ] && echo 1 || echo 0) "$B/bench_quant" "$W" "$NTOK" 1 "$PLEN" f32 int8 nf4) || exit 1
+    while read -r mode tps bytes; do M[$mode.$clk]=$(best "$tps" "${M[$mode.$clk]:-}"); done <<<"$out"
+    if [ $HAVE_LLAMA = 1 ]; then
+      for q in f32 q8_0 q4_k_m; do
+        tps=$("$PY" bench/bench_quant_llama.py decode "$W/$q.gguf" "$NTOK" "$th" 1 "$PLEN" $clk) || exit 1
+        P[$q.$clk]=$(best "$tps" "${P[$q.$clk]:-}")
+      done
+    fi
+    echo "round $r, $clk clock, $th thread(s) (load $(cut -d' ' -f1 /proc/loadavg)): mmc f32 ${M[f32.$clk]} int8 ${M[int8.$clk]} nf4 ${M[nf4.$clk]}; llama.cpp${LV:+ $LV} f32 ${P[f32.$clk]:-?} q8_0 ${P[q8_0.$clk]:-?} q4_k_m ${P[q4_k_m.$clk]:-?} tok/s (best so far)"
+  done
+done
+ALL=$(for k in "${!M[@]}"; do echo "mmc $k ${M[$k]}"; done; for k in "${!P[@]}"; do echo "peer $k ${P[$k]}"; done)
+python3 - "$LAYERS" "$T" "$ALL" "$(cut -d' ' -f1 /proc/loadavg)" >&3 <<'PY'
 import json, sys
-layers, threads, out, load = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[7]
-mmc = {l.split()[0]: float(l.split()[1]) for l in out.splitlines() if l.strip()}
-peer = dict(zip(["f32", "q8_0", "q4_k_m"], sys.argv[4:7]))
+layers, threads, load = sys.argv[1], sys.argv[2], sys.argv[4]
+v = {}
+for l in sys.argv[3].splitlines():
+    side, key, val = l.split()
+    v[(side, key)] = float(val)
 for m, p in [("f32", "f32"), ("int8", "q8_0"), ("nf4", "q4_k_m")]:
-    case = {"name": "quant_decode_%s_vs_%s" % (m, p), "mmc": mmc[m], "unit": "tok/s", "better": "higher",
-            "note": "Qwen2-VL-2B LM x %s layers, single stream, %s threads, load %s" % (layers, threads, load)}
-    if peer[p]:
-        case["peer"] = float(peer[p])
-        print("%-28s mmc %8.2f  llama.cpp %8.2f tok/s  ratio %.2f" % (case["name"], mmc[m], case["peer"], mmc[m] / case["peer"]),
-              file=sys.stderr)
-    print(json.dumps(case))
+    for clk, sfx, th in [("wall", "", threads), ("cpu", "_1t_cpu", "1")]:
+        mv, pv = v.get(("mmc", m + "." + clk)), v.get(("peer", p + "." + clk))
+        if mv is None:
+            continue
+        case = {"name": "quant_decode_%s_vs_%s%s" % (m, p, sfx), "mmc": mv, "unit": "tok/s", "better": "higher",
+                "note": "Qwen2-VL-2B LM x %s layers, single stream, %s thread(s)%s, load %s"
+                        % (layers, th, ", CPU-time clock" if clk == "cpu" else "", load)}
+        if pv is not None:
+            case["peer"] = pv
+            print("%-34s mmc %8.2f  llama.cpp %8.2f tok/s  ratio %.2f" % (case["name"], mv, pv, mv / pv), file=sys.stderr)
+        print(json.dumps(case))
 PY

@@ -3,8 +3,10 @@ quantiser (llama_cpp.llama_model_quantize, as the llama-quantize tool does) and 
 decode in llama-cpp-python (the pinned llama.cpp), the same way bench_quant.sh times `mmc generate`:
 the prompt (PROMPT fixed token ids, the same as bench_quant's) is evaluated, then NTOK tokens are decoded one at a time (each step: llama_decode of one token
 and the argmax of its logits); tok/s = NTOK / the decode time, best of ROUNDS.
+With CLOCK = cpu the decode time is this thread's CPU time (run it with THREADS = 1, where llama.cpp
+computes in the calling thread), as bench_quant does with MMC_BENCH_CPU_CLOCK=1.
 usage: bench_quant_llama.py quantize IN.gguf OUT.gguf q8_0|q4_k_m THREADS
-       bench_quant_llama.py decode MODEL.gguf NTOK THREADS ROUNDS PROMPT_LEN"""
+       bench_quant_llama.py decode MODEL.gguf NTOK THREADS ROUNDS PROMPT_LEN [wall|cpu]"""
 import ctypes
 import sys
 import time
@@ -24,14 +26,15 @@ path, ntok, threads, rounds, plen = sys.argv[2], int(sys.argv[3]), int(sys.argv[
 llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, n_batch=512,
                       logits_all=False, verbose=False)
 ids = [(i * 37 + 5) % 1000 for i in range(plen)]
+clock = time.thread_time if len(sys.argv) > 7 and sys.argv[7] == "cpu" else time.perf_counter
 best = 1e30
 for _ in range(rounds):
     llm.reset()
     llm.eval(ids)
     tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(ntok):
         llm.eval([tok])
         tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    best = min(best, time.perf_counter() - t0)
+    best = min(best, clock() - t0)
 print("%.6g" % (ntok / best))

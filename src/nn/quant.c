@@ -285,10 +285,13 @@ static void qweight_open(mmc_ctx *ctx, qweight *w, qkind kind, const void *q) {
         w->N = n->rows;
         w->K = n->cols;
     }
-    if (kind == QK_NF4) {
-        w->absmax = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)((const mmc_nf4 *)q)->n_blocks);
-        mmc_nf4_absmax(q, w->absmax);
-    }
+}
+
+/* the NF4 block scales resolved once per call, for the tile path (the matvec reads them itself) */
+static void qweight_scales(mmc_ctx *ctx, qweight *w) {
+    if (w->kind != QK_NF4 || w->absmax) return;
+    w->absmax = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)((const mmc_nf4 *)w->q)->n_blocks);
+    mmc_nf4_absmax(w->q, w->absmax);
 }
 
 static void qweight_rows(const qweight *w, int64_t row0, int64_t nrows, float *out) {
@@ -306,6 +309,7 @@ static void qlinear_backward(mmc_ctx *ctx, mmc_node *n) {
     if (mmc_requires_grad(b)) mmc_cpu_colsum_acc(dy, mmc_grad(ctx, b)->data, M, N);
     if (mmc_requires_grad(x)) {
         float *dx = mmc_grad(ctx, x)->data;
+        qweight_scales(ctx, &w);
         float *panel = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(QTILE * K));
         /* dx [M, K] += dy[:, n0:n1] [M, nt] · W[n0:n1, :] [nt, K], tiles in order */
         for (int64_t n0 = 0; n0 < N; n0 += QTILE) {
@@ -342,6 +346,7 @@ static mmc_tensor *qlinear(mmc_ctx *ctx, const char *op, mmc_tensor *x, qkind ki
     } else if (M >= 1 && M <= MMC_QMV_MAX_M && mmc_qmv_nf4_ok(q)) {
         mmc_qmv_nf4(M, x->data, q, yd);
     } else {
+        qweight_scales(ctx, &w);
         float *panel = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(QTILE * K));
         for (int64_t n0 = 0; n0 < N; n0 += QTILE) {
             int64_t nt = n0 + QTILE < N ? QTILE : N - n0;

@@ -26,7 +26,13 @@
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define T256 __attribute__((target("avx2,fma")))
-#define NF4_MAX_BLOCKS 1024   /* K <= 65536 for the direct NF4 kernel (row scales on the stack) */
+#define NF4_MAX_BLOCKS 1024
+#ifndef NF4_R
+#define NF4_R(M) ((M) == 1 ? 8 : 4)   /* NF4 rows in flight */
+#endif
+#ifndef Q8_R
+#define Q8_R(M) ((M) == 1 ? 8 : 4)
+#endif   /* K <= 65536 for the direct NF4 kernel (row scales on the stack) */
 
 typedef enum { QK_GENERIC, QK_AVX2, QK_AVX512 } qkernel;
 
@@ -74,26 +80,33 @@ typedef struct {
 T512 __attribute__((always_inline)) static inline void q8_body_avx512(const int M, const q8_args *a, int64_t n0,
                                                                       int64_t n1) {
     enum { RMAX = 8 };
-    const int R = M == 1 ? 8 : 4;
+    const int R = Q8_R(M);
     const int64_t K = a->K, N = a->N, k16 = K & ~(int64_t)15;
     const __mmask16 tail = (__mmask16)((1u << (K - k16)) - 1u);
     for (int64_t n = n0; n < n1; n += R) {
         const int nr = n1 - n < R ? (int)(n1 - n) : R;
         const int8_t *w[RMAX];
         __m512 acc[MMC_QMV_MAX_M][RMAX];
+        #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             w[r] = a->q + (n + (r < nr ? r : 0)) * K;   /* past the end: re-read, discarded */
+            #pragma GCC unroll 8
             for (int m = 0; m < M; m++) acc[m][r] = _mm512_setzero_ps();
         }
         int64_t k = 0;
         for (; k + 64 <= k16; k += 64) {
+            #pragma GCC unroll 8
             for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w[r] + k) + 1024, _MM_HINT_T0);
+            #pragma GCC unroll 8
             for (int j = 0; j < 64; j += 16) {
                 __m512 b[RMAX];
+                #pragma GCC unroll 8
                 for (int r = 0; r < R; r++)
                     b[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w[r] + k + j))));
+                #pragma GCC unroll 8
                 for (int m = 0; m < M; m++) {
                     __m512 xv = _mm512_loadu_ps(a->x + m * K + k + j);
+                    #pragma GCC unroll 8
                     for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(xv, b[r], acc[m][r]);
                 }
             }
@@ -101,14 +114,19 @@ T512 __attribute__((always_inline)) static inline void q8_body_avx512(const int 
         for (; k < K; k += 16) {
             const __mmask16 mk = k < k16 ? (__mmask16)0xFFFF : tail;
             __m512 b[RMAX];
+            #pragma GCC unroll 8
             for (int r = 0; r < R; r++)
                 b[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w[r] + k)));
+            #pragma GCC unroll 8
             for (int m = 0; m < M; m++) {
                 __m512 xv = _mm512_maskz_loadu_ps(mk, a->x + m * K + k);
+                #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(xv, b[r], acc[m][r]);
             }
         }
+        #pragma GCC unroll 8
         for (int m = 0; m < M; m++)
+            #pragma GCC unroll 8
             for (int r = 0; r < nr; r++) a->y[m * N + n + r] = a->scale[n + r] * _mm512_reduce_add_ps(acc[m][r]);
     }
 }
@@ -132,20 +150,27 @@ T256 static void q8_unit_avx2(const void *ctx, int64_t n0, int64_t n1) {
         const int nr = n1 - n < R ? (int)(n1 - n) : R;
         const int8_t *w[R];
         __m256 acc[MMC_QMV_MAX_M][R];
+        #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             w[r] = a->q + (n + (r < nr ? r : 0)) * K;
+            #pragma GCC unroll 8
             for (int m = 0; m < MMC_QMV_MAX_M; m++) acc[m][r] = _mm256_setzero_ps();
         }
         for (int64_t k = 0; k < k8; k += 8) {
             __m256 b[R];
+            #pragma GCC unroll 8
             for (int r = 0; r < R; r++)
                 b[r] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w[r] + k))));
+            #pragma GCC unroll 8
             for (int m = 0; m < M; m++) {
                 __m256 xv = _mm256_loadu_ps(a->x + m * K + k);
+                #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) acc[m][r] = _mm256_fmadd_ps(xv, b[r], acc[m][r]);
             }
         }
+        #pragma GCC unroll 8
         for (int m = 0; m < M; m++)
+            #pragma GCC unroll 8
             for (int r = 0; r < nr; r++) {
                 float s = hsum256(acc[m][r]);
                 for (int64_t k = k8; k < K; k++) s += a->x[m * K + k] * (float)w[r][k];
@@ -194,6 +219,7 @@ typedef struct {
  * q->absmax; sc[r] points at row r's K/64 scales. */
 static void nf4_row_scales(const mmc_nf4 *q, int64_t n, int nr, float *buf, const float **sc) {
     const int64_t nb = q->cols / MMC_NF4_BLOCK;
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
         if (q->double_quant) {
             mmc_nf4_absmax_range(q, (n + r) * nb, nb, buf + r * nb);
@@ -207,7 +233,7 @@ static void nf4_row_scales(const mmc_nf4 *q, int64_t n, int nr, float *buf, cons
 T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int M, const nf4_args *a, int64_t n0,
                                                                        int64_t n1, float *buf) {
     enum { RMAX = 8 };
-    const int R = M == 1 ? 8 : 4;
+    const int R = NF4_R(M);
     const mmc_nf4 *q = a->q;
     const int64_t K = a->K, N = q->rows, nb = K / MMC_NF4_BLOCK;
     const __m512 lut = _mm512_loadu_ps(mmc_nf4_levels());
@@ -217,36 +243,47 @@ T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int
         const uint8_t *c[RMAX];
         nf4_row_scales(q, n, nr, buf, sc);
         __m512 acc[MMC_QMV_MAX_M][RMAX];
+        #pragma GCC unroll 8
         for (int m = 0; m < MMC_QMV_MAX_M; m++)
+            #pragma GCC unroll 8
             for (int r = 0; r < RMAX; r++) acc[m][r] = _mm512_setzero_ps();
+        #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             if (r >= nr) sc[r] = sc[0];   /* past the end: re-read, discarded */
             c[r] = q->codes + (n + (r < nr ? r : 0)) * (K / 2);
         }
         for (int64_t b = 0; b < nb; b++) {
             __m512 L[RMAX];
+            #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 _mm_prefetch((const char *)(c[r] + b * 32) + 512, _MM_HINT_T0);
                 L[r] = _mm512_mul_ps(lut, _mm512_set1_ps(sc[r][b]));
             }
+            #pragma GCC unroll 8
             for (int h = 0; h < 2; h++) {
                 const int64_t k = b * MMC_NF4_BLOCK + h * 32;
-                __m512 we[RMAX], wo[RMAX];
+                __m512 xe[MMC_QMV_MAX_M], xo[MMC_QMV_MAX_M];
+#pragma GCC unroll 8
+                for (int m = 0; m < M; m++) {
+                    xe[m] = _mm512_loadu_ps(a->x + m * K + k);
+                    xo[m] = _mm512_loadu_ps(a->x + m * K + k + 16);
+                }
+                /* one row at a time: its two weight vectors die after M FMAs each (registers) */
+#pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c[r] + k / 2)));
-                    we[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), L[r]);
-                    wo[r] = _mm512_permutexvar_ps(v, L[r]);
-                }
-                for (int m = 0; m < M; m++) {
-                    __m512 xe = _mm512_loadu_ps(a->x + m * K + k), xo = _mm512_loadu_ps(a->x + m * K + k + 16);
-                    for (int r = 0; r < R; r++) {
-                        acc[m][r] = _mm512_fmadd_ps(xe, we[r], acc[m][r]);
-                        acc[m][r] = _mm512_fmadd_ps(xo, wo[r], acc[m][r]);
+                    __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), L[r]);
+                    __m512 wo = _mm512_permutexvar_ps(v, L[r]);
+#pragma GCC unroll 8
+                    for (int m = 0; m < M; m++) {
+                        acc[m][r] = _mm512_fmadd_ps(xe[m], we, acc[m][r]);
+                        acc[m][r] = _mm512_fmadd_ps(xo[m], wo, acc[m][r]);
                     }
                 }
             }
         }
         for (int m = 0; m < M; m++)
+            #pragma GCC unroll 8
             for (int r = 0; r < nr; r++) a->y[m * N + n + r] = _mm512_reduce_add_ps(acc[m][r]);
     }
 }
@@ -254,7 +291,7 @@ T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int
 T512 static void nf4_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
     const nf4_args *a = ctx;
     float buf[8 * 64];   /* double-quant row scales when K <= 4096, else the heap */
-    const int64_t need = 8 * (a->K / MMC_NF4_BLOCK);
+    const int64_t need = a->q->double_quant ? 8 * (a->K / MMC_NF4_BLOCK) : 0;
     float *heap = need > 8 * 64 ? malloc(sizeof(float) * (size_t)need) : NULL;
     MMC_CHECK(need <= 8 * 64 || heap, "NF4 matvec: out of memory");
     float *bp = heap ? heap : buf;
@@ -286,6 +323,7 @@ T256 static void nf4_unit_avx2(const void *ctx, int64_t n0, int64_t n1) {
         nf4_row_scales(q, n, 1, buf, &sc);
         const uint8_t *c = q->codes + n * (K / 2);
         __m256 acc[MMC_QMV_MAX_M];
+        #pragma GCC unroll 8
         for (int m = 0; m < MMC_QMV_MAX_M; m++) acc[m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const __m256 s = _mm256_set1_ps(sc[b]);
@@ -294,6 +332,7 @@ T256 static void nf4_unit_avx2(const void *ctx, int64_t n0, int64_t n1) {
                 for (int part = 0; part < 2; part++) {   /* bytes k/2 + 8*part: x[k + 8*part ..] evens, x[k + 16 + 8*part ..] odds */
                     __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + k / 2 + 8 * part)));
                     __m256 we = nf4_lookup8(_mm256_srli_epi32(v, 4), lo, hi), wo = nf4_lookup8(v, lo, hi);
+                    #pragma GCC unroll 8
                     for (int m = 0; m < M; m++) {
                         const float *x = a->x + m * K + k + 8 * part;
                         acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), we, acc[m]);
@@ -301,6 +340,7 @@ T256 static void nf4_unit_avx2(const void *ctx, int64_t n0, int64_t n1) {
                     }
                 }
         }
+        #pragma GCC unroll 8
         for (int m = 0; m < M; m++) a->y[m * N + n] = hsum256(acc[m]);
     }
     free(buf);
