@@ -30,6 +30,12 @@
 #ifndef NF4_R
 #define NF4_R(M) ((M) == 1 ? 8 : 4)   /* NF4 rows in flight */
 #endif
+#ifndef Q8_PF
+#define Q8_PF 1024   /* software prefetch distance per row, bytes (0: none) */
+#endif
+#ifndef NF4_PF
+#define NF4_PF 512
+#endif
 #ifndef Q8_R
 #define Q8_R(M) ((M) == 1 ? 8 : 4)
 #endif   /* K <= 65536 for the direct NF4 kernel (row scales on the stack) */
@@ -83,20 +89,25 @@ T512 __attribute__((always_inline)) static inline void q8_body_avx512(const int 
     const int R = Q8_R(M);
     const int64_t K = a->K, N = a->N, k16 = K & ~(int64_t)15;
     const __mmask16 tail = (__mmask16)((1u << (K - k16)) - 1u);
-    for (int64_t n = n0; n < n1; n += R) {
-        const int nr = n1 - n < R ? (int)(n1 - n) : R;
+    /* the unit is cut into R stretches of G rows; step j reads row j of each: R long sequential
+     * streams (what the hardware prefetchers follow), as gemm.c's bf16 matvec does */
+    const int64_t G = (n1 - n0 + R - 1) / R;
+    for (int64_t j = 0; j < G; j++) {
+        int64_t row[RMAX];
         const int8_t *w[RMAX];
         __m512 acc[MMC_QMV_MAX_M][RMAX];
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            w[r] = a->q + (n + (r < nr ? r : 0)) * K;   /* past the end: re-read, discarded */
+            row[r] = n0 + r * G + j;
+            w[r] = a->q + (row[r] < n1 ? row[r] : n0 + j) * K;   /* past the end: re-read, discarded */
             #pragma GCC unroll 8
             for (int m = 0; m < M; m++) acc[m][r] = _mm512_setzero_ps();
         }
         int64_t k = 0;
         for (; k + 64 <= k16; k += 64) {
             #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w[r] + k) + 1024, _MM_HINT_T0);
+            for (int r = 0; r < R; r++)
+                if (Q8_PF) _mm_prefetch((const char *)(w[r] + k) + Q8_PF, _MM_HINT_T0);
             #pragma GCC unroll 8
             for (int j = 0; j < 64; j += 16) {
                 __m512 b[RMAX];
@@ -127,7 +138,8 @@ T512 __attribute__((always_inline)) static inline void q8_body_avx512(const int 
         #pragma GCC unroll 8
         for (int m = 0; m < M; m++)
             #pragma GCC unroll 8
-            for (int r = 0; r < nr; r++) a->y[m * N + n + r] = a->scale[n + r] * _mm512_reduce_add_ps(acc[m][r]);
+            for (int r = 0; r < R; r++)
+                if (row[r] < n1) a->y[m * N + row[r]] = a->scale[row[r]] * _mm512_reduce_add_ps(acc[m][r]);
     }
 }
 
@@ -215,19 +227,12 @@ typedef struct {
     float *y;
 } nf4_args;
 
-/* Block scales of rows [n, n + nr) into buf (double quantisation resolved) or straight from
- * q->absmax; sc[r] points at row r's K/64 scales. */
-static void nf4_row_scales(const mmc_nf4 *q, int64_t n, int nr, float *buf, const float **sc) {
+/* Block scales of row n (double quantisation resolved into buf [K/64]) or straight from q->absmax. */
+static const float *nf4_row_scales(const mmc_nf4 *q, int64_t n, float *buf) {
     const int64_t nb = q->cols / MMC_NF4_BLOCK;
-    #pragma GCC unroll 8
-    for (int r = 0; r < nr; r++) {
-        if (q->double_quant) {
-            mmc_nf4_absmax_range(q, (n + r) * nb, nb, buf + r * nb);
-            sc[r] = buf + r * nb;
-        } else {
-            sc[r] = q->absmax + (n + r) * nb;
-        }
-    }
+    if (!q->double_quant) return q->absmax + n * nb;
+    mmc_nf4_absmax_range(q, n * nb, nb, buf);
+    return buf;
 }
 
 T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int M, const nf4_args *a, int64_t n0,
@@ -237,26 +242,28 @@ T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int
     const mmc_nf4 *q = a->q;
     const int64_t K = a->K, N = q->rows, nb = K / MMC_NF4_BLOCK;
     const __m512 lut = _mm512_loadu_ps(mmc_nf4_levels());
-    for (int64_t n = n0; n < n1; n += R) {
-        const int nr = n1 - n < R ? (int)(n1 - n) : R;
+    /* R stretches of G rows, step j reads row j of each (long sequential streams, as for int8) */
+    const int64_t G = (n1 - n0 + R - 1) / R;
+    for (int64_t j = 0; j < G; j++) {
+        int64_t row[RMAX];
         const float *sc[RMAX];
         const uint8_t *c[RMAX];
-        nf4_row_scales(q, n, nr, buf, sc);
         __m512 acc[MMC_QMV_MAX_M][RMAX];
         #pragma GCC unroll 8
         for (int m = 0; m < MMC_QMV_MAX_M; m++)
             #pragma GCC unroll 8
             for (int r = 0; r < RMAX; r++) acc[m][r] = _mm512_setzero_ps();
-        #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            if (r >= nr) sc[r] = sc[0];   /* past the end: re-read, discarded */
-            c[r] = q->codes + (n + (r < nr ? r : 0)) * (K / 2);
+            row[r] = n0 + r * G + j;
+            const int64_t rr = row[r] < n1 ? row[r] : n0 + j;   /* past the end: re-read, discarded */
+            sc[r] = nf4_row_scales(q, rr, buf + r * nb);
+            c[r] = q->codes + rr * (K / 2);
         }
         for (int64_t b = 0; b < nb; b++) {
             __m512 L[RMAX];
             #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                _mm_prefetch((const char *)(c[r] + b * 32) + 512, _MM_HINT_T0);
+                if (NF4_PF) _mm_prefetch((const char *)(c[r] + b * 32) + NF4_PF, _MM_HINT_T0);
                 L[r] = _mm512_mul_ps(lut, _mm512_set1_ps(sc[r][b]));
             }
             #pragma GCC unroll 8
@@ -284,7 +291,8 @@ T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int
         }
         for (int m = 0; m < M; m++)
             #pragma GCC unroll 8
-            for (int r = 0; r < nr; r++) a->y[m * N + n + r] = _mm512_reduce_add_ps(acc[m][r]);
+            for (int r = 0; r < R; r++)
+                if (row[r] < n1) a->y[m * N + row[r]] = _mm512_reduce_add_ps(acc[m][r]);
     }
 }
 
@@ -319,8 +327,7 @@ T256 static void nf4_unit_avx2(const void *ctx, int64_t n0, int64_t n1) {
     MMC_CHECK(buf, "NF4 matvec: out of memory");
     const __m256 lut_lo = _mm256_loadu_ps(mmc_nf4_levels()), lut_hi = _mm256_loadu_ps(mmc_nf4_levels() + 8);
     for (int64_t n = n0; n < n1; n++) {
-        const float *sc;
-        nf4_row_scales(q, n, 1, buf, &sc);
+        const float *sc = nf4_row_scales(q, n, buf);
         const uint8_t *c = q->codes + n * (K / 2);
         __m256 acc[MMC_QMV_MAX_M];
         #pragma GCC unroll 8
@@ -354,8 +361,7 @@ static void nf4_unit_generic(const void *ctx, int64_t n0, int64_t n1) {
     float *buf = malloc(sizeof(float) * (size_t)nb);
     MMC_CHECK(buf, "NF4 matvec: out of memory");
     for (int64_t n = n0; n < n1; n++) {
-        const float *sc;
-        nf4_row_scales(q, n, 1, buf, &sc);
+        const float *sc = nf4_row_scales(q, n, buf);
         const uint8_t *c = q->codes + n * (K / 2);
         for (int m = 0; m < a->M; m++) {
             const float *x = a->x + m * K;
