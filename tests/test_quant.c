@@ -114,6 +114,34 @@ static void test_int8_rounding(void) {
     CHECK(mmc_quant_mode_parse("nf4", &mode) == MMC_OK && mode == MMC_WQ_NF4);
 }
 
+/* a LoRA adapter on a quantised base: y = x·dequant(W)ᵀ + scale · (x·Aᵀ)·Bᵀ, both formats, decode and tiles */
+static void test_lora_on_top(void) {
+    const int64_t N = 96, K = 128, r = 4;
+    mmc_tensor *w = randn_param(51, 2, MMC_SHAPE(N, K), 0.05f);
+    mmc_tensor *A = randn_param(52, 2, MMC_SHAPE(r, K), 0.1f), *B = randn_param(53, 2, MMC_SHAPE(N, r), 0.1f);
+    mmc_lora lo = {.A = A, .B = B, .scale = 0.5f};
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int64_t M = 1; M <= 7; M += 6) {
+            mmc_q8 *q8 = NULL;
+            mmc_nf4 *q4 = NULL;
+            if (fmt == 0) CHECK_OK(mmc_q8_quantize(w->data, N, K, &q8));
+            else CHECK_OK(mmc_nf4_quantize(w->data, N, K, false, &q4));
+            mmc_tensor *x = randn_param(54, 2, MMC_SHAPE(M, K), 1.0f);
+            mmc_ctx *ctx = mmc_ctx_new();
+            mmc_set_grad_enabled(ctx, false);
+            mmc_linear_w base = {.q = q4, .q8 = q8, .out_features = N, .in_features = K}, ad = base;
+            ad.lora = &lo;
+            mmc_tensor *want = mmc_add(ctx, mmc_nn_linear(ctx, x, &base),
+                                       mmc_scale(ctx, mmc_linear(ctx, mmc_linear(ctx, x, A, NULL), B, NULL), 0.5f));
+            CHECK_CLOSE(mmc_nn_linear(ctx, x, &ad), want, 1e-6, 0, "LoRA on a quantised base (1e-6)");
+            mmc_ctx_free(ctx);
+            mmc_tensor_free(x);
+            mmc_q8_free(q8);
+            mmc_nf4_free(q4);
+        }
+    mmc_tensor_free(w); mmc_tensor_free(A); mmc_tensor_free(B);
+}
+
 /* dx = dy · dequant(W) through the tiles (x requires grad), against float64 */
 static void test_backward(void) {
     const int64_t M = 3, N = 300, K = 128;
@@ -282,6 +310,7 @@ int main(int argc, char **argv) {
     if (test_part(argc, argv, "format")) {
         test_int8_rounding();
         test_backward();
+        test_lora_on_top();
     }
     if (test_part(argc, argv, "model")) test_drift();
     return test_done("test_quant");

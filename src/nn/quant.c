@@ -155,7 +155,7 @@ mmc_status mmc_nf4_quantize(const float *w, int64_t N, int64_t K, bool double_qu
     for (int64_t b = 0; b < q->n_blocks; b++) {
         int64_t i0 = b * MMC_NF4_BLOCK, i1 = i0 + MMC_NF4_BLOCK < n ? i0 + MMC_NF4_BLOCK : n;
         float am = 0;
-        for (int64_t i = i0; i < i1; i++) am = fmaxf(am, fabsf(w[i]));
+        for (int64_t i = i0; i < i1; i++) { float v = fabsf(w[i]); am = v > am ? v : am; }   /* fmaxf is a libm call here */
         absmax[b] = am;
         float inv = 1.0f / (am < 1e-38f ? 1e-38f : am);
         for (int64_t i = i0; i < i1; i += 2) {

@@ -27,7 +27,7 @@ mmc_status mmc_q8_quantize(const float *w, int64_t N, int64_t K, mmc_q8 **out) {
     for (int64_t n = 0; n < N; n++) {
         const float *r = w + n * K;
         float am = 0;
-        for (int64_t k = 0; k < K; k++) am = fmaxf(am, fabsf(r[k]));
+        for (int64_t k = 0; k < K; k++) { float v = fabsf(r[k]); am = v > am ? v : am; }   /* fmaxf is a libm call here */
         float s = am / 127.0f;
         q->scale[n] = s;
         int8_t *d = q->q + n * K;
