@@ -12,7 +12,7 @@
 # and the same at 1 thread on each process's CPU-time clock (cases _1t_cpu: on a loaded host a process gets a
 # share of the cores, and busy-waiting threads — llama.cpp's — keep a larger one than sleeping ones).
 # Pairs (mmc / llama.cpp, bits per weight of the decoder linears): f32 / F32 (32 / 32), int8 / Q8_0
-# (8 + 32/K, K = 1536 or 8960 / 8.5), nf4 / Q4_K_M (4.5 / about 4.9: Q4_K with Q6_K for some tensors).
+# (8 + 32/K, K = 1536 or 8960 / 8.51 from the file), nf4 / Q4_K_M (4.5 / 4.84: Q4_K with Q6_K for some tensors).
 # JSON lines on stdout (bench/merge.py: quant_decode_<pair> with mmc, peer and the ratio), a table on stderr.
 # usage: bench/bench_quant.sh   (MMC_BENCH_FILTER=bench_quant bash bench/run.sh build /work/main/.venv-ref)
 set -eu

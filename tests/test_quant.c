@@ -45,6 +45,19 @@ static void check_linear(const char *what, const mmc_tensor *y, const float *x, 
            (long long)M, (long long)N, (long long)K, mmc_qmv_kernel_name(), (long long)bad, worst);
 }
 
+/* w [N, K] quantised as fmt (0 int8, 1 NF4, 2 NF4 + double quant) into a linear's base; wd (may be
+ * NULL) gets the dequantised matrix. False if it failed (counted). */
+static bool quantize_fmt(int fmt, const mmc_tensor *w, mmc_linear_w *l, float *wd) {
+    const int64_t N = w->shape[0], K = w->shape[1];
+    *l = (mmc_linear_w){.out_features = N, .in_features = K};
+    if (fmt == 0) CHECK_OK(mmc_q8_quantize(w->data, N, K, &l->q8));
+    else CHECK_OK(mmc_nf4_quantize(w->data, N, K, fmt == 2, &l->q));
+    if (!l->q8 && !l->q) return false;
+    if (wd && l->q8) mmc_q8_dequantize_rows(l->q8, 0, N, wd);
+    if (wd && l->q) mmc_nf4_dequantize_rows(l->q, NULL, 0, N, wd);
+    return true;
+}
+
 static void kernel_suite(void) {
     const int64_t shapes[][2] = {{200, 2112}, {37, 100}, {64, 128}, {9, 64}, {300, 33}};
     const int64_t Ms[] = {1, 2, 3, 4, 7};
@@ -54,19 +67,10 @@ static void kernel_suite(void) {
         mmc_tensor *b = randn_param(200 + si, 1, MMC_SHAPE(N), 0.1f);
         float *wd = malloc(sizeof(float) * (size_t)(N * K));
         for (int fmt = 0; fmt < 3; fmt++) {   /* int8, NF4, NF4 + double quant */
-            mmc_q8 *q8 = NULL;
-            mmc_nf4 *q4 = NULL;
             const char *name = fmt == 0 ? "int8" : fmt == 1 ? "nf4" : "nf4+dq";
-            if (fmt == 0) {
-                CHECK_OK(mmc_q8_quantize(w->data, N, K, &q8));
-                if (!q8) continue;
-                mmc_q8_dequantize_rows(q8, 0, N, wd);
-            } else {
-                if ((N * K) % 2) continue;
-                CHECK_OK(mmc_nf4_quantize(w->data, N, K, fmt == 2, &q4));
-                if (!q4) continue;
-                mmc_nf4_dequantize_rows(q4, NULL, 0, N, wd);
-            }
+            mmc_linear_w base;
+            if (fmt && (N * K) % 2) continue;
+            if (!quantize_fmt(fmt, w, &base, wd)) continue;
             /* dequantised weights near the originals: int8 within half a step of each row's
              * scale, NF4 within the widest gap of its levels (0.16 of the block absmax) */
             double dmax = 0;
@@ -77,14 +81,14 @@ static void kernel_suite(void) {
                 mmc_tensor *x = randn_param(300 + mi, 2, MMC_SHAPE(M, K), 1.0f);
                 mmc_ctx *ctx = mmc_ctx_new();
                 mmc_set_grad_enabled(ctx, false);
-                mmc_linear_w l = {.b = (mi & 1) ? b : NULL, .q = q4, .q8 = q8, .out_features = N, .in_features = K};
+                mmc_linear_w l = base;
+                l.b = (mi & 1) ? b : NULL;
                 mmc_tensor *y = mmc_nn_linear(ctx, x, &l);
                 check_linear(name, y, x->data, wd, l.b ? b->data : NULL, M, N, K);
                 mmc_ctx_free(ctx);
                 mmc_tensor_free(x);
             }
-            mmc_q8_free(q8);
-            mmc_nf4_free(q4);
+            mmc_linear_quant_free(&base);
         }
         free(wd);
         mmc_tensor_free(w);
@@ -122,22 +126,19 @@ static void test_lora_on_top(void) {
     mmc_lora lo = {.A = A, .B = B, .scale = 0.5f};
     for (int fmt = 0; fmt < 2; fmt++)
         for (int64_t M = 1; M <= 7; M += 6) {
-            mmc_q8 *q8 = NULL;
-            mmc_nf4 *q4 = NULL;
-            if (fmt == 0) CHECK_OK(mmc_q8_quantize(w->data, N, K, &q8));
-            else CHECK_OK(mmc_nf4_quantize(w->data, N, K, false, &q4));
+            mmc_linear_w base;
+            if (!quantize_fmt(fmt, w, &base, NULL)) continue;
             mmc_tensor *x = randn_param(54, 2, MMC_SHAPE(M, K), 1.0f);
             mmc_ctx *ctx = mmc_ctx_new();
             mmc_set_grad_enabled(ctx, false);
-            mmc_linear_w base = {.q = q4, .q8 = q8, .out_features = N, .in_features = K}, ad = base;
+            mmc_linear_w ad = base;
             ad.lora = &lo;
             mmc_tensor *want = mmc_add(ctx, mmc_nn_linear(ctx, x, &base),
                                        mmc_scale(ctx, mmc_linear(ctx, mmc_linear(ctx, x, A, NULL), B, NULL), 0.5f));
             CHECK_CLOSE(mmc_nn_linear(ctx, x, &ad), want, 1e-6, 0, "LoRA on a quantised base (1e-6)");
             mmc_ctx_free(ctx);
             mmc_tensor_free(x);
-            mmc_q8_free(q8);
-            mmc_nf4_free(q4);
+            mmc_linear_quant_free(&base);
         }
     mmc_tensor_free(w); mmc_tensor_free(A); mmc_tensor_free(B);
 }
@@ -148,14 +149,11 @@ static void test_backward(void) {
     mmc_tensor *w = randn_param(41, 2, MMC_SHAPE(N, K), 0.05f);
     float *wd = malloc(sizeof(float) * (size_t)(N * K));
     for (int fmt = 0; fmt < 2; fmt++) {
-        mmc_q8 *q8 = NULL;
-        mmc_nf4 *q4 = NULL;
-        if (fmt == 0) { CHECK_OK(mmc_q8_quantize(w->data, N, K, &q8)); mmc_q8_dequantize_rows(q8, 0, N, wd); }
-        else { CHECK_OK(mmc_nf4_quantize(w->data, N, K, false, &q4)); mmc_nf4_dequantize_rows(q4, NULL, 0, N, wd); }
+        mmc_linear_w l;
+        if (!quantize_fmt(fmt, w, &l, wd)) continue;
         mmc_tensor *x = randn_param(42, 2, MMC_SHAPE(M, K), 1.0f);
         x->flags |= MMC_REQUIRES_GRAD;
         mmc_ctx *ctx = mmc_ctx_new();
-        mmc_linear_w l = {.q = q4, .q8 = q8, .out_features = N, .in_features = K};
         mmc_tensor *y = mmc_nn_linear(ctx, x, &l);
         mmc_backward(ctx, mmc_sum(ctx, y));   /* dy = 1: dx[m, k] = Σ_n wd[n, k] */
         const float *dx = x->grad ? x->grad->data : NULL;
@@ -170,8 +168,7 @@ static void test_backward(void) {
         CHECKF(bad == 0, "%s backward: %lld of dx over 1e-5 of Σ|w|", fmt ? "nf4" : "int8", (long long)bad);
         mmc_ctx_free(ctx);
         mmc_tensor_free(x);
-        mmc_q8_free(q8);
-        mmc_nf4_free(q4);
+        mmc_linear_quant_free(&l);
     }
     free(wd);
     mmc_tensor_free(w);
