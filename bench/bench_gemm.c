@@ -25,6 +25,9 @@
  *                                streams; dynamic 1 MiB chunks with eight), max of every
  *                                measurement in the run
  *   matvec_{f32,bf16}_8192x4096  y = x·Wᵀ with M=1 (decode), GB/s of weight bytes streamed
+ *   matvec_{int8,nf4}_8192x4096  the same with quantised weights read directly (qmatvec.c:
+ *                                int8 per-row scales; NF4 blocks of 64), GB/s of the bytes
+ *                                held (codes + scales)
  *   matvec_*_frac_bw             that divided by the read bandwidth of its window
  *   matvec_bf16_4864x896         a Qwen2 MLP weight (fits in L3), GB/s
  * Threads: OMP_NUM_THREADS (bench/run.sh sets it to MMC_BENCH_THREADS). Every case is run
@@ -33,6 +36,8 @@
  */
 #include "bench_util.h"
 #include "gemm.h"
+#include "mmc_quant.h"
+#include "qmatvec.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -170,9 +175,13 @@ typedef struct {
     float beta;
     float *A, *B, *C;
     uint16_t *Bh;
+    mmc_q8 *q8;     /* matvec on int8 / NF4 weights (M = 1) when set */
+    mmc_nf4 *q4;
 } gemm_arg;
 static void gemm_run(void *v) {
     gemm_arg *g = v;
+    if (g->q8) { mmc_qmv_int8(g->M, g->N, g->K, g->A, g->q8->q, g->q8->scale, g->C); return; }
+    if (g->q4) { mmc_qmv_nf4(g->M, g->A, g->q4, g->C); return; }
     int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
     if (g->bf16) mmc_gemm_bf16_infer(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->Bh, ldb, g->beta, g->C, g->N);
     else mmc_gemm_f32(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->B, ldb, g->beta, g->C, g->N);
@@ -248,7 +257,7 @@ static void suite(const char *sfx) {
             if (bf && !cases[c].bf16ok) continue;
             if (bf == 2 && mmc_gemm_set_bf16_dot(true) != 0) continue;
             gemm_arg g = {cases[c].ta, cases[c].tb, bf >= 1, cases[c].M, cases[c].N, cases[c].K, cases[c].beta,
-                          NULL, NULL, NULL, NULL};
+                          NULL, NULL, NULL, NULL, NULL, NULL};
             int64_t na = g.M * g.K, nb = g.K * g.N, nc = g.M * g.N;
             g.A = falloc(na);
             g.B = falloc(nb);
@@ -298,40 +307,51 @@ static void suite(const char *sfx) {
     double tbw[2] = {best_time(bw_run, &ba[0], 1.0, 5), best_time(bw_run, &ba[1], 1.0, 5)};
     const int bk = tbw[1] < tbw[0]; /* the faster read kernel is the reference from here on */
     double bw = (double)nbw * 4 / tbw[bk] * 1e-9;
-    double mv_frac[2] = {0};
+    double mv_frac[4] = {0};
+    static const char *const mv_dt[4] = {"f32", "bf16", "int8", "nf4"};
 
     /* matvec (decode): M=1, y = x · Wᵀ, W [N, K] streamed once */
     static const struct { int64_t N, K; } mv[] = {{8192, 4096}, {4864, 896}};
     for (int s = 0; s < 2; s++)
-        for (int bf = 0; bf < 2; bf++) {
-            if (s == 1 && !bf) continue;
-            gemm_arg g = {false, true, bf == 1, 1, mv[s].N, mv[s].K, 0.0f, NULL, NULL, NULL, NULL};
+        for (int bf = 0; bf < 4; bf++) {
+            if (s == 1 && bf != 1) continue;
+            gemm_arg g = {false, true, bf == 1, 1, mv[s].N, mv[s].K, 0.0f, NULL, NULL, NULL, NULL, NULL, NULL};
             int64_t nb = g.N * g.K;
+            double wbytes = (double)nb * (bf == 1 ? 2 : 4);
             g.A = falloc(g.K);
             g.C = falloc(g.N);
             fill(g.A, g.K, 4);
-            if (bf) {
+            if (bf == 1) {
                 g.Bh = (uint16_t *)falloc((nb + 1) / 2); /* 64-byte aligned, as mmc tensors are */
                 for (int64_t i = 0; i < nb; i++) g.Bh[i] = (uint16_t)(0x3c00 + (i & 0xff));
             } else {
                 g.B = falloc(nb);
                 fill(g.B, nb, 5);
             }
+            if (bf >= 2) {   /* quantised: the f32 source goes, the codes stay */
+                mmc_status qs = bf == 2 ? mmc_q8_quantize(g.B, g.N, g.K, &g.q8) : mmc_nf4_quantize(g.B, g.N, g.K, false, &g.q4);
+                MMC_CHECK(qs == MMC_OK, "bench_gemm: %s", mmc_last_error());
+                wbytes = (double)(bf == 2 ? mmc_q8_bytes(g.q8) : mmc_nf4_bytes(g.q4));
+                free(g.B);
+                g.B = NULL;
+            }
             double t, tref = tbw[bk];
             if (s == 0) paired_time(gemm_run, &g, bw_run, &ba[bk], 1.0, 10, &t, &tref);
             else t = best_time(gemm_run, &g, 1.0, 10); /* fits in L3: not interleaved with reads */
-            double gbs = (double)nb * (bf ? 2 : 4) / t * 1e-9, bw_win = (double)nbw * 4 / tref * 1e-9;
+            double gbs = wbytes / t * 1e-9, bw_win = (double)nbw * 4 / tref * 1e-9;
             if (bw_win > bw) bw = bw_win;
-            snprintf(name, sizeof name, "matvec_%s_%lldx%lld%s", bf ? "bf16" : "f32", (long long)g.N, (long long)g.K, sfx);
+            snprintf(name, sizeof name, "matvec_%s_%lldx%lld%s", mv_dt[bf], (long long)g.N, (long long)g.K, sfx);
             bench_report(name, gbs, "GB/s", 1);
             if (s == 0) mv_frac[bf] = gbs / bw_win;
             free(g.A); free(g.B); free(g.C); free(g.Bh);
+            mmc_q8_free(g.q8);
+            mmc_nf4_free(g.q4);
         }
     free(buf);
     snprintf(name, sizeof name, "mem_read_bw%s", sfx);
     bench_report(name, bw, "GB/s", 1);
-    for (int bf = 0; bf < 2; bf++) {
-        snprintf(name, sizeof name, "matvec_%s_8192x4096%s_frac_bw", bf ? "bf16" : "f32", sfx);
+    for (int bf = 0; bf < 4; bf++) {
+        snprintf(name, sizeof name, "matvec_%s_8192x4096%s_frac_bw", mv_dt[bf], sfx);
         bench_report(name, mv_frac[bf], "fraction", 1);
     }
 }

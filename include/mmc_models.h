@@ -166,6 +166,11 @@ mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *
 /* QLoRA: quantise every decoder projection to NF4 (bitsandbytes layout, mmc_quant.h) and
  * drop the dense copies from m->params. Norms, embeddings and lm_head stay as they are. */
 mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant);
+/* Weight-only inference quantisation (`--quantize`): every decoder projection to int8 or NF4
+ * (mode: an mmc_quant_mode of mmc_quant.h), the dense copies dropped from m->params; the
+ * embedding, norms and lm_head stay as loaded. *n_linears and the weight bytes before / after
+ * are reported (each may be NULL; the byte counts are added to). LoRA adapters stay on top. */
+mmc_status mmc_qwen2_quantize(mmc_qwen2 *m, int mode, int *n_linears, int64_t *bytes_before, int64_t *bytes_after);
 /* Apply the PEFT LoRA adapter in adapter_dir at inference, without merging: every adapted
  * linear computes W x + scale * B (A x) (mmc_nn_linear), the base weights stay as loaded
  * (zero-copy). Logits equal those of the `mmc merge`d model up to float rounding. The model

@@ -22,13 +22,15 @@ typedef struct mmc_lora {
 } mmc_lora;
 
 typedef struct mmc_nf4 mmc_nf4;   /* NF4 weight (bitsandbytes layout), see mmc_quant.h */
+typedef struct mmc_q8 mmc_q8;     /* int8 weight, per-output-channel scales, see mmc_quant.h */
 
 typedef struct {
     mmc_tensor *w;        /* [N, K] f32/bf16; NULL when quantised */
     mmc_tensor *b;        /* [N] or NULL */
     mmc_lora *lora;       /* NULL unless adapted */
-    mmc_nf4 *q;           /* NULL unless quantised (QLoRA) */
+    mmc_nf4 *q;           /* NULL unless quantised to NF4 (QLoRA, --quantize nf4) */
     int64_t out_features, in_features;
+    mmc_q8 *q8;           /* NULL unless quantised to int8 (--quantize int8) */
 } mmc_linear_w;
 
 /* x [..., K] -> [..., N] */

@@ -41,6 +41,7 @@ void help_chat(FILE *f) {
             "                           image processor (torch's uint8 antialiased resize)\n"
             CLI_SAMPLING_HELP
             "                           (the seed of turn n is S + n)\n"
+            CLI_QUANTIZE_HELP
             "  -h, --help               this help\n", 256);
 }
 
@@ -65,6 +66,7 @@ int cmd_chat(int argc, char **argv) {
     const char *arg_audios[64];
     int n_arg_audios = 0;
     bool show_ids = false;
+    int quant = 0;   /* --quantize */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
@@ -82,6 +84,7 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template-name")) { VAL(); tpl_name = v; }
         else if (!strcmp(a, "--max-image-pixels")) { VAL(); if (!cli_int(a, v, 1, 1LL << 40, &max_image_pixels)) return CLI_USAGE; }
         else if (!strcmp(a, "--image-backend")) { VAL(); if (cli_image_backend("chat", v, &resize_mode)) return CLI_USAGE; }
+        else if (!strcmp(a, "--quantize")) { VAL(); if (cli_quantize_arg("chat", v, &quant)) return CLI_USAGE; }
         else {
             int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
             if (sr < 0) return CLI_USAGE;
@@ -95,6 +98,10 @@ int cmd_chat(int argc, char **argv) {
     mmc_status st = cli_model_load(model, adapter, &cm);
     cm.max_image_pixels = max_image_pixels;
     if (st) return cli_fail(st, "chat: cannot load the model");
+    if ((st = cli_model_quantize(&cm, quant))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "chat: cannot quantise the model");
+    }
     if (cm.vl) cm.proc.resize_mode = resize_mode;
     if (cm.llava) cm.cproc.resize_mode = cm.nproc.base.resize_mode = resize_mode;
     if (cm.internvl) cm.iproc.resize_mode = resize_mode;

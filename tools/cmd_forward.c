@@ -34,6 +34,8 @@ void help_forward(FILE *f) {
             "  --image-backend B  pil (default): Pillow-exact resize, transformers' backend=\"pil\";\n"
             "                    torchvision: transformers 5.x's default image processor\n"
             "  --raw             feed the prompt as-is, without the chat template\n"
+            "  --quantize int8|nf4  weight-only quantised decoder linears, as generate's (compare\n"
+            "                    the logits with an f32 run to see the drift)\n"
             "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
             "  -h, --help        this help\n");
 }
@@ -42,6 +44,7 @@ int cmd_forward(int argc, char **argv) {
     cli_prompt_args pa = {0};
     const char *out = NULL;
     bool json = false;
+    int quant = 0;   /* --quantize */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE; } while (0)
@@ -50,6 +53,7 @@ int cmd_forward(int argc, char **argv) {
         if (pr > 0) continue;
         if (!strcmp(a, "--out")) { VAL(); out = v; }
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--quantize")) { VAL(); if (cli_quantize_arg("forward", v, &quant)) return CLI_USAGE; }
         else return cli_usage("forward", "unknown option '%s'", a);
 #undef VAL
     }
@@ -58,6 +62,10 @@ int cmd_forward(int argc, char **argv) {
     cli_model cm;
     mmc_status st = cli_model_load(pa.model, pa.adapter, &cm);
     if (st) return cli_fail(st, "forward: cannot load the model");
+    if ((st = cli_model_quantize(&cm, quant))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "forward: cannot quantise the model");
+    }
     cli_prompt cp;
     if ((st = cli_prompt_from_args(&cm, &pa, &cp))) {
         cli_model_free(&cm);

@@ -44,6 +44,7 @@ void help_generate(FILE *f) {
             "                           image processor (torch's uint8 antialiased resize);\n"
             "                           LLaVA-NeXT / OneVision images: pil only\n"
             CLI_SAMPLING_HELP
+            CLI_QUANTIZE_HELP
             "  --raw                    feed the prompt as-is, without the chat template\n"
             "  --json                   print one JSON object {text, tokens, prompt_tokens, ...}\n"
             "  -h, --help               this help\n", 128);
@@ -54,6 +55,7 @@ int cmd_generate(int argc, char **argv) {
     cli_sampling sp;
     cli_sampling_init(&sp);
     bool json = false;
+    int quant = 0;   /* --quantize */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int pr = cli_prompt_arg("generate", argc, argv, &i, &pa);
@@ -63,6 +65,10 @@ int cmd_generate(int argc, char **argv) {
         if (sr < 0) return CLI_USAGE;
         if (sr > 0) continue;
         if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--quantize")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_quantize_arg("generate", v, &quant)) return CLI_USAGE;
+        }
         else return cli_usage("generate", "unknown option '%s'", a);
     }
     if (cli_prompt_args_check("generate", &pa)) return CLI_USAGE;
@@ -71,6 +77,10 @@ int cmd_generate(int argc, char **argv) {
     cli_model cm;
     mmc_status st = cli_model_load(pa.model, pa.adapter, &cm);
     if (st) return cli_fail(st, "generate: cannot load the model");
+    if ((st = cli_model_quantize(&cm, quant))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "generate: cannot quantise the model");
+    }
     cli_prompt cp;
     int rc = 1;
     int32_t *out = NULL;

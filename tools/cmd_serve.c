@@ -51,6 +51,7 @@ void help_serve(FILE *f) {
             "                           (default: $MMC_API_KEY if set, else no key)\n"
             "  --media-root DIR         allow image_url / audio_url paths (or file:// URLs) to files under DIR\n"
             "  --threads N              compute threads (default: OMP_NUM_THREADS, else all cores)\n"
+            CLI_QUANTIZE_HELP
             "limits (an OpenAI-style 4xx error beyond each):\n"
             "  --max-body-bytes N       request body size (default %zu; 413)\n"
             "  --max-json-depth N       JSON nesting (default %d)\n"
@@ -282,6 +283,7 @@ int cmd_serve(int argc, char **argv) {
     mmc_serve_limits_default(&o.limits);
     const char *model = NULL, *adapter = NULL, *name = NULL, *tpl = NULL, *tpl_name = NULL;
     bool no_batch = false;
+    int quant = 0;   /* --quantize */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long long v = 0;
@@ -295,6 +297,9 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--port")) {
             if (opt_ll(a, argc, argv, &i, 0, 65535, &v)) return CLI_USAGE;
             o.port = (int)v;
+        } else if (!strcmp(a, "--quantize")) {
+            const char *qv = cli_value(argc, argv, &i);
+            if (!qv || cli_quantize_arg("serve", qv, &quant)) return CLI_USAGE;
         } else if (!strcmp(a, "--threads")) {
             if (opt_ll(a, argc, argv, &i, 0, 4096, &v)) return CLI_USAGE;
             o.threads = (int)v;
@@ -372,6 +377,10 @@ int cmd_serve(int argc, char **argv) {
     mmc_status st = cli_model_load(model ? model : adapter, model ? adapter : NULL, &sb.m);
     if (st) return cli_fail(st, "serve: cannot load the model");
     int rc = CLI_ERROR;
+    if ((st = cli_model_quantize(&sb.m, quant))) {
+        cli_fail(st, "serve: cannot quantise the model");
+        goto done;
+    }
     if ((st = cli_model_set_template(&sb.m, tpl, tpl_name))) {
         cli_fail(st, "serve: cannot set the chat template");
         goto done;

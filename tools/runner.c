@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "mmc_image.h"
 #include "mmc_prompt.h"
+#include "mmc_quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -567,6 +568,30 @@ int cli_image_backend(const char *cmd, const char *v, mmc_vlproc_resize_mode *mo
     else if (!strcmp(v, "torchvision")) *mode = MMC_VLPROC_RESIZE_TORCH;
     else return cli_usage(cmd, "--image-backend must be pil or torchvision, not '%s'", v);
     return 0;
+}
+
+int cli_quantize_arg(const char *cmd, const char *v, int *mode) {
+    mmc_quant_mode q;
+    if (mmc_quant_mode_parse(v, &q)) return cli_usage(cmd, "--quantize must be int8, nf4 or none, not '%s'", v);
+    *mode = (int)q;
+    return 0;
+}
+
+mmc_status cli_model_quantize(cli_model *m, int mode) {
+    if (mode == MMC_WQ_NONE) return MMC_OK;
+    mmc_qwen2 *lm = m->lm ? m->lm : m->vlm ? m->vlm->lm : m->llava ? m->llava->lm : m->internvl ? m->internvl->lm
+                    : m->omni ? m->omni->lm : NULL;
+    if (!lm) return mmc_error(MMC_ERR_UNSUPPORTED, "--quantize: model_type %s has no language model to quantise", m->model_type);
+    int n = 0;
+    int64_t before = 0, after = 0;
+    double t0 = mmc_now();
+    mmc_status st = mmc_qwen2_quantize(lm, mode, &n, &before, &after);
+    if (st) return mmc_error_prefix(st, "--quantize %s", mmc_quant_mode_name((mmc_quant_mode)mode));
+    fprintf(stderr, "mmc: quantised %d decoder linears to %s in %.1f s: %.1f MiB -> %.1f MiB (%.1f MiB saved; "
+                    "embeddings, lm_head and other towers as loaded)\n",
+            n, mmc_quant_mode_name((mmc_quant_mode)mode), mmc_now() - t0, before / 1048576.0, after / 1048576.0,
+            (before - after) / 1048576.0);
+    return MMC_OK;
 }
 
 int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a) {

@@ -124,6 +124,19 @@ int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a);
  * -> model inputs, through cli_prompt_build. */
 mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prompt *p);
 
+/* --quantize MODE (generate, chat, serve): int8 | nf4 | none into *mode (an mmc_quant_mode);
+ * 0, or a usage error (CLI_USAGE) naming the option. */
+int cli_quantize_arg(const char *cmd, const char *v, int *mode);
+/* Quantise the language model's decoder linears of a loaded model (mode from
+ * cli_quantize_arg; none: nothing) and say on stderr what was quantised and the bytes saved.
+ * Vision / audio towers, embeddings and lm_head stay as loaded. */
+mmc_status cli_model_quantize(cli_model *m, int mode);
+#define CLI_QUANTIZE_HELP \
+    "  --quantize int8|nf4      weight-only quantisation of the language model's linears at load:\n" \
+    "                           int8 with one scale per output channel (8 + 32/K bits/weight) or\n" \
+    "                           NF4 (4.5 bits/weight: blocks of 64); embeddings, lm_head and\n" \
+    "                           vision towers stay as loaded; LoRA adapters apply on top\n"
+
 /* --chat-template FILE (its text wins over the directory's templates) and/or
  * --chat-template-name NAME (one of several named templates); both may be NULL. */
 mmc_status cli_model_set_template(cli_model *m, const char *file, const char *name);

@@ -4,12 +4,17 @@
 
 mmc_tensor *mmc_nf4_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_nf4 *q, mmc_tensor *b)
     __attribute__((weak));
+mmc_tensor *mmc_q8_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_q8 *q, mmc_tensor *b)
+    __attribute__((weak));
 
 mmc_tensor *mmc_nn_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l) {
     mmc_tensor *y;
     if (l->q) {
         MMC_CHECK(mmc_nf4_linear, "NF4 weights need the quantisation module (src/nn/quant.c)");
         y = mmc_nf4_linear(ctx, x, l->q, l->b);
+    } else if (l->q8) {
+        MMC_CHECK(mmc_q8_linear, "int8 weights need the quantisation module (src/nn/quant.c)");
+        y = mmc_q8_linear(ctx, x, l->q8, l->b);
     } else {
         y = mmc_linear(ctx, x, l->w, l->b);
     }

@@ -12,6 +12,7 @@
 #include "mmc_ops.h"
 #include "../backend/cpu/gemm.h"
 #include "../backend/cpu/linear.h"
+#include "../backend/cpu/qmatvec.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -154,7 +155,7 @@ mmc_status mmc_nf4_quantize(const float *w, int64_t N, int64_t K, bool double_qu
     for (int64_t b = 0; b < q->n_blocks; b++) {
         int64_t i0 = b * MMC_NF4_BLOCK, i1 = i0 + MMC_NF4_BLOCK < n ? i0 + MMC_NF4_BLOCK : n;
         float am = 0;
-        for (int64_t i = i0; i < i1; i++) am = fmaxf(am, fabsf(w[i]));
+        for (int64_t i = i0; i < i1; i++) { float v = fabsf(w[i]); am = v > am ? v : am; }   /* fmaxf is a libm call here */
         absmax[b] = am;
         float inv = 1.0f / (am < 1e-38f ? 1e-38f : am);
         for (int64_t i = i0; i < i1; i += 2) {
@@ -215,15 +216,17 @@ size_t mmc_nf4_bytes(const mmc_nf4 *q) {
 
 /* not fused: bitsandbytes rounds the product before adding the offset */
 __attribute__((optimize("fp-contract=off")))
-void mmc_nf4_absmax(const mmc_nf4 *q, float *out) {
+void mmc_nf4_absmax_range(const mmc_nf4 *q, int64_t b0, int64_t nb, float *out) {
     if (!q->double_quant) {
-        memcpy(out, q->absmax, sizeof(float) * (size_t)q->n_blocks);
+        memcpy(out, q->absmax + b0, sizeof(float) * (size_t)nb);
         return;
     }
     const float *m = mmc_dynamic_map();
-    for (int64_t i = 0; i < q->n_blocks; i++)
-        out[i] = m[q->qabsmax[i]] * q->absmax2[i / MMC_NF4_DQ_BLOCK] + q->offset;
+    for (int64_t i = b0; i < b0 + nb; i++)
+        out[i - b0] = m[q->qabsmax[i]] * q->absmax2[i / MMC_NF4_DQ_BLOCK] + q->offset;
 }
+
+void mmc_nf4_absmax(const mmc_nf4 *q, float *out) { mmc_nf4_absmax_range(q, 0, q->n_blocks, out); }
 
 void mmc_nf4_dequantize_rows(const mmc_nf4 *q, const float *absmax, int64_t row0, int64_t nrows,
                              float *out) {
@@ -247,8 +250,13 @@ void mmc_nf4_dequantize_rows(const mmc_nf4 *q, const float *absmax, int64_t row0
     free(own);
 }
 
-/* ------------------------------------------------------------------ linear */
-#define NF4_TILE 256  /* rows of W dequantised per panel (256 x K f32 in scratch) */
+/* ------------------------------------------------------------------ linear
+ * One path for both formats: up to MMC_QMV_MAX_M rows of x run the direct matvec
+ * (qmatvec.c); more rows (prefill, batches) dequantise QTILE rows of W at a time into a
+ * scratch panel and run the f32 GEMM on it, so the f32 matrix never exists as a whole. */
+#define QTILE 256  /* rows of W dequantised per panel (256 x K f32 in scratch) */
+
+typedef enum { QK_NF4 = 0, QK_INT8 = 1 } qkind;
 
 static int64_t rows_of(const mmc_tensor *x) {
     int64_t r = 1;
@@ -256,50 +264,95 @@ static int64_t rows_of(const mmc_tensor *x) {
     return r;
 }
 
-static void nf4_linear_backward(mmc_ctx *ctx, mmc_node *n) {
+/* W [N, K] of either format and its per-call dequantisation state (NF4: resolved absmax) */
+typedef struct {
+    qkind kind;
+    const void *q;
+    int64_t N, K;
+    float *absmax;
+} qweight;
+
+static void qweight_open(mmc_ctx *ctx, qweight *w, qkind kind, const void *q) {
+    w->kind = kind;
+    w->q = q;
+    w->absmax = NULL;
+    if (kind == QK_NF4) {
+        const mmc_nf4 *n = q;
+        w->N = n->rows;
+        w->K = n->cols;
+    } else {
+        const mmc_q8 *n = q;
+        w->N = n->rows;
+        w->K = n->cols;
+    }
+}
+
+/* the NF4 block scales resolved once per call, for the tile path (the matvec reads them itself) */
+static void qweight_scales(mmc_ctx *ctx, qweight *w) {
+    if (w->kind != QK_NF4 || w->absmax) return;
+    w->absmax = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)((const mmc_nf4 *)w->q)->n_blocks);
+    mmc_nf4_absmax(w->q, w->absmax);
+}
+
+static void qweight_rows(const qweight *w, int64_t row0, int64_t nrows, float *out) {
+    if (w->kind == QK_NF4) mmc_nf4_dequantize_rows(w->q, w->absmax, row0, nrows, out);
+    else mmc_q8_dequantize_rows(w->q, row0, nrows, out);
+}
+
+static void qlinear_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *b = n->n_in > 1 ? n->in[1] : NULL;
-    const mmc_nf4 *q = n->extra;
-    int64_t M = n->i[0], N = q->rows, K = q->cols;
+    mmc_arena_mark mk = mmc_scratch_mark(ctx);
+    qweight w;
+    qweight_open(ctx, &w, (qkind)n->i[1], n->extra);
+    int64_t M = n->i[0], N = w.N, K = w.K;
     const float *dy = n->out->grad->data;
     if (mmc_requires_grad(b)) mmc_cpu_colsum_acc(dy, mmc_grad(ctx, b)->data, M, N);
-    if (!mmc_requires_grad(x)) return;
-    float *dx = mmc_grad(ctx, x)->data;
-    mmc_arena_mark mk = mmc_scratch_mark(ctx);
-    float *absmax = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)q->n_blocks);
-    float *panel = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(NF4_TILE * K));
-    mmc_nf4_absmax(q, absmax);
-    /* dx [M, K] += dy[:, n0:n1] [M, nt] · W[n0:n1, :] [nt, K], tiles in order */
-    for (int64_t n0 = 0; n0 < N; n0 += NF4_TILE) {
-        int64_t nt = n0 + NF4_TILE < N ? NF4_TILE : N - n0;
-        mmc_nf4_dequantize_rows(q, absmax, n0, nt, panel);
-        mmc_gemm_f32(false, false, M, K, nt, 1.0f, dy + n0, N, panel, K, 1.0f, dx, K);
+    if (mmc_requires_grad(x)) {
+        float *dx = mmc_grad(ctx, x)->data;
+        qweight_scales(ctx, &w);
+        float *panel = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(QTILE * K));
+        /* dx [M, K] += dy[:, n0:n1] [M, nt] · W[n0:n1, :] [nt, K], tiles in order */
+        for (int64_t n0 = 0; n0 < N; n0 += QTILE) {
+            int64_t nt = n0 + QTILE < N ? QTILE : N - n0;
+            qweight_rows(&w, n0, nt, panel);
+            mmc_gemm_f32(false, false, M, K, nt, 1.0f, dy + n0, N, panel, K, 1.0f, dx, K);
+        }
     }
     mmc_scratch_release(ctx, mk);
 }
 
-mmc_tensor *mmc_nf4_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_nf4 *q, mmc_tensor *b) {
+static mmc_tensor *qlinear(mmc_ctx *ctx, const char *op, mmc_tensor *x, qkind kind, const void *q, mmc_tensor *b) {
     char sx[64];
-    MMC_CHECK(x && q, "mmc_nf4_linear: x and q are required");
-    MMC_CHECK(x->dtype == MMC_F32 && x->ndim >= 1 && mmc_is_contiguous(x) && x->shape[x->ndim - 1] == q->cols,
-              "mmc_nf4_linear: x must be contiguous f32 [..., %lld], got %s %s", (long long)q->cols,
+    MMC_CHECK(x && q, "%s: x and q are required", op);
+    mmc_arena_mark mk = mmc_scratch_mark(ctx);
+    qweight w;
+    qweight_open(ctx, &w, kind, q);
+    const int64_t N = w.N, K = w.K;
+    MMC_CHECK(x->dtype == MMC_F32 && x->ndim >= 1 && mmc_is_contiguous(x) && x->shape[x->ndim - 1] == K,
+              "%s: x must be contiguous f32 [..., %lld], got %s %s", op, (long long)K,
               mmc_dtype_name(x->dtype), mmc_shape_str(x, sx, sizeof sx));
-    int64_t M = rows_of(x), N = q->rows, K = q->cols;
+    int64_t M = rows_of(x);
     if (b)
-        MMC_CHECK(b->dtype == MMC_F32 && b->ndim == 1 && b->shape[0] == N,
-                  "mmc_nf4_linear: b must be f32 [%lld]", (long long)N);
+        MMC_CHECK(b->dtype == MMC_F32 && b->ndim == 1 && b->shape[0] == N, "%s: b must be f32 [%lld]", op,
+                  (long long)N);
     int64_t shape[MMC_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 1] = N;
     mmc_tensor *y = mmc_new(ctx, MMC_F32, x->ndim, shape);   /* [..., N] */
     float *yd = y->data;
-    mmc_arena_mark mk = mmc_scratch_mark(ctx);
-    float *absmax = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)q->n_blocks);
-    float *panel = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(NF4_TILE * K));
-    mmc_nf4_absmax(q, absmax);
-    for (int64_t n0 = 0; n0 < N; n0 += NF4_TILE) {
-        int64_t nt = n0 + NF4_TILE < N ? NF4_TILE : N - n0;
-        mmc_nf4_dequantize_rows(q, absmax, n0, nt, panel);          /* [nt, K] */
-        mmc_gemm_f32(false, true, M, nt, K, 1.0f, x->data, K, panel, K, 0.0f, yd + n0, N);
+    if (M >= 1 && M <= MMC_QMV_MAX_M && kind == QK_INT8) {
+        const mmc_q8 *q8 = q;
+        mmc_qmv_int8(M, N, K, x->data, q8->q, q8->scale, yd);
+    } else if (M >= 1 && M <= MMC_QMV_MAX_M && mmc_qmv_nf4_ok(q)) {
+        mmc_qmv_nf4(M, x->data, q, yd);
+    } else {
+        qweight_scales(ctx, &w);
+        float *panel = mmc_scratch_alloc(ctx, sizeof(float) * (size_t)(QTILE * K));
+        for (int64_t n0 = 0; n0 < N; n0 += QTILE) {
+            int64_t nt = n0 + QTILE < N ? QTILE : N - n0;
+            qweight_rows(&w, n0, nt, panel);                                  /* [nt, K] */
+            mmc_gemm_f32(false, true, M, nt, K, 1.0f, x->data, K, panel, K, 0.0f, yd + n0, N);
+        }
     }
     mmc_scratch_release(ctx, mk);
     if (b) {
@@ -309,35 +362,48 @@ mmc_tensor *mmc_nf4_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_nf4 *q, mmc_te
             for (int64_t j = 0; j < N; j++) yd[m * N + j] += bd[j];
     }
     mmc_tensor *in[2] = {x, b};
-    mmc_node *nd = mmc_tape_record(ctx, "nf4_linear", nf4_linear_backward, y, b ? 2 : 1, in);
+    mmc_node *nd = mmc_tape_record(ctx, op, qlinear_backward, y, b ? 2 : 1, in);
     if (nd) {
         nd->i[0] = M;
+        nd->i[1] = kind;
         nd->extra = (void *)q;
     }
     return y;
 }
 
-/* ------------------------------------------------------------------ QLoRA at load */
-mmc_status mmc_nf4_quantize_linears(mmc_linear_w **mods, int n, bool double_quant,
-                                    mmc_tensor **params, char (*names)[96], int *n_params) {
+mmc_tensor *mmc_nf4_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_nf4 *q, mmc_tensor *b) {
+    return qlinear(ctx, "nf4_linear", x, QK_NF4, q, b);
+}
+
+mmc_tensor *mmc_q8_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_q8 *q, mmc_tensor *b) {
+    return qlinear(ctx, "q8_linear", x, QK_INT8, q, b);
+}
+
+/* ------------------------------------------------------------------ at load (QLoRA, --quantize) */
+static mmc_status quantize_linears(mmc_linear_w **mods, int n, mmc_quant_mode mode, bool double_quant,
+                                   mmc_tensor **params, char (*names)[96], int *n_params, int64_t *bytes_before,
+                                   int64_t *bytes_after) {
     for (int i = 0; i < n; i++) {
         mmc_linear_w *l = mods[i];
-        if (l->q || !l->w) continue;
+        if (l->q || l->q8 || !l->w) continue;
         mmc_tensor *w = l->w;
-        if (w->dtype != MMC_F32 && w->dtype != MMC_BF16)
-            return mmc_error(MMC_ERR_UNSUPPORTED, "NF4: cannot quantise %s weight '%s'",
-                             mmc_dtype_name(w->dtype), w->name);
+        if ((w->dtype != MMC_F32 && w->dtype != MMC_BF16) || w->ndim != 2)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: cannot quantise %s weight '%s' (f32 or bf16 [N, K] only)",
+                             mmc_quant_mode_name(mode), mmc_dtype_name(w->dtype), w->name);
         float *tmp = NULL;
         const float *src = w->data;
         if (w->dtype == MMC_BF16) {
             tmp = malloc(sizeof(float) * (size_t)mmc_numel(w));
-            if (!tmp) return mmc_error(MMC_ERR_OOM, "NF4: out of memory");
+            if (!tmp) return mmc_error(MMC_ERR_OOM, "%s: out of memory", mmc_quant_mode_name(mode));
             mmc_convert(tmp, MMC_F32, w->data, MMC_BF16, mmc_numel(w));
             src = tmp;
         }
-        mmc_status st = mmc_nf4_quantize(src, w->shape[0], w->shape[1], double_quant, &l->q);
+        mmc_status st = mode == MMC_WQ_INT8 ? mmc_q8_quantize(src, w->shape[0], w->shape[1], &l->q8)
+                                               : mmc_nf4_quantize(src, w->shape[0], w->shape[1], double_quant, &l->q);
         free(tmp);
         if (st) return mmc_error_prefix(st, "quantising '%s'", w->name);
+        if (bytes_before) *bytes_before += (int64_t)mmc_numel(w) * (w->dtype == MMC_BF16 ? 2 : 4);
+        if (bytes_after) *bytes_after += (int64_t)(l->q8 ? mmc_q8_bytes(l->q8) : mmc_nf4_bytes(l->q));
         if (l->b) l->b->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         l->w = NULL;
         if (params && n_params) {
@@ -353,4 +419,34 @@ mmc_status mmc_nf4_quantize_linears(mmc_linear_w **mods, int n, bool double_quan
         mmc_tensor_free(w);
     }
     return MMC_OK;
+}
+
+mmc_status mmc_nf4_quantize_linears(mmc_linear_w **mods, int n, bool double_quant,
+                                    mmc_tensor **params, char (*names)[96], int *n_params) {
+    return quantize_linears(mods, n, MMC_WQ_NF4, double_quant, params, names, n_params, NULL, NULL);
+}
+
+mmc_status mmc_quantize_linears(mmc_linear_w **mods, int n, mmc_quant_mode mode, mmc_tensor **params,
+                                char (*names)[96], int *n_params, int64_t *bytes_before, int64_t *bytes_after) {
+    if (mode == MMC_WQ_NONE) return MMC_OK;
+    return quantize_linears(mods, n, mode, false, params, names, n_params, bytes_before, bytes_after);
+}
+
+void mmc_linear_quant_free(mmc_linear_w *l) {
+    mmc_nf4_free(l->q);
+    mmc_q8_free(l->q8);
+    l->q = NULL;
+    l->q8 = NULL;
+}
+
+mmc_status mmc_quant_mode_parse(const char *s, mmc_quant_mode *out) {
+    if (!strcmp(s, "int8")) *out = MMC_WQ_INT8;
+    else if (!strcmp(s, "nf4")) *out = MMC_WQ_NF4;
+    else if (!strcmp(s, "none")) *out = MMC_WQ_NONE;
+    else return mmc_error(MMC_ERR_INVALID, "--quantize '%s': expected int8, nf4 or none", s);
+    return MMC_OK;
+}
+
+const char *mmc_quant_mode_name(mmc_quant_mode m) {
+    return m == MMC_WQ_INT8 ? "int8" : m == MMC_WQ_NF4 ? "nf4" : "none";
 }

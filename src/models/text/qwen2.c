@@ -494,7 +494,7 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
     for (int64_t i = 0; m->layers && i < m->cfg.num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
         mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-        for (int j = 0; j < 7; j++) mmc_nf4_free(ls[j]->q);
+        for (int j = 0; j < 7; j++) mmc_linear_quant_free(ls[j]);
     }
     for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
     free(m->param_split);
@@ -534,6 +534,16 @@ mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant) {
     mmc_module_list ml = {0};
     mmc_status st = mmc_qwen2_linears(m, "", &ml);
     if (!st) st = mmc_nf4_quantize_linears(ml.mods, ml.n, double_quant, m->params, m->param_names, &m->n_params);
+    mmc_module_list_free(&ml);
+    return st;
+}
+
+mmc_status mmc_qwen2_quantize(mmc_qwen2 *m, int mode, int *n_linears, int64_t *bytes_before, int64_t *bytes_after) {
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_qwen2_linears(m, "", &ml);
+    if (n_linears) *n_linears = ml.n;
+    if (!st) st = mmc_quantize_linears(ml.mods, ml.n, (mmc_quant_mode)mode, m->params, m->param_names, &m->n_params,
+                                       bytes_before, bytes_after);
     mmc_module_list_free(&ml);
     return st;
 }

@@ -1,0 +1,408 @@
+/* qmatvec.c — decode matvecs that read quantised weights directly (qmatvec.h).
+ *
+ * Decode multiplies one token (M = 1, a few with batching) by every weight once, so the time
+ * is the time to stream W from memory: the kernels keep the weights in their stored width
+ * and widen them in registers.
+ *   int8   16 weights per step: vpmovsxbd (int8 -> int32), vcvtdq2ps, one FMA per row of x;
+ *          the per-row scale multiplies the finished dot product.
+ *   NF4    per block of 64 (32 bytes) the 16 NF4 levels times the block's absmax are one
+ *          zmm (the LUT); 16 bytes widen to 16 lanes, the high nibbles (even elements) and
+ *          the low nibbles (odd elements) index the LUT with vpermps (it reads the low four
+ *          bits of each lane, so the low nibble needs no mask), and the two halves multiply x
+ *          de-interleaved per 32-element chunk (16 evens, then 16 odds) — the layout the
+ *          AVX2 kernel reads too (two 8-wide permutes + a blend on bit 3 of the code).
+ * R rows of W are in flight at once (8 for M = 1, else 4) for memory-level parallelism;
+ * rows are handed to threads in units of at least 8 rows, dynamically (a shared machine
+ * stalls threads; results do not depend on who computes a unit). */
+#include "qmatvec.h"
+#include "gemm.h"
+#include "mmc.h"
+#include "mmc_quant.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define T256 __attribute__((target("avx2,fma")))
+#define NF4_MAX_BLOCKS 1024
+#ifndef NF4_R
+#define NF4_R(M) ((M) == 1 ? 8 : 4)   /* NF4 rows in flight */
+#endif
+#ifndef Q8_PF
+#define Q8_PF 1024   /* software prefetch distance per row, bytes (0: none) */
+#endif
+#ifndef NF4_PF
+#define NF4_PF 512
+#endif
+#ifndef Q8_R
+#define Q8_R(M) ((M) == 1 ? 8 : 4)
+#endif   /* K <= 65536 for the direct NF4 kernel (row scales on the stack) */
+
+typedef enum { QK_GENERIC, QK_AVX2, QK_AVX512 } qkernel;
+
+static qkernel pick(void) {
+    const char *k = mmc_gemm_kernel_name();
+    return !strcmp(k, "avx512") ? QK_AVX512 : !strcmp(k, "avx2") ? QK_AVX2 : QK_GENERIC;
+}
+
+const char *mmc_qmv_kernel_name(void) { return mmc_gemm_kernel_name(); }
+
+/* Split [0, N) into units of `grain` rows (a multiple of 8, about 256 KiB of weights, at
+ * least 16 units when N allows) and run fn over them on up to all threads. */
+typedef void (*unit_fn)(const void *ctx, int64_t n0, int64_t n1);
+static void for_units(int64_t N, double row_bytes, const void *ctx, unit_fn fn) {
+    int64_t grain = (int64_t)((256.0 * 1024.0) / row_bytes) / 8 * 8, g16 = N / 16 / 8 * 8;
+    if (grain > g16) grain = g16;
+    if (grain < 8) grain = 8;
+    int64_t units = (N + grain - 1) / grain;
+    int nth = (row_bytes * (double)N < 256 * 1024 || omp_in_parallel()) ? 1 : omp_get_max_threads();
+    if (nth > units) nth = (int)units;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+    for (int64_t u = 0; u < units; u++) {
+        int64_t n0 = u * grain, n1 = n0 + grain < N ? n0 + grain : N;
+        fn(ctx, n0, n1);
+    }
+}
+
+T256 static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ------------------------------------------------------------------ int8 */
+typedef struct {
+    int M;
+    int64_t N, K;
+    const float *x;
+    const int8_t *q;
+    const float *scale;
+    float *y;
+} q8_args;
+
+T512 __attribute__((always_inline)) static inline void q8_body_avx512(const int M, const q8_args *a, int64_t n0,
+                                                                      int64_t n1) {
+    enum { RMAX = 8 };
+    const int R = Q8_R(M);
+    const int64_t K = a->K, N = a->N, k16 = K & ~(int64_t)15;
+    const __mmask16 tail = (__mmask16)((1u << (K - k16)) - 1u);
+    /* the unit is cut into R stretches of G rows; step j reads row j of each: R long sequential
+     * streams (what the hardware prefetchers follow), as gemm.c's bf16 matvec does */
+    const int64_t G = (n1 - n0 + R - 1) / R;
+    for (int64_t j = 0; j < G; j++) {
+        int64_t row[RMAX];
+        const int8_t *w[RMAX];
+        __m512 acc[MMC_QMV_MAX_M][RMAX];
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            row[r] = n0 + r * G + j;
+            w[r] = a->q + (row[r] < n1 ? row[r] : n0 + j) * K;   /* past the end: re-read, discarded */
+            #pragma GCC unroll 8
+            for (int m = 0; m < M; m++) acc[m][r] = _mm512_setzero_ps();
+        }
+        int64_t k = 0;
+        for (; k + 64 <= k16; k += 64) {
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                if (Q8_PF) _mm_prefetch((const char *)(w[r] + k) + Q8_PF, _MM_HINT_T0);
+            #pragma GCC unroll 8
+            for (int j = 0; j < 64; j += 16) {
+                __m512 b[RMAX];
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    b[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w[r] + k + j))));
+                #pragma GCC unroll 8
+                for (int m = 0; m < M; m++) {
+                    __m512 xv = _mm512_loadu_ps(a->x + m * K + k + j);
+                    #pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(xv, b[r], acc[m][r]);
+                }
+            }
+        }
+        for (; k < K; k += 16) {
+            const __mmask16 mk = k < k16 ? (__mmask16)0xFFFF : tail;
+            __m512 b[RMAX];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                b[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w[r] + k)));
+            #pragma GCC unroll 8
+            for (int m = 0; m < M; m++) {
+                __m512 xv = _mm512_maskz_loadu_ps(mk, a->x + m * K + k);
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(xv, b[r], acc[m][r]);
+            }
+        }
+        #pragma GCC unroll 8
+        for (int m = 0; m < M; m++)
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                if (row[r] < n1) a->y[m * N + row[r]] = a->scale[row[r]] * _mm512_reduce_add_ps(acc[m][r]);
+    }
+}
+
+T512 static void q8_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
+    const q8_args *a = ctx;
+    switch (a->M) {
+    case 1: q8_body_avx512(1, a, n0, n1); break;
+    case 2: q8_body_avx512(2, a, n0, n1); break;
+    case 3: q8_body_avx512(3, a, n0, n1); break;
+    default: q8_body_avx512(4, a, n0, n1); break;
+    }
+}
+
+T256 static void q8_unit_avx2(const void *ctx, int64_t n0, int64_t n1) {
+    const q8_args *a = ctx;
+    enum { R = 4 };
+    const int M = a->M;
+    const int64_t K = a->K, N = a->N, k8 = K & ~(int64_t)7;
+    for (int64_t n = n0; n < n1; n += R) {
+        const int nr = n1 - n < R ? (int)(n1 - n) : R;
+        const int8_t *w[R];
+        __m256 acc[MMC_QMV_MAX_M][R];
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            w[r] = a->q + (n + (r < nr ? r : 0)) * K;
+            #pragma GCC unroll 8
+            for (int m = 0; m < MMC_QMV_MAX_M; m++) acc[m][r] = _mm256_setzero_ps();
+        }
+        for (int64_t k = 0; k < k8; k += 8) {
+            __m256 b[R];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                b[r] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w[r] + k))));
+            #pragma GCC unroll 8
+            for (int m = 0; m < M; m++) {
+                __m256 xv = _mm256_loadu_ps(a->x + m * K + k);
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) acc[m][r] = _mm256_fmadd_ps(xv, b[r], acc[m][r]);
+            }
+        }
+        #pragma GCC unroll 8
+        for (int m = 0; m < M; m++)
+            #pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) {
+                float s = hsum256(acc[m][r]);
+                for (int64_t k = k8; k < K; k++) s += a->x[m * K + k] * (float)w[r][k];
+                a->y[m * N + n + r] = a->scale[n + r] * s;
+            }
+    }
+}
+
+/* plain C: 16 partial sums per dot so compilers vectorise */
+static void q8_unit_generic(const void *ctx, int64_t n0, int64_t n1) {
+    const q8_args *a = ctx;
+    const int64_t K = a->K;
+    for (int64_t n = n0; n < n1; n++)
+        for (int m = 0; m < a->M; m++) {
+            const float *x = a->x + m * K;
+            const int8_t *w = a->q + n * K;
+            float part[16] = {0};
+            int64_t k = 0;
+            for (; k + 16 <= K; k += 16)
+                for (int j = 0; j < 16; j++) part[j] += x[k + j] * (float)w[k + j];
+            for (; k < K; k++) part[k & 15] += x[k] * (float)w[k];
+            float s = 0;
+            for (int j = 0; j < 16; j++) s += part[j];
+            a->y[m * a->N + n] = a->scale[n] * s;
+        }
+}
+
+void mmc_qmv_int8(int64_t M, int64_t N, int64_t K, const float *x, const int8_t *q, const float *scale,
+                  float *y) {
+    MMC_CHECK(M >= 1 && M <= MMC_QMV_MAX_M, "mmc_qmv_int8: M = %lld, 1..%d rows of x", (long long)M, MMC_QMV_MAX_M);
+    q8_args a = {(int)M, N, K, x, q, scale, y};
+    qkernel k = pick();
+    for_units(N, (double)K, &a, k == QK_AVX512 ? q8_unit_avx512 : k == QK_AVX2 ? q8_unit_avx2 : q8_unit_generic);
+}
+
+/* ------------------------------------------------------------------ NF4 */
+typedef struct {
+    int M;
+    int64_t K;
+    const float *x;    /* avx2 / avx512: de-interleaved per 32-chunk; generic: as given */
+    const mmc_nf4 *q;
+    float *y;
+} nf4_args;
+
+/* Block scales of row n (double quantisation resolved into buf [K/64]) or straight from q->absmax. */
+static const float *nf4_row_scales(const mmc_nf4 *q, int64_t n, float *buf) {
+    const int64_t nb = q->cols / MMC_NF4_BLOCK;
+    if (!q->double_quant) return q->absmax + n * nb;
+    mmc_nf4_absmax_range(q, n * nb, nb, buf);
+    return buf;
+}
+
+T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int M, const nf4_args *a, int64_t n0,
+                                                                       int64_t n1, float *buf) {
+    enum { RMAX = 8 };
+    const int R = NF4_R(M);
+    const mmc_nf4 *q = a->q;
+    const int64_t K = a->K, N = q->rows, nb = K / MMC_NF4_BLOCK;
+    const __m512 lut = _mm512_loadu_ps(mmc_nf4_levels());
+    /* R stretches of G rows, step j reads row j of each (long sequential streams, as for int8) */
+    const int64_t G = (n1 - n0 + R - 1) / R;
+    for (int64_t j = 0; j < G; j++) {
+        int64_t row[RMAX];
+        const float *sc[RMAX];
+        const uint8_t *c[RMAX];
+        __m512 acc[MMC_QMV_MAX_M][RMAX];
+        #pragma GCC unroll 8
+        for (int m = 0; m < MMC_QMV_MAX_M; m++)
+            #pragma GCC unroll 8
+            for (int r = 0; r < RMAX; r++) acc[m][r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            row[r] = n0 + r * G + j;
+            const int64_t rr = row[r] < n1 ? row[r] : n0 + j;   /* past the end: re-read, discarded */
+            sc[r] = nf4_row_scales(q, rr, buf + r * nb);
+            c[r] = q->codes + rr * (K / 2);
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            __m512 L[RMAX];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                if (NF4_PF) _mm_prefetch((const char *)(c[r] + b * 32) + NF4_PF, _MM_HINT_T0);
+                L[r] = _mm512_mul_ps(lut, _mm512_set1_ps(sc[r][b]));
+            }
+            #pragma GCC unroll 8
+            for (int h = 0; h < 2; h++) {
+                const int64_t k = b * MMC_NF4_BLOCK + h * 32;
+                __m512 xe[MMC_QMV_MAX_M], xo[MMC_QMV_MAX_M];
+#pragma GCC unroll 8
+                for (int m = 0; m < M; m++) {
+                    xe[m] = _mm512_loadu_ps(a->x + m * K + k);
+                    xo[m] = _mm512_loadu_ps(a->x + m * K + k + 16);
+                }
+                /* one row at a time: its two weight vectors die after M FMAs each (registers) */
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c[r] + k / 2)));
+                    __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), L[r]);
+                    __m512 wo = _mm512_permutexvar_ps(v, L[r]);
+#pragma GCC unroll 8
+                    for (int m = 0; m < M; m++) {
+                        acc[m][r] = _mm512_fmadd_ps(xe[m], we, acc[m][r]);
+                        acc[m][r] = _mm512_fmadd_ps(xo[m], wo, acc[m][r]);
+                    }
+                }
+            }
+        }
+        for (int m = 0; m < M; m++)
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                if (row[r] < n1) a->y[m * N + row[r]] = _mm512_reduce_add_ps(acc[m][r]);
+    }
+}
+
+T512 static void nf4_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
+    const nf4_args *a = ctx;
+    float buf[8 * 64];   /* double-quant row scales when K <= 4096, else the heap */
+    const int64_t need = a->q->double_quant ? 8 * (a->K / MMC_NF4_BLOCK) : 0;
+    float *heap = need > 8 * 64 ? malloc(sizeof(float) * (size_t)need) : NULL;
+    MMC_CHECK(need <= 8 * 64 || heap, "NF4 matvec: out of memory");
+    float *bp = heap ? heap : buf;
+    switch (a->M) {
+    case 1: nf4_body_avx512(1, a, n0, n1, bp); break;
+    case 2: nf4_body_avx512(2, a, n0, n1, bp); break;
+    case 3: nf4_body_avx512(3, a, n0, n1, bp); break;
+    default: nf4_body_avx512(4, a, n0, n1, bp); break;
+    }
+    free(heap);
+}
+
+/* 8 codes (lanes 0..15 in bits 0..3) -> the scaled levels: two 8-entry permutes, bit 3 picks */
+T256 static inline __m256 nf4_lookup8(__m256i idx, __m256 lo, __m256 hi) {
+    __m256 p0 = _mm256_permutevar8x32_ps(lo, idx), p1 = _mm256_permutevar8x32_ps(hi, idx);
+    return _mm256_blendv_ps(p0, p1, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+T256 static void nf4_unit_avx2(const void *ctx, int64_t n0, int64_t n1) {
+    const nf4_args *a = ctx;
+    const mmc_nf4 *q = a->q;
+    const int M = a->M;
+    const int64_t K = a->K, N = q->rows, nb = K / MMC_NF4_BLOCK;
+    float *buf = malloc(sizeof(float) * (size_t)nb);
+    MMC_CHECK(buf, "NF4 matvec: out of memory");
+    const __m256 lut_lo = _mm256_loadu_ps(mmc_nf4_levels()), lut_hi = _mm256_loadu_ps(mmc_nf4_levels() + 8);
+    for (int64_t n = n0; n < n1; n++) {
+        const float *sc = nf4_row_scales(q, n, buf);
+        const uint8_t *c = q->codes + n * (K / 2);
+        __m256 acc[MMC_QMV_MAX_M];
+        #pragma GCC unroll 8
+        for (int m = 0; m < MMC_QMV_MAX_M; m++) acc[m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const __m256 s = _mm256_set1_ps(sc[b]);
+            const __m256 lo = _mm256_mul_ps(lut_lo, s), hi = _mm256_mul_ps(lut_hi, s);
+            for (int64_t k = b * MMC_NF4_BLOCK; k < (b + 1) * MMC_NF4_BLOCK; k += 32)
+                for (int part = 0; part < 2; part++) {   /* bytes k/2 + 8*part: x[k + 8*part ..] evens, x[k + 16 + 8*part ..] odds */
+                    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + k / 2 + 8 * part)));
+                    __m256 we = nf4_lookup8(_mm256_srli_epi32(v, 4), lo, hi), wo = nf4_lookup8(v, lo, hi);
+                    #pragma GCC unroll 8
+                    for (int m = 0; m < M; m++) {
+                        const float *x = a->x + m * K + k + 8 * part;
+                        acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), we, acc[m]);
+                        acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), wo, acc[m]);
+                    }
+                }
+        }
+        #pragma GCC unroll 8
+        for (int m = 0; m < M; m++) a->y[m * N + n] = hsum256(acc[m]);
+    }
+    free(buf);
+}
+
+static void nf4_unit_generic(const void *ctx, int64_t n0, int64_t n1) {
+    const nf4_args *a = ctx;
+    const mmc_nf4 *q = a->q;
+    const float *lv = mmc_nf4_levels();
+    const int64_t K = a->K, N = q->rows, nb = K / MMC_NF4_BLOCK;
+    float *buf = malloc(sizeof(float) * (size_t)nb);
+    MMC_CHECK(buf, "NF4 matvec: out of memory");
+    for (int64_t n = n0; n < n1; n++) {
+        const float *sc = nf4_row_scales(q, n, buf);
+        const uint8_t *c = q->codes + n * (K / 2);
+        for (int m = 0; m < a->M; m++) {
+            const float *x = a->x + m * K;
+            float part[16] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                float lut[16];
+                for (int j = 0; j < 16; j++) lut[j] = lv[j] * sc[b];
+                for (int64_t i = b * 32; i < b * 32 + 32; i += 8)
+                    for (int j = 0; j < 8; j++) {
+                        part[2 * j] += x[2 * (i + j)] * lut[c[i + j] >> 4];
+                        part[2 * j + 1] += x[2 * (i + j) + 1] * lut[c[i + j] & 15];
+                    }
+            }
+            float s = 0;
+            for (int j = 0; j < 16; j++) s += part[j];
+            a->y[m * N + n] = s;
+        }
+    }
+    free(buf);
+}
+
+bool mmc_qmv_nf4_ok(const mmc_nf4 *q) {
+    return q->cols % MMC_NF4_BLOCK == 0 && q->cols / MMC_NF4_BLOCK <= NF4_MAX_BLOCKS;
+}
+
+void mmc_qmv_nf4(int64_t M, const float *x, const mmc_nf4 *q, float *y) {
+    MMC_CHECK(M >= 1 && M <= MMC_QMV_MAX_M && mmc_qmv_nf4_ok(q),
+              "mmc_qmv_nf4: M = %lld (1..%d), K = %lld (a multiple of 64, at most %d)", (long long)M,
+              MMC_QMV_MAX_M, (long long)q->cols, MMC_NF4_BLOCK * NF4_MAX_BLOCKS);
+    const int64_t K = q->cols;
+    qkernel kk = pick();
+    float *xd = NULL;
+    if (kk != QK_GENERIC) {   /* each 32-chunk of k de-interleaved: 16 evens, then 16 odds */
+        xd = malloc(sizeof(float) * (size_t)(M * K));
+        MMC_CHECK(xd, "NF4 matvec: out of memory");
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++)
+                xd[m * K + (k & ~(int64_t)31) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1)] = x[m * K + k];
+    }
+    nf4_args a = {(int)M, K, xd ? xd : x, q, y};
+    for_units(q->rows, (double)K / 2, &a,
+              kk == QK_AVX512 ? nf4_unit_avx512 : kk == QK_AVX2 ? nf4_unit_avx2 : nf4_unit_generic);
+    free(xd);
+}
