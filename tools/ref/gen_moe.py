@@ -194,7 +194,7 @@ for n, p in m64.named_parameters():
         for e in range(p.shape[0]):
             final[f"final.{n[:-len('down_proj')]}{e}.down_proj.weight"] = p[e]
     else:
-        final["final." + n[len("model."):] if n.startswith("model.") else "final." + n] = p
+        final["final." + n] = p
 worst = max(float((w32[n].detach().double() - p.detach()).norm() / p.detach().norm()) for n, p in m64.named_parameters())
 worst_loss = max(abs(a - b) / abs(b) for a, b in zip(f32[0], ref64[0]))
 print(f"train: torch float32 vs the float64 reference: loss {worst_loss:.2e} rel, final weights {worst:.2e} normwise")
