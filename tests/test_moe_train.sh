@@ -3,13 +3,15 @@
 # parallelism under mpirun; the single-process full fine-tuning parity is test_moe_train_parity.c.
 #   generate: `mmc generate --raw` on tiny/ gives transformers' 8 greedy tokens
 #   LoRA:     r 4, alpha 8 on q_proj, v_proj, shared_expert.up_proj, shared_expert.down_proj, 10 steps
-#             from PEFT's initial adapter: every loss within 1e-4 relative of PEFT's (measured below)
+#             from PEFT's initial adapter: every loss within 1e-4 relative of PEFT's (measured below);
+#             targets: [gate_proj] also adapts the routed experts (mlp.experts.N.gate_proj) and generate applies it
 #   full:     10 steps; the checkpoint holds Qwen2MoeForCausalLM's names with every expert, and
 #             transformers loads it with no missing or unexpected key (with the reference venv)
 #   ep2       (2 ranks: data_parallel 2, expert_parallel 2 — each rank holds 2 of the 4 experts):
 #             losses within 1e-5 relative of the single process on the same global batch, the
 #             checkpoint (every expert, HF names) within 1e-5 of the single process's
-#   ep2 x dp2 (4 ranks: data_parallel 4, expert_parallel 2 — 2 copies of each expert half):
+#   ep2 x dp2 (4 ranks: data_parallel 4, expert_parallel 2 — 2 copies of each expert half — with
+#             recompute, whose backward re-runs the exchanges):
 #             the same against a single process on 4 synthetic micro-batches; and a run of 2
 #             steps started from the ep2 checkpoint on 4 ranks with expert_parallel 4 (1 expert
 #             each) equals the single process started from it (checkpoints reshard)
@@ -83,6 +85,17 @@ if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, targets: [q_pr
   within "$d" 1e-4 && ok || bad "LoRA losses differ from PEFT's by $d relative"
 else cat "$W/lora.log"; bad "LoRA training failed"; fi
 
+# LoRA on the routed experts too, by the names transformers 4.x and its PEFT give them
+if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, targets: [gate_proj]}" --set training.steps=2 \
+     --set training.save_every=2 --set training.output_dir="$W/lx" 2> "$W/lx.log"; then
+  hdr=$(head -c 20000 "$W/lx/checkpoint-2/adapter_model.safetensors" | tr -d '\0')
+  for k in layers.2.mlp.experts.3.gate_proj layers.0.mlp.shared_expert.gate_proj layers.1.mlp.gate_proj; do
+    case "$hdr" in *"\"base_model.model.model.$k.lora_A.weight\""*) ok ;; *) bad "expert LoRA checkpoint lacks $k" ;; esac
+  done
+  "$MMC" generate --model $F/tiny --adapter "$W/lx/checkpoint-2" --prompt hi --raw --greedy --max-new-tokens 2 \
+    > /dev/null 2> "$W/lxg.log" && ok || { cat "$W/lxg.log"; bad "generate with the expert LoRA adapter"; }
+else cat "$W/lx.log"; bad "LoRA on the routed experts failed"; fi
+
 # full fine-tuning, single process: the reference for the expert-parallel runs
 if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   grep -q 'moe_load max/mean' "$W/full.log" && grep -q '"moe_tokens_per_expert": \[' "$W/full/metrics.jsonl" && ok \
@@ -139,7 +152,7 @@ optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.1, schedule: cosine, warmup
 training: {steps: 4, seed: 3, log_every: 1, save_every: 4, output_dir: $W/syn1}
 YAML
 if "$MMC" train "$W/syn.yaml" 2> "$W/syn1.log" &&
-   "${L[@]}" -n 4 "$W/syn.yaml" --set parallel.expert_parallel=2 --set training.output_dir="$W/syn4" > "$W/syn4.out" 2> "$W/syn4.log"; then
+   "${L[@]}" -n 4 "$W/syn.yaml" --set parallel.expert_parallel=2 --set model.recompute=full --set training.output_dir="$W/syn4" > "$W/syn4.out" 2> "$W/syn4.log"; then
   losses "$W/syn1.log" > "$W/syn1.txt"; losses "$W/syn4.log" > "$W/syn4.txt"
   d=$(maxrel "$W/syn4.txt" "$W/syn1.txt")
   w=$(stdiff "$W/syn4/checkpoint-4/model.safetensors" "$W/syn1/checkpoint-4/model.safetensors")

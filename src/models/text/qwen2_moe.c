@@ -134,6 +134,12 @@ mmc_status mmc_qwen2_moe_config_read(const mmc_json *root, mmc_qwen2_config *qc)
     }
     for (int64_t l = 0; l < qc->num_layers; l++)
         if (moe->sparse[l]) moe->blocks[l].sparse_idx = (int)moe->n_sparse++;
+    if (moe->n_sparse * (5 + 3 * moe->n_experts) + 16 * qc->num_layers > (int64_t)1 << 28) {   /* parameter tables */
+        mmc_status e = mmc_error(MMC_ERR_FORMAT, "config.json: %lld sparse layers x num_experts %lld is more expert "
+                                 "tensors than a model can hold", (long long)moe->n_sparse, (long long)moe->n_experts);
+        mmc_moe_free(moe);
+        return e;
+    }
     moe->stat_tokens = calloc((size_t)(moe->n_sparse * moe->n_experts + 1), sizeof(int64_t));
     if (!moe->stat_tokens) { mmc_moe_free(moe); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     qc->moe = moe;
