@@ -371,11 +371,10 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->expert_parallel > 1) {
         const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
                           : p->context_parallel > 1 ? "context_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
-                          : c->model.lora.r > 0 ? "LoRA (model.lora)"
                           : c->model.quantization.method != MMC_QUANT_NONE ? "model.quantization" : NULL;
         if (why)
             return verr(c, root, "parallel", "expert_parallel", "%lld with %s is not supported yet; expert "
-                        "parallelism composes with plain data parallelism (zero 0) of full-parameter training",
+                        "parallelism composes with plain data parallelism (zero 0) of full-parameter or LoRA training",
                         (long long)p->expert_parallel, why);
         if (p->data_parallel % p->expert_parallel)
             return verr(c, root, "parallel", "expert_parallel", "%lld does not divide data_parallel %lld: the expert-"

@@ -28,6 +28,12 @@ mmc_status mmc_ep_trainer_setup(mmc_trainer *t) {
     if (!(t->ep_split = calloc((size_t)t->n_opt + 1, 1))) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < t->n_opt; i++) {
         t->ep_split[i] = mmc_ep_is_expert_param(t->opt_names[i]) ? 0 : -1;
+        /* a LoRA checkpoint is rank 0's adapters: every one must be replicated */
+        if (t->lora && t->ep_split[i] >= 0)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA on the routed experts (%s) with parallel.expert_parallel is "
+                             "not supported yet; target the attention, shared_expert or dense MLP modules (e.g. q_proj, "
+                             "v_proj, shared_expert.up_proj), or train without expert_parallel", t->cfg->file,
+                             t->opt_names[i]);
         /* every trained tensor gets a gradient buffer now, so that each rank joins the same reductions
          * whether or not a token reached its experts this step */
         if (!t->opt_model[i]->grad) mmc_grad(t->ctx, t->opt_model[i]);
