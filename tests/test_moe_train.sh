@@ -16,6 +16,7 @@
 #             steps started from the ep2 checkpoint on 4 ranks with expert_parallel 4 (1 expert
 #             each) equals the single process started from it (checkpoints reshard)
 #   ep2 LoRA  (attention + shared-expert adapters, replicated): PEFT's losses within 1e-4 relative
+#   resume:   the ep2 run resumed from its checkpoint-5 at ep2 and in one process: steps 6-10 within 1e-5
 #   errors:   expert_parallel 3 (does not divide num_experts 4) fails before the first step with a
 #             message naming both; not dividing data_parallel, LoRA on routed experts, or a dense model: refused
 # Measured (this machine): LoRA 7.1e-8 (ep2 LoRA the same); ep2 losses equal (0), weights 1.8e-6; ep2 x dp2 losses 0, weights 4.6e-7;
@@ -132,7 +133,8 @@ fi
 L=(timeout -k 10 120 "$MMC" launch)
 
 # ep2: two ranks, two experts each
-if "${L[@]}" -n 2 "$W/full.yaml" --set parallel.expert_parallel=2 --set training.output_dir="$W/ep2" > "$W/ep2.out" 2> "$W/ep2.log"; then
+if "${L[@]}" -n 2 "$W/full.yaml" --set parallel.expert_parallel=2 --set training.save_every=5 --set training.output_dir="$W/ep2" \
+     > "$W/ep2.out" 2> "$W/ep2.log"; then
   losses "$W/ep2.log" > "$W/ep2.txt"; losses "$W/full.log" > "$W/full.txt"
   d=$(maxrel "$W/ep2.txt" "$W/full.txt")
   w=$(stdiff "$W/ep2/checkpoint-10/model.safetensors" "$W/full/checkpoint-10/model.safetensors")
@@ -140,6 +142,25 @@ if "${L[@]}" -n 2 "$W/full.yaml" --set parallel.expert_parallel=2 --set training
   within "$d" 1e-5 && [ "$(wc -l < "$W/ep2.txt")" = 10 ] && ok || bad "ep2 losses differ by $d"
   within "$w" 1e-5 && ok || bad "ep2 checkpoint differs from the single process's by $w"
 else tail -20 "$W/ep2.log"; bad "ep2 training failed"; fi
+
+# --resume from the ep2 run's checkpoint-5 (every expert's weights and AdamW moments under their global
+# names): at ep2 on 2 ranks, and in one process; steps 6-10 as the uninterrupted run
+if [ -d "$W/ep2/checkpoint-5" ]; then
+  losses "$W/ep2.log" | tail -n 5 > "$W/ep2.tail"
+  for how in ep2 single; do
+    rm -rf "$W/res_$how"; cp -r "$W/ep2" "$W/res_$how"; rm -rf "$W/res_$how/checkpoint-10"
+    if [ $how = ep2 ]; then
+      "${L[@]}" -n 2 "$W/full.yaml" --set parallel.expert_parallel=2 --set training.output_dir="$W/res_$how" --resume \
+        > "$W/res_$how.out" 2> "$W/res_$how.log"
+    else
+      "$MMC" train "$W/full.yaml" --set training.output_dir="$W/res_$how" --resume 2> "$W/res_$how.log"
+    fi
+    losses "$W/res_$how.log" > "$W/res_$how.txt"
+    d=$(maxrel "$W/res_$how.txt" "$W/ep2.tail")
+    echo "resumed at step 5 ($how) from the ep2 checkpoint: steps 6-10 vs the uninterrupted run $d relative"
+    grep -q "resumed at step 5" "$W/res_$how.log" && within "$d" 1e-5 && ok || { tail -5 "$W/res_$how.log"; bad "resume ($how): $d"; }
+  done
+fi
 
 # ep2 with LoRA on replicated modules: PEFT's losses as in one process; on the routed experts: refused
 if "${L[@]}" -n 2 "$W/full.yaml" --set parallel.expert_parallel=2 --set training.output_dir="$W/lep" \

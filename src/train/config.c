@@ -371,6 +371,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->expert_parallel > 1) {
         const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
                           : p->context_parallel > 1 ? "context_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+                          : c->training.ema_decay > 0 ? "training.ema_decay"
                           : c->model.quantization.method != MMC_QUANT_NONE ? "model.quantization" : NULL;
         if (why)
             return verr(c, root, "parallel", "expert_parallel", "%lld with %s is not supported yet; expert "

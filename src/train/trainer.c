@@ -787,12 +787,6 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
     }
     if (cfg->parallel.expert_parallel > 1 && t->tp_size == 1 && (st = mmc_ep_trainer_groups(t))) goto fail;
 layout_done:
-    if (resume && t->epc) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: --resume with parallel.expert_parallel is not supported yet (the "
-                       "checkpoints hold every expert's weights, not every rank's optimizer state): start a new run "
-                       "from the checkpoint with model.path", cfg->file);
-        goto fail;
-    }
     if (resume) {
         int64_t step;
         if ((st = mmc_checkpoint_latest(cfg->training.output_dir, &step, ckpt, sizeof ckpt))) {

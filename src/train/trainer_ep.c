@@ -57,10 +57,71 @@ mmc_status mmc_ep_trainer_reduce(mmc_trainer *t, double *loss) {
     return MMC_OK;
 }
 
+/* The optimizer's tensors, names and AdamW moments with every rank's experts (all-gathered over
+ * epc), so that optimizer.safetensors holds the whole state under the global names and a resume in
+ * any layout reads each rank's experts by name. */
+static mmc_status gather_opt(mmc_trainer *t, mmc_ep_swap *sw) {
+    const int P = mmc_comm_size(t->epc), r = mmc_comm_rank(t->epc);
+    const int64_t El = mmc_moe_num_experts(t->lm->moe) / P, first = (int64_t)r * El;
+    const int cap = t->n_opt * P + 1;
+    sw->fopt = calloc((size_t)cap, sizeof *sw->fopt);
+    sw->fnames = calloc((size_t)cap, sizeof *sw->fnames);
+    sw->fptrs = calloc((size_t)cap, sizeof *sw->fptrs);
+    sw->fm = calloc((size_t)cap, sizeof *sw->fm);
+    sw->fv = calloc((size_t)cap, sizeof *sw->fv);
+    sw->own = calloc((size_t)cap, sizeof *sw->own);
+    if (!sw->fopt || !sw->fnames || !sw->fptrs || !sw->fm || !sw->fv || !sw->own)
+        return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = MMC_OK;
+    int n = 0;
+    for (int i = 0; i < t->n_opt && !st; i++) {
+        mmc_tensor *p = t->opt[i];
+        const char *name = t->opt_names[i], *at = strstr(name, ".mlp.experts.");
+        if (t->ep_split[i] < 0 || !at || !t->adamw.m) {
+            sw->fopt[n] = p; sw->fptrs[n] = name;
+            sw->fm[n] = t->adamw.m ? t->adamw.m[i] : NULL; sw->fv[n] = t->adamw.v ? t->adamw.v[i] : NULL;
+            n++;
+            continue;
+        }
+        const int64_t len = mmc_numel(p);
+        long long e = 0;
+        const char *num = at + strlen(".mlp.experts."), *tail = strchr(num, '.');
+        sscanf(num, "%lld", &e);
+        float *g = malloc(sizeof(float) * (size_t)(3 * len * P));
+        if (!g || !tail) { free(g); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        const float *src[3] = {p->data, t->adamw.m[i], t->adamw.v[i]};
+        for (int k = 0; k < 3 && !st; k++) st = mmc_all_gather(t->epc, src[k], g + (size_t)(k * len * P), len, MMC_F32);
+        for (int q = 0; q < P && !st; q++, n++) {
+            sw->own[n] = true;
+            sw->fopt[n] = mmc_tensor_new(MMC_F32, p->ndim, p->shape);
+            sw->fm[n] = malloc(sizeof(float) * (size_t)len);
+            sw->fv[n] = malloc(sizeof(float) * (size_t)len);
+            if (!sw->fopt[n] || !sw->fm[n] || !sw->fv[n]) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+            memcpy(sw->fopt[n]->data, g + (size_t)(q * len), sizeof(float) * (size_t)len);
+            memcpy(sw->fm[n], g + (size_t)((P + q) * len), sizeof(float) * (size_t)len);
+            memcpy(sw->fv[n], g + (size_t)((2 * P + q) * len), sizeof(float) * (size_t)len);
+            snprintf(sw->fnames[n], sizeof sw->fnames[n], "%.*s%lld%s", (int)(num - name), name,
+                     (long long)(e - first + q * El), tail);
+            sw->fptrs[n] = sw->fnames[n];
+        }
+        free(g);
+    }
+    sw->n_fopt = n;
+    return st;
+}
+
+static void free_opt(mmc_ep_swap *sw) {
+    for (int i = 0; sw->own && i < sw->n_fopt; i++)
+        if (sw->own[i]) { mmc_tensor_free(sw->fopt[i]); free(sw->fm[i]); free(sw->fv[i]); }
+    free(sw->fopt); free(sw->fnames); free(sw->fptrs); free(sw->fm); free(sw->fv); free(sw->own);
+    sw->fopt = NULL; sw->own = NULL;
+}
+
 mmc_status mmc_ep_trainer_to_full(mmc_trainer *t, mmc_ep_swap *sw) {
     memset(sw, 0, sizeof *sw);
-    mmc_status st = mmc_ep_full_weights(t->lm, t->epc, &sw->full, &sw->full_names, &sw->n_full);
-    if (st) return st;
+    mmc_status st = gather_opt(t, sw);
+    if (!st) st = mmc_ep_full_weights(t->lm, t->epc, &sw->full, &sw->full_names, &sw->n_full);
+    if (st) { free_opt(sw); return st; }
     if (!(sw->full_ptrs = calloc((size_t)sw->n_full + 1, sizeof *sw->full_ptrs))) {
         mmc_ep_full_free(sw->full, sw->full_names, sw->n_full);
         return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -74,12 +135,19 @@ mmc_status mmc_ep_trainer_to_full(mmc_trainer *t, mmc_ep_swap *sw) {
     }
     sw->params = t->params; sw->names = t->names; sw->n = t->n_params;
     t->params = sw->full; t->names = sw->full_ptrs; t->n_params = sw->n_full;
+    sw->opt = t->opt; sw->opt_model = t->opt_model; sw->opt_names = t->opt_names; sw->n_opt = t->n_opt;
+    sw->m = t->adamw.m; sw->v = t->adamw.v;
+    t->opt = t->opt_model = sw->fopt; t->opt_names = sw->fptrs; t->n_opt = sw->n_fopt;
+    t->adamw.m = sw->fm; t->adamw.v = sw->fv;
     return MMC_OK;
 }
 
 void mmc_ep_trainer_to_local(mmc_trainer *t, mmc_ep_swap *sw) {
     if (!sw->full) return;
     t->params = sw->params; t->names = sw->names; t->n_params = sw->n;
+    t->opt = sw->opt; t->opt_model = sw->opt_model; t->opt_names = sw->opt_names; t->n_opt = sw->n_opt;
+    t->adamw.m = sw->m; t->adamw.v = sw->v;
+    free_opt(sw);
     free(sw->full_ptrs);
     mmc_ep_full_free(sw->full, sw->full_names, sw->n_full);
     memset(sw, 0, sizeof *sw);

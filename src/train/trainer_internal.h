@@ -183,8 +183,13 @@ mmc_status mmc_cp_trainer_check(mmc_trainer *t);
 mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss);
 
 /* trainer_ep.c: expert parallelism (mmc_ep.h) and MoE statistics */
-typedef struct { mmc_tensor **params; const char **names; int n; mmc_tensor **full; char (*full_names)[96];
-                 const char **full_ptrs; int n_full; } mmc_ep_swap;
+typedef struct {
+    mmc_tensor **params; const char **names; int n;                     /* the model's, swapped out */
+    mmc_tensor **full; char (*full_names)[96]; const char **full_ptrs; int n_full;
+    mmc_tensor **opt, **opt_model; const char **opt_names; int n_opt;   /* the optimizer's, swapped out */
+    float **m, **v;
+    mmc_tensor **fopt; char (*fnames)[160]; const char **fptrs; float **fm, **fv; bool *own; int n_fopt;
+} mmc_ep_swap;
 mmc_status mmc_ep_trainer_groups(mmc_trainer *t);
 mmc_status mmc_ep_trainer_setup(mmc_trainer *t);
 mmc_status mmc_ep_trainer_reduce(mmc_trainer *t, double *loss);
