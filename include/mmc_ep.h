@@ -35,7 +35,7 @@ mmc_tensor *mmc_ep_experts(mmc_ctx *ctx, mmc_comm *ep, mmc_tensor *xs, const int
 bool mmc_ep_is_expert_param(const char *name);
 
 /* Every parameter of m with the experts of all ranks (all-gathered over ep: collective), as new
- * f32 tensors with their HF names (without prefix) in (*names)[i]; free with mmc_ep_full_free. */
+ * tensors (each in its dtype) with their HF names (without prefix) in (*names)[i]; free with mmc_ep_full_free. */
 mmc_status mmc_ep_full_weights(mmc_qwen2 *m, mmc_comm *ep, mmc_tensor ***full, char (**names)[96], int *n);
 void mmc_ep_full_free(mmc_tensor **full, char (*names)[96], int n);
 

@@ -144,8 +144,8 @@ mmc_status mmc_ep_full_weights(mmc_qwen2 *m, mmc_comm *ep, mmc_tensor ***fullp, 
     for (int i = 0; i < m->n_params && !st; i++) {
         const mmc_tensor *p = m->params[i];
         if (!mmc_ep_is_expert_param(m->param_names[i]) || P == 1) {
-            if (!(full[n] = mmc_tensor_new(MMC_F32, p->ndim, p->shape))) { st = MMC_ERR_OOM; break; }
-            mmc_convert(full[n]->data, MMC_F32, p->data, p->dtype, mmc_numel(p));
+            if (!(full[n] = mmc_tensor_new(p->dtype, p->ndim, p->shape))) { st = MMC_ERR_OOM; break; }
+            memcpy(full[n]->data, p->data, mmc_nbytes(p));
             snprintf(names[n++], 96, "%s", m->param_names[i]);
             continue;
         }
@@ -163,21 +163,19 @@ mmc_status mmc_ep_full_weights(mmc_qwen2 *m, mmc_comm *ep, mmc_tensor ***fullp, 
         for (int q = 0; q < P && !st; q++)
             for (int j = 0; j < run && !st; j++) {
                 const mmc_tensor *lp = m->params[i + j];
-                if (!(full[n + q * run + j] = mmc_tensor_new(MMC_F32, lp->ndim, lp->shape))) st = MMC_ERR_OOM;
+                if (!(full[n + q * run + j] = mmc_tensor_new(lp->dtype, lp->ndim, lp->shape))) st = MMC_ERR_OOM;
                 const char *what = strstr(m->param_names[i + j], ".mlp.experts.");
                 const char *tail = strchr(what + strlen(".mlp.experts."), '.');
                 snprintf(names[n + q * run + j], 96, "layers.%lld.mlp.experts.%lld%s", layer, (long long)(q * El + j / 3), tail);
             }
         for (int j = 0; j < run && !st; j++) {
             const mmc_tensor *lp = m->params[i + j];
-            const int64_t len = mmc_numel(lp);
-            float *buf = malloc(sizeof(float) * (size_t)(len * P)), *mine = malloc(sizeof(float) * (size_t)len);
-            if (!buf || !mine) { free(buf); free(mine); st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
-            mmc_convert(mine, MMC_F32, lp->data, lp->dtype, len);
-            st = mmc_all_gather(ep, mine, buf, len, MMC_F32);
-            for (int q = 0; q < P && !st; q++) memcpy(full[n + q * run + j]->data, buf + q * len, sizeof(float) * (size_t)len);
+            const size_t bytes = mmc_nbytes(lp);
+            char *buf = malloc(bytes * (size_t)P);
+            if (!buf) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+            st = mmc_all_gather(ep, lp->data, buf, mmc_numel(lp), lp->dtype);
+            for (int q = 0; q < P && !st; q++) memcpy(full[n + q * run + j]->data, buf + (size_t)q * bytes, bytes);
             free(buf);
-            free(mine);
         }
         n += run * P;
         i += run - 1;

@@ -65,12 +65,13 @@ static mmc_status gather_opt(mmc_trainer *t, mmc_ep_swap *sw) {
     const int64_t El = mmc_moe_num_experts(t->lm->moe) / P, first = (int64_t)r * El;
     const int cap = t->n_opt * P + 1;
     sw->fopt = calloc((size_t)cap, sizeof *sw->fopt);
+    sw->fopt_model = calloc((size_t)cap, sizeof *sw->fopt_model);
     sw->fnames = calloc((size_t)cap, sizeof *sw->fnames);
     sw->fptrs = calloc((size_t)cap, sizeof *sw->fptrs);
     sw->fm = calloc((size_t)cap, sizeof *sw->fm);
     sw->fv = calloc((size_t)cap, sizeof *sw->fv);
     sw->own = calloc((size_t)cap, sizeof *sw->own);
-    if (!sw->fopt || !sw->fnames || !sw->fptrs || !sw->fm || !sw->fv || !sw->own)
+    if (!sw->fopt || !sw->fopt_model || !sw->fnames || !sw->fptrs || !sw->fm || !sw->fv || !sw->own)
         return mmc_error(MMC_ERR_OOM, "out of memory");
     mmc_status st = MMC_OK;
     int n = 0;
@@ -78,7 +79,7 @@ static mmc_status gather_opt(mmc_trainer *t, mmc_ep_swap *sw) {
         mmc_tensor *p = t->opt[i];
         const char *name = t->opt_names[i], *at = strstr(name, ".mlp.experts.");
         if (t->ep_split[i] < 0 || !at || !t->adamw.m) {
-            sw->fopt[n] = p; sw->fptrs[n] = name;
+            sw->fopt[n] = p; sw->fopt_model[n] = t->opt_model[i]; sw->fptrs[n] = name;
             sw->fm[n] = t->adamw.m ? t->adamw.m[i] : NULL; sw->fv[n] = t->adamw.v ? t->adamw.v[i] : NULL;
             n++;
             continue;
@@ -98,6 +99,8 @@ static mmc_status gather_opt(mmc_trainer *t, mmc_ep_swap *sw) {
             sw->fv[n] = malloc(sizeof(float) * (size_t)len);
             if (!sw->fopt[n] || !sw->fm[n] || !sw->fv[n]) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
             memcpy(sw->fopt[n]->data, g + (size_t)(q * len), sizeof(float) * (size_t)len);
+            /* a bf16 run's masters differ from the model tensors: checkpoint.c then saves them as master.* */
+            sw->fopt_model[n] = p != t->opt_model[i] ? t->opt_model[i] : sw->fopt[n];
             memcpy(sw->fm[n], g + (size_t)((P + q) * len), sizeof(float) * (size_t)len);
             memcpy(sw->fv[n], g + (size_t)((2 * P + q) * len), sizeof(float) * (size_t)len);
             snprintf(sw->fnames[n], sizeof sw->fnames[n], "%.*s%lld%s", (int)(num - name), name,
@@ -113,7 +116,7 @@ static mmc_status gather_opt(mmc_trainer *t, mmc_ep_swap *sw) {
 static void free_opt(mmc_ep_swap *sw) {
     for (int i = 0; sw->own && i < sw->n_fopt; i++)
         if (sw->own[i]) { mmc_tensor_free(sw->fopt[i]); free(sw->fm[i]); free(sw->fv[i]); }
-    free(sw->fopt); free(sw->fnames); free(sw->fptrs); free(sw->fm); free(sw->fv); free(sw->own);
+    free(sw->fopt); free(sw->fopt_model); free(sw->fnames); free(sw->fptrs); free(sw->fm); free(sw->fv); free(sw->own);
     sw->fopt = NULL; sw->own = NULL;
 }
 
@@ -137,7 +140,7 @@ mmc_status mmc_ep_trainer_to_full(mmc_trainer *t, mmc_ep_swap *sw) {
     t->params = sw->full; t->names = sw->full_ptrs; t->n_params = sw->n_full;
     sw->opt = t->opt; sw->opt_model = t->opt_model; sw->opt_names = t->opt_names; sw->n_opt = t->n_opt;
     sw->m = t->adamw.m; sw->v = t->adamw.v;
-    t->opt = t->opt_model = sw->fopt; t->opt_names = sw->fptrs; t->n_opt = sw->n_fopt;
+    t->opt = sw->fopt; t->opt_model = sw->fopt_model; t->opt_names = sw->fptrs; t->n_opt = sw->n_fopt;
     t->adamw.m = sw->fm; t->adamw.v = sw->fv;
     return MMC_OK;
 }

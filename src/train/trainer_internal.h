@@ -188,7 +188,7 @@ typedef struct {
     mmc_tensor **full; char (*full_names)[96]; const char **full_ptrs; int n_full;
     mmc_tensor **opt, **opt_model; const char **opt_names; int n_opt;   /* the optimizer's, swapped out */
     float **m, **v;
-    mmc_tensor **fopt; char (*fnames)[160]; const char **fptrs; float **fm, **fv; bool *own; int n_fopt;
+    mmc_tensor **fopt, **fopt_model; char (*fnames)[160]; const char **fptrs; float **fm, **fv; bool *own; int n_fopt;
 } mmc_ep_swap;
 mmc_status mmc_ep_trainer_groups(mmc_trainer *t);
 mmc_status mmc_ep_trainer_setup(mmc_trainer *t);
