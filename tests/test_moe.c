@@ -1,8 +1,9 @@
 /* test_moe.c — Qwen2-MoE (qwen2_moe.c over qwen2.c's decoder) against transformers 5.23's
  * Qwen2MoeForCausalLM (tools/ref/gen_moe.py), on save_pretrained folders as written:
  *  - logits of a [2, 14] forward within 1e-4 of transformers' (float32) for tiny/ (sparse, dense
- *    and sparse layers: mlp_only_layers, top-2 of 4, no renormalisation, untied head) and
- *    tiny_norm/ (decoder_sparse_step 2, top-3 of 8 renormalised, tied embeddings);
+ *    and sparse layers: mlp_only_layers, top-2 of 4, no renormalisation, untied head),
+ *    tiny_norm/ (decoder_sparse_step 2, top-3 of 8 renormalised, tied embeddings) and tiny_norm_hub/
+ *    (the same as the Hub's 4.4x folders hold it: flat rope_theta, torch_dtype, bf16 matrices);
  *  - the auxiliary load-balancing loss of that forward (router_aux_loss_coef * aux) within 1e-6;
  *  - greedy decoding through the KV cache: the 10 tokens transformers' generate picks;
  *  - malformed configs and checkpoints: an error naming the key / the missing weights;
@@ -38,13 +39,13 @@ static mmc_tensor *logits(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids) {
     return mmc_qwen2_logits(ctx, m, mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, ids), cos, sin, &o, NULL));
 }
 
-static void test_dir(const char *name) {
+static void test_dir(const char *name, const char *refname) {
     char dir[256], key[128];
     snprintf(dir, sizeof dir, "tests/fixtures/moe/%s", name);
     mmc_qwen2 *m = load(dir);
     if (!m) return;
     mmc_tensor *ids = fixture_tensor(ref, "ids", MMC_I64);
-    snprintf(key, sizeof key, "%s.logits", name);
+    snprintf(key, sizeof key, "%s.logits", refname);
     mmc_tensor *want = fixture_tensor(ref, key, MMC_F32);
     mmc_ctx *ctx = mmc_ctx_new();
     /* inference form (no autograd) */
@@ -59,7 +60,7 @@ static void test_dir(const char *name) {
     mmc_moe_aux_begin(m->moe);
     got = logits(ctx, m, ids);
     double aux = mmc_moe_aux_end(m->moe);
-    snprintf(key, sizeof key, "%s.aux_loss", name);
+    snprintf(key, sizeof key, "%s.aux_loss", refname);
     mmc_tensor *want_aux = fixture_tensor(ref, key, MMC_F64);
     double wa = mmc_moe_aux_coef(m->moe) * mmc_get_flat(want_aux, 0);
     printf("moe %-10s logits max|diff| %.3e (autograd form), coef * aux %.9f vs %.9f\n", name,
@@ -75,7 +76,7 @@ static void test_dir(const char *name) {
     mmc_ctx_reset(ctx);
     mmc_set_grad_enabled(ctx, false);
     /* greedy decoding */
-    snprintf(key, sizeof key, "%s.greedy", name);
+    snprintf(key, sizeof key, "%s.greedy", refname);
     mmc_tensor *greedy = fixture_tensor(ref, key, MMC_I64);
     int32_t prompt[6], out[16];
     for (int i = 0; i < 6; i++) prompt[i] = (int32_t)((int64_t *)ids->data)[i];
@@ -145,8 +146,9 @@ static void missing_weights(void) {
 int main(void) {
     ref = fixture_open("moe/ref.safetensors");
     if (!ref) return test_done("test_moe");
-    test_dir("tiny");
-    test_dir("tiny_norm");
+    test_dir("tiny", "tiny");
+    test_dir("tiny_norm", "tiny_norm");
+    test_dir("tiny_norm_hub", "tiny_norm");   /* the 4.4x Hub form: flat rope_theta, bf16 matrices */
     bad_config("num_experts", NULL, MMC_ERR_FORMAT, "'num_experts' is missing");
     bad_config("moe_intermediate_size", NULL, MMC_ERR_FORMAT, "'moe_intermediate_size' is missing");
     bad_config("num_experts_per_tok", "9", MMC_ERR_FORMAT, "num_experts_per_tok 9 exceeds num_experts 4");

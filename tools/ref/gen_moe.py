@@ -6,7 +6,9 @@ Writes tests/fixtures/moe/:
               1 dense (mlp_only_layers [1]); GQA 4/2 heads; output_router_logits true,
               router_aux_loss_coef 0.05; the tokenizer of tests/fixtures/llama_tokenizer/llama_tok_v5.
   tiny_norm/  2 layers, decoder_sparse_step 2 (layer 1 sparse), norm_topk_prob true, 8 experts top-3,
-              tied embeddings.
+              tied embeddings; weights bf16-exact.
+  tiny_norm_hub/  the same in the 4.4x Hub form (Qwen1.5-MoE's): flat rope_theta, torch_dtype bfloat16,
+              bf16 matrices; transformers gives it tiny_norm's logits exactly.
   ref.safetensors  ids [2, 14]; per directory its logits, aux_loss (load_balancing_loss_func of that
               forward) and the greedy continuation of ids[0, :6] (10 tokens); "prompt_ids" /
               "prompt_greedy": the raw prompt PROMPT tokenized and its 8 greedy tokens (mmc generate).
@@ -32,7 +34,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM, get_cosine_schedule_with_warmup
 
 root = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -47,7 +49,7 @@ tok = AutoTokenizer.from_pretrained(os.path.join(root, "tests/fixtures/llama_tok
 V = len(tok)
 
 
-def make(name, seed, **kw):
+def make(name, seed, bf16_exact=False, **kw):
     base = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                 max_position_embeddings=64, rms_norm_eps=1e-5, moe_intermediate_size=16,
                 shared_expert_intermediate_size=24, output_router_logits=True, router_aux_loss_coef=0.05,
@@ -65,6 +67,8 @@ def make(name, seed, **kw):
                 p.normal_(0.0, 0.5)
             if "shared_expert_gate" in n:
                 p.normal_(0.0, 0.3)
+            if bf16_exact:   # so that the bf16 copy (tiny_norm_hub) is the same model
+                p.copy_(p.to(torch.bfloat16).float())
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     m.save_pretrained(d)
@@ -74,8 +78,22 @@ def make(name, seed, **kw):
 
 tiny = make("tiny", 0, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1],
             norm_topk_prob=False, tie_word_embeddings=False)
-tiny_norm = make("tiny_norm", 1, num_hidden_layers=2, num_experts=8, num_experts_per_tok=3, decoder_sparse_step=2,
+tiny_norm = make("tiny_norm", 1, bf16_exact=True, num_hidden_layers=2, num_experts=8, num_experts_per_tok=3, decoder_sparse_step=2,
                  norm_topk_prob=True, tie_word_embeddings=True)
+
+# the 4.4x Hub form of tiny_norm (as Qwen1.5-MoE-A2.7B's folder): flat rope_theta, torch_dtype, bf16 matrices
+hub = os.path.join(OUT, "tiny_norm_hub")
+shutil.rmtree(hub, ignore_errors=True)
+os.makedirs(hub)
+save_file({k: (v.to(torch.bfloat16) if v.dim() >= 2 else v) for k, v in load_file(os.path.join(tiny_norm, "model.safetensors")).items()},
+          os.path.join(hub, "model.safetensors"), metadata={"format": "pt"})
+c = json.load(open(os.path.join(tiny_norm, "config.json")))
+c["rope_theta"] = c.pop("rope_parameters")["rope_theta"]
+for k in ("dtype", "layer_types", "qkv_bias"):
+    c.pop(k, None)
+c["torch_dtype"] = "bfloat16"
+c["transformers_version"] = "4.40.0"
+json.dump(c, open(os.path.join(hub, "config.json"), "w"), indent=2)
 
 torch.manual_seed(5)
 ids = torch.randint(3, V, (2, 14))
@@ -101,6 +119,11 @@ with torch.no_grad():
     g = m.generate(pids, max_new_tokens=8, min_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
 ref["prompt_ids"] = pids.to(torch.int64)
 ref["prompt_greedy"] = g[:, pids.shape[1]:].to(torch.int64)
+with torch.no_grad():
+    d = (Qwen2MoeForCausalLM.from_pretrained(hub, dtype=torch.float32).eval()(input_ids=ids).logits
+         - ref["tiny_norm.logits"]).abs().max().item()
+print("tiny_norm_hub vs tiny_norm:", d)
+assert d == 0.0
 save_file({k: v.contiguous().clone() for k, v in ref.items()}, os.path.join(OUT, "ref.safetensors"))
 
 
