@@ -1,6 +1,6 @@
-/* train_parity.h — the comparison shared by the training parity tests (test_llama_train_parity.c,
- * test_moe_train_parity.c): `steps` trainer steps against a float64 reference fixture written by
- * tools/ref (losses, lrs, grad_norms [steps] and "final.<HF name>" for the weights). Every step's
+/* train_parity.h — the comparison shared by the training parity tests (test_train_parity.c,
+ * test_llama_train_parity.c, test_moe_train_parity.c): `steps` trainer steps against a float64
+ * reference fixture written by tools/ref (losses, lrs, grad_norms [steps] and "final.<HF name>" for the weights). Every step's
  * loss and grad norm within loss_rtol relative, the lr exactly (the same formula), and every
  * fixture weight matching a trainer parameter within weight_rtol normwise and 1e-2 x peak_lr on
  * one element; at least min_weights of them. Include after test_util.h. */

@@ -23,7 +23,6 @@ Writes tests/fixtures/moe/:
               routed experts as 3-D parameters, which PEFT's target_modules cannot name), lora_B random.
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_moe.py
 """
-import contextlib
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM, get_cosine_schedule_with_warmup
+from ref_common import float64_throughout
 
 root = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(root, "tests/fixtures/moe")
@@ -128,34 +128,6 @@ save_file({k: v.contiguous().clone() for k, v in ref.items()}, os.path.join(OUT,
 
 
 # ---------------------------------------------------------------- training
-@contextlib.contextmanager
-def float64_throughout():
-    """float64 tensors stay float64 through transformers' float32 upcasts (see gen_train.py)"""
-    T, F = torch.Tensor, torch.nn.functional
-    saved = (T.float, T.to, F.softmax)
-
-    def to_float(t, *a, **k):
-        return t if t.dtype == torch.float64 else saved[0](t, *a, **k)
-
-    def to(t, *a, **k):
-        if t.dtype == torch.float64:
-            a = tuple(torch.float64 if x is torch.float32 else x for x in a)
-            if k.get("dtype") is torch.float32:
-                k["dtype"] = torch.float64
-        return saved[1](t, *a, **k)
-
-    def softmax(x, *a, **k):
-        if x.dtype == torch.float64 and k.get("dtype") in (torch.float32, torch.float):
-            k["dtype"] = torch.float64
-        return saved[2](x, *a, **k)
-
-    T.float, T.to, F.softmax = to_float, to, softmax
-    try:
-        yield
-    finally:
-        T.float, T.to, F.softmax = saved
-
-
 T = 24
 texts = ["The quick brown fox jumps over the lazy dog and runs far away",
          "A tiny llama learns to count one two three four five six seven"]
