@@ -21,8 +21,8 @@ static const char *k_yaml =
 /* Tolerances, against the float64 reference of tools/ref/gen_moe.py (mmc trains in float32):
  *  - loss (token loss + weighted aux loss), grad norm: every step within 1e-5 relative (measured:
  *    loss 5.4e-8, grad norm 1.5e-7; torch's own float32 run: loss 1.2e-7);
- *  - final weights, per tensor: ||w - w_ref||_2 <= 3e-5 ||w_ref||_2 (measured 9.2e-6; torch's own
- *    float32 run is 8.9e-6 from the same reference: the routers' small gradients) and
+ *  - final weights, per tensor: ||w - w_ref||_2 <= 3e-5 ||w_ref||_2 (measured 9.2e-6 Release, 1.35e-5
+ *    in the Debug ASan build; torch's own float32 run is 8.9e-6 from the same reference) and
  *    max|w - w_ref| <= 1e-2 x peak lr (measured 4.4e-6 of 3e-5).
  * With the aux loss's gradient left out (its value kept) step 1's grad norm is 4.5% off and 304
  * of the checks fail. */
