@@ -12,7 +12,7 @@
  *              bucket_window, add_vision_id, resolution, aspect_ratio_buckets, num_frames}
  *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, pipeline_layers,
  *             pipeline_virtual, context_parallel,
- *             context_parallel_mode, zero, timeout}
+ *             context_parallel_mode, expert_parallel, zero, timeout}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
  *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
  */
@@ -114,6 +114,8 @@ typedef struct {
     int64_t pipeline_virtual;         /* model chunks per pipeline rank (interleaved 1F1B; 1: plain) */
     int64_t context_parallel;         /* context-parallel ranks splitting each sequence (mmc_cp.h; 1: off) */
     int context_parallel_mode;        /* mmc_cp_mode: ulysses (0) | ring (1) */
+    int64_t expert_parallel;          /* ranks splitting each MoE layer's experts (mmc_ep.h; 1: off); divides
+                                       * data_parallel */
 } mmc_parallel_cfg;
 
 typedef enum { MMC_OPT_ADAMW = 0 } mmc_opt_type;

@@ -52,6 +52,8 @@ typedef struct {
     double rope_low_freq_factor, rope_high_freq_factor;   /* llama3 */
     int64_t rope_original_max_pos;/* llama3 original_max_position_embeddings; dynamic: max_position_embeddings */
     mmc_dtype dtype;              /* weights' dtype as stored (F32 / BF16) */
+    struct mmc_moe *moe;          /* Qwen2-MoE (qwen2_moe.c): its sparse layers' blocks replace gate/up/down;
+                                   * NULL for a dense decoder. Not owned by the config (see mmc_qwen2.moe). */
 } mmc_qwen2_config;
 
 typedef struct {
@@ -69,6 +71,7 @@ typedef struct {
     struct mmc_comm *cp;          /* context-parallel group (mmc_cp.h) or NULL: x holds this rank's
                                    * sequence shard and attention exchanges heads for tokens */
     int cp_mode;                  /* mmc_cp_mode: Ulysses (0) or ring attention (1) */
+    struct mmc_moe_block *moe;    /* Qwen2-MoE sparse block in place of gate/up/down (qwen2_moe.c), or NULL */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of
@@ -115,6 +118,7 @@ typedef struct mmc_qwen2 {
     bool sp;                      /* with tp: sequence parallelism in training forwards (mmc_tp.h);
                                    * the replicated parameters' gradients are then partial */
     bool sp_active;               /* the last forward ran sequence-parallel (its hidden is gathered) */
+    struct mmc_moe *moe;          /* owned MoE state (== cfg.moe) of a Qwen2-MoE model, or NULL */
 } mmc_qwen2;
 
 /* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference
@@ -237,6 +241,59 @@ mmc_status mmc_qwen2_gather_weights(mmc_qwen2 *m, mmc_tensor **full);
 /* The text model as a decoder (1-D RoPE positions at the cache's end); generate with
  * mmc_generate (mmc_infer.h). */
 mmc_decoder mmc_qwen2_decoder(mmc_qwen2 *m);
+
+/* Register t (owned by the model from now on) as a parameter under its HF name without prefix;
+ * the arrays were sized by mmc_moe_param_count when the model was allocated. */
+void mmc_qwen2_register_param(mmc_qwen2 *m, mmc_tensor *t, const char *name);
+
+/* ---------------------------------------------------------------- Qwen2-MoE (qwen2_moe.c)
+ * transformers' Qwen2MoeForCausalLM: the Qwen2 decoder whose MLP, on the sparse layers
+ * ((i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers), is Qwen2MoeSparseMoeBlock:
+ * a router (mlp.gate.weight [E, C], softmax, top-k, optional renormalisation), E SwiGLU experts
+ * (mlp.experts.N.{gate,up,down}_proj, moe_intermediate_size) combined with their routing
+ * weights, plus a shared expert (shared_expert_intermediate_size) scaled by
+ * sigmoid(shared_expert_gate(x)). Every other piece is qwen2.c's. No token dropping. */
+typedef struct mmc_moe mmc_moe;
+typedef struct mmc_moe_block mmc_moe_block;
+/* Read the Qwen2-MoE config (the Qwen2 keys plus num_experts, num_experts_per_tok,
+ * moe_intermediate_size, shared_expert_intermediate_size, decoder_sparse_step, mlp_only_layers,
+ * norm_topk_prob, router_aux_loss_coef, output_router_logits): *qc gets the decoder's fields and
+ * qc->moe a new MoE state that the caller frees with mmc_moe_free unless a model took it. */
+mmc_status mmc_qwen2_moe_config_read(const mmc_json *root, mmc_qwen2_config *qc);
+void mmc_moe_free(mmc_moe *moe);
+/* Load a save_pretrained Qwen2MoeForCausalLM directory. With ep (expert parallelism, mmc_ep.h;
+ * NULL: none) this rank binds only its experts. */
+mmc_status mmc_qwen2_moe_load(const char *dir, const mmc_json *config, bool trainable, struct mmc_comm *ep,
+                              mmc_qwen2 **out);
+/* A seeded random model (what `mmc train` starts from without model.path). */
+mmc_status mmc_qwen2_moe_new(const mmc_json *config, uint64_t seed, struct mmc_comm *ep, mmc_qwen2 **out);
+/* What qwen2.c calls: parameters the MoE adds (for sizing), whether layer l is sparse, binding /
+ * initialising the blocks (errors appended to errs, returning the number of problems), the
+ * block's forward on normed rows h [..., C] -> [..., C], and its linear modules (PEFT names
+ * "<prefix>layers.N.mlp.shared_expert.gate_proj", "...mlp.experts.E.up_proj", ...). */
+int mmc_moe_param_count(const mmc_moe *moe);
+bool mmc_moe_layer_sparse(const mmc_moe *moe, int64_t layer);
+int mmc_moe_bind(mmc_qwen2 *m, const mmc_st *st, const char *prefix, bool trainable, char *errs, size_t errcap);
+void mmc_moe_init(mmc_qwen2 *m, mmc_rng *rng);
+mmc_tensor *mmc_moe_block_forward(mmc_ctx *ctx, mmc_moe_block *b, mmc_tensor *h);
+mmc_status mmc_moe_linears(mmc_moe_block *b, const char *layer_prefix, mmc_module_list *out);
+/* Training: the auxiliary load-balancing loss (transformers' load_balancing_loss_func over the
+ * sparse layers of one forward, times router_aux_loss_coef, when output_router_logits) enters
+ * through the gradients of the router probabilities. The trainer sets the weight of each
+ * forward's aux term in the step's loss (1 / the micro-batches of the global batch: the mean
+ * over them); mmc_moe_aux_begin before a training forward, mmc_moe_aux_end after it returns
+ * weight * coef * aux (a number to add to the loss; its gradient is applied by backward) and
+ * the forward's routing counts join the capacity statistics. */
+void mmc_moe_aux_set_weight(mmc_moe *moe, double weight);
+void mmc_moe_aux_begin(mmc_moe *moe);
+double mmc_moe_aux_end(mmc_moe *moe);
+/* router_aux_loss_coef when output_router_logits, else 0 */
+double mmc_moe_aux_coef(const mmc_moe *moe);
+int64_t mmc_moe_num_experts(const mmc_moe *moe);
+/* Capacity statistics since the last reset: tokens routed to each expert of each sparse layer
+ * ([n_sparse, E] int64, this process's tokens) and the number of routing decisions. */
+const int64_t *mmc_moe_expert_tokens(const mmc_moe *moe, int64_t *n_sparse, int64_t *n_experts, int64_t *n_routed);
+void mmc_moe_stats_reset(mmc_moe *moe);
 
 mmc_status mmc_kv_cache_init(mmc_kv_cache *kv, int n_layers, int64_t batch, int64_t kv_heads,
                              int64_t head_dim, int64_t reserve);

@@ -104,6 +104,11 @@ mmc_status mmc_all_gather(mmc_comm *c, const void *send, void *recv, int64_t cou
 mmc_status mmc_broadcast(mmc_comm *c, void *buf, int64_t count, mmc_dtype dt, int root);
 /* send holds size blocks of count; block r goes to rank r, recv block r comes from rank r. */
 mmc_status mmc_all_to_all(mmc_comm *c, const void *send, void *recv, int64_t count, mmc_dtype dt);
+/* Uneven all-to-all (MPI_Alltoallv): send_counts[r] elements go to rank r, packed in rank order
+ * in send; recv_counts[r] come from rank r, packed in rank order in recv (every rank's counts
+ * must agree with its peers'). */
+mmc_status mmc_all_to_all_v(mmc_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                            const int64_t *recv_counts, mmc_dtype dt);
 mmc_status mmc_send(mmc_comm *c, const void *buf, int64_t count, mmc_dtype dt, int peer, int tag);
 mmc_status mmc_recv(mmc_comm *c, void *buf, int64_t count, mmc_dtype dt, int peer, int tag);
 mmc_status mmc_barrier(mmc_comm *c);

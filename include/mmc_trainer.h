@@ -38,6 +38,9 @@ typedef struct {
     int64_t label_tokens;    /* tokens scored */
     int64_t samples;         /* rows of the global batch */
     double step_s, data_s;   /* wall time of the step and of fetching its batches */
+    /* MoE capacity statistics of the global batch: tokens of the busiest / idlest (sparse layer,
+     * expert) over the mean (routed tokens / (layers x experts)); 0 for a dense model */
+    double moe_load_max, moe_load_min;
 } mmc_step_stats;
 
 /* Build the model (load model.path, or random-init from model.init), freeze, set up the

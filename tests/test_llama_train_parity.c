@@ -7,8 +7,9 @@
  * float64 reference, the lr exactly, every final weight within 1e-5 normwise; the same for a tiny
  * MistralForCausalLM (tied embeddings, window longer than the batch). Also: a Mistral
  * config whose sliding_window is shorter than data.seq_len is refused with a message. */
-#include "train_parity.h"
+#include "test_util.h"
 #include "mmc_config.h"
+#include "mmc_trainer.h"
 
 static const char *k_yaml =
     "model: {path: tests/fixtures/llama_train/tiny, dtype: f32, recompute: none}\n"
@@ -25,7 +26,14 @@ static const char *k_yaml =
  *    max|w - w_ref| <= 1e-2 x peak lr (measured 1.5e-6 of 3e-5).
  * Before the trainer's loss used mmc_qwen2_rope_table (it built default RoPE whatever
  * rope_scaling said) this failed: loss 3e-5, q_proj / k_proj 0.54 normwise. */
-#define WEIGHT_RTOL 1e-5   /* loss and grad norm: TRAIN_LOSS_RTOL (1e-5, train_parity.h) */
+#define LOSS_RTOL 1e-5
+#define WEIGHT_RTOL 1e-5
+
+#include "train_parity.h"
+
+static void compare_run(mmc_trainer *t, const char *fx, const char *what, double peak_lr, int min_weights) {
+    train_parity_compare(t, fx, what, 20, LOSS_RTOL, WEIGHT_RTOL, peak_lr, min_weights);
+}
 
 static void parity(bool recompute) {
     mmc_run_config cfg;
@@ -35,8 +43,7 @@ static void parity(bool recompute) {
     CHECK_OK(mmc_trainer_new(&cfg, false, &t));
     /* 2 layers x 9 tensors + embed_tokens + norm + lm_head (untied) */
     if (t) compare_run(t, "llama_train/parity.safetensors",
-                       recompute ? "llama parity (recompute full)" : "llama parity (recompute none)", 3e-3, 21,
-                       WEIGHT_RTOL);
+                       recompute ? "llama parity (recompute full)" : "llama parity (recompute none)", 3e-3, 21);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);
 }
@@ -49,7 +56,7 @@ static void mistral_parity(void) {
     mmc_trainer *t = NULL;
     CHECK_OK(mmc_trainer_new(&cfg, false, &t));
     /* 2 layers x 9 tensors + embed_tokens + norm (lm_head tied) */
-    if (t) compare_run(t, "llama_train/mistral_parity.safetensors", "mistral parity", 3e-3, 20, WEIGHT_RTOL);
+    if (t) compare_run(t, "llama_train/mistral_parity.safetensors", "mistral parity", 3e-3, 20);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);
 }

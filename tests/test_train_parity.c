@@ -10,8 +10,9 @@
  * fixed batch of two rows with one image each (tests/fixtures/train/vl_batch.safetensors),
  * through the trainer API; the fixture keeps a subset of the final weights (a vision block, the
  * merger, LM layers, embeddings, norm). */
-#include "train_parity.h"
+#include "test_util.h"
 #include "mmc_config.h"
+#include "mmc_trainer.h"
 
 static const char *k_yaml =
     "model: {path: tests/fixtures/qwen2/tiny, dtype: f32, recompute: none}\n"
@@ -35,7 +36,14 @@ static const char *k_yaml =
  *    (max 1.5e-5) in the Release build and 1.00e-5 (up_proj; max 2.3e-5) in the Debug ASan build,
  *    whose scalar code is not FMA-contracted, while losses stay within 1.2e-7: the weight bound is
  *    2e-5 normwise. */
-#define WEIGHT_RTOL 2e-5   /* loss and grad norm: TRAIN_LOSS_RTOL (1e-5, train_parity.h) */
+#define LOSS_RTOL 1e-5
+#define WEIGHT_RTOL 2e-5
+
+#include "train_parity.h"
+
+static void compare_run(mmc_trainer *t, const char *fx, const char *what, double peak_lr, int min_weights) {
+    train_parity_compare(t, fx, what, 20, LOSS_RTOL, WEIGHT_RTOL, peak_lr, min_weights);
+}
 
 static void parity(bool recompute) {
     mmc_run_config cfg;
@@ -45,7 +53,7 @@ static void parity(bool recompute) {
     mmc_trainer *t = NULL;
     CHECK_OK(mmc_trainer_new(&cfg, false, &t));
     if (t) compare_run(t, "train/parity.safetensors", recompute ? "parity (recompute full)" : "parity (recompute none)",
-                       3e-3, 27, WEIGHT_RTOL);
+                       3e-3, 27);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);
 }
@@ -66,7 +74,7 @@ static void vl_parity(const char *arch, bool recompute) {
     char fx[64], what[64];
     snprintf(fx, sizeof fx, "train/vl_parity_%s.safetensors", arch);
     snprintf(what, sizeof what, "vl parity %s (recompute %s)", arch, recompute ? "full" : "none");
-    if (t) compare_run(t, fx, what, 2e-3, 12, WEIGHT_RTOL);
+    if (t) compare_run(t, fx, what, 2e-3, 12);
     mmc_trainer_free(t);
     mmc_run_config_free(&cfg);
 }

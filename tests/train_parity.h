@@ -1,14 +1,13 @@
-/* train_parity.h — what the trainer parity tests share (test_train_parity.c: Qwen2 / Qwen2-VL /
- * Qwen2.5-VL; test_llama_train_parity.c: Llama / Mistral): 20 steps of a trainer against a float64
- * reference written by tools/ref (gen_train.py, gen_llama_train.py: transformers + torch.optim.AdamW),
- * every step's loss, grad norm and lr, and the final weights. Each test states its own weight
- * tolerance and why (the loss and grad-norm bound is the same for all). */
-#ifndef MMC_TEST_TRAIN_PARITY_H
-#define MMC_TEST_TRAIN_PARITY_H
-#include "test_util.h"
-#include "mmc_trainer.h"
+/* train_parity.h — the comparison shared by the training parity tests (test_train_parity.c,
+ * test_llama_train_parity.c, test_moe_train_parity.c): `steps` trainer steps against a float64
+ * reference fixture written by tools/ref (losses, lrs, grad_norms [steps] and "final.<HF name>" for the weights). Every step's
+ * loss and grad norm within loss_rtol relative, the lr exactly (the same formula), and every
+ * fixture weight matching a trainer parameter within weight_rtol normwise and 1e-2 x peak_lr on
+ * one element; at least min_weights of them. Include after test_util.h. */
+#ifndef MMC_TRAIN_PARITY_H
+#define MMC_TRAIN_PARITY_H
 
-#define TRAIN_LOSS_RTOL 1e-5
+#include "mmc_trainer.h"
 
 /* ||a - b||_2 / ||b||_2 over all elements */
 static double rel_l2(const mmc_tensor *a, const mmc_tensor *b) {
@@ -21,27 +20,23 @@ static double rel_l2(const mmc_tensor *a, const mmc_tensor *b) {
     return n > 0 ? sqrt(d / n) : sqrt(d);
 }
 
-/* 20 trainer steps of `t` against the reference `fx` (losses, lrs, grad_norms, final.*): every step's
- * loss and grad norm within TRAIN_LOSS_RTOL relative, the lr exactly, every fixture weight that
- * matches a trainer parameter within weight_rtol normwise and 1e-2 x peak_lr on its worst element,
- * and at least min_weights of them exist. */
-static void compare_run(mmc_trainer *t, const char *fx, const char *what, double peak_lr, int min_weights,
-                        double weight_rtol) {
+static void train_parity_compare(mmc_trainer *t, const char *fx, const char *what, int steps, double loss_rtol,
+                                 double weight_rtol, double peak_lr, int min_weights) {
     mmc_st *ref = fixture_open(fx);
     if (!ref) return;
     mmc_tensor *losses = fixture_tensor(ref, "losses", MMC_F64), *lrs = fixture_tensor(ref, "lrs", MMC_F64);
     mmc_tensor *norms = fixture_tensor(ref, "grad_norms", MMC_F64);
     double worst = 0, worst_norm = 0;
-    for (int s = 0; s < 20; s++) {
+    for (int s = 0; s < steps; s++) {
         mmc_step_stats st;
         CHECK_OK(mmc_trainer_step(t, &st));
         double want = mmc_get_flat(losses, s), rel = fabs(st.loss - want) / fabs(want);
         worst = fmax(worst, rel);
-        CHECKF(rel <= TRAIN_LOSS_RTOL, "%s step %d loss %.9f vs float64 %.9f (%.2e rel)", what, s + 1, st.loss, want, rel);
+        CHECKF(rel <= loss_rtol, "%s step %d loss %.9f vs float64 %.9f (%.2e rel)", what, s + 1, st.loss, want, rel);
         CHECK_NEAR(st.lr, mmc_get_flat(lrs, s), 1e-12);                                  /* same formula */
         double wn = mmc_get_flat(norms, s), reln = fabs(st.grad_norm - wn) / wn;
         worst_norm = fmax(worst_norm, reln);
-        CHECKF(reln <= TRAIN_LOSS_RTOL, "%s step %d grad norm %.9f vs %.9f (%.2e rel)", what, s + 1, st.grad_norm, wn, reln);
+        CHECKF(reln <= loss_rtol, "%s step %d grad norm %.9f vs %.9f (%.2e rel)", what, s + 1, st.grad_norm, wn, reln);
     }
     mmc_tensor **params;
     const char **names;

@@ -17,7 +17,7 @@ void help_train(FILE *f) {
             "optimizer, training). Checkpoints go to training.output_dir/checkpoint-<step>/ as Hugging\n"
             "Face directories (+ trainer_state.json, optimizer.safetensors), written atomically.\n\n"
             "model.path (or model.init, a config.json to start from scratch) picks the family:\n"
-            "  qwen2, llama, mistral (text); qwen2_vl, qwen2_5_vl, llava, internvl (vision-language);\n"
+            "  qwen2, qwen2_moe, llama, mistral (text); qwen2_vl, qwen2_5_vl, llava, internvl (vision-language);\n"
             "  qwen2_5_omni_thinker (text, audio, images); clip, siglip (contrastive, on an image-caption\n"
             "  JSONL); diffusers folders: Flux, SD3, SDXL / SD 1.x, Wan2.1, HunyuanDiT (flow matching or\n"
             "  DDPM, LoRA in diffusers' format; HunyuanDiT: PEFT's adapter on the transformer). See\n"

@@ -40,7 +40,7 @@ double dist_default_timeout(void) {
 
 const char *dist_kind_name(dist_kind k) {
     static const char *n[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                              "all_to_all", "send", "recv", "barrier", "split"};
+                              "all_to_all", "send", "recv", "barrier", "split", "all_to_all_v"};
     return n[k];
 }
 
@@ -101,6 +101,9 @@ static mmc_status single_start(mmc_dist_req *r) {
         single_copy(o);   /* a sum/avg/max over one rank is the value itself */
         break;
     case OP_BROADCAST: case OP_BARRIER:
+        break;
+    case OP_ALL_TO_ALL_V:   /* one rank: its own block */
+        if (o->v[0]) memmove((char *)o->recv + o->v[3], (const char *)o->send + o->v[1], (size_t)o->v[0]);
         break;
     case OP_SEND: {
         for (mmc_dist_req **p = &g_pending_recv; *p; p = &(*p)->next) {
@@ -401,6 +404,35 @@ mmc_status mmc_broadcast(mmc_comm *c, void *buf, int64_t count, mmc_dtype dt, in
 mmc_status mmc_all_to_all(mmc_comm *c, const void *send, void *recv, int64_t count, mmc_dtype dt) {
     OPDEF(.kind = OP_ALL_TO_ALL, .send = send, .recv = recv, .count = count, .dt = dt);
     return run_op(c, &o);
+}
+mmc_status mmc_all_to_all_v(mmc_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                            const int64_t *recv_counts, mmc_dtype dt) {
+    const int P = mmc_comm_size(c);
+    const size_t es = dist_elsize(dt);
+    if (!c) return mmc_error(MMC_ERR_INVALID, "dist: all_to_all_v on a NULL group (mmc_dist_init not called?)");
+    if (!es) return mmc_error(MMC_ERR_UNSUPPORTED, "dist: all_to_all_v of dtype %s", mmc_dtype_name(dt));
+    if (send == recv && P > 1) return mmc_error(MMC_ERR_INVALID, "dist: all_to_all_v needs distinct send and recv buffers");
+    int *v = malloc(sizeof(int) * 4 * (size_t)P);
+    if (!v) return mmc_error(MMC_ERR_OOM, "dist: out of memory");
+    int64_t so = 0, ro = 0;
+    for (int i = 0; i < P; i++) {
+        if (send_counts[i] < 0 || recv_counts[i] < 0) {
+            free(v);
+            return mmc_error(MMC_ERR_INVALID, "dist: all_to_all_v with a negative count for rank %d", i);
+        }
+        v[i] = (int)(send_counts[i] * (int64_t)es); v[P + i] = (int)so;
+        v[2 * P + i] = (int)(recv_counts[i] * (int64_t)es); v[3 * P + i] = (int)ro;
+        so += send_counts[i] * (int64_t)es;
+        ro += recv_counts[i] * (int64_t)es;
+        if (so > INT_MAX || ro > INT_MAX) {
+            free(v);
+            return mmc_error(MMC_ERR_INVALID, "dist: all_to_all_v of more than 2 GiB; split it");
+        }
+    }
+    OPDEF(.kind = OP_ALL_TO_ALL_V, .send = send, .recv = recv, .count = so / (int64_t)es, .dt = dt, .v = v);
+    mmc_status st = run_op(c, &o);
+    free(v);
+    return st;
 }
 mmc_status mmc_send(mmc_comm *c, const void *buf, int64_t count, mmc_dtype dt, int peer, int tag) {
     OPDEF(.kind = OP_SEND, .send = buf, .count = count, .dt = dt, .peer = peer, .tag = tag);

@@ -145,6 +145,11 @@ static bool mpi_issue(mmc_dist_req *r, MPI_Request *q) {
     }
     case OP_BROADCAST: rc = MPI_Ibcast(o->recv, nb, MPI_BYTE, o->peer, cm, q); break;
     case OP_ALL_TO_ALL: rc = MPI_Ialltoall(o->send, nb, MPI_BYTE, o->recv, nb, MPI_BYTE, cm, q); break;
+    case OP_ALL_TO_ALL_V: {
+        const int P = r->comm->size;
+        rc = MPI_Ialltoallv(o->send, o->v, o->v + P, MPI_BYTE, o->recv, o->v + 2 * P, o->v + 3 * P, MPI_BYTE, cm, q);
+        break;
+    }
     case OP_SEND: rc = MPI_Isend(o->send, nb, MPI_BYTE, o->peer, o->tag, cm, q); break;
     case OP_RECV: rc = MPI_Irecv(o->recv, nb, MPI_BYTE, o->peer, o->tag, cm, q); break;
     case OP_BARRIER: rc = MPI_Ibarrier(cm, q); break;

@@ -9,7 +9,7 @@
 
 typedef enum {
     OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_ALL_TO_ALL,
-    OP_SEND, OP_RECV, OP_BARRIER, OP_SPLIT
+    OP_SEND, OP_RECV, OP_BARRIER, OP_SPLIT, OP_ALL_TO_ALL_V
 } dist_kind;
 
 typedef struct {
@@ -20,6 +20,8 @@ typedef struct {
     mmc_dtype dt;
     mmc_reduce_op op;
     int peer, tag;           /* send/recv peer, broadcast root; split: color, key */
+    const int *v;            /* all_to_all_v: [4][size] byte counts and displacements: send counts, send
+                              * displacements, receive counts, receive displacements */
 } dist_op;
 
 typedef struct dist_backend dist_backend;

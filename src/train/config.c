@@ -130,6 +130,9 @@ static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, context_parallel_mode, MMC_CFG_ENUM, U, k_cp_mode, NULL,
       "ulysses (all-to-all over heads; cp must divide the heads) | ring (K/V blocks passed round the ranks, "
       "zigzag causal balance; any cp)"),
+    F(mmc_parallel_cfg, expert_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
+      "ranks splitting each MoE layer's experts (Qwen2-MoE), tokens exchanged with all-to-all; divides "
+      "data_parallel (the experts are data-parallel over data_parallel / expert_parallel copies)"),
     F(mmc_parallel_cfg, zero, MMC_CFG_INT, 0, 3, NULL, NULL, "ZeRO stage (0-3)"),
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
       "seconds a rank waits on a collective before aborting the job, naming the rank it waits on (600; "
@@ -197,7 +200,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.num_workers = 2;
     c->data.prefetch = 4;
     c->parallel = (mmc_parallel_cfg){.data_parallel = 1, .tensor_parallel = 1, .pipeline_parallel = 1, .pipeline_virtual = 1,
-                                     .context_parallel = 1,
+                                     .context_parallel = 1, .expert_parallel = 1,
                                      .timeout = 600.0};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
@@ -362,6 +365,22 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
             return verr(c, root, "parallel", "context_parallel", "%lld with %s is not supported yet; context "
                         "parallelism composes with plain data parallelism (zero 0) of the text Qwen2",
                         (long long)p->context_parallel, why);
+    }
+    /* expert parallelism (mmc_ep.h): a MoE model's experts over groups of data-parallel ranks, full
+     * fine-tuning with plain data parallelism (the model's own check: expert_parallel divides num_experts) */
+    if (p->expert_parallel > 1) {
+        const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
+                          : p->context_parallel > 1 ? "context_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+                          : c->training.ema_decay > 0 ? "training.ema_decay"
+                          : c->model.quantization.method != MMC_QUANT_NONE ? "model.quantization" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "expert_parallel", "%lld with %s is not supported yet; expert "
+                        "parallelism composes with plain data parallelism (zero 0) of full-parameter or LoRA training",
+                        (long long)p->expert_parallel, why);
+        if (p->data_parallel % p->expert_parallel)
+            return verr(c, root, "parallel", "expert_parallel", "%lld does not divide data_parallel %lld: the expert-"
+                        "parallel groups are carved out of the data-parallel ranks", (long long)p->expert_parallel,
+                        (long long)p->data_parallel);
     }
     if (d->batch_size % (d->micro_batch_size * p->data_parallel))
         return verr(c, root, "data", "batch_size", "%lld does not divide into data_parallel %lld ranks x "

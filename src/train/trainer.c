@@ -8,6 +8,7 @@
  * normalisation, clip_grad_norm_, get_*_schedule_with_warmup, torch.optim.AdamW), so a run
  * matches transformers + torch step for step (tests/test_train_parity.c). */
 #include "trainer_internal.h"
+#include "mmc_ep.h"
 #include "mmc_cp.h"
 #include "mmc_tp.h"
 #include "mmc_quant.h"
@@ -403,15 +404,32 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     bool vl = strcmp(type, "qwen2_vl") == 0 || strcmp(type, "qwen2_5_vl") == 0;
     bool omni = !strcmp(type, "qwen2_5_omni_thinker");
     bool llama = !strcmp(type, "llama") || !strcmp(type, "mistral");   /* text Llama / Mistral (llama_check) */
+    bool moe = !strcmp(type, "qwen2_moe");   /* Qwen2-MoE (qwen2_moe.c), expert parallelism over epc */
     if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && strcmp(type, "internvl") != 0 && !vl && !omni &&
-        !llama) {
+        !llama && !moe) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, llama, mistral, llava, internvl, qwen2_5_omni_thinker; "
-                       "OpenGVLab's internvl_chat layout is inference only)", path, type);
+                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, qwen2_moe, llama, mistral, llava, internvl, "
+                       "qwen2_5_omni_thinker; OpenGVLab's internvl_chat layout is inference only)", path, type);
         mmc_json_free(j);   /* (type points into it) */
         return st;
     }
-    if (llama) {   /* LlamaForCausalLM / MistralForCausalLM: qwen2.c's decoder with Llama's config keys */
+    if (!moe && t->epc) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: parallel.expert_parallel %lld needs a mixture-of-experts model "
+                       "(qwen2_moe); model_type is '%s'", c->file, (long long)c->parallel.expert_parallel, type);
+        mmc_json_free(j);   /* (type points into it) */
+        return st;
+    }
+    if (moe) {
+        if (t->tpc || c->parallel.pipeline_parallel > 1 || t->cpc)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline / context parallelism of qwen2_moe is not "
+                           "supported; use data_parallel with expert_parallel", c->file);
+        else if (dir) st = mmc_qwen2_moe_load(dir, j, true, t->epc, &t->lm);
+        else st = mmc_qwen2_moe_new(j, (uint64_t)c->training.seed, t->epc, &t->lm);
+        if (st) mmc_error_prefix(st, "%s", path);
+        /* the aux loss of each micro-batch forward enters the step's loss with 1 / (micro-batches of the
+         * global batch): their mean, however they are spread over ranks */
+        else mmc_moe_aux_set_weight(t->lm->moe, 1.0 / (double)c->training.gradient_accumulation);
+    } else if (llama) {   /* LlamaForCausalLM / MistralForCausalLM: qwen2.c's decoder with Llama's config keys */
         mmc_qwen2_config qc;
         if (!(st = llama_check(c, j, path, t->tpc != NULL))) {
             if (dir) st = mmc_llama_load(dir, j, true, &t->lm);
@@ -767,6 +785,7 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         t->dpc = t->world;
         t->dp_rank = t->rank;
     }
+    if (cfg->parallel.expert_parallel > 1 && t->tp_size == 1 && (st = mmc_ep_trainer_groups(t))) goto fail;
 layout_done:
     if (resume) {
         int64_t step;
@@ -848,6 +867,9 @@ layout_done:
             mmc_dp_scatter_state(t->dp, &t->adamw);
             mmc_adamw_free(&t->adamw);
         }
+    } else if (t->epc) {   /* expert parallelism: gradients reduced per kind after backward (mmc_ep_trainer_reduce) */
+        st = mmc_ep_trainer_setup(t);
+        if (st) goto fail;
     } else if (!t->pp && (t->dp_size > 1 || cfg->parallel.zero > 0)) {   /* (pp: trainer_pp.c sums over dp) */
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
          * layer and each vision block, keyed by its layer struct as the models name it; the
@@ -961,6 +983,10 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->opt_split);
     free(t->lora_split);
     free(t->lora_partial);
+    free(t->ep_split);
+    free(t->moe_tokens);
+    mmc_comm_free(t->epc);
+    mmc_comm_free(t->edpc);
     if (t->have_groups) mmc_dist_groups_free(&t->groups);
     if (t->owns_dist) mmc_dist_finalize();
     free(t);
@@ -1252,6 +1278,10 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
                                  (long long)k + 1, (long long)mbs[k].sample_index);
                 goto done;
             }
+        } else if (t->lm->moe) {   /* Qwen2-MoE: + the weighted aux load-balancing loss (its gradient in backward) */
+            mmc_moe_aux_begin(t->lm->moe);
+            l = mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
+            l = mmc_add(t->ctx, l, mmc_scalar(t->ctx, (float)mmc_moe_aux_end(t->lm->moe)));
         } else {
             l = t->cpc ? mmc_cp_qwen2_lm_loss(t->ctx, t->lm, t->cpc, &mbs[k], scale, &n)   /* this rank's shard */
                        : mmc_qwen2_lm_loss(t->ctx, t->lm, &mbs[k], scale, &n);
@@ -1287,6 +1317,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         }
     }
     if (t->cpc && (st = mmc_cp_trainer_reduce(t, &loss))) goto done;   /* cp: weight gradients and loss summed */
+    if (t->epc && (st = mmc_ep_trainer_reduce(t, &loss))) goto done;   /* ep: dense over dp, experts over edp */
+    if (t->lm && t->lm->moe && (st = mmc_moe_trainer_stats(t, s))) goto done;
     for (int i = 0; t->tpc && t->lm->sp && i < t->lm->n_params; i++) {   /* sp: the replicated parameters' partial gradients */
         mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
         if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
@@ -1301,8 +1333,10 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         if ((st = mmc_dp_clip(t->dp, c->optimizer.grad_clip, &norm))) goto done;
     } else if (t->pp) {   /* the global norm over the stages */
         if ((st = mmc_trainer_pp_clip(t, &norm))) goto done;
-    } else if (t->tpc) {   /* the global norm: split gradients' squares summed over the tp group */
-        if ((st = mmc_tp_grad_norm(t->tpc, t->opt, t->opt_split, t->n_opt, &norm))) goto done;
+    } else if (t->tpc || t->epc) {   /* the global norm: split gradients' squares summed over the tp / ep group */
+        if ((st = mmc_tp_grad_norm(t->tpc ? t->tpc : t->epc, t->opt, t->tpc ? t->opt_split : t->ep_split, t->n_opt,
+                                   &norm)))
+            goto done;
         if (c->optimizer.grad_clip > 0 && norm > c->optimizer.grad_clip) {   /* as clip_grad_norm_ */
             const float cf = (float)(c->optimizer.grad_clip / (norm + 1e-6));
             for (int i = 0; i < t->n_opt; i++) {
@@ -1481,6 +1515,13 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
     if (t->pp && !t->tpc) return mmc_trainer_pp_save(t);   /* the stages gathered into one checkpoint */
+    if (t->epc) {   /* every expert gathered; rank 0 writes the HF layout */
+        mmc_ep_swap sw;
+        mmc_status st = mmc_ep_trainer_to_full(t, &sw);
+        if (!st) st = save_ranked_inner(t);
+        mmc_ep_trainer_to_local(t, &sw);
+        return st;
+    }
     if (t->tpc) {   /* every tp rank gathers; world rank 0 writes full tensors */
         /* ZeRO-1/2: the moments are gathered over dp first (the local tensors' full state) */
         const bool zs = t->dp && t->cfg->parallel.zero >= 1;
@@ -1646,18 +1687,22 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                     s.grad_norm, tps, sps, rss);
             if (t->step == tc->steps) fputc('\n', stderr);
         } else if (log) {
+            char moe[64] = "";
+            if (s.moe_load_max > 0) snprintf(moe, sizeof moe, " moe_load max/mean %.3f min/mean %.3f", s.moe_load_max,
+                                             s.moe_load_min);
             fprintf(stderr, "step %lld/%lld loss %.6f lr %.6e grad_norm %.6f tok/s %.0f samples/s %.2f rss %.0f "
-                    "MiB eta %s\n", (long long)t->step, (long long)tc->steps, s.loss, s.lr, s.grad_norm, tps,
-                    sps, rss, etas);
+                    "MiB eta %s%s\n", (long long)t->step, (long long)tc->steps, s.loss, s.lr, s.grad_norm, tps,
+                    sps, rss, etas, moe);
         }
         if (log) {
-            char comm[128] = "";
+            char comm[2048] = "";
             if (t->dp) {   /* gradient reduction: first bucket start to last completion, and the part
                             * the caller waited for (the rest overlapped backward) */
                 double exposed = 0, busy = 0;
                 mmc_dp_get_timing(t->dp, &exposed, &busy);
                 snprintf(comm, sizeof comm, ", \"comm_s\": %.6f, \"comm_exposed_s\": %.6f", busy, exposed);
             }
+            if (s.moe_load_max > 0) mmc_moe_trainer_metrics(t, &s, comm, sizeof comm);   /* tokens per expert */
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                     "\"tokens_per_s\": %.3f, \"samples_per_s\": %.4f, \"rss_mib\": %.1f, \"data_share\": %.5f%s}\n",
                     (long long)t->step, s.loss, s.lr, s.grad_norm, tps, sps, rss, share, comm);

@@ -110,6 +110,12 @@ struct mmc_trainer {
      * each; cpc NULL at cp 1 (the dp replicas are world / cp_size, over dpc) */
     mmc_comm *cpc;
     int cp_size;
+    /* expert parallelism (mmc_ep.h): epc the group sharing each MoE layer's experts (consecutive
+     * dp ranks), edpc the ranks holding the same experts; NULL at expert_parallel 1. ep_split [n_opt]:
+     * 0 for a routed expert's tensor (its norm part summed over epc), -1 otherwise. */
+    mmc_comm *epc, *edpc;
+    signed char *ep_split;
+    int64_t *moe_tokens;       /* [n_sparse * E] the last step's tokens per (layer, expert), all ranks */
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
     bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
@@ -178,6 +184,22 @@ mmc_status mmc_trainer_pp_save(mmc_trainer *t);
 mmc_status mmc_cp_trainer_layout(mmc_trainer *t);
 mmc_status mmc_cp_trainer_check(mmc_trainer *t);
 mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss);
+
+/* trainer_ep.c: expert parallelism (mmc_ep.h) and MoE statistics */
+typedef struct {
+    mmc_tensor **params; const char **names; int n;                     /* the model's, swapped out */
+    mmc_tensor **full; char (*full_names)[96]; const char **full_ptrs; int n_full;
+    mmc_tensor **opt, **opt_model; const char **opt_names; int n_opt;   /* the optimizer's, swapped out */
+    float **m, **v;
+    mmc_tensor **fopt, **fopt_model; char (*fnames)[160]; const char **fptrs; float **fm, **fv; bool *own; int n_fopt;
+} mmc_ep_swap;
+mmc_status mmc_ep_trainer_groups(mmc_trainer *t);
+mmc_status mmc_ep_trainer_setup(mmc_trainer *t);
+mmc_status mmc_ep_trainer_reduce(mmc_trainer *t, double *loss);
+mmc_status mmc_ep_trainer_to_full(mmc_trainer *t, mmc_ep_swap *sw);
+void mmc_ep_trainer_to_local(mmc_trainer *t, mmc_ep_swap *sw);
+mmc_status mmc_moe_trainer_stats(mmc_trainer *t, mmc_step_stats *s);
+void mmc_moe_trainer_metrics(const mmc_trainer *t, const mmc_step_stats *s, char *buf, size_t cap);
 
 /* checkpoint.c */
 mmc_status mmc_trainer_restore(mmc_trainer *t, const char *ckpt_dir);

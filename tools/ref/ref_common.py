@@ -4,6 +4,36 @@ import contextlib
 import torch
 
 
+@contextlib.contextmanager
+def float64_throughout():
+    """transformers upcasts to float32 inside RMSNorm, softmax and rotary embeddings; in a float64
+    reference run those casts would round it to float32: while active, float64 tensors stay float64
+    through .float(), .to(torch.float32) and softmax(dtype=torch.float32)."""
+    T, F = torch.Tensor, torch.nn.functional
+    saved = (T.float, T.to, F.softmax)
+
+    def to_float(t, *a, **k):
+        return t if t.dtype == torch.float64 else saved[0](t, *a, **k)
+
+    def to(t, *a, **k):
+        if t.dtype == torch.float64:
+            a = tuple(torch.float64 if x is torch.float32 else x for x in a)
+            if k.get("dtype") is torch.float32:
+                k["dtype"] = torch.float64
+        return saved[1](t, *a, **k)
+
+    def softmax(x, *a, **k):
+        if x.dtype == torch.float64 and k.get("dtype") is torch.float32:
+            k["dtype"] = torch.float64
+        return saved[2](x, *a, **k)
+
+    T.float, T.to, F.softmax = to_float, to, softmax
+    try:
+        yield
+    finally:
+        T.float, T.to, F.softmax = saved
+
+
 def rand_init(model, seed):
     """Random weights of a usable scale (default init leaves GroupNorm at 1/0 and biases 0)."""
     g = torch.Generator().manual_seed(seed)

@@ -184,6 +184,7 @@ static int build_specs(mmc_qwen2 *m, wspec *s) {
         LSPEC("self_attn.o_proj.weight", &L->o.w, 2, C, QD); SPLIT(1);
         if (c->o_bias) LSPEC("self_attn.o_proj.bias", &L->o.b, 1, C, 0);
         LSPEC("post_attention_layernorm.weight", &L->post_norm, 1, C, 0);
+        if (c->moe && mmc_moe_layer_sparse(c->moe, i)) continue;   /* its block: mmc_moe_bind / mmc_moe_init */
         LSPEC("mlp.gate_proj.weight", &L->gate.w, 2, F, C); SPLIT(0);
         if (c->mlp_bias) { LSPEC("mlp.gate_proj.bias", &L->gate.b, 1, F, 0); SPLIT(0); }
         LSPEC("mlp.up_proj.weight", &L->up.w, 2, F, C); SPLIT(0);
@@ -203,7 +204,7 @@ static mmc_qwen2 *alloc_model(const mmc_qwen2_config *cfg, wspec **specs, int *n
     if (!m) return NULL;
     m->cfg = *cfg;
     m->layers = calloc((size_t)cfg->num_layers, sizeof *m->layers);
-    int cap = 2 + 16 * (int)cfg->num_layers + 2;
+    int cap = 2 + 16 * (int)cfg->num_layers + 2 + (cfg->moe ? mmc_moe_param_count(cfg->moe) : 0);
     *specs = calloc((size_t)cap, sizeof **specs);
     m->params = calloc((size_t)cap, sizeof *m->params);
     m->param_names = calloc((size_t)cap, sizeof *m->param_names);
@@ -226,7 +227,7 @@ static mmc_qwen2 *alloc_model(const mmc_qwen2_config *cfg, wspec **specs, int *n
     return m;
 }
 
-static void register_param(mmc_qwen2 *m, mmc_tensor *t, const char *name) {
+void mmc_qwen2_register_param(mmc_qwen2 *m, mmc_tensor *t, const char *name) {
     for (int i = 0; i < m->n_params; i++) if (m->params[i] == t) return;
     snprintf(m->param_names[m->n_params], sizeof m->param_names[0], "%s", name);
     snprintf(t->name, sizeof t->name, "%.*s", (int)sizeof t->name - 1, name);
@@ -249,7 +250,7 @@ mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 *
         if (is_norm) for (int64_t k = 0; k < mmc_numel(t); k++) ((float *)t->data)[k] = 1.0f;
         else if (!is_bias) mmc_rng_normal(&rng, t->data, mmc_numel(t), 0.0f, 0.02f);
         *s[i].slot = t;
-        register_param(m, t, s[i].name);
+        mmc_qwen2_register_param(m, t, s[i].name);
     }
     if (cfg->tie_word_embeddings) m->lm_head = m->embed;
     else {
@@ -257,8 +258,9 @@ mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 *
         if (!m->lm_head) { free(s); mmc_qwen2_free(m); return MMC_ERR_OOM; }
         m->lm_head->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
         mmc_rng_normal(&rng, m->lm_head->data, mmc_numel(m->lm_head), 0.0f, 0.02f);
-        register_param(m, m->lm_head, "lm_head.weight");
+        mmc_qwen2_register_param(m, m->lm_head, "lm_head.weight");
     }
+    if (cfg->moe) mmc_moe_init(m, &rng);
     free(s);
     m->cfg.dtype = MMC_F32;
     *out = m;
@@ -279,15 +281,16 @@ mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const ch
         char full[256];
         snprintf(full, sizeof full, "%s%s", prefix, s[i].name);
         if (mmc_model_bind(st, full, s[i].ndim, s[i].shape, trainable, s[i].slot, errs, errcap) != MMC_OK) bad++;
-        else register_param(m, *s[i].slot, s[i].name);
+        else mmc_qwen2_register_param(m, *s[i].slot, s[i].name);
     }
+    if (cfg->moe) bad += mmc_moe_bind(m, st, prefix, trainable, errs, errcap);
     if (cfg->tie_word_embeddings && !mmc_st_find(st, lm_head_name)) {
         m->lm_head = m->embed;
     } else if (mmc_model_bind(st, lm_head_name, 2, MMC_SHAPE(cfg->vocab_size, cfg->hidden_size), trainable,
                     &m->lm_head, errs, errcap) != MMC_OK) {
         bad++;
     } else {
-        register_param(m, m->lm_head, "lm_head.weight");
+        mmc_qwen2_register_param(m, m->lm_head, "lm_head.weight");
     }
     free(s);
     if (bad) {
@@ -366,6 +369,8 @@ static mmc_status tp_build(const mmc_qwen2_config *cfg, mmc_comm *tp, const mmc_
                            const char *lm_head_name, mmc_qwen2 *full, bool trainable, mmc_qwen2 **out) {
     *out = NULL;
     const int P = mmc_comm_size(tp), r = mmc_comm_rank(tp);
+    if (cfg->moe) return mmc_error(MMC_ERR_UNSUPPORTED, "tensor parallelism of a Qwen2-MoE model is not supported; "
+                                   "split its experts with parallel.expert_parallel instead");
     mmc_status stt = mmc_qwen2_tp_check(cfg, P, NULL);
     if (stt) return stt;
     wspec *s, *fs = NULL;
@@ -416,7 +421,7 @@ static mmc_status tp_build(const mmc_qwen2_config *cfg, mmc_comm *tp, const mmc_
             if (mmc_tp_bind(st, fulln, nd, shape, split, tp, trainable, slot, errs, errcap) != MMC_OK) { bad++; continue; }
         }
         m->param_split[m->n_params] = (signed char)split;
-        register_param(m, *slot, nm);
+        mmc_qwen2_register_param(m, *slot, nm);
     }
     free(s);
     free(fs);
@@ -497,6 +502,7 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
         for (int j = 0; j < 7; j++) mmc_linear_quant_free(ls[j]);
     }
     for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
+    mmc_moe_free(m->moe);
     free(m->param_split);
     free(m->params);
     free(m->param_names);
@@ -512,9 +518,16 @@ mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *
         mmc_qwen2_layer *L = &m->layers[i];
         mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
         for (int j = 0; j < 7; j++) {
+            if (!ls[j]->w && !ls[j]->q) continue;   /* a Qwen2-MoE sparse layer's dense MLP */
             char name[MMC_MODULE_NAME];
             snprintf(name, sizeof name, "%slayers.%lld.%s", prefix, (long long)i, nm[j]);
             mmc_status st = mmc_module_list_add(out, ls[j], name);
+            if (st) return st;
+        }
+        if (L->moe) {
+            char lp[MMC_MODULE_NAME];
+            snprintf(lp, sizeof lp, "%slayers.%lld.", prefix, (long long)i);
+            mmc_status st = mmc_moe_linears(L->moe, lp, out);
             if (st) return st;
         }
     }
@@ -665,6 +678,7 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
 
 /* The MLP half on normed rows h [..., C]: down(silu(gate(h)) * up(h)) -> [..., C]. */
 static mmc_tensor *mlp(mmc_ctx *ctx, mmc_qwen2_layer *L, mmc_tensor *h) {
+    if (L->moe) return mmc_moe_block_forward(ctx, L->moe, h);   /* Qwen2-MoE sparse block */
     if (L->tp) {   /* column-parallel gate/up (f before), row-parallel down (g after) */
         h = L->sp ? mmc_tp_sp_gather(ctx, L->tp, h) : mmc_tp_copy(ctx, L->tp, h);
         mmc_tensor *a = mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up));

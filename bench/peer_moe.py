@@ -1,0 +1,40 @@
+"""PyTorch peer for bench_moe.c: transformers' Qwen2MoeDecoderLayer (sdpa attention, the default
+experts implementation), hidden 512, 8 heads, 16 experts of 352 top-4, shared expert 1408, seq
+512, fp32: forward + backward (grad of sum(y)) and the no-grad forward, same thread count."""
+import torch
+from transformers import Qwen2MoeConfig
+from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeDecoderLayer, Qwen2MoeRotaryEmbedding
+
+from peer_util import median_time, report
+
+T = 512
+cfg = Qwen2MoeConfig(vocab_size=16, hidden_size=512, intermediate_size=1408, num_hidden_layers=1,
+                     num_attention_heads=8, num_key_value_heads=8, rms_norm_eps=1e-6,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e6}, num_experts=16,
+                     num_experts_per_tok=4, moe_intermediate_size=352, shared_expert_intermediate_size=1408,
+                     attn_implementation="sdpa")
+torch.manual_seed(0)
+layer = Qwen2MoeDecoderLayer(cfg, 0).float()
+with torch.no_grad():   # the experts are torch.empty until a model's init runs
+    for n, p in layer.named_parameters():
+        if "norm" not in n:
+            p.normal_(0.0, 0.02)
+rot = Qwen2MoeRotaryEmbedding(cfg)
+x = torch.randn(1, T, 512, requires_grad=True)
+pos = torch.arange(T)[None]
+cos, sin = rot(x, pos)
+
+
+def step():
+    y = layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin))
+    y = y[0] if isinstance(y, tuple) else y
+    y.backward(torch.ones_like(y))
+
+
+def fwd():
+    with torch.no_grad():
+        layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin))
+
+
+report("block_qwen2_moe_fwd_bwd_T512", T / median_time(step, 5.0), "tok/s")
+report("block_qwen2_moe_fwd_T512", T / median_time(fwd, 3.0), "tok/s")
