@@ -78,36 +78,6 @@ def tiny_tokenizers(tmp, words, **clip_kwargs):
     return clip, t5, len(vocab), len(pieces)
 
 
-@contextlib.contextmanager
-def float64_throughout():
-    """(gen_train.py, gen_llama_train.py) transformers upcasts to float32 inside RMSNorm, softmax and
-    the vision rotary; in a float64 run those casts would round the reference to float32 (measured:
-    4.7e-6 normwise on the final weights): while active, float64 tensors stay float64."""
-    T, F = torch.Tensor, torch.nn.functional
-    saved = (T.float, T.to, F.softmax)
-
-    def to_float(t, *a, **k):
-        return t if t.dtype == torch.float64 else saved[0](t, *a, **k)
-
-    def to(t, *a, **k):
-        if t.dtype == torch.float64:
-            a = tuple(torch.float64 if x is torch.float32 else x for x in a)
-            if k.get("dtype") is torch.float32:
-                k["dtype"] = torch.float64
-        return saved[1](t, *a, **k)
-
-    def softmax(x, *a, **k):
-        if x.dtype == torch.float64 and k.get("dtype") is torch.float32:
-            k["dtype"] = torch.float64
-        return saved[2](x, *a, **k)
-
-    T.float, T.to, F.softmax = to_float, to, softmax
-    try:
-        yield
-    finally:
-        T.float, T.to, F.softmax = saved
-
-
 def ddpm_loss(sched, pred, x0, noise, timesteps, snr_gamma):
     """The loss of diffusers' train_text_to_image(_lora)(_sdxl).py on a DDPMScheduler: the target of its
     prediction_type (noise or get_velocity), F.mse_loss, or with snr_gamma the min-SNR weighted per-sample means
