@@ -190,7 +190,7 @@ static void run_prefix(bool mrope) {
     double worst = 0;
     int64_t matched[2];
     for (int s = 0; s < 2; s++) {
-        matched[s] = mmc_kv_seq_match_prefix(&pool, &seq[s], toks[s], PLEN);
+        matched[s] = mmc_kv_seq_match_prefix(&pool, &seq[s], NULL, toks[s], PLEN);
         mmc_kv_cache kv;
         CHECK_OK(mmc_kv_seq_export(&pool, &seq[s], &kv, PLEN));
         CHECK(kv.len == matched[s]);
@@ -205,7 +205,7 @@ static void run_prefix(bool mrope) {
         CHECK(seq[s].len == PLEN && kv.len == PLEN);
         for (int v = 0; v < c.vocab_size && lg; v++) worst = fmax(worst, fabs((double)lg[v] - ref[s][0][v]));
         mmc_kv_cache_free(&kv);
-        mmc_kv_seq_cache_prefix(&pool, &seq[s], toks[s], PLEN);
+        mmc_kv_seq_cache_prefix(&pool, &seq[s], NULL, toks[s], PLEN);
     }
     CHECKF(matched[0] == 0 && matched[1] == 12, "matched %lld and %lld positions, expected 0 and 12",
            (long long)matched[0], (long long)matched[1]);
@@ -232,25 +232,25 @@ static void run_prefix(bool mrope) {
            mrope ? "mrope" : "rope", worst);
     CHECKF(worst <= 1e-5, "prefix/chunked: max |diff| %.3g", worst);
     /* the chain: a different first token matches nothing */
-    CHECK(mmc_kv_prefix_lookup(&pool, toks[2], PLEN) == 0);
-    CHECK(mmc_kv_prefix_lookup(&pool, toks[1], 13) == 12 && mmc_kv_prefix_lookup(&pool, toks[1], 12) == 8);
+    CHECK(mmc_kv_prefix_lookup(&pool, NULL, toks[2], PLEN) == 0);
+    CHECK(mmc_kv_prefix_lookup(&pool, NULL, toks[1], 13) == 12 && mmc_kv_prefix_lookup(&pool, NULL, toks[1], 12) == 8);
     /* released: every block free again, the cached ones still found */
     mmc_kv_seq_release(&pool, &seq[0]);
     mmc_kv_seq_release(&pool, &seq[1]);
     CHECK(pool.n_free == pool.n_blocks && pool.n_lru == 5);   /* 3 shared + each prompt's 4th block */
-    CHECK(mmc_kv_prefix_lookup(&pool, toks[0], PLEN) == 16 && mmc_kv_prefix_lookup(&pool, toks[1], PLEN) == 16);
+    CHECK(mmc_kv_prefix_lookup(&pool, NULL, toks[0], PLEN) == 16 && mmc_kv_prefix_lookup(&pool, NULL, toks[1], PLEN) == 16);
     /* a reservation of every block evicts them all */
     mmc_kv_seq big = {0};
     CHECK(mmc_kv_seq_reserve(&pool, &big, pool.n_blocks * 4));
-    CHECK(pool.n_free == 0 && pool.prefix_evictions == 5 && mmc_kv_prefix_lookup(&pool, toks[0], PLEN) == 0);
+    CHECK(pool.n_free == 0 && pool.prefix_evictions == 5 && mmc_kv_prefix_lookup(&pool, NULL, toks[0], PLEN) == 0);
     mmc_kv_seq_free(&pool, &big);
     CHECK(pool.n_free == pool.n_blocks && pool.n_lru == 0);
     /* cache off: nothing matches and nothing is kept */
     pool.prefix_cache = false;
-    CHECK(mmc_kv_seq_match_prefix(&pool, &seq[0], toks[0], PLEN) == 0);
+    CHECK(mmc_kv_seq_match_prefix(&pool, &seq[0], NULL, toks[0], PLEN) == 0);
     CHECK(mmc_kv_seq_reserve(&pool, &seq[0], PLEN));
     seq[0].len = PLEN;
-    mmc_kv_seq_cache_prefix(&pool, &seq[0], toks[0], PLEN);
+    mmc_kv_seq_cache_prefix(&pool, &seq[0], NULL, toks[0], PLEN);
     mmc_kv_seq_release(&pool, &seq[0]);
     CHECK(pool.n_lru == 0 && pool.n_free == pool.n_blocks);
     for (int s = 0; s < 2; s++) mmc_kv_seq_free(&pool, &seq[s]);

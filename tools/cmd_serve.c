@@ -42,6 +42,12 @@ void help_serve(FILE *f) {
             "options:\n"
             "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
             "  --adapter DIR            apply this PEFT LoRA adapter to the model\n"
+            "  --lora NAME=DIR          serve the PEFT LoRA adapter in DIR as model NAME (repeatable):\n"
+            "                           a request whose \"model\" is NAME runs with it, the base name\n"
+            "                           without; /v1/models lists each (parent: the base). Requests of\n"
+            "                           different adapters are batched together (the base weights once,\n"
+            "                           each sequence its own low-rank delta); greedy output equals\n"
+            "                           `mmc generate --adapter DIR`'s. Not with --adapter\n"
             "  --served-model-name N    the model id clients use (default: DIR's last component)\n"
             "  --chat-template FILE     render with this Jinja template instead of the model's\n"
             "  --chat-template-name N   use the model's template named N\n"
@@ -93,11 +99,33 @@ void help_serve(FILE *f) {
             l.max_request_seconds, l.max_connections, l.max_queue, l.client_timeout_seconds, l.max_n);
 }
 
+#define SERVE_MAX_LORAS 64
 typedef struct {
     cli_model m;
     char tmpdir[64];
     unsigned long long n_tmp;
+    int n_loras;
+    const char *lora_names[SERVE_MAX_LORAS], *lora_dirs[SERVE_MAX_LORAS];
+    mmc_lora_set *loras[SERVE_MAX_LORAS];
 } serve_backend;
+
+/* --lora NAME=DIR: the adapter loaded by the model's own attach (mmc_lora_load on its linears,
+ * as `mmc generate --adapter`), then taken from the model and detached: the engine attaches it
+ * per request. */
+static mmc_status load_lora(cli_model *m, const char *dir, mmc_lora_set **out) {
+    mmc_lora_set **slot;
+    mmc_status st;
+    if (m->llava) { st = mmc_llava_attach_adapter(m->llava, dir); slot = &m->llava->adapter; }
+    else if (m->vl) { st = mmc_qwen2_vl_attach_adapter(m->vlm, dir); slot = &m->vlm->adapter; }
+    else if (m->omni) { st = mmc_omni_attach_adapter(m->omni, dir); slot = &m->omni->lm->adapter; }
+    else if (m->lm) { st = mmc_qwen2_attach_adapter(m->lm, dir); slot = &m->lm->adapter; }
+    else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for %s models", dir, m->model_type);
+    if (st) return mmc_error_prefix(st, "--lora %s", dir);
+    *out = *slot;
+    *slot = NULL;
+    for (int i = 0; i < (*out)->n; i++) (*out)->mods[i]->lora = NULL;
+    return MMC_OK;
+}
 
 typedef struct {
     cli_prompt p;
@@ -281,6 +309,8 @@ int cmd_serve(int argc, char **argv) {
     if (o.api_key && !o.api_key[0]) o.api_key = NULL;
     mmc_serve_limits_default(&o.limits);
     const char *model = NULL, *adapter = NULL, *name = NULL, *tpl = NULL, *tpl_name = NULL;
+    const char *lora_arg[SERVE_MAX_LORAS];
+    int n_lora = 0;
     bool no_batch = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -355,6 +385,15 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--prefill-chunk")) {
             if (opt_ll(a, argc, argv, &i, 0, (long long)1 << 30, &v)) return CLI_USAGE;
             o.prefill_chunk = v;
+        } else if (!strcmp(a, "--lora")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v) return CLI_USAGE;
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || !eq[1])
+                return cli_usage("serve", "--lora takes NAME=DIR (the model name requests use, then the PEFT adapter "
+                                 "directory), not '%s'", v);
+            if (n_lora == SERVE_MAX_LORAS) return cli_usage("serve", "at most %d --lora adapters", SERVE_MAX_LORAS);
+            lora_arg[n_lora++] = v;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o.no_prefix_cache = true;
         } else if (!strcmp(a, "--no-batching")) {
@@ -367,6 +406,9 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model && !adapter) return cli_usage("serve", "--model DIR is required");
     if (o.api_key && !o.api_key[0]) return cli_usage("serve", "--api-key must not be empty");
+    if (n_lora && adapter)
+        return cli_usage("serve", "--adapter (one adapter on every request) and --lora (adapters by model name) "
+                         "do not go together: serve the --adapter one as --lora NAME=DIR too");
 
     serve_backend sb = {0};
     mmc_status st = cli_model_load(model ? model : adapter, model ? adapter : NULL, &sb.m);
@@ -393,6 +435,26 @@ int cmd_serve(int argc, char **argv) {
         while (b > d && b[-1] != '/') b--;
         snprintf(id, sizeof id, "%.*s", (int)(d + n - b), b);
     }
+    char names[SERVE_MAX_LORAS][256];
+    for (int k = 0; k < n_lora; k++) {
+        const char *eq = strchr(lora_arg[k], '=');
+        snprintf(names[k], sizeof names[k], "%.*s", (int)(eq - lora_arg[k]), lora_arg[k]);
+        bool dup = !strcmp(names[k], id);
+        for (int i = 0; i < k; i++) dup |= !strcmp(names[i], names[k]);
+        if (dup) {
+            cli_usage("serve", "--lora %s: the name '%s' is taken (the served model or another adapter)", lora_arg[k],
+                      names[k]);
+            rc = CLI_USAGE;
+            goto done;
+        }
+        if ((st = load_lora(&sb.m, eq + 1, &sb.loras[k]))) {
+            cli_fail(st, "serve: cannot load the adapter");
+            goto done;
+        }
+        sb.lora_names[k] = names[k];
+        sb.lora_dirs[k] = eq + 1;
+        sb.n_loras = k + 1;
+    }
     mmc_qwen2_vl_request vreq = {sb.m.vlm, NULL, 0};
     mmc_llava_request lreq = {sb.m.llava, NULL, NULL, 0, NULL};
     mmc_internvl_request ireq = {sb.m.internvl, NULL};
@@ -411,13 +473,19 @@ int cmd_serve(int argc, char **argv) {
                                : sb.m.omni ? sb.m.omni->lm : sb.m.vl ? sb.m.vlm->lm : sb.m.lm,
                            .prefill = backend_prefill,
                            .sampling = backend_sampling,
-                           .text_ids = backend_text_ids};
+                           .text_ids = backend_text_ids,
+                           .n_loras = sb.n_loras,
+                           .lora_names = sb.lora_names,
+                           .lora_dirs = sb.lora_dirs,
+                           .loras = sb.loras,
+                           .model_root = sb.m.base_dir};
     if (no_batch) b.lm = NULL;
     st = mmc_serve_run(&b, &o);
     rmdir(sb.tmpdir);
     if (st) cli_fail(st, "serve: cannot serve");
     else rc = 0;
 done:
+    for (int k = 0; k < sb.n_loras; k++) mmc_lora_free(sb.loras[k]);   /* before the model: they point into it */
     cli_model_free(&sb.m);
     return rc;
 }

@@ -11,6 +11,7 @@
  * engine will implement in its place. */
 #include "serve_internal.h"
 #include "mmc_json_constraint.h"
+#include "mmc_lora.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -49,7 +50,32 @@ struct serve_engine {
     uint64_t call_ids;                /* tool call ids (the engine thread's) */
     int n_run, cap_run, n_wait, cap_wait;
     uint64_t n_admitted;
+    int lora_on;                      /* the adapter attached to the model's linears (0: none) */
 };
+
+/* ------------------------------------------------------------------ per-request adapters
+ * The backend's adapters (--lora NAME=DIR) stay loaded and detached. A prefill (or a whole
+ * generation without batching) runs with its request's adapter attached to the linears, as
+ * `mmc generate --adapter` does; the batched decode runs with none attached and adds each
+ * sequence's own delta (mmc_qwen2_decode_batch_lora). Only the engine thread switches them. */
+static void use_lora(serve_engine *e, int k) {
+    if (k == e->lora_on) return;
+    if (e->lora_on > 0) {
+        mmc_lora_set *s = e->b->loras[e->lora_on - 1];
+        for (int i = 0; i < s->n; i++)
+            if (s->mods[i]->lora == &s->adapters[i]) s->mods[i]->lora = NULL;
+    }
+    if (k > 0) {
+        mmc_lora_set *s = e->b->loras[k - 1];
+        for (int i = 0; i < s->n; i++) s->mods[i]->lora = &s->adapters[i];
+    }
+    e->lora_on = k;
+}
+
+/* the prefix cache's key of a request: its adapter seeds the hash chain (no K/V shared across adapters) */
+static mmc_kv_prefix_key prefix_key(const serve_job *j) {
+    return (mmc_kv_prefix_key){.seed = j->req.lora > 0 ? (uint64_t)j->req.lora * 0x9E3779B97F4A7C15ull : 0};
+}
 
 /* ------------------------------------------------------------------ jobs */
 static void job_free(serve_job *j) {
@@ -650,6 +676,7 @@ static void run_job(serve_engine *e, serve_job *j) {
     }
     if (!job_prepare(e, j, &prompt, &max_new, &err)) { job_fail(j, &err); return; }
     job_set_state(j, JOB_PREPARED);
+    use_lora(e, q->lora);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
     for (int i = 0; i < q->n; i++) {
         run_ctx r = {.e = e, .j = j, .c = &j->choices[i], .idx = i, .max_new = (int)max_new, .t_last = mmc_now()};
@@ -964,6 +991,7 @@ static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     int64_t n_ids = 0;
     float *logits = NULL;
     mmc_ctx_reset(ctx);
+    use_lora(e, s->r.j->req.lora);
     if (!st) st = e->b->prefill(e->b->self, s->r.j->prompt, ctx, &kv, &ids, &n_ids, &logits, &s->rope_delta);
     if (!st && s->n_hist == 0) {   /* first admission: the history starts with the prompt */
         memcpy(s->hist, ids, (size_t)n_ids * sizeof *ids);
@@ -1020,7 +1048,8 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
             seq_abort(e, s, "admission");
             return -1;
         }
-        int64_t hit = mmc_kv_seq_match_prefix(p, &s->kv, s->hist, s->n_prompt);
+        mmc_kv_prefix_key key = prefix_key(s->r.j);
+        int64_t hit = mmc_kv_seq_match_prefix(p, &s->kv, &key, s->hist, s->n_prompt);
         if (!mmc_kv_seq_reserve(p, &s->kv, n + 1)) {
             mmc_kv_seq_release(p, &s->kv);
             return 0;
@@ -1043,6 +1072,7 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
             if (c > lim) c = lim;
         }
         mmc_ctx_reset(ctx);
+        use_lora(e, s->r.j->req.lora);
         st = mmc_qwen2_prefill_chunk(ctx, e->b->lm, s->hist + s->stage.len, c, &s->stage, &logits);
         if (!st) st = mmc_kv_seq_append(p, &s->kv, &s->stage, s->stage.len - c, c);
         if (st) { seq_abort(e, s, "prefill"); return -1; }
@@ -1058,7 +1088,8 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
     mmc_kv_cache_free(&s->stage);
     s->staged = false;
     if (e->pf == s) e->pf = NULL;
-    mmc_kv_seq_cache_prefix(p, &s->kv, s->hist, s->n_prompt);
+    mmc_kv_prefix_key key = prefix_key(s->r.j);
+    mmc_kv_seq_cache_prefix(p, &s->kv, &key, s->hist, s->n_prompt);
     s->base = 0;
     s->rope_delta = 0;
     s->order = ++e->n_admitted;
@@ -1086,7 +1117,9 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
         const int32_t *id;
         int64_t ni;
         if (!b->text_ids(b->self, s->r.j->prompt, &id, &ni) || ni <= 0) break;
-        if (mmc_kv_prefix_lookup(&e->pool, id, ni) > 0) break;   /* it takes its cached prefix instead */
+        if (s->r.j->req.lora != e->wait[0]->r.j->req.lora) break;   /* one adapter per pass */
+        mmc_kv_prefix_key key = prefix_key(s->r.j);
+        if (mmc_kv_prefix_lookup(&e->pool, &key, id, ni) > 0) break;   /* it takes its cached prefix instead */
         int64_t nb = mmc_kv_pool_blocks_for(&e->pool, (s->n_hist > ni ? s->n_hist : ni) + 1);
         if (blocks + nb > e->pool.n_free || ((K > 0 || e->chunk > 0) && tokens + ni > *budget)) break;
         ids[K] = id;
@@ -1103,6 +1136,7 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
     *budget -= tokens;
     float *logits = NULL;
     mmc_ctx_reset(ctx);
+    use_lora(e, grp[0]->r.j->req.lora);
     mmc_status st = mmc_qwen2_prefill_packed(ctx, b->lm, ids, n, K, &e->pool, kvs, &logits);
     pthread_mutex_lock(&e->metrics.mu);
     e->metrics.packed += K;
@@ -1118,7 +1152,8 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
         s->base = 0;
         s->rope_delta = 0;
         s->order = ++e->n_admitted;
-        mmc_kv_seq_cache_prefix(&e->pool, &s->kv, ids[i], n[i]);
+        mmc_kv_prefix_key key = prefix_key(s->r.j);
+        mmc_kv_seq_cache_prefix(&e->pool, &s->kv, &key, ids[i], n[i]);
         pthread_mutex_lock(&e->metrics.mu);
         e->metrics.prefix_queried += e->pool.prefix_cache ? n[i] : 0;
         pthread_mutex_unlock(&e->metrics.mu);
@@ -1144,16 +1179,28 @@ static void batch_step(serve_engine *e, mmc_ctx *ctx) {
     int64_t *pos = malloc((size_t)B * sizeof *pos);
     mmc_kv_seq **kvs = malloc((size_t)B * sizeof *kvs);
     serve_seq **batch = malloc((size_t)B * sizeof *batch);
-    mmc_status st = tok && pos && kvs && batch ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+    int *lrow = e->b->n_loras > 0 ? malloc((size_t)B * sizeof *lrow) : NULL;   /* each sequence's adapter */
+    mmc_status st = tok && pos && kvs && batch && (lrow || !e->b->n_loras) ? MMC_OK
+                  : mmc_error(MMC_ERR_OOM, "out of memory");
     for (int64_t b = 0; !st && b < B; b++) {
         serve_seq *s = batch[b] = e->run[b];
         tok[b] = s->hist[s->kv.len - s->base];   /* the next token not yet in the cache */
         pos[b] = s->kv.len + s->rope_delta;
         kvs[b] = &s->kv;
+        if (lrow) lrow[b] = s->r.j->req.lora;
     }
     float *logits = NULL;
     mmc_ctx_reset(ctx);
-    if (!st) st = mmc_qwen2_decode_batch(ctx, e->b->lm, tok, pos, B, &e->pool, kvs, &logits);
+    use_lora(e, 0);
+    bool mixed = false;
+    for (int64_t b = 1; lrow && b < B; b++) mixed |= lrow[b] != lrow[0];
+    if (mixed) {
+        pthread_mutex_lock(&e->metrics.mu);
+        e->metrics.lora_mixed_steps++;
+        pthread_mutex_unlock(&e->metrics.mu);
+    }
+    mmc_lora_rows lr = {e->b->n_loras, e->b->loras, lrow};
+    if (!st) st = mmc_qwen2_decode_batch_lora(ctx, e->b->lm, tok, pos, B, &e->pool, kvs, lrow ? &lr : NULL, &logits);
     if (st) {
         while (e->n_run > 0) {
             serve_seq *s = e->run[--e->n_run];
@@ -1172,6 +1219,7 @@ static void batch_step(serve_engine *e, mmc_ctx *ctx) {
     free(pos);
     free(kvs);
     free(batch);
+    free(lrow);
 }
 
 static void batch_loop(serve_engine *e) {
@@ -1334,6 +1382,7 @@ void serve_engine_stop(serve_engine *e) {
 }
 
 void serve_engine_free(serve_engine *e) {
+    use_lora(e, 0);
     free(e->row);
     mmc_jc_vocab_free(e->jc_vocab);
     if (e->batching || e->pool.n_blocks) mmc_kv_pool_free(&e->pool);
@@ -1427,12 +1476,15 @@ char *serve_metrics_text(serve_engine *e) {
                             m->prefix_queried, m->prefix_hit, m->kv_blocks_cached, m->prefix_evictions,
                             m->prefill_chunks);
     len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_lora_mixed_decode_steps_total Batched decode steps whose sequences used "
+                            "different models (the base and --lora adapters).\n"
+                            "# TYPE mmc_lora_mixed_decode_steps_total counter\nmmc_lora_mixed_decode_steps_total %lld\n"
                             "# HELP mmc_open_connections Open TCP connections.\n"
                             "# TYPE mmc_open_connections gauge\nmmc_open_connections %lld\n"
                             "# HELP mmc_client_timeouts_total Connections closed because their request did not "
                             "arrive within --client-timeout.\n"
                             "# TYPE mmc_client_timeouts_total counter\nmmc_client_timeouts_total %lld\n",
-                            m->connections, m->client_timeouts);
+                            m->lora_mixed_steps, m->connections, m->client_timeouts);
     hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
               m->ttft_sum, m->ttft_n);
     hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,
