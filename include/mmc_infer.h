@@ -220,6 +220,14 @@ mmc_status mmc_qwen2_decode_batch_lora(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t
  * over the cache and the chunk (bottom-right aligned). *logits: the last position's [V]. */
 mmc_status mmc_qwen2_prefill_chunk(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
                                    float **logits);
+/* The same with RoPE positions kv->len + t + rope_delta: text after a Qwen2-VL prompt's media (its rope delta). */
+mmc_status mmc_qwen2_prefill_chunk_at(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                                      int64_t rope_delta, float **logits);
+/* The same from input embeddings [1, n, C] and their RoPE tables cos, sin (as the model's rope
+ * table gives them: [1, n, D] or [n, D]): a prompt's media positions (their vision features in
+ * place) after a cached prefix. */
+mmc_status mmc_qwen2_prefill_embeds(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos, mmc_tensor *sin,
+                                    mmc_kv_cache *kv, float **logits);
 
 /* Prefill N text prompts (ids[i] of n[i] tokens, no media) in one forward pass: packed into one
  * row with block-diagonal causal attention and positions from 0 in each, so each prompt's

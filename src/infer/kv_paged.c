@@ -8,6 +8,9 @@
  * Prefix caching follows vLLM's automatic prefix caching: full blocks of prompt tokens are
  * found again by a hash chained over all tokens up to each block's end, shared by reference
  * count, and kept after their last sequence leaves until a reservation needs the block (LRU).
+ * A key (mmc_kv_prefix_key) seeds the chain (a LoRA adapter's own value) and gives image
+ * placeholder positions their image's content hash (vLLM's mm_hash), folded into the block's
+ * hash and stored beside its tokens. The batched decode adds per-sequence LoRA deltas. 
  * A prefill that starts after a cached prefix (or continues a chunked prefill) runs over a
  * contiguous copy of the sequence's positions (mmc_kv_seq_export) and appends its new K/V. */
 #include "mmc_infer.h"
@@ -504,29 +507,42 @@ mmc_status mmc_qwen2_decode_batch_lora(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t
  * M-RoPE table of equal axes for Qwen2-VL's LM, as its text-only prefill builds it). */
 mmc_status mmc_qwen2_prefill_chunk(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
                                    float **logits) {
+    return mmc_qwen2_prefill_chunk_at(ctx, m, ids, n, kv, 0, logits);
+}
+
+mmc_status mmc_qwen2_prefill_chunk_at(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                                      int64_t rope_delta, float **logits) {
     const mmc_qwen2_config *c = &m->cfg;
     if (n <= 0) return mmc_error(MMC_ERR_INVALID, "chunked prefill: an empty chunk");
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
             return mmc_error(MMC_ERR_INVALID, "chunked prefill: token %d outside the vocabulary [0, %lld)", ids[i],
                              (long long)c->vocab_size);
-    mmc_status st = mmc_kv_cache_reserve(kv, kv->len + n);
-    if (st) return st;
     mmc_tensor *idt = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n));
     memcpy(idt->data, ids, (size_t)n * sizeof(int32_t));
     mmc_tensor *cos, *sin;
     if (c->mrope) {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, n));
         for (int a = 0; a < 3; a++)
-            for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[a * n + t] = kv->len + t;
+            for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[a * n + t] = kv->len + t + rope_delta;
         mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin);
     } else {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));
-        for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[t] = kv->len + t;
+        for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[t] = kv->len + t + rope_delta;
         mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);
     }
+    return mmc_qwen2_prefill_embeds(ctx, m, mmc_qwen2_embed(ctx, m, idt), cos, sin, kv, logits);
+}
+
+mmc_status mmc_qwen2_prefill_embeds(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos, mmc_tensor *sin,
+                                    mmc_kv_cache *kv, float **logits) {
+    const int64_t n = embeds->shape[1];
+    if (embeds->ndim != 3 || embeds->shape[0] != 1 || n <= 0 || embeds->shape[2] != m->cfg.hidden_size)
+        return mmc_error(MMC_ERR_SHAPE, "chunked prefill: embeddings must be [1, n, %lld]", (long long)m->cfg.hidden_size);
+    mmc_status st = mmc_kv_cache_reserve(kv, kv->len + n);
+    if (st) return st;
     mmc_attn_opts attn = {.causal = true};
-    mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, idt), cos, sin, &attn, kv);   /* [1, n, C] */
+    mmc_tensor *h = mmc_qwen2_forward(ctx, m, embeds, cos, sin, &attn, kv);                      /* [1, n, C] */
     mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));                     /* [1, 1, C] */
     *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, last))->data;                          /* [1, 1, V] */
     return MMC_OK;

@@ -743,7 +743,10 @@ fail:
  * a contiguous copy of the sequence's positions, all at once or, with --prefill-chunk, a
  * chunk per step while the others keep decoding (the sequence waits in e->pf between steps);
  * its full prompt blocks then join the cache. A preempted text sequence recomputes its whole
- * history this way. With response_format, each choice's logits are masked by its JSON
+ * history this way. Qwen2-VL image prompts go this way too when the backend hashes them
+ * (media_hash): their blocks are keyed by the images' content hashes as well, and the part
+ * after a cached prefix is prefilled from the backend's embeddings (media_inputs: vision
+ * features from its encoder cache, or the tower). With response_format, each choice's logits are masked by its JSON
  * automaton (json_constraint.c) before sampling, and it ends when the value is complete. */
 typedef struct serve_seq {
     run_ctx r;
@@ -969,6 +972,12 @@ static void preempt_youngest(serve_engine *e) {
     pthread_mutex_unlock(&e->metrics.mu);
 }
 
+static void metric_vision_encode(serve_engine *e) {
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.vision_encodes++;
+    pthread_mutex_unlock(&e->metrics.mu);
+}
+
 /* prefill the first waiting sequence into the pool: 1 admitted, 0 not now (blocks), -1 ended */
 static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     mmc_kv_pool *p = &e->pool;
@@ -1008,6 +1017,7 @@ static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     if (!st) s->base = kv.len - s->n_prompt;
     mmc_kv_cache_free(&kv);
     if (st) { seq_abort(e, s, "prefill"); return -1; }
+    metric_vision_encode(e);   /* only prompts with media come this way */
     s->order = ++e->n_admitted;
     if (s->n_hist == s->n_prompt && !seq_take(e, s, logits)) return -1;
     if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
@@ -1030,8 +1040,18 @@ static bool seq_text_ids(serve_engine *e, serve_seq *s, const int32_t **ids, int
            *n > 0;
 }
 
+/* A prompt the pool's own prefill takes: text, or with the backend's media hooks (Qwen2-VL
+ * images) one keyed by its images' content hashes (*mm [n], NULL for text) */
+static bool seq_cached_ids(serve_engine *e, serve_seq *s, const int32_t **ids, int64_t *n, const uint64_t **mm) {
+    const mmc_serve_backend *b = e->b;
+    *mm = NULL;
+    if (seq_text_ids(e, s, ids, n)) return true;
+    return e->pool.prefix_cache && b->media_hash && b->media_inputs && b->lm->cfg.rope_kind != MMC_ROPE_DYNAMIC &&
+           b->media_hash(b->self, s->r.j->prompt, ids, n, mm) && *mm && *n > 0;
+}
+
 static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t *ids, int64_t n_ids,
-                      int64_t *budget) {
+                      const uint64_t *mm, int64_t *budget) {
     mmc_kv_pool *p = &e->pool;
     if (s->n_hist == 0) {
         memcpy(s->hist, ids, (size_t)n_ids * sizeof *ids);
@@ -1049,6 +1069,7 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
             return -1;
         }
         mmc_kv_prefix_key key = prefix_key(s->r.j);
+        key.media = mm;
         int64_t hit = mmc_kv_seq_match_prefix(p, &s->kv, &key, s->hist, s->n_prompt);
         if (!mmc_kv_seq_reserve(p, &s->kv, n + 1)) {
             mmc_kv_seq_release(p, &s->kv);
@@ -1066,14 +1087,25 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
     float *logits = NULL;
     while (s->stage.len < n) {
         int64_t c = n - s->stage.len;
+        bool media = mm && s->stage.len < s->n_prompt;   /* the prompt's rest, images included: in one piece */
+        if (media) c = s->n_prompt - s->stage.len;
         if (e->chunk > 0) {
             int64_t lim = e->chunk < *budget ? e->chunk : *budget;
             if (lim <= 0) break;
-            if (c > lim) c = lim;
+            if (c > lim && !media) c = lim;
         }
         mmc_ctx_reset(ctx);
         use_lora(e, s->r.j->req.lora);
-        st = mmc_qwen2_prefill_chunk(ctx, e->b->lm, s->hist + s->stage.len, c, &s->stage, &logits);
+        if (media) {   /* the vision features from the backend's encoder cache, or its tower now */
+            mmc_tensor *emb, *cos, *sin;
+            int enc = 0;
+            st = e->b->media_inputs(e->b->self, s->r.j->prompt, ctx, s->stage.len, &emb, &cos, &sin, &s->rope_delta,
+                                    &enc);
+            if (!st) st = mmc_qwen2_prefill_embeds(ctx, e->b->lm, emb, cos, sin, &s->stage, &logits);
+            if (!st && enc) metric_vision_encode(e);
+        } else
+            st = mmc_qwen2_prefill_chunk_at(ctx, e->b->lm, s->hist + s->stage.len, c, &s->stage, mm ? s->rope_delta : 0,
+                                            &logits);
         if (!st) st = mmc_kv_seq_append(p, &s->kv, &s->stage, s->stage.len - c, c);
         if (st) { seq_abort(e, s, "prefill"); return -1; }
         *budget -= c;
@@ -1089,9 +1121,10 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
     s->staged = false;
     if (e->pf == s) e->pf = NULL;
     mmc_kv_prefix_key key = prefix_key(s->r.j);
+    key.media = mm;
     mmc_kv_seq_cache_prefix(p, &s->kv, &key, s->hist, s->n_prompt);
     s->base = 0;
-    s->rope_delta = 0;
+    if (!mm) s->rope_delta = 0;
     s->order = ++e->n_admitted;
     if (!seq_take(e, s, logits)) return -1;   /* the whole history is in the cache: the next token */
     if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
@@ -1277,14 +1310,15 @@ static void batch_loop(serve_engine *e) {
         int64_t budget = e->chunk > 0 ? e->chunk : e->opt.prefill_tokens > 0 ? e->opt.prefill_tokens : 512;
         const int32_t *tids;
         int64_t n_tids;
-        if (e->pf && seq_text_ids(e, e->pf, &tids, &n_tids)) admit_text(e, ctx, e->pf, tids, n_tids, &budget);
+        const uint64_t *mm;
+        if (e->pf && seq_cached_ids(e, e->pf, &tids, &n_tids, &mm)) admit_text(e, ctx, e->pf, tids, n_tids, mm, &budget);
         if (!e->pf) admit_packed(e, ctx, &budget);
         while (!e->pf && e->n_wait > 0 && e->n_run < e->max_batch && (budget > 0 || (e->chunk <= 0 && e->n_run == 0))) {
             serve_seq *s = e->wait[0];
             int64_t cost = s->n_hist > 0 ? s->n_hist : s->r.j->n_prompt;
             list_remove(e->wait, &e->n_wait, 0);
             int a;
-            if (seq_text_ids(e, s, &tids, &n_tids)) a = admit_text(e, ctx, s, tids, n_tids, &budget);
+            if (seq_cached_ids(e, s, &tids, &n_tids, &mm)) a = admit_text(e, ctx, s, tids, n_tids, mm, &budget);
             else {
                 a = admit(e, ctx, s);
                 if (a) budget -= cost;
@@ -1476,6 +1510,9 @@ char *serve_metrics_text(serve_engine *e) {
                             m->prefix_queried, m->prefix_hit, m->kv_blocks_cached, m->prefix_evictions,
                             m->prefill_chunks);
     len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_vision_encodes_total Prompts whose images / video / audio ran through the "
+                            "model's encoders (a repeated image from the encoder and prefix caches does not).\n"
+                            "# TYPE mmc_vision_encodes_total counter\nmmc_vision_encodes_total %lld\n"
                             "# HELP mmc_lora_mixed_decode_steps_total Batched decode steps whose sequences used "
                             "different models (the base and --lora adapters).\n"
                             "# TYPE mmc_lora_mixed_decode_steps_total counter\nmmc_lora_mixed_decode_steps_total %lld\n"
@@ -1484,7 +1521,7 @@ char *serve_metrics_text(serve_engine *e) {
                             "# HELP mmc_client_timeouts_total Connections closed because their request did not "
                             "arrive within --client-timeout.\n"
                             "# TYPE mmc_client_timeouts_total counter\nmmc_client_timeouts_total %lld\n",
-                            m->lora_mixed_steps, m->connections, m->client_timeouts);
+                            m->vision_encodes, m->lora_mixed_steps, m->connections, m->client_timeouts);
     hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
               m->ttft_sum, m->ttft_n);
     hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,

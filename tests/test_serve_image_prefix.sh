@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# test_serve_image_prefix.sh — prefix caching of image prompts in `mmc serve` on the tiny Qwen2-VL
+# (tests/serve_image_prefix_check.py): a repeated image (same bytes as a data: URI, another question) takes the
+# cached blocks keyed by the image's content hash and its vision features from the encoder cache (no new vision
+# encode in /metrics), another image of the same size does not take them, and every greedy answer equals a fresh
+# --no-prefix-cache server's token for token.
+set -u
+MMC=${MMC:-build/mmc}
+M=tests/fixtures/e2e/q2_v5
+IMG=$PWD/tests/fixtures/e2e/shapes_160x120.png
+[ -x "$MMC" ] || { echo "test_serve_image_prefix: skipped: no mmc binary at $MMC"; exit 77; }
+command -v python3 >/dev/null || { echo "test_serve_image_prefix: skipped: no python3"; exit 77; }
+W=$(mktemp -d /tmp/mmc_test_serve_image_prefix.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$W"; }
+trap cleanup EXIT
+start() {   # NAME [serve flags]: sets PORT
+  local name=$1; shift
+  "$MMC" serve --model $M --port 0 --max-tokens 32 "$@" >"$W/$name.out" 2>"$W/$name.err" &
+  PIDS+=($!)
+  PORT=
+  for _ in $(seq 600); do
+    PORT=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$W/$name.err" 2>/dev/null)
+    [ -n "$PORT" ] && return
+    kill -0 ${PIDS[-1]} 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "FAIL: the server ($name) did not start: $(cat "$W/$name.err")" >&2
+  exit 1
+}
+start cached; PA=$PORT
+start fresh --no-prefix-cache; PB=$PORT
+timeout 120 python3 tests/serve_image_prefix_check.py "$PA" "$PB" "$IMG"; rc=$?
+for p in "${PIDS[@]}"; do kill -TERM "$p"; wait "$p" || { echo "FAIL: a server exited $? after SIGTERM" >&2; rc=1; }; done
+PIDS=()
+[ $rc -eq 0 ] && echo "test_serve_image_prefix: passed"
+exit $rc
