@@ -15,15 +15,9 @@ import struct
 import sys
 import zlib
 
+from serve_util import check, fails, metrics
+
 PA, PB, IMG = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-fails = 0
-
-
-def check(cond, what):
-    global fails
-    if not cond:
-        fails += 1
-        print("FAIL:", what, file=sys.stderr)
 
 
 def chat(port, png, question):
@@ -39,14 +33,6 @@ def chat(port, png, question):
     if r.status != 200:
         return ("HTTP %d %s" % (r.status, j), None, None)
     return j["choices"][0]["message"]["content"], j["usage"]["completion_tokens"], j["usage"]["prompt_tokens"]
-
-
-def metrics(port):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", "/metrics")
-    m = c.getresponse().read().decode()
-    c.close()
-    return {k: float(v) for k, v in (ln.split() for ln in m.splitlines() if ln and ln[0] != "#" and "{" not in ln)}
 
 
 with open(IMG, "rb") as f:

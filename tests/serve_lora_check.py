@@ -9,28 +9,20 @@ all hits), and /metrics counts decode steps that mixed models.
 With "unbatched" (a --no-batching server) the prefix-cache and mixed-batch checks are left out.
 Usage: serve_lora_check.py PORT BASE_ID EXPECTED_JSON batched|unbatched
 (EXPECTED_JSON: a list of {model, prompt, text, tokens})"""
-import json, re, sys, threading, urllib.request
+import json, sys, threading
 
 import openai
+from serve_util import check, fails, metrics
 
 PORT, BASE_ID, EXPECTED = sys.argv[1], sys.argv[2], sys.argv[3]
 BATCHED = sys.argv[4] == "batched"
 url = "http://127.0.0.1:%s" % PORT
 client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
 cases = json.load(open(EXPECTED))
-fails = []
-
-
-def check(cond, what):
-    if not cond:
-        fails.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def metric(name):
-    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
-    m = re.search(r"^%s (\d+)" % name, text, re.M)
-    return int(m.group(1)) if m else -1
+    return metrics(int(PORT)).get(name, -1)
 
 
 def chat(c, stream):

@@ -282,6 +282,24 @@ static void run_prefix(bool mrope) {
  * and ranks (q/v/gate r 2; k/o/up/down r 3; random non-zero A and B), three sequences decoded
  * together with adapter 1, none and adapter 2; each row's logits match its sequence decoded alone
  * with only its adapter attached (mmc_nn_linear's path) within 1e-5, for STEPS steps. */
+/* toks[0, plen) prefilled alone, then STEPS decodes of the following tokens: out[k] the logits of step k;
+ * the prefill's K/V also into seq when pool is given */
+static void decode_alone(mmc_ctx *ctx, const mmc_decoder *d, const int32_t *toks, int plen, float out[][97],
+                         mmc_kv_pool *pool, mmc_kv_seq *seq) {
+    mmc_kv_cache kv;
+    CHECK_OK(mmc_kv_cache_init(&kv, d->n_layers, 1, d->kv_heads, d->head_dim, 64));
+    float *lg;
+    mmc_ctx_reset(ctx);
+    CHECK_OK(d->prefill(ctx, d->self, toks, plen, &kv, &lg));
+    if (pool) CHECK_OK(mmc_kv_seq_import(pool, seq, &kv));
+    for (int k = 1; k <= STEPS; k++) {
+        mmc_ctx_reset(ctx);
+        CHECK_OK(d->decode(ctx, d->self, toks[plen + k - 1], &kv, &lg));
+        memcpy(out[k], lg, sizeof out[k]);
+    }
+    mmc_kv_cache_free(&kv);
+}
+
 static void run_lora(void) {
     mmc_qwen2_config c = {.vocab_size = 97, .hidden_size = 64, .intermediate_size = 96, .num_layers = 2,
                           .num_heads = 4, .num_kv_heads = 2, .head_dim = 16, .max_position_embeddings = 512,
@@ -321,34 +339,11 @@ static void run_lora(void) {
     for (int s = 0; s < 3; s++) {   /* alone, its adapter attached; its prefill also goes into the pool */
         mmc_lora_set *a = row[s] ? sets[row[s] - 1] : NULL;
         for (int i = 0; a && i < a->n; i++) a->mods[i]->lora = &a->adapters[i];
-        mmc_kv_cache kv;
-        CHECK_OK(mmc_kv_cache_init(&kv, d.n_layers, 1, d.kv_heads, d.head_dim, 64));
-        float *lg;
-        mmc_ctx_reset(ctx);
-        CHECK_OK(d.prefill(ctx, d.self, toks[s], plen[s], &kv, &lg));
-        CHECK_OK(mmc_kv_seq_import(&pool, &seq[s], &kv));
-        for (int k = 1; k <= STEPS; k++) {
-            mmc_ctx_reset(ctx);
-            CHECK_OK(d.decode(ctx, d.self, toks[s][plen[s] + k - 1], &kv, &lg));
-            memcpy(ref[s][k], lg, sizeof ref[s][k]);
-        }
-        mmc_kv_cache_free(&kv);
+        decode_alone(ctx, &d, toks[s], plen[s], ref[s], &pool, &seq[s]);
         for (int i = 0; a && i < a->n; i++) a->mods[i]->lora = NULL;
     }
     static float base0[STEPS + 1][97];   /* sequence 0 without its adapter: how much the adapter moves it */
-    {
-        mmc_kv_cache kv;
-        CHECK_OK(mmc_kv_cache_init(&kv, d.n_layers, 1, d.kv_heads, d.head_dim, 64));
-        float *lg;
-        mmc_ctx_reset(ctx);
-        CHECK_OK(d.prefill(ctx, d.self, toks[0], plen[0], &kv, &lg));
-        for (int k = 1; k <= STEPS; k++) {
-            mmc_ctx_reset(ctx);
-            CHECK_OK(d.decode(ctx, d.self, toks[0][plen[0] + k - 1], &kv, &lg));
-            memcpy(base0[k], lg, sizeof base0[k]);
-        }
-        mmc_kv_cache_free(&kv);
-    }
+    decode_alone(ctx, &d, toks[0], plen[0], base0, NULL, NULL);
     double worst = 0, apart = 0;
     mmc_lora_rows lr = {2, sets, row};
     mmc_kv_seq *act[3] = {&seq[0], &seq[1], &seq[2]};

@@ -6,6 +6,7 @@
 # --no-prefix-cache server's token for token.
 set -u
 MMC=${MMC:-build/mmc}
+. tests/serve_util.sh
 M=tests/fixtures/e2e/q2_v5
 IMG=$PWD/tests/fixtures/e2e/shapes_160x120.png
 [ -x "$MMC" ] || { echo "test_serve_image_prefix: skipped: no mmc binary at $MMC"; exit 77; }
@@ -16,17 +17,9 @@ cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$W
 trap cleanup EXIT
 start() {   # NAME [serve flags]: sets PORT
   local name=$1; shift
-  "$MMC" serve --model $M --port 0 --max-tokens 32 "$@" >"$W/$name.out" 2>"$W/$name.err" &
-  PIDS+=($!)
-  PORT=
-  for _ in $(seq 600); do
-    PORT=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$W/$name.err" 2>/dev/null)
-    [ -n "$PORT" ] && return
-    kill -0 ${PIDS[-1]} 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL: the server ($name) did not start: $(cat "$W/$name.err")" >&2
-  exit 1
+  serve_start "$W/$name" --model $M --max-tokens 32 "$@"; local ok=$?
+  PIDS+=($SPID)
+  [ $ok = 0 ] || { echo "FAIL: the server ($name) did not start: $(cat "$W/$name.err")" >&2; exit 1; }
 }
 start cached; PA=$PORT
 start fresh --no-prefix-cache; PB=$PORT

@@ -10,6 +10,7 @@
 # Bad --lora arguments fail with a message that names the problem. Skipped (77) without the client venv.
 set -u
 MMC=${MMC:-build/mmc}
+. tests/serve_util.sh
 M=tests/fixtures/qwen2/chat
 F=tests/fixtures/serve_lora
 V=${MMC_CLIENT_VENV:-.venv-client}
@@ -63,19 +64,12 @@ bad "adapter_model.safetensors" --lora a=$W/trunc
 [ -x "$V/bin/python" ] && "$V/bin/python" -c 'import openai' 2>/dev/null \
   || { echo "test_serve_lora: skipped the server part: no openai client in $V (test_serve_openai.sh makes it)"; exit 77; }
 serve() {
-  "$MMC" serve --model $M --port 0 --lora a=$F/a --lora b=$F/b --max-tokens 64 "$@" >"$W/out" 2>"$W/err" &
-  SPID=$!
-  PORT=
-  for _ in $(seq 600); do
-    PORT=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$W/err" 2>/dev/null)
-    [ -n "$PORT" ] && break
-    kill -0 $SPID 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ -z "$PORT" ]; then echo "FAIL: the server did not start: $(cat "$W/err")" >&2; fail=$((fail+1)); return; fi
+  if ! serve_start "$W/s" --model $M --lora a=$F/a --lora b=$F/b --max-tokens 64 "$@"; then
+    echo "FAIL: the server did not start: $(cat "$W/s.err")" >&2; fail=$((fail+1)); return
+  fi
   timeout 120 "$V/bin/python" tests/serve_lora_check.py "$PORT" chat "$W/cases.json" $mode || { fail=$((fail+1)); echo "FAIL: serve $*" >&2; }
   kill -TERM $SPID; wait $SPID; rc=$?; SPID=
-  [ $rc -eq 0 ] || { fail=$((fail+1)); echo "FAIL: the server exited $rc: $(tail -3 "$W/err")" >&2; }
+  [ $rc -eq 0 ] || { fail=$((fail+1)); echo "FAIL: the server exited $rc: $(tail -3 "$W/s.err")" >&2; }
 }
 mode=batched; serve --kv-block-size 8
 mode=unbatched; serve --no-batching
