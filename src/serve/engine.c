@@ -746,8 +746,9 @@ fail:
  * history this way. Qwen2-VL image prompts go this way too when the backend hashes them
  * (media_hash): their blocks are keyed by the images' content hashes as well, and the part
  * after a cached prefix is prefilled from the backend's embeddings (media_inputs: vision
- * features from its encoder cache, or the tower). With response_format, each choice's logits are masked by its JSON
- * automaton (json_constraint.c) before sampling, and it ends when the value is complete. */
+ * features from its encoder cache, or the tower). With response_format, each choice's
+ * logits are masked by its JSON automaton (json_constraint.c) before sampling, and it ends
+ * when the value is complete. */
 typedef struct serve_seq {
     run_ctx r;
     mmc_gen_opts go;
@@ -1017,7 +1018,9 @@ static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     if (!st) s->base = kv.len - s->n_prompt;
     mmc_kv_cache_free(&kv);
     if (st) { seq_abort(e, s, "prefill"); return -1; }
-    metric_vision_encode(e);   /* only prompts with media come this way */
+    const int32_t *tid;
+    int64_t ntid;
+    if (!e->b->text_ids || !e->b->text_ids(e->b->self, s->r.j->prompt, &tid, &ntid)) metric_vision_encode(e);
     s->order = ++e->n_admitted;
     if (s->n_hist == s->n_prompt && !seq_take(e, s, logits)) return -1;
     if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
