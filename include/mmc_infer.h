@@ -122,6 +122,7 @@ typedef struct {
      * blocks are full and read-only: a sequence writes only past its matched prefix. */
     bool prefix_cache;          /* mmc_kv_pool_init turns it on; callers may switch it off */
     uint64_t *hash, *parent;    /* [n_blocks] a cached block's chain hash and its parent's */
+    uint64_t *media;            /* [n_blocks] a cached block's media content digest (0: text only) */
     int32_t *toks;              /* [n_blocks, block_size] a cached block's tokens (checked on a hit) */
     uint8_t *cached;            /* [n_blocks] in the hash table */
     int32_t *bucket, *hnext;    /* hash table: [n_bucket] heads, [n_blocks] chains (-1: end) */
@@ -144,17 +145,27 @@ void mmc_kv_pool_free(mmc_kv_pool *p);
 int64_t mmc_kv_pool_blocks_for(const mmc_kv_pool *p, int64_t n);
 /* Make s hold at least n positions: false (nothing taken) when the pool has too few free blocks. */
 bool mmc_kv_seq_reserve(mmc_kv_pool *p, mmc_kv_seq *s, int64_t n);
+/* What keys a prompt's blocks besides its token ids (NULL: nothing): seed starts the hash chain
+ * (0 for the base model; a LoRA adapter's own value, so no two adapters share K/V), and media
+ * (NULL, or [n] per prompt position) holds for each image placeholder token the content hash of
+ * its image (0 for text), so the same image (same pixels and grid) hits and another one misses. */
+typedef struct {
+    uint64_t seed;
+    const uint64_t *media;
+} mmc_kv_prefix_key;
 /* Prefix caching. The positions of the longest cached prefix of ids[0 .. n) that is a whole
  * number of blocks and leaves at least one token to compute (a multiple of block_size, < n);
  * nothing is taken (for planning). */
-int64_t mmc_kv_prefix_lookup(mmc_kv_pool *p, const int32_t *ids, int64_t n);
+int64_t mmc_kv_prefix_lookup(mmc_kv_pool *p, const mmc_kv_prefix_key *key, const int32_t *ids, int64_t n);
 /* The same for an empty s, which takes those blocks (their reference counts grow; evictable
  * ones stop being evictable) and s->len becomes the matched positions; counts queries/hits. */
-int64_t mmc_kv_seq_match_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n);
+int64_t mmc_kv_seq_match_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_prefix_key *key, const int32_t *ids,
+                                int64_t n);
 /* Offer s's full blocks covering ids[0 .. n) (n <= s->len; the tokens whose K/V s holds at
  * positions 0 .. n-1) to the cache. A block whose prefix is already cached in another block
  * stays private. No-op when prefix_cache is off. */
-void mmc_kv_seq_cache_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n);
+void mmc_kv_seq_cache_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_prefix_key *key, const int32_t *ids,
+                             int64_t n);
 /* Copy s's positions [0, s->len) into an empty contiguous single-sequence cache (batch 1,
  * reserved here for at least extra more positions); kv->len = s->len. */
 mmc_status mmc_kv_seq_export(const mmc_kv_pool *p, const mmc_kv_seq *s, mmc_kv_cache *kv, int64_t extra);
@@ -186,6 +197,22 @@ void mmc_kv_paged_attention(const mmc_kv_pool *p, int layer, mmc_kv_seq *const *
  * by one (blocks must have been reserved). *logits: [B, V] in ctx's arena. */
 mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
                                   int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits);
+/* Per-sequence LoRA adapters in one batch (S-LoRA / Punica's idea, vLLM's multi-LoRA): every
+ * base linear still runs once over all B rows; then for each adapter the rows of its
+ * sequences are gathered and get its own delta, y[rows] += scale · (x[rows] Aᵀ) Bᵀ, so a
+ * sequence's result is what the model with that one adapter attached computes. The adapters are
+ * loaded (mmc_lora_load) and detached again (their modules' lora NULL) while this runs; a
+ * module an adapter does not name gets no delta (nor does one outside the decoder layers: a
+ * vision tower's modules act in the prefill only, with the adapter attached). */
+struct mmc_lora_set;
+typedef struct {
+    int n;                             /* adapters */
+    struct mmc_lora_set *const *sets;  /* [n] */
+    const int *row;                    /* [B] each sequence's adapter: 0 none, k: sets[k - 1] */
+} mmc_lora_rows;
+mmc_status mmc_qwen2_decode_batch_lora(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
+                                       int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs,
+                                       const mmc_lora_rows *lr, float **logits);
 
 /* Prefill n text tokens ids at positions kv->len .. of a contiguous single-sequence cache (the
  * decoder's 1-D RoPE, or M-RoPE with equal axes for Qwen2-VL's LM on text), growing kv: one
@@ -193,6 +220,14 @@ mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tok
  * over the cache and the chunk (bottom-right aligned). *logits: the last position's [V]. */
 mmc_status mmc_qwen2_prefill_chunk(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
                                    float **logits);
+/* The same with RoPE positions kv->len + t + rope_delta: text after a Qwen2-VL prompt's media (its rope delta). */
+mmc_status mmc_qwen2_prefill_chunk_at(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                                      int64_t rope_delta, float **logits);
+/* The same from input embeddings [1, n, C] and their RoPE tables cos, sin (as the model's rope
+ * table gives them: [1, n, D] or [n, D]): a prompt's media positions (their vision features in
+ * place) after a cached prefix. */
+mmc_status mmc_qwen2_prefill_embeds(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos, mmc_tensor *sin,
+                                    mmc_kv_cache *kv, float **logits);
 
 /* Prefill N text prompts (ids[i] of n[i] tokens, no media) in one forward pass: packed into one
  * row with block-diagonal causal attention and positions from 0 in each, so each prompt's

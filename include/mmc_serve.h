@@ -103,6 +103,7 @@ typedef struct {
      * or a named function (the answer is constrained to one tool call: json_schema holds it) */
     char *tools;
     int tool_choice;             /* MMC_SERVE_TOOLS_* */
+    int lora;                    /* the adapter "model" names: 0 the base, k the backend's loras[k - 1] (http.c) */
 } mmc_serve_request;
 enum { MMC_SERVE_TOOLS_AUTO = 0, MMC_SERVE_TOOLS_NONE, MMC_SERVE_TOOLS_REQUIRED };
 
@@ -150,6 +151,26 @@ typedef struct {
     /* Optional: true with the prompt's ids when it is text only (its prefill is the LM's alone:
      * the engine then prefills several such prompts in one packed pass). */
     bool (*text_ids)(void *self, void *prompt, const int32_t **ids, int64_t *n_ids);
+    /* Optional, both or neither: the prefix cache of image prompts (Qwen2-VL / Qwen2.5-VL).
+     * media_hash: true for a prompt with images (no video or audio) with its ids and, per
+     * position, the content hash of the image an image placeholder stands for (its pixel_values
+     * and grid; 0 for text; *mm lives with the prompt): vLLM's mm_hash in the block hash chain.
+     * media_inputs: the decoder inputs of positions [from, n) after a cached prefix: embeddings
+     * [1, n - from, C] with the vision features at the placeholders (the backend's encoder cache
+     * of features by content hash, else its vision tower runs: *encoded 1), the M-RoPE tables
+     * and the rope delta of later tokens. */
+    bool (*media_hash)(void *self, void *prompt, const int32_t **ids, int64_t *n_ids, const uint64_t **mm);
+    mmc_status (*media_inputs)(void *self, void *prompt, mmc_ctx *ctx, int64_t from, mmc_tensor **embeds,
+                               mmc_tensor **cos, mmc_tensor **sin, int64_t *rope_delta, int *encoded);
+    /* Per-request LoRA adapters (`--lora NAME=DIR`, vLLM's multi-LoRA serving): a request whose
+     * "model" is lora_names[k] runs with loras[k], loaded on the model's linears (mmc_lora_load)
+     * and detached; the engine attaches it for that request's prefill (or generate) and adds
+     * each sequence's own delta in the batched decode (mmc_qwen2_decode_batch_lora). */
+    int n_loras;
+    const char *const *lora_names;
+    const char *const *lora_dirs;        /* /v1/models' "root" of each */
+    struct mmc_lora_set *const *loras;
+    const char *model_root;              /* the base model's directory (/v1/models' "root"), or NULL */
 } mmc_serve_backend;
 
 /* ------------------------------------------------------------------ server */

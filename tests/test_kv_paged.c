@@ -15,9 +15,12 @@
  * unchunked, uncached prefill + decode within 1e-5 (chunked vs whole prefill: different GEMM
  * heights, so equal up to rounding, not bitwise). A prompt differing in its first token gets
  * no hit (chain hash); released blocks stay cached (evictable, counted free) until a
- * reservation needs them, least recently released first; with the cache off nothing matches. */
+ * reservation needs them, least recently released first; with the cache off nothing matches;
+ * prefix keys: a seed (a LoRA adapter) and media hashes (an image's content) keep blocks apart.
+ * Per-sequence LoRA adapters in one batched decode: run_lora. */
 #include "test_util.h"
 #include "mmc_infer.h"
+#include "mmc_lora.h"
 
 #define NSEQ 4
 #define STEPS 6
@@ -190,7 +193,7 @@ static void run_prefix(bool mrope) {
     double worst = 0;
     int64_t matched[2];
     for (int s = 0; s < 2; s++) {
-        matched[s] = mmc_kv_seq_match_prefix(&pool, &seq[s], toks[s], PLEN);
+        matched[s] = mmc_kv_seq_match_prefix(&pool, &seq[s], NULL, toks[s], PLEN);
         mmc_kv_cache kv;
         CHECK_OK(mmc_kv_seq_export(&pool, &seq[s], &kv, PLEN));
         CHECK(kv.len == matched[s]);
@@ -205,7 +208,7 @@ static void run_prefix(bool mrope) {
         CHECK(seq[s].len == PLEN && kv.len == PLEN);
         for (int v = 0; v < c.vocab_size && lg; v++) worst = fmax(worst, fabs((double)lg[v] - ref[s][0][v]));
         mmc_kv_cache_free(&kv);
-        mmc_kv_seq_cache_prefix(&pool, &seq[s], toks[s], PLEN);
+        mmc_kv_seq_cache_prefix(&pool, &seq[s], NULL, toks[s], PLEN);
     }
     CHECKF(matched[0] == 0 && matched[1] == 12, "matched %lld and %lld positions, expected 0 and 12",
            (long long)matched[0], (long long)matched[1]);
@@ -232,25 +235,41 @@ static void run_prefix(bool mrope) {
            mrope ? "mrope" : "rope", worst);
     CHECKF(worst <= 1e-5, "prefix/chunked: max |diff| %.3g", worst);
     /* the chain: a different first token matches nothing */
-    CHECK(mmc_kv_prefix_lookup(&pool, toks[2], PLEN) == 0);
-    CHECK(mmc_kv_prefix_lookup(&pool, toks[1], 13) == 12 && mmc_kv_prefix_lookup(&pool, toks[1], 12) == 8);
+    CHECK(mmc_kv_prefix_lookup(&pool, NULL, toks[2], PLEN) == 0);
+    CHECK(mmc_kv_prefix_lookup(&pool, NULL, toks[1], 13) == 12 && mmc_kv_prefix_lookup(&pool, NULL, toks[1], 12) == 8);
     /* released: every block free again, the cached ones still found */
     mmc_kv_seq_release(&pool, &seq[0]);
     mmc_kv_seq_release(&pool, &seq[1]);
     CHECK(pool.n_free == pool.n_blocks && pool.n_lru == 5);   /* 3 shared + each prompt's 4th block */
-    CHECK(mmc_kv_prefix_lookup(&pool, toks[0], PLEN) == 16 && mmc_kv_prefix_lookup(&pool, toks[1], PLEN) == 16);
+    CHECK(mmc_kv_prefix_lookup(&pool, NULL, toks[0], PLEN) == 16 && mmc_kv_prefix_lookup(&pool, NULL, toks[1], PLEN) == 16);
+    /* keys: another seed (a LoRA adapter's) finds nothing; media hashes on positions 5..6 (an image's
+     * placeholders) keep block 0 and miss block 1 on; all-zero media is text; blocks cached under media
+     * hashes are found by the same hashes only */
+    mmc_kv_prefix_key kseed = {.seed = 7};
+    uint64_t mm[PLEN] = {0}, zero[PLEN] = {0}, other[PLEN] = {0};
+    for (int t = 5; t < 7; t++) { mm[t] = 0xABCDEFull + (uint64_t)t; other[t] = 0xABCDEEull + (uint64_t)t; }
+    mmc_kv_prefix_key kmm = {.media = mm}, kzero = {.media = zero}, kother = {.media = other};
+    CHECK(mmc_kv_prefix_lookup(&pool, &kseed, toks[0], PLEN) == 0);
+    CHECK(mmc_kv_prefix_lookup(&pool, &kmm, toks[0], PLEN) == 4 && mmc_kv_prefix_lookup(&pool, &kzero, toks[0], PLEN) == 16);
+    CHECK(mmc_kv_seq_reserve(&pool, &seq[0], PLEN));
+    seq[0].len = PLEN;
+    mmc_kv_seq_cache_prefix(&pool, &seq[0], &kmm, toks[0], PLEN);
+    CHECK(mmc_kv_prefix_lookup(&pool, &kmm, toks[0], PLEN) == 16 &&
+          mmc_kv_prefix_lookup(&pool, &kother, toks[0], PLEN) == 4);
+    mmc_kv_seq_release(&pool, &seq[0]);
+    CHECK(pool.n_lru == 8);   /* blocks 1..3 under the media key too (block 0 was cached already) */
     /* a reservation of every block evicts them all */
     mmc_kv_seq big = {0};
     CHECK(mmc_kv_seq_reserve(&pool, &big, pool.n_blocks * 4));
-    CHECK(pool.n_free == 0 && pool.prefix_evictions == 5 && mmc_kv_prefix_lookup(&pool, toks[0], PLEN) == 0);
+    CHECK(pool.n_free == 0 && pool.prefix_evictions == 8 && mmc_kv_prefix_lookup(&pool, NULL, toks[0], PLEN) == 0);
     mmc_kv_seq_free(&pool, &big);
     CHECK(pool.n_free == pool.n_blocks && pool.n_lru == 0);
     /* cache off: nothing matches and nothing is kept */
     pool.prefix_cache = false;
-    CHECK(mmc_kv_seq_match_prefix(&pool, &seq[0], toks[0], PLEN) == 0);
+    CHECK(mmc_kv_seq_match_prefix(&pool, &seq[0], NULL, toks[0], PLEN) == 0);
     CHECK(mmc_kv_seq_reserve(&pool, &seq[0], PLEN));
     seq[0].len = PLEN;
-    mmc_kv_seq_cache_prefix(&pool, &seq[0], toks[0], PLEN);
+    mmc_kv_seq_cache_prefix(&pool, &seq[0], NULL, toks[0], PLEN);
     mmc_kv_seq_release(&pool, &seq[0]);
     CHECK(pool.n_lru == 0 && pool.n_free == pool.n_blocks);
     for (int s = 0; s < 2; s++) mmc_kv_seq_free(&pool, &seq[s]);
@@ -259,7 +278,106 @@ static void run_prefix(bool mrope) {
     mmc_qwen2_free(m);
 }
 
+/* Per-sequence LoRA adapters in one batched decode (run_lora): two adapters on different modules
+ * and ranks (q/v/gate r 2; k/o/up/down r 3; random non-zero A and B), three sequences decoded
+ * together with adapter 1, none and adapter 2; each row's logits match its sequence decoded alone
+ * with only its adapter attached (mmc_nn_linear's path) within 1e-5, for STEPS steps. */
+/* toks[0, plen) prefilled alone, then STEPS decodes of the following tokens: out[k] the logits of step k;
+ * the prefill's K/V also into seq when pool is given */
+static void decode_alone(mmc_ctx *ctx, const mmc_decoder *d, const int32_t *toks, int plen, float out[][97],
+                         mmc_kv_pool *pool, mmc_kv_seq *seq) {
+    mmc_kv_cache kv;
+    CHECK_OK(mmc_kv_cache_init(&kv, d->n_layers, 1, d->kv_heads, d->head_dim, 64));
+    float *lg;
+    mmc_ctx_reset(ctx);
+    CHECK_OK(d->prefill(ctx, d->self, toks, plen, &kv, &lg));
+    if (pool) CHECK_OK(mmc_kv_seq_import(pool, seq, &kv));
+    for (int k = 1; k <= STEPS; k++) {
+        mmc_ctx_reset(ctx);
+        CHECK_OK(d->decode(ctx, d->self, toks[plen + k - 1], &kv, &lg));
+        memcpy(out[k], lg, sizeof out[k]);
+    }
+    mmc_kv_cache_free(&kv);
+}
+
+static void run_lora(void) {
+    mmc_qwen2_config c = {.vocab_size = 97, .hidden_size = 64, .intermediate_size = 96, .num_layers = 2,
+                          .num_heads = 4, .num_kv_heads = 2, .head_dim = 16, .max_position_embeddings = 512,
+                          .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true};
+    mmc_qwen2 *m = NULL;
+    CHECK_OK(mmc_qwen2_new(&c, 5, &m));
+    if (!m) return;
+    mmc_module_list ml = {0};
+    CHECK_OK(mmc_qwen2_linears(m, "model.", &ml));
+    static const char *const t1[] = {"q_proj", "v_proj", "gate_proj"}, *const t2[] = {"k_proj", "o_proj", "up_proj",
+                                                                                        "down_proj"};
+    mmc_lora_config c1 = {.r = 2, .alpha = 4, .targets = t1, .n_targets = 3, .seed = 1};
+    mmc_lora_config c2 = {.r = 3, .alpha = 2, .targets = t2, .n_targets = 4, .seed = 2};
+    mmc_lora_set *sets[2] = {NULL, NULL};
+    mmc_rng rng;
+    mmc_rng_init(&rng, 9);
+    for (int a = 0; a < 2; a++) {
+        CHECK_OK(mmc_lora_attach(&ml, a ? &c2 : &c1, &sets[a]));
+        if (!sets[a]) return;
+        for (int i = 0; i < sets[a]->n; i++) {   /* B is zero after attach: make the delta count */
+            mmc_tensor *B = sets[a]->adapters[i].B;
+            mmc_rng_uniform(&rng, B->data, mmc_numel(B), -0.5f, 0.5f);
+            sets[a]->mods[i]->lora = NULL;       /* detached, as the server keeps them */
+        }
+    }
+    const int row[3] = {1, 0, 2}, plen[3] = {6, 3, 9};
+    int32_t toks[3][32];
+    for (int s = 0; s < 3; s++)
+        for (int t = 0; t < 32; t++) toks[s][t] = (int32_t)((s * 23 + t * 11 + 2) % c.vocab_size);
+    static float ref[3][STEPS + 1][97];
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_decoder d = mmc_qwen2_decoder(m);
+    mmc_kv_pool pool;
+    CHECK_OK(mmc_kv_pool_init(&pool, d.n_layers, d.kv_heads, d.head_dim, 4, 32));
+    mmc_kv_seq seq[3] = {0};
+    for (int s = 0; s < 3; s++) {   /* alone, its adapter attached; its prefill also goes into the pool */
+        mmc_lora_set *a = row[s] ? sets[row[s] - 1] : NULL;
+        for (int i = 0; a && i < a->n; i++) a->mods[i]->lora = &a->adapters[i];
+        decode_alone(ctx, &d, toks[s], plen[s], ref[s], &pool, &seq[s]);
+        for (int i = 0; a && i < a->n; i++) a->mods[i]->lora = NULL;
+    }
+    static float base0[STEPS + 1][97];   /* sequence 0 without its adapter: how much the adapter moves it */
+    decode_alone(ctx, &d, toks[0], plen[0], base0, NULL, NULL);
+    double worst = 0, apart = 0;
+    mmc_lora_rows lr = {2, sets, row};
+    mmc_kv_seq *act[3] = {&seq[0], &seq[1], &seq[2]};
+    for (int k = 1; k <= STEPS; k++) {
+        int32_t tk[3];
+        int64_t pos[3];
+        for (int s = 0; s < 3; s++) {
+            CHECK(mmc_kv_seq_reserve(&pool, &seq[s], seq[s].len + 1));
+            tk[s] = toks[s][plen[s] + k - 1];
+            pos[s] = seq[s].len;
+        }
+        float *lg;
+        mmc_ctx_reset(ctx);
+        CHECK_OK(mmc_qwen2_decode_batch_lora(ctx, m, tk, pos, 3, &pool, act, &lr, &lg));
+        for (int s = 0; s < 3; s++)
+            for (int v = 0; v < c.vocab_size; v++) {
+                worst = fmax(worst, fabs((double)lg[s * c.vocab_size + v] - ref[s][k][v]));
+                if (s == 0) apart = fmax(apart, fabs((double)ref[0][k][v] - base0[k][v]));
+            }
+    }
+    printf("test_kv_paged: per-sequence LoRA in one batch: max |logit diff| vs each alone with its adapter %.3g "
+           "(the adapters move logits by up to %.3g)\n", worst, apart);
+    CHECKF(worst <= 1e-5, "batched LoRA rows: max |diff| %.3g", worst);
+    CHECKF(apart > 1e-2, "the adapters barely change the logits (%.3g): the check would not see a missing delta", apart);
+    for (int s = 0; s < 3; s++) mmc_kv_seq_free(&pool, &seq[s]);
+    mmc_kv_pool_free(&pool);
+    mmc_ctx_free(ctx);
+    for (int a = 0; a < 2; a++) mmc_lora_free(sets[a]);
+    mmc_module_list_free(&ml);
+    mmc_qwen2_free(m);
+}
+
 int main(void) {
+    run_lora();
     run(false);
     run(true);
     run_prefix(false);

@@ -4,7 +4,7 @@
 # `mmc generate --greedy`'s text and token count, and /metrics counts prefix-cache hits covering at least 80%
 # of the shared prompt per later chat; the same answers with --no-prefix-cache (no hits) and with
 # --prefill-chunk 16 (prompts prefilled over several steps while others decode); on the tiny Qwen2-VL,
-# chats with the same system prompt and different images match `mmc generate` and take no cached blocks.
+# chats with the same system prompt and different images match `mmc generate` and never take each other's image blocks.
 set -u
 MMC=${MMC:-build/mmc}
 IMG=$PWD/tests/fixtures/e2e/shapes_160x120.png

@@ -42,6 +42,12 @@ void help_serve(FILE *f) {
             "options:\n"
             "  --model DIR              Hugging Face model directory, or a LoRA adapter directory\n"
             "  --adapter DIR            apply this PEFT LoRA adapter to the model\n"
+            "  --lora NAME=DIR          serve the PEFT LoRA adapter in DIR as model NAME (repeatable):\n"
+            "                           a request whose \"model\" is NAME runs with it, the base name\n"
+            "                           without; /v1/models lists each (parent: the base). Requests of\n"
+            "                           different adapters are batched together (the base weights once,\n"
+            "                           each sequence its own low-rank delta); greedy output equals\n"
+            "                           `mmc generate --adapter DIR`'s. Not with --adapter\n"
             "  --served-model-name N    the model id clients use (default: DIR's last component)\n"
             "  --chat-template FILE     render with this Jinja template instead of the model's\n"
             "  --chat-template-name N   use the model's template named N\n"
@@ -82,7 +88,8 @@ void help_serve(FILE *f) {
             "  --prefill-chunk N        prefill text prompts N tokens per step, interleaved with the\n"
             "                           decode steps of running requests (default 0: whole prompts)\n"
             "  --no-prefix-cache        do not reuse the KV cache of earlier prompts' common prefixes\n"
-            "                           (on by default for text prompts: full blocks, hashed)\n"
+            "                           (on by default for text prompts and Qwen2-VL / 2.5-VL images:\n"
+            "                           full blocks, hashed over the tokens and each image's content)\n"
             "  --no-batching            run requests one at a time (the unbatched engine)\n"
             "  -h, --help               this help\n\n"
             "example:\n"
@@ -94,14 +101,53 @@ void help_serve(FILE *f) {
             l.max_request_seconds, l.max_connections, l.max_queue, l.client_timeout_seconds, l.max_n);
 }
 
+#define SERVE_MAX_LORAS 64
+#define SERVE_ENC_SLOTS 32
+/* the encoder cache (vLLM's): one image's vision features [rows, C], by content hash and adapter */
+typedef struct {
+    uint64_t key;
+    int64_t rows;
+    float *f;
+    uint64_t used;
+} enc_slot;
+
 typedef struct {
     cli_model m;
     char tmpdir[64];
     unsigned long long n_tmp;
+    enc_slot enc[SERVE_ENC_SLOTS];
+    uint64_t enc_tick;
+    int n_loras;
+    const char *lora_names[SERVE_MAX_LORAS], *lora_dirs[SERVE_MAX_LORAS];
+    mmc_lora_set *loras[SERVE_MAX_LORAS];
 } serve_backend;
+
+/* --lora NAME=DIR: the adapter loaded by the model's own attach (mmc_lora_load on its linears,
+ * as `mmc generate --adapter`), then taken from the model and detached: the engine attaches it
+ * per request. */
+static mmc_status load_lora(cli_model *m, const char *dir, mmc_lora_set **out) {
+    mmc_lora_set **slot;
+    mmc_status st;
+    if (m->llava) { st = mmc_llava_attach_adapter(m->llava, dir); slot = &m->llava->adapter; }
+    else if (m->vl) { st = mmc_qwen2_vl_attach_adapter(m->vlm, dir); slot = &m->vlm->adapter; }
+    else if (m->omni) { st = mmc_omni_attach_adapter(m->omni, dir); slot = &m->omni->lm->adapter; }
+    else if (m->lm) { st = mmc_qwen2_attach_adapter(m->lm, dir); slot = &m->lm->adapter; }
+    else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for %s models", dir, m->model_type);
+    if (st) return mmc_error_prefix(st, "--lora %s", dir);
+    *out = *slot;
+    *slot = NULL;
+    for (int i = 0; i < (*out)->n; i++) (*out)->mods[i]->lora = NULL;
+    return MMC_OK;
+}
 
 typedef struct {
     cli_prompt p;
+    int lora;                 /* the request's adapter (keys the encoder cache) */
+    /* media_hash's, computed once: per position the image content hash (0: text), per image
+     * its hash and its placeholder run [start, start + len) */
+    bool mm_done, mm_ok;
+    uint64_t *mm, *img_hash;
+    int64_t (*run)[2];
 } serve_prompt;
 
 static bool backend_prepare(void *self, const mmc_serve_request *req, void **out, int64_t *n_prompt,
@@ -179,6 +225,7 @@ static bool backend_prepare(void *self, const mmc_serve_request *req, void **out
                        "Cannot build the prompt: %s", mmc_last_error());
         goto done;
     }
+    sp->lora = req->lora;
     *n_prompt = sp->p.n;
     *default_max_new = m->gen.length_set ? mmc_gen_config_max_new(&m->gen, sp->p.n) : -1;
     *out = sp;
@@ -265,10 +312,137 @@ static bool backend_text_ids(void *self, void *prompt, const int32_t **ids, int6
     return true;
 }
 
+/* ------------------------------------------------------------------ image prefix caching
+ * An image's content hash covers what the vision tower sees: its pixel_values rows (the
+ * processor's output, so the same picture sent as PNG or JPEG of equal pixels hashes alike
+ * only if the decoded pixels are equal) and its grid (t, h, w). */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *b = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
+}
+
+static bool backend_media_hash(void *self, void *prompt, const int32_t **ids, int64_t *n_ids, const uint64_t **mm) {
+    serve_backend *sb = self;
+    serve_prompt *sp = prompt;
+    cli_prompt *p = &sp->p;
+    const mmc_vl_media *md = &p->media;
+    if (!sb->m.vl || md->n_videos || md->n_images <= 0 || !md->pixel_values || p->omni.n_audios) return false;
+    if (!sp->mm_done) {
+        sp->mm_done = true;
+        const int n_img = md->n_images;
+        const int64_t merge = sb->m.vlm->visual->cfg.spatial_merge_size, D = md->pixel_values->shape[1];
+        sp->mm = calloc((size_t)p->n, sizeof *sp->mm);
+        sp->img_hash = calloc((size_t)n_img, sizeof *sp->img_hash);
+        sp->run = calloc((size_t)n_img, sizeof *sp->run);
+        if (!sp->mm || !sp->img_hash || !sp->run) return false;
+        const float *px = md->pixel_values->data;
+        int64_t row = 0;
+        for (int k = 0; k < n_img; k++) {
+            const int64_t *g = md->image_grid_thw + 3 * k, rows = g[0] * g[1] * g[2];
+            uint64_t h = fnv1a(0xCBF29CE484222325ull, g, 3 * sizeof *g);
+            h = fnv1a(h, px + row * D, (size_t)(rows * D) * sizeof *px);
+            sp->img_hash[k] = h | 1;   /* never 0 (text) */
+            sp->run[k][1] = rows / (merge * merge);
+            row += rows;
+        }
+        /* the k-th run of image placeholders is the k-th image's */
+        const int32_t tok = (int32_t)sb->m.vlm->image_token_id;
+        int k = 0;
+        for (int64_t i = 0; i < p->n;) {
+            if (p->ids[i] != tok) { i++; continue; }
+            int64_t j = i;
+            while (j < p->n && p->ids[j] == tok) j++;
+            if (k == n_img || j - i != sp->run[k][1]) return false;   /* not as the grids say: no caching */
+            sp->run[k][0] = i;
+            for (int64_t t = i; t < j; t++) sp->mm[t] = sp->img_hash[k];
+            k++;
+            i = j;
+        }
+        sp->mm_ok = k == n_img;
+    }
+    if (!sp->mm_ok) return false;
+    *ids = p->ids;
+    *n_ids = p->n;
+    *mm = sp->mm;
+    return true;
+}
+
+static enc_slot *enc_find(serve_backend *sb, uint64_t key) {
+    for (int i = 0; i < SERVE_ENC_SLOTS; i++)
+        if (sb->enc[i].f && sb->enc[i].key == key) { sb->enc[i].used = ++sb->enc_tick; return &sb->enc[i]; }
+    return NULL;
+}
+
+static void enc_put(serve_backend *sb, uint64_t key, const float *f, int64_t rows, int64_t C) {
+    enc_slot *s = &sb->enc[0];
+    for (int i = 1; i < SERVE_ENC_SLOTS && s->f; i++)   /* an empty slot, else the least recently used */
+        if (!sb->enc[i].f || sb->enc[i].used < s->used) s = &sb->enc[i];
+    float *c = malloc((size_t)(rows * C) * sizeof *c);
+    if (!c) return;   /* not cached: encoded again next time */
+    memcpy(c, f, (size_t)(rows * C) * sizeof *c);
+    free(s->f);
+    *s = (enc_slot){.key = key, .rows = rows, .f = c, .used = ++sb->enc_tick};
+}
+
+/* the Qwen2-VL decoder inputs of positions [from, n) (what mmc_qwen2_vl_inputs computes for the
+ * whole prompt: token embeddings with the vision features at the placeholders, M-RoPE tables
+ * from get_rope_index), the features taken from the encoder cache when every image they need
+ * is there */
+static mmc_status backend_media_inputs(void *self, void *prompt, mmc_ctx *ctx, int64_t from, mmc_tensor **embeds,
+                                       mmc_tensor **cos, mmc_tensor **sin, int64_t *rope_delta, int *encoded) {
+    serve_backend *sb = self;
+    serve_prompt *sp = prompt;
+    cli_prompt *p = &sp->p;
+    mmc_qwen2_vl *vlm = sb->m.vlm;
+    const mmc_qwen2_config *c = &vlm->lm->cfg;
+    const int64_t n = p->n, T = n - from, C = c->hidden_size;
+    *encoded = 0;
+    if (!sp->mm_ok || from < 0 || T <= 0)
+        return mmc_error(MMC_ERR_INVALID, "media prefill of positions [%lld, %lld)", (long long)from, (long long)n);
+    int64_t *pos = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * 3 * (size_t)n);
+    mmc_status st = mmc_qwen2_vl_rope_index(vlm, p->ids, 1, n, &p->media, pos, rope_delta);
+    if (st) return st;
+    mmc_tensor *pt = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, T));
+    for (int a = 0; a < 3; a++) memcpy((int64_t *)pt->data + a * T, pos + a * n + from, (size_t)T * sizeof(int64_t));
+    mmc_rope_table_mrope(ctx, pt, c->mrope_section, (int)c->head_dim, c->rope_theta, cos, sin);   /* [1, T, D] */
+    mmc_tensor *idt = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, T));
+    memcpy(idt->data, p->ids + from, (size_t)T * sizeof(int32_t));
+    mmc_tensor *e = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_qwen2_embed(ctx, vlm->lm, idt), 2, MMC_SHAPE(T, C)));
+    const int n_img = p->media.n_images;
+    const uint64_t salt = (uint64_t)sp->lora * 0x9E3779B97F4A7C15ull;   /* an adapter may adapt the tower */
+    bool all = true;
+    for (int k = 0; k < n_img && all; k++)
+        if (sp->run[k][0] + sp->run[k][1] > from) all = enc_find(sb, sp->img_hash[k] ^ salt) != NULL;
+    const float *feats = NULL;
+    if (!all) {   /* the tower on the prompt's images (as the model's own prefill runs it), cached per image */
+        mmc_tensor *f;
+        st = mmc_vision_forward(ctx, vlm->visual, p->media.pixel_values, p->media.image_grid_thw, n_img, &f, NULL);
+        if (st) return mmc_error_prefix(st, "images");
+        feats = mmc_contiguous(ctx, f)->data;   /* [sum of runs, C] */
+        *encoded = 1;
+        for (int k = 0, off = 0; k < n_img; off += (int)sp->run[k][1], k++)
+            enc_put(sb, sp->img_hash[k] ^ salt, feats + (int64_t)off * C, sp->run[k][1], C);
+    }
+    float *ed = e->data;
+    for (int k = 0, off = 0; k < n_img; off += (int)sp->run[k][1], k++) {
+        const int64_t s0 = sp->run[k][0], len = sp->run[k][1];
+        if (s0 + len <= from) continue;
+        const float *src = feats ? feats + (int64_t)off * C : enc_find(sb, sp->img_hash[k] ^ salt)->f;
+        for (int64_t t = s0 > from ? s0 : from; t < s0 + len; t++)
+            memcpy(ed + (t - from) * C, src + (t - s0) * C, (size_t)C * sizeof *ed);
+    }
+    *embeds = mmc_reshape(ctx, e, 3, MMC_SHAPE(1, T, C));
+    return MMC_OK;
+}
+
 static void backend_release(void *self, void *prompt) {
     (void)self;
     serve_prompt *sp = prompt;
     cli_prompt_free(&sp->p);
+    free(sp->mm);
+    free(sp->img_hash);
+    free(sp->run);
     free(sp);
 }
 
@@ -282,6 +456,8 @@ int cmd_serve(int argc, char **argv) {
     if (o.api_key && !o.api_key[0]) o.api_key = NULL;
     mmc_serve_limits_default(&o.limits);
     const char *model = NULL, *adapter = NULL, *name = NULL, *tpl = NULL, *tpl_name = NULL;
+    const char *lora_arg[SERVE_MAX_LORAS];
+    int n_lora = 0;
     bool no_batch = false;
     int quant = 0;   /* --quantize */
     for (int i = 1; i < argc; i++) {
@@ -360,6 +536,15 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--prefill-chunk")) {
             if (opt_ll(a, argc, argv, &i, 0, (long long)1 << 30, &v)) return CLI_USAGE;
             o.prefill_chunk = v;
+        } else if (!strcmp(a, "--lora")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v) return CLI_USAGE;
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || !eq[1])
+                return cli_usage("serve", "--lora takes NAME=DIR (the model name requests use, then the PEFT adapter "
+                                 "directory), not '%s'", v);
+            if (n_lora == SERVE_MAX_LORAS) return cli_usage("serve", "at most %d --lora adapters", SERVE_MAX_LORAS);
+            lora_arg[n_lora++] = v;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o.no_prefix_cache = true;
         } else if (!strcmp(a, "--no-batching")) {
@@ -372,6 +557,9 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model && !adapter) return cli_usage("serve", "--model DIR is required");
     if (o.api_key && !o.api_key[0]) return cli_usage("serve", "--api-key must not be empty");
+    if (n_lora && adapter)
+        return cli_usage("serve", "--adapter (one adapter on every request) and --lora (adapters by model name) "
+                         "do not go together: serve the --adapter one as --lora NAME=DIR too");
 
     serve_backend sb = {0};
     mmc_status st = cli_model_load(model ? model : adapter, model ? adapter : NULL, &sb.m);
@@ -402,6 +590,26 @@ int cmd_serve(int argc, char **argv) {
         while (b > d && b[-1] != '/') b--;
         snprintf(id, sizeof id, "%.*s", (int)(d + n - b), b);
     }
+    char names[SERVE_MAX_LORAS][256];
+    for (int k = 0; k < n_lora; k++) {
+        const char *eq = strchr(lora_arg[k], '=');
+        snprintf(names[k], sizeof names[k], "%.*s", (int)(eq - lora_arg[k]), lora_arg[k]);
+        bool dup = !strcmp(names[k], id);
+        for (int i = 0; i < k; i++) dup |= !strcmp(names[i], names[k]);
+        if (dup) {
+            cli_usage("serve", "--lora %s: the name '%s' is taken (the served model or another adapter)", lora_arg[k],
+                      names[k]);
+            rc = CLI_USAGE;
+            goto done;
+        }
+        if ((st = load_lora(&sb.m, eq + 1, &sb.loras[k]))) {
+            cli_fail(st, "serve: cannot load the adapter");
+            goto done;
+        }
+        sb.lora_names[k] = names[k];
+        sb.lora_dirs[k] = eq + 1;
+        sb.n_loras = k + 1;
+    }
     mmc_qwen2_vl_request vreq = {sb.m.vlm, NULL, 0};
     mmc_llava_request lreq = {sb.m.llava, NULL, NULL, 0, NULL};
     mmc_internvl_request ireq = {sb.m.internvl, NULL};
@@ -420,13 +628,22 @@ int cmd_serve(int argc, char **argv) {
                                : sb.m.omni ? sb.m.omni->lm : sb.m.vl ? sb.m.vlm->lm : sb.m.lm,
                            .prefill = backend_prefill,
                            .sampling = backend_sampling,
-                           .text_ids = backend_text_ids};
+                           .text_ids = backend_text_ids,
+                           .media_hash = backend_media_hash,
+                           .media_inputs = backend_media_inputs,
+                           .n_loras = sb.n_loras,
+                           .lora_names = sb.lora_names,
+                           .lora_dirs = sb.lora_dirs,
+                           .loras = sb.loras,
+                           .model_root = sb.m.base_dir};
     if (no_batch) b.lm = NULL;
     st = mmc_serve_run(&b, &o);
     rmdir(sb.tmpdir);
     if (st) cli_fail(st, "serve: cannot serve");
     else rc = 0;
 done:
+    for (int i = 0; i < SERVE_ENC_SLOTS; i++) free(sb.enc[i].f);
+    for (int k = 0; k < sb.n_loras; k++) mmc_lora_free(sb.loras[k]);   /* before the model: they point into it */
     cli_model_free(&sb.m);
     return rc;
 }

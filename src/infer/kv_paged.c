@@ -8,9 +8,13 @@
  * Prefix caching follows vLLM's automatic prefix caching: full blocks of prompt tokens are
  * found again by a hash chained over all tokens up to each block's end, shared by reference
  * count, and kept after their last sequence leaves until a reservation needs the block (LRU).
+ * A key (mmc_kv_prefix_key) seeds the chain (a LoRA adapter's own value) and gives image
+ * placeholder positions their image's content hash (vLLM's mm_hash), folded into the block's
+ * hash and stored beside its tokens. The batched decode adds per-sequence LoRA deltas. 
  * A prefill that starts after a cached prefix (or continues a chunked prefill) runs over a
  * contiguous copy of the sequence's positions (mmc_kv_seq_export) and appends its new K/V. */
 #include "mmc_infer.h"
+#include "mmc_lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,13 +41,14 @@ mmc_status mmc_kv_pool_init(mmc_kv_pool *p, int n_layers, int64_t kv_heads, int6
     p->ref = calloc((size_t)n_blocks, sizeof *p->ref);
     p->hash = calloc((size_t)n_blocks, sizeof *p->hash);
     p->parent = calloc((size_t)n_blocks, sizeof *p->parent);
+    p->media = calloc((size_t)n_blocks, sizeof *p->media);
     p->toks = malloc((size_t)(n_blocks * block_size) * sizeof *p->toks);
     p->cached = calloc((size_t)n_blocks, 1);
     p->hnext = malloc((size_t)n_blocks * sizeof *p->hnext);
     p->lru_prev = malloc((size_t)n_blocks * sizeof *p->lru_prev);
     p->lru_next = malloc((size_t)n_blocks * sizeof *p->lru_next);
     p->bucket = malloc((size_t)p->n_bucket * sizeof *p->bucket);
-    if (!p->k || !p->v || !p->free_ids || !p->ref || !p->hash || !p->parent || !p->toks || !p->cached || !p->hnext ||
+    if (!p->k || !p->v || !p->free_ids || !p->ref || !p->hash || !p->parent || !p->media || !p->toks || !p->cached || !p->hnext ||
         !p->lru_prev || !p->lru_next || !p->bucket)
         goto oom;
     size_t per = (size_t)(n_blocks * block_size * kv_heads * head_dim);
@@ -75,6 +80,7 @@ void mmc_kv_pool_free(mmc_kv_pool *p) {
     free(p->ref);
     free(p->hash);
     free(p->parent);
+    free(p->media);
     free(p->toks);
     free(p->cached);
     free(p->hnext);
@@ -103,6 +109,23 @@ static uint64_t block_hash(uint64_t parent, const int32_t *t, int64_t n) {
     return h;
 }
 
+/* What a block's tokens do not say: the content hashes of the media its placeholder tokens
+ * stand for (vLLM's mm_hash; 0 for text positions), folded into one value. It enters the
+ * chain hash and is stored and compared on a hit like the tokens, so two images behind the
+ * same placeholder ids never share K/V. */
+static uint64_t block_media(const uint64_t *mm, int64_t n) {
+    if (!mm) return 0;
+    uint64_t h = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (mm[i]) h = mix64(h ^ mix64(mm[i] + (uint64_t)i));
+    return h;
+}
+
+static uint64_t block_key(uint64_t parent, const int32_t *t, uint64_t media, int64_t n) {
+    uint64_t h = block_hash(parent, t, n);
+    return media ? mix64(h ^ media) : h;
+}
+
 static void lru_unlink(mmc_kv_pool *p, int32_t b) {
     int32_t pr = p->lru_prev[b], nx = p->lru_next[b];
     if (pr >= 0) p->lru_next[pr] = nx;
@@ -128,9 +151,9 @@ static void table_remove(mmc_kv_pool *p, int32_t b) {
     p->cached[b] = 0;
 }
 
-static int32_t table_find(const mmc_kv_pool *p, uint64_t h, uint64_t parent, const int32_t *t) {
+static int32_t table_find(const mmc_kv_pool *p, uint64_t h, uint64_t parent, uint64_t media, const int32_t *t) {
     for (int32_t b = p->bucket[h & (uint64_t)(p->n_bucket - 1)]; b >= 0; b = p->hnext[b])
-        if (p->hash[b] == h && p->parent[b] == parent &&
+        if (p->hash[b] == h && p->parent[b] == parent && p->media[b] == media &&
             !memcmp(p->toks + (int64_t)b * p->block_size, t, (size_t)p->block_size * sizeof *t))
             return b;
     return -1;
@@ -192,15 +215,17 @@ void mmc_kv_seq_free(mmc_kv_pool *p, mmc_kv_seq *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int64_t prefix_walk(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n) {
+static int64_t prefix_walk(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_prefix_key *key, const int32_t *ids,
+                           int64_t n) {
     if (!p->prefix_cache || n <= 1) return 0;
     const int64_t bs = p->block_size, full = (n - 1) / bs;   /* at least one token left to compute */
     if (s && !table_grow(s, full)) return 0;
-    uint64_t h = 0;
+    uint64_t h = key ? key->seed : 0;
+    const uint64_t *mm = key ? key->media : NULL;
     int64_t i = 0;
     for (; i < full; i++) {
-        uint64_t hi = block_hash(h, ids + i * bs, bs);
-        int32_t b = table_find(p, hi, h, ids + i * bs);
+        uint64_t md = block_media(mm ? mm + i * bs : NULL, bs), hi = block_key(h, ids + i * bs, md, bs);
+        int32_t b = table_find(p, hi, h, md, ids + i * bs);
         if (b < 0) break;
         if (s) {
             if (p->ref[b]++ == 0) { lru_unlink(p, b); p->n_free--; }
@@ -216,25 +241,31 @@ static int64_t prefix_walk(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, in
     return i * bs;
 }
 
-int64_t mmc_kv_prefix_lookup(mmc_kv_pool *p, const int32_t *ids, int64_t n) { return prefix_walk(p, NULL, ids, n); }
-
-int64_t mmc_kv_seq_match_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n) {
-    if (s->n_blocks || s->len) return 0;
-    return prefix_walk(p, s, ids, n);
+int64_t mmc_kv_prefix_lookup(mmc_kv_pool *p, const mmc_kv_prefix_key *key, const int32_t *ids, int64_t n) {
+    return prefix_walk(p, NULL, key, ids, n);
 }
 
-void mmc_kv_seq_cache_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const int32_t *ids, int64_t n) {
+int64_t mmc_kv_seq_match_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_prefix_key *key, const int32_t *ids,
+                                int64_t n) {
+    if (s->n_blocks || s->len) return 0;
+    return prefix_walk(p, s, key, ids, n);
+}
+
+void mmc_kv_seq_cache_prefix(mmc_kv_pool *p, mmc_kv_seq *s, const mmc_kv_prefix_key *key, const int32_t *ids,
+                             int64_t n) {
     if (!p->prefix_cache) return;
     const int64_t bs = p->block_size;
     if (n > s->len) n = s->len;
-    uint64_t h = 0;
+    uint64_t h = key ? key->seed : 0;
+    const uint64_t *mm = key ? key->media : NULL;
     for (int64_t i = 0; i < n / bs; i++) {
         const int32_t *t = ids + i * bs;
-        uint64_t hi = block_hash(h, t, bs);
+        uint64_t md = block_media(mm ? mm + i * bs : NULL, bs), hi = block_key(h, t, md, bs);
         int32_t b = s->blocks[i];
-        if (!p->cached[b] && table_find(p, hi, h, t) < 0) {
+        if (!p->cached[b] && table_find(p, hi, h, md, t) < 0) {
             p->hash[b] = hi;
             p->parent[b] = h;
+            p->media[b] = md;
             memcpy(p->toks + (int64_t)b * bs, t, (size_t)bs * sizeof *t);
             int32_t *head = &p->bucket[hi & (uint64_t)(p->n_bucket - 1)];
             p->hnext[b] = *head;
@@ -348,8 +379,49 @@ void mmc_kv_paged_attention(const mmc_kv_pool *p, int layer, mmc_kv_seq *const *
  * every linear sees the [B, C] rows of all sequences (one GEMM per weight instead of B
  * matrix-vector products), only attention runs per sequence, through its block table. Built
  * from the same public ops as qwen2.c, so adapters (mmc_nn_linear) apply as in generate. */
+/* x [B, 1, K] through l, then each adapter's delta on its own rows (mmc_lora_rows); the same
+ * arithmetic as mmc_nn_linear with that adapter attached: y + scale · (x Aᵀ) Bᵀ */
+static mmc_tensor *linear_rows(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l, const mmc_lora_rows *lr,
+                               int64_t B) {
+    mmc_tensor *y = mmc_nn_linear(ctx, x, l);
+    if (!lr) return y;
+    y = mmc_contiguous(ctx, y);
+    const int64_t K = l->in_features, N = l->out_features;
+    mmc_tensor *x2 = NULL;
+    int64_t *rows = NULL;
+    for (int g = 0; g < lr->n; g++) {
+        const mmc_lora_set *s = lr->sets[g];
+        const mmc_lora *a = NULL;
+        for (int i = 0; i < s->n && !a; i++)
+            if (s->mods[i] == l) a = &s->adapters[i];
+        if (!a) continue;
+        int64_t n = 0;
+        for (int64_t b = 0; b < B; b++) n += lr->row[b] == g + 1;
+        if (n == 0) continue;
+        if (!x2) {
+            x2 = mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(B, K));
+            rows = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *rows * (size_t)B);
+        }
+        mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));
+        for (int64_t b = 0, k = 0; b < B; b++)
+            if (lr->row[b] == g + 1) { ((int64_t *)idx->data)[k] = b; rows[k++] = b; }
+        mmc_tensor *h = mmc_linear(ctx, mmc_gather_rows(ctx, x2, idx), a->A, NULL);   /* [n, r] */
+        const float *d = mmc_contiguous(ctx, mmc_linear(ctx, h, a->B, NULL))->data;    /* [n, N] */
+        float *yd = y->data;
+        for (int64_t k = 0; k < n; k++)
+            for (int64_t j = 0; j < N; j++) yd[rows[k] * N + j] += a->scale * d[k * N + j];
+    }
+    return y;
+}
+
 mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
                                   int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs, float **logits) {
+    return mmc_qwen2_decode_batch_lora(ctx, m, tokens, rope_pos, B, pool, seqs, NULL, logits);
+}
+
+mmc_status mmc_qwen2_decode_batch_lora(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tokens, const int64_t *rope_pos,
+                                       int64_t B, mmc_kv_pool *pool, mmc_kv_seq *const *seqs,
+                                       const mmc_lora_rows *lr, float **logits) {
     const mmc_qwen2_config *c = &m->cfg;
     if (m->tp) return mmc_error(MMC_ERR_INVALID, "batched decode does not run tensor-parallel models");
     if (B <= 0) return mmc_error(MMC_ERR_INVALID, "batched decode of %lld sequences", (long long)B);
@@ -402,9 +474,9 @@ mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tok
         mmc_qwen2_layer *L = &m->layers[l];
         mmc_arena_mark mk = mmc_arena_get_mark(ar);
         mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, eps);                              /* [B, 1, C] */
-        mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4, MMC_SHAPE(B, 1, Hq, D));
-        mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4, MMC_SHAPE(B, 1, Hkv, D));
-        mmc_tensor *v = mmc_contiguous(ctx, mmc_nn_linear(ctx, h, &L->v));                    /* [B, 1, Hkv*D] */
+        mmc_tensor *q = mmc_reshape(ctx, linear_rows(ctx, h, &L->q, lr, B), 4, MMC_SHAPE(B, 1, Hq, D));
+        mmc_tensor *k = mmc_reshape(ctx, linear_rows(ctx, h, &L->k, lr, B), 4, MMC_SHAPE(B, 1, Hkv, D));
+        mmc_tensor *v = mmc_contiguous(ctx, linear_rows(ctx, h, &L->v, lr, B));                    /* [B, 1, Hkv*D] */
         q = mmc_contiguous(ctx, mmc_rope(ctx, q, cos, sin));                                  /* [B, 1, Hq, D] */
         k = mmc_contiguous(ctx, mmc_rope(ctx, k, cos, sin));                                  /* [B, 1, Hkv, D] */
         for (int64_t b = 0; b < B; b++) {   /* this token's K/V at the end of each sequence */
@@ -416,12 +488,12 @@ mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tok
         }
         mmc_kv_paged_attention(pool, l, seqs, B, Hq, q->data, att->data, 0);
         for (int64_t b = 0; b < B; b++) seqs[b]->len--;   /* grows once, after the last layer */
-        mmc_infer_residual_add(ctx, x->data, mmc_nn_linear(ctx, att, &L->o));
+        mmc_infer_residual_add(ctx, x->data, linear_rows(ctx, att, &L->o, lr, B));
         mmc_arena_release(ar, mk);
         h = mmc_rmsnorm(ctx, x, L->post_norm, eps);
-        mmc_infer_residual_add(ctx, x->data, mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate),
-                                                                           mmc_nn_linear(ctx, h, &L->up)),
-                                                           &L->down));
+        mmc_infer_residual_add(ctx, x->data, linear_rows(ctx, mmc_swiglu(ctx, linear_rows(ctx, h, &L->gate, lr, B),
+                                                                         linear_rows(ctx, h, &L->up, lr, B)),
+                                                           &L->down, lr, B));
         mmc_arena_release(ar, mk);
     }
     for (int64_t b = 0; b < B; b++) seqs[b]->len++;
@@ -435,29 +507,42 @@ mmc_status mmc_qwen2_decode_batch(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *tok
  * M-RoPE table of equal axes for Qwen2-VL's LM, as its text-only prefill builds it). */
 mmc_status mmc_qwen2_prefill_chunk(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
                                    float **logits) {
+    return mmc_qwen2_prefill_chunk_at(ctx, m, ids, n, kv, 0, logits);
+}
+
+mmc_status mmc_qwen2_prefill_chunk_at(mmc_ctx *ctx, mmc_qwen2 *m, const int32_t *ids, int64_t n, mmc_kv_cache *kv,
+                                      int64_t rope_delta, float **logits) {
     const mmc_qwen2_config *c = &m->cfg;
     if (n <= 0) return mmc_error(MMC_ERR_INVALID, "chunked prefill: an empty chunk");
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
             return mmc_error(MMC_ERR_INVALID, "chunked prefill: token %d outside the vocabulary [0, %lld)", ids[i],
                              (long long)c->vocab_size);
-    mmc_status st = mmc_kv_cache_reserve(kv, kv->len + n);
-    if (st) return st;
     mmc_tensor *idt = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, n));
     memcpy(idt->data, ids, (size_t)n * sizeof(int32_t));
     mmc_tensor *cos, *sin;
     if (c->mrope) {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, n));
         for (int a = 0; a < 3; a++)
-            for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[a * n + t] = kv->len + t;
+            for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[a * n + t] = kv->len + t + rope_delta;
         mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin);
     } else {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));
-        for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[t] = kv->len + t;
+        for (int64_t t = 0; t < n; t++) ((int64_t *)pos->data)[t] = kv->len + t + rope_delta;
         mmc_qwen2_rope_table(ctx, c, pos, &cos, &sin);
     }
+    return mmc_qwen2_prefill_embeds(ctx, m, mmc_qwen2_embed(ctx, m, idt), cos, sin, kv, logits);
+}
+
+mmc_status mmc_qwen2_prefill_embeds(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *embeds, mmc_tensor *cos, mmc_tensor *sin,
+                                    mmc_kv_cache *kv, float **logits) {
+    const int64_t n = embeds->shape[1];
+    if (embeds->ndim != 3 || embeds->shape[0] != 1 || n <= 0 || embeds->shape[2] != m->cfg.hidden_size)
+        return mmc_error(MMC_ERR_SHAPE, "chunked prefill: embeddings must be [1, n, %lld]", (long long)m->cfg.hidden_size);
+    mmc_status st = mmc_kv_cache_reserve(kv, kv->len + n);
+    if (st) return st;
     mmc_attn_opts attn = {.causal = true};
-    mmc_tensor *h = mmc_qwen2_forward(ctx, m, mmc_qwen2_embed(ctx, m, idt), cos, sin, &attn, kv);   /* [1, n, C] */
+    mmc_tensor *h = mmc_qwen2_forward(ctx, m, embeds, cos, sin, &attn, kv);                      /* [1, n, C] */
     mmc_tensor *last = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, n - 1, 1));                     /* [1, 1, C] */
     *logits = mmc_contiguous(ctx, mmc_qwen2_logits(ctx, m, last))->data;                          /* [1, 1, V] */
     return MMC_OK;

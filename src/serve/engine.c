@@ -11,6 +11,7 @@
  * engine will implement in its place. */
 #include "serve_internal.h"
 #include "mmc_json_constraint.h"
+#include "mmc_lora.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -49,7 +50,32 @@ struct serve_engine {
     uint64_t call_ids;                /* tool call ids (the engine thread's) */
     int n_run, cap_run, n_wait, cap_wait;
     uint64_t n_admitted;
+    int lora_on;                      /* the adapter attached to the model's linears (0: none) */
 };
+
+/* ------------------------------------------------------------------ per-request adapters
+ * The backend's adapters (--lora NAME=DIR) stay loaded and detached. A prefill (or a whole
+ * generation without batching) runs with its request's adapter attached to the linears, as
+ * `mmc generate --adapter` does; the batched decode runs with none attached and adds each
+ * sequence's own delta (mmc_qwen2_decode_batch_lora). Only the engine thread switches them. */
+static void use_lora(serve_engine *e, int k) {
+    if (k == e->lora_on) return;
+    if (e->lora_on > 0) {
+        mmc_lora_set *s = e->b->loras[e->lora_on - 1];
+        for (int i = 0; i < s->n; i++)
+            if (s->mods[i]->lora == &s->adapters[i]) s->mods[i]->lora = NULL;
+    }
+    if (k > 0) {
+        mmc_lora_set *s = e->b->loras[k - 1];
+        for (int i = 0; i < s->n; i++) s->mods[i]->lora = &s->adapters[i];
+    }
+    e->lora_on = k;
+}
+
+/* the prefix cache's key of a request: its adapter seeds the hash chain (no K/V shared across adapters) */
+static mmc_kv_prefix_key prefix_key(const serve_job *j) {
+    return (mmc_kv_prefix_key){.seed = j->req.lora > 0 ? (uint64_t)j->req.lora * 0x9E3779B97F4A7C15ull : 0};
+}
 
 /* ------------------------------------------------------------------ jobs */
 static void job_free(serve_job *j) {
@@ -650,6 +676,7 @@ static void run_job(serve_engine *e, serve_job *j) {
     }
     if (!job_prepare(e, j, &prompt, &max_new, &err)) { job_fail(j, &err); return; }
     job_set_state(j, JOB_PREPARED);
+    use_lora(e, q->lora);
     uint64_t seed = q->has_seed ? (uint64_t)q->seed : ((uint64_t)time(NULL) << 20) ^ (uint64_t)(mmc_now() * 1e6);
     for (int i = 0; i < q->n; i++) {
         run_ctx r = {.e = e, .j = j, .c = &j->choices[i], .idx = i, .max_new = (int)max_new, .t_last = mmc_now()};
@@ -716,8 +743,12 @@ fail:
  * a contiguous copy of the sequence's positions, all at once or, with --prefill-chunk, a
  * chunk per step while the others keep decoding (the sequence waits in e->pf between steps);
  * its full prompt blocks then join the cache. A preempted text sequence recomputes its whole
- * history this way. With response_format, each choice's logits are masked by its JSON
- * automaton (json_constraint.c) before sampling, and it ends when the value is complete. */
+ * history this way. Qwen2-VL image prompts go this way too when the backend hashes them
+ * (media_hash): their blocks are keyed by the images' content hashes as well, and the part
+ * after a cached prefix is prefilled from the backend's embeddings (media_inputs: vision
+ * features from its encoder cache, or the tower). With response_format, each choice's
+ * logits are masked by its JSON automaton (json_constraint.c) before sampling, and it ends
+ * when the value is complete. */
 typedef struct serve_seq {
     run_ctx r;
     mmc_gen_opts go;
@@ -942,6 +973,12 @@ static void preempt_youngest(serve_engine *e) {
     pthread_mutex_unlock(&e->metrics.mu);
 }
 
+static void metric_vision_encode(serve_engine *e) {
+    pthread_mutex_lock(&e->metrics.mu);
+    e->metrics.vision_encodes++;
+    pthread_mutex_unlock(&e->metrics.mu);
+}
+
 /* prefill the first waiting sequence into the pool: 1 admitted, 0 not now (blocks), -1 ended */
 static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     mmc_kv_pool *p = &e->pool;
@@ -964,6 +1001,7 @@ static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     int64_t n_ids = 0;
     float *logits = NULL;
     mmc_ctx_reset(ctx);
+    use_lora(e, s->r.j->req.lora);
     if (!st) st = e->b->prefill(e->b->self, s->r.j->prompt, ctx, &kv, &ids, &n_ids, &logits, &s->rope_delta);
     if (!st && s->n_hist == 0) {   /* first admission: the history starts with the prompt */
         memcpy(s->hist, ids, (size_t)n_ids * sizeof *ids);
@@ -980,6 +1018,9 @@ static int admit(serve_engine *e, mmc_ctx *ctx, serve_seq *s) {
     if (!st) s->base = kv.len - s->n_prompt;
     mmc_kv_cache_free(&kv);
     if (st) { seq_abort(e, s, "prefill"); return -1; }
+    const int32_t *tid;
+    int64_t ntid;
+    if (!e->b->text_ids || !e->b->text_ids(e->b->self, s->r.j->prompt, &tid, &ntid)) metric_vision_encode(e);
     s->order = ++e->n_admitted;
     if (s->n_hist == s->n_prompt && !seq_take(e, s, logits)) return -1;
     if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
@@ -1002,8 +1043,18 @@ static bool seq_text_ids(serve_engine *e, serve_seq *s, const int32_t **ids, int
            *n > 0;
 }
 
+/* A prompt the pool's own prefill takes: text, or with the backend's media hooks (Qwen2-VL
+ * images) one keyed by its images' content hashes (*mm [n], NULL for text) */
+static bool seq_cached_ids(serve_engine *e, serve_seq *s, const int32_t **ids, int64_t *n, const uint64_t **mm) {
+    const mmc_serve_backend *b = e->b;
+    *mm = NULL;
+    if (seq_text_ids(e, s, ids, n)) return true;
+    return e->pool.prefix_cache && b->media_hash && b->media_inputs && b->lm->cfg.rope_kind != MMC_ROPE_DYNAMIC &&
+           b->media_hash(b->self, s->r.j->prompt, ids, n, mm) && *mm && *n > 0;
+}
+
 static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t *ids, int64_t n_ids,
-                      int64_t *budget) {
+                      const uint64_t *mm, int64_t *budget) {
     mmc_kv_pool *p = &e->pool;
     if (s->n_hist == 0) {
         memcpy(s->hist, ids, (size_t)n_ids * sizeof *ids);
@@ -1020,7 +1071,9 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
             seq_abort(e, s, "admission");
             return -1;
         }
-        int64_t hit = mmc_kv_seq_match_prefix(p, &s->kv, s->hist, s->n_prompt);
+        mmc_kv_prefix_key key = prefix_key(s->r.j);
+        key.media = mm;
+        int64_t hit = mmc_kv_seq_match_prefix(p, &s->kv, &key, s->hist, s->n_prompt);
         if (!mmc_kv_seq_reserve(p, &s->kv, n + 1)) {
             mmc_kv_seq_release(p, &s->kv);
             return 0;
@@ -1037,13 +1090,25 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
     float *logits = NULL;
     while (s->stage.len < n) {
         int64_t c = n - s->stage.len;
+        bool media = mm && s->stage.len < s->n_prompt;   /* the prompt's rest, images included: in one piece */
+        if (media) c = s->n_prompt - s->stage.len;
         if (e->chunk > 0) {
             int64_t lim = e->chunk < *budget ? e->chunk : *budget;
             if (lim <= 0) break;
-            if (c > lim) c = lim;
+            if (c > lim && !media) c = lim;
         }
         mmc_ctx_reset(ctx);
-        st = mmc_qwen2_prefill_chunk(ctx, e->b->lm, s->hist + s->stage.len, c, &s->stage, &logits);
+        use_lora(e, s->r.j->req.lora);
+        if (media) {   /* the vision features from the backend's encoder cache, or its tower now */
+            mmc_tensor *emb, *cos, *sin;
+            int enc = 0;
+            st = e->b->media_inputs(e->b->self, s->r.j->prompt, ctx, s->stage.len, &emb, &cos, &sin, &s->rope_delta,
+                                    &enc);
+            if (!st) st = mmc_qwen2_prefill_embeds(ctx, e->b->lm, emb, cos, sin, &s->stage, &logits);
+            if (!st && enc) metric_vision_encode(e);
+        } else
+            st = mmc_qwen2_prefill_chunk_at(ctx, e->b->lm, s->hist + s->stage.len, c, &s->stage, mm ? s->rope_delta : 0,
+                                            &logits);
         if (!st) st = mmc_kv_seq_append(p, &s->kv, &s->stage, s->stage.len - c, c);
         if (st) { seq_abort(e, s, "prefill"); return -1; }
         *budget -= c;
@@ -1058,9 +1123,11 @@ static int admit_text(serve_engine *e, mmc_ctx *ctx, serve_seq *s, const int32_t
     mmc_kv_cache_free(&s->stage);
     s->staged = false;
     if (e->pf == s) e->pf = NULL;
-    mmc_kv_seq_cache_prefix(p, &s->kv, s->hist, s->n_prompt);
+    mmc_kv_prefix_key key = prefix_key(s->r.j);
+    key.media = mm;
+    mmc_kv_seq_cache_prefix(p, &s->kv, &key, s->hist, s->n_prompt);
     s->base = 0;
-    s->rope_delta = 0;
+    if (!mm) s->rope_delta = 0;
     s->order = ++e->n_admitted;
     if (!seq_take(e, s, logits)) return -1;   /* the whole history is in the cache: the next token */
     if (!list_push(&e->run, &e->n_run, &e->cap_run, s, false)) {
@@ -1086,7 +1153,9 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
         const int32_t *id;
         int64_t ni;
         if (!b->text_ids(b->self, s->r.j->prompt, &id, &ni) || ni <= 0) break;
-        if (mmc_kv_prefix_lookup(&e->pool, id, ni) > 0) break;   /* it takes its cached prefix instead */
+        if (s->r.j->req.lora != e->wait[0]->r.j->req.lora) break;   /* one adapter per pass */
+        mmc_kv_prefix_key key = prefix_key(s->r.j);
+        if (mmc_kv_prefix_lookup(&e->pool, &key, id, ni) > 0) break;   /* it takes its cached prefix instead */
         int64_t nb = mmc_kv_pool_blocks_for(&e->pool, (s->n_hist > ni ? s->n_hist : ni) + 1);
         if (blocks + nb > e->pool.n_free || ((K > 0 || e->chunk > 0) && tokens + ni > *budget)) break;
         ids[K] = id;
@@ -1103,6 +1172,7 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
     *budget -= tokens;
     float *logits = NULL;
     mmc_ctx_reset(ctx);
+    use_lora(e, grp[0]->r.j->req.lora);
     mmc_status st = mmc_qwen2_prefill_packed(ctx, b->lm, ids, n, K, &e->pool, kvs, &logits);
     pthread_mutex_lock(&e->metrics.mu);
     e->metrics.packed += K;
@@ -1118,7 +1188,8 @@ static void admit_packed(serve_engine *e, mmc_ctx *ctx, int64_t *budget) {
         s->base = 0;
         s->rope_delta = 0;
         s->order = ++e->n_admitted;
-        mmc_kv_seq_cache_prefix(&e->pool, &s->kv, ids[i], n[i]);
+        mmc_kv_prefix_key key = prefix_key(s->r.j);
+        mmc_kv_seq_cache_prefix(&e->pool, &s->kv, &key, ids[i], n[i]);
         pthread_mutex_lock(&e->metrics.mu);
         e->metrics.prefix_queried += e->pool.prefix_cache ? n[i] : 0;
         pthread_mutex_unlock(&e->metrics.mu);
@@ -1144,16 +1215,28 @@ static void batch_step(serve_engine *e, mmc_ctx *ctx) {
     int64_t *pos = malloc((size_t)B * sizeof *pos);
     mmc_kv_seq **kvs = malloc((size_t)B * sizeof *kvs);
     serve_seq **batch = malloc((size_t)B * sizeof *batch);
-    mmc_status st = tok && pos && kvs && batch ? MMC_OK : mmc_error(MMC_ERR_OOM, "out of memory");
+    int *lrow = e->b->n_loras > 0 ? malloc((size_t)B * sizeof *lrow) : NULL;   /* each sequence's adapter */
+    mmc_status st = tok && pos && kvs && batch && (lrow || !e->b->n_loras) ? MMC_OK
+                  : mmc_error(MMC_ERR_OOM, "out of memory");
     for (int64_t b = 0; !st && b < B; b++) {
         serve_seq *s = batch[b] = e->run[b];
         tok[b] = s->hist[s->kv.len - s->base];   /* the next token not yet in the cache */
         pos[b] = s->kv.len + s->rope_delta;
         kvs[b] = &s->kv;
+        if (lrow) lrow[b] = s->r.j->req.lora;
     }
     float *logits = NULL;
     mmc_ctx_reset(ctx);
-    if (!st) st = mmc_qwen2_decode_batch(ctx, e->b->lm, tok, pos, B, &e->pool, kvs, &logits);
+    use_lora(e, 0);
+    bool mixed = false;
+    for (int64_t b = 1; lrow && b < B; b++) mixed |= lrow[b] != lrow[0];
+    if (mixed) {
+        pthread_mutex_lock(&e->metrics.mu);
+        e->metrics.lora_mixed_steps++;
+        pthread_mutex_unlock(&e->metrics.mu);
+    }
+    mmc_lora_rows lr = {e->b->n_loras, e->b->loras, lrow};
+    if (!st) st = mmc_qwen2_decode_batch_lora(ctx, e->b->lm, tok, pos, B, &e->pool, kvs, lrow ? &lr : NULL, &logits);
     if (st) {
         while (e->n_run > 0) {
             serve_seq *s = e->run[--e->n_run];
@@ -1172,6 +1255,7 @@ static void batch_step(serve_engine *e, mmc_ctx *ctx) {
     free(pos);
     free(kvs);
     free(batch);
+    free(lrow);
 }
 
 static void batch_loop(serve_engine *e) {
@@ -1229,14 +1313,15 @@ static void batch_loop(serve_engine *e) {
         int64_t budget = e->chunk > 0 ? e->chunk : e->opt.prefill_tokens > 0 ? e->opt.prefill_tokens : 512;
         const int32_t *tids;
         int64_t n_tids;
-        if (e->pf && seq_text_ids(e, e->pf, &tids, &n_tids)) admit_text(e, ctx, e->pf, tids, n_tids, &budget);
+        const uint64_t *mm;
+        if (e->pf && seq_cached_ids(e, e->pf, &tids, &n_tids, &mm)) admit_text(e, ctx, e->pf, tids, n_tids, mm, &budget);
         if (!e->pf) admit_packed(e, ctx, &budget);
         while (!e->pf && e->n_wait > 0 && e->n_run < e->max_batch && (budget > 0 || (e->chunk <= 0 && e->n_run == 0))) {
             serve_seq *s = e->wait[0];
             int64_t cost = s->n_hist > 0 ? s->n_hist : s->r.j->n_prompt;
             list_remove(e->wait, &e->n_wait, 0);
             int a;
-            if (seq_text_ids(e, s, &tids, &n_tids)) a = admit_text(e, ctx, s, tids, n_tids, &budget);
+            if (seq_cached_ids(e, s, &tids, &n_tids, &mm)) a = admit_text(e, ctx, s, tids, n_tids, mm, &budget);
             else {
                 a = admit(e, ctx, s);
                 if (a) budget -= cost;
@@ -1334,6 +1419,7 @@ void serve_engine_stop(serve_engine *e) {
 }
 
 void serve_engine_free(serve_engine *e) {
+    use_lora(e, 0);
     free(e->row);
     mmc_jc_vocab_free(e->jc_vocab);
     if (e->batching || e->pool.n_blocks) mmc_kv_pool_free(&e->pool);
@@ -1427,12 +1513,18 @@ char *serve_metrics_text(serve_engine *e) {
                             m->prefix_queried, m->prefix_hit, m->kv_blocks_cached, m->prefix_evictions,
                             m->prefill_chunks);
     len += (size_t)snprintf(buf + len, cap - len,
+                            "# HELP mmc_vision_encodes_total Prompts whose images / video / audio ran through the "
+                            "model's encoders (a repeated image from the encoder and prefix caches does not).\n"
+                            "# TYPE mmc_vision_encodes_total counter\nmmc_vision_encodes_total %lld\n"
+                            "# HELP mmc_lora_mixed_decode_steps_total Batched decode steps whose sequences used "
+                            "different models (the base and --lora adapters).\n"
+                            "# TYPE mmc_lora_mixed_decode_steps_total counter\nmmc_lora_mixed_decode_steps_total %lld\n"
                             "# HELP mmc_open_connections Open TCP connections.\n"
                             "# TYPE mmc_open_connections gauge\nmmc_open_connections %lld\n"
                             "# HELP mmc_client_timeouts_total Connections closed because their request did not "
                             "arrive within --client-timeout.\n"
                             "# TYPE mmc_client_timeouts_total counter\nmmc_client_timeouts_total %lld\n",
-                            m->connections, m->client_timeouts);
+                            m->vision_encodes, m->lora_mixed_steps, m->connections, m->client_timeouts);
     hist_text(&buf, &len, cap, "mmc_time_to_first_token_seconds", "Time from request to the first token.", m->ttft,
               m->ttft_sum, m->ttft_n);
     hist_text(&buf, &len, cap, "mmc_inter_token_latency_seconds", "Time between consecutive tokens.", m->itl,

@@ -267,6 +267,14 @@ static bool client_gone(void *user) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* The model a request or /v1/models/ID names: 0 the base, k the adapter lora_names[k - 1], -1 none */
+static int find_model(const mmc_serve_backend *b, const char *id) {
+    if (!strcmp(id, b->model_id)) return 0;
+    for (int k = 0; k < b->n_loras; k++)
+        if (!strcmp(id, b->lora_names[k])) return k + 1;
+    return -1;
+}
+
 static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_state *cs, mmc_serve_kind kind) {
     const mmc_serve_backend *b = serve_engine_backend(s->e);
     mmc_serve_request req;
@@ -274,7 +282,7 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_stat
     if (!mmc_serve_parse_request(cs->body ? cs->body : "", cs->len, kind, &s->o->limits,
                                  s->has_media_root ? s->media_root : NULL, &req, &err))
         return send_error(s, c, &err);
-    if (req.model && strcmp(req.model, b->model_id) != 0) {
+    if (req.model && (req.lora = find_model(b, req.model)) < 0) {
         mmc_serve_fail(&err, 404, "invalid_request_error", "model", "model_not_found",
                        "The model `%.200s` does not exist or you do not have access to it.", req.model);
         mmc_serve_request_free(&req);
@@ -316,20 +324,34 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, conn_stat
     return ret;
 }
 
-static char *model_json(server *s, bool list) {
+/* A model card as vLLM writes it: "root" the weights' directory, "parent" null for the base
+ * model and the base's id for a LoRA adapter (k > 0: lora_names[k - 1]). */
+static cJSON *model_card(server *s, int k) {
     const mmc_serve_backend *b = serve_engine_backend(s->e);
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", b->model_id);
+    cJSON_AddStringToObject(m, "id", k ? b->lora_names[k - 1] : b->model_id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->started);
     cJSON_AddStringToObject(m, "owned_by", "mmc");
+    const char *root = k ? b->lora_dirs[k - 1] : b->model_root;
+    if (root) cJSON_AddStringToObject(m, "root", root);
+    else cJSON_AddNullToObject(m, "root");
+    if (k) cJSON_AddStringToObject(m, "parent", b->model_id);
+    else cJSON_AddNullToObject(m, "parent");
     cJSON_AddNumberToObject(m, "max_model_len", (double)b->context_length);
-    cJSON *root = m;
-    if (list) {
+    return m;
+}
+
+/* GET /v1/models (k < 0: the list of the base and every adapter) or /v1/models/ID (k) */
+static char *model_json(server *s, int k) {
+    cJSON *root;
+    if (k < 0) {
         root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "object", "list");
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
-    }
+        cJSON *data = cJSON_AddArrayToObject(root, "data");
+        for (int i = 0; i <= serve_engine_backend(s->e)->n_loras; i++) cJSON_AddItemToArray(data, model_card(s, i));
+    } else
+        root = model_card(s, k);
     char *out = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return out;
@@ -412,17 +434,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (!strcmp(url, "/v1/models")) {
         if (!get) goto method;
-        return send_body(s, c, 200, "application/json", model_json(s, true));
+        return send_body(s, c, 200, "application/json", model_json(s, -1));
     }
     if (!strncmp(url, "/v1/models/", 11)) {
         if (!get) goto method;
-        if (strcmp(url + 11, serve_engine_backend(s->e)->model_id) != 0) {
+        int k = find_model(serve_engine_backend(s->e), url + 11);
+        if (k < 0) {
             mmc_serve_error e;
             mmc_serve_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
                            "The model `%.200s` does not exist or you do not have access to it.", url + 11);
             return send_error(s, c, &e);
         }
-        return send_body(s, c, 200, "application/json", model_json(s, false));
+        return send_body(s, c, 200, "application/json", model_json(s, k));
     }
     if (!strcmp(url, "/metrics")) {
         if (!get) goto method;

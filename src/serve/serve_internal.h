@@ -70,6 +70,8 @@ typedef struct {
     long long kv_blocks_used, kv_blocks_total, running, preemptions, packed;   /* batching engine */
     long long prefix_queried, prefix_hit;   /* prompt tokens looked up in / taken from the prefix cache */
     long long kv_blocks_cached, prefix_evictions, prefill_chunks;
+    long long lora_mixed_steps;
+    long long vision_encodes;               /* prompts whose media ran through the model's encoders */             /* decode steps whose batch mixed models (base / adapters) */
     long long connections, client_timeouts;   /* http.c: open TCP connections, slow clients cut off */
 } serve_metrics;
 extern const int serve_status_codes[SERVE_N_STATUS];

@@ -52,6 +52,9 @@ typedef struct {
     int panel_level;     /* cache level the B micro-panel lives in (cpuinfo.c's model) */
     int64_t mc, kc, nc;  /* cache blocks (mc % mr == 0, nc % nr == 0), set by init_blocking */
     ukr_fn ukr;
+    /* or NULL: the first rows (< mr) of a tile into T [rows, nr], alpha 1 and beta 0, each
+     * element summed as ukr sums it (bitwise); for the last, partial row tile */
+    void (*ukr_rows)(int rows, int64_t kc, const float *restrict Ap, const float *restrict Bp, float *restrict T);
 } kdesc;
 
 /* ------------------------------------------------------------------ micro-kernels */
@@ -157,6 +160,42 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
     }
 }
 
+/* The f32 kernel for the first `rows` rows of a tile only: a partial row tile (M not a multiple
+ * of 14) costs its rows, not 14. A 16-sequence decode step of the serving engine is 14 + 2 rows,
+ * and the full kernel on the 2-row tile spent 12 of its 28 rows' FMAs on padding. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
+static inline void ukr_avx512_rows_body(const int rows, int64_t kc, const float *restrict Ap,
+                                        const float *restrict Bp, float *restrict T) {
+    __m512 c0[MR512], c1[MR512];
+    for (int i = 0; i < rows; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
+        for (int i = 0; i < rows; i++) {
+            __m512 a = _mm512_set1_ps(Ap[i]);
+            c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
+            c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+        }
+        Ap += MR512;
+        Bp += 32;
+    }
+    for (int i = 0; i < rows; i++) {
+        _mm512_storeu_ps(T + i * 32, c0[i]);
+        _mm512_storeu_ps(T + i * 32 + 16, c1[i]);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+static void ukr_avx512_rows(int rows, int64_t kc, const float *restrict Ap, const float *restrict Bp,
+                            float *restrict T) {
+    switch (rows) {   /* constant row counts: the accumulators stay in registers */
+#define ROWS_CASE(r) case r: ukr_avx512_rows_body(r, kc, Ap, Bp, T); break;
+    ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7)
+    ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12) ROWS_CASE(13)
+#undef ROWS_CASE
+    default: MMC_CHECK(false, "gemm: %d rows for a partial tile", rows);
+    }
+}
+
 /* bf16 weights on CPUs with AVX512_BF16, for inference GEMMs only (mmc_gemm_bf16_infer; opt-in:
  * MMC_GEMM_BF16=dot or mmc_gemm_set_bf16_dot; training and backward stay on the exact path):
  * vdpbf16ps multiplies bf16 pairs and adds both products to an f32 lane, so A (activations)
@@ -210,10 +249,10 @@ TBF16 static void ukr_bf16dot_14x32(int64_t kc, const float *restrict Ap_, const
  * caches (cpuinfo.c's model; on Zen 5 it gives the 84 / 1024 / 2048 measured best there).
  * KC is the one blocking choice that changes results (the f32 summation order); MC and NC do
  * not. The bf16-dot kernel packs 2-byte elements, so the same bytes hold twice the rows. */
-static kdesc K_AVX512 = {"avx512", MR512, 32, 4, 2, 0, 0, 0, ukr_avx512_14x32};
-static kdesc K_BF16DOT = {"avx512_bf16", MR512, 32, 2, 2, 0, 0, 0, ukr_bf16dot_14x32};
-static kdesc K_AVX2 = {"avx2", 6, 16, 4, 1, 0, 0, 0, ukr_avx2_6x16};
-static kdesc K_GENERIC = {"generic", 4, 16, 4, 1, 0, 0, 0, ukr_generic_4x16};
+static kdesc K_AVX512 = {"avx512", MR512, 32, 4, 2, 0, 0, 0, ukr_avx512_14x32, ukr_avx512_rows};
+static kdesc K_BF16DOT = {"avx512_bf16", MR512, 32, 2, 2, 0, 0, 0, ukr_bf16dot_14x32, NULL};
+static kdesc K_AVX2 = {"avx2", 6, 16, 4, 1, 0, 0, 0, ukr_avx2_6x16, NULL};
+static kdesc K_GENERIC = {"generic", 4, 16, 4, 1, 0, 0, 0, ukr_generic_4x16, NULL};
 static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AVX2, &K_GENERIC};
 
 static const kdesc *g_kernel;
@@ -1038,7 +1077,8 @@ static void gemm_slice(const kdesc *kd, bool ta, bool tb, int64_t m0, int64_t m1
                         if (rows == mr && cols == nr) {
                             kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
                         } else {
-                            kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
+                            if (rows < mr && kd->ukr_rows) kd->ukr_rows((int)rows, kc, Ap + i * ks, bp, tile);
+                            else kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
                             for (int64_t r = 0; r < rows; r++)
                                 for (int64_t q = 0; q < cols; q++) {
                                     float s = alpha * tile[r * nr + q];
@@ -1194,7 +1234,8 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                             if (rows == mr && cols == nr) {
                                 kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
                             } else {
-                                kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
+                                if (rows < mr && kd->ukr_rows) kd->ukr_rows((int)rows, kc, Ap + i * ks, bp, tile);
+                                else kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
                                 for (int64_t r = 0; r < rows; r++)
                                     for (int64_t q = 0; q < cols; q++) {
                                         float s = alpha * tile[r * nr + q];
