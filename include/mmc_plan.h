@@ -81,6 +81,8 @@ typedef struct {
     double mem_bytes;           /* memory per device (bytes; 0 = unknown) */
     double overlap;             /* share of data-parallel gradient communication hidden under backward (0-1) */
     int cores;                  /* CPU: cores shared by the ranks on this machine (0: a GPU per rank) */
+    double host_share;          /* CPU: the share of a core each of the job's ranks gets on this
+                                 * (shared) host, measured by mmc_plan_host_share; 0 = min(1, cores / ranks) */
     mmc_plan_calib *calib;      /* CPU: measured kernel times at the layer's shapes (NULL: the rates above) */
 } mmc_plan_device;
 
@@ -108,6 +110,9 @@ typedef struct {
     double flops_per_step;            /* model FLOPs of the whole step, all ranks (no recompute) */
     double mem_params, mem_grads, mem_optim, mem_act, mem_total;   /* bytes on the busiest rank */
     double comm_bytes;                /* bytes a rank sends per step (all groups) */
+    double cpu_s;                     /* busy seconds of all ranks together per step on unshared cores
+                                       * (compute + optimizer, + communication on a CPU host, whose
+                                       * transport is the CPU copying; what a CPU run's CPU time should be) */
 } mmc_plan_estimate;
 
 /* ---------------------------------------------------------------- model and workload */
@@ -146,11 +151,24 @@ void mmc_plan_calib_free(mmc_plan_calib *c);
 double mmc_plan_calib_linear(mmc_plan_calib *c, int64_t M, int64_t K, int64_t N);
 double mmc_plan_calib_attn(mmc_plan_calib *c, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
 double mmc_plan_calib_eltwise(mmc_plan_calib *c, int64_t M, int64_t C, int64_t F);
+/* A whole decoder layer of one rank's shard (mmc_qwen2_layer_forward + backward; B sequences of
+ * T tokens, width C, H / Hkv heads of D, FFN F), and lm_head + cross-entropy over N tokens (V
+ * the rank's vocabulary rows): what a layer costs beyond its GEMMs and attention (RoPE, the
+ * heads' reshapes, norms, residuals, the autograd tape). */
+double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
+                            int64_t F);
+double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V);
 /* Communication constants measured by mmc_plan_calibrate_net (false: none in the cache). */
 bool mmc_plan_calib_net(const mmc_plan_calib *c, mmc_plan_net *out);
 void mmc_plan_calib_set_net(mmc_plan_calib *c, const mmc_plan_net *n);
 /* This host as a device: cores, memory bandwidth (measured, cached) and the cache. */
 mmc_status mmc_plan_device_cpu(mmc_plan_calib *c, mmc_plan_device *out);
+/* How much of a core each of n busy threads gets here now: n threads spin for `seconds`, each
+ * reading its CPU time every 0.1 s; returns the best 0.1 s window's mean share per thread (the
+ * counterpart of a fastest-step measurement) and in *mean the whole run's. On a host shared by
+ * several sessions (Linux autogroup scheduling) this is what a rank of a job started from this
+ * session gets. */
+double mmc_plan_host_share(int n, double seconds, double *mean);
 /* Ping-pong and all-reduce over `world` (collective; run under mpirun with 2+ ranks): fills
  * *out with alpha / beta fitted to the measurements (rank 0's view). */
 mmc_status mmc_plan_calibrate_net(struct mmc_comm *world, mmc_plan_net *out);

@@ -84,18 +84,23 @@ int main(void) {
     CHECK(REL(e2.bubble, 1.0 / 17.0));
     CHECK_NEAR((e2.step_s - e2.optim_s) / e2.compute_s, (8.0 + 0.5) / 8.0, 1e-12);
 
-    /* ---- ZeRO over dp 4: optimizer 8P -> 8P/4 (stage 1), gradients 8P (DDP's bucket copy) ->
-     * 4P/4 (stage 2), parameters 4P -> 4P/4 + two gathered layers (stage 3) */
+    /* ---- ZeRO over dp 4, bf16 weights (ZeRO-3 gathers bf16 only): optimizer 8P + the fp32 master
+     * 4P -> 12P/4 (stage 1), gradients 8P (DDP's bucket copy) -> 4P/4 (stage 2), parameters 2P ->
+     * 2P/4 + two gathered layers (stage 3) */
     const double P = (double)mmc_plan_total_params(&m), L1 = (double)mmc_plan_layer_params(&m);
     mmc_plan_estimate z[4];
+    w.weight_bytes = 2;
     for (int s = 0; s < 4; s++) {
         l = base;
         l.dp = 4, l.zero = s;
         CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &z[s]));
     }
-    CHECK(REL(z[0].mem_optim, 8 * P) && REL(z[1].mem_optim, 2 * P));
+    CHECK(REL(z[0].mem_optim, 12 * P) && REL(z[1].mem_optim, 3 * P));
     CHECK(REL(z[0].mem_grads, 8 * P) && REL(z[1].mem_grads, 8 * P) && REL(z[2].mem_grads, P));
-    CHECK(REL(z[2].mem_params, 4 * P) && REL(z[3].mem_params, P + 8 * L1));
+    CHECK(REL(z[2].mem_params, 2 * P) && REL(z[3].mem_params, P / 2 + 4 * L1));
+    w.weight_bytes = 4;
+    l.zero = 3;   /* f32 weights: ZeRO-3 refused, as mmc_dp_new does */
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, NULL, 0));
     /* data-parallel traffic: one all-reduce of the f32 gradients per step */
     mmc_plan_net nab = net0(1e-5, 1e-9);
     l = base;

@@ -52,6 +52,9 @@ void help_plan(FILE *f) {
             "                        196, else 1024 = one 448x448 image; 0 = text only)\n"
             "  --calib FILE          the CPU calibration cache (default $XDG_CACHE_HOME/mmc/plan-cpu.txt or\n"
             "                        ~/.cache/mmc/plan-cpu.txt); delete it to measure again\n"
+            "  --host-share F        --device cpu: the share of a core each rank will get (0-1; default:\n"
+            "                        measured now by N threads spinning for 1 s, the best 0.1 s window: on a\n"
+            "                        host shared with other sessions this is far below cores / N)\n"
             "  --calibrate-net       measure point-to-point and all-reduce alpha / beta between 2+ ranks\n"
             "                        started by mpirun, and store them in --calib (rank 0 writes)\n"
             "  -h, --help            this help\n\n"
@@ -154,12 +157,12 @@ static void print_json(const row *r, int rank, const mmc_plan_device *d, int gpu
            "\"step_s\": %.6g, \"compute_s\": %.6g, \"recompute_s\": %.6g, \"comm_s\": %.6g, \"comm_total_s\": %.6g, "
            "\"tp_comm_s\": %.6g, \"cp_comm_s\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_s\": %.6g, \"bubble\": %.6g, "
            "\"bubble_s\": %.6g, \"optim_s\": %.6g, \"mfu\": %.4f, \"mem_bytes\": %.6g, \"mem_params\": %.6g, "
-           "\"mem_grads\": %.6g, \"mem_optim\": %.6g, \"mem_act\": %.6g, \"comm_bytes\": %.6g}\n",
+           "\"mem_grads\": %.6g, \"mem_optim\": %.6g, \"mem_act\": %.6g, \"comm_bytes\": %.6g, \"host_share\": %.4g, \"cpu_s\": %.6g}\n",
            rank, s, l->dp, l->tp, l->sp ? "true" : "false", l->pp, l->vpp, l->cp, l->cp_ring ? "ring" : "ulysses", l->ep,
            l->zero, (long long)l->micro_batch, l->recompute ? "true" : "false", r->fits ? "true" : "false", e->step_s,
            e->compute_s, e->recompute_s, e->comm_s, e->comm_total_s, e->tp_comm_s, e->cp_comm_s, e->pp_comm_s,
            e->dp_comm_s, e->bubble, e->bubble_s, e->optim_s, mfu, e->mem_total, e->mem_params, e->mem_grads,
-           e->mem_optim, e->mem_act, e->comm_bytes);
+           e->mem_optim, e->mem_act, e->comm_bytes, d->cores > 0 ? d->host_share : 1.0, e->cpu_s);
 }
 
 static const double GiB = 1073741824.0;
@@ -230,7 +233,7 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
 int cmd_plan(int argc, char **argv) {
     const char *cmd = "plan", *yaml = NULL, *device = "h100", *inter = NULL, *write = NULL, *calib_arg = NULL;
     long long gpus = 0, top = 8, batch = -1, seq = -1, patches = -1;
-    double gmem_gib = 0;
+    double gmem_gib = 0, host_share = -1;
     bool json = false, cal_net = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -245,6 +248,7 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1LL << 40, &batch)) return CLI_USAGE; }
         else if (!strcmp(a, "--seq")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1 << 24, &seq)) return CLI_USAGE; }
         else if (!strcmp(a, "--image-patches")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 0, 1 << 24, &patches)) return CLI_USAGE; }
+        else if (!strcmp(a, "--host-share")) { if (!(v = cli_value(argc, argv, &i)) || !cli_float(a, v, 1e-4, 1, &host_share)) return CLI_USAGE; }
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--calibrate-net")) cal_net = true;
         else if (a[0] == '-' && a[1]) return cli_usage(cmd, "unknown option '%s'", a);
@@ -298,6 +302,14 @@ int cmd_plan(int argc, char **argv) {
         mkdir_parent(calib_path);
         if ((st = mmc_plan_calib_open(calib_path, &calib))) { code = cli_fail(st, "plan"); goto out; }
         if ((st = mmc_plan_device_cpu(calib, &dev))) { code = cli_fail(st, "plan"); goto out; }
+        if (host_share < 0) {
+            double mean;
+            host_share = mmc_plan_host_share((int)gpus, 1.0, &mean);
+            if (!json)
+                printf("this host now gives each of %lld ranks %.2f of a core at best (%.2f on average over 1 s)\n", gpus,
+                       host_share, mean);
+        }
+        dev.host_share = host_share;
         if (!inter && !mmc_plan_calib_net(calib, &net)) {
             if (gpus > 1) {
                 code = cli_fail(MMC_OK, "plan --device cpu: no measured communication constants in %s; run `mpirun -np 2 "
@@ -372,7 +384,7 @@ int cmd_plan(int argc, char **argv) {
     for (int i = 0; i < nr; i++) nfit += rows[i].fits;
     const double toks = (double)w.batch * (double)w.seq;
     printf("mmc plan: %s on %lld x %s (%.0f GiB each, %s): %lld parameters, batch %lld x %lld tokens%s\n", yaml, gpus,
-           dev.name, gmem_gib, cpu && !inter ? "measured interconnect" : net.name, (long long)mmc_plan_total_params(&m),
+           dev.name, gmem_gib, cpu && !inter ? (gpus > 1 ? "measured interconnect" : "one rank") : net.name, (long long)mmc_plan_total_params(&m),
            (long long)w.batch, (long long)w.seq, m.vision ? (w.vision_patches ? " + images" : "") : "");
     printf("%d layouts accepted, %d fit in memory (of %lld enumerated)\n\n", nr, nfit, (long long)tried);
     printf("  #  %-34s %10s %12s %6s %9s %7s %6s\n", "layout", "step s", "tok/s/rank", "MFU", "mem GiB", "bubble", "comm");
@@ -381,8 +393,10 @@ int cmd_plan(int argc, char **argv) {
         char s[128];
         mmc_plan_layout_str(&r->l, s, sizeof s);
         double mfu = cpu ? NAN : r->e.flops_per_step / (r->e.step_s * (double)gpus * dev.gemm_flops / 0.6);
-        printf("%3d  %-34s %10.4g %12.4g %6.3f %9.2f %6.1f%% %5.1f%%%s\n", i + 1, s, r->e.step_s,
-               toks / r->e.step_s / (double)gpus, mfu, r->e.mem_total / GiB, 100 * r->e.bubble,
+        char mf[16] = "     -";
+        if (!cpu) snprintf(mf, sizeof mf, "%6.3f", mfu);
+        printf("%3d  %-34s %10.4g %12.4g %s %9.2f %6.1f%% %5.1f%%%s\n", i + 1, s, r->e.step_s,
+               toks / r->e.step_s / (double)gpus, mf, r->e.mem_total / GiB, 100 * r->e.bubble,
                100 * r->e.comm_s / r->e.step_s, r->fits ? "" : "  (does not fit)");
     }
     printf("(layout: dp/tp/pp/cp sizes, +sp sequence parallel, ppPxV interleaved, cp u Ulysses / r ring, zZeRO stage, "

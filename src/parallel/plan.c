@@ -28,6 +28,8 @@
 #include "mmc_pp.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -156,7 +158,7 @@ double mmc_plan_coll_time(mmc_coll_kind k, int p, double bytes, double alpha, do
 }
 
 /* ------------------------------------------------------------------ CPU calibration cache */
-typedef struct { int kind; int64_t a[5]; double s; } centry;   /* kind 0 linear, 1 attention, 2 eltwise */
+typedef struct { int kind; int64_t a[8]; double s; } centry;   /* kind: k_kinds */
 struct mmc_plan_calib {
     char *path;
     centry *e;
@@ -167,8 +169,9 @@ struct mmc_plan_calib {
     mmc_plan_net net;
 };
 
-static const char *const k_kinds[] = {"linear", "attn", "eltwise"};
-static const int k_nargs[] = {3, 5, 3};
+enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_N };
+static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head"};
+static const int k_nargs[K_N] = {3, 5, 3, 7, 3};
 
 static int calib_push(mmc_plan_calib *c, int kind, const int64_t *a, double s) {
     if (c->n == c->cap) {
@@ -212,23 +215,32 @@ mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out) {
                  n->alpha_intra >= 0 && n->beta_intra > 0 && n->alpha_p2p >= 0 && n->beta_p2p > 0;
             c->have_net = ok;
         } else {
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < K_N; k++) {
                 if (strcmp(word, k_kinds[k])) continue;
-                long long a[5] = {0};
-                double s = 0;
-                int got = k == 1 ? sscanf(p, "%lld %lld %lld %lld %lld %lf", &a[0], &a[1], &a[2], &a[3], &a[4], &s)
-                                 : sscanf(p, "%lld %lld %lld %lf", &a[0], &a[1], &a[2], &s);
-                if (k != 1) s = got == 4 ? s : 0;
-                ok = got == k_nargs[k] + 1 && s > 0 && a[0] > 0 && a[1] > 0 && a[2] > 0;
-                int64_t v[5] = {a[0], a[1], a[2], a[3], a[4]};
-                if (ok && calib_push(c, k, v, s)) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+                int64_t v[8] = {0};
+                double sec = 0;
+                ok = true;
+                for (int i = 0; i < k_nargs[k] && ok; i++) {
+                    char *end;
+                    long long x = strtoll(p, &end, 10);
+                    ok = end != p && x > 0;
+                    v[i] = x, p = end;
+                }
+                if (ok) {
+                    char *end;
+                    sec = strtod(p, &end);
+                    ok = end != p && sec > 0;
+                    while (ok && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+                    ok = ok && !*end;
+                }
+                if (ok && calib_push(c, k, v, sec)) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
             }
         }
         if (!ok) {
             line[strcspn(line, "\n")] = 0;
             st = mmc_error(MMC_ERR_FORMAT, "%s:%d: '%.80s' is not a calibration entry (linear M K N s | attn B T H "
-                           "Hkv D s | eltwise M C F s | mem_bw B/s | net alpha beta alpha_p2p beta_p2p); delete the "
-                           "file to measure again", path, ln, line);
+                           "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | head N C V s | mem_bw B/s | net alpha "
+                           "beta alpha_p2p beta_p2p); delete the file to measure again", path, ln, line);
             goto done;
         }
     }
@@ -241,7 +253,7 @@ done:
 
 mmc_status mmc_plan_calib_save(mmc_plan_calib *c) {
     if (!c || !c->path || !c->dirty) return MMC_OK;
-    size_t cap = 256 + (size_t)c->n * 128, len = 0;
+    size_t cap = 256 + (size_t)c->n * 192, len = 0;
     char *buf = malloc(cap);
     if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory");
     len += (size_t)snprintf(buf + len, cap - len, "# mmc plan: this host's measured kernel times (fwd + bwd seconds); "
@@ -252,12 +264,9 @@ mmc_status mmc_plan_calib_save(mmc_plan_calib *c) {
                                 c->net.alpha_p2p, c->net.beta_p2p);
     for (int i = 0; i < c->n; i++) {
         const centry *e = &c->e[i];
-        if (e->kind == 1)
-            len += (size_t)snprintf(buf + len, cap - len, "attn %lld %lld %lld %lld %lld %.6g\n", (long long)e->a[0],
-                                    (long long)e->a[1], (long long)e->a[2], (long long)e->a[3], (long long)e->a[4], e->s);
-        else
-            len += (size_t)snprintf(buf + len, cap - len, "%s %lld %lld %lld %.6g\n", k_kinds[e->kind], (long long)e->a[0],
-                                    (long long)e->a[1], (long long)e->a[2], e->s);
+        len += (size_t)snprintf(buf + len, cap - len, "%s", k_kinds[e->kind]);
+        for (int k = 0; k < k_nargs[e->kind]; k++) len += (size_t)snprintf(buf + len, cap - len, " %lld", (long long)e->a[k]);
+        len += (size_t)snprintf(buf + len, cap - len, " %.6g\n", e->s);
     }
     mmc_status st = mmc_write_file_atomic(c->path, buf, len);
     free(buf);
@@ -287,23 +296,36 @@ static void fill_rand(mmc_tensor *t, uint32_t seed) {
     }
 }
 
-/* Run fn(ctx, args) forward + backward `reps` times (after one warm-up), return the fastest. */
+/* CPU seconds of this process: the calibration runs on one thread and counts the CPU time it
+ * gets, not the wall clock, which on a shared host stretches by whatever else runs (the model
+ * applies the host's share separately: mmc_plan_device.host_share) */
+static double proc_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Run fn(ctx, args) forward + backward several times (after one warm-up) on one thread, return
+ * the fastest in CPU seconds. */
 typedef mmc_tensor *(*calib_fn)(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a);
 static double time_fwd_bwd(calib_fn fn, mmc_tensor **in, int n_in, const int64_t *a) {
     mmc_ctx *ctx = mmc_ctx_new();
     if (!ctx) return -1;
+    const int nt = mmc_get_num_threads();
+    mmc_set_num_threads(1);
     double best = DBL_MAX, spent = 0;
-    for (int r = 0; r < 6 && (r < 3 || spent < 0.3); r++) {
+    for (int r = 0; r < 8 && (r < 4 || spent < 0.3); r++) {
         for (int i = 0; i < n_in; i++) in[i]->grad = NULL;
-        double t0 = mmc_now();
+        double t0 = proc_cpu();
         mmc_tensor *y = fn(ctx, in, a);
         mmc_backward(ctx, mmc_sum(ctx, y));
-        double dt = mmc_now() - t0;
+        double dt = proc_cpu() - t0;
         mmc_ctx_reset(ctx);
         spent += dt;
         if (r > 0 && dt < best) best = dt;   /* r = 0 warms caches and the arena */
         if (r == 0 && dt > 2.0) { best = dt; break; }
     }
+    mmc_set_num_threads(nt);
     mmc_ctx_free(ctx);
     return best;
 }
@@ -326,19 +348,93 @@ static mmc_tensor *f_eltwise(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
     return mmc_add(ctx, mmc_sum(ctx, g), mmc_sum(ctx, h2));
 }
 
+/* A whole decoder layer (mmc_qwen2_layer_forward: norms, q/k/v/o with RoPE, attention, SwiGLU
+ * MLP, residuals) of one rank's shard, forward + backward with its parameters' gradients
+ * accumulated as in training. a: B, T, C, Hq, Hkv, D, F. */
+static double time_layer(const int64_t *a) {
+    mmc_qwen2_config cfg = {.vocab_size = 8, .hidden_size = a[2], .intermediate_size = a[6], .num_layers = 1,
+                            .num_heads = a[3], .num_kv_heads = a[4], .head_dim = a[5], .max_position_embeddings = a[1],
+                            .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true, .dtype = MMC_F32};
+    mmc_qwen2 *m = NULL;
+    if (mmc_qwen2_new(&cfg, 1, &m)) return -1;
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *x = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(a[0], a[1], a[2]));
+    double best = DBL_MAX;
+    const int nt = mmc_get_num_threads();
+    mmc_set_num_threads(1);
+    if (ctx && x) {
+        fill_rand(x, 5);
+        x->flags |= MMC_REQUIRES_GRAD;
+        double spent = 0;
+        for (int r = 0; r < 8 && (r < 4 || spent < 0.3); r++) {
+            x->grad = NULL;
+            double t0 = proc_cpu();
+            mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[1]));
+            for (int64_t i = 0; i < a[1]; i++) ((int64_t *)pos->data)[i] = i;
+            mmc_tensor *cos, *sin;
+            mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);
+            mmc_attn_opts o = {.causal = true};
+            mmc_tensor *y = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[0], x, cos, sin, &o, NULL, 0);
+            mmc_backward(ctx, mmc_sum(ctx, y));
+            double dt = proc_cpu() - t0;
+            mmc_ctx_reset(ctx);
+            spent += dt;
+            if (r > 0 && dt < best) best = dt;
+            if (r == 0 && dt > 2.0) { best = dt; break; }
+        }
+        x->grad = NULL;
+    }
+    mmc_set_num_threads(nt);
+    mmc_tensor_free(x);
+    mmc_ctx_free(ctx);
+    mmc_qwen2_free(m);
+    return best < DBL_MAX ? best : -1;
+}
+
+/* lm_head + cross-entropy over N tokens (a: N, C, V), forward + backward */
+static mmc_tensor *f_head(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
+    mmc_tensor *tg = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[0]));
+    for (int64_t i = 0; i < a[0]; i++) ((int64_t *)tg->data)[i] = (i * 7) % a[2];
+    return mmc_cross_entropy(ctx, mmc_linear(ctx, in[0], in[1], NULL), tg, -100);
+}
+
 /* largest token count measured directly; longer rows scale linearly from it */
 #define CALIB_MAX_FLOPS 4e9
 
 static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
     const centry *hit = calib_find(c, kind, a0);
     if (hit) return hit->s;
-    int64_t a[5] = {0};
+    int64_t a[8] = {0};
     memcpy(a, a0, (size_t)k_nargs[kind] * sizeof *a);
     double scale = 1;
     mmc_tensor *in[4] = {0};
     int n_in = 0;
     calib_fn fn = NULL;
-    if (kind == 0) {   /* cap M so that one measurement stays near CALIB_MAX_FLOPS */
+    if (kind == K_LAYER) {   /* fewer sequences when over the cap (time is about linear in B) */
+        int64_t K[7], N[7], B = a[0];
+        mmc_plan_model lm = {.hidden = a[2], .heads = a[3], .kv_heads = a[4], .head_dim = a[5], .inter = a[6]};
+        layer_linears(&lm, K, N);
+        double fl = 0;
+        for (int i = 0; i < 7; i++) fl += 6.0 * (double)a[1] * (double)K[i] * (double)N[i];
+        while (B > 1 && fl * (double)B > 2 * CALIB_MAX_FLOPS) B /= 2;
+        int64_t b[8];
+        memcpy(b, a, sizeof b);
+        b[0] = B;
+        double s = time_layer(b) * (double)a[0] / (double)B;
+        if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
+        return s > 0 ? s : 0;
+    }
+    if (kind == K_HEAD) {
+        double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[2];
+        if (fl > CALIB_MAX_FLOPS) {
+            int64_t M = (int64_t)((double)a[0] * CALIB_MAX_FLOPS / fl);
+            M = M < 16 ? 16 : M;
+            scale = (double)a[0] / (double)M, a[0] = M;
+        }
+        in[0] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[0], a[1]));
+        in[1] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));
+        n_in = 2, fn = f_head;
+    } else if (kind == 0) {   /* cap M so that one measurement stays near CALIB_MAX_FLOPS */
         double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[2];
         if (fl > CALIB_MAX_FLOPS) {
             int64_t M = (int64_t)((double)a[0] * CALIB_MAX_FLOPS / fl);
@@ -393,6 +489,13 @@ double mmc_plan_calib_attn(mmc_plan_calib *c, int64_t B, int64_t T, int64_t H, i
 double mmc_plan_calib_eltwise(mmc_plan_calib *c, int64_t M, int64_t C, int64_t F) {
     return measure(c, 2, (const int64_t[]){M, C, F});
 }
+double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
+                            int64_t F) {
+    return measure(c, K_LAYER, (const int64_t[]){B, T, C, H, Hkv, D, F});
+}
+double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V) {
+    return measure(c, K_HEAD, (const int64_t[]){N, C, V});
+}
 bool mmc_plan_calib_net(const mmc_plan_calib *c, mmc_plan_net *out) {
     if (!c || !c->have_net) return false;
     *out = c->net;
@@ -417,9 +520,9 @@ mmc_status mmc_plan_device_cpu(mmc_plan_calib *c, mmc_plan_device *out) {
         for (size_t i = 0; i < n; i++) a[i] = 1.0f, b[i] = 0.5f;
         double best = DBL_MAX;
         for (int r = 0; r < 4; r++) {
-            double t0 = mmc_now();
+            double t0 = proc_cpu();
             for (size_t i = 0; i < n; i++) a[i] = a[i] * 0.999f + b[i];
-            double dt = mmc_now() - t0;
+            double dt = proc_cpu() - t0;
             if (dt < best) best = dt;
         }
         volatile float sink = a[n / 2];
@@ -436,6 +539,58 @@ mmc_status mmc_plan_device_cpu(mmc_plan_calib *c, mmc_plan_device *out) {
     out->attn_flops = 0.5 * out->gemm_flops;
     out->overlap = 0;   /* the ranks' communication threads share the cores with compute */
     return MMC_OK;
+}
+
+typedef struct { double seconds; int nw; double *cpu; } spin_arg;   /* cpu[w]: CPU seconds in window w */
+
+static double thread_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *spin(void *p) {
+    spin_arg *a = p;
+    const double t0 = mmc_now();
+    double c0 = thread_cpu();
+    volatile double x = 1;
+    for (int w = 0; w < a->nw; w++) {
+        const double end = t0 + 0.1 * (w + 1);
+        while (mmc_now() < end)
+            for (int i = 0; i < 2000; i++) x = x * 1.0000001 + 1e-9;
+        double c = thread_cpu();
+        a->cpu[w] = c - c0;
+        c0 = c;
+    }
+    return NULL;
+}
+
+double mmc_plan_host_share(int n, double seconds, double *mean) {
+    const int nw = seconds < 0.1 ? 1 : (int)(seconds / 0.1);
+    if (mean) *mean = 1;
+    if (n < 1) n = 1;
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    spin_arg *a = calloc((size_t)n, sizeof *a);
+    double *cpu = calloc((size_t)n * (size_t)nw, sizeof *cpu);
+    int started = 0;
+    if (th && a && cpu)
+        for (; started < n; started++) {
+            a[started] = (spin_arg){seconds, nw, cpu + (size_t)started * (size_t)nw};
+            if (pthread_create(&th[started], NULL, spin, &a[started])) break;
+        }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    double best = 0, tot = 0;
+    for (int w = 0; w < nw && started; w++) {
+        double s = 0;
+        for (int i = 0; i < started; i++) s += cpu[(size_t)i * (size_t)nw + (size_t)w];
+        s /= 0.1 * started;
+        tot += s;
+        if (s > best) best = s;
+    }
+    free(th), free(a), free(cpu);
+    if (!started) return 1;
+    if (mean) *mean = tot / nw > 1 ? 1 : tot / nw;
+    return best > 1 ? 1 : best > 0 ? best : 1;
 }
 
 /* Two ranks: ping-pong of 8 B and 4 MiB (p2p alpha / beta), all-reduce of 8 B and 4 MiB over
@@ -528,6 +683,8 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
         if (M < l->pp) NO("%lld micro-batches per step is fewer than the %d stages", (long long)M, l->pp);
     }
     if (l->sp && l->tp < 2) NO("sequence parallelism needs tensor_parallel 2 or more");
+    if (l->zero == 3 && w->weight_bytes != 2)
+        NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
     if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
     return true;
 #undef NO
@@ -558,20 +715,20 @@ static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, cons
     if (Hkv < 1) Hkv = 1;
     const int64_t Te = l->sp ? Tl / t : Tl;   /* tokens of the norms / residuals */
     double tg, ta, te;
-    if (d->calib) {
-        int64_t K[7], N[7];
-        layer_linears(m, K, N);
-        tg = 0;
-        for (int i = 0; i < 7; i++) {
-            bool row = i == 3 || i == 6;   /* o, down: input columns split */
-            tg += mmc_plan_calib_linear(d->calib, Tl, row ? K[i] / t : K[i], row ? N[i] : N[i] / t);
+    if (d->calib) {   /* the measured layer of this shard, its attention swapped for the context-parallel one */
+        const int64_t Sl = S / l->cp;
+        double lay = mmc_plan_calib_layer(d->calib, b, Sl, C, m->heads / t, Hkv_t, D, F / t);
+        if (l->cp > 1) {
+            double local = mmc_plan_calib_attn(d->calib, b, Sl, m->heads / t, Hkv_t, D);
+            /* Ulysses: whole sequences, heads / cp; ring: 1 / cp of the whole sequences' attention
+             * (zigzag blocks balance the causal mask) */
+            double full = l->cp_ring ? mmc_plan_calib_attn(d->calib, b, S, m->heads / t, Hkv_t, D) / (double)l->cp
+                                     : mmc_plan_calib_attn(d->calib, b, S, Hq, Hkv, D);
+            lay += full - local;
         }
-        /* Ulysses: whole sequences, heads / cp; ring: the same FLOPs in c blocks of S / c */
-        ta = l->cp_ring ? mmc_plan_calib_attn(d->calib, b, S, Hq / l->cp > 0 ? Hq / l->cp : 1, Hkv, D)
-                        : mmc_plan_calib_attn(d->calib, b, S, Hq, Hkv, D);
-        if (l->cp_ring && Hq % l->cp) ta *= (double)Hq / (double)l->cp / (double)(Hq / l->cp > 0 ? Hq / l->cp : 1);
-        te = mmc_plan_calib_eltwise(d->calib, Te, C, F / t);
-        te += (double)w->act_bytes * (double)Tl * 2.0 * (double)((Hq + Hkv) * D) * 3.0 / d->mem_bw;   /* rope */
+        *fb = lay;
+        *fwd = lay / 3.0;
+        return;
     } else {
         double fg = 0;
         int64_t K[7], N[7];
@@ -591,8 +748,8 @@ static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, cons
 static double head_time(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
                         const mmc_plan_layout *l) {
     const int64_t Tl = l->micro_batch * w->seq / l->cp, Vt = m->vocab / l->tp;
+    if (d->calib) return mmc_plan_calib_head(d->calib, Tl, m->hidden, Vt);
     double soft = 6.0 * (double)Tl * (double)Vt * 4.0 / d->mem_bw;   /* logits, softmax, its gradient */
-    if (d->calib) return mmc_plan_calib_linear(d->calib, Tl, m->hidden, Vt) + soft;
     return 6.0 * (double)Tl * (double)m->hidden * (double)Vt / d->gemm_flops + soft;
 }
 
@@ -648,8 +805,11 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const int64_t Ls = m->layers / P;   /* layers per stage (even split) */
     const int tv = m->vision && t > 1 && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
     const int ranks = l->dp * t * P * l->cp;
-    /* the ranks of this host share its cores (CPU): compute slows by ranks / cores beyond that */
-    const double share = d->cores > 0 && ranks > d->cores ? (double)ranks / d->cores : 1.0;
+    /* CPU: the ranks share this host's cores with each other and with whatever else runs; a rank
+     * gets host_share of a core (measured), else cores / ranks when that is below 1 (the
+     * calibration's short kernels, fastest of several, ran on a whole core) */
+    double share = 1.0;
+    if (d->cores > 0) share = d->host_share > 0 ? 1.0 / d->host_share : ranks > d->cores ? (double)ranks / d->cores : 1.0;
 
     /* ---- compute per micro-batch per stage */
     double lfb, lfwd;
@@ -658,6 +818,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     double first = (double)Ls * (lfb + rc) + vision_time(m, w, d, l, tv), last = (double)Ls * (lfb + rc) + head_time(m, w, d, l);
     if (P == 1) first = last = first + head_time(m, w, d, l);
     double stage = (first > last ? first : last) * share;
+    const double mid = (double)Ls * (lfb + rc);   /* stages between the first and the last */
+    const double all_stages = P == 1 ? first : first + last + (double)(P - 2) * mid;
     e->recompute_s = (double)M * (double)Ls * rc * share;
 
     /* ---- communication per micro-batch on the critical path */
@@ -733,6 +895,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     e->optim_s = shard * (36.0 + (w->weight_bytes == 2 ? 6.0 : 0.0)) / d->mem_bw * share;
 
     e->step_s = span + dp_exposed + e->optim_s;
+    e->cpu_s = (double)(l->dp * l->cp * t) * (double)M * all_stages + (double)ranks * e->optim_s / share;
+    e->cpu_s += (double)ranks * e->comm_total_s * (d->cores > 0 ? 1.0 : 0.0);   /* CPU host: copies through shared memory */
     e->comm_total_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_c;
     e->comm_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_exposed;
     const double toks = (double)w->batch * (double)w->seq;
