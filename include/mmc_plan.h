@@ -158,6 +158,8 @@ double mmc_plan_calib_eltwise(mmc_plan_calib *c, int64_t M, int64_t C, int64_t F
 double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
                             int64_t F);
 double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V);
+/* The trainer's optimizer step over n parameters (gradient clipping + AdamW + zeroing). */
+double mmc_plan_calib_adamw(mmc_plan_calib *c, int64_t n);
 /* Communication constants measured by mmc_plan_calibrate_net (false: none in the cache). */
 bool mmc_plan_calib_net(const mmc_plan_calib *c, mmc_plan_net *out);
 void mmc_plan_calib_set_net(mmc_plan_calib *c, const mmc_plan_net *n);

@@ -26,6 +26,7 @@
 #include "mmc_ops.h"
 #include "mmc_parallel.h"
 #include "mmc_pp.h"
+#include "mmc_train.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -169,9 +170,9 @@ struct mmc_plan_calib {
     mmc_plan_net net;
 };
 
-enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_N };
-static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head"};
-static const int k_nargs[K_N] = {3, 5, 3, 7, 3};
+enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_ADAMW, K_N };
+static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head", "adamw"};
+static const int k_nargs[K_N] = {3, 5, 3, 7, 3, 1};
 
 static int calib_push(mmc_plan_calib *c, int kind, const int64_t *a, double s) {
     if (c->n == c->cap) {
@@ -239,7 +240,7 @@ mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out) {
         if (!ok) {
             line[strcspn(line, "\n")] = 0;
             st = mmc_error(MMC_ERR_FORMAT, "%s:%d: '%.80s' is not a calibration entry (linear M K N s | attn B T H "
-                           "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | head N C V s | mem_bw B/s | net alpha "
+                           "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | head N C V s | adamw N s | mem_bw B/s | net alpha "
                            "beta alpha_p2p beta_p2p); delete the file to measure again", path, ln, line);
             goto done;
         }
@@ -391,6 +392,38 @@ static double time_layer(const int64_t *a) {
     return best < DBL_MAX ? best : -1;
 }
 
+/* The optimizer step of the trainer over n parameters: gradient-norm clipping, AdamW, zeroing
+ * the gradients (mmc_clip_grad_norm, mmc_adamw_step), CPU seconds on one thread. */
+static double time_adamw(int64_t n) {
+    mmc_tensor *p = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(n / 1024, 1024));
+    double best = DBL_MAX;
+    if (p && (p->grad = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(n / 1024, 1024)))) {
+        p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
+        fill_rand(p, 3);
+        fill_rand(p->grad, 4);
+        mmc_adamw a;
+        mmc_adamw_opts o;
+        mmc_adamw_defaults(&o);
+        if (!mmc_adamw_init(&a, &o, &p, 1)) {
+            const int nt = mmc_get_num_threads();
+            mmc_set_num_threads(1);
+            for (int r = 0; r < 5; r++) {
+                double t0 = proc_cpu();
+                mmc_clip_grad_norm(&p, 1, 1.0);
+                mmc_adamw_step(&a, 1e-4);
+                memset(p->grad->data, 0, mmc_nbytes(p->grad));
+                double dt = proc_cpu() - t0;
+                if (r > 0 && dt < best) best = dt;
+                fill_rand(p->grad, 5u + (uint32_t)r);
+            }
+            mmc_set_num_threads(nt);
+            mmc_adamw_free(&a);
+        }
+    }
+    mmc_tensor_free(p);
+    return best < DBL_MAX ? best : -1;
+}
+
 /* lm_head + cross-entropy over N tokens (a: N, C, V), forward + backward */
 static mmc_tensor *f_head(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
     mmc_tensor *tg = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[0]));
@@ -424,27 +457,22 @@ static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
         if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
         return s > 0 ? s : 0;
     }
-    if (kind == K_HEAD) {
+    if (kind == K_ADAMW) {
+        double s = time_adamw(a[0]);
+        if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
+        return s > 0 ? s : 0;
+    }
+    if (kind == K_HEAD || kind == K_LINEAR) {   /* cap M so that one measurement stays near CALIB_MAX_FLOPS */
         double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[2];
         if (fl > CALIB_MAX_FLOPS) {
             int64_t M = (int64_t)((double)a[0] * CALIB_MAX_FLOPS / fl);
             M = M < 16 ? 16 : M;
             scale = (double)a[0] / (double)M, a[0] = M;
         }
-        in[0] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[0], a[1]));
-        in[1] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));
-        n_in = 2, fn = f_head;
-    } else if (kind == 0) {   /* cap M so that one measurement stays near CALIB_MAX_FLOPS */
-        double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[2];
-        if (fl > CALIB_MAX_FLOPS) {
-            int64_t M = (int64_t)((double)a[0] * CALIB_MAX_FLOPS / fl);
-            M = M < 16 ? 16 : M;
-            scale = (double)a[0] / (double)M, a[0] = M;
-        }
-        in[0] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[0], a[1]));
-        in[1] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));
-        n_in = 2, fn = f_linear;
-    } else if (kind == 1) {   /* attention: fewer sequences when over the cap (time is linear in B) */
+        in[0] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[0], a[1]));   /* x [M, K] */
+        in[1] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));   /* w [N, K] */
+        n_in = 2, fn = kind == K_HEAD ? f_head : f_linear;
+    } else if (kind == K_ATTN) {   /* attention: fewer sequences when over the cap (time is linear in B) */
         double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[1] * (double)a[2] * (double)a[4];
         int64_t B = a[0];
         while (B > 1 && fl * (double)B / (double)a[0] > CALIB_MAX_FLOPS) B /= 2;
@@ -495,6 +523,10 @@ double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, 
 }
 double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V) {
     return measure(c, K_HEAD, (const int64_t[]){N, C, V});
+}
+double mmc_plan_calib_adamw(mmc_plan_calib *c, int64_t n) {
+    const int64_t N = (int64_t)1 << 20;   /* measured on 1 Mi parameters, scaled linearly */
+    return measure(c, K_ADAMW, (const int64_t[]){N}) * (double)n / (double)N;
 }
 bool mmc_plan_calib_net(const mmc_plan_calib *c, mmc_plan_net *out) {
     if (!c || !c->have_net) return false;
@@ -892,7 +924,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     /* ---- optimizer: AdamW over this rank's shard (~36 bytes / parameter: read p, g, m, v; write
      * p, m, v; the gradient norm and zeroing) */
     double shard = l->zero >= 1 ? train / dpe : train;
-    e->optim_s = shard * (36.0 + (w->weight_bytes == 2 ? 6.0 : 0.0)) / d->mem_bw * share;
+    e->optim_s = d->calib ? mmc_plan_calib_adamw(d->calib, (int64_t)shard) * share
+                          : shard * (36.0 + (w->weight_bytes == 2 ? 6.0 : 0.0)) / d->mem_bw * share;
 
     e->step_s = span + dp_exposed + e->optim_s;
     e->cpu_s = (double)(l->dp * l->cp * t) * (double)M * all_stages + (double)ranks * e->optim_s / share;
