@@ -141,6 +141,8 @@ double mmc_plan_coll_time(mmc_coll_kind k, int p, double bytes, double alpha, do
 /* ---------------------------------------------------------------- CPU calibration */
 /* Load (or start empty) the cache file of measured kernel times; path NULL = no file. */
 mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out);
+/* The same from text (`what` names it in errors; no file: nothing is written back). */
+mmc_status mmc_plan_calib_parse(const char *text, size_t len, const char *what, mmc_plan_calib **out);
 /* Write it back (if anything was measured). */
 mmc_status mmc_plan_calib_save(mmc_plan_calib *c);
 void mmc_plan_calib_free(mmc_plan_calib *c);

@@ -192,18 +192,22 @@ static int calib_push(mmc_plan_calib *c, int kind, const int64_t *a, double s) {
 /* The cache is a text file, one measurement a line: "linear M K N seconds", "attn B T H Hkv D
  * seconds", "eltwise M C F seconds", "mem_bw bytes_per_s", "net alpha beta alpha_p2p beta_p2p".
  * Anything else is an error naming the line (delete the file to measure afresh). */
-mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out) {
-    *out = NULL;
-    mmc_plan_calib *c = calloc(1, sizeof *c);
-    if (!c) return mmc_error(MMC_ERR_OOM, "out of memory");
-    if (path && !(c->path = strdup(path))) { free(c); return mmc_error(MMC_ERR_OOM, "out of memory"); }
-    FILE *f = path ? fopen(path, "r") : NULL;
-    if (!f) { *out = c; return MMC_OK; }   /* no cache yet: measured on first use */
+/* the lines of text into c; errors name what:line */
+static mmc_status calib_parse(mmc_plan_calib *c, const char *text, size_t len, const char *path) {
     char line[512];
     int ln = 0;
     mmc_status st = MMC_OK;
-    while (fgets(line, sizeof line, f)) {
+    size_t at = 0;
+    while (at < len) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        size_t ll = nl ? (size_t)(nl - (text + at)) : len - at;
         ln++;
+        if (ll >= sizeof line || memchr(text + at, 0, ll))
+            return mmc_error(MMC_ERR_FORMAT, "%s:%d: not a calibration entry (a line of %zu bytes); delete the file to "
+                             "measure again", path, ln, ll);
+        memcpy(line, text + at, ll);
+        line[ll] = 0;
+        at += ll + 1;
         char word[16];
         int used = 0;
         if (line[0] == '#' || sscanf(line, "%15s%n", word, &used) != 1) continue;
@@ -234,21 +238,42 @@ mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out) {
                     while (ok && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
                     ok = ok && !*end;
                 }
-                if (ok && calib_push(c, k, v, sec)) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+                if (ok && calib_push(c, k, v, sec)) return mmc_error(MMC_ERR_OOM, "out of memory");
             }
         }
         if (!ok) {
             line[strcspn(line, "\n")] = 0;
-            st = mmc_error(MMC_ERR_FORMAT, "%s:%d: '%.80s' is not a calibration entry (linear M K N s | attn B T H "
-                           "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | head N C V s | adamw N s | mem_bw B/s | net alpha "
-                           "beta alpha_p2p beta_p2p); delete the file to measure again", path, ln, line);
-            goto done;
+            return mmc_error(MMC_ERR_FORMAT, "%s:%d: '%.80s' is not a calibration entry (linear M K N s | attn B T H "
+                             "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | head N C V s | adamw N s | mem_bw B/s | "
+                             "net alpha beta alpha_p2p beta_p2p); delete the file to measure again", path, ln, line);
         }
     }
-done:
-    fclose(f);
+    return st;
+}
+
+mmc_status mmc_plan_calib_parse(const char *text, size_t len, const char *what, mmc_plan_calib **out) {
+    *out = NULL;
+    mmc_plan_calib *c = calloc(1, sizeof *c);
+    if (!c) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = calib_parse(c, text, len, what ? what : "calibration");
     if (st) { mmc_plan_calib_free(c); return st; }
     *out = c;
+    return MMC_OK;
+}
+
+mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out) {
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    mmc_status st = MMC_OK;
+    if (path && access(path, F_OK) == 0 && (st = mmc_read_file(path, &text, &len))) return st;
+    if ((st = mmc_plan_calib_parse(text ? text : "", len, path, out))) { free(text); return st; }
+    free(text);   /* no file yet: an empty cache, measured on first use */
+    if (path && !((*out)->path = strdup(path))) {
+        mmc_plan_calib_free(*out);
+        *out = NULL;
+        return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
     return MMC_OK;
 }
 
