@@ -90,7 +90,7 @@ typedef struct {
     char name[32];
     double alpha_intra, beta_intra;   /* s, s/byte within a node (collectives) */
     double alpha_inter, beta_inter;   /* across nodes */
-    double alpha_p2p, beta_p2p;       /* point-to-point within a node (pipeline) */
+    double alpha_p2p, beta_p2p;       /* measured point-to-point within a node (pipeline; 0: the group's link) */
     int ranks_per_node;               /* 8 for a DGX-class node; the whole job for one CPU host */
 } mmc_plan_net;
 

@@ -141,7 +141,7 @@ bool mmc_plan_net_named(const char *name, mmc_plan_net *out) {
     else if (!strcmp(name, "ib")) out->alpha_intra = ib_a, out->beta_intra = ib_b;
     else if (!strcmp(name, "pcie")) out->alpha_intra = 10e-6, out->beta_intra = 1.0 / 25e9;
     else return false;
-    out->alpha_p2p = out->alpha_intra, out->beta_p2p = out->beta_intra;
+    out->alpha_p2p = out->beta_p2p = 0;   /* pipeline transfers take their group's link */
     return true;
 }
 
@@ -902,11 +902,11 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
             cp_mb = (double)Ls * ring;   /* counted in full: on shared cores the hops do not hide */
         }
     }
-    if (P > 1) {
-        double act = (double)Tl * C * ab;
-        pp_mb = 2.0 * (double)v * mmc_plan_coll_time(MMC_COLL_P2P, 2, act, n->alpha_p2p > 0 ? n->alpha_p2p : lpp.alpha,
-                                                     n->beta_p2p > 0 && (int64_t)P * t * l->cp * l->dp <= n->ranks_per_node
-                                                         ? n->beta_p2p : lpp.beta);
+    if (P > 1) {   /* measured point-to-point constants (this host) where the stages share a node */
+        const double act = (double)Tl * C * ab;
+        link_ab lp = lpp;
+        if (n->beta_p2p > 0 && (int64_t)ranks <= n->ranks_per_node) lp.alpha = n->alpha_p2p, lp.beta = n->beta_p2p;
+        pp_mb = 2.0 * (double)v * mmc_plan_coll_time(MMC_COLL_P2P, 2, act, lp.alpha, lp.beta);
     }
     const double mb_time = stage + tp_mb + cp_mb + pp_mb;   /* tp / cp / pp traffic is not overlapped */
     double span;
