@@ -178,8 +178,10 @@ static void explain(const row *r, int i, double gmem, const row *best) {
            100 * e->compute_s / e->step_s, 100 * e->recompute_s / e->step_s, 100 * e->comm_s / e->step_s, e->tp_comm_s,
            e->cp_comm_s, e->pp_comm_s, e->dp_comm_s, e->comm_total_s - e->comm_s, 100 * e->bubble_s / e->step_s,
            100 * e->optim_s / e->step_s);
-    printf("   memory %.1f GiB of %.1f: parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f\n",
-           e->mem_total / GiB, gmem / GiB, e->mem_params / GiB, e->mem_grads / GiB, e->mem_optim / GiB, e->mem_act / GiB);
+    const double u = gmem < 4 * GiB ? 1048576.0 : GiB;   /* MiB for small runs */
+    printf("   memory %.1f %s of %.1f: parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f\n",
+           e->mem_total / u, u == GiB ? "GiB" : "MiB", gmem / u, e->mem_params / u, e->mem_grads / u, e->mem_optim / u,
+           e->mem_act / u);
 }
 
 /* replace the top-level parallel: block of text (or append one) and the values of
