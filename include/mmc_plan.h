@@ -154,9 +154,10 @@ double mmc_plan_calib_linear(mmc_plan_calib *c, int64_t M, int64_t K, int64_t N)
 double mmc_plan_calib_attn(mmc_plan_calib *c, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
 double mmc_plan_calib_eltwise(mmc_plan_calib *c, int64_t M, int64_t C, int64_t F);
 /* A whole decoder layer of one rank's shard (mmc_qwen2_layer_forward + backward; B sequences of
- * T tokens, width C, H / Hkv heads of D, FFN F), and lm_head + cross-entropy over N tokens (V
- * the rank's vocabulary rows): what a layer costs beyond its GEMMs and attention (RoPE, the
- * heads' reshapes, norms, residuals, the autograd tape). */
+ * T tokens, width C, H / Hkv heads of D, FFN F), and the rest of a micro-batch over N tokens
+ * (token embedding, final norm, lm_head and cross-entropy; V the rank's vocabulary rows): what a
+ * layer costs beyond its GEMMs and attention (RoPE, the heads' reshapes, norms, residuals, the
+ * autograd tape). */
 double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
                             int64_t F);
 double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V);

@@ -449,11 +449,15 @@ static double time_adamw(int64_t n) {
     return best < DBL_MAX ? best : -1;
 }
 
-/* lm_head + cross-entropy over N tokens (a: N, C, V), forward + backward */
+/* What a micro-batch costs outside the decoder layers, over N tokens (a: N, C, V): the token
+ * embedding (lookup and its gradient's scatter), the final RMSNorm, lm_head and cross-entropy,
+ * forward + backward. in: x [N, C], lm_head [V, C], embedding [V, C], norm [C]. */
 static mmc_tensor *f_head(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
-    mmc_tensor *tg = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[0]));
-    for (int64_t i = 0; i < a[0]; i++) ((int64_t *)tg->data)[i] = (i * 7) % a[2];
-    return mmc_cross_entropy(ctx, mmc_linear(ctx, in[0], in[1], NULL), tg, -100);
+    mmc_tensor *ids = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[0]));
+    for (int64_t i = 0; i < a[0]; i++) ((int64_t *)ids->data)[i] = (i * 7) % a[2];
+    mmc_tensor *h = mmc_add(ctx, in[0], mmc_embedding(ctx, in[2], ids));
+    h = mmc_rmsnorm(ctx, h, in[3], 1e-6f);
+    return mmc_cross_entropy(ctx, mmc_linear(ctx, h, in[1], NULL), ids, -100);
 }
 
 /* largest token count measured directly; longer rows scale linearly from it */
@@ -496,7 +500,12 @@ static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
         }
         in[0] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[0], a[1]));   /* x [M, K] */
         in[1] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));   /* w [N, K] */
-        n_in = 2, fn = kind == K_HEAD ? f_head : f_linear;
+        n_in = 2, fn = f_linear;
+        if (kind == K_HEAD) {
+            in[2] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));   /* embedding [V, C] */
+            in[3] = mmc_tensor_new(MMC_F32, 1, MMC_SHAPE(a[1]));         /* final norm [C] */
+            n_in = 4, fn = f_head;
+        }
     } else if (kind == K_ATTN) {   /* attention: fewer sequences when over the cap (time is linear in B) */
         double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[1] * (double)a[2] * (double)a[4];
         int64_t B = a[0];
