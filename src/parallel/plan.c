@@ -340,7 +340,7 @@ static double time_fwd_bwd(calib_fn fn, mmc_tensor **in, int n_in, const int64_t
     const int nt = mmc_get_num_threads();
     mmc_set_num_threads(1);
     double best = DBL_MAX, spent = 0;
-    for (int r = 0; r < 8 && (r < 4 || spent < 0.3); r++) {
+    for (int r = 0; r < 8 && (r < 4 || spent < 0.3) && !(r >= 2 && spent > 0.5); r++) {   /* big shapes: 1 + 1 */
         for (int i = 0; i < n_in; i++) in[i]->grad = NULL;
         double t0 = proc_cpu();
         mmc_tensor *y = fn(ctx, in, a);
@@ -392,7 +392,7 @@ static double time_layer(const int64_t *a) {
         fill_rand(x, 5);
         x->flags |= MMC_REQUIRES_GRAD;
         double spent = 0;
-        for (int r = 0; r < 8 && (r < 4 || spent < 0.3); r++) {
+        for (int r = 0; r < 8 && (r < 4 || spent < 0.3) && !(r >= 2 && spent > 0.5); r++) {   /* big shapes: 1 + 1 */
             x->grad = NULL;
             double t0 = proc_cpu();
             mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[1]));
@@ -461,7 +461,7 @@ static mmc_tensor *f_head(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
 }
 
 /* largest token count measured directly; longer rows scale linearly from it */
-#define CALIB_MAX_FLOPS 4e9
+#define CALIB_MAX_FLOPS 1e9
 
 static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
     const centry *hit = calib_find(c, kind, a0);
@@ -482,7 +482,10 @@ static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
         int64_t b[8];
         memcpy(b, a, sizeof b);
         b[0] = B;
-        double s = time_layer(b) * (double)a[0] / (double)B;
+        if (fl > 2 * CALIB_MAX_FLOPS)   /* one sequence is still too long: fewer tokens, scaled linearly
+                                         * (the attention's quadratic part is then underestimated) */
+            b[1] = a[1] * 2 * CALIB_MAX_FLOPS / fl > 64 ? (int64_t)((double)a[1] * 2 * CALIB_MAX_FLOPS / fl) : 64;
+        double s = time_layer(b) * (double)a[0] / (double)B * (double)a[1] / (double)b[1];
         if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
         return s > 0 ? s : 0;
     }
@@ -508,12 +511,18 @@ static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
         }
     } else if (kind == K_ATTN) {   /* attention: fewer sequences when over the cap (time is linear in B) */
         double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[1] * (double)a[2] * (double)a[4];
-        int64_t B = a[0];
+        int64_t B = a[0], T = a[1];
         while (B > 1 && fl * (double)B / (double)a[0] > CALIB_MAX_FLOPS) B /= 2;
         scale = (double)a[0] / (double)B;
-        in[0] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, a[1], a[2], a[4]));
-        in[1] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, a[1], a[3], a[4]));
-        in[2] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, a[1], a[3], a[4]));
+        const double f1 = fl / (double)a[0];   /* one sequence */
+        if (B == 1 && f1 > CALIB_MAX_FLOPS) {   /* shorter sequences, scaled quadratically */
+            T = (int64_t)((double)a[1] * sqrt(CALIB_MAX_FLOPS / f1));
+            T = T < 64 ? 64 : T;
+            scale *= ((double)a[1] / (double)T) * ((double)a[1] / (double)T);
+        }
+        in[0] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, T, a[2], a[4]));
+        in[1] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, T, a[3], a[4]));
+        in[2] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, T, a[3], a[4]));
         n_in = 3, fn = f_attn;
     } else {
         int64_t M = a[0];
