@@ -56,6 +56,8 @@ int cmd_train(int argc, char **argv);
 void help_train(FILE *f);
 int cmd_launch(int argc, char **argv);
 void help_launch(FILE *f);
+int cmd_plan(int argc, char **argv);
+void help_plan(FILE *f);
 int cmd_export(int argc, char **argv);
 void help_export(FILE *f);
 int cmd_transcribe(int argc, char **argv);

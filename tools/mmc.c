@@ -34,6 +34,7 @@ static const cli_cmd g_cmds[] = {
      cmd_train, help_train},
     {"launch", "Run `mmc train` on N data-parallel processes (execs mpirun with sensible flags)",
      cmd_launch, help_launch},
+    {"plan", "Rank parallel layouts (dp x tp x pp x cp, ZeRO, recompute) by modelled step time and memory", cmd_plan, help_plan},
     {"export", "Write a training checkpoint (any rank count / ZeRO stage) as a Hugging Face directory",
      cmd_export, help_export},
     {"transcribe", "Speech to text with a Whisper checkpoint (language detection, timestamps, JSON / SRT)",

@@ -1,0 +1,1018 @@
+/* plan.c — the cost model of `mmc plan` (mmc_plan.h): step time and memory per rank of a
+ * parallel layout of a Qwen2 / Qwen2-VL training run, from FLOPs, bytes and an alpha-beta model
+ * of each collective. Nothing here is copied from another planner; the formulas are the
+ * textbook ones (Narayanan et al. 2021 for the pipeline bubble and Megatron's collectives,
+ * Korthikanti et al. 2022 for which activations a layer keeps, Rajbhandari et al. 2020 for the
+ * ZeRO stages' memory), applied to what mmc's trainer actually holds (see the comments).
+ *
+ * Per micro-batch of b samples of S tokens on a rank with tensor-parallel size t, context size c:
+ *   tokens        Tl = b S / c
+ *   GEMM FLOPs    fwd 2 Tl (C (Hq + 2Hkv) D + Hq D C + 3 C F) / t; backward 2x forward
+ *   attention     fwd causal 2 b S^2 Hq D / (t c) (half of 4 S^2 Hq D); backward 2.5x forward
+ *   memory-bound  (10 C + 3 F / t + 2 (Hq + Hkv) D / t) elements per token, x3 for fwd + bwd
+ *   recompute     one more forward of each layer
+ *   tp            4 all-reduces of [Tl, C] per layer (2 forward, 2 backward; with sequence
+ *                 parallelism the same volume as all-gather + reduce-scatter)
+ *   cp Ulysses    q, k, v and output all-to-all forward and backward; ring: c - 1 K/V hops
+ *                 forward and 2(c - 1) backward, hidden under the attention they feed
+ *   pp            a [b, S, C] transfer per stage boundary per micro-batch each way (v per rank
+ *                 when interleaved); step = (M + (P - 1) / v) x the slowest stage's time
+ *   dp            gradient all-reduce over dp x cp once per step (ZeRO-2: a reduce-scatter per
+ *                 micro-batch + a parameter all-gather; ZeRO-3: parameter all-gathers forward and
+ *                 backward and a gradient reduce-scatter per micro-batch), a share `overlap` of it
+ *                 hidden under backward. */
+#include "mmc_plan.h"
+#include "mmc_cp.h"
+#include "mmc_ops.h"
+#include "mmc_parallel.h"
+#include "mmc_pp.h"
+#include "mmc_train.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ model shapes */
+mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_model *out) {
+    memset(out, 0, sizeof *out);
+    mmc_status st = mmc_qwen2_config_read(cfg, &out->lm);
+    if (st) return mmc_error_prefix(st, "%s", what);
+    const mmc_qwen2_config *c = &out->lm;
+    out->vocab = c->vocab_size, out->hidden = c->hidden_size, out->inter = c->intermediate_size;
+    out->layers = c->num_layers, out->heads = c->num_heads, out->kv_heads = c->num_kv_heads;
+    out->head_dim = c->head_dim, out->tied = c->tie_word_embeddings;
+    if (out->vocab < 1 || out->hidden < 1 || out->inter < 1 || out->layers < 1 || out->heads < 1 || out->kv_heads < 1 ||
+        out->head_dim < 1)
+        return mmc_error(MMC_ERR_FORMAT, "%s: vocab_size, hidden_size, intermediate_size, num_hidden_layers, "
+                         "num_attention_heads, num_key_value_heads must all be positive", what);
+    if (mmc_json_get(cfg, "vision_config")) {
+        const char *mt = NULL;
+        if ((st = mmc_json_str(cfg, "model_type", "", &mt))) return mmc_error_prefix(st, "%s", what);
+        mmc_vl_arch arch = !strcmp(mt, "qwen2_5_vl") ? MMC_VL_QWEN2_5 : MMC_VL_QWEN2;
+        if ((st = mmc_vision_config_read(cfg, arch, &out->vcfg))) return mmc_error_prefix(st, "%s", what);
+        const mmc_vision_config *v = &out->vcfg;
+        out->vision = true;
+        out->v_depth = v->depth, out->v_dim = v->embed_dim, out->v_heads = v->num_heads;
+        out->v_inter = v->intermediate_size, out->v_merge = v->spatial_merge_size, out->v_out = v->out_hidden_size;
+        out->v_patch_in = v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size;
+        if (out->v_depth < 1 || out->v_dim < 1 || out->v_heads < 1 || out->v_merge < 1)
+            return mmc_error(MMC_ERR_FORMAT, "%s: vision_config: depth, embed_dim, num_heads, spatial_merge_size "
+                             "must be positive", what);
+    }
+    return MMC_OK;
+}
+
+/* linear weights of a decoder layer: q, k, v, o, gate, up, down (K x N each) */
+static void layer_linears(const mmc_plan_model *m, int64_t K[7], int64_t N[7]) {
+    const int64_t C = m->hidden, F = m->inter, D = m->head_dim;
+    int64_t k[7] = {C, C, C, m->heads * D, C, C, F}, n[7] = {m->heads * D, m->kv_heads * D, m->kv_heads * D, C, F, F, C};
+    memcpy(K, k, sizeof k);
+    memcpy(N, n, sizeof n);
+}
+
+int64_t mmc_plan_layer_params(const mmc_plan_model *m) {
+    int64_t K[7], N[7], p = 2 * m->hidden;   /* two RMSNorm weights */
+    layer_linears(m, K, N);
+    for (int i = 0; i < 7; i++) p += K[i] * N[i];
+    return p + (m->heads + 2 * m->kv_heads) * m->head_dim;   /* q, k, v biases (Qwen2) */
+}
+
+int64_t mmc_plan_vision_params(const mmc_plan_model *m) {
+    if (!m->vision) return 0;
+    const int64_t Cv = m->v_dim, Fv = m->v_inter, mm = m->v_merge * m->v_merge * Cv;
+    int64_t blk = 3 * Cv * Cv + 3 * Cv + Cv * Cv + Cv + 2 * Cv * Fv + Fv + Cv + 4 * Cv;
+    return m->v_depth * blk + m->v_patch_in * Cv + 2 * Cv + mm * mm + mm + mm * m->v_out + m->v_out;
+}
+
+int64_t mmc_plan_total_params(const mmc_plan_model *m) {
+    return m->layers * mmc_plan_layer_params(m) + m->vocab * m->hidden * (m->tied ? 1 : 2) + m->hidden +
+           mmc_plan_vision_params(m);
+}
+
+double mmc_plan_layer_flops(const mmc_plan_model *m, int64_t tokens, int64_t seq) {
+    int64_t K[7], N[7];
+    layer_linears(m, K, N);
+    double f = 0;
+    for (int i = 0; i < 7; i++) f += 2.0 * (double)tokens * (double)K[i] * (double)N[i];
+    /* causal attention: QK^T and PV, each 2 S^2 Hq D per sequence, half of it under the mask */
+    return f + 2.0 * (double)tokens * (double)seq * (double)m->heads * (double)m->head_dim;
+}
+
+/* ------------------------------------------------------------------ devices and networks */
+/* bf16 dense tensor-core peaks from the vendors' data sheets (SXM parts); efficiency: the share
+ * of peak a well-tuned training GEMM sustains (Megatron-LM reports 0.5-0.6 model FLOPs use on
+ * H100 at scale; we take 0.6 for the GEMMs and 0.45 for attention kernels). Memory: HBM
+ * bandwidth x 0.8. overlap: NCCL on its own streams hides most bucketed gradient traffic. */
+bool mmc_plan_device_named(const char *name, mmc_plan_device *out) {
+    static const struct { const char *n; double peak, bw, mem; } k[] = {
+        {"h100", 989e12, 3.35e12, 80.0}, {"h200", 989e12, 4.8e12, 141.0}, {"a100", 312e12, 2.04e12, 80.0}};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        if (strcmp(name, k[i].n)) continue;
+        memset(out, 0, sizeof *out);
+        snprintf(out->name, sizeof out->name, "%s", k[i].n);
+        out->gemm_flops = 0.6 * k[i].peak;
+        out->attn_flops = 0.45 * k[i].peak;
+        out->mem_bw = 0.8 * k[i].bw;
+        out->mem_bytes = k[i].mem * 1073741824.0;
+        out->overlap = 0.8;
+        return true;
+    }
+    return false;
+}
+
+/* alpha: per-message latency; beta: 1 / achievable bus bandwidth per GPU. NVLink 4 (H100 /
+ * H200 SXM): 450 GB/s each way, NCCL all-reduce bus bandwidth ~360 GB/s -> beta 1/360e9,
+ * alpha 8 us per ring step (small-message all-reduce latency across 8 GPUs ~ 50-60 us).
+ * InfiniBand NDR 400 Gb/s per GPU (one NIC per GPU): ~45 GB/s achievable, alpha 12 us.
+ * PCIe gen5 x16 through the host: ~25 GB/s, alpha 10 us. */
+bool mmc_plan_net_named(const char *name, mmc_plan_net *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    const double ib_a = 12e-6, ib_b = 1.0 / 45e9;
+    out->ranks_per_node = 8;
+    out->alpha_inter = ib_a, out->beta_inter = ib_b;
+    if (!strcmp(name, "nvlink")) out->alpha_intra = 8e-6, out->beta_intra = 1.0 / 360e9;
+    else if (!strcmp(name, "ib")) out->alpha_intra = ib_a, out->beta_intra = ib_b;
+    else if (!strcmp(name, "pcie")) out->alpha_intra = 10e-6, out->beta_intra = 1.0 / 25e9;
+    else return false;
+    out->alpha_p2p = out->beta_p2p = 0;   /* pipeline transfers take their group's link */
+    return true;
+}
+
+double mmc_plan_coll_time(mmc_coll_kind k, int p, double bytes, double alpha, double beta) {
+    if (k == MMC_COLL_P2P) return alpha + bytes * beta;
+    if (p <= 1) return 0;
+    const double s = (double)(p - 1), f = s / (double)p;
+    switch (k) {
+    case MMC_COLL_ALL_REDUCE: return 2.0 * s * alpha + 2.0 * f * bytes * beta;
+    case MMC_COLL_ALL_GATHER:
+    case MMC_COLL_REDUCE_SCATTER:
+    case MMC_COLL_ALL_TO_ALL: return s * alpha + f * bytes * beta;
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------------ CPU calibration cache */
+typedef struct { int kind; int64_t a[8]; double s; } centry;   /* kind: k_kinds */
+struct mmc_plan_calib {
+    char *path;
+    centry *e;
+    int n, cap;
+    bool dirty;
+    double mem_bw;          /* 0: not measured */
+    bool have_net;
+    mmc_plan_net net;
+};
+
+enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_ADAMW, K_N };
+static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head", "adamw"};
+static const int k_nargs[K_N] = {3, 5, 3, 7, 3, 1};
+
+static int calib_push(mmc_plan_calib *c, int kind, const int64_t *a, double s) {
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 64;
+        centry *e = realloc(c->e, (size_t)cap * sizeof *e);
+        if (!e) return -1;
+        c->e = e, c->cap = cap;
+    }
+    centry *x = &c->e[c->n++];
+    memset(x, 0, sizeof *x);
+    x->kind = kind;
+    memcpy(x->a, a, (size_t)k_nargs[kind] * sizeof *a);
+    x->s = s;
+    return 0;
+}
+
+/* The cache is a text file, one measurement a line: "linear M K N seconds", "attn B T H Hkv D
+ * seconds", "eltwise M C F seconds", "mem_bw bytes_per_s", "net alpha beta alpha_p2p beta_p2p".
+ * Anything else is an error naming the line (delete the file to measure afresh). */
+/* the lines of text into c; errors name what:line */
+static mmc_status calib_parse(mmc_plan_calib *c, const char *text, size_t len, const char *path) {
+    char line[512];
+    int ln = 0;
+    mmc_status st = MMC_OK;
+    size_t at = 0;
+    while (at < len) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        size_t ll = nl ? (size_t)(nl - (text + at)) : len - at;
+        ln++;
+        if (ll >= sizeof line || memchr(text + at, 0, ll))
+            return mmc_error(MMC_ERR_FORMAT, "%s:%d: not a calibration entry (a line of %zu bytes); delete the file to "
+                             "measure again", path, ln, ll);
+        memcpy(line, text + at, ll);
+        line[ll] = 0;
+        at += ll + 1;
+        char word[16];
+        int used = 0;
+        if (line[0] == '#' || sscanf(line, "%15s%n", word, &used) != 1) continue;
+        const char *p = line + used;
+        bool ok = false;
+        if (!strcmp(word, "mem_bw")) ok = sscanf(p, "%lf", &c->mem_bw) == 1 && c->mem_bw > 0;
+        else if (!strcmp(word, "net")) {
+            mmc_plan_net *n = &c->net;
+            ok = sscanf(p, "%lf %lf %lf %lf", &n->alpha_intra, &n->beta_intra, &n->alpha_p2p, &n->beta_p2p) == 4 &&
+                 n->alpha_intra >= 0 && n->beta_intra > 0 && n->alpha_p2p >= 0 && n->beta_p2p > 0;
+            c->have_net = ok;
+        } else {
+            for (int k = 0; k < K_N; k++) {
+                if (strcmp(word, k_kinds[k])) continue;
+                int64_t v[8] = {0};
+                double sec = 0;
+                ok = true;
+                for (int i = 0; i < k_nargs[k] && ok; i++) {
+                    char *end;
+                    long long x = strtoll(p, &end, 10);
+                    ok = end != p && x > 0;
+                    v[i] = x, p = end;
+                }
+                if (ok) {
+                    char *end;
+                    sec = strtod(p, &end);
+                    ok = end != p && sec > 0;
+                    while (ok && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+                    ok = ok && !*end;
+                }
+                if (ok && calib_push(c, k, v, sec)) return mmc_error(MMC_ERR_OOM, "out of memory");
+            }
+        }
+        if (!ok) {
+            line[strcspn(line, "\n")] = 0;
+            return mmc_error(MMC_ERR_FORMAT, "%s:%d: '%.80s' is not a calibration entry (linear M K N s | attn B T H "
+                             "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | head N C V s | adamw N s | mem_bw B/s | "
+                             "net alpha beta alpha_p2p beta_p2p); delete the file to measure again", path, ln, line);
+        }
+    }
+    return st;
+}
+
+mmc_status mmc_plan_calib_parse(const char *text, size_t len, const char *what, mmc_plan_calib **out) {
+    *out = NULL;
+    mmc_plan_calib *c = calloc(1, sizeof *c);
+    if (!c) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = calib_parse(c, text, len, what ? what : "calibration");
+    if (st) { mmc_plan_calib_free(c); return st; }
+    *out = c;
+    return MMC_OK;
+}
+
+mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out) {
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    mmc_status st = MMC_OK;
+    if (path && access(path, F_OK) == 0 && (st = mmc_read_file(path, &text, &len))) return st;
+    if ((st = mmc_plan_calib_parse(text ? text : "", len, path, out))) { free(text); return st; }
+    free(text);   /* no file yet: an empty cache, measured on first use */
+    if (path && !((*out)->path = strdup(path))) {
+        mmc_plan_calib_free(*out);
+        *out = NULL;
+        return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    return MMC_OK;
+}
+
+mmc_status mmc_plan_calib_save(mmc_plan_calib *c) {
+    if (!c || !c->path || !c->dirty) return MMC_OK;
+    size_t cap = 256 + (size_t)c->n * 192, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory");
+    len += (size_t)snprintf(buf + len, cap - len, "# mmc plan: this host's measured kernel times (fwd + bwd seconds); "
+                            "delete to re-measure\n");
+    if (c->mem_bw > 0) len += (size_t)snprintf(buf + len, cap - len, "mem_bw %.6g\n", c->mem_bw);
+    if (c->have_net)
+        len += (size_t)snprintf(buf + len, cap - len, "net %.6g %.6g %.6g %.6g\n", c->net.alpha_intra, c->net.beta_intra,
+                                c->net.alpha_p2p, c->net.beta_p2p);
+    for (int i = 0; i < c->n; i++) {
+        const centry *e = &c->e[i];
+        len += (size_t)snprintf(buf + len, cap - len, "%s", k_kinds[e->kind]);
+        for (int k = 0; k < k_nargs[e->kind]; k++) len += (size_t)snprintf(buf + len, cap - len, " %lld", (long long)e->a[k]);
+        len += (size_t)snprintf(buf + len, cap - len, " %.6g\n", e->s);
+    }
+    mmc_status st = mmc_write_file_atomic(c->path, buf, len);
+    free(buf);
+    if (st) return mmc_error_prefix(st, "calibration cache");
+    c->dirty = false;
+    return MMC_OK;
+}
+
+void mmc_plan_calib_free(mmc_plan_calib *c) {
+    if (!c) return;
+    free(c->path);
+    free(c->e);
+    free(c);
+}
+
+static const centry *calib_find(const mmc_plan_calib *c, int kind, const int64_t *a) {
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].kind == kind && !memcmp(c->e[i].a, a, (size_t)k_nargs[kind] * sizeof *a)) return &c->e[i];
+    return NULL;
+}
+
+static void fill_rand(mmc_tensor *t, uint32_t seed) {
+    float *p = t->data;
+    for (int64_t i = 0; i < mmc_numel(t); i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = (float)((double)(seed >> 8) / 16777216.0 - 0.5) * 0.1f;
+    }
+}
+
+/* CPU seconds of this process: the calibration runs on one thread and counts the CPU time it
+ * gets, not the wall clock, which on a shared host stretches by whatever else runs (the model
+ * applies the host's share separately: mmc_plan_device.host_share) */
+static double proc_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Run fn(ctx, args) forward + backward several times (after one warm-up) on one thread, return
+ * the fastest in CPU seconds. */
+typedef mmc_tensor *(*calib_fn)(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a);
+static double time_fwd_bwd(calib_fn fn, mmc_tensor **in, int n_in, const int64_t *a) {
+    mmc_ctx *ctx = mmc_ctx_new();
+    if (!ctx) return -1;
+    const int nt = mmc_get_num_threads();
+    mmc_set_num_threads(1);
+    double best = DBL_MAX, spent = 0;
+    for (int r = 0; r < 8 && (r < 4 || spent < 0.3) && !(r >= 2 && spent > 0.5); r++) {   /* big shapes: 1 + 1 */
+        for (int i = 0; i < n_in; i++) in[i]->grad = NULL;
+        double t0 = proc_cpu();
+        mmc_tensor *y = fn(ctx, in, a);
+        mmc_backward(ctx, mmc_sum(ctx, y));
+        double dt = proc_cpu() - t0;
+        mmc_ctx_reset(ctx);
+        spent += dt;
+        if (r > 0 && dt < best) best = dt;   /* r = 0 warms caches and the arena */
+        if (r == 0 && dt > 2.0) { best = dt; break; }
+    }
+    mmc_set_num_threads(nt);
+    mmc_ctx_free(ctx);
+    return best;
+}
+
+static mmc_tensor *f_linear(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
+    (void)a;
+    return mmc_linear(ctx, in[0], in[1], NULL);
+}
+static mmc_tensor *f_attn(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
+    (void)a;
+    mmc_attn_opts o = {.causal = true};
+    return mmc_attention(ctx, in[0], in[1], in[2], &o);
+}
+static mmc_tensor *f_eltwise(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
+    (void)a;   /* a layer's memory-bound ops: two RMSNorms, SwiGLU, two residual adds */
+    mmc_tensor *h = mmc_rmsnorm(ctx, in[0], in[3], 1e-6f);
+    h = mmc_add(ctx, h, in[0]);
+    mmc_tensor *g = mmc_swiglu(ctx, in[1], in[2]);
+    mmc_tensor *h2 = mmc_add(ctx, mmc_rmsnorm(ctx, h, in[3], 1e-6f), h);
+    return mmc_add(ctx, mmc_sum(ctx, g), mmc_sum(ctx, h2));
+}
+
+/* A whole decoder layer (mmc_qwen2_layer_forward: norms, q/k/v/o with RoPE, attention, SwiGLU
+ * MLP, residuals) of one rank's shard, forward + backward with its parameters' gradients
+ * accumulated as in training. a: B, T, C, Hq, Hkv, D, F. */
+static double time_layer(const int64_t *a) {
+    mmc_qwen2_config cfg = {.vocab_size = 8, .hidden_size = a[2], .intermediate_size = a[6], .num_layers = 1,
+                            .num_heads = a[3], .num_kv_heads = a[4], .head_dim = a[5], .max_position_embeddings = a[1],
+                            .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true, .dtype = MMC_F32};
+    mmc_qwen2 *m = NULL;
+    if (mmc_qwen2_new(&cfg, 1, &m)) return -1;
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *x = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(a[0], a[1], a[2]));
+    double best = DBL_MAX;
+    const int nt = mmc_get_num_threads();
+    mmc_set_num_threads(1);
+    if (ctx && x) {
+        fill_rand(x, 5);
+        x->flags |= MMC_REQUIRES_GRAD;
+        double spent = 0;
+        for (int r = 0; r < 8 && (r < 4 || spent < 0.3) && !(r >= 2 && spent > 0.5); r++) {   /* big shapes: 1 + 1 */
+            x->grad = NULL;
+            double t0 = proc_cpu();
+            mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[1]));
+            for (int64_t i = 0; i < a[1]; i++) ((int64_t *)pos->data)[i] = i;
+            mmc_tensor *cos, *sin;
+            mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);
+            mmc_attn_opts o = {.causal = true};
+            mmc_tensor *y = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[0], x, cos, sin, &o, NULL, 0);
+            mmc_backward(ctx, mmc_sum(ctx, y));
+            double dt = proc_cpu() - t0;
+            mmc_ctx_reset(ctx);
+            spent += dt;
+            if (r > 0 && dt < best) best = dt;
+            if (r == 0 && dt > 2.0) { best = dt; break; }
+        }
+        x->grad = NULL;
+    }
+    mmc_set_num_threads(nt);
+    mmc_tensor_free(x);
+    mmc_ctx_free(ctx);
+    mmc_qwen2_free(m);
+    return best < DBL_MAX ? best : -1;
+}
+
+/* The optimizer step of the trainer over n parameters: gradient-norm clipping, AdamW, zeroing
+ * the gradients (mmc_clip_grad_norm, mmc_adamw_step), CPU seconds on one thread. */
+static double time_adamw(int64_t n) {
+    mmc_tensor *p = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(n / 1024, 1024));
+    double best = DBL_MAX;
+    if (p && (p->grad = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(n / 1024, 1024)))) {
+        p->flags |= MMC_REQUIRES_GRAD | MMC_PARAM;
+        fill_rand(p, 3);
+        fill_rand(p->grad, 4);
+        mmc_adamw a;
+        mmc_adamw_opts o;
+        mmc_adamw_defaults(&o);
+        if (!mmc_adamw_init(&a, &o, &p, 1)) {
+            const int nt = mmc_get_num_threads();
+            mmc_set_num_threads(1);
+            for (int r = 0; r < 5; r++) {
+                double t0 = proc_cpu();
+                mmc_clip_grad_norm(&p, 1, 1.0);
+                mmc_adamw_step(&a, 1e-4);
+                memset(p->grad->data, 0, mmc_nbytes(p->grad));
+                double dt = proc_cpu() - t0;
+                if (r > 0 && dt < best) best = dt;
+                fill_rand(p->grad, 5u + (uint32_t)r);
+            }
+            mmc_set_num_threads(nt);
+            mmc_adamw_free(&a);
+        }
+    }
+    mmc_tensor_free(p);
+    return best < DBL_MAX ? best : -1;
+}
+
+/* What a micro-batch costs outside the decoder layers, over N tokens (a: N, C, V): the token
+ * embedding (lookup and its gradient's scatter), the final RMSNorm, lm_head and cross-entropy,
+ * forward + backward. in: x [N, C], lm_head [V, C], embedding [V, C], norm [C]. */
+static mmc_tensor *f_head(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
+    mmc_tensor *ids = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[0]));
+    for (int64_t i = 0; i < a[0]; i++) ((int64_t *)ids->data)[i] = (i * 7) % a[2];
+    mmc_tensor *h = mmc_add(ctx, in[0], mmc_embedding(ctx, in[2], ids));
+    h = mmc_rmsnorm(ctx, h, in[3], 1e-6f);
+    return mmc_cross_entropy(ctx, mmc_linear(ctx, h, in[1], NULL), ids, -100);
+}
+
+/* largest token count measured directly; longer rows scale linearly from it */
+#define CALIB_MAX_FLOPS 1e9
+
+static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
+    const centry *hit = calib_find(c, kind, a0);
+    if (hit) return hit->s;
+    int64_t a[8] = {0};
+    memcpy(a, a0, (size_t)k_nargs[kind] * sizeof *a);
+    double scale = 1;
+    mmc_tensor *in[4] = {0};
+    int n_in = 0;
+    calib_fn fn = NULL;
+    if (kind == K_LAYER) {   /* fewer sequences when over the cap (time is about linear in B) */
+        int64_t K[7], N[7], B = a[0];
+        mmc_plan_model lm = {.hidden = a[2], .heads = a[3], .kv_heads = a[4], .head_dim = a[5], .inter = a[6]};
+        layer_linears(&lm, K, N);
+        double fl = 0;
+        for (int i = 0; i < 7; i++) fl += 6.0 * (double)a[1] * (double)K[i] * (double)N[i];
+        while (B > 1 && fl * (double)B > 2 * CALIB_MAX_FLOPS) B /= 2;
+        int64_t b[8];
+        memcpy(b, a, sizeof b);
+        b[0] = B;
+        if (fl > 2 * CALIB_MAX_FLOPS)   /* one sequence is still too long: fewer tokens, scaled linearly
+                                         * (the attention's quadratic part is then underestimated) */
+            b[1] = a[1] * 2 * CALIB_MAX_FLOPS / fl > 64 ? (int64_t)((double)a[1] * 2 * CALIB_MAX_FLOPS / fl) : 64;
+        double s = time_layer(b) * (double)a[0] / (double)B * (double)a[1] / (double)b[1];
+        if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
+        return s > 0 ? s : 0;
+    }
+    if (kind == K_ADAMW) {
+        double s = time_adamw(a[0]);
+        if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
+        return s > 0 ? s : 0;
+    }
+    if (kind == K_HEAD || kind == K_LINEAR) {   /* cap M so that one measurement stays near CALIB_MAX_FLOPS */
+        double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[2];
+        if (fl > CALIB_MAX_FLOPS) {
+            int64_t M = (int64_t)((double)a[0] * CALIB_MAX_FLOPS / fl);
+            M = M < 16 ? 16 : M;
+            scale = (double)a[0] / (double)M, a[0] = M;
+        }
+        in[0] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[0], a[1]));   /* x [M, K] */
+        in[1] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));   /* w [N, K] */
+        n_in = 2, fn = f_linear;
+        if (kind == K_HEAD) {
+            in[2] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(a[2], a[1]));   /* embedding [V, C] */
+            in[3] = mmc_tensor_new(MMC_F32, 1, MMC_SHAPE(a[1]));         /* final norm [C] */
+            n_in = 4, fn = f_head;
+        }
+    } else if (kind == K_ATTN) {   /* attention: fewer sequences when over the cap (time is linear in B) */
+        double fl = 2.0 * (double)a[0] * (double)a[1] * (double)a[1] * (double)a[2] * (double)a[4];
+        int64_t B = a[0], T = a[1];
+        while (B > 1 && fl * (double)B / (double)a[0] > CALIB_MAX_FLOPS) B /= 2;
+        scale = (double)a[0] / (double)B;
+        const double f1 = fl / (double)a[0];   /* one sequence */
+        if (B == 1 && f1 > CALIB_MAX_FLOPS) {   /* shorter sequences, scaled quadratically */
+            T = (int64_t)((double)a[1] * sqrt(CALIB_MAX_FLOPS / f1));
+            T = T < 64 ? 64 : T;
+            scale *= ((double)a[1] / (double)T) * ((double)a[1] / (double)T);
+        }
+        in[0] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, T, a[2], a[4]));
+        in[1] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, T, a[3], a[4]));
+        in[2] = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(B, T, a[3], a[4]));
+        n_in = 3, fn = f_attn;
+    } else {
+        int64_t M = a[0];
+        while (M > 1024 && (double)M * (double)(a[1] + a[2]) > 5e7) M /= 2;
+        scale = (double)a[0] / (double)M;
+        in[0] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(M, a[1]));
+        in[1] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(M, a[2]));
+        in[2] = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(M, a[2]));
+        in[3] = mmc_tensor_new(MMC_F32, 1, MMC_SHAPE(a[1]));
+        n_in = 4, fn = f_eltwise;
+    }
+    double s = -1;
+    for (int i = 0; i < n_in; i++)
+        if (!in[i]) goto done;
+    for (int i = 0; i < n_in; i++) {
+        fill_rand(in[i], 17u + (uint32_t)i);
+        in[i]->flags |= MMC_REQUIRES_GRAD;
+    }
+    s = time_fwd_bwd(fn, in, n_in, a) * scale;
+done:
+    for (int i = 0; i < n_in; i++) {
+        if (in[i]) in[i]->grad = NULL;   /* an arena tensor of the freed context */
+        mmc_tensor_free(in[i]);
+    }
+    if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
+    return s > 0 ? s : 0;
+}
+
+double mmc_plan_calib_linear(mmc_plan_calib *c, int64_t M, int64_t K, int64_t N) {
+    return measure(c, 0, (const int64_t[]){M, K, N});
+}
+double mmc_plan_calib_attn(mmc_plan_calib *c, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+    return measure(c, 1, (const int64_t[]){B, T, H, Hkv, D});
+}
+double mmc_plan_calib_eltwise(mmc_plan_calib *c, int64_t M, int64_t C, int64_t F) {
+    return measure(c, 2, (const int64_t[]){M, C, F});
+}
+double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
+                            int64_t F) {
+    return measure(c, K_LAYER, (const int64_t[]){B, T, C, H, Hkv, D, F});
+}
+double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V) {
+    return measure(c, K_HEAD, (const int64_t[]){N, C, V});
+}
+double mmc_plan_calib_adamw(mmc_plan_calib *c, int64_t n) {
+    const int64_t N = (int64_t)1 << 20;   /* measured on 1 Mi parameters, scaled linearly */
+    return measure(c, K_ADAMW, (const int64_t[]){N}) * (double)n / (double)N;
+}
+bool mmc_plan_calib_net(const mmc_plan_calib *c, mmc_plan_net *out) {
+    if (!c || !c->have_net) return false;
+    *out = c->net;
+    return true;
+}
+void mmc_plan_calib_set_net(mmc_plan_calib *c, const mmc_plan_net *n) {
+    c->net = *n;
+    c->have_net = true;
+    c->dirty = true;
+}
+
+mmc_status mmc_plan_device_cpu(mmc_plan_calib *c, mmc_plan_device *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "cpu");
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    out->cores = nc > 0 ? (int)nc : 1;
+    out->calib = c;
+    if (c->mem_bw <= 0) {   /* a read-modify-write stream over 64 MiB (AdamW's access pattern) */
+        const size_t n = (size_t)16 << 20;
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        if (!a || !b) { free(a); free(b); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        for (size_t i = 0; i < n; i++) a[i] = 1.0f, b[i] = 0.5f;
+        double best = DBL_MAX;
+        for (int r = 0; r < 4; r++) {
+            double t0 = proc_cpu();
+            for (size_t i = 0; i < n; i++) a[i] = a[i] * 0.999f + b[i];
+            double dt = proc_cpu() - t0;
+            if (dt < best) best = dt;
+        }
+        volatile float sink = a[n / 2];
+        (void)sink;
+        free(a), free(b);
+        c->mem_bw = 3.0 * (double)n * sizeof(float) / best;
+        c->dirty = true;
+    }
+    out->mem_bw = c->mem_bw;
+    /* only the calibrated kernel times are used on this device; these rates stand for anything
+     * outside them (e.g. the vision merger) */
+    double t = mmc_plan_calib_linear(c, 256, 256, 256);
+    out->gemm_flops = t > 0 ? 6.0 * 256 * 256 * 256 / t : 1e10;
+    out->attn_flops = 0.5 * out->gemm_flops;
+    out->overlap = 0;   /* the ranks' communication threads share the cores with compute */
+    return MMC_OK;
+}
+
+typedef struct { double seconds; int nw; double *cpu; } spin_arg;   /* cpu[w]: CPU seconds in window w */
+
+static double thread_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *spin(void *p) {
+    spin_arg *a = p;
+    const double t0 = mmc_now();
+    double c0 = thread_cpu();
+    volatile double x = 1;
+    for (int w = 0; w < a->nw; w++) {
+        const double end = t0 + 0.1 * (w + 1);
+        while (mmc_now() < end)
+            for (int i = 0; i < 2000; i++) x = x * 1.0000001 + 1e-9;
+        double c = thread_cpu();
+        a->cpu[w] = c - c0;
+        c0 = c;
+    }
+    return NULL;
+}
+
+double mmc_plan_host_share(int n, double seconds, double *mean) {
+    const int nw = seconds < 0.1 ? 1 : (int)(seconds / 0.1);
+    if (mean) *mean = 1;
+    if (n < 1) n = 1;
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    spin_arg *a = calloc((size_t)n, sizeof *a);
+    double *cpu = calloc((size_t)n * (size_t)nw, sizeof *cpu);
+    int started = 0;
+    if (th && a && cpu)
+        for (; started < n; started++) {
+            a[started] = (spin_arg){seconds, nw, cpu + (size_t)started * (size_t)nw};
+            if (pthread_create(&th[started], NULL, spin, &a[started])) break;
+        }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    double best = 0, tot = 0;
+    for (int w = 0; w < nw && started; w++) {
+        double s = 0;
+        for (int i = 0; i < started; i++) s += cpu[(size_t)i * (size_t)nw + (size_t)w];
+        s /= 0.1 * started;
+        tot += s;
+        if (s > best) best = s;
+    }
+    free(th), free(a), free(cpu);
+    if (!started) return 1;
+    if (mean) *mean = tot / nw > 1 ? 1 : tot / nw;
+    return best > 1 ? 1 : best > 0 ? best : 1;
+}
+
+/* Two ranks: ping-pong of 8 B and 4 MiB (p2p alpha / beta), all-reduce of 8 B and 4 MiB over
+ * the world (collective alpha / beta of the ring formula). Each the fastest of several. */
+mmc_status mmc_plan_calibrate_net(mmc_comm *world, mmc_plan_net *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "measured");
+    const int p = mmc_comm_size(world), r = mmc_comm_rank(world);
+    out->ranks_per_node = 1 << 20;
+    if (p < 2) return mmc_error(MMC_ERR_INVALID, "network calibration needs 2 or more ranks (run it under mpirun -np 2)");
+    const int64_t big = (int64_t)1 << 20;   /* floats: 4 MiB */
+    float *buf = calloc((size_t)big, sizeof *buf);
+    if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory");
+    double pp[2] = {DBL_MAX, DBL_MAX}, ar[2] = {DBL_MAX, DBL_MAX};
+    mmc_status st = MMC_OK;
+    for (int s = 0; s < 2; s++) {
+        const int64_t n = s ? big : 2;
+        for (int it = 0; it < (s ? 8 : 40); it++) {
+            if ((st = mmc_barrier(world))) goto done;
+            double t0 = mmc_now();
+            if (r == 0) {
+                if ((st = mmc_send(world, buf, n, MMC_F32, 1, 7)) || (st = mmc_recv(world, buf, n, MMC_F32, 1, 7))) goto done;
+            } else if (r == 1) {
+                if ((st = mmc_recv(world, buf, n, MMC_F32, 0, 7)) || (st = mmc_send(world, buf, n, MMC_F32, 0, 7))) goto done;
+            }
+            double dt = (mmc_now() - t0) / 2;
+            if (it && dt < pp[s]) pp[s] = dt;
+        }
+        for (int it = 0; it < (s ? 8 : 40); it++) {
+            if ((st = mmc_barrier(world))) goto done;
+            double t0 = mmc_now();
+            if ((st = mmc_all_reduce(world, buf, buf, n, MMC_F32, MMC_SUM))) goto done;
+            double dt = mmc_now() - t0;
+            if (it && dt < ar[s]) ar[s] = dt;
+        }
+    }
+    {
+        const double nb = (double)big * 4, ns = 8;
+        out->beta_p2p = (pp[1] - pp[0]) / (nb - ns);
+        out->alpha_p2p = pp[0] - ns * out->beta_p2p;
+        const double f = 2.0 * (p - 1) / p, s2 = 2.0 * (p - 1);
+        out->beta_intra = (ar[1] - ar[0]) / (f * (nb - ns));
+        out->alpha_intra = (ar[0] - f * ns * out->beta_intra) / s2;
+        if (out->beta_p2p <= 0) out->beta_p2p = pp[1] / nb;
+        if (out->beta_intra <= 0) out->beta_intra = ar[1] / (f * nb);
+        if (out->alpha_p2p < 0) out->alpha_p2p = 0;
+        if (out->alpha_intra < 0) out->alpha_intra = 0;
+        out->alpha_inter = out->alpha_intra, out->beta_inter = out->beta_intra;
+    }
+done:
+    free(buf);
+    return st;
+}
+
+/* ------------------------------------------------------------------ layouts */
+void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "dp%d tp%d%s pp%d", l->dp, l->tp, l->sp ? "+sp" : "", l->pp);
+    if (l->vpp > 1 && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, "x%d", l->vpp);
+    if (n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, " cp%d%s", l->cp, l->cp > 1 ? (l->cp_ring ? "r" : "u") : "");
+    if (l->ep > 1 && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " ep%d", l->ep);
+    if (n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " z%d mb%lld%s", l->zero, (long long)l->micro_batch, l->recompute ? " rc" : "");
+}
+
+bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_layout *l,
+                        char *why, size_t cap) {
+    if (why && cap) why[0] = 0;
+#define NO(...) do { if (why) snprintf(why, cap, __VA_ARGS__); return false; } while (0)
+    if (l->dp < 1 || l->tp < 1 || l->pp < 1 || l->cp < 1 || l->vpp < 1 || l->micro_batch < 1) NO("sizes must be >= 1");
+    if (l->ep > 1) NO("expert parallelism needs a mixture-of-experts model (ep %d)", l->ep);
+    if (w->batch % (l->micro_batch * l->dp))
+        NO("batch_size %lld does not divide into data_parallel %d x micro_batch_size %lld", (long long)w->batch, l->dp,
+           (long long)l->micro_batch);
+    /* the model's own checks, as the trainer runs them when it reads config.json */
+    if (l->tp > 1 && mmc_qwen2_tp_check(&m->lm, l->tp, NULL)) NO("%s", mmc_last_error());
+    if (l->cp > 1) {
+        if (!l->cp_ring && mmc_cp_check_qwen2(&m->lm, l->cp, NULL)) NO("%s", mmc_last_error());
+        if (w->seq % l->cp) NO("seq_len %lld is not a multiple of context_parallel %d", (long long)w->seq, l->cp);
+        if (m->vision) NO("context parallelism is implemented for the text Qwen2 only");
+    }
+    if (l->pp > 1) {
+        int64_t bounds[1025];
+        if (l->pp * l->vpp > 1024) NO("too many pipeline stages");
+        if (mmc_pp_split_layers(m->layers, l->pp * l->vpp, NULL, 0, bounds)) NO("%s", mmc_last_error());
+        const int64_t M = w->batch / (l->micro_batch * l->dp);
+        if (l->vpp > 1 && M % l->pp)
+            NO("interleaving needs the micro-batches per step (%lld) to be a multiple of pipeline_parallel %d", (long long)M,
+               l->pp);
+        if (M < l->pp) NO("%lld micro-batches per step is fewer than the %d stages", (long long)M, l->pp);
+    }
+    if (l->sp && l->tp < 2) NO("sequence parallelism needs tensor_parallel 2 or more");
+    if (l->zero == 3 && w->weight_bytes != 2)
+        NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
+    if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
+    return true;
+#undef NO
+}
+
+/* ------------------------------------------------------------------ the estimate */
+typedef struct {
+    double alpha, beta;
+} link_ab;
+
+/* the link a group of p ranks with stride s (ranks s apart) runs over */
+static link_ab group_link(const mmc_plan_net *n, int p, int stride) {
+    link_ab l = {n->alpha_intra, n->beta_intra};
+    if ((int64_t)p * stride > n->ranks_per_node) l.alpha = n->alpha_inter, l.beta = n->beta_inter;
+    return l;
+}
+static double coll(mmc_coll_kind k, int p, double bytes, link_ab l) { return mmc_plan_coll_time(k, p, bytes, l.alpha, l.beta); }
+
+/* fwd + bwd seconds of one decoder layer on one micro-batch on a rank (compute only), and of
+ * its forward alone (what recompute repeats) */
+static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                       const mmc_plan_layout *l, double *fb, double *fwd) {
+    const int64_t b = l->micro_batch, S = w->seq, Tl = b * S / l->cp, t = l->tp;
+    const int64_t C = m->hidden, F = m->inter, D = m->head_dim;
+    const int64_t Hq = m->heads / (t * (l->cp_ring ? 1 : l->cp));
+    const int64_t Hkv_t = m->kv_heads / t;
+    int64_t Hkv = l->cp_ring || l->cp == 1 ? Hkv_t : (Hkv_t >= l->cp ? Hkv_t / l->cp : 1);
+    if (Hkv < 1) Hkv = 1;
+    const int64_t Te = l->sp ? Tl / t : Tl;   /* tokens of the norms / residuals */
+    double tg, ta, te;
+    if (d->calib) {   /* the measured layer of this shard, its attention swapped for the context-parallel one */
+        const int64_t Sl = S / l->cp;
+        double lay = mmc_plan_calib_layer(d->calib, b, Sl, C, m->heads / t, Hkv_t, D, F / t);
+        if (l->cp > 1) {
+            double local = mmc_plan_calib_attn(d->calib, b, Sl, m->heads / t, Hkv_t, D);
+            /* Ulysses: whole sequences, heads / cp; ring: 1 / cp of the whole sequences' attention
+             * (zigzag blocks balance the causal mask) */
+            double full = l->cp_ring ? mmc_plan_calib_attn(d->calib, b, S, m->heads / t, Hkv_t, D) / (double)l->cp
+                                     : mmc_plan_calib_attn(d->calib, b, S, Hq, Hkv, D);
+            lay += full - local;
+        }
+        *fb = lay;
+        *fwd = lay / 3.0;
+        return;
+    } else {
+        double fg = 0;
+        int64_t K[7], N[7];
+        layer_linears(m, K, N);
+        for (int i = 0; i < 7; i++) fg += 2.0 * (double)Tl * (double)K[i] * (double)N[i] / (double)t;
+        tg = 3.0 * fg / d->gemm_flops;
+        double fa = 2.0 * (double)b * (double)S * (double)S * (double)(m->heads / t) * (double)D / (double)l->cp;
+        ta = 3.5 * fa / d->attn_flops;
+        double el = 10.0 * (double)C * (double)Te + (3.0 * (double)F / (double)t + 2.0 * (double)((m->heads + m->kv_heads) * D) / (double)t) * (double)Tl;
+        te = 3.0 * el * (double)w->act_bytes / d->mem_bw;
+    }
+    *fb = tg + ta + te;
+    *fwd = tg / 3.0 + ta / 3.5 + te / 3.0;
+}
+
+/* embedding + lm_head + loss of a micro-batch (last stage; the lookup on the first is memory only) */
+static double head_time(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                        const mmc_plan_layout *l) {
+    const int64_t Tl = l->micro_batch * w->seq / l->cp, Vt = m->vocab / l->tp;
+    if (d->calib) return mmc_plan_calib_head(d->calib, Tl, m->hidden, Vt);
+    double soft = 6.0 * (double)Tl * (double)Vt * 4.0 / d->mem_bw;   /* logits, softmax, its gradient */
+    return 6.0 * (double)Tl * (double)m->hidden * (double)Vt / d->gemm_flops + soft;
+}
+
+/* vision tower + merger over a micro-batch's patches (fwd + bwd; fwd only when frozen) */
+static double vision_time(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                          const mmc_plan_layout *l, int tv) {
+    if (!m->vision || w->vision_patches <= 0) return 0;
+    const int64_t Np = l->micro_batch * w->vision_patches, Cv = m->v_dim, Fv = m->v_inter, Dv = Cv / m->v_heads;
+    const int64_t mm = m->v_merge * m->v_merge * Cv;
+    double t;
+    if (d->calib) {
+        double blk = mmc_plan_calib_linear(d->calib, Np, Cv, 3 * Cv / tv) + mmc_plan_calib_linear(d->calib, Np, Cv / tv, Cv) +
+                     mmc_plan_calib_linear(d->calib, Np, Cv, Fv / tv) + mmc_plan_calib_linear(d->calib, Np, Fv / tv, Cv) +
+                     2.0 * mmc_plan_calib_attn(d->calib, l->micro_batch, w->vision_patches, m->v_heads / tv,
+                                               m->v_heads / tv, Dv) +
+                     mmc_plan_calib_eltwise(d->calib, Np, Cv, Fv / tv);
+        t = (double)m->v_depth * blk + mmc_plan_calib_linear(d->calib, Np / (m->v_merge * m->v_merge), mm, mm) +
+            mmc_plan_calib_linear(d->calib, Np / (m->v_merge * m->v_merge), mm, m->v_out);
+    } else {
+        double fl = 2.0 * (double)Np * (4.0 * (double)Cv * (double)Cv + 2.0 * (double)Cv * (double)Fv) / tv;
+        double fa = 4.0 * (double)l->micro_batch * (double)w->vision_patches * (double)w->vision_patches * (double)Cv / tv;
+        double fm = 2.0 * (double)(Np / (m->v_merge * m->v_merge)) * (double)mm * (double)(mm + m->v_out);
+        t = 3.0 * ((double)m->v_depth * fl + fm) / d->gemm_flops + 3.5 * (double)m->v_depth * fa / d->attn_flops +
+            3.0 * (double)m->v_depth * 12.0 * (double)Np * (double)Cv * w->act_bytes / d->mem_bw;
+    }
+    return w->freeze_vision ? t / 3.0 : t;
+}
+
+/* elements one decoder layer keeps per token for its backward (no recompute) */
+static double layer_act_elems(const mmc_plan_model *m, const mmc_plan_layout *l) {
+    const double C = (double)m->hidden, t = l->tp, D = (double)m->head_dim;
+    return 6.0 * C / (l->sp ? t : 1.0) + ((2.0 * (double)m->heads + 3.0 * (double)m->kv_heads) * D + (double)m->heads * D +
+                                          3.0 * (double)m->inter) / t;
+}
+
+static int64_t lora_params(const mmc_plan_model *m, const mmc_plan_workload *w) {
+    int64_t K[7], N[7], p = 0;
+    layer_linears(m, K, N);
+    for (int i = 0; i < 7; i++)
+        if (w->lora_targets & (1u << i)) p += w->lora_r * (K[i] + N[i]);
+    return p * m->layers;
+}
+
+mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                                    const mmc_plan_net *n, const mmc_plan_layout *l, mmc_plan_estimate *e) {
+    memset(e, 0, sizeof *e);
+    char why[600];
+    if (!mmc_plan_layout_ok(m, w, l, why, sizeof why)) return mmc_error(MMC_ERR_INVALID, "layout: %s", why);
+    const int P = l->pp, v = l->vpp, t = l->tp, dpe = l->dp * l->cp;   /* gradients reduce over dp x cp */
+    const int64_t M = w->batch / (l->micro_batch * l->dp);
+    const int64_t Tl = l->micro_batch * w->seq / l->cp;
+    const double ab = w->act_bytes, C = (double)m->hidden;
+    const int64_t Ls = m->layers / P;   /* layers per stage (even split) */
+    const int tv = m->vision && t > 1 && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
+    const int ranks = l->dp * t * P * l->cp;
+    /* CPU: the ranks share this host's cores with each other and with whatever else runs; a rank
+     * gets host_share of a core (measured), else cores / ranks when that is below 1 (the
+     * calibration's short kernels, fastest of several, ran on a whole core) */
+    double share = 1.0;
+    if (d->cores > 0) share = d->host_share > 0 ? 1.0 / d->host_share : ranks > d->cores ? (double)ranks / d->cores : 1.0;
+
+    /* ---- compute per micro-batch per stage */
+    double lfb, lfwd;
+    layer_time(m, w, d, l, &lfb, &lfwd);
+    const double rc = l->recompute ? lfwd : 0;
+    double first = (double)Ls * (lfb + rc) + vision_time(m, w, d, l, tv), last = (double)Ls * (lfb + rc) + head_time(m, w, d, l);
+    if (P == 1) first = last = first + head_time(m, w, d, l);
+    double stage = (first > last ? first : last) * share;
+    const double mid = (double)Ls * (lfb + rc);   /* stages between the first and the last */
+    const double all_stages = P == 1 ? first : first + last + (double)(P - 2) * mid;
+    e->recompute_s = (double)M * (double)Ls * rc * share;
+
+    /* ---- communication per micro-batch on the critical path */
+    const link_ab ltp = group_link(n, t, 1), lcp = group_link(n, l->cp, t), ldp = group_link(n, l->dp, t * l->cp);
+    const link_ab lpp = group_link(n, P, t * l->cp * l->dp);
+    double tp_mb = 0, cp_mb = 0, pp_mb = 0;
+    if (t > 1) {
+        tp_mb = (double)Ls * 4.0 * coll(MMC_COLL_ALL_REDUCE, t, (double)Tl * C * ab, ltp);
+        tp_mb += 2.0 * coll(MMC_COLL_ALL_REDUCE, t, (double)Tl * C * ab, ltp);   /* vocab-parallel embedding, lm_head input grad */
+        if (tv > 1)
+            tp_mb += (double)m->v_depth * 4.0 *
+                     coll(MMC_COLL_ALL_REDUCE, t, (double)(l->micro_batch * w->vision_patches) * (double)m->v_dim * ab, ltp);
+    }
+    if (l->cp > 1) {
+        const double hq = (double)m->heads / t, hkv = (double)(m->kv_heads / t >= l->cp ? m->kv_heads / t : l->cp);
+        if (!l->cp_ring) {
+            double qkv = (double)Tl * (hq + 2.0 * hkv) * (double)m->head_dim * ab, o = (double)Tl * hq * (double)m->head_dim * ab;
+            cp_mb = (double)Ls * 2.0 * (coll(MMC_COLL_ALL_TO_ALL, l->cp, qkv, lcp) + coll(MMC_COLL_ALL_TO_ALL, l->cp, o, lcp));
+        } else {
+            double kv = (double)Tl * 2.0 * (double)(m->kv_heads / t) * (double)m->head_dim * ab;
+            double hop = mmc_plan_coll_time(MMC_COLL_P2P, 2, kv, lcp.alpha, lcp.beta);
+            double ring = 3.0 * (double)(l->cp - 1) * hop;   /* fwd K/V, bwd K/V + dK/dV */
+            cp_mb = (double)Ls * ring;   /* counted in full: on shared cores the hops do not hide */
+        }
+    }
+    if (P > 1) {   /* measured point-to-point constants (this host) where the stages share a node */
+        const double act = (double)Tl * C * ab;
+        link_ab lp = lpp;
+        if (n->beta_p2p > 0 && (int64_t)ranks <= n->ranks_per_node) lp.alpha = n->alpha_p2p, lp.beta = n->beta_p2p;
+        pp_mb = 2.0 * (double)v * mmc_plan_coll_time(MMC_COLL_P2P, 2, act, lp.alpha, lp.beta);
+    }
+    const double mb_time = stage + tp_mb + cp_mb + pp_mb;   /* tp / cp / pp traffic is not overlapped */
+    double span;
+    if (P > 1) {
+        e->bubble = mmc_pp_bubble_fraction_v(P, v, (int)M);
+        span = mb_time * ((double)M + (double)(P - 1) / (double)v);
+        e->bubble_s = span - mb_time * (double)M;
+    } else span = mb_time * (double)M;
+    e->compute_s = stage * (double)M;
+    e->tp_comm_s = tp_mb * (double)M, e->cp_comm_s = cp_mb * (double)M, e->pp_comm_s = pp_mb * (double)M;
+
+    /* ---- parameters on the busiest stage (the first: embeddings + vision + its layers) */
+    const double lp = (double)mmc_plan_layer_params(m) / t, emb = (double)m->vocab * C / t;
+    const double vis = (double)mmc_plan_vision_params(m) / tv;
+    double p_first = (double)Ls * lp + emb + vis, p_last = (double)Ls * lp + emb + C;
+    if (P == 1) p_first = p_last = (double)m->layers * lp + emb * (m->tied ? 1 : 2) + C + vis;
+    const bool firstbig = p_first >= p_last;
+    const double prank = firstbig ? p_first : p_last;
+    double train = prank;   /* trainable parameters on the rank */
+    if (w->lora_r > 0) train = (double)lora_params(m, w) / (double)(P * t);
+    else if (w->freeze_vision && firstbig) train -= vis;
+    if (train < 0) train = 0;
+
+    /* ---- data-parallel communication (gradients f32, parameters in the weight dtype) */
+    double dp_c = 0;
+    if (dpe > 1) {
+        const double g = train * 4.0, pw = train * (double)w->weight_bytes;
+        if (l->zero <= 1) dp_c = coll(MMC_COLL_ALL_REDUCE, dpe, g, ldp);
+        else if (l->zero == 2) dp_c = (double)M * coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) + coll(MMC_COLL_ALL_GATHER, dpe, pw, ldp);
+        else
+            dp_c = (double)M * (2.0 * coll(MMC_COLL_ALL_GATHER, dpe, prank * w->weight_bytes, ldp) +
+                                coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp));
+    }
+    e->dp_comm_s = dp_c;
+    double bwd_last = stage * 2.0 / 3.0;   /* the last micro-batch's backward hides part of it */
+    double hidden = d->overlap * dp_c;
+    if (l->zero < 3 && hidden > bwd_last) hidden = bwd_last;
+    const double dp_exposed = dp_c - hidden;
+
+    /* ---- optimizer: AdamW over this rank's shard (~36 bytes / parameter: read p, g, m, v; write
+     * p, m, v; the gradient norm and zeroing) */
+    double shard = l->zero >= 1 ? train / dpe : train;
+    e->optim_s = d->calib ? mmc_plan_calib_adamw(d->calib, (int64_t)shard) * share
+                          : shard * (36.0 + (w->weight_bytes == 2 ? 6.0 : 0.0)) / d->mem_bw * share;
+
+    e->step_s = span + dp_exposed + e->optim_s;
+    e->cpu_s = (double)(l->dp * l->cp * t) * (double)M * all_stages + (double)ranks * e->optim_s / share;
+    e->cpu_s += (double)ranks * e->comm_total_s * (d->cores > 0 ? 1.0 : 0.0);   /* CPU host: copies through shared memory */
+    e->comm_total_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_c;
+    e->comm_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_exposed;
+    const double toks = (double)w->batch * (double)w->seq;
+    e->flops_per_step = 3.0 * (double)m->layers * mmc_plan_layer_flops(m, (int64_t)toks, w->seq) +
+                        6.0 * toks * C * (double)m->vocab;
+
+    /* ---- memory on the busiest rank */
+    double wp = prank * w->weight_bytes;
+    if (l->zero == 3) wp = prank * w->weight_bytes / dpe + 2.0 * lp * w->weight_bytes;   /* shard + gathered units */
+    e->mem_params = wp;
+    double grads = train * 4.0;
+    if (l->zero >= 2) grads /= dpe;
+    if (dpe > 1 && l->zero < 2) grads += train * 4.0;   /* the flat bucket copy DDP reduces in */
+    e->mem_grads = grads;
+    double opt = train * 8.0 + (w->weight_bytes == 2 ? train * 4.0 : 0.0);   /* AdamW m, v (+ fp32 master) */
+    if (l->zero >= 1) opt /= dpe;
+    e->mem_optim = opt;
+    /* micro-batches whose activations the first stage holds at once: min(M, P) in 1F1B; interleaved
+     * adds (P - 1) / v chunk-sized ones */
+    double in_flight = P > 1 ? (double)(M < P ? M : P) : 1.0;
+    if (P > 1 && v > 1) in_flight += (double)(P - 1) / (double)v;
+    const double per_layer = layer_act_elems(m, l) * (double)Tl * ab;
+    double act;
+    if (l->recompute) act = (double)Ls * (C / (l->sp ? t : 1)) * (double)Tl * ab * in_flight + per_layer;   /* + the layer being recomputed */
+    else act = (double)Ls * per_layer * in_flight;
+    if (!firstbig || P == 1) act += 2.0 * (double)Tl * ((double)m->vocab / t) * 4.0;   /* logits + their gradient */
+    if (m->vision && w->vision_patches > 0 && (firstbig || P == 1)) {
+        double np = (double)(l->micro_batch * w->vision_patches), cv = (double)m->v_dim;
+        double blk = (4.0 * cv + (4.0 * cv + 2.0 * (double)m->v_inter) / tv) * np * ab;
+        act += w->freeze_vision ? blk : (l->recompute ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
+                                           (P > 1 ? (double)(M < P ? M : P) : 1.0);
+    }
+    e->mem_act = act;
+    e->mem_total = e->mem_params + e->mem_grads + e->mem_optim + e->mem_act;
+
+    /* ---- bytes a rank sends per step */
+    double sent = 0;
+    if (t > 1) sent += (double)M * ((double)Ls * 4.0 + 2.0) * 2.0 * (t - 1) / t * (double)Tl * C * ab;
+    if (P > 1) sent += (double)M * 2.0 * v * (double)Tl * C * ab;
+    if (dpe > 1) sent += 2.0 * (dpe - 1) / dpe * train * 4.0 * (l->zero == 3 ? 1.5 * (double)M : 1.0);
+    e->comm_bytes = sent;
+    return MMC_OK;
+}

@@ -1,0 +1,216 @@
+/* test_plan.c — the arithmetic of the planner's cost model (mmc_plan.h) on cases worked by hand:
+ * alpha-beta times of each collective, parameter and FLOP counts of the tiny Qwen2 (checked
+ * against the parameters mmc_qwen2_new allocates), pipeline bubbles (1F1B and interleaved),
+ * ZeRO's memory shares, recompute, tensor-parallel traffic, the layout rules (the model's own
+ * divisibility checks), the calibration cache (round trip, malformed lines) and the device /
+ * interconnect tables. Tolerances: exact arithmetic cases 1e-12 relative; nothing here times
+ * anything except one small cached measurement. */
+#include "mmc_models.h"
+#include "mmc_plan.h"
+#include "test_util.h"
+
+#include <unistd.h>
+
+#define REL(a, b) (fabs((a) - (b)) <= 1e-12 * fabs(b) + 1e-300)
+
+static mmc_plan_model tiny(void) {
+    mmc_json *j = NULL;
+    mmc_plan_model m;
+    memset(&m, 0, sizeof m);
+    CHECK_OK(mmc_json_load("tests/fixtures/qwen2/tiny/config.json", &j));
+    if (j) CHECK_OK(mmc_plan_model_read(j, "tiny", &m));
+    mmc_json_free(j);
+    return m;
+}
+
+/* a device and a network whose numbers make the arithmetic easy */
+static mmc_plan_device dev1(void) {
+    mmc_plan_device d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.name, sizeof d.name, "unit");
+    d.gemm_flops = 1e12, d.attn_flops = 1e12, d.mem_bw = 1e12, d.overlap = 0;
+    return d;
+}
+static mmc_plan_net net0(double a, double b) {
+    mmc_plan_net n;
+    memset(&n, 0, sizeof n);
+    n.alpha_intra = n.alpha_inter = a, n.beta_intra = n.beta_inter = b;
+    n.ranks_per_node = 8;
+    return n;
+}
+
+int main(void) {
+    /* ---- collectives: ring all-reduce 2(p-1)a + 2(p-1)/p n b, the others (p-1)a + (p-1)/p n b */
+    CHECK(REL(mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 4, 1e6, 1e-5, 1e-9), 6e-5 + 1.5e-3));
+    CHECK(REL(mmc_plan_coll_time(MMC_COLL_ALL_GATHER, 8, 8e6, 2e-6, 1e-9), 7 * 2e-6 + 7e-3));
+    CHECK(REL(mmc_plan_coll_time(MMC_COLL_REDUCE_SCATTER, 2, 1e3, 1e-6, 1e-9), 1e-6 + 5e-7));
+    CHECK(REL(mmc_plan_coll_time(MMC_COLL_ALL_TO_ALL, 4, 4e3, 0, 1e-9), 3e-6));
+    CHECK(REL(mmc_plan_coll_time(MMC_COLL_P2P, 2, 1e6, 1e-5, 1e-9), 1e-5 + 1e-3));
+    CHECK(mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 1, 1e9, 1, 1) == 0);
+
+    /* ---- the tiny Qwen2: C 64, F 160, Hq 4, Hkv 2, D 16, L 2, V 320, untied */
+    mmc_plan_model m = tiny();
+    /* q 64x64 + k, v 64x32 + o 64x64 + gate, up, down 3 x 64x160 + norms 2 x 64 + qkv biases 128 */
+    CHECK(mmc_plan_layer_params(&m) == 4096 + 2 * 2048 + 4096 + 3 * 10240 + 128 + 128);
+    CHECK(mmc_plan_total_params(&m) == 2 * 43264 + 2 * 320 * 64 + 64);
+    {   /* against what the model itself allocates */
+        mmc_qwen2 *q = NULL;
+        CHECK_OK(mmc_qwen2_new(&m.lm, 1, &q));
+        int64_t n = 0;
+        for (int i = 0; q && i < q->n_params; i++) n += mmc_numel(q->params[i]);
+        CHECKF(n == mmc_plan_total_params(&m), "model %lld, plan %lld", (long long)n, (long long)mmc_plan_total_params(&m));
+        mmc_qwen2_free(q);
+    }
+    /* 16 tokens in one sequence of 16: GEMMs 2 x 16 x 43008, causal attention 2 x 16 x 16 x 4 x 16 */
+    CHECK(REL(mmc_plan_layer_flops(&m, 16, 16), 2.0 * 16 * 43008 + 2.0 * 16 * 16 * 4 * 16));
+
+    mmc_plan_device d = dev1();
+    mmc_plan_net n0 = net0(0, 0);
+    mmc_plan_workload w = {.batch = 8, .micro_batch = 1, .seq = 16, .weight_bytes = 4, .act_bytes = 4};
+    mmc_plan_layout base = {.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1};
+    mmc_plan_estimate e1, e2;
+
+    /* ---- pipeline: 4 layers, P = 4, M = 8: step = (M + P - 1) x stage time, bubble 3/11 */
+    mmc_plan_model m4 = m;
+    m4.layers = m4.lm.num_layers = 4;
+    mmc_plan_layout l = base;
+    l.pp = 4;
+    CHECK_OK(mmc_plan_estimate_layout(&m4, &w, &d, &n0, &l, &e1));
+    CHECK(REL(e1.bubble, 3.0 / 11.0));
+    CHECK_NEAR((e1.step_s - e1.optim_s) / e1.compute_s, 11.0 / 8.0, 1e-12);
+    l.vpp = 2;   /* interleaved, 2 chunks: (P - 1) / (v M + P - 1) = 3 / 19 */
+    l.pp = 2;
+    CHECK_OK(mmc_plan_estimate_layout(&m4, &w, &d, &n0, &l, &e2));
+    CHECK(REL(e2.bubble, 1.0 / 17.0));
+    CHECK_NEAR((e2.step_s - e2.optim_s) / e2.compute_s, (8.0 + 0.5) / 8.0, 1e-12);
+
+    /* ---- ZeRO over dp 4, bf16 weights (ZeRO-3 gathers bf16 only): optimizer 8P + the fp32 master
+     * 4P -> 12P/4 (stage 1), gradients 8P (DDP's bucket copy) -> 4P/4 (stage 2), parameters 2P ->
+     * 2P/4 + two gathered layers (stage 3) */
+    const double P = (double)mmc_plan_total_params(&m), L1 = (double)mmc_plan_layer_params(&m);
+    mmc_plan_estimate z[4];
+    w.weight_bytes = 2;
+    for (int s = 0; s < 4; s++) {
+        l = base;
+        l.dp = 4, l.zero = s;
+        CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &z[s]));
+    }
+    CHECK(REL(z[0].mem_optim, 12 * P) && REL(z[1].mem_optim, 3 * P));
+    CHECK(REL(z[0].mem_grads, 8 * P) && REL(z[1].mem_grads, 8 * P) && REL(z[2].mem_grads, P));
+    CHECK(REL(z[2].mem_params, 2 * P) && REL(z[3].mem_params, P / 2 + 4 * L1));
+    w.weight_bytes = 4;
+    l.zero = 3;   /* f32 weights: ZeRO-3 refused, as mmc_dp_new does */
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, NULL, 0));
+    /* data-parallel traffic: one all-reduce of the f32 gradients per step */
+    mmc_plan_net nab = net0(1e-5, 1e-9);
+    l = base;
+    l.dp = 4;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nab, &l, &e1));
+    CHECK(REL(e1.dp_comm_s, mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 4, 4 * P, 1e-5, 1e-9)));
+    CHECK(REL(e1.comm_s, e1.dp_comm_s));   /* overlap 0: all exposed */
+
+    /* ---- tensor parallelism 2: 4 all-reduces of [16, 64] f32 per layer + 2 per micro-batch, 8 micro-batches */
+    l = base;
+    l.tp = 2;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nab, &l, &e1));
+    CHECK(REL(e1.tp_comm_s, 8.0 * (2 * 4 + 2) * mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 64 * 4, 1e-5, 1e-9)));
+    /* dp 8 over tp 2: the dp group (stride 2) spans two nodes of 8 and takes the inter-node beta
+     * (10x here), the tp group stays inside a node */
+    mmc_plan_net split = net0(1e-5, 1e-9);
+    split.beta_inter = 1e-8;
+    l = base;
+    l.dp = 8, l.tp = 2;
+    w.batch = 16;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nab, &l, &e1));
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &split, &l, &e2));
+    CHECK_NEAR((e2.dp_comm_s - 14e-5) / (e1.dp_comm_s - 14e-5), 10.0, 1e-9);
+    CHECK(REL(e2.tp_comm_s, e1.tp_comm_s));
+    w.batch = 8;
+
+    /* ---- recompute adds one forward per layer and keeps only the layer inputs */
+    l = base;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &e1));
+    l.recompute = true;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &e2));
+    CHECK(e2.recompute_s > 0 && REL(e2.compute_s - e1.compute_s, e2.recompute_s));
+    CHECK(e2.mem_act < e1.mem_act);
+
+    /* ---- layout rules: the model's own checks name what does not divide */
+    char why[600];
+    l = base;
+    l.tp = 3;
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why) && strstr(why, "num_key_value_heads"));
+    l = base;
+    l.pp = 3;
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why) && strstr(why, "pipeline_parallel 3"));
+    l = base;
+    l.cp = 3;
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why) && strstr(why, "num_attention_heads"));
+    l.cp_ring = 1;   /* ring: no head rule, but 16 tokens do not split in 3 */
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why) && strstr(why, "seq_len"));
+    l = base;
+    l.dp = 3;
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why) && strstr(why, "batch_size"));
+    l = base;
+    l.ep = 2;
+    CHECK(!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why) && strstr(why, "expert"));
+    CHECK_ERR(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &e1), MMC_ERR_INVALID);
+    l = base;
+    l.tp = 2, l.sp = true, l.pp = 2, l.dp = 2;
+    CHECK(mmc_plan_layout_ok(&m, &w, &l, why, sizeof why));
+
+    /* ---- tables */
+    mmc_plan_device h;
+    CHECK(mmc_plan_device_named("h200", &h) && h.mem_bytes > 140 * 1073741824.0 && h.gemm_flops > 5e14);
+    CHECK(!mmc_plan_device_named("tpu", &h));
+    mmc_plan_net nv;
+    CHECK(mmc_plan_net_named("nvlink", &nv) && nv.beta_intra < nv.beta_inter && nv.ranks_per_node == 8);
+    CHECK(!mmc_plan_net_named("ethernet", &nv));
+
+    /* ---- the calibration cache: a measured entry is reused, a malformed line is an error
+     * naming file:line */
+    char path[] = "/tmp/mmc_test_plan_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        close(fd);
+        mmc_plan_calib *c = NULL;
+        FILE *f = fopen(path, "w");
+        fprintf(f, "# test\nlinear 1000 2000 3000 0.25\nattn 1 16 4 2 16 0.5\nmem_bw 1e10\nnet 1e-6 1e-9 2e-6 2e-9\n");
+        fclose(f);
+        CHECK_OK(mmc_plan_calib_open(path, &c));
+        if (c) {
+            CHECK(mmc_plan_calib_linear(c, 1000, 2000, 3000) == 0.25);   /* not measured: 12 GFLOP would take seconds */
+            CHECK(mmc_plan_calib_attn(c, 1, 16, 4, 2, 16) == 0.5);
+            double s = mmc_plan_calib_linear(c, 8, 8, 8);               /* measured now, cached */
+            CHECK(s > 0 && mmc_plan_calib_linear(c, 8, 8, 8) == s);
+            mmc_plan_net cn;
+            CHECK(mmc_plan_calib_net(c, &cn) && cn.alpha_p2p == 2e-6 && cn.beta_intra == 1e-9);
+            CHECK_OK(mmc_plan_calib_save(c));
+            mmc_plan_calib_free(c);
+            c = NULL;
+            CHECK_OK(mmc_plan_calib_open(path, &c));
+            if (c) CHECK(mmc_plan_calib_linear(c, 8, 8, 8) == s || fabs(mmc_plan_calib_linear(c, 8, 8, 8) / s - 1) < 1e-5);
+            mmc_plan_calib_free(c);
+        }
+        f = fopen(path, "w");
+        fprintf(f, "linear 1 2 3 0.5\nlinear 10 20\n");
+        fclose(f);
+        c = NULL;
+        CHECK_ERR(mmc_plan_calib_open(path, &c), MMC_ERR_FORMAT);
+        CHECK(strstr(mmc_last_error(), ":2:") && strstr(mmc_last_error(), "delete the file"));
+        f = fopen(path, "w");
+        fprintf(f, "net 1e-6 -1 0 0\n");
+        fclose(f);
+        CHECK_ERR(mmc_plan_calib_open(path, &c), MMC_ERR_FORMAT);
+        unlink(path);
+    }
+    /* ---- a config without the decoder sizes names the file */
+    mmc_json *bad = NULL;
+    const char *bj = "{\"model_type\": \"qwen2\", \"hidden_size\": 0}";
+    CHECK_OK(mmc_json_parse(bj, strlen(bj), "bad.json", &bad));
+    mmc_plan_model mb;
+    CHECK(bad && mmc_plan_model_read(bad, "bad.json", &mb) != MMC_OK && strstr(mmc_last_error(), "bad.json"));
+    mmc_json_free(bad);
+    return test_done("test_plan");
+}

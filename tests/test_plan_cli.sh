@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# test_plan_cli.sh — `mmc plan` on the tiny Qwen2 (a smoke test; the model's arithmetic is
+# test_plan.c, its accuracy bench/bench_plan.sh): the table and the explanation; --write gives a
+# YAML that `mmc train` loads, with the chosen layout in parallel: and the micro-batch set; --json
+# lists only layouts the trainer accepts (tp 4 is refused by the tiny model's 2 KV heads, cp with
+# tp by the run config's rules); --device cpu with a fresh calibration cache on one rank; and the
+# errors (missing --gpus, unknown device / interconnect, a model that does not fit, a malformed cache).
+set -u
+MMC=${MMC:-build/mmc}
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fail=1; }
+cat > "$W/run.yaml" <<YAML
+# the tiny model, 8 rows of 16 tokens
+model: {path: tests/fixtures/qwen2/tiny, dtype: f32}
+data: {train: synthetic, seq_len: 16, batch_size: 8, micro_batch_size: 1}
+parallel:
+  data_parallel: 1
+  zero: 0
+optimizer: {type: adamw, lr: 1.0e-3}
+training: {steps: 2, output_dir: $W/out}
+YAML
+out=$("$MMC" plan "$W/run.yaml" --gpus 4 --gpu-mem 1 --top 5 --write "$W/chosen.yaml" 2>&1)
+echo "$out" | head -12
+echo "$out" | grep -q "layouts accepted" && echo "$out" | grep -q "^why:" && echo "$out" | grep -q "^1\. dp" &&
+  ok "table and explanation" || bad "table and explanation"
+best=$(echo "$out" | awk '$1 == "1" {print $2; exit}')
+dp=${best#dp}
+grep -q "^  data_parallel: $dp$" "$W/chosen.yaml" && grep -c "^parallel:" "$W/chosen.yaml" | grep -qx 1 &&
+  ok "--write: parallel: replaced ($best)" ||
+  { bad "--write"; cat "$W/chosen.yaml"; }
+mb=$(echo "$out" | awk '$1 == "1" {for (i = 1; i <= NF; i++) if ($i ~ /^mb[0-9]+$/) {print substr($i, 3); exit}}')
+grep -q "micro_batch_size: $mb}" "$W/chosen.yaml" && ok "--write: micro_batch_size $mb" || bad "--write micro_batch_size $mb"
+# the written file is a valid run config the trainer reads (mmc launch --print checks it without running)
+if "$MMC" launch --help >/dev/null 2>&1 && "$MMC" launch -n 4 "$W/chosen.yaml" --print >"$W/launch.txt" 2>&1; then
+  ok "launch --print accepts the written config"
+else
+  grep -q "mpirun" "$W/launch.txt" && bad "launch --print: $(cat "$W/launch.txt")" || echo "launch --print: skipped (no mpirun)"
+fi
+"$MMC" plan "$W/run.yaml" --gpus 4 --json > "$W/all.jsonl" 2>&1
+python3 - "$W/all.jsonl" <<'PY' && ok "--json: only accepted layouts, ranked" || bad "--json"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows and all(r["dp"] * r["tp"] * r["pp"] * r["cp"] == 4 for r in rows)
+assert not any(r["tp"] == 4 for r in rows), "tp 4 cannot split 2 KV heads"
+assert not any(r["cp"] > 1 and (r["tp"] > 1 or r["pp"] > 1) for r in rows), "cp composes with dp only"
+assert not any(r["zero"] == 3 for r in rows), "ZeRO-3 needs bf16 weights"
+fit = [r["step_s"] for r in rows if r["fits"]]
+assert fit == sorted(fit)
+PY
+"$MMC" plan "$W/run.yaml" --gpus 1 --device cpu --host-share 1 --calib "$W/cal.txt" --top 2 >"$W/cpu.txt" 2>&1 &&
+  grep -q "^layer " "$W/cal.txt" && grep -q "^head " "$W/cal.txt" && ok "--device cpu: kernels measured and cached" ||
+  { bad "--device cpu"; cat "$W/cpu.txt"; }
+"$MMC" plan "$W/run.yaml" --gpus 2 --device cpu --calib "$W/cal.txt" >"$W/e.txt" 2>&1
+[ $? = 1 ] && grep -q "calibrate-net" "$W/e.txt" && ok "cpu without network calibration: says what to run" || bad "$(cat "$W/e.txt")"
+echo "linear 1 2" >> "$W/cal.txt"
+"$MMC" plan "$W/run.yaml" --gpus 1 --device cpu --calib "$W/cal.txt" >"$W/e.txt" 2>&1
+[ $? = 1 ] && grep -q "cal.txt:[0-9]*:.*delete the file" "$W/e.txt" && ok "malformed cache: file:line" || bad "$(cat "$W/e.txt")"
+"$MMC" plan "$W/run.yaml" >"$W/e.txt" 2>&1
+[ $? = 2 ] && grep -q -- "--gpus" "$W/e.txt" && ok "missing --gpus" || bad "$(cat "$W/e.txt")"
+"$MMC" plan "$W/run.yaml" --gpus 2 --device tpu >"$W/e.txt" 2>&1
+[ $? = 2 ] && grep -q "h100, h200, a100 or cpu" "$W/e.txt" && ok "unknown device" || bad "$(cat "$W/e.txt")"
+"$MMC" plan "$W/run.yaml" --gpus 2 --interconnect ethernet >"$W/e.txt" 2>&1
+[ $? = 2 ] && grep -q "nvlink, ib or pcie" "$W/e.txt" && ok "unknown interconnect" || bad "$(cat "$W/e.txt")"
+"$MMC" plan "$W/run.yaml" --gpus 2 --gpu-mem 0.001 --seq 4096 --batch 16 >"$W/e.txt" 2>&1
+[ $? = 1 ] && grep -q "nothing fits" "$W/e.txt" && ok "nothing fits: says the smallest need" || bad "$(cat "$W/e.txt")"
+"$MMC" plan "$W/run.yaml" --gpus 3 >"$W/e.txt" 2>&1
+[ $? = 1 ] && grep -q "no layout" "$W/e.txt" && ok "3 ranks: no layout, with the first reason" || bad "$(cat "$W/e.txt")"
+"$MMC" plan --help | grep -q -- "--interconnect" && ok "--help" || bad "--help"
+exit $fail
