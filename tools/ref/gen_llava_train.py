@@ -113,8 +113,9 @@ def train(model, params, data, steps, lr):
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     losses = []
     for s in range(steps):
-        ids, labels, pv = data[s % len(data)]
-        out = model(input_ids=ids, pixel_values=pv, labels=labels)
+        ids, labels, pv = data[s % len(data)]   # pv: pixel_values, or a dict of the processor's image inputs
+        kw = pv if isinstance(pv, dict) else {"pixel_values": pv}
+        out = model(input_ids=ids, labels=labels, **kw)
         opt.zero_grad()
         out.loss.backward()
         for p in params:   # see ZERO_GRADS
