@@ -27,7 +27,7 @@ Per model M in (next, ov):
                      template with the generation prompt, as `mmc forward --prompt` renders it)
   M_full_losses.txt  8 full fine-tuning steps, vision tower frozen (lr 1e-3): the projector,
                      image_newline and the LM trained
-  next_full_tower_losses.txt  the same for NeXT with nothing frozen (the CLIP tower trained too)
+  M_full_tower_losses.txt  the same with nothing frozen (the CLIP / SigLIP tower trained too)
 """
 import json
 import os
@@ -152,10 +152,10 @@ def run(name):
     for n, p in model.named_parameters():
         p.requires_grad_("vision_tower" not in n)
     write_losses(name + "_full_losses.txt", steps(model, [p for p in model.parameters() if p.requires_grad], 8, 1e-3))
-    if name == "next":   # everything trained
-        model = load()
-        model.train()
-        write_losses(name + "_full_tower_losses.txt", steps(model, list(model.parameters()), 8, 1e-3))
+    # everything trained (NeXT's CLIP / OneVision's SigLIP tower too)
+    model = load()
+    model.train()
+    write_losses(name + "_full_tower_losses.txt", steps(model, list(model.parameters()), 8, 1e-3))
 
 
 def write_losses(name, losses):
