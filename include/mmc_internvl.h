@@ -12,7 +12,7 @@
  * at the <IMG_CONTEXT> positions. Weights are read as transformers 5.x save_pretrained writes them
  * (vision_tower.*, multi_modal_projector.*, language_model.model.*, language_model.lm_head.*) and
  * as 4.52-4.57 write them (model.vision_tower.*, model.multi_modal_projector.*,
- * model.language_model.*, lm_head.*). Training (HF-native layout, tower frozen): internvl_train.c. */
+ * model.language_model.*, lm_head.*). Training (HF-native layout; the tower frozen by default, trainable): internvl_train.c. */
 #ifndef MMC_INTERNVL_H
 #define MMC_INTERNVL_H
 

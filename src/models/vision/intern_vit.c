@@ -14,6 +14,9 @@
  *   last_hidden_state = layernorm(x) unless use_mean_pooling (then x itself)
  * Dropouts and drop-path are off (inference). hidden_states[0] is the embeddings' output,
  * hidden_states[i] layer i's, as transformers' capture_outputs records them.
+ * With its weights requiring grad (InternVL training with the tower unfrozen) the embeddings come
+ * from differentiable ops and the layers keep their tape; otherwise nothing is recorded. Training
+ * takes tiles of the config's image_size (the position table as stored, not interpolated).
  *
  * OpenGVLab's remote-code InternVisionModel (modeling_intern_vit.py) computes the same with other
  * names: embeddings.class_embedding / patch_embedding / position_embedding, encoder.layers.N.
@@ -307,7 +310,14 @@ mmc_status mmc_intern_vit_forward(mmc_ctx *ctx, mmc_intern_vit *v, mmc_tensor *p
         return mmc_error(MMC_ERR_INVALID, "InternViT: %d layers asked of %lld", n_layers, (long long)c->num_hidden_layers);
     const int64_t N = pixels->shape[0], Hs = pixels->shape[2], Ws = pixels->shape[3];
     const int64_t gh = Hs / p, gw = Ws / p, P = gh * gw, T = 1 + P, K = Cin * p * p;
-    bool was = mmc_set_grad_enabled(ctx, false);
+    /* training the tower (its weights require grad): a tape through the embeddings and layers */
+    const bool grad = mmc_grad_enabled(ctx) && (v->patch_w->flags & MMC_REQUIRES_GRAD);
+    if (grad && v->pos && (P != g * g || gh != gw))
+        return mmc_error(MMC_ERR_UNSUPPORTED, "InternViT: training the tower on %lld x %lld tiles (image_size %lld) "
+                         "would need the interpolated position table's backward, which is not implemented; give "
+                         "tiles of image_size or keep vision_tower in model.freeze", (long long)Hs, (long long)Ws,
+                         (long long)c->image_size);
+    bool was = mmc_set_grad_enabled(ctx, grad);
     /* the stride-p convolution as a matmul over patches [N*P, Cin*p*p] in the weight's (c, y, x) order */
     mmc_tensor *px = mmc_contiguous(ctx, pixels);
     mmc_tensor *patches = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(N * P, K));
@@ -324,26 +334,35 @@ mmc_status mmc_intern_vit_forward(mmc_ctx *ctx, mmc_intern_vit *v, mmc_tensor *p
             }
     mmc_tensor *w2 = mmc_reshape(ctx, v->patch_w, 2, MMC_SHAPE(C, K));
     mmc_tensor *pe = mmc_contiguous(ctx, mmc_linear(ctx, patches, w2, v->patch_b));    /* [N*P, Cv] */
-    /* the position table for this grid: as stored, or interpolated (interpolate_pos_encoding) */
-    mmc_tensor *pos = NULL;
-    if (v->pos) {
-        mmc_tensor *p0 = mmc_contiguous(ctx, mmc_cast(ctx, v->pos, MMC_F32));            /* [1, 1 + g*g, Cv] */
-        if (P == g * g && gh == gw) pos = p0;
-        else {
-            pos = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(1, T, C));
-            memcpy(pos->data, p0->data, (size_t)C * sizeof(float));
-            interp_pos((const float *)p0->data + C, g, C, (float *)pos->data + C, gh, gw);
+    mmc_tensor *x;
+    if (grad) {   /* cat(cls_token, patches) + position_embeddings as differentiable ops */
+        mmc_tensor *cls = mmc_add(ctx, mmc_zeros(ctx, MMC_F32, 3, MMC_SHAPE(N, 1, C)), v->cls);      /* [N, 1, C] */
+        mmc_tensor *parts[2] = {cls, mmc_reshape(ctx, pe, 3, MMC_SHAPE(N, P, C))};
+        x = mmc_concat(ctx, parts, 2, 1);                                                /* [N, T, C] */
+        if (v->pos) x = mmc_add(ctx, x, v->pos);
+        x = mmc_contiguous(ctx, x);
+    } else {   /* written directly: [N, T, C] */
+        /* the position table for this grid: as stored, or interpolated (interpolate_pos_encoding) */
+        mmc_tensor *pos = NULL;
+        if (v->pos) {
+            mmc_tensor *p0 = mmc_contiguous(ctx, mmc_cast(ctx, v->pos, MMC_F32));            /* [1, 1 + g*g, Cv] */
+            if (P == g * g && gh == gw) pos = p0;
+            else {
+                pos = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(1, T, C));
+                memcpy(pos->data, p0->data, (size_t)C * sizeof(float));
+                interp_pos((const float *)p0->data + C, g, C, (float *)pos->data + C, gh, gw);
+            }
         }
+        x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(N, T, C));
+        mmc_tensor *cls = mmc_contiguous(ctx, mmc_cast(ctx, v->cls, MMC_F32));
+        float *xd = x->data;
+        const float *cd = cls->data, *pd = pos ? pos->data : NULL, *ed = pe->data;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t t = 0; t < T; t++) {
+                const float *e = t == 0 ? cd : ed + (n * P + t - 1) * C;
+                for (int64_t k = 0; k < C; k++) xd[(n * T + t) * C + k] = e[k] + (pd ? pd[t * C + k] : 0.0f);
+            }
     }
-    mmc_tensor *x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(N, T, C));
-    mmc_tensor *cls = mmc_contiguous(ctx, mmc_cast(ctx, v->cls, MMC_F32));
-    float *xd = x->data;
-    const float *cd = cls->data, *pd = pos ? pos->data : NULL, *ed = pe->data;
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *e = t == 0 ? cd : ed + (n * P + t - 1) * C;
-            for (int64_t k = 0; k < C; k++) xd[(n * T + t) * C + k] = e[k] + (pd ? pd[t * C + k] : 0.0f);
-        }
     mmc_tensor **hs = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *hs * (size_t)(n_layers + 1));
     hs[0] = x;
     for (int i = 0; i < n_layers; i++) {

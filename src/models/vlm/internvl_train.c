@@ -4,8 +4,9 @@
  * save_pretrained / PEFT name things:
  *
  *   f = linear_2(act(linear_1(LayerNorm(pixel_shuffle(InternViT(tiles)[layer][:, 1:])))))
- *       [n_tiles * tile_tokens, C]; the tower runs without a tape (frozen: mmc train keeps it
- *       so), the projector with gradients
+ *       [n_tiles * tile_tokens, C]; the tower runs without a tape when frozen (mmc train's
+ *       default), with one when its weights require grad (model.freeze without vision_tower);
+ *       the projector always with gradients
  *   x = embed_tokens(ids) with f scattered onto the <IMG_CONTEXT> rows (masked_scatter)  [B, T, C]
  *   loss = ForCausalLMLoss(lm_head(norm(Qwen2(x, positions 0 .. T-1))), labels)
  *
@@ -51,11 +52,6 @@ mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const m
     *loss = NULL;
     mmc_status st = layout_check(m);
     if (st) return st;
-    const mw_set *w = m->weights;
-    for (int i = 0; i < w->n_params; i++)   /* the tower's forward keeps no tape */
-        if ((w->params[i]->flags & MMC_REQUIRES_GRAD) && strstr(w->names[i], "vision_tower."))
-            return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: the InternViT tower is trained frozen only "
-                             "(%s requires grad): keep vision in model.freeze", w->names[i]);
     const mmc_qwen2_config *c = &m->lm->cfg;
     const int64_t B = b->B, T = b->T, BT = B * T, C = c->hidden_size;
     int64_t n_img_tok = 0;
