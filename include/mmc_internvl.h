@@ -102,7 +102,8 @@ struct mmc_module_list;
  * malloc'd (names too). HF-native layout only. */
 mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n);
 /* The linears LoRA may target, named as in the live transformers model (PEFT's module names):
- * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2. */
+ * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2 and the tower's
+ * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / .projection_layer / .mlp.fc1 / fc2. */
 mmc_status mmc_internvl_linears(mmc_internvl *m, struct mmc_module_list *out);
 /* mmc_internvl_batch_loss: mmc_trainer.h. */
 

@@ -11,7 +11,9 @@
 #   the tower unfrozen: 6 steps with the InternViT tower trained (losses and tower weights, below)
 #   resume: a LoRA run stopped at step 10 and resumed gives the same losses for steps 11-20
 #   DP: 2 ranks (LoRA, ZeRO-2) give the single-process losses (with MPI)
-#   mmc merge of PEFT's trained adapter: 16 linears folded, the tower copied unchanged
+#   LoRA on the tower's linears too: 10 steps' losses and adapters against PEFT's, merged (below)
+#   mmc merge of PEFT's trained adapter / of mmc's 20-step LoRA run: 16 linears folded, the tower
+#   copied unchanged
 #   malformed: the internvl_chat layout and a video sample refused with messages
 # With the reference venv (.venv-ref or MMC_REF_PYTHON), tools/ref/check_internvl_train.py:
 # transformers loads the full checkpoint (logits = mmc forward's within 1e-4 at the text
@@ -90,6 +92,46 @@ if "$MMC" train "$W/full.yaml" --set "model.freeze=[]" --set training.output_dir
   echo "InternViT weights after 6 steps: max relative update error = $worst"
 else cat "$W/ft.log"; bad "training with the tower unfrozen failed"; fi
 
+# LoRA on the InternViT tower's linears too (PEFT's names model.vision_tower.encoder.layer.N.
+# attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2; 34 modules): 10 steps within 1e-3 of
+# PEFT's losses (measured: 2e-5), the tower's adapters after them within 2.5e-2 relative update
+# error (measured: at most 4.5e-3); mmc merge folds all 34 (the tower's weights change, its
+# position embeddings stay bit for bit)
+cat > "$W/tl.yaml" <<YAML
+model: {path: tests/fixtures/internvl/v5, dtype: f32, lora: {r: 4, alpha: 8, init: $F/tower_lora_init}}
+$common
+optimizer: {lr: 5.0e-3, weight_decay: 0.0, schedule: constant, grad_clip: 0}
+training: {steps: 10, log_every: 1, save_every: 10, output_dir: $W/tl, seed: 0}
+YAML
+if "$MMC" train "$W/tl.yaml" 2> "$W/tl.log"; then
+  grep -q "LoRA r=4 alpha=8 on 34 modules" "$W/tl.log" && ok || bad "tower LoRA did not adapt 34 modules"
+  losses "$W/tl.log" > "$W/tl.txt"
+  d=$(maxdiff "$W/tl.txt" $F/tower_lora_losses.txt)
+  echo "LoRA with the tower's linears, 10 steps: max |loss - PEFT's| = $d"
+  within "$d" 1e-3 && ok || bad "tower LoRA losses differ from PEFT's by $d"
+  worst=0
+  for m in layer.0.attention.q_proj layer.1.attention.projection_layer layer.1.mlp.fc1 layer.0.mlp.fc2; do
+    for ab in A B; do
+      k=base_model.model.model.vision_tower.encoder.$m.lora_$ab.weight
+      st_floats "$W/tl/checkpoint-10/adapter_model.safetensors" $k > "$W/a.txt"
+      st_floats $F/tower_lora_ref/adapter_model.safetensors $k > "$W/b.txt"; st_floats $F/tower_lora_init/adapter_model.safetensors $k > "$W/c.txt"
+      r=$(paste "$W/a.txt" "$W/b.txt" "$W/c.txt" | awk 'NF != 3 {bad = 1} {d = $1 - $2; e = $2 - $3; s += d * d; t += e * e}
+                                                     END {if (bad || t == 0) print "nan"; else printf "%.3g\n", sqrt(s / t)}')
+      within "$r" 2.5e-2 && ok || bad "tower adapter $m lora_$ab after 10 steps: relative update error $r"
+      worst=$(awk -v a="$worst" -v b="$r" 'BEGIN {print (b == "nan" || b + 0 > a + 0) ? b : a}')
+    done
+  done
+  echo "InternViT LoRA adapters after 10 steps: max relative update error = $worst"
+  if "$MMC" merge --model tests/fixtures/internvl/v5 --adapter "$W/tl/checkpoint-10" --out "$W/tlm" > "$W/tlm.log" 2>&1; then
+    grep -q "merged 34 adapted weights" "$W/tlm.log" && ok || { cat "$W/tlm.log"; bad "merge did not fold the 34 adapted linears"; }
+    for k in vision_tower.encoder.layer.0.attention.q_proj.weight vision_tower.embeddings.position_embeddings; do
+      st_floats "$W/tlm/model.safetensors" $k > "$W/a.txt"; st_floats tests/fixtures/internvl/v5/model.safetensors $k > "$W/b.txt"
+      case $k in *q_proj*) [ -s "$W/b.txt" ] && ! cmp -s "$W/a.txt" "$W/b.txt" && ok || bad "merge left the adapted $k as it was" ;;
+                 *) [ -s "$W/b.txt" ] && cmp -s "$W/a.txt" "$W/b.txt" && ok || bad "merge changed $k" ;; esac
+    done
+  else cat "$W/tlm.log"; bad "merge of the tower LoRA run failed"; fi
+else cat "$W/tl.log"; bad "LoRA with the tower's linears failed"; fi
+
 # QLoRA (the LM's projections in NF4, the shared Qwen2 path): runs, and its first loss is the
 # LoRA one up to the quantisation error (measured 2.7e-3; bound 5e-2)
 if "$MMC" train "$W/lora.yaml" --set model.quantization.method=nf4 --set training.steps=2 --set training.save_every=0 \
@@ -133,6 +175,13 @@ if "$MMC" merge --adapter $F/lora_ref --out "$W/merged" > "$W/mg.log" 2>&1 &&
   st_floats "$W/merged/model.safetensors" $k > "$W/t1.txt"; st_floats tests/fixtures/internvl/v5/model.safetensors $k > "$W/t0.txt"
   [ -s "$W/t0.txt" ] && cmp -s "$W/t0.txt" "$W/t1.txt" && ok || bad "merge changed the vision tower ($k)"
 else cat "$W/mg.log"; bad "merge failed"; fi
+
+# mmc's own 20-step LoRA run (LM + projector) merged: the tower copied bit for bit
+if "$MMC" merge --model tests/fixtures/internvl/v5 --adapter "$W/lora/checkpoint-20" --out "$W/m2" > "$W/m2.log" 2>&1; then
+  k=vision_tower.encoder.layer.1.attention.q_proj.weight
+  st_floats "$W/m2/model.safetensors" $k > "$W/t1.txt"; st_floats tests/fixtures/internvl/v5/model.safetensors $k > "$W/t0.txt"
+  [ -s "$W/t0.txt" ] && cmp -s "$W/t0.txt" "$W/t1.txt" && ok || bad "merging mmc's LoRA run changed the vision tower ($k)"
+else cat "$W/m2.log"; bad "merge of mmc's LoRA checkpoint failed"; fi
 
 # malformed: OpenGVLab's layout and a video sample are refused with messages naming them
 if "$MMC" train "$W/full.yaml" --set model.path=tests/fixtures/internvl/remote --set training.output_dir="$W/rm" \

@@ -13,14 +13,16 @@
  * Packed rows (cu_seqlens) restart the positions at each segment and attend block-diagonally.
  * Parameter names are save_pretrained's (transformers 5 writes vision_tower.*,
  * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight); LoRA module
- * names are those of the live model (model.language_model.*, model.multi_modal_projector.*),
- * which is what PEFT records. OpenGVLab's internvl_chat layout is inference only. */
+ * names are those of the live model (model.language_model.*, model.multi_modal_projector.*,
+ * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2),
+ * which is what PEFT records; LoRA on the tower's linears gives it a tape with its weights frozen. OpenGVLab's internvl_chat layout is inference only. */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
 #include "mmc_ops.h"
 #include "../model_weights.h"
 #include "vlm_splice.h"
+#include "../vision/intern_vit.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +46,7 @@ mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {
     if (!st) st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
     if (!st) st = mmc_module_list_add(out, &m->proj1, "model.multi_modal_projector.linear_1");
     if (!st) st = mmc_module_list_add(out, &m->proj2, "model.multi_modal_projector.linear_2");
+    if (!st) st = intern_vit_linears(m->vision, "model.vision_tower.", out);
     return st;
 }
 
