@@ -84,10 +84,9 @@ if "$MMC" train "$W/full.yaml" --set "model.freeze=[]" --set training.output_dir
            vision_tower.encoder.layer.1.layernorm_after.bias; do
     st_floats "$W/ft/checkpoint-6/model.safetensors" $k > "$W/a.txt"; st_floats $F/full_tower_weights.safetensors $k > "$W/b.txt"
     st_floats tests/fixtures/internvl/v5/model.safetensors $k > "$W/c.txt"
-    r=$(paste "$W/a.txt" "$W/b.txt" "$W/c.txt" | awk 'NF != 3 {bad = 1} {d = $1 - $2; e = $2 - $3; s += d * d; t += e * e}
-                                                   END {if (bad || t == 0) print "nan"; else printf "%.3g\n", sqrt(s / t)}')
+    r=$(relupdate "$W/a.txt" "$W/b.txt" "$W/c.txt")
     within "$r" 2.5e-2 && ok || bad "InternViT weight $k after 6 steps: relative update error $r"
-    worst=$(awk -v a="$worst" -v b="$r" 'BEGIN {print (b == "nan" || b + 0 > a + 0) ? b : a}')
+    worst=$(maxof "$worst" "$r")
   done
   echo "InternViT weights after 6 steps: max relative update error = $worst"
 else cat "$W/ft.log"; bad "training with the tower unfrozen failed"; fi
@@ -115,10 +114,9 @@ if "$MMC" train "$W/tl.yaml" 2> "$W/tl.log"; then
       k=base_model.model.model.vision_tower.encoder.$m.lora_$ab.weight
       st_floats "$W/tl/checkpoint-10/adapter_model.safetensors" $k > "$W/a.txt"
       st_floats $F/tower_lora_ref/adapter_model.safetensors $k > "$W/b.txt"; st_floats $F/tower_lora_init/adapter_model.safetensors $k > "$W/c.txt"
-      r=$(paste "$W/a.txt" "$W/b.txt" "$W/c.txt" | awk 'NF != 3 {bad = 1} {d = $1 - $2; e = $2 - $3; s += d * d; t += e * e}
-                                                     END {if (bad || t == 0) print "nan"; else printf "%.3g\n", sqrt(s / t)}')
+      r=$(relupdate "$W/a.txt" "$W/b.txt" "$W/c.txt")
       within "$r" 2.5e-2 && ok || bad "tower adapter $m lora_$ab after 10 steps: relative update error $r"
-      worst=$(awk -v a="$worst" -v b="$r" 'BEGIN {print (b == "nan" || b + 0 > a + 0) ? b : a}')
+      worst=$(maxof "$worst" "$r")
     done
   done
   echo "InternViT LoRA adapters after 10 steps: max relative update error = $worst"

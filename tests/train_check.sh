@@ -1,5 +1,5 @@
-# train_check.sh — helpers the `mmc train` parity tests source (test_llava_train.sh,
-# test_llava_train_anyres.sh, test_internvl_train.sh): pass / fail counting, a tensor of a
+# train_check.sh — helpers the `mmc train` parity tests source (test_llava_train.sh, test_llama_train.sh,
+# test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh): pass / fail counting, a tensor of a
 # .safetensors as text, and comparisons of number columns.
 fail=0; n=0
 ok()  { n=$((n+1)); }
@@ -21,3 +21,9 @@ maxdiff() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = $1 - $2; if (d < 0) d 
 within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d != "nan" && d + 0 <= t + 0)}'; }
 # the per-step losses of an `mmc train` log
 losses() { sed -n 's/^step \([0-9]*\)\/[0-9]* loss \([0-9.]*\).*/\2/p' "$1"; }
+# |a - b| / |b - c| (2-norms) over three files of one number per line: how far a trained tensor a
+# lies from the reference's b, relative to the reference's update from the start c
+relupdate() { paste "$1" "$2" "$3" | awk 'NF != 3 {bad = 1} {d = $1 - $2; e = $2 - $3; s += d * d; t += e * e}
+                                          END {if (bad || t == 0) print "nan"; else printf "%.3g\n", sqrt(s / t)}'; }
+# the larger of two numbers ("nan" when either is)
+maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (a == "nan" || b == "nan") ? "nan" : (b + 0 > a + 0 ? b : a)}'; }
