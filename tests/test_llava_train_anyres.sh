@@ -18,10 +18,14 @@
 #         1e-4 of PEFT's; of mmc's own 20-step LoRA checkpoint, the vision tower and
 #         image_newline copied bit for bit; `mmc forward --adapter` gives PEFT's logits (1e-4)
 #   malformed: a video sample and the torchvision image backend refused with messages
+# With the reference venv (.venv-ref or MMC_REF_PYTHON), tools/ref/check_llava_train.py --chat:
+# PEFT loads mmc's 20-step LoRA checkpoint and transformers its full one, each giving the logits
+# `mmc forward` gives within 1e-4.
 set -u
 MMC=${MMC:-build/mmc}
 export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
 F=tests/fixtures/llava_anyres_train
+PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
 [ -x "$MMC" ] || { echo "test_llava_train_anyres: skipped: no mmc binary at $MMC"; exit 77; }
 W=$(mktemp -d /tmp/mmc_test_llava_train_anyres.XXXXXX); trap 'rm -rf "$W"' EXIT
 . tests/train_check.sh   # ok / bad, st_floats, maxdiff, within, losses
@@ -47,6 +51,8 @@ YAML
     d=$(maxdiff "$W/$M.lora.txt" $F/${M}_lora_losses.txt)
     echo "$M LoRA 20 steps: max |loss - PEFT's| = $d"
     within "$d" 1e-3 && ok || bad "$M LoRA losses differ from PEFT's by $d"
+    "$MMC" forward --model "$W/$M.lora/checkpoint-20" --image $F/wide.png --prompt "What is in the picture?" \
+      --out "$W/$M.lf.safetensors" 2> "$W/f.log" && ok || { cat "$W/f.log"; bad "$M: forward --model on the LoRA checkpoint failed"; }
   else cat "$W/$M.lora.log"; bad "$M LoRA training failed"; fi
 
   if "$MMC" train "$W/$M.full.yaml" 2> "$W/$M.full.log"; then
@@ -103,6 +109,14 @@ YAML
     st_floats $BASE/model.safetensors multi_modal_projector.linear_1.weight > "$W/b.txt"
     ! cmp -s "$W/a.txt" "$W/b.txt" && ok || bad "$M: merging mmc's LoRA run left the projector as it was"
   else cat "$W/m2.log"; bad "$M merge of mmc's LoRA checkpoint failed"; fi
+
+  # PEFT loads mmc's LoRA checkpoint, transformers its full one: the logits `mmc forward` gave (1e-4)
+  if "$PY" -c "import transformers, peft" 2>/dev/null; then
+    "$PY" tools/ref/check_llava_train.py "$W/$M.lora/checkpoint-20" "$W/$M.lf.safetensors" "$W/$M.full/checkpoint-8" \
+        "$W/$M.ff.safetensors" $F/wide.png --chat 2> "$W/py.log" && ok || { cat "$W/py.log"; bad "$M: reference check of the checkpoints"; }
+  else
+    echo "test_llava_train_anyres: skipped: the PEFT / transformers loading checks for $M (no $PY)"
+  fi
 }
 
 check_model next tests/fixtures/llava_next/next vision_tower.encoder.layers.1.self_attn.q_proj.weight

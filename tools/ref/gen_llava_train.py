@@ -59,13 +59,14 @@ SAMPLES = [
 SIZES = {"img0.png": (40, 34), "img1.png": (31, 45), "img2.png": (52, 30)}
 
 
-def write_data():
-    rng = np.random.default_rng(5)
-    for name, (w, h) in SIZES.items():
+def write_data(out=OUT, samples=SAMPLES, sizes=SIZES, seed=5):
+    """Random-noise PNGs of the given (width, height) and data.jsonl of the samples, into out."""
+    rng = np.random.default_rng(seed)
+    for name, (w, h) in sizes.items():
         a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        Image.fromarray(a).save(os.path.join(OUT, name))
-    with open(os.path.join(OUT, "data.jsonl"), "w") as f:
-        for imgs, q, a in SAMPLES:
+        Image.fromarray(a).save(os.path.join(out, name))
+    with open(os.path.join(out, "data.jsonl"), "w") as f:
+        for imgs, q, a in samples:
             rec = {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
             if imgs:
                 rec["images"] = imgs

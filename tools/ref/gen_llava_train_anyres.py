@@ -37,14 +37,13 @@ if os.environ.get("PYTHONHASHSEED") != "0":
     os.environ["PYTHONHASHSEED"] = "0"
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
-import numpy as np
 import torch
 from PIL import Image
 from transformers import (AutoImageProcessor, AutoProcessor, LlavaNextForConditionalGeneration,
                           LlavaOnevisionForConditionalGeneration)
 from peft import LoraConfig, get_peft_model
 
-from gen_llava_train import LORA_TARGETS, hf_messages, train
+from gen_llava_train import LORA_TARGETS, hf_messages, train, write_data
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 OUT = os.path.join(ROOT, "tests/fixtures/llava_anyres_train")
@@ -61,18 +60,6 @@ SAMPLES = [
 ]
 PROMPT = "What is in the picture?"
 SIZES = {"wide.png": (61, 29), "tall.png": (23, 71), "big.png": (80, 67)}   # (width, height)
-
-
-def write_data():
-    rng = np.random.default_rng(11)
-    for name, (w, h) in SIZES.items():
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(os.path.join(OUT, name))
-    with open(os.path.join(OUT, "data.jsonl"), "w") as f:
-        for imgs, q, a in SAMPLES:
-            rec = {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-            if imgs:
-                rec["images"] = imgs
-            f.write(json.dumps(rec) + "\n")
 
 
 def encode(proc, imgs, q, a, image_id):
@@ -165,7 +152,7 @@ def write_losses(name, losses):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    write_data()
+    write_data(OUT, SAMPLES, SIZES, seed=11)
     for name in sys.argv[1:] or ("next", "ov"):
         run(name)
 
