@@ -17,7 +17,8 @@
 #   mmc merge: of PEFT's trained adapter, 16 linears folded, the merged model's logits within
 #         1e-4 of PEFT's; of mmc's own 20-step LoRA checkpoint, the vision tower and
 #         image_newline copied bit for bit; `mmc forward --adapter` gives PEFT's logits (1e-4)
-#   malformed: a video sample and the torchvision image backend refused with messages
+#   malformed: a video sample, the torchvision image backend and a processor whose
+#         image_grid_pinpoints differ from the model's refused with messages
 # With the reference venv (.venv-ref or MMC_REF_PYTHON), tools/ref/check_llava_train.py --chat:
 # PEFT loads mmc's 20-step LoRA checkpoint and transformers its full one, each giving the logits
 # `mmc forward` gives within 1e-4.
@@ -141,6 +142,14 @@ else grep -q "LLaVA-NeXT / OneVision takes images, not videos" "$W/vd.log" && ok
 if "$MMC" train "$W/next.full.yaml" --set data.image_backend=torchvision --set data.strict=true --set training.steps=1 \
      --set training.output_dir="$W/tv" > "$W/tv.log" 2>&1; then bad "the torchvision backend was accepted"
 else grep -q "only the PIL backend" "$W/tv.log" && ok || { cat "$W/tv.log"; bad "torchvision backend: no clear error"; }; fi
+
+# a processor whose image_grid_pinpoints differ from the model's: the tiles do not fit, refused
+mkdir -p "$W/badproc" && cp tests/fixtures/llava_next/next/* "$W/badproc/"
+perl -0pi -e 's/"image_grid_pinpoints": *\[.*?\]\s*\]/"image_grid_pinpoints": [[30, 30]]/s' "$W/badproc/processor_config.json"
+if "$MMC" train "$W/next.full.yaml" --set model.path="$W/badproc" --set training.steps=1 \
+     --set training.output_dir="$W/bp" > "$W/bp.log" 2>&1; then bad "a processor with other pinpoints was accepted"
+else grep -q "image_grid_pinpoints call for" "$W/bp.log" && grep -q '\[\[30, 30\]\]' "$W/badproc/processor_config.json" && ok ||
+       { cat "$W/bp.log"; bad "mismatched pinpoints: no clear error"; }; fi
 
 echo "test_llava_train_anyres: $((n - fail))/$n passed"
 [ "$fail" = 0 ]

@@ -104,11 +104,12 @@ static mmc_status anyres_images(mmc_ctx *ctx, const mmc_llava *m, const mmc_batc
         (*sizes)[i][0] = g[1], (*sizes)[i][1] = g[2];
         /* a OneVision image of a several-image sample is one padded tile; a single image always has more */
         (*multi)[i] = m->variant == MMC_LLAVA_ONEVISION && g[0] == 1;
-        if (g[1] < 1 || g[2] < 1 || g[0] != mmc_llava_image_patches(m, g[1], g[2], (*multi)[i]))
+        const int64_t want = g[1] < 1 || g[2] < 1 ? -1 : mmc_llava_image_patches(m, g[1], g[2], (*multi)[i]);
+        if (g[0] != want)
             return mmc_error(MMC_ERR_SHAPE, "llava batch: image %d (%lld x %lld) comes with %lld tiles; the model's "
-                             "image_grid_pinpoints call for %lld (the data from another model's processor?)", i,
-                             (long long)g[2], (long long)g[1], (long long)g[0],
-                             (long long)mmc_llava_image_patches(m, g[1] > 0 ? g[1] : 1, g[2] > 0 ? g[2] : 1, false));
+                             "image_grid_pinpoints call for %lld (does the processor config give other "
+                             "image_grid_pinpoints than config.json?)", i, (long long)g[2], (long long)g[1],
+                             (long long)g[0], (long long)want);
         P += g[0];
     }
     if (P != b->n_patches)
