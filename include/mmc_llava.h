@@ -14,9 +14,10 @@
  * language_model.model.*, language_model.lm_head.*), transformers 4.52-4.57's
  * (model.vision_tower.vision_model.*, model.multi_modal_projector.*, model.language_model.*,
  * lm_head.*) and 5.x save_pretrained's (the 4.4x names with the tower as vision_tower.*).
- * Training (llava_train.c): the causal-LM loss of a data-pipeline batch with gradients through
- * the projector and the language model (and the CLIP tower when its weights require grad), the parameters under the
- * names save_pretrained writes, and the linears under PEFT's module names for LoRA.
+ * Training (llava_train.c), every variant: the causal-LM loss of a data-pipeline batch with
+ * gradients through the projector, NeXT / OneVision's image_newline and the language model (and
+ * the CLIP / SigLIP tower when its weights require grad), the parameters under the names
+ * save_pretrained writes, and the linears under PEFT's module names for LoRA.
  */
 #ifndef MMC_LLAVA_H
 #define MMC_LLAVA_H

@@ -91,6 +91,18 @@ if "$MMC" train "$W/full.yaml" --set "model.freeze=[]" --set training.output_dir
   echo "InternViT weights after 6 steps: max relative update error = $worst"
 else cat "$W/ft.log"; bad "training with the tower unfrozen failed"; fi
 
+# tiles of another size than the tower's image_size (84 on a 56-pixel tower: the position table
+# interpolated) train with the tower frozen; training the tower on them is refused with a message
+mkdir -p "$W/p84" && cp tests/fixtures/internvl/v5/* "$W/p84/"
+sed -i 's/"height": 56/"height": 84/; s/"width": 56/"width": 84/; s/"image_seq_length": 4/"image_seq_length": 9/' "$W/p84/processor_config.json"
+if "$MMC" train "$W/full.yaml" --set model.path="$W/p84" --set training.steps=1 --set training.save_every=0 \
+     --set training.output_dir="$W/p84f" > "$W/p84f.log" 2>&1; then ok
+else cat "$W/p84f.log"; bad "84-pixel tiles with the tower frozen failed"; fi
+if "$MMC" train "$W/full.yaml" --set model.path="$W/p84" --set "model.freeze=[]" --set training.steps=1 \
+     --set training.save_every=0 --set training.output_dir="$W/p84t" > "$W/p84t.log" 2>&1; then
+  bad "training the tower on 84-pixel tiles was accepted"
+else grep -q "training the tower on 84 x 84 tiles" "$W/p84t.log" && ok || { cat "$W/p84t.log"; bad "84-pixel tiles, tower trained: no clear error"; }; fi
+
 # LoRA on the InternViT tower's linears too (PEFT's names model.vision_tower.encoder.layer.N.
 # attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2; 34 modules): 10 steps within 1e-3 of
 # PEFT's losses (measured: 2e-5), the tower's adapters after them within 2.5e-2 relative update
