@@ -14,6 +14,8 @@
 #         with nothing frozen (NeXT's CLIP / OneVision's SigLIP tower trained too): 8 steps
 #         within 1e-3 (measured: next 6e-6, ov 6e-6)
 #   model.freeze [vision_tower, merger]: image_newline stays as it was (frozen with the projector)
+#   batches: a padded micro-batch of the 5 records (and OneVision's packed row of them): the first
+#         loss is the reference's label-weighted per-sample mean (1e-4)
 #   mmc merge: of PEFT's trained adapter, 16 linears folded, the merged model's logits within
 #         1e-4 of PEFT's; of mmc's own 20-step LoRA checkpoint, the vision tower and
 #         image_newline copied bit for bit; `mmc forward --adapter` gives PEFT's logits (1e-4)
@@ -122,6 +124,22 @@ YAML
 
 check_model next tests/fixtures/llava_next/next vision_tower.encoder.layers.1.self_attn.q_proj.weight
 check_model ov tests/fixtures/llava_onevision/ov vision_tower.encoder.layers.1.self_attn.q_proj.weight
+
+# several samples in one step: a padded micro-batch of all 5 records, and (OneVision, 478 of 512
+# tokens) one packed row of them, the two-image record's padded tiles among single images' anyres
+# grids: the first loss is the label-weighted mean of the reference's per-sample losses at the start
+# (M_initial_losses.txt), within 1e-4 (measured: equal to the printed digits)
+for c in next:micro ov:micro ov:packed; do
+  M=${c%%:*}
+  want=$(awk '{s += $1 * $2; n += $2} END {printf "%.6f", s / n}' $F/${M}_initial_losses.txt)
+  case ${c#*:} in micro) set -- --set data.micro_batch_size=5 --set data.batch_size=5 ;; *) set -- --set data.packing=true ;; esac
+  if "$MMC" train "$W/$M.full.yaml" "$@" --set training.steps=1 --set training.save_every=0 \
+       --set training.output_dir="$W/$M.b5" 2> "$W/b5.log"; then
+    d=$(losses "$W/b5.log" | awk -v w="$want" '{d = $1 - w; print d < 0 ? -d : d}')
+    echo "$M ${c#*:} batch of the 5 records: |first loss - weighted reference| = $d"
+    within "$d" 1e-4 && ok || bad "$M ${c#*:} batch: first loss off by $d"
+  else cat "$W/b5.log"; bad "$M ${c#*:} batch training failed"; fi
+done
 
 # the tower trained too (model.freeze given without vision_tower): NeXT's CLIP, OneVision's SigLIP
 for M in next ov; do

@@ -25,6 +25,7 @@ Per model M in (next, ov):
   M_lora_ref/        the adapter after them (PEFT save_pretrained)
   M_lora_ref.logits.txt  last-position logits of base + M_lora_ref on wide.png and PROMPT (the chat
                      template with the generation prompt, as `mmc forward --prompt` renders it)
+  M_initial_losses.txt  each sample's loss under the base model and its scored label count
   M_full_losses.txt  8 full fine-tuning steps, vision tower frozen (lr 1e-3): the projector,
                      image_newline and the LM trained
   M_full_tower_losses.txt  the same with nothing frozen (the CLIP / SigLIP tower trained too)
@@ -108,6 +109,14 @@ def run(name):
     for ids, _, kw in data:
         print(name, ids.shape[1], "tokens,", (ids == base.config.image_token_id).sum().item(), "image tokens,",
               tuple(kw["pixel_values"].shape) if kw else "no images")
+
+    with torch.no_grad():   # each sample's loss at the start and its scored labels (shifted)
+        base.eval()
+        with open(os.path.join(OUT, name + "_initial_losses.txt"), "w") as f:
+            for ids, labels, kw in data:
+                loss = base(input_ids=ids, labels=labels, **kw).loss.item()
+                f.write("%.8f %d\n" % (loss, (labels[:, 1:] != -100).sum().item()))
+        base.train()
 
     def steps(model, params, n, lr):
         return train(model, params, data, n, lr)
