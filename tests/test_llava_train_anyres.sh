@@ -15,7 +15,8 @@
 #         within 1e-3 (measured: next 6e-6, ov 6e-6)
 #   model.freeze [vision_tower, merger]: image_newline stays as it was (frozen with the projector)
 #   batches: a padded micro-batch of the 5 records (and OneVision's packed row of them): the first
-#         loss is the reference's label-weighted per-sample mean (1e-4)
+#         loss is the reference's label-weighted per-sample mean (1e-4); DP: 2 ranks (ZeRO-2)
+#         give the single-process losses (with MPI)
 #   mmc merge: of PEFT's trained adapter, 16 linears folded, the merged model's logits within
 #         1e-4 of PEFT's; of mmc's own 20-step LoRA checkpoint, the vision tower and
 #         image_newline copied bit for bit; `mmc forward --adapter` gives PEFT's logits (1e-4)
@@ -140,6 +141,21 @@ for c in next:micro ov:micro ov:packed; do
     within "$d" 1e-4 && ok || bad "$M ${c#*:} batch: first loss off by $d"
   else cat "$W/b5.log"; bad "$M ${c#*:} batch training failed"; fi
 done
+
+# data parallelism (2 ranks, ZeRO-2, OneVision full fine-tuning): the single-process losses (1e-5)
+if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
+  "$MMC" train "$W/ov.full.yaml" --set training.steps=3 --set data.batch_size=2 --set training.save_every=0 \
+    --set training.output_dir="$W/d1" 2> "$W/d1.log"
+  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/ov.full.yaml" \
+    --set training.steps=3 --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
+    --set training.save_every=0 --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
+  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
+  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
+  echo "ov DP 2 ranks: max |loss - single process| = $d"
+  [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
+else
+  echo "test_llava_train_anyres: skipped: the data-parallel check (built without MPI)"
+fi
 
 # the tower trained too (model.freeze given without vision_tower): NeXT's CLIP, OneVision's SigLIP
 for M in next ov; do
