@@ -52,6 +52,7 @@
 #include "mmc_video.h"
 #include "mmc_audio.h"
 #include "mmc_internvl.h"
+#include "mmc_llava.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -144,6 +145,12 @@ typedef struct {
     bool internvl;
     mmc_internvl_proc iproc;
     int32_t internvl_start, internvl_end;
+    /* not YAML keys: a LLaVA-NeXT / OneVision model's processing (LlavaNextProcessor /
+     * LlavaOnevisionProcessor) — images through nproc's anyres tiling (one row of 3*S*S per tile,
+     * image_grid_thw (tiles, height, width)), each <image> expanded to nproc's count for the
+     * image's size; set with llava */
+    bool llava_next;
+    mmc_llava_next_proc nproc;
     bool blank_media;          /* not a YAML key: every image / video frame replaced by a
                                   black one of the same size (mmc eval --blank-images) */
 } mmc_data_opts;

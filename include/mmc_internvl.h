@@ -12,7 +12,7 @@
  * at the <IMG_CONTEXT> positions. Weights are read as transformers 5.x save_pretrained writes them
  * (vision_tower.*, multi_modal_projector.*, language_model.model.*, language_model.lm_head.*) and
  * as 4.52-4.57 write them (model.vision_tower.*, model.multi_modal_projector.*,
- * model.language_model.*, lm_head.*). Training (HF-native layout, tower frozen): internvl_train.c. */
+ * model.language_model.*, lm_head.*). Training (HF-native layout; the tower frozen by default, trainable): internvl_train.c. */
 #ifndef MMC_INTERNVL_H
 #define MMC_INTERNVL_H
 
@@ -102,7 +102,8 @@ struct mmc_module_list;
  * malloc'd (names too). HF-native layout only. */
 mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n);
 /* The linears LoRA may target, named as in the live transformers model (PEFT's module names):
- * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2. */
+ * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2 and the tower's
+ * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / .projection_layer / .mlp.fc1 / fc2. */
 mmc_status mmc_internvl_linears(mmc_internvl *m, struct mmc_module_list *out);
 /* mmc_internvl_batch_loss: mmc_trainer.h. */
 

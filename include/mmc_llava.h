@@ -14,9 +14,10 @@
  * language_model.model.*, language_model.lm_head.*), transformers 4.52-4.57's
  * (model.vision_tower.vision_model.*, model.multi_modal_projector.*, model.language_model.*,
  * lm_head.*) and 5.x save_pretrained's (the 4.4x names with the tower as vision_tower.*).
- * Training (llava_train.c): the causal-LM loss of a data-pipeline batch with gradients through
- * the projector and the language model (and the CLIP tower when its weights require grad), the parameters under the
- * names save_pretrained writes, and the linears under PEFT's module names for LoRA.
+ * Training (llava_train.c), every variant: the causal-LM loss of a data-pipeline batch with
+ * gradients through the projector, NeXT / OneVision's image_newline and the language model (and
+ * the CLIP / SigLIP tower when its weights require grad), the parameters under the names
+ * save_pretrained writes, and the linears under PEFT's module names for LoRA.
  */
 #ifndef MMC_LLAVA_H
 #define MMC_LLAVA_H
@@ -150,6 +151,11 @@ int64_t mmc_llava_image_patches(const mmc_llava *m, int64_t h, int64_t w, bool m
  * image_newline; several images in a OneVision prompt: each one tile + image_newline. */
 mmc_status mmc_llava_image_features_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2],
                                           int n_images, mmc_tensor **out);
+/* The same with each image's multi flag given (NULL: n_images > 1 for all, one prompt's images):
+ * a training batch of several samples has OneVision's single-image tiling per sample. With a tape
+ * the gradients reach the projector, image_newline and a tower whose weights require grad. */
+mmc_status mmc_llava_image_features_multi(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2],
+                                          const bool *multi, int n_images, mmc_tensor **out);
 /* OneVision's video path (get_video_features): frames [F, 3, S, S] -> each frame's tile features
  * bilinearly pooled from g x g to ceil(g/2) x ceil(g/2) (apply_pooling), then one image_newline
  * -> [F * ceil(g/2)^2 + 1, C]. MMC_ERR_UNSUPPORTED for the other variants. */
@@ -212,6 +218,8 @@ mmc_status mmc_llava_next_proc_load_dir(const char *dir, mmc_llava_next_proc *p,
  * of the mean colour, one tile each. PIL backend only. */
 mmc_status mmc_llava_next_preprocess(const mmc_llava_next_proc *p, const mmc_image *imgs, int n, bool multi,
                                      mmc_tensor **pixels, int64_t (*sizes)[2]);
+/* The tiles (pixel_values rows) of an h x w image: the base + the best resolution's grid; 1 when multi. */
+int64_t mmc_llava_next_image_tiles(const mmc_llava_next_proc *p, int64_t h, int64_t w, bool multi);
 /* The <image> tokens of an h x w image (the processor's count, which the model's features must equal). */
 int64_t mmc_llava_next_image_tokens(const mmc_llava_next_proc *p, int64_t h, int64_t w, bool multi);
 /* OneVision video frames -> pixel_values_videos [F, 3, h, w]: every frame resized to the video

@@ -22,25 +22,7 @@ F=tests/fixtures/llava_train
 PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
 [ -x "$MMC" ] || { echo "test_llava_train: skipped: no mmc binary at $MMC"; exit 77; }
 W=$(mktemp -d /tmp/mmc_test_llava_train.XXXXXX); trap 'rm -rf "$W"' EXIT
-fail=0; n=0
-ok()  { n=$((n+1)); }
-bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
-
-# floats of one tensor of a .safetensors, one per line (header data_offsets, then od)
-st_floats() {
-  local f=$1 name=$2 hlen hdr off
-  hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
-  hdr=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null)
-  off=$(printf '%s' "$hdr" | sed -E "s/.*\"$name\": *\{[^}]*\"data_offsets\": *\[ *([0-9]+), *([0-9]+) *\].*/\1 \2/")
-  case "$off" in ""|*[!0-9\ ]*) echo "no $name in $f" >&2; return 1 ;; esac
-  set -- $off
-  od -An -v -tf4 -w4 -j $((8 + hlen + $1)) -N $(($2 - $1)) "$f" | tr -d ' '
-}
-# max |a - b| over two files of one number per line
-maxdiff() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d}
-                                  END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
-within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d != "nan" && d + 0 <= t + 0)}'; }
-losses() { sed -n 's/^step \([0-9]*\)\/[0-9]* loss \([0-9.]*\).*/\2/p' "$1"; }
+. tests/train_check.sh   # ok / bad, st_floats, maxdiff, within, losses
 
 common="data: {train: $F/data.jsonl, batch_size: 1, micro_batch_size: 1, shuffle: false, num_workers: 0, seq_len: 512}"
 cat > "$W/lora.yaml" <<YAML

@@ -335,6 +335,16 @@ static mmc_status finish(const mmc_llava_next_proc *p, const mmc_image *patch, c
     return MMC_OK;
 }
 
+/* the tiles of an image: the base, then ceil(bh / tile) * ceil(bw / tile); one padded square (multi) */
+int64_t mmc_llava_next_image_tiles(const mmc_llava_next_proc *p, int64_t h, int64_t w, bool multi) {
+    if (p->onevision && multi) return 1;
+    const mmc_clip_proc *b = &p->base;
+    const int64_t tile = !p->onevision ? b->crop_h : b->size_h ? b->size_h : b->shortest_edge;
+    int64_t bh, bw;
+    mmc_llava_best_resolution((const int64_t (*)[2])p->pinpoints, p->n_pinpoints, h, w, &bh, &bw);
+    return 1 + ((bh + tile - 1) / tile) * ((bw + tile - 1) / tile);
+}
+
 mmc_status mmc_llava_next_preprocess(const mmc_llava_next_proc *p, const mmc_image *imgs, int n, bool multi,
                                      mmc_tensor **out, int64_t (*sizes)[2]) {
     *out = NULL;
@@ -348,15 +358,10 @@ mmc_status mmc_llava_next_preprocess(const mmc_llava_next_proc *p, const mmc_ima
     const int64_t tile = !p->onevision ? b->crop_h : b->size_h ? b->size_h : b->shortest_edge;
     int64_t th, tw;
     tile_hw(p, &th, &tw);
-    /* the tiles of each image: the base, then ceil(bh / tile) * ceil(bw / tile) */
     int64_t P = 0;
     for (int i = 0; i < n; i++) {
         sizes[i][0] = imgs[i].height, sizes[i][1] = imgs[i].width;
-        if (pad_square) { P++; continue; }
-        int64_t bh, bw;
-        mmc_llava_best_resolution((const int64_t (*)[2])p->pinpoints, p->n_pinpoints, imgs[i].height, imgs[i].width,
-                                  &bh, &bw);
-        P += 1 + ((bh + tile - 1) / tile) * ((bw + tile - 1) / tile);
+        P += mmc_llava_next_image_tiles(p, imgs[i].height, imgs[i].width, multi);
     }
     float lut[3][256];
     mmc_qwen2vl_proc q;   /* the rescale / normalise settings in the Qwen processor's form */

@@ -10,6 +10,10 @@
  * CLIPImageProcessor, each <image> expanded to one token per image feature. For InternVL
  * (o->internvl, same function) as InternVLProcessor makes it: the images' dynamic tiles, each
  * <IMG_CONTEXT> of the template becoming <img> <IMG_CONTEXT> x (image_seq_length * tiles) </img>.
+ * For LLaVA-NeXT / OneVision (o->llava_next, same function) as LlavaNextProcessor /
+ * LlavaOnevisionProcessor make it: each image's anyres tiles (base first; OneVision: one padded
+ * square each when the record has several images), each <image> expanded to the processor's
+ * count for that image's size; image_grid_thw holds (tiles, height, width) per image.
  */
 #include "data_internal.h"
 #include "mmc_omni.h"
@@ -169,18 +173,24 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     }
     const int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
     const int64_t K = o->llava_image_tokens;
-    int64_t *tiles = NULL;   /* InternVL: tiles per image (else 1 each) */
+    int64_t *tiles = NULL;   /* InternVL / NeXT: tiles per image (else 1 each) */
+    int64_t *ntok = NULL;    /* the tokens each image's <image> becomes (InternVL: with <img> </img>) */
+    int64_t (*sizes)[2] = NULL;   /* NeXT / OneVision: each image's (height, width) */
+    const char *family = o->llava_next ? "LLaVA-NeXT / OneVision" : o->internvl ? "InternVL" : "LLaVA-1.5";
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     int64_t n = 0;
     mmc_tensor *pv = NULL;
     mmc_status st;
     if (count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO)) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: %s takes images, not videos", mmc_dataset_path(ds), ex.line,
-                       o->internvl ? "InternVL" : "LLaVA-1.5");
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: %s takes images, not videos", mmc_dataset_path(ds),
+                       ex.line, family);
         goto fail;
     }
-    if (!(tiles = calloc((size_t)n_img + 1, sizeof *tiles))) { st = oom(); goto fail; }
+    tiles = calloc((size_t)n_img + 1, sizeof *tiles);
+    ntok = calloc((size_t)n_img + 1, sizeof *ntok);
+    sizes = calloc((size_t)n_img + 1, sizeof *sizes);
+    if (!tiles || !ntok || !sizes) { st = oom(); goto fail; }
     for (int i = 0; i < n_img; i++) tiles[i] = 1;
     if (n_img) {
         mmc_image *imgs = calloc((size_t)n_img, sizeof *imgs);
@@ -190,8 +200,14 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
         for (; loaded < n_img; loaded++)
             if ((st = load_one(ex.images[loaded], loaded, &io, &imgs[loaded]))) break;
             else if (o->blank_media) memset(imgs[loaded].data, 0, (size_t)imgs[loaded].height * imgs[loaded].width * 3);
+        const bool multi = n_img > 1;   /* OneVision: several images, one padded square each */
         if (!st && o->internvl) st = mmc_internvl_preprocess(&o->iproc, imgs, n_img, &pv, tiles);   /* [tiles, 3, s, s] */
+        else if (!st && o->llava_next) st = mmc_llava_next_preprocess(&o->nproc, imgs, n_img, multi, &pv, sizes);
         else if (!st) st = mmc_clip_preprocess(&o->clip, imgs, n_img, &pv);   /* [n_img, 3, S, S] */
+        for (int i = 0; !st && o->llava_next && i < n_img; i++) {   /* [tiles, 3, S, S] */
+            tiles[i] = mmc_llava_next_image_tiles(&o->nproc, sizes[i][0], sizes[i][1], multi);
+            ntok[i] = mmc_llava_next_image_tokens(&o->nproc, sizes[i][0], sizes[i][1], multi);
+        }
         for (int i = 0; i < loaded; i++) mmc_image_free(&imgs[i]);
         free(imgs);
         if (st) {
@@ -203,6 +219,7 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id,
                            .add_special_tokens = true};
     if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
+    for (int i = 0; !o->llava_next && i < n_img; i++) ntok[i] = o->internvl ? K * tiles[i] + 2 : K;
     int64_t seen = 0;
     for (int64_t i = 0; i < n; i++) seen += ids[i] == o->llava_image_id;
     if (seen != n_img) {
@@ -214,7 +231,7 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     int64_t total = 0, cut = -1;
     int keep = 0, img = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t w = ids[i] != o->llava_image_id ? 1 : o->internvl ? K * tiles[img++] + 2 : K;
+        int64_t w = ids[i] != o->llava_image_id ? 1 : ntok[img++];
         if (cut < 0 && total + w > o->seq_len) cut = w > 1 ? total : o->seq_len;
         if (cut < 0 && w > 1) keep++;
         total += w;
@@ -234,7 +251,7 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     img = 0;
     for (int64_t i = 0; i < n && j < T; i++) {
         if (ids[i] == o->llava_image_id) {
-            const int64_t kk = o->internvl ? K * tiles[img++] : K;
+            const int64_t kk = o->internvl ? ntok[img++] - 2 : ntok[img++];
             if (o->internvl) { out->input_ids[j] = o->internvl_start; out->labels[j++] = MMC_IGNORE_INDEX; }
             for (int64_t q = 0; q < kk; q++, j++) { out->input_ids[j] = ids[i]; out->labels[j] = MMC_IGNORE_INDEX; }
             if (o->internvl) { out->input_ids[j] = o->internvl_end; out->labels[j++] = MMC_IGNORE_INDEX; }
@@ -258,18 +275,23 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
         out->pixel_values = steal_or_copy(pv, rows * dim);
         out->image_grid_thw = malloc((size_t)keep * 3 * sizeof(int64_t));
         if (!out->pixel_values || !out->image_grid_thw) { st = oom(); goto fail; }
-        for (int k = 0; k < 3 * keep; k++) out->image_grid_thw[k] = k % 3 ? 1 : tiles[k / 3];
+        for (int k = 0; k < 3 * keep; k++)   /* (tiles, 1, 1); NeXT / OneVision: (tiles, height, width) */
+            out->image_grid_thw[k] = k % 3 == 0 ? tiles[k / 3] : o->llava_next ? sizes[k / 3][k % 3 - 1] : 1;
         out->patch_dim = dim;
         out->n_patches = rows;
         out->n_images = keep;
     }
     free(tiles);
+    free(ntok);
+    free(sizes);
     free(ids);
     free(mask);
     mmc_tensor_free(pv);
     return MMC_OK;
 fail:
     free(tiles);
+    free(ntok);
+    free(sizes);
     free(ids);
     free(mask);
     mmc_tensor_free(pv);

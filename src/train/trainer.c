@@ -151,7 +151,16 @@ static mmc_status loader_open(mmc_trainer *t) {
     o->bucket_window = d->bucket_window;
     if (!d->shuffle && d->bucket_window == 0) o->bucket_window = d->micro_batch_size;
     o->add_vision_id = d->add_vision_id;
-    if (t->llava) {   /* LlavaProcessor: CLIPImageProcessor, <image> x one token per feature */
+    if (t->llava && t->llava->variant != MMC_LLAVA_15) {   /* LlavaNext / LlavaOnevisionProcessor: anyres tiles */
+        o->llava = o->llava_next = true;
+        mmc_llava_next_proc_default(&o->nproc, t->llava);
+        if (t->src_dir[0]) {
+            mmc_status st = mmc_llava_next_proc_load_dir(t->src_dir, &o->nproc, NULL, 0);
+            if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
+        }
+        o->nproc.base.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
+        o->llava_image_id = (int32_t)t->llava->image_token_id;
+    } else if (t->llava) {   /* LlavaProcessor: CLIPImageProcessor, <image> x one token per feature */
         o->llava = true;
         mmc_clip_proc_default(&o->clip);
         if (t->src_dir[0]) {
@@ -313,6 +322,7 @@ static uint32_t component_of(const char *name) {
     if (strstr(name, "visual.merger") || strstr(name, "visual.merger.")) return MMC_FREEZE_MERGER;
     if (strstr(name, "visual.")) return MMC_FREEZE_VISION;
     if (strstr(name, "multi_modal_projector.")) return MMC_FREEZE_MERGER;   /* LLaVA's */
+    if (!strcmp(name, "image_newline")) return MMC_FREEZE_MERGER;   /* LLaVA-NeXT / OneVision's, with the projector */
     if (!strncmp(name, "vision_tower.", 13)) return MMC_FREEZE_VISION;
     if (strstr(name, "embed_tokens")) return MMC_FREEZE_EMBED;
     return MMC_FREEZE_LM;
@@ -405,11 +415,12 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     bool omni = !strcmp(type, "qwen2_5_omni_thinker");
     bool llama = !strcmp(type, "llama") || !strcmp(type, "mistral");   /* text Llama / Mistral (llama_check) */
     bool moe = !strcmp(type, "qwen2_moe");   /* Qwen2-MoE (qwen2_moe.c), expert parallelism over epc */
-    if (strcmp(type, "qwen2") != 0 && strcmp(type, "llava") != 0 && strcmp(type, "internvl") != 0 && !vl && !omni &&
-        !llama && !moe) {
+    bool llava = !strcmp(type, "llava") || !strcmp(type, "llava_next") || !strcmp(type, "llava_onevision");
+    if (strcmp(type, "qwen2") != 0 && !llava && strcmp(type, "internvl") != 0 && !vl && !omni && !llama && !moe) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, qwen2_moe, llama, mistral, llava, internvl, "
-                       "qwen2_5_omni_thinker; OpenGVLab's internvl_chat layout is inference only)", path, type);
+                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, qwen2_moe, llama, mistral, llava, llava_next, "
+                       "llava_onevision, internvl, qwen2_5_omni_thinker; OpenGVLab's internvl_chat layout is "
+                       "inference only)", path, type);
         mmc_json_free(j);   /* (type points into it) */
         return st;
     }
@@ -452,7 +463,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         else if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);
         else st = mmc_internvl_new(j, path, (uint64_t)c->training.seed, &t->internvl);
         if (!st) t->lm = t->internvl->lm;
-    } else if (!strcmp(type, "llava")) {   /* LLaVA-1.5 (llava_train.c): the CLIP tower stays frozen */
+    } else if (llava) {   /* LLaVA-1.5 / NeXT / OneVision (llava_train.c): the tower frozen by default */
         if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llava yet",
                                    c->file);
         else if (dir) st = mmc_llava_load_ex(dir, true, &t->llava);

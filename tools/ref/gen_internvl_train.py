@@ -22,6 +22,11 @@ AdamW steps every trained tensor (see gen_llava_train.py's ZERO_GRADS).
   lora_losses.txt  per-step loss of 20 LoRA steps (lr 5e-3)
   lora_ref/        the adapter after those 20 steps (PEFT save_pretrained)
   full_losses.txt  per-step loss of 6 full fine-tuning steps (vision tower frozen, lr 1e-3)
+  tower_lora_init/, tower_lora_losses.txt, tower_lora_ref/  the same LoRA with the InternViT tower's
+                   attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2 adapted too: 10 steps
+  full_tower_losses.txt  the same with nothing frozen (the InternViT tower trained too)
+  full_tower_weights.safetensors  TOWER_KEYS after those 6 steps (the names mmc's checkpoint
+                   gives them: save_pretrained's, without "model.")
 """
 import json
 import os
@@ -36,10 +41,19 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor, GotOcr2ImageProcessor, InternVLForConditionalGeneration
 from peft import LoraConfig, get_peft_model
+from safetensors.torch import save_file
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 BASE = os.path.join(ROOT, "tests/fixtures/internvl/v5")
 OUT = os.path.join(ROOT, "tests/fixtures/internvl_train")
+TOWER_KEYS = ["model.vision_tower.embeddings.cls_token", "model.vision_tower.embeddings.position_embeddings",
+              "model.vision_tower.embeddings.patch_embeddings.projection.weight",
+              "model.vision_tower.encoder.layer.0.attention.q_proj.weight",
+              "model.vision_tower.encoder.layer.0.lambda_1", "model.vision_tower.encoder.layer.1.mlp.fc2.weight",
+              "model.vision_tower.encoder.layer.1.layernorm_after.bias"]
+TOWER_LORA_TARGETS = (r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
+                      r"|.*multi_modal_projector\.linear_(1|2)"
+                      r"|.*vision_tower\.encoder\.layer\.\d+\.(attention\.(q_proj|k_proj|v_proj|projection_layer)|mlp\.fc(1|2))")
 LORA_TARGETS = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)|.*multi_modal_projector\.linear_(1|2)"
 
 SAMPLES = [
@@ -147,6 +161,20 @@ def main():
         j["base_model_name_or_path"] = "tests/fixtures/internvl/v5"
         json.dump(j, open(p, "w"), indent=2)
 
+    # LoRA on the InternViT tower's linears too (PEFT's module names under model.vision_tower)
+    torch.manual_seed(0)
+    base = InternVLForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TOWER_LORA_TARGETS))
+    pm.save_pretrained(os.path.join(OUT, "tower_lora_init"))
+    pm.train()
+    write_losses("tower_lora_losses.txt", train(pm, [p for p in pm.parameters() if p.requires_grad], data, 10, 5e-3))
+    pm.save_pretrained(os.path.join(OUT, "tower_lora_ref"))
+    for d in ("tower_lora_init", "tower_lora_ref"):
+        p = os.path.join(OUT, d, "adapter_config.json")
+        j = json.load(open(p))
+        j["base_model_name_or_path"] = "tests/fixtures/internvl/v5"
+        json.dump(j, open(p, "w"), indent=2)
+
     # full fine-tuning, tower frozen
     torch.manual_seed(0)
     model = InternVLForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
@@ -154,6 +182,14 @@ def main():
     for n, p in model.named_parameters():
         p.requires_grad_("vision_tower" not in n)
     write_losses("full_losses.txt", train(model, [p for p in model.parameters() if p.requires_grad], data, 6, 1e-3))
+
+    # full fine-tuning with the InternViT tower trained too; some of its weights after the 6 steps
+    model = InternVLForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
+    model.train()
+    write_losses("full_tower_losses.txt", train(model, list(model.parameters()), data, 6, 1e-3))
+    sd = model.state_dict()
+    save_file({k.replace("model.", "", 1): sd[k].detach().contiguous() for k in TOWER_KEYS},
+              os.path.join(OUT, "full_tower_weights.safetensors"))
 
 
 if __name__ == "__main__":

@@ -59,13 +59,14 @@ SAMPLES = [
 SIZES = {"img0.png": (40, 34), "img1.png": (31, 45), "img2.png": (52, 30)}
 
 
-def write_data():
-    rng = np.random.default_rng(5)
-    for name, (w, h) in SIZES.items():
+def write_data(out=OUT, samples=SAMPLES, sizes=SIZES, seed=5):
+    """Random-noise PNGs of the given (width, height) and data.jsonl of the samples, into out."""
+    rng = np.random.default_rng(seed)
+    for name, (w, h) in sizes.items():
         a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        Image.fromarray(a).save(os.path.join(OUT, name))
-    with open(os.path.join(OUT, "data.jsonl"), "w") as f:
-        for imgs, q, a in SAMPLES:
+        Image.fromarray(a).save(os.path.join(out, name))
+    with open(os.path.join(out, "data.jsonl"), "w") as f:
+        for imgs, q, a in samples:
             rec = {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
             if imgs:
                 rec["images"] = imgs
@@ -113,8 +114,9 @@ def train(model, params, data, steps, lr):
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     losses = []
     for s in range(steps):
-        ids, labels, pv = data[s % len(data)]
-        out = model(input_ids=ids, pixel_values=pv, labels=labels)
+        ids, labels, pv = data[s % len(data)]   # pv: pixel_values, or a dict of the processor's image inputs
+        kw = pv if isinstance(pv, dict) else {"pixel_values": pv}
+        out = model(input_ids=ids, labels=labels, **kw)
         opt.zero_grad()
         out.loss.backward()
         for p in params:   # see ZERO_GRADS

@@ -14,6 +14,9 @@
  *   last_hidden_state = layernorm(x) unless use_mean_pooling (then x itself)
  * Dropouts and drop-path are off (inference). hidden_states[0] is the embeddings' output,
  * hidden_states[i] layer i's, as transformers' capture_outputs records them.
+ * With its weights requiring grad (InternVL training with the tower unfrozen) the embeddings come
+ * from differentiable ops and the layers keep their tape; otherwise nothing is recorded. Training
+ * takes tiles of the config's image_size (the position table as stored, not interpolated).
  *
  * OpenGVLab's remote-code InternVisionModel (modeling_intern_vit.py) computes the same with other
  * names: embeddings.class_embedding / patch_embedding / position_embedding, encoder.layers.N.
@@ -31,12 +34,13 @@
 
 typedef struct {
     mmc_tensor *n1_w, *n1_b, *n2_w, *n2_b;   /* layernorm_before / _after [Cv] (b NULL for RMSNorm) */
-    mmc_tensor *q_w, *k_w, *v_w, *q_b, *k_b, *v_b;   /* [Cv, Cv], [Cv] (b with attention_bias) */
-    mmc_tensor *qkv_w, *qkv_b;               /* OpenGVLab's fused attn.qkv [3 Cv, Cv], [3 Cv] (q_w .. NULL) */
+    mmc_linear_w q, k, v;                    /* [Cv, Cv], [Cv] (b with attention_bias); unbound (w NULL) for
+                                              * OpenGVLab's layout */
+    mmc_tensor *qkv_w, *qkv_b;               /* OpenGVLab's fused attn.qkv [3 Cv, Cv], [3 Cv] */
     mmc_tensor *qn_w, *kn_w;                 /* q_norm / k_norm [Cv] with use_qk_norm */
-    mmc_tensor *o_w, *o_b;                   /* projection_layer [Cv, Cv], [Cv] */
+    mmc_linear_w o;                          /* projection_layer [Cv, Cv], [Cv] */
     mmc_tensor *lambda1, *lambda2;           /* layer scale [Cv] */
-    mmc_tensor *fc1_w, *fc1_b, *fc2_w, *fc2_b;   /* [Fv, Cv], [Fv], [Cv, Fv], [Cv] */
+    mmc_linear_w fc1, fc2;                   /* [Fv, Cv], [Fv]; [Cv, Fv], [Cv] */
 } vit_layer;
 
 struct mmc_intern_vit {
@@ -164,11 +168,11 @@ mmc_intern_vit *intern_vit_bind(mw_set *w, const char *prefix, const mmc_intern_
                 mw_bind(w, pre, "attn.q_norm.weight", &L->qn_w, 1, MMC_SHAPE(C));
                 mw_bind(w, pre, "attn.k_norm.weight", &L->kn_w, 1, MMC_SHAPE(C));
             }
-            mw_bind_wb(w, pre, "attn.proj", &L->o_w, &L->o_b, 2, MMC_SHAPE(C, C));
+            mw_bind_linear(w, pre, "attn.proj", &L->o, C, C, true);
             mw_bind(w, pre, "ls1", &L->lambda1, 1, MMC_SHAPE(C));
             mw_bind(w, pre, "ls2", &L->lambda2, 1, MMC_SHAPE(C));
-            mw_bind_wb(w, pre, "mlp.fc1", &L->fc1_w, &L->fc1_b, 2, MMC_SHAPE(F, C));
-            mw_bind_wb(w, pre, "mlp.fc2", &L->fc2_w, &L->fc2_b, 2, MMC_SHAPE(C, F));
+            mw_bind_linear(w, pre, "mlp.fc1", &L->fc1, F, C, true);
+            mw_bind_linear(w, pre, "mlp.fc2", &L->fc2, C, F, true);
         }
         return v;
     }
@@ -180,25 +184,18 @@ mmc_intern_vit *intern_vit_bind(mw_set *w, const char *prefix, const mmc_intern_
         snprintf(pre, sizeof pre, "%sencoder.layer.%lld.", prefix, (long long)i);
         bind_norm(w, pre, "layernorm_before", c->rms_norm, &L->n1_w, &L->n1_b, C);
         bind_norm(w, pre, "layernorm_after", c->rms_norm, &L->n2_w, &L->n2_b, C);
-        static const char *const qkv[3] = {"attention.q_proj", "attention.k_proj", "attention.v_proj"};
-        mmc_tensor **ws[3] = {&L->q_w, &L->k_w, &L->v_w}, **bs[3] = {&L->q_b, &L->k_b, &L->v_b};
-        for (int k = 0; k < 3; k++) {
-            if (c->attention_bias) mw_bind_wb(w, pre, qkv[k], ws[k], bs[k], 2, MMC_SHAPE(C, C));
-            else {
-                char nm[96];
-                snprintf(nm, sizeof nm, "%s.weight", qkv[k]);
-                mw_bind(w, pre, nm, ws[k], 2, MMC_SHAPE(C, C));
-            }
-        }
+        mw_bind_linear(w, pre, "attention.q_proj", &L->q, C, C, c->attention_bias);
+        mw_bind_linear(w, pre, "attention.k_proj", &L->k, C, C, c->attention_bias);
+        mw_bind_linear(w, pre, "attention.v_proj", &L->v, C, C, c->attention_bias);
         if (c->use_qk_norm) {
             mw_bind(w, pre, "attention.q_norm.weight", &L->qn_w, 1, MMC_SHAPE(C));
             mw_bind(w, pre, "attention.k_norm.weight", &L->kn_w, 1, MMC_SHAPE(C));
         }
-        mw_bind_wb(w, pre, "attention.projection_layer", &L->o_w, &L->o_b, 2, MMC_SHAPE(C, C));
+        mw_bind_linear(w, pre, "attention.projection_layer", &L->o, C, C, true);
         mw_bind(w, pre, "lambda_1", &L->lambda1, 1, MMC_SHAPE(C));
         mw_bind(w, pre, "lambda_2", &L->lambda2, 1, MMC_SHAPE(C));
-        mw_bind_wb(w, pre, "mlp.fc1", &L->fc1_w, &L->fc1_b, 2, MMC_SHAPE(F, C));
-        mw_bind_wb(w, pre, "mlp.fc2", &L->fc2_w, &L->fc2_b, 2, MMC_SHAPE(C, F));
+        mw_bind_linear(w, pre, "mlp.fc1", &L->fc1, F, C, true);
+        mw_bind_linear(w, pre, "mlp.fc2", &L->fc2, C, F, true);
     }
     if (!c->use_mean_pooling) mw_bind_wb(w, prefix, "layernorm", &v->ln_w, &v->ln_b, 1, MMC_SHAPE(C));
     return v;
@@ -211,6 +208,32 @@ void intern_vit_free(mmc_intern_vit *v) {
 }
 
 const mmc_intern_vit_config *intern_vit_cfg(const mmc_intern_vit *v) { return &v->cfg; }
+
+mmc_status intern_vit_linears(mmc_intern_vit *v, const char *prefix, mmc_module_list *out) {
+    static const char *const nm[6] = {"attention.q_proj", "attention.k_proj", "attention.v_proj",
+                                      "attention.projection_layer", "mlp.fc1", "mlp.fc2"};
+    if (v->cfg.remote) return MMC_OK;   /* OpenGVLab's layout: its fused qkv is not a PEFT module here */
+    for (int64_t i = 0; i < v->cfg.num_hidden_layers; i++) {
+        vit_layer *L = &v->layers[i];
+        mmc_linear_w *ls[6] = {&L->q, &L->k, &L->v, &L->o, &L->fc1, &L->fc2};
+        for (int j = 0; j < 6; j++) {
+            char name[MMC_MODULE_NAME];
+            snprintf(name, sizeof name, "%sencoder.layer.%lld.%s", prefix, (long long)i, nm[j]);
+            mmc_status st = mmc_module_list_add(out, ls[j], name);
+            if (st) return st;
+        }
+    }
+    return MMC_OK;
+}
+
+/* whether LoRA is on any of the tower's linears (then a tape is needed even with frozen weights) */
+static bool adapted(const mmc_intern_vit *v) {
+    for (int64_t i = 0; i < v->cfg.num_hidden_layers; i++) {
+        const vit_layer *L = &v->layers[i];
+        if (L->q.lora || L->k.lora || L->v.lora || L->o.lora || L->fc1.lora || L->fc2.lora) return true;
+    }
+    return false;
+}
 
 static mmc_tensor *norm(mmc_ctx *ctx, const mmc_intern_vit_config *c, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b) {
     return c->rms_norm ? mmc_rmsnorm(ctx, x, w, (float)c->layer_norm_eps)
@@ -226,8 +249,7 @@ static mmc_tensor *layer_forward(mmc_ctx *ctx, const mmc_intern_vit_config *c, c
         mmc_tensor *qkv = mmc_linear(ctx, h, L->qkv_w, L->qkv_b);               /* [N, T, 3 Cv] */
         q = mmc_narrow(ctx, qkv, 2, 0, C), k = mmc_narrow(ctx, qkv, 2, C, C), v = mmc_narrow(ctx, qkv, 2, 2 * C, C);
     } else {
-        q = mmc_linear(ctx, h, L->q_w, L->q_b), k = mmc_linear(ctx, h, L->k_w, L->k_b);
-        v = mmc_linear(ctx, h, L->v_w, L->v_b);
+        q = mmc_nn_linear(ctx, h, &L->q), k = mmc_nn_linear(ctx, h, &L->k), v = mmc_nn_linear(ctx, h, &L->v);
     }
     if (c->use_qk_norm) {
         q = mmc_rmsnorm(ctx, mmc_contiguous(ctx, q), L->qn_w, (float)c->qk_norm_eps);
@@ -238,11 +260,11 @@ static mmc_tensor *layer_forward(mmc_ctx *ctx, const mmc_intern_vit_config *c, c
     v = mmc_reshape(ctx, mmc_contiguous(ctx, v), 4, MMC_SHAPE(N, T, H, D));
     mmc_attn_opts ao = {.causal = false, .scale = (float)(1.0 / sqrt((double)D))};
     mmc_tensor *o = mmc_reshape(ctx, mmc_attention(ctx, q, k, v, &ao), 3, MMC_SHAPE(N, T, C));
-    o = mmc_linear(ctx, o, L->o_w, L->o_b);
+    o = mmc_nn_linear(ctx, o, &L->o);
     x = mmc_add(ctx, x, mmc_mul(ctx, o, L->lambda1));
     h = norm(ctx, c, x, L->n2_w, L->n2_b);
-    h = enc_act(ctx, c->hidden_act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));      /* [N, T, Fv] */
-    h = mmc_linear(ctx, h, L->fc2_w, L->fc2_b);
+    h = enc_act(ctx, c->hidden_act, mmc_nn_linear(ctx, h, &L->fc1));            /* [N, T, Fv] */
+    h = mmc_nn_linear(ctx, h, &L->fc2);
     return mmc_add(ctx, x, mmc_mul(ctx, h, L->lambda2));
 }
 
@@ -307,7 +329,15 @@ mmc_status mmc_intern_vit_forward(mmc_ctx *ctx, mmc_intern_vit *v, mmc_tensor *p
         return mmc_error(MMC_ERR_INVALID, "InternViT: %d layers asked of %lld", n_layers, (long long)c->num_hidden_layers);
     const int64_t N = pixels->shape[0], Hs = pixels->shape[2], Ws = pixels->shape[3];
     const int64_t gh = Hs / p, gw = Ws / p, P = gh * gw, T = 1 + P, K = Cin * p * p;
-    bool was = mmc_set_grad_enabled(ctx, false);
+    /* training the tower (its weights require grad, or LoRA on its linears): a tape through the
+     * embeddings and layers */
+    const bool grad = mmc_grad_enabled(ctx) && ((v->patch_w->flags & MMC_REQUIRES_GRAD) || adapted(v));
+    if (grad && v->pos && (P != g * g || gh != gw))
+        return mmc_error(MMC_ERR_UNSUPPORTED, "InternViT: training the tower on %lld x %lld tiles (image_size %lld) "
+                         "would need the interpolated position table's backward, which is not implemented; give "
+                         "tiles of image_size or keep vision_tower in model.freeze", (long long)Hs, (long long)Ws,
+                         (long long)c->image_size);
+    bool was = mmc_set_grad_enabled(ctx, grad);
     /* the stride-p convolution as a matmul over patches [N*P, Cin*p*p] in the weight's (c, y, x) order */
     mmc_tensor *px = mmc_contiguous(ctx, pixels);
     mmc_tensor *patches = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(N * P, K));
@@ -324,26 +354,35 @@ mmc_status mmc_intern_vit_forward(mmc_ctx *ctx, mmc_intern_vit *v, mmc_tensor *p
             }
     mmc_tensor *w2 = mmc_reshape(ctx, v->patch_w, 2, MMC_SHAPE(C, K));
     mmc_tensor *pe = mmc_contiguous(ctx, mmc_linear(ctx, patches, w2, v->patch_b));    /* [N*P, Cv] */
-    /* the position table for this grid: as stored, or interpolated (interpolate_pos_encoding) */
-    mmc_tensor *pos = NULL;
-    if (v->pos) {
-        mmc_tensor *p0 = mmc_contiguous(ctx, mmc_cast(ctx, v->pos, MMC_F32));            /* [1, 1 + g*g, Cv] */
-        if (P == g * g && gh == gw) pos = p0;
-        else {
-            pos = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(1, T, C));
-            memcpy(pos->data, p0->data, (size_t)C * sizeof(float));
-            interp_pos((const float *)p0->data + C, g, C, (float *)pos->data + C, gh, gw);
+    mmc_tensor *x;
+    if (grad) {   /* cat(cls_token, patches) + position_embeddings as differentiable ops */
+        mmc_tensor *cls = mmc_add(ctx, mmc_zeros(ctx, MMC_F32, 3, MMC_SHAPE(N, 1, C)), v->cls);      /* [N, 1, C] */
+        mmc_tensor *parts[2] = {cls, mmc_reshape(ctx, pe, 3, MMC_SHAPE(N, P, C))};
+        x = mmc_concat(ctx, parts, 2, 1);                                                /* [N, T, C] */
+        if (v->pos) x = mmc_add(ctx, x, v->pos);
+        x = mmc_contiguous(ctx, x);
+    } else {   /* written directly: [N, T, C] */
+        /* the position table for this grid: as stored, or interpolated (interpolate_pos_encoding) */
+        mmc_tensor *pos = NULL;
+        if (v->pos) {
+            mmc_tensor *p0 = mmc_contiguous(ctx, mmc_cast(ctx, v->pos, MMC_F32));            /* [1, 1 + g*g, Cv] */
+            if (P == g * g && gh == gw) pos = p0;
+            else {
+                pos = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(1, T, C));
+                memcpy(pos->data, p0->data, (size_t)C * sizeof(float));
+                interp_pos((const float *)p0->data + C, g, C, (float *)pos->data + C, gh, gw);
+            }
         }
+        x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(N, T, C));
+        mmc_tensor *cls = mmc_contiguous(ctx, mmc_cast(ctx, v->cls, MMC_F32));
+        float *xd = x->data;
+        const float *cd = cls->data, *pd = pos ? pos->data : NULL, *ed = pe->data;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t t = 0; t < T; t++) {
+                const float *e = t == 0 ? cd : ed + (n * P + t - 1) * C;
+                for (int64_t k = 0; k < C; k++) xd[(n * T + t) * C + k] = e[k] + (pd ? pd[t * C + k] : 0.0f);
+            }
     }
-    mmc_tensor *x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(N, T, C));
-    mmc_tensor *cls = mmc_contiguous(ctx, mmc_cast(ctx, v->cls, MMC_F32));
-    float *xd = x->data;
-    const float *cd = cls->data, *pd = pos ? pos->data : NULL, *ed = pe->data;
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *e = t == 0 ? cd : ed + (n * P + t - 1) * C;
-            for (int64_t k = 0; k < C; k++) xd[(n * T + t) * C + k] = e[k] + (pd ? pd[t * C + k] : 0.0f);
-        }
     mmc_tensor **hs = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *hs * (size_t)(n_layers + 1));
     hs[0] = x;
     for (int i = 0; i < n_layers; i++) {

@@ -259,21 +259,21 @@ mmc_status mmc_internvl_image_features(mmc_ctx *ctx, mmc_internvl *m, mmc_tensor
     if (st) return st;
     mmc_tensor *f = mmc_contiguous(ctx, m->feature_layer > L ? last : hs[m->feature_layer]);   /* [N, 1 + g*g, Cv] */
     const int64_t N = pixels->shape[0], Cv = vc->hidden_size, gs = g / s, K = Cv * s * s;
-    /* drop CLS, then the pixel shuffle as one gather (the view / permute chain of the header) */
-    mmc_tensor *sh = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(N * gs * gs, K));
-    const float *fd = f->data;
-    float *sd = sh->data;
+    /* drop CLS, then the pixel shuffle as one row gather (the view / permute chain of the header;
+     * differentiable, so that a trained tower gets its gradient) */
+    mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(N * gs * gs * s * s));
+    int64_t *ix = idx->data;
     for (int64_t n = 0; n < N; n++)
         for (int64_t a = 0; a < gs; a++)
-            for (int64_t b = 0; b < gs; b++) {
-                float *row = sd + ((n * gs + a) * gs + b) * K;
+            for (int64_t b = 0; b < gs; b++)
                 for (int64_t i = 0; i < s; i++)
                     for (int64_t j = 0; j < s; j++) {
                         int64_t cell = (s * a + i) * g + (s * b + j);
                         if (m->ps_v1) cell = (s * b + i) * g + (s * a + j);   /* the output grid transposed */
-                        memcpy(row + (i * s + j) * Cv, fd + (n * (1 + g * g) + 1 + cell) * Cv, (size_t)Cv * sizeof(float));
+                        *ix++ = n * (1 + g * g) + 1 + cell;
                     }
-            }
+    f = mmc_reshape(ctx, f, 2, MMC_SHAPE(N * (1 + g * g), Cv));                           /* [N*(1+g*g), Cv] */
+    mmc_tensor *sh = mmc_reshape(ctx, mmc_gather_rows(ctx, f, idx), 2, MMC_SHAPE(N * gs * gs, K));  /* [N*gs*gs, K] */
     mmc_tensor *h = mmc_layernorm(ctx, sh, m->proj_ln_w, m->proj_ln_b, 1e-5f);   /* nn.LayerNorm's default eps */
     h = enc_act(ctx, m->proj_act, mmc_nn_linear(ctx, h, &m->proj1));              /* [N*gs*gs, C] */
     *out = mmc_contiguous(ctx, mmc_nn_linear(ctx, h, &m->proj2));

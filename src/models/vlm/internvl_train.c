@@ -4,22 +4,25 @@
  * save_pretrained / PEFT name things:
  *
  *   f = linear_2(act(linear_1(LayerNorm(pixel_shuffle(InternViT(tiles)[layer][:, 1:])))))
- *       [n_tiles * tile_tokens, C]; the tower runs without a tape (frozen: mmc train keeps it
- *       so), the projector with gradients
+ *       [n_tiles * tile_tokens, C]; the tower runs without a tape when frozen (mmc train's
+ *       default), with one when its weights require grad (model.freeze without vision_tower);
+ *       the projector always with gradients
  *   x = embed_tokens(ids) with f scattered onto the <IMG_CONTEXT> rows (masked_scatter)  [B, T, C]
  *   loss = ForCausalLMLoss(lm_head(norm(Qwen2(x, positions 0 .. T-1))), labels)
  *
  * Packed rows (cu_seqlens) restart the positions at each segment and attend block-diagonally.
  * Parameter names are save_pretrained's (transformers 5 writes vision_tower.*,
  * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight); LoRA module
- * names are those of the live model (model.language_model.*, model.multi_modal_projector.*),
- * which is what PEFT records. OpenGVLab's internvl_chat layout is inference only. */
+ * names are those of the live model (model.language_model.*, model.multi_modal_projector.*,
+ * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2),
+ * which is what PEFT records; LoRA on the tower's linears gives it a tape with its weights frozen. OpenGVLab's internvl_chat layout is inference only. */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
 #include "mmc_ops.h"
 #include "../model_weights.h"
 #include "vlm_splice.h"
+#include "../vision/intern_vit.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +46,7 @@ mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {
     if (!st) st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
     if (!st) st = mmc_module_list_add(out, &m->proj1, "model.multi_modal_projector.linear_1");
     if (!st) st = mmc_module_list_add(out, &m->proj2, "model.multi_modal_projector.linear_2");
+    if (!st) st = intern_vit_linears(m->vision, "model.vision_tower.", out);
     return st;
 }
 
@@ -51,11 +55,6 @@ mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const m
     *loss = NULL;
     mmc_status st = layout_check(m);
     if (st) return st;
-    const mw_set *w = m->weights;
-    for (int i = 0; i < w->n_params; i++)   /* the tower's forward keeps no tape */
-        if ((w->params[i]->flags & MMC_REQUIRES_GRAD) && strstr(w->names[i], "vision_tower."))
-            return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: the InternViT tower is trained frozen only "
-                             "(%s requires grad): keep vision in model.freeze", w->names[i]);
     const mmc_qwen2_config *c = &m->lm->cfg;
     const int64_t B = b->B, T = b->T, BT = B * T, C = c->hidden_size;
     int64_t n_img_tok = 0;

@@ -336,11 +336,6 @@ mmc_status mmc_llava_load_ex(const char *dir, bool trainable, mmc_llava **out) {
     mmc_siglip_vision_config sc;
     bool pbias = true, siglip = false;
     if ((st = read_config(cfg, path, m, &tc, &vc, &sc, &siglip, &pbias))) goto fail;
-    if (trainable && m->variant != MMC_LLAVA_15) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: training %s is not supported yet (inference only)", dir,
-                       variant_name(m->variant));
-        goto fail;
-    }
     if ((st = mw_open(dir, "model", w))) goto fail;
     w->trainable = trainable;
     /* Three namings are about: the Hub's 4.4x (vision_tower.vision_model., multi_modal_projector.,
@@ -452,19 +447,25 @@ mmc_status mmc_llava_image_features(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixe
     return mmc_llava_image_features_sized(ctx, m, pixels, NULL, 0, out);
 }
 
+/* Each image's multi flag (a OneVision image in a prompt of several: one padded tile): per image
+ * when given, else n > 1 as the processor decides for one prompt. */
+static bool multi_of(const bool *multi, int n, int i) { return multi ? multi[i] : n > 1; }
+
 /* the features NeXT / OneVision splice in for n images of the given sizes; 0 without sizes */
-static int64_t feature_count(const mmc_llava *m, const int64_t (*sizes)[2], int n, int64_t *patches) {
+static int64_t feature_count(const mmc_llava *m, const int64_t (*sizes)[2], const bool *multi, int n,
+                             int64_t *patches) {
     int64_t total = 0;
     *patches = 0;
     for (int i = 0; i < n; i++) {
         img_layout L;
-        image_layout(m, sizes[i][0], sizes[i][1], n > 1, &L);
+        image_layout(m, sizes[i][0], sizes[i][1], multi_of(multi, n, i), &L);
         total += L.n_feat, *patches += L.np;
     }
     return total;
 }
 
-static mmc_status check_sizes(const mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2], int n) {
+static mmc_status check_sizes(const mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2], const bool *multi,
+                              int n) {
     if (!pixels || pixels->ndim != 4)
         return mmc_error(MMC_ERR_SHAPE, "%s: pixel_values must be [P, 3, S, S]", variant_name(m->variant));
     if (m->variant == MMC_LLAVA_15) return MMC_OK;
@@ -476,7 +477,7 @@ static mmc_status check_sizes(const mmc_llava *m, mmc_tensor *pixels, const int6
             return mmc_error(MMC_ERR_INVALID, "%s: image %d has size %lld x %lld", variant_name(m->variant), i,
                              (long long)sizes[i][1], (long long)sizes[i][0]);
     int64_t P;
-    feature_count(m, sizes, n, &P);
+    feature_count(m, sizes, multi, n, &P);
     if (P != pixels->shape[0])
         return mmc_error(MMC_ERR_SHAPE, "%s: pixel_values has %lld tiles but the %d image size%s call%s for %lld",
                          variant_name(m->variant), (long long)pixels->shape[0], n, n == 1 ? "" : "s",
@@ -484,63 +485,113 @@ static mmc_status check_sizes(const mmc_llava *m, mmc_tensor *pixels, const int6
     return MMC_OK;
 }
 
+/* OneVision's bilinear downsampling of the rows src[idx] of an h x w grid (row-major in idx) to
+ * nh x nw, as torch's interpolate(mode="bilinear", align_corners=False) on [1, C, h, w] (float
+ * scale in / out, source index clamped at 0), from differentiable ops: four row gathers of the
+ * corners, weighted as ly0 * (lx0 a + lx1 b) + ly1 * (lx0 c + lx1 d). -> [nh * nw, C] */
+static mmc_tensor *bilinear_rows(mmc_ctx *ctx, mmc_tensor *src, const int64_t *idx, int64_t h, int64_t w,
+                                 int64_t nh, int64_t nw) {
+    const int64_t M = nh * nw;
+    mmc_tensor *ci[4], *wt[4];   /* corners a b c d; weights lx0 lx1 ly0 ly1, each [M, 1] */
+    for (int k = 0; k < 4; k++) {
+        ci[k] = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(M));
+        wt[k] = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(M, 1));
+    }
+    const float sh = (float)h / (float)nh, sw = (float)w / (float)nw;
+    for (int64_t y = 0; y < nh; y++) {
+        float fy = sh * ((float)y + 0.5f) - 0.5f;
+        if (fy < 0) fy = 0;
+        const int64_t y0 = (int64_t)fy, y1 = y0 + (y0 < h - 1 ? 1 : 0);
+        const float ly1 = fy - (float)y0;
+        for (int64_t x = 0; x < nw; x++) {
+            float fx = sw * ((float)x + 0.5f) - 0.5f;
+            if (fx < 0) fx = 0;
+            const int64_t x0 = (int64_t)fx, x1 = x0 + (x0 < w - 1 ? 1 : 0), r = y * nw + x;
+            const float lx1 = fx - (float)x0;
+            ((int64_t *)ci[0]->data)[r] = idx[y0 * w + x0], ((int64_t *)ci[1]->data)[r] = idx[y0 * w + x1];
+            ((int64_t *)ci[2]->data)[r] = idx[y1 * w + x0], ((int64_t *)ci[3]->data)[r] = idx[y1 * w + x1];
+            ((float *)wt[0]->data)[r] = 1.0f - lx1, ((float *)wt[1]->data)[r] = lx1;
+            ((float *)wt[2]->data)[r] = 1.0f - ly1, ((float *)wt[3]->data)[r] = ly1;
+        }
+    }
+    mmc_tensor *g[4];
+    for (int k = 0; k < 4; k++) g[k] = mmc_gather_rows(ctx, src, ci[k]);                 /* [M, C] */
+    mmc_tensor *top = mmc_add(ctx, mmc_mul(ctx, g[0], wt[0]), mmc_mul(ctx, g[1], wt[1]));
+    mmc_tensor *bot = mmc_add(ctx, mmc_mul(ctx, g[2], wt[0]), mmc_mul(ctx, g[3], wt[1]));
+    return mmc_add(ctx, mmc_mul(ctx, top, wt[2]), mmc_mul(ctx, bot, wt[3]));               /* [M, C] */
+}
+
 mmc_status mmc_llava_image_features_sized(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2],
                                           int n_images, mmc_tensor **out) {
+    return mmc_llava_image_features_multi(ctx, m, pixels, sizes, NULL, n_images, out);
+}
+
+/* pack_image_features as one row gather from [tile features; image_newline; downsampled grids], so
+ * that with a tape the gradients reach the projector, image_newline (scatter-added over its rows)
+ * and a trainable tower */
+mmc_status mmc_llava_image_features_multi(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *pixels, const int64_t (*sizes)[2],
+                                          const bool *multi, int n_images, mmc_tensor **out) {
     *out = NULL;
-    mmc_status st = check_sizes(m, pixels, sizes, n_images);
+    mmc_status st = check_sizes(m, pixels, sizes, multi, n_images);
     if (st) return st;
     mmc_tensor *f;
-    if ((st = tile_features(ctx, m, pixels, &f))) return st;
+    if ((st = tile_features(ctx, m, pixels, &f))) return st;                              /* [P*n_tok, C] */
     if (m->variant == MMC_LLAVA_15) { *out = f; return MMC_OK; }
     int64_t S, g;
     bool cls;
     tower_geom(m, &S, &g, &cls);
-    const int64_t n_tok = mmc_llava_image_tokens(m), C = f->shape[1];
+    const int64_t n_tok = mmc_llava_image_tokens(m), C = f->shape[1], NL = f->shape[0];  /* NL: image_newline's row */
     int64_t P;
-    const int64_t total = feature_count(m, sizes, n_images, &P);
-    mmc_tensor *o = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(total, C));
-    mmc_tensor *nlt = mmc_contiguous(ctx, mmc_cast(ctx, m->image_newline, MMC_F32));
-    const float *fd = f->data, *nld = nlt->data;
-    float *od = o->data;
+    const int64_t total = feature_count(m, sizes, multi, n_images, &P);
+    /* the source rows: f, image_newline, then each downsampled grid (OneVision) */
+    mmc_tensor *parts[1 + 1 + 64];
+    int n_parts = 0;
+    parts[n_parts++] = f;
+    mmc_tensor *nl = m->image_newline->dtype == MMC_F32 ? m->image_newline : mmc_cast(ctx, m->image_newline, MMC_F32);
+    parts[n_parts++] = mmc_reshape(ctx, nl, 2, MMC_SHAPE(1, C));                          /* [1, C] */
+    int64_t next_row = NL + 1;
+    mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(total));
+    int64_t *ix = idx->data;
     int64_t tile = 0, row = 0;
     for (int i = 0; i < n_images; i++) {
         img_layout L;
-        image_layout(m, sizes[i][0], sizes[i][1], n_images > 1, &L);
-        memcpy(od + row * C, fd + tile * n_tok * C, (size_t)(n_tok * C) * sizeof(float));   /* the base tile */
-        row += n_tok;
+        image_layout(m, sizes[i][0], sizes[i][1], multi_of(multi, n_images, i), &L);
+        for (int64_t k = 0; k < n_tok; k++) ix[row++] = tile * n_tok + k;                 /* the base tile */
         if (L.np == 1) {
-            memcpy(od + row * C, nld, (size_t)C * sizeof(float));
-            row++, tile++;
+            ix[row++] = NL;
+            tile++;
             continue;
         }
         if (n_tok != g * g)
             return mmc_error(MMC_ERR_INVALID, "%s: a tile gives %lld features, not a %lld x %lld grid (a SigLIP tower "
                              "with vision_feature_select_strategy 'default' drops one; use 'full')",
                              variant_name(m->variant), (long long)n_tok, (long long)g, (long long)g);
-        /* the un-padded window of the (gh*g) x (gw*g) grid, [h2, w2, C] */
+        /* the un-padded window of the (gh*g) x (gw*g) grid, [h2, w2] rows of f */
         const int64_t h2 = L.r1 - L.r0, w2 = L.c1 - L.c0;
-        float *grid = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(float) * (size_t)(h2 * w2 * C));
+        int64_t *grid = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)(h2 * w2));
         for (int64_t y = 0; y < h2; y++)
             for (int64_t x = 0; x < w2; x++) {
                 const int64_t Y = L.r0 + y, X = L.c0 + x, t = (Y / g) * L.gw + X / g, in = (Y % g) * g + X % g;
-                memcpy(grid + (y * w2 + x) * C, fd + ((tile + 1 + t) * n_tok + in) * C, (size_t)C * sizeof(float));
+                grid[y * w2 + x] = (tile + 1 + t) * n_tok + in;
             }
-        const float *src = grid;
+        int64_t base = -1;   /* the downsampled grid's first source row */
         if (L.nh != h2 || L.nw != w2) {
-            float *small = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(float) * (size_t)(L.nh * L.nw * C));
-            bilinear_hwc(grid, h2, w2, C, small, L.nh, L.nw);
-            src = small;
+            if (n_parts == (int)(sizeof parts / sizeof *parts))
+                return mmc_error(MMC_ERR_UNSUPPORTED, "%s: more than 64 downsampled images in one call",
+                                 variant_name(m->variant));
+            parts[n_parts++] = bilinear_rows(ctx, f, grid, h2, w2, L.nh, L.nw);          /* [nh*nw, C] */
+            base = next_row;
+            next_row += L.nh * L.nw;
         }
         for (int64_t y = 0; y < L.nh; y++) {
-            memcpy(od + row * C, src + y * L.nw * C, (size_t)(L.nw * C) * sizeof(float));
-            row += L.nw;
-            memcpy(od + row * C, nld, (size_t)C * sizeof(float));
-            row++;
+            for (int64_t x = 0; x < L.nw; x++) ix[row++] = base >= 0 ? base + y * L.nw + x : grid[y * w2 + x];
+            ix[row++] = NL;
         }
         tile += L.np;
     }
     MMC_ASSERT(row == total && tile == P);
-    *out = o;
+    mmc_tensor *src = mmc_concat(ctx, parts, n_parts, 0);                                  /* [rows, C] */
+    *out = mmc_gather_rows(ctx, src, idx);                                                 /* [total, C] */
     return MMC_OK;
 }
 
@@ -615,9 +666,9 @@ mmc_status mmc_llava_forward_media(mmc_ctx *ctx, mmc_llava *m, mmc_tensor *ids, 
     if ((st = vlm_check_ids(idc, c->vocab_size, m->image_token_id, &n_img))) goto done;
     /* embeddings, with the projected image features at the <image> positions */
     mmc_tensor *e = mmc_contiguous(ctx, mmc_qwen2_embed(ctx, m->lm, idc));     /* [B, T, C], ours */
-    if (pixels && (st = check_sizes(m, pixels, sizes, n_images))) goto done;
+    if (pixels && (st = check_sizes(m, pixels, sizes, NULL, n_images))) goto done;
     int64_t n_feat = !pixels ? 0 : m->variant == MMC_LLAVA_15 ? pixels->shape[0] * mmc_llava_image_tokens(m)
-                                                              : feature_count(m, sizes, n_images, &P);
+                                                              : feature_count(m, sizes, NULL, n_images, &P);
     /* a decoding step without media embeds a generated <image> / <video> id as any token, as
      * transformers does (it matches placeholders only when pixel_values come with the input) */
     const bool decode_step = !pixels && !video && kv && kv->len > 0;

@@ -1,0 +1,29 @@
+# train_check.sh — helpers the `mmc train` parity tests source (test_llava_train.sh, test_llama_train.sh,
+# test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh): pass / fail counting, a tensor of a
+# .safetensors as text, and comparisons of number columns.
+fail=0; n=0
+ok()  { n=$((n+1)); }
+bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
+
+# floats of one tensor of a .safetensors, one per line (header data_offsets, then od)
+st_floats() {
+  local f=$1 name=$2 hlen hdr off
+  hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
+  hdr=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null)
+  off=$(printf '%s' "$hdr" | sed -E "s/.*\"$name\": *\{[^}]*\"data_offsets\": *\[ *([0-9]+), *([0-9]+) *\].*/\1 \2/")
+  case "$off" in ""|*[!0-9\ ]*) echo "no $name in $f" >&2; return 1 ;; esac
+  set -- $off
+  od -An -v -tf4 -w4 -j $((8 + hlen + $1)) -N $(($2 - $1)) "$f" | tr -d ' '
+}
+# max |a - b| over two files of one number per line ("nan" when their lengths differ or both are empty)
+maxdiff() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d}
+                                  END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
+within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d != "nan" && d + 0 <= t + 0)}'; }
+# the per-step losses of an `mmc train` log
+losses() { sed -n 's/^step \([0-9]*\)\/[0-9]* loss \([0-9.]*\).*/\2/p' "$1"; }
+# |a - b| / |b - c| (2-norms) over three files of one number per line: how far a trained tensor a
+# lies from the reference's b, relative to the reference's update from the start c
+relupdate() { paste "$1" "$2" "$3" | awk 'NF != 3 {bad = 1} {d = $1 - $2; e = $2 - $3; s += d * d; t += e * e}
+                                          END {if (bad || t == 0) print "nan"; else printf "%.3g\n", sqrt(s / t)}'; }
+# the larger of two numbers ("nan" when either is)
+maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (a == "nan" || b == "nan") ? "nan" : (b + 0 > a + 0 ? b : a)}'; }
