@@ -61,6 +61,8 @@ typedef struct mmc_lora_set {
     mmc_lora *adapters;           /* [n]; mods[i]->lora == &adapters[i] */
     mmc_tensor **params;          /* [2n] A0, B0, A1, B1, ... (names "<module>.lora_A.weight") */
     int n_params;
+    const char *task_type;        /* adapter_config.json's task_type: NULL "CAUSAL_LM" (the language models),
+                                   * "" null (a model PEFT has no task class for: CLIPModel, SiglipModel) */
 } mmc_lora_set;
 
 /* True if module `name` is selected by target t (rules above). */

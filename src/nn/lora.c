@@ -274,7 +274,8 @@ mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *bas
         }
         cJSON_AddStringToObject(j, "target_modules", rx);
     }
-    cJSON_AddStringToObject(j, "task_type", "CAUSAL_LM");
+    if (s->task_type && !s->task_type[0]) cJSON_AddNullToObject(j, "task_type");
+    else cJSON_AddStringToObject(j, "task_type", s->task_type ? s->task_type : "CAUSAL_LM");
     cJSON_AddBoolToObject(j, "use_dora", false);
     cJSON_AddBoolToObject(j, "use_rslora", s->use_rslora);
     text = cJSON_Print(j);

@@ -133,15 +133,18 @@ void enc_clip_layer_bind(mw_set *w, const char *p, enc_clip_layer *L, int64_t C,
     mw_bind_linear(w, p, "mlp.fc2", &L->fc2, C, F, true);
 }
 
-mmc_status enc_clip_layer_modules(enc_clip_layer *L, const char *prefix, mmc_module_list *ml) {
+mmc_status enc_clip_layers_modules(enc_clip_layer *layers, int64_t n, const char *prefix, mmc_module_list *ml) {
     static const char *const names[6] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                          "self_attn.out_proj", "mlp.fc1", "mlp.fc2"};
-    mmc_linear_w *mods[6] = {&L->q, &L->k, &L->v, &L->o, &L->fc1, &L->fc2};
     mmc_status st = MMC_OK;
-    for (int i = 0; i < 6 && !st; i++) {
-        char nm[MMC_MODULE_NAME];
-        snprintf(nm, sizeof nm, "%s%s", prefix, names[i]);
-        st = mmc_module_list_add(ml, mods[i], nm);
+    for (int64_t i = 0; i < n && !st; i++) {
+        enc_clip_layer *L = &layers[i];
+        mmc_linear_w *mods[6] = {&L->q, &L->k, &L->v, &L->o, &L->fc1, &L->fc2};
+        for (int k = 0; k < 6 && !st; k++) {
+            char nm[MMC_MODULE_NAME];
+            snprintf(nm, sizeof nm, "%sencoder.layers.%lld.%s", prefix, (long long)i, names[k]);
+            st = mmc_module_list_add(ml, mods[k], nm);
+        }
     }
     return st;
 }

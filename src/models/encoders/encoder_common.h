@@ -42,9 +42,12 @@ typedef struct {
 } enc_clip_layer;
 /* Bind "<prefix>layer_norm1.weight" ... "<prefix>mlp.fc2.bias". */
 void enc_clip_layer_bind(mw_set *w, const char *prefix, enc_clip_layer *L, int64_t C, int64_t F);
-/* The layer's six linears under their PEFT module names "<prefix>self_attn.q_proj" ... "<prefix>mlp.fc2"
- * (prefix e.g. "text_model.encoder.layers.3."), for LoRA targets. */
-mmc_status enc_clip_layer_modules(enc_clip_layer *L, const char *prefix, mmc_module_list *ml);
+/* The six linears of n layers under their PEFT module names "<prefix>encoder.layers.N.self_attn.q_proj"
+ * ... ".mlp.fc2" (prefix the tower's, e.g. "text_model." or "model.vision_tower.vision_model."), for
+ * LoRA targets. */
+mmc_status enc_clip_layers_modules(enc_clip_layer *layers, int64_t n, const char *prefix, mmc_module_list *ml);
+/* clip_text.c's layers the same way, and its "text_projection" when it has one (the struct is private to it). */
+mmc_status clip_text_modules(mmc_clip_text *m, const char *prefix, mmc_module_list *ml);
 /* True when the layer has something to train: a weight that requires grad or a LoRA adapter. */
 bool enc_clip_layer_trainable(const enc_clip_layer *L);
 /* x [B, T, C] -> [B, T, C]; H heads; mask [B, T] key padding (causal only) or NULL. */

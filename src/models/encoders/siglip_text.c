@@ -60,8 +60,7 @@ siglip_text *siglip_text_bind(mw_set *w, const char *prefix, const siglip_text_c
         enc_clip_layer_bind(w, pre, &t->layers[i], C, F);
     }
     mw_bind_wb(w, prefix, "final_layer_norm", &t->ln_f_w, &t->ln_f_b, 1, MMC_SHAPE(C));
-    mw_bind(w, prefix, "head.weight", &t->head_w, 2, MMC_SHAPE(c->projection_size, C));
-    mw_bind(w, prefix, "head.bias", &t->head_b, 1, MMC_SHAPE(c->projection_size));
+    mw_bind_linear(w, prefix, "head", &t->head, c->projection_size, C, true);
     return t;
 }
 
@@ -122,6 +121,6 @@ mmc_status siglip_text_forward(mmc_ctx *ctx, const siglip_text *t, const mmc_ten
     mmc_tensor *last = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, x, 1, T - 1, 1)), 2,
                                                        MMC_SHAPE(B, C)));                /* [B, C] */
     last = mmc_layernorm(ctx, last, t->ln_f_w, t->ln_f_b, (float)c->layer_norm_eps);
-    *pooled = mmc_contiguous(ctx, mmc_linear(ctx, last, t->head_w, t->head_b));          /* [B, P] */
+    *pooled = mmc_contiguous(ctx, mmc_nn_linear(ctx, last, &t->head));          /* [B, P] */
     return MMC_OK;
 }

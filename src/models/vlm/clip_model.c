@@ -33,7 +33,7 @@ struct mmc_dual_encoder {
     mmc_clip_text *text;            /* text_model.* + text_projection (its own weight set) */
     mw_set w;                       /* the vision half */
     mmc_clip_vision *vision;
-    mmc_tensor *visual_proj;        /* [D, Cv] */
+    mmc_linear_w visual_proj;       /* visual_projection [D, Cv], no bias */
     mmc_tensor *logit_scale;        /* [] */
     mmc_clip_vision_config vc;
     int64_t dim;
@@ -147,7 +147,7 @@ static mmc_status dual_load(const char *dir, bool trainable, mmc_dual_encoder **
     m->w.trainable = trainable;
     m->vision = clip_vision_bind(&m->w, "vision_model.", &m->vc);
     if (!m->vision) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    mw_bind(&m->w, "", "visual_projection.weight", &m->visual_proj, 2, MMC_SHAPE(m->dim, m->vc.hidden_size));
+    mw_bind_linear(&m->w, "", "visual_projection", &m->visual_proj, m->dim, m->vc.hidden_size, false);
     mw_bind(&m->w, "", "logit_scale", &m->logit_scale, 0, NULL);
     if ((st = mw_status(&m->w, dir, "CLIPModel vision tower / projections"))) goto fail;
     if ((st = mmc_clip_tokenizer_load(dir, &m->tok))) goto fail;
@@ -243,7 +243,7 @@ mmc_status mmc_dual_encoder_embed_pixels(mmc_dual_encoder *m, const mmc_tensor *
                                                               2, MMC_SHAPE(nb, Cv)));        /* [nb, Cv] */
             mmc_tensor *pooled = mmc_layernorm(ctx, cls, m->vision->post_ln_w, m->vision->post_ln_b,
                                                (float)m->vc.layer_norm_eps);
-            mmc_tensor *emb = mmc_contiguous(ctx, mmc_linear(ctx, pooled, m->visual_proj, NULL));   /* [nb, D] */
+            mmc_tensor *emb = mmc_contiguous(ctx, mmc_nn_linear(ctx, pooled, &m->visual_proj));      /* [nb, D] */
             normalize_rows(emb, nb, D, out + b0 * D);
         }
         mmc_set_grad_enabled(ctx, was);
@@ -349,6 +349,22 @@ int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char
     return n;
 }
 
+mmc_status mmc_dual_encoder_linears(mmc_dual_encoder *m, mmc_module_list *ml) {
+    mmc_status st;
+    if (m->fam == FAM_SIGLIP) {
+        if ((st = enc_clip_layers_modules(m->stext->layers, m->stc.num_hidden_layers, "text_model.", ml)) ||
+            (st = mmc_module_list_add(ml, &m->stext->head, "text_model.head")) ||
+            (st = enc_clip_layers_modules(m->svision->layers, m->svc.num_hidden_layers, "vision_model.", ml)) ||
+            (st = mmc_module_list_add(ml, &m->svision->fc1, "vision_model.head.mlp.fc1")))
+            return st;
+        return mmc_module_list_add(ml, &m->svision->fc2, "vision_model.head.mlp.fc2");
+    }
+    if ((st = clip_text_modules(m->text, "text_model.", ml)) ||
+        (st = enc_clip_layers_modules(m->vision->layers, m->vc.num_hidden_layers, "vision_model.", ml)))
+        return st;
+    return mmc_module_list_add(ml, &m->visual_proj, "visual_projection");
+}
+
 mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m) { return m->logit_scale; }
 mmc_tensor *mmc_dual_encoder_logit_bias_param(mmc_dual_encoder *m) { return m->logit_bias; }
 
@@ -371,7 +387,7 @@ mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc
     mmc_tensor *cls = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, last, 1, 0, 1)),
                                                       2, MMC_SHAPE(nb, Cv)));               /* [nb, Cv] */
     mmc_tensor *pooled = mmc_layernorm(ctx, cls, m->vision->post_ln_w, m->vision->post_ln_b, (float)m->vc.layer_norm_eps);
-    *img = mmc_contiguous(ctx, mmc_linear(ctx, pooled, m->visual_proj, NULL));              /* [nb, D] */
+    *img = mmc_contiguous(ctx, mmc_nn_linear(ctx, pooled, &m->visual_proj));                 /* [nb, D] */
     mmc_clip_text_out o;
     /* the causal tower's EOS never attends to the padding after it and the pooled row is all the loss
      * reads, so the mask changes nothing here: without it the attention is the differentiable kernel */
