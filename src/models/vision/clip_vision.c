@@ -60,6 +60,10 @@ mmc_clip_vision *clip_vision_bind(mw_set *w, const char *prefix, const mmc_clip_
     return v;
 }
 
+mmc_status mmc_clip_vision_linears(mmc_clip_vision *v, const char *prefix, mmc_module_list *ml) {
+    return enc_clip_layers_modules(v->layers, v->cfg.num_hidden_layers, prefix, ml);
+}
+
 void clip_vision_free(mmc_clip_vision *v) {
     if (!v) return;
     free(v->layers);

@@ -78,6 +78,10 @@ mmc_siglip_vision *siglip_vision_bind(mw_set *w, const char *prefix, const mmc_s
     return v;
 }
 
+mmc_status mmc_siglip_vision_linears(mmc_siglip_vision *v, const char *prefix, mmc_module_list *ml) {
+    return enc_clip_layers_modules(v->layers, v->cfg.num_hidden_layers, prefix, ml);
+}
+
 void siglip_vision_free(mmc_siglip_vision *v) {
     if (!v) return;
     free(v->layers);
