@@ -17,7 +17,6 @@ model.language_model.layers.N.self_attn.{q,v}_proj; r 4, alpha 8, no dropout.
   lora_ref/    the adapter after them
 Run: /work/main/.venv-ref/bin/python tools/ref/gen_llava_tower_lora.py
 """
-import json
 import os
 import sys
 
@@ -33,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_llava_train as lt  # noqa: E402
 
 OUT = os.path.join(lt.ROOT, "tests/fixtures/llava_tower_lora")
+BASE = "tests/fixtures/llava/v5"
 TARGETS = (r".*vision_tower\.(vision_model\.)?encoder\.layers\.\d+\.(self_attn\.(q|v)_proj|mlp\.fc1)"
            r"|.*language_model\.layers\.\d+\.self_attn\.(q|v)_proj")
 STEPS, LR, EPS = 6, 1.0, 1.0
@@ -50,8 +50,9 @@ torch.optim.AdamW = adamw_eps
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(0)
-    proc = AutoProcessor.from_pretrained(lt.BASE)
-    base = LlavaForConditionalGeneration.from_pretrained(lt.BASE, dtype=torch.float32)
+    os.chdir(lt.ROOT)   # the base by its path relative to the repository: what the adapters record
+    proc = AutoProcessor.from_pretrained(BASE)
+    base = LlavaForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32)
     data = lt.batches(proc, base)
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS))
     pm.save_pretrained(os.path.join(OUT, "lora_init"))
@@ -60,11 +61,6 @@ def main():
     with open(os.path.join(OUT, "losses.txt"), "w") as f:
         f.write("".join("%.8f\n" % v for v in losses))
     pm.save_pretrained(os.path.join(OUT, "lora_ref"))
-    for d in ("lora_init", "lora_ref"):   # a path relative to the repository root
-        p = os.path.join(OUT, d, "adapter_config.json")
-        j = json.load(open(p))
-        j["base_model_name_or_path"] = "tests/fixtures/llava/v5"
-        json.dump(j, open(p, "w"), indent=2)
     print("losses", losses)
 
 
