@@ -20,34 +20,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mmc_config.h"
 #include "mmc_embed.h"
 #include "mmc_io.h"
 #include "mmc_lora.h"
-#include "mmc_trainer.h"
+#include "train_run.h"
 #include "train/trainer_internal.h"   /* mmc_rm_rf */
 
 static char g_tmp[256];
 
-/* mmc train YAML --set sets...: the run's stdout (its "step N loss X" lines) into log */
+/* mmc train examples/clip_contrastive_lora.yaml --set sets...: its stdout into log */
 static mmc_status train(const char *const *sets, int n, const char *log) {
-    mmc_run_config cfg;
-    mmc_status st = mmc_run_config_load("examples/clip_contrastive_lora.yaml", sets, n, &cfg);
-    if (st) return st;
-    mmc_trainer *t = NULL;
-    fflush(stdout);
-    const int saved = dup(1);
-    FILE *f = fopen(log, "w");
-    if (!f || saved < 0) { if (f) fclose(f); mmc_run_config_free(&cfg); return mmc_error(MMC_ERR_IO, "cannot write %s", log); }
-    dup2(fileno(f), 1);
-    if (!(st = mmc_trainer_new(&cfg, false, &t))) st = mmc_trainer_run(t);
-    fflush(stdout);
-    dup2(saved, 1);
-    close(saved);
-    fclose(f);
-    mmc_trainer_free(t);
-    mmc_run_config_free(&cfg);
-    return st;
+    return train_run("examples/clip_contrastive_lora.yaml", sets, n, 1, log);
 }
 
 static int read_losses(const char *log, double *out, int cap) {

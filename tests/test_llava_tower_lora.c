@@ -20,32 +20,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mmc_config.h"
-#include "mmc_trainer.h"
+#include "train_run.h"
 #include "train/trainer_internal.h"   /* mmc_rm_rf */
 
 #define F "tests/fixtures/llava_tower_lora"
-
-/* mmc train on yaml: its stderr (the "step N/M loss X" lines) into log */
-static mmc_status train(const char *yaml, const char *log) {
-    mmc_run_config cfg;
-    mmc_status st = mmc_run_config_load(yaml, NULL, 0, &cfg);
-    if (st) return st;
-    mmc_trainer *t = NULL;
-    fflush(stderr);
-    const int saved = dup(2);
-    FILE *f = fopen(log, "w");
-    if (!f || saved < 0) { if (f) fclose(f); mmc_run_config_free(&cfg); return mmc_error(MMC_ERR_IO, "cannot write %s", log); }
-    dup2(fileno(f), 2);
-    if (!(st = mmc_trainer_new(&cfg, false, &t))) st = mmc_trainer_run(t);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    fclose(f);
-    mmc_trainer_free(t);
-    mmc_run_config_free(&cfg);
-    return st;
-}
 
 static double norm_diff(const mmc_tensor *a, const mmc_tensor *b, double *nb) {
     double d = 0, n = 0;
@@ -70,7 +48,7 @@ int main(void) {
                "optimizer: {lr: 1.0, eps: 1.0, weight_decay: 0.0, schedule: constant, grad_clip: 0}\n"
                "training: {steps: 6, log_every: 1, save_every: 6, output_dir: %s/out, seed: 0}\n", dir);
     fclose(y);
-    mmc_status st = train(yaml, log);
+    mmc_status st = train_run(yaml, NULL, 0, 2, log);   /* its stderr: the step lines */
     CHECKF(st == MMC_OK, "training: %s", mmc_last_error());
     if (st) { mmc_rm_rf(dir); return test_done("test_llava_tower_lora"); }
     /* losses */
