@@ -28,7 +28,8 @@ typedef struct mmc_dual_encoder mmc_dual_encoder;
 
 /* A CLIPModel or SiglipModel folder (config.json model_type "clip" / "siglip", safetensors, tokenizer.json, the image
  * processor's config). Errors name the file and key; a folder of another model type is
- * MMC_ERR_UNSUPPORTED saying which types embed. */
+ * MMC_ERR_UNSUPPORTED saying which types embed. dir may also be a PEFT adapter folder (a LoRA checkpoint of
+ * `mmc train`): its base_model_name_or_path with the adapter attached. */
 mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out);
 void mmc_dual_encoder_free(mmc_dual_encoder *m);
 const char *mmc_dual_encoder_family(const mmc_dual_encoder *m);   /* "clip" or "siglip" */

@@ -8,6 +8,7 @@
 #     (cosine schedule with warmup; lora.dropout 0.1, whose masks depend on the step);
 #   - 2 data-parallel ranks (negatives gathered) give PEFT's single-process losses within 2e-5 relative;
 #   - `mmc merge` writes a CLIPModel folder that `mmc embed` loads and whose embeddings differ from the base's;
+#     `mmc embed --model CHECKPOINT` (the adapter attached to its base) gives the same embeddings within 1e-5;
 #   - with the reference venv: PeftModel.from_pretrained loads the checkpoint and transformers' CLIPModel the
 #     merged folder, whose logits_per_image equal PeftModel's merged on the same inputs within 1e-5
 #     (skipped with a message without the venv).
@@ -49,6 +50,12 @@ cmp -s "$C/adapter_model.safetensors" "$W/cut/checkpoint-10/adapter_model.safete
   && "$MMC" embed --model $BASE --image "$IMG" --text "two blue squares" > "$W/b.txt" 2>&1 \
   && ! cmp -s "$W/m.txt" "$W/b.txt" && ok "mmc embed loads the merged folder; embeddings changed" \
   || { cat "$W/m.txt"; bad "mmc embed on the merged folder"; }
+# the checkpoint itself as --model: its base with the adapter attached, the merged folder's embeddings
+"$MMC" embed --model "$C" --image "$IMG" --text "two blue squares" > "$W/c.txt" 2>&1 \
+  && paste "$W/c.txt" "$W/m.txt" | awk -F'\t' '$1 == "image" || $1 == "text" { n = split($3, a, " "); split($6, b, " "); if (n < 2) bad = 1
+       for (i = 1; i <= n; i++) { d = a[i] - b[i]; if (d < 0) d = -d; if (d > m) m = d } }
+       END { printf "mmc embed on the LoRA checkpoint vs on the merged folder: max abs %.3g (tolerance 1e-5)\n", m; exit bad || !(m <= 1e-5) }' \
+  && ok "mmc embed --model CHECKPOINT (adapter on its base) equals the merged folder's" || { cat "$W/c.txt"; bad "mmc embed on the checkpoint"; }
 
 # data parallelism with gathered negatives: 2 ranks x 2 pairs from PEFT's initial adapter give PEFT's 4-pair losses
 if command -v mpirun >/dev/null 2>&1; then

@@ -135,7 +135,8 @@ static mmc_status pairs_read(const char *path, const char *root, pairs *p) {
 }
 
 /* output_dir/checkpoint-<step>: model.safetensors (CLIPModel's names) + the source's config/processor
- * files + the optimizer state, written in output_dir/.tmp-checkpoint-<step>-<pid> and renamed into place */
+ * files + the optimizer state (with LoRA: the PEFT adapter instead of the weights and files), written in
+ * output_dir/.tmp-checkpoint-<step>-<pid> and renamed into place */
 static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step, mmc_tensor **params,
                           const char **names, int n, const mmc_adamw *opt, const mmc_lora_set *lora) {
     char dir[2048], final[2048], p[2300], s[2300];

@@ -14,6 +14,7 @@
  * BPE tokenizer of tokenizer.json, truncated to model_max_length as CLIPProcessor(truncation=True)
  * does. The retrieval evaluation over these embeddings is src/train/eval_retrieval.c. */
 #include "mmc_embed.h"
+#include "mmc_lora.h"
 
 #include "../model_weights.h"
 #include "../vision/clip_vision.h"
@@ -48,10 +49,12 @@ struct mmc_dual_encoder {
     siglip_text_config stc;
     mmc_tensor *logit_bias;         /* [1] (SigLIP; NULL for CLIP) */
     mmc_siglip_tokenizer *stok;
+    mmc_lora_set *adapter;          /* a PEFT adapter folder given as the model (mmc_dual_encoder_load) */
 };
 
 void mmc_dual_encoder_free(mmc_dual_encoder *m) {
     if (!m) return;
+    mmc_lora_free(m->adapter);   /* (first: it detaches from the towers' linears) */
     mmc_clip_text_free(m->text);
     clip_vision_free(m->vision);
     siglip_text_free(m->stext);
@@ -170,7 +173,22 @@ fail:
     return st;
 }
 
-mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) { return dual_load(dir, false, out); }
+/* a LoRA checkpoint of contrastive training (a PEFT adapter folder): its base_model_name_or_path with the
+ * adapter attached, as PeftModel.from_pretrained gives it; a model folder as it is */
+mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
+    if (!mmc_lora_is_adapter_dir(dir)) return dual_load(dir, false, out);
+    char base[1024], adir[1024];
+    mmc_status st = mmc_lora_resolve(dir, NULL, base, sizeof base, adir, sizeof adir);
+    if (st || (st = dual_load(base, false, out))) return st;
+    mmc_module_list ml = {0};
+    if (!(st = mmc_dual_encoder_linears(*out, &ml))) st = mmc_lora_load(adir, &ml, false, &(*out)->adapter);
+    mmc_module_list_free(&ml);
+    if (st) {
+        mmc_dual_encoder_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
 mmc_status mmc_dual_encoder_load_trainable(const char *dir, mmc_dual_encoder **out) { return dual_load(dir, true, out); }
 
 const char *mmc_dual_encoder_family(const mmc_dual_encoder *m) { return m->fam == FAM_SIGLIP ? "siglip" : "clip"; }
