@@ -28,7 +28,8 @@ typedef struct mmc_dual_encoder mmc_dual_encoder;
 
 /* A CLIPModel or SiglipModel folder (config.json model_type "clip" / "siglip", safetensors, tokenizer.json, the image
  * processor's config). Errors name the file and key; a folder of another model type is
- * MMC_ERR_UNSUPPORTED saying which types embed. */
+ * MMC_ERR_UNSUPPORTED saying which types embed. dir may also be a PEFT adapter folder (a LoRA checkpoint of
+ * `mmc train`): its base_model_name_or_path with the adapter attached. */
 mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out);
 void mmc_dual_encoder_free(mmc_dual_encoder *m);
 const char *mmc_dual_encoder_family(const mmc_dual_encoder *m);   /* "clip" or "siglip" */
@@ -91,6 +92,13 @@ mmc_status mmc_contrastive_loss(mmc_contrastive_kind kind, const float *img, con
 mmc_status mmc_dual_encoder_load_trainable(const char *dir, mmc_dual_encoder **out);
 /* Up to cap weights and their checkpoint names (CLIPModel's); returns the total count. */
 int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char **names, int cap);
+/* The linears LoRA can adapt, under the PEFT module names of CLIPModel / SiglipModel:
+ * "text_model.encoder.layers.N.self_attn.{q,k,v,out}_proj", "...mlp.fc1", "...mlp.fc2", the same under
+ * "vision_model.", and CLIP's "visual_projection" / "text_projection", SigLIP's "text_model.head" /
+ * "vision_model.head.mlp.fc1" / "...fc2" (ml is appended to; the caller frees it). SigLIP's
+ * "vision_model.head.attention.out_proj" (inside nn.MultiheadAttention) is not listed. */
+struct mmc_module_list;
+mmc_status mmc_dual_encoder_linears(mmc_dual_encoder *m, struct mmc_module_list *ml);
 mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m);   /* [] (SigLIP [1]) */
 mmc_tensor *mmc_dual_encoder_logit_bias_param(mmc_dual_encoder *m);    /* SigLIP [1]; NULL for CLIP */
 /* pooled projections before normalisation, graph kept: img [n, D] from pixel_values, txt [n, D] from ids/mask */

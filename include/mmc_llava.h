@@ -53,6 +53,12 @@ const mmc_clip_vision_config *mmc_clip_vision_cfg(const mmc_clip_vision *v);
  * MMC_ERR_SHAPE naming the sizes when pixels do not fit. */
 mmc_status mmc_clip_vision_forward(mmc_ctx *ctx, mmc_clip_vision *v, mmc_tensor *pixels, int n_layers,
                                    mmc_tensor ***hs);
+/* The tower's encoder linears for LoRA, appended to ml as "<prefix>encoder.layers.N.self_attn.{q,k,v,out}_proj"
+ * and "...mlp.fc1" / "...mlp.fc2" (prefix e.g. "model.vision_tower.", the live transformers 5 LLaVA's
+ * names that PEFT records; 4.x's "model.vision_tower.vision_model." adapters load through mmc_lora_canonical_name). With an adapter attached, mmc_clip_vision_forward records a tape in grad
+ * mode (its gradients reach the adapters) although the tower's weights stay frozen. */
+struct mmc_module_list;
+mmc_status mmc_clip_vision_linears(mmc_clip_vision *v, const char *prefix, struct mmc_module_list *ml);
 /* A CLIPVisionModel folder on its own (config.json of model_type clip_vision_model, or a config with a
  * vision_config; weights vision_model.* as 4.x saved them, or bare as 5.x does; f32 / bf16 / f16): Wan2.1 image-to-video's image_encoder.
  * Every missing, mis-shaped or unexpected tensor is listed. */
@@ -78,9 +84,12 @@ mmc_status mmc_siglip_vision_config_read(const mmc_json *vc, const char *what, m
 const mmc_siglip_vision_config *mmc_siglip_vision_cfg(const mmc_siglip_vision *v);
 /* pixels [N, Cin, S, S] f32 -> hs[0 .. n_layers] [N, (S/p)^2, Cv]: hs[0] the patch + position
  * embeddings, hs[i] layer i's output (the last one before post_layernorm, as transformers'
- * hidden_states). Inference only (no tape). *hs is in ctx's arena. */
+ * hidden_states). In grad mode the ops record what needs it (weights that require grad, LoRA adapters). *hs is in
+ * ctx's arena. */
 mmc_status mmc_siglip_vision_forward(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor *pixels, int n_layers,
                                      mmc_tensor ***hs);
+/* The same as mmc_clip_vision_linears for the SigLIP tower's encoder layers. */
+mmc_status mmc_siglip_vision_linears(mmc_siglip_vision *v, const char *prefix, struct mmc_module_list *ml);
 /* SiglipVisionModel's pooler_output: the attention-pooling head over post_layernorm(last layer)
  * -> [N, Cv] (MMC_ERR_UNSUPPORTED without vision_use_head). */
 mmc_status mmc_siglip_vision_pool(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor *pixels, mmc_tensor **out);

@@ -123,7 +123,9 @@ mmc_status mmc_lora_resolve(const char *model, const char *adapter, char *base, 
 /* Scale of an adapter config: alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float mmc_lora_scale(int r, float alpha, bool use_rslora);
 /* "model.language_model.layers.0.mlp.up_proj" and "model.layers.0.mlp.up_proj" both map to
- * "lm.layers.0.mlp.up_proj"; "model.visual.x" and "visual.x" to "visual.x". */
+ * "lm.layers.0.mlp.up_proj"; "model.visual.x" and "visual.x" to "visual.x"; LLaVA's
+ * "model.vision_tower.x", "model.vision_tower.vision_model.x" and "vision_tower.vision_model.x" to
+ * "vision_tower.x". */
 void mmc_lora_canonical_name(const char *name, char *out, size_t cap);
 
 /* Read adapter_config.json (r, lora_alpha, lora_dropout, use_rslora; unsupported PEFT

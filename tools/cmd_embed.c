@@ -22,7 +22,7 @@ void help_embed(FILE *f) {
             "text_embeds^T (+ logit_bias for SigLIP) and, for SigLIP, probs = sigmoid(logits_per_image)\n"
             "(each image-text pair on its own, not a softmax over the texts).\n\n"
             "options:\n"
-            "  --model DIR            the CLIPModel / SiglipModel folder (required)\n"
+            "  --model DIR            the CLIPModel / SiglipModel folder, or a LoRA checkpoint of one (required)\n"
             "  --image FILE           a JPEG or PNG to embed (repeatable; kept in order)\n"
             "  --text TEXT            a text to embed (repeatable)\n"
             "  --json                 one JSON object: {model, family, dim, logit_scale, logit_bias, images:\n"

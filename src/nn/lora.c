@@ -63,8 +63,11 @@ void mmc_lora_canonical_name(const char *name, char *out, size_t cap) {
     static const struct { const char *from, *to; } map[] = {
         {"model.language_model.", "lm."}, {"language_model.model.", "lm."},
         {"model.visual.", "visual."},     {"visual.", "visual."},
-        /* LLaVA: the live transformers 5 model's names vs its checkpoints' (4.4x / 5.x saves) */
-        {"model.multi_modal_projector.", "multi_modal_projector."}, {"model.vision_tower.", "vision_tower."},
+        /* LLaVA: the live transformers 5 model's names vs its checkpoints' (4.4x / 5.x saves); its vision
+         * tower is model.vision_tower.encoder.* live in 5.x, (model.)vision_tower.vision_model.encoder.* in 4.x */
+        {"model.multi_modal_projector.", "multi_modal_projector."},
+        {"model.vision_tower.vision_model.", "vision_tower."}, {"vision_tower.vision_model.", "vision_tower."},
+        {"model.vision_tower.", "vision_tower."},
         {"model.", "lm."},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {

@@ -10,7 +10,7 @@
  *     backward from sum(img * d_img) + sum(txt * d_txt); logit_scale / logit_bias .grad += theirs
  *     optional clip_grad_norm_, AdamW (torch.optim.AdamW), the run's lr schedule
  *
- * Full fine-tuning (every weight trainable, f32). Checkpoints (training.save_every and the end) are
+ * Full fine-tuning (every weight trainable, f32) or LoRA (below). Checkpoints (training.save_every and the end) are
  * HF folders output_dir/checkpoint-N: model.safetensors with CLIPModel's names plus the source
  * folder's config and processor files, loadable by CLIPModel.from_pretrained and `mmc embed`, and
  * the optimizer's moments (optimizer.safetensors: exp_avg.<name>, exp_avg_sq.<name>) with
@@ -24,11 +24,17 @@
  * backpropagates only its rows' gradients, the weight gradients are summed over the ranks, and the
  * logit scale (bias) gradient, the same on every rank, is added once. The result is the single-process
  * step on the same B pairs. Rank 0 logs and saves.
- * Not built yet: LoRA (refused with a message).
- * Parity: tests/test_contrastive_train.sh vs tools/ref/gen_contrastive_train.py. */
+ * LoRA (model.lora): PEFT's LoraModel over the towers' linears (mmc_dual_encoder_linears: PEFT's module names of
+ * CLIPModel / SiglipModel), everything else frozen as PEFT freezes it (logit_scale and logit_bias too); a
+ * checkpoint is then a PEFT adapter folder (adapter_config.json + adapter_model.safetensors, task_type null)
+ * with the same optimizer.safetensors / trainer_state.json, and --resume reattaches it to model.path's
+ * weights; `mmc merge` folds it into a CLIPModel / SiglipModel folder.
+ * Parity: tests/test_contrastive_train.sh vs tools/ref/gen_contrastive_train.py; LoRA:
+ * tests/test_contrastive_lora.c vs tools/ref/gen_contrastive_lora.py (transformers + PEFT). */
 #include "trainer_internal.h"
 
 #include "mmc_embed.h"
+#include "mmc_lora.h"
 #include "mmc_io.h"
 #include "mmc_train.h"
 
@@ -129,9 +135,10 @@ static mmc_status pairs_read(const char *path, const char *root, pairs *p) {
 }
 
 /* output_dir/checkpoint-<step>: model.safetensors (CLIPModel's names) + the source's config/processor
- * files + the optimizer state, written in output_dir/.tmp-checkpoint-<step>-<pid> and renamed into place */
+ * files + the optimizer state (with LoRA: the PEFT adapter instead of the weights and files), written in
+ * output_dir/.tmp-checkpoint-<step>-<pid> and renamed into place */
 static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step, mmc_tensor **params,
-                          const char **names, int n, const mmc_adamw *opt) {
+                          const char **names, int n, const mmc_adamw *opt, const mmc_lora_set *lora) {
     char dir[2048], final[2048], p[2300], s[2300];
     snprintf(final, sizeof final, "%s/checkpoint-%lld", out_dir, (long long)step);
     snprintf(dir, sizeof dir, "%s/.tmp-checkpoint-%lld-%d", out_dir, (long long)step, (int)getpid());
@@ -141,9 +148,10 @@ static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step
     mmc_stw *w = mmc_stw_new();
     if (!w) return mmc_error(MMC_ERR_OOM, "out of memory");
     st = mmc_stw_set_metadata(w, "format", "pt");
-    for (int i = 0; i < n && !st; i++) st = mmc_stw_add(w, names[i], params[i]);
+    for (int i = 0; i < n && !st && !lora; i++) st = mmc_stw_add(w, names[i], params[i]);
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    if (!st) st = mmc_stw_write(w, p);
+    /* LoRA: the PEFT adapter only, task_type null (PeftModel: CLIPModel / SiglipModel have no PEFT task class) */
+    if (!st) st = lora ? mmc_lora_save_task(lora, dir, src_dir, NULL) : mmc_stw_write(w, p);
     mmc_stw_free(w);
     if (!st && !(w = mmc_stw_new())) st = mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < n && !st; i++) {   /* the moments, under the parameters' names */
@@ -165,7 +173,7 @@ static mmc_status save_hf(const char *src_dir, const char *out_dir, int64_t step
     }
     static const char *files[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                   "vocab.json", "merges.txt", "spiece.model", "processor_config.json", "preprocessor_config.json"};
-    for (size_t i = 0; i < sizeof files / sizeof *files && !st; i++) {
+    for (size_t i = 0; i < sizeof files / sizeof *files && !st && !lora; i++) {
         snprintf(s, sizeof s, "%s/%s", src_dir, files[i]);
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         if (access(s, R_OK) == 0) st = mmc_copy_file(s, p);   /* the optional files the folder has */
@@ -224,6 +232,48 @@ static mmc_status restore_state(const char *ckpt, mmc_tensor **params, const cha
     return MMC_OK;
 }
 
+/* model.lora on the towers' encoder linears (PEFT's names: text_model.encoder.layers.N.self_attn.q_proj,
+ * vision_model.encoder.layers.N.mlp.fc1, ...): the adapter of `from` (a LoRA checkpoint, --resume), else
+ * model.lora.init's, else fresh ones (A kaiming-uniform from training.seed, B zero); names[2i], names[2i+1]
+ * the optimizer's names of A and B ("<module>.lora_A.weight"). */
+static mmc_status setup_lora(const mmc_run_config *c, mmc_dual_encoder *m, const char *from, mmc_lora_set **out,
+                             char ***names_out) {
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_dual_encoder_linears(m, &ml);
+    const char *dir = from ? from : c->model.lora.init;
+    if (!st && dir) {
+        st = mmc_lora_load(dir, &ml, true, out);
+        if (!st && (*out)->r != (int)c->model.lora.r)
+            st = mmc_error(MMC_ERR_INVALID, "%s has rank %d but model.lora.r is %lld", dir, (*out)->r,
+                           (long long)c->model.lora.r);
+    } else if (!st) {
+        /* PEFT would wrap SigLIP's nn.MultiheadAttention.out_proj, whose weight the attention reads directly
+         * (the adapter changes nothing there): refused rather than silently left out */
+        for (int i = 0; i < c->model.lora.targets.n && !st; i++)
+            if (mmc_dual_encoder_sigmoid(m) &&
+                mmc_lora_target_match(c->model.lora.targets.items[i], "vision_model.head.attention.out_proj"))
+                st = mmc_error(MMC_ERR_UNSUPPORTED, "target '%s' selects vision_model.head.attention.out_proj, inside "
+                               "nn.MultiheadAttention, which LoRA does not adapt; name the encoder's modules instead "
+                               "(e.g. self_attn.out_proj)", c->model.lora.targets.items[i]);
+        mmc_lora_config lc = {.r = (int)c->model.lora.r, .alpha = (float)c->model.lora.alpha,
+                              .dropout = (float)c->model.lora.dropout,
+                              .targets = (const char *const *)c->model.lora.targets.items,
+                              .n_targets = c->model.lora.targets.n, .seed = (uint64_t)c->training.seed};
+        if (!st) st = mmc_lora_attach(&ml, &lc, out);
+    }
+    mmc_module_list_free(&ml);
+    if (st) return mmc_error_prefix(st, "%s: model.lora", c->file);
+    char **names = calloc((size_t)(*out)->n_params, sizeof *names);
+    if (!names) return mmc_error(MMC_ERR_OOM, "out of memory");
+    *names_out = names;
+    for (int i = 0; i < (*out)->n_params; i++) {
+        char buf[MMC_MODULE_NAME + 32];
+        snprintf(buf, sizeof buf, "%s.lora_%c.weight", (*out)->names[i / 2], i % 2 ? 'B' : 'A');
+        if (!(names[i] = strdup(buf))) return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    return MMC_OK;
+}
+
 mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const int64_t B = c->data.batch_size;
@@ -244,15 +294,14 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
                          "`mmc launch -n %d` (or mpirun -np %d)", c->file, R, R, R, R);
     const int rank = R > 1 ? t->rank : 0;
     const int64_t Bl = B / R;   /* this rank's pairs: rows [rank * Bl, (rank + 1) * Bl) of the batch */
-    if (c->model.lora.r > 0)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.lora for CLIPModel training is not built yet; remove "
-                         "model.lora for full fine-tuning", c->file);
     if (!c->data.train)
         return mmc_error(MMC_ERR_INVALID, "%s: data.train: an image-caption JSONL is needed", c->file);
     if (B < 2)
         return mmc_error(MMC_ERR_INVALID, "%s: data.batch_size %lld: a contrastive batch needs at least 2 pairs "
                          "(the other pairs are the negatives)", c->file, (long long)B);
     mmc_dual_encoder *m = NULL;
+    mmc_lora_set *lora = NULL;
+    char **lora_names = NULL;
     pairs pr = {0};
     mmc_tensor **params = NULL, *px_all = NULL;
     const char **names = NULL;
@@ -272,9 +321,15 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
                              mmc_last_error());
         fprintf(stderr, "mmc train: resuming from %s\n", ckpt);
     }
-    if ((st = mmc_dual_encoder_load_trainable(ckpt[0] ? ckpt : c->model.path, &m))) return st;
+    const bool use_lora = c->model.lora.r > 0;
+    /* LoRA: the base folder frozen (as PEFT freezes every base weight, logit_scale and logit_bias included),
+     * the adapters from the checkpoint (--resume), model.lora.init or fresh */
+    if ((st = use_lora ? mmc_dual_encoder_load(c->model.path, &m)
+                       : mmc_dual_encoder_load_trainable(ckpt[0] ? ckpt : c->model.path, &m)))
+        return st;
+    if (use_lora && (st = setup_lora(c, m, ckpt[0] ? ckpt : NULL, &lora, &lora_names))) goto done;
     if ((st = pairs_read(c->data.train, c->data.image_root, &pr))) goto done;
-    const int np = mmc_dual_encoder_params(m, NULL, NULL, 0);
+    const int np = use_lora ? lora->n_params : mmc_dual_encoder_params(m, NULL, NULL, 0);
     params = calloc((size_t)np, sizeof *params);
     names = calloc((size_t)np, sizeof *names);
     const int64_t D = mmc_dual_encoder_dim(m);
@@ -283,7 +338,10 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     if (!params || !names || !dimg || !imgs || !(ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     dtxt = dimg + B * D;
     float *gimg = dimg + 2 * B * D, *gtxt = dimg + 3 * B * D;
-    mmc_dual_encoder_params(m, params, names, np);
+    if (use_lora)
+        for (int i = 0; i < np; i++) params[i] = lora->params[i], names[i] = lora_names[i];
+    else
+        mmc_dual_encoder_params(m, params, names, np);
     int64_t n_grad = 0;   /* the flat gradient buffer the ranks sum */
     for (int i = 0; i < np; i++) n_grad += mmc_numel(params[i]);
     gbuf = R > 1 ? malloc(sizeof(float) * (size_t)n_grad) : NULL;
@@ -318,10 +376,13 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
     const char **caps = calloc((size_t)Bl, sizeof *caps);
     if (!px || !caps) { mmc_tensor_free(px); free(caps); st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     const size_t img_floats = (size_t)(3 * S * W);
+    int64_t n_train = 0;
+    for (int i = 0; i < np; i++) n_train += mmc_numel(params[i]);
     if (rank == 0)
-        fprintf(stderr, "mmc train: %s contrastive fine-tuning, %d pairs, batch %lld%s, %d tensors (%lld parameters)\n",
-                sig ? "SiglipModel" : "CLIPModel", pr.n, (long long)B,
-                R > 1 ? " over data-parallel ranks (negatives gathered)" : "", np, (long long)mmc_dual_encoder_param_count(m));
+        fprintf(stderr, "mmc train: %s contrastive %s, %d pairs, batch %lld%s, %d tensors (%lld trainable of %lld "
+                "parameters)\n", sig ? "SiglipModel" : "CLIPModel", use_lora ? "LoRA training" : "fine-tuning", pr.n,
+                (long long)B, R > 1 ? " over data-parallel ranks (negatives gathered)" : "", np, (long long)n_train,
+                (long long)(mmc_dual_encoder_param_count(m) + (use_lora ? n_train : 0)));
     for (; t->step < c->training.steps && !st; ) {
         const int64_t step = t->step;
         for (int64_t b = 0; b < Bl; b++) {
@@ -333,6 +394,8 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
         mmc_tensor *ids = NULL, *mask = NULL, *img = NULL, *txt = NULL;
         if ((st = mmc_dual_encoder_tokenize(m, caps, (int)Bl, &ids, &mask))) break;
         mmc_zero_grad(params, np);
+        if (use_lora && c->model.lora.dropout > 0)   /* one dropout stream per (seed, step): a resume redraws it */
+            mmc_nn_set_dropout_seed(ctx, mmc_nn_dropout_seed((uint64_t)c->training.seed, (uint64_t)step, 0));
         bool was = mmc_set_grad_enabled(ctx, true);
         st = mmc_dual_encoder_project(ctx, m, px, ids, mask, &img, &txt);
         mmc_contrastive_out lo = {.d_img = dimg, .d_txt = dtxt};
@@ -390,7 +453,7 @@ mmc_status mmc_trainer_contrastive_run(mmc_trainer *t) {
         mmc_tensor_free(mask);
         if (!st && rank == 0 && c->training.output_dir &&
             ((c->training.save_every > 0 && t->step % c->training.save_every == 0) || t->step == c->training.steps))
-            st = save_hf(c->model.path, c->training.output_dir, t->step, params, names, np, &opt);
+            st = save_hf(c->model.path, c->training.output_dir, t->step, params, names, np, &opt, lora);
     }
     mmc_tensor_free(px);
     free(caps);
@@ -406,6 +469,9 @@ done:
     free(params);
     free(names);
     pairs_free(&pr);
+    if (lora_names) for (int i = 0; i < lora->n_params; i++) free(lora_names[i]);
+    free(lora_names);
+    mmc_lora_free(lora);   /* (before the model: it detaches the adapters from its linears) */
     mmc_dual_encoder_free(m);
     return st;
 }

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-if os.environ.get("PYTHONHASHSEED") != "0":
+if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
     os.environ["PYTHONHASHSEED"] = "0"
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
@@ -28,14 +28,12 @@ from transformers import CLIPModel, CLIPProcessor, SiglipModel, SiglipProcessor
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures")
 OUT = os.path.join(ROOT, "contrastive_train")
-os.makedirs(OUT, exist_ok=True)
-torch.manual_seed(0)
 torch.set_num_threads(2)
 STEPS, BATCH, LR, WD = 10, 4, 1e-4, 0.01
 
 
-def run(fam, cls, pcls, kw):
-    d = os.path.join(ROOT, fam + "_model", "model")
+def load_pairs():
+    """retrieval.jsonl's (image path, first caption) pairs, in file order"""
     jsonl = os.path.join(ROOT, "clip_model", "retrieval.jsonl")
     pairs = []
     for line in open(jsonl):
@@ -44,14 +42,23 @@ def run(fam, cls, pcls, kw):
         o = json.loads(line)
         cap = o["caption"] if "caption" in o else o["captions"][0]
         pairs.append((os.path.join(os.path.dirname(jsonl), o["image"]), cap))
-    model = cls.from_pretrained(d, dtype=torch.float32).train()
-    proc = pcls.from_pretrained(d, backend="pil")
+    return pairs
+
+
+def make_opt(model):
+    """AdamW over the trainable tensors, weight decay on those of two or more dims (mmc's groups)"""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
+                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                             lr=LR, betas=(0.9, 0.999), eps=1e-8)
+
+
+def train(fam, model, proc, kw, steps=STEPS):
+    """steps of the loop; returns the per-step losses"""
+    pairs = load_pairs()
+    opt = make_opt(model)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         batch = [pairs[(step * BATCH + b) % len(pairs)] for b in range(BATCH)]
         imgs = [Image.open(p) for p, _ in batch]
         inp = proc(text=[c for _, c in batch], images=imgs, truncation=True, return_tensors="pt", **kw)
@@ -61,12 +68,23 @@ def run(fam, cls, pcls, kw):
         opt.step()
         losses.append(loss.item())
         print(fam, step + 1, losses[-1])
+    return losses
+
+
+def run(fam, cls, pcls, kw):
+    d = os.path.join(ROOT, fam + "_model", "model")
+    model = cls.from_pretrained(d, dtype=torch.float32).train()
+    proc = pcls.from_pretrained(d, backend="pil")
+    losses = train(fam, model, proc, kw)
     out = {"losses": losses, "logit_scale": model.logit_scale.item()}
     name = "expected.json" if fam == "clip" else "expected_%s.json" % fam
     with open(os.path.join(OUT, name), "w") as f:
         json.dump(out, f, indent=1)
 
 
-run("clip", CLIPModel, CLIPProcessor, {"padding": True})
-run("siglip", SiglipModel, SiglipProcessor, {"padding": "max_length"})
-print("wrote", OUT)
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    torch.manual_seed(0)
+    run("clip", CLIPModel, CLIPProcessor, {"padding": True})
+    run("siglip", SiglipModel, SiglipProcessor, {"padding": "max_length"})
+    print("wrote", OUT)

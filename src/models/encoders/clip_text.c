@@ -29,7 +29,7 @@ struct mmc_clip_text {
     mmc_tensor *pos_emb;          /* [P, C] */
     clip_layer *layers;           /* [num_hidden_layers] */
     mmc_tensor *ln_f_w, *ln_f_b;  /* [C] */
-    mmc_tensor *proj;             /* [projection_dim, C]; NULL without projection */
+    mmc_linear_w proj;            /* text_projection [projection_dim, C], no bias; w NULL without projection */
     mw_set w;
 };
 
@@ -106,7 +106,7 @@ static mmc_status clip_text_load(const char *dir, mmc_st *from, const char *what
     }
     mw_bind(w, pre, "final_layer_norm.weight", &m->ln_f_w, 1, MMC_SHAPE(C));
     mw_bind(w, pre, "final_layer_norm.bias", &m->ln_f_b, 1, MMC_SHAPE(C));
-    if (c->with_projection) mw_bind(w, "", "text_projection.weight", &m->proj, 2, MMC_SHAPE(c->projection_dim, C));
+    if (c->with_projection) mw_bind_linear(w, "", "text_projection", &m->proj, c->projection_dim, C, false);
     if ((st = mw_status(w, what, c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel")))
         goto fail;
     mmc_json_free(j);
@@ -145,6 +145,11 @@ mmc_status mmc_clip_text_merge_lora(mmc_clip_text *m, const char *module, const 
     if (!t || t->ndim != 2)
         return mmc_error(MMC_ERR_NOT_FOUND, "LoRA: '%s' is not a linear of this CLIP text model", module);
     return mmc_lora_merge_tensor(t, A, B, scale, module);
+}
+
+mmc_status clip_text_modules(mmc_clip_text *m, const char *prefix, mmc_module_list *ml) {
+    mmc_status st = enc_clip_layers_modules(m->layers, m->cfg.num_hidden_layers, prefix, ml);
+    return st || !m->proj.w ? st : mmc_module_list_add(ml, &m->proj, "text_projection");
 }
 
 const mmc_clip_text_config *mmc_clip_text_cfg(const mmc_clip_text *m) { return &m->cfg; }
@@ -204,6 +209,6 @@ mmc_status mmc_clip_text_forward(mmc_ctx *ctx, mmc_clip_text *m, const mmc_tenso
     out->hidden_states = hs;
     out->n_hidden = L + 1;
     out->pooled = pooled;
-    out->text_embeds = m->proj ? mmc_linear(ctx, pooled, m->proj, NULL) : NULL;       /* [B, P] */
+    out->text_embeds = m->proj.w ? mmc_nn_linear(ctx, pooled, &m->proj) : NULL;       /* [B, P] */
     return MMC_OK;
 }

@@ -123,30 +123,46 @@ mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor
 void enc_clip_layer_bind(mw_set *w, const char *p, enc_clip_layer *L, int64_t C, int64_t F) {
     mw_bind(w, p, "layer_norm1.weight", &L->ln1_w, 1, MMC_SHAPE(C));
     mw_bind(w, p, "layer_norm1.bias", &L->ln1_b, 1, MMC_SHAPE(C));
-    static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
-    mmc_tensor **ws[4] = {&L->q_w, &L->k_w, &L->v_w, &L->o_w}, **bs[4] = {&L->q_b, &L->k_b, &L->v_b, &L->o_b};
-    for (int k = 0; k < 4; k++) {
-        char nm[64];
-        snprintf(nm, sizeof nm, "self_attn.%s.weight", proj[k]);
-        mw_bind(w, p, nm, ws[k], 2, MMC_SHAPE(C, C));
-        snprintf(nm, sizeof nm, "self_attn.%s.bias", proj[k]);
-        mw_bind(w, p, nm, bs[k], 1, MMC_SHAPE(C));
-    }
+    mw_bind_linear(w, p, "self_attn.q_proj", &L->q, C, C, true);
+    mw_bind_linear(w, p, "self_attn.k_proj", &L->k, C, C, true);
+    mw_bind_linear(w, p, "self_attn.v_proj", &L->v, C, C, true);
+    mw_bind_linear(w, p, "self_attn.out_proj", &L->o, C, C, true);
     mw_bind(w, p, "layer_norm2.weight", &L->ln2_w, 1, MMC_SHAPE(C));
     mw_bind(w, p, "layer_norm2.bias", &L->ln2_b, 1, MMC_SHAPE(C));
-    mw_bind(w, p, "mlp.fc1.weight", &L->fc1_w, 2, MMC_SHAPE(F, C));
-    mw_bind(w, p, "mlp.fc1.bias", &L->fc1_b, 1, MMC_SHAPE(F));
-    mw_bind(w, p, "mlp.fc2.weight", &L->fc2_w, 2, MMC_SHAPE(C, F));
-    mw_bind(w, p, "mlp.fc2.bias", &L->fc2_b, 1, MMC_SHAPE(C));
+    mw_bind_linear(w, p, "mlp.fc1", &L->fc1, F, C, true);
+    mw_bind_linear(w, p, "mlp.fc2", &L->fc2, C, F, true);
+}
+
+mmc_status enc_clip_layers_modules(enc_clip_layer *layers, int64_t n, const char *prefix, mmc_module_list *ml) {
+    static const char *const names[6] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.out_proj", "mlp.fc1", "mlp.fc2"};
+    mmc_status st = MMC_OK;
+    for (int64_t i = 0; i < n && !st; i++) {
+        enc_clip_layer *L = &layers[i];
+        mmc_linear_w *mods[6] = {&L->q, &L->k, &L->v, &L->o, &L->fc1, &L->fc2};
+        for (int k = 0; k < 6 && !st; k++) {
+            char nm[MMC_MODULE_NAME];
+            snprintf(nm, sizeof nm, "%sencoder.layers.%lld.%s", prefix, (long long)i, names[k]);
+            st = mmc_module_list_add(ml, mods[k], nm);
+        }
+    }
+    return st;
+}
+
+bool enc_clip_layer_trainable(const enc_clip_layer *L) {
+    const mmc_linear_w *mods[6] = {&L->q, &L->k, &L->v, &L->o, &L->fc1, &L->fc2};
+    for (int i = 0; i < 6; i++)
+        if (mods[i]->lora || (mods[i]->w && mmc_requires_grad(mods[i]->w))) return true;
+    return false;
 }
 
 /* CLIPAttention: x [B, T, C] -> [B, T, C] */
 static mmc_tensor *clip_attention(mmc_ctx *ctx, const enc_clip_layer *L, mmc_tensor *x, int64_t H, bool causal,
                                   const mmc_tensor *mask) {
     const int64_t B = x->shape[0], T = x->shape[1], D = x->shape[2] / H;
-    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, x, L->q_w, L->q_b), 4, MMC_SHAPE(B, T, H, D));
-    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, x, L->k_w, L->k_b), 4, MMC_SHAPE(B, T, H, D));
-    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, x, L->v_w, L->v_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, x, &L->q), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, x, &L->k), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, x, &L->v), 4, MMC_SHAPE(B, T, H, D));
     const float scale = (float)(1.0 / sqrt((double)D));                     /* head_dim ** -0.5 */
     mmc_tensor *o;
     if (mask) {
@@ -155,7 +171,7 @@ static mmc_tensor *clip_attention(mmc_ctx *ctx, const enc_clip_layer *L, mmc_ten
         mmc_attn_opts opts = {.causal = causal, .scale = scale};
         o = mmc_attention(ctx, q, k, v, &opts);
     }
-    return mmc_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, H * D)), L->o_w, L->o_b);
+    return mmc_nn_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, H * D)), &L->o);
 }
 
 mmc_tensor *enc_clip_layer_forward(mmc_ctx *ctx, const enc_clip_layer *L, mmc_tensor *x, int64_t H, float eps,
@@ -163,8 +179,8 @@ mmc_tensor *enc_clip_layer_forward(mmc_ctx *ctx, const enc_clip_layer *L, mmc_te
     mmc_tensor *h = mmc_layernorm(ctx, x, L->ln1_w, L->ln1_b, eps);
     x = mmc_add(ctx, x, clip_attention(ctx, L, h, H, causal, mask));
     h = mmc_layernorm(ctx, x, L->ln2_w, L->ln2_b, eps);
-    h = enc_act(ctx, act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));          /* [B, T, F] */
-    return mmc_add(ctx, x, mmc_linear(ctx, h, L->fc2_w, L->fc2_b));
+    h = enc_act(ctx, act, mmc_nn_linear(ctx, h, &L->fc1));                  /* [B, T, F] */
+    return mmc_add(ctx, x, mmc_nn_linear(ctx, h, &L->fc2));
 }
 
 mmc_status enc_vit_check_sizes(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads, int64_t channels,

@@ -8,6 +8,7 @@
 #include "mmc_encoders.h"
 #include "mmc_models.h"
 #include "../model_weights.h"
+#include "mmc_lora.h"
 
 mmc_tensor *enc_act(mmc_ctx *ctx, mmc_act a, mmc_tensor *x);
 /* ids [B, T] and mask [B, T] (or NULL) integer tensors with ids in [0, vocab) and T <= max_t. */
@@ -35,13 +36,20 @@ mmc_tensor *enc_attention(mmc_ctx *ctx, mmc_tensor *q, mmc_tensor *k, mmc_tensor
  *   x = x + fc2(act(fc1(layer_norm2(x)))) */
 typedef struct {
     mmc_tensor *ln1_w, *ln1_b, *ln2_w, *ln2_b;      /* [C] */
-    mmc_tensor *q_w, *k_w, *v_w, *o_w;              /* [C, C] */
-    mmc_tensor *q_b, *k_b, *v_b, *o_b;              /* [C] */
-    mmc_tensor *fc1_w, *fc1_b;                      /* [F, C], [F] */
-    mmc_tensor *fc2_w, *fc2_b;                      /* [C, F], [C] */
+    mmc_linear_w q, k, v, o;                        /* self_attn.{q,k,v,out}_proj [C, C] + [C] */
+    mmc_linear_w fc1;                               /* mlp.fc1 [F, C] + [F] */
+    mmc_linear_w fc2;                               /* mlp.fc2 [C, F] + [C] */
 } enc_clip_layer;
 /* Bind "<prefix>layer_norm1.weight" ... "<prefix>mlp.fc2.bias". */
 void enc_clip_layer_bind(mw_set *w, const char *prefix, enc_clip_layer *L, int64_t C, int64_t F);
+/* The six linears of n layers under their PEFT module names "<prefix>encoder.layers.N.self_attn.q_proj"
+ * ... ".mlp.fc2" (prefix the tower's, e.g. "text_model." or "model.vision_tower.vision_model."), for
+ * LoRA targets. */
+mmc_status enc_clip_layers_modules(enc_clip_layer *layers, int64_t n, const char *prefix, mmc_module_list *ml);
+/* clip_text.c's layers the same way, and its "text_projection" when it has one (the struct is private to it). */
+mmc_status clip_text_modules(mmc_clip_text *m, const char *prefix, mmc_module_list *ml);
+/* True when the layer has something to train: a weight that requires grad or a LoRA adapter. */
+bool enc_clip_layer_trainable(const enc_clip_layer *L);
 /* x [B, T, C] -> [B, T, C]; H heads; mask [B, T] key padding (causal only) or NULL. */
 mmc_tensor *enc_clip_layer_forward(mmc_ctx *ctx, const enc_clip_layer *L, mmc_tensor *x, int64_t H, float eps,
                                    mmc_act act, bool causal, const mmc_tensor *mask);

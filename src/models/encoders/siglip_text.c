@@ -60,8 +60,7 @@ siglip_text *siglip_text_bind(mw_set *w, const char *prefix, const siglip_text_c
         enc_clip_layer_bind(w, pre, &t->layers[i], C, F);
     }
     mw_bind_wb(w, prefix, "final_layer_norm", &t->ln_f_w, &t->ln_f_b, 1, MMC_SHAPE(C));
-    mw_bind(w, prefix, "head.weight", &t->head_w, 2, MMC_SHAPE(c->projection_size, C));
-    mw_bind(w, prefix, "head.bias", &t->head_b, 1, MMC_SHAPE(c->projection_size));
+    mw_bind_linear(w, prefix, "head", &t->head, c->projection_size, C, true);
     return t;
 }
 
@@ -78,9 +77,9 @@ static mmc_tensor *layer_masked_grad(mmc_ctx *ctx, const enc_clip_layer *L, mmc_
                                      mmc_act act, const mmc_tensor *mask) {
     const int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], D = C / H;
     mmc_tensor *h = mmc_layernorm(ctx, x, L->ln1_w, L->ln1_b, eps);
-    mmc_tensor *q = mmc_reshape(ctx, mmc_linear(ctx, h, L->q_w, L->q_b), 4, MMC_SHAPE(B, T, H, D));
-    mmc_tensor *k = mmc_reshape(ctx, mmc_linear(ctx, h, L->k_w, L->k_b), 4, MMC_SHAPE(B, T, H, D));
-    mmc_tensor *v = mmc_reshape(ctx, mmc_linear(ctx, h, L->v_w, L->v_b), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4, MMC_SHAPE(B, T, H, D));
+    mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4, MMC_SHAPE(B, T, H, D));
     mmc_tensor **rows = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)B * sizeof *rows);
     mmc_attn_opts opts = {.causal = false, .scale = (float)(1.0 / sqrt((double)D))};
     for (int64_t b = 0; b < B; b++) {
@@ -93,10 +92,10 @@ static mmc_tensor *layer_masked_grad(mmc_ctx *ctx, const enc_clip_layer *L, mmc_
         rows[b] = mmc_attention(ctx, qb, kb, vb, &opts);                                         /* [1, T, H, D] */
     }
     mmc_tensor *o = B == 1 ? rows[0] : mmc_concat(ctx, rows, (int)B, 0);                        /* [B, T, H, D] */
-    x = mmc_add(ctx, x, mmc_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, C)), L->o_w, L->o_b));
+    x = mmc_add(ctx, x, mmc_nn_linear(ctx, mmc_reshape(ctx, o, 3, MMC_SHAPE(B, T, C)), &L->o));
     h = mmc_layernorm(ctx, x, L->ln2_w, L->ln2_b, eps);
-    h = enc_act(ctx, act, mmc_linear(ctx, h, L->fc1_w, L->fc1_b));                              /* [B, T, F] */
-    return mmc_add(ctx, x, mmc_linear(ctx, h, L->fc2_w, L->fc2_b));
+    h = enc_act(ctx, act, mmc_nn_linear(ctx, h, &L->fc1));                                      /* [B, T, F] */
+    return mmc_add(ctx, x, mmc_nn_linear(ctx, h, &L->fc2));
 }
 
 mmc_status siglip_text_forward(mmc_ctx *ctx, const siglip_text *t, const mmc_tensor *ids, const mmc_tensor *mask,
@@ -113,7 +112,7 @@ mmc_status siglip_text_forward(mmc_ctx *ctx, const siglip_text *t, const mmc_ten
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         const enc_clip_layer *L = &t->layers[i];
-        x = mask && mmc_grad_enabled(ctx) && mmc_requires_grad(L->q_w)
+        x = mask && mmc_grad_enabled(ctx) && (enc_clip_layer_trainable(L) || mmc_requires_grad(x))
                 ? layer_masked_grad(ctx, L, x, c->num_attention_heads, (float)c->layer_norm_eps, c->hidden_act, mask)
                 : mw_keep(ctx, mk, enc_clip_layer_forward(ctx, L, x, c->num_attention_heads, (float)c->layer_norm_eps,
                                                           c->hidden_act, false, mask));
@@ -122,6 +121,6 @@ mmc_status siglip_text_forward(mmc_ctx *ctx, const siglip_text *t, const mmc_ten
     mmc_tensor *last = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, x, 1, T - 1, 1)), 2,
                                                        MMC_SHAPE(B, C)));                /* [B, C] */
     last = mmc_layernorm(ctx, last, t->ln_f_w, t->ln_f_b, (float)c->layer_norm_eps);
-    *pooled = mmc_contiguous(ctx, mmc_linear(ctx, last, t->head_w, t->head_b));          /* [B, P] */
+    *pooled = mmc_contiguous(ctx, mmc_nn_linear(ctx, last, &t->head));          /* [B, P] */
     return MMC_OK;
 }

@@ -17,7 +17,7 @@ typedef struct {
     mmc_tensor *tok_emb, *pos_emb;     /* embeddings.token_embedding [V, C], position_embedding [P, C] */
     enc_clip_layer *layers;            /* encoder.layers [num_hidden_layers] (CLIP's layer layout) */
     mmc_tensor *ln_f_w, *ln_f_b;       /* final_layer_norm [C] */
-    mmc_tensor *head_w, *head_b;       /* head [projection_size, C], [projection_size] */
+    mmc_linear_w head;                 /* head [projection_size, C] + [projection_size] */
 } siglip_text;
 
 /* SiglipTextConfig from the text_config object j (transformers' defaults for absent keys); FORMAT

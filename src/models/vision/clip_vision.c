@@ -60,6 +60,10 @@ mmc_clip_vision *clip_vision_bind(mw_set *w, const char *prefix, const mmc_clip_
     return v;
 }
 
+mmc_status mmc_clip_vision_linears(mmc_clip_vision *v, const char *prefix, mmc_module_list *ml) {
+    return enc_clip_layers_modules(v->layers, v->cfg.num_hidden_layers, prefix, ml);
+}
+
 void clip_vision_free(mmc_clip_vision *v) {
     if (!v) return;
     free(v->layers);
@@ -129,7 +133,9 @@ mmc_status mmc_clip_vision_forward(mmc_ctx *ctx, mmc_clip_vision *v, mmc_tensor 
     const int64_t N = pixels->shape[0], T = 1 + g * g, K = Cin * p * p;
     /* training the tower (its weights require grad): the embeddings from differentiable ops;
      * otherwise no tape at all */
-    const bool grad = mmc_grad_enabled(ctx) && (v->patch_w->flags & MMC_REQUIRES_GRAD);
+    bool trainable = v->patch_w->flags & MMC_REQUIRES_GRAD;   /* or a LoRA adapter in a layer */
+    for (int i = 0; i < n_layers && !trainable; i++) trainable = enc_clip_layer_trainable(&v->layers[i]);
+    const bool grad = mmc_grad_enabled(ctx) && trainable;
     bool was = mmc_set_grad_enabled(ctx, grad);
     /* the stride-p convolution as a matmul: patches [N*g*g, Cin*p*p] in the weight's (c, y, x) order */
     mmc_tensor *px = mmc_contiguous(ctx, pixels);

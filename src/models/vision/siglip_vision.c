@@ -72,12 +72,14 @@ mmc_siglip_vision *siglip_vision_bind(mw_set *w, const char *prefix, const mmc_s
         mw_bind(w, pre, "attention.in_proj_bias", &v->in_b, 1, MMC_SHAPE(3 * C));
         mw_bind_wb(w, pre, "attention.out_proj", &v->out_w, &v->out_b, 2, MMC_SHAPE(C, C));
         mw_bind_wb(w, pre, "layernorm", &v->head_ln_w, &v->head_ln_b, 1, MMC_SHAPE(C));
-        mw_bind(w, pre, "mlp.fc1.weight", &v->fc1_w, 2, MMC_SHAPE(F, C));
-        mw_bind(w, pre, "mlp.fc1.bias", &v->fc1_b, 1, MMC_SHAPE(F));
-        mw_bind(w, pre, "mlp.fc2.weight", &v->fc2_w, 2, MMC_SHAPE(C, F));
-        mw_bind(w, pre, "mlp.fc2.bias", &v->fc2_b, 1, MMC_SHAPE(C));
+        mw_bind_linear(w, pre, "mlp.fc1", &v->fc1, F, C, true);
+        mw_bind_linear(w, pre, "mlp.fc2", &v->fc2, C, F, true);
     }
     return v;
+}
+
+mmc_status mmc_siglip_vision_linears(mmc_siglip_vision *v, const char *prefix, mmc_module_list *ml) {
+    return enc_clip_layers_modules(v->layers, v->cfg.num_hidden_layers, prefix, ml);
 }
 
 void siglip_vision_free(mmc_siglip_vision *v) {
@@ -158,8 +160,8 @@ mmc_status mmc_siglip_vision_pool(mmc_ctx *ctx, mmc_siglip_vision *v, mmc_tensor
     mmc_tensor *o = mmc_reshape(ctx, mmc_attention(ctx, q, k, vv, &opts), 3, MMC_SHAPE(N, 1, C));  /* [N, 1, C] */
     mmc_tensor *h = mmc_linear(ctx, o, v->out_w, v->out_b);
     mmc_tensor *m = mmc_layernorm(ctx, h, v->head_ln_w, v->head_ln_b, eps);
-    m = enc_act(ctx, c->hidden_act, mmc_linear(ctx, m, v->fc1_w, v->fc1_b));
-    h = mmc_add(ctx, h, mmc_linear(ctx, m, v->fc2_w, v->fc2_b));
+    m = enc_act(ctx, c->hidden_act, mmc_nn_linear(ctx, m, &v->fc1));
+    h = mmc_add(ctx, h, mmc_nn_linear(ctx, m, &v->fc2));
     *out = mmc_contiguous(ctx, mmc_reshape(ctx, h, 2, MMC_SHAPE(N, C)));                    /* [N, C] */
     return MMC_OK;
 }

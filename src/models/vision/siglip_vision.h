@@ -17,7 +17,7 @@ struct mmc_siglip_vision {
     mmc_tensor *in_w, *in_b;           /* head.attention.in_proj_weight [3 Cv, Cv], in_proj_bias [3 Cv] */
     mmc_tensor *out_w, *out_b;         /* head.attention.out_proj [Cv, Cv], [Cv] */
     mmc_tensor *head_ln_w, *head_ln_b; /* head.layernorm [Cv] */
-    mmc_tensor *fc1_w, *fc1_b, *fc2_w, *fc2_b;   /* head.mlp.fc1 [Fv, Cv], fc2 [Cv, Fv] */
+    mmc_linear_w fc1, fc2;             /* head.mlp.fc1 [Fv, Cv] + [Fv], fc2 [Cv, Fv] + [Cv] */
 };
 
 /* Allocate and bind "<prefix>embeddings.*", "<prefix>encoder.layers.N.*", "<prefix>post_layernorm.*" and,

@@ -14,6 +14,7 @@
  * BPE tokenizer of tokenizer.json, truncated to model_max_length as CLIPProcessor(truncation=True)
  * does. The retrieval evaluation over these embeddings is src/train/eval_retrieval.c. */
 #include "mmc_embed.h"
+#include "mmc_lora.h"
 
 #include "../model_weights.h"
 #include "../vision/clip_vision.h"
@@ -33,7 +34,7 @@ struct mmc_dual_encoder {
     mmc_clip_text *text;            /* text_model.* + text_projection (its own weight set) */
     mw_set w;                       /* the vision half */
     mmc_clip_vision *vision;
-    mmc_tensor *visual_proj;        /* [D, Cv] */
+    mmc_linear_w visual_proj;       /* visual_projection [D, Cv], no bias */
     mmc_tensor *logit_scale;        /* [] */
     mmc_clip_vision_config vc;
     int64_t dim;
@@ -48,10 +49,12 @@ struct mmc_dual_encoder {
     siglip_text_config stc;
     mmc_tensor *logit_bias;         /* [1] (SigLIP; NULL for CLIP) */
     mmc_siglip_tokenizer *stok;
+    mmc_lora_set *adapter;          /* a PEFT adapter folder given as the model (mmc_dual_encoder_load) */
 };
 
 void mmc_dual_encoder_free(mmc_dual_encoder *m) {
     if (!m) return;
+    mmc_lora_free(m->adapter);   /* (first: it detaches from the towers' linears) */
     mmc_clip_text_free(m->text);
     clip_vision_free(m->vision);
     siglip_text_free(m->stext);
@@ -147,7 +150,7 @@ static mmc_status dual_load(const char *dir, bool trainable, mmc_dual_encoder **
     m->w.trainable = trainable;
     m->vision = clip_vision_bind(&m->w, "vision_model.", &m->vc);
     if (!m->vision) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
-    mw_bind(&m->w, "", "visual_projection.weight", &m->visual_proj, 2, MMC_SHAPE(m->dim, m->vc.hidden_size));
+    mw_bind_linear(&m->w, "", "visual_projection", &m->visual_proj, m->dim, m->vc.hidden_size, false);
     mw_bind(&m->w, "", "logit_scale", &m->logit_scale, 0, NULL);
     if ((st = mw_status(&m->w, dir, "CLIPModel vision tower / projections"))) goto fail;
     if ((st = mmc_clip_tokenizer_load(dir, &m->tok))) goto fail;
@@ -170,7 +173,22 @@ fail:
     return st;
 }
 
-mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) { return dual_load(dir, false, out); }
+/* a LoRA checkpoint of contrastive training (a PEFT adapter folder): its base_model_name_or_path with the
+ * adapter attached, as PeftModel.from_pretrained gives it; a model folder as it is */
+mmc_status mmc_dual_encoder_load(const char *dir, mmc_dual_encoder **out) {
+    if (!mmc_lora_is_adapter_dir(dir)) return dual_load(dir, false, out);
+    char base[1024], adir[1024];
+    mmc_status st = mmc_lora_resolve(dir, NULL, base, sizeof base, adir, sizeof adir);
+    if (st || (st = dual_load(base, false, out))) return st;
+    mmc_module_list ml = {0};
+    if (!(st = mmc_dual_encoder_linears(*out, &ml))) st = mmc_lora_load(adir, &ml, false, &(*out)->adapter);
+    mmc_module_list_free(&ml);
+    if (st) {
+        mmc_dual_encoder_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
 mmc_status mmc_dual_encoder_load_trainable(const char *dir, mmc_dual_encoder **out) { return dual_load(dir, true, out); }
 
 const char *mmc_dual_encoder_family(const mmc_dual_encoder *m) { return m->fam == FAM_SIGLIP ? "siglip" : "clip"; }
@@ -243,7 +261,7 @@ mmc_status mmc_dual_encoder_embed_pixels(mmc_dual_encoder *m, const mmc_tensor *
                                                               2, MMC_SHAPE(nb, Cv)));        /* [nb, Cv] */
             mmc_tensor *pooled = mmc_layernorm(ctx, cls, m->vision->post_ln_w, m->vision->post_ln_b,
                                                (float)m->vc.layer_norm_eps);
-            mmc_tensor *emb = mmc_contiguous(ctx, mmc_linear(ctx, pooled, m->visual_proj, NULL));   /* [nb, D] */
+            mmc_tensor *emb = mmc_contiguous(ctx, mmc_nn_linear(ctx, pooled, &m->visual_proj));      /* [nb, D] */
             normalize_rows(emb, nb, D, out + b0 * D);
         }
         mmc_set_grad_enabled(ctx, was);
@@ -349,6 +367,22 @@ int mmc_dual_encoder_params(mmc_dual_encoder *m, mmc_tensor **params, const char
     return n;
 }
 
+mmc_status mmc_dual_encoder_linears(mmc_dual_encoder *m, mmc_module_list *ml) {
+    mmc_status st;
+    if (m->fam == FAM_SIGLIP) {
+        if ((st = enc_clip_layers_modules(m->stext->layers, m->stc.num_hidden_layers, "text_model.", ml)) ||
+            (st = mmc_module_list_add(ml, &m->stext->head, "text_model.head")) ||
+            (st = enc_clip_layers_modules(m->svision->layers, m->svc.num_hidden_layers, "vision_model.", ml)) ||
+            (st = mmc_module_list_add(ml, &m->svision->fc1, "vision_model.head.mlp.fc1")))
+            return st;
+        return mmc_module_list_add(ml, &m->svision->fc2, "vision_model.head.mlp.fc2");
+    }
+    if ((st = clip_text_modules(m->text, "text_model.", ml)) ||
+        (st = enc_clip_layers_modules(m->vision->layers, m->vc.num_hidden_layers, "vision_model.", ml)))
+        return st;
+    return mmc_module_list_add(ml, &m->visual_proj, "visual_projection");
+}
+
 mmc_tensor *mmc_dual_encoder_logit_scale_param(mmc_dual_encoder *m) { return m->logit_scale; }
 mmc_tensor *mmc_dual_encoder_logit_bias_param(mmc_dual_encoder *m) { return m->logit_bias; }
 
@@ -371,7 +405,7 @@ mmc_status mmc_dual_encoder_project(mmc_ctx *ctx, mmc_dual_encoder *m, const mmc
     mmc_tensor *cls = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, last, 1, 0, 1)),
                                                       2, MMC_SHAPE(nb, Cv)));               /* [nb, Cv] */
     mmc_tensor *pooled = mmc_layernorm(ctx, cls, m->vision->post_ln_w, m->vision->post_ln_b, (float)m->vc.layer_norm_eps);
-    *img = mmc_contiguous(ctx, mmc_linear(ctx, pooled, m->visual_proj, NULL));              /* [nb, D] */
+    *img = mmc_contiguous(ctx, mmc_nn_linear(ctx, pooled, &m->visual_proj));                 /* [nb, D] */
     mmc_clip_text_out o;
     /* the causal tower's EOS never attends to the padding after it and the pooled row is all the loss
      * reads, so the mask changes nothing here: without it the attention is the differentiable kernel */

@@ -78,6 +78,7 @@ mmc_status mmc_llava_linears(mmc_llava *m, mmc_module_list *out) {
     mmc_status st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
     if (!st) st = mmc_module_list_add(out, &m->proj1, "model.multi_modal_projector.linear_1");
     if (!st) st = mmc_module_list_add(out, &m->proj2, "model.multi_modal_projector.linear_2");
+    if (!st && m->vision) st = mmc_clip_vision_linears(m->vision, "model.vision_tower.", out);
     return st;
 }
 
