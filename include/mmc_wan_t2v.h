@@ -73,6 +73,12 @@ void mmc_wan_set_recompute(mmc_wan *m, bool on);
  * mode: latents / noise [B, C, F, h, w], the batch's sigmas and timesteps (mmc_fm_train_sigma),
  * prompt_embeds [B, T, text_dim], the weighting scheme; target noise - x0 (pooled and guidance unused). */
 mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor **loss);
+/* The image-to-video form (an I2V transformer: in_channels = 2 z_dim + 4): the transformer sees
+ * cat([x_t, condition], channels) with condition [B, 4 + z_dim, F, h, w] (mmc_wan_i2v_condition's, per
+ * sample) and the CLIP image states image [B, S_img, image_dim]; latents / noise have z_dim channels
+ * (out_channels), the target is noise - x0 as above. */
+mmc_status mmc_wan_i2v_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor *condition,
+                               mmc_tensor *image, mmc_tensor **loss);
 
 /* ---------------------------------------------------------------- WanPipeline (text -> video) */
 typedef struct mmc_wan_pipeline mmc_wan_pipeline;
@@ -112,6 +118,10 @@ mmc_status mmc_wan_encode_prompt(mmc_ctx *ctx, mmc_wan_pipeline *p, const char *
  * -> [1, scale_factor_temporal + z_dim, t, h, w] (persistent). */
 bool mmc_wan_pipeline_is_i2v(const mmc_wan_pipeline *p);
 mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds);
+/* encode_image of n images one by one (the encoder loaded once) -> [n, S_img, image_dim] (persistent). */
+mmc_status mmc_wan_encode_images(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *imgs, int n, mmc_tensor **embeds);
+/* The pipeline's AutoencoderKLWan (loaded on first use; owned by the pipeline). */
+mmc_status mmc_wan_pipeline_vae(mmc_wan_pipeline *p, mmc_wan_vae **vae);
 mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, int frames, int height, int width,
                                  mmc_tensor **condition);
 /* The denoising loop on latents [B, C, F, h, w] (updated in place; C = the VAE's z_dim for image to

@@ -343,9 +343,10 @@ done:
 }
 
 /* ------------------------------------------------------------------ image to video */
-mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds) {
+mmc_status mmc_wan_encode_images(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *imgs, int n, mmc_tensor **embeds) {
     *embeds = NULL;
     if (!p->i2v) return mmc_error(MMC_ERR_INVALID, "%s: an image needs a WanImageToVideoPipeline", p->dir.dir);
+    if (n < 1) return mmc_error(MMC_ERR_INVALID, "encode_image: %d images", n);
     mmc_clip_vision_model *enc = NULL;
     mmc_tensor *px = NULL;
     const bool was = mmc_set_grad_enabled(ctx, false);
@@ -365,20 +366,40 @@ mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_ima
                        (long long)vc->image_size);
         goto done;
     }
-    if ((st = mmc_clip_preprocess(&p->clip_proc, img, 1, &px))) goto done;   /* [1, 3, S, S] */
     /* hidden_states[-2]: the output of the next-to-last layer (the embeddings when there is one layer) */
     const int nl = (int)vc->num_hidden_layers - 1;
-    mmc_tensor **hs = NULL;
-    if ((st = mmc_clip_vision_forward(ctx, v, px, nl, &hs))) goto done;
-    mmc_tensor *h = mmc_contiguous(ctx, hs[nl]);                                 /* [1, S_img, image_dim] */
-    if (!(*embeds = mmc_tensor_new(MMC_F32, 3, h->shape))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
-    memcpy((*embeds)->data, h->data, mmc_nbytes(h));
+    for (int i = 0; i < n && !st; i++) {   /* one image at a time: [1, 3, S, S] -> [1, S_img, image_dim] */
+        mmc_arena_mark mi = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor **hs = NULL;
+        if ((st = mmc_clip_preprocess(&p->clip_proc, &imgs[i], 1, &px))) break;
+        if ((st = mmc_clip_vision_forward(ctx, v, px, nl, &hs))) break;
+        mmc_tensor *h = mmc_contiguous(ctx, hs[nl]);
+        if (!*embeds && !(*embeds = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(n, h->shape[1], h->shape[2])))) {
+            st = mmc_error(MMC_ERR_OOM, "out of memory");
+            break;
+        }
+        memcpy((float *)(*embeds)->data + (int64_t)i * mmc_numel(h), h->data, mmc_nbytes(h));
+        mmc_tensor_free(px), px = NULL;
+        mmc_arena_release(mmc_ctx_arena(ctx), mi);
+    }
 done:
     mmc_arena_release(mmc_ctx_arena(ctx), mk);
     mmc_tensor_free(px);
     mmc_clip_vision_model_free(enc);
     mmc_set_grad_enabled(ctx, was);
+    if (st) mmc_tensor_free(*embeds), *embeds = NULL;
     return st;
+}
+
+mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds) {
+    return mmc_wan_encode_images(ctx, p, img, 1, embeds);
+}
+
+mmc_status mmc_wan_pipeline_vae(mmc_wan_pipeline *p, mmc_wan_vae **vae) {
+    mmc_status st;
+    if (!p->vae && (st = mmc_wan_vae_load(p->path[S_VAE], &p->vae))) return st;
+    *vae = p->vae;
+    return MMC_OK;
 }
 
 mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, int frames, int height, int width,
