@@ -23,8 +23,14 @@
  * own rules, as in diffusers: the upsample3d time conv is skipped on the first chunk (its stream
  * starts at the second, from zeros: the "Rep" marker), and the downsample3d time conv passes the
  * first chunk through and then convolves [last frame of the previous chunk, chunk] with stride 2.
- * Memory therefore depends on the frame size, never on the clip length: one chunk's activations
- * plus the caches.
+ * Memory therefore depends on the frame size, never on the clip length. Decoding keeps little beyond
+ * the caches (which diffusers keeps too): each chunk goes through the decoder one frame at a time after
+ * every temporal upsampler (decoder_levels), a residual block on one frame keeps its two caches as
+ * rings that receive the conv inputs in place and accumulates conv2 into the residual (res_ring: two
+ * activations alive), the narrow conv_out caches its pending output sums (causal_conv_narrow), and
+ * the im2col band / heap scratch are returned after each conv. On the released configuration at
+ * 320x192 that is ~495 MiB of caches, ~280 MiB of the decoder's weights (mapped from the file) and
+ * ~60 MiB of activations (bench_wan_vae).
  *
  * Convolutions are implicit GEMMs: an im2col of a band of output rows (bounded to 32 MB) times the
  * [Cout, Cin*kt*kh*kw] weight on the project's blocked GEMM (src/backend/cpu/gemm.c). Weights of any
@@ -44,7 +50,8 @@
 #endif
 
 #define CACHE_T 2
-#define COL_BYTES (32u << 20)      /* im2col band budget: wide enough that repacking the weights per band is cheap */
+#define COL_BYTES (8u << 20)       /* im2col band budget: wide enough that repacking the weights per band is cheap, small
+                                      next to the full-resolution caches (the 2x upsampling conv runs while they are live) */
 
 /* ------------------------------------------------------------------ weights */
 typedef struct {
@@ -650,6 +657,7 @@ typedef struct {
     int n;                        /* frames held: 2 (3-tap causal convs), 1 (downsample3d) */
     bool started;                 /* the resampler's first chunk has been seen */
     bool psum;                    /* holds partial output sums instead (causal_conv_narrow) */
+    int head;                     /* a residual block's ring (res_ring): the slot of the older frame */
 } tcache;
 
 typedef struct {
@@ -684,6 +692,17 @@ static void cache_push(tcache *c, int64_t C, const float *x, int64_t T, int64_t 
             memcpy(c->buf + (j * C + ch) * HW, x + (ch * T + T - n + j) * HW, (size_t)HW * sizeof(float));
 }
 
+/* A ring-used 2-frame cache (res_ring) back in frame order [older, newer] for the other paths. */
+static void cache_order(tcache *c, int64_t C, int64_t HW) {
+    if (!c->head) return;
+    float *a = c->buf, *b = c->buf + C * HW;
+    for (int64_t i = 0; i < C * HW; i++) {
+        const float t = a[i];
+        a[i] = b[i], b[i] = t;
+    }
+    c->head = 0;
+}
+
 static float *falloc(stream *s, int64_t n) {
     float *p = fmap((size_t)n);
     if (!p && !s->s.st) s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (%lld floats of VAE activations)", (long long)n);
@@ -702,6 +721,7 @@ static float *causal_conv(stream *s, const conv_w *c, const float *x, int64_t T,
         tc->buf = fmap((size_t)(c->cin * CACHE_T * HW));   /* zero pages */
         if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (VAE feature cache)"); return NULL; }
     }
+    cache_order(tc, c->cin, HW);
     float *y = acc ? acc : falloc(s, c->cout * T * HW);
     if (!y) return NULL;
     conv3d_up(&s->s, c, tc->buf, CACHE_T, x, T, H, W, 1, 1, 1, (c->kh - 1) / 2, (c->kw - 1) / 2, H, W, acc != NULL, y);
@@ -718,9 +738,55 @@ static float *pointwise(stream *s, const conv_w *c, const float *x, int64_t T, i
     return y;
 }
 
+/* A residual block on one frame (T = 1, in == out, both convs on the Winograd taps) with its two caches
+ * as rings: tap 0 of each conv reads the older cached frame first, whose slot then receives the conv's
+ * new input (norm1's / norm2's output), which taps 1 and 2 read with the newer one; the slot roles then
+ * swap. Nothing is copied into the caches and only conv1's output is alive next to the residual x,
+ * into which conv2 accumulates. The same sums in the same order as res_forward's other path. */
+static bool res_ring_applies(const resblock *r, int64_t T, int64_t H, int64_t W) {
+    const conv_w *c1 = &r->conv1, *c2 = &r->conv2;
+    return T == 1 && !r->shortcut.cout && c1->kt == 3 && c1->kh == 3 && c1->kw == 3 && c2->kt == 3 && c2->kh == 3 &&
+           c2->kw == 3 && mmc_conv3x3_winograd_applies(c1->cin, c1->cout, H, W) &&
+           mmc_conv3x3_winograd_applies(c2->cin, c2->cout, H, W);
+}
+
+static tcache *ring_cache(stream *s, int64_t C, int64_t HW) {
+    tcache *tc = next_cache(s);
+    if (tc && !tc->buf) {
+        tc->n = CACHE_T, tc->head = 0;
+        tc->buf = fmap((size_t)(C * CACHE_T * HW));   /* zero pages */
+    }
+    if (!tc || !tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (VAE feature cache)"); return NULL; }
+    return tc;
+}
+
+static float *res_ring(stream *s, const resblock *r, float *x, int64_t H, int64_t W) {
+    const int64_t HW = H * W;
+    tcache *t1 = ring_cache(s, r->conv1.cin, HW), *t2 = t1 ? ring_cache(s, r->conv2.cin, HW) : NULL;
+    float *y1 = t2 ? falloc(s, r->conv1.cout * HW) : NULL;
+    if (!y1) { ffree(x); return NULL; }
+    float *o1 = t1->buf + t1->head * r->conv1.cin * HW, *m1 = t1->buf + (1 - t1->head) * r->conv1.cin * HW;
+    float *o2 = t2->buf + t2->head * r->conv2.cin * HW, *m2 = t2->buf + (1 - t2->head) * r->conv2.cin * HW;
+    wino_tap(&s->s, &r->conv1, 0, o1, 1, H, W, false, y1);   /* y1 = A1 a[t-2] + b1 */
+    rms_norm(&r->norm1, x, HW, true, o1);                   /* a[t] into the freed slot */
+    wino_tap(&s->s, &r->conv1, 1, m1, 1, H, W, true, y1);
+    wino_tap(&s->s, &r->conv1, 2, o1, 1, H, W, true, y1);
+    t1->head ^= 1;
+    add_bias(&r->conv2, HW, x);                              /* x += b2 + A2 b[t-2] */
+    wino_tap(&s->s, &r->conv2, 0, o2, 1, H, W, true, x);
+    rms_norm(&r->norm2, y1, HW, true, o2);                  /* b[t] */
+    ffree(y1);
+    wino_tap(&s->s, &r->conv2, 1, m2, 1, H, W, true, x);
+    wino_tap(&s->s, &r->conv2, 2, o2, 1, H, W, true, x);
+    t2->head ^= 1;
+    if (s->s.st) { ffree(x); return NULL; }
+    return x;
+}
+
 /* WanResidualBlock: x [in, T, H, W] -> [out, T, H, W] (x itself when in == out: conv2 accumulates into the
  * residual); x is consumed. At most three activations are alive: the residual, norm1's output, conv1's. */
 static float *res_forward(stream *s, const resblock *r, float *x, int64_t T, int64_t H, int64_t W) {
+    if (res_ring_applies(r, T, H, W)) return res_ring(s, r, x, H, W);
     const int64_t HW = H * W, N = T * HW;
     float *h = NULL, *a = NULL, *b = NULL;
     a = falloc(s, r->norm1.C * N);
