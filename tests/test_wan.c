@@ -198,8 +198,9 @@ static void check_configs(void) {
     CHECK(strstr(mmc_last_error(), "num_layers") != NULL);
     CHECK_ERR(config_with("\"image_dim\": 1280", &c), MMC_ERR_FORMAT);    /* without added_kv_proj_dim */
     CHECK(strstr(mmc_last_error(), "image-to-video") != NULL);
-    CHECK_ERR(config_with("\"pos_embed_seq_len\": 514", &c), MMC_ERR_UNSUPPORTED);
-    CHECK(strstr(mmc_last_error(), "FLF2V") != NULL);
+    CHECK_ERR(config_with("\"pos_embed_seq_len\": 514", &c), MMC_ERR_FORMAT);   /* FLF2V without image_dim */
+    CHECK(strstr(mmc_last_error(), "pos_embed_seq_len 514") != NULL);
+    CHECK_ERR(config_with("\"pos_embed_seq_len\": 513, \"image_dim\": 12, \"added_kv_proj_dim\": 24", &c), MMC_ERR_FORMAT);
 
     /* a folder whose weights lack a tensor / were saved from another config */
     char tmp[] = "/tmp/mmc_wan_XXXXXX";
@@ -651,7 +652,7 @@ static void check_train_i2v_data(void) {
     CHECK_OK(mmc_wan_encode_images(ctx, p, &first, 1, &ie));
     if (ie) di = max_abs_diff(ie, wi);
     CHECKF(di < 1e-5, "image states: max difference %.3g", di);
-    CHECK_OK(mmc_wan_i2v_condition(p, &first, F, R, R, &cond));
+    CHECK_OK(mmc_wan_i2v_condition(p, &first, NULL, F, R, R, &cond));
     if (cond) dc = max_abs_diff(cond, wc);
     CHECKF(dc < 1e-4, "condition: max difference %.3g", dc);
     printf("train_i2v_data: first frame byte-equal, image states %.2e, condition %.2e\n", di, dc);

@@ -394,7 +394,7 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
         if ((st = mmc_trainer_wan_encode_clip(vae, px, F, res, d->mean + i * d->per, d->std + i * d->per, lv))) break;
         if (d->i2v) {   /* prepare_latents' condition from the clip's first frame: the mask and its latents */
             mmc_tensor *cn = NULL;
-            if ((st = mmc_wan_i2v_condition(pipe, &firsts[i], F, res, res, &cn))) break;
+            if ((st = mmc_wan_i2v_condition(pipe, &firsts[i], NULL, F, res, res, &cn))) break;
             memcpy(d->cond + i * pc, cn->data, (size_t)pc * sizeof(float));
             mmc_tensor_free(cn);
         }
