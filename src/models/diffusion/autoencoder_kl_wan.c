@@ -762,7 +762,10 @@ static tcache *ring_cache(stream *s, int64_t C, int64_t HW) {
 
 static float *res_ring(stream *s, const resblock *r, float *x, int64_t H, int64_t W) {
     const int64_t HW = H * W;
-    tcache *t1 = ring_cache(s, r->conv1.cin, HW), *t2 = t1 ? ring_cache(s, r->conv2.cin, HW) : NULL;
+    tcache *t1 = ring_cache(s, r->conv1.cin, HW);
+    const int i1 = s->idx - 1;
+    tcache *t2 = t1 ? ring_cache(s, r->conv2.cin, HW) : NULL;
+    if (t2) t1 = &s->c[i1];   /* (the second lookup may have moved the array) */
     float *y1 = t2 ? falloc(s, r->conv1.cout * HW) : NULL;
     if (!y1) { ffree(x); return NULL; }
     float *o1 = t1->buf + t1->head * r->conv1.cin * HW, *m1 = t1->buf + (1 - t1->head) * r->conv1.cin * HW;
