@@ -7,8 +7,9 @@
 #    reference venv, diffusers' WanImageToVideoPipeline.load_lora_weights loads exactly;
 #  - validation videos from the first clip's first frame (PNG frames);
 #  - a resumed run (from the cached encodings) repeats the uninterrupted one's losses and adapter bit for bit;
+#    a truncated cache is encoded again (the same losses);
 #  - full fine-tuning writes an I2V transformer folder;
-#  - max_sequence_length other than 512 is an error saying why.
+#  - max_sequence_length other than 512 and a first-last-frame folder are errors saying why.
 # (The loss itself is checked against diffusers + PEFT by test_wan train_i2v.)
 set -u
 MMC=${MMC:-build/mmc}
@@ -60,6 +61,14 @@ expect_err "encoded videos from the cache"
 a=$(losses "$T/run/metrics.jsonl" 2); b=$(losses "$T/run2/metrics.jsonl" 2)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
 cmp -s "$f" "$T/run2/checkpoint-4/pytorch_lora_weights.safetensors" && ok || bad "resumed adapter differs"
+# a truncated cache is not trusted: the videos are encoded again, the same losses follow
+cp -r "$T/run" "$T/run3"; rm -rf "$T/run3/checkpoint-"* "$T/run3/metrics.jsonl" "$T/run3/validation"
+head -c 100 "$T/run/cache/wan_data.safetensors" >"$T/run3/cache/wan_data.safetensors"
+sed "s|$T/run,|$T/run3,|" "$T/run.yaml" >"$T/run3.yaml"
+expect_rc 0 "$MMC" train "$T/run3.yaml"
+expect_err "videos encoded to"
+a=$(losses "$T/run/metrics.jsonl" 4); b=$(losses "$T/run3/metrics.jsonl" 4)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "losses after re-encoding a truncated cache [$b] differ from [$a]"
 # the adapter generates from an image
 expect_rc 0 "$MMC" generate-video --model "$P" --image "$P/input.png" --prompt "a square" --frames 5 --height 16 --width 16 \
   --steps 2 --lora "$f" --output "$T/gen/"
@@ -91,5 +100,8 @@ expect_rc 0 "$MMC" train "$T/full.yaml"
 sed -e "s|max_sequence_length: 512|max_sequence_length: 8|" -e "s|output_dir: $T/run,|output_dir: $T/bad,|" "$T/run.yaml" >"$T/bad.yaml"
 expect_rc 1 "$MMC" train "$T/bad.yaml"
 expect_err "max_sequence_length 8: image-to-video trains with 512"
+sed -e "s|path: $P|path: tests/fixtures/wan_flf2v/pipe|" -e "s|output_dir: $T/run,|output_dir: $T/bad2,|" "$T/run.yaml" >"$T/bad2.yaml"
+expect_rc 1 "$MMC" train "$T/bad2.yaml"
+expect_err "first-last-frame (FLF2V) transformer: training is wired"
 echo "test_wan_i2v_train_cli: $((n - fail))/$n checks passed"
 [ "$fail" = 0 ]

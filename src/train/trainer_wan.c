@@ -331,6 +331,11 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     mmc_wan_latent_shape(pipe, F, res, res, shp);
     d->C = shp[0], d->F = shp[1], d->h = shp[2], d->w = shp[3], d->per = d->C * d->F * d->h * d->w;
     d->i2v = mmc_wan_pipeline_is_i2v(pipe);
+    if (mmc_wan_pipeline_is_flf2v(pipe)) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: a first-last-frame (FLF2V) transformer: training is wired "
+                       "for text-to-video and first-frame image-to-video (Wan2.1 I2V) only", c->model.path);
+        goto done;
+    }
     d->Cc = d->i2v ? mmc_wan_pipeline_vae_temporal(pipe) + d->C : 0;
     const mmc_wan_config *wc = mmc_wan_cfg(t->wan);
     if ((wc->image_dim > 0) != d->i2v || wc->in_channels != d->C + d->Cc || wc->out_channels != d->C) {
