@@ -34,12 +34,13 @@ typedef struct {
     int rope_dims[3];                     /* t, h, w shares of attention_head_dim (WanRotaryPosEmbed) */
     int64_t image_dim;                    /* image-to-video: CLIP image states' width (1280), 0 for T2V */
     int64_t added_kv_proj_dim;            /* I2V: add_k_proj / add_v_proj input width (= heads * head_dim) */
+    int64_t pos_embed_seq_len;            /* first-last-frame (FLF2V): 2 x S_img (514), 0 otherwise */
 } mmc_wan_config;
 
 typedef struct mmc_wan mmc_wan;
 
 /* config.json of a transformer/ folder. Wan2.1 I2V's image branch (image_dim with added_kv_proj_dim)
- * is read; pos_embed_seq_len (the first-last-frame model's FLF2V) is MMC_ERR_UNSUPPORTED when set. */
+ * and the first-last-frame model's (FLF2V) pos_embed_seq_len are read. */
 mmc_status mmc_wan_config_read(const mmc_json *cfg, const char *what, mmc_wan_config *out);
 /* Load from a transformer/ folder (config.json + diffusion_pytorch_model safetensors, single or
  * sharded; f32 / bf16 / f16, computed in f32). trainable: f32 copies that require grad. Every
@@ -61,7 +62,9 @@ typedef struct {
     const float *timestep;     /* [B] as WanPipeline passes it: the scheduler's integer timestep (0..1000) */
     mmc_tensor *encoder;       /* [B, T, text_dim] UMT5 states (zero past each prompt's tokens) */
     mmc_tensor *image;         /* I2V models only (required there, else NULL): [B, S_img, image_dim] CLIP vision
-                                  states (encoder_hidden_states_image; 257 of them in Wan2.1 I2V) */
+                                  states (encoder_hidden_states_image; 257 of them in Wan2.1 I2V); FLF2V models:
+                                  [B, 2 S_img, image_dim], the first then the last frame's (diffusers' view of
+                                  encode_image([first, last])) */
 } mmc_wan_inputs;
 /* The flow prediction [B, out_channels, F, H, W]. Differentiable in grad mode; without it each
  * block's intermediates are released as soon as its output exists. */
@@ -73,6 +76,12 @@ void mmc_wan_set_recompute(mmc_wan *m, bool on);
  * mode: latents / noise [B, C, F, h, w], the batch's sigmas and timesteps (mmc_fm_train_sigma),
  * prompt_embeds [B, T, text_dim], the weighting scheme; target noise - x0 (pooled and guidance unused). */
 mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor **loss);
+/* The image-to-video form (an I2V transformer: in_channels = 2 z_dim + 4): the transformer sees
+ * cat([x_t, condition], channels) with condition [B, 4 + z_dim, F, h, w] (mmc_wan_i2v_condition's, per
+ * sample) and the CLIP image states image [B, S_img, image_dim]; latents / noise have z_dim channels
+ * (out_channels), the target is noise - x0 as above. */
+mmc_status mmc_wan_i2v_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor *condition,
+                               mmc_tensor *image, mmc_tensor **loss);
 
 /* ---------------------------------------------------------------- WanPipeline (text -> video) */
 typedef struct mmc_wan_pipeline mmc_wan_pipeline;
@@ -112,8 +121,21 @@ mmc_status mmc_wan_encode_prompt(mmc_ctx *ctx, mmc_wan_pipeline *p, const char *
  * -> [1, scale_factor_temporal + z_dim, t, h, w] (persistent). */
 bool mmc_wan_pipeline_is_i2v(const mmc_wan_pipeline *p);
 mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds);
-mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, int frames, int height, int width,
-                                 mmc_tensor **condition);
+/* encode_image of n images one by one (the encoder loaded once) -> [n, S_img, image_dim] (persistent). */
+mmc_status mmc_wan_encode_images(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *imgs, int n, mmc_tensor **embeds);
+/* The pipeline's AutoencoderKLWan (loaded on first use; owned by the pipeline). */
+mmc_status mmc_wan_pipeline_vae(mmc_wan_pipeline *p, mmc_wan_vae **vae);
+mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, const mmc_image *last, int frames,
+                                 int height, int width, mmc_tensor **condition);
+/* First-last-frame to video (Wan2.1 FLF2V: an I2V folder whose transformer has pos_embed_seq_len): the
+ * pipeline's `last_image`. mmc_wan_i2v_condition with last: the clip [first, zeros, last] and the mask 1 on
+ * both given frames. encode_first_last: encode_image([first, last]) as the transformer takes it,
+ * [1, 2 S_img, image_dim] (last NULL: encode_image of first). check_last_image: MMC_ERR_INVALID naming
+ * what is wrong unless a last frame is given exactly for an FLF2V transformer. */
+bool mmc_wan_pipeline_is_flf2v(const mmc_wan_pipeline *p);
+mmc_status mmc_wan_pipeline_check_last_image(const mmc_wan_pipeline *p, bool last);
+mmc_status mmc_wan_encode_first_last(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *first,
+                                     const mmc_image *last, mmc_tensor **embeds);
 /* The denoising loop on latents [B, C, F, h, w] (updated in place; C = the VAE's z_dim for image to
  * video, with opts.condition and opts.image_embeds); neg may be NULL when guidance <= 1. */
 mmc_status mmc_wan_sample(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_tensor *cond, const mmc_tensor *neg,

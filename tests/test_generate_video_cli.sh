@@ -9,6 +9,8 @@
 #  - MP4 (H.264), GIF and lossless MKV outputs by extension, with --json timings; CFG with a negative prompt;
 #  - image to video with a WanImageToVideoPipeline folder (--image): frames equal diffusers' within 1/255;
 #    --image refused by a text-to-video folder and required by an image-to-video one;
+#  - first-last-frame to video (--image + --last-image on an FLF2V folder): frames equal diffusers' within 1/255;
+#    --last-image required by an FLF2V folder and refused by the others;
 #  - a frame count that is not 4k + 1 and a size the VAE cannot take name the nearest valid value;
 #    latents of the wrong shape name the shape; bad options are usage errors; --help lists the options.
 set -u
@@ -112,6 +114,26 @@ expect_err "takes no --image"
 expect_rc 1 "$MMC" generate-video "${IARGS[@]}" --image "$T/no-such.png" --out "$T/e.mp4"
 expect_err "no-such.png"
 
+# ---- first-last-frame to video (tests/fixtures/wan_flf2v/pipe: pos_embed_seq_len, tools/ref/gen_wan_flf2v.py):
+# --image and --last-image as the pipeline's image / last_image; frames within 1/255 of diffusers'
+L=tests/fixtures/wan_flf2v/pipe
+LARGS=(--model $L --width 48 --height 32 --frames 9 --prompt "a red cat walks on the beach")
+expect_rc 0 "$MMC" generate-video "${LARGS[@]}" --image $L/first.png --last-image $L/last.png --guidance 1 --steps 2 \
+  --latents $L/cli_latents.safetensors --out "$T/flf2v/"
+set -- $(png_cmp "$T/flf2v" $L/cli_expected)
+[ "$1" = 9 ] && [ "$4" = 0 ] && ok || bad "first-last-frame frames differ from diffusers': $1 frames, $4 values off by > 1 (max $3)"
+echo "generate-video --image --last-image vs diffusers' WanImageToVideoPipeline(last_image): $1 frames, $2 channel values differ (max $3/255)"
+grep -q 'last_image: tests/fixtures/wan_flf2v/pipe/last.png' "$T/flf2v/settings.json" && ok \
+  || bad "settings.json lacks the last image: $(cat "$T/flf2v/settings.json")"
+expect_rc 2 "$MMC" generate-video "${LARGS[@]}" --image $L/first.png --out "$T/e.mp4"
+expect_err "needs the last frame too"
+expect_rc 2 "$MMC" generate-video "${IARGS[@]}" --image $I/input.png --last-image $L/last.png --out "$T/e.mp4"
+expect_err "needs a first-last-frame (FLF2V) transformer"
+expect_rc 2 "$MMC" generate-video "${ARGS[@]}" --prompt x --last-image $L/last.png --out "$T/e.mp4"
+expect_err "takes no --last-image"
+expect_rc 1 "$MMC" generate-video "${LARGS[@]}" --image $L/first.png --last-image "$T/no-such-last.png" --out "$T/e.mp4"
+expect_err "no-such-last.png"
+
 # ---- errors
 expect_rc 1 "$MMC" generate-video "${ARGS[@]}" --prompt x --frames 10 --out "$T/e.mp4"
 expect_err "nearest valid count is 9"
@@ -131,7 +153,7 @@ expect_rc 2 "$MMC" generate-video --model $P --prompt x --fps 0
 expect_rc 2 "$MMC" generate-video --model $P --prompt x --frobnicate 1
 expect_err "unknown option '--frobnicate'"
 expect_rc 0 "$MMC" generate-video --help
-for o in --image --frames --fps --negative-prompt --guidance --seed --lora --latents --out --steps --width --height --json; do
+for o in --image --last-image --frames --fps --negative-prompt --guidance --seed --lora --latents --out --steps --width --height --json; do
   grep -q -- "$o" "$T/out" && ok || bad "--help lacks $o"
 done
 "$MMC" --help 2>&1 | grep -q "generate-video" && ok || bad "mmc --help does not list generate-video"

@@ -14,6 +14,10 @@
  *    activation recompute gives the same loss and gradients bitwise; one video's training pixels (uniform
  *    frame sampling, resize + centre crop) against PyAV + PIL and its normalised latent distribution;
  *    4 steps of full fine-tuning (losses, gradient norms, five final parameters within 1e-3);
+ *  - image-to-video training (train_i2v, tests/fixtures/wan_i2v_train, tools/ref/gen_wan_i2v_train.py): the
+ *    same 12 LoRA steps (plus add_k_proj / add_v_proj) and 4 full steps on the I2V transformer with per-sample
+ *    conditions and image states, same tolerances; one video's first frame byte-equal, its CLIP image states
+ *    within 1e-5 and its condition within 1e-4 of diffusers';
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -194,8 +198,9 @@ static void check_configs(void) {
     CHECK(strstr(mmc_last_error(), "num_layers") != NULL);
     CHECK_ERR(config_with("\"image_dim\": 1280", &c), MMC_ERR_FORMAT);    /* without added_kv_proj_dim */
     CHECK(strstr(mmc_last_error(), "image-to-video") != NULL);
-    CHECK_ERR(config_with("\"pos_embed_seq_len\": 514", &c), MMC_ERR_UNSUPPORTED);
-    CHECK(strstr(mmc_last_error(), "FLF2V") != NULL);
+    CHECK_ERR(config_with("\"pos_embed_seq_len\": 514", &c), MMC_ERR_FORMAT);   /* FLF2V without image_dim */
+    CHECK(strstr(mmc_last_error(), "pos_embed_seq_len 514") != NULL);
+    CHECK_ERR(config_with("\"pos_embed_seq_len\": 513, \"image_dim\": 12, \"added_kv_proj_dim\": 24", &c), MMC_ERR_FORMAT);
 
     /* a folder whose weights lack a tensor / were saved from another config */
     char tmp[] = "/tmp/mmc_wan_XXXXXX";
@@ -449,16 +454,25 @@ static void check_pipeline(void) {
     CHECKF(!strcmp(buf, "a & b! c<d"), "prompt_clean gave '%s'", buf);
 }
 
-/* Flow-matching LoRA training against diffusers + PEFT (tools/ref/gen_wan_train.py, 12 steps, r 4 on
- * attn1 / attn2 to_q / to_k / to_v / to_out.0 and ffn.net.0.proj / ffn.net.2, velocity target, shift 3,
- * clip 1.0, AdamW 1e-3): the uniform draws u give the fixture's sigmas / timesteps bitwise, each step's loss
- * and pre-clip gradient norm within 1e-3 (relative), the final adapter within 1e-3 of its largest entry. */
-static void check_train_lora(void) {
-    const char *dir = "tests/fixtures/wan_train";
+/* Flow-matching LoRA training against diffusers + PEFT (12 steps, r 4, velocity target, shift 3, clip 1.0,
+ * AdamW 1e-3): the uniform draws u give the fixture's sigmas / timesteps bitwise, each step's loss and pre-clip
+ * gradient norm within 1e-3 (relative), the final adapter within 1e-3 of its largest entry.
+ *   text to video  (tools/ref/gen_wan_train.py, wan_train): r 4 on attn1 / attn2 to_q / to_k / to_v / to_out.0
+ *                  and ffn.net.0.proj / ffn.net.2 of tests/fixtures/wan/transformer;
+ *   image to video (tools/ref/gen_wan_i2v_train.py, wan_i2v_train): the I2V transformer of the wan_i2v pipe, the
+ *                  same modules plus attn2's add_k_proj / add_v_proj; the transformer sees cat([x_t, condition])
+ *                  and the CLIP image states (text padded to 512 states as diffusers' I2V attention needs). */
+static void check_train_lora(const char *tr_dir, const char *fix, int n_adapters) {
+    char dir[128], key[160];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", fix);
     mmc_wan *m = NULL;
-    CHECK_OK(mmc_wan_load(DIR_ "/transformer", false, &m));
-    mmc_st *exp = fixture_open("wan_train/expected.safetensors");
+    CHECK_OK(mmc_wan_load(tr_dir, false, &m));
+    snprintf(key, sizeof key, "%s/expected.safetensors", fix);
+    mmc_st *exp = fixture_open(key);
     if (!m || !exp) { mmc_wan_free(m); mmc_st_close(exp); return; }
+    const bool i2v = mmc_st_find(exp, "condition") != NULL;
+    mmc_tensor *cond = i2v ? fixture_tensor(exp, "condition", MMC_F32) : NULL;
+    mmc_tensor *img = i2v ? fixture_tensor(exp, "image_embeds", MMC_F32) : NULL;
     mmc_fm_config fc;
     mmc_json *j = NULL;
     char p[256];
@@ -472,7 +486,7 @@ static void check_train_lora(void) {
     snprintf(p, sizeof p, "%s/initial.safetensors", dir);
     CHECK_OK(mmc_lora_load_diffusers(p, "transformer", &ml, 1.0f, true, &s));
     if (!s) { mmc_module_list_free(&ml); mmc_wan_free(m); mmc_st_close(exp); return; }
-    CHECKF(s->n == 2 * 10, "adapters: %d, want 20 (2 blocks x 10 linears)", s->n);
+    CHECKF(s->n == n_adapters, "adapters: %d, want %d", s->n, n_adapters);
     mmc_tensor **params = s->params;
     const int n_params = s->n_params;
     mmc_adamw opt;
@@ -499,7 +513,7 @@ static void check_train_lora(void) {
         }
         b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
         mmc_tensor *loss = NULL;
-        CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+        CHECK_OK(mmc_wan_i2v_fm_loss(ctx, m, &b, cond, img, &loss));
         if (!loss) break;
         const double lv = *(float *)loss->data;
         mmc_backward(ctx, loss);
@@ -514,7 +528,8 @@ static void check_train_lora(void) {
         for (int i = 0; i < 7; i++) mmc_tensor_free(t[i]);
     }
     double worst_w = 0;
-    mmc_st *fin = fixture_open("wan_train/final.safetensors");
+    snprintf(key, sizeof key, "%s/final.safetensors", fix);
+    mmc_st *fin = fixture_open(key);
     for (int i = 0; fin && i < s->n; i++)
         for (int ab = 0; ab < 2; ab++) {
             char k[320];
@@ -525,8 +540,8 @@ static void check_train_lora(void) {
         }
     mmc_st_close(fin);
     CHECKF(worst_w < 1e-3, "final adapter: max relative difference %.2e", worst_w);
-    printf("train_lora: %d steps, loss rel diff <= %.2e, grad norm <= %.2e, final adapter <= %.2e\n", steps, worst_loss,
-           worst_norm, worst_w);
+    printf("%s lora: %d steps, loss rel diff <= %.2e, grad norm <= %.2e, final adapter <= %.2e\n", fix, steps,
+           worst_loss, worst_norm, worst_w);
     /* activation recompute (model.recompute: full) gives the same loss and gradients (bitwise: the
      * blocks are re-run with the same inputs in the same order) */
     {
@@ -541,7 +556,7 @@ static void check_train_lora(void) {
         for (int pass = 0; pass < 2 && g; pass++) {
             mmc_wan_set_recompute(m, pass == 1);
             mmc_tensor *loss = NULL;
-            CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+            CHECK_OK(mmc_wan_i2v_fm_loss(ctx, m, &b, cond, img, &loss));
             if (!loss) break;
             lv[pass] = *(float *)loss->data;
             mmc_backward(ctx, loss);
@@ -565,6 +580,7 @@ static void check_train_lora(void) {
         for (int i = 0; i < 3; i++) mmc_tensor_free(t[i]);
     }
     mmc_tensor_free(b.prompt_embeds);
+    mmc_tensor_free(cond), mmc_tensor_free(img);
     mmc_adamw_free(&opt);
     mmc_ctx_free(ctx);
     mmc_lora_free(s);
@@ -583,7 +599,7 @@ static void check_train_data(void) {
     if (!exp) return;
     const int F = 5, R = 16;
     mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(3, F, R, R));
-    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px->data));
+    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px->data, NULL));
     mmc_tensor *want = fixture_tensor(exp, "pixels", MMC_F32);
     const double dp = max_abs_diff(px, want);
     CHECKF(dp < 1e-6, "pixels: max difference %.3g", dp);
@@ -604,23 +620,64 @@ static void check_train_data(void) {
     }
     printf("train_data: pixels %.2e, latent mean %.2e, std %.2e\n", dp, dm, ds);
     float *big = malloc((size_t)3 * 33 * R * R * sizeof *big);
-    CHECK_ERR(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", 33, R, big), MMC_ERR_INVALID);
+    CHECK_ERR(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", 33, R, big, NULL), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "moving.mp4") && strstr(mmc_last_error(), "data.num_frames"));
-    CHECK(mmc_trainer_wan_load_video("tests/fixtures/video/absent.mp4", F, R, big) != MMC_OK);
+    CHECK(mmc_trainer_wan_load_video("tests/fixtures/video/absent.mp4", F, R, big, NULL) != MMC_OK);
     CHECK(strstr(mmc_last_error(), "absent.mp4") != NULL);
     free(big);
     mmc_tensor_free(px);
     mmc_st_close(exp);
 }
 
+/* Image-to-video training data (trainer_wan.c) against diffusers (gen_wan_i2v_train.py, data_expected): the
+ * first training frame of tests/fixtures/video/moving.mp4 (5 frames, 16x16 crop) byte-equal; encode_image of it
+ * (CLIP hidden_states[-2]) within 1e-5 and prepare_latents' condition for 5 frames of 16x16 within 1e-4. */
+static void check_train_i2v_data(void) {
+    mmc_st *exp = fixture_open("wan_i2v_train/data_expected.safetensors");
+    mmc_wan_pipeline *p = NULL;
+    CHECK_OK(mmc_wan_pipeline_open("tests/fixtures/wan_i2v/pipe", &p));
+    if (!exp || !p) { mmc_st_close(exp); mmc_wan_pipeline_free(p); return; }
+    const int F = 5, R = 16;
+    float *px = malloc((size_t)3 * F * R * R * sizeof *px);
+    mmc_image first = {0};
+    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px, &first));
+    mmc_tensor *wf = fixture_tensor(exp, "frame", MMC_F32);
+    int bad = first.data ? 0 : 1;
+    for (int64_t i = 0; first.data && i < (int64_t)R * R * 3; i++) bad += first.data[i] != (uint8_t)((float *)wf->data)[i];
+    CHECKF(bad == 0, "first frame: %d bytes differ", bad);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_tensor *ie = NULL, *cond = NULL, *wi = fixture_tensor(exp, "image_embeds", MMC_F32),
+               *wc = fixture_tensor(exp, "condition", MMC_F32);
+    double di = 1, dc = 1;
+    CHECK_OK(mmc_wan_encode_images(ctx, p, &first, 1, &ie));
+    if (ie) di = max_abs_diff(ie, wi);
+    CHECKF(di < 1e-5, "image states: max difference %.3g", di);
+    CHECK_OK(mmc_wan_i2v_condition(p, &first, NULL, F, R, R, &cond));
+    if (cond) dc = max_abs_diff(cond, wc);
+    CHECKF(dc < 1e-4, "condition: max difference %.3g", dc);
+    printf("train_i2v_data: first frame byte-equal, image states %.2e, condition %.2e\n", di, dc);
+    mmc_tensor_free(ie), mmc_tensor_free(cond), mmc_tensor_free(wi), mmc_tensor_free(wc), mmc_tensor_free(wf);
+    mmc_image_free(&first);
+    free(px);
+    mmc_ctx_free(ctx);
+    mmc_wan_pipeline_free(p);
+    mmc_st_close(exp);
+}
+
 /* Full fine-tuning (every parameter trainable, AdamW 1e-4, clip 1.0) against diffusers + torch
- * (gen_wan_train.py, full_expected.safetensors): 4 steps, each loss and pre-clip gradient norm within
- * 1e-3 (relative), five final parameters within 1e-3 of their largest entry. */
-static void check_train_full(void) {
+ * (full_expected.safetensors of gen_wan_train.py / gen_wan_i2v_train.py): 4 steps, each loss and pre-clip
+ * gradient norm within 1e-3 (relative), the five final parameters the fixture holds within 1e-3 of their
+ * largest entry. */
+static void check_train_full(const char *tr_dir, const char *fix) {
+    char key[160];
     mmc_wan *m = NULL;
-    CHECK_OK(mmc_wan_load(DIR_ "/transformer", true, &m));
-    mmc_st *exp = fixture_open("wan_train/full_expected.safetensors");
+    CHECK_OK(mmc_wan_load(tr_dir, true, &m));
+    snprintf(key, sizeof key, "%s/full_expected.safetensors", fix);
+    mmc_st *exp = fixture_open(key);
     if (!m || !exp) { mmc_wan_free(m); mmc_st_close(exp); return; }
+    const bool i2v = mmc_st_find(exp, "condition") != NULL;
+    mmc_tensor *cond = i2v ? fixture_tensor(exp, "condition", MMC_F32) : NULL;
+    mmc_tensor *img = i2v ? fixture_tensor(exp, "image_embeds", MMC_F32) : NULL;
     mmc_fm_config fc;
     mmc_json *j = NULL;
     CHECK_OK(mmc_json_load("tests/fixtures/wan_train/scheduler_config.json", &j));
@@ -647,7 +704,7 @@ static void check_train_full(void) {
         for (int i = 0; i < 2; i++) mmc_fm_train_sigma(&fc, ((float *)t[2]->data)[i], &sig[i], &ts[i]);
         b.latents = t[0], b.noise = t[1], b.sigmas = sig, b.timesteps = ts;
         mmc_tensor *loss = NULL;
-        CHECK_OK(mmc_wan_fm_loss(ctx, m, &b, &loss));
+        CHECK_OK(mmc_wan_i2v_fm_loss(ctx, m, &b, cond, img, &loss));
         if (!loss) break;
         const double lv = *(float *)loss->data;
         mmc_backward(ctx, loss);
@@ -661,22 +718,23 @@ static void check_train_full(void) {
         CHECKF(rl < 1e-3 && rn < 1e-3, "full step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", step, lv, wl, norm, wn);
         for (int i = 0; i < 5; i++) mmc_tensor_free(t[i]);
     }
-    static const char *pn[5] = {"blocks.0.attn1.to_q.weight", "proj_out.weight", "blocks.1.ffn.net.2.bias",
-                                "scale_shift_table", "condition_embedder.time_embedder.linear_1.weight"};
-    for (int i = 0; i < 5; i++) {
-        char k[128];
-        snprintf(k, sizeof k, "final.%s", pn[i]);
-        mmc_tensor *want = fixture_tensor(exp, k, MMC_F32), *got = NULL;
+    int n_final = 0;
+    for (int e = 0; e < mmc_st_count(exp); e++) {   /* every "final.<parameter>" of the fixture */
+        const char *nm = mmc_st_at(exp, e)->name;
+        if (strncmp(nm, "final.", 6) != 0) continue;
+        mmc_tensor *want = fixture_tensor(exp, nm, MMC_F32), *got = NULL;
         for (int q = 0; q < n_params; q++)
-            if (!strcmp(names[q], pn[i])) got = params[q];
-        CHECKF(got != NULL, "no parameter %s", pn[i]);
-        if (got && want) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
+            if (!strcmp(names[q], nm + 6)) got = params[q];
+        CHECKF(got != NULL, "no parameter %s", nm + 6);
+        if (got && want) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6)), n_final++;
         mmc_tensor_free(want);
     }
+    CHECKF(n_final == 5, "%d final parameters compared, want 5", n_final);
     CHECKF(worst_w < 1e-3, "full: final parameters: max relative difference %.2e", worst_w);
-    printf("train_full: 4 steps, loss rel diff <= %.2e, grad norm <= %.2e, final parameters <= %.2e\n", worst_loss,
+    printf("%s full: 4 steps, loss rel diff <= %.2e, grad norm <= %.2e, final parameters <= %.2e\n", fix, worst_loss,
            worst_norm, worst_w);
     mmc_tensor_free(b.prompt_embeds);
+    mmc_tensor_free(cond), mmc_tensor_free(img);
     mmc_adamw_free(&opt);
     mmc_ctx_free(ctx);
     mmc_wan_free(m);
@@ -696,9 +754,14 @@ int main(int argc, char **argv) {
     }
     if (test_part(argc, argv, "train")) check_grad_lora();
     if (test_part(argc, argv, "train_lora")) {
-        check_train_lora();
+        check_train_lora(DIR_ "/transformer", "wan_train", 2 * 10);
         check_train_data();
-        check_train_full();
+        check_train_full(DIR_ "/transformer", "wan_train");
+    }
+    if (test_part(argc, argv, "train_i2v")) {
+        check_train_lora("tests/fixtures/wan_i2v/pipe/transformer", "wan_i2v_train", 2 * 12);
+        check_train_i2v_data();
+        check_train_full("tests/fixtures/wan_i2v/pipe/transformer", "wan_i2v_train");
     }
     if (test_part(argc, argv, "umt5")) check_umt5();
     if (test_part(argc, argv, "unipc")) check_unipc();

@@ -7,7 +7,9 @@
  *  - the whole denoising loop from injected latents: (a) CFG 5 with a negative prompt, 3 steps; (b) no
  *    guidance, 2 steps — latents within 1e-3; (a) decoded (output_type="pt") within 1e-3
  *  - errors: an image for a text-to-video pipeline, an I2V sample without its condition / image states,
- *    a condition of another clip size, an I2V folder without its image encoder. */
+ *    a condition of another clip size, an I2V folder without its image encoder;
+ *  - first-last-frame to video (check_flf2v, tools/ref/gen_wan_flf2v.py): the same checks with last_image on a
+ *    pos_embed_seq_len transformer, and its errors. */
 #include "test_util.h"
 #include "mmc_image.h"
 #include "mmc_wan_t2v.h"
@@ -45,37 +47,28 @@ static void check_prompt_clean(void) {
     mmc_json_free(j);
 }
 
-int main(void) {
-    if (access(DIR_ "/model_index.json", R_OK) != 0) {
-        fprintf(stderr, "test_wan_i2v: fixtures absent (tools/ref/gen_wan_i2v.py); skipping\n");
-        return TEST_SKIP_CODE;
-    }
-    mmc_wan_pipeline *p = NULL;
-    CHECK_OK(mmc_wan_pipeline_open(DIR_, &p));
-    mmc_st *exp = fixture_open("wan_i2v/pipe/expected.safetensors");
-    if (!p || !exp) { mmc_wan_pipeline_free(p); if (exp) mmc_st_close(exp); return test_done("test_wan_i2v"); }
-    CHECK(mmc_wan_pipeline_is_i2v(p));
-    mmc_ctx *ctx = mmc_ctx_new();
-    mmc_image img = {0};
-    mmc_image_opts io;
-    mmc_image_opts_default(&io);
-    CHECK_OK(mmc_image_load(DIR_ "/input.png", &io, &img));
-
-    /* encode_image: [1, 17, 12] */
+/* encode_image (of the first frame, or of both), prepare_latents' condition, and the denoising loop from
+ * injected latents: (a) CFG 5 with a negative prompt, 3 steps (decoded too where the fixture has the video);
+ * (b) no guidance, 2 steps. The prompt's states, the image states and the condition are handed back. */
+static void check_runs(mmc_ctx *ctx, mmc_wan_pipeline *p, mmc_st *exp, const mmc_image *img, const mmc_image *last,
+                       const char *tag, mmc_tensor **pe_out, mmc_tensor **ie_out, mmc_tensor **cond_out) {
+    /* encode_image: [1, 17, 12] (FLF2V: both frames', [2, 17, 12], as the transformer takes them [1, 34, 12]) */
     mmc_tensor *ie = NULL, *want = fixture_tensor(exp, "image_embeds", MMC_F32);
-    CHECK_OK(mmc_wan_encode_image(ctx, p, &img, &ie));
+    CHECK_OK(mmc_wan_encode_first_last(ctx, p, img, last, &ie));
     if (ie) {
-        CHECK(mmc_same_shape(ie, want));
+        CHECK(mmc_numel(ie) == mmc_numel(want) && ie->shape[2] == want->shape[2]);
+        if (last) ie->shape[0] = want->shape[0], ie->shape[1] = want->shape[1], mmc_set_contiguous_strides(ie);
         CHECK_CLOSE(ie, want, 1e-5, 0, "image_embeds");
         printf("encode_image: hidden_states[-2] %s max|diff| %.2e\n", mmc_shape_str(ie, (char[64]){0}, 64),
                max_abs_diff(ie, want));
     }
+    if (ie && last) ie->shape[0] = 1, ie->shape[1] = 2 * want->shape[1], mmc_set_contiguous_strides(ie);
     mmc_tensor_free(want);
 
     /* prepare_latents' condition: [1, 4 + 4, 3, 4, 6] for 9 frames of 48x32 */
     mmc_tensor *cond = NULL;
     want = fixture_tensor(exp, "condition", MMC_F32);
-    CHECK_OK(mmc_wan_i2v_condition(p, &img, 9, 32, 48, &cond));
+    CHECK_OK(mmc_wan_i2v_condition(p, img, last, 9, 32, 48, &cond));
     if (cond) {
         CHECK(mmc_same_shape(cond, want));
         CHECK_CLOSE(cond, want, 1e-4, 0, "condition");
@@ -95,14 +88,15 @@ int main(void) {
     want = fixture_tensor(exp, "out_a", MMC_F32);
     if (pe && ne && cond && ie) {
         CHECK_OK(mmc_wan_sample(ctx, p, pe, ne, lat, &o));
-        CHECK_CLOSE(lat, want, 1e-3, 0, "i2v a latents");
-        printf("i2v a (CFG 5, 3 steps): latents max|diff| %.2e (max|v| %.2f)\n", max_abs_diff(lat, want), max_abs(want));
-        mmc_tensor *vid = NULL, *wvid = fixture_tensor(exp, "video_a", MMC_F32);
-        CHECK_OK(mmc_wan_decode(p, lat, NULL, NULL, &vid));
+        CHECK_CLOSE(lat, want, 1e-3, 0, tag);
+        printf("%s a (CFG 5, 3 steps): latents max|diff| %.2e (max|v| %.2f)\n", tag, max_abs_diff(lat, want),
+               max_abs(want));
+        mmc_tensor *vid = NULL, *wvid = mmc_st_find(exp, "video_a") ? fixture_tensor(exp, "video_a", MMC_F32) : NULL;
+        if (wvid) CHECK_OK(mmc_wan_decode(p, lat, NULL, NULL, &vid));
         if (vid) {
             CHECK(mmc_same_shape(vid, wvid));
-            CHECK_CLOSE(vid, wvid, 1e-3, 0, "i2v a video");
-            printf("i2v a decoded: video %s max|diff| %.2e\n", mmc_shape_str(vid, (char[64]){0}, 64),
+            CHECK_CLOSE(vid, wvid, 1e-3, 0, tag);
+            printf("%s a decoded: video %s max|diff| %.2e\n", tag, mmc_shape_str(vid, (char[64]){0}, 64),
                    max_abs_diff(vid, wvid));
         }
         mmc_tensor_free(vid), mmc_tensor_free(wvid);
@@ -113,9 +107,79 @@ int main(void) {
     o.steps = 2, o.guidance = 1.0;
     if (pe && cond && ie) {
         CHECK_OK(mmc_wan_sample(ctx, p, pe, NULL, lat, &o));
-        CHECK_CLOSE(lat, want, 1e-3, 0, "i2v b latents");
-        printf("i2v b (no guidance, 2 steps): latents max|diff| %.2e\n", max_abs_diff(lat, want));
+        CHECK_CLOSE(lat, want, 1e-3, 0, tag);
+        printf("%s b (no guidance, 2 steps): latents max|diff| %.2e\n", tag, max_abs_diff(lat, want));
     }
+    mmc_tensor_free(lat), mmc_tensor_free(want), mmc_tensor_free(ne);
+    *pe_out = pe, *ie_out = ie, *cond_out = cond;
+}
+
+/* First-last-frame to video (tests/fixtures/wan_flf2v, tools/ref/gen_wan_flf2v.py: the pipeline's last_image with a
+ * pos_embed_seq_len transformer): both frames' image states within 1e-5, the condition (the last frame at the end of
+ * the clip and in the mask) within 1e-4, the two runs' latents within 1e-3. Errors: a last frame for the plain I2V
+ * pipeline, none for the FLF2V one, image states of one frame for the FLF2V transformer. i2v_img: the I2V fixture's
+ * image. */
+static void check_flf2v(mmc_ctx *ctx, const mmc_image *i2v_img) {
+    const char *dir = "tests/fixtures/wan_flf2v/pipe";
+    mmc_wan_pipeline *p = NULL, *q = NULL;
+    CHECK_OK(mmc_wan_pipeline_open(dir, &p));
+    mmc_st *exp = fixture_open("wan_flf2v/pipe/expected.safetensors");
+    mmc_image first = {0}, last = {0};
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    CHECK_OK(mmc_image_load("tests/fixtures/wan_flf2v/pipe/first.png", &io, &first));
+    CHECK_OK(mmc_image_load("tests/fixtures/wan_flf2v/pipe/last.png", &io, &last));
+    if (p && exp && first.data && last.data) {
+        CHECK(mmc_wan_pipeline_is_flf2v(p));
+        mmc_tensor *pe = NULL, *ie = NULL, *cond = NULL, *x = NULL;
+        check_runs(ctx, p, exp, &first, &last, "flf2v", &pe, &ie, &cond);
+        CHECK_ERR(mmc_wan_i2v_condition(p, &first, NULL, 9, 32, 48, &x), MMC_ERR_INVALID);
+        CHECK(strstr(mmc_last_error(), "needs the last frame") != NULL);
+        CHECK_ERR(mmc_wan_encode_first_last(ctx, p, &first, NULL, &x), MMC_ERR_INVALID);
+        mmc_tensor *one = NULL;   /* the first frame's states alone do not fit the position table */
+        CHECK_OK(mmc_wan_encode_images(ctx, p, &first, 1, &one));
+        mmc_wan_sample_opts o = {.height = 32, .width = 48, .frames = 9, .steps = 1, .guidance = 1.0,
+                                 .condition = cond, .image_embeds = one};
+        mmc_tensor *lat = fixture_tensor(exp, "latents_b", MMC_F32);
+        if (pe && cond && one) {
+            CHECK_ERR(mmc_wan_sample(ctx, p, pe, NULL, lat, &o), MMC_ERR_INVALID);
+            CHECK(strstr(mmc_last_error(), "first-last-frame") != NULL);
+        }
+        mmc_tensor_free(lat), mmc_tensor_free(one), mmc_tensor_free(pe), mmc_tensor_free(ie), mmc_tensor_free(cond);
+    }
+    CHECK_OK(mmc_wan_pipeline_open(DIR_, &q));   /* the plain I2V pipeline takes no last frame */
+    if (q) {
+        mmc_tensor *x = NULL;
+        CHECK_ERR(mmc_wan_i2v_condition(q, i2v_img, &last, 9, 32, 48, &x), MMC_ERR_INVALID);
+        CHECK(strstr(mmc_last_error(), "first-last-frame") != NULL);
+        CHECK_ERR(mmc_wan_encode_first_last(ctx, q, i2v_img, &last, &x), MMC_ERR_INVALID);
+    }
+    mmc_image_free(&first), mmc_image_free(&last);
+    mmc_wan_pipeline_free(q), mmc_wan_pipeline_free(p);
+    mmc_st_close(exp);
+}
+
+int main(void) {
+    if (access(DIR_ "/model_index.json", R_OK) != 0) {
+        fprintf(stderr, "test_wan_i2v: fixtures absent (tools/ref/gen_wan_i2v.py); skipping\n");
+        return TEST_SKIP_CODE;
+    }
+    mmc_wan_pipeline *p = NULL;
+    CHECK_OK(mmc_wan_pipeline_open(DIR_, &p));
+    mmc_st *exp = fixture_open("wan_i2v/pipe/expected.safetensors");
+    if (!p || !exp) { mmc_wan_pipeline_free(p); if (exp) mmc_st_close(exp); return test_done("test_wan_i2v"); }
+    CHECK(mmc_wan_pipeline_is_i2v(p));
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_image img = {0};
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    CHECK_OK(mmc_image_load(DIR_ "/input.png", &io, &img));
+
+    mmc_tensor *pe = NULL, *ie = NULL, *cond = NULL;
+    check_runs(ctx, p, exp, &img, NULL, "i2v", &pe, &ie, &cond);
+    mmc_wan_sample_opts o = {.height = 32, .width = 48, .frames = 9, .steps = 2, .guidance = 1.0,
+                             .condition = cond, .image_embeds = ie};
+    mmc_tensor *lat = fixture_tensor(exp, "latents_b", MMC_F32);
     /* errors */
     o.condition = NULL;
     CHECK_ERR(mmc_wan_sample(ctx, p, pe, NULL, lat, &o), MMC_ERR_INVALID);
@@ -124,14 +188,14 @@ int main(void) {
     CHECK_ERR(mmc_wan_sample(ctx, p, pe, NULL, lat, &o), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "image states") != NULL);
     mmc_tensor *cond13 = NULL;   /* a condition for 13 frames does not fit 9-frame latents */
-    CHECK_OK(mmc_wan_i2v_condition(p, &img, 13, 32, 48, &cond13));
+    CHECK_OK(mmc_wan_i2v_condition(p, &img, NULL, 13, 32, 48, &cond13));
     o.image_embeds = ie, o.condition = cond13;
     CHECK_ERR(mmc_wan_sample(ctx, p, pe, NULL, lat, &o), MMC_ERR_INVALID);
     mmc_tensor_free(cond13);
-    CHECK_ERR(mmc_wan_i2v_condition(p, &img, 10, 32, 48, &cond13), MMC_ERR_INVALID);
+    CHECK_ERR(mmc_wan_i2v_condition(p, &img, NULL, 10, 32, 48, &cond13), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "4k + 1") != NULL && cond13 == NULL);
-    mmc_tensor_free(lat), mmc_tensor_free(want);
-    mmc_tensor_free(pe), mmc_tensor_free(ne), mmc_tensor_free(ie), mmc_tensor_free(cond);
+    mmc_tensor_free(lat);
+    mmc_tensor_free(pe), mmc_tensor_free(ie), mmc_tensor_free(cond);
     mmc_st_close(exp);
     mmc_wan_pipeline_free(p);
 
@@ -190,6 +254,7 @@ int main(void) {
         printf("test_wan_i2v: malformed-folder checks skipped (no python3 to edit the JSON)\n");
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     MMC_CHECK(system(cmd) == 0, "cleanup");
+    check_flf2v(ctx, &img);
     mmc_image_free(&img);
     mmc_ctx_free(ctx);
     check_prompt_clean();

@@ -1,5 +1,5 @@
 /* cmd_generate_video.c — `mmc generate-video`: text (and, with a WanImageToVideoPipeline folder, a first
- * frame) -> video (src/diffusion/wan_pipeline.c), as diffusers' WanPipeline / WanImageToVideoPipeline
+ * frame, and a last one for a first-last-frame transformer) -> video (src/diffusion/wan_pipeline.c), as diffusers' WanPipeline / WanImageToVideoPipeline
  * (...).frames[0] then export_to_video
  * does it (frames to uint8 by truncation, as export_to_video's astype): the prompt through UMT5, the denoising loop with a progress bar, the causal VAE decoded
  * chunk by chunk with its own progress bar, and the frames written by mmc_video_write as MP4
@@ -19,7 +19,7 @@
 
 void help_generate_video(FILE *f) {
     fprintf(f,
-            "usage: mmc generate-video --model DIR --prompt TEXT [--image F] [options]\n\n"
+            "usage: mmc generate-video --model DIR --prompt TEXT [--image F [--last-image F2]] [options]\n\n"
             "Generate a video with a diffusers WanPipeline folder (Wan2.1 text-to-video: model_index.json,\n"
             "transformer/ (WanTransformer3DModel), vae/ (AutoencoderKLWan), text_encoder/ (UMT5),\n"
             "tokenizer/, scheduler/ (UniPCMultistepScheduler)), the way diffusers' WanPipeline does: same\n"
@@ -31,13 +31,16 @@ void help_generate_video(FILE *f) {
             "image_processor/ (CLIPImageProcessor)) --image gives the first frame, as diffusers' pipeline\n"
             "takes it: CLIP image states condition every block, the image resized to the frame size (Pillow's\n"
             "lanczos) is VAE-encoded with the other frames zero and joined to the latents with a first-frame\n"
-            "mask.\n\n"
+            "mask. A first-last-frame transformer (Wan2.1 FLF2V: pos_embed_seq_len in its config) also takes\n"
+            "--last-image, as the pipeline's last_image: both frames' CLIP states, the last frame placed at the\n"
+            "end of the encoded clip and in the mask.\n\n"
             "options:\n"
             "  --model DIR             the pipeline folder (required)\n"
             "  --prompt TEXT           the prompt (required)\n"
             "  --negative-prompt TEXT  what to guide away from (default \"\", as diffusers)\n"
             "  --image F               the first frame (JPEG / PNG / WebP ...; required by, and only taken by,\n"
             "                          an image-to-video folder)\n"
+            "  --last-image F2         the last frame (required by, and only taken by, a first-last-frame folder)\n"
             "  --frames N              frames of the clip (default 81); must be 4k + 1 (the VAE compresses\n"
             "                          time 4x after the first frame), else an error names the nearest count\n"
             "  --fps F                 frames per second written into the file (default 16, Wan2.1's)\n"
@@ -118,7 +121,7 @@ static mmc_status read_latents(const char *path, const int64_t *shape, mmc_tenso
 
 int cmd_generate_video(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *neg = "", *latents_path = NULL, *out = "video.mp4", *lora = NULL,
-               *image = NULL;
+               *image = NULL, *last_image = NULL;
     long long width = 832, height = 480, steps = 50, seed = 0, maxlen = 512, frames = 81;
     double guidance = 5.0, fps = 16.0;
     bool json = false;
@@ -132,6 +135,7 @@ int cmd_generate_video(int argc, char **argv) {
         else if (!strcmp(a, "--negative-prompt")) neg = v;
         else if (!strcmp(a, "--latents")) latents_path = v;
         else if (!strcmp(a, "--image")) image = v;
+        else if (!strcmp(a, "--last-image")) last_image = v;
         else if (!strcmp(a, "--lora")) {
             if (lora) return cli_usage("generate-video", "one --lora at a time is supported (got '%s' and '%s')", lora, v);
             lora = v;
@@ -161,6 +165,14 @@ int cmd_generate_video(int argc, char **argv) {
         return cli_usage("generate-video", i2v ? "%s is an image-to-video pipeline: --image F (the first frame) is required"
                                                : "%s is a text-to-video pipeline: it takes no --image", model);
     }
+    if (i2v && (st = mmc_wan_pipeline_check_last_image(p, last_image != NULL))) {
+        mmc_wan_pipeline_free(p);
+        return cli_usage("generate-video", "%s", mmc_last_error());
+    }
+    if (!i2v && last_image) {
+        mmc_wan_pipeline_free(p);
+        return cli_usage("generate-video", "%s is a text-to-video pipeline: it takes no --last-image", model);
+    }
     if (lora) {
         char path[4096];
         const float w = lora_spec(lora, path, sizeof path);
@@ -172,7 +184,7 @@ int cmd_generate_video(int argc, char **argv) {
     mmc_ctx *ctx = mmc_ctx_new();
     const double t0 = mmc_now();
     mmc_tensor *cond = NULL, *ncond = NULL, *lat = NULL, *video = NULL, *img_states = NULL, *img_cond = NULL;
-    mmc_image first = {0};
+    mmc_image first = {0}, lastf = {0};
     uint8_t *rgb = NULL;
     int rc = CLI_ERROR;
     const bool cfg = guidance > 1.0;
@@ -186,9 +198,15 @@ int cmd_generate_video(int argc, char **argv) {
         mmc_image_opts io;
         mmc_image_opts_default(&io);
         if ((st = mmc_image_load(image, &io, &first))) { cli_fail(st, "cannot read --image %s", image); goto done; }
-        if ((st = mmc_wan_encode_image(ctx, p, &first, &img_states)) ||
-            (st = mmc_wan_i2v_condition(p, &first, (int)frames, (int)height, (int)width, &img_cond))) {
-            cli_fail(st, "cannot encode --image %s", image);
+        if (last_image && (st = mmc_image_load(last_image, &io, &lastf))) {
+            cli_fail(st, "cannot read --last-image %s", last_image);
+            goto done;
+        }
+        const mmc_image *lp = last_image ? &lastf : NULL;
+        if ((st = mmc_wan_encode_first_last(ctx, p, &first, lp, &img_states)) ||
+            (st = mmc_wan_i2v_condition(p, &first, lp, (int)frames, (int)height, (int)width, &img_cond))) {
+            cli_fail(st, "cannot encode --image %s%s%s", image, last_image ? " / --last-image " : "",
+                     last_image ? last_image : "");
             goto done;
         }
     }
@@ -229,9 +247,9 @@ int cmd_generate_video(int argc, char **argv) {
             for (int64_t i = 0; i < H * W; i++) rgb[(f * H * W + i) * 3 + c] = (uint8_t)(x[(f * 3 + c) * H * W + i] * 255.0f);
     char comment[8192];
     snprintf(comment, sizeof comment, "prompt: %s; negative_prompt: %s; model: %s; frames: %lld; fps: %g; size: %lldx%lld; "
-             "steps: %lld; guidance: %g; seed: %lld%s; lora: %s; image: %s; software: mmc generate-video (%s)", prompt,
+             "steps: %lld; guidance: %g; seed: %lld%s; lora: %s; image: %s; last_image: %s; software: mmc generate-video (%s)", prompt,
              cfg ? neg : "", model, frames, fps, width, height, steps, guidance, seed,
-             latents_path ? " (--latents given)" : "", lora ? lora : "", image ? image : "",
+             latents_path ? " (--latents given)" : "", lora ? lora : "", image ? image : "", last_image ? last_image : "",
              i2v ? "WanImageToVideoPipeline" : "WanPipeline");
     mmc_video_write_opts vo = {.format = MMC_VIDEO_OUT_AUTO, .pad_odd = true, .comment = comment, .title = prompt,
                                .quiet = json};
@@ -253,7 +271,7 @@ int cmd_generate_video(int argc, char **argv) {
     rc = CLI_OK;
 done:
     free(rgb);
-    mmc_image_free(&first);
+    mmc_image_free(&first), mmc_image_free(&lastf);
     mmc_tensor_free(img_states);
     mmc_tensor_free(img_cond);
     mmc_tensor_free(video);

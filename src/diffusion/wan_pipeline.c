@@ -25,6 +25,10 @@
  *                                        -> condition [1, 4 + z_dim, t, h, w]
  *   each step: the transformer on cat([latents, condition], channels) with the image states (the same
  *        for the negative pass); latents have z_dim channels (the transformer's out_channels).
+ *   first-last-frame (Wan2.1 FLF2V, `last_image`, a transformer with pos_embed_seq_len): encode_image of
+ *        [first, last] (the transformer takes them as [1, 2 S_img, image_dim]); the clip [first, zeros,
+ *        last] and the mask 1 on both given pixel frames (folded as above: the last latent frame's mask
+ *        channels are 0, 0, 0, 1).
  *
  * The text encoder loads inside encode_prompt and is freed before it returns (so is the image
  * encoder in encode_image); the transformer is freed before the VAE decodes. */
@@ -343,9 +347,10 @@ done:
 }
 
 /* ------------------------------------------------------------------ image to video */
-mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds) {
+mmc_status mmc_wan_encode_images(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *imgs, int n, mmc_tensor **embeds) {
     *embeds = NULL;
     if (!p->i2v) return mmc_error(MMC_ERR_INVALID, "%s: an image needs a WanImageToVideoPipeline", p->dir.dir);
+    if (n < 1) return mmc_error(MMC_ERR_INVALID, "encode_image: %d images", n);
     mmc_clip_vision_model *enc = NULL;
     mmc_tensor *px = NULL;
     const bool was = mmc_set_grad_enabled(ctx, false);
@@ -365,55 +370,115 @@ mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_ima
                        (long long)vc->image_size);
         goto done;
     }
-    if ((st = mmc_clip_preprocess(&p->clip_proc, img, 1, &px))) goto done;   /* [1, 3, S, S] */
     /* hidden_states[-2]: the output of the next-to-last layer (the embeddings when there is one layer) */
     const int nl = (int)vc->num_hidden_layers - 1;
-    mmc_tensor **hs = NULL;
-    if ((st = mmc_clip_vision_forward(ctx, v, px, nl, &hs))) goto done;
-    mmc_tensor *h = mmc_contiguous(ctx, hs[nl]);                                 /* [1, S_img, image_dim] */
-    if (!(*embeds = mmc_tensor_new(MMC_F32, 3, h->shape))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
-    memcpy((*embeds)->data, h->data, mmc_nbytes(h));
+    for (int i = 0; i < n && !st; i++) {   /* one image at a time: [1, 3, S, S] -> [1, S_img, image_dim] */
+        mmc_arena_mark mi = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor **hs = NULL;
+        if ((st = mmc_clip_preprocess(&p->clip_proc, &imgs[i], 1, &px))) break;
+        if ((st = mmc_clip_vision_forward(ctx, v, px, nl, &hs))) break;
+        mmc_tensor *h = mmc_contiguous(ctx, hs[nl]);
+        if (!*embeds && !(*embeds = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(n, h->shape[1], h->shape[2])))) {
+            st = mmc_error(MMC_ERR_OOM, "out of memory");
+            break;
+        }
+        memcpy((float *)(*embeds)->data + (int64_t)i * mmc_numel(h), h->data, mmc_nbytes(h));
+        mmc_tensor_free(px), px = NULL;
+        mmc_arena_release(mmc_ctx_arena(ctx), mi);
+    }
 done:
     mmc_arena_release(mmc_ctx_arena(ctx), mk);
     mmc_tensor_free(px);
     mmc_clip_vision_model_free(enc);
     mmc_set_grad_enabled(ctx, was);
+    if (st) mmc_tensor_free(*embeds), *embeds = NULL;
     return st;
 }
 
-mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, int frames, int height, int width,
-                                 mmc_tensor **condition) {
+mmc_status mmc_wan_encode_image(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *img, mmc_tensor **embeds) {
+    return mmc_wan_encode_images(ctx, p, img, 1, embeds);
+}
+
+bool mmc_wan_pipeline_is_flf2v(const mmc_wan_pipeline *p) { return p->i2v && p->tr_cfg.pos_embed_seq_len > 0; }
+
+mmc_status mmc_wan_pipeline_check_last_image(const mmc_wan_pipeline *p, bool last) {
+    if (last && !mmc_wan_pipeline_is_flf2v(p))
+        return mmc_error(MMC_ERR_INVALID, "%s: a last frame needs a first-last-frame (FLF2V) transformer "
+                         "(pos_embed_seq_len set); this one conditions on the first frame only", p->dir.dir);
+    if (!last && mmc_wan_pipeline_is_flf2v(p))
+        return mmc_error(MMC_ERR_INVALID, "%s: a first-last-frame (FLF2V) pipeline needs the last frame too",
+                         p->dir.dir);
+    return MMC_OK;
+}
+
+mmc_status mmc_wan_encode_first_last(mmc_ctx *ctx, mmc_wan_pipeline *p, const mmc_image *first,
+                                     const mmc_image *last, mmc_tensor **embeds) {
+    mmc_status st = mmc_wan_pipeline_check_last_image(p, last != NULL);
+    if (st) return st;
+    if (!last) return mmc_wan_encode_images(ctx, p, first, 1, embeds);
+    const mmc_image both[2] = {*first, *last};
+    if ((st = mmc_wan_encode_images(ctx, p, both, 2, embeds))) return st;
+    (*embeds)->shape[1] *= 2, (*embeds)->shape[0] = 1;   /* [2, S, D] -> [1, 2S, D] (contiguous: a view) */
+    mmc_set_contiguous_strides(*embeds);
+    return MMC_OK;
+}
+
+mmc_status mmc_wan_pipeline_vae(mmc_wan_pipeline *p, mmc_wan_vae **vae) {
+    mmc_status st;
+    if (!p->vae && (st = mmc_wan_vae_load(p->path[S_VAE], &p->vae))) return st;
+    *vae = p->vae;
+    return MMC_OK;
+}
+
+mmc_status mmc_wan_i2v_condition(mmc_wan_pipeline *p, const mmc_image *img, const mmc_image *last, int frames,
+                                 int height, int width, mmc_tensor **condition) {
     *condition = NULL;
     if (!p->i2v) return mmc_error(MMC_ERR_INVALID, "%s: an image needs a WanImageToVideoPipeline", p->dir.dir);
     mmc_status st;
+    if ((st = mmc_wan_pipeline_check_last_image(p, last != NULL))) return st;
+    if (last && frames < 2)
+        return mmc_error(MMC_ERR_INVALID, "a first and a last frame need at least 2 frames, got %d", frames);
     if ((st = mmc_wan_pipeline_check_frames(p, frames)) || (st = mmc_wan_pipeline_check_size(p, height, width))) return st;
     if (!p->vae && (st = mmc_wan_vae_load(p->path[S_VAE], &p->vae))) return st;
     const int64_t F = frames, H = height, W = width, HW = H * W, Tm = p->vae_temporal, z = p->z_dim;
     int64_t ls[4];
     mmc_wan_latent_shape(p, frames, height, width, ls);
     const int64_t t = ls[1], per = ls[1] * ls[2] * ls[3];
-    mmc_image rs = {0};
-    const mmc_image *im = img;
+    mmc_image rs = {0}, rl = {0};
+    const mmc_image *im = img, *lm = last;
     if (img->height != height || img->width != width) {   /* VaeImageProcessor.resize: Pillow's lanczos */
         if ((st = mmc_image_resize(img, height, width, MMC_RESAMPLE_LANCZOS, &rs))) return st;
         im = &rs;
+    }
+    if (last && (last->height != height || last->width != width)) {
+        if ((st = mmc_image_resize(last, height, width, MMC_RESAMPLE_LANCZOS, &rl))) { mmc_image_free(&rs); return st; }
+        lm = &rl;
     }
     float *x = calloc((size_t)(3 * F * HW), sizeof *x), *mean = malloc((size_t)(z * per) * sizeof *mean);
     mmc_tensor *c = mmc_tensor_new(MMC_F32, 5, MMC_SHAPE(1, Tm + z, t, ls[2], ls[3]));
     if (!x || !mean || !c) { st = mmc_error(MMC_ERR_OOM, "out of memory for a %dx%dx%d condition clip", frames, width,
                                             height); goto done; }
-    for (int ch = 0; ch < 3; ch++)   /* frame 0: x / 255, 2x - 1; frames 1..F-1 stay zero */
-        for (int64_t i = 0; i < HW; i++) x[ch * F * HW + i] = (im->data[i * 3 + ch] / 255.0f - 0.5f) / 0.5f;
+    for (int ch = 0; ch < 3; ch++)   /* frame 0: x / 255, 2x - 1; frames 1..F-1 stay zero (but the last frame) */
+        for (int64_t i = 0; i < HW; i++) {
+            x[ch * F * HW + i] = (im->data[i * 3 + ch] / 255.0f - 0.5f) / 0.5f;
+            if (lm) x[(ch * F + F - 1) * HW + i] = (lm->data[i * 3 + ch] / 255.0f - 0.5f) / 0.5f;
+        }
     if ((st = mmc_wan_vae_encode(p->vae, x, F, H, W, mean, NULL, NULL, NULL))) goto done;   /* .mode() */
     mmc_wan_vae_normalize(p->vae, mean, per);
     float *cd = c->data;
     const int64_t hw = ls[2] * ls[3];
-    for (int64_t k = 0; k < Tm; k++)   /* the mask: the first latent frame kept, the rest generated */
-        for (int64_t f = 0; f < t; f++)
-            for (int64_t i = 0; i < hw; i++) cd[(k * t + f) * hw + i] = f == 0 ? 1.0f : 0.0f;
+    /* the mask: 1 on the given frames (the first; the last too with a last frame), 0 on the generated ones,
+     * per pixel frame; the first repeated Tm times, then Tm pixel frames folded into the Tm channels of
+     * each latent frame: channel k of latent frame f is pixel frame f == 0 ? 0 : 1 + Tm (f - 1) + k */
+    for (int64_t k = 0; k < Tm; k++)
+        for (int64_t f = 0; f < t; f++) {
+            const int64_t pf = f == 0 ? 0 : 1 + Tm * (f - 1) + k;
+            const float mv = pf == 0 || (lm && pf == F - 1) ? 1.0f : 0.0f;
+            for (int64_t i = 0; i < hw; i++) cd[(k * t + f) * hw + i] = mv;
+        }
     memcpy(cd + Tm * per, mean, (size_t)(z * per) * sizeof(float));
 done:
-    mmc_image_free(&rs);
+    mmc_image_free(&rs), mmc_image_free(&rl);
     free(x), free(mean);
     if (st) mmc_tensor_free(c);
     else *condition = c;

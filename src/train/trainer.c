@@ -395,6 +395,7 @@ static mmc_status llama_check(const mmc_run_config *c, const mmc_json *j, const 
 
 static mmc_status load_model(mmc_trainer *t, const char *dir) {
     const mmc_run_config *c = t->cfg;
+    if (mmc_trainer_is_wan_dir(c->model.path)) return mmc_trainer_wan_load(t, dir);     /* Wan T2V / I2V videos */
     if (mmc_trainer_is_flux_dir(c->model.path)) return mmc_trainer_flux_load(t, dir);   /* diffusion */
     mmc_json *j = NULL;
     mmc_status st;

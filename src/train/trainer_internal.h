@@ -160,16 +160,18 @@ mmc_status mmc_trainer_flux_save(mmc_trainer *t, const char *dir);
 bool mmc_trainer_flux_validation_due(const mmc_trainer *t);
 mmc_status mmc_trainer_flux_validate(mmc_trainer *t, char *path, size_t cap);
 
-/* trainer_wan.c (called from trainer_flux.c's entry points on a WanPipeline folder) */
+/* trainer_wan.c (called from trainer_flux.c's entry points on a WanPipeline / WanImageToVideoPipeline folder) */
 typedef struct mmc_wan_data mmc_wan_data;
+bool mmc_trainer_is_wan_dir(const char *dir);   /* a WanPipeline or WanImageToVideoPipeline folder */
 mmc_status mmc_trainer_wan_load(mmc_trainer *t, const char *ckpt);
 mmc_status mmc_trainer_wan_data_open(mmc_trainer *t);
 void mmc_wan_data_free(mmc_wan_data *d);
 mmc_status mmc_trainer_wan_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss);
 mmc_status mmc_trainer_wan_validate(mmc_trainer *t, char *path, size_t cap);
 /* (exposed for test_wan) one training clip: F frames sampled uniformly, resized + centre-cropped to
- * res, in [-1, 1] -> x [3, F, res, res]; its normalised latent distribution */
-mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x);
+ * res, in [-1, 1] -> x [3, F, res, res] (and, when first is not NULL, the first frame's crop as an
+ * image: image-to-video's first frame); its normalised latent distribution */
+mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x, mmc_image *first);
 mmc_status mmc_trainer_wan_encode_clip(mmc_wan_vae *vae, const float *x, int F, int res, float *mean, float *std,
                                        float *lv);
 

@@ -27,7 +27,14 @@
  *   validation   flow_matching.validation_prompt: a video every validation_every steps (and at the end),
  *                PNG frames in output_dir/validation/step-<N>/, the first frame in TensorBoard
  *   checkpoints  trainer_flux.c's: LoRA as pytorch_lora_weights.safetensors
- *                ("transformer.<module>.lora_A.weight"), full as a transformer folder. */
+ *                ("transformer.<module>.lora_A.weight"), full as a transformer folder.
+ *
+ * On a WanImageToVideoPipeline folder (Wan2.1 I2V, mmc_wan_i2v_fm_loss) each clip is conditioned on its
+ * first sampled frame as the I2V pipeline conditions on its image: prepare_latents' condition (the 4
+ * mask channels, the normalised latents of [frame, zeros]) and encode_image's CLIP states, both frozen
+ * and cached with the latents; the transformer sees cat([x_t, condition], channels) and the image
+ * states, the target stays noise - x0 (finetrainers' Wan I2V objective). Checked against diffusers +
+ * PEFT by tests/test_wan.c (train_i2v, tools/ref/gen_wan_i2v_train.py). */
 #include "trainer_internal.h"
 #include "mmc_video.h"
 #include "mmc_wan_t2v.h"
@@ -41,24 +48,39 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor **loss) {
+mmc_status mmc_wan_i2v_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor *condition,
+                               mmc_tensor *image, mmc_tensor **loss) {
     *loss = NULL;
     const mmc_tensor *x0 = b->latents, *nz = b->noise;
+    const mmc_wan_config *wc = mmc_wan_cfg(m);
     if (!x0 || x0->ndim != 5 || x0->dtype != MMC_F32 || !mmc_is_contiguous(x0) || !nz || !mmc_same_shape(x0, nz) ||
         nz->dtype != MMC_F32 || !mmc_is_contiguous(nz))
         return mmc_error(MMC_ERR_INVALID, "Wan flow matching: latents and noise must be contiguous f32 [B, C, F, h, w] "
                          "of one shape");
-    const int64_t B = x0->shape[0];
-    if (mmc_wan_cfg(m)->out_channels != x0->shape[1] || mmc_wan_cfg(m)->in_channels != x0->shape[1])
+    const int64_t B = x0->shape[0], Cc = condition ? condition->shape[1] : 0;
+    if ((wc->image_dim > 0) != (condition != NULL) || (condition != NULL) != (image != NULL))
+        return mmc_error(MMC_ERR_INVALID, "Wan flow matching: an image-to-video transformer (image_dim set) takes the "
+                         "condition and the image states, a text-to-video one neither");
+    if (condition && (condition->ndim != 5 || condition->dtype != MMC_F32 || condition->shape[0] != B ||
+                      condition->shape[2] != x0->shape[2] || condition->shape[3] != x0->shape[3] ||
+                      condition->shape[4] != x0->shape[4] || image->ndim != 3 || image->shape[0] != B ||
+                      image->shape[2] != wc->image_dim))
+        return mmc_error(MMC_ERR_INVALID, "Wan flow matching: the condition must be f32 [B, 4 + z_dim, F, h, w] and "
+                         "the image states [B, S_img, %lld] with the latents' B, F, h, w", (long long)wc->image_dim);
+    if (wc->out_channels != x0->shape[1] || wc->in_channels != x0->shape[1] + Cc)
         return mmc_error(MMC_ERR_INVALID, "Wan flow matching: the transformer takes %lld and predicts %lld channels, "
-                         "the latents have %lld", (long long)mmc_wan_cfg(m)->in_channels,
-                         (long long)mmc_wan_cfg(m)->out_channels, (long long)x0->shape[1]);
+                         "the latents have %lld (and the condition %lld)", (long long)wc->in_channels,
+                         (long long)wc->out_channels, (long long)x0->shape[1], (long long)Cc);
     if (!b->prompt_embeds || b->prompt_embeds->ndim != 3 || b->prompt_embeds->shape[0] != B)
         return mmc_error(MMC_ERR_INVALID, "Wan flow matching: prompt_embeds must be [B, T, text_dim] with B = %lld",
                          (long long)B);
     mmc_tensor *xt, *tg;
     mmc_fm_interpolate(ctx, x0, nz, b->sigmas, &xt, &tg);                 /* x_t and the velocity target */
-    mmc_wan_inputs in = {.hidden = xt, .timestep = b->timesteps, .encoder = b->prompt_embeds};
+    mmc_wan_inputs in = {.hidden = xt, .timestep = b->timesteps, .encoder = b->prompt_embeds, .image = image};
+    if (condition) {
+        mmc_tensor *xs[2] = {xt, condition};
+        in.hidden = mmc_concat(ctx, xs, 2, 1);                              /* [B, C + 4 + z_dim, F, h, w] */
+    }
     mmc_tensor *pred = NULL;
     mmc_status st = mmc_wan_forward(ctx, m, &in, &pred);                   /* [B, C, F, h, w] */
     if (st) return st;
@@ -69,12 +91,20 @@ mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b,
     return MMC_OK;
 }
 
+mmc_status mmc_wan_fm_loss(mmc_ctx *ctx, mmc_wan *m, const mmc_flux_fm_batch *b, mmc_tensor **loss) {
+    return mmc_wan_i2v_fm_loss(ctx, m, b, NULL, NULL, loss);
+}
+
 /* ------------------------------------------------------------------ mmc train */
 struct mmc_wan_data {
     int64_t n, C, F, h, w, per;       /* samples; the latent [C, F, h, w] of each, per = its size */
     float *mean, *std;                /* [n, per]: the normalised latent distribution */
     float *embeds;                    /* [n, T, J] */
     int64_t T, J;
+    bool i2v;                         /* image to video: each clip's first-frame condition and image states */
+    int64_t Cc, S, D;                 /* the condition's channels (4 + z_dim); image states [S, D] */
+    float *cond, *img;                /* [n, Cc, F, h, w], [n, S, D] */
+    mmc_tensor *vcnd, *vimg;          /* validation videos (I2V): the first clip's condition and image states */
     mmc_fm_config sched;
     mmc_fm_scheme scheme;
     int64_t *perm, perm_epoch;
@@ -84,8 +114,8 @@ struct mmc_wan_data {
 
 void mmc_wan_data_free(mmc_wan_data *d) {
     if (!d) return;
-    free(d->mean), free(d->std), free(d->embeds), free(d->perm);
-    mmc_tensor_free(d->vcond);
+    free(d->mean), free(d->std), free(d->embeds), free(d->perm), free(d->cond), free(d->img);
+    mmc_tensor_free(d->vcond), mmc_tensor_free(d->vcnd), mmc_tensor_free(d->vimg);
     if (d->vpipe) mmc_wan_pipeline_borrow_transformer(d->vpipe, NULL);
     mmc_wan_pipeline_free(d->vpipe);
     free(d);
@@ -105,9 +135,6 @@ mmc_status mmc_trainer_wan_load(mmc_trainer *t, const char *ckpt) {
     mmc_status st = mmc_wan_load(dir, c->model.lora.r <= 0, &t->wan);
     if (st) return st;
     mmc_wan_set_recompute(t->wan, c->model.recompute == MMC_RECOMPUTE_FULL);
-    if (mmc_wan_cfg(t->wan)->image_dim > 0)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: an image-to-video transformer (image_dim set): Wan "
-                         "training is wired for text-to-video (WanPipeline) only", c->model.path);
     snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
     snprintf(t->config_src, sizeof t->config_src, "%s", cfgp);
     t->src_dir[0] = 0;
@@ -162,7 +189,7 @@ static mmc_status read_items(const char *file, const char *base, wan_item **item
 
 /* F frames sampled uniformly, resized (shorter side to res, bilinear) and centre-cropped, in [-1, 1]:
  * x [3, F, res, res]. */
-mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x) {
+mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x, mmc_image *first) {
     mmc_video *v = NULL;
     mmc_status st = mmc_video_open(path, &v);
     if (st) return st;
@@ -186,6 +213,10 @@ mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x
         mmc_image rs = {0};
         if ((st = mmc_image_resize(&fr[i], nh, nw, MMC_RESAMPLE_BILINEAR, &rs))) break;
         const int top = (int)nearbyint((nh - res) / 2.0), left = (int)nearbyint((nw - res) / 2.0);
+        if (i == 0 && first && !(st = mmc_image_alloc(first, res, res)))
+            for (int y = 0; y < res; y++)
+                memcpy(first->data + (size_t)y * res * 3, rs.data + ((size_t)(top + y) * (size_t)nw + (size_t)left) * 3,
+                       (size_t)res * 3);
         for (int c = 0; c < 3; c++)
             for (int y = 0; y < res; y++)
                 for (int xx = 0; xx < res; xx++) {
@@ -195,6 +226,7 @@ mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x
         mmc_image_free(&rs);
     }
     for (int i = 0; i < F; i++) mmc_image_free(&fr[i]);   /* (zeroed after a failed read) */
+    if (st && first) mmc_image_free(first);
     free(fr);
     free(idx);
     return st ? mmc_error_prefix(st, "%s", path) : MMC_OK;
@@ -231,19 +263,32 @@ static mmc_status cache_read(mmc_trainer *t, const char *key) {
     if (mmc_st_open(path, &st) != MMC_OK) return MMC_ERR_NOT_FOUND;
     const char *k = mmc_st_metadata(st, "key");
     const mmc_st_entry *m = mmc_st_find(st, "mean"), *s = mmc_st_find(st, "std"), *e = mmc_st_find(st, "embeds");
+    const mmc_st_entry *cn = mmc_st_find(st, "cond"), *im = mmc_st_find(st, "image");
     mmc_status rc = MMC_ERR_NOT_FOUND;
     if (!k || strcmp(k, key) != 0 || !m || !s || !e || m->ndim != 5 || s->ndim != 5 || e->ndim != 3 ||
         m->shape[1] != d->C || m->shape[2] != d->F || m->shape[3] != d->h || m->shape[4] != d->w ||
         memcmp(m->shape, s->shape, 5 * sizeof m->shape[0]) != 0 || e->shape[0] != m->shape[0])
         goto done;
+    if (d->i2v && (!cn || !im || cn->ndim != 5 || im->ndim != 3 || cn->shape[0] != m->shape[0] || cn->shape[1] != d->Cc ||
+                   memcmp(cn->shape + 2, m->shape + 2, 3 * sizeof m->shape[0]) != 0 || im->shape[0] != m->shape[0]))
+        goto done;
     d->n = m->shape[0], d->T = e->shape[1], d->J = e->shape[2];
+    if (d->i2v) d->S = im->shape[1], d->D = im->shape[2];
     d->mean = malloc((size_t)(d->n * d->per) * sizeof(float));
     d->std = malloc((size_t)(d->n * d->per) * sizeof(float));
     d->embeds = malloc((size_t)(d->n * d->T * d->J) * sizeof(float));
-    if (!d->mean || !d->std || !d->embeds) { rc = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if (d->i2v) {
+        d->cond = malloc((size_t)(d->n * d->Cc * d->F * d->h * d->w) * sizeof(float));
+        d->img = malloc((size_t)(d->n * d->S * d->D) * sizeof(float));
+    }
+    if (!d->mean || !d->std || !d->embeds || (d->i2v && (!d->cond || !d->img))) {
+        rc = mmc_error(MMC_ERR_OOM, "out of memory");
+        goto done;
+    }
     struct { const char *name; float *dst; int ndim; const int64_t *shape; } ts[] = {
-        {"mean", d->mean, 5, m->shape}, {"std", d->std, 5, s->shape}, {"embeds", d->embeds, 3, e->shape}};
-    for (int i = 0; i < 3; i++) {
+        {"mean", d->mean, 5, m->shape}, {"std", d->std, 5, s->shape}, {"embeds", d->embeds, 3, e->shape},
+        {"cond", d->cond, 5, cn ? cn->shape : NULL}, {"image", d->img, 3, im ? im->shape : NULL}};
+    for (int i = 0; i < (d->i2v ? 5 : 3); i++) {
         mmc_tensor *w = mmc_tensor_wrap(MMC_F32, ts[i].ndim, ts[i].shape, ts[i].dst);
         rc = mmc_st_read_into(st, ts[i].name, w);
         mmc_tensor_free(w);
@@ -285,9 +330,26 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     int64_t shp[4];
     mmc_wan_latent_shape(pipe, F, res, res, shp);
     d->C = shp[0], d->F = shp[1], d->h = shp[2], d->w = shp[3], d->per = d->C * d->F * d->h * d->w;
-    if (d->C != mmc_wan_cfg(t->wan)->in_channels) {
-        st = mmc_error(MMC_ERR_INVALID, "model.path %s: the VAE gives %lld latent channels, the transformer takes %lld",
-                       c->model.path, (long long)d->C, (long long)mmc_wan_cfg(t->wan)->in_channels);
+    d->i2v = mmc_wan_pipeline_is_i2v(pipe);
+    if (mmc_wan_pipeline_is_flf2v(pipe)) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: a first-last-frame (FLF2V) transformer: training is wired "
+                       "for text-to-video and first-frame image-to-video (Wan2.1 I2V) only", c->model.path);
+        goto done;
+    }
+    d->Cc = d->i2v ? mmc_wan_pipeline_vae_temporal(pipe) + d->C : 0;
+    const mmc_wan_config *wc = mmc_wan_cfg(t->wan);
+    if ((wc->image_dim > 0) != d->i2v || wc->in_channels != d->C + d->Cc || wc->out_channels != d->C) {
+        st = mmc_error(MMC_ERR_INVALID, "model.path %s: the VAE gives %lld latent channels (%s), the transformer takes "
+                       "%lld and gives %lld%s", c->model.path, (long long)d->C,
+                       d->i2v ? "image to video: plus the 4 + z_dim condition channels" : "text to video",
+                       (long long)wc->in_channels, (long long)wc->out_channels,
+                       (wc->image_dim > 0) != d->i2v ? "; its image branch (image_dim) does not match the pipeline" : "");
+        goto done;
+    }
+    if (d->i2v && c->flow_matching.max_sequence_length != 512) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: flow_matching.max_sequence_length %lld: image-to-video trains with 512 "
+                       "text states (diffusers' I2V attention takes the last 512 encoder states as the text); set 512",
+                       c->file, (long long)c->flow_matching.max_sequence_length);
         goto done;
     }
     /* the data file and its base folder */
@@ -306,37 +368,58 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     struct stat sb = {0};
     stat(train, &sb);
     if (!realpath(c->model.path, model)) snprintf(model, sizeof model, "%s", c->model.path);
-    snprintf(key, sizeof key, "wan v1 model=%s data=%s size=%lld mtime=%lld resolution=%d frames=%d max_sequence_length=%lld",
-             model, train, (long long)sb.st_size, (long long)sb.st_mtime, res, F,
+    snprintf(key, sizeof key, "wan v1%s model=%s data=%s size=%lld mtime=%lld resolution=%d frames=%d max_sequence_length=%lld",
+             d->i2v ? " i2v" : "", model, train, (long long)sb.st_size, (long long)sb.st_mtime, res, F,
              (long long)c->flow_matching.max_sequence_length);
     if (cache_read(t, key) == MMC_OK) {
         fprintf(stderr, "mmc train: %lld encoded videos from the cache (%s/cache)\n", (long long)d->n,
                 c->training.output_dir);
         goto done;
     }
-    free(d->mean), free(d->std), free(d->embeds);
-    d->mean = d->std = d->embeds = NULL;
+    free(d->mean), free(d->std), free(d->embeds), free(d->cond), free(d->img);
+    d->mean = d->std = d->embeds = d->cond = d->img = NULL;
     wan_item *items = NULL;
+    mmc_image *firsts = NULL;          /* I2V: each clip's first frame (for the CLIP image states) */
     int64_t n = 0;
     if ((st = read_items(train, base, &items, &n))) goto items_done;
     d->n = n;
     mmc_wan_vae *vae = NULL;
-    if ((st = mmc_wan_vae_load(mmc_wan_pipeline_vae_dir(pipe), &vae))) goto items_done;
+    if ((st = mmc_wan_pipeline_vae(pipe, &vae))) goto items_done;
+    const int64_t pc = d->Cc * d->F * d->h * d->w;
     float *px = malloc((size_t)3 * F * res * res * sizeof *px), *lv = malloc((size_t)d->per * sizeof *lv);
     d->mean = malloc((size_t)(n * d->per) * sizeof(float));
     d->std = malloc((size_t)(n * d->per) * sizeof(float));
-    if (!px || !lv || !d->mean || !d->std) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (d->i2v) d->cond = malloc((size_t)(n * pc) * sizeof(float)), firsts = calloc((size_t)n, sizeof *firsts);
+    if (!px || !lv || !d->mean || !d->std || (d->i2v && (!d->cond || !firsts))) st = mmc_error(MMC_ERR_OOM, "out of memory");
     for (int64_t i = 0; i < n && !st; i++) {
-        if ((st = mmc_trainer_wan_load_video(items[i].video, F, res, px))) { mmc_error_prefix(st, "data.train sample %lld", (long long)i); break; }
+        if ((st = mmc_trainer_wan_load_video(items[i].video, F, res, px, firsts ? &firsts[i] : NULL))) {
+            mmc_error_prefix(st, "data.train sample %lld", (long long)i);
+            break;
+        }
         if ((st = mmc_trainer_wan_encode_clip(vae, px, F, res, d->mean + i * d->per, d->std + i * d->per, lv))) break;
+        if (d->i2v) {   /* prepare_latents' condition from the clip's first frame: the mask and its latents */
+            mmc_tensor *cn = NULL;
+            if ((st = mmc_wan_i2v_condition(pipe, &firsts[i], NULL, F, res, res, &cn))) break;
+            memcpy(d->cond + i * pc, cn->data, (size_t)pc * sizeof(float));
+            mmc_tensor_free(cn);
+        }
         if (isatty(2)) fprintf(stderr, "\rmmc train: encoding videos %lld/%lld%s", (long long)i + 1, (long long)n,
                                i + 1 == n ? "\n" : "");
     }
     free(px), free(lv);
-    mmc_wan_vae_free(vae);
     mmc_ctx *ctx = st ? NULL : mmc_ctx_new();
     if (!st && !ctx) st = mmc_error(MMC_ERR_OOM, "out of memory");
     if (ctx) mmc_set_grad_enabled(ctx, false);
+    if (!st && d->i2v) {   /* the first frames' CLIP image states (frozen) */
+        mmc_tensor *e = NULL;
+        if (!(st = mmc_wan_encode_images(ctx, pipe, firsts, (int)n, &e))) {
+            d->S = e->shape[1], d->D = e->shape[2];
+            d->img = malloc(mmc_nbytes(e));
+            if (!d->img) st = mmc_error(MMC_ERR_OOM, "out of memory");
+            else memcpy(d->img, e->data, mmc_nbytes(e));
+        }
+        mmc_tensor_free(e);
+    }
     for (int64_t i = 0; i < n && !st; i += 16) {   /* captions -> UMT5 states, 16 at a time */
         const int k = (int)(n - i < 16 ? n - i : 16);
         const char *caps[16];
@@ -363,13 +446,18 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
         if (!st) st = mmc_stw_add_raw(w, "mean", MMC_F32, 5, MMC_SHAPE(n, d->C, d->F, d->h, d->w), d->mean);
         if (!st) st = mmc_stw_add_raw(w, "std", MMC_F32, 5, MMC_SHAPE(n, d->C, d->F, d->h, d->w), d->std);
         if (!st) st = mmc_stw_add_raw(w, "embeds", MMC_F32, 3, MMC_SHAPE(n, d->T, d->J), d->embeds);
+        if (!st && d->i2v) st = mmc_stw_add_raw(w, "cond", MMC_F32, 5, MMC_SHAPE(n, d->Cc, d->F, d->h, d->w), d->cond);
+        if (!st && d->i2v) st = mmc_stw_add_raw(w, "image", MMC_F32, 3, MMC_SHAPE(n, d->S, d->D), d->img);
         if (!st) st = mmc_stw_set_metadata(w, "key", key);
         if (!st) st = mmc_stw_write(w, path);
         mmc_stw_free(w);
     }
 items_done:
-    for (int64_t i = 0; i < n; i++) free(items[i].video), free(items[i].caption);
-    free(items);
+    for (int64_t i = 0; i < n; i++) {
+        free(items[i].video), free(items[i].caption);
+        if (firsts) mmc_image_free(&firsts[i]);
+    }
+    free(items), free(firsts);
 done:
     if (!st && c->flow_matching.validation_prompt) {   /* the validation prompt's states; the pipeline kept */
         mmc_ctx *vc = mmc_ctx_new();
@@ -379,6 +467,16 @@ done:
             const char *vp = c->flow_matching.validation_prompt;
             st = mmc_wan_encode_prompt(vc, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &d->vcond);
             mmc_ctx_free(vc);
+        }
+        if (!st && d->i2v) {   /* the first clip's first frame: its condition and image states */
+            const int64_t pc = d->Cc * d->F * d->h * d->w;
+            d->vcnd = mmc_tensor_new(MMC_F32, 5, MMC_SHAPE(1, d->Cc, d->F, d->h, d->w));
+            d->vimg = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, d->S, d->D));
+            if (!d->vcnd || !d->vimg) st = mmc_error(MMC_ERR_OOM, "out of memory");
+            else {
+                memcpy(d->vcnd->data, d->cond, (size_t)pc * sizeof(float));
+                memcpy(d->vimg->data, d->img, (size_t)(d->S * d->D) * sizeof(float));
+            }
         }
         if (!st) d->vpipe = pipe, pipe = NULL;
     }
@@ -408,7 +506,8 @@ mmc_status mmc_trainer_wan_validate(mmc_trainer *t, char *path, size_t cap) {
         mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
         mmc_wan_pipeline_borrow_transformer(d->vpipe, t->wan);
         mmc_wan_sample_opts o = {.height = res, .width = res, .frames = F,
-                                 .steps = (int)c->flow_matching.validation_steps, .guidance = 1.0};
+                                 .steps = (int)c->flow_matching.validation_steps, .guidance = 1.0,
+                                 .condition = d->vcnd, .image_embeds = d->vimg};
         st = mmc_wan_sample(ctx, d->vpipe, d->vcond, NULL, lat, &o);
         if (!st) st = mmc_wan_decode(d->vpipe, lat, NULL, NULL, &video);   /* [1, F, 3, H, W] in [0, 1] */
         mmc_wan_pipeline_borrow_transformer(d->vpipe, NULL);
@@ -464,6 +563,9 @@ mmc_status mmc_trainer_wan_loss(mmc_trainer *t, const mmc_batch *b, double scale
     mmc_tensor *x0 = mmc_new(ctx, MMC_F32, 5, MMC_SHAPE(B, d->C, d->F, d->h, d->w));
     mmc_tensor *nz = mmc_new(ctx, MMC_F32, 5, MMC_SHAPE(B, d->C, d->F, d->h, d->w));
     mmc_tensor *pe = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, d->T, d->J));
+    mmc_tensor *cn = d->i2v ? mmc_new(ctx, MMC_F32, 5, MMC_SHAPE(B, d->Cc, d->F, d->h, d->w)) : NULL;
+    mmc_tensor *im = d->i2v ? mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, d->S, d->D)) : NULL;
+    const int64_t pc = d->Cc * d->F * d->h * d->w, pi = d->S * d->D;
     float *eps = mmc_arena_alloc(mmc_ctx_arena(ctx), (size_t)per * sizeof *eps), u[256], sig[256], ts[256];
     const mmc_flow_matching_cfg *fc = &t->cfg->flow_matching;
     for (int64_t i = 0; i < B; i++) {   /* each sample's draws from its own (seed, step, sample) stream */
@@ -481,12 +583,27 @@ mmc_status mmc_trainer_wan_loss(mmc_trainer *t, const mmc_batch *b, double scale
         mmc_fm_sample_u(d->scheme, fc->logit_mean, fc->logit_std, fc->mode_scale, &r, 1, &u[i]);
         mmc_fm_train_sigma(&d->sched, u[i], &sig[i], &ts[i]);
         memcpy((float *)pe->data + i * d->T * d->J, d->embeds + idx * d->T * d->J, (size_t)(d->T * d->J) * sizeof(float));
+        if (d->i2v) {
+            memcpy((float *)cn->data + i * pc, d->cond + idx * pc, (size_t)pc * sizeof(float));
+            memcpy((float *)im->data + i * pi, d->img + idx * pi, (size_t)pi * sizeof(float));
+        }
     }
     mmc_flux_fm_batch fb = {.latents = x0, .noise = nz, .sigmas = sig, .timesteps = ts, .prompt_embeds = pe,
                             .weighting = d->scheme};
     mmc_tensor *l = NULL;
-    mmc_status st = mmc_wan_fm_loss(ctx, t->wan, &fb, &l);
+    mmc_status st = mmc_wan_i2v_fm_loss(ctx, t->wan, &fb, cn, im, &l);
     if (st) return st;
     *loss = mmc_scale(ctx, l, (float)((double)B * scale));   /* sum of per-sample losses / global samples */
     return MMC_OK;
+}
+
+bool mmc_trainer_is_wan_dir(const char *dir) {
+    mmc_diffusers_dir d;
+    char p[2100];
+    snprintf(p, sizeof p, "%s/model_index.json", dir ? dir : "");
+    if (!dir || access(p, R_OK) != 0 || mmc_diffusers_open(dir, &d) != MMC_OK) {
+        mmc_clear_error();
+        return false;
+    }
+    return !strcmp(d.pipeline, "WanPipeline") || !strcmp(d.pipeline, "WanImageToVideoPipeline");
 }

@@ -35,11 +35,9 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanTransformer3DModel
-from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
 import wan_tiny
-from ref_common import rand_init
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "wan_i2v")
@@ -49,22 +47,14 @@ for sub in ("pipe", "image_encoder_hub"):   # (prompt_clean.json there is gen_wa
     shutil.rmtree(os.path.join(OUT, sub), ignore_errors=True)
 os.makedirs(OUT, exist_ok=True)
 g = torch.Generator().manual_seed(0)
-TEXT_DIM = wan_tiny.TEXT_DIM
 
 tok, te = wan_tiny.text_parts(OUT)
 vae = wan_tiny.vae()
-enc = CLIPVisionModel(CLIPVisionConfig(hidden_size=12, intermediate_size=24, num_hidden_layers=3, num_attention_heads=2,
-                                       image_size=32, patch_size=8, projection_dim=12))
-rand_init(enc, 7)
-proc = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-tr = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=12,
-                           out_channels=4, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-                           qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32, image_dim=12,
-                           added_kv_proj_dim=24)
-rand_init(tr, 5)
+enc, proc = wan_tiny.clip_parts()
+tr = wan_tiny.i2v_transformer(5)
 sched = UniPCMultistepScheduler(**wan_tiny.SCHED)
 pipe = WanImageToVideoPipeline(tokenizer=tok, text_encoder=te, vae=vae, scheduler=sched,
-                               image_processor=proc, image_encoder=enc.eval(), transformer=tr.eval())
+                               image_processor=proc, image_encoder=enc, transformer=tr)
 d = os.path.join(OUT, "pipe")
 pipe.save_pretrained(d)
 pipe = WanImageToVideoPipeline.from_pretrained(d, torch_dtype=torch.float32)

@@ -23,8 +23,14 @@
  * own rules, as in diffusers: the upsample3d time conv is skipped on the first chunk (its stream
  * starts at the second, from zeros: the "Rep" marker), and the downsample3d time conv passes the
  * first chunk through and then convolves [last frame of the previous chunk, chunk] with stride 2.
- * Memory therefore depends on the frame size, never on the clip length: one chunk's activations
- * plus the caches.
+ * Memory therefore depends on the frame size, never on the clip length. Decoding keeps little beyond
+ * the caches (which diffusers keeps too): each chunk goes through the decoder one frame at a time after
+ * every temporal upsampler (decoder_levels), a residual block on one frame keeps its two caches as
+ * rings that receive the conv inputs in place and accumulates conv2 into the residual (res_ring: two
+ * activations alive), the narrow conv_out caches its pending output sums (causal_conv_narrow), and
+ * the im2col band / heap scratch are returned after each conv. On the released configuration at
+ * 320x192 that is ~495 MiB of caches, ~280 MiB of the decoder's weights (mapped from the file) and
+ * ~60 MiB of activations (bench_wan_vae).
  *
  * Convolutions are implicit GEMMs: an im2col of a band of output rows (bounded to 32 MB) times the
  * [Cout, Cin*kt*kh*kw] weight on the project's blocked GEMM (src/backend/cpu/gemm.c). Weights of any
@@ -39,9 +45,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #define CACHE_T 2
-#define COL_BYTES (32u << 20)      /* im2col band budget: wide enough that repacking the weights per band is cheap */
+#define COL_BYTES (8u << 20)       /* im2col band budget: wide enough that repacking the weights per band is cheap, small
+                                      next to the full-resolution caches (the 2x upsampling conv runs while they are live) */
 
 /* ------------------------------------------------------------------ weights */
 typedef struct {
@@ -473,55 +483,94 @@ static void ow_range(int64_t W, int64_t Wo, int64_t ss, int64_t pl, int64_t kj, 
     *a = x0, *b = x1;
 }
 
+/* y [Cout, H, W] (+)= the 2D conv of one frame x [Cin, H, W] with temporal tap a of the 3x3x3 kernel on the
+ * Winograd kernels: acc adds to y (no bias), else y = conv + bias. */
+static void wino_tap(scratch *s, const conv_w *c, int64_t a, const float *x, int64_t B, int64_t H, int64_t W, bool acc,
+                     float *y) {
+    if (s->st) return;
+    const int64_t Ci = c->cin, Co = c->cout;
+    float *wa = fmap((size_t)(Co * Ci * 9));
+    if (!wa) { s->st = mmc_error(MMC_ERR_OOM, "out of memory (VAE conv3d weights)"); return; }
+    for (int64_t r = 0; r < Co * Ci; r++) memcpy(wa + r * 9, c->w + r * 27 + a * 9, 9 * sizeof(float));
+    s->st = mmc_conv3x3_winograd(x, B, Ci, H, W, wa, Co, acc ? NULL : c->b, acc, y);
+    ffree(wa);
+#ifdef __GLIBC__
+    /* mmc_conv3x3_winograd's scratch comes from malloc: once a large one has been freed, glibc's adaptive
+     * mmap threshold keeps the next ones on the heap, whose freed top then stays resident (~40 MB next to
+     * the full-resolution caches); hand it back */
+    malloc_trim(0);
+#endif
+}
+
+/* y [C, N] += bias */
+static void add_bias(const conv_w *c, int64_t N, float *y) {
+#pragma omp parallel for schedule(static) if (c->cout * N > 65536)
+    for (int64_t o = 0; o < c->cout; o++) {
+        float *yo = y + o * N, bv = c->b[o];
+        for (int64_t i = 0; i < N; i++) yo[i] += bv;
+    }
+}
+
 /* A 3x3x3 conv (strides 1, spatial padding 1, the causal frames in prev) as three accumulated 3x3 convs on the
  * Winograd kernels (mmc_conv3x3_winograd), one per temporal tap a: y[to] = sum_a conv2d(frame[to + a], w[:, :, a]).
- * The frames are gathered frame-major ([P + T, Cin, H, W]) so that tap a's batch of To frames is contiguous; each
- * tap's weights [Cout, Cin, 3, 3] are copied out of [Cout, Cin, 3, 3, 3] for the call; the result [To, Cout, H, W]
- * is written back channel-major with the bias. False (nothing done) when the layer is not for Winograd. */
+ * Tap a's batch of To frames must be contiguous frame-major ([To, Cin, H, W]): for one output frame (the decoder's
+ * frame-by-frame tail: P = 2 cached frames, T = 1) the cache (frame-major) and the chunk are read in place and the
+ * result is written straight into y; otherwise the frames are gathered into [P + T, Cin, H, W] and the result
+ * [To, Cout, H, W] is written back channel-major. Each tap's weights [Cout, Cin, 3, 3] are copied out of
+ * [Cout, Cin, 3, 3, 3] for the call. acc: y += conv + bias. False (nothing done) when the layer is not for
+ * Winograd. */
 static bool conv3d_wino(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T,
-                        int64_t H, int64_t W, float *y) {
+                        int64_t H, int64_t W, bool acc, float *y) {
     const int64_t Ci = c->cin, Co = c->cout, HW = H * W, F = P + T, To = F - 2;
     if (To < 1 || !mmc_conv3x3_winograd_applies(Ci, Co, H, W)) return false;
-    float *xf = fmap((size_t)(F * Ci * HW)), *yf = fmap((size_t)(To * Co * HW)), *wa = fmap((size_t)(Co * Ci * 9));
-    if (!xf || !yf || !wa) {
-        s->st = mmc_error(MMC_ERR_OOM, "out of memory (VAE conv3d frames)");
-        ffree(xf), ffree(yf), ffree(wa);
+    if (To == 1 && T == 1) {   /* in place: cached frames 0, 1 and x, straight into y */
+        if (acc) add_bias(c, HW, y);
+        for (int64_t a = 0; a < 3; a++) wino_tap(s, c, a, a < P ? prev + a * Ci * HW : x, 1, H, W, a > 0 || acc, y);
         return true;
     }
-#pragma omp parallel for schedule(static) if (F * Ci * HW > 65536)
-    for (int64_t fc = 0; fc < F * Ci; fc++) {   /* [Cin, P | T, HW] -> [F, Cin, HW] */
+    float *xf = fmap((size_t)(F * Ci * HW)), *yf = fmap((size_t)(To * Co * HW));
+    if (!xf || !yf) {
+        s->st = mmc_error(MMC_ERR_OOM, "out of memory (VAE conv3d frames)");
+        ffree(xf), ffree(yf);
+        return true;
+    }
+    memcpy(xf, prev, (size_t)(P * Ci * HW) * sizeof(float));   /* the cache is frame-major already */
+#pragma omp parallel for schedule(static) if (T * Ci * HW > 65536)
+    for (int64_t fc = 0; fc < T * Ci; fc++) {   /* x [Cin, T, HW] -> [T, Cin, HW] */
         const int64_t f = fc / Ci, ci = fc % Ci;
-        const float *src = f < P ? prev + (ci * P + f) * HW : x + (ci * T + f - P) * HW;
-        memcpy(xf + fc * HW, src, (size_t)HW * sizeof(float));
+        memcpy(xf + (P * Ci + fc) * HW, x + (ci * T + f) * HW, (size_t)HW * sizeof(float));
     }
-    for (int64_t a = 0; a < 3 && !s->st; a++) {
-        for (int64_t r = 0; r < Co * Ci; r++) memcpy(wa + r * 9, c->w + r * 27 + a * 9, 9 * sizeof(float));
-        s->st = mmc_conv3x3_winograd(xf + a * Ci * HW, To, Ci, H, W, wa, Co, a == 0 ? c->b : NULL, a > 0, yf);
-    }
+    for (int64_t a = 0; a < 3; a++) wino_tap(s, c, a, xf + a * Ci * HW, To, H, W, a > 0, yf);
 #pragma omp parallel for schedule(static) if (To * Co * HW > 65536)
     for (int64_t oc = 0; oc < Co * To; oc++) {   /* [To, Cout, HW] -> [Cout, To, HW] */
         const int64_t o = oc / To, t = oc % To;
-        memcpy(y + oc * HW, yf + (t * Co + o) * HW, (size_t)HW * sizeof(float));
+        float *yd = y + oc * HW;
+        const float *ys = yf + (t * Co + o) * HW;
+        if (acc)
+            for (int64_t i = 0; i < HW; i++) yd[i] += ys[i];
+        else
+            memcpy(yd, ys, (size_t)HW * sizeof(float));
     }
-    ffree(xf), ffree(yf), ffree(wa);
+    ffree(xf), ffree(yf);
     return true;
 }
 
-/* y [Cout, To, Ho, Wo] = conv3d over the frame sequence prev [Cin, P, H, W] then x [Cin, T, H, W]
+/* y [Cout, To, Ho, Wo] = conv3d over the frame sequence prev [P, Cin, H, W] (frame-major) then x [Cin, T, H, W]
  * (temporal stride st, no temporal padding: the caller puts the causal frames in prev; spatial stride
  * ss, zero padding pt rows on top / pl columns on the left, and whatever Ho, Wo leave at the bottom /
- * right), + bias. To = (P + T - kt) / st + 1. With up = 2 the input is read as its nearest-neighbour 2x
- * upsampling (2H x 2W), which is never stored. */
+ * right), + bias (acc: added to y). To = (P + T - kt) / st + 1. With up = 2 the input is read as its
+ * nearest-neighbour 2x upsampling (2H x 2W), which is never stored. The im2col band is unmapped before
+ * returning (it would otherwise stay resident next to the full-resolution caches). */
 static void conv3d_up(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T,
                       int64_t H, int64_t W, int64_t up, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho,
-                      int64_t Wo, float *y) {
+                      int64_t Wo, bool acc, float *y) {
     const int64_t To = (P + T - c->kt) / st + 1, HW = H * W, HWo = Ho * Wo, N = To * HWo, Hv = H * up, Wv = W * up;
     const int64_t K = c->cin * c->kt * c->kh * c->kw;
     if (c->kt == 3 && c->kh == 3 && c->kw == 3 && ss == 1 && st == 1 && up == 1 && pt == 1 && pl == 1 && Ho == H &&
-        Wo == W && conv3d_wino(s, c, prev, P, x, T, H, W, y))
+        Wo == W && conv3d_wino(s, c, prev, P, x, T, H, W, acc, y))
         return;   /* (bias included) */
     if (c->kt == 1 && c->kh == 1 && c->kw == 1 && ss == 1 && P == 0 && st == 1 && up == 1) {
-        mmc_gemm_f32(false, false, c->cout, T * HW, c->cin, 1.0f, c->w, c->cin, x, T * HW, 0.0f, y, N);
+        mmc_gemm_f32(false, false, c->cout, T * HW, c->cin, 1.0f, c->w, c->cin, x, T * HW, acc ? 1.0f : 0.0f, y, N);
     } else {
         /* bands of whole output rows r = (to, oh) of the flattened [To * Ho] */
         int64_t rows = (int64_t)(COL_BYTES / sizeof(float)) / (K * Wo);
@@ -543,7 +592,7 @@ static void conv3d_up(scratch *s, const conv_w *c, const float *prev, int64_t P,
                     const int64_t to = r / Ho, oh = r % Ho, f = to * st + a, ih = oh * ss - pt + ki;
                     float *restrict dst = crow + (r - r0) * Wo;
                     if (ih < 0 || ih >= Hv) { memset(dst, 0, (size_t)Wo * sizeof(float)); continue; }
-                    const float *frame = f < P ? prev + (ci * P + f) * HW : x + (ci * T + f - P) * HW;
+                    const float *frame = f < P ? prev + (f * c->cin + ci) * HW : x + (ci * T + f - P) * HW;
                     const float *restrict src = frame + (ih / up) * W;
                     for (int64_t ow = 0; ow < ow0; ow++) dst[ow] = 0.0f;
                     if (up == 2) {   /* nearest 2x: virtual column v reads v / 2 */
@@ -556,8 +605,9 @@ static void conv3d_up(scratch *s, const conv_w *c, const float *prev, int64_t P,
                     for (int64_t ow = ow1; ow < Wo; ow++) dst[ow] = 0.0f;
                 }
             }
-            mmc_gemm_f32(false, false, c->cout, ldc, K, 1.0f, c->w, K, col, ldc, 0.0f, y + r0 * Wo, N);
+            mmc_gemm_f32(false, false, c->cout, ldc, K, 1.0f, c->w, K, col, ldc, acc ? 1.0f : 0.0f, y + r0 * Wo, N);
         }
+        ffree(s->col), s->col = NULL, s->col_cap = 0;
     }
 #pragma omp parallel for schedule(static) if (c->cout * N > 65536)
     for (int64_t o = 0; o < c->cout; o++) {
@@ -568,7 +618,7 @@ static void conv3d_up(scratch *s, const conv_w *c, const float *prev, int64_t P,
 
 static void conv3d(scratch *s, const conv_w *c, const float *prev, int64_t P, const float *x, int64_t T, int64_t H,
                    int64_t W, int64_t st, int64_t ss, int64_t pt, int64_t pl, int64_t Ho, int64_t Wo, float *y) {
-    conv3d_up(s, c, prev, P, x, T, H, W, 1, st, ss, pt, pl, Ho, Wo, y);
+    conv3d_up(s, c, prev, P, x, T, H, W, 1, st, ss, pt, pl, Ho, Wo, false, y);
 }
 
 /* WanRMS_norm over the channels of x [C, N] (F.normalize: x / max(||x||_2, 1e-12), times sqrt(C) and
@@ -603,9 +653,11 @@ static void rms_norm(const rms_w *r, const float *x, int64_t N, bool silu, float
 
 /* ------------------------------------------------------------------ the feature cache */
 typedef struct {
-    float *buf;                   /* [Cin, n, H, W] the last input frames (zeros before the stream starts) */
+    float *buf;                   /* [n, Cin, H, W] the last input frames, frame-major (zeros before the stream starts) */
     int n;                        /* frames held: 2 (3-tap causal convs), 1 (downsample3d) */
     bool started;                 /* the resampler's first chunk has been seen */
+    bool psum;                    /* holds partial output sums instead (causal_conv_narrow) */
+    int head;                     /* a residual block's ring (res_ring): the slot of the older frame */
 } tcache;
 
 typedef struct {
@@ -631,19 +683,24 @@ static void stream_free(stream *s) {
     ffree(s->s.col);
 }
 
-/* keep the last n frames of [cache (n frames), x (T frames)] in the cache, per channel */
+/* keep the last n frames of [cache (n frames), x (T frames, [C, T, HW])] in the cache ([n, C, HW]) */
 static void cache_push(tcache *c, int64_t C, const float *x, int64_t T, int64_t HW) {
-    const int64_t n = c->n;
-    for (int64_t ch = 0; ch < C; ch++) {
-        float *cb = c->buf + ch * n * HW;
-        const float *xc = x + ch * T * HW;
-        if (T >= n) {
-            memcpy(cb, xc + (T - n) * HW, (size_t)(n * HW) * sizeof(float));
-        } else {
-            memmove(cb, cb + T * HW, (size_t)((n - T) * HW) * sizeof(float));
-            memcpy(cb + (n - T) * HW, xc, (size_t)(T * HW) * sizeof(float));
-        }
+    const int64_t n = c->n, keep = T >= n ? 0 : n - T;
+    if (keep) memmove(c->buf, c->buf + (n - keep) * C * HW, (size_t)(keep * C * HW) * sizeof(float));
+    for (int64_t j = keep; j < n; j++)   /* cache frame j <- x frame T - n + j */
+        for (int64_t ch = 0; ch < C; ch++)
+            memcpy(c->buf + (j * C + ch) * HW, x + (ch * T + T - n + j) * HW, (size_t)HW * sizeof(float));
+}
+
+/* A ring-used 2-frame cache (res_ring) back in frame order [older, newer] for the other paths. */
+static void cache_order(tcache *c, int64_t C, int64_t HW) {
+    if (!c->head) return;
+    float *a = c->buf, *b = c->buf + C * HW;
+    for (int64_t i = 0; i < C * HW; i++) {
+        const float t = a[i];
+        a[i] = b[i], b[i] = t;
     }
+    c->head = 0;
 }
 
 static float *falloc(stream *s, int64_t n) {
@@ -653,8 +710,9 @@ static float *falloc(stream *s, int64_t n) {
 }
 
 /* WanCausalConv3d of a 3x3x3 (or (3,1,1)) kernel, spatial padding (kh-1)/2, over one chunk x [Cin, T, H, W]
- * with the cached frames in front: a new [Cout, T, H, W] (NULL on error, s->s.st set). */
-static float *causal_conv(stream *s, const conv_w *c, const float *x, int64_t T, int64_t H, int64_t W) {
+ * with the cached frames in front: a new [Cout, T, H, W], or with acc added into acc [Cout, T, H, W] (the
+ * residual) and acc returned (NULL on error, s->s.st set; acc is not freed). */
+static float *causal_conv(stream *s, const conv_w *c, const float *x, int64_t T, int64_t H, int64_t W, float *acc) {
     tcache *tc = next_cache(s);
     if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); return NULL; }
     const int64_t HW = H * W;
@@ -663,11 +721,12 @@ static float *causal_conv(stream *s, const conv_w *c, const float *x, int64_t T,
         tc->buf = fmap((size_t)(c->cin * CACHE_T * HW));   /* zero pages */
         if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (VAE feature cache)"); return NULL; }
     }
-    float *y = falloc(s, c->cout * T * HW);
+    cache_order(tc, c->cin, HW);
+    float *y = acc ? acc : falloc(s, c->cout * T * HW);
     if (!y) return NULL;
-    conv3d(&s->s, c, tc->buf, CACHE_T, x, T, H, W, 1, 1, (c->kh - 1) / 2, (c->kw - 1) / 2, H, W, y);
+    conv3d_up(&s->s, c, tc->buf, CACHE_T, x, T, H, W, 1, 1, 1, (c->kh - 1) / 2, (c->kw - 1) / 2, H, W, acc != NULL, y);
     cache_push(tc, c->cin, x, T, HW);
-    if (s->s.st) { ffree(y); return NULL; }
+    if (s->s.st) { if (!acc) ffree(y); return NULL; }
     return y;
 }
 
@@ -679,31 +738,80 @@ static float *pointwise(stream *s, const conv_w *c, const float *x, int64_t T, i
     return y;
 }
 
-/* WanResidualBlock: x [in, T, H, W] -> a new [out, T, H, W]; x is freed. */
+/* A residual block on one frame (T = 1, in == out, both convs on the Winograd taps) with its two caches
+ * as rings: tap 0 of each conv reads the older cached frame first, whose slot then receives the conv's
+ * new input (norm1's / norm2's output), which taps 1 and 2 read with the newer one; the slot roles then
+ * swap. Nothing is copied into the caches and only conv1's output is alive next to the residual x,
+ * into which conv2 accumulates. The same sums in the same order as res_forward's other path. */
+static bool res_ring_applies(const resblock *r, int64_t T, int64_t H, int64_t W) {
+    const conv_w *c1 = &r->conv1, *c2 = &r->conv2;
+    return T == 1 && !r->shortcut.cout && c1->kt == 3 && c1->kh == 3 && c1->kw == 3 && c2->kt == 3 && c2->kh == 3 &&
+           c2->kw == 3 && mmc_conv3x3_winograd_applies(c1->cin, c1->cout, H, W) &&
+           mmc_conv3x3_winograd_applies(c2->cin, c2->cout, H, W);
+}
+
+static tcache *ring_cache(stream *s, int64_t C, int64_t HW) {
+    tcache *tc = next_cache(s);
+    if (tc && !tc->buf) {
+        tc->n = CACHE_T, tc->head = 0;
+        tc->buf = fmap((size_t)(C * CACHE_T * HW));   /* zero pages */
+    }
+    if (!tc || !tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (VAE feature cache)"); return NULL; }
+    return tc;
+}
+
+static float *res_ring(stream *s, const resblock *r, float *x, int64_t H, int64_t W) {
+    const int64_t HW = H * W;
+    tcache *t1 = ring_cache(s, r->conv1.cin, HW);
+    const int i1 = s->idx - 1;
+    tcache *t2 = t1 ? ring_cache(s, r->conv2.cin, HW) : NULL;
+    if (t2) t1 = &s->c[i1];   /* (the second lookup may have moved the array) */
+    float *y1 = t2 ? falloc(s, r->conv1.cout * HW) : NULL;
+    if (!y1) { ffree(x); return NULL; }
+    float *o1 = t1->buf + t1->head * r->conv1.cin * HW, *m1 = t1->buf + (1 - t1->head) * r->conv1.cin * HW;
+    float *o2 = t2->buf + t2->head * r->conv2.cin * HW, *m2 = t2->buf + (1 - t2->head) * r->conv2.cin * HW;
+    wino_tap(&s->s, &r->conv1, 0, o1, 1, H, W, false, y1);   /* y1 = A1 a[t-2] + b1 */
+    rms_norm(&r->norm1, x, HW, true, o1);                   /* a[t] into the freed slot */
+    wino_tap(&s->s, &r->conv1, 1, m1, 1, H, W, true, y1);
+    wino_tap(&s->s, &r->conv1, 2, o1, 1, H, W, true, y1);
+    t1->head ^= 1;
+    add_bias(&r->conv2, HW, x);                              /* x += b2 + A2 b[t-2] */
+    wino_tap(&s->s, &r->conv2, 0, o2, 1, H, W, true, x);
+    rms_norm(&r->norm2, y1, HW, true, o2);                  /* b[t] */
+    ffree(y1);
+    wino_tap(&s->s, &r->conv2, 1, m2, 1, H, W, true, x);
+    wino_tap(&s->s, &r->conv2, 2, o2, 1, H, W, true, x);
+    t2->head ^= 1;
+    if (s->s.st) { ffree(x); return NULL; }
+    return x;
+}
+
+/* WanResidualBlock: x [in, T, H, W] -> [out, T, H, W] (x itself when in == out: conv2 accumulates into the
+ * residual); x is consumed. At most three activations are alive: the residual, norm1's output, conv1's. */
 static float *res_forward(stream *s, const resblock *r, float *x, int64_t T, int64_t H, int64_t W) {
+    if (res_ring_applies(r, T, H, W)) return res_ring(s, r, x, H, W);
     const int64_t HW = H * W, N = T * HW;
     float *h = NULL, *a = NULL, *b = NULL;
-    if (r->shortcut.cout) h = pointwise(s, &r->shortcut, x, T, HW);
-    else h = x;
-    if (!h) goto fail;
     a = falloc(s, r->norm1.C * N);
     if (!a) goto fail;
     rms_norm(&r->norm1, x, N, true, a);
-    if (h != x) ffree(x);
+    if (r->shortcut.cout) {
+        h = pointwise(s, &r->shortcut, x, T, HW);
+        ffree(x);
+    } else
+        h = x;
     x = NULL;
-    b = causal_conv(s, &r->conv1, a, T, H, W);
+    if (!h) goto fail;
+    b = causal_conv(s, &r->conv1, a, T, H, W, NULL);
     ffree(a), a = NULL;
     if (!b) goto fail;
     rms_norm(&r->norm2, b, N, true, b);
-    a = causal_conv(s, &r->conv2, b, T, H, W);
-    ffree(b), b = NULL;
-    if (!a) goto fail;
-    for (int64_t i = 0; i < r->conv2.cout * N; i++) a[i] += h[i];
-    ffree(h);
-    return a;
+    float *o = causal_conv(s, &r->conv2, b, T, H, W, h);   /* h += conv2(b) */
+    ffree(b);
+    if (!o) { ffree(h); return NULL; }
+    return h;
 fail:
-    if (h != x) ffree(h);
-    ffree(x), ffree(a), ffree(b);
+    ffree(x), ffree(h), ffree(a), ffree(b);
     return NULL;
 }
 
@@ -794,7 +902,7 @@ static float *resample_part(stream *s, const resample *r, float *x, int64_t *pT,
         y = falloc(s, r->conv.cout * T * H2 * W2);
         if (!y) { ffree(x); return NULL; }
         /* per frame (kt = 1), the whole chunk as one conv; the im2col reads the upsampled frame */
-        conv3d_up(&s->s, &r->conv, NULL, 0, x, T, H, W, 2, 1, 1, 1, 1, H2, W2, y);
+        conv3d_up(&s->s, &r->conv, NULL, 0, x, T, H, W, 2, 1, 1, 1, 1, H2, W2, false, y);
         ffree(x);
         H = H2, W = W2;
     } else {
@@ -844,11 +952,54 @@ static float *resample_forward(stream *s, const resample *r, float *x, int64_t *
     return resample_part(s, r, x, pT, pH, pW, 0);
 }
 
+/* A causal 3x3x3 conv with fewer output than input channels, one frame at a time (T = 1: the heads'
+ * conv_out, 96 -> 3 at full resolution in the decoder): instead of the last two input frames the cache
+ * holds the two pending output sums, 2 x Cout channels instead of 2 x Cin. With taps A, B, C (kernel
+ * frame a = 0, 1, 2) y[t] = A x[t-2] + B x[t-1] + C x[t] + bias, so with s1 = A x[t-2] + B x[t-1] and
+ * s2 = A x[t-1] (zeros at the start, as the zero frames in front): y = s1 + C x[t] + bias, then
+ * s1 <- s2 + B x[t], s2 <- A x[t]. Each tap runs as a 2D conv (kt 1) of its kernel slice. Other
+ * shapes go to causal_conv. */
+static float *causal_conv_narrow(stream *s, const conv_w *c, const float *x, int64_t T, int64_t H, int64_t W) {
+    if (c->kt != 3 || c->cout >= c->cin) return causal_conv(s, c, x, T, H, W, NULL);
+    tcache *tc = next_cache(s);
+    if (!tc) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory"); return NULL; }
+    if (T != 1) {
+        s->s.st = mmc_error(MMC_ERR_INVALID, "Wan VAE: a %lld-frame chunk at a conv_out (one frame at a time expected)",
+                            (long long)T);
+        return NULL;
+    }
+    const int64_t Co = c->cout, Ci = c->cin, HW = H * W, K9 = Ci * c->kh * c->kw;
+    if (!tc->buf) {
+        tc->n = 2, tc->psum = true;
+        tc->buf = fmap((size_t)(2 * Co * HW));   /* zero pages: s1 = s2 = 0 */
+        if (!tc->buf) { s->s.st = mmc_error(MMC_ERR_OOM, "out of memory (VAE feature cache)"); return NULL; }
+    }
+    float *y = falloc(s, Co * HW), *tw = falloc(s, 3 * Co * K9 + Co), *s1 = tc->buf, *s2 = tc->buf + Co * HW;
+    if (!y || !tw) { ffree(y), ffree(tw); return NULL; }
+    float *zb = tw + 3 * Co * K9;   /* a zero bias (fresh pages) */
+    conv_w tap[3];
+    for (int a = 0; a < 3; a++) {   /* kernel frame a: [Cout, Cin, 1, kh, kw] out of [Cout, Cin, 3, kh, kw] */
+        float *wa = tw + a * Co * K9;
+        const int64_t k2 = c->kh * c->kw;
+        for (int64_t r = 0; r < Co * Ci; r++) memcpy(wa + r * k2, c->w + (r * 3 + a) * k2, (size_t)k2 * sizeof(float));
+        tap[a] = (conv_w){.cout = Co, .cin = Ci, .kt = 1, .kh = c->kh, .kw = c->kw, .w = wa, .b = a == 2 ? c->b : zb};
+    }
+    const int64_t pt = (c->kh - 1) / 2, pl = (c->kw - 1) / 2;
+    memcpy(y, s1, (size_t)(Co * HW) * sizeof(float));
+    conv3d_up(&s->s, &tap[2], NULL, 0, x, 1, H, W, 1, 1, 1, pt, pl, H, W, true, y);    /* y = s1 + C x + bias */
+    memcpy(s1, s2, (size_t)(Co * HW) * sizeof(float));
+    conv3d_up(&s->s, &tap[1], NULL, 0, x, 1, H, W, 1, 1, 1, pt, pl, H, W, true, s1);   /* s1 = s2 + B x */
+    conv3d_up(&s->s, &tap[0], NULL, 0, x, 1, H, W, 1, 1, 1, pt, pl, H, W, false, s2);  /* s2 = A x */
+    ffree(tw);
+    if (s->s.st) { ffree(y); return NULL; }
+    return y;
+}
+
 /* RMS -> SiLU -> causal conv_out */
 static float *head_forward(stream *s, const rms_w *norm, const conv_w *conv, float *x, int64_t T, int64_t H,
                            int64_t W) {
     rms_norm(norm, x, T * H * W, true, x);
-    float *y = causal_conv(s, conv, x, T, H, W);
+    float *y = causal_conv_narrow(s, conv, x, T, H, W);
     ffree(x);
     return y;
 }
@@ -856,7 +1007,7 @@ static float *head_forward(stream *s, const rms_w *norm, const conv_w *conv, flo
 /* WanEncoder3d on one chunk x [Cin, T, H, W] (copied): a new [2 z_dim, T', h, w] */
 static float *encoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W,
                             int64_t *pT) {
-    float *h = causal_conv(s, &v->enc_in, x, T, H, W);
+    float *h = causal_conv(s, &v->enc_in, x, T, H, W, NULL);
     for (int i = 0; h && i < v->n_enc; i++) {
         const enc_layer *l = &v->enc[i];
         if (l->is_res) h = res_forward(s, &l->res, h, T, H, W);
@@ -885,16 +1036,41 @@ static void emit(sink *k, const float *o, int64_t T, int64_t HW) {
     k->done += T;
 }
 
-/* The decoder from up block `from` on (its residual blocks, resamplers, then the head), x [C, T, H, W]
- * (freed), emitting the output frames. spatial_first: first the spatial step of up block from - 1's
- * upsampler (whose time step ran before the frames were split). */
-static bool decoder_tail(stream *s, const mmc_wan_vae *v, int from, bool spatial_first, float *h, int64_t T,
-                         int64_t H, int64_t W, sink *k) {
-    if (spatial_first) h = resample_part(s, &v->up[from - 1].up, h, &T, &H, &W, 2);
-    for (int i = from; h && i < v->cfg.levels; i++) {
+/* The decoder from up block i on (its residual blocks, resamplers, then the head) for h [C, T, H, W]
+ * (consumed), emitting the output frames. Every layer is causal in time, so a chunk can go through it
+ * frame by frame, each conv's cache carrying the previous frames: after each temporal upsampler's time
+ * step the frames it made go through the rest one at a time (the cache entries from there on revisited
+ * for each), which gives diffusers' 4-frame pass exactly with one frame of activations at each level
+ * (and one waiting sibling per temporal upsampler). */
+static bool decoder_levels(stream *s, const mmc_wan_vae *v, int i, float *h, int64_t T, int64_t H, int64_t W,
+                           sink *k) {
+    for (; h && i < v->cfg.levels; i++) {
         const up_block *u = &v->up[i];
         for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
-        if (h && u->up.mode != RS_NONE) h = resample_forward(s, &u->up, h, &T, &H, &W);
+        if (!h || u->up.mode == RS_NONE) continue;
+        if (u->up.mode != RS_UP3D) { h = resample_forward(s, &u->up, h, &T, &H, &W); continue; }
+        h = resample_part(s, &u->up, h, &T, &H, &W, 1);   /* the time step: T -> 2T (but on the first chunk) */
+        if (!h) return false;
+        if (T == 1) { h = resample_part(s, &u->up, h, &T, &H, &W, 2); continue; }
+        const int mark = s->idx;   /* the caches from here on, revisited for each frame */
+        const int64_t C = u->up.conv.cin, HW = H * W;
+        float *one[8] = {0};
+        bool ok = T <= 8;
+        if (!ok) s->s.st = mmc_error(MMC_ERR_INVALID, "Wan VAE: %lld frames at an upsampler (at most 8)", (long long)T);
+        for (int64_t f = 0; ok && f < T; f++) {
+            if (!(one[f] = falloc(s, C * HW))) { ok = false; break; }
+            for (int64_t c = 0; c < C; c++) memcpy(one[f] + c * HW, h + (c * T + f) * HW, (size_t)HW * sizeof(float));
+        }
+        ffree(h);
+        for (int64_t f = 0; ok && f < T; f++) {
+            int64_t T1 = 1, H1 = H, W1 = W;
+            s->idx = mark;
+            float *x = resample_part(s, &u->up, one[f], &T1, &H1, &W1, 2);   /* the spatial step (frees one[f]) */
+            one[f] = NULL;
+            ok = x && decoder_levels(s, v, i + 1, x, 1, H1, W1, k);
+        }
+        for (int64_t f = 0; f < T && f < 8; f++) ffree(one[f]);
+        return ok;
     }
     if (h) h = head_forward(s, &v->dec_norm_out, &v->dec_out, h, T, H, W);
     if (!h) return false;
@@ -903,35 +1079,11 @@ static bool decoder_tail(stream *s, const mmc_wan_vae *v, int from, bool spatial
     return true;
 }
 
-/* WanDecoder3d on one chunk x [z_dim, T, h, w]. Past the time step of the last temporal upsampler every
- * layer works frame by frame (its spatial conv, then causal convs), so the frames of the chunk go through
- * the (largest, full-resolution) rest of the decoder one at a time, each causal conv's cache carrying the
- * previous frame: the result is the same as diffusers' 4-frame pass, with a quarter of its activations. */
+/* WanDecoder3d on one chunk x [z_dim, T, h, w] (one latent frame in diffusers' _decode). */
 static bool decoder_chunk(stream *s, const mmc_wan_vae *v, const float *x, int64_t T, int64_t H, int64_t W, sink *k) {
-    int last_t = -1;
-    for (int i = 0; i < v->cfg.levels; i++)
-        if (v->up[i].up.mode == RS_UP3D) last_t = i;
-    float *h = causal_conv(s, &v->dec_in, x, T, H, W);
+    float *h = causal_conv(s, &v->dec_in, x, T, H, W, NULL);
     if (h) h = mid_forward(s, &v->dec_mid, h, T, H, W);
-    for (int i = 0; h && i <= last_t; i++) {
-        const up_block *u = &v->up[i];
-        for (int r = 0; h && r < u->n_res; r++) h = res_forward(s, &u->res[r], h, T, H, W);
-        if (h && u->up.mode != RS_NONE) h = resample_part(s, &u->up, h, &T, &H, &W, i == last_t ? 1 : 0);
-    }
-    if (!h) return false;
-    if (last_t < 0 || T == 1) return decoder_tail(s, v, last_t + 1, last_t >= 0, h, T, H, W, k);
-    const int tail = s->idx;   /* the tail's caches, revisited for each frame */
-    const int64_t C = v->up[last_t].up.conv.cin, HW = H * W;
-    bool ok = true;
-    for (int64_t f = 0; ok && f < T; f++) {
-        float *one = falloc(s, C * HW);
-        if (!one) { ok = false; break; }
-        for (int64_t c = 0; c < C; c++) memcpy(one + c * HW, h + (c * T + f) * HW, (size_t)HW * sizeof(float));
-        s->idx = tail;
-        ok = decoder_tail(s, v, last_t + 1, true, one, 1, H, W, k);
-    }
-    ffree(h);
-    return ok;
+    return h && decoder_levels(s, v, 0, h, T, H, W, k);
 }
 
 static mmc_status check_latent_size(const mmc_wan_vae *v, int64_t t, int64_t h, int64_t w) {

@@ -25,6 +25,9 @@
  *       and attn2 adds attention of the same query to k = RMSNorm(add_k_proj(img)), v = add_v_proj(img)
  *       (diffusers concatenates [img; text] and splits it back assuming 512 text tokens; here the two
  *       stay apart, which is the same whenever the text has its 512 tokens)
+ *   first-last-frame (FLF2V: pos_embed_seq_len = 2 S_img): the image states are the two frames'
+ *       [B, 2 S_img, image_dim] (diffusers' view of encode_image([first, last])), plus pos_embed
+ *       [1, 2 S_img, image_dim] before the embedder
  *
  * LayerNorms without affine weights use eps from config (1e-6). Every projection is an
  * mmc_linear_w, so LoRA adapters attach by diffusers' module names; the patch embedding is a
@@ -62,6 +65,7 @@ struct mmc_wan {
     mmc_tensor *img_n1_w, *img_n1_b;                /* I2V image_embedder.norm1 [image_dim] */
     mmc_linear_w img_ff1, img_ff2;                  /* image_embedder.ff: [I, I], [C, I] */
     mmc_tensor *img_n2_w, *img_n2_b;                /* image_embedder.norm2 [C] */
+    mmc_tensor *img_pos;                            /* FLF2V: image_embedder.pos_embed [1, P, image_dim] */
     wan_block *blocks;
     mmc_tensor *sst;                                /* scale_shift_table [1, 2, C] */
     mmc_linear_w proj_out;                          /* [pt*ph*pw*Cout, C] */
@@ -103,14 +107,13 @@ mmc_status mmc_wan_config_read(const mmc_json *j, const char *what, mmc_wan_conf
             c->patch_size[a] = ps[a];
         }
     }
-    int64_t pos_len = 0;
     if ((st = mmc_json_int(j, "image_dim", 0, &c->image_dim)) ||
         (st = mmc_json_int(j, "added_kv_proj_dim", 0, &c->added_kv_proj_dim)) ||
-        (st = mmc_json_int(j, "pos_embed_seq_len", 0, &pos_len)))
+        (st = mmc_json_int(j, "pos_embed_seq_len", 0, &c->pos_embed_seq_len)))
         return mmc_error_prefix(st, "%s: ", what);
-    if (pos_len)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: pos_embed_seq_len is set: this is the first-last-frame (FLF2V) Wan "
-                         "transformer, whose image position table mmc does not run yet", what);
+    if (c->pos_embed_seq_len && (c->pos_embed_seq_len < 2 || c->pos_embed_seq_len % 2 || !c->image_dim))
+        return mmc_error(MMC_ERR_FORMAT, "%s: pos_embed_seq_len %lld (first-last-frame: two images' states) must be "
+                         "even, positive and come with image_dim", what, (long long)c->pos_embed_seq_len);
     if ((c->image_dim != 0) != (c->added_kv_proj_dim != 0) || c->image_dim < 0 ||
         (c->added_kv_proj_dim && c->added_kv_proj_dim != c->num_attention_heads * c->attention_head_dim))
         return mmc_error(MMC_ERR_FORMAT, "%s: image_dim and added_kv_proj_dim come together (image-to-video), "
@@ -164,6 +167,9 @@ static void bind_all(mmc_wan *m) {
         mw_bind_linear(w, "condition_embedder.image_embedder.", "ff.net.0.proj", &m->img_ff1, I, I, true);
         mw_bind_linear(w, "condition_embedder.image_embedder.", "ff.net.2", &m->img_ff2, C, I, true);
         mw_bind_wb(w, "condition_embedder.image_embedder.", "norm2", &m->img_n2_w, &m->img_n2_b, 1, MMC_SHAPE(C));
+        if (c->pos_embed_seq_len)
+            mw_bind(w, "condition_embedder.image_embedder.", "pos_embed", &m->img_pos, 3,
+                    MMC_SHAPE(1, c->pos_embed_seq_len, I));
     }
     char p[64];
     for (int64_t i = 0; i < c->num_layers; i++) {
@@ -386,6 +392,10 @@ static mmc_status check_inputs(const mmc_wan *m, const mmc_wan_inputs *in) {
     if (!c->image_dim && im)
         return mmc_error(MMC_ERR_INVALID, "WanTransformer3DModel: image states given, but this checkpoint has no image "
                          "branch (image_dim null: text-to-video)");
+    if (c->pos_embed_seq_len && im->shape[1] != c->pos_embed_seq_len)
+        return mmc_error(MMC_ERR_INVALID, "WanTransformer3DModel: this first-last-frame checkpoint takes the two images' "
+                         "states [B, %lld, %lld] (first then last, pos_embed_seq_len), got %lld states",
+                         (long long)c->pos_embed_seq_len, (long long)c->image_dim, (long long)im->shape[1]);
     return MMC_OK;
 }
 
@@ -470,7 +480,9 @@ mmc_status mmc_wan_forward(mmc_ctx *ctx, mmc_wan *m, const mmc_wan_inputs *in, m
 
     mmc_tensor *img = NULL;   /* WanImageEmbedding: FP32LayerNorm (eps 1e-5), FeedForward(gelu), FP32LayerNorm */
     if (in->image) {
-        img = mmc_layernorm(ctx, in->image, m->img_n1_w, m->img_n1_b, 1e-5f);
+        img = in->image;
+        if (m->img_pos) img = mmc_add(ctx, img, m->img_pos);   /* FLF2V: the position table of the two images */
+        img = mmc_layernorm(ctx, img, m->img_n1_w, m->img_n1_b, 1e-5f);
         img = mmc_nn_linear(ctx, mmc_gelu(ctx, mmc_nn_linear(ctx, img, &m->img_ff1)), &m->img_ff2);
         img = mmc_layernorm(ctx, img, m->img_n2_w, m->img_n2_b, 1e-5f);                       /* [B, S_img, C] */
     }
