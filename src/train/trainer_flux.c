@@ -4,8 +4,8 @@
  * models (steps, gradient accumulation, clipping, AdamW and its schedule, logs, checkpoints, resume):
  *
  *   model.path   a diffusers FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline,
- *                StableDiffusionPipeline or HunyuanDiTPipeline folder; the transformer (UNet) trains (a
- *                WanPipeline folder: videos, trainer_wan.c),
+ *                StableDiffusionPipeline or HunyuanDiTPipeline folder; the transformer (UNet) trains (Wan
+ *                folders go to trainer_wan.c first, trainer.c's dispatch),
  *                the VAE and the text encoders only encode the training set once, before the first
  *                step, and are freed
  *   data.train   an image folder with metadata.jsonl ({"file_name", "text"}: what diffusers' scripts
@@ -94,7 +94,6 @@ mmc_status mmc_trainer_flux_load(mmc_trainer *t, const char *ckpt) {
     mmc_diffusers_dir d;
     mmc_status st = mmc_diffusers_open(c->model.path, &d);
     if (st) return mmc_error_prefix(st, "model.path");
-    if (!strcmp(d.pipeline, "WanPipeline")) return mmc_trainer_wan_load(t, ckpt);   /* trainer_wan.c */
     const bool sd3 = !strcmp(d.pipeline, "StableDiffusion3Pipeline");
     const bool unet = !strcmp(d.pipeline, "StableDiffusionXLPipeline") || !strcmp(d.pipeline, "StableDiffusionPipeline");
     const bool hy = !strcmp(d.pipeline, "HunyuanDiTPipeline");
