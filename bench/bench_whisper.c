@@ -8,7 +8,8 @@
  *       1500 encoder states (cross keys/values), a 4-token prompt, then 32 tokens one at a time
  *       through the KV cache; total time / 32.
  * and the same work split as whisper.cpp splits it (bench/peer_whispercpp.py, pywhispercpp's f16 model
- * of these shapes; mmc stays f32):
+ * of these shapes), at the same 16 bits per weight: mmc on the checkpoint with its matrices in bf16
+ * (they stay bf16 in the mapping, widened in the kernels), vectors f32 as in whisper.cpp's file:
  *   whisper_small2_encode_cross_30s_ms_whispercpp_f16: the encoder plus the decoder-state set-up
  *       (every decoder layer's cross-attention keys and values), which whisper_encode also computes;
  *   whisper_small2_decode_step_ms_whispercpp_f16: after the 4-token prompt, one of the 32 single-token
@@ -24,12 +25,14 @@ enum { C = 768, F = 3072, L = 2, V = 51865, M = 80, P = 1500, TM = 448, PROMPT =
 
 static mmc_stw *g_w;
 static mmc_tensor *g_ts[512];
+static char g_names[512][160];
 static int g_n;
 
 static void add(const char *name, int ndim, const int64_t *shape, float std, float mean) {
     mmc_tensor *t = bench_rand_param(1000 + (uint64_t)g_n, ndim, shape, std);
     if (mean != 0) for (int64_t k = 0; k < mmc_numel(t); k++) ((float *)t->data)[k] += mean;
     MMC_CHECK(mmc_stw_add(g_w, name, t) == MMC_OK, "%s", mmc_last_error());
+    snprintf(g_names[g_n], sizeof g_names[0], "%s", name);
     g_ts[g_n++] = t;
 }
 
@@ -87,7 +90,27 @@ static void write_model(const char *dir) {
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     MMC_CHECK(mmc_stw_write(g_w, p) == MMC_OK, "%s", mmc_last_error());
     mmc_stw_free(g_w);
-    for (int i = 0; i < g_n; i++) mmc_tensor_free(g_ts[i]);
+}
+
+/* The same weights with every matrix (ndim >= 2) rounded to bf16, in dir (config.json copied). */
+static void write_model_bf16(const char *src, const char *dir) {
+    char p[512];
+    mmc_stw *w = mmc_stw_new();
+    mmc_tensor *h[512];
+    for (int i = 0; i < g_n; i++) {
+        mmc_tensor *t = g_ts[i];
+        h[i] = mmc_tensor_new(t->ndim >= 2 ? MMC_BF16 : MMC_F32, t->ndim, t->shape);
+        MMC_CHECK(h[i], "out of memory");
+        mmc_convert(h[i]->data, h[i]->dtype, t->data, MMC_F32, mmc_numel(t));
+        MMC_CHECK(mmc_stw_add(w, g_names[i], h[i]) == MMC_OK, "%s", mmc_last_error());
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    MMC_CHECK(mmc_stw_write(w, p) == MMC_OK, "%s", mmc_last_error());
+    mmc_stw_free(w);
+    for (int i = 0; i < g_n; i++) mmc_tensor_free(h[i]);
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/", src, dir);
+    MMC_CHECK(system(cmd) == 0, "%s", cmd);
 }
 
 typedef struct { mmc_ctx *ctx; mmc_whisper *m; float *feats; mmc_tensor *enc; float *logits; } wcase;
@@ -161,13 +184,19 @@ int main(void) {
     MMC_CHECK(mmc_whisper_encode(ectx, c.m, c.feats, 2 * P, &c.enc) == MMC_OK, "%s", mmc_last_error());
     bench_report("whisper_small2_decode_ms_per_token", 1e3 * bench_time(run_decode, &c, 3.0, 3) / STEPS, "ms", 0);
     mmc_ctx_free(ectx);
+    mmc_whisper_free(c.m);
+    char tmp16[] = "/tmp/mmc_bench_whisper_bf16_XXXXXX";
+    MMC_CHECK(mkdtemp(tmp16), "mkdtemp");
+    write_model_bf16(tmp, tmp16);
+    MMC_CHECK(mmc_whisper_load(tmp16, &c.m) == MMC_OK, "%s", mmc_last_error());
     run_whispercpp_split(&c);
     mmc_whisper_free(c.m);
+    for (int i = 0; i < g_n; i++) mmc_tensor_free(g_ts[i]);
     free(c.feats);
     free(c.logits);
     mmc_ctx_free(c.ctx);
     char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", tmp, tmp16);
     if (system(cmd) != 0) fprintf(stderr, "bench_whisper: could not remove %s\n", tmp);
     return 0;
 }

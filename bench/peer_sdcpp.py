@@ -16,6 +16,7 @@ names; to_bfl below), the VAE as diffusers' save_pretrained writes it, a CLIP-L 
 shape is fixed in it). They are written by a child process (`--write DIR`) so the timed process
 never loads PyTorch (its OpenMP runtime would run ggml's parallel regions). Its timings have a
 10 ms resolution, hence several steps. Without the package the script says so and prints nothing."""
+import contextlib
 import ctypes
 import os
 import re
@@ -110,11 +111,15 @@ def main():
         print("peer_sdcpp: stable-diffusion-cpp-python is not installed (bench/bench_serve_requirements.txt); "
               "skipped", file=sys.stderr)
         return
-    # stable-diffusion.cpp prints its progress bars and system info on standard output: to stderr with
-    # them, the case lines (print) to the real standard output
+    # stable-diffusion.cpp (C printf) and its Python wrapper (print) write progress bars and system info
+    # on standard output: all of that to stderr, the case lines alone to the real standard output
     sys.stdout.flush()
-    sys.stdout = os.fdopen(os.dup(1), "w")
+    real_stdout = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+
+    def emit(*a, **k):
+        with contextlib.redirect_stdout(real_stdout):
+            report(*a, **k)
     log = []
 
     @sdc.sd_log_callback
@@ -148,11 +153,11 @@ def main():
 
         image(256, 1)   # warm-up (graph allocation, first-touch memory)
         image(256, 1)
-        report("vae_decode_256_ms_sdcpp", 1e3 * taking("decode_first_stage"), "ms", higher=False)
+        emit("vae_decode_256_ms_sdcpp", 1e3 * taking("decode_first_stage"), "ms", higher=False)
         for px, steps in ((512, 4), (1024, 2)):
             image(px, 1)
             image(px, steps)
-            report("flux_step_%d_t256_ms_sdcpp" % px, 1e3 * taking("sampling") / steps, "ms", higher=False)
+            emit("flux_step_%d_t256_ms_sdcpp" % px, 1e3 * taking("sampling") / steps, "ms", higher=False)
         print("peer_sdcpp: " + sdc.sd_get_system_info().decode().strip(), file=sys.stderr)
 
 
