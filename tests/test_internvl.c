@@ -9,6 +9,7 @@
  * chat-templated, expanded ids equal to InternVLProcessor's; OpenGVLab's remote-code layout
  * (InternVLChatModel, ps_version v2 and v1); config errors. */
 #include "test_util.h"
+#include "greedy_check.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,26 +20,6 @@
 #include "mmc_io.h"
 
 static mmc_st *ref;
-
-/* mmc_generate through the model's decoder interface gives transformers' greedy tokens */
-static void check_greedy(mmc_internvl *m, const mmc_tensor *ids, mmc_tensor *px, const mmc_tensor *greedy,
-                         const char *dir) {
-    const int64_t T = ids->shape[1];
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
-    if (!prompt) { g_fail++; return; }
-    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
-    mmc_internvl_request r = {m, px};
-    mmc_decoder dec = mmc_internvl_decoder(&r);
-    int32_t out[64];
-    int n = 0;
-    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
-    mmc_sampler_defaults(&o.sampler);
-    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
-    bool same = n == greedy->shape[1];
-    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
-    CHECKF(same, "%s: greedy tokens differ from transformers' (%d tokens)", dir, n);
-    free(prompt);
-}
 
 static void test_model(const char *name) {
     char dir[256], key[128];
@@ -89,7 +70,9 @@ static void test_model(const char *name) {
         CHECK_CLOSE(got, want, 1e-4, 0, dir);
     }
     mmc_ctx_reset(ctx);
-    check_greedy(m, ids, px, greedy, dir);
+    mmc_internvl_request r = {m, px};
+    mmc_decoder dec = mmc_internvl_decoder(&r);
+    check_greedy(&dec, ids, greedy, dir);
     /* the placeholder count must match the features */
     mmc_tensor *few = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(1, 3));
     for (int i = 0; i < 3; i++) ((int64_t *)few->data)[i] = i;
@@ -135,7 +118,9 @@ static void test_remote(const char *name) {
         CHECK_CLOSE(got, want, 1e-4, 0, dir);
     }
     mmc_ctx_reset(ctx);
-    check_greedy(m, ids, px, greedy, dir);
+    mmc_internvl_request r = {m, px};
+    mmc_decoder dec = mmc_internvl_decoder(&r);
+    check_greedy(&dec, ids, greedy, dir);
     /* the tiling settings from config.json: v5's tiles */
     mmc_internvl_proc p;
     mmc_internvl_proc_default(&p);

@@ -5,6 +5,7 @@
  * matrices), plus a second config (list vision_feature_layer, "full" strategy, attention and
  * MLP biases, linear rope scaling, tied head); Llama's llama3 rope remap; config errors. */
 #include "test_util.h"
+#include "greedy_check.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -45,24 +46,13 @@ static void test_model(const char *name, const char *refname) {
     }
     mmc_ctx_reset(ctx);
     /* greedy decoding with the KV cache */
-    const int64_t T = ids->shape[1];
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
-    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
     mmc_llava_request r = {m, px, NULL, 0, NULL};
     mmc_decoder dec = mmc_llava_decoder(&r);
-    int32_t out[64];
-    int n = 0;
-    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
-    mmc_sampler_defaults(&o.sampler);
-    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
-    bool same = n == greedy->shape[1];
-    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
-    CHECKF(same, "%s: greedy tokens differ from transformers' (%d tokens)", dir, n);
+    check_greedy(&dec, ids, greedy, dir);
     /* the placeholder count must match the features */
     mmc_tensor *few = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(1, 3));
     for (int i = 0; i < 3; i++) ((int64_t *)few->data)[i] = i;
     CHECK(mmc_llava_forward(ctx, m, few, px, NULL, &h) == MMC_ERR_INVALID);
-    free(prompt);
     mmc_tensor_free(ids);
     mmc_tensor_free(px);
     mmc_tensor_free(want);

@@ -18,6 +18,7 @@
  * plus config / weight / processor-config errors (bad image_grid_pinpoints, unknown strategy,
  * bad vision_aspect_ratio, unsupported text model, a missing image_newline tensor). */
 #include "test_util.h"
+#include "greedy_check.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -103,18 +104,11 @@ static void test_case(const char *fixdir, const char *name, const char *cas, int
     mmc_ctx_reset(ctx);
     /* greedy decoding with the KV cache */
     const int64_t T = ids->shape[1];
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
-    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
     mmc_llava_request r = {m, px, (const int64_t (*)[2])sizes, n_images, NULL};
     mmc_decoder dec = mmc_llava_decoder(&r);
-    int32_t out[64];
-    int n = 0;
-    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
-    mmc_sampler_defaults(&o.sampler);
-    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
-    bool same = n == greedy->shape[1];
-    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
-    CHECKF(same, "%s %s: greedy tokens differ from transformers' (%d tokens)", name, cas, n);
+    char what[160];
+    snprintf(what, sizeof what, "%s %s", name, cas);
+    check_greedy(&dec, ids, greedy, what);
     /* a decoding step may carry a generated <image> id without images (embedded as a token, as in transformers) */
     {
         const mmc_qwen2_config *lc = &m->lm->cfg;
@@ -145,7 +139,6 @@ static void test_case(const char *fixdir, const char *name, const char *cas, int
         mmc_tensor_free(pw);
     }
 #undef REF
-    free(prompt);
     mmc_tensor *all[] = {ids, px, sz, feats, pos, want, greedy, got_px};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mmc_tensor_free(all[i]);
     mmc_ctx_free(ctx);
@@ -206,20 +199,9 @@ static void test_copy(const char *fixdir, const char *copy, const char *base) {
         CHECK_CLOSE(lg, want, 1e-4, 0, "last logits (copy)");
     }
     mmc_ctx_reset(ctx);
-    const int64_t T = ids->shape[1];
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
-    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
     mmc_llava_request r = {m, px, sizes, 1, NULL};
     mmc_decoder dec = mmc_llava_decoder(&r);
-    int32_t out[64];
-    int n = 0;
-    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
-    mmc_sampler_defaults(&o.sampler);
-    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
-    bool same = n == greedy->shape[1];
-    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
-    CHECKF(same, "%s: greedy tokens differ from transformers' (%d tokens)", copy, n);
-    free(prompt);
+    check_greedy(&dec, ids, greedy, copy);
     mmc_tensor *all[] = {ids, px, sz, feats, want, greedy, got_px};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mmc_tensor_free(all[i]);
     mmc_ctx_free(ctx);
@@ -286,20 +268,9 @@ static void test_video(void) {
     CHECK(mmc_llava_forward_media(ctx, m, few, NULL, NULL, 0, px, NULL, &h) == MMC_ERR_INVALID);
     CHECK(mmc_llava_forward_media(ctx, m, ids, NULL, NULL, 0, NULL, NULL, &h) == MMC_ERR_INVALID);
     mmc_ctx_reset(ctx);
-    const int64_t T = ids->shape[1];
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
-    for (int64_t t = 0; t < T; t++) prompt[t] = (int32_t)((int64_t *)ids->data)[t];
     mmc_llava_request r = {m, NULL, NULL, 0, px};
     mmc_decoder dec = mmc_llava_decoder(&r);
-    int32_t out[64];
-    int n = 0;
-    mmc_gen_opts o = {.max_new_tokens = (int)greedy->shape[1]};
-    mmc_sampler_defaults(&o.sampler);
-    CHECK_OK(mmc_generate(&dec, prompt, T, &o, out, &n));
-    bool same = n == greedy->shape[1];
-    for (int i = 0; i < n && same; i++) same = out[i] == ((int64_t *)greedy->data)[i];
-    CHECKF(same, "ov video: greedy tokens differ from transformers' (%d tokens)", n);
-    free(prompt);
+    check_greedy(&dec, ids, greedy, "ov video");
     mmc_tensor *all[] = {ids, px, feats, pos, want, greedy, got_px};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mmc_tensor_free(all[i]);
     mmc_ctx_free(ctx);
