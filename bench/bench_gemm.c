@@ -244,18 +244,21 @@ static void suite(const char *sfx) {
         {"dyTx", true, false, 4864, 896, 512, 1.0f, false},
         {"sq1024", false, false, 1024, 1024, 1024, 0.0f, true},
     };
-    double f32_gflops[4] = {0}, bf16_gflops[4] = {0}, fr_val[12];
-    char fr_name[12][96];
+    double f32_gflops[4] = {0}, bf16_gflops[4] = {0}, fr_val[16];
+    char fr_name[16][96];
     int n_fr = 0;
     mmc_gemm_info gi;
     mmc_gemm_describe(&gi);
     /* bf = 0: f32, 1: bf16 (mmc_gemm_bf16_infer as configured: widened to f32 unless
-     * MMC_GEMM_BF16=dot), 2: the AVX512_BF16 kernel switched on here (A rounded to bf16), where
-     * the CPU has it (a weight GEMM in generation; training's take the exact path) */
-    for (int bf = 0; bf < 3; bf++)
+     * MMC_GEMM_BF16=dot), 2: the AVX512_BF16 kernel (vdpbf16ps) switched on here, 3: the AMX
+     * kernel, each where the CPU has it (A rounded to bf16: a weight GEMM in generation;
+     * training's take the exact path) */
+    static const char *const bf_kernel[4] = {NULL, NULL, "avx512_bf16", "amx_bf16"};
+    static const char *const bf_name[4] = {"f32", "bf16", "bf16dot", "bf16amx"};
+    for (int bf = 0; bf < 4; bf++)
         for (int c = 0; c < 4; c++) {
             if (bf && !cases[c].bf16ok) continue;
-            if (bf == 2 && mmc_gemm_set_bf16_dot(true) != 0) continue;
+            if (bf >= 2 && mmc_gemm_set_bf16_kernel(bf_kernel[bf]) != 0) continue;
             gemm_arg g = {cases[c].ta, cases[c].tb, bf >= 1, cases[c].M, cases[c].N, cases[c].K, cases[c].beta,
                           NULL, NULL, NULL, NULL, NULL, NULL};
             int64_t na = g.M * g.K, nb = g.K * g.N, nc = g.M * g.N;
@@ -268,9 +271,9 @@ static void suite(const char *sfx) {
             fill(g.C, nc, 3);
             for (int64_t i = 0; i < nb; i++) g.Bh[i] = mmc_f32_to_bf16(g.B[i]);
             double t = best_time(gemm_run, &g, 1.0, 5);
-            mmc_gemm_set_bf16_dot(gi.bf16_dot);
+            mmc_gemm_set_bf16_kernel(gi.bf16_dot ? gi.bf16_infer.kernel : "f32");
             double gf = 2.0 * g.M * g.N * g.K / t * 1e-9;
-            const char *dt = bf == 0 ? "f32" : bf == 1 ? "bf16" : "bf16dot";
+            const char *dt = bf_name[bf];
             snprintf(name, sizeof name, "gemm_%s_%s%s", dt, cases[c].name, sfx);
             bench_report(name, gf, "GFLOP/s", 1);
             snprintf(fr_name[n_fr], sizeof fr_name[0], "gemm_%s_%s%s_frac_peak", dt, cases[c].name, sfx);
@@ -286,7 +289,7 @@ static void suite(const char *sfx) {
                 snprintf(name, sizeof name, "gemm_bf16_%s%s_vs_f32", cases[c].name, sfx);
                 bench_report(name, gf / f32_gflops[c], "fraction", 1);
             } else {
-                snprintf(name, sizeof name, "gemm_bf16dot_%s%s_vs_bf16", cases[c].name, sfx);
+                snprintf(name, sizeof name, "gemm_%s_%s%s_vs_bf16", dt, cases[c].name, sfx);
                 bench_report(name, gf / bf16_gflops[c], "fraction", 1);
             }
             free(g.A); free(g.B); free(g.C); free(g.Bh);

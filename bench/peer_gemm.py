@@ -17,7 +17,8 @@ mm(out_dtype=) are CUDA-only in torch 2.15), so autocast is that form. Note that
 activations f32 and accumulates in f32 (bf16 only in the weight's storage) while the bf16 and
 autocast forms also round activations (and outputs) to bf16: the peer does less work per
 FLOP. gemm_bf16dot_<layout> repeats the gemm_bf16 peer figure for mmc's opt-in AVX512_BF16
-kernel (MMC_GEMM_BF16=dot), which rounds activations to bf16 as the peer's bf16 forms do.
+kernel (MMC_GEMM_BF16=dot), which rounds activations to bf16 as the peer's bf16 forms do, and
+gemm_bf16amx_<layout> for its AMX kernel (the one MMC_GEMM_BF16=dot picks where the CPU has AMX).
 matvec_*: y = x @ W.T with one token, GB/s of weight bytes. Every figure is the best call
 of a ~1 s run, as in bench_gemm.c; the "_1t" cases use one thread and its CPU-time clock."""
 import json
@@ -102,6 +103,7 @@ def suite(sfx):
             # mmc's opt-in AVX512_BF16 kernel (activations rounded to bf16, as torch's bf16 forms)
             # against the same figure
             report(f"gemm_bf16dot_{name}{sfx}", gf, "GFLOP/s", NOTES[form])
+            report(f"gemm_bf16amx_{name}{sfx}", gf, "GFLOP/s", NOTES[form])  # and its AMX kernel
 
         for (n, k, dt) in [(8192, 4096, torch.float32), (8192, 4096, torch.bfloat16), (4864, 896, torch.bfloat16)]:
             w = torch.randn(n, k).to(dt)

@@ -236,10 +236,13 @@ int main(int argc, char **argv) {
             if ((shared && strcmp(kernels[ki], native)) || mmc_gemm_set_kernel(kernels[ki]) != 0) continue;
             kernel_suite();
         }
-        if (!shared && mmc_gemm_set_kernel("avx512") == 0 && mmc_gemm_set_bf16_dot(true) == 0) {
-            bf16dot_suite();
-            mmc_gemm_set_bf16_dot(false);
-        }
+        /* each bf16-product kernel the CPU has (vdpbf16ps, AMX) */
+        const char *dots[] = {"avx512_bf16", "amx_bf16"};
+        for (int d = 0; d < 2 && !shared; d++)
+            if (mmc_gemm_set_kernel("avx512") == 0 && mmc_gemm_set_bf16_kernel(dots[d]) == 0) {
+                bf16dot_suite();
+                mmc_gemm_set_bf16_kernel("f32");
+            }
         mmc_gemm_set_kernel(native);
         return test_done("test_gemm");
     }
@@ -252,21 +255,30 @@ int main(int argc, char **argv) {
         kernel_suite();
     }
     mmc_gemm_set_kernel(native);
-    if (test_part(argc, argv, "bf16dot")) {
-        if (mmc_gemm_set_kernel("avx512") != 0 || mmc_gemm_set_bf16_dot(true) != 0) {
-            test_skip("test_gemm", "bf16dot: this CPU lacks AVX-512 / AVX512_BF16");
+    /* the bf16-product kernels: "bf16dot" vdpbf16ps (AVX512_BF16), "amx" AMX tiles */
+    const char *dot_parts[][2] = {{"bf16dot", "avx512_bf16"}, {"amx", "amx_bf16"}};
+    for (int d = 0; d < 2; d++) {
+        if (!test_part(argc, argv, dot_parts[d][0])) continue;
+        if (mmc_gemm_set_kernel("avx512") != 0 || mmc_gemm_set_bf16_kernel(dot_parts[d][1]) != 0) {
+            test_skip("test_gemm", "%s: this CPU (or the OS) lacks %s", dot_parts[d][0], dot_parts[d][1]);
         } else {
             mmc_gemm_info gi;
             mmc_gemm_describe(&gi);
-            CHECKF(gi.bf16_dot && !strcmp(gi.bf16_infer.kernel, "avx512_bf16") && !strcmp(gi.bf16.kernel, "avx512"),
+            CHECKF(gi.bf16_dot && !strcmp(gi.bf16_infer.kernel, dot_parts[d][1]) && !strcmp(gi.bf16.kernel, "avx512"),
                    "bf16 paths: infer %s, training %s", gi.bf16_infer.kernel, gi.bf16.kernel);
+            /* mmc_gemm_set_bf16_dot(true) (MMC_GEMM_BF16=dot) picks AMX where the CPU has it */
+            mmc_gemm_set_bf16_dot(true);
+            mmc_gemm_describe(&gi);
+            CHECKF(!strcmp(gi.bf16_infer.kernel, gi.amx_available ? "amx_bf16" : "avx512_bf16"),
+                   "MMC_GEMM_BF16=dot picked %s (AMX %s)", gi.bf16_infer.kernel, gi.amx_available ? "yes" : "no");
+            mmc_gemm_set_bf16_kernel(dot_parts[d][1]);
             bf16dot_suite();
             /* switched on, it is still only for inference: mmc_gemm_bf16 keeps the exact path */
             run_case(false, true, 350, 70, 300, 0, 1.0f, 0.0f, true);
             run_case(false, false, 65, 127, 33, 2, 0.5f, 1.0f, true);
             bf16dot_error(true, 64, 512, 896);
             bf16dot_error(false, 64, 512, 4864);
-            mmc_gemm_set_bf16_dot(false);
+            mmc_gemm_set_bf16_kernel("f32");
         }
         mmc_gemm_set_kernel(native);
     }

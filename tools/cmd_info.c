@@ -28,7 +28,8 @@ void help_info(FILE *f) {
                "extensions mmc's kernels use (avx2, fma, avx512f, avx512_bf16, amx), the caches, the\n"
                "GEMM micro-kernel and cache blocking chosen for f32 and bf16 weights (blocking\n"
                "derived from the caches; MMC_GEMM_BLOCKING=mc,kc,nc overrides, MMC_GEMM_BF16=dot\n"
-               "picks the AVX512_BF16 kernel for inference with bf16 weights), how threads share a\n"
+               "picks a bf16-product kernel for inference with bf16 weights: AMX tiles where the\n"
+               "CPU has them, else AVX512_BF16; =amx or =avx512_bf16 names one), how threads share a\n"
                "GEMM (MMC_GEMM_SPLIT=slices|shared; results are the same) and the thread count.\n\n"
                "options:\n"
                "  --system   describe this machine, not a model directory\n"
@@ -65,7 +66,10 @@ static int info_system(bool json) {
     const struct { const char *name; const mmc_cache_level *l; } caches[] = {
         {"L1d", &ci->cache.l1d}, {"L2", &ci->cache.l2}, {"L3", &ci->cache.l3}};
     const char *bf16_exact = "weights widened to f32 while packing, f32 FMA";
-    const char *bf16_arith = g.bf16_dot ? "vdpbf16ps: activations rounded to bf16, f32 accumulate" : bf16_exact;
+    const char *bf16_arith = !g.bf16_dot ? bf16_exact
+                             : !strcmp(g.bf16_infer.kernel, "amx_bf16")
+                                 ? "AMX tdpbf16ps: activations rounded to bf16, f32 accumulate"
+                                 : "vdpbf16ps: activations rounded to bf16, f32 accumulate";
     if (json) {
         printf("{\"cpu\": {\"vendor\": ");
         json_str(ci->vendor);
@@ -92,9 +96,9 @@ static int info_system(bool json) {
                    "\"arithmetic\": \"%s\"}, ",
                    names[i], p[i]->kernel, p[i]->mr, p[i]->nr, (long long)p[i]->mc, (long long)p[i]->kc,
                    (long long)p[i]->nc, arith[i]);
-        printf("\"bf16_dot_available\": %s, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\", "
+        printf("\"bf16_dot_available\": %s, \"amx_available\": %s, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\", "
                "\"split\": \"%s\"}}\n",
-               g.bf16_dot_available ? "true" : "false", g.small_m, g.small_m_kernel, g.blocking_source, g.split);
+               g.bf16_dot_available ? "true" : "false", g.amx_available ? "true" : "false", g.small_m, g.small_m_kernel, g.blocking_source, g.split);
         return 0;
     }
     printf("cpu:        %s %s (family %d, model %d, stepping %d)\n", ci->vendor[0] ? ci->vendor : "?",
@@ -131,9 +135,11 @@ static int info_system(bool json) {
         printf("            inference (no grad): %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s; "
                "MMC_GEMM_BF16=dot)\n", g.bf16_infer.kernel, g.bf16_infer.mr, g.bf16_infer.nr,
                (long long)g.bf16_infer.mc, (long long)g.bf16_infer.kc, (long long)g.bf16_infer.nc, bf16_arith);
+    else if (g.amx_available)
+        printf("            inference: MMC_GEMM_BF16=dot picks the amx_bf16 kernel (AMX tiles, 32x32; several times "
+               "faster, rounds activations to bf16)\n");
     else if (g.bf16_dot_available)
-        printf("            inference: MMC_GEMM_BF16=dot picks the avx512_bf16 kernel (about 2x faster, rounds "
-               "activations to bf16)\n");
+        printf("            inference: MMC_GEMM_BF16=dot picks the avx512_bf16 kernel (rounds activations to bf16)\n");
     return 0;
 }
 

@@ -42,6 +42,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 typedef void (*ukr_fn)(int64_t kc, const float *restrict Ap, const float *restrict Bp,
                        float *restrict C, int64_t ldc, float alpha, float beta);
@@ -245,18 +247,109 @@ TBF16 static void ukr_bf16dot_14x32(int64_t kc, const float *restrict Ap_, const
     }
 }
 
+/* bf16 weights on CPUs with AMX (Intel Sapphire Rapids and later), under the same opt-in as the
+ * vdpbf16ps kernel (MMC_GEMM_BF16=dot picks it first where the CPU has it; =amx forces it): the
+ * same contract, A rounded to bf16, products of bf16 pairs summed in f32. TDPBF16PS multiplies a
+ * 16×32 bf16 tile of A by a 16-pair × 16-column tile of B and adds into a 16×16 f32 tile:
+ * 8192 multiply-adds per instruction. The register tile is 32×32 of C in four accumulator tiles
+ * (tmm0 C[0:16, 0:16], tmm1 C[0:16, 16:32], tmm2 C[16:32, 0:16], tmm3 C[16:32, 16:32]); per step
+ * of 32 k, two A tiles (tmm4 rows 0-15, tmm5 rows 16-31) and two B tiles (tmm6 columns 0-15,
+ * tmm7 columns 16-31) are loaded and multiplied four ways.
+ * Packed A per 32-row panel: [k step t][row i][16 pairs] (t of 32 k: 2 KiB, the two A tiles back
+ * to back with a 64-byte row stride). Packed B is the vdpbf16ps kernel's panel, [pair q][32
+ * columns] (128-byte rows: the two B tiles are its left and right halves). Both are zero-padded
+ * to whole steps of 32 k (kslots), so the kernel never reconfigures its tiles. The tile
+ * configuration is per thread: loaded on a thread's first AMX call and released (tile data
+ * dropped, so context switches stop saving it) when the thread's share of the GEMM ends. */
+#define TAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#define MR_AMX 32
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+static _Thread_local bool tl_amx_configured;
+
+TAMX static void amx_configure(void) {
+    amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    tl_amx_configured = true;
+}
+TAMX static void amx_release(void) {
+    if (tl_amx_configured) {
+        _tile_release();
+        tl_amx_configured = false;
+    }
+}
+
+TAMX static void ukr_amx_32x32(int64_t kc, const float *restrict Ap_, const float *restrict Bp_,
+                               float *restrict C, int64_t ldc, float alpha, float beta) {
+    if (!tl_amx_configured) amx_configure();
+    const char *Ap = (const char *)Ap_, *Bp = (const char *)Bp_;
+    const int64_t steps = (kc + 31) / 32;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t t = 0; t < steps; t++) {
+        _tile_loadd(4, Ap, 64);
+        _tile_loadd(6, Bp, 128);
+        _tile_loadd(7, Bp + 64, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, Ap + 1024, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        Ap += 2048;
+        Bp += 2048;
+    }
+    if (alpha == 1.0f && beta == 0.0f) { /* straight into C */
+        const int64_t s = ldc * (int64_t)sizeof(float);
+        _tile_stored(0, C, s);
+        _tile_stored(1, C + 16, s);
+        _tile_stored(2, C + 16 * ldc, s);
+        _tile_stored(3, C + 16 * ldc + 16, s);
+        return;
+    }
+    float T[MR_AMX * 32] __attribute__((aligned(64)));
+    _tile_stored(0, T, 128);
+    _tile_stored(1, T + 16, 128);
+    _tile_stored(2, T + 512, 128);
+    _tile_stored(3, T + 528, 128);
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (int i = 0; i < MR_AMX; i++) {
+        float *c = C + i * ldc;
+        const __m512 t0 = _mm512_load_ps(T + 32 * i), t1 = _mm512_load_ps(T + 32 * i + 16);
+        if (beta == 0.0f) {
+            _mm512_storeu_ps(c, _mm512_mul_ps(va, t0));
+            _mm512_storeu_ps(c + 16, _mm512_mul_ps(va, t1));
+        } else if (alpha == 1.0f && beta == 1.0f) { /* the K blocks after the first */
+            _mm512_storeu_ps(c, _mm512_add_ps(t0, _mm512_loadu_ps(c)));
+            _mm512_storeu_ps(c + 16, _mm512_add_ps(t1, _mm512_loadu_ps(c + 16)));
+        } else {
+            _mm512_storeu_ps(c, _mm512_fmadd_ps(va, t0, _mm512_mul_ps(vb, _mm512_loadu_ps(c))));
+            _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, t1, _mm512_mul_ps(vb, _mm512_loadu_ps(c + 16))));
+        }
+    }
+}
+
 /* Cache blocks (mc, kc, nc) are not constants: init_blocking derives them from this machine's
  * caches (cpuinfo.c's model; on Zen 5 it gives the 84 / 1024 / 2048 measured best there).
  * KC is the one blocking choice that changes results (the f32 summation order); MC and NC do
  * not. The bf16-dot kernel packs 2-byte elements, so the same bytes hold twice the rows. */
 static kdesc K_AVX512 = {"avx512", MR512, 32, 4, 2, 0, 0, 0, ukr_avx512_14x32, ukr_avx512_rows};
 static kdesc K_BF16DOT = {"avx512_bf16", MR512, 32, 2, 2, 0, 0, 0, ukr_bf16dot_14x32, NULL};
+static kdesc K_AMX = {"amx_bf16", MR_AMX, 32, 2, 2, 0, 0, 0, ukr_amx_32x32, NULL};
 static kdesc K_AVX2 = {"avx2", 6, 16, 4, 1, 0, 0, 0, ukr_avx2_6x16, NULL};
 static kdesc K_GENERIC = {"generic", 4, 16, 4, 1, 0, 0, 0, ukr_generic_4x16, NULL};
-static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AVX2, &K_GENERIC};
+static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AMX, &K_AVX2, &K_GENERIC};
 
 static const kdesc *g_kernel;
-static int g_bf16_dot;                        /* use K_BF16DOT for packed inference bf16 GEMMs */
+/* packed inference bf16 GEMMs on bf16 products: 0 no (exact), 1 K_BF16DOT, 2 K_AMX */
+static int g_bf16_dot;
 /* How a team shares a packed GEMM (gemm_packed): -1 auto, 0 "slices", 1 "shared"
  * (MMC_GEMM_SPLIT) */
 static int g_split = -1;
@@ -274,9 +367,26 @@ static bool cpu_avx512(void) {
 }
 static bool cpu_bf16dot(void) { return cpu_avx512() && mmc_cpu_info_get()->avx512_bf16; }
 
+/* AMX: the CPU has it, the OS saves its state (cpuinfo.c reads XCR0) and Linux lets this process
+ * use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once for the whole process). */
+static bool g_amx_permitted;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+static void amx_ask_permission(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    g_amx_permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#endif
+}
+static bool cpu_amx(void) {
+    const mmc_cpu_info *ci = mmc_cpu_info_get();
+    if (!(cpu_bf16dot() && ci->amx_tile && ci->amx_bf16)) return false;
+    pthread_once(&g_amx_once, amx_ask_permission);
+    return g_amx_permitted;
+}
+
 static void set_blocks(kdesc *k, int64_t mc, int64_t kc, int64_t nc) {
     if (mc > 0) k->mc = (mc + k->mr - 1) / k->mr * k->mr;
     if (kc > 0) k->kc = k->elem_bytes == 2 ? (kc + 1) / 2 * 2 : kc; /* pairs: k blocks start even */
+    if (kc > 0 && k == &K_AMX) k->kc = (kc + 31) / 32 * 32;          /* whole tile steps */
     if (nc > 0) k->nc = (nc + k->nr - 1) / k->nr * k->nr;
 }
 
@@ -291,6 +401,7 @@ static void init_blocking(void) {
         MMC_CHECK(mmc_gemm_blocking_derive(&ci->cache, &t, &b) == MMC_OK, "gemm: %s", mmc_last_error());
         k->mc = b.mc, k->kc = b.kc, k->nc = b.nc;
     }
+    K_AMX.kc = K_AMX.kc < 32 ? 32 : K_AMX.kc / 32 * 32;
     const char *bl = getenv("MMC_GEMM_BLOCKING");
     if (bl && *bl) {
         long long mc, kc, nc;
@@ -314,11 +425,17 @@ static void init_blocking(void) {
     else if (sp && *sp && strcmp(sp, "auto") != 0)
         fprintf(stderr, "mmc: ignoring MMC_GEMM_SPLIT='%s' (want auto, slices or shared)\n", sp);
     const char *bf = getenv("MMC_GEMM_BF16");
-    if (bf && strcmp(bf, "dot") == 0) {
-        if (cpu_bf16dot()) g_bf16_dot = 1;
-        else fprintf(stderr, "mmc: MMC_GEMM_BF16=dot ignored: this CPU lacks AVX512_BF16\n");
-    } else if (bf && *bf && strcmp(bf, "f32") != 0) {
-        fprintf(stderr, "mmc: ignoring MMC_GEMM_BF16='%s' (want dot or f32)\n", bf);
+    if (bf && *bf && strcmp(bf, "f32") != 0) {
+        const int mode = strcmp(bf, "dot") == 0 ? (cpu_amx() ? 2 : 1) : strcmp(bf, "amx") == 0 ? 2
+                         : strcmp(bf, "avx512_bf16") == 0 ? 1 : -1;
+        if (mode < 0)
+            fprintf(stderr, "mmc: ignoring MMC_GEMM_BF16='%s' (want dot, amx, avx512_bf16 or f32)\n", bf);
+        else if (mode == 2 && !cpu_amx())
+            fprintf(stderr, "mmc: MMC_GEMM_BF16=%s ignored: this CPU (or the OS) offers no AMX\n", bf);
+        else if (mode == 1 && !cpu_bf16dot())
+            fprintf(stderr, "mmc: MMC_GEMM_BF16=%s ignored: this CPU lacks AVX512_BF16\n", bf);
+        else
+            g_bf16_dot = mode;
     }
 }
 
@@ -342,12 +459,17 @@ static const kdesc *kernel(void) {
  * is switched on and the AVX-512 kernel is the one chosen (a forced avx2/generic stays). */
 static const kdesc *kernel_for(bool b16_infer) {
     const kdesc *k = kernel();
-    return b16_infer && k == &K_AVX512 && __atomic_load_n(&g_bf16_dot, __ATOMIC_RELAXED) ? &K_BF16DOT : k;
+    if (!b16_infer || k != &K_AVX512) return k;
+    const int mode = __atomic_load_n(&g_bf16_dot, __ATOMIC_RELAXED);
+    return mode == 2 ? &K_AMX : mode == 1 ? &K_BF16DOT : k;
 }
 
 /* 4-byte slots per row of a packed panel for kc values of k: one per k (f32), one per k pair
  * (bf16 pairs). Packed panels are laid out back to back with this stride. */
-static inline int64_t kslots(const kdesc *kd, int64_t kc) { return kd->elem_bytes == 2 ? (kc + 1) / 2 : kc; }
+static inline int64_t kslots(const kdesc *kd, int64_t kc) {
+    if (kd == &K_AMX) return (kc + 31) / 32 * 16; /* pairs, zero-padded to whole tile steps */
+    return kd->elem_bytes == 2 ? (kc + 1) / 2 : kc;
+}
 
 const char *mmc_gemm_kernel_name(void) { return kernel()->name; }
 
@@ -366,7 +488,18 @@ int mmc_gemm_set_kernel(const char *name) {
 int mmc_gemm_set_bf16_dot(bool on) {
     pthread_once(&g_init_once, init_blocking);
     if (on && !cpu_bf16dot()) return -1;
-    __atomic_store_n(&g_bf16_dot, on ? 1 : 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_bf16_dot, on ? (cpu_amx() ? 2 : 1) : 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+int mmc_gemm_set_bf16_kernel(const char *name) {
+    pthread_once(&g_init_once, init_blocking);
+    int mode = -1;
+    if (strcmp(name, "f32") == 0) mode = 0;
+    else if (strcmp(name, "avx512_bf16") == 0 && cpu_bf16dot()) mode = 1;
+    else if (strcmp(name, "amx_bf16") == 0 && cpu_amx()) mode = 2;
+    if (mode < 0) return -1;
+    __atomic_store_n(&g_bf16_dot, mode, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -381,8 +514,9 @@ void mmc_gemm_describe(mmc_gemm_info *out) {
     describe(k, &out->f32);
     describe(k, &out->bf16);
     describe(kernel_for(true), &out->bf16_infer);
-    out->bf16_dot = kernel_for(true) == &K_BF16DOT;
+    out->bf16_dot = kernel_for(true) == &K_BF16DOT || kernel_for(true) == &K_AMX;
     out->bf16_dot_available = cpu_bf16dot();
+    out->amx_available = cpu_amx();
     out->small_m = SMALL_M;
     out->small_m_kernel = k == &K_AVX512 ? "avx512" : "generic";
     out->blocking_source = g_blocking_source;
@@ -633,12 +767,56 @@ TBF16 static void pack_b_dot(bool tb, const uint16_t *B, int64_t ldb, int64_t n0
     }
 }
 
+/* ---- AMX packing (see ukr_amx_32x32): A as [k step][row][16 pairs] per 32-row panel */
+
+/* A (f32) rows [m0, m0+mc) × k [k0, k0+kc), rounded to bf16 (nearest-even), zero past the rows
+ * and past kc up to the whole step. [M, K]: 32 k of a row are one vcvtne2ps2bf16. */
+TBF16 static void pack_a_amx(bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc, int64_t k0,
+                             int64_t kc, float *Ap_) {
+    uint16_t *Ap = (uint16_t *)Ap_;
+    const int64_t steps = (kc + 31) / 32;
+    for (int64_t p = 0; p < mc; p += MR_AMX) {
+        const int rows = mc - p < MR_AMX ? (int)(mc - p) : MR_AMX;
+        uint16_t *dst = Ap + p * steps * 32; /* panels of 32 rows × steps × 32 bf16 */
+        for (int64_t t = 0; t < steps; t++) {
+            const int ke = kc - 32 * t < 32 ? (int)(kc - 32 * t) : 32;
+            uint16_t *d = dst + t * MR_AMX * 32;
+            if (ta) { /* A stored [K, M]: op(A)[m, k] = A[k*lda + m] */
+                for (int i = 0; i < MR_AMX; i++)
+                    for (int q = 0; q < 32; q++)
+                        d[i * 32 + q] = i < rows && q < ke ? mmc_f32_to_bf16(A[(k0 + 32 * t + q) * lda + m0 + p + i]) : 0;
+                continue;
+            }
+            const __mmask16 mlo = ke >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ke) - 1u);
+            const __mmask16 mhi = ke <= 16 ? 0 : ke == 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (ke - 16)) - 1u);
+            for (int i = 0; i < MR_AMX; i++) {
+                __m512i v = _mm512_setzero_si512();
+                if (i < rows) {
+                    const float *src = A + (m0 + p + i) * lda + k0 + 32 * t;
+                    v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, src + 16), _mm512_maskz_loadu_ps(mlo, src));
+                }
+                _mm512_store_si512((void *)(d + i * 32), v);
+            }
+        }
+    }
+}
+
+/* Zero the pair rows of a packed B panel between (kc+1)/2 and the whole tile step. */
+static void pad_b_amx(int64_t kc, float *Bp) {
+    const int64_t q0 = (kc + 1) / 2, q1 = (kc + 31) / 32 * 16;
+    if (q1 > q0) memset(Bp + q0 * 32, 0, (size_t)(q1 - q0) * 32 * sizeof(float));
+}
+
 /* Pack rows [m0, m0+mc) × k [k0, k0+kc) of op(A) into MR-row panels: Ap[p][k][i]. */
 static void pack_a(const kdesc *kd, bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc,
                    int64_t k0, int64_t kc, float *restrict Ap) {
     const int mr = kd->mr;
     if (kd == &K_BF16DOT) {
         pack_a_dot(ta, A, lda, m0, mc, k0, kc, Ap);
+        return;
+    }
+    if (kd == &K_AMX) {
+        pack_a_amx(ta, A, lda, m0, mc, k0, kc, Ap);
         return;
     }
     if (ta && kd == &K_AVX512) {
@@ -679,8 +857,9 @@ static inline float ldb_val(const void *B, bool b16, int64_t idx) {
 static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int64_t ldb,
                          int64_t n0, int64_t cols, int64_t k0, int64_t kc, float *restrict Bp) {
     const int nr = kd->nr;
-    if (kd == &K_BF16DOT) {
+    if (kd == &K_BF16DOT || kd == &K_AMX) {
         pack_b_dot(tb, (const uint16_t *)B, ldb, n0, cols, k0, kc, Bp);
+        if (kd == &K_AMX) pad_b_amx(kc, Bp);
         return;
     }
     if (tb && kd == &K_AVX512) { /* B stored [N, K]: two 16-row transposes per panel */
@@ -753,10 +932,12 @@ T512 static void pack_b_rows_avx512(const void *B, bool b16, int64_t ldb, int64_
 static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
                         int64_t nc, int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
     const int nr = kd->nr;
-    if (kd == &K_BF16DOT) {
+    if (kd == &K_BF16DOT || kd == &K_AMX) {
         for (int64_t p = p0; p < p1; p++) {
             const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
-            pack_b_dot(false, (const uint16_t *)B, ldb, jc + c0, cols, k0, kc, Bp + p * nr * ((kc + 1) / 2));
+            float *bp = Bp + p * nr * kslots(kd, kc);
+            pack_b_dot(false, (const uint16_t *)B, ldb, jc + c0, cols, k0, kc, bp);
+            if (kd == &K_AMX) pad_b_amx(kc, bp);
         }
         return;
     }
@@ -1148,6 +1329,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                            beta, C, ldc, Abuf[omp_get_thread_num()],
                            omp_get_thread_num() ? Bbuf[omp_get_thread_num()] : B0);
             }
+            if (kd == &K_AMX) amx_release();
         }
         return;
     }
@@ -1247,6 +1429,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                 } /* implicit barrier: B block is re-packed next */
             }
         }
+        if (kd == &K_AMX) amx_release();
     }
 }
 

@@ -42,6 +42,10 @@ void mmc_gemm_ref_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
  * for packed mmc_gemm_bf16_infer calls (M > 4), as MMC_GEMM_BF16=dot does; returns -1 if this CPU
  * lacks AVX512_BF16. Not thread-safe against running GEMMs. */
 int mmc_gemm_set_bf16_dot(bool on);
+/* Pick the inference bf16 kernel by name: "amx_bf16" (AMX tiles), "avx512_bf16" (vdpbf16ps) or
+ * "f32" (exact: weights widened); returns -1 if this CPU cannot run it. MMC_GEMM_BF16=dot and
+ * mmc_gemm_set_bf16_dot(true) take amx_bf16 where the CPU has AMX, else avx512_bf16. */
+int mmc_gemm_set_bf16_kernel(const char *name);
 
 /* What a GEMM runs on this machine (for `mmc info --system` and benchmark reports). */
 typedef struct {
@@ -52,8 +56,10 @@ typedef struct {
 typedef struct {
     mmc_gemm_path f32, bf16;     /* packed path per B dtype (bf16: training, backward) */
     mmc_gemm_path bf16_infer;    /* mmc_gemm_bf16_infer's packed path */
-    bool bf16_dot;               /* bf16_infer runs the vdpbf16ps kernel (else = bf16) */
+    bool bf16_dot;               /* bf16_infer runs a bf16-product kernel: vdpbf16ps or AMX
+                                  * (else = bf16) */
     bool bf16_dot_available;     /* the CPU has AVX512_BF16 */
+    bool amx_available;          /* ... and AMX-BF16 tiles the OS lets this process use */
     int small_m;                 /* M <= small_m runs the unpacked matvec path */
     const char *small_m_kernel;  /* "avx512" or "generic" */
     const char *blocking_source; /* "model" (from the caches) or the env variable that set it */
