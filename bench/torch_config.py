@@ -27,6 +27,22 @@ try:
                            if re.search(r"Math Kernel Library|OpenBLAS|BLIS|Accelerate", ln)), None)
     t["onednn"] = next((ln.lstrip("- ") for ln in lines if "oneDNN" in ln or "MKL-DNN" in ln), None)
     t["mkldnn_enabled"] = bool(torch.backends.mkldnn.is_available())
+    # the kernel paths MKL and oneDNN take on this CPU, as they report them themselves: a child
+    # runs one f32 matmul (MKL sgemm) and one bf16 matmul (oneDNN) with their verbose modes on
+    import subprocess
+    import sys
+    try:
+        env = dict(__import__("os").environ, MKL_VERBOSE="1", ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
+        code = ("import torch; a = torch.randn(64, 64); (a @ a); b = a.bfloat16(); (b @ b)")
+        v = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        vl = (v.stdout + v.stderr).splitlines()
+        t["mkl_verbose"] = next((ln.strip() for ln in vl if ln.startswith("MKL_VERBOSE") and "SGEMM" not in ln), None)
+        t["mkl_sgemm"] = next((ln.strip()[:160] for ln in vl if ln.startswith("MKL_VERBOSE") and "SGEMM" in ln), None)
+        t["onednn_isa"] = next((ln.split("isa:", 1)[1].strip() for ln in vl if "onednn_verbose" in ln and "isa:" in ln), None)
+        t["onednn_bf16_matmul"] = next((ln.split(",")[6] for ln in vl
+                                         if "onednn_verbose" in ln and ",exec," in ln and "matmul" in ln), None)
+    except Exception as e:
+        t["mkl_verbose"] = f"not read ({type(e).__name__})"
     out["torch"] = t
 except ImportError as e:
     out["torch"] = {"error": str(e)}
