@@ -2,6 +2,7 @@
  * logits (f32, bf16 weights, tied head with the Hub's flat config layout), training loss and
  * parameter gradients (with and without activation recompute), and greedy decoding with the
  * KV cache, token-identical for 32 new tokens. */
+#include "backend/cpu/gemm.h"
 #include "test_util.h"
 
 #include <stdlib.h>
@@ -54,6 +55,21 @@ static void test_logits(mmc_st *ref) {
         /* bf16 weights widened to f32: the HF f32 model differs by the bf16 rounding of the
          * weights only, so compare loosely (5e-2 max-abs on logits of magnitude ~1) */
         CHECK_CLOSE(got, want, 5e-2, 0, "bf16-weight logits vs f32 transformers");
+        /* --bf16-matmul (mmc_gemm_set_bf16_dot): the weight GEMMs on bf16 products (AMX or
+         * AVX512_BF16, whichever this CPU has; the prompt's 8+ tokens take the packed path),
+         * activations rounded to bf16: the same loose bound against transformers, and within
+         * 2e-2 of the exact bf16-weight logits */
+        if (mmc_gemm_set_bf16_dot(true) == 0) {
+            mmc_gemm_info gi;
+            mmc_gemm_describe(&gi);
+            mmc_tensor *fast = full_logits(ctx, m, ids);
+            mmc_gemm_set_bf16_dot(false);
+            CHECK_CLOSE(fast, want, 5e-2, 0, "bf16-matmul logits vs f32 transformers");
+            CHECK_CLOSE(fast, got, 2e-2, 0, "bf16-matmul logits vs the exact bf16-weight path");
+            printf("test_qwen2: bf16-matmul on the %s kernel\n", gi.bf16_infer.kernel);
+        } else {
+            printf("test_qwen2: no bf16-product kernel on this CPU: --bf16-matmul not checked here\n");
+        }
         mmc_qwen2_free(m);
     }
     mmc_ctx_reset(ctx);

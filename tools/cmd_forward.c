@@ -36,7 +36,8 @@ void help_forward(FILE *f) {
             "  --raw             feed the prompt as-is, without the chat template\n"
             "  --quantize int8|nf4  weight-only quantised decoder linears, as generate's (compare\n"
             "                    the logits with an f32 run to see the drift)\n"
-            "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
+            "  --bf16-matmul     bf16 weight GEMMs multiply in bf16 (AMX / AVX512_BF16), as\n"
+            "                    generate's (compare the logits with a default run)\n"            "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
             "  -h, --help        this help\n");
 }
 
@@ -54,6 +55,7 @@ int cmd_forward(int argc, char **argv) {
         if (!strcmp(a, "--out")) { VAL(); out = v; }
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--quantize")) { VAL(); if (cli_quantize_arg("forward", v, &quant)) return CLI_USAGE; }
+        else if (!strcmp(a, "--bf16-matmul")) cli_bf16_matmul("forward");
         else return cli_usage("forward", "unknown option '%s'", a);
 #undef VAL
     }

@@ -473,6 +473,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--port")) {
             if (opt_ll(a, argc, argv, &i, 0, 65535, &v)) return CLI_USAGE;
             o.port = (int)v;
+        } else if (!strcmp(a, "--bf16-matmul")) {
+            cli_bf16_matmul("serve");
         } else if (!strcmp(a, "--quantize")) {
             const char *qv = cli_value(argc, argv, &i);
             if (!qv || cli_quantize_arg("serve", qv, &quant)) return CLI_USAGE;

@@ -4,6 +4,7 @@
 #include "mmc_image.h"
 #include "mmc_prompt.h"
 #include "mmc_quant.h"
+#include "backend/cpu/gemm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -576,6 +577,17 @@ int cli_quantize_arg(const char *cmd, const char *v, int *mode) {
     if (mmc_quant_mode_parse(v, &q)) return cli_usage(cmd, "--quantize must be int8, nf4 or none, not '%s'", v);
     *mode = (int)q;
     return 0;
+}
+
+void cli_bf16_matmul(const char *cmd) {
+    if (mmc_gemm_set_bf16_dot(true) != 0) {
+        fprintf(stderr, "mmc %s: --bf16-matmul ignored: this CPU has neither AMX nor AVX512_BF16 (bf16 weights "
+                        "keep the exact f32 arithmetic)\n", cmd);
+        return;
+    }
+    mmc_gemm_info g;
+    mmc_gemm_describe(&g);
+    fprintf(stderr, "mmc %s: bf16 weight GEMMs multiply in bf16 on the %s kernel\n", cmd, g.bf16_infer.kernel);
 }
 
 mmc_status cli_model_quantize(cli_model *m, int mode) {

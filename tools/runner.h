@@ -131,11 +131,19 @@ int cli_quantize_arg(const char *cmd, const char *v, int *mode);
  * cli_quantize_arg; none: nothing) and say on stderr what was quantised and the bytes saved.
  * Vision / audio towers, embeddings and lm_head stay as loaded. */
 mmc_status cli_model_quantize(cli_model *m, int mode);
+/* --bf16-matmul: switch inference GEMMs on bf16 weights to the bf16-product kernel (AMX or
+ * AVX512_BF16, gemm.c); a CPU with neither keeps the exact path and is told so. */
+void cli_bf16_matmul(const char *cmd);
 #define CLI_QUANTIZE_HELP \
     "  --quantize int8|nf4      weight-only quantisation of the language model's linears at load:\n" \
     "                           int8 with one scale per output channel (8 + 32/K bits/weight) or\n" \
     "                           NF4 (4.5 bits/weight: blocks of 64); embeddings, lm_head and\n" \
-    "                           vision towers stay as loaded; LoRA adapters apply on top\n"
+    "                           vision towers stay as loaded; LoRA adapters apply on top\n" \
+    "  --bf16-matmul            GEMMs on bf16 weights multiply in bf16 (activations rounded to\n" \
+    "                           bf16, f32 accumulation, as PyTorch's bf16 matmul): AMX tiles where\n" \
+    "                           the CPU has them, else AVX512_BF16; prefill several times faster on\n" \
+    "                           AMX CPUs, logits ~1e-3 relative off the exact default (bf16 kept as\n" \
+    "                           storage, f32 arithmetic); same as MMC_GEMM_BF16=dot\n"
 
 /* --chat-template FILE (its text wins over the directory's templates) and/or
  * --chat-template-name NAME (one of several named templates); both may be NULL. */
