@@ -75,6 +75,16 @@ with torch.inference_mode():
         times.append(time.perf_counter() - t0)
     times.sort()
     report("vl_qwen2vl2b_decode_lm4of28_after512", 1.0 / times[16], "tok/s")
+    # bf16 weights, as published checkpoints ship and transformers users load them
+    # (torch_dtype=bfloat16: the whole language model computes in bf16; oneDNN's bf16 matmul,
+    # AMX where the CPU has it): bench_vl.c's _bf16 (exact) and _bf16matmul (mmc's bf16-product
+    # kernel, --bf16-matmul) rows
+    model.model.language_model.to(torch.bfloat16)
+    model.lm_head.to(torch.bfloat16)
+    sec = timeit(prefill, 5.0, 2)
+    for tag in ("bf16", "bf16matmul"):
+        report(f"vl_qwen2vl2b_prefill_lm4of28_T512_{tag}", T / sec, "tok/s")
+    model.float()
 MiB = 1024.0 * 1024.0
 weights = sum(p.numel() * p.element_size() for p in model.parameters())   # tied embedding counted once
 kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)

@@ -77,4 +77,14 @@ void help_template(FILE *f);
 int cmd_embed(int argc, char **argv);
 void help_embed(FILE *f);
 
+/* --bf16-matmul (generate, chat, forward, serve, generate-image, generate-video): switch inference
+ * GEMMs on bf16 weights to the bf16-product kernel (AMX or AVX512_BF16, gemm.c); a CPU with
+ * neither keeps the exact path and is told so (runner.c). */
+void cli_bf16_matmul(const char *cmd);
+#define CLI_BF16_MATMUL_HELP \
+    "  --bf16-matmul           GEMMs on bf16 weights multiply in bf16 (activations rounded to bf16,\n" \
+    "                          f32 accumulation, as PyTorch's bf16 matmul): AMX tiles where the CPU\n" \
+    "                          has them, else AVX512_BF16; several times faster on AMX CPUs, results\n" \
+    "                          ~1e-3 relative off the exact default; same as MMC_GEMM_BF16=dot\n"
+
 #endif

@@ -76,6 +76,7 @@ void help_generate_image(FILE *f) {
             "  --scheduler DIR         SDXL / SD: use the scheduler_config.json in DIR instead of the folder's\n"
             "                          (Euler, Euler ancestral, DPM-Solver++ 2M / SDE, DDIM, PNDM), as\n"
             "                          pipe.scheduler = Cls.from_config(...) does\n"
+            CLI_BF16_MATMUL_HELP
             "  --guidance-rescale R    HunyuanDiT: rescale_noise_cfg's guidance_rescale, 0..1 (default 0)\n"
             "  --no-resolution-binning HunyuanDiT: keep --width / --height (floored to multiples of 16) instead\n"
             "                          of mapping them to the closest trained shape (use_resolution_binning)\n"
@@ -509,6 +510,7 @@ int cmd_generate_image(int argc, char **argv) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--tiled-decode")) { tiled = true; continue; }
+        if (!strcmp(a, "--bf16-matmul")) { cli_bf16_matmul("generate-image"); continue; }
         if (!strcmp(a, "--no-resolution-binning")) { binning = false; continue; }
         if (a[0] != '-' || !strcmp(a, "-")) return cli_usage("generate-image", "unexpected argument '%s'", a);
         if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE;

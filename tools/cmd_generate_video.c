@@ -60,6 +60,7 @@ void help_generate_video(FILE *f) {
             "                          .gif, .mkv (lossless FFV1), or a folder of PNG frames (a path ending in\n"
             "                          '/', or an existing directory; frame_00000.png ... and settings.json).\n"
             "                          --output is the same option\n"
+            CLI_BF16_MATMUL_HELP
             "  --json                  print one JSON object (file, timings, peak memory) instead of progress\n"
             "  -h, --help              this help\n");
 }
@@ -128,6 +129,7 @@ int cmd_generate_video(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "--bf16-matmul")) { cli_bf16_matmul("generate-video"); continue; }
         if (a[0] != '-' || !strcmp(a, "-")) return cli_usage("generate-video", "unexpected argument '%s'", a);
         if (!(v = cli_value(argc, argv, &i))) return CLI_USAGE;
         if (!strcmp(a, "--model")) model = v;

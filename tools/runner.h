@@ -131,9 +131,7 @@ int cli_quantize_arg(const char *cmd, const char *v, int *mode);
  * cli_quantize_arg; none: nothing) and say on stderr what was quantised and the bytes saved.
  * Vision / audio towers, embeddings and lm_head stay as loaded. */
 mmc_status cli_model_quantize(cli_model *m, int mode);
-/* --bf16-matmul: switch inference GEMMs on bf16 weights to the bf16-product kernel (AMX or
- * AVX512_BF16, gemm.c); a CPU with neither keeps the exact path and is told so. */
-void cli_bf16_matmul(const char *cmd);
+
 #define CLI_QUANTIZE_HELP \
     "  --quantize int8|nf4      weight-only quantisation of the language model's linears at load:\n" \
     "                           int8 with one scale per output channel (8 + 32/K bits/weight) or\n" \
