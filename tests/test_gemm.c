@@ -208,7 +208,7 @@ static void bf16dot_suite(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *kernels[] = {"avx512", "avx2", "generic"};
+    const char *kernels[] = {"avx512", "avx2", "generic", "avx512"};
     /* part "blocks" / "blocks_shared" (asked for by name only: the blocking is read once, at the
      * first GEMM): tiny cache blocks MC=28 KC=40 NC=64 (bf16dot: MC=28 KC=40 NC=64 as well), so
      * every shape above spans many row, K and column blocks with ragged last blocks, on every
@@ -219,6 +219,10 @@ int main(int argc, char **argv) {
         setenv("MMC_GEMM_BLOCKING", "28,40,64", 1);
         setenv("MMC_GEMM_SPLIT", !strcmp(argv[1], "blocks") ? "slices" : "shared", 1);
     }
+    /* part "avx512_bpf": the AVX-512 kernel's B-prefetching variant (Intel's default, gemm.c),
+     * part "avx512" the plain one (AMD's): both checked on every machine (read at the first GEMM) */
+    if (argc >= 2 && !strcmp(argv[1], "avx512_bpf")) setenv("MMC_GEMM_UKR", "bpf", 1);
+    else if (argc >= 2 && !strcmp(argv[1], "avx512")) setenv("MMC_GEMM_UKR", "plain", 1);
     const char *native = mmc_gemm_kernel_name();
     printf("test_gemm: native kernel %s\n", native);
     if (blocks) {
@@ -246,11 +250,16 @@ int main(int argc, char **argv) {
         mmc_gemm_set_kernel(native);
         return test_done("test_gemm");
     }
-    for (int ki = 0; ki < 3; ki++) {
-        if (!test_part(argc, argv, kernels[ki])) continue;
+    for (int ki = 0; ki < 4; ki++) {
+        if (ki == 3 ? !test_part(argc, argv, "avx512_bpf") : !test_part(argc, argv, kernels[ki])) continue;
         if (mmc_gemm_set_kernel(kernels[ki]) != 0) {
             test_skip("test_gemm", "kernel %s: this CPU lacks its instructions", kernels[ki]);
             continue;
+        }
+        if (ki == 3) {
+            mmc_gemm_info gi;
+            mmc_gemm_describe(&gi);
+            CHECKF(gi.f32_b_prefetch > 0, "MMC_GEMM_UKR=bpf: the B-prefetching kernel is not the one run");
         }
         kernel_suite();
     }

@@ -96,9 +96,9 @@ static int info_system(bool json) {
                    "\"arithmetic\": \"%s\"}, ",
                    names[i], p[i]->kernel, p[i]->mr, p[i]->nr, (long long)p[i]->mc, (long long)p[i]->kc,
                    (long long)p[i]->nc, arith[i]);
-        printf("\"bf16_dot_available\": %s, \"amx_available\": %s, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\", "
+        printf("\"bf16_dot_available\": %s, \"amx_available\": %s, \"f32_b_prefetch\": %d, \"small_m\": %d, \"small_m_kernel\": \"%s\", \"blocking_source\": \"%s\", "
                "\"split\": \"%s\"}}\n",
-               g.bf16_dot_available ? "true" : "false", g.amx_available ? "true" : "false", g.small_m, g.small_m_kernel, g.blocking_source, g.split);
+               g.bf16_dot_available ? "true" : "false", g.amx_available ? "true" : "false", g.f32_b_prefetch, g.small_m, g.small_m_kernel, g.blocking_source, g.split);
         return 0;
     }
     printf("cpu:        %s %s (family %d, model %d, stepping %d)\n", ci->vendor[0] ? ci->vendor : "?",
@@ -127,6 +127,9 @@ static int info_system(bool json) {
     printf("gemm f32:   %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s); M <= %d: %s matvec\n",
            g.f32.kernel, g.f32.mr, g.f32.nr, (long long)g.f32.mc, (long long)g.f32.kc, (long long)g.f32.nc,
            strcmp(g.blocking_source, "model") ? g.blocking_source : "from the caches", g.small_m, g.small_m_kernel);
+    if (g.f32_b_prefetch)
+        printf("            B micro-panel prefetched %d k steps ahead into L1 (Intel; MMC_GEMM_UKR=plain turns it off)\n",
+               g.f32_b_prefetch);
     printf("gemm split: %s (threads: independent slices when a GEMM spans several B blocks, else B packed "
            "together; MMC_GEMM_SPLIT=slices|shared forces one)\n", g.split);
     printf("gemm bf16:  %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s)\n", g.bf16.kernel, g.bf16.mr,

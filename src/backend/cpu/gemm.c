@@ -162,6 +162,57 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
     }
 }
 
+/* The same kernel with the B micro-panel's lines prefetched into L1 a few k steps ahead (two
+ * 64-byte lines per k step). Where the B micro-panel (KC x 32 floats, 128 KiB at KC = 1024)
+ * lives in L2, each k step misses L1 on both B lines; Zen's L1 prefetcher keeps up with that
+ * stream, Intel's does not (measured below, in the blocking notes of cpuinfo.c). Chosen for
+ * the AVX-512 kernel by vendor (MMC_GEMM_UKR=plain|bpf overrides); results are the same bits
+ * (prefetches change no arithmetic). */
+static int g_ukr_bpf = 8; /* k steps ahead (MMC_GEMM_BPF) */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+static void ukr_avx512_14x32_bpf(int64_t kc, const float *restrict Ap, const float *restrict Bp,
+                                 float *restrict C, int64_t ldc, float alpha, float beta) {
+    __m512 c0[MR512], c1[MR512];
+#pragma GCC unroll 14
+    for (int i = 0; i < MR512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    const int64_t kpf = kc > UKR_CPF ? kc - UKR_CPF : 0, bpf = 32 * (int64_t)g_ukr_bpf;
+    for (int64_t k = 0; k < kc; k++) {
+        if (k == kpf)
+#pragma GCC unroll 14
+            for (int i = 0; i < MR512; i++) {
+                _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+                _mm_prefetch((const char *)(C + i * ldc + 31), _MM_HINT_T0);
+            }
+        __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
+        _mm_prefetch((const char *)(Bp + bpf), _MM_HINT_T0);
+        _mm_prefetch((const char *)(Bp + bpf + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(Ap + 8 * MR512), _MM_HINT_T0);
+#pragma GCC unroll 14
+        for (int i = 0; i < MR512; i++) {
+            __m512 a = _mm512_set1_ps(Ap[i]);
+            c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
+            c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+        }
+        Ap += MR512;
+        Bp += 32;
+    }
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    if (beta == 0.0f) {
+#pragma GCC unroll 14
+        for (int i = 0; i < MR512; i++) {
+            _mm512_storeu_ps(C + i * ldc, _mm512_mul_ps(va, c0[i]));
+            _mm512_storeu_ps(C + i * ldc + 16, _mm512_mul_ps(va, c1[i]));
+        }
+    } else {
+#pragma GCC unroll 14
+        for (int i = 0; i < MR512; i++) {
+            float *c = C + i * ldc;
+            _mm512_storeu_ps(c, _mm512_fmadd_ps(va, c0[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c))));
+            _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, c1[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c + 16))));
+        }
+    }
+}
+
 /* The f32 kernel for the first `rows` rows of a tile only: a partial row tile (M not a multiple
  * of 14) costs its rows, not 14. A 16-sequence decode step of the serving engine is 14 + 2 rows,
  * and the full kernel on the 2-row tile spent 12 of its 28 rows' FMAs on padding. */
@@ -424,6 +475,13 @@ static void init_blocking(void) {
     else if (sp && strcmp(sp, "slices") == 0) g_split = 0;
     else if (sp && *sp && strcmp(sp, "auto") != 0)
         fprintf(stderr, "mmc: ignoring MMC_GEMM_SPLIT='%s' (want auto, slices or shared)\n", sp);
+    const char *uk = getenv("MMC_GEMM_UKR");
+    if (!strcmp(ci->vendor, "GenuineIntel")) K_AVX512.ukr = ukr_avx512_14x32_bpf;
+    if (uk && !strcmp(uk, "plain")) K_AVX512.ukr = ukr_avx512_14x32;
+    else if (uk && !strcmp(uk, "bpf")) K_AVX512.ukr = ukr_avx512_14x32_bpf;
+    else if (uk && *uk)
+        fprintf(stderr, "mmc: ignoring MMC_GEMM_UKR='%s' (want plain or bpf)\n", uk);
+    if (env_int("MMC_GEMM_BPF", 0) > 0) g_ukr_bpf = env_int("MMC_GEMM_BPF", 0);
     const char *bf = getenv("MMC_GEMM_BF16");
     if (bf && *bf && strcmp(bf, "f32") != 0) {
         const int mode = strcmp(bf, "dot") == 0 ? (cpu_amx() ? 2 : 1) : strcmp(bf, "amx") == 0 ? 2
@@ -512,6 +570,7 @@ static void describe(const kdesc *k, mmc_gemm_path *p) {
 void mmc_gemm_describe(mmc_gemm_info *out) {
     const kdesc *k = kernel();
     describe(k, &out->f32);
+    out->f32_b_prefetch = k == &K_AVX512 && K_AVX512.ukr == ukr_avx512_14x32_bpf ? g_ukr_bpf : 0;
     describe(k, &out->bf16);
     describe(kernel_for(true), &out->bf16_infer);
     out->bf16_dot = kernel_for(true) == &K_BF16DOT || kernel_for(true) == &K_AMX;

@@ -60,6 +60,8 @@ typedef struct {
                                   * (else = bf16) */
     bool bf16_dot_available;     /* the CPU has AVX512_BF16 */
     bool amx_available;          /* ... and AMX-BF16 tiles the OS lets this process use */
+    int f32_b_prefetch;          /* the AVX-512 kernel prefetches B this many k steps ahead
+                                  * (0: not; Intel CPUs, MMC_GEMM_UKR=plain|bpf) */
     int small_m;                 /* M <= small_m runs the unpacked matvec path */
     const char *small_m_kernel;  /* "avx512" or "generic" */
     const char *blocking_source; /* "model" (from the caches) or the env variable that set it */
