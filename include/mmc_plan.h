@@ -94,8 +94,10 @@ typedef struct {
     int ranks_per_node;               /* 8 for a DGX-class node; the whole job for one CPU host */
 } mmc_plan_net;
 
+/* EXCHANGE: a ring step (every rank sends to the next and receives from the previous at once;
+ * its alpha-beta time is a point-to-point transfer's) */
 typedef enum { MMC_COLL_ALL_REDUCE = 0, MMC_COLL_ALL_GATHER, MMC_COLL_REDUCE_SCATTER, MMC_COLL_ALL_TO_ALL,
-               MMC_COLL_P2P } mmc_coll_kind;
+               MMC_COLL_P2P, MMC_COLL_EXCHANGE } mmc_coll_kind;
 
 typedef struct {
     double step_s;                    /* modelled wall time of one optimizer step */
@@ -161,8 +163,24 @@ double mmc_plan_calib_eltwise(mmc_plan_calib *c, int64_t M, int64_t C, int64_t F
 double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
                             int64_t F);
 double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V);
+/* Seconds per layer of L such layers in sequence (each its own weights: the stage's working set),
+ * forward + backward, with n copies running at once on n threads (the job's other ranks on the
+ * other cores); what the model uses on a CPU (the lone layer above fits the caches better). */
+double mmc_plan_calib_stack(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
+                            int64_t F, int64_t L, int n);
 /* The trainer's optimizer step over n parameters (gradient clipping + AdamW + zeroing). */
 double mmc_plan_calib_adamw(mmc_plan_calib *c, int64_t n);
+/* Collectives as the trainer meets them (collective over `world`, run under mpirun with 2+ ranks):
+ * each kind over groups of 2, 4, ... ranks (all groups of the job at once) and message sizes
+ * 64 B - 16 MiB, each operation after ~1 ms of arithmetic on every rank, as between a layer's
+ * GEMMs; the cost is the time the loop takes beyond the arithmetic alone (wake-ups of the
+ * communication thread and its back-off included), the fastest of five loops, the slowest rank.
+ * Rank 0 stores them in c (others pass NULL); log: a line per measurement (rank 0; NULL: none). */
+mmc_status mmc_plan_calibrate_coll(struct mmc_comm *world, mmc_plan_calib *c, FILE *log);
+/* A measured collective's seconds (kind over groups of p ranks in a job of n, `bytes` as
+ * mmc_plan_coll_time counts them): alpha + beta bytes fitted robustly to the measured sizes (alpha
+ * the median of those <= 16 KiB, beta the median slope of those >= 512 KiB); -1 if none measured. */
+double mmc_plan_calib_coll(const mmc_plan_calib *c, mmc_coll_kind kind, int p, int n, double bytes);
 /* Communication constants measured by mmc_plan_calibrate_net (false: none in the cache). */
 bool mmc_plan_calib_net(const mmc_plan_calib *c, mmc_plan_net *out);
 void mmc_plan_calib_set_net(mmc_plan_calib *c, const mmc_plan_net *n);

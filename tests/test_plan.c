@@ -83,6 +83,23 @@ int main(void) {
     CHECK_OK(mmc_plan_estimate_layout(&m4, &w, &d, &n0, &l, &e2));
     CHECK(REL(e2.bubble, 1.0 / 17.0));
     CHECK_NEAR((e2.step_s - e2.optim_s) / e2.compute_s, (8.0 + 0.5) / 8.0, 1e-12);
+    /* P = 4 ranks on a host of 2 cores: the 11 slots have 1, 2, 3, 4 x 5, 3, 2, 1 stages at work,
+     * each slowed by max(1, k / 2): 1 + 1 + 1.5 + 5 x 2 + 1.5 + 1 + 1 = 17 stage times (the busy
+     * stages share the cores; in the ramps the idle ones leave theirs), against 2 x 11 were every
+     * rank slowed throughout and 16 were the work spread perfectly */
+    {
+        mmc_plan_device d2 = dev1();
+        d2.cores = 2;
+        l = base;
+        l.pp = 4;
+        CHECK_OK(mmc_plan_estimate_layout(&m4, &w, &d, &n0, &l, &e1));
+        CHECK_OK(mmc_plan_estimate_layout(&m4, &w, &d2, &n0, &l, &e2));
+        CHECK_NEAR((e2.step_s - e2.optim_s) / ((e1.step_s - e1.optim_s) / 11.0), 17.0, 1e-9);
+        l.pp = 1, l.dp = 4;   /* no pipeline: every rank busy throughout, 2x */
+        CHECK_OK(mmc_plan_estimate_layout(&m4, &w, &d, &n0, &l, &e1));
+        CHECK_OK(mmc_plan_estimate_layout(&m4, &w, &d2, &n0, &l, &e2));
+        CHECK_NEAR((e2.step_s - e2.optim_s) / (e1.step_s - e1.optim_s), 2.0, 1e-9);
+    }
 
     /* ---- ZeRO over dp 4, bf16 weights (ZeRO-3 gathers bf16 only): optimizer 8P + the fp32 master
      * 4P -> 12P/4 (stage 1), gradients 8P (DDP's bucket copy) -> 4P/4 (stage 2), parameters 2P ->
@@ -109,11 +126,31 @@ int main(void) {
     CHECK(REL(e1.dp_comm_s, mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 4, 4 * P, 1e-5, 1e-9)));
     CHECK(REL(e1.comm_s, e1.dp_comm_s));   /* overlap 0: all exposed */
 
-    /* ---- tensor parallelism 2: 4 all-reduces of [16, 64] f32 per layer + 2 per micro-batch, 8 micro-batches */
+    /* ---- tensor parallelism 2: 4 all-reduces of [16, 64] f32 per layer + 2 per micro-batch (the
+     * embedding, lm_head's input gradient) + the vocab-parallel cross-entropy's max (16 floats) and
+     * sums (16 x 2 doubles), 8 micro-batches; + the gradient norm's sum (8 bytes) once per step */
     l = base;
     l.tp = 2;
     CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nab, &l, &e1));
-    CHECK(REL(e1.tp_comm_s, 8.0 * (2 * 4 + 2) * mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 64 * 4, 1e-5, 1e-9)));
+    {
+        const double ar = mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 64 * 4, 1e-5, 1e-9);
+        const double ce = mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 4, 1e-5, 1e-9) +
+                          mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 16, 1e-5, 1e-9);
+        CHECK(REL(e1.tp_comm_s, 8.0 * ((2 * 4 + 2) * ar + ce) + mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 8, 1e-5, 1e-9)));
+    }
+    /* sequence parallelism: per layer and direction 2 all-gathers + 2 reduce-scatters of [16, 64] */
+    l.sp = true;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nab, &l, &e2));
+    {
+        const double ag = mmc_plan_coll_time(MMC_COLL_ALL_GATHER, 2, 16 * 64 * 4, 1e-5, 1e-9);
+        const double ce = mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 4, 1e-5, 1e-9) +
+                          mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 16, 1e-5, 1e-9);
+        const double ar = mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 64 * 4, 1e-5, 1e-9);
+        /* (reduce-scatter = all-gather here); the embedding all-reduce, lm_head's gather and its
+         * reduce-scatter, the split's gather; per step the norm and the 2L + 1 norm weights (64 floats) */
+        CHECK(REL(e2.tp_comm_s, 8.0 * (2 * 8 * ag + ar + 3 * ag + ce) + mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 8, 1e-5, 1e-9) +
+                                    5 * mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 64 * 4, 1e-5, 1e-9)));
+    }
     /* dp 8 over tp 2: the dp group (stride 2) spans two nodes of 8 and takes the inter-node beta
      * (10x here), the tp group stays inside a node */
     mmc_plan_net split = net0(1e-5, 1e-9);
@@ -193,6 +230,41 @@ int main(void) {
             if (c) CHECK(mmc_plan_calib_linear(c, 8, 8, 8) == s || fabs(mmc_plan_calib_linear(c, 8, 8, 8) / s - 1) < 1e-5);
             mmc_plan_calib_free(c);
         }
+        /* measured collectives: alpha the median of the small sizes (one outlier ignored), beta
+         * the median slope of the large ones; the job size nearest the one asked; a stack entry */
+        f = fopen(path, "w");
+        fprintf(f, "coll allreduce 2 2 64 1e-4\ncoll allreduce 2 2 1024 9e-4\ncoll allreduce 2 2 16384 1e-4\n"
+                   "coll allreduce 2 2 524288 2e-4\ncoll allreduce 2 2 2097152 5e-4\ncoll allreduce 2 2 16777216 9e-3\n"
+                   "coll allreduce 2 4 64 3e-4\ncoll p2p 2 2 1024 5e-5\n"
+                   "stack 1 16 64 4 2 16 160 2 1 0.001\n");
+        fclose(f);
+        CHECK_OK(mmc_plan_calib_open(path, &c));
+        if (c) {
+            /* slopes (2e-4 - 1e-4) / 524288 and (5e-4 - 1e-4) / 2097152 = 1.907e-10 and (9e-3 - 1e-4) /
+             * 16777216 = 5.3e-10: the median 1.907e-10 */
+            const double b = (5e-4 - 1e-4) / 2097152.0;
+            CHECK_NEAR(mmc_plan_calib_coll(c, MMC_COLL_ALL_REDUCE, 2, 2, 131072), 1e-4 + b * 131072, 1e-15);
+            CHECK_NEAR(mmc_plan_calib_coll(c, MMC_COLL_ALL_REDUCE, 2, 3, 64), 1e-4 + b * 64, 1e-15);   /* n 2 <= 3 */
+            CHECK_NEAR(mmc_plan_calib_coll(c, MMC_COLL_ALL_REDUCE, 2, 8, 64), 3e-4, 1e-15);           /* n 4: one size */
+            CHECK_NEAR(mmc_plan_calib_coll(c, MMC_COLL_P2P, 2, 2, 1e6), 5e-5, 1e-15);
+            CHECK(mmc_plan_calib_coll(c, MMC_COLL_ALL_TO_ALL, 2, 2, 64) < 0);
+            CHECK(mmc_plan_calib_stack(c, 1, 16, 64, 4, 2, 16, 160, 2, 1) == 0.001);
+            /* the estimate takes them: tp 2 all-reduces from the table, not the alpha-beta model */
+            mmc_plan_device dc = dev1();
+            dc.calib = c;
+            l = base;
+            l.tp = 2;
+            if (mmc_plan_estimate_layout(&m, &w, &dc, &nab, &l, &e1) == MMC_OK) {
+                const double ar = 1e-4 + b * 16 * 64 * 4;
+                CHECK_NEAR(e1.tp_comm_s, 8.0 * ((2 * 4 + 2) * ar + 2 * (1e-4 + b * 16 * 4) + (b * 16 * 12)) + 1e-4 + b * 8, 1e-12);
+            } else CHECK(0);
+            mmc_plan_calib_free(c);
+            c = NULL;
+        }
+        f = fopen(path, "w");
+        fprintf(f, "coll allsum 2 2 64 1e-4\n");
+        fclose(f);
+        CHECK_ERR(mmc_plan_calib_open(path, &c), MMC_ERR_FORMAT);
         f = fopen(path, "w");
         fprintf(f, "linear 1 2 3 0.5\nlinear 10 20\n");
         fclose(f);

@@ -50,7 +50,7 @@ fit = [r["step_s"] for r in rows if r["fits"]]
 assert fit == sorted(fit)
 PY
 "$MMC" plan "$W/run.yaml" --gpus 1 --device cpu --host-share 1 --calib "$W/cal.txt" --top 2 >"$W/cpu.txt" 2>&1 &&
-  grep -q "^layer " "$W/cal.txt" && grep -q "^head " "$W/cal.txt" && ok "--device cpu: kernels measured and cached" ||
+  grep -q "^stack " "$W/cal.txt" && grep -q "^head " "$W/cal.txt" && ok "--device cpu: kernels measured and cached" ||
   { bad "--device cpu"; cat "$W/cpu.txt"; }
 "$MMC" plan "$W/run.yaml" --gpus 2 --device cpu --calib "$W/cal.txt" >"$W/e.txt" 2>&1
 [ $? = 1 ] && grep -q "calibrate-net" "$W/e.txt" && ok "cpu without network calibration: says what to run" || bad "$(cat "$W/e.txt")"

@@ -97,12 +97,18 @@ static int calibrate_net(const char *calib_path) {
     mmc_plan_net n;
     if ((st = mmc_plan_calibrate_net(world, &n))) { mmc_dist_finalize(); return cli_fail(st, "plan --calibrate-net"); }
     int rc = CLI_OK;
+    mmc_plan_calib *c = NULL;
     if (mmc_comm_rank(world) == 0) {
-        mmc_plan_calib *c = NULL;
         mkdir_parent(calib_path);
         if ((st = mmc_plan_calib_open(calib_path, &c))) rc = cli_fail(st, "plan --calibrate-net");
-        else {
-            mmc_plan_calib_set_net(c, &n);
+    }
+    /* every rank joins; rank 0 (with the cache open) records */
+    if ((st = mmc_plan_calibrate_coll(world, c, stdout))) { mmc_plan_calib_free(c); mmc_dist_finalize(); return cli_fail(st, "plan --calibrate-net"); }
+    if (c) {
+        {   /* alpha / beta from the 2-rank run (a 4-rank one adds its collectives' table only) */
+            mmc_plan_net had;
+            if (mmc_comm_size(world) == 2 || !mmc_plan_calib_net(c, &had)) mmc_plan_calib_set_net(c, &n);
+            else n = had;
             if ((st = mmc_plan_calib_save(c))) rc = cli_fail(st, "plan --calibrate-net");
             else
                 printf("collectives: alpha %.2f us, beta %.3f ns/byte (%.2f GB/s); point-to-point: alpha %.2f us, "

@@ -146,7 +146,7 @@ bool mmc_plan_net_named(const char *name, mmc_plan_net *out) {
 }
 
 double mmc_plan_coll_time(mmc_coll_kind k, int p, double bytes, double alpha, double beta) {
-    if (k == MMC_COLL_P2P) return alpha + bytes * beta;
+    if (k == MMC_COLL_P2P || (k == MMC_COLL_EXCHANGE && p > 1)) return alpha + bytes * beta;
     if (p <= 1) return 0;
     const double s = (double)(p - 1), f = s / (double)p;
     switch (k) {
@@ -159,7 +159,14 @@ double mmc_plan_coll_time(mmc_coll_kind k, int p, double bytes, double alpha, do
 }
 
 /* ------------------------------------------------------------------ CPU calibration cache */
-typedef struct { int kind; int64_t a[8]; double s; } centry;   /* kind: k_kinds */
+typedef struct { int kind; int64_t a[10]; double s; } centry;   /* kind: k_kinds */
+/* one measured collective: kind (mmc_coll_kind) over groups of p ranks in a job of n, of `bytes`
+ * (as mmc_plan_coll_time counts them), costing s seconds on the critical path */
+typedef struct { int kind, p, n; int64_t bytes; double s; } ccoll;
+static const char *const coll_names[] = {"allreduce", "allgather", "reducescatter", "alltoall", "p2p", "exchange"};
+enum { N_COLL_NAMES = 6 };
+
+static int ccoll_put(mmc_plan_calib *c, int kind, int p, int n, int64_t bytes, double s);
 struct mmc_plan_calib {
     char *path;
     centry *e;
@@ -168,11 +175,13 @@ struct mmc_plan_calib {
     double mem_bw;          /* 0: not measured */
     bool have_net;
     mmc_plan_net net;
+    ccoll *cl;              /* measured collectives (mmc_plan_calibrate_coll) */
+    int ncl, capcl;
 };
 
-enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_ADAMW, K_N };
-static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head", "adamw"};
-static const int k_nargs[K_N] = {3, 5, 3, 7, 3, 1};
+enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_ADAMW, K_STACK, K_N };
+static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head", "adamw", "stack"};
+static const int k_nargs[K_N] = {3, 5, 3, 7, 3, 1, 9};
 
 static int calib_push(mmc_plan_calib *c, int kind, const int64_t *a, double s) {
     if (c->n == c->cap) {
@@ -187,6 +196,68 @@ static int calib_push(mmc_plan_calib *c, int kind, const int64_t *a, double s) {
     memcpy(x->a, a, (size_t)k_nargs[kind] * sizeof *a);
     x->s = s;
     return 0;
+}
+
+static int ccoll_put(mmc_plan_calib *c, int kind, int p, int n, int64_t bytes, double s) {
+    for (int i = 0; i < c->ncl; i++) {
+        ccoll *x = &c->cl[i];
+        if (x->kind == kind && x->p == p && x->n == n && x->bytes == bytes) { x->s = s; return 0; }
+    }
+    if (c->ncl == c->capcl) {
+        int cap = c->capcl ? 2 * c->capcl : 64;
+        ccoll *e = realloc(c->cl, (size_t)cap * sizeof *e);
+        if (!e) return -1;
+        c->cl = e, c->capcl = cap;
+    }
+    c->cl[c->ncl++] = (ccoll){kind, p, n, bytes, s};
+    return 0;
+}
+
+static double median_of(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double mmc_plan_calib_coll(const mmc_plan_calib *c, mmc_coll_kind kind, int p, int n, double bytes) {
+    if (!c || p < 2) return -1;
+    /* the job size measured nearest to n (the same if there is one; else the larger one below
+     * it, else the smallest above) */
+    int best_n = 0;
+    for (int i = 0; i < c->ncl; i++) {
+        const ccoll *x = &c->cl[i];
+        if ((int)x->kind != (int)kind || x->p != p) continue;
+        int m = x->n;
+        if (!best_n || (m <= n && (best_n > n || m > best_n)) || (m > n && best_n > n && m < best_n)) best_n = m;
+    }
+    if (!best_n) return -1;
+    double xs[64], ys[64];
+    int k = 0;
+    for (int i = 0; i < c->ncl && k < 64; i++) {
+        const ccoll *x = &c->cl[i];
+        if ((int)x->kind != (int)kind || x->p != p || x->n != best_n) continue;
+        int j = k++;
+        while (j > 0 && xs[j - 1] > (double)x->bytes) xs[j] = xs[j - 1], ys[j] = ys[j - 1], j--;
+        xs[j] = (double)x->bytes, ys[j] = x->s;
+    }
+    /* a robust alpha-beta fit (single measurements on a shared host can be several times off):
+     * alpha the median of the small messages (<= 16 KiB), beta the median of (t - alpha) / bytes
+     * over the large ones (>= 512 KiB) */
+    double sm[64], bt[64];
+    int ns = 0, nbg = 0;
+    for (int i = 0; i < k; i++)
+        if (xs[i] <= 16384) sm[ns++] = ys[i];
+    if (!ns) sm[ns++] = ys[0];
+    const double alpha = median_of(sm, ns);
+    for (int i = 0; i < k; i++)
+        if (xs[i] >= 524288) bt[nbg++] = (ys[i] - alpha) / xs[i];
+    if (!nbg && xs[k - 1] > 16384) bt[nbg++] = (ys[k - 1] - alpha) / xs[k - 1];
+    double beta = nbg ? median_of(bt, nbg) : 0;
+    if (beta < 0) beta = 0;
+    return alpha + beta * bytes;
 }
 
 /* The cache is a text file, one measurement a line: "linear M K N seconds", "attn B T H Hkv D
@@ -214,7 +285,20 @@ static mmc_status calib_parse(mmc_plan_calib *c, const char *text, size_t len, c
         const char *p = line + used;
         bool ok = false;
         if (!strcmp(word, "mem_bw")) ok = sscanf(p, "%lf", &c->mem_bw) == 1 && c->mem_bw > 0;
-        else if (!strcmp(word, "net")) {
+        else if (!strcmp(word, "coll")) {
+            char nm[24];
+            int pp = 0, nn = 0, k = -1, used2 = 0;
+            long long nb = 0;
+            double sec = 0;
+            if (sscanf(p, "%23s %d %d %lld %lf%n", nm, &pp, &nn, &nb, &sec, &used2) == 5) {
+                for (int i = 0; i < N_COLL_NAMES; i++)
+                    if (!strcmp(nm, coll_names[i])) k = i;
+                const char *end = p + used2;
+                while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+                ok = k >= 0 && pp >= 2 && nn >= pp && nb > 0 && sec > 0 && !*end;
+                if (ok && ccoll_put(c, k, pp, nn, nb, sec)) return mmc_error(MMC_ERR_OOM, "out of memory");
+            }
+        } else if (!strcmp(word, "net")) {
             mmc_plan_net *n = &c->net;
             ok = sscanf(p, "%lf %lf %lf %lf", &n->alpha_intra, &n->beta_intra, &n->alpha_p2p, &n->beta_p2p) == 4 &&
                  n->alpha_intra >= 0 && n->beta_intra > 0 && n->alpha_p2p >= 0 && n->beta_p2p > 0;
@@ -222,7 +306,7 @@ static mmc_status calib_parse(mmc_plan_calib *c, const char *text, size_t len, c
         } else {
             for (int k = 0; k < K_N; k++) {
                 if (strcmp(word, k_kinds[k])) continue;
-                int64_t v[8] = {0};
+                int64_t v[10] = {0};
                 double sec = 0;
                 ok = true;
                 for (int i = 0; i < k_nargs[k] && ok; i++) {
@@ -244,8 +328,8 @@ static mmc_status calib_parse(mmc_plan_calib *c, const char *text, size_t len, c
         if (!ok) {
             line[strcspn(line, "\n")] = 0;
             return mmc_error(MMC_ERR_FORMAT, "%s:%d: '%.80s' is not a calibration entry (linear M K N s | attn B T H "
-                             "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | head N C V s | adamw N s | mem_bw B/s | "
-                             "net alpha beta alpha_p2p beta_p2p); delete the file to measure again", path, ln, line);
+                             "Hkv D s | eltwise M C F s | layer B T C H Hkv D F s | stack B T C H Hkv D F L N s | head N C V s | adamw N s | mem_bw B/s | "
+                             "net alpha beta alpha_p2p beta_p2p | coll KIND p n bytes s); delete the file to measure again", path, ln, line);
         }
     }
     return st;
@@ -279,7 +363,7 @@ mmc_status mmc_plan_calib_open(const char *path, mmc_plan_calib **out) {
 
 mmc_status mmc_plan_calib_save(mmc_plan_calib *c) {
     if (!c || !c->path || !c->dirty) return MMC_OK;
-    size_t cap = 256 + (size_t)c->n * 192, len = 0;
+    size_t cap = 256 + (size_t)c->n * 192 + (size_t)c->ncl * 96, len = 0;
     char *buf = malloc(cap);
     if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory");
     len += (size_t)snprintf(buf + len, cap - len, "# mmc plan: this host's measured kernel times (fwd + bwd seconds); "
@@ -288,6 +372,16 @@ mmc_status mmc_plan_calib_save(mmc_plan_calib *c) {
     if (c->have_net)
         len += (size_t)snprintf(buf + len, cap - len, "net %.6g %.6g %.6g %.6g\n", c->net.alpha_intra, c->net.beta_intra,
                                 c->net.alpha_p2p, c->net.beta_p2p);
+    for (int i = 0; i < c->ncl; i++) {
+        if (len + 128 > cap) {
+            char *b2 = realloc(buf, cap *= 2);
+            if (!b2) { free(buf); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+            buf = b2;
+        }
+        const ccoll *x = &c->cl[i];
+        len += (size_t)snprintf(buf + len, cap - len, "coll %s %d %d %lld %.6g\n", coll_names[x->kind], x->p, x->n,
+                                (long long)x->bytes, x->s);
+    }
     for (int i = 0; i < c->n; i++) {
         const centry *e = &c->e[i];
         len += (size_t)snprintf(buf + len, cap - len, "%s", k_kinds[e->kind]);
@@ -305,6 +399,7 @@ void mmc_plan_calib_free(mmc_plan_calib *c) {
     if (!c) return;
     free(c->path);
     free(c->e);
+    free(c->cl);
     free(c);
 }
 
@@ -325,6 +420,8 @@ static void fill_rand(mmc_tensor *t, uint32_t seed) {
 /* CPU seconds of this process: the calibration runs on one thread and counts the CPU time it
  * gets, not the wall clock, which on a shared host stretches by whatever else runs (the model
  * applies the host's share separately: mmc_plan_device.host_share) */
+static double thread_cpu(void);
+static double median_of(double *v, int n);
 static double proc_cpu(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -417,6 +514,124 @@ static double time_layer(const int64_t *a) {
     return best < DBL_MAX ? best : -1;
 }
 
+/* L decoder layers of one rank's shard in sequence, each with its own weights as in the model,
+ * forward + backward with the parameters' gradients accumulated as in training: per layer this
+ * costs more than one layer timed alone, whose weights and saved activations stay in the core's
+ * caches between runs (measured here: a 4-layer stack of the bench's small Qwen2 1.15x, 8 layers
+ * 1.25x the lone layer). N copies run at once, one thread each, as the job's ranks do on the
+ * other cores (they share the memory bandwidth and the last-level cache). Thread CPU seconds per
+ * layer: the median of a few runs (a training step adds up many: their typical time, not the
+ * fastest), mean over the copies. a: B, T, C, Hq, Hkv, D, F, L, N. */
+typedef struct {
+    const int64_t *a;
+    pthread_barrier_t *bar;
+    double *first;   /* copy 0's warm-up run, which sets how many timed runs all copies make */
+    bool lead;       /* copy 0: writes *first */
+    double best;
+} stack_arg;
+
+static void *stack_run(void *p) {
+    stack_arg *sa = p;
+    const int64_t *a = sa->a;
+    sa->best = -1;
+    mmc_qwen2_config cfg = {.vocab_size = 8, .hidden_size = a[2], .intermediate_size = a[6], .num_layers = a[7],
+                            .num_heads = a[3], .num_kv_heads = a[4], .head_dim = a[5], .max_position_embeddings = a[1],
+                            .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true, .dtype = MMC_F32};
+    mmc_set_num_threads(1);
+    mmc_qwen2 *m = NULL;
+    bool ok = !mmc_qwen2_new(&cfg, 1, &m);
+    mmc_ctx *ctx = ok ? mmc_ctx_new() : NULL;
+    mmc_tensor *x = ok ? mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(a[0], a[1], a[2])) : NULL;
+    ok = ok && ctx && x;
+    if (ok) {
+        fill_rand(x, 5);
+        x->flags |= MMC_REQUIRES_GRAD;
+    }
+    double best = DBL_MAX, runs[8];
+    int reps = 1, nrun = 0;
+    for (int r = 0; r <= reps; r++) {
+        pthread_barrier_wait(sa->bar);   /* every copy runs at once (a copy that failed still joins) */
+        if (r == 1) {
+            const double f = *sa->first;
+            reps = f < 0 || f > 2.0 ? 0 : f > 0.5 ? 1 : f > 0.1 ? 3 : 6;
+        }
+        if (!ok || r > reps) continue;
+        x->grad = NULL;
+        double t0 = thread_cpu();
+        mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[1]));
+        for (int64_t i = 0; i < a[1]; i++) ((int64_t *)pos->data)[i] = i;
+        mmc_tensor *cos, *sin, *h = x;
+        mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);
+        mmc_attn_opts o = {.causal = true};
+        for (int64_t l = 0; l < a[7]; l++) h = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], h, cos, sin, &o, NULL, 0);
+        mmc_backward(ctx, mmc_sum(ctx, h));
+        double dt = thread_cpu() - t0;
+        mmc_ctx_reset(ctx);
+        if (r == 0) {
+            if (sa->lead) *sa->first = dt;
+            if (dt > 2.0) best = dt;   /* one run of a big shape is enough */
+        } else if (nrun < 8) runs[nrun++] = dt;
+    }
+    if (nrun) best = median_of(runs, nrun);   /* a step adds up many such runs: their typical time */
+    if (x) x->grad = NULL;
+    mmc_tensor_free(x);
+    mmc_ctx_free(ctx);
+    mmc_qwen2_free(m);
+    sa->best = ok && best < DBL_MAX ? best / (double)a[7] : -1;
+    return NULL;
+}
+
+typedef struct {
+    stack_arg *sa;
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *go;
+} gate_arg;
+
+static void *gate_run(void *p) {
+    gate_arg *g = p;
+    pthread_mutex_lock(g->mu);
+    while (!*g->go) pthread_cond_wait(g->cv, g->mu);
+    pthread_mutex_unlock(g->mu);
+    return stack_run(g->sa);
+}
+
+static double time_stack(const int64_t *a) {
+    /* the copies wait at a gate until every thread exists, then meet at a barrier of the number
+     * that did start */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int n = a[8] < 1 ? 1 : a[8] > 64 ? 64 : (int)a[8];
+    pthread_t th[64];
+    stack_arg sa[64];
+    gate_arg ga[64];
+    pthread_barrier_t bar;
+    double first = -1;
+    int started = 1, go = 0;
+    for (int i = 1; i < n; i++) {
+        sa[i] = (stack_arg){a, &bar, &first, false, -1};
+        ga[i] = (gate_arg){&sa[i], &mu, &cv, &go};
+        if (pthread_create(&th[i], NULL, gate_run, &ga[i])) break;
+        started++;
+    }
+    pthread_barrier_init(&bar, NULL, (unsigned)started);
+    pthread_mutex_lock(&mu);
+    go = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    sa[0] = (stack_arg){a, &bar, &first, true, -1};
+    const int nt = mmc_get_num_threads();
+    stack_run(&sa[0]);
+    mmc_set_num_threads(nt);
+    for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    double sum = 0;
+    int k = 0;
+    for (int i = 0; i < started; i++)
+        if (sa[i].best > 0) sum += sa[i].best, k++;
+    return k ? sum / k : -1;
+}
+
 /* The optimizer step of the trainer over n parameters: gradient-norm clipping, AdamW, zeroing
  * the gradients (mmc_clip_grad_norm, mmc_adamw_step), CPU seconds on one thread. */
 static double time_adamw(int64_t n) {
@@ -466,7 +681,7 @@ static mmc_tensor *f_head(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
 static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
     const centry *hit = calib_find(c, kind, a0);
     if (hit) return hit->s;
-    int64_t a[8] = {0};
+    int64_t a[10] = {0};
     memcpy(a, a0, (size_t)k_nargs[kind] * sizeof *a);
     double scale = 1;
     mmc_tensor *in[4] = {0};
@@ -486,6 +701,26 @@ static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
                                          * (the attention's quadratic part is then underestimated) */
             b[1] = a[1] * 2 * CALIB_MAX_FLOPS / fl > 64 ? (int64_t)((double)a[1] * 2 * CALIB_MAX_FLOPS / fl) : 64;
         double s = time_layer(b) * (double)a[0] / (double)B * (double)a[1] / (double)b[1];
+        if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
+        return s > 0 ? s : 0;
+    }
+    if (kind == K_STACK) {   /* as K_LAYER: fewer sequences / tokens past the cap, time scaled linearly */
+        int64_t K[7], N[7];
+        mmc_plan_model lm = {.hidden = a[2], .heads = a[3], .kv_heads = a[4], .head_dim = a[5], .inter = a[6]};
+        layer_linears(&lm, K, N);
+        double fl = 0, wb = 0;
+        for (int i = 0; i < 7; i++) fl += 6.0 * (double)a[1] * (double)K[i] * (double)N[i], wb += 8.0 * (double)K[i] * (double)N[i];
+        int64_t b[10];
+        memcpy(b, a, sizeof b);
+        while (b[0] > 1 && fl * (double)b[0] > 2 * CALIB_MAX_FLOPS) b[0] /= 2;
+        if (fl > 2 * CALIB_MAX_FLOPS)
+            b[1] = a[1] * 2 * CALIB_MAX_FLOPS / fl > 64 ? (int64_t)((double)a[1] * 2 * CALIB_MAX_FLOPS / fl) : 64;
+        /* weights + gradients: at most 256 MiB of layers per copy, 1 GiB over the copies (a big
+         * layer's working set is far past the caches anyway) */
+        while (b[7] > 1 && wb * (double)b[7] > 268435456.0) b[7]--;
+        if (wb * (double)b[7] * (double)b[8] > 1073741824.0) b[8] = 1;
+        double s = time_stack(b);
+        if (s > 0) s *= (double)a[0] / (double)b[0] * (double)a[1] / (double)b[1];
         if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
         return s > 0 ? s : 0;
     }
@@ -563,6 +798,10 @@ double mmc_plan_calib_eltwise(mmc_plan_calib *c, int64_t M, int64_t C, int64_t F
 double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
                             int64_t F) {
     return measure(c, K_LAYER, (const int64_t[]){B, T, C, H, Hkv, D, F});
+}
+double mmc_plan_calib_stack(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
+                            int64_t F, int64_t L, int n) {
+    return measure(c, K_STACK, (const int64_t[]){B, T, C, H, Hkv, D, F, L < 1 ? 1 : L, n < 1 ? 1 : n});
 }
 double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V) {
     return measure(c, K_HEAD, (const int64_t[]){N, C, V});
@@ -720,6 +959,125 @@ done:
     return st;
 }
 
+/* The compute between two collectives: `iters` GEMMs of a layer's size ([128, 512] x [512, 512],
+ * mmc_linear on one thread), the same count on every rank. A GEMM, not a register-only loop:
+ * its time varies with the caches and the memory traffic of the other ranks as a layer's does,
+ * so the ranks reach each collective a little apart, as in training. */
+static mmc_ctx *gap_ctx;
+static mmc_tensor *gap_x, *gap_w;
+static void gap_work(int64_t iters) {
+    for (int64_t i = 0; i < iters && gap_ctx; i++) {
+        mmc_linear(gap_ctx, gap_x, gap_w, NULL);
+        mmc_ctx_reset(gap_ctx);
+    }
+}
+
+typedef struct { mmc_comm *g; int kind; int64_t bytes; float *a, *b; int peer_to, peer_from, phase; } coll_job;
+
+static mmc_status coll_once(coll_job *j) {
+    const int p = mmc_comm_size(j->g), r = mmc_comm_rank(j->g);
+    const int64_t n = j->bytes / 4;
+    switch (j->kind) {
+    case MMC_COLL_ALL_REDUCE: return mmc_all_reduce(j->g, j->a, j->a, n, MMC_F32, MMC_SUM);
+    case MMC_COLL_ALL_GATHER: return mmc_all_gather(j->g, j->a + (size_t)r * (size_t)(n / p), j->a, n / p, MMC_F32);
+    case MMC_COLL_REDUCE_SCATTER: return mmc_reduce_scatter(j->g, j->a, j->b, n / p, MMC_F32, MMC_SUM);
+    case MMC_COLL_ALL_TO_ALL: return mmc_all_to_all(j->g, j->a, j->b, n / p, MMC_F32);
+    case MMC_COLL_P2P: {   /* pairs (0, 1), (2, 3), ...: one way, the direction alternating */
+        const bool sender = (r % 2) == (j->phase++ % 2);
+        return sender ? mmc_send(j->g, j->a, n, MMC_F32, r ^ 1, 9) : mmc_recv(j->g, j->b, n, MMC_F32, r ^ 1, 9);
+    }
+    case MMC_COLL_EXCHANGE: {   /* a ring step: send to the next rank, receive from the previous */
+        mmc_dist_req *q[2] = {NULL, NULL};
+        mmc_status st = mmc_recv_start(j->g, j->b, n, MMC_F32, (r + p - 1) % p, 10, &q[0]);
+        if (!st) st = mmc_send_start(j->g, j->a, n, MMC_F32, (r + 1) % p, 10, &q[1]);
+        mmc_status st2 = mmc_dist_wait_all(q, 2);
+        return st ? st : st2;
+    }
+    default: return MMC_OK;
+    }
+}
+
+mmc_status mmc_plan_calibrate_coll(mmc_comm *world, mmc_plan_calib *c, FILE *log) {
+    const int n = mmc_comm_size(world), r = mmc_comm_rank(world);
+    if (n < 2) return mmc_error(MMC_ERR_INVALID, "collective calibration needs 2 or more ranks (run it under mpirun -np 2)");
+    static const int64_t sizes[] = {64, 1024, 16384, 131072, 524288, 2097152, 16777216};
+    const int nsz = (int)(sizeof sizes / sizeof *sizes);
+    const int64_t maxb = sizes[nsz - 1];
+    float *a = calloc((size_t)maxb / 4, sizeof *a), *b = calloc((size_t)maxb / 4, sizeof *b);
+    if (!a || !b) { free(a); free(b); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    mmc_status st = MMC_OK;
+    const int nt = mmc_get_num_threads();
+    mmc_set_num_threads(1);
+    gap_ctx = mmc_ctx_new();
+    gap_x = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(128, 512));
+    gap_w = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(512, 512));
+    if (!gap_ctx || !gap_x || !gap_w) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    fill_rand(gap_x, 1), fill_rand(gap_w, 2);
+    /* the gap: ~1 ms of GEMMs on rank 0 (about a layer's worth in the bench's small model), the
+     * same count on every rank */
+    int64_t iters = 1;
+    if (r == 0) {
+        gap_work(2);
+        double t0 = mmc_now();
+        gap_work(8);
+        double dt = (mmc_now() - t0) / 8;
+        iters = dt > 0 ? (int64_t)(1e-3 / dt + 0.5) : 1;
+        if (iters < 1) iters = 1;
+    }
+    if ((st = mmc_broadcast(world, &iters, 1, MMC_I64, 0))) goto done;
+    for (int p = 2; p <= n; p *= 2) {
+        if (n % p) continue;
+        mmc_comm *g = NULL;
+        if (p == n) g = world;
+        else if ((st = mmc_comm_split(world, r / p, r % p, "plan-calib", &g))) goto done;
+        for (int kind = 0; kind < N_COLL_NAMES && !st; kind++) {
+            if (kind == MMC_COLL_P2P && p != 2) continue;
+            /* five rounds over the sizes, each size's fastest loop kept (as the kernels' fastest
+             * run: what the host's other work leaves alone); rounds outside the sizes, so that a
+             * burst of other work spoils one round of several sizes, not every round of one */
+            double best[16];
+            for (int si = 0; si < nsz; si++) best[si] = DBL_MAX;
+            for (int k = 0; k < 5 && !st; k++)
+                for (int si = 0; si < nsz && !st; si++) {
+                    const int64_t bytes = sizes[si] / (4 * p) * 4 * p;   /* whole floats per rank */
+                    if (bytes < 4 * p) continue;
+                    coll_job j = {g, kind, bytes, a, b, 0, 0, 0};
+                    const int R = bytes >= 2097152 ? 8 : 24;
+                    if ((st = mmc_barrier(world))) break;
+                    double t0 = mmc_now();
+                    for (int i = 0; i < R && !st; i++) {
+                        gap_work(iters);
+                        st = coll_once(&j);
+                    }
+                    double with = mmc_now() - t0;
+                    if (st || (st = mmc_barrier(world))) break;
+                    t0 = mmc_now();
+                    for (int i = 0; i < R; i++) gap_work(iters);
+                    double d = (with - (mmc_now() - t0)) / R;
+                    if ((st = mmc_all_reduce(world, &d, &d, 1, MMC_F64, MMC_MAX))) break;
+                    if (d < best[si]) best[si] = d;
+                }
+            for (int si = 0; si < nsz && !st; si++) {
+                const int64_t bytes = sizes[si] / (4 * p) * 4 * p;
+                if (bytes < 4 * p || best[si] == DBL_MAX) continue;
+                double m = best[si] < 1e-7 ? 1e-7 : best[si];
+                if (c && ccoll_put(c, kind, p, n, bytes, m)) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+                if (c) c->dirty = true;
+                if (log && r == 0)
+                    fprintf(log, "  %-13s p %d of %d, %9lld bytes: %8.1f us\n", coll_names[kind], p, n, (long long)bytes,
+                            m * 1e6);
+            }
+        }
+        if (g != world) mmc_comm_free(g);
+    }
+done:
+    mmc_set_num_threads(nt);
+    mmc_tensor_free(gap_x), mmc_tensor_free(gap_w), mmc_ctx_free(gap_ctx);
+    gap_x = gap_w = NULL, gap_ctx = NULL;
+    free(a), free(b);
+    return st;
+}
+
 /* ------------------------------------------------------------------ layouts */
 void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap) {
     int n = snprintf(buf, cap, "dp%d tp%d%s pp%d", l->dp, l->tp, l->sp ? "+sp" : "", l->pp);
@@ -778,6 +1136,27 @@ static link_ab group_link(const mmc_plan_net *n, int p, int stride) {
 }
 static double coll(mmc_coll_kind k, int p, double bytes, link_ab l) { return mmc_plan_coll_time(k, p, bytes, l.alpha, l.beta); }
 
+/* a collective's time: measured on this host (the CPU device's table, for a job of `ranks`) when
+ * there is one for the kind and group size, else the alpha-beta model of its link */
+static double ccost(const mmc_plan_device *d, int ranks, mmc_coll_kind k, int p, double bytes, link_ab l) {
+    if (p < 2 && k != MMC_COLL_P2P) return 0;
+    if (d->calib) {
+        double t = mmc_plan_calib_coll(d->calib, k, p < 2 ? 2 : p, ranks, bytes);
+        if (t >= 0) return t;
+    }
+    return coll(k, p, bytes, l);
+}
+
+/* elements of the dp gradient buckets (mmc_dp: 4 MiB of f32 gradients each) */
+#define DP_BUCKET_BYTES 4194304.0
+
+/* a gradient reduction of `bytes` in buckets: whole buckets and the rest */
+static double bucketed(const mmc_plan_device *d, int ranks, mmc_coll_kind k, int p, double bytes, link_ab l) {
+    if (!d->calib) return coll(k, p, bytes, l);
+    const double nb = floor(bytes / DP_BUCKET_BYTES), rest = bytes - nb * DP_BUCKET_BYTES;
+    return nb * ccost(d, ranks, k, p, DP_BUCKET_BYTES, l) + (rest > 0 ? ccost(d, ranks, k, p, rest, l) : 0);
+}
+
 /* fwd + bwd seconds of one decoder layer on one micro-batch on a rank (compute only), and of
  * its forward alone (what recompute repeats) */
 static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
@@ -792,7 +1171,12 @@ static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, cons
     double tg, ta, te;
     if (d->calib) {   /* the measured layer of this shard, its attention swapped for the context-parallel one */
         const int64_t Sl = S / l->cp;
-        double lay = mmc_plan_calib_layer(d->calib, b, Sl, C, m->heads / t, Hkv_t, D, F / t);
+        /* the stage's layers in sequence (at most 8 measured), with the job's ranks busy on as
+         * many of the host's cores as they fill */
+        const int ranks = l->dp * l->tp * l->pp * l->cp;
+        const int64_t Ls = m->layers / l->pp;
+        const int busy = d->cores > 0 && ranks > d->cores ? d->cores : ranks;
+        double lay = mmc_plan_calib_stack(d->calib, b, Sl, C, m->heads / t, Hkv_t, D, F / t, Ls < 8 ? Ls : 8, busy);
         if (l->cp > 1) {
             double local = mmc_plan_calib_attn(d->calib, b, Sl, m->heads / t, Hkv_t, D);
             /* Ulysses: whole sequences, heads / cp; ring: 1 / cp of the whole sequences' attention
@@ -880,11 +1264,16 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const int64_t Ls = m->layers / P;   /* layers per stage (even split) */
     const int tv = m->vision && t > 1 && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
     const int ranks = l->dp * t * P * l->cp;
-    /* CPU: the ranks share this host's cores with each other and with whatever else runs; a rank
-     * gets host_share of a core (measured), else cores / ranks when that is below 1 (the
-     * calibration's short kernels, fastest of several, ran on a whole core) */
-    double share = 1.0;
-    if (d->cores > 0) share = d->host_share > 0 ? 1.0 / d->host_share : ranks > d->cores ? (double)ranks / d->cores : 1.0;
+    /* CPU: the ranks share this host's cores with each other and with whatever else runs: the job
+     * has `eff` cores' worth (ranks x host_share when measured, else min(ranks, cores)); with
+     * every rank busy each runs at eff / ranks of a core (share = the slowdown), but a rank idle
+     * in a pipeline bubble or blocked in a collective leaves its core to the others (below) */
+    double share = 1.0, eff = (double)ranks;
+    if (d->cores > 0) {
+        eff = d->host_share > 0 ? (double)ranks * d->host_share : ranks > d->cores ? (double)d->cores : (double)ranks;
+        if (eff > ranks) eff = ranks;
+        share = (double)ranks / eff;
+    }
 
     /* ---- compute per micro-batch per stage */
     double lfb, lfwd;
@@ -892,7 +1281,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const double rc = l->recompute ? lfwd : 0;
     double first = (double)Ls * (lfb + rc) + vision_time(m, w, d, l, tv), last = (double)Ls * (lfb + rc) + head_time(m, w, d, l);
     if (P == 1) first = last = first + head_time(m, w, d, l);
-    double stage = (first > last ? first : last) * share;
+    const double stage = first > last ? first : last;   /* on a core of its own */
     const double mid = (double)Ls * (lfb + rc);   /* stages between the first and the last */
     const double all_stages = P == 1 ? first : first + last + (double)(P - 2) * mid;
     e->recompute_s = (double)M * (double)Ls * rc * share;
@@ -901,21 +1290,39 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const link_ab ltp = group_link(n, t, 1), lcp = group_link(n, l->cp, t), ldp = group_link(n, l->dp, t * l->cp);
     const link_ab lpp = group_link(n, P, t * l->cp * l->dp);
     double tp_mb = 0, cp_mb = 0, pp_mb = 0;
+    double tp_step = 0;   /* once per step */
     if (t > 1) {
-        tp_mb = (double)Ls * 4.0 * coll(MMC_COLL_ALL_REDUCE, t, (double)Tl * C * ab, ltp);
-        tp_mb += 2.0 * coll(MMC_COLL_ALL_REDUCE, t, (double)Tl * C * ab, ltp);   /* vocab-parallel embedding, lm_head input grad */
+        const double act = (double)Tl * C * ab;
+        if (l->sp)   /* per layer and direction: all-gather before attention and the MLP, reduce-scatter after */
+            tp_mb = (double)Ls * 4.0 * (ccost(d, ranks, MMC_COLL_ALL_GATHER, t, act, ltp) +
+                                        ccost(d, ranks, MMC_COLL_REDUCE_SCATTER, t, act, ltp));
+        else   /* the row-parallel outputs forward, the column-parallel inputs' gradients backward */
+            tp_mb = (double)Ls * 4.0 * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, act, ltp);
+        /* vocab-parallel embedding forward, lm_head input gradient (sp: the gather for lm_head
+         * and its reduce-scatter), the vocab-parallel cross-entropy's max and sums */
+        tp_mb += l->sp ? ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, act, ltp) + ccost(d, ranks, MMC_COLL_ALL_GATHER, t, act, ltp) +
+                             ccost(d, ranks, MMC_COLL_REDUCE_SCATTER, t, act, ltp) + ccost(d, ranks, MMC_COLL_ALL_GATHER, t, act, ltp)
+                       : 2.0 * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, act, ltp);
+        tp_mb += ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)Tl * 4.0, ltp) +
+                 ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)Tl * 16.0, ltp);
         if (tv > 1)
             tp_mb += (double)m->v_depth * 4.0 *
-                     coll(MMC_COLL_ALL_REDUCE, t, (double)(l->micro_batch * w->vision_patches) * (double)m->v_dim * ab, ltp);
+                     ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)(l->micro_batch * w->vision_patches) * (double)m->v_dim * ab, ltp);
+        /* per step: the gradient norm's sum; sp: each replicated norm weight's partial gradient */
+        tp_step = ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, 8.0, ltp);
+        if (l->sp) tp_step += (double)(2 * Ls + 1) * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, C * 4.0, ltp);
     }
     if (l->cp > 1) {
         const double hq = (double)m->heads / t, hkv = (double)(m->kv_heads / t >= l->cp ? m->kv_heads / t : l->cp);
-        if (!l->cp_ring) {
-            double qkv = (double)Tl * (hq + 2.0 * hkv) * (double)m->head_dim * ab, o = (double)Tl * hq * (double)m->head_dim * ab;
-            cp_mb = (double)Ls * 2.0 * (coll(MMC_COLL_ALL_TO_ALL, l->cp, qkv, lcp) + coll(MMC_COLL_ALL_TO_ALL, l->cp, o, lcp));
+        if (!l->cp_ring) {   /* q, k, v (K/V expanded to cp heads when fewer) and the output, each way */
+            const double q = (double)Tl * hq * (double)m->head_dim * ab, kv = (double)Tl * hkv * (double)m->head_dim * ab;
+            cp_mb = (double)Ls * 2.0 * (2.0 * ccost(d, ranks, MMC_COLL_ALL_TO_ALL, l->cp, q, lcp) +
+                                        2.0 * ccost(d, ranks, MMC_COLL_ALL_TO_ALL, l->cp, kv, lcp));
         } else {
             double kv = (double)Tl * 2.0 * (double)(m->kv_heads / t) * (double)m->head_dim * ab;
-            double hop = mmc_plan_coll_time(MMC_COLL_P2P, 2, kv, lcp.alpha, lcp.beta);
+            link_ab lh = lcp;
+            if (n->beta_p2p > 0 && (int64_t)ranks <= n->ranks_per_node) lh.alpha = n->alpha_p2p, lh.beta = n->beta_p2p;
+            double hop = ccost(d, ranks, MMC_COLL_EXCHANGE, l->cp, kv, lh);
             double ring = 3.0 * (double)(l->cp - 1) * hop;   /* fwd K/V, bwd K/V + dK/dV */
             cp_mb = (double)Ls * ring;   /* counted in full: on shared cores the hops do not hide */
         }
@@ -924,17 +1331,35 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
         const double act = (double)Tl * C * ab;
         link_ab lp = lpp;
         if (n->beta_p2p > 0 && (int64_t)ranks <= n->ranks_per_node) lp.alpha = n->alpha_p2p, lp.beta = n->beta_p2p;
-        pp_mb = 2.0 * (double)v * mmc_plan_coll_time(MMC_COLL_P2P, 2, act, lp.alpha, lp.beta);
+        pp_mb = 2.0 * (double)v * ccost(d, ranks, MMC_COLL_P2P, 2, act, lp);
     }
-    const double mb_time = stage + tp_mb + cp_mb + pp_mb;   /* tp / cp / pp traffic is not overlapped */
-    double span;
+    const double comm_mb = tp_mb + cp_mb + pp_mb;   /* tp / cp / pp traffic is not overlapped */
+    /* 1F1B: M v + P - 1 slots of a chunk (1 / v of the slowest stage's micro-batch); in the
+     * first and last P - 1 slots only k < P stages work (the ramps), in the others all P. A slot
+     * with k stages at work (k x dp x tp x cp ranks) on the job's eff cores runs at
+     * max(1, k dp tp cp / eff) of its time on a core of its own: with more ranks than cores the
+     * ranks idle in the ramps leave their cores to the others. A GPU, or a CPU with a core per
+     * rank: (M + (P - 1) / v) x the stage's time, Narayanan et al.'s formula. */
+    const double per_stage = (double)(l->dp * l->cp * t);
+    double slots = 0;
+    {
+        const int64_t S = M * v + P - 1;
+        for (int k = 1; k < P; k++) {
+            const double sl = (double)k * per_stage / eff;
+            slots += 2.0 * (sl > 1 ? sl : 1.0);
+        }
+        const double sl = (double)P * per_stage / eff;
+        slots += (double)(S - 2 * (P - 1)) * (sl > 1 ? sl : 1.0);
+    }
+    const double span = (stage * slots + comm_mb * (double)(M * v + P - 1)) / (double)v;
     if (P > 1) {
         e->bubble = mmc_pp_bubble_fraction_v(P, v, (int)M);
-        span = mb_time * ((double)M + (double)(P - 1) / (double)v);
-        e->bubble_s = span - mb_time * (double)M;
-    } else span = mb_time * (double)M;
-    e->compute_s = stage * (double)M;
-    e->tp_comm_s = tp_mb * (double)M, e->cp_comm_s = cp_mb * (double)M, e->pp_comm_s = pp_mb * (double)M;
+        e->bubble_s = span - (double)M * (stage * share + comm_mb);
+        if (e->bubble_s < 0) e->bubble_s = 0;
+        e->bubble = e->bubble_s / span;
+    }
+    e->compute_s = stage * share * (double)M;
+    e->tp_comm_s = tp_mb * (double)M + tp_step, e->cp_comm_s = cp_mb * (double)M, e->pp_comm_s = pp_mb * (double)M;
 
     /* ---- parameters on the busiest stage (the first: embeddings + vision + its layers) */
     const double lp = (double)mmc_plan_layer_params(m) / t, emb = (double)m->vocab * C / t;
@@ -952,8 +1377,15 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     double dp_c = 0;
     if (dpe > 1) {
         const double g = train * 4.0, pw = train * (double)w->weight_bytes;
-        if (l->zero <= 1) dp_c = coll(MMC_COLL_ALL_REDUCE, dpe, g, ldp);
-        else if (l->zero == 2) dp_c = (double)M * coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) + coll(MMC_COLL_ALL_GATHER, dpe, pw, ldp);
+        if (l->zero <= 1) {
+            dp_c = bucketed(d, ranks, MMC_COLL_ALL_REDUCE, dpe, g, ldp);
+            /* CPU: the gradients copied into the flat buckets, scaled and copied back (mmc_dp),
+             * memory-bound passes on the ranks' cores */
+            if (d->calib) dp_c += 6.0 * g / d->mem_bw;
+        }
+        else if (l->zero == 2)
+            dp_c = (double)M * bucketed(d, ranks, MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) +
+                   bucketed(d, ranks, MMC_COLL_ALL_GATHER, dpe, pw, ldp);
         else
             dp_c = (double)M * (2.0 * coll(MMC_COLL_ALL_GATHER, dpe, prank * w->weight_bytes, ldp) +
                                 coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp));
@@ -970,10 +1402,10 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     e->optim_s = d->calib ? mmc_plan_calib_adamw(d->calib, (int64_t)shard) * share
                           : shard * (36.0 + (w->weight_bytes == 2 ? 6.0 : 0.0)) / d->mem_bw * share;
 
-    e->step_s = span + dp_exposed + e->optim_s;
-    e->cpu_s = (double)(l->dp * l->cp * t) * (double)M * all_stages + (double)ranks * e->optim_s / share;
-    e->cpu_s += (double)ranks * e->comm_total_s * (d->cores > 0 ? 1.0 : 0.0);   /* CPU host: copies through shared memory */
+    e->step_s = span + tp_step + dp_exposed + e->optim_s;
     e->comm_total_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_c;
+    e->cpu_s = per_stage * (double)M * all_stages + (double)ranks * e->optim_s / share;
+    e->cpu_s += (double)ranks * e->comm_total_s * (d->cores > 0 ? 1.0 : 0.0);   /* CPU host: copies through shared memory */
     e->comm_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_exposed;
     const double toks = (double)w->batch * (double)w->seq;
     e->flops_per_step = 3.0 * (double)m->layers * mmc_plan_layer_flops(m, (int64_t)toks, w->seq) +
