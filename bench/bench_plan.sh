@@ -52,7 +52,7 @@ MPI=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS)
 CAL="${MMC_BENCH_PLAN_CALIB:-$W/plan-cpu.txt}"
 ROUNDS=${MMC_BENCH_PLAN_ROUNDS:-2}
 # the collectives as 2- and 4-rank jobs meet them (the 4-rank table: groups of 2 and 4 with all 4 ranks busy)
-if [ -z "${MMC_BENCH_PLAN_CALIB:-}" ] || ! grep -q '^coll ' "$CAL" 2>/dev/null; then
+if [ -z "${MMC_BENCH_PLAN_CALIB:-}" ] || [ ! -s "$CAL" ]; then
     for np in 2 4; do
         timeout 300 "${MPI[@]}" -np $np "$MMC" plan --calibrate-net --calib "$CAL" >&2 || { echo "bench_plan: net calibration failed" >&2; exit 0; }
     done

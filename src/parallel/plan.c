@@ -1030,14 +1030,16 @@ mmc_status mmc_plan_calibrate_coll(mmc_comm *world, mmc_plan_calib *c, FILE *log
         mmc_comm *g = NULL;
         if (p == n) g = world;
         else if ((st = mmc_comm_split(world, r / p, r % p, "plan-calib", &g))) goto done;
-        for (int kind = 0; kind < N_COLL_NAMES && !st; kind++) {
-            if (kind == MMC_COLL_P2P && p != 2) continue;
-            /* five rounds over the sizes, each size's fastest loop kept (as the kernels' fastest
-             * run: what the host's other work leaves alone); rounds outside the sizes, so that a
-             * burst of other work spoils one round of several sizes, not every round of one */
-            double best[16];
-            for (int si = 0; si < nsz; si++) best[si] = DBL_MAX;
-            for (int k = 0; k < 5 && !st; k++)
+        /* five rounds over every kind and size, each one's fastest loop kept (as the kernels'
+         * fastest run: what the host's other work leaves alone); the rounds outermost, so that a
+         * burst of other work (seconds, on a shared host) spoils one round, not every round of
+         * one kind */
+        double best[N_COLL_NAMES][16];
+        for (int kind = 0; kind < N_COLL_NAMES; kind++)
+            for (int si = 0; si < nsz; si++) best[kind][si] = DBL_MAX;
+        for (int k = 0; k < 5 && !st; k++)
+            for (int kind = 0; kind < N_COLL_NAMES && !st; kind++) {
+                if (kind == MMC_COLL_P2P && p != 2) continue;
                 for (int si = 0; si < nsz && !st; si++) {
                     const int64_t bytes = sizes[si] / (4 * p) * 4 * p;   /* whole floats per rank */
                     if (bytes < 4 * p) continue;
@@ -1055,19 +1057,20 @@ mmc_status mmc_plan_calibrate_coll(mmc_comm *world, mmc_plan_calib *c, FILE *log
                     for (int i = 0; i < R; i++) gap_work(iters);
                     double d = (with - (mmc_now() - t0)) / R;
                     if ((st = mmc_all_reduce(world, &d, &d, 1, MMC_F64, MMC_MAX))) break;
-                    if (d < best[si]) best[si] = d;
+                    if (d < best[kind][si]) best[kind][si] = d;
                 }
+            }
+        for (int kind = 0; kind < N_COLL_NAMES && !st; kind++)
             for (int si = 0; si < nsz && !st; si++) {
                 const int64_t bytes = sizes[si] / (4 * p) * 4 * p;
-                if (bytes < 4 * p || best[si] == DBL_MAX) continue;
-                double m = best[si] < 1e-7 ? 1e-7 : best[si];
+                if (bytes < 4 * p || best[kind][si] == DBL_MAX) continue;
+                double m = best[kind][si] < 1e-7 ? 1e-7 : best[kind][si];
                 if (c && ccoll_put(c, kind, p, n, bytes, m)) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
                 if (c) c->dirty = true;
                 if (log && r == 0)
                     fprintf(log, "  %-13s p %d of %d, %9lld bytes: %8.1f us\n", coll_names[kind], p, n, (long long)bytes,
                             m * 1e6);
             }
-        }
         if (g != world) mmc_comm_free(g);
     }
 done:
