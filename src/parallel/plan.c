@@ -12,15 +12,23 @@
  *   memory-bound  (10 C + 3 F / t + 2 (Hq + Hkv) D / t) elements per token, x3 for fwd + bwd
  *   recompute     one more forward of each layer
  *   tp            4 all-reduces of [Tl, C] per layer (2 forward, 2 backward; with sequence
- *                 parallelism the same volume as all-gather + reduce-scatter)
- *   cp Ulysses    q, k, v and output all-to-all forward and backward; ring: c - 1 K/V hops
- *                 forward and 2(c - 1) backward, hidden under the attention they feed
+ *                 parallelism 4 all-gathers + 4 reduce-scatters), 2 per micro-batch (embedding,
+ *                 lm_head input) + the cross-entropy's 2 small ones; per step the gradient
+ *                 norm's sum (sp: + each replicated norm weight's gradient)
+ *   cp Ulysses    q, k, v and output all-to-all forward and backward (8 per layer); ring: c - 1
+ *                 K/V exchanges forward and 2(c - 1) backward
  *   pp            a [b, S, C] transfer per stage boundary per micro-batch each way (v per rank
- *                 when interleaved); step = (M + (P - 1) / v) x the slowest stage's time
- *   dp            gradient all-reduce over dp x cp once per step (ZeRO-2: a reduce-scatter per
- *                 micro-batch + a parameter all-gather; ZeRO-3: parameter all-gathers forward and
- *                 backward and a gradient reduce-scatter per micro-batch), a share `overlap` of it
- *                 hidden under backward. */
+ *                 when interleaved); step = M v + P - 1 slots of a chunk, (M + (P - 1) / v) x the
+ *                 slowest stage's time with a device per rank; with more ranks than cores, a slot
+ *                 where k stages work is slowed by max(1, k dp tp cp / cores)
+ *   dp            gradient all-reduce over dp x cp once per step in 4 MiB buckets (ZeRO-2: a
+ *                 reduce-scatter per micro-batch + a parameter all-gather; ZeRO-3: parameter
+ *                 all-gathers forward and backward and a gradient reduce-scatter per micro-batch),
+ *                 a share `overlap` of it hidden under backward.
+ * On this CPU (--device cpu) the costs are measured, not modelled from rates: the stage's layers
+ * as a stack with the job's other ranks busy (mmc_plan_calib_stack), the head, the optimizer, and
+ * each collective as the trainer meets it (mmc_plan_calibrate_coll: the communication thread's
+ * wake-ups and back-off cost more than the wire). */
 #include "mmc_plan.h"
 #include "mmc_cp.h"
 #include "mmc_ops.h"
