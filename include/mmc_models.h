@@ -294,6 +294,9 @@ int64_t mmc_moe_num_experts(const mmc_moe *moe);
  * ([n_sparse, E] int64, this process's tokens) and the number of routing decisions. */
 const int64_t *mmc_moe_expert_tokens(const mmc_moe *moe, int64_t *n_sparse, int64_t *n_experts, int64_t *n_routed);
 void mmc_moe_stats_reset(mmc_moe *moe);
+/* The routed experts run as grouped GEMMs over all experts (on: the default) or as a loop of
+ * per-expert linears (off; also MMC_MOE_GROUPED=0): the benchmark's A/B. Process-wide. */
+void mmc_moe_set_grouped(int on);
 
 mmc_status mmc_kv_cache_init(mmc_kv_cache *kv, int n_layers, int64_t batch, int64_t kv_heads,
                              int64_t head_dim, int64_t reserve);

@@ -426,9 +426,23 @@ static mmc_tensor *swiglu_mlp(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *g
     return mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, x, g), mmc_nn_linear(ctx, x, u)), d);
 }
 
+/* The grouped expert GEMMs (mmc_moe_experts_swiglu) unless switched off: MMC_MOE_GROUPED=0 or
+ * mmc_moe_set_grouped(0) (the benchmark's A/B) runs the per-expert loop below instead. */
+static int g_grouped = -1;
+void mmc_moe_set_grouped(int on) { g_grouped = on; }
+static bool grouped_on(void) {
+    if (g_grouped < 0) {
+        const char *e = getenv("MMC_MOE_GROUPED");
+        g_grouped = !(e && !strcmp(e, "0"));
+    }
+    return g_grouped == 1;
+}
+
 /* This rank's experts over rows x [M, C] grouped by local expert (counts[el] rows each) -> [M, C]. */
 static mmc_tensor *run_experts(mmc_ctx *ctx, mmc_moe_block *b, mmc_tensor *x, const int64_t *counts) {
     const int64_t C = x->shape[1];
+    if (grouped_on() && mmc_moe_experts_grouped_ok(b->gate, b->up, b->down, b->moe->n_local))
+        return mmc_moe_experts_swiglu(ctx, x, counts, b->moe->n_local, b->gate, b->up, b->down);
     mmc_tensor **ys = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *ys * (size_t)b->moe->n_local);
     int cnt = 0;
     int64_t off = 0;
