@@ -235,6 +235,8 @@ mmc_status mmc_qwen2_load_from_tp(mmc_st *st, const mmc_qwen2_config *cfg, const
                                   struct mmc_comm *tp, bool trainable, mmc_qwen2 **out);
 /* This rank's shard of a full f32 model (e.g. a fresh mmc_qwen2_new), as trainable parameters. */
 mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, struct mmc_comm *tp, mmc_qwen2 **out);
+/* The same with the sliced model's own config (cfg: a Qwen2-MoE config's MoE state laid out for tp). */
+mmc_status mmc_qwen2_shard_tp_cfg(const mmc_qwen2_config *cfg, mmc_qwen2 *full, struct mmc_comm *tp, mmc_qwen2 **out);
 /* Every parameter at full size (new f32 tensors in full[0 .. n_params), in m->params order;
  * split ones all-gathered: collective over m->tp). Free each with mmc_tensor_free. */
 mmc_status mmc_qwen2_gather_weights(mmc_qwen2 *m, mmc_tensor **full);
@@ -267,6 +269,14 @@ mmc_status mmc_qwen2_moe_load(const char *dir, const mmc_json *config, bool trai
                               mmc_qwen2 **out);
 /* A seeded random model (what `mmc train` starts from without model.path). */
 mmc_status mmc_qwen2_moe_new(const mmc_json *config, uint64_t seed, struct mmc_comm *ep, mmc_qwen2 **out);
+/* Tensor parallelism over tp (with ep, or NULL): the decoder split as mmc_qwen2_load_tp and every
+ * expert and the shared expert split on their intermediate rows (gate/up) and columns (down),
+ * from a checkpoint directory (only this rank's slices are read) or the seeded draw of
+ * mmc_qwen2_moe_new sliced. Errors name the size tp does not divide. */
+mmc_status mmc_qwen2_moe_load_tp(const char *dir, const mmc_json *config, bool trainable, struct mmc_comm *ep,
+                                 struct mmc_comm *tp, mmc_qwen2 **out);
+mmc_status mmc_qwen2_moe_new_tp(const mmc_json *config, uint64_t seed, struct mmc_comm *ep, struct mmc_comm *tp,
+                                mmc_qwen2 **out);
 /* What qwen2.c calls: parameters the MoE adds (for sizing), whether layer l is sparse, binding /
  * initialising the blocks (errors appended to errs, returning the number of problems), the
  * block's forward on normed rows h [..., C] -> [..., C], and its linear modules (PEFT names
@@ -275,6 +285,9 @@ int mmc_moe_param_count(const mmc_moe *moe);
 bool mmc_moe_layer_sparse(const mmc_moe *moe, int64_t layer);
 int mmc_moe_bind(mmc_qwen2 *m, const mmc_st *st, const char *prefix, bool trainable, char *errs, size_t errcap);
 void mmc_moe_init(mmc_qwen2 *m, mmc_rng *rng);
+/* tp_build's part: this rank's tensor-parallel slices of the blocks, from st or from full's blocks */
+int mmc_moe_bind_tp(mmc_qwen2 *m, const mmc_st *st, const char *prefix, mmc_qwen2 *full, bool trainable, char *errs,
+                    size_t errcap);
 mmc_tensor *mmc_moe_block_forward(mmc_ctx *ctx, mmc_moe_block *b, mmc_tensor *h);
 mmc_status mmc_moe_linears(mmc_moe_block *b, const char *layer_prefix, mmc_module_list *out);
 /* Training: the auxiliary load-balancing loss (transformers' load_balancing_loss_func over the
@@ -294,6 +307,9 @@ int64_t mmc_moe_num_experts(const mmc_moe *moe);
  * ([n_sparse, E] int64, this process's tokens) and the number of routing decisions. */
 const int64_t *mmc_moe_expert_tokens(const mmc_moe *moe, int64_t *n_sparse, int64_t *n_experts, int64_t *n_routed);
 void mmc_moe_stats_reset(mmc_moe *moe);
+/* The routed experts run as grouped GEMMs over all experts (on: the default) or as a loop of
+ * per-expert linears (off; also MMC_MOE_GROUPED=0): the benchmark's A/B. Process-wide. */
+void mmc_moe_set_grouped(int on);
 
 mmc_status mmc_kv_cache_init(mmc_kv_cache *kv, int n_layers, int64_t batch, int64_t kv_heads,
                              int64_t head_dim, int64_t reserve);

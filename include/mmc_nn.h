@@ -53,6 +53,14 @@ mmc_tensor *mmc_nn_dropout(mmc_ctx *ctx, mmc_tensor *x, float p, uint64_t stream
 mmc_tensor *mmc_timestep_embedding(mmc_ctx *ctx, const float *t, int64_t B, int dim, bool flip_sin_to_cos,
                                    double downscale_freq_shift, double scale, double max_period);
 
+/* The routed experts of a MoE block as one op (src/nn/moe_experts.c): x [M, C] grouped by
+ * expert (counts[e] rows each, e < n, in order) -> [M, C], block e = down_e(silu(gate_e x) * up_e x),
+ * each projection one grouped GEMM over every expert's rows. Only for plain weights (f32 or bf16
+ * alike, no bias, LoRA or quantisation): check with mmc_moe_experts_grouped_ok. */
+bool mmc_moe_experts_grouped_ok(const mmc_linear_w *gate, const mmc_linear_w *up, const mmc_linear_w *down, int64_t n);
+mmc_tensor *mmc_moe_experts_swiglu(mmc_ctx *ctx, mmc_tensor *x, const int64_t *counts, int64_t n,
+                                   const mmc_linear_w *gate, const mmc_linear_w *up, const mmc_linear_w *down);
+
 #ifdef __cplusplus
 }
 #endif

@@ -432,9 +432,15 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         return st;
     }
     if (moe) {
-        if (t->tpc || c->parallel.pipeline_parallel > 1 || t->cpc)
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline / context parallelism of qwen2_moe is not "
-                           "supported; use data_parallel with expert_parallel", c->file);
+        if (c->parallel.pipeline_parallel > 1 || t->cpc)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline / context parallelism of qwen2_moe is not supported; use "
+                           "data_parallel with expert_parallel and tensor_parallel", c->file);
+        else if (t->tpc && (c->parallel.sequence_parallel || c->model.lora.r > 0))
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor_parallel with %s is not supported for qwen2_moe yet; use "
+                           "tensor_parallel without it (or expert_parallel alone)", c->file,
+                           c->parallel.sequence_parallel ? "sequence_parallel" : "LoRA");
+        else if (t->tpc && dir) st = mmc_qwen2_moe_load_tp(dir, j, true, t->epc, t->tpc, &t->lm);
+        else if (t->tpc) st = mmc_qwen2_moe_new_tp(j, (uint64_t)c->training.seed, t->epc, t->tpc, &t->lm);
         else if (dir) st = mmc_qwen2_moe_load(dir, j, true, t->epc, &t->lm);
         else st = mmc_qwen2_moe_new(j, (uint64_t)c->training.seed, t->epc, &t->lm);
         if (st) mmc_error_prefix(st, "%s", path);
@@ -797,7 +803,8 @@ mmc_status mmc_trainer_new(const mmc_run_config *cfg, bool resume, mmc_trainer *
         t->dpc = t->world;
         t->dp_rank = t->rank;
     }
-    if (cfg->parallel.expert_parallel > 1 && t->tp_size == 1 && (st = mmc_ep_trainer_groups(t))) goto fail;
+    /* expert parallelism: groups of expert_parallel data-parallel ranks at the same tp rank */
+    if (cfg->parallel.expert_parallel > 1 && (st = mmc_ep_trainer_groups(t))) goto fail;
 layout_done:
     if (resume) {
         int64_t step;
@@ -1346,8 +1353,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     } else if (t->pp) {   /* the global norm over the stages */
         if ((st = mmc_trainer_pp_clip(t, &norm))) goto done;
     } else if (t->tpc || t->epc) {   /* the global norm: split gradients' squares summed over the tp / ep group */
-        if ((st = mmc_tp_grad_norm(t->tpc ? t->tpc : t->epc, t->opt, t->tpc ? t->opt_split : t->ep_split, t->n_opt,
-                                   &norm)))
+        if ((st = t->epc ? mmc_ep_trainer_grad_norm(t, &norm)
+                         : mmc_tp_grad_norm(t->tpc, t->opt, t->opt_split, t->n_opt, &norm)))
             goto done;
         if (c->optimizer.grad_clip > 0 && norm > c->optimizer.grad_clip) {   /* as clip_grad_norm_ */
             const float cf = (float)(c->optimizer.grad_clip / (norm + 1e-6));
@@ -1527,11 +1534,15 @@ static mmc_status agree(mmc_trainer *t, mmc_status st, const char *what) {
 static mmc_status save_ranked_inner(mmc_trainer *t);
 static mmc_status save_ranked(mmc_trainer *t) {
     if (t->pp && !t->tpc) return mmc_trainer_pp_save(t);   /* the stages gathered into one checkpoint */
-    if (t->epc) {   /* every expert gathered; rank 0 writes the HF layout */
+    if (t->epc) {   /* every expert gathered (with tp: first each tensor's slices); rank 0 writes the HF layout */
+        tp_swap tsw;
+        mmc_status st = t->tpc ? tp_to_full(t, true, &tsw) : MMC_OK;
+        if (st) return st;
         mmc_ep_swap sw;
-        mmc_status st = mmc_ep_trainer_to_full(t, &sw);
+        st = mmc_ep_trainer_to_full(t, &sw);
         if (!st) st = save_ranked_inner(t);
         mmc_ep_trainer_to_local(t, &sw);
+        if (t->tpc) tp_to_local(t, &tsw, false);
         return st;
     }
     if (t->tpc) {   /* every tp rank gathers; world rank 0 writes full tensors */

@@ -57,6 +57,23 @@ mmc_status mmc_ep_trainer_reduce(mmc_trainer *t, double *loss) {
     return MMC_OK;
 }
 
+mmc_status mmc_ep_trainer_grad_norm(mmc_trainer *t, double *norm) {
+    double sq[3] = {0, 0, 0};   /* replicated, tp-split dense, experts */
+    for (int i = 0; i < t->n_opt; i++) {
+        const mmc_tensor *g = t->opt[i]->grad;
+        if (!g) continue;
+        const float *d = g->data;
+        double s = 0;
+        for (int64_t e = 0, n = mmc_numel(g); e < n; e++) s += (double)d[e] * d[e];
+        sq[t->ep_split[i] >= 0 ? 2 : t->opt_split && t->opt_split[i] >= 0 ? 1 : 0] += s;
+    }
+    mmc_status st = mmc_all_reduce(t->epc, &sq[2], &sq[2], 1, MMC_F64, MMC_SUM);
+    if (!st && t->tpc) st = mmc_all_reduce(t->tpc, &sq[1], &sq[1], 2, MMC_F64, MMC_SUM);
+    if (st) return st;
+    *norm = sqrt(sq[0] + sq[1] + sq[2]);
+    return MMC_OK;
+}
+
 /* The optimizer's tensors, names and AdamW moments with every rank's experts (all-gathered over
  * epc), so that optimizer.safetensors holds the whole state under the global names and a resume in
  * any layout reads each rank's experts by name. */

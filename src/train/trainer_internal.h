@@ -198,6 +198,10 @@ typedef struct {
 mmc_status mmc_ep_trainer_groups(mmc_trainer *t);
 mmc_status mmc_ep_trainer_setup(mmc_trainer *t);
 mmc_status mmc_ep_trainer_reduce(mmc_trainer *t, double *loss);
+/* The global gradient norm under expert parallelism (with or without tp): the experts' squares
+ * summed over the ep group (and the tp group, which splits them), the tp-split dense tensors'
+ * over tp, the replicated ones counted once. Collective over epc and tpc. */
+mmc_status mmc_ep_trainer_grad_norm(mmc_trainer *t, double *norm);
 mmc_status mmc_ep_trainer_to_full(mmc_trainer *t, mmc_ep_swap *sw);
 void mmc_ep_trainer_to_local(mmc_trainer *t, mmc_ep_swap *sw);
 mmc_status mmc_moe_trainer_stats(mmc_trainer *t, mmc_step_stats *s);

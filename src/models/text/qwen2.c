@@ -369,15 +369,13 @@ static mmc_status tp_build(const mmc_qwen2_config *cfg, mmc_comm *tp, const mmc_
                            const char *lm_head_name, mmc_qwen2 *full, bool trainable, mmc_qwen2 **out) {
     *out = NULL;
     const int P = mmc_comm_size(tp), r = mmc_comm_rank(tp);
-    if (cfg->moe) return mmc_error(MMC_ERR_UNSUPPORTED, "tensor parallelism of a Qwen2-MoE model is not supported; "
-                                   "split its experts with parallel.expert_parallel instead");
     mmc_status stt = mmc_qwen2_tp_check(cfg, P, NULL);
     if (stt) return stt;
     wspec *s, *fs = NULL;
     int n;
     mmc_qwen2 *m = alloc_model(cfg, &s, &n);
     if (!m) return mmc_error(MMC_ERR_OOM, "out of memory allocating a Qwen2 model");
-    int cap = 2 + 16 * (int)cfg->num_layers + 2;
+    int cap = 2 + 16 * (int)cfg->num_layers + 2 + (cfg->moe ? mmc_moe_param_count(cfg->moe) : 0);
     m->param_split = calloc((size_t)cap, 1);
     if (full) {
         fs = calloc((size_t)cap, sizeof *fs);
@@ -423,6 +421,7 @@ static mmc_status tp_build(const mmc_qwen2_config *cfg, mmc_comm *tp, const mmc_
         m->param_split[m->n_params] = (signed char)split;
         mmc_qwen2_register_param(m, *slot, nm);
     }
+    if (cfg->moe) bad += mmc_moe_bind_tp(m, st, prefix, full, trainable, errs, errcap);   /* Qwen2-MoE's blocks */
     free(s);
     free(fs);
     if (bad) {
@@ -472,6 +471,10 @@ mmc_status mmc_qwen2_load_from_tp(mmc_st *st, const mmc_qwen2_config *cfg, const
 
 mmc_status mmc_qwen2_shard_tp(mmc_qwen2 *full, mmc_comm *tp, mmc_qwen2 **out) {
     return tp_build(&full->cfg, tp, NULL, NULL, NULL, full, true, out);
+}
+
+mmc_status mmc_qwen2_shard_tp_cfg(const mmc_qwen2_config *cfg, mmc_qwen2 *full, mmc_comm *tp, mmc_qwen2 **out) {
+    return tp_build(cfg, tp, NULL, NULL, NULL, full, true, out);
 }
 
 mmc_status mmc_qwen2_gather_weights(mmc_qwen2 *m, mmc_tensor **full) {

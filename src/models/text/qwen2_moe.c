@@ -19,11 +19,22 @@
  *
  * Expert parallelism (mmc_ep.h): with an ep group of P ranks each holds experts
  * [r E/P, (r+1) E/P); the rows sorted by expert are sent to their experts' ranks with an
- * all-to-all-v, computed there and sent back, then weighted and summed as above. */
+ * all-to-all-v, computed there and sent back, then weighted and summed as above.
+ *
+ * Tensor parallelism (mmc_tp.h; Megatron-LM's expert tensor parallelism at the size of the
+ * attention's, its default): every expert and the shared expert are split like the dense MLP,
+ * gate/up on their moe_intermediate_size rows and down on its columns, so each tp rank holds
+ * 1/tp of every expert it holds; the router and shared_expert_gate are replicated. The block's
+ * input is replicated over the tp group (f before the experts: its gradient is all-reduced), the
+ * routing is the same on every tp rank, the ep exchange runs within each tp rank's own ep group
+ * (the ranks of other data-parallel replicas at the same tp rank), and the experts' partial
+ * outputs are all-reduced (g) before they are weighted, so the routing weights' gradient is
+ * whole; the shared expert's likewise before its gate. */
 #include "mmc_models.h"
 #include "mmc_ep.h"
 #include "mmc_parallel.h"
 #include "mmc_quant.h"
+#include "mmc_tp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +61,8 @@ struct mmc_moe {
     mmc_moe_block *blocks;            /* [n_layers], used where sparse */
     struct mmc_comm *ep;              /* expert-parallel group (not owned) or NULL */
     int64_t first, n_local;           /* experts held here */
+    struct mmc_comm *tp;              /* tensor-parallel group (not owned) or NULL */
+    int tp_size;                      /* 1 without tp: the experts' and shared expert's rows held = inter / tp_size */
     /* the auxiliary loss of the current forward */
     int aux_state;
     double aux_weight;                /* this forward's aux factor in the step's loss */
@@ -102,6 +115,7 @@ mmc_status mmc_qwen2_moe_config_read(const mmc_json *root, mmc_qwen2_config *qc)
     moe->sparse_step = step;
     moe->n_layers = qc->num_layers;
     moe->n_local = moe->n_experts;
+    moe->tp_size = 1;
     moe->sparse = calloc((size_t)qc->num_layers, sizeof *moe->sparse);
     moe->blocks = calloc((size_t)qc->num_layers, sizeof *moe->blocks);
     moe->aux_cnt = calloc((size_t)moe->n_experts, sizeof(double));
@@ -170,27 +184,28 @@ bool mmc_moe_layer_sparse(const mmc_moe *moe, int64_t layer) {
 }
 
 /* ------------------------------------------------------------------ parameters */
-typedef struct { char name[96]; mmc_tensor **slot; int64_t shape[2]; int64_t expert; } mspec;
+typedef struct { char name[96]; mmc_tensor **slot; int64_t shape[2]; int64_t expert; int split; } mspec;
 
 /* The sparse block's tensors, in a fixed order; experts not held here (ep) are listed with
  * slot NULL so that a seeded init draws the same numbers whatever the layout. */
 static int block_specs(mmc_moe *moe, mmc_moe_block *b, int64_t layer, int64_t C, mspec *s) {
     int n = 0;
     const int64_t E = moe->n_experts, I = moe->inter, Is = moe->shared_inter;
-#define MS(sl, d0, d1, ex, ...) do { snprintf(s[n].name, sizeof s[n].name, "layers.%lld.mlp." __VA_ARGS__); \
-    s[n].slot = (sl); s[n].shape[0] = d0; s[n].shape[1] = d1; s[n].expert = ex; n++; } while (0)
-    MS(&b->router, E, C, -1, "gate.weight", (long long)layer);
+#define MS(sl, d0, d1, ex, sp, ...) do { snprintf(s[n].name, sizeof s[n].name, "layers.%lld.mlp." __VA_ARGS__); \
+    s[n].slot = (sl); s[n].shape[0] = d0; s[n].shape[1] = d1; s[n].expert = ex; s[n].split = sp; n++; } while (0)
+    /* (full shapes; split: the dimension tensor parallelism splits, -1 replicated) */
+    MS(&b->router, E, C, -1, -1, "gate.weight", (long long)layer);
     for (int64_t e = 0; e < E; e++) {
         bool here = e >= moe->first && e < moe->first + moe->n_local;
         int64_t el = e - moe->first;
-        MS(here ? &b->gate[el].w : NULL, I, C, e, "experts.%lld.gate_proj.weight", (long long)layer, (long long)e);
-        MS(here ? &b->up[el].w : NULL, I, C, e, "experts.%lld.up_proj.weight", (long long)layer, (long long)e);
-        MS(here ? &b->down[el].w : NULL, C, I, e, "experts.%lld.down_proj.weight", (long long)layer, (long long)e);
+        MS(here ? &b->gate[el].w : NULL, I, C, e, 0, "experts.%lld.gate_proj.weight", (long long)layer, (long long)e);
+        MS(here ? &b->up[el].w : NULL, I, C, e, 0, "experts.%lld.up_proj.weight", (long long)layer, (long long)e);
+        MS(here ? &b->down[el].w : NULL, C, I, e, 1, "experts.%lld.down_proj.weight", (long long)layer, (long long)e);
     }
-    MS(&b->sh_gate.w, Is, C, -1, "shared_expert.gate_proj.weight", (long long)layer);
-    MS(&b->sh_up.w, Is, C, -1, "shared_expert.up_proj.weight", (long long)layer);
-    MS(&b->sh_down.w, C, Is, -1, "shared_expert.down_proj.weight", (long long)layer);
-    MS(&b->sh_router, 1, C, -1, "shared_expert_gate.weight", (long long)layer);
+    MS(&b->sh_gate.w, Is, C, -1, 0, "shared_expert.gate_proj.weight", (long long)layer);
+    MS(&b->sh_up.w, Is, C, -1, 0, "shared_expert.up_proj.weight", (long long)layer);
+    MS(&b->sh_down.w, C, Is, -1, 1, "shared_expert.down_proj.weight", (long long)layer);
+    MS(&b->sh_router, 1, C, -1, -1, "shared_expert_gate.weight", (long long)layer);
 #undef MS
     return n;
 }
@@ -201,14 +216,15 @@ static bool prepare_block(mmc_moe *moe, mmc_moe_block *b, int64_t C) {
     b->up = calloc((size_t)moe->n_local, sizeof *b->up);
     b->down = calloc((size_t)moe->n_local, sizeof *b->down);
     if (!b->gate || !b->up || !b->down) return false;
+    const int64_t I = moe->inter / moe->tp_size, Is = moe->shared_inter / moe->tp_size;   /* rows held here */
     for (int64_t e = 0; e < moe->n_local; e++) {
-        b->gate[e].out_features = b->up[e].out_features = moe->inter;
+        b->gate[e].out_features = b->up[e].out_features = I;
         b->gate[e].in_features = b->up[e].in_features = C;
-        b->down[e].out_features = C; b->down[e].in_features = moe->inter;
+        b->down[e].out_features = C; b->down[e].in_features = I;
     }
-    b->sh_gate.out_features = b->sh_up.out_features = moe->shared_inter;
+    b->sh_gate.out_features = b->sh_up.out_features = Is;
     b->sh_gate.in_features = b->sh_up.in_features = C;
-    b->sh_down.out_features = C; b->sh_down.in_features = moe->shared_inter;
+    b->sh_down.out_features = C; b->sh_down.in_features = Is;
     return true;
 }
 
@@ -268,6 +284,54 @@ void mmc_moe_init(mmc_qwen2 *m, mmc_rng *rng) {
     }
     free(skip);
     free(s);
+}
+
+/* Tensor parallelism: this rank's slices of every block tensor (its experts' and the shared
+ * expert's, the router whole), from checkpoint st (only the slices are read) or sliced from the
+ * blocks of full, a model of the same config and expert layout; split recorded in
+ * m->param_split as tp_build does for the decoder's tensors. */
+int mmc_moe_bind_tp(mmc_qwen2 *m, const mmc_st *st, const char *prefix, mmc_qwen2 *full, bool trainable, char *errs,
+                    size_t errcap) {
+    mmc_moe *moe = m->cfg.moe, *fm = full ? full->moe : NULL;
+    const int64_t C = m->cfg.hidden_size;
+    const int P = moe->tp_size, r = mmc_comm_rank(moe->tp);
+    mspec *s = specs_alloc(moe), *fs = fm ? specs_alloc(fm) : NULL;
+    if (!s || (fm && !fs)) { free(s); free(fs); return 1; }
+    int bad = 0;
+    for (int64_t l = 0; l < moe->n_layers; l++) {
+        if (!moe->sparse[l]) continue;
+        mmc_moe_block *b = &moe->blocks[l];
+        if (!prepare_block(moe, b, C)) { bad++; break; }
+        m->layers[l].moe = b;
+        int n = block_specs(moe, b, l, C, s);
+        if (fm) block_specs(fm, &fm->blocks[l], l, C, fs);
+        for (int i = 0; i < n; i++) {
+            if (!s[i].slot) continue;
+            if (fm) {
+                const mmc_tensor *src = *fs[i].slot;
+                int64_t local[2];
+                mmc_tp_local_shape(2, s[i].shape, s[i].split, P, local);
+                mmc_tensor *t = mmc_tensor_new(MMC_F32, 2, local);
+                if (!t) { bad++; continue; }
+                MMC_CHECK(src && src->dtype == MMC_F32 && mmc_is_contiguous(src), "mmc_moe_bind_tp: full model must be f32");
+                mmc_tp_take_slice(src->data, 2, s[i].shape, s[i].split, r, P, t->data);
+                if (trainable) t->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
+                *s[i].slot = t;
+            } else {
+                char fulln[256];
+                snprintf(fulln, sizeof fulln, "%s%s", prefix, s[i].name);
+                if (mmc_tp_bind(st, fulln, 2, s[i].shape, s[i].split, moe->tp, trainable, s[i].slot, errs, errcap)) {
+                    bad++;
+                    continue;
+                }
+            }
+            m->param_split[m->n_params] = (signed char)s[i].split;
+            mmc_qwen2_register_param(m, *s[i].slot, s[i].name);
+        }
+    }
+    free(s);
+    free(fs);
+    return bad;
 }
 
 mmc_status mmc_moe_linears(mmc_moe_block *b, const char *lp, mmc_module_list *out) {
@@ -426,9 +490,23 @@ static mmc_tensor *swiglu_mlp(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *g
     return mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, x, g), mmc_nn_linear(ctx, x, u)), d);
 }
 
+/* The grouped expert GEMMs (mmc_moe_experts_swiglu) unless switched off: MMC_MOE_GROUPED=0 or
+ * mmc_moe_set_grouped(0) (the benchmark's A/B) runs the per-expert loop below instead. */
+static int g_grouped = -1;
+void mmc_moe_set_grouped(int on) { g_grouped = on; }
+static bool grouped_on(void) {
+    if (g_grouped < 0) {
+        const char *e = getenv("MMC_MOE_GROUPED");
+        g_grouped = !(e && !strcmp(e, "0"));
+    }
+    return g_grouped == 1;
+}
+
 /* This rank's experts over rows x [M, C] grouped by local expert (counts[el] rows each) -> [M, C]. */
 static mmc_tensor *run_experts(mmc_ctx *ctx, mmc_moe_block *b, mmc_tensor *x, const int64_t *counts) {
     const int64_t C = x->shape[1];
+    if (grouped_on() && mmc_moe_experts_grouped_ok(b->gate, b->up, b->down, b->moe->n_local))
+        return mmc_moe_experts_swiglu(ctx, x, counts, b->moe->n_local, b->gate, b->up, b->down);
     mmc_tensor **ys = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *ys * (size_t)b->moe->n_local);
     int cnt = 0;
     int64_t off = 0;
@@ -491,14 +569,18 @@ mmc_tensor *mmc_moe_block_forward(mmc_ctx *ctx, mmc_moe_block *b, mmc_tensor *h)
         ((int32_t *)tok->data)[s] = (int32_t)(p / k);
         order[p] = (int32_t)s;
     }
-    mmc_tensor *xs = mmc_gather_rows(ctx, x, tok);                                     /* [N*k, C] by expert */
+    /* tp: f before the split experts (x's gradient from them is partial on each rank) */
+    mmc_tensor *xe = mmc_tp_copy(ctx, moe->tp, x);                                     /* [N, C] */
+    mmc_tensor *xs = mmc_gather_rows(ctx, xe, tok);                                    /* [N*k, C] by expert */
     mmc_tensor *ys;
     if (moe->ep && mmc_comm_size(moe->ep) > 1) ys = mmc_ep_experts(ctx, moe->ep, xs, counts, E, b, run_experts);
     else ys = run_experts(ctx, b, xs, counts);                                         /* [N*k, C] */
+    ys = mmc_tp_reduce(ctx, moe->tp, ys);                          /* tp: g, the partial outputs summed */
     ys = mmc_mul(ctx, ys, mmc_gather_rows(ctx, w, perm));                              /* weighted */
     mmc_tensor *out = unsort_sum(ctx, ys, order, k);                                   /* [N, C] */
     /* shared expert, gated */
-    mmc_tensor *sh = swiglu_mlp(ctx, x, &b->sh_gate, &b->sh_up, &b->sh_down);         /* [N, C] */
+    mmc_tensor *sh = swiglu_mlp(ctx, xe, &b->sh_gate, &b->sh_up, &b->sh_down);        /* [N, C] (tp: partial) */
+    sh = mmc_tp_reduce(ctx, moe->tp, sh);
     sh = mmc_mul(ctx, sh, sigmoid(ctx, mmc_linear(ctx, x, b->sh_router, NULL)));       /* [N, C] * [N, 1] */
     return mmc_reshape(ctx, mmc_add(ctx, out, sh), h->ndim, h->shape);
 }
@@ -563,6 +645,66 @@ mmc_status mmc_qwen2_moe_load(const char *dir, const mmc_json *config, bool trai
     if (ep && (st = set_ep(cfg.moe, ep))) { mmc_moe_free(cfg.moe); return st; }
     if (!trainable) cfg.moe->aux_state = AUX_OFF;
     st = mmc_decoder_load_cfg(dir, &cfg, trainable, out);
+    if (st) { mmc_moe_free(cfg.moe); return st; }
+    (*out)->moe = cfg.moe;
+    return MMC_OK;
+}
+
+/* Tensor parallelism over tp: the expert and shared-expert widths must split evenly (the
+ * decoder's own sizes are mmc_qwen2_tp_check's). */
+static mmc_status set_tp(mmc_moe *moe, struct mmc_comm *tp) {
+    const int P = mmc_comm_size(tp);
+    const char *key = moe->inter % P ? "moe_intermediate_size" : moe->shared_inter % P ? "shared_expert_intermediate_size"
+                                                                                      : NULL;
+    if (key) {
+        char ok[160] = "";
+        size_t len = 0;
+        for (int d = 1; d <= 64 && len + 8 < sizeof ok; d++)
+            if (!(moe->inter % d) && !(moe->shared_inter % d))
+                len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
+        return mmc_error(MMC_ERR_INVALID, "tensor_parallel %d does not divide %s %lld: every expert's gate/up rows and "
+                         "down columns are split evenly over the tensor-parallel ranks; use tensor_parallel %s", P, key,
+                         (long long)(moe->inter % P ? moe->inter : moe->shared_inter), ok);
+    }
+    moe->tp = P > 1 ? tp : NULL;
+    moe->tp_size = P;
+    return MMC_OK;
+}
+
+/* The config with its MoE state laid out for ep and tp (either NULL), the decoder's tp sizes checked. */
+static mmc_status read_tp(const mmc_json *config, struct mmc_comm *ep, struct mmc_comm *tp, mmc_qwen2_config *cfg) {
+    mmc_status st = mmc_qwen2_moe_config_read(config, cfg);
+    if (st) return st;
+    if (ep) st = set_ep(cfg->moe, ep);
+    if (!st) st = set_tp(cfg->moe, tp);
+    if (!st) st = mmc_qwen2_tp_check(cfg, mmc_comm_size(tp), "the language model");
+    if (st) { mmc_moe_free(cfg->moe); cfg->moe = NULL; }
+    return st;
+}
+
+mmc_status mmc_qwen2_moe_load_tp(const char *dir, const mmc_json *config, bool trainable, struct mmc_comm *ep,
+                                 struct mmc_comm *tp, mmc_qwen2 **out) {
+    *out = NULL;
+    mmc_qwen2_config cfg;
+    mmc_status st = read_tp(config, ep, tp, &cfg);
+    if (st) return mmc_error_prefix(st, "%s/config.json", dir);
+    if (!trainable) cfg.moe->aux_state = AUX_OFF;
+    st = mmc_qwen2_load_tp(dir, &cfg, tp, trainable, out);
+    if (st) { mmc_moe_free(cfg.moe); return st; }
+    (*out)->moe = cfg.moe;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2_moe_new_tp(const mmc_json *config, uint64_t seed, struct mmc_comm *ep, struct mmc_comm *tp,
+                                mmc_qwen2 **out) {
+    *out = NULL;
+    mmc_qwen2 *full = NULL;   /* the single-process draw (this rank's experts), then sliced */
+    mmc_status st = mmc_qwen2_moe_new(config, seed, ep, &full);
+    if (st) return st;
+    mmc_qwen2_config cfg;
+    if ((st = read_tp(config, ep, tp, &cfg))) { mmc_qwen2_free(full); return mmc_error_prefix(st, "config.json"); }
+    st = mmc_qwen2_shard_tp_cfg(&cfg, full, tp, out);
+    mmc_qwen2_free(full);
     if (st) { mmc_moe_free(cfg.moe); return st; }
     (*out)->moe = cfg.moe;
     return MMC_OK;
