@@ -147,6 +147,27 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
 bool mmc_conv3x3_winograd_applies(int64_t C, int64_t K, int64_t H, int64_t W);
 mmc_status mmc_conv3x3_winograd(const float *x, int64_t B, int64_t C, int64_t H, int64_t W, const float *w, int64_t K,
                                 const float *bias, bool acc, float *y);
+/* No tape, output into the caller's memory (for inference paths that keep their large activations off
+ * the arena, the VAE decoder's): mmc_conv2d_into writes mmc_conv2d(x, w, b, stride, padding)'s values to
+ * y [B, Cout, Ho, Wo]. mmc_conv3x3_fused is a 3x3 stride-1 padding-1 convolution whose input x is read
+ * through `in` (NULL: as it is): up2, x [B, C, H, W] read as its nearest 2x upsample [B, C, 2H, 2W];
+ * scale / shift [B * C], each value v read as v * scale + shift (mmc_groupnorm's arithmetic, from
+ * mmc_groupnorm_affine), then with silu v * sigmoid(v) (mmc_silu's), the zero padding outside. So
+ * Upsample2D's or a ResnetBlock2D's input never exists at full size. The values equal those of the
+ * ops run one after the other. Returns false (nothing written) where mmc_conv2d would not take
+ * Winograd (see mmc_conv3x3_winograd_applies): the caller runs the ops instead. */
+typedef struct {
+    bool up2, silu;
+    const float *scale, *shift;
+} mmc_conv_input;
+void mmc_conv2d_into(mmc_ctx *ctx, const mmc_tensor *x, const mmc_tensor *w, const mmc_tensor *b, int stride, int padding,
+                     float *y);
+bool mmc_conv3x3_fused(mmc_ctx *ctx, const mmc_tensor *x, const mmc_conv_input *in, const mmc_tensor *w,
+                       const mmc_tensor *b, float *y);
+/* mmc_groupnorm's statistics as the per-channel affine it applies: y[n, c, :] = x[n, c, :] * a[n, c] +
+ * sh[n, c] (x [N, C, *spatial] contiguous f32, w / b [C] f32 or NULL; a, sh [N * C] floats). No tape. */
+void mmc_groupnorm_affine(const mmc_tensor *x, int groups, const mmc_tensor *w, const mmc_tensor *b, float eps,
+                          float *a, float *sh);
 
 /* ---------------------------------------------------------------- losses */
 /* logits [N, V], targets [N] (i32/i64); mean over targets != ignore_index (-100 in HF).

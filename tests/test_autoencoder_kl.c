@@ -6,10 +6,15 @@
  * encoder's moments, latent_dist mean / logvar / std, sample() from given noise, decode, and
  * the tiled decode and encode, all within 1e-4 of diffusers in f32; the ops it adds (nearest upsample,
  * zero pad) against finite differences; the latent scaling; and loader errors that name the
- * tensor or key. */
+ * tensor or key. The decoder without a tape (large activations off the arena, upsample and
+ * GroupNorm + SiLU read by the convolutions: mmc_conv3x3_fused) equals the op-by-op decoder bit for
+ * bit, on a VAE wide enough for the Winograd convolutions (the fixtures' 8 / 16 channels are not). */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define TOL 1e-4
@@ -178,12 +183,80 @@ static void check_ops(void) {
     mmc_tensor_free(x);
 }
 
+/* mmc_conv3x3_fused against the ops it replaces, value for value: nearest 2x upsample then conv, and
+ * GroupNorm then SiLU then conv (batch 2, odd sizes) */
+static void check_fused_conv(void) {
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *x = randn_param(21, 4, MMC_SHAPE(2, 32, 9, 13), 1.0f), *w = randn_param(22, 4, MMC_SHAPE(24, 32, 3, 3), 0.1f);
+    mmc_tensor *b = randn_param(23, 1, MMC_SHAPE(24), 0.1f), *gw = randn_param(24, 1, MMC_SHAPE(32), 0.5f);
+    mmc_tensor *gb = randn_param(25, 1, MMC_SHAPE(32), 0.5f);
+    const bool wino = mmc_conv3x3_winograd_applies(32, 24, 18, 26);
+    /* upsample */
+    mmc_tensor *want = mmc_conv2d(ctx, mmc_upsample_nearest2x(ctx, x), w, b, 1, 1);
+    mmc_tensor *got = mmc_new(ctx, MMC_F32, 4, want->shape);
+    mmc_conv_input up = {.up2 = true};
+    CHECK(mmc_conv3x3_fused(ctx, x, &up, w, b, got->data) == wino);
+    if (wino) CHECK(memcmp(got->data, want->data, mmc_nbytes(want)) == 0);
+    /* GroupNorm (8 groups) + SiLU */
+    want = mmc_conv2d(ctx, mmc_silu(ctx, mmc_groupnorm(ctx, x, 8, gw, gb, 1e-6f)), w, b, 1, 1);
+    float ab[2 * 2 * 32];
+    mmc_groupnorm_affine(x, 8, gw, gb, 1e-6f, ab, ab + 64);
+    mmc_tensor *gn = mmc_groupnorm(ctx, x, 8, gw, gb, 1e-6f);   /* the affine is the norm's arithmetic */
+    const float *xd = x->data, *gd = gn->data;
+    int bad = 0;
+    for (int64_t i = 0; i < mmc_numel(x); i++) {
+        const int64_t nc = i / (9 * 13);
+        const float y = xd[i] * ab[nc] + ab[64 + nc];
+        bad += y != gd[i] && fabsf(y - gd[i]) > 1e-6f * (1 + fabsf(gd[i]));
+    }
+    CHECK(bad == 0);
+    mmc_conv_input in = {.scale = ab, .shift = ab + 64, .silu = true};
+    got = mmc_new(ctx, MMC_F32, 4, want->shape);
+    CHECK(mmc_conv3x3_fused(ctx, x, &in, w, b, got->data) == mmc_conv3x3_winograd_applies(32, 24, 9, 13));
+    if (mmc_conv3x3_winograd_applies(32, 24, 9, 13)) CHECK(memcmp(got->data, want->data, mmc_nbytes(want)) == 0);
+    /* conv2d_into: mmc_conv2d's values (a strided 3x3 on im2col + GEMM) */
+    want = mmc_conv2d(ctx, x, w, b, 2, 1);
+    got = mmc_new(ctx, MMC_F32, 4, want->shape);
+    mmc_conv2d_into(ctx, x, w, b, 2, 1, got->data);
+    CHECK(memcmp(got->data, want->data, mmc_nbytes(want)) == 0);
+    mmc_ctx_free(ctx);
+    mmc_tensor *ts[] = {x, w, b, gw, gb};
+    for (int i = 0; i < 5; i++) mmc_tensor_free(ts[i]);
+}
+
+/* the decoder without a tape equals the op-by-op decoder (MMC_VAE_ARENA_DECODE) bit for bit, on a random
+ * VAE of 32 / 64 channels (Winograd-wide), batch 2, a non-square latent */
+static void check_decode_paths(void) {
+    mmc_vae_config c = {.in_channels = 3, .out_channels = 3, .latent_channels = 4, .levels = 2,
+                        .block_out_channels = {32, 64}, .layers_per_block = 1, .norm_num_groups = 8,
+                        .sample_size = 64, .scaling_factor = 1, .mid_block_add_attention = true};
+    mmc_vae *v = NULL;
+    CHECK_OK(mmc_vae_new(&c, 3, &v));
+    if (!v) return;
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *z = randn_param(31, 4, MMC_SHAPE(2, 4, 12, 10), 1.0f);
+    mmc_tensor *a = mmc_vae_decode(ctx, v, z);
+    setenv("MMC_VAE_ARENA_DECODE", "1", 1);
+    mmc_tensor *b = mmc_vae_decode(ctx, v, z);
+    unsetenv("MMC_VAE_ARENA_DECODE");
+    CHECK(mmc_same_shape(a, b) && a->shape[2] == 24 && a->shape[3] == 20);
+    CHECK(mmc_same_shape(a, b) && memcmp(a->data, b->data, mmc_nbytes(a)) == 0);
+    printf("decode without a tape vs op by op: max|diff| %.2e\n", mmc_same_shape(a, b) ? max_abs_diff(a, b) : -1.0);
+    mmc_tensor_free(z);
+    mmc_ctx_free(ctx);
+    mmc_vae_free(v);
+}
+
 int main(void) {
     if (access("tests/fixtures/diffusion/vae_sd/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_autoencoder_kl: fixtures absent (tools/ref/gen_diffusion.py); skipping\n");
         return 77;
     }
     check_ops();
+    check_fused_conv();
+    check_decode_paths();
     check_grad();
     check_vae("vae_sd", true);
     check_vae("vae_flux", true);

@@ -393,8 +393,90 @@ static void conv2d_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_scratch_release(ctx, m);
 }
 
-mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b, int stride,
-                       int padding) {
+/* The forward of mmc_conv2d into yd [B, Cout, Ho, Wo] (the dims in d, checked by the caller). */
+static void conv2d_fwd(mmc_ctx *ctx, const mmc_tensor *x, const mmc_tensor *w, const mmc_tensor *b, const conv_dims *d,
+                       float *yd) {
+    const mmc_conv_geom *g = &d->g;
+    int64_t K = g->Cin * g->kh * g->kw, P = g->Ho * g->Wo, CHW = g->Cin * g->H * g->W;
+    const float *bf = b ? b->data : NULL;
+    const uint16_t *bh = b ? b->data : NULL;
+    const bool b16 = b && b->dtype == MMC_BF16;
+    mmc_arena_mark m = mmc_scratch_mark(ctx);
+    const float *wf = weight_f32(ctx, w);
+    if (use_winograd(d, PASS_FWD)) {
+        const mmc_wino_geom wg = wino_geom(d, false);
+        const int64_t tb = wino_tb(&wg, d->B);
+        float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d->B, tb, (int)max_threads()) * sizeof(float));
+        float *bias = NULL;
+        if (b) {
+            bias = mmc_scratch_alloc(ctx, (size_t)d->Cout * sizeof(float));
+            mmc_convert(bias, MMC_F32, b->data, b->dtype, d->Cout);
+        }
+        mmc_cpu_wino_fwd(x->data, d->B, wf, false, bias, false, yd, &wg, tb, sc);
+        mmc_scratch_release(ctx, m);
+        return;
+    }
+    int64_t G, R;
+    plan_blocks(d, &G, &R);
+    if (G == 1) R = forward_rows(d, R);
+    if (b && G == 1 && !unit_mode(d, R, false)) {   /* y = bias, then the GEMMs accumulate onto it */
+#pragma omp parallel for schedule(static) if (d->B * d->Cout * P > 32768)
+        for (int64_t r = 0; r < d->B * d->Cout; r++) {
+            float bv = b16 ? mmc_bf16_to_f32(bh[r % d->Cout]) : bf[r % d->Cout];
+            float *yr = yd + r * P;
+            for (int64_t p = 0; p < P; p++) yr[p] = bv;
+        }
+    }
+    if (unit_mode(d, R, false)) {   /* see unit_mode: threads take whole (image, band) units */
+        const int64_t bands = (g->Ho + R - 1) / R, U = d->B * bands, nth = max_threads();
+        float *cols = mmc_scratch_alloc(ctx, (size_t)(nth * K * R * g->Wo) * sizeof(float));
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t u = 0; u < U; u++) {
+            const int64_t bi = u / bands, oh0 = (u % bands) * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho;
+            const int64_t Q = (oh1 - oh0) * g->Wo;
+            float *col = cols + thread_id() * K * R * g->Wo;   /* [K, Q] */
+            float *yb = yd + bi * d->Cout * P + oh0 * g->Wo;     /* [Cout, Q], ld P */
+            mmc_cpu_im2col((const float *)x->data + bi * CHW, col, 1, oh0, oh1, g);
+            for (int64_t c = 0; c < d->Cout && b; c++) {
+                const float bv = b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
+                for (int64_t q = 0; q < Q; q++) yb[c * P + q] = bv;
+            }
+            mmc_gemm_f32(false, false, d->Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f, yb, P);
+        }
+        mmc_scratch_release(ctx, m);
+        return;
+    }
+    float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
+    /* grouped images: one GEMM per group into t [Cout, nb*P], then scattered into y + bias */
+    float *t = G > 1 ? mmc_scratch_alloc(ctx, (size_t)(d->Cout * G * P) * sizeof(float)) : NULL;
+    for (int64_t b0 = 0; b0 < d->B; b0 += G) {
+        const int64_t nb = d->B - b0 < G ? d->B - b0 : G;
+        for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
+            const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo;
+            mmc_cpu_im2col((const float *)x->data + b0 * CHW, col, nb, oh0, oh1, g);
+            if (!t) {   /* y_b[:, band] [Cout, Q] (+)= W [Cout, K] · col [K, Q] */
+                mmc_gemm_f32(false, false, d->Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f,
+                             yd + b0 * d->Cout * P + oh0 * g->Wo, P);
+                continue;
+            }
+            /* t [Cout, nb*P] = W [Cout, K] · col [K, nb*P] */
+            mmc_gemm_f32(false, false, d->Cout, nb * P, K, 1.0f, wf, K, col, nb * P, 0.0f, t, nb * P);
+#pragma omp parallel for schedule(static) if (nb * d->Cout * P > 32768)
+            for (int64_t r = 0; r < nb * d->Cout; r++) {
+                const int64_t bi = r / d->Cout, c = r % d->Cout;
+                const float bv = !b ? 0.0f : b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
+                const float *src = t + c * nb * P + bi * P;
+                float *dst = yd + (b0 + bi) * d->Cout * P + c * P;
+#pragma omp simd
+                for (int64_t p = 0; p < P; p++) dst[p] = src[p] + bv;
+            }
+        }
+    }
+    mmc_scratch_release(ctx, m);
+}
+
+/* mmc_conv2d's checks and dims */
+static conv_dims conv2d_dims(const mmc_tensor *x, const mmc_tensor *w, const mmc_tensor *b, int stride, int padding) {
     char sx[64], sw[64];
     MMC_CHECK(x && w, "mmc_conv2d: x and w are required");
     MMC_CHECK(x->dtype == MMC_F32 && x->ndim == 4 && mmc_is_contiguous(x) &&
@@ -414,85 +496,15 @@ mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b
     g->Ho = (g->H + 2 * g->pad - g->kh) / g->stride + 1;
     g->Wo = (g->W + 2 * g->pad - g->kw) / g->stride + 1;
     check_bias("mmc_conv2d", b, d.Cout);
-    int64_t K = g->Cin * g->kh * g->kw, P = g->Ho * g->Wo, CHW = g->Cin * g->H * g->W;
+    return d;
+}
+
+mmc_tensor *mmc_conv2d(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b, int stride,
+                       int padding) {
+    conv_dims d = conv2d_dims(x, w, b, stride, padding);
+    mmc_conv_geom *g = &d.g;
     mmc_tensor *y = mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(d.B, d.Cout, g->Ho, g->Wo));   /* [B, Cout, Ho, Wo] */
-    float *yd = y->data;
-    const float *bf = b ? b->data : NULL;
-    const uint16_t *bh = b ? b->data : NULL;
-    const bool b16 = b && b->dtype == MMC_BF16;
-    mmc_arena_mark m = mmc_scratch_mark(ctx);
-    const float *wf = weight_f32(ctx, w);
-    if (use_winograd(&d, PASS_FWD)) {
-        const mmc_wino_geom wg = wino_geom(&d, false);
-        const int64_t tb = wino_tb(&wg, d.B);
-        float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, d.B, tb, (int)max_threads()) * sizeof(float));
-        float *bias = NULL;
-        if (b) {
-            bias = mmc_scratch_alloc(ctx, (size_t)d.Cout * sizeof(float));
-            mmc_convert(bias, MMC_F32, b->data, b->dtype, d.Cout);
-        }
-        mmc_cpu_wino_fwd(x->data, d.B, wf, false, bias, false, yd, &wg, tb, sc);
-        mmc_scratch_release(ctx, m);
-        goto record;
-    }
-    int64_t G, R;
-    plan_blocks(&d, &G, &R);
-    if (G == 1) R = forward_rows(&d, R);
-    if (b && G == 1 && !unit_mode(&d, R, false)) {   /* y = bias, then the GEMMs accumulate onto it */
-#pragma omp parallel for schedule(static) if (d.B * d.Cout * P > 32768)
-        for (int64_t r = 0; r < d.B * d.Cout; r++) {
-            float bv = b16 ? mmc_bf16_to_f32(bh[r % d.Cout]) : bf[r % d.Cout];
-            float *yr = yd + r * P;
-            for (int64_t p = 0; p < P; p++) yr[p] = bv;
-        }
-    }
-    if (unit_mode(&d, R, false)) {   /* see unit_mode: threads take whole (image, band) units */
-        const int64_t bands = (g->Ho + R - 1) / R, U = d.B * bands, nth = max_threads();
-        float *cols = mmc_scratch_alloc(ctx, (size_t)(nth * K * R * g->Wo) * sizeof(float));
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int64_t u = 0; u < U; u++) {
-            const int64_t bi = u / bands, oh0 = (u % bands) * R, oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho;
-            const int64_t Q = (oh1 - oh0) * g->Wo;
-            float *col = cols + thread_id() * K * R * g->Wo;   /* [K, Q] */
-            float *yb = yd + bi * d.Cout * P + oh0 * g->Wo;     /* [Cout, Q], ld P */
-            mmc_cpu_im2col((const float *)x->data + bi * CHW, col, 1, oh0, oh1, g);
-            for (int64_t c = 0; c < d.Cout && b; c++) {
-                const float bv = b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
-                for (int64_t q = 0; q < Q; q++) yb[c * P + q] = bv;
-            }
-            mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f, yb, P);
-        }
-        mmc_scratch_release(ctx, m);
-        goto record;
-    }
-    float *col = mmc_scratch_alloc(ctx, (size_t)(K * G * R * g->Wo) * sizeof(float));   /* [K, nb*Q] */
-    /* grouped images: one GEMM per group into t [Cout, nb*P], then scattered into y + bias */
-    float *t = G > 1 ? mmc_scratch_alloc(ctx, (size_t)(d.Cout * G * P) * sizeof(float)) : NULL;
-    for (int64_t b0 = 0; b0 < d.B; b0 += G) {
-        const int64_t nb = d.B - b0 < G ? d.B - b0 : G;
-        for (int64_t oh0 = 0; oh0 < g->Ho; oh0 += R) {
-            const int64_t oh1 = oh0 + R < g->Ho ? oh0 + R : g->Ho, Q = (oh1 - oh0) * g->Wo;
-            mmc_cpu_im2col((const float *)x->data + b0 * CHW, col, nb, oh0, oh1, g);
-            if (!t) {   /* y_b[:, band] [Cout, Q] (+)= W [Cout, K] · col [K, Q] */
-                mmc_gemm_f32(false, false, d.Cout, Q, K, 1.0f, wf, K, col, Q, b ? 1.0f : 0.0f,
-                             yd + b0 * d.Cout * P + oh0 * g->Wo, P);
-                continue;
-            }
-            /* t [Cout, nb*P] = W [Cout, K] · col [K, nb*P] */
-            mmc_gemm_f32(false, false, d.Cout, nb * P, K, 1.0f, wf, K, col, nb * P, 0.0f, t, nb * P);
-#pragma omp parallel for schedule(static) if (nb * d.Cout * P > 32768)
-            for (int64_t r = 0; r < nb * d.Cout; r++) {
-                const int64_t bi = r / d.Cout, c = r % d.Cout;
-                const float bv = !b ? 0.0f : b16 ? mmc_bf16_to_f32(bh[c]) : bf[c];
-                const float *src = t + c * nb * P + bi * P;
-                float *dst = yd + (b0 + bi) * d.Cout * P + c * P;
-#pragma omp simd
-                for (int64_t p = 0; p < P; p++) dst[p] = src[p] + bv;
-            }
-        }
-    }
-    mmc_scratch_release(ctx, m);
-record:;
+    conv2d_fwd(ctx, x, w, b, &d, y->data);
     mmc_tensor *in[3] = {x, w, b};
     mmc_node *n = mmc_tape_record(ctx, "conv2d", conv2d_backward, y, b ? 3 : 2, in);
     if (n) {
@@ -501,4 +513,41 @@ record:;
         n->extra = ex;
     }
     return y;
+}
+
+void mmc_conv2d_into(mmc_ctx *ctx, const mmc_tensor *x, const mmc_tensor *w, const mmc_tensor *b, int stride, int padding,
+                     float *y) {
+    const conv_dims d = conv2d_dims(x, w, b, stride, padding);
+    conv2d_fwd(ctx, x, w, b, &d, y);
+}
+
+bool mmc_conv3x3_fused(mmc_ctx *ctx, const mmc_tensor *x, const mmc_conv_input *in, const mmc_tensor *w,
+                       const mmc_tensor *b, float *y) {
+    char sx[64], sw[64];
+    const int64_t B = x->shape[0], C = x->shape[1], f = in && in->up2 ? 2 : 1, H = f * x->shape[2], W = f * x->shape[3];
+    MMC_CHECK(x->dtype == MMC_F32 && x->ndim == 4 && mmc_is_contiguous(x) && w->ndim == 4 && w->shape[1] == C &&
+                  w->shape[2] == 3 && w->shape[3] == 3 && mmc_is_contiguous(w) && (w->dtype == MMC_F32 || w->dtype == MMC_BF16),
+              "mmc_conv3x3_fused: need x f32 [B, C, H, W] and w [K, C, 3, 3], got x %s, w %s",
+              mmc_shape_str(x, sx, sizeof sx), mmc_shape_str(w, sw, sizeof sw));
+    conv_dims d = {.B = B, .Cout = w->shape[0],
+                   .g = {.Cin = C, .H = H, .W = W, .kh = 3, .kw = 3, .stride = 1, .pad = 1, .Ho = H, .Wo = W}};
+    check_bias("mmc_conv3x3_fused", b, d.Cout);
+    if (!use_winograd(&d, PASS_FWD)) return false;
+    mmc_wino_geom wg = wino_geom(&d, false);
+    if (in) {
+        wg.up2 = in->up2;
+        wg.in_scale = in->scale, wg.in_shift = in->shift, wg.in_silu = in->silu;
+    }
+    const int64_t tb = wino_tb(&wg, B);
+    mmc_arena_mark m = mmc_scratch_mark(ctx);
+    const float *wf = weight_f32(ctx, w);
+    float *sc = mmc_scratch_alloc(ctx, mmc_cpu_wino_fwd_floats(&wg, B, tb, (int)max_threads()) * sizeof(float));
+    float *bias = NULL;
+    if (b) {
+        bias = mmc_scratch_alloc(ctx, (size_t)d.Cout * sizeof(float));
+        mmc_convert(bias, MMC_F32, b->data, b->dtype, d.Cout);
+    }
+    mmc_cpu_wino_fwd(x->data, B, wf, false, bias, false, y, &wg, tb, sc);
+    mmc_scratch_release(ctx, m);
+    return true;
 }

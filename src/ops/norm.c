@@ -104,6 +104,19 @@ static void groupnorm_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_scratch_release(ctx, m);
 }
 
+void mmc_groupnorm_affine(const mmc_tensor *x, int groups, const mmc_tensor *w, const mmc_tensor *b, float eps,
+                          float *a, float *sh) {
+    char s[64];
+    MMC_CHECK(x && x->dtype == MMC_F32 && mmc_is_contiguous(x) && x->ndim >= 2 && groups > 0 && x->shape[1] % groups == 0,
+              "mmc_groupnorm_affine: x must be contiguous f32 [N, C, *spatial] with C divisible by groups=%d, got %s",
+              groups, x ? mmc_shape_str(x, s, sizeof s) : "NULL");
+    int64_t N = x->shape[0], C = x->shape[1], S = 1;
+    for (int d = 2; d < x->ndim; d++) S *= x->shape[d];
+    check_vec("mmc_groupnorm_affine", "w", w, C);
+    check_vec("mmc_groupnorm_affine", "b", b, C);
+    mmc_cpu_groupnorm_affine(x->data, w ? w->data : NULL, b ? b->data : NULL, a, sh, N, C, S, groups, eps);
+}
+
 mmc_tensor *mmc_groupnorm(mmc_ctx *ctx, mmc_tensor *x, int groups, mmc_tensor *w, mmc_tensor *b,
                           float eps) {
     char s[64];

@@ -8,6 +8,7 @@
  * memcpy / a contiguous vector add, other strides a strided gather / scatter-add. */
 #include "conv.h"
 #include "gemm.h"
+#include "elementwise.h"
 
 #include <string.h>
 #ifdef __AVX512F__
@@ -326,6 +327,41 @@ static void seg_rows(const float *plane, int64_t H, int64_t W, int64_t y0, int n
         if (i1 < L) memset(br + i1, 0, (size_t)(L - i1) * sizeof(float));
     }
 }
+/* seg_rows for the forward's input as g says how to read it (mmc_wino_geom: up2, in_scale / in_shift,
+ * in_silu) for image b, channel c; plane is that channel's stored plane. */
+static void seg_rows_in(const float *plane, const mmc_wino_geom *g, int64_t b, int64_t c, int64_t y0, int nr,
+                        int64_t x0, int64_t L, float *buf) {
+    if (!g->up2 && !g->in_scale) {
+        seg_rows(plane, g->H, g->W, y0, nr, x0, L, buf);
+        return;
+    }
+    const int64_t H = g->H, W = g->W, Ws = g->up2 ? W / 2 : W;
+    const int64_t i0 = x0 < 0 ? -x0 : 0, i1 = W - x0 < L ? W - x0 : L;
+    const float a = g->in_scale ? g->in_scale[b * g->C + c] : 1.0f, sh = g->in_scale ? g->in_shift[b * g->C + c] : 0.0f;
+    for (int r = 0; r < nr; r++) {
+        float *br = buf + r * L;
+        const int64_t y = y0 + r;
+        if (y < 0 || y >= H || i1 <= i0) {
+            memset(br, 0, (size_t)L * sizeof(float));
+            continue;
+        }
+        if (i0 > 0) memset(br, 0, (size_t)i0 * sizeof(float));
+        if (g->up2) {
+            const float *src = plane + (y >> 1) * Ws;
+            for (int64_t i = i0; i < i1; i++) br[i] = src[(x0 + i) >> 1];
+        } else {
+            memcpy(br + i0, plane + y * W + x0 + i0, (size_t)(i1 - i0) * sizeof(float));
+        }
+        if (g->in_scale) {
+            float *v = br + i0;
+            const int64_t n = i1 - i0;
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) v[j] = v[j] * a + sh;   /* as mmc_cpu_groupnorm_fwd */
+            if (g->in_silu) ew_xsigmoid_f32_serial(v, v, 1.0f, n);
+        }
+        if (i1 < L) memset(br + i1, 0, (size_t)(L - i1) * sizeof(float));
+    }
+}
 /* floats of a row buffer: 6 rows of 4 * (tw rounded up to 16) + 16 */
 static int64_t seg_L(const tgrid *G) { return 4 * ((G->tw + 15) / 16 * 16) + 16; }
 
@@ -340,9 +376,9 @@ static inline void store36(float *o, int64_t lde, const v16 *d, int n) {
 
 /* Bᵀ d B of the 6x6 input patches (origin 4a - pad, 4j - pad) of the segment's tiles into
  * dst[e * lde + (j - j0)], e = 0..35. */
-static void seg_input_bt(const float *plane, int64_t H, int64_t W, int64_t pad, const seg *sg, int64_t L,
+static void seg_input_bt(const float *plane, const mmc_wino_geom *g, int64_t c, const seg *sg, int64_t L,
                          float *buf, float *dst, int64_t lde) {
-    seg_rows(plane, H, W, 4 * sg->a - pad, 6, 4 * sg->j0 - pad, L, buf);
+    seg_rows_in(plane, g, sg->b, c, 4 * sg->a - g->pad, 6, 4 * sg->j0 - g->pad, L, buf);
     for (int64_t j = sg->j0; j < sg->j1; j += 16) {
         const int n = sg->j1 - j < 16 ? (int)(sg->j1 - j) : 16;
         v16 d[36], t[36];
@@ -413,7 +449,8 @@ static void panel_gemms(int64_t C, const float *Up, int64_t ldu, const float *V,
 void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, const float *bias, bool acc,
                       float *y, const mmc_wino_geom *g, int64_t tb, float *scratch) {
     const tgrid G = grid_of(g);
-    const int64_t C = g->C, K = g->K, L = seg_L(&G), HW = g->H * g->W, P = g->Ho * g->Wo;
+    const int64_t C = g->C, K = g->K, L = seg_L(&G), P = g->Ho * g->Wo;
+    const int64_t HWs = g->up2 ? (g->H / 2) * (g->W / 2) : g->H * g->W;   /* a stored input plane */
     const int64_t KB = (K + WINO_MR - 1) / WINO_MR, KP = KB * WINO_MR;
     const int64_t Cout = bwd_data ? C : K, Cin = bwd_data ? K : C;   /* w [Cout, Cin, 3, 3] */
     if (fwd_team(g, B, tb)) {
@@ -434,7 +471,7 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, 
                 for (int64_t c = 0; c < C; c++) {
                     for (int64_t t = b * G.T; t < (b + 1) * G.T;) {
                         t = next_seg(&G, b * G.T, G.T, t, &sg);
-                        seg_input_bt(x + (b * C + c) * HW, g->H, g->W, g->pad, &sg, L, buf, V + c * T + sg.col, C * T);
+                        seg_input_bt(x + (b * C + c) * HWs, g, c, &sg, L, buf, V + c * T + sg.col, C * T);
                     }
                     for (int e = 0; e < 36 && T > G.T; e++)
                         memset(V + (e * C + c) * T + G.T, 0, (size_t)(T - G.T) * sizeof(float));
@@ -473,7 +510,7 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, 
         for (int64_t c = 0; c < C; c++) {
             for (int64_t t = t0; t < t0 + nt;) {
                 t = next_seg(&G, t0, nt, t, &sg);
-                seg_input_bt(x + (sg.b * C + c) * HW, g->H, g->W, g->pad, &sg, L, buf, V + c * tb + sg.col, C * tb);
+                seg_input_bt(x + (sg.b * C + c) * HWs, g, c, &sg, L, buf, V + c * tb + sg.col, C * tb);
             }
             if (ntp > nt)
                 for (int e = 0; e < 36; e++) memset(V + (e * C + c) * tb + nt, 0, (size_t)(ntp - nt) * sizeof(float));
@@ -534,7 +571,7 @@ void mmc_cpu_wino_dw(const float *x, const float *dy, int64_t B, float *dw, cons
                 for (int64_t t = t0; t < t0 + nt;) {
                     t = next_seg(&G, t0, nt, t, &sg);
                     if (ch < C) {
-                        seg_input_bt(x + (sg.b * C + ch) * HW, g->H, g->W, g->pad, &sg, L, buf,
+                        seg_input_bt(x + (sg.b * C + ch) * HW, g, ch, &sg, L, buf,
                                      X + ch * tc + sg.col, C * tc);
                         continue;
                     }

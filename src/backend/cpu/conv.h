@@ -29,6 +29,13 @@ void mmc_cpu_col2im_acc(const float *col, float *dx, int64_t nb, int64_t oh0, in
  * a forward over dy (C = Cout, K = Cin, pad 2 - pad) with the flipped, transposed weights. */
 typedef struct {
     int64_t C, K, H, W, Ho, Wo, pad;
+    /* How the forward reads x (all zero: as it is). up2: x is stored [B, C, H/2, W/2] and read as its
+     * nearest 2x upsample (H, W even), so the upsampled input never exists. in_scale / in_shift
+     * [B * C]: each value read is v * in_scale[b, c] + in_shift[b, c] (a GroupNorm's affine, the
+     * same arithmetic as mmc_cpu_groupnorm_fwd), then with in_silu v * sigmoid(v); the zero
+     * padding stays zero. Forward (not bwd_data) only. */
+    bool up2, in_silu;
+    const float *in_scale, *in_shift;
 } mmc_wino_geom;
 
 /* Whether this build's Winograd kernels are fast: compiled for AVX-512 (the 16-lane vectors

@@ -343,6 +343,7 @@ static void ew_xsigmoid_f32_blk(float *y, const float *x, float k, int64_t i0, i
 void ew_xsigmoid_f32(float *y, const float *x, float k, int64_t n) {
     PAR_BLOCKS(n, ew_xsigmoid_f32_blk(y, x, k, i0, i1));
 }
+void ew_xsigmoid_f32_serial(float *y, const float *x, float k, int64_t n) { ew_xsigmoid_f32_blk(y, x, k, 0, n); }
 static void ew_xsigmoid_bwd_acc_f32_blk(float *gx, const float *x, const float *g, float k, int64_t i0, int64_t i1) {
     /* d/dx x s(kx) = s + k x s (1 - s) */
 #if defined(__AVX512F__)

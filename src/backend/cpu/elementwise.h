@@ -35,6 +35,8 @@ void ew_gelu_tanh_f32(float *y, const float *x, int64_t n);
 void ew_gelu_tanh_bwd_acc_f32(float *gx, const float *x, const float *g, int64_t n);
 /* x * sigmoid(k x): silu k = 1, quick_gelu k = 1.702 */
 void ew_xsigmoid_f32(float *y, const float *x, float k, int64_t n);
+/* the same on the calling thread alone (inside a parallel region); the same values element by element */
+void ew_xsigmoid_f32_serial(float *y, const float *x, float k, int64_t n);
 void ew_xsigmoid_bwd_acc_f32(float *gx, const float *x, const float *g, float k, int64_t n);
 /* y = silu(gate) * up; ggate/gup may be NULL */
 void ew_swiglu_f32(float *y, const float *gate, const float *up, int64_t n);

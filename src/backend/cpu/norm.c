@@ -199,6 +199,34 @@ void mmc_cpu_groupnorm_fwd(const float *x, const float *w, const float *b, float
     }
 }
 
+void mmc_cpu_groupnorm_affine(const float *x, const float *w, const float *b, float *a, float *shift, int64_t N,
+                              int64_t C, int64_t S, int64_t G, float eps) {
+    int64_t Cg = C / G, L = Cg * S;
+#pragma omp parallel for schedule(static) if (N * C * S > PAR_MIN)
+    for (int64_t ng = 0; ng < N * G; ng++) {   /* the statistics exactly as mmc_cpu_groupnorm_fwd */
+        int64_t n = ng / G, g = ng % G;
+        const float *xg = x + (n * C + g * Cg) * S;
+        double s = 0;
+        for (int64_t c = 0; c < Cg; c++) s += row_sum(xg + c * S, S);
+        float mu = (float)(s / (double)L);
+        double v = 0;
+        for (int64_t c = 0; c < Cg; c++) {
+            const float *xc = xg + c * S;
+            float vc = 0;
+#pragma omp simd reduction(+ : vc)
+            for (int64_t j = 0; j < S; j++) vc += (xc[j] - mu) * (xc[j] - mu);
+            v += vc;
+        }
+        float rs = (float)(1.0 / sqrt(v / (double)L + (double)eps));
+        for (int64_t c = 0; c < Cg; c++) {
+            int64_t ch = g * Cg + c;
+            float ac = w ? w[ch] * rs : rs, sh = (b ? b[ch] : 0.0f) - mu * ac;
+            a[n * C + ch] = ac;
+            shift[n * C + ch] = sh;
+        }
+    }
+}
+
 void mmc_cpu_groupnorm_bwd(const float *x, const float *w, const float *mean, const float *rstd,
                            const float *dy, float *dx, float *dw, float *db, float *partial,
                            int64_t N, int64_t C, int64_t S, int64_t G) {

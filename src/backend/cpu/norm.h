@@ -32,6 +32,10 @@ void mmc_cpu_layernorm_bwd(const float *x, const float *w, const float *mean, co
  * mean, rstd [N, G]. Backward scratch `partial`: 2 * N * C floats. */
 void mmc_cpu_groupnorm_fwd(const float *x, const float *w, const float *b, float *y, float *mean,
                            float *rstd, int64_t N, int64_t C, int64_t S, int64_t G, float eps);
+/* The statistics of mmc_cpu_groupnorm_fwd alone, as the per-channel affine it applies:
+ * y[n, c, s] = x[n, c, s] * a[n, c] + sh[n, c] (the same arithmetic, value for value); a, sh [N, C]. */
+void mmc_cpu_groupnorm_affine(const float *x, const float *w, const float *b, float *a, float *sh, int64_t N,
+                              int64_t C, int64_t S, int64_t G, float eps);
 void mmc_cpu_groupnorm_bwd(const float *x, const float *w, const float *mean, const float *rstd,
                            const float *dy, float *dx, float *dw, float *db, float *partial,
                            int64_t N, int64_t C, int64_t S, int64_t G);

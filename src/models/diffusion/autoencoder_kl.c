@@ -405,6 +405,101 @@ static mmc_tensor *decoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *z
     return out_forward(ctx, v, d, h);
 }
 
+/* ------------------------------------------------------------------ decoder without a tape
+ * The same values as decoder_forward, with the large activations off the arena (malloc'd, so each is
+ * returned to the system the moment it is dead: the arena would keep its chunks) and the two
+ * full-size temporaries the ops make gone: Upsample2D's conv reads the nearest 2x upsample of its
+ * input on the fly, and each ResnetBlock2D's convs read GroupNorm + SiLU of their input on the fly
+ * (mmc_conv3x3_fused: the statistics in a pass, then the affine and SiLU in the convolution's input
+ * transform). What is alive at the largest step is the block's input, conv1's output and the
+ * shortcut's (2 GiB for the 256 -> 128-channel block at 1024², against 4.5 before), where the ops
+ * leave Winograd (no AVX-512, narrow layers) they run one after the other as before. */
+static mmc_tensor *heap_act(int64_t B, int64_t C, int64_t H, int64_t W) {
+    const size_t n = (size_t)(B * C * H * W) * sizeof(float);
+    void *d = aligned_alloc(64, (n + 63) / 64 * 64);
+    MMC_CHECK(d, "mmc_vae_decode: out of memory allocating a [%lld, %lld, %lld, %lld] activation (%.1f MiB); "
+                 "decode in tiles (--tiled-decode) to need less",
+              (long long)B, (long long)C, (long long)H, (long long)W, n / 1048576.0);
+    mmc_tensor *t = mmc_tensor_wrap(MMC_F32, 4, MMC_SHAPE(B, C, H, W), d);
+    MMC_CHECK(t, "%s", mmc_last_error());
+    t->flags |= MMC_OWNS_DATA;
+    return t;
+}
+
+/* an arena tensor's copy on the heap, then the arena back to m */
+static mmc_tensor *heap_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *t) {
+    mmc_tensor *h = heap_act(t->shape[0], t->shape[1], t->shape[2], t->shape[3]);
+    memcpy(h->data, t->data, mmc_nbytes(t));
+    mmc_arena_release(mmc_ctx_arena(ctx), m);
+    return h;
+}
+
+/* y = conv3x3(in(x)) + b on the heap, in(x) = x, its nearest 2x upsample (up2), or SiLU(GroupNorm(x))
+ * (norm_w / norm_b given); x is left as it is */
+static mmc_tensor *conv3_in(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, bool up2, mmc_tensor *norm_w,
+                            mmc_tensor *norm_b, mmc_tensor *w, mmc_tensor *b) {
+    const int64_t B = x->shape[0], C = x->shape[1], f = up2 ? 2 : 1, H = f * x->shape[2], W = f * x->shape[3];
+    mmc_tensor *y = heap_act(B, w->shape[0], H, W);
+    if (mmc_conv3x3_winograd_applies(C, w->shape[0], H, W)) {
+        mmc_conv_input in = {.up2 = up2};
+        float *ab = NULL;
+        if (norm_w) {
+            ab = malloc((size_t)(2 * B * C) * sizeof(float));
+            MMC_CHECK(ab, "out of memory");
+            mmc_groupnorm_affine(x, (int)v->cfg.norm_num_groups, norm_w, norm_b, VAE_EPS, ab, ab + B * C);
+            in.scale = ab, in.shift = ab + B * C, in.silu = true;
+        }
+        const bool done = mmc_conv3x3_fused(ctx, x, &in, w, b, y->data);
+        free(ab);
+        if (done) return y;
+    }
+    mmc_arena_mark m = mmc_arena_get_mark(mmc_ctx_arena(ctx));   /* the ops one after the other */
+    mmc_tensor *u = up2 ? mmc_upsample_nearest2x(ctx, x) : x;
+    if (norm_w) u = norm_silu(ctx, v, u, norm_w, norm_b);
+    mmc_conv2d_into(ctx, u, w, b, 1, 1, y->data);
+    mmc_arena_release(mmc_ctx_arena(ctx), m);
+    return y;
+}
+
+/* ResnetBlock2D (no time embedding, output_scale_factor 1) on a heap x it frees: the output on the heap */
+static mmc_tensor *resnet_heap(mmc_ctx *ctx, const mmc_vae *v, const resnet_block *r, mmc_tensor *x) {
+    mmc_tensor *h1 = conv3_in(ctx, v, x, false, r->norm1_w, r->norm1_b, r->conv1_w, r->conv1_b);
+    mmc_tensor *res = x;                                    /* the residual: x or conv_shortcut(x) */
+    if (r->short_w) {
+        res = heap_act(x->shape[0], r->cout, x->shape[2], x->shape[3]);
+        mmc_conv2d_into(ctx, x, r->short_w, r->short_b, 1, 0, res->data);
+        mmc_tensor_free(x);
+    }
+    mmc_tensor *h2 = conv3_in(ctx, v, h1, false, r->norm2_w, r->norm2_b, r->conv2_w, r->conv2_b);
+    mmc_tensor_free(h1);
+    float *y = h2->data;
+    const float *a = res->data;
+    const int64_t n = mmc_numel(h2);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + y[i];     /* mmc_add(shortcut, h) */
+    mmc_tensor_free(res);
+    return h2;
+}
+
+static mmc_tensor *decoder_forward_heap(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *z) {
+    const coder *d = &v->dec;
+    const mmc_arena_mark m0 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    mmc_tensor *h = mmc_conv2d(ctx, z, d->conv_in_w, d->conv_in_b, 1, 1);   /* [B, top, h, w]: small */
+    h = heap_keep(ctx, m0, mid_forward(ctx, v, &d->mid, h));
+    for (int64_t i = 0; i < v->cfg.levels; i++) {
+        const level_block *lv = &d->levels[i];
+        for (int r = 0; r < lv->n_res; r++) h = resnet_heap(ctx, v, &lv->res[r], h);
+        if (lv->sample_w) {   /* Upsample2D: nearest 2x read by the 3x3 conv */
+            mmc_tensor *u = conv3_in(ctx, v, h, true, NULL, NULL, lv->sample_w, lv->sample_b);   /* [B, C, 2h, 2w] */
+            mmc_tensor_free(h);
+            h = u;
+        }
+    }
+    mmc_tensor *y = out_forward(ctx, v, d, h);
+    mmc_tensor_free(h);
+    return y;
+}
+
 static void check_input(const mmc_vae *v, const mmc_tensor *x, int64_t channels, int64_t multiple,
                         const char *op) {
     char s[64];
@@ -424,6 +519,9 @@ mmc_tensor *mmc_vae_encode(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *x) {
 mmc_tensor *mmc_vae_decode(mmc_ctx *ctx, mmc_vae *v, mmc_tensor *z) {
     check_input(v, z, v->cfg.latent_channels, 1, "mmc_vae_decode");
     if (v->post_quant_w) z = mmc_conv2d(ctx, z, v->post_quant_w, v->post_quant_b, 1, 0);
+    const bool tape = mmc_grad_enabled(ctx) && (mmc_requires_grad(z) || mmc_requires_grad(v->dec.conv_in_w) ||
+                                                 mmc_requires_grad(v->dec.conv_out_w));
+    if (!tape && !getenv("MMC_VAE_ARENA_DECODE")) return decoder_forward_heap(ctx, v, z);
     return decoder_forward(ctx, v, z);
 }
 
