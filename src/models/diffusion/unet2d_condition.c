@@ -525,6 +525,22 @@ static mmc_tensor *attention_forward(mmc_ctx *ctx, const attention *a, mmc_tenso
     return mmc_nn_linear(ctx, mmc_reshape(ctx, h, 3, MMC_SHAPE(B, S, C)), &a->o);
 }
 
+/* GEGLU feed-forward: ff2(hid * GELU(gate)), (hid, gate) = ff0(n).chunk(2): n [B, S, C] -> [B, S, C] */
+static mmc_tensor *geglu_ff(mmc_ctx *ctx, const tblock *b, mmc_tensor *n, int64_t C) {
+    mmc_tensor *p = mmc_nn_linear(ctx, n, &b->ff0);                                 /* [B, S, 8C] */
+    mmc_tensor *hid = mmc_contiguous(ctx, mmc_narrow(ctx, p, 2, 0, 4 * C));
+    mmc_tensor *gate = mmc_contiguous(ctx, mmc_narrow(ctx, p, 2, 4 * C, 4 * C));
+    return mmc_nn_linear(ctx, mmc_mul(ctx, hid, mmc_gelu(ctx, gate)), &b->ff2);
+}
+
+/* Tokens per band of the feed-forward without a tape for S tokens: at most 1024 (MMC_UNET_FF_ROWS
+ * overrides, >= 10), the bands made even, so none is short enough (<= 4 rows) for the GEMM's matvec path */
+static int64_t ff_rows(int64_t S) {
+    const char *e = getenv("MMC_UNET_FF_ROWS");
+    const int64_t R = e && atoi(e) >= 10 ? atoi(e) : 1024, n = (S + R - 1) / R;
+    return (S + n - 1) / n;
+}
+
 /* BasicTransformerBlock (layer_norm, GEGLU): h [B, S, C], enc [B, T, Ccross] */
 static mmc_tensor *tblock_forward(mmc_ctx *ctx, const tblock *b, mmc_tensor *h, mmc_tensor *enc, int64_t heads) {
     mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
@@ -534,12 +550,26 @@ static mmc_tensor *tblock_forward(mmc_ctx *ctx, const tblock *b, mmc_tensor *h, 
     mmc_arena_mark m2 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     n = mmc_layernorm(ctx, h, b->n2_w, b->n2_b, LN_EPS);
     h = mw_keep(ctx, m2, mmc_add(ctx, attention_forward(ctx, &b->cross, n, enc, heads), h));
-    n = mmc_layernorm(ctx, h, b->n3_w, b->n3_b, LN_EPS);
-    mmc_tensor *p = mmc_nn_linear(ctx, n, &b->ff0);                                 /* [B, S, 8C] */
-    mmc_tensor *hid = mmc_contiguous(ctx, mmc_narrow(ctx, p, 2, 0, 4 * C));
-    mmc_tensor *gate = mmc_contiguous(ctx, mmc_narrow(ctx, p, 2, 4 * C, 4 * C));
-    mmc_tensor *f = mmc_nn_linear(ctx, mmc_mul(ctx, hid, mmc_gelu(ctx, gate)), &b->ff2);
-    return mw_keep(ctx, mk, mmc_add(ctx, f, h));
+    if (mmc_grad_enabled(ctx)) {
+        n = mmc_layernorm(ctx, h, b->n3_w, b->n3_b, LN_EPS);
+        return mw_keep(ctx, mk, mmc_add(ctx, geglu_ff(ctx, b, n, C), h));
+    }
+    /* without a tape: the feed-forward over bands of tokens, so its 8C-wide intermediates are band-sized
+     * (the same values: every op here is row-wise) */
+    const int64_t S = h->shape[1], R = ff_rows(S);
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, 3, h->shape);
+    for (int64_t r0 = 0; r0 < S; r0 += R) {
+        const int64_t nr = S - r0 < R ? S - r0 : R;
+        mmc_arena_mark mb = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor *hb = mmc_contiguous(ctx, mmc_narrow(ctx, h, 1, r0, nr));
+        n = mmc_layernorm(ctx, hb, b->n3_w, b->n3_b, LN_EPS);
+        mmc_tensor *o = mmc_add(ctx, geglu_ff(ctx, b, n, C), hb);                      /* [B, nr, C] */
+        for (int64_t bi = 0; bi < h->shape[0]; bi++)
+            memcpy((float *)y->data + (bi * S + r0) * C, (const float *)o->data + bi * nr * C,
+                   (size_t)(nr * C) * sizeof(float));
+        mmc_arena_release(mmc_ctx_arena(ctx), mb);
+    }
+    return mw_keep(ctx, mk, y);
 }
 
 /* Transformer2DModel (continuous input): x [B, C, H, W] -> same */
@@ -630,11 +660,15 @@ mmc_status mmc_unet_forward(mmc_ctx *ctx, mmc_unet *m, const mmc_unet_inputs *in
             if (ns < (int)(sizeof skips / sizeof *skips)) skips[ns++] = h;
         }
     }
+    /* without a tape, the mid and up blocks keep only the running h (and the skips below, popped in turn) */
+    const bool keep = !mmc_grad_enabled(ctx);
+    const mmc_arena_mark m_up = mmc_arena_get_mark(mmc_ctx_arena(ctx));
     /* mid */
     if (c->mid_cross) {
         h = resnet_forward(ctx, m, &m->mid_res[0], h, temb_act, c->mid_block_scale_factor);
         h = transformer_forward(ctx, m, &m->mid_attn, h, enc);
         h = resnet_forward(ctx, m, &m->mid_res[1], h, temb_act, c->mid_block_scale_factor);
+        if (keep) h = mw_keep(ctx, m_up, h);
     }
     /* up: each resnet takes cat(h, the latest skip) on channels */
     for (int i = 0; i < L; i++) {
@@ -645,10 +679,15 @@ mmc_status mmc_unet_forward(mmc_ctx *ctx, mmc_unet *m, const mmc_unet_inputs *in
             h = mmc_concat(ctx, parts, 2, 1);
             h = resnet_forward(ctx, m, &lv->res[r], h, temb_act, 1.0);
             if (lv->attn) h = transformer_forward(ctx, m, &lv->attn[r], h, enc);
+            if (keep) h = mw_keep(ctx, m_up, h);
         }
-        if (lv->sample_w) {   /* Upsample2D: nearest 2x, 3x3 conv */
-            h = mmc_upsample_nearest2x(ctx, h);
-            h = mmc_conv2d(ctx, h, lv->sample_w, lv->sample_b, 1, 1);
+        if (lv->sample_w) {   /* Upsample2D: nearest 2x, 3x3 conv (without a tape the conv reads the upsample) */
+            mmc_tensor *y = keep ? mmc_new(ctx, MMC_F32, 4, MMC_SHAPE(B, h->shape[1], 2 * h->shape[2], 2 * h->shape[3]))
+                                 : NULL;
+            const mmc_conv_input up = {.up2 = true};
+            if (y && mmc_conv3x3_fused(ctx, h, &up, lv->sample_w, lv->sample_b, y->data)) h = y;
+            else h = mmc_conv2d(ctx, mmc_upsample_nearest2x(ctx, h), lv->sample_w, lv->sample_b, 1, 1);
+            if (keep) h = mw_keep(ctx, m_up, h);
         }
     }
     h = norm_silu(ctx, h, (int)c->norm_num_groups, m->norm_out_w, m->norm_out_b, (float)c->norm_eps);
