@@ -21,7 +21,10 @@
  * The forward is built from differentiable ops (conv2d, groupnorm, silu, linear, attention,
  * and resample.c's pad / upsample), so it records a tape in grad mode; without one, each
  * block's intermediates are released as soon as its output exists (mw_keep()), so peak memory
- * is about one block's worth of activations. Tiled encode / decode follow diffusers' enable_tiling. */
+ * is about one block's worth of activations, and the decoder (decoder_forward_heap) keeps its large
+ * activations on the heap, freed as soon as dead, with the upsample and GroupNorm + SiLU read by the
+ * convolutions instead of materialised (the same values). Tiled encode / decode follow diffusers'
+ * enable_tiling. */
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)
