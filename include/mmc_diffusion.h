@@ -78,6 +78,13 @@ const mmc_diffusers_component *mmc_diffusers_find(const mmc_diffusers_dir *d, co
 void mmc_diffusers_path(const mmc_diffusers_dir *d, const char *component, const char *file,
                         char *buf, size_t n);
 const char *mmc_dcomp_kind_name(mmc_dcomp_kind k);
+/* `mmc merge` on a pipeline folder (src/diffusion/lora_merge.c): the PEFT LoRA adapter adapter_dir (on the
+ * transformer; HunyuanDiTPipeline only) folded into a copy of pipe_dir written atomically to out_dir, the
+ * transformer's weights as one diffusion_pytorch_model.safetensors (W + scale B A in W's dtype), everything
+ * else copied; *n_merged (may be NULL): the number of merged weights. pipe_dir may also be the
+ * HunyuanDiT2DModel folder itself: out_dir is then that folder merged. is_model_dir: dir holds a diffusers model (config.json with _class_name). */
+mmc_status mmc_diffusers_merge_lora(const char *pipe_dir, const char *adapter_dir, const char *out_dir, int *n_merged);
+bool mmc_diffusers_is_model_dir(const char *dir);
 /* MMC_ERR_INVALID naming the nearest valid size (halves rounded up) unless height and width are
  * positive multiples of `multiple`; why says where the multiple comes from. */
 mmc_status mmc_diffusion_check_size(int height, int width, int multiple, const char *why);

@@ -153,6 +153,11 @@ extern "C" {
  * the new one is complete). *n_merged (may be NULL) receives the number of merged weights. */
 mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, const char *out_dir,
                               int *n_merged);
+/* The weights part of it: the safetensors `weights` (a file, a sharded index or a directory as
+ * mmc_st_open takes it) with the adapter folded in, written to the one file out_file (not atomic:
+ * callers write into a directory they rename into place). Errors name adapter modules that
+ * match no 2-D weight. */
+mmc_status mmc_lora_merge_file(const char *weights, const char *adapter_dir, const char *out_file, int *n_merged);
 #ifdef __cplusplus
 }
 #endif

@@ -13,10 +13,12 @@
  * (tools/ref/gen_hunyuan_train.py, tests/fixtures/hunyuan_train): 20 LoRA steps on the v1.1 model
  * (v_prediction, min-SNR 5, offset noise, image_meta_size per step; the adapter PEFT saved) and 6 full
  * steps on the v1.2 one (epsilon): losses, clipped grad norms and final weights within 1e-3 relative;
- * the LoRA run again with every block checkpointed (recompute): the same losses. */
+ * the LoRA run again with every block checkpointed (recompute): the same losses. Part "merge": `mmc merge` of a
+ * PEFT adapter into the pipeline folder against PEFT's merge_and_unload (check_merge). */
 #include "test_util.h"
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
+#include "mmc_io.h"
 #include "mmc_train.h"
 
 #include <unistd.h>
@@ -628,6 +630,114 @@ static void check_lora_errors(void) {
     mmc_hunyuan_dit_free(m);
 }
 
+/* `mmc merge` on the tiny HunyuanDiTPipeline folder (mmc_diffusers_merge_lora, src/diffusion/lora_merge.c) against
+ * PEFT's merge_and_unload (tools/ref/gen_hunyuan_merge.py, tests/fixtures/hunyuan_merge: an rsLoRA adapter on 45
+ * modules, lora_B random): every merged weight within 1e-6 of PEFT's (+ 1e-6 relative), every other tensor of the
+ * transformer byte-equal to the base's, every other file of the folder copied byte for byte; the merged folder
+ * loads (mmc_hunyuan_pipeline_open, the transformer); merging again replaces it; merging into the transformer
+ * folder alone gives that folder with the same weights; errors (an adapter for another model, its shapes named;
+ * a non-HunyuanDiT pipeline or model folder; an output inside the pipeline folder; not an adapter) leave the
+ * previous output as it was and no temporary folder. Generating with the merged folder: test_hunyuan_cli. */
+static bool same_file(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    bool eq = mmc_read_file(a, &x, &nx) == MMC_OK && mmc_read_file(b, &y, &ny) == MMC_OK && nx == ny &&
+              memcmp(x, y, nx) == 0;
+    free(x), free(y);
+    mmc_clear_error();
+    return eq;
+}
+
+static void check_merge(void) {
+    const char *P = "tests/fixtures/hunyuan/pipe", *AD = "tests/fixtures/hunyuan_merge/adapter";
+    char tmp[] = "/tmp/mmc_hymerge_XXXXXX";
+    MMC_CHECK(mkdtemp(tmp), "mkdtemp");
+    char out[256], path[512], path2[512];
+    snprintf(out, sizeof out, "%s/merged", tmp);
+    int n = 0;
+    CHECK_OK(mmc_diffusers_merge_lora(P, AD, out, &n));
+    CHECKF(n == 45, "merged %d weights, want 45", n);
+    mmc_st *exp = fixture_open("hunyuan_merge/expected.safetensors"), *got = NULL, *base = NULL;
+    snprintf(path, sizeof path, "%s/transformer/diffusion_pytorch_model.safetensors", out);
+    CHECK_OK(mmc_st_open(path, &got));
+    CHECK_OK(mmc_st_open("tests/fixtures/hunyuan/pipe/transformer/diffusion_pytorch_model.safetensors", &base));
+    double worst = 0;
+    int n_merged = 0, n_same = 0;
+    for (int i = 0; got && base && exp && i < mmc_st_count(base); i++) {
+        const mmc_st_entry *b = mmc_st_at(base, i), *g = mmc_st_find(got, b->name);
+        CHECKF(g != NULL, "merged transformer lacks %s", b->name);
+        if (!g) continue;
+        if (mmc_st_find(exp, b->name)) {   /* merged: against PEFT's merge_and_unload */
+            mmc_tensor *w = fixture_tensor(exp, b->name, MMC_F32), *m = fixture_tensor(got, b->name, MMC_F32);
+            const double d = max_abs_diff(m, w);
+            CHECKF(d <= 1e-6 + 1e-6 * max_abs(w), "%s: max difference %.3g from PEFT's merge", b->name, d);
+            worst = fmax(worst, d), n_merged++;
+            mmc_tensor_free(w), mmc_tensor_free(m);
+        } else {                            /* untouched: the base's bytes */
+            size_t nb = mmc_dtype_size(b->dtype);
+            for (int k = 0; k < b->ndim; k++) nb *= (size_t)b->shape[k];
+            CHECKF(g->dtype == b->dtype && g->ndim == b->ndim && memcmp(g->data, b->data, nb) == 0, "%s changed", b->name);
+            n_same++;
+        }
+    }
+    CHECKF(n_merged == 45 && got && mmc_st_count(got) == n_merged + n_same, "%d merged, %d unchanged of %d", n_merged,
+           n_same, got ? mmc_st_count(got) : 0);
+    mmc_st_close(got), mmc_st_close(base), mmc_st_close(exp);
+    static const char *const files[] = {"model_index.json", "transformer/config.json", "scheduler/scheduler_config.json",
+                                        "vae/config.json", "vae/diffusion_pytorch_model.safetensors",
+                                        "text_encoder/model.safetensors", "text_encoder_2/model.safetensors",
+                                        "tokenizer/tokenizer.json", "tokenizer_2/tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", P, files[i]);
+        snprintf(path2, sizeof path2, "%s/%s", out, files[i]);
+        CHECKF(same_file(path, path2), "%s not copied as it is", files[i]);
+    }
+    mmc_hunyuan_pipeline *pp = NULL;   /* the merged folder loads */
+    CHECK_OK(mmc_hunyuan_pipeline_open(out, &pp));
+    mmc_hunyuan_pipeline_free(pp);
+    mmc_hunyuan_dit *m = NULL;
+    snprintf(path, sizeof path, "%s/transformer", out);
+    CHECK_OK(mmc_hunyuan_dit_load(path, false, &m));
+    mmc_hunyuan_dit_free(m);
+    CHECK_OK(mmc_diffusers_merge_lora(P, AD, out, NULL));   /* again: replaces it */
+    /* the transformer folder itself: that folder merged, the same weights */
+    char tr_out[300];
+    snprintf(tr_out, sizeof tr_out, "%s/merged_tr", tmp);
+    CHECK_OK(mmc_diffusers_merge_lora("tests/fixtures/hunyuan/pipe/transformer", AD, tr_out, NULL));
+    snprintf(path, sizeof path, "%s/transformer/diffusion_pytorch_model.safetensors", out);
+    snprintf(path2, sizeof path2, "%s/diffusion_pytorch_model.safetensors", tr_out);
+    CHECK(same_file(path, path2));
+    snprintf(path2, sizeof path2, "%s/config.json", tr_out);
+    CHECK(same_file("tests/fixtures/hunyuan/pipe/transformer/config.json", path2));
+    CHECK_ERR(mmc_diffusers_merge_lora("tests/fixtures/hunyuan/pipe/vae", AD, tr_out, NULL), MMC_ERR_UNSUPPORTED);
+    /* errors leave the previous output whole and no temporary folder */
+    snprintf(path, sizeof path, "%s/transformer/diffusion_pytorch_model.safetensors", out);
+    CHECK(mmc_diffusers_merge_lora(P, "tests/fixtures/hunyuan_train/lora/final", out, NULL) != MMC_OK);
+    CHECKF(strstr(mmc_last_error(), "mismatched shapes") != NULL, "the 6-block model's adapter: %s", mmc_last_error());
+    CHECK_ERR(mmc_diffusers_merge_lora("tests/fixtures/wan/pipe", AD, out, NULL), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "HunyuanDiTPipeline") != NULL);
+    CHECK_ERR(mmc_diffusers_merge_lora(P, P, out, NULL), MMC_ERR_NOT_FOUND);
+    snprintf(path2, sizeof path2, "%s/transformer/merged", P);
+    CHECK_ERR(mmc_diffusers_merge_lora(P, AD, path2, NULL), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "inside the pipeline folder") != NULL);
+    mmc_clear_error();
+    CHECKF(access(path2, F_OK) != 0, "%s was written", path2);
+    mmc_hunyuan_dit *m2 = NULL;
+    snprintf(path, sizeof path, "%s/transformer", out);
+    CHECK_OK(mmc_hunyuan_dit_load(path, false, &m2));
+    mmc_hunyuan_dit_free(m2);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -c tmp", tmp);
+    FILE *f = popen(cmd, "r");
+    int ntmp = -1;
+    if (f) { if (fscanf(f, "%d", &ntmp) != 1) ntmp = -1; pclose(f); }
+    CHECKF(ntmp == 0, "%d temporary folders left in %s", ntmp, tmp);
+    printf("merge: 45 weights within %.2e of PEFT's merge_and_unload, %d tensors and the other files unchanged\n",
+           worst, n_same);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    MMC_CHECK(system(cmd) == 0, "rm");
+}
+
 int main(int argc, char **argv) {
     if (access("tests/fixtures/hunyuan/v11/expected.safetensors", R_OK) != 0) {
         fprintf(stderr, "test_hunyuan: fixtures absent (tools/ref/gen_hunyuan.py); skipping\n");
@@ -653,5 +763,6 @@ int main(int argc, char **argv) {
         check_train(false, false, NULL);
         check_lora_errors();
     }
+    if (test_part(argc, argv, "merge")) check_merge();
     return test_done("test_hunyuan");
 }

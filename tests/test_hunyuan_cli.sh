@@ -122,8 +122,30 @@ if command -v python3 >/dev/null; then   # (the PNGs' text chunks differ: compar
 fi
 expect_rc 1 "$MMC" "${GEN[@]}" --lora "$T/nonexistent" --out "$T/x.png"
 expect_err "cannot apply --lora"
+# mmc merge: the adapter folded into a copy of the pipeline folder (written atomically); the merged folder
+# generates --lora's image (1/255) and, with the reference venv, diffusers loads it: its transformer equals PEFT's
+# merge_and_unload (1e-6) and its image mmc's (1/255); a second merge replaces it
+expect_rc 0 "$MMC" merge --model $P --adapter "$C4" --out "$T/merged" --json
+grep -q '"merged_weights": 40' "$T/out" && ok || bad "merge: $(cat "$T/out")"
+[ -s "$T/merged/model_index.json" ] && [ -s "$T/merged/vae/diffusion_pytorch_model.safetensors" ] \
+  && [ -s "$T/merged/transformer/diffusion_pytorch_model.safetensors" ] && ! ls -d "$T"/merged.* >/dev/null 2>&1 && ok \
+  || bad "merged folder: $(ls -R "$T/merged" 2>&1 | head -20)"
+expect_rc 0 "$MMC" generate-image --model "$T/merged" "${GEN[@]:3}" --out "$T/merged.png"
+if command -v python3 >/dev/null; then
+  python3 "$T/pngcmp.py" "$T/merged.png" "$T/lora.png" >"$T/cmp" 2>&1 && ok || bad "the merged folder's image differs from --lora's: $(cat "$T/cmp")"
+fi
+expect_rc 0 "$MMC" merge --model $P --adapter "$C4" --out "$T/merged"
+# without --model: the adapter's base (the pipeline's transformer folder, as mmc train records it) -> the whole
+# pipeline; --model the transformer folder -> that folder merged; the same weights either way
+expect_rc 0 "$MMC" merge --adapter "$C4" --out "$T/merged2"
+expect_err "writing the whole pipeline folder"
+expect_rc 0 "$MMC" merge --model $P/transformer --adapter "$C4" --out "$T/merged_tr"
+W=transformer/diffusion_pytorch_model.safetensors
+[ -s "$T/merged2/model_index.json" ] && cmp -s "$T/merged/$W" "$T/merged2/$W" && cmp -s "$T/merged/$W" "$T/merged_tr/${W#*/}" \
+  && cmp -s "$P/transformer/config.json" "$T/merged_tr/config.json" && ok \
+  || bad "merges without --model / into the transformer folder differ: $(ls "$T/merged2" "$T/merged_tr" 2>&1)"
 if [ -x "$PY" ]; then
-  "$PY" - "$P" "$C4" "$T/peft.png" >"$T/py" 2>&1 <<'PYEOF' && ok || bad "diffusers + PEFT on mmc's adapter: $(tail -5 "$T/py")"
+  "$PY" - "$P" "$C4" "$T/peft.png" "$T/merged" "$T/peft_merged.png" >"$T/py" 2>&1 <<'PYEOF' && ok || bad "diffusers + PEFT on mmc's adapter: $(tail -5 "$T/py")"
 import sys, torch
 from safetensors.torch import load_file
 from peft import PeftModel
@@ -134,9 +156,22 @@ n = sum(1 for k in pm.state_dict() if "lora_A" in k)
 assert n == 40, n   # 4 blocks x (2 attentions x 4 + 2 ff)
 pipe.transformer = pm.merge_and_unload()
 lat = load_file(sys.argv[1] + "/cli_latents.safetensors")["latents"]
-pipe(prompt="a red sofa", negative_prompt="cat", height=64, width=48, num_inference_steps=1, guidance_scale=5.0,
-     latents=lat, use_resolution_binning=False).images[0].save(sys.argv[3])
+kw = dict(prompt="a red sofa", negative_prompt="cat", height=64, width=48, num_inference_steps=1, guidance_scale=5.0,
+          use_resolution_binning=False)
+pipe(latents=lat.clone(), **kw).images[0].save(sys.argv[3])
+# `mmc merge`'s folder: diffusers loads it whole; its transformer equals PEFT's merge_and_unload (1e-6)
+ref = pipe.transformer.state_dict()
+mp = HunyuanDiTPipeline.from_pretrained(sys.argv[4], torch_dtype=torch.float32)
+got = mp.transformer.state_dict()
+assert set(got) == set(ref), set(got) ^ set(ref)
+worst = max((got[k] - ref[k]).abs().max().item() for k in ref)
+assert worst <= 1e-6, worst
+mp(latents=lat.clone(), **kw).images[0].save(sys.argv[5])
+print("merged folder: weights within", worst, "of PEFT's merge_and_unload")
 PYEOF
+  grep "merged folder" "$T/py" | sed "s/^/test_hunyuan_cli: /"
+  python3 "$T/pngcmp.py" "$T/merged.png" "$T/peft_merged.png" >"$T/cmp" 2>&1 && ok \
+    || bad "mmc's image from the merged folder differs from diffusers': $(cat "$T/cmp")"
   if python3 "$T/pngcmp.py" "$T/lora.png" "$T/peft.png" >"$T/cmp" 2>&1; then
     ok; echo "test_hunyuan_cli: --lora vs diffusers + PEFT: $(cat "$T/cmp")"
     python3 "$T/pngcmp.py" "$T/lora.png" "$T/c.png" | sed "s/^/test_hunyuan_cli: --lora vs the base: /"

@@ -18,6 +18,10 @@
  *    same 12 LoRA steps (plus add_k_proj / add_v_proj) and 4 full steps on the I2V transformer with per-sample
  *    conditions and image states, same tolerances; one video's first frame byte-equal, its CLIP image states
  *    within 1e-5 and its condition within 1e-4 of diffusers';
+ *  - first-last-frame training (train_flf2v, tests/fixtures/wan_flf2v_train, gen_wan_i2v_train.py --flf2v): the
+ *    same on the FLF2V transformer (pos_embed_seq_len: both frames' image states side by side, the condition
+ *    with the last frame, the image position table among the full fine-tuning's final parameters); one video's
+ *    first and last frames byte-equal, their image states and condition as above;
  *  - UMT5EncoderModel (a relative attention bias in every layer) on the tokenizer's ids with the
  *    attention mask: last_hidden_state within 1e-4, ids equal;
  *  - UniPCMultistepScheduler: sigmas and timesteps of set_timesteps(n) for n in {1, 2, 3, 7, 10, 50}
@@ -599,7 +603,7 @@ static void check_train_data(void) {
     if (!exp) return;
     const int F = 5, R = 16;
     mmc_tensor *px = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(3, F, R, R));
-    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px->data, NULL));
+    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px->data, NULL, NULL));
     mmc_tensor *want = fixture_tensor(exp, "pixels", MMC_F32);
     const double dp = max_abs_diff(px, want);
     CHECKF(dp < 1e-6, "pixels: max difference %.3g", dp);
@@ -620,9 +624,9 @@ static void check_train_data(void) {
     }
     printf("train_data: pixels %.2e, latent mean %.2e, std %.2e\n", dp, dm, ds);
     float *big = malloc((size_t)3 * 33 * R * R * sizeof *big);
-    CHECK_ERR(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", 33, R, big, NULL), MMC_ERR_INVALID);
+    CHECK_ERR(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", 33, R, big, NULL, NULL), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "moving.mp4") && strstr(mmc_last_error(), "data.num_frames"));
-    CHECK(mmc_trainer_wan_load_video("tests/fixtures/video/absent.mp4", F, R, big, NULL) != MMC_OK);
+    CHECK(mmc_trainer_wan_load_video("tests/fixtures/video/absent.mp4", F, R, big, NULL, NULL) != MMC_OK);
     CHECK(strstr(mmc_last_error(), "absent.mp4") != NULL);
     free(big);
     mmc_tensor_free(px);
@@ -631,33 +635,42 @@ static void check_train_data(void) {
 
 /* Image-to-video training data (trainer_wan.c) against diffusers (gen_wan_i2v_train.py, data_expected): the
  * first training frame of tests/fixtures/video/moving.mp4 (5 frames, 16x16 crop) byte-equal; encode_image of it
- * (CLIP hidden_states[-2]) within 1e-5 and prepare_latents' condition for 5 frames of 16x16 within 1e-4. */
-static void check_train_i2v_data(void) {
-    mmc_st *exp = fixture_open("wan_i2v_train/data_expected.safetensors");
+ * (CLIP hidden_states[-2]) within 1e-5 and prepare_latents' condition for 5 frames of 16x16 within 1e-4.
+ * First-last-frame (flf2v, gen_wan_i2v_train.py --flf2v): the last sampled frame byte-equal too, encode_image
+ * of [first, last] side by side ([1, 34, 12]) and the condition with last_image, same tolerances. */
+static void check_train_i2v_data(const char *fix, const char *pipe, bool flf2v) {
+    char key[160];
+    snprintf(key, sizeof key, "%s/data_expected.safetensors", fix);
+    mmc_st *exp = fixture_open(key);
     mmc_wan_pipeline *p = NULL;
-    CHECK_OK(mmc_wan_pipeline_open("tests/fixtures/wan_i2v/pipe", &p));
+    CHECK_OK(mmc_wan_pipeline_open(pipe, &p));
     if (!exp || !p) { mmc_st_close(exp); mmc_wan_pipeline_free(p); return; }
     const int F = 5, R = 16;
     float *px = malloc((size_t)3 * F * R * R * sizeof *px);
-    mmc_image first = {0};
-    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px, &first));
-    mmc_tensor *wf = fixture_tensor(exp, "frame", MMC_F32);
-    int bad = first.data ? 0 : 1;
-    for (int64_t i = 0; first.data && i < (int64_t)R * R * 3; i++) bad += first.data[i] != (uint8_t)((float *)wf->data)[i];
-    CHECKF(bad == 0, "first frame: %d bytes differ", bad);
+    mmc_image fr[2] = {0};
+    CHECK_OK(mmc_trainer_wan_load_video("tests/fixtures/video/moving.mp4", F, R, px, &fr[0], flf2v ? &fr[1] : NULL));
+    for (int k = 0; k < (flf2v ? 2 : 1); k++) {
+        mmc_tensor *wf = fixture_tensor(exp, k ? "last_frame" : "frame", MMC_F32);
+        int bad = fr[k].data && wf ? 0 : 1;
+        for (int64_t i = 0; !bad && i < (int64_t)R * R * 3; i++) bad += fr[k].data[i] != (uint8_t)((float *)wf->data)[i];
+        CHECKF(bad == 0, "%s frame: %d bytes differ", k ? "last" : "first", bad);
+        mmc_tensor_free(wf);
+    }
     mmc_ctx *ctx = mmc_ctx_new();
     mmc_tensor *ie = NULL, *cond = NULL, *wi = fixture_tensor(exp, "image_embeds", MMC_F32),
                *wc = fixture_tensor(exp, "condition", MMC_F32);
     double di = 1, dc = 1;
-    CHECK_OK(mmc_wan_encode_images(ctx, p, &first, 1, &ie));
-    if (ie) di = max_abs_diff(ie, wi);
+    CHECK_OK(mmc_wan_encode_images(ctx, p, fr, flf2v ? 2 : 1, &ie));
+    if (ie && flf2v) ie->shape[1] *= 2, ie->shape[0] = 1, mmc_set_contiguous_strides(ie);   /* [2, S, D] -> [1, 2S, D] */
+    if (ie && mmc_same_shape(ie, wi)) di = max_abs_diff(ie, wi);
     CHECKF(di < 1e-5, "image states: max difference %.3g", di);
-    CHECK_OK(mmc_wan_i2v_condition(p, &first, NULL, F, R, R, &cond));
-    if (cond) dc = max_abs_diff(cond, wc);
+    CHECK_OK(mmc_wan_i2v_condition(p, &fr[0], flf2v ? &fr[1] : NULL, F, R, R, &cond));
+    if (cond && mmc_same_shape(cond, wc)) dc = max_abs_diff(cond, wc);
     CHECKF(dc < 1e-4, "condition: max difference %.3g", dc);
-    printf("train_i2v_data: first frame byte-equal, image states %.2e, condition %.2e\n", di, dc);
-    mmc_tensor_free(ie), mmc_tensor_free(cond), mmc_tensor_free(wi), mmc_tensor_free(wc), mmc_tensor_free(wf);
-    mmc_image_free(&first);
+    printf("%s data: %s byte-equal, image states %.2e, condition %.2e\n", fix, flf2v ? "first and last frames" :
+           "first frame", di, dc);
+    mmc_tensor_free(ie), mmc_tensor_free(cond), mmc_tensor_free(wi), mmc_tensor_free(wc);
+    mmc_image_free(&fr[0]), mmc_image_free(&fr[1]);
     free(px);
     mmc_ctx_free(ctx);
     mmc_wan_pipeline_free(p);
@@ -667,7 +680,7 @@ static void check_train_i2v_data(void) {
 /* Full fine-tuning (every parameter trainable, AdamW 1e-4, clip 1.0) against diffusers + torch
  * (full_expected.safetensors of gen_wan_train.py / gen_wan_i2v_train.py): 4 steps, each loss and pre-clip
  * gradient norm within 1e-3 (relative), the five final parameters the fixture holds within 1e-3 of their
- * largest entry. */
+ * largest entry and within 1% of how far training moved them. */
 static void check_train_full(const char *tr_dir, const char *fix) {
     char key[160];
     mmc_wan *m = NULL;
@@ -692,6 +705,13 @@ static void check_train_full(const char *tr_dir, const char *fix) {
     mmc_ctx *ctx = mmc_ctx_new();
     mmc_flux_fm_batch b = {.prompt_embeds = fixture_tensor(exp, "prompt_embeds", MMC_F32), .weighting = MMC_FM_NONE};
     double worst_loss = 0, worst_norm = 0, worst_w = 0;
+    mmc_tensor *before[n_params];   /* the checked parameters before training (they must move) */
+    for (int q = 0; q < n_params; q++) {
+        char k[320];
+        snprintf(k, sizeof k, "final.%s", names[q]);
+        before[q] = mmc_st_find(exp, k) ? mmc_tensor_new(MMC_F32, params[q]->ndim, params[q]->shape) : NULL;
+        if (before[q]) memcpy(before[q]->data, params[q]->data, mmc_nbytes(before[q]));
+    }
     for (int step = 0; step < 4; step++) {
         char k[64];
         mmc_tensor *t[5];
@@ -722,14 +742,19 @@ static void check_train_full(const char *tr_dir, const char *fix) {
     for (int e = 0; e < mmc_st_count(exp); e++) {   /* every "final.<parameter>" of the fixture */
         const char *nm = mmc_st_at(exp, e)->name;
         if (strncmp(nm, "final.", 6) != 0) continue;
-        mmc_tensor *want = fixture_tensor(exp, nm, MMC_F32), *got = NULL;
+        mmc_tensor *want = fixture_tensor(exp, nm, MMC_F32), *got = NULL, *b0 = NULL;
         for (int q = 0; q < n_params; q++)
-            if (!strcmp(names[q], nm + 6)) got = params[q];
+            if (!strcmp(names[q], nm + 6)) got = params[q], b0 = before[q];
         CHECKF(got != NULL, "no parameter %s", nm + 6);
-        if (got && want) worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6)), n_final++;
+        if (got && want) {
+            const double d = max_abs_diff(got, want), moved = b0 ? max_abs_diff(b0, want) : 0;
+            worst_w = fmax(worst_w, d / fmax(max_abs(want), 1e-6)), n_final++;
+            CHECKF(d <= 0.01 * moved, "full: %s moved %.3g in training, mmc differs from torch by %.3g", nm + 6, moved, d);
+        }
         mmc_tensor_free(want);
     }
     CHECKF(n_final == 5, "%d final parameters compared, want 5", n_final);
+    for (int q = 0; q < n_params; q++) mmc_tensor_free(before[q]);
     CHECKF(worst_w < 1e-3, "full: final parameters: max relative difference %.2e", worst_w);
     printf("%s full: 4 steps, loss rel diff <= %.2e, grad norm <= %.2e, final parameters <= %.2e\n", fix, worst_loss,
            worst_norm, worst_w);
@@ -760,8 +785,13 @@ int main(int argc, char **argv) {
     }
     if (test_part(argc, argv, "train_i2v")) {
         check_train_lora("tests/fixtures/wan_i2v/pipe/transformer", "wan_i2v_train", 2 * 12);
-        check_train_i2v_data();
+        check_train_i2v_data("wan_i2v_train", "tests/fixtures/wan_i2v/pipe", false);
         check_train_full("tests/fixtures/wan_i2v/pipe/transformer", "wan_i2v_train");
+    }
+    if (test_part(argc, argv, "train_flf2v")) {   /* first-last-frame: the I2V checks on the FLF2V transformer */
+        check_train_lora("tests/fixtures/wan_flf2v/pipe/transformer", "wan_flf2v_train", 2 * 12);
+        check_train_i2v_data("wan_flf2v_train", "tests/fixtures/wan_flf2v/pipe", true);
+        check_train_full("tests/fixtures/wan_flf2v/pipe/transformer", "wan_flf2v_train");
     }
     if (test_part(argc, argv, "umt5")) check_umt5();
     if (test_part(argc, argv, "unipc")) check_unipc();

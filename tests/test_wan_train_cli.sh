@@ -12,26 +12,11 @@
 #  - 2 data-parallel ranks (mmc launch) give the one process's losses;
 #  - full fine-tuning writes a transformer folder and resumes from it bit for bit;
 #  - a malformed JSONL line, a missing video and a frame count that is not 4k + 1 are errors naming them.
-# (The loss itself is checked against diffusers + PEFT by test_wan train_lora.)
-set -u
-MMC=${MMC:-build/mmc}
-export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-fail=0; n=0
-ok()   { n=$((n+1)); }
-bad()  { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+# (The loss itself is checked against diffusers + PEFT by test_wan train_lora; the checks this test shares with
+# test_wan_i2v_train_cli.sh are tests/wan_train_cli_lib.sh's.)
+source "$(dirname "$0")/wan_train_cli_lib.sh"
 P=tests/fixtures/wan/pipe
-[ -f "$P/model_index.json" ] && [ -f tests/fixtures/video/moving.mp4 ] || { echo "fixtures absent; skipping"; exit 77; }
-"$MMC" --help 2>&1 | grep -q "generate-video" || { echo "mmc without video support; skipping"; exit 77; }
-expect_rc() { local want=$1; shift; "$@" >"$T/out" 2>"$T/err"; local rc=$?
-  if [ "$rc" = "$want" ]; then ok; else bad "'$*' exited $rc, expected $want: $(cat "$T/err")"; fi; }
-expect_err() { if grep -q -- "$1" "$T/err"; then ok; else bad "stderr lacks '$1': $(cat "$T/err")"; fi; }
-
-V=$PWD/tests/fixtures/video
-cat >"$T/data.jsonl" <<J
-{"video": "$V/moving.mp4", "caption": "a square moving right"}
-{"video": "$V/moving.mkv", "text": "a moving square"}
-J
+wan_setup "$P"
 cat >"$T/run.yaml" <<YAML
 model:
   path: $P
@@ -51,47 +36,13 @@ done
 nl=$(grep -c '"loss"' "$T/run/metrics.jsonl" 2>/dev/null)
 [ "$nl" = 4 ] && ok || bad "metrics.jsonl has $nl loss lines, want 4"
 grep -q '"loss": \(nan\|inf\)' "$T/run/metrics.jsonl" && bad "non-finite loss: $(cat "$T/run/metrics.jsonl")" || ok
-# resume from checkpoint-2: steps 3-4 repeat exactly, from the cache
-cp -r "$T/run" "$T/run2"
-rm -rf "$T/run2/checkpoint-4"
-sed "s|$T/run|$T/run2|" "$T/run.yaml" >"$T/run2.yaml"
-expect_rc 0 "$MMC" train "$T/run2.yaml" --resume
-expect_err "resumed at step 2"
-expect_err "encoded videos from the cache"
-a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl" | tail -2); b=$(grep -o '"loss": [^,]*' "$T/run2/metrics.jsonl" | tail -2)
-[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "resumed losses differ: [$a] vs [$b]"
-cmp -s "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" "$T/run2/checkpoint-4/pytorch_lora_weights.safetensors" \
-  && ok || bad "resumed adapter differs from the uninterrupted run's"
-# a truncated cache is not trusted: the videos are encoded again, the same losses follow
-cp -r "$T/run" "$T/run3"; rm -rf "$T/run3/checkpoint-"* "$T/run3/metrics.jsonl"
-head -c 100 "$T/run/cache/wan_data.safetensors" >"$T/run3/cache/wan_data.safetensors"
-sed "s|$T/run,|$T/run3,|" "$T/run.yaml" >"$T/run3.yaml"
-expect_rc 0 "$MMC" train "$T/run3.yaml"
-expect_err "videos encoded to"
-a=$(grep -o '"loss": [^,]*' "$T/run/metrics.jsonl"); b=$(grep -o '"loss": [^,]*' "$T/run3/metrics.jsonl" 2>/dev/null)
-[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "losses after re-encoding a truncated cache [$b] differ from [$a]"
+wan_check_resume "$T/run"           # steps 3-4 from checkpoint-2 and the cache, bit for bit
+wan_check_truncated_cache "$T/run"  # encoded again, the same losses
 # the adapter generates
 expect_rc 0 "$MMC" generate-video --model "$P" --prompt "a square" --frames 5 --height 16 --width 16 --steps 2 \
   --lora "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" --output "$T/gen/"
-# with the reference venv: diffusers' WanPipeline.load_lora_weights takes the adapter whole (every
-# lora_A / lora_B of the file lands in the transformer's PEFT layers, none left over)
-PY=${MMC_REF_PY:-.venv-ref/bin/python}
-if [ -x "$PY" ]; then
-  "$PY" - "$P" "$T/run/checkpoint-4/pytorch_lora_weights.safetensors" >"$T/py" 2>&1 <<'PYEOF' && ok || bad "diffusers cannot load mmc's Wan adapter: $(tail -5 "$T/py")"
-import sys, torch
-from safetensors.torch import load_file
-from diffusers import WanPipeline
-pipe = WanPipeline.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
-pipe.load_lora_weights(sys.argv[2], adapter_name="mmc")
-sd = load_file(sys.argv[2])
-mods = dict(pipe.transformer.named_modules())
-for k, v in sd.items():
-    name, ab = k[len("transformer."):].rsplit(".lora_", 1)
-    layer = getattr(mods[name], "lora_" + ab[0])["mmc"]
-    assert torch.equal(layer.weight, v), k
-print("loaded", len(sd), "tensors")
-PYEOF
-fi
+# with the reference venv: diffusers' WanPipeline.load_lora_weights takes the adapter whole
+wan_check_diffusers_load WanPipeline "$P" "$T/run/checkpoint-4/pytorch_lora_weights.safetensors"
 # data parallelism: 2 ranks x 1 micro-batch draw what 1 process x 2 micro-batches draws (per-sample streams)
 if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
   sed -e "s|steps: 4, save_every: 2|steps: 2, save_every: 0|" -e "s|output_dir: $T/run,|output_dir: $T/dp1,|" "$T/run.yaml" >"$T/dp.yaml"
@@ -148,5 +99,4 @@ expect_err "num_frames"
 sed -e "s|num_frames: 5|num_frames: 5, aspect_ratio_buckets: \"16,16;16,32\"|" -e "s|output_dir: $T/run,|output_dir: $T/bad3,|" "$T/run.yaml" >"$T/bad3.yaml"
 expect_rc 1 "$MMC" train "$T/bad3.yaml"
 expect_err "aspect_ratio_buckets"
-echo "test_wan_train_cli: $((n - fail))/$n checks passed"
-[ "$fail" = 0 ]
+wan_done test_wan_train_cli

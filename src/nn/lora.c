@@ -566,8 +566,7 @@ static void remove_tree1(const char *dir) {   /* a flat directory (what we write
     rmdir(dir);
 }
 
-mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, const char *out_dir,
-                              int *n_merged) {
+mmc_status mmc_lora_merge_file(const char *weights, const char *adapter_dir, const char *out_file, int *n_merged) {
     if (n_merged) *n_merged = 0;
     int r;
     float alpha, dropout;
@@ -579,10 +578,8 @@ mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, co
     mmc_stw *w = NULL;
     void **bufs = NULL;
     int nbufs = 0, merged = 0;
-    char tmp[1024], path[1200], apath[1024];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
-    bool made_tmp = false;
-    if ((st = mmc_st_open(model_dir, &base))) goto done;
+    char apath[1024];
+    if ((st = mmc_st_open(weights, &base))) goto done;
     snprintf(apath, sizeof apath, "%s/adapter_model.safetensors", adapter_dir);
     if ((st = mmc_st_open(apath, &ad))) goto done;
     int nb = mmc_st_count(base);
@@ -666,16 +663,35 @@ mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, co
             nm++;
         }
         if (nm) st = mmc_error(MMC_ERR_NOT_FOUND, "merge: %d adapter module%s match no 2-D weight of %s:%s", nm,
-                               nm > 1 ? "s" : "", model_dir, miss);
+                               nm > 1 ? "s" : "", weights, miss);
     }
     free(used);
     if (st) goto done;
+    if ((st = mmc_stw_set_metadata(w, "format", "pt"))) goto done;
+    if ((st = mmc_stw_write(w, out_file))) goto done;
+    if (n_merged) *n_merged = merged;
+done:
+    for (int i = 0; i < nbufs; i++) free(bufs[i]);
+    free(bufs);
+    mmc_stw_free(w);
+    mmc_st_close(ad);
+    mmc_st_close(base);
+    return st;
+}
+
+mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, const char *out_dir,
+                              int *n_merged) {
+    if (n_merged) *n_merged = 0;
+    char tmp[1024], path[1200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
+    bool made_tmp = false;
+    int merged = 0;
+    mmc_status st;
     remove_tree1(tmp);
     if (mkdir(tmp, 0755) != 0) { st = mmc_error(MMC_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno)); goto done; }
     made_tmp = true;
-    if ((st = mmc_stw_set_metadata(w, "format", "pt"))) goto done;
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    if ((st = mmc_stw_write(w, path))) goto done;
+    if ((st = mmc_lora_merge_file(model_dir, adapter_dir, path, &merged))) goto done;
     /* copy config / tokenizer / processor files */
     DIR *d = opendir(model_dir);
     if (!d) { st = mmc_error(MMC_ERR_IO, "cannot list '%s': %s", model_dir, strerror(errno)); goto done; }
@@ -709,11 +725,6 @@ mmc_status mmc_lora_merge_dir(const char *model_dir, const char *adapter_dir, co
     if (n_merged) *n_merged = merged;
 done:
     if (made_tmp) remove_tree1(tmp);
-    for (int i = 0; i < nbufs; i++) free(bufs[i]);
-    free(bufs);
-    mmc_stw_free(w);
-    mmc_st_close(ad);
-    mmc_st_close(base);
     return st;
 }
 

@@ -169,9 +169,10 @@ void mmc_wan_data_free(mmc_wan_data *d);
 mmc_status mmc_trainer_wan_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **loss);
 mmc_status mmc_trainer_wan_validate(mmc_trainer *t, char *path, size_t cap);
 /* (exposed for test_wan) one training clip: F frames sampled uniformly, resized + centre-cropped to
- * res, in [-1, 1] -> x [3, F, res, res] (and, when first is not NULL, the first frame's crop as an
- * image: image-to-video's first frame); its normalised latent distribution */
-mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x, mmc_image *first);
+ * res, in [-1, 1] -> x [3, F, res, res] (and, when first / last are not NULL, the first / last sampled
+ * frame's crop as an image: image-to-video's first frame, first-last-frame's last one); its normalised
+ * latent distribution */
+mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x, mmc_image *first, mmc_image *last);
 mmc_status mmc_trainer_wan_encode_clip(mmc_wan_vae *vae, const float *x, int F, int res, float *mean, float *std,
                                        float *lv);
 

@@ -34,7 +34,13 @@
  * mask channels, the normalised latents of [frame, zeros]) and encode_image's CLIP states, both frozen
  * and cached with the latents; the transformer sees cat([x_t, condition], channels) and the image
  * states, the target stays noise - x0 (finetrainers' Wan I2V objective). Checked against diffusers +
- * PEFT by tests/test_wan.c (train_i2v, tools/ref/gen_wan_i2v_train.py). */
+ * PEFT by tests/test_wan.c (train_i2v, tools/ref/gen_wan_i2v_train.py).
+ *
+ * On a first-last-frame folder (Wan2.1 FLF2V: the I2V transformer with pos_embed_seq_len) each clip is
+ * conditioned on its first and its last sampled frame as the pipeline conditions on image and last_image:
+ * the condition of [first, zeros, last] with the mask 1 on both, and encode_image([first, last]) taken side
+ * by side, [2 S_img, D] per clip (diffusers' view(-1, 2 S_img, D) of the [2B, S_img, D] states); the same
+ * loss (tests/test_wan.c train_flf2v, gen_wan_i2v_train.py --flf2v). */
 #include "trainer_internal.h"
 #include "mmc_video.h"
 #include "mmc_wan_t2v.h"
@@ -102,7 +108,8 @@ struct mmc_wan_data {
     float *embeds;                    /* [n, T, J] */
     int64_t T, J;
     bool i2v;                         /* image to video: each clip's first-frame condition and image states */
-    int64_t Cc, S, D;                 /* the condition's channels (4 + z_dim); image states [S, D] */
+    bool flf2v;                       /* first-last-frame: the last sampled frame conditions too */
+    int64_t Cc, S, D;                 /* the condition's channels (4 + z_dim); image states [S, D] (FLF2V: S = 2 S_img) */
     float *cond, *img;                /* [n, Cc, F, h, w], [n, S, D] */
     mmc_tensor *vcnd, *vimg;          /* validation videos (I2V): the first clip's condition and image states */
     mmc_fm_config sched;
@@ -189,7 +196,7 @@ static mmc_status read_items(const char *file, const char *base, wan_item **item
 
 /* F frames sampled uniformly, resized (shorter side to res, bilinear) and centre-cropped, in [-1, 1]:
  * x [3, F, res, res]. */
-mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x, mmc_image *first) {
+mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x, mmc_image *first, mmc_image *last) {
     mmc_video *v = NULL;
     mmc_status st = mmc_video_open(path, &v);
     if (st) return st;
@@ -213,9 +220,10 @@ mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x
         mmc_image rs = {0};
         if ((st = mmc_image_resize(&fr[i], nh, nw, MMC_RESAMPLE_BILINEAR, &rs))) break;
         const int top = (int)nearbyint((nh - res) / 2.0), left = (int)nearbyint((nw - res) / 2.0);
-        if (i == 0 && first && !(st = mmc_image_alloc(first, res, res)))
+        mmc_image *keep = i == 0 && first ? first : i == F - 1 && last ? last : NULL;   /* (F = 1: first only) */
+        if (keep && !(st = mmc_image_alloc(keep, res, res)))
             for (int y = 0; y < res; y++)
-                memcpy(first->data + (size_t)y * res * 3, rs.data + ((size_t)(top + y) * (size_t)nw + (size_t)left) * 3,
+                memcpy(keep->data + (size_t)y * res * 3, rs.data + ((size_t)(top + y) * (size_t)nw + (size_t)left) * 3,
                        (size_t)res * 3);
         for (int c = 0; c < 3; c++)
             for (int y = 0; y < res; y++)
@@ -227,6 +235,7 @@ mmc_status mmc_trainer_wan_load_video(const char *path, int F, int res, float *x
     }
     for (int i = 0; i < F; i++) mmc_image_free(&fr[i]);   /* (zeroed after a failed read) */
     if (st && first) mmc_image_free(first);
+    if (st && last) mmc_image_free(last);
     free(fr);
     free(idx);
     return st ? mmc_error_prefix(st, "%s", path) : MMC_OK;
@@ -331,11 +340,7 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     mmc_wan_latent_shape(pipe, F, res, res, shp);
     d->C = shp[0], d->F = shp[1], d->h = shp[2], d->w = shp[3], d->per = d->C * d->F * d->h * d->w;
     d->i2v = mmc_wan_pipeline_is_i2v(pipe);
-    if (mmc_wan_pipeline_is_flf2v(pipe)) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "model.path %s: a first-last-frame (FLF2V) transformer: training is wired "
-                       "for text-to-video and first-frame image-to-video (Wan2.1 I2V) only", c->model.path);
-        goto done;
-    }
+    d->flf2v = mmc_wan_pipeline_is_flf2v(pipe);
     d->Cc = d->i2v ? mmc_wan_pipeline_vae_temporal(pipe) + d->C : 0;
     const mmc_wan_config *wc = mmc_wan_cfg(t->wan);
     if ((wc->image_dim > 0) != d->i2v || wc->in_channels != d->C + d->Cc || wc->out_channels != d->C) {
@@ -369,7 +374,7 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     stat(train, &sb);
     if (!realpath(c->model.path, model)) snprintf(model, sizeof model, "%s", c->model.path);
     snprintf(key, sizeof key, "wan v1%s model=%s data=%s size=%lld mtime=%lld resolution=%d frames=%d max_sequence_length=%lld",
-             d->i2v ? " i2v" : "", model, train, (long long)sb.st_size, (long long)sb.st_mtime, res, F,
+             d->flf2v ? " flf2v" : d->i2v ? " i2v" : "", model, train, (long long)sb.st_size, (long long)sb.st_mtime, res, F,
              (long long)c->flow_matching.max_sequence_length);
     if (cache_read(t, key) == MMC_OK) {
         fprintf(stderr, "mmc train: %lld encoded videos from the cache (%s/cache)\n", (long long)d->n,
@@ -379,7 +384,9 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     free(d->mean), free(d->std), free(d->embeds), free(d->cond), free(d->img);
     d->mean = d->std = d->embeds = d->cond = d->img = NULL;
     wan_item *items = NULL;
-    mmc_image *firsts = NULL;          /* I2V: each clip's first frame (for the CLIP image states) */
+    mmc_image *firsts = NULL;          /* I2V: each clip's first frame (for the CLIP image states); FLF2V: each
+                                          clip's [first, last] */
+    const int per_clip = d->flf2v ? 2 : 1;
     int64_t n = 0;
     if ((st = read_items(train, base, &items, &n))) goto items_done;
     d->n = n;
@@ -389,17 +396,18 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     float *px = malloc((size_t)3 * F * res * res * sizeof *px), *lv = malloc((size_t)d->per * sizeof *lv);
     d->mean = malloc((size_t)(n * d->per) * sizeof(float));
     d->std = malloc((size_t)(n * d->per) * sizeof(float));
-    if (d->i2v) d->cond = malloc((size_t)(n * pc) * sizeof(float)), firsts = calloc((size_t)n, sizeof *firsts);
+    if (d->i2v) d->cond = malloc((size_t)(n * pc) * sizeof(float)), firsts = calloc((size_t)(n * per_clip), sizeof *firsts);
     if (!px || !lv || !d->mean || !d->std || (d->i2v && (!d->cond || !firsts))) st = mmc_error(MMC_ERR_OOM, "out of memory");
     for (int64_t i = 0; i < n && !st; i++) {
-        if ((st = mmc_trainer_wan_load_video(items[i].video, F, res, px, firsts ? &firsts[i] : NULL))) {
+        mmc_image *fi = firsts ? &firsts[i * per_clip] : NULL, *la = d->flf2v ? &firsts[i * per_clip + 1] : NULL;
+        if ((st = mmc_trainer_wan_load_video(items[i].video, F, res, px, fi, la))) {
             mmc_error_prefix(st, "data.train sample %lld", (long long)i);
             break;
         }
         if ((st = mmc_trainer_wan_encode_clip(vae, px, F, res, d->mean + i * d->per, d->std + i * d->per, lv))) break;
-        if (d->i2v) {   /* prepare_latents' condition from the clip's first frame: the mask and its latents */
+        if (d->i2v) {   /* prepare_latents' condition from the clip's first (and last) frame: the mask, the latents */
             mmc_tensor *cn = NULL;
-            if ((st = mmc_wan_i2v_condition(pipe, &firsts[i], NULL, F, res, res, &cn))) break;
+            if ((st = mmc_wan_i2v_condition(pipe, fi, la, F, res, res, &cn))) break;
             memcpy(d->cond + i * pc, cn->data, (size_t)pc * sizeof(float));
             mmc_tensor_free(cn);
         }
@@ -410,10 +418,10 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
     mmc_ctx *ctx = st ? NULL : mmc_ctx_new();
     if (!st && !ctx) st = mmc_error(MMC_ERR_OOM, "out of memory");
     if (ctx) mmc_set_grad_enabled(ctx, false);
-    if (!st && d->i2v) {   /* the first frames' CLIP image states (frozen) */
+    if (!st && d->i2v) {   /* the first (and last) frames' CLIP image states (frozen): [n * per_clip, S_img, D] */
         mmc_tensor *e = NULL;
-        if (!(st = mmc_wan_encode_images(ctx, pipe, firsts, (int)n, &e))) {
-            d->S = e->shape[1], d->D = e->shape[2];
+        if (!(st = mmc_wan_encode_images(ctx, pipe, firsts, (int)(n * per_clip), &e))) {
+            d->S = per_clip * e->shape[1], d->D = e->shape[2];   /* FLF2V: [first, last] side by side per clip */
             d->img = malloc(mmc_nbytes(e));
             if (!d->img) st = mmc_error(MMC_ERR_OOM, "out of memory");
             else memcpy(d->img, e->data, mmc_nbytes(e));
@@ -455,7 +463,7 @@ mmc_status mmc_trainer_wan_data_open(mmc_trainer *t) {
 items_done:
     for (int64_t i = 0; i < n; i++) {
         free(items[i].video), free(items[i].caption);
-        if (firsts) mmc_image_free(&firsts[i]);
+        for (int k = 0; firsts && k < per_clip; k++) mmc_image_free(&firsts[i * per_clip + k]);
     }
     free(items), free(firsts);
 done:
@@ -468,7 +476,7 @@ done:
             st = mmc_wan_encode_prompt(vc, pipe, &vp, 1, (int)c->flow_matching.max_sequence_length, &d->vcond);
             mmc_ctx_free(vc);
         }
-        if (!st && d->i2v) {   /* the first clip's first frame: its condition and image states */
+        if (!st && d->i2v) {   /* the first clip's first (and last) frame: its condition and image states */
             const int64_t pc = d->Cc * d->F * d->h * d->w;
             d->vcnd = mmc_tensor_new(MMC_F32, 5, MMC_SHAPE(1, d->Cc, d->F, d->h, d->w));
             d->vimg = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(1, d->S, d->D));
