@@ -14,14 +14,18 @@
 # m1-m7, female f1, f2, f4, f5 (never f3), klatt, klatt2, and others), at 130, 155, 180, 205 wpm and
 # pitch 30, 50, 70: that variety is what lets a tiny model trained on them hear voices it never heard
 # (scripts/demo_omni.sh).
+# SPOKEN_POOL=P (training split only): each question text is spoken in P clips (clip k of a text: its
+# voice, speed and pitch drawn from a hash of (text, k)) and line i takes clip hash(i) mod P, so a
+# dataset of many images and few question texts needs at most P clips per text (audio/train_qNN_KKKKK.wav).
 # --silent also writes DIR/<split>_silent.jsonl whose audios are silence of the same lengths
-# (DIR/audio/<split>_<n>_silent.wav): the control where the question cannot be heard.
+# (DIR/audio/<clip>_silent.wav): the control where the question cannot be heard.
 # Deterministic for a given espeak-ng version (1.51 in Debian 12). Needs espeak-ng (scripts/bootstrap.sh
 # installs it). Runs nproc espeak-ng processes at once.
 # mmc trains on these files (Qwen2.5-Omni thinker, `make run-omni` = scripts/demo_omni.sh).
 set -euo pipefail
 DIR=${1:?usage: spoken_synth.sh DIR [--silent]}
 SILENT=${2:-}
+POOL=${SPOKEN_POOL:-0}
 command -v espeak-ng >/dev/null || { echo "spoken_synth: espeak-ng is not installed (apt-get install espeak-ng)" >&2; exit 2; }
 mkdir -p "$DIR/audio"
 TRAIN_VOICES=()
@@ -37,7 +41,7 @@ VAL_VOICES=(en-gb-x-rp en-us+f3 en-gb-x-gbclan); VAL_SPEEDS=(145 170 195); VAL_P
 # its length) followed by as many zero samples
 silence() { { head -c 44 "$1"; head -c $(($(stat -c %s "$1") - 44)) /dev/zero; } >"$2"; }
 
-esc() { sed 's/\\/\\\\/g; s/"/\\"/g' <<<"$1"; }
+esc() { local x=${1//\\/\\\\}; printf '%s' "${x//\"/\\\"}"; }
 for split in train val; do
   src="$DIR/$split.jsonl"
   [ -f "$src" ] || { echo "spoken_synth: no $src (write the dataset with mmc synth --out $DIR first)" >&2; exit 2; }
@@ -52,25 +56,34 @@ for split in train val; do
   fi
   : >"$DIR/.$split.jobs"
   : >"$DIR/${split}_spoken.jsonl"
+  pool=0; [ $split = train ] && pool=$POOL
+  declare -A qid=() spoken=()
   i=0
   while IFS=$'\t' read -r q a img type; do
     h=$(((i * 2654435761 + 12345) % 4294967296 >> 8))   # (Knuth's multiplicative hash; its high bits)
+    if [ "$pool" -gt 0 ]; then
+      # the question's clip number k of the pool: its voice, speed and pitch drawn from k's hash
+      [ -n "${qid[$q]:-}" ] || qid[$q]=${#qid[@]}
+      k=$((h % pool)); h=$(((qid[$q] * pool + k) * 2654435761 % 4294967296 >> 8))
+      printf -v wav 'audio/%s_q%02d_%05d.wav' $split "${qid[$q]}" $k
+    else
+      printf -v wav 'audio/%s_%06d.wav' $split $i
+    fi
     v=${voices[$((h % nv))]}; s=${speeds[$(((h / nv) % ns))]}; p=${pitches[$(((h / (nv * ns)) % np))]}
-    wav=$(printf 'audio/%s_%06d.wav' $split $i)
-    printf '%s\0%s\0%s\0%s\0%s\0' "$v" "$s" "$p" "$DIR/$wav" "$q" >>"$DIR/.$split.jobs"
+    [ -n "${spoken[$wav]:-}" ] || printf '%s\0%s\0%s\0%s\0%s\0' "$v" "$s" "$p" "$DIR/$wav" "$q" >>"$DIR/.$split.jobs"
+    spoken[$wav]=1
     printf '{"messages": [{"role": "user", "content": "<image><audio>"}, {"role": "assistant", "content": "%s"}], "images": ["%s"], "audios": ["%s"], "type": "%s", "question": "%s", "voice": "%s", "speed": %s, "pitch": %s}\n' \
       "$(esc "$a")" "$img" "$wav" "$type" "$(esc "$q")" "$v" "$s" "$p" >>"$DIR/${split}_spoken.jsonl"
     i=$((i + 1))
   done <"$DIR/.$split.tsv"
   xargs -0 -n 5 -P "$(nproc)" sh -c 'espeak-ng -v "$0" -s "$1" -p "$2" -w "$3" "$4"' <"$DIR/.$split.jobs"
   if [ "$SILENT" = --silent ]; then
-    sed -E 's/"audios": \["audio\/([a-z]*_[0-9]*)\.wav"\]/"audios": ["audio\/\1_silent.wav"]/' \
+    sed -E 's/"audios": \["audio\/([^"]*)\.wav"\]/"audios": ["audio\/\1_silent.wav"]/' \
       "$DIR/${split}_spoken.jsonl" >"$DIR/${split}_silent.jsonl"
-    for ((k = 0; k < i; k++)); do
-      w=$(printf '%s/audio/%s_%06d' "$DIR" $split $k)
-      silence "$w.wav" "${w}_silent.wav"
+    for wav in "${!spoken[@]}"; do
+      silence "$DIR/$wav" "$DIR/${wav%.wav}_silent.wav"
     done
   fi
   rm -f "$DIR/.$split.tsv" "$DIR/.$split.jobs"
-  echo "spoken_synth: $i $split questions spoken -> $DIR/${split}_spoken.jsonl"
+  echo "spoken_synth: $i $split questions spoken (${#spoken[@]} clips) -> $DIR/${split}_spoken.jsonl"
 done

@@ -4,7 +4,8 @@
 #   short  (`make test`): the whole pipeline on a small schedule — 200 spoken training questions,
 #          10 steps of a thinker from scratch (all of it trainable, as the demo), `mmc eval` on 20
 #          held-out-voice questions and on their silent control, one `mmc generate` — checking that
-#          every stage runs and reports (eval JSON with 20 samples, 5 per question type); no accuracy target (~30 s at load 20);
+#          every stage runs and reports (eval JSON with 20 samples, 10 per question type: the demo's
+#          colour and shape questions); no accuracy target (~30 s at load 20);
 #   full   (run by hand: not yet in `make test-demos`, the recipe misses it — README "Two commands"):
 #          the demo with its defaults and DEMO_CHECK=1: accuracy >= 0.9 on held-out voices, the
 #          silent control <= 0.5.
@@ -26,7 +27,7 @@ if ! DEMO_RUN="$W/run" DEMO_TRAIN=200 DEMO_VAL=20 DEMO_STEPS=10 bash scripts/dem
 fi
 fail=0
 for f in eval.json eval_silent.json; do
-  grep -q '"samples":20,' "$W/run/$f" && grep -q '"by_type_samples":{"colour":5,"shape":5,"count":5,"leftright":5}' "$W/run/$f" ||
+  grep -q '"samples":20,' "$W/run/$f" && grep -q '"by_type_samples":{"colour":10,"shape":10}' "$W/run/$f" ||
     { echo "FAIL: $f: $(cat "$W/run/$f")"; fail=1; }
 done
 [ -s "$W/run/val_predictions.jsonl" ] || { echo "FAIL: no predictions"; fail=1; }
