@@ -236,7 +236,8 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                  (long long)S, (long long)p, (long long)p, (long long)fl);
         if (remote) snprintf(proj, np, "pixel shuffle x%g (ps_version %s) -> mlp1: LayerNorm -> Linear -> GELU -> Linear", r, ps);
         else snprintf(proj, np, "pixel shuffle x%g -> multi_modal_projector: layer_norm -> linear_1 -> %s -> linear_2", r, act);
-        snprintf(lm, nl, "%s", !strcmp(tt, "qwen2") ? "Qwen2" : tt);
+        snprintf(lm, nl, "%s", !strcmp(tt, "qwen2") ? "Qwen2"
+                               : !strcmp(tt, "internlm2") ? "InternLM2 (packed wqkv, read as Llama's layers)" : tt);
     }
 }
 
