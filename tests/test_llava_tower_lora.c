@@ -5,21 +5,23 @@
  *   clip  LLaVA-1.5's CLIP tower (tools/ref/gen_llava_tower_lora.py -> tests/fixtures/llava_tower_lora/lora_*):
  *         PEFT's initial adapter on the tower's q_proj / v_proj / fc1 and the LM's q_proj / v_proj, 6 steps
  *         over llava_train's samples;
- *   ov    LLaVA-OneVision's SigLIP tower (tools/ref/gen_llava_ov_tower_lora.py -> .../ov_*): every linear of
+ *   ov    LLaVA-OneVision's SigLIP tower (tools/ref/gen_llava_anyres_tower_lora.py -> .../ov_*): every linear of
  *         the tower's 2 layers (q/k/v/out_proj, fc1, fc2) and the LM's q_proj / v_proj, 6 steps over
  *         llava_anyres_train's samples (anyres grids downsampled past anyres_max_4, a two-image record of
- *         one padded tile each, a text-only one), then `mmc merge` of PEFT's trained adapter.
+ *         one padded tile each, a text-only one), then `mmc merge` of PEFT's trained adapter;
+ *   next  LLaVA-NeXT's CLIP tower (the same script -> .../next_*): the same on the tiny llava_next/next (3 CLIP
+ *         layers, vision_feature_layer -2; 1x2, 3x1, 2x2 anyres grids), merge included.
  * With AdamW(lr 1, eps 1) — eps far above every gradient, so each update is the gradient's running mean —
  * the adapters compare the gradients that reached them:
- *   - every step's loss within 1e-4 of PEFT's (measured: clip 5e-6, ov 2e-6);
+ *   - every step's loss within 1e-4 of PEFT's (measured: clip 4.6e-6, ov 9.5e-7, next 7.7e-7);
  *   - every trained adapter tensor within 1e-2 of PEFT's, normwise (||mmc - PEFT|| / ||PEFT||; measured: clip
  *     2.4e-3 on the tower's layer-0 q_proj lora_B, whose gradient passes the attention's softmax derivative,
- *     2e-4 or less on the LM's; ov see the part's output);
+ *     2e-4 or less on the LM's; tower / LM: ov 7e-7 / 1.1e-6, next 8.4e-7 / 1.8e-6);
  *   - the controls: every tower adapter of a used layer moved (its lora_B is zero at the start: a tower run
- *     without a tape leaves it there and fails the comparison), and (clip) layer 2's, whose output LLaVA does
- *     not use (vision_feature_layer -2), stayed as it started;
- *   - ov: `mmc merge` (mmc_lora_merge_dir) of PEFT's trained adapter gives the tower weights PEFT's
- *     merge_and_unload gives, within 1e-6 (float rounding of W + s B A). */
+ *     without a tape leaves it there and fails the comparison), and (clip, next) layer 2's, whose output
+ *     LLaVA does not use (vision_feature_layer -2), stayed as it started;
+ *   - ov, next: `mmc merge` (mmc_lora_merge_dir) of PEFT's trained adapter folds every module and gives the
+ *     tower weights PEFT's merge_and_unload gives, within 1e-6 (float rounding of W + s B A). */
 #include "test_util.h"
 
 #include <math.h>
@@ -49,21 +51,31 @@ typedef struct {
     const char *losses;                     /* the fixture's loss file */
     int tower_tensors;                      /* trained tower adapter tensors expected */
     const char *unused;                     /* a tower layer whose output the model does not use, or NULL */
+    int tower_linears;                      /* anyres parts: the tower's adapted linears (merge check), else 0 */
 } tower_case;
 
-static void check_merge(const char *dir) {
-    char out[160];
+/* `mmc merge` of PEFT's trained adapter: every adapted module folded (each lora_A in the adapter), the tower's
+ * weights equal to what PEFT's merge_and_unload gives (<pre>merged_tower.safetensors) */
+static void check_merge(const tower_case *c, const char *dir) {
+    char out[160], path[200];
     snprintf(out, sizeof out, "%s/merged", dir);
-    int n = 0;
-    mmc_status st = mmc_lora_merge_dir("tests/fixtures/llava_onevision/ov", F "/ov_lora_ref", out, &n);
-    CHECKF(st == MMC_OK, "merge: %s", mmc_last_error());
+    snprintf(path, sizeof path, F "/%slora_ref", c->pre);
+    int n = 0, modules = 0;
+    mmc_status st = mmc_lora_merge_dir(c->base, path, out, &n);
+    CHECKF(st == MMC_OK, "%s merge: %s", c->part, mmc_last_error());
     if (st) return;
-    CHECKF(n == 12 + 4, "merged %d weights, 16 expected (12 tower linears, 4 LM q/v_proj)", n);
-    char mp[200];
-    snprintf(mp, sizeof mp, "%s/model.safetensors", out);
-    mmc_st *got = NULL, *ref = fixture_open("llava_tower_lora/ov_merged_tower.safetensors"),
-           *base = fixture_open("llava_onevision/ov/model.safetensors");
-    CHECK_OK(mmc_st_open(mp, &got));
+    snprintf(path, sizeof path, "llava_tower_lora/%slora_ref/adapter_model.safetensors", c->pre);
+    mmc_st *ad = fixture_open(path);
+    for (int i = 0; ad && i < mmc_st_count(ad); i++) modules += strstr(mmc_st_at(ad, i)->name, "lora_A") != NULL;
+    mmc_st_close(ad);
+    CHECKF(n == modules && n > 0, "%s: merged %d weights, the adapter has %d modules", c->part, n, modules);
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    mmc_st *got = NULL, *base = NULL;
+    snprintf(out, sizeof out, "llava_tower_lora/%smerged_tower.safetensors", c->pre);
+    mmc_st *ref = fixture_open(out);
+    CHECK_OK(mmc_st_open(path, &got));
+    snprintf(path, sizeof path, "%s/model.safetensors", c->base);
+    CHECK_OK(mmc_st_open(path, &base));
     if (got && ref && base) {
         double worst = 0, moved = 0;
         for (int i = 0; i < mmc_st_count(ref); i++) {
@@ -77,11 +89,13 @@ static void check_merge(const char *dir) {
             }
             mmc_tensor_free(x), mmc_tensor_free(r), mmc_tensor_free(b);
         }
-        printf("ov: mmc merge of PEFT's adapter, the tower's 12 weights: max |mmc - PEFT merge_and_unload| = %.3g "
-               "(tolerance 1e-6; the merge moved them by up to %.3g)\n", worst, moved);
-        CHECKF(mmc_st_count(ref) == 12, "%d merged tower weights in the fixture, 12 expected", mmc_st_count(ref));
-        CHECKF(worst <= 1e-6, "merged tower weights differ from PEFT's by %.3g", worst);
-        CHECKF(moved > 1e-4, "the fixture's merge moved the tower's weights by only %.3g", moved);
+        printf("%s: mmc merge of PEFT's adapter (%d modules), the tower's %d weights: max |mmc - PEFT "
+               "merge_and_unload| = %.3g (tolerance 1e-6; the merge moved them by up to %.3g)\n", c->part, n,
+               mmc_st_count(ref), worst, moved);
+        CHECKF(mmc_st_count(ref) == c->tower_linears, "%s: %d merged tower weights in the fixture, %d expected",
+               c->part, mmc_st_count(ref), c->tower_linears);
+        CHECKF(worst <= 1e-6, "%s: merged tower weights differ from PEFT's by %.3g", c->part, worst);
+        CHECKF(moved > 1e-4, "%s: the fixture's merge moved the tower's weights by only %.3g", c->part, moved);
     }
     mmc_st_close(got);
     mmc_st_close(ref);
@@ -157,16 +171,20 @@ static void check_case(const tower_case *c) {
     mmc_st_close(got_st);
     mmc_st_close(ref);
     mmc_st_close(init);
-    if (!strcmp(c->part, "ov")) check_merge(dir);
+    if (c->tower_linears) check_merge(c, dir);
     mmc_rm_rf(dir);
 }
 
 int main(int argc, char **argv) {
     static const tower_case clip = {"clip", "tests/fixtures/llava/v5", "tests/fixtures/llava_train/data.jsonl", "",
-                                    F "/losses.txt", 12, "layers.2."};
+                                    F "/losses.txt", 12, "layers.2.", 0};
     static const tower_case ov = {"ov", "tests/fixtures/llava_onevision/ov",
-                                  "tests/fixtures/llava_anyres_train/data.jsonl", "ov_", F "/ov_losses.txt", 24, NULL};
+                                  "tests/fixtures/llava_anyres_train/data.jsonl", "ov_", F "/ov_losses.txt", 24, NULL, 12};
+    static const tower_case next = {"next", "tests/fixtures/llava_next/next",
+                                    "tests/fixtures/llava_anyres_train/data.jsonl", "next_", F "/next_losses.txt", 24,
+                                    "layers.2.", 18};
     if (test_part(argc, argv, "clip")) check_case(&clip);
     if (test_part(argc, argv, "ov")) check_case(&ov);
+    if (test_part(argc, argv, "next")) check_case(&next);
     return test_done("test_llava_tower_lora");
 }
