@@ -119,6 +119,8 @@ typedef struct mmc_qwen2 {
                                    * the replicated parameters' gradients are then partial */
     bool sp_active;               /* the last forward ran sequence-parallel (its hidden is gathered) */
     struct mmc_moe *moe;          /* owned MoE state (== cfg.moe) of a Qwen2-MoE model, or NULL */
+    void *repack;                 /* owned, freed after the tensors: data they may view that is not in the
+                                   * mapping (InternLM2's q / k / v rows gathered from wqkv), or NULL */
 } mmc_qwen2;
 
 /* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference
@@ -156,6 +158,10 @@ mmc_status mmc_internlm2_config_read_section(const mmc_json *root, const mmc_jso
  * grouped per key/value head, are gathered into q / k / v in *repack (their stored dtype): free() it after
  * the model, which may view it; close the view set once the model is loaded; src's mapping must outlive
  * the model. MMC_ERR_FORMAT lists every missing or mis-shaped wqkv. */
+/* An InternLM2ForCausalLM directory (config.json of model_type internlm2, the remote code's names) for
+ * inference: its tensors viewed as Llama's (mmc_internlm2_llama_view), the q / k / v rows kept in the
+ * model's repack. Training is refused: a checkpoint would be written under Llama's names. */
+mmc_status mmc_internlm2_load(const char *dir, const mmc_json *config, mmc_qwen2 **out);
 mmc_status mmc_internlm2_llama_view(const mmc_st *src, const char *pre, const mmc_qwen2_config *c, const char *dst_pre,
                                     mmc_st **view, void **repack);
 /* The decoder's 1-D RoPE table for positions pos [T] or [B, T], with the config's frequency

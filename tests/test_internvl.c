@@ -360,14 +360,16 @@ static void test_remote_internlm2(void) {
     mmc_st_close(r2);
 
     /* the same config over weights with 3 key/value heads' worth of wqkv rows: refused, naming the tensor */
-    char tmp[] = "/tmp/mmc_test_internvl.XXXXXX", path[256], cmd[600];
+    char tmp[] = "/tmp/mmc_test_internvl.XXXXXX", path[256], cmd[1200];
     if (!mkdtemp(tmp)) { g_fail++; return; }
     snprintf(cmd, sizeof cmd, "cp %s/config.json %s/tokenizer_config.json %s/ && cp -L %s/tokenizer.json %s/ && "
              "sed -i 's/\"num_key_value_heads\": 2/\"num_key_value_heads\": 1/' %s/config.json", dir, dir, tmp, dir,
              tmp, tmp);
     CHECK(system(cmd) == 0);
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    snprintf(cmd, sizeof cmd, "ln -s %s/%s/model.safetensors %s", getenv("PWD") ? getenv("PWD") : ".", dir, path);
+    char cwd[200];
+    if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, ".");
+    snprintf(cmd, sizeof cmd, "ln -s %s/%s/model.safetensors %s", cwd, dir, path);
     CHECK(system(cmd) == 0);
     m = NULL;
     mmc_status st = mmc_internvl_load(tmp, &m);

@@ -32,6 +32,7 @@ Writes tests/fixtures/internvl/:
   internlm2_ref.safetensors  logits [1, T, V] of the whole prompt; greedy [1, 8]: 8 argmax tokens, each
                      step a full forward over the prompt and the tokens so far (no cache)
   internlm2_expected.tsv, remote_internlm2.image.logits.txt  the same for tests/test_internvl_cli.sh
+and tests/fixtures/internlm2/ (text_only() below): a text-only InternLM2ForCausalLM folder with the other flags.
 """
 import importlib.util
 import json
@@ -99,6 +100,7 @@ def main():
     for k, v in lm.state_dict().items():
         w["language_model." + k] = v.contiguous()
     save_file(w, os.path.join(DST, "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(os.path.join(DST, "model.safetensors"), 0o644)
     llm = cfg.to_dict()
     for k in ("_name_or_path", "transformers_version", "attn_implementation", "_attn_implementation_autoset"):
         llm.pop(k, None)
@@ -124,5 +126,50 @@ def main():
     print({k: (tuple(v.shape), v.dtype) for k, v in list(lm.state_dict().items())[:8]})
 
 
+
+TEXT = os.path.join(ROOT, "..", "internlm2")
+
+
+def text_only():
+    """tests/fixtures/internlm2/tiny: a text-only InternLM2ForCausalLM as the remote code's save_pretrained writes it,
+    with the flags remote_internlm2 leaves off: bias true (InternLM2Config's default: wqkv and wo biased), rope_scaling
+    linear x2, 6 query heads over 2 key/value heads (3 per group); ref.safetensors: ids [1, 21] (random), logits
+    [1, 21, V], greedy [1, 8] (full forwards, no cache)."""
+    torch.manual_seed(23)
+    cfg = InternLM2Config(vocab_size=300, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
+                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          bias=True, rope_theta=10000.0, rope_scaling={"type": "linear", "factor": 2.0},
+                          tie_word_embeddings=False, initializer_range=0.15, attn_implementation="eager")
+    lm = InternLM2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for n, p in lm.named_parameters():
+            if "norm" in n or n.endswith(".bias"):   # init leaves them at 1 / 0
+                p.add_(0.2 * torch.randn_like(p))
+    d = os.path.join(TEXT, "tiny")
+    shutil.rmtree(d, ignore_errors=True)
+    lm.save_pretrained(d, safe_serialization=True)
+    for f in ("modeling_internlm2.py", "configuration_internlm2.py"):   # the remote code save_pretrained copies:
+        os.remove(os.path.join(d, f))                                   # not the project's to ship
+    os.chmod(os.path.join(d, "model.safetensors"), 0o644)
+    c = json.load(open(os.path.join(d, "config.json")))
+    c["auto_map"] = {"AutoConfig": "configuration_internlm2.InternLM2Config",
+                     "AutoModel": "modeling_internlm2.InternLM2ForCausalLM",
+                     "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"}
+    json.dump(c, open(os.path.join(d, "config.json"), "w"), indent=2)
+    lm = InternLM2ForCausalLM.from_pretrained(d).float().eval()   # everything below from the folder as saved
+    ids = torch.randint(3, 300, (1, 21))
+    with torch.no_grad():
+        logits = lm(input_ids=ids).logits
+        seq, new = ids, []
+        for _ in range(8):
+            t = int(lm(input_ids=seq).logits[0, -1].argmax())
+            new.append(t)
+            seq = torch.cat([seq, torch.tensor([[t]])], 1)
+    save_file({"ids": ids.contiguous(), "logits": logits.float().contiguous(),
+               "greedy": torch.tensor([new], dtype=torch.int64)}, os.path.join(TEXT, "ref.safetensors"))
+    print("text-only greedy", new)
+
+
 if __name__ == "__main__":
     main()
+    text_only()

@@ -149,3 +149,28 @@ mmc_status mmc_internlm2_llama_view(const mmc_st *src, const char *pre, const mm
     *repack = buf;
     return MMC_OK;
 }
+
+mmc_status mmc_internlm2_load(const char *dir, const mmc_json *config, mmc_qwen2 **out) {
+    *out = NULL;
+    mmc_qwen2_config cfg;
+    const mmc_json *t = mmc_json_get(config, "text_config");
+    mmc_status st = mmc_internlm2_config_read_section(config, t && mmc_json_has(t, "hidden_size") ? t : config, &cfg);
+    if (st) return mmc_error_prefix(st, "%s/config.json", dir);
+    mmc_st *w = NULL, *view = NULL;
+    void *repack = NULL;
+    if ((st = mmc_st_open(dir, &w))) return st;
+    if (!(st = mmc_internlm2_llama_view(w, "", &cfg, "", &view, &repack)))
+        st = mmc_qwen2_load_from(view, &cfg, "model.", "lm_head.weight", false, out);
+    mmc_st_close(view);
+    if (st) {
+        free(repack);
+        mmc_st_close(w);
+        return mmc_error_prefix(st, "%s: InternLM2 (its tensors named as Llama's: tok_embeddings -> embed_tokens, "
+                                "attention.wqkv -> q/k/v_proj, attention.wo -> o_proj, feed_forward.w1/w3/w2 -> "
+                                "mlp.gate/up/down_proj, attention_norm / ffn_norm -> input_layernorm / "
+                                "post_attention_layernorm, output -> lm_head)", dir);
+    }
+    (*out)->st = w;   /* the renamed tensors view its mapping */
+    (*out)->repack = repack;
+    return MMC_OK;
+}
