@@ -59,7 +59,9 @@ mmc_status mmc_intern_vit_forward(mmc_ctx *ctx, mmc_intern_vit *v, mmc_tensor *p
 /* ---------------------------------------------------------------- InternVL */
 typedef struct mmc_internvl {
     mmc_intern_vit *vision;
-    mmc_qwen2 *lm;                /* Qwen2 */
+    mmc_qwen2 *lm;                /* Qwen2, or InternLM2 read onto the same (Llama) decoder */
+    bool lm_internlm2;            /* internvl_chat with llm_config.model_type internlm2 (InternVL2 / 2.5-8B) */
+    void *lm_repack;              /* InternLM2: the q / k / v rows gathered from wqkv, which lm may view */
     mmc_tensor *proj_ln_w, *proj_ln_b;   /* multi_modal_projector.layer_norm [Cv / r^2] */
     mmc_linear_w proj1;           /* linear_1: w [C, Cv / r^2], b [C] */
     mmc_linear_w proj2;           /* linear_2: w [C, C], b [C] */

@@ -248,8 +248,9 @@ mmc_decoder mmc_llava_decoder(mmc_llava_request *r);
 mmc_status mmc_llava_params(mmc_llava *m, mmc_tensor ***params, char ***names, int *n);
 /* The linears LoRA may adapt, with PEFT's module names on transformers 5's model:
  * model.language_model.layers.N.{self_attn.q/k/v/o_proj, mlp.gate/up/down_proj},
- * model.multi_modal_projector.linear_1 / linear_2 (the tower's attention / MLP are plain tensors
- * of the shared CLIP layer, not LoRA-able linears: not listed). */
+ * model.multi_modal_projector.linear_1 / linear_2, and the tower's encoder layers, CLIP's or
+ * SigLIP's alike: model.vision_tower.encoder.layers.N.{self_attn.{q,k,v,out}_proj, mlp.fc1, mlp.fc2}
+ * (SigLIP's attention-pooling head is not listed: LLaVA never runs it). */
 struct mmc_module_list;
 mmc_status mmc_llava_linears(mmc_llava *m, struct mmc_module_list *out);
 /* A PEFT adapter directory on the model at inference (mmc_lora_load; freed with the model). */

@@ -119,6 +119,8 @@ typedef struct mmc_qwen2 {
                                    * the replicated parameters' gradients are then partial */
     bool sp_active;               /* the last forward ran sequence-parallel (its hidden is gathered) */
     struct mmc_moe *moe;          /* owned MoE state (== cfg.moe) of a Qwen2-MoE model, or NULL */
+    void *repack;                 /* owned, freed after the tensors: data they may view that is not in the
+                                   * mapping (InternLM2's q / k / v rows gathered from wqkv), or NULL */
 } mmc_qwen2;
 
 /* Bind checkpoint tensor `full` (expected ndim/shape) to *slot: zero-copy for inference
@@ -145,6 +147,23 @@ mmc_status mmc_llama_config_read(const mmc_json *cfg, mmc_qwen2_config *out);
 mmc_status mmc_llama_config_read_section(const mmc_json *root, const mmc_json *section, mmc_qwen2_config *out);
 /* Load a LlamaForCausalLM directory (prefixes as mmc_qwen2_load). */
 mmc_status mmc_llama_load(const char *dir, const mmc_json *config, bool trainable, mmc_qwen2 **out);
+/* InternLM2 (internlm2.c; InternLM2ForCausalLM, model_type "internlm2"): its config section read as
+ * mmc_llama_config_read_section reads Llama's (InternLM2Config's defaults and keys: `bias` on the
+ * attention's wqkv / wo, rope_scaling linear / dynamic), for mmc's Llama decoder. */
+mmc_status mmc_internlm2_config_read_section(const mmc_json *root, const mmc_json *section, mmc_qwen2_config *out);
+/* A view set of src's InternLM2 tensors (named "<pre>model.tok_embeddings.weight", "<pre>model.layers.N.
+ * attention.wqkv.weight", ..., "<pre>output.weight") under Llama's names prefixed dst_pre
+ * ("<dst_pre>model.embed_tokens.weight", "...self_attn.q_proj.weight", "<dst_pre>lm_head.weight"), for
+ * mmc_qwen2_load_from(view, c, "<dst_pre>model.", "<dst_pre>lm_head.weight", ...). The packed wqkv's rows,
+ * grouped per key/value head, are gathered into q / k / v in *repack (their stored dtype): free() it after
+ * the model, which may view it; close the view set once the model is loaded; src's mapping must outlive
+ * the model. MMC_ERR_FORMAT lists every missing or mis-shaped wqkv. */
+/* An InternLM2ForCausalLM directory (config.json of model_type internlm2, the remote code's names) for
+ * inference: its tensors viewed as Llama's (mmc_internlm2_llama_view), the q / k / v rows kept in the
+ * model's repack. Training is refused: a checkpoint would be written under Llama's names. */
+mmc_status mmc_internlm2_load(const char *dir, const mmc_json *config, mmc_qwen2 **out);
+mmc_status mmc_internlm2_llama_view(const mmc_st *src, const char *pre, const mmc_qwen2_config *c, const char *dst_pre,
+                                    mmc_st **view, void **repack);
 /* The decoder's 1-D RoPE table for positions pos [T] or [B, T], with the config's frequency
  * variant (transformers' ROPE_INIT_FUNCTIONS; dynamic NTK from max(pos) + 1 as
  * dynamic_rope_update does) -> cos, sin [T, D] / [B, T, D]. */

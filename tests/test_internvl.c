@@ -319,23 +319,64 @@ static void test_errors(void) {
     }
 }
 
-/* OpenGVLab's layout with an InternLM2 language model (InternVL2.5-8B's): a clear refusal naming the key */
+/* OpenGVLab's layout with an InternLM2 language model (InternVL2 / 2.5-8B's; remote_internlm2/, made by
+ * tools/ref/gen_internvl_internlm2.py): remote's vision tower and projector, a random InternLM2 with GQA (4 query
+ * heads over 2 key/value heads: the packed wqkv's grouped rows), its logits and greedy tokens from the InternLM
+ * team's modeling_internlm2.py (xtuner 0.2.0's copy, transformers 4.44.2) on v5's prompt and transformers 5's
+ * image features. Then a checkpoint whose wqkv has the wrong size is refused, naming it. */
 static void test_remote_internlm2(void) {
-    char dir[] = "/tmp/mmc_test_internvl.XXXXXX", path[256], cmd[4400];
-    if (!mkdtemp(dir)) { g_fail++; return; }
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) { g_fail++; return; }
-    fprintf(f, "{\"model_type\": \"internvl_chat\", \"architectures\": [\"InternVLChatModel\"], \"llm_config\": "
-               "{\"model_type\": \"internlm2\", \"architectures\": [\"InternLM2ForCausalLM\"]}, \"vision_config\": "
-               "{\"model_type\": \"intern_vit_6b\"}}");
-    fclose(f);
+    const char *dir = "tests/fixtures/internvl/remote_internlm2";
+    mmc_st *r2 = fixture_open("internvl/internlm2_ref.safetensors");
     mmc_internvl *m = NULL;
-    mmc_status st = mmc_internvl_load(dir, &m);
-    CHECKF(st == MMC_ERR_UNSUPPORTED && strstr(mmc_last_error(), "llm_config.model_type 'internlm2'") &&
-           strstr(mmc_last_error(), "config.json"), "internlm2: %s", st ? mmc_last_error() : "loaded");
+    if (!r2 || mmc_internvl_load(dir, &m) != MMC_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, r2 ? mmc_last_error() : "no internlm2_ref.safetensors");
+        g_fail++;
+        mmc_st_close(r2);
+        return;
+    }
+    const mmc_qwen2_config *c = &m->lm->cfg;
+    CHECK(m->remote_layout && m->lm_internlm2 && m->image_token_id == 1394);
+    CHECK(c->num_heads == 4 && c->num_kv_heads == 2 && c->head_dim == 8 && !c->qkv_bias && !c->o_bias &&
+          c->rope_kind == MMC_ROPE_DYNAMIC && c->rope_theta == 1e6 && !c->tie_word_embeddings);
+    mmc_tensor *ids = fixture_tensor(r2, "ids", MMC_I64), *px = fixture_tensor(ref, "v5.pixel_values", MMC_F32),
+               *want = fixture_tensor(r2, "logits", MMC_F32), *greedy = fixture_tensor(r2, "greedy", MMC_I64);
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *h = NULL;
+    CHECK_OK(mmc_internvl_forward(ctx, m, ids, px, NULL, &h));
+    if (h) {
+        mmc_tensor *got = mmc_internvl_logits(ctx, m, h);
+        printf("internvl remote_internlm2 logits [%lld, %lld, %lld] max|diff| %.4e (InternLM2 reference)\n",
+               (long long)got->shape[0], (long long)got->shape[1], (long long)got->shape[2], max_abs_diff(got, want));
+        CHECK_CLOSE(got, want, 1e-4, 0, dir);
+    }
+    mmc_ctx_reset(ctx);
+    mmc_internvl_request rq = {m, px};
+    mmc_decoder dec = mmc_internvl_decoder(&rq);
+    check_greedy(&dec, ids, greedy, dir);
+    mmc_tensor_free(ids), mmc_tensor_free(px), mmc_tensor_free(want), mmc_tensor_free(greedy);
+    mmc_ctx_free(ctx);
     mmc_internvl_free(m);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    mmc_st_close(r2);
+
+    /* the same config over weights with 3 key/value heads' worth of wqkv rows: refused, naming the tensor */
+    char tmp[] = "/tmp/mmc_test_internvl.XXXXXX", path[256], cmd[1200];
+    if (!mkdtemp(tmp)) { g_fail++; return; }
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/tokenizer_config.json %s/ && cp -L %s/tokenizer.json %s/ && "
+             "sed -i 's/\"num_key_value_heads\": 2/\"num_key_value_heads\": 1/' %s/config.json", dir, dir, tmp, dir,
+             tmp, tmp);
+    CHECK(system(cmd) == 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    char cwd[200];
+    if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, ".");
+    snprintf(cmd, sizeof cmd, "ln -s %s/%s/model.safetensors %s", cwd, dir, path);
+    CHECK(system(cmd) == 0);
+    m = NULL;
+    mmc_status st = mmc_internvl_load(tmp, &m);
+    CHECKF(st == MMC_ERR_FORMAT && strstr(mmc_last_error(), "language_model.model.layers.0.attention.wqkv.weight") &&
+           strstr(mmc_last_error(), "[48, 32]"), "internlm2 with a mis-sized wqkv: %s", st ? mmc_last_error() : "loaded");
+    mmc_internvl_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0) g_fail++;
 }
 

@@ -5,7 +5,8 @@
 # remote / remote_v1, v5 in OpenGVLab's InternVLChatModel layout (tiling settings in config.json,
 # a text-only chat template in tokenizer_config.json, the prompt built as chat() does: "<image>\n"
 # in the text, expanded in the text; ps_version v2 / v1), and v5 with --image-backend
-# torchvision (transformers 5's default image processor),
+# torchvision (transformers 5's default image processor), and remote_internlm2 (remote's tower with an InternLM2
+# language model, against the InternLM team's modeling_internlm2.py: tools/ref/gen_internvl_internlm2.py),
 # with the non-square fixture image tiled by the GotOcr2 crop_to_patches processor and the prompt
 # rendered by mmc's Jinja engine and expanded to <img><IMG_CONTEXT>*N</img>. Against transformers:
 #   generate: prompt token count and the 8 greedy new tokens are equal
@@ -58,8 +59,8 @@ while IFS=$'\t' read -r dir case np ids argmax; do
   [ "$1" = "$want" ] && [ "$2" = 0 ] && ok || bad "$dir $case: last_logits: $2 of $1 (want $want) outside 1e-4, max |diff| $3"
   echo "internvl $dir $case: tokens equal, last_logits max |diff| $3"
   checked=$((checked + 1))
-done < $E/expected.tsv
-[ $checked = 5 ] && ok || bad "$checked of 5 cases ran"
+done < <(cat $E/expected.tsv $E/internlm2_expected.tsv)   # the second: remote_internlm2 (gen_internvl_internlm2.py)
+[ $checked = 6 ] && ok || bad "$checked of 6 cases ran"
 # mmc info names the family, the tower and the projector
 "$MMC" info $E/v5_rms >"$W/info" 2>"$W/err" && ok || bad "info: $(cat "$W/err")"
 grep -q "^family: *InternVL" "$W/info" && grep -q "^vision tower: *InternViT: 3 layers, hidden 36, rms_norm, qk-norm" "$W/info" \
@@ -71,6 +72,8 @@ grep -q "^family: *InternVL" "$W/info" && grep -q "^vision tower: *InternViT: 3 
   && grep -q "^vision tower: *InternViT: 3 layers, hidden 36, layer_norm, 56x56 px tiles in 14x14 patches; features of layer -2" "$W/info" \
   && grep -q "^projector: *pixel shuffle x0.5 (ps_version v2) -> mlp1: LayerNorm -> Linear -> GELU -> Linear" "$W/info" \
   && grep -q "^language model: *Qwen2" "$W/info" && ok || bad "info remote: $(cat "$W/info" "$W/err")"
+"$MMC" info $E/remote_internlm2 >"$W/info" 2>"$W/err" && grep -q "^language model: *InternLM2 (packed wqkv" "$W/info" \
+  && ok || bad "info remote_internlm2: $(cat "$W/info" "$W/err")"
 # placeholders and images must agree; a prompt without an image is text only
 "$MMC" generate --model $E/v5 --prompt "$PROMPT" --max-new-tokens 2 --json >/dev/null 2>"$W/err" \
   && ok || bad "text-only prompt: $(cat "$W/err")"

@@ -150,6 +150,7 @@ static int info_system(bool json) {
 static void describe_family(const mmc_json *cfg, const char *mt, char *family, size_t nf, char *tower, size_t nt,
                             char *proj, size_t np, char *lm, size_t nl) {
     snprintf(family, nf, "%s", !strcmp(mt, "qwen2") ? "Qwen2" : !strcmp(mt, "llama") ? "Llama"
+                               : !strcmp(mt, "internlm2") ? "InternLM2 (packed wqkv, read as Llama's layers)"
                                : !strcmp(mt, "qwen2_moe") ? "Qwen2-MoE (mixture of experts)"
                                : !strcmp(mt, "qwen2_vl") ? "Qwen2-VL" : !strcmp(mt, "qwen2_5_vl") ? "Qwen2.5-VL"
                                : !strcmp(mt, "llava") ? "LLaVA-1.5" : !strcmp(mt, "llava_next") ? "LLaVA-NeXT"
@@ -236,7 +237,8 @@ static void describe_family(const mmc_json *cfg, const char *mt, char *family, s
                  (long long)S, (long long)p, (long long)p, (long long)fl);
         if (remote) snprintf(proj, np, "pixel shuffle x%g (ps_version %s) -> mlp1: LayerNorm -> Linear -> GELU -> Linear", r, ps);
         else snprintf(proj, np, "pixel shuffle x%g -> multi_modal_projector: layer_norm -> linear_1 -> %s -> linear_2", r, act);
-        snprintf(lm, nl, "%s", !strcmp(tt, "qwen2") ? "Qwen2" : tt);
+        snprintf(lm, nl, "%s", !strcmp(tt, "qwen2") ? "Qwen2"
+                               : !strcmp(tt, "internlm2") ? "InternLM2 (packed wqkv, read as Llama's layers)" : tt);
     }
 }
 
@@ -308,7 +310,7 @@ int cmd_info(int argc, char **argv) {
                 if (strstr(e->name, comps[k].match[j])) { c = k; break; }
         comps[c].params += n;
     }
-    static const char *const supported[] = {"qwen2", "qwen2_moe", "llama", "qwen2_vl", "qwen2_5_vl", "llava", "llava_next",
+    static const char *const supported[] = {"qwen2", "qwen2_moe", "llama", "internlm2", "qwen2_vl", "qwen2_5_vl", "llava", "llava_next",
                                             "llava_onevision", "internvl", "internvl_chat", "whisper",
                                             "qwen2_5_omni_thinker", "qwen2_5_omni", "clip", "siglip"};
     /* a full Qwen2.5-Omni checkpoint: mmc runs its thinker; the talker and token2wav (speech output) are not */

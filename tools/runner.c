@@ -25,9 +25,10 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
     const char *mt = "?";
     mmc_json_str(cfg, "model_type", "?", &mt);
     snprintf(m->model_type, sizeof m->model_type, "%s", mt);
-    if (!strcmp(mt, "qwen2") || !strcmp(mt, "llama") || !strcmp(mt, "qwen2_moe")) {
+    if (!strcmp(mt, "qwen2") || !strcmp(mt, "llama") || !strcmp(mt, "qwen2_moe") || !strcmp(mt, "internlm2")) {
         st = !strcmp(mt, "llama") ? mmc_llama_load(dir, cfg, false, &m->lm) : !strcmp(mt, "qwen2_moe")
-             ? mmc_qwen2_moe_load(dir, cfg, false, NULL, &m->lm) : mmc_qwen2_load(dir, cfg, false, &m->lm);
+             ? mmc_qwen2_moe_load(dir, cfg, false, NULL, &m->lm) : !strcmp(mt, "internlm2")
+             ? mmc_internlm2_load(dir, cfg, &m->lm) : mmc_qwen2_load(dir, cfg, false, &m->lm);
         if (!st) m->vocab_size = m->lm->cfg.vocab_size;
         if (!st && m->adapter_dir[0]) st = mmc_qwen2_attach_adapter(m->lm, m->adapter_dir);
     } else if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {

@@ -511,6 +511,7 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
     free(m->param_names);
     free(m->layers);
     mmc_st_close(m->st);
+    free(m->repack);
     free(m);
 }
 

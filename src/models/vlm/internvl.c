@@ -20,7 +20,8 @@
  * InternVL checkpoints on the Hub are) is the same computation under other names, read onto the
  * same structs: vision_model.* (InternVisionModel, intern_vit.c's remote names), mlp1.0 / mlp1.1 /
  * mlp1.3 (LayerNorm, Linear, GELU, Linear), language_model.model.* / language_model.lm_head.*; the
- * config's llm_config (Qwen2ForCausalLM; InternLM2 is not supported yet), vision_config
+ * config's llm_config (Qwen2ForCausalLM, or InternLM2ForCausalLM: text/internlm2.c reads its
+ * packed wqkv / w1 w3 w2 names onto the same Llama decoder), vision_config
  * (intern_vit_6b), select_layer, downsample_ratio and ps_version ("v1" leaves the shuffled grid
  * transposed: token (a, b) at b * g r + a). The <IMG_CONTEXT> id is not in that config: it is
  * read from the directory's tokenizer, as InternVLChatModel.chat() does. */
@@ -38,6 +39,7 @@
 void mmc_internvl_free(mmc_internvl *m) {
     if (!m) return;
     mmc_qwen2_free(m->lm);
+    free(m->lm_repack);   /* after the model that views it */
     intern_vit_free(m->vision);
     if (m->weights) {
         mw_close(m->weights);
@@ -91,9 +93,12 @@ static mmc_status read_config_remote(const mmc_json *cfg, const char *path, mmc_
     const mmc_json *t = mmc_json_get(cfg, "llm_config");
     if (!t) return mmc_error(MMC_ERR_FORMAT, "%s: 'llm_config' is missing", path);
     if ((st = mmc_json_str(t, "model_type", "qwen2", &s))) return mmc_error_prefix(st, "%s", path);
-    if (strcmp(s, "qwen2"))
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: llm_config.model_type '%s' is not supported (qwen2)", path, s);
-    if ((st = mmc_decoder_config_read(t, t, NULL, tc))) return mmc_error_prefix(st, "%s: llm_config", path);
+    m->lm_internlm2 = !strcmp(s, "internlm2");
+    if (strcmp(s, "qwen2") && !m->lm_internlm2)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: llm_config.model_type '%s' is not supported (qwen2, internlm2)",
+                         path, s);
+    st = m->lm_internlm2 ? mmc_internlm2_config_read_section(t, t, tc) : mmc_decoder_config_read(t, t, NULL, tc);
+    if (st) return mmc_error_prefix(st, "%s: llm_config", path);
     const mmc_json *v = mmc_json_get(cfg, "vision_config");
     if (!v) return mmc_error(MMC_ERR_FORMAT, "%s: 'vision_config' is missing", path);
     if ((st = mmc_json_str(v, "model_type", "intern_vit_6b", &s))) return mmc_error_prefix(st, "%s", path);
@@ -192,7 +197,19 @@ mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **
     bind_projector(w, ppre, m, vc.hidden_size, tc.hidden_size);
     mmc_status vst = mw_status(w, dir, "InternVL vision tower / projector");
     if (vst) verr = strdup(mmc_last_error());
-    mmc_status lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, trainable, &m->lm);
+    mmc_status lst;
+    if (m->lm_internlm2) {   /* InternLM2's names and packed wqkv seen under Llama's names */
+        mmc_st *view = NULL;
+        lst = mmc_internlm2_llama_view(w->st, "language_model.", &tc, "language_model.", &view, &m->lm_repack);
+        if (!lst) lst = mmc_qwen2_load_from(view, &tc, lpre, head, trainable, &m->lm);
+        if (lst) mmc_error_prefix(lst, ": InternLM2 language model (its tensors named as Llama's below: tok_embeddings -> "
+                                  "embed_tokens, attention.wqkv -> q/k/v_proj, attention.wo -> o_proj, feed_forward."
+                                  "w1/w3/w2 -> mlp.gate/up/down_proj, attention_norm / ffn_norm -> input_layernorm / "
+                                  "post_attention_layernorm, output -> lm_head)");
+        mmc_st_close(view);
+    } else {
+        lst = mmc_qwen2_load_from(w->st, &tc, lpre, head, trainable, &m->lm);
+    }
     if (vst || lst) {
         st = vst ? vst : lst;
         char *lerr = lst ? strdup(mmc_last_error()) : NULL;

@@ -78,7 +78,10 @@ mmc_status mmc_llava_linears(mmc_llava *m, mmc_module_list *out) {
     mmc_status st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
     if (!st) st = mmc_module_list_add(out, &m->proj1, "model.multi_modal_projector.linear_1");
     if (!st) st = mmc_module_list_add(out, &m->proj2, "model.multi_modal_projector.linear_2");
+    /* the tower's encoder linears, CLIP (LLaVA-1.5 / NeXT) or SigLIP (OneVision): transformers 5 names both
+     * model.vision_tower.encoder.layers.N.* live (no vision_model.), which is what PEFT records */
     if (!st && m->vision) st = mmc_clip_vision_linears(m->vision, "model.vision_tower.", out);
+    if (!st && m->siglip) st = mmc_siglip_vision_linears(m->siglip, "model.vision_tower.", out);
     return st;
 }
 
