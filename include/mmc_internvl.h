@@ -72,6 +72,7 @@ typedef struct mmc_internvl {
     bool ps_v1;                   /* OpenGVLab's ps_version "v1": the shuffled grid left transposed */
     bool remote_layout;           /* OpenGVLab's InternVLChatModel (vision_model.*, mlp1.*, language_model.*) */
     bool hub_layout;              /* language_model.model.* (5.x saves) rather than model.language_model.* */
+    struct mmc_lora_set *adapter; /* a PEFT adapter attached at inference (mmc_internvl_attach_adapter) */
     void *weights;                /* the tower's and projector's bound tensors (internal) */
 } mmc_internvl;
 
@@ -107,6 +108,9 @@ mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***na
  * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2 and the tower's
  * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / .projection_layer / .mlp.fc1 / fc2. */
 mmc_status mmc_internvl_linears(mmc_internvl *m, struct mmc_module_list *out);
+/* A PEFT adapter directory on the model at inference (mmc_lora_load on mmc_internvl_linears' modules:
+ * the language model, the projector, the tower; freed with the model). HF-native layout only. */
+mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir);
 /* mmc_internvl_batch_loss: mmc_trainer.h. */
 
 /* ---------------------------------------------------------------- processor */

@@ -151,14 +151,16 @@ typedef struct {
     /* Optional: true with the prompt's ids when it is text only (its prefill is the LM's alone:
      * the engine then prefills several such prompts in one packed pass). */
     bool (*text_ids)(void *self, void *prompt, const int32_t **ids, int64_t *n_ids);
-    /* Optional, both or neither: the prefix cache of image prompts (Qwen2-VL / Qwen2.5-VL).
+    /* Optional, both or neither: the prefix cache of image prompts (Qwen2-VL / Qwen2.5-VL, LLaVA-1.5 /
+     * NeXT / OneVision, InternVL).
      * media_hash: true for a prompt with images (no video or audio) with its ids and, per
      * position, the content hash of the image an image placeholder stands for (its pixel_values
      * and grid; 0 for text; *mm lives with the prompt): vLLM's mm_hash in the block hash chain.
      * media_inputs: the decoder inputs of positions [from, n) after a cached prefix: embeddings
      * [1, n - from, C] with the vision features at the placeholders (the backend's encoder cache
-     * of features by content hash, else its vision tower runs: *encoded 1), the M-RoPE tables
-     * and the rope delta of later tokens. */
+     * of features by content hash, else its vision tower runs: *encoded 1), the RoPE tables
+     * (Qwen2-VL's M-RoPE, else positions from .. n - 1) and the rope delta of later tokens (0
+     * but for Qwen2-VL). */
     bool (*media_hash)(void *self, void *prompt, const int32_t **ids, int64_t *n_ids, const uint64_t **mm);
     mmc_status (*media_inputs)(void *self, void *prompt, mmc_ctx *ctx, int64_t from, mmc_tensor **embeds,
                                mmc_tensor **cos, mmc_tensor **sin, int64_t *rope_delta, int *encoded);

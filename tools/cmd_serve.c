@@ -130,6 +130,7 @@ static mmc_status load_lora(cli_model *m, const char *dir, mmc_lora_set **out) {
     mmc_status st;
     if (m->llava) { st = mmc_llava_attach_adapter(m->llava, dir); slot = &m->llava->adapter; }
     else if (m->vl) { st = mmc_qwen2_vl_attach_adapter(m->vlm, dir); slot = &m->vlm->adapter; }
+    else if (m->internvl) { st = mmc_internvl_attach_adapter(m->internvl, dir); slot = &m->internvl->adapter; }
     else if (m->omni) { st = mmc_omni_attach_adapter(m->omni, dir); slot = &m->omni->lm->adapter; }
     else if (m->lm) { st = mmc_qwen2_attach_adapter(m->lm, dir); slot = &m->lm->adapter; }
     else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for %s models", dir, m->model_type);
@@ -147,7 +148,10 @@ typedef struct {
      * its hash and its placeholder run [start, start + len) */
     bool mm_done, mm_ok;
     uint64_t *mm, *img_hash;
-    int64_t (*run)[2];
+    int64_t (*run)[2];        /* per image: its first placeholder, the end of its last */
+    int64_t *mm_tokens;       /* per image: its placeholders (feature rows) */
+    int n_img;
+    int32_t image_token;
 } serve_prompt;
 
 static bool backend_prepare(void *self, const mmc_serve_request *req, void **out, int64_t *n_prompt,
@@ -313,53 +317,158 @@ static bool backend_text_ids(void *self, void *prompt, const int32_t **ids, int6
 }
 
 /* ------------------------------------------------------------------ image prefix caching
- * An image's content hash covers what the vision tower sees: its pixel_values rows (the
- * processor's output, so the same picture sent as PNG or JPEG of equal pixels hashes alike
- * only if the decoded pixels are equal) and its grid (t, h, w). */
+ * One mechanism for every VLM served here (Qwen2-VL / Qwen2.5-VL, LLaVA-1.5 / NeXT / OneVision,
+ * InternVL): each family only says, in media_layout, where a prompt's images are (per image its
+ * rows of the processor's pixel tensor, the values that further decide its features: grid, size,
+ * OneVision's several-image flag; and the placeholder tokens it takes) and, in media_encode, how
+ * its tower turns all of them into features [sum of tokens, C] in placeholder order. The content
+ * hash, the encoder cache, the splice of features into the token embeddings and the RoPE tables
+ * of positions after a cached prefix are shared. An image's content hash covers what the vision
+ * tower sees: its pixel rows (the processor's output, so the same picture sent as PNG or JPEG of
+ * equal pixels hashes alike only if the decoded pixels are equal) and those values. */
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
     const unsigned char *b = data;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001B3ull;
     return h;
 }
 
+typedef struct {
+    int64_t row0, rows;       /* its rows of the pixel tensor (dim 0) */
+    int64_t tokens;           /* its placeholder tokens (= its feature rows) */
+    int64_t meta[4];          /* grid (t, h, w) / size (h, w) and multi / tiles: hashed with the pixels */
+} media_img;
+
+/* The prompt's images: *n of them in *img (malloc'd), the pixel tensor, the placeholder id and
+ * the language model. false: not cacheable (no images, a video or audio, a layout this does not
+ * know), and the model's own prefill runs it. */
+static bool media_layout(serve_backend *sb, cli_prompt *p, media_img **img, int *n, const mmc_tensor **px,
+                         int32_t *tok) {
+    cli_model *m = &sb->m;
+    *img = NULL, *n = 0;
+    int k = 0;
+    if (m->vl) {   /* Qwen2-VL / Qwen2.5-VL: pixel_values [rows, D], a grid per image, merge^2 rows a token */
+        const mmc_vl_media *md = &p->media;
+        if (md->n_videos || md->n_images <= 0 || !md->pixel_values) return false;
+        const int64_t merge = m->vlm->visual->cfg.spatial_merge_size;
+        if (!(*img = calloc((size_t)md->n_images, sizeof **img))) return false;
+        for (int64_t row = 0; k < md->n_images; k++) {
+            const int64_t *g = md->image_grid_thw + 3 * k, rows = g[0] * g[1] * g[2];
+            (*img)[k] = (media_img){row, rows, rows / (merge * merge), {g[0], g[1], g[2], 0}};
+            row += rows;
+        }
+        *px = md->pixel_values;
+        *tok = (int32_t)m->vlm->image_token_id;
+    } else if (m->llava) {   /* pixels [P, 3, S, S]: one tile per image (1.5), NeXT / OneVision's tiles by size */
+        const mmc_llava *L = m->llava;
+        /* past a sliding window the model's own prefill says why it cannot run the prompt */
+        if (!p->llava_pixels || p->llava_video || (L->sliding_window > 0 && p->n > L->sliding_window)) return false;
+        const int ni = L->variant == MMC_LLAVA_15 ? (int)p->llava_pixels->shape[0] : p->llava_n_images;
+        if (ni <= 0 || !(*img = calloc((size_t)ni, sizeof **img))) return false;
+        for (int64_t row = 0; k < ni; k++) {
+            if (L->variant == MMC_LLAVA_15) {
+                (*img)[k] = (media_img){row, 1, mmc_llava_image_tokens(L), {0}};
+            } else {
+                const int64_t h = p->llava_sizes[k][0], w = p->llava_sizes[k][1];
+                const bool multi = ni > 1;
+                (*img)[k] = (media_img){row, mmc_llava_image_patches(L, h, w, multi),
+                                        mmc_llava_next_image_tokens(&m->nproc, h, w, multi), {h, w, multi, 0}};
+            }
+            row += (*img)[k].rows;
+        }
+        *px = p->llava_pixels;
+        *tok = (int32_t)L->image_token_id;
+    } else if (m->internvl) {   /* tiles [N, 3, s, s]; each image one <img> ... </img> run of tiles x tile tokens */
+        if (!p->internvl_pixels || p->internvl_pixels->ndim != 4) return false;
+        const int32_t t = (int32_t)m->internvl->image_token_id;
+        const int64_t per = mmc_internvl_tile_tokens(m->internvl, p->internvl_pixels->shape[2]);
+        int cap = 0;
+        int64_t row = 0;
+        for (int64_t i = 0; i < p->n;) {
+            if (p->ids[i] != t) { i++; continue; }
+            int64_t j = i;
+            while (j < p->n && p->ids[j] == t) j++;
+            if (per <= 0 || (j - i) % per) { free(*img); *img = NULL; return false; }
+            if (k == cap) {
+                media_img *g = realloc(*img, (size_t)(cap = cap ? 2 * cap : 4) * sizeof *g);
+                if (!g) { free(*img); *img = NULL; return false; }
+                *img = g;
+            }
+            (*img)[k++] = (media_img){row, (j - i) / per, j - i, {(j - i) / per, 0, 0, 0}};
+            row += (j - i) / per;
+            i = j;
+        }
+        if (!k || row != p->internvl_pixels->shape[0]) { free(*img); *img = NULL; return false; }
+        *px = p->internvl_pixels;
+        *tok = t;
+    } else {
+        return false;   /* text models; Qwen2.5-Omni's media take its own prefill */
+    }
+    *n = k;
+    return true;
+}
+
+/* every image's features [sum of tokens, C] in placeholder order, as the model's own prefill computes them */
+static mmc_status media_encode(serve_backend *sb, cli_prompt *p, mmc_ctx *ctx, mmc_tensor **out) {
+    cli_model *m = &sb->m;
+    if (m->vl)
+        return mmc_vision_forward(ctx, m->vlm->visual, p->media.pixel_values, p->media.image_grid_thw,
+                                  p->media.n_images, out, NULL);
+    if (m->llava)
+        return mmc_llava_image_features_sized(ctx, m->llava, p->llava_pixels, (const int64_t (*)[2])p->llava_sizes,
+                                              p->llava_n_images, out);
+    return mmc_internvl_image_features(ctx, m->internvl, p->internvl_pixels, out);
+}
+
+static mmc_qwen2 *media_lm(const cli_model *m) {
+    return m->vl ? m->vlm->lm : m->llava ? m->llava->lm : m->internvl ? m->internvl->lm : NULL;
+}
+
 static bool backend_media_hash(void *self, void *prompt, const int32_t **ids, int64_t *n_ids, const uint64_t **mm) {
     serve_backend *sb = self;
     serve_prompt *sp = prompt;
     cli_prompt *p = &sp->p;
-    const mmc_vl_media *md = &p->media;
-    if (!sb->m.vl || md->n_videos || md->n_images <= 0 || !md->pixel_values || p->omni.n_audios) return false;
     if (!sp->mm_done) {
         sp->mm_done = true;
-        const int n_img = md->n_images;
-        const int64_t merge = sb->m.vlm->visual->cfg.spatial_merge_size, D = md->pixel_values->shape[1];
+        media_img *img;
+        const mmc_tensor *px;
+        int32_t tok;
+        int n_img;
+        if (!media_layout(sb, p, &img, &n_img, &px, &tok)) return false;
+        const size_t row_bytes = (size_t)(mmc_numel(px) / px->shape[0]) * sizeof(float);
         sp->mm = calloc((size_t)p->n, sizeof *sp->mm);
         sp->img_hash = calloc((size_t)n_img, sizeof *sp->img_hash);
         sp->run = calloc((size_t)n_img, sizeof *sp->run);
-        if (!sp->mm || !sp->img_hash || !sp->run) return false;
-        const float *px = md->pixel_values->data;
-        int64_t row = 0;
-        for (int k = 0; k < n_img; k++) {
-            const int64_t *g = md->image_grid_thw + 3 * k, rows = g[0] * g[1] * g[2];
-            uint64_t h = fnv1a(0xCBF29CE484222325ull, g, 3 * sizeof *g);
-            h = fnv1a(h, px + row * D, (size_t)(rows * D) * sizeof *px);
+        sp->mm_tokens = calloc((size_t)n_img, sizeof *sp->mm_tokens);
+        sp->n_img = n_img;
+        sp->image_token = tok;
+        bool ok = sp->mm && sp->img_hash && sp->run && sp->mm_tokens && px->dtype == MMC_F32 && mmc_is_contiguous(px);
+        int64_t rows = 0;
+        for (int k = 0; ok && k < n_img; k++) {
+            uint64_t h = fnv1a(0xCBF29CE484222325ull, img[k].meta, sizeof img[k].meta);
+            h = fnv1a(h, (const char *)px->data + (size_t)img[k].row0 * row_bytes, (size_t)img[k].rows * row_bytes);
             sp->img_hash[k] = h | 1;   /* never 0 (text) */
-            sp->run[k][1] = rows / (merge * merge);
-            row += rows;
+            sp->mm_tokens[k] = img[k].tokens;
+            rows += img[k].rows;
+            ok = img[k].tokens > 0;
         }
-        /* the k-th run of image placeholders is the k-th image's */
-        const int32_t tok = (int32_t)sb->m.vlm->image_token_id;
+        ok = ok && rows == px->shape[0];
+        /* the k-th image's features take the next tokens_k placeholders (in order, as the model's
+         * splice puts them); run[k]: its first placeholder and the end of its last */
         int k = 0;
-        for (int64_t i = 0; i < p->n;) {
-            if (p->ids[i] != tok) { i++; continue; }
-            int64_t j = i;
-            while (j < p->n && p->ids[j] == tok) j++;
-            if (k == n_img || j - i != sp->run[k][1]) return false;   /* not as the grids say: no caching */
-            sp->run[k][0] = i;
-            for (int64_t t = i; t < j; t++) sp->mm[t] = sp->img_hash[k];
-            k++;
-            i = j;
+        int64_t r = 0;
+        for (int64_t i = 0; ok && i < p->n; i++) {
+            if (p->ids[i] != tok) continue;
+            if (k == n_img) { ok = false; break; }   /* more placeholders than the images' features */
+            if (r == 0) sp->run[k][0] = i;
+            sp->mm[i] = sp->img_hash[k];
+            if (++r == sp->mm_tokens[k]) {
+                sp->run[k][1] = i + 1;
+                k++;
+                r = 0;
+            }
         }
-        sp->mm_ok = k == n_img;
+        sp->mm_ok = ok && k == n_img;
+        free(img);
     }
     if (!sp->mm_ok) return false;
     *ids = p->ids;
@@ -385,52 +494,72 @@ static void enc_put(serve_backend *sb, uint64_t key, const float *f, int64_t row
     *s = (enc_slot){.key = key, .rows = rows, .f = c, .used = ++sb->enc_tick};
 }
 
-/* the Qwen2-VL decoder inputs of positions [from, n) (what mmc_qwen2_vl_inputs computes for the
- * whole prompt: token embeddings with the vision features at the placeholders, M-RoPE tables
- * from get_rope_index), the features taken from the encoder cache when every image they need
- * is there */
+/* the decoder inputs of positions [from, n) (what the model's own prefill computes for the whole
+ * prompt: token embeddings with the vision features at the placeholders; RoPE tables: Qwen2-VL's
+ * M-RoPE from get_rope_index, else positions from .. n - 1), the features taken from the encoder
+ * cache when every image they need is there */
 static mmc_status backend_media_inputs(void *self, void *prompt, mmc_ctx *ctx, int64_t from, mmc_tensor **embeds,
                                        mmc_tensor **cos, mmc_tensor **sin, int64_t *rope_delta, int *encoded) {
     serve_backend *sb = self;
     serve_prompt *sp = prompt;
     cli_prompt *p = &sp->p;
-    mmc_qwen2_vl *vlm = sb->m.vlm;
-    const mmc_qwen2_config *c = &vlm->lm->cfg;
+    mmc_qwen2 *lm = media_lm(&sb->m);
+    const mmc_qwen2_config *c = &lm->cfg;
     const int64_t n = p->n, T = n - from, C = c->hidden_size;
     *encoded = 0;
+    *rope_delta = 0;
     if (!sp->mm_ok || from < 0 || T <= 0)
         return mmc_error(MMC_ERR_INVALID, "media prefill of positions [%lld, %lld)", (long long)from, (long long)n);
-    int64_t *pos = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * 3 * (size_t)n);
-    mmc_status st = mmc_qwen2_vl_rope_index(vlm, p->ids, 1, n, &p->media, pos, rope_delta);
-    if (st) return st;
-    mmc_tensor *pt = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, T));
-    for (int a = 0; a < 3; a++) memcpy((int64_t *)pt->data + a * T, pos + a * n + from, (size_t)T * sizeof(int64_t));
-    mmc_rope_table_mrope(ctx, pt, c->mrope_section, (int)c->head_dim, c->rope_theta, cos, sin);   /* [1, T, D] */
+    mmc_status st;
+    if (sb->m.vl) {
+        int64_t *pos = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * 3 * (size_t)n);
+        if ((st = mmc_qwen2_vl_rope_index(sb->m.vlm, p->ids, 1, n, &p->media, pos, rope_delta))) return st;
+        mmc_tensor *pt = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, 1, T));
+        for (int a = 0; a < 3; a++)
+            memcpy((int64_t *)pt->data + a * T, pos + a * n + from, (size_t)T * sizeof(int64_t));
+        mmc_rope_table_mrope(ctx, pt, c->mrope_section, (int)c->head_dim, c->rope_theta, cos, sin);   /* [1, T, D] */
+    } else {
+        mmc_tensor *pt = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
+        for (int64_t t = 0; t < T; t++) ((int64_t *)pt->data)[t] = from + t;
+        mmc_qwen2_rope_table(ctx, c, pt, cos, sin);                                                   /* [T, D] */
+    }
     mmc_tensor *idt = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, T));
     memcpy(idt->data, p->ids + from, (size_t)T * sizeof(int32_t));
-    mmc_tensor *e = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_qwen2_embed(ctx, vlm->lm, idt), 2, MMC_SHAPE(T, C)));
-    const int n_img = p->media.n_images;
+    mmc_tensor *e = mmc_contiguous(ctx, mmc_reshape(ctx, mmc_qwen2_embed(ctx, lm, idt), 2, MMC_SHAPE(T, C)));
+    const int n_img = sp->n_img;
     const uint64_t salt = (uint64_t)sp->lora * 0x9E3779B97F4A7C15ull;   /* an adapter may adapt the tower */
     bool all = true;
     for (int k = 0; k < n_img && all; k++)
-        if (sp->run[k][0] + sp->run[k][1] > from) all = enc_find(sb, sp->img_hash[k] ^ salt) != NULL;
+        if (sp->run[k][1] > from) all = enc_find(sb, sp->img_hash[k] ^ salt) != NULL;
     const float *feats = NULL;
+    int64_t *off = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)(n_img + 1));   /* feature rows */
+    off[0] = 0;
+    for (int k = 0; k < n_img; k++) off[k + 1] = off[k] + sp->mm_tokens[k];
     if (!all) {   /* the tower on the prompt's images (as the model's own prefill runs it), cached per image */
         mmc_tensor *f;
-        st = mmc_vision_forward(ctx, vlm->visual, p->media.pixel_values, p->media.image_grid_thw, n_img, &f, NULL);
-        if (st) return mmc_error_prefix(st, "images");
-        feats = mmc_contiguous(ctx, f)->data;   /* [sum of runs, C] */
+        if ((st = media_encode(sb, p, ctx, &f))) return mmc_error_prefix(st, "images");
+        f = mmc_contiguous(ctx, f);
+        if (mmc_numel(f) != off[n_img] * C)
+            return mmc_error(MMC_ERR_SHAPE, "images: the tower gave %lld values, the placeholders take %lld x %lld",
+                             (long long)mmc_numel(f), (long long)off[n_img], (long long)C);
+        feats = f->data;   /* [sum of tokens, C] */
         *encoded = 1;
-        for (int k = 0, off = 0; k < n_img; off += (int)sp->run[k][1], k++)
-            enc_put(sb, sp->img_hash[k] ^ salt, feats + (int64_t)off * C, sp->run[k][1], C);
+        for (int k = 0; k < n_img; k++)
+            enc_put(sb, sp->img_hash[k] ^ salt, feats + off[k] * C, off[k + 1] - off[k], C);
     }
+    /* each placeholder at or after from: the next row of its image's features */
     float *ed = e->data;
-    for (int k = 0, off = 0; k < n_img; off += (int)sp->run[k][1], k++) {
-        const int64_t s0 = sp->run[k][0], len = sp->run[k][1];
-        if (s0 + len <= from) continue;
-        const float *src = feats ? feats + (int64_t)off * C : enc_find(sb, sp->img_hash[k] ^ salt)->f;
-        for (int64_t t = s0 > from ? s0 : from; t < s0 + len; t++)
-            memcpy(ed + (t - from) * C, src + (t - s0) * C, (size_t)C * sizeof *ed);
+    const int32_t tok = sp->image_token;
+    int k = 0;
+    int64_t r = 0;
+    const float *src = NULL;
+    for (int64_t i = 0; i < n && k < n_img; i++) {
+        if (p->ids[i] != tok) continue;
+        if (i >= from) {
+            if (!src) src = feats ? feats + off[k] * C : enc_find(sb, sp->img_hash[k] ^ salt)->f;
+            memcpy(ed + (i - from) * C, src + r * C, (size_t)C * sizeof *ed);
+        }
+        if (++r == off[k + 1] - off[k]) { k++; r = 0; src = NULL; }
     }
     *embeds = mmc_reshape(ctx, e, 3, MMC_SHAPE(1, T, C));
     return MMC_OK;
@@ -443,6 +572,7 @@ static void backend_release(void *self, void *prompt) {
     free(sp->mm);
     free(sp->img_hash);
     free(sp->run);
+    free(sp->mm_tokens);
     free(sp);
 }
 

@@ -63,9 +63,8 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
             st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
         }
     } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
-        if (m->adapter_dir[0])
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters are not supported for internvl yet", m->adapter_dir);
-        else st = mmc_internvl_load(dir, &m->internvl);
+        st = mmc_internvl_load(dir, &m->internvl);
+        if (!st && m->adapter_dir[0]) st = mmc_internvl_attach_adapter(m->internvl, m->adapter_dir);
         if (!st) m->vocab_size = m->internvl->lm->cfg.vocab_size;
         mmc_internvl_proc_default(&m->iproc);
         if (!st) st = mmc_internvl_proc_load_dir(dir, &m->iproc, NULL, 0);

@@ -743,7 +743,7 @@ fail:
  * a contiguous copy of the sequence's positions, all at once or, with --prefill-chunk, a
  * chunk per step while the others keep decoding (the sequence waits in e->pf between steps);
  * its full prompt blocks then join the cache. A preempted text sequence recomputes its whole
- * history this way. Qwen2-VL image prompts go this way too when the backend hashes them
+ * history this way. Image prompts (Qwen2-VL, LLaVA, InternVL) go this way too when the backend hashes them
  * (media_hash): their blocks are keyed by the images' content hashes as well, and the part
  * after a cached prefix is prefilled from the backend's embeddings (media_inputs: vision
  * features from its encoder cache, or the tower). With response_format, each choice's
@@ -1043,7 +1043,7 @@ static bool seq_text_ids(serve_engine *e, serve_seq *s, const int32_t **ids, int
            *n > 0;
 }
 
-/* A prompt the pool's own prefill takes: text, or with the backend's media hooks (Qwen2-VL
+/* A prompt the pool's own prefill takes: text, or with the backend's media hooks (VLM
  * images) one keyed by its images' content hashes (*mm [n], NULL for text) */
 static bool seq_cached_ids(serve_engine *e, serve_seq *s, const int32_t **ids, int64_t *n, const uint64_t **mm) {
     const mmc_serve_backend *b = e->b;

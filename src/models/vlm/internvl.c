@@ -26,6 +26,7 @@
  * transposed: token (a, b) at b * g r + a). The <IMG_CONTEXT> id is not in that config: it is
  * read from the directory's tokenizer, as InternVLChatModel.chat() does. */
 #include "mmc_internvl.h"
+#include "mmc_lora.h"
 #include "../vision/intern_vit.h"
 #include "vlm_splice.h"
 #include "../encoders/encoder_common.h"
@@ -38,6 +39,7 @@
 
 void mmc_internvl_free(mmc_internvl *m) {
     if (!m) return;
+    mmc_lora_free(m->adapter);   /* detaches from the layers, so before they go */
     mmc_qwen2_free(m->lm);
     free(m->lm_repack);   /* after the model that views it */
     intern_vit_free(m->vision);

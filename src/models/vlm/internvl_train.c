@@ -50,6 +50,20 @@ mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {
     return st;
 }
 
+mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir) {
+    if (m->adapter || m->lm->adapter)
+        return mmc_error(MMC_ERR_INVALID, "%s: the model already has an adapter", adapter_dir);
+    if (m->remote_layout)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters need transformers' internvl layout; OpenGVLab's "
+                         "InternVLChatModel (model_type internvl_chat) has other module names: convert it first",
+                         adapter_dir);
+    mmc_module_list ml = {0};
+    mmc_status st = mmc_internvl_linears(m, &ml);
+    if (!st) st = mmc_lora_load(adapter_dir, &ml, false, &m->adapter);
+    mmc_module_list_free(&ml);
+    return st;
+}
+
 mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, double scale,
                                    mmc_tensor **loss, int64_t *n_scored) {
     *loss = NULL;
