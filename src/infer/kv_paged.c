@@ -401,9 +401,15 @@ static int64_t decode_mv_rows(const mmc_tensor *w) {
         env = v && *v ? atoi(v) : -1;
     }
     if (env >= 0) return env;
-    /* measured (1 thread, Qwen2-VL-2B's LM shapes): bf16 weights gain up to 64 rows and more; f32
-     * ones (packing only transposes) about 1.2x at 16 rows and lose past 24 */
-    return w->dtype == MMC_BF16 ? 64 : 16;
+    /* measured (one decode step of bench_serve's bf16 / f32 model, Qwen2-VL-2B's LM shapes x 2
+     * layers, 1 thread, CPU time): bf16 weights 2.9x less at 16 rows and 1.8x at 32; f32 ones
+     * (packing only transposes) 2x at 8 rows, even at 16, 1.4x more at 32. Under --bf16-matmul
+     * the packed GEMM multiplies bf16 on AMX / vdpbf16ps and costs about the same from 8 to 32
+     * rows (58.7 ms at 16, 60.8 at 32 vs 41.2 and 74.3 ms here): the matvec path up to 16. */
+    if (w->dtype != MMC_BF16) return 16;
+    mmc_gemm_info g;
+    mmc_gemm_describe(&g);
+    return g.bf16_dot ? 16 : 64;
 }
 
 static mmc_tensor *decode_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l, int64_t B) {
