@@ -15,7 +15,9 @@
  *   test_pp_schedule compare A B ...    (for test_pp.sh) two `mmc train` output directories: losses
  *                                   of metrics.jsonl, the last checkpoint's model.safetensors and
  *                                   optimizer.safetensors; tolerances LOSS_REL W_ABS W_MEAN MOM_REL
- *                                   (0 0 0 0 = bit-identical); prints the measured figures. */
+ *                                   (0 0 0 0 = bit-identical); prints the measured figures.
+ *   test_pp_schedule bubble P M     (for bench/bench_pp.sh) the simulated bubble of DualPipeV and
+ *                                   of 1F1B over P stages and M micro-batches, F:B:W = 1:1:1. */
 #include "test_util.h"
 #include "mmc_pp.h"
 #include "mmc_models.h"
@@ -475,6 +477,16 @@ static int compare(const char *a, const char *b, double tl, double tw, double tm
 }
 
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "bubble")) {
+        const int P = atoi(argv[2]), M = atoi(argv[3]);
+        double bd = -1, b1 = -1;
+        if (mmc_pp_simulate_dualpipev(P, M, 1.0, 1.0, 1.0, &bd) < 0 || mmc_pp_simulate(P, M, 1.0, 2.0, &b1) < 0) {
+            fprintf(stderr, "test_pp_schedule bubble: no DualPipeV schedule for P %d, M %d (needs P >= 2, M >= 2P)\n", P, M);
+            return 1;
+        }
+        printf("bubble P %d M %d: dualpipev %.6f 1f1b %.6f\n", P, M, bd, b1);
+        return 0;
+    }
     if (argc == 8 && !strcmp(argv[1], "compare"))
         return compare(argv[2], argv[3], atof(argv[4]), atof(argv[5]), atof(argv[6]), atof(argv[7]));
     test_schedule();

@@ -62,8 +62,8 @@ mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
         t->pp_v = 2;   /* the V's two chunks */
         if (M < 2 * P)
             return mmc_error(MMC_ERR_INVALID, "%s: pipeline_schedule dualpipev over pipeline_parallel %d needs at least "
-                             "%d micro-batches per step and data-parallel rank (2 x stages: its warm-up sends 2P-1-r "
-                             "down the V before the first comes back), but a step has %lld (data.batch_size / "
+                             "%d micro-batches per step and data-parallel rank (2 x stages: rank 0 feeds 2P-1 into the "
+                             "V before the first comes back), but a step has %lld (data.batch_size / "
                              "micro_batch_size / data_parallel); raise data.batch_size to %lld or use "
                              "pipeline_schedule 1f1b", c->file, P, 2 * P, (long long)M,
                              (long long)(2 * P * c->data.micro_batch_size * t->dp_size));
