@@ -20,6 +20,10 @@
  * gradients equal the single-process ones bit for bit (tied embeddings aside, whose two halves
  * are summed once at the end, as Megatron all-reduces the embedding group).
  *
+ * DualPipeV (mmc_pp_schedule_dualpipev, parallel.pipeline_schedule: dualpipev): two chunks per
+ * rank in a V, some backwards split into input- and weight-gradient halves; each chunk's halves
+ * still accumulate in micro-batch order, so it too reproduces one process bit for bit.
+ *
  * Qwen2-VL / Qwen2.5-VL: the vision tower and merger sit on the first stage with the embedding.
  *
  * Tied embeddings (tie_word_embeddings): the first stage holds embed_tokens, the last stage a

@@ -1,8 +1,10 @@
 /* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-VL decoder, after Megatron-LM's
  * pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: warm-up,
  * steady 1F1B, cool-down; ..._with_interleaving: v model chunks per rank) and p2p_communication.py
- * (the residual stream and its gradient sent between neighbouring stages): the schedules and
- * their simulator, the layer split, trimming a model to its stage, and the runtime that executes
+ * (the residual stream and its gradient sent between neighbouring stages), and DualPipeV (DeepSeek's
+ * DualPipe folded into a V, with zero-bubble's split backward: B ops for the input gradient, W ops
+ * for the weight gradient from the autograd's deferred queue, mmc_wgrad.h): the schedules and
+ * their simulators, the layer split, trimming a model to its stage, and the runtime that executes
  * one step's micro-batches.
  *
  * Each micro-batch in flight has its own autograd context (tape and activation arena), so the
