@@ -12,7 +12,7 @@
  *              bucket_window, add_vision_id, resolution, aspect_ratio_buckets, num_frames}
  *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, pipeline_layers,
  *             pipeline_virtual, context_parallel,
- *             context_parallel_mode, expert_parallel, zero, timeout}
+ *             context_parallel_mode, expert_parallel, zero, timeout, pipeline_schedule}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
  *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
  */
@@ -116,7 +116,10 @@ typedef struct {
     int context_parallel_mode;        /* mmc_cp_mode: ulysses (0) | ring (1) */
     int64_t expert_parallel;          /* ranks splitting each MoE layer's experts (mmc_ep.h; 1: off); divides
                                        * data_parallel */
+    int pipeline_schedule;            /* mmc_pp_schedule_kind: 1f1b (0; interleaved with pipeline_virtual > 1)
+                                       * | dualpipev (1) */
 } mmc_parallel_cfg;
+typedef enum { MMC_PP_SCHED_1F1B = 0, MMC_PP_SCHED_DUALPIPEV = 1 } mmc_pp_schedule_kind;
 
 typedef enum { MMC_OPT_ADAMW = 0 } mmc_opt_type;
 typedef struct {

@@ -20,6 +20,10 @@
  * gradients equal the single-process ones bit for bit (tied embeddings aside, whose two halves
  * are summed once at the end, as Megatron all-reduces the embedding group).
  *
+ * DualPipeV (mmc_pp_schedule_dualpipev, parallel.pipeline_schedule: dualpipev): two chunks per
+ * rank in a V, some backwards split into input- and weight-gradient halves; each chunk's halves
+ * still accumulate in micro-batch order, so it too reproduces one process bit for bit.
+ *
  * Qwen2-VL / Qwen2.5-VL: the vision tower and merger sit on the first stage with the embedding.
  *
  * Tied embeddings (tie_word_embeddings): the first stage holds embed_tokens, the last stage a
@@ -39,11 +43,17 @@ extern "C" {
 #endif
 
 /* ---------------------------------------------------------------- schedule */
-typedef enum { MMC_PP_FORWARD = 0, MMC_PP_BACKWARD = 1 } mmc_pp_kind;
+typedef enum {
+    MMC_PP_FORWARD = 0,
+    MMC_PP_BACKWARD = 1,         /* the whole backward (input and weight gradients) */
+    MMC_PP_BACKWARD_INPUT = 2,   /* DualPipeV "B": the input gradient only; the weight half is queued */
+    MMC_PP_WEIGHT = 3,           /* DualPipeV "W": the queued weight half of (chunk, mb) */
+} mmc_pp_kind;
 typedef struct {
     int kind;   /* mmc_pp_kind */
     int mb;     /* micro-batch, 0-based */
-    int chunk;  /* interleaved: the rank's model chunk (virtual stage chunk P + stage); else 0 */
+    int chunk;  /* interleaved: the rank's model chunk (virtual stage chunk P + stage); DualPipeV:
+                 * 0 (virtual stage `stage`) or 1 (virtual stage 2 P - 1 - stage); else 0 */
 } mmc_pp_op;
 
 /* The 1F1B order of stage `stage` (0-based) of P over M micro-batches: 2 M operations written
@@ -55,6 +65,26 @@ int mmc_pp_schedule_1f1b(int P, int stage, int M, mmc_pp_op *ops);
  * 2 M v operations; v = 1 is plain 1F1B. Interleaving needs P >= 2 and M a multiple of P
  * (else -1). */
 int mmc_pp_schedule(int P, int v, int stage, int M, mmc_pp_op *ops);
+/* DualPipeV (DeepSeek-V3's DualPipe in its "V" form, with zero-bubble's split backward): the
+ * 2 P virtual stages fold into a V over the P ranks: rank r holds chunk 0 = virtual stage r and
+ * chunk 1 = virtual stage 2 P - 1 - r, so micro-batches enter at rank 0, go down the ranks through
+ * the chunks 0, turn on rank P - 1 (a local hand-off) and come back up through the chunks 1 to the
+ * loss on rank 0. A rank's order (pp.c has the eight phases) runs a forward of one chunk next to
+ * a backward of the other in the steady state, and splits some backwards into the input gradient
+ * (MMC_PP_BACKWARD_INPUT, what the previous stage waits for) and the weight gradient
+ * (MMC_PP_WEIGHT, run later to fill an idle slot). Writes at most 6 M operations (4 M forwards and
+ * backwards plus one W per split backward); returns how many, or -1 if P < 2 or M < 2 P (the
+ * schedule's warm-up alone needs 2 P micro-batches). Each chunk's backwards and W's keep
+ * micro-batch order. */
+int mmc_pp_schedule_dualpipev(int P, int stage, int M, mmc_pp_op *ops);
+/* The virtual stage of chunk 0 / 1 of that rank: stage, 2 P - 1 - stage. */
+int mmc_pp_dualpipev_vstage(int P, int stage, int chunk);
+/* DualPipeV in simulated time. tf, tb, tw: a rank's forward, input-gradient and weight-gradient
+ * time per micro-batch over all its layers (each chunk takes half), so the same model at the
+ * same P runs 1F1B as mmc_pp_simulate(P, M, tf, tb + tw). Transfers are free and a forward next
+ * to a backward runs one after the other (no overlap credit). Returns the makespan and, in
+ * *bubble, the idle share 1 - busy / (P makespan); -1 on bad arguments or deadlock. */
+double mmc_pp_simulate_dualpipev(int P, int M, double tf, double tb, double tw, double *bubble);
 /* Largest number of micro-batches in flight (forward done, backward not) on that stage. */
 int mmc_pp_max_in_flight(int P, int stage, int M);
 /* The analytic bubble share of a 1F1B (or GPipe) step with equal stage times: (P-1)/(M+P-1). */
@@ -84,6 +114,11 @@ mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t
 mmc_status mmc_pp_trim_qwen2_chunks(mmc_qwen2 *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1);
 /* Qwen2-VL: the language model as above, the vision tower (and merger) on the first stage only. */
 mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1);
+/* The same two with the final norm and lm_head (and the tied embedding's copy) on rank
+ * `last_rank` instead of P - 1 (DualPipeV: rank 0 holds the last virtual stage). */
+mmc_status mmc_pp_trim_qwen2_at(mmc_qwen2 *m, int stage, int last_rank, int nc, const int64_t *l0, const int64_t *l1);
+mmc_status mmc_pp_trim_qwen2_vl_at(mmc_qwen2_vl *m, int stage, int last_rank, int nc, const int64_t *l0,
+                                   const int64_t *l1);
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct mmc_pp mmc_pp;
@@ -91,6 +126,9 @@ typedef struct mmc_pp mmc_pp;
 mmc_status mmc_pp_new(mmc_comm *pp, mmc_qwen2 *m, int64_t l0, int64_t l1, mmc_pp **out);
 /* Interleaved: this rank's v chunks, chunk c holding layers [l0[c], l1[c]) (virtual stage c P + stage). */
 mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, const int64_t *l1, mmc_pp **out);
+/* DualPipeV: chunk c holds layers [l0[c], l1[c]), c = 0, 1 (virtual stages stage, 2 P - 1 - stage);
+ * mmc_pp_run then follows mmc_pp_schedule_dualpipev (needs P >= 2 and M >= 2 P). */
+mmc_status mmc_pp_new_dualpipev(mmc_comm *pp, mmc_qwen2 *m, const int64_t *l0, const int64_t *l1, mmc_pp **out);
 void mmc_pp_free(mmc_pp *p);
 /* Run a Qwen2-VL (m of mmc_pp_new is vl->lm): the first stage runs the vision tower and places
  * its features in the embeddings; every stage computes the M-RoPE positions from the batch. */

@@ -13,11 +13,14 @@
 #     (1e-5 loss, 2e-4 / 1e-6 weights, 1e-2 moments) of one process, also resumed in one process;
 #   - a control that must fail: a run at another learning rate against the pp=2 run;
 #   - interleaved 1F1B (pipeline_virtual 2) at pp=2 on the 4-layer model: exact;
+#   - DualPipeV (pipeline_schedule dualpipev) at pp=2 on the 4-layer model and at pp=4 on an
+#     8-layer one: exact; with tied embeddings within the tolerances above; x tp=2 (4 ranks)
+#     bit-identical to tp=2 alone;
 #   - bf16 weights with activation recompute at pp=2: exact;
 #   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
 #     above, Qwen2.5-VL (untied) exact;
 #   - resume across layouts (pp2 -> pp2, pp2 -> 1 process, pp2 -> pp4, 1 process -> pp2): exact;
-#   - the layout errors before any work, and the warning for fewer micro-batches than stages.
+#   - the layout errors before any work (DualPipeV's too), and the warning for fewer micro-batches than stages.
 # Skipped (exit 77) without mpirun or an MPI build.
 set -u
 MMC=${MMC:-build/mmc}
@@ -79,6 +82,24 @@ runN 2 "$W/ref4.yaml" $PP2 --set parallel.pipeline_virtual=2 --set training.outp
   { echo "FAIL: interleaved run"; tail "$W/train.log"; fail=1; }
 cmp_runs "interleaved pp=2 x 2 chunks (6 micro-batches) vs 1 process" ref4 ppv2 "$EXACT"
 grep -m1 'interleaved (2 chunks' "$W/train.log"
+# DualPipeV: two chunks per rank folded into a V (rank 0 holds layers [0,1) and [3,4) with the
+# loss, rank 1 [1,2) and [2,3) and the turn), backward split into input and weight halves: exact
+# (each weight's halves still accumulate in micro-batch order); tied embeddings (both uses on
+# rank 0, summed in another order) within the tolerances above; 4 ranks on an 8-layer model
+DPV="--set parallel.pipeline_schedule=dualpipev"
+runN 2 "$W/ref4.yaml" $PP2 $DPV --set training.output_dir="$W/dpv2" || { echo "FAIL: DualPipeV run"; tail "$W/train.log"; fail=1; }
+cmp_runs "DualPipeV pp=2 (4 layers, 6 micro-batches) vs 1 process" ref4 dpv2 "$EXACT"
+grep -m1 'DualPipeV (2 chunks' "$W/train.log"
+sed 's/"num_hidden_layers": 2/"num_hidden_layers": 4/' tests/fixtures/qwen2/tiny_tied/config.json > "$W/l4t.json"
+cfg ref4t init "$W/l4t.json" 4 4
+run1 "$W/ref4t.yaml" && runN 2 "$W/ref4t.yaml" $PP2 $DPV --set training.output_dir="$W/dpv2t" ||
+  { echo "FAIL: tied DualPipeV run"; tail "$W/train.log"; fail=1; }
+cmp_runs "DualPipeV tied embeddings pp=2 (4-layer variant, 4 micro-batches) vs 1 process" ref4t dpv2t "$CLOSE"
+sed 's/"num_hidden_layers": 2/"num_hidden_layers": 8/' tests/fixtures/qwen2/tiny/config.json > "$W/l8.json"
+cfg ref8 init "$W/l8.json" 8 3
+run1 "$W/ref8.yaml" && runN 4 "$W/ref8.yaml" --set parallel.pipeline_parallel=4 $DPV --set training.output_dir="$W/dpv4" ||
+  { echo "FAIL: DualPipeV pp=4 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "DualPipeV pp=4 (8 layers, 8 micro-batches) vs 1 process" ref8 dpv4 "$EXACT"
 # bf16 weights (fp32 masters) with activation recompute, against the same single-process run
 BFR="--set model.dtype=bf16 --set model.recompute=full"
 run1 "$W/ref4.yaml" $BFR --set training.output_dir="$W/bref" &&
@@ -122,6 +143,10 @@ grep -m1 'stages x tensor parallelism 2' "$W/train.log"
 runN 4 "$W/ref4.yaml" $TP2 $PP2 --set training.output_dir="$W/rtp" --set training.steps=2 &&
   run1 "$W/ref4.yaml" --set training.output_dir="$W/rtp" --resume || fail=1
 cmp_runs "pp=2 x tp=2 2 steps, resumed in 1 process" ref4 rtp "$TPT"
+# DualPipeV x tp=2 (4 ranks): the same as tp=2 alone bit for bit
+runN 2 "$W/ref4.yaml" $TP2 --set training.output_dir="$W/tp2l4" &&
+  runN 4 "$W/ref4.yaml" $TP2 $PP2 $DPV --set training.output_dir="$W/tp2dpv" || { echo "FAIL: DualPipeV x tp runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "DualPipeV pp=2 x tp=2 (4 ranks) vs tp=2" tp2l4 tp2dpv "$EXACT"
 # resume: the checkpoint is the single-process layout, so any number of stages reads it
 runN 2 "$W/ref4.yaml" $PP2 --set training.output_dir="$W/r22" --set training.steps=2 &&
   cp -r "$W/r22" "$W/r21" && cp -r "$W/r22" "$W/r24" &&
@@ -145,6 +170,9 @@ expect_err() {  # expect_err WHAT PATTERN NP YAML...
 }
 expect_err "more stages than layers" "pipeline_parallel 3 is more than the model's 2 decoder layers" 3 "$W/ref.yaml" --set parallel.pipeline_parallel=3 --set data.batch_size=6
 expect_err "stages not dividing the layers" "pipeline_parallel 3 does not divide the model's 4 decoder layers" 3 "$W/ref4.yaml" --set parallel.pipeline_parallel=3 --set data.batch_size=3
+expect_err "DualPipeV with fewer than 2P micro-batches" "pipeline_schedule dualpipev over pipeline_parallel 2 needs at least 4 micro-batches" 2 "$W/ref.yaml" $PP2 $DPV --set data.batch_size=3
+expect_err "DualPipeV with pipeline_virtual" "pipeline_virtual.*2 with pipeline_schedule dualpipev" 1 "$W/ref4.yaml" $PP2 $DPV --set parallel.pipeline_virtual=2
+expect_err "DualPipeV split of P entries" "2 entries but pipeline_schedule dualpipev over pipeline_parallel 2 makes 4 virtual stages" 1 "$W/ref4.yaml" $PP2 $DPV --set "parallel.pipeline_layers=[2, 2]"
 expect_err "split not adding up" "pipeline_layers adds up to 3 layers but the model has 2" 2 "$W/ref.yaml" $PP2 --set "parallel.pipeline_layers=[1, 2]" --set data.batch_size=1
 if grep -q "1 micro-batch per step and data-parallel rank .* is fewer than the 2 pipeline stages" "$out"; then
   echo "warning (fewer micro-batches than stages): $(grep -m1 'fewer than the 2 pipeline' "$out" | cut -c1-300)"

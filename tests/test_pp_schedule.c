@@ -5,16 +5,25 @@
  * and the runtime on one stage (P = 1, the single-process communicator): its loss and every
  * gradient equal the plain forward/backward with gradient accumulation exactly.
  *
+ * DualPipeV: the order of P = 2 against the expected sequence, its invariants for P <= 8 and
+ * 2P <= M <= 24 (every F, B and W once, each chunk's backwards and W's in micro-batch order, a W
+ * after its B), no deadlock in simulated time and a bubble below 1F1B's for the same P and M;
+ * the autograd's split backward (input halves, then the queued weight halves) against the
+ * plain backward of the tiny Qwen2: bit-identical gradients.
+ *
  *   test_pp_schedule                the unit tests above
  *   test_pp_schedule compare A B ...    (for test_pp.sh) two `mmc train` output directories: losses
  *                                   of metrics.jsonl, the last checkpoint's model.safetensors and
  *                                   optimizer.safetensors; tolerances LOSS_REL W_ABS W_MEAN MOM_REL
- *                                   (0 0 0 0 = bit-identical); prints the measured figures. */
+ *                                   (0 0 0 0 = bit-identical); prints the measured figures.
+ *   test_pp_schedule bubble P M     (for bench/bench_pp.sh) the simulated bubble of DualPipeV and
+ *                                   of 1F1B over P stages and M micro-batches, F:B:W = 1:1:1. */
 #include "test_util.h"
 #include "mmc_pp.h"
 #include "mmc_models.h"
 #include "mmc_trainer.h"
 #include "mmc_io.h"
+#include "mmc_wgrad.h"
 
 #include <dirent.h>
 
@@ -114,6 +123,58 @@ static void test_schedule_interleaved(void) {
     CHECK(bad == 0);
 }
 
+static void seq_str_dpv(int P, int s, int M, char *buf, size_t cap) {
+    mmc_pp_op ops[6 * 24];
+    int n = mmc_pp_schedule_dualpipev(P, s, M, ops);
+    size_t u = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && u + 8 < cap; i++)
+        u += (size_t)snprintf(buf + u, cap - u, "%s%c%d.%d", i ? " " : "", "FBbW"[ops[i].kind], ops[i].chunk, ops[i].mb);
+}
+
+static void test_schedule_dualpipev(void) {
+    char got[2048];
+    /* P = 2, M = 4: F chunk.mb, B full backward, b input half only, W its weight half */
+    seq_str_dpv(2, 0, 4, got, sizeof got);
+    CHECKF(!strcmp(got, "F0.0 F0.1 F0.2 F1.0 b1.0 W1.0 F1.1 F0.3 B1.1 F1.2 B0.0 B1.2 F1.3 B0.1 B1.3 b0.2 W0.2 b0.3 "
+                        "W0.3"), "rank 0: %s", got);
+    seq_str_dpv(2, 1, 4, got, sizeof got);
+    CHECKF(!strcmp(got, "F0.0 F1.0 F0.1 F1.1 F0.2 B1.0 F1.2 B0.0 F0.3 B1.1 F1.3 B0.1 B1.2 B0.2 b1.3 b0.3 W1.3 W0.3"),
+           "rank 1: %s", got);
+    mmc_pp_op ops[6 * 24];
+    CHECK(mmc_pp_schedule_dualpipev(2, 0, 3, ops) == -1);   /* fewer than 2 P micro-batches */
+    CHECK(mmc_pp_schedule_dualpipev(1, 0, 4, ops) == -1);   /* one rank: no V */
+    int bad = 0;
+    for (int P = 2; P <= 8; P++)
+        for (int M = 2 * P; M <= 24; M++)
+            for (int s = 0; s < P; s++) {
+                const int n = mmc_pp_schedule_dualpipev(P, s, M, ops);
+                int f[2] = {0}, b[2] = {0}, w[2] = {0}, split[2][24] = {{0}}, nsplit = 0;
+                bool ok = n >= 4 * M && n <= 6 * M;
+                for (int i = 0; ok && i < n; i++) {
+                    const mmc_pp_op o = ops[i];
+                    const int c = o.chunk;
+                    ok = c == 0 || c == 1;
+                    if (ok && o.kind == MMC_PP_FORWARD) ok = o.mb == f[c]++;
+                    else if (ok && o.kind == MMC_PP_WEIGHT) ok = split[c][o.mb] == 1 && (split[c][o.mb] = 2) && o.mb >= w[c] && (w[c] = o.mb + 1);
+                    else if (ok) {
+                        ok = o.mb == b[c]++ && b[c] <= f[c];
+                        if (ok && o.kind == MMC_PP_BACKWARD_INPUT) split[c][o.mb] = 1, nsplit++;
+                        /* a full backward never overtakes a queued weight half of its chunk */
+                        for (int k = 0; ok && o.kind == MMC_PP_BACKWARD && k < o.mb; k++) ok = split[c][k] != 1;
+                    }
+                }
+                for (int c = 0; ok && c < 2; c++) {
+                    ok = f[c] == M && b[c] == M;
+                    for (int k = 0; ok && k < M; k++) ok = split[c][k] != 1;   /* every queued half ran */
+                }
+                ok = ok && n == 4 * M + nsplit;
+                if (!ok && bad++ < 3) fprintf(stderr, "DualPipeV invariant broken at P=%d M=%d rank %d\n", P, M, s);
+            }
+    CHECK(bad == 0);
+    CHECK(mmc_pp_dualpipev_vstage(4, 1, 0) == 1 && mmc_pp_dualpipev_vstage(4, 1, 1) == 6);
+}
+
 static void test_simulate(void) {
     printf("1F1B bubble (simulated, forward:backward 1:2 | analytic (P-1)/(M+P-1)):");
     for (int P = 2; P <= 4; P += 2)
@@ -142,7 +203,22 @@ static void test_simulate(void) {
                                    100 * mmc_pp_bubble_fraction_v(P, v, M));
             }
     printf("\n");
+    /* DualPipeV: no deadlock and a smaller bubble than 1F1B's over the same P and M (forward,
+     * input and weight gradient 1 : 1 : 1, so 1F1B's backward is 2) */
+    printf("DualPipeV bubble (simulated, F:B:W 1:1:1 | 1F1B):");
+    for (int P = 2; P <= 8; P *= 2)
+        for (int M = 2 * P; M <= 32; M *= 2) {
+            double bd, b1;
+            const double span = mmc_pp_simulate_dualpipev(P, M, 1.0, 1.0, 1.0, &bd);
+            CHECKF(span > 0, "DualPipeV P=%d M=%d deadlocks", P, M);
+            CHECK(mmc_pp_simulate(P, M, 1.0, 2.0, &b1) > 0);
+            CHECKF(bd >= 0 && bd < b1, "P=%d M=%d: DualPipeV bubble %.4f not below 1F1B's %.4f", P, M, bd, b1);
+            CHECK(span >= M * 3.0 - 1e-9);   /* never shorter than a rank's own work */
+            printf(" P=%d M=%d %.1f%% | %.1f%%;", P, M, 100 * bd, 100 * b1);
+        }
+    printf("\n");
     double b;
+    CHECK(mmc_pp_simulate_dualpipev(4, 7, 1, 1, 1, &b) == -1);   /* M < 2 P */
     CHECK(mmc_pp_simulate(1, 3, 1, 2, &b) > 0 && b == 0);   /* one stage: no bubble */
 }
 
@@ -262,6 +338,60 @@ static void test_runtime_single(void) {
     mmc_dist_finalize();
 }
 
+/* the split backward: input halves of every micro-batch, then the queued weight halves, against
+ * one plain backward per micro-batch; the gradients must match bit for bit (the same GEMMs
+ * accumulate into each dW in the same order), also through a checkpointed (recomputed) model */
+static void test_split_backward(void) {
+    enum { M = 2, B = 2, T = 5 };
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        mmc_qwen2_config c = tiny_cfg(2, false);
+        mmc_qwen2 *a = NULL, *b = NULL;
+        CHECK_OK(mmc_qwen2_new(&c, 5, &a));
+        CHECK_OK(mmc_qwen2_new(&c, 5, &b));
+        if (!a || !b) return;
+        b->recompute = a->recompute = ckpt;
+        int32_t ids[B * T], lab[B * T];
+        int64_t pos[3 * B * T];
+        for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % 64, lab[i] = (i * 5 + 1) % 64;
+        for (int i = 0; i < 3 * B * T; i++) pos[i] = i % T;
+        mmc_batch mb = {.B = B, .T = T, .input_ids = ids, .labels = lab, .position_ids = pos, .n_seqs = B};
+        mmc_ctx *ca = mmc_ctx_new(), *cb[M];
+        for (int k = 0; k < M; k++) {
+            int64_t n;
+            mmc_backward(ca, mmc_qwen2_lm_loss(ca, a, &mb, 0.1, &n));
+            mmc_ctx_reset(ca);
+        }
+        int queued = 0, ran = 0;
+        for (int k = 0; k < M; k++) {   /* B of both micro-batches first, then their W's */
+            int64_t n;
+            cb[k] = mmc_ctx_new();
+            mmc_set_defer_weight_grads(cb[k], true);
+            mmc_backward(cb[k], mmc_qwen2_lm_loss(cb[k], b, &mb, 0.1, &n));
+            mmc_set_defer_weight_grads(cb[k], false);
+            queued += mmc_deferred_weight_grads(cb[k]);
+        }
+        if (!ckpt) {   /* before the W's, the projections have no gradient yet */
+            const mmc_tensor *g = b->layers[0].q.w->grad;
+            float mx = 0;
+            for (int64_t i = 0; g && i < mmc_numel(g); i++) mx = fmaxf(mx, fabsf(((float *)g->data)[i]));
+            CHECKF(mx == 0, "q_proj's gradient %.3g before its W", mx);
+        }
+        for (int k = 0; k < M; k++) ran += mmc_backward_weights(cb[k]), mmc_ctx_free(cb[k]);
+        /* a layer: q k v o gate up down, and lm_head; recomputed blocks run theirs at once */
+        CHECKF(ran == queued && queued == M * (ckpt ? 1 : 2 * 7 + 1), "ckpt %d: %d queued, %d ran", ckpt, queued, ran);
+        int same = 0;
+        for (int i = 0; i < a->n_params; i++) {
+            const mmc_tensor *ga = a->params[i]->grad, *gb = b->params[i]->grad;
+            same += ga && gb && !memcmp(ga->data, gb->data, mmc_nbytes(ga));
+        }
+        CHECKF(same == a->n_params, "split backward (recompute %d): %d of %d gradients bit-identical", ckpt, same,
+               a->n_params);
+        mmc_ctx_free(ca);
+        mmc_qwen2_free(a);
+        mmc_qwen2_free(b);
+    }
+}
+
 /* ------------------------------------------------------------------ compare mode */
 static int read_losses(const char *dir, double *l, int cap) {
     char path[2048], line[1024];
@@ -347,13 +477,25 @@ static int compare(const char *a, const char *b, double tl, double tw, double tm
 }
 
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "bubble")) {
+        const int P = atoi(argv[2]), M = atoi(argv[3]);
+        double bd = -1, b1 = -1;
+        if (mmc_pp_simulate_dualpipev(P, M, 1.0, 1.0, 1.0, &bd) < 0 || mmc_pp_simulate(P, M, 1.0, 2.0, &b1) < 0) {
+            fprintf(stderr, "test_pp_schedule bubble: no DualPipeV schedule for P %d, M %d (needs P >= 2, M >= 2P)\n", P, M);
+            return 1;
+        }
+        printf("bubble P %d M %d: dualpipev %.6f 1f1b %.6f\n", P, M, bd, b1);
+        return 0;
+    }
     if (argc == 8 && !strcmp(argv[1], "compare"))
         return compare(argv[2], argv[3], atof(argv[4]), atof(argv[5]), atof(argv[6]), atof(argv[7]));
     test_schedule();
     test_schedule_interleaved();
+    test_schedule_dualpipev();
     test_simulate();
     test_split();
     test_trim();
     test_runtime_single();
+    test_split_backward();
     return test_done("test_pp_schedule");
 }

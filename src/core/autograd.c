@@ -11,6 +11,7 @@
  * alive at a time during backward. */
 #include "mmc.h"
 #include "ctx_internal.h"
+#include "mmc_wgrad.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -29,12 +30,15 @@ void mmc_ctx_free(mmc_ctx *c) {
     mmc_arena_free(c->act);
     mmc_arena_free(c->scratch);
     free(c->tape);
+    free(c->wq);
+    free(c->wq_fn);
     free(c);
 }
 
 void mmc_ctx_reset(mmc_ctx *c) {
     /* persistent grads of parameters survive; arena tensors vanish */
     c->tape_len = 0;
+    c->wq_len = 0;   /* queued weight halves point into the arena: dropped with it */
     mmc_arena_reset(c->act);
     mmc_arena_reset(c->scratch);
 }
@@ -132,6 +136,38 @@ void mmc_backward(mmc_ctx *c, mmc_tensor *loss) {
     c->grad_enabled = prev;
 }
 
+/* ---- split backward: input-gradient half now, weight-gradient half later */
+bool mmc_set_defer_weight_grads(mmc_ctx *c, bool on) {
+    bool prev = c->defer_w;
+    c->defer_w = on;
+    return prev;
+}
+
+bool mmc_defer_weight_grads(const mmc_ctx *c) { return c->defer_w; }
+
+void mmc_defer_weight_grad(mmc_ctx *c, mmc_node *n, mmc_backward_fn wfn) {
+    if (c->wq_len == c->wq_cap) {
+        c->wq_cap = c->wq_cap ? 2 * c->wq_cap : 64;
+        c->wq = realloc(c->wq, (size_t)c->wq_cap * sizeof *c->wq);
+        c->wq_fn = realloc(c->wq_fn, (size_t)c->wq_cap * sizeof *c->wq_fn);
+        MMC_CHECK(c->wq && c->wq_fn, "out of memory growing the deferred weight-gradient queue");
+    }
+    c->wq[c->wq_len] = n;
+    c->wq_fn[c->wq_len++] = wfn;
+}
+
+int mmc_deferred_weight_grads(const mmc_ctx *c) { return c->wq_len; }
+
+int mmc_backward_weights(mmc_ctx *c) {
+    const int n = c->wq_len;
+    bool prev = c->grad_enabled;
+    c->grad_enabled = false;
+    for (int i = 0; i < n; i++) c->wq_fn[i](c, c->wq[i]);   /* the order the backward queued them */
+    c->grad_enabled = prev;
+    c->wq_len = 0;
+    return n;
+}
+
 /* ---- activation checkpointing */
 typedef struct {
     mmc_block_fn fn;
@@ -152,6 +188,9 @@ static void checkpoint_backward(mmc_ctx *c, mmc_node *n) {
         if (mmc_requires_grad(n->in[i])) mmc_grad(c, n->in[i]);
     mmc_arena_mark mark = mmc_arena_get_mark(c->act);
     int tape0 = c->tape_len;
+    /* the recomputation is released below: its weight halves cannot wait, they run now */
+    const bool defer = c->defer_w;
+    c->defer_w = false;
 
     mmc_tensor *det[MMC_NODE_MAX_IN];
     for (int i = 0; i < n->n_in; i++) {
@@ -170,6 +209,7 @@ static void checkpoint_backward(mmc_ctx *c, mmc_node *n) {
     for (int i = 0; i < n->n_in; i++)
         if (det[i] != n->in[i] && det[i]->grad) add_into(n->in[i]->grad, det[i]->grad);
     c->tape_len = tape0;
+    c->defer_w = defer;
     mmc_arena_release(c->act, mark);
 }
 

@@ -15,5 +15,11 @@ struct mmc_ctx {
     bool dropout_on;
     int ckpt_depth;
     mmc_param_hooks hooks;   /* all NULL unless data parallelism installed them */
+    /* split backward (mmc_set_defer_weight_grads): weight-gradient halves queued by the ops'
+     * backward rules, run in queue order by mmc_backward_weights */
+    bool defer_w;
+    mmc_node **wq;
+    mmc_backward_fn *wq_fn;
+    int wq_len, wq_cap;
 };
 #endif

@@ -6,6 +6,7 @@
  * dW GEMM, an x that needs no grad costs no dx GEMM. */
 #include "mmc_ops.h"
 #include "linear.h"
+#include "mmc_wgrad.h"
 
 #include <string.h>
 
@@ -16,14 +17,25 @@ static int64_t rows_of(const mmc_tensor *x) {
 }
 
 /* ------------------------------------------------------------------ linear */
+/* the weight half: dW += dyᵀ x, db += Σ dy (deferred under mmc_set_defer_weight_grads) */
+static void linear_backward_weight(mmc_ctx *ctx, mmc_node *n) {
+    mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
+    float *dw = mmc_requires_grad(w) ? mmc_grad(ctx, w)->data : NULL;
+    float *db = mmc_requires_grad(b) ? mmc_grad(ctx, b)->data : NULL;
+    if (dw || db) mmc_cpu_linear_bwd(x->data, w->data, w->dtype == MMC_BF16, n->out->grad->data, NULL, dw, db,
+                                     n->i[0], n->i[1], n->i[2]);
+}
+
 static void linear_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     int64_t M = n->i[0], N = n->i[1], K = n->i[2];
+    const bool defer = mmc_defer_weight_grads(ctx) && (mmc_requires_grad(w) || mmc_requires_grad(b));
     float *dx = mmc_requires_grad(x) ? mmc_grad(ctx, x)->data : NULL;
-    float *dw = mmc_requires_grad(w) ? mmc_grad(ctx, w)->data : NULL;
-    float *db = mmc_requires_grad(b) ? mmc_grad(ctx, b)->data : NULL;
-    mmc_cpu_linear_bwd(x->data, w->data, w->dtype == MMC_BF16, n->out->grad->data, dx, dw, db, M,
-                       N, K);
+    float *dw = !defer && mmc_requires_grad(w) ? mmc_grad(ctx, w)->data : NULL;
+    float *db = !defer && mmc_requires_grad(b) ? mmc_grad(ctx, b)->data : NULL;
+    if (dx || dw || db) mmc_cpu_linear_bwd(x->data, w->data, w->dtype == MMC_BF16, n->out->grad->data, dx, dw, db, M,
+                                           N, K);
+    if (defer) mmc_defer_weight_grad(ctx, n, linear_backward_weight);
 }
 
 mmc_tensor *mmc_linear(mmc_ctx *ctx, mmc_tensor *x, mmc_tensor *w, mmc_tensor *b) {

@@ -1,8 +1,10 @@
 /* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-VL decoder, after Megatron-LM's
  * pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: warm-up,
  * steady 1F1B, cool-down; ..._with_interleaving: v model chunks per rank) and p2p_communication.py
- * (the residual stream and its gradient sent between neighbouring stages): the schedules and
- * their simulator, the layer split, trimming a model to its stage, and the runtime that executes
+ * (the residual stream and its gradient sent between neighbouring stages), and DualPipeV (DeepSeek's
+ * DualPipe folded into a V, with zero-bubble's split backward: B ops for the input gradient, W ops
+ * for the weight gradient from the autograd's deferred queue, mmc_wgrad.h): the schedules and
+ * their simulators, the layer split, trimming a model to its stage, and the runtime that executes
  * one step's micro-batches.
  *
  * Each micro-batch in flight has its own autograd context (tape and activation arena), so the
@@ -16,6 +18,7 @@
  * communicator failure inside the step is returned. */
 #include "mmc_pp.h"
 #include "mmc_ops.h"
+#include "mmc_wgrad.h"
 #include "mmc_trainer.h"
 #include "mmc_vl.h"
 
@@ -61,6 +64,64 @@ int mmc_pp_schedule(int P, int v, int stage, int M, mmc_pp_op *ops) {
 }
 
 int mmc_pp_schedule_1f1b(int P, int stage, int M, mmc_pp_op *ops) { return mmc_pp_schedule(P, 1, stage, M, ops); }
+
+/* DualPipeV (DeepSeek's DualPipe folded into a V; Qi et al.'s zero-bubble B / W split): rank r
+ * holds chunk 0 = virtual stage r and chunk 1 = virtual stage 2P-1-r. The order is built from
+ * eight phases; "FB" is a forward of one chunk followed by a full backward of the other (the
+ * pair DualPipe overlaps on a GPU), "B*" a backward whose weight half is queued and run later by
+ * a "W" (queue order, so each chunk's weight gradients still accumulate in micro-batch order).
+ *   1. 2(P-1-r) forwards of chunk 0 (warm-up: rank 0 feeds the V, rank P-1 turns it)
+ *   2. r+1 pairs F0 F1
+ *   3. P-1-r triples B*1 W F1 (the weight half fills the wait for chunk 1's next input)
+ *   4. M-2P+r+1 pairs FB(0, 1) FB(1, 0) (the steady state)
+ *   5. P-1-r pairs B1 FB(1, 0)
+ *   6. r+1 pairs B1 B0, the later half of them split (B*)
+ *   7. P-1-r pairs W B*0
+ *   8. the queued weight halves left (r+1 of them) */
+typedef struct {
+    mmc_pp_op *ops;
+    int n, f[2], b[2];
+    int q[64 * 1024], qh, qt;   /* the weight-half queue: chunk * M + micro-batch */
+    int M;
+} dpv_gen;
+
+static void dpv_f(dpv_gen *g, int c) { g->ops[g->n++] = (mmc_pp_op){MMC_PP_FORWARD, g->f[c]++, c}; }
+static void dpv_b(dpv_gen *g, int c, bool split) {
+    if (split) g->q[g->qt++] = c * g->M + g->b[c];
+    g->ops[g->n++] = (mmc_pp_op){split ? MMC_PP_BACKWARD_INPUT : MMC_PP_BACKWARD, g->b[c]++, c};
+}
+static void dpv_w(dpv_gen *g) {
+    const int e = g->q[g->qh++];
+    g->ops[g->n++] = (mmc_pp_op){MMC_PP_WEIGHT, e % g->M, e / g->M};
+}
+
+int mmc_pp_schedule_dualpipev(int P, int r, int M, mmc_pp_op *ops) {
+    if (P < 2 || r < 0 || r >= P || M < 2 * P || M > 16 * 1024 || !ops) return -1;
+    dpv_gen *g = calloc(1, sizeof *g);
+    if (!g) return -1;
+    g->ops = ops;
+    g->M = M;
+    for (int i = 0; i < 2 * (P - 1 - r); i++) dpv_f(g, 0);                         /* 1 */
+    for (int i = 0; i < r + 1; i++) dpv_f(g, 0), dpv_f(g, 1);                       /* 2 */
+    for (int i = 0; i < P - 1 - r; i++) dpv_b(g, 1, true), dpv_w(g), dpv_f(g, 1);    /* 3 */
+    for (int i = 0; i < M - 2 * P + r + 1; i++) {                                    /* 4 */
+        dpv_f(g, 0), dpv_b(g, 1, false);
+        dpv_f(g, 1), dpv_b(g, 0, false);
+    }
+    for (int i = 0; i < P - 1 - r; i++) dpv_b(g, 1, false), dpv_f(g, 1), dpv_b(g, 0, false);   /* 5 */
+    const int n6 = r + 1;                                                             /* 6 */
+    for (int i = 0; i < n6; i++) {   /* from the middle on the backwards are split (odd ranks one op earlier) */
+        dpv_b(g, 1, i > n6 / 2 || (i == n6 / 2 && r % 2 == 1));
+        dpv_b(g, 0, i >= n6 / 2);
+    }
+    for (int i = 0; i < P - 1 - r; i++) dpv_w(g), dpv_b(g, 0, true);                  /* 7 */
+    while (g->qh < g->qt) dpv_w(g);                                                   /* 8 */
+    const int n = g->n;
+    free(g);
+    return n;
+}
+
+int mmc_pp_dualpipev_vstage(int P, int stage, int chunk) { return chunk == 0 ? stage : 2 * P - 1 - stage; }
 
 int mmc_pp_max_in_flight(int P, int stage, int M) {
     int warm = P - 1 - stage < M ? P - 1 - stage : M;
@@ -116,6 +177,55 @@ done:
     return span;
 }
 
+/* DualPipeV in simulated time: every rank's op list run against the others (an op starts when its
+ * rank is free and its input is there: the previous virtual stage's forward, the next one's input
+ * gradient; a W only after its own B). A chunk takes half of a rank's tf / tb / tw. */
+double mmc_pp_simulate_dualpipev(int P, int M, double tf, double tb, double tw, double *bubble) {
+    if (bubble) *bubble = 0;
+    if (P < 2 || M < 2 * P) return -1;
+    const int cap = 6 * M, nst = 2 * P;
+    mmc_pp_op *ops = malloc(sizeof *ops * (size_t)(cap * P));
+    double *fend = malloc(sizeof *fend * (size_t)(M * nst)), *bend = malloc(sizeof *bend * (size_t)(M * nst));
+    double *free_at = calloc((size_t)P, sizeof *free_at), busy = 0, span = -1;
+    int *next = calloc((size_t)P, sizeof *next), *nops = calloc((size_t)P, sizeof *nops), left = 0;
+    if (!ops || !fend || !bend || !free_at || !next || !nops) goto done;
+    for (int s = 0; s < P; s++) {
+        if ((nops[s] = mmc_pp_schedule_dualpipev(P, s, M, ops + (size_t)s * cap)) < 0) goto done;
+        left += nops[s];
+    }
+    for (int i = 0; i < M * nst; i++) fend[i] = bend[i] = -1;   /* [virtual stage * M + mb] */
+    while (left > 0) {
+        int progressed = 0;
+        for (int s = 0; s < P; s++) {
+            while (next[s] < nops[s]) {
+                const mmc_pp_op o = ops[(size_t)s * cap + next[s]];
+                const int j = mmc_pp_dualpipev_vstage(P, s, o.chunk);
+                double ready, d;
+                if (o.kind == MMC_PP_FORWARD) ready = j == 0 ? 0 : fend[(j - 1) * M + o.mb], d = tf / 2;
+                else if (o.kind == MMC_PP_WEIGHT) ready = bend[j * M + o.mb], d = tw / 2;
+                else {
+                    ready = j == nst - 1 ? fend[j * M + o.mb] : bend[(j + 1) * M + o.mb];
+                    d = (o.kind == MMC_PP_BACKWARD ? tb + tw : tb) / 2;
+                }
+                if (ready < 0) break;
+                const double start = ready > free_at[s] ? ready : free_at[s];
+                free_at[s] = start + d;
+                busy += d;
+                if (o.kind == MMC_PP_FORWARD) fend[j * M + o.mb] = free_at[s];
+                else if (o.kind != MMC_PP_WEIGHT) bend[j * M + o.mb] = free_at[s];
+                next[s]++, left--, progressed++;
+            }
+        }
+        if (!progressed) goto done;   /* deadlock */
+    }
+    span = 0;
+    for (int s = 0; s < P; s++) span = free_at[s] > span ? free_at[s] : span;
+    if (bubble) *bubble = 1.0 - busy / (P * span);
+done:
+    free(ops); free(fend); free(bend); free(free_at); free(next); free(nops);
+    return span;
+}
+
 /* ------------------------------------------------------------------ stages */
 mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, int n_sizes, int64_t *bounds) {
     if (P < 1) return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_parallel must be at least 1 (got %d)", P);
@@ -150,24 +260,28 @@ mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, in
     return MMC_OK;
 }
 
-static bool keep_param(const char *name, int stage, int P, bool tied, int nr, const int64_t *l0, const int64_t *l1) {
+static bool keep_param(const char *name, int stage, int last, bool tied, int nr, const int64_t *l0, const int64_t *l1) {
     if (!strncmp(name, "layers.", 7)) {
         long long l = atoll(name + 7);
         for (int c = 0; c < nr; c++)
             if (l >= l0[c] && l < l1[c]) return true;
         return false;
     }
-    if (!strcmp(name, "embed_tokens.weight")) return stage == 0 || (tied && stage == P - 1);
-    return stage == P - 1;   /* norm.weight, lm_head.weight */
+    if (!strcmp(name, "embed_tokens.weight")) return stage == 0 || (tied && stage == last);
+    return stage == last;   /* norm.weight, lm_head.weight */
 }
 
 mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1) {
+    return mmc_pp_trim_qwen2_vl_at(m, stage, P - 1, nc, l0, l1);
+}
+
+mmc_status mmc_pp_trim_qwen2_vl_at(mmc_qwen2_vl *m, int stage, int last, int nc, const int64_t *l0, const int64_t *l1) {
     mmc_vision *v = m->visual;
     if (stage > 0) {   /* the towers run on the first stage only */
         for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
         v->n_params = 0;
     }
-    return mmc_pp_trim_qwen2_chunks(m->lm, stage, P, nc, l0, l1);
+    return mmc_pp_trim_qwen2_at(m->lm, stage, last, nc, l0, l1);
 }
 
 mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t l1) {
@@ -175,12 +289,16 @@ mmc_status mmc_pp_trim_qwen2(mmc_qwen2 *m, int stage, int P, int64_t l0, int64_t
 }
 
 mmc_status mmc_pp_trim_qwen2_chunks(mmc_qwen2 *m, int stage, int P, int nc, const int64_t *l0, const int64_t *l1) {
+    return mmc_pp_trim_qwen2_at(m, stage, P - 1, nc, l0, l1);
+}
+
+mmc_status mmc_pp_trim_qwen2_at(mmc_qwen2 *m, int stage, int last, int nc, const int64_t *l0, const int64_t *l1) {
     if (m->adapter) return mmc_error(MMC_ERR_UNSUPPORTED, "pipeline stages: the model has an inference adapter");
     const bool tied = m->lm_head == m->embed;
     int n = 0;
     for (int i = 0; i < m->n_params; i++) {
         mmc_tensor *p = m->params[i];
-        if (keep_param(m->param_names[i], stage, P, tied, nc, l0, l1)) {
+        if (keep_param(m->param_names[i], stage, last, tied, nc, l0, l1)) {
             if (n != i) {
                 m->params[n] = p;
                 memcpy(m->param_names[n], m->param_names[i], sizeof m->param_names[0]);
@@ -207,8 +325,14 @@ mmc_status mmc_pp_trim_qwen2_chunks(mmc_qwen2 *m, int stage, int P, int nc, cons
 
 /* ------------------------------------------------------------------ runtime */
 /* A rank holds v chunks (v = 1 without interleaving): chunk c is virtual stage c P + stage, with
- * decoder layers [l0[c], l1[c]). Messages carry the receiving chunk in their tag, so transfers
- * for different chunks between the same two ranks never match each other. */
+ * decoder layers [l0[c], l1[c]); under DualPipeV v = 2 and chunk c is virtual stage stage or
+ * 2 P - 1 - stage. Messages carry the receiving chunk in their tag, so transfers for different
+ * chunks between the same two ranks never match each other. DualPipeV's turn (virtual stages
+ * P - 1 and P, both on rank P - 1) is a local hand-off through per-micro-batch buffers.
+ *
+ * Split backward (DualPipeV's B / W): a B runs the micro-batch's backward with the context's
+ * weight halves deferred (mmc_set_defer_weight_grads) and sends the input gradient at once; the
+ * slot keeps its context (x and dy of every linear) until the W runs the queue and frees it. */
 enum { TAG_CHUNK = 1000 };   /* + 2 chunk (activations), + 2 chunk + 1 (gradients) */
 
 typedef struct {
@@ -223,6 +347,9 @@ typedef struct {
 struct mmc_pp {
     mmc_comm *pp;
     int stage, P, v;
+    bool dualpipev;         /* v = 2 chunks folded into a V (mmc_pp_new_dualpipev) */
+    float **turn_act, **turn_grad;   /* [M] DualPipeV on rank P - 1: chunk 0's output, chunk 1's input gradient */
+    int turn_cap;
     int64_t *l0, *l1;       /* [v] */
     mmc_qwen2 *m;
     mmc_qwen2_vl *vl;       /* Qwen2-VL (m == vl->lm), or NULL */
@@ -254,6 +381,15 @@ oom:
     return mmc_error(MMC_ERR_OOM, "out of memory for the pipeline stage");
 }
 
+mmc_status mmc_pp_new_dualpipev(mmc_comm *pp, mmc_qwen2 *m, const int64_t *l0, const int64_t *l1, mmc_pp **out) {
+    *out = NULL;
+    if (mmc_comm_size(pp) < 2)
+        return mmc_error(MMC_ERR_INVALID, "DualPipeV needs at least 2 pipeline ranks (got %d)", mmc_comm_size(pp));
+    mmc_status st = mmc_pp_new_v(pp, m, 2, l0, l1, out);
+    if (!st) (*out)->dualpipev = true;
+    return st;
+}
+
 mmc_status mmc_pp_new(mmc_comm *pp, mmc_qwen2 *m, int64_t l0, int64_t l1, mmc_pp **out) {
     return mmc_pp_new_v(pp, m, 1, &l0, &l1, out);
 }
@@ -282,6 +418,9 @@ void mmc_pp_free(mmc_pp *p) {
     }
     free(p->slots);
     free(p->slot_of);
+    for (int i = 0; i < p->turn_cap; i++) free(p->turn_act[i]), free(p->turn_grad[i]);
+    free(p->turn_act);
+    free(p->turn_grad);
     free(p->l0);
     free(p->l1);
     free(p);
@@ -318,13 +457,35 @@ static mmc_status recv_timed(mmc_pp *p, void *buf, int64_t n, int peer, int tag)
     return st;
 }
 
-static bool first_vs(const mmc_pp *p, int c) { return p->stage == 0 && c == 0; }
-static bool last_vs(const mmc_pp *p, int c) { return p->stage == p->P - 1 && c == p->v - 1; }
+/* virtual stages: chunk c of this rank, and the (rank, chunk) that holds virtual stage j */
+static int vstage(const mmc_pp *p, int c) {
+    return p->dualpipev ? mmc_pp_dualpipev_vstage(p->P, p->stage, c) : c * p->P + p->stage;
+}
+static int vs_rank(const mmc_pp *p, int j) { return p->dualpipev ? (j < p->P ? j : 2 * p->P - 1 - j) : j % p->P; }
+static int vs_chunk(const mmc_pp *p, int j) { return p->dualpipev ? j >= p->P : j / p->P; }
+static bool first_vs(const mmc_pp *p, int c) { return vstage(p, c) == 0; }
+static bool last_vs(const mmc_pp *p, int c) { return vstage(p, c) == p->P * p->v - 1; }
 /* the neighbouring virtual stages: (rank, chunk) before and after chunk c of this rank */
-static int prev_rank(const mmc_pp *p) { return p->stage > 0 ? p->stage - 1 : p->P - 1; }
-static int prev_chunk(const mmc_pp *p, int c) { return p->stage > 0 ? c : c - 1; }
-static int next_rank(const mmc_pp *p) { return p->stage < p->P - 1 ? p->stage + 1 : 0; }
-static int next_chunk(const mmc_pp *p, int c) { return p->stage < p->P - 1 ? c : c + 1; }
+static int prev_rank(const mmc_pp *p, int c) { return vs_rank(p, vstage(p, c) - 1); }
+static int prev_chunk(const mmc_pp *p, int c) { return vs_chunk(p, vstage(p, c) - 1); }
+static int next_rank(const mmc_pp *p, int c) { return vs_rank(p, vstage(p, c) + 1); }
+static int next_chunk(const mmc_pp *p, int c) { return vs_chunk(p, vstage(p, c) + 1); }
+
+/* DualPipeV's turn: a copy of n floats kept for micro-batch k until the other chunk takes it */
+static mmc_status turn_put(float **slot, const float *src, int64_t n) {
+    free(*slot);
+    if (!(*slot = malloc((size_t)n * sizeof(float) + 1))) return mmc_error(MMC_ERR_OOM, "out of memory");
+    if (src) memcpy(*slot, src, (size_t)n * sizeof(float));
+    else memset(*slot, 0, (size_t)n * sizeof(float));
+    return MMC_OK;
+}
+static mmc_status turn_take(float **slot, float *dst, int64_t n, int k) {
+    MMC_CHECK(*slot, "pipeline: DualPipeV's turn has nothing for micro-batch %d (schedule out of order)", k + 1);
+    memcpy(dst, *slot, (size_t)n * sizeof(float));
+    free(*slot);
+    *slot = NULL;
+    return MMC_OK;
+}
 
 /* Forward of micro-batch k through chunk c: embed or receive, the chunk's layers, then send on
  * or (last virtual stage) the loss. */
@@ -367,7 +528,9 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
         x = mmc_qwen2_embed(ctx, m, ids);                                        /* [B, T, C] */
     } else if (!first_vs(p, c)) {   /* (Qwen2-VL's first stage: x holds the embeddings with the features) */
         x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, T, C));                        /* [B, T, C] from the stage before */
-        if ((st = recv_timed(p, x->data, B * T * C, prev_rank(p), TAG_CHUNK + 2 * c)))
+        if (prev_rank(p, c) == p->stage) st = turn_take(&p->turn_act[k], x->data, B * T * C, k);
+        else st = recv_timed(p, x->data, B * T * C, prev_rank(p, c), TAG_CHUNK + 2 * c);
+        if (st)
             return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's activations", p->stage, k + 1);
         x->flags |= MMC_REQUIRES_GRAD;   /* a leaf whose gradient goes back */
         sl->in = x;
@@ -398,24 +561,39 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     }
     x = mmc_contiguous(ctx, x);
     sl->out = x;
+    if (next_rank(p, c) == p->stage) return turn_put(&p->turn_act[k], x->data, B * T * C);
     p->bytes += (int64_t)mmc_nbytes(x);
-    if ((st = mmc_send_start(p->pp, x->data, B * T * C, MMC_F32, next_rank(p), TAG_CHUNK + 2 * next_chunk(p, c),
+    if ((st = mmc_send_start(p->pp, x->data, B * T * C, MMC_F32, next_rank(p, c), TAG_CHUNK + 2 * next_chunk(p, c),
                              &sl->act_req)))
         return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's activations", p->stage, k + 1);
     return MMC_OK;
 }
 
-static mmc_status stage_backward(mmc_pp *p, int c, int k, int M) {
+/* the slot's micro-batch is done with: its activations go */
+static void release_slot(pp_slot *sl) {
+    mmc_ctx_reset(sl->ctx);
+    sl->out = sl->in = NULL;
+    sl->busy = false;
+}
+
+/* Backward of micro-batch k through chunk c; input_only: the weight halves stay queued in the
+ * slot's context for stage_weight (DualPipeV's B), else the whole backward. */
+static mmc_status stage_backward(mmc_pp *p, int c, int k, int M, bool input_only) {
     pp_slot *sl = &p->slots[p->slot_of[c * M + k]];
     mmc_ctx *ctx = sl->ctx;
     mmc_tensor *y = sl->out;
     mmc_status st;
+    mmc_set_defer_weight_grads(ctx, input_only);
     if (last_vs(p, c)) {
         mmc_backward(ctx, y);
     } else {
         mmc_tensor *g = mmc_grad(ctx, y);   /* [B, T, C] zeros: y has no consumer here */
-        if ((st = recv_timed(p, g->data, mmc_numel(y), next_rank(p), TAG_CHUNK + 2 * c + 1)))
+        if (next_rank(p, c) == p->stage) st = turn_take(&p->turn_grad[k], g->data, mmc_numel(y), k);
+        else st = recv_timed(p, g->data, mmc_numel(y), next_rank(p, c), TAG_CHUNK + 2 * c + 1);
+        if (st) {
+            mmc_set_defer_weight_grads(ctx, false);
             return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's gradient", p->stage, k + 1);
+        }
         /* the next stage has used our activations: the send is complete (or completes now) */
         if ((st = mmc_dist_wait(sl->act_req))) return st;
         sl->act_req = NULL;
@@ -425,7 +603,11 @@ static mmc_status stage_backward(mmc_pp *p, int c, int k, int M) {
             mmc_set_grad_enabled(ctx, prev);
         }
     }
-    if (!first_vs(p, c)) {
+    mmc_set_defer_weight_grads(ctx, false);
+    if (!first_vs(p, c) && prev_rank(p, c) == p->stage) {   /* DualPipeV's turn */
+        mmc_tensor *x = sl->in;
+        if ((st = turn_put(&p->turn_grad[k], x->grad ? x->grad->data : NULL, mmc_numel(x)))) return st;
+    } else if (!first_vs(p, c)) {
         mmc_tensor *x = sl->in;
         const int64_t n = mmc_numel(x);
         if ((st = mmc_dist_wait(sl->grad_req))) return st;   /* the slot's previous send */
@@ -438,13 +620,20 @@ static mmc_status stage_backward(mmc_pp *p, int c, int k, int M) {
         if (x->grad) memcpy(sl->grad_buf, x->grad->data, (size_t)n * sizeof(float));
         else memset(sl->grad_buf, 0, (size_t)n * sizeof(float));   /* nothing trainable reached it */
         p->bytes += n * (int64_t)sizeof(float);
-        if ((st = mmc_send_start(p->pp, sl->grad_buf, n, MMC_F32, prev_rank(p), TAG_CHUNK + 2 * prev_chunk(p, c) + 1,
+        if ((st = mmc_send_start(p->pp, sl->grad_buf, n, MMC_F32, prev_rank(p, c), TAG_CHUNK + 2 * prev_chunk(p, c) + 1,
                                  &sl->grad_req)))
             return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's gradient", p->stage, k + 1);
     }
-    mmc_ctx_reset(ctx);   /* this micro-batch's activations are done with */
-    sl->out = sl->in = NULL;
-    sl->busy = false;
+    if (!input_only) release_slot(sl);   /* this micro-batch's activations are done with */
+    return MMC_OK;
+}
+
+/* DualPipeV's W: the weight halves the B of micro-batch k through chunk c queued, then its slot goes */
+static mmc_status stage_weight(mmc_pp *p, int c, int k, int M) {
+    pp_slot *sl = &p->slots[p->slot_of[c * M + k]];
+    MMC_CHECK(sl->busy, "pipeline: W of micro-batch %d chunk %d without its B (schedule out of order)", k + 1, c);
+    mmc_backward_weights(sl->ctx);
+    release_slot(sl);
     return MMC_OK;
 }
 
@@ -452,25 +641,46 @@ mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, doub
     *loss = 0;
     p->bytes = 0;
     p->recv_s = 0;
-    const int nops = 2 * M * p->v;
+    const int nops = p->dualpipev ? 6 * M : 2 * M * p->v;   /* (DualPipeV: capacity) */
     mmc_pp_op *ops = malloc(sizeof *ops * (size_t)nops);
     int *slot_of = realloc(p->slot_of, sizeof *slot_of * (size_t)(M * p->v));
     if (!ops || !slot_of) { free(ops); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     p->slot_of = slot_of;
-    const int n = mmc_pp_schedule(p->P, p->v, p->stage, M, ops);
-    mmc_status st = n == nops ? MMC_OK : mmc_error(MMC_ERR_INVALID, "pipeline: %d micro-batches do not make a schedule "
+    if (p->dualpipev && p->turn_cap < M) {
+        float **a = realloc(p->turn_act, sizeof *a * (size_t)M), **g = a ? realloc(p->turn_grad, sizeof *g * (size_t)M) : NULL;
+        if (a) p->turn_act = a;
+        if (g) p->turn_grad = g;
+        if (!a || !g) { free(ops); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+        for (int i = p->turn_cap; i < M; i++) a[i] = g[i] = NULL;
+        p->turn_cap = M;
+    }
+    const int n = p->dualpipev ? mmc_pp_schedule_dualpipev(p->P, p->stage, M, ops) : mmc_pp_schedule(p->P, p->v, p->stage, M, ops);
+    mmc_status st = p->dualpipev ? (n > 0 ? MMC_OK : mmc_error(MMC_ERR_INVALID, "pipeline: DualPipeV over %d stages "
+                                                                "needs at least %d micro-batches per step (2 x stages), "
+                                                                "got %d", p->P, 2 * p->P, M))
+                  : n == nops ? MMC_OK : mmc_error(MMC_ERR_INVALID, "pipeline: %d micro-batches do not make a schedule "
                                                    "over %d stages x %d chunks (interleaving needs a multiple of the "
                                                    "stages)", M, p->P, p->v);
-    int fly = 0, need = 0;   /* contexts: the most micro-batches in flight */
+    int fly = 0, need = 0;   /* contexts: the most micro-batches in flight (a split backward holds its own until W) */
     for (int i = 0; i < n; i++) {
-        fly += ops[i].kind == MMC_PP_FORWARD ? 1 : -1;
+        fly += ops[i].kind == MMC_PP_FORWARD ? 1 : ops[i].kind == MMC_PP_BACKWARD_INPUT ? 0 : -1;
         need = fly > need ? fly : need;
     }
     if (!st) st = ensure_slots(p, need);
-    for (int i = 0; i < n && !st; i++)
-        st = ops[i].kind == MMC_PP_FORWARD ? stage_forward(p, ops[i].chunk, ops[i].mb, M, &mbs[ops[i].mb], scale, loss)
-                                           : stage_backward(p, ops[i].chunk, ops[i].mb, M);
+    for (int i = 0; i < n && !st; i++) {
+        const mmc_pp_op o = ops[i];
+        switch (o.kind) {
+        case MMC_PP_FORWARD: st = stage_forward(p, o.chunk, o.mb, M, &mbs[o.mb], scale, loss); break;
+        case MMC_PP_BACKWARD: st = stage_backward(p, o.chunk, o.mb, M, false); break;
+        case MMC_PP_BACKWARD_INPUT: st = stage_backward(p, o.chunk, o.mb, M, true); break;
+        default: st = stage_weight(p, o.chunk, o.mb, M); break;
+        }
+    }
     free(ops);
+    for (int i = 0; i < p->turn_cap; i++) {   /* (left over only after an error) */
+        free(p->turn_act[i]), free(p->turn_grad[i]);
+        p->turn_act[i] = p->turn_grad[i] = NULL;
+    }
     for (int i = 0; i < p->n_slots; i++) {   /* the last gradients sent back */
         pp_slot *sl = &p->slots[i];
         mmc_status s2 = mmc_dist_wait(sl->grad_req);

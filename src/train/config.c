@@ -20,6 +20,7 @@ static const char *const k_dtypes[] = {"f32", "bf16", NULL};
 static const char *const k_recompute[] = {"none", "full", NULL};
 static const char *const k_quant[] = {"none", "nf4", NULL};
 static const char *const k_cp_mode[] = {"ulysses", "ring", NULL};   /* = mmc_cp_mode */
+static const char *const k_pp_sched[] = {"1f1b", "dualpipev", NULL};   /* = mmc_pp_schedule_kind */
 static const char *const k_opt[] = {"adamw", NULL};
 static const char *const k_sched[] = {"constant", "linear", "cosine", NULL};
 static const char *const k_backends[] = {"pil", "torchvision", NULL};   /* = mmc_vlproc_resize_mode */
@@ -125,6 +126,10 @@ static const mmc_cfg_field k_parallel[] = {
       "P x v entries, virtual stage c P + s on rank s)"),
     F(mmc_parallel_cfg, pipeline_virtual, MMC_CFG_INT, 1, 16, NULL, NULL,
       "model chunks per pipeline rank: interleaved 1F1B, bubble / v (Megatron's virtual pipeline size)"),
+    F(mmc_parallel_cfg, pipeline_schedule, MMC_CFG_ENUM, U, k_pp_sched, NULL,
+      "1f1b (interleaved with pipeline_virtual > 1) | dualpipev (two chunks per rank in a V, backward split into "
+      "input- and weight-gradient halves; needs 2 x pipeline_parallel micro-batches per step and data-parallel "
+      "rank; pipeline_layers then gives 2 x pipeline_parallel counts)"),
     F(mmc_parallel_cfg, context_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
       "context-parallel ranks: each sequence split over them (attention as context_parallel_mode says)"),
     F(mmc_parallel_cfg, context_parallel_mode, MMC_CFG_ENUM, U, k_cp_mode, NULL,
@@ -313,7 +318,23 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->pipeline_virtual > 1 && p->pipeline_parallel < 2)
         return verr(c, root, "parallel", "pipeline_virtual", "%lld needs pipeline_parallel 2 or more (the chunks of "
                     "a rank interleave with the other stages')", (long long)p->pipeline_virtual);
-    if (p->pipeline_layers.n && p->pipeline_layers.n != p->pipeline_parallel * p->pipeline_virtual) {
+    if (p->pipeline_schedule == MMC_PP_SCHED_DUALPIPEV) {
+        if (p->pipeline_parallel < 2)
+            return verr(c, root, "parallel", "pipeline_schedule", "dualpipev needs pipeline_parallel 2 or more (got "
+                        "%lld): it folds 2 x pipeline_parallel virtual stages into a V over the ranks",
+                        (long long)p->pipeline_parallel);
+        if (p->pipeline_virtual > 1)
+            return verr(c, root, "parallel", "pipeline_virtual", "%lld with pipeline_schedule dualpipev: DualPipeV "
+                        "always holds two chunks per rank (stages r and 2P-1-r); leave pipeline_virtual at 1",
+                        (long long)p->pipeline_virtual);
+        if (p->pipeline_layers.n && p->pipeline_layers.n != 2 * p->pipeline_parallel)
+            return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_schedule dualpipev over "
+                        "pipeline_parallel %lld makes %lld virtual stages (rank r holds the r-th and the (2P-1-r)-th): "
+                        "give one decoder-layer count per virtual stage", p->pipeline_layers.n,
+                        (long long)p->pipeline_parallel, (long long)(2 * p->pipeline_parallel));
+    }
+    if (p->pipeline_schedule != MMC_PP_SCHED_DUALPIPEV && p->pipeline_layers.n &&
+        p->pipeline_layers.n != p->pipeline_parallel * p->pipeline_virtual) {
         if (p->pipeline_virtual > 1)
             return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel %lld x "
                         "pipeline_virtual %lld makes %lld virtual stages: give one decoder-layer count per virtual "

@@ -58,7 +58,16 @@ mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
                          "through the stages in groups of pipeline_parallel %d, but a step has %lld per data-parallel "
                          "rank (data.batch_size / micro_batch_size / data_parallel): use a multiple of %d", c->file,
                          (long long)v, P, (long long)M, P);
-    if (t->rank == 0 && M < P)
+    if (c->parallel.pipeline_schedule == MMC_PP_SCHED_DUALPIPEV) {
+        t->pp_v = 2;   /* the V's two chunks */
+        if (M < 2 * P)
+            return mmc_error(MMC_ERR_INVALID, "%s: pipeline_schedule dualpipev over pipeline_parallel %d needs at least "
+                             "%d micro-batches per step and data-parallel rank (2 x stages: rank 0 feeds 2P-1 into the "
+                             "V before the first comes back), but a step has %lld (data.batch_size / "
+                             "micro_batch_size / data_parallel); raise data.batch_size to %lld or use "
+                             "pipeline_schedule 1f1b", c->file, P, 2 * P, (long long)M,
+                             (long long)(2 * P * c->data.micro_batch_size * t->dp_size));
+    } else if (t->rank == 0 && M < P)
         fprintf(stderr, "mmc train: warning: %lld micro-batch%s per step and data-parallel rank (data.batch_size / "
                 "micro_batch_size / data_parallel) is fewer than the %d pipeline stages: 1F1B keeps stages idle "
                 "%.0f%% of each step ((P-1)/(M+P-1)); use at least %d micro-batches, better 4 x %d\n", (long long)M,
@@ -84,20 +93,29 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2 or Qwen2-VL / Qwen2.5-VL "
                          "so far; %s is not split into stages yet: use data parallelism for it", c->file,
                          t->llava ? "LLaVA" : t->internvl ? "InternVL" : "a diffusion model");
-    const int v = t->pp_v, nv = P * v;   /* virtual stages: chunk c of rank s is c P + s */
+    const bool dpv = c->parallel.pipeline_schedule == MMC_PP_SCHED_DUALPIPEV;
+    const int v = t->pp_v, nv = P * v;   /* virtual stages: chunk c of rank s is c P + s (DualPipeV: s, 2P-1-s) */
     if (nv > 256) return mmc_error(MMC_ERR_INVALID, "%s: more than 256 (virtual) pipeline stages", c->file);
     int64_t sizes[256], bounds[257];
     const int ns = c->parallel.pipeline_layers.n;
     for (int i = 0; i < ns && i < 256; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
     mmc_status st = mmc_pp_split_layers(t->lm->cfg.num_layers, nv, sizes, ns, bounds);
+    if (st && dpv) return mmc_error_prefix(st, "%s: DualPipeV's %d stages x 2 chunks = %d virtual stages", c->file, P, nv);
     if (st && v > 1) return mmc_error_prefix(st, "%s: %d stages x %d chunks (pipeline_virtual) = %d virtual stages", c->file, P, v, nv);
     if (st) return mmc_error_prefix(st, "%s", c->file);
-    t->pp_tied = t->lm->lm_head == t->lm->embed;
-    for (int k = 0; k < v; k++) t->pp_l0[k] = bounds[k * P + s], t->pp_l1[k] = bounds[k * P + s + 1];
-    if ((st = t->vl ? mmc_pp_trim_qwen2_vl(t->vl, s, P, v, t->pp_l0, t->pp_l1)
-                    : mmc_pp_trim_qwen2_chunks(t->lm, s, P, v, t->pp_l0, t->pp_l1)))
+    /* tied embeddings: summed between two stages, unless (DualPipeV) rank 0 holds both uses */
+    t->pp_tied = t->lm->lm_head == t->lm->embed && !dpv;
+    for (int k = 0; k < v; k++) {
+        const int j = dpv ? mmc_pp_dualpipev_vstage(P, s, k) : k * P + s;
+        t->pp_l0[k] = bounds[j], t->pp_l1[k] = bounds[j + 1];
+    }
+    const int last = dpv ? 0 : P - 1;   /* the rank with the final norm, lm_head and loss */
+    if ((st = t->vl ? mmc_pp_trim_qwen2_vl_at(t->vl, s, last, v, t->pp_l0, t->pp_l1)
+                    : mmc_pp_trim_qwen2_at(t->lm, s, last, v, t->pp_l0, t->pp_l1)))
         return st;
-    if ((st = mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp))) return st;
+    if ((st = dpv ? mmc_pp_new_dualpipev(t->groups.pp, t->lm, t->pp_l0, t->pp_l1, &t->pp)
+                  : mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp)))
+        return st;
     if (t->vl) mmc_pp_set_vl(t->pp, t->vl);
     /* the memory figures from here on are the stage's own (the full model was read first) */
     FILE *f = fopen("/proc/self/clear_refs", "w");
@@ -108,9 +126,19 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
         if (t->tp_size > 1) snprintf(tps, sizeof tps, " x tensor parallelism %d", t->tp_size);
         char vs[64] = "";
         if (v > 1) snprintf(vs, sizeof vs, " interleaved (%d chunks per rank)", v);
-        fprintf(stderr, "mmc train: pipeline parallelism %d stages%s x data parallelism %d (%s), 1F1B%s over %d "
-                "micro-batches per step (bubble (P-1)/(%sM+P-1) = %.1f%%); stage layers:", P, tps, t->dp_size,
-                mmc_comm_backend_name(t->world), vs, M, v > 1 ? "v " : "", 100.0 * mmc_pp_bubble_fraction_v(P, v, M));
+        if (dpv) {   /* the simulator's figure (forward : input grad : weight grad = 1 : 1 : 1) against 1F1B's */
+            double b_dpv = 0, b_1f1b = 0;
+            mmc_pp_simulate_dualpipev(P, M, 1.0, 1.0, 1.0, &b_dpv);
+            mmc_pp_simulate(P, M, 1.0, 2.0, &b_1f1b);
+            fprintf(stderr, "mmc train: pipeline parallelism %d stages%s x data parallelism %d (%s), DualPipeV (2 chunks "
+                    "per rank in a V, split backward) over %d micro-batches per step (simulated bubble %.1f%%, 1F1B "
+                    "%.1f%%); virtual stage layers down | up:", P, tps, t->dp_size, mmc_comm_backend_name(t->world), M,
+                    100.0 * b_dpv, 100.0 * b_1f1b);
+        } else {
+            fprintf(stderr, "mmc train: pipeline parallelism %d stages%s x data parallelism %d (%s), 1F1B%s over %d "
+                    "micro-batches per step (bubble (P-1)/(%sM+P-1) = %.1f%%); stage layers:", P, tps, t->dp_size,
+                    mmc_comm_backend_name(t->world), vs, M, v > 1 ? "v " : "", 100.0 * mmc_pp_bubble_fraction_v(P, v, M));
+        }
         for (int k = 0; k < nv; k++)
             fprintf(stderr, "%s[%lld, %lld)", v > 1 && k % P == 0 ? (k ? " | " : " ") : " ", (long long)bounds[k],
                     (long long)bounds[k + 1]);
