@@ -43,7 +43,7 @@ int main(void) {
     mmc_qwen2_config c = {.vocab_size = 16, .hidden_size = 896, .intermediate_size = 4864,
                           .num_layers = 1, .num_heads = 14, .num_kv_heads = 2, .head_dim = 64,
                           .max_position_embeddings = 4096, .rms_norm_eps = 1e-6,
-                          .rope_theta = 1e6};
+                          .rope_theta = 1e6, .qkv_bias = true};
     double base0 = bench_mem_baseline();
     args_t a = {.ctx = mmc_ctx_new(), .T = 512};
     if (mmc_qwen2_new(&c, 1, &a.m)) { fprintf(stderr, "%s\n", mmc_last_error()); return 1; }
