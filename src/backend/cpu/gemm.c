@@ -118,9 +118,11 @@ static void ukr_avx2_6x16(int64_t kc, const float *restrict Ap, const float *res
  * start, where the lines left L1 again during a long K */
 #define UKR_CPF 128
 #define SMALL_M 4 /* M <= SMALL_M: the unpacked matvec path */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *restrict Bp,
-                             float *restrict C, int64_t ldc, float alpha, float beta) {
+/* One body for both variants (bpf: the B prefetch below, a compile-time constant). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
+static inline void ukr_avx512_14x32_body(const bool bpf_on, int64_t kc, const float *restrict Ap,
+                                         const float *restrict Bp, float *restrict C, int64_t ldc,
+                                         float alpha, float beta, int64_t bpf) {
     __m512 c0[MR512], c1[MR512];
 #pragma GCC unroll 14
     for (int i = 0; i < MR512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
@@ -135,6 +137,10 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
                 _mm_prefetch((const char *)(C + i * ldc + 31), _MM_HINT_T0);
             }
         __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
+        if (bpf_on) {
+            _mm_prefetch((const char *)(Bp + bpf), _MM_HINT_T0);
+            _mm_prefetch((const char *)(Bp + bpf + 16), _MM_HINT_T0);
+        }
         _mm_prefetch((const char *)(Ap + 8 * MR512), _MM_HINT_T0);
 #pragma GCC unroll 14
         for (int i = 0; i < MR512; i++) {
@@ -162,55 +168,24 @@ static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *
     }
 }
 
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+static void ukr_avx512_14x32(int64_t kc, const float *restrict Ap, const float *restrict Bp,
+                             float *restrict C, int64_t ldc, float alpha, float beta) {
+    ukr_avx512_14x32_body(false, kc, Ap, Bp, C, ldc, alpha, beta, 0);
+}
+
 /* The same kernel with the B micro-panel's lines prefetched into L1 a few k steps ahead (two
  * 64-byte lines per k step). Where the B micro-panel (KC x 32 floats, 128 KiB at KC = 1024)
  * lives in L2, each k step misses L1 on both B lines; Zen's L1 prefetcher keeps up with that
- * stream, Intel's does not (measured below, in the blocking notes of cpuinfo.c). Chosen for
- * the AVX-512 kernel by vendor (MMC_GEMM_UKR=plain|bpf overrides); results are the same bits
- * (prefetches change no arithmetic). */
+ * stream, Intel's does not: on the Intel VM (1 thread, CPU time, three alternations) x·Wᵀ ran
+ * at 164-177 GFLOP/s against 147-157 plain, dy·W +2-8 %, dyᵀ·x +6-8 %. Chosen for the AVX-512
+ * kernel by vendor (MMC_GEMM_UKR=plain|bpf overrides); results are the same bits (prefetches
+ * change no arithmetic). */
 static int g_ukr_bpf = 8; /* k steps ahead (MMC_GEMM_BPF) */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 static void ukr_avx512_14x32_bpf(int64_t kc, const float *restrict Ap, const float *restrict Bp,
                                  float *restrict C, int64_t ldc, float alpha, float beta) {
-    __m512 c0[MR512], c1[MR512];
-#pragma GCC unroll 14
-    for (int i = 0; i < MR512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
-    const int64_t kpf = kc > UKR_CPF ? kc - UKR_CPF : 0, bpf = 32 * (int64_t)g_ukr_bpf;
-    for (int64_t k = 0; k < kc; k++) {
-        if (k == kpf)
-#pragma GCC unroll 14
-            for (int i = 0; i < MR512; i++) {
-                _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-                _mm_prefetch((const char *)(C + i * ldc + 31), _MM_HINT_T0);
-            }
-        __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
-        _mm_prefetch((const char *)(Bp + bpf), _MM_HINT_T0);
-        _mm_prefetch((const char *)(Bp + bpf + 16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(Ap + 8 * MR512), _MM_HINT_T0);
-#pragma GCC unroll 14
-        for (int i = 0; i < MR512; i++) {
-            __m512 a = _mm512_set1_ps(Ap[i]);
-            c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-            c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
-        }
-        Ap += MR512;
-        Bp += 32;
-    }
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    if (beta == 0.0f) {
-#pragma GCC unroll 14
-        for (int i = 0; i < MR512; i++) {
-            _mm512_storeu_ps(C + i * ldc, _mm512_mul_ps(va, c0[i]));
-            _mm512_storeu_ps(C + i * ldc + 16, _mm512_mul_ps(va, c1[i]));
-        }
-    } else {
-#pragma GCC unroll 14
-        for (int i = 0; i < MR512; i++) {
-            float *c = C + i * ldc;
-            _mm512_storeu_ps(c, _mm512_fmadd_ps(va, c0[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c))));
-            _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, c1[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c + 16))));
-        }
-    }
+    ukr_avx512_14x32_body(true, kc, Ap, Bp, C, ldc, alpha, beta, 32 * (int64_t)g_ukr_bpf);
 }
 
 /* The f32 kernel for the first `rows` rows of a tile only: a partial row tile (M not a multiple
