@@ -8,9 +8,11 @@
  * The micro-kernel keeps the MR×NR tile of C in vector registers (AVX-512: 14×32 in 28 zmm,
  * AVX2: 6×16 in 12 ymm, generic C: 4×16), picked at run time with __builtin_cpu_supports;
  * each kernel is compiled with a target attribute so the library runs on any x86-64.
+ * On Intel the AVX-512 kernel also prefetches its B micro-panel into L1 (ukr_avx512_14x32_bpf).
  * bf16 B (weights) is widened to f32 while packing, so the bf16 GEMM runs the f32 kernel; only
- * inference GEMMs (mmc_gemm_bf16_infer) may, when MMC_GEMM_BF16=dot asks and the CPU has
- * AVX512_BF16, run a vdpbf16ps kernel on bf16 pairs instead (A rounded to bf16: opt-in).
+ * inference GEMMs (mmc_gemm_bf16_infer) may, when MMC_GEMM_BF16=dot / --bf16-matmul asks, run a
+ * bf16-product kernel instead (A rounded to bf16: opt-in): AMX tiles (ukr_amx_32x32) where the
+ * CPU and the OS offer them, else vdpbf16ps with AVX512_BF16.
  * MC/KC/NC are derived at start-up from the CPU's caches (cpuinfo.c), per kernel.
  * Edge tiles are computed into a small stack tile (packing pads with zeros) and merged.
  *
