@@ -428,7 +428,10 @@ for k in range(MAX_CONN):
 
 
 def drain(sk, out, streaming):
-    data = b""
+    """Read one holder's stream; release `streaming` once, when its first token arrives (releasing
+    on every later read let a few fast streams stand in for the slow ones, and the wait below
+    ended before every holder had streamed: seen under ASan)."""
+    data, seen = b"", False
     sk.settimeout(0.2)
     while not stop_reading.is_set():
         try:
@@ -441,7 +444,8 @@ def drain(sk, out, streaming):
             break
         if len(data) < 4096:
             data += b
-            if b'"text"' in data:
+            if not seen and b'"text"' in data:
+                seen = True
                 streaming.release()
     out.append(data)
 
