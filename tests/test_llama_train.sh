@@ -25,9 +25,7 @@ F=tests/fixtures/llama_train
 PY=${MMC_REF_PYTHON:-.venv-ref/bin/python}
 [ -x "$MMC" ] || { echo "test_llama_train: skipped: no mmc binary at $MMC"; exit 77; }
 W=$(mktemp -d /tmp/mmc_test_llama_train.XXXXXX); trap 'rm -rf "$W"' EXIT
-. tests/train_check.sh   # ok / bad, st_floats, maxdiff, within, losses
-maxrel() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d}
-                                 END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
+. tests/train_check.sh   # ok / bad, st_floats, maxdiff, maxrel, within, losses
 
 cat > "$W/full.yaml" <<YAML
 model: {path: $F/tiny, dtype: f32}

@@ -25,30 +25,7 @@ W=$(mktemp -d /tmp/mmc_test_moe_tp.XXXXXX); trap 'rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=1 MMC_DIST_TIMEOUT=${MMC_DIST_TIMEOUT:-60} OMPI_MCA_orte_tmpdir_base="$W"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
 export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-fail=0; n=0
-ok()  { n=$((n+1)); }
-bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
-losses() { sed -n 's/^step \([0-9]*\)\/[0-9]* loss \([0-9.]*\).*/\2/p' "$1"; }
-maxrel() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d}
-                                 END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
-within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d != "nan" && d + 0 <= t + 0)}'; }
-# max |a - b| over two safetensors files with the same f32 tensors (python3's standard library only)
-stdiff() {
-  python3 - "$1" "$2" <<'PYEOF'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
-    for k, v in h.items():
-        if k != "__metadata__":
-            s, e = v["data_offsets"]
-            out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e]) if v["dtype"] == "F32" else None
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-if sorted(a) != sorted(b) or any(v is None for v in a.values()):
-    print("nan"); sys.exit()
-print("%.3g" % max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a))
-PYEOF
-}
+. tests/train_check.sh   # ok / bad, losses, maxrel, within, stdiff
 L=(timeout -k 10 120 "$MMC" launch)
 
 # 4 micro-batches of 16 synthetic tokens per step: 1 per rank at dp 4, 2 at dp 2, 4 at dp 1

@@ -1,5 +1,5 @@
 # train_check.sh — helpers the `mmc train` parity tests source (test_llava_train.sh, test_llama_train.sh,
-# test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh): pass / fail counting, a tensor of a
+# test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh, test_moe_train.sh, test_moe_tp.sh): pass / fail counting, a tensor of a
 # .safetensors as text, and comparisons of number columns.
 fail=0; n=0
 ok()  { n=$((n+1)); }
@@ -19,6 +19,9 @@ st_floats() {
 maxdiff() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d}
                                   END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
 within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d != "nan" && d + 0 <= t + 0)}'; }
+# max |a - b| / |b| over two files of one number per line ("nan" as maxdiff)
+maxrel() { paste "$1" "$2" | awk 'NF != 2 {bad = 1} {d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d}
+                                 END {if (bad || NR == 0) print "nan"; else printf "%.3g\n", m}'; }
 # the per-step losses of an `mmc train` log
 losses() { sed -n 's/^step \([0-9]*\)\/[0-9]* loss \([0-9.]*\).*/\2/p' "$1"; }
 # |a - b| / |b - c| (2-norms) over three files of one number per line: how far a trained tensor a
@@ -27,3 +30,20 @@ relupdate() { paste "$1" "$2" "$3" | awk 'NF != 3 {bad = 1} {d = $1 - $2; e = $2
                                           END {if (bad || t == 0) print "nan"; else printf "%.3g\n", sqrt(s / t)}'; }
 # the larger of two numbers ("nan" when either is)
 maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (a == "nan" || b == "nan") ? "nan" : (b + 0 > a + 0 ? b : a)}'; }
+# max |a - b| over two safetensors files with the same f32 tensors (python3's standard library only)
+stdiff() {
+  python3 - "$1" "$2" <<'PYEOF'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k != "__metadata__":
+            s, e = v["data_offsets"]
+            out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e]) if v["dtype"] == "F32" else None
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+if sorted(a) != sorted(b) or any(v is None for v in a.values()):
+    print("nan"); sys.exit()
+print("%.3g" % max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a))
+PYEOF
+}
