@@ -771,12 +771,14 @@ TBF16 static void pack_a_dot(bool ta, const float *A, int64_t lda, int64_t m0, i
 }
 
 /* One NR=32 panel of bf16 B, columns [n0, n0+cols) × k [k0, k0+kc): Bp[q][j] = (op(B)[k0+2q][j],
- * op(B)[k0+2q+1][j]), zero past cols. [N, K] rows already hold k pairs side by side: 16×16
+ * op(B)[k0+2q+1][j]), zero past cols, and zero pair rows from (kc+1)/2 up to ks (the panel's rows,
+ * kslots: the AMX kernel's whole tile steps). [N, K] rows already hold k pairs side by side: 16×16
  * transposes of 32-bit words. [K, N]: rows 2q and 2q+1 widened to 32 bits and interleaved. */
 TBF16 static void pack_b_dot(bool tb, const uint16_t *B, int64_t ldb, int64_t n0, int64_t cols, int64_t k0,
-                             int64_t kc, float *Bp_) {
+                             int64_t kc, int64_t ks, float *Bp_) {
     uint32_t *Bp = (uint32_t *)Bp_;
     const int nr = 32;
+    if (ks > (kc + 1) / 2) memset(Bp + (kc + 1) / 2 * nr, 0, (size_t)(ks - (kc + 1) / 2) * nr * sizeof(uint32_t));
     for (int g = 0; g < nr; g += 16) {
         const int w = cols - g > 16 ? 16 : cols - g > 0 ? (int)(cols - g) : 0;
         if (tb) {
@@ -837,12 +839,6 @@ TBF16 static void pack_a_amx(bool ta, const float *A, int64_t lda, int64_t m0, i
     }
 }
 
-/* Zero the pair rows of a packed B panel between (kc+1)/2 and the whole tile step. */
-static void pad_b_amx(int64_t kc, float *Bp) {
-    const int64_t q0 = (kc + 1) / 2, q1 = (kc + 31) / 32 * 16;
-    if (q1 > q0) memset(Bp + q0 * 32, 0, (size_t)(q1 - q0) * 32 * sizeof(float));
-}
-
 /* Pack rows [m0, m0+mc) × k [k0, k0+kc) of op(A) into MR-row panels: Ap[p][k][i]. */
 static void pack_a(const kdesc *kd, bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc,
                    int64_t k0, int64_t kc, float *restrict Ap) {
@@ -894,8 +890,7 @@ static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int6
                          int64_t n0, int64_t cols, int64_t k0, int64_t kc, float *restrict Bp) {
     const int nr = kd->nr;
     if (kd == &K_BF16DOT || kd == &K_AMX) {
-        pack_b_dot(tb, (const uint16_t *)B, ldb, n0, cols, k0, kc, Bp);
-        if (kd == &K_AMX) pad_b_amx(kc, Bp);
+        pack_b_dot(tb, (const uint16_t *)B, ldb, n0, cols, k0, kc, kslots(kd, kc), Bp);
         return;
     }
     if (tb && kd == &K_AVX512) { /* B stored [N, K]: two 16-row transposes per panel */
@@ -972,8 +967,7 @@ static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, i
         for (int64_t p = p0; p < p1; p++) {
             const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
             float *bp = Bp + p * nr * kslots(kd, kc);
-            pack_b_dot(false, (const uint16_t *)B, ldb, jc + c0, cols, k0, kc, bp);
-            if (kd == &K_AMX) pad_b_amx(kc, bp);
+            pack_b_dot(false, (const uint16_t *)B, ldb, jc + c0, cols, k0, kc, kslots(kd, kc), bp);
         }
         return;
     }
