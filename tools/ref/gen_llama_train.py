@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, get_cosine_schedule_with_warmup
 from transformers import MistralConfig, MistralForCausalLM
 
-from ref_common import float64_throughout
+from ref_common import float64_throughout, lora_with_random_b, save_adapter_rel
 
 root = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(root, "tests/fixtures/llama_train")
@@ -125,24 +125,14 @@ full_parity(LlamaForCausalLM, tiny, "parity.safetensors")
 save_file({"input_ids": ids, "labels": labels.to(torch.int32)}, os.path.join(OUT, "batch.safetensors"))
 
 # ---- LoRA through PEFT
-from peft import LoraConfig, get_peft_model   # noqa: E402
 
 torch.manual_seed(1)
 base = LlamaForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="eager")
-pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                     target_modules=["q_proj", "v_proj", "down_proj"]))
-with torch.no_grad():
-    for n, p in pm.named_parameters():
-        if "lora_B" in n:
-            p.normal_(0.0, 0.02)
+pm = lora_with_random_b(base, ["q_proj", "v_proj", "down_proj"])
 
 
 def save_adapter(d):
-    pm.save_pretrained(os.path.join(OUT, d))
-    c = os.path.join(OUT, d, "adapter_config.json")
-    j = json.load(open(c))
-    j["base_model_name_or_path"] = "tests/fixtures/llama_train/tiny"   # relative to the repository root
-    json.dump(j, open(c, "w"), indent=2)
+    save_adapter_rel(pm, os.path.join(OUT, d), "tests/fixtures/llama_train/tiny")   # relative to the repository root
 
 
 save_adapter("lora_init")

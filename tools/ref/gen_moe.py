@@ -35,7 +35,7 @@ if os.environ.get("PYTHONHASHSEED") != "0":
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM, get_cosine_schedule_with_warmup
-from ref_common import float64_throughout
+from ref_common import float64_throughout, lora_with_random_b, save_adapter_rel
 
 root = os.path.join(os.path.dirname(__file__), "..", "..")
 OUT = os.path.join(root, "tests/fixtures/moe")
@@ -201,25 +201,14 @@ save_file(out, os.path.join(OUT, "train.safetensors"))
 save_file({"input_ids": bids, "labels": labels.to(torch.int32)}, os.path.join(OUT, "batch.safetensors"))
 
 # ---- LoRA through PEFT
-from peft import LoraConfig, get_peft_model   # noqa: E402
 
 torch.manual_seed(1)
 base = Qwen2MoeForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
-pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                     target_modules=["q_proj", "v_proj", "shared_expert.up_proj",
-                                                     "shared_expert.down_proj"]))
-with torch.no_grad():
-    for n, p in pm.named_parameters():
-        if "lora_B" in n:
-            p.normal_(0.0, 0.02)
+pm = lora_with_random_b(base, ["q_proj", "v_proj", "shared_expert.up_proj", "shared_expert.down_proj"])
 
 
 def save_adapter(d):
-    pm.save_pretrained(os.path.join(OUT, d))
-    c = os.path.join(OUT, d, "adapter_config.json")
-    j = json.load(open(c))
-    j["base_model_name_or_path"] = "tests/fixtures/moe/tiny"   # relative to the repository root
-    json.dump(j, open(c, "w"), indent=2)
+    save_adapter_rel(pm, os.path.join(OUT, d), "tests/fixtures/moe/tiny")   # relative to the repository root
 
 
 save_adapter("lora_init")

@@ -101,3 +101,27 @@ def ddpm_loss(sched, pred, x0, noise, timesteps, snr_gamma):
     loss = F.mse_loss(pred.float(), target.float(), reduction="none")
     loss = loss.mean(dim=list(range(1, len(loss.shape)))) * mse_loss_weights
     return loss.mean()
+
+
+def lora_with_random_b(base, target_modules, r=4, alpha=8, std=0.02):
+    """PEFT LoRA on base with lora_B drawn from N(0, std) instead of PEFT's zeros (zero B leaves
+    lora_A's gradient zero at the first step, so a parity test would not check it)."""
+    from peft import LoraConfig, get_peft_model
+    pm = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, std)
+    return pm
+
+
+def save_adapter_rel(pm, out_dir, base_rel):
+    """pm.save_pretrained(out_dir) with base_model_name_or_path rewritten to base_rel (a path
+    relative to the repository root, so mmc finds the base from a checkout)."""
+    import json
+    import os
+    pm.save_pretrained(out_dir)
+    c = os.path.join(out_dir, "adapter_config.json")
+    j = json.load(open(c))
+    j["base_model_name_or_path"] = base_rel
+    json.dump(j, open(c, "w"), indent=2)
