@@ -1237,6 +1237,71 @@ static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
         for (int64_t n = 0; n < N; n++) C[m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
 }
 
+/* Packs panels [p0, p1) of the B block (jc, pc) of nc columns and kc rows into Bp (panel p at
+ * p * nr * kslots): B [N, K] (tb) panel by panel, B [K, N] a group of panels per k row. */
+static void pack_b_block(const kdesc *kd, bool tb, const void *B, bool b16, int64_t ldb, int64_t jc,
+                         int64_t nc, int64_t p0, int64_t p1, int64_t pc, int64_t kc, float *Bp) {
+    const int nr = kd->nr;
+    if (!tb) {
+        pack_b_rows(kd, B, b16, ldb, jc, nc, p0, p1, pc, kc, Bp);
+        return;
+    }
+    const int64_t ks = kslots(kd, kc);
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
+        pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * ks);
+    }
+}
+
+/* The source of the B block packed after (jc, pc) — (jc, pc + KC) or (jc + NC, 0) within columns
+ * [jc, n1) — pulled into the caches a slice per (row block, panel) unit of this block's compute. */
+typedef struct {
+    bool on;
+    const char *base;
+    int64_t stride, segs, seg_bytes, units;
+} next_b;
+
+static next_b next_b_block(bool tb, const void *B, int64_t ldb, int64_t esz, int64_t jc, int64_t pc,
+                           int64_t n1, int64_t K, int64_t NC, int64_t KC, int64_t units) {
+    int64_t jn = jc, pn = pc + KC;
+    if (pn >= K) jn = jc + NC, pn = 0;
+    const int64_t nn = n1 - jn < NC ? n1 - jn : NC, kn = K - pn < KC ? K - pn : KC;
+    /* tb: rows n of B [N, K], each kn elements; else rows k of B [K, N], each nn */
+    return (next_b){.on = jn < n1,
+                    .base = (const char *)B + (tb ? jn * ldb + pn : pn * ldb + jn) * esz,
+                    .stride = ldb * esz,
+                    .segs = tb ? nn : kn,
+                    .seg_bytes = (tb ? kn : nn) * esz,
+                    .units = units};
+}
+
+static inline void next_b_prefetch(const next_b *nb, int64_t u) {
+    if (nb->on) prefetch_segs(nb->base, nb->stride, nb->seg_bytes, nb->segs * u / nb->units, nb->segs * (u + 1) / nb->units);
+}
+
+/* C[ic.., jc+j..] (rows mc, cols <= nr) of one packed B micro-panel bp against the packed A block:
+ * whole MR×NR tiles straight into C, edge tiles through the stack tile and merged. */
+static inline void panel_compute(const kdesc *kd, int64_t kc, int64_t ks, const float *Ap, const float *bp,
+                                 int64_t mc, int64_t cols, float *C, int64_t ldc, float alpha, float beta_k,
+                                 float *tile) {
+    const int mr = kd->mr, nr = kd->nr;
+    for (int64_t i = 0; i < mc; i += mr) {
+        const int64_t rows = mc - i < mr ? mc - i : mr;
+        float *c = C + i * ldc;
+        if (rows == mr && cols == nr) {
+            kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
+            continue;
+        }
+        if (rows < mr && kd->ukr_rows) kd->ukr_rows((int)rows, kc, Ap + i * ks, bp, tile);
+        else kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t q = 0; q < cols; q++) {
+                float s = alpha * tile[r * nr + q];
+                c[r * ldc + q] = beta_k == 0.0f ? s : s + beta_k * c[r * ldc + q];
+            }
+    }
+}
+
 /* One thread's GEMM on rows [m0, m1) × columns [n0, n1) of C (m0 a multiple of MR, n0 of NR,
  * so its register tiles are the tiles of the whole GEMM), the Goto loop nest with its own
  * packing buffers Ap (MC×KC) and Bp (KC × up to NC): no other thread reads them, so nothing
@@ -1246,7 +1311,7 @@ static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
 static void gemm_slice(const kdesc *kd, bool ta, bool tb, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
                        int64_t K, float alpha, const float *A, int64_t lda, const void *B, bool b16,
                        int64_t ldb, float beta, float *C, int64_t ldc, float *Ap, float *Bp) {
-    const int mr = kd->mr, nr = kd->nr;
+    const int nr = kd->nr;
     const int64_t MC = kd->mc, KC = kd->kc, esz = b16 ? 2 : 4;
     const int64_t w = n1 - n0, nblk = (w + kd->nc - 1) / kd->nc;
     const int64_t NC = ((w + nblk - 1) / nblk + nr - 1) / nr * nr;
@@ -1257,46 +1322,16 @@ static void gemm_slice(const kdesc *kd, bool ta, bool tb, int64_t m0, int64_t m1
         for (int64_t pc = 0; pc < K; pc += KC) {
             const int64_t kc = K - pc < KC ? K - pc : KC, ks = kslots(kd, kc);
             const float beta_k = pc == 0 ? beta : 1.0f;
-            if (tb) {
-                for (int64_t p = 0; p < npanels; p++) {
-                    const int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
-                    pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * ks);
-                }
-            } else {
-                pack_b_rows(kd, B, b16, ldb, jc, nc, 0, npanels, pc, kc, Bp);
-            }
-            int64_t nx_jc = jc, nx_pc = pc + KC;
-            if (nx_pc >= K) { nx_jc = jc + NC; nx_pc = 0; }
-            const bool nx = nx_jc < n1;
-            const int64_t nx_nc = n1 - nx_jc < NC ? n1 - nx_jc : NC, nx_kc = K - nx_pc < KC ? K - nx_pc : KC;
-            const int64_t nx_segs = tb ? nx_nc : nx_kc, nx_seg_bytes = (tb ? nx_kc : nx_nc) * esz;
-            const char *nx_base = (const char *)B + (tb ? nx_jc * ldb + nx_pc : nx_pc * ldb + nx_jc) * esz;
-            const int64_t units = mblocks * npanels;
+            pack_b_block(kd, tb, B, b16, ldb, jc, nc, 0, npanels, pc, kc, Bp);
+            const next_b nb = next_b_block(tb, B, ldb, esz, jc, pc, n1, K, NC, KC, mblocks * npanels);
             for (int64_t mb = 0; mb < mblocks; mb++) {
                 const int64_t ic = m0 + mb * MC, mc = m1 - ic < MC ? m1 - ic : MC;
                 pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
                 for (int64_t jp = 0; jp < npanels; jp++) {
-                    if (nx) {
-                        const int64_t u = mb * npanels + jp;
-                        prefetch_segs(nx_base, ldb * esz, nx_seg_bytes, nx_segs * u / units, nx_segs * (u + 1) / units);
-                    }
+                    next_b_prefetch(&nb, mb * npanels + jp);
                     const int64_t j = jp * nr, cols = nc - j < nr ? nc - j : nr;
-                    const float *bp = Bp + jp * nr * ks;
-                    for (int64_t i = 0; i < mc; i += mr) {
-                        const int64_t rows = mc - i < mr ? mc - i : mr;
-                        float *c = C + (ic + i) * ldc + jc + j;
-                        if (rows == mr && cols == nr) {
-                            kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
-                        } else {
-                            if (rows < mr && kd->ukr_rows) kd->ukr_rows((int)rows, kc, Ap + i * ks, bp, tile);
-                            else kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
-                            for (int64_t r = 0; r < rows; r++)
-                                for (int64_t q = 0; q < cols; q++) {
-                                    float s = alpha * tile[r * nr + q];
-                                    c[r * ldc + q] = beta_k == 0.0f ? s : s + beta_k * c[r * ldc + q];
-                                }
-                        }
-                    }
+                    panel_compute(kd, kc, ks, Ap, Bp + jp * nr * ks, mc, cols, C + ic * ldc + jc + j, ldc, alpha,
+                                  beta_k, tile);
                 }
             }
         }
@@ -1395,27 +1430,10 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                 const int64_t kc = K - pc < KC ? K - pc : KC, ks = kslots(kd, kc); /* ks: panel row stride */
                 const float beta_k = pc == 0 ? beta : 1.0f;
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t g = 0; g < ngroups; g++) {
-                    const int64_t p0 = g * gsz, p1 = p0 + gsz < npanels ? p0 + gsz : npanels;
-                    if (tb) {
-                        for (int64_t p = p0; p < p1; p++) {
-                            int64_t cols = nc - p * nr < nr ? nc - p * nr : nr;
-                            pack_b_panel(kd, tb, B, b16, ldb, jc + p * nr, cols, pc, kc, Bp + p * nr * ks);
-                        }
-                    } else {
-                        pack_b_rows(kd, B, b16, ldb, jc, nc, p0, p1, pc, kc, Bp);
-                    }
-                }
-                /* the block packed next: (jc, pc + KC) or (jc + NC, 0); its source is
-                 * prefetched a slice per (row block, panel) unit of this block's compute */
-                int64_t nx_jc = jc, nx_pc = pc + KC;
-                if (nx_pc >= K) { nx_jc = jc + NC; nx_pc = 0; }
-                const bool nx = nx_jc < N;
-                const int64_t nx_nc = N - nx_jc < NC ? N - nx_jc : NC, nx_kc = K - nx_pc < KC ? K - nx_pc : KC;
-                /* tb: rows n of B [N, K], each kc elements; else rows k of B [K, N], each nc */
-                const int64_t nx_segs = tb ? nx_nc : nx_kc, nx_seg_bytes = (tb ? nx_kc : nx_nc) * esz;
-                const char *nx_base = (const char *)B + (tb ? nx_jc * ldb + nx_pc : nx_pc * ldb + nx_jc) * esz;
-                const int64_t units = mblocks * npanels;
+                for (int64_t g = 0; g < ngroups; g++)
+                    pack_b_block(kd, tb, B, b16, ldb, jc, nc, g * gsz, g * gsz + gsz < npanels ? g * gsz + gsz : npanels,
+                                 pc, kc, Bp);
+                const next_b nb = next_b_block(tb, B, ldb, esz, jc, pc, N, K, NC, KC, mblocks * npanels);
                 int64_t packed_mb = -1;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t it = 0; it < items; it++) {
@@ -1432,29 +1450,10 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                         packed_mb = mb;
                     }
                     for (int64_t jp = np0; jp < np1; jp++) {
-                        if (nx) {
-                            const int64_t u = mb * npanels + jp;
-                            prefetch_segs(nx_base, ldb * esz, nx_seg_bytes, nx_segs * u / units,
-                                          nx_segs * (u + 1) / units);
-                        }
-                        const int64_t j = jp * nr;
-                        const int64_t cols = nc - j < nr ? nc - j : nr;
-                        const float *bp = Bp + jp * nr * ks;
-                        for (int64_t i = 0; i < mc; i += mr) {
-                            const int64_t rows = mc - i < mr ? mc - i : mr;
-                            float *c = C + (ic + i) * ldc + jc + j;
-                            if (rows == mr && cols == nr) {
-                                kd->ukr(kc, Ap + i * ks, bp, c, ldc, alpha, beta_k);
-                            } else {
-                                if (rows < mr && kd->ukr_rows) kd->ukr_rows((int)rows, kc, Ap + i * ks, bp, tile);
-                                else kd->ukr(kc, Ap + i * ks, bp, tile, nr, 1.0f, 0.0f);
-                                for (int64_t r = 0; r < rows; r++)
-                                    for (int64_t q = 0; q < cols; q++) {
-                                        float s = alpha * tile[r * nr + q];
-                                        c[r * ldc + q] = beta_k == 0.0f ? s : s + beta_k * c[r * ldc + q];
-                                    }
-                            }
-                        }
+                        next_b_prefetch(&nb, mb * npanels + jp);
+                        const int64_t j = jp * nr, cols = nc - j < nr ? nc - j : nr;
+                        panel_compute(kd, kc, ks, Ap, Bp + jp * nr * ks, mc, cols, C + ic * ldc + jc + j, ldc,
+                                      alpha, beta_k, tile);
                     }
                 } /* implicit barrier: B block is re-packed next */
             }
