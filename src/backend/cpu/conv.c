@@ -106,12 +106,22 @@ void mmc_cpu_col2im_acc(const float *col, float *dx, int64_t nb, int64_t oh0,
  * Vector code: 16 tiles at a time in the lanes of a GCC vector (AVX-512 zmm with
  * -march=native, two ymm / four xmm otherwise). */
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+/* Unaligned vector loads and stores through a may_alias type: one zmm move each. (memcpy of a
+ * v16 was expanded by GCC 12 into two ymm moves where the tuning prefers 256-bit vectors, and a
+ * zmm read of two ymm halves just stored stalls on store forwarding.) */
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+static inline v16 ld16(const float *p) { return *(const v16u *)p; }
+static inline void st16(float *p, v16 v) { *(v16u *)p = v; }
 #ifdef __AVX512F__
 #define WINO_MR 8
 #else
 #define WINO_MR 4
 #endif
 #define WINO_KC 256   /* channels per pass of the micro-kernel (its B panel: 32 KiB) */
+/* The stride between the 36 matrices [rows][cols] of transformed tiles or products: one cache
+ * line more than their size, so the 36 values of a tile (read or written together by the
+ * transforms) fall in different L1 sets instead of one (sizes are multiples of 4 KiB). */
+#define WINO_ES(rows, cols) ((rows) * (cols) + 16)
 
 /* Bᵀ d: 6 -> 6 (in[i*si], out[i*so]) */
 static inline void bt6(const v16 *in, int si, v16 *out, int so) {
@@ -192,7 +202,7 @@ static void wino_weight_panel(const float *w, int64_t Cout, int64_t Cin, bool bw
                     const __m512i ii = _mm512_add_epi32(idx, _mm512_set1_epi32(bwd_data ? -i : i));
                     const __m512 v = full ? _mm512_i32gather_ps(ii, base, 4)
                                           : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, ii, base, 4);
-                    memcpy(&g[i], &v, sizeof v);
+                    g[i] = (v16)v;
                 }
             } else
 #endif
@@ -207,8 +217,8 @@ static void wino_weight_panel(const float *w, int64_t Cout, int64_t Cin, bool bw
             /* U[e][mb][c][0..MR) for the NC columns: 16 contiguous floats (fewer at N's end) */
             const size_t n = (size_t)((N - c0 < NC ? N - c0 : NC) * WINO_MR) * sizeof(float);
             float *dst = dst0 + c0 * WINO_MR;
-            if (n == sizeof(v16))   /* a constant size: one vector store (a variable one is rep movs) */
-                for (int e = 0; e < 36; e++) memcpy(dst + e * lde, &u[e], sizeof(v16));
+            if (n == sizeof(v16))   /* one vector store (a variable-size copy is rep movs) */
+                for (int e = 0; e < 36; e++) st16(dst + e * lde, u[e]);
             else
                 for (int e = 0; e < 36; e++) memcpy(dst + e * lde, &u[e], n);
         }
@@ -229,11 +239,12 @@ static void wino_weight(const float *w, int64_t Cout, int64_t Cin, bool bwd_data
  * 32-byte halves read back as one 64-byte load (a store-forwarding stall each k step) and kept
  * the 16 sums in memory; 0.16 of the FMA peak. Same products, same order. */
 static void wino_ukr(int64_t kc, const float *restrict Ap, const float *restrict Bp, int64_t ldb,
-                     float *restrict Cm, int64_t ldc, bool acc) {
+                     float *restrict Cm, int64_t ldc, bool acc, const float *An) {
     __m512 c0[WINO_MR], c1[WINO_MR];
 #pragma GCC unroll 8
     for (int i = 0; i < WINO_MR; i++) c0[i] = c1[i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
+        if (!(k & 1)) _mm_prefetch((const char *)(An + k * WINO_MR), _MM_HINT_T0);   /* a line: 2 k steps */
         const __m512 b0 = _mm512_loadu_ps(Bp + k * ldb), b1 = _mm512_loadu_ps(Bp + k * ldb + 16);
         const float *a = Ap + k * WINO_MR;
 #pragma GCC unroll 8
@@ -256,13 +267,11 @@ static void wino_ukr(int64_t kc, const float *restrict Ap, const float *restrict
 }
 #else
 static void wino_ukr(int64_t kc, const float *restrict Ap, const float *restrict Bp, int64_t ldb,
-                     float *restrict Cm, int64_t ldc, bool acc) {
+                     float *restrict Cm, int64_t ldc, bool acc, const float *An) {
     v16 c0[WINO_MR], c1[WINO_MR];
     for (int i = 0; i < WINO_MR; i++) c0[i] = c1[i] = (v16){0};
     for (int64_t k = 0; k < kc; k++) {
-        v16 b0, b1;
-        memcpy(&b0, Bp + k * ldb, sizeof b0);
-        memcpy(&b1, Bp + k * ldb + 16, sizeof b1);
+        const v16 b0 = ld16(Bp + k * ldb), b1 = ld16(Bp + k * ldb + 16);
         const float *a = Ap + k * WINO_MR;
         for (int i = 0; i < WINO_MR; i++) {
             c0[i] += a[i] * b0;
@@ -272,13 +281,9 @@ static void wino_ukr(int64_t kc, const float *restrict Ap, const float *restrict
     for (int i = 0; i < WINO_MR; i++) {
         v16 o0 = c0[i], o1 = c1[i];
         if (acc) {
-            v16 p0, p1;
-            memcpy(&p0, Cm + i * ldc, sizeof p0);
-            memcpy(&p1, Cm + i * ldc + 16, sizeof p1);
-            o0 += p0, o1 += p1;
+            o0 += ld16(Cm + i * ldc), o1 += ld16(Cm + i * ldc + 16);
         }
-        memcpy(Cm + i * ldc, &o0, sizeof o0);
-        memcpy(Cm + i * ldc + 16, &o1, sizeof o1);
+        st16(Cm + i * ldc, o0), st16(Cm + i * ldc + 16, o1);
     }
 }
 #endif
@@ -308,11 +313,6 @@ static int64_t next_seg(const tgrid *G, int64_t t0, int64_t nt, int64_t t, seg *
 /* Lanes l = 0..15 of tiles 4 columns apart, from row p: D_j[l] = p[4l + j] (reads p[0, 80)).
  * Stride-4 deinterleave by two-source shuffles (vpermt2ps with AVX-512). */
 typedef int v16i __attribute__((vector_size(64)));
-static inline v16 ld16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 static inline void deint(const float *p, int nj, v16 *D, int sd) {
     const v16 q0 = ld16(p), q1 = ld16(p + 16), q2 = ld16(p + 32), q3 = ld16(p + 48);
     const v16i e01 = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29};
@@ -338,7 +338,7 @@ static inline void inter4(const v16 *o, int so, float *out) {
     const v16 Q = __builtin_shuffle(o[2 * so], o[3 * so], z01), Q2 = __builtin_shuffle(o[2 * so], o[3 * so], z23);
     const v16 r0 = __builtin_shuffle(P, Q, y0), r1 = __builtin_shuffle(P, Q, y1);
     const v16 r2 = __builtin_shuffle(P2, Q2, y0), r3 = __builtin_shuffle(P2, Q2, y1);
-    memcpy(out, &r0, 64), memcpy(out + 16, &r1, 64), memcpy(out + 32, &r2, 64), memcpy(out + 48, &r3, 64);
+    st16(out, r0), st16(out + 16, r1), st16(out + 32, r2), st16(out + 48, r3);
 }
 
 /* Row buffer of a segment: rows y0 .. y0 + nr - 1 of the plane (H x W), columns from x0, as
@@ -400,7 +400,7 @@ static int64_t seg_L(const tgrid *G) { return 4 * ((G->tw + 15) / 16 * 16) + 16;
 /* o[e * lde + l] = d[e][l] for l < n (whole vectors when n == 16) */
 static inline void store36(float *o, int64_t lde, const v16 *d, int n) {
     if (n == 16)
-        for (int e = 0; e < 36; e++) memcpy(o + e * lde, &d[e], sizeof(v16));
+        for (int e = 0; e < 36; e++) st16(o + e * lde, d[e]);
     else
         for (int e = 0; e < 36; e++)
             for (int l = 0; l < n; l++) o[e * lde + l] = d[e][l];
@@ -422,15 +422,14 @@ static void seg_input_bt(const float *plane, const mmc_wino_geom *g, int64_t c, 
 }
 
 /* Two ways to run the forward, picked from the shapes alone (results do not depend on the
- * thread count either way):
- *  - units (>= 4 (image, block of tb tiles) units, e.g. a VAE's large image): U transformed
- *    once into shared scratch, then threads take whole units: input transform of the
- *    block, 36 GEMMs, output transform, no barriers;
- *  - team (fewer: a small image with many channels, 512 channels at 32², where U (36 Cout
- *    Cin floats, 38 MB there) would be written to and read back from memory): per image, the
- *    input transform of all its tiles in parallel over channels, then threads take panels of
- *    WINO_MR output channels, each transforming its own weight panel (in L2) right before
- *    its GEMMs and output transform. */
+ * thread count either way; U, the transformed weights [36][KB][C][MR], is made once per call):
+ *  - units (>= 4 (image, block of tb tiles) units, e.g. a VAE's large image): threads take
+ *    whole units: input transform of the block, 36 GEMMs, output transform, no barriers;
+ *  - team (fewer: a small image with many channels, 512 channels at 32²): per image, the
+ *    input transform of all its tiles in parallel over channels, then the 36 GEMMs as items
+ *    of (e, group of output-channel blocks), then the output transform over channels.
+ * The GEMMs (wino_gemms) run every block of U[e] against a 32-column panel of V[e] held in L1,
+ * prefetching the next block of U[e]. */
 static bool fwd_team(const mmc_wino_geom *g, int64_t B, int64_t tb) {
     const tgrid G = grid_of(g);
     return B * ((G.T + tb - 1) / tb) < 4;
@@ -441,9 +440,11 @@ size_t mmc_cpu_wino_fwd_floats(const mmc_wino_geom *g, int64_t B, int64_t tb, in
     const int64_t KB = (g->K + WINO_MR - 1) / WINO_MR;
     if (fwd_team(g, B, tb)) {
         const int64_t T = (G.T + 31) / 32 * 32;
-        return (size_t)(36 * KB * WINO_MR * (g->C + T) + 36 * g->C * T + nth * (WINO_KC * 32 + 6 * seg_L(&G) + 32));
+        return (size_t)(36 * (KB * WINO_MR * g->C + WINO_ES(KB * WINO_MR, T) + WINO_ES(g->C, T)) +
+                        nth * (WINO_KC * 32 + 6 * seg_L(&G) + 32));
     }
-    return (size_t)(36 * KB * WINO_MR * g->C + nth * (36 * (g->C + KB * WINO_MR) * tb + WINO_KC * 32 + 6 * seg_L(&G) + 32));
+    return (size_t)(36 * KB * WINO_MR * g->C +
+                    nth * (36 * (WINO_ES(g->C, tb) + WINO_ES(KB * WINO_MR, tb)) + WINO_KC * 32 + 6 * seg_L(&G) + 32));
 }
 
 /* Y = Aᵀ M A for output channel k of the segment's tiles, M[e] at m0 + e * lde (+ tile column) */
@@ -479,14 +480,16 @@ static void copy_panel32(const float *src, int64_t ld, int64_t kc, float *restri
  * same order (channel blocks c0 ascending) whatever the loop order or the blocks' split. */
 static void wino_gemms(int e, int64_t kb0, int64_t kb1, int64_t C, int64_t KB, const float *U, const float *V,
                        int64_t ntp, int64_t ld, float *Mo, float *Bp) {
-    const int64_t KP = KB * WINO_MR;
+    const float *Ve = V + e * WINO_ES(C, ld);
+    float *Me = Mo + e * WINO_ES(KB * WINO_MR, ld);
     for (int64_t c0 = 0; c0 < C; c0 += WINO_KC) {
         const int64_t kc = C - c0 < WINO_KC ? C - c0 : WINO_KC;
         for (int64_t s = 0; s < ntp; s += 32) {
-            copy_panel32(V + (e * C + c0) * ld + s, ld, kc, Bp);
-            for (int64_t kb = kb0; kb < kb1; kb++)
-                wino_ukr(kc, U + ((e * KB + kb) * C + c0) * WINO_MR, Bp, 32, Mo + (e * KP + kb * WINO_MR) * ld + s, ld,
-                         c0 > 0);
+            copy_panel32(Ve + c0 * ld + s, ld, kc, Bp);
+            for (int64_t kb = kb0; kb < kb1; kb++) {
+                const float *A = U + ((e * KB + kb) * C + c0) * WINO_MR;   /* the next block's A: prefetched */
+                wino_ukr(kc, A, Bp, 32, Me + kb * WINO_MR * ld + s, ld, c0 > 0, kb + 1 < kb1 ? A + C * WINO_MR : A);
+            }
         }
     }
 }
@@ -502,7 +505,7 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, 
         /* Few tiles: the team shares one image's transformed tiles V [36][C][T] and products
          * Mo [36][KP][T]; the 36 GEMMs are items of (e, group of up to 8 output-channel blocks). */
         const int64_t T = (G.T + 31) / 32 * 32, KG = 8, groups = (KB + KG - 1) / KG;
-        float *U = scratch, *V = U + 36 * KP * C, *Mo = V + 36 * C * T, *priv = Mo + 36 * KP * T;
+        float *U = scratch, *V = U + 36 * KP * C, *Mo = V + 36 * WINO_ES(C, T), *priv = Mo + 36 * WINO_ES(KP, T);
         const size_t per = (size_t)(WINO_KC * 32 + 6 * L + 32);   /* per thread: Bp, row buffer */
         wino_weight(w, Cout, Cin, bwd_data, U);
         for (int64_t b = 0; b < B; b++) {
@@ -519,10 +522,10 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, 
                 for (int64_t c = 0; c < C; c++) {
                     for (int64_t t = b * G.T; t < (b + 1) * G.T;) {
                         t = next_seg(&G, b * G.T, G.T, t, &sg);
-                        seg_input_bt(x + (b * C + c) * HWs, g, c, &sg, L, buf, V + c * T + sg.col, C * T);
+                        seg_input_bt(x + (b * C + c) * HWs, g, c, &sg, L, buf, V + c * T + sg.col, WINO_ES(C, T));
                     }
                     for (int e = 0; e < 36 && T > G.T; e++)
-                        memset(V + (e * C + c) * T + G.T, 0, (size_t)(T - G.T) * sizeof(float));
+                        memset(V + e * WINO_ES(C, T) + c * T + G.T, 0, (size_t)(T - G.T) * sizeof(float));
                 }
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t it = 0; it < 36 * groups; it++) {
@@ -533,14 +536,15 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, 
                 for (int64_t k = 0; k < K; k++)
                     for (int64_t t = b * G.T; t < (b + 1) * G.T;) {
                         t = next_seg(&G, b * G.T, G.T, t, &sg);
-                        seg_output(Mo + k * T + sg.col, KP * T, &sg, g, bias ? bias[k] : 0.0f, acc, y + (b * K + k) * P);
+                        seg_output(Mo + k * T + sg.col, WINO_ES(KP, T), &sg, g, bias ? bias[k] : 0.0f, acc,
+                                   y + (b * K + k) * P);
                     }
             }
         }
         return;
     }
     float *U = scratch, *priv = U + 36 * KP * C;   /* U [36][KB][C][MR]; per thread: V, Mo, row buffer */
-    const size_t per = (size_t)(36 * (C + KP) * tb + WINO_KC * 32 + 6 * L + 32);
+    const size_t per = (size_t)(36 * (WINO_ES(C, tb) + WINO_ES(KP, tb)) + WINO_KC * 32 + 6 * L + 32);
     const int64_t blocks = (G.T + tb - 1) / tb, units = B * blocks;
     wino_weight(w, Cout, Cin, bwd_data, U);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -550,7 +554,7 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, 
 #else
         float *V = priv;
 #endif
-        float *Mo = V + 36 * C * tb, *Bp = Mo + 36 * KP * tb;   /* V [36][C][tb], Mo [36][KP][tb] */
+        float *Mo = V + 36 * WINO_ES(C, tb), *Bp = Mo + 36 * WINO_ES(KP, tb);   /* V [36][C][tb], Mo [36][KP][tb] */
         float *buf = Bp + WINO_KC * 32 + 16;                          /* Bp [WINO_KC][32] */
         const int64_t b = u / blocks, t0 = b * G.T + (u % blocks) * tb;
         const int64_t nt = (b + 1) * G.T - t0 < tb ? (b + 1) * G.T - t0 : tb;
@@ -559,16 +563,18 @@ void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, 
         for (int64_t c = 0; c < C; c++) {
             for (int64_t t = t0; t < t0 + nt;) {
                 t = next_seg(&G, t0, nt, t, &sg);
-                seg_input_bt(x + (sg.b * C + c) * HWs, g, c, &sg, L, buf, V + c * tb + sg.col, C * tb);
+                seg_input_bt(x + (sg.b * C + c) * HWs, g, c, &sg, L, buf, V + c * tb + sg.col, WINO_ES(C, tb));
             }
             if (ntp > nt)
-                for (int e = 0; e < 36; e++) memset(V + (e * C + c) * tb + nt, 0, (size_t)(ntp - nt) * sizeof(float));
+                for (int e = 0; e < 36; e++)
+                    memset(V + e * WINO_ES(C, tb) + c * tb + nt, 0, (size_t)(ntp - nt) * sizeof(float));
         }
         for (int e = 0; e < 36; e++) wino_gemms(e, 0, KB, C, KB, U, V, ntp, tb, Mo, Bp);   /* Mo[e] = U[e] · V[e] */
         for (int64_t k = 0; k < K; k++)
             for (int64_t t = t0; t < t0 + nt;) {
                 t = next_seg(&G, t0, nt, t, &sg);
-                seg_output(Mo + k * tb + sg.col, KP * tb, &sg, g, bias ? bias[k] : 0.0f, acc, y + (sg.b * K + k) * P);
+                seg_output(Mo + k * tb + sg.col, WINO_ES(KP, tb), &sg, g, bias ? bias[k] : 0.0f, acc,
+                           y + (sg.b * K + k) * P);
             }
     }
 }
