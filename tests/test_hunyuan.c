@@ -16,6 +16,7 @@
  * the LoRA run again with every block checkpointed (recompute): the same losses. Part "merge": `mmc merge` of a
  * PEFT adapter into the pipeline folder against PEFT's merge_and_unload (check_merge). */
 #include "test_util.h"
+#include "step_check.h"
 #include "mmc_diffusion.h"
 #include "mmc_encoders.h"
 #include "mmc_io.h"
@@ -548,22 +549,14 @@ static void check_train(bool lora, bool recompute, double *losses) {
         mmc_tensor *loss = NULL;
         CHECK_OK(mmc_hunyuan_ddpm_loss(ctx, m, &sch, &b, &loss));
         if (!loss) break;
-        const double lv = *(float *)loss->data;
         static int tape_plain;   /* the tape of a step without recompute: checkpointed blocks leave one node each */
         if (step == 0 && losses && !recompute) tape_plain = mmc_tape_len(ctx);
         if (step == 0 && losses && recompute)
             CHECKF(mmc_tape_len(ctx) < tape_plain / 2, "recompute: %d tape nodes, %d without", mmc_tape_len(ctx),
                    tape_plain);
-        mmc_backward(ctx, loss);
-        mmc_ctx_reset(ctx);
-        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
-        mmc_adamw_step(&opt, o.lr);
-        mmc_zero_grad(params, n_params);
-        const double wl = ((float *)t[3]->data)[0], wn = ((float *)t[4]->data)[0];
-        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
-        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
-        CHECKF(rl < TRAIN_TOL && rn < TRAIN_TOL, "%s step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f",
-               lora ? "lora" : "full", step, lv, wl, norm, wn);
+        const double lv = step_check(ctx, loss, params, n_params, &opt, o.lr, ((float *)t[3]->data)[0],
+                                     ((float *)t[4]->data)[0], TRAIN_TOL, lora ? "lora" : "full", step, &worst_loss,
+                                     &worst_norm);
         if (losses && recompute) {   /* checkpointed blocks recompute the same numbers */
             CHECKF(fabs(lv - losses[step]) <= RECOMPUTE_TOL * fabs(losses[step]), "recompute step %d: loss %.9g vs %.9g "
                    "without", step, lv, losses[step]);

@@ -7,6 +7,7 @@
  * differences (latents, text states and a few weights), the LoRA module names, the stored position
  * table against diffusers' sin-cos formula, and the loader's and forward's errors. */
 #include "test_util.h"
+#include "step_check.h"
 #include "mmc_diffusion.h"
 #include "mmc_lora.h"
 #include "mmc_train.h"
@@ -304,17 +305,8 @@ static void check_train(bool lora) {
         mmc_tensor *loss = NULL;
         CHECK_OK(mmc_sd3_fm_loss(ctx, m, &b, lora, &loss));
         if (!loss) break;
-        const double lv = *(float *)loss->data;
-        mmc_backward(ctx, loss);
-        mmc_ctx_reset(ctx);
-        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
-        mmc_adamw_step(&opt, o.lr);
-        mmc_zero_grad(params, n_params);
-        const double wl = ((float *)t[5]->data)[0], wn = ((float *)t[6]->data)[0];
-        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
-        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
-        CHECKF(rl < 1e-3 && rn < 1e-3, "%s step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", lora ? "lora" : "full",
-               step, lv, wl, norm, wn);
+        step_check(ctx, loss, params, n_params, &opt, o.lr, ((float *)t[5]->data)[0], ((float *)t[6]->data)[0], 1e-3,
+                   lora ? "lora" : "full", step, &worst_loss, &worst_norm);
         for (int i = 0; i < 7; i++) mmc_tensor_free(t[i]);
     }
     double worst_w = 0;

@@ -11,6 +11,7 @@
  * min-SNR gamma 5): every step's loss and clipped grad norm and the final weights within 1e-3 relative; and
  * mmc_unet_linears names exactly the bound nn.Linear weights under diffusers' module names. */
 #include "test_util.h"
+#include "step_check.h"
 #include "mmc_diffusion.h"
 #include "mmc_train.h"
 
@@ -191,17 +192,8 @@ static void check_train(bool lora) {
         mmc_tensor *loss = NULL;
         CHECK_OK(mmc_unet_ddpm_loss(ctx, m, &sch, &b, &loss));
         if (!loss) break;
-        const double lv = *(float *)loss->data;
-        mmc_backward(ctx, loss);
-        mmc_ctx_reset(ctx);
-        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
-        mmc_adamw_step(&opt, o.lr);
-        mmc_zero_grad(params, n_params);
-        const double wl = ((float *)t[3]->data)[0], wn = ((float *)t[4]->data)[0];
-        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
-        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
-        CHECKF(rl < 1e-3 && rn < 1e-3, "%s step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", lora ? "lora" : "full",
-               step, lv, wl, norm, wn);
+        step_check(ctx, loss, params, n_params, &opt, o.lr, ((float *)t[3]->data)[0], ((float *)t[4]->data)[0], 1e-3,
+                   lora ? "lora" : "full", step, &worst_loss, &worst_norm);
         for (int i = 0; i < 6; i++) mmc_tensor_free(t[i]);
     }
     double worst_w = 0;

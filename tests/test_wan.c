@@ -32,6 +32,7 @@
  *    from injected latents (3 steps with CFG 5 and a negative prompt, batch 2; 2 steps without
  *    guidance) within 1e-3 of output_type="latent"; the frame-count and size errors. */
 #include "test_util.h"
+#include "step_check.h"
 #include "mmc_encoders.h"
 #include "mmc_lora.h"
 #include "mmc_train.h"
@@ -519,16 +520,8 @@ static void check_train_lora(const char *tr_dir, const char *fix, int n_adapters
         mmc_tensor *loss = NULL;
         CHECK_OK(mmc_wan_i2v_fm_loss(ctx, m, &b, cond, img, &loss));
         if (!loss) break;
-        const double lv = *(float *)loss->data;
-        mmc_backward(ctx, loss);
-        mmc_ctx_reset(ctx);
-        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
-        mmc_adamw_step(&opt, o.lr);
-        mmc_zero_grad(params, n_params);
-        const double wl = ((float *)t[5]->data)[0], wn = ((float *)t[6]->data)[0];
-        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
-        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
-        CHECKF(rl < 1e-3 && rn < 1e-3, "step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", step, lv, wl, norm, wn);
+        step_check(ctx, loss, params, n_params, &opt, o.lr, ((float *)t[5]->data)[0], ((float *)t[6]->data)[0], 1e-3,
+                   "lora", step, &worst_loss, &worst_norm);
         for (int i = 0; i < 7; i++) mmc_tensor_free(t[i]);
     }
     double worst_w = 0;
@@ -726,16 +719,8 @@ static void check_train_full(const char *tr_dir, const char *fix) {
         mmc_tensor *loss = NULL;
         CHECK_OK(mmc_wan_i2v_fm_loss(ctx, m, &b, cond, img, &loss));
         if (!loss) break;
-        const double lv = *(float *)loss->data;
-        mmc_backward(ctx, loss);
-        mmc_ctx_reset(ctx);
-        const double norm = mmc_clip_grad_norm(params, n_params, 1.0);
-        mmc_adamw_step(&opt, o.lr);
-        mmc_zero_grad(params, n_params);
-        const double wl = ((float *)t[3]->data)[0], wn = ((float *)t[4]->data)[0];
-        const double rl = fabs(lv - wl) / fabs(wl), rn = fabs(norm - wn) / fabs(wn);
-        worst_loss = fmax(worst_loss, rl), worst_norm = fmax(worst_norm, rn);
-        CHECKF(rl < 1e-3 && rn < 1e-3, "full step %d: loss %.6f vs %.6f, grad norm %.5f vs %.5f", step, lv, wl, norm, wn);
+        step_check(ctx, loss, params, n_params, &opt, o.lr, ((float *)t[3]->data)[0], ((float *)t[4]->data)[0], 1e-3,
+                   "full", step, &worst_loss, &worst_norm);
         for (int i = 0; i < 5; i++) mmc_tensor_free(t[i]);
     }
     int n_final = 0;
