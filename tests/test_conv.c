@@ -5,7 +5,8 @@
  * sizes, padding 0 / 1 / 2 / 3, stride 2 (Winograd does not apply: the GEMM path runs),
  * partial 4x4 tiles, rows of more than 16 tiles, frozen x / w, no bias, many blocks and
  * weight-gradient chunks (MMC_CONV_WINO_TB / _TC small), the team mode of small images
- * (threads take panels of output channels), and bitwise the same results on 1 and 2 threads.
+ * (threads take (e, channel group) GEMMs), more than 256 input channels (the micro-kernel's
+ * channel passes accumulate), and bitwise the same results on 1 and 2 threads.
  * (mmc_conv2d has no groups or dilation.)
  *
  * Tolerances: max |got - want| / max(|want|, 1e-3) over each tensor.
@@ -152,6 +153,8 @@ int main(void) {
         {1, 4, 11, 10, 5, 1, 3, true, true, true, NULL, NULL},       /* pad 3: dx by GEMM, y / dW Winograd */
         {2, 4, 17, 19, 6, 2, 1, true, true, true, NULL, NULL},       /* stride 2: GEMM path */
         {1, 64, 32, 32, 64, 1, 1, true, true, true, NULL, NULL},     /* a VAE-like layer, default blocks */
+        {1, 300, 6, 7, 12, 1, 1, true, true, true, NULL, NULL},      /* team mode, Cin > 256: two channel passes */
+        {4, 260, 9, 10, 10, 1, 1, true, true, true, NULL, NULL},     /* units, Cin > 256; dx: Cout > 256 */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) run_case(k, &cases[k]);
     printf("test_conv: largest error vs the direct sum: GEMM y %.2g dx %.2g dW %.2g; "
