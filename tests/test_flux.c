@@ -268,6 +268,57 @@ static void check_fm_formulas(void) {
     mmc_fm_scheme sc;
     CHECK_ERR(mmc_fm_scheme_parse("logit-normal", "flow_matching.weighting_scheme", &sc), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "logit_normal") != NULL);
+    /* every name diffusers' --weighting_scheme takes, "uniform" as "none" (U(0, 1), weight 1) */
+    static const char *const names[] = {"none", "uniform", "logit_normal", "mode", "sigma_sqrt", "cosmap"};
+    static const mmc_fm_scheme want[] = {MMC_FM_NONE, MMC_FM_NONE, MMC_FM_LOGIT_NORMAL, MMC_FM_MODE,
+                                         MMC_FM_SIGMA_SQRT, MMC_FM_COSMAP};
+    for (int i = 0; i < 6; i++) {
+        sc = (mmc_fm_scheme)-1;
+        CHECK_OK(mmc_fm_scheme_parse(names[i], "flow_matching.weighting_scheme", &sc));
+        CHECKF(sc == want[i], "weighting_scheme %s parsed as %d", names[i], (int)sc);
+    }
+    /* compute_loss_weighting_for_sd3 at another sigma: sigma_sqrt 1 / s^2, cosmap 2 / (pi (1 - 2s + 2s^2)),
+     * every other scheme 1 (mode and logit_normal change the density only) */
+    CHECK_NEAR(mmc_fm_loss_weight(MMC_FM_SIGMA_SQRT, 0.2f), 25.0, 1e-4);
+    CHECK_NEAR(mmc_fm_loss_weight(MMC_FM_COSMAP, 0.2f), 2.0 / (M_PI * (1.0 - 0.4 + 0.08)), 1e-6);
+    CHECK(mmc_fm_loss_weight(MMC_FM_MODE, 0.2f) == 1.0f && mmc_fm_loss_weight(MMC_FM_LOGIT_NORMAL, 0.9f) == 1.0f);
+    /* compute_density_for_timestep_sampling, each scheme from the same stream:
+     * logit_normal with mean 0.7, std 0.4: logit(u) has that mean and std (4096 draws: standard error
+     * of the mean 0.006, of the std ~0.005; tolerance 0.03) */
+    mmc_rng_init(&r, 11);
+    mmc_fm_sample_u(MMC_FM_LOGIT_NORMAL, 0.7, 0.4, 1.29, &r, 4096, u);
+    double s1 = 0, s2 = 0;
+    in01 = 1;
+    for (int i = 0; i < 4096; i++) {
+        const double l = log(u[i] / (1.0 - u[i]));
+        s1 += l, s2 += l * l, in01 &= u[i] > 0 && u[i] < 1;
+    }
+    const double lm = s1 / 4096, ls = sqrt(s2 / 4096 - lm * lm);
+    CHECKF(in01 && fabs(lm - 0.7) < 0.03 && fabs(ls - 0.4) < 0.03, "logit_normal(0.7, 0.4): logit mean %.4f std %.4f", lm, ls);
+    /* uniform ("none"): the stream's U(0, 1) draws themselves */
+    float v[4096];
+    mmc_rng r2;
+    mmc_rng_init(&r, 12), mmc_rng_init(&r2, 12);
+    mmc_fm_sample_u(MMC_FM_NONE, 0.7, 0.4, 1.29, &r, 4096, u);
+    mmc_rng_uniform(&r2, v, 4096, 0.0f, 1.0f);
+    CHECK(memcmp(u, v, sizeof u) == 0);
+    mean = 0;
+    for (int i = 0; i < 4096; i++) mean += u[i];
+    CHECKF(fabs(mean / 4096 - 0.5) < 0.02, "uniform: mean %.4f", mean / 4096);
+    /* mode with scale s: 1 - x - s (cos^2(pi x / 2) - 1 + x) of the same U(0, 1) draws x, here in double;
+     * scale 0 is 1 - x */
+    static const double scales[2] = {1.29, 0.0};
+    for (int k = 0; k < 2; k++) {
+        mmc_rng_init(&r, 13), mmc_rng_init(&r2, 13);
+        mmc_fm_sample_u(MMC_FM_MODE, 0.0, 1.0, scales[k], &r, 4096, u);
+        mmc_rng_uniform(&r2, v, 4096, 0.0f, 1.0f);
+        double worst = 0;
+        for (int i = 0; i < 4096; i++) {
+            const double x = v[i], c = cos(M_PI * x / 2.0);
+            worst = fmax(worst, fabs(u[i] - (1.0 - x - scales[k] * (c * c - 1.0 + x))));
+        }
+        CHECKF(worst < 1e-6, "mode(scale %.2f): max |u - formula| %.2e", scales[k], worst);
+    }
 }
 
 /* ---- the ops it adds, against finite differences */
