@@ -11,8 +11,10 @@
 #    finite losses, validation images of a prompt every 3 steps, diffusers-layout adapter files in the checkpoints, a resumed run that repeats
 #    the uninterrupted one's losses exactly, 2 data-parallel ranks with the one process's losses, and
 #    generate-image --lora on the result;
-#  - with the reference venv: diffusers' load_lora_weights reads mmc's adapter and gives the same
-#    velocity as mmc.
+#  - with the reference venv: diffusers' load_lora_weights reads mmc's adapter and generates the image
+#    mmc generates with it (within 1/255);
+#  - the timestep densities (uniform / none, mode and its scale, logit_normal and its mean) and the
+#    sigma_sqrt weighting reach the trainer; the EMA weights follow diffusers' EMAModel decay.
 set -u
 MMC=${MMC:-build/mmc}
 export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"   # (fontconfig, via the loss plot)
@@ -76,6 +78,16 @@ grep -q "^prompt=a red circle on the left$" "$T/text.txt" && grep -q "^negative_
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a blue square" --steps 1 --width 32 --height 32 \
   --max-sequence-length 16 --batch 2 --seed 3 --out "$T/b.png"
 [ -s "$T/b.png" ] && [ -s "$T/b-1.png" ] && ok || bad "--batch 2 did not write b.png and b-1.png: $(ls "$T")"
+# the two images differ (noise drawn image by image) and say which they are; the first is the one image
+# --batch 1 makes from the same seed (within 1/255: the batch may change the kernels' blocking)
+png_dump "$T/b.png" >"$T/b0.txt" 2>"$T/b0t.txt"; png_dump "$T/b-1.png" >"$T/b1.txt" 2>"$T/b1t.txt"
+grep -q "^image_index=0$" "$T/b0t.txt" && grep -q "^image_index=1$" "$T/b1t.txt" && grep -q "^seed=3$" "$T/b1t.txt" \
+  && ! cmp -s "$T/b0.txt" "$T/b1.txt" && ok || bad "--batch 2: the images should differ and carry image_index 0 / 1 and seed 3"
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a blue square" --steps 1 --width 32 --height 32 \
+  --max-sequence-length 16 --seed 3 --out "$T/b_one.png"
+png_dump "$T/b_one.png" >"$T/bo.txt" 2>/dev/null
+res=$(paste "$T/b0.txt" "$T/bo.txt" | awk 'NR > 1 { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d } END { print m + 0 }')
+[ -s "$T/bo.txt" ] && [ "$res" -le 1 ] && ok || bad "--batch 2's first image is $res/255 off the --batch 1 image of the same seed"
 # img2img from a PNG of another size (resized with lanczos), the strength in the text chunks
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle" --init-image $P/init.png --strength 0.5 \
   --steps 4 --width 48 --height 32 --max-sequence-length 16 --out "$T/i2i.png"
@@ -202,6 +214,55 @@ if command -v mpirun >/dev/null 2>&1 && [ "${MMC_SANITIZED:-0}" != 1 ]; then
 else
   echo "test_flux_cli: no mpirun (or a sanitized build): the data-parallel check is skipped"
 fi
+# the timestep densities and loss weightings reach the trainer (their formulas: test_flux): first-step
+# losses from the same seed and data. uniform and none are one density; mode's scale and logit_normal's
+# mean change the timesteps drawn; sigma_sqrt weights the same draws as uniform by sigma^-2 >= 1, so
+# its loss is larger. And the EMA (diffusers' EMAModel: decay 0 at the first update, then
+# min(ema_decay, k / (k + 9))): after step 1 it is the adapter, after step 2 (2/11) a1 + (9/11) a2.
+sed -e "s|steps: 6, save_every: 3|steps: 1, save_every: 0|" -e "s|output_dir: $T/run|output_dir: $T/dn|" \
+    -e "/validation_/d" "$T/run.yaml" >"$T/dens.yaml"
+first_loss() { grep -m1 -o '"loss": [^,]*' "$T/$1/metrics.jsonl" 2>/dev/null | sed 's/"loss": //'; }
+dens() { local name=$1; shift; expect_rc 0 "$MMC" train "$T/dens.yaml" --set training.output_dir="$T/$name" "$@"; }
+dens d_uni --set flow_matching.weighting_scheme=uniform --set training.steps=2 --set training.save_every=1
+dens d_none --set flow_matching.weighting_scheme=none
+dens d_mode --set flow_matching.weighting_scheme=mode
+dens d_mode0 --set flow_matching.weighting_scheme=mode --set flow_matching.mode_scale=0
+dens d_ln --set flow_matching.weighting_scheme=logit_normal
+dens d_ln3 --set flow_matching.weighting_scheme=logit_normal --set flow_matching.logit_mean=3
+dens d_ss --set flow_matching.weighting_scheme=sigma_sqrt
+l_uni=$(first_loss d_uni) l_none=$(first_loss d_none) l_mode=$(first_loss d_mode) l_mode0=$(first_loss d_mode0)
+l_ln=$(first_loss d_ln) l_ln3=$(first_loss d_ln3) l_ss=$(first_loss d_ss) l_run=$(first_loss run)
+echo "first-step losses: uniform $l_uni none $l_none mode $l_mode mode(scale 0) $l_mode0 logit_normal $l_ln" \
+     "(mean 3: $l_ln3) sigma_sqrt $l_ss"
+[ -n "$l_uni" ] && [ "$l_uni" = "$l_none" ] && ok || bad "uniform ($l_uni) and none ($l_none) should draw the same timesteps"
+[ -n "$l_ln" ] && [ "$l_ln" = "$l_run" ] && ok || bad "logit_normal: a 1-step run's loss $l_ln differs from the same run's first step $l_run"
+for pair in "$l_mode $l_uni mode/uniform" "$l_mode $l_mode0 mode_scale" "$l_ln $l_ln3 logit_mean" "$l_ln $l_uni logit_normal/uniform"; do
+  set -- $pair
+  [ -n "$1" ] && [ -n "$2" ] && [ "$1" != "$2" ] && ok || bad "$3: the first-step losses should differ ($1 vs $2)"
+done
+awk -v a="$l_ss" -v b="$l_uni" 'BEGIN { exit !(a != "" && b != "" && a + 0 > b + 0) }' && ok \
+  || bad "sigma_sqrt's loss $l_ss should exceed uniform's $l_uni (the same draws weighted by sigma^-2)"
+python3 - "$T/d_uni" >"$T/ema" 2>&1 <<'PY' && ok || bad "EMA weights: $(tail -3 "$T/ema")"
+import json, struct, sys
+def load(path, prefix=""):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        assert v["dtype"] == "F32", (k, v["dtype"]); s, e = v["data_offsets"]
+        out[k[len(prefix):] if k.startswith(prefix) else k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    return out
+d = sys.argv[1]
+a1, a2 = (load(f"{d}/checkpoint-{s}/pytorch_lora_weights.safetensors", "transformer.") for s in (1, 2))
+e1, e2 = (load(f"{d}/checkpoint-{s}/ema.safetensors") for s in (1, 2))
+assert set(e1) == set(a1) == set(e2) and len(e1) == 24, (sorted(e1)[:3], sorted(a1)[:3])
+scale = max(abs(x) for v in a2.values() for x in v)
+w1 = max(abs(x - y) for k in a1 for x, y in zip(e1[k], a1[k]))
+w2 = max(abs(x - (2 / 11 * y + 9 / 11 * z)) for k in a1 for x, y, z in zip(e2[k], a1[k], a2[k]))
+moved = max(abs(y - z) for k in a1 for y, z in zip(a1[k], a2[k]) )
+assert w1 <= 1e-6 * scale and w2 <= 1e-6 * scale and moved > 1e-4 * scale, (w1, w2, moved, scale)
+print("ema: step 1 off the adapter by %.2e, step 2 off (2/11) a1 + (9/11) a2 by %.2e (max|a| %.3f)" % (w1, w2, scale))
+PY
+cat "$T/ema"
 # a malformed metadata.jsonl line is an error naming the file and line, before any training
 mkdir -p "$T/badset" && printf '{"file_name": "00.png", "text": "ok"}\n{"file_name": 3}\n' >"$T/badset/metadata.jsonl"
 sed -e "s|train: tests/fixtures/flux/imagefolder|train: $T/badset|" -e "s|output_dir: $T/run|output_dir: $T/bad|" "$T/run.yaml" >"$T/bad.yaml"
@@ -250,17 +311,37 @@ expect_rc 0 "$MMC" train "$T/init.yaml"
 # the trained adapter generates
 expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle on the left" --steps 2 --width 32 --height 32 \
   --max-sequence-length 16 --lora "$T/run/checkpoint-6:0.8" --out "$T/lora.png"
-# diffusers reads it (with the reference venv)
+# diffusers reads it (with the reference venv) and generates what mmc generates with it: the CLI case
+# above (diffusers' latents, negative prompt, true CFG) with the adapter at scale 40 on both sides (the
+# adapter enters both linearly; after 6 steps at scale 1 it moves the image by < 2/255, too little to
+# tell a dropped adapter from a loaded one)
+LS=40
+expect_rc 0 "$MMC" generate-image --model $P --prompt "a red circle on the left" --negative-prompt green \
+  --true-cfg 1.5 --guidance 2 --steps 2 --width 48 --height 32 --max-sequence-length 16 \
+  --latents $P/cli_latents.safetensors --lora "$T/run/checkpoint-6:$LS" --out "$T/lora_mmc.png"
 if [ -x "$PY" ]; then
-  "$PY" - "$P" "$T/run/checkpoint-6" >"$T/py" 2>&1 <<'PY' && ok || bad "diffusers cannot load mmc's adapter: $(tail -5 "$T/py")"
+  "$PY" - "$P" "$T/run/checkpoint-6" "$LS" "$T/lora_diffusers.png" >"$T/py" 2>&1 <<'PY' && ok || bad "diffusers cannot load mmc's adapter: $(tail -5 "$T/py")"
 import sys, torch
 from diffusers import FluxPipeline
+from safetensors.torch import load_file
 pipe = FluxPipeline.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
 pipe.load_lora_weights(sys.argv[2])
 n = sum(1 for k in pipe.transformer.state_dict() if "lora_A" in k)
 assert n == 4 + 2 * 4, n   # to_q/k/v/to_out.0 of the double block; to_q/k/v + proj_mlp of 2 single blocks
+lat = load_file(sys.argv[1] + "/cli_latents.safetensors")["latents"]
+pipe(prompt="a red circle on the left", negative_prompt="green", true_cfg_scale=1.5, height=32, width=48,
+     num_inference_steps=2, guidance_scale=2.0, latents=lat, max_sequence_length=16,
+     joint_attention_kwargs={"scale": float(sys.argv[3])}).images[0].save(sys.argv[4])
 print("loaded", n)
 PY
+  png_dump "$T/lora_mmc.png" >"$T/lm.txt" 2>/dev/null; png_dump "$T/lora_diffusers.png" >"$T/ld.txt" 2>/dev/null
+  png_dump $P/cli_expected.png >"$T/l0.txt" 2>/dev/null
+  res=$(paste "$T/lm.txt" "$T/ld.txt" "$T/l0.txt" | awk 'NR > 1 { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d
+    e = $1 - $3; if (e < 0) e = -e; if (e > 1) moved++; if (e > em) em = e } END { printf "%d %d %d", m, moved + 0, em }')
+  set -- $res
+  [ -s "$T/ld.txt" ] && [ "$1" -le 1 ] && [ "$2" -ge 20 ] && ok \
+    || bad "mmc's adapter in diffusers: image $1/255 off mmc's (want <= 1); the adapter moves $2 channel values by > 1 (want >= 20)"
+  echo "mmc's LoRA in diffusers: max $1/255 off mmc's image; the adapter moves $2 channel values (max $3/255)"
 else
   echo "test_flux_cli: no reference venv ($PY): the diffusers load of mmc's adapter is skipped"
 fi
