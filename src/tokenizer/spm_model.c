@@ -76,8 +76,7 @@ static bool pb_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     return false;
 }
 
-/* one field: its number; varints in *val (data NULL), the bytes of the others in data / len */
-static bool pb_field(const uint8_t **p, const uint8_t *end, uint32_t *num, uint64_t *val, const uint8_t **data,
+bool tok_pb_field(const uint8_t **p, const uint8_t *end, uint32_t *num, uint64_t *val, const uint8_t **data,
                      size_t *len) {
     uint64_t key;
     if (!pb_varint(p, end, &key)) return false;
@@ -158,7 +157,7 @@ mmc_status tok_spm_parse(const char *buf, size_t size, const char *path, tok_spm
     m->dummy_prefix = m->remove_ws = m->escape_ws = true;
     m->unk = -1;
     while (p < end) {
-        if (!pb_field(&p, end, &num, &v, &d, &len)) goto bad;
+        if (!tok_pb_field(&p, end, &num, &v, &d, &len)) goto bad;
         if (num == 1 && d) {                                   /* SentencePiece */
             if (m->n == cap) {
                 if (cap >= (1 << 24)) { st = mmc_error(MMC_ERR_FORMAT, "%s: more than %d pieces", path, 1 << 24); goto fail; }
@@ -176,7 +175,7 @@ mmc_status tok_spm_parse(const char *buf, size_t size, const char *path, tok_spm
             int32_t i = m->n;
             m->score[i] = 0, m->type[i] = P_NORMAL;
             while (q < qe) {
-                if (!pb_field(&q, qe, &num, &v, &pc, &l2)) goto bad;
+                if (!tok_pb_field(&q, qe, &num, &v, &pc, &l2)) goto bad;
                 if (num == 1 && pc) pd = pc, pl = l2;
                 else if (num == 2 && pc && l2 == 4) memcpy(&m->score[i], pc, 4);
                 else if (num == 3 && !pc) {
@@ -198,7 +197,7 @@ mmc_status tok_spm_parse(const char *buf, size_t size, const char *path, tok_spm
             const uint8_t *q = d, *qe = d + len, *pc;
             size_t l2;
             while (q < qe) {
-                if (!pb_field(&q, qe, &num, &v, &pc, &l2)) goto bad;
+                if (!tok_pb_field(&q, qe, &num, &v, &pc, &l2)) goto bad;
                 if (pc) continue;
                 if (num == 3) model_type = (int64_t)v;
                 else if (num == 24) suffix = v != 0;
@@ -210,7 +209,7 @@ mmc_status tok_spm_parse(const char *buf, size_t size, const char *path, tok_spm
             const uint8_t *q = d, *qe = d + len, *pc;
             size_t l2;
             while (q < qe) {
-                if (!pb_field(&q, qe, &num, &v, &pc, &l2)) goto bad;
+                if (!tok_pb_field(&q, qe, &num, &v, &pc, &l2)) goto bad;
                 if (num == 2 && pc) cm = pc, cm_len = l2;
                 else if (num == 3 && !pc) m->dummy_prefix = v != 0;
                 else if (num == 4 && !pc) m->remove_ws = v != 0;
@@ -333,30 +332,31 @@ static int utf8_char(const uint8_t *s, size_t n) {
     return need + 1;
 }
 
-/* The longest charsmap match at s[0, n) (Darts commonPrefixSearch): its length, the replacement
- * (NUL-terminated, inside norm_str) in *rep; 0 if none. Every index is checked. */
-static size_t charsmap_longest(const tok_spm *m, const uint8_t *s, size_t n, const char **rep) {
-    if (!m->units) return 0;
-    const uint32_t *u = m->units;
+size_t tok_charsmap_longest(const void *units, uint32_t n_units, const char *str, size_t str_len, const uint8_t *s,
+                            size_t n, const char **rep) {
+    if (!units || !n_units) return 0;
+    const uint8_t *u = units;
+#define UNIT(i) (memcpy(&x_, u + 4 * (size_t)(i), 4), x_)
 #define OFF(x) (((x) >> 10) << (((x) & (1u << 9)) >> 6))
-    uint32_t pos = OFF(u[0]);
+    uint32_t x_, pos = OFF(UNIT(0));
     size_t best = 0;
     for (size_t i = 0; i < n; i++) {
         pos ^= s[i];
-        if (pos >= m->n_units) break;
-        uint32_t unit = u[pos];
+        if (pos >= n_units) break;
+        uint32_t unit = UNIT(pos);
         if ((unit & ((1u << 31) | 0xFF)) != s[i]) break;
         pos ^= OFF(unit);
         if ((unit >> 8) & 1) {
-            if (pos >= m->n_units) break;
-            uint32_t val = u[pos] & 0x7FFFFFFFu;
-            if (val < m->norm_len) {
+            if (pos >= n_units) break;
+            uint32_t val = UNIT(pos) & 0x7FFFFFFFu;
+            if (val < str_len) {
                 best = i + 1;
-                *rep = m->norm_str + val;
+                *rep = str + val;
             }
         }
     }
 #undef OFF
+#undef UNIT
     return best;
 }
 
@@ -392,7 +392,7 @@ static size_t norm_prefix(const tok_spm *m, const char *s, size_t n, const char 
     size_t k = user_match(m, s, n);
     if (k) { *rep = s; *rep_n = k; return k; }
     const char *r = NULL;
-    k = charsmap_longest(m, (const uint8_t *)s, n, &r);
+    k = tok_charsmap_longest(m->units, m->n_units, m->norm_str, m->norm_len, (const uint8_t *)s, n, &r);
     if (k) { *rep = r; *rep_n = strlen(r); return k; }
     int l = utf8_char((const uint8_t *)s, n);
     if (!l) { *rep = "\xEF\xBF\xBD"; *rep_n = 3; return 1; }

@@ -43,6 +43,16 @@ void tok_spm_free(tok_spm *m);
  * per token, start / end its span of the input. */
 mmc_status tok_spm_encode(const tok_spm *m, const char *s, int64_t n, int64_t base,
                           void (*push)(void *ctx, int32_t id, int64_t start, int64_t end), void *ctx);
+/* The pieces spm_model.c and siglip_spm.c share. One protobuf field at *p (< end): its number;
+ * a varint's value in *val (data NULL), else the field's bytes in data / len; false when malformed
+ * or truncated. */
+bool tok_pb_field(const uint8_t **p, const uint8_t *end, uint32_t *num, uint64_t *val, const uint8_t **data,
+                  size_t *len);
+/* The longest match at s[0, n) in a precompiled charsmap (its Darts double array `units`, n_units
+ * entries, any alignment; the replacement strings str[0, str_len)): the match's length, the
+ * NUL-terminated replacement in *rep; 0 if none. Every index is checked. */
+size_t tok_charsmap_longest(const void *units, uint32_t n_units, const char *str, size_t str_len, const uint8_t *s,
+                            size_t n, const char **rep);
 int32_t tok_spm_size(const tok_spm *m);
 const char *tok_spm_piece(const tok_spm *m, int32_t id, int32_t *len);
 int32_t tok_spm_id(const tok_spm *m, const char *piece);   /* -1 if none */
