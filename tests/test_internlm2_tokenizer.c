@@ -5,14 +5,15 @@
  *   - internlm2/: InternLM2's settings (byte fallback, identity normalizer, dummy prefix, spaces
  *     kept), its chat tokens as user-defined pieces, InternVL 2.5's added tokens past the vocab;
  *     variant/: a precompiled charsmap, no dummy prefix, extra whitespace removed, no byte
- *     fallback (fused <unk>), UNUSED pieces split back; no tokenizer_config.json;
+ *     fallback (fused <unk>), UNUSED pieces split back; no tokenizer_config.json; unigram/: a
+ *     Unigram model (Viterbi; byte fallback, a user-defined piece);
  *   - 226 texts (26 written: captions, chat / InternVL prompts, code, CJK, emoji, a long one, the
  *     empty text, whitespace only; 200 random): ids with and without bos equal, exactly;
  *   - offsets: every token's span inside the text, in order; decode of sentencepiece's own ids
  *     equal to sentencepiece's decode (internlm2/: no unknown pieces there);
  *   - loading by folder and by the .model path; vocab size and the added tokens' ids;
  *   - malformed files are errors naming the problem (truncated protobuf, a duplicate piece,
- *     byte_fallback without byte pieces, a Unigram model, an unknown piece type). */
+ *     byte_fallback without byte pieces, a WORD model, an unknown piece type). */
 #include "mmc_tokenizer.h"
 #include "test_util.h"
 
@@ -131,10 +132,10 @@ static void check_errors(void) {
     static const uint8_t bf[] = {0x12, 0x03, 0x98, 0x02, 0x01};
     CHECK_ERR(load_patched(model, n, bf, sizeof bf, &t), MMC_ERR_FORMAT);
     CHECK(strstr(mmc_last_error(), "byte_fallback") != NULL);
-    /* trainer_spec {model_type: UNIGRAM} */
-    static const uint8_t uni[] = {0x12, 0x02, 0x18, 0x01};
-    CHECK_ERR(load_patched(model, n, uni, sizeof uni, &t), MMC_ERR_UNSUPPORTED);
-    CHECK(strstr(mmc_last_error(), "UNIGRAM") != NULL);
+    /* trainer_spec {model_type: WORD} */
+    static const uint8_t word[] = {0x12, 0x02, 0x18, 0x03};
+    CHECK_ERR(load_patched(model, n, word, sizeof word, &t), MMC_ERR_UNSUPPORTED);
+    CHECK(strstr(mmc_last_error(), "WORD") != NULL);
     /* a piece of type 9 */
     static const uint8_t ty[] = {0x0A, 0x07, 0x0A, 0x03, 'z', 'z', 'z', 0x18, 0x09};
     CHECK_ERR(load_patched(model, n, ty, sizeof ty, &t), MMC_ERR_FORMAT);
@@ -191,6 +192,9 @@ int main(int argc, char **argv) {
     t = NULL;
     CHECK_OK(mmc_tokenizer_load(ROOT "variant/tokenizer.model", &t));
     if (t) { check_layout(exp, "variant", t); mmc_tokenizer_free(t); }
+    t = NULL;
+    CHECK_OK(mmc_tokenizer_load(ROOT "unigram", &t));
+    if (t) { check_layout(exp, "unigram", t); mmc_tokenizer_free(t); }
     check_errors();
     cJSON_Delete(exp);
     return test_done("test_internlm2_tokenizer");

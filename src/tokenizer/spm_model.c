@@ -13,8 +13,8 @@
  *   3 normalizer_spec: 2 precompiled_charsmap (a Darts double array and its strings), 3
  *     add_dummy_prefix, 4 remove_extra_whitespaces, 5 escape_whitespaces (all default true).
  * Refused with a message naming the file: malformed protobuf, empty or duplicate pieces, not
- * exactly one UNKNOWN piece, byte_fallback without all 256 "<0xXX>" pieces, model types other
- * than BPE, treat_whitespace_as_suffix, a charsmap whose array does not fit its bytes.
+ * exactly one UNKNOWN piece, byte_fallback without all 256 "<0xXX>" pieces, WORD / CHAR models,
+ * treat_whitespace_as_suffix, a charsmap whose array does not fit its bytes.
  *
  * Encoding (sentencepiece's Normalizer::Normalize, then bpe_model.cc, then the processor):
  *   normalize: at each position a USER_DEFINED piece (longest) is kept as is; else the longest
@@ -26,15 +26,17 @@
  *     adjacent pair whose concatenation is a piece (NORMAL, USER_DEFINED or UNUSED) with the
  *     highest score merges, the leftmost on ties; a merged UNUSED piece is split back into the
  *     two symbols it was made of (recursively);
+ *   or Unigram: the Viterbi best segmentation (unigram_cuts below);
  *   ids: a symbol's piece id (CONTROL / UNKNOWN / BYTE pieces first, as PieceToId), else unknown:
  *     with byte_fallback its UTF-8 bytes as "<0xXX>" pieces, else the unknown id, consecutive
  *     unknown symbols fused into one.
  * Offsets: each token's bytes of the input (the normalized text keeps, per byte, the span of the
  * input it came from; the dummy prefix maps to the first character).
- * Not handled: Unigram / word / char models (an error says so). */
+ * Not handled: word / char models (an error says so). */
 #include "tok_internal.h"
 #include "mmc_io.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +55,9 @@ struct tok_spm {
     uint32_t mask;
     int32_t unk, bos, eos;
     int32_t byte_id[256];
-    bool byte_fallback;
+    bool byte_fallback, unigram;
+    int32_t max_len;            /* the longest piece's bytes */
+    float min_score, max_score; /* over NORMAL pieces, as unigram_model.cc sets them (max from FLT_MIN) */
     /* user-defined pieces, longest first, per first byte */
     int32_t *user;              /* ids */
     int32_t user_first[257];    /* user[user_first[b] .. user_first[b + 1]) start with byte b */
@@ -218,12 +222,12 @@ mmc_status tok_spm_parse(const char *buf, size_t size, const char *path, tok_spm
         }
     }
     if (m->n < 1) { st = mmc_error(MMC_ERR_FORMAT, "%s: no pieces: not a SentencePiece model", path); goto fail; }
-    if (model_type != 2) {
-        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: SentencePiece model type %s is not supported (only BPE, as InternLM2 "
-                       "uses); a tokenizer.json beside it is read instead when present", path,
-                       model_type == 1 ? "UNIGRAM" : model_type == 3 ? "WORD" : model_type == 4 ? "CHAR" : "(unknown)");
+    if (model_type != 1 && model_type != 2) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: SentencePiece model type %s is not supported (BPE, as InternLM2 uses, "
+                       "and UNIGRAM are)", path, model_type == 3 ? "WORD" : model_type == 4 ? "CHAR" : "(unknown)");
         goto fail;
     }
+    m->unigram = model_type == 1;
     if (suffix) { st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: treat_whitespace_as_suffix is not supported", path); goto fail; }
     if (cm && cm_len) {   /* precompiled_charsmap: uint32 size of the array, the array, its strings */
         uint32_t ts;
@@ -248,7 +252,11 @@ mmc_status tok_spm_parse(const char *buf, size_t size, const char *path, tok_spm
         for (uint32_t i = 0; i < sz; i++) m->tab[k][i] = -1;
     }
     int n_user = 0;
+    m->min_score = FLT_MAX, m->max_score = FLT_MIN;
     for (int32_t i = 0; i < m->n; i++) {
+        if (m->plen[i] > m->max_len) m->max_len = m->plen[i];
+        if (m->type[i] == P_NORMAL && m->score[i] < m->min_score) m->min_score = m->score[i];
+        if (m->type[i] == P_NORMAL && m->score[i] > m->max_score) m->max_score = m->score[i];
         int k = (m->type[i] == P_NORMAL || m->type[i] == P_USER || m->type[i] == P_UNUSED) ? 0 : 1;
         if (tab_get(m, 0, m->piece[i], (size_t)m->plen[i]) >= 0 || tab_get(m, 1, m->piece[i], (size_t)m->plen[i]) >= 0) {
             st = mmc_error(MMC_ERR_FORMAT, "%s: piece %d '%.40s' appears twice", path, i, m->piece[i]);
@@ -535,6 +543,44 @@ static void resegment(emitter *e, const rev_log *rl, int64_t a, int64_t b, int d
     emit(e, a, b);
 }
 
+/* Unigram (unigram_model.cc's EncodeOptimized): Viterbi over the normalized bytes in float, as
+ * sentencepiece sums; from each character start every piece (NORMAL, USER_DEFINED: length in bytes
+ * times max_score less 0.1) ending later replaces the best path into its end when strictly better
+ * (or when none came yet); where no piece is exactly that character, the unknown node (min_score -
+ * 10) spans it. *cut gets the token boundaries, last to first: cut[0] = n, ... */
+static mmc_status unigram_cuts(const tok_spm *m, const nbuf *nb, int64_t *cut, int64_t *ncut) {
+    const int64_t n = nb->n;
+    float *best = malloc((size_t)(n + 1) * sizeof *best);
+    int64_t *from = malloc((size_t)(n + 1) * sizeof *from);
+    if (!best || !from) { free(best); free(from); return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory"); }
+    for (int64_t i = 0; i <= n; i++) best[i] = 0, from[i] = -1;
+    const float unk_score = m->min_score - 10.0f;
+    for (int64_t i = 0; i < n;) {
+        int cl = utf8_char((const uint8_t *)nb->s + i, (size_t)(n - i));
+        if (!cl) cl = 1;
+        bool single = false;
+        for (int64_t l = 1; l <= m->max_len && i + l <= n; l++) {
+            int32_t id = tab_get(m, 0, nb->s + i, (size_t)l);
+            if (id < 0 || m->type[id] == P_UNUSED) continue;
+            float sc = (m->type[id] == P_USER ? (float)l * m->max_score - 0.1f : m->score[id]) + best[i];
+            if (from[i + l] < 0 || sc > best[i + l]) best[i + l] = sc, from[i + l] = i;
+            if (l == cl) single = true;
+        }
+        if (!single) {
+            float sc = unk_score + best[i];
+            if (from[i + cl] < 0 || sc > best[i + cl]) best[i + cl] = sc, from[i + cl] = i;
+        }
+        i += cl;
+    }
+    int64_t k = 0;
+    for (int64_t e = n; e > 0 && from[e] >= 0; e = from[e]) cut[k++] = e;
+    cut[k++] = 0;
+    *ncut = k;
+    free(best);
+    free(from);
+    return MMC_OK;
+}
+
 mmc_status tok_spm_encode(const tok_spm *m, const char *s, int64_t n, int64_t base,
                           void (*push)(void *ctx, int32_t id, int64_t start, int64_t end), void *ctx) {
     nbuf nb = {0};
@@ -544,6 +590,16 @@ mmc_status tok_spm_encode(const tok_spm *m, const char *s, int64_t n, int64_t ba
     mmc_status st = MMC_OK;
     if (!normalize(m, s, n, base, &nb)) goto oom;
     if (nb.n == 0) goto done;
+    if (m->unigram) {
+        int64_t *cut = malloc((size_t)(nb.n + 2) * sizeof *cut), nc = 0;
+        if (!cut) goto oom;
+        if ((st = unigram_cuts(m, &nb, cut, &nc))) { free(cut); goto done; }
+        emitter e = {m, &nb, push, ctx, -1, -1};
+        for (int64_t k = nc - 1; k > 0; k--) emit(&e, cut[k], cut[k - 1]);
+        flush_unk(&e);
+        free(cut);
+        goto done;
+    }
     sy = malloc((size_t)nb.n * sizeof *sy);
     h = malloc((size_t)(2 * nb.n + 1) * sizeof *h);
     if (!sy || !h) goto oom;

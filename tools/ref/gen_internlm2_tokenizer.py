@@ -15,6 +15,8 @@ requirements.txt):
   source), add_dummy_prefix off, remove_extra_whitespaces on, no byte_fallback (unknown characters:
   one fused <unk>), and two merged pieces turned UNUSED (sentencepiece splits them back); no
   tokenizer_config.json (InternLM2Tokenizer's defaults).
+* unigram/: a Unigram model (sentencepiece's default type, as other checkpoints' tokenizer.model are):
+  byte_fallback, a user-defined piece, dummy prefix, extra whitespace removed; no tokenizer_config.json.
 
 The reference: transformers 4.44.2's slow PreTrainedTokenizer (added tokens split off, leftmost
 longest, with their lstrip / rstrip) around InternLM2Tokenizer's own methods, restated below from the
@@ -25,7 +27,7 @@ gen_internvl_internlm2.py's docstring: transformers 4.44.2 first, .venv-ref's se
 
   .venv-internlm2/bin/python tools/ref/gen_internlm2_tokenizer.py
 
-Writes tests/fixtures/internlm2_tokenizer/{internlm2,variant}/ and expected.json: the texts; per layout
+Writes tests/fixtures/internlm2_tokenizer/{internlm2,variant,unigram}/ and expected.json: the texts; per layout
 the ids with and without special tokens, sentencepiece's own ids of each text (sp.encode) and its
 decode of them; and fuzz/corpus/spm_model/ seeds (the two models, a truncated one).
 """
@@ -118,9 +120,9 @@ def corpus(n):
     return out
 
 
-def train(**kw):
+def train(model_type="bpe", **kw):
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus(3000)), model_writer=buf, model_type="bpe",
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus(3000)), model_writer=buf, model_type=model_type,
                                    unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
                                    num_threads=1, hard_vocab_limit=False, **kw)
     return buf.getvalue()
@@ -180,6 +182,15 @@ def main():
     print("variant: charsmap", len(mp.normalizer_spec.precompiled_charsmap), "bytes; UNUSED",
           [mp.pieces[i].piece for i in unused])
 
+    # unigram/
+    u = train(model_type="unigram", vocab_size=400, byte_fallback=True, normalization_rule_name="identity",
+              add_dummy_prefix=True, remove_extra_whitespaces=True, user_defined_symbols=["<fim_pad>"],
+              character_coverage=0.99)
+    du = os.path.join(OUT, "unigram")
+    os.makedirs(du)
+    with open(os.path.join(du, "tokenizer.model"), "wb") as f:
+        f.write(u)
+
     texts = [
         "", " ", "   ", "\n", "Hello world", " leading space", "trailing space ", "two  spaces   three",
         "A red square and a blue circle on a white table.",
@@ -213,7 +224,7 @@ def main():
         texts.append("".join(parts))
 
     expected = {"texts": texts, "layouts": {}}
-    for name, d, model in (("internlm2", da, a), ("variant", db, b)):
+    for name, d, model in (("internlm2", da, a), ("variant", db, b), ("unigram", du, u)):
         cfgp = os.path.join(d, "tokenizer_config.json")
         kw = {}
         if os.path.exists(cfgp):
@@ -239,7 +250,8 @@ def main():
 
     shutil.rmtree(SEEDS, ignore_errors=True)
     os.makedirs(SEEDS)
-    for nm, data in (("internlm2.model", a), ("variant.model", b), ("truncated.model", a[: len(a) // 3])):
+    for nm, data in (("internlm2.model", a), ("variant.model", b), ("unigram.model", u),
+                     ("truncated.model", a[: len(a) // 3])):
         with open(os.path.join(SEEDS, nm), "wb") as f:
             f.write(data)
 
