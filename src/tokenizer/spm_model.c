@@ -56,6 +56,7 @@ struct tok_spm {
     int32_t unk, bos, eos;
     int32_t byte_id[256];
     bool byte_fallback, unigram;
+    bool word_split;            /* no piece has a character then "▁", and none is UNUSED: BPE per word */
     int32_t max_len;            /* the longest piece's bytes */
     float min_score, max_score; /* over NORMAL pieces, as unigram_model.cc sets them (max from FLT_MIN) */
     /* user-defined pieces, longest first, per first byte */
@@ -283,6 +284,18 @@ mmc_status tok_spm_parse(const char *buf, size_t size, const char *path, tok_spm
             st = mmc_error(MMC_ERR_FORMAT, "%s: byte_fallback is set but there is no BYTE piece '%s'", path, fb);
             goto fail;
         }
+    }
+    /* word_split: no NORMAL / USER_DEFINED piece holds "▁" after another character, and no UNUSED
+     * piece (sentencepiece's rev_merge keeps the last split proposed anywhere in the text) */
+    m->word_split = true;
+    for (int32_t i = 0; i < m->n && m->word_split; i++) {
+        if (m->type[i] == P_UNUSED) m->word_split = false;
+        if (m->type[i] != P_NORMAL && m->type[i] != P_USER) continue;
+        for (int32_t k = 1; k + 3 <= m->plen[i]; k++)
+            if (!memcmp(m->piece[i] + k, SPACE_SYM, 3) && (k < 3 || memcmp(m->piece[i] + k - 3, SPACE_SYM, 3))) {
+                m->word_split = false;
+                break;
+            }
     }
     if (!(m->user = malloc((size_t)(n_user + 1) * sizeof *m->user))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     n_user = 0;
@@ -601,21 +614,10 @@ mmc_status tok_spm_encode(const tok_spm *m, const char *s, int64_t n, int64_t ba
         goto done;
     }
     sy = malloc((size_t)nb.n * sizeof *sy);
-    h = malloc((size_t)(2 * nb.n + 1) * sizeof *h);
+    int64_t nh = 0, hcap = 64;
+    h = malloc((size_t)hcap * sizeof *h);
     if (!sy || !h) goto oom;
-    int64_t ns = 0;
-    for (int64_t i = 0; i < nb.n;) {
-        size_t k = user_match(m, nb.s + i, (size_t)(nb.n - i));
-        bool fr = k > 0;
-        if (!k) {
-            k = (size_t)utf8_char((const uint8_t *)nb.s + i, (size_t)(nb.n - i));
-            if (!k) k = 1;
-        }
-        sy[ns] = (sym){i, (int64_t)k, ns - 1, i + (int64_t)k < nb.n ? ns + 1 : -1, fr};
-        ns++;
-        i += (int64_t)k;
-    }
-    int64_t nh = 0, hcap = 2 * nb.n + 1;
+    emitter e = {m, &nb, push, ctx, -1, -1};
 #define TRY_PAIR(L, R) do { \
         int64_t l_ = (L), r_ = (R); \
         if (l_ >= 0 && r_ >= 0 && !sy[l_].freeze && !sy[r_].freeze) { \
@@ -628,21 +630,41 @@ mmc_status tok_spm_encode(const tok_spm *m, const char *s, int64_t n, int64_t ba
             } \
         } \
     } while (0)
-    for (int64_t i = 0; i + 1 < ns; i++) TRY_PAIR(i, i + 1);
-    while (nh > 0) {
-        pair top = hpop(h, &nh);
-        sym *L = &sy[top.left], *R = &sy[top.right];
-        if (L->len == 0 || R->len == 0 || L->len + R->len != top.size) continue;   /* stale */
-        L->len += R->len;
-        L->next = R->next;
-        if (R->next >= 0) sy[R->next].prev = top.left;
-        R->len = 0;
-        TRY_PAIR(L->prev, top.left);
-        TRY_PAIR(top.left, L->next);
+    /* chunks: the whole text, or (word_split) each stretch that ends before a "▁" following another
+     * character: no piece can span such a boundary, so BPE per chunk merges the same */
+    for (int64_t c0 = 0, c1; c0 < nb.n; c0 = c1) {
+        c1 = nb.n;
+        if (m->word_split)
+            for (int64_t i = c0 + 3; i + 3 <= nb.n; i++)
+                if (!memcmp(nb.s + i, SPACE_SYM, 3) && memcmp(nb.s + i - 3, SPACE_SYM, 3)) { c1 = i; break; }
+        int64_t ns = 0;
+        for (int64_t i = c0; i < c1;) {
+            size_t k = user_match(m, nb.s + i, (size_t)(c1 - i));
+            bool fr = k > 0;
+            if (!k) {
+                k = (size_t)utf8_char((const uint8_t *)nb.s + i, (size_t)(c1 - i));
+                if (!k) k = 1;
+            }
+            sy[ns] = (sym){i, (int64_t)k, ns - 1, i + (int64_t)k < c1 ? ns + 1 : -1, fr};
+            ns++;
+            i += (int64_t)k;
+        }
+        nh = 0;
+        for (int64_t i = 0; i + 1 < ns; i++) TRY_PAIR(i, i + 1);
+        while (nh > 0) {
+            pair top = hpop(h, &nh);
+            sym *L = &sy[top.left], *R = &sy[top.right];
+            if (L->len == 0 || R->len == 0 || L->len + R->len != top.size) continue;   /* stale */
+            L->len += R->len;
+            L->next = R->next;
+            if (R->next >= 0) sy[R->next].prev = top.left;
+            R->len = 0;
+            TRY_PAIR(L->prev, top.left);
+            TRY_PAIR(top.left, L->next);
+        }
+        for (int64_t i = 0; i >= 0; i = sy[i].next) resegment(&e, &rl, sy[i].start, sy[i].start + sy[i].len, 0);
     }
 #undef TRY_PAIR
-    emitter e = {m, &nb, push, ctx, -1, -1};
-    for (int64_t i = 0; i >= 0; i = sy[i].next) resegment(&e, &rl, sy[i].start, sy[i].start + sy[i].len, 0);
     flush_unk(&e);
     goto done;
 oom:

@@ -29,7 +29,8 @@ gen_internvl_internlm2.py's docstring: transformers 4.44.2 first, .venv-ref's se
 
 Writes tests/fixtures/internlm2_tokenizer/{internlm2,variant,unigram}/ and expected.json: the texts; per layout
 the ids with and without special tokens, sentencepiece's own ids of each text (sp.encode) and its
-decode of them; and fuzz/corpus/spm_model/ seeds (the two models, a truncated one).
+decode of them; fuzz/corpus/spm_model/ seeds (the three models, a truncated one); and
+bench/data/internlm2_spm_8k/tokenizer.model (8000 pieces, for bench/bench_tokenizer.c).
 """
 import io
 import json
@@ -247,6 +248,24 @@ def main():
         print(name, "pieces", s.get_piece_size(), "tokenizer size", len(tok), "e.g.", lay["ids"][10][:12])
     with open(os.path.join(OUT, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, separators=(",", ":"))
+
+    # bench/data/internlm2_spm_8k/: an InternLM2-shaped tokenizer.model for bench/bench_tokenizer.c (the
+    # "internlm2" rows; peer: sentencepiece itself): BPE, byte fallback, 8000 pieces, trained on the first
+    # 400 kB of the benchmark corpus with internlm2/'s settings
+    lines = open(os.path.join(ROOT, "bench", "data", "tokenizer_corpus.txt"), encoding="utf-8").read()[:400000]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines.splitlines()), model_writer=buf, model_type="bpe",
+                                   vocab_size=8000, byte_fallback=True, split_digits=True,
+                                   normalization_rule_name="identity", add_dummy_prefix=True,
+                                   allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+                                   character_coverage=0.9995, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   num_threads=1, hard_vocab_limit=False, max_sentence_length=1 << 16,
+                                   user_defined_symbols=CHAT)
+    d = os.path.join(ROOT, "bench", "data", "internlm2_spm_8k")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open(os.path.join(d, "tokenizer.model"), "wb") as f:
+        f.write(buf.getvalue())
 
     shutil.rmtree(SEEDS, ignore_errors=True)
     os.makedirs(SEEDS)
