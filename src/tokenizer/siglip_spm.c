@@ -29,6 +29,7 @@
  * times the best score - 0.1) but not protected from the charsmap first as sentencepiece does. */
 #include "mmc_embed.h"
 #include "mmc_io.h"
+#include "tok_internal.h"   /* the protobuf field reader and the charsmap lookup, shared with spm_model.c */
 
 #include <stdlib.h>
 #include <string.h>
@@ -60,36 +61,7 @@ struct mmc_siglip_tokenizer {
     int model_max_length;
 };
 
-/* ---------------------------------------------------------------- protobuf */
-static bool pb_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
-    *v = 0;
-    for (int sh = 0; sh < 64 && *p < end; sh += 7) {
-        uint8_t b = *(*p)++;
-        *v |= (uint64_t)(b & 0x7F) << sh;
-        if (!(b & 0x80)) return true;
-    }
-    return false;
-}
-
-/* one field: its number, wire type; for length-delimited ones the bytes, for varints the value */
-static bool pb_field(const uint8_t **p, const uint8_t *end, uint32_t *num, uint64_t *val, const uint8_t **data,
-                     size_t *len) {
-    uint64_t key;
-    if (!pb_varint(p, end, &key)) return false;
-    *num = (uint32_t)(key >> 3);
-    *data = NULL, *len = 0, *val = 0;
-    switch (key & 7) {
-    case 0: return pb_varint(p, end, val);
-    case 1: if (end - *p < 8) return false; *data = *p; *len = 8; *p += 8; return true;
-    case 5: if (end - *p < 4) return false; *data = *p; *len = 4; *p += 4; return true;
-    case 2:
-        if (!pb_varint(p, end, val) || *val > (uint64_t)(end - *p)) return false;
-        *data = *p, *len = (size_t)*val, *p += *len;
-        return true;
-    default: return false;
-    }
-}
-
+/* ---------------------------------------------------------------- piece table (the protobuf reader: tok_pb_field) */
 static uint32_t hash(const char *s, size_t n) {
     uint32_t h = 2166136261u;
     for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
@@ -141,7 +113,7 @@ mmc_status mmc_siglip_tokenizer_load(const char *dir, mmc_siglip_tokenizer **out
     t->dummy_prefix = t->remove_ws = t->lower = true;
     t->unk = -1;
     while (p < end) {
-        if (!pb_field(&p, end, &num, &v, &d, &len)) goto bad;
+        if (!tok_pb_field(&p, end, &num, &v, &d, &len)) goto bad;
         if (num == 1 && d) {                                   /* SentencePiece */
             if (t->n == cap) {
                 cap = cap ? 2 * cap : 1024;
@@ -158,7 +130,7 @@ mmc_status mmc_siglip_tokenizer_load(const char *dir, mmc_siglip_tokenizer **out
             int32_t i = t->n++;
             t->piece[i] = NULL, t->plen[i] = 0, t->score[i] = 0, t->type[i] = T_NORMAL;
             while (q < qe) {
-                if (!pb_field(&q, qe, &num, &v, &pd, &pl)) goto bad;
+                if (!tok_pb_field(&q, qe, &num, &v, &pd, &pl)) goto bad;
                 if (num == 1 && pd) t->piece[i] = (const char *)pd, t->plen[i] = (int32_t)pl;
                 else if (num == 2 && pd && pl == 4) memcpy(&t->score[i], pd, 4);
                 else if (num == 3 && !pd) t->type[i] = (uint8_t)v;
@@ -168,7 +140,7 @@ mmc_status mmc_siglip_tokenizer_load(const char *dir, mmc_siglip_tokenizer **out
             const uint8_t *q = d, *qe = d + len, *pd;
             size_t pl;
             while (q < qe) {
-                if (!pb_field(&q, qe, &num, &v, &pd, &pl)) goto bad;
+                if (!tok_pb_field(&q, qe, &num, &v, &pd, &pl)) goto bad;
                 if (num == 35 && !pd && v) {
                     st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: a byte_fallback SentencePiece model is not supported "
                                    "(SigLIP's spiece.model has none)", path);
@@ -179,7 +151,7 @@ mmc_status mmc_siglip_tokenizer_load(const char *dir, mmc_siglip_tokenizer **out
             const uint8_t *q = d, *qe = d + len, *pd;
             size_t pl;
             while (q < qe) {
-                if (!pb_field(&q, qe, &num, &v, &pd, &pl)) goto bad;
+                if (!tok_pb_field(&q, qe, &num, &v, &pd, &pl)) goto bad;
                 if (num == 2 && pd && pl) {
                     uint32_t ts;
                     if (pl < 4) goto bad;
@@ -281,36 +253,6 @@ static bool py_space(int32_t c) {   /* str.isspace: Unicode White_Space plus the
     return false;
 }
 
-/* the longest charsmap match at s[0..n) (Darts commonPrefixSearch), its length, the string in *rep */
-static size_t charsmap_longest(const mmc_siglip_tokenizer *t, const uint8_t *s, size_t n, const char **rep) {
-    if (!t->units || !t->n_units) return 0;
-    const uint32_t *u = t->units;
-#define OFF(x) (((x) >> 10) << (((x) & (1u << 9)) >> 6))
-    uint32_t pos = 0, unit;
-    memcpy(&unit, &u[0], 4);
-    pos ^= OFF(unit);
-    size_t best = 0;
-    for (size_t i = 0; i < n; i++) {
-        pos ^= s[i];
-        if (pos >= t->n_units) break;
-        memcpy(&unit, &u[pos], 4);
-        if ((unit & ((1u << 31) | 0xFF)) != s[i]) break;
-        pos ^= OFF(unit);
-        if ((unit >> 8) & 1) {
-            if (pos >= t->n_units) break;
-            uint32_t leaf;
-            memcpy(&leaf, &u[pos], 4);
-            uint32_t val = leaf & 0x7FFFFFFFu;
-            if (val < t->norm_len) {
-                best = i + 1;
-                *rep = t->norm_str + val;
-            }
-        }
-    }
-#undef OFF
-    return best;
-}
-
 /* "<unk>" + canonicalize_text(("▁" if first) + text), then SentencePiece's normalizer ->
  * "▁<unk>▁a▁red▁cat" in *out, as _tokenize hands it to sp_model.encode */
 static mmc_status normalize(const mmc_siglip_tokenizer *t, const char *text, size_t n, bool first, buf *out) {
@@ -358,7 +300,7 @@ static mmc_status normalize(const mmc_siglip_tokenizer *t, const char *text, siz
     const uint8_t *cs = (const uint8_t *)(c.p ? c.p : "");
     for (size_t i = 0; i < c.n;) {
         const char *rep = NULL;
-        size_t k = charsmap_longest(t, cs + i, c.n - i, &rep);
+        size_t k = tok_charsmap_longest(t->units, t->n_units, t->norm_str, t->norm_len, cs + i, c.n - i, &rep);
         const char *piece;
         size_t pl;
         if (k) piece = rep, pl = strnlen(rep, t->norm_len - (size_t)(rep - t->norm_str)), i += k;

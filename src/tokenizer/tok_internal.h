@@ -34,6 +34,34 @@ typedef struct {
 
 typedef struct tok_scratch tok_scratch;
 
+/* A SentencePiece model file (tokenizer.model), read and encoded as sentencepiece does:
+ * src/tokenizer/spm_model.c. */
+typedef struct tok_spm tok_spm;
+mmc_status tok_spm_parse(const char *buf, size_t n, const char *path, tok_spm **out);
+void tok_spm_free(tok_spm *m);
+/* Normalize + encode s[0, n) (the input's bytes [base, base + n)): push(ctx, id, start, end)
+ * per token, start / end its span of the input. */
+mmc_status tok_spm_encode(const tok_spm *m, const char *s, int64_t n, int64_t base,
+                          void (*push)(void *ctx, int32_t id, int64_t start, int64_t end), void *ctx);
+/* The pieces spm_model.c and siglip_spm.c share. One protobuf field at *p (< end): its number;
+ * a varint's value in *val (data NULL), else the field's bytes in data / len; false when malformed
+ * or truncated. */
+bool tok_pb_field(const uint8_t **p, const uint8_t *end, uint32_t *num, uint64_t *val, const uint8_t **data,
+                  size_t *len);
+/* The longest match at s[0, n) in a precompiled charsmap (its Darts double array `units`, n_units
+ * entries, any alignment; the replacement strings str[0, str_len)): the match's length, the
+ * NUL-terminated replacement in *rep; 0 if none. Every index is checked. */
+size_t tok_charsmap_longest(const void *units, uint32_t n_units, const char *str, size_t str_len, const uint8_t *s,
+                            size_t n, const char **rep);
+int32_t tok_spm_size(const tok_spm *m);
+const char *tok_spm_piece(const tok_spm *m, int32_t id, int32_t *len);
+int32_t tok_spm_id(const tok_spm *m, const char *piece);   /* -1 if none */
+int32_t tok_spm_bos(const tok_spm *m);                     /* trainer_spec's, -1 if none */
+int32_t tok_spm_eos(const tok_spm *m);
+int32_t tok_spm_unk(const tok_spm *m);
+bool tok_spm_byte_fallback(const tok_spm *m);
+bool tok_spm_dummy_prefix(const tok_spm *m);
+
 struct mmc_tokenizer {
     int32_t n_ids;              /* 1 + max id */
     char **id_str;              /* [n_ids] token text as in tokenizer.json, NULL for gaps */
@@ -65,6 +93,7 @@ struct mmc_tokenizer {
     bool dec_byte_fallback;     /* decoder turns "<0xXX>" tokens into bytes */
     int dec_strip_left;         /* decoder strips this many leading spaces of the text */
     bool tf5_llama;             /* tokenizer_class LlamaTokenizer: transformers 5's own pipeline */
+    tok_spm *spmodel;           /* tokenizer.model (no tokenizer.json): sentencepiece encodes each section */
     char model_type[64];        /* config.json beside tokenizer.json ("" if none) */
     /* added tokens, and for each first byte the candidates (longest first) */
     tok_added *added;

@@ -695,10 +695,13 @@ static mmc_status process_segment_spm(const mmc_tokenizer *t, tok_scratch *sc, c
     return st;
 }
 
+static void spmodel_push(void *ctx, int32_t id, int64_t start, int64_t end) { out_push(ctx, id, start, end); }
+
 /* Normalize (NFC) + encode seg[0, n), which starts at byte `base` of the input. */
 static mmc_status process_segment(const mmc_tokenizer *t, tok_scratch *sc, const char *seg, int64_t n,
                                   int64_t base, tok_out *o) {
     if (n <= 0) return MMC_OK;
+    if (t->spmodel) return tok_spm_encode(t->spmodel, seg, n, base, spmodel_push, o);
     if (t->spm) return process_segment_spm(t, sc, seg, n, base, o);
     int64_t first = o->n;
     bool identity = true;
@@ -972,6 +975,7 @@ void mmc_tokenizer_free(mmc_tokenizer *t) {
     for (int i = 0; i < t->n_splits; i++) pcre2_code_free(t->re[i]);
     free(t->chat_template);
     free(t->chat_template_name);
+    tok_spm_free(t->spmodel);
     while (t->pool) { tok_scratch *s = t->pool; t->pool = s->next; scratch_free(s); }
     pthread_mutex_destroy(&t->mu);
     free(t);
@@ -1328,6 +1332,40 @@ static cJSON *parse_json(const char *buf, size_t n, const char *name, const char
     return j;
 }
 
+/* A slow tokenizer (transformers 4.x PreTrainedTokenizer, as InternLM2Tokenizer) also splits its
+ * special tokens off the text when added_tokens_decoder does not list them: bos / eos / unk / pad
+ * (a string or an AddedToken object; sentencepiece's names by default) and
+ * additional_special_tokens, each where it names a piece. */
+static mmc_status add_implicit_specials(mmc_tokenizer *t, const cJSON *cfg, const char *cname) {
+    static const char *const keys[] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+    static const char *const defs[] = {"<s>", "</s>", "<unk>", NULL};
+    char what[1100];
+    snprintf(what, sizeof what, "tokenizer config %s", cname);
+    mmc_status st = MMC_OK;
+    for (int k = 0; k < 5 && !st; k++) {
+        const cJSON *v = k < 4 ? cJSON_GetObjectItemCaseSensitive(cfg, keys[k])
+                               : cJSON_GetObjectItemCaseSensitive(cfg, "additional_special_tokens");
+        const cJSON *e, *one[1] = {v};
+        int cnt = k < 4 ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+        for (int i = 0; i < cnt && !st; i++) {
+            e = k < 4 ? one[0] : cJSON_GetArrayItem(v, i);
+            const char *c = cJSON_IsString(e) ? e->valuestring : cJSON_IsObject(e) ? jstr(e, "content")
+                          : (k < 4 && !e) ? defs[k] : NULL;
+            int32_t id = c && *c ? lookup_name(t, c) : -1;
+            if (id < 0 || t->is_added[id]) continue;
+            cJSON *a = cJSON_IsObject(e) ? cJSON_Duplicate(e, true) : cJSON_CreateObject();
+            if (!a) return mmc_error(MMC_ERR_OOM, "tokenizer: out of memory");
+            if (!cJSON_IsObject(e)) cJSON_AddStringToObject(a, "content", c);
+            cJSON_DeleteItemFromObjectCaseSensitive(a, "special");
+            cJSON_AddBoolToObject(a, "special", true);
+            if (!cJSON_HasObjectItem(a, "normalized")) cJSON_AddBoolToObject(a, "normalized", false);
+            st = add_added(t, a, id, what);
+            cJSON_Delete(a);
+        }
+    }
+    return st;
+}
+
 /* tokenizer_config.json (cbuf, may be NULL: the file is optional): added_tokens_decoder, the
  * special-token roles and the chat template. */
 static mmc_status load_config(mmc_tokenizer *t, const char *cbuf, size_t cn, const char *cname) {
@@ -1358,6 +1396,7 @@ static mmc_status load_config(mmc_tokenizer *t, const char *cbuf, size_t cn, con
         if (id >= t->n_ids) continue; /* beyond tokenizer.json: ignored */
         if ((st = add_added(t, e, (int32_t)id, what))) goto done;
     }
+    if (t->spmodel && (st = add_implicit_specials(t, cfg, cname))) goto done;
     if ((st = build_added_index(t)) || !cfg) goto done;
     t->role_id[MMC_TOK_BOS] = config_token(t, cfg, "bos_token");
     t->role_id[MMC_TOK_EOS] = config_token(t, cfg, "eos_token");
@@ -1629,6 +1668,98 @@ fail:
     return st;
 }
 
+/* tokenizer.model (a SentencePiece model, spm_model.c) with tokenizer_config.json, as transformers
+ * 4.x's slow tokenizers use it: InternLM2Tokenizer (InternLM2, InternVL2 / 2.5 with InternLM2; its
+ * _tokenize is sp_model.encode(text)), and LlamaTokenizer in its legacy mode (the same). The added
+ * tokens of added_tokens_decoder and the special tokens are split off first (leftmost longest, with
+ * their lstrip / rstrip), each section between them is sentencepiece's; bos first when
+ * add_bos_token (default true: sentencepiece's bos_id for InternLM2Tokenizer, bos_token for
+ * LlamaTokenizer), eos last when add_eos_token. Decoding is sentencepiece's: "▁" a space, byte
+ * pieces their bytes, the first space dropped when the model adds a dummy prefix. */
+static mmc_status load_spm_model(mmc_tokenizer *t, const char *buf, size_t n, const char *cbuf, size_t cn,
+                                 const char *cname) {
+    mmc_status st = tok_spm_parse(buf, n, t->path, &t->spmodel);
+    if (st) return st;
+    const tok_spm *m = t->spmodel;
+    int32_t np = tok_spm_size(m);
+    cJSON *cfg = NULL;
+    if (cbuf && !(cfg = parse_json(cbuf, cn, cname, "tokenizer config"))) return MMC_ERR_FORMAT;
+    const char *cls = jstr(cfg, "tokenizer_class");
+    bool llama = cls && (!strcmp(cls, "LlamaTokenizer") || !strcmp(cls, "LlamaTokenizerFast"));
+    if (cls && !llama && strcmp(cls, "InternLM2Tokenizer") && strcmp(cls, "InternLM2TokenizerFast")) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: tokenizer_class '%.60s' with only a tokenizer.model is not "
+                       "supported (InternLM2Tokenizer and LlamaTokenizer are; give a tokenizer.json)", cname, cls);
+        goto done;
+    }
+    if (llama && cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "legacy"))) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "tokenizer %s: LlamaTokenizer with legacy false over a tokenizer.model is not "
+                       "supported (give a tokenizer.json)", cname);
+        goto done;
+    }
+    /* ids: the pieces, then added_tokens_decoder's (each below pieces + entries, so no table is
+     * sized by a number in the file) */
+    const cJSON *e, *atd = cJSON_GetObjectItemCaseSensitive(cfg, "added_tokens_decoder");
+    int64_t bound = (int64_t)np + cJSON_GetArraySize(cJSON_IsObject(atd) ? atd : NULL), maxid = np - 1;
+    if (cJSON_IsObject(atd))
+        cJSON_ArrayForEach(e, atd) {
+            long long id = e->string ? strtoll(e->string, NULL, 10) : -1;
+            if (id >= bound) {
+                st = mmc_error(MMC_ERR_FORMAT, "tokenizer config %s: added_tokens_decoder id %lld is beyond the %d pieces "
+                               "of tokenizer.model plus its %lld entries", cname, id, np, (long long)(bound - np));
+                goto done;
+            }
+            if (id > maxid) maxid = id;
+        }
+    t->n_ids = (int32_t)maxid + 1;
+    t->id_str = calloc((size_t)t->n_ids + 1, sizeof *t->id_str);
+    t->id_bytes = calloc((size_t)t->n_ids + 1, sizeof *t->id_bytes);
+    t->id_nbytes = calloc((size_t)t->n_ids + 1, sizeof *t->id_nbytes);
+    t->is_special = calloc((size_t)t->n_ids + 1, 1);
+    t->is_added = calloc((size_t)t->n_ids + 1, 1);
+    if (!t->id_str || !t->id_bytes || !t->id_nbytes || !t->is_special || !t->is_added) { st = mmc_error(MMC_ERR_OOM, "tokenizer: OOM"); goto done; }
+    if ((st = strmap_init(&t->vocab_bytes, 1)) || (st = strmap_init(&t->vocab_str, (size_t)bound))) goto done;
+    t->spm = true;
+    t->byte_fallback = t->dec_byte_fallback = tok_spm_byte_fallback(m);
+    t->dec_strip_left = tok_spm_dummy_prefix(m) ? 1 : 0;
+    for (int32_t i = 0; i < np; i++) {
+        int32_t pl;
+        const char *p = tok_spm_piece(m, i, &pl);
+        uint8_t *b = malloc((size_t)pl + 1);
+        if (!(t->id_str[i] = strdup(p)) || !b) { free(b); st = mmc_error(MMC_ERR_OOM, "tokenizer: OOM"); goto done; }
+        int32_t j = 0;
+        for (int32_t k = 0; k < pl;) {
+            if (k + 3 <= pl && !memcmp(p + k, SPM_SPACE, 3)) { b[j++] = ' '; k += 3; }
+            else b[j++] = (uint8_t)p[k++];
+        }
+        t->id_bytes[i] = b;
+        t->id_nbytes[i] = j;
+        if ((st = strmap_put(t, &t->vocab_str, true, t->id_str[i], strlen(t->id_str[i]), i))) goto done;
+    }
+    for (int b = 0; b < 256; b++) {
+        char fb[8];
+        snprintf(fb, sizeof fb, "<0x%02X>", b);
+        t->byte_id[b] = -1;
+        t->fallback_id[b] = t->byte_fallback ? tok_spm_id(m, fb) : -1;
+    }
+    t->unk_id = tok_spm_unk(m);
+    cJSON_Delete(cfg);
+    cfg = NULL;
+    if ((st = load_config(t, cbuf, cn, cname))) return st;
+    if (t->role_id[MMC_TOK_UNK] < 0) t->role_id[MMC_TOK_UNK] = t->unk_id;
+    if (t->role_id[MMC_TOK_BOS] < 0 && !cbuf) t->role_id[MMC_TOK_BOS] = tok_spm_bos(m);
+    if (t->role_id[MMC_TOK_EOS] < 0 && !cbuf) t->role_id[MMC_TOK_EOS] = tok_spm_eos(m);
+    tok_cfg_peek pk;
+    peek_config(cbuf, cn, &pk);
+    int32_t bos = llama ? t->role_id[MMC_TOK_BOS] : tok_spm_bos(m), eos = llama ? t->role_id[MMC_TOK_EOS] : tok_spm_eos(m);
+    if (pk.add_bos) { if (bos < 0) t->pp_unsupported = true; else t->pp_pre[t->n_pp_pre++] = bos; }
+    if (pk.add_eos) { if (eos < 0) t->pp_unsupported = true; else t->pp_post[t->n_pp_post++] = eos; }
+    snprintf(t->pp_type, sizeof t->pp_type, "%s bos/eos", llama ? "LlamaTokenizer" : "InternLM2Tokenizer");
+    return MMC_OK;
+done:
+    cJSON_Delete(cfg);
+    return st;
+}
+
 static mmc_status tokenizer_new(const char *name, mmc_tokenizer **out) {
     *out = NULL;
     pthread_once(&g_once, global_init);
@@ -1655,6 +1786,18 @@ mmc_status mmc_tokenizer_load_memory(const char *json, size_t n, const char *con
     return st;
 }
 
+mmc_status mmc_tokenizer_load_spm_memory(const char *model, size_t n, const char *config, size_t config_n,
+                                         const char *name, mmc_tokenizer **out) {
+    if (!model || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load_spm_memory: NULL argument");
+    char cname[1100];
+    snprintf(cname, sizeof cname, "%s (tokenizer_config.json)", name ? name : "memory");
+    mmc_tokenizer *t;
+    mmc_status st = tokenizer_new(name ? name : "memory", &t);
+    if (!st && (st = load_spm_model(t, model, n, config, config ? config_n : 0, cname))) { mmc_tokenizer_free(t); t = NULL; }
+    *out = t;
+    return st;
+}
+
 mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
     if (!path || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load: NULL argument");
     *out = NULL;
@@ -1670,6 +1813,16 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
         const char *sl = strrchr(path, '/');
         int dl = sl ? (int)(sl - path) : 0;
         snprintf(cpath, sizeof cpath, "%.*s%stokenizer_config.json", dl, path, sl ? "/" : "");
+    }
+    /* no tokenizer.json but a tokenizer.model (InternLM2's layout), or a .model file named */
+    size_t pl = strlen(path);
+    bool spmodel = !S_ISDIR(sb.st_mode) && pl >= 6 && !strcmp(path + pl - 6, ".model");
+    if (S_ISDIR(sb.st_mode) && stat(jpath, &sb) != 0) {
+        char mp[1024];
+        if (snprintf(mp, sizeof mp, "%s/tokenizer.model", path) < (int)sizeof mp && stat(mp, &sb) == 0) {
+            spmodel = true;
+            memcpy(jpath, mp, sizeof jpath);
+        }
     }
     char *buf = NULL, *cbuf = NULL;
     size_t n = 0, cn = 0;
@@ -1694,7 +1847,8 @@ mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
         }
         mmc_clear_error();
     }
-    if (!st && (st = load_buffers(t, buf, n, cbuf, cn, cpath))) { mmc_tokenizer_free(t); t = NULL; }
+    if (!st && (st = spmodel ? load_spm_model(t, buf, n, cbuf, cbuf ? cn : 0, cpath)
+                             : load_buffers(t, buf, n, cbuf, cn, cpath))) { mmc_tokenizer_free(t); t = NULL; }
     free(buf);
     free(cbuf);
     *out = t;

@@ -118,7 +118,7 @@ mmc_status mmc_checkpoint_latest(const char *dir, int64_t *step, char *path, siz
 }
 
 static const char *const k_aux_files[] = {
-    "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+    "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer.model",
     "added_tokens.json", "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
     "video_preprocessor_config.json", "processor_config.json", "generation_config.json", NULL,
 };
