@@ -84,7 +84,7 @@ typedef struct {
     float *audio_feats;        /* [n_audios, audio_mels, audio_stride] */
     int64_t *audio_frames;     /* [n_audios] real frames of each */
     int n_audios;
-    int64_t audio_mels, audio_stride;
+    int64_t audio_mels, audio_stride;  /* stride: the longest clip's real frames (padding not kept) */
     int64_t n_tokens;          /* real (non-pad) tokens in the batch */
     int64_t n_label_tokens;    /* labels != -100 after the shift (what the loss averages over) */
     int64_t sample_index;      /* index of the first sample (for logging/resume) */
@@ -119,6 +119,8 @@ typedef struct {
                                   window's prepared samples are held in memory) */
     bool add_vision_id;        /* "Picture k: " before images (chat template option) */
     char *processor;           /* optional preprocessor_config.json (or its directory) */
+    int64_t audio_cache_mb;    /* audio features (real frames) kept in memory by the loader,
+                                  MiB (default 1024; 0: none): each clip decoded once */
     mmc_qwen2vl_proc proc;     /* image/video processor (defaults, then `processor`, then
                                   min/max_pixels); videos given as frame folders use it */
     mmc_qwen2vl_video_proc vproc; /* video files: the model's video processor settings
@@ -151,6 +153,7 @@ typedef struct {
      * image's size; set with llava */
     bool llava_next;
     mmc_llava_next_proc nproc;
+    struct mmc_audio_cache *audio_cache; /* not a YAML key: the loader's (audio_cache_mb), or NULL */
     bool blank_media;          /* not a YAML key: every image / video frame replaced by a
                                   black one of the same size (mmc eval --blank-images) */
 } mmc_data_opts;

@@ -5,7 +5,8 @@
 #          10 steps of a thinker from scratch (all of it trainable, as the demo), `mmc eval` on 20
 #          held-out-voice questions and on their silent control, one `mmc generate` — checking that
 #          every stage runs and reports (eval JSON with 20 samples, 10 per question type: the demo's
-#          colour and shape questions); no accuracy target (~30 s at load 20);
+#          colour and shape questions), the first held-out answers printed, one `mmc generate`,
+#          no question text in the user turn; no accuracy target (~30 s at load 20);
 #   full   (run by hand: not yet in `make test-demos`, the recipe misses it — README "Two commands"):
 #          the demo with its defaults and DEMO_CHECK=1: accuracy >= 0.9 on held-out voices, the
 #          silent control <= 0.5.
@@ -31,6 +32,9 @@ for f in eval.json eval_silent.json; do
     { echo "FAIL: $f: $(cat "$W/run/$f")"; fail=1; }
 done
 [ -s "$W/run/val_predictions.jsonl" ] || { echo "FAIL: no predictions"; fail=1; }
+[ "$(grep -c 'wpm)'$'\t''.* -> ' "$W/log")" = 4 ] || { echo "FAIL: the first held-out answers are not shown"; fail=1; }
 grep -q "prompt tokens" "$W/log" || { echo "FAIL: mmc generate did not answer"; fail=1; }
+grep -q '"question": "What colour is the [a-z]*?".*' "$W/run/data/val_spoken.jsonl" &&
+  ! grep -q '"content": "[^"]*What' "$W/run/data/val_spoken.jsonl" || { echo "FAIL: a question in the text prompt"; fail=1; }
 [ $fail = 0 ] && echo "test_demo_omni short: passed"
 exit $fail

@@ -43,6 +43,7 @@ void mmc_data_opts_default(mmc_data_opts *o) {
     o->seed = 42;
     o->shuffle = true;
     o->truncation = true;
+    o->audio_cache_mb = 1024;
     mmc_qwen2vl_proc_default(&o->proc);
     mmc_qwen2vl_video_proc_default(&o->vproc);
     mmc_qwen2vl_video_sampling_default(&o->vproc);
@@ -78,6 +79,7 @@ const mmc_cfg_field mmc_data_cfg_fields[] = {
     F(bucket_window, MMC_CFG_INT, 0, 1e7, "samples sorted by length per window (padded)"),
     F(add_vision_id, MMC_CFG_BOOL, 1, 0, "'Picture k: ' before each image"),
     F(processor, MMC_CFG_STR, 1, 0, "preprocessor_config.json for the image processor"),
+    F(audio_cache_mb, MMC_CFG_INT, 0, 1e7, "audio features kept in memory, MiB (each clip decoded once)"),
     {NULL, 0, 0, 0, 0, NULL, NULL, NULL},
 };
 #undef F

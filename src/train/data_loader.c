@@ -230,7 +230,8 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
     for (int i = 0; i < n; i++) {
         const mmc_batch *s = &its[i]->b;
         na += s->n_audios;
-        if (s->n_audios) amels = s->audio_mels, astride = s->audio_stride;
+        if (s->n_audios) amels = s->audio_mels;
+        if (s->n_audios && s->audio_stride > astride) astride = s->audio_stride;   /* the longest clip's frames */
         if (s->T > T) T = s->T;
         sum += s->T;
         np += s->n_patches;
@@ -256,7 +257,7 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
     const size_t acells = (size_t)(amels * astride);   /* one audio's features */
     bool audio_oom = false;
     if (na) {
-        out->audio_feats = malloc((size_t)na * acells * sizeof(float));
+        out->audio_feats = calloc((size_t)na * acells, sizeof(float));
         out->audio_frames = malloc((size_t)na * sizeof(int64_t));
         audio_oom = !out->audio_feats || !out->audio_frames;
         out->audio_mels = amels, out->audio_stride = astride;
@@ -295,9 +296,11 @@ static mmc_status assemble(mmc_loader *L, item_t *const *its, int n, bool packed
             out->n_video_patches += s->n_video_patches;
             out->n_videos += s->n_videos;
         }
-        if (s->n_audios) {   /* one feature extractor: every audio has the same [mels, stride] */
-            memcpy(out->audio_feats + (size_t)out->n_audios * acells, s->audio_feats,
-                   (size_t)s->n_audios * acells * sizeof(float));
+        if (s->n_audios) {   /* one feature extractor (same mels); each row re-strided to the batch's */
+            for (int64_t a = 0; a < s->n_audios; a++)
+                for (int64_t m = 0; m < amels; m++)
+                    memcpy(out->audio_feats + (size_t)(out->n_audios + a) * acells + (size_t)(m * astride),
+                           s->audio_feats + (size_t)((a * amels + m) * s->audio_stride), (size_t)s->audio_frames[a] * sizeof(float));
             memcpy(out->audio_frames + out->n_audios, s->audio_frames, (size_t)s->n_audios * sizeof(int64_t));
             out->n_audios += s->n_audios;
         }
@@ -458,6 +461,7 @@ void mmc_loader_free(mmc_loader *L) {
     free(L->win_ptrs);
     free(L->pbuf);
     free(L->pits);
+    mmc_audio_cache_free(L->o.audio_cache);
     mmc_dataset_free(L->own_ds);
     free(L);
 }
@@ -481,6 +485,12 @@ mmc_status mmc_loader_new_dataset(const mmc_data_opts *opts, const mmc_tokenizer
     pthread_cond_init(&L->cv_ready, NULL);
     L->o = *opts;
     L->o.train = L->o.eval = L->o.image_root = L->o.processor = NULL;
+    L->o.audio_cache = NULL;
+    if (L->o.omni && L->o.audio_cache_mb > 0 &&
+        !(L->o.audio_cache = mmc_audio_cache_new((size_t)L->o.audio_cache_mb << 20))) {
+        mmc_loader_free(L);
+        return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
     if (L->o.min_pixels > 0) L->o.proc.min_pixels = L->o.min_pixels;
     if (L->o.max_pixels > 0) L->o.proc.max_pixels = L->o.max_pixels;
     L->tok = tok;

@@ -301,39 +301,56 @@ fail:
 
 
 /* Qwen2.5-Omni: the record's audios through the WhisperFeatureExtractor into out->audio_feats
- * [n_aud, mels, stride], and every <|AUDIO|> of ids (one per audio part, as the chat template
- * renders it) expanded to the encoder's token count for that audio (not trained: mask 0). */
+ * [n_aud, mels, stride] — only the real frames, stride = the longest clip's frame count (the encoder
+ * reads frames [0, audio_frames[a]) of each row, so the 30 s padding is never copied) — served by the
+ * loader's cache (o->audio_cache, audio_cache.c) when it holds the clip; and every <|AUDIO|> of ids
+ * (one per audio part, as the chat template renders it) expanded to the encoder's token count for that
+ * audio (not trained: mask 0). */
 static mmc_status omni_audios(const mmc_data_opts *o, const mmc_example *ex, int n_aud, int32_t **ids,
                               uint8_t **mask, int64_t *n, mmc_batch *out, bool *media_err) {
     const mmc_whisper_fe *fe = o->fe;
-    const int64_t mels = fe->feature_size, stride = fe->nb_max_frames;
-    out->audio_feats = malloc(sizeof(float) * (size_t)(n_aud * mels * stride));
+    const int64_t mels = fe->feature_size, F = fe->nb_max_frames;
+    float *all = malloc(sizeof(float) * (size_t)(n_aud * mels * F));   /* [n_aud, mels, F] until compacted */
     out->audio_frames = malloc(sizeof(int64_t) * (size_t)n_aud);
-    if (!out->audio_feats || !out->audio_frames) return oom();
-    out->audio_mels = mels, out->audio_stride = stride;
-    int64_t total = *n, seen = 0;
+    if (!all || !out->audio_frames) { free(all); return oom(); }
+    int64_t total = *n, seen = 0, stride = 1;
     for (int a = 0; a < n_aud; a++) {
-        mmc_audio au = {0};
-        mmc_status st = mmc_audio_load_max(ex->audios[a], fe->sampling_rate, MMC_AUDIO_MAX_SECONDS, &au);
-        float *f = NULL;
-        int64_t fs = 0, frames = 0;
-        if (!st) st = mmc_omni_audio_features(fe, au.samples, au.n, &f, &fs, &frames);
-        if (!st && o->blank_media) {   /* the silent-audio control: the features of zeros of the same length */
-            float *z = calloc((size_t)(au.n ? au.n : 1), sizeof *z);
+        float *dst = all + (size_t)a * (size_t)(mels * F);
+        int64_t frames = 0;
+        if (!mmc_audio_cache_get(o->audio_cache, ex->audios[a], o->blank_media, mels, dst, F, &frames)) {
+            mmc_audio au = {0};
+            mmc_status st = mmc_audio_load_max(ex->audios[a], fe->sampling_rate, MMC_AUDIO_MAX_SECONDS, &au);
+            float *f = NULL;
+            int64_t fs = 0;
+            if (!st) st = mmc_omni_audio_features(fe, au.samples, au.n, &f, &fs, &frames);
+            if (!st && o->blank_media) {   /* the silent-audio control: the features of zeros of the same length */
+                float *z = calloc((size_t)(au.n ? au.n : 1), sizeof *z);
+                free(f);
+                f = NULL;
+                st = z ? mmc_omni_audio_features(fe, z, au.n, &f, &fs, &frames) : oom();
+                free(z);
+            }
+            mmc_audio_free(&au);
+            if (!st && fs != F) st = mmc_error(MMC_ERR_FORMAT, "audio features of %lld frames, expected %lld",
+                                               (long long)fs, (long long)F);
+            if (st) { free(f); free(all); *media_err = true; return mmc_error_prefix(st, "audio %d (%s)", a, ex->audios[a]); }
+            memcpy(dst, f, sizeof(float) * (size_t)(mels * F));
             free(f);
-            f = NULL;
-            st = z ? mmc_omni_audio_features(fe, z, au.n, &f, &fs, &frames) : oom();
-            free(z);
+            mmc_audio_cache_put(o->audio_cache, ex->audios[a], o->blank_media, mels, dst, F, frames);
         }
-        mmc_audio_free(&au);
-        if (!st && fs != stride) st = mmc_error(MMC_ERR_FORMAT, "audio features of %lld frames, expected %lld",
-                                                (long long)fs, (long long)stride);
-        if (st) { free(f); *media_err = true; return mmc_error_prefix(st, "audio %d (%s)", a, ex->audios[a]); }
-        memcpy(out->audio_feats + (size_t)a * (size_t)(mels * stride), f, sizeof(float) * (size_t)(mels * stride));
-        free(f);
         out->audio_frames[a] = frames;
+        if (frames > stride) stride = frames;
         total += mmc_omni_audio_tokens(frames) - 1;
     }
+    /* compact [n_aud, mels, F] to [n_aud, mels, stride]; columns past a clip's frames are zero */
+    out->audio_feats = calloc((size_t)(n_aud * mels * stride), sizeof(float));
+    if (!out->audio_feats) { free(all); return oom(); }
+    for (int a = 0; a < n_aud; a++)
+        for (int64_t m = 0; m < mels; m++)
+            memcpy(out->audio_feats + ((size_t)a * (size_t)mels + (size_t)m) * (size_t)stride,
+                   all + ((size_t)a * (size_t)mels + (size_t)m) * (size_t)F, sizeof(float) * (size_t)out->audio_frames[a]);
+    free(all);
+    out->audio_mels = mels, out->audio_stride = stride;
     out->n_audios = n_aud;
     for (int64_t i = 0; i < *n; i++) seen += (*ids)[i] == o->omni_audio_id;
     if (seen != n_aud)
