@@ -335,24 +335,9 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
                         "tensor_parallel %lld: %s runs either data-parallel over all ranks (tensor_parallel 1) or "
                         "split like the language model (%lld); other mixes are not supported yet", (long long)mt,
                         (long long)tp, mods[i].what, (long long)tp);
-        if (m->data_parallel && world && mt * m->data_parallel != world)
-            return verr(c, root, "parallel", mods[i].name, "tensor_parallel %lld x data_parallel %lld = %lld ranks, but "
-                        "the language model's plan spans %lld (tensor_parallel %lld x pipeline_parallel %lld x "
-                        "context_parallel %lld x data_parallel %lld): every component runs on all the job's ranks; "
-                        "use data_parallel %lld", (long long)mt, (long long)m->data_parallel,
-                        (long long)(mt * m->data_parallel), (long long)world, (long long)tp, (long long)pp,
-                        (long long)cp, (long long)p->data_parallel, (long long)(world / mt));
     }
     /* the vision tower's tp: 1 when its block is given without one (the point of giving it) */
     const int64_t vtp = plan_given(v) ? (v->tensor_parallel ? v->tensor_parallel : 1) : tp;
-    if (plan_given(pj)) {
-        const int64_t ptp = pj->tensor_parallel ? pj->tensor_parallel : 1;
-        if (ptp != vtp || (pj->data_parallel && v->data_parallel && pj->data_parallel != v->data_parallel))
-            return verr(c, root, "parallel", "projector", "a plan other than the vision tower's (tensor_parallel %lld "
-                        "vs %lld): the merger runs at the end of the vision tower (Qwen2-VL) and its features are "
-                        "what is redistributed to the language model; give it the vision's plan or leave it out",
-                        (long long)ptp, (long long)vtp);
-    }
     if (vtp == 1 && tp > 1) {
         const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
                           : p->expert_parallel > 1 ? "expert_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
@@ -363,6 +348,25 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
                         "language model's tensor_parallel x data_parallel (zero 0, sequence_parallel and LoRA allowed)",
                         (long long)tp, why);
         p->hetero = true;
+    }
+    for (int i = 0; i < 3; i++) {
+        const mmc_module_plan *m = mods[i].m;
+        const int64_t mt = m->tensor_parallel ? m->tensor_parallel : 1;
+        if (m->data_parallel && world && mt * m->data_parallel != world)
+            return verr(c, root, "parallel", mods[i].name, "tensor_parallel %lld x data_parallel %lld = %lld ranks, but "
+                        "the language model's plan spans %lld (tensor_parallel %lld x pipeline_parallel %lld x "
+                        "context_parallel %lld x data_parallel %lld): every component runs on all the job's ranks; "
+                        "use data_parallel %lld", (long long)mt, (long long)m->data_parallel,
+                        (long long)(mt * m->data_parallel), (long long)world, (long long)tp, (long long)pp,
+                        (long long)cp, (long long)p->data_parallel, (long long)(world / mt));
+    }
+    if (plan_given(pj)) {
+        const int64_t ptp = pj->tensor_parallel ? pj->tensor_parallel : 1;
+        if (ptp != vtp || (pj->data_parallel && v->data_parallel && pj->data_parallel != v->data_parallel))
+            return verr(c, root, "parallel", "projector", "a plan other than the vision tower's (tensor_parallel %lld "
+                        "vs %lld): the merger runs at the end of the vision tower (Qwen2-VL) and its features are "
+                        "what is redistributed to the language model; give it the vision's plan or leave it out",
+                        (long long)ptp, (long long)vtp);
     }
     return MMC_OK;
 }
