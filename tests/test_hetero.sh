@@ -13,7 +13,7 @@
 # in another order, the row-parallel all-reduces add partial products in another order): losses
 # 1e-5 relative, weights 2e-4 max / 1e-6 mean absolute (lr 3e-3), AdamW moments 1e-2 of scale.
 # A run without the tower's gradient reduction fails these (checked by hand: loss 3.3e-4, weights
-# 1.8e-2). Measured figures are printed. About 20 s on 2 quiet cores.
+# 1.8e-2). Measured figures are printed. 97 s at load 28 on a 2-core VM (14 `mmc train` runs).
 set -u
 MMC=${MMC:-build/mmc}
 CMP=$(dirname "$MMC")/tp_worker
