@@ -106,6 +106,7 @@ err "ranks do not add up" "tensor_parallel 1 x data_parallel 3 = 3 ranks, but th
 err "vision tp neither 1 nor the LM's" "tensor_parallel 2 with the language model's tensor_parallel 4" \
   "$MMC" train "$W/h4.yaml" --set 'parallel.vision={tensor_parallel: 2, data_parallel: 2}' --set parallel.language.tensor_parallel=4
 err "hetero with ZeRO" "with ZeRO (parallel.zero > 0): not supported yet" "$MMC" train "$W/h4.yaml" --set parallel.zero=1
+err "hetero with an evaluation set" "with an evaluation set (data.eval" "$MMC" train "$W/h4.yaml" --set data.eval="$W/data.jsonl"
 err "hetero with pipeline stages" "with pipeline_parallel > 1: not supported yet" \
   "$MMC" train "$W/h4.yaml" --set parallel.pipeline_parallel=2
 err "the tower as a stage of its own" "pipeline_parallel 2: the vision tower as pipeline stages of its own" \

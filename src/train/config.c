@@ -341,7 +341,7 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
     if (vtp == 1 && tp > 1) {
         const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
                           : p->expert_parallel > 1 ? "expert_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
-                          : NULL;
+                          : c->data.eval ? "an evaluation set (data.eval; world rank 0 evaluates alone)" : NULL;
         if (why)
             return verr(c, root, "parallel", "vision", "data-parallel over all ranks while the language model is at "
                         "tensor_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
