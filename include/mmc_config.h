@@ -12,7 +12,9 @@
  *              bucket_window, add_vision_id, resolution, aspect_ratio_buckets, num_frames}
  *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, pipeline_layers,
  *             pipeline_virtual, context_parallel,
- *             context_parallel_mode, expert_parallel, zero, timeout, pipeline_schedule}
+ *             context_parallel_mode, expert_parallel, zero, timeout, pipeline_schedule,
+ *             vision / audio / projector / language: {data_parallel, tensor_parallel,
+ *             pipeline_parallel, context_parallel}}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
  *   training: {steps, seed, log_every, eval_every, save_every, keep_last, output_dir, threads}
  */
@@ -105,6 +107,12 @@ typedef struct {
     char *prediction_type;            /* epsilon | v_prediction | sample; NULL: the scheduler's */
 } mmc_diffusion_cfg;
 
+/* One component's own layout in a per-modality plan (parallel.vision / audio / projector /
+ * language; mmc_hetero.h); 0 = not given. */
+typedef struct {
+    int64_t data_parallel, tensor_parallel, pipeline_parallel, context_parallel;
+} mmc_module_plan;
+
 typedef struct {
     int64_t data_parallel, tensor_parallel, pipeline_parallel, zero;
     double timeout;                   /* seconds before a stuck collective aborts the job
@@ -118,6 +126,11 @@ typedef struct {
                                        * data_parallel */
     int pipeline_schedule;            /* mmc_pp_schedule_kind: 1f1b (0; interleaved with pipeline_virtual > 1)
                                        * | dualpipev (1) */
+    /* per-modality plans (mmc_hetero.h): a component's own tp / dp / pp / cp; language's are copied
+     * into the fields above (the language model's plan is the job's) */
+    mmc_module_plan vision, audio, projector, language;
+    bool hetero;                      /* derived: the vision tower data-parallel over all ranks while the
+                                       * language model is split at tensor_parallel > 1 */
 } mmc_parallel_cfg;
 typedef enum { MMC_PP_SCHED_1F1B = 0, MMC_PP_SCHED_DUALPIPEV = 1 } mmc_pp_schedule_kind;
 

@@ -68,6 +68,9 @@ typedef struct {
     int zero;                   /* ZeRO stage 0-3 over the data-parallel group */
     bool recompute;             /* full activation recompute */
     int64_t micro_batch;        /* samples per micro-batch (per data-parallel rank) */
+    bool hetero;                /* per-modality plan (mmc_hetero.h): the vision tower whole and data-parallel
+                                 * over all ranks (each tp rank encodes 1/tp of its micro-batch's images, the
+                                 * merged features all-gathered over tp) while the LM is at tp x dp */
 } mmc_plan_layout;
 
 /* Seconds of one measured or modelled kernel, fwd + bwd (the CPU cache's entries). */

@@ -113,6 +113,10 @@ typedef struct mmc_qwen2_vl {
     bool hub_layout;                 /* weights named visual.* / model.* (else model.visual.* ...) */
     mmc_st *st;                      /* kept open for zero-copy weights */
     mmc_lora_set *adapter;           /* PEFT adapter applied at inference (owned), or NULL */
+    struct mmc_comm *vision_share;   /* per-modality plan (mmc_hetero.h): the tower (whole on every member)
+                                      * encodes only this rank's share of a batch's images, the features
+                                      * all-gathered over this group (the LM's tp group); NULL: all of them */
+    int64_t share_images, share_patches;  /* under vision_share: the images and patches this rank encoded */
 } mmc_qwen2_vl;
 
 /* Images and videos of one prompt batch. Grids are consumed in order, across the batch. */
@@ -135,6 +139,11 @@ mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm
 /* Replace m's (full, f32) language model (and vision tower, as above) by this rank's tp shard,
  * e.g. after mmc_qwen2_vl_new. */
 mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp);
+/* The same two with split_tower false: only the language model is split, the tower stays whole
+ * (a per-modality plan: the tower data-parallel, see vision_share). */
+mmc_status mmc_qwen2_vl_load_tp_ex(const char *dir, bool trainable, struct mmc_comm *tp, bool split_tower,
+                                   mmc_qwen2_vl **out);
+mmc_status mmc_qwen2_vl_shard_tp_ex(mmc_qwen2_vl *m, struct mmc_comm *tp, bool split_tower);
 void mmc_qwen2_vl_free(mmc_qwen2_vl *m);
 
 /* M-RoPE positions as transformers' get_rope_index (5.x): text runs count up by one; an

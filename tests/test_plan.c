@@ -277,6 +277,42 @@ int main(void) {
         CHECK_ERR(mmc_plan_calib_open(path, &c), MMC_ERR_FORMAT);
         unlink(path);
     }
+    /* ---- per-modality plan (mmc_hetero.h) on the tiny Qwen2-VL (tower Cv 32, 2 heads, depth 2, merge 2,
+     * out 64): at tp 2 the tower is split (tv 2) unless it is data-parallel (whole, 1/2 of the images
+     * per rank). Parameters: the hetero rank holds the tower whole, the split one half of it (its
+     * split matrices; counted as half by the model). tp traffic: the split tower's 4 all-reduces of
+     * [Np, Cv] per block and micro-batch against one all-gather of the merged features [Np/4, 64] per
+     * micro-batch plus one all-reduce of the tower's gradients per step. */
+    {
+        mmc_json *vj = NULL;
+        mmc_plan_model vm;
+        memset(&vm, 0, sizeof vm);
+        CHECK_OK(mmc_json_load("tests/fixtures/train/vl_tiny.json", &vj));
+        if (vj) CHECK_OK(mmc_plan_model_read(vj, "vl_tiny", &vm));
+        mmc_json_free(vj);
+        mmc_plan_workload vw = {.batch = 8, .micro_batch = 1, .seq = 32, .vision_patches = 64, .weight_bytes = 4,
+                                .act_bytes = 4};
+        const mmc_plan_net nb = net0(0, 1e-9);
+        mmc_plan_layout sl = base, hl = base;
+        sl.tp = hl.tp = 2;
+        hl.hetero = true;
+        mmc_plan_estimate es, eh;
+        CHECK_OK(mmc_plan_estimate_layout(&vm, &vw, &d, &nb, &sl, &es));
+        CHECK_OK(mmc_plan_estimate_layout(&vm, &vw, &d, &nb, &hl, &eh));
+        const double VP = (double)mmc_plan_vision_params(&vm), Mb = 8, Np = 64;
+        CHECK(REL(eh.mem_params - es.mem_params, VP / 2 * 4));
+        const double want = Mb * (mmc_plan_coll_time(MMC_COLL_ALL_GATHER, 2, Np / 4 * 64 * 4, 0, 1e-9) -
+                                  2.0 * 4.0 * mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, Np * 32 * 4, 0, 1e-9)) +
+                            mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, VP * 4, 0, 1e-9);
+        CHECK_NEAR(eh.tp_comm_s - es.tp_comm_s, want, 1e-12 * fabs(want) + 1e-15);
+        hl.zero = 1, hl.dp = 2;   /* what the trainer refuses, the planner does not offer */
+        CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
+        hl.zero = 0, hl.dp = 1, hl.tp = 1;
+        CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
+        hl.tp = 2;
+        CHECK(!mmc_plan_layout_ok(&m, &w, &hl, NULL, 0));   /* a text model */
+        CHECK(mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
+    }
     /* ---- a config without the decoder sizes names the file */
     mmc_json *bad = NULL;
     const char *bj = "{\"model_type\": \"qwen2\", \"hidden_size\": 0}";

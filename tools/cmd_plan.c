@@ -26,7 +26,8 @@ void help_plan(FILE *f) {
             "Rank the parallel layouts of RUN.yaml's model on N ranks by modelled step time, keeping those\n"
             "whose memory per rank fits G GiB. Layouts: data_parallel x tensor_parallel (with and without\n"
             "sequence_parallel) x pipeline_parallel (1F1B, interleaved 2 / 4 chunks) x context_parallel\n"
-            "(Ulysses, ring) = N, ZeRO 0-3, data.micro_batch_size (divisors of the per-rank batch, up to\n"
+            "(Ulysses, ring) = N, ZeRO 0-3, the vision tower split with the language model or data-parallel over\n"
+            "all N ranks (a per-modality plan, vision-dpN), data.micro_batch_size (divisors of the per-rank batch, up to\n"
             "16), activation recompute off / full; only those the trainer accepts (the run config's rules,\n"
             "the model's heads / layers / vocabulary, the sequence length). The model: per-layer FLOPs at\n"
             "the device's rates, memory-bound work at its bandwidth, an alpha-beta time for each collective\n"
@@ -127,10 +128,10 @@ typedef struct { unsigned key; bool ok; char why[400]; } memo;
 
 static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm, int *n_mm, char *why, size_t cap) {
     unsigned key = (l->tp > 1) | (l->pp > 1) << 1 | (l->cp > 1) << 2 | l->sp << 3 | (unsigned)l->zero << 4 |
-                   (l->vpp > 1) << 6 | (unsigned)l->cp_ring << 7 | l->recompute << 8;
+                   (l->vpp > 1) << 6 | (unsigned)l->cp_ring << 7 | l->recompute << 8 | (unsigned)l->hetero << 9;
     for (int i = 0; i < *n_mm; i++)
         if (mm[i].key == key) { snprintf(why, cap, "%s", mm[i].why); return mm[i].ok; }
-    char s[9][96];
+    char s[10][96];
     snprintf(s[0], 96, "parallel.tensor_parallel=%d", l->tp > 1 ? 2 : 1);
     snprintf(s[1], 96, "parallel.pipeline_parallel=%d", l->pp > 1 ? 2 : 1);
     snprintf(s[2], 96, "parallel.context_parallel=%d", l->cp > 1 ? 2 : 1);
@@ -140,10 +141,11 @@ static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm,
     snprintf(s[6], 96, "parallel.context_parallel_mode=%s", l->cp_ring ? "ring" : "ulysses");
     snprintf(s[7], 96, "model.recompute=%s", l->recompute ? "full" : "none");
     snprintf(s[8], 96, "parallel.data_parallel=1");
-    const char *sets[9];
-    for (int i = 0; i < 9; i++) sets[i] = s[i];
+    snprintf(s[9], 96, "parallel.vision.tensor_parallel=1");   /* hetero: the tower data-parallel */
+    const char *sets[10];
+    for (int i = 0; i < 10; i++) sets[i] = s[i];
     mmc_run_config c;
-    mmc_status st = mmc_run_config_load(path, sets, 9, &c);
+    mmc_status st = mmc_run_config_load(path, sets, l->hetero ? 10 : 9, &c);
     memo *m = &mm[(*n_mm)++];
     m->key = key, m->ok = st == MMC_OK;
     snprintf(m->why, sizeof m->why, "%s", st ? mmc_last_error() : "");
@@ -159,13 +161,13 @@ static void print_json(const row *r, int rank, const mmc_plan_device *d, int gpu
     mmc_plan_layout_str(l, s, sizeof s);
     double mfu = d->calib ? 0 : e->flops_per_step / (e->step_s * gpus * d->gemm_flops / 0.6);
     printf("{\"rank\": %d, \"layout\": \"%s\", \"dp\": %d, \"tp\": %d, \"sp\": %s, \"pp\": %d, \"vpp\": %d, \"cp\": %d, "
-           "\"cp_mode\": \"%s\", \"ep\": %d, \"zero\": %d, \"micro_batch\": %lld, \"recompute\": %s, \"fits\": %s, "
+           "\"cp_mode\": \"%s\", \"ep\": %d, \"hetero\": %s, \"zero\": %d, \"micro_batch\": %lld, \"recompute\": %s, \"fits\": %s, "
            "\"step_s\": %.6g, \"compute_s\": %.6g, \"recompute_s\": %.6g, \"comm_s\": %.6g, \"comm_total_s\": %.6g, "
            "\"tp_comm_s\": %.6g, \"cp_comm_s\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_s\": %.6g, \"bubble\": %.6g, "
            "\"bubble_s\": %.6g, \"optim_s\": %.6g, \"mfu\": %.4f, \"mem_bytes\": %.6g, \"mem_params\": %.6g, "
            "\"mem_grads\": %.6g, \"mem_optim\": %.6g, \"mem_act\": %.6g, \"comm_bytes\": %.6g, \"host_share\": %.4g, \"cpu_s\": %.6g}\n",
            rank, s, l->dp, l->tp, l->sp ? "true" : "false", l->pp, l->vpp, l->cp, l->cp_ring ? "ring" : "ulysses", l->ep,
-           l->zero, (long long)l->micro_batch, l->recompute ? "true" : "false", r->fits ? "true" : "false", e->step_s,
+           l->hetero ? "true" : "false", l->zero, (long long)l->micro_batch, l->recompute ? "true" : "false", r->fits ? "true" : "false", e->step_s,
            e->compute_s, e->recompute_s, e->comm_s, e->comm_total_s, e->tp_comm_s, e->cp_comm_s, e->pp_comm_s,
            e->dp_comm_s, e->bubble, e->bubble_s, e->optim_s, mfu, e->mem_total, e->mem_params, e->mem_grads,
            e->mem_optim, e->mem_act, e->comm_bytes, d->cores > 0 ? d->host_share : 1.0, e->cpu_s);
@@ -185,6 +187,10 @@ static void explain(const row *r, int i, double gmem, const row *best) {
            e->cp_comm_s, e->pp_comm_s, e->dp_comm_s, e->comm_total_s - e->comm_s, 100 * e->bubble_s / e->step_s,
            100 * e->optim_s / e->step_s);
     const double u = gmem < 4 * GiB ? 1048576.0 : GiB;   /* MiB for small runs */
+    if (r->l.hetero)
+        printf("   per-modality plan: the vision tower whole and data-parallel over all %d ranks (each tensor-parallel "
+               "rank encodes 1/%d of its micro-batch's images, the features all-gathered), the language model at tp%d x "
+               "dp%d\n", r->l.dp * r->l.tp, r->l.tp, r->l.tp, r->l.dp);
     printf("   memory %.1f %s of %.1f: parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f\n",
            e->mem_total / u, u == GiB ? "GiB" : "MiB", gmem / u, e->mem_params / u, e->mem_grads / u, e->mem_optim / u,
            e->mem_act / u);
@@ -213,6 +219,8 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
                             "  context_parallel_mode: %s\n  zero: %d\n",
                             note, l->dp, l->tp, l->sp ? "true" : "false", l->pp, l->vpp, l->cp,
                             l->cp_ring ? "ring" : "ulysses", l->zero);
+    if (l->hetero)   /* per-modality plan: the vision tower data-parallel over every rank */
+        len += (size_t)snprintf(out + len, cap - len, "  vision: {data_parallel: %d}\n", l->dp * l->tp);
     out[len] = 0;
     /* micro_batch_size: N and recompute: none|full, in place when the key occurs exactly once */
     const char *keys[2] = {"micro_batch_size:", "recompute:"};
@@ -350,11 +358,12 @@ int cmd_plan(int argc, char **argv) {
                         for (int ring = 0; ring <= (cp > 1); ring++)
                             for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)
                                 for (int rcmp = 0; rcmp <= 1; rcmp++)
+                                    for (int het = 0; het <= (m.vision && tp > 1 && w.vision_patches > 0); het++)
                                     for (int64_t mb = 1; mb <= 16 && mb * dp <= w.batch; mb++) {
                                         /* ep: expert parallelism (1 here; a MoE model's layouts add ep | dp x cp) */
                                         mmc_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = 1, .vpp = vpp,
                                                              .sp = sp, .cp_ring = ring, .zero = zero, .recompute = rcmp,
-                                                             .micro_batch = mb};
+                                                             .micro_batch = mb, .hetero = het};
                                         tried++;
                                         if (!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why)) {
                                             if (!*first_why) snprintf(first_why, sizeof first_why, "%s", why);
@@ -395,7 +404,7 @@ int cmd_plan(int argc, char **argv) {
            dev.name, gmem_gib, cpu && !inter ? (gpus > 1 ? "measured interconnect" : "one rank") : net.name, (long long)mmc_plan_total_params(&m),
            (long long)w.batch, (long long)w.seq, m.vision ? (w.vision_patches ? " + images" : "") : "");
     printf("%d layouts accepted, %d fit in memory (of %lld enumerated)\n\n", nr, nfit, (long long)tried);
-    printf("  #  %-34s %10s %12s %6s %9s %7s %6s\n", "layout", "step s", "tok/s/rank", "MFU", "mem GiB", "bubble", "comm");
+    printf("  #  %-46s %10s %12s %6s %9s %7s %6s\n", "layout", "step s", "tok/s/rank", "MFU", "mem GiB", "bubble", "comm");
     for (int i = 0; i < nr && i < top; i++) {
         const row *r = &rows[i];
         char s[128];
@@ -403,12 +412,13 @@ int cmd_plan(int argc, char **argv) {
         double mfu = cpu ? NAN : r->e.flops_per_step / (r->e.step_s * (double)gpus * dev.gemm_flops / 0.6);
         char mf[16] = "     -";
         if (!cpu) snprintf(mf, sizeof mf, "%6.3f", mfu);
-        printf("%3d  %-34s %10.4g %12.4g %s %9.2f %6.1f%% %5.1f%%%s\n", i + 1, s, r->e.step_s,
+        printf("%3d  %-46s %10.4g %12.4g %s %9.2f %6.1f%% %5.1f%%%s\n", i + 1, s, r->e.step_s,
                toks / r->e.step_s / (double)gpus, mf, r->e.mem_total / GiB, 100 * r->e.bubble,
                100 * r->e.comm_s / r->e.step_s, r->fits ? "" : "  (does not fit)");
     }
     printf("(layout: dp/tp/pp/cp sizes, +sp sequence parallel, ppPxV interleaved, cp u Ulysses / r ring, zZeRO stage, "
-           "mb micro-batch, rc recompute; MFU against the bf16 peak)\n\n");
+           "mb micro-batch, rc recompute, vision-dpN the vision tower data-parallel over all N ranks; MFU against the "
+           "bf16 peak)\n\n");
     if (!nfit) {
         const row *small = &rows[0];
         for (int i = 1; i < nr; i++)

@@ -1097,7 +1097,8 @@ void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap) {
         n += snprintf(buf + n, cap - (size_t)n, " cp%d%s", l->cp, l->cp > 1 ? (l->cp_ring ? "r" : "u") : "");
     if (l->ep > 1 && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " ep%d", l->ep);
     if (n > 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - (size_t)n, " z%d mb%lld%s", l->zero, (long long)l->micro_batch, l->recompute ? " rc" : "");
+        n += snprintf(buf + n, cap - (size_t)n, " z%d mb%lld%s", l->zero, (long long)l->micro_batch, l->recompute ? " rc" : "");
+    if (l->hetero && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " vision-dp%d", l->dp * l->tp);
 }
 
 bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_layout *l,
@@ -1130,6 +1131,11 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
     if (l->zero == 3 && w->weight_bytes != 2)
         NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
     if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
+    if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM tp x dp (zero 0) */
+        if (!m->vision || w->vision_patches <= 0) NO("a per-modality plan needs a vision tower and images");
+        if (l->tp < 2) NO("a per-modality plan needs the language model at tensor_parallel 2 or more");
+        if (l->pp > 1 || l->cp > 1 || l->zero > 0) NO("a per-modality plan composes with tp x dp at ZeRO 0 only");
+    }
     return true;
 #undef NO
 }
@@ -1273,7 +1279,9 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const int64_t Tl = l->micro_batch * w->seq / l->cp;
     const double ab = w->act_bytes, C = (double)m->hidden;
     const int64_t Ls = m->layers / P;   /* layers per stage (even split) */
-    const int tv = m->vision && t > 1 && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
+    /* the tower split over tp (tv), or whole: replicated, or data-parallel (hetero: 1/t of the images) */
+    const int tv = m->vision && t > 1 && !l->hetero && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
+    const double vshare = l->hetero ? 1.0 / t : 1.0;
     const int ranks = l->dp * t * P * l->cp;
     /* CPU: the ranks share this host's cores with each other and with whatever else runs: the job
      * has `eff` cores' worth (ranks x host_share when measured, else min(ranks, cores)); with
@@ -1290,7 +1298,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     double lfb, lfwd;
     layer_time(m, w, d, l, &lfb, &lfwd);
     const double rc = l->recompute ? lfwd : 0;
-    double first = (double)Ls * (lfb + rc) + vision_time(m, w, d, l, tv), last = (double)Ls * (lfb + rc) + head_time(m, w, d, l);
+    double first = (double)Ls * (lfb + rc) + vision_time(m, w, d, l, tv) * vshare, last = (double)Ls * (lfb + rc) + head_time(m, w, d, l);
     if (P == 1) first = last = first + head_time(m, w, d, l);
     const double stage = first > last ? first : last;   /* on a core of its own */
     const double mid = (double)Ls * (lfb + rc);   /* stages between the first and the last */
@@ -1321,6 +1329,13 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
                      ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)(l->micro_batch * w->vision_patches) * (double)m->v_dim * ab, ltp);
         /* per step: the gradient norm's sum; sp: each replicated norm weight's partial gradient */
         tp_step = ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, 8.0, ltp);
+        if (l->hetero) {   /* the merged features all-gathered (forward only); the tower's gradients over tp */
+            const double feats = (double)(l->micro_batch * w->vision_patches / (m->v_merge * m->v_merge)) *
+                                 (double)m->v_out * ab;
+            tp_mb += ccost(d, ranks, MMC_COLL_ALL_GATHER, t, feats, ltp);
+            if (!w->freeze_vision && w->lora_r <= 0)
+                tp_step += ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)mmc_plan_vision_params(m) * 4.0, ltp);
+        }
         if (l->sp) tp_step += (double)(2 * Ls + 1) * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, C * 4.0, ltp);
     }
     if (l->cp > 1) {
@@ -1443,7 +1458,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     else act = (double)Ls * per_layer * in_flight;
     if (!firstbig || P == 1) act += 2.0 * (double)Tl * ((double)m->vocab / t) * 4.0;   /* logits + their gradient */
     if (m->vision && w->vision_patches > 0 && (firstbig || P == 1)) {
-        double np = (double)(l->micro_batch * w->vision_patches), cv = (double)m->v_dim;
+        double np = (double)(l->micro_batch * w->vision_patches) * vshare, cv = (double)m->v_dim;
         double blk = (4.0 * cv + (4.0 * cv + 2.0 * (double)m->v_inter) / tv) * np * ab;
         act += w->freeze_vision ? blk : (l->recompute ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
                                            (P > 1 ? (double)(M < P ? M : P) : 1.0);

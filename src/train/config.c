@@ -114,6 +114,13 @@ static const mmc_cfg_field k_diffusion[] = {
       "epsilon | v_prediction | sample (default: the scheduler's)"),
     {0},
 };
+static const mmc_cfg_field k_module_plan[] = {
+    F(mmc_module_plan, data_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "this component's data-parallel ranks"),
+    F(mmc_module_plan, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "this component's tensor-parallel ranks"),
+    F(mmc_module_plan, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "this component's pipeline stages"),
+    F(mmc_module_plan, context_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "this component's context-parallel ranks"),
+    {0},
+};
 static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, data_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "data-parallel ranks"),
     F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
@@ -142,6 +149,15 @@ static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, timeout, MMC_CFG_FLOAT, 1, 1e7, NULL, NULL,
       "seconds a rank waits on a collective before aborting the job, naming the rank it waits on (600; "
       "env MMC_DIST_TIMEOUT overrides)"),
+    F(mmc_parallel_cfg, vision, MMC_CFG_SECTION, U, NULL, k_module_plan,
+      "per-modality plan of the vision tower (with its merger): {data_parallel: N} runs it data-parallel over all "
+      "N ranks while the language model is at tensor_parallel x data_parallel"),
+    F(mmc_parallel_cfg, audio, MMC_CFG_SECTION, U, NULL, k_module_plan,
+      "per-modality plan of the audio encoder (data-parallel over all ranks only)"),
+    F(mmc_parallel_cfg, projector, MMC_CFG_SECTION, U, NULL, k_module_plan,
+      "per-modality plan of the projector / merger (Qwen2-VL's runs inside the vision tower: the vision's plan)"),
+    F(mmc_parallel_cfg, language, MMC_CFG_SECTION, U, NULL, k_module_plan,
+      "per-modality plan of the language model (the same as the top-level tensor_parallel, data_parallel, ...)"),
     {0},
 };
 static const mmc_cfg_field k_optimizer[] = {
@@ -263,6 +279,98 @@ static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char
     return mmc_error(MMC_ERR_INVALID, "%s: %s%s%s: %s", c->file, section, key ? "." : "", key ? key : "", msg);
 }
 
+/* ------------------------------------------------------------------ per-modality plans
+ * parallel.{vision, audio, projector, language} (mmc_hetero.h). The language model's plan is the
+ * job's: its keys are copied to the top-level ones (a different top-level value is refused). The
+ * vision tower (with Qwen2-VL's merger, the projector) either follows the language model (its
+ * tensor_parallel equal to the language model's: split like it, the ordinary plan) or runs
+ * data-parallel over every rank (tensor_parallel 1 while the language model's is > 1: the
+ * heterogeneous plan). What does not add up or is not implemented is refused here by name; the
+ * world size is checked again by the trainer when it is known. */
+static bool plan_given(const mmc_module_plan *m) {
+    return m->data_parallel || m->tensor_parallel || m->pipeline_parallel || m->context_parallel;
+}
+
+static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
+    mmc_parallel_cfg *p = &c->parallel;
+    p->hetero = false;
+    const mmc_module_plan *lm = &p->language;
+    /* the language model's keys become the job's (default 1 at the top level: only a different
+     * explicit value conflicts) */
+    static const char *const keys[4] = {"data_parallel", "tensor_parallel", "pipeline_parallel", "context_parallel"};
+    const int64_t lv[4] = {lm->data_parallel, lm->tensor_parallel, lm->pipeline_parallel, lm->context_parallel};
+    int64_t *top[4] = {&p->data_parallel, &p->tensor_parallel, &p->pipeline_parallel, &p->context_parallel};
+    for (int k = 0; k < 4; k++) {
+        if (!lv[k]) continue;
+        if (*top[k] != 1 && *top[k] != lv[k])
+            return verr(c, root, "parallel", "language", "%s %lld but parallel.%s is %lld: give the language "
+                        "model's plan once, either under parallel.language or at the top level", keys[k],
+                        (long long)lv[k], keys[k], (long long)*top[k]);
+        *top[k] = lv[k];
+    }
+    const int64_t tp = p->tensor_parallel, pp = p->pipeline_parallel, cp = p->context_parallel;
+    /* the job's ranks when the config says (data_parallel 1 at tp > 1 may mean "world / tp") */
+    const int64_t world = p->data_parallel > 1 || tp == 1 ? tp * pp * cp * p->data_parallel : 0;
+    const mmc_module_plan *v = &p->vision, *pj = &p->projector, *au = &p->audio;
+    const struct { const mmc_module_plan *m; const char *name, *what; } mods[3] = {
+        {v, "vision", "the vision tower"}, {pj, "projector", "the projector"}, {au, "audio", "the audio encoder"}};
+    for (int i = 0; i < 3; i++) {
+        const mmc_module_plan *m = mods[i].m;
+        if (!plan_given(m)) continue;
+        if (m->pipeline_parallel > 1)
+            return verr(c, root, "parallel", mods[i].name, "pipeline_parallel %lld: %s as pipeline stages of its own "
+                        "is not supported yet; it runs on the first stage of parallel.pipeline_parallel, or "
+                        "data-parallel over all ranks ({data_parallel: N})", (long long)m->pipeline_parallel,
+                        mods[i].what);
+        if (m->context_parallel > 1)
+            return verr(c, root, "parallel", mods[i].name, "context_parallel %lld: context parallelism splits the "
+                        "language model's sequences; %s encodes whole images or clips (leave it out)",
+                        (long long)m->context_parallel, mods[i].what);
+        const int64_t mt = m->tensor_parallel ? m->tensor_parallel : 1;
+        if (i == 2 && mt > 1)
+            return verr(c, root, "parallel", "audio", "tensor_parallel %lld: the audio encoder trains data-parallel "
+                        "only (Qwen2.5-Omni's thinker: no tensor parallelism); use {data_parallel: N}", (long long)mt);
+        if (mt != 1 && mt != tp)
+            return verr(c, root, "parallel", mods[i].name, "tensor_parallel %lld with the language model's "
+                        "tensor_parallel %lld: %s runs either data-parallel over all ranks (tensor_parallel 1) or "
+                        "split like the language model (%lld); other mixes are not supported yet", (long long)mt,
+                        (long long)tp, mods[i].what, (long long)tp);
+    }
+    /* the vision tower's tp: 1 when its block is given without one (the point of giving it) */
+    const int64_t vtp = plan_given(v) ? (v->tensor_parallel ? v->tensor_parallel : 1) : tp;
+    if (vtp == 1 && tp > 1) {
+        const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
+                          : p->expert_parallel > 1 ? "expert_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+                          : c->data.eval ? "an evaluation set (data.eval; world rank 0 evaluates alone)" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "vision", "data-parallel over all ranks while the language model is at "
+                        "tensor_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
+                        "language model's tensor_parallel x data_parallel (zero 0, sequence_parallel and LoRA allowed)",
+                        (long long)tp, why);
+        p->hetero = true;
+    }
+    for (int i = 0; i < 3; i++) {
+        const mmc_module_plan *m = mods[i].m;
+        const int64_t mt = m->tensor_parallel ? m->tensor_parallel : 1;
+        if (m->data_parallel && world && mt * m->data_parallel != world)
+            return verr(c, root, "parallel", mods[i].name, "tensor_parallel %lld x data_parallel %lld = %lld ranks, but "
+                        "the language model's plan spans %lld (tensor_parallel %lld x pipeline_parallel %lld x "
+                        "context_parallel %lld x data_parallel %lld): every component runs on all the job's ranks; "
+                        "use data_parallel %lld", (long long)mt, (long long)m->data_parallel,
+                        (long long)(mt * m->data_parallel), (long long)world, (long long)tp, (long long)pp,
+                        (long long)cp, (long long)p->data_parallel, (long long)(world / mt));
+    }
+    if (plan_given(pj)) {
+        const int64_t ptp = pj->tensor_parallel ? pj->tensor_parallel : 1;
+        if (ptp != vtp || (pj->data_parallel && v->data_parallel && pj->data_parallel != v->data_parallel))
+            return verr(c, root, "parallel", "projector", "a plan other than the vision tower's (tensor_parallel %lld "
+                        "vs %lld): the merger runs at the end of the vision tower (Qwen2-VL) and its features are "
+                        "what is redistributed to the language model; give it the vision's plan or leave it out",
+                        (long long)ptp, (long long)vtp);
+    }
+    return MMC_OK;
+}
+
 static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     mmc_model_cfg *m = &c->model;
     char mi[4200];
@@ -312,6 +420,8 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         return verr(c, root, "data", "batch_size", "%lld is not a multiple of micro_batch_size %lld",
                     (long long)d->batch_size, (long long)d->micro_batch_size);
     c->training.gradient_accumulation = d->batch_size / d->micro_batch_size;
+    mmc_status pst = validate_modules(c, root);
+    if (pst) return pst;
     const mmc_parallel_cfg *p = &c->parallel;
     /* pipeline parallelism (trainer_pp.c): Qwen2 / Qwen2-VL with plain data parallelism and
      * tensor parallelism; the layer counts are checked against the model when its config.json is read */

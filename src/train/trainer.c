@@ -11,6 +11,7 @@
 #include "mmc_ep.h"
 #include "mmc_cp.h"
 #include "mmc_tp.h"
+#include "mmc_hetero.h"
 #include "mmc_quant.h"
 #include "mmc_pp.h"
 #include "mmc_omni.h"
@@ -329,6 +330,9 @@ static uint32_t component_of(const char *name) {
 }
 
 static mmc_status tp_restore(mmc_trainer *t, const char *dir);
+static mmc_status hetero_check(mmc_trainer *t);
+static mmc_status hetero_setup(mmc_trainer *t);
+static mmc_status hetero_reduce(mmc_trainer *t);
 static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p);
 
 /* LoRA under tensor parallelism (mmc_tp.h): the decoder's column-parallel modules (q/k/v,
@@ -476,15 +480,18 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         else if (dir) st = mmc_llava_load_ex(dir, true, &t->llava);
         else st = mmc_llava_new(j, path, (uint64_t)c->training.seed, &t->llava);
         if (!st) t->lm = t->llava->lm;
-    } else if (t->tpc && vl) {   /* the language model split, the vision tower replicated */
+    } else if (t->tpc && vl) {   /* the language model split, the vision tower too when tp divides it */
+        /* (a per-modality plan keeps the tower whole: it is data-parallel, mmc_hetero.h) */
+        const bool split_tower = !c->parallel.hetero;
         if (dir) {
-            st = mmc_qwen2_vl_load_tp(dir, true, t->tpc, &t->vl);
+            st = mmc_qwen2_vl_load_tp_ex(dir, true, t->tpc, split_tower, &t->vl);
         } else {
             st = mmc_qwen2_vl_new(j, path, (uint64_t)c->training.seed, &t->vl);
-            if (!st) st = mmc_qwen2_vl_shard_tp(t->vl, t->tpc);
+            if (!st) st = mmc_qwen2_vl_shard_tp_ex(t->vl, t->tpc, split_tower);
         }
         if (st) mmc_error_prefix(st, "%s: model %s", c->file, path);
         if (!st) t->lm = t->vl->lm;
+        if (!st && c->parallel.hetero) t->vl->vision_share = t->tpc;   /* each tp rank encodes its share */
     } else if (t->tpc) {   /* each rank binds only its slices (mmc_qwen2_load_tp), or shards a seeded init */
         mmc_qwen2_config qc;
         st = mmc_qwen2_config_read(j, &qc);
@@ -819,6 +826,7 @@ layout_done:
     if ((st = load_model(t, resume && cfg->model.lora.r <= 0 && !mmc_dp_checkpoint_params_sharded(ckpt) ? ckpt
                                                                                                        : cfg->model.path)))
         goto fail;
+    if ((st = hetero_check(t))) goto fail;   /* per-modality plans against the model and the world */
     if (t->pp_size > 1 && (st = mmc_trainer_pp_setup(t))) goto fail;   /* keep this stage's layers */
     if (t->cpc && (st = mmc_cp_trainer_check(t))) goto fail;        /* text Qwen2, heads % cp */
     if ((st = setup_lora(t))) goto fail;
@@ -838,6 +846,7 @@ layout_done:
                 if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
     }
+    if (cfg->parallel.hetero && (st = hetero_setup(t))) goto fail;
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
     if (mmc_trainer_diffusion(t)) {
@@ -1002,6 +1011,8 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->opt_split);
     free(t->lora_split);
     free(t->lora_partial);
+    free(t->hetero_idx);
+    free(t->hetero_buf);
     free(t->ep_split);
     free(t->moe_tokens);
     mmc_comm_free(t->epc);
@@ -1035,6 +1046,76 @@ void mmc_trainer_memory(const mmc_trainer *t, int64_t *trainable, int64_t *state
     }
     if (trainable) *trainable = n;
     if (state_bytes) *state_bytes = bytes;
+}
+
+/* ------------------------------------------------------------------ per-modality plans (mmc_hetero.h)
+ * parallel.vision / audio / projector were checked against each other by the config; here against
+ * the model that was loaded and the job's ranks. */
+static mmc_status hetero_check(mmc_trainer *t) {
+    const mmc_run_config *c = t->cfg;
+    const mmc_parallel_cfg *p = &c->parallel;
+    const bool vision = t->vl || t->llava || t->internvl || t->omni, audio = t->omni != NULL;
+    const struct { const mmc_module_plan *m; const char *name; bool have; const char *what; } mods[3] = {
+        {&p->vision, "vision", vision, "vision tower"}, {&p->projector, "projector", vision, "projector"},
+        {&p->audio, "audio", audio, "audio encoder"}};
+    for (int i = 0; i < 3; i++) {
+        const mmc_module_plan *m = mods[i].m;
+        if (!m->data_parallel && !m->tensor_parallel && !m->pipeline_parallel && !m->context_parallel) continue;
+        if (!mods[i].have)
+            return mmc_error(MMC_ERR_INVALID, "%s: parallel.%s is set but the model (%s) has no %s; remove it",
+                             c->file, mods[i].name, t->lm && t->lm->moe ? "qwen2_moe" : t->vl ? "qwen2_vl" : "a "
+                             "text model", mods[i].what);
+        const int64_t mt = m->tensor_parallel ? m->tensor_parallel : 1;
+        if (m->data_parallel && mt * m->data_parallel != t->world_size)
+            return mmc_error(MMC_ERR_INVALID, "%s: parallel.%s: tensor_parallel %lld x data_parallel %lld = %lld ranks, "
+                             "but the job has %d: every component runs on all the job's ranks; use data_parallel "
+                             "%lld", c->file, mods[i].name, (long long)mt, (long long)m->data_parallel,
+                             (long long)(mt * m->data_parallel), t->world_size,
+                             (long long)(t->world_size / mt > 0 ? t->world_size / mt : 1));
+    }
+    if (p->hetero && !t->vl)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.vision data-parallel while the language model is at "
+                         "tensor_parallel %d: implemented for Qwen2-VL / Qwen2.5-VL (the other vision-language "
+                         "models train without tensor parallelism yet)", c->file, t->tp_size);
+    return MMC_OK;
+}
+
+/* the trained tensors of the tower (their names hold "visual.", LoRA factors included) */
+static mmc_status hetero_setup(mmc_trainer *t) {
+    if (!(t->hetero_idx = calloc((size_t)t->n_opt + 1, sizeof *t->hetero_idx))) return mmc_error(MMC_ERR_OOM, "out of memory");
+    t->n_hetero = 0;
+    t->hetero_numel = 0;
+    for (int i = 0; i < t->n_opt; i++)
+        if (strstr(t->opt_names[i], "visual.")) {
+            t->hetero_idx[t->n_hetero++] = i;
+            t->hetero_numel += mmc_numel(t->opt[i]);
+        }
+    if (t->hetero_numel && !(t->hetero_buf = malloc(sizeof(float) * (size_t)t->hetero_numel)))
+        return mmc_error(MMC_ERR_OOM, "out of memory for the vision tower's gradients (%lld floats)",
+                         (long long)t->hetero_numel);
+    return MMC_OK;
+}
+
+/* Sum the tower's gradients over the tp group (after the dp reducer summed them over the replicas:
+ * the two groups together are the world, so each is then the whole batch's). A rank whose share
+ * of every micro-batch was empty contributes zeros. One all-reduce of the packed gradients. */
+static mmc_status hetero_reduce(mmc_trainer *t) {
+    int64_t at = 0;
+    for (int k = 0; k < t->n_hetero; k++) {
+        mmc_tensor *p = t->opt_model[t->hetero_idx[k]];
+        mmc_tensor *g = mmc_grad(t->ctx, p);   /* zeros when this rank had none */
+        memcpy(t->hetero_buf + at, g->data, sizeof(float) * (size_t)mmc_numel(p));
+        at += mmc_numel(p);
+    }
+    mmc_status st = mmc_all_reduce(t->tpc, t->hetero_buf, t->hetero_buf, t->hetero_numel, MMC_F32, MMC_SUM);
+    if (st) return st;
+    at = 0;
+    for (int k = 0; k < t->n_hetero; k++) {
+        mmc_tensor *p = t->opt_model[t->hetero_idx[k]];
+        memcpy(p->grad->data, t->hetero_buf + at, sizeof(float) * (size_t)mmc_numel(p));
+        at += mmc_numel(p);
+    }
+    return MMC_OK;
 }
 
 /* ------------------------------------------------------------------ tensor parallelism: checkpoints
@@ -1342,6 +1423,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
         if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
     }
+    if (t->n_hetero && (st = hetero_reduce(t))) goto done;   /* per-modality plan: the tower's gradients over tp */
     for (int i = 0; t->lora_partial && i < t->lora->n_params; i++) {   /* tp: partial LoRA gradients */
         mmc_tensor *g = t->lora_partial[i] ? t->lora->params[i]->grad : NULL;
         if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
@@ -1607,6 +1689,23 @@ static bool zero3_eval_due(const mmc_trainer *t) {
            (t->step % tc->eval_every == 0 || t->step == tc->steps);
 }
 
+/* Per-modality plan: how the images were shared out over the run (collective over the world;
+ * world rank 0 prints). */
+static mmc_status hetero_report(mmc_trainer *t) {
+    if (!t->vl || !t->vl->vision_share) return MMC_OK;
+    int64_t mine[2] = {t->vl->share_images, t->vl->share_patches};
+    int64_t *all = malloc(sizeof(int64_t) * 2 * (size_t)t->world_size);
+    if (!all) return mmc_error(MMC_ERR_OOM, "out of memory");
+    mmc_status st = mmc_all_gather(t->world, mine, all, 2, MMC_I64);
+    if (!st && t->rank == 0) {
+        fprintf(stderr, "mmc train: per-modality plan: images (patches) the vision tower encoded, per rank:");
+        for (int r = 0; r < t->world_size; r++) fprintf(stderr, " %lld (%lld)", (long long)all[2 * r], (long long)all[2 * r + 1]);
+        fputc('\n', stderr);
+    }
+    free(all);
+    return st;
+}
+
 mmc_status mmc_trainer_run(mmc_trainer *t) {
     if (t->contrastive) return mmc_trainer_contrastive_run(t);
     const mmc_run_config *c = t->cfg;
@@ -1627,6 +1726,7 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             }
         }
         if (!st && last_saved != t->step) st = save_ranked(t);
+        if (!st) st = hetero_report(t);
         return st;
     }
     mmc_status st = mmc_mkdir_p(tc->output_dir);
@@ -1655,6 +1755,13 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
     if (t->tpc) {
         char why[160] = "";
         if (t->vl && !t->vl->visual->tp) mmc_vision_tp_ok(&t->vl->visual->cfg, t->tp_size, why, sizeof why);
+        if (c->parallel.hetero)
+            fprintf(stderr, "mmc train: per-modality plan: vision tower data-parallel over %d ranks, language model "
+                    "tensor parallelism %d x data parallelism %d (%s)%s; each tp rank encodes its share of its "
+                    "replica's images, the merged features all-gathered over the tp group\n", t->world_size,
+                    t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
+                    t->lm->sp ? " with sequence parallelism" : "");
+        else
         fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s)%s: each rank holds 1/%d of the "
                 "language model's matrices%s%s%s\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
                 t->lm->sp ? " with sequence parallelism" : "", t->tp_size,
@@ -1785,6 +1892,7 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                 (long long)m.params, (long long)m.grads, (long long)m.buckets, (long long)m.optim,
                 (long long)m.params_peak, (long long)m.grads_peak, (long long)m.frozen);
     }
+    if (!st) st = hetero_report(t);
     fclose(metrics);
     mmc_tb_close(tb);
     return st;

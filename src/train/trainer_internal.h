@@ -119,6 +119,12 @@ struct mmc_trainer {
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
     bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
+    /* per-modality plan (mmc_hetero.h, parallel.vision data-parallel while the LM is at tp > 1): the
+     * trained tensors of the vision tower (and its LoRA factors), whose gradients are partial per tp
+     * rank (each encoded its share of the images): summed over the tp group after the dp reduction */
+    int *hetero_idx, n_hetero;  /* indices into opt */
+    float *hetero_buf;          /* their gradients, packed for one all-reduce */
+    int64_t hetero_numel;
     /* pipeline parallelism (trainer_pp.c): this rank's stage of pp_size, holding pp_v chunks of
      * decoder layers [pp_l0[c], pp_l1[c]) (interleaved: virtual stage c pp_size + pp_rank);
      * NULL / 1 without */

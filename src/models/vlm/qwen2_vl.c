@@ -6,6 +6,7 @@
  * rope_deltas (max position + 1 - length) offset the positions of every decoded token, as
  * transformers' _prepare_position_ids_for_generation does. */
 #include "mmc_vl.h"
+#include "mmc_hetero.h"
 #include "mmc_parallel.h"
 
 #include <stdio.h>
@@ -82,13 +83,17 @@ static mmc_status shard_vision(mmc_qwen2_vl *m, struct mmc_comm *tp) {
 }
 
 mmc_status mmc_qwen2_vl_shard_tp(mmc_qwen2_vl *m, struct mmc_comm *tp) {
+    return mmc_qwen2_vl_shard_tp_ex(m, tp, true);
+}
+
+mmc_status mmc_qwen2_vl_shard_tp_ex(mmc_qwen2_vl *m, struct mmc_comm *tp, bool split_tower) {
     mmc_qwen2 *s = NULL;
     mmc_status st = mmc_qwen2_shard_tp(m->lm, tp, &s);
     if (st) return st;
     s->recompute = m->lm->recompute;
     mmc_qwen2_free(m->lm);
     m->lm = s;
-    return shard_vision(m, tp);
+    return split_tower ? shard_vision(m, tp) : MMC_OK;
 }
 
 mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out) {
@@ -96,6 +101,11 @@ mmc_status mmc_qwen2_vl_load(const char *dir, bool trainable, mmc_qwen2_vl **out
 }
 
 mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm *tp, mmc_qwen2_vl **out) {
+    return mmc_qwen2_vl_load_tp_ex(dir, trainable, tp, true, out);
+}
+
+mmc_status mmc_qwen2_vl_load_tp_ex(const char *dir, bool trainable, struct mmc_comm *tp, bool split_tower,
+                                   mmc_qwen2_vl **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -131,7 +141,7 @@ mmc_status mmc_qwen2_vl_load_tp(const char *dir, bool trainable, struct mmc_comm
     free(verr);
     mmc_json_free(cfg);
     /* tensor parallelism: the tower (small next to the language model) is loaded whole, then sliced */
-    if (tp && trainable && (st = shard_vision(m, tp))) { cfg = NULL, verr = NULL; goto fail; }
+    if (tp && trainable && split_tower && (st = shard_vision(m, tp))) { cfg = NULL, verr = NULL; goto fail; }
     if (trainable) {   /* weights were copied: the mapping is not needed */
         mmc_st_close(m->st);
         m->st = NULL;
@@ -219,6 +229,58 @@ mmc_status mmc_qwen2_vl_rope_index(const mmc_qwen2_vl *m, const int32_t *ids, in
 }
 
 /* ------------------------------------------------------------------ forward */
+/* Per-modality plan (mmc_hetero.h): the n images (or videos) of this batch shared out over
+ * m->vision_share by patch count, each member encoding its contiguous run with the whole tower,
+ * the merged features all-gathered in image order: [sum t h w / m^2, Co] on every member, the
+ * same rows one process's mmc_vision_forward gives. */
+static mmc_status vision_shared(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels, const int64_t *grid, int n,
+                                mmc_tensor **feats) {
+    mmc_comm *g = m->vision_share;
+    const int P = mmc_comm_size(g), r = mmc_comm_rank(g);
+    const int64_t ms2 = m->visual->cfg.spatial_merge_size * m->visual->cfg.spatial_merge_size;
+    int64_t *cost = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)(n + P));
+    int64_t *rows = cost + n, patches = 0;
+    const mmc_vision_config *vc = &m->visual->cfg;
+    const int64_t ms = vc->spatial_merge_size, K = vc->in_channels * vc->temporal_patch_size * vc->patch_size * vc->patch_size;
+    /* what mmc_vision_forward checks, on the whole batch and on every member alike: no rank may
+     * fail alone on its share and leave the others waiting in the all-gather */
+    for (int i = 0; i < n; i++) {
+        const int64_t t = grid[3 * i], h = grid[3 * i + 1], w = grid[3 * i + 2];
+        if (t <= 0 || h <= 0 || w <= 0 || h % ms || w % ms)
+            return mmc_error(MMC_ERR_INVALID, "vision tower: grid_thw[%d] = (%lld, %lld, %lld): t, h, w must be "
+                             "positive and h, w multiples of spatial_merge_size %lld", i, (long long)t, (long long)h,
+                             (long long)w, (long long)ms);
+        patches += cost[i] = t * h * w;
+    }
+    if (!pixels || pixels->ndim != 2 || pixels->shape[0] != patches || pixels->shape[1] != K)
+        return mmc_error(MMC_ERR_SHAPE, "vision tower: pixel values do not match the grids: expected [%lld, %lld] "
+                         "(sum of t*h*w over %d grids, Cin*kt*p*p)", (long long)patches, (long long)K, n);
+    int first = 0, cnt = 0;
+    for (int k = 0; k < P; k++) {
+        int f, c;
+        mmc_hetero_share(cost, n, P, k, &f, &c);
+        rows[k] = 0;
+        for (int i = f; i < f + c; i++) rows[k] += cost[i] / ms2;
+        if (k == r) first = f, cnt = c;
+    }
+    mmc_tensor *local;
+    if (cnt > 0) {
+        int64_t p0 = 0, np = 0;
+        for (int i = 0; i < first; i++) p0 += cost[i];
+        for (int i = first; i < first + cnt; i++) np += cost[i];
+        mmc_status st = mmc_vision_forward(ctx, m->visual, mmc_narrow(ctx, pixels, 0, p0, np), grid + 3 * first, cnt,
+                                           &local, NULL);
+        MMC_CHECK(st == MMC_OK, "vision tower on images %d..%d of this batch (checked before): %s", first,
+                  first + cnt - 1, mmc_last_error());
+        m->share_images += cnt;
+        m->share_patches += np;
+    } else {   /* fewer images than members: nothing to encode here, the others' rows still arrive */
+        local = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(0, m->visual->cfg.out_hidden_size));
+    }
+    *feats = mmc_hetero_gather_rows(ctx, g, mmc_contiguous(ctx, local), rows);
+    return MMC_OK;
+}
+
 /* Replace the rows of embeds [B*T, C] at token `tok` by feats [n, C] in order. */
 static mmc_tensor *place(mmc_ctx *ctx, mmc_tensor *embeds, const int32_t *ids, int64_t BT, int32_t tok,
                          mmc_tensor *feats) {
@@ -362,8 +424,11 @@ mmc_status mmc_qwen2_vl_inputs(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, c
             bool infer = !mmc_grad_enabled(ctx);
             if (infer) e = mmc_contiguous(ctx, e);
             mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-            mmc_status st = mmc_vision_forward(ctx, m->visual, k ? media->pixel_values_videos : media->pixel_values,
-                                               k ? media->video_grid_thw : media->image_grid_thw, n, &feats, NULL);
+            mmc_tensor *px = k ? media->pixel_values_videos : media->pixel_values;
+            const int64_t *grid = k ? media->video_grid_thw : media->image_grid_thw;
+            mmc_status st = m->vision_share && mmc_comm_size(m->vision_share) > 1
+                                ? vision_shared(ctx, m, px, grid, n, &feats)
+                                : mmc_vision_forward(ctx, m->visual, px, grid, n, &feats, NULL);
             if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
             int32_t tok = (int32_t)(k ? m->video_token_id : m->image_token_id);
             if (infer) {
