@@ -8,7 +8,9 @@
  * target's past crash inputs run clean. qwen-vl-utils' frame choice and size
  * (tools/ref/gen_qwen_vl_utils.py): its indices and resized sizes over a table (exact) and one
  * file end to end (equal indices, grid and input_ids; pixel_values_videos 1e-5 but for <= 1% of
- * values one uint8 level off at rounding ties of fetch_video's float resize). */
+ * values one uint8 level off at rounding ties of fetch_video's float resize). A variable-rate
+ * H.264 clip with b-pyramid B-frames (tools/ref/gen_video_vfr.py): count, average rate, indices,
+ * frames and pixel_values_videos against transformers' pyav path. */
 #include "mmc_data.h"
 #include "mmc_prompt.h"
 #include "mmc_tokenizer.h"
@@ -226,6 +228,82 @@ static void test_parity(const char *name, double frame_tol, mmc_tokenizer *tok, 
     free(want_idx);
     free(total);
     mmc_video_clip_free(&clip);
+}
+
+/* A variable-frame-rate H.264 clip with b-pyramid B-frames (tools/ref/gen_video_vfr.py): the
+ * frame count and average rate transformers reads, sample_frames' indices at 2 and 7 fps, the
+ * frames PyAV decodes (frame i is the i-th in presentation order whatever its duration; B-frames
+ * that other frames refer to decoded, the others only when wanted), read by one reader and by
+ * keyframe segments over three threads; pixel_values_videos at 2 fps (1e-5). */
+static void test_vfr(void) {
+    mmc_st *vr = fixture_open("video/vfr_ref.safetensors");
+    if (!vr) { CHECK(0); return; }
+    mmc_st *keep = ref;
+    ref = vr;   /* read_i64 reads from ref */
+    int fpss[2] = {2, 7}, threads = omp_get_max_threads();
+    for (int k = 0; k < 2; k++) {
+        char key[64];
+        mmc_qwen2vl_video_proc p;
+        mmc_qwen2vl_video_proc_default(&p);
+        CHECK_OK(mmc_qwen2vl_video_proc_load_dir(DIR_ "/proc", &p));
+        p.fps = fpss[k];
+        mmc_video_clip c[2];
+        mmc_status st[2];
+        for (int r = 0; r < 2; r++) {   /* one reader; three threads over keyframe segments */
+            omp_set_num_threads(r ? 3 : 1);
+            st[r] = mmc_qwen2vl_video_load(&p, DIR_ "/vfr.mp4", &c[r]);
+            CHECKF(st[r] == MMC_OK, "vfr.mp4 at %d fps (%d threads): %s", fpss[k], r ? 3 : 1, mmc_last_error());
+        }
+        omp_set_num_threads(threads);
+        if (st[0] || st[1]) {
+            for (int r = 0; r < 2; r++) if (!st[r]) mmc_video_clip_free(&c[r]);
+            continue;
+        }
+        int nw, one;
+        snprintf(key, sizeof key, "vfr%d.indices", fpss[k]);
+        int64_t *want = read_i64(key, &nw);
+        snprintf(key, sizeof key, "vfr%d.total_frames", fpss[k]);
+        int64_t *total = read_i64(key, &one);
+        snprintf(key, sizeof key, "vfr%d.fps", fpss[k]);
+        mmc_tensor *fps = fixture_tensor(vr, key, MMC_F64);
+        CHECKF(c[0].info.total_frames == total[0], "vfr: %lld frames, transformers %lld", (long long)c[0].info.total_frames,
+               (long long)total[0]);
+        CHECKF(fabs(c[0].info.fps - ((double *)fps->data)[0]) < 1e-9, "vfr: average rate %.9g, transformers %.9g",
+               c[0].info.fps, ((double *)fps->data)[0]);
+        CHECKF(c[0].n == nw && !memcmp(c[0].indices, want, sizeof(int64_t) * (size_t)nw),
+               "vfr at %d fps: frame indices differ (%d frames, transformers %d)", fpss[k], c[0].n, nw);
+        snprintf(key, sizeof key, "vfr%d.frames", fpss[k]);
+        mmc_tensor *fr = fixture_tensor(vr, key, MMC_U8);
+        size_t fsz = (size_t)c[0].info.height * c[0].info.width * 3;
+        double dmax = 0;
+        bool same = c[0].n == c[1].n;
+        for (int i = 0; i < c[0].n && i < nw; i++) {
+            dmax = fmax(dmax, max_u8_diff(&c[0].frames[i], (uint8_t *)fr->data + fsz * i));
+            if (same) same = !memcmp(c[0].frames[i].data, c[1].frames[i].data, fsz);
+        }
+        printf("vfr.mp4 at %d fps: %d of %lld frames (average %.4f fps), max |RGB - PyAV| = %g\n", fpss[k], c[0].n,
+               (long long)c[0].info.total_frames, c[0].info.fps, dmax);
+        CHECKF(dmax <= 8, "vfr at %d fps: frames differ from PyAV by %g", fpss[k], dmax);
+        CHECKF(same, "vfr at %d fps: keyframe segments over 3 threads give other frames than one reader", fpss[k]);
+        if (fpss[k] == 2) {
+            mmc_vlproc_out o = {0};
+            CHECK_OK(mmc_qwen2vl_video_preprocess(&p, c[0].frames, c[0].n, &o));
+            mmc_tensor *pv = fixture_tensor(vr, "vfr2.pixel_values_videos", MMC_F32);
+            int64_t *g = read_i64("vfr2.video_grid_thw", &one);
+            if (o.pixel_values) CHECK_CLOSE(o.pixel_values, pv, dmax == 0 ? 1e-5 : dmax / 255 / 0.26 + 1e-5, 0, "vfr2 pixel_values_videos");
+            CHECK(o.grid_thw && !memcmp(o.grid_thw[0], g, sizeof(int64_t) * 3));
+            free(g);
+            mmc_tensor_free(pv);
+            mmc_vlproc_out_free(&o);
+        }
+        mmc_tensor_free(fr);
+        mmc_tensor_free(fps);
+        free(want);
+        free(total);
+        for (int r = 0; r < 2; r++) mmc_video_clip_free(&c[r]);
+    }
+    ref = keep;
+    mmc_st_close(vr);
 }
 
 /* Every container decodes; frames fetched by seeking equal those decoded in sequence. The
@@ -546,6 +624,7 @@ int main(void) {
         test_parity("mp4", 8, tok, q2, q25);     /* H.264: FFmpeg 5.1 here vs PyAV's bundled FFmpeg */
     }
     if (tok) test_dataset(tok);
+    test_vfr();
     test_qwen_vl_utils_table();
     test_qwen_vl_utils_e2e(tok);
     test_containers();

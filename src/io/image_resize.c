@@ -188,6 +188,104 @@ static void vpass_row(const uint8_t *p, size_t stride, uint8_t *o, int n, const 
     }
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__)
+#define MMC_RESIZE_AVX512 1
+/* The same sums with 16-bit weights (torch's precision keeps every weight within int16, as in
+ * its own uint8 kernels), for windows of at most 8 taps: vpermb spreads a window's 8 pixels into
+ * int16 pairs (R_2j R_2j+1 G_2j G_2j+1 B_2j B_2j+1 0 0 in 128-bit block j), one vpmaddwd with the
+ * output pixel's weights (w16: [out][32]) gives per block [R G B 0] partial sums, and four outputs'
+ * blocks are summed with lane shuffles. Integer sums: the bytes of hpass_row. */
+static void hpass_row16(const uint8_t *row, uint8_t *o, int out_w, const int *bounds, const int16_t *w16, int prec) {
+    /* byte 2l of int16 lane l = 8j + r: pixel 2j + (r & 1), channel r >> 1 (r < 6); the rest zero */
+    static const uint8_t idx_b[64] = {
+        0, 0, 3, 0, 1, 0, 4, 0, 2, 0, 5, 0, 0, 0, 0, 0, 6, 0, 9, 0, 7, 0, 10, 0, 8, 0, 11, 0, 0, 0, 0, 0,
+        12, 0, 15, 0, 13, 0, 16, 0, 14, 0, 17, 0, 0, 0, 0, 0, 18, 0, 21, 0, 19, 0, 22, 0, 20, 0, 23, 0, 0, 0, 0, 0};
+    const __m512i idx = _mm512_loadu_si512(idx_b);
+    const __mmask64 keep = 0x0555055505550555ULL;   /* even bytes of lanes r < 6 */
+    const __m512i bias = _mm512_set1_epi32(1 << (prec - 1)), zero = _mm512_setzero_si512();
+    /* [R0 G0 B0 0 R1 G1 B1 0 ...] bytes -> 12 packed bytes */
+    const __m128i pack = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    int xx = 0;
+#define MMC_HWIN(i)                                                                                               \
+    _mm512_madd_epi16(_mm512_maskz_permutexvar_epi8(keep, idx, _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(      \
+                          (__mmask32)((1ULL << (3 * bounds[2 * (i) + 1])) - 1), row + (size_t)bounds[2 * (i)] * 3))), \
+                      _mm512_load_si512(w16 + (size_t)(i) * 32))
+    for (; xx + 4 <= out_w; xx += 4) {
+        __m512i m0 = MMC_HWIN(xx), m1 = MMC_HWIN(xx + 1), m2 = MMC_HWIN(xx + 2), m3 = MMC_HWIN(xx + 3);
+        /* [m0 b0+b2, m0 b1+b3, m1 b0+b2, m1 b1+b3] and the same for m2, m3 */
+        __m512i t01 = _mm512_add_epi32(_mm512_shuffle_i32x4(m0, m1, 0x44), _mm512_shuffle_i32x4(m0, m1, 0xEE));
+        __m512i t23 = _mm512_add_epi32(_mm512_shuffle_i32x4(m2, m3, 0x44), _mm512_shuffle_i32x4(m2, m3, 0xEE));
+        __m512i u = _mm512_add_epi32(_mm512_shuffle_i32x4(t01, t23, 0x88), _mm512_shuffle_i32x4(t01, t23, 0xDD));
+        u = _mm512_max_epi32(_mm512_srai_epi32(_mm512_add_epi32(u, bias), prec), zero);
+        __m128i b = _mm_shuffle_epi8(_mm512_cvtusepi32_epi8(u), pack);
+        _mm_mask_storeu_epi8(o + 3 * xx, 0x0FFF, b);
+    }
+    for (; xx < out_w; xx++) {
+        __m512i m = MMC_HWIN(xx);
+        __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1));
+        __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        q = _mm_max_epi32(_mm_srai_epi32(_mm_add_epi32(q, _mm512_castsi512_si128(bias)), prec), _mm_setzero_si128());
+        _mm_mask_storeu_epi8(o + 3 * xx, 0x7, _mm_cvtusepi32_epi8(q));
+    }
+#undef MMC_HWIN
+}
+
+/* The vertical pass with 16-bit weights: rows taken in pairs, their bytes interleaved as int16
+ * so that one vpmaddwd forms p[y] k[y] + p[y+1] k[y+1]. Integer sums: the bytes of vpass_row. */
+static void vpass_row16(const uint8_t *p, size_t stride, uint8_t *o, int n, const int *k, int yn, int prec) {
+    const __m512i bias = _mm512_set1_epi32(1 << (prec - 1)), zero = _mm512_setzero_si512();
+    int x = 0;
+    for (; x + 32 <= n; x += 32) {
+        __m512i lo = bias, hi = bias;
+        int y = 0;
+        for (; y + 2 <= yn; y += 2) {
+            const uint8_t *q = p + (size_t)y * stride + x;
+            __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)q));
+            __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(q + stride)));
+            __m512i kv = _mm512_set1_epi32((int)(((uint32_t)(uint16_t)k[y + 1] << 16) | (uint16_t)k[y]));
+            lo = _mm512_add_epi32(lo, _mm512_madd_epi16(_mm512_unpacklo_epi16(a, b), kv));
+            hi = _mm512_add_epi32(hi, _mm512_madd_epi16(_mm512_unpackhi_epi16(a, b), kv));
+        }
+        if (y < yn) {   /* an odd last row, paired with zeros */
+            __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p + (size_t)y * stride + x)));
+            __m512i kv = _mm512_set1_epi32((int)(uint16_t)k[y]);
+            lo = _mm512_add_epi32(lo, _mm512_madd_epi16(_mm512_unpacklo_epi16(a, zero), kv));
+            hi = _mm512_add_epi32(hi, _mm512_madd_epi16(_mm512_unpackhi_epi16(a, zero), kv));
+        }
+        /* the unpacks split each 128-bit block into its low and high halves; packs puts them back */
+        __m512i s = _mm512_packs_epi32(_mm512_srai_epi32(lo, prec), _mm512_srai_epi32(hi, prec));
+        _mm256_storeu_si256((__m256i *)(o + x), _mm512_cvtusepi16_epi8(_mm512_max_epi16(s, zero)));
+    }
+    for (; x < n; x++) {
+        int s = 1 << (prec - 1);
+        for (int y = 0; y < yn; y++) s += p[(size_t)y * stride + x] * k[y];
+        o[x] = clip8(s, prec);
+    }
+}
+
+/* Per output pixel, the hpass_row16 weight vector ([out][32] int16, 64-byte aligned); NULL when
+ * a window is wider than 8 taps or a weight does not fit int16. */
+static int16_t *hweights16(const int *kh, int out_w, int ksize, int kstride) {
+    if (ksize > 8) return NULL;
+    for (size_t i = 0; i < (size_t)out_w * kstride; i++)
+        if (kh[i] < INT16_MIN || kh[i] > INT16_MAX) return NULL;
+    int16_t *w = aligned_alloc(64, sizeof(int16_t) * 32 * (size_t)out_w);
+    if (!w) return NULL;
+    for (int o = 0; o < out_w; o++)
+        for (int l = 0; l < 32; l++) {
+            int j = l / 8, r = l % 8, t = 2 * j + (r & 1);
+            w[(size_t)o * 32 + l] = (int16_t)(r < 6 && t < ksize ? kh[(size_t)o * kstride + t] : 0);
+        }
+    return w;
+}
+
+static bool fits16(const int *k, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (k[i] < INT16_MIN || k[i] > INT16_MAX) return false;
+    return true;
+}
+#endif
+
 static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, bool torch_prec,
                             mmc_image *dst);
 
@@ -213,6 +311,7 @@ static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resa
     int *bh = NULL, *bv = NULL, *kh = NULL, *kv = NULL;
     double *dh = NULL, *dv = NULL;
     uint8_t *tmp = NULL, *last = NULL;
+    int16_t *kh16 = NULL;
     int ksh = 0, ksv = 0;
     int need_h = out_w != W, need_v = out_h != H;
     if (need_h && !(ksh = coeffs(W, out_w, f, &bh, &dh))) goto oom;
@@ -221,6 +320,11 @@ static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resa
     int ph = torch_prec ? -1 : PRECISION_BITS, pv = ph;
     if (need_h && !(kh = fixed_coeffs(dh, out_w, ksh, kstride, &ph))) goto oom;
     if (need_v && !(kv = fixed_coeffs(dv, out_h, ksv, ksv, &pv))) goto oom;
+#ifdef MMC_RESIZE_AVX512
+    /* 16-bit weights where they fit (torch's precision; Pillow's 22 bits do not) */
+    if (need_h) kh16 = hweights16(kh, out_w, ksh, kstride);
+    bool v16 = need_v && fits16(kv, (size_t)out_h * ksv);
+#endif
     /* Horizontal pass over the rows the vertical pass reads (all of them when upscaling). */
     const uint8_t *hin = src->data;
     int ybox0 = 0, ybox1 = H;
@@ -239,6 +343,9 @@ static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resa
 #pragma omp parallel for schedule(static) if ((int64_t)(ybox1 - ybox0) * out_w * ksh > ((int64_t)16 << 20))
         for (int y = ybox0; y < ybox1; y++) {
             const uint8_t *row = y == H - 1 ? last : src->data + (size_t)y * W * 3;
+#ifdef MMC_RESIZE_AVX512
+            if (kh16) { hpass_row16(row, hout + (size_t)(y - ybox0) * out_w * 3, out_w, bh, kh16, ph); continue; }
+#endif
             hpass_row(row, hout + (size_t)(y - ybox0) * out_w * 3, out_w, bh, kh, kstride, ph);
         }
         hin = hout;
@@ -248,14 +355,22 @@ static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resa
     if (need_v) {
         int w3 = out_w * 3;
 #pragma omp parallel for schedule(static) if ((int64_t)out_h * out_w * 3 * ksv > ((int64_t)24 << 20))
-        for (int yy = 0; yy < out_h; yy++)
+        for (int yy = 0; yy < out_h; yy++) {
+#ifdef MMC_RESIZE_AVX512
+            if (v16) {
+                vpass_row16(hin + (size_t)(bv[2 * yy] - ybox0) * w3, (size_t)w3, dst->data + (size_t)yy * w3, w3,
+                            kv + (size_t)yy * ksv, bv[2 * yy + 1], pv);
+                continue;
+            }
+#endif
             vpass_row(hin + (size_t)(bv[2 * yy] - ybox0) * w3, (size_t)w3, dst->data + (size_t)yy * w3, w3,
                       kv + (size_t)yy * ksv, bv[2 * yy + 1], pv);
+        }
     }
-    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last);
+    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last); free(kh16);
     return MMC_OK;
 oom:
-    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last);
+    free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last); free(kh16);
     mmc_image_free(dst);
     return mmc_error(MMC_ERR_OOM, "image resize: out of memory (%dx%d -> %dx%d)", W, H, out_w, out_h);
 }
