@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 typedef enum { MMC_RUN_F32 = 0, MMC_RUN_BF16 = 1 } mmc_run_dtype;
-typedef enum { MMC_RECOMPUTE_NONE = 0, MMC_RECOMPUTE_FULL = 1 } mmc_recompute;
+typedef enum { MMC_RECOMPUTE_NONE = 0, MMC_RECOMPUTE_FULL = 1, MMC_RECOMPUTE_ATTENTION = 2 } mmc_recompute;
 typedef enum { MMC_QUANT_NONE = 0, MMC_QUANT_NF4 = 1 } mmc_quant_method;
 
 /* Components that `model.freeze` may name. */
@@ -59,6 +59,9 @@ typedef struct {
     int dtype;                        /* mmc_run_dtype */
     mmc_str_list freeze;
     int recompute;                    /* mmc_recompute */
+    int64_t recompute_layers;         /* the first N decoder layers (per pipeline stage); 0 = all */
+    int64_t offload_layers;           /* the first N layers' saved activations in a mapped file; 0 = none */
+    char *offload_dir;                /* its directory (NULL: $TMPDIR or /tmp) */
     mmc_lora_cfg lora;
     mmc_quant_cfg quantization;
     uint32_t freeze_mask;             /* derived from freeze */

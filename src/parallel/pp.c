@@ -537,13 +537,19 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     }
     const bool ckpt = m->recompute;
     for (int64_t l = p->l0[c]; l < p->l1[c]; l++) {
-        if (ckpt) {
+        /* selective recompute and offload count the chunk's own layers: the first N of each stage */
+        const bool sel = m->recompute_layers <= 0 || l - p->l0[c] < m->recompute_layers;
+        const bool off = l - p->l0[c] < m->offload_layers;
+        m->layers[l].recompute_attn = m->recompute_attn && sel;
+        if (off && (st = mmc_ctx_offload_begin(ctx, m->offload_dir))) return st;
+        if (ckpt && sel) {
             block_args *a = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *a);
             *a = (block_args){p, (int)l, cos, sin, attn};
             x = mmc_checkpoint(ctx, block_fn, a, &x, 1);
         } else {
             x = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], x, cos, sin, &attn, NULL, (int)l);
         }
+        if (off) mmc_ctx_offload_end(ctx);
     }
     if (last_vs(p, c)) {
         mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);   /* [B, T, C] */

@@ -515,6 +515,11 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     if (st) return st;
     t->lm->recompute = c->model.recompute == MMC_RECOMPUTE_FULL;
     if (t->vl) t->vl->visual->recompute = t->lm->recompute;   /* vision blocks too */
+    /* selective recompute and offload: the decoder layers (README "Selective recompute and offload") */
+    t->lm->recompute_attn = c->model.recompute == MMC_RECOMPUTE_ATTENTION;
+    t->lm->recompute_layers = (int)c->model.recompute_layers;
+    t->lm->offload_layers = (int)c->model.offload_layers;
+    t->lm->offload_dir = c->model.offload_dir;
     return MMC_OK;
 }
 
@@ -837,6 +842,13 @@ layout_done:
             for (int k = 0; t->lora && k < t->lora->n_params; k++)
                 if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
+    }
+    if (mmc_trainer_diffusion(t) && (cfg->model.recompute == MMC_RECOMPUTE_ATTENTION || cfg->model.recompute_layers ||
+                                      cfg->model.offload_layers)) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: model.recompute: attention, model.recompute_layers and "
+                       "model.offload_layers apply to language-model decoder layers; a diffusion model takes "
+                       "model.recompute: full (every block)", cfg->file);
+        goto fail;
     }
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
