@@ -121,6 +121,7 @@ typedef struct {
                                        * data_parallel */
     int pipeline_schedule;            /* mmc_pp_schedule_kind: 1f1b (0; interleaved with pipeline_virtual > 1)
                                        * | dualpipev (1) */
+    int64_t tp_comm_chunks;           /* row-parallel all-reduce in chunks overlapped with the GEMM (1: off) */
 } mmc_parallel_cfg;
 typedef enum { MMC_PP_SCHED_1F1B = 0, MMC_PP_SCHED_DUALPIPEV = 1 } mmc_pp_schedule_kind;
 

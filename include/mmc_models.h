@@ -73,6 +73,8 @@ typedef struct {
     int cp_mode;                  /* mmc_cp_mode: Ulysses (0) or ring attention (1) */
     struct mmc_moe_block *moe;    /* Qwen2-MoE sparse block in place of gate/up/down (qwen2_moe.c), or NULL */
     bool recompute_attn;          /* set by the training forwards: rope + attention under mmc_checkpoint */
+    int tp_chunks;                /* with tp (no sp): o and down all-reduce in this many row pieces, each
+                                   * overlapped with the next piece's GEMM (mmc_tp_row_linear_chunked) */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of

@@ -830,6 +830,8 @@ layout_done:
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
     if (t->tpc) t->lm->sp = cfg->parallel.sequence_parallel;
+    if (t->tpc)   /* chunked all-reduce of the row-parallel outputs, overlapped with the next chunk's GEMM */
+        for (int64_t l = 0; l < t->lm->cfg.num_layers; l++) t->lm->layers[l].tp_chunks = (int)cfg->parallel.tp_comm_chunks;
     if (t->tpc) {   /* each trained tensor's split, from the model's (masters follow their bf16 tensor) */
         if (cfg->training.ema_decay > 0) {
             st = mmc_error(MMC_ERR_INVALID, "%s: training.ema_decay with parallel.tensor_parallel is not supported yet",

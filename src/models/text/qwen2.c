@@ -709,7 +709,7 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
     }
     if (L->cp) return mmc_nn_linear(ctx, a, &L->o);                              /* [B, T, C] */
     if (L->sp) return mmc_tp_row_linear_sp(ctx, L->tp, a, &L->o);               /* [B, T/tp, C] */
-    return L->tp ? mmc_tp_row_linear(ctx, L->tp, a, &L->o) : mmc_nn_linear(ctx, a, &L->o);
+    return L->tp ? mmc_tp_row_linear_chunked(ctx, L->tp, a, &L->o, L->tp_chunks) : mmc_nn_linear(ctx, a, &L->o);
 }
 
 /* The MLP half on normed rows h [..., C]: down(silu(gate(h)) * up(h)) -> [..., C]. */
@@ -718,7 +718,8 @@ static mmc_tensor *mlp(mmc_ctx *ctx, mmc_qwen2_layer *L, mmc_tensor *h) {
     if (L->tp) {   /* column-parallel gate/up (f before), row-parallel down (g after) */
         h = L->sp ? mmc_tp_sp_gather(ctx, L->tp, h) : mmc_tp_copy(ctx, L->tp, h);
         mmc_tensor *a = mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up));
-        return L->sp ? mmc_tp_row_linear_sp(ctx, L->tp, a, &L->down) : mmc_tp_row_linear(ctx, L->tp, a, &L->down);
+        return L->sp ? mmc_tp_row_linear_sp(ctx, L->tp, a, &L->down)
+                     : mmc_tp_row_linear_chunked(ctx, L->tp, a, &L->down, L->tp_chunks);
     }
     return mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up)),
                          &L->down);
