@@ -122,6 +122,7 @@ typedef struct {
     int pipeline_schedule;            /* mmc_pp_schedule_kind: 1f1b (0; interleaved with pipeline_virtual > 1)
                                        * | dualpipev (1) */
     int64_t tp_comm_chunks;           /* row-parallel all-reduce in chunks overlapped with the GEMM (1: off) */
+    bool pipeline_early_recv;         /* pipeline receives posted ahead of their op (mmc_pp_set_early_recv) */
 } mmc_parallel_cfg;
 typedef enum { MMC_PP_SCHED_1F1B = 0, MMC_PP_SCHED_DUALPIPEV = 1 } mmc_pp_schedule_kind;
 
