@@ -17,6 +17,8 @@
 #     8-layer one: exact; with tied embeddings within the tolerances above; x tp=2 (4 ranks)
 #     bit-identical to tp=2 alone;
 #   - bf16 weights with activation recompute at pp=2: exact;
+#   - receives posted when their op runs (pipeline_early_recv false) instead of two ops ahead, and
+#     attention recompute + offload of each stage's first layer, at pp=2: exact;
 #   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
 #     above, Qwen2.5-VL (untied) exact;
 #   - resume across layouts (pp2 -> pp2, pp2 -> 1 process, pp2 -> pp4, 1 process -> pp2): exact;
