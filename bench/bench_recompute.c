@@ -1,5 +1,5 @@
 /* bench_recompute.c — memory and time of selective recompute and activation offload
- * (README "Selective recompute and offload"): one training step (forward, causal-LM loss,
+ * (README "Selective recompute, activation offload and communication overlap"): one training step (forward, causal-LM loss,
  * backward) of a random Qwen2 decoder of 8 layers (hidden 512, MLP 1536, 8 query / 2 KV heads
  * of 64, vocab 8192), one row of 512 tokens, fp32, under each mode: none, full, full on the
  * first 4 layers, attention core only, offload of the first 4 / all 8 layers to a memory-mapped

@@ -1,5 +1,5 @@
 /* recompute_run.h — one training step (forward, causal-LM loss, backward) of a random Qwen2
- * decoder under a selective-recompute / offload mode, shared by tests/test_recompute.c (parity
+ * decoder under a selective-recompute / offload mode, shared by tests/test_selective_recompute.c (parity
  * of every mode against no recompute) and bench/bench_recompute.c (memory and time of each).
  * The step runs in a fresh context, so the activation arena's high-water mark is the step's;
  * the mapped arena's (offload) is reported apart. */

@@ -515,7 +515,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     if (st) return st;
     t->lm->recompute = c->model.recompute == MMC_RECOMPUTE_FULL;
     if (t->vl) t->vl->visual->recompute = t->lm->recompute;   /* vision blocks too */
-    /* selective recompute and offload: the decoder layers (README "Selective recompute and offload") */
+    /* selective recompute and offload: the decoder layers (README "Selective recompute, activation offload and communication overlap") */
     t->lm->recompute_attn = c->model.recompute == MMC_RECOMPUTE_ATTENTION;
     t->lm->recompute_layers = (int)c->model.recompute_layers;
     t->lm->offload_layers = (int)c->model.offload_layers;
