@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench_overlap.sh — communication overlap (README "Selective recompute, offload and overlap"), as JSON
+# bench_overlap.sh — communication overlap (README "Selective recompute, activation
+# offload and communication overlap"), as JSON
 # lines (bench/run.sh runs it; MMC_BENCH_FILTER=bench_overlap for this case alone). `mmc train` on a
 # synthetic 8-layer Qwen2 (hidden 256, MLP 512, 128 tokens per row, 8 rows per step, 1 thread per
 # rank), each figure against the same run without the overlap (the "peer" column):
