@@ -144,6 +144,13 @@ void mmc_arena_release(mmc_arena *a, mmc_arena_mark m); /* free everything alloc
 void mmc_arena_reset(mmc_arena *a);
 size_t mmc_arena_used(const mmc_arena *a);              /* bytes in use now */
 size_t mmc_arena_peak(const mmc_arena *a);              /* high-water mark */
+/* An arena whose chunks are shared mappings of a nameless temporary file in dir (NULL:
+ * $TMPDIR or /tmp), for activation offload. mmc_arena_evict drops its used pages from the
+ * resident set (they stay in the file and fault back in on access); mapped bytes: the file's
+ * size (0 for a heap arena). */
+mmc_status mmc_arena_new_mapped(const char *dir, size_t chunk_bytes, mmc_arena **out);
+void mmc_arena_evict(mmc_arena *a);
+size_t mmc_arena_mapped_bytes(const mmc_arena *a);
 
 /* ------------------------------------------------------------------ context */
 typedef struct mmc_ctx mmc_ctx;
@@ -215,6 +222,16 @@ void mmc_zero_grad(mmc_tensor **params, int n);
  * one output; parameters it uses are reached directly (their grads accumulate). */
 typedef mmc_tensor *(*mmc_block_fn)(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in);
 mmc_tensor *mmc_checkpoint(mmc_ctx *ctx, mmc_block_fn fn, void *user, mmc_tensor **in, int n_in);
+
+/* Activation offload: between begin and end, everything the ops allocate in the context's
+ * activation arena (outputs, saved tensors, tape nodes) goes to the context's mapped arena
+ * (mmc_arena_new_mapped in dir, created on first use); end evicts its pages from memory, and
+ * backward reads them back from the file. Reset with the context (mmc_ctx_reset). Begin
+ * inside a region already open is refused. */
+mmc_status mmc_ctx_offload_begin(mmc_ctx *ctx, const char *dir);
+void mmc_ctx_offload_end(mmc_ctx *ctx);
+/* the mapped arena's high-water mark in bytes (0 if never used) */
+size_t mmc_ctx_offload_peak(const mmc_ctx *ctx);
 
 /* Parameter hooks (data parallelism: ZeRO-3 / FSDP parameter gathering, and gradient storage
  * owned by the reducer). Models bracket each block's use of its parameters with

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 typedef enum { MMC_RUN_F32 = 0, MMC_RUN_BF16 = 1 } mmc_run_dtype;
-typedef enum { MMC_RECOMPUTE_NONE = 0, MMC_RECOMPUTE_FULL = 1 } mmc_recompute;
+typedef enum { MMC_RECOMPUTE_NONE = 0, MMC_RECOMPUTE_FULL = 1, MMC_RECOMPUTE_ATTENTION = 2 } mmc_recompute;
 typedef enum { MMC_QUANT_NONE = 0, MMC_QUANT_NF4 = 1 } mmc_quant_method;
 
 /* Components that `model.freeze` may name. */
@@ -61,6 +61,9 @@ typedef struct {
     int dtype;                        /* mmc_run_dtype */
     mmc_str_list freeze;
     int recompute;                    /* mmc_recompute */
+    int64_t recompute_layers;         /* the first N decoder layers (per pipeline stage); 0 = all */
+    int64_t offload_layers;           /* the first N layers' saved activations in a mapped file; 0 = none */
+    char *offload_dir;                /* its directory (NULL: $TMPDIR or /tmp) */
     mmc_lora_cfg lora;
     mmc_quant_cfg quantization;
     uint32_t freeze_mask;             /* derived from freeze */
@@ -131,6 +134,8 @@ typedef struct {
     mmc_module_plan vision, audio, projector, language;
     bool hetero;                      /* derived: the vision tower data-parallel over all ranks while the
                                        * language model is split at tensor_parallel > 1 */
+    int64_t tp_comm_chunks;           /* row-parallel all-reduce in chunks overlapped with the GEMM (1: off) */
+    bool pipeline_early_recv;         /* pipeline receives posted ahead of their op (mmc_pp_set_early_recv) */
 } mmc_parallel_cfg;
 typedef enum { MMC_PP_SCHED_1F1B = 0, MMC_PP_SCHED_DUALPIPEV = 1 } mmc_pp_schedule_kind;
 

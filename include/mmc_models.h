@@ -72,6 +72,9 @@ typedef struct {
                                    * sequence shard and attention exchanges heads for tokens */
     int cp_mode;                  /* mmc_cp_mode: Ulysses (0) or ring attention (1) */
     struct mmc_moe_block *moe;    /* Qwen2-MoE sparse block in place of gate/up/down (qwen2_moe.c), or NULL */
+    bool recompute_attn;          /* set by the training forwards: rope + attention under mmc_checkpoint */
+    int tp_chunks;                /* with tp (no sp): o and down all-reduce in this many row pieces, each
+                                   * overlapped with the next piece's GEMM (mmc_tp_row_linear_chunked) */
 } mmc_qwen2_layer;
 
 /* Key/value cache: per layer a [B, cap, Hkv, D] buffer; capacity grows in blocks of
@@ -111,6 +114,15 @@ typedef struct mmc_qwen2 {
     int n_params;
     mmc_st *st;                   /* mapping kept alive when weights are zero-copy */
     bool recompute;               /* activation checkpointing per block */
+    /* selective recompute and offload (training forwards; in a pipeline stage the counts are of
+     * the stage's own layers): recompute_layers > 0 checkpoints only the first N layers;
+     * recompute_attn checkpoints only rope + attention (the projections' outputs stay);
+     * offload_layers: the first N layers' saved activations live in a memory-mapped file
+     * (mmc_ctx_offload_begin) instead of the arena */
+    int recompute_layers;
+    bool recompute_attn;
+    int offload_layers;
+    const char *offload_dir;      /* not owned; NULL: $TMPDIR or /tmp */
     mmc_lora_set *adapter;        /* PEFT adapter applied at inference (owned), or NULL */
     struct mmc_comm *tp;          /* tensor-parallel group (not owned), or NULL (mmc_qwen2_load_tp) */
     signed char *param_split;     /* [n_params] with tp: the dimension each parameter is split on

@@ -143,6 +143,9 @@ mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, doub
 /* With tied embeddings: sum the embedding's gradient between the first and the last stage
  * (g: the stage's copy, NULL on the stages between; count elements). Collective over pp. */
 mmc_status mmc_pp_tied_reduce(mmc_pp *p, float *g, int64_t count);
+/* Post each receive a few ops before the op that needs it (on, the default) or when the op runs
+ * (off: the blocking receives of before; for comparison). The same messages either way. */
+void mmc_pp_set_early_recv(mmc_pp *p, bool on);
 /* Communication of the last mmc_pp_run: bytes sent and seconds blocked in receives. */
 void mmc_pp_last_stats(const mmc_pp *p, int64_t *bytes_sent, double *recv_wait_s);
 

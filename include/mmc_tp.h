@@ -55,6 +55,10 @@ mmc_tensor *mmc_tp_reduce(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x);
  * output is split): the caller all-reduces it over the group after backward (Megatron does the
  * same for such "sequence-parallel"-style partial gradients). */
 mmc_tensor *mmc_tp_row_linear(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l);
+/* The same with the all-reduce overlapped: x's rows in `chunks` pieces (at most
+ * MMC_NODE_MAX_IN), each piece's reduction running while the next piece's GEMM does
+ * (parallel.tp_comm_chunks; chunks <= 1: mmc_tp_row_linear). */
+mmc_tensor *mmc_tp_row_linear_chunked(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l, int chunks);
 /* Vocab-parallel embedding: table [V/tp, C] holds ids [vocab_start, vocab_start + V/tp);
  * ids [...] (i32/i64, each in [0, V)) -> g(masked lookup) [..., C], replicated. */
 mmc_tensor *mmc_tp_embedding(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *table, mmc_tensor *ids, int64_t vocab_start,

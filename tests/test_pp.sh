@@ -17,6 +17,8 @@
 #     8-layer one: exact; with tied embeddings within the tolerances above; x tp=2 (4 ranks)
 #     bit-identical to tp=2 alone;
 #   - bf16 weights with activation recompute at pp=2: exact;
+#   - receives posted when their op runs (pipeline_early_recv false) instead of two ops ahead, and
+#     attention recompute + offload of each stage's first layer, at pp=2: exact;
 #   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
 #     above, Qwen2.5-VL (untied) exact;
 #   - resume across layouts (pp2 -> pp2, pp2 -> 1 process, pp2 -> pp4, 1 process -> pp2): exact;
@@ -77,6 +79,16 @@ cmp_runs "pp=4 (4 layers, 6 micro-batches) vs 1 process" ref4 pp4 "$EXACT"
 runN 2 "$W/ref4.yaml" $PP2 --set "parallel.pipeline_layers=[1, 3]" --set training.output_dir="$W/pp13" ||
   { echo "FAIL: pp=2 [1, 3] run"; tail "$W/train.log"; fail=1; }
 cmp_runs "pp=2 split [1, 3] vs 1 process" ref4 pp13 "$EXACT"
+# receives posted when their op runs (pipeline_early_recv false) instead of two ops ahead (the
+# default, every other run here): the same messages, exact; and per-stage selective recompute /
+# offload (the first layer of each stage with its attention core recomputed and its activations
+# in a mapped file): exact as well
+runN 2 "$W/ref4.yaml" $PP2 --set parallel.pipeline_early_recv=false --set training.output_dir="$W/pplate" ||
+  { echo "FAIL: pp=2 late-receive run"; tail "$W/train.log"; fail=1; }
+cmp_runs "pp=2 receives posted late vs 1 process" ref4 pplate "$EXACT"
+runN 2 "$W/ref4.yaml" $PP2 --set model.recompute=attention --set model.recompute_layers=1 --set model.offload_layers=1 \
+  --set model.offload_dir="$W" --set training.output_dir="$W/ppsel" || { echo "FAIL: pp=2 selective run"; tail "$W/train.log"; fail=1; }
+cmp_runs "pp=2 attention recompute + offload of each stage's first layer vs 1 process" ref4 ppsel "$EXACT"
 # interleaved 1F1B: 2 chunks per rank (virtual stages [0,1) [1,2) on rank 0 / 1, then [2,3) [3,4))
 runN 2 "$W/ref4.yaml" $PP2 --set parallel.pipeline_virtual=2 --set training.output_dir="$W/ppv2" ||
   { echo "FAIL: interleaved run"; tail "$W/train.log"; fail=1; }

@@ -66,6 +66,10 @@ cfg ref 1 6; cfg tp2 2 6
 run1 "$W/ref.yaml" || { echo "FAIL: reference run"; tail "$W/train.log"; fail=1; }
 runN 2 "$W/tp2.yaml" || { echo "FAIL: tp=2 run"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train tp=2 vs 1 process" ref tp2
+# chunked overlap: o / down all-reduced in 4 row chunks, each while the next chunk's GEMM runs
+runN 2 "$W/tp2.yaml" --set parallel.tp_comm_chunks=4 --set training.output_dir="$W/tp2c" ||
+  { echo "FAIL: tp=2 chunked run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 tp_comm_chunks=4 vs 1 process" ref tp2c
 runN 2 "$W/tp2.yaml" --set training.output_dir="$W/r22" --set training.steps=3 &&
   cp -r "$W/r22" "$W/r21" && runN 2 "$W/tp2.yaml" --set training.output_dir="$W/r22" --resume || fail=1
 cmp_runs "tp=2 3 steps, resumed at tp=2" ref r22

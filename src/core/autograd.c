@@ -11,6 +11,7 @@
  * alive at a time during backward. */
 #include "mmc.h"
 #include "ctx_internal.h"
+#include "mmc_ops.h"
 #include "mmc_wgrad.h"
 
 #include <stdlib.h>
@@ -27,7 +28,9 @@ mmc_ctx *mmc_ctx_new(void) {
 
 void mmc_ctx_free(mmc_ctx *c) {
     if (!c) return;
+    if (c->act_saved) c->act = c->act_saved;
     mmc_arena_free(c->act);
+    mmc_arena_free(c->off);
     mmc_arena_free(c->scratch);
     free(c->tape);
     free(c->wq);
@@ -39,9 +42,31 @@ void mmc_ctx_reset(mmc_ctx *c) {
     /* persistent grads of parameters survive; arena tensors vanish */
     c->tape_len = 0;
     c->wq_len = 0;   /* queued weight halves point into the arena: dropped with it */
+    if (c->act_saved) c->act = c->act_saved, c->act_saved = NULL;
     mmc_arena_reset(c->act);
+    if (c->off) mmc_arena_reset(c->off);
     mmc_arena_reset(c->scratch);
 }
+
+mmc_status mmc_ctx_offload_begin(mmc_ctx *c, const char *dir) {
+    if (c->act_saved) return mmc_error(MMC_ERR_INVALID, "activation offload: a region is already open");
+    if (!c->off) {
+        mmc_status st = mmc_arena_new_mapped(dir, 256u << 20, &c->off);
+        if (st) return st;
+    }
+    c->act_saved = c->act;
+    c->act = c->off;
+    return MMC_OK;
+}
+
+void mmc_ctx_offload_end(mmc_ctx *c) {
+    if (!c->act_saved) return;
+    c->act = c->act_saved;
+    c->act_saved = NULL;
+    mmc_arena_evict(c->off);
+}
+
+size_t mmc_ctx_offload_peak(const mmc_ctx *c) { return c->off ? mmc_arena_peak(c->off) : 0; }
 
 mmc_arena *mmc_ctx_arena(mmc_ctx *c) { return c->act; }
 mmc_arena *mmc_ctx_scratch(mmc_ctx *c) { return c->scratch; }
@@ -213,16 +238,36 @@ static void checkpoint_backward(mmc_ctx *c, mmc_node *n) {
     mmc_arena_release(c->act, mark);
 }
 
+/* The block's output y, moved below its intermediates: everything allocated since mark goes
+ * (backward rebuilds it), only a contiguous copy of y stays. */
+static mmc_tensor *keep_output(mmc_ctx *c, mmc_tensor *y, mmc_arena_mark mark) {
+    y = mmc_contiguous(c, y);
+    const size_t nb = mmc_nbytes(y);
+    const mmc_dtype dt = y->dtype;
+    const int nd = y->ndim;
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, y->shape, sizeof(int64_t) * (size_t)nd);
+    void *tmp = malloc(nb ? nb : 1);
+    MMC_CHECK(tmp, "out of memory keeping a checkpointed block's output (%zu bytes)", nb);
+    memcpy(tmp, y->data, nb);
+    mmc_arena_release(c->act, mark);
+    mmc_tensor *o = mmc_new(c, dt, nd, shape);
+    memcpy(o->data, tmp, nb);
+    free(tmp);
+    return o;
+}
+
 mmc_tensor *mmc_checkpoint(mmc_ctx *c, mmc_block_fn fn, void *user, mmc_tensor **in, int n_in) {
     bool prev = c->grad_enabled;
     c->grad_enabled = false;
     c->ckpt_depth += prev;
+    mmc_arena_mark mark = mmc_arena_get_mark(c->act);
     mmc_tensor *y = fn(c, user, in, n_in);
     c->ckpt_depth -= prev;
     c->grad_enabled = prev;
     if (!prev) return y;
-    /* the block output must be a fresh tensor we may flag; alias it to be safe */
-    y = mmc_alias(c, y);
+    /* a fresh tensor we may flag, and the block's intermediates released: the point of recompute */
+    y = keep_output(c, y, mark);
     /* recorded even when no input requires grad: parameters inside the block may */
     mmc_node *n = append_node(c, "checkpoint", checkpoint_backward, y, n_in, in);
     ckpt_extra *ex = mmc_arena_alloc(c->act, sizeof *ex);

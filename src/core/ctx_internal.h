@@ -21,5 +21,7 @@ struct mmc_ctx {
     mmc_node **wq;
     mmc_backward_fn *wq_fn;
     int wq_len, wq_cap;
+    /* activation offload (mmc_ctx_offload_begin): the mapped arena, and act's own while it stands in */
+    mmc_arena *off, *act_saved;
 };
 #endif

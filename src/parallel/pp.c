@@ -12,10 +12,12 @@
  * parameters and their gradient buffers are shared (persistent). The activation a stage sends
  * stays in its context until that micro-batch's backward (the send is waited on there, when the
  * next stage has certainly received it); the gradient sent back is copied into a per-slot
- * buffer so the context is released at once. Receives are blocking, sends non-blocking: no
- * stage ever waits on a send, so the step deadlocks only if the schedules' dependency graph has
- * a cycle, which the simulator (the same graph) rules out for every P, v, M the tests try. A
- * communicator failure inside the step is returned. */
+ * buffer so the context is released at once. Sends are non-blocking, and receives are posted
+ * early (a few ops ahead, into buffers of their own; parallel.pipeline_early_recv) and waited on
+ * by the op that needs them: no stage ever waits on a send, and a receive is waited on exactly
+ * where the blocking one ran before, so the step deadlocks only if the schedules' dependency
+ * graph has a cycle, which the simulator (the same graph) rules out for every P, v, M the tests
+ * try. A communicator failure inside the step is returned. */
 #include "mmc_pp.h"
 #include "mmc_ops.h"
 #include "mmc_wgrad.h"
@@ -358,6 +360,7 @@ struct mmc_pp {
     int *slot_of;           /* [v M] during a run: the slot of (chunk, micro-batch) */
     int64_t bytes;
     double recv_s;
+    bool late_recv;         /* mmc_pp_set_early_recv(p, false): each receive posted when its op runs */
 };
 
 mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, const int64_t *l1, mmc_pp **out) {
@@ -450,9 +453,35 @@ static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in)
                                    NULL, a->layer);
 }
 
-static mmc_status recv_timed(mmc_pp *p, void *buf, int64_t n, int peer, int tag) {
+/* Early receives (parallel.pipeline_early_recv, on by default): the receive an op needs is posted
+ * (mmc_recv_start into a buffer of its own) PP_LOOKAHEAD ops before the op runs, so the
+ * communicator's thread takes the message in while this stage computes the ops before; the op
+ * then waits (what is left of the transfer) and copies it into its context. Receives are still
+ * posted in schedule order, so messages of the same peer and tag match as before. */
+enum { PP_LOOKAHEAD = 2 };
+typedef struct {
+    float *buf;
+    int64_t n;
+    mmc_dist_req *req;
+} pp_pre;
+
+/* the receive op o needs from another rank (its peer, tag and float count), if any */
+static bool op_recv(const mmc_pp *p, mmc_pp_op o, const mmc_batch *mbs, int *peer, int *tag, int64_t *n);
+
+static mmc_status recv_timed(mmc_pp *p, pp_pre *pre, void *buf, int64_t n, int peer, int tag) {
     double t0 = mmc_now();
-    mmc_status st = mmc_recv(p->pp, buf, n, MMC_F32, peer, tag);
+    mmc_status st;
+    if (pre && pre->buf) {   /* posted early: wait for the rest, then take it */
+        MMC_CHECK(pre->n == n, "pipeline: early receive of %lld floats for an op expecting %lld", (long long)pre->n,
+                  (long long)n);
+        st = mmc_dist_wait(pre->req);
+        pre->req = NULL;
+        if (!st) memcpy(buf, pre->buf, (size_t)n * sizeof(float));
+        free(pre->buf);
+        pre->buf = NULL;
+    } else {
+        st = mmc_recv(p->pp, buf, n, MMC_F32, peer, tag);
+    }
     p->recv_s += mmc_now() - t0;
     return st;
 }
@@ -489,7 +518,8 @@ static mmc_status turn_take(float **slot, float *dst, int64_t n, int k) {
 
 /* Forward of micro-batch k through chunk c: embed or receive, the chunk's layers, then send on
  * or (last virtual stage) the loss. */
-static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch *b, double scale, double *loss) {
+static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch *b, double scale, double *loss,
+                                pp_pre *pre) {
     int slot = -1;
     for (int i = 0; i < p->n_slots && slot < 0; i++)
         if (!p->slots[i].busy) slot = i;
@@ -529,7 +559,7 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     } else if (!first_vs(p, c)) {   /* (Qwen2-VL's first stage: x holds the embeddings with the features) */
         x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, T, C));                        /* [B, T, C] from the stage before */
         if (prev_rank(p, c) == p->stage) st = turn_take(&p->turn_act[k], x->data, B * T * C, k);
-        else st = recv_timed(p, x->data, B * T * C, prev_rank(p, c), TAG_CHUNK + 2 * c);
+        else st = recv_timed(p, pre, x->data, B * T * C, prev_rank(p, c), TAG_CHUNK + 2 * c);
         if (st)
             return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's activations", p->stage, k + 1);
         x->flags |= MMC_REQUIRES_GRAD;   /* a leaf whose gradient goes back */
@@ -537,13 +567,19 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     }
     const bool ckpt = m->recompute;
     for (int64_t l = p->l0[c]; l < p->l1[c]; l++) {
-        if (ckpt) {
+        /* selective recompute and offload count the chunk's own layers: the first N of each stage */
+        const bool sel = m->recompute_layers <= 0 || l - p->l0[c] < m->recompute_layers;
+        const bool off = l - p->l0[c] < m->offload_layers;
+        m->layers[l].recompute_attn = m->recompute_attn && sel;
+        if (off && (st = mmc_ctx_offload_begin(ctx, m->offload_dir))) return st;
+        if (ckpt && sel) {
             block_args *a = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *a);
             *a = (block_args){p, (int)l, cos, sin, attn};
             x = mmc_checkpoint(ctx, block_fn, a, &x, 1);
         } else {
             x = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], x, cos, sin, &attn, NULL, (int)l);
         }
+        if (off) mmc_ctx_offload_end(ctx);
     }
     if (last_vs(p, c)) {
         mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);   /* [B, T, C] */
@@ -578,7 +614,7 @@ static void release_slot(pp_slot *sl) {
 
 /* Backward of micro-batch k through chunk c; input_only: the weight halves stay queued in the
  * slot's context for stage_weight (DualPipeV's B), else the whole backward. */
-static mmc_status stage_backward(mmc_pp *p, int c, int k, int M, bool input_only) {
+static mmc_status stage_backward(mmc_pp *p, int c, int k, int M, bool input_only, pp_pre *pre) {
     pp_slot *sl = &p->slots[p->slot_of[c * M + k]];
     mmc_ctx *ctx = sl->ctx;
     mmc_tensor *y = sl->out;
@@ -589,7 +625,7 @@ static mmc_status stage_backward(mmc_pp *p, int c, int k, int M, bool input_only
     } else {
         mmc_tensor *g = mmc_grad(ctx, y);   /* [B, T, C] zeros: y has no consumer here */
         if (next_rank(p, c) == p->stage) st = turn_take(&p->turn_grad[k], g->data, mmc_numel(y), k);
-        else st = recv_timed(p, g->data, mmc_numel(y), next_rank(p, c), TAG_CHUNK + 2 * c + 1);
+        else st = recv_timed(p, pre, g->data, mmc_numel(y), next_rank(p, c), TAG_CHUNK + 2 * c + 1);
         if (st) {
             mmc_set_defer_weight_grads(ctx, false);
             return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's gradient", p->stage, k + 1);
@@ -667,15 +703,34 @@ mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, doub
         need = fly > need ? fly : need;
     }
     if (!st) st = ensure_slots(p, need);
+    pp_pre *pre = !st && !p->late_recv && n > 0 ? calloc((size_t)n, sizeof *pre) : NULL;
+    int posted = 0;   /* ops whose receive (if any) is posted */
     for (int i = 0; i < n && !st; i++) {
+        for (; pre && posted < n && posted <= i + PP_LOOKAHEAD && !st; posted++) {
+            int peer, tag;
+            int64_t cnt;
+            if (!op_recv(p, ops[posted], mbs, &peer, &tag, &cnt)) continue;
+            pp_pre *q = &pre[posted];
+            if (!(q->buf = malloc((size_t)cnt * sizeof(float) + 1))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+            q->n = cnt;
+            if ((st = mmc_recv_start(p->pp, q->buf, cnt, MMC_F32, peer, tag, &q->req))) {
+                free(q->buf), q->buf = NULL;
+                st = mmc_error_prefix(st, "pipeline stage %d: posting a receive", p->stage);
+            }
+        }
+        if (st) break;
         const mmc_pp_op o = ops[i];
+        pp_pre *q = pre ? &pre[i] : NULL;
         switch (o.kind) {
-        case MMC_PP_FORWARD: st = stage_forward(p, o.chunk, o.mb, M, &mbs[o.mb], scale, loss); break;
-        case MMC_PP_BACKWARD: st = stage_backward(p, o.chunk, o.mb, M, false); break;
-        case MMC_PP_BACKWARD_INPUT: st = stage_backward(p, o.chunk, o.mb, M, true); break;
+        case MMC_PP_FORWARD: st = stage_forward(p, o.chunk, o.mb, M, &mbs[o.mb], scale, loss, q); break;
+        case MMC_PP_BACKWARD: st = stage_backward(p, o.chunk, o.mb, M, false, q); break;
+        case MMC_PP_BACKWARD_INPUT: st = stage_backward(p, o.chunk, o.mb, M, true, q); break;
         default: st = stage_weight(p, o.chunk, o.mb, M); break;
         }
     }
+    for (int i = 0; pre && i < posted; i++)   /* (left over only after an error: a buffer with a pending */
+        if (pre[i].buf && !pre[i].req) free(pre[i].buf);   /* receive stays, the job is failing anyway) */
+    free(pre);
     free(ops);
     for (int i = 0; i < p->turn_cap; i++) {   /* (left over only after an error) */
         free(p->turn_act[i]), free(p->turn_grad[i]);
@@ -693,6 +748,24 @@ mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, doub
     }
     return st;
 }
+
+static bool op_recv(const mmc_pp *p, mmc_pp_op o, const mmc_batch *mbs, int *peer, int *tag, int64_t *n) {
+    const int c = o.chunk;
+    *n = mbs[o.mb].B * mbs[o.mb].T * p->m->cfg.hidden_size;   /* [B, T, C], as stage_forward / _backward */
+    if (o.kind == MMC_PP_FORWARD) {
+        if (first_vs(p, c) || prev_rank(p, c) == p->stage) return false;
+        *peer = prev_rank(p, c), *tag = TAG_CHUNK + 2 * c;
+        return true;
+    }
+    if (o.kind == MMC_PP_BACKWARD || o.kind == MMC_PP_BACKWARD_INPUT) {
+        if (last_vs(p, c) || next_rank(p, c) == p->stage) return false;
+        *peer = next_rank(p, c), *tag = TAG_CHUNK + 2 * c + 1;
+        return true;
+    }
+    return false;
+}
+
+void mmc_pp_set_early_recv(mmc_pp *p, bool on) { p->late_recv = !on; }
 
 mmc_status mmc_pp_tied_reduce(mmc_pp *p, float *g, int64_t count) {
     if (p->P < 2 || (p->stage != 0 && p->stage != p->P - 1)) return MMC_OK;

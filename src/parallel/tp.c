@@ -66,6 +66,49 @@ mmc_tensor *mmc_tp_row_linear(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const m
     return l->b ? mmc_add(ctx, y, l->b) : y;
 }
 
+/* Chunked overlap (parallel.tp_comm_chunks): the rows of x in `chunks` pieces; piece i's GEMM
+ * result is all-reduced by the communicator's thread (mmc_all_reduce_start) while piece i + 1's
+ * GEMM runs, so all but the last piece's reduction hide behind compute (Megatron's
+ * tp_comm_overlap splits the GEMM the same way). One node joins the pieces: its backward hands
+ * each piece its rows of dy. Each piece is the same GEMM row for row and the reduction the same
+ * sum (a + b for tp=2), so the forward equals mmc_tp_row_linear's; the weight gradient is then
+ * summed over the pieces in turn (rounding-level differences). */
+static void chunks_backward(mmc_ctx *ctx, mmc_node *n) {
+    const float *dy = n->out->grad->data;
+    int64_t off = 0;
+    for (int i = 0; i < n->n_in; i++) {
+        if (mmc_requires_grad(n->in[i])) acc_into(ctx, n->in[i], dy + off);
+        off += mmc_numel(n->in[i]);
+    }
+}
+
+mmc_tensor *mmc_tp_row_linear_chunked(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x, const mmc_linear_w *l, int chunks) {
+    const int64_t K = x->shape[x->ndim - 1], R = mmc_numel(x) / (K ? K : 1);
+    if (chunks > R) chunks = (int)R;
+    if (chunks > MMC_NODE_MAX_IN) chunks = MMC_NODE_MAX_IN;
+    if (!tp || mmc_comm_size(tp) == 1 || chunks <= 1) return mmc_tp_row_linear(ctx, tp, x, l);
+    mmc_linear_w nb = *l;
+    nb.b = NULL;   /* replicated: added once, after the reduction */
+    mmc_tensor *x2 = mmc_reshape(ctx, x, 2, MMC_SHAPE(R, K));                     /* [R, K/tp] */
+    mmc_tensor *parts[MMC_NODE_MAX_IN], *y = NULL;
+    mmc_dist_req *req[MMC_NODE_MAX_IN] = {NULL};
+    int64_t N = 0;
+    for (int i = 0; i < chunks; i++) {
+        const int64_t r0 = R * i / chunks, n = R * (i + 1) / chunks - r0;
+        parts[i] = mmc_contiguous(ctx, mmc_nn_linear(ctx, mmc_narrow(ctx, x2, 0, r0, n), &nb));   /* [n, N] partial */
+        if (!y) N = parts[i]->shape[1], y = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(R, N));          /* [R, N] */
+        tp_ok(mmc_all_reduce_start(tp, parts[i]->data, (float *)y->data + r0 * N, n * N, MMC_F32, MMC_SUM, &req[i]),
+              "row-parallel chunk (all-reduce)");
+    }
+    tp_ok(mmc_dist_wait_all(req, chunks), "row-parallel chunks (all-reduce)");
+    mmc_tape_record(ctx, "tp_reduce_chunks", chunks_backward, y, chunks, parts);
+    int64_t shape[MMC_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+    shape[x->ndim - 1] = N;
+    y = mmc_reshape(ctx, y, x->ndim, shape);                                      /* [..., N] */
+    return l->b ? mmc_add(ctx, y, l->b) : y;
+}
+
 /* ------------------------------------------------------------------ vocab-parallel embedding */
 static inline int64_t id_at(const mmc_tensor *ids, int64_t i) {
     return ids->dtype == MMC_I64 ? ((const int64_t *)ids->data)[i] : (int64_t)((const int32_t *)ids->data)[i];

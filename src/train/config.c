@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 static const char *const k_dtypes[] = {"f32", "bf16", NULL};
-static const char *const k_recompute[] = {"none", "full", NULL};
+static const char *const k_recompute[] = {"none", "full", "attention", NULL};   /* = mmc_recompute */
 static const char *const k_quant[] = {"none", "nf4", NULL};
 static const char *const k_cp_mode[] = {"ulysses", "ring", NULL};   /* = mmc_cp_mode */
 static const char *const k_pp_sched[] = {"1f1b", "dualpipev", NULL};   /* = mmc_pp_schedule_kind */
@@ -50,7 +50,13 @@ static const mmc_cfg_field k_model[] = {
     F(mmc_model_cfg, dtype, MMC_CFG_ENUM, U, k_dtypes, NULL, "f32 | bf16 weights (fp32 master + state)"),
     F(mmc_model_cfg, freeze, MMC_CFG_STR_LIST, U, NULL, NULL,
       "components kept fixed: vision_tower, merger, language_model, embeddings, audio (Qwen2.5-Omni's audio encoder)"),
-    F(mmc_model_cfg, recompute, MMC_CFG_ENUM, U, k_recompute, NULL, "activation recompute: none | full"),
+    F(mmc_model_cfg, recompute, MMC_CFG_ENUM, U, k_recompute, NULL,
+      "activation recompute: none | full (each decoder layer) | attention (only rope + attention core)"),
+    F(mmc_model_cfg, recompute_layers, MMC_CFG_INT, 0, 1 << 20, NULL, NULL,
+      "recompute only the first N decoder layers (of each pipeline stage); 0: all"),
+    F(mmc_model_cfg, offload_layers, MMC_CFG_INT, 0, 1 << 20, NULL, NULL,
+      "keep the saved activations of the first N decoder layers (of each stage) in a memory-mapped file"),
+    F(mmc_model_cfg, offload_dir, MMC_CFG_STR, U, NULL, NULL, "directory of the offload file (default $TMPDIR or /tmp)"),
     F(mmc_model_cfg, lora, MMC_CFG_SECTION, U, NULL, k_lora, "LoRA adapters"),
     F(mmc_model_cfg, quantization, MMC_CFG_SECTION, U, NULL, k_quantization, "QLoRA base quantisation"),
     {0},
@@ -158,6 +164,11 @@ static const mmc_cfg_field k_parallel[] = {
       "per-modality plan of the projector / merger (Qwen2-VL's runs inside the vision tower: the vision's plan)"),
     F(mmc_parallel_cfg, language, MMC_CFG_SECTION, U, NULL, k_module_plan,
       "per-modality plan of the language model (the same as the top-level tensor_parallel, data_parallel, ...)"),
+    F(mmc_parallel_cfg, tp_comm_chunks, MMC_CFG_INT, 1, 8, NULL, NULL,
+      "with tensor_parallel (no sequence_parallel): the row-parallel o / down outputs all-reduced in this many "
+      "row chunks, each overlapped with the next chunk's GEMM (1: one all-reduce after the GEMM)"),
+    F(mmc_parallel_cfg, pipeline_early_recv, MMC_CFG_BOOL, U, NULL, NULL,
+      "pipeline receives posted two ops before the op that needs them, filled while this stage computes (true)"),
     {0},
 };
 static const mmc_cfg_field k_optimizer[] = {
@@ -221,7 +232,8 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.num_workers = 2;
     c->data.prefetch = 4;
     c->parallel = (mmc_parallel_cfg){.data_parallel = 1, .tensor_parallel = 1, .pipeline_parallel = 1, .pipeline_virtual = 1,
-                                     .context_parallel = 1, .expert_parallel = 1,
+                                     .context_parallel = 1, .expert_parallel = 1, .tp_comm_chunks = 1,
+                                     .pipeline_early_recv = true,
                                      .timeout = 600.0};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;

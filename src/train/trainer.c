@@ -522,6 +522,11 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     if (st) return st;
     t->lm->recompute = c->model.recompute == MMC_RECOMPUTE_FULL;
     if (t->vl) t->vl->visual->recompute = t->lm->recompute;   /* vision blocks too */
+    /* selective recompute and offload: the decoder layers (README "Selective recompute, activation offload and communication overlap") */
+    t->lm->recompute_attn = c->model.recompute == MMC_RECOMPUTE_ATTENTION;
+    t->lm->recompute_layers = (int)c->model.recompute_layers;
+    t->lm->offload_layers = (int)c->model.offload_layers;
+    t->lm->offload_dir = c->model.offload_dir;
     return MMC_OK;
 }
 
@@ -833,6 +838,8 @@ layout_done:
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
     if (t->tpc) t->lm->sp = cfg->parallel.sequence_parallel;
+    if (t->tpc)   /* chunked all-reduce of the row-parallel outputs, overlapped with the next chunk's GEMM */
+        for (int64_t l = 0; l < t->lm->cfg.num_layers; l++) t->lm->layers[l].tp_chunks = (int)cfg->parallel.tp_comm_chunks;
     if (t->tpc) {   /* each trained tensor's split, from the model's (masters follow their bf16 tensor) */
         if (cfg->training.ema_decay > 0) {
             st = mmc_error(MMC_ERR_INVALID, "%s: training.ema_decay with parallel.tensor_parallel is not supported yet",
@@ -847,6 +854,13 @@ layout_done:
         }
     }
     if (cfg->parallel.hetero && (st = hetero_setup(t))) goto fail;
+    if (mmc_trainer_diffusion(t) && (cfg->model.recompute == MMC_RECOMPUTE_ATTENTION || cfg->model.recompute_layers ||
+                                      cfg->model.offload_layers)) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: model.recompute: attention, model.recompute_layers and "
+                       "model.offload_layers apply to language-model decoder layers; a diffusion model takes "
+                       "model.recompute: full (every block)", cfg->file);
+        goto fail;
+    }
     if (!(t->ctx = mmc_ctx_new())) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     mmc_rng_init(&t->rng, (uint64_t)cfg->training.seed);
     if (mmc_trainer_diffusion(t)) {

@@ -117,6 +117,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
                   : mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp)))
         return st;
     if (t->vl) mmc_pp_set_vl(t->pp, t->vl);
+    mmc_pp_set_early_recv(t->pp, t->cfg->parallel.pipeline_early_recv);
     /* the memory figures from here on are the stage's own (the full model was read first) */
     FILE *f = fopen("/proc/self/clear_refs", "w");
     if (f) { fputs("5", f); fclose(f); }

@@ -642,6 +642,45 @@ mmc_tensor *mmc_qwen2_embed(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *ids) {
     return mmc_embedding_padded(ctx, m->embed, ids, m->cfg.has_pad_token ? m->cfg.pad_token_id : -1);
 }
 
+/* The attention core of a layer: rope on q [B, T, Hq, D] and k [B, T, Hkv, D], the KV cache,
+ * then attention (plain, Ulysses or ring) -> [B, T, Hq*D], before the o projection. */
+static mmc_tensor *attention_core(mmc_ctx *ctx, mmc_qwen2_layer *L, mmc_tensor *q, mmc_tensor *k, mmc_tensor *v,
+                                  mmc_tensor *cos, mmc_tensor *sin, const mmc_attn_opts *attn, mmc_kv_cache *kv,
+                                  int layer_idx) {
+    const int64_t B = q->shape[0], T = q->shape[1], Hq = q->shape[2], D = q->shape[3];
+    q = mmc_rope(ctx, q, cos, sin);
+    k = mmc_rope(ctx, k, cos, sin);
+    if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
+    mmc_tensor *a;
+    if (L->cp && L->cp_mode == MMC_CP_RING) {   /* ring attention (mmc_cp.h): K/V blocks round the group */
+        a = mmc_cp_ring_attention(ctx, L->cp, q, k, v, attn);                      /* [B, T, Hq, D] */
+    } else if (L->cp) {   /* Ulysses (mmc_cp.h): T is this rank's shard; attend over the whole sequence on H/C heads */
+        q = mmc_cp_seq_to_head(ctx, L->cp, q);                                   /* [B, T*C, Hq/C, D] */
+        k = mmc_cp_seq_to_head(ctx, L->cp, mmc_cp_expand_kv(ctx, L->cp, k));     /* (collectives in a fixed order) */
+        v = mmc_cp_seq_to_head(ctx, L->cp, mmc_cp_expand_kv(ctx, L->cp, v));     /* [B, T*C, max(Hkv/C, 1), D] */
+        a = mmc_cp_head_to_seq(ctx, L->cp, mmc_attention(ctx, q, k, v, attn));   /* [B, T, Hq, D] */
+    } else {
+        a = mmc_attention(ctx, q, k, v, attn);                                   /* [B, T, Hq, D] */
+    }
+    return mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, Hq * D));                      /* [B, T, Hq*D] */
+}
+
+/* selective recompute (model.recompute: attention): the core above under mmc_checkpoint, so
+ * only q, k, v (the projections' outputs) and the core's output are kept; backward re-runs
+ * rope and attention (and a ring's or Ulysses' exchanges, in the same order) */
+typedef struct {
+    mmc_qwen2_layer *L;
+    mmc_tensor *cos, *sin;
+    mmc_attn_opts attn;   /* a copy: the caller's may be gone when backward recomputes */
+    int layer;
+} core_args;
+
+static mmc_tensor *core_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in) {
+    core_args *a = user;
+    (void)n_in;
+    return attention_core(ctx, a->L, in[0], in[1], in[2], a->cos, a->sin, &a->attn, NULL, a->layer);
+}
+
 /* The layer's self-attention half on the residual stream x [B, T, C]: o(attention(rope(q),
  * rope(k), v)) of rmsnorm(x), through the KV cache when given; -> [B, T, C], not yet added. */
 static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_qwen2_layer *L, mmc_tensor *x,
@@ -659,25 +698,18 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
                                 MMC_SHAPE(B, T, Hkv, D));                        /* [B, T, Hkv, D] */
     mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4,
                                 MMC_SHAPE(B, T, Hkv, D));                        /* [B, T, Hkv, D] */
-    q = mmc_rope(ctx, q, cos, sin);
-    k = mmc_rope(ctx, k, cos, sin);
-    if (kv) kv_append(ctx, kv, layer_idx, k, v, &k, &v);                         /* [B, S, Hkv, D] */
-    if (L->cp && L->cp_mode == MMC_CP_RING) {   /* ring attention (mmc_cp.h): K/V blocks round the group */
-        mmc_tensor *a = mmc_cp_ring_attention(ctx, L->cp, q, k, v, attn);          /* [B, T, Hq, D] */
-        return mmc_nn_linear(ctx, mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, Hq * D)), &L->o);
+    mmc_tensor *a;                                                               /* [B, T, Hq*D] */
+    if (L->recompute_attn && !kv && mmc_grad_enabled(ctx)) {
+        core_args *ca = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *ca);
+        *ca = (core_args){L, cos, sin, *attn, layer_idx};
+        mmc_tensor *in[3] = {q, k, v};
+        a = mmc_checkpoint(ctx, core_fn, ca, in, 3);
+    } else {
+        a = attention_core(ctx, L, q, k, v, cos, sin, attn, kv, layer_idx);
     }
-    if (L->cp) {   /* Ulysses (mmc_cp.h): T is this rank's shard; attend over the whole sequence on H/C heads */
-        q = mmc_cp_seq_to_head(ctx, L->cp, q);                                   /* [B, T*C, Hq/C, D] */
-        k = mmc_cp_seq_to_head(ctx, L->cp, mmc_cp_expand_kv(ctx, L->cp, k));     /* (collectives in a fixed order) */
-        v = mmc_cp_seq_to_head(ctx, L->cp, mmc_cp_expand_kv(ctx, L->cp, v));     /* [B, T*C, max(Hkv/C, 1), D] */
-        mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                       /* [B, T*C, Hq/C, D] */
-        a = mmc_reshape(ctx, mmc_cp_head_to_seq(ctx, L->cp, a), 3, MMC_SHAPE(B, T, Hq * D));
-        return mmc_nn_linear(ctx, a, &L->o);                                     /* [B, T, C] */
-    }
-    mmc_tensor *a = mmc_attention(ctx, q, k, v, attn);                           /* [B, T, Hq, D] */
-    a = mmc_reshape(ctx, a, 3, MMC_SHAPE(B, T, Hq * D));
+    if (L->cp) return mmc_nn_linear(ctx, a, &L->o);                              /* [B, T, C] */
     if (L->sp) return mmc_tp_row_linear_sp(ctx, L->tp, a, &L->o);               /* [B, T/tp, C] */
-    return L->tp ? mmc_tp_row_linear(ctx, L->tp, a, &L->o) : mmc_nn_linear(ctx, a, &L->o);
+    return L->tp ? mmc_tp_row_linear_chunked(ctx, L->tp, a, &L->o, L->tp_chunks) : mmc_nn_linear(ctx, a, &L->o);
 }
 
 /* The MLP half on normed rows h [..., C]: down(silu(gate(h)) * up(h)) -> [..., C]. */
@@ -686,7 +718,8 @@ static mmc_tensor *mlp(mmc_ctx *ctx, mmc_qwen2_layer *L, mmc_tensor *h) {
     if (L->tp) {   /* column-parallel gate/up (f before), row-parallel down (g after) */
         h = L->sp ? mmc_tp_sp_gather(ctx, L->tp, h) : mmc_tp_copy(ctx, L->tp, h);
         mmc_tensor *a = mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up));
-        return L->sp ? mmc_tp_row_linear_sp(ctx, L->tp, a, &L->down) : mmc_tp_row_linear(ctx, L->tp, a, &L->down);
+        return L->sp ? mmc_tp_row_linear_sp(ctx, L->tp, a, &L->down)
+                     : mmc_tp_row_linear_chunked(ctx, L->tp, a, &L->down, L->tp_chunks);
     }
     return mmc_nn_linear(ctx, mmc_swiglu(ctx, mmc_nn_linear(ctx, h, &L->gate), mmc_nn_linear(ctx, h, &L->up)),
                          &L->down);
@@ -802,12 +835,18 @@ mmc_tensor *mmc_qwen2_forward(mmc_ctx *ctx, mmc_qwen2 *m, mmc_tensor *x, mmc_ten
     if (sp) x = mmc_tp_sp_split(ctx, m->tp, x);                                  /* [B, T/tp, C] */
     block_args *args = ckpt ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *args * (size_t)m->cfg.num_layers) : NULL;
     for (int l = 0; l < m->cfg.num_layers; l++) {
-        if (ckpt) {
+        /* selective recompute and offload: the first recompute_layers / offload_layers layers */
+        const bool sel = m->recompute_layers <= 0 || l < m->recompute_layers;
+        const bool off = !kv && l < m->offload_layers;
+        m->layers[l].recompute_attn = m->recompute_attn && sel;
+        if (off) MMC_CHECK(mmc_ctx_offload_begin(ctx, m->offload_dir) == MMC_OK, "%s", mmc_last_error());
+        if (ckpt && sel) {
             args[l] = (block_args){m, l, cos, sin, *attn};
             x = mmc_checkpoint(ctx, block_fn, &args[l], &x, 1);
         } else {
             x = mmc_qwen2_layer_forward(ctx, &m->cfg, &m->layers[l], x, cos, sin, attn, kv, l);
         }
+        if (off) mmc_ctx_offload_end(ctx);
     }
     if (kv) kv->len += x->shape[1];
     mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);
