@@ -17,6 +17,7 @@
 #include "mmc_lora.h"
 #include "mmc_quant.h"
 #include "../backend/cpu/gemm.h"
+#include "../backend/cpu/matvec.h"
 #include "../backend/cpu/qmatvec.h"
 
 #include <math.h>
@@ -447,6 +448,17 @@ static mmc_tensor *decode_linear_quant(mmc_ctx *ctx, mmc_tensor *x, const mmc_li
     return y;
 }
 
+/* MMC_DECODE_MV_ONCE=0: the groups of 4 rows each through the GEMM's matvec path (W read once
+ * per group), as before matvec.c; the results are the same bits either way. */
+static bool mv_rows_once(void) {
+    static int env = -1;
+    if (env < 0) {
+        const char *v = getenv("MMC_DECODE_MV_ONCE");
+        env = v && *v ? atoi(v) != 0 : 1;
+    }
+    return env;
+}
+
 static mmc_tensor *decode_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l, int64_t B) {
     const mmc_tensor *w = l->w;
     const int64_t K = l->in_features, N = l->out_features;
@@ -468,6 +480,10 @@ static mmc_tensor *decode_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w
         for (int64_t r = 1; r < B; r++) memcpy(yd + r * N, yd, (size_t)N * sizeof *yd);
     }
     const float beta = l->b ? 1.0f : 0.0f;
+    if (mv_rows_once() && mmc_matvec_rows_ok() && B <= MMC_MV_ROWS_MAX) {   /* W read once for all B rows */
+        mmc_matvec_rows(B, N, K, xd, w->data, w->dtype == MMC_BF16, beta, yd);
+        return y;
+    }
     for (int64_t g = 0; g < B; g += DECODE_MV_GROUP) {   /* each call: the matvec path, threads over N */
         const int64_t m = B - g < DECODE_MV_GROUP ? B - g : DECODE_MV_GROUP;
         if (w->dtype == MMC_BF16)
