@@ -1,13 +1,14 @@
 /* bench_quant.c — mmc's side of bench/bench_quant.sh: single-stream greedy decode tok/s of a model
  * directory (bench_serve_model's Qwen2ForCausalLM) with its decoder linears in f32 (as loaded), int8 or
- * NF4 (mmc_qwen2_quantize, what `--quantize` does at load). As bench/bench_quant_llama.py does for
+ * NF4 (mmc_qwen2_quantize, what `--quantize` does at load), or, as mode bf16, a directory whose weights are bf16
+ * (bench_serve_model ... bf16; decoded as loaded, against llama.cpp's bf16 / f16 GGUFs). As bench/bench_quant_llama.py does for
  * llama.cpp: a prompt of PROMPT_LEN fixed ids ((i * 37 + 5) % 1000) is prefilled, then NTOK tokens are
  * decoded one at a time (each step: the decoder's decode of one token and the argmax of its logits);
  * tok/s = NTOK / the decode time, best of ROUNDS; with MMC_BENCH_CPU_CLOCK=1 the time is this thread's CPU
  * time (run it with OMP_NUM_THREADS=1: the work a token costs, whatever share of the cores a loaded host
  * gives the process). Prints one line per mode:
  *   MODE tok/s weight-bytes-of-the-decoder-linears
- * usage: bench_quant DIR NTOK ROUNDS PROMPT_LEN MODE...   (MODE: f32, int8, nf4)
+ * usage: bench_quant DIR NTOK ROUNDS PROMPT_LEN MODE...   (MODE: f32, int8, nf4; bf16 for a bf16 DIR)
  * Without arguments (bench/run.sh runs every build/bench_* so) it says what it is and exits 0. */
 #include "mmc_infer.h"
 #include "mmc_models.h"
@@ -45,7 +46,8 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     for (int a = 5; a < argc; a++) {
         mmc_quant_mode mode = MMC_WQ_NONE;
-        if (strcmp(argv[a], "f32") && mmc_quant_mode_parse(argv[a], &mode)) goto fail;
+        const bool dense = !strcmp(argv[a], "f32") || !strcmp(argv[a], "bf16");
+        if (!dense && mmc_quant_mode_parse(argv[a], &mode)) goto fail;
         mmc_json *cfg = NULL;
         mmc_qwen2 *m = NULL;
         if (mmc_json_load(path, &cfg) || mmc_qwen2_load(dir, cfg, false, &m)) goto fail;
@@ -55,7 +57,14 @@ int main(int argc, char **argv) {
         if (mode == MMC_WQ_NONE) {   /* the dense decoder linears as loaded */
             mmc_module_list ml = {0};
             if (mmc_qwen2_linears(m, "", &ml)) goto fail;
-            for (int i = 0; i < ml.n; i++) after += mmc_nbytes(ml.mods[i]->w);
+            for (int i = 0; i < ml.n; i++) {
+                after += mmc_nbytes(ml.mods[i]->w);
+                if ((ml.mods[i]->w->dtype == MMC_BF16) != !strcmp(argv[a], "bf16")) {
+                    fprintf(stderr, "bench_quant: mode %s but %s holds %s weights (bench_serve_model DIR ... bf16 writes "
+                                    "bf16 ones)\n", argv[a], dir, mmc_dtype_name(ml.mods[i]->w->dtype));
+                    return 1;
+                }
+            }
             mmc_module_list_free(&ml);
         }
         mmc_decoder dec = mmc_qwen2_decoder(m);

@@ -21,6 +21,8 @@
 #include "test_util.h"
 #include "mmc_infer.h"
 #include "mmc_lora.h"
+#include "mmc_models.h"
+#include "mmc_quant.h"
 
 #define NSEQ 4
 #define STEPS 6
@@ -378,15 +380,24 @@ static void run_lora(void) {
 
 /* A decode step of many rows on bf16 weights (the serving case: each linear as 4-row matvec
  * GEMMs, kv_paged.c's decode_linear) computes for every row exactly what that row alone does:
- * 12 sequences decoded together vs each decoded by itself, logits bit for bit; f32 weights too. */
+ * 12 sequences decoded together vs each decoded by itself, logits bit for bit; f32 weights too,
+ * and the decoder linears quantised to int8 and NF4 (--quantize: 4-row groups of the direct
+ * quantised matvec; intermediate 128 there so that every K is a whole number of NF4 blocks). */
 #define NROW 12
-static void run_rows(bool bf16) {
-    mmc_qwen2_config c = {.vocab_size = 97, .hidden_size = 64, .intermediate_size = 96, .num_layers = 2,
-                          .num_heads = 4, .num_kv_heads = 2, .head_dim = 16, .max_position_embeddings = 512,
-                          .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true};
+enum { ROWS_F32, ROWS_BF16, ROWS_INT8, ROWS_NF4 };
+static void run_rows(int kind) {
+    const bool bf16 = kind == ROWS_BF16;
+    mmc_qwen2_config c = {.vocab_size = 97, .hidden_size = 64, .intermediate_size = kind >= ROWS_INT8 ? 128 : 96,
+                          .num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .head_dim = 16,
+                          .max_position_embeddings = 512, .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true};
     mmc_qwen2 *m = NULL;
     CHECK_OK(mmc_qwen2_new(&c, 9, &m));
     if (!m) return;
+    if (kind >= ROWS_INT8) {
+        int nq = 0;
+        CHECK_OK(mmc_qwen2_quantize(m, kind == ROWS_INT8 ? MMC_WQ_INT8 : MMC_WQ_NF4, &nq, NULL, NULL));
+        CHECK(nq == 14);
+    }
     mmc_tensor *owned[2 * 7], *orig[2 * 7];
     mmc_linear_w *slot[2 * 7];
     int n_owned = 0;
@@ -431,8 +442,9 @@ static void run_rows(bool bf16) {
         CHECK_OK(mmc_qwen2_decode_batch(ctx, m, &tk[s], &pos[s], 1, &pool, &act[s], &lg));
         differ += memcmp(lg, all[s], sizeof all[s]) != 0;
     }
+    static const char *const kname[] = {"f32", "bf16", "int8", "nf4"};
     printf("test_kv_paged: %s weights: %d rows decoded together, %d of them differ from the row alone\n",
-           bf16 ? "bf16" : "f32", NROW, differ);
+           kname[kind], NROW, differ);
     CHECKF(differ == 0, "%d rows of a %d-row decode differ from their decode alone", differ, NROW);
     for (int s = 0; s < NROW; s++) mmc_kv_seq_free(&pool, &seq[s]);
     mmc_kv_pool_free(&pool);
@@ -445,8 +457,10 @@ static void run_rows(bool bf16) {
 }
 
 int main(void) {
-    run_rows(true);
-    run_rows(false);
+    run_rows(ROWS_BF16);
+    run_rows(ROWS_F32);
+    run_rows(ROWS_INT8);
+    run_rows(ROWS_NF4);
     run_lora();
     run(false);
     run(true);
