@@ -7,7 +7,7 @@ calls after one warm-up:
   and 2 single-stream blocks, joint_attention_dim 4096, pooled 768, guidance embedder, rope axes
   16/56/56) on 1024 / 4096 packed image tokens of 64 channels and 512 T5 tokens;
 * vae_decode_256_ms: AutoencoderKL (FLUX.1's VAE configuration) decode of a [1, 16, 32, 32] latent
-  (vae_decode_512_ms, [1, 16, 64, 64], with MMC_BENCH_VAE_PX=512);
+  (vae_decode_512_ms, [1, 16, 64, 64], with MMC_BENCH_VAE_PX=512; MMC_BENCH_VAE_ITERS=0: one call);
 * *_peak_MiB / *_rss_baseline_MiB: peak RSS minus the RSS before the model is built, as the C side
   (peer_util.mem_baseline); the 1024² step's peak after resetting VmHWM with the model resident;
   each model in its own subprocess, as the C side forks per model.
@@ -17,6 +17,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 
 import torch
 from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
@@ -78,7 +79,14 @@ def bench_vae():
         with torch.inference_mode():
             vae.decode(z, return_dict=False)
 
-    report(f"vae_decode_{VAE_PX}_ms", 1e3 * median_time(decode, 0.0, 3), "ms", higher=False)
+    iters = int(os.environ.get("MMC_BENCH_VAE_ITERS", "3"))   # 0: one call, timed (as bench_diffusion.c)
+    if iters > 0:
+        ms = 1e3 * median_time(decode, 0.0, iters)
+    else:
+        t0 = time.perf_counter()
+        decode()
+        ms = 1e3 * (time.perf_counter() - t0)
+    report(f"vae_decode_{VAE_PX}_ms", ms, "ms", higher=False)
     report_mem(f"vae_decode_{VAE_PX}", base)
     del vae
     gc.collect()

@@ -159,6 +159,12 @@ mmc_status mmc_conv3x3_winograd(const float *x, int64_t B, int64_t C, int64_t H,
 typedef struct {
     bool up2, silu;
     const float *scale, *shift;
+    /* row1 > 0: only output rows [row0, row1) are computed (row0 a multiple of 4, row1 <= the output's
+     * height), each value the one the whole convolution gives; y then points at row row0 of the first
+     * output plane and yplane (0: (row1 - row0) * W, a band of its own) is the distance between y's
+     * (image, channel) planes: the output's H * W to write into the whole output. So a caller can run a
+     * layer in row bands (the VAE decoder: src/models/diffusion/autoencoder_kl.c). */
+    int64_t row0, row1, yplane;
 } mmc_conv_input;
 void mmc_conv2d_into(mmc_ctx *ctx, const mmc_tensor *x, const mmc_tensor *w, const mmc_tensor *b, int stride, int padding,
                      float *y);

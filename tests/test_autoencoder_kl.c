@@ -215,6 +215,19 @@ static void check_fused_conv(void) {
     got = mmc_new(ctx, MMC_F32, 4, want->shape);
     CHECK(mmc_conv3x3_fused(ctx, x, &in, w, b, got->data) == mmc_conv3x3_winograd_applies(32, 24, 9, 13));
     if (mmc_conv3x3_winograd_applies(32, 24, 9, 13)) CHECK(memcmp(got->data, want->data, mmc_nbytes(want)) == 0);
+    /* output windows: rows [0, 4) into a band of its own, rows [4, 9) into the whole output (yplane) */
+    if (mmc_conv3x3_winograd_applies(32, 24, 9, 13)) {
+        float *band = malloc((size_t)(2 * 24 * 4 * 13) * sizeof(float));
+        memset(got->data, 0, mmc_nbytes(got));
+        mmc_conv_input w0 = in, w1 = in;
+        w0.row0 = 0, w0.row1 = 4;
+        w1.row0 = 4, w1.row1 = 9, w1.yplane = 9 * 13;
+        CHECK(band && mmc_conv3x3_fused(ctx, x, &w0, w, b, band));
+        CHECK(mmc_conv3x3_fused(ctx, x, &w1, w, b, (float *)got->data + 4 * 13));
+        for (int64_t p = 0; band && p < 2 * 24; p++) memcpy((float *)got->data + p * 9 * 13, band + p * 4 * 13, 4 * 13 * sizeof(float));
+        CHECK(memcmp(got->data, want->data, mmc_nbytes(want)) == 0);
+        free(band);
+    }
     /* conv2d_into: mmc_conv2d's values (a strided 3x3 on im2col + GEMM) */
     want = mmc_conv2d(ctx, x, w, b, 2, 1);
     got = mmc_new(ctx, MMC_F32, 4, want->shape);
@@ -244,6 +257,23 @@ static void check_decode_paths(void) {
     CHECK(mmc_same_shape(a, b) && a->shape[2] == 24 && a->shape[3] == 20);
     CHECK(mmc_same_shape(a, b) && memcmp(a->data, b->data, mmc_nbytes(a)) == 0);
     printf("decode without a tape vs op by op: max|diff| %.2e\n", mmc_same_shape(a, b) ? max_abs_diff(a, b) : -1.0);
+    /* row bands (MMC_VAE_BAND_ROWS): 4 and 8 rows over a 40 x 128 image (rows of 512 bytes, so the input
+     * rows behind the bands span whole pages and are dropped), and the default (one band here) */
+    mmc_tensor *z2 = randn_param(32, 4, MMC_SHAPE(2, 4, 20, 64), 1.0f);
+    setenv("MMC_VAE_ARENA_DECODE", "1", 1);
+    mmc_tensor *ref = mmc_vae_decode(ctx, v, z2);
+    unsetenv("MMC_VAE_ARENA_DECODE");
+    static const char *const bands[3] = {"4", "8", NULL};
+    for (int i = 0; i < 3; i++) {
+        if (bands[i]) setenv("MMC_VAE_BAND_ROWS", bands[i], 1);
+        mmc_tensor *got = mmc_vae_decode(ctx, v, z2);
+        unsetenv("MMC_VAE_BAND_ROWS");
+        CHECK(mmc_same_shape(got, ref) && got->shape[2] == 40 && got->shape[3] == 128);
+        CHECK(mmc_same_shape(got, ref) && memcmp(got->data, ref->data, mmc_nbytes(ref)) == 0);
+        printf("decode in bands of %s rows vs op by op: max|diff| %.2e\n", bands[i] ? bands[i] : "default",
+               mmc_same_shape(got, ref) ? max_abs_diff(got, ref) : -1.0);
+    }
+    mmc_tensor_free(z2);
     mmc_tensor_free(z);
     mmc_ctx_free(ctx);
     mmc_vae_free(v);

@@ -212,7 +212,7 @@ static int64_t wino_tb(const mmc_wino_geom *wg, int64_t B) {
         tb = tb < 32 ? 32 : tb > 256 ? 256 : tb;
     }
     tb = (tb + 31) / 32 * 32;
-    const int64_t T = ((wg->Ho + 3) / 4) * ((wg->Wo + 3) / 4);
+    const int64_t T = (((wg->row1 > 0 ? wg->row1 - wg->row0 : wg->Ho) + 3) / 4) * ((wg->Wo + 3) / 4);   /* in the window */
     /* at least 4 (image, block) units where 32-tile blocks allow (else the backend's team
      * mode, meant for small images: its shared transformed input grows with the image) */
     while (tb > 32 && B * ((T + tb - 1) / tb) < 4) tb -= 32;
@@ -537,6 +537,11 @@ bool mmc_conv3x3_fused(mmc_ctx *ctx, const mmc_tensor *x, const mmc_conv_input *
     if (in) {
         wg.up2 = in->up2;
         wg.in_scale = in->scale, wg.in_shift = in->shift, wg.in_silu = in->silu;
+        MMC_CHECK(in->row1 == 0 || (in->row0 >= 0 && in->row0 % 4 == 0 && in->row0 < in->row1 && in->row1 <= H &&
+                                    in->yplane >= 0),
+                  "mmc_conv3x3_fused: output rows [%lld, %lld) are not a window of the %lld rows starting at a "
+                  "multiple of 4", (long long)in->row0, (long long)in->row1, (long long)H);
+        wg.row0 = in->row0, wg.row1 = in->row1, wg.yplane = in->yplane;
     }
     const int64_t tb = wino_tb(&wg, B);
     mmc_arena_mark m = mmc_scratch_mark(ctx);

@@ -288,12 +288,15 @@ static void wino_ukr(int64_t kc, const float *restrict Ap, const float *restrict
 }
 #endif
 
-/* Tile grid: tile t of image b covers output rows [4*(t / tw), +4), columns [4*(t % tw), +4). */
+/* Tile grid: tile t of image b covers output rows [4*(a0 + t / tw), +4), columns [4*(t % tw), +4)
+ * (a0: the first tile row of the output window, 0 without one). */
 typedef struct {
-    int64_t th, tw, T; /* tiles per column / row / image */
+    int64_t th, tw, T, a0; /* tiles per column / row / image (in the window), first tile row */
 } tgrid;
+static int64_t win_row0(const mmc_wino_geom *g) { return g->row1 > 0 ? g->row0 : 0; }
+static int64_t win_row1(const mmc_wino_geom *g) { return g->row1 > 0 ? g->row1 : g->Ho; }
 static tgrid grid_of(const mmc_wino_geom *g) {
-    tgrid r = {(g->Ho + 3) / 4, (g->Wo + 3) / 4, 0};
+    tgrid r = {(win_row1(g) - win_row0(g) + 3) / 4, (g->Wo + 3) / 4, 0, win_row0(g) / 4};
     r.T = r.th * r.tw;
     return r;
 }
@@ -305,7 +308,7 @@ typedef struct {
 } seg;
 static int64_t next_seg(const tgrid *G, int64_t t0, int64_t nt, int64_t t, seg *sg) {
     const int64_t tt = t % G->T;
-    sg->b = t / G->T, sg->a = tt / G->tw, sg->j0 = tt % G->tw, sg->col = t - t0;
+    sg->b = t / G->T, sg->a = G->a0 + tt / G->tw, sg->j0 = tt % G->tw, sg->col = t - t0;
     sg->j1 = G->tw - sg->j0 < t0 + nt - t ? G->tw : sg->j0 + (t0 + nt - t);
     return t + (sg->j1 - sg->j0);
 }
@@ -457,10 +460,10 @@ static void seg_output(const float *m0, int64_t lde, const seg *sg, const mmc_wi
         for (int e = 0; e < 36; e++) m[e] = ld16(m0 + e * lde + (j - sg->j0));
         for (int c = 0; c < 6; c++) at4(m + c, 6, tt + c, 6);   /* tt [4][6] */
         for (int i = 0; i < 4; i++) at4(tt + 6 * i, 1, o + 4 * i, 1);
-        for (int i = 0; i < 4 && 4 * sg->a + i < g->Ho; i++) {   /* rows of 4 interleaved back */
+        for (int i = 0; i < 4 && 4 * sg->a + i < win_row1(g); i++) {   /* rows of 4 interleaved back */
             float row[64];
             inter4(o + 4 * i, 1, row);
-            float *dst = yk + (4 * sg->a + i) * g->Wo + ox;
+            float *dst = yk + (4 * sg->a + i - win_row0(g)) * g->Wo + ox;
             if (acc)
                 for (int64_t q = 0; q < nx; q++) dst[q] += row[q];
             else
@@ -497,7 +500,8 @@ static void wino_gemms(int e, int64_t kb0, int64_t kb1, int64_t C, int64_t KB, c
 void mmc_cpu_wino_fwd(const float *x, int64_t B, const float *w, bool bwd_data, const float *bias, bool acc,
                       float *y, const mmc_wino_geom *g, int64_t tb, float *scratch) {
     const tgrid G = grid_of(g);
-    const int64_t C = g->C, K = g->K, L = seg_L(&G), P = g->Ho * g->Wo;
+    const int64_t C = g->C, K = g->K, L = seg_L(&G);
+    const int64_t P = g->yplane > 0 ? g->yplane : (win_row1(g) - win_row0(g)) * g->Wo;   /* y's plane stride */
     const int64_t HWs = g->up2 ? (g->H / 2) * (g->W / 2) : g->H * g->W;   /* a stored input plane */
     const int64_t KB = (K + WINO_MR - 1) / WINO_MR, KP = KB * WINO_MR;
     const int64_t Cout = bwd_data ? C : K, Cin = bwd_data ? K : C;   /* w [Cout, Cin, 3, 3] */

@@ -36,6 +36,11 @@ typedef struct {
      * padding stays zero. Forward (not bwd_data) only. */
     bool up2, in_silu;
     const float *in_scale, *in_shift;
+    /* Output window (row1 0: the whole output): only output rows [row0, row1) are computed, row0 a
+     * multiple of 4 (the tile grid stays the whole output's, so each value is the one the whole call
+     * gives); y then points at row row0 of the first output plane, and yplane (0: (row1 - row0) * Wo)
+     * is the distance between y's (image, channel) planes. Forward (not bwd_data) only. */
+    int64_t row0, row1, yplane;
 } mmc_wino_geom;
 
 /* Whether this build's Winograd kernels are fast: compiled for AVX-512 (the 16-lane vectors

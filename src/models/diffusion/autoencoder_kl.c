@@ -23,8 +23,9 @@
  * block's intermediates are released as soon as its output exists (mw_keep()), so peak memory
  * is about one block's worth of activations, and the decoder (decoder_forward_heap) keeps its large
  * activations on the heap, freed as soon as dead, with the upsample and GroupNorm + SiLU read by the
- * convolutions instead of materialised (the same values). Tiled encode / decode follow diffusers'
- * enable_tiling. */
+ * convolutions instead of materialised and the full-resolution convolutions run in row bands whose
+ * consumed input rows go back to the system (the same values, bit for bit). Tiled encode / decode
+ * follow diffusers' enable_tiling. */
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)
@@ -35,10 +36,19 @@
 #include "mmc_models.h"
 #include "../model_weights.h"
 #include "../../nn/resnet2d.h"
+#include "../../backend/cpu/gemm.h"
+#include "../../backend/cpu/norm.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #define VAE_EPS 1e-6f
 
@@ -409,17 +419,27 @@ static mmc_tensor *decoder_forward(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *z
 }
 
 /* ------------------------------------------------------------------ decoder without a tape
- * The same values as decoder_forward, with the large activations off the arena (malloc'd, so each is
- * returned to the system the moment it is dead: the arena would keep its chunks) and the two
- * full-size temporaries the ops make gone: Upsample2D's conv reads the nearest 2x upsample of its
- * input on the fly, and each ResnetBlock2D's convs read GroupNorm + SiLU of their input on the fly
- * (mmc_conv3x3_fused: the statistics in a pass, then the affine and SiLU in the convolution's input
- * transform). What is alive at the largest step is the block's input, conv1's output and the
- * shortcut's (2 GiB for the 256 -> 128-channel block at 1024², against 4.5 before), where the ops
- * leave Winograd (no AVX-512, narrow layers) they run one after the other as before. */
+ * The same values as decoder_forward, bit for bit, with the large activations off the arena (malloc'd,
+ * so each is returned to the system the moment it is dead: the arena would keep its chunks) and no
+ * full-size temporary: Upsample2D's conv reads the nearest 2x upsample of its input on the fly, each
+ * ResnetBlock2D's convs read GroupNorm + SiLU of their input on the fly (mmc_conv3x3_fused: the
+ * statistics in a pass, then the affine and SiLU in the convolution's input transform), and the
+ * convolutions run in row bands (mmc_conv_input's output window: the same tiles, so the same values):
+ *   - a ResnetBlock2D computes conv1 band by band into h1 and, with a 1x1 conv_shortcut, the
+ *     shortcut of the same rows into the output; the input rows no later band reads go back to the
+ *     system as the bands advance (drop_rows), so the input shrinks while h1 and the output grow;
+ *     then conv2 runs band by band into a small buffer added to the output rows (the shortcut's, or
+ *     the input itself where the channels do not change: the sum is made in place);
+ *   - Upsample2D's conv drops the rows of its input behind its bands the same way;
+ *   - the last GroupNorm + SiLU are applied in place before conv_out.
+ * What is alive at the largest step is about one full-resolution activation of the widest channel
+ * count there (the 256 -> 128-channel block at 1024²: 1 GiB, against 2 GiB before the bands and 4.5
+ * before the fused reads). Where the layers leave Winograd (no AVX-512, narrow layers) the ops run one
+ * after the other as before. MMC_VAE_BAND_ROWS=N sets the band height (a multiple of 4; tests). */
 static mmc_tensor *heap_act(int64_t B, int64_t C, int64_t H, int64_t W) {
     const size_t n = (size_t)(B * C * H * W) * sizeof(float);
-    void *d = aligned_alloc(64, (n + 63) / 64 * 64);
+    const size_t align = n >= ((size_t)1 << 20) ? 4096 : 64;   /* page-aligned planes where rows are dropped */
+    void *d = aligned_alloc(align, (n + align - 1) / align * align);
     MMC_CHECK(d, "mmc_vae_decode: out of memory allocating a [%lld, %lld, %lld, %lld] activation (%.1f MiB); "
                  "decode in tiles (--tiled-decode) to need less",
               (long long)B, (long long)C, (long long)H, (long long)W, n / 1048576.0);
@@ -427,6 +447,36 @@ static mmc_tensor *heap_act(int64_t B, int64_t C, int64_t H, int64_t W) {
     MMC_CHECK(t, "%s", mmc_last_error());
     t->flags |= MMC_OWNS_DATA;
     return t;
+}
+
+/* The whole pages inside rows [r0, r1) of each [H, W] plane of the heap activation t go back to the
+ * system: nothing reads those rows again before t is freed (a page read again would read zeros, so the
+ * bit-for-bit checks of test_autoencoder_kl would catch a wrong bound). Linux only; elsewhere a no-op. */
+static void drop_rows(mmc_tensor *t, int64_t r0, int64_t r1) {
+#if defined(__linux__) && defined(MADV_DONTNEED)
+    const int64_t H = t->shape[2], W = t->shape[3], planes = t->shape[0] * t->shape[1];
+    if (r0 < 0) r0 = 0;
+    if (r1 > H) r1 = H;
+    if (r1 <= r0) return;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int64_t p = 0; p < planes; p++) {
+        const uintptr_t a = (uintptr_t)((float *)t->data + (p * H + r0) * W), e = (uintptr_t)((float *)t->data + (p * H + r1) * W);
+        const uintptr_t a0 = (a + pg - 1) / pg * pg, e0 = e / pg * pg;
+        if (e0 > a0) madvise((void *)a0, e0 - a0, MADV_DONTNEED);
+    }
+#else
+    (void)t, (void)r0, (void)r1;
+#endif
+}
+
+/* Rows a band: a multiple of 4 (the Winograd tile) holding about 16 MiB of a C-channel output, or
+ * MMC_VAE_BAND_ROWS */
+static int64_t band_rows(int64_t B, int64_t C, int64_t H, int64_t W) {
+    const char *e = getenv("MMC_VAE_BAND_ROWS");
+    int64_t r = e && atoi(e) > 0 ? atoi(e) : (int64_t)((16 << 20) / (B * C * W * (int64_t)sizeof(float)));
+    r = r / 4 * 4;
+    if (r < 4) r = 4;
+    return r < H ? r : H;
 }
 
 /* an arena tensor's copy on the heap, then the arena back to m */
@@ -437,22 +487,38 @@ static mmc_tensor *heap_keep(mmc_ctx *ctx, mmc_arena_mark m, mmc_tensor *t) {
     return h;
 }
 
+/* GroupNorm's affine of x for a fused convolution's input (ab: 2 * B * C floats) */
+static mmc_conv_input norm_input(const mmc_vae *v, const mmc_tensor *x, mmc_tensor *norm_w, mmc_tensor *norm_b,
+                                 float *ab) {
+    const int64_t BC = x->shape[0] * x->shape[1];
+    mmc_groupnorm_affine(x, (int)v->cfg.norm_num_groups, norm_w, norm_b, VAE_EPS, ab, ab + BC);
+    return (mmc_conv_input){.scale = ab, .shift = ab + BC, .silu = true};
+}
+
 /* y = conv3x3(in(x)) + b on the heap, in(x) = x, its nearest 2x upsample (up2), or SiLU(GroupNorm(x))
- * (norm_w / norm_b given); x is left as it is */
+ * (norm_w / norm_b given); x is left as it is, or with drop, its rows behind the bands are dropped (x
+ * is dead after this) */
 static mmc_tensor *conv3_in(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, bool up2, mmc_tensor *norm_w,
-                            mmc_tensor *norm_b, mmc_tensor *w, mmc_tensor *b) {
+                            mmc_tensor *norm_b, mmc_tensor *w, mmc_tensor *b, bool drop) {
     const int64_t B = x->shape[0], C = x->shape[1], f = up2 ? 2 : 1, H = f * x->shape[2], W = f * x->shape[3];
-    mmc_tensor *y = heap_act(B, w->shape[0], H, W);
-    if (mmc_conv3x3_winograd_applies(C, w->shape[0], H, W)) {
+    const int64_t K = w->shape[0];
+    mmc_tensor *y = heap_act(B, K, H, W);
+    if (mmc_conv3x3_winograd_applies(C, K, H, W)) {
         mmc_conv_input in = {.up2 = up2};
         float *ab = NULL;
         if (norm_w) {
             ab = malloc((size_t)(2 * B * C) * sizeof(float));
             MMC_CHECK(ab, "out of memory");
-            mmc_groupnorm_affine(x, (int)v->cfg.norm_num_groups, norm_w, norm_b, VAE_EPS, ab, ab + B * C);
-            in.scale = ab, in.shift = ab + B * C, in.silu = true;
+            in = norm_input(v, x, norm_w, norm_b, ab);
         }
-        const bool done = mmc_conv3x3_fused(ctx, x, &in, w, b, y->data);
+        const int64_t bh = band_rows(B, K, H, W);
+        bool done = true;
+        for (int64_t r0 = 0; r0 < H && done; r0 += bh) {   /* output rows [r0, r1): input rows r0 - 1 .. r1 */
+            const int64_t r1 = r0 + bh < H ? r0 + bh : H;
+            in.row0 = r0, in.row1 = r1, in.yplane = H * W;
+            done = mmc_conv3x3_fused(ctx, x, &in, w, b, (float *)y->data + r0 * W);
+            if (done && drop && r1 < H) drop_rows(x, 0, (r1 - 1) / f);   /* stored rows below (r1 - 1) / f: read by no later band */
+        }
         free(ab);
         if (done) return y;
     }
@@ -464,42 +530,143 @@ static mmc_tensor *conv3_in(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *x, bool 
     return y;
 }
 
+/* y rows [r0, r1) of every [Cout, H, W] image = the 1x1 conv_shortcut of x's rows (mmc_conv2d's
+ * arithmetic: the bias, then one GEMM over the input channels onto it; each output column is the same
+ * GEMM column over the same K, so the values equal the whole convolution's). ws: the weight [Cout, Cin]
+ * as f32, bias as f32 or NULL. */
+static void shortcut_rows(const mmc_tensor *x, const float *ws, const float *bias, int64_t Cout, int64_t r0, int64_t r1,
+                          float *y) {
+    const int64_t B = x->shape[0], Cin = x->shape[1], P = x->shape[2] * x->shape[3], W = x->shape[3];
+    const int64_t Q = (r1 - r0) * W;
+    for (int64_t bi = 0; bi < B; bi++) {
+        float *yb = y + bi * Cout * P + r0 * W;
+        if (bias)
+#pragma omp parallel for schedule(static) if (Cout * Q > 32768)
+            for (int64_t c = 0; c < Cout; c++)
+                for (int64_t q = 0; q < Q; q++) yb[c * P + q] = bias[c];
+        mmc_gemm_f32(false, false, Cout, Q, Cin, 1.0f, ws, Cin, (const float *)x->data + bi * Cin * P + r0 * W, P,
+                     bias ? 1.0f : 0.0f, yb, P);
+    }
+}
+
+/* a weight or bias as f32: its data, or a malloc'd copy (*own) */
+static const float *as_f32(const mmc_tensor *t, float **own) {
+    *own = NULL;
+    if (!t || t->dtype == MMC_F32) return t ? t->data : NULL;
+    *own = malloc((size_t)mmc_numel(t) * sizeof(float));
+    MMC_CHECK(*own, "out of memory");
+    mmc_convert(*own, MMC_F32, t->data, t->dtype, mmc_numel(t));
+    return *own;
+}
+
 /* ResnetBlock2D (no time embedding, output_scale_factor 1) on a heap x it frees: the output on the heap */
 static mmc_tensor *resnet_heap(mmc_ctx *ctx, const mmc_vae *v, const resnet_block *r, mmc_tensor *x) {
-    mmc_tensor *h1 = conv3_in(ctx, v, x, false, r->norm1_w, r->norm1_b, r->conv1_w, r->conv1_b);
-    mmc_tensor *res = x;                                    /* the residual: x or conv_shortcut(x) */
-    if (r->short_w) {
-        res = heap_act(x->shape[0], r->cout, x->shape[2], x->shape[3]);
-        mmc_conv2d_into(ctx, x, r->short_w, r->short_b, 1, 0, res->data);
-        mmc_tensor_free(x);
-    }
-    mmc_tensor *h2 = conv3_in(ctx, v, h1, false, r->norm2_w, r->norm2_b, r->conv2_w, r->conv2_b);
-    mmc_tensor_free(h1);
-    float *y = h2->data;
-    const float *a = res->data;
-    const int64_t n = mmc_numel(h2);
+    const int64_t B = x->shape[0], Cin = x->shape[1], H = x->shape[2], W = x->shape[3], Cout = r->cout, P = H * W;
+    if (!mmc_conv3x3_winograd_applies(Cin, Cout, H, W) || !mmc_conv3x3_winograd_applies(Cout, Cout, H, W)) {
+        mmc_tensor *h1 = conv3_in(ctx, v, x, false, r->norm1_w, r->norm1_b, r->conv1_w, r->conv1_b, false);
+        mmc_tensor *res = x;                                    /* the residual: x or conv_shortcut(x) */
+        if (r->short_w) {
+            res = heap_act(B, Cout, H, W);
+            mmc_conv2d_into(ctx, x, r->short_w, r->short_b, 1, 0, res->data);
+            mmc_tensor_free(x);
+        }
+        mmc_tensor *h2 = conv3_in(ctx, v, h1, false, r->norm2_w, r->norm2_b, r->conv2_w, r->conv2_b, false);
+        mmc_tensor_free(h1);
+        float *y = h2->data;
+        const float *a = res->data;
+        const int64_t n = mmc_numel(h2);
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + y[i];     /* mmc_add(shortcut, h) */
-    mmc_tensor_free(res);
-    return h2;
+        for (int64_t i = 0; i < n; i++) y[i] = a[i] + y[i];     /* mmc_add(shortcut, h) */
+        mmc_tensor_free(res);
+        return h2;
+    }
+    const int64_t bh = band_rows(B, Cout, H, W);
+    float *ab = malloc((size_t)(2 * B * (Cin > Cout ? Cin : Cout)) * sizeof(float));
+    MMC_CHECK(ab, "out of memory");
+    /* conv1 (and the shortcut) band by band; with a shortcut, x's rows behind the bands are dropped */
+    mmc_tensor *h1 = heap_act(B, Cout, H, W), *y = r->short_w ? heap_act(B, Cout, H, W) : x;
+    float *ws_own = NULL, *bs_own = NULL;
+    const float *ws = r->short_w ? as_f32(r->short_w, &ws_own) : NULL, *bs = r->short_w ? as_f32(r->short_b, &bs_own) : NULL;
+    mmc_conv_input in = norm_input(v, x, r->norm1_w, r->norm1_b, ab);
+    for (int64_t r0 = 0; r0 < H; r0 += bh) {
+        const int64_t r1 = r0 + bh < H ? r0 + bh : H;
+        in.row0 = r0, in.row1 = r1, in.yplane = P;
+        MMC_CHECK(mmc_conv3x3_fused(ctx, x, &in, r->conv1_w, r->conv1_b, (float *)h1->data + r0 * W),
+                  "mmc_vae_decode: conv1 left Winograd");
+        if (!r->short_w) continue;
+        shortcut_rows(x, ws, bs, Cout, r0, r1, y->data);
+        if (r1 < H) drop_rows(x, 0, r1 - 1);   /* rows below r1 - 1: read by no later band */
+    }
+    free(ws_own), free(bs_own);
+    if (r->short_w) mmc_tensor_free(x);
+    /* conv2 band by band into t, then y's rows (the residual) + t: mmc_add(shortcut, h)'s sums */
+    in = norm_input(v, h1, r->norm2_w, r->norm2_b, ab);
+    float *t = malloc((size_t)(B * Cout * bh * W) * sizeof(float));
+    MMC_CHECK(t, "out of memory");
+    for (int64_t r0 = 0; r0 < H; r0 += bh) {
+        const int64_t r1 = r0 + bh < H ? r0 + bh : H, Q = (r1 - r0) * W;
+        in.row0 = r0, in.row1 = r1, in.yplane = 0;
+        MMC_CHECK(mmc_conv3x3_fused(ctx, h1, &in, r->conv2_w, r->conv2_b, t), "mmc_vae_decode: conv2 left Winograd");
+        float *yd = y->data;
+#pragma omp parallel for schedule(static) if (B * Cout * Q > 65536)
+        for (int64_t p = 0; p < B * Cout; p++) {
+            float *yr = yd + p * P + r0 * W;
+            const float *tr = t + p * Q;
+            for (int64_t q = 0; q < Q; q++) yr[q] = yr[q] + tr[q];
+        }
+    }
+    free(t), free(ab);
+    mmc_tensor_free(h1);
+    return y;
+}
+
+/* A fresh context for the next stage of the decoder (grad off), old (if any) freed: the arena and scratch
+ * chunks the mid block's attention and the 512-channel Winograd weights grew (~160 MiB at 512²) go back to
+ * the system instead of staying resident under the full-resolution levels, and so does what glibc keeps
+ * of the freed bands (malloc_trim). */
+static mmc_ctx *stage_ctx(mmc_ctx *old) {
+    if (old) {
+        mmc_ctx_free(old);
+#ifdef __GLIBC__
+        malloc_trim(0);
+#endif
+    }
+    mmc_ctx *c = mmc_ctx_new();
+    MMC_CHECK(c, "mmc_vae_decode: out of memory");
+    mmc_set_grad_enabled(c, false);
+    return c;
 }
 
 static mmc_tensor *decoder_forward_heap(mmc_ctx *ctx, const mmc_vae *v, mmc_tensor *z) {
     const coder *d = &v->dec;
-    const mmc_arena_mark m0 = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+    mmc_ctx *caller = ctx;
+    ctx = stage_ctx(NULL);
     mmc_tensor *h = mmc_conv2d(ctx, z, d->conv_in_w, d->conv_in_b, 1, 1);   /* [B, top, h, w]: small */
-    h = heap_keep(ctx, m0, mid_forward(ctx, v, &d->mid, h));
+    h = heap_keep(ctx, (mmc_arena_mark){0}, mid_forward(ctx, v, &d->mid, h));
     for (int64_t i = 0; i < v->cfg.levels; i++) {
         const level_block *lv = &d->levels[i];
+        ctx = stage_ctx(ctx);
         for (int r = 0; r < lv->n_res; r++) h = resnet_heap(ctx, v, &lv->res[r], h);
         if (lv->sample_w) {   /* Upsample2D: nearest 2x read by the 3x3 conv */
-            mmc_tensor *u = conv3_in(ctx, v, h, true, NULL, NULL, lv->sample_w, lv->sample_b);   /* [B, C, 2h, 2w] */
+            mmc_tensor *u = conv3_in(ctx, v, h, true, NULL, NULL, lv->sample_w, lv->sample_b, true);   /* [B, C, 2h, 2w] */
             mmc_tensor_free(h);
             h = u;
         }
     }
-    mmc_tensor *y = out_forward(ctx, v, d, h);
+    /* GroupNorm -> SiLU in place (mmc_groupnorm's and mmc_silu's arithmetic), then conv_out */
+    const int64_t B = h->shape[0], C = h->shape[1], G = v->cfg.norm_num_groups;
+    MMC_CHECK(d->norm_out_w->dtype == MMC_F32 && d->norm_out_b->dtype == MMC_F32,
+              "mmc_vae_decode: decoder.conv_norm_out must be f32 (as mmc_groupnorm needs)");
+    float *stats = malloc((size_t)(2 * B * G) * sizeof(float));
+    MMC_CHECK(stats, "out of memory");
+    mmc_cpu_groupnorm_fwd(h->data, d->norm_out_w->data, d->norm_out_b->data, h->data, stats, stats + B * G, B, C,
+                          h->shape[2] * h->shape[3], G, VAE_EPS);
+    free(stats);
+    mmc_silu_inplace(ctx, h);
+    mmc_tensor *y = mmc_new(caller, MMC_F32, 4, MMC_SHAPE(B, v->cfg.out_channels, h->shape[2], h->shape[3]));
+    mmc_conv2d_into(ctx, h, d->conv_out_w, d->conv_out_b, 1, 1, y->data);
     mmc_tensor_free(h);
+    mmc_ctx_free(ctx);
     return y;
 }
 
