@@ -4,7 +4,7 @@ requirements.txt; the loops are wan_train_ref.py's, shared with gen_wan_train.py
 WanImageToVideoPipeline of tests/fixtures/wan_i2v/pipe (tools/ref/gen_wan_i2v.py) or the FLF2V one of
 tests/fixtures/wan_flf2v/pipe (tools/ref/gen_wan_flf2v.py: the I2V transformer plus pos_embed_seq_len 34):
 
-* wan_i2v_train/expected.safetensors (wan_flf2v_train/ with --flf2v): 12 steps of LoRA training of the I2V
+* wan_i2v_train/expected.safetensors (wan_flf2v_train/ with --flf2v): 20 steps of LoRA training of the I2V
   WanTransformer3DModel as finetrainers' Wan image-to-video trainer runs it: noisy = (1 - sigma) x0 + sigma noise
   over the z_dim latent channels, transformer(cat([noisy, condition], channels), timestep, encoder_hidden_states,
   encoder_hidden_states_image) with the timestep unscaled (0..1000), the velocity target noise - x0; uniform

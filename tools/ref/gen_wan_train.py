@@ -2,7 +2,7 @@
 diffusers + PEFT themselves (the versions pinned in requirements.txt); the loops are wan_train_ref.py's, shared
 with gen_wan_i2v_train.py:
 
-* wan_train/: 12 steps of LoRA training on tests/fixtures/wan/transformer (the tiny WanTransformer3DModel) as
+* wan_train/: 20 steps of LoRA training on tests/fixtures/wan/transformer (the tiny WanTransformer3DModel) as
   diffusers' flow-matching training loops (train_dreambooth_lora_sd3.py, finetrainers' Wan trainer) run it:
   noisy = (1 - sigma) x0 + sigma noise, transformer(noisy, timestep, encoder_hidden_states) with the timestep
   unscaled (0..1000), the velocity target noise - x0, uniform timestep draws u made here (fixed), sigma and

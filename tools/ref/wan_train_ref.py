@@ -69,7 +69,7 @@ def _run(tr, params, opt, g, inp, shape, steps, out, keep_schedule):
             out.update({f"sigmas_{step}": sigmas, f"timesteps_{step}": timesteps})
 
 
-def train_lora(src, out_dir, pipeline_cls, targets, seed, init_seed, draw, shape, steps=12):
+def train_lora(src, out_dir, pipeline_cls, targets, seed, init_seed, draw, shape, steps=20):
     """draw(g, tr) -> the fixed inputs (dict), drawn after the adapter and the optimizer are made."""
     g = torch.Generator().manual_seed(seed)
     tr = WanTransformer3DModel.from_pretrained(src, torch_dtype=torch.float32)
