@@ -16,14 +16,8 @@ command -v mpirun >/dev/null 2>&1 || { echo "bench_overlap: no mpirun" >&2; exit
 "$MMC" launch --help 2>&1 | grep -q mpirun || { echo "bench_overlap: mmc built without MPI" >&2; exit 0; }
 W=$(mktemp -d); trap '[ -n "${BENCH_OVERLAP_KEEP:-}" ] || rm -rf "$W"' EXIT
 export OMPI_MCA_orte_tmpdir_base="$W" OMP_NUM_THREADS=1   # one thread per rank: the ranks share the cores
-sed -e 's/"hidden_size": 64/"hidden_size": 256/' -e 's/"intermediate_size": 160/"intermediate_size": 512/' \
-    -e 's/"num_hidden_layers": 2/"num_hidden_layers": 8/' tests/fixtures/qwen2/tiny/config.json >"$W/l8.json"
-cat >"$W/run.yaml" <<YAML
-model: {init: $W/l8.json, dtype: f32}
-data: {train: synthetic, seq_len: 128, batch_size: 8, micro_batch_size: 1}
-optimizer: {type: adamw, lr: 1.0e-3, schedule: constant}
-training: {steps: 5, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/out}
-YAML
+source "$(dirname "$0")/l8_run.sh"
+write_l8_run "$W"
 run() {  # run NAME SETTINGS...
   local n=$1; shift
   timeout 300 "$MMC" launch -n 2 "$W/run.yaml" "$@" --set training.output_dir="$W/$n" >"$W/$n.log" 2>&1 ||

@@ -20,14 +20,8 @@ command -v mpirun >/dev/null 2>&1 || { echo "bench_pp: no mpirun" >&2; exit 0; }
 W=$(mktemp -d); trap '[ -n "${BENCH_PP_KEEP:-}" ] || rm -rf "$W"' EXIT
 export OMPI_MCA_orte_tmpdir_base="$W" OMP_NUM_THREADS=1   # one thread per rank: the ranks share the cores
 for pm in "2 4" "2 8" "4 8" "4 16" "8 16" "8 32"; do "$TPS" bubble $pm; done >"$W/sim.out" || exit 1
-sed -e 's/"hidden_size": 64/"hidden_size": 256/' -e 's/"intermediate_size": 160/"intermediate_size": 512/' \
-    -e 's/"num_hidden_layers": 2/"num_hidden_layers": 8/' tests/fixtures/qwen2/tiny/config.json >"$W/l8.json"
-cat >"$W/run.yaml" <<YAML
-model: {init: $W/l8.json, dtype: f32}
-data: {train: synthetic, seq_len: 128, batch_size: 8, micro_batch_size: 1}
-optimizer: {type: adamw, lr: 1.0e-3, schedule: constant}
-training: {steps: 5, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/out}
-YAML
+source "$(dirname "$0")/l8_run.sh"
+write_l8_run "$W"
 for s in 1f1b dualpipev; do
   timeout 300 "$MMC" launch -n 2 "$W/run.yaml" --set parallel.pipeline_parallel=2 --set parallel.pipeline_schedule=$s \
     --set training.output_dir="$W/$s" >"$W/$s.log" 2>&1 || { tail "$W/$s.log" >&2; exit 1; }
