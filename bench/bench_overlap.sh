@@ -5,7 +5,7 @@
 # synthetic 8-layer Qwen2 (hidden 256, MLP 512, 128 tokens per row, 8 rows per step, 1 thread per
 # rank), each figure against the same run without the overlap (the "peer" column):
 #  - overlap_pp2_recv_wait_share: pipeline_parallel 2, receives posted two ops ahead
-#    (pipeline_early_recv, the default) against posted when their op runs: the ranks' mean time
+#    (pipeline_early_recv: true) against posted when their op runs: the ranks' mean time
 #    blocked in pipeline receives in the last step over the median step time; _step_s: that step;
 #  - overlap_tp2_step_s: tensor_parallel 2, the o / down all-reduces in 4 row chunks overlapped
 #    with the next chunk's GEMM (tp_comm_chunks 4) against one all-reduce after the GEMM.
@@ -23,7 +23,7 @@ run() {  # run NAME SETTINGS...
   timeout 300 "$MMC" launch -n 2 "$W/run.yaml" "$@" --set training.output_dir="$W/$n" >"$W/$n.log" 2>&1 ||
     { tail "$W/$n.log" >&2; exit 1; }
 }
-run ppe --set parallel.pipeline_parallel=2
+run ppe --set parallel.pipeline_parallel=2 --set parallel.pipeline_early_recv=true
 run ppl --set parallel.pipeline_parallel=2 --set parallel.pipeline_early_recv=false
 run tpc --set parallel.tensor_parallel=2 --set parallel.tp_comm_chunks=4
 run tp1 --set parallel.tensor_parallel=2

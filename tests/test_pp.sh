@@ -79,13 +79,13 @@ cmp_runs "pp=4 (4 layers, 6 micro-batches) vs 1 process" ref4 pp4 "$EXACT"
 runN 2 "$W/ref4.yaml" $PP2 --set "parallel.pipeline_layers=[1, 3]" --set training.output_dir="$W/pp13" ||
   { echo "FAIL: pp=2 [1, 3] run"; tail "$W/train.log"; fail=1; }
 cmp_runs "pp=2 split [1, 3] vs 1 process" ref4 pp13 "$EXACT"
-# receives posted when their op runs (pipeline_early_recv false) instead of two ops ahead (the
+# receives posted two ops ahead (pipeline_early_recv true) instead of when their op runs (the
 # default, every other run here): the same messages, exact; and per-stage selective recompute /
 # offload (the first layer of each stage with its attention core recomputed and its activations
 # in a mapped file): exact as well
-runN 2 "$W/ref4.yaml" $PP2 --set parallel.pipeline_early_recv=false --set training.output_dir="$W/pplate" ||
-  { echo "FAIL: pp=2 late-receive run"; tail "$W/train.log"; fail=1; }
-cmp_runs "pp=2 receives posted late vs 1 process" ref4 pplate "$EXACT"
+runN 2 "$W/ref4.yaml" $PP2 --set parallel.pipeline_early_recv=true --set training.output_dir="$W/pplate" ||
+  { echo "FAIL: pp=2 early-receive run"; tail "$W/train.log"; fail=1; }
+cmp_runs "pp=2 receives posted early vs 1 process" ref4 pplate "$EXACT"
 runN 2 "$W/ref4.yaml" $PP2 --set model.recompute=attention --set model.recompute_layers=1 --set model.offload_layers=1 \
   --set model.offload_dir="$W" --set training.output_dir="$W/ppsel" || { echo "FAIL: pp=2 selective run"; tail "$W/train.log"; fail=1; }
 cmp_runs "pp=2 attention recompute + offload of each stage's first layer vs 1 process" ref4 ppsel "$EXACT"

@@ -453,7 +453,7 @@ static mmc_tensor *block_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in)
                                    NULL, a->layer);
 }
 
-/* Early receives (parallel.pipeline_early_recv, on by default): the receive an op needs is posted
+/* Early receives (parallel.pipeline_early_recv, off by default): the receive an op needs is posted
  * (mmc_recv_start into a buffer of its own) PP_LOOKAHEAD ops before the op runs, so the
  * communicator's thread takes the message in while this stage computes the ops before; the op
  * then waits (what is left of the transfer) and copies it into its context. Receives are still

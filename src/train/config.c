@@ -168,7 +168,8 @@ static const mmc_cfg_field k_parallel[] = {
       "with tensor_parallel (no sequence_parallel): the row-parallel o / down outputs all-reduced in this many "
       "row chunks, each overlapped with the next chunk's GEMM (1: one all-reduce after the GEMM)"),
     F(mmc_parallel_cfg, pipeline_early_recv, MMC_CFG_BOOL, U, NULL, NULL,
-      "pipeline receives posted two ops before the op that needs them, filled while this stage computes (true)"),
+      "pipeline receives posted two ops before the op that needs them, filled while this stage computes (false: on 2 "
+      "shared cores this was ~20 % slower a step; for hosts with a core free for the transfer)"),
     {0},
 };
 static const mmc_cfg_field k_optimizer[] = {
@@ -233,7 +234,7 @@ void mmc_run_config_defaults(mmc_run_config *c) {
     c->data.prefetch = 4;
     c->parallel = (mmc_parallel_cfg){.data_parallel = 1, .tensor_parallel = 1, .pipeline_parallel = 1, .pipeline_virtual = 1,
                                      .context_parallel = 1, .expert_parallel = 1, .tp_comm_chunks = 1,
-                                     .pipeline_early_recv = true,
+                                     .pipeline_early_recv = false,
                                      .timeout = 600.0};
     c->optimizer.type = MMC_OPT_ADAMW;
     c->optimizer.lr = 1e-5;
