@@ -102,6 +102,15 @@ vlcfg vlref 1; vlcfg vltp2 2
 run1 "$W/vlref.yaml" || { echo "FAIL: VL reference run"; tail "$W/train.log"; fail=1; }
 runN 2 "$W/vltp2.yaml" || { echo "FAIL: VL tp=2 run"; tail "$W/train.log"; fail=1; }
 cmp_runs "mmc train Qwen2-VL (LM and vision tower tp=2) vs 1 process" vlref vltp2
+# data.eval under tp: every rank evaluates beside rank 0 (the split forward's collectives; rank 0
+# alone used to abort in MPI), and the evaluation loss is one process's
+EV=(--set data.eval=tests/fixtures/data/mixed.jsonl --set training.eval_every=2 --set training.steps=2)
+runN 2 "$W/vltp2.yaml" "${EV[@]}" --set training.output_dir="$W/vlev2" &&
+  run1 "$W/vlref.yaml" "${EV[@]}" --set training.output_dir="$W/vlev1" || { echo "FAIL: VL eval runs"; tail "$W/train.log"; fail=1; }
+e1=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/vlev1/metrics.jsonl" 2>/dev/null); e2=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/vlev2/metrics.jsonl" 2>/dev/null)
+if [ -n "$e1" ] && python3 -c "import sys; a, b = (float(x.split()[-1]) for x in sys.argv[1:]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$e1" "$e2"; then
+  echo "Qwen2-VL tp=2 data.eval: $e2 (one process: $e1)"
+else echo "FAIL: Qwen2-VL tp=2 data.eval: '$e2' vs one process '$e1'"; fail=1; fi
 runN 2 "$W/vltp2.yaml" --set training.output_dir="$W/vlr" --set training.steps=2 &&
   run1 "$W/vlref.yaml" --set training.output_dir="$W/vlr" --resume || fail=1
 cmp_runs "Qwen2-VL tp=2 2 steps, resumed at tp=1" vlref vlr

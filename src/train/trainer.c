@@ -1720,6 +1720,14 @@ static mmc_status hetero_report(mmc_trainer *t) {
     return st;
 }
 
+/* An evaluation due at this step on a model split over ranks (tensor or context parallelism):
+ * its forward runs collectives, so every rank evaluates beside rank 0 (which logs). */
+static bool split_eval_due(const mmc_trainer *t) {
+    const mmc_training_cfg *tc = &t->cfg->training;
+    return (t->tpc || t->cpc) && tc->eval_every > 0 && t->cfg->data.eval &&
+           (t->step % tc->eval_every == 0 || t->step == tc->steps);
+}
+
 mmc_status mmc_trainer_run(mmc_trainer *t) {
     if (t->contrastive) return mmc_trainer_contrastive_run(t);
     const mmc_run_config *c = t->cfg;
@@ -1733,6 +1741,12 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
             if (zero3_eval_due(t)) {   /* rank 0 evaluates on the gathered parameters */
                 if ((st = mmc_dp_gather_params(t->dp))) break;
                 mmc_dp_release_params(t->dp);
+            }
+            if (split_eval_due(t)) {
+                double el;
+                int64_t en;
+                const mmc_status est = trainer_eval(t, &el, &en);
+                if (est && est != MMC_ERR_NOT_FOUND) { st = est; break; }
             }
             if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
                 st = save_ranked(t);
