@@ -19,31 +19,9 @@
 
 #include <cjson/cJSON.h>
 #include "mmc_io.h"
+#include "ids_check.h"
 
 #define ROOT "tests/fixtures/internlm2_tokenizer/"
-
-static char *read_all(const char *path, size_t *n) {   /* NULL if unreadable */
-    char *b = NULL;
-    return mmc_read_file(path, &b, n) == MMC_OK ? b : NULL;
-}
-
-static bool ids_equal(const int32_t *got, int64_t n, const cJSON *want) {
-    if (cJSON_GetArraySize(want) != n) return false;
-    int64_t i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, want) if (got[i++] != e->valueint) return false;
-    return true;
-}
-
-static void show(const char *what, const char *text, const int32_t *got, int64_t n, const cJSON *want) {
-    fprintf(stderr, "%s \"%.60s\":\n  got: ", what, text);
-    for (int64_t k = 0; k < n && k < 40; k++) fprintf(stderr, " %d", got[k]);
-    fprintf(stderr, "\n want:");
-    int k = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, want) if (k++ < 40) fprintf(stderr, " %d", e->valueint);
-    fputc('\n', stderr);
-}
 
 static void check_layout(const cJSON *exp, const char *name, mmc_tokenizer *t) {
     const cJSON *texts = cJSON_GetObjectItem(exp, "texts");

@@ -20,30 +20,9 @@
 
 #include <cjson/cJSON.h>
 #include "mmc_io.h"
+#include "ids_check.h"
 
 #define ROOT "tests/fixtures/llama_tokenizer/"
-
-static char *read_all(const char *path, size_t *n) {   /* NULL if unreadable */
-    char *b = NULL;
-    return mmc_read_file(path, &b, n) == MMC_OK ? b : NULL;
-}
-
-static bool ids_equal(const int32_t *got, int64_t n, const cJSON *want) {
-    if (cJSON_GetArraySize(want) != n) return false;
-    int64_t i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, want) if (got[i++] != e->valueint) return false;
-    return true;
-}
-
-static void show(const char *what, const char *text, const int32_t *got, int64_t n, const cJSON *want) {
-    fprintf(stderr, "%s \"%.50s\":\n  got: ", what, text);
-    for (int64_t k = 0; k < n; k++) fprintf(stderr, " %d", got[k]);
-    fprintf(stderr, "\n want:");
-    const cJSON *e;
-    cJSON_ArrayForEach(e, want) fprintf(stderr, " %d", e->valueint);
-    fputc('\n', stderr);
-}
 
 /* with_config: the folder (tokenizer_config.json read: transformers 5's pipeline, key "tf5");
  * else tokenizer.json alone (the file's own pipeline, key "raw"). */

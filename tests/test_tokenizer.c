@@ -9,6 +9,7 @@
 #include "mmc_tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include "ids_check.h"
 #include <glob.h>
 #include <unistd.h>
 
@@ -28,13 +29,6 @@ static cJSON *load_json(const char *path) {
     return j;
 }
 
-static bool ids_equal(const int32_t *ids, int64_t n, const cJSON *exp) {
-    if (n != cJSON_GetArraySize(exp)) return false;
-    int64_t i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, exp) if (ids[i++] != e->valueint) return false;
-    return true;
-}
 static void print_ids(const char *what, const int32_t *ids, int64_t n) {
     fprintf(stderr, "  %s:", what);
     for (int64_t i = 0; i < n && i < 60; i++) fprintf(stderr, " %d", ids[i]);
