@@ -1774,28 +1774,29 @@ static mmc_status tokenizer_new(const char *name, mmc_tokenizer **out) {
     return MMC_OK;
 }
 
-mmc_status mmc_tokenizer_load_memory(const char *json, size_t n, const char *config, size_t config_n,
-                                     const char *name, mmc_tokenizer **out) {
-    if (!json || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load_memory: NULL argument");
+/* A tokenizer from buffers in memory through one of the file loaders (tokenizer.json's or
+ * tokenizer.model's), named `name` (or "memory") in its errors. */
+typedef mmc_status (*buffers_loader)(mmc_tokenizer *, const char *, size_t, const char *, size_t, const char *);
+static mmc_status load_memory_with(buffers_loader load, const char *fn, const char *buf, size_t n, const char *config,
+                                   size_t config_n, const char *name, mmc_tokenizer **out) {
+    if (!buf || !out) return mmc_error(MMC_ERR_INVALID, "%s: NULL argument", fn);
     char cname[1100];
     snprintf(cname, sizeof cname, "%s (tokenizer_config.json)", name ? name : "memory");
     mmc_tokenizer *t;
     mmc_status st = tokenizer_new(name ? name : "memory", &t);
-    if (!st && (st = load_buffers(t, json, n, config, config_n, cname))) { mmc_tokenizer_free(t); t = NULL; }
+    if (!st && (st = load(t, buf, n, config, config ? config_n : 0, cname))) { mmc_tokenizer_free(t); t = NULL; }
     *out = t;
     return st;
 }
 
+mmc_status mmc_tokenizer_load_memory(const char *json, size_t n, const char *config, size_t config_n,
+                                     const char *name, mmc_tokenizer **out) {
+    return load_memory_with(load_buffers, "mmc_tokenizer_load_memory", json, n, config, config_n, name, out);
+}
+
 mmc_status mmc_tokenizer_load_spm_memory(const char *model, size_t n, const char *config, size_t config_n,
                                          const char *name, mmc_tokenizer **out) {
-    if (!model || !out) return mmc_error(MMC_ERR_INVALID, "mmc_tokenizer_load_spm_memory: NULL argument");
-    char cname[1100];
-    snprintf(cname, sizeof cname, "%s (tokenizer_config.json)", name ? name : "memory");
-    mmc_tokenizer *t;
-    mmc_status st = tokenizer_new(name ? name : "memory", &t);
-    if (!st && (st = load_spm_model(t, model, n, config, config ? config_n : 0, cname))) { mmc_tokenizer_free(t); t = NULL; }
-    *out = t;
-    return st;
+    return load_memory_with(load_spm_model, "mmc_tokenizer_load_spm_memory", model, n, config, config_n, name, out);
 }
 
 mmc_status mmc_tokenizer_load(const char *path, mmc_tokenizer **out) {
