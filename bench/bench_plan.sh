@@ -169,8 +169,8 @@ def run_layout(l):
     pred = None
     for x in pl.stdout.splitlines():
         p = json.loads(x)
-        if (p["dp"], p["tp"], int(p["sp"]), p["pp"], p["vpp"], p["cp"], p["zero"], p["micro_batch"], int(p["recompute"])) == \
-           (dp, tp, sp, pp, v, cp, z, mb, rc) and (cp == 1 or p["cp_mode"] == mode):
+        if (p["dp"], p["tp"], int(p["sp"]), p["pp"], p["vpp"], p["cp"], p["zero"], p["micro_batch"], {"none": 0, "full": 1, "attention": 2}[p["recompute"]]) == \
+           (dp, tp, sp, pp, v, cp, z, mb, rc) and p["recompute_layers"] == 0 and (cp == 1 or p["cp_mode"] == mode):
             pred = p
     if pred is None:
         print(f"bench_plan: {name(l)} ran but mmc plan does not list it: {pl.stderr[-400:]}", file=sys.stderr)

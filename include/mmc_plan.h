@@ -66,7 +66,10 @@ typedef struct {
     bool sp;                    /* sequence parallelism over the tp group */
     int cp_ring;                /* context parallelism: 0 Ulysses, 1 ring */
     int zero;                   /* ZeRO stage 0-3 over the data-parallel group */
-    bool recompute;             /* full activation recompute */
+    int recompute;              /* activation recompute (mmc_recompute): 0 none, 1 full (each layer's forward
+                                 * again in backward, only its input kept), 2 attention (RoPE + the attention
+                                 * core again: the rotated q / k not kept) */
+    int64_t recompute_layers;   /* recompute only the first N decoder layers of each stage (0: all) */
     int64_t micro_batch;        /* samples per micro-batch (per data-parallel rank) */
     bool hetero;                /* per-modality plan (mmc_hetero.h): the vision tower whole and data-parallel
                                  * over all ranks (each tp rank encodes 1/tp of its micro-batch's images, the

@@ -1,10 +1,11 @@
 /* test_plan.c — the arithmetic of the planner's cost model (mmc_plan.h) on cases worked by hand:
  * alpha-beta times of each collective, parameter and FLOP counts of the tiny Qwen2 (checked
  * against the parameters mmc_qwen2_new allocates), pipeline bubbles (1F1B and interleaved),
- * ZeRO's memory shares, recompute, tensor-parallel traffic, the layout rules (the model's own
+ * ZeRO's memory shares, recompute (full, partial, attention-only), tensor-parallel traffic, the layout rules (the model's own
  * divisibility checks), the calibration cache (round trip, malformed lines) and the device /
  * interconnect tables. Tolerances: exact arithmetic cases 1e-12 relative; nothing here times
  * anything except one small cached measurement. */
+#include "mmc_config.h"
 #include "mmc_models.h"
 #include "mmc_plan.h"
 #include "test_util.h"
@@ -171,6 +172,36 @@ int main(void) {
     CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &e2));
     CHECK(e2.recompute_s > 0 && REL(e2.compute_s - e1.compute_s, e2.recompute_s));
     CHECK(e2.mem_act < e1.mem_act);
+    /* full recompute of the first layer of 2: half the recompute time; the first layer keeps its
+     * input (kept: 16 tokens x 64 floats), the second everything (A), and the second's are freed
+     * before the first is rebuilt: kept + A, against 2 kept + A for both (the last one rebuilt on
+     * top of the kept inputs) and 2 A for none */
+    mmc_plan_estimate e3;
+    l.recompute_layers = 1;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &e3));
+    CHECK(REL(e3.recompute_s, e2.recompute_s / 2));
+    CHECK(REL(e2.mem_act - e3.mem_act, 16.0 * 64 * 4) && e3.mem_act < e1.mem_act);
+    /* attention recompute: RoPE + the attention forward again (compute_s grows by recompute_s,
+     * less than a full forward); the rotated q and k ((4 + 2) x 16 floats a token) are not kept but
+     * for the layer being rebuilt: one layer's (16 tokens x 96 x 4 bytes) less of 2 */
+    l.recompute = MMC_RECOMPUTE_ATTENTION, l.recompute_layers = 0;
+    CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &n0, &l, &e3));
+    CHECK(e3.recompute_s > 0 && e3.recompute_s < e2.recompute_s && REL(e3.compute_s - e1.compute_s, e3.recompute_s));
+    CHECK(REL(e1.mem_act - e3.mem_act, 16.0 * 96 * 4));
+    /* under tensor parallelism 2 full recompute repeats the layer's two forward all-reduces */
+    {
+        const double ar = mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, 16 * 64 * 4, 1e-5, 1e-9);
+        mmc_plan_net nr = net0(1e-5, 1e-9);
+        l = base;
+        l.tp = 2;
+        CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nr, &l, &e1));
+        l.recompute = MMC_RECOMPUTE_FULL;
+        CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nr, &l, &e2));
+        CHECK(REL(e2.tp_comm_s - e1.tp_comm_s, 8.0 * 2 * 2 * ar));
+        l.recompute = MMC_RECOMPUTE_ATTENTION;   /* attention recompute: no tp collective again */
+        CHECK_OK(mmc_plan_estimate_layout(&m, &w, &d, &nr, &l, &e3));
+        CHECK(REL(e3.tp_comm_s, e1.tp_comm_s));
+    }
 
     /* ---- layout rules: the model's own checks name what does not divide */
     char why[600];

@@ -67,5 +67,23 @@ echo "linear 1 2" >> "$W/cal.txt"
 [ $? = 1 ] && grep -q "nothing fits" "$W/e.txt" && ok "nothing fits: says the smallest need" || bad "$(cat "$W/e.txt")"
 "$MMC" plan "$W/run.yaml" --gpus 3 >"$W/e.txt" 2>&1
 [ $? = 1 ] && grep -q "no layout" "$W/e.txt" && ok "3 ranks: no layout, with the first reason" || bad "$(cat "$W/e.txt")"
+# recompute modes: at 8192 tokens the tiny model fits 0.05 GiB only with full recompute (none and
+# attention-only do not); the planner then also lists the fewest recomputed layers that fit (rc1,
+# faster than rc), and --write sets model.recompute and model.recompute_layers in the file
+sed 's/dtype: f32}/dtype: f32, recompute: none, recompute_layers: 0}/' "$W/run.yaml" > "$W/rc.yaml"
+"$MMC" plan "$W/rc.yaml" --gpus 1 --seq 8192 --batch 8 --gpu-mem 0.05 --json > "$W/rc.jsonl" 2>&1
+python3 - "$W/rc.jsonl" <<'PY' && ok "recompute modes: none / attention / full / rcN ranked" || bad "recompute modes: $(head -c 600 "$W/rc.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+mb1 = {(r["recompute"], r["recompute_layers"]): r for r in rows if r["micro_batch"] == 1}
+assert set(mb1) == {("none", 0), ("attention", 0), ("full", 0), ("full", 1)}, sorted(mb1)
+assert not mb1["none", 0]["fits"] and mb1["full", 0]["fits"] and mb1["full", 1]["fits"]
+assert mb1["attention", 0]["mem_act"] < mb1["none", 0]["mem_act"]
+assert mb1["full", 1]["step_s"] < mb1["full", 0]["step_s"] and mb1["full", 1]["recompute_s"] < mb1["full", 0]["recompute_s"]
+assert rows[0]["layout"].endswith("rc1"), rows[0]["layout"]
+PY
+"$MMC" plan "$W/rc.yaml" --gpus 1 --seq 8192 --batch 8 --gpu-mem 0.05 --write "$W/rc_w.yaml" >/dev/null 2>&1 &&
+  grep -q "recompute: full, recompute_layers: 1}" "$W/rc_w.yaml" && ok "--write: recompute full, 1 layer" ||
+  bad "--write recompute: $(grep recompute "$W/rc_w.yaml")"
 "$MMC" plan --help | grep -q -- "--interconnect" && ok "--help" || bad "--help"
 exit $fail

@@ -28,7 +28,8 @@ void help_plan(FILE *f) {
             "sequence_parallel) x pipeline_parallel (1F1B, interleaved 2 / 4 chunks) x context_parallel\n"
             "(Ulysses, ring) = N, ZeRO 0-3, the vision tower split with the language model or data-parallel over\n"
             "all N ranks (a per-modality plan, vision-dpN), data.micro_batch_size (divisors of the per-rank batch, up to\n"
-            "16), activation recompute off / full; only those the trainer accepts (the run config's rules,\n"
+            "16), activation recompute off / full / attention-only, and full recompute of the fewest layers of\n"
+            "each stage that make the layout fit (rcN); only those the trainer accepts (the run config's rules,\n"
             "the model's heads / layers / vocabulary, the sequence length). The model: per-layer FLOPs at\n"
             "the device's rates, memory-bound work at its bandwidth, an alpha-beta time for each collective\n"
             "(ring all-reduce 2(p-1)a + 2(p-1)/p n b; all-gather, reduce-scatter, all-to-all (p-1)a +\n"
@@ -45,7 +46,8 @@ void help_plan(FILE *f) {
             "                        (default nvlink; --device cpu uses the measured --calibrate-net figures)\n"
             "  --top K               rows of the table (default 8)\n"
             "  --write OUT.yaml      copy RUN.yaml with the best layout: its parallel: section replaced, and\n"
-            "                        data.micro_batch_size / model.recompute set where the file has them\n"
+            "                        data.micro_batch_size / model.recompute / model.recompute_layers set where\n"
+            "                        the file has them\n"
             "  --json                one JSON object per feasible layout (all of them, ranked) instead of the table\n"
             "  --batch B             global batch (samples per step) instead of data.batch_size\n"
             "  --seq S               tokens per sample instead of data.seq_len\n"
@@ -122,16 +124,21 @@ static int calibrate_net(const char *calib_path) {
     return rc;
 }
 
+static const char *recompute_name(int r) {
+    return r == MMC_RECOMPUTE_FULL ? "full" : r == MMC_RECOMPUTE_ATTENTION ? "attention" : "none";
+}
+
 /* the trainer's rules of which modes combine, checked by loading the run config with the
  * layout's overrides (memoised: they depend on which modes are on, not on their sizes) */
 typedef struct { unsigned key; bool ok; char why[400]; } memo;
 
 static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm, int *n_mm, char *why, size_t cap) {
     unsigned key = (l->tp > 1) | (l->pp > 1) << 1 | (l->cp > 1) << 2 | l->sp << 3 | (unsigned)l->zero << 4 |
-                   (l->vpp > 1) << 6 | (unsigned)l->cp_ring << 7 | l->recompute << 8 | (unsigned)l->hetero << 9;
+                   (l->vpp > 1) << 6 | (unsigned)l->cp_ring << 7 | (unsigned)l->recompute << 8 | (unsigned)l->hetero << 10 |
+                   (unsigned)(l->recompute_layers > 0) << 11;
     for (int i = 0; i < *n_mm; i++)
         if (mm[i].key == key) { snprintf(why, cap, "%s", mm[i].why); return mm[i].ok; }
-    char s[10][96];
+    char s[11][96];
     snprintf(s[0], 96, "parallel.tensor_parallel=%d", l->tp > 1 ? 2 : 1);
     snprintf(s[1], 96, "parallel.pipeline_parallel=%d", l->pp > 1 ? 2 : 1);
     snprintf(s[2], 96, "parallel.context_parallel=%d", l->cp > 1 ? 2 : 1);
@@ -139,13 +146,14 @@ static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm,
     snprintf(s[4], 96, "parallel.zero=%d", l->zero);
     snprintf(s[5], 96, "parallel.pipeline_virtual=%d", l->vpp > 1 ? 2 : 1);
     snprintf(s[6], 96, "parallel.context_parallel_mode=%s", l->cp_ring ? "ring" : "ulysses");
-    snprintf(s[7], 96, "model.recompute=%s", l->recompute ? "full" : "none");
+    snprintf(s[7], 96, "model.recompute=%s", recompute_name(l->recompute));
     snprintf(s[8], 96, "parallel.data_parallel=1");
-    snprintf(s[9], 96, "parallel.vision.tensor_parallel=1");   /* hetero: the tower data-parallel */
-    const char *sets[10];
-    for (int i = 0; i < 10; i++) sets[i] = s[i];
+    snprintf(s[9], 96, "model.recompute_layers=%d", l->recompute_layers > 0);
+    snprintf(s[10], 96, "parallel.vision.tensor_parallel=1");   /* hetero: the tower data-parallel */
+    const char *sets[11];
+    for (int i = 0; i < 11; i++) sets[i] = s[i];
     mmc_run_config c;
-    mmc_status st = mmc_run_config_load(path, sets, l->hetero ? 10 : 9, &c);
+    mmc_status st = mmc_run_config_load(path, sets, l->hetero ? 11 : 10, &c);
     memo *m = &mm[(*n_mm)++];
     m->key = key, m->ok = st == MMC_OK;
     snprintf(m->why, sizeof m->why, "%s", st ? mmc_last_error() : "");
@@ -161,13 +169,15 @@ static void print_json(const row *r, int rank, const mmc_plan_device *d, int gpu
     mmc_plan_layout_str(l, s, sizeof s);
     double mfu = d->calib ? 0 : e->flops_per_step / (e->step_s * gpus * d->gemm_flops / 0.6);
     printf("{\"rank\": %d, \"layout\": \"%s\", \"dp\": %d, \"tp\": %d, \"sp\": %s, \"pp\": %d, \"vpp\": %d, \"cp\": %d, "
-           "\"cp_mode\": \"%s\", \"ep\": %d, \"hetero\": %s, \"zero\": %d, \"micro_batch\": %lld, \"recompute\": %s, \"fits\": %s, "
+           "\"cp_mode\": \"%s\", \"ep\": %d, \"hetero\": %s, \"zero\": %d, \"micro_batch\": %lld, \"recompute\": \"%s\", "
+           "\"recompute_layers\": %lld, \"fits\": %s, "
            "\"step_s\": %.6g, \"compute_s\": %.6g, \"recompute_s\": %.6g, \"comm_s\": %.6g, \"comm_total_s\": %.6g, "
            "\"tp_comm_s\": %.6g, \"cp_comm_s\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_s\": %.6g, \"bubble\": %.6g, "
            "\"bubble_s\": %.6g, \"optim_s\": %.6g, \"mfu\": %.4f, \"mem_bytes\": %.6g, \"mem_params\": %.6g, "
            "\"mem_grads\": %.6g, \"mem_optim\": %.6g, \"mem_act\": %.6g, \"comm_bytes\": %.6g, \"host_share\": %.4g, \"cpu_s\": %.6g}\n",
            rank, s, l->dp, l->tp, l->sp ? "true" : "false", l->pp, l->vpp, l->cp, l->cp_ring ? "ring" : "ulysses", l->ep,
-           l->hetero ? "true" : "false", l->zero, (long long)l->micro_batch, l->recompute ? "true" : "false", r->fits ? "true" : "false", e->step_s,
+           l->hetero ? "true" : "false", l->zero, (long long)l->micro_batch, recompute_name(l->recompute),
+           (long long)l->recompute_layers, r->fits ? "true" : "false", e->step_s,
            e->compute_s, e->recompute_s, e->comm_s, e->comm_total_s, e->tp_comm_s, e->cp_comm_s, e->pp_comm_s,
            e->dp_comm_s, e->bubble, e->bubble_s, e->optim_s, mfu, e->mem_total, e->mem_params, e->mem_grads,
            e->mem_optim, e->mem_act, e->comm_bytes, d->cores > 0 ? d->host_share : 1.0, e->cpu_s);
@@ -222,9 +232,10 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
     if (l->hetero)   /* per-modality plan: the vision tower data-parallel over every rank */
         len += (size_t)snprintf(out + len, cap - len, "  vision: {data_parallel: %d}\n", l->dp * l->tp);
     out[len] = 0;
-    /* micro_batch_size: N and recompute: none|full, in place when the key occurs exactly once */
-    const char *keys[2] = {"micro_batch_size:", "recompute:"};
-    for (int k = 0; k < 2; k++) {
+    /* micro_batch_size: N, recompute: none|full|attention and recompute_layers: N, in place when
+     * the key occurs exactly once */
+    const char *keys[3] = {"micro_batch_size:", "recompute:", "recompute_layers:"};
+    for (int k = 0; k < 3; k++) {
         char *a = strstr(out, keys[k]);
         if (!a || strstr(a + 1, keys[k])) continue;
         char *v = a + strlen(keys[k]);
@@ -233,7 +244,8 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
         while (*ve && *ve != ',' && *ve != '}' && *ve != '\n' && *ve != ' ' && *ve != '#') ve++;
         char val[32];
         if (k == 0) snprintf(val, sizeof val, "%lld", (long long)l->micro_batch);
-        else snprintf(val, sizeof val, "%s", l->recompute ? "full" : "none");
+        else if (k == 1) snprintf(val, sizeof val, "%s", recompute_name(l->recompute));
+        else snprintf(val, sizeof val, "%lld", (long long)(l->recompute ? l->recompute_layers : 0));
         size_t vl = strlen(val), tail = strlen(ve);
         char *o2 = malloc((size_t)(v - out) + vl + tail + 1);
         if (!o2) { free(out); return NULL; }
@@ -342,7 +354,8 @@ int cmd_plan(int argc, char **argv) {
     }
     if (gmem_gib <= 0) gmem_gib = dev.mem_bytes / GiB;
     const double gmem = gmem_gib * GiB;
-    if (!(mm = calloc(1024, sizeof *mm))) { code = cli_fail(MMC_ERR_OOM, "out of memory"); goto out; }
+    /* one memo per distinct key (12 bits) */
+    if (!(mm = calloc(4096, sizeof *mm))) { code = cli_fail(MMC_ERR_OOM, "out of memory"); goto out; }
     char why[600], first_why[700] = "";
     int64_t tried = 0;
     /* enumerate: tp fastest, then cp, dp, pp (Megatron's rank order; the model sizes each) */
@@ -357,7 +370,7 @@ int cmd_plan(int argc, char **argv) {
                     for (int sp = 0; sp <= (tp > 1); sp++)
                         for (int ring = 0; ring <= (cp > 1); ring++)
                             for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)
-                                for (int rcmp = 0; rcmp <= 1; rcmp++)
+                                for (int rcmp = 0; rcmp <= 2; rcmp++)
                                     for (int het = 0; het <= (m.vision && tp > 1 && w.vision_patches > 0); het++)
                                     for (int64_t mb = 1; mb <= 16 && mb * dp <= w.batch; mb++) {
                                         /* ep: expert parallelism (1 here; a MoE model's layouts add ep | dp x cp) */
@@ -381,6 +394,28 @@ int cmd_plan(int argc, char **argv) {
                                         if (mmc_plan_estimate_layout(&m, &w, &dev, &net, &l, &r->e)) continue;
                                         r->fits = r->e.mem_total <= gmem;
                                         nr++;
+                                        /* full recompute fits and none does not: also the fewest
+                                         * recomputed layers per stage that fit (rcN) */
+                                        const int64_t Ls = m.layers / pp;
+                                        mmc_plan_layout ln = l, lk = l;
+                                        mmc_plan_estimate en, ek;
+                                        ln.recompute = MMC_RECOMPUTE_NONE;
+                                        if (rcmp != MMC_RECOMPUTE_FULL || !r->fits || Ls < 2 ||
+                                            mmc_plan_estimate_layout(&m, &w, &dev, &net, &ln, &en) || en.mem_total <= gmem)
+                                            continue;
+                                        for (int64_t k = 1; k < Ls; k++) {
+                                            lk.recompute_layers = k;
+                                            if (mmc_plan_estimate_layout(&m, &w, &dev, &net, &lk, &ek) || ek.mem_total > gmem) continue;
+                                            if (!config_accepts(yaml, &lk, mm, &n_mm, why, sizeof why)) break;
+                                            if (nr == cap) {
+                                                cap *= 2;
+                                                row *r2 = realloc(rows, (size_t)cap * sizeof *r2);
+                                                if (!r2) { code = cli_fail(MMC_ERR_OOM, "out of memory"); goto out; }
+                                                rows = r2;
+                                            }
+                                            rows[nr++] = (row){.l = lk, .e = ek, .fits = true};
+                                            break;
+                                        }
                                     }
             }
         }
@@ -461,8 +496,11 @@ int cmd_plan(int argc, char **argv) {
         size_t fl = 0;
         if (chk.data.micro_batch_size != rows[0].l.micro_batch)
             fl += (size_t)snprintf(fix + fl, sizeof fix - fl, " --set data.micro_batch_size=%lld", (long long)rows[0].l.micro_batch);
-        if ((chk.model.recompute == MMC_RECOMPUTE_FULL) != rows[0].l.recompute)
-            snprintf(fix + fl, sizeof fix - fl, " --set model.recompute=%s", rows[0].l.recompute ? "full" : "none");
+        if ((int)chk.model.recompute != rows[0].l.recompute)
+            fl += (size_t)snprintf(fix + fl, sizeof fix - fl, " --set model.recompute=%s", recompute_name(rows[0].l.recompute));
+        if (chk.model.recompute_layers != (rows[0].l.recompute ? rows[0].l.recompute_layers : 0))
+            snprintf(fix + fl, sizeof fix - fl, " --set model.recompute_layers=%lld",
+                     (long long)(rows[0].l.recompute ? rows[0].l.recompute_layers : 0));
         mmc_run_config_free(&chk);
         printf("\nwrote %s (parallel: %s)%s%s\n", write, s, *fix ? "; also pass" : "", fix);
         printf("run it: mmc launch -n %lld %s%s\n", gpus, write, fix);

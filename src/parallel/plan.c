@@ -10,7 +10,9 @@
  *   GEMM FLOPs    fwd 2 Tl (C (Hq + 2Hkv) D + Hq D C + 3 C F) / t; backward 2x forward
  *   attention     fwd causal 2 b S^2 Hq D / (t c) (half of 4 S^2 Hq D); backward 2.5x forward
  *   memory-bound  (10 C + 3 F / t + 2 (Hq + Hkv) D / t) elements per token, x3 for fwd + bwd
- *   recompute     one more forward of each layer
+ *   recompute     full: one more forward of each recomputed layer (+ its tp / cp forward
+ *                 collectives), keeping only its input; attention: RoPE + the attention core's
+ *                 forward again (+ the cp exchanges), the rotated q / k not kept
  *   tp            4 all-reduces of [Tl, C] per layer (2 forward, 2 backward; with sequence
  *                 parallelism 4 all-gathers + 4 reduce-scatters), 2 per micro-batch (embedding,
  *                 lm_head input) + the cross-entropy's 2 small ones; per step the gradient
@@ -30,6 +32,7 @@
  * each collective as the trainer meets it (mmc_plan_calibrate_coll: the communication thread's
  * wake-ups and back-off cost more than the wire). */
 #include "mmc_plan.h"
+#include "mmc_config.h"
 #include "mmc_cp.h"
 #include "mmc_ops.h"
 #include "mmc_parallel.h"
@@ -1097,7 +1100,10 @@ void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap) {
         n += snprintf(buf + n, cap - (size_t)n, " cp%d%s", l->cp, l->cp > 1 ? (l->cp_ring ? "r" : "u") : "");
     if (l->ep > 1 && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " ep%d", l->ep);
     if (n > 0 && (size_t)n < cap)
-        n += snprintf(buf + n, cap - (size_t)n, " z%d mb%lld%s", l->zero, (long long)l->micro_batch, l->recompute ? " rc" : "");
+        n += snprintf(buf + n, cap - (size_t)n, " z%d mb%lld%s", l->zero, (long long)l->micro_batch,
+                      l->recompute == MMC_RECOMPUTE_FULL ? " rc" : l->recompute == MMC_RECOMPUTE_ATTENTION ? " rca" : "");
+    if (l->recompute && l->recompute_layers > 0 && n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "%lld", (long long)l->recompute_layers);
     if (l->hetero && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " vision-dp%d", l->dp * l->tp);
 }
 
@@ -1174,10 +1180,11 @@ static double bucketed(const mmc_plan_device *d, int ranks, mmc_coll_kind k, int
     return nb * ccost(d, ranks, k, p, DP_BUCKET_BYTES, l) + (rest > 0 ? ccost(d, ranks, k, p, rest, l) : 0);
 }
 
-/* fwd + bwd seconds of one decoder layer on one micro-batch on a rank (compute only), and of
- * its forward alone (what recompute repeats) */
+/* fwd + bwd seconds of one decoder layer on one micro-batch on a rank (compute only), of its
+ * forward alone (what full recompute repeats) and of its RoPE + attention-core forward (what
+ * attention recompute repeats: the attention's share of the fwd + bwd is 1 : 2.5) */
 static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
-                       const mmc_plan_layout *l, double *fb, double *fwd) {
+                       const mmc_plan_layout *l, double *fb, double *fwd, double *afwd) {
     const int64_t b = l->micro_batch, S = w->seq, Tl = b * S / l->cp, t = l->tp;
     const int64_t C = m->hidden, F = m->inter, D = m->head_dim;
     const int64_t Hq = m->heads / (t * (l->cp_ring ? 1 : l->cp));
@@ -1185,6 +1192,8 @@ static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, cons
     int64_t Hkv = l->cp_ring || l->cp == 1 ? Hkv_t : (Hkv_t >= l->cp ? Hkv_t / l->cp : 1);
     if (Hkv < 1) Hkv = 1;
     const int64_t Te = l->sp ? Tl / t : Tl;   /* tokens of the norms / residuals */
+    /* RoPE: q and k read and written once more */
+    const double rope = 2.0 * (double)((m->heads + m->kv_heads) * D / t) * (double)Tl * (double)w->act_bytes / d->mem_bw;
     double tg, ta, te;
     if (d->calib) {   /* the measured layer of this shard, its attention swapped for the context-parallel one */
         const int64_t Sl = S / l->cp;
@@ -1194,16 +1203,18 @@ static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, cons
         const int64_t Ls = m->layers / l->pp;
         const int busy = d->cores > 0 && ranks > d->cores ? d->cores : ranks;
         double lay = mmc_plan_calib_stack(d->calib, b, Sl, C, m->heads / t, Hkv_t, D, F / t, Ls < 8 ? Ls : 8, busy);
+        double att = mmc_plan_calib_attn(d->calib, b, Sl, m->heads / t, Hkv_t, D);
         if (l->cp > 1) {
-            double local = mmc_plan_calib_attn(d->calib, b, Sl, m->heads / t, Hkv_t, D);
+            const double local = att;
             /* Ulysses: whole sequences, heads / cp; ring: 1 / cp of the whole sequences' attention
              * (zigzag blocks balance the causal mask) */
-            double full = l->cp_ring ? mmc_plan_calib_attn(d->calib, b, S, m->heads / t, Hkv_t, D) / (double)l->cp
-                                     : mmc_plan_calib_attn(d->calib, b, S, Hq, Hkv, D);
-            lay += full - local;
+            att = l->cp_ring ? mmc_plan_calib_attn(d->calib, b, S, m->heads / t, Hkv_t, D) / (double)l->cp
+                             : mmc_plan_calib_attn(d->calib, b, S, Hq, Hkv, D);
+            lay += att - local;
         }
         *fb = lay;
         *fwd = lay / 3.0;
+        *afwd = att / 3.5 + rope;
         return;
     } else {
         double fg = 0;
@@ -1218,6 +1229,7 @@ static void layer_time(const mmc_plan_model *m, const mmc_plan_workload *w, cons
     }
     *fb = tg + ta + te;
     *fwd = tg / 3.0 + ta / 3.5 + te / 3.0;
+    *afwd = ta / 3.5 + rope;
 }
 
 /* embedding + lm_head + loss of a micro-batch (last stage; the lookup on the first is memory only) */
@@ -1295,15 +1307,19 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     }
 
     /* ---- compute per micro-batch per stage */
-    double lfb, lfwd;
-    layer_time(m, w, d, l, &lfb, &lfwd);
-    const double rc = l->recompute ? lfwd : 0;
-    double first = (double)Ls * (lfb + rc) + vision_time(m, w, d, l, tv) * vshare, last = (double)Ls * (lfb + rc) + head_time(m, w, d, l);
+    double lfb, lfwd, lafwd;
+    layer_time(m, w, d, l, &lfb, &lfwd, &lafwd);
+    /* recompute: the first nrc layers of each stage run their forward (full) or their RoPE +
+     * attention core (attention) once more inside backward */
+    const bool rc_full = l->recompute == MMC_RECOMPUTE_FULL, rc_attn = l->recompute == MMC_RECOMPUTE_ATTENTION;
+    const int64_t nrc = !l->recompute ? 0 : l->recompute_layers > 0 && l->recompute_layers < Ls ? l->recompute_layers : Ls;
+    const double rc = (double)nrc * (rc_full ? lfwd : rc_attn ? lafwd : 0);   /* per stage and micro-batch */
+    double first = (double)Ls * lfb + rc + vision_time(m, w, d, l, tv) * vshare, last = (double)Ls * lfb + rc + head_time(m, w, d, l);
     if (P == 1) first = last = first + head_time(m, w, d, l);
     const double stage = first > last ? first : last;   /* on a core of its own */
-    const double mid = (double)Ls * (lfb + rc);   /* stages between the first and the last */
+    const double mid = (double)Ls * lfb + rc;   /* stages between the first and the last */
     const double all_stages = P == 1 ? first : first + last + (double)(P - 2) * mid;
-    e->recompute_s = (double)M * (double)Ls * rc * share;
+    e->recompute_s = (double)M * rc * share;
 
     /* ---- communication per micro-batch on the critical path */
     const link_ab ltp = group_link(n, t, 1), lcp = group_link(n, l->cp, t), ldp = group_link(n, l->dp, t * l->cp);
@@ -1312,11 +1328,13 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     double tp_step = 0;   /* once per step */
     if (t > 1) {
         const double act = (double)Tl * C * ab;
-        if (l->sp)   /* per layer and direction: all-gather before attention and the MLP, reduce-scatter after */
-            tp_mb = (double)Ls * 4.0 * (ccost(d, ranks, MMC_COLL_ALL_GATHER, t, act, ltp) +
-                                        ccost(d, ranks, MMC_COLL_REDUCE_SCATTER, t, act, ltp));
+        /* per layer: the forward's two, the backward's two (full recompute: the forward's again) */
+        const double fw = (double)Ls * 2.0 + (rc_full ? 2.0 * (double)nrc : 0.0);
+        if (l->sp)   /* all-gather before attention and the MLP, reduce-scatter after */
+            tp_mb = (fw + 2.0 * (double)Ls) * (ccost(d, ranks, MMC_COLL_ALL_GATHER, t, act, ltp) +
+                                               ccost(d, ranks, MMC_COLL_REDUCE_SCATTER, t, act, ltp));
         else   /* the row-parallel outputs forward, the column-parallel inputs' gradients backward */
-            tp_mb = (double)Ls * 4.0 * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, act, ltp);
+            tp_mb = (fw + 2.0 * (double)Ls) * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, act, ltp);
         /* vocab-parallel embedding forward, lm_head input gradient (sp: the gather for lm_head
          * and its reduce-scatter), the vocab-parallel cross-entropy's max and sums */
         tp_mb += l->sp ? ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, act, ltp) + ccost(d, ranks, MMC_COLL_ALL_GATHER, t, act, ltp) +
@@ -1342,15 +1360,17 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
         const double hq = (double)m->heads / t, hkv = (double)(m->kv_heads / t >= l->cp ? m->kv_heads / t : l->cp);
         if (!l->cp_ring) {   /* q, k, v (K/V expanded to cp heads when fewer) and the output, each way */
             const double q = (double)Tl * hq * (double)m->head_dim * ab, kv = (double)Tl * hkv * (double)m->head_dim * ab;
-            cp_mb = (double)Ls * 2.0 * (2.0 * ccost(d, ranks, MMC_COLL_ALL_TO_ALL, l->cp, q, lcp) +
-                                        2.0 * ccost(d, ranks, MMC_COLL_ALL_TO_ALL, l->cp, kv, lcp));
+            const double fw = 2.0 * ccost(d, ranks, MMC_COLL_ALL_TO_ALL, l->cp, q, lcp) +
+                              2.0 * ccost(d, ranks, MMC_COLL_ALL_TO_ALL, l->cp, kv, lcp);
+            cp_mb = ((double)Ls * 2.0 + (double)nrc) * fw;   /* recompute (either mode) repeats the forward's */
         } else {
             double kv = (double)Tl * 2.0 * (double)(m->kv_heads / t) * (double)m->head_dim * ab;
             link_ab lh = lcp;
             if (n->beta_p2p > 0 && (int64_t)ranks <= n->ranks_per_node) lh.alpha = n->alpha_p2p, lh.beta = n->beta_p2p;
             double hop = ccost(d, ranks, MMC_COLL_EXCHANGE, l->cp, kv, lh);
             double ring = 3.0 * (double)(l->cp - 1) * hop;   /* fwd K/V, bwd K/V + dK/dV */
-            cp_mb = (double)Ls * ring;   /* counted in full: on shared cores the hops do not hide */
+            /* counted in full: on shared cores the hops do not hide; recompute repeats the forward's */
+            cp_mb = (double)Ls * ring + (double)nrc * (double)(l->cp - 1) * hop;
         }
     }
     if (P > 1) {   /* measured point-to-point constants (this host) where the stages share a node */
@@ -1454,13 +1474,22 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     if (P > 1 && v > 1) in_flight += (double)(P - 1) / (double)v;
     const double per_layer = layer_act_elems(m, l) * (double)Tl * ab;
     double act;
-    if (l->recompute) act = (double)Ls * (C / (l->sp ? t : 1)) * (double)Tl * ab * in_flight + per_layer;   /* + the layer being recomputed */
-    else act = (double)Ls * per_layer * in_flight;
+    /* recompute: the layers' stack at the start of a micro-batch's backward, + what a layer rebuilds
+     * in its backward when the last one is recomputed (with the first N < Ls recomputed, the later
+     * layers' activations are freed before the first rebuild: the peak is the stack) */
+    if (rc_full) {   /* a checkpointed layer keeps its input */
+        const double kept = (C / (l->sp ? t : 1)) * (double)Tl * ab;
+        act = ((double)nrc * kept + (double)(Ls - nrc) * per_layer) * in_flight + (nrc == Ls ? per_layer : 0);
+    } else if (rc_attn) {   /* the rotated q and k are not kept */
+        const double rot = (double)((m->heads + m->kv_heads) * m->head_dim) / t * (double)Tl * ab;
+        act = ((double)Ls * per_layer - (double)nrc * rot) * in_flight + (nrc == Ls ? rot : 0);
+    } else act = (double)Ls * per_layer * in_flight;
     if (!firstbig || P == 1) act += 2.0 * (double)Tl * ((double)m->vocab / t) * 4.0;   /* logits + their gradient */
     if (m->vision && w->vision_patches > 0 && (firstbig || P == 1)) {
         double np = (double)(l->micro_batch * w->vision_patches) * vshare, cv = (double)m->v_dim;
         double blk = (4.0 * cv + (4.0 * cv + 2.0 * (double)m->v_inter) / tv) * np * ab;
-        act += w->freeze_vision ? blk : (l->recompute ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
+        /* the tower is checkpointed under full recompute only (the trainer's rule) */
+        act += w->freeze_vision ? blk : (rc_full ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
                                            (P > 1 ? (double)(M < P ? M : P) : 1.0);
     }
     e->mem_act = act;
