@@ -153,6 +153,11 @@ mmc_tensor *mmc_cp_expand_kv(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *k) {
 /* ------------------------------------------------------------------ Qwen2 */
 mmc_status mmc_cp_check_qwen2(const mmc_qwen2_config *c, int C, const char *file) {
     if (C <= 1) return MMC_OK;
+    if (c->rope_kind == MMC_ROPE_DYNAMIC)   /* its base follows the batch's largest position, which no rank holds */
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel %d with rope_type 'dynamic': dynamic NTK "
+                         "scaling sets RoPE's base from the largest position in the batch, which a context-parallel "
+                         "rank does not see whole; use context_parallel 1 or a static rope scaling (linear, llama3)",
+                         file ? file : "config", C);
     const char *key = NULL;
     int64_t v = 0;
     if (c->num_heads % C) key = "num_attention_heads", v = c->num_heads;
@@ -215,7 +220,7 @@ mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const
                 pd[(k * B + i) * Tl + t] = g < T ? (src ? src[g] : g) : (src ? src[T - 1] : T - 1) + (g - T + 1);
             }
     if (np == 3) mmc_rope_table_mrope(ctx, pos, m->cfg.mrope_section, D, m->cfg.rope_theta, &cos, &sin);
-    else mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
+    else mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);   /* default, or Llama's rope scaling */
     /* attention sees the whole sequence (Ulysses: after the exchange; ring: block by block, masked
      * at global positions): the row's (or packed segments') mask as is */
     mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};

@@ -549,7 +549,7 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     } else {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(B, T));             /* [B, T] */
         memcpy(pos->data, b->position_ids, (size_t)(B * T) * sizeof(int64_t));
-        mmc_rope_table_1d(ctx, pos, D, m->cfg.rope_theta, &cos, &sin);
+        mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);   /* default, or Llama's rope scaling */
     }
     sl->in = NULL;
     if (first_vs(p, c) && !p->vl) {

@@ -382,10 +382,7 @@ static mmc_status tp_lora_setup(mmc_trainer *t) {
 /* Text Llama / Mistral: what the shared decoder cannot train yet is refused up front.
  * Mistral's sliding-window attention is not implemented (attention is full causal), which is
  * exact only while no sequence is longer than the window: data.seq_len past it is refused. */
-static mmc_status llama_check(const mmc_run_config *c, const mmc_json *j, const char *path, bool tp) {
-    if (tp || c->parallel.pipeline_parallel > 1)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel / pipeline_parallel are not supported "
-                         "for llama / mistral yet (data parallelism is)", c->file);
+static mmc_status llama_check(const mmc_run_config *c, const mmc_json *j, const char *path) {
     const mmc_json *sw = mmc_json_get(j, "sliding_window");
     if (sw && mmc_json_has(j, "sliding_window")) {
         int64_t w = 0;
@@ -452,12 +449,24 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
          * global batch): their mean, however they are spread over ranks */
         else mmc_moe_aux_set_weight(t->lm->moe, 1.0 / (double)c->training.gradient_accumulation);
     } else if (llama) {   /* LlamaForCausalLM / MistralForCausalLM: qwen2.c's decoder with Llama's config keys */
+        /* tensor / pipeline / context parallelism as for Qwen2: the same decoder */
         mmc_qwen2_config qc;
-        if (!(st = llama_check(c, j, path, t->tpc != NULL))) {
-            if (dir) st = mmc_llama_load(dir, j, true, &t->lm);
-            else if (!(st = mmc_llama_config_read(j, &qc))) st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
-            if (st) mmc_error_prefix(st, "%s", path);
+        if (!(st = llama_check(c, j, path)) && !(st = mmc_llama_config_read(j, &qc)) && t->tpc)
+            st = mmc_qwen2_tp_check(&qc, t->tp_size, "the language model");
+        if (st) {
+        } else if (t->tpc && dir) {
+            st = mmc_qwen2_load_tp(dir, &qc, t->tpc, true, &t->lm);
+        } else if (t->tpc) {
+            mmc_qwen2 *full = NULL;
+            st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &full);
+            if (!st) st = mmc_qwen2_shard_tp(full, t->tpc, &t->lm);
+            mmc_qwen2_free(full);
+        } else if (dir) {
+            st = mmc_llama_load(dir, j, true, &t->lm);
+        } else {
+            st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
         }
+        if (st) mmc_error_prefix(st, "%s", path);
     } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): encoders frozen unless model.freeze is given */
         if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
