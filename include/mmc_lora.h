@@ -72,6 +72,10 @@ mmc_status mmc_lora_attach(const mmc_module_list *ml, const mmc_lora_config *cfg
 /* Remove the adapters from the modules (base weights stay frozen) and free them. */
 void mmc_lora_free(mmc_lora_set *s);
 
+/* Keep only the adapters i with keep[i] (a pipeline stage keeps its layers'), freeing the others'
+ * A and B and detaching them from their modules; the kept ones keep their dropout streams. */
+void mmc_lora_keep(mmc_lora_set *s, const bool *keep);
+
 /* Write dir/adapter_config.json and dir/adapter_model.safetensors (created atomically;
  * dir is created if missing). base_model may be NULL. */
 mmc_status mmc_lora_save(const mmc_lora_set *s, const char *dir, const char *base_model);

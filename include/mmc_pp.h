@@ -33,6 +33,7 @@
 #define MMC_PP_H
 
 #include "mmc.h"
+#include "mmc_lora.h"
 #include "mmc_models.h"
 #include "mmc_data.h"
 #include "mmc_parallel.h"
@@ -119,6 +120,10 @@ mmc_status mmc_pp_trim_qwen2_vl(mmc_qwen2_vl *m, int stage, int P, int nc, const
 mmc_status mmc_pp_trim_qwen2_at(mmc_qwen2 *m, int stage, int last_rank, int nc, const int64_t *l0, const int64_t *l1);
 mmc_status mmc_pp_trim_qwen2_vl_at(mmc_qwen2_vl *m, int stage, int last_rank, int nc, const int64_t *l0,
                                    const int64_t *l1);
+/* LoRA adapters attached to the whole model before it was trimmed: keep this stage's (its decoder
+ * layers' by the module names' "layers.N."; the vision tower's on the first stage; any other,
+ * e.g. lm_head, on last_rank). Their initial values and dropout streams are the whole model's. */
+mmc_status mmc_pp_trim_lora(mmc_lora_set *s, int stage, int last_rank, int nc, const int64_t *l0, const int64_t *l1);
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct mmc_pp mmc_pp;
@@ -146,6 +151,9 @@ mmc_status mmc_pp_tied_reduce(mmc_pp *p, float *g, int64_t count);
 /* Post each receive a few ops before the op that needs it (on, the default) or when the op runs
  * (off: the blocking receives of before; for comparison). The same messages either way. */
 void mmc_pp_set_early_recv(mmc_pp *p, bool on);
+/* LoRA dropout: the forward of micro-batch k of this step draws its masks from
+ * mmc_nn_dropout_seed(seed, step, k), as the single-process trainer's k-th micro-batch does. */
+void mmc_pp_set_dropout(mmc_pp *p, bool on, uint64_t seed, uint64_t step);
 /* Communication of the last mmc_pp_run: bytes sent and seconds blocked in receives. */
 void mmc_pp_last_stats(const mmc_pp *p, int64_t *bytes_sent, double *recv_wait_s);
 

@@ -200,7 +200,7 @@ expect_err "world not divisible by pp" "3 processes do not divide into 2 pipelin
 expect_err "pp with sequence parallelism" "pipeline_parallel: 2 with sequence_parallel is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2 --set parallel.sequence_parallel=true
 expect_err "pp x tp larger than the world" "pipeline_parallel 2 x tensor_parallel 2 is larger than the job's 2 processes" 2 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2
 expect_err "pp with ZeRO" "2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.zero=1
-expect_err "pp with LoRA" "2 with LoRA (model.lora) is not supported yet" 1 "$W/ref.yaml" $PP2 --set model.lora.r=4 --set "model.lora.targets=[q_proj]"
+expect_err "pp with QLoRA" "2 with QLoRA (model.quantization) is not supported yet" 1 "$W/ref.yaml" $PP2 --set model.lora.r=4 --set "model.lora.targets=[q_proj]" --set model.quantization.method=nf4
 cat > "$W/llava.yaml" <<YAML
 model: {path: tests/fixtures/llava/v5, dtype: f32}
 data: {train: tests/fixtures/llava_train/data.jsonl, batch_size: 2, micro_batch_size: 1, num_workers: 0, seq_len: 512}

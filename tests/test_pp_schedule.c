@@ -26,6 +26,7 @@
 #include "mmc_wgrad.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 static void seq_str(int P, int s, int M, char *buf, size_t cap) {
     mmc_pp_op ops[64];
@@ -463,11 +464,16 @@ static int compare(const char *a, const char *b, double tl, double tw, double tm
     last_ckpt(b, cb, sizeof cb);
     int nw = 0, no = 0;
     double ws = 0, wc = 0, os = 0, oc = 0;
-    double wd = cmp_file(ca, cb, "model.safetensors", false, &nw, &ws, &wc);
+    /* the trained weights: the model, or a LoRA run's adapters (PEFT layout) */
+    char probe[2100];
+    snprintf(probe, sizeof probe, "%s/adapter_model.safetensors", ca);
+    const bool lora = access(probe, R_OK) == 0;
+    double wd = cmp_file(ca, cb, lora ? "adapter_model.safetensors" : "model.safetensors", false, &nw, &ws, &wc);
     double od = cmp_file(ca, cb, "optimizer.safetensors", true, &no, &os, &oc);
     const double wmean = ws / (wc > 0 ? wc : 1);
-    printf("%d steps: loss max rel diff %.2e (tol %.0e); %d weights max abs diff %.2e (tol %.0e), mean %.2e (tol "
-           "%.0e); %d optimizer tensors max diff %.2e of scale (tol %.0e)\n", na, lrel, tl, nw, wd, tw, wmean, tm, no,
+    printf("%d steps: loss max rel diff %.2e (tol %.0e); %d %s max abs diff %.2e (tol %.0e), mean %.2e (tol "
+           "%.0e); %d optimizer tensors max diff %.2e of scale (tol %.0e)\n", na, lrel, tl, nw, lora ? "adapters" : "weights",
+           wd, tw, wmean, tm, no,
            od, to);
     CHECK(lrel <= tl);
     CHECK(wd <= tw);

@@ -210,6 +210,28 @@ void mmc_lora_free(mmc_lora_set *s) {
     free(s);
 }
 
+void mmc_lora_keep(mmc_lora_set *s, const bool *keep) {
+    int j = 0;
+    for (int i = 0; i < s->n; i++) {
+        if (!keep[i]) {   /* its module may be gone (a pipeline stage's trimmed layer): only detach */
+            if (s->mods[i] && s->mods[i]->lora == &s->adapters[i]) s->mods[i]->lora = NULL;
+            mmc_tensor_free(s->params[2 * i]);
+            mmc_tensor_free(s->params[2 * i + 1]);
+            continue;
+        }
+        if (j != i) {
+            s->mods[j] = s->mods[i];
+            memcpy(s->names[j], s->names[i], sizeof s->names[0]);
+            s->adapters[j] = s->adapters[i];
+            s->params[2 * j] = s->params[2 * i], s->params[2 * j + 1] = s->params[2 * i + 1];
+        }
+        j++;
+    }
+    s->n = j, s->n_params = 2 * j;
+    for (int i = 0; i < s->n; i++)   /* the adapters moved: re-point their modules */
+        if (s->mods[i]) s->mods[i]->lora = &s->adapters[i];
+}
+
 /* ------------------------------------------------------------------ save */
 /* PEFT's string form of target_modules: a regex fully matched against module names. */
 static void append_regex(char *buf, size_t cap, const char *t) {

@@ -325,6 +325,22 @@ mmc_status mmc_pp_trim_qwen2_at(mmc_qwen2 *m, int stage, int last, int nc, const
     return MMC_OK;
 }
 
+mmc_status mmc_pp_trim_lora(mmc_lora_set *s, int stage, int last, int nc, const int64_t *l0, const int64_t *l1) {
+    bool *keep = calloc((size_t)s->n + 1, sizeof *keep);
+    if (!keep) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < s->n; i++) {
+        const char *nm = s->names[i], *ly = strstr(nm, "layers.");
+        if (strstr(nm, "visual.")) keep[i] = stage == 0;   /* the tower runs on the first stage */
+        else if (ly && ly[7] >= '0' && ly[7] <= '9') {
+            const long long l = atoll(ly + 7);
+            for (int c = 0; c < nc; c++) keep[i] |= l >= l0[c] && l < l1[c];
+        } else keep[i] = stage == last;
+    }
+    mmc_lora_keep(s, keep);
+    free(keep);
+    return MMC_OK;
+}
+
 /* ------------------------------------------------------------------ runtime */
 /* A rank holds v chunks (v = 1 without interleaving): chunk c is virtual stage c P + stage, with
  * decoder layers [l0[c], l1[c]); under DualPipeV v = 2 and chunk c is virtual stage stage or
@@ -361,6 +377,8 @@ struct mmc_pp {
     int64_t bytes;
     double recv_s;
     bool late_recv;         /* mmc_pp_set_early_recv(p, false): each receive posted when its op runs */
+    bool dropout;           /* mmc_pp_set_dropout: LoRA dropout masks per (seed, step, micro-batch) */
+    uint64_t dropout_seed, dropout_step;
 };
 
 mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, const int64_t *l1, mmc_pp **out) {
@@ -528,6 +546,7 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     sl->busy = true;
     p->slot_of[c * M + k] = slot;
     mmc_ctx *ctx = sl->ctx;
+    if (p->dropout) mmc_nn_set_dropout_seed(ctx, mmc_nn_dropout_seed(p->dropout_seed, p->dropout_step, (uint64_t)k));
     mmc_qwen2 *m = p->m;
     const int64_t B = b->B, T = b->T, C = m->cfg.hidden_size;
     const int D = (int)m->cfg.head_dim;
@@ -766,6 +785,9 @@ static bool op_recv(const mmc_pp *p, mmc_pp_op o, const mmc_batch *mbs, int *pee
 }
 
 void mmc_pp_set_early_recv(mmc_pp *p, bool on) { p->late_recv = !on; }
+void mmc_pp_set_dropout(mmc_pp *p, bool on, uint64_t seed, uint64_t step) {
+    p->dropout = on, p->dropout_seed = seed, p->dropout_step = step;
+}
 
 mmc_status mmc_pp_tied_reduce(mmc_pp *p, float *g, int64_t count) {
     if (p->P < 2 || (p->stage != 0 && p->stage != p->P - 1)) return MMC_OK;

@@ -578,6 +578,21 @@ static mmc_status build_param_list(mmc_trainer *t) {
     return MMC_OK;
 }
 
+/* the adapters' tensor names ("<module>.lora_A.weight"), again after a pipeline stage kept its share */
+static mmc_status lora_names_build(mmc_trainer *t) {
+    for (int i = 0; i < t->n_lora_names; i++) free(t->lora_names[i]);
+    free(t->lora_names);
+    t->lora_names = calloc((size_t)t->lora->n_params + 1, sizeof *t->lora_names);
+    if (!t->lora_names) return mmc_error(MMC_ERR_OOM, "out of memory");
+    t->n_lora_names = t->lora->n_params;
+    for (int i = 0; i < t->lora->n_params; i++) {
+        char buf[MMC_MODULE_NAME + 32];
+        snprintf(buf, sizeof buf, "%s.lora_%c.weight", t->lora->names[i / 2], i % 2 ? 'B' : 'A');
+        if (!(t->lora_names[i] = strdup(buf))) return mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    return MMC_OK;
+}
+
 /* QLoRA: quantise the decoder projections to NF4 (their dense copies leave the param lists);
  * LoRA: attach adapters to the target modules (PEFT semantics; the seed initialises A). */
 static mmc_status setup_lora(mmc_trainer *t) {
@@ -623,15 +638,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
     mmc_module_list_free(&ml);
     if (st) return mmc_error_prefix(st, "model.lora");
     if (t->tpc && (st = tp_lora_setup(t))) return st;   /* (before the sequence-parallel flag: same splits) */
-    t->lora_names = calloc((size_t)t->lora->n_params, sizeof *t->lora_names);
-    if (!t->lora_names) return mmc_error(MMC_ERR_OOM, "out of memory");
-    t->n_lora_names = t->lora->n_params;
-    for (int i = 0; i < t->lora->n_params; i++) {
-        char buf[MMC_MODULE_NAME + 32];
-        snprintf(buf, sizeof buf, "%s.lora_%c.weight", t->lora->names[i / 2], i % 2 ? 'B' : 'A');
-        if (!(t->lora_names[i] = strdup(buf))) return mmc_error(MMC_ERR_OOM, "out of memory");
-    }
-    return MMC_OK;
+    return lora_names_build(t);
 }
 
 /* Freeze, create bf16 copies + fp32 masters, and the optimizer. */
@@ -841,9 +848,14 @@ layout_done:
                                                                                                        : cfg->model.path)))
         goto fail;
     if ((st = hetero_check(t))) goto fail;   /* per-modality plans against the model and the world */
+    /* LoRA under pipeline parallelism: attached to the whole model first (so each adapter starts
+     * as one process's does: the same A and dropout stream), then the stage keeps its own */
+    const bool lora_first = t->pp_size > 1;
+    if (lora_first && (st = setup_lora(t))) goto fail;
     if (t->pp_size > 1 && (st = mmc_trainer_pp_setup(t))) goto fail;   /* keep this stage's layers */
+    if (lora_first && t->lora && (st = lora_names_build(t))) goto fail;
     if (t->cpc && (st = mmc_cp_trainer_check(t))) goto fail;        /* text Qwen2, heads % cp */
-    if ((st = setup_lora(t))) goto fail;
+    if (!lora_first && (st = setup_lora(t))) goto fail;
     if ((st = build_param_list(t))) goto fail;
     if ((st = setup_params(t))) goto fail;
     if (t->tpc) t->lm->sp = cfg->parallel.sequence_parallel;

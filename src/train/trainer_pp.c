@@ -113,6 +113,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     if ((st = t->vl ? mmc_pp_trim_qwen2_vl_at(t->vl, s, last, v, t->pp_l0, t->pp_l1)
                     : mmc_pp_trim_qwen2_at(t->lm, s, last, v, t->pp_l0, t->pp_l1)))
         return st;
+    if (t->lora && (st = mmc_pp_trim_lora(t->lora, s, last, v, t->pp_l0, t->pp_l1))) return st;
     if ((st = dpv ? mmc_pp_new_dualpipev(t->groups.pp, t->lm, t->pp_l0, t->pp_l1, &t->pp)
                   : mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp)))
         return st;
@@ -154,6 +155,7 @@ static bool is_tied_copy(const mmc_trainer *t, const mmc_tensor *p) {
 }
 
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss) {
+    mmc_pp_set_dropout(t->pp, t->lora && t->cfg->model.lora.dropout > 0, (uint64_t)t->cfg->training.seed, (uint64_t)t->step);
     mmc_status st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
     if (st) return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
     /* every trained tensor has a gradient buffer, so the reductions below match on every rank */
@@ -270,6 +272,20 @@ static mmc_status send_stage(const mmc_trainer *t) {
         if (!st && j >= 0) st = mmc_send(pp, t->adamw.v[j], k, MMC_F32, 0, TAG_V);
         if (!st && h.master) st = mmc_send(pp, t->opt[j]->data, k, MMC_F32, 0, TAG_MASTER);
     }
+    /* then the stage's LoRA adapters (A, B; f32, trained) with their moments */
+    const int64_t nl = t->lora ? t->lora->n_params : 0;
+    if (!st) st = mmc_send(pp, &nl, 1, MMC_I64, 0, TAG_N);
+    for (int64_t i = 0; i < nl && !st; i++) {
+        const mmc_tensor *p = t->lora->params[i];
+        const int j = opt_index(t, p);
+        part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0};
+        snprintf(h.name, sizeof h.name, "%s", t->lora_names[i]);
+        memcpy(h.shape, p->shape, sizeof h.shape);
+        st = mmc_send(pp, &h, (int64_t)sizeof h, MMC_U8, 0, TAG_HDR);
+        if (!st) st = mmc_send(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, 0, TAG_VAL);
+        if (!st && j >= 0) st = mmc_send(pp, t->adamw.m[j], mmc_numel(p), MMC_F32, 0, TAG_M);
+        if (!st && j >= 0) st = mmc_send(pp, t->adamw.v[j], mmc_numel(p), MMC_F32, 0, TAG_V);
+    }
     return st;
 }
 
@@ -283,7 +299,10 @@ typedef struct {
     mmc_tensor **own;      /* received tensors (params and masters) to free */
     float **own_mv;
     int n_own, n_store, n_own_mv;
-    int cap;               /* of params / opt (own and own_mv: 2 cap) */
+    int cap;               /* of params / opt / lora (own and own_mv: 3 cap) */
+    mmc_tensor **lora;     /* LoRA adapters of every stage (A, B, ...) and their names */
+    char **lora_names;
+    int n_lora;
 } full_view;
 
 static void view_free(full_view *v) {
@@ -292,47 +311,55 @@ static void view_free(full_view *v) {
     for (int i = 0; i < v->n_own_mv; i++) free(v->own_mv[i]);
     free(v->params); free(v->opt); free(v->opt_model); free(v->names); free(v->opt_names);
     free(v->m); free(v->v); free(v->store); free(v->own); free(v->own_mv);
+    free(v->lora); free(v->lora_names);
+}
+
+/* one tensor of a stage's part: header, values and, when trained, moments (+ master) */
+static mmc_status recv_tensor(mmc_comm *pp, int s, full_view *v, bool lora) {
+    part_hdr h;
+    mmc_status st = mmc_recv(pp, &h, (int64_t)sizeof h, MMC_U8, s, TAG_HDR);
+    if (st) return st;
+    h.name[sizeof h.name - 1] = 0;
+    if (v->n_params >= v->cap || v->n_lora >= v->cap || h.ndim < 0 || h.ndim > MMC_MAX_DIMS ||
+        (h.dtype != MMC_F32 && h.dtype != MMC_BF16 && h.dtype != MMC_F16) || (lora && (h.master || h.dtype != MMC_F32)))
+        return mmc_error(MMC_ERR_INVALID, "tensor '%s': bad header", h.name);
+    mmc_tensor *p = mmc_tensor_new((mmc_dtype)h.dtype, h.ndim, h.shape);
+    char *nm = strdup(h.name);
+    if (!p || !nm) { mmc_tensor_free(p); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    v->own[v->n_own++] = p;
+    v->store[v->n_store++] = nm;
+    p->flags |= (uint32_t)h.flags & (MMC_PARAM | MMC_REQUIRES_GRAD);
+    snprintf(p->name, sizeof p->name, "%.*s", (int)sizeof p->name - 1, nm);
+    if (lora) v->lora[v->n_lora] = p, v->lora_names[v->n_lora++] = nm;
+    else v->params[v->n_params] = p, v->names[v->n_params++] = nm;
+    if ((st = mmc_recv(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, s, TAG_VAL)) || !h.trained) return st;
+    const int64_t k = mmc_numel(p);
+    float *m = malloc((size_t)k * 4 + 1), *vv = malloc((size_t)k * 4 + 1);
+    if (!m || !vv) { free(m); free(vv); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    v->own_mv[v->n_own_mv++] = m;
+    v->own_mv[v->n_own_mv++] = vv;
+    if ((st = mmc_recv(pp, m, k, MMC_F32, s, TAG_M)) || (st = mmc_recv(pp, vv, k, MMC_F32, s, TAG_V))) return st;
+    mmc_tensor *master = p;
+    if (h.master) {
+        if (!(master = mmc_tensor_new(MMC_F32, h.ndim, h.shape))) return mmc_error(MMC_ERR_OOM, "out of memory");
+        v->own[v->n_own++] = master;
+        snprintf(master->name, sizeof master->name, "%s", p->name);
+        if ((st = mmc_recv(pp, master->data, k, MMC_F32, s, TAG_MASTER))) return st;
+    }
+    v->opt[v->n_opt] = master;
+    v->opt_model[v->n_opt] = p;
+    v->opt_names[v->n_opt] = nm;
+    v->m[v->n_opt] = m;
+    v->v[v->n_opt++] = vv;
+    return MMC_OK;
 }
 
 static mmc_status recv_stage(mmc_comm *pp, int s, full_view *v) {
-    int64_t n = 0;
+    int64_t n = 0, nl = 0;
     mmc_status st = mmc_recv(pp, &n, 1, MMC_I64, s, TAG_N);
-    for (int64_t i = 0; i < n && !st; i++) {
-        part_hdr h;
-        if ((st = mmc_recv(pp, &h, (int64_t)sizeof h, MMC_U8, s, TAG_HDR))) break;
-        h.name[sizeof h.name - 1] = 0;
-        if (v->n_params >= v->cap || h.ndim < 0 || h.ndim > MMC_MAX_DIMS ||
-            (h.dtype != MMC_F32 && h.dtype != MMC_BF16 && h.dtype != MMC_F16))
-            return mmc_error(MMC_ERR_INVALID, "tensor %lld ('%s'): bad header", (long long)i, h.name);
-        mmc_tensor *p = mmc_tensor_new((mmc_dtype)h.dtype, h.ndim, h.shape);
-        char *nm = strdup(h.name);
-        if (!p || !nm) { mmc_tensor_free(p); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
-        v->own[v->n_own++] = p;
-        v->store[v->n_store++] = nm;
-        p->flags |= (uint32_t)h.flags & (MMC_PARAM | MMC_REQUIRES_GRAD);
-        snprintf(p->name, sizeof p->name, "%.*s", (int)sizeof p->name - 1, nm);
-        v->params[v->n_params] = p;
-        v->names[v->n_params++] = nm;
-        if ((st = mmc_recv(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, s, TAG_VAL)) || !h.trained) continue;
-        const int64_t k = mmc_numel(p);
-        float *m = malloc((size_t)k * 4 + 1), *vv = malloc((size_t)k * 4 + 1);
-        if (!m || !vv) { free(m); free(vv); return mmc_error(MMC_ERR_OOM, "out of memory"); }
-        v->own_mv[v->n_own_mv++] = m;
-        v->own_mv[v->n_own_mv++] = vv;
-        if ((st = mmc_recv(pp, m, k, MMC_F32, s, TAG_M)) || (st = mmc_recv(pp, vv, k, MMC_F32, s, TAG_V))) break;
-        mmc_tensor *master = p;
-        if (h.master) {
-            if (!(master = mmc_tensor_new(MMC_F32, h.ndim, h.shape))) return mmc_error(MMC_ERR_OOM, "out of memory");
-            v->own[v->n_own++] = master;
-            snprintf(master->name, sizeof master->name, "%s", p->name);
-            if ((st = mmc_recv(pp, master->data, k, MMC_F32, s, TAG_MASTER))) break;
-        }
-        v->opt[v->n_opt] = master;
-        v->opt_model[v->n_opt] = p;
-        v->opt_names[v->n_opt] = nm;
-        v->m[v->n_opt] = m;
-        v->v[v->n_opt++] = vv;
-    }
+    for (int64_t i = 0; i < n && !st; i++) st = recv_tensor(pp, s, v, false);
+    if (!st) st = mmc_recv(pp, &nl, 1, MMC_I64, s, TAG_N);   /* the stage's LoRA adapters */
+    for (int64_t i = 0; i < nl && !st; i++) st = recv_tensor(pp, s, v, true);
     return st;
 }
 
@@ -350,28 +377,54 @@ static mmc_status save_on_rank0(mmc_trainer *t) {
     v.m = calloc((size_t)cap, sizeof *v.m);
     v.v = calloc((size_t)cap, sizeof *v.v);
     v.store = calloc((size_t)cap, sizeof *v.store);
-    v.own = calloc((size_t)(2 * cap), sizeof *v.own);
-    v.own_mv = calloc((size_t)(2 * cap), sizeof *v.own_mv);
+    v.own = calloc((size_t)(3 * cap), sizeof *v.own);
+    v.own_mv = calloc((size_t)(3 * cap), sizeof *v.own_mv);
+    v.lora = calloc((size_t)cap, sizeof *v.lora);
+    v.lora_names = calloc((size_t)cap, sizeof *v.lora_names);
     v.cap = cap;
+    mmc_lora_set lv = {0};   /* every stage's adapters, for the saver (mmc_lora_save reads names and adapters) */
     if (!v.params || !v.names || !v.opt || !v.opt_model || !v.opt_names || !v.m || !v.v || !v.store || !v.own ||
-        !v.own_mv) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        !v.own_mv || !v.lora || !v.lora_names) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     for (int i = 0; i < t->n_params; i++) v.params[v.n_params] = t->params[i], v.names[v.n_params++] = t->names[i];
     for (int j = 0; j < t->n_opt; j++) {
         v.opt[v.n_opt] = t->opt[j], v.opt_model[v.n_opt] = t->opt_model[j], v.opt_names[v.n_opt] = t->opt_names[j];
         v.m[v.n_opt] = t->adamw.m[j], v.v[v.n_opt++] = t->adamw.v[j];
     }
+    for (int i = 0; t->lora && i < t->lora->n_params; i++)
+        v.lora[v.n_lora] = t->lora->params[i], v.lora_names[v.n_lora++] = t->lora_names[i];
     for (int s = 1; s < t->pp_size && !st; s++)   /* stage order = the model's parameter order */
         if ((st = recv_stage(t->groups.pp, s, &v))) mmc_error_prefix(st, "pipeline stage %d's part of the checkpoint", s);
     if (st) goto done;
+    mmc_lora_set *own_lora = t->lora;
+    if (t->lora) {   /* module names: the tensor names less ".lora_A.weight" (A and B alternate in every part) */
+        lv = *t->lora;
+        lv.n = v.n_lora / 2, lv.n_params = v.n_lora, lv.params = v.lora, lv.mods = NULL;
+        lv.names = calloc((size_t)lv.n + 1, sizeof *lv.names);
+        lv.adapters = calloc((size_t)lv.n + 1, sizeof *lv.adapters);
+        if (!lv.names || !lv.adapters) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        for (int i = 0; i < lv.n; i++) {
+            const char *a = v.lora_names[2 * i];
+            const size_t len = strlen(a) > 14 ? strlen(a) - 14 : 0;   /* ".lora_A.weight" */
+            snprintf(lv.names[i], sizeof lv.names[i], "%.*s", (int)len, a);
+            lv.adapters[i] = (mmc_lora){.A = v.lora[2 * i], .B = v.lora[2 * i + 1], .scale = own_lora->adapters ?
+                                        own_lora->adapters[0].scale : 0};
+        }
+        t->lora = &lv;
+    }
     /* the single-process saver over the whole model */
     SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
     SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
     SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
+    SWAP(t->lora_names, v.lora_names);
     st = mmc_trainer_save(t);
     SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
     SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
     SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
+    SWAP(t->lora_names, v.lora_names);
+    t->lora = own_lora;
 done:
+    free(lv.names);
+    free(lv.adapters);
     view_free(&v);
     return st;
 }
