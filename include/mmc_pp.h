@@ -145,6 +145,9 @@ int mmc_pp_stages(const mmc_pp *p);
  * the global batch), gradients accumulate into the stage's parameters. On the last stage
  * *loss is the sum of the micro-batches' scaled losses, elsewhere 0. Collective over pp. */
 mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, double *loss);
+/* Forward only (an evaluation): one batch through every stage, no gradients, no dropout; the
+ * batch's summed token NLL and its label-token count, the same on every rank of the group. */
+mmc_status mmc_pp_eval(mmc_pp *p, const mmc_batch *b, double *nll, int64_t *tokens);
 /* With tied embeddings: sum the embedding's gradient between the first and the last stage
  * (g: the stage's copy, NULL on the stages between; count elements). Collective over pp. */
 mmc_status mmc_pp_tied_reduce(mmc_pp *p, float *g, int64_t count);

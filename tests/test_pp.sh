@@ -21,6 +21,7 @@
 #     attention recompute + offload of each stage's first layer, at pp=2: exact;
 #   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
 #     above, Qwen2.5-VL (untied) exact;
+#   - data.eval under pp=2 and pp=2 x dp=2: the evaluation loss within 1e-6 of one process's;
 #   - resume across layouts (pp2 -> pp2, pp2 -> 1 process, pp2 -> pp4, 1 process -> pp2): exact;
 #   - the layout errors before any work (DualPipeV's too), and the warning for fewer micro-batches than stages.
 # Skipped (exit 77) without mpirun or an MPI build.
@@ -141,6 +142,18 @@ run1 "$W/vlref.yaml" && runN 2 "$W/vlref.yaml" $PP2 --set training.output_dir="$
 cmp_runs "Qwen2-VL pp=2 (tower on stage 0), mixed text/image batches vs 1 process" vlref vlpp2 "$CLOSE"
 cmp_runs "Qwen2-VL pp=2, packed rows vs 1 process" vlpk1 vlpk2 "$CLOSE"
 cmp_runs "Qwen2.5-VL (HF directory) pp=2 vs 1 process" q25ref q25pp2 "$EXACT"
+# data.eval under pp: the eval batches go through the stages forward only (mmc_pp_eval) and the
+# loss is one process's; pp=2 x dp=2: the first replica's stages evaluate
+EV=(--set data.eval=tests/fixtures/data/mixed.jsonl --set training.eval_every=2 --set training.steps=2)
+run1 "$W/vlref.yaml" "${EV[@]}" --set training.output_dir="$W/vlev1" &&
+  runN 2 "$W/vlref.yaml" $PP2 "${EV[@]}" --set training.output_dir="$W/vlev2" &&
+  runN 4 "$W/vlref.yaml" $PP2 "${EV[@]}" --set training.output_dir="$W/vlev4" || { echo "FAIL: VL eval runs"; tail "$W/train.log"; fail=1; }
+for r in vlev2 vlev4; do
+  e1=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/vlev1/metrics.jsonl" 2>/dev/null); e2=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/$r/metrics.jsonl" 2>/dev/null)
+  if [ -n "$e1" ] && python3 -c "import sys; a, b = (float(x.split()[-1]) for x in sys.argv[1:]); sys.exit(abs(a - b) > 1e-6 * abs(a))" "$e1" "$e2"; then
+    echo "Qwen2-VL data.eval at $r (pp=2$([ $r = vlev4 ] && echo ' x dp=2')): $e2 (one process: $e1)"
+  else echo "FAIL: Qwen2-VL data.eval $r: '$e2' vs one process '$e1'"; fail=1; fi
+done
 # pp=2 x tp=2 (4 ranks; the stage models tensor-parallel, activations replicated over the tp
 # group): the same as tp=2 alone bit for bit, and against one process within test_tp.sh's
 # tolerances (the row-parallel all-reduce sums partial products in another order); a resume of
@@ -208,7 +221,6 @@ parallel: {pipeline_parallel: 2}
 training: {steps: 1, output_dir: $W/llava}
 YAML
 expect_err "LLaVA" "LLaVA is not split into stages yet" 2 "$W/llava.yaml"
-expect_err "pp with an evaluation set" "2 with an evaluation set (data.eval) is not supported yet" 1 "$W/ref.yaml" $PP2 --set data.eval=x.jsonl
 
 # the shipped example is a valid config: it gets past the layout on 2 ranks and fails at the missing model
 expect_err "examples/pipeline_qwen2_vl_2b.yaml parses" "Qwen2-VL-2B-Instruct/config.json" 2 examples/pipeline_qwen2_vl_2b.yaml

@@ -375,6 +375,7 @@ struct mmc_pp {
     pp_slot *slots;
     int *slot_of;           /* [v M] during a run: the slot of (chunk, micro-batch) */
     int64_t bytes;
+    int64_t tokens;         /* label tokens of the losses this rank computed (mmc_pp_eval) */
     double recv_s;
     bool late_recv;         /* mmc_pp_set_early_recv(p, false): each receive posted when its op runs */
     bool dropout;           /* mmc_pp_set_dropout: LoRA dropout masks per (seed, step, micro-batch) */
@@ -612,6 +613,7 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
             sl->out = mmc_causal_lm_loss(ctx, logits, b->labels, scale, &n);     /* [] */
         }
         *loss += *(const float *)sl->out->data;
+        p->tokens += n;
         return MMC_OK;
     }
     x = mmc_contiguous(ctx, x);
@@ -766,6 +768,48 @@ mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, doub
         sl->busy = false;
     }
     return st;
+}
+
+mmc_status mmc_pp_eval(mmc_pp *p, const mmc_batch *b, double *nll, int64_t *tokens) {
+    *nll = 0, *tokens = 0;
+    int *slot_of = realloc(p->slot_of, sizeof *slot_of * (size_t)p->v);
+    if (!slot_of) return mmc_error(MMC_ERR_OOM, "out of memory");
+    p->slot_of = slot_of;
+    if (p->dualpipev && p->turn_cap < 1) {   /* the turn's hand-off buffer for one micro-batch */
+        float **a = realloc(p->turn_act, sizeof *a), **g = a ? realloc(p->turn_grad, sizeof *g) : NULL;
+        if (a) p->turn_act = a;
+        if (g) p->turn_grad = g;
+        if (!a || !g) return mmc_error(MMC_ERR_OOM, "out of memory");
+        a[0] = g[0] = NULL;
+        p->turn_cap = 1;
+    }
+    mmc_status st = ensure_slots(p, 1);
+    if (st) return st;
+    /* forward only: no tape, no dropout; the rank's chunks in the order of their virtual stages
+     * (each receive waits on an earlier virtual stage only, so the ranks never wait on each other
+     * in a cycle) */
+    const bool dropout = p->dropout;
+    p->dropout = false;
+    p->tokens = 0;
+    double loss = 0;
+    for (int c = 0; c < p->v && !st; c++) {
+        mmc_set_grad_enabled(p->slots[0].ctx, false);
+        st = stage_forward(p, c, 0, 1, b, 1.0, &loss, NULL);
+        pp_slot *sl = &p->slots[p->slot_of[c]];
+        const mmc_status s2 = mmc_dist_wait(sl->act_req);
+        sl->act_req = NULL;
+        if (!st) st = s2;
+        mmc_set_grad_enabled(sl->ctx, true);
+        release_slot(sl);
+    }
+    p->dropout = dropout;
+    if (p->dualpipev) free(p->turn_act[0]), p->turn_act[0] = NULL;   /* (left over only after an error) */
+    /* the summed NLL and its token count live on the last virtual stage's rank: to every stage */
+    double v[2] = {loss, (double)p->tokens};
+    if (!st) st = mmc_all_reduce(p->pp, v, v, 2, MMC_F64, MMC_SUM);
+    if (st) return mmc_error_prefix(st, "pipeline stage %d: evaluation forward", p->stage);
+    *nll = v[0], *tokens = (int64_t)v[1];
+    return MMC_OK;
 }
 
 static bool op_recv(const mmc_pp *p, mmc_pp_op o, const mmc_batch *mbs, int *peer, int *tag, int64_t *n) {

@@ -1531,6 +1531,7 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
     *tokens = 0;
     if ((!t->vl && !t->llava && !t->omni && !t->internvl) || t->src.kind != SRC_LOADER || !t->dopts.eval)
         return MMC_ERR_NOT_FOUND;
+    if (t->pp && t->dp_rank != 0) return MMC_ERR_NOT_FOUND;   /* pipeline: the first replica's stages evaluate */
     mmc_loader *l = NULL;
     mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
     if (st) return mmc_error_prefix(st, "data.eval");
@@ -1544,6 +1545,14 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
         if (b.B == 0) { mmc_batch_free(&b); break; }
         mmc_tensor *lt = NULL;
         int64_t k = 0;
+        if (t->pp) {   /* the batch through the stages, forward only (mmc_pp_eval) */
+            double s1 = 0;
+            st = mmc_pp_eval(t->pp, &b, &s1, &k);
+            if (!st) sum += s1, n += k;
+            mmc_batch_free(&b);
+            if (st) { mmc_error_prefix(st, "data.eval"); break; }
+            continue;
+        }
         st = t->internvl ? mmc_internvl_batch_loss(t->ctx, t->internvl, &b, 1.0, &lt, &k)
              : t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &b, 1.0, &lt, &k)
              : t->omni   ? mmc_omni_batch_loss(t->ctx, t->omni, &b, 1.0, &lt, &k)
@@ -1741,11 +1750,11 @@ static mmc_status hetero_report(mmc_trainer *t) {
     return st;
 }
 
-/* An evaluation due at this step on a model split over ranks (tensor or context parallelism):
- * its forward runs collectives, so every rank evaluates beside rank 0 (which logs). */
+/* An evaluation due at this step on a model split over ranks (tensor, context or pipeline
+ * parallelism): its forward runs collectives, so every rank evaluates beside rank 0 (which logs). */
 static bool split_eval_due(const mmc_trainer *t) {
     const mmc_training_cfg *tc = &t->cfg->training;
-    return (t->tpc || t->cpc) && tc->eval_every > 0 && t->cfg->data.eval &&
+    return (t->tpc || t->cpc || t->pp) && tc->eval_every > 0 && t->cfg->data.eval &&
            (t->step % tc->eval_every == 0 || t->step == tc->steps);
 }
 
