@@ -22,6 +22,7 @@
 #   - Qwen2-VL (tied; padded and packed rows of the data pipeline) at pp=2 within the tolerances
 #     above, Qwen2.5-VL (untied) exact;
 #   - data.eval under pp=2 and pp=2 x dp=2: the evaluation loss within 1e-6 of one process's;
+#   - training.ema_decay at pp=2 (and resumed): ema.safetensors byte for byte one process's;
 #   - resume across layouts (pp2 -> pp2, pp2 -> 1 process, pp2 -> pp4, 1 process -> pp2): exact;
 #   - the layout errors before any work (DualPipeV's too), and the warning for fewer micro-batches than stages.
 # Skipped (exit 77) without mpirun or an MPI build.
@@ -172,6 +173,18 @@ cmp_runs "pp=2 x tp=2 2 steps, resumed in 1 process" ref4 rtp "$TPT"
 runN 2 "$W/ref4.yaml" $TP2 --set training.output_dir="$W/tp2l4" &&
   runN 4 "$W/ref4.yaml" $TP2 $PP2 $DPV --set training.output_dir="$W/tp2dpv" || { echo "FAIL: DualPipeV x tp runs"; tail "$W/train.log"; fail=1; }
 cmp_runs "DualPipeV pp=2 x tp=2 (4 ranks) vs tp=2" tp2l4 tp2dpv "$EXACT"
+# training.ema_decay under pp: each stage keeps the EMA of its weights; the checkpoint gathers them
+# (ema.safetensors byte for byte one process's), also after a resume at pp=2
+EMA=(--set training.ema_decay=0.9 --set training.save_every=2 --set training.keep_last=2)
+run1 "$W/ref.yaml" "${EMA[@]}" --set training.output_dir="$W/ema1" &&
+  runN 2 "$W/ref.yaml" $PP2 "${EMA[@]}" --set training.output_dir="$W/ema2" &&
+  cp -r "$W/ema2" "$W/ema2r" && rm -rf "$W/ema2r/checkpoint-4" &&
+  runN 2 "$W/ref.yaml" $PP2 "${EMA[@]}" --set training.output_dir="$W/ema2r" --resume || { echo "FAIL: EMA runs"; tail "$W/train.log"; fail=1; }
+for r in ema2 ema2r; do
+  if cmp -s "$W/ema1/checkpoint-4/ema.safetensors" "$W/$r/checkpoint-4/ema.safetensors"; then
+    echo "EMA pp=2 ($r): ema.safetensors identical to one process's"
+  else echo "FAIL: EMA pp=2 ($r): ema.safetensors differs from one process's"; fail=1; fi
+done
 # resume: the checkpoint is the single-process layout, so any number of stages reads it
 runN 2 "$W/ref4.yaml" $PP2 --set training.output_dir="$W/r22" --set training.steps=2 &&
   cp -r "$W/r22" "$W/r21" && cp -r "$W/r22" "$W/r24" &&

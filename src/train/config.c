@@ -475,8 +475,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     }
     if (p->pipeline_parallel > 1) {
         const char *why = p->sequence_parallel ? "sequence_parallel" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
-                          : c->model.quantization.method != MMC_QUANT_NONE ? "QLoRA (model.quantization)"
-                          : c->training.ema_decay > 0 ? "training.ema_decay" : NULL;
+                          : c->model.quantization.method != MMC_QUANT_NONE ? "QLoRA (model.quantization)" : NULL;
         if (why)
             return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
                         "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (without "

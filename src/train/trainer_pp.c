@@ -239,10 +239,10 @@ mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
  * A stage's part goes to world rank 0 tensor by tensor, straight from and into the tensors
  * (no packed copy on either side): the count, then per parameter a header, its values (model
  * dtype) and, for a trained one, its AdamW moments and, when distinct, its fp32 master. */
-enum { TAG_N = 201, TAG_HDR, TAG_VAL, TAG_M, TAG_V, TAG_MASTER };
+enum { TAG_N = 201, TAG_HDR, TAG_VAL, TAG_M, TAG_V, TAG_MASTER, TAG_EMA };
 typedef struct {
     char name[200];
-    int32_t dtype, ndim, flags, trained, master;
+    int32_t dtype, ndim, flags, trained, master, ema;   /* ema: its EMA follows (training.ema_decay) */
     int64_t shape[MMC_MAX_DIMS];
 } part_hdr;
 
@@ -262,7 +262,7 @@ static mmc_status send_stage(const mmc_trainer *t) {
         if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
         const int j = opt_index(t, p);
         part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
-                      .master = j >= 0 && t->opt[j] != p};
+                      .master = j >= 0 && t->opt[j] != p, .ema = j >= 0 && t->ema};
         snprintf(h.name, sizeof h.name, "%s", t->names[i]);
         memcpy(h.shape, p->shape, sizeof h.shape);
         const int64_t k = mmc_numel(p);
@@ -271,6 +271,7 @@ static mmc_status send_stage(const mmc_trainer *t) {
         if (!st && j >= 0) st = mmc_send(pp, t->adamw.m[j], k, MMC_F32, 0, TAG_M);
         if (!st && j >= 0) st = mmc_send(pp, t->adamw.v[j], k, MMC_F32, 0, TAG_V);
         if (!st && h.master) st = mmc_send(pp, t->opt[j]->data, k, MMC_F32, 0, TAG_MASTER);
+        if (!st && h.ema) st = mmc_send(pp, t->ema[j], k, MMC_F32, 0, TAG_EMA);
     }
     /* then the stage's LoRA adapters (A, B; f32, trained) with their moments */
     const int64_t nl = t->lora ? t->lora->n_params : 0;
@@ -278,13 +279,15 @@ static mmc_status send_stage(const mmc_trainer *t) {
     for (int64_t i = 0; i < nl && !st; i++) {
         const mmc_tensor *p = t->lora->params[i];
         const int j = opt_index(t, p);
-        part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0};
+        part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
+                      .ema = j >= 0 && t->ema};
         snprintf(h.name, sizeof h.name, "%s", t->lora_names[i]);
         memcpy(h.shape, p->shape, sizeof h.shape);
         st = mmc_send(pp, &h, (int64_t)sizeof h, MMC_U8, 0, TAG_HDR);
         if (!st) st = mmc_send(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, 0, TAG_VAL);
         if (!st && j >= 0) st = mmc_send(pp, t->adamw.m[j], mmc_numel(p), MMC_F32, 0, TAG_M);
         if (!st && j >= 0) st = mmc_send(pp, t->adamw.v[j], mmc_numel(p), MMC_F32, 0, TAG_V);
+        if (!st && h.ema) st = mmc_send(pp, t->ema[j], mmc_numel(p), MMC_F32, 0, TAG_EMA);
     }
     return st;
 }
@@ -295,6 +298,7 @@ typedef struct {
     mmc_tensor **params, **opt, **opt_model;
     const char **names, **opt_names;
     float **m, **v;
+    float **ema;           /* [opt] the EMA of each trained tensor (training.ema_decay), or NULL */
     char **store;          /* received names */
     mmc_tensor **own;      /* received tensors (params and masters) to free */
     float **own_mv;
@@ -310,7 +314,7 @@ static void view_free(full_view *v) {
     for (int i = 0; i < v->n_store; i++) free(v->store[i]);
     for (int i = 0; i < v->n_own_mv; i++) free(v->own_mv[i]);
     free(v->params); free(v->opt); free(v->opt_model); free(v->names); free(v->opt_names);
-    free(v->m); free(v->v); free(v->store); free(v->own); free(v->own_mv);
+    free(v->m); free(v->v); free(v->ema); free(v->store); free(v->own); free(v->own_mv);
     free(v->lora); free(v->lora_names);
 }
 
@@ -334,10 +338,12 @@ static mmc_status recv_tensor(mmc_comm *pp, int s, full_view *v, bool lora) {
     else v->params[v->n_params] = p, v->names[v->n_params++] = nm;
     if ((st = mmc_recv(pp, p->data, (int64_t)mmc_nbytes(p), MMC_U8, s, TAG_VAL)) || !h.trained) return st;
     const int64_t k = mmc_numel(p);
-    float *m = malloc((size_t)k * 4 + 1), *vv = malloc((size_t)k * 4 + 1);
-    if (!m || !vv) { free(m); free(vv); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    float *m = malloc((size_t)k * 4 + 1), *vv = malloc((size_t)k * 4 + 1), *ema = h.ema ? malloc((size_t)k * 4 + 1) : NULL;
+    if (!m || !vv || (h.ema && !ema)) { free(m); free(vv); free(ema); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    if (h.ema != (v->ema != NULL)) { free(m); free(vv); free(ema); return mmc_error(MMC_ERR_INVALID, "tensor '%s': EMA on one stage only", h.name); }
     v->own_mv[v->n_own_mv++] = m;
     v->own_mv[v->n_own_mv++] = vv;
+    if (ema) v->own_mv[v->n_own_mv++] = ema;
     if ((st = mmc_recv(pp, m, k, MMC_F32, s, TAG_M)) || (st = mmc_recv(pp, vv, k, MMC_F32, s, TAG_V))) return st;
     mmc_tensor *master = p;
     if (h.master) {
@@ -346,6 +352,8 @@ static mmc_status recv_tensor(mmc_comm *pp, int s, full_view *v, bool lora) {
         snprintf(master->name, sizeof master->name, "%s", p->name);
         if ((st = mmc_recv(pp, master->data, k, MMC_F32, s, TAG_MASTER))) return st;
     }
+    if (ema && (st = mmc_recv(pp, ema, k, MMC_F32, s, TAG_EMA))) return st;
+    if (v->ema) v->ema[v->n_opt] = ema;
     v->opt[v->n_opt] = master;
     v->opt_model[v->n_opt] = p;
     v->opt_names[v->n_opt] = nm;
@@ -378,16 +386,18 @@ static mmc_status save_on_rank0(mmc_trainer *t) {
     v.v = calloc((size_t)cap, sizeof *v.v);
     v.store = calloc((size_t)cap, sizeof *v.store);
     v.own = calloc((size_t)(3 * cap), sizeof *v.own);
-    v.own_mv = calloc((size_t)(3 * cap), sizeof *v.own_mv);
+    v.own_mv = calloc((size_t)(4 * cap), sizeof *v.own_mv);
+    if (t->ema) v.ema = calloc((size_t)cap, sizeof *v.ema);
     v.lora = calloc((size_t)cap, sizeof *v.lora);
     v.lora_names = calloc((size_t)cap, sizeof *v.lora_names);
     v.cap = cap;
     mmc_lora_set lv = {0};   /* every stage's adapters, for the saver (mmc_lora_save reads names and adapters) */
     if (!v.params || !v.names || !v.opt || !v.opt_model || !v.opt_names || !v.m || !v.v || !v.store || !v.own ||
-        !v.own_mv || !v.lora || !v.lora_names) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+        !v.own_mv || !v.lora || !v.lora_names || (t->ema && !v.ema)) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
     for (int i = 0; i < t->n_params; i++) v.params[v.n_params] = t->params[i], v.names[v.n_params++] = t->names[i];
     for (int j = 0; j < t->n_opt; j++) {
         v.opt[v.n_opt] = t->opt[j], v.opt_model[v.n_opt] = t->opt_model[j], v.opt_names[v.n_opt] = t->opt_names[j];
+        if (v.ema) v.ema[v.n_opt] = t->ema[j];
         v.m[v.n_opt] = t->adamw.m[j], v.v[v.n_opt++] = t->adamw.v[j];
     }
     for (int i = 0; t->lora && i < t->lora->n_params; i++)
@@ -416,11 +426,13 @@ static mmc_status save_on_rank0(mmc_trainer *t) {
     SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
     SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
     SWAP(t->lora_names, v.lora_names);
+    SWAP(t->ema, v.ema);
     st = mmc_trainer_save(t);
     SWAP(t->params, v.params); SWAP(t->names, v.names); SWAP(t->n_params, v.n_params);
     SWAP(t->opt, v.opt); SWAP(t->opt_model, v.opt_model); SWAP(t->opt_names, v.opt_names); SWAP(t->n_opt, v.n_opt);
     SWAP(t->adamw.m, v.m); SWAP(t->adamw.v, v.v);
     SWAP(t->lora_names, v.lora_names);
+    SWAP(t->ema, v.ema);
     t->lora = own_lora;
 done:
     free(lv.names);
