@@ -9,6 +9,8 @@
 #     within 5e-5 absolute and 1e-7 on average, moments within 1e-3 of each tensor's scale (the
 #     embedding's two halves, or the replicas' gradients, are summed in another order; AdamW turns
 #     that rounding into up to ~5e-6 where a gradient is near zero);
+#   - pp=2 x tp=2 + sequence parallelism (4 ranks; also 15 tokens, padded): bit-identical to
+#     tp=2 + sp alone; Qwen2-VL within the tolerances above;
 #   - pp=2 x tp=2 on 4 ranks: bit-identical to tp=2 alone, and within test_tp.sh's tolerances
 #     (1e-5 loss, 2e-4 / 1e-6 weights, 1e-2 moments) of one process, also resumed in one process;
 #   - a control that must fail: a run at another learning rate against the pp=2 run;
@@ -166,6 +168,19 @@ runN 2 "$W/ref.yaml" $TP2 --set training.output_dir="$W/tp2" &&
 cmp_runs "pp=2 x tp=2 (4 ranks) vs tp=2" tp2 tp2pp2 "$EXACT"
 cmp_runs "pp=2 x tp=2 (4 ranks) vs 1 process" ref tp2pp2 "$TPT"
 grep -m1 'stages x tensor parallelism 2' "$W/train.log"
+# sequence parallelism under pp (4 ranks): the stages pass each tp rank's slice of the sequence
+# [B, T/2, C]; bit-identical to tp=2 + sp alone, also with an odd sequence length (padded);
+# Qwen2-VL (tied) within the tolerances above
+SPP=(--set parallel.tensor_parallel=2 --set parallel.sequence_parallel=true)
+runN 2 "$W/ref.yaml" "${SPP[@]}" --set training.output_dir="$W/sp2" &&
+  runN 4 "$W/ref.yaml" "${SPP[@]}" $PP2 --set training.output_dir="$W/sp2pp2" &&
+  runN 2 "$W/ref.yaml" "${SPP[@]}" --set data.seq_len=15 --set training.output_dir="$W/sp2o" &&
+  runN 4 "$W/ref.yaml" "${SPP[@]}" $PP2 --set data.seq_len=15 --set training.output_dir="$W/sp2pp2o" &&
+  runN 2 "$W/vlref.yaml" "${SPP[@]}" --set training.output_dir="$W/vlsp2" &&
+  runN 4 "$W/vlref.yaml" "${SPP[@]}" $PP2 --set training.output_dir="$W/vlsp2pp2" || { echo "FAIL: sp runs"; tail "$W/train.log"; fail=1; }
+cmp_runs "pp=2 x tp=2 + sp (4 ranks) vs tp=2 + sp" sp2 sp2pp2 "$EXACT"
+cmp_runs "pp=2 x tp=2 + sp, 15 tokens (padded) vs tp=2 + sp" sp2o sp2pp2o "$EXACT"
+cmp_runs "Qwen2-VL pp=2 x tp=2 + sp vs tp=2 + sp" vlsp2 vlsp2pp2 "$CLOSE"
 runN 4 "$W/ref4.yaml" $TP2 $PP2 --set training.output_dir="$W/rtp" --set training.steps=2 &&
   run1 "$W/ref4.yaml" --set training.output_dir="$W/rtp" --resume || fail=1
 cmp_runs "pp=2 x tp=2 2 steps, resumed in 1 process" ref4 rtp "$TPT"
@@ -223,7 +238,6 @@ expect_err "interleaving without stages" "pipeline_virtual: 2 needs pipeline_par
 expect_err "interleaving, too few layers" "2 stages x 2 chunks (pipeline_virtual) = 4 virtual stages: .*more than the model's 2 decoder layers" 2 "$W/ref.yaml" $PP2 --set parallel.pipeline_virtual=2
 expect_err "pp larger than the world" "pipeline_parallel 2 is larger than the job's 1 process" 1 "$W/ref.yaml" $PP2
 expect_err "world not divisible by pp" "3 processes do not divide into 2 pipeline stages" 3 "$W/ref.yaml" $PP2 --set data.batch_size=6
-expect_err "pp with sequence parallelism" "pipeline_parallel: 2 with sequence_parallel is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2 --set parallel.sequence_parallel=true
 expect_err "pp x tp larger than the world" "pipeline_parallel 2 x tensor_parallel 2 is larger than the job's 2 processes" 2 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2
 expect_err "pp with ZeRO" "2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.zero=1
 expect_err "pp with QLoRA" "2 with QLoRA (model.quantization) is not supported yet" 1 "$W/ref.yaml" $PP2 --set model.lora.r=4 --set "model.lora.targets=[q_proj]" --set model.quantization.method=nf4

@@ -21,6 +21,7 @@
 #include "mmc_pp.h"
 #include "mmc_ops.h"
 #include "mmc_wgrad.h"
+#include "mmc_tp.h"
 #include "mmc_trainer.h"
 #include "mmc_vl.h"
 
@@ -551,6 +552,12 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     mmc_qwen2 *m = p->m;
     const int64_t B = b->B, T = b->T, C = m->cfg.hidden_size;
     const int D = (int)m->cfg.head_dim;
+    /* sequence parallelism (training with tp): the residual stream between the stages is this tp
+     * rank's slice of the sequence, [B, T/tp, C], as between the layers */
+    const bool sp = m->tp && m->sp && mmc_grad_enabled(ctx);
+    const int64_t Ts = sp ? T / mmc_comm_size(m->tp) : T;
+    m->sp_active = sp;
+    for (int64_t l = p->l0[c]; l < p->l1[c]; l++) m->layers[l].sp = sp;
     mmc_status st;
     mmc_ctx_reset(ctx);
     mmc_tensor *cos, *sin, *x = NULL;
@@ -577,14 +584,15 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
         memcpy(ids->data, b->input_ids, (size_t)(B * T) * sizeof(int32_t));
         x = mmc_qwen2_embed(ctx, m, ids);                                        /* [B, T, C] */
     } else if (!first_vs(p, c)) {   /* (Qwen2-VL's first stage: x holds the embeddings with the features) */
-        x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, T, C));                        /* [B, T, C] from the stage before */
-        if (prev_rank(p, c) == p->stage) st = turn_take(&p->turn_act[k], x->data, B * T * C, k);
-        else st = recv_timed(p, pre, x->data, B * T * C, prev_rank(p, c), TAG_CHUNK + 2 * c);
+        x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, Ts, C));                       /* [B, Ts, C] from the stage before */
+        if (prev_rank(p, c) == p->stage) st = turn_take(&p->turn_act[k], x->data, B * Ts * C, k);
+        else st = recv_timed(p, pre, x->data, B * Ts * C, prev_rank(p, c), TAG_CHUNK + 2 * c);
         if (st)
             return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's activations", p->stage, k + 1);
         x->flags |= MMC_REQUIRES_GRAD;   /* a leaf whose gradient goes back */
         sl->in = x;
     }
+    if (sp && first_vs(p, c)) x = mmc_tp_sp_split(ctx, m->tp, x);               /* [B, T/tp, C] */
     const bool ckpt = m->recompute;
     for (int64_t l = p->l0[c]; l < p->l1[c]; l++) {
         /* selective recompute and offload count the chunk's own layers: the first N of each stage */
@@ -602,7 +610,8 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
         if (off) mmc_ctx_offload_end(ctx);
     }
     if (last_vs(p, c)) {
-        mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);   /* [B, T, C] */
+        mmc_tensor *h = mmc_rmsnorm(ctx, x, m->norm, (float)m->cfg.rms_norm_eps);   /* [B, Ts, C] */
+        if (sp) h = mmc_tp_sp_gather(ctx, m->tp, h);   /* [B, T, C] for the column-parallel lm_head */
         int64_t n;
         if (m->tp) {   /* vocab-parallel: this rank's logits [B, T, V/tp], never gathered */
             mmc_tensor *logits = mmc_qwen2_logits_local(ctx, m, h);              /* [B, T, V/tp] */
@@ -618,9 +627,9 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     }
     x = mmc_contiguous(ctx, x);
     sl->out = x;
-    if (next_rank(p, c) == p->stage) return turn_put(&p->turn_act[k], x->data, B * T * C);
+    if (next_rank(p, c) == p->stage) return turn_put(&p->turn_act[k], x->data, B * Ts * C);
     p->bytes += (int64_t)mmc_nbytes(x);
-    if ((st = mmc_send_start(p->pp, x->data, B * T * C, MMC_F32, next_rank(p, c), TAG_CHUNK + 2 * next_chunk(p, c),
+    if ((st = mmc_send_start(p->pp, x->data, B * Ts * C, MMC_F32, next_rank(p, c), TAG_CHUNK + 2 * next_chunk(p, c),
                              &sl->act_req)))
         return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's activations", p->stage, k + 1);
     return MMC_OK;
@@ -814,7 +823,8 @@ mmc_status mmc_pp_eval(mmc_pp *p, const mmc_batch *b, double *nll, int64_t *toke
 
 static bool op_recv(const mmc_pp *p, mmc_pp_op o, const mmc_batch *mbs, int *peer, int *tag, int64_t *n) {
     const int c = o.chunk;
-    *n = mbs[o.mb].B * mbs[o.mb].T * p->m->cfg.hidden_size;   /* [B, T, C], as stage_forward / _backward */
+    const mmc_qwen2 *m = p->m;   /* [B, T, C] ([B, T/tp, C] with sp), as stage_forward / _backward */
+    *n = mbs[o.mb].B * (m->tp && m->sp ? mbs[o.mb].T / mmc_comm_size(m->tp) : mbs[o.mb].T) * m->cfg.hidden_size;
     if (o.kind == MMC_PP_FORWARD) {
         if (first_vs(p, c) || prev_rank(p, c) == p->stage) return false;
         *peer = prev_rank(p, c), *tag = TAG_CHUNK + 2 * c;

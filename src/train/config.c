@@ -474,12 +474,12 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                         "layers, at least 1: no stage may be empty", p->pipeline_layers.items[i], i);
     }
     if (p->pipeline_parallel > 1) {
-        const char *why = p->sequence_parallel ? "sequence_parallel" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+        const char *why = p->zero > 0 ? "ZeRO (parallel.zero > 0)"
                           : c->model.quantization.method != MMC_QUANT_NONE ? "QLoRA (model.quantization)" : NULL;
         if (why)
             return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
-                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (without "
-                        "sequence_parallel) of full-parameter or LoRA training",
+                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (with or "
+                        "without sequence_parallel) of full-parameter or LoRA training",
                         (long long)p->pipeline_parallel, why);
     }
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
@@ -521,8 +521,8 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                           : c->model.quantization.method != MMC_QUANT_NONE ? "model.quantization" : NULL;
         if (why)
             return verr(c, root, "parallel", "expert_parallel", "%lld with %s is not supported yet; expert "
-                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (without "
-                        "sequence_parallel) of full-parameter or LoRA training", (long long)p->expert_parallel, why);
+                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (with or "
+                        "without sequence_parallel) of full-parameter or LoRA training", (long long)p->expert_parallel, why);
         if (p->data_parallel % p->expert_parallel && !(p->tensor_parallel > 1 && p->data_parallel == 1))
             return verr(c, root, "parallel", "expert_parallel", "%lld does not divide data_parallel %lld: the expert-"
                         "parallel groups are carved out of the data-parallel ranks", (long long)p->expert_parallel,

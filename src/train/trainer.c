@@ -1384,6 +1384,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     mmc_zero_grad(t->params, t->n_params);
     if (t->lora) mmc_zero_grad(t->lora->params, t->lora->n_params);
     double loss = 0;
+    for (int64_t k = 0; t->pp && t->tpc && t->lm->sp && k < ga; k++)   /* sp under pp: T a multiple of tp */
+        if (mbs[k].T % t->tp_size && (st = sp_pad_batch(&mbs[k], t->tp_size))) goto done;
     if (t->pp && (st = mmc_trainer_pp_step(t, mbs, ga, scale, &loss))) goto done;   /* 1F1B over the stages */
     for (int64_t k = 0; !t->pp && k < ga; k++) {
         /* LoRA dropout masks: one stream per (seed, step, micro-batch), so a resume redraws them */
