@@ -19,7 +19,7 @@
  *                 norm's sum (sp: + each replicated norm weight's gradient)
  *   cp Ulysses    q, k, v and output all-to-all forward and backward (8 per layer); ring: c - 1
  *                 K/V exchanges forward and 2(c - 1) backward
- *   pp            a [b, S, C] transfer per stage boundary per micro-batch each way (v per rank
+ *   pp            a [b, S, C] transfer ([b, S/t, C] with sp) per stage boundary per micro-batch each way (v per rank
  *                 when interleaved); step = M v + P - 1 slots of a chunk, (M + (P - 1) / v) x the
  *                 slowest stage's time with a device per rank; with more ranks than cores, a slot
  *                 where k stages work is slowed by max(1, k dp tp cp / cores)
@@ -1373,8 +1373,9 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
             cp_mb = (double)Ls * ring + (double)nrc * (double)(l->cp - 1) * hop;
         }
     }
-    if (P > 1) {   /* measured point-to-point constants (this host) where the stages share a node */
-        const double act = (double)Tl * C * ab;
+    if (P > 1) {   /* measured point-to-point constants (this host) where the stages share a node;
+                    * with sequence parallelism each tp rank passes its slice of the sequence */
+        const double act = (double)Tl * C * ab / (l->sp ? t : 1);
         link_ab lp = lpp;
         if (n->beta_p2p > 0 && (int64_t)ranks <= n->ranks_per_node) lp.alpha = n->alpha_p2p, lp.beta = n->beta_p2p;
         pp_mb = 2.0 * (double)v * ccost(d, ranks, MMC_COLL_P2P, 2, act, lp);
@@ -1498,7 +1499,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     /* ---- bytes a rank sends per step */
     double sent = 0;
     if (t > 1) sent += (double)M * ((double)Ls * 4.0 + 2.0) * 2.0 * (t - 1) / t * (double)Tl * C * ab;
-    if (P > 1) sent += (double)M * 2.0 * v * (double)Tl * C * ab;
+    if (P > 1) sent += (double)M * 2.0 * v * (double)Tl * C * ab / (l->sp ? t : 1);
     if (dpe > 1) sent += 2.0 * (dpe - 1) / dpe * train * 4.0 * (l->zero == 3 ? 1.5 * (double)M : 1.0);
     e->comm_bytes = sent;
     return MMC_OK;
