@@ -6,19 +6,8 @@
 set -u
 MMC=${MMC:-build/mmc}
 WORKER=${DIST_WORKER:-$(dirname "$MMC")/dist_mpi_worker}
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_dist_mpi: skipped: no mpirun on PATH"; exit 77; fi
-if [ ! -x "$WORKER" ]; then echo "test_dist_mpi: skipped: no $WORKER (built without MPI)"; exit 77; fi
-export OMP_NUM_THREADS=1
-# OpenMPI keeps process-lifetime allocations; LeakSanitizer would flag them in ASan builds
-export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-fail=0
-W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
-# its own OpenMPI session directory: concurrent mpiruns (ctest -j runs the MPI tests side by
-# side) race creating and removing the shared /tmp/ompi.<host>.<uid> ("A call to mkdir was
-# unable to create the desired directory ... File exists", then orte_init fails)
-export OMPI_MCA_orte_tmpdir_base="$W"
+. "$(dirname "$0")/mpi_util.sh"   # (the session directory and the rest: see there)
+mpi_setup test_dist_mpi "$WORKER"
 for np in 2 4; do
   if timeout 120 "${MPIRUN[@]}" -np $np "$WORKER" >"$out" 2>&1; then
     echo "np=$np: $(grep -c 'all .* checks passed' "$out") ranks passed; $(grep overlap "$out")"

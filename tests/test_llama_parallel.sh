@@ -10,15 +10,8 @@
 set -u
 MMC=${MMC:-build/mmc}
 WORKER=${TP_WORKER:-$(dirname "$MMC")/tp_worker}
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_llama_parallel: skipped: no mpirun on PATH"; exit 77; fi
-if [ ! -x "$WORKER" ]; then echo "test_llama_parallel: skipped: no $WORKER (built without MPI)"; exit 77; fi
-export OMP_NUM_THREADS=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-fail=0
-W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
-export OMPI_MCA_orte_tmpdir_base="$W"
+. "$(dirname "$0")/mpi_util.sh"
+mpi_setup test_llama_parallel "$WORKER"
 cfg() {  # cfg NAME MODEL_DIR PARALLEL [LORA]
   local lora=""
   [ -n "${4:-}" ] && lora=", lora: {r: 4, alpha: 8, targets: [q_proj, v_proj, down_proj]}"

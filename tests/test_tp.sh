@@ -7,15 +7,8 @@
 set -u
 MMC=${MMC:-build/mmc}
 WORKER=${TP_WORKER:-$(dirname "$MMC")/tp_worker}
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_tp: skipped: no mpirun on PATH"; exit 77; fi
-if [ ! -x "$WORKER" ]; then echo "test_tp: skipped: no $WORKER (built without MPI)"; exit 77; fi
-export OMP_NUM_THREADS=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-fail=0
-W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
-export OMPI_MCA_orte_tmpdir_base="$W"   # its own OpenMPI session directory (see test_dist_mpi.sh)
+. "$(dirname "$0")/mpi_util.sh"
+mpi_setup test_tp "$WORKER"
 for fx in tiny tiny_tied; do
   if timeout 120 "${MPIRUN[@]}" -np 2 "$WORKER" tests/fixtures/qwen2/$fx 2 "$W/ckpt_$fx" 5 >"$out" 2>&1 &&
      [ "$(grep -c 'all .* tp checks passed' "$out")" = 2 ]; then
