@@ -54,6 +54,10 @@ typedef struct {
     mmc_dtype dtype;              /* weights' dtype as stored (F32 / BF16) */
     struct mmc_moe *moe;          /* Qwen2-MoE (qwen2_moe.c): its sparse layers' blocks replace gate/up/down;
                                    * NULL for a dense decoder. Not owned by the config (see mmc_qwen2.moe). */
+    bool internlm2;               /* InternLM2's own layout (internlm2.c, for training): one packed attention.wqkv
+                                   * per layer (mmc_qwen2_layer.qkv, rows grouped per key/value head) and the
+                                   * remote code's names (tok_embeddings, attention.wo, feed_forward.w1/w3/w2,
+                                   * attention_norm, ffn_norm, output) as the parameters' and modules' names */
 } mmc_qwen2_config;
 
 typedef struct {
@@ -61,6 +65,8 @@ typedef struct {
     mmc_linear_w q;               /* w [Hq*D, C], b [Hq*D] */
     mmc_linear_w k;               /* w [Hkv*D, C], b [Hkv*D] */
     mmc_linear_w v;               /* w [Hkv*D, C], b [Hkv*D] */
+    mmc_linear_w qkv;             /* cfg.internlm2 only (q / k / v then hold no weights): InternLM2's wqkv
+                                   * w [(Hq + 2 Hkv) D, C], b [(Hq + 2 Hkv) D], rows grouped per kv head */
     mmc_linear_w o;               /* w [C, Hq*D], no bias */
     mmc_tensor *post_norm;        /* [C] */
     mmc_linear_w gate, up;        /* w [F, C] */
@@ -172,8 +178,19 @@ mmc_status mmc_internlm2_config_read_section(const mmc_json *root, const mmc_jso
  * the model. MMC_ERR_FORMAT lists every missing or mis-shaped wqkv. */
 /* An InternLM2ForCausalLM directory (config.json of model_type internlm2, the remote code's names) for
  * inference: its tensors viewed as Llama's (mmc_internlm2_llama_view), the q / k / v rows kept in the
- * model's repack. Training is refused: a checkpoint would be written under Llama's names. */
+ * model's repack (training loads mmc_internlm2_load_packed instead, whose names are InternLM2's). */
 mmc_status mmc_internlm2_load(const char *dir, const mmc_json *config, mmc_qwen2 **out);
+/* The same directory in InternLM2's own layout (cfg.internlm2: one packed wqkv linear per layer, the
+ * parameters and LoRA modules under the remote code's names "layers.N.attention.wqkv", "tok_embeddings.
+ * weight", "output.weight" ...), f32 parameters when trainable: what `mmc train` trains and saves back as
+ * InternLM2ForCausalLM. prefix: where the tensors live ("" for a text folder, "language_model." inside
+ * InternVL's internvl_chat layout). */
+mmc_status mmc_internlm2_load_packed(const char *dir, const mmc_json *config, const char *prefix, bool trainable,
+                                     mmc_qwen2 **out);
+/* The packed wqkv's output y [B, T, (Hq + 2 Hkv) D] split as the remote code does (per kv head h:
+ * Hq / Hkv query heads, then k_h, then v_h) -> q [B, T, Hq, D], k / v [B, T, Hkv, D]. */
+void mmc_internlm2_split_qkv(mmc_ctx *ctx, mmc_tensor *y, int64_t Hq, int64_t Hkv, int64_t D, mmc_tensor **q,
+                             mmc_tensor **k, mmc_tensor **v);
 mmc_status mmc_internlm2_llama_view(const mmc_st *src, const char *pre, const mmc_qwen2_config *c, const char *dst_pre,
                                     mmc_st **view, void **repack);
 /* The decoder's 1-D RoPE table for positions pos [T] or [B, T], with the config's frequency

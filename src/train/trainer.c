@@ -325,7 +325,7 @@ static uint32_t component_of(const char *name) {
     if (strstr(name, "multi_modal_projector.")) return MMC_FREEZE_MERGER;   /* LLaVA's */
     if (!strcmp(name, "image_newline")) return MMC_FREEZE_MERGER;   /* LLaVA-NeXT / OneVision's, with the projector */
     if (!strncmp(name, "vision_tower.", 13)) return MMC_FREEZE_VISION;
-    if (strstr(name, "embed_tokens")) return MMC_FREEZE_EMBED;
+    if (strstr(name, "embed_tokens") || strstr(name, "tok_embeddings")) return MMC_FREEZE_EMBED;   /* (InternLM2's) */
     return MMC_FREEZE_LM;
 }
 
@@ -418,11 +418,13 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     bool llama = !strcmp(type, "llama") || !strcmp(type, "mistral");   /* text Llama / Mistral (llama_check) */
     bool moe = !strcmp(type, "qwen2_moe");   /* Qwen2-MoE (qwen2_moe.c), expert parallelism over epc */
     bool llava = !strcmp(type, "llava") || !strcmp(type, "llava_next") || !strcmp(type, "llava_onevision");
-    if (strcmp(type, "qwen2") != 0 && !llava && strcmp(type, "internvl") != 0 && !vl && !omni && !llama && !moe) {
+    bool internlm2 = !strcmp(type, "internlm2");   /* InternLM2ForCausalLM in its own names (internlm2.c) */
+    if (strcmp(type, "qwen2") != 0 && !llava && strcmp(type, "internvl") != 0 && !vl && !omni && !llama && !moe &&
+        !internlm2) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
-                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, qwen2_moe, llama, mistral, llava, llava_next, "
-                       "llava_onevision, internvl, qwen2_5_omni_thinker; OpenGVLab's internvl_chat layout is "
-                       "inference only)", path, type);
+                       "(supported: qwen2_vl, qwen2_5_vl, qwen2, qwen2_moe, llama, mistral, internlm2, llava, "
+                       "llava_next, llava_onevision, internvl, qwen2_5_omni_thinker; OpenGVLab's internvl_chat "
+                       "layout is inference only)", path, type);
         mmc_json_free(j);   /* (type points into it) */
         return st;
     }
@@ -467,6 +469,15 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
             st = mmc_qwen2_new(&qc, (uint64_t)c->training.seed, &t->lm);
         }
         if (st) mmc_error_prefix(st, "%s", path);
+    } else if (internlm2) {   /* one packed wqkv per layer, saved back under the remote code's names */
+        if (t->tpc || t->cpc || c->parallel.pipeline_parallel > 1)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / context / pipeline parallelism is not supported for "
+                           "internlm2 (its packed attention.wqkv); use data_parallel (with parallel.zero)", c->file);
+        else if (!dir)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a random start) is not supported for internlm2; "
+                           "give model.path, an InternLM2ForCausalLM folder", c->file);
+        else if ((st = mmc_internlm2_load_packed(dir, j, "", true, &t->lm)))
+            mmc_error_prefix(st, "%s", path);
     } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): encoders frozen unless model.freeze is given */
         if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
@@ -567,7 +578,7 @@ static mmc_status build_param_list(mmc_trainer *t) {
     if (!t->params || !t->names || !t->name_store) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < t->n_params; i++) {
         const char *n = i < nv ? t->vl->visual->param_names[i] : t->lm->param_names[i - nv];
-        const char *pre = i < nv ? "model.visual." : strcmp(n, "lm_head.weight") == 0 ? ""
+        const char *pre = i < nv ? "model.visual." : !strcmp(n, "lm_head.weight") || !strcmp(n, "output.weight") ? ""
                           : t->vl ? "model.language_model." : "model.";
         size_t len = strlen(n) + strlen(pre) + 1;
         if (!(t->name_store[i] = malloc(len))) return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -715,7 +726,7 @@ static void grad_source(const char *name, int *vis, int *lm) {
         *lm = -1;   /* every decoder layer reads image features */
         if (v) *vis = atoi(v + 14);
         else if (!strstr(name, "visual.merger")) *vis = -1;   /* patch embedding */
-    } else if (strstr(name, "embed_tokens") || strstr(name, "multi_modal_projector.")) {
+    } else if (strstr(name, "embed_tokens") || strstr(name, "tok_embeddings") || strstr(name, "multi_modal_projector.")) {
         *lm = -1;
     } else if (l) {
         *lm = atoi(l + 7);

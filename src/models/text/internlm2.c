@@ -174,3 +174,36 @@ mmc_status mmc_internlm2_load(const char *dir, const mmc_json *config, mmc_qwen2
     (*out)->repack = repack;
     return MMC_OK;
 }
+
+/* ------------------------------------------------------------------ the packed layout (training) */
+void mmc_internlm2_split_qkv(mmc_ctx *ctx, mmc_tensor *y, int64_t Hq, int64_t Hkv, int64_t D, mmc_tensor **q,
+                             mmc_tensor **k, mmc_tensor **v) {
+    const int64_t B = y->shape[0], T = y->shape[1], G = Hq / Hkv;
+    y = mmc_reshape(ctx, y, 5, MMC_SHAPE(B, T, Hkv, G + 2, D));                      /* [B, T, Hkv, G + 2, D] */
+    *q = mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, y, 3, 0, G)), 4, MMC_SHAPE(B, T, Hq, D));
+    *k = mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, y, 3, G, 1)), 4, MMC_SHAPE(B, T, Hkv, D));
+    *v = mmc_reshape(ctx, mmc_contiguous(ctx, mmc_narrow(ctx, y, 3, G + 1, 1)), 4, MMC_SHAPE(B, T, Hkv, D));
+}
+
+mmc_status mmc_internlm2_load_packed(const char *dir, const mmc_json *config, const char *prefix, bool trainable,
+                                     mmc_qwen2 **out) {
+    *out = NULL;
+    mmc_qwen2_config cfg;
+    const mmc_json *t = mmc_json_get(config, "llm_config");   /* InternVL's internvl_chat layout */
+    if (!t) t = mmc_json_get(config, "text_config");
+    mmc_status st = mmc_internlm2_config_read_section(config, t && mmc_json_has(t, "hidden_size") ? t : config, &cfg);
+    if (st) return mmc_error_prefix(st, "%s/config.json", dir);
+    cfg.internlm2 = true;
+    mmc_st *w = NULL;
+    if ((st = mmc_st_open(dir, &w))) return st;
+    char pre[128], head[160];
+    snprintf(pre, sizeof pre, "%smodel.", prefix);
+    snprintf(head, sizeof head, "%soutput.weight", prefix);
+    if ((st = mmc_qwen2_load_from(w, &cfg, pre, head, trainable, out))) {
+        mmc_st_close(w);
+        return mmc_error_prefix(st, "%s: InternLM2 (tok_embeddings, attention.wqkv / wo, feed_forward.w1/w2/w3, "
+                                "attention_norm, ffn_norm, norm, output under '%s')", dir, prefix);
+    }
+    (*out)->st = w;   /* (zero-copy bindings view its mapping when not trainable) */
+    return MMC_OK;
+}

@@ -168,6 +168,27 @@ static int build_specs(mmc_qwen2 *m, wspec *s) {
     /* Megatron's split: q/k/v/gate/up column-parallel (output rows), o/down row-parallel (input
      * columns), the embedding vocab-parallel (rows); norms and o/down biases replicated */
 #define SPLIT(d) (s[n - 1].split = (d))
+    if (c->internlm2) {   /* InternLM2's names and packed wqkv (internlm2.c); no tensor parallelism */
+        SPEC("tok_embeddings.weight", &m->embed, 2, V, C);
+        for (int64_t i = 0; i < c->num_layers; i++) {
+            mmc_qwen2_layer *L = &m->layers[i];
+            char b[96];
+#define LSPEC(suffix, ptr, nd, d0, d1) do { snprintf(b, sizeof b, "layers.%lld.%s", (long long)i, suffix); \
+    SPEC(b, ptr, nd, d0, d1); } while (0)
+            LSPEC("attention_norm.weight", &L->input_norm, 1, C, 0);
+            LSPEC("attention.wqkv.weight", &L->qkv.w, 2, QD + 2 * KD, C);
+            if (c->qkv_bias) LSPEC("attention.wqkv.bias", &L->qkv.b, 1, QD + 2 * KD, 0);
+            LSPEC("attention.wo.weight", &L->o.w, 2, C, QD);
+            if (c->o_bias) LSPEC("attention.wo.bias", &L->o.b, 1, C, 0);
+            LSPEC("ffn_norm.weight", &L->post_norm, 1, C, 0);
+            LSPEC("feed_forward.w1.weight", &L->gate.w, 2, F, C);
+            LSPEC("feed_forward.w3.weight", &L->up.w, 2, F, C);
+            LSPEC("feed_forward.w2.weight", &L->down.w, 2, C, F);
+#undef LSPEC
+        }
+        SPEC("norm.weight", &m->norm, 1, C, 0);
+        return n;
+    }
     SPEC("embed_tokens.weight", &m->embed, 2, V, C); SPLIT(0);
     for (int64_t i = 0; i < c->num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
@@ -220,6 +241,7 @@ static mmc_qwen2 *alloc_model(const mmc_qwen2_config *cfg, wspec **specs, int *n
         mmc_qwen2_layer *L = &m->layers[i];
         L->q.out_features = QD; L->k.out_features = KD; L->v.out_features = KD;
         L->q.in_features = L->k.in_features = L->v.in_features = C;
+        L->qkv.out_features = QD + 2 * KD; L->qkv.in_features = C;   /* (InternLM2's packed wqkv) */
         L->o.out_features = C; L->o.in_features = QD;
         L->gate.out_features = L->up.out_features = F; L->gate.in_features = L->up.in_features = C;
         L->down.out_features = C; L->down.in_features = F;
@@ -258,7 +280,7 @@ mmc_status mmc_qwen2_new(const mmc_qwen2_config *cfg, uint64_t seed, mmc_qwen2 *
         if (!m->lm_head) { free(s); mmc_qwen2_free(m); return MMC_ERR_OOM; }
         m->lm_head->flags |= MMC_PARAM | MMC_REQUIRES_GRAD;
         mmc_rng_normal(&rng, m->lm_head->data, mmc_numel(m->lm_head), 0.0f, 0.02f);
-        mmc_qwen2_register_param(m, m->lm_head, "lm_head.weight");
+        mmc_qwen2_register_param(m, m->lm_head, cfg->internlm2 ? "output.weight" : "lm_head.weight");
     }
     if (cfg->moe) mmc_moe_init(m, &rng);
     free(s);
@@ -290,7 +312,7 @@ mmc_status mmc_qwen2_load_from(mmc_st *st, const mmc_qwen2_config *cfg, const ch
                     &m->lm_head, errs, errcap) != MMC_OK) {
         bad++;
     } else {
-        mmc_qwen2_register_param(m, m->lm_head, "lm_head.weight");
+        mmc_qwen2_register_param(m, m->lm_head, cfg->internlm2 ? "output.weight" : "lm_head.weight");
     }
     free(s);
     if (bad) {
@@ -501,8 +523,8 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
     mmc_lora_free(m->adapter);   /* detaches from the layers, so before they go */
     for (int64_t i = 0; m->layers && i < m->cfg.num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
-        mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-        for (int j = 0; j < 7; j++) mmc_linear_quant_free(ls[j]);
+        mmc_linear_w *ls[8] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->qkv};
+        for (int j = 0; j < 8; j++) mmc_linear_quant_free(ls[j]);
     }
     for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
     mmc_moe_free(m->moe);
@@ -518,13 +540,16 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
 mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *out) {
     static const char *const nm[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                       "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    static const char *const nm_internlm2[7] = {"attention.wqkv", NULL, NULL, "attention.wo", "feed_forward.w1",
+                                                "feed_forward.w3", "feed_forward.w2"};
+    const char *const *names = m->cfg.internlm2 ? nm_internlm2 : nm;
     for (int64_t i = 0; i < m->cfg.num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
-        mmc_linear_w *ls[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        mmc_linear_w *ls[7] = {m->cfg.internlm2 ? &L->qkv : &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
         for (int j = 0; j < 7; j++) {
-            if (!ls[j]->w && !ls[j]->q) continue;   /* a Qwen2-MoE sparse layer's dense MLP */
+            if (!names[j] || (!ls[j]->w && !ls[j]->q)) continue;   /* a Qwen2-MoE sparse layer's dense MLP */
             char name[MMC_MODULE_NAME];
-            snprintf(name, sizeof name, "%slayers.%lld.%s", prefix, (long long)i, nm[j]);
+            snprintf(name, sizeof name, "%slayers.%lld.%s", prefix, (long long)i, names[j]);
             mmc_status st = mmc_module_list_add(out, ls[j], name);
             if (st) return st;
         }
@@ -692,12 +717,14 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
     mmc_tensor *h = mmc_rmsnorm(ctx, x, L->input_norm, (float)c->rms_norm_eps);  /* [B, T, C] ([B, T/tp, C] with sp) */
     h = L->sp ? mmc_tp_sp_gather(ctx, L->tp, h) : mmc_tp_copy(ctx, L->tp, h);    /* f: no-op without tp */
     const int64_t B = h->shape[0], T = h->shape[1];
-    mmc_tensor *q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4,
-                                MMC_SHAPE(B, T, Hq, D));                         /* [B, T, Hq, D] */
-    mmc_tensor *k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4,
-                                MMC_SHAPE(B, T, Hkv, D));                        /* [B, T, Hkv, D] */
-    mmc_tensor *v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4,
-                                MMC_SHAPE(B, T, Hkv, D));                        /* [B, T, Hkv, D] */
+    mmc_tensor *q, *k, *v;
+    if (c->internlm2) {
+        mmc_internlm2_split_qkv(ctx, mmc_nn_linear(ctx, h, &L->qkv), Hq, Hkv, D, &q, &k, &v);
+    } else {
+        q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4, MMC_SHAPE(B, T, Hq, D));     /* [B, T, Hq, D] */
+        k = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->k), 4, MMC_SHAPE(B, T, Hkv, D));    /* [B, T, Hkv, D] */
+        v = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->v), 4, MMC_SHAPE(B, T, Hkv, D));    /* [B, T, Hkv, D] */
+    }
     mmc_tensor *a;                                                               /* [B, T, Hq*D] */
     if (L->recompute_attn && !kv && mmc_grad_enabled(ctx)) {
         core_args *ca = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *ca);
