@@ -13,7 +13,9 @@
 #   QLoRA: NF4 of the decoder's linears (block 64, no double quantisation) under the same LoRA: losses within
 #         1e-4 relative of PEFT's on bitsandbytes' NF4 round trip of the base (transformers 4.44.2 quantises only
 #         on CUDA, so the generator applies bitsandbytes' quantize_4bit / dequantize_4bit itself; measured 2e-7)
-#   DP (with mpirun): 2 ranks x 1 micro-batch give the single-process LoRA losses within 1e-5
+#   resume: the full run resumed from checkpoint-10 prints the same loss lines for steps 11-20;
+#         model.recompute full: the first 3 losses within 1e-5 of the reference
+#   DP (with mpirun): 2 ranks x 1 micro-batch give PEFT's LoRA losses within 1e-4 (measured 8.5e-8)
 # With the InternLM2 reference venv (.venv-internlm2 or MMC_INTERNLM2_PYTHON; tools/ref/gen_internlm2_train.py
 # says how to make it): the remote code's InternLM2ForCausalLM loads the full checkpoint (no missing or
 # unexpected keys, every weight as saved) and PEFT loads mmc's LoRA checkpoint; without it those are skipped.
@@ -39,7 +41,7 @@ model: {path: $F/tiny, dtype: f32}
 data: {train: $F/batch.safetensors, batch_size: 2, micro_batch_size: 1}
 optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.1, betas: [0.9, 0.95], eps: 1.0e-8,
             schedule: cosine, warmup_steps: 3, grad_clip: 1.0}
-training: {steps: 20, seed: 0, log_every: 1, save_every: 20, output_dir: $W/full}
+training: {steps: 20, seed: 0, log_every: 1, save_every: 10, output_dir: $W/full}
 YAML
 LORA="model.lora={r: 4, alpha: 8, targets: [wqkv, wo, w1, w2, w3], init: $F/lora_init}"
 
@@ -60,7 +62,24 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
     else bad "full checkpoint lacks $k"; fi
   done
   grep -q '"model_type": *"internlm2"' "$W/full/checkpoint-20/config.json" && ok || bad "checkpoint config.json is not internlm2's"
+  # resumed from checkpoint-10 (the packed checkpoint read back): steps 11-20 print the same lines
+  cp -r "$W/full" "$W/res" && rm -rf "$W/res/checkpoint-20"
+  if "$MMC" train "$W/full.yaml" --set training.output_dir="$W/res" --resume 2> "$W/res.log"; then
+    grep '^step ' "$W/full.log" | sed 's/ tok\/s.*//' | tail -n 10 > "$W/a.lines"
+    grep '^step ' "$W/res.log" | sed 's/ tok\/s.*//' > "$W/b.lines"
+    grep -q "resumed at step 10" "$W/res.log" && cmp -s "$W/a.lines" "$W/b.lines" && [ "$(wc -l < "$W/b.lines")" = 10 ] && ok \
+      || { diff "$W/a.lines" "$W/b.lines" | head; bad "resumed steps 11-20 differ from the uninterrupted run"; }
+  else cat "$W/res.log"; bad "resume failed"; fi
 else cat "$W/full.log"; bad "full training failed"; fi
+
+# full recompute: the packed split under mmc_checkpoint gives the same 3 losses
+if "$MMC" train "$W/full.yaml" --set model.recompute=full --set training.steps=3 --set training.save_every=0 \
+     --set training.output_dir="$W/rc" 2> "$W/rc.log"; then
+  losses "$W/rc.log" > "$W/rc.txt"
+  d=$(maxrel "$W/rc.txt" <(head -3 "$W/ref_losses.txt"))
+  echo "full recompute, 3 steps: max |loss - reference| / reference = $d"
+  within "$d" 1e-5 && ok || bad "recompute losses differ by $d"
+else cat "$W/rc.log"; bad "recompute training failed"; fi
 
 # LoRA by module name, from PEFT's initial adapter
 if "$MMC" train "$W/full.yaml" --set "$LORA" --set training.output_dir="$W/lora" 2> "$W/lora.log"; then
