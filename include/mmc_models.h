@@ -213,7 +213,8 @@ void mmc_qwen2_free(mmc_qwen2 *m);
 int64_t mmc_qwen2_param_count(const mmc_qwen2 *m);
 /* The decoder's linear modules with HF module names "<prefix>layers.N.self_attn.q_proj" ...
  * (prefix "model." for Qwen2ForCausalLM, "model.language_model." inside Qwen2-VL with
- * transformers >= 4.52), appended to out (mmc_lora.h). */
+ * transformers >= 4.52; cfg.internlm2: "<prefix>layers.N.attention.wqkv", attention.wo,
+ * feed_forward.w1 / w3 / w2), appended to out (mmc_lora.h). */
 mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *out);
 /* QLoRA: quantise every decoder projection to NF4 (bitsandbytes layout, mmc_quant.h) and
  * drop the dense copies from m->params. Norms, embeddings and lm_head stay as they are. */

@@ -20,7 +20,13 @@
  * the usual sizes, `bias` (wqkv and wo), rope_theta, rope_scaling {type: linear | dynamic, factor}.
  * The reference's dynamic NTK keeps the enlarged base once a forward went past
  * max_position_embeddings (it overwrites inv_freq); mmc computes it per forward, as transformers'
- * Llama does: the same within max_position_embeddings (32768 for InternLM2.5-7B). */
+ * Llama does: the same within max_position_embeddings (32768 for InternLM2.5-7B).
+ *
+ * Training loads the other way (mmc_internlm2_load_packed, cfg.internlm2): the decoder keeps one packed
+ * wqkv linear per layer (mmc_qwen2_layer.qkv) whose output mmc_internlm2_split_qkv cuts into the grouped
+ * q / k / v, and the parameters and LoRA modules carry the remote code's names. So a full checkpoint is
+ * the packed layout again, and LoRA on "wqkv" is PEFT's: one lora_A [r, C] and one lora_B
+ * [(H + 2 Hkv) D, r] over the packed rows, which `mmc merge` folds into wqkv as merge_and_unload does. */
 #include "mmc_models.h"
 
 #include <stdio.h>

@@ -718,7 +718,7 @@ static mmc_tensor *self_attention(mmc_ctx *ctx, const mmc_qwen2_config *c, mmc_q
     h = L->sp ? mmc_tp_sp_gather(ctx, L->tp, h) : mmc_tp_copy(ctx, L->tp, h);    /* f: no-op without tp */
     const int64_t B = h->shape[0], T = h->shape[1];
     mmc_tensor *q, *k, *v;
-    if (c->internlm2) {
+    if (c->internlm2) {   /* InternLM2's packed wqkv, split per kv-head group (internlm2.c) */
         mmc_internlm2_split_qkv(ctx, mmc_nn_linear(ctx, h, &L->qkv), Hq, Hkv, D, &q, &k, &v);
     } else {
         q = mmc_reshape(ctx, mmc_nn_linear(ctx, h, &L->q), 4, MMC_SHAPE(B, T, Hq, D));     /* [B, T, Hq, D] */
