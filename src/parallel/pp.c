@@ -1,4 +1,4 @@
-/* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-VL decoder, after Megatron-LM's
+/* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-MoE / Qwen2-VL decoder, after Megatron-LM's
  * pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: warm-up,
  * steady 1F1B, cool-down; ..._with_interleaving: v model chunks per rank) and p2p_communication.py
  * (the residual stream and its gradient sent between neighbouring stages), and DualPipeV (DeepSeek's
@@ -17,7 +17,8 @@
  * by the op that needs them: no stage ever waits on a send, and a receive is waited on exactly
  * where the blocking one ran before, so the step deadlocks only if the schedules' dependency
  * graph has a cycle, which the simulator (the same graph) rules out for every P, v, M the tests
- * try. A communicator failure inside the step is returned. */
+ * try. A communicator failure inside the step is returned. Qwen2-MoE's load-balancing loss, a
+ * function of every stage's routing, rides the same messages (TAG_AUX below). */
 #include "mmc_pp.h"
 #include "mmc_ops.h"
 #include "mmc_wgrad.h"
