@@ -876,7 +876,9 @@ mmc_status mmc_pp_eval(mmc_pp *p, const mmc_batch *b, double *nll, int64_t *toke
      * (each receive waits on an earlier virtual stage only, so the ranks never wait on each other
      * in a cycle) */
     const bool dropout = p->dropout;
+    const int64_t aux_len = p->aux_len;   /* no MoE aux loss either: one process's evaluation has none */
     p->dropout = false;
+    p->aux_len = 0;
     p->tokens = 0;
     double loss = 0;
     for (int c = 0; c < p->v && !st; c++) {
@@ -890,6 +892,7 @@ mmc_status mmc_pp_eval(mmc_pp *p, const mmc_batch *b, double *nll, int64_t *toke
         release_slot(sl);
     }
     p->dropout = dropout;
+    p->aux_len = aux_len;
     if (p->dualpipev) free(p->turn_act[0]), p->turn_act[0] = NULL;   /* (left over only after an error) */
     /* the summed NLL and its token count live on the last virtual stage's rank: to every stage */
     double v[2] = {loss, (double)p->tokens};
