@@ -349,6 +349,16 @@ mmc_status mmc_moe_linears(mmc_moe_block *b, const char *layer_prefix, mmc_modul
 void mmc_moe_aux_set_weight(mmc_moe *moe, double weight);
 void mmc_moe_aux_begin(mmc_moe *moe);
 double mmc_moe_aux_end(mmc_moe *moe);
+/* The same loss split over pipeline stages (pp.c), each running some of the sparse layers of
+ * several forwards in flight: a forward's sums are mmc_moe_aux_len doubles (rows routed, then
+ * per expert the routing decisions and the summed probabilities, over the sparse layers run so
+ * far). mmc_moe_aux_attach points the sparse layers at a forward's sums and [E] gradient (NULL:
+ * the own pair of begin / end): they add to the sums when collect (a forward, not its recompute)
+ * and record nodes whose backward reads that gradient. mmc_moe_aux_finish, given the sums over
+ * every sparse layer, fills the gradient and returns weight * coef * aux, as mmc_moe_aux_end. */
+int64_t mmc_moe_aux_len(const mmc_moe *moe);
+void mmc_moe_aux_attach(mmc_moe *moe, double *stats, float *grad, bool collect);
+double mmc_moe_aux_finish(const mmc_moe *moe, const double *stats, float *grad);
 /* router_aux_loss_coef when output_router_logits, else 0 */
 double mmc_moe_aux_coef(const mmc_moe *moe);
 int64_t mmc_moe_num_experts(const mmc_moe *moe);

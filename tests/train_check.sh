@@ -1,5 +1,5 @@
 # train_check.sh — helpers the `mmc train` parity tests source (test_llava_train.sh, test_llama_train.sh,
-# test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh, test_moe_train.sh, test_moe_tp.sh): pass / fail counting, a tensor of a
+# test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh, test_moe_train.sh, test_moe_tp.sh, test_moe_pp.sh): pass / fail counting, a tensor of a
 # .safetensors as text, and comparisons of number columns.
 fail=0; n=0
 ok()  { n=$((n+1)); }

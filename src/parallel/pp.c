@@ -1,4 +1,4 @@
-/* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-VL decoder, after Megatron-LM's
+/* pp.c — pipeline parallelism (mmc_pp.h) for the Qwen2 / Qwen2-MoE / Qwen2-VL decoder, after Megatron-LM's
  * pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving: warm-up,
  * steady 1F1B, cool-down; ..._with_interleaving: v model chunks per rank) and p2p_communication.py
  * (the residual stream and its gradient sent between neighbouring stages), and DualPipeV (DeepSeek's
@@ -17,7 +17,8 @@
  * by the op that needs them: no stage ever waits on a send, and a receive is waited on exactly
  * where the blocking one ran before, so the step deadlocks only if the schedules' dependency
  * graph has a cycle, which the simulator (the same graph) rules out for every P, v, M the tests
- * try. A communicator failure inside the step is returned. */
+ * try. A communicator failure inside the step is returned. Qwen2-MoE's load-balancing loss, a
+ * function of every stage's routing, rides the same messages (TAG_AUX below). */
 #include "mmc_pp.h"
 #include "mmc_ops.h"
 #include "mmc_wgrad.h"
@@ -354,12 +355,25 @@ mmc_status mmc_pp_trim_lora(mmc_lora_set *s, int stage, int last, int nc, const 
  * slot keeps its context (x and dy of every linear) until the W runs the queue and frees it. */
 enum { TAG_CHUNK = 1000 };   /* + 2 chunk (activations), + 2 chunk + 1 (gradients) */
 
+/* Qwen2-MoE's load-balancing loss (qwen2_moe.c) is one function of every sparse layer's routing
+ * in a forward, so no stage can finish it alone. Its sums (mmc_moe_aux_len doubles: rows, and per
+ * expert the routing decisions and the summed probabilities) travel with the micro-batch: each
+ * activation is followed by the sums over the virtual stages so far, to which the receiver adds
+ * its layers' (in layer order: the one process's additions, in its order), so the last virtual
+ * stage holds the whole forward's sums; it adds the aux loss to the micro-batch's loss, and each
+ * gradient sent back is followed by those whole sums, from which every stage's backward gets the
+ * router probabilities' gradient (mmc_moe_aux_finish) before it runs. The sums ride the schedule's
+ * own messages (same peers, order and dependencies, their own tags): no new wait, any schedule. */
+enum { TAG_AUX = 3000 };     /* + 2 chunk (forward sums), + 2 chunk + 1 (whole sums sent back) */
+
 typedef struct {
     mmc_ctx *ctx;           /* one autograd context per micro-batch (and chunk) in flight */
     mmc_tensor *in, *out;   /* received input (not on the first virtual stage), output or loss */
     mmc_dist_req *act_req, *grad_req;   /* pending sends */
     float *grad_buf;        /* the input gradient being sent back */
     int64_t grad_cap;
+    double *aux_fwd, *aux_bwd;   /* MoE: copies of the sums being sent on / back ([mmc_moe_aux_len]) */
+    mmc_dist_req *aux_act_req, *aux_grad_req;
     bool busy;
 } pp_slot;
 
@@ -381,6 +395,10 @@ struct mmc_pp {
     bool late_recv;         /* mmc_pp_set_early_recv(p, false): each receive posted when its op runs */
     bool dropout;           /* mmc_pp_set_dropout: LoRA dropout masks per (seed, step, micro-batch) */
     uint64_t dropout_seed, dropout_step;
+    int64_t aux_len;        /* MoE: the aux loss's sums per forward (0: a dense model) */
+    double *aux;            /* [M, aux_len] during a run: micro-batch k's sums (partial, then whole) */
+    float *aux_g;           /* [M, E]: its router probabilities' gradient */
+    int aux_cap;            /* micro-batches aux / aux_g hold */
 };
 
 mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, const int64_t *l1, mmc_pp **out) {
@@ -397,6 +415,7 @@ mmc_status mmc_pp_new_v(mmc_comm *pp, mmc_qwen2 *m, int v, const int64_t *l0, co
     if (!p->l0 || !p->l1) goto oom;
     memcpy(p->l0, l0, sizeof *p->l0 * (size_t)v);
     memcpy(p->l1, l1, sizeof *p->l1 * (size_t)v);
+    p->aux_len = m->moe ? mmc_moe_aux_len(m->moe) : 0;
     *out = p;
     return MMC_OK;
 oom:
@@ -427,6 +446,9 @@ static mmc_status ensure_slots(mmc_pp *p, int need) {
         memset(&s[i], 0, sizeof s[i]);
         if (!(s[i].ctx = mmc_ctx_new())) return mmc_error(MMC_ERR_OOM, "out of memory for the pipeline's contexts");
         p->n_slots = i + 1;
+        if (p->aux_len && (!(s[i].aux_fwd = malloc(sizeof(double) * (size_t)p->aux_len)) ||
+                           !(s[i].aux_bwd = malloc(sizeof(double) * (size_t)p->aux_len))))
+            return mmc_error(MMC_ERR_OOM, "out of memory for the pipeline's contexts");
     }
     return MMC_OK;
 }
@@ -436,9 +458,15 @@ void mmc_pp_free(mmc_pp *p) {
     for (int i = 0; i < p->n_slots; i++) {
         mmc_dist_wait(p->slots[i].act_req);
         mmc_dist_wait(p->slots[i].grad_req);
+        mmc_dist_wait(p->slots[i].aux_act_req);
+        mmc_dist_wait(p->slots[i].aux_grad_req);
         mmc_ctx_free(p->slots[i].ctx);
         free(p->slots[i].grad_buf);
+        free(p->slots[i].aux_fwd);
+        free(p->slots[i].aux_bwd);
     }
+    free(p->aux);
+    free(p->aux_g);
     free(p->slots);
     free(p->slot_of);
     for (int i = 0; i < p->turn_cap; i++) free(p->turn_act[i]), free(p->turn_grad[i]);
@@ -519,6 +547,11 @@ static int prev_rank(const mmc_pp *p, int c) { return vs_rank(p, vstage(p, c) - 
 static int prev_chunk(const mmc_pp *p, int c) { return vs_chunk(p, vstage(p, c) - 1); }
 static int next_rank(const mmc_pp *p, int c) { return vs_rank(p, vstage(p, c) + 1); }
 static int next_chunk(const mmc_pp *p, int c) { return vs_chunk(p, vstage(p, c) + 1); }
+/* MoE: micro-batch k's aux-loss sums and router-probability gradient */
+static double *aux_of(const mmc_pp *p, int k) { return p->aux + (size_t)k * (size_t)p->aux_len; }
+static float *aux_grad_of(const mmc_pp *p, int k) {
+    return p->aux_g + (size_t)k * (size_t)mmc_moe_num_experts(p->m->moe);
+}
 
 /* DualPipeV's turn: a copy of n floats kept for micro-batch k until the other chunk takes it */
 static mmc_status turn_put(float **slot, const float *src, int64_t n) {
@@ -587,12 +620,18 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
         x = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, Ts, C));                       /* [B, Ts, C] from the stage before */
         if (prev_rank(p, c) == p->stage) st = turn_take(&p->turn_act[k], x->data, B * Ts * C, k);
         else st = recv_timed(p, pre, x->data, B * Ts * C, prev_rank(p, c), TAG_CHUNK + 2 * c);
+        if (!st && p->aux_len && prev_rank(p, c) != p->stage)   /* (DualPipeV's turn: aux[k] runs on) */
+            st = mmc_recv(p->pp, aux_of(p, k), p->aux_len, MMC_F64, prev_rank(p, c), TAG_AUX + 2 * c);
         if (st)
             return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's activations", p->stage, k + 1);
         x->flags |= MMC_REQUIRES_GRAD;   /* a leaf whose gradient goes back */
         sl->in = x;
     }
     if (sp && first_vs(p, c)) x = mmc_tp_sp_split(ctx, m->tp, x);               /* [B, T/tp, C] */
+    if (p->aux_len) {   /* this chunk's sparse layers add to micro-batch k's sums */
+        if (first_vs(p, c)) memset(aux_of(p, k), 0, sizeof(double) * (size_t)p->aux_len);
+        mmc_moe_aux_attach(m->moe, aux_of(p, k), aux_grad_of(p, k), true);
+    }
     const bool ckpt = m->recompute;
     for (int64_t l = p->l0[c]; l < p->l1[c]; l++) {
         /* selective recompute and offload count the chunk's own layers: the first N of each stage */
@@ -621,6 +660,9 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
             mmc_tensor *logits = mmc_qwen2_logits(ctx, m, h);                     /* [B, T, V] */
             sl->out = mmc_causal_lm_loss(ctx, logits, b->labels, scale, &n);     /* [] */
         }
+        if (p->aux_len)   /* + the weighted aux loss of the whole forward, as the one process adds it */
+            sl->out = mmc_add(ctx, sl->out, mmc_scalar(ctx, (float)mmc_moe_aux_finish(m->moe, aux_of(p, k),
+                                                                                      aux_grad_of(p, k))));
         *loss += *(const float *)sl->out->data;
         p->tokens += n;
         return MMC_OK;
@@ -632,6 +674,13 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
     if ((st = mmc_send_start(p->pp, x->data, B * Ts * C, MMC_F32, next_rank(p, c), TAG_CHUNK + 2 * next_chunk(p, c),
                              &sl->act_req)))
         return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's activations", p->stage, k + 1);
+    if (p->aux_len) {   /* the sums so far follow (a copy: aux[k] goes on changing on this rank) */
+        memcpy(sl->aux_fwd, aux_of(p, k), sizeof(double) * (size_t)p->aux_len);
+        p->bytes += p->aux_len * (int64_t)sizeof(double);
+        if ((st = mmc_send_start(p->pp, sl->aux_fwd, p->aux_len, MMC_F64, next_rank(p, c),
+                                 TAG_AUX + 2 * next_chunk(p, c), &sl->aux_act_req)))
+            return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's MoE sums", p->stage, k + 1);
+    }
     return MMC_OK;
 }
 
@@ -650,12 +699,16 @@ static mmc_status stage_backward(mmc_pp *p, int c, int k, int M, bool input_only
     mmc_tensor *y = sl->out;
     mmc_status st;
     mmc_set_defer_weight_grads(ctx, input_only);
+    /* (a recompute re-runs the layers: they record aux nodes again, reading k's gradient, but add no sums) */
+    if (p->aux_len) mmc_moe_aux_attach(p->m->moe, aux_of(p, k), aux_grad_of(p, k), false);
     if (last_vs(p, c)) {
         mmc_backward(ctx, y);
     } else {
         mmc_tensor *g = mmc_grad(ctx, y);   /* [B, T, C] zeros: y has no consumer here */
         if (next_rank(p, c) == p->stage) st = turn_take(&p->turn_grad[k], g->data, mmc_numel(y), k);
         else st = recv_timed(p, pre, g->data, mmc_numel(y), next_rank(p, c), TAG_CHUNK + 2 * c + 1);
+        if (!st && p->aux_len && next_rank(p, c) != p->stage)   /* the whole forward's sums */
+            st = mmc_recv(p->pp, aux_of(p, k), p->aux_len, MMC_F64, next_rank(p, c), TAG_AUX + 2 * c + 1);
         if (st) {
             mmc_set_defer_weight_grads(ctx, false);
             return mmc_error_prefix(st, "pipeline stage %d: receiving micro-batch %d's gradient", p->stage, k + 1);
@@ -663,6 +716,9 @@ static mmc_status stage_backward(mmc_pp *p, int c, int k, int M, bool input_only
         /* the next stage has used our activations: the send is complete (or completes now) */
         if ((st = mmc_dist_wait(sl->act_req))) return st;
         sl->act_req = NULL;
+        if ((st = mmc_dist_wait(sl->aux_act_req))) return st;
+        sl->aux_act_req = NULL;
+        if (p->aux_len) mmc_moe_aux_finish(p->m->moe, aux_of(p, k), aux_grad_of(p, k));   /* the probs' gradient */
         if (mmc_requires_grad(y)) {
             bool prev = mmc_set_grad_enabled(ctx, false);   /* backward rules are not recorded */
             mmc_backward_range(ctx, 0, mmc_tape_len(ctx));
@@ -689,6 +745,15 @@ static mmc_status stage_backward(mmc_pp *p, int c, int k, int M, bool input_only
         if ((st = mmc_send_start(p->pp, sl->grad_buf, n, MMC_F32, prev_rank(p, c), TAG_CHUNK + 2 * prev_chunk(p, c) + 1,
                                  &sl->grad_req)))
             return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's gradient", p->stage, k + 1);
+        if (p->aux_len) {   /* the whole sums follow, for the stages before */
+            if ((st = mmc_dist_wait(sl->aux_grad_req))) return st;
+            sl->aux_grad_req = NULL;
+            memcpy(sl->aux_bwd, aux_of(p, k), sizeof(double) * (size_t)p->aux_len);
+            p->bytes += p->aux_len * (int64_t)sizeof(double);
+            if ((st = mmc_send_start(p->pp, sl->aux_bwd, p->aux_len, MMC_F64, prev_rank(p, c),
+                                     TAG_AUX + 2 * prev_chunk(p, c) + 1, &sl->aux_grad_req)))
+                return mmc_error_prefix(st, "pipeline stage %d: sending micro-batch %d's MoE sums", p->stage, k + 1);
+        }
     }
     if (!input_only) release_slot(sl);   /* this micro-batch's activations are done with */
     return MMC_OK;
@@ -733,6 +798,14 @@ mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, doub
         need = fly > need ? fly : need;
     }
     if (!st) st = ensure_slots(p, need);
+    if (!st && p->aux_len && p->aux_cap < M) {   /* (not moved during a run: recorded nodes point into aux_g) */
+        const int64_t E = mmc_moe_num_experts(p->m->moe);
+        double *a = realloc(p->aux, sizeof *a * (size_t)(M * p->aux_len));
+        if (a) p->aux = a;
+        float *g = a ? realloc(p->aux_g, sizeof *g * (size_t)(M * E)) : NULL;
+        if (g) p->aux_g = g, p->aux_cap = M;
+        else st = mmc_error(MMC_ERR_OOM, "out of memory");
+    }
     pp_pre *pre = !st && !p->late_recv && n > 0 ? calloc((size_t)n, sizeof *pre) : NULL;
     int posted = 0;   /* ops whose receive (if any) is posted */
     for (int i = 0; i < n && !st; i++) {
@@ -766,12 +839,17 @@ mmc_status mmc_pp_run(mmc_pp *p, const mmc_batch *mbs, int M, double scale, doub
         free(p->turn_act[i]), free(p->turn_grad[i]);
         p->turn_act[i] = p->turn_grad[i] = NULL;
     }
+    if (p->aux_len) mmc_moe_aux_attach(p->m->moe, NULL, NULL, false);   /* the model's own sums again */
     for (int i = 0; i < p->n_slots; i++) {   /* the last gradients sent back */
         pp_slot *sl = &p->slots[i];
         mmc_status s2 = mmc_dist_wait(sl->grad_req);
         sl->grad_req = NULL;
         if (!st) st = s2;
+        s2 = mmc_dist_wait(sl->aux_grad_req);
+        sl->aux_grad_req = NULL;
+        if (!st) st = s2;
         if (st && sl->act_req) { mmc_dist_wait(sl->act_req); sl->act_req = NULL; }
+        if (st && sl->aux_act_req) { mmc_dist_wait(sl->aux_act_req); sl->aux_act_req = NULL; }
         mmc_ctx_reset(sl->ctx);
         sl->out = sl->in = NULL;
         sl->busy = false;
@@ -798,7 +876,9 @@ mmc_status mmc_pp_eval(mmc_pp *p, const mmc_batch *b, double *nll, int64_t *toke
      * (each receive waits on an earlier virtual stage only, so the ranks never wait on each other
      * in a cycle) */
     const bool dropout = p->dropout;
+    const int64_t aux_len = p->aux_len;   /* no MoE aux loss either: one process's evaluation has none */
     p->dropout = false;
+    p->aux_len = 0;
     p->tokens = 0;
     double loss = 0;
     for (int c = 0; c < p->v && !st; c++) {
@@ -812,6 +892,7 @@ mmc_status mmc_pp_eval(mmc_pp *p, const mmc_batch *b, double *nll, int64_t *toke
         release_slot(sl);
     }
     p->dropout = dropout;
+    p->aux_len = aux_len;
     if (p->dualpipev) free(p->turn_act[0]), p->turn_act[0] = NULL;   /* (left over only after an error) */
     /* the summed NLL and its token count live on the last virtual stage's rank: to every stage */
     double v[2] = {loss, (double)p->tokens};

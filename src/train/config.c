@@ -436,7 +436,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     mmc_status pst = validate_modules(c, root);
     if (pst) return pst;
     const mmc_parallel_cfg *p = &c->parallel;
-    /* pipeline parallelism (trainer_pp.c): Qwen2 / Qwen2-VL with plain data parallelism and
+    /* pipeline parallelism (trainer_pp.c): Qwen2 / Qwen2-MoE / Qwen2-VL with plain data parallelism and
      * tensor parallelism; the layer counts are checked against the model when its config.json is read */
     if (p->pipeline_virtual > 1 && p->pipeline_parallel < 2)
         return verr(c, root, "parallel", "pipeline_virtual", "%lld needs pipeline_parallel 2 or more (the chunks of "

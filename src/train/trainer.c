@@ -435,9 +435,9 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         return st;
     }
     if (moe) {
-        if (c->parallel.pipeline_parallel > 1 || t->cpc)
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline / context parallelism of qwen2_moe is not supported; use "
-                           "data_parallel with expert_parallel and tensor_parallel", c->file);
+        if (t->cpc)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: context parallelism of qwen2_moe is not supported; use "
+                           "data_parallel with expert_parallel, tensor_parallel or pipeline_parallel", c->file);
         else if (t->tpc && (c->parallel.sequence_parallel || c->model.lora.r > 0))
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor_parallel with %s is not supported for qwen2_moe yet; use "
                            "tensor_parallel without it (or expert_parallel alone)", c->file,

@@ -184,6 +184,9 @@ mmc_status mmc_moe_trainer_stats(mmc_trainer *t, mmc_step_stats *s) {
     t->moe_tokens[n] = routed;
     mmc_status st;
     if (t->dp_size > 1 && (st = mmc_all_reduce(t->dpc, t->moe_tokens, t->moe_tokens, n + 1, MMC_I64, MMC_SUM))) return st;
+    /* pipeline stages: each counted its own layers' (zeros elsewhere) */
+    if (t->pp_size > 1 && (st = mmc_all_reduce(t->groups.pp, t->moe_tokens, t->moe_tokens, n + 1, MMC_I64, MMC_SUM)))
+        return st;
     mmc_moe_stats_reset(t->lm->moe);
     const double mean = (double)t->moe_tokens[n] / (double)n;
     int64_t mx = 0, mn = INT64_MAX;

@@ -90,7 +90,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const int P = t->pp_size, s = t->pp_rank;
     if (t->llava || t->internvl || mmc_trainer_diffusion(t) || !t->lm)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2 or Qwen2-VL / Qwen2.5-VL "
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2, Qwen2-MoE or Qwen2-VL / Qwen2.5-VL "
                          "so far; %s is not split into stages yet: use data parallelism for it", c->file,
                          t->llava ? "LLaVA" : t->internvl ? "InternVL" : "a diffusion model");
     const bool dpv = c->parallel.pipeline_schedule == MMC_PP_SCHED_DUALPIPEV;

@@ -66,9 +66,13 @@ struct mmc_moe {
     /* the auxiliary loss of the current forward */
     int aux_state;
     double aux_weight;                /* this forward's aux factor in the step's loss */
-    int64_t aux_rows;                 /* rows routed, summed over the sparse layers */
-    double *aux_cnt, *aux_psum;       /* [E] routing decisions, summed probabilities */
-    float *aux_grad;                  /* [E] d loss / d probs[., e], set by mmc_moe_aux_end */
+    double *aux_own;                  /* [1 + 2E] a single-process forward's sums (mmc_moe_aux_begin) */
+    float *aux_own_grad;              /* [E] its gradient, set by mmc_moe_aux_end */
+    /* where the forward running now collects and its backward reads: the own pair, or a
+     * pipeline stage's per-micro-batch pair (mmc_moe_aux_attach) */
+    double *aux_stats;                /* [1 + 2E]: rows routed (summed over the sparse layers), then the
+                                       * routing decisions per expert, then the summed probabilities */
+    float *aux_grad;                  /* [E] d loss / d probs[., e] */
     /* capacity statistics */
     int64_t *stat_tokens;             /* [n_sparse, E] */
     int64_t stat_routed;
@@ -118,10 +122,11 @@ mmc_status mmc_qwen2_moe_config_read(const mmc_json *root, mmc_qwen2_config *qc)
     moe->tp_size = 1;
     moe->sparse = calloc((size_t)qc->num_layers, sizeof *moe->sparse);
     moe->blocks = calloc((size_t)qc->num_layers, sizeof *moe->blocks);
-    moe->aux_cnt = calloc((size_t)moe->n_experts, sizeof(double));
-    moe->aux_psum = calloc((size_t)moe->n_experts, sizeof(double));
-    moe->aux_grad = calloc((size_t)moe->n_experts, sizeof(float));
-    if (!moe->sparse || !moe->blocks || !moe->aux_cnt || !moe->aux_psum || !moe->aux_grad) {
+    moe->aux_own = calloc((size_t)(1 + 2 * moe->n_experts), sizeof(double));
+    moe->aux_own_grad = calloc((size_t)moe->n_experts, sizeof(float));
+    moe->aux_stats = moe->aux_own;
+    moe->aux_grad = moe->aux_own_grad;
+    if (!moe->sparse || !moe->blocks || !moe->aux_own || !moe->aux_own_grad) {
         mmc_moe_free(moe);
         return mmc_error(MMC_ERR_OOM, "out of memory");
     }
@@ -171,7 +176,7 @@ void mmc_moe_free(mmc_moe *moe) {
         free(b->gate); free(b->up); free(b->down);   /* (their tensors are the model's parameters) */
     }
     free(moe->sparse); free(moe->blocks);
-    free(moe->aux_cnt); free(moe->aux_psum); free(moe->aux_grad); free(moe->stat_tokens);
+    free(moe->aux_own); free(moe->aux_own_grad); free(moe->stat_tokens);
     free(moe);
 }
 
@@ -403,22 +408,23 @@ static mmc_tensor *topk_norm(mmc_ctx *ctx, mmc_tensor *w) {
     return y;
 }
 
-/* The auxiliary loss's gradient: identity on probs [N, E]; backward adds moe->aux_grad[e]. */
+/* The auxiliary loss's gradient: identity on probs [N, E]; backward adds grad[e], the [E] vector
+ * of the forward the node belongs to (moe->aux_grad when it was recorded), filled in by then. */
 static void aux_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *p = n->in[0];
     if (!mmc_requires_grad(p)) return;
-    const mmc_moe *moe = n->extra;
+    const float *g = n->extra;
     const int64_t N = p->shape[0], E = p->shape[1];
     const float *dy = n->out->grad->data;
     float *dx = mmc_grad(ctx, p)->data;
     for (int64_t r = 0; r < N; r++)
-        for (int64_t e = 0; e < E; e++) dx[r * E + e] += dy[r * E + e] + moe->aux_grad[e];
+        for (int64_t e = 0; e < E; e++) dx[r * E + e] += dy[r * E + e] + g[e];
 }
 
 static mmc_tensor *aux_hook(mmc_ctx *ctx, mmc_moe *moe, mmc_tensor *probs) {
     mmc_tensor *y = mmc_alias(ctx, probs);
     mmc_node *n = mmc_tape_record(ctx, "moe_aux", aux_backward, y, 1, &probs);
-    if (n) n->extra = moe;
+    if (n) n->extra = moe->aux_grad;
     return y;
 }
 
@@ -542,10 +548,11 @@ mmc_tensor *mmc_moe_block_forward(mmc_ctx *ctx, mmc_moe_block *b, mmc_tensor *h)
     memset(counts, 0, sizeof(int64_t) * (size_t)E);
     for (int64_t p = 0; p < N * k; p++) counts[pick[p]]++;
     if (moe->aux_state == AUX_COLLECT) {   /* once per training forward (not again when recomputed) */
-        moe->aux_rows += N;
-        for (int64_t e = 0; e < E; e++) moe->aux_cnt[e] += (double)counts[e];
+        double *cnt = moe->aux_stats + 1, *psum = moe->aux_stats + 1 + E;
+        moe->aux_stats[0] += (double)N;
+        for (int64_t e = 0; e < E; e++) cnt[e] += (double)counts[e];
         for (int64_t r = 0; r < N; r++)
-            for (int64_t e = 0; e < E; e++) moe->aux_psum[e] += pd[r * E + e];
+            for (int64_t e = 0; e < E; e++) psum[e] += pd[r * E + e];
         for (int64_t e = 0; e < E; e++) moe->stat_tokens[b->sparse_idx * E + e] += counts[e];
         moe->stat_routed += N * k;
     }
@@ -589,22 +596,34 @@ mmc_tensor *mmc_moe_block_forward(mmc_ctx *ctx, mmc_moe_block *b, mmc_tensor *h)
 void mmc_moe_aux_set_weight(mmc_moe *moe, double w) { moe->aux_weight = w; }
 
 void mmc_moe_aux_begin(mmc_moe *moe) {
-    moe->aux_state = AUX_COLLECT;
-    moe->aux_rows = 0;
-    memset(moe->aux_cnt, 0, sizeof(double) * (size_t)moe->n_experts);
-    memset(moe->aux_psum, 0, sizeof(double) * (size_t)moe->n_experts);
-    memset(moe->aux_grad, 0, sizeof(float) * (size_t)moe->n_experts);
+    memset(moe->aux_own, 0, sizeof(double) * (size_t)(1 + 2 * moe->n_experts));
+    mmc_moe_aux_attach(moe, NULL, NULL, true);
 }
 
 double mmc_moe_aux_end(mmc_moe *moe) {
-    moe->aux_state = AUX_APPLY;
-    if (!moe->output_router_logits || moe->aux_rows == 0) return 0.0;
-    const double E = (double)moe->n_experts, R = (double)moe->aux_rows;
+    mmc_moe_aux_attach(moe, NULL, NULL, false);
+    return mmc_moe_aux_finish(moe, moe->aux_own, moe->aux_own_grad);
+}
+
+int64_t mmc_moe_aux_len(const mmc_moe *moe) { return 1 + 2 * moe->n_experts; }
+
+void mmc_moe_aux_attach(mmc_moe *moe, double *stats, float *grad, bool collect) {
+    moe->aux_stats = stats ? stats : moe->aux_own;
+    moe->aux_grad = stats ? grad : moe->aux_own_grad;
+    moe->aux_state = collect ? AUX_COLLECT : AUX_APPLY;   /* (training only: inference never attaches) */
+}
+
+double mmc_moe_aux_finish(const mmc_moe *moe, const double *stats, float *grad) {
+    const int64_t n = moe->n_experts;
+    memset(grad, 0, sizeof(float) * (size_t)n);
+    if (!moe->output_router_logits || stats[0] == 0) return 0.0;
+    const double E = (double)n, R = stats[0];
+    const double *cnt = stats + 1, *psum = stats + 1 + n;
     const double f = moe->aux_weight * moe->aux_coef;
     double aux = 0;
-    for (int64_t e = 0; e < moe->n_experts; e++) {
-        aux += (moe->aux_cnt[e] / R) * (moe->aux_psum[e] / R);
-        moe->aux_grad[e] = (float)(f * E * moe->aux_cnt[e] / (R * R));
+    for (int64_t e = 0; e < n; e++) {
+        aux += (cnt[e] / R) * (psum[e] / R);
+        grad[e] = (float)(f * E * cnt[e] / (R * R));
     }
     return f * E * aux;
 }
