@@ -46,6 +46,14 @@ const mmc_video_info *mmc_video_get_info(const mmc_video *v);
 /* Decode frames idx[0..n) (ascending, each < total_frames) into frames[n] (RGB, owned by the
  * caller: mmc_image_free each). On failure nothing is left allocated. */
 mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *frames);
+/* Skipping (on by default; MMC_VIDEO_SKIP=0 in the environment turns it off at open): frames no
+ * other frame refers to are not decoded unless wanted, and decoding stops at the last wanted
+ * frame of a keyframe segment. Off, every packet from the keyframe on is decoded; the frames
+ * read are the same either way. */
+void mmc_video_set_skipping(mmc_video *v, bool on);
+/* Frames the decoder has produced since open, over every decoding thread (skipped ones not
+ * counted): what skipping saved. */
+int64_t mmc_video_frames_decoded(const mmc_video *v);
 void mmc_video_close(mmc_video *v);
 
 /* ---------------------------------------------------------------- Qwen2-VL video processor */

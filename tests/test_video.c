@@ -10,7 +10,8 @@
  * file end to end (equal indices, grid and input_ids; pixel_values_videos 1e-5 but for <= 1% of
  * values one uint8 level off at rounding ties of fetch_video's float resize). A variable-rate
  * H.264 clip with b-pyramid B-frames (tools/ref/gen_video_vfr.py): count, average rate, indices,
- * frames and pixel_values_videos against transformers' pyav path. */
+ * frames and pixel_values_videos against transformers' pyav path; the same frames with the
+ * decoder's frame skipping on and off. */
 #include "mmc_data.h"
 #include "mmc_prompt.h"
 #include "mmc_tokenizer.h"
@@ -304,6 +305,52 @@ static void test_vfr(void) {
     }
     ref = keep;
     mmc_st_close(vr);
+}
+
+/* Skipping on and off (mmc_video_set_skipping): vfr.mp4 (b-pyramid: B-frames other frames refer
+ * to, and 23 that none does) and moving.mp4 read at several sparse index sets by one reader and
+ * by keyframe segments over three threads give byte-identical frames whether the frames no
+ * other frame refers to (and the tail of each segment past its last wanted frame) are skipped
+ * or every packet is decoded; skipping must decode fewer frames. */
+static void test_skipping(void) {
+    const char *files[2] = {DIR_ "/vfr.mp4", DIR_ "/moving.mp4"};
+    int steps[3] = {4, 7, 13}, threads = omp_get_max_threads();
+    for (int f = 0; f < 2; f++)
+        for (int k = 0; k < 3; k++)
+            for (int th = 1; th <= 3; th += 2) {
+                mmc_video *v[2] = {NULL, NULL};
+                mmc_image *fr[2] = {NULL, NULL};
+                int64_t dec[2] = {0, 0}, idx[64];
+                int n = 0;
+                omp_set_num_threads(th);
+                for (int on = 0; on < 2; on++) {
+                    if (!CHECK_OK_(mmc_video_open(files[f], &v[on]))) break;
+                    int64_t total = mmc_video_get_info(v[on])->total_frames;
+                    for (n = 0; n < 64 && (int64_t)n * steps[k] < total; n++) idx[n] = (int64_t)n * steps[k];
+                    mmc_video_set_skipping(v[on], on);
+                    fr[on] = calloc((size_t)n, sizeof *fr[on]);
+                    CHECK_OK_(mmc_video_read(v[on], idx, n, fr[on]));
+                    dec[on] = mmc_video_frames_decoded(v[on]);
+                }
+                omp_set_num_threads(threads);
+                bool same = fr[0] && fr[1];
+                for (int i = 0; same && i < n; i++)
+                    same = fr[0][i].data && fr[1][i].data && fr[0][i].width == fr[1][i].width &&
+                           fr[0][i].height == fr[1][i].height &&
+                           !memcmp(fr[0][i].data, fr[1][i].data, (size_t)fr[0][i].width * fr[0][i].height * 3);
+                printf("%s, every %d-th frame (%d), %d thread%s: %lld frames decoded with skipping, %lld without\n",
+                       files[f], steps[k], n, th, th > 1 ? "s" : "", (long long)dec[1], (long long)dec[0]);
+                CHECKF(same, "%s every %d-th frame, %d threads: frames differ with skipping on and off", files[f],
+                       steps[k], th);
+                CHECKF(dec[1] >= n && dec[1] < dec[0], "%s every %d-th frame, %d threads: %lld frames decoded with "
+                       "skipping, %lld without (%d wanted)", files[f], steps[k], th, (long long)dec[1],
+                       (long long)dec[0], n);
+                for (int on = 0; on < 2; on++) {
+                    for (int i = 0; fr[on] && i < n; i++) mmc_image_free(&fr[on][i]);
+                    free(fr[on]);
+                    mmc_video_close(v[on]);
+                }
+            }
 }
 
 /* Every container decodes; frames fetched by seeking equal those decoded in sequence. The
@@ -625,6 +672,7 @@ int main(void) {
     }
     if (tok) test_dataset(tok);
     test_vfr();
+    test_skipping();
     test_qwen_vl_utils_table();
     test_qwen_vl_utils_e2e(tok);
     test_containers();

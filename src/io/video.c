@@ -18,6 +18,10 @@
  * wanted frame is in, the decoder is drained rather than fed the packets its reorder delay
  * would read first. Segments decoded while other threads would wait (the last round, or fewer
  * segments than threads) use FFmpeg's frame threading, whose frames are those of one thread.
+ * skip_frame is set before each packet is sent; frame threading copies it into the thread that
+ * takes that packet (FFmpeg's submit_packet), so it applies to that packet alone there too.
+ * mmc_video_set_skipping(v, false) or MMC_VIDEO_SKIP=0 decodes every packet instead (same
+ * frames: test_video checks it); mmc_video_frames_decoded counts what was decoded.
  */
 #include "mmc_video.h"
 
@@ -64,6 +68,8 @@ struct mmc_video {
     bool at_start, eof;
     bool drained;                /* the decoder was sent its end (drain_pts): seek before decoding on */
     bool borrowed;               /* a thread reader: pts / key_pts belong to the parent */
+    bool decode_all;             /* no skipping: every packet decoded, no early drain (mmc_video_set_skipping) */
+    int64_t n_decoded;           /* frames the decoder returned since open (thread readers' included) */
 };
 
 static mmc_status averr(mmc_status st, const mmc_video *v, int err, const char *what, const char *hint) {
@@ -196,6 +202,8 @@ static mmc_status open_common(mmc_video *v) {
     }
     v->cur_pts = v->drain_pts = INT64_MIN;
     v->at_start = true;
+    const char *skip = getenv("MMC_VIDEO_SKIP");   /* "0": decode every packet (a check, or a timing) */
+    v->decode_all = skip && strcmp(skip, "0") == 0;
     return MMC_OK;
 }
 
@@ -267,6 +275,10 @@ mmc_status mmc_video_open_mem(const void *data, size_t len, const char *name, mm
 
 const mmc_video_info *mmc_video_get_info(const mmc_video *v) { return &v->info; }
 
+void mmc_video_set_skipping(mmc_video *v, bool on) { v->decode_all = !on; }
+
+int64_t mmc_video_frames_decoded(const mmc_video *v) { return v->n_decoded; }
+
 void mmc_video_close(mmc_video *v) {
     if (!v) return;
     sws_freeContext(v->sws);
@@ -291,7 +303,7 @@ void mmc_video_close(mmc_video *v) {
 static int next_frame(mmc_video *v, mmc_status *st) {
     for (;;) {
         int r = avcodec_receive_frame(v->dec, v->frame);
-        if (r == 0) return 1;
+        if (r == 0) { v->n_decoded++; return 1; }
         if (r == AVERROR_EOF) return 0;
         if (r != AVERROR(EAGAIN)) { *st = averr(MMC_ERR_FORMAT, v, r, "decoding failed", REENCODE); return -1; }
         if (v->eof) return 0;
@@ -304,7 +316,7 @@ static int next_frame(mmc_video *v, mmc_status *st) {
         if (v->pkt->stream_index == v->stream) {
             /* frames no other frame refers to are only decoded when wanted (same output, less work:
              * most B-frames of a typical H.264/HEVC stream) */
-            v->dec->skip_frame = !v->want || bsearch(&v->pkt->pts, v->want, (size_t)v->n_want, sizeof(int64_t), cmp_i64)
+            v->dec->skip_frame = !v->want || v->decode_all || bsearch(&v->pkt->pts, v->want, (size_t)v->n_want, sizeof(int64_t), cmp_i64)
                                      ? AVDISCARD_DEFAULT : AVDISCARD_NONREF;
             r = avcodec_send_packet(v->dec, v->pkt);
             /* a damaged packet is skipped as FFmpeg's tools do; the frame count check catches loss */
@@ -421,7 +433,7 @@ static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, bool last, m
         if ((st = rewind_to(v, key))) return st;
     }
     v->at_start = false;
-    v->drain_pts = last ? want : INT64_MIN;
+    v->drain_pts = last && !v->decode_all ? want : INT64_MIN;
     for (;;) {
         int r = next_frame(v, &st);
         if (r < 0) return st;
@@ -504,6 +516,7 @@ static mmc_status reader_open(const mmc_video *v, mmc_video **out) {
     if ((r = avcodec_open2(w->dec, codec, NULL)) < 0) { st = averr(MMC_ERR_FORMAT, v, r, "cannot open the decoder", REENCODE); goto fail; }
     w->cur_pts = w->drain_pts = INT64_MIN;
     w->at_start = true;
+    w->decode_all = v->decode_all;
     *out = w;
     return MMC_OK;
 fail:
@@ -607,7 +620,10 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
             }
         }
     }
-    for (int i = 0; i < nw; i++) mmc_video_close(w[i]);
+    for (int i = 0; i < nw; i++) {
+        v->n_decoded += w[i]->n_decoded;
+        mmc_video_close(w[i]);
+    }
     free(w);
     free(seg);
     *st_out = err ? mmc_error((mmc_status)err, "%s", msg) : MMC_OK;   /* the message into this thread's error */
