@@ -506,7 +506,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                           : c->data.eval ? "an evaluation set (data.eval)" : NULL;
         if (why)
             return verr(c, root, "parallel", "context_parallel", "%lld with %s is not supported yet; context "
-                        "parallelism composes with plain data parallelism (zero 0) of the text Qwen2",
+                        "parallelism composes with plain data parallelism (zero 0) of the Qwen2 family (text, Qwen2-VL, Qwen2.5-VL)",
                         (long long)p->context_parallel, why);
     }
     /* expert parallelism (mmc_ep.h): a MoE model's experts over groups of data-parallel ranks, full
