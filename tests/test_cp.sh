@@ -144,7 +144,7 @@ data: {train: tests/fixtures/llava_train/data.jsonl, seq_len: 512, batch_size: 2
 parallel: {context_parallel: 2}
 training: {steps: 1, output_dir: $W/llava}
 YAML
-expect_err "cp on LLaVA (Qwen2-VL / Qwen2.5-VL: test_cp_vl.sh)" "parallel.context_parallel is implemented for the Qwen2 family (text, Qwen2-VL and Qwen2.5-VL) only so far (this model is a LLaVA)" 2 "$W/llava.yaml"
+expect_err "cp on LLaVA (Qwen2-VL / Qwen2.5-VL: test_cp_vl.sh)" "parallel.context_parallel is implemented for the text decoders (Qwen2, Llama, Mistral), Qwen2-VL and Qwen2.5-VL only so far (this model is a LLaVA)" 2 "$W/llava.yaml"
 
 [ $fail = 0 ] && echo "test_cp: passed" || echo "test_cp: FAILED"
 exit $fail

@@ -47,8 +47,8 @@ mmc_status mmc_cp_trainer_layout(mmc_trainer *t) {
 
 mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
     if (t->llava || t->omni || t->internvl || mmc_trainer_diffusion(t) || !t->lm)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel is implemented for the Qwen2 family "
-                         "(text, Qwen2-VL and Qwen2.5-VL) only so far (this model is a%s); use context_parallel 1",
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel is implemented for the text decoders "
+                         "(Qwen2, Llama, Mistral), Qwen2-VL and Qwen2.5-VL only so far (this model is a%s); use context_parallel 1",
                          t->cfg->file, t->llava ? " LLaVA" : t->omni ? " Qwen2.5-Omni" : t->internvl ? "n InternVL"
                          : " diffusion model");
     const bool ring = t->cfg->parallel.context_parallel_mode == MMC_CP_RING;
