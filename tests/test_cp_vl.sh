@@ -19,15 +19,8 @@ set -u
 MMC=${MMC:-build/mmc}
 BIN=$(dirname "$MMC")
 CMP=$BIN/test_pp_schedule; TPW=$BIN/tp_worker
-if ! command -v mpirun >/dev/null 2>&1; then echo "test_cp_vl: skipped: no mpirun on PATH"; exit 77; fi
-if [ ! -x "$TPW" ] || [ ! -x "$CMP" ]; then echo "test_cp_vl: skipped: no $TPW (built without MPI)"; exit 77; fi
-export OMP_NUM_THREADS=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x ASAN_OPTIONS)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-fail=0
-W=$(mktemp -d); out=$W/out; trap 'rm -rf "$W"' EXIT
-export OMPI_MCA_orte_tmpdir_base="$W"   # its own OpenMPI session directory (see test_dist_mpi.sh)
+. tests/mpi_util.sh
+mpi_setup test_cp_vl "$TPW" "$CMP"   # exits 77 without mpirun / an MPI build; MPIRUN, W, out, fail
 TOL="1e-5 1e-4 1e-7 1e-3"
 
 run1() { "$MMC" train "$@" >>"$W/train.log" 2>&1; }
