@@ -72,6 +72,18 @@ mmc_tensor *mmc_cp_ring_attention(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *q, mmc
 mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b,
                                  double scale, int64_t *n_scored);
 
+/* The same for a Qwen2-VL / Qwen2.5-VL micro-batch (images, videos, packed rows): the vision tower
+ * runs replicated on every rank over the whole micro-batch, its features are scattered into the
+ * whole row's embeddings and the M-RoPE positions are computed on the whole row; then each rank
+ * keeps its shard's rows (as above) for the decoder and the loss. The tower's weight gradients
+ * are then partial per rank (its tokens' share of the features' gradient) and sum over the group
+ * to the single process's, as every other weight gradient does (mmc_cp_trainer_reduce).
+ * -> *loss as mmc_cp_qwen2_lm_loss; fails (before any collective) on media that do not match
+ * the placeholders, identically on every rank. */
+struct mmc_qwen2_vl;
+mmc_status mmc_cp_qwen2_vl_loss(mmc_ctx *ctx, struct mmc_qwen2_vl *vl, mmc_comm *cp, const mmc_batch *b,
+                                double scale, mmc_tensor **loss, int64_t *n_scored);
+
 #ifdef __cplusplus
 }
 #endif

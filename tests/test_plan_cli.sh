@@ -4,7 +4,8 @@
 # YAML that `mmc train` loads, with the chosen layout in parallel: and the micro-batch set; --json
 # lists only layouts the trainer accepts (tp 4 is refused by the tiny model's 2 KV heads, cp with
 # tp by the run config's rules); --device cpu with a fresh calibration cache on one rank; and the
-# errors (missing --gpus, unknown device / interconnect, a model that does not fit, a malformed cache).
+# errors (missing --gpus, unknown device / interconnect, a model that does not fit, a malformed cache);
+# Qwen2-VL gets context-parallel layouts.
 set -u
 MMC=${MMC:-build/mmc}
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
@@ -86,4 +87,18 @@ PY
   grep -q "recompute: full, recompute_layers: 1}" "$W/rc_w.yaml" && ok "--write: recompute full, 1 layer" ||
   bad "--write recompute: $(grep recompute "$W/rc_w.yaml")"
 "$MMC" plan --help | grep -q -- "--interconnect" && ok "--help" || bad "--help"
+# Qwen2-VL trains under context parallelism (tower replicated, test_cp_vl.sh): cp layouts are
+# proposed, each paying the whole tower and the features' gradient all-reduce over the group
+cat > "$W/vl.yaml" <<YAML
+model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
+data: {train: tests/fixtures/data/mixed.jsonl, max_pixels: 50176, min_pixels: 50176, seq_len: 256, batch_size: 4, micro_batch_size: 2}
+training: {steps: 2, output_dir: $W/vlout}
+YAML
+"$MMC" plan "$W/vl.yaml" --gpus 2 --json > "$W/vl.jsonl" 2>&1
+python3 - "$W/vl.jsonl" <<'PY' && ok "Qwen2-VL: cp layouts proposed" || bad "Qwen2-VL cp layouts: $(head -3 "$W/vl.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cp = [r for r in rows if r["cp"] == 2]
+assert cp and all(r["cp_comm_s"] > 0 for r in cp), "no cp=2 layout for Qwen2-VL"
+PY
 exit $fail

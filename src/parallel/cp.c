@@ -7,6 +7,7 @@
  * inside an op is fatal, as in tp.c: half-exchanged activations cannot be recovered. */
 #include "mmc_cp.h"
 #include "mmc_trainer.h"
+#include "mmc_vl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,31 +184,76 @@ void mmc_cp_set_mode_qwen2(mmc_qwen2 *m, mmc_cp_mode mode) {
     for (int l = 0; l < m->cfg.num_layers; l++) m->layers[l].cp_mode = (int)mode;
 }
 
-mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b, double scale,
-                                 int64_t *n_scored) {
+/* This rank's share of a micro-batch's rows: the global index of each of its Tl tokens (ring:
+ * the row padded, ignored labels after every real token, to a multiple of 2C, each rank holding
+ * the zigzag chunks r and 2C-1-r; Ulysses: the contiguous shard r), and the labels shifted on the
+ * whole row first, so that a shard's last token is scored against the next shard's first. */
+typedef struct {
+    int64_t Tl, *gi;   /* [Tl] global index of each local token (>= T: padding) */
+    mmc_tensor *tg;    /* [B*Tl] shifted labels */
+    int64_t n;         /* scored tokens of this rank */
+} cp_shard;
+
+static cp_shard shard_rows(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b) {
     const int C = mmc_comm_size(cp), r = mmc_comm_rank(cp);
     const bool ring = m->cfg.num_layers > 0 && m->layers[0].cp_mode == MMC_CP_RING;
     const int64_t B = b->B, T = b->T;
-    /* ring: the row padded (ignored labels, after every real token) to a multiple of 2C, each rank
-     * holding the zigzag chunks r and 2C-1-r; Ulysses: the contiguous shard r */
     const int64_t Tp = ring ? (T + 2 * C - 1) / (2 * C) * (2 * C) : T, Tl = Tp / C;
-    MMC_CHECK(Tp % C == 0, "mmc_cp_qwen2_lm_loss: T %lld is not a multiple of context_parallel %d (pad the batch)",
+    MMC_CHECK(Tp % C == 0, "context parallel loss: T %lld is not a multiple of context_parallel %d (pad the batch)",
               (long long)T, C);
-    int64_t *gi = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)Tl);   /* global index of each token */
-    for (int64_t t = 0; t < Tl; t++) gi[t] = ring ? mmc_cp_ring_pos(r, C, Tl, t) : (int64_t)r * Tl + t;
-    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, Tl));                /* [B, T/C] */
-    mmc_tensor *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(B * Tl));                /* [B*T/C] shifted labels */
-    int32_t *id = ids->data, *tgd = tg->data;
-    int64_t n = 0;
+    cp_shard s = {.Tl = Tl};
+    s.gi = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)Tl);
+    for (int64_t t = 0; t < Tl; t++) s.gi[t] = ring ? mmc_cp_ring_pos(r, C, Tl, t) : (int64_t)r * Tl + t;
+    s.tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(B * Tl));
+    int32_t *tgd = s.tg->data;
     for (int64_t i = 0; i < B; i++)
         for (int64_t t = 0; t < Tl; t++) {
-            const int64_t g = gi[t];
-            id[i * Tl + t] = g < T ? b->input_ids[i * T + g] : 0;
+            const int64_t g = s.gi[t];
             const int32_t y = g + 1 < T ? b->labels[i * T + g + 1] : MMC_IGNORE_INDEX;
             tgd[i * Tl + t] = y;
-            n += y != MMC_IGNORE_INDEX;
+            s.n += y != MMC_IGNORE_INDEX;
         }
-    if (n_scored) *n_scored = n;
+    return s;
+}
+
+/* The decoder on this rank's embeddings x [B, Tl, C] with its rows' RoPE tables -> the summed
+ * NLL of its scored tokens times scale. Attention sees the whole sequence (Ulysses: after the
+ * exchange; ring: block by block, masked at global positions): the row's (or packed segments')
+ * mask as is. */
+static mmc_tensor *shard_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b, const cp_shard *s,
+                              mmc_tensor *x, mmc_tensor *cos, mmc_tensor *sin, double scale) {
+    const int64_t B = b->B, Tl = s->Tl;
+    mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+    if (b->cu_seqlens && (b->n_seqs <= 0 || b->cu_seqlens[b->n_seqs] < b->T)) {
+        /* a packed row's padding tail (not a segment) one more block, so that the blocks cover
+         * the row as Ulysses' whole-row attention requires (ring: past T, one more again) */
+        int n = b->n_seqs > 0 ? b->n_seqs : 0;
+        int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(n + 2));
+        if (n > 0) memcpy(cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n + 1));
+        else cu[0] = 0;
+        cu[++n] = (int32_t)b->T;
+        attn.cu_seqlens = cu;
+        attn.n_seqs = n;
+    }
+    mmc_cp_attach_qwen2(m, cp);
+    x = mmc_qwen2_forward(ctx, m, x, cos, sin, &attn, NULL);                     /* [B, T/C, C] */
+    mmc_tensor *logits = mmc_qwen2_logits(ctx, m, x);                            /* [B, T/C, V] */
+    const int64_t V = logits->shape[2];
+    mmc_tensor *mean = mmc_cross_entropy(ctx, mmc_reshape(ctx, logits, 2, MMC_SHAPE(B * Tl, V)), s->tg,
+                                         MMC_IGNORE_INDEX);                       /* [] */
+    return mmc_scale(ctx, mean, (float)((double)s->n * scale));
+}
+
+mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b, double scale,
+                                 int64_t *n_scored) {
+    const int64_t B = b->B, T = b->T;
+    const cp_shard s = shard_rows(ctx, m, cp, b);
+    const int64_t Tl = s.Tl, *gi = s.gi;
+    if (n_scored) *n_scored = s.n;
+    mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, Tl));                /* [B, T/C] */
+    int32_t *id = ids->data;
+    for (int64_t i = 0; i < B; i++)
+        for (int64_t t = 0; t < Tl; t++) id[i * Tl + t] = gi[t] < T ? b->input_ids[i * T + gi[t]] : 0;
     mmc_tensor *cos, *sin;
     const int D = (int)m->cfg.head_dim;
     const int np = m->cfg.mrope ? 3 : 1;
@@ -221,15 +267,90 @@ mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const
             }
     if (np == 3) mmc_rope_table_mrope(ctx, pos, m->cfg.mrope_section, D, m->cfg.rope_theta, &cos, &sin);
     else mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);   /* default, or Llama's rope scaling */
-    /* attention sees the whole sequence (Ulysses: after the exchange; ring: block by block, masked
-     * at global positions): the row's (or packed segments') mask as is */
-    mmc_attn_opts attn = {.causal = true, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
-    mmc_cp_attach_qwen2(m, cp);
     mmc_tensor *x = mmc_qwen2_embed(ctx, m, ids);                                /* [B, T/C, C] */
-    x = mmc_qwen2_forward(ctx, m, x, cos, sin, &attn, NULL);                     /* [B, T/C, C] */
-    mmc_tensor *logits = mmc_qwen2_logits(ctx, m, x);                            /* [B, T/C, V] */
-    const int64_t V = logits->shape[2];
-    mmc_tensor *mean = mmc_cross_entropy(ctx, mmc_reshape(ctx, logits, 2, MMC_SHAPE(B * Tl, V)), tg,
-                                         MMC_IGNORE_INDEX);                       /* [] */
-    return mmc_scale(ctx, mean, (float)((double)n * scale));
+    return shard_loss(ctx, m, cp, b, &s, x, cos, sin, scale);
+}
+
+/* ------------------------------------------------------------------ Qwen2-VL / Qwen2.5-VL
+ * The vision tower is replicated over the group: every rank encodes all of the micro-batch's
+ * images and videos, scatters the merged features into the whole row's embeddings [B*T, C] and
+ * builds the M-RoPE tables from the whole row's 3-D positions (mmc_qwen2_vl_inputs: a
+ * placeholder run's (t, h, w) grid may cross a shard boundary, and the text after it continues
+ * from its largest position), then keeps its shard's rows of both (gather_rows; a padding token
+ * past T takes row T-1's, never scored nor attended to by a real token, so its gradient is 0).
+ * Backward: each rank's feature gradient holds its own tokens' rows and zeros elsewhere; the
+ * features' op below all-reduces it over the group before the tower's backward, which then sees
+ * the whole gradient — each row nonzero on exactly one rank, so the sum is exact — and gives
+ * every rank the single process's tower gradients. They are therefore left out of the group's
+ * weight-gradient sum (mmc_cp_trainer_reduce). The traffic is the features' [n, C] per
+ * micro-batch instead of the tower's weights per step. */
+static void sum_grad_backward(mmc_ctx *ctx, mmc_node *n) {
+    mmc_tensor *x = n->in[0];
+    if (!mmc_requires_grad(x)) return;
+    const int64_t cnt = mmc_numel(x);
+    float *g = malloc(sizeof(float) * (size_t)(cnt > 0 ? cnt : 1));
+    MMC_CHECK(g, "context parallel: out of memory in backward");
+    cp_ok(mmc_all_reduce(n->extra, n->out->grad->data, g, cnt, MMC_F32, MMC_SUM), "vision features' gradient (all-reduce)");
+    acc_into(ctx, x, g);
+    free(g);
+}
+
+/* Identity forward; backward sums the gradient over the group (every rank records it: the
+ * tower's trainability is the same on all). */
+static mmc_tensor *sum_grad(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *x) {
+    MMC_CHECK(x->dtype == MMC_F32, "context parallel: the vision features must be f32");
+    mmc_tensor *y = mmc_new(ctx, MMC_F32, x->ndim, x->shape);   /* an output of its own for the node */
+    memcpy(y->data, mmc_contiguous(ctx, x)->data, mmc_nbytes(y));
+    mmc_node *n = mmc_tape_record(ctx, "cp_sum_grad", sum_grad_backward, y, 1, &x);
+    if (n) n->extra = cp;
+    return y;
+}
+
+mmc_status mmc_cp_qwen2_vl_loss(mmc_ctx *ctx, mmc_qwen2_vl *vl, mmc_comm *cp, const mmc_batch *b, double scale,
+                                mmc_tensor **loss, int64_t *n_scored) {
+    *loss = NULL;
+    mmc_qwen2 *m = vl->lm;
+    const int64_t B = b->B, T = b->T, BT = B * T, C = m->cfg.hidden_size;
+    mmc_vl_media media;
+    mmc_tensor *ids = mmc_qwen2_vl_batch_media(ctx, b, &media);                  /* [B, T] i32 */
+    const mmc_vl_seq seq = {.position_ids = b->position_ids, .cu_seqlens = b->cu_seqlens, .n_seqs = b->n_seqs};
+    mmc_tensor *cos, *sin;
+    mmc_attn_opts unused;
+    /* the ids and the media checked, the whole row's positions -> cos, sin [B, T, D] */
+    mmc_status st = mmc_qwen2_vl_inputs(ctx, vl, ids, &media, &seq, NULL, NULL, NULL, &cos, &sin, &unused);
+    if (st) return st;
+    mmc_tensor *e = mmc_reshape(ctx, mmc_qwen2_embed(ctx, m, ids), 2, MMC_SHAPE(BT, C));   /* [B*T, C] */
+    const int32_t *id = ids->data;
+    for (int k = 0; k < 2; k++) {   /* images, then videos, through the same tower */
+        const int n = k ? media.n_videos : media.n_images;
+        if (n <= 0) continue;
+        mmc_tensor *feats;
+        st = mmc_vision_forward(ctx, vl->visual, k ? media.pixel_values_videos : media.pixel_values,
+                                k ? media.video_grid_thw : media.image_grid_thw, n, &feats, NULL);   /* [Nk, C] */
+        if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
+        const int32_t tok = (int32_t)(k ? vl->video_token_id : vl->image_token_id);
+        const int64_t nf = feats->shape[0];
+        mmc_tensor *at = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(nf));                /* [Nk] their rows */
+        int64_t got = 0;
+        for (int64_t i = 0; i < BT && got < nf; i++)
+            if (id[i] == tok) ((int64_t *)at->data)[got++] = i;
+        if (got != nf)
+            return mmc_error(MMC_ERR_INVALID, "the micro-batch has fewer %s placeholders (%lld) than the tower's %lld "
+                             "merged features", k ? "video" : "image", (long long)got, (long long)nf);
+        e = mmc_scatter_rows(ctx, e, at, sum_grad(ctx, cp, feats));
+    }
+    const cp_shard s = shard_rows(ctx, m, cp, b);
+    const int64_t Tl = s.Tl, D = cos->shape[cos->ndim - 1];
+    if (n_scored) *n_scored = s.n;
+    mmc_tensor *rows = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(B * Tl));             /* [B*T/C] rows of the whole row */
+    int64_t *rd = rows->data;
+    for (int64_t i = 0; i < B; i++)
+        for (int64_t t = 0; t < Tl; t++) rd[i * Tl + t] = i * T + (s.gi[t] < T ? s.gi[t] : T - 1);
+    mmc_tensor *x = mmc_reshape(ctx, mmc_gather_rows(ctx, e, rows), 3, MMC_SHAPE(B, Tl, C));   /* [B, T/C, C] */
+    cos = mmc_reshape(ctx, mmc_gather_rows(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, cos), 2, MMC_SHAPE(BT, D)), rows),
+                      3, MMC_SHAPE(B, Tl, D));                                    /* [B, T/C, D] */
+    sin = mmc_reshape(ctx, mmc_gather_rows(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, sin), 2, MMC_SHAPE(BT, D)), rows),
+                      3, MMC_SHAPE(B, Tl, D));
+    *loss = shard_loss(ctx, m, cp, b, &s, x, cos, sin, scale);
+    return MMC_OK;
 }

@@ -18,7 +18,8 @@
  *                 lm_head input) + the cross-entropy's 2 small ones; per step the gradient
  *                 norm's sum (sp: + each replicated norm weight's gradient)
  *   cp Ulysses    q, k, v and output all-to-all forward and backward (8 per layer); ring: c - 1
- *                 K/V exchanges forward and 2(c - 1) backward
+ *                 K/V exchanges forward and 2(c - 1) backward; Qwen2-VL: the vision tower whole
+ *                 on every rank of the group, the merged features' gradient all-reduced over it
  *   pp            a [b, S, C] transfer ([b, S/t, C] with sp) per stage boundary per micro-batch each way (v per rank
  *                 when interleaved); step = M v + P - 1 slots of a chunk, (M + (P - 1) / v) x the
  *                 slowest stage's time with a device per rank; with more ranks than cores, a slot
@@ -1121,7 +1122,6 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
     if (l->cp > 1) {
         if (!l->cp_ring && mmc_cp_check_qwen2(&m->lm, l->cp, NULL)) NO("%s", mmc_last_error());
         if (w->seq % l->cp) NO("seq_len %lld is not a multiple of context_parallel %d", (long long)w->seq, l->cp);
-        if (m->vision) NO("context parallelism is implemented for the text Qwen2 only");
     }
     if (l->pp > 1) {
         int64_t bounds[1025];
@@ -1372,6 +1372,12 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
             /* counted in full: on shared cores the hops do not hide; recompute repeats the forward's */
             cp_mb = (double)Ls * ring + (double)nrc * (double)(l->cp - 1) * hop;
         }
+        /* Qwen2-VL: the tower replicated over the group (vision_time in full on every rank); the
+         * merged features' gradient (f32) all-reduced over it once per micro-batch, backward */
+        if (m->vision && w->vision_patches > 0 && !w->freeze_vision)
+            cp_mb += ccost(d, ranks, MMC_COLL_ALL_REDUCE, l->cp,
+                           (double)(l->micro_batch * w->vision_patches / (m->v_merge * m->v_merge)) * (double)m->v_out * 4.0,
+                           lcp);
     }
     if (P > 1) {   /* measured point-to-point constants (this host) where the stages share a node;
                     * with sequence parallelism each tp rank passes its slice of the sequence */
@@ -1493,6 +1499,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
         act += w->freeze_vision ? blk : (rc_full ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
                                            (P > 1 ? (double)(M < P ? M : P) : 1.0);
     }
+    if (m->vision && l->cp > 1 && (firstbig || P == 1))   /* cp: the whole row's embeddings, before and after the features */
+        act += 2.0 * (double)(l->micro_batch * w->seq) * C * ab;
     e->mem_act = act;
     e->mem_total = e->mem_params + e->mem_grads + e->mem_optim + e->mem_act;
 

@@ -497,7 +497,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         return verr(c, root, "parallel", "zero", "%lld with tensor_parallel %lld and %s: not supported yet (their partial "
                     "gradients are reduced outside ZeRO's shards); use zero 0", (long long)p->zero,
                     (long long)p->tensor_parallel, p->sequence_parallel ? "sequence_parallel" : "LoRA");
-    /* context parallelism (mmc_cp.h): the text Qwen2 with plain data parallelism (heads and KV heads
+    /* context parallelism (mmc_cp.h): the text decoders, Qwen2-VL and Qwen2.5-VL with plain data parallelism (heads and KV heads
      * are checked against config.json when the model is read) */
     if (p->context_parallel > 1) {
         const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
@@ -506,7 +506,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                           : c->data.eval ? "an evaluation set (data.eval)" : NULL;
         if (why)
             return verr(c, root, "parallel", "context_parallel", "%lld with %s is not supported yet; context "
-                        "parallelism composes with plain data parallelism (zero 0) of the text Qwen2",
+                        "parallelism composes with plain data parallelism (zero 0) of the text decoders, Qwen2-VL and Qwen2.5-VL",
                         (long long)p->context_parallel, why);
     }
     /* expert parallelism (mmc_ep.h): a MoE model's experts over groups of data-parallel ranks, full

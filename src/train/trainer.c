@@ -1419,6 +1419,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
             if ((st = t->internvl ? mmc_internvl_batch_loss(t->ctx, t->internvl, &mbs[k], scale, &l, &n)
                       : t->llava  ? mmc_llava_batch_loss(t->ctx, t->llava, &mbs[k], scale, &l, &n)
                       : t->omni   ? mmc_omni_batch_loss(t->ctx, t->omni, &mbs[k], scale, &l, &n)
+                      : t->cpc    ? mmc_cp_qwen2_vl_loss(t->ctx, t->vl, t->cpc, &mbs[k], scale, &l, &n)   /* its shard */
                                   : mmc_qwen2_vl_batch_loss(t->ctx, t->vl, &mbs[k], scale, &l, &n))) {
                 mmc_ctx_reset(t->ctx);
                 if (t->dp) mmc_dp_forward_end(t->dp);

@@ -4,7 +4,10 @@
  * The C ranks of a group read the same micro-batches (they share dp_rank) and each computes
  * the loss of its sequence shard, scaled by 1 / the global batch's label count; the weight
  * gradients, partial per rank, are summed over the group exactly as gradient accumulation
- * sums micro-batches, and the reported loss is the group's sum. */
+ * sums micro-batches, and the reported loss is the group's sum. Qwen2-VL / Qwen2.5-VL: the vision
+ * tower runs whole on every rank of the group (mmc_cp_qwen2_vl_loss) and its backward already
+ * sees the features' whole gradient (summed over the group), so its weight gradients (and its
+ * LoRA adapters') are the same on every rank and are not summed again. */
 #include "trainer_internal.h"
 #include "mmc_cp.h"
 
@@ -43,10 +46,11 @@ mmc_status mmc_cp_trainer_layout(mmc_trainer *t) {
 }
 
 mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
-    if (t->vl || t->llava || mmc_trainer_diffusion(t) || !t->lm)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel is implemented for the text Qwen2 "
-                         "family only so far (this model is a %s); use context_parallel 1", t->cfg->file,
-                         t->vl ? "Qwen2-VL" : t->llava ? "LLaVA" : "diffusion model");
+    if (t->llava || t->omni || t->internvl || mmc_trainer_diffusion(t) || !t->lm)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel is implemented for the text decoders "
+                         "(Qwen2, Llama, Mistral), Qwen2-VL and Qwen2.5-VL only so far (this model is a%s); use context_parallel 1",
+                         t->cfg->file, t->llava ? " LLaVA" : t->omni ? " Qwen2.5-Omni" : t->internvl ? "n InternVL"
+                         : " diffusion model");
     const bool ring = t->cfg->parallel.context_parallel_mode == MMC_CP_RING;
     mmc_cp_set_mode_qwen2(t->lm, ring ? MMC_CP_RING : MMC_CP_ULYSSES);
     return ring ? MMC_OK : mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);   /* ring: any C */
@@ -55,6 +59,8 @@ mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
 mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {
     mmc_status st;
     for (int i = 0; i < t->n_opt; i++) {   /* weight gradients: this rank's tokens only -> summed */
+        /* (but the vision tower's, and its adapters': whole on every rank, mmc_cp_qwen2_vl_loss) */
+        if (t->vl && !strncmp(t->opt_names[i], "model.visual.", 13)) continue;
         mmc_tensor *g = t->opt_model[i]->grad;
         if (g && (st = mmc_all_reduce(t->cpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) return st;
     }
