@@ -2,12 +2,20 @@
  * 1024 -> 4096 -> 4096; Llama-2-7B layers, vocabulary 32064, untied head) with random f32
  * weights and reduced depth (tower 4 of 24 layers, language model 2 of 32): image features of
  * one 336x336 image (tower + projector), prefill of a prompt with that image (576 image tokens +
- * 24 text tokens, last-position logits only, as generation does) and single-token decode after
- * it, plus peak memory over weights + KV cache.
- * Peer: bench/peer_llava.py, transformers' LlavaForConditionalGeneration (sdpa, fp32), same
- * shapes and threads. */
-#include "bench_util.h"
+ * 24 text tokens, last-position logits only, as generation does), prefill of 512 text tokens,
+ * single-token decode after the image prompt (tok/s, and the GB/s it streams: the decoder
+ * layers' and lm_head's weights plus the KV cache once per token, against the host's read
+ * bandwidth measured in the same process), plus peak memory over weights + KV cache.
+ * Training (bench_vlm7b.h, each mode in a forked child, before the inference cases): one step
+ * on a 640-token row (8 text, 576 <image>, 56 text tokens, labels on those 56) with the tower
+ * (4 of 24) frozen and the language model at 1 of 32 layers (full vocabulary: memory), full
+ * (projector + language model, AdamW) and LoRA r=16 on the LM projections.
+ * MMC_BENCH_VLM7B_TRAIN=full,lora|none picks them.
+ * Peer: bench/peer_llava.py, transformers' LlavaForConditionalGeneration (sdpa, fp32; PEFT for
+ * LoRA), same shapes, sequences and threads. */
+#include "bench_vlm7b.h"
 #include "mmc_llava.h"
+#include "mmc_trainer.h"
 
 #include <string.h>
 
@@ -15,7 +23,7 @@ static const char *CFG =
     "{\"model_type\": \"llava\", \"image_token_index\": 32000, \"projector_hidden_act\": \"gelu\","
     " \"vision_feature_layer\": -2, \"vision_feature_select_strategy\": \"default\","
     " \"text_config\": {\"model_type\": \"llama\", \"vocab_size\": 32064, \"hidden_size\": 4096,"
-    " \"intermediate_size\": 11008, \"num_hidden_layers\": 2, \"num_attention_heads\": 32,"
+    " \"intermediate_size\": 11008, \"num_hidden_layers\": %d, \"num_attention_heads\": 32,"
     " \"num_key_value_heads\": 32, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-5},"
     " \"vision_config\": {\"model_type\": \"clip_vision_model\", \"hidden_size\": 1024, \"intermediate_size\": 4096,"
     " \"num_hidden_layers\": 4, \"num_attention_heads\": 16, \"image_size\": 336, \"patch_size\": 14}}";
@@ -50,13 +58,67 @@ static void prefill_step(void *p) {
     mmc_llava_logits(a->ctx, a->m, mmc_contiguous(a->ctx, mmc_narrow(a->ctx, h, 1, T - 1, 1)));
 }
 
-int main(void) {
-    double base = bench_mem_baseline();
+static mmc_llava *new_model(int lm_layers) {
+    char buf[2048];
+    snprintf(buf, sizeof buf, CFG, lm_layers);
     mmc_json *cfg = NULL;
-    if (mmc_json_parse(CFG, strlen(CFG), "bench config", &cfg)) die();
-    args_t a = {.ctx = mmc_ctx_new()};
-    if (mmc_llava_new(cfg, "bench config", 1, &a.m)) die();
+    mmc_llava *m = NULL;
+    if (mmc_json_parse(buf, strlen(buf), "bench config", &cfg) || mmc_llava_new(cfg, "bench config", 1, &m)) die();
     mmc_json_free(cfg);
+    return m;
+}
+
+static mmc_status llava_loss(mmc_ctx *ctx, void *m, const mmc_batch *b, double scale, mmc_tensor **l, int64_t *n) {
+    return mmc_llava_batch_loss(ctx, m, b, scale, l, n);
+}
+
+/* one training mode in this (forked) process: the row of the header, pixels N(0, 1) */
+#define TRAIN_T 640
+static void train_case(bool lora) {
+    double base = bench_mem_baseline();
+    mmc_llava *m = new_model(1);
+    vlm7b_model vm = {.model = m, .loss = llava_loss, .tower_prefix = "vision_tower."};
+    mmc_module_list ml = {0};
+    if (mmc_llava_params(m, &vm.params, &vm.names, &vm.n) || mmc_llava_linears(m, &ml)) die();
+    vm.linears = &ml;
+    const int64_t n_img = mmc_llava_image_tokens(m), S = 336;
+    static int32_t ids[TRAIN_T], lab[TRAIN_T];
+    mmc_rng r;
+    mmc_rng_init(&r, 5);
+    mmc_batch b = {.B = 1, .T = TRAIN_T, .input_ids = ids, .labels = lab, .n_seqs = 1, .n_images = 1, .n_patches = 1,
+                   .patch_dim = 3 * S * S};
+    for (int64_t t = 0; t < TRAIN_T; t++) {
+        ids[t] = t >= 8 && t < 8 + n_img ? 32000 : (int32_t)(mmc_rng_u64(&r) % 31000);
+        lab[t] = t >= 8 + n_img ? ids[t] : MMC_IGNORE_INDEX;
+        b.n_label_tokens += t > 0 && lab[t] != MMC_IGNORE_INDEX;
+    }
+    b.n_tokens = TRAIN_T;
+    b.pixel_values = malloc((size_t)b.patch_dim * sizeof(float));
+    mmc_rng_normal(&r, b.pixel_values, b.patch_dim, 0, 1);
+    int64_t grid[3] = {1, S, S};
+    b.image_grid_thw = grid;
+    vlm7b_train_case(&vm, lora, &b, "llava15_7b_train_t4l1_T640", base);
+    free(b.pixel_values);
+    mmc_module_list_free(&ml);
+    for (int i = 0; i < vm.n; i++) free(vm.names[i]);
+    free(vm.names);
+    free(vm.params);
+    mmc_llava_free(m);
+}
+
+int main(void) {
+    for (int lora = 0; lora < 2; lora++) {
+        if (!vlm7b_train_mode(lora ? "lora" : "full", "full,lora")) continue;
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) { train_case(lora); fflush(stdout); _exit(0); }
+        int status;
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status)) fprintf(stderr, "bench_llava: training case %s failed\n", lora ? "lora" : "full");
+    }
+    double base = bench_mem_baseline();
+    args_t a = {.ctx = mmc_ctx_new()};
+    a.m = new_model(2);
     mmc_set_grad_enabled(a.ctx, false);
     mmc_rng r;
     mmc_rng_init(&r, 3);
@@ -93,7 +155,26 @@ int main(void) {
     }
     qsort(times, 32, sizeof times[0], bench_cmp_);
     bench_report("llava15_7b_decode_lm2of32_after600", 1.0 / times[16], "tok/s", 1);
+    /* what a decode step streams: every decoder weight and the lm_head (the embedding is gathered), and the KV
+     * cache at its mean length */
+    double dec_bytes = 0;
+    for (int i = 0; i < a.m->lm->n_params; i++)
+        if (a.m->lm->params[i] != a.m->lm->embed) dec_bytes += (double)mmc_nbytes(a.m->lm->params[i]);
+    if (a.m->lm->lm_head == a.m->lm->embed) dec_bytes += (double)mmc_nbytes(a.m->lm->embed);
+    dec_bytes += 2.0 * (double)tc->num_layers * (double)(T + 16) * (double)(tc->num_kv_heads * tc->head_dim) * 4.0;
+    bench_report("llava15_7b_decode_GBps", dec_bytes / times[16] / 1e9, "GB/s", 1);
     g_peak = bench_peak_rss_mib();
+    /* prefill of 512 text tokens (no image), last-position logits */
+    mmc_tensor *img_ids = a.ids, *img_px = a.px;
+    a.ids = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(1, 512));
+    for (int64_t t = 0; t < 512; t++) ((int32_t *)a.ids->data)[t] = (int32_t)(mmc_rng_u64(&r) % 31000);
+    a.px = NULL;
+    sec = bench_time(prefill_step, &a, 5.0, 2);
+    bench_report("llava15_7b_prefill_lm2of32_T512", 512.0 / sec, "tok/s", 1);
+    fprintf(stderr, "prefill of 512 text tokens: %.3f s\n", sec);
+    mmc_tensor_free(a.ids);
+    a.ids = img_ids, a.px = img_px;
+    if (bench_peak_rss_mib() > g_peak) g_peak = bench_peak_rss_mib();
     double w = 0, kv = 0;
     for (int i = 0; i < a.m->lm->n_params; i++) w += (double)mmc_nbytes(a.m->lm->params[i]);
     const mmc_clip_vision_config *vc = mmc_clip_vision_cfg(a.m->vision);
@@ -115,5 +196,11 @@ int main(void) {
     mmc_tensor_free(a.px);
     mmc_llava_free(a.m);
     mmc_ctx_free(a.ctx);
+    /* after the peak: the host's read bandwidth, and decode's share of it */
+    double bw = vlm7b_read_bw();
+    bench_report_info("llava15_7b_host_read_GBps", bw, "GB/s");
+    bench_report_info("llava15_7b_decode_frac_read_bw", dec_bytes / times[16] / 1e9 / bw, "fraction");
+    fprintf(stderr, "decode: %.1f ms/token, %.2f GB per token = %.1f GB/s, %.2f of the read bandwidth %.1f GB/s\n",
+            times[16] * 1e3, dec_bytes / 1e9, dec_bytes / times[16] / 1e9, dec_bytes / times[16] / 1e9 / bw, bw);
     return 0;
 }

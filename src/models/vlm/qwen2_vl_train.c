@@ -102,8 +102,27 @@ mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x
         ao.n_seqs = n;
     }
     x = mmc_qwen2_forward(ctx, lm, x, cos, sin, &ao, NULL);                             /* [B, T, C] */
-    mmc_tensor *logits = mmc_qwen2_logits(ctx, lm, x);                                  /* [B, T, V] */
-    return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+    /* the lm_head only on the rows whose next label is scored (logits[t] predicts labels[t + 1]): the same loss
+     * and gradients as over every row (an unscored row's gradient is zero), without the head's GEMMs over a VLM
+     * prompt's image and instruction rows (LLaVA-1.5: 576 image rows of a 640-token row) */
+    const int64_t B = b->B, C = x->shape[2];
+    int64_t n = 0;
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t t = 0; t + 1 < T; t++) n += b->labels[r * T + t + 1] != MMC_IGNORE_INDEX;
+    if (lm->tp || n == 0 || n == B * (T - 1)) {
+        mmc_tensor *logits = mmc_qwen2_logits(ctx, lm, x);                              /* [B, T, V] */
+        return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
+    }
+    mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n)), *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(n));  /* [n] */
+    int64_t *ix = idx->data, k = 0;
+    int32_t *ty = tg->data;
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t t = 0; t + 1 < T; t++)
+            if (b->labels[r * T + t + 1] != MMC_IGNORE_INDEX) ix[k] = r * T + t, ty[k++] = b->labels[r * T + t + 1];
+    mmc_tensor *xs = mmc_gather_rows(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(B * T, C)), idx);
+    mmc_tensor *logits = mmc_qwen2_logits(ctx, lm, xs);                                 /* [n, V] */
+    if (n_scored) *n_scored = n;
+    return mmc_scale(ctx, mmc_cross_entropy(ctx, logits, tg, MMC_IGNORE_INDEX), (float)((double)n * scale));
 }
 
 mmc_status mmc_qwen2_save_weights(const mmc_qwen2 *m, const char *path, mmc_dtype dt) {
