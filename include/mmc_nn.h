@@ -24,13 +24,18 @@ typedef struct mmc_lora {
 typedef struct mmc_nf4 mmc_nf4;   /* NF4 weight (bitsandbytes layout), see mmc_quant.h */
 typedef struct mmc_q8 mmc_q8;     /* int8 weight, per-output-channel scales, see mmc_quant.h */
 
-typedef struct {
+typedef struct mmc_linear_w {
     mmc_tensor *w;        /* [N, K] f32/bf16; NULL when quantised */
     mmc_tensor *b;        /* [N] or NULL */
     mmc_lora *lora;       /* NULL unless adapted */
     mmc_nf4 *q;           /* NULL unless quantised to NF4 (QLoRA, --quantize nf4) */
     int64_t out_features, in_features;
     mmc_q8 *q8;           /* NULL unless quantised to int8 (--quantize int8) */
+    /* A fused linear whose output rows are n_parts checkpoint linears stacked (Qwen2.5-Omni's vision
+     * q / k / v held as one qkv): parts[j] (no weights, out_features rows each) carries the adapter
+     * PEFT puts on linear j, added to its slice of the output. NULL / 0 otherwise. */
+    const struct mmc_linear_w *parts;
+    int n_parts;
 } mmc_linear_w;
 
 /* x [..., K] -> [..., N] */

@@ -72,6 +72,8 @@ typedef struct mmc_omni {
     mmc_st *st;
     mmc_tensor **qkv_views;          /* training: the vision q / k / v row views of mmc_omni_params, */
     int n_qkv_views;                 /* three per fused qkv weight / bias (borrowed from its caller) */
+    mmc_linear_w *vis_parts;         /* LoRA: [depth][3] the vision blocks' q / k / v as adapter hosts
+                                      * (qkv.parts), made by mmc_omni_linears */
 } mmc_omni;
 
 /* config.json model_type "qwen2_5_omni_thinker" or "qwen2_5_omni" (its thinker_config). */

@@ -14,6 +14,9 @@
 #         within 1e-3 of transformers' (measured 1.5e-6 both); the trained encoders' weights are saved;
 #         LoRA on the audio encoder's linears (targets fc1 / fc2: only the audio tower has them) trains
 #         and saves PEFT's module names (model.audio_tower.layers.N.fc1)
+#   LoRA on the encoders (gen_omni_tower_lora.py: the LM's, the audio encoder's and the vision tower's linears,
+#         43 modules): 20 steps within 1e-3 of PEFT's losses (measured 5.2e-6); forward --adapter on an image +
+#         audio within 1e-4 of PEFT's logits (4e-7); mmc merge equal to merge_and_unload (1e-6)
 #   QLoRA: the LM's projections in NF4, 20 steps, every loss within 1e-3 of PEFT on bitsandbytes Linear4bit
 #         (tools/ref/gen_omni_qlora.py; measured 5.8e-6)
 #   OpenAI audio parts give the LLaMA-Factory record's loss
@@ -102,6 +105,58 @@ if "$MMC" train "$W/alora.yaml" 2> "$W/alora.log"; then
   losses "$W/alora.log" > "$W/alora.txt"
   awk 'NR == 1 {a = $1} NR == 5 {exit !($1 < a - 1e-4)}' "$W/alora.txt" && ok || bad "audio-encoder LoRA did not learn: $(tr '\n' ' ' < "$W/alora.txt")"
 else cat "$W/alora.log"; bad "LoRA on the audio encoder failed"; fi
+
+# LoRA on the encoders too (gen_omni_tower_lora.py): the LM's seven projections, the audio encoder's
+# linears and the vision tower's (model.visual.blocks.N.attn.{q,k,v,proj} / .mlp.*, merger.mlp.{0,2}; q / k / v
+# adapt slices of mmc's fused qkv), 43 modules from PEFT's initial adapter: 20 steps within 1e-3 of PEFT's
+# losses (measured 5.2e-6), the encoders' adapters after them within 2.5e-2 relative update error; the
+# PEFT-trained adapter in `mmc forward --adapter` on an image + an audio: last logits within 1e-4 of PEFT's
+# (4e-7); `mmc merge` folds all 43, its weights equal to merge_and_unload's within 1e-6
+cat > "$W/tl.yaml" <<YAML
+model: {path: $BASE, dtype: f32, lora: {r: 4, alpha: 8, init: $F/tower_lora_init}}
+$common
+optimizer: {lr: 5.0e-3, weight_decay: 0.0, schedule: constant, grad_clip: 0}
+training: {steps: 20, log_every: 1, save_every: 20, output_dir: $W/tl, seed: 0}
+YAML
+if "$MMC" train "$W/tl.yaml" 2> "$W/tl.log"; then
+  grep -q "LoRA r=4 alpha=8 on 43 modules" "$W/tl.log" && ok || bad "encoder LoRA did not adapt 43 modules"
+  losses "$W/tl.log" > "$W/tl.txt"
+  d=$(maxdiff "$W/tl.txt" $F/tower_lora_losses.txt)
+  echo "LoRA with the encoders' linears, 20 steps: max |loss - PEFT's| = $d"
+  within "$d" 1e-3 && ok || bad "encoder LoRA losses differ from PEFT's by $d"
+  worst=0
+  for m in visual.blocks.0.attn.q visual.blocks.1.attn.v visual.blocks.0.mlp.gate_proj visual.merger.mlp.2 \
+           audio_tower.layers.1.fc1 audio_tower.proj; do
+    k=base_model.model.model.$m.lora_B.weight
+    st_floats "$W/tl/checkpoint-20/adapter_model.safetensors" $k > "$W/a.txt"
+    st_floats $F/tower_lora_ref/adapter_model.safetensors $k > "$W/b.txt"; st_floats $F/tower_lora_init/adapter_model.safetensors $k > "$W/c.txt"
+    r=$(relupdate "$W/a.txt" "$W/b.txt" "$W/c.txt")
+    [ -s "$W/a.txt" ] && within "$r" 2.5e-2 && ok || bad "adapter $m lora_B after 20 steps: relative update error $r"
+    worst=$(maxof "$worst" "$r")
+  done
+  echo "encoder LoRA adapters after 20 steps: max relative update error = $worst"
+else cat "$W/tl.log"; bad "LoRA with the encoders' linears failed"; fi
+tr ' ' '\n' < $F/tower_lora_ref.logits.txt | sed '/^$/d' > "$W/tpeft.txt"
+if "$MMC" forward --model $BASE --adapter $F/tower_lora_ref --image $F/img0.png --audio $F/a0.wav --prompt "Describe both." \
+     --out "$W/tf.safetensors" 2> "$W/tf.log"; then
+  st_floats "$W/tf.safetensors" last_logits > "$W/tf.txt"
+  d=$(maxdiff "$W/tf.txt" "$W/tpeft.txt")
+  echo "PEFT-trained encoder adapter in mmc forward (image + audio): max |logit - PEFT's| = $d"
+  [ "$(wc -l < "$W/tf.txt")" = "$(wc -l < "$W/tpeft.txt")" ] && within "$d" 1e-4 && ok || bad "encoder-adapter logits differ from PEFT's by $d"
+else cat "$W/tf.log"; bad "forward --adapter with the encoder adapter failed"; fi
+if "$MMC" merge --adapter $F/tower_lora_ref --out "$W/tm" > "$W/tm.log" 2>&1; then
+  grep -q "merged 43 adapted weights" "$W/tm.log" && ok || { cat "$W/tm.log"; bad "merge did not fold the 43 adapted linears"; }
+  worst=0
+  for k in model.layers.1.self_attn.q_proj.weight audio_tower.layers.0.fc1.weight audio_tower.proj.weight \
+           visual.blocks.0.attn.q.weight visual.blocks.1.attn.k.weight visual.blocks.1.attn.v.weight visual.blocks.0.attn.proj.weight \
+           visual.blocks.1.mlp.down_proj.weight visual.merger.mlp.0.weight visual.merger.mlp.2.weight visual.blocks.0.attn.q.bias; do
+    st_floats "$W/tm/model.safetensors" $k > "$W/a.txt"; st_floats $F/tower_lora_merged.safetensors $k > "$W/b.txt"
+    d=$(maxdiff "$W/a.txt" "$W/b.txt")
+    [ -s "$W/b.txt" ] && [ "$(wc -l < "$W/a.txt")" = "$(wc -l < "$W/b.txt")" ] && within "$d" 1e-6 && ok || bad "merged $k differs from merge_and_unload's by $d"
+    worst=$(maxof "$worst" "$d")
+  done
+  echo "mmc merge of the encoder adapter: max |weight - merge_and_unload's| = $worst"
+else cat "$W/tm.log"; bad "merge of the encoder adapter failed"; fi
 
 # OpenAI content parts with an audio path: the same sample as the first record, the same first loss
 printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "audio", "audio": "'"$PWD/$F"'/a0.wav"}, {"type": "text", "text": "What colour is the square?"}]}, {"role": "assistant", "content": "Red."}]}' > "$W/oa.jsonl"

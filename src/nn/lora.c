@@ -68,6 +68,7 @@ void mmc_lora_canonical_name(const char *name, char *out, size_t cap) {
         {"model.multi_modal_projector.", "multi_modal_projector."},
         {"model.vision_tower.vision_model.", "vision_tower."}, {"vision_tower.vision_model.", "vision_tower."},
         {"model.vision_tower.", "vision_tower."},
+        {"model.audio_tower.", "audio_tower."},   /* Qwen2.5-Omni's thinker: live vs its checkpoint */
         {"model.", "lm."},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {

@@ -551,6 +551,8 @@ static mmc_tensor *vblock_fn(mmc_ctx *ctx, void *user, mmc_tensor **in, int n_in
 }
 
 static bool lin_trainable(const mmc_linear_w *l) {
+    for (int j = 0; j < l->n_parts; j++)   /* Omni's q / k / v adapters on the fused qkv */
+        if (lin_trainable(&l->parts[j])) return true;
     return (l->w && mmc_requires_grad(l->w)) || (l->b && mmc_requires_grad(l->b)) ||
            (l->lora && (mmc_requires_grad(l->lora->A) || mmc_requires_grad(l->lora->B)));
 }

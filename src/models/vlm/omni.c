@@ -17,6 +17,7 @@ void mmc_omni_free(mmc_omni *m) {
     if (!m) return;
     mmc_omni_audio_free(m->audio);
     mmc_vision_free(m->visual);
+    free(m->vis_parts);
     mmc_qwen2_free(m->lm);
     mmc_st_close(m->st);
     free(m);

@@ -14,9 +14,10 @@
  * model.freeze, when given, decides (as for LLaVA): without `audio` the audio encoder trains
  * (omni_audio.c records its whole forward), without `vision_tower` / `merger` the vision tower / merger
  * do (each block's fused qkv is then rebuilt on the tape from the q / k / v views the trainer holds, so
- * their gradients land on the parameters it updates). LoRA reaches the LM's linears and the audio
- * encoder's (PEFT module names model.language_model.layers.N.*, model.audio_tower.layers.N.*, as on the
- * live thinker). Packed rows and videos are not supported for training yet.
+ * their gradients land on the parameters it updates). LoRA reaches the LM's linears, the audio
+ * encoder's and the vision tower's (PEFT module names model.language_model.layers.N.*,
+ * model.audio_tower.layers.N.*, model.visual.blocks.N.attn.{q,k,v,proj} / .mlp.* and
+ * model.visual.merger.mlp.{0,2}, as on the live thinker; q / k / v adapt slices of the fused qkv). Packed rows and videos are not supported for training yet.
  *
  * Parameter names are save_pretrained's for the thinker: model.*, lm_head.weight,
  * audio_tower.*, visual.* (the vision tower's fused qkv exposed as Omni's separate q / k / v
@@ -115,9 +116,64 @@ fail:
     return st;
 }
 
+/* The vision tower's linears under the live thinker's names: model.visual.blocks.N.attn.{q,k,v,proj},
+ * .mlp.{gate,up,down}_proj, model.visual.merger.mlp.{0,2}. q / k / v are hosts without weights, the
+ * parts of the block's fused qkv (mmc_nn_linear adds their adapters to its q / k / v slices). */
+static mmc_status vision_linears(mmc_omni *m, mmc_module_list *out) {
+    mmc_vision *v = m->visual;
+    const int64_t depth = v->cfg.depth;
+    if (!m->vis_parts) {
+        if (!(m->vis_parts = calloc((size_t)(3 * depth), sizeof *m->vis_parts)))
+            return mmc_error(MMC_ERR_OOM, "out of memory");
+        for (int64_t l = 0; l < depth; l++) {
+            mmc_linear_w *qkv = &v->blocks[l].qkv;
+            for (int j = 0; j < 3; j++)
+                m->vis_parts[3 * l + j] = (mmc_linear_w){.out_features = qkv->out_features / 3,
+                                                         .in_features = qkv->in_features};
+            qkv->parts = m->vis_parts + 3 * l, qkv->n_parts = 3;
+        }
+    }
+    static const char *const nm[7] = {"attn.q", "attn.k", "attn.v", "attn.proj", "mlp.gate_proj", "mlp.up_proj",
+                                      "mlp.down_proj"};
+    char name[MMC_MODULE_NAME];
+    mmc_status st = MMC_OK;
+    for (int64_t l = 0; l < depth && !st; l++) {
+        mmc_vision_block *b = &v->blocks[l];
+        mmc_linear_w *ls[7] = {&m->vis_parts[3 * l], &m->vis_parts[3 * l + 1], &m->vis_parts[3 * l + 2], &b->proj,
+                               &b->gate, &b->up, &b->down};
+        for (int j = 0; j < 7 && !st; j++) {
+            snprintf(name, sizeof name, "model.visual.blocks.%lld.%s", (long long)l, nm[j]);
+            st = mmc_module_list_add(out, ls[j], name);
+        }
+    }
+    if (!st) st = mmc_module_list_add(out, &v->mlp0, "model.visual.merger.mlp.0");
+    if (!st) st = mmc_module_list_add(out, &v->mlp2, "model.visual.merger.mlp.2");
+    return st;
+}
+
 mmc_status mmc_omni_linears(mmc_omni *m, mmc_module_list *out) {
     mmc_status st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
-    return st ? st : mmc_omni_audio_linears(m->audio, "model.audio_tower.", out);
+    if (!st) st = mmc_omni_audio_linears(m->audio, "model.audio_tower.", out);
+    return st ? st : vision_linears(m, out);
+}
+
+static bool lora_trainable(const mmc_linear_w *l) {
+    return l->lora && (mmc_requires_grad(l->lora->A) || mmc_requires_grad(l->lora->B));
+}
+
+/* Does a trainable adapter sit on the vision tower (blocks or merger)? */
+static bool vision_lora_trainable(const mmc_omni *m) {
+    const mmc_vision *v = m->visual;
+    if (lora_trainable(&v->mlp0) || lora_trainable(&v->mlp2)) return true;
+    for (int64_t l = 0; l < v->cfg.depth; l++) {
+        const mmc_vision_block *b = &v->blocks[l];
+        const mmc_linear_w *ls[4] = {&b->proj, &b->gate, &b->up, &b->down};
+        for (int j = 0; j < 4; j++)
+            if (lora_trainable(ls[j])) return true;
+        for (int j = 0; j < b->qkv.n_parts; j++)
+            if (lora_trainable(&b->qkv.parts[j])) return true;
+    }
+    return false;
 }
 
 mmc_status mmc_omni_attach_adapter(mmc_omni *m, const char *adapter_dir) {
@@ -236,7 +292,8 @@ mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, mmc_omni *m, const mmc_batch *b, do
         for (int i = 0; i < v->n_params && !tape; i++)
             tape = !strstr(v->param_names[i], "attn.qkv.") && mmc_requires_grad(v->params[i]);
         for (int i = 0; i < m->n_qkv_views && !tape; i++) tape = mmc_requires_grad(m->qkv_views[i]);
-        tape = tape && mmc_grad_enabled(ctx);
+        bool lora = vision_lora_trainable(m);   /* adapters on a frozen tower: its forward on the tape too */
+        tape = (tape || lora) && mmc_grad_enabled(ctx);
         if (tape && v->recompute) return mmc_error(MMC_ERR_UNSUPPORTED, "omni training: activation checkpointing of "
                                                    "a trainable vision tower is not supported yet");
         /* trained, the fused qkv of each block is the concatenation of its q / k / v parameters (the
