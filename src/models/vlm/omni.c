@@ -7,6 +7,7 @@
  * weights are left unread). The vision tower is mmc_vl.h's Qwen2.5-VL tower: Omni keeps q, k and v
  * as separate linears, which are copied into its fused qkv. */
 #include "mmc_omni.h"
+#include "mmc_lora.h"
 #include "mmc_parallel.h"
 
 #include <stdio.h>
@@ -15,6 +16,10 @@
 
 void mmc_omni_free(mmc_omni *m) {
     if (!m) return;
+    if (m->lm) {   /* the adapter first: it detaches from the encoders' linears too, so before they go */
+        mmc_lora_free(m->lm->adapter);
+        m->lm->adapter = NULL;
+    }
     mmc_omni_audio_free(m->audio);
     mmc_vision_free(m->visual);
     free(m->vis_parts);
