@@ -6,13 +6,30 @@ and the argmax of its logits); tok/s = NTOK / the decode time, best of ROUNDS.
 With CLOCK = cpu the decode time is this thread's CPU time (run it with THREADS = 1, where llama.cpp
 computes in the calling thread), as bench_quant does with MMC_BENCH_CPU_CLOCK=1.
 usage: bench_quant_llama.py quantize IN.gguf OUT.gguf q8_0|q4_k_m THREADS
-       bench_quant_llama.py decode MODEL.gguf NTOK THREADS ROUNDS PROMPT_LEN [wall|cpu]"""
+       bench_quant_llama.py decode MODEL.gguf NTOK THREADS ROUNDS PROMPT_LEN [wall|cpu]
+MMC_LLAMA_NO_EXTRA_BUFTS=1: load the model without llama.cpp's extra CPU buffer types (the AMX and
+repacked-weight kernels; llama_model_params.use_extra_bufts = false). bench_quant.sh falls back to it when a
+decode dies: llama-cpp-python 0.3.36 built with GGML_NATIVE on the Intel kind (AMX_INT8) segfaults in
+llama_decode on Q8_0 and Q4_K_M GGUFs with them."""
 import ctypes
+import os
 import sys
 import time
 
 import llama_cpp
+import llama_cpp.llama
 import numpy as np
+
+if os.environ.get("MMC_LLAMA_NO_EXTRA_BUFTS") == "1":
+    _default_params = llama_cpp.llama_model_default_params
+
+    def _no_extra_bufts():
+        p = _default_params()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama_model_default_params = _no_extra_bufts
+    llama_cpp.llama.llama_cpp.llama_model_default_params = _no_extra_bufts
 
 if sys.argv[1] == "quantize":
     src, dst, kind, threads = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
