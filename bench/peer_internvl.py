@@ -49,7 +49,7 @@ if spec is None:
     sys.exit("peer_internvl: xtuner is not installed in this venv (tools/ref/gen_internvl_internlm2.py's docstring)")
 sys.path.insert(0, os.path.join(os.path.dirname(spec.origin), "_lite", "modelings"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_util import mem_baseline, median_time, peak_rss_mib, report  # noqa: E402
+from peer_util import mem_baseline, median_time, peak_rss_mib, report, time_train_steps  # noqa: E402
 
 IMG_CONTEXT = 92546
 LORA_RE = r".*layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.(w1|w2|w3))"   # PEFT on the InternLM2 model
@@ -138,19 +138,8 @@ def train_case(mode):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
 
-    step()
-    ts, cs = [], []
-    for _ in range(max(1, int(os.environ.get("MMC_BENCH_VLM7B_TRAIN_STEPS", "3")))):
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        ts.append(time.perf_counter() - t0)
-        cs.append(time.process_time() - c0)
-    ts.sort()
-    cs.sort()
-    report(f"internvl_8b_train_v4l1_T512_{mode}_tokens_per_s", T / ts[len(ts) // 2], "tokens/s")
-    report(f"internvl_8b_train_v4l1_T512_{mode}_cpu_s_per_step", cs[len(cs) // 2], "CPU s", False)
-    report(f"internvl_8b_train_v4l1_T512_{mode}_peak_mem_MiB", peak_rss_mib() - base, "MiB", False)
-    sys.stderr.write(f"peer internvl train {mode}: {ts[len(ts) // 2]:.2f} s/step, "
+    t_step = time_train_steps(step, T, f"internvl_8b_train_v4l1_T512_{mode}", base)
+    sys.stderr.write(f"peer internvl train {mode}: {t_step:.2f} s/step, "
                      f"{sum(p.numel() for p in params) / 1e6:.1f}M trained, loss {losses[0]:.4f} -> {losses[-1]:.4f}\n")
 
 

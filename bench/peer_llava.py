@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from peer_util import mem_baseline, median_time, peak_rss_mib, report
+from peer_util import mem_baseline, median_time, peak_rss_mib, report, time_train_steps
 
 LORA_RE = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
@@ -66,18 +66,7 @@ def train_case(mode):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
 
-    step()
-    ts, cs = [], []
-    for _ in range(max(1, int(os.environ.get("MMC_BENCH_VLM7B_TRAIN_STEPS", "3")))):
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        ts.append(time.perf_counter() - t0)
-        cs.append(time.process_time() - c0)
-    ts.sort()
-    cs.sort()
-    report(f"llava15_7b_train_t4l1_T640_{mode}_tokens_per_s", T / ts[len(ts) // 2], "tokens/s")
-    report(f"llava15_7b_train_t4l1_T640_{mode}_cpu_s_per_step", cs[len(cs) // 2], "CPU s", False)
-    report(f"llava15_7b_train_t4l1_T640_{mode}_peak_mem_MiB", peak_rss_mib() - base, "MiB", False)
+    time_train_steps(step, T, f"llava15_7b_train_t4l1_T640_{mode}", base)
 
 
 def inference():

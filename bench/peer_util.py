@@ -1,8 +1,10 @@
 """peer_util.py — what the PyTorch peer scripts share: the thread count the C benches use
 (MMC_BENCH_THREADS), the timing estimator and the JSON line each case prints (peer_timing.py,
-re-exported here), and the memory baseline (as bench_util.h's bench_mem_baseline: RSS after
-start-up and imports, before the model; figures are peak RSS minus it)."""
+re-exported here), the memory baseline (as bench_util.h's bench_mem_baseline: RSS after
+start-up and imports, before the model; figures are peak RSS minus it), and the training-step
+timer of the 7B-shaped VLM peers (as bench_vlm7b.h's)."""
 import os
+import time
 
 import torch
 
@@ -33,3 +35,23 @@ def mem_baseline():
 def peak_rss_mib():
     """Peak RSS since mem_baseline() (VmHWM), in MiB."""
     return _status_mib("VmHWM:")
+
+
+def time_train_steps(step, tokens, prefix, base):
+    """One warm-up call of step(), then MMC_BENCH_VLM7B_TRAIN_STEPS (3) timed ones: reports
+    PREFIX_tokens_per_s (tokens / the median wall time), PREFIX_cpu_s_per_step (the median CPU
+    time of the process, all threads) and PREFIX_peak_mem_MiB (peak RSS - base); returns the
+    median wall time."""
+    step()
+    ts, cs = [], []
+    for _ in range(max(1, int(os.environ.get("MMC_BENCH_VLM7B_TRAIN_STEPS", "3")))):
+        t0, c0 = time.perf_counter(), time.process_time()
+        step()
+        ts.append(time.perf_counter() - t0)
+        cs.append(time.process_time() - c0)
+    ts.sort()
+    cs.sort()
+    report(f"{prefix}_tokens_per_s", tokens / ts[len(ts) // 2], "tokens/s")
+    report(f"{prefix}_cpu_s_per_step", cs[len(cs) // 2], "CPU s", False)
+    report(f"{prefix}_peak_mem_MiB", peak_rss_mib() - base, "MiB", False)
+    return ts[len(ts) // 2]
