@@ -118,18 +118,14 @@ else cat "$W/qlora.log"; bad "QLoRA training failed"; fi
 
 # DP: 2 ranks, one micro-batch each
 if command -v mpirun >/dev/null 2>&1; then
-  MPI=(timeout -k 10 120 mpirun --oversubscribe --bind-to none -np 2)
-  [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-  export OMPI_MCA_orte_tmpdir_base="$W"
-  # (Open MPI's own allocations outlive MPI_Finalize: no leak check across mpirun, as test_dist_train)
-  if ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 "${MPI[@]}" "$MMC" train "$W/full.yaml" --set "$LORA" \
+  if mpi_train2 "$W/full.yaml" --set "$LORA" \
        --set "parallel={data_parallel: 2}" --set training.save_every=0 --set training.output_dir="$W/dp" > "$W/dp.out" 2> "$W/dp.log"; then
     losses "$W/dp.log" > "$W/dp.txt"
     d=$(maxrel "$W/dp.txt" $F/lora_losses.txt)
     echo "DP 2 ranks LoRA: max |loss - PEFT's| / PEFT's = $d"
     within "$d" 1e-4 && ok || bad "DP losses differ from PEFT's by $d"
   else tail -20 "$W/dp.log"; bad "DP training failed"; fi
-  if ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 "${MPI[@]}" "$MMC" train "$W/full.yaml" --set "parallel={data_parallel: 2, zero: 3}" \
+  if mpi_train2 "$W/full.yaml" --set "parallel={data_parallel: 2, zero: 3}" \
        --set training.save_every=0 --set training.output_dir="$W/z3" > "$W/z3.out" 2> "$W/z3.log"; then
     losses "$W/z3.log" > "$W/z3.txt"
     d=$(maxrel "$W/z3.txt" "$W/ref_losses.txt")

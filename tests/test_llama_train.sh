@@ -65,11 +65,7 @@ else cat "$W/qlora.log"; bad "QLoRA training failed"; fi
 
 # DP: 2 ranks, one micro-batch each
 if command -v mpirun >/dev/null 2>&1; then
-  MPI=(timeout -k 10 120 mpirun --oversubscribe --bind-to none -np 2)
-  [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-  export OMPI_MCA_orte_tmpdir_base="$W"
-  # (Open MPI's own allocations outlive MPI_Finalize: no leak check across mpirun, as test_dist_train)
-  if ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 "${MPI[@]}" "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, targets: [q_proj, v_proj, down_proj], init: $F/lora_init}" \
+  if mpi_train2 "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, targets: [q_proj, v_proj, down_proj], init: $F/lora_init}" \
        --set "parallel={data_parallel: 2}" --set training.save_every=0 --set training.output_dir="$W/dp" > "$W/dp.out" 2> "$W/dp.log"; then
     losses "$W/dp.log" > "$W/dp.txt"
     d=$(maxrel "$W/dp.txt" "$W/lora.txt")

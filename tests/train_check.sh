@@ -2,6 +2,13 @@
 # test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh, test_moe_train.sh, test_moe_tp.sh, test_moe_pp.sh): pass / fail counting, a tensor of a
 # .safetensors as text, and comparisons of number columns.
 fail=0; n=0
+# mpi_train2 ARGS...: `$MMC train ARGS` on 2 ranks (mpirun, at most 120 s), OpenMPI's session directory in
+# $W; no leak check across mpirun (Open MPI's own allocations outlive MPI_Finalize, as test_dist_train)
+mpi_train2() {
+  local mpi=(timeout -k 10 120 mpirun --oversubscribe --bind-to none -np 2)
+  [ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
+  OMPI_MCA_orte_tmpdir_base="$W" ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 "${mpi[@]}" "$MMC" train "$@"
+}
 ok()  { n=$((n+1)); }
 bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
 
