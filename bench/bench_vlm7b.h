@@ -72,6 +72,32 @@ static bool vlm7b_train_mode(const char *mode, const char *dflt) {
     return false;
 }
 
+/* One greedy decode step after the prefill in kv: the logits [1, 1, V] of the one-token ids (the model's
+ * forward with the cache, then its lm_head); NULL on error. */
+typedef mmc_tensor *(*vlm7b_step_fn)(mmc_ctx *ctx, void *model, mmc_kv_cache *kv, mmc_tensor *ids);
+
+/* The median seconds of 32 greedy decode steps (each: reset ctx, one token through step, argmax over
+ * vocab), starting from token 42 after the prefill already in kv. */
+static double vlm7b_decode_s(mmc_ctx *ctx, void *model, mmc_kv_cache *kv, vlm7b_step_fn step, int64_t vocab) {
+    double times[32];
+    int32_t tok = 42;
+    for (int s = 0; s < 32; s++) {
+        double t0 = mmc_now();
+        mmc_ctx_reset(ctx);
+        mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(1, 1));   /* [1, 1] */
+        ((int32_t *)ids->data)[0] = tok;
+        mmc_tensor *lt = step(ctx, model, kv, ids);
+        if (!lt) { fprintf(stderr, "bench: decode step: %s\n", mmc_last_error()); exit(1); }
+        const float *l = lt->data;
+        int32_t best = 0;
+        for (int64_t v = 1; v < vocab; v++) if (l[v] > l[best]) best = (int32_t)v;
+        tok = best;
+        times[s] = mmc_now() - t0;
+    }
+    qsort(times, 32, sizeof times[0], bench_cmp_);
+    return times[16];
+}
+
 /* CPU seconds of this process, all threads (robust where other processes share the cores) */
 static double vlm7b_cpu_s(void) {
     struct timespec t;

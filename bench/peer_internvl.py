@@ -24,7 +24,6 @@ venv of tools/ref/gen_internvl_internlm2.py (MMC_BENCH_INTERNLM2_VENV, default .
 repository root; made as that script's docstring says, plus `pip install --no-deps timm==1.0.31`, which the
 remote InternViT imports for DropPath), and reports nothing (a note on stderr) where that venv is missing."""
 import importlib.util
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -49,7 +48,7 @@ if spec is None:
     sys.exit("peer_internvl: xtuner is not installed in this venv (tools/ref/gen_internvl_internlm2.py's docstring)")
 sys.path.insert(0, os.path.join(os.path.dirname(spec.origin), "_lite", "modelings"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_util import mem_baseline, median_time, peak_rss_mib, report, time_train_steps  # noqa: E402
+from peer_util import mem_baseline, median_time, peak_rss_mib, report, run_train_modes, time_train_steps  # noqa: E402
 
 IMG_CONTEXT = 92546
 LORA_RE = r".*layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.(w1|w2|w3))"   # PEFT on the InternLM2 model
@@ -182,11 +181,5 @@ def inference():
 
 
 if __name__ == "__main__":
-    modes = os.environ.get("MMC_BENCH_VLM7B_TRAIN", "lora").split(",")
-    ctx = mp.get_context("spawn")
-    for m in ("full", "lora"):
-        if m in modes:
-            p = ctx.Process(target=train_case, args=(m,))
-            p.start()
-            p.join()
+    run_train_modes(train_case, "lora")
     inference()

@@ -14,13 +14,11 @@ through it) and the language model at 1 of 32 layers; "full" trains the projecto
 language model, "lora" PEFT LoRA r=16 alpha 32 on the language model's
 q/k/v/o/gate/up/down_proj (regex target, as bench_llava.c). MMC_BENCH_VLM7B_TRAIN=full,lora|none,
 MMC_BENCH_VLM7B_TRAIN_STEPS (default 3) timed steps after one warm-up, median."""
-import multiprocessing as mp
-import os
 import time
 
 import torch
 
-from peer_util import mem_baseline, median_time, peak_rss_mib, report, time_train_steps
+from peer_util import mem_baseline, median_time, peak_rss_mib, report, run_train_modes, time_train_steps
 
 LORA_RE = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
@@ -118,11 +116,5 @@ def inference():
 
 
 if __name__ == "__main__":
-    modes = os.environ.get("MMC_BENCH_VLM7B_TRAIN", "full,lora").split(",")
-    ctx = mp.get_context("spawn")
-    for m in ("full", "lora"):
-        if m in modes:
-            p = ctx.Process(target=train_case, args=(m,))
-            p.start()
-            p.join()
+    run_train_modes(train_case, "full,lora")
     inference()

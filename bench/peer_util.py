@@ -37,6 +37,19 @@ def peak_rss_mib():
     return _status_mib("VmHWM:")
 
 
+def run_train_modes(train_case, default):
+    """train_case(mode) for each of full, lora named in MMC_BENCH_VLM7B_TRAIN (default: default), each
+    in a spawned process of its own (a fresh peak RSS; the memory freed between them)."""
+    import multiprocessing as mp
+    modes = os.environ.get("MMC_BENCH_VLM7B_TRAIN", default).split(",")
+    ctx = mp.get_context("spawn")
+    for m in ("full", "lora"):
+        if m in modes:
+            p = ctx.Process(target=train_case, args=(m,))
+            p.start()
+            p.join()
+
+
 def time_train_steps(step, tokens, prefix, base):
     """One warm-up call of step(), then MMC_BENCH_VLM7B_TRAIN_STEPS (3) timed ones: reports
     PREFIX_tokens_per_s (tokens / the median wall time), PREFIX_cpu_s_per_step (the median CPU
