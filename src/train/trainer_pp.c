@@ -416,8 +416,7 @@ static mmc_status save_on_rank0(mmc_trainer *t) {
             const char *a = v.lora_names[2 * i];
             const size_t len = strlen(a) > 14 ? strlen(a) - 14 : 0;   /* ".lora_A.weight" */
             snprintf(lv.names[i], sizeof lv.names[i], "%.*s", (int)len, a);
-            lv.adapters[i] = (mmc_lora){.A = v.lora[2 * i], .B = v.lora[2 * i + 1], .scale = own_lora->adapters ?
-                                        own_lora->adapters[0].scale : 0};
+            lv.adapters[i] = (mmc_lora){.A = v.lora[2 * i], .B = v.lora[2 * i + 1]};   /* (what mmc_lora_save reads) */
         }
         t->lora = &lv;
     }
