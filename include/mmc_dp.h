@@ -87,6 +87,13 @@ mmc_status mmc_dp_finish(mmc_dp *d, mmc_ctx *ctx);
  * squares over tp too and count the replicated ones once. tp NULL or of size 1: plain. */
 void mmc_dp_set_tp(mmc_dp *d, mmc_comm *tp, const signed char *split);
 mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm);
+/* Partial gradients summed over another group g (after mmc_dp_finish, before mmc_dp_clip):
+ * sel[i] marks the i-th parameter given to mmc_dp_new whose gradient each rank of g holds only
+ * a part of (sequence parallelism's replicated norms, a tensor-parallel LoRA's replicated
+ * factor, a tower encoding each tp rank's share of the images). ZeRO >= 1: this rank's shard
+ * slices of those parameters, packed into one all-reduce (g's ranks hold the same bucket layout
+ * — the same parameter sizes in the same order — checked once); ZeRO 0: their full gradients. */
+mmc_status mmc_dp_reduce_partial(mmc_dp *d, mmc_comm *g, const bool *sel);
 /* ZeRO >= 1: AdamW on this rank's shard, then all-gather the parameters into opt[i]. */
 mmc_status mmc_dp_step(mmc_dp *d, double lr);
 /* ZeRO >= 1: gather the sharded AdamW moments into full (allocated, initialised) state

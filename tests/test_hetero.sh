@@ -5,7 +5,7 @@
 # tests/fixtures/train/vl_tiny.json, 7 images of 5 sizes + 1 text sample per step, micro-batches of 4):
 #   vision dp2 | LM tp2          (2 ranks: each tp rank encodes its share of the micro-batch's images)
 #   vision dp4 | LM tp2 x dp2    (4 ranks, through mmc launch: MindSpeed-MM's "encoders at DP, LM at TP x DP")
-#   the same with LoRA on tower and LM modules (adapters), and with sequence parallelism
+#   the same with LoRA on tower and LM modules (adapters), with sequence parallelism, and with ZeRO-1 / 2
 #   checkpoints: the 4-rank run's (2 steps) continued in one process, one process's continued at 2 ranks
 #   every rank encoded images, and together every image of the run once
 #   errors before any work: rank counts that do not add up, unsupported mixes, a text model
@@ -89,6 +89,14 @@ LORA=', lora: {r: 4, alpha: 8, dropout: 0.0, targets: [qkv, proj, fc1, fc2, q_pr
 cfg refL '{}' "$LORA"; cfg h2L "$HV2" "$LORA"
 run1 "$W/refL.yaml" && runN 2 "$W/h2L.yaml" || { bad "LoRA runs"; tail "$W/train.log"; }
 cmp_runs "LoRA, vision dp2 | LM tp2 vs 1 process (adapters)" refL h2L
+# ZeRO-1 / ZeRO-2 over the LM's data-parallel replicas: the tower's gradients summed over tp on
+# the ZeRO shards (mmc_dp_reduce_partial), AdamW state sharded over dp
+for z in 1 2; do
+  : > "$W/train.log"
+  runN 4 "$W/h4.yaml" --set parallel.language.data_parallel=2 --set parallel.zero=$z --set training.output_dir="$W/z$z" ||
+    { bad "vision dp4 | LM tp2 x dp2 ZeRO-$z run"; tail "$W/train.log"; }
+  cmp_runs "vision dp4 | LM tp2 x dp2 ZeRO-$z vs 1 process" ref z$z
+done
 # sequence parallelism in the language model (odd lengths padded)
 runN 2 "$W/h2.yaml" --set training.output_dir="$W/sp" --set parallel.sequence_parallel=true ||
   { bad "sequence-parallel run"; tail "$W/train.log"; }
@@ -105,7 +113,6 @@ err "ranks do not add up" "tensor_parallel 1 x data_parallel 3 = 3 ranks, but th
   "$MMC" train "$W/h4.yaml" --set 'parallel.language={tensor_parallel: 2, data_parallel: 2}' --set parallel.vision.data_parallel=3
 err "vision tp neither 1 nor the LM's" "tensor_parallel 2 with the language model's tensor_parallel 4" \
   "$MMC" train "$W/h4.yaml" --set 'parallel.vision={tensor_parallel: 2, data_parallel: 2}' --set parallel.language.tensor_parallel=4
-err "hetero with ZeRO" "with ZeRO (parallel.zero > 0): not supported yet" "$MMC" train "$W/h4.yaml" --set parallel.zero=1
 err "hetero with an evaluation set" "with an evaluation set (data.eval" "$MMC" train "$W/h4.yaml" --set data.eval="$W/data.jsonl"
 err "hetero with pipeline stages" "with pipeline_parallel > 1: not supported yet" \
   "$MMC" train "$W/h4.yaml" --set parallel.pipeline_parallel=2

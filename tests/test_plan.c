@@ -336,7 +336,9 @@ int main(void) {
                                   2.0 * 4.0 * mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, Np * 32 * 4, 0, 1e-9)) +
                             mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, VP * 4, 0, 1e-9);
         CHECK_NEAR(eh.tp_comm_s - es.tp_comm_s, want, 1e-12 * fabs(want) + 1e-15);
-        hl.zero = 1, hl.dp = 2;   /* what the trainer refuses, the planner does not offer */
+        hl.zero = 1, hl.dp = 2;   /* ZeRO-1/2 over the LM's replicas: the trainer runs them */
+        CHECK(mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
+        hl.zero = 3;   /* what the trainer refuses, the planner does not offer */
         CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
         hl.zero = 0, hl.dp = 1, hl.tp = 1;
         CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));

@@ -38,7 +38,7 @@ grep -m1 'tp validation' "$out"
 
 # ---- mmc train with parallel.tensor_parallel: the same run at tp=1 and tp=2 (losses, final
 # weights and AdamW moments compared by `tp_worker compare`), resume across layouts
-# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks (ZeRO 0-2), Qwen2-VL with the language
+# (tp2 -> tp2, tp2 -> tp1, tp1 -> tp2), tp2 x dp2 on 4 ranks (ZeRO 0-2, with sp and with LoRA), Qwen2-VL with the language
 # model and the vision tower split (and LoRA on both), LoRA, sequence parallelism, and the layout errors before any work
 cfg() {  # cfg NAME TP STEPS
   cat > "$W/$1.yaml" <<YAML
@@ -81,6 +81,11 @@ cmp_runs "mmc train tp=2 x dp=2 ZeRO-1 vs 1 process" ref tpz1
 runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz2" --set parallel.zero=2 --set training.steps=3 &&
   runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz2" --set parallel.zero=2 --resume || fail=1
 cmp_runs "tp=2 x dp=2 ZeRO-2, 3 steps, resumed" ref tpz2
+# ZeRO with the gradients each tp rank holds a part of (sequence parallelism's replicated norms,
+# a LoRA factor kept whole): summed over tp on the ZeRO shards (mmc_dp_reduce_partial)
+runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpz1sp" --set parallel.zero=1 --set parallel.sequence_parallel=true ||
+  { echo "FAIL: tp2 x dp2 ZeRO-1 + sp run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train tp=2 x dp=2 ZeRO-1 + sequence parallelism vs 1 process" ref tpz1sp
 # Qwen2-VL: the language model split, the vision tower replicated; mixed text / image batches
 vlcfg() {  # vlcfg NAME TP
   cat > "$W/$1.yaml" <<YAML
@@ -138,6 +143,9 @@ cmp_runs "mmc train LoRA tp=2 vs 1 process (adapters)" refL tp2L
 runN 2 "$W/tp2L.yaml" --set training.output_dir="$W/rL" --set training.steps=3 &&
   runN 2 "$W/tp2L.yaml" --set training.output_dir="$W/rL" --resume || fail=1
 cmp_runs "LoRA tp=2 3 steps, resumed at tp=2" refL rL
+runN 4 "$W/tp2L.yaml" --set training.output_dir="$W/tpz2L" --set parallel.zero=2 ||
+  { echo "FAIL: LoRA tp2 x dp2 ZeRO-2 run"; tail "$W/train.log"; fail=1; }
+cmp_runs "mmc train LoRA tp=2 x dp=2 ZeRO-2 vs 1 process (adapters)" refL tpz2L
 expect_err() {  # expect_err WHAT PATTERN NP YAML...
   local what=$1 pat=$2 np=$3; shift 3
   if [ "$np" = 1 ]; then "$MMC" train "$@" >"$out" 2>&1; else timeout 60 "${MPIRUN[@]}" -np "$np" "$MMC" train "$@" >"$out" 2>&1; fi

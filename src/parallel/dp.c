@@ -93,6 +93,7 @@ struct mmc_dp {
     int64_t peak_p_steps;      /* peak_p before a gather for saving / evaluating */
     mmc_comm *tp;              /* tensor parallelism (mmc_dp_set_tp): the norm's split terms are summed over it */
     signed char *tp_split;     /* [n] */
+    bool partial_checked;      /* mmc_dp_reduce_partial checked the group's layouts */
 };
 
 static void *falloc(int64_t n) {
@@ -822,6 +823,48 @@ mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm) {
         for (int i = 0; i < d->nb; i++)
             for (int64_t k = 0; k < d->b[i].shard; k++) d->b[i].gshard[k] *= coef;
     }
+    return MMC_OK;
+}
+
+mmc_status mmc_dp_reduce_partial(mmc_dp *d, mmc_comm *g, const bool *sel) {
+    if (!g || mmc_comm_size(g) < 2) return MMC_OK;
+    /* what this rank holds of the marked parameters: its shard slices (ZeRO >= 1) or whole gradients */
+    const int n = d->zero >= 1 ? d->n_slices : d->n;
+    int64_t len = 0;
+    for (int j = 0; j < n; j++) {
+        const int p = d->zero >= 1 ? d->slice_param[j] : j;
+        mmc_tensor *t = d->zero >= 1 ? d->slices[j] : d->model[p];
+        if (sel[p] && t->grad) len += mmc_numel(t);
+    }
+    mmc_status st;
+    if (!d->partial_checked) {   /* every rank of g must pack the same count (the same layout) */
+        double mm[2] = {(double)len, -(double)len};
+        if ((st = mmc_all_reduce(g, mm, mm, 2, MMC_F64, MMC_MAX))) return st;
+        if (mm[0] != -mm[1])
+            return mmc_error(MMC_ERR_INVALID, "dp: the ranks of a tensor-parallel group hold %lld to %lld elements "
+                             "of partial gradients in their ZeRO shards (their parameter layouts differ); use zero 0",
+                             (long long)-mm[1], (long long)mm[0]);
+        d->partial_checked = true;
+    }
+    if (!len) return MMC_OK;
+    float *buf = malloc(sizeof(float) * (size_t)len);
+    if (!buf) return mmc_error(MMC_ERR_OOM, "dp: out of memory (%lld partial gradients)", (long long)len);
+    int64_t at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        at = 0;
+        for (int j = 0; j < n; j++) {
+            const int p = d->zero >= 1 ? d->slice_param[j] : j;
+            mmc_tensor *t = d->zero >= 1 ? d->slices[j] : d->model[p];
+            if (!sel[p] || !t->grad) continue;
+            const int64_t m = mmc_numel(t);
+            float *gd = t->grad->data;
+            if (pass == 0) memcpy(buf + at, gd, sizeof(float) * (size_t)m);
+            else memcpy(gd, buf + at, sizeof(float) * (size_t)m);
+            at += m;
+        }
+        if (pass == 0 && (st = mmc_all_reduce(g, buf, buf, len, MMC_F32, MMC_SUM))) { free(buf); return st; }
+    }
+    free(buf);
     return MMC_OK;
 }
 

@@ -1137,10 +1137,10 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
     if (l->zero == 3 && w->weight_bytes != 2)
         NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
     if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
-    if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM tp x dp (zero 0) */
+    if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM tp x dp (ZeRO 0-2) */
         if (!m->vision || w->vision_patches <= 0) NO("a per-modality plan needs a vision tower and images");
         if (l->tp < 2) NO("a per-modality plan needs the language model at tensor_parallel 2 or more");
-        if (l->pp > 1 || l->cp > 1 || l->zero > 0) NO("a per-modality plan composes with tp x dp at ZeRO 0 only");
+        if (l->pp > 1 || l->cp > 1 || l->zero > 2) NO("a per-modality plan composes with tp x dp at ZeRO 0-2 only");
     }
     return true;
 #undef NO
@@ -1351,8 +1351,9 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
             const double feats = (double)(l->micro_batch * w->vision_patches / (m->v_merge * m->v_merge)) *
                                  (double)m->v_out * ab;
             tp_mb += ccost(d, ranks, MMC_COLL_ALL_GATHER, t, feats, ltp);
-            if (!w->freeze_vision && w->lora_r <= 0)
-                tp_step += ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)mmc_plan_vision_params(m) * 4.0, ltp);
+            if (!w->freeze_vision && w->lora_r <= 0)   /* ZeRO >= 1: this rank's shard of them */
+                tp_step += ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)mmc_plan_vision_params(m) * 4.0 /
+                                 (l->zero >= 1 ? (double)l->dp : 1.0), ltp);
         }
         if (l->sp) tp_step += (double)(2 * Ls + 1) * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, C * 4.0, ltp);
     }

@@ -353,12 +353,12 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
     const int64_t vtp = plan_given(v) ? (v->tensor_parallel ? v->tensor_parallel : 1) : tp;
     if (vtp == 1 && tp > 1) {
         const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
-                          : p->expert_parallel > 1 ? "expert_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+                          : p->expert_parallel > 1 ? "expert_parallel > 1"
                           : c->data.eval ? "an evaluation set (data.eval; world rank 0 evaluates alone)" : NULL;
         if (why)
             return verr(c, root, "parallel", "vision", "data-parallel over all ranks while the language model is at "
                         "tensor_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
-                        "language model's tensor_parallel x data_parallel (zero 0, sequence_parallel and LoRA allowed)",
+                        "language model's tensor_parallel x data_parallel (ZeRO 0-2, sequence_parallel and LoRA allowed)",
                         (long long)tp, why);
         p->hetero = true;
     }
@@ -493,10 +493,6 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->tensor_parallel > 1 && p->zero == 3)
         return verr(c, root, "parallel", "zero", "3 with tensor_parallel %lld: ZeRO-3 over the data-parallel replicas of "
                     "a tensor-parallel model is not supported yet; use zero 0-2", (long long)p->tensor_parallel);
-    if (p->tensor_parallel > 1 && p->zero > 0 && (p->sequence_parallel || c->model.lora.r > 0))
-        return verr(c, root, "parallel", "zero", "%lld with tensor_parallel %lld and %s: not supported yet (their partial "
-                    "gradients are reduced outside ZeRO's shards); use zero 0", (long long)p->zero,
-                    (long long)p->tensor_parallel, p->sequence_parallel ? "sequence_parallel" : "LoRA");
     /* context parallelism (mmc_cp.h): the text decoders, Qwen2-VL and Qwen2.5-VL with plain data parallelism (heads and KV heads
      * are checked against config.json when the model is read) */
     if (p->context_parallel > 1) {

@@ -333,6 +333,8 @@ static mmc_status tp_restore(mmc_trainer *t, const char *dir);
 static mmc_status hetero_check(mmc_trainer *t);
 static mmc_status hetero_setup(mmc_trainer *t);
 static mmc_status hetero_reduce(mmc_trainer *t);
+static mmc_status partial_setup(mmc_trainer *t);
+static mmc_status partial_reduce(mmc_trainer *t);
 static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p);
 
 /* LoRA under tensor parallelism (mmc_tp.h): the decoder's column-parallel modules (q/k/v,
@@ -997,6 +999,7 @@ layout_done:
         free(through);
         if (st) goto fail;
         if (t->tpc) mmc_dp_set_tp(t->dp, t->tpc, t->opt_split);   /* the norm over the tp slices */
+        if (t->tpc && cfg->parallel.zero >= 1 && (st = partial_setup(t))) goto fail;
         if (cfg->parallel.zero >= 1) {   /* this rank keeps only its shard of the AdamW state */
             mmc_dp_scatter_state(t->dp, &t->adamw);
             mmc_adamw_free(&t->adamw);
@@ -1059,6 +1062,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     free(t->lora_partial);
     free(t->hetero_idx);
     free(t->hetero_buf);
+    free(t->partial_sel);
     free(t->ep_split);
     free(t->moe_tokens);
     mmc_comm_free(t->epc);
@@ -1123,6 +1127,40 @@ static mmc_status hetero_check(mmc_trainer *t) {
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.vision data-parallel while the language model is at "
                          "tensor_parallel %d: implemented for Qwen2-VL / Qwen2.5-VL (the other vision-language "
                          "models train without tensor parallelism yet)", c->file, t->tp_size);
+    return MMC_OK;
+}
+
+/* ZeRO >= 1 under tensor parallelism: which trained tensors' gradients are partial on each tp
+ * rank — the replicated parameters under sequence parallelism, a LoRA factor kept whole beside a
+ * split one, a data-parallel tower's (hetero plan) — summed over tp on the ZeRO shards
+ * (mmc_dp_reduce_partial) instead of on full gradients ZeRO no longer keeps */
+static mmc_status partial_setup(mmc_trainer *t) {
+    if (!(t->partial_sel = calloc((size_t)t->n_opt + 1, sizeof *t->partial_sel)))
+        return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < t->n_opt; i++) {
+        const mmc_tensor *p = t->opt_model[i];
+        for (int k = 0; t->lm->sp && k < t->lm->n_params; k++)
+            if (t->lm->params[k] == p && t->lm->param_split[k] < 0) t->partial_sel[i] = true;
+        for (int k = 0; t->lora_partial && k < t->lora->n_params; k++)
+            if (t->lora->params[k] == p && t->lora_partial[k]) t->partial_sel[i] = true;
+    }
+    for (int k = 0; k < t->n_hetero; k++) t->partial_sel[t->hetero_idx[k]] = true;
+    return MMC_OK;
+}
+
+/* the gradients each tp rank holds a part of, summed over tp: with ZeRO >= 1 on the shards */
+static mmc_status partial_reduce(mmc_trainer *t) {
+    if (t->partial_sel) return mmc_dp_reduce_partial(t->dp, t->tpc, t->partial_sel);
+    mmc_status st;
+    for (int i = 0; t->tpc && t->lm->sp && i < t->lm->n_params; i++) {   /* sp: the replicated parameters */
+        mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
+        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) return st;
+    }
+    if (t->n_hetero && (st = hetero_reduce(t))) return st;   /* per-modality plan: the tower's gradients */
+    for (int i = 0; t->lora_partial && i < t->lora->n_params; i++) {   /* a LoRA factor kept whole */
+        mmc_tensor *g = t->lora_partial[i] ? t->lora->params[i]->grad : NULL;
+        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) return st;
+    }
     return MMC_OK;
 }
 
@@ -1468,15 +1506,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     if (t->cpc && (st = mmc_cp_trainer_reduce(t, &loss))) goto done;   /* cp: weight gradients and loss summed */
     if (t->epc && (st = mmc_ep_trainer_reduce(t, &loss))) goto done;   /* ep: dense over dp, experts over edp */
     if (t->lm && t->lm->moe && (st = mmc_moe_trainer_stats(t, s))) goto done;
-    for (int i = 0; t->tpc && t->lm->sp && i < t->lm->n_params; i++) {   /* sp: the replicated parameters' partial gradients */
-        mmc_tensor *g = t->lm->param_split[i] < 0 ? t->lm->params[i]->grad : NULL;
-        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
-    }
-    if (t->n_hetero && (st = hetero_reduce(t))) goto done;   /* per-modality plan: the tower's gradients over tp */
-    for (int i = 0; t->lora_partial && i < t->lora->n_params; i++) {   /* tp: partial LoRA gradients */
-        mmc_tensor *g = t->lora_partial[i] ? t->lora->params[i]->grad : NULL;
-        if (g && (st = mmc_all_reduce(t->tpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) goto done;
-    }
+    if ((st = partial_reduce(t))) goto done;   /* tp: partial gradients (sp, LoRA, a hetero tower) */
     for (int i = 0; i < t->n_opt; i++)
         if (t->opt[i] != t->opt_model[i]) t->opt[i]->grad = t->opt_model[i]->grad;
     if (t->dp && c->parallel.zero >= 1) {

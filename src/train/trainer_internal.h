@@ -119,6 +119,7 @@ struct mmc_trainer {
     signed char *opt_split;    /* [n_opt] with tp: each trained tensor's split dim, or -1 */
     signed char *lora_split;   /* [lora->n_params] with tp: split dim of each LoRA factor, or -1 */
     bool *lora_partial;        /* [lora->n_params] with tp: its gradient is partial (all-reduced over tp) */
+    bool *partial_sel;         /* [n_opt] ZeRO >= 1 with tp: the partial gradients (sp, LoRA, hetero tower) */
     /* per-modality plan (mmc_hetero.h, parallel.vision data-parallel while the LM is at tp > 1): the
      * trained tensors of the vision tower (and its LoRA factors), whose gradients are partial per tp
      * rank (each encoded its share of the images): summed over the tp group after the dp reduction */
