@@ -5,7 +5,8 @@
 # tests/fixtures/train/vl_tiny.json, 7 images of 5 sizes + 1 text sample per step, micro-batches of 4):
 #   vision dp2 | LM tp2          (2 ranks: each tp rank encodes its share of the micro-batch's images)
 #   vision dp4 | LM tp2 x dp2    (4 ranks, through mmc launch: MindSpeed-MM's "encoders at DP, LM at TP x DP")
-#   the same with LoRA on tower and LM modules (adapters), with sequence parallelism, and with ZeRO-1 / 2
+#   the same with LoRA on tower and LM modules (adapters), with sequence parallelism, with ZeRO-1 / 2,
+#   and with an evaluation set (data.eval: the eval loss is one process's)
 #   checkpoints: the 4-rank run's (2 steps) continued in one process, one process's continued at 2 ranks
 #   every rank encoded images, and together every image of the run once
 #   errors before any work: rank counts that do not add up, unsupported mixes, a text model
@@ -97,6 +98,16 @@ for z in 1 2; do
     { bad "vision dp4 | LM tp2 x dp2 ZeRO-$z run"; tail "$W/train.log"; }
   cmp_runs "vision dp4 | LM tp2 x dp2 ZeRO-$z vs 1 process" ref z$z
 done
+# data.eval: every rank evaluates (each tp rank encodes its share of the eval images), the loss is
+# one process's
+EV=(--set data.eval="$W/data.jsonl" --set training.eval_every=2 --set training.steps=2)
+run1 "$W/ref.yaml" "${EV[@]}" --set training.output_dir="$W/ev1" &&
+  runN 4 "$W/h4.yaml" --set parallel.language.data_parallel=2 "${EV[@]}" --set training.output_dir="$W/ev4" ||
+  { bad "data.eval runs"; tail "$W/train.log"; }
+e1=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/ev1/metrics.jsonl" 2>/dev/null); e4=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/ev4/metrics.jsonl" 2>/dev/null)
+if [ -n "$e1" ] && python3 -c "import sys; a, b = (float(x.split()[-1]) for x in sys.argv[1:]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$e1" "$e4"; then
+  ok; echo "vision dp4 | LM tp2 x dp2 data.eval: $e4 (one process: $e1)"
+else bad "vision dp4 | LM tp2 x dp2 data.eval: '$e4' vs one process '$e1'"; fi
 # sequence parallelism in the language model (odd lengths padded)
 runN 2 "$W/h2.yaml" --set training.output_dir="$W/sp" --set parallel.sequence_parallel=true ||
   { bad "sequence-parallel run"; tail "$W/train.log"; }
@@ -113,7 +124,6 @@ err "ranks do not add up" "tensor_parallel 1 x data_parallel 3 = 3 ranks, but th
   "$MMC" train "$W/h4.yaml" --set 'parallel.language={tensor_parallel: 2, data_parallel: 2}' --set parallel.vision.data_parallel=3
 err "vision tp neither 1 nor the LM's" "tensor_parallel 2 with the language model's tensor_parallel 4" \
   "$MMC" train "$W/h4.yaml" --set 'parallel.vision={tensor_parallel: 2, data_parallel: 2}' --set parallel.language.tensor_parallel=4
-err "hetero with an evaluation set" "with an evaluation set (data.eval" "$MMC" train "$W/h4.yaml" --set data.eval="$W/data.jsonl"
 err "hetero with pipeline stages" "with pipeline_parallel > 1: not supported yet" \
   "$MMC" train "$W/h4.yaml" --set parallel.pipeline_parallel=2
 err "the tower as a stage of its own" "pipeline_parallel 2: the vision tower as pipeline stages of its own" \

@@ -353,8 +353,7 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
     const int64_t vtp = plan_given(v) ? (v->tensor_parallel ? v->tensor_parallel : 1) : tp;
     if (vtp == 1 && tp > 1) {
         const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
-                          : p->expert_parallel > 1 ? "expert_parallel > 1"
-                          : c->data.eval ? "an evaluation set (data.eval; world rank 0 evaluates alone)" : NULL;
+                          : p->expert_parallel > 1 ? "expert_parallel > 1" : NULL;
         if (why)
             return verr(c, root, "parallel", "vision", "data-parallel over all ranks while the language model is at "
                         "tensor_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
