@@ -115,7 +115,8 @@ typedef struct mmc_qwen2_vl {
     mmc_lora_set *adapter;           /* PEFT adapter applied at inference (owned), or NULL */
     struct mmc_comm *vision_share;   /* per-modality plan (mmc_hetero.h): the tower (whole on every member)
                                       * encodes only this rank's share of a batch's images, the features
-                                      * all-gathered over this group (the LM's tp group); NULL: all of them */
+                                      * all-gathered over this group (the LM's tp group, or its cp group
+                                      * under context parallelism); NULL: all of them */
     int64_t share_images, share_patches;  /* under vision_share: the images and patches this rank encoded */
 } mmc_qwen2_vl;
 
@@ -145,6 +146,10 @@ mmc_status mmc_qwen2_vl_load_tp_ex(const char *dir, bool trainable, struct mmc_c
                                    mmc_qwen2_vl **out);
 mmc_status mmc_qwen2_vl_shard_tp_ex(mmc_qwen2_vl *m, struct mmc_comm *tp, bool split_tower);
 void mmc_qwen2_vl_free(mmc_qwen2_vl *m);
+/* The merged features [sum t h w / m^2, out_hidden] of n images (or videos) through the tower:
+ * mmc_vision_forward, or under m->vision_share this rank's share encoded and the rows all-gathered. */
+mmc_status mmc_qwen2_vl_encode(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels, const int64_t *grid, int n,
+                               mmc_tensor **feats);
 
 /* M-RoPE positions as transformers' get_rope_index (5.x): text runs count up by one; an
  * image/video run of t*h*w/m^2 placeholders gets (t*interval, h, w) positions offset by the

@@ -7,6 +7,7 @@
 #   vision dp4 | LM tp2 x dp2    (4 ranks, through mmc launch: MindSpeed-MM's "encoders at DP, LM at TP x DP")
 #   the same with LoRA on tower and LM modules (adapters), with sequence parallelism, with ZeRO-1 / 2,
 #   and with an evaluation set (data.eval: the eval loss is one process's)
+#   vision dp2 | LM cp2 (Ulysses), vision dp4 | LM cp2 (ring) x dp2: the tower shared over the cp group
 #   checkpoints: the 4-rank run's (2 steps) continued in one process, one process's continued at 2 ranks
 #   every rank encoded images, and together every image of the run once
 #   errors before any work: rank counts that do not add up, unsupported mixes, a text model
@@ -108,6 +109,22 @@ e1=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/ev1/metrics.jsonl" 2>/dev/null); e4=$
 if [ -n "$e1" ] && python3 -c "import sys; a, b = (float(x.split()[-1]) for x in sys.argv[1:]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$e1" "$e4"; then
   ok; echo "vision dp4 | LM tp2 x dp2 data.eval: $e4 (one process: $e1)"
 else bad "vision dp4 | LM tp2 x dp2 data.eval: '$e4' vs one process '$e1'"; fi
+# context parallelism: the tower shared out over the cp group instead of replicated on it (each cp
+# rank encodes its share, the features all-gathered; the tower's gradients summed with the
+# cp group's weight gradients), Ulysses cp2 and ring cp2 x dp2
+HC2='{vision: {data_parallel: 2}, language: {context_parallel: 2}}'
+HC4='{vision: {data_parallel: 4}, language: {context_parallel: 2, data_parallel: 2}}'
+cfg c2 "$HC2"; cfg c4 "$HC4"
+: > "$W/train.log"
+runN 2 "$W/c2.yaml" || { bad "vision dp2 | LM cp2 run"; tail "$W/train.log"; }
+grep -q 'per-modality plan: vision tower data-parallel over 2 ranks; each cp rank encodes its share' "$W/train.log" &&
+  ok || bad "no per-modality (cp) start-up line"
+shares "vision dp2 | LM cp2 (Ulysses)" "$W/train.log"
+cmp_runs "vision dp2 | LM cp2 (Ulysses) vs 1 process" ref c2
+: > "$W/train.log"
+runN 4 "$W/c4.yaml" --set parallel.context_parallel_mode=ring || { bad "vision dp4 | LM cp2 x dp2 ring run"; tail "$W/train.log"; }
+shares "vision dp4 | LM cp2 (ring) x dp2" "$W/train.log"
+cmp_runs "vision dp4 | LM cp2 (ring) x dp2 vs 1 process" ref c4
 # sequence parallelism in the language model (odd lengths padded)
 runN 2 "$W/h2.yaml" --set training.output_dir="$W/sp" --set parallel.sequence_parallel=true ||
   { bad "sequence-parallel run"; tail "$W/train.log"; }

@@ -283,7 +283,10 @@ mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const
  * the whole gradient — each row nonzero on exactly one rank, so the sum is exact — and gives
  * every rank the single process's tower gradients. They are therefore left out of the group's
  * weight-gradient sum (mmc_cp_trainer_reduce). The traffic is the features' [n, C] per
- * micro-batch instead of the tower's weights per step. */
+ * micro-batch instead of the tower's weights per step.
+ * A per-modality plan (vision_share = the cp group, mmc_hetero.h) shares the images out instead:
+ * each rank encodes its share, the features are all-gathered, and the same all-reduced feature
+ * gradient gives each rank its share's tower gradients, which the weight-gradient sum then adds. */
 static void sum_grad_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0];
     if (!mmc_requires_grad(x)) return;
@@ -325,8 +328,8 @@ mmc_status mmc_cp_qwen2_vl_loss(mmc_ctx *ctx, mmc_qwen2_vl *vl, mmc_comm *cp, co
         const int n = k ? media.n_videos : media.n_images;
         if (n <= 0) continue;
         mmc_tensor *feats;
-        st = mmc_vision_forward(ctx, vl->visual, k ? media.pixel_values_videos : media.pixel_values,
-                                k ? media.video_grid_thw : media.image_grid_thw, n, &feats, NULL);   /* [Nk, C] */
+        st = mmc_qwen2_vl_encode(ctx, vl, k ? media.pixel_values_videos : media.pixel_values,
+                                 k ? media.video_grid_thw : media.image_grid_thw, n, &feats);   /* [Nk, C] */
         if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
         const int32_t tok = (int32_t)(k ? vl->video_token_id : vl->image_token_id);
         const int64_t nf = feats->shape[0];

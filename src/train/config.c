@@ -297,8 +297,8 @@ static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char
  * job's: its keys are copied to the top-level ones (a different top-level value is refused). The
  * vision tower (with Qwen2-VL's merger, the projector) either follows the language model (its
  * tensor_parallel equal to the language model's: split like it, the ordinary plan) or runs
- * data-parallel over every rank (tensor_parallel 1 while the language model's is > 1: the
- * heterogeneous plan). What does not add up or is not implemented is refused here by name; the
+ * data-parallel over every rank (tensor_parallel 1 while the language model's is > 1, or given
+ * while its context_parallel is > 1: the heterogeneous plan). What does not add up or is not implemented is refused here by name; the
  * world size is checked again by the trainer when it is known. */
 static bool plan_given(const mmc_module_plan *m) {
     return m->data_parallel || m->tensor_parallel || m->pipeline_parallel || m->context_parallel;
@@ -359,6 +359,13 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
                         "tensor_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
                         "language model's tensor_parallel x data_parallel (ZeRO 0-2, sequence_parallel and LoRA allowed)",
                         (long long)tp, why);
+        p->hetero = true;
+    } else if (plan_given(v) && vtp == 1 && cp > 1) {   /* the tower shared over the cp group, not replicated */
+        const char *why = pp > 1 ? "pipeline_parallel > 1" : p->expert_parallel > 1 ? "expert_parallel > 1" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "vision", "data-parallel over all ranks while the language model is at "
+                        "context_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
+                        "language model's context_parallel x data_parallel", (long long)cp, why);
         p->hetero = true;
     }
     for (int i = 0; i < 3; i++) {

@@ -887,7 +887,7 @@ layout_done:
                 if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
     }
-    if (cfg->parallel.hetero && (st = hetero_setup(t))) goto fail;
+    if (cfg->parallel.hetero && t->tpc && (st = hetero_setup(t))) goto fail;   /* (cp: mmc_cp_trainer_reduce sums) */
     if (mmc_trainer_diffusion(t) && (cfg->model.recompute == MMC_RECOMPUTE_ATTENTION || cfg->model.recompute_layers ||
                                       cfg->model.offload_layers)) {
         st = mmc_error(MMC_ERR_INVALID, "%s: model.recompute: attention, model.recompute_layers and "
@@ -1125,8 +1125,8 @@ static mmc_status hetero_check(mmc_trainer *t) {
     }
     if (p->hetero && !t->vl)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.vision data-parallel while the language model is at "
-                         "tensor_parallel %d: implemented for Qwen2-VL / Qwen2.5-VL (the other vision-language "
-                         "models train without tensor parallelism yet)", c->file, t->tp_size);
+                         "tensor_parallel %d x context_parallel %d: implemented for Qwen2-VL / Qwen2.5-VL", c->file,
+                         t->tp_size, t->cp_size);
     return MMC_OK;
 }
 
@@ -1870,10 +1870,17 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                 !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
                 why, t->vl && !t->vl->visual->tp ? ")" : "");
     }
-    if (t->cpc)
-        fprintf(stderr, "mmc train: context parallelism (Ulysses) %d x data parallelism %d (%s): each rank holds 1/%d "
-                "of every sequence, attention exchanges heads for tokens\n", t->cp_size, t->dp_size,
-                mmc_comm_backend_name(t->world), t->cp_size);
+    if (t->cpc) {
+        const bool ring = c->parallel.context_parallel_mode == MMC_CP_RING;
+        fprintf(stderr, "mmc train: context parallelism (%s) %d x data parallelism %d (%s): each rank holds 1/%d "
+                "of every sequence, %s\n", ring ? "ring" : "Ulysses", t->cp_size, t->dp_size,
+                mmc_comm_backend_name(t->world), t->cp_size,
+                ring ? "K/V blocks pass around the ring" : "attention exchanges heads for tokens");
+        if (c->parallel.hetero)
+            fprintf(stderr, "mmc train: per-modality plan: vision tower data-parallel over %d ranks; each cp rank "
+                    "encodes its share of its replica's images, the merged features all-gathered over the cp group\n",
+                    t->world_size);
+    }
     if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,

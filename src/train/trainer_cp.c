@@ -51,6 +51,7 @@ mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
                          "(Qwen2, Llama, Mistral), Qwen2-VL and Qwen2.5-VL only so far (this model is a%s); use context_parallel 1",
                          t->cfg->file, t->llava ? " LLaVA" : t->omni ? " Qwen2.5-Omni" : t->internvl ? "n InternVL"
                          : " diffusion model");
+    if (t->vl && t->cfg->parallel.hetero) t->vl->vision_share = t->cpc;   /* each cp rank encodes its share */
     const bool ring = t->cfg->parallel.context_parallel_mode == MMC_CP_RING;
     mmc_cp_set_mode_qwen2(t->lm, ring ? MMC_CP_RING : MMC_CP_ULYSSES);
     return ring ? MMC_OK : mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);   /* ring: any C */
@@ -59,8 +60,9 @@ mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
 mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {
     mmc_status st;
     for (int i = 0; i < t->n_opt; i++) {   /* weight gradients: this rank's tokens only -> summed */
-        /* (but the vision tower's, and its adapters': whole on every rank, mmc_cp_qwen2_vl_loss) */
-        if (t->vl && !strncmp(t->opt_names[i], "model.visual.", 13)) continue;
+        /* (but the vision tower's, and its adapters': whole on every rank, mmc_cp_qwen2_vl_loss —
+         * unless a per-modality plan shares the images out over the group) */
+        if (t->vl && !t->vl->vision_share && !strncmp(t->opt_names[i], "model.visual.", 13)) continue;
         mmc_tensor *g = t->opt_model[i]->grad;
         if (g && (st = mmc_all_reduce(t->cpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) return st;
     }

@@ -281,6 +281,12 @@ static mmc_status vision_shared(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixel
     return MMC_OK;
 }
 
+mmc_status mmc_qwen2_vl_encode(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels, const int64_t *grid, int n,
+                               mmc_tensor **feats) {
+    return m->vision_share && mmc_comm_size(m->vision_share) > 1 ? vision_shared(ctx, m, pixels, grid, n, feats)
+                                                                 : mmc_vision_forward(ctx, m->visual, pixels, grid, n, feats, NULL);
+}
+
 /* Replace the rows of embeds [B*T, C] at token `tok` by feats [n, C] in order. */
 static mmc_tensor *place(mmc_ctx *ctx, mmc_tensor *embeds, const int32_t *ids, int64_t BT, int32_t tok,
                          mmc_tensor *feats) {
@@ -426,9 +432,7 @@ mmc_status mmc_qwen2_vl_inputs(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *ids, c
             mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
             mmc_tensor *px = k ? media->pixel_values_videos : media->pixel_values;
             const int64_t *grid = k ? media->video_grid_thw : media->image_grid_thw;
-            mmc_status st = m->vision_share && mmc_comm_size(m->vision_share) > 1
-                                ? vision_shared(ctx, m, px, grid, n, &feats)
-                                : mmc_vision_forward(ctx, m->visual, px, grid, n, &feats, NULL);
+            mmc_status st = mmc_qwen2_vl_encode(ctx, m, px, grid, n, &feats);
             if (st) return mmc_error_prefix(st, "%s", k ? "videos" : "images");
             int32_t tok = (int32_t)(k ? m->video_token_id : m->image_token_id);
             if (infer) {
