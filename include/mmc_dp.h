@@ -94,6 +94,11 @@ mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm);
  * slices of those parameters, packed into one all-reduce (g's ranks hold the same bucket layout
  * — the same parameter sizes in the same order — checked once); ZeRO 0: their full gradients. */
 mmc_status mmc_dp_reduce_partial(mmc_dp *d, mmc_comm *g, const bool *sel);
+/* ZeRO-3 with a lower-precision model: the fp32 masters (opt[i] != model[i], whose data ZeRO-3
+ * freed) all-gathered from the shards into full buffers again (collective, for a save that needs
+ * whole tensors), and freed by mmc_dp_release_masters. Other cases: nothing. */
+mmc_status mmc_dp_gather_masters(mmc_dp *d);
+void mmc_dp_release_masters(mmc_dp *d);
 /* ZeRO >= 1: AdamW on this rank's shard, then all-gather the parameters into opt[i]. */
 mmc_status mmc_dp_step(mmc_dp *d, double lr);
 /* ZeRO >= 1: gather the sharded AdamW moments into full (allocated, initialised) state

@@ -5,7 +5,7 @@
 # tests/fixtures/train/vl_tiny.json, 7 images of 5 sizes + 1 text sample per step, micro-batches of 4):
 #   vision dp2 | LM tp2          (2 ranks: each tp rank encodes its share of the micro-batch's images)
 #   vision dp4 | LM tp2 x dp2    (4 ranks, through mmc launch: MindSpeed-MM's "encoders at DP, LM at TP x DP")
-#   the same with LoRA on tower and LM modules (adapters), with sequence parallelism, with ZeRO-1 / 2,
+#   the same with LoRA on tower and LM modules (adapters), with sequence parallelism, with ZeRO-1 / 2 / 3,
 #   and with an evaluation set (data.eval: the eval loss is one process's)
 #   vision dp2 | LM cp2 (Ulysses), vision dp4 | LM cp2 (ring) x dp2: the tower shared over the cp group
 #   checkpoints: the 4-rank run's (2 steps) continued in one process, one process's continued at 2 ranks
@@ -91,9 +91,9 @@ LORA=', lora: {r: 4, alpha: 8, dropout: 0.0, targets: [qkv, proj, fc1, fc2, q_pr
 cfg refL '{}' "$LORA"; cfg h2L "$HV2" "$LORA"
 run1 "$W/refL.yaml" && runN 2 "$W/h2L.yaml" || { bad "LoRA runs"; tail "$W/train.log"; }
 cmp_runs "LoRA, vision dp2 | LM tp2 vs 1 process (adapters)" refL h2L
-# ZeRO-1 / ZeRO-2 over the LM's data-parallel replicas: the tower's gradients summed over tp on
-# the ZeRO shards (mmc_dp_reduce_partial), AdamW state sharded over dp
-for z in 1 2; do
+# ZeRO-1 / 2 / 3 over the LM's data-parallel replicas: the tower's gradients summed over tp on
+# the ZeRO shards (mmc_dp_reduce_partial), AdamW state (ZeRO-3: and the parameters) sharded over dp
+for z in 1 2 3; do
   : > "$W/train.log"
   runN 4 "$W/h4.yaml" --set parallel.language.data_parallel=2 --set parallel.zero=$z --set training.output_dir="$W/z$z" ||
     { bad "vision dp4 | LM tp2 x dp2 ZeRO-$z run"; tail "$W/train.log"; }

@@ -338,8 +338,9 @@ int main(void) {
         CHECK_NEAR(eh.tp_comm_s - es.tp_comm_s, want, 1e-12 * fabs(want) + 1e-15);
         hl.zero = 1, hl.dp = 2;   /* ZeRO-1/2 over the LM's replicas: the trainer runs them */
         CHECK(mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
-        hl.zero = 3;   /* what the trainer refuses, the planner does not offer */
+        hl.pp = 2;   /* what the trainer refuses, the planner does not offer */
         CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
+        hl.pp = 1;
         hl.zero = 0, hl.dp = 1, hl.tp = 1;
         CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
         hl.tp = 2;

@@ -94,6 +94,7 @@ struct mmc_dp {
     mmc_comm *tp;              /* tensor parallelism (mmc_dp_set_tp): the norm's split terms are summed over it */
     signed char *tp_split;     /* [n] */
     bool partial_checked;      /* mmc_dp_reduce_partial checked the group's layouts */
+    bool masters_out;          /* ZeRO-3: mmc_dp_gather_masters filled full fp32 masters */
 };
 
 static void *falloc(int64_t n) {
@@ -555,6 +556,7 @@ oom:
 
 void mmc_dp_free(mmc_dp *d) {
     if (!d) return;
+    mmc_dp_release_masters(d);
     free(d->tp_split);
     if (d->ctx && d->ctx->hooks.user == d) mmc_ctx_set_param_hooks(d->ctx, NULL);
     for (int i = 0; i < d->nt; i++) {
@@ -933,6 +935,43 @@ static mmc_status gather_moment(mmc_dp *d, mmc_adamw *a, int k) {
         if (st) return st;
     }
     return MMC_OK;
+}
+
+mmc_status mmc_dp_gather_masters(mmc_dp *d) {
+    if (d->zero != 3 || d->masters_out) return MMC_OK;
+    for (int p = 0; p < d->n; p++)   /* the fp32 masters of a lower-precision model: full buffers again */
+        if (d->opt[p] != d->model[p] && !d->opt[p]->data) {
+            if (!(d->opt[p]->data = malloc(sizeof(float) * (size_t)mmc_numel(d->opt[p]))))
+                return mmc_error(MMC_ERR_OOM, "dp: out of memory gathering the fp32 masters");
+            d->masters_out = true;
+        }
+    if (!d->masters_out) return MMC_OK;
+    for (int i = 0; i < d->nb; i++) {   /* bucket by bucket: the shards (slices' own data) all-gathered */
+        bucket *bk = &d->b[i];
+        float *buf = NULL;
+        mmc_dist_req *req = NULL;
+        mmc_status st = bucket_allgather(d, i, &buf, NULL, &req);
+        if (!st) st = mmc_dist_wait(req);
+        if (!st)
+            for (int s = bk->first; s < bk->first + bk->count; s++) {
+                int p = d->order[s];
+                if (d->opt[p] != d->model[p])
+                    memcpy(d->opt[p]->data, buf + d->off[p], (size_t)mmc_numel(d->opt[p]) * sizeof(float));
+            }
+        if (!bk->flat) tfree(d, &buf, bk->padded, false);
+        if (st) return st;
+    }
+    return MMC_OK;
+}
+
+void mmc_dp_release_masters(mmc_dp *d) {
+    if (!d->masters_out) return;
+    for (int p = 0; p < d->n; p++)
+        if (d->opt[p] != d->model[p]) {
+            free(d->opt[p]->data);
+            d->opt[p]->data = NULL;
+        }
+    d->masters_out = false;
 }
 
 mmc_status mmc_dp_gather_state(mmc_dp *d, mmc_adamw *a) {

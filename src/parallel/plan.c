@@ -1137,10 +1137,10 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
     if (l->zero == 3 && w->weight_bytes != 2)
         NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
     if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
-    if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM tp x dp (ZeRO 0-2) */
+    if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM tp x dp (ZeRO 0-3) */
         if (!m->vision || w->vision_patches <= 0) NO("a per-modality plan needs a vision tower and images");
         if (l->tp < 2) NO("a per-modality plan needs the language model at tensor_parallel 2 or more");
-        if (l->pp > 1 || l->cp > 1 || l->zero > 2) NO("a per-modality plan composes with tp x dp at ZeRO 0-2 only");
+        if (l->pp > 1 || l->cp > 1) NO("a per-modality plan composes with tp x dp (ZeRO 0-3) only");
     }
     return true;
 #undef NO

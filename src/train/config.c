@@ -496,9 +496,6 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->tensor_parallel > 1 && c->model.quantization.method != MMC_QUANT_NONE)
         return verr(c, root, "parallel", "tensor_parallel", "%lld with model.quantization: QLoRA under tensor "
                     "parallelism is not supported yet; use tensor_parallel 1", (long long)p->tensor_parallel);
-    if (p->tensor_parallel > 1 && p->zero == 3)
-        return verr(c, root, "parallel", "zero", "3 with tensor_parallel %lld: ZeRO-3 over the data-parallel replicas of "
-                    "a tensor-parallel model is not supported yet; use zero 0-2", (long long)p->tensor_parallel);
     /* context parallelism (mmc_cp.h): the text decoders, Qwen2-VL and Qwen2.5-VL with plain data parallelism (heads and KV heads
      * are checked against config.json when the model is read) */
     if (p->context_parallel > 1) {

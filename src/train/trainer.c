@@ -1725,11 +1725,19 @@ static mmc_status save_ranked(mmc_trainer *t) {
             if (!st) st = mmc_dp_gather_state(t->dp, &full);
             t->adamw = full;
         }
+        /* ZeRO-3: this rank's tp slices gathered over dp first (every parameter, for a while) */
+        const bool z3 = t->dp && t->cfg->parallel.zero == 3;
+        if (!st && z3) st = mmc_dp_gather_params(t->dp);
+        if (!st && z3) st = mmc_dp_gather_masters(t->dp);   /* bf16: the fp32 masters too */
         tp_swap sw;
         if (!st) st = tp_to_full(t, true, &sw);
         if (!st) {
             st = t->pp ? mmc_trainer_pp_save(t) : save_ranked_inner(t);   /* pp x tp: the full tensors' stages */
             tp_to_local(t, &sw, false);
+        }
+        if (z3) {
+            mmc_dp_release_masters(t->dp);
+            mmc_dp_release_params(t->dp);
         }
         if (zs) {
             mmc_adamw_free(&t->adamw);

@@ -235,7 +235,7 @@ static inline bool mmc_trainer_state_sharded(const mmc_trainer *t) {
     return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc;
 }
 static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
-    return t->dp && t->cfg->parallel.zero == 3 && !t->lora;
+    return t->dp && t->cfg->parallel.zero == 3 && !t->lora && !t->tpc;
 }
 
 #endif
