@@ -99,6 +99,19 @@ runN 4 "$W/tp2.yaml" --set training.output_dir="$W/tpb0" --set model.dtype=bf16 
 if "$WORKER" compare "$W/tpb0" "$W/tpb3" >"$out" 2>&1 && grep -q "loss max rel diff 0.00e+00.*weights max abs diff 0.00e+00.*optimizer tensors max diff 0.00e+00" "$out"; then
   echo "bf16 tp=2 x dp=2 ZeRO-3 vs ZeRO-0 (bit-identical): $(cat "$out")"
 else echo "FAIL: bf16 tp=2 x dp=2 ZeRO-3 vs ZeRO-0 not identical:"; cat "$out"; fail=1; fi
+# training.ema_decay: each rank keeps the EMA of its slices, gathered into ema.safetensors like the
+# moments (and sliced again on --resume): against one process's EMA, also after a resume at tp=2
+# (the EMA moves 8e-3 between steps 3 and 6 and sits 1.8e-3 from the weights, so 2e-4 tells)
+EMA=(--set training.ema_decay=0.9 --set training.save_every=3 --set training.keep_last=2)
+run1 "$W/ref.yaml" "${EMA[@]}" --set training.output_dir="$W/ema1" &&
+  runN 2 "$W/tp2.yaml" "${EMA[@]}" --set training.output_dir="$W/ema2" &&
+  cp -r "$W/ema2" "$W/ema2r" && rm -rf "$W/ema2r/checkpoint-6" &&
+  runN 2 "$W/tp2.yaml" "${EMA[@]}" --set training.output_dir="$W/ema2r" --resume || { echo "FAIL: EMA runs"; tail "$W/train.log"; fail=1; }
+for r in ema2 ema2r; do
+  if python3 tests/st_diff.py "$W/ema1/checkpoint-6/ema.safetensors" "$W/$r/checkpoint-6/ema.safetensors" 2e-4 >"$out" 2>&1; then
+    echo "tp=2 training.ema_decay ($r) vs 1 process: $(cat "$out")"
+  else echo "FAIL: tp=2 EMA ($r):"; cat "$out"; fail=1; fi
+done
 # Qwen2-VL: the language model split, the vision tower replicated; mixed text / image batches
 vlcfg() {  # vlcfg NAME TP
   cat > "$W/$1.yaml" <<YAML

@@ -875,11 +875,6 @@ layout_done:
     if (t->tpc)   /* chunked all-reduce of the row-parallel outputs, overlapped with the next chunk's GEMM */
         for (int64_t l = 0; l < t->lm->cfg.num_layers; l++) t->lm->layers[l].tp_chunks = (int)cfg->parallel.tp_comm_chunks;
     if (t->tpc) {   /* each trained tensor's split, from the model's (masters follow their bf16 tensor) */
-        if (cfg->training.ema_decay > 0) {
-            st = mmc_error(MMC_ERR_INVALID, "%s: training.ema_decay with parallel.tensor_parallel is not supported yet",
-                           cfg->file);
-            goto fail;
-        }
         if (!(t->opt_split = calloc((size_t)t->n_opt + 1, 1))) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
         for (int i = 0; i < t->n_opt; i++) {
             t->opt_split[i] = (signed char)lm_split_of(t, t->opt_model[i]);
@@ -1220,7 +1215,7 @@ static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p) {
         if (v->params[k] == p) return v->param_split[k];
     return MMC_TP_REPLICATED;
 }
-typedef struct { tp_swap_ent *e; int n; float **m_local, **v_local; } tp_swap;
+typedef struct { tp_swap_ent *e; int n; float **m_local, **v_local, **ema_local; } tp_swap;
 
 /* rank r's slice along split of a full contiguous tensor of es-byte elements */
 static void slice_bytes(const char *full, int ndim0, const int64_t *shape0, int split0, int r, int P, size_t es, char *local) {
@@ -1260,9 +1255,21 @@ static void tp_to_local(mmc_trainer *t, tp_swap *sw, bool take) {
         t->adamw.m[i] = sw->m_local[i];
         t->adamw.v[i] = sw->v_local[i];
     }
+    for (int i = 0; sw->ema_local && i < t->n_opt; i++) {
+        if (!sw->ema_local[i]) continue;
+        if (take && t->ema[i]) {
+            int64_t full[MMC_MAX_DIMS];
+            mmc_tp_local_shape(t->opt[i]->ndim, t->opt[i]->shape, -1, 1, full);
+            full[t->opt_split[i] == MMC_TP_FUSED3 ? 0 : t->opt_split[i]] *= P;
+            mmc_tp_take_slice(t->ema[i], t->opt[i]->ndim, full, t->opt_split[i], r, P, sw->ema_local[i]);
+        }
+        free(t->ema[i]);
+        t->ema[i] = sw->ema_local[i];
+    }
     free(sw->e);
     free(sw->m_local);
     free(sw->v_local);
+    free(sw->ema_local);
     memset(sw, 0, sizeof *sw);
 }
 
@@ -1274,7 +1281,8 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
     sw->e = calloc((size_t)(t->n_params + t->n_opt) + 1, sizeof *sw->e);
     sw->m_local = calloc((size_t)t->n_opt + 1, sizeof *sw->m_local);
     sw->v_local = calloc((size_t)t->n_opt + 1, sizeof *sw->v_local);
-    if (!sw->e || !sw->m_local || !sw->v_local) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
+    sw->ema_local = calloc((size_t)t->n_opt + 1, sizeof *sw->ema_local);
+    if (!sw->e || !sw->m_local || !sw->v_local || !sw->ema_local) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto fail; }
     /* the moments first, while opt[i] still has its local shape */
     for (int i = 0; i < t->n_opt && !st; i++) {
         if (t->opt_split[i] < 0 || !t->adamw.m) continue;
@@ -1302,6 +1310,25 @@ static mmc_status tp_to_full(mmc_trainer *t, bool gather, tp_swap *sw) {
         mmc_tensor_free(fm);
         mmc_tensor_free(fv);
         if (!t->adamw.m[i] || !t->adamw.v[i]) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    }
+    for (int i = 0; t->ema && i < t->n_opt && !st; i++) {   /* the EMA of the split tensors, as the moments */
+        if (t->opt_split[i] < 0) continue;
+        const mmc_tensor *p = t->opt[i];
+        int64_t full[MMC_MAX_DIMS];
+        mmc_tp_local_shape(p->ndim, p->shape, -1, 1, full);
+        full[t->opt_split[i] == MMC_TP_FUSED3 ? 0 : t->opt_split[i]] *= P;
+        mmc_tensor *fe = mmc_tensor_new(MMC_F32, p->ndim, full);
+        if (!fe) { st = mmc_error(MMC_ERR_OOM, "out of memory"); break; }
+        if (gather) {
+            mmc_tensor *le = mmc_tensor_wrap(MMC_F32, p->ndim, p->shape, t->ema[i]);
+            st = mmc_tp_gather(t->tpc, le, t->opt_split[i], fe);
+            mmc_tensor_free(le);
+        }
+        sw->ema_local[i] = t->ema[i];
+        t->ema[i] = malloc(mmc_nbytes(fe));
+        if (t->ema[i]) memcpy(t->ema[i], fe->data, mmc_nbytes(fe));
+        else st = mmc_error(MMC_ERR_OOM, "out of memory");
+        mmc_tensor_free(fe);
     }
     /* the model's tensors and the fp32 masters (each distinct tensor once) */
     for (int pass = 0; pass < 2 && !st; pass++) {
