@@ -493,9 +493,6 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->sequence_parallel && p->tensor_parallel < 2)
         return verr(c, root, "parallel", "sequence_parallel", "true needs tensor_parallel 2 or more (the sequence is "
                     "split over the tensor-parallel group)");
-    if (p->tensor_parallel > 1 && c->model.quantization.method != MMC_QUANT_NONE)
-        return verr(c, root, "parallel", "tensor_parallel", "%lld with model.quantization: QLoRA under tensor "
-                    "parallelism is not supported yet; use tensor_parallel 1", (long long)p->tensor_parallel);
     /* context parallelism (mmc_cp.h): the text decoders, Qwen2-VL and Qwen2.5-VL with plain data parallelism (heads and KV heads
      * are checked against config.json when the model is read) */
     if (p->context_parallel > 1) {

@@ -336,6 +336,7 @@ static mmc_status hetero_reduce(mmc_trainer *t);
 static mmc_status partial_setup(mmc_trainer *t);
 static mmc_status partial_reduce(mmc_trainer *t);
 static int lm_split_of(const mmc_trainer *t, const mmc_tensor *p);
+static mmc_status tp_nf4_check(mmc_trainer *t, const mmc_module_list *ql);
 
 /* LoRA under tensor parallelism (mmc_tp.h): the decoder's column-parallel modules (q/k/v,
  * gate/up) keep A whole and split B on rows, the row-parallel ones (o/down) split A on columns
@@ -606,6 +607,30 @@ static mmc_status lora_names_build(mmc_trainer *t) {
     return MMC_OK;
 }
 
+/* QLoRA under tensor parallelism: each rank quantises its own slices, which is the same as
+ * slicing one process's quantisation when every slice holds whole NF4 blocks of 64 — a
+ * column-parallel [N/tp, K] slice starts at a multiple of 64 in the flat weight, a row-parallel
+ * [N, K/tp] slice's rows are whole blocks (K/tp a multiple of 64); double quantisation's
+ * second-level statistics (blocks of 256 scales, their mean) are then per rank's slice. Otherwise
+ * the blocks would straddle the ranks: refused, naming the module. */
+static mmc_status tp_nf4_check(mmc_trainer *t, const mmc_module_list *ql) {
+    for (int i = 0; i < ql->n; i++) {
+        const mmc_tensor *w = ql->mods[i]->w;
+        if (!w || w->ndim != 2) continue;
+        const int split = lm_split_of(t, w);
+        const int64_t n = w->shape[0], k = w->shape[1];
+        const bool ok = split == 1 ? k % MMC_NF4_BLOCK == 0 : split == 0 ? (n * k) % MMC_NF4_BLOCK == 0 : true;
+        if (!ok)
+            return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.quantization nf4 with tensor_parallel %d: %s's slice [%lld, %lld] "
+                             "does not hold whole NF4 blocks of %d (%s), so the ranks' blocks would not be one "
+                             "process's; use a tensor_parallel that keeps the slices whole blocks, or tensor_parallel 1",
+                             t->cfg->file, t->tp_size, w->name, (long long)n, (long long)k, MMC_NF4_BLOCK,
+                             split == 1 ? "in_features / tensor_parallel is not a multiple of 64"
+                                        : "rows x in_features is not a multiple of 64");
+    }
+    return MMC_OK;
+}
+
 /* QLoRA: quantise the decoder projections to NF4 (their dense copies leave the param lists);
  * LoRA: attach adapters to the target modules (PEFT semantics; the seed initialises A). */
 static mmc_status setup_lora(mmc_trainer *t) {
@@ -618,6 +643,7 @@ static mmc_status setup_lora(mmc_trainer *t) {
         mmc_module_list ql = {0};
         const int64_t esz = c->model.dtype == MMC_RUN_BF16 ? 2 : 4;
         if ((st = mmc_qwen2_linears(t->lm, "", &ql))) return st;
+        if (t->tpc && (st = tp_nf4_check(t, &ql))) { mmc_module_list_free(&ql); return st; }
         for (int i = 0; i < ql.n; i++)
             if (ql.mods[i]->w) {
                 t->quant_numel += mmc_numel(ql.mods[i]->w);

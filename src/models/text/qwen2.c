@@ -575,7 +575,21 @@ mmc_status mmc_qwen2_attach_adapter(mmc_qwen2 *m, const char *adapter_dir) {
 mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant) {
     mmc_module_list ml = {0};
     mmc_status st = mmc_qwen2_linears(m, "", &ml);
+    /* tp: the parameter list shrinks; each survivor keeps its split (matched by tensor) */
+    const int n0 = m->n_params;
+    mmc_tensor **was = m->param_split ? malloc(sizeof *was * (size_t)(n0 + 1)) : NULL;
+    signed char *split = m->param_split ? malloc((size_t)n0 + 1) : NULL;
+    if (m->param_split && (!was || !split)) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st && was) {
+        memcpy(was, m->params, sizeof *was * (size_t)n0);
+        memcpy(split, m->param_split, (size_t)n0);
+    }
     if (!st) st = mmc_nf4_quantize_linears(ml.mods, ml.n, double_quant, m->params, m->param_names, &m->n_params);
+    for (int i = 0; !st && was && i < m->n_params; i++)
+        for (int k = 0; k < n0; k++)
+            if (was[k] == m->params[i]) { m->param_split[i] = split[k]; break; }
+    free(was);
+    free(split);
     mmc_module_list_free(&ml);
     return st;
 }
