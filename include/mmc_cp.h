@@ -80,6 +80,14 @@ mmc_tensor *mmc_cp_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const
  * to the single process's, as every other weight gradient does (mmc_cp_trainer_reduce).
  * -> *loss as mmc_cp_qwen2_lm_loss; fails (before any collective) on media that do not match
  * the placeholders, identically on every rank. */
+/* Identity forward; backward sums the gradient over cp (every rank of the group records it):
+ * for features computed whole on every rank and scattered into rows only some rank scores. */
+mmc_tensor *mmc_cp_sum_grad(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *x);
+/* The same loss from the whole row's input embeddings e [B, T, C] (a LLaVA / InternVL micro-batch,
+ * mmc_llava_batch_embeds with cp): this rank's shard of rows with 1-D positions restarting at each
+ * packed segment (mmc_embeds_positions), -> as mmc_cp_qwen2_lm_loss. */
+mmc_tensor *mmc_cp_embeds_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b, mmc_tensor *e,
+                                  double scale, int64_t *n_scored);
 struct mmc_qwen2_vl;
 mmc_status mmc_cp_qwen2_vl_loss(mmc_ctx *ctx, struct mmc_qwen2_vl *vl, mmc_comm *cp, const mmc_batch *b,
                                 double scale, mmc_tensor **loss, int64_t *n_scored);

@@ -138,6 +138,11 @@ void mmc_pp_free(mmc_pp *p);
 /* Run a Qwen2-VL (m of mmc_pp_new is vl->lm): the first stage runs the vision tower and places
  * its features in the embeddings; every stage computes the M-RoPE positions from the batch. */
 void mmc_pp_set_vl(mmc_pp *p, mmc_qwen2_vl *vl);
+/* LLaVA / InternVL: the first stage's input embeddings [B, T, C] of micro-batch b come from fn (the
+ * tower, projector and splice, in ctx), every stage's RoPE from 1-D positions that restart at each
+ * packed segment (mmc_embeds_positions, mmc_embeds_attn). */
+typedef mmc_status (*mmc_pp_embeds_fn)(void *arg, mmc_ctx *ctx, const mmc_batch *b, mmc_tensor **x);
+void mmc_pp_set_embeds(mmc_pp *p, mmc_pp_embeds_fn fn, void *arg);
 int mmc_pp_stage(const mmc_pp *p);
 int mmc_pp_stages(const mmc_pp *p);
 /* One step's forwards and backwards over micro-batches mbs[0 .. M) in 1F1B order; each

@@ -76,6 +76,10 @@ mmc_tensor *mmc_causal_lm_loss(mmc_ctx *ctx, mmc_tensor *logits, const int32_t *
 /* The same with tensor parallelism: logits [B, T, V/tp] are this rank's vocabulary slice from
  * vocab_start (vocab-parallel cross-entropy, mmc_tp.h); the same scalar on every rank of tp. */
 struct mmc_comm;
+/* The 1-D positions of a VLM micro-batch's rows [T] (each packed segment from 0) and its attention
+ * (causal; packed: block-diagonal, the padding tail one more block), as mmc_embeds_causal_lm_loss uses. */
+mmc_tensor *mmc_embeds_positions(mmc_ctx *ctx, const mmc_batch *b);
+mmc_attn_opts mmc_embeds_attn(mmc_ctx *ctx, const mmc_batch *b);
 /* The language-model half of a VLM's training loss (LLaVA, InternVL): input embeddings x
  * [B, T, C] (image features already in place) through the decoder with 1-D positions that
  * restart at each packed segment (b->cu_seqlens; block-diagonal causal attention, the padding
@@ -102,6 +106,12 @@ mmc_tensor *mmc_qwen2_vl_batch_media(mmc_ctx *ctx, const mmc_batch *b, mmc_vl_me
  * the <image> tokens (gradients through the projector, and the tower unless frozen), plain 1-D positions
  * (restarting at each packed segment). */
 struct mmc_llava;
+struct mmc_comm;
+/* Its input embeddings [B, T, C] alone (the features spliced in), for the pipeline's first stage and
+ * context parallelism; cp non-NULL: the features' gradient is summed over that group in backward
+ * (mmc_cp_sum_grad: each rank of a context-parallel group scores only its shard's rows). */
+mmc_status mmc_llava_batch_embeds(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, struct mmc_comm *cp,
+                                  mmc_tensor **x);
 mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, double scale,
                                 mmc_tensor **loss, int64_t *n_scored);
 /* Qwen2.5-Omni thinker causal-LM loss for one padded micro-batch of the data pipeline
@@ -115,6 +125,8 @@ mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, struct mmc_omni *m, const mmc_batch
  * features in place of the <IMG_CONTEXT> tokens (gradients through the projector and the LM;
  * the InternViT tower frozen), plain 1-D positions restarting at each packed segment. */
 struct mmc_internvl;
+mmc_status mmc_internvl_batch_embeds(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, struct mmc_comm *cp,
+                                     mmc_tensor **x);   /* as mmc_llava_batch_embeds */
 mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, double scale,
                                    mmc_tensor **loss, int64_t *n_scored);
 /* Save a text Qwen2 as an HF directory's model.safetensors (model.* + lm_head.weight), in

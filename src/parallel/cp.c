@@ -300,7 +300,7 @@ static void sum_grad_backward(mmc_ctx *ctx, mmc_node *n) {
 
 /* Identity forward; backward sums the gradient over the group (every rank records it: the
  * tower's trainability is the same on all). */
-static mmc_tensor *sum_grad(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *x) {
+mmc_tensor *mmc_cp_sum_grad(mmc_ctx *ctx, mmc_comm *cp, mmc_tensor *x) {
     MMC_CHECK(x->dtype == MMC_F32, "context parallel: the vision features must be f32");
     mmc_tensor *y = mmc_new(ctx, MMC_F32, x->ndim, x->shape);   /* an output of its own for the node */
     memcpy(y->data, mmc_contiguous(ctx, x)->data, mmc_nbytes(y));
@@ -340,7 +340,7 @@ mmc_status mmc_cp_qwen2_vl_loss(mmc_ctx *ctx, mmc_qwen2_vl *vl, mmc_comm *cp, co
         if (got != nf)
             return mmc_error(MMC_ERR_INVALID, "the micro-batch has fewer %s placeholders (%lld) than the tower's %lld "
                              "merged features", k ? "video" : "image", (long long)got, (long long)nf);
-        e = mmc_scatter_rows(ctx, e, at, sum_grad(ctx, cp, feats));
+        e = mmc_scatter_rows(ctx, e, at, mmc_cp_sum_grad(ctx, cp, feats));
     }
     const cp_shard s = shard_rows(ctx, m, cp, b);
     const int64_t Tl = s.Tl, D = cos->shape[cos->ndim - 1];
@@ -356,4 +356,32 @@ mmc_status mmc_cp_qwen2_vl_loss(mmc_ctx *ctx, mmc_qwen2_vl *vl, mmc_comm *cp, co
                       3, MMC_SHAPE(B, Tl, D));
     *loss = shard_loss(ctx, m, cp, b, &s, x, cos, sin, scale);
     return MMC_OK;
+}
+
+/* ------------------------------------------------------------------ LLaVA / InternVL
+ * The caller built the whole row's input embeddings e [B, T, C] (the tower replicated over the
+ * group, its features through mmc_cp_sum_grad, as for Qwen2-VL above); each rank keeps its
+ * shard's rows and their 1-D positions (mmc_embeds_positions: each packed segment from 0; a
+ * padding token past T continues from row T-1's), then the decoder and the loss as above. */
+mmc_tensor *mmc_cp_embeds_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, mmc_comm *cp, const mmc_batch *b, mmc_tensor *e,
+                                  double scale, int64_t *n_scored) {
+    const int64_t B = b->B, T = b->T, C = m->cfg.hidden_size;
+    const cp_shard s = shard_rows(ctx, m, cp, b);
+    const int64_t Tl = s.Tl;
+    if (n_scored) *n_scored = s.n;
+    const int64_t *whole = mmc_embeds_positions(ctx, b)->data;                   /* [T] */
+    mmc_tensor *pos = mmc_new(ctx, MMC_I64, 2, MMC_SHAPE(B, Tl));                /* [B, T/C] */
+    mmc_tensor *rows = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(B * Tl));             /* [B*T/C] rows of the whole row */
+    int64_t *pd = pos->data, *rd = rows->data;
+    for (int64_t i = 0; i < B; i++)
+        for (int64_t t = 0; t < Tl; t++) {
+            const int64_t g = s.gi[t];
+            pd[i * Tl + t] = g < T ? whole[g] : whole[T - 1] + (g - T + 1);
+            rd[i * Tl + t] = i * T + (g < T ? g : T - 1);
+        }
+    mmc_tensor *cos, *sin;
+    mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);                         /* [B, T/C, D] */
+    mmc_tensor *x = mmc_reshape(ctx, mmc_contiguous(ctx, e), 2, MMC_SHAPE(B * T, C));
+    x = mmc_reshape(ctx, mmc_gather_rows(ctx, x, rows), 3, MMC_SHAPE(B, Tl, C));  /* [B, T/C, C] */
+    return shard_loss(ctx, m, cp, b, &s, x, cos, sin, scale);
 }

@@ -271,7 +271,8 @@ static bool keep_param(const char *name, int stage, int last, bool tied, int nr,
             if (l >= l0[c] && l < l1[c]) return true;
         return false;
     }
-    if (!strcmp(name, "embed_tokens.weight")) return stage == 0 || (tied && stage == last);
+    if (!strcmp(name, "embed_tokens.weight") || !strcmp(name, "tok_embeddings.weight"))   /* (InternLM2's) */
+        return stage == 0 || (tied && stage == last);
     return stage == last;   /* norm.weight, lm_head.weight */
 }
 
@@ -332,7 +333,8 @@ mmc_status mmc_pp_trim_lora(mmc_lora_set *s, int stage, int last, int nc, const 
     if (!keep) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < s->n; i++) {
         const char *nm = s->names[i], *ly = strstr(nm, "layers.");
-        if (strstr(nm, "visual.")) keep[i] = stage == 0;   /* the tower runs on the first stage */
+        if (strstr(nm, "visual.") || strstr(nm, "vision_tower.") || strstr(nm, "multi_modal_projector."))
+            keep[i] = stage == 0;   /* the tower (and LLaVA's / InternVL's projector) runs on the first stage */
         else if (ly && ly[7] >= '0' && ly[7] <= '9') {
             const long long l = atoll(ly + 7);
             for (int c = 0; c < nc; c++) keep[i] |= l >= l0[c] && l < l1[c];
@@ -386,6 +388,8 @@ struct mmc_pp {
     int64_t *l0, *l1;       /* [v] */
     mmc_qwen2 *m;
     mmc_qwen2_vl *vl;       /* Qwen2-VL (m == vl->lm), or NULL */
+    mmc_pp_embeds_fn embeds;   /* LLaVA / InternVL: the first stage's input embeddings (mmc_pp_set_embeds), or NULL */
+    void *embeds_arg;
     int n_slots;
     pp_slot *slots;
     int *slot_of;           /* [v M] during a run: the slot of (chunk, micro-batch) */
@@ -478,6 +482,7 @@ void mmc_pp_free(mmc_pp *p) {
 }
 
 void mmc_pp_set_vl(mmc_pp *p, mmc_qwen2_vl *vl) { p->vl = vl; }
+void mmc_pp_set_embeds(mmc_pp *p, mmc_pp_embeds_fn fn, void *arg) { p->embeds = fn, p->embeds_arg = arg; }
 
 int mmc_pp_stage(const mmc_pp *p) { return p->stage; }
 int mmc_pp_stages(const mmc_pp *p) { return p->P; }
@@ -602,6 +607,11 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
         if ((st = mmc_qwen2_vl_inputs(ctx, p->vl, ids, &media, &seq, NULL, NULL, first_vs(p, c) ? &x : NULL, &cos,
                                       &sin, &attn)))
             return mmc_error_prefix(st, "micro-batch %d (first sample %lld)", k + 1, (long long)b->sample_index);
+    } else if (p->embeds) {   /* LLaVA / InternVL: 1-D positions (each packed segment from 0); tower and splice on stage 0 */
+        mmc_qwen2_rope_table(ctx, &m->cfg, mmc_embeds_positions(ctx, b), &cos, &sin);   /* [T, D] */
+        attn = mmc_embeds_attn(ctx, b);
+        if (first_vs(p, c) && (st = p->embeds(p->embeds_arg, ctx, b, &x)))   /* [B, T, C] */
+            return mmc_error_prefix(st, "micro-batch %d (first sample %lld)", k + 1, (long long)b->sample_index);
     } else if (m->cfg.mrope) {
         mmc_tensor *pos = mmc_new(ctx, MMC_I64, 3, MMC_SHAPE(3, B, T));          /* [3, B, T] */
         memcpy(pos->data, b->position_ids, (size_t)(3 * B * T) * sizeof(int64_t));
@@ -612,7 +622,7 @@ static mmc_status stage_forward(mmc_pp *p, int c, int k, int M, const mmc_batch 
         mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);   /* default, or Llama's rope scaling */
     }
     sl->in = NULL;
-    if (first_vs(p, c) && !p->vl) {
+    if (first_vs(p, c) && !p->vl && !p->embeds) {
         mmc_tensor *ids = mmc_new(ctx, MMC_I32, 2, MMC_SHAPE(B, T));             /* [B, T] */
         memcpy(ids->data, b->input_ids, (size_t)(B * T) * sizeof(int32_t));
         x = mmc_qwen2_embed(ctx, m, ids);                                        /* [B, T, C] */

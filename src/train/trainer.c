@@ -358,7 +358,7 @@ static mmc_status tp_lora_setup(mmc_trainer *t) {
         for (int64_t l = 0; l < t->lm->cfg.num_layers && !kind; l++) {
             mmc_qwen2_layer *L = &t->lm->layers[l];
             if (s->mods[i] == &L->q || s->mods[i] == &L->k || s->mods[i] == &L->v || s->mods[i] == &L->gate ||
-                s->mods[i] == &L->up) kind = 1;
+                s->mods[i] == &L->up || s->mods[i] == &L->qkv) kind = 1;   /* (InternLM2's wqkv: by KV group) */
             else if (s->mods[i] == &L->o || s->mods[i] == &L->down) kind = 2;
         }
         const mmc_vision *vt = t->vl ? t->vl->visual : NULL;
@@ -394,6 +394,20 @@ static mmc_status llama_check(const mmc_run_config *c, const mmc_json *j, const 
                              "sliding-window attention is not implemented: set data.seq_len <= %lld",
                              path, (long long)w, (long long)c->data.seq_len, (long long)w);
     }
+    return MMC_OK;
+}
+
+/* LLaVA / InternVL (and text InternLM2) under tensor parallelism: the language model (a Llama /
+ * Mistral / Qwen2 / InternLM2 decoder) read whole with the model, then replaced by this rank's slices (mmc_qwen2_shard_tp, as a seeded
+ * text init is); the vision tower and projector stay whole on every rank (their input and the
+ * features' gradient are the same on all: no reduction), as a Qwen2-VL tower kept whole is. */
+static mmc_status vlm_lm_shard_tp(mmc_trainer *t, mmc_qwen2 **lm, const char *path) {
+    mmc_status st = mmc_qwen2_tp_check(&(*lm)->cfg, t->tp_size, "the language model");
+    mmc_qwen2 *part = NULL;
+    if (!st) st = mmc_qwen2_shard_tp(*lm, t->tpc, &part);
+    if (st) return mmc_error_prefix(st, "%s: model %s", t->cfg->file, path);
+    mmc_qwen2_free(*lm);
+    *lm = part;
     return MMC_OK;
 }
 
@@ -473,14 +487,14 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         }
         if (st) mmc_error_prefix(st, "%s", path);
     } else if (internlm2) {   /* one packed wqkv per layer, saved back under the remote code's names */
-        if (t->tpc || t->cpc || c->parallel.pipeline_parallel > 1)
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / context / pipeline parallelism is not supported for "
-                           "internlm2 (its packed attention.wqkv); use data_parallel (with parallel.zero)", c->file);
-        else if (!dir)
+        /* tensor parallelism: read whole, then this rank's slices (wqkv split by KV-head group, qwen2.c) */
+        if (!dir)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a random start) is not supported for internlm2; "
                            "give model.path, an InternLM2ForCausalLM folder", c->file);
         else if ((st = mmc_internlm2_load_packed(dir, j, "", true, &t->lm)))
             mmc_error_prefix(st, "%s", path);
+        else if (t->tpc)
+            st = vlm_lm_shard_tp(t, &t->lm, path);
     } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): encoders frozen unless model.freeze is given */
         if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
@@ -492,16 +506,14 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
         if (!st) t->lm = t->omni->lm;
     } else if (!strcmp(type, "internvl")) {   /* InternVL, HF-native (internvl_train.c): the tower stays frozen */
-        if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for internvl yet",
-                                   c->file);
-        else if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);
+        if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);
         else st = mmc_internvl_new(j, path, (uint64_t)c->training.seed, &t->internvl);
+        if (!st && t->tpc) st = vlm_lm_shard_tp(t, &t->internvl->lm, path);   /* the tower replicated */
         if (!st) t->lm = t->internvl->lm;
     } else if (llava) {   /* LLaVA-1.5 / NeXT / OneVision (llava_train.c): the tower frozen by default */
-        if (t->tpc) st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.tensor_parallel is not supported for llava yet",
-                                   c->file);
-        else if (dir) st = mmc_llava_load_ex(dir, true, &t->llava);
+        if (dir) st = mmc_llava_load_ex(dir, true, &t->llava);
         else st = mmc_llava_new(j, path, (uint64_t)c->training.seed, &t->llava);
+        if (!st && t->tpc) st = vlm_lm_shard_tp(t, &t->llava->lm, path);   /* the tower replicated */
         if (!st) t->lm = t->llava->lm;
     } else if (t->tpc && vl) {   /* the language model split, the vision tower too when tp divides it */
         /* (a per-modality plan keeps the tower whole: it is data-parallel, mmc_hetero.h) */
@@ -553,6 +565,18 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     return MMC_OK;
 }
 
+/* LLaVA / InternVL under pipeline parallelism: a later stage drops the tower's and projector's
+ * entries (they run on the first stage, mmc_trainer_pp_keep) */
+static void vlm_stage_params(mmc_trainer *t) {
+    int n = 0;
+    for (int i = 0; i < t->n_params; i++) {
+        if (!mmc_trainer_pp_keep(t, t->name_store[i])) { free(t->name_store[i]); continue; }
+        t->params[n] = t->params[i];
+        t->name_store[n++] = t->name_store[i];
+    }
+    t->n_params = n;
+}
+
 /* Every model parameter with its HF name, as transformers >= 4.52 writes them:
  * model.visual.*, model.language_model.*, lm_head.weight (VL); model.*, lm_head.weight (text). */
 static mmc_status build_param_list(mmc_trainer *t) {
@@ -560,6 +584,7 @@ static mmc_status build_param_list(mmc_trainer *t) {
     if (t->llava) {   /* save_pretrained's names (llava_train.c) */
         mmc_status st = mmc_llava_params(t->llava, &t->params, &t->name_store, &t->n_params);
         if (st) return st;
+        vlm_stage_params(t);
         if (!(t->names = calloc((size_t)t->n_params + 1, sizeof *t->names))) return mmc_error(MMC_ERR_OOM, "out of memory");
         for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
         return MMC_OK;
@@ -569,6 +594,7 @@ static mmc_status build_param_list(mmc_trainer *t) {
                                                   &t->n_omni_views)
                                 : mmc_internvl_params(t->internvl, &t->params, &t->name_store, &t->n_params);
         if (st) return st;
+        if (t->internvl) vlm_stage_params(t);
         if (!(t->names = calloc((size_t)t->n_params + 1, sizeof *t->names))) return mmc_error(MMC_ERR_OOM, "out of memory");
         for (int i = 0; i < t->n_params; i++) t->names[i] = t->name_store[i];
         return MMC_OK;
@@ -1431,6 +1457,17 @@ static mmc_status sp_pad_batch(mmc_batch *b, int64_t mult) {
     return MMC_OK;
 }
 
+/* LLaVA / InternVL under context parallelism: every rank of the group embeds the whole row (the
+ * tower replicated, its features' gradient summed over the group) and scores its shard of rows
+ * (mmc_cp_embeds_lm_loss), as mmc_cp_qwen2_vl_loss does for Qwen2-VL. */
+static mmc_status vlm_cp_loss(mmc_trainer *t, const mmc_batch *b, double scale, mmc_tensor **l, int64_t *n) {
+    mmc_tensor *x = NULL;
+    mmc_status st = t->internvl ? mmc_internvl_batch_embeds(t->ctx, t->internvl, b, t->cpc, &x)
+                                : mmc_llava_batch_embeds(t->ctx, t->llava, b, t->cpc, &x);   /* [B, T, C] */
+    if (!st) *l = mmc_cp_embeds_lm_loss(t->ctx, t->lm, t->cpc, b, x, scale, n);
+    return st;
+}
+
 /* ------------------------------------------------------------------ one step */
 mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
     const mmc_run_config *c = t->cfg;
@@ -1504,6 +1541,14 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
             if ((st = mmc_trainer_flux_loss(t, &mbs[k], scale, &l))) {
                 mmc_ctx_reset(t->ctx);
                 mmc_error_prefix(st, "step %lld, micro-batch %lld", (long long)t->step + 1, (long long)k + 1);
+                goto done;
+            }
+        } else if (t->cpc && (t->llava || t->internvl)) {   /* the tower replicated, this rank's shard of rows */
+            if ((st = vlm_cp_loss(t, &mbs[k], scale, &l, &n))) {
+                mmc_ctx_reset(t->ctx);
+                if (t->dp) mmc_dp_forward_end(t->dp);
+                mmc_error_prefix(st, "step %lld, micro-batch %lld (first sample %lld)", (long long)t->step + 1,
+                                 (long long)k + 1, (long long)mbs[k].sample_index);
                 goto done;
             }
         } else if (t->vl || t->llava || t->omni || t->internvl) {

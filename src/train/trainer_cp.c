@@ -7,7 +7,8 @@
  * sums micro-batches, and the reported loss is the group's sum. Qwen2-VL / Qwen2.5-VL: the vision
  * tower runs whole on every rank of the group (mmc_cp_qwen2_vl_loss) and its backward already
  * sees the features' whole gradient (summed over the group), so its weight gradients (and its
- * LoRA adapters') are the same on every rank and are not summed again. */
+ * LoRA adapters') are the same on every rank and are not summed again. LLaVA / InternVL the same
+ * way (mmc_cp_embeds_lm_loss after the model's own embeddings with the features' gradient summed). */
 #include "trainer_internal.h"
 #include "mmc_cp.h"
 
@@ -46,15 +47,21 @@ mmc_status mmc_cp_trainer_layout(mmc_trainer *t) {
 }
 
 mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
-    if (t->llava || t->omni || t->internvl || mmc_trainer_diffusion(t) || !t->lm)
+    if (t->omni || mmc_trainer_diffusion(t) || !t->lm)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.context_parallel is implemented for the text decoders "
-                         "(Qwen2, Llama, Mistral), Qwen2-VL and Qwen2.5-VL only so far (this model is a%s); use context_parallel 1",
-                         t->cfg->file, t->llava ? " LLaVA" : t->omni ? " Qwen2.5-Omni" : t->internvl ? "n InternVL"
-                         : " diffusion model");
+                         "(Qwen2, Llama, Mistral), Qwen2-VL, Qwen2.5-VL, LLaVA and InternVL only so far (this model is "
+                         "a%s); use context_parallel 1", t->cfg->file, t->omni ? " Qwen2.5-Omni" : " diffusion model");
     if (t->vl && t->cfg->parallel.hetero) t->vl->vision_share = t->cpc;   /* each cp rank encodes its share */
     const bool ring = t->cfg->parallel.context_parallel_mode == MMC_CP_RING;
     mmc_cp_set_mode_qwen2(t->lm, ring ? MMC_CP_RING : MMC_CP_ULYSSES);
     return ring ? MMC_OK : mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);   /* ring: any C */
+}
+
+/* LLaVA / InternVL: the tower and projector (and image_newline), whose gradients are whole on every
+ * rank of the group: all but the language model's tensors (full: language_model.*; LoRA:
+ * model.language_model.*) */
+static bool vlm_replicated(const char *name) {
+    return strncmp(name, "language_model.", 15) && strncmp(name, "model.language_model.", 21);
 }
 
 mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {
@@ -63,6 +70,7 @@ mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {
         /* (but the vision tower's, and its adapters': whole on every rank, mmc_cp_qwen2_vl_loss —
          * unless a per-modality plan shares the images out over the group) */
         if (t->vl && !t->vl->vision_share && !strncmp(t->opt_names[i], "model.visual.", 13)) continue;
+        if ((t->llava || t->internvl) && vlm_replicated(t->opt_names[i])) continue;   /* (the same for LLaVA / InternVL) */
         mmc_tensor *g = t->opt_model[i]->grad;
         if (g && (st = mmc_all_reduce(t->cpc, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM))) return st;
     }

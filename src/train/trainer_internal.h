@@ -186,6 +186,8 @@ mmc_status mmc_trainer_wan_encode_clip(mmc_wan_vae *vae, const float *x, int F, 
 /* trainer_pp.c */
 mmc_status mmc_trainer_pp_layout(mmc_trainer *t);
 mmc_status mmc_trainer_pp_setup(mmc_trainer *t);
+/* LLaVA / InternVL: whether this stage keeps the parameter (the tower and projector: the first stage only) */
+bool mmc_trainer_pp_keep(const mmc_trainer *t, const char *name);
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss);
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
 mmc_status mmc_trainer_pp_save(mmc_trainer *t);

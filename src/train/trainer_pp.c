@@ -4,6 +4,8 @@
  * optimizer step's micro-batches through the 1F1B runtime with the gradient sums it needs
  * (over the stage's data-parallel group, and the tied embedding between the first and last
  * stage), the global gradient norm over the tensor slices and the stages, and checkpoints.
+ * LLaVA / InternVL run their tower and projector on the first stage (as Qwen2-VL's tower), through
+ * mmc_pp_set_embeds; the later stages keep only their decoder layers (mmc_trainer_pp_keep).
  *
  * A checkpoint is the normal single-process one (HF model.safetensors with every layer,
  * optimizer.safetensors, trainer_state.json): with tp the stage's tensors are first gathered
@@ -86,13 +88,26 @@ static double peak_rss_mib(void) {
     return kb / 1024.0;
 }
 
+/* LLaVA / InternVL: the first stage's input embeddings (the tower and projector run there only; the
+ * other stages leave them out of their parameters, mmc_trainer_pp_keep) */
+static mmc_status vlm_stage_embeds(void *arg, mmc_ctx *ctx, const mmc_batch *b, mmc_tensor **x) {
+    mmc_trainer *t = arg;
+    return t->internvl ? mmc_internvl_batch_embeds(ctx, t->internvl, b, NULL, x)
+                       : mmc_llava_batch_embeds(ctx, t->llava, b, NULL, x);
+}
+
+bool mmc_trainer_pp_keep(const mmc_trainer *t, const char *name) {
+    if (!t->pp || t->pp_rank == 0 || (!t->llava && !t->internvl)) return true;
+    return !strncmp(name, "language_model.", 15);   /* (the decoder's own tensors are trimmed already) */
+}
+
 mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const int P = t->pp_size, s = t->pp_rank;
-    if (t->llava || t->internvl || mmc_trainer_diffusion(t) || !t->lm)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2, Qwen2-MoE or Qwen2-VL / Qwen2.5-VL "
-                         "so far; %s is not split into stages yet: use data parallelism for it", c->file,
-                         t->llava ? "LLaVA" : t->internvl ? "InternVL" : "a diffusion model");
+    if (mmc_trainer_diffusion(t) || !t->lm)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.pipeline_parallel splits a Qwen2, Qwen2-MoE, Qwen2-VL / "
+                         "Qwen2.5-VL, LLaVA or InternVL so far; a diffusion model is not split into stages yet: use "
+                         "data parallelism for it", c->file);
     const bool dpv = c->parallel.pipeline_schedule == MMC_PP_SCHED_DUALPIPEV;
     const int v = t->pp_v, nv = P * v;   /* virtual stages: chunk c of rank s is c P + s (DualPipeV: s, 2P-1-s) */
     if (nv > 256) return mmc_error(MMC_ERR_INVALID, "%s: more than 256 (virtual) pipeline stages", c->file);
@@ -118,6 +133,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
                   : mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp)))
         return st;
     if (t->vl) mmc_pp_set_vl(t->pp, t->vl);
+    if (t->llava || t->internvl) mmc_pp_set_embeds(t->pp, vlm_stage_embeds, t);   /* tower + projector: stage 0 */
     mmc_pp_set_early_recv(t->pp, t->cfg->parallel.pipeline_early_recv);
     /* the memory figures from here on are the stage's own (the full model was read first) */
     FILE *f = fopen("/proc/self/clear_refs", "w");

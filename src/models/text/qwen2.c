@@ -168,22 +168,24 @@ static int build_specs(mmc_qwen2 *m, wspec *s) {
     /* Megatron's split: q/k/v/gate/up column-parallel (output rows), o/down row-parallel (input
      * columns), the embedding vocab-parallel (rows); norms and o/down biases replicated */
 #define SPLIT(d) (s[n - 1].split = (d))
-    if (c->internlm2) {   /* InternLM2's names and packed wqkv (internlm2.c); no tensor parallelism */
-        SPEC("tok_embeddings.weight", &m->embed, 2, V, C);
+    if (c->internlm2) {   /* InternLM2's names and packed wqkv (internlm2.c) */
+        /* tensor parallelism: wqkv's rows are grouped per KV head, [Hkv x (G + 2) x D]: split on its
+         * rows, each rank holds Hkv / tp whole groups (their G query heads, key and value) */
+        SPEC("tok_embeddings.weight", &m->embed, 2, V, C); SPLIT(0);
         for (int64_t i = 0; i < c->num_layers; i++) {
             mmc_qwen2_layer *L = &m->layers[i];
             char b[96];
 #define LSPEC(suffix, ptr, nd, d0, d1) do { snprintf(b, sizeof b, "layers.%lld.%s", (long long)i, suffix); \
     SPEC(b, ptr, nd, d0, d1); } while (0)
             LSPEC("attention_norm.weight", &L->input_norm, 1, C, 0);
-            LSPEC("attention.wqkv.weight", &L->qkv.w, 2, QD + 2 * KD, C);
-            if (c->qkv_bias) LSPEC("attention.wqkv.bias", &L->qkv.b, 1, QD + 2 * KD, 0);
-            LSPEC("attention.wo.weight", &L->o.w, 2, C, QD);
+            LSPEC("attention.wqkv.weight", &L->qkv.w, 2, QD + 2 * KD, C); SPLIT(0);
+            if (c->qkv_bias) { LSPEC("attention.wqkv.bias", &L->qkv.b, 1, QD + 2 * KD, 0); SPLIT(0); }
+            LSPEC("attention.wo.weight", &L->o.w, 2, C, QD); SPLIT(1);
             if (c->o_bias) LSPEC("attention.wo.bias", &L->o.b, 1, C, 0);
             LSPEC("ffn_norm.weight", &L->post_norm, 1, C, 0);
-            LSPEC("feed_forward.w1.weight", &L->gate.w, 2, F, C);
-            LSPEC("feed_forward.w3.weight", &L->up.w, 2, F, C);
-            LSPEC("feed_forward.w2.weight", &L->down.w, 2, C, F);
+            LSPEC("feed_forward.w1.weight", &L->gate.w, 2, F, C); SPLIT(0);
+            LSPEC("feed_forward.w3.weight", &L->up.w, 2, F, C); SPLIT(0);
+            LSPEC("feed_forward.w2.weight", &L->down.w, 2, C, F); SPLIT(1);
 #undef LSPEC
         }
         SPEC("norm.weight", &m->norm, 1, C, 0);
@@ -413,7 +415,7 @@ static mmc_status tp_build(const mmc_qwen2_config *cfg, mmc_comm *tp, const mmc_
     int bad = 0;
     for (int i = 0; i <= n; i++) {
         /* i == n: lm_head, unless tied */
-        const char *nm = i < n ? s[i].name : "lm_head.weight";
+        const char *nm = i < n ? s[i].name : cfg->internlm2 ? "output.weight" : "lm_head.weight";
         int split = i < n ? s[i].split : 0;
         mmc_tensor **slot = i < n ? s[i].slot : &m->lm_head;
         int64_t shape[2] = {cfg->vocab_size, cfg->hidden_size};
@@ -458,6 +460,7 @@ static mmc_status tp_build(const mmc_qwen2_config *cfg, mmc_comm *tp, const mmc_
         mmc_qwen2_layer *L = &m->layers[l];
         L->tp = tp;
         L->q.out_features /= P; L->k.out_features /= P; L->v.out_features /= P;
+        L->qkv.out_features /= P;   /* (InternLM2's packed wqkv: whole KV groups) */
         L->o.in_features /= P;
         L->gate.out_features /= P; L->up.out_features /= P; L->down.in_features /= P;
     }

@@ -20,6 +20,7 @@
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
 #include "mmc_ops.h"
+#include "mmc_cp.h"
 #include "../model_weights.h"
 #include "vlm_splice.h"
 #include "../vision/intern_vit.h"
@@ -64,9 +65,9 @@ mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir)
     return st;
 }
 
-mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, double scale,
-                                   mmc_tensor **loss, int64_t *n_scored) {
-    *loss = NULL;
+mmc_status mmc_internvl_batch_embeds(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, struct mmc_comm *cp,
+                                     mmc_tensor **out) {
+    *out = NULL;
     mmc_status st = layout_check(m);
     if (st) return st;
     const mmc_qwen2_config *c = &m->lm->cfg;
@@ -102,9 +103,20 @@ mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const m
         int64_t k = 0;
         for (int64_t i = 0; i < BT; i++)
             if (b->input_ids[i] == m->image_token_id) ((int64_t *)idx->data)[k++] = i;
+        if (cp) f = mmc_cp_sum_grad(ctx, cp, f);   /* cp: the features' gradient summed over the group */
         x = mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C));             /* [B*T, C] */
         x = mmc_reshape(ctx, mmc_scatter_rows(ctx, x, idx, f), 3, MMC_SHAPE(B, T, C)); /* [B, T, C] */
     }
+    *out = x;
+    return MMC_OK;
+}
+
+mmc_status mmc_internvl_batch_loss(mmc_ctx *ctx, struct mmc_internvl *m, const mmc_batch *b, double scale,
+                                   mmc_tensor **loss, int64_t *n_scored) {
+    *loss = NULL;
+    mmc_tensor *x;
+    mmc_status st = mmc_internvl_batch_embeds(ctx, m, b, NULL, &x);                  /* [B, T, C] */
+    if (st) return st;
     *loss = mmc_embeds_causal_lm_loss(ctx, m->lm, x, b, scale, n_scored);                /* [] */
     return MMC_OK;
 }

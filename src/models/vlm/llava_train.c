@@ -23,6 +23,7 @@
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
 #include "mmc_ops.h"
+#include "mmc_cp.h"
 #include "../model_weights.h"
 #include "vlm_splice.h"
 
@@ -122,9 +123,9 @@ static mmc_status anyres_images(mmc_ctx *ctx, const mmc_llava *m, const mmc_batc
     return MMC_OK;
 }
 
-mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, double scale,
-                                mmc_tensor **loss, int64_t *n_scored) {
-    *loss = NULL;
+mmc_status mmc_llava_batch_embeds(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, struct mmc_comm *cp,
+                                  mmc_tensor **out) {
+    *out = NULL;
     const mmc_qwen2_config *c = &m->lm->cfg;
     const bool anyres = m->variant != MMC_LLAVA_15;
     const int64_t B = b->B, T = b->T, BT = B * T, C = c->hidden_size;
@@ -177,11 +178,22 @@ mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_bat
         int64_t k = 0;
         for (int64_t i = 0; i < BT; i++)
             if (b->input_ids[i] == m->image_token_id) ((int64_t *)idx->data)[k++] = i;
+        if (cp) f = mmc_cp_sum_grad(ctx, cp, f);   /* cp: the features' gradient summed over the group */
         x = mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C));             /* [B*T, C] */
         x = mmc_reshape(ctx, mmc_scatter_rows(ctx, x, idx, f), 3, MMC_SHAPE(B, T, C)); /* [B, T, C] */
     } else if (n_img_tok)
         return mmc_error(MMC_ERR_INVALID, "the batch has %lld <image> tokens (id %lld) but no images",
                          (long long)n_img_tok, (long long)m->image_token_id);
+    *out = x;
+    return MMC_OK;
+}
+
+mmc_status mmc_llava_batch_loss(mmc_ctx *ctx, struct mmc_llava *m, const mmc_batch *b, double scale,
+                                mmc_tensor **loss, int64_t *n_scored) {
+    *loss = NULL;
+    mmc_tensor *x;
+    mmc_status st = mmc_llava_batch_embeds(ctx, m, b, NULL, &x);                     /* [B, T, C] */
+    if (st) return st;
     *loss = mmc_embeds_causal_lm_loss(ctx, m->lm, x, b, scale, n_scored);                /* [] */
     return MMC_OK;
 }

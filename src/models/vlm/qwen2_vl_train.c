@@ -81,18 +81,20 @@ mmc_tensor *mmc_qwen2_lm_loss(mmc_ctx *ctx, mmc_qwen2 *m, const mmc_batch *b, do
     return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
 }
 
-mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
-                                      int64_t *n_scored) {
+mmc_tensor *mmc_embeds_positions(mmc_ctx *ctx, const mmc_batch *b) {
     const int64_t T = b->T;
     mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));                         /* [T] */
     int64_t *pd = pos->data;
     for (int64_t t = 0; t < T; t++) pd[t] = t;
     for (int s = 0; b->cu_seqlens && s < b->n_seqs; s++)   /* packed: each segment from 0 */
         for (int64_t t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1] && t < T; t++) pd[t] = t - b->cu_seqlens[s];
-    mmc_tensor *cos, *sin;
-    mmc_qwen2_rope_table(ctx, &lm->cfg, pos, &cos, &sin);                               /* [T, D] */
+    return pos;
+}
+
+mmc_attn_opts mmc_embeds_attn(mmc_ctx *ctx, const mmc_batch *b) {
     mmc_attn_opts ao = {.causal = true};
     if (b->cu_seqlens) {   /* block-diagonal; the padding tail (not a segment) one more block covering the row */
+        const int64_t T = b->T;
         int n = b->n_seqs;
         int32_t *cu = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int32_t) * (size_t)(n + 2));
         memcpy(cu, b->cu_seqlens, sizeof(int32_t) * (size_t)(n + 1));
@@ -101,6 +103,15 @@ mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x
         ao.cu_seqlens = cu;
         ao.n_seqs = n;
     }
+    return ao;
+}
+
+mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
+                                      int64_t *n_scored) {
+    const int64_t T = b->T;
+    mmc_tensor *cos, *sin;
+    mmc_qwen2_rope_table(ctx, &lm->cfg, mmc_embeds_positions(ctx, b), &cos, &sin);     /* [T, D] */
+    mmc_attn_opts ao = mmc_embeds_attn(ctx, b);
     x = mmc_qwen2_forward(ctx, lm, x, cos, sin, &ao, NULL);                             /* [B, T, C] */
     /* the lm_head only on the rows whose next label is scored (logits[t] predicts labels[t + 1]): the same loss
      * and gradients as over every row (an unscored row's gradient is zero), without the head's GEMMs over a VLM
@@ -109,7 +120,12 @@ mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x
     int64_t n = 0;
     for (int64_t r = 0; r < B; r++)
         for (int64_t t = 0; t + 1 < T; t++) n += b->labels[r * T + t + 1] != MMC_IGNORE_INDEX;
-    if (lm->tp || n == 0 || n == B * (T - 1)) {
+    if (lm->tp) {   /* vocab-parallel loss on this rank's logits [B, T, V/tp], never gathered */
+        mmc_tensor *logits = mmc_qwen2_logits_local(ctx, lm, x);
+        return causal_lm_loss(ctx, lm->tp, mmc_comm_rank(lm->tp) * lm->lm_head->shape[0], logits, b->labels, scale,
+                              n_scored);
+    }
+    if (n == 0 || n == B * (T - 1)) {
         mmc_tensor *logits = mmc_qwen2_logits(ctx, lm, x);                              /* [B, T, V] */
         return mmc_causal_lm_loss(ctx, logits, b->labels, scale, n_scored);
     }
