@@ -6,7 +6,8 @@
 # Qwen2: losses (1e-5 relative; measured ~1e-7), final weights (2e-4 absolute, mean 1e-6) and
 # AdamW moments (1e-2 of scale) equal the single-process run's (`tp_worker compare`); a
 # sequence length not divisible by cp (padded and masked); cp=4 over 2 KV heads (replicated); cp2 x dp2 on 4 ranks; resume at
-# cp2 and across layouts; LoRA; the layout errors before any work, and LLaVA refused (Qwen2-VL / Qwen2.5-VL: test_cp_vl.sh).
+# cp2 and across layouts; LoRA; the layout errors before any work, and Qwen2.5-Omni refused (Qwen2-VL / Qwen2.5-VL: test_cp_vl.sh;
+# LLaVA / InternVL: test_llava_parallel.sh, test_internvl_parallel.sh).
 # Ring attention (parallel.context_parallel_mode: ring, src/parallel/cp_ring.c): cp_worker checks it
 # against unsplit mmc_attention on causal, full and packed rows (GQA, one KV head for any C), output
 # within 2e-6 and q/k/v gradients within 1e-5 absolute (measured 4.8e-7 / 1.4e-6: another kernel,
@@ -138,13 +139,13 @@ MMC_TRAIN_TEST_NAN_STEP=2 timeout 60 "$MMC" launch -n 4 "$W/cp2.yaml" --set trai
 if [ "$(grep -c 'the loss is not finite on some context-parallel rank' "$out")" = 4 ]; then
   echo "error (NaN loss at cp2 x dp2): every rank: $(grep -m1 'not finite' "$out" | cut -c1-160)"
 else echo "FAIL: NaN loss under cp:"; cat "$out"; fail=1; fi
-cat > "$W/llava.yaml" <<YAML
-model: {path: tests/fixtures/llava/v5, dtype: f32}
-data: {train: tests/fixtures/llava_train/data.jsonl, seq_len: 512, batch_size: 2, micro_batch_size: 1, num_workers: 0}
+cat > "$W/omni.yaml" <<YAML
+model: {path: tests/fixtures/omni/thinker, dtype: f32}
+data: {train: tests/fixtures/omni_train/data.jsonl, seq_len: 512, batch_size: 2, micro_batch_size: 1, num_workers: 0}
 parallel: {context_parallel: 2}
-training: {steps: 1, output_dir: $W/llava}
+training: {steps: 1, output_dir: $W/omni}
 YAML
-expect_err "cp on LLaVA (Qwen2-VL / Qwen2.5-VL: test_cp_vl.sh)" "parallel.context_parallel is implemented for the text decoders (Qwen2, Llama, Mistral), Qwen2-VL and Qwen2.5-VL only so far (this model is a LLaVA)" 2 "$W/llava.yaml"
+expect_err "cp on Qwen2.5-Omni (Qwen2-VL / Qwen2.5-VL: test_cp_vl.sh; LLaVA / InternVL: test_llava_parallel.sh, test_internvl_parallel.sh)" "parallel.context_parallel is implemented for the text decoders (Qwen2, Llama, Mistral), Qwen2-VL, Qwen2.5-VL, LLaVA and InternVL only so far (this model is a Qwen2.5-Omni)" 2 "$W/omni.yaml"
 
 [ $fail = 0 ] && echo "test_cp: passed" || echo "test_cp: FAILED"
 exit $fail

@@ -241,13 +241,14 @@ expect_err "world not divisible by pp" "3 processes do not divide into 2 pipelin
 expect_err "pp x tp larger than the world" "pipeline_parallel 2 x tensor_parallel 2 is larger than the job's 2 processes" 2 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2
 expect_err "pp with ZeRO" "2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.zero=1
 expect_err "pp with QLoRA" "2 with QLoRA (model.quantization) is not supported yet" 1 "$W/ref.yaml" $PP2 --set model.lora.r=4 --set "model.lora.targets=[q_proj]" --set model.quantization.method=nf4
-cat > "$W/llava.yaml" <<YAML
-model: {path: tests/fixtures/llava/v5, dtype: f32}
-data: {train: tests/fixtures/llava_train/data.jsonl, batch_size: 2, micro_batch_size: 1, num_workers: 0, seq_len: 512}
+cat > "$W/omni.yaml" <<YAML
+model: {path: tests/fixtures/omni/thinker, dtype: f32}
+data: {train: tests/fixtures/omni_train/data.jsonl, batch_size: 2, micro_batch_size: 1, num_workers: 0, seq_len: 512}
 parallel: {pipeline_parallel: 2}
-training: {steps: 1, output_dir: $W/llava}
+training: {steps: 1, output_dir: $W/omni}
 YAML
-expect_err "LLaVA" "LLaVA is not split into stages yet" 2 "$W/llava.yaml"
+# (LLaVA / InternVL: test_llava_parallel.sh, test_internvl_parallel.sh)
+expect_err "Qwen2.5-Omni" "pipeline parallelism and ZeRO-3 are not supported for qwen2_5_omni_thinker yet" 2 "$W/omni.yaml"
 
 # the shipped example is a valid config: it gets past the layout on 2 ranks and fails at the missing model
 expect_err "examples/pipeline_qwen2_vl_2b.yaml parses" "Qwen2-VL-2B-Instruct/config.json" 2 examples/pipeline_qwen2_vl_2b.yaml
