@@ -8,7 +8,8 @@
 # split. 3 steps of 4 micro-batches; `tp_worker compare`: every loss within 1e-5 relative, the weights
 # within 2e-4 (mean 1e-6), the AdamW moments within 1e-2 of their scale. Full fine-tuning (tower
 # frozen; tp and cp also with the tower trained), LoRA (r 4 on the LM's and the projector's linears)
-# under tp and pp. The error: tp not dividing the vocabulary (the v5 fixture's 1393). Part anyres:
+# under tp and pp. The errors: tp not dividing the vocabulary (the v5 fixture's 1393); `mmc plan` (its
+# tower not modelled yet). Part anyres:
 # LLaVA-NeXT (Mistral LM; tp2, Ulysses cp2, pp2) and LLaVA-OneVision (SigLIP, Qwen2 LM; tp2 + sp, ring
 # cp2) on tests/fixtures/llava_anyres_train (anyres tiles, image_newline on the first stage).
 # Skipped (exit 77) without mpirun or the worker.
@@ -76,6 +77,10 @@ cfg bad_tp "tensor_parallel: 2" "" v5
 timeout 60 "${MPIRUN[@]}" -np 2 "$MMC" train "$W/bad_tp.yaml" >"$out" 2>&1
 grep -q "tensor_parallel 2 does not divide vocab_size 1393" "$out" && echo "tp 2 on a 1393-token vocabulary: refused" ||
   { echo "FAIL: tp 2 on vocab 1393 not refused as expected:"; tail -n 5 "$out"; fail=1; }
+# mmc plan does not model LLaVA's tower yet: refused, not planned as another model
+if "$MMC" plan "$W/bad_tp.yaml" --gpus 8 --gpu-mem 80 >"$out" 2>&1; then echo "FAIL: mmc plan on LLaVA did not refuse"; fail=1
+elif grep -q "model_type 'llava': mmc plan models the Qwen2" "$out"; then echo "mmc plan on LLaVA: refused"
+else echo "FAIL: mmc plan on LLaVA:"; tail -n 3 "$out"; fail=1; fi
 fi
 if [ "$part" = all ] || [ "$part" = anyres ]; then   # NeXT (Mistral LM), OneVision (SigLIP, Qwen2 LM): anyres tiles
 for v in next ov; do

@@ -138,7 +138,8 @@ static mmc_status copy_file(const char *from, const char *to) {
  * loss of metrics.jsonl within 1e-5 relative, and every tensor of the last checkpoint's
  * model.safetensors (LoRA: adapter_model.safetensors) and optimizer.safetensors: weights within 2e-4 absolute (1 % of the
  * lr * steps they may move; isolated entries whose gradient is near zero carry AdamW-amplified
- * rounding noise) and 1e-6 on average, the moments within 1e-2 of each tensor's max. */
+ * rounding noise) and 1e-6 on average, the moments within 1e-2 of each tensor's max (or of 1e-9,
+ * 1e-18 for the second moments, when that is smaller: a gradient that is rounding noise). */
 static int read_losses(const char *dir, double *l, int cap) {
     char path[2048], line[1024];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);

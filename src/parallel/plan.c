@@ -53,6 +53,15 @@
 /* ------------------------------------------------------------------ model shapes */
 mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_model *out) {
     memset(out, 0, sizeof *out);
+    const char *type = "";
+    if (mmc_json_str(cfg, "model_type", "", &type)) type = "";
+    if (!strncmp(type, "llava", 5) || !strncmp(type, "internvl", 8) || !strncmp(type, "qwen2_5_omni", 12))
+        /* (their config nests the language model under text_config and another tower: read as Qwen2-VL's, the
+         * figures would be another model's) */
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s': mmc plan models the Qwen2 / Llama / Mistral "
+                         "decoders and Qwen2-VL's vision tower; this model's tower and nested text_config are not "
+                         "modelled yet; choose the layout by hand (LLaVA and InternVL train under tensor, pipeline and "
+                         "context parallelism as Qwen2-VL does)", what, type);
     mmc_status st = mmc_qwen2_config_read(cfg, &out->lm);
     if (st) return mmc_error_prefix(st, "%s", what);
     const mmc_qwen2_config *c = &out->lm;

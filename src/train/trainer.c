@@ -1973,7 +1973,8 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s)%s: each rank holds 1/%d of the "
                 "language model's matrices%s%s%s\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
                 t->lm->sp ? " with sequence parallelism" : "", t->tp_size,
-                !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
+                t->llava || t->internvl ? "; the vision tower and projector are replicated"
+                : !t->vl ? "" : t->vl->visual->tp ? " and of the vision tower's" : "; the vision tower is replicated (",
                 why, t->vl && !t->vl->visual->tp ? ")" : "");
     }
     if (t->cpc) {
