@@ -86,6 +86,11 @@ mmc_attn_opts mmc_embeds_attn(mmc_ctx *ctx, const mmc_batch *b);
  * tail one more block), then the causal-LM loss over b->labels as mmc_causal_lm_loss. */
 mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
                                       int64_t *n_scored);
+/* Its second half: the decoder's output x [B, T, C] through the lm_head (only the rows whose next
+ * label is scored; under tensor parallelism the vocab-parallel loss on this rank's slice) into the
+ * causal-LM loss over b->labels. */
+mmc_tensor *mmc_hidden_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
+                                      int64_t *n_scored);
 mmc_tensor *mmc_causal_lm_loss_tp(mmc_ctx *ctx, struct mmc_comm *tp, int64_t vocab_start, mmc_tensor *logits,
                                   const int32_t *labels, double scale, int64_t *n_scored);
 /* Scored tokens of labels [B, T] after the shift. */

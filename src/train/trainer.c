@@ -496,14 +496,17 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         else if (t->tpc)
             st = vlm_lm_shard_tp(t, &t->lm, path);
     } else if (omni) {   /* Qwen2.5-Omni thinker (omni_train.c): encoders frozen unless model.freeze is given */
-        if (t->tpc || c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / pipeline parallelism and ZeRO-3 are not supported for "
-                           "qwen2_5_omni_thinker yet (data parallelism with parallel.zero 0-2 is)", c->file);
+        if (c->parallel.pipeline_parallel > 1 || c->parallel.zero >= 3)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: pipeline parallelism and ZeRO-3 are not supported for "
+                           "qwen2_5_omni_thinker yet (data parallelism with parallel.zero 0-2 and tensor parallelism "
+                           "are)", c->file);
         else if (c->model.dtype == MMC_RUN_BF16)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.dtype bf16 is not supported for qwen2_5_omni_thinker "
                            "yet; use f32", c->file);
         else if (dir) st = mmc_omni_load_ex(dir, true, &t->omni);
         else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
+        /* tp: the thinker's LM split, the audio encoder and vision tower whole on every rank */
+        if (!st && t->tpc) st = vlm_lm_shard_tp(t, &t->omni->lm, path);
         if (!st) t->lm = t->omni->lm;
     } else if (!strcmp(type, "internvl")) {   /* InternVL, HF-native (internvl_train.c): the tower stays frozen */
         if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);

@@ -337,26 +337,6 @@ mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, mmc_omni *m, const mmc_batch *b, do
     mmc_rope_table_mrope(ctx, pos, c->mrope_section, (int)c->head_dim, c->rope_theta, &cos, &sin);
     mmc_attn_opts ao = {.causal = true};
     x = mmc_qwen2_forward(ctx, m->lm, x, cos, sin, &ao, NULL);                          /* [B, T, C] */
-    /* ForCausalLMLoss (labels shifted left, -100 ignored, the sum over label tokens times scale) with
-     * the logits of the scored rows only: the same mean, the LM head's GEMM and the softmax over the
-     * label count instead of B*T rows (a few answer tokens of a 100-token audio + image prompt) */
-    int64_t n = 0;
-    for (int64_t r = 0; r < B; r++)
-        for (int64_t t = 0; t + 1 < T; t++) n += b->labels[r * T + t + 1] != MMC_IGNORE_INDEX;
-    if (n == 0) {   /* nothing scored: the plain path (its zero loss and zero gradient) */
-        *loss = mmc_causal_lm_loss(ctx, mmc_qwen2_logits(ctx, m->lm, x), b->labels, scale, n_scored);
-        return MMC_OK;
-    }
-    mmc_tensor *idx = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(n));                           /* [n] */
-    mmc_tensor *tg = mmc_new(ctx, MMC_I32, 1, MMC_SHAPE(n));                            /* [n] */
-    int64_t k = 0;
-    for (int64_t r = 0; r < B; r++)
-        for (int64_t t = 0; t + 1 < T; t++)
-            if (b->labels[r * T + t + 1] != MMC_IGNORE_INDEX)
-                ((int64_t *)idx->data)[k] = r * T + t, ((int32_t *)tg->data)[k++] = b->labels[r * T + t + 1];
-    mmc_tensor *h = mmc_gather_rows(ctx, mmc_reshape(ctx, mmc_contiguous(ctx, x), 2, MMC_SHAPE(BT, C)), idx);
-    mmc_tensor *logits = mmc_qwen2_logits(ctx, m->lm, h);                               /* [n, V] */
-    *loss = mmc_scale(ctx, mmc_cross_entropy(ctx, logits, tg, MMC_IGNORE_INDEX), (float)((double)n * scale));
-    if (n_scored) *n_scored = n;
+    *loss = mmc_hidden_causal_lm_loss(ctx, m->lm, x, b, scale, n_scored);                /* (scored rows only) */
     return MMC_OK;
 }

@@ -108,15 +108,19 @@ mmc_attn_opts mmc_embeds_attn(mmc_ctx *ctx, const mmc_batch *b) {
 
 mmc_tensor *mmc_embeds_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
                                       int64_t *n_scored) {
-    const int64_t T = b->T;
     mmc_tensor *cos, *sin;
     mmc_qwen2_rope_table(ctx, &lm->cfg, mmc_embeds_positions(ctx, b), &cos, &sin);     /* [T, D] */
     mmc_attn_opts ao = mmc_embeds_attn(ctx, b);
     x = mmc_qwen2_forward(ctx, lm, x, cos, sin, &ao, NULL);                             /* [B, T, C] */
+    return mmc_hidden_causal_lm_loss(ctx, lm, x, b, scale, n_scored);
+}
+
+mmc_tensor *mmc_hidden_causal_lm_loss(mmc_ctx *ctx, mmc_qwen2 *lm, mmc_tensor *x, const mmc_batch *b, double scale,
+                                      int64_t *n_scored) {
     /* the lm_head only on the rows whose next label is scored (logits[t] predicts labels[t + 1]): the same loss
      * and gradients as over every row (an unscored row's gradient is zero), without the head's GEMMs over a VLM
      * prompt's image and instruction rows (LLaVA-1.5: 576 image rows of a 640-token row) */
-    const int64_t B = b->B, C = x->shape[2];
+    const int64_t B = b->B, T = b->T, C = x->shape[2];
     int64_t n = 0;
     for (int64_t r = 0; r < B; r++)
         for (int64_t t = 0; t + 1 < T; t++) n += b->labels[r * T + t + 1] != MMC_IGNORE_INDEX;
