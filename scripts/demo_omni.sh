@@ -17,9 +17,8 @@
 # only, the earlier recipe), DEMO_EPOCHS (passes over the spoken questions after those, default 4),
 # DEMO_CHECK=1 (exit 1 unless accuracy >= 0.9 and the silent control <= 0.40, its chance being 0.31 —
 # see step 4). Beside the accuracy it reports, per question type, how often the question was heard
-# (the restated subject right) and the same model's accuracy with the questions as text. The last line
-# gives the wall time and the CPU
-# time (user + sys) of the whole run; CPU / 2 is the wall time on 2 free cores.
+# (the restated subject right). The last line gives the wall time and the CPU time (user + sys) of
+# the whole run; CPU / 2 is the wall time on 2 free cores.
 set -euo pipefail
 BUILD=${1:-build}
 MMC="$BUILD/mmc"
@@ -70,11 +69,9 @@ fi
 head -n 1 "$DATA/val_spoken.jsonl"
 # the same questions as text ("<image>What colour is the square?", the same images, answers and
 # order, no audio): the first part of the curriculum below
-for split in train val; do
-  awk '{ q = $0; sub(/.*"question": "/, "", q); sub(/".*/, "", q)
-         sub(/"content": "<image><audio>"/, "\"content\": \"<image>" q "\""); sub(/"audios": \[[^]]*\], /, ""); print }' \
-      "$DATA/${split}_spoken.jsonl" >"$DATA/${split}_text.jsonl"
-done
+awk '{ q = $0; sub(/.*"question": "/, "", q); sub(/".*/, "", q)
+       sub(/"content": "<image><audio>"/, "\"content\": \"<image>" q "\""); sub(/"audios": \[[^]]*\], /, ""); print }' \
+    "$DATA/train_spoken.jsonl" >"$DATA/train_text.jsonl"
 # the curriculum, read in file order (data.shuffle: false), text first, then spoken:
 #  1. the first 30 % of the first type's questions as text (colour: the answer is the named shape's
 #     colour, and for a single shape the only colour shown; with all types mixed from the start the
@@ -115,8 +112,6 @@ heard_words() { awk '{ r = $0; sub(/.*"reference": "/, "", r); sub(/".*/, "", r)
                        if (!(t in n)) o[k++] = t; n[t]++; h[t] += r == p }
                      END { for (i = 0; i < k; i++) printf "%s%s %.3f", i ? ", " : "", o[i], h[o[i]] / n[o[i]] }' "$1"; }
 echo "question heard (the restated subject right), by type: $(heard_words "$RUN/val_predictions.jsonl")"
-echo "the same model, the same questions as text (the image reading alone; not a target):"
-"$MMC" eval --model "$MODEL" --data "$DATA/val_text.jsonl" --max-new-tokens 32 --json | tee "$RUN/eval_text.json"
 
 # chance for the control: a model that reads the image perfectly but hears nothing can only guess the
 # question — its type (colour or shape, half each) and the object asked about (one of the n = 1-3 shown,
