@@ -730,7 +730,9 @@ static mmc_status setup_params(mmc_trainer *t) {
         t->opt[t->n_opt] = t->opt_model[t->n_opt] = p;
         t->opt_names[t->n_opt++] = t->lora_names[i];
     }
-    if (t->n_opt == 0)
+    /* (the vision tower's own pipeline stage may train nothing: a frozen tower and embedding, LoRA on
+     * the language model only; the decoder stages check the rest) */
+    if (t->n_opt == 0 && !(t->pp_size > 1 && t->pp_rank == 0 && c->parallel.pipeline_vision_stage))
         return mmc_error(MMC_ERR_INVALID, "%s: model.freeze leaves nothing to train", c->file);
     mmc_adamw_opts o = {.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1, .beta2 = c->optimizer.beta2,
                         .eps = c->optimizer.eps, .weight_decay = c->optimizer.weight_decay};
