@@ -520,8 +520,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->context_parallel > 1) {
         const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
                           : p->zero > 0 ? "ZeRO (parallel.zero > 0)" : c->model.quantization.method != MMC_QUANT_NONE
-                          ? "model.quantization" : c->training.ema_decay > 0 ? "training.ema_decay"
-                          : c->data.eval ? "an evaluation set (data.eval)" : NULL;
+                          ? "model.quantization" : NULL;
         if (why)
             return verr(c, root, "parallel", "context_parallel", "%lld with %s is not supported yet; context "
                         "parallelism composes with plain data parallelism (zero 0) of the text decoders, Qwen2-VL and Qwen2.5-VL",
