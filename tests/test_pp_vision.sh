@@ -11,7 +11,8 @@
 #     another order than one process) on mixed text / image batches, tower trainable at pp=2, tower
 #     and merger frozen at pp=3 (one decoder layer per stage): losses within 1e-6 relative, weights
 #     within 5e-5 absolute and 1e-7 on average, moments within 1e-3 of each tensor's scale (measured
-#     4.6e-9, 1.9e-7, 4.5e-10, 6.5e-7);
+#     4.6e-9, 1.9e-7, 4.5e-10, 6.5e-7); x tp=2 + sequence parallelism (4 ranks) against tp=2 + sp alone
+#     within the same (measured 0, 1.3e-7);
 #   - LoRA: Qwen2.5-VL adapters on the tower and the language model (pp=2) and Qwen2-VL adapters on
 #     the language model only with dropout 0.1 (pp=3: stage 0 trains nothing): bit-identical, PEFT layout;
 #   - checkpoints: pp=2 for 2 steps resumed in one process, one process resumed at pp=3: exact;
@@ -57,6 +58,10 @@ grep -m1 'stage layers: vision tower' "$W/train.log" | cut -c1-260
 run1 "$W/vl.yaml"
 runN 2 "$W/vl.yaml" $PP2 $VS --set training.output_dir="$W/vl2"
 cmp_runs "Qwen2-VL (tied) tower stage, pp=2 vs 1 process" vl1 vl2 "$CLOSE"
+TP=(--set parallel.tensor_parallel=2 --set parallel.sequence_parallel=true)
+runN 2 "$W/vl.yaml" "${TP[@]}" --set training.output_dir="$W/tp2"
+runN 4 "$W/vl.yaml" "${TP[@]}" $PP2 $VS --set training.output_dir="$W/tp2vs"
+cmp_runs "Qwen2-VL tower stage x tp=2 + sp (4 ranks) vs tp=2 + sp" tp2 tp2vs "$CLOSE"
 FZ=(--set "model.freeze=[vision_tower, merger]")
 run1 "$W/vl.yaml" "${FZ[@]}" --set training.output_dir="$W/fz1"
 runN 3 "$W/vl.yaml" $PP3 $VS "${FZ[@]}" --set training.output_dir="$W/fz3"
