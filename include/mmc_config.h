@@ -12,7 +12,7 @@
  *              bucket_window, add_vision_id, resolution, aspect_ratio_buckets, num_frames}
  *   parallel: {data_parallel, tensor_parallel, sequence_parallel, pipeline_parallel, pipeline_layers,
  *             pipeline_virtual, context_parallel,
- *             context_parallel_mode, expert_parallel, zero, timeout, pipeline_schedule,
+ *             context_parallel_mode, expert_parallel, zero, timeout, pipeline_schedule, pipeline_vision_stage,
  *             vision / audio / projector / language: {data_parallel, tensor_parallel,
  *             pipeline_parallel, context_parallel}}
  *   optimizer:{type, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, grad_clip}
@@ -136,6 +136,8 @@ typedef struct {
                                        * language model is split at tensor_parallel > 1 */
     int64_t tp_comm_chunks;           /* row-parallel all-reduce in chunks overlapped with the GEMM (1: off) */
     bool pipeline_early_recv;         /* pipeline receives posted ahead of their op (mmc_pp_set_early_recv) */
+    bool pipeline_vision_stage;       /* Qwen2-VL: stage 0 runs only the vision tower, merger and embedding;
+                                       * the decoder layers go to stages 1 .. P-1 (1F1B only) */
 } mmc_parallel_cfg;
 typedef enum { MMC_PP_SCHED_1F1B = 0, MMC_PP_SCHED_DUALPIPEV = 1 } mmc_pp_schedule_kind;
 

@@ -74,6 +74,8 @@ typedef struct {
     bool hetero;                /* per-modality plan (mmc_hetero.h): the vision tower whole and data-parallel
                                  * over all ranks (each tp rank encodes 1/tp of its micro-batch's images, the
                                  * merged features all-gathered over tp) while the LM is at tp x dp */
+    bool vstage;                /* parallel.pipeline_vision_stage: the vision tower, merger and embedding on
+                                 * pipeline stage 0 alone, the decoder layers over stages 1 .. pp-1 (1F1B) */
 } mmc_plan_layout;
 
 /* Seconds of one measured or modelled kernel, fwd + bwd (the CPU cache's entries). */

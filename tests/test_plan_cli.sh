@@ -101,4 +101,18 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 cp = [r for r in rows if r["cp"] == 2]
 assert cp and all(r["cp_comm_s"] > 0 for r in cp), "no cp=2 layout for Qwen2-VL"
 PY
+# the vision tower on a pipeline stage of its own (parallel.pipeline_vision_stage, test_pp_vision.sh):
+# proposed for Qwen2-VL at pp 2 (tower | both layers) and pp 3 (tower | 1 | 1), plain 1F1B only, never for
+# a text model; at pp 3 the layers split over 2 stages, where without it 3 stages do not divide 2 layers
+"$MMC" plan "$W/vl.yaml" --gpus 3 --json > "$W/vl3.jsonl" 2>&1
+python3 - "$W/vl.jsonl" "$W/vl3.jsonl" "$W/all.jsonl" <<'PY' && ok "Qwen2-VL: vision-stage layouts proposed" || bad "vision stage: $(head -3 "$W/vl3.jsonl")"
+import json, sys
+rows2, rows3, text = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+v2 = [r for r in rows2 if r["vision_stage"]]
+v3 = [r for r in rows3 if r["vision_stage"]]
+assert v2 and all(r["pp"] == 2 and r["vpp"] == 1 and r["pp_comm_s"] > 0 for r in v2)
+assert v3 and all(r["pp"] == 3 and r["vpp"] == 1 for r in v3)
+assert not any(r["pp"] == 3 and not r["vision_stage"] for r in rows3), "3 stages cannot split 2 layers"
+assert not any(r["vision_stage"] for r in text)
+PY
 exit $fail

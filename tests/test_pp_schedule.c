@@ -472,9 +472,20 @@ static int compare(const char *a, const char *b, double tl, double tw, double tm
     double od = cmp_file(ca, cb, "optimizer.safetensors", true, &no, &os, &oc);
     const double wmean = ws / (wc > 0 ? wc : 1);
     printf("%d steps: loss max rel diff %.2e (tol %.0e); %d %s max abs diff %.2e (tol %.0e), mean %.2e (tol "
-           "%.0e); %d optimizer tensors max diff %.2e of scale (tol %.0e)\n", na, lrel, tl, nw, lora ? "adapters" : "weights",
+           "%.0e); %d optimizer tensors max diff %.2e of scale (tol %.0e)", na, lrel, tl, nw, lora ? "adapters" : "weights",
            wd, tw, wmean, tm, no,
            od, to);
+    /* training.ema_decay: the EMA (ema.safetensors, in the reference's checkpoint) within the weights' tolerances */
+    snprintf(probe, sizeof probe, "%s/ema.safetensors", ca);
+    if (access(probe, R_OK) == 0) {
+        int ne = 0;
+        double es = 0, ec = 0;
+        const double ed = cmp_file(ca, cb, "ema.safetensors", false, &ne, &es, &ec), emean = es / (ec > 0 ? ec : 1);
+        printf("; %d EMA tensors max abs diff %.2e, mean %.2e", ne, ed, emean);
+        CHECK(ne > 0 && ed <= tw);
+        CHECK(emean <= tm);
+    }
+    printf("\n");
     CHECK(lrel <= tl);
     CHECK(wd <= tw);
     CHECK(wmean <= tm);

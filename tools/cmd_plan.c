@@ -27,7 +27,8 @@ void help_plan(FILE *f) {
             "whose memory per rank fits G GiB. Layouts: data_parallel x tensor_parallel (with and without\n"
             "sequence_parallel) x pipeline_parallel (1F1B, interleaved 2 / 4 chunks) x context_parallel\n"
             "(Ulysses, ring) = N, ZeRO 0-3, the vision tower split with the language model or data-parallel over\n"
-            "all N ranks (a per-modality plan, vision-dpN), data.micro_batch_size (divisors of the per-rank batch, up to\n"
+            "all N ranks (a per-modality plan, vision-dpN) or on a pipeline stage of its own (vision-stage:\n"
+            "parallel.pipeline_vision_stage, costed from the tower's FLOPs), data.micro_batch_size (divisors of the per-rank batch, up to\n"
             "16), activation recompute off / full / attention-only, and full recompute of the fewest layers of\n"
             "each stage that make the layout fit (rcN); only those the trainer accepts (the run config's rules,\n"
             "the model's heads / layers / vocabulary, the sequence length). The model: per-layer FLOPs at\n"
@@ -135,10 +136,10 @@ typedef struct { unsigned key; bool ok; char why[400]; } memo;
 static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm, int *n_mm, char *why, size_t cap) {
     unsigned key = (l->tp > 1) | (l->pp > 1) << 1 | (l->cp > 1) << 2 | l->sp << 3 | (unsigned)l->zero << 4 |
                    (l->vpp > 1) << 6 | (unsigned)l->cp_ring << 7 | (unsigned)l->recompute << 8 | (unsigned)l->hetero << 10 |
-                   (unsigned)(l->recompute_layers > 0) << 11;
+                   (unsigned)(l->recompute_layers > 0) << 11 | (unsigned)l->vstage << 12;
     for (int i = 0; i < *n_mm; i++)
         if (mm[i].key == key) { snprintf(why, cap, "%s", mm[i].why); return mm[i].ok; }
-    char s[11][96];
+    char s[12][96];
     snprintf(s[0], 96, "parallel.tensor_parallel=%d", l->tp > 1 ? 2 : 1);
     snprintf(s[1], 96, "parallel.pipeline_parallel=%d", l->pp > 1 ? 2 : 1);
     snprintf(s[2], 96, "parallel.context_parallel=%d", l->cp > 1 ? 2 : 1);
@@ -150,10 +151,13 @@ static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm,
     snprintf(s[8], 96, "parallel.data_parallel=1");
     snprintf(s[9], 96, "model.recompute_layers=%d", l->recompute_layers > 0);
     snprintf(s[10], 96, "parallel.vision.tensor_parallel=1");   /* hetero: the tower data-parallel */
-    const char *sets[11];
-    for (int i = 0; i < 11; i++) sets[i] = s[i];
+    snprintf(s[11], 96, "parallel.pipeline_vision_stage=true");   /* the tower on a stage of its own */
+    const char *sets[12];
+    int ns = 0;
+    for (int i = 0; i < 12; i++)
+        if ((i != 10 || l->hetero) && (i != 11 || l->vstage)) sets[ns++] = s[i];
     mmc_run_config c;
-    mmc_status st = mmc_run_config_load(path, sets, l->hetero ? 11 : 10, &c);
+    mmc_status st = mmc_run_config_load(path, sets, ns, &c);
     memo *m = &mm[(*n_mm)++];
     m->key = key, m->ok = st == MMC_OK;
     snprintf(m->why, sizeof m->why, "%s", st ? mmc_last_error() : "");
@@ -169,14 +173,14 @@ static void print_json(const row *r, int rank, const mmc_plan_device *d, int gpu
     mmc_plan_layout_str(l, s, sizeof s);
     double mfu = d->calib ? 0 : e->flops_per_step / (e->step_s * gpus * d->gemm_flops / 0.6);
     printf("{\"rank\": %d, \"layout\": \"%s\", \"dp\": %d, \"tp\": %d, \"sp\": %s, \"pp\": %d, \"vpp\": %d, \"cp\": %d, "
-           "\"cp_mode\": \"%s\", \"ep\": %d, \"hetero\": %s, \"zero\": %d, \"micro_batch\": %lld, \"recompute\": \"%s\", "
+           "\"cp_mode\": \"%s\", \"ep\": %d, \"hetero\": %s, \"vision_stage\": %s, \"zero\": %d, \"micro_batch\": %lld, \"recompute\": \"%s\", "
            "\"recompute_layers\": %lld, \"fits\": %s, "
            "\"step_s\": %.6g, \"compute_s\": %.6g, \"recompute_s\": %.6g, \"comm_s\": %.6g, \"comm_total_s\": %.6g, "
            "\"tp_comm_s\": %.6g, \"cp_comm_s\": %.6g, \"pp_comm_s\": %.6g, \"dp_comm_s\": %.6g, \"bubble\": %.6g, "
            "\"bubble_s\": %.6g, \"optim_s\": %.6g, \"mfu\": %.4f, \"mem_bytes\": %.6g, \"mem_params\": %.6g, "
            "\"mem_grads\": %.6g, \"mem_optim\": %.6g, \"mem_act\": %.6g, \"comm_bytes\": %.6g, \"host_share\": %.4g, \"cpu_s\": %.6g}\n",
            rank, s, l->dp, l->tp, l->sp ? "true" : "false", l->pp, l->vpp, l->cp, l->cp_ring ? "ring" : "ulysses", l->ep,
-           l->hetero ? "true" : "false", l->zero, (long long)l->micro_batch, recompute_name(l->recompute),
+           l->hetero ? "true" : "false", l->vstage ? "true" : "false", l->zero, (long long)l->micro_batch, recompute_name(l->recompute),
            (long long)l->recompute_layers, r->fits ? "true" : "false", e->step_s,
            e->compute_s, e->recompute_s, e->comm_s, e->comm_total_s, e->tp_comm_s, e->cp_comm_s, e->pp_comm_s,
            e->dp_comm_s, e->bubble, e->bubble_s, e->optim_s, mfu, e->mem_total, e->mem_params, e->mem_grads,
@@ -201,6 +205,9 @@ static void explain(const row *r, int i, double gmem, const row *best) {
         printf("   per-modality plan: the vision tower whole and data-parallel over all %d ranks (each tensor-parallel "
                "rank encodes 1/%d of its micro-batch's images, the features all-gathered), the language model at tp%d x "
                "dp%d\n", r->l.dp * r->l.tp, r->l.tp, r->l.tp, r->l.dp);
+    if (r->l.vstage)
+        printf("   vision stage: the tower, merger and embedding on pipeline stage 0 alone, the decoder layers over "
+               "stages 1 .. %d\n", r->l.pp - 1);
     printf("   memory %.1f %s of %.1f: parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f\n",
            e->mem_total / u, u == GiB ? "GiB" : "MiB", gmem / u, e->mem_params / u, e->mem_grads / u, e->mem_optim / u,
            e->mem_act / u);
@@ -229,6 +236,7 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
                             "  context_parallel_mode: %s\n  zero: %d\n",
                             note, l->dp, l->tp, l->sp ? "true" : "false", l->pp, l->vpp, l->cp,
                             l->cp_ring ? "ring" : "ulysses", l->zero);
+    if (l->vstage) len += (size_t)snprintf(out + len, cap - len, "  pipeline_vision_stage: true\n");
     if (l->hetero)   /* per-modality plan: the vision tower data-parallel over every rank */
         len += (size_t)snprintf(out + len, cap - len, "  vision: {data_parallel: %d}\n", l->dp * l->tp);
     out[len] = 0;
@@ -354,8 +362,8 @@ int cmd_plan(int argc, char **argv) {
     }
     if (gmem_gib <= 0) gmem_gib = dev.mem_bytes / GiB;
     const double gmem = gmem_gib * GiB;
-    /* one memo per distinct key (12 bits) */
-    if (!(mm = calloc(4096, sizeof *mm))) { code = cli_fail(MMC_ERR_OOM, "out of memory"); goto out; }
+    /* one memo per distinct key (13 bits) */
+    if (!(mm = calloc(8192, sizeof *mm))) { code = cli_fail(MMC_ERR_OOM, "out of memory"); goto out; }
     char why[600], first_why[700] = "";
     int64_t tried = 0;
     /* enumerate: tp fastest, then cp, dp, pp (Megatron's rank order; the model sizes each) */
@@ -372,11 +380,12 @@ int cmd_plan(int argc, char **argv) {
                             for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)
                                 for (int rcmp = 0; rcmp <= 2; rcmp++)
                                     for (int het = 0; het <= (m.vision && tp > 1 && w.vision_patches > 0); het++)
+                                    for (int vst = 0; vst <= (m.vision && pp > 1 && vpp == 1 && !het && w.vision_patches > 0); vst++)
                                     for (int64_t mb = 1; mb <= 16 && mb * dp <= w.batch; mb++) {
                                         /* ep: expert parallelism (1 here; a MoE model's layouts add ep | dp x cp) */
                                         mmc_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = 1, .vpp = vpp,
                                                              .sp = sp, .cp_ring = ring, .zero = zero, .recompute = rcmp,
-                                                             .micro_batch = mb, .hetero = het};
+                                                             .micro_batch = mb, .hetero = het, .vstage = vst};
                                         tried++;
                                         if (!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why)) {
                                             if (!*first_why) snprintf(first_why, sizeof first_why, "%s", why);
@@ -396,7 +405,7 @@ int cmd_plan(int argc, char **argv) {
                                         nr++;
                                         /* full recompute fits and none does not: also the fewest
                                          * recomputed layers per stage that fit (rcN) */
-                                        const int64_t Ls = m.layers / pp;
+                                        const int64_t Ls = m.layers / (vst ? pp - 1 : pp);
                                         mmc_plan_layout ln = l, lk = l;
                                         mmc_plan_estimate en, ek;
                                         ln.recompute = MMC_RECOMPUTE_NONE;
@@ -452,7 +461,7 @@ int cmd_plan(int argc, char **argv) {
                100 * r->e.comm_s / r->e.step_s, r->fits ? "" : "  (does not fit)");
     }
     printf("(layout: dp/tp/pp/cp sizes, +sp sequence parallel, ppPxV interleaved, cp u Ulysses / r ring, zZeRO stage, "
-           "mb micro-batch, rc recompute, vision-dpN the vision tower data-parallel over all N ranks; MFU against the "
+           "mb micro-batch, rc recompute, vision-dpN the vision tower data-parallel over all N ranks, vision-stage the tower on pipeline stage 0 alone; MFU against the "
            "bf16 peak)\n\n");
     if (!nfit) {
         const row *small = &rows[0];

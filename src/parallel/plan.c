@@ -23,7 +23,9 @@
  *   pp            a [b, S, C] transfer ([b, S/t, C] with sp) per stage boundary per micro-batch each way (v per rank
  *                 when interleaved); step = M v + P - 1 slots of a chunk, (M + (P - 1) / v) x the
  *                 slowest stage's time with a device per rank; with more ranks than cores, a slot
- *                 where k stages work is slowed by max(1, k dp tp cp / cores)
+ *                 where k stages work is slowed by max(1, k dp tp cp / cores); a vision stage
+ *                 (parallel.pipeline_vision_stage): stage 0's time is the tower's (vision_time), the
+ *                 layers split over the P - 1 stages after it
  *   dp            gradient all-reduce over dp x cp once per step in 4 MiB buckets (ZeRO-2: a
  *                 reduce-scatter per micro-batch + a parameter all-gather; ZeRO-3: parameter
  *                 all-gathers forward and backward and a gradient reduce-scatter per micro-batch),
@@ -1114,7 +1116,8 @@ void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap) {
                       l->recompute == MMC_RECOMPUTE_FULL ? " rc" : l->recompute == MMC_RECOMPUTE_ATTENTION ? " rca" : "");
     if (l->recompute && l->recompute_layers > 0 && n > 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - (size_t)n, "%lld", (long long)l->recompute_layers);
-    if (l->hetero && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " vision-dp%d", l->dp * l->tp);
+    if (l->hetero && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " vision-dp%d", l->dp * l->tp);
+    if (l->vstage && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " vision-stage");
 }
 
 bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_layout *l,
@@ -1135,7 +1138,8 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
     if (l->pp > 1) {
         int64_t bounds[1025];
         if (l->pp * l->vpp > 1024) NO("too many pipeline stages");
-        if (mmc_pp_split_layers(m->layers, l->pp * l->vpp, NULL, 0, bounds)) NO("%s", mmc_last_error());
+        /* (the vision tower on a stage of its own: the layers over the other pp - 1) */
+        if (mmc_pp_split_layers(m->layers, l->vstage ? l->pp - 1 : l->pp * l->vpp, NULL, 0, bounds)) NO("%s", mmc_last_error());
         const int64_t M = w->batch / (l->micro_batch * l->dp);
         if (l->vpp > 1 && M % l->pp)
             NO("interleaving needs the micro-batches per step (%lld) to be a multiple of pipeline_parallel %d", (long long)M,
@@ -1146,6 +1150,10 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
     if (l->zero == 3 && w->weight_bytes != 2)
         NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
     if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
+    if (l->vstage) {   /* parallel.pipeline_vision_stage (trainer_pp.c) */
+        if (!m->vision || w->vision_patches <= 0) NO("a vision stage needs a vision tower and images");
+        if (l->pp < 2 || l->vpp > 1 || l->hetero) NO("a vision stage needs pipeline_parallel 2 or more, plain 1F1B");
+    }
     if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM tp x dp (ZeRO 0-3) */
         if (!m->vision || w->vision_patches <= 0) NO("a per-modality plan needs a vision tower and images");
         if (l->tp < 2) NO("a per-modality plan needs the language model at tensor_parallel 2 or more");
@@ -1299,7 +1307,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const int64_t M = w->batch / (l->micro_batch * l->dp);
     const int64_t Tl = l->micro_batch * w->seq / l->cp;
     const double ab = w->act_bytes, C = (double)m->hidden;
-    const int64_t Ls = m->layers / P;   /* layers per stage (even split) */
+    /* layers per stage (even split; with a vision stage over the P - 1 stages after it) */
+    const int64_t Ls = m->layers / (l->vstage ? P - 1 : P);
     /* the tower split over tp (tv), or whole: replicated, or data-parallel (hetero: 1/t of the images) */
     const int tv = m->vision && t > 1 && !l->hetero && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
     const double vshare = l->hetero ? 1.0 / t : 1.0;
@@ -1325,8 +1334,10 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const double rc = (double)nrc * (rc_full ? lfwd : rc_attn ? lafwd : 0);   /* per stage and micro-batch */
     double first = (double)Ls * lfb + rc + vision_time(m, w, d, l, tv) * vshare, last = (double)Ls * lfb + rc + head_time(m, w, d, l);
     if (P == 1) first = last = first + head_time(m, w, d, l);
-    const double stage = first > last ? first : last;   /* on a core of its own */
+    if (l->vstage) first = vision_time(m, w, d, l, tv) * vshare;   /* the tower stage: no decoder layer */
     const double mid = (double)Ls * lfb + rc;   /* stages between the first and the last */
+    double stage = first > last ? first : last;   /* on a core of its own */
+    if (stage < mid) stage = mid;   /* (a light vision stage) */
     const double all_stages = P == 1 ? first : first + last + (double)(P - 2) * mid;
     e->recompute_s = (double)M * rc * share;
 
@@ -1427,7 +1438,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     /* ---- parameters on the busiest stage (the first: embeddings + vision + its layers) */
     const double lp = (double)mmc_plan_layer_params(m) / t, emb = (double)m->vocab * C / t;
     const double vis = (double)mmc_plan_vision_params(m) / tv;
-    double p_first = (double)Ls * lp + emb + vis, p_last = (double)Ls * lp + emb + C;
+    double p_first = (l->vstage ? 0.0 : (double)Ls * lp) + emb + vis, p_last = (double)Ls * lp + emb + C;
     if (P == 1) p_first = p_last = (double)m->layers * lp + emb * (m->tied ? 1 : 2) + C + vis;
     const bool firstbig = p_first >= p_last;
     const double prank = firstbig ? p_first : p_last;
@@ -1489,6 +1500,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
      * adds (P - 1) / v chunk-sized ones */
     double in_flight = P > 1 ? (double)(M < P ? M : P) : 1.0;
     if (P > 1 && v > 1) in_flight += (double)(P - 1) / (double)v;
+    const double vis_flight = in_flight;   /* the tower's, on stage 0 */
+    if (l->vstage) in_flight = (double)(M < P - 1 ? M : P - 1);   /* the layers' from stage 1 on */
     const double per_layer = layer_act_elems(m, l) * (double)Tl * ab;
     double act;
     /* recompute: the layers' stack at the start of a micro-batch's backward, + what a layer rebuilds
@@ -1502,13 +1515,16 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
         act = ((double)Ls * per_layer - (double)nrc * rot) * in_flight + (nrc == Ls ? rot : 0);
     } else act = (double)Ls * per_layer * in_flight;
     if (!firstbig || P == 1) act += 2.0 * (double)Tl * ((double)m->vocab / t) * 4.0;   /* logits + their gradient */
-    if (m->vision && w->vision_patches > 0 && (firstbig || P == 1)) {
+    double vis_act = 0;
+    if (m->vision && w->vision_patches > 0) {
         double np = (double)(l->micro_batch * w->vision_patches) * vshare, cv = (double)m->v_dim;
         double blk = (4.0 * cv + (4.0 * cv + 2.0 * (double)m->v_inter) / tv) * np * ab;
         /* the tower is checkpointed under full recompute only (the trainer's rule) */
-        act += w->freeze_vision ? blk : (rc_full ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
-                                           (P > 1 ? (double)(M < P ? M : P) : 1.0);
+        vis_act = w->freeze_vision ? blk : (rc_full ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
+                                              vis_flight;
     }
+    if (vis_act > 0 && (firstbig || P == 1) && !l->vstage) act += vis_act;
+    if (l->vstage && firstbig) act = vis_act;   /* the busiest rank is the tower's: no decoder layer there */
     if (m->vision && l->cp > 1 && (firstbig || P == 1))   /* cp: the whole row's embeddings, before and after the features */
         act += 2.0 * (double)(l->micro_batch * w->seq) * C * ab;
     e->mem_act = act;

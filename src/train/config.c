@@ -170,6 +170,10 @@ static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, pipeline_early_recv, MMC_CFG_BOOL, U, NULL, NULL,
       "pipeline receives posted two ops before the op that needs them, filled while this stage computes (false: on 2 "
       "shared cores this was ~20 % slower a step; for hosts with a core free for the transfer)"),
+    F(mmc_parallel_cfg, pipeline_vision_stage, MMC_CFG_BOOL, U, NULL, NULL,
+      "Qwen2-VL / Qwen2.5-VL: stage 0 runs only the vision tower, its merger and the embedding (the spliced "
+      "embeddings go to stage 1, their gradient comes back); the decoder layers split over stages 1 .. P-1 "
+      "(pipeline_layers then gives P-1 counts); 1F1B only"),
     {0},
 };
 static const mmc_cfg_field k_optimizer[] = {
@@ -331,10 +335,10 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
         const mmc_module_plan *m = mods[i].m;
         if (!plan_given(m)) continue;
         if (m->pipeline_parallel > 1)
-            return verr(c, root, "parallel", mods[i].name, "pipeline_parallel %lld: %s as pipeline stages of its own "
-                        "is not supported yet; it runs on the first stage of parallel.pipeline_parallel, or "
-                        "data-parallel over all ranks ({data_parallel: N})", (long long)m->pipeline_parallel,
-                        mods[i].what);
+            return verr(c, root, "parallel", mods[i].name, "pipeline_parallel %lld: %s as pipeline stages of its "
+                        "own is not supported (one stage is); it runs on the first stage of parallel.pipeline_parallel, in one stage of "
+                        "its own (parallel.pipeline_vision_stage: true, Qwen2-VL's tower), or data-parallel over all "
+                        "ranks ({data_parallel: N})", (long long)m->pipeline_parallel, mods[i].what);
         if (m->context_parallel > 1)
             return verr(c, root, "parallel", mods[i].name, "context_parallel %lld: context parallelism splits the "
                         "language model's sequences; %s encodes whole images or clips (leave it out)",
@@ -462,7 +466,25 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                         "give one decoder-layer count per virtual stage", p->pipeline_layers.n,
                         (long long)p->pipeline_parallel, (long long)(2 * p->pipeline_parallel));
     }
-    if (p->pipeline_schedule != MMC_PP_SCHED_DUALPIPEV && p->pipeline_layers.n &&
+    /* the vision tower as a stage of its own (trainer_pp.c): stage 0 holds no decoder layer */
+    if (p->pipeline_vision_stage) {
+        if (p->pipeline_parallel < 2)
+            return verr(c, root, "parallel", "pipeline_vision_stage", "true needs pipeline_parallel 2 or more (got "
+                        "%lld): stage 0 runs the vision tower, stages 1 .. P-1 the decoder layers",
+                        (long long)p->pipeline_parallel);
+        if (p->pipeline_virtual > 1 || p->pipeline_schedule == MMC_PP_SCHED_DUALPIPEV)
+            return verr(c, root, "parallel", "pipeline_vision_stage", "true with %s: not supported; interleaved and "
+                        "DualPipeV schedules give every rank decoder chunks (rank 0 would hold layers as well as the "
+                        "tower); use pipeline_schedule 1f1b with pipeline_virtual 1, or put the tower on the first "
+                        "stage (pipeline_vision_stage false)",
+                        p->pipeline_virtual > 1 ? "pipeline_virtual > 1" : "pipeline_schedule dualpipev");
+        if (p->pipeline_layers.n && p->pipeline_layers.n != p->pipeline_parallel - 1)
+            return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel %lld with "
+                        "pipeline_vision_stage makes %lld decoder stages (stage 0 holds the vision tower only): give "
+                        "one decoder-layer count per stage 1 .. %lld", p->pipeline_layers.n,
+                        (long long)p->pipeline_parallel, (long long)(p->pipeline_parallel - 1),
+                        (long long)(p->pipeline_parallel - 1));
+    } else if (p->pipeline_schedule != MMC_PP_SCHED_DUALPIPEV && p->pipeline_layers.n &&
         p->pipeline_layers.n != p->pipeline_parallel * p->pipeline_virtual) {
         if (p->pipeline_virtual > 1)
             return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel %lld x "
@@ -498,8 +520,7 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     if (p->context_parallel > 1) {
         const char *why = p->tensor_parallel > 1 ? "tensor_parallel > 1" : p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
                           : p->zero > 0 ? "ZeRO (parallel.zero > 0)" : c->model.quantization.method != MMC_QUANT_NONE
-                          ? "model.quantization" : c->training.ema_decay > 0 ? "training.ema_decay"
-                          : c->data.eval ? "an evaluation set (data.eval)" : NULL;
+                          ? "model.quantization" : NULL;
         if (why)
             return verr(c, root, "parallel", "context_parallel", "%lld with %s is not supported yet; context "
                         "parallelism composes with plain data parallelism (zero 0) of the text decoders, Qwen2-VL and Qwen2.5-VL",

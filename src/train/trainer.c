@@ -759,7 +759,9 @@ static mmc_status setup_params(mmc_trainer *t) {
         t->opt[t->n_opt] = t->opt_model[t->n_opt] = p;
         t->opt_names[t->n_opt++] = t->lora_names[i];
     }
-    if (t->n_opt == 0)
+    /* (the vision tower's own pipeline stage may train nothing: a frozen tower and embedding, LoRA on
+     * the language model only; the decoder stages check the rest) */
+    if (t->n_opt == 0 && !(t->pp_size > 1 && t->pp_rank == 0 && c->parallel.pipeline_vision_stage))
         return mmc_error(MMC_ERR_INVALID, "%s: model.freeze leaves nothing to train", c->file);
     mmc_adamw_opts o = {.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1, .beta2 = c->optimizer.beta2,
                         .eps = c->optimizer.eps, .weight_decay = c->optimizer.weight_decay};
@@ -1677,6 +1679,7 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
     if ((!t->vl && !t->llava && !t->omni && !t->internvl) || t->src.kind != SRC_LOADER || !t->dopts.eval)
         return MMC_ERR_NOT_FOUND;
     if (t->pp && t->dp_rank != 0) return MMC_ERR_NOT_FOUND;   /* pipeline: the first replica's stages evaluate */
+    if (t->cpc && t->dp_rank != 0) return MMC_ERR_NOT_FOUND;   /* context parallelism: the first replica's group */
     mmc_loader *l = NULL;
     mmc_status st = mmc_loader_new(&t->dopts, t->tok, MMC_SPLIT_EVAL, &l);
     if (st) return mmc_error_prefix(st, "data.eval");
@@ -1690,6 +1693,15 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
         if (b.B == 0) { mmc_batch_free(&b); break; }
         mmc_tensor *lt = NULL;
         int64_t k = 0;
+        if (t->cpc) {   /* each rank scores its shard of the rows (mmc_cp_trainer_eval_batch); summed below */
+            double s1 = 0;
+            if (b.T % t->cp_size) st = sp_pad_batch(&b, t->cp_size);   /* (as the training micro-batches) */
+            if (!st) st = mmc_cp_trainer_eval_batch(t, &b, &s1, &k);
+            if (!st) sum += s1, n += k;
+            mmc_batch_free(&b);
+            if (st) { mmc_error_prefix(st, "data.eval"); break; }
+            continue;
+        }
         if (t->pp) {   /* the batch through the stages, forward only (mmc_pp_eval) */
             double s1 = 0;
             st = mmc_pp_eval(t->pp, &b, &s1, &k);
@@ -1709,6 +1721,7 @@ static mmc_status trainer_eval(mmc_trainer *t, double *loss, int64_t *tokens) {
     }
     mmc_set_grad_enabled(t->ctx, true);
     mmc_loader_free(l);
+    if (!st && t->cpc) st = mmc_cp_trainer_eval_sum(t, &sum, &n);   /* the group's shards: the whole rows */
     if (st) return st;
     *loss = n ? sum / (double)n : NAN;
     *tokens = n;

@@ -81,3 +81,25 @@ mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss) {
                          "the data", (long long)t->step + 1);
     return MMC_OK;
 }
+
+/* data.eval: the batch scored as a training micro-batch is (the tower whole on every rank, each rank
+ * its shard of the rows: Ulysses contiguous, ring zigzag) with no tape and no dropout; the shards'
+ * summed NLLs and token counts add up over the group to the one process's (mmc_cp_trainer_eval_sum).
+ * Only the Qwen2-VL family evaluates (trainer_eval), the one that reaches here. */
+mmc_status mmc_cp_trainer_eval_batch(mmc_trainer *t, const mmc_batch *b, double *nll, int64_t *tokens) {
+    *nll = 0, *tokens = 0;
+    if (!t->vl) return mmc_error(MMC_ERR_UNSUPPORTED, "data.eval under context parallelism: Qwen2-VL / Qwen2.5-VL only");
+    mmc_tensor *l = NULL;
+    mmc_status st = mmc_cp_qwen2_vl_loss(t->ctx, t->vl, t->cpc, b, 1.0, &l, tokens);
+    if (!st) *nll = *(const float *)l->data;
+    mmc_ctx_reset(t->ctx);
+    return st;
+}
+
+mmc_status mmc_cp_trainer_eval_sum(mmc_trainer *t, double *nll, int64_t *tokens) {
+    double v[2] = {*nll, (double)*tokens};
+    mmc_status st = mmc_all_reduce(t->cpc, v, v, 2, MMC_F64, MMC_SUM);
+    if (st) return mmc_error_prefix(st, "data.eval: summing the context-parallel shards' losses");
+    *nll = v[0], *tokens = (int64_t)v[1];
+    return MMC_OK;
+}

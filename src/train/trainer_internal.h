@@ -196,6 +196,10 @@ mmc_status mmc_trainer_pp_save(mmc_trainer *t);
 mmc_status mmc_cp_trainer_layout(mmc_trainer *t);
 mmc_status mmc_cp_trainer_check(mmc_trainer *t);
 mmc_status mmc_cp_trainer_reduce(mmc_trainer *t, double *loss);
+/* data.eval under cp: this rank's shard of batch b -> its summed NLL and scored tokens (forward only);
+ * then the sums over the group */
+mmc_status mmc_cp_trainer_eval_batch(mmc_trainer *t, const mmc_batch *b, double *nll, int64_t *tokens);
+mmc_status mmc_cp_trainer_eval_sum(mmc_trainer *t, double *nll, int64_t *tokens);
 
 /* trainer_ep.c: expert parallelism (mmc_ep.h) and MoE statistics */
 typedef struct {

@@ -12,7 +12,13 @@
  * over its tp group (trainer.c's tp_to_full); then the first rank of each stage sends its
  * parameters, AdamW moments and fp32 masters to world rank 0, which writes them with the
  * single-process saver. So a run resumes at any number of stages (each stage loads the full
- * checkpoint and keeps its part), and transformers loads it as it is. */
+ * checkpoint and keeps its part), and transformers loads it as it is.
+ *
+ * parallel.pipeline_vision_stage (Qwen2-VL / Qwen2.5-VL, 1F1B): stage 0 holds the vision tower,
+ * its merger and the token embedding and no decoder layer (the empty range [0, 0)); the runtime
+ * treats it as any first stage: it sends the embeddings with the image features spliced in and
+ * runs the tower's backward from the gradient that comes back. The decoder layers split over
+ * stages 1 .. P-1 (pipeline_layers: P-1 counts). */
 #include "trainer_internal.h"
 #include "mmc_pp.h"
 
@@ -114,7 +120,23 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     int64_t sizes[256], bounds[257];
     const int ns = c->parallel.pipeline_layers.n;
     for (int i = 0; i < ns && i < 256; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
-    mmc_status st = mmc_pp_split_layers(t->lm->cfg.num_layers, nv, sizes, ns, bounds);
+    const bool tower = c->parallel.pipeline_vision_stage;   /* stage 0: the vision tower alone */
+    mmc_status st;
+    if (tower) {   /* (config.c refused interleaving and DualPipeV with it: v = 1 here) */
+        if (!t->vl)
+            return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_vision_stage puts a vision tower on a stage of "
+                             "its own, but the model has none (Qwen2-VL / Qwen2.5-VL only); leave it out", c->file);
+        if (P < 2 || v != 1) return mmc_error(MMC_ERR_INVALID, "%s: pipeline_vision_stage needs plain 1F1B over 2 or "
+                                              "more stages", c->file);
+        /* decoder stages 1 .. P-1 get the layers; stage 0 the empty range [0, 0) before them */
+        if ((st = mmc_pp_split_layers(t->lm->cfg.num_layers, P - 1, sizes, ns, bounds + 1)))
+            return mmc_error_prefix(st, "%s: pipeline_vision_stage: stage 0 holds the vision tower, so the %lld decoder "
+                                    "layers split over the %d stages after it", c->file,
+                                    (long long)t->lm->cfg.num_layers, P - 1);
+        bounds[0] = 0;
+    } else {
+        st = mmc_pp_split_layers(t->lm->cfg.num_layers, nv, sizes, ns, bounds);
+    }
     if (st && dpv) return mmc_error_prefix(st, "%s: DualPipeV's %d stages x 2 chunks = %d virtual stages", c->file, P, nv);
     if (st && v > 1) return mmc_error_prefix(st, "%s: %d stages x %d chunks (pipeline_virtual) = %d virtual stages", c->file, P, v, nv);
     if (st) return mmc_error_prefix(st, "%s", c->file);
@@ -158,8 +180,9 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
                     mmc_comm_backend_name(t->world), vs, M, v > 1 ? "v " : "", 100.0 * mmc_pp_bubble_fraction_v(P, v, M));
         }
         for (int k = 0; k < nv; k++)
-            fprintf(stderr, "%s[%lld, %lld)", v > 1 && k % P == 0 ? (k ? " | " : " ") : " ", (long long)bounds[k],
-                    (long long)bounds[k + 1]);
+            if (tower && k == 0) fprintf(stderr, " vision tower + merger + embedding (no decoder layer)");
+            else fprintf(stderr, "%s[%lld, %lld)", v > 1 && k % P == 0 ? (k ? " | " : " ") : " ", (long long)bounds[k],
+                         (long long)bounds[k + 1]);
         fprintf(stderr, "%s\n", t->pp_tied ? "; tied embeddings: first and last stage sum their gradients" : "");
     }
     return MMC_OK;
@@ -216,7 +239,8 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
         char ls[256] = "";
         for (int k = 0; k < t->pp_v; k++) {
             size_t u = strlen(ls);
-            snprintf(ls + u, sizeof ls - u, "%s[%lld, %lld)", k ? " " : "", (long long)t->pp_l0[k], (long long)t->pp_l1[k]);
+            if (t->pp_l0[k] == t->pp_l1[k]) snprintf(ls + u, sizeof ls - u, "%snone: vision tower", k ? " " : "");
+            else snprintf(ls + u, sizeof ls - u, "%s[%lld, %lld)", k ? " " : "", (long long)t->pp_l0[k], (long long)t->pp_l1[k]);
         }
         fprintf(stderr, "mmc train: pipeline stage %d/%d (layers %s), data-parallel rank %d: peak RSS %.1f MiB since "
                 "set-up; last step sent %.2f MiB point-to-point, %.3f s waiting in receives\n", t->pp_rank,
