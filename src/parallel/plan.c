@@ -1143,6 +1143,8 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
         if (M < l->pp) NO("%lld micro-batches per step is fewer than the %d stages", (long long)M, l->pp);
     }
     if (l->sp && l->tp < 2) NO("sequence parallelism needs tensor_parallel 2 or more");
+    if (l->zero == 3 && l->pp > 1)
+        NO("ZeRO-3 under pipeline parallelism is not supported by the trainer; zero 1-2 shard each stage over its dp group");
     if (l->zero == 3 && w->weight_bytes != 2)
         NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
     if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
@@ -1446,8 +1448,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
              * memory-bound passes on the ranks' cores */
             if (d->calib) dp_c += 6.0 * g / d->mem_bw;
         }
-        else if (l->zero == 2)
-            dp_c = (double)M * bucketed(d, ranks, MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) +
+        else if (l->zero == 2)   /* (under pp once a step: 1F1B accumulates a stage's micro-batches first) */
+            dp_c = (double)(P > 1 ? 1 : M) * bucketed(d, ranks, MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) +
                    bucketed(d, ranks, MMC_COLL_ALL_GATHER, dpe, pw, ldp);
         else
             dp_c = (double)M * (2.0 * coll(MMC_COLL_ALL_GATHER, dpe, prank * w->weight_bytes, ldp) +
@@ -1479,8 +1481,9 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     if (l->zero == 3) wp = prank * w->weight_bytes / dpe + 2.0 * lp * w->weight_bytes;   /* shard + gathered units */
     e->mem_params = wp;
     double grads = train * 4.0;
-    if (l->zero >= 2) grads /= dpe;
-    if (dpe > 1 && l->zero < 2) grads += train * 4.0;   /* the flat bucket copy DDP reduces in */
+    if (l->zero >= 2 && P == 1) grads /= dpe;
+    if (dpe > 1 && (l->zero < 2 || P > 1)) grads += train * 4.0;   /* the flat bucket copy DDP reduces in (pp x ZeRO-2:
+                                                                    * the full gradients, packed, then reduce-scattered) */
     e->mem_grads = grads;
     double opt = train * 8.0 + (w->weight_bytes == 2 ? train * 4.0 : 0.0);   /* AdamW m, v (+ fp32 master) */
     if (l->zero >= 1) opt /= dpe;

@@ -480,11 +480,15 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                         "layers, at least 1: no stage may be empty", p->pipeline_layers.items[i], i);
     }
     if (p->pipeline_parallel > 1) {
-        const char *why = p->zero > 0 ? "ZeRO (parallel.zero > 0)"
-                          : c->model.quantization.method != MMC_QUANT_NONE ? "QLoRA (model.quantization)" : NULL;
+        if (p->zero == 3)
+            return verr(c, root, "parallel", "zero", "3 with pipeline_parallel %lld is not supported yet (ZeRO-3 gathers "
+                        "each layer's parameters from hooks the pipeline's interleaved micro-batches do not run); "
+                        "use zero 1 or 2, which shard each stage's optimizer state (and, with 2, its gradients between "
+                        "steps) over the stage's data-parallel group", (long long)p->pipeline_parallel);
+        const char *why = c->model.quantization.method != MMC_QUANT_NONE ? "QLoRA (model.quantization)" : NULL;
         if (why)
             return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
-                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (with or "
+                        "parallelism composes with data parallelism (zero 0-2) and tensor parallelism (with or "
                         "without sequence_parallel) of full-parameter or LoRA training",
                         (long long)p->pipeline_parallel, why);
     }

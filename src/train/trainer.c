@@ -993,6 +993,8 @@ layout_done:
     } else if (t->epc) {   /* expert parallelism: gradients reduced per kind after backward (mmc_ep_trainer_reduce) */
         st = mmc_ep_trainer_setup(t);
         if (st) goto fail;
+    } else if (t->pp && cfg->parallel.zero > 0) {   /* ZeRO-1/2 within each stage's data-parallel group */
+        if ((st = mmc_trainer_pp_zero(t))) goto fail;
     } else if (!t->pp && (t->dp_size > 1 || cfg->parallel.zero > 0)) {   /* (pp: trainer_pp.c sums over dp) */
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
          * layer and each vision block, keyed by its layer struct as the models name it; the
@@ -1590,7 +1592,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         mmc_ctx_reset(t->ctx);
     }
     double norm;
-    if (t->dp) {
+    if (t->dp && !t->pp) {   /* (pp: trainer_pp.c reduced the gradients and summed the loss) */
         /* every rank joins every collective, whatever its micro-batches held; a non-finite
          * loss on any rank stops every rank at the same step */
         if ((st = mmc_dp_finish(t->dp, t->ctx))) goto done;

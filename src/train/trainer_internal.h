@@ -191,6 +191,7 @@ bool mmc_trainer_pp_keep(const mmc_trainer *t, const char *name);
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss);
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
 mmc_status mmc_trainer_pp_save(mmc_trainer *t);
+mmc_status mmc_trainer_pp_zero(mmc_trainer *t);   /* ZeRO-1/2 over each stage's data-parallel group */
 
 /* trainer_cp.c: context parallelism (mmc_cp.h) */
 mmc_status mmc_cp_trainer_layout(mmc_trainer *t);
@@ -234,7 +235,7 @@ mmc_status mmc_copy_file(const char *from, const char *to);
 /* ZeRO >= 1 checkpoints keep the moments in per-rank shard files, except under tensor
  * parallelism, whose checkpoints are gathered into full tensors (any layout reads them) */
 static inline bool mmc_trainer_state_sharded(const mmc_trainer *t) {
-    return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc;
+    return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc && !t->pp;   /* (pp: one gathered checkpoint) */
 }
 static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
     return t->dp && t->cfg->parallel.zero == 3 && !t->lora && !t->tpc;

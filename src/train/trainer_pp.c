@@ -12,8 +12,23 @@
  * over its tp group (trainer.c's tp_to_full); then the first rank of each stage sends its
  * parameters, AdamW moments and fp32 masters to world rank 0, which writes them with the
  * single-process saver. So a run resumes at any number of stages (each stage loads the full
- * checkpoint and keeps its part), and transformers loads it as it is. */
+ * checkpoint and keeps its part), and transformers loads it as it is.
+ *
+ * ZeRO-1/2 (parallel.zero) under pipeline parallelism: each stage's trained tensors are sharded
+ * over that stage's data-parallel group by an mmc_dp of their own (mmc_trainer_pp_zero): 1F1B
+ * accumulates a stage's micro-batches into its gradient tensors, as a pipeline must (a stage's
+ * backward of one micro-batch interleaves with the forward of the next); after the step's last
+ * micro-batch the buckets are reduce-scattered within the stage's dp group (mmc_dp_reduce_grads);
+ * each rank keeps the AdamW moments of its shard, updates it and all-gathers the parameters.
+ * ZeRO-2 then frees the full gradient tensors until the next step's backward (between steps a
+ * rank holds 1/dp of the stage's gradients); within the backward both stages hold them whole —
+ * gradients cannot be reduce-scattered per micro-batch across the 1F1B interleaving without a
+ * hook per layer, which is why DeepSpeed refuses ZeRO-2 with its pipeline engine, and Megatron's
+ * distributed optimizer does as here. The norm sums the shards' squares over dp, tp and the
+ * stages (the tied embedding's copy on the last stage once). A checkpoint gathers the moments
+ * over dp first and is then the single-process one above (so it resumes at any layout). */
 #include "trainer_internal.h"
+#include "mmc_dp.h"
 #include "mmc_pp.h"
 
 #include <math.h>
@@ -170,6 +185,31 @@ static bool is_tied_copy(const mmc_trainer *t, const mmc_tensor *p) {
     return t->pp_tied && t->pp_size > 1 && t->pp_rank == t->pp_size - 1 && p == t->lm->embed;
 }
 
+/* ZeRO-1/2: the stage's data-parallel sharding of its trained tensors (after any restore: the
+ * full moments it read are cut to this rank's shard) */
+mmc_status mmc_trainer_pp_zero(mmc_trainer *t) {
+    const int zero = (int)t->cfg->parallel.zero;
+    if (zero < 1 || zero > 2)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.zero %d with pipeline_parallel: ZeRO-1 and ZeRO-2 shard a "
+                         "stage over its data-parallel group; ZeRO-3 is not supported under pipeline parallelism yet",
+                         t->cfg->file, zero);
+    mmc_status st = mmc_dp_new(t->dpc, zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL, &t->dp);
+    if (st) return st;
+    if (t->tpc) mmc_dp_set_tp(t->dp, t->tpc, t->opt_split);   /* the norm over the tp slices */
+    unsigned char *skip = calloc((size_t)t->n_opt + 1, 1);
+    if (!skip) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < t->n_opt; i++) skip[i] = is_tied_copy(t, t->opt_model[i]);
+    mmc_dp_set_norm_group(t->dp, t->groups.pp, skip);   /* ... and over the stages */
+    free(skip);
+    mmc_dp_scatter_state(t->dp, &t->adamw);   /* this rank keeps only its shard of the AdamW state */
+    mmc_adamw_free(&t->adamw);
+    if (t->rank == 0)
+        fprintf(stderr, "mmc train: ZeRO-%d over each stage's %d data-parallel ranks: AdamW state%s sharded, the "
+                "stage's gradients reduce-scattered after the step's last micro-batch\n", zero, t->dp_size,
+                zero == 2 ? " and (between steps) gradients" : "");
+    return MMC_OK;
+}
+
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss) {
     mmc_pp_set_dropout(t->pp, t->lora && t->cfg->model.lora.dropout > 0, (uint64_t)t->cfg->training.seed, (uint64_t)t->step);
     mmc_status st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
@@ -177,7 +217,12 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
     /* every trained tensor has a gradient buffer, so the reductions below match on every rank */
     int64_t total = 0;
     for (int i = 0; i < t->n_opt; i++) total += mmc_numel(mmc_grad(t->ctx, t->opt_model[i]));
-    if (t->dp_size > 1) {   /* the stage's replicas: one all-reduce of the packed gradients */
+    if (t->dp) {   /* ZeRO-1/2: the tied embedding summed first, then reduce-scattered within the stage's dp group */
+        if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1) && (t->lm->embed->flags & MMC_REQUIRES_GRAD) &&
+            (st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, t->lm->embed)->data, mmc_numel(t->lm->embed))))
+            return st;
+        if ((st = mmc_dp_reduce_grads(t->dp)) || (st = mmc_dp_finish(t->dp, t->ctx))) return st;
+    } else if (t->dp_size > 1) {   /* the stage's replicas: one all-reduce of the packed gradients */
         float *buf = malloc((size_t)total * sizeof(float) + 1);
         if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory packing the gradients");
         int64_t off = 0;
@@ -196,7 +241,7 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
         free(buf);
         if (st) return st;
     }
-    if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1)) {
+    if (!t->dp && t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1)) {
         mmc_tensor *e = t->lm->embed;
         if (e->flags & MMC_REQUIRES_GRAD) st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, e)->data, mmc_numel(e));
         if (st) return st;
@@ -458,6 +503,16 @@ done:
 
 mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
     mmc_status st = MMC_OK;
+    if (t->dp && t->cfg->parallel.zero >= 1 && !t->adamw.m) {   /* ZeRO-1/2: the stage's moments gathered over dp */
+        mmc_adamw keep = t->adamw, full = {0};
+        st = mmc_adamw_init(&full, &keep.o, t->opt, t->n_opt);
+        if (!st) st = mmc_dp_gather_state(t->dp, &full);
+        t->adamw = full;
+        if (!st) st = mmc_trainer_pp_save(t);
+        mmc_adamw_free(&t->adamw);
+        t->adamw = keep;
+        return st;
+    }
     /* replicas hold the same weights: the first one's stages gather (with tp: its first tp rank's,
      * which holds the full tensors the caller gathered) */
     if (t->dp_rank == 0 && (!t->tpc || t->groups.tp_rank == 0))
