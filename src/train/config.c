@@ -485,12 +485,6 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                         "each layer's parameters from hooks the pipeline's interleaved micro-batches do not run); "
                         "use zero 1 or 2, which shard each stage's optimizer state (and, with 2, its gradients between "
                         "steps) over the stage's data-parallel group", (long long)p->pipeline_parallel);
-        const char *why = c->model.quantization.method != MMC_QUANT_NONE ? "QLoRA (model.quantization)" : NULL;
-        if (why)
-            return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
-                        "parallelism composes with data parallelism (zero 0-2) and tensor parallelism (with or "
-                        "without sequence_parallel) of full-parameter or LoRA training",
-                        (long long)p->pipeline_parallel, why);
     }
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
      * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
