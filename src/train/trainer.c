@@ -1604,7 +1604,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         }
     }
     if (t->cpc && (st = mmc_cp_trainer_reduce(t, &loss))) goto done;   /* cp: weight gradients and loss summed */
-    if (t->epc && (st = mmc_ep_trainer_reduce(t, &loss))) goto done;   /* ep: dense over dp, experts over edp */
+    if (t->epc && !t->pp && (st = mmc_ep_trainer_reduce(t, &loss))) goto done;   /* ep: dense over dp, experts over edp
+                                                                                  * (pp: trainer_pp.c) */
     if (t->lm && t->lm->moe && (st = mmc_moe_trainer_stats(t, s))) goto done;
     if ((st = partial_reduce(t))) goto done;   /* tp: partial gradients (sp, LoRA, a hetero tower) */
     for (int i = 0; i < t->n_opt; i++)

@@ -133,6 +133,7 @@ struct mmc_trainer {
     int pp_size, pp_rank, pp_v;
     int64_t pp_l0[16], pp_l1[16];
     bool pp_tied;              /* tied embeddings split over the first and the last stage */
+    bool pp_ep_full;           /* saving: the tensors are expert parallelism's gathered view */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     bool contrastive;          /* a CLIPModel / SiglipModel folder: trainer_contrastive.c runs the whole loop */
     bool contrastive_resume;   /* ... from the latest checkpoint-N of training.output_dir (--resume) */

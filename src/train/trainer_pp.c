@@ -89,6 +89,17 @@ mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
                 "micro_batch_size / data_parallel) is fewer than the %d pipeline stages: 1F1B keeps stages idle "
                 "%.0f%% of each step ((P-1)/(M+P-1)); use at least %d micro-batches, better 4 x %d\n", (long long)M,
                 M == 1 ? "" : "es", P, 100.0 * mmc_pp_bubble_fraction(P, (int)M), P, P);
+    /* expert parallelism inside the pipeline: each stage's dp group carved into ep groups (the
+     * stage's MoE layers exchange their routed rows within it) */
+    if (c->parallel.expert_parallel > 1) {
+        if ((st = mmc_ep_trainer_groups(t))) return st;
+        if (t->rank == 0)
+            fprintf(stderr, "mmc train: expert parallelism %lld inside each pipeline stage: a stage's MoE layers spread "
+                    "their experts over groups of %lld of its %d data-parallel ranks (all-to-all), each expert's "
+                    "gradient summed over the %lld ranks holding it\n", (long long)c->parallel.expert_parallel,
+                    (long long)c->parallel.expert_parallel, t->dp_size,
+                    (long long)(t->dp_size / c->parallel.expert_parallel));
+    }
     return MMC_OK;
 }
 
@@ -222,6 +233,14 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
             (st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, t->lm->embed)->data, mmc_numel(t->lm->embed))))
             return st;
         if ((st = mmc_dp_reduce_grads(t->dp)) || (st = mmc_dp_finish(t->dp, t->ctx))) return st;
+    } else if (t->epc) {   /* expert parallelism: dense gradients over the stage's dp group, a routed expert's over
+                            * the ranks holding it (edp); the exchange's backward brought it its ep group's tokens */
+        for (int i = 0; i < t->n_opt && !st; i++) {
+            mmc_tensor *g = t->opt_model[i]->grad;
+            mmc_comm *cm = t->ep_split[i] >= 0 ? t->edpc : t->dpc;
+            if (mmc_comm_size(cm) > 1) st = mmc_all_reduce(cm, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM);
+        }
+        if (st) return st;
     } else if (t->dp_size > 1) {   /* the stage's replicas: one all-reduce of the packed gradients */
         float *buf = malloc((size_t)total * sizeof(float) + 1);
         if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory packing the gradients");
@@ -271,17 +290,18 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
 }
 
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
-    double sq[2] = {0, 0};   /* tensor-parallel slices (summed over tp), replicated */
+    double sq[3] = {0, 0, 0};   /* tensor-parallel slices (summed over tp), replicated, routed experts (over ep) */
     for (int i = 0; i < t->n_opt; i++) {
         const mmc_tensor *g = t->opt[i]->grad;
         if (!g || is_tied_copy(t, t->opt_model[i])) continue;   /* the tied embedding counts once */
         const float *gd = g->data;
         double s = 0;
         for (int64_t k = 0, n = mmc_numel(g); k < n; k++) s += (double)gd[k] * gd[k];
-        sq[t->opt_split && t->opt_split[i] >= 0 ? 0 : 1] += s;
+        sq[t->ep_split && t->ep_split[i] >= 0 ? 2 : t->opt_split && t->opt_split[i] >= 0 ? 0 : 1] += s;
     }
     mmc_status st = t->tpc ? mmc_all_reduce(t->tpc, sq, sq, 1, MMC_F64, MMC_SUM) : MMC_OK;
-    double total = sq[0] + sq[1];
+    if (!st && t->epc) st = mmc_all_reduce(t->epc, &sq[2], &sq[2], 1, MMC_F64, MMC_SUM);
+    double total = sq[0] + sq[1] + sq[2];
     if (!st) st = mmc_all_reduce(t->groups.pp, &total, &total, 1, MMC_F64, MMC_SUM);
     if (st) return st;
     *norm = sqrt(total);
@@ -312,6 +332,14 @@ static int opt_index(const mmc_trainer *t, const mmc_tensor *p) {
         if (t->opt_model[j] == p) return j;
     return -1;
 }
+/* the same by name (expert parallelism's gathered view: copies of the parameters, mmc_ep_trainer_to_full) */
+static int opt_index_named(const mmc_trainer *t, const mmc_tensor *p, const char *name) {
+    const int j = opt_index(t, p);
+    if (j >= 0 || !t->epc) return j;
+    for (int k = 0; k < t->n_opt; k++)
+        if (!strcmp(t->opt_names[k], name)) return k;
+    return -1;
+}
 
 static mmc_status send_stage(const mmc_trainer *t) {
     mmc_comm *pp = t->groups.pp;
@@ -321,9 +349,9 @@ static mmc_status send_stage(const mmc_trainer *t) {
     for (int i = 0; i < t->n_params && !st; i++) {
         const mmc_tensor *p = t->params[i];
         if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
-        const int j = opt_index(t, p);
+        const int j = opt_index_named(t, p, t->names[i]);
         part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
-                      .master = j >= 0 && t->opt[j] != p, .ema = j >= 0 && t->ema};
+                      .master = j >= 0 && t->opt[j] != t->opt_model[j], .ema = j >= 0 && t->ema};
         snprintf(h.name, sizeof h.name, "%s", t->names[i]);
         memcpy(h.shape, p->shape, sizeof h.shape);
         const int64_t k = mmc_numel(p);
@@ -503,6 +531,15 @@ done:
 
 mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
     mmc_status st = MMC_OK;
+    if (t->epc && !t->pp_ep_full) {   /* expert parallelism: the stage's experts of every ep rank first (collective) */
+        mmc_ep_swap sw;
+        if ((st = mmc_ep_trainer_to_full(t, &sw))) return st;
+        t->pp_ep_full = true;
+        st = mmc_trainer_pp_save(t);
+        t->pp_ep_full = false;
+        mmc_ep_trainer_to_local(t, &sw);
+        return st;
+    }
     if (t->dp && t->cfg->parallel.zero >= 1 && !t->adamw.m) {   /* ZeRO-1/2: the stage's moments gathered over dp */
         mmc_adamw keep = t->adamw, full = {0};
         st = mmc_adamw_init(&full, &keep.o, t->opt, t->n_opt);
