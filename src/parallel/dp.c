@@ -797,9 +797,6 @@ mmc_status mmc_dp_finish(mmc_dp *d, mmc_ctx *c) {
  * full gradient tensors it packed (they come back zeroed in the next step's backward) and
  * reduce-scatters into the sharded accumulator; settle() frees the buffer. */
 mmc_status mmc_dp_reduce_grads(mmc_dp *d) {
-    if (d->zero == 3)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "dp: ZeRO-3 gathers its parameters from the model's hooks; "
-                         "mmc_dp_reduce_grads takes ZeRO 0-2");
     if (!d->t_first) d->t_first = mmc_now();
     for (int i = 0; i < d->nb; i++) {
         bucket *bk = &d->b[i];
@@ -827,6 +824,26 @@ mmc_status mmc_dp_reduce_grads(mmc_dp *d) {
         if (st) return st;
     }
     return MMC_OK;
+}
+
+/* ZeRO-3 under pipeline parallelism: the whole stage is one unit, gathered for the step's
+ * micro-batches (torchtitan's FSDP under pp, reshard_after_forward off: a micro-batch's backward
+ * interleaves with the next one's forward). Counted as a step's parameters (peak_p). */
+mmc_status mmc_dp_gather_stage(mmc_dp *d) {
+    if (d->zero != 3 || d->pinned) return MMC_OK;
+    for (int i = 0; i < d->nt; i++) gather_start(d, &d->b[i]);
+    for (int i = 0; i < d->nt; i++) {
+        gather_wait(d, &d->b[i]);
+        d->b[i].gstate = G_CLAIMED;
+    }
+    d->pinned = true;
+    return MMC_OK;
+}
+
+void mmc_dp_release_stage(mmc_dp *d) {
+    if (d->zero != 3 || !d->pinned) return;
+    d->pinned = false;
+    for (int i = 0; i < d->nt; i++) release(d, &d->b[i]);
 }
 
 void mmc_dp_set_norm_group(mmc_dp *d, mmc_comm *outer, const unsigned char *skip) {

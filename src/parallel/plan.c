@@ -1143,8 +1143,6 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
         if (M < l->pp) NO("%lld micro-batches per step is fewer than the %d stages", (long long)M, l->pp);
     }
     if (l->sp && l->tp < 2) NO("sequence parallelism needs tensor_parallel 2 or more");
-    if (l->zero == 3 && l->pp > 1)
-        NO("ZeRO-3 under pipeline parallelism is not supported by the trainer; zero 1-2 shard each stage over its dp group");
     if (l->zero == 3 && w->weight_bytes != 2)
         NO("ZeRO-3 gathers bf16 working weights only (model.dtype bf16); f32 weights: zero 0-2");
     if (l->sp && w->seq * l->micro_batch % l->tp) NO("sequence parallelism needs the tokens to divide by tensor_parallel");
@@ -1451,6 +1449,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
         else if (l->zero == 2)   /* (under pp once a step: 1F1B accumulates a stage's micro-batches first) */
             dp_c = (double)(P > 1 ? 1 : M) * bucketed(d, ranks, MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) +
                    bucketed(d, ranks, MMC_COLL_ALL_GATHER, dpe, pw, ldp);
+        else if (P > 1)   /* pp x ZeRO-3: the stage gathered once a step, reduce-scattered once (trainer_pp.c) */
+            dp_c = coll(MMC_COLL_ALL_GATHER, dpe, prank * w->weight_bytes, ldp) + coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp);
         else
             dp_c = (double)M * (2.0 * coll(MMC_COLL_ALL_GATHER, dpe, prank * w->weight_bytes, ldp) +
                                 coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp));
@@ -1478,7 +1478,8 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
 
     /* ---- memory on the busiest rank */
     double wp = prank * w->weight_bytes;
-    if (l->zero == 3) wp = prank * w->weight_bytes / dpe + 2.0 * lp * w->weight_bytes;   /* shard + gathered units */
+    if (l->zero == 3) wp = prank * w->weight_bytes / dpe + (P > 1 ? prank : 2.0 * lp) * w->weight_bytes;   /* shard +
+                                                                      * gathered units (pp: the whole stage) */
     e->mem_params = wp;
     double grads = train * 4.0;
     if (l->zero >= 2 && P == 1) grads /= dpe;
@@ -1521,7 +1522,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     double sent = 0;
     if (t > 1) sent += (double)M * ((double)Ls * 4.0 + 2.0) * 2.0 * (t - 1) / t * (double)Tl * C * ab;
     if (P > 1) sent += (double)M * 2.0 * v * (double)Tl * C * ab / (l->sp ? t : 1);
-    if (dpe > 1) sent += 2.0 * (dpe - 1) / dpe * train * 4.0 * (l->zero == 3 ? 1.5 * (double)M : 1.0);
+    if (dpe > 1) sent += 2.0 * (dpe - 1) / dpe * train * 4.0 * (l->zero == 3 ? (P > 1 ? 1.5 : 1.5 * (double)M) : 1.0);
     e->comm_bytes = sent;
     return MMC_OK;
 }

@@ -479,13 +479,6 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
             return verr(c, root, "parallel", "pipeline_layers", "'%s' (stage %d) must be a whole number of decoder "
                         "layers, at least 1: no stage may be empty", p->pipeline_layers.items[i], i);
     }
-    if (p->pipeline_parallel > 1) {
-        if (p->zero == 3)
-            return verr(c, root, "parallel", "zero", "3 with pipeline_parallel %lld is not supported yet (ZeRO-3 gathers "
-                        "each layer's parameters from hooks the pipeline's interleaved micro-batches do not run); "
-                        "use zero 1 or 2, which shard each stage's optimizer state (and, with 2, its gradients between "
-                        "steps) over the stage's data-parallel group", (long long)p->pipeline_parallel);
-    }
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
      * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
     if (p->sequence_parallel && p->tensor_parallel < 2)

@@ -239,7 +239,7 @@ static inline bool mmc_trainer_state_sharded(const mmc_trainer *t) {
     return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc && !t->pp;   /* (pp: one gathered checkpoint) */
 }
 static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
-    return t->dp && t->cfg->parallel.zero == 3 && !t->lora && !t->tpc;
+    return t->dp && t->cfg->parallel.zero == 3 && !t->lora && !t->tpc && !t->pp;
 }
 
 #endif

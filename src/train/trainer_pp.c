@@ -25,7 +25,11 @@
  * gradients cannot be reduce-scattered per micro-batch across the 1F1B interleaving without a
  * hook per layer, which is why DeepSpeed refuses ZeRO-2 with its pipeline engine, and Megatron's
  * distributed optimizer does as here. The norm sums the shards' squares over dp, tp and the
- * stages (the tied embedding's copy on the last stage once). A checkpoint gathers the moments
+ * stages (the tied embedding's copy on the last stage once). ZeRO-3 keeps 1/dp of the stage's
+ * parameters (the fp32 master shard) between steps and gathers the whole stage, as one unit,
+ * for a step's micro-batches (torchtitan does the same for FSDP under pp: resharding after each
+ * micro-batch's forward would gather every layer again for its backward, which 1F1B runs after
+ * other micro-batches' forwards). A checkpoint gathers the moments (ZeRO-3: and the parameters)
  * over dp first and is then the single-process one above (so it resumes at any layout). */
 #include "trainer_internal.h"
 #include "mmc_dp.h"
@@ -200,10 +204,8 @@ static bool is_tied_copy(const mmc_trainer *t, const mmc_tensor *p) {
  * full moments it read are cut to this rank's shard) */
 mmc_status mmc_trainer_pp_zero(mmc_trainer *t) {
     const int zero = (int)t->cfg->parallel.zero;
-    if (zero < 1 || zero > 2)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.zero %d with pipeline_parallel: ZeRO-1 and ZeRO-2 shard a "
-                         "stage over its data-parallel group; ZeRO-3 is not supported under pipeline parallelism yet",
-                         t->cfg->file, zero);
+    if (zero < 1 || zero > 3)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.zero %d: the ZeRO stages are 0-3", t->cfg->file, zero);
     mmc_status st = mmc_dp_new(t->dpc, zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL, &t->dp);
     if (st) return st;
     if (t->tpc) mmc_dp_set_tp(t->dp, t->tpc, t->opt_split);   /* the norm over the tp slices */
@@ -216,15 +218,20 @@ mmc_status mmc_trainer_pp_zero(mmc_trainer *t) {
     mmc_adamw_free(&t->adamw);
     if (t->rank == 0)
         fprintf(stderr, "mmc train: ZeRO-%d over each stage's %d data-parallel ranks: AdamW state%s sharded, the "
-                "stage's gradients reduce-scattered after the step's last micro-batch\n", zero, t->dp_size,
-                zero == 2 ? " and (between steps) gradients" : "");
+                "stage's gradients reduce-scattered after the step's last micro-batch%s\n", zero, t->dp_size,
+                zero == 3 ? ", gradients (between steps) and parameters" : zero == 2 ? " and (between steps) gradients" : "",
+                zero == 3 ? "; the stage's parameters all-gathered for each step's micro-batches" : "");
     return MMC_OK;
 }
 
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss) {
     mmc_pp_set_dropout(t->pp, t->lora && t->cfg->model.lora.dropout > 0, (uint64_t)t->cfg->training.seed, (uint64_t)t->step);
-    mmc_status st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
-    if (st) return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
+    mmc_status st = t->dp ? mmc_dp_gather_stage(t->dp) : MMC_OK;   /* ZeRO-3: the stage's parameters for the step */
+    if (!st) st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
+    if (st) {
+        if (t->dp) mmc_dp_release_stage(t->dp);
+        return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
+    }
     /* every trained tensor has a gradient buffer, so the reductions below match on every rank */
     int64_t total = 0;
     for (int i = 0; i < t->n_opt; i++) total += mmc_numel(mmc_grad(t->ctx, t->opt_model[i]));
@@ -232,7 +239,10 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
         if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1) && (t->lm->embed->flags & MMC_REQUIRES_GRAD) &&
             (st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, t->lm->embed)->data, mmc_numel(t->lm->embed))))
             return st;
-        if ((st = mmc_dp_reduce_grads(t->dp)) || (st = mmc_dp_finish(t->dp, t->ctx))) return st;
+        st = mmc_dp_reduce_grads(t->dp);
+        if (!st) st = mmc_dp_finish(t->dp, t->ctx);
+        mmc_dp_release_stage(t->dp);   /* ZeRO-3: back to this rank's shard until the next step */
+        if (st) return st;
     } else if (t->epc) {   /* expert parallelism: dense gradients over the stage's dp group, a routed expert's over
                             * the ranks holding it (edp); the exchange's backward brought it its ep group's tokens */
         for (int i = 0; i < t->n_opt && !st; i++) {
@@ -540,12 +550,17 @@ mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
         mmc_ep_trainer_to_local(t, &sw);
         return st;
     }
-    if (t->dp && t->cfg->parallel.zero >= 1 && !t->adamw.m) {   /* ZeRO-1/2: the stage's moments gathered over dp */
+    if (t->dp && t->cfg->parallel.zero >= 1 && !t->adamw.m) {   /* ZeRO: the stage's moments gathered over dp */
         mmc_adamw keep = t->adamw, full = {0};
         st = mmc_adamw_init(&full, &keep.o, t->opt, t->n_opt);
         if (!st) st = mmc_dp_gather_state(t->dp, &full);
+        /* ZeRO-3: and the parameters and fp32 masters (collective), freed after */
+        if (!st) st = mmc_dp_gather_stage(t->dp);
+        if (!st) st = mmc_dp_gather_masters(t->dp);
         t->adamw = full;
         if (!st) st = mmc_trainer_pp_save(t);
+        mmc_dp_release_masters(t->dp);
+        mmc_dp_release_stage(t->dp);
         mmc_adamw_free(&t->adamw);
         t->adamw = keep;
         return st;
