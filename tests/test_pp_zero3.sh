@@ -13,6 +13,8 @@
 #   bf16 (fp32 masters sharded) vs pp2 x dp2 zero0 in bf16, masters included: within the f32 tolerances
 #        (measured: bit-identical); a bf16 zero3 checkpoint (parameters, masters and moments gathered
 #        into the single-process layout) resumed at pp2 x dp2 zero0: the same;
+#   Qwen2-VL (tower on stage 0) with data.eval: losses and weights vs one process (test_pp's VL
+#        tolerances), the eval loss within 1e-6 (every rank evaluates on the gathered parameters);
 #   rank 0 holds at most half its step's peak of parameter bytes between steps; the start-up line
 #   names the sharding.
 # Skipped (exit 77) without mpirun or an MPI build.
@@ -67,6 +69,21 @@ cmp_runs "bf16 pp2 x dp2 zero3 vs zero0 (masters included)" b0 b3 "$NEAR"
 runN 4 "$W/ref.yaml" $BF $PP2 --set parallel.zero=3 --set training.steps=2 --set training.output_dir="$W/rb"
 runN 4 "$W/ref.yaml" $BF $PP2 --set training.output_dir="$W/rb" --resume
 cmp_runs "bf16 pp2 x dp2 zero3 2 steps, resumed at pp2 x dp2 zero0" b0 rb "$NEAR"
+# Qwen2-VL (the vision tower on stage 0, gathered with it) with data.eval: every rank of the split
+# model evaluates on the gathered parameters; the eval loss within 1e-6 of one process's
+cat > "$W/vl.yaml" <<YAML
+model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
+data: {train: tests/fixtures/data/mixed.jsonl, eval: tests/fixtures/data/mixed.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: 4, micro_batch_size: 1, num_workers: 1, shuffle: false, bucket_window: 64}
+optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
+training: {steps: 2, seed: 7, log_every: 1, save_every: 2, eval_every: 2, keep_last: 1, output_dir: $W/vl}
+YAML
+run1 "$W/vl.yaml"
+runN 4 "$W/vl.yaml" $PP2 --set parallel.zero=3 --set training.output_dir="$W/vlz3"
+cmp_runs "Qwen2-VL pp2 x dp2 zero3 vs 1 process" vl vlz3 "1e-5 4e-5 1e-6 1e-2"
+e1=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/vl/metrics.jsonl" 2>/dev/null); e2=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/vlz3/metrics.jsonl" 2>/dev/null)
+if [ -n "$e1" ] && [ -n "$e2" ] && python3 -c "import sys; a, b = (float(x.split()[-1]) for x in sys.argv[1:]); sys.exit(abs(a - b) > 1e-6 * abs(a))" "$e1" "$e2"; then
+  echo "Qwen2-VL data.eval at pp2 x dp2 zero3: $e2 (one process: $e1)"
+else echo "FAIL: Qwen2-VL data.eval at pp2 x dp2 zero3: '$e2' vs one process '$e1'"; fail=1; fi
 grep -q "ZeRO-3 over each stage's 2 data-parallel ranks" "$W/train.log" || { echo "FAIL: no pp x ZeRO-3 start-up line"; fail=1; }
 [ $fail = 0 ] && echo "test_pp_zero3: passed" || echo "test_pp_zero3: FAILED"
 exit $fail

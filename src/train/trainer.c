@@ -1921,16 +1921,15 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         while (!st && t->step < tc->steps) {
             mmc_step_stats s;
             if ((st = mmc_trainer_step(t, &s))) break;
-            if (zero3_eval_due(t)) {   /* rank 0 evaluates on the gathered parameters */
-                if ((st = mmc_dp_gather_params(t->dp))) break;
-                mmc_dp_release_params(t->dp);
-            }
+            /* rank 0 evaluates on the gathered parameters (and, with a split model, every rank: pp x ZeRO-3) */
+            if (zero3_eval_due(t) && (st = mmc_dp_gather_params(t->dp))) break;
             if (split_eval_due(t)) {
                 double el;
                 int64_t en;
                 const mmc_status est = trainer_eval(t, &el, &en);
                 if (est && est != MMC_ERR_NOT_FOUND) { st = est; break; }
             }
+            if (zero3_eval_due(t)) mmc_dp_release_params(t->dp);
             if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
                 st = save_ranked(t);
                 last_saved = t->step;
