@@ -995,6 +995,7 @@ layout_done:
         if (st) goto fail;
     } else if (t->pp && cfg->parallel.zero > 0) {   /* ZeRO-1/2 within each stage's data-parallel group */
         if ((st = mmc_trainer_pp_zero(t))) goto fail;
+        if (t->tpc && (st = partial_setup(t))) goto fail;   /* tp's partial gradients summed on the shards */
     } else if (!t->pp && (t->dp_size > 1 || cfg->parallel.zero > 0)) {   /* (pp: trainer_pp.c sums over dp) */
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
          * layer and each vision block, keyed by its layer struct as the models name it; the
