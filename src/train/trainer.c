@@ -993,7 +993,7 @@ layout_done:
     } else if (t->epc) {   /* expert parallelism: gradients reduced per kind after backward (mmc_ep_trainer_reduce) */
         st = mmc_ep_trainer_setup(t);
         if (st) goto fail;
-    } else if (t->pp && cfg->parallel.zero > 0) {   /* ZeRO-1/2 within each stage's data-parallel group */
+    } else if (t->pp && cfg->parallel.zero > 0) {   /* ZeRO-1/2/3 within each stage's data-parallel group */
         if ((st = mmc_trainer_pp_zero(t))) goto fail;
         if (t->tpc && (st = partial_setup(t))) goto fail;   /* tp's partial gradients summed on the shards */
     } else if (!t->pp && (t->dp_size > 1 || cfg->parallel.zero > 0)) {   /* (pp: trainer_pp.c sums over dp) */

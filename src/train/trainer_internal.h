@@ -192,7 +192,7 @@ bool mmc_trainer_pp_keep(const mmc_trainer *t, const char *name);
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss);
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
 mmc_status mmc_trainer_pp_save(mmc_trainer *t);
-mmc_status mmc_trainer_pp_zero(mmc_trainer *t);   /* ZeRO-1/2 over each stage's data-parallel group */
+mmc_status mmc_trainer_pp_zero(mmc_trainer *t);   /* ZeRO-1/2/3 over each stage's data-parallel group */
 
 /* trainer_cp.c: context parallelism (mmc_cp.h) */
 mmc_status mmc_cp_trainer_layout(mmc_trainer *t);

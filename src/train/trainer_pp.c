@@ -14,7 +14,7 @@
  * single-process saver. So a run resumes at any number of stages (each stage loads the full
  * checkpoint and keeps its part), and transformers loads it as it is.
  *
- * ZeRO-1/2 (parallel.zero) under pipeline parallelism: each stage's trained tensors are sharded
+ * ZeRO-1/2/3 (parallel.zero) under pipeline parallelism: each stage's trained tensors are sharded
  * over that stage's data-parallel group by an mmc_dp of their own (mmc_trainer_pp_zero): 1F1B
  * accumulates a stage's micro-batches into its gradient tensors, as a pipeline must (a stage's
  * backward of one micro-batch interleaves with the forward of the next); after the step's last
@@ -200,7 +200,7 @@ static bool is_tied_copy(const mmc_trainer *t, const mmc_tensor *p) {
     return t->pp_tied && t->pp_size > 1 && t->pp_rank == t->pp_size - 1 && p == t->lm->embed;
 }
 
-/* ZeRO-1/2: the stage's data-parallel sharding of its trained tensors (after any restore: the
+/* ZeRO-1/2/3: the stage's data-parallel sharding of its trained tensors (after any restore: the
  * full moments it read are cut to this rank's shard) */
 mmc_status mmc_trainer_pp_zero(mmc_trainer *t) {
     const int zero = (int)t->cfg->parallel.zero;
@@ -235,7 +235,7 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
     /* every trained tensor has a gradient buffer, so the reductions below match on every rank */
     int64_t total = 0;
     for (int i = 0; i < t->n_opt; i++) total += mmc_numel(mmc_grad(t->ctx, t->opt_model[i]));
-    if (t->dp) {   /* ZeRO-1/2: the tied embedding summed first, then reduce-scattered within the stage's dp group */
+    if (t->dp) {   /* ZeRO: the tied embedding summed first, then reduce-scattered within the stage's dp group */
         if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1) && (t->lm->embed->flags & MMC_REQUIRES_GRAD) &&
             (st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, t->lm->embed)->data, mmc_numel(t->lm->embed))))
             return st;
@@ -300,17 +300,18 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
 }
 
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
-    double sq[3] = {0, 0, 0};   /* tensor-parallel slices (summed over tp), replicated, routed experts (over ep) */
+    double sq[3] = {0, 0, 0};   /* tensor-parallel slices (summed over tp), routed experts (over ep and tp, as
+                                 * trainer_ep.c's norm), replicated */
     for (int i = 0; i < t->n_opt; i++) {
         const mmc_tensor *g = t->opt[i]->grad;
         if (!g || is_tied_copy(t, t->opt_model[i])) continue;   /* the tied embedding counts once */
         const float *gd = g->data;
         double s = 0;
         for (int64_t k = 0, n = mmc_numel(g); k < n; k++) s += (double)gd[k] * gd[k];
-        sq[t->ep_split && t->ep_split[i] >= 0 ? 2 : t->opt_split && t->opt_split[i] >= 0 ? 0 : 1] += s;
+        sq[t->ep_split && t->ep_split[i] >= 0 ? 1 : t->opt_split && t->opt_split[i] >= 0 ? 0 : 2] += s;
     }
-    mmc_status st = t->tpc ? mmc_all_reduce(t->tpc, sq, sq, 1, MMC_F64, MMC_SUM) : MMC_OK;
-    if (!st && t->epc) st = mmc_all_reduce(t->epc, &sq[2], &sq[2], 1, MMC_F64, MMC_SUM);
+    mmc_status st = t->tpc ? mmc_all_reduce(t->tpc, sq, sq, 2, MMC_F64, MMC_SUM) : MMC_OK;
+    if (!st && t->epc) st = mmc_all_reduce(t->epc, &sq[1], &sq[1], 1, MMC_F64, MMC_SUM);
     double total = sq[0] + sq[1] + sq[2];
     if (!st) st = mmc_all_reduce(t->groups.pp, &total, &total, 1, MMC_F64, MMC_SUM);
     if (st) return st;
