@@ -99,6 +99,19 @@ mmc_status mmc_dp_reduce_partial(mmc_dp *d, mmc_comm *g, const bool *sel);
  * whole tensors), and freed by mmc_dp_release_masters. Other cases: nothing. */
 mmc_status mmc_dp_gather_masters(mmc_dp *d);
 void mmc_dp_release_masters(mmc_dp *d);
+/* Pipeline parallelism (mmc_pp.h): d is one stage's data-parallel group. The stage's backward
+ * runs in the pipeline runtime (no hooks): after its last micro-batch, mmc_dp_reduce_grads
+ * reduces (ZeRO-0) or reduce-scatters (ZeRO-1/2) every bucket from model[i]->grad — ZeRO-2 then
+ * (and ZeRO-3) then free those full gradients — and mmc_dp_finish waits. mmc_dp_set_norm_group
+ * makes mmc_dp_clip sum the squares over outer too (the stages) and leave out the parameters with
+ * skip[i] != 0 (the last stage's copy of a tied embedding); skip may be NULL. */
+mmc_status mmc_dp_reduce_grads(mmc_dp *d);
+/* ZeRO-3 under pipeline parallelism: the stage's parameters gathered (collective) for a whole
+ * step's micro-batches (model[i]->data valid) until mmc_dp_release_stage (after
+ * mmc_dp_reduce_grads / _finish); no-op for other stages (a checkpoint adds mmc_dp_gather_masters). */
+mmc_status mmc_dp_gather_stage(mmc_dp *d);
+void mmc_dp_release_stage(mmc_dp *d);
+void mmc_dp_set_norm_group(mmc_dp *d, mmc_comm *outer, const unsigned char *skip);
 /* ZeRO >= 1: AdamW on this rank's shard, then all-gather the parameters into opt[i]. */
 mmc_status mmc_dp_step(mmc_dp *d, double lr);
 /* ZeRO >= 1: gather the sharded AdamW moments into full (allocated, initialised) state

@@ -239,8 +239,6 @@ expect_err "interleaving, too few layers" "2 stages x 2 chunks (pipeline_virtual
 expect_err "pp larger than the world" "pipeline_parallel 2 is larger than the job's 1 process" 1 "$W/ref.yaml" $PP2
 expect_err "world not divisible by pp" "3 processes do not divide into 2 pipeline stages" 3 "$W/ref.yaml" $PP2 --set data.batch_size=6
 expect_err "pp x tp larger than the world" "pipeline_parallel 2 x tensor_parallel 2 is larger than the job's 2 processes" 2 "$W/ref.yaml" $PP2 --set parallel.tensor_parallel=2
-expect_err "pp with ZeRO" "2 with ZeRO (parallel.zero > 0) is not supported yet" 1 "$W/ref.yaml" $PP2 --set parallel.zero=1
-expect_err "pp with QLoRA" "2 with QLoRA (model.quantization) is not supported yet" 1 "$W/ref.yaml" $PP2 --set model.lora.r=4 --set "model.lora.targets=[q_proj]" --set model.quantization.method=nf4
 cat > "$W/omni.yaml" <<YAML
 model: {path: tests/fixtures/omni/thinker, dtype: f32}
 data: {train: tests/fixtures/omni_train/data.jsonl, batch_size: 2, micro_batch_size: 1, num_workers: 0, seq_len: 512}

@@ -95,6 +95,8 @@ struct mmc_dp {
     signed char *tp_split;     /* [n] */
     bool partial_checked;      /* mmc_dp_reduce_partial checked the group's layouts */
     bool masters_out;          /* ZeRO-3: mmc_dp_gather_masters filled full fp32 masters */
+    mmc_comm *norm_outer;      /* mmc_dp_set_norm_group: the norm's squares summed over it too (pipeline stages) */
+    unsigned char *norm_skip;  /* [n] or NULL: parameters left out of the norm (a stage's tied embedding copy) */
 };
 
 static void *falloc(int64_t n) {
@@ -558,6 +560,7 @@ void mmc_dp_free(mmc_dp *d) {
     if (!d) return;
     mmc_dp_release_masters(d);
     free(d->tp_split);
+    free(d->norm_skip);
     if (d->ctx && d->ctx->hooks.user == d) mmc_ctx_set_param_hooks(d->ctx, NULL);
     for (int i = 0; i < d->nt; i++) {
         bucket *bk = &d->b[i];
@@ -788,6 +791,70 @@ mmc_status mmc_dp_finish(mmc_dp *d, mmc_ctx *c) {
     return st;
 }
 
+/* Gradients accumulated outside (the pipeline runtime's 1F1B backward, mmc_pp.h): every bucket
+ * reduced at once from model[i]->grad, in bucket order. ZeRO 0/1 go through their persistent
+ * flat buffers (start_bucket); ZeRO-2 packs each bucket into a transient buffer, frees the
+ * full gradient tensors it packed (they come back zeroed in the next step's backward) and
+ * reduce-scatters into the sharded accumulator; settle() frees the buffer. */
+mmc_status mmc_dp_reduce_grads(mmc_dp *d) {
+    if (!d->t_first) d->t_first = mmc_now();
+    for (int i = 0; i < d->nb; i++) {
+        bucket *bk = &d->b[i];
+        if (d->zero <= 1) { start_bucket(d, bk); continue; }
+        mmc_status st = settle(d, bk);
+        if (st) return st;
+        if (!(bk->sflat = talloc(d, bk->padded, true))) return mmc_error(MMC_ERR_OOM, "dp: out of memory for a bucket");
+        memset(bk->sflat + bk->len, 0, (size_t)(bk->padded - bk->len) * sizeof(float));
+        for (int s = bk->first; s < bk->first + bk->count; s++) {
+            int p = d->order[s];
+            mmc_tensor *g = d->model[p]->grad;
+            float *dst = bk->sflat + d->off[p];
+            const int64_t k = mmc_numel(d->opt[p]);
+            if (g) memcpy(dst, g->data, (size_t)k * sizeof(float));
+            else memset(dst, 0, (size_t)k * sizeof(float));
+            if (g && !(g->flags & MMC_IN_ARENA)) mmc_tensor_free(g);
+            d->model[p]->grad = NULL;
+            if (d->opt[p] != d->model[p]) d->opt[p]->grad = NULL;   /* (a master shares its tensor's gradient) */
+        }
+        float *recv = bk->gshard;
+        if (!bk->acc_zero && !(recv = bk->rshard = talloc(d, bk->shard, true)))
+            return mmc_error(MMC_ERR_OOM, "dp: out of memory for a bucket");
+        bk->acc_zero = false;
+        st = mmc_reduce_scatter_start(d->comm, bk->sflat, recv, bk->shard, MMC_F32, MMC_SUM, &bk->req);
+        if (st) return st;
+    }
+    return MMC_OK;
+}
+
+/* ZeRO-3 under pipeline parallelism: the whole stage is one unit, gathered for the step's
+ * micro-batches (torchtitan's FSDP under pp, reshard_after_forward off: a micro-batch's backward
+ * interleaves with the next one's forward). Counted as a step's parameters (peak_p). */
+mmc_status mmc_dp_gather_stage(mmc_dp *d) {
+    if (d->zero != 3 || d->pinned) return MMC_OK;
+    for (int i = 0; i < d->nt; i++) gather_start(d, &d->b[i]);
+    for (int i = 0; i < d->nt; i++) {
+        gather_wait(d, &d->b[i]);
+        d->b[i].gstate = G_CLAIMED;
+    }
+    d->pinned = true;
+    return MMC_OK;
+}
+
+void mmc_dp_release_stage(mmc_dp *d) {
+    if (d->zero != 3 || !d->pinned) return;
+    d->pinned = false;
+    for (int i = 0; i < d->nt; i++) release(d, &d->b[i]);
+}
+
+void mmc_dp_set_norm_group(mmc_dp *d, mmc_comm *outer, const unsigned char *skip) {
+    free(d->norm_skip);
+    d->norm_skip = NULL;
+    d->norm_outer = outer && mmc_comm_size(outer) > 1 ? outer : NULL;
+    if (!skip) return;
+    MMC_CHECK((d->norm_skip = malloc((size_t)d->n + 1)), "dp: out of memory");
+    memcpy(d->norm_skip, skip, (size_t)d->n);
+}
+
 void mmc_dp_set_tp(mmc_dp *d, mmc_comm *tp, const signed char *split) {
     free(d->tp_split);
     d->tp_split = NULL;
@@ -801,16 +868,18 @@ void mmc_dp_set_tp(mmc_dp *d, mmc_comm *tp, const signed char *split) {
 mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm) {
     double s = 0;
     mmc_status st;
-    if (d->tp) {   /* tensor parallelism: split parameters' squares summed over tp, replicated ones once */
+    if (d->tp || d->norm_skip) {   /* tensor parallelism: split parameters' squares summed over tp, replicated
+                                    * ones once; norm_skip: those left out */
         double sr[2] = {0, 0};
         for (int j = 0; j < d->n_slices; j++) {
+            if (d->norm_skip && d->norm_skip[d->slice_param[j]]) continue;
             const float *g = d->slices[j]->grad->data;
             double a = 0;
             for (int64_t k = 0, m = mmc_numel(d->slices[j]); k < m; k++) a += (double)g[k] * g[k];
-            sr[d->tp_split[d->slice_param[j]] >= 0 ? 0 : 1] += a;
+            sr[d->tp && d->tp_split[d->slice_param[j]] >= 0 ? 0 : 1] += a;
         }
         if ((st = mmc_all_reduce(d->comm, sr, sr, 2, MMC_F64, MMC_SUM))) return st;
-        if ((st = mmc_all_reduce(d->tp, sr, sr, 1, MMC_F64, MMC_SUM))) return st;
+        if (d->tp && (st = mmc_all_reduce(d->tp, sr, sr, 1, MMC_F64, MMC_SUM))) return st;
         s = sr[0] + sr[1];
     } else {
         for (int i = 0; i < d->nb; i++) {
@@ -819,6 +888,7 @@ mmc_status mmc_dp_clip(mmc_dp *d, double max_norm, double *norm) {
         }
         if ((st = mmc_all_reduce(d->comm, &s, &s, 1, MMC_F64, MMC_SUM))) return st;
     }
+    if (d->norm_outer && (st = mmc_all_reduce(d->norm_outer, &s, &s, 1, MMC_F64, MMC_SUM))) return st;
     *norm = sqrt(s);
     if (max_norm > 0 && *norm > max_norm && isfinite(*norm)) {
         float coef = (float)(max_norm / (*norm + 1e-6));

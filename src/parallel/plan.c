@@ -1457,9 +1457,11 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
              * memory-bound passes on the ranks' cores */
             if (d->calib) dp_c += 6.0 * g / d->mem_bw;
         }
-        else if (l->zero == 2)
-            dp_c = (double)M * bucketed(d, ranks, MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) +
+        else if (l->zero == 2)   /* (under pp once a step: 1F1B accumulates a stage's micro-batches first) */
+            dp_c = (double)(P > 1 ? 1 : M) * bucketed(d, ranks, MMC_COLL_REDUCE_SCATTER, dpe, g, ldp) +
                    bucketed(d, ranks, MMC_COLL_ALL_GATHER, dpe, pw, ldp);
+        else if (P > 1)   /* pp x ZeRO-3: the stage gathered once a step, reduce-scattered once (trainer_pp.c) */
+            dp_c = coll(MMC_COLL_ALL_GATHER, dpe, prank * w->weight_bytes, ldp) + coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp);
         else
             dp_c = (double)M * (2.0 * coll(MMC_COLL_ALL_GATHER, dpe, prank * w->weight_bytes, ldp) +
                                 coll(MMC_COLL_REDUCE_SCATTER, dpe, g, ldp));
@@ -1487,11 +1489,13 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
 
     /* ---- memory on the busiest rank */
     double wp = prank * w->weight_bytes;
-    if (l->zero == 3) wp = prank * w->weight_bytes / dpe + 2.0 * lp * w->weight_bytes;   /* shard + gathered units */
+    if (l->zero == 3) wp = prank * w->weight_bytes / dpe + (P > 1 ? prank : 2.0 * lp) * w->weight_bytes;   /* shard +
+                                                                      * gathered units (pp: the whole stage) */
     e->mem_params = wp;
     double grads = train * 4.0;
-    if (l->zero >= 2) grads /= dpe;
-    if (dpe > 1 && l->zero < 2) grads += train * 4.0;   /* the flat bucket copy DDP reduces in */
+    if (l->zero >= 2 && P == 1) grads /= dpe;
+    if (dpe > 1 && (l->zero < 2 || P > 1)) grads += train * 4.0;   /* the flat bucket copy DDP reduces in (pp x ZeRO-2:
+                                                                    * the full gradients, packed, then reduce-scattered) */
     e->mem_grads = grads;
     double opt = train * 8.0 + (w->weight_bytes == 2 ? train * 4.0 : 0.0);   /* AdamW m, v (+ fp32 master) */
     if (l->zero >= 1) opt /= dpe;
@@ -1534,7 +1538,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     double sent = 0;
     if (t > 1) sent += (double)M * ((double)Ls * 4.0 + 2.0) * 2.0 * (t - 1) / t * (double)Tl * C * ab;
     if (P > 1) sent += (double)M * 2.0 * v * (double)Tl * C * ab / (l->sp ? t : 1);
-    if (dpe > 1) sent += 2.0 * (dpe - 1) / dpe * train * 4.0 * (l->zero == 3 ? 1.5 * (double)M : 1.0);
+    if (dpe > 1) sent += 2.0 * (dpe - 1) / dpe * train * 4.0 * (l->zero == 3 ? (P > 1 ? 1.5 : 1.5 * (double)M) : 1.0);
     e->comm_bytes = sent;
     return MMC_OK;
 }

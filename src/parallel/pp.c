@@ -21,6 +21,7 @@
  * function of every stage's routing, rides the same messages (TAG_AUX below). */
 #include "mmc_pp.h"
 #include "mmc_ops.h"
+#include "mmc_quant.h"
 #include "mmc_wgrad.h"
 #include "mmc_tp.h"
 #include "mmc_trainer.h"
@@ -323,7 +324,11 @@ mmc_status mmc_pp_trim_qwen2_at(mmc_qwen2 *m, int stage, int last, int nc, const
     for (int64_t l = 0; l < m->cfg.num_layers; l++) {
         bool mine = false;
         for (int c = 0; c < nc; c++) mine |= l >= l0[c] && l < l1[c];
-        if (!mine) memset(&m->layers[l], 0, sizeof m->layers[l]);   /* (its tensors were freed above) */
+        if (mine) continue;
+        mmc_qwen2_layer *L = &m->layers[l];   /* QLoRA: its NF4 weights are in no parameter list */
+        mmc_linear_w *ls[8] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->qkv};
+        for (int j = 0; j < 8; j++) mmc_linear_quant_free(ls[j]);
+        memset(L, 0, sizeof *L);   /* (its tensors were freed above) */
     }
     return MMC_OK;
 }

@@ -501,15 +501,6 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
             return verr(c, root, "parallel", "pipeline_layers", "'%s' (stage %d) must be a whole number of decoder "
                         "layers, at least 1: no stage may be empty", p->pipeline_layers.items[i], i);
     }
-    if (p->pipeline_parallel > 1) {
-        const char *why = p->zero > 0 ? "ZeRO (parallel.zero > 0)"
-                          : c->model.quantization.method != MMC_QUANT_NONE ? "QLoRA (model.quantization)" : NULL;
-        if (why)
-            return verr(c, root, "parallel", "pipeline_parallel", "%lld with %s is not supported yet; pipeline "
-                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (with or "
-                        "without sequence_parallel) of full-parameter or LoRA training",
-                        (long long)p->pipeline_parallel, why);
-    }
     /* tensor parallelism: the text Qwen2 with plain data parallelism (the model's own checks —
      * heads, KV heads, intermediate and vocabulary sizes — run when config.json is read) */
     if (p->sequence_parallel && p->tensor_parallel < 2)
@@ -531,16 +522,17 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
      * expert_parallel divides num_experts; at tp > 1 data_parallel may be left out, and the trainer
      * checks the world / tp it gets) */
     if (p->expert_parallel > 1) {
-        const char *why = p->pipeline_parallel > 1 ? "pipeline_parallel > 1"
-                          : p->context_parallel > 1 ? "context_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
+        const char *why = p->context_parallel > 1 ? "context_parallel > 1" : p->zero > 0 ? "ZeRO (parallel.zero > 0)"
                           : p->sequence_parallel ? "sequence_parallel"
                           : c->training.ema_decay > 0 ? "training.ema_decay"
                           : c->model.quantization.method != MMC_QUANT_NONE ? "model.quantization" : NULL;
         if (why)
             return verr(c, root, "parallel", "expert_parallel", "%lld with %s is not supported yet; expert "
-                        "parallelism composes with plain data parallelism (zero 0) and tensor parallelism (with or "
-                        "without sequence_parallel) of full-parameter or LoRA training", (long long)p->expert_parallel, why);
-        if (p->data_parallel % p->expert_parallel && !(p->tensor_parallel > 1 && p->data_parallel == 1))
+                        "parallelism composes with plain data parallelism (zero 0), tensor parallelism and pipeline "
+                        "parallelism (each stage's experts over that stage's data-parallel ranks) of full-parameter "
+                        "or LoRA training", (long long)p->expert_parallel, why);
+        if (p->data_parallel % p->expert_parallel &&
+            !((p->tensor_parallel > 1 || p->pipeline_parallel > 1) && p->data_parallel == 1))
             return verr(c, root, "parallel", "expert_parallel", "%lld does not divide data_parallel %lld: the expert-"
                         "parallel groups are carved out of the data-parallel ranks", (long long)p->expert_parallel,
                         (long long)p->data_parallel);

@@ -998,6 +998,9 @@ layout_done:
     } else if (t->epc) {   /* expert parallelism: gradients reduced per kind after backward (mmc_ep_trainer_reduce) */
         st = mmc_ep_trainer_setup(t);
         if (st) goto fail;
+    } else if (t->pp && cfg->parallel.zero > 0) {   /* ZeRO-1/2/3 within each stage's data-parallel group */
+        if ((st = mmc_trainer_pp_zero(t))) goto fail;
+        if (t->tpc && (st = partial_setup(t))) goto fail;   /* tp's partial gradients summed on the shards */
     } else if (!t->pp && (t->dp_size > 1 || cfg->parallel.zero > 0)) {   /* (pp: trainer_pp.c sums over dp) */
         /* units for ZeRO-3 gathering (and exact bucket readiness under recompute): each decoder
          * layer and each vision block, keyed by its layer struct as the models name it; the
@@ -1595,7 +1598,7 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         mmc_ctx_reset(t->ctx);
     }
     double norm;
-    if (t->dp) {
+    if (t->dp && !t->pp) {   /* (pp: trainer_pp.c reduced the gradients and summed the loss) */
         /* every rank joins every collective, whatever its micro-batches held; a non-finite
          * loss on any rank stops every rank at the same step */
         if ((st = mmc_dp_finish(t->dp, t->ctx))) goto done;
@@ -1607,7 +1610,8 @@ mmc_status mmc_trainer_step(mmc_trainer *t, mmc_step_stats *s) {
         }
     }
     if (t->cpc && (st = mmc_cp_trainer_reduce(t, &loss))) goto done;   /* cp: weight gradients and loss summed */
-    if (t->epc && (st = mmc_ep_trainer_reduce(t, &loss))) goto done;   /* ep: dense over dp, experts over edp */
+    if (t->epc && !t->pp && (st = mmc_ep_trainer_reduce(t, &loss))) goto done;   /* ep: dense over dp, experts over edp
+                                                                                  * (pp: trainer_pp.c) */
     if (t->lm && t->lm->moe && (st = mmc_moe_trainer_stats(t, s))) goto done;
     if ((st = partial_reduce(t))) goto done;   /* tp: partial gradients (sp, LoRA, a hetero tower) */
     for (int i = 0; i < t->n_opt; i++)
@@ -1934,16 +1938,15 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         while (!st && t->step < tc->steps) {
             mmc_step_stats s;
             if ((st = mmc_trainer_step(t, &s))) break;
-            if (zero3_eval_due(t)) {   /* rank 0 evaluates on the gathered parameters */
-                if ((st = mmc_dp_gather_params(t->dp))) break;
-                mmc_dp_release_params(t->dp);
-            }
+            /* rank 0 evaluates on the gathered parameters (and, with a split model, every rank: pp x ZeRO-3) */
+            if (zero3_eval_due(t) && (st = mmc_dp_gather_params(t->dp))) break;
             if (split_eval_due(t)) {
                 double el;
                 int64_t en;
                 const mmc_status est = trainer_eval(t, &el, &en);
                 if (est && est != MMC_ERR_NOT_FOUND) { st = est; break; }
             }
+            if (zero3_eval_due(t)) mmc_dp_release_params(t->dp);
             if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
                 st = save_ranked(t);
                 last_saved = t->step;

@@ -133,6 +133,7 @@ struct mmc_trainer {
     int pp_size, pp_rank, pp_v;
     int64_t pp_l0[16], pp_l1[16];
     bool pp_tied;              /* tied embeddings split over the first and the last stage */
+    bool pp_ep_full;           /* saving: the tensors are expert parallelism's gathered view */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     bool contrastive;          /* a CLIPModel / SiglipModel folder: trainer_contrastive.c runs the whole loop */
     bool contrastive_resume;   /* ... from the latest checkpoint-N of training.output_dir (--resume) */
@@ -191,6 +192,7 @@ bool mmc_trainer_pp_keep(const mmc_trainer *t, const char *name);
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss);
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
 mmc_status mmc_trainer_pp_save(mmc_trainer *t);
+mmc_status mmc_trainer_pp_zero(mmc_trainer *t);   /* ZeRO-1/2/3 over each stage's data-parallel group */
 
 /* trainer_cp.c: context parallelism (mmc_cp.h) */
 mmc_status mmc_cp_trainer_layout(mmc_trainer *t);
@@ -238,10 +240,10 @@ mmc_status mmc_copy_file(const char *from, const char *to);
 /* ZeRO >= 1 checkpoints keep the moments in per-rank shard files, except under tensor
  * parallelism, whose checkpoints are gathered into full tensors (any layout reads them) */
 static inline bool mmc_trainer_state_sharded(const mmc_trainer *t) {
-    return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc;
+    return t->dp && t->cfg->parallel.zero >= 1 && !t->tpc && !t->pp;   /* (pp: one gathered checkpoint) */
 }
 static inline bool mmc_trainer_params_in_shards(const mmc_trainer *t) {
-    return t->dp && t->cfg->parallel.zero == 3 && !t->lora && !t->tpc;
+    return t->dp && t->cfg->parallel.zero == 3 && !t->lora && !t->tpc && !t->pp;
 }
 
 #endif

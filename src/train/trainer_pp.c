@@ -18,8 +18,28 @@
  * its merger and the token embedding and no decoder layer (the empty range [0, 0)); the runtime
  * treats it as any first stage: it sends the embeddings with the image features spliced in and
  * runs the tower's backward from the gradient that comes back. The decoder layers split over
- * stages 1 .. P-1 (pipeline_layers: P-1 counts). */
+ * stages 1 .. P-1 (pipeline_layers: P-1 counts).
+ *
+
+ * ZeRO-1/2/3 (parallel.zero) under pipeline parallelism: each stage's trained tensors are sharded
+ * over that stage's data-parallel group by an mmc_dp of their own (mmc_trainer_pp_zero): 1F1B
+ * accumulates a stage's micro-batches into its gradient tensors, as a pipeline must (a stage's
+ * backward of one micro-batch interleaves with the forward of the next); after the step's last
+ * micro-batch the buckets are reduce-scattered within the stage's dp group (mmc_dp_reduce_grads);
+ * each rank keeps the AdamW moments of its shard, updates it and all-gathers the parameters.
+ * ZeRO-2 then frees the full gradient tensors until the next step's backward (between steps a
+ * rank holds 1/dp of the stage's gradients); within the backward both stages hold them whole —
+ * gradients cannot be reduce-scattered per micro-batch across the 1F1B interleaving without a
+ * hook per layer, which is why DeepSpeed refuses ZeRO-2 with its pipeline engine, and Megatron's
+ * distributed optimizer does as here. The norm sums the shards' squares over dp, tp and the
+ * stages (the tied embedding's copy on the last stage once). ZeRO-3 keeps 1/dp of the stage's
+ * parameters (the fp32 master shard) between steps and gathers the whole stage, as one unit,
+ * for a step's micro-batches (torchtitan does the same for FSDP under pp: resharding after each
+ * micro-batch's forward would gather every layer again for its backward, which 1F1B runs after
+ * other micro-batches' forwards). A checkpoint gathers the moments (ZeRO-3: and the parameters)
+ * over dp first and is then the single-process one above (so it resumes at any layout). */
 #include "trainer_internal.h"
+#include "mmc_dp.h"
 #include "mmc_pp.h"
 
 #include <math.h>
@@ -80,6 +100,17 @@ mmc_status mmc_trainer_pp_layout(mmc_trainer *t) {
                 "micro_batch_size / data_parallel) is fewer than the %d pipeline stages: 1F1B keeps stages idle "
                 "%.0f%% of each step ((P-1)/(M+P-1)); use at least %d micro-batches, better 4 x %d\n", (long long)M,
                 M == 1 ? "" : "es", P, 100.0 * mmc_pp_bubble_fraction(P, (int)M), P, P);
+    /* expert parallelism inside the pipeline: each stage's dp group carved into ep groups (the
+     * stage's MoE layers exchange their routed rows within it) */
+    if (c->parallel.expert_parallel > 1) {
+        if ((st = mmc_ep_trainer_groups(t))) return st;
+        if (t->rank == 0)
+            fprintf(stderr, "mmc train: expert parallelism %lld inside each pipeline stage: a stage's MoE layers spread "
+                    "their experts over groups of %lld of its %d data-parallel ranks (all-to-all), each expert's "
+                    "gradient summed over the %lld ranks holding it\n", (long long)c->parallel.expert_parallel,
+                    (long long)c->parallel.expert_parallel, t->dp_size,
+                    (long long)(t->dp_size / c->parallel.expert_parallel));
+    }
     return MMC_OK;
 }
 
@@ -193,14 +224,58 @@ static bool is_tied_copy(const mmc_trainer *t, const mmc_tensor *p) {
     return t->pp_tied && t->pp_size > 1 && t->pp_rank == t->pp_size - 1 && p == t->lm->embed;
 }
 
+/* ZeRO-1/2/3: the stage's data-parallel sharding of its trained tensors (after any restore: the
+ * full moments it read are cut to this rank's shard) */
+mmc_status mmc_trainer_pp_zero(mmc_trainer *t) {
+    const int zero = (int)t->cfg->parallel.zero;
+    if (zero < 1 || zero > 3)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.zero %d: the ZeRO stages are 0-3", t->cfg->file, zero);
+    mmc_status st = mmc_dp_new(t->dpc, zero, t->opt_model, t->opt, t->n_opt, 0, &t->adamw.o, NULL, &t->dp);
+    if (st) return st;
+    if (t->tpc) mmc_dp_set_tp(t->dp, t->tpc, t->opt_split);   /* the norm over the tp slices */
+    unsigned char *skip = calloc((size_t)t->n_opt + 1, 1);
+    if (!skip) return mmc_error(MMC_ERR_OOM, "out of memory");
+    for (int i = 0; i < t->n_opt; i++) skip[i] = is_tied_copy(t, t->opt_model[i]);
+    mmc_dp_set_norm_group(t->dp, t->groups.pp, skip);   /* ... and over the stages */
+    free(skip);
+    mmc_dp_scatter_state(t->dp, &t->adamw);   /* this rank keeps only its shard of the AdamW state */
+    mmc_adamw_free(&t->adamw);
+    if (t->rank == 0)
+        fprintf(stderr, "mmc train: ZeRO-%d over each stage's %d data-parallel ranks: AdamW state%s sharded, the "
+                "stage's gradients reduce-scattered after the step's last micro-batch%s\n", zero, t->dp_size,
+                zero == 3 ? ", gradients (between steps) and parameters" : zero == 2 ? " and (between steps) gradients" : "",
+                zero == 3 ? "; the stage's parameters all-gathered for each step's micro-batches" : "");
+    return MMC_OK;
+}
+
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss) {
     mmc_pp_set_dropout(t->pp, t->lora && t->cfg->model.lora.dropout > 0, (uint64_t)t->cfg->training.seed, (uint64_t)t->step);
-    mmc_status st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
-    if (st) return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
+    mmc_status st = t->dp ? mmc_dp_gather_stage(t->dp) : MMC_OK;   /* ZeRO-3: the stage's parameters for the step */
+    if (!st) st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
+    if (st) {
+        if (t->dp) mmc_dp_release_stage(t->dp);
+        return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
+    }
     /* every trained tensor has a gradient buffer, so the reductions below match on every rank */
     int64_t total = 0;
     for (int i = 0; i < t->n_opt; i++) total += mmc_numel(mmc_grad(t->ctx, t->opt_model[i]));
-    if (t->dp_size > 1) {   /* the stage's replicas: one all-reduce of the packed gradients */
+    if (t->dp) {   /* ZeRO: the tied embedding summed first, then reduce-scattered within the stage's dp group */
+        if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1) && (t->lm->embed->flags & MMC_REQUIRES_GRAD) &&
+            (st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, t->lm->embed)->data, mmc_numel(t->lm->embed))))
+            return st;
+        st = mmc_dp_reduce_grads(t->dp);
+        if (!st) st = mmc_dp_finish(t->dp, t->ctx);
+        mmc_dp_release_stage(t->dp);   /* ZeRO-3: back to this rank's shard until the next step */
+        if (st) return st;
+    } else if (t->epc) {   /* expert parallelism: dense gradients over the stage's dp group, a routed expert's over
+                            * the ranks holding it (edp); the exchange's backward brought it its ep group's tokens */
+        for (int i = 0; i < t->n_opt && !st; i++) {
+            mmc_tensor *g = t->opt_model[i]->grad;
+            mmc_comm *cm = t->ep_split[i] >= 0 ? t->edpc : t->dpc;
+            if (mmc_comm_size(cm) > 1) st = mmc_all_reduce(cm, g->data, g->data, mmc_numel(g), MMC_F32, MMC_SUM);
+        }
+        if (st) return st;
+    } else if (t->dp_size > 1) {   /* the stage's replicas: one all-reduce of the packed gradients */
         float *buf = malloc((size_t)total * sizeof(float) + 1);
         if (!buf) return mmc_error(MMC_ERR_OOM, "out of memory packing the gradients");
         int64_t off = 0;
@@ -219,7 +294,7 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
         free(buf);
         if (st) return st;
     }
-    if (t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1)) {
+    if (!t->dp && t->pp_tied && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1)) {
         mmc_tensor *e = t->lm->embed;
         if (e->flags & MMC_REQUIRES_GRAD) st = mmc_pp_tied_reduce(t->pp, mmc_grad(t->ctx, e)->data, mmc_numel(e));
         if (st) return st;
@@ -250,17 +325,19 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
 }
 
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
-    double sq[2] = {0, 0};   /* tensor-parallel slices (summed over tp), replicated */
+    double sq[3] = {0, 0, 0};   /* tensor-parallel slices (summed over tp), routed experts (over ep and tp, as
+                                 * trainer_ep.c's norm), replicated */
     for (int i = 0; i < t->n_opt; i++) {
         const mmc_tensor *g = t->opt[i]->grad;
         if (!g || is_tied_copy(t, t->opt_model[i])) continue;   /* the tied embedding counts once */
         const float *gd = g->data;
         double s = 0;
         for (int64_t k = 0, n = mmc_numel(g); k < n; k++) s += (double)gd[k] * gd[k];
-        sq[t->opt_split && t->opt_split[i] >= 0 ? 0 : 1] += s;
+        sq[t->ep_split && t->ep_split[i] >= 0 ? 1 : t->opt_split && t->opt_split[i] >= 0 ? 0 : 2] += s;
     }
-    mmc_status st = t->tpc ? mmc_all_reduce(t->tpc, sq, sq, 1, MMC_F64, MMC_SUM) : MMC_OK;
-    double total = sq[0] + sq[1];
+    mmc_status st = t->tpc ? mmc_all_reduce(t->tpc, sq, sq, 2, MMC_F64, MMC_SUM) : MMC_OK;
+    if (!st && t->epc) st = mmc_all_reduce(t->epc, &sq[1], &sq[1], 1, MMC_F64, MMC_SUM);
+    double total = sq[0] + sq[1] + sq[2];
     if (!st) st = mmc_all_reduce(t->groups.pp, &total, &total, 1, MMC_F64, MMC_SUM);
     if (st) return st;
     *norm = sqrt(total);
@@ -291,6 +368,14 @@ static int opt_index(const mmc_trainer *t, const mmc_tensor *p) {
         if (t->opt_model[j] == p) return j;
     return -1;
 }
+/* the same by name (expert parallelism's gathered view: copies of the parameters, mmc_ep_trainer_to_full) */
+static int opt_index_named(const mmc_trainer *t, const mmc_tensor *p, const char *name) {
+    const int j = opt_index(t, p);
+    if (j >= 0 || !t->epc) return j;
+    for (int k = 0; k < t->n_opt; k++)
+        if (!strcmp(t->opt_names[k], name)) return k;
+    return -1;
+}
 
 static mmc_status send_stage(const mmc_trainer *t) {
     mmc_comm *pp = t->groups.pp;
@@ -300,9 +385,9 @@ static mmc_status send_stage(const mmc_trainer *t) {
     for (int i = 0; i < t->n_params && !st; i++) {
         const mmc_tensor *p = t->params[i];
         if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
-        const int j = opt_index(t, p);
+        const int j = opt_index_named(t, p, t->names[i]);
         part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
-                      .master = j >= 0 && t->opt[j] != p, .ema = j >= 0 && t->ema};
+                      .master = j >= 0 && t->opt[j] != t->opt_model[j], .ema = j >= 0 && t->ema};
         snprintf(h.name, sizeof h.name, "%s", t->names[i]);
         memcpy(h.shape, p->shape, sizeof h.shape);
         const int64_t k = mmc_numel(p);
@@ -482,6 +567,30 @@ done:
 
 mmc_status mmc_trainer_pp_save(mmc_trainer *t) {
     mmc_status st = MMC_OK;
+    if (t->epc && !t->pp_ep_full) {   /* expert parallelism: the stage's experts of every ep rank first (collective) */
+        mmc_ep_swap sw;
+        if ((st = mmc_ep_trainer_to_full(t, &sw))) return st;
+        t->pp_ep_full = true;
+        st = mmc_trainer_pp_save(t);
+        t->pp_ep_full = false;
+        mmc_ep_trainer_to_local(t, &sw);
+        return st;
+    }
+    if (t->dp && t->cfg->parallel.zero >= 1 && !t->adamw.m) {   /* ZeRO: the stage's moments gathered over dp */
+        mmc_adamw keep = t->adamw, full = {0};
+        st = mmc_adamw_init(&full, &keep.o, t->opt, t->n_opt);
+        if (!st) st = mmc_dp_gather_state(t->dp, &full);
+        /* ZeRO-3: and the parameters and fp32 masters (collective), freed after */
+        if (!st) st = mmc_dp_gather_stage(t->dp);
+        if (!st) st = mmc_dp_gather_masters(t->dp);
+        t->adamw = full;
+        if (!st) st = mmc_trainer_pp_save(t);
+        mmc_dp_release_masters(t->dp);
+        mmc_dp_release_stage(t->dp);
+        mmc_adamw_free(&t->adamw);
+        t->adamw = keep;
+        return st;
+    }
     /* replicas hold the same weights: the first one's stages gather (with tp: its first tp rank's,
      * which holds the full tensors the caller gathered) */
     if (t->dp_rank == 0 && (!t->tpc || t->groups.tp_rank == 0))
