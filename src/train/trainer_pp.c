@@ -20,7 +20,6 @@
  * runs the tower's backward from the gradient that comes back. The decoder layers split over
  * stages 1 .. P-1 (pipeline_layers: P-1 counts).
  *
-
  * ZeRO-1/2/3 (parallel.zero) under pipeline parallelism: each stage's trained tensors are sharded
  * over that stage's data-parallel group by an mmc_dp of their own (mmc_trainer_pp_zero): 1F1B
  * accumulates a stage's micro-batches into its gradient tensors, as a pipeline must (a stage's
