@@ -609,11 +609,18 @@ mmc_status mmc_qwen2_quantize(mmc_qwen2 *m, int mode, int *n_linears, int64_t *b
 
 mmc_status mmc_qwen2_prepack(mmc_qwen2 *m, int *n_linears, int64_t *bytes_before, int64_t *bytes_after) {
     if (!mmc_prepack_enabled() || m->tp) return MMC_OK;   /* tensor parallel: shards stay as they are */
-    mmc_module_list ml = {0};
-    mmc_status st = mmc_qwen2_linears(m, "", &ml);
-    if (!st) st = mmc_prepack_linears(ml.mods, ml.n, m->params, m->param_names, &m->n_params, n_linears, bytes_before,
-                                      bytes_after);
-    mmc_module_list_free(&ml);
+    /* the dense projections (MoE experts keep their grouped GEMM over the unpacked weights) */
+    mmc_linear_w **ls = malloc(sizeof *ls * (size_t)(8 * m->cfg.num_layers + 1));
+    if (!ls) return mmc_error(MMC_ERR_OOM, "out of memory");
+    int n = 0;
+    for (int64_t i = 0; i < m->cfg.num_layers; i++) {
+        mmc_qwen2_layer *L = &m->layers[i];
+        mmc_linear_w *l8[8] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->qkv};
+        for (int j = 0; j < 8; j++) ls[n++] = l8[j];
+    }
+    mmc_status st = mmc_prepack_linears(ls, n, m->params, m->param_names, &m->n_params, n_linears, bytes_before,
+                                        bytes_after);
+    free(ls);
     return st;
 }
 
