@@ -77,6 +77,7 @@ with torch.inference_mode():
         times.append(time.perf_counter() - t0)
     times.sort()
     report("vl_qwen2vl2b_decode_lm4of28_after512", 1.0 / times[16], "tok/s")
+    report("vl_qwen2vl2b_decode_lm4of28_after512_prepacked", 1.0 / times[16], "tok/s")
     # bf16 weights, as published checkpoints ship and transformers users load them
     # (torch_dtype=bfloat16: the whole language model computes in bf16; oneDNN's bf16 matmul,
     # AMX where the CPU has it): bench_vl.c's _bf16 (exact) and _bf16matmul (mmc's bf16-product

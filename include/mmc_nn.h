@@ -51,8 +51,9 @@ mmc_tensor *mmc_nn_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l);
  * names (*n_params updated) and freed; a weight mapped from a file has its pages released).
  * Results are the bits the unpacked GEMM gives for more than 4 rows of x (decode's <= 4 rows take
  * the packed path too, not the matvec: last-bit differences). Inference only: a packed linear has
- * no backward (mmc_nn_linear fails if x needs a gradient). Skipped: quantised linears, weights that
- * require grad, bf16 weights on the exact path (f32 panels would double them), non-2-D ones.
+ * no backward (mmc_nn_linear fails if x needs a gradient): call it only for a model that will not
+ * train. Skipped: quantised linears, bf16 weights on the exact path (f32 panels would double them),
+ * non-2-D ones.
  * *n_packed, *bytes_before / *bytes_after (each may be NULL) count what was replaced. */
 mmc_status mmc_prepack_linears(mmc_linear_w **mods, int n, mmc_tensor **params, char (*names)[96], int *n_params,
                                int *n_packed, int64_t *bytes_before, int64_t *bytes_after);

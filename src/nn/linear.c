@@ -110,7 +110,7 @@ mmc_status mmc_prepack_linears(mmc_linear_w **mods, int n, mmc_tensor **params, 
     for (int i = 0; i < n; i++) {
         mmc_linear_w *l = mods[i];
         mmc_tensor *w = l->w;
-        if (l->pk || l->q || l->q8 || !w || w->ndim != 2 || !mmc_is_contiguous(w) || mmc_requires_grad(w) ||
+        if (l->pk || l->q || l->q8 || !w || w->ndim != 2 || !mmc_is_contiguous(w) ||
             (w->dtype != MMC_F32 && w->dtype != MMC_BF16) || (w->dtype == MMC_BF16 && !gi.bf16_dot))
             continue;
         bool shared = false;   /* a weight two linears hold (none of the models here; kept as it is) */
