@@ -188,6 +188,18 @@ static void gemm_run(void *v) {
     else mmc_gemm_f32(g->ta, g->tb, g->M, g->N, g->K, 1.0f, g->A, lda, g->B, ldb, g->beta, g->C, g->N);
 }
 
+/* x·Wᵀ on a pre-packed W (mmc_gemm_pack_b: the B panels packed once, as at model load) */
+typedef struct {
+    int64_t M;
+    const float *A;
+    float *C;
+    const mmc_gemm_packed_b *W;
+} packed_arg;
+static void packed_run(void *v) {
+    packed_arg *p = v;
+    mmc_gemm_xwt_packed(p->M, 1.0f, p->A, mmc_gemm_packed_b_cols(p->W), p->W, 0.0f, p->C, mmc_gemm_packed_b_rows(p->W));
+}
+
 static float *falloc(int64_t n) {
     float *p = aligned_alloc(64, ((size_t)n * 4 + 63) / 64 * 64);
     MMC_CHECK(p, "bench_gemm: out of memory (%lld floats)", (long long)n);
@@ -256,7 +268,9 @@ static void suite(const char *sfx) {
      * training's take the exact path) */
     static const char *const bf_kernel[4] = {NULL, NULL, "avx512_bf16", "amx_bf16"};
     static const char *const bf_name[4] = {"f32", "bf16", "bf16dot", "bf16amx"};
-    for (int bf = 0; bf < 4; bf++)
+    /* MMC_BENCH_GEMM_PACKED_ONLY=1: only the pre-packed cases below (a quick check) */
+    const bool packed_only = getenv("MMC_BENCH_GEMM_PACKED_ONLY") && atoi(getenv("MMC_BENCH_GEMM_PACKED_ONLY"));
+    for (int bf = 0; bf < 4 && !packed_only; bf++)
         for (int c = 0; c < 4; c++) {
             if (bf && !cases[c].bf16ok) continue;
             if (bf >= 2 && mmc_gemm_set_bf16_kernel(bf_kernel[bf]) != 0) continue;
@@ -296,6 +310,39 @@ static void suite(const char *sfx) {
             free(g.A); free(g.B); free(g.C); free(g.Bh);
         }
 
+    /* pre-packed weights: x·Wᵀ with W packed once (f32 panels; bf16 pair panels for the
+     * bf16-product kernels), timed alternately with the unpacked call on the same operands:
+     *   gemm_<dt>_xWt_packed           GFLOP/s
+     *   gemm_<dt>_xWt_packed_vs_unpacked  its speed-up over the unpacked call of the same run */
+    for (int bf = 0; bf < 4; bf++) {
+        if (bf == 1 || (bf >= 2 && mmc_gemm_set_bf16_kernel(bf_kernel[bf]) != 0)) continue;
+        gemm_arg g = {false, true, bf >= 1, cases[0].M, cases[0].N, cases[0].K, 0.0f, NULL, NULL, NULL, NULL, NULL, NULL};
+        g.A = falloc(g.M * g.K);
+        g.B = falloc(g.N * g.K);
+        g.C = falloc(g.M * g.N);
+        g.Bh = (uint16_t *)falloc((g.N * g.K + 1) / 2);
+        fill(g.A, g.M * g.K, 1);
+        fill(g.B, g.N * g.K, 2);
+        for (int64_t i = 0; i < g.N * g.K; i++) g.Bh[i] = mmc_f32_to_bf16(g.B[i]);
+        mmc_gemm_packed_b *W = mmc_gemm_pack_b(bf ? (const void *)g.Bh : (const void *)g.B, bf >= 1, g.N, g.K, g.K, true);
+        MMC_CHECK(W, "bench_gemm: %s", mmc_last_error());
+        float *C2 = falloc(g.M * g.N);
+        packed_arg pa = {g.M, g.A, C2, W};
+        double tp, tu;
+        paired_time(packed_run, &pa, gemm_run, &g, 2.0, 10, &tp, &tu);
+        mmc_gemm_set_bf16_kernel(gi.bf16_dot ? gi.bf16_infer.kernel : "f32");
+        const double fl = 2.0 * g.M * g.N * g.K;
+        snprintf(name, sizeof name, "gemm_%s_xWt_packed%s", bf_name[bf], sfx);
+        bench_report(name, fl / tp * 1e-9, "GFLOP/s", 1);
+        snprintf(name, sizeof name, "gemm_%s_xWt_packed%s_vs_unpacked", bf_name[bf], sfx);
+        bench_report(name, tu / tp, "fraction", 1);
+        fprintf(stderr, "bench_gemm%s: %s x·Wᵀ packed %.1f GFLOP/s, unpacked %.1f (same run, alternated)\n", sfx,
+                bf_name[bf], fl / tp * 1e-9, fl / tu * 1e-9);
+        mmc_gemm_packed_b_free(W);
+        free(g.A); free(g.B); free(g.C); free(g.Bh); free(C2);
+    }
+
+    if (packed_only) return;
     double peak2 = fma_peak_gflops();
     if (peak2 > peak) peak = peak2;
     snprintf(name, sizeof name, "fma_peak%s", sfx);

@@ -13,6 +13,7 @@
 #include "mmc_trainer.h"
 #include "backend/cpu/gemm.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <string.h>
@@ -65,6 +66,68 @@ static void prefill_step(void *p) {
     mmc_qwen2_vl_logits(a->ctx, a->m, mmc_contiguous(a->ctx, mmc_narrow(a->ctx, h, 1, T - 1, 1)));
 }
 
+/* CPU seconds (all threads of the process) per call of fn, over n calls: robust to other load */
+static double cpu_per_call(void (*fn)(void *), void *arg, int n) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+    for (int i = 0; i < n; i++) fn(arg);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+    return ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) / n;
+}
+
+/* the vision encodes and the prefill, reported under the base names + sfx (wall clock, median)
+ * and as <name>_cpu_s (CPU seconds per call) */
+static void vision_prefill(args_t *a, mmc_rng *r, const char *sfx) {
+    char name[160];
+    struct { const char *name; int64_t g[3]; } imgs[] = {
+        {"vl_qwen2vl2b_vision_d4of32_448x448", {1, 32, 32}},
+        {"vl_qwen2vl2b_vision_d4of32_1024x768", {1, 54, 74}},
+    };
+    for (int i = 0; i < 2; i++) {
+        memcpy(a->grid, imgs[i].g, sizeof a->grid);
+        int64_t N = a->grid[0] * a->grid[1] * a->grid[2];
+        a->px = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(N, 3 * 2 * 14 * 14));
+        mmc_rng_normal(r, a->px->data, mmc_numel(a->px), 0, 1);
+        phase_begin();
+        double sec = bench_time(vision_step, a, 3.0, 2);
+        phase_end(a->ctx, i ? "vision 1024" : "vision 448");
+        snprintf(name, sizeof name, "%s%s", imgs[i].name, sfx);
+        bench_report(name, 1.0 / sec, "img/s", 1);
+        snprintf(name, sizeof name, "%s%s_cpu_s", imgs[i].name, sfx);
+        bench_report_info(name, cpu_per_call(vision_step, a, 2), "s");
+        fprintf(stderr, "%s%s: %.3f s/image (%lld patches)\n", imgs[i].name, sfx, sec, (long long)N);
+        mmc_tensor_free(a->px);
+    }
+    const int64_t T = a->ids->shape[1];
+    phase_begin();
+    double sec = bench_time(prefill_step, a, 5.0, 2);
+    phase_end(a->ctx, "prefill");
+    snprintf(name, sizeof name, "vl_qwen2vl2b_prefill_lm4of28_T512%s", sfx);
+    bench_report(name, (double)T / sec, "tok/s", 1);
+    snprintf(name, sizeof name, "vl_qwen2vl2b_prefill_lm4of28_T512%s_cpu_s", sfx);
+    bench_report_info(name, cpu_per_call(prefill_step, a, 3), "s");
+    fprintf(stderr, "prefill%s: %.3f s\n", sfx, sec);
+}
+
+/* 32 greedy decode steps after the prefill in a->kv; times[] sorted */
+static void decode32(args_t *a, double *times) {
+    int32_t tok = 42;
+    for (int s = 0; s < 32; s++) {
+        double t0 = mmc_now();
+        mmc_ctx_reset(a->ctx);
+        mmc_tensor *ids = mmc_new(a->ctx, MMC_I32, 2, MMC_SHAPE(1, 1)), *h;
+        ((int32_t *)ids->data)[0] = tok;
+        if (mmc_qwen2_vl_forward(a->ctx, a->m, ids, NULL, &a->kv, &a->delta, &h)) exit(1);
+        mmc_tensor *lg = mmc_qwen2_vl_logits(a->ctx, a->m, h);
+        const float *l = lg->data;
+        int32_t best = 0;
+        for (int64_t v = 1; v < lg->shape[lg->ndim - 1]; v++) if (l[v] > l[best]) best = (int32_t)v;
+        tok = best;
+        times[s] = mmc_now() - t0;
+    }
+    qsort(times, 32, sizeof times[0], bench_cmp_);
+}
+
 int main(void) {
     mmc_qwen2_config tc = {.vocab_size = 151936, .hidden_size = 1536, .intermediate_size = 8960,
                            .num_layers = LD, .num_heads = 12, .num_kv_heads = 2, .head_dim = 128,
@@ -87,52 +150,22 @@ int main(void) {
     phase_end(a.ctx, "weights");
     mmc_rng r;
     mmc_rng_init(&r, 3);
-    /* vision encode: 448x448 -> [1, 32, 32]; 1024x768 -> smart_resize(768, 1024) = (756, 1036) -> [1, 54, 74] */
-    struct { const char *name; int64_t g[3]; } imgs[] = {
-        {"vl_qwen2vl2b_vision_d4of32_448x448", {1, 32, 32}},
-        {"vl_qwen2vl2b_vision_d4of32_1024x768", {1, 54, 74}},
-    };
-    for (int i = 0; i < 2; i++) {
-        memcpy(a.grid, imgs[i].g, sizeof a.grid);
-        int64_t N = a.grid[0] * a.grid[1] * a.grid[2];
-        a.px = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(N, 3 * 2 * 14 * 14));
-        mmc_rng_normal(&r, a.px->data, mmc_numel(a.px), 0, 1);
-        phase_begin();
-        double sec = bench_time(vision_step, &a, 3.0, 2);   /* median of >= 2 after a warm-up */
-        phase_end(a.ctx, i ? "vision 1024" : "vision 448");
-        bench_report(imgs[i].name, 1.0 / sec, "img/s", 1);
-        fprintf(stderr, "%s: %.3f s/image (%lld patches)\n", imgs[i].name, sec, (long long)N);
-        mmc_tensor_free(a.px);
-    }
-    /* prefill 512 text tokens, then decode */
+    /* vision encode: 448x448 -> [1, 32, 32]; 1024x768 -> smart_resize(768, 1024) = (756, 1036) -> [1, 54, 74];
+     * prefill 512 text tokens, then decode */
     const int64_t T = 512;
     a.ids = mmc_tensor_new(MMC_I32, 2, MMC_SHAPE(1, T));
     for (int64_t t = 0; t < T; t++) ((int32_t *)a.ids->data)[t] = (int32_t)(mmc_rng_u64(&r) % 150000);
     if (mmc_kv_cache_init(&a.kv, LD, 1, tc.num_kv_heads, tc.head_dim, T + 64)) return 1;
-    phase_begin();
-    double sec = bench_time(prefill_step, &a, 5.0, 2);
-    phase_end(a.ctx, "prefill");
-    bench_report("vl_qwen2vl2b_prefill_lm4of28_T512", (double)T / sec, "tok/s", 1);
-    fprintf(stderr, "prefill: %.3f s\n", sec);
+    /* MMC_BENCH_VL_PREPACK_ONLY=1: only the pre-packed f32 cases (and the bf16 ones), after the
+     * unpacked vision / prefill (a quick check of the ratio) */
+    const bool prepack_only = getenv("MMC_BENCH_VL_PREPACK_ONLY") && atoi(getenv("MMC_BENCH_VL_PREPACK_ONLY"));
+    vision_prefill(&a, &r, "");
     prefill_step(&a);
-    phase_begin();
     double times[32];
-    int32_t tok = 42;
-    for (int s = 0; s < 32; s++) {
-        double t0 = mmc_now();
-        mmc_ctx_reset(a.ctx);
-        mmc_tensor *ids = mmc_new(a.ctx, MMC_I32, 2, MMC_SHAPE(1, 1)), *h;
-        ((int32_t *)ids->data)[0] = tok;
-        if (mmc_qwen2_vl_forward(a.ctx, a.m, ids, NULL, &a.kv, &a.delta, &h)) return 1;
-        mmc_tensor *lg = mmc_qwen2_vl_logits(a.ctx, a.m, h);
-        const float *l = lg->data;
-        int32_t best = 0;
-        for (int64_t v = 1; v < tc.vocab_size; v++) if (l[v] > l[best]) best = (int32_t)v;
-        tok = best;
-        times[s] = mmc_now() - t0;
-    }
+    if (!prepack_only) {
+    phase_begin();
+    decode32(&a, times);
     phase_end(a.ctx, "decode");
-    qsort(times, 32, sizeof times[0], bench_cmp_);
     bench_report("vl_qwen2vl2b_decode_lm4of28_after512", 1.0 / times[16], "tok/s", 1);
     /* decode reads every LM weight (and the KV cache) once per token: achieved bandwidth */
     double wbytes = 0;
@@ -143,6 +176,7 @@ int main(void) {
     bench_report("vl_qwen2vl2b_decode_weight_GBps", (wbytes + kvbytes) / times[16] / 1e9, "GB/s", 1);
     fprintf(stderr, "decode: %.1f ms/token, %.2f GB of weights + KV per token\n", times[16] * 1e3,
             (wbytes + kvbytes) / 1e9);
+    }
     /* bf16 weights (as published checkpoints ship): the language model saved in bf16 and loaded
      * back zero-copy, prefill on the exact path (bf16 storage, f32 arithmetic) and with
      * --bf16-matmul (mmc_gemm_set_bf16_dot: AMX or AVX512_BF16 products, activations rounded) */
@@ -156,14 +190,24 @@ int main(void) {
             return 1;
         }
         a.m->lm = lm16;
-        for (int fast = 0; fast < 2; fast++) {
-            if (fast && mmc_gemm_set_bf16_dot(true) != 0) break;
+        /* fast 2: --bf16-matmul with the weights pre-packed for its kernel (AMX: bf16 pair tiles) */
+        for (int fast = prepack_only ? 1 : 0; fast < 3; fast++) {
+            if (fast == 1 && mmc_gemm_set_bf16_dot(true) != 0) break;
+            if (fast == 2 && mmc_qwen2_prepack(lm16, NULL, NULL, NULL)) {
+                fprintf(stderr, "bench_vl: prepack: %s\n", mmc_last_error());
+                return 1;
+            }
             double s16 = bench_time(prefill_step, &a, 5.0, 2);
             mmc_gemm_info gi;
             mmc_gemm_describe(&gi);
-            bench_report(fast ? "vl_qwen2vl2b_prefill_lm4of28_T512_bf16matmul" : "vl_qwen2vl2b_prefill_lm4of28_T512_bf16",
-                         (double)T / s16, "tok/s", 1);
-            fprintf(stderr, "prefill, bf16 weights, %s kernel: %.3f s\n", gi.bf16_infer.kernel, s16);
+            const char *nm = fast == 2 ? "vl_qwen2vl2b_prefill_lm4of28_T512_bf16matmul_prepacked"
+                             : fast ? "vl_qwen2vl2b_prefill_lm4of28_T512_bf16matmul" : "vl_qwen2vl2b_prefill_lm4of28_T512_bf16";
+            bench_report(nm, (double)T / s16, "tok/s", 1);
+            char cn[160];
+            snprintf(cn, sizeof cn, "%s_cpu_s", nm);
+            bench_report_info(cn, cpu_per_call(prefill_step, &a, 3), "s");
+            fprintf(stderr, "prefill, bf16 weights, %s kernel%s: %.3f s\n", gi.bf16_infer.kernel,
+                    fast == 2 ? ", pre-packed" : "", s16);
         }
         mmc_gemm_set_bf16_dot(false);
         a.m->lm = lm32;
@@ -181,6 +225,35 @@ int main(void) {
     const double MiB = 1048576.0;
     bench_report("vl_qwen2vl2b_weights_MiB", all_w / MiB, "MiB", 0);
     bench_report("vl_qwen2vl2b_kv_cache_MiB", kv_alloc / MiB, "MiB", 0);
+    /* pre-packed weights (as the generate / forward / serve commands load them for inference): the
+     * f32 vision and prefill cases again, suffix _prepacked; the packed copies replace the weights */
+    {
+        int nl = 0;
+        int64_t b0 = 0, b1 = 0;
+        double t0 = mmc_now(), g_before = g_peak;
+        phase_begin();
+        const double rss0 = bench_rss_mib();
+        if (mmc_qwen2_vl_prepack(a.m, &nl, &b0, &b1)) {
+            fprintf(stderr, "bench_vl: prepack: %s\n", mmc_last_error());
+            return 1;
+        }
+        phase_end(a.ctx, "prepack");
+        /* packing is a load-time step (each weight's packed copy exists beside it until it is
+         * freed): its transient is reported on its own, the steady state after it in the phases below */
+        bench_report_info("vl_qwen2vl2b_prepack_transient_MiB", bench_peak_rss_mib() - rss0, "MiB");
+        bench_report_info("vl_qwen2vl2b_prepack_rss_change_MiB", bench_rss_mib() - rss0, "MiB");
+        g_peak = g_before;
+        fprintf(stderr, "prepack: %d linears, %.1f MiB -> %.1f MiB packed, %.2f s\n", nl, b0 / 1048576.0,
+                b1 / 1048576.0, mmc_now() - t0);
+        bench_report_info("vl_qwen2vl2b_prepack_s", mmc_now() - t0, "s");
+        vision_prefill(&a, &r, "_prepacked");
+        /* decode: 1 row, the packed path instead of the matvec (the same weight bytes streamed) */
+        prefill_step(&a);
+        double tp[32];
+        decode32(&a, tp);
+        bench_report("vl_qwen2vl2b_decode_lm4of28_after512_prepacked", 1.0 / tp[16], "tok/s", 1);
+        fprintf(stderr, "decode, pre-packed: %.1f ms/token\n", tp[16] * 1e3);
+    }
     double peak = g_peak - base;
     bench_report("vl_qwen2vl2b_peak_mem_MiB", peak, "MiB", 0);
     bench_report_info("vl_qwen2vl2b_rss_baseline_MiB", base, "MiB");

@@ -89,6 +89,8 @@ def suite(sfx):
                               ("gemm_f32_sq1024", lambda: torch.matmul(a, b), 1024 ** 3)]:
             f32[name[9:]] = gf = 2.0 * mnk / best_time(fn) * 1e-9
             report(name + sfx, gf, "GFLOP/s")
+            if name == "gemm_f32_xWt":   # mmc's pre-packed weight against the same figure
+                report(f"gemm_f32_xWt_packed{sfx}", gf, "GFLOP/s")
         for name, forms, mnk in [
                 ("xWt", {"bf16": lambda: F.linear(xh, Wh), "autocast": autocast(lambda: F.linear(x, Wh)),
                          "widen": lambda: torch.matmul(x, Wh.float().t())}, T * I * H),
@@ -104,6 +106,9 @@ def suite(sfx):
             # against the same figure
             report(f"gemm_bf16dot_{name}{sfx}", gf, "GFLOP/s", NOTES[form])
             report(f"gemm_bf16amx_{name}{sfx}", gf, "GFLOP/s", NOTES[form])  # and its AMX kernel
+            if name == "xWt":   # mmc's pre-packed weight on those kernels
+                report(f"gemm_bf16dot_xWt_packed{sfx}", gf, "GFLOP/s", NOTES[form])
+                report(f"gemm_bf16amx_xWt_packed{sfx}", gf, "GFLOP/s", NOTES[form])
 
         for (n, k, dt) in [(8192, 4096, torch.float32), (8192, 4096, torch.bfloat16), (4864, 896, torch.bfloat16)]:
             w = torch.randn(n, k).to(dt)

@@ -54,6 +54,7 @@ with torch.inference_mode():
         g = torch.tensor([grid])
         sec = timeit(lambda: model.model.visual(px, grid_thw=g), ms, mi)
         report(name, 1.0 / sec, "img/s")
+        report(name + "_prepacked", 1.0 / sec, "img/s")   # mmc with pre-packed weights, same peer figure
 
     T = 512
     ids = torch.randint(0, 150000, (1, T))
@@ -65,6 +66,7 @@ with torch.inference_mode():
 
     sec = timeit(prefill, 5.0, 2)
     report("vl_qwen2vl2b_prefill_lm4of28_T512", T / sec, "tok/s")
+    report("vl_qwen2vl2b_prefill_lm4of28_T512_prepacked", T / sec, "tok/s")
     out, cache = prefill()
     tok = out.logits[:, -1].argmax(-1, keepdim=True)
     times = []
@@ -75,6 +77,7 @@ with torch.inference_mode():
         times.append(time.perf_counter() - t0)
     times.sort()
     report("vl_qwen2vl2b_decode_lm4of28_after512", 1.0 / times[16], "tok/s")
+    report("vl_qwen2vl2b_decode_lm4of28_after512_prepacked", 1.0 / times[16], "tok/s")
     # bf16 weights, as published checkpoints ship and transformers users load them
     # (torch_dtype=bfloat16: the whole language model computes in bf16; oneDNN's bf16 matmul,
     # AMX where the CPU has it): bench_vl.c's _bf16 (exact) and _bf16matmul (mmc's bf16-product
@@ -82,7 +85,7 @@ with torch.inference_mode():
     model.model.language_model.to(torch.bfloat16)
     model.lm_head.to(torch.bfloat16)
     sec = timeit(prefill, 5.0, 2)
-    for tag in ("bf16", "bf16matmul"):
+    for tag in ("bf16", "bf16matmul", "bf16matmul_prepacked"):
         report(f"vl_qwen2vl2b_prefill_lm4of28_T512_{tag}", T / sec, "tok/s")
     model.float()
 MiB = 1024.0 * 1024.0

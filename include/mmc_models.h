@@ -224,6 +224,10 @@ mmc_status mmc_qwen2_quantize_nf4(mmc_qwen2 *m, bool double_quant);
  * embedding, norms and lm_head stay as loaded. *n_linears and the weight bytes before / after
  * are reported (each may be NULL; the byte counts are added to). LoRA adapters stay on top. */
 mmc_status mmc_qwen2_quantize(mmc_qwen2 *m, int mode, int *n_linears, int64_t *bytes_before, int64_t *bytes_after);
+/* Inference: pre-pack every decoder projection for the GEMM (mmc_prepack_linears, mmc_nn.h): the
+ * packed copies replace the weights in m->params; no backward through them afterwards. Does
+ * nothing under MMC_PREPACK=0 or tensor parallelism. Counts are added to (each may be NULL). */
+mmc_status mmc_qwen2_prepack(mmc_qwen2 *m, int *n_linears, int64_t *bytes_before, int64_t *bytes_after);
 /* Apply the PEFT LoRA adapter in adapter_dir at inference, without merging: every adapted
  * linear computes W x + scale * B (A x) (mmc_nn_linear), the base weights stay as loaded
  * (zero-copy). Logits equal those of the `mmc merge`d model up to float rounding. The model

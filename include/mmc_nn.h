@@ -36,10 +36,31 @@ typedef struct mmc_linear_w {
      * PEFT puts on linear j, added to its slice of the output. NULL / 0 otherwise. */
     const struct mmc_linear_w *parts;
     int n_parts;
+    /* NULL unless pre-packed for inference (mmc_prepack_linears): the weight in the GEMM
+     * micro-kernel's panel layout, which then replaces w (w = NULL) */
+    struct mmc_gemm_packed_b *pk;
 } mmc_linear_w;
 
 /* x [..., K] -> [..., N] */
 mmc_tensor *mmc_nn_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l);
+
+/* Pre-packed inference weights: each linear's f32 weight (and a bf16 one when --bf16-matmul /
+ * mmc_gemm_set_bf16_dot chose a bf16-product kernel: AMX or vdpbf16ps) is packed once into the
+ * panels the GEMM micro-kernel reads (gemm.h's mmc_gemm_pack_b), so no forward packs it again;
+ * the packed copy replaces the weight (l->pk set, l->w = NULL, the tensor dropped from params /
+ * names (*n_params updated) and freed; a weight mapped from a file has its pages released).
+ * Results are the bits the unpacked GEMM gives for more than 4 rows of x (decode's <= 4 rows take
+ * the packed path too, not the matvec: last-bit differences). Inference only: a packed linear has
+ * no backward (mmc_nn_linear fails if x needs a gradient): call it only for a model that will not
+ * train. Skipped: quantised linears, bf16 weights on the exact path (f32 panels would double them),
+ * non-2-D ones.
+ * *n_packed, *bytes_before / *bytes_after (each may be NULL) count what was replaced. */
+mmc_status mmc_prepack_linears(mmc_linear_w **mods, int n, mmc_tensor **params, char (*names)[96], int *n_params,
+                               int *n_packed, int64_t *bytes_before, int64_t *bytes_after);
+/* Free a linear's pre-packed weight, if any. */
+void mmc_linear_packed_free(mmc_linear_w *l);
+/* MMC_PREPACK=0 turns pre-packing off (the models' prepack calls then do nothing). */
+bool mmc_prepack_enabled(void);
 
 /* LoRA dropout needs a per-step stream: set once per micro-batch, e.g.
  * mmc_nn_dropout_seed(run_seed, step, micro). Setting it turns dropout on for this context

@@ -82,6 +82,9 @@ mmc_status mmc_vision_load_from(mmc_st *st, const mmc_vision_config *cfg, const 
 /* Fresh tower with random init (matrices normal(0, 0.02), biases normal(0, 0.02), norms 1), f32. */
 mmc_status mmc_vision_new(const mmc_vision_config *cfg, uint64_t seed, mmc_vision **out);
 void mmc_vision_free(mmc_vision *v);
+/* Inference: pre-pack the tower's linears for the GEMM (mmc_prepack_linears, mmc_nn.h); the packed
+ * copies replace the weights in v->params. Nothing under MMC_PREPACK=0 or tensor parallelism. */
+mmc_status mmc_vision_prepack(mmc_vision *v, int *n_linears, int64_t *bytes_before, int64_t *bytes_after);
 /* Tensor parallelism (mmc_tp.h): can tp ranks split this tower (tp divides num_heads and
  * intermediate_size)? If not, *why says which (for the log) and the tower stays replicated. */
 bool mmc_vision_tp_ok(const mmc_vision_config *cfg, int tp, char *why, size_t cap);
@@ -150,6 +153,9 @@ void mmc_qwen2_vl_free(mmc_qwen2_vl *m);
  * mmc_vision_forward, or under m->vision_share this rank's share encoded and the rows all-gathered. */
 mmc_status mmc_qwen2_vl_encode(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels, const int64_t *grid, int n,
                                mmc_tensor **feats);
+/* Inference: pre-pack the language model's and the tower's linears (mmc_qwen2_prepack,
+ * mmc_vision_prepack); counts added to (each may be NULL). */
+mmc_status mmc_qwen2_vl_prepack(mmc_qwen2_vl *m, int *n_linears, int64_t *bytes_before, int64_t *bytes_after);
 
 /* M-RoPE positions as transformers' get_rope_index (5.x): text runs count up by one; an
  * image/video run of t*h*w/m^2 placeholders gets (t*interval, h, w) positions offset by the

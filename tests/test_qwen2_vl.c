@@ -227,6 +227,50 @@ static void test_greedy(mmc_qwen2_vl *m, const char *arch, const char *layout) {
     }
 }
 
+/* Logits of the two-image case (a persistent copy; NULL on failure). */
+static mmc_tensor *two_image_logits(mmc_qwen2_vl *m) {
+    mmc_ctx *ctx = mmc_ctx_new();
+    mmc_set_grad_enabled(ctx, false);
+    mmc_tensor *ids = fixture_tensor(ref, "two_images.ids", MMC_I64), *h = NULL, *out = NULL;
+    media_buf mb;
+    media_make(&CASES[2], m->arch == MMC_VL_QWEN2_5, &mb);
+    int64_t delta = 0;
+    CHECK_OK(mmc_qwen2_vl_forward(ctx, m, ids, &mb.m, NULL, &delta, &h));
+    if (h) {
+        mmc_tensor *lg = mmc_qwen2_vl_logits(ctx, m, h);
+        out = mmc_tensor_new(MMC_F32, lg->ndim, lg->shape);
+        memcpy(out->data, lg->data, mmc_nbytes(lg));
+    }
+    media_free(&mb);
+    mmc_tensor_free(ids);
+    mmc_ctx_free(ctx);
+    return out;
+}
+
+/* Pre-packed weights (mmc_qwen2_vl_prepack, as the inference commands load a model): the packed
+ * copies replace the f32 weights; every GEMM of these prompts has more than 4 rows, where the
+ * packed path sums as the unpacked one does, so the logits are the same bits; then the fixture
+ * checks again (vision, logits, greedy generation, whose decode steps run the packed path on 1 row). */
+static void test_prepacked(mmc_qwen2_vl *m, const char *arch, const char *layout) {
+    mmc_tensor *before = two_image_logits(m);
+    int n = 0, n_params = m->lm->n_params + m->visual->n_params;
+    int64_t b0 = 0, b1 = 0;
+    CHECK_OK(mmc_qwen2_vl_prepack(m, &n, &b0, &b1));
+    CHECKF(n > 0 && m->lm->n_params + m->visual->n_params == n_params - n && b1 >= b0 && b1 < 2 * b0 + (1 << 20),
+           "%s %s: prepack: %d linears, %d -> %d params, %lld -> %lld bytes", arch, layout, n, n_params,
+           m->lm->n_params + m->visual->n_params, (long long)b0, (long long)b1);
+    mmc_tensor *after = two_image_logits(m);
+    CHECKF(before && after && mmc_nbytes(before) == mmc_nbytes(after) &&
+               memcmp(before->data, after->data, mmc_nbytes(before)) == 0,
+           "%s %s: logits with pre-packed weights differ from the unpacked ones (max |diff| %.3g)", arch, layout,
+           before && after ? max_abs_diff(before, after) : -1.0);
+    mmc_tensor_free(before);
+    mmc_tensor_free(after);
+    test_vision(m, arch);
+    test_logits(m, arch, layout);
+    test_greedy(m, arch, layout);
+}
+
 static void test_errors(mmc_qwen2_vl *m) {
     mmc_ctx *ctx = mmc_ctx_new();
     mmc_set_grad_enabled(ctx, false);
@@ -359,6 +403,7 @@ int main(void) {
                 test_train_vs_infer(m, archs[a]);
             }
             if (a == 0 && l == 0) test_errors(m);
+            if (l == 0) test_prepacked(m, archs[a], layouts[l]);   /* f32 weights (hub: bf16, kept unpacked) */
             mmc_qwen2_vl_free(m);
         }
     test_missing_weight();

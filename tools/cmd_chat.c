@@ -103,6 +103,10 @@ int cmd_chat(int argc, char **argv) {
         cli_model_free(&cm);
         return cli_fail(st, "chat: cannot quantise the model");
     }
+    if ((st = cli_model_prepack(&cm))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "chat: cannot pre-pack the weights");
+    }
     if (cm.vl) cm.proc.resize_mode = resize_mode;
     if (cm.llava) cm.cproc.resize_mode = cm.nproc.base.resize_mode = resize_mode;
     if (cm.internvl) cm.iproc.resize_mode = resize_mode;

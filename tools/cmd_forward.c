@@ -68,6 +68,10 @@ int cmd_forward(int argc, char **argv) {
         cli_model_free(&cm);
         return cli_fail(st, "forward: cannot quantise the model");
     }
+    if ((st = cli_model_prepack(&cm))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "forward: cannot pre-pack the weights");
+    }
     cli_prompt cp;
     if ((st = cli_prompt_from_args(&cm, &pa, &cp))) {
         cli_model_free(&cm);

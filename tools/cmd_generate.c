@@ -82,6 +82,10 @@ int cmd_generate(int argc, char **argv) {
         cli_model_free(&cm);
         return cli_fail(st, "generate: cannot quantise the model");
     }
+    if ((st = cli_model_prepack(&cm))) {
+        cli_model_free(&cm);
+        return cli_fail(st, "generate: cannot pre-pack the weights");
+    }
     cli_prompt cp;
     int rc = 1;
     int32_t *out = NULL;

@@ -702,6 +702,10 @@ int cmd_serve(int argc, char **argv) {
         cli_fail(st, "serve: cannot quantise the model");
         goto done;
     }
+    if ((st = cli_model_prepack(&sb.m))) {
+        cli_fail(st, "serve: cannot pre-pack the weights");
+        goto done;
+    }
     if ((st = cli_model_set_template(&sb.m, tpl, tpl_name))) {
         cli_fail(st, "serve: cannot set the chat template");
         goto done;

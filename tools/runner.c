@@ -607,6 +607,20 @@ mmc_status cli_model_quantize(cli_model *m, int mode) {
     return MMC_OK;
 }
 
+mmc_status cli_model_prepack(cli_model *m) {
+    mmc_qwen2 *lm = m->lm ? m->lm : m->llava ? m->llava->lm : m->internvl ? m->internvl->lm : m->omni ? m->omni->lm : NULL;
+    int n = 0;
+    int64_t before = 0, after = 0;
+    double t0 = mmc_now();
+    mmc_status st = m->vlm ? mmc_qwen2_vl_prepack(m->vlm, &n, &before, &after)
+                    : lm   ? mmc_qwen2_prepack(lm, &n, &before, &after) : MMC_OK;
+    if (st) return mmc_error_prefix(st, "pre-packing the weights");
+    if (n && getenv("MMC_VERBOSE"))
+        fprintf(stderr, "mmc: pre-packed %d linears for the GEMM in %.2f s: %.1f MiB -> %.1f MiB\n", n, mmc_now() - t0,
+                before / 1048576.0, after / 1048576.0);
+    return MMC_OK;
+}
+
 int cli_prompt_args_check(const char *cmd, const cli_prompt_args *a) {
     if (!a->model && !a->adapter) return cli_usage(cmd, "--model DIR is required");
     if (!a->prompt) return cli_usage(cmd, "--prompt TEXT is required");

@@ -131,6 +131,10 @@ int cli_quantize_arg(const char *cmd, const char *v, int *mode);
  * cli_quantize_arg; none: nothing) and say on stderr what was quantised and the bytes saved.
  * Vision / audio towers, embeddings and lm_head stay as loaded. */
 mmc_status cli_model_quantize(cli_model *m, int mode);
+/* Inference: pre-pack the decoder's (and Qwen2-VL's tower's) linear weights for the GEMM
+ * (mmc_qwen2_prepack / mmc_qwen2_vl_prepack; MMC_PREPACK=0 keeps them as loaded); after --quantize
+ * and --bf16-matmul, which decide what is packed. MMC_VERBOSE=1 reports the count. */
+mmc_status cli_model_prepack(cli_model *m);
 
 #define CLI_QUANTIZE_HELP \
     "  --quantize int8|nf4      weight-only quantisation of the language model's linears at load:\n" \

@@ -613,7 +613,9 @@ static float *grow(float *p, size_t *cap, size_t need_floats) {
 static void ensure_bufs(const kdesc *kd, int nth, int64_t bt_cols) {
     bufs *t = my_bufs();
     size_t need_a = (size_t)kd->mc * kslots(kd, kd->kc), need_b = (size_t)kslots(kd, kd->kc) * kd->nc;
-    if (bt_cols > 0) { /* team thread 0 packs into b, the others into bt[i] */
+    if (bt_cols < 0) {
+        /* B pre-packed (mmc_gemm_pack_b): no B buffer */
+    } else if (bt_cols > 0) { /* team thread 0 packs into b, the others into bt[i] */
         size_t need_bt = (size_t)kslots(kd, kd->kc) * (size_t)bt_cols;
         t->b = grow(t->b, &t->b_cap, need_bt);
         if (need_bt > t->bt_cap) {
@@ -1302,6 +1304,32 @@ static inline void panel_compute(const kdesc *kd, int64_t kc, int64_t ks, const 
     }
 }
 
+/* ------------------------------------------------------------------ pre-packed B (weights)
+ *
+ * A weight used for inference is the B of x·Wᵀ on every call; packing it into the kernel's
+ * panels once (mmc_gemm_pack_b) saves the pack_b_block work of every later call. The layout is
+ * the one gemm_slice and the shared path read from their B buffers, for the whole of B:
+ *   data = [K block b (KC each, the last one shorter)][panel p of NR columns][ks slots][NR]
+ * with ks = kslots(kd, kc of that block) (f32: kc floats; bf16-product kernels: kc/2 bf16 pairs,
+ * AMX padded to whole 32-k steps). A thread's B block (jc, pc) then starts at panel jc / NR of
+ * K block pc / KC: the same panels, packed by the same function (pack_b_panel), as the buffer
+ * the unpacked path fills, so the results are the same bits. Columns past N are zero, as the
+ * unpacked path pads them. KC is fixed for the process (init_blocking), so a packed B stays
+ * valid for the life of the process; it records the kernel it was packed for and runs that one. */
+struct mmc_gemm_packed_b {
+    const kdesc *kd;
+    int64_t N, K, kc, npanels;
+    bool b16;       /* the source was bf16 */
+    float *data;    /* 64-byte aligned; 4-byte slots */
+    size_t bytes;
+};
+
+static inline const float *packed_block(const mmc_gemm_packed_b *pb, int64_t jc, int64_t pc) {
+    const kdesc *kd = pb->kd;
+    const int64_t kc = pb->K - pc < pb->kc ? pb->K - pc : pb->kc;
+    return pb->data + (pc / pb->kc) * pb->npanels * kd->nr * kslots(kd, pb->kc) + jc * kslots(kd, kc);
+}
+
 /* One thread's GEMM on rows [m0, m1) × columns [n0, n1) of C (m0 a multiple of MR, n0 of NR,
  * so its register tiles are the tiles of the whole GEMM), the Goto loop nest with its own
  * packing buffers Ap (MC×KC) and Bp (KC × up to NC): no other thread reads them, so nothing
@@ -1310,7 +1338,8 @@ static inline void panel_compute(const kdesc *kd, int64_t kc, int64_t ks, const 
  * panel) unit prefetches its share of the source of the block packed next. */
 static void gemm_slice(const kdesc *kd, bool ta, bool tb, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
                        int64_t K, float alpha, const float *A, int64_t lda, const void *B, bool b16,
-                       int64_t ldb, float beta, float *C, int64_t ldc, float *Ap, float *Bp) {
+                       int64_t ldb, float beta, float *C, int64_t ldc, float *Ap, float *Bp,
+                       const mmc_gemm_packed_b *pb) {
     const int nr = kd->nr;
     const int64_t MC = kd->mc, KC = kd->kc, esz = b16 ? 2 : 4;
     const int64_t w = n1 - n0, nblk = (w + kd->nc - 1) / kd->nc;
@@ -1322,8 +1351,10 @@ static void gemm_slice(const kdesc *kd, bool ta, bool tb, int64_t m0, int64_t m1
         for (int64_t pc = 0; pc < K; pc += KC) {
             const int64_t kc = K - pc < KC ? K - pc : KC, ks = kslots(kd, kc);
             const float beta_k = pc == 0 ? beta : 1.0f;
-            pack_b_block(kd, tb, B, b16, ldb, jc, nc, 0, npanels, pc, kc, Bp);
-            const next_b nb = next_b_block(tb, B, ldb, esz, jc, pc, n1, K, NC, KC, mblocks * npanels);
+            if (pb) Bp = (float *)packed_block(pb, jc, pc);
+            else pack_b_block(kd, tb, B, b16, ldb, jc, nc, 0, npanels, pc, kc, Bp);
+            const next_b nb = pb ? (next_b){.on = false}
+                                 : next_b_block(tb, B, ldb, esz, jc, pc, n1, K, NC, KC, mblocks * npanels);
             for (int64_t mb = 0; mb < mblocks; mb++) {
                 const int64_t ic = m0 + mb * MC, mc = m1 - ic < MC ? m1 - ic : MC;
                 pack_a(kd, ta, A, lda, ic, mc, pc, kc, Ap);
@@ -1360,7 +1391,7 @@ static bool slice_grid(const kdesc *kd, int64_t M, int64_t N, int64_t K, int nth
 
 static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                         float alpha, const float *A, int64_t lda, const void *B, bool b16,
-                        int64_t ldb, float beta, float *C, int64_t ldc) {
+                        int64_t ldb, float beta, float *C, int64_t ldc, const mmc_gemm_packed_b *pb) {
     const int mr = kd->mr, nr = kd->nr;
     const int64_t MC = kd->mc, KC = kd->kc, NC = kd->nc, esz = b16 ? 2 : 4;
     double flops = 2.0 * M * N * K;
@@ -1381,7 +1412,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
     if (nth == 1 || (slices && slice_grid(kd, M, N, K, nth, &pm, &pn))) {
         const int64_t mt = (M + mr - 1) / mr, np = (N + nr - 1) / nr;
         const int64_t slice_cols = (np + pn - 1) / pn * nr;
-        ensure_bufs(kd, nth, slice_cols < NC ? slice_cols : NC);
+        ensure_bufs(kd, nth, pb ? -1 : slice_cols < NC ? slice_cols : NC);
         float **Abuf = tl_bufs.a, **Bbuf = tl_bufs.bt, *B0 = tl_bufs.b;
 #pragma omp parallel num_threads(nth) if (nth > 1)
         {
@@ -1392,13 +1423,13 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                 const int64_t c0 = np * sn / pn * nr, c1 = np * (sn + 1) / pn * nr;
                 gemm_slice(kd, ta, tb, r0, r1 < M ? r1 : M, c0, c1 < N ? c1 : N, K, alpha, A, lda, B, b16, ldb,
                            beta, C, ldc, Abuf[omp_get_thread_num()],
-                           omp_get_thread_num() ? Bbuf[omp_get_thread_num()] : B0);
+                           omp_get_thread_num() ? Bbuf[omp_get_thread_num()] : B0, pb);
             }
             if (kd == &K_AMX) amx_release();
         }
         return;
     }
-    ensure_bufs(kd, nth, 0);
+    ensure_bufs(kd, nth, pb ? -1 : 0);
     float *Bp = tl_bufs.b;
     float **Abuf = tl_bufs.a;
 
@@ -1429,11 +1460,17 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
             for (int64_t pc = 0; pc < K; pc += KC) {
                 const int64_t kc = K - pc < KC ? K - pc : KC, ks = kslots(kd, kc); /* ks: panel row stride */
                 const float beta_k = pc == 0 ? beta : 1.0f;
+                const float *Bblk = Bp;
+                if (pb) {
+                    Bblk = packed_block(pb, jc, pc);
+                } else {
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t g = 0; g < ngroups; g++)
-                    pack_b_block(kd, tb, B, b16, ldb, jc, nc, g * gsz, g * gsz + gsz < npanels ? g * gsz + gsz : npanels,
-                                 pc, kc, Bp);
-                const next_b nb = next_b_block(tb, B, ldb, esz, jc, pc, N, K, NC, KC, mblocks * npanels);
+                    for (int64_t g = 0; g < ngroups; g++)
+                        pack_b_block(kd, tb, B, b16, ldb, jc, nc, g * gsz,
+                                     g * gsz + gsz < npanels ? g * gsz + gsz : npanels, pc, kc, Bp);
+                }
+                const next_b nb = pb ? (next_b){.on = false}
+                                     : next_b_block(tb, B, ldb, esz, jc, pc, N, K, NC, KC, mblocks * npanels);
                 int64_t packed_mb = -1;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t it = 0; it < items; it++) {
@@ -1452,7 +1489,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                     for (int64_t jp = np0; jp < np1; jp++) {
                         next_b_prefetch(&nb, mb * npanels + jp);
                         const int64_t j = jp * nr, cols = nc - j < nr ? nc - j : nr;
-                        panel_compute(kd, kc, ks, Ap, Bp + jp * nr * ks, mc, cols, C + ic * ldc + jc + j, ldc,
+                        panel_compute(kd, kc, ks, Ap, Bblk + jp * nr * ks, mc, cols, C + ic * ldc + jc + j, ldc,
                                       alpha, beta_k, tile);
                     }
                 } /* implicit barrier: B block is re-packed next */
@@ -1474,7 +1511,7 @@ static void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if (M == 0 || N == 0) return;
     if (K == 0) { scale_c(M, N, beta, C, ldc); return; }
     if (M <= SMALL_M) gemm_small_m(kernel(), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
-    else gemm_packed(kernel_for(b16 && infer), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
+    else gemm_packed(kernel_for(b16 && infer), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc, NULL);
 }
 
 void mmc_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -1493,4 +1530,65 @@ void mmc_gemm_bf16_infer(bool ta, bool tb, int64_t M, int64_t N, int64_t K, floa
                          const float *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
                          float *C, int64_t ldc) {
     gemm_any(ta, tb, M, N, K, alpha, A, lda, B, true, ldb, beta, C, ldc, true);
+}
+
+/* ------------------------------------------------------------------ pre-packed B: API */
+
+mmc_gemm_packed_b *mmc_gemm_pack_b(const void *W, bool w_bf16, int64_t N, int64_t K, int64_t ldw, bool infer) {
+    if (!W || N <= 0 || K <= 0 || ldw < K) {
+        mmc_error(MMC_ERR_INVALID, "mmc_gemm_pack_b: bad weight N=%lld K=%lld ldw=%lld (want N, K > 0, ldw >= K)",
+                  (long long)N, (long long)K, (long long)ldw);
+        return NULL;
+    }
+    const kdesc *kd = kernel_for(w_bf16 && infer);
+    mmc_gemm_packed_b *pb = calloc(1, sizeof *pb);
+    if (!pb) {
+        mmc_error(MMC_ERR_OOM, "mmc_gemm_pack_b: out of memory");
+        return NULL;
+    }
+    const int nr = kd->nr;
+    pb->kd = kd, pb->N = N, pb->K = K, pb->kc = kd->kc, pb->b16 = w_bf16;
+    pb->npanels = (N + nr - 1) / nr;
+    int64_t slots = 0; /* 4-byte slots over all K blocks */
+    for (int64_t pc = 0; pc < K; pc += pb->kc) {
+        const int64_t kc = K - pc < pb->kc ? K - pc : pb->kc;
+        slots += pb->npanels * nr * kslots(kd, kc);
+    }
+    pb->bytes = ((size_t)slots * 4 + 63) / 64 * 64;
+    pb->data = aligned_alloc(64, pb->bytes);
+    if (!pb->data) {
+        free(pb);
+        mmc_error(MMC_ERR_OOM, "mmc_gemm_pack_b: out of memory for %zu bytes of packed weight", (size_t)slots * 4);
+        return NULL;
+    }
+    const int64_t nblk = (K + pb->kc - 1) / pb->kc, units = nblk * pb->npanels;
+#pragma omp parallel for schedule(static) if (units > 8 && !omp_in_parallel())
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t pc = u / pb->npanels * pb->kc, p = u % pb->npanels;
+        const int64_t kc = K - pc < pb->kc ? K - pc : pb->kc, cols = N - p * nr < nr ? N - p * nr : nr;
+        float *dst = (float *)packed_block(pb, p * nr, pc);
+        pack_b_panel(kd, true, W, w_bf16, ldw, p * nr, cols, pc, kc, dst);
+    }
+    return pb;
+}
+
+void mmc_gemm_packed_b_free(mmc_gemm_packed_b *pb) {
+    if (!pb) return;
+    free(pb->data);
+    free(pb);
+}
+
+size_t mmc_gemm_packed_b_bytes(const mmc_gemm_packed_b *pb) { return pb ? pb->bytes : 0; }
+const char *mmc_gemm_packed_b_kernel(const mmc_gemm_packed_b *pb) { return pb ? pb->kd->name : ""; }
+int64_t mmc_gemm_packed_b_rows(const mmc_gemm_packed_b *pb) { return pb ? pb->N : 0; }
+int64_t mmc_gemm_packed_b_cols(const mmc_gemm_packed_b *pb) { return pb ? pb->K : 0; }
+
+void mmc_gemm_xwt_packed(int64_t M, float alpha, const float *A, int64_t lda, const mmc_gemm_packed_b *W,
+                         float beta, float *C, int64_t ldc) {
+    MMC_CHECK(W && M >= 0 && lda >= W->K && ldc >= W->N,
+              "gemm (pre-packed weight): bad call M=%lld lda=%lld ldc=%lld for a packed [%lld, %lld] weight",
+              (long long)M, (long long)lda, (long long)ldc, W ? (long long)W->N : 0LL, W ? (long long)W->K : 0LL);
+    if (M == 0) return;
+    /* every M, decode's M <= 4 included, runs the packed path: the original weight may be gone */
+    gemm_packed(W->kd, false, true, M, W->N, W->K, alpha, A, lda, NULL, W->b16, W->K, beta, C, ldc, W);
 }

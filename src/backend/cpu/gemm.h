@@ -17,6 +17,8 @@
 #ifndef MMC_CPU_GEMM_H
 #define MMC_CPU_GEMM_H
 
+#include <stddef.h>
+
 #include <stdint.h>
 #include <stdbool.h>
 
@@ -46,6 +48,27 @@ int mmc_gemm_set_bf16_dot(bool on);
  * "f32" (exact: weights widened); returns -1 if this CPU cannot run it. MMC_GEMM_BF16=dot and
  * mmc_gemm_set_bf16_dot(true) take amx_bf16 where the CPU has AMX, else avx512_bf16. */
 int mmc_gemm_set_bf16_kernel(const char *name);
+
+/* Pre-packed weights (inference): W [N, K] (row stride ldw, f32 or bf16) packed once into the
+ * panels the packed path's micro-kernel reads for x·Wᵀ — the kernel and blocking of this process
+ * (f32 panels for the f32 kernels; for bf16 with infer, bf16 pair panels when --bf16-matmul /
+ * MMC_GEMM_BF16=dot selected a bf16-product kernel (AMX tiles or vdpbf16ps) at packing time, else
+ * f32 panels widened from bf16, twice the bytes). mmc_gemm_xwt_packed then computes
+ *   C[M, N] = alpha * A[M, K] · Wᵀ + beta * C
+ * without packing B: the same panels in the same order as mmc_gemm_f32 / mmc_gemm_bf16_infer(false,
+ * true, ...) with M > 4, so the same bits; M <= 4 runs the packed path too (not the unpacked
+ * matvec: the original weight may be freed), whose sums differ from the matvec's by rounding.
+ * The packed weight keeps the kernel it was packed for. NULL with mmc_last_error on bad sizes /
+ * OOM. Size: N rounded up to the register tile's NR (and, for AMX, K to whole 32-k steps). */
+typedef struct mmc_gemm_packed_b mmc_gemm_packed_b;
+mmc_gemm_packed_b *mmc_gemm_pack_b(const void *W, bool w_bf16, int64_t N, int64_t K, int64_t ldw, bool infer);
+void mmc_gemm_packed_b_free(mmc_gemm_packed_b *pb);
+size_t mmc_gemm_packed_b_bytes(const mmc_gemm_packed_b *pb);
+const char *mmc_gemm_packed_b_kernel(const mmc_gemm_packed_b *pb);
+int64_t mmc_gemm_packed_b_rows(const mmc_gemm_packed_b *pb);   /* N */
+int64_t mmc_gemm_packed_b_cols(const mmc_gemm_packed_b *pb);   /* K */
+void mmc_gemm_xwt_packed(int64_t M, float alpha, const float *A, int64_t lda, const mmc_gemm_packed_b *W,
+                         float beta, float *C, int64_t ldc);
 
 /* What a GEMM runs on this machine (for `mmc info --system` and benchmark reports). */
 typedef struct {

@@ -10,6 +10,10 @@
  * AVX512_BF16 kernel (mmc_gemm_bf16_infer); training forwards pass false (exact path). */
 void mmc_cpu_linear_fwd(const float *x, const void *w, bool w_bf16, const void *b, bool b_bf16,
                         float *y, int64_t M, int64_t N, int64_t K, bool infer);
+/* The same forward on a pre-packed weight (gemm.h's mmc_gemm_pack_b, [N, K]): x [M, K] -> y [M, N]. */
+struct mmc_gemm_packed_b;
+void mmc_cpu_linear_fwd_packed(const float *x, const struct mmc_gemm_packed_b *w, const void *b, bool b_bf16,
+                               float *y, int64_t M);
 /* Accumulating backward; each of dx [M, K], dw [N, K], db [N] may be NULL (not wanted). */
 void mmc_cpu_linear_bwd(const float *x, const void *w, bool w_bf16, const float *dy, float *dx,
                         float *dw, float *db, int64_t M, int64_t N, int64_t K);

@@ -527,7 +527,7 @@ void mmc_qwen2_free(mmc_qwen2 *m) {
     for (int64_t i = 0; m->layers && i < m->cfg.num_layers; i++) {
         mmc_qwen2_layer *L = &m->layers[i];
         mmc_linear_w *ls[8] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->qkv};
-        for (int j = 0; j < 8; j++) mmc_linear_quant_free(ls[j]);
+        for (int j = 0; j < 8; j++) mmc_linear_quant_free(ls[j]), mmc_linear_packed_free(ls[j]);
     }
     for (int i = 0; i < m->n_params; i++) mmc_tensor_free(m->params[i]);
     mmc_moe_free(m->moe);
@@ -550,7 +550,7 @@ mmc_status mmc_qwen2_linears(mmc_qwen2 *m, const char *prefix, mmc_module_list *
         mmc_qwen2_layer *L = &m->layers[i];
         mmc_linear_w *ls[7] = {m->cfg.internlm2 ? &L->qkv : &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
         for (int j = 0; j < 7; j++) {
-            if (!names[j] || (!ls[j]->w && !ls[j]->q)) continue;   /* a Qwen2-MoE sparse layer's dense MLP */
+            if (!names[j] || (!ls[j]->w && !ls[j]->q && !ls[j]->q8 && !ls[j]->pk)) continue;   /* a Qwen2-MoE sparse layer's dense MLP */
             char name[MMC_MODULE_NAME];
             snprintf(name, sizeof name, "%slayers.%lld.%s", prefix, (long long)i, names[j]);
             mmc_status st = mmc_module_list_add(out, ls[j], name);
@@ -604,6 +604,23 @@ mmc_status mmc_qwen2_quantize(mmc_qwen2 *m, int mode, int *n_linears, int64_t *b
     if (!st) st = mmc_quantize_linears(ml.mods, ml.n, (mmc_quant_mode)mode, m->params, m->param_names, &m->n_params,
                                        bytes_before, bytes_after);
     mmc_module_list_free(&ml);
+    return st;
+}
+
+mmc_status mmc_qwen2_prepack(mmc_qwen2 *m, int *n_linears, int64_t *bytes_before, int64_t *bytes_after) {
+    if (!mmc_prepack_enabled() || m->tp) return MMC_OK;   /* tensor parallel: shards stay as they are */
+    /* the dense projections (MoE experts keep their grouped GEMM over the unpacked weights) */
+    mmc_linear_w **ls = malloc(sizeof *ls * (size_t)(8 * m->cfg.num_layers + 1));
+    if (!ls) return mmc_error(MMC_ERR_OOM, "out of memory");
+    int n = 0;
+    for (int64_t i = 0; i < m->cfg.num_layers; i++) {
+        mmc_qwen2_layer *L = &m->layers[i];
+        mmc_linear_w *l8[8] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->qkv};
+        for (int j = 0; j < 8; j++) ls[n++] = l8[j];
+    }
+    mmc_status st = mmc_prepack_linears(ls, n, m->params, m->param_names, &m->n_params, n_linears, bytes_before,
+                                        bytes_after);
+    free(ls);
     return st;
 }
 

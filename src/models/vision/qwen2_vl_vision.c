@@ -169,8 +169,39 @@ static int build_specs(mmc_vision *v, vspec *s) {
 
 static mmc_vision *vision_alloc(const mmc_vision_config *cfg, vspec **specs, int *n);
 
+/* the tower's linears (those it has: Qwen2-VL fc1 / fc2, Qwen2.5-VL gate / up / down) */
+static int vision_linears(mmc_vision *v, mmc_linear_w **out) {
+    int n = 0;
+    for (int64_t i = 0; v->blocks && i < v->cfg.depth; i++) {
+        mmc_vision_block *b = &v->blocks[i];
+        mmc_linear_w *ls[7] = {&b->qkv, &b->proj, &b->fc1, &b->fc2, &b->gate, &b->up, &b->down};
+        for (int j = 0; j < 7; j++) out[n++] = ls[j];
+    }
+    out[n++] = &v->mlp0;
+    out[n++] = &v->mlp2;
+    return n;
+}
+
+mmc_status mmc_vision_prepack(mmc_vision *v, int *n_linears, int64_t *bytes_before, int64_t *bytes_after) {
+    if (!mmc_prepack_enabled() || v->tp) return MMC_OK;
+    mmc_linear_w **ls = malloc(sizeof *ls * (size_t)(7 * v->cfg.depth + 2));
+    if (!ls) return mmc_error(MMC_ERR_OOM, "out of memory");
+    const int n = vision_linears(v, ls);
+    mmc_status st = mmc_prepack_linears(ls, n, v->params, v->param_names, &v->n_params, n_linears, bytes_before,
+                                        bytes_after);
+    free(ls);
+    return st;
+}
+
 void mmc_vision_free(mmc_vision *v) {
     if (!v) return;
+    for (int64_t i = 0; v->blocks && i < v->cfg.depth; i++) {
+        mmc_vision_block *b = &v->blocks[i];
+        mmc_linear_w *ls[7] = {&b->qkv, &b->proj, &b->fc1, &b->fc2, &b->gate, &b->up, &b->down};
+        for (int j = 0; j < 7; j++) mmc_linear_packed_free(ls[j]);
+    }
+    mmc_linear_packed_free(&v->mlp0);
+    mmc_linear_packed_free(&v->mlp2);
     for (int i = 0; i < v->n_params; i++) mmc_tensor_free(v->params[i]);
     free(v->param_split);
     free(v->params);

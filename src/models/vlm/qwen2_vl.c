@@ -14,6 +14,12 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------ loading */
+mmc_status mmc_qwen2_vl_prepack(mmc_qwen2_vl *m, int *n_linears, int64_t *bytes_before, int64_t *bytes_after) {
+    mmc_status st = m->lm ? mmc_qwen2_prepack(m->lm, n_linears, bytes_before, bytes_after) : MMC_OK;
+    if (!st && m->visual) st = mmc_vision_prepack(m->visual, n_linears, bytes_before, bytes_after);
+    return st;
+}
+
 void mmc_qwen2_vl_free(mmc_qwen2_vl *m) {
     if (!m) return;
     mmc_lora_free(m->adapter);   /* detaches from the layers, so before they go */
