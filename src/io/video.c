@@ -22,6 +22,8 @@
  * takes that packet (FFmpeg's submit_packet), so it applies to that packet alone there too.
  * mmc_video_set_skipping(v, false) or MMC_VIDEO_SKIP=0 decodes every packet instead (same
  * frames: test_video checks it); mmc_video_frames_decoded counts what was decoded.
+ * mmc_video_read_each hands each frame to a callback on the thread that decoded it instead of
+ * keeping it (converted into the reader's own reused RGB buffer).
  */
 #include "mmc_video.h"
 

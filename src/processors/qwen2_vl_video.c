@@ -5,7 +5,9 @@
  * smart_resize (optionally capped by qwen-vl-utils' total pixel budget), torch's uint8
  * antialiased resize (mmc_image_resize_torch_u8), the fused rescale+normalise of
  * TorchvisionBackend.rescale_and_normalize, temporal padding and patchify. Decoding is
- * src/io/video.c.
+ * src/io/video.c. mmc_qwen2vl_video_load_preprocess does both at once: each frame resized on the
+ * thread that decoded it and its temporal group's rows written as soon as the group is in
+ * (no decoded frames kept; the same bytes as load then preprocess).
  */
 #include "mmc_video.h"
 #include "mmc_io.h"
