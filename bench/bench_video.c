@@ -5,7 +5,11 @@
  * torchcodec when it loads, else transformers' load_video with PyAV).
  * The clip is written at bench time by the peer script (PyAV + libx264) into build/bench/.
  * CPU-seconds per clip go to stderr (getrusage: steadier than wall time on a shared host);
- * MMC_BENCH_VIDEO_CASE=decode|full runs one case (e.g. under perf record). */
+ * Cases: decode (decode + sample into frames), two_step (then mmc_qwen2vl_video_preprocess on
+ * the kept frames), full (mmc_qwen2vl_video_load_preprocess: each frame resized and patchified
+ * on its decoding thread, as mmc's CLI and data pipeline do; the row the peer's "full" is
+ * compared with). MMC_BENCH_VIDEO_CASE=decode|two_step|full runs one case (e.g. under perf
+ * record). */
 #include "bench_util.h"
 #include "mmc_video.h"
 
@@ -15,7 +19,7 @@
 typedef struct {
     const char *path;
     mmc_qwen2vl_video_proc p;
-    bool preprocess;
+    int mode;   /* 0 decode + sample, 1 then preprocess, 2 both fused (mmc_qwen2vl_video_load_preprocess) */
 } arg_t;
 
 static int calls;
@@ -24,8 +28,15 @@ static void run(void *a_) {
     arg_t *a = a_;
     calls++;
     mmc_video_clip clip;
+    if (a->mode == 2) {   /* the path mmc generate / forward / training take for a video file */
+        mmc_vlproc_out o;
+        MMC_CHECK(mmc_qwen2vl_video_load_preprocess(&a->p, a->path, &clip, &o) == MMC_OK, "%s", mmc_last_error());
+        mmc_vlproc_out_free(&o);
+        mmc_video_clip_free(&clip);
+        return;
+    }
     MMC_CHECK(mmc_qwen2vl_video_load(&a->p, a->path, &clip) == MMC_OK, "%s", mmc_last_error());
-    if (a->preprocess) {
+    if (a->mode == 1) {
         mmc_vlproc_out o;
         MMC_CHECK(mmc_qwen2vl_video_preprocess(&a->p, clip.frames, clip.n, &o) == MMC_OK, "%s", mmc_last_error());
         mmc_vlproc_out_free(&o);
@@ -55,13 +66,15 @@ int main(void) {
     mmc_qwen2vl_video_proc_default(&a.p);
     a.p.do_sample_frames = true;
     a.p.fps = 2;
-    /* MMC_BENCH_VIDEO_CASE=decode|full runs one case (for a profiler); the CPU-seconds per
+    /* MMC_BENCH_VIDEO_CASE=decode|two_step|full runs one case (for a profiler); the CPU-seconds per
      * clip (getrusage: user + system, every thread, warm-up call included) go to stderr */
     const char *only = getenv("MMC_BENCH_VIDEO_CASE") ? getenv("MMC_BENCH_VIDEO_CASE") : "";
-    const char *names[2] = {"video_decode_sample_30s_720p_h264_2fps", "video_qwen2vl_30s_720p_h264_2fps"};
-    for (int c = 0; c < 2; c++) {
-        if (*only && strcmp(only, c ? "full" : "decode") != 0) continue;
-        a.preprocess = c == 1;
+    const char *names[3] = {"video_decode_sample_30s_720p_h264_2fps", "video_qwen2vl_30s_720p_h264_2fps_two_step",
+                            "video_qwen2vl_30s_720p_h264_2fps"};
+    const char *cases[3] = {"decode", "two_step", "full"};
+    for (int c = 0; c < 3; c++) {
+        if (*only && strcmp(only, cases[c]) != 0) continue;
+        a.mode = c;
         calls = 0;
         double c0 = cpu_seconds();
         double t = bench_time(run, &a, 0, 3);

@@ -46,6 +46,17 @@ const mmc_video_info *mmc_video_get_info(const mmc_video *v);
 /* Decode frames idx[0..n) (ascending, each < total_frames) into frames[n] (RGB, owned by the
  * caller: mmc_image_free each). On failure nothing is left allocated. */
 mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *frames);
+/* The same frames, each handed to fn(ctx, worker, k, rgb) on the thread that decoded it, as soon
+ * as it is decoded, instead of being kept: rgb (the file's size) is the reader's own buffer,
+ * valid during the call only. Calls for different k may run at once on different threads,
+ * worker in [0, mmc_video_read_workers()) telling them apart (one worker runs one call at a
+ * time); each k is handed over once, in no set order. A non-zero status from fn stops the
+ * read and is returned. */
+typedef mmc_status (*mmc_video_frame_fn)(void *ctx, int worker, int k, const mmc_image *rgb);
+mmc_status mmc_video_read_each(mmc_video *v, const int64_t *idx, int n, mmc_video_frame_fn fn, void *ctx);
+/* The number of workers mmc_video_read_each may call fn from, when called from this thread now
+ * (OpenMP's thread count outside a parallel region, 1 inside one). */
+int mmc_video_read_workers(void);
 /* Skipping (on by default; MMC_VIDEO_SKIP=0 in the environment turns it off at open): frames no
  * other frame refers to are not decoded unless wanted, and decoding stops at the last wanted
  * frame of a keyframe segment. Off, every packet from the keyframe on is decoded; the frames
@@ -121,6 +132,13 @@ typedef struct {
 /* Open, sample with p's settings and decode. */
 mmc_status mmc_qwen2vl_video_load(const mmc_qwen2vl_video_proc *p, const char *path, mmc_video_clip *out);
 void mmc_video_clip_free(mmc_video_clip *c);
+/* mmc_qwen2vl_video_load then mmc_qwen2vl_video_preprocess, the same pixel values bit for bit,
+ * without keeping the decoded frames: each is resized and patchified on the thread that
+ * decoded it, as it comes, into the output rows. clip gets the indices, info and
+ * second_per_grid_ts (frames NULL, n set); free it with mmc_video_clip_free, out with
+ * mmc_vlproc_out_free. */
+mmc_status mmc_qwen2vl_video_load_preprocess(const mmc_qwen2vl_video_proc *p, const char *path, mmc_video_clip *clip,
+                                             mmc_vlproc_out *out);
 
 /* ---------------------------------------------------------------- writing (src/io/video_write.c)
  * frames uint8 RGB [F, H, W, 3] -> an MP4 (H.264 through libx264 when libavcodec has it, yuv420p,

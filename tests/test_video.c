@@ -159,6 +159,15 @@ static void test_parity(const char *name, double frame_tol, mmc_tokenizer *tok, 
     if (o_ref.pixel_values) CHECK_CLOSE(o_ref.pixel_values, pv, 1e-5, 0, what);
     snprintf(what, sizeof what, "%s pixel_values_videos from mmc's frames", name);
     if (o.pixel_values) CHECK_CLOSE(o.pixel_values, pv, frame_tol == 0 ? 1e-5 : frame_tol / 255 / 0.26 + 1e-5, 0, what);
+    /* the path mmc generate / forward / training take: decode, resize and patchify per frame */
+    mmc_video_clip cf = {0};
+    mmc_vlproc_out of = {0};
+    CHECK_OK(mmc_qwen2vl_video_load_preprocess(&p, path, &cf, &of));
+    snprintf(what, sizeof what, "%s pixel_values_videos, mmc_qwen2vl_video_load_preprocess", name);
+    if (of.pixel_values) CHECK_CLOSE(of.pixel_values, pv, frame_tol == 0 ? 1e-5 : frame_tol / 255 / 0.26 + 1e-5, 0, what);
+    CHECK(cf.n == nw && cf.indices && !memcmp(cf.indices, want_idx, sizeof(int64_t) * (size_t)nw));
+    mmc_vlproc_out_free(&of);
+    mmc_video_clip_free(&cf);
     /* one thread: each temporal group resized and patchified at once (the fused path); three: the
      * frames resized first, then patchified; the same values either way */
     int threads = omp_get_max_threads();
@@ -637,6 +646,66 @@ static void test_qwen_vl_utils_e2e(mmc_tokenizer *tok) {
 }
 
 /* Inputs that once crashed fuzz_video: each must now run through without a sanitizer report. */
+/* mmc_qwen2vl_video_load_preprocess (each frame resized and patchified on its decoding thread)
+ * against mmc_qwen2vl_video_load + mmc_qwen2vl_video_preprocess: the same indices, grid,
+ * second_per_grid_ts and pixel_values_videos bit for bit, over containers (keyframe seeks, the
+ * sequential GIF path), sampling settings (every frame: an odd count padded; a frame count;
+ * qwen-vl-utils' float resize; no resize), and 1, 2, 3 threads (a reader per thread, temporal
+ * groups split between them). */
+static void test_fused(void) {
+    const char *files[4] = {DIR_ "/moving.mkv", DIR_ "/moving.mp4", DIR_ "/vfr.mp4", DIR_ "/moving.gif"};
+    int threads = omp_get_max_threads();
+    bool tested_pad = false, tested_as_is = false;
+    for (int f = 0; f < 4; f++)
+        for (int s = 0; s < 6; s++)
+            for (int th = 1; th <= 3; th++) {
+                mmc_qwen2vl_video_proc p;
+                mmc_qwen2vl_video_proc_default(&p);
+                CHECK_OK(mmc_qwen2vl_video_proc_load_dir(DIR_ "/proc", &p));
+                if (s == 0) mmc_qwen2vl_video_sampling_default(&p);               /* 2 fps */
+                if (s == 1) p.do_sample_frames = false;                           /* every frame */
+                if (s == 2) { p.do_sample_frames = true; p.fps = 0; p.num_frames = 7; }   /* 8 frames */
+                if (s == 3) { p.qwen_vl_utils = true; p.fps = 4; p.max_video_tokens = 16; }
+                if (s == 4) { p.do_sample_frames = false; p.proc.temporal_patch_size = 4; }   /* 30 -> 32, 90 -> 92 */
+                if (s == 5) {   /* 1-pixel patches within loose bounds: the frames' own size, no resize */
+                    mmc_qwen2vl_video_sampling_default(&p);
+                    p.proc.patch_size = p.proc.merge_size = 1;
+                    p.proc.video_min_pixels = 1;
+                    p.proc.video_max_pixels = 1 << 24;
+                }
+                omp_set_num_threads(th);
+                mmc_video_clip a = {0}, b = {0};
+                mmc_vlproc_out oa = {0}, ob = {0};
+                mmc_status sa = mmc_qwen2vl_video_load(&p, files[f], &a);
+                if (!sa) sa = mmc_qwen2vl_video_preprocess(&p, a.frames, a.n, &oa);
+                mmc_status sb = mmc_qwen2vl_video_load_preprocess(&p, files[f], &b, &ob);
+                omp_set_num_threads(threads);
+                CHECKF(sa == sb, "%s setting %d, %d threads: two-step status %d, fused %d (%s)", files[f], s, th, sa, sb,
+                       mmc_last_error());
+                if (!sa && !sb) {
+                    bool same = a.n == b.n && !memcmp(a.indices, b.indices, sizeof(int64_t) * (size_t)a.n) &&
+                                a.second_per_grid_ts == b.second_per_grid_ts && oa.n_grid == ob.n_grid &&
+                                !memcmp(oa.grid_thw[0], ob.grid_thw[0], sizeof oa.grid_thw[0]) &&
+                                oa.num_tokens == ob.num_tokens && mmc_numel(oa.pixel_values) == mmc_numel(ob.pixel_values) &&
+                                !memcmp(oa.pixel_values->data, ob.pixel_values->data, mmc_nbytes(oa.pixel_values));
+                    if (s == 4) tested_pad |= a.n % 4 != 0;
+                    if (s == 5) tested_as_is |= a.info.height * a.info.width == ob.grid_thw[0][1] * ob.grid_thw[0][2];
+                    CHECKF(same, "%s setting %d, %d threads: the fused path differs from load + preprocess", files[f], s, th);
+                    CHECKF(b.frames == NULL, "the fused path keeps no frames");
+                    if (th == 3)
+                        printf("%s setting %d: %d frames -> grid %lld x %lld x %lld, fused = two-step (1-3 threads)\n",
+                               files[f], s, b.n, (long long)ob.grid_thw[0][0], (long long)ob.grid_thw[0][1],
+                               (long long)ob.grid_thw[0][2]);
+                }
+                mmc_vlproc_out_free(&oa);
+                mmc_vlproc_out_free(&ob);
+                mmc_video_clip_free(&a);
+                mmc_video_clip_free(&b);
+            }
+    CHECKF(tested_pad && tested_as_is, "the fused test covered temporal padding (%d) and frames kept at their size (%d)",
+           tested_pad, tested_as_is);
+}
+
 static void test_regressions(void) {
     DIR *d = opendir(DIR_ "/regress");
     if (!d) { CHECK(0); return; }
@@ -673,6 +742,7 @@ int main(void) {
     if (tok) test_dataset(tok);
     test_vfr();
     test_skipping();
+    test_fused();
     test_qwen_vl_utils_table();
     test_qwen_vl_utils_e2e(tok);
     test_containers();

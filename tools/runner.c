@@ -439,9 +439,9 @@ static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n
             if ((st = mmc_load_frames_dir(video_dir, &io, &frames, &n_frames))) goto done;
             p->second_per_grid_ts = m->vproc.proc.temporal_patch_size / 24.0;   /* VideoMetadata: 24 fps when unknown */
             st = mmc_qwen2vl_video_preprocess(&m->vproc, frames, n_frames, &p->vid);
-        } else if (!(st = mmc_qwen2vl_video_load(&m->vproc, video_dir, &clip))) {
+        } else if (!(st = mmc_qwen2vl_video_load_preprocess(&m->vproc, video_dir, &clip, &p->vid))) {
+            /* a file: each frame resized and patchified as it is decoded (no frames kept) */
             p->second_per_grid_ts = clip.second_per_grid_ts;
-            st = mmc_qwen2vl_video_preprocess(&m->vproc, clip.frames, clip.n, &p->vid);
             mmc_video_clip_free(&clip);
         }
         if (st) goto done;

@@ -287,22 +287,36 @@ static bool fits16(const int *k, size_t n) {
 #endif
 
 static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, bool torch_prec,
-                            mmc_image *dst);
+                            mmc_image *dst, mmc_resize_scratch *s);
 
 mmc_status mmc_image_resize(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst) {
-    return resize_u8(src, out_h, out_w, f, false, dst);
+    return resize_u8(src, out_h, out_w, f, false, dst, NULL);
 }
 
 mmc_status mmc_image_resize_torch_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst) {
-    return resize_u8(src, out_h, out_w, f, true, dst);
+    return resize_u8(src, out_h, out_w, f, true, dst, NULL);
 }
 
+mmc_status mmc_image_resize_torch_u8_reuse(const mmc_image *src, int out_h, int out_w, mmc_resample f, mmc_image *dst,
+                                           mmc_resize_scratch *s) {
+    if (dst->data && (dst->height != out_h || dst->width != out_w)) mmc_image_free(dst);
+    return resize_u8(src, out_h, out_w, f, true, dst, s);
+}
+
+void mmc_resize_scratch_free(mmc_resize_scratch *s) {
+    free(s->tmp);
+    s->tmp = NULL;
+    s->cap = 0;
+}
+
+/* s: NULL, or the caller's reused scratch (and dst->data, when set, is reused: out_h x out_w) */
 static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resample f, bool torch_prec,
-                            mmc_image *dst) {
+                            mmc_image *dst, mmc_resize_scratch *s) {
     int H = src->height, W = src->width;
     if (out_h <= 0 || out_w <= 0 || H <= 0 || W <= 0)
         return mmc_error(MMC_ERR_INVALID, "image resize: bad sizes %dx%d -> %dx%d", W, H, out_w, out_h);
-    mmc_status st = mmc_image_alloc(dst, out_h, out_w);
+    bool own_dst = !(s && dst->data);
+    mmc_status st = own_dst ? mmc_image_alloc(dst, out_h, out_w) : MMC_OK;
     if (st) return st;
     if (out_h == H && out_w == W) { /* Pillow returns a copy */
         memcpy(dst->data, src->data, (size_t)H * W * 3);
@@ -333,7 +347,18 @@ static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resa
         ybox1 = bv[2 * (out_h - 1)] + bv[2 * (out_h - 1) + 1];
     }
     if (need_h) {
-        uint8_t *hout = need_v ? (tmp = mmc_io_big_alloc((size_t)(ybox1 - ybox0) * out_w * 3)) : dst->data;
+        size_t tmp_n = (size_t)(ybox1 - ybox0) * out_w * 3;
+        uint8_t *hout = dst->data;
+        if (need_v && s) {   /* the caller's rows, grown when too small */
+            if (s->cap < tmp_n) {
+                free(s->tmp);
+                s->cap = 0;
+                if ((s->tmp = mmc_io_big_alloc(tmp_n))) s->cap = tmp_n;
+            }
+            hout = s->tmp;
+        } else if (need_v) {
+            hout = tmp = mmc_io_big_alloc(tmp_n);
+        }
         /* the image's last row, padded: hpass_row reads up to 8 bytes past a row */
         last = calloc((size_t)W * 3 + 16, 1);
         if (!hout || !last) goto oom;
@@ -371,7 +396,7 @@ static mmc_status resize_u8(const mmc_image *src, int out_h, int out_w, mmc_resa
     return MMC_OK;
 oom:
     free(bh); free(bv); free(kh); free(kv); free(dh); free(dv); free(tmp); free(last); free(kh16);
-    mmc_image_free(dst);
+    if (own_dst) mmc_image_free(dst);
     return mmc_error(MMC_ERR_OOM, "image resize: out of memory (%dx%d -> %dx%d)", W, H, out_w, out_h);
 }
 

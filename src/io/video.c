@@ -22,6 +22,8 @@
  * takes that packet (FFmpeg's submit_packet), so it applies to that packet alone there too.
  * mmc_video_set_skipping(v, false) or MMC_VIDEO_SKIP=0 decodes every packet instead (same
  * frames: test_video checks it); mmc_video_frames_decoded counts what was decoded.
+ * mmc_video_read_each hands each frame to a callback on the thread that decoded it instead of
+ * keeping it (converted into the reader's own reused RGB buffer).
  */
 #include "mmc_video.h"
 
@@ -70,7 +72,17 @@ struct mmc_video {
     bool borrowed;               /* a thread reader: pts / key_pts belong to the parent */
     bool decode_all;             /* no skipping: every packet decoded, no early drain (mmc_video_set_skipping) */
     int64_t n_decoded;           /* frames the decoder returned since open (thread readers' included) */
+    int worker;                  /* mmc_video_read_each: this reader's worker number (0: the parent) */
+    mmc_image rgb;               /* mmc_video_read_each: the RGB frame handed to the callback, reused */
 };
+
+/* Where decoded frames go: into frames[k] (mmc_video_read), or, converted into the reader's
+ * own reused buffer, to fn on the decoding thread (mmc_video_read_each). */
+typedef struct {
+    mmc_image *frames;
+    mmc_video_frame_fn fn;
+    void *ctx;
+} sink_t;
 
 static mmc_status averr(mmc_status st, const mmc_video *v, int err, const char *what, const char *hint) {
     char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
@@ -282,6 +294,7 @@ int64_t mmc_video_frames_decoded(const mmc_video *v) { return v->n_decoded; }
 void mmc_video_close(mmc_video *v) {
     if (!v) return;
     sws_freeContext(v->sws);
+    mmc_image_free(&v->rgb);
     av_frame_free(&v->frame);
     av_packet_free(&v->pkt);
     avcodec_free_context(&v->dec);
@@ -360,16 +373,23 @@ static mmc_status to_rgb(mmc_video *v, mmc_image *img) {
         int full = f->color_range == AVCOL_RANGE_JPEG ? 1 : src_range;
         sws_setColorspaceDetails(v->sws, sws_getCoefficients(cs), full, tab, dst_range, bri, con, sat);
     }
-    mmc_status st = mmc_image_alloc(img, f->height, f->width);
+    mmc_status st = img->data ? MMC_OK : mmc_image_alloc(img, f->height, f->width);   /* reused: the same size */
     if (st) return st;
     uint8_t *dst[4] = {img->data, NULL, NULL, NULL};
     int stride[4] = {3 * f->width, 0, 0, 0};
     int h = sws_scale(v->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, stride);
     if (h != f->height) {
-        mmc_image_free(img);
+        if (img != &v->rgb) mmc_image_free(img);
         return mmc_error(MMC_ERR_FORMAT, "video %s: colour conversion failed", v->name);
     }
     return MMC_OK;
+}
+
+/* Frame k of the request, decoded into v->frame: to its sink. */
+static mmc_status emit(mmc_video *v, const sink_t *sk, int k) {
+    if (sk->frames) return to_rgb(v, &sk->frames[k]);
+    mmc_status st = to_rgb(v, &v->rgb);
+    return st ? st : sk->fn(sk->ctx, v->worker, k, &v->rgb);
 }
 
 static int64_t frame_ts(const AVFrame *f) { return f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp; }
@@ -385,7 +405,7 @@ static mmc_status rewind_to(mmc_video *v, int64_t ts) {
 }
 
 /* Sequential mode: decode from the start, counting frames, as PyAV's read_video_pyav. */
-static mmc_status read_sequential(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
+static mmc_status read_sequential(mmc_video *v, const int64_t *idx, int n, const sink_t *sk) {
     mmc_status st = MMC_OK;
     if (!v->at_start && (st = rewind_to(v, v->n_pts ? v->pts[0] : 0))) return st;
     v->at_start = false;
@@ -399,7 +419,7 @@ static mmc_status read_sequential(mmc_video *v, const int64_t *idx, int n, mmc_i
                                  "truncated or damaged after frame %lld); %s", v->name, (long long)idx[k],
                                  (long long)v->info.total_frames, (long long)v->seq_index, REENCODE);
             int64_t i = v->seq_index++;
-            if (i == idx[k]) { st = to_rgb(v, &frames[k]); av_frame_unref(v->frame); break; }
+            if (i == idx[k]) { st = emit(v, sk, k); av_frame_unref(v->frame); break; }
             av_frame_unref(v->frame);
         }
         if (st) return st;
@@ -423,7 +443,7 @@ static int64_t key_before(const mmc_video *v, int64_t ts) {
  * frame after this one is reached by decoding forward (the next wanted frame, if any, lies
  * behind a later keyframe), so the decoder is drained once this frame's packet is in: the
  * frames decoded are the same, less the packets behind it that the reorder delay reads. */
-static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, bool last, mmc_image *out) {
+static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, bool last, const sink_t *sk, int k) {
     mmc_status st = MMC_OK;
     int64_t key = key_before(v, want);
     if (key == INT64_MIN) key = v->pts[0];
@@ -442,7 +462,7 @@ static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, bool last, m
                              "file is truncated or damaged); %s", v->name, (long long)idx, (long long)want, REENCODE);
         int64_t t = frame_ts(v->frame);
         if (t != AV_NOPTS_VALUE) v->cur_pts = t;
-        if (t == want) { st = to_rgb(v, out); av_frame_unref(v->frame); return st; }
+        if (t == want) { st = emit(v, sk, k); av_frame_unref(v->frame); return st; }
         av_frame_unref(v->frame);
         if (t != AV_NOPTS_VALUE && t > want)
             return mmc_error(MMC_ERR_FORMAT, "video %s: frame %lld (timestamp %lld) is missing from the decoded "
@@ -450,10 +470,11 @@ static mmc_status seek_one(mmc_video *v, int64_t idx, int64_t want, bool last, m
     }
 }
 
-static mmc_status read_seek(mmc_video *v, const int64_t *idx, const int64_t *want, int n, mmc_image *frames) {
+/* Frames k0 .. k0+n of the request (idx, want: theirs). */
+static mmc_status read_seek(mmc_video *v, const int64_t *idx, const int64_t *want, int n, const sink_t *sk, int k0) {
     mmc_status st = MMC_OK;
     for (int k = 0; k < n && !st; k++)
-        st = seek_one(v, idx[k], want[k], k == n - 1 || key_before(v, want[k + 1]) > want[k], &frames[k]);
+        st = seek_one(v, idx[k], want[k], k == n - 1 || key_before(v, want[k + 1]) > want[k], sk, k0 + k);
     return st;
 }
 
@@ -549,7 +570,7 @@ static void use_frame_threads(mmc_video *r, const mmc_video *v, int threads) {
 /* Keyframe segments over threads: seg[s] is the first wanted frame behind segment s's
  * keyframe. Returns 1 when done (st says how), 0 when this path does not apply (one segment,
  * one thread, or a thread reader could not be opened) and nothing was decoded. */
-static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, int n, mmc_image *frames,
+static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, int n, const sink_t *sk,
                          mmc_status *st_out) {
 #ifdef _OPENMP
     int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -577,6 +598,7 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
     int opened = 0;
     for (; w && opened < nw; opened++)
         if (reader_open(v, &w[opened])) break;
+        else w[opened]->worker = opened;
     if (!w || opened < nw) {   /* the one-reader path still works */
         for (int i = 0; w && i < opened; i++) mmc_video_close(w[i]);
         free(w);
@@ -603,7 +625,7 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
 #pragma omp atomic read
 #endif
         failed = err;
-        mmc_status e = failed ? MMC_OK : read_seek(r, idx + seg[s], want + seg[s], seg[s + 1] - seg[s], frames + seg[s]);
+        mmc_status e = failed ? MMC_OK : read_seek(r, idx + seg[s], want + seg[s], seg[s + 1] - seg[s], sk, seg[s]);
         r->want = NULL;
         if (e) {
 #ifdef _OPENMP
@@ -630,7 +652,16 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
     return 1;
 }
 
-mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
+int mmc_video_read_workers(void) {
+#ifdef _OPENMP
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static mmc_status read_frames(mmc_video *v, const int64_t *idx, int n, const sink_t *sk) {
+    mmc_image *frames = sk->frames;
     if (n <= 0) return mmc_error(MMC_ERR_INVALID, "video %s: no frames asked for", v->name);
     for (int k = 0; k < n; k++) {
         if (idx[k] < 0 || idx[k] >= v->info.total_frames || (k && idx[k] <= idx[k - 1]))
@@ -644,25 +675,37 @@ mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *fr
         return mmc_error(MMC_ERR_INVALID, "video %s: %d frames of %dx%d is beyond the decode bound of %lld pixels; "
                          "sample fewer frames (--video-fps, --video-max-frames) or scale the video down",
                          v->name, n, v->info.width, v->info.height, (long long)MMC_VIDEO_MAX_TOTAL_PIXELS);
-    memset(frames, 0, sizeof *frames * (size_t)n);
+    if (frames) memset(frames, 0, sizeof *frames * (size_t)n);
     mmc_status st = MMC_OK;
     if (v->info.seekable) {
         int64_t *want = malloc(sizeof(int64_t) * (size_t)n);   /* the pts of each wanted frame, ascending */
         if (!want) return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
         for (int k = 0; k < n; k++) want[k] = v->pts[idx[k]];
-        if (!read_parallel(v, idx, want, n, frames, &st)) {
+        if (!read_parallel(v, idx, want, n, sk, &st)) {
             v->want = want;
             v->n_want = n;
-            st = read_seek(v, idx, want, n, frames);
+            st = read_seek(v, idx, want, n, sk, 0);
             v->want = NULL;
         }
         free(want);
     } else {
-        st = read_sequential(v, idx, n, frames);
+        st = read_sequential(v, idx, n, sk);
     }
     if (st) {
-        for (int k = 0; k < n; k++) mmc_image_free(&frames[k]);
+        for (int k = 0; frames && k < n; k++) mmc_image_free(&frames[k]);
         v->cur_pts = INT64_MIN;
     }
     return st;
+}
+
+mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *frames) {
+    sink_t sk = {.frames = frames};
+    return read_frames(v, idx, n, &sk);
+}
+
+mmc_status mmc_video_read_each(mmc_video *v, const int64_t *idx, int n, mmc_video_frame_fn fn, void *ctx) {
+    if (!fn) return mmc_error(MMC_ERR_INVALID, "video %s: no frame callback", v->name);
+    sink_t sk = {.fn = fn, .ctx = ctx};
+    v->worker = 0;
+    return read_frames(v, idx, n, &sk);
 }

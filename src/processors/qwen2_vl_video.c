@@ -5,7 +5,9 @@
  * smart_resize (optionally capped by qwen-vl-utils' total pixel budget), torch's uint8
  * antialiased resize (mmc_image_resize_torch_u8), the fused rescale+normalise of
  * TorchvisionBackend.rescale_and_normalize, temporal padding and patchify. Decoding is
- * src/io/video.c.
+ * src/io/video.c. mmc_qwen2vl_video_load_preprocess does both at once: each frame resized on the
+ * thread that decoded it and its temporal group's rows written as soon as the group is in
+ * (no decoded frames kept; the same bytes as load then preprocess).
  */
 #include "mmc_video.h"
 #include "mmc_io.h"
@@ -442,16 +444,10 @@ static void patchify_group(const uint8_t *const *f, int64_t t, int64_t bh0, int6
     }
 }
 
-mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const mmc_image *frames, int n,
-                                        mmc_vlproc_out *out) {
+/* The size n frames of HxW are resized to (smart_resize within the video bounds, the share of
+ * the total budget, or qwen-vl-utils' size), and the output's bound. */
+static mmc_status video_geometry(const mmc_qwen2vl_video_proc *vp, int H, int W, int n, int *out_h, int *out_w) {
     const mmc_qwen2vl_proc *p = &vp->proc;
-    memset(out, 0, sizeof *out);
-    if (n <= 0) return mmc_error(MMC_ERR_INVALID, "qwen2vl video: no frames");
-    int H = frames[0].height, W = frames[0].width;
-    for (int i = 0; i < n; i++)
-        if (!frames[i].data || frames[i].height != H || frames[i].width != W)
-            return mmc_error(MMC_ERR_SHAPE, "qwen2vl video: frame %d is %dx%d, frame 0 is %dx%d", i, frames[i].width,
-                             frames[i].height, W, H);
     int P = p->patch_size, m = p->merge_size, tp = p->temporal_patch_size, factor = P * m;
     int oh = H, ow = W;
     mmc_status st;
@@ -470,10 +466,62 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
         return mmc_error(MMC_ERR_SHAPE, "qwen2vl video: do_resize=false but %dx%d is not a multiple of %d", W, H, factor);
     }
     int T = (n + tp - 1) / tp * tp;
-    int64_t gt = T / tp, gh = oh / P, gw = ow / P;
     if ((double)3 * oh * ow * T * sizeof(float) > 16.0 * (1LL << 30))
         return mmc_error(MMC_ERR_INVALID, "qwen2vl video: %d frames at %dx%d need more than 16 GiB; sample fewer frames "
                          "(--video-fps, --video-max-frames) or lower max_pixels", n, ow, oh);
+    *out_h = oh;
+    *out_w = ow;
+    return MMC_OK;
+}
+
+/* pixel_values [rows, dim] uninitialised: every element is written by the patchify that
+ * follows (no zeroing pass: mmc_tensor_new's memset is one thread over hundreds of MB); its
+ * pages are first touched by the patchify threads. NULL when out of memory. */
+static mmc_tensor *rows_alloc(int64_t rows, int64_t dim) {
+    mmc_tensor *t = mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(rows, dim), NULL);
+    if (!t) return NULL;
+    if (!(t->data = aligned_alloc(64, (mmc_nbytes(t) + 63) / 64 * 64))) { mmc_tensor_free(t); return NULL; }
+    t->flags |= MMC_OWNS_DATA;
+    return t;
+}
+
+/* The columns of temporal slot tt (of tp) of group t from one uint8 frame f (after resize):
+ * the same values patchify_group writes there. */
+static void patchify_slot(const uint8_t *f, int64_t t, int tt, int oh, int ow, int P, int m, int tp,
+                          const float (*lut)[256], float *dst) {
+    const int64_t bh_n = oh / P / m, bw_n = ow / P / m, D = 3LL * tp * P * P;
+    int64_t row = t * bh_n * bw_n * m * m;
+    for (int64_t bh = 0; bh < bh_n; bh++)
+        for (int64_t bw = 0; bw < bw_n; bw++)
+            for (int mh = 0; mh < m; mh++)
+                for (int mw = 0; mw < m; mw++, row++) {
+                    int64_t y0 = (bh * m + mh) * P, x0 = (bw * m + mw) * P;
+                    for (int c = 0; c < 3; c++) {
+                        float *o = dst + row * D + ((int64_t)c * tp + tt) * P * P;
+                        const uint8_t *q = f + (y0 * ow + x0) * 3 + c;
+                        const float *l = lut[c];
+                        for (int py = 0; py < P; py++, o += P, q += (size_t)ow * 3)
+                            for (int px = 0; px < P; px++) o[px] = l[q[3 * px]];
+                    }
+                }
+}
+
+mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const mmc_image *frames, int n,
+                                        mmc_vlproc_out *out) {
+    const mmc_qwen2vl_proc *p = &vp->proc;
+    memset(out, 0, sizeof *out);
+    if (n <= 0) return mmc_error(MMC_ERR_INVALID, "qwen2vl video: no frames");
+    int H = frames[0].height, W = frames[0].width;
+    for (int i = 0; i < n; i++)
+        if (!frames[i].data || frames[i].height != H || frames[i].width != W)
+            return mmc_error(MMC_ERR_SHAPE, "qwen2vl video: frame %d is %dx%d, frame 0 is %dx%d", i, frames[i].width,
+                             frames[i].height, W, H);
+    int P = p->patch_size, m = p->merge_size, tp = p->temporal_patch_size;
+    int oh = H, ow = W;
+    mmc_status st;
+    if ((st = video_geometry(vp, H, W, n, &oh, &ow))) return st;
+    int T = (n + tp - 1) / tp * tp;
+    int64_t gt = T / tp, gh = oh / P, gw = ow / P;
     float lut[3][256];   /* the torchvision backend's rescale + normalise: videos have no PIL path */
     mmc_qwen2vl_pixel_lut(p, MMC_VLPROC_RESIZE_TORCH, lut);
     bool resize = oh != H || ow != W;
@@ -487,14 +535,8 @@ mmc_status mmc_qwen2vl_video_preprocess(const mmc_qwen2vl_video_proc *vp, const 
     bool fused = resize && tp <= 16 && gt >= 2 * threads;
     mmc_image *rs = resize && !fused ? calloc((size_t)n, sizeof *rs) : NULL;
     const uint8_t **fp = malloc(sizeof *fp * (size_t)T);   /* [T] frames after resize; padding repeats the last */
-    /* every element is written below: no zeroing pass (mmc_tensor_new's memset is one thread over
-     * hundreds of MB); the pages are first touched by the patchify threads */
-    out->pixel_values = mmc_tensor_wrap(MMC_F32, 2, MMC_SHAPE(gt * gh * gw, 3LL * tp * P * P), NULL);
-    if (out->pixel_values) {
-        out->pixel_values->data = aligned_alloc(64, (mmc_nbytes(out->pixel_values) + 63) / 64 * 64);
-        if (out->pixel_values->data) out->pixel_values->flags |= MMC_OWNS_DATA;
-    }
-    if ((resize && !fused && !rs) || !fp || !out->pixel_values || !out->pixel_values->data) {
+    out->pixel_values = rows_alloc(gt * gh * gw, 3LL * tp * P * P);
+    if ((resize && !fused && !rs) || !fp || !out->pixel_values) {
         st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory");
         goto fail;
     }
@@ -558,7 +600,7 @@ fail:
 
 void mmc_video_clip_free(mmc_video_clip *c) {
     if (!c) return;
-    for (int i = 0; i < c->n; i++) mmc_image_free(&c->frames[i]);
+    for (int i = 0; c->frames && i < c->n; i++) mmc_image_free(&c->frames[i]);
     free(c->frames);
     free(c->indices);
     memset(c, 0, sizeof *c);
@@ -587,5 +629,139 @@ fail:
     out->frames = NULL;
     out->n = 0;
     mmc_video_clip_free(out);
+    return st;
+}
+
+/* mmc_qwen2vl_video_load_preprocess: each frame, on the thread that decoded it, resized and
+ * kept until the other frames of its temporal group have come to the same worker (frames of a
+ * keyframe segment come to one worker, in order), then the group's rows are written whole, as
+ * mmc_qwen2vl_video_preprocess writes them. A group split between workers is written slot by
+ * slot (its columns of each row) when a worker moves on, or at the end. */
+#define FUSE_MAX_TP 16
+typedef struct {
+    int64_t group;                /* the group whose frames are held; -1: none */
+    mmc_image img[FUSE_MAX_TP];   /* [tp] its frames after resize (buffers kept from group to group) */
+    bool full[FUSE_MAX_TP];       /* img[tt] holds slot tt's frame */
+    mmc_resize_scratch scratch;   /* the resize's intermediate rows, kept */
+} fuse_worker;
+
+typedef struct {
+    const mmc_qwen2vl_video_proc *vp;
+    int n, oh, ow;
+    bool resize;
+    float lut[3][256];
+    float *dst;
+    fuse_worker *w;               /* [mmc_video_read_workers()] */
+} fuse_ctx;
+
+/* Write what worker w holds slot by slot (the last frame into the padding slots too), drop it. */
+static void fuse_flush(fuse_ctx *c, fuse_worker *w) {
+    const mmc_qwen2vl_proc *p = &c->vp->proc;
+    int tp = p->temporal_patch_size;
+    for (int tt = 0; w->group >= 0 && tt < tp; tt++) {
+        int64_t k = w->group * tp + tt;
+        if (!w->full[tt]) continue;
+        int last_tt = k == c->n - 1 ? tp - 1 : tt;
+        for (int t2 = tt; t2 <= last_tt; t2++)
+            patchify_slot(w->img[tt].data, w->group, t2, c->oh, c->ow, p->patch_size, p->merge_size, tp,
+                          (const float(*)[256])c->lut, c->dst);
+        w->full[tt] = false;
+    }
+    w->group = -1;
+}
+
+static mmc_status fuse_frame(void *ctx_, int worker, int k, const mmc_image *rgb) {
+    fuse_ctx *c = ctx_;
+    fuse_worker *w = &c->w[worker];
+    const mmc_qwen2vl_proc *p = &c->vp->proc;
+    int tp = p->temporal_patch_size;
+    int64_t g = k / tp;
+    if (w->group >= 0 && w->group != g) fuse_flush(c, w);
+    mmc_image *r = &w->img[k % tp];
+    mmc_status st = MMC_OK;
+    if (c->resize && c->vp->qwen_vl_utils) {
+        mmc_image_free(r);
+        st = qvu_resize(rgb, c->oh, c->ow, p->resample, r);
+    } else if (c->resize) {
+        st = mmc_image_resize_torch_u8_reuse(rgb, c->oh, c->ow, p->resample, r, &w->scratch);
+    } else {   /* rgb is the reader's buffer, reused for its next frame */
+        if (!r->data) st = mmc_image_alloc(r, rgb->height, rgb->width);
+        if (!st) memcpy(r->data, rgb->data, (size_t)rgb->height * rgb->width * 3);
+    }
+    if (st) return st;
+    w->full[k % tp] = true;
+    w->group = g;
+    /* complete: every frame of the group that exists (the padding repeats the last) */
+    int have = (int)((int64_t)c->n - g * tp < tp ? (int64_t)c->n - g * tp : tp);
+    for (int tt = 0; tt < have; tt++)
+        if (!w->full[tt]) return MMC_OK;
+    const uint8_t *f[FUSE_MAX_TP] = {0};
+    for (int tt = 0; tt < tp; tt++) f[tt] = w->img[tt < have ? tt : have - 1].data;
+    patchify_group(f, g, 0, c->oh / p->patch_size / p->merge_size, c->oh, c->ow, p->patch_size, p->merge_size, tp,
+                   (const float(*)[256])c->lut, c->dst);
+    for (int tt = 0; tt < tp; tt++) w->full[tt] = false;
+    w->group = -1;
+    return MMC_OK;
+}
+
+mmc_status mmc_qwen2vl_video_load_preprocess(const mmc_qwen2vl_video_proc *vp, const char *path, mmc_video_clip *clip,
+                                             mmc_vlproc_out *out) {
+    memset(clip, 0, sizeof *clip);
+    memset(out, 0, sizeof *out);
+    const mmc_qwen2vl_proc *p = &vp->proc;
+    mmc_video *v = NULL;
+    mmc_status st = mmc_video_open(path, &v);
+    if (st) return st;
+    clip->info = *mmc_video_get_info(v);
+    if ((st = mmc_qwen2vl_video_sample(vp, clip->info.total_frames, clip->info.fps, &clip->indices, &clip->n))) {
+        mmc_error_prefix(st, "video %s", path);
+        goto fail;
+    }
+    int n = clip->n, H = clip->info.height, W = clip->info.width, P = p->patch_size, tp = p->temporal_patch_size;
+    fuse_ctx c = {.vp = vp, .n = n};
+    int nw = mmc_video_read_workers();
+    if (tp > FUSE_MAX_TP) {   /* never in a published config: the frames kept, then preprocessed */
+        mmc_video_close(v);
+        mmc_video_clip_free(clip);
+        if ((st = mmc_qwen2vl_video_load(vp, path, clip))) return st;
+        st = mmc_qwen2vl_video_preprocess(vp, clip->frames, clip->n, out);
+        for (int i = 0; i < clip->n; i++) mmc_image_free(&clip->frames[i]);
+        free(clip->frames);
+        clip->frames = NULL;
+        if (st) mmc_video_clip_free(clip);
+        return st;
+    }
+    if ((st = video_geometry(vp, H, W, n, &c.oh, &c.ow))) goto fail;
+    c.resize = c.oh != H || c.ow != W;
+    mmc_qwen2vl_pixel_lut(p, MMC_VLPROC_RESIZE_TORCH, c.lut);
+    int64_t gt = (n + tp - 1) / tp, gh = c.oh / P, gw = c.ow / P;
+    if (!(out->pixel_values = rows_alloc(gt * gh * gw, 3LL * tp * P * P)) || !(out->grid_thw = malloc(sizeof *out->grid_thw))) {
+        st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory");
+        goto fail;
+    }
+    c.dst = out->pixel_values->data;
+    if (!(c.w = calloc((size_t)nw, sizeof *c.w))) { st = mmc_error(MMC_ERR_OOM, "qwen2vl video: out of memory"); goto fail; }
+    for (int i = 0; i < nw; i++) c.w[i].group = -1;
+    st = mmc_video_read_each(v, clip->indices, n, fuse_frame, &c);
+    for (int i = 0; i < nw; i++) {   /* groups split between workers: their slots written now */
+        if (!st) fuse_flush(&c, &c.w[i]);
+        for (int tt = 0; tt < FUSE_MAX_TP; tt++) mmc_image_free(&c.w[i].img[tt]);
+        mmc_resize_scratch_free(&c.w[i].scratch);
+    }
+    free(c.w);
+    if (st) goto fail;
+    out->grid_thw[0][0] = gt;
+    out->grid_thw[0][1] = gh;
+    out->grid_thw[0][2] = gw;
+    out->n_grid = 1;
+    out->num_tokens = gt * gh * gw / ((int64_t)p->merge_size * p->merge_size);
+    double fps = clip->info.fps > 0 ? (double)n / (double)clip->info.total_frames * clip->info.fps : 24.0;
+    clip->second_per_grid_ts = tp / fps;
+    mmc_video_close(v);
+    return MMC_OK;
+fail:
+    mmc_video_close(v);
+    mmc_vlproc_out_free(out);
+    mmc_video_clip_free(clip);
     return st;
 }

@@ -96,7 +96,17 @@ static mmc_status load_videos(const mmc_qwen2vl_proc *p, const mmc_qwen2vl_video
         struct stat sb;
         mmc_video_clip clip = {0};
         bool file = stat(ex->videos[v], &sb) == 0 && S_ISREG(sb.st_mode);
-        /* a video file: decoded and sampled as `mmc generate --video` does (mmc_video.h) */
+        /* a video file: decoded and sampled as `mmc generate --video` does (mmc_video.h), each
+         * frame resized and patchified as it is decoded; blanked frames go the two-step way */
+        if (file && !blank) {
+            st = mmc_qwen2vl_video_load_preprocess(vp, ex->videos[v], &clip, &vs[v]);
+            if (st) { *media_err = true; break; }
+            spg[v] = clip.second_per_grid_ts;
+            mmc_video_clip_free(&clip);
+            rows += vs[v].pixel_values->shape[0];
+            dim = vs[v].pixel_values->shape[1];
+            continue;
+        }
         if (file) st = mmc_qwen2vl_video_load(vp, ex->videos[v], &clip);
         else st = mmc_load_frames_dir(ex->videos[v], io, &frames, &nf);
         if (st) { *media_err = true; break; }
