@@ -79,6 +79,10 @@ typedef struct mmc_internvl {
 mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out);
 /* trainable: every weight an f32 parameter (for mmc train). */
 mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **out);
+/* packed: an InternLM2 language model (internvl_chat) in its own layout, one packed attention.wqkv
+ * linear per layer under the remote code's names (as training has it, and as PEFT adapters over
+ * wqkv need); else its q / k / v viewed as Llama's. mmc_internvl_load_ex passes packed = trainable. */
+mmc_status mmc_internvl_load_opts(const char *dir, bool trainable, bool packed, mmc_internvl **out);
 /* Fresh model with random init from a parsed config.json; for benchmarks. */
 mmc_status mmc_internvl_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_internvl **out);
 void mmc_internvl_free(mmc_internvl *m);
