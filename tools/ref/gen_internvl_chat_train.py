@@ -31,7 +31,7 @@ one sample per step in file order, AdamW betas (0.9, 0.999), eps 1e-8, constant 
 >= 2-D parameters only. Everything in float64 (ref_common.float64_throughout), so the float32 mmc run is held to
 an exact reference:
   full:  20 steps, lr 1e-3, weight decay 0.1, the tower frozen (mmc's default): full_losses.txt,
-         parity.safetensors "final.<name>" (float32) of every weight after the 20 steps
+         parity.safetensors "final.<name>" (float32) of every mlp1.* / language_model.* weight after the 20 steps
   tower: 10 steps, lr 1e-3, only vision_model.* and mlp1.* trained (model.freeze [language_model,
          embeddings]): tower_losses.txt, parity.safetensors "tower.<name>" of the tower / projector weights
   LoRA:  PEFT r 4, alpha 8, no dropout on language_model.model.layers.N.attention.wqkv / attention.wo /
@@ -277,8 +277,9 @@ def main():
             p.requires_grad_(not n.startswith("vision_model."))
         losses = train(m, [p for p in m.parameters() if p.requires_grad], batches, 20, 1e-3, 0.1)
         write_losses("full_losses.txt", losses)
-        for n, p in m.state_dict().items():
-            parity["final." + n] = p.detach().float().contiguous()
+        for n, p in m.state_dict().items():   # (the frozen tower stays as saved)
+            if not n.startswith("vision_model."):
+                parity["final." + n] = p.detach().float().contiguous()
         # the tower and projector trained, the language model frozen
         m = load(torch.float64)
         for n, p in m.named_parameters():
@@ -297,9 +298,11 @@ def main():
         pm = pm.to(torch.float64)
         losses = train(pm, [p for p in pm.parameters() if p.requires_grad], batches, 20, 5e-3, 0.0)
         write_losses("lora_losses.txt", losses)
-        ref_common.save_adapter_rel(pm.to(torch.float32), os.path.join(OUT, "lora_ref"),
-                                    "tests/fixtures/internvl_chat_train/tiny")
-    save_file(parity, os.path.join(OUT, "parity.safetensors"))
+    # (outside float64_throughout, which keeps .to(torch.float32) of a float64 tensor float64)
+    ref_common.save_adapter_rel(pm.to(torch.float32), os.path.join(OUT, "lora_ref"),
+                                "tests/fixtures/internvl_chat_train/tiny")
+    # (.float() inside float64_throughout leaves float64 as it is: converted here)
+    save_file({k: v.to(torch.float32).contiguous() for k, v in parity.items()}, os.path.join(OUT, "parity.safetensors"))
 
     # adapter at inference: PEFT's logits on the prompt mmc forward builds
     pm = PeftModel.from_pretrained(load(torch.float32), os.path.join(OUT, "lora_ref")).eval()

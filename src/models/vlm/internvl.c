@@ -24,7 +24,10 @@
  * packed wqkv / w1 w3 w2 names onto the same Llama decoder), vision_config
  * (intern_vit_6b), select_layer, downsample_ratio and ps_version ("v1" leaves the shuffled grid
  * transposed: token (a, b) at b * g r + a). The <IMG_CONTEXT> id is not in that config: it is
- * read from the directory's tokenizer, as InternVLChatModel.chat() does. */
+ * read from the directory's tokenizer, as InternVLChatModel.chat() does. With `packed`
+ * (mmc_internvl_load_opts: training, or a PEFT adapter at inference) its InternLM2 is loaded in its
+ * own layout instead, one attention.wqkv linear per layer (mmc_internlm2_load_packed), the layout
+ * internvl_train.c trains and PEFT's wqkv adapters sit on. */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "../vision/intern_vit.h"
