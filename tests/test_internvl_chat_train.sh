@@ -14,6 +14,8 @@
 #   LoRA:  r 4, alpha 8 from PEFT's initial adapter (model.lora.init) on the InternLM2's wqkv / wo / w1 / w2 / w3 and
 #          mlp1.1 / mlp1.3 under InternVLChatModel's PEFT module names: losses within 5e-5 (measured 3.3e-6), the
 #          adapters after 20 steps within 1e-4 of PEFT's
+#   QLoRA: the InternLM2 linears in NF4 (block 64), the same LoRA: losses within 5e-5 of PEFT's on bitsandbytes' NF4
+#          round trip of the base (measured 2.7e-6)
 #   --adapter at inference: `mmc forward --adapter` with PEFT's trained adapter (lora_ref) gives PeftModel's logits
 #          within 1e-4 (measured 4.8e-7) on the same input_ids; without it they differ
 #   mmc merge of PEFT's adapter folds the 12 linears and keeps the tower bit for bit; the merged folder's logits
@@ -122,6 +124,16 @@ if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, init: $F/lora_
   if "$MMC" generate --model $F/tiny --adapter "$W/lora/checkpoint-20" --image $IMG --prompt "Hi" --max-new-tokens 3 \
        > "$W/lgen.log" 2>&1; then ok; else cat "$W/lgen.log"; bad "mmc generate --adapter (mmc's LoRA checkpoint) failed"; fi
 else cat "$W/lora.log"; bad "LoRA training failed"; fi
+
+# QLoRA: the InternLM2 linears in NF4 (block 64, no double quantisation), the same LoRA
+if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, init: $F/lora_init}" --set optimizer.lr=5.0e-3 \
+     --set optimizer.weight_decay=0.0 --set "model.quantization={method: nf4, double_quant: false, block_size: 64}" \
+     --set training.save_every=0 --set training.output_dir="$W/qlora" 2> "$W/qlora.log"; then
+  losses "$W/qlora.log" > "$W/qlora.txt"
+  d=$(maxdiff "$W/qlora.txt" $F/qlora_losses.txt)
+  echo "QLoRA 20 steps: max |loss - PEFT's on the NF4 base| = $d"
+  [ "$(wc -l < "$W/qlora.txt")" = 20 ] && within "$d" 5e-5 && ok || bad "QLoRA losses differ from the reference's by $d"
+else cat "$W/qlora.log"; bad "QLoRA training failed"; fi
 
 # data parallelism (2 ranks, ZeRO-2): the losses of the single-process run with the same global batch of 2
 if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then

@@ -38,6 +38,8 @@ an exact reference:
          feed_forward.w1 / w2 / w3 and mlp1.1 / mlp1.3, lora_B drawn small instead of zero
          (ref_common.lora_with_random_b): lora_init/ (mmc's model.lora.init), 20 steps at lr 5e-3:
          lora_losses.txt, lora_ref/ (the adapter after them)
+  QLoRA: the same LoRA from lora_init/ on a base whose InternLM2 linears (wqkv, wo, w1, w2, w3) are bitsandbytes'
+         NF4 round trip (blocksize 64, no double quantisation; nf4_base): qlora_losses.txt, 20 steps at lr 5e-3
   adapter at inference: lora_fwd.safetensors: input_ids [T] and logits [T, V] of PeftModel(tiny, lora_ref) on
          the prompt `mmc forward --image wide.png --prompt "What is in the picture?"` builds (the template's
          system turn, "<image>\\nWhat is in the picture?", the generation prompt)
@@ -246,6 +248,26 @@ def train(model, params, batches, steps, lr, wd):
     return losses
 
 
+def nf4_base(m):
+    """InternLM2's wqkv / wo / w1 / w2 / w3 as bitsandbytes' NF4 round trip (blocks of 64 over the flattened weight,
+    fp32 absmax, no double quantisation): what Linear4bit computes with float32 compute (transformers 4.44.2
+    quantises only on CUDA, so bitsandbytes' functions are applied here); the tower, mlp1, embeddings, norms and
+    output dense, as mmc's model.quantization leaves them."""
+    import bitsandbytes.functional as bnbf
+    with torch.no_grad():
+        for n, mod in m.named_modules():
+            if (isinstance(mod, torch.nn.Linear) and n.startswith("language_model.")
+                    and n.split(".")[-1] in ("wqkv", "wo", "w1", "w2", "w3")):
+                # on a [-1, 64] view: bitsandbytes 0.50's CPU dequantize_4bit scales a [N, K] weight whose K is not a
+                # multiple of the block wrongly (block b's codes with another block's absmax; its quantize_4bit and
+                # the CUDA path take the flat blocks), and K is 48 or 88 here; every numel is a multiple of 64
+                w = mod.weight.data
+                assert w.numel() % 64 == 0
+                q, st = bnbf.quantize_4bit(w.reshape(-1, 64), blocksize=64, quant_type="nf4", compress_statistics=False)
+                mod.weight.data.copy_(bnbf.dequantize_4bit(q, st).reshape(w.shape))
+    return m
+
+
 def write_losses(name, losses):
     with open(os.path.join(OUT, name), "w") as f:
         f.write("".join("%.9f\n" % v for v in losses))
@@ -301,6 +323,12 @@ def main():
     # (outside float64_throughout, which keeps .to(torch.float32) of a float64 tensor float64)
     ref_common.save_adapter_rel(pm.to(torch.float32), os.path.join(OUT, "lora_ref"),
                                 "tests/fixtures/internvl_chat_train/tiny")
+    # QLoRA: the language model's linears as bitsandbytes' NF4 round trip, then the same LoRA from lora_init
+    pm = PeftModel.from_pretrained(nf4_base(load(torch.float32)), os.path.join(OUT, "lora_init"), is_trainable=True)
+    with ref_common.float64_throughout():
+        pm = pm.to(torch.float64)
+        losses = train(pm, [p for p in pm.parameters() if p.requires_grad], batches, 20, 5e-3, 0.0)
+        write_losses("qlora_losses.txt", losses)
     # (.float() inside float64_throughout leaves float64 as it is: converted here)
     save_file({k: v.to(torch.float32).contiguous() for k, v in parity.items()}, os.path.join(OUT, "parity.safetensors"))
 
