@@ -147,6 +147,10 @@ typedef struct {
     bool internvl;
     mmc_internvl_proc iproc;
     int32_t internvl_start, internvl_end;
+    /* OpenGVLab's InternVLChatModel (internvl_chat): its tokenizer's template takes string content, so each
+     * message's parts are joined first, an image part becoming "<IMG_CONTEXT>\n" (chat()'s "<image>\n"
+     * before its <img> ... </img> expansion) */
+    bool internvl_chat;
     /* not YAML keys: a LLaVA-NeXT / OneVision model's processing (LlavaNextProcessor /
      * LlavaOnevisionProcessor) — images through nproc's anyres tiling (one row of 3*S*S per tile,
      * image_grid_thw (tiles, height, width)), each <image> expanded to nproc's count for the

@@ -79,6 +79,10 @@ typedef struct mmc_internvl {
 mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out);
 /* trainable: every weight an f32 parameter (for mmc train). */
 mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **out);
+/* packed: an InternLM2 language model (internvl_chat) in its own layout, one packed attention.wqkv
+ * linear per layer under the remote code's names (as training has it, and as PEFT adapters over
+ * wqkv need); else its q / k / v viewed as Llama's. mmc_internvl_load_ex passes packed = trainable. */
+mmc_status mmc_internvl_load_opts(const char *dir, bool trainable, bool packed, mmc_internvl **out);
 /* Fresh model with random init from a parsed config.json; for benchmarks. */
 mmc_status mmc_internvl_new(const mmc_json *cfg, const char *what, uint64_t seed, mmc_internvl **out);
 void mmc_internvl_free(mmc_internvl *m);
@@ -101,15 +105,19 @@ mmc_decoder mmc_internvl_decoder(mmc_internvl_request *r);
 /* ---------------------------------------------------------------- training (internvl_train.c) */
 struct mmc_module_list;
 /* Every parameter with save_pretrained's name (transformers 5: vision_tower.*,
- * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight); arrays
- * malloc'd (names too). HF-native layout only. */
+ * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight; OpenGVLab's
+ * internvl_chat with its InternLM2 loaded packed: vision_model.*, mlp1.*, language_model.model.*,
+ * language_model.output.weight); arrays malloc'd (names too). */
 mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n);
 /* The linears LoRA may target, named as in the live transformers model (PEFT's module names):
  * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2 and the tower's
- * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / .projection_layer / .mlp.fc1 / fc2. */
+ * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / .projection_layer / .mlp.fc1 / fc2;
+ * internvl_chat (InternLM2 packed): language_model.model.layers.N.attention.wqkv / wo,
+ * feed_forward.w1 / w2 / w3, mlp1.1, mlp1.3. */
 mmc_status mmc_internvl_linears(mmc_internvl *m, struct mmc_module_list *out);
 /* A PEFT adapter directory on the model at inference (mmc_lora_load on mmc_internvl_linears' modules:
- * the language model, the projector, the tower; freed with the model). HF-native layout only. */
+ * the language model, the projector, the tower; freed with the model). HF-native layout, or
+ * internvl_chat with its InternLM2 loaded packed (mmc_internvl_load_opts). */
 mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir);
 /* mmc_internvl_batch_loss: mmc_trainer.h. */
 

@@ -7,7 +7,10 @@
  *   - logits of a random 21-token prompt within 1e-4 of the reference's at every position;
  *   - 8 greedy tokens through mmc_generate (KV cache) equal to the reference's (full forwards);
  *   - the config as read: GQA, biases, linear rope factor 2; trainable loads are not offered (mmc_internlm2_load has
- *     no such flag), and a folder without the packed wqkv is refused naming it. */
+ *     no such flag), and a folder without the packed wqkv is refused naming it;
+ *   - --adapter at inference: tests/fixtures/internlm2_train's PEFT adapter (over the packed wqkv, wo, w1/w2/w3) on
+ *     the packed layout (mmc_internlm2_load_packed, not trainable) gives PeftModel's logits within 1e-4
+ *     (tools/ref/gen_internvl_chat_train.py text_internlm2). */
 #include "test_util.h"
 #include "greedy_check.h"
 
@@ -53,6 +56,35 @@ int main(void) {
         mmc_ctx_free(ctx);
         mmc_qwen2_free(m);
     }
+    /* --adapter at inference (mmc generate / forward load the packed layout when given one): PEFT's trained adapter
+     * of tests/fixtures/internlm2_train (one lora_A / lora_B over the packed wqkv, wo, w1, w2, w3) on its base, against
+     * PeftModel's logits (tools/ref/gen_internvl_chat_train.py text_internlm2, xtuner's modeling_internlm2.py) */
+    mmc_st *lref = fixture_open("internlm2_train/lora_logits.safetensors");
+    mmc_json *tcfg = NULL;
+    if (lref && mmc_json_load("tests/fixtures/internlm2_train/tiny/config.json", &tcfg) == MMC_OK) {
+        mmc_qwen2 *pm = NULL;
+        CHECK_OK(mmc_internlm2_load_packed("tests/fixtures/internlm2_train/tiny", tcfg, "", false, &pm));
+        mmc_tensor *ids = fixture_tensor(lref, "ids", MMC_I64), *want = fixture_tensor(lref, "logits", MMC_F32);
+        mmc_ctx *ctx = mmc_ctx_new();
+        mmc_set_grad_enabled(ctx, false);
+        for (int with = 0; pm && ids && want && with < 2; with++) {
+            if (with) CHECK_OK(mmc_qwen2_attach_adapter(pm, "tests/fixtures/internlm2_train/lora_ref"));
+            mmc_tensor *h = NULL;
+            CHECK_OK(mmc_qwen2_forward_embeds(ctx, pm, mmc_qwen2_embed(ctx, pm, ids), NULL, &h));
+            if (!h) break;
+            mmc_tensor *got = mmc_qwen2_logits(ctx, pm, h);
+            double d = max_abs_diff(got, want);
+            printf("internlm2 packed %s: max|logits - PeftModel's| %.4e\n", with ? "+ PEFT adapter" : "base (no adapter)", d);
+            if (with) CHECK_CLOSE(got, want, 1e-4, 0, "internlm2 --adapter");
+            else CHECKF(d > 1e-2, "the adapter should move the logits (base differs from PEFT's by only %g)", d);
+            mmc_ctx_reset(ctx);
+        }
+        mmc_tensor_free(ids), mmc_tensor_free(want);
+        mmc_ctx_free(ctx);
+        mmc_qwen2_free(pm);
+    } else CHECKF(false, "internlm2_train/lora_logits.safetensors / tiny/config.json: %s", mmc_last_error());
+    mmc_json_free(tcfg);
+    mmc_st_close(lref);
     /* a Llama folder's names are not InternLM2's: refused, naming the packed projection it looked for */
     mmc_json *lc = NULL;
     if (mmc_json_load("tests/fixtures/llava/v5/config.json", &lc) == MMC_OK) {

@@ -27,8 +27,9 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
     snprintf(m->model_type, sizeof m->model_type, "%s", mt);
     if (!strcmp(mt, "qwen2") || !strcmp(mt, "llama") || !strcmp(mt, "qwen2_moe") || !strcmp(mt, "internlm2")) {
         st = !strcmp(mt, "llama") ? mmc_llama_load(dir, cfg, false, &m->lm) : !strcmp(mt, "qwen2_moe")
-             ? mmc_qwen2_moe_load(dir, cfg, false, NULL, &m->lm) : !strcmp(mt, "internlm2")
-             ? mmc_internlm2_load(dir, cfg, &m->lm) : mmc_qwen2_load(dir, cfg, false, &m->lm);
+             ? mmc_qwen2_moe_load(dir, cfg, false, NULL, &m->lm) : !strcmp(mt, "internlm2") && m->adapter_dir[0]
+             ? mmc_internlm2_load_packed(dir, cfg, "", false, &m->lm)   /* PEFT's adapters sit on the packed wqkv */
+             : !strcmp(mt, "internlm2") ? mmc_internlm2_load(dir, cfg, &m->lm) : mmc_qwen2_load(dir, cfg, false, &m->lm);
         if (!st) m->vocab_size = m->lm->cfg.vocab_size;
         if (!st && m->adapter_dir[0]) st = mmc_qwen2_attach_adapter(m->lm, m->adapter_dir);
     } else if (!strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl")) {
@@ -63,7 +64,8 @@ mmc_status cli_model_load(const char *model, const char *adapter, cli_model *m) 
             st = mmc_clip_proc_load_dir(dir, &m->cproc, NULL, 0);
         }
     } else if (!strcmp(mt, "internvl") || !strcmp(mt, "internvl_chat")) {
-        st = mmc_internvl_load(dir, &m->internvl);
+        /* an adapter: an InternLM2 language model in its packed layout, where PEFT's wqkv adapters sit */
+        st = mmc_internvl_load_opts(dir, false, m->adapter_dir[0] != 0, &m->internvl);
         if (!st && m->adapter_dir[0]) st = mmc_internvl_attach_adapter(m->internvl, m->adapter_dir);
         if (!st) m->vocab_size = m->internvl->lm->cfg.vocab_size;
         mmc_internvl_proc_default(&m->iproc);

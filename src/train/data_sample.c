@@ -167,6 +167,39 @@ static int count_parts(const mmc_chat_message *m, int n, mmc_chat_part_type t) {
     return c;
 }
 
+/* OpenGVLab's InternVLChatModel: its tokenizer's chat template reads message['content'] as a string, so
+ * each message's parts are joined, an image part becoming "<IMG_CONTEXT>\n" — chat()'s "<image>\n" + text,
+ * whose "<image>" becomes <img> <IMG_CONTEXT> x N </img> (the single <IMG_CONTEXT> is expanded below as
+ * InternVLProcessor's is). *flat and *texts are malloc'd (free_flat). */
+static void free_flat(mmc_chat_message *flat, char **texts, int n) {
+    for (int i = 0; texts && i < n; i++) free(texts[i]);
+    free(texts);
+    free(flat);
+}
+
+static mmc_status flatten_parts(const mmc_chat_message *msgs, int n, mmc_chat_message **flat, char ***texts) {
+    *flat = calloc((size_t)(n ? n : 1), sizeof **flat);
+    *texts = calloc((size_t)(n ? n : 1), sizeof **texts);
+    if (!*flat || !*texts) { free_flat(*flat, *texts, n); *flat = NULL, *texts = NULL; return oom(); }
+    for (int i = 0; i < n; i++) {
+        (*flat)[i] = msgs[i];
+        if (msgs[i].content || !msgs[i].parts) continue;
+        size_t len = 1;
+        for (int k = 0; k < msgs[i].n_parts; k++)
+            len += msgs[i].parts[k].type == MMC_CHAT_TEXT && msgs[i].parts[k].text ? strlen(msgs[i].parts[k].text) : 16;
+        char *t = (*texts)[i] = malloc(len);
+        if (!t) { free_flat(*flat, *texts, n); *flat = NULL, *texts = NULL; return oom(); }
+        t[0] = 0;
+        for (int k = 0; k < msgs[i].n_parts; k++) {
+            const mmc_chat_part *q = &msgs[i].parts[k];
+            if (q->type == MMC_CHAT_IMAGE) strcat(t, "<IMG_CONTEXT>\n");
+            else if (q->type == MMC_CHAT_TEXT && q->text) strcat(t, q->text);
+        }
+        (*flat)[i].content = t, (*flat)[i].parts = NULL, (*flat)[i].n_parts = 0;
+    }
+    return MMC_OK;
+}
+
 /* LLaVA: labels from the assistant spans as for Qwen2-VL; truncation drops an image block that
  * would not fit with everything after it. */
 static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_dataset *ds,
@@ -228,7 +261,16 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     }
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id,
                            .add_special_tokens = true};
-    if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) goto fail;
+    if (o->internvl_chat) {
+        mmc_chat_message *flat = NULL;
+        char **texts = NULL;
+        if ((st = flatten_parts(ex.messages, n_msgs, &flat, &texts))) goto fail;
+        st = mmc_chat_encode(tok, flat, n_msgs, &co, &ids, &mask, &n);
+        free_flat(flat, texts, n_msgs);
+        if (st) goto fail;
+    } else if ((st = mmc_chat_encode(tok, ex.messages, n_msgs, &co, &ids, &mask, &n))) {
+        goto fail;
+    }
     for (int i = 0; !o->llava_next && i < n_img; i++) ntok[i] = o->internvl ? K * tiles[i] + 2 : K;
     int64_t seen = 0;
     for (int64_t i = 0; i < n; i++) seen += ids[i] == o->llava_image_id;

@@ -181,6 +181,7 @@ static mmc_status loader_open(mmc_trainer *t) {
         o->iproc.resize_mode = d->image_backend == 1 ? MMC_VLPROC_RESIZE_TORCH : MMC_VLPROC_RESIZE_PIL;
         o->llava_image_tokens = o->iproc.image_seq_length;
         o->llava_image_id = (int32_t)t->internvl->image_token_id;
+        o->internvl_chat = t->internvl->remote_layout;   /* its template takes string content (data_sample.c) */
     } else if (t->src_dir[0]) {
         mmc_status st = mmc_qwen2vl_proc_load_dir(t->src_dir, &o->proc, NULL, 0);
         if (st) return mmc_error_prefix(st, "%s: the model's image processor", c->file);
@@ -325,6 +326,8 @@ static uint32_t component_of(const char *name) {
     if (strstr(name, "multi_modal_projector.")) return MMC_FREEZE_MERGER;   /* LLaVA's */
     if (!strcmp(name, "image_newline")) return MMC_FREEZE_MERGER;   /* LLaVA-NeXT / OneVision's, with the projector */
     if (!strncmp(name, "vision_tower.", 13)) return MMC_FREEZE_VISION;
+    if (!strncmp(name, "vision_model.", 13)) return MMC_FREEZE_VISION;   /* OpenGVLab's InternVLChatModel: */
+    if (!strncmp(name, "mlp1.", 5)) return MMC_FREEZE_MERGER;            /* its tower and projector */
     if (strstr(name, "embed_tokens") || strstr(name, "tok_embeddings")) return MMC_FREEZE_EMBED;   /* (InternLM2's) */
     return MMC_FREEZE_LM;
 }
@@ -436,12 +439,12 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     bool moe = !strcmp(type, "qwen2_moe");   /* Qwen2-MoE (qwen2_moe.c), expert parallelism over epc */
     bool llava = !strcmp(type, "llava") || !strcmp(type, "llava_next") || !strcmp(type, "llava_onevision");
     bool internlm2 = !strcmp(type, "internlm2");   /* InternLM2ForCausalLM in its own names (internlm2.c) */
-    if (strcmp(type, "qwen2") != 0 && !llava && strcmp(type, "internvl") != 0 && !vl && !omni && !llama && !moe &&
-        !internlm2) {
+    bool internvl = !strcmp(type, "internvl") || !strcmp(type, "internvl_chat");   /* (internvl_train.c) */
+    if (strcmp(type, "qwen2") != 0 && !llava && !internvl && !vl && !omni && !llama && !moe && !internlm2) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
                        "(supported: qwen2_vl, qwen2_5_vl, qwen2, qwen2_moe, llama, mistral, internlm2, llava, "
-                       "llava_next, llava_onevision, internvl, qwen2_5_omni_thinker; OpenGVLab's internvl_chat "
-                       "layout is inference only)", path, type);
+                       "llava_next, llava_onevision, internvl, internvl_chat with InternLM2, qwen2_5_omni_thinker)",
+                       path, type);
         mmc_json_free(j);   /* (type points into it) */
         return st;
     }
@@ -508,8 +511,15 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         /* tp: the thinker's LM split, the audio encoder and vision tower whole on every rank */
         if (!st && t->tpc) st = vlm_lm_shard_tp(t, &t->omni->lm, path);
         if (!st) t->lm = t->omni->lm;
-    } else if (!strcmp(type, "internvl")) {   /* InternVL, HF-native (internvl_train.c): the tower stays frozen */
-        if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);
+    } else if (internvl) {   /* InternVL, HF-native or OpenGVLab's internvl_chat (internvl_train.c): the tower frozen */
+        if (strcmp(type, "internvl") && (t->tpc || t->cpc || c->parallel.pipeline_parallel > 1))
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / context / pipeline parallelism is not supported for "
+                           "internvl_chat yet (the HF-native internvl layout and text internlm2 have them); use "
+                           "data_parallel (with parallel.zero)", c->file);
+        else if (strcmp(type, "internvl") && !dir)
+            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a random start) is not supported for internvl_chat; "
+                           "give model.path, an InternVLChatModel folder", c->file);
+        else if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);
         else st = mmc_internvl_new(j, path, (uint64_t)c->training.seed, &t->internvl);
         if (!st && t->tpc) st = vlm_lm_shard_tp(t, &t->internvl->lm, path);   /* the tower replicated */
         if (!st) t->lm = t->internvl->lm;

@@ -26,7 +26,9 @@
  * wqkv linear per layer (mmc_qwen2_layer.qkv) whose output mmc_internlm2_split_qkv cuts into the grouped
  * q / k / v, and the parameters and LoRA modules carry the remote code's names. So a full checkpoint is
  * the packed layout again, and LoRA on "wqkv" is PEFT's: one lora_A [r, C] and one lora_B
- * [(H + 2 Hkv) D, r] over the packed rows, which `mmc merge` folds into wqkv as merge_and_unload does. */
+ * [(H + 2 Hkv) D, r] over the packed rows, which `mmc merge` folds into wqkv as merge_and_unload does.
+ * Inference with such an adapter (mmc generate / forward --adapter, text or inside internvl_chat) loads
+ * this packed layout too (not trainable: zero-copy bindings), so the adapter's B rows meet wqkv's. */
 #include "mmc_models.h"
 
 #include <stdio.h>

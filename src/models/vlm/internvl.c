@@ -24,7 +24,10 @@
  * packed wqkv / w1 w3 w2 names onto the same Llama decoder), vision_config
  * (intern_vit_6b), select_layer, downsample_ratio and ps_version ("v1" leaves the shuffled grid
  * transposed: token (a, b) at b * g r + a). The <IMG_CONTEXT> id is not in that config: it is
- * read from the directory's tokenizer, as InternVLChatModel.chat() does. */
+ * read from the directory's tokenizer, as InternVLChatModel.chat() does. With `packed`
+ * (mmc_internvl_load_opts: training, or a PEFT adapter at inference) its InternLM2 is loaded in its
+ * own layout instead, one attention.wqkv linear per layer (mmc_internlm2_load_packed), the layout
+ * internvl_train.c trains and PEFT's wqkv adapters sit on. */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "../vision/intern_vit.h"
@@ -166,9 +169,13 @@ static void bind_projector(mw_set *w, const char *ppre, mmc_internvl *m, int64_t
     mw_bind_linear(w, ppre, r ? "3" : "linear_2", &m->proj2, C, C, true);
 }
 
-mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) { return mmc_internvl_load_ex(dir, false, out); }
+mmc_status mmc_internvl_load(const char *dir, mmc_internvl **out) { return mmc_internvl_load_opts(dir, false, false, out); }
 
 mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **out) {
+    return mmc_internvl_load_opts(dir, trainable, trainable, out);
+}
+
+mmc_status mmc_internvl_load_opts(const char *dir, bool trainable, bool packed, mmc_internvl **out) {
     *out = NULL;
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -200,7 +207,10 @@ mmc_status mmc_internvl_load_ex(const char *dir, bool trainable, mmc_internvl **
     mmc_status vst = mw_status(w, dir, "InternVL vision tower / projector");
     if (vst) verr = strdup(mmc_last_error());
     mmc_status lst;
-    if (m->lm_internlm2) {   /* InternLM2's names and packed wqkv seen under Llama's names */
+    if (m->lm_internlm2 && packed) {   /* InternLM2's own layout: one packed wqkv linear per layer (internlm2.c) */
+        lst = mmc_internlm2_load_packed(dir, cfg, "language_model.", trainable, &m->lm);
+        if (lst) mmc_error_prefix(lst, ": InternLM2 language model");
+    } else if (m->lm_internlm2) {   /* InternLM2's names and packed wqkv seen under Llama's names */
         mmc_st *view = NULL;
         lst = mmc_internlm2_llama_view(w->st, "language_model.", &tc, "language_model.", &view, &m->lm_repack);
         if (!lst) lst = mmc_qwen2_load_from(view, &tc, lpre, head, trainable, &m->lm);

@@ -15,7 +15,13 @@
  * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight); LoRA module
  * names are those of the live model (model.language_model.*, model.multi_modal_projector.*,
  * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2),
- * which is what PEFT records; LoRA on the tower's linears gives it a tape with its weights frozen. OpenGVLab's internvl_chat layout is inference only. */
+ * which is what PEFT records; LoRA on the tower's linears gives it a tape with its weights frozen.
+ *
+ * OpenGVLab's InternVLChatModel layout (internvl_chat) trains with an InternLM2 language model loaded packed
+ * (mmc_internvl_load_ex: one attention.wqkv linear per layer, text/internlm2.c): parameters under its state-dict
+ * names (vision_model.*, mlp1.*, language_model.model.*, language_model.output.weight), LoRA modules under the live
+ * model's (language_model.model.layers.N.attention.wqkv / wo, feed_forward.w1-3, mlp1.1, mlp1.3; the tower's fused
+ * qkv is not offered), the loss the same (InternVLChatModel.forward: image rows replaced, mean token loss). */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
@@ -29,21 +35,58 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* OpenGVLab's layout trains with an InternLM2 language model loaded packed (mmc_internvl_load_ex with
+ * trainable, or _opts with packed): its Qwen2 variant is not covered yet. */
 static mmc_status layout_check(const mmc_internvl *m) {
-    if (m->remote_layout)
+    if (m->remote_layout && !m->lm->cfg.internlm2)
         return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: OpenGVLab's InternVLChatModel layout (model_type "
-                         "internvl_chat) is inference only; convert it to transformers' internvl layout to train");
+                         "internvl_chat) trains with an InternLM2 language model (llm_config.model_type internlm2); "
+                         "with %s convert it to transformers' internvl layout to train",
+                         m->lm_internlm2 ? "an InternLM2 viewed as Llama (load it packed)" : "a Qwen2 one");
+    return MMC_OK;
+}
+
+/* InternVLChatModel's state-dict names: vision_model.*, mlp1.*, language_model.model.* and
+ * language_model.output.weight (InternLM2ForCausalLM's head) */
+static mmc_status remote_param_list(const mw_set *w, mmc_qwen2 *lm, mmc_tensor ***params, char ***names, int *n) {
+    const int nw = w->n_params, total = nw + lm->n_params;
+    mmc_tensor **p = calloc((size_t)total + 1, sizeof *p);
+    char **nm = calloc((size_t)total + 1, sizeof *nm);
+    if (!p || !nm) { free(p); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+    for (int i = 0; i < total; i++) {
+        const char *s = i < nw ? w->names[i] : lm->param_names[i - nw];
+        const char *pre = i < nw ? "" : !strcmp(s, "output.weight") ? "language_model." : "language_model.model.";
+        size_t len = strlen(pre) + strlen(s) + 1;
+        p[i] = i < nw ? w->params[i] : lm->params[i - nw];
+        if (!(nm[i] = malloc(len))) {
+            for (int k = 0; k < i; k++) free(nm[k]);
+            free(nm);
+            free(p);
+            return mmc_error(MMC_ERR_OOM, "out of memory");
+        }
+        snprintf(nm[i], len, "%s%s", pre, s);
+    }
+    *params = p, *names = nm, *n = total;
     return MMC_OK;
 }
 
 mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n) {
+    *params = NULL, *names = NULL, *n = 0;
     mmc_status st = layout_check(m);
-    if (st) { *params = NULL, *names = NULL, *n = 0; return st; }
+    if (st) return st;
+    if (m->remote_layout) return remote_param_list(m->weights, m->lm, params, names, n);
     return vlm_train_param_list(m->weights, m->lm, params, names, n);   /* the same names as LLaVA's */
 }
 
 mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {
     mmc_status st = layout_check(m);
+    if (!st && m->remote_layout) {   /* PEFT on InternVLChatModel: its own module names */
+        st = mmc_qwen2_linears(m->lm, "language_model.model.", out);
+        if (!st) st = mmc_module_list_add(out, &m->proj1, "mlp1.1");
+        if (!st) st = mmc_module_list_add(out, &m->proj2, "mlp1.3");
+        if (!st) st = intern_vit_linears(m->vision, "vision_model.", out);
+        return st;
+    }
     if (!st) st = mmc_qwen2_linears(m->lm, "model.language_model.", out);
     if (!st) st = mmc_module_list_add(out, &m->proj1, "model.multi_modal_projector.linear_1");
     if (!st) st = mmc_module_list_add(out, &m->proj2, "model.multi_modal_projector.linear_2");
@@ -54,10 +97,10 @@ mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {
 mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir) {
     if (m->adapter || m->lm->adapter)
         return mmc_error(MMC_ERR_INVALID, "%s: the model already has an adapter", adapter_dir);
-    if (m->remote_layout)
-        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters need transformers' internvl layout; OpenGVLab's "
-                         "InternVLChatModel (model_type internvl_chat) has other module names: convert it first",
-                         adapter_dir);
+    if (m->remote_layout && !m->lm->cfg.internlm2)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters on OpenGVLab's InternVLChatModel layout (model_type "
+                         "internvl_chat) need its InternLM2 language model loaded packed (mmc_internvl_load_opts); "
+                         "with a Qwen2 one convert it to transformers' internvl layout first", adapter_dir);
     mmc_module_list ml = {0};
     mmc_status st = mmc_internvl_linears(m, &ml);
     if (!st) st = mmc_lora_load(adapter_dir, &ml, false, &m->adapter);

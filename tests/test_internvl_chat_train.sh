@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# test_internvl_chat_train.sh — `mmc train` on OpenGVLab's remote-code InternVL layout (InternVLChatModel, model_type
+# internvl_chat: vision_model.*, mlp1.*, language_model.* with an InternLM2 language model, its wqkv packed in groups
+# [q0 q1 q2 k v] x 2, biased) against OpenGVLab's own modeling_internvl_chat.py / modeling_intern_vit.py /
+# modeling_internlm2.py on transformers 4.44.2 + PEFT 0.14.0 (tools/ref/gen_internvl_chat_train.py ->
+# tests/fixtures/internvl_chat_train/; the reference in float64). Data: a wide image of 4 tiles + thumbnail, a tall
+# one, a text-only turn, rendered as chat() renders them (the tokenizer's template over string content:
+# "<image>\n" + text, "<image>" -> <img> <IMG_CONTEXT> x N </img>); the same YAML as the other VLMs:
+#   full:  20 steps (the tower frozen by default, weight decay 0.1): every loss within 5e-5 of the reference's
+#          (measured 7.5e-6), the saved weights (mlp1, wqkv / wo / w1-3, norms, tok_embeddings, output) within 1e-5
+#          (measured 2.9e-6), wqkv's bias within 2.5e-4 (its key rows: see below)
+#   tower: model.freeze [language_model, embeddings] (InternViT + mlp1 trained), 10 steps: losses within 5e-5
+#          (measured 6e-7), the tower's and projector's weights within 1e-4 (measured 1.7e-5)
+#   LoRA:  r 4, alpha 8 from PEFT's initial adapter (model.lora.init) on the InternLM2's wqkv / wo / w1 / w2 / w3 and
+#          mlp1.1 / mlp1.3 under InternVLChatModel's PEFT module names: losses within 5e-5 (measured 3.3e-6), the
+#          adapters after 20 steps within 1e-4 of PEFT's
+#   QLoRA: the InternLM2 linears in NF4 (block 64), the same LoRA: losses within 5e-5 of PEFT's on bitsandbytes' NF4
+#          round trip of the base (measured 2.7e-6)
+#   --adapter at inference: `mmc forward --adapter` with PEFT's trained adapter (lora_ref) gives PeftModel's logits
+#          within 1e-4 (measured 4.8e-7) on the same input_ids; without it they differ
+#   mmc merge of PEFT's adapter folds the 12 linears and keeps the tower bit for bit; the merged folder's logits
+#          are PeftModel's within 1e-4 (measured 4.8e-7)
+#   DP: 2 ranks (ZeRO-2) give the single-process losses of a global batch of 2 (with MPI)
+#   resume: the full run resumed from checkpoint-10 prints the same loss lines for steps 11-20
+#   mmc generate loads the full checkpoint, and the base with mmc's LoRA checkpoint as --adapter
+#   malformed: the internvl_chat layout with a Qwen2 language model is refused with a message
+# With the reference venv (.venv-internlm2 or MMC_INTERNLM2_PYTHON) and OpenGVLab's internvl_chat/ code (.internvl-code
+# or MMC_INTERNVL_CODE; tools/ref/gen_internvl_chat_train.py says how to get both), tools/ref/check_internvl_chat_train.py:
+# InternVLChatModel loads mmc's full checkpoint (no missing / unexpected keys, every tensor as saved) and its logits
+# equal `mmc forward`'s on it within 1e-4; PEFT loads mmc's LoRA checkpoint. Without them those checks are skipped.
+set -u
+MMC=${MMC:-build/mmc}
+export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+F=tests/fixtures/internvl_chat_train
+PY=${MMC_INTERNLM2_PYTHON:-.venv-internlm2/bin/python}
+CODE=${MMC_INTERNVL_CODE:-.internvl-code}
+IMG=tests/fixtures/internvl_train/wide.png
+[ -x "$MMC" ] || { echo "test_internvl_chat_train: skipped: no mmc binary at $MMC"; exit 77; }
+W=$(mktemp -d /tmp/mmc_test_internvl_chat_train.XXXXXX); trap 'rm -rf "$W"' EXIT
+. tests/train_check.sh   # ok / bad, st_floats, maxdiff, within, losses
+
+cat > "$W/full.yaml" <<YAML
+model: {path: $F/tiny, dtype: f32}
+data: {train: $F/data.jsonl, batch_size: 1, micro_batch_size: 1, shuffle: false, num_workers: 0, seq_len: 512}
+optimizer: {lr: 1.0e-3, weight_decay: 0.1, betas: [0.9, 0.999], eps: 1.0e-8, schedule: constant, grad_clip: 0}
+training: {steps: 20, log_every: 1, save_every: 10, output_dir: $W/full, seed: 0}
+YAML
+
+# weights of checkpoint $2 against parity.safetensors "$3.<name>" within $1, for the names after them
+weights() {
+  local tol=$1 ck=$2 pre=$3 worst=0 k d; shift 3
+  for k in "$@"; do
+    if st_floats "$ck/model.safetensors" "$k" > "$W/a.txt" && st_floats $F/parity.safetensors "$pre.$k" > "$W/b.txt" &&
+       [ -s "$W/b.txt" ]; then
+      d=$(maxdiff "$W/a.txt" "$W/b.txt")
+      within "$d" "$tol" && ok || bad "$pre: $k differs from the reference's by $d"
+      worst=$(maxof "$worst" "$d")
+    else bad "$pre: $ck or the fixture lacks $k"; fi
+  done
+  echo "$pre: max |w - reference| over $# tensors = $worst"
+}
+
+if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
+  losses "$W/full.log" > "$W/full.txt"
+  d=$(maxdiff "$W/full.txt" $F/full_losses.txt)
+  echo "full 20 steps: max |loss - reference| = $d"
+  [ "$(wc -l < "$W/full.txt")" = 20 ] && within "$d" 5e-5 && ok || bad "full losses differ from the reference's by $d"
+  weights 1e-5 "$W/full/checkpoint-20" final mlp1.0.weight mlp1.1.weight mlp1.3.bias \
+    language_model.model.tok_embeddings.weight language_model.model.layers.0.attention.wqkv.weight \
+    language_model.model.layers.0.attention.wo.bias \
+    language_model.model.layers.1.feed_forward.w2.weight language_model.model.layers.0.feed_forward.w3.weight \
+    language_model.model.layers.1.ffn_norm.weight language_model.model.norm.weight language_model.output.weight
+  # the key rows of wqkv's bias get no gradient in exact arithmetic (q . b_k is the same for every key of a query,
+  # so the softmax cancels it): AdamW turns float32's rounding noise there into steps of up to ~lr/10 that the
+  # float64 reference does not take (measured 7.8e-5; the query / value rows agree within 1e-6)
+  weights 2.5e-4 "$W/full/checkpoint-20" final language_model.model.layers.1.attention.wqkv.bias
+  grep -q '"model_type": *"internvl_chat"' "$W/full/checkpoint-20/config.json" && ok || bad "checkpoint config.json is not internvl_chat's"
+  if "$MMC" generate --model "$W/full/checkpoint-20" --image $IMG --prompt "What is in the picture?" --max-new-tokens 3 \
+       > "$W/gen.log" 2>&1; then ok; else cat "$W/gen.log"; bad "mmc generate on the full checkpoint failed"; fi
+  "$MMC" forward --model "$W/full/checkpoint-20" --image $IMG --prompt "What is in the picture?" \
+    --out "$W/full_fwd.safetensors" > "$W/ff.log" 2>&1 || { cat "$W/ff.log"; bad "mmc forward on the full checkpoint failed"; }
+  # resumed from checkpoint-10 (the packed checkpoint read back): steps 11-20 print the same lines
+  cp -r "$W/full" "$W/res" && rm -rf "$W/res/checkpoint-20"
+  if "$MMC" train "$W/full.yaml" --set training.output_dir="$W/res" --resume 2> "$W/res.log"; then
+    grep '^step ' "$W/full.log" | sed 's/ tok\/s.*//' | tail -n 10 > "$W/a.lines"
+    grep '^step ' "$W/res.log" | sed 's/ tok\/s.*//' > "$W/b.lines"
+    grep -q "resumed at step 10" "$W/res.log" && cmp -s "$W/a.lines" "$W/b.lines" && [ "$(wc -l < "$W/b.lines")" = 10 ] && ok \
+      || { diff "$W/a.lines" "$W/b.lines" | head; bad "resumed steps 11-20 differ from the uninterrupted run"; }
+  else cat "$W/res.log"; bad "resume failed"; fi
+else cat "$W/full.log"; bad "full training failed"; fi
+
+if "$MMC" train "$W/full.yaml" --set "model.freeze=[language_model, embeddings]" --set optimizer.weight_decay=0.0 \
+     --set training.steps=10 --set training.save_every=10 --set training.output_dir="$W/tower" 2> "$W/tower.log"; then
+  losses "$W/tower.log" > "$W/tower.txt"
+  d=$(maxdiff "$W/tower.txt" $F/tower_losses.txt)
+  echo "tower + projector 10 steps: max |loss - reference| = $d"
+  [ "$(wc -l < "$W/tower.txt")" = 10 ] && within "$d" 5e-5 && ok || bad "tower losses differ from the reference's by $d"
+  weights 1e-4 "$W/tower/checkpoint-10" tower vision_model.embeddings.class_embedding vision_model.embeddings.patch_embedding.weight \
+    vision_model.embeddings.position_embedding vision_model.encoder.layers.0.attn.qkv.weight \
+    vision_model.encoder.layers.1.attn.qkv.bias vision_model.encoder.layers.2.ls1 vision_model.encoder.layers.2.mlp.fc2.weight \
+    vision_model.encoder.layers.1.norm2.bias mlp1.1.weight mlp1.3.weight
+else cat "$W/tower.log"; bad "training the tower failed"; fi
+
+if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, init: $F/lora_init}" --set optimizer.lr=5.0e-3 \
+     --set optimizer.weight_decay=0.0 --set training.output_dir="$W/lora" 2> "$W/lora.log"; then
+  grep -q "LoRA r=4 alpha=8 on 12 modules" "$W/lora.log" && ok || bad "LoRA did not adapt the 12 modules"
+  losses "$W/lora.log" > "$W/lora.txt"
+  d=$(maxdiff "$W/lora.txt" $F/lora_losses.txt)
+  echo "LoRA 20 steps: max |loss - PEFT's| = $d"
+  [ "$(wc -l < "$W/lora.txt")" = 20 ] && within "$d" 5e-5 && ok || bad "LoRA losses differ from PEFT's by $d"
+  worst=0
+  for k in language_model.model.layers.0.attention.wqkv language_model.model.layers.1.feed_forward.w2 mlp1.1 mlp1.3; do
+    for ab in A B; do
+      key=base_model.model.$k.lora_$ab.weight
+      if st_floats "$W/lora/checkpoint-20/adapter_model.safetensors" $key > "$W/a.txt" &&
+         st_floats $F/lora_ref/adapter_model.safetensors $key > "$W/b.txt" && [ -s "$W/b.txt" ]; then
+        d=$(maxdiff "$W/a.txt" "$W/b.txt")
+        within "$d" 1e-4 && ok || bad "LoRA $key differs from PEFT's by $d"
+        worst=$(maxof "$worst" "$d")
+      else bad "LoRA checkpoint or fixture lacks $key"; fi
+    done
+  done
+  echo "LoRA adapters after 20 steps: max |w - PEFT's| = $worst"
+  if "$MMC" generate --model $F/tiny --adapter "$W/lora/checkpoint-20" --image $IMG --prompt "Hi" --max-new-tokens 3 \
+       > "$W/lgen.log" 2>&1; then ok; else cat "$W/lgen.log"; bad "mmc generate --adapter (mmc's LoRA checkpoint) failed"; fi
+else cat "$W/lora.log"; bad "LoRA training failed"; fi
+
+# QLoRA: the InternLM2 linears in NF4 (block 64, no double quantisation), the same LoRA
+if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, init: $F/lora_init}" --set optimizer.lr=5.0e-3 \
+     --set optimizer.weight_decay=0.0 --set "model.quantization={method: nf4, double_quant: false, block_size: 64}" \
+     --set training.save_every=0 --set training.output_dir="$W/qlora" 2> "$W/qlora.log"; then
+  losses "$W/qlora.log" > "$W/qlora.txt"
+  d=$(maxdiff "$W/qlora.txt" $F/qlora_losses.txt)
+  echo "QLoRA 20 steps: max |loss - PEFT's on the NF4 base| = $d"
+  [ "$(wc -l < "$W/qlora.txt")" = 20 ] && within "$d" 5e-5 && ok || bad "QLoRA losses differ from the reference's by $d"
+else cat "$W/qlora.log"; bad "QLoRA training failed"; fi
+
+# data parallelism (2 ranks, ZeRO-2): the losses of the single-process run with the same global batch of 2
+if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
+  "$MMC" train "$W/full.yaml" --set training.steps=3 --set data.batch_size=2 --set training.save_every=0 \
+    --set training.output_dir="$W/d1" 2> "$W/d1.log"
+  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/full.yaml" \
+    --set training.steps=3 --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
+    --set training.save_every=0 --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
+  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
+  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
+  echo "DP 2 ranks ZeRO-2: max |loss - single process| = $d"
+  [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
+else
+  echo "test_internvl_chat_train: skipped: the data-parallel check (built without MPI)"
+fi
+
+# --adapter at inference: PEFT's trained adapter, against PeftModel's logits
+logit_diff() {   # $1 $2: safetensors with input_ids and logits -> max |diff|, or "ids" when the prompts differ
+  python3 - "$1" "$2" <<'PYEOF'
+import json, struct, sys
+def read(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k in ("input_ids", "logits"):
+        s, e = h[k]["data_offsets"]; dt = h[k]["dtype"]
+        fmt = {"F32": "f", "I64": "q", "I32": "i"}[dt]; sz = struct.calcsize(fmt)
+        out[k] = struct.unpack("<%d%s" % ((e - s) // sz, fmt), b[8 + n + s:8 + n + e])
+    return out
+a, b = read(sys.argv[1]), read(sys.argv[2])
+print("ids" if list(a["input_ids"]) != list(b["input_ids"]) else max(abs(x - y) for x, y in zip(a["logits"], b["logits"])))
+PYEOF
+}
+if "$MMC" forward --model $F/tiny --adapter $F/lora_ref --image $IMG --prompt "What is in the picture?" \
+     --out "$W/ad.safetensors" > "$W/ad.log" 2>&1 &&
+   "$MMC" forward --model $F/tiny --image $IMG --prompt "What is in the picture?" --out "$W/base.safetensors" >> "$W/ad.log" 2>&1; then
+  d=$(logit_diff "$W/ad.safetensors" $F/lora_fwd.safetensors)
+  echo "mmc forward --adapter lora_ref: max |logits - PeftModel's| = $d"
+  within "$d" 1e-4 && ok || bad "adapter logits differ from PEFT's by $d"
+  d=$(logit_diff "$W/base.safetensors" $F/lora_fwd.safetensors)
+  awk -v d="$d" 'BEGIN {exit !(d != "ids" && d + 0 > 1e-2)}' && ok || bad "without the adapter the logits should differ from PEFT's ($d)"
+else cat "$W/ad.log"; bad "mmc forward with / without --adapter failed"; fi
+
+# mmc merge of PEFT's adapter: 12 linears folded (wqkv / wo / w1-3 x 2 layers, mlp1.1 / mlp1.3), the tower copied bit
+# for bit; `mmc forward` on the merged folder gives PeftModel's logits within 1e-4
+if "$MMC" merge --model $F/tiny --adapter $F/lora_ref --out "$W/merged" > "$W/mg.log" 2>&1 &&
+   "$MMC" forward --model "$W/merged" --image $IMG --prompt "What is in the picture?" --out "$W/mg.safetensors" >> "$W/mg.log" 2>&1; then
+  grep -q "merged 12 adapted weights" "$W/mg.log" && ok || { cat "$W/mg.log"; bad "merge did not fold the 12 adapted linears"; }
+  d=$(logit_diff "$W/mg.safetensors" $F/lora_fwd.safetensors)
+  echo "mmc merge of lora_ref, mmc forward: max |logits - PeftModel's| = $d"
+  within "$d" 1e-4 && ok || bad "merged logits differ from PEFT's by $d"
+  for k in vision_model.encoder.layers.1.attn.qkv.weight vision_model.embeddings.position_embedding; do
+    st_floats "$W/merged/model.safetensors" $k > "$W/a.txt"; st_floats $F/tiny/model.safetensors $k > "$W/b.txt"
+    [ -s "$W/b.txt" ] && cmp -s "$W/a.txt" "$W/b.txt" && ok || bad "merge changed the tower's $k"
+  done
+else cat "$W/mg.log"; bad "mmc merge / forward of the merged folder failed"; fi
+
+# malformed: the internvl_chat layout with a Qwen2 language model is not trained
+if "$MMC" train "$W/full.yaml" --set model.path=tests/fixtures/internvl/remote --set training.steps=1 \
+     --set training.output_dir="$W/q2" > "$W/q2.log" 2>&1; then bad "internvl_chat with Qwen2 was accepted for training"
+else grep -q "trains with an InternLM2 language model" "$W/q2.log" && ok || { cat "$W/q2.log"; bad "internvl_chat + Qwen2: no clear error"; }; fi
+
+# the reference loaders
+if [ -d "$W/full/checkpoint-20" ] && [ -d "$W/lora/checkpoint-20" ] && [ -f "$W/full_fwd.safetensors" ] &&
+   [ -d "$CODE/internvl/model/internvl_chat" ] && "$PY" -c "import transformers, peft" 2>/dev/null; then
+  MMC_INTERNVL_CODE="$CODE" "$PY" tools/ref/check_internvl_chat_train.py "$W/full/checkpoint-20" "$W/lora/checkpoint-20" \
+    "$W/full_fwd.safetensors" > "$W/ref.log" 2>&1 && ok || { cat "$W/ref.log"; bad "the reference could not load mmc's checkpoints"; }
+  grep -E "max \|logit|loaded" "$W/ref.log"
+else
+  echo "test_internvl_chat_train: skipped: the remote-code / PEFT load checks (no InternLM2 reference Python at $PY or no OpenGVLab code at $CODE)"
+fi
+
+echo "test_internvl_chat_train: $((n - fail)) of $n checks passed"
+[ $fail = 0 ]
