@@ -13,11 +13,8 @@
 #   - control: one process without NF4 (plain LoRA) must differ from the pp=2 QLoRA run.
 # Skipped (exit 77) without mpirun or an MPI build.
 set -u
-MMC=${MMC:-build/mmc}
-TEST_PP=${TEST_PP:-$(dirname "$MMC")/test_pp_schedule}
-. tests/mpi_util.sh
-mpi_setup test_pp_qlora "$MMC" "$TEST_PP" "$(dirname "$MMC")/dist_mpi_worker"
-export MMC_DIST_TIMEOUT=${MMC_DIST_TIMEOUT:-60}
+. tests/pp_util.sh   # pp_setup, run1, runN, cmp_runs
+pp_setup test_pp_qlora
 EXACT="0 0 0 0"
 CLOSE="1e-6 5e-5 1e-7 1e-3"
 QL="quantization: {method: nf4}, lora: {r: 4, alpha: 8, dropout: 0.1, targets: [q_proj, v_proj, o_proj, gate_proj, down_proj]}"
@@ -28,13 +25,6 @@ data: {train: synthetic, seq_len: 16, batch_size: $4, micro_batch_size: 1}
 optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
 training: {steps: 4, seed: 7, log_every: 1, save_every: 2, keep_last: 1, output_dir: $W/$1}
 YAML
-}
-run1() { "$MMC" train "$@" >>"$W/train.log" 2>&1 || { echo "FAIL: one process: $*"; tail -n 20 "$W/train.log"; fail=1; }; }
-runN() { local n=$1; shift; timeout -k 10 120 "$MMC" launch -n "$n" "$@" >>"$W/train.log" 2>&1 ||
-           { echo "FAIL: $n ranks: $*"; tail -n 30 "$W/train.log"; fail=1; }; }
-cmp_runs() {  # cmp_runs WHAT REF RUN TOLERANCES
-  if "$TEST_PP" compare "$W/$2" "$W/$3" $4 >"$out" 2>&1; then echo "$1: $(cat "$out")"
-  else echo "FAIL: $1:"; cat "$out"; tail -n 30 "$W/train.log"; fail=1; fi
 }
 sed 's/"num_hidden_layers": 2/"num_hidden_layers": 4/' tests/fixtures/qwen2/tiny/config.json > "$W/l4.json"
 cfg ref path tests/fixtures/qwen2/tiny 4

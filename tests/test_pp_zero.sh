@@ -17,11 +17,8 @@
 #   a sharded ZeRO checkpoint (dp2 zero1) resumed at pp2 x dp2 zero1.
 # Skipped (exit 77) without mpirun or an MPI build.
 set -u
-MMC=${MMC:-build/mmc}
-TEST_PP=${TEST_PP:-$(dirname "$MMC")/test_pp_schedule}
-. tests/mpi_util.sh
-mpi_setup test_pp_zero "$MMC" "$TEST_PP" "$(dirname "$MMC")/dist_mpi_worker"
-export MMC_DIST_TIMEOUT=${MMC_DIST_TIMEOUT:-60}
+. tests/pp_util.sh   # pp_setup, run1, runN, cmp_runs
+pp_setup test_pp_zero
 NEAR="1e-6 1e-6 1e-7 1e-3"
 CLOSE="1e-5 4e-6 1e-7 1e-3"
 cfg() {  # cfg NAME MODEL_KEY MODEL STEPS
@@ -31,13 +28,6 @@ data: {train: synthetic, seq_len: 16, batch_size: 4, micro_batch_size: 1}
 optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.1, schedule: cosine, warmup_steps: 1, grad_clip: 0.5}
 training: {steps: $4, seed: 5, log_every: 1, save_every: 2, keep_last: 1, output_dir: $W/$1}
 YAML
-}
-run1() { "$MMC" train "$@" >>"$W/train.log" 2>&1 || { echo "FAIL: one process: $*"; tail -n 20 "$W/train.log"; fail=1; }; }
-runN() { local n=$1; shift; timeout -k 10 120 "$MMC" launch -n "$n" "$@" >>"$W/train.log" 2>&1 ||
-           { echo "FAIL: $n ranks: $*"; tail -n 30 "$W/train.log"; fail=1; }; }
-cmp_runs() {  # cmp_runs WHAT REF RUN TOLERANCES
-  if "$TEST_PP" compare "$W/$2" "$W/$3" $4 >"$out" 2>&1; then echo "$1: $(cat "$out")"
-  else echo "FAIL: $1:"; cat "$out"; tail -n 30 "$W/train.log"; fail=1; fi
 }
 sed -e 's/"num_hidden_layers": 2/"num_hidden_layers": 4/' -e 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' \
   tests/fixtures/qwen2/tiny/config.json > "$W/tied4.json"
