@@ -14,42 +14,13 @@
 # cp2) on tests/fixtures/llava_anyres_train (anyres tiles, image_newline on the first stage).
 # Skipped (exit 77) without mpirun or the worker.
 set -u
-MMC=${MMC:-build/mmc}
-WORKER=${TP_WORKER:-$(dirname "$MMC")/tp_worker}
-. "$(dirname "$0")/mpi_util.sh"
-mpi_setup test_llava_parallel "$WORKER"
+. tests/vlm_parallel_util.sh   # vlm_setup, cfg, run1, runn, cmp_runs, vlm_modes
+vlm_setup test_llava_parallel
+VLM_FIXTURES=llava VLM_MODEL=hub_llama VLM_DATA=tests/fixtures/llava_train/data.jsonl VLM_BATCH=4
 part=${1:-all}   # modes: tp / sp / pp / cp and tp x pp; more: the other pipeline schedules, the tower trained,
                  # LoRA and the errors; anyres: NeXT and OneVision
-cfg() {  # cfg NAME PARALLEL [lora|tower] [MODEL]
-  local extra=""
-  [ "${3:-}" = lora ] && extra=", lora: {r: 4, alpha: 8, targets: [q_proj, v_proj, down_proj, linear_1, linear_2]}"
-  [ "${3:-}" = tower ] && extra=", freeze: []"
-  cat > "$W/$1.yaml" <<YAML
-model: {path: tests/fixtures/llava/${4:-hub_llama}, dtype: f32$extra}
-data: {train: tests/fixtures/llava_train/data.jsonl, batch_size: 4, micro_batch_size: 1, shuffle: false, num_workers: 0, seq_len: 512}
-parallel: {$2}
-optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
-training: {steps: 3, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/$1}
-YAML
-}
-run1() { "$MMC" train "$W/$1.yaml" >>"$W/train.log" 2>&1 || { echo "FAIL: $1 (one process)"; tail -n 20 "$W/train.log"; fail=1; }; }
-runn() { timeout 120 "${MPIRUN[@]}" -np "$2" "$MMC" train "$W/$1.yaml" >>"$W/train.log" 2>&1 ||
-           { echo "FAIL: $1 ($2 ranks)"; tail -n 30 "$W/train.log"; fail=1; }; }
-cmp_runs() {  # cmp_runs REF RUN
-  if "$WORKER" compare "$W/$1" "$W/$2" >"$out" 2>&1; then echo "$2 vs one process: $(tail -n 1 "$out")"
-  else echo "FAIL: $2 vs $1:"; cat "$out"; fail=1; fi
-}
 if [ "$part" = all ] || [ "$part" = modes ]; then
-cfg ref "data_parallel: 1"
-cfg tp2 "tensor_parallel: 2"
-cfg sp2 "tensor_parallel: 2, sequence_parallel: true"
-cfg pp2 "pipeline_parallel: 2"
-cfg cpu2 "context_parallel: 2"
-cfg cpr2 "context_parallel: 2, context_parallel_mode: ring"
-cfg tpp4 "tensor_parallel: 2, pipeline_parallel: 2"
-run1 ref
-for n in tp2 sp2 pp2 cpu2 cpr2; do runn $n 2; cmp_runs ref $n; done
-runn tpp4 4; cmp_runs ref tpp4
+vlm_modes
 fi
 if [ "$part" = all ] || [ "$part" = more ]; then
 # interleaved 1F1B and DualPipeV need 4 decoder layers: hub_llama's config with 4, from a seeded init
