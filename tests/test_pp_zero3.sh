@@ -21,23 +21,7 @@
 set -u
 . tests/pp_util.sh   # pp_setup, run1, runN, cmp_runs
 pp_setup test_pp_zero3
-NEAR="1e-6 1e-6 1e-7 1e-3"
-CLOSE="1e-5 4e-6 1e-7 1e-3"
-cfg() {  # cfg NAME MODEL_KEY MODEL STEPS
-  cat > "$W/$1.yaml" <<YAML
-model: {$2: $3, dtype: f32}
-data: {train: synthetic, seq_len: 16, batch_size: 4, micro_batch_size: 1}
-optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.1, schedule: cosine, warmup_steps: 1, grad_clip: 0.5}
-training: {steps: $4, seed: 5, log_every: 1, save_every: 2, keep_last: 1, output_dir: $W/$1}
-YAML
-}
-sed -e 's/"num_hidden_layers": 2/"num_hidden_layers": 4/' -e 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' \
-  tests/fixtures/qwen2/tiny/config.json > "$W/tied4.json"
-cfg ref path tests/fixtures/qwen2/tiny 4
-cfg tied init "$W/tied4.json" 4
-PP2="--set parallel.pipeline_parallel=2"
-run1 "$W/ref.yaml"
-runN 4 "$W/ref.yaml" $PP2 --set training.output_dir="$W/z0"
+pp_zero_common   # ref (4 steps, one process) and z0 (pp2 x dp2 ZeRO-0); cfg, tied, NEAR, CLOSE, PP2
 run1 "$W/tied.yaml"
 runN 4 "$W/ref.yaml" $PP2 --set parallel.zero=3 --set training.output_dir="$W/z3"
 # the parameters are sharded between steps: rank 0 holds less than the step's peak (the gathered stage)
