@@ -13,9 +13,26 @@ set -u
 . tests/vlm_parallel_util.sh   # vlm_setup, cfg, run1, runn, cmp_runs, vlm_modes
 vlm_setup test_internvl_parallel
 VLM_FIXTURES=internvl VLM_MODEL=v5 VLM_DATA=tests/fixtures/internvl_train/data.jsonl VLM_BATCH=2
-part=${1:-all}   # modes: tp / sp / pp / cp and tp x pp; more: the tower trained, LoRA and the errors
+part=${1:-all}   # modes: tp / sp / pp / cp and tp x pp; more: the tower trained, LoRA and the errors;
+                 # chat: OpenGVLab's internvl_chat layout (InternLM2) under tp / sp / pp
 if [ "$part" = all ] || [ "$part" = modes ]; then
 vlm_modes
+fi
+if [ "$part" = all ] || [ "$part" = chat ]; then   # OpenGVLab's internvl_chat layout: InternViT + InternLM2 (packed wqkv)
+VLM_FIXTURES=internvl_chat_train VLM_MODEL=tiny VLM_DATA=tests/fixtures/internvl_chat_train/data.jsonl VLM_BATCH=2
+cfg cref "data_parallel: 1"
+cfg ctp2 "tensor_parallel: 2"
+cfg csp2 "tensor_parallel: 2, sequence_parallel: true"
+cfg cpp2 "pipeline_parallel: 2"
+cfg ccp2 "context_parallel: 2, context_parallel_mode: ring"
+run1 cref
+for n in ctp2 csp2 cpp2; do runn $n 2; cmp_runs cref $n; done
+# its InternLM2 keeps rope_scaling dynamic (as InternVL2.5's InternLM2 does): context parallelism refused,
+# ring included (dynamic NTK's base follows the whole row's largest position)
+if timeout 60 "${MPIRUN[@]}" -np 2 "$MMC" train "$W/ccp2.yaml" >"$out" 2>&1; then echo "FAIL: ring cp with dynamic NTK accepted"; fail=1
+elif grep -q "with rope_type 'dynamic'" "$out"; then echo "refused: ring cp with dynamic NTK"
+else echo "FAIL: ring cp with dynamic NTK: unexpected message"; tail -5 "$out"; fail=1; fi
+VLM_FIXTURES=internvl VLM_MODEL=v5 VLM_DATA=tests/fixtures/internvl_train/data.jsonl VLM_BATCH=2
 fi
 if [ "$part" = all ] || [ "$part" = more ]; then
 cfg tref "data_parallel: 1" tower

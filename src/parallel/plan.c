@@ -1132,7 +1132,8 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
     /* the model's own checks, as the trainer runs them when it reads config.json */
     if (l->tp > 1 && mmc_qwen2_tp_check(&m->lm, l->tp, NULL)) NO("%s", mmc_last_error());
     if (l->cp > 1) {
-        if (!l->cp_ring && mmc_cp_check_qwen2(&m->lm, l->cp, NULL)) NO("%s", mmc_last_error());
+        if ((!l->cp_ring || m->lm.rope_kind == MMC_ROPE_DYNAMIC) && mmc_cp_check_qwen2(&m->lm, l->cp, NULL))
+            NO("%s", mmc_last_error());
         if (w->seq % l->cp) NO("seq_len %lld is not a multiple of context_parallel %d", (long long)w->seq, l->cp);
     }
     if (l->pp > 1) {

@@ -512,11 +512,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
         if (!st && t->tpc) st = vlm_lm_shard_tp(t, &t->omni->lm, path);
         if (!st) t->lm = t->omni->lm;
     } else if (internvl) {   /* InternVL, HF-native or OpenGVLab's internvl_chat (internvl_train.c): the tower frozen */
-        if (strcmp(type, "internvl") && (t->tpc || t->cpc || c->parallel.pipeline_parallel > 1))
-            st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: tensor / context / pipeline parallelism is not supported for "
-                           "internvl_chat yet (the HF-native internvl layout and text internlm2 have them); use "
-                           "data_parallel (with parallel.zero)", c->file);
-        else if (strcmp(type, "internvl") && !dir)
+        if (strcmp(type, "internvl") && !dir)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a random start) is not supported for internvl_chat; "
                            "give model.path, an InternVLChatModel folder", c->file);
         else if (dir) st = mmc_internvl_load_ex(dir, true, &t->internvl);

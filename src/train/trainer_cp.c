@@ -54,7 +54,8 @@ mmc_status mmc_cp_trainer_check(mmc_trainer *t) {
     if (t->vl && t->cfg->parallel.hetero) t->vl->vision_share = t->cpc;   /* each cp rank encodes its share */
     const bool ring = t->cfg->parallel.context_parallel_mode == MMC_CP_RING;
     mmc_cp_set_mode_qwen2(t->lm, ring ? MMC_CP_RING : MMC_CP_ULYSSES);
-    return ring ? MMC_OK : mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);   /* ring: any C */
+    /* ring: any head count; dynamic NTK refused under both (mmc_cp_check_qwen2 checks it first) */
+    return ring && t->lm->cfg.rope_kind != MMC_ROPE_DYNAMIC ? MMC_OK : mmc_cp_check_qwen2(&t->lm->cfg, t->cp_size, t->cfg->file);
 }
 
 /* LLaVA / InternVL: the tower and projector (and image_newline), whose gradients are whole on every
