@@ -55,6 +55,9 @@ mmc_tensor *mmc_nn_linear(mmc_ctx *ctx, mmc_tensor *x, const mmc_linear_w *l);
  * train. Skipped: quantised linears, bf16 weights on the exact path (f32 panels would double them),
  * non-2-D ones.
  * *n_packed, *bytes_before / *bytes_after (each may be NULL) count what was replaced. */
+/* Remove w from a parameter list params[*n_params] (and its names, when given), keeping the
+ * order; what pre-packing and quantisation do with a weight they replace. No list: nothing. */
+void mmc_params_drop(mmc_tensor **params, char (*names)[96], int *n_params, const mmc_tensor *w);
 mmc_status mmc_prepack_linears(mmc_linear_w **mods, int n, mmc_tensor **params, char (*names)[96], int *n_params,
                                int *n_packed, int64_t *bytes_before, int64_t *bytes_after);
 /* Free a linear's pre-packed weight, if any. */

@@ -93,6 +93,18 @@ void mmc_linear_packed_free(mmc_linear_w *l) {
 
 /* The whole pages inside [p, p + bytes) of a weight mapped from a file, dropped from the resident
  * set (a later read would fault them back in from the file; nothing reads them once packed). */
+void mmc_params_drop(mmc_tensor **params, char (*names)[96], int *n_params, const mmc_tensor *w) {
+    if (!params || !n_params) return;
+    int k = 0;
+    for (int j = 0; j < *n_params; j++) {
+        if (params[j] == w) continue;
+        params[k] = params[j];
+        if (names && k != j) memcpy(names[k], names[j], sizeof names[0]);
+        k++;
+    }
+    *n_params = k;
+}
+
 static void release_mapped(void *p, size_t bytes) {
 #if defined(__linux__) && defined(MADV_DONTNEED)
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) / pg * pg,
@@ -123,16 +135,7 @@ mmc_status mmc_prepack_linears(mmc_linear_w **mods, int n, mmc_tensor **params, 
         if (bytes_after) *bytes_after += (int64_t)mmc_gemm_packed_b_bytes(pb);
         l->pk = pb;
         l->w = NULL;
-        if (params && n_params) {
-            int k = 0;
-            for (int j = 0; j < *n_params; j++) {
-                if (params[j] == w) continue;
-                params[k] = params[j];
-                if (names && k != j) memcpy(names[k], names[j], sizeof names[0]);
-                k++;
-            }
-            *n_params = k;
-        }
+        mmc_params_drop(params, names, n_params, w);
         if (!(w->flags & MMC_OWNS_DATA)) release_mapped(w->data, mmc_nbytes(w));
         mmc_tensor_free(w);
     }

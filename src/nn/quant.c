@@ -406,16 +406,7 @@ static mmc_status quantize_linears(mmc_linear_w **mods, int n, mmc_quant_mode mo
         if (bytes_after) *bytes_after += (int64_t)(l->q8 ? mmc_q8_bytes(l->q8) : mmc_nf4_bytes(l->q));
         if (l->b) l->b->flags &= ~(uint32_t)MMC_REQUIRES_GRAD;
         l->w = NULL;
-        if (params && n_params) {
-            int k = 0;
-            for (int j = 0; j < *n_params; j++) {
-                if (params[j] == w) continue;
-                params[k] = params[j];
-                if (names && k != j) memcpy(names[k], names[j], sizeof names[0]);
-                k++;
-            }
-            *n_params = k;
-        }
+        mmc_params_drop(params, names, n_params, w);
         mmc_tensor_free(w);
     }
     return MMC_OK;

@@ -31,19 +31,7 @@ void mmc_cpu_linear_fwd_packed(const float *x, const mmc_gemm_packed_b *w, const
 
 void mmc_cpu_linear_fwd(const float *x, const void *w, bool w_bf16, const void *b, bool b_bf16,
                         float *y, int64_t M, int64_t N, int64_t K, bool infer) {
-    if (b) {
-#pragma omp parallel for schedule(static) if (M * N > PAR_MIN)
-        for (int64_t m = 0; m < M; m++) {
-            float *yr = y + m * N;
-            if (b_bf16) {
-                const uint16_t *bb = b;
-                for (int64_t n = 0; n < N; n++) yr[n] = mmc_bf16_to_f32(bb[n]);
-            } else {
-                const float *bf = b;
-                for (int64_t n = 0; n < N; n++) yr[n] = bf[n];
-            }
-        }
-    }
+    if (b) fill_bias(b, b_bf16, y, M, N);
     float beta = b ? 1.0f : 0.0f;
     if (w_bf16 && infer) mmc_gemm_bf16_infer(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
     else if (w_bf16) mmc_gemm_bf16(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
