@@ -9,10 +9,8 @@
 # AdamW moments within 1e-2 of their scale; LoRA (r 4 on wqkv, wo, w1, w2, w3: PEFT's one lora_B over
 # the packed rows, split by KV group) under tp and pp. Skipped (exit 77) without mpirun or the worker.
 set -u
-MMC=${MMC:-build/mmc}
-WORKER=${TP_WORKER:-$(dirname "$MMC")/tp_worker}
-. "$(dirname "$0")/mpi_util.sh"
-mpi_setup test_internlm2_parallel "$WORKER"
+. tests/vlm_parallel_util.sh   # vlm_setup, run1, runn, cmp_runs (its cfg is replaced below: a text model)
+vlm_setup test_internlm2_parallel
 F=tests/fixtures/internlm2_train
 cfg() {  # cfg NAME PARALLEL [lora]
   local extra=""
@@ -25,13 +23,6 @@ optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, gra
 training: {steps: 4, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/$1}
 YAML
 }
-run1() { "$MMC" train "$W/$1.yaml" >>"$W/train.log" 2>&1 || { echo "FAIL: $1 (one process)"; tail -n 20 "$W/train.log"; fail=1; }; }
-run2() { timeout 120 "${MPIRUN[@]}" -np 2 "$MMC" train "$W/$1.yaml" >>"$W/train.log" 2>&1 ||
-           { echo "FAIL: $1 (2 ranks)"; tail -n 30 "$W/train.log"; fail=1; }; }
-cmp_runs() {  # cmp_runs REF RUN
-  if "$WORKER" compare "$W/$1" "$W/$2" >"$out" 2>&1; then echo "$2 vs one process: $(tail -n 1 "$out")"
-  else echo "FAIL: $2 vs $1:"; cat "$out"; fail=1; fi
-}
 cfg ref "data_parallel: 1"
 cfg tp2 "tensor_parallel: 2"
 cfg sp2 "tensor_parallel: 2, sequence_parallel: true"
@@ -39,7 +30,7 @@ cfg pp2 "pipeline_parallel: 2"
 cfg cpu2 "context_parallel: 2"
 cfg cpr2 "context_parallel: 2, context_parallel_mode: ring"
 run1 ref
-for n in tp2 sp2 pp2 cpu2 cpr2; do run2 $n; cmp_runs ref $n; done
+for n in tp2 sp2 pp2 cpu2 cpr2; do runn $n 2; cmp_runs ref $n; done
 # the tp checkpoint holds the packed wqkv whole, under the remote code's names
 hdr=$(head -c 20000 "$W/tp2/checkpoint-4/model.safetensors" 2>/dev/null | tr -d '\0')
 case "$hdr" in *'"model.layers.0.attention.wqkv.weight"'*'"output.weight"'*|*'"output.weight"'*'"model.layers.0.attention.wqkv.weight"'*)
@@ -49,5 +40,5 @@ cfg lref "data_parallel: 1" lora
 cfg ltp2 "tensor_parallel: 2" lora
 cfg lpp2 "pipeline_parallel: 2" lora
 run1 lref
-for n in ltp2 lpp2; do run2 $n; cmp_runs lref $n; done
+for n in ltp2 lpp2; do runn $n 2; cmp_runs lref $n; done
 exit $fail
