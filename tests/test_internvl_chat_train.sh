@@ -23,6 +23,7 @@
 #   DP: 2 ranks (ZeRO-2) give the single-process losses of a global batch of 2 (with MPI)
 #   resume: the full run resumed from checkpoint-10 prints the same loss lines for steps 11-20
 #   mmc generate loads the full checkpoint, and the base with mmc's LoRA checkpoint as --adapter
+#   mmc info names the family, the InternViT tower, the pixel shuffle + mlp1 projector and the language model
 # MMC_INTERNVL_CHAT_LLM=qwen2 (tests/test_internvl_chat_train_qwen2.sh) runs the same checks on the Qwen2 twin
 # (gen_internvl_chat_train.py --llm qwen2 -> tests/fixtures/internvl_chat_train_qwen2/: InternVL2-1B / 2.5-1B / 3's
 # layout, Qwen2ForCausalLM with 6 query heads over 2 key/value heads, biased q / k / v, language_model.lm_head):
@@ -48,7 +49,7 @@ case $LLM in
             language_model.model.layers.0.feed_forward.w3.weight language_model.model.layers.1.ffn_norm.weight
             language_model.model.norm.weight language_model.output.weight)
     KEY_BIAS=language_model.model.layers.1.attention.wqkv.bias
-    N_LORA=12
+    N_LORA=12 LM_INFO="InternLM2"
     LORA_K=(language_model.model.layers.0.attention.wqkv language_model.model.layers.1.feed_forward.w2) ;;
   qwen2)
     F=tests/fixtures/internvl_chat_train_qwen2
@@ -59,7 +60,7 @@ case $LLM in
             language_model.model.layers.0.mlp.up_proj.weight language_model.model.layers.1.post_attention_layernorm.weight
             language_model.model.norm.weight language_model.lm_head.weight)
     KEY_BIAS=language_model.model.layers.1.self_attn.k_proj.bias
-    N_LORA=16
+    N_LORA=16 LM_INFO="Qwen2"
     LORA_K=(language_model.model.layers.0.self_attn.q_proj language_model.model.layers.1.self_attn.k_proj
             language_model.model.layers.1.mlp.down_proj language_model.model.layers.0.mlp.up_proj) ;;
   *) echo "$T: MMC_INTERNVL_CHAT_LLM must be internlm2 or qwen2, not '$LLM'"; exit 1 ;;
@@ -91,6 +92,14 @@ weights() {
   done
   echo "$pre: max |w - reference| over $# tensors = $worst"
 }
+
+# mmc info: family, tower, projector, language model, context length
+if "$MMC" info $F/tiny > "$W/info.log" 2>&1; then
+  for want in "family: *InternVL (OpenGVLab InternVLChatModel layout)" "vision tower: *InternViT: 3 layers, hidden 36" \
+              "projector: *pixel shuffle x0.5 (ps_version v2) -> mlp1" "language model: *$LM_INFO" "context length: *[1-9]"; do
+    grep -q "^$want" "$W/info.log" && ok || { cat "$W/info.log"; bad "mmc info lacks '$want'"; }
+  done
+else cat "$W/info.log"; bad "mmc info failed"; fi
 
 if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   losses "$W/full.log" > "$W/full.txt"
