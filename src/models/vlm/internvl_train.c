@@ -17,11 +17,13 @@
  * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2),
  * which is what PEFT records; LoRA on the tower's linears gives it a tape with its weights frozen.
  *
- * OpenGVLab's InternVLChatModel layout (internvl_chat) trains with an InternLM2 language model loaded packed
- * (mmc_internvl_load_ex: one attention.wqkv linear per layer, text/internlm2.c): parameters under its state-dict
- * names (vision_model.*, mlp1.*, language_model.model.*, language_model.output.weight), LoRA modules under the live
- * model's (language_model.model.layers.N.attention.wqkv / wo, feed_forward.w1-3, mlp1.1, mlp1.3; the tower's fused
- * qkv is not offered), the loss the same (InternVLChatModel.forward: image rows replaced, mean token loss). */
+ * OpenGVLab's InternVLChatModel layout (internvl_chat) trains with its Qwen2 language model as loaded, or its
+ * InternLM2 one loaded packed (mmc_internvl_load_ex: one attention.wqkv linear per layer, text/internlm2.c):
+ * parameters under its state-dict names (vision_model.*, mlp1.*, language_model.model.*, and the head
+ * language_model.lm_head.weight for Qwen2ForCausalLM, language_model.output.weight for InternLM2's), LoRA modules
+ * under the live model's (language_model.model.layers.N.self_attn.{q,k,v,o}_proj / mlp.{gate,up,down}_proj, or
+ * .attention.wqkv / wo / feed_forward.w1-3; mlp1.1, mlp1.3; the tower's fused qkv is not offered), the loss the
+ * same (InternVLChatModel.forward: image rows replaced, mean token loss). */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
