@@ -24,6 +24,8 @@
 #   resume: the full run resumed from checkpoint-10 prints the same loss lines for steps 11-20
 #   mmc generate loads the full checkpoint, and the base with mmc's LoRA checkpoint as --adapter
 #   mmc info names the family, the InternViT tower, the pixel shuffle + mlp1 projector and the language model
+#   malformed: LoRA targets of the other language model (q_proj on InternLM2, wqkv on Qwen2) are refused with a
+#   message naming this model's modules
 # MMC_INTERNVL_CHAT_LLM=qwen2 (tests/test_internvl_chat_train_qwen2.sh) runs the same checks on the Qwen2 twin
 # (gen_internvl_chat_train.py --llm qwen2 -> tests/fixtures/internvl_chat_train_qwen2/: InternVL2-1B / 2.5-1B / 3's
 # layout, Qwen2ForCausalLM with 6 query heads over 2 key/value heads, biased q / k / v, language_model.lm_head):
@@ -49,7 +51,7 @@ case $LLM in
             language_model.model.layers.0.feed_forward.w3.weight language_model.model.layers.1.ffn_norm.weight
             language_model.model.norm.weight language_model.output.weight)
     KEY_BIAS=language_model.model.layers.1.attention.wqkv.bias
-    N_LORA=12 LM_INFO="InternLM2"
+    N_LORA=12 LM_INFO="InternLM2" OTHER_TARGET=q_proj
     LORA_K=(language_model.model.layers.0.attention.wqkv language_model.model.layers.1.feed_forward.w2) ;;
   qwen2)
     F=tests/fixtures/internvl_chat_train_qwen2
@@ -60,7 +62,7 @@ case $LLM in
             language_model.model.layers.0.mlp.up_proj.weight language_model.model.layers.1.post_attention_layernorm.weight
             language_model.model.norm.weight language_model.lm_head.weight)
     KEY_BIAS=language_model.model.layers.1.self_attn.k_proj.bias
-    N_LORA=16 LM_INFO="Qwen2"
+    N_LORA=16 LM_INFO="Qwen2" OTHER_TARGET=wqkv
     LORA_K=(language_model.model.layers.0.self_attn.q_proj language_model.model.layers.1.self_attn.k_proj
             language_model.model.layers.1.mlp.down_proj language_model.model.layers.0.mlp.up_proj) ;;
   *) echo "$T: MMC_INTERNVL_CHAT_LLM must be internlm2 or qwen2, not '$LLM'"; exit 1 ;;
@@ -225,6 +227,12 @@ if "$MMC" merge --model $F/tiny --adapter $F/lora_ref --out "$W/merged" > "$W/mg
     [ -s "$W/b.txt" ] && cmp -s "$W/a.txt" "$W/b.txt" && ok || bad "merge changed the tower's $k"
   done
 else cat "$W/mg.log"; bad "mmc merge / forward of the merged folder failed"; fi
+
+# malformed: LoRA targets that name the other language model's linears only
+if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, targets: [$OTHER_TARGET]}" --set training.steps=1 \
+     --set training.output_dir="$W/badt" > "$W/badt.log" 2>&1; then bad "LoRA targets [$OTHER_TARGET] were accepted"
+else grep -q "no module matches the targets ($OTHER_TARGET.*modules look like 'language_model.model.layers.0" "$W/badt.log" &&
+  ok || { cat "$W/badt.log"; bad "LoRA targets [$OTHER_TARGET]: no clear error"; }; fi
 
 # the reference loaders
 if [ -d "$W/full/checkpoint-20" ] && [ -d "$W/lora/checkpoint-20" ] && [ -f "$W/full_fwd.safetensors" ] &&
