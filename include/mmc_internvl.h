@@ -106,18 +106,19 @@ mmc_decoder mmc_internvl_decoder(mmc_internvl_request *r);
 struct mmc_module_list;
 /* Every parameter with save_pretrained's name (transformers 5: vision_tower.*,
  * multi_modal_projector.*, language_model.model.*, language_model.lm_head.weight; OpenGVLab's
- * internvl_chat with its InternLM2 loaded packed: vision_model.*, mlp1.*, language_model.model.*,
- * language_model.output.weight); arrays malloc'd (names too). */
+ * internvl_chat, its Qwen2 as loaded or its InternLM2 loaded packed: vision_model.*, mlp1.*,
+ * language_model.model.*, language_model.lm_head.weight / language_model.output.weight); arrays
+ * malloc'd (names too). */
 mmc_status mmc_internvl_params(mmc_internvl *m, mmc_tensor ***params, char ***names, int *n);
 /* The linears LoRA may target, named as in the live transformers model (PEFT's module names):
  * model.language_model.layers.*, model.multi_modal_projector.linear_1 / linear_2 and the tower's
  * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / .projection_layer / .mlp.fc1 / fc2;
- * internvl_chat (InternLM2 packed): language_model.model.layers.N.attention.wqkv / wo,
- * feed_forward.w1 / w2 / w3, mlp1.1, mlp1.3. */
+ * internvl_chat: language_model.model.layers.N.self_attn.{q,k,v,o}_proj / mlp.{gate,up,down}_proj
+ * (Qwen2) or .attention.wqkv / wo, feed_forward.w1 / w2 / w3 (InternLM2 packed), mlp1.1, mlp1.3. */
 mmc_status mmc_internvl_linears(mmc_internvl *m, struct mmc_module_list *out);
 /* A PEFT adapter directory on the model at inference (mmc_lora_load on mmc_internvl_linears' modules:
  * the language model, the projector, the tower; freed with the model). HF-native layout, or
- * internvl_chat with its InternLM2 loaded packed (mmc_internvl_load_opts). */
+ * internvl_chat with its Qwen2, or its InternLM2 loaded packed (mmc_internvl_load_opts). */
 mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir);
 /* mmc_internvl_batch_loss: mmc_trainer.h. */
 

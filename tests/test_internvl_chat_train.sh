@@ -23,7 +23,15 @@
 #   DP: 2 ranks (ZeRO-2) give the single-process losses of a global batch of 2 (with MPI)
 #   resume: the full run resumed from checkpoint-10 prints the same loss lines for steps 11-20
 #   mmc generate loads the full checkpoint, and the base with mmc's LoRA checkpoint as --adapter
-#   malformed: the internvl_chat layout with a Qwen2 language model is refused with a message
+#   mmc info names the family, the InternViT tower, the pixel shuffle + mlp1 projector and the language model
+#   malformed: LoRA targets of the other language model (q_proj on InternLM2, wqkv on Qwen2) are refused with a
+#   message naming this model's modules
+# MMC_INTERNVL_CHAT_LLM=qwen2 (tests/test_internvl_chat_train_qwen2.sh) runs the same checks on the Qwen2 twin
+# (gen_internvl_chat_train.py --llm qwen2 -> tests/fixtures/internvl_chat_train_qwen2/: InternVL2-1B / 2.5-1B / 3's
+# layout, Qwen2ForCausalLM with 6 query heads over 2 key/value heads, biased q / k / v, language_model.lm_head):
+# full losses (measured 7.8e-6) and weights (6.8e-6; k_proj's bias 2.4e-5), tower (4.7e-7), LoRA on
+# self_attn.{q,k,v,o}_proj / mlp.{gate,up,down}_proj + mlp1 (16 modules; 2.5e-6, adapters 1.7e-5), QLoRA (2.4e-6),
+# --adapter and mmc merge (16 linears folded; logits 5.4e-7), DP, resume, the reference loaders (logits 7.2e-7).
 # With the reference venv (.venv-internlm2 or MMC_INTERNLM2_PYTHON) and OpenGVLab's internvl_chat/ code (.internvl-code
 # or MMC_INTERNVL_CODE; tools/ref/gen_internvl_chat_train.py says how to get both), tools/ref/check_internvl_chat_train.py:
 # InternVLChatModel loads mmc's full checkpoint (no missing / unexpected keys, every tensor as saved) and its logits
@@ -31,12 +39,39 @@
 set -u
 MMC=${MMC:-build/mmc}
 export LSAN_OPTIONS="suppressions=$PWD/tests/test_train_lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-F=tests/fixtures/internvl_chat_train
+LLM=${MMC_INTERNVL_CHAT_LLM:-internlm2}
+T=test_internvl_chat_train; [ "$LLM" = internlm2 ] || T=${T}_$LLM
+# per language model: the fixture; the weights held to 1e-5 after the full run and the one held to 2.5e-4 (see there);
+# the number of LoRA modules and those whose adapters are compared
+case $LLM in
+  internlm2)
+    F=tests/fixtures/internvl_chat_train
+    FULL_W=(language_model.model.tok_embeddings.weight language_model.model.layers.0.attention.wqkv.weight
+            language_model.model.layers.0.attention.wo.bias language_model.model.layers.1.feed_forward.w2.weight
+            language_model.model.layers.0.feed_forward.w3.weight language_model.model.layers.1.ffn_norm.weight
+            language_model.model.norm.weight language_model.output.weight)
+    KEY_BIAS=language_model.model.layers.1.attention.wqkv.bias
+    N_LORA=12 LM_INFO="InternLM2" OTHER_TARGET=q_proj
+    LORA_K=(language_model.model.layers.0.attention.wqkv language_model.model.layers.1.feed_forward.w2) ;;
+  qwen2)
+    F=tests/fixtures/internvl_chat_train_qwen2
+    FULL_W=(language_model.model.embed_tokens.weight language_model.model.layers.0.self_attn.q_proj.weight
+            language_model.model.layers.0.self_attn.q_proj.bias language_model.model.layers.1.self_attn.v_proj.bias
+            language_model.model.layers.0.self_attn.k_proj.weight language_model.model.layers.1.self_attn.o_proj.weight
+            language_model.model.layers.1.mlp.down_proj.weight language_model.model.layers.0.mlp.gate_proj.weight
+            language_model.model.layers.0.mlp.up_proj.weight language_model.model.layers.1.post_attention_layernorm.weight
+            language_model.model.norm.weight language_model.lm_head.weight)
+    KEY_BIAS=language_model.model.layers.1.self_attn.k_proj.bias
+    N_LORA=16 LM_INFO="Qwen2" OTHER_TARGET=wqkv
+    LORA_K=(language_model.model.layers.0.self_attn.q_proj language_model.model.layers.1.self_attn.k_proj
+            language_model.model.layers.1.mlp.down_proj language_model.model.layers.0.mlp.up_proj) ;;
+  *) echo "$T: MMC_INTERNVL_CHAT_LLM must be internlm2 or qwen2, not '$LLM'"; exit 1 ;;
+esac
 PY=${MMC_INTERNLM2_PYTHON:-.venv-internlm2/bin/python}
 CODE=${MMC_INTERNVL_CODE:-.internvl-code}
 IMG=tests/fixtures/internvl_train/wide.png
-[ -x "$MMC" ] || { echo "test_internvl_chat_train: skipped: no mmc binary at $MMC"; exit 77; }
-W=$(mktemp -d /tmp/mmc_test_internvl_chat_train.XXXXXX); trap 'rm -rf "$W"' EXIT
+[ -x "$MMC" ] || { echo "$T: skipped: no mmc binary at $MMC"; exit 77; }
+W=$(mktemp -d /tmp/mmc_$T.XXXXXX); trap 'rm -rf "$W"' EXIT
 . tests/train_check.sh   # ok / bad, st_floats, maxdiff, within, losses
 
 cat > "$W/full.yaml" <<YAML
@@ -60,20 +95,24 @@ weights() {
   echo "$pre: max |w - reference| over $# tensors = $worst"
 }
 
+# mmc info: family, tower, projector, language model, context length
+if "$MMC" info $F/tiny > "$W/info.log" 2>&1; then
+  for want in "family: *InternVL (OpenGVLab InternVLChatModel layout)" "vision tower: *InternViT: 3 layers, hidden 36" \
+              "projector: *pixel shuffle x0.5 (ps_version v2) -> mlp1" "language model: *$LM_INFO" "context length: *[1-9]"; do
+    grep -q "^$want" "$W/info.log" && ok || { cat "$W/info.log"; bad "mmc info lacks '$want'"; }
+  done
+else cat "$W/info.log"; bad "mmc info failed"; fi
+
 if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   losses "$W/full.log" > "$W/full.txt"
   d=$(maxdiff "$W/full.txt" $F/full_losses.txt)
   echo "full 20 steps: max |loss - reference| = $d"
   [ "$(wc -l < "$W/full.txt")" = 20 ] && within "$d" 5e-5 && ok || bad "full losses differ from the reference's by $d"
-  weights 1e-5 "$W/full/checkpoint-20" final mlp1.0.weight mlp1.1.weight mlp1.3.bias \
-    language_model.model.tok_embeddings.weight language_model.model.layers.0.attention.wqkv.weight \
-    language_model.model.layers.0.attention.wo.bias \
-    language_model.model.layers.1.feed_forward.w2.weight language_model.model.layers.0.feed_forward.w3.weight \
-    language_model.model.layers.1.ffn_norm.weight language_model.model.norm.weight language_model.output.weight
-  # the key rows of wqkv's bias get no gradient in exact arithmetic (q . b_k is the same for every key of a query,
-  # so the softmax cancels it): AdamW turns float32's rounding noise there into steps of up to ~lr/10 that the
-  # float64 reference does not take (measured 7.8e-5; the query / value rows agree within 1e-6)
-  weights 2.5e-4 "$W/full/checkpoint-20" final language_model.model.layers.1.attention.wqkv.bias
+  weights 1e-5 "$W/full/checkpoint-20" final mlp1.0.weight mlp1.1.weight mlp1.3.bias "${FULL_W[@]}"
+  # the key bias (wqkv's key rows, Qwen2's k_proj.bias) gets no gradient in exact arithmetic (q . b_k is the same for
+  # every key of a query, so the softmax cancels it): AdamW turns float32's rounding noise there into steps of up to
+  # ~lr/10 that the float64 reference does not take (measured 7.8e-5; the query / value rows agree within 1e-6)
+  weights 2.5e-4 "$W/full/checkpoint-20" final "$KEY_BIAS"
   grep -q '"model_type": *"internvl_chat"' "$W/full/checkpoint-20/config.json" && ok || bad "checkpoint config.json is not internvl_chat's"
   if "$MMC" generate --model "$W/full/checkpoint-20" --image $IMG --prompt "What is in the picture?" --max-new-tokens 3 \
        > "$W/gen.log" 2>&1; then ok; else cat "$W/gen.log"; bad "mmc generate on the full checkpoint failed"; fi
@@ -103,13 +142,13 @@ else cat "$W/tower.log"; bad "training the tower failed"; fi
 
 if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, init: $F/lora_init}" --set optimizer.lr=5.0e-3 \
      --set optimizer.weight_decay=0.0 --set training.output_dir="$W/lora" 2> "$W/lora.log"; then
-  grep -q "LoRA r=4 alpha=8 on 12 modules" "$W/lora.log" && ok || bad "LoRA did not adapt the 12 modules"
+  grep -q "LoRA r=4 alpha=8 on $N_LORA modules" "$W/lora.log" && ok || bad "LoRA did not adapt the $N_LORA modules"
   losses "$W/lora.log" > "$W/lora.txt"
   d=$(maxdiff "$W/lora.txt" $F/lora_losses.txt)
   echo "LoRA 20 steps: max |loss - PEFT's| = $d"
   [ "$(wc -l < "$W/lora.txt")" = 20 ] && within "$d" 5e-5 && ok || bad "LoRA losses differ from PEFT's by $d"
   worst=0
-  for k in language_model.model.layers.0.attention.wqkv language_model.model.layers.1.feed_forward.w2 mlp1.1 mlp1.3; do
+  for k in "${LORA_K[@]}" mlp1.1 mlp1.3; do
     for ab in A B; do
       key=base_model.model.$k.lora_$ab.weight
       if st_floats "$W/lora/checkpoint-20/adapter_model.safetensors" $key > "$W/a.txt" &&
@@ -147,7 +186,7 @@ if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; 
   echo "DP 2 ranks ZeRO-2: max |loss - single process| = $d"
   [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
 else
-  echo "test_internvl_chat_train: skipped: the data-parallel check (built without MPI)"
+  echo "$T: skipped: the data-parallel check (built without MPI)"
 fi
 
 # --adapter at inference: PEFT's trained adapter, against PeftModel's logits
@@ -175,11 +214,11 @@ if "$MMC" forward --model $F/tiny --adapter $F/lora_ref --image $IMG --prompt "W
   awk -v d="$d" 'BEGIN {exit !(d != "ids" && d + 0 > 1e-2)}' && ok || bad "without the adapter the logits should differ from PEFT's ($d)"
 else cat "$W/ad.log"; bad "mmc forward with / without --adapter failed"; fi
 
-# mmc merge of PEFT's adapter: 12 linears folded (wqkv / wo / w1-3 x 2 layers, mlp1.1 / mlp1.3), the tower copied bit
-# for bit; `mmc forward` on the merged folder gives PeftModel's logits within 1e-4
+# mmc merge of PEFT's adapter: all its linears folded (InternLM2: wqkv / wo / w1-3 x 2 layers, Qwen2: q / k / v / o /
+# gate / up / down_proj x 2, and mlp1.1 / mlp1.3), the tower copied bit for bit; `mmc forward` on the merged folder gives PeftModel's logits within 1e-4
 if "$MMC" merge --model $F/tiny --adapter $F/lora_ref --out "$W/merged" > "$W/mg.log" 2>&1 &&
    "$MMC" forward --model "$W/merged" --image $IMG --prompt "What is in the picture?" --out "$W/mg.safetensors" >> "$W/mg.log" 2>&1; then
-  grep -q "merged 12 adapted weights" "$W/mg.log" && ok || { cat "$W/mg.log"; bad "merge did not fold the 12 adapted linears"; }
+  grep -q "merged $N_LORA adapted weights" "$W/mg.log" && ok || { cat "$W/mg.log"; bad "merge did not fold the $N_LORA adapted linears"; }
   d=$(logit_diff "$W/mg.safetensors" $F/lora_fwd.safetensors)
   echo "mmc merge of lora_ref, mmc forward: max |logits - PeftModel's| = $d"
   within "$d" 1e-4 && ok || bad "merged logits differ from PEFT's by $d"
@@ -189,20 +228,21 @@ if "$MMC" merge --model $F/tiny --adapter $F/lora_ref --out "$W/merged" > "$W/mg
   done
 else cat "$W/mg.log"; bad "mmc merge / forward of the merged folder failed"; fi
 
-# malformed: the internvl_chat layout with a Qwen2 language model is not trained
-if "$MMC" train "$W/full.yaml" --set model.path=tests/fixtures/internvl/remote --set training.steps=1 \
-     --set training.output_dir="$W/q2" > "$W/q2.log" 2>&1; then bad "internvl_chat with Qwen2 was accepted for training"
-else grep -q "trains with an InternLM2 language model" "$W/q2.log" && ok || { cat "$W/q2.log"; bad "internvl_chat + Qwen2: no clear error"; }; fi
+# malformed: LoRA targets that name the other language model's linears only
+if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, targets: [$OTHER_TARGET]}" --set training.steps=1 \
+     --set training.output_dir="$W/badt" > "$W/badt.log" 2>&1; then bad "LoRA targets [$OTHER_TARGET] were accepted"
+else grep -q "no module matches the targets ($OTHER_TARGET.*modules look like 'language_model.model.layers.0" "$W/badt.log" &&
+  ok || { cat "$W/badt.log"; bad "LoRA targets [$OTHER_TARGET]: no clear error"; }; fi
 
 # the reference loaders
 if [ -d "$W/full/checkpoint-20" ] && [ -d "$W/lora/checkpoint-20" ] && [ -f "$W/full_fwd.safetensors" ] &&
    [ -d "$CODE/internvl/model/internvl_chat" ] && "$PY" -c "import transformers, peft" 2>/dev/null; then
   MMC_INTERNVL_CODE="$CODE" "$PY" tools/ref/check_internvl_chat_train.py "$W/full/checkpoint-20" "$W/lora/checkpoint-20" \
-    "$W/full_fwd.safetensors" > "$W/ref.log" 2>&1 && ok || { cat "$W/ref.log"; bad "the reference could not load mmc's checkpoints"; }
+    "$W/full_fwd.safetensors" "$LLM" > "$W/ref.log" 2>&1 && ok || { cat "$W/ref.log"; bad "the reference could not load mmc's checkpoints"; }
   grep -E "max \|logit|loaded" "$W/ref.log"
 else
-  echo "test_internvl_chat_train: skipped: the remote-code / PEFT load checks (no InternLM2 reference Python at $PY or no OpenGVLab code at $CODE)"
+  echo "$T: skipped: the remote-code / PEFT load checks (no InternLM2 reference Python at $PY or no OpenGVLab code at $CODE)"
 fi
 
-echo "test_internvl_chat_train: $((n - fail)) of $n checks passed"
+echo "$T: $((n - fail)) of $n checks passed"
 [ $fail = 0 ]

@@ -7,14 +7,16 @@
 # decoder split. 3 steps of 2 micro-batches; `tp_worker compare`: every loss within 1e-5 relative, the
 # weights within 2e-4 (mean 1e-6), the AdamW moments within 1e-2 of their scale. Full fine-tuning
 # (tower frozen; cp also with the tower trained), LoRA (r 4 on the LM's and the projector's linears)
-# under tp and pp. The error: tp not dividing the KV heads.
+# under tp and pp. The error: tp not dividing the KV heads. Parts chat / chat_qwen2: OpenGVLab's internvl_chat layout
+# with InternLM2 / Qwen2 (tests/fixtures/internvl_chat_train, internvl_chat_train_qwen2).
 # Skipped (exit 77) without mpirun or the worker.
 set -u
 . tests/vlm_parallel_util.sh   # vlm_setup, cfg, run1, runn, cmp_runs, vlm_modes
 vlm_setup test_internvl_parallel
 VLM_FIXTURES=internvl VLM_MODEL=v5 VLM_DATA=tests/fixtures/internvl_train/data.jsonl VLM_BATCH=2
 part=${1:-all}   # modes: tp / sp / pp / cp and tp x pp; more: the tower trained, LoRA and the errors;
-                 # chat: OpenGVLab's internvl_chat layout (InternLM2) under tp / sp / pp
+                 # chat: OpenGVLab's internvl_chat layout (InternLM2) under tp / sp / pp; chat_qwen2: that layout
+                 # with a Qwen2 LM (InternVL2-1B / 2.5-1B / 3's) under tp + sp, pp, Ulysses cp, LoRA under tp
 if [ "$part" = all ] || [ "$part" = modes ]; then
 vlm_modes
 fi
@@ -32,6 +34,20 @@ for n in ctp2 csp2 cpp2; do runn $n 2; cmp_runs cref $n; done
 if timeout 60 "${MPIRUN[@]}" -np 2 "$MMC" train "$W/ccp2.yaml" >"$out" 2>&1; then echo "FAIL: ring cp with dynamic NTK accepted"; fail=1
 elif grep -q "with rope_type 'dynamic'" "$out"; then echo "refused: ring cp with dynamic NTK"
 else echo "FAIL: ring cp with dynamic NTK: unexpected message"; tail -5 "$out"; fail=1; fi
+VLM_FIXTURES=internvl VLM_MODEL=v5 VLM_DATA=tests/fixtures/internvl_train/data.jsonl VLM_BATCH=2
+fi
+if [ "$part" = all ] || [ "$part" = chat_qwen2 ]; then   # internvl_chat: InternViT + Qwen2 (language_model.lm_head)
+VLM_FIXTURES=internvl_chat_train_qwen2 VLM_MODEL=tiny VLM_DATA=tests/fixtures/internvl_chat_train_qwen2/data.jsonl VLM_BATCH=2
+cfg qref "data_parallel: 1"
+cfg qsp2 "tensor_parallel: 2, sequence_parallel: true"
+cfg qpp2 "pipeline_parallel: 2"
+cfg qcp2 "context_parallel: 2"
+cfg qlref "data_parallel: 1" lora
+cfg qltp2 "tensor_parallel: 2" lora
+run1 qref
+for n in qsp2 qpp2 qcp2; do runn $n 2; cmp_runs qref $n; done
+run1 qlref
+runn qltp2 2; cmp_runs qlref qltp2
 VLM_FIXTURES=internvl VLM_MODEL=v5 VLM_DATA=tests/fixtures/internvl_train/data.jsonl VLM_BATCH=2
 fi
 if [ "$part" = all ] || [ "$part" = more ]; then

@@ -288,12 +288,13 @@ int cmd_info(int argc, char **argv) {
     int64_t ctx_len = 0;
     if (mmc_json_int(cfg, "max_position_embeddings", 0, &ctx_len) == MMC_OK && ctx_len == 0)
         mmc_json_int(cfg, "text_config.max_position_embeddings", 0, &ctx_len);
+    if (ctx_len == 0) mmc_json_int(cfg, "llm_config.max_position_embeddings", 0, &ctx_len);   /* internvl_chat */
     component comps[] = {
         {"vision tower", {"visual.blocks", "visual.patch_embed", "vision_tower", "vision_model"}, 0},
         {"merger/projector", {"visual.merger", "multi_modal_projector", "mm_projector", "mlp1"}, 0},
-        {"embeddings", {"embed_tokens", NULL}, 0},
+        {"embeddings", {"embed_tokens", "tok_embeddings", NULL}, 0},   /* (InternLM2's) */
         {"language model", {"layers.", "norm.weight", NULL}, 0},
-        {"lm head", {"lm_head", NULL}, 0},
+        {"lm head", {"lm_head", "language_model.output.", NULL}, 0},   /* (InternLM2's, in internvl_chat) */
         {"other", {NULL}, 0},
     };
     int ncomp = sizeof comps / sizeof comps[0];

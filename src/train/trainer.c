@@ -443,7 +443,7 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
     if (strcmp(type, "qwen2") != 0 && !llava && !internvl && !vl && !omni && !llama && !moe && !internlm2) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported for training "
                        "(supported: qwen2_vl, qwen2_5_vl, qwen2, qwen2_moe, llama, mistral, internlm2, llava, "
-                       "llava_next, llava_onevision, internvl, internvl_chat with InternLM2, qwen2_5_omni_thinker)",
+                       "llava_next, llava_onevision, internvl, internvl_chat (Qwen2 or InternLM2), qwen2_5_omni_thinker)",
                        path, type);
         mmc_json_free(j);   /* (type points into it) */
         return st;

@@ -1,4 +1,4 @@
-"""check_internvl_chat_train.py FULL_CKPT LORA_CKPT FULL_FWD — mmc's internvl_chat checkpoints in OpenGVLab's own
+"""check_internvl_chat_train.py FULL_CKPT LORA_CKPT FULL_FWD [LLM] — mmc's internvl_chat checkpoints in OpenGVLab's own
 code (tests/test_internvl_chat_train.sh; the environment of tools/ref/gen_internvl_chat_train.py: .venv-internlm2 and
 MMC_INTERNVL_CODE):
   FULL_CKPT  mmc's full fine-tuning checkpoint: InternVLChatModel.from_pretrained loads it with no missing or
@@ -6,6 +6,7 @@ MMC_INTERNVL_CODE):
              tests/fixtures/internvl_train/wide.png's tiles (dynamic_preprocess, as the generator makes them) equal
              `mmc forward`'s on the same checkpoint (FULL_FWD) within 1e-4
   LORA_CKPT  mmc's LoRA checkpoint: PeftModel.from_pretrained puts every adapter tensor on the fixture's base as saved
+  LLM        internlm2 (default) or qwen2: which fixture (gen_internvl_chat_train.py --llm) the checkpoints come from
 """
 import os
 import sys
@@ -16,6 +17,7 @@ from peft import PeftModel  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 full, lora, fwd = sys.argv[1:4]
+g.select(sys.argv[4] if len(sys.argv) > 4 else "internlm2")
 m, info = g.InternVLChatModel.from_pretrained(full, torch_dtype=torch.float32, use_flash_attn=False,
                                               output_loading_info=True)
 assert not any(info.values()), info

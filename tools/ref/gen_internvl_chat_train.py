@@ -1,7 +1,7 @@
-"""gen_internvl_chat_train.py — parity fixtures for `mmc train` on OpenGVLab's remote-code InternVL layout
-(InternVLChatModel, model_type internvl_chat: vision_model.*, mlp1.*, language_model.* with an InternLM2
-language model), for tests/test_internvl_chat_train.sh, and the PEFT logits that `--adapter` at inference must
-give (InternVL chat and text InternLM2).
+"""gen_internvl_chat_train.py [--llm internlm2|qwen2] — parity fixtures for `mmc train` on OpenGVLab's remote-code
+InternVL layout (InternVLChatModel, model_type internvl_chat: vision_model.*, mlp1.*, language_model.* with an
+InternLM2 or a Qwen2 language model), for tests/test_internvl_chat_train.sh, and the PEFT logits that `--adapter` at
+inference must give (InternVL chat and text InternLM2).
 
 The reference is OpenGVLab's own code, run as the Hub checkpoints' auto_map runs it: InternVLChatModel,
 InternVisionModel and its InternLM2ForCausalLM from the internvl_chat/ folder of github.com/OpenGVLab/InternVL
@@ -20,6 +20,13 @@ of hidden 48, 6 query heads over 2 key/value heads (wqkv's rows in groups [q0 q1
 wo biased), rope_scaling dynamic x2, untied output; norms and biases moved off their init so a misplaced one
 shows. Saved with save_pretrained (the remote .py files it copies removed) and the fixture tokenizer of
 tests/fixtures/internvl/remote_internlm2 (its template takes string content).
+--llm qwen2 (InternVL2-1B / 2.5-1B / 2.5-4B / 3's layout: llm_config.architectures Qwen2ForCausalLM, transformers
+4.44.2's Qwen2ForCausalLM as InternVLChatModel builds it): the same tower and steps on a Qwen2 of hidden 48, 6 query
+heads over 2 key/value heads (head_dim 8), intermediate 72, q / k / v biased, rope_theta 1e6, untied
+language_model.lm_head (InternVLChatConfig forces tie_word_embeddings off); LoRA on language_model.model.layers.N.
+self_attn.{q,k,v,o}_proj / mlp.{gate,up,down}_proj and mlp1.1 / mlp1.3 (16 modules), QLoRA's NF4 on those seven
+projections; the tokenizer files of tests/fixtures/internvl/remote; no text-model part. Writes
+tests/fixtures/internvl_chat_train_qwen2/.
 
 Samples: tests/fixtures/internvl_train's wide / tall images and a text-only turn (data.jsonl here), rendered as
 InternVLChatModel.chat() renders a prompt: "<image>\\n" + text as the user content, the tokenizer's chat template,
@@ -48,6 +55,7 @@ an exact reference:
          modeling_internlm2.py, which made that fixture), float32.
 Writes tests/fixtures/internvl_chat_train/.
 """
+import argparse
 import ast
 import importlib.util
 import json
@@ -79,9 +87,6 @@ import ref_common  # noqa: E402
 assert transformers.__version__ == "4.44.2", transformers.__version__
 
 FIX = os.path.join(REPO, "tests", "fixtures")
-OUT = os.path.join(FIX, "internvl_chat_train")
-TINY = os.path.join(OUT, "tiny")
-SRC = os.path.join(FIX, "internvl", "remote_internlm2")   # the tokenizer files and the tower's config
 IMAGES = os.path.join(FIX, "internvl_train")
 SAMPLES = [
     {"messages": [{"role": "user", "content": "<image>What is in the picture?"},
@@ -90,7 +95,29 @@ SAMPLES = [
                   {"role": "assistant", "content": "Stripes, mostly blue."}], "images": ["../internvl_train/tall.png"]},
     {"messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there!"}]},
 ]
-LORA_TARGETS = r".*language_model\.model\.layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.w[123])|mlp1\.[13]"
+# per language model: the fixture folder, the fixture whose tokenizer files and tower config it takes, the linears
+# LoRA adapts (PEFT's regex over InternVLChatModel's module names) and QLoRA quantises
+LLMS = {
+    "internlm2": dict(out="internvl_chat_train", src="remote_internlm2",
+                      lora=r".*language_model\.model\.layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.w[123])|mlp1\.[13]",
+                      nf4=("wqkv", "wo", "w1", "w2", "w3")),
+    "qwen2": dict(out="internvl_chat_train_qwen2", src="remote",
+                  lora=r".*language_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)|mlp1\.[13]",
+                  nf4=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
+}
+
+
+def select(llm):
+    """the module's paths and settings for one language model (check_internvl_chat_train.py calls it too)"""
+    global LLM, OUT, TINY, SRC, LORA_TARGETS
+    LLM = llm
+    OUT = os.path.join(FIX, LLMS[llm]["out"])
+    TINY = os.path.join(OUT, "tiny")
+    SRC = os.path.join(FIX, "internvl", LLMS[llm]["src"])   # the tokenizer files and the tower's config
+    LORA_TARGETS = LLMS[llm]["lora"]
+
+
+select("internlm2")
 
 
 def opengvlab_tiling():
@@ -112,15 +139,23 @@ def tiny_model(cfg_src):
     rc = json.load(open(os.path.join(SRC, "config.json")))
     vc = dict(rc["vision_config"])
     q = rc["llm_config"]
-    llm = dict(architectures=["InternLM2ForCausalLM"], model_type="internlm2", vocab_size=q["vocab_size"],
-               hidden_size=48, intermediate_size=88, num_hidden_layers=2, num_attention_heads=6,
-               num_key_value_heads=2, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-5, bias=True,
-               rope_theta=1000000.0, rope_scaling={"type": "dynamic", "factor": 2.0}, tie_word_embeddings=False,
-               pad_token_id=0, bos_token_id=1, eos_token_id=q["eos_token_id"], initializer_range=0.05,
-               attn_implementation="eager",
-               auto_map={"AutoConfig": "configuration_internlm2.InternLM2Config",
-                         "AutoModel": "modeling_internlm2.InternLM2ForCausalLM",
-                         "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"})
+    if LLM == "qwen2":   # (Qwen2Config's own fields; eager attention, as InternVLChatModel picks without flash-attn)
+        llm = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=q["vocab_size"], hidden_size=48,
+                   intermediate_size=72, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                   hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                   use_sliding_window=False, sliding_window=4096, max_window_layers=2, tie_word_embeddings=False,
+                   pad_token_id=0, bos_token_id=None, eos_token_id=q["eos_token_id"], initializer_range=0.05,
+                   attention_dropout=0.0, attn_implementation="eager")
+    else:
+        llm = dict(architectures=["InternLM2ForCausalLM"], model_type="internlm2", vocab_size=q["vocab_size"],
+                   hidden_size=48, intermediate_size=88, num_hidden_layers=2, num_attention_heads=6,
+                   num_key_value_heads=2, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-5, bias=True,
+                   rope_theta=1000000.0, rope_scaling={"type": "dynamic", "factor": 2.0}, tie_word_embeddings=False,
+                   pad_token_id=0, bos_token_id=1, eos_token_id=q["eos_token_id"], initializer_range=0.05,
+                   attn_implementation="eager",
+                   auto_map={"AutoConfig": "configuration_internlm2.InternLM2Config",
+                             "AutoModel": "modeling_internlm2.InternLM2ForCausalLM",
+                             "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"})
     cfg = InternVLChatConfig(vision_config=vc, llm_config=llm, select_layer=-1, force_image_size=56,
                              downsample_ratio=0.5, template=rc.get("template", "internvl2_5"), dynamic_image_size=True,
                              use_thumbnail=True, ps_version="v2", min_dynamic_patch=1, max_dynamic_patch=6)
@@ -249,7 +284,8 @@ def train(model, params, batches, steps, lr, wd):
 
 
 def nf4_base(m):
-    """InternLM2's wqkv / wo / w1 / w2 / w3 as bitsandbytes' NF4 round trip (blocks of 64 over the flattened weight,
+    """the language model's linears (InternLM2's wqkv / wo / w1 / w2 / w3, Qwen2's q / k / v / o / gate / up / down_proj)
+    as bitsandbytes' NF4 round trip (blocks of 64 over the flattened weight,
     fp32 absmax, no double quantisation): what Linear4bit computes with float32 compute (transformers 4.44.2
     quantises only on CUDA, so bitsandbytes' functions are applied here); the tower, mlp1, embeddings, norms and
     output dense, as mmc's model.quantization leaves them."""
@@ -257,10 +293,10 @@ def nf4_base(m):
     with torch.no_grad():
         for n, mod in m.named_modules():
             if (isinstance(mod, torch.nn.Linear) and n.startswith("language_model.")
-                    and n.split(".")[-1] in ("wqkv", "wo", "w1", "w2", "w3")):
+                    and n.split(".")[-1] in LLMS[LLM]["nf4"]):
                 # on a [-1, 64] view: bitsandbytes 0.50's CPU dequantize_4bit scales a [N, K] weight whose K is not a
                 # multiple of the block wrongly (block b's codes with another block's absmax; its quantize_4bit and
-                # the CUDA path take the flat blocks), and K is 48 or 88 here; every numel is a multiple of 64
+                # the CUDA path take the flat blocks), and K is 48, 72 or 88 here; every numel is a multiple of 64
                 w = mod.weight.data
                 assert w.numel() % 64 == 0
                 q, st = bnbf.quantize_4bit(w.reshape(-1, 64), blocksize=64, quant_type="nf4", compress_statistics=False)
@@ -274,6 +310,10 @@ def write_losses(name, losses):
 
 
 def main():
+    ap = argparse.ArgumentParser(description="internvl_chat training fixtures from OpenGVLab's code")
+    ap.add_argument("--llm", choices=sorted(LLMS), default="internlm2")
+    select(ap.parse_args().llm)
+    rel = os.path.relpath(TINY, REPO)
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "data.jsonl"), "w") as f:
         f.write("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in SAMPLES))
@@ -316,13 +356,13 @@ def main():
         pm = ref_common.lora_with_random_b(load(torch.float32), LORA_TARGETS)
         for d in ("lora_init", "lora_ref"):
             shutil.rmtree(os.path.join(OUT, d), ignore_errors=True)
-        ref_common.save_adapter_rel(pm, os.path.join(OUT, "lora_init"), "tests/fixtures/internvl_chat_train/tiny")
+        ref_common.save_adapter_rel(pm, os.path.join(OUT, "lora_init"), rel)
         pm = pm.to(torch.float64)
         losses = train(pm, [p for p in pm.parameters() if p.requires_grad], batches, 20, 5e-3, 0.0)
         write_losses("lora_losses.txt", losses)
     # (outside float64_throughout, which keeps .to(torch.float32) of a float64 tensor float64)
     ref_common.save_adapter_rel(pm.to(torch.float32), os.path.join(OUT, "lora_ref"),
-                                "tests/fixtures/internvl_chat_train/tiny")
+                                rel)
     # QLoRA: the language model's linears as bitsandbytes' NF4 round trip, then the same LoRA from lora_init
     pm = PeftModel.from_pretrained(nf4_base(load(torch.float32)), os.path.join(OUT, "lora_init"), is_trainable=True)
     with ref_common.float64_throughout():
@@ -342,7 +382,8 @@ def main():
     save_file({"input_ids": ids[0].to(torch.int64).contiguous(), "logits": lg.float().contiguous()},
               os.path.join(OUT, "lora_fwd.safetensors"))
     print("lora_fwd: %d tokens, argmax_last %d" % (ids.shape[1], int(lg[-1].argmax())))
-    text_internlm2()
+    if LLM == "internlm2":
+        text_internlm2()
 
 
 def text_internlm2():

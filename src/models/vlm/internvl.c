@@ -27,7 +27,8 @@
  * read from the directory's tokenizer, as InternVLChatModel.chat() does. With `packed`
  * (mmc_internvl_load_opts: training, or a PEFT adapter at inference) its InternLM2 is loaded in its
  * own layout instead, one attention.wqkv linear per layer (mmc_internlm2_load_packed), the layout
- * internvl_train.c trains and PEFT's wqkv adapters sit on. */
+ * internvl_train.c trains and PEFT's wqkv adapters sit on; its Qwen2 trains and takes adapters as
+ * loaded (language_model.model.* / language_model.lm_head.weight). */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "../vision/intern_vit.h"

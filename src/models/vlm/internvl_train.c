@@ -17,11 +17,13 @@
  * model.vision_tower.encoder.layer.N.attention.{q,k,v}_proj / projection_layer / mlp.fc1 / fc2),
  * which is what PEFT records; LoRA on the tower's linears gives it a tape with its weights frozen.
  *
- * OpenGVLab's InternVLChatModel layout (internvl_chat) trains with an InternLM2 language model loaded packed
- * (mmc_internvl_load_ex: one attention.wqkv linear per layer, text/internlm2.c): parameters under its state-dict
- * names (vision_model.*, mlp1.*, language_model.model.*, language_model.output.weight), LoRA modules under the live
- * model's (language_model.model.layers.N.attention.wqkv / wo, feed_forward.w1-3, mlp1.1, mlp1.3; the tower's fused
- * qkv is not offered), the loss the same (InternVLChatModel.forward: image rows replaced, mean token loss). */
+ * OpenGVLab's InternVLChatModel layout (internvl_chat) trains with its Qwen2 language model as loaded, or its
+ * InternLM2 one loaded packed (mmc_internvl_load_ex: one attention.wqkv linear per layer, text/internlm2.c):
+ * parameters under its state-dict names (vision_model.*, mlp1.*, language_model.model.*, and the head
+ * language_model.lm_head.weight for Qwen2ForCausalLM, language_model.output.weight for InternLM2's), LoRA modules
+ * under the live model's (language_model.model.layers.N.self_attn.{q,k,v,o}_proj / mlp.{gate,up,down}_proj, or
+ * .attention.wqkv / wo / feed_forward.w1-3; mlp1.1, mlp1.3; the tower's fused qkv is not offered), the loss the
+ * same (InternVLChatModel.forward: image rows replaced, mean token loss). */
 #include "mmc_internvl.h"
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
@@ -35,19 +37,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* OpenGVLab's layout trains with an InternLM2 language model loaded packed (mmc_internvl_load_ex with
- * trainable, or _opts with packed): its Qwen2 variant is not covered yet. */
+/* OpenGVLab's layout trains with a Qwen2 language model as it loads, and with an InternLM2 one only loaded packed
+ * (mmc_internvl_load_ex with trainable, or _opts with packed): its Llama view has no wqkv to train or adapt. */
 static mmc_status layout_check(const mmc_internvl *m) {
-    if (m->remote_layout && !m->lm->cfg.internlm2)
+    if (m->remote_layout && m->lm_internlm2 && !m->lm->cfg.internlm2)
         return mmc_error(MMC_ERR_UNSUPPORTED, "internvl training: OpenGVLab's InternVLChatModel layout (model_type "
-                         "internvl_chat) trains with an InternLM2 language model (llm_config.model_type internlm2); "
-                         "with %s convert it to transformers' internvl layout to train",
-                         m->lm_internlm2 ? "an InternLM2 viewed as Llama (load it packed)" : "a Qwen2 one");
+                         "internvl_chat) with an InternLM2 language model trains only in its packed layout (one "
+                         "attention.wqkv per layer): load it with mmc_internvl_load_ex(dir, true) / _opts(packed)");
     return MMC_OK;
 }
 
-/* InternVLChatModel's state-dict names: vision_model.*, mlp1.*, language_model.model.* and
- * language_model.output.weight (InternLM2ForCausalLM's head) */
+/* InternVLChatModel's state-dict names: vision_model.*, mlp1.*, language_model.model.* and the head,
+ * language_model.output.weight (InternLM2ForCausalLM's) or language_model.lm_head.weight (Qwen2ForCausalLM's) */
 static mmc_status remote_param_list(const mw_set *w, mmc_qwen2 *lm, mmc_tensor ***params, char ***names, int *n) {
     const int nw = w->n_params, total = nw + lm->n_params;
     mmc_tensor **p = calloc((size_t)total + 1, sizeof *p);
@@ -55,7 +56,8 @@ static mmc_status remote_param_list(const mw_set *w, mmc_qwen2 *lm, mmc_tensor *
     if (!p || !nm) { free(p); free(nm); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     for (int i = 0; i < total; i++) {
         const char *s = i < nw ? w->names[i] : lm->param_names[i - nw];
-        const char *pre = i < nw ? "" : !strcmp(s, "output.weight") ? "language_model." : "language_model.model.";
+        const char *pre = i < nw ? "" : !strcmp(s, "output.weight") || !strcmp(s, "lm_head.weight") ? "language_model."
+                                                                                               : "language_model.model.";
         size_t len = strlen(pre) + strlen(s) + 1;
         p[i] = i < nw ? w->params[i] : lm->params[i - nw];
         if (!(nm[i] = malloc(len))) {
@@ -97,10 +99,10 @@ mmc_status mmc_internvl_linears(mmc_internvl *m, mmc_module_list *out) {
 mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir) {
     if (m->adapter || m->lm->adapter)
         return mmc_error(MMC_ERR_INVALID, "%s: the model already has an adapter", adapter_dir);
-    if (m->remote_layout && !m->lm->cfg.internlm2)
+    if (m->remote_layout && m->lm_internlm2 && !m->lm->cfg.internlm2)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: LoRA adapters on OpenGVLab's InternVLChatModel layout (model_type "
-                         "internvl_chat) need its InternLM2 language model loaded packed (mmc_internvl_load_opts); "
-                         "with a Qwen2 one convert it to transformers' internvl layout first", adapter_dir);
+                         "internvl_chat) with an InternLM2 language model need it loaded packed "
+                         "(mmc_internvl_load_opts)", adapter_dir);
     mmc_module_list ml = {0};
     mmc_status st = mmc_internvl_linears(m, &ml);
     if (!st) st = mmc_lora_load(adapter_dir, &ml, false, &m->adapter);
