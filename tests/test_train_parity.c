@@ -129,6 +129,11 @@ static void config_errors(void) {
     const char *y4 = "model: {path: x, freeze: [vision_towr]}\ndata: {train: t}\ntraining: {output_dir: o}\n";
     CHECK_ERR(mmc_run_config_parse(y4, strlen(y4), "run.yaml", NULL, 0, &cfg), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "did you mean 'vision_tower'"));
+    /* the per-modality plan's names are aliases: vision = vision_tower, projector = merger, language = language_model */
+    const char *y4b = "model: {path: x, freeze: [vision, projector, language]}\ndata: {train: t}\ntraining: {output_dir: o}\n";
+    CHECK_OK(mmc_run_config_parse(y4b, strlen(y4b), "run.yaml", NULL, 0, &cfg));
+    CHECK(cfg.model.freeze_mask == 7u);
+    mmc_run_config_free(&cfg);
     const char *y5 = "model: {init: c.json, path: x}\ndata: {train: t}\ntraining: {output_dir: o}\n";
     CHECK_ERR(mmc_run_config_parse(y5, strlen(y5), "run.yaml", NULL, 0, &cfg), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "not both"));

@@ -25,6 +25,8 @@ static const char *const k_opt[] = {"adamw", NULL};
 static const char *const k_sched[] = {"constant", "linear", "cosine", NULL};
 static const char *const k_backends[] = {"pil", "torchvision", NULL};   /* = mmc_vlproc_resize_mode */
 static const char *const k_components[] = {"vision_tower", "merger", "language_model", "embeddings", "audio"};
+/* the per-modality plan's names (parallel.vision / projector / language) freeze the same components */
+static const struct { const char *alias; int k; } k_component_alias[] = {{"vision", 0}, {"projector", 1}, {"language", 2}};
 
 #define U (-1.0), (-2.0)  /* unchecked range (min > max) */
 #define F(st, key, type, ...) {#key, type, offsetof(st, key), __VA_ARGS__}
@@ -49,7 +51,8 @@ static const mmc_cfg_field k_model[] = {
     F(mmc_model_cfg, tokenizer, MMC_CFG_STR, U, NULL, NULL, "tokenizer/processor directory (default: path)"),
     F(mmc_model_cfg, dtype, MMC_CFG_ENUM, U, k_dtypes, NULL, "f32 | bf16 weights (fp32 master + state)"),
     F(mmc_model_cfg, freeze, MMC_CFG_STR_LIST, U, NULL, NULL,
-      "components kept fixed: vision_tower, merger, language_model, embeddings, audio (Qwen2.5-Omni's audio encoder)"),
+      "components kept fixed: vision_tower (or vision), merger (or projector), language_model (or language), "
+      "embeddings, audio (Qwen2.5-Omni's audio encoder)"),
     F(mmc_model_cfg, recompute, MMC_CFG_ENUM, U, k_recompute, NULL,
       "activation recompute: none | full (each decoder layer) | attention (only rope + attention core)"),
     F(mmc_model_cfg, recompute_layers, MMC_CFG_INT, 0, 1 << 20, NULL, NULL,
@@ -409,6 +412,8 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
         const char *s = m->freeze.items[i];
         int k = 0, nk = (int)(sizeof k_components / sizeof *k_components);
         while (k < nk && strcmp(s, k_components[k]) != 0) k++;
+        for (size_t a = 0; k == nk && a < sizeof k_component_alias / sizeof *k_component_alias; a++)
+            if (!strcmp(s, k_component_alias[a].alias)) k = k_component_alias[a].k;
         if (k == nk) {
             int best = 99, pick = -1;
             for (int j = 0; j < nk; j++) {
@@ -420,8 +425,8 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
             }
             char hint[96] = "";
             if (pick >= 0) snprintf(hint, sizeof hint, " (did you mean '%s'?)", k_components[pick]);
-            return verr(c, root, "model", "freeze", "unknown component '%s'; expected vision_tower, merger, "
-                        "language_model, embeddings or audio%s", s, hint);
+            return verr(c, root, "model", "freeze", "unknown component '%s'; expected vision_tower (or vision), "
+                        "merger (or projector), language_model (or language), embeddings or audio%s", s, hint);
         }
         m->freeze_mask |= 1u << k;
     }
