@@ -10,7 +10,9 @@
  * the spectrum is rounded to float between FFT and power as numpy's complex64 buffer does,
  * and the final clamp and scale are done in float as numpy does on its float32 array. The
  * filters are sparse (each mel band covers a few FFT bins), so only their non-zero span is
- * summed. Frames are independent and split across OpenMP threads.
+ * summed. Frames are independent: 8 at a time, one per vector lane (loaded by 8 x 8 transposes
+ * straight from the caller's samples, the log10 in double on the lanes: mmc_log10_lanes), the
+ * blocks of 8 split across OpenMP threads.
  */
 #include "mmc_audio.h"
 #include "mmc_io.h"
