@@ -1,12 +1,13 @@
 /* fft.c — real FFT of even length n, numpy.fft.rfft's output (the unnormalised forward DFT,
  * bins 0..n/2), for the STFT of the Whisper feature extractor (n = 400 = 2^4 * 5^2).
  *
- * The n real samples are read as m = n/2 complex ones (z[j] = x[2j] + i x[2j+1]); a complex
- * FFT of length m runs as a recursive decimation in time over m's factors (radix 4 and 2
- * written out, any other factor — 5 for Whisper — as a small DFT with table roots), and one
- * pass splits the result into the even/odd halves' spectra and combines them into bins
- * 0..n/2. MMC_FFT_LANES transforms run side by side in one vector (GCC vector extensions: the
- * STFT's frames are independent, so each arithmetic instruction serves 8 frames on AVX-512).
+ * The n real samples are read as m = n/2 complex ones (z[j] = x[2j] + i x[2j+1], the input
+ * array itself seen as complex: no copy); a complex FFT of length m runs as a recursive
+ * decimation in time over m's factors (radix 2, 3, 4 and 5 written out, any other prime as a
+ * small DFT with table roots), and one pass splits the result into the even/odd halves'
+ * spectra and combines them into bins 0..n/2. MMC_FFT_LANES transforms run side by side in
+ * one vector (GCC vector extensions: the STFT's frames are independent, so each arithmetic
+ * instruction serves 8 frames on AVX-512).
  * All in double with twiddles from cos/sin of the exact angle, so the rounding error
  * stays near 1e-15 relative to the frame's energy (numpy's pocketfft is also double).
  * Measured against a plain O(n^2) DFT (bench_audio: "fft400"): see the README.
@@ -80,8 +81,8 @@ void mmc_rfft_free(mmc_rfft *p) {
     free(p);
 }
 
-/* vectors of scratch for mmc_rfft_exec_lanes: the m complex inputs and outputs */
-int mmc_rfft_work_lanes(const mmc_rfft *p) { return 4 * p->m; }
+/* vectors of scratch for mmc_rfft_exec_lanes: the m complex outputs (the inputs are read in place) */
+int mmc_rfft_work_lanes(const mmc_rfft *p) { return 2 * p->m; }
 
 /* In place: a[0..r) <- its r-point DFT (forward). Radix 2, 3, 4, 5 written out; any other
  * factor (a prime above 5) from the root table. */
