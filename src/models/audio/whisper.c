@@ -264,7 +264,7 @@ struct mmc_whisper_dec {
 /* The caches are stored head by head ([H, cap, D]) and seen as [1, cap, H, D] through strides:
  * a one-token query then reads each head's keys and values as one contiguous stream instead of
  * 256-byte rows 3 KB apart (Whisper-small's cross-attention over 1500 positions, two layers:
- * 1.42 -> 0.90 ms, median at 2 threads on the loaded Intel host, bench_whisper's
+ * 1.30-1.45 -> 0.83-0.91 ms, medians at 2 threads on the loaded Intel host, bench_whisper's
  * whisper_cross_attn_* cases; the same bits, as mmc_attention sums in key order either way). */
 static void head_major(mmc_tensor *t) {
     const int64_t cap = t->shape[1], H = t->shape[2], D = t->shape[3];
