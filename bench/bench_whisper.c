@@ -14,9 +14,14 @@
  *       (every decoder layer's cross-attention keys and values), which whisper_encode also computes;
  *   whisper_small2_decode_step_ms_whispercpp_f16: after the 4-token prompt, one of the 32 single-token
  *       steps (their mean), the set-up and the prompt not counted.
+ * For information, the layout of the decoder's cross-attention cache: one query token over 1500
+ * positions, 12 heads of 64, the two layers' keys/values, stored position-major ([S, H, D]) and
+ * head-major ([H, S, D], whisper.c's), median of 201 alternated calls:
+ *   whisper_cross_attn_T1_S1500_2layers_{rowmajor,headmajor}_us
  * The random checkpoint is written to a temp folder as save_pretrained lays it out. */
 #include "bench_util.h"
 #include "mmc_io.h"
+#include "mmc_ops.h"
 #include "mmc_whisper.h"
 
 #include <unistd.h>
@@ -169,7 +174,59 @@ static void run_whispercpp_split(wcase *c) {
     bench_report("whisper_small2_decode_step_ms_whispercpp_f16", 1e3 * step[REPS / 2], "ms", 0);
 }
 
+/* mmc_attention of q [1, 1, 12, 64] over two layers' K/V of 1500 positions, both layouts */
+static void run_cross_layout(void) {
+    enum { S = 1500, H = 12, D = 64, NL = 2, REPS = 201 };
+    mmc_ctx *ctx = mmc_ctx_new();
+    bool was = mmc_set_grad_enabled(ctx, false);
+    float *buf[2][NL][2];   /* [layout][layer][k, v] */
+    for (int l = 0; l < NL; l++)
+        for (int j = 0; j < 2; j++) {
+            buf[0][l][j] = malloc(sizeof(float) * S * H * D);
+            buf[1][l][j] = malloc(sizeof(float) * S * H * D);
+            MMC_CHECK(buf[0][l][j] && buf[1][l][j], "out of memory");
+            for (int64_t i = 0; i < (int64_t)S * H * D; i++) buf[0][l][j][i] = (float)((i * (7 + j)) % 13) * 0.01f;
+            for (int64_t t = 0; t < S; t++)
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(buf[1][l][j] + (h * S + t) * D, buf[0][l][j] + (t * H + h) * D, sizeof(float) * D);
+        }
+    mmc_tensor *q = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(1, 1, H, D));
+    for (int i = 0; i < H * D; i++) ((float *)q->data)[i] = (float)i * 1e-3f;
+    double t[2][REPS];
+    for (int r = 0; r < REPS; r++)
+        for (int c = 0; c < 2; c++) {
+            double t0 = mmc_now();
+            for (int l = 0; l < NL; l++) {
+                mmc_tensor *kv[2];
+                for (int j = 0; j < 2; j++) {
+                    kv[j] = mmc_tensor_wrap(MMC_F32, 4, MMC_SHAPE(1, S, H, D), buf[c][l][j]);
+                    MMC_CHECK(kv[j], "out of memory");
+                    if (c) kv[j]->stride[0] = (int64_t)H * S * D, kv[j]->stride[1] = D, kv[j]->stride[2] = (int64_t)S * D;
+                }
+                mmc_attn_opts o = {.causal = false, .scale = 1.0f};
+                mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+                (void)mmc_attention(ctx, q, kv[0], kv[1], &o);
+                mmc_arena_release(mmc_ctx_arena(ctx), mk);
+                mmc_tensor_free(kv[0]), mmc_tensor_free(kv[1]);
+            }
+            t[c][r] = mmc_now() - t0;
+        }
+    qsort(t[0], REPS, sizeof(double), cmp_d);
+    qsort(t[1], REPS, sizeof(double), cmp_d);
+    bench_report_info("whisper_cross_attn_T1_S1500_2layers_rowmajor_us", 1e6 * t[0][REPS / 2], "us");
+    bench_report_info("whisper_cross_attn_T1_S1500_2layers_headmajor_us", 1e6 * t[1][REPS / 2], "us");
+    mmc_tensor_free(q);
+    for (int l = 0; l < NL; l++)
+        for (int j = 0; j < 2; j++) free(buf[0][l][j]), free(buf[1][l][j]);
+    mmc_set_grad_enabled(ctx, was);
+    mmc_ctx_free(ctx);
+}
+
 int main(void) {
+    if (getenv("MMC_BENCH_WHISPER_LAYOUT_ONLY")) {   /* just the cache-layout case (a quick check) */
+        run_cross_layout();
+        return 0;
+    }
     char tmp[] = "/tmp/mmc_bench_whisper_XXXXXX";
     MMC_CHECK(mkdtemp(tmp), "mkdtemp");
     write_model(tmp);
@@ -183,6 +240,7 @@ int main(void) {
     mmc_ctx *ectx = mmc_ctx_new();
     MMC_CHECK(mmc_whisper_encode(ectx, c.m, c.feats, 2 * P, &c.enc) == MMC_OK, "%s", mmc_last_error());
     bench_report("whisper_small2_decode_ms_per_token", 1e3 * bench_time(run_decode, &c, 3.0, 3) / STEPS, "ms", 0);
+    run_cross_layout();
     mmc_ctx_free(ectx);
     mmc_whisper_free(c.m);
     char tmp16[] = "/tmp/mmc_bench_whisper_bf16_XXXXXX";

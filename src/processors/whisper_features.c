@@ -10,7 +10,9 @@
  * the spectrum is rounded to float between FFT and power as numpy's complex64 buffer does,
  * and the final clamp and scale are done in float as numpy does on its float32 array. The
  * filters are sparse (each mel band covers a few FFT bins), so only their non-zero span is
- * summed. Frames are independent and split across OpenMP threads.
+ * summed. Frames are independent: 8 at a time, one per vector lane (loaded by 8 x 8 transposes
+ * straight from the caller's samples, the log10 in double on the lanes: mmc_log10_lanes), the
+ * blocks of 8 split across OpenMP threads.
  */
 #include "mmc_audio.h"
 #include "mmc_io.h"
@@ -27,6 +29,33 @@
 #define MAX_NFFT 8192
 
 typedef float mmc_fftvf __attribute__((vector_size(4 * MMC_FFT_LANES)));
+typedef int64_t lanes_i __attribute__((vector_size(8 * MMC_FFT_LANES)));   /* masks of mmc_fftv compares */
+typedef int32_t lanes_f __attribute__((vector_size(4 * MMC_FFT_LANES)));   /* ... and of mmc_fftvf */
+_Static_assert(MMC_FFT_LANES == 8, "transpose8 below assumes 8 lanes");
+
+/* c[j][l] = r[l][j] for an 8 x 8 block (three rounds of two-vector shuffles, which GCC maps to
+ * vunpck / vshuf / vperm2 on AVX2 and AVX-512): 8 frames' samples j0..j0+7 into lanes. */
+static inline void transpose8(const mmc_fftvf r[8], mmc_fftvf c[8]) {
+    typedef int32_t ix __attribute__((vector_size(32)));
+    const ix lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+    const ix lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const ix lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    mmc_fftvf t[8], u[8];
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = __builtin_shuffle(r[2 * k], r[2 * k + 1], lo);
+        t[2 * k + 1] = __builtin_shuffle(r[2 * k], r[2 * k + 1], hi);
+    }
+    for (int k = 0; k < 2; k++) {   /* u[4k + q]: columns q and q + 4 of rows 4k..4k+3 */
+        u[4 * k + 0] = __builtin_shuffle(t[4 * k], t[4 * k + 2], lo2);
+        u[4 * k + 1] = __builtin_shuffle(t[4 * k], t[4 * k + 2], hi2);
+        u[4 * k + 2] = __builtin_shuffle(t[4 * k + 1], t[4 * k + 3], lo2);
+        u[4 * k + 3] = __builtin_shuffle(t[4 * k + 1], t[4 * k + 3], hi2);
+    }
+    for (int q = 0; q < 4; q++) {
+        c[q] = __builtin_shuffle(u[q], u[4 + q], lo4);
+        c[q + 4] = __builtin_shuffle(u[q], u[4 + q], hi4);
+    }
+}
 
 typedef struct {
     mmc_rfft *fft;
@@ -262,16 +291,10 @@ mmc_status mmc_whisper_features(const mmc_whisper_fe *fe, const float *pcm, int6
                          (long long)n, (double)n / fe->sampling_rate, fe->chunk_length, fe->n_samples, fe->chunk_length);
     const int L = fe->n_samples, nfft = fe->n_fft, half = nfft / 2, hop = fe->hop_length;
     const int nf = half + 1, nm = fe->feature_size, T = fe->nb_max_frames;
-    /* [L + n_fft] the padded clip, reflect-padded by n_fft/2 each side (np.pad mode="reflect") */
-    float *buf = malloc(sizeof(float) * (size_t)(L + nfft));
-    if (!buf) return mmc_error(MMC_ERR_OOM, "whisper features: out of memory");
-    float *x = buf + half;
-    for (int64_t i = 0; i < n; i++) x[i] = pcm[i];
-    for (int64_t i = n; i < L; i++) x[i] = fe->padding_value;
-    for (int i = 1; i <= half; i++) {
-        x[-i] = x[i];
-        x[L - 1 + i] = x[L - 1 - i];
-    }
+    /* The padded clip x (the samples, then padding_value up to L), reflect-padded by n_fft/2 each
+     * side (np.pad mode="reflect"), is never built whole: a block of frames inside the clip reads
+     * pcm directly, one at an edge builds its span in a small per-thread buffer. */
+    const float pv = fe->padding_value;
     mmc_status st = MMC_OK;
     /* Frames past the clip: with zero padding (and the clip ending at least n_fft/2 samples before the
      * window's end, so the right reflect-pad is zeros too) frame t reads only zeros from t*hop - n_fft/2 >= n
@@ -286,18 +309,43 @@ mmc_status mmc_whisper_features(const mmc_whisper_fe *fe, const float *pcm, int6
      * threads, which pay from a few hundred frames on */
 #pragma omp parallel if ((int64_t)Tc * nfft > (1 << 17)) reduction(max : gmax)
     {
+        const int span_max = (L8 - 1) * hop + nfft;   /* samples a block of frames reads */
         mmc_fftv *frame = aligned_alloc(sizeof(mmc_fftv), sizeof(mmc_fftv) * (size_t)(nfft + 3 * nf + wl));
-        if (!frame) {
+        float *stage = malloc(sizeof(float) * (size_t)span_max);
+        if (!frame || !stage) {
 #pragma omp critical
             st = mmc_error(MMC_ERR_OOM, "whisper features: out of memory");
         } else {
             mmc_fftv *re = frame + nfft, *im = re + nf, *pw = im + nf, *work = pw + nf;
+            const mmc_fftv floor_d = (mmc_fftv){0} + 1e-10;
+            mmc_fftvf gv = (mmc_fftvf){0} - FLT_MAX;   /* the running max of full blocks, per lane */
 #pragma omp for schedule(dynamic, 8)   /* dynamic: a thread the OS preempts does not hold the rest up */
             for (int blk = 0; blk < nblk; blk++) {
                 int t0 = blk * L8, nl = Tc - t0 < L8 ? Tc - t0 : L8;
-                for (int j = 0; j < nfft; j++) {
+                /* buf[t * hop + j] is sample j of frame t0 + t, i.e. x[(t0 + t) * hop - half + j] */
+                const int64_t s0 = (int64_t)t0 * hop - half, span = (int64_t)(nl - 1) * hop + nfft;
+                const float *buf;
+                if (s0 >= 0 && s0 + span <= n) buf = pcm + s0;
+                else {
+                    for (int64_t i = 0; i < span; i++) {
+                        int64_t q = s0 + i;                      /* index into x, -half <= q < L + half */
+                        if (q < 0) q = -q;                       /* x[-i] = x[i] */
+                        else if (q > L - 1) q = 2 * (int64_t)(L - 1) - q;   /* x[L-1+i] = x[L-1-i] */
+                        stage[i] = q < n ? pcm[q] : pv;
+                    }
+                    buf = stage;
+                }
+                int j0 = 0;
+                if (nl == L8)   /* 8 samples of 8 frames at a time: load, transpose, widen */
+                    for (; j0 + L8 <= nfft; j0 += L8) {
+                        mmc_fftvf r[MMC_FFT_LANES], c[MMC_FFT_LANES];
+                        for (int l = 0; l < L8; l++) memcpy(&r[l], buf + (size_t)l * hop + j0, sizeof r[l]);
+                        transpose8(r, c);
+                        for (int q = 0; q < L8; q++) frame[j0 + q] = __builtin_convertvector(c[q], mmc_fftv) * p->window[j0 + q];
+                    }
+                for (int j = j0; j < nfft; j++) {
                     mmc_fftv v = {0};
-                    for (int l = 0; l < nl; l++) v[l] = (double)buf[(size_t)(t0 + l) * hop + j];
+                    for (int l = 0; l < nl; l++) v[l] = (double)buf[(size_t)l * hop + j];
                     frame[j] = v * p->window[j];
                 }
                 mmc_rfft_exec_lanes(p->fft, frame, re, im, work);
@@ -311,17 +359,24 @@ mmc_status mmc_whisper_features(const mmc_whisper_fe *fe, const float *pcm, int6
                     mmc_fftv acc = {0};
                     for (int f = p->lo[m]; f < p->hi[m]; f++) acc += w[f] * pw[f];
                     float *o = out + (size_t)m * T + t0;
-                    for (int l = 0; l < nl; l++) {
-                        float v = (float)log10(acc[l] > 1e-10 ? acc[l] : 1e-10);
-                        o[l] = v;
-                        if (v > gmax) gmax = v;
-                    }
+                    mmc_fftv cl = (mmc_fftv)(((lanes_i)acc & (lanes_i)(acc > 1e-10)) | ((lanes_i)floor_d & ~(lanes_i)(acc > 1e-10)));
+                    mmc_fftvf v = __builtin_convertvector(mmc_log10_lanes(cl), mmc_fftvf);   /* np.log10(max(x, 1e-10)) */
+                    if (nl == L8) {
+                        memcpy(o, &v, sizeof v);
+                        gv = (mmc_fftvf)(((lanes_f)v & (lanes_f)(v > gv)) | ((lanes_f)gv & ~(lanes_f)(v > gv)));
+                    } else
+                        for (int l = 0; l < nl; l++) {
+                            o[l] = v[l];
+                            if (v[l] > gmax) gmax = v[l];
+                        }
                 }
             }
-            free(frame);
+            for (int l = 0; l < L8; l++)
+                if (gv[l] > gmax) gmax = gv[l];
         }
+        free(frame);
+        free(stage);
     }
-    free(buf);
     if (st) return st;
     for (int m = 0; m < nm; m++)
         for (int t = Tc; t < T; t++) out[(size_t)m * T + t] = zero_v;

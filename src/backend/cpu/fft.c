@@ -1,12 +1,13 @@
 /* fft.c — real FFT of even length n, numpy.fft.rfft's output (the unnormalised forward DFT,
  * bins 0..n/2), for the STFT of the Whisper feature extractor (n = 400 = 2^4 * 5^2).
  *
- * The n real samples are read as m = n/2 complex ones (z[j] = x[2j] + i x[2j+1]); a complex
- * FFT of length m runs as a recursive decimation in time over m's factors (radix 4 and 2
- * written out, any other factor — 5 for Whisper — as a small DFT with table roots), and one
- * pass splits the result into the even/odd halves' spectra and combines them into bins
- * 0..n/2. MMC_FFT_LANES transforms run side by side in one vector (GCC vector extensions: the
- * STFT's frames are independent, so each arithmetic instruction serves 8 frames on AVX-512).
+ * The n real samples are read as m = n/2 complex ones (z[j] = x[2j] + i x[2j+1], the input
+ * array itself seen as complex: no copy); a complex FFT of length m runs as a recursive
+ * decimation in time over m's factors (radix 2, 3, 4 and 5 written out, any other prime as a
+ * small DFT with table roots), and one pass splits the result into the even/odd halves'
+ * spectra and combines them into bins 0..n/2. MMC_FFT_LANES transforms run side by side in
+ * one vector (GCC vector extensions: the STFT's frames are independent, so each arithmetic
+ * instruction serves 8 frames on AVX-512).
  * All in double with twiddles from cos/sin of the exact angle, so the rounding error
  * stays near 1e-15 relative to the frame's energy (numpy's pocketfft is also double).
  * Measured against a plain O(n^2) DFT (bench_audio: "fft400"): see the README.
@@ -23,6 +24,7 @@
 typedef struct { double r, i; } cpx;        /* a twiddle */
 typedef mmc_fftv V;                          /* one value of MMC_FFT_LANES independent transforms */
 typedef struct { V r, i; } vcpx;
+_Static_assert(sizeof(vcpx) == 2 * sizeof(V), "vcpx must be two packed vectors (the input is read as vcpx)");
 
 struct mmc_rfft {
     int n, m;              /* real length, complex length n/2 */
@@ -79,8 +81,8 @@ void mmc_rfft_free(mmc_rfft *p) {
     free(p);
 }
 
-/* vectors of scratch for mmc_rfft_exec_lanes: the m complex inputs and outputs */
-int mmc_rfft_work_lanes(const mmc_rfft *p) { return 4 * p->m; }
+/* vectors of scratch for mmc_rfft_exec_lanes: the m complex outputs (the inputs are read in place) */
+int mmc_rfft_work_lanes(const mmc_rfft *p) { return 2 * p->m; }
 
 /* In place: a[0..r) <- its r-point DFT (forward). Radix 2, 3, 4, 5 written out; any other
  * factor (a prime above 5) from the root table. */
@@ -126,7 +128,7 @@ static inline __attribute__((always_inline)) void butterfly(const mmc_rfft *p, i
         return;
     }
     default: {
-        vcpx t[MAX_RADIX];
+        vcpx t[r];
         int rstep = p->m / r;   /* exp(-2 pi i / r) = tw[rstep] */
         for (int s = 0; s < r; s++) {
             vcpx acc = a[0];
@@ -137,25 +139,27 @@ static inline __attribute__((always_inline)) void butterfly(const mmc_rfft *p, i
             }
             t[s] = acc;
         }
-        memcpy(a, t, sizeof(vcpx) * (size_t)r);
+        for (int s = 0; s < r; s++) a[s] = t[s];
     }
     }
 }
 
 /* out[0..len) = DFT of in[0], in[stride], ... in[(len-1) stride] (decimation in time over
  * fac[]). The last factor is a leaf: its DFT is taken straight from the strided input. Each
- * radix gets its own loop so the butterfly is inlined with its constants. */
-#define LEAF(R) do { for (int q = 0; q < (R); q++) a[q] = in[q * stride]; \
-                     butterfly(p, (R), a); memcpy(out, a, sizeof(vcpx) * (size_t)(R)); } while (0)
-#define LEVEL(R) do { for (int k = 0; k < sub; k++) { \
+ * radix gets its own loop with a fixed-size temporary, so the butterfly is inlined with its
+ * constants and the copies stay in registers (no memcpy calls, no 128 KB stack arrays). */
+#define LEAF(R) do { vcpx a[R]; for (int q = 0; q < (R); q++) a[q] = in[q * stride]; \
+                     butterfly(p, (R), a); for (int q = 0; q < (R); q++) out[q] = a[q]; } while (0)
+#define LEVEL(R) do { for (int k = 0; k < sub; k++) { vcpx a[R]; \
         a[0] = out[k]; \
         for (int q = 1; q < (R); q++) a[q] = cmul(out[q * sub + k], tw[q * k * step]);   /* q k < len: no wrap */ \
         butterfly(p, (R), a); \
         for (int q = 0; q < (R); q++) out[q * sub + k] = a[q]; } } while (0)
 
+/* (GCC would turn the copies out of a[] into memcpy calls: 9 % of the log-mel's time) */
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
 static void fft_rec(const mmc_rfft *p, vcpx *out, const vcpx *in, int len, int stride, const int *fac) {
     int r = fac[0], sub = len / r, step = p->m / len;
-    vcpx a[MAX_RADIX];
     if (sub == 1) {
         switch (r) {
         case 2: LEAF(2); break;
@@ -180,8 +184,8 @@ static void fft_rec(const mmc_rfft *p, vcpx *out, const vcpx *in, int len, int s
 /* x[n]: lane l of x[j] is sample j of transform l. */
 void mmc_rfft_exec_lanes(const mmc_rfft *p, const mmc_fftv *x, mmc_fftv *re, mmc_fftv *im, mmc_fftv *work) {
     int m = p->m;
-    vcpx *Z = (vcpx *)work, *z = Z + m;
-    for (int j = 0; j < m; j++) z[j] = (vcpx){x[2 * j], x[2 * j + 1]};   /* z[j] = x[2j] + i x[2j+1] */
+    vcpx *Z = (vcpx *)work;
+    const vcpx *z = (const vcpx *)x;   /* z[j] = x[2j] + i x[2j+1]: vcpx is {x[2j], x[2j+1]} in memory */
     if (m == 1) Z[0] = z[0];
     else fft_rec(p, Z, z, m, 1, p->fac);
     for (int k = 0; k <= m; k++) {
@@ -207,4 +211,33 @@ mmc_status mmc_rfft_exec(const mmc_rfft *p, const double *x, double *re, double 
     for (int k = 0; k < nf; k++) { re[k] = rv[k][0]; im[k] = iv[k][0]; }
     free(xv);
     return MMC_OK;
+}
+
+/* log10 of MMC_FFT_LANES doubles at once (libm's log10 is a call per value: for the 128-bin
+ * log-mel of 30 s, 384000 calls took as long as the FFT). x = 2^e m with m in [sqrt(1/2), sqrt(2)),
+ * log m = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...) with s = (m - 1) / (m + 1), |s| <= 0.1716: the
+ * series' 11th term is below 2^-53 of the first, so the sum is as exact as double rounding allows;
+ * log10 x = e log10(2) + log(m) log10(e). */
+typedef int64_t VI __attribute__((vector_size(8 * MMC_FFT_LANES)));
+
+mmc_fftv mmc_log10_lanes(mmc_fftv x) {
+    VI b = (VI)x;
+    VI e = ((b >> 52) & 0x7ff) - 1023;
+    V m = (V)((b & 0x000fffffffffffffLL) | 0x3ff0000000000000LL);   /* [1, 2) */
+    VI big = m > 1.41421356237309504880;                              /* -1 where m > sqrt 2 */
+    m = (V)(((VI)(m * 0.5) & big) | ((VI)m & ~big));
+    e -= big;
+    V s = (m - 1.0) / (m + 1.0), z = s * s;
+    V poly = (V){0} + 2.0 / 21;
+    poly = poly * z + 2.0 / 19;
+    poly = poly * z + 2.0 / 17;
+    poly = poly * z + 2.0 / 15;
+    poly = poly * z + 2.0 / 13;
+    poly = poly * z + 2.0 / 11;
+    poly = poly * z + 2.0 / 9;
+    poly = poly * z + 2.0 / 7;
+    poly = poly * z + 2.0 / 5;
+    poly = poly * z + 2.0 / 3;
+    V lnm = 2.0 * s + s * z * poly;
+    return __builtin_convertvector(e, V) * 0.30102999566398119521 + lnm * 0.43429448190325182765;
 }

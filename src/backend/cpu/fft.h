@@ -21,5 +21,8 @@ mmc_status mmc_rfft_exec(const mmc_rfft *p, const double *x, double *re, double 
 /* The same for MMC_FFT_LANES inputs: lane l of x[j] is sample j of input l; re/im[n/2+1].
  * All arrays aligned to sizeof(mmc_fftv) (aligned_alloc). */
 void mmc_rfft_exec_lanes(const mmc_rfft *p, const mmc_fftv *x, mmc_fftv *re, mmc_fftv *im, mmc_fftv *work);
+/* log10 of each lane, for positive normal finite x (the log-mel clamps at 1e-10 first): within
+ * 4e-16 relative of libm's log10, so rounded to float it almost always equals (float)log10(x). */
+mmc_fftv mmc_log10_lanes(mmc_fftv x);
 
 #endif
