@@ -66,5 +66,68 @@ elif grep -q 'weights max abs diff' "$out"; then
   echo "control without the tower's gradient sum: fails as it must ($(grep 'weights max abs diff' "$out" | cut -c1-130))"
 else echo "FAIL: the control run left nothing to compare"; cat "$out"; fail=1; fi
 
+# checkpoints are the one-process ones: 2 steps at the plan continued in one process, and back
+runN 4 "$W/ref.yaml" $PPDP --set training.output_dir="$W/r41" --set training.steps=2 --set training.save_every=2
+run1 "$W/ref.yaml" --set training.output_dir="$W/r41" --resume
+cmp_runs "vision dp4 | LM pp2 x dp2, 2 steps, resumed in 1 process" ref r41 "$TOL"
+run1 "$W/ref.yaml" --set training.output_dir="$W/r14" --set training.steps=2 --set training.save_every=2
+runN 4 "$W/ref.yaml" $PPTP --set training.output_dir="$W/r14" --resume
+cmp_runs "1 process 2 steps, resumed at vision dp4 | LM pp2 x tp2" ref r14 "$TOL"
+# LoRA on the tower (fused qkv, fc2) and the language model: the tower's adapters' gradients summed
+LORA=(--set 'model.lora={r: 4, alpha: 8, dropout: 0.0, targets: [qkv, fc2, q_proj, v_proj, down_proj]}')
+run1 "$W/ref.yaml" "${LORA[@]}" --set training.output_dir="$W/refL"
+runN 4 "$W/ref.yaml" "${LORA[@]}" $PPDP --set training.output_dir="$W/pdL"
+cmp_runs "LoRA on tower and LM, vision dp4 | LM pp2 x dp2 vs 1 process (adapters)" refL pdL "$TOL"
+# the tower (and merger) frozen: only the features travel, no tower backward
+FRZ='--set model.freeze=[vision_tower,merger]'
+run1 "$W/ref.yaml" $FRZ --set training.output_dir="$W/refF"
+runN 4 "$W/ref.yaml" $FRZ $PPTP --set training.output_dir="$W/ptF"
+cmp_runs "tower frozen, vision dp4 | LM pp2 x tp2 vs 1 process" refF ptF "$TOL"
+# other schedules on a 4-layer variant: the features leave before the step and return after it
+sed 's/"num_hidden_layers": 2/"num_hidden_layers": 4/' tests/fixtures/train/vl_tiny.json > "$W/vl4.json"
+L4=(--set model.init="$W/vl4.json")
+run1 "$W/ref.yaml" "${L4[@]}" --set training.output_dir="$W/ref4"
+runN 2 "$W/ref.yaml" "${L4[@]}" --set parallel.pipeline_parallel=2 --set parallel.vision.data_parallel=2 \
+  --set parallel.pipeline_schedule=dualpipev --set training.output_dir="$W/dpv"
+cmp_runs "DualPipeV, vision dp2 | LM pp2 vs 1 process (4 layers)" ref4 dpv "$TOL"
+runN 4 "$W/ref.yaml" "${L4[@]}" $PPDP --set parallel.pipeline_virtual=2 --set parallel.zero=1 --set training.output_dir="$W/il"
+cmp_runs "interleaved (2 chunks) x ZeRO-1, vision dp4 | LM pp2 x dp2 vs 1 process (4 layers)" ref4 il "$TOL"
+
+# ZeRO-3 (the stage's parameters, the tower's among them, gathered before the tower runs) and an
+# evaluation set (its batches are not shared: the first stage encodes them), eval loss one process's
+EV=(--set data.eval="$W/data.jsonl" --set training.eval_every=3)
+run1 "$W/ref.yaml" "${EV[@]}" --set training.output_dir="$W/ev1"
+runN 4 "$W/ref.yaml" "${EV[@]}" $PPTP --set training.output_dir="$W/ev4"
+runN 4 "$W/ref.yaml" $PPDP --set parallel.zero=3 --set training.output_dir="$W/z3"
+cmp_runs "ZeRO-3, vision dp4 | LM pp2 x dp2 vs 1 process" ref z3 "$TOL"
+e1=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/ev1/metrics.jsonl" 2>/dev/null); e4=$(grep -o '"eval_loss": [0-9.e+-]*' "$W/ev4/metrics.jsonl" 2>/dev/null)
+if [ -n "$e1" ] && python3 -c "import sys; a, b = (float(x.split()[-1]) for x in sys.argv[1:]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$e1" "$e4"; then
+  echo "vision dp4 | LM pp2 x tp2 data.eval: $e4 (one process: $e1)"
+else echo "FAIL: vision dp4 | LM pp2 x tp2 data.eval: '$e4' vs one process '$e1'"; fail=1; fi
+# Qwen2.5-VL (window attention in the tower, HF directory, untied) at vision dp2 | LM pp2
+cat > "$W/q25.yaml" <<YAML
+model: {path: tests/fixtures/qwen2_vl/q25_v5, dtype: f32}
+data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
+optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, schedule: constant, grad_clip: 1.0}
+training: {steps: 3, seed: 0, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/q1}
+YAML
+run1 "$W/q25.yaml"
+runN 2 "$W/q25.yaml" --set parallel.pipeline_parallel=2 --set parallel.vision.data_parallel=2 --set training.output_dir="$W/q2"
+cmp_runs "Qwen2.5-VL, vision dp2 | LM pp2 vs 1 process" q1 q2 "$TOL"
+
+# errors before any work, each naming the key
+err() {  # err WHAT PATTERN CMD...
+  local what=$1 pat=$2; shift 2
+  if "$@" >"$out" 2>&1; then echo "FAIL: $what: accepted"; fail=1
+  elif grep -q -- "$pat" "$out"; then echo "refused ($what): $(grep -m1 -- "$pat" "$out" | sed 's/^mmc: [a-z]*: [^ ]*: //')"
+  else echo "FAIL: $what: unexpected message:"; cat "$out"; fail=1; fi
+}
+err "with the tower as a stage of its own" "parallel.pipeline_vision_stage: true with parallel.vision data-parallel" \
+  "$MMC" train "$W/ref.yaml" $PPDP --set parallel.pipeline_vision_stage=true
+err "with context parallelism" "pipeline_parallel 2, with context_parallel > 1: not supported yet" \
+  "$MMC" train "$W/ref.yaml" $PPDP --set parallel.context_parallel=2
+err "ranks do not add up" "data_parallel 3 = 3 ranks, but the language model's plan spans 4" \
+  timeout -k 10 60 "$MMC" launch -n 4 "$W/ref.yaml" --set parallel.pipeline_parallel=2 --set parallel.vision.data_parallel=3
+
 echo "test_pp_hetero: $([ "$fail" = 0 ] && echo passed || echo FAILED)"
 [ "$fail" = 0 ]

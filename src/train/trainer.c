@@ -1990,7 +1990,9 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
     if (t->tpc) {
         char why[160] = "";
         if (t->vl && !t->vl->visual->tp) mmc_vision_tp_ok(&t->vl->visual->cfg, t->tp_size, why, sizeof why);
-        if (c->parallel.hetero)
+        if (c->parallel.hetero && t->pp)
+            ;   /* (trainer_pp_hetero.c said it) */
+        else if (c->parallel.hetero)
             fprintf(stderr, "mmc train: per-modality plan: vision tower data-parallel over %d ranks, language model "
                     "tensor parallelism %d x data parallelism %d (%s)%s; each tp rank encodes its share of its "
                     "replica's images, the merged features all-gathered over the tp group\n", t->world_size,
