@@ -257,6 +257,8 @@ mmc_status mmc_trainer_pp_hetero_forward(mmc_trainer *t, const mmc_batch *mbs, i
         mmc_tensor *o;
         if ((st = mmc_vision_forward(h->ctx, vis, pix, g->grid + 3 * a, e - a, &o, NULL))) break;
         o = mmc_contiguous(h->ctx, o);   /* [rows, Co] */
+        MMC_CHECK(o->dtype == MMC_F32 && o->ndim == 2 && o->shape[1] == Co, "the tower's merged features are f32 [rows, %lld]",
+                  (long long)Co);
         my_rows += o->shape[0];
         t->vl->share_images += e - a;
         t->vl->share_patches += np;
