@@ -1188,8 +1188,8 @@ static mmc_status hetero_check(mmc_trainer *t) {
     }
     if (p->hetero && !t->vl)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.vision data-parallel while the language model is at "
-                         "tensor_parallel %d x context_parallel %d: implemented for Qwen2-VL / Qwen2.5-VL", c->file,
-                         t->tp_size, t->cp_size);
+                         "tensor_parallel %d x pipeline_parallel %d x context_parallel %d: implemented for Qwen2-VL / "
+                         "Qwen2.5-VL", c->file, t->tp_size, t->pp_size > 1 ? t->pp_size : 1, t->cp_size);
     return MMC_OK;
 }
 

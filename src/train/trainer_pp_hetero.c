@@ -38,6 +38,7 @@
  * first stage encodes them itself. */
 #include "trainer_internal.h"
 #include "mmc_hetero.h"
+#include "mmc_nn.h"
 #include "mmc_pp.h"
 
 #include <stdlib.h>
@@ -233,6 +234,12 @@ mmc_status mmc_trainer_pp_hetero_forward(mmc_trainer *t, const mmc_batch *mbs, i
     /* encode the share: one tower call per group it touches (a group's images share a pixel array) */
     const bool train = h->n_tower > 0;
     bool prev = mmc_set_grad_enabled(h->ctx, train);
+    /* LoRA dropout on the tower's adapters: one stream per rank and step for its whole share (so a
+     * recomputed block draws its mask again); the masks are not one process's, which draws them per
+     * micro-batch over all its images */
+    if (t->lora && t->cfg->model.lora.dropout > 0)
+        mmc_nn_set_dropout_seed(h->ctx, mmc_nn_dropout_seed((uint64_t)t->cfg->training.seed, (uint64_t)t->step,
+                                                            (uint64_t)(1u << 30) + (uint64_t)t->rank));
     int64_t my_rows = 0;
     h->total_rows = 0;
     for (int gi = 0, at = 0; gi < h->n_g && !st; gi++) {
@@ -255,7 +262,11 @@ mmc_status mmc_trainer_pp_hetero_forward(mmc_trainer *t, const mmc_batch *mbs, i
         mmc_tensor *pix = mmc_new(h->ctx, MMC_F32, 2, MMC_SHAPE(np, K));   /* [np, K] */
         memcpy(pix->data, px + p0 * K, sizeof(float) * (size_t)(np * K));
         mmc_tensor *o;
-        if ((st = mmc_vision_forward(h->ctx, vis, pix, g->grid + 3 * a, e - a, &o, NULL))) break;
+        st = mmc_vision_forward(h->ctx, vis, pix, g->grid + 3 * a, e - a, &o, NULL);
+        /* (fatal, as mmc_qwen2_vl's shared encode: the grids were checked alike on every rank, and a rank
+         * failing alone would leave the replica waiting in the all-to-all) */
+        MMC_CHECK(st == MMC_OK, "vision tower on this rank's share of step %lld (checked before): %s",
+                  (long long)t->step + 1, mmc_last_error());
         o = mmc_contiguous(h->ctx, o);   /* [rows, Co] */
         MMC_CHECK(o->dtype == MMC_F32 && o->ndim == 2 && o->shape[1] == Co, "the tower's merged features are f32 [rows, %lld]",
                   (long long)Co);
