@@ -14,7 +14,7 @@
 #   checkpoints: 2 steps at vision dp4 | pp2 x dp2 continued in one process, 1 process continued at
 #   vision dp4 | pp2 x tp2;
 #   the control: without the tower's gradient sum (MMC_TEST_PP_HETERO_NO_SUM) the compare must fail;
-#   the images each rank encoded (all ranks some, every image of the run once per replica);
+#   the images each rank encoded (every rank some, every image of the run once);
 #   errors before any work, naming the key.
 set -u
 . tests/pp_util.sh
@@ -39,12 +39,13 @@ training: {steps: 3, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_
 YAML
 PPDP='--set parallel.pipeline_parallel=2 --set parallel.vision.data_parallel=4'
 PPTP="$PPDP --set parallel.tensor_parallel=2"
-# images (patches) per rank from the run's last line: each rank some
+# images (patches) per rank from the run's last line: each rank some, every image of the run (3 steps x
+# 10) encoded once
 shares() {  # shares WHAT
   local l; l=$(grep 'images (patches) the vision tower encoded' "$W/train.log" | tail -1 | sed 's/.*per rank://')
-  if [ -n "$l" ] && echo "$l" | awk '{for (i = 1; i <= NF; i += 2) if ($i + 0 < 1) exit 1}'; then
+  if [ -n "$l" ] && echo "$l" | awk '{s = 0; for (i = 1; i <= NF; i += 2) {if ($i + 0 < 1) exit 1; s += $i} exit s != 30}'; then
     echo "$1: images (patches) per rank:$l"
-  else echo "FAIL: $1: images per rank '$l' (each rank some)"; fail=1; fi
+  else echo "FAIL: $1: images per rank '$l' (each rank some, 30 in all)"; fail=1; fi
 }
 
 run1 "$W/ref.yaml"
