@@ -20,6 +20,12 @@
  * runs the tower's backward from the gradient that comes back. The decoder layers split over
  * stages 1 .. P-1 (pipeline_layers: P-1 counts).
  *
+ * parallel.vision data-parallel over all ranks (a per-modality plan, trainer_pp_hetero.c): every stage
+ * keeps the tower; each rank encodes its share of the replica's step before mmc_pp_run, the first
+ * stage splices the features it was sent, and after the run the tower's backward and gradient sum
+ * happen before the stage's dp reduction. Later stages' tower copies are left out of the norm and
+ * the checkpoint (mmc_trainer_pp_hetero_copy).
+ *
  * ZeRO-1/2/3 (parallel.zero) under pipeline parallelism: each stage's trained tensors are sharded
  * over that stage's data-parallel group by an mmc_dp of their own (mmc_trainer_pp_zero): 1F1B
  * accumulates a stage's micro-batches into its gradient tensors, as a pipeline must (a stage's
