@@ -11,7 +11,10 @@
  * member), so each rank's share of the feature gradient is simply its own rows (Megatron's
  * gather_from_tensor_model_parallel_region does the same); the tower's weight gradients are then
  * partial per rank and are summed over the world (the trainer: over dp by the bucketed reducer,
- * then over tp — the two groups together are the world). */
+ * then over tp — the two groups together are the world). With the language model pipelined
+ * (trainer_pp_hetero.c) the share is over the replica's stages x tp ranks and the whole step's
+ * micro-batches, the features go to the first stage by an all-to-all and their gradient comes back
+ * after the pipeline's backward. */
 #ifndef MMC_HETERO_H
 #define MMC_HETERO_H
 

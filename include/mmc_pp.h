@@ -124,6 +124,10 @@ mmc_status mmc_pp_trim_qwen2_vl_at(mmc_qwen2_vl *m, int stage, int last_rank, in
  * layers' by the module names' "layers.N."; the vision tower's on the first stage; any other,
  * e.g. lm_head, on last_rank). Their initial values and dropout streams are the whole model's. */
 mmc_status mmc_pp_trim_lora(mmc_lora_set *s, int stage, int last_rank, int nc, const int64_t *l0, const int64_t *l1);
+/* The same, with tower_everywhere: Qwen2-VL's tower adapters ("visual.") kept on every stage (the
+ * per-modality plan under pp: the tower data-parallel over all ranks, trainer_pp_hetero.c). */
+mmc_status mmc_pp_trim_lora_ex(mmc_lora_set *s, int stage, int last_rank, int nc, const int64_t *l0, const int64_t *l1,
+                               bool tower_everywhere);
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct mmc_pp mmc_pp;

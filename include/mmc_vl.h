@@ -121,6 +121,12 @@ typedef struct mmc_qwen2_vl {
                                       * all-gathered over this group (the LM's tp group, or its cp group
                                       * under context parallelism); NULL: all of them */
     int64_t share_images, share_patches;  /* under vision_share: the images and patches this rank encoded */
+    /* A source of ready features, asked first by mmc_qwen2_vl_encode (the per-modality plan under
+     * pipeline parallelism, trainer_pp_hetero.c: every rank encoded its share of the step's images
+     * before the pipeline ran, the first stage received them): the n grids' features [rows, Co], or
+     * MMC_ERR_NOT_FOUND (no message) when it has none for these grids: the tower runs here. */
+    mmc_status (*encode_hook)(void *arg, mmc_ctx *ctx, const int64_t *grid, int n, mmc_tensor **feats);
+    void *encode_hook_arg;
 } mmc_qwen2_vl;
 
 /* Images and videos of one prompt batch. Grids are consumed in order, across the batch. */

@@ -141,8 +141,8 @@ err "ranks do not add up" "tensor_parallel 1 x data_parallel 3 = 3 ranks, but th
   "$MMC" train "$W/h4.yaml" --set 'parallel.language={tensor_parallel: 2, data_parallel: 2}' --set parallel.vision.data_parallel=3
 err "vision tp neither 1 nor the LM's" "tensor_parallel 2 with the language model's tensor_parallel 4" \
   "$MMC" train "$W/h4.yaml" --set 'parallel.vision={tensor_parallel: 2, data_parallel: 2}' --set parallel.language.tensor_parallel=4
-err "hetero with pipeline stages" "with pipeline_parallel > 1: not supported yet" \
-  "$MMC" train "$W/h4.yaml" --set parallel.pipeline_parallel=2
+err "hetero with tp and cp in one" "with context_parallel > 1: not supported yet" \
+  "$MMC" train "$W/h4.yaml" --set parallel.context_parallel=2
 err "the tower as a stage of its own" "pipeline_parallel 2: the vision tower as pipeline stages of its own" \
   "$MMC" train "$W/h4.yaml" --set parallel.vision.pipeline_parallel=2
 err "a projector plan other than the vision's" "projector: a plan other than the vision tower's" \

@@ -338,9 +338,26 @@ int main(void) {
         CHECK_NEAR(eh.tp_comm_s - es.tp_comm_s, want, 1e-12 * fabs(want) + 1e-15);
         hl.zero = 1, hl.dp = 2;   /* ZeRO-1/2 over the LM's replicas: the trainer runs them */
         CHECK(mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
-        hl.pp = 2;   /* what the trainer refuses, the planner does not offer */
+        hl.pp = 2;   /* with the language model pipelined too (trainer_pp_hetero.c) */
+        CHECK(mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
+        hl.cp = 2;   /* what the trainer refuses, the planner does not offer */
         CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
-        hl.pp = 1;
+        hl.cp = 1, hl.pp = 1;
+        {   /* vision dp2 | LM pp2: the step's features (8 micro-batches) to the first stage and their gradient
+             * back, the tower's gradients all-reduced over the replica; the tower off the first stage's
+             * micro-batches but its parameters on the last stage too */
+            mmc_plan_layout pl = base, ph = base;
+            pl.pp = ph.pp = 2;
+            ph.hetero = true;
+            CHECK(mmc_plan_layout_ok(&vm, &vw, &ph, NULL, 0));
+            mmc_plan_estimate ep, eq;
+            CHECK_OK(mmc_plan_estimate_layout(&vm, &vw, &d, &nb, &pl, &ep));
+            CHECK_OK(mmc_plan_estimate_layout(&vm, &vw, &d, &nb, &ph, &eq));
+            CHECK_NEAR(eq.pp_comm_s - ep.pp_comm_s, 2.0 * mmc_plan_coll_time(MMC_COLL_ALL_GATHER, 2, Mb * Np / 4 * 64 * 4, 0, 1e-9),
+                       1e-15);
+            CHECK_NEAR(eq.dp_comm_s - ep.dp_comm_s, mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, VP * 4, 0, 1e-9), 1e-15);
+            CHECK(eq.step_s > 0 && eq.mem_total > 0);
+        }
         hl.zero = 0, hl.dp = 1, hl.tp = 1;
         CHECK(!mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
         hl.tp = 2;

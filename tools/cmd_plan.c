@@ -201,7 +201,11 @@ static void explain(const row *r, int i, double gmem, const row *best) {
            e->cp_comm_s, e->pp_comm_s, e->dp_comm_s, e->comm_total_s - e->comm_s, 100 * e->bubble_s / e->step_s,
            100 * e->optim_s / e->step_s);
     const double u = gmem < 4 * GiB ? 1048576.0 : GiB;   /* MiB for small runs */
-    if (r->l.hetero)
+    if (r->l.hetero && r->l.pp > 1)
+        printf("   per-modality plan: the vision tower whole and data-parallel over all %d ranks (each rank encodes 1/%d "
+               "of its replica's step images before the pipeline, the features sent to the first stage), the language "
+               "model at pp%d x tp%d x dp%d\n", r->l.dp * r->l.tp * r->l.pp, r->l.tp * r->l.pp, r->l.pp, r->l.tp, r->l.dp);
+    else if (r->l.hetero)
         printf("   per-modality plan: the vision tower whole and data-parallel over all %d ranks (each tensor-parallel "
                "rank encodes 1/%d of its micro-batch's images, the features all-gathered), the language model at tp%d x "
                "dp%d\n", r->l.dp * r->l.tp, r->l.tp, r->l.tp, r->l.dp);
@@ -238,7 +242,7 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
                             l->cp_ring ? "ring" : "ulysses", l->zero);
     if (l->vstage) len += (size_t)snprintf(out + len, cap - len, "  pipeline_vision_stage: true\n");
     if (l->hetero)   /* per-modality plan: the vision tower data-parallel over every rank */
-        len += (size_t)snprintf(out + len, cap - len, "  vision: {data_parallel: %d}\n", l->dp * l->tp);
+        len += (size_t)snprintf(out + len, cap - len, "  vision: {data_parallel: %d}\n", l->dp * l->tp * l->pp);
     out[len] = 0;
     /* micro_batch_size: N, recompute: none|full|attention and recompute_layers: N, in place when
      * the key occurs exactly once */
@@ -379,7 +383,7 @@ int cmd_plan(int argc, char **argv) {
                         for (int ring = 0; ring <= (cp > 1); ring++)
                             for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)
                                 for (int rcmp = 0; rcmp <= 2; rcmp++)
-                                    for (int het = 0; het <= (m.vision && tp > 1 && w.vision_patches > 0); het++)
+                                    for (int het = 0; het <= (m.vision && (tp > 1 || pp > 1) && w.vision_patches > 0); het++)
                                     for (int vst = 0; vst <= (m.vision && pp > 1 && vpp == 1 && !het && w.vision_patches > 0); vst++)
                                     for (int64_t mb = 1; mb <= 16 && mb * dp <= w.batch; mb++) {
                                         /* ep: expert parallelism (1 here; a MoE model's layouts add ep | dp x cp) */

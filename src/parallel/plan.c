@@ -1116,7 +1116,7 @@ void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap) {
                       l->recompute == MMC_RECOMPUTE_FULL ? " rc" : l->recompute == MMC_RECOMPUTE_ATTENTION ? " rca" : "");
     if (l->recompute && l->recompute_layers > 0 && n > 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - (size_t)n, "%lld", (long long)l->recompute_layers);
-    if (l->hetero && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " vision-dp%d", l->dp * l->tp);
+    if (l->hetero && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " vision-dp%d", l->dp * l->tp * l->pp);
     if (l->vstage && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " vision-stage");
 }
 
@@ -1155,10 +1155,11 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
         if (!m->vision || w->vision_patches <= 0) NO("a vision stage needs a vision tower and images");
         if (l->pp < 2 || l->vpp > 1 || l->hetero) NO("a vision stage needs pipeline_parallel 2 or more, plain 1F1B");
     }
-    if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM tp x dp (ZeRO 0-3) */
+    if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM (pp x) tp x dp (ZeRO 0-3) */
         if (!m->vision || w->vision_patches <= 0) NO("a per-modality plan needs a vision tower and images");
-        if (l->tp < 2) NO("a per-modality plan needs the language model at tensor_parallel 2 or more");
-        if (l->pp > 1 || l->cp > 1) NO("a per-modality plan composes with tp x dp (ZeRO 0-3) only");
+        if (l->tp < 2 && l->pp < 2)
+            NO("a per-modality plan needs the language model at tensor_parallel or pipeline_parallel 2 or more");
+        if (l->cp > 1) NO("a per-modality plan composes with pp x tp x dp (ZeRO 0-3) only");
     }
     return true;
 #undef NO
@@ -1313,6 +1314,9 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     /* the tower split over tp (tv), or whole: replicated, or data-parallel (hetero: 1/t of the images) */
     const int tv = m->vision && t > 1 && !l->hetero && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
     const double vshare = l->hetero ? 1.0 / t : 1.0;
+    /* ... and with the LM pipelined (trainer_pp_hetero.c): off the first stage; every rank encodes
+     * 1 / (P t) of its replica's M micro-batches' images before the pipeline, its backward after */
+    const bool hpp = l->hetero && P > 1;
     const int ranks = l->dp * t * P * l->cp;
     /* CPU: the ranks share this host's cores with each other and with whatever else runs: the job
      * has `eff` cores' worth (ranks x host_share when measured, else min(ranks, cores)); with
@@ -1333,7 +1337,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const bool rc_full = l->recompute == MMC_RECOMPUTE_FULL, rc_attn = l->recompute == MMC_RECOMPUTE_ATTENTION;
     const int64_t nrc = !l->recompute ? 0 : l->recompute_layers > 0 && l->recompute_layers < Ls ? l->recompute_layers : Ls;
     const double rc = (double)nrc * (rc_full ? lfwd : rc_attn ? lafwd : 0);   /* per stage and micro-batch */
-    double first = (double)Ls * lfb + rc + vision_time(m, w, d, l, tv) * vshare, last = (double)Ls * lfb + rc + head_time(m, w, d, l);
+    double first = (double)Ls * lfb + rc + (hpp ? 0.0 : vision_time(m, w, d, l, tv) * vshare), last = (double)Ls * lfb + rc + head_time(m, w, d, l);
     if (P == 1) first = last = first + head_time(m, w, d, l);
     if (l->vstage) first = vision_time(m, w, d, l, tv) * vshare;   /* the tower stage: no decoder layer */
     const double mid = (double)Ls * lfb + rc;   /* stages between the first and the last */
@@ -1368,7 +1372,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
                      ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)(l->micro_batch * w->vision_patches) * (double)m->v_dim * ab, ltp);
         /* per step: the gradient norm's sum; sp: each replicated norm weight's partial gradient */
         tp_step = ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, 8.0, ltp);
-        if (l->hetero) {   /* the merged features all-gathered (forward only); the tower's gradients over tp */
+        if (l->hetero && !hpp) {   /* the merged features all-gathered (forward only); the tower's gradients over tp */
             const double feats = (double)(l->micro_batch * w->vision_patches / (m->v_merge * m->v_merge)) *
                                  (double)m->v_out * ab;
             tp_mb += ccost(d, ranks, MMC_COLL_ALL_GATHER, t, feats, ltp);
@@ -1439,7 +1443,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     /* ---- parameters on the busiest stage (the first: embeddings + vision + its layers) */
     const double lp = (double)mmc_plan_layer_params(m) / t, emb = (double)m->vocab * C / t;
     const double vis = (double)mmc_plan_vision_params(m) / tv;
-    double p_first = (l->vstage ? 0.0 : (double)Ls * lp) + emb + vis, p_last = (double)Ls * lp + emb + C;
+    double p_first = (l->vstage ? 0.0 : (double)Ls * lp) + emb + vis, p_last = (double)Ls * lp + emb + C + (hpp ? vis : 0.0);
     if (P == 1) p_first = p_last = (double)m->layers * lp + emb * (m->tied ? 1 : 2) + C + vis;
     const bool firstbig = p_first >= p_last;
     const double prank = firstbig ? p_first : p_last;
@@ -1479,11 +1483,27 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     e->optim_s = d->calib ? mmc_plan_calib_adamw(d->calib, (int64_t)shard) * share
                           : shard * (36.0 + (w->weight_bytes == 2 ? 6.0 : 0.0)) / d->mem_bw * share;
 
-    e->step_s = span + tp_step + dp_exposed + e->optim_s;
+    /* the per-modality plan under pp, outside the pipeline's span: each rank's share through the tower
+     * (and back), the replica's merged features (f32) to the first stage and their gradient back, the
+     * tower's gradients all-reduced over the replica (then in the dp reduction above) */
+    double hpp_s = 0, hpp_g = 0;
+    if (hpp) {
+        const int R = P * t;
+        const double feats = (double)M * (double)(l->micro_batch * w->vision_patches / (m->v_merge * m->v_merge)) *
+                             (double)m->v_out * 4.0;
+        const double enc = (double)M * vision_time(m, w, d, l, 1) / R * share;
+        const double fc = (w->freeze_vision ? 1.0 : 2.0) * ccost(d, ranks, MMC_COLL_ALL_GATHER, R, feats, lpp);
+        if (!w->freeze_vision && w->lora_r <= 0)
+            hpp_g = ccost(d, ranks, MMC_COLL_ALL_REDUCE, R, (double)mmc_plan_vision_params(m) * 4.0, lpp);
+        e->compute_s += enc, e->pp_comm_s += fc, e->dp_comm_s += hpp_g, dp_c += hpp_g;
+        e->cpu_s += (double)ranks * enc / share;
+        hpp_s = enc + fc + hpp_g;
+    }
+    e->step_s = span + tp_step + dp_exposed + e->optim_s + hpp_s;
     e->comm_total_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_c;
     e->cpu_s = per_stage * (double)M * all_stages + (double)ranks * e->optim_s / share;
     e->cpu_s += (double)ranks * e->comm_total_s * (d->cores > 0 ? 1.0 : 0.0);   /* CPU host: copies through shared memory */
-    e->comm_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_exposed;
+    e->comm_s = e->tp_comm_s + e->cp_comm_s + e->pp_comm_s + dp_exposed + hpp_g;
     const double toks = (double)w->batch * (double)w->seq;
     e->flops_per_step = 3.0 * (double)m->layers * mmc_plan_layer_flops(m, (int64_t)toks, w->seq) +
                         6.0 * toks * C * (double)m->vocab;
@@ -1522,13 +1542,18 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     if (!firstbig || P == 1) act += 2.0 * (double)Tl * ((double)m->vocab / t) * 4.0;   /* logits + their gradient */
     double vis_act = 0;
     if (m->vision && w->vision_patches > 0) {
-        double np = (double)(l->micro_batch * w->vision_patches) * vshare, cv = (double)m->v_dim;
+        /* (pp per-modality: the rank's share of the step's images, held from before the pipeline to after) */
+        double np = hpp ? (double)(M * l->micro_batch * w->vision_patches) / (double)(P * t)
+                        : (double)(l->micro_batch * w->vision_patches) * vshare, cv = (double)m->v_dim;
         double blk = (4.0 * cv + (4.0 * cv + 2.0 * (double)m->v_inter) / tv) * np * ab;
         /* the tower is checkpointed under full recompute only (the trainer's rule) */
         vis_act = w->freeze_vision ? blk : (rc_full ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
-                                              vis_flight;
+                                              (hpp ? 1.0 : vis_flight);
     }
-    if (vis_act > 0 && (firstbig || P == 1) && !l->vstage) act += vis_act;
+    if (vis_act > 0 && (firstbig || P == 1 || hpp) && !l->vstage) act += vis_act;
+    if (hpp && firstbig)   /* the first stage's copy of the step's features (and their gradient) */
+        act += (w->freeze_vision ? 1.0 : 2.0) * (double)(M * l->micro_batch * w->vision_patches / (m->v_merge * m->v_merge)) *
+               (double)m->v_out * 4.0;
     if (l->vstage && firstbig) act = vis_act;   /* the busiest rank is the tower's: no decoder layer there */
     if (m->vision && l->cp > 1 && (firstbig || P == 1))   /* cp: the whole row's embeddings, before and after the features */
         act += 2.0 * (double)(l->micro_batch * w->seq) * C * ab;

@@ -334,12 +334,18 @@ mmc_status mmc_pp_trim_qwen2_at(mmc_qwen2 *m, int stage, int last, int nc, const
 }
 
 mmc_status mmc_pp_trim_lora(mmc_lora_set *s, int stage, int last, int nc, const int64_t *l0, const int64_t *l1) {
+    return mmc_pp_trim_lora_ex(s, stage, last, nc, l0, l1, false);
+}
+
+mmc_status mmc_pp_trim_lora_ex(mmc_lora_set *s, int stage, int last, int nc, const int64_t *l0, const int64_t *l1,
+                               bool tower_everywhere) {
     bool *keep = calloc((size_t)s->n + 1, sizeof *keep);
     if (!keep) return mmc_error(MMC_ERR_OOM, "out of memory");
     for (int i = 0; i < s->n; i++) {
         const char *nm = s->names[i], *ly = strstr(nm, "layers.");
         if (strstr(nm, "visual.") || strstr(nm, "vision_tower.") || strstr(nm, "multi_modal_projector."))
-            keep[i] = stage == 0;   /* the tower (and LLaVA's / InternVL's projector) runs on the first stage */
+            keep[i] = stage == 0 || (tower_everywhere && strstr(nm, "visual."));   /* the tower (and LLaVA's /
+                                      * InternVL's projector) runs on the first stage, or (per-modality) on all */
         else if (ly && ly[7] >= '0' && ly[7] <= '9') {
             const long long l = atoll(ly + 7);
             for (int c = 0; c < nc; c++) keep[i] |= l >= l0[c] && l < l1[c];

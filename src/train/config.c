@@ -305,7 +305,7 @@ static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char
  * vision tower (with Qwen2-VL's merger, the projector) either follows the language model (its
  * tensor_parallel equal to the language model's: split like it, the ordinary plan) or runs
  * data-parallel over every rank (tensor_parallel 1 while the language model's is > 1, or given
- * while its context_parallel is > 1: the heterogeneous plan). What does not add up or is not implemented is refused here by name; the
+ * while its context_parallel or pipeline_parallel is > 1: the heterogeneous plan). What does not add up or is not implemented is refused here by name; the
  * world size is checked again by the trainer when it is known. */
 static bool plan_given(const mmc_module_plan *m) {
     return m->data_parallel || m->tensor_parallel || m->pipeline_parallel || m->context_parallel;
@@ -329,8 +329,9 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
         *top[k] = lv[k];
     }
     const int64_t tp = p->tensor_parallel, pp = p->pipeline_parallel, cp = p->context_parallel;
-    /* the job's ranks when the config says (data_parallel 1 at tp > 1 may mean "world / tp") */
-    const int64_t world = p->data_parallel > 1 || tp == 1 ? tp * pp * cp * p->data_parallel : 0;
+    /* the job's ranks when the config says (data_parallel 1 at tp > 1 or pp > 1 may mean "world / (tp pp)":
+     * mmc launch -n W sets it) */
+    const int64_t world = p->data_parallel > 1 || (tp == 1 && pp == 1) ? tp * pp * cp * p->data_parallel : 0;
     const mmc_module_plan *v = &p->vision, *pj = &p->projector, *au = &p->audio;
     const struct { const mmc_module_plan *m; const char *name, *what; } mods[3] = {
         {v, "vision", "the vision tower"}, {pj, "projector", "the projector"}, {au, "audio", "the audio encoder"}};
@@ -359,13 +360,19 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
     /* the vision tower's tp: 1 when its block is given without one (the point of giving it) */
     const int64_t vtp = plan_given(v) ? (v->tensor_parallel ? v->tensor_parallel : 1) : tp;
     if (vtp == 1 && tp > 1) {
-        const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
-                          : p->expert_parallel > 1 ? "expert_parallel > 1" : NULL;
+        const char *why = cp > 1 ? "context_parallel > 1" : p->expert_parallel > 1 ? "expert_parallel > 1" : NULL;
         if (why)
             return verr(c, root, "parallel", "vision", "data-parallel over all ranks while the language model is at "
                         "tensor_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
-                        "language model's tensor_parallel x data_parallel (ZeRO 0-2, sequence_parallel and LoRA allowed)",
-                        (long long)tp, why);
+                        "language model's tensor_parallel x data_parallel, and with its pipeline_parallel (ZeRO 0-3, "
+                        "sequence_parallel and LoRA allowed)", (long long)tp, why);
+        p->hetero = true;
+    } else if (plan_given(v) && vtp == 1 && pp > 1) {   /* the tower data-parallel, the LM pipelined (trainer_pp_hetero.c) */
+        if (cp > 1 || p->expert_parallel > 1)
+            return verr(c, root, "parallel", "vision", "data-parallel over all ranks while the language model is at "
+                        "pipeline_parallel %lld, with %s > 1: not supported yet; the per-modality plan composes with "
+                        "the language model's pipeline_parallel x tensor_parallel x data_parallel", (long long)pp,
+                        cp > 1 ? "context_parallel" : "expert_parallel");
         p->hetero = true;
     } else if (plan_given(v) && vtp == 1 && cp > 1) {   /* the tower shared over the cp group, not replicated */
         const char *why = pp > 1 ? "pipeline_parallel > 1" : p->expert_parallel > 1 ? "expert_parallel > 1" : NULL;
@@ -375,6 +382,10 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
                         "language model's context_parallel x data_parallel", (long long)cp, why);
         p->hetero = true;
     }
+    if (p->hetero && pp > 1 && p->pipeline_vision_stage)
+        return verr(c, root, "parallel", "pipeline_vision_stage", "true with parallel.vision data-parallel over all "
+                    "ranks: the tower is either a pipeline stage of its own or data-parallel over every rank "
+                    "(feeding the first stage), not both; drop one of them");
     for (int i = 0; i < 3; i++) {
         const mmc_module_plan *m = mods[i].m;
         const int64_t mt = m->tensor_parallel ? m->tensor_parallel : 1;

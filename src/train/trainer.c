@@ -945,7 +945,8 @@ layout_done:
                 if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
     }
-    if (cfg->parallel.hetero && t->tpc && (st = hetero_setup(t))) goto fail;   /* (cp: mmc_cp_trainer_reduce sums) */
+    if (cfg->parallel.hetero && t->tpc && !t->pp && (st = hetero_setup(t))) goto fail;   /* (cp: mmc_cp_trainer_reduce sums) */
+    if (cfg->parallel.hetero && t->pp && (st = mmc_trainer_pp_hetero_setup(t))) goto fail;   /* (pp: trainer_pp_hetero.c) */
     if (mmc_trainer_diffusion(t) && (cfg->model.recompute == MMC_RECOMPUTE_ATTENTION || cfg->model.recompute_layers ||
                                       cfg->model.offload_layers)) {
         st = mmc_error(MMC_ERR_INVALID, "%s: model.recompute: attention, model.recompute_layers and "
@@ -1084,6 +1085,7 @@ void mmc_trainer_free(mmc_trainer *t) {
     if (t->ema) for (int i = 0; i < t->n_opt; i++) free(t->ema[i]);
     free(t->ema);
     mmc_dp_free(t->dp);
+    mmc_trainer_pp_hetero_free(t);
     mmc_pp_free(t->pp);
     free(t->opt);
     free(t->opt_model);
@@ -1186,8 +1188,8 @@ static mmc_status hetero_check(mmc_trainer *t) {
     }
     if (p->hetero && !t->vl)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.vision data-parallel while the language model is at "
-                         "tensor_parallel %d x context_parallel %d: implemented for Qwen2-VL / Qwen2.5-VL", c->file,
-                         t->tp_size, t->cp_size);
+                         "tensor_parallel %d x pipeline_parallel %d x context_parallel %d: implemented for Qwen2-VL / "
+                         "Qwen2.5-VL", c->file, t->tp_size, t->pp_size > 1 ? t->pp_size : 1, t->cp_size);
     return MMC_OK;
 }
 
@@ -1912,7 +1914,7 @@ static bool zero3_eval_due(const mmc_trainer *t) {
 /* Per-modality plan: how the images were shared out over the run (collective over the world;
  * world rank 0 prints). */
 static mmc_status hetero_report(mmc_trainer *t) {
-    if (!t->vl || !t->vl->vision_share) return MMC_OK;
+    if (!t->vl || (!t->vl->vision_share && !t->pph)) return MMC_OK;
     int64_t mine[2] = {t->vl->share_images, t->vl->share_patches};
     int64_t *all = malloc(sizeof(int64_t) * 2 * (size_t)t->world_size);
     if (!all) return mmc_error(MMC_ERR_OOM, "out of memory");
@@ -1988,7 +1990,9 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
     if (t->tpc) {
         char why[160] = "";
         if (t->vl && !t->vl->visual->tp) mmc_vision_tp_ok(&t->vl->visual->cfg, t->tp_size, why, sizeof why);
-        if (c->parallel.hetero)
+        if (c->parallel.hetero && t->pp)
+            ;   /* (trainer_pp_hetero.c said it) */
+        else if (c->parallel.hetero)
             fprintf(stderr, "mmc train: per-modality plan: vision tower data-parallel over %d ranks, language model "
                     "tensor parallelism %d x data parallelism %d (%s)%s; each tp rank encodes its share of its "
                     "replica's images, the merged features all-gathered over the tp group\n", t->world_size,

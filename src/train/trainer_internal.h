@@ -134,6 +134,7 @@ struct mmc_trainer {
     int64_t pp_l0[16], pp_l1[16];
     bool pp_tied;              /* tied embeddings split over the first and the last stage */
     bool pp_ep_full;           /* saving: the tensors are expert parallelism's gathered view */
+    struct mmc_pp_hetero *pph; /* parallel.vision data-parallel under pp (trainer_pp_hetero.c), or NULL */
     float **ema;               /* training.ema_decay > 0: an EMA of each opt[i] (fp32), else NULL */
     bool contrastive;          /* a CLIPModel / SiglipModel folder: trainer_contrastive.c runs the whole loop */
     bool contrastive_resume;   /* ... from the latest checkpoint-N of training.output_dir (--resume) */
@@ -193,6 +194,17 @@ mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, 
 mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm);
 mmc_status mmc_trainer_pp_save(mmc_trainer *t);
 mmc_status mmc_trainer_pp_zero(mmc_trainer *t);   /* ZeRO-1/2/3 over each stage's data-parallel group */
+
+/* trainer_pp_hetero.c: the vision tower data-parallel over all ranks, the language model pipelined */
+typedef struct mmc_pp_hetero mmc_pp_hetero;
+mmc_status mmc_trainer_pp_hetero_setup(mmc_trainer *t);   /* after the optimizer's tensors are known */
+mmc_status mmc_trainer_pp_hetero_forward(mmc_trainer *t, const mmc_batch *mbs, int64_t M);   /* before mmc_pp_run */
+mmc_status mmc_trainer_pp_hetero_backward(mmc_trainer *t);   /* after it, before the dp reduction */
+void mmc_trainer_pp_hetero_abort(mmc_trainer *t);
+void mmc_trainer_pp_hetero_free(mmc_trainer *t);
+/* a tensor (by name) that is the tower's copy on a stage after the first: left out of the norm and the
+ * checkpoint (the first stage's counts) */
+bool mmc_trainer_pp_hetero_copy(const mmc_trainer *t, const char *name);
 
 /* trainer_cp.c: context parallelism (mmc_cp.h) */
 mmc_status mmc_cp_trainer_layout(mmc_trainer *t);

@@ -20,6 +20,12 @@
  * runs the tower's backward from the gradient that comes back. The decoder layers split over
  * stages 1 .. P-1 (pipeline_layers: P-1 counts).
  *
+ * parallel.vision data-parallel over all ranks (a per-modality plan, trainer_pp_hetero.c): every stage
+ * keeps the tower; each rank encodes its share of the replica's step before mmc_pp_run, the first
+ * stage splices the features it was sent, and after the run the tower's backward and gradient sum
+ * happen before the stage's dp reduction. Later stages' tower copies are left out of the norm and
+ * the checkpoint (mmc_trainer_pp_hetero_copy).
+ *
  * ZeRO-1/2/3 (parallel.zero) under pipeline parallelism: each stage's trained tensors are sharded
  * over that stage's data-parallel group by an mmc_dp of their own (mmc_trainer_pp_zero): 1F1B
  * accumulates a stage's micro-batches into its gradient tensors, as a pipeline must (a stage's
@@ -177,10 +183,12 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
         t->pp_l0[k] = bounds[j], t->pp_l1[k] = bounds[j + 1];
     }
     const int last = dpv ? 0 : P - 1;   /* the rank with the final norm, lm_head and loss */
-    if ((st = t->vl ? mmc_pp_trim_qwen2_vl_at(t->vl, s, last, v, t->pp_l0, t->pp_l1)
-                    : mmc_pp_trim_qwen2_at(t->lm, s, last, v, t->pp_l0, t->pp_l1)))
+    /* (a per-modality plan keeps the vision tower on every stage: trainer_pp_hetero.c) */
+    const bool hetero = t->vl && c->parallel.hetero;
+    if ((st = t->vl && !hetero ? mmc_pp_trim_qwen2_vl_at(t->vl, s, last, v, t->pp_l0, t->pp_l1)
+                               : mmc_pp_trim_qwen2_at(t->lm, s, last, v, t->pp_l0, t->pp_l1)))
         return st;
-    if (t->lora && (st = mmc_pp_trim_lora(t->lora, s, last, v, t->pp_l0, t->pp_l1))) return st;
+    if (t->lora && (st = mmc_pp_trim_lora_ex(t->lora, s, last, v, t->pp_l0, t->pp_l1, hetero))) return st;
     if ((st = dpv ? mmc_pp_new_dualpipev(t->groups.pp, t->lm, t->pp_l0, t->pp_l1, &t->pp)
                   : mmc_pp_new_v(t->groups.pp, t->lm, v, t->pp_l0, t->pp_l1, &t->pp)))
         return st;
@@ -234,7 +242,8 @@ mmc_status mmc_trainer_pp_zero(mmc_trainer *t) {
     if (t->tpc) mmc_dp_set_tp(t->dp, t->tpc, t->opt_split);   /* the norm over the tp slices */
     unsigned char *skip = calloc((size_t)t->n_opt + 1, 1);
     if (!skip) return mmc_error(MMC_ERR_OOM, "out of memory");
-    for (int i = 0; i < t->n_opt; i++) skip[i] = is_tied_copy(t, t->opt_model[i]);
+    for (int i = 0; i < t->n_opt; i++)
+        skip[i] = is_tied_copy(t, t->opt_model[i]) || mmc_trainer_pp_hetero_copy(t, t->opt_names[i]);
     mmc_dp_set_norm_group(t->dp, t->groups.pp, skip);   /* ... and over the stages */
     free(skip);
     mmc_dp_scatter_state(t->dp, &t->adamw);   /* this rank keeps only its shard of the AdamW state */
@@ -250,8 +259,11 @@ mmc_status mmc_trainer_pp_zero(mmc_trainer *t) {
 mmc_status mmc_trainer_pp_step(mmc_trainer *t, const mmc_batch *mbs, int64_t M, double scale, double *loss) {
     mmc_pp_set_dropout(t->pp, t->lora && t->cfg->model.lora.dropout > 0, (uint64_t)t->cfg->training.seed, (uint64_t)t->step);
     mmc_status st = t->dp ? mmc_dp_gather_stage(t->dp) : MMC_OK;   /* ZeRO-3: the stage's parameters for the step */
+    if (!st && t->pph) st = mmc_trainer_pp_hetero_forward(t, mbs, M);   /* per-modality: the tower's share first */
     if (!st) st = mmc_pp_run(t->pp, mbs, (int)M, scale, loss);
+    if (!st && t->pph) st = mmc_trainer_pp_hetero_backward(t);   /* ... and its backward, summed over the replica */
     if (st) {
+        if (t->pph) mmc_trainer_pp_hetero_abort(t);
         if (t->dp) mmc_dp_release_stage(t->dp);
         return mmc_error_prefix(st, "step %lld", (long long)t->step + 1);
     }
@@ -328,7 +340,8 @@ mmc_status mmc_trainer_pp_clip(mmc_trainer *t, double *norm) {
                                  * trainer_ep.c's norm), replicated */
     for (int i = 0; i < t->n_opt; i++) {
         const mmc_tensor *g = t->opt[i]->grad;
-        if (!g || is_tied_copy(t, t->opt_model[i])) continue;   /* the tied embedding counts once */
+        if (!g || is_tied_copy(t, t->opt_model[i]) || mmc_trainer_pp_hetero_copy(t, t->opt_names[i]))
+            continue;   /* the tied embedding counts once, and so does a data-parallel tower */
         const float *gd = g->data;
         double s = 0;
         for (int64_t k = 0, n = mmc_numel(g); k < n; k++) s += (double)gd[k] * gd[k];
@@ -379,11 +392,12 @@ static int opt_index_named(const mmc_trainer *t, const mmc_tensor *p, const char
 static mmc_status send_stage(const mmc_trainer *t) {
     mmc_comm *pp = t->groups.pp;
     int64_t n = 0;
-    for (int i = 0; i < t->n_params; i++) n += !is_tied_copy(t, t->params[i]);
+    for (int i = 0; i < t->n_params; i++) n += !is_tied_copy(t, t->params[i]) && !mmc_trainer_pp_hetero_copy(t, t->names[i]);
     mmc_status st = mmc_send(pp, &n, 1, MMC_I64, 0, TAG_N);
     for (int i = 0; i < t->n_params && !st; i++) {
         const mmc_tensor *p = t->params[i];
-        if (is_tied_copy(t, p)) continue;   /* the first stage writes the embedding */
+        /* the first stage writes the embedding, and the tower of a per-modality plan */
+        if (is_tied_copy(t, p) || mmc_trainer_pp_hetero_copy(t, t->names[i])) continue;
         const int j = opt_index_named(t, p, t->names[i]);
         part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,
                       .master = j >= 0 && t->opt[j] != t->opt_model[j], .ema = j >= 0 && t->ema};
@@ -398,9 +412,11 @@ static mmc_status send_stage(const mmc_trainer *t) {
         if (!st && h.ema) st = mmc_send(pp, t->ema[j], k, MMC_F32, 0, TAG_EMA);
     }
     /* then the stage's LoRA adapters (A, B; f32, trained) with their moments */
-    const int64_t nl = t->lora ? t->lora->n_params : 0;
+    int64_t nl = 0;
+    for (int i = 0; t->lora && i < t->lora->n_params; i++) nl += !mmc_trainer_pp_hetero_copy(t, t->lora_names[i]);
     if (!st) st = mmc_send(pp, &nl, 1, MMC_I64, 0, TAG_N);
-    for (int64_t i = 0; i < nl && !st; i++) {
+    for (int64_t i = 0; t->lora && i < t->lora->n_params && !st; i++) {
+        if (mmc_trainer_pp_hetero_copy(t, t->lora_names[i])) continue;   /* (the first stage's adapters) */
         const mmc_tensor *p = t->lora->params[i];
         const int j = opt_index(t, p);
         part_hdr h = {.dtype = p->dtype, .ndim = p->ndim, .flags = (int32_t)p->flags, .trained = j >= 0,

@@ -289,6 +289,10 @@ static mmc_status vision_shared(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixel
 
 mmc_status mmc_qwen2_vl_encode(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels, const int64_t *grid, int n,
                                mmc_tensor **feats) {
+    if (m->encode_hook) {
+        const mmc_status st = m->encode_hook(m->encode_hook_arg, ctx, grid, n, feats);
+        if (st != MMC_ERR_NOT_FOUND) return st;
+    }
     return m->vision_share && mmc_comm_size(m->vision_share) > 1 ? vision_shared(ctx, m, pixels, grid, n, feats)
                                                                  : mmc_vision_forward(ctx, m->visual, pixels, grid, n, feats, NULL);
 }
