@@ -314,6 +314,7 @@ static bool plan_given(const mmc_module_plan *m) {
 static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
     mmc_parallel_cfg *p = &c->parallel;
     p->hetero = false;
+    p->hetero_audio = false;
     const mmc_module_plan *lm = &p->language;
     /* the language model's keys become the job's (default 1 at the top level: only a different
      * explicit value conflicts) */
@@ -374,6 +375,17 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
                         "context_parallel %lld, with %s: not supported yet; the per-modality plan composes with the "
                         "language model's context_parallel x data_parallel", (long long)cp, why);
         p->hetero = true;
+    }
+    /* the audio encoder (Qwen2.5-Omni) data-parallel over all ranks: shared over the tp group like
+     * the tower (without language tp it is the job's data parallelism already: nothing to share) */
+    if (plan_given(au) && tp > 1) {
+        const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
+                          : p->expert_parallel > 1 ? "expert_parallel > 1" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "audio", "data-parallel over all ranks while the language model is at "
+                        "tensor_parallel %lld, with %s: not supported yet; the audio plan composes with the "
+                        "language model's tensor_parallel x data_parallel", (long long)tp, why);
+        p->hetero_audio = true;
     }
     for (int i = 0; i < 3; i++) {
         const mmc_module_plan *m = mods[i].m;
