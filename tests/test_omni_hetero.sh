@@ -54,7 +54,7 @@ echo "$share" | python3 -c "
 import re, sys
 line = sys.stdin.read(); n = [int(x) for x in re.findall(r' (\d+) \(', line)]
 ok = len(n) == 2 and sum(n) == 3 * $CLIPS and 0 < min(n) and max(n) < sum(n)
-print(('' if ok else 'FAIL: ') + 'audio dp2 clips encoded per rank (3 steps x $CLIPS clips):', n)
+print(('' if ok else 'FAIL: ') + 'audio dp2 | LM tp2, 3 steps x $CLIPS clips:', line.split('plan: ')[-1].strip())
 sys.exit(0 if ok else 1)" || fail=1
 grep -q "per-modality plan: audio encoder data-parallel over 2 ranks" "$W/train.log" || { echo "FAIL: no start-up line"; fail=1; }
 : >"$W/train.log"
