@@ -11,7 +11,8 @@
  * member), so each rank's share of the feature gradient is simply its own rows (Megatron's
  * gather_from_tensor_model_parallel_region does the same); the tower's weight gradients are then
  * partial per rank and are summed over the world (the trainer: over dp by the bucketed reducer,
- * then over tp — the two groups together are the world). */
+ * then over tp — the two groups together are the world). Qwen2.5-Omni's audio encoder takes the same
+ * plan (parallel.audio), its clips shared by mel frames (omni_train.c). */
 #ifndef MMC_HETERO_H
 #define MMC_HETERO_H
 

@@ -18,6 +18,8 @@
  * encoder's and the vision tower's (PEFT module names model.language_model.layers.N.*,
  * model.audio_tower.layers.N.*, model.visual.blocks.N.attn.{q,k,v,proj} / .mlp.* and
  * model.visual.merger.mlp.{0,2}, as on the live thinker; q / k / v adapt slices of the fused qkv). Packed rows and videos are not supported for training yet.
+ * Under tensor parallelism the encoders run whole on every rank of the group: each encodes every clip
+ * and image, or, under a per-modality plan (m->share: parallel.audio / parallel.vision), its share.
  *
  * Parameter names are save_pretrained's for the thinker: model.*, lm_head.weight,
  * audio_tower.*, visual.* (the vision tower's fused qkv exposed as Omni's separate q / k / v
