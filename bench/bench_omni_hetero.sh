@@ -64,5 +64,7 @@ for l in open(sys.argv[1]):
     k, *v = l.split()
     if k in ('replicated', 'shared'): r.setdefault(k, []).append(float(v[0]))
 a, b = statistics.median(r['replicated']), statistics.median(r['shared'])
-print('median step: replicated %.3f s, shared %.3f s: shared / replicated = %.2f' % (a, b, b / a))" "$W/res"
+pairs = [y / x for x, y in zip(r['replicated'], r['shared'])]
+print('median step: replicated %.3f s, shared %.3f s: shared / replicated = %.2f (pairs: %s, median %.2f)' %
+      (a, b, b / a, ' '.join('%.2f' % p for p in pairs), statistics.median(pairs)))" "$W/res"
 echo "load: $(uptime | sed 's/.*load average: //')"
