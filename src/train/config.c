@@ -305,7 +305,9 @@ static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char
  * vision tower (with Qwen2-VL's merger, the projector) either follows the language model (its
  * tensor_parallel equal to the language model's: split like it, the ordinary plan) or runs
  * data-parallel over every rank (tensor_parallel 1 while the language model's is > 1, or given
- * while its context_parallel is > 1: the heterogeneous plan). What does not add up or is not implemented is refused here by name; the
+ * while its context_parallel is > 1: the heterogeneous plan). The audio encoder (Qwen2.5-Omni) is data-parallel only:
+ * shared over the tp group when the language model's tensor_parallel is > 1 (hetero_audio), else the job's data
+ * parallelism. What does not add up or is not implemented is refused here by name; the
  * world size is checked again by the trainer when it is known. */
 static bool plan_given(const mmc_module_plan *m) {
     return m->data_parallel || m->tensor_parallel || m->pipeline_parallel || m->context_parallel;
