@@ -134,6 +134,8 @@ typedef struct {
     mmc_module_plan vision, audio, projector, language;
     bool hetero;                      /* derived: the vision tower data-parallel over all ranks while the
                                        * language model is split at tensor_parallel > 1 */
+    bool hetero_audio;                /* derived: the audio encoder (parallel.audio) data-parallel over all
+                                       * ranks while the language model is at tensor_parallel > 1 */
     int64_t tp_comm_chunks;           /* row-parallel all-reduce in chunks overlapped with the GEMM (1: off) */
     bool pipeline_early_recv;         /* pipeline receives posted ahead of their op (mmc_pp_set_early_recv) */
     bool pipeline_vision_stage;       /* Qwen2-VL: stage 0 runs only the vision tower, merger and embedding;

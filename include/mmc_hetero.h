@@ -14,7 +14,8 @@
  * then over tp — the two groups together are the world). With the language model pipelined
  * (trainer_pp_hetero.c) the share is over the replica's stages x tp ranks and the whole step's
  * micro-batches, the features go to the first stage by an all-to-all and their gradient comes back
- * after the pipeline's backward. */
+ * after the pipeline's backward. Qwen2.5-Omni's audio encoder takes the
+ * same plan (parallel.audio), its clips shared by mel frames (omni_train.c). */
 #ifndef MMC_HETERO_H
 #define MMC_HETERO_H
 

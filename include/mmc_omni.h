@@ -74,6 +74,14 @@ typedef struct mmc_omni {
     int n_qkv_views;                 /* three per fused qkv weight / bias (borrowed from its caller) */
     mmc_linear_w *vis_parts;         /* LoRA: [depth][3] the vision blocks' q / k / v as adapter hosts
                                       * (qkv.parts), made by mmc_omni_linears */
+    /* training under a per-modality plan (mmc_hetero.h, parallel.audio / parallel.vision): the members
+     * of share (the language model's tp group) hold the same samples; with share_audio each encodes
+     * only its share of a batch's audio clips (balanced by mel frames), with share_vision its share of
+     * the images (by patches), and the features are all-gathered over share; NULL: all of them */
+    struct mmc_comm *share;
+    bool share_audio, share_vision;
+    int64_t share_clips, share_frames;     /* what this rank encoded under share: clips and mel frames, */
+    int64_t share_images, share_patches;   /* images and patches */
 } mmc_omni;
 
 /* config.json model_type "qwen2_5_omni_thinker" or "qwen2_5_omni" (its thinker_config). */

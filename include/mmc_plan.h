@@ -40,6 +40,9 @@ typedef struct {
     bool vision;                          /* Qwen2-VL tower present */
     int64_t v_depth, v_dim, v_heads, v_inter, v_merge, v_out;   /* Cv, Hv, Fv, spatial merge m, LM width */
     int64_t v_patch_in;                   /* Cin * kt * p * p (patch embedding input) */
+    bool audio;                           /* Qwen2.5-Omni thinker: its audio encoder (and Qwen2.5-VL's tower) */
+    int64_t a_dim, a_layers, a_heads, a_inter, a_window, a_mels, a_out;   /* d_model, encoder_layers, heads,
+                                           * ffn, n_window, num_mel_bins, output_dim */
     mmc_qwen2_config lm;                  /* as the trainer reads them (its divisibility checks run on these) */
     mmc_vision_config vcfg;
 } mmc_plan_model;
@@ -55,6 +58,8 @@ typedef struct {
     int64_t lora_r;             /* > 0: only adapters train (rank r on the targets below) */
     unsigned lora_targets;      /* bit i: q,k,v,o,gate,up,down (MMC_PLAN_LORA_*) */
     bool freeze_vision;         /* vision tower kept fixed (no gradient, no optimizer state) */
+    int64_t audio_frames;       /* mel frames per sample (100 a second; 0: none), Qwen2.5-Omni */
+    bool freeze_audio;          /* the audio encoder kept fixed */
 } mmc_plan_workload;
 enum { MMC_PLAN_LORA_Q = 1, MMC_PLAN_LORA_K = 2, MMC_PLAN_LORA_V = 4, MMC_PLAN_LORA_O = 8, MMC_PLAN_LORA_GATE = 16,
        MMC_PLAN_LORA_UP = 32, MMC_PLAN_LORA_DOWN = 64 };
@@ -73,7 +78,9 @@ typedef struct {
     int64_t micro_batch;        /* samples per micro-batch (per data-parallel rank) */
     bool hetero;                /* per-modality plan (mmc_hetero.h): the vision tower whole and data-parallel
                                  * over all ranks (each tp rank encodes 1/tp of its micro-batch's images, the
-                                 * merged features all-gathered over tp) while the LM is at tp x dp */
+                                 * merged features all-gathered over tp) while the LM is at tp x dp; for
+                                 * Qwen2.5-Omni the audio encoder too (1/tp of the clips): hetero_audio */
+    bool hetero_audio;
     bool vstage;                /* parallel.pipeline_vision_stage: the vision tower, merger and embedding on
                                  * pipeline stage 0 alone, the decoder layers over stages 1 .. pp-1 (1F1B) */
 } mmc_plan_layout;
@@ -127,11 +134,12 @@ typedef struct {
 
 /* ---------------------------------------------------------------- model and workload */
 /* config.json (Qwen2, Qwen2-VL / Qwen2.5-VL: text fields flat or under text_config, the tower
- * under vision_config). `what` names the file in errors. */
+ * under vision_config; the Qwen2.5-Omni thinker's with its audio_config). `what` names the file in errors. */
 mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_model *out);
 /* Parameters of one decoder layer / the vision tower / embedding (+ untied lm_head). */
 int64_t mmc_plan_layer_params(const mmc_plan_model *m);
 int64_t mmc_plan_vision_params(const mmc_plan_model *m);
+int64_t mmc_plan_audio_params(const mmc_plan_model *m);   /* Qwen2.5-Omni's audio encoder (0: none) */
 int64_t mmc_plan_total_params(const mmc_plan_model *m);
 /* Forward FLOPs of one decoder layer over `tokens` tokens in sequences of `seq` (GEMMs + causal
  * attention, unsharded). */

@@ -159,6 +159,13 @@ void mmc_qwen2_vl_free(mmc_qwen2_vl *m);
  * mmc_vision_forward, or under m->vision_share this rank's share encoded and the rows all-gathered. */
 mmc_status mmc_qwen2_vl_encode(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels, const int64_t *grid, int n,
                                mmc_tensor **feats);
+/* The tower's share of a per-modality plan (mmc_hetero.h): the n images shared out over g by patch
+ * count, this rank's run encoded with the whole tower, the merged features all-gathered over g in
+ * image order (every member the same [sum t h w / m^2, out_hidden]); the images and patches this
+ * rank encoded are added to *n_images and *n_patches. Collective over g. */
+mmc_status mmc_vision_forward_shared(mmc_ctx *ctx, struct mmc_comm *g, mmc_vision *visual, mmc_tensor *pixels,
+                                     const int64_t *grid, int n, mmc_tensor **feats, int64_t *n_images,
+                                     int64_t *n_patches);
 /* Inference: pre-pack the language model's and the tower's linears (mmc_qwen2_prepack,
  * mmc_vision_prepack); counts added to (each may be NULL). */
 mmc_status mmc_qwen2_vl_prepack(mmc_qwen2_vl *m, int *n_linears, int64_t *bytes_before, int64_t *bytes_after);

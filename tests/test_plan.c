@@ -364,6 +364,57 @@ int main(void) {
         CHECK(!mmc_plan_layout_ok(&m, &w, &hl, NULL, 0));   /* a text model */
         CHECK(mmc_plan_layout_ok(&vm, &vw, &hl, NULL, 0));
     }
+    /* ---- Qwen2.5-Omni thinker (the fixture's config, 2 KV heads and 1398 words so tp 2 divides them): the audio encoder's
+     * parameters are the fixture checkpoint's audio_tower.* tensors less the unused audio_bos_eos_token
+     * (33072 - 32); its per-modality plan at tp 2 keeps the encoder whole (the same parameters) and adds
+     * one all-gather of the clips' features [frames / 4, out] per micro-batch and one all-reduce of the
+     * encoder's gradients per step, for half its compute */
+    {
+        char *txt = NULL;
+        size_t len = 0;
+        FILE *cf = fopen("tests/fixtures/omni/thinker/config.json", "rb");
+        CHECK(cf != NULL);
+        if (cf) {
+            fseek(cf, 0, SEEK_END);
+            len = (size_t)ftell(cf);
+            rewind(cf);
+            txt = calloc(len + 1, 1);
+            CHECK(txt && fread(txt, 1, len, cf) == len);
+            fclose(cf);
+        }
+        char *kv = txt ? strstr(txt, "\"num_key_value_heads\": 1") : NULL, *vs = txt ? strstr(txt, "\"vocab_size\": 1399") : NULL;
+        CHECK(kv != NULL && vs != NULL);
+        if (kv) kv[strlen("\"num_key_value_heads\": ")] = '2';
+        if (vs) vs[strlen("\"vocab_size\": 139")] = '8';   /* 1398: even, for tp 2 */
+        mmc_json *oj = NULL;
+        mmc_plan_model om;
+        memset(&om, 0, sizeof om);
+        if (txt) CHECK_OK(mmc_json_parse(txt, len, "omni", &oj));
+        if (oj) CHECK_OK(mmc_plan_model_read(oj, "omni", &om));
+        mmc_json_free(oj);
+        free(txt);
+        CHECK(om.audio && om.vision && mmc_plan_audio_params(&om) == 33072 - 32);
+        mmc_plan_workload ow = {.batch = 8, .micro_batch = 1, .seq = 64, .audio_frames = 200, .weight_bytes = 4,
+                                .act_bytes = 4};
+        const mmc_plan_net nb = net0(0, 1e-9);
+        mmc_plan_layout sl = base, hl = base;
+        sl.tp = hl.tp = 2;
+        hl.hetero = hl.hetero_audio = true;
+        CHECK(mmc_plan_layout_ok(&om, &ow, &hl, NULL, 0));   /* (no images: the audio makes it worth it) */
+        hl.hetero = false;   /* the audio encoder's share alone (the tower's terms are test_plan's case above) */
+        mmc_plan_estimate es, eh;
+        CHECK_OK(mmc_plan_estimate_layout(&om, &ow, &d, &nb, &sl, &es));
+        CHECK_OK(mmc_plan_estimate_layout(&om, &ow, &d, &nb, &hl, &eh));
+        const double AP = (double)mmc_plan_audio_params(&om);
+        CHECK(REL(eh.mem_params, es.mem_params));
+        const double want = 8.0 * mmc_plan_coll_time(MMC_COLL_ALL_GATHER, 2, 200.0 / 4 * 16 * 4, 0, 1e-9) +
+                            mmc_plan_coll_time(MMC_COLL_ALL_REDUCE, 2, AP * 4, 0, 1e-9);
+        CHECK_NEAR(eh.tp_comm_s - es.tp_comm_s, want, 1e-12 * fabs(want) + 1e-15);
+        CHECK(eh.compute_s < es.compute_s);
+        mmc_plan_layout bad = sl;
+        bad.pp = 2, bad.tp = 1;
+        CHECK(!mmc_plan_layout_ok(&om, &ow, &bad, NULL, 0));   /* the thinker: tp x dp only */
+    }
     /* ---- a config without the decoder sizes names the file */
     mmc_json *bad = NULL;
     const char *bj = "{\"model_type\": \"qwen2\", \"hidden_size\": 0}";

@@ -115,4 +115,22 @@ assert v3 and all(r["pp"] == 3 and r["vpp"] == 1 for r in v3)
 assert not any(r["pp"] == 3 and not r["vision_stage"] for r in rows3), "3 stages cannot split 2 layers"
 assert not any(r["vision_stage"] for r in text)
 PY
+# Qwen2.5-Omni (examples/qwen2_5_omni_7b_plan.yaml): only tp x dp at ZeRO 0-2 (what the trainer takes for the
+# thinker); the per-modality plan shares the audio encoder with the tower (vision-dpN+audio), models less
+# time than its replicated twin, and --write gives both encoders {data_parallel: N}
+"$MMC" plan examples/qwen2_5_omni_7b_plan.yaml --gpus 8 --json > "$W/omni.jsonl" 2>&1
+"$MMC" plan examples/qwen2_5_omni_7b_plan.yaml --gpus 8 --write "$W/omni_w.yaml" > /dev/null 2>&1
+python3 - "$W/omni.jsonl" "$W/omni_w.yaml" <<'PY' && ok "Qwen2.5-Omni: encoders data-parallel layouts" || bad "Qwen2.5-Omni plan: $(head -3 "$W/omni.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows and all(r["pp"] == 1 and r["cp"] == 1 and r["zero"] <= 2 for r in rows)
+het = [r for r in rows if r["layout"].endswith("vision-dp8+audio")]
+assert het and all(r["tp"] > 1 for r in het)
+by = {r["layout"]: r for r in rows}
+for r in het:
+    twin = by.get(r["layout"].replace(" vision-dp8+audio", ""))
+    assert twin is None or r["step_s"] < twin["step_s"], (r, twin)
+w = open(sys.argv[2]).read()
+assert ("vision-dp8+audio" not in rows[0]["layout"]) or ("audio: {data_parallel: 8}" in w and "vision: {data_parallel: 8}" in w), w
+PY
 exit $fail

@@ -21,7 +21,7 @@ void help_plan(FILE *f) {
     fprintf(f,
             "usage: mmc plan RUN.yaml --gpus N [--gpu-mem G] [--device h100|h200|a100|cpu]\n"
             "                [--interconnect nvlink|ib|pcie] [--top K] [--write OUT.yaml] [--json]\n"
-            "                [--batch B] [--seq S] [--image-patches P] [--calib FILE]\n"
+            "                [--batch B] [--seq S] [--image-patches P] [--audio-seconds A] [--calib FILE]\n"
             "       mpirun -np 2 mmc plan --calibrate-net [--calib FILE]\n\n"
             "Rank the parallel layouts of RUN.yaml's model on N ranks by modelled step time, keeping those\n"
             "whose memory per rank fits G GiB. Layouts: data_parallel x tensor_parallel (with and without\n"
@@ -54,6 +54,8 @@ void help_plan(FILE *f) {
             "  --seq S               tokens per sample instead of data.seq_len\n"
             "  --image-patches P     vision patches per sample for a Qwen2-VL model (default: data.max_pixels /\n"
             "                        196, else 1024 = one 448x448 image; 0 = text only)\n"
+            "  --audio-seconds A     seconds of audio per sample for a Qwen2.5-Omni thinker (default 10; 0 = none);\n"
+            "                        its per-modality plan shares the audio encoder too (vision-dpN+audio)\n"
             "  --calib FILE          the CPU calibration cache (default $XDG_CACHE_HOME/mmc/plan-cpu.txt or\n"
             "                        ~/.cache/mmc/plan-cpu.txt); delete it to measure again\n"
             "  --host-share F        --device cpu: the share of a core each rank will get (0-1; default:\n"
@@ -139,7 +141,7 @@ static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm,
                    (unsigned)(l->recompute_layers > 0) << 11 | (unsigned)l->vstage << 12;
     for (int i = 0; i < *n_mm; i++)
         if (mm[i].key == key) { snprintf(why, cap, "%s", mm[i].why); return mm[i].ok; }
-    char s[12][96];
+    char s[13][96];
     snprintf(s[0], 96, "parallel.tensor_parallel=%d", l->tp > 1 ? 2 : 1);
     snprintf(s[1], 96, "parallel.pipeline_parallel=%d", l->pp > 1 ? 2 : 1);
     snprintf(s[2], 96, "parallel.context_parallel=%d", l->cp > 1 ? 2 : 1);
@@ -152,10 +154,11 @@ static bool config_accepts(const char *path, const mmc_plan_layout *l, memo *mm,
     snprintf(s[9], 96, "model.recompute_layers=%d", l->recompute_layers > 0);
     snprintf(s[10], 96, "parallel.vision.tensor_parallel=1");   /* hetero: the tower data-parallel */
     snprintf(s[11], 96, "parallel.pipeline_vision_stage=true");   /* the tower on a stage of its own */
-    const char *sets[12];
+    snprintf(s[12], 96, "parallel.audio.tensor_parallel=1");   /* Qwen2.5-Omni: the audio encoder data-parallel */
+    const char *sets[13];
     int ns = 0;
-    for (int i = 0; i < 12; i++)
-        if ((i != 10 || l->hetero) && (i != 11 || l->vstage)) sets[ns++] = s[i];
+    for (int i = 0; i < 13; i++)
+        if ((i != 10 || l->hetero) && (i != 11 || l->vstage) && (i != 12 || l->hetero_audio)) sets[ns++] = s[i];
     mmc_run_config c;
     mmc_status st = mmc_run_config_load(path, sets, ns, &c);
     memo *m = &mm[(*n_mm)++];
@@ -209,6 +212,9 @@ static void explain(const row *r, int i, double gmem, const row *best) {
         printf("   per-modality plan: the vision tower whole and data-parallel over all %d ranks (each tensor-parallel "
                "rank encodes 1/%d of its micro-batch's images, the features all-gathered), the language model at tp%d x "
                "dp%d\n", r->l.dp * r->l.tp, r->l.tp, r->l.tp, r->l.dp);
+    if (r->l.hetero_audio)
+        printf("   the audio encoder likewise (each tensor-parallel rank encodes 1/%d of its micro-batch's clips)\n",
+               r->l.tp);
     if (r->l.vstage)
         printf("   vision stage: the tower, merger and embedding on pipeline stage 0 alone, the decoder layers over "
                "stages 1 .. %d\n", r->l.pp - 1);
@@ -243,6 +249,8 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
     if (l->vstage) len += (size_t)snprintf(out + len, cap - len, "  pipeline_vision_stage: true\n");
     if (l->hetero)   /* per-modality plan: the vision tower data-parallel over every rank */
         len += (size_t)snprintf(out + len, cap - len, "  vision: {data_parallel: %d}\n", l->dp * l->tp * l->pp);
+    if (l->hetero_audio)   /* Qwen2.5-Omni: the audio encoder too */
+        len += (size_t)snprintf(out + len, cap - len, "  audio: {data_parallel: %d}\n", l->dp * l->tp);
     out[len] = 0;
     /* micro_batch_size: N, recompute: none|full|attention and recompute_layers: N, in place when
      * the key occurs exactly once */
@@ -273,7 +281,7 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
 int cmd_plan(int argc, char **argv) {
     const char *cmd = "plan", *yaml = NULL, *device = "h100", *inter = NULL, *write = NULL, *calib_arg = NULL;
     long long gpus = 0, top = 8, batch = -1, seq = -1, patches = -1;
-    double gmem_gib = 0, host_share = -1;
+    double gmem_gib = 0, host_share = -1, audio_s = -1;
     bool json = false, cal_net = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -287,6 +295,7 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(a, "--calib")) { if (!(calib_arg = cli_value(argc, argv, &i))) return CLI_USAGE; }
         else if (!strcmp(a, "--batch")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1LL << 40, &batch)) return CLI_USAGE; }
         else if (!strcmp(a, "--seq")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1 << 24, &seq)) return CLI_USAGE; }
+        else if (!strcmp(a, "--audio-seconds")) { if (!(v = cli_value(argc, argv, &i)) || !cli_float(a, v, 0, 36000, &audio_s)) return CLI_USAGE; }
         else if (!strcmp(a, "--image-patches")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 0, 1 << 24, &patches)) return CLI_USAGE; }
         else if (!strcmp(a, "--host-share")) { if (!(v = cli_value(argc, argv, &i)) || !cli_float(a, v, 1e-4, 1, &host_share)) return CLI_USAGE; }
         else if (!strcmp(a, "--json")) json = true;
@@ -330,6 +339,11 @@ int cmd_plan(int argc, char **argv) {
                            .seq = seq > 0 ? seq : rc.data.seq_len, .weight_bytes = rc.model.dtype == MMC_RUN_BF16 ? 2 : 4,
                            .act_bytes = cpu ? 4 : 2, .lora_r = rc.model.lora.r,
                            .freeze_vision = (rc.model.freeze_mask & 1u) != 0};
+    if (m.audio) {   /* Qwen2.5-Omni: 100 mel frames a second; both encoders frozen unless model.freeze is given */
+        w.audio_frames = (int64_t)((audio_s >= 0 ? audio_s : 10.0) * 100.0 + 0.5);
+        w.freeze_audio = (rc.model.freeze_mask & MMC_FREEZE_AUDIO) != 0 || !rc.model.freeze.items;
+        w.freeze_vision = w.freeze_vision || !rc.model.freeze.items;
+    }
     if (m.vision) w.vision_patches = patches >= 0 ? patches : rc.data.max_pixels > 0 ? rc.data.max_pixels / 196 : 1024;
     if (w.lora_r > 0) {
         static const char *const names[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -383,13 +397,14 @@ int cmd_plan(int argc, char **argv) {
                         for (int ring = 0; ring <= (cp > 1); ring++)
                             for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)
                                 for (int rcmp = 0; rcmp <= 2; rcmp++)
-                                    for (int het = 0; het <= (m.vision && (tp > 1 || pp > 1) && w.vision_patches > 0); het++)
+                                    for (int het = 0; het <= (m.vision && (((tp > 1 || pp > 1) && w.vision_patches > 0) || (tp > 1 && w.audio_frames > 0))); het++)
                                     for (int vst = 0; vst <= (m.vision && pp > 1 && vpp == 1 && !het && w.vision_patches > 0); vst++)
                                     for (int64_t mb = 1; mb <= 16 && mb * dp <= w.batch; mb++) {
                                         /* ep: expert parallelism (1 here; a MoE model's layouts add ep | dp x cp) */
                                         mmc_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = 1, .vpp = vpp,
                                                              .sp = sp, .cp_ring = ring, .zero = zero, .recompute = rcmp,
-                                                             .micro_batch = mb, .hetero = het, .vstage = vst};
+                                                             .micro_batch = mb, .hetero = het, .vstage = vst,
+                                                             .hetero_audio = het && w.audio_frames > 0};
                                         tried++;
                                         if (!mmc_plan_layout_ok(&m, &w, &l, why, sizeof why)) {
                                             if (!*first_why) snprintf(first_why, sizeof first_why, "%s", why);
@@ -450,7 +465,7 @@ int cmd_plan(int argc, char **argv) {
     const double toks = (double)w.batch * (double)w.seq;
     printf("mmc plan: %s on %lld x %s (%.0f GiB each, %s): %lld parameters, batch %lld x %lld tokens%s\n", yaml, gpus,
            dev.name, gmem_gib, cpu && !inter ? (gpus > 1 ? "measured interconnect" : "one rank") : net.name, (long long)mmc_plan_total_params(&m),
-           (long long)w.batch, (long long)w.seq, m.vision ? (w.vision_patches ? " + images" : "") : "");
+           (long long)w.batch, (long long)w.seq, m.vision ? (w.vision_patches ? (w.audio_frames ? " + images + audio" : " + images") : w.audio_frames ? " + audio" : "") : "");
     printf("%d layouts accepted, %d fit in memory (of %lld enumerated)\n\n", nr, nfit, (long long)tried);
     printf("  #  %-46s %10s %12s %6s %9s %7s %6s\n", "layout", "step s", "tok/s/rank", "MFU", "mem GiB", "bubble", "comm");
     for (int i = 0; i < nr && i < top; i++) {
@@ -465,7 +480,7 @@ int cmd_plan(int argc, char **argv) {
                100 * r->e.comm_s / r->e.step_s, r->fits ? "" : "  (does not fit)");
     }
     printf("(layout: dp/tp/pp/cp sizes, +sp sequence parallel, ppPxV interleaved, cp u Ulysses / r ring, zZeRO stage, "
-           "mb micro-batch, rc recompute, vision-dpN the vision tower data-parallel over all N ranks, vision-stage the tower on pipeline stage 0 alone; MFU against the "
+           "mb micro-batch, rc recompute, vision-dpN the vision tower data-parallel over all N ranks (+audio: the audio encoder too), vision-stage the tower on pipeline stage 0 alone; MFU against the "
            "bf16 peak)\n\n");
     if (!nfit) {
         const row *small = &rows[0];

@@ -41,6 +41,7 @@
 #include "mmc_parallel.h"
 #include "mmc_pp.h"
 #include "mmc_train.h"
+#include "mmc_omni.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -57,7 +58,8 @@ mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_m
     memset(out, 0, sizeof *out);
     const char *type = "";
     if (mmc_json_str(cfg, "model_type", "", &type)) type = "";
-    if (!strncmp(type, "llava", 5) || !strncmp(type, "internvl", 8) || !strncmp(type, "qwen2_5_omni", 12))
+    const bool omni = !strcmp(type, "qwen2_5_omni_thinker");   /* Qwen2.5-VL's tower + the audio encoder */
+    if (!strncmp(type, "llava", 5) || !strncmp(type, "internvl", 8) || (!strncmp(type, "qwen2_5_omni", 12) && !omni))
         /* (their config nests the language model under text_config and another tower: read as Qwen2-VL's, the
          * figures would be another model's) */
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: model_type '%s': mmc plan models the Qwen2 / Llama / Mistral "
@@ -77,7 +79,7 @@ mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_m
     if (mmc_json_get(cfg, "vision_config")) {
         const char *mt = NULL;
         if ((st = mmc_json_str(cfg, "model_type", "", &mt))) return mmc_error_prefix(st, "%s", what);
-        mmc_vl_arch arch = !strcmp(mt, "qwen2_5_vl") ? MMC_VL_QWEN2_5 : MMC_VL_QWEN2;
+        mmc_vl_arch arch = !strcmp(mt, "qwen2_5_vl") || omni ? MMC_VL_QWEN2_5 : MMC_VL_QWEN2;
         if ((st = mmc_vision_config_read(cfg, arch, &out->vcfg))) return mmc_error_prefix(st, "%s", what);
         const mmc_vision_config *v = &out->vcfg;
         out->vision = true;
@@ -87,6 +89,14 @@ mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_m
         if (out->v_depth < 1 || out->v_dim < 1 || out->v_heads < 1 || out->v_merge < 1)
             return mmc_error(MMC_ERR_FORMAT, "%s: vision_config: depth, embed_dim, num_heads, spatial_merge_size "
                              "must be positive", what);
+    }
+    if (omni) {
+        mmc_omni_audio_config ac;
+        if ((st = mmc_omni_audio_config_read(cfg, what, &ac))) return st;
+        out->audio = true;
+        out->a_dim = ac.d_model, out->a_layers = ac.encoder_layers, out->a_heads = ac.encoder_attention_heads;
+        out->a_inter = ac.encoder_ffn_dim, out->a_window = ac.n_window, out->a_mels = ac.num_mel_bins;
+        out->a_out = ac.output_dim;
     }
     return MMC_OK;
 }
@@ -113,9 +123,18 @@ int64_t mmc_plan_vision_params(const mmc_plan_model *m) {
     return m->v_depth * blk + m->v_patch_in * Cv + 2 * Cv + mm * mm + mm + mm * m->v_out + m->v_out;
 }
 
+/* Whisper-style: conv1 (mels -> C, k 3), conv2 (C -> C, k 3), per layer q / k / v / o (k without
+ * bias), fc1 / fc2 and two LayerNorms, ln_post and the projection to the LM's width */
+int64_t mmc_plan_audio_params(const mmc_plan_model *m) {
+    if (!m->audio) return 0;
+    const int64_t C = m->a_dim, F = m->a_inter;
+    const int64_t blk = 4 * C * C + 3 * C + 2 * C * F + F + C + 4 * C;
+    return m->a_mels * 3 * C + C + 3 * C * C + C + m->a_layers * blk + 2 * C + C * m->a_out + m->a_out;
+}
+
 int64_t mmc_plan_total_params(const mmc_plan_model *m) {
     return m->layers * mmc_plan_layer_params(m) + m->vocab * m->hidden * (m->tied ? 1 : 2) + m->hidden +
-           mmc_plan_vision_params(m);
+           mmc_plan_vision_params(m) + mmc_plan_audio_params(m);
 }
 
 double mmc_plan_layer_flops(const mmc_plan_model *m, int64_t tokens, int64_t seq) {
@@ -1117,6 +1136,7 @@ void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap) {
     if (l->recompute && l->recompute_layers > 0 && n > 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - (size_t)n, "%lld", (long long)l->recompute_layers);
     if (l->hetero && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " vision-dp%d", l->dp * l->tp * l->pp);
+    if (l->hetero_audio && n > 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, "+audio");
     if (l->vstage && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " vision-stage");
 }
 
@@ -1155,8 +1175,13 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
         if (!m->vision || w->vision_patches <= 0) NO("a vision stage needs a vision tower and images");
         if (l->pp < 2 || l->vpp > 1 || l->hetero) NO("a vision stage needs pipeline_parallel 2 or more, plain 1F1B");
     }
+    if (m->audio) {   /* the Qwen2.5-Omni thinker trains under tp x dp at ZeRO 0-2 (trainer.c) */
+        if (l->pp > 1 || l->cp > 1) NO("the Qwen2.5-Omni thinker trains under tensor and data parallelism only");
+        if (l->zero == 3) NO("the Qwen2.5-Omni thinker: ZeRO 0-2");
+    }
     if (l->hetero) {   /* the trainer's per-modality plan: vision dp over all ranks, LM (pp x) tp x dp (ZeRO 0-3) */
-        if (!m->vision || w->vision_patches <= 0) NO("a per-modality plan needs a vision tower and images");
+        if ((!m->vision || w->vision_patches <= 0) && (!m->audio || w->audio_frames <= 0))
+            NO("a per-modality plan needs a vision tower and images (or Qwen2.5-Omni's audio encoder and audio)");
         if (l->tp < 2 && l->pp < 2)
             NO("a per-modality plan needs the language model at tensor_parallel or pipeline_parallel 2 or more");
         if (l->cp > 1) NO("a per-modality plan composes with pp x tp x dp (ZeRO 0-3) only");
@@ -1285,6 +1310,33 @@ static double vision_time(const mmc_plan_model *m, const mmc_plan_workload *w, c
     return w->freeze_vision ? t / 3.0 : t;
 }
 
+/* Qwen2.5-Omni's audio encoder on one micro-batch's clips (w->audio_frames mel frames a sample), fwd +
+ * bwd (fwd only when frozen): conv1 over the frames, conv2 to N = frames / 2 rows, the layers on N rows
+ * with attention inside chunks of n_window rows, pooling to N / 2 and the projection */
+static double audio_time(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                         const mmc_plan_layout *l) {
+    if (!m->audio || w->audio_frames <= 0) return 0;
+    const int64_t Fr = l->micro_batch * w->audio_frames, N = Fr / 2 > 0 ? Fr / 2 : 1, Ca = m->a_dim, Fa = m->a_inter;
+    const int64_t win = m->a_window > 0 ? m->a_window : 1, Da = Ca / m->a_heads;
+    double t;
+    if (d->calib) {
+        const double blk = 4.0 * mmc_plan_calib_linear(d->calib, N, Ca, Ca) + mmc_plan_calib_linear(d->calib, N, Ca, Fa) +
+                           mmc_plan_calib_linear(d->calib, N, Fa, Ca) +
+                           mmc_plan_calib_attn(d->calib, (N + win - 1) / win, win, m->a_heads, m->a_heads, Da) +
+                           mmc_plan_calib_eltwise(d->calib, N, Ca, Fa);
+        t = (double)m->a_layers * blk + mmc_plan_calib_linear(d->calib, Fr, 3 * m->a_mels, Ca) +
+            mmc_plan_calib_linear(d->calib, N, 3 * Ca, Ca) + mmc_plan_calib_linear(d->calib, N / 2 + 1, Ca, m->a_out);
+    } else {
+        const double fl = 2.0 * (double)N * (4.0 * (double)Ca * (double)Ca + 2.0 * (double)Ca * (double)Fa);
+        const double fa = 4.0 * (double)N * (double)win * (double)Ca;   /* QK^T and PV inside the chunks */
+        const double fc = 2.0 * (double)Fr * 3.0 * (double)(m->a_mels * Ca) + 2.0 * (double)N * 3.0 * (double)(Ca * Ca) +
+                          (double)N * (double)(Ca * m->a_out);
+        t = 3.0 * ((double)m->a_layers * fl + fc) / d->gemm_flops + 3.0 * (double)m->a_layers * fa / d->attn_flops +
+            3.0 * (double)m->a_layers * 12.0 * (double)N * (double)Ca * w->act_bytes / d->mem_bw;
+    }
+    return w->freeze_audio ? t / 3.0 : t;
+}
+
 /* elements one decoder layer keeps per token for its backward (no recompute) */
 static double layer_act_elems(const mmc_plan_model *m, const mmc_plan_layout *l) {
     const double C = (double)m->hidden, t = l->tp, D = (double)m->head_dim;
@@ -1312,8 +1364,9 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     /* layers per stage (even split; with a vision stage over the P - 1 stages after it) */
     const int64_t Ls = m->layers / (l->vstage ? P - 1 : P);
     /* the tower split over tp (tv), or whole: replicated, or data-parallel (hetero: 1/t of the images) */
-    const int tv = m->vision && t > 1 && !l->hetero && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
-    const double vshare = l->hetero ? 1.0 / t : 1.0;
+    /* (Qwen2.5-Omni keeps its tower whole under tp; its audio encoder likewise, or data-parallel) */
+    const int tv = m->vision && !m->audio && t > 1 && !l->hetero && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
+    const double vshare = l->hetero ? 1.0 / t : 1.0, ashare = l->hetero_audio ? 1.0 / t : 1.0;
     /* ... and with the LM pipelined (trainer_pp_hetero.c): off the first stage; every rank encodes
      * 1 / (P t) of its replica's M micro-batches' images before the pipeline, its backward after */
     const bool hpp = l->hetero && P > 1;
@@ -1337,7 +1390,7 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const bool rc_full = l->recompute == MMC_RECOMPUTE_FULL, rc_attn = l->recompute == MMC_RECOMPUTE_ATTENTION;
     const int64_t nrc = !l->recompute ? 0 : l->recompute_layers > 0 && l->recompute_layers < Ls ? l->recompute_layers : Ls;
     const double rc = (double)nrc * (rc_full ? lfwd : rc_attn ? lafwd : 0);   /* per stage and micro-batch */
-    double first = (double)Ls * lfb + rc + (hpp ? 0.0 : vision_time(m, w, d, l, tv) * vshare), last = (double)Ls * lfb + rc + head_time(m, w, d, l);
+    double first = (double)Ls * lfb + rc + (hpp ? 0.0 : vision_time(m, w, d, l, tv) * vshare) + audio_time(m, w, d, l) * ashare, last = (double)Ls * lfb + rc + head_time(m, w, d, l);
     if (P == 1) first = last = first + head_time(m, w, d, l);
     if (l->vstage) first = vision_time(m, w, d, l, tv) * vshare;   /* the tower stage: no decoder layer */
     const double mid = (double)Ls * lfb + rc;   /* stages between the first and the last */
@@ -1378,6 +1431,13 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
             tp_mb += ccost(d, ranks, MMC_COLL_ALL_GATHER, t, feats, ltp);
             if (!w->freeze_vision && w->lora_r <= 0)   /* ZeRO >= 1: this rank's shard of them */
                 tp_step += ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)mmc_plan_vision_params(m) * 4.0 /
+                                 (l->zero >= 1 ? (double)l->dp : 1.0), ltp);
+        }
+        if (l->hetero_audio && w->audio_frames > 0) {   /* the same for the audio encoder's features and gradients */
+            const double feats = (double)(l->micro_batch * (w->audio_frames / 4)) * (double)m->a_out * ab;
+            tp_mb += ccost(d, ranks, MMC_COLL_ALL_GATHER, t, feats, ltp);
+            if (!w->freeze_audio && w->lora_r <= 0)
+                tp_step += ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, (double)mmc_plan_audio_params(m) * 4.0 /
                                  (l->zero >= 1 ? (double)l->dp : 1.0), ltp);
         }
         if (l->sp) tp_step += (double)(2 * Ls + 1) * ccost(d, ranks, MMC_COLL_ALL_REDUCE, t, C * 4.0, ltp);
@@ -1442,14 +1502,15 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
 
     /* ---- parameters on the busiest stage (the first: embeddings + vision + its layers) */
     const double lp = (double)mmc_plan_layer_params(m) / t, emb = (double)m->vocab * C / t;
-    const double vis = (double)mmc_plan_vision_params(m) / tv;
+    const double vis = (double)mmc_plan_vision_params(m) / tv + (double)mmc_plan_audio_params(m);   /* encoders */
     double p_first = (l->vstage ? 0.0 : (double)Ls * lp) + emb + vis, p_last = (double)Ls * lp + emb + C + (hpp ? vis : 0.0);
     if (P == 1) p_first = p_last = (double)m->layers * lp + emb * (m->tied ? 1 : 2) + C + vis;
     const bool firstbig = p_first >= p_last;
     const double prank = firstbig ? p_first : p_last;
     double train = prank;   /* trainable parameters on the rank */
     if (w->lora_r > 0) train = (double)lora_params(m, w) / (double)(P * t);
-    else if (w->freeze_vision && firstbig) train -= vis;
+    else if (firstbig) train -= (w->freeze_vision ? (double)mmc_plan_vision_params(m) / tv : 0.0) +
+                               (w->freeze_audio ? (double)mmc_plan_audio_params(m) : 0.0);
     if (train < 0) train = 0;
 
     /* ---- data-parallel communication (gradients f32, parameters in the weight dtype) */
@@ -1549,6 +1610,11 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
         /* the tower is checkpointed under full recompute only (the trainer's rule) */
         vis_act = w->freeze_vision ? blk : (rc_full ? (double)m->v_depth * cv * np * ab + blk : (double)m->v_depth * blk) *
                                               (hpp ? 1.0 : vis_flight);
+    }
+    if (m->audio && w->audio_frames > 0) {   /* the audio encoder's layers on N = frames / 2 rows */
+        const double na = (double)(l->micro_batch * w->audio_frames / 2) * ashare, ca = (double)m->a_dim;
+        const double blk = (8.0 * ca + 2.0 * (double)m->a_inter) * na * ab;
+        vis_act += w->freeze_audio ? blk : (double)m->a_layers * blk;
     }
     if (vis_act > 0 && (firstbig || P == 1 || hpp) && !l->vstage) act += vis_act;
     if (hpp && firstbig)   /* the first stage's copy of the step's features (and their gradient) */

@@ -305,7 +305,9 @@ static mmc_status verr(const mmc_run_config *c, const mmc_yaml *root, const char
  * vision tower (with Qwen2-VL's merger, the projector) either follows the language model (its
  * tensor_parallel equal to the language model's: split like it, the ordinary plan) or runs
  * data-parallel over every rank (tensor_parallel 1 while the language model's is > 1, or given
- * while its context_parallel or pipeline_parallel is > 1: the heterogeneous plan). What does not add up or is not implemented is refused here by name; the
+ * while its context_parallel or pipeline_parallel is > 1: the heterogeneous plan). The audio encoder (Qwen2.5-Omni) is data-parallel only:
+ * shared over the tp group when the language model's tensor_parallel is > 1 (hetero_audio), else the job's data
+ * parallelism. What does not add up or is not implemented is refused here by name; the
  * world size is checked again by the trainer when it is known. */
 static bool plan_given(const mmc_module_plan *m) {
     return m->data_parallel || m->tensor_parallel || m->pipeline_parallel || m->context_parallel;
@@ -314,6 +316,7 @@ static bool plan_given(const mmc_module_plan *m) {
 static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
     mmc_parallel_cfg *p = &c->parallel;
     p->hetero = false;
+    p->hetero_audio = false;
     const mmc_module_plan *lm = &p->language;
     /* the language model's keys become the job's (default 1 at the top level: only a different
      * explicit value conflicts) */
@@ -386,6 +389,17 @@ static mmc_status validate_modules(mmc_run_config *c, const mmc_yaml *root) {
         return verr(c, root, "parallel", "pipeline_vision_stage", "true with parallel.vision data-parallel over all "
                     "ranks: the tower is either a pipeline stage of its own or data-parallel over every rank "
                     "(feeding the first stage), not both; drop one of them");
+    /* the audio encoder (Qwen2.5-Omni) data-parallel over all ranks: shared over the tp group like
+     * the tower (without language tp it is the job's data parallelism already: nothing to share) */
+    if (plan_given(au) && tp > 1) {
+        const char *why = pp > 1 ? "pipeline_parallel > 1" : cp > 1 ? "context_parallel > 1"
+                          : p->expert_parallel > 1 ? "expert_parallel > 1" : NULL;
+        if (why)
+            return verr(c, root, "parallel", "audio", "data-parallel over all ranks while the language model is at "
+                        "tensor_parallel %lld, with %s: not supported yet; the audio plan composes with the "
+                        "language model's tensor_parallel x data_parallel", (long long)tp, why);
+        p->hetero_audio = true;
+    }
     for (int i = 0; i < 3; i++) {
         const mmc_module_plan *m = mods[i].m;
         const int64_t mt = m->tensor_parallel ? m->tensor_parallel : 1;

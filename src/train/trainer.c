@@ -508,9 +508,15 @@ static mmc_status load_model(mmc_trainer *t, const char *dir) {
                            "yet; use f32", c->file);
         else if (dir) st = mmc_omni_load_ex(dir, true, &t->omni);
         else st = mmc_omni_new(j, path, (uint64_t)c->training.seed, &t->omni);   /* model.init */
-        /* tp: the thinker's LM split, the audio encoder and vision tower whole on every rank */
+        /* tp: the thinker's LM split, the audio encoder and vision tower whole on every rank: replicated, or
+         * under a per-modality plan (parallel.audio / parallel.vision) each tp rank encoding its share */
         if (!st && t->tpc) st = vlm_lm_shard_tp(t, &t->omni->lm, path);
         if (!st) t->lm = t->omni->lm;
+        if (!st && t->tpc && (c->parallel.hetero || c->parallel.hetero_audio)) {
+            t->omni->share = t->tpc;
+            t->omni->share_vision = c->parallel.hetero;
+            t->omni->share_audio = c->parallel.hetero_audio;
+        }
     } else if (internvl) {   /* InternVL, HF-native or OpenGVLab's internvl_chat (internvl_train.c): the tower frozen */
         if (strcmp(type, "internvl") && !dir)
             st = mmc_error(MMC_ERR_UNSUPPORTED, "%s: model.init (a random start) is not supported for internvl_chat; "
@@ -945,7 +951,7 @@ layout_done:
                 if (t->lora->params[k] == t->opt_model[i]) t->opt_split[i] = t->lora_split[k];
         }
     }
-    if (cfg->parallel.hetero && t->tpc && !t->pp && (st = hetero_setup(t))) goto fail;   /* (cp: mmc_cp_trainer_reduce sums) */
+    if ((cfg->parallel.hetero || cfg->parallel.hetero_audio) && t->tpc && !t->pp && (st = hetero_setup(t))) goto fail;   /* (cp: mmc_cp_trainer_reduce sums) */
     if (cfg->parallel.hetero && t->pp && (st = mmc_trainer_pp_hetero_setup(t))) goto fail;   /* (pp: trainer_pp_hetero.c) */
     if (mmc_trainer_diffusion(t) && (cfg->model.recompute == MMC_RECOMPUTE_ATTENTION || cfg->model.recompute_layers ||
                                       cfg->model.offload_layers)) {
@@ -1186,10 +1192,14 @@ static mmc_status hetero_check(mmc_trainer *t) {
                              (long long)(mt * m->data_parallel), t->world_size,
                              (long long)(t->world_size / mt > 0 ? t->world_size / mt : 1));
     }
-    if (p->hetero && !t->vl)
+    if (p->hetero && !t->vl && !(t->omni && t->tp_size > 1))
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.vision data-parallel while the language model is at "
                          "tensor_parallel %d x pipeline_parallel %d x context_parallel %d: implemented for Qwen2-VL / "
-                         "Qwen2.5-VL", c->file, t->tp_size, t->pp_size > 1 ? t->pp_size : 1, t->cp_size);
+                         "Qwen2.5-VL (tp, pp or cp) and the Qwen2.5-Omni thinker (tp)", c->file, t->tp_size,
+                         t->pp_size > 1 ? t->pp_size : 1, t->cp_size);
+    if (p->hetero_audio && !(t->omni && t->tp_size > 1))   /* (no audio encoder: refused above) */
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: parallel.audio data-parallel while the language model is at "
+                         "tensor_parallel %d: implemented for the Qwen2.5-Omni thinker", c->file, t->tp_size);
     return MMC_OK;
 }
 
@@ -1227,13 +1237,18 @@ static mmc_status partial_reduce(mmc_trainer *t) {
     return MMC_OK;
 }
 
-/* the trained tensors of the tower (their names hold "visual.", LoRA factors included) */
+/* the trained tensors of the data-parallel encoders (LoRA factors included): the tower's (names holding
+ * "visual.") under parallel.vision, the audio encoder's ("audio_tower.") under parallel.audio.
+ * MMC_HETERO_NO_REDUCE=1 leaves them out (a test control: the sum over the group is then missing). */
 static mmc_status hetero_setup(mmc_trainer *t) {
     if (!(t->hetero_idx = calloc((size_t)t->n_opt + 1, sizeof *t->hetero_idx))) return mmc_error(MMC_ERR_OOM, "out of memory");
     t->n_hetero = 0;
     t->hetero_numel = 0;
+    const bool vis = t->cfg->parallel.hetero, aud = t->cfg->parallel.hetero_audio;
+    const char *ctl = getenv("MMC_HETERO_NO_REDUCE");
+    if (ctl && *ctl && strcmp(ctl, "0")) return MMC_OK;
     for (int i = 0; i < t->n_opt; i++)
-        if (strstr(t->opt_names[i], "visual.")) {
+        if ((vis && strstr(t->opt_names[i], "visual.")) || (aud && strstr(t->opt_names[i], "audio_tower."))) {
             t->hetero_idx[t->n_hetero++] = i;
             t->hetero_numel += mmc_numel(t->opt[i]);
         }
@@ -1914,14 +1929,19 @@ static bool zero3_eval_due(const mmc_trainer *t) {
 /* Per-modality plan: how the images were shared out over the run (collective over the world;
  * world rank 0 prints). */
 static mmc_status hetero_report(mmc_trainer *t) {
-    if (!t->vl || (!t->vl->vision_share && !t->pph)) return MMC_OK;
-    int64_t mine[2] = {t->vl->share_images, t->vl->share_patches};
-    int64_t *all = malloc(sizeof(int64_t) * 2 * (size_t)t->world_size);
+    const mmc_omni *o = t->omni && t->omni->share ? t->omni : NULL;
+    if ((!t->vl || (!t->vl->vision_share && !t->pph)) && !o) return MMC_OK;
+    int64_t mine[4] = {t->vl ? t->vl->share_images : o->share_images, t->vl ? t->vl->share_patches : o->share_patches,
+                       o ? o->share_clips : 0, o ? o->share_frames : 0};
+    int64_t *all = malloc(sizeof(int64_t) * 4 * (size_t)t->world_size);
     if (!all) return mmc_error(MMC_ERR_OOM, "out of memory");
-    mmc_status st = mmc_all_gather(t->world, mine, all, 2, MMC_I64);
-    if (!st && t->rank == 0) {
-        fprintf(stderr, "mmc train: per-modality plan: images (patches) the vision tower encoded, per rank:");
-        for (int r = 0; r < t->world_size; r++) fprintf(stderr, " %lld (%lld)", (long long)all[2 * r], (long long)all[2 * r + 1]);
+    mmc_status st = mmc_all_gather(t->world, mine, all, 4, MMC_I64);
+    for (int k = 0; k < 2 && !st && t->rank == 0; k++) {
+        if (k == 0 ? o && !o->share_vision : !o || !o->share_audio) continue;
+        fprintf(stderr, "mmc train: per-modality plan: %s, per rank:", k ? "audio clips (mel frames) the audio "
+                "encoder encoded" : "images (patches) the vision tower encoded");
+        for (int r = 0; r < t->world_size; r++)
+            fprintf(stderr, " %lld (%lld)", (long long)all[4 * r + 2 * k], (long long)all[4 * r + 2 * k + 1]);
         fputc('\n', stderr);
     }
     free(all);
@@ -1992,12 +2012,15 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
         if (t->vl && !t->vl->visual->tp) mmc_vision_tp_ok(&t->vl->visual->cfg, t->tp_size, why, sizeof why);
         if (c->parallel.hetero && t->pp)
             ;   /* (trainer_pp_hetero.c said it) */
-        else if (c->parallel.hetero)
-            fprintf(stderr, "mmc train: per-modality plan: vision tower data-parallel over %d ranks, language model "
+        else if (c->parallel.hetero || c->parallel.hetero_audio)
+            fprintf(stderr, "mmc train: per-modality plan: %s data-parallel over %d ranks, language model "
                     "tensor parallelism %d x data parallelism %d (%s)%s; each tp rank encodes its share of its "
-                    "replica's images, the merged features all-gathered over the tp group\n", t->world_size,
-                    t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
-                    t->lm->sp ? " with sequence parallelism" : "");
+                    "replica's %s, the features all-gathered over the tp group%s\n",
+                    !c->parallel.hetero_audio ? "vision tower" : c->parallel.hetero ? "audio encoder and vision tower"
+                    : "audio encoder", t->world_size, t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
+                    t->lm->sp ? " with sequence parallelism" : "",
+                    !c->parallel.hetero_audio ? "images" : c->parallel.hetero ? "audio clips and images" : "audio clips",
+                    c->parallel.hetero_audio && !c->parallel.hetero ? " (the vision tower replicated)" : "");
         else
         fprintf(stderr, "mmc train: tensor parallelism %d x data parallelism %d (%s)%s: each rank holds 1/%d of the "
                 "language model's matrices%s%s%s\n", t->tp_size, t->dp_size, mmc_comm_backend_name(t->world),
@@ -2017,6 +2040,10 @@ mmc_status mmc_trainer_run(mmc_trainer *t) {
                     "encodes its share of its replica's images, the merged features all-gathered over the cp group\n",
                     t->world_size);
     }
+    if (t->omni && !t->tpc && (c->parallel.audio.data_parallel || c->parallel.vision.data_parallel))
+        fprintf(stderr, "mmc train: per-modality plan: the encoders data-parallel over %d ranks is the job's data "
+                "parallelism (each rank encodes its own samples' clips and images; no tensor-parallel group to "
+                "share them over)\n", t->world_size);
     if (t->dp_size > 1)
         fprintf(stderr, "mmc train: %d data-parallel ranks (%s), ZeRO-%lld, %lld micro-batches per rank per step\n",
                 t->dp_size, mmc_comm_backend_name(t->world), (long long)c->parallel.zero,

@@ -18,12 +18,16 @@
  * encoder's and the vision tower's (PEFT module names model.language_model.layers.N.*,
  * model.audio_tower.layers.N.*, model.visual.blocks.N.attn.{q,k,v,proj} / .mlp.* and
  * model.visual.merger.mlp.{0,2}, as on the live thinker; q / k / v adapt slices of the fused qkv). Packed rows and videos are not supported for training yet.
+ * Under tensor parallelism the encoders run whole on every rank of the group: each encodes every clip
+ * and image, or, under a per-modality plan (m->share: parallel.audio / parallel.vision), its share.
  *
  * Parameter names are save_pretrained's for the thinker: model.*, lm_head.weight,
  * audio_tower.*, visual.* (the vision tower's fused qkv exposed as Omni's separate q / k / v
  * rows through views, and the unused audio_tower.audio_bos_eos_token copied, so a full checkpoint
  * is the thinker layout transformers loads with nothing missing). */
 #include "mmc_omni.h"
+#include "mmc_hetero.h"
+#include "mmc_vl.h"
 #include "mmc_lora.h"
 #include "mmc_trainer.h"
 #include "mmc_ops.h"
@@ -198,6 +202,72 @@ static mmc_tensor *scatter_tok(mmc_ctx *ctx, mmc_tensor *x, const int32_t *ids, 
     return mmc_scatter_rows(ctx, x, idx, f);
 }
 
+/* The batch's n audio clips through the encoder -> *all [n_tok, C] in clip order; on the tape when the
+ * encoder trains (a frozen one runs without: no backward). Under a per-modality plan (m->share with
+ * share_audio, mmc_hetero.h) the clips are shared out over the group by mel frames — the encoder's
+ * cost is linear in them: convolutions over every frame, attention inside n_window chunks — each
+ * member encodes its contiguous run and the features are all-gathered (backward: this rank's rows of
+ * the gradient, the encoder's weight gradients then partial and summed over the group by the
+ * trainer). The clips are checked on every member first, so none fails alone inside the collective. */
+static mmc_status audio_encode(mmc_ctx *ctx, mmc_omni *m, const mmc_omni_audio_in *ain, int n, int64_t n_tok,
+                               mmc_tensor **all) {
+    const int64_t C = m->lm->cfg.hidden_size;
+    mmc_comm *g = m->share && m->share_audio && mmc_comm_size(m->share) > 1 ? m->share : NULL;
+    const int P = g ? mmc_comm_size(g) : 1;
+    int first = 0, cnt = n;
+    int64_t *rows = NULL;
+    if (g) {
+        int64_t *cost = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)(n + P));
+        rows = cost + n;
+        for (int a = 0; a < n; a++) {
+            if (ain[a].frames < 1 || ain[a].frames > ain[a].stride)
+                return mmc_error(MMC_ERR_INVALID, "clip %d: %lld real frames of %lld", a, (long long)ain[a].frames,
+                                 (long long)ain[a].stride);
+            cost[a] = ain[a].frames;
+        }
+        for (int k = 0; k < P; k++) {
+            int f, c;
+            mmc_hetero_share(cost, n, P, k, &f, &c);
+            rows[k] = 0;
+            for (int a = f; a < f + c; a++) rows[k] += mmc_omni_audio_tokens(ain[a].frames);
+            if (k == mmc_comm_rank(g)) first = f, cnt = c;
+        }
+    }
+    const bool tape = mmc_grad_enabled(ctx) && mmc_omni_audio_trainable(m->audio);
+    int64_t mine = 0;   /* this rank's rows */
+    for (int a = first; a < first + cnt; a++) mine += mmc_omni_audio_tokens(ain[a].frames);
+    mmc_tensor *local = NULL;                                                           /* [mine, C] */
+    mmc_tensor **fs = tape && cnt ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *fs * (size_t)cnt) : NULL;
+    if (!tape || !cnt) local = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(mine, C));
+    bool was = mmc_set_grad_enabled(ctx, tape);
+    mmc_status st = MMC_OK;
+    int64_t off = 0;
+    for (int a = first; a < first + cnt && !st; a++) {
+        mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
+        mmc_tensor *f;
+        st = mmc_omni_audio_forward(ctx, m->audio, ain[a].feats, ain[a].stride, ain[a].frames, &f);
+        if (st) break;
+        if (g) m->share_clips++, m->share_frames += ain[a].frames;
+        if (tape) {
+            fs[a - first] = f;
+        } else {
+            memcpy((float *)local->data + off * C, f->data, sizeof(float) * (size_t)(f->shape[0] * C));
+            off += f->shape[0];
+            mmc_arena_release(mmc_ctx_arena(ctx), mk);
+        }
+    }
+    if (g) MMC_CHECK(!st, "audio encoder on clips %d..%d of this batch (checked before): %s", first, first + cnt - 1,
+                     mmc_last_error());
+    if (!st && tape && cnt) local = mmc_omni_cat_rows(ctx, fs, cnt);
+    if (!st && g) local = mmc_hetero_gather_rows(ctx, g, local, rows);
+    mmc_set_grad_enabled(ctx, was);
+    if (st) return st;
+    MMC_CHECK(local->shape[0] == n_tok, "audio features %lld rows, %lld tokens", (long long)local->shape[0],
+              (long long)n_tok);
+    *all = local;
+    return MMC_OK;
+}
+
 mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, mmc_omni *m, const mmc_batch *b, double scale, mmc_tensor **loss,
                                int64_t *n_scored) {
     *loss = NULL;
@@ -260,27 +330,8 @@ mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, mmc_omni *m, const mmc_batch *b, do
     mmc_tensor *x = mmc_reshape(ctx, mmc_contiguous(ctx, mmc_qwen2_embed(ctx, m->lm, idt)), 2, MMC_SHAPE(BT, C));
     mmc_status st = MMC_OK;
     if (b->n_audios) {   /* the audio encoder, one audio at a time; on the tape when it trains */
-        const bool tape = mmc_grad_enabled(ctx) && mmc_omni_audio_trainable(m->audio);
         mmc_tensor *all = NULL;                                                         /* [Na_tok, C] */
-        mmc_tensor **fs = tape ? mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof *fs * (size_t)b->n_audios) : NULL;
-        if (!tape) all = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(want_at, C));
-        bool was = mmc_set_grad_enabled(ctx, tape);
-        int64_t off = 0;
-        for (int a = 0; a < b->n_audios && !st; a++) {
-            mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
-            mmc_tensor *f;
-            st = mmc_omni_audio_forward(ctx, m->audio, ain[a].feats, ain[a].stride, ain[a].frames, &f);
-            if (st) break;
-            if (tape) {
-                fs[a] = f;
-            } else {
-                memcpy((float *)all->data + off * C, f->data, sizeof(float) * (size_t)(f->shape[0] * C));
-                off += f->shape[0];
-                mmc_arena_release(mmc_ctx_arena(ctx), mk);
-            }
-        }
-        if (!st && tape) all = mmc_omni_cat_rows(ctx, fs, b->n_audios);
-        mmc_set_grad_enabled(ctx, was);
+        st = audio_encode(ctx, m, ain, b->n_audios, want_at, &all);
         if (st) return mmc_error_prefix(st, "audio encoder");
         x = scatter_tok(ctx, x, b->input_ids, BT, at, all);                             /* [B*T, C] */
     }
@@ -320,7 +371,10 @@ mmc_status mmc_omni_batch_loss(mmc_ctx *ctx, mmc_omni *m, const mmc_batch *b, do
         bool was = mmc_set_grad_enabled(ctx, tape);
         mmc_arena_mark mk = mmc_arena_get_mark(mmc_ctx_arena(ctx));
         mmc_tensor *f;
-        st = mmc_vision_forward(ctx, v, px, b->image_grid_thw, b->n_images, &f, NULL);
+        st = m->share && m->share_vision && mmc_comm_size(m->share) > 1
+                 ? mmc_vision_forward_shared(ctx, m->share, v, px, b->image_grid_thw, b->n_images, &f, &m->share_images,
+                                             &m->share_patches)
+                 : mmc_vision_forward(ctx, v, px, b->image_grid_thw, b->n_images, &f, NULL);
         for (int i = 0; i < n_sw; i++) *slots[i] = orig[i];   /* the fused tensors back */
         if (!st && mmc_numel(f) != want_it * C)
             st = mmc_error(MMC_ERR_SHAPE, "the vision tower gave %lld values for %lld image tokens",

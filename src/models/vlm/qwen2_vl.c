@@ -235,18 +235,18 @@ mmc_status mmc_qwen2_vl_rope_index(const mmc_qwen2_vl *m, const int32_t *ids, in
 }
 
 /* ------------------------------------------------------------------ forward */
-/* Per-modality plan (mmc_hetero.h): the n images (or videos) of this batch shared out over
- * m->vision_share by patch count, each member encoding its contiguous run with the whole tower,
- * the merged features all-gathered in image order: [sum t h w / m^2, Co] on every member, the
- * same rows one process's mmc_vision_forward gives. */
-static mmc_status vision_shared(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels, const int64_t *grid, int n,
-                                mmc_tensor **feats) {
-    mmc_comm *g = m->vision_share;
+/* Per-modality plan (mmc_hetero.h): the n images (or videos) of this batch shared out over g by
+ * patch count, each member encoding its contiguous run with the whole tower, the merged features
+ * all-gathered in image order: [sum t h w / m^2, Co] on every member, the same rows one process's
+ * mmc_vision_forward gives (used by Qwen2-VL and by the Qwen2.5-Omni thinker's tower). */
+mmc_status mmc_vision_forward_shared(mmc_ctx *ctx, struct mmc_comm *g, mmc_vision *visual, mmc_tensor *pixels,
+                                     const int64_t *grid, int n, mmc_tensor **feats, int64_t *n_images,
+                                     int64_t *n_patches) {
     const int P = mmc_comm_size(g), r = mmc_comm_rank(g);
-    const int64_t ms2 = m->visual->cfg.spatial_merge_size * m->visual->cfg.spatial_merge_size;
+    const int64_t ms2 = visual->cfg.spatial_merge_size * visual->cfg.spatial_merge_size;
     int64_t *cost = mmc_arena_alloc(mmc_ctx_arena(ctx), sizeof(int64_t) * (size_t)(n + P));
     int64_t *rows = cost + n, patches = 0;
-    const mmc_vision_config *vc = &m->visual->cfg;
+    const mmc_vision_config *vc = &visual->cfg;
     const int64_t ms = vc->spatial_merge_size, K = vc->in_channels * vc->temporal_patch_size * vc->patch_size * vc->patch_size;
     /* what mmc_vision_forward checks, on the whole batch and on every member alike: no rank may
      * fail alone on its share and leave the others waiting in the all-gather */
@@ -274,14 +274,14 @@ static mmc_status vision_shared(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixel
         int64_t p0 = 0, np = 0;
         for (int i = 0; i < first; i++) p0 += cost[i];
         for (int i = first; i < first + cnt; i++) np += cost[i];
-        mmc_status st = mmc_vision_forward(ctx, m->visual, mmc_narrow(ctx, pixels, 0, p0, np), grid + 3 * first, cnt,
+        mmc_status st = mmc_vision_forward(ctx, visual, mmc_narrow(ctx, pixels, 0, p0, np), grid + 3 * first, cnt,
                                            &local, NULL);
         MMC_CHECK(st == MMC_OK, "vision tower on images %d..%d of this batch (checked before): %s", first,
                   first + cnt - 1, mmc_last_error());
-        m->share_images += cnt;
-        m->share_patches += np;
+        *n_images += cnt;
+        *n_patches += np;
     } else {   /* fewer images than members: nothing to encode here, the others' rows still arrive */
-        local = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(0, m->visual->cfg.out_hidden_size));
+        local = mmc_new(ctx, MMC_F32, 2, MMC_SHAPE(0, visual->cfg.out_hidden_size));
     }
     *feats = mmc_hetero_gather_rows(ctx, g, mmc_contiguous(ctx, local), rows);
     return MMC_OK;
@@ -293,8 +293,10 @@ mmc_status mmc_qwen2_vl_encode(mmc_ctx *ctx, mmc_qwen2_vl *m, mmc_tensor *pixels
         const mmc_status st = m->encode_hook(m->encode_hook_arg, ctx, grid, n, feats);
         if (st != MMC_ERR_NOT_FOUND) return st;
     }
-    return m->vision_share && mmc_comm_size(m->vision_share) > 1 ? vision_shared(ctx, m, pixels, grid, n, feats)
-                                                                 : mmc_vision_forward(ctx, m->visual, pixels, grid, n, feats, NULL);
+    return m->vision_share && mmc_comm_size(m->vision_share) > 1
+               ? mmc_vision_forward_shared(ctx, m->vision_share, m->visual, pixels, grid, n, feats, &m->share_images,
+                                           &m->share_patches)
+               : mmc_vision_forward(ctx, m->visual, pixels, grid, n, feats, NULL);
 }
 
 /* Replace the rows of embeds [B*T, C] at token `tok` by feats [n, C] in order. */
