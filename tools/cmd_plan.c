@@ -81,12 +81,6 @@ static int cmp_rows(const void *a, const void *b) {
     return x->e.mem_total < y->e.mem_total ? -1 : x->e.mem_total > y->e.mem_total;
 }
 
-static void default_calib(char *out, size_t cap) {
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (x && *x) snprintf(out, cap, "%s/mmc/plan-cpu.txt", x);
-    else snprintf(out, cap, "%s/.cache/mmc/plan-cpu.txt", h && *h ? h : "/tmp");
-}
-
 static void mkdir_parent(const char *path) {
     char d[4096];
     snprintf(d, sizeof d, "%s", path);
@@ -293,7 +287,7 @@ int cmd_plan(int argc, char **argv) {
     }
     char calib_path[4096];
     if (calib_arg) snprintf(calib_path, sizeof calib_path, "%s", calib_arg);
-    else default_calib(calib_path, sizeof calib_path);
+    else mmc_plan_calib_default_path(calib_path, sizeof calib_path);
     if (cal_net) return calibrate_net(calib_path);
     if (!yaml) return cli_usage(cmd, "missing RUN.yaml (the run config to plan)");
     if (gpus < 1) return cli_usage(cmd, "missing --gpus N (how many ranks to plan for)");
