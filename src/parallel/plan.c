@@ -1209,7 +1209,9 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
          * trainer's default (the vision tower on a stage of its own: the layers over the other pp - 1) */
         const int nd = l->vstage ? l->pp - 1 : l->pp * l->vpp;
         if (m->layers < nd)
-            NO("%d (virtual) pipeline stages for %lld decoder layers: a stage would be empty", nd, (long long)m->layers);
+            NO("pipeline_parallel %d%s makes %d %sstages for the model's %lld decoder layers: a stage would be empty",
+               l->pp, l->vstage ? " with a vision stage" : l->vpp > 1 ? " x pipeline_virtual" : "", nd,
+               l->vpp > 1 ? "virtual " : "decoder ", (long long)m->layers);
         const int64_t M = w->batch / (l->micro_batch * l->dp);
         if (l->vpp > 1 && M % l->pp)
             NO("interleaving needs the micro-batches per step (%lld) to be a multiple of pipeline_parallel %d", (long long)M,
