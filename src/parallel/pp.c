@@ -258,8 +258,9 @@ mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, in
                          (long long)n_layers, (long long)n_layers);
     if (n_layers % P)
         return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_parallel %d does not divide the model's %lld decoder "
-                         "layers; use a divisor of %lld or give each stage's count in parallel.pipeline_layers "
-                         "(e.g. [%lld, %lld, ...])", P, (long long)n_layers, (long long)n_layers,
+                         "layers; use a divisor of %lld, give each stage's count in parallel.pipeline_layers "
+                         "(e.g. [%lld, %lld, ...]) or set it to auto (from the layers' measured costs)", P,
+                         (long long)n_layers, (long long)n_layers,
                          (long long)(n_layers / P + 1), (long long)(n_layers / P));
     for (int s = 0; s <= P; s++) bounds[s] = n_layers / P * s;
     return MMC_OK;

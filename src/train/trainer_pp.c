@@ -202,15 +202,11 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     if (tower && !t->vl)
         return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_vision_stage puts a vision tower on a stage of "
                          "its own, but the model has none (Qwen2-VL / Qwen2.5-VL only); leave it out", c->file);
-    if (mode == MMC_PP_LAYERS_AUTO) {   /* from the layers' measured costs (the split is the same on every rank) */
-        const int64_t nd = tower ? P - 1 : nv;
-        if (t->lm->cfg.num_layers < nd)
-            st = mmc_error(MMC_ERR_INVALID, "%s: %lld decoder layers (num_hidden_layers) cannot fill %lld %spipeline "
-                           "stages%s: a stage would be empty; use at most %lld", c->file,
-                           (long long)t->lm->cfg.num_layers, (long long)nd, v > 1 ? "virtual " : "",
-                           tower ? " after the vision stage" : "", (long long)t->lm->cfg.num_layers);
-        else st = pp_auto_bounds(t, P, v, dpv, tower, bounds, scost, &even);
-        if (st) return st;
+    /* auto: from the layers' measured costs (the split is the same on every rank); with fewer layers than
+     * stages the even split's checks below say why none exists */
+    const bool autos = mode == MMC_PP_LAYERS_AUTO && t->lm->cfg.num_layers >= (tower ? P - 1 : nv);
+    if (autos) {
+        if ((st = pp_auto_bounds(t, P, v, dpv, tower, bounds, scost, &even))) return st;
     } else if (tower) {   /* (config.c refused interleaving and DualPipeV with it: v = 1 here) */
         if (P < 2 || v != 1) return mmc_error(MMC_ERR_INVALID, "%s: pipeline_vision_stage needs plain 1F1B over 2 or "
                                               "more stages", c->file);
@@ -223,7 +219,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     } else {
         st = mmc_pp_split_layers(t->lm->cfg.num_layers, nv, sizes, ns, bounds);
     }
-    if (mode != MMC_PP_LAYERS_AUTO) {
+    if (!autos) {
     if (st && dpv) return mmc_error_prefix(st, "%s: DualPipeV's %d stages x 2 chunks = %d virtual stages", c->file, P, nv);
     if (st && v > 1) return mmc_error_prefix(st, "%s: %d stages x %d chunks (pipeline_virtual) = %d virtual stages", c->file, P, v, nv);
     if (st) return mmc_error_prefix(st, "%s", c->file);
@@ -272,7 +268,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
             else fprintf(stderr, "%s[%lld, %lld)", v > 1 && k % P == 0 ? (k ? " | " : " ") : " ", (long long)bounds[k],
                          (long long)bounds[k + 1]);
         fprintf(stderr, "%s\n", t->pp_tied ? "; tied embeddings: first and last stage sum their gradients" : "");
-        if (mode == MMC_PP_LAYERS_AUTO) {   /* the split and each (virtual) stage's modelled time */
+        if (autos) {   /* the split and each (virtual) stage's modelled time */
             char ls[2048] = "", ts[2048] = "";
             double mx = 0, sum = 0;
             for (int k = 0, a = 0, b = 0; k < nv; k++) {
