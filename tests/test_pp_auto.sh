@@ -3,7 +3,7 @@
 # the default; src/train/trainer_pp.c, mmc_pp_auto_split in src/parallel/pp.c, the costs from the
 # planner's calibration, mmc_plan_pp_measure in src/parallel/plan.c). The tiny Qwen2 with 4 or 8 layers
 # and a 4096-token vocabulary: lm_head + cross-entropy over it cost several layers (measured here
-# ~5-9 layers' worth), so the last stage takes fewer layers than an even split gives it:
+# ~5 layers worth), so the last stage takes fewer layers than an even split gives it:
 #   - pp=2, 4 layers: stages 3|1 (the even 2|2 would leave the last stage 2 layers + the head), the same
 #     losses, weights and AdamW moments as one process (bit-identical: 1F1B accumulates in its order);
 #   - pp=3, 4 layers (3 does not divide 4: without auto an error): 1|2|1, bit-identical;
