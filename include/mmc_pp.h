@@ -111,8 +111,9 @@ mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, in
  * layer i's forward + backward seconds) into ns ranges of at least one layer each, stage k costing
  * its layers plus extra[k] (NULL: none; the embedding, vision tower, lm_head and loss), so that the
  * slowest stage is as fast as it can be (exact: a dynamic program over the prefix sums); among the
- * splits that reach it, the one with the smallest sum of squared stage costs (the most even), and
- * among those the one whose first stages are smallest. Equal costs without extras give the even
+ * splits that reach it, the one with the smallest sum of squared stage costs (the most even); ties
+ * give the later stages the extra layers (5 equal layers in 2 stages: 2 | 3). Equal costs without
+ * extras give the even
  * split when ns divides n. bounds[0 .. ns]: stage k holds [bounds[k], bounds[k+1]); stage_cost[ns]
  * (NULL: not wanted). Errors: ns > n (a stage would be empty), a negative or non-finite cost. */
 mmc_status mmc_pp_partition(const double *cost, int64_t n, int ns, const double *extra, int64_t *bounds,

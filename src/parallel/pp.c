@@ -266,9 +266,10 @@ mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, in
     return MMC_OK;
 }
 
-/* Minimise the slowest stage exactly, then (second pass, restricted to stages no slower than that)
- * the sum of squared stage costs. best[k][j]: the best value for the first j layers in k stages;
- * a stage's cost is a prefix-sum difference plus its extra. O(ns n^2), a few ms at n = 200. */
+/* Minimise the slowest stage exactly (f[k][j]: the best slowest stage of the first j layers in k
+ * stages), then, among the splits whose every stage is within it, the sum of squared stage costs
+ * (g[k][j], arg[k][j]: where its last stage starts, the earliest on a tie). A stage's cost is a
+ * prefix-sum difference plus its extra. O(ns n^2): a few ms at n = 200. */
 mmc_status mmc_pp_partition(const double *cost, int64_t n, int ns, const double *extra, int64_t *bounds,
                             double *stage_cost) {
     if (ns < 1) return mmc_error(MMC_ERR_INVALID, "pipeline stages: %d stages (at least 1)", ns);

@@ -219,11 +219,9 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     } else {
         st = mmc_pp_split_layers(t->lm->cfg.num_layers, nv, sizes, ns, bounds);
     }
-    if (!autos) {
     if (st && dpv) return mmc_error_prefix(st, "%s: DualPipeV's %d stages x 2 chunks = %d virtual stages", c->file, P, nv);
     if (st && v > 1) return mmc_error_prefix(st, "%s: %d stages x %d chunks (pipeline_virtual) = %d virtual stages", c->file, P, v, nv);
     if (st) return mmc_error_prefix(st, "%s", c->file);
-    }
     /* tied embeddings: summed between two stages, unless (DualPipeV) rank 0 holds both uses */
     t->pp_tied = t->lm->lm_head == t->lm->embed && !dpv;
     for (int k = 0; k < v; k++) {
