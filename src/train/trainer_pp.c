@@ -143,7 +143,7 @@ bool mmc_trainer_pp_keep(const mmc_trainer *t, const char *name) {
  * stages and broadcasts the bounds and the stages' modelled times, so every rank runs the same split
  * (the measurement is noisy; one rank's draw decides). bounds[0 .. nst]; cost[nst] seconds. */
 static mmc_status pp_auto_bounds(mmc_trainer *t, int P, int v, bool dpv, bool tower, int64_t *bounds, double *cost,
-                                 bool *even) {
+                                 bool *even, double *took) {
     const mmc_run_config *c = t->cfg;
     const int nst = P * v;
     int64_t msg[258];   /* bounds, then `even`; msg[0] = -1: rank 0 failed */
@@ -161,7 +161,9 @@ static mmc_status pp_auto_bounds(mmc_trainer *t, int P, int v, bool dpv, bool to
         char path[4096];
         mmc_plan_calib_default_path(path, sizeof path);
         bool ev = false;
+        const double t0 = mmc_now();
         mmc_status st = mmc_plan_pp_measure(&t->lm->cfg, vc, &w, &l, path, msg, ms, &ev);
+        *took = mmc_now() - t0;
         if (st) {
             msg[0] = -1;
             snprintf(why, sizeof why, "%s", mmc_last_error());
@@ -197,7 +199,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     for (int i = 0; i < ns && i < 256; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
     const bool tower = c->parallel.pipeline_vision_stage;   /* stage 0: the vision tower alone */
     mmc_status st;
-    double scost[256];
+    double scost[256], took = 0;   /* (took: rank 0's measurement, seconds) */
     bool even = false;
     if (tower && !t->vl)
         return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_vision_stage puts a vision tower on a stage of "
@@ -206,7 +208,7 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
      * stages the even split's checks below say why none exists */
     const bool autos = mode == MMC_PP_LAYERS_AUTO && t->lm->cfg.num_layers >= (tower ? P - 1 : nv);
     if (autos) {
-        if ((st = pp_auto_bounds(t, P, v, dpv, tower, bounds, scost, &even))) return st;
+        if ((st = pp_auto_bounds(t, P, v, dpv, tower, bounds, scost, &even, &took))) return st;
     } else if (tower) {   /* (config.c refused interleaving and DualPipeV with it: v = 1 here) */
         if (P < 2 || v != 1) return mmc_error(MMC_ERR_INVALID, "%s: pipeline_vision_stage needs plain 1F1B over 2 or "
                                               "more stages", c->file);
@@ -278,8 +280,8 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
                 if (a >= (int)sizeof ls - 16 || b >= (int)sizeof ts - 16) break;
             }
             fprintf(stderr, "mmc train: pipeline: %sstages %s layers (auto, measured%s): %s ms/micro-batch, imbalance "
-                    "%.2f\n", v > 1 ? "virtual " : "", ls, even ? "; the even split, the best is within 3%" : "", ts,
-                    sum > 0 ? mx / (sum / nv) : 1.0);
+                    "%.2f (measured in %.0f ms)\n", v > 1 ? "virtual " : "", ls,
+                    even ? "; the even split, the best is within 3%" : "", ts, sum > 0 ? mx / (sum / nv) : 1.0, 1e3 * took);
         }
     }
     return MMC_OK;
