@@ -121,7 +121,8 @@ typedef struct {
     double timeout;                   /* seconds before a stuck collective aborts the job
                                        * (env MMC_DIST_TIMEOUT overrides) */
     bool sequence_parallel;           /* with tensor_parallel > 1: norms and residuals on sequence slices */
-    mmc_str_list pipeline_layers;     /* decoder layers per pipeline stage (empty: an even split) */
+    mmc_str_list pipeline_layers;     /* decoder layers per pipeline stage, or the one keyword auto (also when
+                                       * empty: from measured costs) or even (mmc_pp_layers_mode) */
     int64_t pipeline_virtual;         /* model chunks per pipeline rank (interleaved 1F1B; 1: plain) */
     int64_t context_parallel;         /* context-parallel ranks splitting each sequence (mmc_cp.h; 1: off) */
     int context_parallel_mode;        /* mmc_cp_mode: ulysses (0) | ring (1) */
@@ -141,6 +142,10 @@ typedef struct {
     bool pipeline_vision_stage;       /* Qwen2-VL: stage 0 runs only the vision tower, merger and embedding;
                                        * the decoder layers go to stages 1 .. P-1 (1F1B only) */
 } mmc_parallel_cfg;
+/* How parallel.pipeline_layers cuts the stages: from the layers' measured costs (auto: the keyword, or
+ * the key absent), evenly (even: P must divide the layers), or the list's counts. */
+enum { MMC_PP_LAYERS_AUTO = 0, MMC_PP_LAYERS_EVEN = 1, MMC_PP_LAYERS_LIST = 2 };
+int mmc_pp_layers_mode(const mmc_parallel_cfg *p);
 typedef enum { MMC_PP_SCHED_1F1B = 0, MMC_PP_SCHED_DUALPIPEV = 1 } mmc_pp_schedule_kind;
 
 typedef enum { MMC_OPT_ADAMW = 0 } mmc_opt_type;

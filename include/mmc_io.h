@@ -134,7 +134,8 @@ typedef struct mmc_cfg_field {
 } mmc_cfg_field;
 /* STR -> char* (strdup'ed, caller frees with mmc_cfg_free); STR_LIST -> struct
  * { char **items; int n; } (mmc_str_list); INT -> int64_t; FLOAT -> double; BOOL -> bool;
- * ENUM -> int (index into enum_values); SECTION -> a nested struct at `offset` whose fields
+ * ENUM -> int (index into enum_values; a STR_LIST's enum_values are keywords a scalar may give in
+ * place of the list, kept as a one-item list); SECTION -> a nested struct at `offset` whose fields
  * (offsets relative to it) are `section`.
  * Keys absent from the YAML keep the value already in dst (fill defaults first). STR and
  * STR_LIST slots must start NULL/empty or heap-allocated: a new value frees the old one.

@@ -366,6 +366,10 @@ double mmc_moe_aux_finish(const mmc_moe *moe, const double *stats, float *grad);
 /* router_aux_loss_coef when output_router_logits, else 0 */
 double mmc_moe_aux_coef(const mmc_moe *moe);
 int64_t mmc_moe_num_experts(const mmc_moe *moe);
+/* The block's shape as config.json gives it (whole, before any tensor / expert parallelism):
+ * num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size
+ * (what the pipeline's cost model needs, mmc_plan.h). */
+void mmc_moe_shape(const mmc_moe *moe, int64_t *n_experts, int64_t *top_k, int64_t *inter, int64_t *shared_inter);
 /* Capacity statistics since the last reset: tokens routed to each expert of each sparse layer
  * ([n_sparse, E] int64, this process's tokens) and the number of routing decisions. */
 const int64_t *mmc_moe_expert_tokens(const mmc_moe *moe, int64_t *n_sparse, int64_t *n_experts, int64_t *n_routed);

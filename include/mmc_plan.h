@@ -43,7 +43,10 @@ typedef struct {
     bool audio;                           /* Qwen2.5-Omni thinker: its audio encoder (and Qwen2.5-VL's tower) */
     int64_t a_dim, a_layers, a_heads, a_inter, a_window, a_mels, a_out;   /* d_model, encoder_layers, heads,
                                            * ffn, n_window, num_mel_bins, output_dim */
-    mmc_qwen2_config lm;                  /* as the trainer reads them (its divisibility checks run on these) */
+    int64_t moe_experts, moe_top_k, moe_inter, moe_shared;   /* Qwen2-MoE (0: dense): E, k, Fi, Fs */
+    uint64_t moe_sparse[16];              /* bit l: decoder layer l is sparse (layers past 1024: dense) */
+    mmc_qwen2_config lm;                  /* as the trainer reads them (its divisibility checks run on these;
+                                           * lm.moe is NULL: the MoE shape is in the fields above) */
     mmc_vision_config vcfg;
 } mmc_plan_model;
 
@@ -81,6 +84,8 @@ typedef struct {
                                  * merged features all-gathered over tp) while the LM is at tp x dp; for
                                  * Qwen2.5-Omni the audio encoder too (1/tp of the clips): hetero_audio */
     bool hetero_audio;
+    bool dualpipev;             /* parallel.pipeline_schedule dualpipev (with vpp 2: virtual stages r and 2P-1-r
+                                 * on rank r); the pipeline split's only (mmc_plan_pp_split) */
     bool vstage;                /* parallel.pipeline_vision_stage: the vision tower, merger and embedding on
                                  * pipeline stage 0 alone, the decoder layers over stages 1 .. pp-1 (1F1B) */
 } mmc_plan_layout;
@@ -136,6 +141,8 @@ typedef struct {
 /* config.json (Qwen2, Qwen2-VL / Qwen2.5-VL: text fields flat or under text_config, the tower
  * under vision_config; the Qwen2.5-Omni thinker's with its audio_config). `what` names the file in errors. */
 mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_model *out);
+/* The same from the configs a loaded model holds (the trainer's; vision NULL: a text model). */
+mmc_status mmc_plan_model_from(const mmc_qwen2_config *lm, const mmc_vision_config *vision, mmc_plan_model *out);
 /* Parameters of one decoder layer / the vision tower / embedding (+ untied lm_head). */
 int64_t mmc_plan_layer_params(const mmc_plan_model *m);
 int64_t mmc_plan_vision_params(const mmc_plan_model *m);
@@ -184,6 +191,10 @@ double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V);
  * other cores); what the model uses on a CPU (the lone layer above fits the caches better). */
 double mmc_plan_calib_stack(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
                             int64_t F, int64_t L, int n);
+/* A Qwen2-MoE sparse decoder layer (as mmc_plan_calib_layer, its MLP Qwen2-MoE's block: E experts
+ * of FFN Fi, top-k routing, the gated shared expert of FFN Fs). */
+double mmc_plan_calib_moe_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
+                                int64_t E, int64_t k, int64_t Fi, int64_t Fs);
 /* The trainer's optimizer step over n parameters (gradient clipping + AdamW + zeroing). */
 double mmc_plan_calib_adamw(mmc_plan_calib *c, int64_t n);
 /* Collectives as the trainer meets them (collective over `world`, run under mpirun with 2+ ranks):
@@ -219,6 +230,29 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
                         char *why, size_t cap);
 mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
                                     const mmc_plan_net *n, const mmc_plan_layout *l, mmc_plan_estimate *out);
+/* What the pipeline split weighs (mmc_pp_auto_split): each decoder layer's forward + backward
+ * seconds per micro-batch on a rank of layout l (layer[m->layers]: a Qwen2-MoE model's sparse
+ * layers cost their block, its dense ones a dense MLP), what the first stage adds (the embedding
+ * and, unless l->vstage, the vision tower and merger: forward only when frozen), what the last adds
+ * (final norm, lm_head over the rank's vocabulary, cross-entropy), and the tower alone (*vision).
+ * On the CPU device every figure is measured (cached in d->calib), else modelled from rates. */
+mmc_status mmc_plan_layer_costs(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                                const mmc_plan_layout *l, double *layer, double *first, double *last, double *vision);
+/* The layout's pipeline split: mmc_pp_auto_split over mmc_plan_layer_costs (bounds[0 .. P v] in
+ * virtual-stage order, stage_cost[P v] seconds per micro-batch; NULL: not wanted); what `mmc
+ * train` runs for that layout when parallel.pipeline_layers is auto (the default). */
+mmc_status mmc_plan_pp_split(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                             const mmc_plan_layout *l, int64_t *bounds, double *stage_cost, bool *even);
+/* The trainer's entry (parallel.pipeline_layers: auto): the model's configs, the run's workload and
+ * layout, the split measured on this host with the planner's calibration cache at calib_path
+ * (mmc_plan_calib_default_path; NULL: nothing kept), which this call reads and extends. */
+mmc_status mmc_plan_pp_measure(const mmc_qwen2_config *lm, const mmc_vision_config *vision, const mmc_plan_workload *w,
+                               const mmc_plan_layout *l, const char *calib_path, int64_t *bounds, double *stage_cost,
+                               bool *even);
+/* $XDG_CACHE_HOME/mmc/plan-cpu.txt, else ~/.cache/mmc/plan-cpu.txt: the calibration cache's default. */
+void mmc_plan_calib_default_path(char *out, size_t cap);
+/* The share by which the automatic split keeps the even one (3 %: measurement noise). */
+#define MMC_PP_KEEP_EVEN 0.03
 /* "dp2 tp2 pp1 cp1 ..." */
 void mmc_plan_layout_str(const mmc_plan_layout *l, char *buf, size_t cap);
 

@@ -107,6 +107,30 @@ double mmc_pp_simulate_v(int P, int v, int M, double tf, double tb, double *bubb
  * (parallel.pipeline_layers); without it the layers are split evenly, which needs P to divide
  * n_layers. Errors name the sizes and say what would do (no stage may be empty). */
 mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, int n_sizes, int64_t *bounds);
+/* Contiguous stages from measured costs (parallel.pipeline_layers: auto): cut n layers (cost[i]:
+ * layer i's forward + backward seconds) into ns ranges of at least one layer each, stage k costing
+ * its layers plus extra[k] (NULL: none; the embedding, vision tower, lm_head and loss), so that the
+ * slowest stage is as fast as it can be (exact: a dynamic program over the prefix sums); among the
+ * splits that reach it, the one with the smallest sum of squared stage costs (the most even); ties
+ * give the later stages the extra layers (5 equal layers in 2 stages: 2 | 3). Equal costs without
+ * extras give the even
+ * split when ns divides n. bounds[0 .. ns]: stage k holds [bounds[k], bounds[k+1]); stage_cost[ns]
+ * (NULL: not wanted). Errors: ns > n (a stage would be empty), a negative or non-finite cost. */
+mmc_status mmc_pp_partition(const double *cost, int64_t n, int ns, const double *extra, int64_t *bounds,
+                            double *stage_cost);
+/* The trainer's and the planner's automatic split of a layout (mmc_pp_partition over its virtual
+ * stages): P ranks, v chunks per rank (interleaved: chunk c of rank s is virtual stage c P + s),
+ * dualpipev (2 chunks, virtual stages s and 2P-1-s on rank s), vision_stage (stage 0 holds the
+ * vision tower, merger and embedding alone: the layers split over stages 1 .. P-1). `first` is
+ * what the first virtual stage runs besides its layers (embedding; the tower when it is not a
+ * stage of its own), `last` the last one's (final norm, lm_head, loss), `vision` the tower's cost
+ * on a stage of its own. Writes bounds[0 .. nst] (nst = P v, 2P with dualpipev; with vision_stage
+ * bounds[0] = bounds[1] = 0) and each virtual stage's modelled seconds stage_cost[nst]. When an
+ * even split exists and its slowest stage is within `keep_even` (e.g. 0.03: 3 %) of the best
+ * split's, the even split is kept (*even = true): a difference that small is measurement noise. */
+mmc_status mmc_pp_auto_split(const double *cost, int64_t n, int P, int v, bool dualpipev, bool vision_stage,
+                             double first, double last, double vision, double keep_even, int64_t *bounds,
+                             double *stage_cost, bool *even);
 /* Keep only stage `stage`'s part of a text Qwen2 (layers [l0, l1), embed_tokens on the first
  * stage, norm and lm_head on the last, and with tied embeddings the embedding on the last stage
  * too, as its lm_head): every other parameter is freed and leaves m->params. */

@@ -415,6 +415,49 @@ int main(void) {
         bad.pp = 2, bad.tp = 1;
         CHECK(!mmc_plan_layout_ok(&om, &ow, &bad, NULL, 0));   /* the thinker: tp x dp only */
     }
+    /* ---- the pipeline split (mmc_plan_pp_split, what `mmc train` runs with pipeline_layers auto): equal
+     * layers; a Qwen2-MoE model's sparse layers (decoder_sparse_step 2, layer 3 in mlp_only_layers) dearer
+     * than its dense ones by the experts' GEMMs; a large vocabulary on the last stage */
+    {
+        double cost[8], first = -1, last = -1, vis = -1;
+        int64_t bd[9];
+        double sc[8];
+        bool even = false;
+        l = base;
+        l.pp = 2;
+        CHECK_OK(mmc_plan_layer_costs(&m4, &w, &d, &l, cost, &first, &last, &vis));
+        CHECK(cost[0] > 0 && cost[0] == cost[3] && first == 0 && vis == 0 && last > 0);
+        CHECK_OK(mmc_plan_pp_split(&m4, &w, &d, &l, bd, sc, &even));
+        CHECK(bd[0] == 0 && bd[1] == 2 && bd[2] == 4 && even && REL(sc[1], 2 * cost[0] + last));
+        mmc_plan_model mv = m4;   /* lm_head over 64 x the vocabulary: 3 | 1 */
+        mv.vocab *= 64;
+        CHECK_OK(mmc_plan_pp_split(&mv, &w, &d, &l, bd, sc, &even));
+        CHECK(bd[1] == 3 && !even);
+        l.pp = 3;   /* 3 stages of 4 layers: accepted (no even split needed), the head's stage holds one */
+        CHECK(mmc_plan_layout_ok(&mv, &w, &l, NULL, 0));
+        CHECK_OK(mmc_plan_pp_split(&mv, &w, &d, &l, bd, sc, &even));
+        CHECK(bd[3] - bd[2] == 1 && bd[1] >= 1 && bd[2] > bd[1]);
+        CHECK_OK(mmc_plan_estimate_layout(&mv, &w, &d, &n0, &l, &e1));
+        l.pp = 5;
+        CHECK(!mmc_plan_layout_ok(&mv, &w, &l, why, sizeof why) && strstr(why, "a stage would be empty"));
+        const char *mj = "{\"model_type\": \"qwen2_moe\", \"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": "
+                         "160, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                         "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 96, "
+                         "\"shared_expert_intermediate_size\": 128, \"decoder_sparse_step\": 2, \"mlp_only_layers\": [3]}";
+        mmc_json *jm = NULL;
+        mmc_plan_model mm;
+        CHECK_OK(mmc_json_parse(mj, strlen(mj), "moe.json", &jm));
+        CHECK(jm && !mmc_plan_model_read(jm, "moe.json", &mm));
+        mmc_json_free(jm);
+        CHECK(mm.moe_experts == 8 && mm.moe_top_k == 2 && mm.moe_inter == 96 && mm.moe_shared == 128 &&
+              mm.moe_sparse[0] == 2u);
+        l = base;
+        l.pp = 2;
+        CHECK_OK(mmc_plan_layer_costs(&mm, &w, &d, &l, cost, NULL, NULL, NULL));
+        /* sparse - dense: 3 x 2 x 16 tokens x (3 x 64 x (2 x 96 + 128 - 160) + 64 x 8) FLOPs at 1e12 */
+        CHECK(cost[0] == cost[2] && cost[0] == cost[3] &&
+              REL(cost[1] - cost[0], 3.0 * 2.0 * 16 * (3.0 * 64 * (2 * 96 + 128 - 160) + 64.0 * 8) / 1e12));
+    }
     /* ---- a config without the decoder sizes names the file */
     mmc_json *bad = NULL;
     const char *bj = "{\"model_type\": \"qwen2\", \"hidden_size\": 0}";

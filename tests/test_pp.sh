@@ -222,7 +222,7 @@ expect_err() {  # expect_err WHAT PATTERN NP YAML...
   else echo "FAIL: $what: rc $rc, no '$pat':"; cat "$out"; fail=1; fi
 }
 expect_err "more stages than layers" "pipeline_parallel 3 is more than the model's 2 decoder layers" 3 "$W/ref.yaml" --set parallel.pipeline_parallel=3 --set data.batch_size=6
-expect_err "stages not dividing the layers" "pipeline_parallel 3 does not divide the model's 4 decoder layers" 3 "$W/ref4.yaml" --set parallel.pipeline_parallel=3 --set data.batch_size=3
+expect_err "stages not dividing the layers (pipeline_layers even)" "pipeline_parallel 3 does not divide the model's 4 decoder layers" 3 "$W/ref4.yaml" --set parallel.pipeline_parallel=3 --set data.batch_size=3 --set parallel.pipeline_layers=even
 expect_err "DualPipeV with fewer than 2P micro-batches" "pipeline_schedule dualpipev over pipeline_parallel 2 needs at least 4 micro-batches" 2 "$W/ref.yaml" $PP2 $DPV --set data.batch_size=3
 expect_err "DualPipeV with pipeline_virtual" "pipeline_virtual.*2 with pipeline_schedule dualpipev" 1 "$W/ref4.yaml" $PP2 $DPV --set parallel.pipeline_virtual=2
 expect_err "DualPipeV split of P entries" "2 entries but pipeline_schedule dualpipev over pipeline_parallel 2 makes 4 virtual stages" 1 "$W/ref4.yaml" $PP2 $DPV --set "parallel.pipeline_layers=[2, 2]"

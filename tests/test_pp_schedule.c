@@ -1,7 +1,9 @@
 /* test_pp_schedule.c — pipeline parallelism (mmc_pp.h) without MPI: the 1F1B order for P = 2 and 4
  * against the expected sequences (and its invariants for P <= 8, M <= 16), the schedule run
  * in simulated time (no deadlock; bubble share (P-1)/(M+P-1), to 1e-12, for equal and for
- * 1:2 forward:backward costs), the layer split and its errors, trimming a Qwen2 to a stage,
+ * 1:2 forward:backward costs), the layer split and its errors, the automatic split from per-layer
+ * costs (mmc_pp_partition: exact minimax against brute force, no empty stage; mmc_pp_auto_split's
+ * interleaved, DualPipeV and vision-stage layouts, the even split kept within its margin), trimming a Qwen2 to a stage,
  * and the runtime on one stage (P = 1, the single-process communicator): its loss and every
  * gradient equal the plain forward/backward with gradient accumulation exactly.
  *
@@ -26,6 +28,7 @@
 #include "mmc_wgrad.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <unistd.h>
 
 static void seq_str(int P, int s, int M, char *buf, size_t cap) {
@@ -240,6 +243,99 @@ static void test_split(void) {
     CHECK(strstr(mmc_last_error(), "adds up to 3 layers but the model has 4"));
     CHECK_ERR(mmc_pp_split_layers(4, 2, (const int64_t[]){1, 1, 2}, 3, bd), MMC_ERR_INVALID);
     CHECK(strstr(mmc_last_error(), "3 entries but pipeline_parallel is 2"));
+}
+
+/* the automatic split (parallel.pipeline_layers: auto): exact minimax over contiguous ranges, no empty
+ * stage, ties to the most even split and then to the later stages */
+static bool bounds_are(const int64_t *bd, int n, const int64_t *want) {
+    for (int i = 0; i <= n; i++)
+        if (bd[i] != want[i]) return false;
+    return true;
+}
+
+static void test_partition(void) {
+    int64_t bd[17];
+    double sc[16];
+    const double one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    CHECK_OK(mmc_pp_partition(one, 8, 4, NULL, bd, sc));   /* equal costs: the even split */
+    CHECK(bounds_are(bd, 4, (const int64_t[]){0, 2, 4, 6, 8}) && sc[0] == 2 && sc[3] == 2);
+    CHECK_OK(mmc_pp_partition(one, 8, 8, NULL, bd, NULL));
+    CHECK(bounds_are(bd, 8, (const int64_t[]){0, 1, 2, 3, 4, 5, 6, 7, 8}));
+    CHECK_OK(mmc_pp_partition(one, 5, 2, NULL, bd, NULL));   /* a tie: the later stage takes the extra layer */
+    CHECK(bounds_are(bd, 2, (const int64_t[]){0, 2, 5}));
+    /* the last stage's lm_head + loss worth 2.5 layers: 5 | 3 (5 and 5.5; 4 | 4 would be 6.5) */
+    CHECK_OK(mmc_pp_partition(one, 8, 2, (const double[]){0, 2.5}, bd, sc));
+    CHECK(bounds_are(bd, 2, (const int64_t[]){0, 5, 8}) && sc[0] == 5 && sc[1] == 5.5);
+    /* a heavy first stage (the vision tower, 4 layers' worth): one layer there, the rest as even as it goes */
+    CHECK_OK(mmc_pp_partition(one, 8, 4, (const double[]){4, 0, 0, 0}, bd, sc));
+    CHECK(bounds_are(bd, 4, (const int64_t[]){0, 1, 3, 5, 8}) && sc[0] == 5);
+    /* a MoE model whose sparse layers (every second: decoder_sparse_step 2) cost 3x a dense one */
+    const double moe[8] = {1, 3, 1, 3, 1, 3, 1, 3};
+    CHECK_OK(mmc_pp_partition(moe, 8, 2, NULL, bd, NULL));
+    CHECK(bounds_are(bd, 2, (const int64_t[]){0, 4, 8}));
+    CHECK_OK(mmc_pp_partition(moe, 8, 2, (const double[]){0, 2}, bd, sc));   /* + the head: 9 | 9 */
+    CHECK(bounds_are(bd, 2, (const int64_t[]){0, 5, 8}) && sc[0] == 9 && sc[1] == 9);
+    /* a very heavy layer alone on its stage, the others around it */
+    CHECK_OK(mmc_pp_partition((const double[]){1, 1, 10, 1, 1, 1}, 6, 3, NULL, bd, sc));
+    CHECK(sc[1] == 10 && bd[1] == 2 && bd[2] == 3);
+    /* no stage empty; bad costs */
+    CHECK_ERR(mmc_pp_partition(one, 3, 4, NULL, bd, NULL), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "a stage would be empty"));
+    CHECK_ERR(mmc_pp_partition((const double[]){1, -1}, 2, 2, NULL, bd, NULL), MMC_ERR_INVALID);
+    CHECK(strstr(mmc_last_error(), "layer 1's cost"));
+    /* every split of random costs into every stage count: a range each, at least one layer, and no
+     * contiguous split with a faster slowest stage (brute force over all cut points for n <= 9) */
+    uint32_t seed = 7;
+    for (int n = 1; n <= 9; n++)
+        for (int ns = 1; ns <= n; ns++) {
+            double c[9], ex[9] = {0};
+            for (int i = 0; i < n; i++) seed = seed * 1664525u + 1013904223u, c[i] = 0.5 + (seed >> 8) % 100 / 50.0;
+            ex[ns - 1] = 1.5;
+            CHECK_OK(mmc_pp_partition(c, n, ns, ex, bd, sc));
+            double worst = 0;
+            for (int k = 0; k < ns; k++) {
+                CHECK(bd[k + 1] > bd[k]);
+                worst = sc[k] > worst ? sc[k] : worst;
+            }
+            CHECK(bd[0] == 0 && bd[ns] == n);
+            double best = 1e30;   /* brute force: cut masks with ns - 1 cuts among n - 1 places */
+            for (uint32_t mask = 0; mask < (1u << (n - 1)); mask++) {
+                if (__builtin_popcount(mask) != ns - 1) continue;
+                double w = 0, s = 0;
+                int k = 0;
+                for (int i = 0; i < n; i++) {
+                    s += c[i];
+                    if (i == n - 1 || (mask >> i & 1)) {
+                        s += ex[k++];
+                        w = s > w ? s : w;
+                        s = 0;
+                    }
+                }
+                best = w < best ? w : best;
+            }
+            CHECK(fabs(worst - best) < 1e-9);
+        }
+
+    /* layouts (mmc_pp_auto_split): interleaved, DualPipeV, the vision stage, the even split kept */
+    bool even = true;
+    CHECK_OK(mmc_pp_auto_split(one, 8, 2, 2, false, false, 0, 2, 0, 0.03, bd, sc, &even));   /* 4 virtual stages */
+    CHECK(bounds_are(bd, 4, (const int64_t[]){0, 2, 4, 7, 8}) && !even && sc[3] == 3);
+    CHECK_OK(mmc_pp_auto_split(one, 8, 2, 2, true, false, 0, 2, 0, 0.03, bd, sc, &even));    /* DualPipeV: the same V order */
+    CHECK(bounds_are(bd, 4, (const int64_t[]){0, 2, 4, 7, 8}) && !even);
+    CHECK_OK(mmc_pp_auto_split(one, 8, 4, 2, true, false, 0, 0, 0, 0.03, bd, sc, &even));    /* 8 virtual stages, 1 each */
+    CHECK(bounds_are(bd, 8, (const int64_t[]){0, 1, 2, 3, 4, 5, 6, 7, 8}) && even);
+    CHECK_OK(mmc_pp_auto_split(one, 4, 3, 1, false, true, 0.5, 1, 5, 0.03, bd, sc, &even));    /* tower | 2 | 2 */
+    CHECK(bounds_are(bd, 3, (const int64_t[]){0, 0, 2, 4}) && sc[0] == 5.5 && sc[2] == 3);
+    CHECK_OK(mmc_pp_auto_split(one, 4, 3, 1, false, true, 0, 3, 5, 0.03, bd, sc, &even));      /* tower | 3 | 1 */
+    CHECK(bounds_are(bd, 3, (const int64_t[]){0, 0, 3, 4}) && !even);
+    /* best 5 | 3 (5, 4.1) against the even 4 | 4 (4, 5.1): 2 % apart, the even split kept; at 1 % not */
+    CHECK_OK(mmc_pp_auto_split(one, 8, 2, 1, false, false, 0, 1.1, 0, 0.03, bd, sc, &even));
+    CHECK(bounds_are(bd, 2, (const int64_t[]){0, 4, 8}) && even && fabs(sc[1] - 5.1) < 1e-12);
+    CHECK_OK(mmc_pp_auto_split(one, 8, 2, 1, false, false, 0, 1.1, 0, 0.01, bd, sc, &even));
+    CHECK(bounds_are(bd, 2, (const int64_t[]){0, 5, 8}) && !even);
+    CHECK_OK(mmc_pp_auto_split(one, 7, 2, 1, false, false, 0, 0, 0, 0.03, bd, sc, &even));   /* 7 layers: no even split */
+    CHECK(bounds_are(bd, 2, (const int64_t[]){0, 3, 7}) && !even);
+    CHECK_ERR(mmc_pp_auto_split(one, 3, 2, 2, false, false, 0, 0, 0, 0.03, bd, sc, &even), MMC_ERR_INVALID);
 }
 
 static mmc_qwen2_config tiny_cfg(int layers, bool tied) {
@@ -511,6 +607,7 @@ int main(int argc, char **argv) {
     test_schedule_dualpipev();
     test_simulate();
     test_split();
+    test_partition();
     test_trim();
     test_runtime_single();
     test_split_backward();

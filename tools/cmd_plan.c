@@ -83,12 +83,6 @@ static int cmp_rows(const void *a, const void *b) {
     return x->e.mem_total < y->e.mem_total ? -1 : x->e.mem_total > y->e.mem_total;
 }
 
-static void default_calib(char *out, size_t cap) {
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (x && *x) snprintf(out, cap, "%s/mmc/plan-cpu.txt", x);
-    else snprintf(out, cap, "%s/.cache/mmc/plan-cpu.txt", h && *h ? h : "/tmp");
-}
-
 static void mkdir_parent(const char *path) {
     char d[4096];
     snprintf(d, sizeof d, "%s", path);
@@ -192,7 +186,27 @@ static void print_json(const row *r, int rank, const mmc_plan_device *d, int gpu
 
 static const double GiB = 1073741824.0;
 
-static void explain(const row *r, int i, double gmem, const row *best) {
+/* the layout's pipeline split as `mmc train` cuts it with pipeline_layers auto (mmc_plan_pp_split):
+ * the counts ("3, 1") and each (virtual) stage's modelled ms per micro-batch ("41.2|40.8"); false
+ * without a pipeline */
+static bool split_str(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                      const mmc_plan_layout *l, char *counts, size_t cap, char *ms, size_t cap2) {
+    if (l->pp < 2 || l->pp * l->vpp > 1024) return false;
+    int64_t bd[1025];
+    double sc[1024];
+    if (mmc_plan_pp_split(m, w, d, l, bd, sc, NULL)) return false;
+    size_t a = 0, b = 0;
+    counts[0] = ms[0] = 0;
+    for (int k = 0; k < l->pp * l->vpp && a + 24 < cap && b + 24 < cap2; k++) {
+        if (!(l->vstage && k == 0))
+            a += (size_t)snprintf(counts + a, cap - a, "%s%lld", a ? ", " : "", (long long)(bd[k + 1] - bd[k]));
+        b += (size_t)snprintf(ms + b, cap2 - b, "%s%.4g", k ? "|" : "", 1e3 * sc[k]);
+    }
+    return true;
+}
+
+static void explain(const row *r, int i, double gmem, const row *best, const mmc_plan_model *m,
+                    const mmc_plan_workload *w, const mmc_plan_device *d) {
     const mmc_plan_estimate *e = &r->e;
     char s[128];
     mmc_plan_layout_str(&r->l, s, sizeof s);
@@ -218,6 +232,10 @@ static void explain(const row *r, int i, double gmem, const row *best) {
     if (r->l.vstage)
         printf("   vision stage: the tower, merger and embedding on pipeline stage 0 alone, the decoder layers over "
                "stages 1 .. %d\n", r->l.pp - 1);
+    char counts[512], ms[1024];
+    if (split_str(m, w, d, &r->l, counts, sizeof counts, ms, sizeof ms))
+        printf("   pipeline stages (as mmc train's pipeline_layers auto cuts them): [%s] layers%s, %s ms per micro-batch\n",
+               counts, r->l.vstage ? " after the tower's stage" : "", ms);
     printf("   memory %.1f %s of %.1f: parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f\n",
            e->mem_total / u, u == GiB ? "GiB" : "MiB", gmem / u, e->mem_params / u, e->mem_grads / u, e->mem_optim / u,
            e->mem_act / u);
@@ -225,7 +243,7 @@ static void explain(const row *r, int i, double gmem, const row *best) {
 
 /* replace the top-level parallel: block of text (or append one) and the values of
  * micro_batch_size / recompute where each occurs once */
-static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char *note) {
+static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char *note, const char *layers) {
     size_t n = strlen(text), cap = n + 2048, len = 0;
     char *out = malloc(cap);
     if (!out) return NULL;
@@ -247,6 +265,8 @@ static char *rewrite_yaml(const char *text, const mmc_plan_layout *l, const char
                             note, l->dp, l->tp, l->sp ? "true" : "false", l->pp, l->vpp, l->cp,
                             l->cp_ring ? "ring" : "ulysses", l->zero);
     if (l->vstage) len += (size_t)snprintf(out + len, cap - len, "  pipeline_vision_stage: true\n");
+    if (layers)   /* the split the model was costed with (mmc train's auto would measure its own) */
+        len += (size_t)snprintf(out + len, cap - len, "  pipeline_layers: [%s]\n", layers);
     if (l->hetero)   /* per-modality plan: the vision tower data-parallel over every rank */
         len += (size_t)snprintf(out + len, cap - len, "  vision: {data_parallel: %d}\n", l->dp * l->tp * l->pp);
     if (l->hetero_audio)   /* Qwen2.5-Omni: the audio encoder too */
@@ -306,7 +326,7 @@ int cmd_plan(int argc, char **argv) {
     }
     char calib_path[4096];
     if (calib_arg) snprintf(calib_path, sizeof calib_path, "%s", calib_arg);
-    else default_calib(calib_path, sizeof calib_path);
+    else mmc_plan_calib_default_path(calib_path, sizeof calib_path);
     if (cal_net) return calibrate_net(calib_path);
     if (!yaml) return cli_usage(cmd, "missing RUN.yaml (the run config to plan)");
     if (gpus < 1) return cli_usage(cmd, "missing --gpus N (how many ranks to plan for)");
@@ -494,7 +514,7 @@ int cmd_plan(int argc, char **argv) {
         goto out;
     }
     printf("why:\n");
-    for (int i = 0; i < nfit && i < 3; i++) explain(&rows[i], i, gmem, &rows[0]);
+    for (int i = 0; i < nfit && i < 3; i++) explain(&rows[i], i, gmem, &rows[0], &m, &w, &dev);
     {   /* the fastest layout that does not fit, if faster than the choice */
         const row *fast = NULL;
         for (int i = nfit; i < nr; i++)
@@ -514,7 +534,9 @@ int cmd_plan(int argc, char **argv) {
         mmc_plan_layout_str(&rows[0].l, s, sizeof s);
         snprintf(note, sizeof note, "mmc plan --gpus %lld --device %s: %s, modelled %.4g s per step, %.1f GiB per rank", gpus,
                  dev.name, s, rows[0].e.step_s, rows[0].e.mem_total / GiB);
-        text = rewrite_yaml(src, &rows[0].l, note);
+        char counts[512], ms[1024];
+        const bool sp = split_str(&m, &w, &dev, &rows[0].l, counts, sizeof counts, ms, sizeof ms);
+        text = rewrite_yaml(src, &rows[0].l, note, sp ? counts : NULL);
         free(src);
         if (!text) { code = cli_fail(MMC_ERR_OOM, "out of memory"); goto out; }
         if ((st = mmc_write_file_atomic(write, text, strlen(text)))) { code = cli_fail(st, "plan --write %s", write); goto out; }

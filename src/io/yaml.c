@@ -526,9 +526,26 @@ static mmc_status read_field(cfg_ctx *c, const mmc_cfg_field *f, const mmc_yaml 
     case MMC_CFG_STR_LIST: {
         mmc_str_list *l = slot;
         if (v->kind == MMC_YAML_NULL) { free_str_list(l); return MMC_OK; }
-        if (v->kind != MMC_YAML_LIST)
-            return cfg_err(c, MMC_ERR_FORMAT, v, "expected a list of strings, found %s",
+        /* a list field may take keywords in place of the list (its enum_values; e.g.
+         * parallel.pipeline_layers: auto): kept as a one-item list */
+        bool kw = false;
+        for (int i = 0; v->kind == MMC_YAML_SCALAR && f->enum_values && f->enum_values[i]; i++)
+            kw |= !strcmp(v->text, f->enum_values[i]);
+        if (kw) {
+            char **items = calloc(1, sizeof *items);
+            if (!items || !(items[0] = strdup(v->text))) { free(items); return mmc_error(MMC_ERR_OOM, "out of memory"); }
+            free_str_list(l);
+            l->items = items;
+            l->n = 1;
+            return MMC_OK;
+        }
+        if (v->kind != MMC_YAML_LIST) {
+            char kws[160] = "";
+            for (int i = 0, at = 0; f->enum_values && f->enum_values[i] && at < (int)sizeof kws; i++)
+                at += snprintf(kws + at, sizeof kws - (size_t)at, "%s%s", i ? ", " : " or one of ", f->enum_values[i]);
+            return cfg_err(c, MMC_ERR_FORMAT, v, "expected a list of strings%s, found %s", kws,
                            found_desc(v, fb, sizeof fb));
+        }
         for (int i = 0; i < v->n; i++)
             if (v->vals[i]->kind != MMC_YAML_SCALAR) {
                 size_t pl = strlen(c->path);

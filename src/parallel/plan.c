@@ -52,8 +52,38 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------------ model shapes */
+mmc_status mmc_plan_model_from(const mmc_qwen2_config *c, const mmc_vision_config *v, mmc_plan_model *out) {
+    memset(out, 0, sizeof *out);
+    out->lm = *c;
+    out->lm.moe = NULL;
+    out->vocab = c->vocab_size, out->hidden = c->hidden_size, out->inter = c->intermediate_size;
+    out->layers = c->num_layers, out->heads = c->num_heads, out->kv_heads = c->num_kv_heads;
+    out->head_dim = c->head_dim, out->tied = c->tie_word_embeddings;
+    if (out->vocab < 1 || out->hidden < 1 || out->inter < 1 || out->layers < 1 || out->heads < 1 || out->kv_heads < 1 ||
+        out->head_dim < 1)
+        return mmc_error(MMC_ERR_FORMAT, "vocab_size, hidden_size, intermediate_size, num_hidden_layers, "
+                         "num_attention_heads, num_key_value_heads must all be positive");
+    if (c->moe) {   /* Qwen2-MoE: which layers are sparse, and the block's shape */
+        mmc_moe_shape(c->moe, &out->moe_experts, &out->moe_top_k, &out->moe_inter, &out->moe_shared);
+        for (int64_t l = 0; l < c->num_layers && l < 1024; l++)
+            if (mmc_moe_layer_sparse(c->moe, l)) out->moe_sparse[l / 64] |= (uint64_t)1 << (l % 64);
+    }
+    if (v) {
+        out->vcfg = *v;
+        out->vision = true;
+        out->v_depth = v->depth, out->v_dim = v->embed_dim, out->v_heads = v->num_heads;
+        out->v_inter = v->intermediate_size, out->v_merge = v->spatial_merge_size, out->v_out = v->out_hidden_size;
+        out->v_patch_in = v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size;
+        if (out->v_depth < 1 || out->v_dim < 1 || out->v_heads < 1 || out->v_merge < 1)
+            return mmc_error(MMC_ERR_FORMAT, "vision_config: depth, embed_dim, num_heads, spatial_merge_size "
+                             "must be positive");
+    }
+    return MMC_OK;
+}
+
 mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_model *out) {
     memset(out, 0, sizeof *out);
     const char *type = "";
@@ -66,39 +96,32 @@ mmc_status mmc_plan_model_read(const mmc_json *cfg, const char *what, mmc_plan_m
                          "decoders and Qwen2-VL's vision tower; this model's tower and nested text_config are not "
                          "modelled yet; choose the layout by hand (LLaVA and InternVL train under tensor, pipeline and "
                          "context parallelism as Qwen2-VL does)", what, type);
-    mmc_status st = mmc_qwen2_config_read(cfg, &out->lm);
+    mmc_qwen2_config lm = {0};
+    mmc_status st = !strcmp(type, "qwen2_moe") ? mmc_qwen2_moe_config_read(cfg, &lm) : mmc_qwen2_config_read(cfg, &lm);
     if (st) return mmc_error_prefix(st, "%s", what);
-    const mmc_qwen2_config *c = &out->lm;
-    out->vocab = c->vocab_size, out->hidden = c->hidden_size, out->inter = c->intermediate_size;
-    out->layers = c->num_layers, out->heads = c->num_heads, out->kv_heads = c->num_kv_heads;
-    out->head_dim = c->head_dim, out->tied = c->tie_word_embeddings;
-    if (out->vocab < 1 || out->hidden < 1 || out->inter < 1 || out->layers < 1 || out->heads < 1 || out->kv_heads < 1 ||
-        out->head_dim < 1)
-        return mmc_error(MMC_ERR_FORMAT, "%s: vocab_size, hidden_size, intermediate_size, num_hidden_layers, "
-                         "num_attention_heads, num_key_value_heads must all be positive", what);
+    mmc_vision_config vc, *vp = NULL;
     if (mmc_json_get(cfg, "vision_config")) {
         const char *mt = NULL;
-        if ((st = mmc_json_str(cfg, "model_type", "", &mt))) return mmc_error_prefix(st, "%s", what);
+        if ((st = mmc_json_str(cfg, "model_type", "", &mt))) goto out;
         mmc_vl_arch arch = !strcmp(mt, "qwen2_5_vl") || omni ? MMC_VL_QWEN2_5 : MMC_VL_QWEN2;
-        if ((st = mmc_vision_config_read(cfg, arch, &out->vcfg))) return mmc_error_prefix(st, "%s", what);
-        const mmc_vision_config *v = &out->vcfg;
-        out->vision = true;
-        out->v_depth = v->depth, out->v_dim = v->embed_dim, out->v_heads = v->num_heads;
-        out->v_inter = v->intermediate_size, out->v_merge = v->spatial_merge_size, out->v_out = v->out_hidden_size;
-        out->v_patch_in = v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size;
-        if (out->v_depth < 1 || out->v_dim < 1 || out->v_heads < 1 || out->v_merge < 1)
-            return mmc_error(MMC_ERR_FORMAT, "%s: vision_config: depth, embed_dim, num_heads, spatial_merge_size "
-                             "must be positive", what);
+        if ((st = mmc_vision_config_read(cfg, arch, &vc))) goto out;
+        vp = &vc;
     }
+    if ((st = mmc_plan_model_from(&lm, vp, out))) goto out;
     if (omni) {
         mmc_omni_audio_config ac;
-        if ((st = mmc_omni_audio_config_read(cfg, what, &ac))) return st;
+        if ((st = mmc_omni_audio_config_read(cfg, what, &ac))) {
+            mmc_moe_free(lm.moe);
+            return st;
+        }
         out->audio = true;
         out->a_dim = ac.d_model, out->a_layers = ac.encoder_layers, out->a_heads = ac.encoder_attention_heads;
         out->a_inter = ac.encoder_ffn_dim, out->a_window = ac.n_window, out->a_mels = ac.num_mel_bins;
         out->a_out = ac.output_dim;
     }
-    return MMC_OK;
+out:
+    mmc_moe_free(lm.moe);
+    return st ? mmc_error_prefix(st, "%s", what) : MMC_OK;
 }
 
 /* linear weights of a decoder layer: q, k, v, o, gate, up, down (K x N each) */
@@ -221,9 +244,9 @@ struct mmc_plan_calib {
     int ncl, capcl;
 };
 
-enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_ADAMW, K_STACK, K_N };
-static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head", "adamw", "stack"};
-static const int k_nargs[K_N] = {3, 5, 3, 7, 3, 1, 9};
+enum { K_LINEAR, K_ATTN, K_ELTWISE, K_LAYER, K_HEAD, K_ADAMW, K_STACK, K_MOE, K_N };
+static const char *const k_kinds[K_N] = {"linear", "attn", "eltwise", "layer", "head", "adamw", "stack", "moelayer"};
+static const int k_nargs[K_N] = {3, 5, 3, 7, 3, 1, 9, 10};
 
 static int calib_push(mmc_plan_calib *c, int kind, const int64_t *a, double s) {
     if (c->n == c->cap) {
@@ -514,16 +537,12 @@ static mmc_tensor *f_eltwise(mmc_ctx *ctx, mmc_tensor **in, const int64_t *a) {
 }
 
 /* A whole decoder layer (mmc_qwen2_layer_forward: norms, q/k/v/o with RoPE, attention, SwiGLU
- * MLP, residuals) of one rank's shard, forward + backward with its parameters' gradients
- * accumulated as in training. a: B, T, C, Hq, Hkv, D, F. */
-static double time_layer(const int64_t *a) {
-    mmc_qwen2_config cfg = {.vocab_size = 8, .hidden_size = a[2], .intermediate_size = a[6], .num_layers = 1,
-                            .num_heads = a[3], .num_kv_heads = a[4], .head_dim = a[5], .max_position_embeddings = a[1],
-                            .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true, .dtype = MMC_F32};
-    mmc_qwen2 *m = NULL;
-    if (mmc_qwen2_new(&cfg, 1, &m)) return -1;
+ * MLP or Qwen2-MoE's sparse block, residuals): layer 0 of m over B sequences of T tokens, forward +
+ * backward with its parameters' gradients accumulated as in training; CPU seconds on one thread,
+ * the fastest of a few runs. */
+static double time_model_layer(mmc_qwen2 *m, int64_t B, int64_t T) {
     mmc_ctx *ctx = mmc_ctx_new();
-    mmc_tensor *x = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(a[0], a[1], a[2]));
+    mmc_tensor *x = mmc_tensor_new(MMC_F32, 3, MMC_SHAPE(B, T, m->cfg.hidden_size));
     double best = DBL_MAX;
     const int nt = mmc_get_num_threads();
     mmc_set_num_threads(1);
@@ -534,8 +553,8 @@ static double time_layer(const int64_t *a) {
         for (int r = 0; r < 8 && (r < 4 || spent < 0.3) && !(r >= 2 && spent > 0.5); r++) {   /* big shapes: 1 + 1 */
             x->grad = NULL;
             double t0 = proc_cpu();
-            mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(a[1]));
-            for (int64_t i = 0; i < a[1]; i++) ((int64_t *)pos->data)[i] = i;
+            mmc_tensor *pos = mmc_new(ctx, MMC_I64, 1, MMC_SHAPE(T));
+            for (int64_t i = 0; i < T; i++) ((int64_t *)pos->data)[i] = i;
             mmc_tensor *cos, *sin;
             mmc_qwen2_rope_table(ctx, &m->cfg, pos, &cos, &sin);
             mmc_attn_opts o = {.causal = true};
@@ -552,8 +571,44 @@ static double time_layer(const int64_t *a) {
     mmc_set_num_threads(nt);
     mmc_tensor_free(x);
     mmc_ctx_free(ctx);
-    mmc_qwen2_free(m);
     return best < DBL_MAX ? best : -1;
+}
+
+/* a dense layer of one rank's shard. a: B, T, C, Hq, Hkv, D, F. */
+static double time_layer(const int64_t *a) {
+    mmc_qwen2_config cfg = {.vocab_size = 8, .hidden_size = a[2], .intermediate_size = a[6], .num_layers = 1,
+                            .num_heads = a[3], .num_kv_heads = a[4], .head_dim = a[5], .max_position_embeddings = a[1],
+                            .rms_norm_eps = 1e-6, .rope_theta = 10000, .qkv_bias = true, .dtype = MMC_F32};
+    mmc_qwen2 *m = NULL;
+    if (mmc_qwen2_new(&cfg, 1, &m)) return -1;
+    double s = time_model_layer(m, a[0], a[1]);
+    mmc_qwen2_free(m);
+    return s;
+}
+
+/* a Qwen2-MoE sparse layer (router, top-k of E experts of FFN Fi, the gated shared expert of Fs) of
+ * one rank's shard. a: B, T, C, Hq, Hkv, D, E, k, Fi, Fs. Built from a config.json text through the
+ * model's own reader, so the block is qwen2_moe.c's. */
+static double time_moe_layer(const int64_t *a) {
+    char js[640];
+    const int len = snprintf(js, sizeof js,
+                             "{\"model_type\": \"qwen2_moe\", \"vocab_size\": 8, \"hidden_size\": %lld, "
+                             "\"intermediate_size\": %lld, \"num_hidden_layers\": 1, \"num_attention_heads\": %lld, "
+                             "\"num_key_value_heads\": %lld, \"head_dim\": %lld, \"max_position_embeddings\": %lld, "
+                             "\"num_experts\": %lld, \"num_experts_per_tok\": %lld, \"moe_intermediate_size\": %lld, "
+                             "\"shared_expert_intermediate_size\": %lld, \"decoder_sparse_step\": 1, "
+                             "\"rms_norm_eps\": 1e-6, \"rope_theta\": 10000}",
+                             (long long)a[2], (long long)a[8], (long long)a[3], (long long)a[4], (long long)a[5],
+                             (long long)a[1], (long long)a[6], (long long)a[7], (long long)a[8], (long long)a[9]);
+    mmc_json *j = NULL;
+    mmc_qwen2 *m = NULL;
+    double s = -1;
+    if (len > 0 && (size_t)len < sizeof js && !mmc_json_parse(js, (size_t)len, "calibration", &j) &&
+        !mmc_qwen2_moe_new(j, 1, NULL, &m))
+        s = time_model_layer(m, a[0], a[1]);
+    mmc_qwen2_free(m);
+    mmc_json_free(j);
+    return s;
 }
 
 /* L decoder layers of one rank's shard in sequence, each with its own weights as in the model,
@@ -766,6 +821,17 @@ static double measure(mmc_plan_calib *c, int kind, const int64_t *a0) {
         if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
         return s > 0 ? s : 0;
     }
+    if (kind == K_MOE) {   /* fewer sequences past the cap, scaled linearly */
+        const double fl = 6.0 * (double)a[1] * (double)a[2] *
+                          ((double)(a[3] + 2 * a[4]) * (double)a[5] * 2.0 + 3.0 * (double)(a[7] * a[8] + a[9]));
+        int64_t b[10];
+        memcpy(b, a, sizeof b);
+        while (b[0] > 1 && fl * (double)b[0] > 2 * CALIB_MAX_FLOPS) b[0] /= 2;
+        double s = time_moe_layer(b);
+        if (s > 0) s *= (double)a[0] / (double)b[0];
+        if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
+        return s > 0 ? s : 0;
+    }
     if (kind == K_ADAMW) {
         double s = time_adamw(a[0]);
         if (s > 0 && !calib_push(c, kind, a0, s)) c->dirty = true;
@@ -844,6 +910,10 @@ double mmc_plan_calib_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, 
 double mmc_plan_calib_stack(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
                             int64_t F, int64_t L, int n) {
     return measure(c, K_STACK, (const int64_t[]){B, T, C, H, Hkv, D, F, L < 1 ? 1 : L, n < 1 ? 1 : n});
+}
+double mmc_plan_calib_moe_layer(mmc_plan_calib *c, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv, int64_t D,
+                                int64_t E, int64_t k, int64_t Fi, int64_t Fs) {
+    return measure(c, K_MOE, (const int64_t[]){B, T, C, H, Hkv, D, E, k, Fi, Fs});
 }
 double mmc_plan_calib_head(mmc_plan_calib *c, int64_t N, int64_t C, int64_t V) {
     return measure(c, K_HEAD, (const int64_t[]){N, C, V});
@@ -1157,10 +1227,14 @@ bool mmc_plan_layout_ok(const mmc_plan_model *m, const mmc_plan_workload *w, con
         if (w->seq % l->cp) NO("seq_len %lld is not a multiple of context_parallel %d", (long long)w->seq, l->cp);
     }
     if (l->pp > 1) {
-        int64_t bounds[1025];
         if (l->pp * l->vpp > 1024) NO("too many pipeline stages");
-        /* (the vision tower on a stage of its own: the layers over the other pp - 1) */
-        if (mmc_pp_split_layers(m->layers, l->vstage ? l->pp - 1 : l->pp * l->vpp, NULL, 0, bounds)) NO("%s", mmc_last_error());
+        /* every (virtual) stage needs a layer; the split itself is automatic (mmc_plan_pp_split), as the
+         * trainer's default (the vision tower on a stage of its own: the layers over the other pp - 1) */
+        const int nd = l->vstage ? l->pp - 1 : l->pp * l->vpp;
+        if (m->layers < nd)
+            NO("pipeline_parallel %d%s makes %d %sstages for the model's %lld decoder layers: a stage would be empty",
+               l->pp, l->vstage ? " with a vision stage" : l->vpp > 1 ? " x pipeline_virtual" : "", nd,
+               l->vpp > 1 ? "virtual " : "decoder ", (long long)m->layers);
         const int64_t M = w->batch / (l->micro_batch * l->dp);
         if (l->vpp > 1 && M % l->pp)
             NO("interleaving needs the micro-batches per step (%lld) to be a multiple of pipeline_parallel %d", (long long)M,
@@ -1337,6 +1411,94 @@ static double audio_time(const mmc_plan_model *m, const mmc_plan_workload *w, co
     return w->freeze_audio ? t / 3.0 : t;
 }
 
+mmc_status mmc_plan_layer_costs(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                                const mmc_plan_layout *l, double *layer, double *first, double *last, double *vision) {
+    const int t = l->tp;
+    double fb, fwd, afwd;
+    layer_time(m, w, d, l, &fb, &fwd, &afwd);
+    double sparse = fb;   /* a Qwen2-MoE sparse layer: the dense layer with its MLP swapped for the block */
+    if (m->moe_experts > 0) {
+        const int64_t b = l->micro_batch, Sl = w->seq / l->cp, C = m->hidden;
+        if (d->calib) {   /* the lone sparse layer against the lone dense one, both measured the same way */
+            const double dense1 = mmc_plan_calib_layer(d->calib, b, Sl, C, m->heads / t, m->kv_heads / t, m->head_dim,
+                                                       m->inter / t);
+            const double moe1 = mmc_plan_calib_moe_layer(d->calib, b, Sl, C, m->heads / t, m->kv_heads / t, m->head_dim,
+                                                         m->moe_experts, m->moe_top_k, m->moe_inter / t,
+                                                         m->moe_shared / t);
+            if (dense1 > 0 && moe1 > 0) sparse = fb * moe1 / dense1;
+        } else {   /* GEMM FLOPs: k routed experts and the shared one per token, the router, in place of 3 C F */
+            const double Tl = (double)(b * Sl), k3 = 3.0 * 2.0 * Tl * (double)C / t;
+            sparse = fb + 3.0 * (k3 * ((double)(m->moe_top_k * m->moe_inter + m->moe_shared) - (double)m->inter) +
+                                 2.0 * Tl * (double)C * (double)m->moe_experts) / d->gemm_flops;
+            if (sparse < 0) sparse = 0;
+        }
+    }
+    for (int64_t i = 0; i < m->layers; i++)
+        layer[i] = m->moe_experts > 0 && i < 1024 && (m->moe_sparse[i / 64] >> (i % 64) & 1) ? sparse : fb;
+    const int tv = m->vision && !m->audio && t > 1 && !l->hetero && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
+    const double vis = vision_time(m, w, d, l, tv) * (l->hetero ? 1.0 / t : 1.0);
+    if (vision) *vision = vis;
+    /* (the token lookup itself is memory traffic only; a per-modality plan with the LM pipelined encodes
+     * before the pipeline, on every rank: nothing on the first stage) */
+    if (first)
+        *first = (l->vstage || (l->hetero && l->pp > 1) ? 0 : vis) +
+                 audio_time(m, w, d, l) * (l->hetero_audio ? 1.0 / t : 1.0);
+    if (last) *last = head_time(m, w, d, l);
+    return MMC_OK;
+}
+
+mmc_status mmc_plan_pp_split(const mmc_plan_model *m, const mmc_plan_workload *w, const mmc_plan_device *d,
+                             const mmc_plan_layout *l, int64_t *bounds, double *stage_cost, bool *even) {
+    const int nst = l->pp * l->vpp;
+    double *cost = malloc((size_t)m->layers * sizeof *cost), *sc = malloc((size_t)nst * sizeof *sc), first, last, vis;
+    int64_t *bd = malloc((size_t)(nst + 1) * sizeof *bd);
+    mmc_status st = MMC_OK;
+    if (!cost || !sc || !bd) st = mmc_error(MMC_ERR_OOM, "out of memory");
+    if (!st) st = mmc_plan_layer_costs(m, w, d, l, cost, &first, &last, &vis);
+    if (!st) st = mmc_pp_auto_split(cost, m->layers, l->pp, l->vpp, l->dualpipev, l->vstage, first, last, vis,
+                                    MMC_PP_KEEP_EVEN, bd, sc, even);
+    if (!st && bounds) memcpy(bounds, bd, (size_t)(nst + 1) * sizeof *bd);
+    if (!st && stage_cost) memcpy(stage_cost, sc, (size_t)nst * sizeof *sc);
+    free(cost); free(sc); free(bd);
+    return st;
+}
+
+void mmc_plan_calib_default_path(char *out, size_t cap) {
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && *x) snprintf(out, cap, "%s/mmc/plan-cpu.txt", x);
+    else snprintf(out, cap, "%s/.cache/mmc/plan-cpu.txt", h && *h ? h : "/tmp");
+}
+
+mmc_status mmc_plan_pp_measure(const mmc_qwen2_config *lm, const mmc_vision_config *vision, const mmc_plan_workload *w,
+                               const mmc_plan_layout *l, const char *calib_path, int64_t *bounds, double *stage_cost,
+                               bool *even) {
+    mmc_plan_model m;
+    mmc_status st = mmc_plan_model_from(lm, vision, &m);
+    if (st) return mmc_error_prefix(st, "config.json");
+    mmc_plan_calib *c = NULL;
+    if (calib_path) {   /* its folder made if missing; a cache that cannot be read is left aside (measured anew) */
+        char d[4096];
+        snprintf(d, sizeof d, "%s", calib_path);
+        for (char *p = d + 1; *p; p++)
+            if (*p == '/') { *p = 0; mkdir(d, 0755); *p = '/'; }
+        if (mmc_plan_calib_open(calib_path, &c)) {
+            fprintf(stderr, "mmc: warning: %s; measuring the layers without it\n", mmc_last_error());
+            c = NULL;
+        }
+    }
+    if (!c && (st = mmc_plan_calib_open(NULL, &c))) return st;
+    /* this host as mmc_plan_device_cpu describes it, without its bandwidth measurement: the costs here are
+     * measured kernels (only the attention recompute's RoPE term reads mem_bw) */
+    mmc_plan_device d = {.name = "cpu", .calib = c, .mem_bw = c->mem_bw > 0 ? c->mem_bw : 1e10};
+    const long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    d.cores = nc > 0 ? (int)nc : 1;
+    st = mmc_plan_pp_split(&m, w, &d, l, bounds, stage_cost, even);
+    if (!st && mmc_plan_calib_save(c))
+        fprintf(stderr, "mmc: warning: %s (the measured layer costs are not kept)\n", mmc_last_error());
+    mmc_plan_calib_free(c);
+    return st;
+}
+
 /* elements one decoder layer keeps per token for its backward (no recompute) */
 static double layer_act_elems(const mmc_plan_model *m, const mmc_plan_layout *l) {
     const double C = (double)m->hidden, t = l->tp, D = (double)m->head_dim;
@@ -1361,8 +1523,9 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const int64_t M = w->batch / (l->micro_batch * l->dp);
     const int64_t Tl = l->micro_batch * w->seq / l->cp;
     const double ab = w->act_bytes, C = (double)m->hidden;
-    /* layers per stage (even split; with a vision stage over the P - 1 stages after it) */
-    const int64_t Ls = m->layers / (l->vstage ? P - 1 : P);
+    /* layers per stage (the most a stage of the split holds, at most this: the layer counts per stage are
+     * the even split's, rounded up; with a vision stage over the P - 1 stages after it) */
+    const int64_t Ls = (m->layers + (l->vstage ? P - 1 : P) - 1) / (l->vstage ? P - 1 : P);
     /* the tower split over tp (tv), or whole: replicated, or data-parallel (hetero: 1/t of the images) */
     /* (Qwen2.5-Omni keeps its tower whole under tp; its audio encoder likewise, or data-parallel) */
     const int tv = m->vision && !m->audio && t > 1 && !l->hetero && mmc_vision_tp_ok(&m->vcfg, t, NULL, 0) ? t : 1;
@@ -1396,7 +1559,24 @@ mmc_status mmc_plan_estimate_layout(const mmc_plan_model *m, const mmc_plan_work
     const double mid = (double)Ls * lfb + rc;   /* stages between the first and the last */
     double stage = first > last ? first : last;   /* on a core of its own */
     if (stage < mid) stage = mid;   /* (a light vision stage) */
-    const double all_stages = P == 1 ? first : first + last + (double)(P - 2) * mid;
+    double all_stages = P == 1 ? first : first + last + (double)(P - 2) * mid;
+    if (P > 1) {   /* the stages as mmc_plan_pp_split cuts them (what the trainer runs): each rank's chunks */
+        int64_t bd[1025];
+        double sc[1024];
+        mmc_status st = mmc_plan_pp_split(m, w, d, l, bd, sc, NULL);
+        if (st) return mmc_error_prefix(st, "layout: the pipeline split");
+        stage = all_stages = 0;
+        for (int r = 0; r < P; r++) {
+            double s = 0;
+            for (int c = 0; c < v; c++) {
+                const int j = l->dualpipev ? (c == 0 ? r : 2 * P - 1 - r) : c * P + r;
+                s += sc[j];
+            }
+            if (!(l->vstage && r == 0)) s += rc;
+            stage = s > stage ? s : stage;
+            all_stages += s;
+        }
+    }
     e->recompute_s = (double)M * rc * share;
 
     /* ---- communication per micro-batch on the critical path */

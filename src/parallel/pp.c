@@ -258,11 +258,110 @@ mmc_status mmc_pp_split_layers(int64_t n_layers, int P, const int64_t *sizes, in
                          (long long)n_layers, (long long)n_layers);
     if (n_layers % P)
         return mmc_error(MMC_ERR_INVALID, "parallel.pipeline_parallel %d does not divide the model's %lld decoder "
-                         "layers; use a divisor of %lld or give each stage's count in parallel.pipeline_layers "
-                         "(e.g. [%lld, %lld, ...])", P, (long long)n_layers, (long long)n_layers,
+                         "layers; use a divisor of %lld, give each stage's count in parallel.pipeline_layers "
+                         "(e.g. [%lld, %lld, ...]) or set it to auto (from the layers' measured costs)", P,
+                         (long long)n_layers, (long long)n_layers,
                          (long long)(n_layers / P + 1), (long long)(n_layers / P));
     for (int s = 0; s <= P; s++) bounds[s] = n_layers / P * s;
     return MMC_OK;
+}
+
+/* Minimise the slowest stage exactly (f[k][j]: the best slowest stage of the first j layers in k
+ * stages), then, among the splits whose every stage is within it, the sum of squared stage costs
+ * (g[k][j], arg[k][j]: where its last stage starts, the earliest on a tie). A stage's cost is a
+ * prefix-sum difference plus its extra. O(ns n^2): a few ms at n = 200. */
+mmc_status mmc_pp_partition(const double *cost, int64_t n, int ns, const double *extra, int64_t *bounds,
+                            double *stage_cost) {
+    if (ns < 1) return mmc_error(MMC_ERR_INVALID, "pipeline stages: %d stages (at least 1)", ns);
+    if (n < ns)
+        return mmc_error(MMC_ERR_INVALID, "pipeline stages: %d stages for %lld decoder layers: a stage would be empty; "
+                         "use at most %lld stages", ns, (long long)n, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        if (!(cost[i] >= 0) || !isfinite(cost[i]))
+            return mmc_error(MMC_ERR_INVALID, "pipeline stages: layer %lld's cost %g is not a finite non-negative time",
+                             (long long)i, cost[i]);
+    for (int k = 0; extra && k < ns; k++)
+        if (!(extra[k] >= 0) || !isfinite(extra[k]))
+            return mmc_error(MMC_ERR_INVALID, "pipeline stages: stage %d's extra cost %g is not a finite non-negative "
+                             "time", k, extra[k]);
+    const size_t W = (size_t)n + 1;
+    double *pre = malloc(W * sizeof *pre), *f = malloc((size_t)(ns + 1) * W * sizeof *f);
+    double *g = malloc((size_t)(ns + 1) * W * sizeof *g);
+    int64_t *arg = malloc((size_t)(ns + 1) * W * sizeof *arg);
+    if (!pre || !f || !g || !arg) {
+        free(pre); free(f); free(g); free(arg);
+        return mmc_error(MMC_ERR_OOM, "out of memory partitioning %lld layers into %d stages", (long long)n, ns);
+    }
+    pre[0] = 0;
+    for (int64_t i = 0; i < n; i++) pre[i + 1] = pre[i] + cost[i];
+#define SC(k, i, j) (pre[j] - pre[i] + (extra ? extra[k] : 0.0))   /* stage k holding layers [i, j) */
+    for (size_t x = 0; x < (size_t)(ns + 1) * W; x++) f[x] = g[x] = INFINITY;
+    f[0] = g[0] = 0;
+    for (int k = 1; k <= ns; k++)   /* pass 1: the slowest stage */
+        for (int64_t j = k; j <= n - (ns - k); j++)
+            for (int64_t i = k - 1; i < j; i++) {
+                const double a = f[(size_t)(k - 1) * W + i], b = SC(k - 1, i, j), m = a > b ? a : b;
+                if (m < f[(size_t)k * W + j]) f[(size_t)k * W + j] = m;
+            }
+    const double T = f[(size_t)ns * W + n], lim = T + 1e-9 * (T > 0 ? T : 1);   /* (rounding of the sums) */
+    for (int k = 1; k <= ns; k++)   /* pass 2: the most even split whose stages are all within T */
+        for (int64_t j = k; j <= n - (ns - k); j++)
+            for (int64_t i = k - 1; i < j; i++) {
+                const double a = g[(size_t)(k - 1) * W + i], b = SC(k - 1, i, j);
+                if (!isfinite(a) || b > lim) continue;
+                const double q = a + b * b, cur = g[(size_t)k * W + j];
+                if (!isfinite(cur) || q < cur - 1e-12 * cur) g[(size_t)k * W + j] = q, arg[(size_t)k * W + j] = i;
+            }
+    MMC_ASSERT(isfinite(g[(size_t)ns * W + n]));   /* (n >= ns: the split of one layer per stage exists) */
+    bounds[ns] = n;
+    for (int k = ns; k > 0; k--) bounds[k - 1] = arg[(size_t)k * W + bounds[k]];
+    for (int k = 0; stage_cost && k < ns; k++) stage_cost[k] = SC(k, bounds[k], bounds[k + 1]);
+#undef SC
+    free(pre); free(f); free(g); free(arg);
+    return MMC_OK;
+}
+
+mmc_status mmc_pp_auto_split(const double *cost, int64_t n, int P, int v, bool dualpipev, bool vision_stage,
+                             double first, double last, double vision, double keep_even, int64_t *bounds,
+                             double *stage_cost, bool *even) {
+    if (even) *even = false;
+    if (P < 1 || v < 1 || (dualpipev && v != 2) || (vision_stage && (P < 2 || v != 1)))
+        return mmc_error(MMC_ERR_INVALID, "pipeline stages: bad layout (%d stages x %d chunks%s%s)", P, v,
+                         dualpipev ? ", dualpipev" : "", vision_stage ? ", vision stage" : "");
+    const int nst = P * v, off = vision_stage ? 1 : 0, nd = nst - off;   /* the decoder's (virtual) stages */
+    double *extra = calloc((size_t)nd, sizeof *extra), *alt = malloc((size_t)nd * sizeof *alt);
+    int64_t *eb = malloc((size_t)(nd + 1) * sizeof *eb);
+    mmc_status st = MMC_OK;
+    if (!extra || !alt || !eb) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if (!vision_stage) extra[0] += first;   /* (with a vision stage `first` sits on the tower's stage) */
+    extra[nd - 1] += last;                  /* the last virtual stage (DualPipeV: rank 0's chunk 1) */
+    if ((st = mmc_pp_partition(cost, n, nd, extra, bounds + off, stage_cost ? stage_cost + off : NULL))) goto done;
+    if (n % nd == 0) {   /* the even split, kept when the best one is not measurably faster */
+        double worst_even = 0, worst = 0;
+        for (int k = 0; k < nd; k++) {
+            eb[k] = n / nd * k;
+            double s = extra[k];
+            for (int64_t i = n / nd * k; i < n / nd * (k + 1); i++) s += cost[i];
+            alt[k] = s;
+            worst_even = s > worst_even ? s : worst_even;
+            double b = extra[k];
+            for (int64_t i = bounds[off + k]; i < bounds[off + k + 1]; i++) b += cost[i];
+            worst = b > worst ? b : worst;
+        }
+        eb[nd] = n;
+        if (worst_even <= worst * (1.0 + keep_even)) {
+            memcpy(bounds + off, eb, (size_t)(nd + 1) * sizeof *eb);
+            if (stage_cost) memcpy(stage_cost + off, alt, (size_t)nd * sizeof *alt);
+            if (even) *even = true;
+        }
+    }
+    if (vision_stage) {
+        bounds[0] = 0;
+        if (stage_cost) stage_cost[0] = vision + first;
+    }
+done:
+    free(extra); free(alt); free(eb);
+    return st;
 }
 
 static bool keep_param(const char *name, int stage, int last, bool tied, int nr, const int64_t *l0, const int64_t *l1) {

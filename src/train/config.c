@@ -130,6 +130,16 @@ static const mmc_cfg_field k_module_plan[] = {
     F(mmc_module_plan, context_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "this component's context-parallel ranks"),
     {0},
 };
+/* parallel.pipeline_layers as a keyword instead of a list of counts (trainer_pp.c) */
+static const char *const k_pp_layers_kw[] = {"auto", "even", NULL};
+
+int mmc_pp_layers_mode(const mmc_parallel_cfg *p) {
+    if (p->pipeline_layers.n == 0) return MMC_PP_LAYERS_AUTO;
+    if (p->pipeline_layers.n == 1 && !strcmp(p->pipeline_layers.items[0], "auto")) return MMC_PP_LAYERS_AUTO;
+    if (p->pipeline_layers.n == 1 && !strcmp(p->pipeline_layers.items[0], "even")) return MMC_PP_LAYERS_EVEN;
+    return MMC_PP_LAYERS_LIST;
+}
+
 static const mmc_cfg_field k_parallel[] = {
     F(mmc_parallel_cfg, data_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "data-parallel ranks"),
     F(mmc_parallel_cfg, tensor_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL, "tensor-parallel ranks"),
@@ -137,9 +147,9 @@ static const mmc_cfg_field k_parallel[] = {
       "norms and residuals on sequence slices between tensor-parallel blocks"),
     F(mmc_parallel_cfg, pipeline_parallel, MMC_CFG_INT, 1, 65536, NULL, NULL,
       "pipeline stages (Qwen2 / Qwen2-VL decoder layers split, 1F1B schedule)"),
-    F(mmc_parallel_cfg, pipeline_layers, MMC_CFG_STR_LIST, U, NULL, NULL,
-      "decoder layers of each pipeline stage, e.g. [3, 5] (default: an even split; with pipeline_virtual v: "
-      "P x v entries, virtual stage c P + s on rank s)"),
+    F(mmc_parallel_cfg, pipeline_layers, MMC_CFG_STR_LIST, U, k_pp_layers_kw, NULL,
+      "decoder layers of each pipeline stage, e.g. [3, 5] (with pipeline_virtual v: P x v entries, virtual stage "
+      "c P + s on rank s), or auto (the default: from the layers' measured costs) or even"),
     F(mmc_parallel_cfg, pipeline_virtual, MMC_CFG_INT, 1, 16, NULL, NULL,
       "model chunks per pipeline rank: interleaved 1F1B, bubble / v (Megatron's virtual pipeline size)"),
     F(mmc_parallel_cfg, pipeline_schedule, MMC_CFG_ENUM, U, k_pp_sched, NULL,
@@ -476,6 +486,8 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
     mmc_status pst = validate_modules(c, root);
     if (pst) return pst;
     const mmc_parallel_cfg *p = &c->parallel;
+    /* entries of an explicit pipeline_layers list (0: auto or even) */
+    const int pl_n = mmc_pp_layers_mode(p) == MMC_PP_LAYERS_LIST ? p->pipeline_layers.n : 0;
     /* pipeline parallelism (trainer_pp.c): Qwen2 / Qwen2-MoE / Qwen2-VL with plain data parallelism and
      * tensor parallelism; the layer counts are checked against the model when its config.json is read */
     if (p->pipeline_virtual > 1 && p->pipeline_parallel < 2)
@@ -490,10 +502,10 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
             return verr(c, root, "parallel", "pipeline_virtual", "%lld with pipeline_schedule dualpipev: DualPipeV "
                         "always holds two chunks per rank (stages r and 2P-1-r); leave pipeline_virtual at 1",
                         (long long)p->pipeline_virtual);
-        if (p->pipeline_layers.n && p->pipeline_layers.n != 2 * p->pipeline_parallel)
+        if (pl_n && pl_n != 2 * p->pipeline_parallel)
             return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_schedule dualpipev over "
                         "pipeline_parallel %lld makes %lld virtual stages (rank r holds the r-th and the (2P-1-r)-th): "
-                        "give one decoder-layer count per virtual stage", p->pipeline_layers.n,
+                        "give one decoder-layer count per virtual stage", pl_n,
                         (long long)p->pipeline_parallel, (long long)(2 * p->pipeline_parallel));
     }
     /* the vision tower as a stage of its own (trainer_pp.c): stage 0 holds no decoder layer */
@@ -508,23 +520,23 @@ static mmc_status validate(mmc_run_config *c, const mmc_yaml *root) {
                         "tower); use pipeline_schedule 1f1b with pipeline_virtual 1, or put the tower on the first "
                         "stage (pipeline_vision_stage false)",
                         p->pipeline_virtual > 1 ? "pipeline_virtual > 1" : "pipeline_schedule dualpipev");
-        if (p->pipeline_layers.n && p->pipeline_layers.n != p->pipeline_parallel - 1)
+        if (pl_n && pl_n != p->pipeline_parallel - 1)
             return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel %lld with "
                         "pipeline_vision_stage makes %lld decoder stages (stage 0 holds the vision tower only): give "
-                        "one decoder-layer count per stage 1 .. %lld", p->pipeline_layers.n,
+                        "one decoder-layer count per stage 1 .. %lld", pl_n,
                         (long long)p->pipeline_parallel, (long long)(p->pipeline_parallel - 1),
                         (long long)(p->pipeline_parallel - 1));
-    } else if (p->pipeline_schedule != MMC_PP_SCHED_DUALPIPEV && p->pipeline_layers.n &&
-        p->pipeline_layers.n != p->pipeline_parallel * p->pipeline_virtual) {
+    } else if (p->pipeline_schedule != MMC_PP_SCHED_DUALPIPEV && pl_n &&
+        pl_n != p->pipeline_parallel * p->pipeline_virtual) {
         if (p->pipeline_virtual > 1)
             return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel %lld x "
                         "pipeline_virtual %lld makes %lld virtual stages: give one decoder-layer count per virtual "
-                        "stage", p->pipeline_layers.n, (long long)p->pipeline_parallel, (long long)p->pipeline_virtual,
+                        "stage", pl_n, (long long)p->pipeline_parallel, (long long)p->pipeline_virtual,
                         (long long)(p->pipeline_parallel * p->pipeline_virtual));
         return verr(c, root, "parallel", "pipeline_layers", "%d entries but pipeline_parallel is %lld: give one "
-                    "decoder-layer count per stage", p->pipeline_layers.n, (long long)p->pipeline_parallel);
+                    "decoder-layer count per stage", pl_n, (long long)p->pipeline_parallel);
     }
-    for (int i = 0; i < p->pipeline_layers.n; i++) {
+    for (int i = 0; i < pl_n; i++) {
         char *end;
         long long v = strtoll(p->pipeline_layers.items[i], &end, 10);
         if (!*p->pipeline_layers.items[i] || *end || v < 1)

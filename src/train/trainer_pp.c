@@ -45,6 +45,7 @@
  * over dp first and is then the single-process one above (so it resumes at any layout). */
 #include "trainer_internal.h"
 #include "mmc_dp.h"
+#include "mmc_plan.h"
 #include "mmc_pp.h"
 
 #include <math.h>
@@ -143,6 +144,52 @@ bool mmc_trainer_pp_keep(const mmc_trainer *t, const char *name) {
     return !strncmp(name, "language_model.", 15);   /* (the decoder's own tensors are trimmed already) */
 }
 
+/* parallel.pipeline_layers: auto (the default): world rank 0 measures the layers' costs at the run's
+ * shapes with the planner's calibration (mmc_plan_pp_measure: its cache, its timers), cuts the
+ * stages and broadcasts the bounds and the stages' modelled times, so every rank runs the same split
+ * (the measurement is noisy; one rank's draw decides). bounds[0 .. nst]; cost[nst] seconds. */
+static mmc_status pp_auto_bounds(mmc_trainer *t, int P, int v, bool dpv, bool tower, int64_t *bounds, double *cost,
+                                 bool *even, double *took) {
+    const mmc_run_config *c = t->cfg;
+    const int nst = P * v;
+    int64_t msg[258];   /* bounds, then `even`; msg[0] = -1: rank 0 failed */
+    double ms[256];
+    char why[400] = "";
+    if (t->rank == 0) {
+        const mmc_vision_config *vc = t->vl && t->vl->visual ? &t->vl->visual->cfg : NULL;
+        mmc_plan_workload w = {.batch = c->data.batch_size, .micro_batch = c->data.micro_batch_size,
+                               .seq = c->data.seq_len, .weight_bytes = c->model.dtype == MMC_RUN_BF16 ? 2 : 4,
+                               .act_bytes = 4, .freeze_vision = (c->model.freeze_mask & MMC_FREEZE_VISION) != 0};
+        /* images: one of data.max_pixels per row (the processor's bound; not set: the tower is not costed) */
+        if (vc && c->data.max_pixels > 0) w.vision_patches = c->data.max_pixels / (vc->patch_size * vc->patch_size);
+        mmc_plan_layout l = {.dp = t->dp_size, .tp = t->tp_size, .pp = P, .cp = 1, .ep = 1, .vpp = v,
+                             .micro_batch = c->data.micro_batch_size, .dualpipev = dpv, .vstage = tower,
+                             .hetero = c->parallel.hetero};   /* (hetero: the tower off the first stage) */
+        char path[4096];
+        mmc_plan_calib_default_path(path, sizeof path);
+        bool ev = false;
+        const double t0 = mmc_now();
+        mmc_status st = mmc_plan_pp_measure(&t->lm->cfg, vc, &w, &l, path, msg, ms, &ev);
+        *took = mmc_now() - t0;
+        if (st) {
+            msg[0] = -1;
+            snprintf(why, sizeof why, "%s", mmc_last_error());
+        }
+        msg[nst + 1] = ev;
+    }
+    mmc_status st = mmc_broadcast(t->world, msg, nst + 2, MMC_I64, 0);
+    if (!st) st = mmc_broadcast(t->world, ms, nst, MMC_F64, 0);
+    if (st) return mmc_error_prefix(st, "%s: broadcasting the pipeline split", c->file);
+    if (msg[0] < 0)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_layers auto: %s%s; give the layer counts in "
+                         "parallel.pipeline_layers (or even)", c->file, t->rank == 0 ? "" : "world rank 0 could not "
+                         "measure the layers' costs", why);
+    memcpy(bounds, msg, (size_t)(nst + 1) * sizeof *bounds);
+    memcpy(cost, ms, (size_t)nst * sizeof *cost);
+    *even = msg[nst + 1] != 0;
+    return MMC_OK;
+}
+
 mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     const mmc_run_config *c = t->cfg;
     const int P = t->pp_size, s = t->pp_rank;
@@ -154,14 +201,22 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
     const int v = t->pp_v, nv = P * v;   /* virtual stages: chunk c of rank s is c P + s (DualPipeV: s, 2P-1-s) */
     if (nv > 256) return mmc_error(MMC_ERR_INVALID, "%s: more than 256 (virtual) pipeline stages", c->file);
     int64_t sizes[256], bounds[257];
-    const int ns = c->parallel.pipeline_layers.n;
+    const int mode = mmc_pp_layers_mode(&c->parallel);
+    const int ns = mode == MMC_PP_LAYERS_LIST ? c->parallel.pipeline_layers.n : 0;
     for (int i = 0; i < ns && i < 256; i++) sizes[i] = atoll(c->parallel.pipeline_layers.items[i]);
     const bool tower = c->parallel.pipeline_vision_stage;   /* stage 0: the vision tower alone */
     mmc_status st;
-    if (tower) {   /* (config.c refused interleaving and DualPipeV with it: v = 1 here) */
-        if (!t->vl)
-            return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_vision_stage puts a vision tower on a stage of "
-                             "its own, but the model has none (Qwen2-VL / Qwen2.5-VL only); leave it out", c->file);
+    double scost[256], took = 0;   /* (took: rank 0's measurement, seconds) */
+    bool even = false;
+    if (tower && !t->vl)
+        return mmc_error(MMC_ERR_INVALID, "%s: parallel.pipeline_vision_stage puts a vision tower on a stage of "
+                         "its own, but the model has none (Qwen2-VL / Qwen2.5-VL only); leave it out", c->file);
+    /* auto: from the layers' measured costs (the split is the same on every rank); with fewer layers than
+     * stages the even split's checks below say why none exists */
+    const bool autos = mode == MMC_PP_LAYERS_AUTO && t->lm->cfg.num_layers >= (tower ? P - 1 : nv);
+    if (autos) {
+        if ((st = pp_auto_bounds(t, P, v, dpv, tower, bounds, scost, &even, &took))) return st;
+    } else if (tower) {   /* (config.c refused interleaving and DualPipeV with it: v = 1 here) */
         if (P < 2 || v != 1) return mmc_error(MMC_ERR_INVALID, "%s: pipeline_vision_stage needs plain 1F1B over 2 or "
                                               "more stages", c->file);
         /* decoder stages 1 .. P-1 get the layers; stage 0 the empty range [0, 0) before them */
@@ -222,6 +277,21 @@ mmc_status mmc_trainer_pp_setup(mmc_trainer *t) {
             else fprintf(stderr, "%s[%lld, %lld)", v > 1 && k % P == 0 ? (k ? " | " : " ") : " ", (long long)bounds[k],
                          (long long)bounds[k + 1]);
         fprintf(stderr, "%s\n", t->pp_tied ? "; tied embeddings: first and last stage sum their gradients" : "");
+        if (autos) {   /* the split and each (virtual) stage's modelled time */
+            char ls[2048] = "", ts[2048] = "";
+            double mx = 0, sum = 0;
+            for (int k = 0, a = 0, b = 0; k < nv; k++) {
+                if (tower && k == 0) a += snprintf(ls + a, sizeof ls - (size_t)a, "tower");
+                else a += snprintf(ls + a, sizeof ls - (size_t)a, "%s%lld", k ? "|" : "", (long long)(bounds[k + 1] - bounds[k]));
+                b += snprintf(ts + b, sizeof ts - (size_t)b, "%s%.3g", k ? "|" : "", 1e3 * scost[k]);
+                mx = scost[k] > mx ? scost[k] : mx;
+                sum += scost[k];
+                if (a >= (int)sizeof ls - 16 || b >= (int)sizeof ts - 16) break;
+            }
+            fprintf(stderr, "mmc train: pipeline: %sstages %s layers (auto, measured%s): %s ms/micro-batch, imbalance "
+                    "%.2f (measured in %.0f ms)\n", v > 1 ? "virtual " : "", ls,
+                    even ? "; the even split, the best is within 3%" : "", ts, sum > 0 ? mx / (sum / nv) : 1.0, 1e3 * took);
+        }
     }
     return MMC_OK;
 }

@@ -644,6 +644,10 @@ void mmc_moe_stats_reset(mmc_moe *moe) {
 
 int64_t mmc_moe_num_experts(const mmc_moe *moe) { return moe->n_experts; }
 
+void mmc_moe_shape(const mmc_moe *moe, int64_t *n_experts, int64_t *top_k, int64_t *inter, int64_t *shared_inter) {
+    *n_experts = moe->n_experts, *top_k = moe->top_k, *inter = moe->inter, *shared_inter = moe->shared_inter;
+}
+
 /* ------------------------------------------------------------------ loading */
 static mmc_status set_ep(mmc_moe *moe, struct mmc_comm *ep) {
     const int P = mmc_comm_size(ep);
