@@ -10,8 +10,7 @@ results.json is {"machine": ..., "peers": ..., "cases": [...]}, so a file names 
 was measured on: "machine" is `mmc info --system --json` (CPU vendor/model/family, ISA flags,
 caches, mmc's GEMM kernels and blocking, threads; --machine FILE) plus "measured": the FMA peak
 and read bandwidths bench_gemm measured in this run (its fma_peak / mem_read_bw (DRAM) /
-mem_read_bw_l3 cases, all
-threads and _1t); "peers" is bench/torch_config.py's object (torch version, CPU capability,
+mem_read_bw_l3 cases, all threads and _1t); "peers" is bench/torch_config.py's object (torch version, CPU capability,
 BLAS and oneDNN, other peers' library versions; --peers FILE). Older files (a bare list of
 cases) are still read by --update.
 
