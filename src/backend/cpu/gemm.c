@@ -1595,8 +1595,9 @@ int64_t mmc_gemm_packed_b_cols(const mmc_gemm_packed_b *pb) { return pb ? pb->K 
  * vdpbf16ps / AMX kernels, on vdpbf16ps). Each C element is summed exactly as the packed GEMM's
  * micro-kernel sums it: per K block from zero in k order (f32: one FMA per k; pairs: one
  * vdpbf16ps per pair), then alpha times that plus beta times C (beta 1 after the first block),
- * so the f32 and vdpbf16ps panels give the packed GEMM's bits for any M (the AMX kernel's tile
- * products round differently: within its tolerance, test_gemm_packed). The work is split over
+ * so the f32 and vdpbf16ps panels give the bits of the packed GEMM's edge tiles (its rows for any
+ * M when alpha is 1; the AMX kernel's tile products round differently: within its tolerance,
+ * test_gemm_packed). The work is split over
  * threads by whole units of panels (contiguous columns of C, no two threads on one line), handed
  * out dynamically; who computes a unit does not change its bits. MMC_PACKED_MV=0 turns it off
  * (the packed GEMM at every M, for comparison). */
@@ -1700,12 +1701,14 @@ PMV_UNIT_FN(pmv_unit_pairs, pmv_pass_pairs, TBF16)
 /* Whether M rows against pb take the decode-rows path: an NR = 32 AVX-512 family kernel */
 static bool pmv_ok(const mmc_gemm_packed_b *pb, int64_t M) {
     if (M < 1 || M > SMALL_M) return false;
-    if (__atomic_load_n(&g_pmv, __ATOMIC_RELAXED) < 0) {
+    int on = __atomic_load_n(&g_pmv, __ATOMIC_ACQUIRE);
+    if (on < 0) {   /* first call: the environment (every thread that races here reads the same) */
         const char *e = getenv("MMC_PACKED_MV");
         if (env_int("MMC_PACKED_MV_PF", 0) > 0) g_pmv_pf = env_int("MMC_PACKED_MV_PF", 0);
-        __atomic_store_n(&g_pmv, e && *e && atoi(e) == 0 ? 0 : 1, __ATOMIC_RELAXED);
+        on = e && *e && atoi(e) == 0 ? 0 : 1;
+        __atomic_store_n(&g_pmv, on, __ATOMIC_RELEASE);
     }
-    if (!g_pmv) return false;
+    if (!on) return false;
     if (pb->kd == &K_AVX512) return true;
     return (pb->kd == &K_BF16DOT || pb->kd == &K_AMX) && cpu_bf16dot();
 }
