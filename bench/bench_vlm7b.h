@@ -1,10 +1,10 @@
 /* bench_vlm7b.h — what bench_llava.c and bench_internvl.c (7B-shaped VLMs at reduced depth)
  * share beside bench_util.h:
  *
- *   vlm7b_read_bw()      the host's streaming read bandwidth on the bench's threads (GB/s, best of
- *                        5 passes over a 512 MiB buffer, each thread timed on its own CPU clock, so
- *                        that a loaded host still gives the memory system's figure): what bounds decode, which reads every
- *                        decoder weight and the lm_head once per token
+ *   vlm7b_read_bw()      the host's DRAM read bandwidth on the bench's threads (bench_util.h's
+ *                        bench_read_bw: several prefetched streams per thread over 512 MiB or
+ *                        2 x L3, each thread timed on its own CPU clock): what bounds decode,
+ *                        which reads every decoder weight and the lm_head once per token
  *   vlm7b_train_case()   one training step as mmc_trainer_step runs it (grads zeroed, the model's
  *                        causal-LM batch loss / label tokens, backward, clip_grad_norm_(1.0),
  *                        AdamW lr 1e-5 wd 0.01), timed over MMC_BENCH_VLM7B_TRAIN_STEPS (default
@@ -29,37 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double vlm7b_read_bw(void) {
-    const size_t n = (size_t)1 << 27;   /* 512 MiB of floats */
-    float *p = malloc(n * sizeof(float));
-    if (!p) return 0;
-    for (size_t i = 0; i < n; i++) p[i] = (float)(i & 1023);
-    double best = 1e30;
-    volatile float sink = 0;
-    for (int r = 0; r < 5; r++) {
-        float tot = 0;
-        double slowest = 0;   /* each thread's own CPU time for its half: a pass preempted by other processes still
-                               * measures the memory system, not the share of the cores this process got */
-#pragma omp parallel reduction(+ : tot) reduction(max : slowest)
-        {
-            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            const size_t lo = n / (size_t)nt * (size_t)id, hi = id == nt - 1 ? n : lo + n / (size_t)nt;
-            struct timespec a, b;
-            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-            float acc[64] = {0};
-            for (size_t i = lo; i + 64 <= hi; i += 64)
-                for (int k = 0; k < 64; k++) acc[k] += p[i + k];
-            for (int k = 0; k < 64; k++) tot += acc[k];
-            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-            slowest = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
-        }
-        sink += tot;
-        if (slowest < best) best = slowest;
-    }
-    (void)sink;
-    free(p);
-    return (double)n * sizeof(float) / best / 1e9;
-}
+static double vlm7b_read_bw(void) { return bench_read_bw(); }
 
 static bool vlm7b_train_mode(const char *mode, const char *dflt) {
     const char *s = getenv("MMC_BENCH_VLM7B_TRAIN");

@@ -9,8 +9,8 @@ results.json, and the table prints them after the ratio.
 results.json is {"machine": ..., "peers": ..., "cases": [...]}, so a file names the machine it
 was measured on: "machine" is `mmc info --system --json` (CPU vendor/model/family, ISA flags,
 caches, mmc's GEMM kernels and blocking, threads; --machine FILE) plus "measured": the FMA peak
-and read bandwidth bench_gemm measured in this run (its fma_peak / mem_read_bw cases, all
-threads and _1t); "peers" is bench/torch_config.py's object (torch version, CPU capability,
+and read bandwidths bench_gemm measured in this run (its fma_peak / mem_read_bw (DRAM) /
+mem_read_bw_l3 cases, all threads and _1t); "peers" is bench/torch_config.py's object (torch version, CPU capability,
 BLAS and oneDNN, other peers' library versions; --peers FILE). Older files (a bare list of
 cases) are still read by --update.
 
@@ -87,7 +87,8 @@ if machine is None and isinstance(old, dict):
 if machine is not None:
     measured = dict(machine.get("measured") or {})
     for key, case in (("fma_peak_gflops", "fma_peak"), ("fma_peak_1t_gflops", "fma_peak_1t"),
-                      ("mem_read_bw_gbs", "mem_read_bw"), ("mem_read_bw_1t_gbs", "mem_read_bw_1t")):
+                      ("mem_read_bw_gbs", "mem_read_bw"), ("mem_read_bw_1t_gbs", "mem_read_bw_1t"),
+                      ("mem_read_bw_l3_gbs", "mem_read_bw_l3"), ("mem_read_bw_l3_1t_gbs", "mem_read_bw_l3_1t")):
         if case in cases and cases[case].get("mmc") is not None:
             measured[key] = cases[case]["mmc"]
     machine["measured"] = measured

@@ -19,8 +19,11 @@ autocast forms also round activations (and outputs) to bf16: the peer does less 
 FLOP. gemm_bf16dot_<layout> repeats the gemm_bf16 peer figure for mmc's opt-in AVX512_BF16
 kernel (MMC_GEMM_BF16=dot), which rounds activations to bf16 as the peer's bf16 forms do, and
 gemm_bf16amx_<layout> for its AMX kernel (the one MMC_GEMM_BF16=dot picks where the CPU has AMX).
-matvec_*: y = x @ W.T with one token, GB/s of weight bytes. Every figure is the best call
-of a ~1 s run, as in bench_gemm.c; the "_1t" cases use one thread and its CPU-time clock."""
+matvec_*: y = x @ W.T with one token, GB/s of weight bytes, calls back to back (the weight as
+cache-resident as it gets); matvec_*_dram: each call after a read of 2 x L3 (or 512 MiB) that
+evicts the weight, as bench_gemm.c's _dram cases; matvec_*_packed: the back-to-back figure again,
+against mmc's pre-packed weight. Every figure is the best call of a ~1 s run, as in bench_gemm.c;
+the "_1t" cases use one thread and its CPU-time clock."""
 import json
 import os
 import time
@@ -43,6 +46,32 @@ def best_time(fn, min_seconds=1.0, min_iters=5):
         best = min(best, CLOCK() - t0)
         n += 1
     return best
+
+
+def best_time_after(fn, before, min_seconds=1.0, min_iters=10):
+    """best_time with before() run (untimed) ahead of every timed call"""
+    before()
+    fn()
+    best, start, n = 1e30, time.perf_counter(), 0
+    while n < min_iters or time.perf_counter() - start < min_seconds:
+        before()
+        t0 = CLOCK()
+        fn()
+        best = min(best, CLOCK() - t0)
+        n += 1
+    return best
+
+
+def evict_floats():
+    """floats in 512 MiB or twice the L3 where that is bigger (bench_gemm.c's DRAM probe buffer)"""
+    l3 = 0
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            txt = f.read().strip()
+        l3 = int(txt[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[txt[-1]] if txt[-1] in "KMG" else int(txt)
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    return max(512 << 20, 2 * l3) // 4
 
 
 def report(name, value, unit, note=None):
@@ -110,18 +139,27 @@ def suite(sfx):
                 report(f"gemm_bf16dot_xWt_packed{sfx}", gf, "GFLOP/s", NOTES[form])
                 report(f"gemm_bf16amx_xWt_packed{sfx}", gf, "GFLOP/s", NOTES[form])
 
+        evict = torch.ones(evict_floats())
         for (n, k, dt) in [(8192, 4096, torch.float32), (8192, 4096, torch.bfloat16), (4864, 896, torch.bfloat16)]:
             w = torch.randn(n, k).to(dt)
             v = torch.randn(1, k)
             tag = "f32" if dt == torch.float32 else "bf16"
-            if dt == torch.float32:
-                t, form = best_time(lambda: F.linear(v, w), min_iters=10), None
-            else:
-                vh = v.to(torch.bfloat16)
-                t, form = fastest({"bf16": lambda: F.linear(vh, w), "autocast": autocast(lambda: F.linear(v, w))},
-                                  min_iters=10)
-            report(f"matvec_{tag}_{n}x{k}{sfx}", n * k * w.element_size() / t * 1e-9, "GB/s",
-                   NOTES[form] if form else None)
+            vh = v.to(torch.bfloat16)
+            forms = ({None: lambda: F.linear(v, w)} if dt == torch.float32 else
+                     {"bf16": lambda: F.linear(vh, w), "autocast": autocast(lambda: F.linear(v, w))})
+            t, form = fastest(forms, min_iters=10)
+            gbs = n * k * w.element_size() / t * 1e-9
+            note = NOTES[form] if form else None
+            report(f"matvec_{tag}_{n}x{k}{sfx}", gbs, "GB/s", note)
+            if n == 8192:
+                # mmc's pre-packed weight (what its generate / chat / serve run) against the same figure
+                report(f"matvec_{tag}_{n}x{k}_packed{sfx}", gbs, "GB/s", note)
+                # each call after a read of 2 x L3 (or 512 MiB), as bench_gemm's _dram cases: the weight
+                # comes from DRAM, as in a decode step of a whole model
+                td = {f: best_time_after(fn, lambda: evict.sum()) for f, fn in forms.items()}
+                fd = min(td, key=td.get)
+                report(f"matvec_{tag}_{n}x{k}_dram{sfx}", n * k * w.element_size() / td[fd] * 1e-9, "GB/s",
+                       NOTES[fd] if fd else None)
 
 
 nthreads = int(os.environ.get("MMC_BENCH_THREADS", "2"))

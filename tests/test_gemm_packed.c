@@ -3,10 +3,12 @@
  *   M > 4  the same bits (the packed panels are the unpacked path's, summed in the same order),
  *          for every alpha / beta, with a row stride wider than the matrix for A, W and C (C's
  *          padding must stay untouched), beta = 0 over a NaN-filled C;
- *   M <= 4 (decode) the packed path runs too (the unpacked one takes the matvec): the same bits as
- *          the unpacked GEMM's first rows of a taller A (alpha 1, beta 0 or 1, where a row's result
- *          does not depend on its place in a register tile), and within the oracle's tolerance for
- *          any alpha / beta (|got - ref| <= 1e-5 sqrt(K) sum |a||b| + |beta c|, as test_gemm);
+ *   M <= 4 (decode) the decode-rows path on the packed panels (gemm.c's packed_mv; the unpacked
+ *          GEMM takes the matvec): the same bits as the unpacked GEMM's first rows of a taller A
+ *          (alpha 1, beta 0 or 1, where a row's result does not depend on its place in a register
+ *          tile) on the f32 and vdpbf16ps panels; on AMX panels (vdpbf16ps there, not tiles) and for
+ *          any alpha / beta within the oracle's tolerance (|got - ref| <= 1e-5 sqrt(K) sum |a||b| +
+ *          |beta c|, as test_gemm; A rounded to bf16 for the bf16-product kernels);
  *   1 vs 2 threads the same bits.
  * Shapes are odd around the register tiles (MR 14 / 32 / 6 / 4, NR 32 / 16) and the cache blocks
  * (K past KC = 1024, N past NC; part "blocks" reruns all with tiny blocks MC=28 KC=40 NC=64, AMX
@@ -32,6 +34,8 @@ static const shape g_shapes[] = {
     {45, 97, 2051}, {31, 33, 1025},
     /* decode sizes: the packed path at M <= 4 */
     {1, 1, 1},      {1, 130, 300},  {2, 33, 65},    {3, 65, 1},     {4, 129, 127},  {1, 70, 1100},
+    /* several work units (8 panels of 32 columns), ragged passes and K blocks */
+    {1, 700, 2100}, {2, 300, 1030}, {3, 1000, 64},  {4, 290, 2051},
 };
 static const float g_ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.25f, 0.75f}, {1.0f, 1.0f}};
 
@@ -74,7 +78,8 @@ static void run_case(int64_t M, int64_t N, int64_t K, int64_t pad, float alpha, 
     CHECKF(pb && mmc_gemm_packed_b_rows(pb) == N && mmc_gemm_packed_b_cols(pb) == K, "pack_b: %s", mmc_last_error());
     if (!pb) return;
     mmc_gemm_xwt_packed(M, alpha, A, lda, pb, beta, C2, ldc);
-    bool same_bits = M > 4 || (alpha == 1.0f && (beta == 0.0f || beta == 1.0f));
+    bool same_bits = M > 4 || (alpha == 1.0f && (beta == 0.0f || beta == 1.0f) &&
+                                strcmp(mmc_gemm_packed_b_kernel(pb), "amx_bf16") != 0);
     if (same_bits) {
         unpacked(bf16, Mt, N, K, alpha, A, lda, W, Wh, ldw, beta, C1, ldc);
         int64_t first = -1;
@@ -149,6 +154,7 @@ static void suite(bool bf16, bool round_a) {
     run_threads(100, 70, 1100, bf16);  /* 2 K blocks: threads slice M */
     run_threads(40, 2100, 50, bf16);   /* wide: threads slice N */
     run_threads(3, 700, 257, bf16);    /* decode */
+    run_threads(1, 1300, 1100, bf16);  /* decode: 6 work units over 2 threads, 2 K blocks */
 }
 
 /* f32 kernels (and bf16 weights on the exact path, widened into f32 panels). */

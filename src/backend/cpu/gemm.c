@@ -1583,12 +1583,172 @@ const char *mmc_gemm_packed_b_kernel(const mmc_gemm_packed_b *pb) { return pb ? 
 int64_t mmc_gemm_packed_b_rows(const mmc_gemm_packed_b *pb) { return pb ? pb->N : 0; }
 int64_t mmc_gemm_packed_b_cols(const mmc_gemm_packed_b *pb) { return pb ? pb->K : 0; }
 
+/* ------------------------------------------------------------------ pre-packed B: decode rows
+ *
+ * M <= 4 rows (decode) against a pre-packed weight. The packed GEMM pads those rows to a 14-row
+ * register tile and packs A for every (NC, KC) block: at M = 1 the micro-kernel issues one
+ * broadcast and two FMAs per row per 128 bytes of panel, and Qwen2-VL-2B's decode with packed
+ * weights ran at 0.80x of the unpacked matvec (README, twelfth session). Here each pass streams a
+ * few panels of one K block (PMV_P panels of NR = 32 columns: PMV_P sequential streams of
+ * kc x 128 bytes) and keeps their 2·M·PMV_P accumulators in registers, A read straight from the
+ * caller (f32 panels) or as bf16 pairs rounded once per call (the bf16-product panels of the
+ * vdpbf16ps / AMX kernels, on vdpbf16ps). Each C element is summed exactly as the packed GEMM's
+ * micro-kernel sums it: per K block from zero in k order (f32: one FMA per k; pairs: one
+ * vdpbf16ps per pair), then alpha times that plus beta times C (beta 1 after the first block),
+ * so the f32 and vdpbf16ps panels give the bits of the packed GEMM's edge tiles (its rows for any
+ * M when alpha is 1; the AMX kernel's tile products round differently: within its tolerance,
+ * test_gemm_packed). The work is split over
+ * threads by whole units of panels (contiguous columns of C, no two threads on one line), handed
+ * out dynamically; who computes a unit does not change its bits. MMC_PACKED_MV=0 turns it off
+ * (the packed GEMM at every M, for comparison). */
+enum { PMV_P = 4, PMV_UNIT = 8 };   /* panels per pass (M <= 2; half for 3-4 rows); per work unit */
+static int g_pmv = -1;               /* MMC_PACKED_MV: 1 on (default), 0 off */
+static int g_pmv_pf = 1024;          /* bytes ahead each panel stream is prefetched (MMC_PACKED_MV_PF) */
+
+typedef struct {
+    const mmc_gemm_packed_b *pb;
+    int M;
+    float alpha, beta;
+    const float *A;        /* f32 panels: [M, lda] */
+    int64_t lda;
+    const uint32_t *xp;    /* pair panels: [M, xps] bf16 pairs of A, zero-padded */
+    int64_t xps;
+    float *C;
+    int64_t ldc;
+} pmv_args;
+
+/* C[m, panels p0 .. p0+NP) of K block pc (kc k, ks slots per panel row); STEP(m, i, h) adds step k's
+ * product for row m into acc[m][i][h] from b[i][h] (f32: an FMA with x[m][k]; pairs: a vdpbf16ps) */
+#define PMV_PASS(name, TGT, XDECL, STEP)                                                                     \
+    TGT __attribute__((always_inline)) static inline void name(const int M, const int NP, const pmv_args *a, \
+                                                               int64_t p0, int64_t pc, int64_t kc, int64_t ks) { \
+        const mmc_gemm_packed_b *pb = a->pb;                                                                 \
+        const float *bp = packed_block(pb, p0 * 32, pc);                                                     \
+        __m512 acc[4][PMV_P][2];                                                                             \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int i = 0; i < NP; i++) acc[m][i][0] = acc[m][i][1] = _mm512_setzero_ps();                  \
+        const int64_t pstride = 32 * ks, pf = g_pmv_pf / 4, steps = a->xp ? ks : kc;                         \
+        for (int64_t k = 0; k < steps; k++) {                                                                \
+            __m512 b[PMV_P][2];                                                                              \
+            for (int i = 0; i < NP; i++) {                                                                   \
+                const float *q = bp + i * pstride + k * 32;                                                  \
+                _mm_prefetch((const char *)(q + pf), _MM_HINT_T0);                                           \
+                _mm_prefetch((const char *)(q + pf + 16), _MM_HINT_T0);                                      \
+                b[i][0] = _mm512_load_ps(q);                                                                 \
+                b[i][1] = _mm512_load_ps(q + 16);                                                            \
+            }                                                                                                \
+            for (int m = 0; m < M; m++) {                                                                    \
+                XDECL;                                                                                       \
+                for (int i = 0; i < NP; i++) {                                                               \
+                    STEP(m, i, 0);                                                                           \
+                    STEP(m, i, 1);                                                                           \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        /* the packed GEMM's edge-tile epilogue: s = alpha * acc, then s + beta_k * c */                     \
+        const float beta_k = pc == 0 ? a->beta : 1.0f;                                                       \
+        const __m512 va = _mm512_set1_ps(a->alpha), vb = _mm512_set1_ps(beta_k);                            \
+        for (int m = 0; m < M; m++)                                                                          \
+            for (int i = 0; i < NP; i++)                                                                     \
+                for (int h = 0; h < 2; h++) {                                                                \
+                    const int64_t n = (p0 + i) * 32 + h * 16, w = pb->N - n;                                 \
+                    if (w <= 0) continue;                                                                    \
+                    const __mmask16 mk = w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);          \
+                    float *c = a->C + m * a->ldc + n;                                                        \
+                    __m512 s = _mm512_mul_ps(va, acc[m][i][h]);                                              \
+                    if (beta_k != 0.0f) s = _mm512_add_ps(s, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mk, c))); \
+                    _mm512_mask_storeu_ps(c, mk, s);                                                         \
+                }                                                                                            \
+    }
+#define PMV_X_F32 const __m512 x = _mm512_set1_ps(a->A[m * a->lda + pc + k])
+#define PMV_STEP_F32(m, i, h) acc[m][i][h] = _mm512_fmadd_ps(x, b[i][h], acc[m][i][h])
+#define PMV_X_PAIRS const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a->xp[m * a->xps + pc / 2 + k])
+#define PMV_STEP_PAIRS(m, i, h) acc[m][i][h] = _mm512_dpbf16_ps(acc[m][i][h], x, (__m512bh)_mm512_castps_si512(b[i][h]))
+PMV_PASS(pmv_pass_f32, T512, PMV_X_F32, PMV_STEP_F32)
+PMV_PASS(pmv_pass_pairs, TBF16, PMV_X_PAIRS, PMV_STEP_PAIRS)
+#undef PMV_PASS
+#undef PMV_X_F32
+#undef PMV_STEP_F32
+#undef PMV_X_PAIRS
+#undef PMV_STEP_PAIRS
+
+/* panels [p0, p1) over every K block: passes of PMV_P panels (PMV_P / 2 for 3-4 rows), then singles */
+#define PMV_UNIT_FN(name, PASS, TGT)                                                                        \
+    TGT static void name(const pmv_args *a, int64_t p0, int64_t p1) {                                        \
+        const mmc_gemm_packed_b *pb = a->pb;                                                                 \
+        const int np = a->M <= 2 ? PMV_P : PMV_P / 2;                                                        \
+        for (int64_t pc = 0; pc < pb->K; pc += pb->kc) {                                                     \
+            const int64_t kc = pb->K - pc < pb->kc ? pb->K - pc : pb->kc, ks = kslots(pb->kd, kc);           \
+            int64_t p = p0;                                                                                  \
+            for (; p + np <= p1; p += np) switch (a->M) {                                                    \
+                case 1: PASS(1, PMV_P, a, p, pc, kc, ks); break;                                  \
+                case 2: PASS(2, PMV_P, a, p, pc, kc, ks); break;                                  \
+                case 3: PASS(3, PMV_P / 2, a, p, pc, kc, ks); break;                              \
+                default: PASS(4, PMV_P / 2, a, p, pc, kc, ks); break;                             \
+                }                                                                                            \
+            for (; p < p1; p++) switch (a->M) {                                                              \
+                case 1: PASS(1, 1, a, p, pc, kc, ks); break;                                      \
+                case 2: PASS(2, 1, a, p, pc, kc, ks); break;                                      \
+                case 3: PASS(3, 1, a, p, pc, kc, ks); break;                                      \
+                default: PASS(4, 1, a, p, pc, kc, ks); break;                                     \
+                }                                                                                            \
+        }                                                                                                    \
+    }
+PMV_UNIT_FN(pmv_unit_f32, pmv_pass_f32, T512)
+PMV_UNIT_FN(pmv_unit_pairs, pmv_pass_pairs, TBF16)
+#undef PMV_UNIT_FN
+
+/* Whether M rows against pb take the decode-rows path: an NR = 32 AVX-512 family kernel */
+static bool pmv_ok(const mmc_gemm_packed_b *pb, int64_t M) {
+    if (M < 1 || M > SMALL_M) return false;
+    int on = __atomic_load_n(&g_pmv, __ATOMIC_ACQUIRE);
+    if (on < 0) {   /* first call: the environment (every thread that races here reads the same) */
+        const char *e = getenv("MMC_PACKED_MV");
+        if (env_int("MMC_PACKED_MV_PF", 0) > 0) g_pmv_pf = env_int("MMC_PACKED_MV_PF", 0);
+        on = e && *e && atoi(e) == 0 ? 0 : 1;
+        __atomic_store_n(&g_pmv, on, __ATOMIC_RELEASE);
+    }
+    if (!on) return false;
+    if (pb->kd == &K_AVX512) return true;
+    return (pb->kd == &K_BF16DOT || pb->kd == &K_AMX) && cpu_bf16dot();
+}
+
+static void packed_mv(int64_t M, float alpha, const float *A, int64_t lda, const mmc_gemm_packed_b *pb, float beta,
+                      float *C, int64_t ldc) {
+    const bool pairs = pb->kd != &K_AVX512;
+    pmv_args a = {pb, (int)M, alpha, beta, A, lda, NULL, 0, C, ldc};
+    uint32_t *xp = NULL;
+    if (pairs) {   /* A as bf16 pairs (the dot kernels' pack_a_dot rounding), zero past K and to whole tile steps */
+        a.xps = (pb->K + 1) / 2 + 32;
+        xp = calloc((size_t)(M * a.xps), sizeof *xp);
+        MMC_CHECK(xp, "gemm (pre-packed weight): out of memory for %lld x %lld pairs", (long long)M, (long long)a.xps);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < pb->K; k++)
+                xp[m * a.xps + k / 2] |= (uint32_t)mmc_f32_to_bf16(A[m * lda + k]) << (16 * (k & 1));
+        a.xp = xp;
+    }
+    const int64_t units = (pb->npanels + PMV_UNIT - 1) / PMV_UNIT;
+    int nth = ((double)pb->bytes < 256 * 1024 || omp_in_parallel()) ? 1 : omp_get_max_threads();
+    if (nth > units) nth = (int)units;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t p0 = u * PMV_UNIT, p1 = p0 + PMV_UNIT < pb->npanels ? p0 + PMV_UNIT : pb->npanels;
+        if (pairs) pmv_unit_pairs(&a, p0, p1);
+        else pmv_unit_f32(&a, p0, p1);
+    }
+    free(xp);
+}
+
 void mmc_gemm_xwt_packed(int64_t M, float alpha, const float *A, int64_t lda, const mmc_gemm_packed_b *W,
                          float beta, float *C, int64_t ldc) {
     MMC_CHECK(W && M >= 0 && lda >= W->K && ldc >= W->N,
               "gemm (pre-packed weight): bad call M=%lld lda=%lld ldc=%lld for a packed [%lld, %lld] weight",
               (long long)M, (long long)lda, (long long)ldc, W ? (long long)W->N : 0LL, W ? (long long)W->K : 0LL);
     if (M == 0) return;
-    /* every M, decode's M <= 4 included, runs the packed path: the original weight may be gone */
+    /* every M, decode's M <= 4 included, runs on the packed panels: the original weight may be gone */
+    if (pmv_ok(W, M)) {
+        packed_mv(M, alpha, A, lda, W, beta, C, ldc);
+        return;
+    }
     gemm_packed(W->kd, false, true, M, W->N, W->K, alpha, A, lda, NULL, W->b16, W->K, beta, C, ldc, W);
 }
