@@ -4,7 +4,8 @@
 # defines run1 (one process), runN N (N ranks through mmc launch) and cmp_runs WHAT REF RUN TOLERANCES
 # (test_pp_schedule compare: losses, weights max / mean, AdamW moments), each failure logged and counted;
 # pp_zero_common: the ZeRO tests' configs (cfg NAME MODEL_KEY MODEL STEPS; ref: the tiny Qwen2, tied: a
-# 4-layer tied-embedding init), their one-process run and the pp2 x dp2 ZeRO-0 run z0, tolerances NEAR / CLOSE.
+# 4-layer tied-embedding init), their one-process run and the pp2 x dp2 ZeRO-0 run z0, tolerances NEAR / CLOSE;
+# pp_q25_yaml FILE OUTPUT_DIR: the Qwen2.5-VL fixture's 3-step run (test_pp_vision, test_pp_hetero).
 . tests/mpi_util.sh
 pp_setup() {
   MMC=${MMC:-build/mmc}
@@ -18,6 +19,14 @@ runN() { local n=$1; shift; timeout -k 10 120 "$MMC" launch -n "$n" "$@" >>"$W/t
 cmp_runs() {  # cmp_runs WHAT REF RUN TOLERANCES
   if "$TEST_PP" compare "$W/$2" "$W/$3" $4 >"$out" 2>&1; then echo "$1: $(cat "$out")"
   else echo "FAIL: $1:"; cat "$out"; tail -n 30 "$W/train.log"; fail=1; fi
+}
+pp_q25_yaml() {  # the Qwen2.5-VL HF fixture (window attention in the tower, untied), 3 AdamW steps
+  cat > "$1" <<YAML
+model: {path: tests/fixtures/qwen2_vl/q25_v5, dtype: f32}
+data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
+optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, schedule: constant, grad_clip: 1.0}
+training: {steps: 3, seed: 0, log_every: 1, save_every: 0, keep_last: 1, output_dir: $2}
+YAML
 }
 pp_zero_common() {
   NEAR="1e-6 1e-6 1e-7 1e-3"

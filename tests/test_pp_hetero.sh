@@ -106,12 +106,7 @@ if [ -n "$e1" ] && python3 -c "import sys; a, b = (float(x.split()[-1]) for x in
   echo "vision dp4 | LM pp2 x tp2 data.eval: $e4 (one process: $e1)"
 else echo "FAIL: vision dp4 | LM pp2 x tp2 data.eval: '$e4' vs one process '$e1'"; fail=1; fi
 # Qwen2.5-VL (window attention in the tower, HF directory, untied) at vision dp2 | LM pp2
-cat > "$W/q25.yaml" <<YAML
-model: {path: tests/fixtures/qwen2_vl/q25_v5, dtype: f32}
-data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
-optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, schedule: constant, grad_clip: 1.0}
-training: {steps: 3, seed: 0, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/q1}
-YAML
+pp_q25_yaml "$W/q25.yaml" "$W/q1"
 run1 "$W/q25.yaml"
 runN 2 "$W/q25.yaml" --set parallel.pipeline_parallel=2 --set parallel.vision.data_parallel=2 --set training.output_dir="$W/q2"
 cmp_runs "Qwen2.5-VL, vision dp2 | LM pp2 vs 1 process" q1 q2 "$TOL"

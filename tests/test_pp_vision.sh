@@ -21,34 +21,20 @@
 #   - errors before any work: with DualPipeV, interleaving, a pipeline_layers list of P entries, a text model.
 # Skipped (exit 77) without mpirun or an MPI build.
 set -u
-MMC=${MMC:-build/mmc}
-CMP=$(dirname "$MMC")/test_pp_schedule
-. tests/mpi_util.sh
-mpi_setup test_pp_vision "$(dirname "$MMC")/tp_worker" "$CMP"   # exits 77 without mpirun / an MPI build
+. tests/pp_util.sh   # run1, runN, cmp_runs (test_pp_schedule compare), pp_q25_yaml
+pp_setup test_pp_vision   # exits 77 without mpirun / an MPI build
 EXACT="0 0 0 0"
 CLOSE="1e-6 5e-5 1e-7 1e-3"
 VS="--set parallel.pipeline_vision_stage=true"
 PP2="--set parallel.pipeline_parallel=2"
 PP3="--set parallel.pipeline_parallel=3"
-run1() { "$MMC" train "$@" >>"$W/train.log" 2>&1 || { echo "FAIL: one process: $*"; tail -n 20 "$W/train.log"; fail=1; }; }
-runN() { local n=$1; shift; timeout 120 "$MMC" launch -n "$n" "$@" --set parallel.timeout=60 >>"$W/train.log" 2>&1 ||
-           { echo "FAIL: $n ranks: $*"; tail -n 30 "$W/train.log"; fail=1; }; }
-cmp_runs() {  # cmp_runs WHAT REF RUN TOLERANCES
-  if "$CMP" compare "$W/$2" "$W/$3" $4 >"$out" 2>&1; then echo "$1: $(cat "$out")"
-  else echo "FAIL: $1:"; cat "$out"; tail -n 30 "$W/train.log"; fail=1; fi
-}
 cat > "$W/vl.yaml" <<YAML
 model: {init: tests/fixtures/train/vl_tiny.json, tokenizer: tests/fixtures/tokenizer, dtype: f32}
 data: {train: tests/fixtures/data/mixed.jsonl, max_pixels: 3136, min_pixels: 3136, seq_len: 128, batch_size: 4, micro_batch_size: 1, num_workers: 1, shuffle: false, bucket_window: 64}
 optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, grad_clip: 1.0}
 training: {steps: 3, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/vl1}
 YAML
-cat > "$W/q25.yaml" <<YAML
-model: {path: tests/fixtures/qwen2_vl/q25_v5, dtype: f32}
-data: {train: tests/fixtures/train/vl_batch.safetensors, batch_size: 2, micro_batch_size: 1}
-optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, schedule: constant, grad_clip: 1.0}
-training: {steps: 3, seed: 0, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/q1}
-YAML
+pp_q25_yaml "$W/q25.yaml" "$W/q1"
 
 # full fine-tuning
 run1 "$W/q25.yaml"
