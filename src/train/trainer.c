@@ -1262,19 +1262,26 @@ static mmc_status hetero_setup(mmc_trainer *t) {
  * the two groups together are the world, so each is then the whole batch's). A rank whose share
  * of every micro-batch was empty contributes zeros. One all-reduce of the packed gradients. */
 static mmc_status hetero_reduce(mmc_trainer *t) {
+    return mmc_trainer_sum_grads(t, t->tpc, t->hetero_idx, t->n_hetero, t->hetero_buf, NULL);
+}
+
+/* Sum the gradients of the trained tensors opt_model[idx[0 .. n-1]] over group g: packed into buf
+ * (their total size), one all-reduce, unpacked (a rank without a gradient adds zeros). skip_env: a
+ * test hook's variable that leaves the sum out (the control that must fail parity), or NULL. */
+mmc_status mmc_trainer_sum_grads(mmc_trainer *t, mmc_comm *g, const int *idx, int n, float *buf, const char *skip_env) {
     int64_t at = 0;
-    for (int k = 0; k < t->n_hetero; k++) {
-        mmc_tensor *p = t->opt_model[t->hetero_idx[k]];
-        mmc_tensor *g = mmc_grad(t->ctx, p);   /* zeros when this rank had none */
-        memcpy(t->hetero_buf + at, g->data, sizeof(float) * (size_t)mmc_numel(p));
+    for (int k = 0; k < n; k++) {
+        mmc_tensor *p = t->opt_model[idx[k]];
+        memcpy(buf + at, mmc_grad(t->ctx, p)->data, sizeof(float) * (size_t)mmc_numel(p));
         at += mmc_numel(p);
     }
-    mmc_status st = mmc_all_reduce(t->tpc, t->hetero_buf, t->hetero_buf, t->hetero_numel, MMC_F32, MMC_SUM);
+    if (skip_env && getenv(skip_env)) return MMC_OK;
+    mmc_status st = mmc_all_reduce(g, buf, buf, at, MMC_F32, MMC_SUM);
     if (st) return st;
     at = 0;
-    for (int k = 0; k < t->n_hetero; k++) {
-        mmc_tensor *p = t->opt_model[t->hetero_idx[k]];
-        memcpy(p->grad->data, t->hetero_buf + at, sizeof(float) * (size_t)mmc_numel(p));
+    for (int k = 0; k < n; k++) {
+        mmc_tensor *p = t->opt_model[idx[k]];
+        memcpy(p->grad->data, buf + at, sizeof(float) * (size_t)mmc_numel(p));
         at += mmc_numel(p);
     }
     return MMC_OK;

@@ -197,6 +197,8 @@ mmc_status mmc_trainer_pp_zero(mmc_trainer *t);   /* ZeRO-1/2/3 over each stage'
 
 /* trainer_pp_hetero.c: the vision tower data-parallel over all ranks, the language model pipelined */
 typedef struct mmc_pp_hetero mmc_pp_hetero;
+/* the gradients of opt_model[idx[0 .. n-1]] summed over g through buf (trainer.c; skip_env: a test hook or NULL) */
+mmc_status mmc_trainer_sum_grads(mmc_trainer *t, mmc_comm *g, const int *idx, int n, float *buf, const char *skip_env);
 mmc_status mmc_trainer_pp_hetero_setup(mmc_trainer *t);   /* after the optimizer's tensors are known */
 mmc_status mmc_trainer_pp_hetero_forward(mmc_trainer *t, const mmc_batch *mbs, int64_t M);   /* before mmc_pp_run */
 mmc_status mmc_trainer_pp_hetero_backward(mmc_trainer *t);   /* after it, before the dp reduction */

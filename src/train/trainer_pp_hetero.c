@@ -374,21 +374,7 @@ mmc_status mmc_trainer_pp_hetero_backward(mmc_trainer *t) {
     step_clear(h);
     if (st) return mmc_error_prefix(st, "per-modality plan: the vision features' gradient back from the first stage");
     /* each rank's partial tower gradients summed over the replica (a rank with no image adds zeros) */
-    int64_t at = 0;
-    for (int k = 0; k < h->n_tower; k++) {
-        mmc_tensor *p = t->opt_model[h->tower[k]];
-        memcpy(h->buf + at, mmc_grad(t->ctx, p)->data, sizeof(float) * (size_t)mmc_numel(p));
-        at += mmc_numel(p);
-    }
-    if (getenv("MMC_TEST_PP_HETERO_NO_SUM")) return MMC_OK;   /* test hook: the control that must fail parity */
-    if ((st = mmc_all_reduce(h->rep, h->buf, h->buf, h->tower_numel, MMC_F32, MMC_SUM))) return st;
-    at = 0;
-    for (int k = 0; k < h->n_tower; k++) {
-        mmc_tensor *p = t->opt_model[h->tower[k]];
-        memcpy(p->grad->data, h->buf + at, sizeof(float) * (size_t)mmc_numel(p));
-        at += mmc_numel(p);
-    }
-    return MMC_OK;
+    return mmc_trainer_sum_grads(t, h->rep, h->tower, h->n_tower, h->buf, "MMC_TEST_PP_HETERO_NO_SUM");
 }
 
 /* after a failed step: nothing of it is kept */
