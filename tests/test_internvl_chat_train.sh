@@ -119,13 +119,7 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
   "$MMC" forward --model "$W/full/checkpoint-20" --image $IMG --prompt "What is in the picture?" \
     --out "$W/full_fwd.safetensors" > "$W/ff.log" 2>&1 || { cat "$W/ff.log"; bad "mmc forward on the full checkpoint failed"; }
   # resumed from checkpoint-10 (the packed checkpoint read back): steps 11-20 print the same lines
-  cp -r "$W/full" "$W/res" && rm -rf "$W/res/checkpoint-20"
-  if "$MMC" train "$W/full.yaml" --set training.output_dir="$W/res" --resume 2> "$W/res.log"; then
-    grep '^step ' "$W/full.log" | sed 's/ tok\/s.*//' | tail -n 10 > "$W/a.lines"
-    grep '^step ' "$W/res.log" | sed 's/ tok\/s.*//' > "$W/b.lines"
-    grep -q "resumed at step 10" "$W/res.log" && cmp -s "$W/a.lines" "$W/b.lines" && [ "$(wc -l < "$W/b.lines")" = 10 ] && ok \
-      || { diff "$W/a.lines" "$W/b.lines" | head; bad "resumed steps 11-20 differ from the uninterrupted run"; }
-  else cat "$W/res.log"; bad "resume failed"; fi
+  resume_check "$W/full.yaml" full
 else cat "$W/full.log"; bad "full training failed"; fi
 
 if "$MMC" train "$W/full.yaml" --set "model.freeze=[language_model, embeddings]" --set optimizer.weight_decay=0.0 \

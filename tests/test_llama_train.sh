@@ -83,14 +83,7 @@ if "$MMC" train "$W/full.yaml" 2> "$W/full.log"; then
     case "$hdr" in *"\"$k\""*) ok ;; *) bad "full checkpoint lacks $k" ;; esac
   done
   grep -q '"model_type": *"llama"' "$W/full/checkpoint-20/config.json" && ok || bad "checkpoint config.json is not llama's"
-  cp -r "$W/full" "$W/res" && rm -rf "$W/res/checkpoint-20"
-  if "$MMC" train "$W/full.yaml" --set training.output_dir="$W/res" --resume 2> "$W/res.log"; then
-    grep -q "resumed at step 10" "$W/res.log" && ok || bad "no 'resumed at step 10' message"
-    grep '^step ' "$W/full.log" | sed 's/ tok\/s.*//' | tail -n 10 > "$W/a.lines"
-    grep '^step ' "$W/res.log" | sed 's/ tok\/s.*//' > "$W/b.lines"
-    cmp -s "$W/a.lines" "$W/b.lines" && [ "$(wc -l < "$W/b.lines")" = 10 ] && ok \
-      || { diff "$W/a.lines" "$W/b.lines" | head; bad "resumed steps 11-20 differ from the uninterrupted run"; }
-  else cat "$W/res.log"; bad "resume failed"; fi
+  resume_check "$W/full.yaml" full
 else cat "$W/full.log"; bad "full training failed"; fi
 
 # Mistral: 2 full steps (its parity is test_llama_train_parity's); the window must cover data.seq_len

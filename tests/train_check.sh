@@ -10,6 +10,18 @@ mpi_train2() {
   OMPI_MCA_orte_tmpdir_base="$W" ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 "${mpi[@]}" "$MMC" train "$@"
 }
 ok()  { n=$((n+1)); }
+# resume_check YAML FULL: the 20-step run in $W/FULL (its log $W/FULL.log) resumed from its checkpoint-10
+# into $W/res must say "resumed at step 10" and print steps 11-20 exactly as the uninterrupted run did
+resume_check() {
+  cp -r "$W/$2" "$W/res" && rm -rf "$W/res/checkpoint-20"
+  if "$MMC" train "$1" --set training.output_dir="$W/res" --resume 2> "$W/res.log"; then
+    grep -q "resumed at step 10" "$W/res.log" && ok || bad "no 'resumed at step 10' message"
+    grep '^step ' "$W/$2.log" | sed 's/ tok\/s.*//' | tail -n 10 > "$W/a.lines"
+    grep '^step ' "$W/res.log" | sed 's/ tok\/s.*//' > "$W/b.lines"
+    cmp -s "$W/a.lines" "$W/b.lines" && [ "$(wc -l < "$W/b.lines")" = 10 ] && ok \
+      || { diff "$W/a.lines" "$W/b.lines" | head; bad "resumed steps 11-20 differ from the uninterrupted run"; }
+  else cat "$W/res.log"; bad "resume failed"; fi
+}
 bad() { n=$((n+1)); fail=$((fail+1)); echo "FAIL: $*" >&2; }
 
 # floats of one tensor of a .safetensors, one per line (header data_offsets, then od)
