@@ -2,7 +2,7 @@
 # test_internlm2_parallel.sh — text InternLM2 (tests/fixtures/internlm2_train/tiny: the remote code's layout,
 # one packed attention.wqkv per layer grouped per KV head [Hkv x (G + 2) x D], biased wqkv / wo, linear
 # rope_scaling, 4 heads / 2 KV heads) under tensor (+ sequence), pipeline and context (Ulysses, ring)
-# parallelism on 2 ranks against one process: tp splits wqkv's rows by KV group (each rank whole
+# parallelism on 2 ranks (and tp2 x pp2 on 4) against one process: tp splits wqkv's rows by KV group (each rank whole
 # groups: their query heads, key and value) and gathers them back into the packed layout on save.
 # 4 steps of 2 micro-batches of tests/fixtures/internlm2_train/batch.safetensors; `tp_worker compare`:
 # every loss within 1e-5 relative, the weights (the remote code's names) within 2e-4 (mean 1e-6), the
@@ -23,14 +23,7 @@ optimizer: {type: adamw, lr: 3.0e-3, weight_decay: 0.01, schedule: constant, gra
 training: {steps: 4, seed: 7, log_every: 1, save_every: 0, keep_last: 1, output_dir: $W/$1}
 YAML
 }
-cfg ref "data_parallel: 1"
-cfg tp2 "tensor_parallel: 2"
-cfg sp2 "tensor_parallel: 2, sequence_parallel: true"
-cfg pp2 "pipeline_parallel: 2"
-cfg cpu2 "context_parallel: 2"
-cfg cpr2 "context_parallel: 2, context_parallel_mode: ring"
-run1 ref
-for n in tp2 sp2 pp2 cpu2 cpr2; do runn $n 2; cmp_runs ref $n; done
+vlm_modes   # tp2, tp2 + sp, pp2, Ulysses / ring cp2 and tp2 x pp2 (4 ranks), with the cfg above
 # the tp checkpoint holds the packed wqkv whole, under the remote code's names
 hdr=$(head -c 20000 "$W/tp2/checkpoint-4/model.safetensors" 2>/dev/null | tr -d '\0')
 case "$hdr" in *'"model.layers.0.attention.wqkv.weight"'*'"output.weight"'*|*'"output.weight"'*'"model.layers.0.attention.wqkv.weight"'*)

@@ -1,5 +1,5 @@
 # vlm_parallel_util.sh — sourced by test_llava_parallel / test_internvl_parallel (and, for its runners,
-# test_internlm2_parallel, which writes its own cfg) after `set -u`:
+# test_internlm2_parallel, which writes its own cfg and runs vlm_modes with it) after `set -u`:
 # `vlm_setup NAME` runs mpi_setup with tp_worker (exit 77 without mpirun or an MPI build) and sets WORKER;
 # `cfg NAME PARALLEL [lora|tower] [MODEL]` writes a 3-step run of tests/fixtures/$VLM_FIXTURES/MODEL
 # (default $VLM_MODEL) on $VLM_DATA in micro-batches of 1 ($VLM_BATCH per step) with the given
