@@ -24,7 +24,8 @@
 #   resume: the full run resumed from checkpoint-10 prints the same loss lines for steps 11-20
 #   mmc generate loads the full checkpoint, and the base with mmc's LoRA checkpoint as --adapter
 #   mmc info names the family, the InternViT tower, the pixel shuffle + mlp1 projector and the language model
-#   malformed: LoRA targets of the other language model (q_proj on InternLM2, wqkv on Qwen2) are refused with a
+#   malformed: an unknown llm_config.model_type, no llm_config, a truncated model.safetensors refused by name;
+#   LoRA targets of the other language model (q_proj on InternLM2, wqkv on Qwen2) are refused with a
 #   message naming this model's modules
 # MMC_INTERNVL_CHAT_LLM=qwen2 (tests/test_internvl_chat_train_qwen2.sh) runs the same checks on the Qwen2 twin
 # (gen_internvl_chat_train.py --llm qwen2 -> tests/fixtures/internvl_chat_train_qwen2/: InternVL2-1B / 2.5-1B / 3's
@@ -227,6 +228,21 @@ if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, targets: [$OTH
      --set training.output_dir="$W/badt" > "$W/badt.log" 2>&1; then bad "LoRA targets [$OTHER_TARGET] were accepted"
 else grep -q "no module matches the targets ($OTHER_TARGET.*modules look like 'language_model.model.layers.0" "$W/badt.log" &&
   ok || { cat "$W/badt.log"; bad "LoRA targets [$OTHER_TARGET]: no clear error"; }; fi
+
+# malformed checkpoints (the saved folder edited): an unknown llm_config.model_type, no llm_config, a truncated
+# model.safetensors: `mmc train` stops with a message naming what is wrong (an exit status, never a signal)
+for bad_kind in type nollm trunc; do
+  rm -rf "$W/mal" && cp -r "$F/tiny" "$W/mal"
+  case $bad_kind in
+    type) python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c['llm_config']['model_type']='mixtral'; json.dump(c, open(p,'w'))" "$W/mal/config.json"; want="llm_config.model_type 'mixtral' is not supported" ;;
+    nollm) python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); del c['llm_config']; json.dump(c, open(p,'w'))" "$W/mal/config.json"; want="'llm_config' is missing" ;;
+    trunc) truncate -s 4000 "$W/mal/model.safetensors"; want="model.safetensors" ;;
+  esac
+  "$MMC" train "$W/full.yaml" --set model.path="$W/mal" --set training.steps=1 --set training.output_dir="$W/malo" \
+    > "$W/mal.log" 2>&1; rc=$?
+  if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "$want" "$W/mal.log"; then ok
+  else cat "$W/mal.log"; bad "malformed checkpoint ($bad_kind): exit $rc, no message with \"$want\""; fi
+done
 
 # the reference loaders
 if [ -d "$W/full/checkpoint-20" ] && [ -d "$W/lora/checkpoint-20" ] && [ -f "$W/full_fwd.safetensors" ] &&
