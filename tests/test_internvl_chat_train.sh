@@ -170,19 +170,7 @@ if "$MMC" train "$W/full.yaml" --set "model.lora={r: 4, alpha: 8, init: $F/lora_
 else cat "$W/qlora.log"; bad "QLoRA training failed"; fi
 
 # data parallelism (2 ranks, ZeRO-2): the losses of the single-process run with the same global batch of 2
-if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
-  "$MMC" train "$W/full.yaml" --set training.steps=3 --set data.batch_size=2 --set training.save_every=0 \
-    --set training.output_dir="$W/d1" 2> "$W/d1.log"
-  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/full.yaml" \
-    --set training.steps=3 --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
-    --set training.save_every=0 --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
-  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
-  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
-  echo "DP 2 ranks ZeRO-2: max |loss - single process| = $d"
-  [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
-else
-  echo "$T: skipped: the data-parallel check (built without MPI)"
-fi
+dp2_check "$W/full.yaml" 3 "DP 2 ranks ZeRO-2"
 
 # --adapter at inference: PEFT's trained adapter, against PeftModel's logits
 logit_diff() {   # $1 $2: safetensors with input_ids and logits -> max |diff|, or "ids" when the prompts differ

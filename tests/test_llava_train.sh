@@ -93,14 +93,7 @@ if "$MMC" train "$W/lora.yaml" --set training.steps=1 --set data.packing=true --
 else cat "$W/pk.log"; bad "packed training failed"; fi
 
 # data parallelism (2 ranks, ZeRO-2): the losses of the single-process run with the same global batch
-if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
-  "$MMC" train "$W/lora.yaml" --set training.steps=3 --set data.batch_size=2 --set training.output_dir="$W/d1" 2> "$W/d1.log"
-  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/lora.yaml" \
-    --set training.steps=3 --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
-    --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
-  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
-  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
-  [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
+if dp2_check "$W/lora.yaml" 3 "DP 2 ranks ZeRO-2"; then   # (then ZeRO-3, which needs the same MPI build)
   # full fine-tuning under ZeRO-3 (parameters in the ranks' shards), consolidated by mmc export:
   # the losses and the exported weights of the single-process run
   "$MMC" train "$W/full.yaml" --set training.steps=2 --set training.save_every=2 --set data.batch_size=2 \
@@ -117,8 +110,6 @@ if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; 
     d=$(maxdiff "$W/e1.txt" "$W/e3.txt")
     within "$d" 1e-6 && ok || bad "ZeRO-3 exported $k differs by $d"
   else bad "mmc export of the ZeRO-3 checkpoint failed"; fi
-else
-  echo "test_llava_train: skipped: the data-parallel checks (built without MPI)"
 fi
 
 # inference with adapters

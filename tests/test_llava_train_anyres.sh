@@ -143,19 +143,7 @@ for c in next:micro ov:micro ov:packed; do
 done
 
 # data parallelism (2 ranks, ZeRO-2, OneVision full fine-tuning): the single-process losses (1e-5)
-if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
-  "$MMC" train "$W/ov.full.yaml" --set training.steps=3 --set data.batch_size=2 --set training.save_every=0 \
-    --set training.output_dir="$W/d1" 2> "$W/d1.log"
-  timeout -k 10 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/ov.full.yaml" \
-    --set training.steps=3 --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
-    --set training.save_every=0 --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
-  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
-  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
-  echo "ov DP 2 ranks: max |loss - single process| = $d"
-  [ "$(wc -l < "$W/d2.txt")" = 3 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
-else
-  echo "test_llava_train_anyres: skipped: the data-parallel check (built without MPI)"
-fi
+dp2_check "$W/ov.full.yaml" 3 "ov DP 2 ranks"
 
 # the tower trained too (model.freeze given without vision_tower): NeXT's CLIP, OneVision's SigLIP
 for M in next ov; do

@@ -225,18 +225,7 @@ if "$MMC" train "$W/lora.yaml" --set training.steps=10 --set training.output_dir
 else cat "$W/r1.log" "$W/r2.log" 2>/dev/null; bad "resume failed"; fi
 
 # data parallelism (2 ranks, ZeRO-2): the losses of the single-process run with the same global batch
-if [ -x "$(dirname "$MMC")/dist_mpi_worker" ] && command -v mpirun > /dev/null; then
-  "$MMC" train "$W/lora.yaml" --set training.steps=2 --set data.batch_size=2 --set training.save_every=0 \
-    --set training.output_dir="$W/d1" 2> "$W/d1.log"
-  timeout -k 10 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$W/lora.yaml" \
-    --set training.steps=2 --set data.batch_size=2 --set training.save_every=0 --set parallel.data_parallel=2 \
-    --set parallel.zero=2 --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
-  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
-  d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
-  [ "$(wc -l < "$W/d2.txt")" = 2 ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "DP losses differ ($d)"; }
-else
-  echo "test_omni_train: skipped: the data-parallel check (built without MPI)"
-fi
+dp2_check "$W/lora.yaml" 2 "DP 2 ranks ZeRO-2" 120
 
 # inference with the PEFT-trained adapter, then merged
 tr ' ' '\n' < $F/lora_ref.logits.txt | sed '/^$/d' > "$W/peft.txt"

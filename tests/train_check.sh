@@ -1,4 +1,4 @@
-# train_check.sh — helpers the `mmc train` parity tests source (test_llava_train.sh, test_llama_train.sh,
+# train_check.sh — helpers (ok / bad, tensors as text, column comparisons, dp2_check, resume_check) the `mmc train` parity tests source (test_llava_train.sh, test_llama_train.sh,
 # test_llava_train_anyres.sh, test_internvl_train.sh, test_omni_train.sh, test_moe_train.sh, test_moe_tp.sh, test_moe_pp.sh): pass / fail counting, a tensor of a
 # .safetensors as text, and comparisons of number columns.
 fail=0; n=0
@@ -10,6 +10,23 @@ mpi_train2() {
   OMPI_MCA_orte_tmpdir_base="$W" ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 "${mpi[@]}" "$MMC" train "$@"
 }
 ok()  { n=$((n+1)); }
+# dp2_check YAML STEPS WHAT [TIMEOUT]: STEPS steps of YAML at a global batch of 2 in one process ($W/d1) and on 2
+# ranks at ZeRO-2 ($W/d2, mpirun within TIMEOUT s, default 200): the same losses within 1e-5. Without an MPI build it
+# says the check is skipped and returns 1 (a caller's further multi-rank checks can hang on it).
+dp2_check() {
+  if [ ! -x "$(dirname "$MMC")/dist_mpi_worker" ] || ! command -v mpirun > /dev/null; then
+    echo "${T:-$(basename "$0" .sh)}: skipped: the data-parallel check (built without MPI)"; return 1
+  fi
+  "$MMC" train "$1" --set training.steps="$2" --set data.batch_size=2 --set training.save_every=0 \
+    --set training.output_dir="$W/d1" 2> "$W/d1.log"
+  timeout -k 10 "${4:-200}" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$MMC" train "$1" \
+    --set training.steps="$2" --set data.batch_size=2 --set parallel.data_parallel=2 --set parallel.zero=2 \
+    --set training.save_every=0 --set training.output_dir="$W/d2" > "$W/d2.log" 2>&1
+  losses "$W/d1.log" > "$W/d1.txt"; losses "$W/d2.log" > "$W/d2.txt"
+  local d; d=$(maxdiff "$W/d1.txt" "$W/d2.txt")
+  echo "$3: max |loss - single process| = $d"
+  [ "$(wc -l < "$W/d2.txt")" = "$2" ] && within "$d" 1e-5 && ok || { tail -5 "$W/d2.log"; bad "$3: DP losses differ ($d)"; }
+}
 # resume_check YAML FULL: the 20-step run in $W/FULL (its log $W/FULL.log) resumed from its checkpoint-10
 # into $W/res must say "resumed at step 10" and print steps 11-20 exactly as the uninterrupted run did
 resume_check() {
