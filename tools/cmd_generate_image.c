@@ -105,7 +105,6 @@ static void on_step(void *u, int step, int n, double secs) {
     }
 }
 
-/* "--latents": tensor "latents" (or the only tensor), packed or [B, C, h, w]. */
 /* --latents F: the tensor "latents" (or the file's only tensor), as stored, into ctx. */
 static mmc_status read_latents(mmc_ctx *ctx, const char *path, mmc_tensor **out) {
     mmc_st *st = NULL;
@@ -119,6 +118,26 @@ static mmc_status read_latents(mmc_ctx *ctx, const char *path, mmc_tensor **out)
     mmc_st_close(st);
     if (!s) *out = t;
     return s;
+}
+
+/* The starting latents `lat` [B, C, h, w] of SD3 / SDXL / HunyuanDiT: `--latents F` (its shape must be
+ * lat's), else N(0, 1) noise from mmc's Philox stream seeded with `seed`. */
+static mmc_status initial_latents(mmc_ctx *ctx, const char *path, long long seed, mmc_tensor *lat) {
+    if (!path) {
+        mmc_rng r;
+        mmc_rng_init(&r, (uint64_t)seed);
+        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
+        return MMC_OK;
+    }
+    mmc_tensor *t = NULL;
+    mmc_status s = read_latents(ctx, path, &t);
+    if (s) return s;
+    if (!mmc_same_shape(t, lat))
+        return mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch", path,
+                         (long long)lat->shape[0], (long long)lat->shape[1], (long long)lat->shape[2],
+                         (long long)lat->shape[3]);
+    memcpy(lat->data, t->data, mmc_nbytes(lat));
+    return MMC_OK;
 }
 
 /* Flux: the packed [B, S, 4C] latents FluxPipeline takes, or plain [B, C, h, w] ones packed here. */
@@ -276,21 +295,7 @@ static int run_sd3(const gi_args *a, int B, bool tiled, progress_state *ps) {
     int64_t shape[4] = {B, mmc_sd3_pipeline_latent_channels(p), 0, 0};
     mmc_sd3_latent_size(p, (int)a->height, (int)a->width, &shape[2], &shape[3]);
     lat = mmc_tensor_new(MMC_F32, 4, shape);
-    if (a->latents_path) {
-        mmc_tensor *t = NULL;
-        if ((st = read_latents(ctx, a->latents_path, &t))) goto done;
-        if (!mmc_same_shape(t, lat)) {
-            st = mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch",
-                           a->latents_path, (long long)shape[0], (long long)shape[1], (long long)shape[2],
-                           (long long)shape[3]);
-            goto done;
-        }
-        memcpy(lat->data, t->data, mmc_nbytes(lat));
-    } else {
-        mmc_rng r;
-        mmc_rng_init(&r, (uint64_t)a->seed);
-        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
-    }
+    if ((st = initial_latents(ctx, a->latents_path, a->seed, lat))) goto done;
     mmc_flux_sample_opts o = {.height = (int)a->height, .width = (int)a->width, .steps = (int)a->steps,
                               .guidance = a->guidance, .progress = on_step, .user = ps};
     if (a->init_image) {   /* img2img: the image's latents (sampled from the stream seed + 1), noised by lat */
@@ -364,21 +369,7 @@ static int run_hunyuan(gi_args a, int B, bool binning, double rescale, progress_
     t_text = mmc_now() - t0;
     int64_t shape[4] = {B, mmc_hunyuan_pipeline_latent_channels(p), h / 8, w / 8};
     lat = mmc_tensor_new(MMC_F32, 4, shape);
-    if (a.latents_path) {
-        mmc_tensor *t = NULL;
-        if ((st = read_latents(ctx, a.latents_path, &t))) goto done;
-        if (!mmc_same_shape(t, lat)) {
-            st = mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch",
-                           a.latents_path, (long long)shape[0], (long long)shape[1], (long long)shape[2],
-                           (long long)shape[3]);
-            goto done;
-        }
-        memcpy(lat->data, t->data, mmc_nbytes(lat));
-    } else {
-        mmc_rng r;
-        mmc_rng_init(&r, (uint64_t)a.seed);
-        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);   /* DDPM's init_noise_sigma is 1 */
-    }
+    if ((st = initial_latents(ctx, a.latents_path, a.seed, lat))) goto done; /* DDPM's init_noise_sigma is 1 */
     mmc_hunyuan_opts o = {.height = h, .width = w, .steps = (int)a.steps, .guidance = a.guidance,
                           .guidance_rescale = rescale, .seed = (uint64_t)a.seed + 1, .progress = on_step, .user = ps};
     double t1 = mmc_now();
@@ -450,21 +441,7 @@ static int run_sdxl(const gi_args *ga, int B, bool tiled, progress_state *ps) {
     int64_t shape[4] = {B, mmc_sdxl_pipeline_latent_channels(p), 0, 0};
     mmc_sdxl_latent_size(p, (int)a->height, (int)a->width, &shape[2], &shape[3]);
     lat = mmc_tensor_new(MMC_F32, 4, shape);
-    if (a->latents_path) {
-        mmc_tensor *t = NULL;
-        if ((st = read_latents(ctx, a->latents_path, &t))) goto done;
-        if (!mmc_same_shape(t, lat)) {
-            st = mmc_error(MMC_ERR_SHAPE, "%s: latents must be [%lld, %lld, %lld, %lld] for this size and batch",
-                           a->latents_path, (long long)shape[0], (long long)shape[1], (long long)shape[2],
-                           (long long)shape[3]);
-            goto done;
-        }
-        memcpy(lat->data, t->data, mmc_nbytes(lat));
-    } else {
-        mmc_rng r;
-        mmc_rng_init(&r, (uint64_t)a->seed);
-        mmc_rng_normal(&r, lat->data, mmc_numel(lat), 0.0f, 1.0f);
-    }
+    if ((st = initial_latents(ctx, a->latents_path, a->seed, lat))) goto done;
     mmc_flux_sample_opts o = {.height = (int)a->height, .width = (int)a->width, .steps = (int)a->steps,
                               .guidance = a->guidance, .progress = on_step, .user = ps};
     if (a->init_image) {   /* img2img: the image's latents (sampled from the stream seed + 2), noised by lat */
