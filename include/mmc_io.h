@@ -71,6 +71,10 @@ mmc_status mmc_stw_write(mmc_stw *w, const char *path);
 mmc_status mmc_write_file_atomic(const char *path, const void *data, size_t n);
 /* Read a whole file (NUL-terminated; *len excludes the NUL). Caller frees. */
 mmc_status mmc_read_file(const char *path, char **data, size_t *len);
+/* Lines of a text read by mmc_read_file (JSONL, lists), split in place: the next line that is not blank,
+ * NUL-terminated, leading blanks (' ', '\t', '\r') skipped; *lineno counts every line read (1-based, for
+ * "file:line" errors). NULL at the end. Start with *cursor = the text, *lineno = 0. */
+char *mmc_next_line(char **cursor, int *lineno);
 
 /* ---------------------------------------------------------------- JSON (cJSON)
  * Thin typed accessors over cJSON for config.json-like files. Paths are dotted

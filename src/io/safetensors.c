@@ -869,6 +869,19 @@ done:
 }
 
 /* ------------------------------------------------------------------ files */
+char *mmc_next_line(char **cursor, int *lineno) {
+    for (char *s = *cursor; s && *s; s = *cursor) {
+        char *e = strchr(s, '\n');
+        if (e) *e = 0;
+        *cursor = e ? e + 1 : NULL;
+        (*lineno)++;
+        while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+        if (*s) return s;
+    }
+    *cursor = NULL;
+    return NULL;
+}
+
 mmc_status mmc_read_file(const char *path, char **data, size_t *len) {
     *data = NULL;
     if (len) *len = 0;

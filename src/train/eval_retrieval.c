@@ -59,14 +59,8 @@ static mmc_status read_data(const mmc_retrieval_opts *o, ret_data *d) {
         else snprintf(root, sizeof root, ".");
     }
     int line = 0;
-    for (char *p = text, *next; p && *p && !st; p = next) {
-        line++;
-        char *nl = strchr(p, '\n');
-        next = nl ? nl + 1 : NULL;
-        if (nl) *nl = 0;
-        char *q = p;
-        while (*q == ' ' || *q == '\t' || *q == '\r') q++;
-        if (!*q) continue;
+    char *cur = text;
+    for (char *q; !st && (q = mmc_next_line(&cur, &line));) {
         if (o->limit && d->n_img >= o->limit) break;
         char what[1100];
         snprintf(what, sizeof what, "%s:%d", o->data_path, line);

@@ -304,12 +304,8 @@ mmc_status mmc_imgdemo_judge(const char *val, const char *images_dir, const char
     sbuf per = {0}, vq = {0};
     if (!grid) { free(text); return mmc_error(MMC_ERR_OOM, "out of memory"); }
     int lineno = 0;
-    for (char *s = text, *e; s && *s; s = e ? e + 1 : NULL) {
-        e = strchr(s, '\n');
-        if (e) *e = 0;
-        lineno++;
-        while (*s == ' ' || *s == '\t' || *s == '\r') s++;
-        if (!*s) continue;
+    char *cur = text;
+    for (char *s; (s = mmc_next_line(&cur, &lineno));) {
         cJSON *j = cJSON_Parse(s);
         const cJSON *cap = cJSON_GetObjectItemCaseSensitive(j, "caption"), *col = cJSON_GetObjectItemCaseSensitive(j, "colour"),
                     *shp = cJSON_GetObjectItemCaseSensitive(j, "shape"), *sd = cJSON_GetObjectItemCaseSensitive(j, "side");

@@ -107,20 +107,17 @@ static mmc_status load_images(const char *dir, int R, float **x, int64_t *n) {
     *x = NULL, *n = 0;
     mmc_status st = mmc_read_file(path, &text, &len);
     if (st) return mmc_error_prefix(st, "train-vae --data (an image folder with metadata.jsonl)");
-    int64_t cap = 0, line = 0;
+    int64_t cap = 0;
+    int line = 0;
     const size_t per = (size_t)3 * R * R;
-    for (char *s = text, *e; s && *s; s = e ? e + 1 : NULL) {
-        e = strchr(s, '\n');
-        if (e) *e = 0;
-        line++;
-        while (*s == ' ' || *s == '\t' || *s == '\r') s++;
-        if (!*s) continue;
+    char *cur = text;
+    for (char *s; (s = mmc_next_line(&cur, &line));) {
         cJSON *j = cJSON_Parse(s);
         const cJSON *f = j ? cJSON_GetObjectItemCaseSensitive(j, "file_name") : NULL;
         if (!cJSON_IsString(f)) {
             cJSON_Delete(j);
-            st = mmc_error(MMC_ERR_FORMAT, "%s:%lld: expected a JSON object with a \"file_name\" string", path,
-                           (long long)line);
+            st = mmc_error(MMC_ERR_FORMAT, "%s:%d: expected a JSON object with a \"file_name\" string", path,
+                           line);
             break;
         }
         char ip[4200];

@@ -158,12 +158,8 @@ static mmc_status read_items(const char *file, const char *base, wan_item **item
     if (st) return mmc_error_prefix(st, "data.train");
     int64_t cap = 0;
     int line = 0;
-    for (char *s = text, *e; s && *s; s = e ? e + 1 : NULL) {
-        e = strchr(s, '\n');
-        if (e) *e = 0;
-        line++;
-        while (*s == ' ' || *s == '\t' || *s == '\r') s++;
-        if (!*s) continue;
+    char *cur = text;
+    for (char *s; (s = mmc_next_line(&cur, &line));) {
         cJSON *j = cJSON_Parse(s);
         const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "video") : NULL, *cp = NULL;
         static const char *const ck[] = {"caption", "text", "prompt"};
