@@ -311,8 +311,9 @@ static void sp_check(mmc_comm *tp, const mmc_tensor *x, const char *what) {
     (void)tp;
 }
 
-/* n->i: B, T (full), C */
-static void sp_split_backward(mmc_ctx *ctx, mmc_node *n) {
+/* The backward of both the split and the reduce-scatter: the sequence shards of dy gathered back
+ * into the full [B, T, C] and added to x's gradient. n->i: B, T (full), C */
+static void sp_shard_backward(mmc_ctx *ctx, mmc_node *n) {
     mmc_tensor *x = n->in[0];
     if (!mmc_requires_grad(x)) return;
     mmc_comm *tp = n->extra;
@@ -333,7 +334,7 @@ mmc_tensor *mmc_tp_sp_split(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
     mmc_tensor *y = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, Tl, C));   /* [B, T/tp, C] */
     for (int64_t b = 0; b < B; b++)
         memcpy((float *)y->data + b * Tl * C, (const float *)xc->data + (b * T + r * Tl) * C, (size_t)(Tl * C) * sizeof(float));
-    mmc_node *n = mmc_tape_record(ctx, "tp_sp_split", sp_split_backward, y, 1, &x);
+    mmc_node *n = mmc_tape_record(ctx, "tp_sp_split", sp_shard_backward, y, 1, &x);
     if (n) n->extra = tp, n->i[0] = B, n->i[1] = T, n->i[2] = C;
     return y;
 }
@@ -361,18 +362,6 @@ mmc_tensor *mmc_tp_sp_gather(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
     return y;
 }
 
-static void sp_rs_backward(mmc_ctx *ctx, mmc_node *n) {
-    mmc_tensor *x = n->in[0];
-    if (!mmc_requires_grad(x)) return;
-    mmc_comm *tp = n->extra;
-    const int64_t B = n->i[0], T = n->i[1], C = n->i[2];
-    mmc_arena_mark mk = mmc_scratch_mark(ctx);
-    float *full = mmc_scratch_alloc(ctx, (size_t)(B * T * C) * sizeof(float));
-    sp_ag(ctx, tp, n->out->grad->data, full, B, T, C);
-    acc_into(ctx, x, full);
-    mmc_scratch_release(ctx, mk);
-}
-
 mmc_tensor *mmc_tp_sp_reduce_scatter(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) {
     sp_check(tp, x, "mmc_tp_sp_reduce_scatter");
     const int64_t P = mmc_comm_size(tp), B = x->shape[0], T = x->shape[1], C = x->shape[2];
@@ -380,7 +369,7 @@ mmc_tensor *mmc_tp_sp_reduce_scatter(mmc_ctx *ctx, mmc_comm *tp, mmc_tensor *x) 
     mmc_tensor *xc = mmc_contiguous(ctx, x);
     mmc_tensor *y = mmc_new(ctx, MMC_F32, 3, MMC_SHAPE(B, T / P, C));   /* [B, T/tp, C] */
     sp_rs(ctx, tp, xc->data, y->data, B, T, C);
-    mmc_node *n = mmc_tape_record(ctx, "tp_sp_reduce_scatter", sp_rs_backward, y, 1, &x);
+    mmc_node *n = mmc_tape_record(ctx, "tp_sp_reduce_scatter", sp_shard_backward, y, 1, &x);
     if (n) n->extra = tp, n->i[0] = B, n->i[1] = T, n->i[2] = C;
     return y;
 }
