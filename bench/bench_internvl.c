@@ -126,24 +126,12 @@ static void train_case(bool lora) {
     b.image_grid_thw = grid;
     vlm7b_train_case(&vm, lora, &b, "internvl_8b_train_v4l1_T512", base);
     free(b.pixel_values);
-    mmc_module_list_free(&ml);
-    for (int i = 0; i < vm.n; i++) free(vm.names[i]);
-    free(vm.names);
-    free(vm.params);
+    vlm7b_model_free(&vm);
     mmc_internvl_free(m);
 }
 
 int main(void) {
-    for (int lora = 0; lora < 2; lora++) {
-        if (!vlm7b_train_mode(lora ? "lora" : "full", "lora")) continue;
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid == 0) { train_case(lora); fflush(stdout); _exit(0); }
-        int status;
-        waitpid(pid, &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status))
-            fprintf(stderr, "bench_internvl: training case %s failed\n", lora ? "lora" : "full");
-    }
+    vlm7b_train_cases("bench_internvl", "lora", train_case);
     double base = bench_mem_baseline();
     args_t a = {.ctx = mmc_ctx_new()};
     a.m = new_model(CFG);

@@ -15,7 +15,10 @@
  *                        target, the base frozen). Run in a forked child so that the peak is the
  *                        case's own.
  *   vlm7b_train_mode()   whether MMC_BENCH_VLM7B_TRAIN (a comma-separated subset of full,lora;
- *                        "none": no training cases; unset: the bench's default) names a mode. */
+ *                        "none": no training cases; unset: the bench's default) names a mode.
+ *   vlm7b_train_cases()  each mode that vlm7b_train_mode() names (full, then lora) run in a forked
+ *                        child by the bench's own case function; vlm7b_model_free() its parameter
+ *                        lists. */
 #ifndef MMC_BENCH_VLM7B_H
 #define MMC_BENCH_VLM7B_H
 
@@ -156,5 +159,26 @@ static void vlm7b_train_case(vlm7b_model *vm, bool lora, const mmc_batch *b, con
     free(opt);
     mmc_lora_free(ls);
     mmc_ctx_free(ctx);
+}
+/* The parameter lists and LoRA candidates a vlm7b_model holds (not the model itself). */
+static void vlm7b_model_free(vlm7b_model *vm) {
+    mmc_module_list_free(vm->linears);
+    for (int i = 0; i < vm->n; i++) free(vm->names[i]);
+    free(vm->names);
+    free(vm->params);
+}
+
+/* full (lora = 0) and LoRA (1) training cases, each in a forked child so that its peak is its own */
+static void vlm7b_train_cases(const char *bench, const char *dflt, void (*train_case)(bool lora)) {
+    for (int lora = 0; lora < 2; lora++) {
+        if (!vlm7b_train_mode(lora ? "lora" : "full", dflt)) continue;
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) { train_case(lora); fflush(stdout); _exit(0); }
+        int status;
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status))
+            fprintf(stderr, "%s: training case %s failed\n", bench, lora ? "lora" : "full");
+    }
 }
 #endif
