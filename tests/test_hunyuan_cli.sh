@@ -22,44 +22,8 @@ expect_rc 0 "$MMC" generate-image --model $P --prompt "a red sofa" --negative-pr
   --height 64 --no-resolution-binning --latents $P/cli_latents.safetensors --out "$T/c.png" --json
 if grep -q '"steps": 1' "$T/out" && [ -s "$T/c.png" ]; then ok; else bad "no image or JSON: $(cat "$T/out")"; fi
 if grep -aq "mmc generate-image (HunyuanDiTPipeline)" "$T/c.png"; then ok; else bad "PNG lacks the pipeline name"; fi
-cat >"$T/pngcmp.py" <<'PY'
-import struct, sys, zlib
-def pixels(path):
-    data = open(path, "rb").read()
-    pos, idat, w, h = 8, b"", 0, 0
-    while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
-        if kind == b"IHDR":
-            w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
-            assert depth == 8 and ctype == 2, "8-bit RGB expected"
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + n
-    raw, out, stride, prev = zlib.decompress(idat), [], w * 3, bytearray(w * 3)
-    for y in range(h):
-        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            a = line[i - 3] if i >= 3 else 0
-            b, c = prev[i], prev[i - 3] if i >= 3 else 0
-            if f == 1: line[i] = (line[i] + a) & 255
-            elif f == 2: line[i] = (line[i] + b) & 255
-            elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
-            elif f == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        out += line
-        prev = line
-    return w, h, out
-wa, ha, a = pixels(sys.argv[1])
-wb, hb, b = pixels(sys.argv[2])
-worst = max(abs(x - y) for x, y in zip(a, b)) if (wa, ha) == (wb, hb) else 999
-print("size", wa, ha, "vs", wb, hb, "max pixel difference", worst)
-sys.exit(0 if worst <= 1 else 1)
-PY
 if command -v python3 >/dev/null; then
-  if python3 "$T/pngcmp.py" "$T/c.png" $P/cli_expected.png >"$T/cmp" 2>&1
+  if python3 tests/pngcmp.py "$T/c.png" $P/cli_expected.png >"$T/cmp" 2>&1
   then ok; else bad "PNG differs from diffusers': $(cat "$T/cmp")"; fi
 fi
 # --guidance-rescale changes the image; out of [0, 1] it is a usage error
@@ -118,7 +82,7 @@ expect_rc 0 "$MMC" "${GEN[@]}" --lora "$C4" --out "$T/lora.png"
 [ -s "$T/lora.png" ] && ! cmp -s "$T/lora.png" "$T/c.png" && ok || bad "--lora changed nothing"
 expect_rc 0 "$MMC" "${GEN[@]}" --lora "$C4:0" --out "$T/lora0.png"
 if command -v python3 >/dev/null; then   # (the PNGs' text chunks differ: compare the pixels)
-  python3 "$T/pngcmp.py" "$T/lora0.png" "$T/c.png" >"$T/cmp" 2>&1 && ok || bad "--lora at scale 0 changed the image: $(cat "$T/cmp")"
+  python3 tests/pngcmp.py "$T/lora0.png" "$T/c.png" >"$T/cmp" 2>&1 && ok || bad "--lora at scale 0 changed the image: $(cat "$T/cmp")"
 fi
 expect_rc 1 "$MMC" "${GEN[@]}" --lora "$T/nonexistent" --out "$T/x.png"
 expect_err "cannot apply --lora"
@@ -132,7 +96,7 @@ grep -q '"merged_weights": 40' "$T/out" && ok || bad "merge: $(cat "$T/out")"
   || bad "merged folder: $(ls -R "$T/merged" 2>&1 | head -20)"
 expect_rc 0 "$MMC" generate-image --model "$T/merged" "${GEN[@]:3}" --out "$T/merged.png"
 if command -v python3 >/dev/null; then
-  python3 "$T/pngcmp.py" "$T/merged.png" "$T/lora.png" >"$T/cmp" 2>&1 && ok || bad "the merged folder's image differs from --lora's: $(cat "$T/cmp")"
+  python3 tests/pngcmp.py "$T/merged.png" "$T/lora.png" >"$T/cmp" 2>&1 && ok || bad "the merged folder's image differs from --lora's: $(cat "$T/cmp")"
 fi
 expect_rc 0 "$MMC" merge --model $P --adapter "$C4" --out "$T/merged"
 # without --model: the adapter's base (the pipeline's transformer folder, as mmc train records it) -> the whole
@@ -170,11 +134,11 @@ mp(latents=lat.clone(), **kw).images[0].save(sys.argv[5])
 print("merged folder: weights within", worst, "of PEFT's merge_and_unload")
 PYEOF
   grep "merged folder" "$T/py" | sed "s/^/test_hunyuan_cli: /"
-  python3 "$T/pngcmp.py" "$T/merged.png" "$T/peft_merged.png" >"$T/cmp" 2>&1 && ok \
+  python3 tests/pngcmp.py "$T/merged.png" "$T/peft_merged.png" >"$T/cmp" 2>&1 && ok \
     || bad "mmc's image from the merged folder differs from diffusers': $(cat "$T/cmp")"
-  if python3 "$T/pngcmp.py" "$T/lora.png" "$T/peft.png" >"$T/cmp" 2>&1; then
+  if python3 tests/pngcmp.py "$T/lora.png" "$T/peft.png" >"$T/cmp" 2>&1; then
     ok; echo "test_hunyuan_cli: --lora vs diffusers + PEFT: $(cat "$T/cmp")"
-    python3 "$T/pngcmp.py" "$T/lora.png" "$T/c.png" | sed "s/^/test_hunyuan_cli: --lora vs the base: /"
+    python3 tests/pngcmp.py "$T/lora.png" "$T/c.png" | sed "s/^/test_hunyuan_cli: --lora vs the base: /"
   else bad "--lora image differs from diffusers + PEFT: $(cat "$T/cmp")"; fi
 else
   echo "test_hunyuan_cli: no reference venv ($PY): the diffusers + PEFT load of mmc's adapter is skipped"
