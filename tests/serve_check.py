@@ -7,6 +7,8 @@ The server runs with --api-key API_KEY --media-root (IMAGE's folder) --max-image
 prompt and image; prints one line per failed check, exits 1 if any."""
 import base64, http.client, json, os, socket, subprocess, sys, threading, time
 
+from serve_util import is_error, request
+
 PORT, KEY, MMC, MODEL, IMG = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 PORT = int(PORT)
 fails = []
@@ -22,30 +24,9 @@ def check(cond, what):
 
 
 def req(method, path, body=None, key=KEY, raw=None, headers=None, timeout=120):
-    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    if key:
-        h["Authorization"] = "Bearer " + key
+    h = {"Authorization": "Bearer " + key} if key else {}
     h.update(headers or {})
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    c.request(method, path, body=data, headers=h)
-    r = c.getresponse()
-    out = r.read()
-    c.close()
-    try:
-        j = json.loads(out)
-    except ValueError:
-        j = None
-    return r.status, j, out
-
-
-def is_error(j, param=None, code=None):
-    if not isinstance(j, dict) or set(j) != {"error"}:
-        return False
-    e = j["error"]
-    if set(e) != {"message", "type", "param", "code"} or not e["message"]:
-        return False
-    return (param is None or e["param"] == param) and (code is None or e["code"] == code)
+    return request(PORT, method, path, body=body, raw=raw, headers=h, timeout=timeout)
 
 
 def stream(body, key=KEY):

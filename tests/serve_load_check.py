@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 
+from serve_util import is_error, request
+
 PORT, PID, MMC, MODEL = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 CLIENT_TIMEOUT, MAX_CONN = float(sys.argv[5]), int(sys.argv[6])
 MODE = sys.argv[7] if len(sys.argv) > 7 else "quick"
@@ -62,26 +64,7 @@ def conn(timeout=120):
 
 
 def req(method, path, body=None, raw=None, timeout=120):
-    c = conn(timeout)
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    c.request(method, path, body=data, headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    out = r.read()
-    c.close()
-    try:
-        j = json.loads(out)
-    except ValueError:
-        j = None
-    return r.status, j, out
-
-
-def is_error(j, param=None, code=None):
-    if not isinstance(j, dict) or set(j) != {"error"}:
-        return False
-    e = j["error"]
-    if set(e) != {"message", "type", "param", "code"} or not e["message"]:
-        return False
-    return (param is None or e["param"] == param) and (code is None or e["code"] == code)
+    return request(PORT, method, path, body=body, raw=raw, timeout=timeout)
 
 
 def complete(prompt, max_tokens, stream, timeout=300):
