@@ -8,6 +8,7 @@
  * sigmoid probabilities within 1e-5; retrieval ranks and recalls equal to those on transformers'
  * embeddings; malformed folders (config keys, weights, spiece.model) give errors naming them. */
 #include "test_util.h"
+#include "retrieval_check.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -144,37 +145,7 @@ static void test_retrieval(void) {
                             .image_backend = MMC_VLPROC_RESIZE_PIL};
     mmc_retrieval_result r;
     CHECK_OK(mmc_retrieval_eval(&o, &r));
-    int64_t ni = 0, nc = 0;
-    CHECK_OK(mmc_json_int(exp, "retrieval.images", 0, &ni));
-    CHECK_OK(mmc_json_int(exp, "retrieval.captions", 0, &nc));
-    CHECK(r.images == ni && r.captions == nc);
-    for (int64_t i = 0; i < r.images && i < ni; i++) {
-        char key[48];
-        int64_t want = -1;
-        snprintf(key, sizeof key, "retrieval.i2t_rank.%lld", (long long)i);
-        CHECK_OK(mmc_json_int(exp, key, -1, &want));
-        CHECKF(r.i2t_rank[i] == want, "image %lld: rank %lld, transformers %lld", (long long)i,
-               (long long)r.i2t_rank[i], (long long)want);
-    }
-    for (int64_t j = 0; j < r.captions && j < nc; j++) {
-        char key[48];
-        int64_t want = -1;
-        snprintf(key, sizeof key, "retrieval.t2i_rank.%lld", (long long)j);
-        CHECK_OK(mmc_json_int(exp, key, -1, &want));
-        CHECKF(r.t2i_rank[j] == want, "caption %lld: rank %lld, transformers %lld", (long long)j,
-               (long long)r.t2i_rank[j], (long long)want);
-    }
-    static const int K[3] = {1, 5, 10};
-    for (int k = 0; k < 3; k++) {
-        char key[48];
-        double w = -1;
-        snprintf(key, sizeof key, "retrieval.i2t_recall@%d", K[k]);
-        CHECK_OK(mmc_json_num(exp, key, -1, &w));
-        CHECK_NEAR(r.i2t_recall[k], w, 1e-12);
-        snprintf(key, sizeof key, "retrieval.t2i_recall@%d", K[k]);
-        CHECK_OK(mmc_json_num(exp, key, -1, &w));
-        CHECK_NEAR(r.t2i_recall[k], w, 1e-12);
-    }
+    check_retrieval(exp, &r);
     mmc_retrieval_result_free(&r);
     mmc_json_free(exp);
 }
