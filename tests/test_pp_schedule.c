@@ -26,6 +26,7 @@
 #include "mmc_trainer.h"
 #include "mmc_io.h"
 #include "mmc_wgrad.h"
+#include "run_dir.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -490,30 +491,6 @@ static void test_split_backward(void) {
 }
 
 /* ------------------------------------------------------------------ compare mode */
-static int read_losses(const char *dir, double *l, int cap) {
-    char path[2048], line[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    int n = 0;
-    if (!f) return -1;
-    while (fgets(line, sizeof line, f) && n < cap) {
-        const char *p = strstr(line, "\"loss\": ");
-        if (p) l[n++] = atof(p + 8);
-    }
-    fclose(f);
-    return n;
-}
-
-static void last_ckpt(const char *dir, char *out, size_t cap) {
-    DIR *d = opendir(dir);
-    long best = -1;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, "checkpoint-", 11) && atol(e->d_name + 11) > best) best = atol(e->d_name + 11);
-    if (d) closedir(d);
-    snprintf(out, cap, "%s/checkpoint-%ld", dir, best);
-}
-
 /* max |diff| (moments: relative to the tensor's max |value|) and the summed |diff| / count */
 static double cmp_file(const char *a, const char *b, const char *file, bool rel, int *nt, double *sum, double *cnt) {
     char pa[4096], pb[4096];

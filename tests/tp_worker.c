@@ -26,6 +26,7 @@
 #include "mmc_models.h"
 #include "mmc_train.h"
 #include "mmc_trainer.h"
+#include "run_dir.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -140,30 +141,6 @@ static mmc_status copy_file(const char *from, const char *to) {
  * lr * steps they may move; isolated entries whose gradient is near zero carry AdamW-amplified
  * rounding noise) and 1e-6 on average, the moments within 1e-2 of each tensor's max (or of 1e-9,
  * 1e-18 for the second moments, when that is smaller: a gradient that is rounding noise). */
-static int read_losses(const char *dir, double *l, int cap) {
-    char path[2048], line[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    int n = 0;
-    if (!f) return -1;
-    while (fgets(line, sizeof line, f) && n < cap) {
-        const char *p = strstr(line, "\"loss\": ");
-        if (p) l[n++] = atof(p + 8);
-    }
-    fclose(f);
-    return n;
-}
-
-static void last_ckpt(const char *dir, char *out, size_t cap) {
-    DIR *d = opendir(dir);
-    long best = -1;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, "checkpoint-", 11) && atol(e->d_name + 11) > best) best = atol(e->d_name + 11);
-    if (d) closedir(d);
-    snprintf(out, cap, "%s/checkpoint-%ld", dir, best);
-}
-
 static double g_sum_diff, g_n_diff;   /* the weights' mean |diff| */
 static double cmp_file(const char *a, const char *b, const char *file, bool moments, int *ntensors) {
     char pa[4096], pb[4096];
