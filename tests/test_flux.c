@@ -7,6 +7,7 @@
  * finite differences on a few weights, latent packing round trip against the pipeline's layout,
  * and the loader's and forward's errors. */
 #include "test_util.h"
+#include "lora_check.h"
 #include "mmc_diffusion.h"
 #include "mmc_lora.h"
 #include "mmc_encoders.h"
@@ -224,16 +225,7 @@ static void check_train(void) {
         for (size_t i = 0; i < sizeof ts_ / sizeof ts_[0]; i++) mmc_tensor_free(ts_[i]);
     }
     /* the final adapter */
-    double worst_w = 0;
-    for (int i = 0; i < s->n; i++) {
-        char k[320];
-        for (int ab = 0; ab < 2; ab++) {
-            snprintf(k, sizeof k, "transformer.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
-            mmc_tensor *want = fixture_tensor(fin, k, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
-            worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
-            mmc_tensor_free(want);
-        }
-    }
+    const double worst_w = lora_max_rel_diff(fin, "transformer.", s);
     CHECKF(worst_w < 1e-3, "final adapter: max relative difference %.2e", worst_w);
     printf("train_lora: 20 steps, loss rel diff <= %.2e, grad norm <= %.2e, final adapter <= %.2e\n", worst_loss,
            worst_norm, worst_w);

@@ -7,6 +7,7 @@
  * differences (latents, text states and a few weights), the LoRA module names, the stored position
  * table against diffusers' sin-cos formula, and the loader's and forward's errors. */
 #include "test_util.h"
+#include "lora_check.h"
 #include "step_check.h"
 #include "mmc_diffusion.h"
 #include "mmc_lora.h"
@@ -313,14 +314,7 @@ static void check_train(bool lora) {
     if (lora) {
         snprintf(p, sizeof p, "%s/final.safetensors", dir + strlen("tests/fixtures/"));
         mmc_st *fin = fixture_open(p);
-        for (int i = 0; fin && i < s->n; i++)
-            for (int ab = 0; ab < 2; ab++) {
-                char k[320];
-                snprintf(k, sizeof k, "transformer.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
-                mmc_tensor *want = fixture_tensor(fin, k, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
-                worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
-                mmc_tensor_free(want);
-            }
+        worst_w = lora_max_rel_diff(fin, "transformer.", s);
         mmc_st_close(fin);
     } else {
         snprintf(p, sizeof p, "%s/final_params.safetensors", dir + strlen("tests/fixtures/"));

@@ -32,6 +32,7 @@
  *    from injected latents (3 steps with CFG 5 and a negative prompt, batch 2; 2 steps without
  *    guidance) within 1e-3 of output_type="latent"; the frame-count and size errors. */
 #include "test_util.h"
+#include "lora_check.h"
 #include "step_check.h"
 #include "mmc_encoders.h"
 #include "mmc_lora.h"
@@ -527,14 +528,7 @@ static void check_train_lora(const char *tr_dir, const char *fix, int n_adapters
     double worst_w = 0;
     snprintf(key, sizeof key, "%s/final.safetensors", fix);
     mmc_st *fin = fixture_open(key);
-    for (int i = 0; fin && i < s->n; i++)
-        for (int ab = 0; ab < 2; ab++) {
-            char k[320];
-            snprintf(k, sizeof k, "transformer.%s.lora_%c.weight", s->names[i], ab ? 'B' : 'A');
-            mmc_tensor *want = fixture_tensor(fin, k, MMC_F32), *got = ab ? s->adapters[i].B : s->adapters[i].A;
-            worst_w = fmax(worst_w, max_abs_diff(got, want) / fmax(max_abs(want), 1e-6));
-            mmc_tensor_free(want);
-        }
+    worst_w = lora_max_rel_diff(fin, "transformer.", s);
     mmc_st_close(fin);
     CHECKF(worst_w < 1e-3, "final adapter: max relative difference %.2e", worst_w);
     printf("%s lora: %d steps, loss rel diff <= %.2e, grad norm <= %.2e, final adapter <= %.2e\n", fix, steps,
