@@ -16,3 +16,20 @@ serve_start() {
   done
   return 1
 }
+
+# serve_check CHECKER MODEL IMAGE|- [checker flags] -- [serve flags]: a server on MODEL with the serve flags
+# (logs $W/s.out / $W/s.err), then `python3 CHECKER PORT $MMC MODEL IMAGE [checker flags]` against it, then
+# SIGTERM, which must end the server with status 0; each failure adds one to $fail and says why on stderr.
+serve_check() {
+  local checker=$1 model=$2 img=$3; shift 3
+  local flags=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
+  shift
+  if ! serve_start "$W/s" --model "$model" "$@"; then
+    echo "FAIL: the server did not start: $(cat "$W/s.err")" >&2; fail=$((fail+1)); return
+  fi
+  timeout 300 python3 "$checker" "$PORT" "$MMC" "$model" "$img" "${flags[@]}" \
+    || { fail=$((fail+1)); echo "FAIL: $model $*" >&2; }
+  kill -TERM $SPID; wait $SPID; local rc=$?; SPID=
+  [ $rc -eq 0 ] || { fail=$((fail+1)); echo "FAIL: the server exited $rc: $(tail -3 "$W/s.err")" >&2; }
+}

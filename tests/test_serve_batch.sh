@@ -17,28 +17,9 @@ SPID=
 cleanup() { [ -n "$SPID" ] && kill -9 "$SPID" 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT
 fail=0
+. tests/serve_util.sh
 
-run() {   # MODEL IMAGE|- [check flags] -- [serve flags]
-  local model=$1 img=$2; shift 2
-  local flags=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
-  shift
-  rm -f "$W/err"   # else the last server's port may be read before the new one truncates it
-  "$MMC" serve --model "$model" --port 0 "$@" >"$W/out" 2>"$W/err" &
-  SPID=$!
-  PORT=
-  for _ in $(seq 600); do
-    PORT=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$W/err" 2>/dev/null)
-    [ -n "$PORT" ] && break
-    kill -0 $SPID 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ -z "$PORT" ]; then echo "FAIL: the server did not start: $(cat "$W/err")" >&2; fail=$((fail+1)); return; fi
-  timeout 300 python3 tests/serve_batch_check.py "$PORT" "$MMC" "$model" "$img" "${flags[@]}" \
-    || { fail=$((fail+1)); echo "FAIL: $model $*" >&2; }
-  kill -TERM $SPID; wait $SPID; rc=$?; SPID=
-  [ $rc -eq 0 ] || { fail=$((fail+1)); echo "FAIL: the server exited $rc: $(tail -3 "$W/err")" >&2; }
-}
+run() { serve_check tests/serve_batch_check.py "$@"; }   # MODEL IMAGE|- [check flags] -- [serve flags]
 
 run tests/fixtures/e2e/q2_v5 "$IMG" -- --max-tokens 256
 run tests/fixtures/qwen2/chat - -- --max-tokens 256
