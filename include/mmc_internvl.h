@@ -123,6 +123,22 @@ mmc_status mmc_internvl_attach_adapter(mmc_internvl *m, const char *adapter_dir)
 /* mmc_internvl_batch_loss: mmc_trainer.h. */
 
 /* ---------------------------------------------------------------- processor */
+/* InternVLVideoProcessor (models/internvl/video_processing_internvl.py; transformers runs it on
+ * torchvision only): frames sampled by its sample_frames, each resized to size with torch's uint8
+ * antialiased resize, then the fused rescale + normalise -> [F, 3, h, w], one tile per frame. */
+typedef struct {
+    int64_t size_h, size_w;       /* size.height / width (384 x 384 by default; the Hub's -hf checkpoints: 448) */
+    mmc_resample resample;        /* bicubic */
+    bool do_resize, do_rescale, do_normalize;
+    double rescale_factor;
+    float image_mean[3], image_std[3];   /* OpenAI CLIP's by default; the Hub's checkpoints: ImageNet's */
+    bool do_sample_frames;        /* false (transformers' default): every frame */
+    int64_t num_frames;           /* 0: unset */
+    double fps;                   /* 0: unset; num_frames wins when both are set */
+    bool shift_half;              /* initial_shift true: total / num_frames / 2 */
+    double initial_shift;         /* else this (false: 0) */
+} mmc_internvl_video_proc;
+
 typedef struct {
     int64_t size_h, size_w;       /* the tile size (size.height / width) */
     bool crop_to_patches;         /* InternVLProcessor passes true (its images_kwargs default) */
@@ -134,6 +150,7 @@ typedef struct {
     float image_mean[3], image_std[3];
     int64_t image_seq_length;     /* <IMG_CONTEXT> tokens per tile */
     mmc_vlproc_resize_mode resize_mode;   /* PIL (default) or TORCH (transformers 5's default torchvision backend) */
+    mmc_internvl_video_proc video;   /* the video processor (HF-native layout) */
 } mmc_internvl_proc;
 
 void mmc_internvl_proc_default(mmc_internvl_proc *p);
@@ -142,6 +159,34 @@ void mmc_internvl_proc_default(mmc_internvl_proc *p);
  * vision_config.image_size), dynamic_image_size, min/max_dynamic_patch, use_thumbnail, with
  * load_image's ImageNet mean/std and bicubic resize, and image_seq_length its num_image_token. */
 mmc_status mmc_internvl_proc_load_dir(const char *dir, mmc_internvl_proc *p, char *used, size_t cap);
+/* Videos. The video settings are read by mmc_internvl_proc_load_dir (HF-native layout) with
+ * AutoVideoProcessor's precedence: processor_config.json's "video_processor", else
+ * video_preprocessor_config.json, else preprocessor_config.json read over the video defaults. */
+void mmc_internvl_video_proc_default(mmc_internvl_video_proc *v);
+/* InternVLVideoProcessor.sample_frames on a video of `total` frames at video_fps (0: unknown):
+ * without do_sample_frames every frame; else n = num_frames, or int(total / video_fps * fps), and
+ * indices int(torch.arange(shift, total, total / n)) (float32 values), shift = total / n / 2 with
+ * initial_shift true. Fails with the reason (and what to change) where transformers fails. *idx malloc'd. */
+mmc_status mmc_internvl_video_sample(const mmc_internvl_video_proc *v, int64_t total, double video_fps,
+                                     int64_t **idx, int *n);
+/* Frames [n] (RGB) -> pixel_values [n, 3, size_h, size_w]. */
+mmc_status mmc_internvl_video_preprocess(const mmc_internvl_video_proc *v, const mmc_image *frames, int n,
+                                         mmc_tensor **out);
+/* A video file (decoded through FFmpeg, mmc_video.h, sampled as above) or a folder of frame images
+ * (every frame, in file-name order: transformers never samples a frame list) -> pixel_values
+ * [F, 3, h, w]; *indices (malloc'd, may pass NULL) the frames' indices in the file. Errors name the path. */
+mmc_status mmc_internvl_video_load(const mmc_internvl_video_proc *v, const char *path, const mmc_image_opts *io,
+                                   mmc_tensor **out, int64_t **indices, int *n_frames);
+/* InternVLProcessor's video expansion on the templated text: each "<video>" (the chat template's
+ * video part) becomes "Frame1: <IMG_CONTEXT>\nFrame2: <IMG_CONTEXT>..." (frames[v] of them), each
+ * <IMG_CONTEXT> to be expanded by mmc_internvl_expand with image_seq_length tokens, as the processor's
+ * "Frame{i}: <img><IMG_CONTEXT>*N</img>" (<img>, </img> and <IMG_CONTEXT> are special tokens, so the
+ * tokenised text is the same). order[k] (n_images + n_videos entries, may be NULL) gets 0 for an
+ * image and 1 for a video, in the order their placeholders appear; at[v] / grow[v] (may be NULL) the
+ * byte offset of video v's "<video>" in text and how many bytes its expansion adds. The counts of
+ * "<IMG_CONTEXT>" and "<video>" in text must be n_images and n_videos. *out malloc'd. */
+mmc_status mmc_internvl_video_text(const char *text, int n_images, const int64_t *frames, int n_videos, char **out,
+                                   uint8_t *order, int64_t *at, int64_t *grow);
 /* The tile grid get_optimal_tiled_canvas picks for an image (columns, rows). */
 void mmc_internvl_tile_grid(const mmc_internvl_proc *p, int64_t h, int64_t w, int *cols, int *rows);
 /* Images -> pixel_values [sum tiles, 3, size_h, size_w] and tiles per image (n_tiles[n]). */

@@ -219,7 +219,7 @@ static mmc_status internvl_prompt(cli_model *m, int32_t *ids, int64_t n, const c
                                   const char *video_dir, cli_prompt *p) {
     mmc_status st = MMC_OK;
     int64_t *tokens = calloc((size_t)(n_images ? n_images : 1), sizeof *tokens);
-    if (video_dir) st = mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
+    if (video_dir) st = mmc_error(MMC_ERR_UNSUPPORTED, "internvl: a video needs the chat template (drop --raw)");
     else if (!tokens) st = mmc_error(MMC_ERR_OOM, "out of memory");
     if (!st) st = internvl_images(m, images, n_images, p, tokens);
     int32_t start = mmc_tokenizer_token_to_id(m->tok, "<img>"), end = mmc_tokenizer_token_to_id(m->tok, "</img>");
@@ -235,6 +235,91 @@ static mmc_status internvl_prompt(cli_model *m, int32_t *ids, int64_t n, const c
     return st;
 }
 
+/* InternVL (HF-native) with a video: the templated text's <video> expanded to one "FrameN: <IMG_CONTEXT>" per
+ * sampled frame (mmc_internvl_video_text) and tokenised, then every <IMG_CONTEXT> expanded as for images, the
+ * frames joining the images' tiles in pixel_values in the order their placeholders come, as InternVLProcessor
+ * does (frames sampled and processed as InternVLVideoProcessor: mmc_internvl_video_load). */
+static mmc_status internvl_video_prompt(cli_model *m, const mmc_chat_message *msgs, int n_msgs,
+                                        const char *const *images, int n_images, const char *video_dir,
+                                        cli_prompt *p) {
+    mmc_status st = MMC_OK;
+    const mmc_internvl_video_proc *vp = &m->iproc.video;
+    int64_t *tokens = calloc((size_t)n_images + 1, sizeof *tokens), *ph = NULL, nf64 = 0;
+    uint8_t order[CLI_MAX_IMAGES + 1];
+    char *rendered = NULL, *text = NULL;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    int nf = 0;
+    mmc_tensor *vpix = NULL, *ipix = NULL;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (m->max_image_pixels > 0) io.max_pixels = m->max_image_pixels;
+    if (!tokens) { st = mmc_error(MMC_ERR_OOM, "out of memory"); goto done; }
+    if (n_images > CLI_MAX_IMAGES) { st = mmc_error(MMC_ERR_INVALID, "too many images"); goto done; }
+    const int64_t per = mmc_internvl_tile_tokens(m->internvl, vp->size_h);
+    if (vp->size_h != vp->size_w || per != m->iproc.image_seq_length) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: video frames of %lld x %lld give %lld image tokens each, but the processor's "
+                       "image_seq_length is %lld: set the video processor's size to the tower's tile size", m->base_dir,
+                       (long long)vp->size_w, (long long)vp->size_h, (long long)per,
+                       (long long)m->iproc.image_seq_length);
+        goto done;
+    }
+    if ((st = internvl_images(m, images, n_images, p, tokens))) goto done;
+    ipix = p->internvl_pixels;
+    p->internvl_pixels = NULL;
+    if (ipix && (ipix->shape[2] != vp->size_h || ipix->shape[3] != vp->size_w)) {
+        st = mmc_error(MMC_ERR_INVALID, "%s: image tiles of %lld x %lld and video frames of %lld x %lld cannot go in one "
+                       "prompt (transformers concatenates them into one pixel_values)", m->base_dir,
+                       (long long)ipix->shape[3], (long long)ipix->shape[2], (long long)vp->size_w, (long long)vp->size_h);
+        goto done;
+    }
+    if ((st = mmc_internvl_video_load(vp, video_dir, &io, &vpix, NULL, &nf))) goto done;
+    nf64 = nf;
+    mmc_chat_options co = {.add_generation_prompt = true, .add_special_tokens = true, .tools = m->chat_tools};
+    if ((st = mmc_chat_render(m->tok, msgs, n_msgs, &co, &rendered, NULL, NULL))) goto done;
+    if ((st = mmc_internvl_video_text(rendered, n_images, &nf64, 1, &text, order, NULL, NULL))) goto done;
+    if ((st = mmc_tokenizer_encode(m->tok, text, -1, true, &ids, &n))) goto done;
+    int32_t start = mmc_tokenizer_token_to_id(m->tok, "<img>"), end = mmc_tokenizer_token_to_id(m->tok, "</img>");
+    if (start < 0 || end < 0) {
+        st = mmc_error(MMC_ERR_FORMAT, "%s: the tokenizer has no <img> / </img> tokens (InternVLProcessor's "
+                       "start_image_token / end_image_token)", m->base_dir);
+        goto done;
+    }
+    /* the placeholders' token counts and pixel rows, in text order */
+    const int n_ph = n_images + nf;
+    const int64_t S = vp->size_h, row = 3 * S * S;
+    int64_t rows = (ipix ? ipix->shape[0] : 0) + nf;
+    if (!(ph = malloc(sizeof *ph * (size_t)n_ph)) || !(p->internvl_pixels = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(rows, 3, S, S)))) {
+        st = mmc_error(MMC_ERR_OOM, "out of memory");
+        goto done;
+    }
+    float *dst = p->internvl_pixels->data;
+    const float *isrc = ipix ? ipix->data : NULL;
+    for (int k = 0, i = 0, q = 0; k < n_images + 1; k++) {
+        if (order[k] == 0) {
+            const int64_t tiles = tokens[i] / m->iproc.image_seq_length;
+            memcpy(dst, isrc, sizeof(float) * (size_t)(tiles * row));
+            dst += tiles * row, isrc += tiles * row;
+            ph[q++] = tokens[i++];
+        } else {
+            memcpy(dst, vpix->data, sizeof(float) * (size_t)(nf * row));
+            dst += nf * row;
+            for (int f = 0; f < nf; f++) ph[q++] = m->iproc.image_seq_length;
+        }
+    }
+    st = mmc_internvl_expand(ids, n, (int32_t)m->internvl->image_token_id, start, end, ph, n_ph, &p->ids, &p->n);
+done:
+    free(tokens);
+    free(ph);
+    free(rendered);
+    free(text);
+    free(ids);
+    mmc_tensor_free(vpix);
+    mmc_tensor_free(ipix);
+    if (st) cli_prompt_free(p);
+    return st;
+}
+
 /* InternVL in OpenGVLab's layout, as InternVLChatModel.chat() builds a prompt: each image part
  * becomes "<image>\n" in the message text (its tokenizer's chat template takes string content),
  * the rendered text's i-th "<image>" becomes "<img>" + "<IMG_CONTEXT>" x tokens[i] + "</img>", then
@@ -243,7 +328,10 @@ static mmc_status internvl_prompt(cli_model *m, int32_t *ids, int64_t n, const c
 static mmc_status internvl_remote_prompt(cli_model *m, const mmc_chat_message *msgs, int n_msgs,
                                          const char *const *images, int n_images, const char *video_dir,
                                          cli_prompt *p) {
-    if (video_dir) return mmc_error(MMC_ERR_UNSUPPORTED, "internvl takes images here, not videos");
+    if (video_dir)
+        return mmc_error(MMC_ERR_UNSUPPORTED, "%s: videos are not supported for OpenGVLab's internvl_chat layout yet "
+                         "(transformers' InternVL layout, model_type internvl, takes them); give the frames as images",
+                         m->base_dir);
     mmc_status st = MMC_OK;
     int64_t *tokens = calloc((size_t)(n_images ? n_images : 1), sizeof *tokens);
     mmc_chat_message *flat = calloc((size_t)(n_msgs ? n_msgs : 1), sizeof *flat);
@@ -399,6 +487,7 @@ static mmc_status prompt_build(cli_model *m, const mmc_chat_message *msgs, int n
     mmc_status st;
     if (!raw && m->internvl && m->internvl->remote_layout)
         return internvl_remote_prompt(m, msgs, n_msgs, images, n_images, video_dir, p);
+    if (!raw && m->internvl && video_dir) return internvl_video_prompt(m, msgs, n_msgs, images, n_images, video_dir, p);
     if (raw) st = mmc_tokenizer_encode(m->tok, raw_text, -1, false, &ids, &n);
     else {
         /* LLaVA's reference is its processor: the templated text tokenized with the post-processor */
@@ -656,6 +745,10 @@ mmc_status cli_prompt_from_args(cli_model *m, const cli_prompt_args *a, cli_prom
     m->omni_audio_in_video = a->audio_in_video;
     if (m->llava) m->cproc.resize_mode = m->nproc.base.resize_mode = a->resize_mode;
     if (m->internvl) m->iproc.resize_mode = a->resize_mode;
+    if (m->internvl && a->video_fps > 0)   /* InternVLVideoProcessor: fps is read only without num_frames */
+        m->iproc.video.do_sample_frames = true, m->iproc.video.fps = a->video_fps, m->iproc.video.num_frames = 0;
+    if (m->internvl && a->video_frames > 0)
+        m->iproc.video.do_sample_frames = true, m->iproc.video.num_frames = a->video_frames, m->iproc.video.fps = 0;
     if (m->vproc.min_frames > m->vproc.max_frames) m->vproc.min_frames = m->vproc.max_frames;
     cli_audio auds[CLI_MAX_IMAGES];
     for (int i = 0; i < a->n_audios; i++) auds[i] = (cli_audio){.path = a->audios[i]};

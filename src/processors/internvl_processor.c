@@ -26,11 +26,22 @@
  * use_thumbnail. Its candidate grids come from a Python set sorted by area, whose order within one
  * area can differ from the enumeration above; the pick differs only for an image whose aspect
  * ratio lies exactly midway between two grids of one area (e.g. 5:4 between 2x1 and 1x2), where
- * the tie rule prefers the later one. That case follows transformers' order here. */
+ * the tie rule prefers the later one. That case follows transformers' order here.
+ *
+ * Videos (HF-native layout) as InternVLVideoProcessor (video_processing_internvl.py, torchvision only)
+ * and InternVLProcessor.replace_video_token do them: frames sampled by sample_frames (every frame
+ * unless do_sample_frames; then num_frames, or int(total / video_fps * fps), at
+ * int(arange(shift, total, total / n)) with shift total / n / 2 for initial_shift true), each resized
+ * to the video size by torch's uint8 antialiased resize and normalised by the fused float32
+ * rescale_and_normalize; the template's "<video>" becomes "Frame1: <img><IMG_CONTEXT>*N</img>\nFrame2: ..."
+ * with N = image_seq_length per frame, and the frames join the images' tiles in pixel_values in
+ * the order their placeholders appear. */
 #include "mmc_internvl.h"
 #include "mmc_io.h"
+#include "mmc_video.h"
 #include "processors/processors_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +66,98 @@ void mmc_internvl_proc_default(mmc_internvl_proc *p) {
     memcpy(p->image_std, std, sizeof std);
     p->image_seq_length = 256;
     p->resize_mode = MMC_VLPROC_RESIZE_PIL;
+    mmc_internvl_video_proc_default(&p->video);
+}
+
+void mmc_internvl_video_proc_default(mmc_internvl_video_proc *v) {
+    memset(v, 0, sizeof *v);
+    v->size_h = v->size_w = 384;
+    v->resample = MMC_RESAMPLE_BICUBIC;
+    v->do_resize = v->do_rescale = v->do_normalize = true;
+    v->rescale_factor = 1.0 / 255.0;
+    const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f}, std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+    memcpy(v->image_mean, mean, sizeof mean);   /* OPENAI_CLIP_MEAN / STD, the class defaults */
+    memcpy(v->image_std, std, sizeof std);
+    v->shift_half = true;
+}
+
+/* a video processor object o (in `path`, under `where`) over *v */
+static mmc_status apply_video(const mmc_json *o, const char *path, const char *where, mmc_internvl_video_proc *v) {
+    mmc_status st;
+    int64_t r = v->resample == MMC_RESAMPLE_BILINEAR ? 2 : 3;
+    bool crop = false;
+    const mmc_json *size = mmc_json_get(o, "size");
+    if (size) {
+        int64_t h = 0, w = 0;
+        if (!mmc_json_is_object(size) || mmc_json_int(size, "height", 0, &h) || mmc_json_int(size, "width", 0, &w) ||
+            h < 1 || w < 1 || h > IVL_MAX_SIDE || w > IVL_MAX_SIDE)
+            return mmc_error(MMC_ERR_FORMAT, "%s: %ssize must be {height, width}, each from 1 to %d", path, where,
+                             IVL_MAX_SIDE);
+        v->size_h = h, v->size_w = w;
+    }
+    if ((st = mmc_json_num(o, "rescale_factor", v->rescale_factor, &v->rescale_factor)) ||
+        (st = mmc_json_bool(o, "do_resize", v->do_resize, &v->do_resize)) ||
+        (st = mmc_json_bool(o, "do_rescale", v->do_rescale, &v->do_rescale)) ||
+        (st = mmc_json_bool(o, "do_normalize", v->do_normalize, &v->do_normalize)) ||
+        (st = mmc_json_bool(o, "do_center_crop", false, &crop)) ||
+        (st = mmc_json_bool(o, "do_sample_frames", v->do_sample_frames, &v->do_sample_frames)) ||
+        (st = mmc_json_int(o, "num_frames", v->num_frames, &v->num_frames)) ||
+        (st = mmc_json_num(o, "fps", v->fps, &v->fps)) ||
+        (st = mmc_json_int(o, "resample", r, &r)))
+        return mmc_error_prefix(st, "%s: %s", path, where);
+    if (crop) return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sdo_center_crop is not supported for InternVL videos", path, where);
+    if (r == 3) v->resample = MMC_RESAMPLE_BICUBIC;
+    else if (r == 2) v->resample = MMC_RESAMPLE_BILINEAR;
+    else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sresample=%lld (only 2 bilinear, 3 bicubic)", path, where, (long long)r);
+    if (v->num_frames < 0 || v->num_frames > 100000 || v->fps < 0 || v->fps > 1000)
+        return mmc_error(MMC_ERR_FORMAT, "%s: %snum_frames %lld / fps %g out of range", path, where,
+                         (long long)v->num_frames, v->fps);
+    if (mmc_json_has(o, "initial_shift")) {   /* true, false or a number of frames */
+        bool b = true;
+        double x = 0;
+        if (mmc_json_bool(o, "initial_shift", true, &b) == MMC_OK) v->shift_half = b, v->initial_shift = 0;
+        else if (mmc_json_num(o, "initial_shift", 0, &x) == MMC_OK && x >= 0 && x < 1e9) v->shift_half = false, v->initial_shift = x;
+        else return mmc_error(MMC_ERR_FORMAT, "%s: %sinitial_shift must be true, false or a number >= 0", path, where);
+    }
+    const char *arr[2] = {"image_mean", "image_std"};
+    for (int k = 0; k < 2; k++) {
+        if (!mmc_json_has(o, arr[k])) continue;
+        double d[3];
+        char key[32];
+        bool ok = true;
+        for (int c = 0; c < 3; c++) {
+            snprintf(key, sizeof key, "%s.%d", arr[k], c);
+            if (!mmc_json_has(o, key) || mmc_json_num(o, key, 0, &d[c]) != MMC_OK) ok = false;
+        }
+        snprintf(key, sizeof key, "%s.3", arr[k]);
+        if (!ok || mmc_json_has(o, key))
+            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
+        for (int c = 0; c < 3; c++) (k ? v->image_std : v->image_mean)[c] = (float)d[c];
+    }
+    return MMC_OK;
+}
+
+/* the video settings of an HF-native directory: processor_config.json's "video_processor", else
+ * video_preprocessor_config.json, else preprocessor_config.json over the defaults (AutoVideoProcessor) */
+static mmc_status load_video_dir(const char *dir, mmc_internvl_video_proc *v) {
+    static const char *const names[3] = {"processor_config.json", "video_preprocessor_config.json",
+                                         "preprocessor_config.json"};
+    for (int k = 0; k < 3; k++) {
+        char path[4200];
+        if (snprintf(path, sizeof path, "%s/%s", dir, names[k]) >= (int)sizeof path)
+            return mmc_error(MMC_ERR_INVALID, "%s: path too long", dir);
+        struct stat sb;
+        if (stat(path, &sb) != 0) continue;
+        mmc_json *j = NULL;
+        mmc_status st = mmc_json_load(path, &j);
+        if (st) return mmc_error_prefix(st, "video processor config");
+        const mmc_json *o = k == 0 ? mmc_json_get(j, "video_processor") : j;
+        if (!o) { mmc_json_free(j); continue; }
+        st = apply_video(o, path, k == 0 ? "video_processor." : "", v);
+        mmc_json_free(j);
+        return st;
+    }
+    return MMC_OK;
 }
 
 static mmc_status apply(const mmc_json *o, const char *path, const char *where, mmc_internvl_proc *p) {
@@ -176,6 +279,8 @@ mmc_status mmc_internvl_proc_load_dir(const char *dir, mmc_internvl_proc *p, cha
         mmc_json_free(j);
         if (st) return st;
     }
+    mmc_status vst = load_video_dir(dir, &q.video);
+    if (vst) return vst;
     if (q.image_seq_length < 1 || q.image_seq_length > IVL_MAX_SIDE)
         return mmc_error(MMC_ERR_FORMAT, "%s: image_seq_length %lld is not from 1 to %d", dir,
                          (long long)q.image_seq_length, IVL_MAX_SIDE);
@@ -313,5 +418,178 @@ mmc_status mmc_internvl_expand(const int32_t *ids, int64_t n, int32_t image_toke
     }
     *out = o;
     *n_out = k;
+    return MMC_OK;
+}
+
+/* ---------------------------------------------------------------- videos */
+
+mmc_status mmc_internvl_video_sample(const mmc_internvl_video_proc *v, int64_t total, double video_fps,
+                                     int64_t **idx, int *n) {
+    *idx = NULL;
+    *n = 0;
+    if (total <= 0) return mmc_error(MMC_ERR_INVALID, "the video has no frames");
+    if (total > INT32_MAX / 2) return mmc_error(MMC_ERR_INVALID, "the video has too many frames (%lld)", (long long)total);
+    int64_t num = total;
+    double shift = 0;
+    if (v->do_sample_frames) {
+        if (v->num_frames > 0) {
+            num = v->num_frames;
+        } else if (v->fps > 0) {
+            if (!(video_fps > 0))
+                return mmc_error(MMC_ERR_INVALID, "the video has no frame rate, needed to sample %g frames per second; "
+                                 "give a frame count instead (num_frames, --video-frames N)", v->fps);
+            double x = (double)total / video_fps * v->fps;   /* int(total / fps * fps) */
+            num = x < 1e12 ? (int64_t)x : total + 1;
+        } else {
+            return mmc_error(MMC_ERR_INVALID, "do_sample_frames is set but neither num_frames nor fps is: set one in "
+                             "the video processor config (or --video-frames N / --video-fps F)");
+        }
+        if (num < 1)
+            return mmc_error(MMC_ERR_INVALID, "sampling %g frames per second from %lld frames at %g fps gives no frame; "
+                             "raise fps or give num_frames", v->fps, (long long)total, video_fps);
+        if (num > total)
+            return mmc_error(MMC_ERR_INVALID, "the video can't be sampled: num_frames=%lld exceeds its %lld frames; "
+                             "decrease num_frames or fps", (long long)num, (long long)total);
+        shift = v->shift_half ? (double)total / (double)num / 2.0 : v->initial_shift;
+    }
+    /* torch.arange(shift, total, total / num).int(): size ceil((total - shift) / step) in double, values
+     * shift + i * step rounded to float32 (torch's default dtype), truncated */
+    const double step = (double)total / (double)num;
+    int64_t cnt = shift < (double)total ? (int64_t)ceil(((double)total - shift) / step) : 0;
+    if (cnt < 1)
+        return mmc_error(MMC_ERR_INVALID, "initial_shift %g leaves no frame of the video's %lld to sample", shift,
+                         (long long)total);
+    int64_t *o = malloc(sizeof *o * (size_t)cnt);
+    if (!o) return mmc_error(MMC_ERR_OOM, "video sampling: out of memory");
+    for (int64_t i = 0; i < cnt; i++) {
+        int64_t k = (int64_t)(float)(shift + (double)i * step);
+        o[i] = k < total ? k : total - 1;
+    }
+    *idx = o;
+    *n = (int)cnt;
+    return MMC_OK;
+}
+
+mmc_status mmc_internvl_video_preprocess(const mmc_internvl_video_proc *v, const mmc_image *frames, int n,
+                                         mmc_tensor **out) {
+    *out = NULL;
+    if (n < 1) return mmc_error(MMC_ERR_INVALID, "InternVL video processor: no frames");
+    float lut[3][256];
+    mmc_qwen2vl_proc q;   /* TorchvisionBackend.rescale_and_normalize's per-byte values */
+    mmc_qwen2vl_proc_default(&q);
+    memcpy(q.image_mean, v->image_mean, sizeof q.image_mean);
+    memcpy(q.image_std, v->image_std, sizeof q.image_std);
+    q.rescale_factor = v->rescale_factor;
+    q.do_rescale = v->do_rescale;
+    q.do_normalize = v->do_normalize;
+    mmc_qwen2vl_pixel_lut(&q, MMC_VLPROC_RESIZE_TORCH, lut);
+    const int64_t h = v->do_resize ? v->size_h : frames[0].height, w = v->do_resize ? v->size_w : frames[0].width;
+    mmc_tensor *t = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(n, 3, h, w));
+    if (!t) return mmc_error(MMC_ERR_OOM, "out of memory for the video's pixel_values");
+    mmc_status st = MMC_OK;
+    for (int i = 0; i < n && !st; i++) {
+        mmc_image rs = {0};
+        const mmc_image *cur = &frames[i];
+        if (v->do_resize) {
+            if ((st = mmc_image_resize_torch_u8(&frames[i], (int)h, (int)w, v->resample, &rs))) break;
+            cur = &rs;
+        }
+        if (cur->height != h || cur->width != w)
+            st = mmc_error(MMC_ERR_INVALID, "InternVL video processor: frame %d is %d x %d, not %lld x %lld (do_resize "
+                           "is false)", i, cur->width, cur->height, (long long)w, (long long)h);
+        else
+            put_tile(cur, 0, 0, h, w, lut, (float *)t->data + (int64_t)i * 3 * h * w);
+        mmc_image_free(&rs);
+    }
+    if (st) { mmc_tensor_free(t); return st; }
+    *out = t;
+    return MMC_OK;
+}
+
+mmc_status mmc_internvl_video_load(const mmc_internvl_video_proc *v, const char *path, const mmc_image_opts *io,
+                                   mmc_tensor **out, int64_t **indices, int *n_frames) {
+    *out = NULL;
+    if (indices) *indices = NULL;
+    *n_frames = 0;
+    struct stat sb;
+    mmc_image *frames = NULL;
+    int64_t *idx = NULL;
+    int n = 0;
+    mmc_status st;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {   /* a folder of frames: every one */
+        if ((st = mmc_load_frames_dir(path, io, &frames, &n))) return mmc_error_prefix(st, "video %s", path);
+        if (n < 1) { free(frames); return mmc_error(MMC_ERR_FORMAT, "video %s: the folder has no frames", path); }
+        if (!(idx = malloc(sizeof *idx * (size_t)n))) st = mmc_error(MMC_ERR_OOM, "video: out of memory");
+        for (int i = 0; idx && i < n; i++) idx[i] = i;
+    } else {
+        mmc_video *vf = NULL;
+        if ((st = mmc_video_open(path, &vf))) return st;   /* names the file */
+        const mmc_video_info *info = mmc_video_get_info(vf);
+        st = mmc_internvl_video_sample(v, info->total_frames, info->fps, &idx, &n);
+        if (st) mmc_error_prefix(st, "video %s", path);
+        if (!st && !(frames = calloc((size_t)n, sizeof *frames))) st = mmc_error(MMC_ERR_OOM, "video: out of memory");
+        if (!st) st = mmc_video_read(vf, idx, n, frames);
+        if (st) { free(frames); frames = NULL; n = 0; }
+        mmc_video_close(vf);
+    }
+    if (!st) st = mmc_internvl_video_preprocess(v, frames, n, out);
+    if (st && frames) mmc_error_prefix(st, "video %s", path);
+    for (int i = 0; frames && i < n; i++) mmc_image_free(&frames[i]);
+    free(frames);
+    if (st) { free(idx); return st; }
+    if (indices) *indices = idx;
+    else free(idx);
+    *n_frames = n;
+    return MMC_OK;
+}
+
+#define IVL_IMG "<IMG_CONTEXT>"
+#define IVL_VID "<video>"
+
+mmc_status mmc_internvl_video_text(const char *text, int n_images, const int64_t *frames, int n_videos, char **out,
+                                   uint8_t *order, int64_t *at, int64_t *grow) {
+    *out = NULL;
+    const size_t li = strlen(IVL_IMG), lv = strlen(IVL_VID);
+    int ni = 0, nv = 0;
+    size_t need = strlen(text) + 1;
+    for (const char *s = text; *s;) {   /* the placeholders in order; the room the frames take */
+        const char *a = strstr(s, IVL_IMG), *b = strstr(s, IVL_VID);
+        if (!a && !b) break;
+        if (a && (!b || a < b)) {
+            if (order && ni + nv < n_images + n_videos) order[ni + nv] = 0;
+            ni++;
+            s = a + li;
+        } else {
+            if (nv < n_videos) {
+                if (frames[nv] < 1 || frames[nv] > 1000000)
+                    return mmc_error(MMC_ERR_INVALID, "video %d: %lld frames", nv, (long long)frames[nv]);
+                if (order && ni + nv < n_images + n_videos) order[ni + nv] = 1;
+                need += (size_t)frames[nv] * (24 + li);
+            }
+            nv++;
+            s = b + lv;
+        }
+    }
+    if (ni != n_images || nv != n_videos)
+        return mmc_error(MMC_ERR_INVALID, "the prompt has %d image placeholder%s (" IVL_IMG ") and %d video "
+                         "placeholder%s (" IVL_VID ") but %d image%s and %d video%s", ni, ni == 1 ? "" : "s", nv,
+                         nv == 1 ? "" : "s", n_images, n_images == 1 ? "" : "s", n_videos, n_videos == 1 ? "" : "s");
+    char *o = malloc(need);
+    if (!o) return mmc_error(MMC_ERR_OOM, "out of memory");
+    char *w = o;
+    const char *s = text;
+    for (int v = 0; v < n_videos; v++) {
+        const char *b = strstr(s, IVL_VID);
+        memcpy(w, s, (size_t)(b - s));
+        w += b - s;
+        char *start = w;
+        for (int64_t f = 0; f < frames[v]; f++)   /* replace_video_token: "\n".join("Frame{i+1}: <img>...</img>") */
+            w += sprintf(w, "%sFrame%lld: " IVL_IMG, f ? "\n" : "", (long long)f + 1);
+        if (at) at[v] = b - text;
+        if (grow) grow[v] = (int64_t)(w - start) - (int64_t)lv;
+        s = b + lv;
+    }
+    strcpy(w, s);
+    *out = o;
     return MMC_OK;
 }
