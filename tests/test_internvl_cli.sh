@@ -5,7 +5,8 @@
 # remote / remote_v1, v5 in OpenGVLab's InternVLChatModel layout (tiling settings in config.json,
 # a text-only chat template in tokenizer_config.json, the prompt built as chat() does: "<image>\n"
 # in the text, expanded in the text; ps_version v2 / v1), and v5 with --image-backend
-# torchvision (transformers 5's default image processor), and remote_internlm2 (remote's tower with an InternLM2
+# torchvision (transformers 5's default image processor), videos (internvl/video: a file sampled to 5
+# frames after an image, the same at --video-fps 2, a folder of frames), and remote_internlm2 (remote's tower with an InternLM2
 # language model, against the InternLM team's modeling_internlm2.py: tools/ref/gen_internvl_internlm2.py),
 # with the non-square fixture image tiled by the GotOcr2 crop_to_patches processor and the prompt
 # rendered by mmc's Jinja engine and expanded to <img><IMG_CONTEXT>*N</img>. Against transformers:
@@ -84,8 +85,36 @@ grep -q "^family: *InternVL" "$W/info" && grep -q "^vision tower: *InternViT: 3 
 "$MMC" generate --model $E/v5 --raw --prompt "<IMG_CONTEXT> hi" --max-new-tokens 2 >/dev/null 2>"$W/err"; rc=$?
 [ $rc = 1 ] && grep -q "1 image placeholder but 0 images" "$W/err" && ok \
   || bad "an <IMG_CONTEXT> without an image: exit $rc, $(cat "$W/err")"
-"$MMC" generate --model $E/v5 --image "$IMG" --video "$IMG" --prompt x >/dev/null 2>"$W/err"; rc=$?
-[ $rc = 1 ] && grep -q "internvl takes images here, not videos" "$W/err" && ok || bad "--video: exit $rc, $(cat "$W/err")"
+# videos (tools/ref/gen_internvl_video.py, fixture internvl/video: frames sampled as InternVLVideoProcessor, the
+# prompt expanded per frame as InternVLProcessor does): prompt length, greedy tokens and the last argmax equal
+while IFS=$'\t' read -r case np ids argmax; do
+  case "$case" in ''|'#'*) continue ;; esac
+  case "$case" in
+    file) media=(--image "$IMG" --video tests/fixtures/video/moving.mkv) ;;
+    fps)  media=(--video tests/fixtures/video/moving.mkv --video-fps 2) ;;
+    dir)  media=(--video tests/fixtures/llava_onevision/video) ;;
+  esac
+  "$MMC" generate --model $E/video "${media[@]}" --prompt "What happens in the video?" --max-new-tokens 8 --json \
+    >"$W/gen" 2>"$W/err" && ok || { bad "video $case: generate: $(cat "$W/err")"; continue; }
+  got=$(sed -E 's/.*"tokens": \[([^]]*)\].*/\1/' "$W/gen" | tr -d ' ')
+  [ "$got" = "$ids" ] && grep -q "\"prompt_tokens\": $np," "$W/gen" && ok \
+    || bad "video $case: generate $(cat "$W/gen") != transformers [$ids], $np prompt tokens"
+  "$MMC" forward --model $E/video "${media[@]}" --prompt "What happens in the video?" --out "$W/fw.safetensors" --json \
+    >"$W/fw" 2>"$W/err" && grep -q "\"tokens\": $np, .*\"argmax_last\": $argmax," "$W/fw" && ok \
+    || bad "video $case: forward $(cat "$W/fw" "$W/err") (transformers $np tokens, argmax $argmax)"
+  echo "internvl video $case: prompt tokens and greedy tokens equal"
+done < $E/video_expected.tsv
+head -c 700 tests/fixtures/video/moving.mkv >"$W/broken.mkv"
+"$MMC" generate --model $E/video --video "$W/broken.mkv" --prompt x >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 1 ] && grep -q "broken.mkv" "$W/err" && ok || bad "a truncated video: exit $rc, $(cat "$W/err")"
+"$MMC" generate --model $E/video --video "$W/missing.mp4" --prompt x >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 1 ] && grep -q "missing.mp4" "$W/err" && ok || bad "a missing video: exit $rc, $(cat "$W/err")"
+"$MMC" generate --model $E/v5 --video tests/fixtures/video/moving.mkv --prompt x >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 1 ] && grep -q "video frames of 384 x 384 give 169 image tokens each, but the processor's image_seq_length is 4" \
+  "$W/err" && ok || bad "v5's 384-pixel video frames on a 56-pixel tower: exit $rc, $(cat "$W/err")"
+"$MMC" generate --model $E/remote --video tests/fixtures/video/moving.mkv --prompt x >/dev/null 2>"$W/err"; rc=$?
+[ $rc = 1 ] && grep -q "videos are not supported for OpenGVLab's internvl_chat layout yet" "$W/err" && ok \
+  || bad "internvl_chat --video: exit $rc, $(cat "$W/err")"
 # mmc chat: /image then the question answers as generate does
 g=$("$MMC" generate --model $E/v5 --image "$IMG" --prompt "$PROMPT" --greedy --max-new-tokens 8 2>/dev/null)
 c=$(printf '/image %s\n%s\n' "$IMG" "$PROMPT" | "$MMC" chat --model $E/v5 --greedy --max-new-tokens 8 2>/dev/null)
