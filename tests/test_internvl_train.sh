@@ -14,7 +14,8 @@
 #   LoRA on the tower's linears too: 10 steps' losses and adapters against PEFT's, merged (below)
 #   mmc merge of PEFT's trained adapter / of mmc's 20-step LoRA run: 16 linears folded, the tower
 #   copied unchanged
-#   malformed: a video sample refused with a message (OpenGVLab's internvl_chat layout trains: see
+#   malformed: a video sample on v5 (384-pixel video frames, 56-pixel tiles) refused with a message (videos train:
+#   test_internvl_video_train; OpenGVLab's internvl_chat layout trains: see
 #   test_internvl_chat_train for it with InternLM2, test_internvl_chat_train_qwen2 with Qwen2)
 # With the reference venv (.venv-ref or MMC_REF_PYTHON), tools/ref/check_internvl_train.py:
 # transformers loads the full checkpoint (logits = mmc forward's within 1e-4 at the text
@@ -182,11 +183,13 @@ if "$MMC" merge --model tests/fixtures/internvl/v5 --adapter "$W/lora/checkpoint
   [ -s "$W/t0.txt" ] && cmp -s "$W/t0.txt" "$W/t1.txt" && ok || bad "merging mmc's LoRA run changed the vision tower ($k)"
 else cat "$W/m2.log"; bad "merge of mmc's LoRA checkpoint failed"; fi
 
-# malformed: a video sample is refused with a message naming it
+# malformed: a video sample on v5, whose saved video processor (transformers' class defaults: 384-pixel frames)
+# does not fit its 56-pixel tiles, is refused with a message saying so (videos train: test_internvl_video_train)
 printf '%s\n' '{"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "x"}], "videos": ["v.mp4"]}' > "$W/video.jsonl"
 if "$MMC" train "$W/full.yaml" --set data.train="$W/video.jsonl" --set data.strict=true --set training.steps=1 \
      --set training.output_dir="$W/vd" > "$W/vd.log" 2>&1; then bad "a video sample was accepted"
-else grep -q "InternVL takes images, not videos" "$W/vd.log" && ok || { cat "$W/vd.log"; bad "video sample: no clear error"; }; fi
+else grep -q "the video processor's frames are 384 x 384 but the image tiles 56 x 56" "$W/vd.log" && ok \
+  || { cat "$W/vd.log"; bad "video sample: no clear error"; }; fi
 
 if "$PY" -c "import transformers, peft" 2>/dev/null; then
   "$PY" tools/ref/check_internvl_train.py "$W/lora/checkpoint-20" $F/lora_ref "$W/full/checkpoint-6" \

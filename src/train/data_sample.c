@@ -200,6 +200,111 @@ static mmc_status flatten_parts(const mmc_chat_message *msgs, int n, mmc_chat_me
     return MMC_OK;
 }
 
+/* InternVL (HF-native) with videos, as InternVLProcessor makes the sample: each video through
+ * InternVLVideoProcessor (mmc_internvl_video_load with the model's video settings), the rendered
+ * template's "<video>" becoming "Frame1: <IMG_CONTEXT>\nFrame2: ..." (mmc_internvl_video_text) before
+ * tokenising, the assistant spans moved with the text. On return the images and frames are units in the
+ * order of their placeholders: *tiles (zero-terminated) 1 per frame, *pv their rows in that order,
+ * *ntok / *sizes re-allocated to match; *ids / *mask / *n the tokenised text (one <IMG_CONTEXT> a unit). */
+static mmc_status internvl_videos(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_example *ex, int n_msgs,
+                                  const mmc_chat_options *co, int n_img, int n_vid, mmc_tensor **pv, int64_t **tiles,
+                                  int64_t **ntok, int64_t (**sizes)[2], int32_t **ids, uint8_t **mask, int64_t *n,
+                                  bool *media_err) {
+    const mmc_internvl_video_proc *vp = &o->iproc.video;
+    mmc_image_opts io;
+    mmc_image_opts_default(&io);
+    if (o->max_image_pixels > 0) io.max_pixels = o->max_image_pixels;
+    mmc_tensor **vpx = calloc((size_t)n_vid, sizeof *vpx), *all = NULL;
+    int64_t *nf = calloc((size_t)n_vid, sizeof *nf), *at = calloc((size_t)n_vid, sizeof *at);
+    int64_t *grow = calloc((size_t)n_vid, sizeof *grow), *offs = NULL, *t2 = NULL;
+    uint8_t *order = calloc((size_t)(n_img + n_vid), 1);
+    char *s = NULL, *s2 = NULL;
+    mmc_chat_span *sp = NULL;
+    int nsp = 0;
+    mmc_status st = MMC_OK;
+    if (!vpx || !nf || !at || !grow || !order) { st = oom(); goto done; }
+    if (vp->size_h != o->iproc.size_h || vp->size_w != o->iproc.size_w) {
+        st = mmc_error(MMC_ERR_INVALID, "the video processor's frames are %lld x %lld but the image tiles %lld x %lld: "
+                       "set the video processor's size to the tile size (the tower reads both as tiles)",
+                       (long long)vp->size_w, (long long)vp->size_h, (long long)o->iproc.size_w, (long long)o->iproc.size_h);
+        goto done;
+    }
+    for (int v = 0; v < n_vid; v++) {
+        int k = 0;
+        if ((st = mmc_internvl_video_load(vp, ex->videos[v], &io, &vpx[v], NULL, &k))) { *media_err = true; goto done; }
+        nf[v] = k;
+        if (o->blank_media) {   /* the control: black frames, as images are blanked before processing */
+            float *d = vpx[v]->data;
+            const int64_t hw = vpx[v]->shape[2] * vpx[v]->shape[3];
+            for (int64_t f = 0; f < k; f++)
+                for (int c = 0; c < 3; c++)
+                    for (int64_t i = 0; i < hw; i++)
+                        d[(f * 3 + c) * hw + i] = vp->do_normalize ? (0.0f - vp->image_mean[c]) / vp->image_std[c] : 0.0f;
+        }
+    }
+    if ((st = mmc_chat_render(tok, ex->messages, n_msgs, co, &s, &sp, &nsp))) goto done;
+    if ((st = mmc_internvl_video_text(s, n_img, nf, n_vid, &s2, order, at, grow))) goto done;
+    for (int k = 0; k < nsp; k++) {   /* the spans move with the text before them */
+        int64_t ds = 0, de = 0;
+        for (int v = 0; v < n_vid; v++) {
+            if (at[v] < sp[k].start) ds += grow[v];
+            if (at[v] < sp[k].end) de += grow[v];
+        }
+        sp[k].start += ds, sp[k].end += de;
+    }
+    if ((st = mmc_tokenizer_encode_offsets(tok, s2, -1, co->add_special_tokens, ids, &offs, n))) goto done;
+    if (!(*mask = calloc((size_t)*n + 1, 1))) { st = oom(); goto done; }
+    for (int64_t i = 0, k = 0; i < *n; i++) {   /* as mmc_chat_encode: tokens starting inside an assistant span */
+        int64_t a = offs[2 * i];
+        while (k < nsp && a >= sp[k].end) k++;
+        (*mask)[i] = k < nsp && a >= sp[k].start;
+    }
+    /* the units in placeholder order: an image's tiles, or one frame */
+    int64_t units = n_img, rows = 0;
+    for (int v = 0; v < n_vid; v++) units += nf[v], rows += nf[v];
+    for (int i = 0; i < n_img; i++) rows += (*tiles)[i];
+    const int64_t S = vp->size_h, per = 3 * S * vp->size_w;
+    if (!(t2 = calloc((size_t)units + 1, sizeof *t2)) || !(all = mmc_tensor_new(MMC_F32, 4, MMC_SHAPE(rows, 3, S, vp->size_w)))) {
+        st = oom();
+        goto done;
+    }
+    if (*pv && ((*pv)->shape[2] != S || (*pv)->shape[3] != vp->size_w)) {
+        st = mmc_error(MMC_ERR_INVALID, "image tiles and video frames differ in size");
+        goto done;
+    }
+    float *dst = all->data;
+    const float *isrc = *pv ? (*pv)->data : NULL;
+    int64_t u = 0;
+    for (int k = 0, i = 0, v = 0; k < n_img + n_vid; k++) {
+        if (order[k] == 0) {
+            memcpy(dst, isrc, sizeof(float) * (size_t)((*tiles)[i] * per));
+            dst += (*tiles)[i] * per, isrc += (*tiles)[i] * per;
+            t2[u++] = (*tiles)[i++];
+        } else {
+            memcpy(dst, vpx[v]->data, sizeof(float) * (size_t)(nf[v] * per));
+            dst += nf[v] * per;
+            for (int64_t f = 0; f < nf[v]; f++) t2[u++] = 1;
+            v++;
+        }
+    }
+    int64_t *nt = calloc((size_t)units + 1, sizeof *nt);
+    int64_t (*sz)[2] = calloc((size_t)units + 1, sizeof *sz);
+    if (!nt || !sz) { free(nt); free(sz); st = oom(); goto done; }
+    free(*ntok), free(*sizes), free(*tiles);
+    *ntok = nt, *sizes = sz, *tiles = t2;
+    t2 = NULL;
+    mmc_tensor_free(*pv);
+    *pv = all;
+    all = NULL;
+done:
+    for (int v = 0; vpx && v < n_vid; v++) mmc_tensor_free(vpx[v]);
+    free(vpx), free(nf), free(at), free(grow), free(order), free(offs), free(t2);
+    free(s), free(s2), free(sp);
+    mmc_tensor_free(all);
+    if (st) { free(*ids), free(*mask); *ids = NULL, *mask = NULL, *n = 0; }
+    return st;
+}
+
 /* LLaVA: labels from the assistant spans as for Qwen2-VL; truncation drops an image block that
  * would not fit with everything after it. */
 static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok, const mmc_dataset *ds,
@@ -214,7 +319,8 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
         while (n_msgs > 0 && strcmp(ex.messages[n_msgs - 1].role, "assistant")) n_msgs--;
         n_msgs--;
     }
-    const int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
+    int n_img = count_parts(ex.messages, n_msgs, MMC_CHAT_IMAGE);
+    const int n_vid = count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO);
     const int64_t K = o->llava_image_tokens;
     int64_t *tiles = NULL;   /* InternVL / NeXT: tiles per image (else 1 each) */
     int64_t *ntok = NULL;    /* the tokens each image's <image> becomes (InternVL: with <img> </img>) */
@@ -225,7 +331,13 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     int64_t n = 0;
     mmc_tensor *pv = NULL;
     mmc_status st;
-    if (count_parts(ex.messages, n_msgs, MMC_CHAT_VIDEO)) {
+    if (n_vid && o->internvl_chat) {
+        st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: videos are not supported for OpenGVLab's internvl_chat layout yet "
+                       "(transformers' InternVL layout, model_type internvl, trains on them); give the frames as images",
+                       mmc_dataset_path(ds), ex.line);
+        goto fail;
+    }
+    if (n_vid && !o->internvl) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: %s takes images, not videos", mmc_dataset_path(ds),
                        ex.line, family);
         goto fail;
@@ -261,7 +373,16 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     }
     mmc_chat_options co = {.add_generation_prompt = prompt_only, .add_vision_id = o->add_vision_id,
                            .add_special_tokens = true};
-    if (o->internvl_chat) {
+    if (n_vid) {   /* InternVL's videos: frames as one-tile images, placed as InternVLProcessor places them */
+        if ((st = internvl_videos(o, tok, &ex, n_msgs, &co, n_img, n_vid, &pv, &tiles, &ntok, &sizes, &ids, &mask, &n,
+                                  media_err))) {
+            if (*media_err) st = mmc_error_prefix(st, "%s:%d: sample %lld", mmc_dataset_path(ds), ex.line, (long long)idx);
+            else st = mmc_error_prefix(st, "%s:%d", mmc_dataset_path(ds), ex.line);
+            goto fail;
+        }
+        n_img = 0;   /* each image and each frame is one unit now */
+        while (tiles[n_img] > 0) n_img++;
+    } else if (o->internvl_chat) {
         mmc_chat_message *flat = NULL;
         char **texts = NULL;
         if ((st = flatten_parts(ex.messages, n_msgs, &flat, &texts))) goto fail;
