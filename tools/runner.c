@@ -330,7 +330,8 @@ static mmc_status internvl_remote_prompt(cli_model *m, const mmc_chat_message *m
                                          cli_prompt *p) {
     if (video_dir)
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: videos are not supported for OpenGVLab's internvl_chat layout yet "
-                         "(transformers' InternVL layout, model_type internvl, takes them); give the frames as images",
+                         "(transformers' InternVL layout, model_type internvl, takes them; OpenGVLab's load_video of the "
+                         "model cards is not implemented)",
                          m->base_dir);
     mmc_status st = MMC_OK;
     int64_t *tokens = calloc((size_t)(n_images ? n_images : 1), sizeof *tokens);

@@ -333,7 +333,8 @@ static mmc_status prepare_llava(const mmc_data_opts *o, const mmc_tokenizer *tok
     mmc_status st;
     if (n_vid && o->internvl_chat) {
         st = mmc_error(MMC_ERR_UNSUPPORTED, "%s:%d: videos are not supported for OpenGVLab's internvl_chat layout yet "
-                       "(transformers' InternVL layout, model_type internvl, trains on them); give the frames as images",
+                       "(transformers' InternVL layout, model_type internvl, trains on them; OpenGVLab's video "
+                       "pipeline is not implemented)",
                        mmc_dataset_path(ds), ex.line);
         goto fail;
     }
