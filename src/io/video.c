@@ -207,7 +207,7 @@ static mmc_status open_common(mmc_video *v) {
         return mmc_error(MMC_ERR_OOM, "video %s: out of memory", v->name);
     if ((r = avcodec_parameters_to_context(v->dec, s->codecpar)) < 0)
         return averr(MMC_ERR_FORMAT, v, r, "bad codec parameters", REENCODE);
-    v->dec->thread_count = getenv("XDBG_PT") ? atoi(getenv("XDBG_PT")) : 0;   /* FFmpeg picks (as PyAV); the output does not depend on it */
+    v->dec->thread_count = 0;   /* FFmpeg picks (as PyAV); the output does not depend on it */
     if ((r = avcodec_open2(v->dec, codec, NULL)) < 0) return averr(MMC_ERR_FORMAT, v, r, "cannot open the decoder", REENCODE);
     v->info.width = w;
     v->info.height = h;
@@ -648,7 +648,6 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
 #endif
         mmc_video *r = w[t];
         int mt = s >= nseg - left ? mt_last : mt_all;
-        if (getenv("XDBG_NOMT")) mt = 1;
         if (mt >= 2) use_frame_threads(r, v, mt);
         r->want = want;
         r->n_want = n;
