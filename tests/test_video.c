@@ -751,6 +751,9 @@ static void test_fused(void) {
                     }
                     free(ref);
                     CHECKF(b.frames == NULL, "the fused path keeps no frames");
+                    CHECKF(a.frames_decoded >= a.n && a.frames_decoded == b.frames_decoded,
+                           "%s setting %d, %d threads: %lld frames decoded for %d by the two-step path, %lld fused",
+                           files[f], s, th, (long long)a.frames_decoded, a.n, (long long)b.frames_decoded);
                     if (th == 3)
                         printf("%s setting %d: %d frames -> grid %lld x %lld x %lld, fused = two-step (1-3 threads)\n",
                                files[f], s, b.n, (long long)ob.grid_thw[0][0], (long long)ob.grid_thw[0][1],
