@@ -65,6 +65,9 @@ void mmc_video_set_skipping(mmc_video *v, bool on);
 /* Frames the decoder has produced since open, over every decoding thread (skipped ones not
  * counted): what skipping saved. */
 int64_t mmc_video_frames_decoded(const mmc_video *v);
+/* Decode what mmc_video_read(v, idx, n, ...) decodes, the same way (seeks, skipping, threads),
+ * and convert or keep nothing: the decoder's own share of a read (bench_video's floor). */
+mmc_status mmc_video_decode_only(mmc_video *v, const int64_t *idx, int n);
 void mmc_video_close(mmc_video *v);
 
 /* ---------------------------------------------------------------- Qwen2-VL video processor */
@@ -128,6 +131,7 @@ typedef struct {
     int64_t *indices;         /* [n] frame indices in the file */
     mmc_video_info info;
     double second_per_grid_ts;/* temporal_patch_size / sampled fps (Qwen2.5-VL time positions) */
+    int64_t frames_decoded;   /* frames the decoder produced to get them (mmc_video_frames_decoded) */
 } mmc_video_clip;
 /* Open, sample with p's settings and decode. */
 mmc_status mmc_qwen2vl_video_load(const mmc_qwen2vl_video_proc *p, const char *path, mmc_video_clip *out);

@@ -652,10 +652,61 @@ static void test_qwen_vl_utils_e2e(mmc_tokenizer *tok) {
  * sequential GIF path), sampling settings (every frame: an odd count padded; a frame count;
  * qwen-vl-utils' float resize; no resize), and 1, 2, 3 threads (a reader per thread, temporal
  * groups split between them). */
+/* pixel_values from uint8 frames the plain way, for a bit-for-bit check of the patchify kernels:
+ * frames resized by mmc_image_resize_torch_u8 (torchvision's uint8 path), the torchvision
+ * backend's rescale + normalise in float32 ((x - mean/r) / (std/r)), the last frame repeated to a
+ * multiple of tp, rows (t, h/(P m), w/(P m), m, m) x columns (C, tp, P, P). NULL when not comparable
+ * (qwen-vl-utils' float resize). */
+static float *ref_pixel_values(const mmc_qwen2vl_video_proc *vp, const mmc_image *frames, int n, int oh, int ow) {
+    const mmc_qwen2vl_proc *p = &vp->proc;
+    if (vp->qwen_vl_utils) return NULL;
+    int P = p->patch_size, m = p->merge_size, tp = p->temporal_patch_size, T = (n + tp - 1) / tp * tp;
+    float lut[3][256];
+    for (int c = 0; c < 3; c++) {
+        float inv = (float)(1.0 / p->rescale_factor), mean = p->image_mean[c] * inv, sd = p->image_std[c] * inv;
+        for (int u = 0; u < 256; u++) {
+            float v = (float)u;
+            if (p->do_normalize) v = p->do_rescale ? (v - mean) / sd : (v - p->image_mean[c]) / p->image_std[c];
+            else if (p->do_rescale) v = v * (float)p->rescale_factor;
+            lut[c][u] = v;
+        }
+    }
+    mmc_image *rs = calloc((size_t)n, sizeof *rs);
+    int64_t bh_n = oh / P / m, bw_n = ow / P / m, D = 3LL * tp * P * P;
+    float *out = malloc(sizeof(float) * (size_t)(T / tp * bh_n * bw_n * m * m * D));
+    const uint8_t **px8 = malloc(sizeof *px8 * (size_t)n);   /* each frame at the output size */
+    bool ok = rs && out && px8;
+    for (int i = 0; ok && i < n; i++) {
+        if (frames[i].height != oh || frames[i].width != ow)
+            ok = !mmc_image_resize_torch_u8(&frames[i], oh, ow, p->resample, &rs[i]);
+        px8[i] = rs[i].data ? rs[i].data : frames[i].data;
+    }
+    int64_t row = 0;
+    for (int t = 0; ok && t < T / tp; t++)
+        for (int64_t bh = 0; bh < bh_n; bh++)
+            for (int64_t bw = 0; bw < bw_n; bw++)
+                for (int mh = 0; mh < m; mh++)
+                    for (int mw = 0; mw < m; mw++, row++)
+                        for (int c = 0; c < 3; c++)
+                            for (int tt = 0; tt < tp; tt++)
+                                for (int py = 0; py < P; py++)
+                                    for (int px = 0; px < P; px++) {
+                                        int f = t * tp + tt < n ? t * tp + tt : n - 1;
+                                        int64_t y = (bh * m + mh) * P + py, x = (bw * m + mw) * P + px;
+                                        out[row * D + ((c * tp + tt) * P + py) * P + px] = lut[c][px8[f][(y * ow + x) * 3 + c]];
+                                    }
+    for (int i = 0; rs && i < n; i++) mmc_image_free(&rs[i]);
+    free(rs);
+    free(px8);
+    if (!ok) { free(out); return NULL; }
+    return out;
+}
+
 static void test_fused(void) {
     const char *files[4] = {DIR_ "/moving.mkv", DIR_ "/moving.mp4", DIR_ "/vfr.mp4", DIR_ "/moving.gif"};
     int threads = omp_get_max_threads();
     bool tested_pad = false, tested_as_is = false;
+    int n_ref = 0;
     for (int f = 0; f < 4; f++)
         for (int s = 0; s < 6; s++)
             for (int th = 1; th <= 3; th++) {
@@ -691,7 +742,18 @@ static void test_fused(void) {
                     if (s == 4) tested_pad |= a.n % 4 != 0;
                     if (s == 5) tested_as_is |= a.info.height * a.info.width == ob.grid_thw[0][1] * ob.grid_thw[0][2];
                     CHECKF(same, "%s setting %d, %d threads: the fused path differs from load + preprocess", files[f], s, th);
+                    float *ref = th == 1 ? ref_pixel_values(&p, a.frames, a.n, (int)(oa.grid_thw[0][1] * p.proc.patch_size),
+                                                            (int)(oa.grid_thw[0][2] * p.proc.patch_size)) : NULL;
+                    if (ref) {   /* the SIMD patchify against the plain loops, bit for bit */
+                        CHECKF(!memcmp(ref, ob.pixel_values->data, mmc_nbytes(ob.pixel_values)),
+                               "%s setting %d: pixel_values differ from the plain resize + normalise + patchify", files[f], s);
+                        n_ref++;
+                    }
+                    free(ref);
                     CHECKF(b.frames == NULL, "the fused path keeps no frames");
+                    CHECKF(a.frames_decoded >= a.n && a.frames_decoded == b.frames_decoded,
+                           "%s setting %d, %d threads: %lld frames decoded for %d by the two-step path, %lld fused",
+                           files[f], s, th, (long long)a.frames_decoded, a.n, (long long)b.frames_decoded);
                     if (th == 3)
                         printf("%s setting %d: %d frames -> grid %lld x %lld x %lld, fused = two-step (1-3 threads)\n",
                                files[f], s, b.n, (long long)ob.grid_thw[0][0], (long long)ob.grid_thw[0][1],
@@ -702,6 +764,7 @@ static void test_fused(void) {
                 mmc_video_clip_free(&a);
                 mmc_video_clip_free(&b);
             }
+    CHECKF(n_ref == 20, "%d of 20 settings compared with the plain patchify", n_ref);
     CHECKF(tested_pad && tested_as_is, "the fused test covered temporal padding (%d) and frames kept at their size (%d)",
            tested_pad, tested_as_is);
 }

@@ -77,7 +77,8 @@ struct mmc_video {
 };
 
 /* Where decoded frames go: into frames[k] (mmc_video_read), or, converted into the reader's
- * own reused buffer, to fn on the decoding thread (mmc_video_read_each). */
+ * own reused buffer, to fn on the decoding thread (mmc_video_read_each); neither: nowhere
+ * (mmc_video_decode_only). */
 typedef struct {
     mmc_image *frames;
     mmc_video_frame_fn fn;
@@ -168,10 +169,26 @@ static mmc_status scan(mmc_video *v) {
     return MMC_OK;
 }
 
+/* MP4 / MOV with one video stream whose header gives the codec, the frame size and the
+ * average rate (the demuxer computes it from the sample table, and avformat_find_stream_info
+ * keeps a rate it finds set): probing would add nothing this reader uses, only decode the
+ * stream's first frames (seven for H.264, to guess its reorder delay, which the decoder learns
+ * anyway; the frames it gives do not depend on it). Other containers are probed as PyAV does. */
+static bool header_complete(const AVFormatContext *fmt) {
+    if (strcmp(fmt->iformat->name, "mov,mp4,m4a,3gp,3g2,mj2") != 0) return false;
+    int nv = 0;
+    const AVStream *s = NULL;
+    for (unsigned i = 0; i < fmt->nb_streams; i++)
+        if (fmt->streams[i]->codecpar->codec_type == AVMEDIA_TYPE_VIDEO) { nv++; s = fmt->streams[i]; }
+    return nv == 1 && s->codecpar->codec_id != AV_CODEC_ID_NONE && s->codecpar->width > 0 && s->codecpar->height > 0 &&
+           s->avg_frame_rate.num > 0 && s->avg_frame_rate.den > 0 && s->nb_frames > 0 &&
+           !(s->disposition & AV_DISPOSITION_ATTACHED_PIC);
+}
+
 static mmc_status open_common(mmc_video *v) {
     mmc_status st;
     int r;
-    if ((r = avformat_find_stream_info(v->fmt, NULL)) < 0)
+    if (!header_complete(v->fmt) && (r = avformat_find_stream_info(v->fmt, NULL)) < 0)
         return averr(MMC_ERR_FORMAT, v, r, "cannot read the stream headers", REENCODE);
     r = av_find_best_stream(v->fmt, AVMEDIA_TYPE_VIDEO, -1, -1, NULL, 0);
     if (r < 0) return mmc_error(MMC_ERR_FORMAT, "video %s: no video stream (an audio-only or non-media file?)", v->name);
@@ -388,13 +405,26 @@ static mmc_status to_rgb(mmc_video *v, mmc_image *img) {
 /* Frame k of the request, decoded into v->frame: to its sink. */
 static mmc_status emit(mmc_video *v, const sink_t *sk, int k) {
     if (sk->frames) return to_rgb(v, &sk->frames[k]);
+    if (!sk->fn) return MMC_OK;   /* mmc_video_decode_only: the decoder's share alone */
     mmc_status st = to_rgb(v, &v->rgb);
     return st ? st : sk->fn(sk->ctx, v->worker, k, &v->rgb);
 }
 
 static int64_t frame_ts(const AVFrame *f) { return f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp; }
 
+/* A drained decoder still holds decoded frames past the last one received (the reference
+ * frames its reorder delay kept back): count them as decoded, as they were (no decoding is
+ * left to do once the packet drained at was output). Nothing happens on an undrained one. */
+static void count_held(mmc_video *v) {
+    if (!v->dec || !v->drained) return;
+    while (avcodec_receive_frame(v->dec, v->frame) == 0) {
+        v->n_decoded++;
+        av_frame_unref(v->frame);
+    }
+}
+
 static mmc_status rewind_to(mmc_video *v, int64_t ts) {
+    count_held(v);
     int r = av_seek_frame(v->fmt, v->stream, ts, AVSEEK_FLAG_BACKWARD);
     if (r < 0) return averr(MMC_ERR_IO, v, r, "seek failed", REENCODE);
     avcodec_flush_buffers(v->dec);
@@ -559,6 +589,7 @@ static void use_frame_threads(mmc_video *r, const mmc_video *v, int threads) {
     d->thread_count = threads;
     d->thread_type = FF_THREAD_FRAME;
     if (avcodec_open2(d, codec, NULL) < 0) { avcodec_free_context(&d); return; }
+    count_held(r);
     r->dec_alt = r->dec;
     r->dec = d;
     /* nothing is decoded forward on the new decoder: the next frame is reached by a seek
@@ -643,6 +674,7 @@ static int read_parallel(mmc_video *v, const int64_t *idx, const int64_t *want, 
         }
     }
     for (int i = 0; i < nw; i++) {
+        count_held(w[i]);
         v->n_decoded += w[i]->n_decoded;
         mmc_video_close(w[i]);
     }
@@ -686,6 +718,7 @@ static mmc_status read_frames(mmc_video *v, const int64_t *idx, int n, const sin
             v->n_want = n;
             st = read_seek(v, idx, want, n, sk, 0);
             v->want = NULL;
+            if (!st) count_held(v);
         }
         free(want);
     } else {
@@ -706,6 +739,12 @@ mmc_status mmc_video_read(mmc_video *v, const int64_t *idx, int n, mmc_image *fr
 mmc_status mmc_video_read_each(mmc_video *v, const int64_t *idx, int n, mmc_video_frame_fn fn, void *ctx) {
     if (!fn) return mmc_error(MMC_ERR_INVALID, "video %s: no frame callback", v->name);
     sink_t sk = {.fn = fn, .ctx = ctx};
+    v->worker = 0;
+    return read_frames(v, idx, n, &sk);
+}
+
+mmc_status mmc_video_decode_only(mmc_video *v, const int64_t *idx, int n) {
+    sink_t sk = {0};
     v->worker = 0;
     return read_frames(v, idx, n, &sk);
 }
