@@ -23,6 +23,8 @@
 #include "../src/backend/cpu/gemm.h"
 #include "../src/backend/cpu/qmatvec.h"
 
+#include <omp.h>
+
 /* y [M, N] vs float64 x · wdᵀ + b over the dequantised wd [N, K] */
 static void check_linear(const char *what, const mmc_tensor *y, const float *x, const float *wd, const float *b,
                          int64_t M, int64_t N, int64_t K) {
@@ -93,6 +95,75 @@ static void kernel_suite(void) {
         free(wd);
         mmc_tensor_free(w);
         mmc_tensor_free(b);
+    }
+}
+
+/* The direct NF4 matvec (mmc_qmv_nf4) on the kernel part forced, each AVX-512 variant (the
+ * byte-offset kernel and the previous LUT one), against float64 over the dequantised matrix (the
+ * check_linear bound), on shapes that hit each path: one chunk of 128, several, a trailing block of 64
+ * (K % 128 == 64), K = 64 (the trailing block alone), a row count that is not a multiple of the 4 rows in
+ * flight, double quantisation with more than 64 blocks a row (scales on the heap), and a weight of
+ * 1088 x 520 (276 KiB: split over 2 threads). Also bitwise: each row of x gives the same y whatever M
+ * (the serving engine's 4-row groups rely on it) and whatever the thread count (1 or 2). */
+static void nf4_direct_suite(void) {
+    const int64_t shapes[][2] = {{1, 128}, {5, 192}, {13, 256}, {67, 640}, {33, 320}, {7, 64}, {9, 4160}, {520, 1088}};
+    const bool avx512 = !strcmp(mmc_qmv_kernel_name(), "avx512");
+    const int nt0 = omp_get_max_threads();
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t N = shapes[si][0], K = shapes[si][1];
+        mmc_tensor *w = randn_param(700 + si, 2, MMC_SHAPE(N, K), 0.05f);
+        mmc_tensor *x = randn_param(800 + si, 2, MMC_SHAPE(4, K), 1.0f);
+        const float *xs = x->data;
+        float *wd = malloc(sizeof(float) * (size_t)(N * K)), *y1 = malloc(sizeof(float) * (size_t)(4 * N)),
+              *y = malloc(sizeof(float) * (size_t)(4 * N));
+        for (int dq = 0; dq < 2; dq++) {
+            mmc_nf4 *q = NULL;
+            CHECK_OK(mmc_nf4_quantize(w->data, N, K, dq, &q));
+            if (!q) continue;
+            CHECK(mmc_qmv_nf4_ok(q));
+            mmc_nf4_dequantize_rows(q, NULL, 0, N, wd);
+            for (int var = 0; var < (avx512 ? 2 : 1); var++) {
+                CHECK(mmc_qmv_set_nf4_kernel(var ? "lut" : NULL) == 0);
+                /* each row of x alone (M = 1, one thread): the reference rows */
+                omp_set_num_threads(1);
+                for (int m = 0; m < 4; m++) mmc_qmv_nf4(1, xs + m * K, q, y1 + m * N);
+                int64_t bad = 0, diff = 0;
+                double worst = 0;
+                for (int m = 0; m < 4; m++)
+                    for (int64_t n = 0; n < N; n++) {
+                        double s = 0, mag = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            const double p = (double)xs[m * K + k] * (double)wd[n * K + k];
+                            s += p;
+                            mag += fabs(p);
+                        }
+                        const double tol = 1e-5 * mag + 1e-6, e = fabs(y1[m * N + n] - s);
+                        bad += !(e <= tol);
+                        if (e / tol > worst) worst = e / tol;
+                    }
+                for (int nt = 1; nt <= (nt0 < 2 ? nt0 : 2); nt++) {
+                    omp_set_num_threads(nt);
+                    for (int M = 1; M <= 4; M++) {
+                        for (int64_t i = 0; i < M * N; i++) y[i] = NAN;   /* every output must be written */
+                        mmc_qmv_nf4(M, xs, q, y);
+                        for (int64_t i = 0; i < M * N; i++) diff += memcmp(&y[i], &y1[i], sizeof(float)) != 0;
+                    }
+                }
+                omp_set_num_threads(nt0);
+                CHECKF(bad == 0, "NF4 matvec%s (%s, %s) [N %lld, K %lld]: %lld outputs over 1e-5 of sum|x w|, worst %.3g x",
+                       dq ? " + double quant" : "", mmc_qmv_kernel_name(), var ? "lut" : "default", (long long)N,
+                       (long long)K, (long long)bad, worst);
+                CHECKF(diff == 0, "NF4 matvec%s (%s, %s) [N %lld, K %lld]: %lld outputs differ between M = 1..4 / 1-2 "
+                       "threads and the row alone", dq ? " + double quant" : "", mmc_qmv_kernel_name(),
+                       var ? "lut" : "default", (long long)N, (long long)K, (long long)diff);
+            }
+            mmc_qmv_set_nf4_kernel(NULL);
+            mmc_nf4_free(q);
+        }
+        CHECK(mmc_qmv_set_nf4_kernel("nf5") == -1);
+        free(wd); free(y1); free(y);
+        mmc_tensor_free(w);
+        mmc_tensor_free(x);
     }
 }
 
@@ -302,6 +373,7 @@ int main(int argc, char **argv) {
             continue;
         }
         kernel_suite();
+        nf4_direct_suite();
         mmc_gemm_set_kernel(native);
     }
     if (test_part(argc, argv, "format")) {

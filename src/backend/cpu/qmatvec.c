@@ -296,6 +296,125 @@ T512 __attribute__((always_inline)) static inline void nf4_body_avx512(const int
     }
 }
 
+/* The AVX-512 NF4 kernel. Per 64-byte chunk of a row (128 weights, two blocks) four loads at byte
+ * offsets o = 0..3 put byte 4i + o in the low byte of dword lane i; vpermps reads the low four bits
+ * of each lane, so the low nibbles index the LUT as loaded and the high nibbles after one shift: 8
+ * lookups + 4 shifts per 128 weights, the widening done by the load ports (the LUT kernel below
+ * spends a vpmovzxbd per 32 weights on the shuffle port that the lookups need). The LUT holds the
+ * bare levels; lanes 0-7 are the chunk's first block and lanes 8-15 its second, so each row's chunk
+ * sum is multiplied by (absmax[b] x 8, absmax[b + 1] x 8) once, after the 128 products. x comes
+ * permuted to match (nf4_permute_x); a trailing block (K % 128 == 64) takes the LUT kernel's steps. */
+/* Rows in flight and the software prefetch distance per row (bytes), from a sweep on the Intel VM
+ * (8192 x 4096 from DRAM, 1 thread, M = 1..4): 4 rows / 1 KiB read 0.91 of the DRAM probe at M = 1,
+ * 8 rows / 512 B (the LUT kernel's) 0.85, 2 rows 0.83; M = 2..4 are FMA-bound and also best at 4. */
+#ifndef NF4B_R
+#define NF4B_R(M) 4
+#endif
+#ifndef NF4B_PF
+#define NF4B_PF 1024
+#endif
+T512 __attribute__((always_inline)) static inline void nf4b_chunk(const int M, const int R, const float *x, int64_t K,
+                                                                  const uint8_t *const *p, const float *const *sc,
+                                                                  int64_t ch, bool last, __m512 lut,
+                                                                  __m512 tot[MMC_QMV_MAX_M][8]) {
+    __m512 part[MMC_QMV_MAX_M][8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        if (NF4B_PF) _mm_prefetch((const char *)(p[r] + ch * 64) + NF4B_PF, _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int o = 0; o < 4; o++) {
+        __m512 xl[MMC_QMV_MAX_M], xh[MMC_QMV_MAX_M];
+#pragma GCC unroll 4
+        for (int m = 0; m < M; m++) {
+            xl[m] = _mm512_loadu_ps(x + m * K + ch * 128 + o * 32);
+            xh[m] = _mm512_loadu_ps(x + m * K + ch * 128 + o * 32 + 16);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            /* the last chunk of a row: the bytes past it are not read (the row may end the buffer) */
+            const __m512i v = last && o ? _mm512_maskz_loadu_epi8(~0ULL >> o, p[r] + ch * 64 + o)
+                                        : _mm512_loadu_si512((const void *)(p[r] + ch * 64 + o));
+            const __m512 wl = _mm512_permutexvar_ps(v, lut), wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+#pragma GCC unroll 4
+            for (int m = 0; m < M; m++) {
+                part[m][r] = o ? _mm512_fmadd_ps(xl[m], wl, part[m][r]) : _mm512_mul_ps(xl[m], wl);
+                part[m][r] = _mm512_fmadd_ps(xh[m], wh, part[m][r]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(sc[r][2 * ch]), 0xFF00, _mm512_set1_ps(sc[r][2 * ch + 1]));
+#pragma GCC unroll 4
+        for (int m = 0; m < M; m++) tot[m][r] = _mm512_fmadd_ps(part[m][r], s, tot[m][r]);
+    }
+}
+
+T512 __attribute__((always_inline)) static inline void nf4b_body_avx512(const int M, const nf4_args *a, int64_t n0,
+                                                                        int64_t n1, float *buf) {
+    const int R = NF4B_R(M);
+    const mmc_nf4 *q = a->q;
+    const int64_t K = a->K, N = q->rows, nb = K / MMC_NF4_BLOCK, nch = K / 128;
+    const __m512 lut = _mm512_loadu_ps(mmc_nf4_levels());
+    const int64_t G = (n1 - n0 + R - 1) / R;   /* R stretches of G rows (long sequential streams) */
+    for (int64_t j = 0; j < G; j++) {
+        int64_t row[8];
+        const float *sc[8];
+        const uint8_t *c[8];
+        __m512 tot[MMC_QMV_MAX_M][8];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            row[r] = n0 + r * G + j;
+            const int64_t rr = row[r] < n1 ? row[r] : n0 + j;   /* past the end: re-read, discarded */
+            sc[r] = nf4_row_scales(q, rr, buf + r * nb);
+            c[r] = q->codes + rr * (K / 2);
+#pragma GCC unroll 4
+            for (int m = 0; m < M; m++) tot[m][r] = _mm512_setzero_ps();
+        }
+        for (int64_t ch = 0; ch + 1 < nch; ch++) nf4b_chunk(M, R, a->x, K, c, sc, ch, false, lut, tot);
+        if (nch) nf4b_chunk(M, R, a->x, K, c, sc, nch - 1, true, lut, tot);
+        if (nb & 1) {   /* the trailing block: x de-interleaved per 32 (16 evens, 16 odds) as for the LUT kernel */
+            const int64_t b = nb - 1;
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const __m512 L = _mm512_mul_ps(lut, _mm512_set1_ps(sc[r][b]));
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const int64_t k = b * MMC_NF4_BLOCK + h * 32;
+                    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c[r] + k / 2)));
+                    const __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), L), wo = _mm512_permutexvar_ps(v, L);
+#pragma GCC unroll 4
+                    for (int m = 0; m < M; m++) {
+                        tot[m][r] = _mm512_fmadd_ps(_mm512_loadu_ps(a->x + m * K + k), we, tot[m][r]);
+                        tot[m][r] = _mm512_fmadd_ps(_mm512_loadu_ps(a->x + m * K + k + 16), wo, tot[m][r]);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int m = 0; m < M; m++)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                if (row[r] < n1) a->y[m * N + row[r]] = _mm512_reduce_add_ps(tot[m][r]);
+    }
+}
+
+T512 static void nf4b_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
+    const nf4_args *a = ctx;
+    float buf[8 * 64];   /* double-quant row scales when K <= 4096, else the heap */
+    const int64_t need = a->q->double_quant ? 8 * (a->K / MMC_NF4_BLOCK) : 0;
+    float *heap = need > 8 * 64 ? malloc(sizeof(float) * (size_t)need) : NULL;
+    MMC_CHECK(need <= 8 * 64 || heap, "NF4 matvec: out of memory");
+    float *bp = heap ? heap : buf;
+    switch (a->M) {
+    case 1: nf4b_body_avx512(1, a, n0, n1, bp); break;
+    case 2: nf4b_body_avx512(2, a, n0, n1, bp); break;
+    case 3: nf4b_body_avx512(3, a, n0, n1, bp); break;
+    default: nf4b_body_avx512(4, a, n0, n1, bp); break;
+    }
+    free(heap);
+}
+
 T512 static void nf4_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
     const nf4_args *a = ctx;
     float buf[8 * 64];   /* double-quant row scales when K <= 4096, else the heap */
@@ -387,22 +506,47 @@ bool mmc_qmv_nf4_ok(const mmc_nf4 *q) {
     return q->cols % MMC_NF4_BLOCK == 0 && q->cols / MMC_NF4_BLOCK <= NF4_MAX_BLOCKS;
 }
 
+/* 0: the byte-offset kernel (default), 1: the LUT kernel (the previous one, kept for A/B) */
+static int g_nf4_lut;
+int mmc_qmv_set_nf4_kernel(const char *name) {
+    if (!name || !strcmp(name, "default") || !strcmp(name, "bytes")) g_nf4_lut = 0;
+    else if (!strcmp(name, "lut")) g_nf4_lut = 1;
+    else return -1;
+    return 0;
+}
+
+/* x [M, K] into the order the AVX kernels read (xd [M, K]):
+ *   LUT (AVX2, AVX-512 "lut") and a trailing block: per 32, the 16 even elements then the 16 odd ones;
+ *   byte-offset (AVX-512): per 128 (64 bytes of codes), vector q = 2 o + h, lane i holds the element
+ *   of byte 4 i + o's low nibble (h = 0: 2 (4 i + o) + 1) or high nibble (h = 1: 2 (4 i + o)). */
+static void nf4_permute_x(int64_t M, int64_t K, const float *x, float *xd, bool bytes) {
+    const int64_t k128 = bytes ? K / 128 * 128 : 0;
+    for (int64_t m = 0; m < M; m++) {
+        const float *xs = x + m * K;
+        float *xo = xd + m * K;
+        for (int64_t c = 0; c < k128; c += 128)
+            for (int o = 0; o < 4; o++)
+                for (int h = 0; h < 2; h++)
+                    for (int i = 0; i < 16; i++) xo[c + (2 * o + h) * 16 + i] = xs[c + 2 * (4 * i + o) + (h ? 0 : 1)];
+        for (int64_t k = k128; k < K; k++) xo[(k & ~(int64_t)31) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1)] = xs[k];
+    }
+}
+
 void mmc_qmv_nf4(int64_t M, const float *x, const mmc_nf4 *q, float *y) {
     MMC_CHECK(M >= 1 && M <= MMC_QMV_MAX_M && mmc_qmv_nf4_ok(q),
               "mmc_qmv_nf4: M = %lld (1..%d), K = %lld (a multiple of 64, at most %d)", (long long)M,
               MMC_QMV_MAX_M, (long long)q->cols, MMC_NF4_BLOCK * NF4_MAX_BLOCKS);
     const int64_t K = q->cols;
     qkernel kk = pick();
+    const bool bytes = kk == QK_AVX512 && !g_nf4_lut;
     float *xd = NULL;
-    if (kk != QK_GENERIC) {   /* each 32-chunk of k de-interleaved: 16 evens, then 16 odds */
+    if (kk != QK_GENERIC) {
         xd = malloc(sizeof(float) * (size_t)(M * K));
         MMC_CHECK(xd, "NF4 matvec: out of memory");
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t k = 0; k < K; k++)
-                xd[m * K + (k & ~(int64_t)31) + ((k & 1) ? 16 : 0) + ((k & 31) >> 1)] = x[m * K + k];
+        nf4_permute_x(M, K, x, xd, bytes);
     }
     nf4_args a = {(int)M, K, xd ? xd : x, q, y};
     for_units(q->rows, (double)K / 2, &a,
-              kk == QK_AVX512 ? nf4_unit_avx512 : kk == QK_AVX2 ? nf4_unit_avx2 : nf4_unit_generic);
+              bytes ? nf4b_unit_avx512 : kk == QK_AVX512 ? nf4_unit_avx512 : kk == QK_AVX2 ? nf4_unit_avx2 : nf4_unit_generic);
     free(xd);
 }
