@@ -506,8 +506,9 @@ bool mmc_qmv_nf4_ok(const mmc_nf4 *q) {
     return q->cols % MMC_NF4_BLOCK == 0 && q->cols / MMC_NF4_BLOCK <= NF4_MAX_BLOCKS;
 }
 
-/* 0: the byte-offset kernel (default), 1: the LUT kernel (the previous one, kept for A/B) */
-static int g_nf4_lut;
+/* 0: the byte-offset kernel (default), 1: the LUT kernel (the previous one, kept for A/B: also
+ * MMC_QMV_NF4=lut in the environment, read at the first call), -1: not chosen yet */
+static int g_nf4_lut = -1;
 int mmc_qmv_set_nf4_kernel(const char *name) {
     if (!name || !strcmp(name, "default") || !strcmp(name, "bytes")) g_nf4_lut = 0;
     else if (!strcmp(name, "lut")) g_nf4_lut = 1;
@@ -538,6 +539,10 @@ void mmc_qmv_nf4(int64_t M, const float *x, const mmc_nf4 *q, float *y) {
               MMC_QMV_MAX_M, (long long)q->cols, MMC_NF4_BLOCK * NF4_MAX_BLOCKS);
     const int64_t K = q->cols;
     qkernel kk = pick();
+    if (g_nf4_lut < 0) {
+        const char *e = getenv("MMC_QMV_NF4");
+        g_nf4_lut = e && !strcmp(e, "lut");
+    }
     const bool bytes = kk == QK_AVX512 && !g_nf4_lut;
     float *xd = NULL;
     if (kk != QK_GENERIC) {

@@ -27,7 +27,8 @@ void mmc_qmv_int8(int64_t M, int64_t N, int64_t K, const float *x, const int8_t 
 void mmc_qmv_nf4(int64_t M, const float *x, const struct mmc_nf4 *q, float *y);
 bool mmc_qmv_nf4_ok(const struct mmc_nf4 *q);
 /* The AVX-512 NF4 kernel: NULL / "default" the byte-offset one, "lut" the previous one (vpmovzxbd
- * widening; kept to measure against, bench_qmatvec); -1 for another name. Not thread-safe. */
+ * widening; kept to measure against: bench_qmatvec, or MMC_QMV_NF4=lut for a whole run); -1 for
+ * another name. Not thread-safe. */
 int mmc_qmv_set_nf4_kernel(const char *name);
 /* The path the next call runs: "avx512", "avx2" or "generic". */
 const char *mmc_qmv_kernel_name(void);
