@@ -7,7 +7,9 @@
  *   stays near sqrt(K)·2^-24 of that sum; a wrong code, scale or lane is ~1e-2 of it);
  * int8 quantisation itself: round half to even at scale 1, the clamp, a zero row; NF4 with and
  * without double quantisation; K not a multiple of 16 / 64 (int8 tails, NF4's tile fallback);
- * the backward (dx) of both through the tiles.
+ * the backward (dx) of both through the tiles. Each kernel part also runs nf4_direct_suite: the direct
+ * NF4 matvec (both AVX-512 kernels) on chunk / tail / double-quant shapes, M = 1..4 and 1-2 threads,
+ * within the same bound of float64, and each row bit for bit what it gets alone.
  * Part model: logit drift of `--quantize int8|nf4` against the same model in f32 on the tiny
  * fixtures (Qwen2-VL, Qwen2.5-VL, Llama, Qwen2; text prompt of 12 tokens): the f32 model's
  * greedy continuation of 8 tokens is fed to both (prefill through the tile GEMM, decode

@@ -5,13 +5,16 @@
  * and widen them in registers.
  *   int8   16 weights per step: vpmovsxbd (int8 -> int32), vcvtdq2ps, one FMA per row of x;
  *          the per-row scale multiplies the finished dot product.
- *   NF4    per block of 64 (32 bytes) the 16 NF4 levels times the block's absmax are one
- *          zmm (the LUT); 16 bytes widen to 16 lanes, the high nibbles (even elements) and
- *          the low nibbles (odd elements) index the LUT with vpermps (it reads the low four
- *          bits of each lane, so the low nibble needs no mask), and the two halves multiply x
- *          de-interleaved per 32-element chunk (16 evens, then 16 odds) — the layout the
- *          AVX2 kernel reads too (two 8-wide permutes + a blend on bit 3 of the code).
- * R rows of W are in flight at once (8 for M = 1, else 4) for memory-level parallelism;
+ *   NF4    AVX-512: the 16 NF4 levels are one zmm, looked up with vpermps from codes put in
+ *          the lanes by loads at byte offsets (nf4b_*, below); the block scales multiply each
+ *          128-weight chunk's sum. AVX2 and the previous AVX-512 kernel (nf4_unit_avx512, kept
+ *          for A/B: MMC_QMV_NF4=lut): per block of 64 (32 bytes) the levels times the block's
+ *          absmax are the LUT; 16 bytes widen to 16 lanes (vpmovzxbd), the high nibbles (even
+ *          elements) and the low nibbles (odd elements) index the LUT with vpermps, and the two
+ *          halves multiply x de-interleaved per 32-element chunk (16 evens, then 16 odds); AVX2
+ *          does two 8-wide permutes + a blend on bit 3 of the code.
+ * R rows of W are in flight at once (int8 and the LUT kernel: 8 for M = 1, else 4; NF4: 4) for
+ * memory-level parallelism;
  * rows are handed to threads in units of at least 8 rows, dynamically (a shared machine
  * stalls threads; results do not depend on who computes a unit). */
 #include "qmatvec.h"
