@@ -39,6 +39,7 @@
 #include "mmc.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -364,6 +365,92 @@ TAMX static void ukr_amx_32x32(int64_t kc, const float *restrict Ap_, const floa
     }
 }
 
+/* ---- bf16x3: f32 x f32 GEMMs on AMX at near-f32 precision (MMC_MATMUL_PRECISION=high; opt-in).
+ * Each f32 operand x is split into two bf16: hi = bf16(x) (nearest-even) and lo = bf16(x - hi)
+ * (x - hi is exact in f32). With u = 2^-8 (bf16's unit roundoff), |x - hi| <= u|x| and
+ * |x - hi - lo| <= u^2|x|, so a·b = ah·bh + ah·bl + al·bh + d with
+ *   |d| = |al·bl + ah·rb + ra·b + al·rb| <= (3 + 3u) u^2 |a||b|   (ra, rb: the residuals a-ah-al, b-bh-bl),
+ * about 4.6e-5 |a||b| at worst, against f32's u_f32 = 2^-24 per product and plain bf16's ~2u = 2^-7.
+ * The three bf16 products are exact in f32 and are summed by TDPBF16PS into the f32 tiles, so a C
+ * element's error is at most sum_k |d_k| plus the f32 summation of 3K terms (gamma_3K ~ 3K 2^-24
+ * of sum |a||b| in the worst case, ~sqrt(3K) 2^-24 typically); measured in tests/test_gemm_bf16x3.c.
+ * Rounding errors of independent elements have random signs, so the measured error is well below
+ * the worst case (README "bf16x3"). Cost: three tile products per 32-k step where the bf16 kernel
+ * does one, on the same 32x32 register tile as ukr_amx_32x32 (tmm0-3 accumulate C; tmm4/5 hold two
+ * 16-row A tiles, tmm6/7 two 16-column B tiles): per step, Ahi·Bhi, Ahi·Blo, Alo·Bhi, with ten tile
+ * loads for twelve products. Packed A per 32-row panel: [k step t][hi | lo][row i][16 pairs] (4 KiB a
+ * step); packed B: [k step t][hi | lo][pair q][32 columns] (4 KiB a step): 4 bytes per element, as
+ * the f32 kernel's panels. "medium" (bf16x1) uses ukr_amx_32x32 itself on hi parts only: the
+ * K_AMX layout, packed from f32 by the same functions. */
+TAMX static void amx_store_c(float *restrict C, int64_t ldc, float alpha, float beta) {
+    if (alpha == 1.0f && beta == 0.0f) {
+        const int64_t s = ldc * (int64_t)sizeof(float);
+        _tile_stored(0, C, s);
+        _tile_stored(1, C + 16, s);
+        _tile_stored(2, C + 16 * ldc, s);
+        _tile_stored(3, C + 16 * ldc + 16, s);
+        return;
+    }
+    float T[MR_AMX * 32] __attribute__((aligned(64)));
+    _tile_stored(0, T, 128);
+    _tile_stored(1, T + 16, 128);
+    _tile_stored(2, T + 512, 128);
+    _tile_stored(3, T + 528, 128);
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (int i = 0; i < MR_AMX; i++) {
+        float *c = C + i * ldc;
+        const __m512 t0 = _mm512_load_ps(T + 32 * i), t1 = _mm512_load_ps(T + 32 * i + 16);
+        if (beta == 0.0f) {
+            _mm512_storeu_ps(c, _mm512_mul_ps(va, t0));
+            _mm512_storeu_ps(c + 16, _mm512_mul_ps(va, t1));
+        } else if (alpha == 1.0f && beta == 1.0f) {
+            _mm512_storeu_ps(c, _mm512_add_ps(t0, _mm512_loadu_ps(c)));
+            _mm512_storeu_ps(c + 16, _mm512_add_ps(t1, _mm512_loadu_ps(c + 16)));
+        } else {
+            _mm512_storeu_ps(c, _mm512_fmadd_ps(va, t0, _mm512_mul_ps(vb, _mm512_loadu_ps(c))));
+            _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, t1, _mm512_mul_ps(vb, _mm512_loadu_ps(c + 16))));
+        }
+    }
+}
+
+TAMX static void ukr_bf16x3_32x32(int64_t kc, const float *restrict Ap_, const float *restrict Bp_,
+                                  float *restrict C, int64_t ldc, float alpha, float beta) {
+    if (!tl_amx_configured) amx_configure();
+    const char *Ap = (const char *)Ap_, *Bp = (const char *)Bp_;
+    const int64_t steps = (kc + 31) / 32;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t t = 0; t < steps; t++) {
+        _tile_loadd(4, Ap, 64);          /* A hi rows 0-15 */
+        _tile_loadd(6, Bp, 128);         /* B hi columns 0-15 */
+        _tile_loadd(7, Bp + 64, 128);    /* B hi columns 16-31 */
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, Ap + 1024, 64);   /* A hi rows 16-31 */
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(6, Bp + 2048, 128);  /* B lo */
+        _tile_loadd(7, Bp + 2112, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(4, Ap + 2048, 64);   /* A lo */
+        _tile_loadd(6, Bp, 128);         /* B hi again */
+        _tile_loadd(7, Bp + 64, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, Ap + 3072, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        Ap += 4096;
+        Bp += 4096;
+    }
+    amx_store_c(C, ldc, alpha, beta);
+}
+
 /* Cache blocks (mc, kc, nc) are not constants: init_blocking derives them from this machine's
  * caches (cpuinfo.c's model; on Zen 5 it gives the 84 / 1024 / 2048 measured best there).
  * KC is the one blocking choice that changes results (the f32 summation order); MC and NC do
@@ -373,7 +460,12 @@ static kdesc K_BF16DOT = {"avx512_bf16", MR512, 32, 2, 2, 0, 0, 0, ukr_bf16dot_1
 static kdesc K_AMX = {"amx_bf16", MR_AMX, 32, 2, 2, 0, 0, 0, ukr_amx_32x32, NULL};
 static kdesc K_AVX2 = {"avx2", 6, 16, 4, 1, 0, 0, 0, ukr_avx2_6x16, NULL};
 static kdesc K_GENERIC = {"generic", 4, 16, 4, 1, 0, 0, 0, ukr_generic_4x16, NULL};
-static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AMX, &K_AVX2, &K_GENERIC};
+/* f32 x f32 GEMMs under MMC_MATMUL_PRECISION=high (bf16x3) / medium (bf16x1; ukr_bf16x3_32x32) */
+static kdesc K_BF16X3 = {"amx_bf16x3", MR_AMX, 32, 4, 2, 0, 0, 0, ukr_bf16x3_32x32, NULL};
+static kdesc K_BF16X1 = {"amx_bf16x1", MR_AMX, 32, 2, 2, 0, 0, 0, ukr_amx_32x32, NULL};
+static kdesc *const g_all[] = {&K_AVX512, &K_BF16DOT, &K_AMX, &K_AVX2, &K_GENERIC, &K_BF16X3, &K_BF16X1};
+static inline bool kd_split(const kdesc *k) { return k == &K_BF16X3 || k == &K_BF16X1; }
+static void init_matmul_precision(void);
 
 static const kdesc *g_kernel;
 /* packed inference bf16 GEMMs on bf16 products: 0 no (exact), 1 K_BF16DOT, 2 K_AMX */
@@ -414,7 +506,7 @@ static bool cpu_amx(void) {
 static void set_blocks(kdesc *k, int64_t mc, int64_t kc, int64_t nc) {
     if (mc > 0) k->mc = (mc + k->mr - 1) / k->mr * k->mr;
     if (kc > 0) k->kc = k->elem_bytes == 2 ? (kc + 1) / 2 * 2 : kc; /* pairs: k blocks start even */
-    if (kc > 0 && k == &K_AMX) k->kc = (kc + 31) / 32 * 32;          /* whole tile steps */
+    if (kc > 0 && (k == &K_AMX || kd_split(k))) k->kc = (kc + 31) / 32 * 32; /* whole tile steps */
     if (nc > 0) k->nc = (nc + k->nr - 1) / k->nr * k->nr;
 }
 
@@ -430,6 +522,8 @@ static void init_blocking(void) {
         k->mc = b.mc, k->kc = b.kc, k->nc = b.nc;
     }
     K_AMX.kc = K_AMX.kc < 32 ? 32 : K_AMX.kc / 32 * 32;
+    K_BF16X3.kc = K_BF16X3.kc < 32 ? 32 : K_BF16X3.kc / 32 * 32;
+    K_BF16X1.kc = K_BF16X1.kc < 32 ? 32 : K_BF16X1.kc / 32 * 32;
     const char *bl = getenv("MMC_GEMM_BLOCKING");
     if (bl && *bl) {
         long long mc, kc, nc;
@@ -472,6 +566,7 @@ static void init_blocking(void) {
         else
             g_bf16_dot = mode;
     }
+    init_matmul_precision();
 }
 
 static const kdesc *kernel(void) {
@@ -499,10 +594,58 @@ static const kdesc *kernel_for(bool b16_infer) {
     return mode == 2 ? &K_AMX : mode == 1 ? &K_BF16DOT : k;
 }
 
+/* ---- MMC_MATMUL_PRECISION: the kernel of f32 x f32 packed GEMMs (see ukr_bf16x3_32x32).
+ * 0 highest (f32, the default), 1 high (bf16x3 on AMX), 2 medium (bf16x1 on AMX, and bf16-weight
+ * inference GEMMs on bf16 products as --bf16-matmul). Without AMX, high and medium keep f32 GEMMs
+ * on the f32 kernel; a forced avx2 / generic kernel stays, as kernel_for's rule. */
+static int g_f32_prec;
+static const char *const g_prec_names[] = {"highest", "high", "medium"};
+
+static int prec_parse(const char *name) {
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, g_prec_names[i])) return i;
+    return -1;
+}
+
+static int prec_apply(int p) {
+    __atomic_store_n(&g_f32_prec, p, __ATOMIC_RELAXED);
+    if (p == 2 && cpu_bf16dot()) __atomic_store_n(&g_bf16_dot, cpu_amx() ? 2 : 1, __ATOMIC_RELAXED);
+    return p == 0 || cpu_amx() ? 0 : 1;
+}
+
+static void init_matmul_precision(void) { /* from init_blocking: MMC_MATMUL_PRECISION */
+    const char *e = getenv("MMC_MATMUL_PRECISION");
+    if (!e || !*e) return;
+    const int p = prec_parse(e);
+    if (p < 0) fprintf(stderr, "mmc: ignoring MMC_MATMUL_PRECISION='%s' (want highest, high or medium)\n", e);
+    else if (prec_apply(p) > 0)
+        fprintf(stderr, "mmc: MMC_MATMUL_PRECISION=%s: this CPU (or the OS) offers no AMX; f32 GEMMs stay f32\n", e);
+}
+
+/* The kernel of a packed f32 x f32 GEMM under the precision in effect. */
+static const kdesc *kernel_f32(void) {
+    const kdesc *k = kernel();
+    const int p = __atomic_load_n(&g_f32_prec, __ATOMIC_RELAXED);
+    if (p == 0 || k != &K_AVX512 || !cpu_amx()) return k;
+    return p == 1 ? &K_BF16X3 : &K_BF16X1;
+}
+
+int mmc_gemm_set_matmul_precision(const char *name) {
+    pthread_once(&g_init_once, init_blocking);
+    const int p = name ? prec_parse(name) : -1;
+    return p < 0 ? -1 : prec_apply(p);
+}
+
+const char *mmc_gemm_matmul_precision(void) {
+    pthread_once(&g_init_once, init_blocking);
+    return g_prec_names[__atomic_load_n(&g_f32_prec, __ATOMIC_RELAXED)];
+}
+
 /* 4-byte slots per row of a packed panel for kc values of k: one per k (f32), one per k pair
  * (bf16 pairs). Packed panels are laid out back to back with this stride. */
 static inline int64_t kslots(const kdesc *kd, int64_t kc) {
     if (kd == &K_AMX) return (kc + 31) / 32 * 16; /* pairs, zero-padded to whole tile steps */
+    if (kd_split(kd)) return (kc + 31) / 32 * (kd == &K_BF16X3 ? 32 : 16); /* hi (and lo) pairs */
     return kd->elem_bytes == 2 ? (kc + 1) / 2 : kc;
 }
 
@@ -557,6 +700,8 @@ void mmc_gemm_describe(mmc_gemm_info *out) {
     out->small_m_kernel = k == &K_AVX512 ? "avx512" : "generic";
     out->blocking_source = g_blocking_source;
     out->split = g_split < 0 ? "auto" : g_split == 0 ? "slices" : "shared";
+    describe(kernel_f32(), &out->f32_matmul);
+    out->matmul_precision = g_prec_names[__atomic_load_n(&g_f32_prec, __ATOMIC_RELAXED)];
 }
 
 /* ------------------------------------------------------------------ buffers */
@@ -841,10 +986,127 @@ TBF16 static void pack_a_amx(bool ta, const float *A, int64_t lda, int64_t m0, i
     }
 }
 
+/* ---- bf16x3 / bf16x1 packing (see ukr_bf16x3_32x32): f32 split into hi = bf16(x) and
+ * lo = bf16(x - hi) (parts 2) or hi alone (parts 1, the K_AMX layout). A non-finite hi (inf, NaN)
+ * gets lo 0, so inf·b stays inf instead of inf - inf = NaN. */
+TBF16 static inline void split16(__m512 x, __m256i *h, __m256i *l) {
+    const __m256i hb = (__m256i)_mm512_cvtneps_pbh(x);
+    const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hb), 16));
+    const __mmask16 fin = (__mmask16)~_mm512_fpclass_ps_mask(hf, 0x99); /* not NaN / inf */
+    *h = hb;
+    *l = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_sub_ps(fin, x, hf));
+}
+/* 32 consecutive f32 (k order; lanes past the masks read as 0) as 32 hi and 32 lo bf16 */
+TBF16 static inline void split32(const float *src, __mmask16 mlo, __mmask16 mhi, __m512i *h, __m512i *l) {
+    __m256i h0, l0, h1, l1;
+    split16(_mm512_maskz_loadu_ps(mlo, src), &h0, &l0);
+    split16(_mm512_maskz_loadu_ps(mhi, src + 16), &h1, &l1);
+    *h = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
+    *l = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
+}
+static inline void split1(float x, uint16_t *h, uint16_t *l) {
+    *h = mmc_f32_to_bf16(x);
+    const float hf = mmc_bf16_to_f32(*h);
+    *l = isfinite(hf) ? mmc_f32_to_bf16(x - hf) : 0;
+}
+static inline void split_masks(int ke, __mmask16 *mlo, __mmask16 *mhi) {
+    *mlo = ke >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ke) - 1u);
+    *mhi = ke <= 16 ? 0 : ke == 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (ke - 16)) - 1u);
+}
+
+/* A (f32) rows [m0, m0+mc) × k [k0, k0+kc) as 32-row panels [step][part][row][32 bf16], zero past
+ * the rows and past kc up to the whole step. */
+TBF16 static void pack_a_split(int parts, bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc, int64_t k0,
+                               int64_t kc, float *Ap_) {
+    uint16_t *Ap = (uint16_t *)Ap_;
+    const int64_t steps = (kc + 31) / 32;
+    for (int64_t p = 0; p < mc; p += MR_AMX) {
+        const int rows = mc - p < MR_AMX ? (int)(mc - p) : MR_AMX;
+        uint16_t *dst = Ap + p * steps * 32 * parts;
+        for (int64_t t = 0; t < steps; t++) {
+            const int ke = kc - 32 * t < 32 ? (int)(kc - 32 * t) : 32;
+            uint16_t *d = dst + t * MR_AMX * 32 * parts;
+            if (ta) { /* A stored [K, M]: the panel's rows are contiguous at each k */
+                for (int q = 0; q < 32; q++) {
+                    const float *src = A + (k0 + 32 * t + q) * lda + m0 + p;
+                    for (int i = 0; i < MR_AMX; i++) {
+                        uint16_t h = 0, l = 0;
+                        if (i < rows && q < ke) split1(src[i], &h, &l);
+                        d[i * 32 + q] = h;
+                        if (parts == 2) d[MR_AMX * 32 + i * 32 + q] = l;
+                    }
+                }
+                continue;
+            }
+            __mmask16 mlo, mhi;
+            split_masks(ke, &mlo, &mhi);
+            for (int i = 0; i < MR_AMX; i++) {
+                __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
+                if (i < rows) split32(A + (m0 + p + i) * lda + k0 + 32 * t, mlo, mhi, &h, &l);
+                _mm512_storeu_si512((void *)(d + i * 32), h);
+                if (parts == 2) _mm512_storeu_si512((void *)(d + MR_AMX * 32 + i * 32), l);
+            }
+        }
+    }
+}
+
+/* One 32-column panel of f32 B, columns [n0, n0+cols) × k [k0, k0+kc), as [step][part][pair q][32
+ * columns] of (even k, odd k) bf16 pairs, zero past cols and past kc up to the whole step. B [N, K]
+ * (tb): 32 k of each column split, then 16×16 transposes of the 32-bit pairs; B [K, N]: rows 2q and
+ * 2q+1 split, widened and interleaved. */
+TBF16 static void pack_b_split(int parts, bool tb, const float *B, int64_t ldb, int64_t n0, int64_t cols, int64_t k0,
+                               int64_t kc, float *Bp_) {
+    uint32_t *Bp = (uint32_t *)Bp_;
+    const int64_t steps = (kc + 31) / 32;
+    for (int64_t t = 0; t < steps; t++) {
+        const int ke = kc - 32 * t < 32 ? (int)(kc - 32 * t) : 32;
+        uint32_t *dh = Bp + t * 512 * parts, *dl = dh + 512;
+        for (int g = 0; g < 32; g += 16) {
+            const int w = cols - g > 16 ? 16 : cols - g > 0 ? (int)(cols - g) : 0;
+            if (tb) {
+                __mmask16 mlo, mhi;
+                split_masks(ke, &mlo, &mhi);
+                __m512 rh[16], rl[16];
+                for (int i = 0; i < 16; i++) {
+                    __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
+                    if (i < w) split32(B + (n0 + g + i) * ldb + k0 + 32 * t, mlo, mhi, &h, &l);
+                    rh[i] = _mm512_castsi512_ps(h);
+                    rl[i] = _mm512_castsi512_ps(l);
+                }
+                tr16(rh);
+                if (parts == 2) tr16(rl);
+                for (int q = 0; q < 16; q++) {
+                    _mm512_storeu_ps((float *)(dh + q * 32 + g), rh[q]);
+                    if (parts == 2) _mm512_storeu_ps((float *)(dl + q * 32 + g), rl[q]);
+                }
+            } else {
+                const __mmask16 m = w == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+                for (int q = 0; q < 16; q++) {
+                    __m512i vh = _mm512_setzero_si512(), vl = _mm512_setzero_si512();
+                    for (int o = 0; o < 2; o++) {
+                        const int64_t k = 32 * t + 2 * q + o;
+                        if (k >= kc) break;
+                        __m256i h, l;
+                        split16(_mm512_maskz_loadu_ps(m, B + (k0 + k) * ldb + n0 + g), &h, &l);
+                        vh = _mm512_or_si512(vh, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16 * o));
+                        vl = _mm512_or_si512(vl, _mm512_slli_epi32(_mm512_cvtepu16_epi32(l), 16 * o));
+                    }
+                    _mm512_storeu_si512((void *)(dh + q * 32 + g), vh);
+                    if (parts == 2) _mm512_storeu_si512((void *)(dl + q * 32 + g), vl);
+                }
+            }
+        }
+    }
+}
+
 /* Pack rows [m0, m0+mc) × k [k0, k0+kc) of op(A) into MR-row panels: Ap[p][k][i]. */
 static void pack_a(const kdesc *kd, bool ta, const float *A, int64_t lda, int64_t m0, int64_t mc,
                    int64_t k0, int64_t kc, float *restrict Ap) {
     const int mr = kd->mr;
+    if (kd_split(kd)) {
+        pack_a_split(kd == &K_BF16X3 ? 2 : 1, ta, A, lda, m0, mc, k0, kc, Ap);
+        return;
+    }
     if (kd == &K_BF16DOT) {
         pack_a_dot(ta, A, lda, m0, mc, k0, kc, Ap);
         return;
@@ -891,6 +1153,11 @@ static inline float ldb_val(const void *B, bool b16, int64_t idx) {
 static void pack_b_panel(const kdesc *kd, bool tb, const void *B, bool b16, int64_t ldb,
                          int64_t n0, int64_t cols, int64_t k0, int64_t kc, float *restrict Bp) {
     const int nr = kd->nr;
+    if (kd_split(kd)) {
+        MMC_CHECK(!b16, "gemm: %s packs f32 B only", kd->name);
+        pack_b_split(kd == &K_BF16X3 ? 2 : 1, tb, (const float *)B, ldb, n0, cols, k0, kc, Bp);
+        return;
+    }
     if (kd == &K_BF16DOT || kd == &K_AMX) {
         pack_b_dot(tb, (const uint16_t *)B, ldb, n0, cols, k0, kc, kslots(kd, kc), Bp);
         return;
@@ -965,6 +1232,15 @@ T512 static void pack_b_rows_avx512(const void *B, bool b16, int64_t ldb, int64_
 static void pack_b_rows(const kdesc *kd, const void *B, bool b16, int64_t ldb, int64_t jc,
                         int64_t nc, int64_t p0, int64_t p1, int64_t k0, int64_t kc, float *Bp) {
     const int nr = kd->nr;
+    if (kd_split(kd)) {
+        MMC_CHECK(!b16, "gemm: %s packs f32 B only", kd->name);
+        for (int64_t p = p0; p < p1; p++) {
+            const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
+            pack_b_split(kd == &K_BF16X3 ? 2 : 1, false, (const float *)B, ldb, jc + c0, cols, k0, kc,
+                         Bp + p * nr * kslots(kd, kc));
+        }
+        return;
+    }
     if (kd == &K_BF16DOT || kd == &K_AMX) {
         for (int64_t p = p0; p < p1; p++) {
             const int64_t c0 = p * nr, cols = nc - c0 < nr ? nc - c0 : nr;
@@ -1425,7 +1701,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                            beta, C, ldc, Abuf[omp_get_thread_num()],
                            omp_get_thread_num() ? Bbuf[omp_get_thread_num()] : B0, pb);
             }
-            if (kd == &K_AMX) amx_release();
+            if (kd == &K_AMX || kd_split(kd)) amx_release();
         }
         return;
     }
@@ -1495,7 +1771,7 @@ static void gemm_packed(const kdesc *kd, bool ta, bool tb, int64_t M, int64_t N,
                 } /* implicit barrier: B block is re-packed next */
             }
         }
-        if (kd == &K_AMX) amx_release();
+        if (kd == &K_AMX || kd_split(kd)) amx_release();
     }
 }
 
@@ -1511,7 +1787,7 @@ static void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     if (M == 0 || N == 0) return;
     if (K == 0) { scale_c(M, N, beta, C, ldc); return; }
     if (M <= SMALL_M) gemm_small_m(kernel(), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc);
-    else gemm_packed(kernel_for(b16 && infer), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc, NULL);
+    else gemm_packed(b16 ? kernel_for(infer) : kernel_f32(), ta, tb, M, N, K, alpha, A, lda, B, b16, ldb, beta, C, ldc, NULL);
 }
 
 void mmc_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -1540,7 +1816,7 @@ mmc_gemm_packed_b *mmc_gemm_pack_b(const void *W, bool w_bf16, int64_t N, int64_
                   (long long)N, (long long)K, (long long)ldw);
         return NULL;
     }
-    const kdesc *kd = kernel_for(w_bf16 && infer);
+    const kdesc *kd = w_bf16 ? kernel_for(infer) : kernel_f32();
     mmc_gemm_packed_b *pb = calloc(1, sizeof *pb);
     if (!pb) {
         mmc_error(MMC_ERR_OOM, "mmc_gemm_pack_b: out of memory");

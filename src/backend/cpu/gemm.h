@@ -48,6 +48,16 @@ int mmc_gemm_set_bf16_dot(bool on);
  * "f32" (exact: weights widened); returns -1 if this CPU cannot run it. MMC_GEMM_BF16=dot and
  * mmc_gemm_set_bf16_dot(true) take amx_bf16 where the CPU has AMX, else avx512_bf16. */
 int mmc_gemm_set_bf16_kernel(const char *name);
+/* The precision of f32 x f32 GEMMs (packed path, M > 4; training and inference), as PyTorch's
+ * torch.set_float32_matmul_precision: "highest" (f32 products, the default), "high" (bf16x3 on AMX:
+ * each operand split into bf16 hi + lo, three bf16 products summed in f32; ~1e-6 of sum |a||b|
+ * measured, 3 2^-16 at worst, see gemm.c) or "medium" (one bf16 product on AMX, operands rounded;
+ * also switches bf16-weight inference GEMMs to bf16 products, as --bf16-matmul). The environment's
+ * MMC_MATMUL_PRECISION sets it at start-up. Returns 0, 1 when the name is taken but this CPU (or
+ * the OS) offers no AMX (f32 GEMMs stay f32), -1 for an unknown name (nothing changes). Not
+ * thread-safe against running GEMMs; weights pre-packed earlier keep the kernel they were packed for. */
+int mmc_gemm_set_matmul_precision(const char *name);
+const char *mmc_gemm_matmul_precision(void);   /* "highest", "high" or "medium" */
 
 /* Pre-packed weights (inference): W [N, K] (row stride ldw, f32 or bf16) packed once into the
  * panels the packed path's micro-kernel reads for x·Wᵀ — the kernel and blocking of this process
@@ -90,6 +100,9 @@ typedef struct {
     const char *blocking_source; /* "model" (from the caches) or the env variable that set it */
     const char *split;           /* how threads share a packed GEMM: "auto", "slices" or "shared"
                                   * (MMC_GEMM_SPLIT; see gemm.c's gemm_packed) */
+    const char *matmul_precision; /* "highest", "high" or "medium" (MMC_MATMUL_PRECISION) */
+    mmc_gemm_path f32_matmul;    /* the packed path f32 x f32 GEMMs run under it: = f32, or
+                                  * amx_bf16x3 (high) / amx_bf16x1 (medium) */
 } mmc_gemm_info;
 void mmc_gemm_describe(mmc_gemm_info *out);
 
