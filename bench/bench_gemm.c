@@ -49,6 +49,7 @@
 #include "cpuinfo.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <time.h>
 
@@ -267,6 +268,93 @@ static void fill(float *p, int64_t n, uint32_t seed) {
     }
 }
 
+/* ---- MMC_MATMUL_PRECISION=high (bf16x3 on AMX, gemm.c's amx_bf16x3) on the f32 GEMM cases, timed
+ * alternately with the f32 path on the same operands:
+ *   gemm_bf16x3_<layout>            GFLOP/s (peer: PyTorch's f32 matmul, peer_gemm.py)
+ *   gemm_bf16x3_<layout>_vs_f32     its speed-up over mmc's f32 GEMM of the same run
+ *   gemm_bf16x3_<layout>_err        max |C - C_f64| / sum_k |a||b| over 16 rows (f64 oracle), and
+ *   gemm_bf16x3_<layout>_err_f32    the same for the f32 path (lower is better; all-threads suite only)
+ *   gemm_bf16x3_xWt_packed          x·Wᵀ on a weight pre-packed into bf16x3 panels
+ * Skipped where the CPU (or the OS) offers no AMX. MMC_BENCH_GEMM_PACKED_ONLY=1 runs these too. */
+static void bf3_run(void *v) {
+    mmc_gemm_set_matmul_precision("high");
+    gemm_run(v);
+    mmc_gemm_set_matmul_precision("highest");
+}
+static double bf3_err(const gemm_arg *g, bool high) {
+    const int64_t rows = 16, m0 = g->M / 2, lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
+    const float *A = g->ta ? g->A + m0 : g->A + m0 * g->K;
+    float *C = falloc(rows * g->N), *R = falloc(rows * g->N), *S = falloc(rows * g->N);
+    float *Aa = falloc(g->M * g->K), *Ba = falloc(g->K * g->N);
+    for (int64_t i = 0; i < g->M * g->K; i++) Aa[i] = fabsf(g->A[i]);
+    for (int64_t i = 0; i < g->K * g->N; i++) Ba[i] = fabsf(g->B[i]);
+    mmc_gemm_set_matmul_precision(high ? "high" : "highest");
+    mmc_gemm_f32(g->ta, g->tb, rows, g->N, g->K, 1.0f, A, lda, g->B, ldb, 0.0f, C, g->N);
+    mmc_gemm_set_matmul_precision("highest");
+    mmc_gemm_ref(g->ta, g->tb, rows, g->N, g->K, 1.0f, A, lda, g->B, ldb, 0.0f, R, g->N);
+    mmc_gemm_ref(g->ta, g->tb, rows, g->N, g->K, 1.0f, g->ta ? Aa + m0 : Aa + m0 * g->K, lda, Ba, ldb, 0.0f, S, g->N);
+    double worst = 0;
+    for (int64_t i = 0; i < rows * g->N; i++)
+        if (S[i] > 0 && fabs((double)C[i] - R[i]) / S[i] > worst) worst = fabs((double)C[i] - R[i]) / S[i];
+    free(C); free(R); free(S); free(Aa); free(Ba);
+    return worst;
+}
+
+static void bf16x3_suite(const char *sfx) {
+    if (mmc_gemm_set_matmul_precision("high") != 0) {
+        mmc_gemm_set_matmul_precision("highest");
+        fprintf(stderr, "bench_gemm%s: no AMX here: gemm_bf16x3_* skipped\n", sfx);
+        return;
+    }
+    mmc_gemm_set_matmul_precision("highest");
+    static const struct { const char *name; bool ta, tb; int64_t M, N, K; float beta; } cs[] = {
+        {"xWt", false, true, 512, 4864, 896, 0.0f},
+        {"dyW", false, false, 512, 896, 4864, 0.0f},
+        {"dyTx", true, false, 4864, 896, 512, 1.0f},
+        {"sq1024", false, false, 1024, 1024, 1024, 0.0f},
+    };
+    char name[128];
+    for (int c = 0; c < 5; c++) {
+        const int k = c < 4 ? c : 0; /* 4: xWt on a pre-packed weight */
+        gemm_arg g = {cs[k].ta, cs[k].tb, false, cs[k].M, cs[k].N, cs[k].K, cs[k].beta, NULL, NULL, NULL, NULL, NULL, NULL};
+        g.A = falloc(g.M * g.K);
+        g.B = falloc(g.K * g.N);
+        g.C = falloc(g.M * g.N);
+        fill(g.A, g.M * g.K, 1);
+        fill(g.B, g.K * g.N, 2);
+        fill(g.C, g.M * g.N, 3);
+        const double fl = 2.0 * g.M * g.N * g.K;
+        double tx, tf;
+        if (c < 4) {
+            paired_time(bf3_run, &g, gemm_run, &g, 2.0, 10, &tx, &tf);
+        } else {
+            mmc_gemm_set_matmul_precision("high");
+            mmc_gemm_packed_b *W = mmc_gemm_pack_b(g.B, false, g.N, g.K, g.K, true);
+            mmc_gemm_set_matmul_precision("highest");
+            MMC_CHECK(W, "bench_gemm: %s", mmc_last_error());
+            packed_arg pa = {g.M, g.A, g.C, W};
+            paired_time(packed_run, &pa, gemm_run, &g, 2.0, 10, &tx, &tf);
+            mmc_gemm_packed_b_free(W);
+        }
+        const char *nm = c < 4 ? cs[k].name : "xWt_packed";
+        snprintf(name, sizeof name, "gemm_bf16x3_%s%s", nm, sfx);
+        bench_report(name, fl / tx * 1e-9, "GFLOP/s", 1);
+        snprintf(name, sizeof name, "gemm_bf16x3_%s%s_vs_f32", nm, sfx);
+        bench_report(name, tf / tx, "fraction", 1);
+        double ex = 0, ef = 0;
+        if (c < 4 && !sfx[0]) { /* the same numbers at any thread count: once */
+            ex = bf3_err(&g, true), ef = bf3_err(&g, false);
+            snprintf(name, sizeof name, "gemm_bf16x3_%s%s_err", nm, sfx);
+            bench_report(name, ex, "max |err| / sum|a||b|", 0);
+            snprintf(name, sizeof name, "gemm_bf16x3_%s%s_err_f32", nm, sfx);
+            bench_report(name, ef, "max |err| / sum|a||b|", 0);
+        }
+        fprintf(stderr, "bench_gemm%s: bf16x3 %s %.1f GFLOP/s, f32 %.1f (alternated; %.2fx); max err / sum|a||b| "
+                "%.3g (f32 %.3g)\n", sfx, nm, fl / tx * 1e-9, fl / tf * 1e-9, tf / tx, ex, ef);
+        free(g.A); free(g.B); free(g.C);
+    }
+}
+
 static void suite(const char *sfx) {
     char name[128];
     double peak = fma_peak_gflops();
@@ -369,6 +457,7 @@ static void suite(const char *sfx) {
         free(g.A); free(g.B); free(g.C); free(g.Bh); free(C2);
     }
 
+    if (!matvec_only) bf16x3_suite(sfx);
     if (packed_only) return;
     double peak2 = fma_peak_gflops();
     if (peak2 > peak) peak = peak2;

@@ -9,6 +9,9 @@
  * bandwidth measured right after it (vl_qwen2vl2b_decode_frac_read_bw; issue 16's goal is 0.95), its
  * CPU seconds per token (all threads; robust to other load), and the same on pre-packed weights.
  * MMC_BENCH_VL_DECODE_ONLY=1: the prefill (for the KV cache) and the decode cases only.
+ * _bf16x3: the vision and prefill cases with MMC_MATMUL_PRECISION=high (f32 GEMMs as bf16x3 on AMX,
+ * where the CPU has it; not f32: see vl_qwen2vl2b_*_bf16x3_err for its distance from f32), against
+ * the same f32 peer figures.
  * Peer: bench/peer_vl.py, transformers' Qwen2VLForConditionalGeneration (sdpa, fp32), same
  * shapes and threads. */
 #include "bench_util.h"
@@ -16,6 +19,7 @@
 #include "mmc_trainer.h"
 #include "backend/cpu/gemm.h"
 
+#include <math.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -112,6 +116,53 @@ static void vision_prefill(args_t *a, mmc_rng *r, const char *sfx) {
     fprintf(stderr, "prefill%s: %.3f s\n", sfx, sec);
 }
 
+/* MMC_MATMUL_PRECISION=high (bf16x3 on AMX: --matmul-precision high) against f32 on the same model
+ * and inputs: the vision tower output (448x448) and the prefill's last logits, max |high - f32| over
+ * max |f32| (information: vl_qwen2vl2b_vision_bf16x3_err, vl_qwen2vl2b_prefill_bf16x3_logits_err). */
+static mmc_tensor *copy_out(const mmc_tensor *t) {
+    mmc_tensor *c = mmc_tensor_new(MMC_F32, t->ndim, t->shape);
+    memcpy(c->data, t->data, mmc_nbytes(t));
+    return c;
+}
+static double rel_diff(const mmc_tensor *a, const mmc_tensor *b) {
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < mmc_numel(a); i++) {
+        const double x = ((const float *)a->data)[i], y = ((const float *)b->data)[i];
+        if (fabs(x - y) > d) d = fabs(x - y);
+        if (fabs(y) > m) m = fabs(y);
+    }
+    return m > 0 ? d / m : d;
+}
+static void bf16x3_errors(args_t *a, mmc_rng *r) {
+    mmc_tensor *vis[2] = {NULL, NULL}, *lg[2] = {NULL, NULL};
+    const int64_t g[3] = {1, 32, 32};
+    memcpy(a->grid, g, sizeof g);
+    a->px = mmc_tensor_new(MMC_F32, 2, MMC_SHAPE(1024, 3 * 2 * 14 * 14));
+    mmc_rng_normal(r, a->px->data, mmc_numel(a->px), 0, 1);
+    for (int hi = 0; hi < 2; hi++) {
+        mmc_gemm_set_matmul_precision(hi ? "high" : "highest");
+        mmc_ctx_reset(a->ctx);
+        mmc_tensor *out = NULL, *h = NULL;
+        if (!mmc_vision_forward(a->ctx, a->m->visual, a->px, a->grid, 1, &out, NULL)) vis[hi] = copy_out(out);
+        mmc_ctx_reset(a->ctx);
+        a->kv.len = 0;
+        const int64_t T = a->ids->shape[1];
+        if (!mmc_qwen2_vl_forward(a->ctx, a->m, a->ids, NULL, &a->kv, &a->delta, &h))
+            lg[hi] = copy_out(mmc_qwen2_vl_logits(a->ctx, a->m, mmc_contiguous(a->ctx, mmc_narrow(a->ctx, h, 1, T - 1, 1))));
+    }
+    mmc_gemm_set_matmul_precision("highest");
+    if (vis[0] && vis[1] && lg[0] && lg[1]) {
+        const double ev = rel_diff(vis[1], vis[0]), el = rel_diff(lg[1], lg[0]);
+        bench_report_info("vl_qwen2vl2b_vision_bf16x3_err", ev, "max |diff| / max |f32|");
+        bench_report_info("vl_qwen2vl2b_prefill_bf16x3_logits_err", el, "max |diff| / max |f32|");
+        fprintf(stderr, "bf16x3 vs f32, same weights and inputs: vision output %.3g, prefill logits %.3g of the largest\n",
+                ev, el);
+    }
+    for (int i = 0; i < 2; i++) mmc_tensor_free(vis[i]), mmc_tensor_free(lg[i]);
+    mmc_tensor_free(a->px);
+    a->px = NULL;
+}
+
 /* the DRAM read bandwidth measured after the unpacked decode, and the bytes a decode step reads */
 static double g_read_bw, g_decode_bytes;
 
@@ -167,6 +218,13 @@ int main(void) {
     const bool prepack_only = getenv("MMC_BENCH_VL_PREPACK_ONLY") && atoi(getenv("MMC_BENCH_VL_PREPACK_ONLY"));
     const bool decode_only = getenv("MMC_BENCH_VL_DECODE_ONLY") && atoi(getenv("MMC_BENCH_VL_DECODE_ONLY"));
     if (!decode_only) vision_prefill(&a, &r, "");
+    /* the same with --matmul-precision high (f32 GEMMs as bf16x3 on AMX; weights not pre-packed,
+     * as the cases above), suffix _bf16x3, and its error against f32 */
+    if (!decode_only && mmc_gemm_set_matmul_precision("high") == 0) {
+        vision_prefill(&a, &r, "_bf16x3");
+        bf16x3_errors(&a, &r);
+    }
+    mmc_gemm_set_matmul_precision("highest");
     prefill_step(&a);
     double times[32];
     if (!prepack_only) {

@@ -120,6 +120,11 @@ def suite(sfx):
             report(name + sfx, gf, "GFLOP/s")
             if name == "gemm_f32_xWt":   # mmc's pre-packed weight against the same figure
                 report(f"gemm_f32_xWt_packed{sfx}", gf, "GFLOP/s")
+            # mmc's MMC_MATMUL_PRECISION=high (bf16x3 on AMX, ~1e-6 of sum |a||b|) against torch's f32
+            # matmul (its default precision "highest"): the peer a user of f32 weights runs
+            report(f"gemm_bf16x3_{name[9:]}{sfx}", gf, "GFLOP/s", "torch f32 matmul (precision highest)")
+            if name == "gemm_f32_xWt":
+                report(f"gemm_bf16x3_xWt_packed{sfx}", gf, "GFLOP/s", "torch f32 matmul (precision highest)")
         for name, forms, mnk in [
                 ("xWt", {"bf16": lambda: F.linear(xh, Wh), "autocast": autocast(lambda: F.linear(x, Wh)),
                          "widen": lambda: torch.matmul(x, Wh.float().t())}, T * I * H),

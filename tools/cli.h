@@ -81,6 +81,15 @@ void help_embed(FILE *f);
  * GEMMs on bf16 weights to the bf16-product kernel (AMX or AVX512_BF16, gemm.c); a CPU with
  * neither keeps the exact path and is told so (runner.c). */
 void cli_bf16_matmul(const char *cmd);
+/* --matmul-precision highest|high|medium (generate, chat, forward, serve): MMC_MATMUL_PRECISION's
+ * setting (gemm.h's mmc_gemm_set_matmul_precision); 0, or a usage error (CLI_USAGE) naming the option.
+ * A CPU without AMX keeps f32 and is told so. Before the model loads: it decides the packed panels. */
+int cli_matmul_precision(const char *cmd, const char *v);
+#define CLI_MATMUL_PRECISION_HELP \
+    "  --matmul-precision P     f32 GEMMs: highest (f32, default), high (bf16x3 on AMX: each operand\n" \
+    "                           split into two bf16, three bf16 products summed in f32; ~1e-6 of\n" \
+    "                           sum |a||b| measured, f32 ~2e-7; 2x f32 GEMM speed), medium (one bf16\n" \
+    "                           product, as --bf16-matmul); same as MMC_MATMUL_PRECISION\n"
 #define CLI_BF16_MATMUL_HELP \
     "  --bf16-matmul           GEMMs on bf16 weights multiply in bf16 (activations rounded to bf16,\n" \
     "                          f32 accumulation, as PyTorch's bf16 matmul): AMX tiles where the CPU\n" \

@@ -86,6 +86,7 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--image-backend")) { VAL(); if (cli_image_backend("chat", v, &resize_mode)) return CLI_USAGE; }
         else if (!strcmp(a, "--quantize")) { VAL(); if (cli_quantize_arg("chat", v, &quant)) return CLI_USAGE; }
         else if (!strcmp(a, "--bf16-matmul")) cli_bf16_matmul("chat");
+        else if (!strcmp(a, "--matmul-precision")) { VAL(); if (cli_matmul_precision("chat", v)) return CLI_USAGE; }
         else {
             int sr = cli_sampling_arg("chat", argc, argv, &i, &sp);
             if (sr < 0) return CLI_USAGE;

@@ -37,7 +37,9 @@ void help_forward(FILE *f) {
             "  --quantize int8|nf4  weight-only quantised decoder linears, as generate's (compare\n"
             "                    the logits with an f32 run to see the drift)\n"
             "  --bf16-matmul     bf16 weight GEMMs multiply in bf16 (AMX / AVX512_BF16), as\n"
-            "                    generate's (compare the logits with a default run)\n"            "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
+            "                    generate's (compare the logits with a default run)\n"
+            "  --matmul-precision highest|high|medium  f32 GEMMs in f32 (default), bf16x3 or bf16\n"
+            "                    on AMX, as generate's\n"            "  --json            print {tokens, vocab, argmax_last, out} as JSON\n"
             "  -h, --help        this help\n");
 }
 
@@ -56,6 +58,7 @@ int cmd_forward(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--quantize")) { VAL(); if (cli_quantize_arg("forward", v, &quant)) return CLI_USAGE; }
         else if (!strcmp(a, "--bf16-matmul")) cli_bf16_matmul("forward");
+        else if (!strcmp(a, "--matmul-precision")) { VAL(); if (cli_matmul_precision("forward", v)) return CLI_USAGE; }
         else return cli_usage("forward", "unknown option '%s'", a);
 #undef VAL
     }

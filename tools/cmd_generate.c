@@ -66,6 +66,10 @@ int cmd_generate(int argc, char **argv) {
         if (sr > 0) continue;
         if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--bf16-matmul")) cli_bf16_matmul("generate");
+        else if (!strcmp(a, "--matmul-precision")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_matmul_precision("generate", v)) return CLI_USAGE;
+        }
         else if (!strcmp(a, "--quantize")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_quantize_arg("generate", v, &quant)) return CLI_USAGE;

@@ -606,6 +606,9 @@ int cmd_serve(int argc, char **argv) {
             o.port = (int)v;
         } else if (!strcmp(a, "--bf16-matmul")) {
             cli_bf16_matmul("serve");
+        } else if (!strcmp(a, "--matmul-precision")) {
+            const char *pv = cli_value(argc, argv, &i);
+            if (!pv || cli_matmul_precision("serve", pv)) return CLI_USAGE;
         } else if (!strcmp(a, "--quantize")) {
             const char *qv = cli_value(argc, argv, &i);
             if (!qv || cli_quantize_arg("serve", qv, &quant)) return CLI_USAGE;

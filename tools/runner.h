@@ -145,7 +145,8 @@ mmc_status cli_model_prepack(cli_model *m);
     "                           bf16, f32 accumulation, as PyTorch's bf16 matmul): AMX tiles where\n" \
     "                           the CPU has them, else AVX512_BF16; prefill several times faster on\n" \
     "                           AMX CPUs, logits ~1e-3 relative off the exact default (bf16 kept as\n" \
-    "                           storage, f32 arithmetic); same as MMC_GEMM_BF16=dot\n"
+    "                           storage, f32 arithmetic); same as MMC_GEMM_BF16=dot\n" \
+    CLI_MATMUL_PRECISION_HELP
 
 /* --chat-template FILE (its text wins over the directory's templates) and/or
  * --chat-template-name NAME (one of several named templates); both may be NULL. */

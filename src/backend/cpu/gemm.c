@@ -39,7 +39,6 @@
 #include "mmc.h"
 
 #include <immintrin.h>
-#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1004,11 +1003,6 @@ TBF16 static inline void split32(const float *src, __mmask16 mlo, __mmask16 mhi,
     *h = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
     *l = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
 }
-static inline void split1(float x, uint16_t *h, uint16_t *l) {
-    *h = mmc_f32_to_bf16(x);
-    const float hf = mmc_bf16_to_f32(*h);
-    *l = isfinite(hf) ? mmc_f32_to_bf16(x - hf) : 0;
-}
 static inline void split_masks(int ke, __mmask16 *mlo, __mmask16 *mhi) {
     *mlo = ke >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ke) - 1u);
     *mhi = ke <= 16 ? 0 : ke == 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (ke - 16)) - 1u);
@@ -1026,14 +1020,30 @@ TBF16 static void pack_a_split(int parts, bool ta, const float *A, int64_t lda, 
         for (int64_t t = 0; t < steps; t++) {
             const int ke = kc - 32 * t < 32 ? (int)(kc - 32 * t) : 32;
             uint16_t *d = dst + t * MR_AMX * 32 * parts;
-            if (ta) { /* A stored [K, M]: the panel's rows are contiguous at each k */
-                for (int q = 0; q < 32; q++) {
-                    const float *src = A + (k0 + 32 * t + q) * lda + m0 + p;
-                    for (int i = 0; i < MR_AMX; i++) {
-                        uint16_t h = 0, l = 0;
-                        if (i < rows && q < ke) split1(src[i], &h, &l);
-                        d[i * 32 + q] = h;
-                        if (parts == 2) d[MR_AMX * 32 + i * 32 + q] = l;
+            if (ta) { /* A stored [K, M]: per k pair, 16 rows' values are contiguous at k and k+1: split,
+                       * interleaved into pairs (one vector per pair, a lane per row), 16×16 transposed */
+                for (int g = 0; g < MR_AMX; g += 16) {
+                    const int w = rows - g > 16 ? 16 : rows - g > 0 ? rows - g : 0;
+                    const __mmask16 m = w == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+                    __m512 ph[16], pl[16];
+                    for (int q = 0; q < 16; q++) {
+                        __m512i vh = _mm512_setzero_si512(), vl = _mm512_setzero_si512();
+                        for (int o = 0; o < 2; o++) {
+                            const int kk = 2 * q + o;
+                            if (kk >= ke) break;
+                            __m256i h, l;
+                            split16(_mm512_maskz_loadu_ps(m, A + (k0 + 32 * t + kk) * lda + m0 + p + g), &h, &l);
+                            vh = _mm512_or_si512(vh, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16 * o));
+                            vl = _mm512_or_si512(vl, _mm512_slli_epi32(_mm512_cvtepu16_epi32(l), 16 * o));
+                        }
+                        ph[q] = _mm512_castsi512_ps(vh);
+                        pl[q] = _mm512_castsi512_ps(vl);
+                    }
+                    tr16(ph);
+                    if (parts == 2) tr16(pl);
+                    for (int i = 0; i < 16; i++) {
+                        _mm512_storeu_ps((float *)(d + (g + i) * 32), ph[i]);
+                        if (parts == 2) _mm512_storeu_ps((float *)(d + MR_AMX * 32 + (g + i) * 32), pl[i]);
                     }
                 }
                 continue;
