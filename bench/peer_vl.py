@@ -56,6 +56,7 @@ with torch.inference_mode():
         report(name, 1.0 / sec, "img/s")
         report(name + "_prepacked", 1.0 / sec, "img/s")   # mmc with pre-packed weights, same peer figure
         report(name + "_bf16x3", 1.0 / sec, "img/s")   # mmc at matmul precision high (bf16x3), against f32
+        report(name + "_bf16x3_prepacked", 1.0 / sec, "img/s")
 
     T = 512
     ids = torch.randint(0, 150000, (1, T))
@@ -69,6 +70,7 @@ with torch.inference_mode():
     report("vl_qwen2vl2b_prefill_lm4of28_T512", T / sec, "tok/s")
     report("vl_qwen2vl2b_prefill_lm4of28_T512_prepacked", T / sec, "tok/s")
     report("vl_qwen2vl2b_prefill_lm4of28_T512_bf16x3", T / sec, "tok/s")   # mmc bf16x3 against f32
+    report("vl_qwen2vl2b_prefill_lm4of28_T512_bf16x3_prepacked", T / sec, "tok/s")
     out, cache = prefill()
     tok = out.logits[:, -1].argmax(-1, keepdim=True)
     times = []

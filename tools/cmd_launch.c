@@ -19,7 +19,7 @@
 /* the MMC_* variables the library reads that every rank must see alike (test hooks excluded) */
 static const char *const k_forward[] = {"MMC_DIST_TIMEOUT", "MMC_DP_BUCKET_BYTES", "MMC_GEMM_KERNEL",
                                         "MMC_GEMM_BLOCKING", "MMC_GEMM_BF16", "MMC_GEMM_SPLIT", "MMC_CONV_COL_MB",
-                                        "MMC_CONV_ALGO", "MMC_ATTN_TILES", NULL};
+                                        "MMC_CONV_ALGO", "MMC_ATTN_TILES", "MMC_MATMUL_PRECISION", NULL};
 
 void help_launch(FILE *f) {
     fprintf(f,
