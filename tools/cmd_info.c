@@ -141,8 +141,9 @@ static int info_system(bool json) {
                : !strcmp(g.f32_matmul.kernel, "amx_bf16x1") ? "operands rounded to bf16, 1 AMX product"
                                                              : "no AMX here: f32");
     else
-        printf("matmul:     precision highest (f32)%s\n", g.amx_available ? "; MMC_MATMUL_PRECISION=high (or "
-               "--matmul-precision high) runs f32 GEMMs as bf16x3 on AMX, ~2x faster, ~1e-6 of sum |a||b|" : "");
+        printf("matmul:     precision highest (f32)%s\n", g.amx_available ? "; MMC_MATMUL_PRECISION=high (or the "
+               "matmul-precision option of generate / chat / forward / serve) runs f32 GEMMs as bf16x3 on AMX, "
+               "~2x faster, ~1e-6 of sum |a||b|" : "");
     printf("gemm split: %s (threads: independent slices when a GEMM spans several B blocks, else B packed "
            "together; MMC_GEMM_SPLIT=slices|shared forces one)\n", g.split);
     printf("gemm bf16:  %s micro-kernel %dx%d, blocking MC=%lld KC=%lld NC=%lld (%s)\n", g.bf16.kernel, g.bf16.mr,
