@@ -32,7 +32,9 @@
  *                                vbroadcastss + 28 FMA per k step (the kernel's), 14x32eb = the same
  *                                with embedded-broadcast FMAs ({1to16}), 6x64 = 4 loads + 6 broadcasts
  *                                + 24 FMA, 14x32_7bc = only 7 broadcasts (B and half of A in
- *                                registers), GFLOP/s and _frac_peak: what a broadcast kernel can reach
+ *                                registers), 14x32pf = the kernel's mix with its 3 prefetches per k
+ *                                step (2 B lines, 1 A line), GFLOP/s and _frac_peak: what a broadcast
+ *                                kernel can reach
  *   mem_read_bw                  streaming read of a 512 MiB (or 2 x L3) buffer on all threads (GB/s): the
  *                                DRAM. The best of two read kernels (a static half per thread with
  *                                four streams; dynamic 1 MiB chunks with eight; both prefetch 2 KiB
@@ -124,6 +126,15 @@ static volatile float g_sink;
 #define MX_B2 "vmovaps 128(%[p]), %%zmm0\n\t vmovaps 192(%[p]), %%zmm1\n\t"
 __attribute__((target("avx512f"), noinline)) static void mix_14x32(int64_t n, const float *p) {
     __asm__ volatile(MX_INIT "1:\n\t" MX_B2 MX_BF(0, 2, 4, 5) MX_BF(4, 3, 6, 7) MX_BF(8, 2, 8, 9) MX_BF(12, 3, 10, 11)
+                     MX_BF(16, 2, 12, 13) MX_BF(20, 3, 14, 15) MX_BF(24, 2, 16, 17) MX_BF(28, 3, 18, 19)
+                     MX_BF(32, 2, 20, 21) MX_BF(36, 3, 22, 23) MX_BF(40, 2, 24, 25) MX_BF(44, 3, 26, 27)
+                     MX_BF(48, 2, 28, 29) MX_BF(52, 3, 30, 31) "dec %[n]\n\t jnz 1b\n\t"
+                     : [n] "+r"(n) : [p] "r"(p) : MX_CLOB);
+}
+/* the 14x32 mix plus the Intel kernel's three prefetches per k step (2 B lines, 1 A line) */
+#define MX_PF "prefetcht0 512(%[p])\n\t prefetcht0 576(%[p])\n\t prefetcht0 640(%[p])\n\t"
+__attribute__((target("avx512f"), noinline)) static void mix_14x32pf(int64_t n, const float *p) {
+    __asm__ volatile(MX_INIT "1:\n\t" MX_B2 MX_PF MX_BF(0, 2, 4, 5) MX_BF(4, 3, 6, 7) MX_BF(8, 2, 8, 9) MX_BF(12, 3, 10, 11)
                      MX_BF(16, 2, 12, 13) MX_BF(20, 3, 14, 15) MX_BF(24, 2, 16, 17) MX_BF(28, 3, 18, 19)
                      MX_BF(32, 2, 20, 21) MX_BF(36, 3, 22, 23) MX_BF(40, 2, 24, 25) MX_BF(44, 3, 26, 27)
                      MX_BF(48, 2, 28, 29) MX_BF(52, 3, 30, 31) "dec %[n]\n\t jnz 1b\n\t"
@@ -356,7 +367,7 @@ static void fill(float *p, int64_t n, uint32_t seed) {
  * is the slowest thread's (wall clock) or this thread's CPU time (1-thread suite) */
 typedef struct {
     int64_t kc, na, nb, calls;
-    int mix;           /* 0: mmc_gemm_ukr_loop; 1..4: mix_14x32, _14x32eb, _6x64, _14x32_7bc */
+    int mix;           /* 0: mmc_gemm_ukr_loop; 1..5: mix_14x32, _14x32eb, _6x64, _14x32_7bc, _14x32pf */
     float *buf[256];   /* per thread: A tiles, B panels, C tile */
 } ukr_arg;
 static void ukr_run(void *v) {
@@ -372,7 +383,8 @@ static void ukr_run(void *v) {
         else if (u->mix == 1) mix_14x32(u->calls, A);
         else if (u->mix == 2) mix_14x32eb(u->calls, A);
         else if (u->mix == 3) mix_6x64(u->calls, A);
-        else mix_14x32_7bc(u->calls, A);
+        else if (u->mix == 4) mix_14x32_7bc(u->calls, A);
+        else mix_14x32pf(u->calls, A);
 #endif
     }
 }
@@ -382,7 +394,7 @@ static void ukr_case(ukr_arg *u, double flops_per_call, const char *name, const 
     int mr, nr;
     mmc_gemm_ukr_tile(&mr, &nr);
     const int nt = g_cpu_clock ? 1 : omp_get_max_threads() < 256 ? omp_get_max_threads() : 256;
-    const int64_t n = (u->na * mr + u->nb * nr + 16) * u->kc + mr * nr; /* >= the 96 floats the mixes read */
+    const int64_t n = (u->na * mr + u->nb * nr + 16) * u->kc + mr * nr + 192; /* + the 176 floats the mixes touch */
 #pragma omp parallel num_threads(nt) if (!g_cpu_clock)
     {   /* first touch by the thread that reads it */
         float *p = falloc(n);
@@ -427,9 +439,9 @@ static void ukr_cases(const char *sfx, double peak) {
     }
 #if defined(__x86_64__)
     if (!__builtin_cpu_supports("avx512f")) return;
-    static const char *const mix_name[5] = {NULL, "mix_14x32", "mix_14x32eb", "mix_6x64", "mix_14x32_7bc"};
-    static const double mix_flops[5] = {0, 2 * 28 * 16, 2 * 28 * 16, 2 * 24 * 16, 2 * 28 * 16};
-    for (int m = 1; m <= 4; m++) {
+    static const char *const mix_name[6] = {NULL, "mix_14x32", "mix_14x32eb", "mix_6x64", "mix_14x32_7bc", "mix_14x32pf"};
+    static const double mix_flops[6] = {0, 2 * 28 * 16, 2 * 28 * 16, 2 * 24 * 16, 2 * 28 * 16, 2 * 28 * 16};
+    for (int m = 1; m <= 5; m++) {
         ukr_arg u = {1, 1, 1, 200000, m, {0}};
         ukr_case(&u, mix_flops[m], mix_name[m], sfx, peak);
     }
