@@ -214,8 +214,10 @@ static void ukr_probe_check(void) {
     int mr, nr;
     mmc_gemm_ukr_tile(&mr, &nr);
     const int64_t kc = 37, na = 2, nb = 3, calls = 7;
-    float *A = aligned_alloc(64, (size_t)(na * kc * mr) * 4 + 64), *B = aligned_alloc(64, (size_t)(nb * kc * nr) * 4 + 64);
-    float *C = aligned_alloc(64, (size_t)(mr * nr) * 4 + 64);
+    /* aligned_alloc: sizes rounded up to whole 64-byte units (C11; ASan checks it) */
+    float *A = aligned_alloc(64, ((size_t)(na * kc * mr) * 4 + 63) / 64 * 64);
+    float *B = aligned_alloc(64, ((size_t)(nb * kc * nr) * 4 + 63) / 64 * 64);
+    float *C = aligned_alloc(64, ((size_t)(mr * nr) * 4 + 63) / 64 * 64);
     double *ref = calloc((size_t)(mr * nr), sizeof(double)), *bound = calloc((size_t)(mr * nr), sizeof(double));
     CHECKF(A && B && C && ref && bound, "out of memory");
     if (!(A && B && C && ref && bound)) goto out;
