@@ -224,7 +224,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 static void ukr_avx512_rows(int rows, int64_t kc, const float *restrict Ap, const float *restrict Bp,
                             float *restrict T) {
     /* the B prefetch of the full tile's kernel where that one prefetches (Intel): without it the
-     * 8-row tile of M = 512 waited on L2 for B and took 7 % of x·Wᵀ's time (3 full tiles' worth) */
+     * 8-row tile of M = 512 waited on L2 for B: 4-7 % of x·Wᵀ's profile for 1.6 % of its work; 3-5 % with it */
     const int64_t bpf = K_AVX512.ukr == ukr_avx512_14x32_bpf ? 32 * (int64_t)g_ukr_bpf : 0;
     switch (rows) {   /* constant row counts: the accumulators stay in registers */
 #define ROWS_CASE(r) case r: ukr_avx512_rows_body(r, kc, Ap, Bp, T, bpf); break;
