@@ -21,6 +21,20 @@
  *   gemm_f32_<layout>_openblas   the gemm_f32 figure again, on a row of its own against the
  *                                best BLAS of the machine (bench/peer_gemm_blas.py: OpenBLAS,
  *                                the core it picks and the AVX-512 cores forced, fastest)
+ *   ukr_f32_{l1,l2b,l2a,kc}      the GEMM's f32 micro-kernel alone (mmc_gemm_ukr_loop: no packing, no
+ *                                edge tiles, C stays in L1), GFLOP/s and _frac_peak: l1 one A tile and
+ *                                one B panel of kc 128 (both in L1); l2b kc 256, B panels walking
+ *                                through 1 MiB (B from L2, A in L1); l2a kc 256, A tiles through 1 MiB
+ *                                (A from L2, B in L1); kc the GEMM's own KC, its A block and 1 MiB of
+ *                                B panels (as the GEMM's loop nest runs it). Each thread its own.
+ *   ukr_mix_*                    the instruction mix alone (x86-64 AVX-512, inline asm, all operands
+ *                                at fixed L1 addresses, no pointer updates): 14x32 = 2 B loads + 14
+ *                                vbroadcastss + 28 FMA per k step (the kernel's), 14x32eb = the same
+ *                                with embedded-broadcast FMAs ({1to16}), 6x64 = 4 loads + 6 broadcasts
+ *                                + 24 FMA, 14x32_7bc = only 7 broadcasts (B and half of A in
+ *                                registers), 14x32pf = the kernel's mix with its 3 prefetches per k
+ *                                step (2 B lines, 1 A line), GFLOP/s and _frac_peak: what a broadcast
+ *                                kernel can reach
  *   mem_read_bw                  streaming read of a 512 MiB (or 2 x L3) buffer on all threads (GB/s): the
  *                                DRAM. The best of two read kernels (a static half per thread with
  *                                four streams; dynamic 1 MiB chunks with eight; both prefetch 2 KiB
@@ -84,6 +98,88 @@ static float fma_loop_256(int64_t iters) {
 }
 
 static volatile float g_sink;
+
+/* ---- micro-kernel instruction-mix probes (see ukr_mix_* above): one k step per line group,
+ * accumulators zmm4..zmm31 (14x32) or zmm8..zmm31 (6x64), B in zmm0..3, A broadcasts in zmm2/3
+ * (14x32) or zmm4..5 (6x64 uses zmm6/7); `p` points at 64-byte aligned data in L1. */
+#if defined(__x86_64__)
+#define MX_CLOB                                                                                       \
+    "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11", \
+        "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20", "zmm21",     \
+        "zmm22", "zmm23", "zmm24", "zmm25", "zmm26", "zmm27", "zmm28", "zmm29", "zmm30", "zmm31", "memory", "cc"
+#define MX_BF(off, s, r0, r1) "vbroadcastss " #off "(%[p]), %%zmm" #s "\n\t"                           \
+    "vfmadd231ps %%zmm" #s ", %%zmm0, %%zmm" #r0 "\n\t vfmadd231ps %%zmm" #s ", %%zmm1, %%zmm" #r1 "\n\t"
+#define MX_FF(s, r0, r1) "vfmadd231ps %%zmm" #s ", %%zmm0, %%zmm" #r0 "\n\t vfmadd231ps %%zmm" #s ", %%zmm1, %%zmm" #r1 "\n\t"
+#define MX_EB(off, r0, r1) "vfmadd231ps " #off "(%[p])%{1to16%}, %%zmm0, %%zmm" #r0 "\n\t"                 \
+    "vfmadd231ps " #off "(%[p])%{1to16%}, %%zmm1, %%zmm" #r1 "\n\t"
+/* before each loop: B from p, accumulators zeroed (no denormals, no leftovers) */
+#define MX_INIT                                                                                        \
+    "vmovaps 128(%[p]), %%zmm0\n\t vmovaps 192(%[p]), %%zmm1\n\t vmovaps 256(%[p]), %%zmm2\n\t"              \
+    "vmovaps 320(%[p]), %%zmm3\n\t vpxord %%zmm4, %%zmm4, %%zmm4\n\t vmovaps %%zmm4, %%zmm5\n\t"             \
+    "vmovaps %%zmm4, %%zmm6\n\t vmovaps %%zmm4, %%zmm7\n\t vmovaps %%zmm4, %%zmm8\n\t vmovaps %%zmm4, %%zmm9\n\t" \
+    "vmovaps %%zmm4, %%zmm10\n\t vmovaps %%zmm4, %%zmm11\n\t vmovaps %%zmm4, %%zmm12\n\t"                      \
+    "vmovaps %%zmm4, %%zmm13\n\t vmovaps %%zmm4, %%zmm14\n\t vmovaps %%zmm4, %%zmm15\n\t"                      \
+    "vmovaps %%zmm4, %%zmm16\n\t vmovaps %%zmm4, %%zmm17\n\t vmovaps %%zmm4, %%zmm18\n\t"                      \
+    "vmovaps %%zmm4, %%zmm19\n\t vmovaps %%zmm4, %%zmm20\n\t vmovaps %%zmm4, %%zmm21\n\t"                      \
+    "vmovaps %%zmm4, %%zmm22\n\t vmovaps %%zmm4, %%zmm23\n\t vmovaps %%zmm4, %%zmm24\n\t"                      \
+    "vmovaps %%zmm4, %%zmm25\n\t vmovaps %%zmm4, %%zmm26\n\t vmovaps %%zmm4, %%zmm27\n\t"                      \
+    "vmovaps %%zmm4, %%zmm28\n\t vmovaps %%zmm4, %%zmm29\n\t vmovaps %%zmm4, %%zmm30\n\t vmovaps %%zmm4, %%zmm31\n\t"
+#define MX_B2 "vmovaps 128(%[p]), %%zmm0\n\t vmovaps 192(%[p]), %%zmm1\n\t"
+__attribute__((target("avx512f"), noinline)) static void mix_14x32(int64_t n, const float *p) {
+    __asm__ volatile(MX_INIT "1:\n\t" MX_B2 MX_BF(0, 2, 4, 5) MX_BF(4, 3, 6, 7) MX_BF(8, 2, 8, 9) MX_BF(12, 3, 10, 11)
+                     MX_BF(16, 2, 12, 13) MX_BF(20, 3, 14, 15) MX_BF(24, 2, 16, 17) MX_BF(28, 3, 18, 19)
+                     MX_BF(32, 2, 20, 21) MX_BF(36, 3, 22, 23) MX_BF(40, 2, 24, 25) MX_BF(44, 3, 26, 27)
+                     MX_BF(48, 2, 28, 29) MX_BF(52, 3, 30, 31) "dec %[n]\n\t jnz 1b\n\t"
+                     : [n] "+r"(n) : [p] "r"(p) : MX_CLOB);
+}
+/* the 14x32 mix plus the Intel kernel's three prefetches per k step (2 B lines, 1 A line) */
+#define MX_PF "prefetcht0 512(%[p])\n\t prefetcht0 576(%[p])\n\t prefetcht0 640(%[p])\n\t"
+__attribute__((target("avx512f"), noinline)) static void mix_14x32pf(int64_t n, const float *p) {
+    __asm__ volatile(MX_INIT "1:\n\t" MX_B2 MX_PF MX_BF(0, 2, 4, 5) MX_BF(4, 3, 6, 7) MX_BF(8, 2, 8, 9) MX_BF(12, 3, 10, 11)
+                     MX_BF(16, 2, 12, 13) MX_BF(20, 3, 14, 15) MX_BF(24, 2, 16, 17) MX_BF(28, 3, 18, 19)
+                     MX_BF(32, 2, 20, 21) MX_BF(36, 3, 22, 23) MX_BF(40, 2, 24, 25) MX_BF(44, 3, 26, 27)
+                     MX_BF(48, 2, 28, 29) MX_BF(52, 3, 30, 31) "dec %[n]\n\t jnz 1b\n\t"
+                     : [n] "+r"(n) : [p] "r"(p) : MX_CLOB);
+}
+__attribute__((target("avx512f"), noinline)) static void mix_14x32eb(int64_t n, const float *p) {
+    __asm__ volatile(MX_INIT "1:\n\t" MX_B2 MX_EB(0, 4, 5) MX_EB(4, 6, 7) MX_EB(8, 8, 9) MX_EB(12, 10, 11) MX_EB(16, 12, 13)
+                     MX_EB(20, 14, 15) MX_EB(24, 16, 17) MX_EB(28, 18, 19) MX_EB(32, 20, 21) MX_EB(36, 22, 23)
+                     MX_EB(40, 24, 25) MX_EB(44, 26, 27) MX_EB(48, 28, 29) MX_EB(52, 30, 31) "dec %[n]\n\t jnz 1b\n\t"
+                     : [n] "+r"(n) : [p] "r"(p) : MX_CLOB);
+}
+__attribute__((target("avx512f"), noinline)) static void mix_14x32_7bc(int64_t n, const float *p) {
+    __asm__ volatile(MX_INIT "1:\n\t" MX_BF(0, 2, 4, 5) MX_FF(3, 6, 7) MX_BF(8, 2, 8, 9) MX_FF(3, 10, 11) MX_BF(16, 2, 12, 13)
+                     MX_FF(3, 14, 15) MX_BF(24, 2, 16, 17) MX_FF(3, 18, 19) MX_BF(32, 2, 20, 21) MX_FF(3, 22, 23)
+                     MX_BF(40, 2, 24, 25) MX_FF(3, 26, 27) MX_BF(48, 2, 28, 29) MX_FF(3, 30, 31) "dec %[n]\n\t jnz 1b\n\t"
+                     : [n] "+r"(n) : [p] "r"(p) : MX_CLOB);
+}
+__attribute__((target("avx512f"), noinline)) static void mix_6x64(int64_t n, const float *p) {
+    /* accumulators zmm8..31: row i, vector j in zmm(8 + 4i + j) */
+    __asm__ volatile(MX_INIT "1:\n\t"
+                     "vmovaps 128(%[p]), %%zmm0\n\t vmovaps 192(%[p]), %%zmm1\n\t"
+                     "vmovaps 256(%[p]), %%zmm2\n\t vmovaps 320(%[p]), %%zmm3\n\t"
+                     "vbroadcastss 0(%[p]), %%zmm6\n\t"
+                     "vfmadd231ps %%zmm6, %%zmm0, %%zmm8\n\t vfmadd231ps %%zmm6, %%zmm1, %%zmm9\n\t"
+                     "vfmadd231ps %%zmm6, %%zmm2, %%zmm10\n\t vfmadd231ps %%zmm6, %%zmm3, %%zmm11\n\t"
+                     "vbroadcastss 4(%[p]), %%zmm7\n\t"
+                     "vfmadd231ps %%zmm7, %%zmm0, %%zmm12\n\t vfmadd231ps %%zmm7, %%zmm1, %%zmm13\n\t"
+                     "vfmadd231ps %%zmm7, %%zmm2, %%zmm14\n\t vfmadd231ps %%zmm7, %%zmm3, %%zmm15\n\t"
+                     "vbroadcastss 8(%[p]), %%zmm6\n\t"
+                     "vfmadd231ps %%zmm6, %%zmm0, %%zmm16\n\t vfmadd231ps %%zmm6, %%zmm1, %%zmm17\n\t"
+                     "vfmadd231ps %%zmm6, %%zmm2, %%zmm18\n\t vfmadd231ps %%zmm6, %%zmm3, %%zmm19\n\t"
+                     "vbroadcastss 12(%[p]), %%zmm7\n\t"
+                     "vfmadd231ps %%zmm7, %%zmm0, %%zmm20\n\t vfmadd231ps %%zmm7, %%zmm1, %%zmm21\n\t"
+                     "vfmadd231ps %%zmm7, %%zmm2, %%zmm22\n\t vfmadd231ps %%zmm7, %%zmm3, %%zmm23\n\t"
+                     "vbroadcastss 16(%[p]), %%zmm6\n\t"
+                     "vfmadd231ps %%zmm6, %%zmm0, %%zmm24\n\t vfmadd231ps %%zmm6, %%zmm1, %%zmm25\n\t"
+                     "vfmadd231ps %%zmm6, %%zmm2, %%zmm26\n\t vfmadd231ps %%zmm6, %%zmm3, %%zmm27\n\t"
+                     "vbroadcastss 20(%[p]), %%zmm7\n\t"
+                     "vfmadd231ps %%zmm7, %%zmm0, %%zmm28\n\t vfmadd231ps %%zmm7, %%zmm1, %%zmm29\n\t"
+                     "vfmadd231ps %%zmm7, %%zmm2, %%zmm30\n\t vfmadd231ps %%zmm7, %%zmm3, %%zmm31\n\t"
+                     "dec %[n]\n\t jnz 1b\n\t"
+                     : [n] "+r"(n) : [p] "r"(p) : MX_CLOB);
+}
+#endif
 
 /* Clock: wall time for the all-threads suite; this thread's CPU time for the 1-thread suite,
  * which time slices given to other processes on the shared machine do not inflate. */
@@ -355,6 +451,91 @@ static void bf16x3_suite(const char *sfx) {
     }
 }
 
+/* ---- the micro-kernel probes (ukr_f32_*, ukr_mix_*): every thread runs its own copy; the time
+ * is the slowest thread's (wall clock) or this thread's CPU time (1-thread suite) */
+typedef struct {
+    int64_t kc, na, nb, calls;
+    int mix;           /* 0: mmc_gemm_ukr_loop; 1..5: mix_14x32, _14x32eb, _6x64, _14x32_7bc, _14x32pf */
+    float *buf[256];   /* per thread: A tiles, B panels, C tile */
+} ukr_arg;
+static void ukr_run(void *v) {
+    const ukr_arg *u = v;
+#pragma omp parallel if (!g_cpu_clock)
+    {
+        int mr, nr;
+        mmc_gemm_ukr_tile(&mr, &nr);
+        const float *A = u->buf[omp_get_thread_num()], *B = A + u->na * u->kc * mr;
+        float *C = (float *)B + u->nb * u->kc * nr;
+        if (u->mix == 0) mmc_gemm_ukr_loop(u->kc, A, u->na, B, u->nb, C, u->calls);
+#if defined(__x86_64__)
+        else if (u->mix == 1) mix_14x32(u->calls, A);
+        else if (u->mix == 2) mix_14x32eb(u->calls, A);
+        else if (u->mix == 3) mix_6x64(u->calls, A);
+        else if (u->mix == 4) mix_14x32_7bc(u->calls, A);
+        else mix_14x32pf(u->calls, A);
+#endif
+    }
+}
+
+static void ukr_case(ukr_arg *u, double flops_per_call, const char *name, const char *sfx, double peak) {
+    char nm[128];
+    int mr, nr;
+    mmc_gemm_ukr_tile(&mr, &nr);
+    const int nt = g_cpu_clock ? 1 : omp_get_max_threads() < 256 ? omp_get_max_threads() : 256;
+    const int64_t n = (u->na * mr + u->nb * nr + 16) * u->kc + mr * nr + 192; /* + the 176 floats the mixes touch */
+#pragma omp parallel num_threads(nt) if (!g_cpu_clock)
+    {   /* first touch by the thread that reads it */
+        float *p = falloc(n);
+        for (int64_t i = 0; i < n; i++) p[i] = (float)(i % 17) * (1.0f / 64) - 0.125f;
+        u->buf[omp_get_thread_num()] = p;
+    }
+    double t = best_time(ukr_run, u, 0.3, 5);
+    for (int i = 0; i < nt; i++) free(u->buf[i]);
+    double gf = flops_per_call * (double)u->calls * nt / t * 1e-9;
+    snprintf(nm, sizeof nm, "ukr_%s%s", name, sfx);
+    bench_report(nm, gf, "GFLOP/s", 1);
+    snprintf(nm, sizeof nm, "ukr_%s%s_frac_peak", name, sfx);
+    bench_report(nm, gf / peak, "fraction", 1);
+    if (!u->mix)
+        fprintf(stderr, "bench_gemm%s: micro-kernel %dx%d alone, kc %lld, %lld A tiles (%lld KiB), %lld B panels (%lld KiB): "
+                "%.1f GFLOP/s = %.3f of the FMA peak\n", sfx, mr, nr, (long long)u->kc, (long long)u->na,
+                (long long)(u->na * u->kc * mr * 4 / 1024), (long long)u->nb, (long long)(u->nb * u->kc * nr * 4 / 1024), gf, gf / peak);
+}
+
+static void ukr_cases(const char *sfx, double peak) {
+    int mr, nr;
+    mmc_gemm_ukr_tile(&mr, &nr);
+    mmc_gemm_info gi;
+    mmc_gemm_describe(&gi);
+    /* f32_l1   one A tile and one B panel of kc 128 (7 + 16 KiB on AVX-512): all in L1
+     * f32_l2b  kc 256, B panels through 1 MiB, one A tile: B streams from L2 (A in L1)
+     * f32_l2a  kc 256, one B panel (32 KiB: L1), A tiles through 1 MiB: A streams from L2 (BLIS' way)
+     * f32_kc   the GEMM's KC, its MC / MR A tiles (the A block) and B panels through 1 MiB: the GEMM's
+     *          loop nest without packing and edge tiles */
+    const int64_t kc = gi.f32.kc, mib = 1 << 20;
+    const struct { const char *name; int64_t kc, na, nb; } lv[] = {
+        {"f32_l1", 128, 1, 1},
+        {"f32_l2b", 256, 1, mib / (256 * nr * 4)},
+        {"f32_l2a", 256, mib / (256 * mr * 4), 1},
+        {"f32_kc", kc, gi.f32.mc / mr, mib / (kc * nr * 4) > 1 ? mib / (kc * nr * 4) : 1},
+    };
+    for (int l = 0; l < 4; l++) {
+        const double fl = 2.0 * mr * nr * lv[l].kc;
+        const int64_t per = lv[l].na * lv[l].nb;
+        ukr_arg u = {lv[l].kc, lv[l].na, lv[l].nb, ((int64_t)(2e8 / fl) + per - 1) / per * per, 0, {0}}; /* ~1 ms */
+        ukr_case(&u, fl, lv[l].name, sfx, peak);
+    }
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("avx512f")) return;
+    static const char *const mix_name[6] = {NULL, "mix_14x32", "mix_14x32eb", "mix_6x64", "mix_14x32_7bc", "mix_14x32pf"};
+    static const double mix_flops[6] = {0, 2 * 28 * 16, 2 * 28 * 16, 2 * 24 * 16, 2 * 28 * 16, 2 * 28 * 16};
+    for (int m = 1; m <= 5; m++) {
+        ukr_arg u = {1, 1, 1, 200000, m, {0}};
+        ukr_case(&u, mix_flops[m], mix_name[m], sfx, peak);
+    }
+#endif
+}
+
 static void suite(const char *sfx) {
     char name[128];
     double peak = fma_peak_gflops();
@@ -385,6 +566,10 @@ static void suite(const char *sfx) {
     const bool packed_only = getenv("MMC_BENCH_GEMM_PACKED_ONLY") && atoi(getenv("MMC_BENCH_GEMM_PACKED_ONLY"));
     /* MMC_BENCH_GEMM_MATVEC_ONLY=1: only the bandwidth and matvec cases (a quick check) */
     const bool matvec_only = getenv("MMC_BENCH_GEMM_MATVEC_ONLY") && atoi(getenv("MMC_BENCH_GEMM_MATVEC_ONLY"));
+    /* MMC_BENCH_GEMM_UKR_ONLY=1: only the micro-kernel probes (a quick check) */
+    const bool ukr_only = getenv("MMC_BENCH_GEMM_UKR_ONLY") && atoi(getenv("MMC_BENCH_GEMM_UKR_ONLY"));
+    if (!packed_only && !matvec_only) ukr_cases(sfx, peak);
+    if (ukr_only) return;
     for (int bf = 0; bf < 4 && !packed_only && !matvec_only; bf++)
         for (int c = 0; c < 4; c++) {
             if (bf && !cases[c].bf16ok) continue;

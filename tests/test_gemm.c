@@ -207,6 +207,43 @@ static void bf16dot_suite(void) {
     g_ref_round_a = false;
 }
 
+/* bench_gemm's micro-kernel probe (mmc_gemm_ukr_loop) on the kernel set now: `calls` kernel calls
+ * in the GEMM's order (A tiles inner) accumulate into one C tile; against a double sum over the
+ * same (A tile, B panel) sequence, with the GEMM's tolerance for K = calls * kc. */
+static void ukr_probe_check(void) {
+    int mr, nr;
+    mmc_gemm_ukr_tile(&mr, &nr);
+    const int64_t kc = 37, na = 2, nb = 3, calls = 7;
+    /* aligned_alloc: sizes rounded up to whole 64-byte units (C11; ASan checks it) */
+    float *A = aligned_alloc(64, ((size_t)(na * kc * mr) * 4 + 63) / 64 * 64);
+    float *B = aligned_alloc(64, ((size_t)(nb * kc * nr) * 4 + 63) / 64 * 64);
+    float *C = aligned_alloc(64, ((size_t)(mr * nr) * 4 + 63) / 64 * 64);
+    double *ref = calloc((size_t)(mr * nr), sizeof(double)), *bound = calloc((size_t)(mr * nr), sizeof(double));
+    CHECKF(A && B && C && ref && bound, "out of memory");
+    if (!(A && B && C && ref && bound)) goto out;
+    for (int64_t i = 0; i < na * kc * mr; i++) A[i] = frand();
+    for (int64_t i = 0; i < nb * kc * nr; i++) B[i] = frand();
+    for (int64_t i = 0; i < mr * nr; i++) C[i] = frand(), ref[i] = C[i], bound[i] = fabs(C[i]);
+    for (int64_t c = 0; c < calls; c++) {
+        const float *a = A + (c % na) * kc * mr, *b = B + (c / na % nb) * kc * nr;
+        for (int64_t k = 0; k < kc; k++)
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++) {
+                    ref[i * nr + j] += (double)a[k * mr + i] * b[k * nr + j];
+                    bound[i * nr + j] += fabs((double)a[k * mr + i] * b[k * nr + j]);
+                }
+    }
+    mmc_gemm_ukr_loop(kc, A, na, B, nb, C, calls);
+    double worst = 0;
+    for (int64_t i = 0; i < mr * nr; i++) {
+        const double e = fabs(C[i] - ref[i]) / (1e-5 * sqrt((double)(calls * kc)) * bound[i] + 1e-30);
+        if (!(e <= worst)) worst = e;
+    }
+    CHECKF(worst <= 1.0, "%s: micro-kernel probe %dx%d off by %.3g of the tolerance", mmc_gemm_kernel_name(), mr, nr, worst);
+out:
+    free(A), free(B), free(C), free(ref), free(bound);
+}
+
 int main(int argc, char **argv) {
     const char *kernels[] = {"avx512", "avx2", "generic", "avx512"};
     /* part "blocks" / "blocks_shared" (asked for by name only: the blocking is read once, at the
@@ -262,6 +299,7 @@ int main(int argc, char **argv) {
             CHECKF(gi.f32_b_prefetch > 0, "MMC_GEMM_UKR=bpf: the B-prefetching kernel is not the one run");
         }
         kernel_suite();
+        ukr_probe_check();
     }
     mmc_gemm_set_kernel(native);
     /* the bf16-product kernels: "bf16dot" vdpbf16ps (AVX512_BF16), "amx" AMX tiles */

@@ -195,11 +195,16 @@ static void ukr_avx512_14x32_bpf(int64_t kc, const float *restrict Ap, const flo
  * and the full kernel on the 2-row tile spent 12 of its 28 rows' FMAs on padding. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
 static inline void ukr_avx512_rows_body(const int rows, int64_t kc, const float *restrict Ap,
-                                        const float *restrict Bp, float *restrict T) {
+                                        const float *restrict Bp, float *restrict T, int64_t bpf) {
     __m512 c0[MR512], c1[MR512];
     for (int i = 0; i < rows; i++) c0[i] = c1[i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
+        if (bpf) { /* as ukr_avx512_14x32_bpf: the B micro-panel streams from L2 on Intel */
+            _mm_prefetch((const char *)(Bp + bpf), _MM_HINT_T0);
+            _mm_prefetch((const char *)(Bp + bpf + 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(Ap + 8 * MR512), _MM_HINT_T0);
+        }
         for (int i = 0; i < rows; i++) {
             __m512 a = _mm512_set1_ps(Ap[i]);
             c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
@@ -214,11 +219,15 @@ static inline void ukr_avx512_rows_body(const int rows, int64_t kc, const float 
     }
 }
 
+static kdesc K_AVX512; /* defined with the other kernels below */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 static void ukr_avx512_rows(int rows, int64_t kc, const float *restrict Ap, const float *restrict Bp,
                             float *restrict T) {
+    /* the B prefetch of the full tile's kernel where that one prefetches (Intel): without it the
+     * 8-row tile of M = 512 waited on L2 for B: 4-7 % of x·Wᵀ's profile for 1.6 % of its work; 3-5 % with it */
+    const int64_t bpf = K_AVX512.ukr == ukr_avx512_14x32_bpf ? 32 * (int64_t)g_ukr_bpf : 0;
     switch (rows) {   /* constant row counts: the accumulators stay in registers */
-#define ROWS_CASE(r) case r: ukr_avx512_rows_body(r, kc, Ap, Bp, T); break;
+#define ROWS_CASE(r) case r: ukr_avx512_rows_body(r, kc, Ap, Bp, T, bpf); break;
     ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7)
     ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12) ROWS_CASE(13)
 #undef ROWS_CASE
@@ -2037,4 +2046,27 @@ void mmc_gemm_xwt_packed(int64_t M, float alpha, const float *A, int64_t lda, co
         return;
     }
     gemm_packed(W->kd, false, true, M, W->N, W->K, alpha, A, lda, NULL, W->b16, W->K, beta, C, ldc, W);
+}
+
+/* ------------------------------------------------------------------ micro-kernel probe (bench)
+ * bench_gemm's ukr_* cases: the f32 micro-kernel the GEMM runs (kernel(), with its B prefetch),
+ * called `calls` times in the GEMM's order (for each B micro-panel [kc][nr], every A tile [kc][mr]),
+ * the A tiles taken in turn from `na` consecutive ones and the B panels from `nb`, accumulating
+ * into one mr×nr tile of C (beta 1, as every K block after the first). One tile and one panel of a
+ * small kc: everything in L1; a megabyte of B panels or of A tiles: that operand streams from L2.
+ * No packing, no edge tiles, no C traffic past L1: the ceiling the GEMM's loop nest can approach. */
+void mmc_gemm_ukr_tile(int *mr, int *nr) {
+    const kdesc *kd = kernel();
+    *mr = kd->mr, *nr = kd->nr;
+}
+
+void mmc_gemm_ukr_loop(int64_t kc, const float *Ap, int64_t na, const float *Bp, int64_t nb, float *C, int64_t calls) {
+    const kdesc *kd = kernel();
+    MMC_CHECK(kc > 0 && na > 0 && nb > 0 && calls >= 0, "gemm: ukr probe kc=%lld na=%lld nb=%lld calls=%lld (want kc, na, nb > 0)",
+              (long long)kc, (long long)na, (long long)nb, (long long)calls);
+    int64_t a = 0, b = 0;
+    for (int64_t c = 0; c < calls; c++) {
+        kd->ukr(kc, Ap + a * kc * kd->mr, Bp + b * kc * kd->nr, C, kd->nr, 1.0f, 1.0f);
+        if (++a == na) a = 0, b = b + 1 == nb ? 0 : b + 1;
+    }
 }

@@ -108,6 +108,11 @@ void mmc_gemm_describe(mmc_gemm_info *out);
 
 /* Name of the micro-kernel chosen for this CPU ("avx512", "avx2", "generic"). */
 const char *mmc_gemm_kernel_name(void);
+/* bench_gemm's micro-kernel probe: the f32 kernel's register tile, and `calls` calls of it in the
+ * GEMM's order on A tiles Ap [na][kc][mr] against B panels Bp [nb][kc][nr] (64-byte aligned),
+ * accumulating into C [mr][nr] (alpha = beta = 1) */
+void mmc_gemm_ukr_tile(int *mr, int *nr);
+void mmc_gemm_ukr_loop(int64_t kc, const float *Ap, int64_t na, const float *Bp, int64_t nb, float *C, int64_t calls);
 /* Force the micro-kernel ("avx512", "avx2", "generic") for tests/benchmarks; returns -1 if
  * this CPU cannot run it (the choice is unchanged then). Not thread-safe against running GEMMs. */
 int mmc_gemm_set_kernel(const char *name);
