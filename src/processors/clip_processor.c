@@ -82,21 +82,7 @@ static mmc_status apply(const mmc_json *o, const char *path, const char *where, 
     if (v == 3) p->resample = MMC_RESAMPLE_BICUBIC;
     else if (v == 2) p->resample = MMC_RESAMPLE_BILINEAR;
     else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sresample=%lld (only 2 bilinear, 3 bicubic)", path, where, (long long)v);
-    const char *arr[2] = {"image_mean", "image_std"};
-    for (int k = 0; k < 2; k++) {
-        if (!mmc_json_has(o, arr[k])) continue;
-        int n = 3;
-        double d[3];
-        char key[32];
-        for (int c = 0; c < 3; c++) {
-            snprintf(key, sizeof key, "%s.%d", arr[k], c);
-            if (!mmc_json_has(o, key) || mmc_json_num(o, key, 0, &d[c]) != MMC_OK) n = 0;
-        }
-        snprintf(key, sizeof key, "%s.3", arr[k]);
-        if (n != 3 || mmc_json_has(o, key))
-            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
-        for (int c = 0; c < 3; c++) (k ? p->image_std : p->image_mean)[c] = (float)d[c];
-    }
+    if ((st = mmc_vlproc_read_mean_std(o, path, where, p->image_mean, p->image_std))) return st;
     return MMC_OK;
 }
 
@@ -196,5 +182,25 @@ mmc_status mmc_clip_preprocess(const mmc_clip_proc *p, const mmc_image *imgs, in
     }
     if (st) { mmc_tensor_free(t); return st; }
     *out = t;
+    return MMC_OK;
+}
+
+mmc_status mmc_vlproc_read_mean_std(const mmc_json *o, const char *path, const char *where, float mean[3],
+                                    float std[3]) {
+    static const char *const arr[2] = {"image_mean", "image_std"};
+    for (int k = 0; k < 2; k++) {
+        if (!mmc_json_has(o, arr[k])) continue;
+        double d[3];
+        char key[32];
+        bool ok = true;
+        for (int c = 0; c < 3 && ok; c++) {
+            snprintf(key, sizeof key, "%s.%d", arr[k], c);
+            ok = mmc_json_has(o, key) && mmc_json_num(o, key, 0, &d[c]) == MMC_OK;
+        }
+        snprintf(key, sizeof key, "%s.3", arr[k]);
+        if (!ok || mmc_json_has(o, key))
+            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
+        for (int c = 0; c < 3; c++) (k ? std : mean)[c] = (float)d[c];
+    }
     return MMC_OK;
 }

@@ -119,21 +119,7 @@ static mmc_status apply_video(const mmc_json *o, const char *path, const char *w
         else if (mmc_json_num(o, "initial_shift", 0, &x) == MMC_OK && x >= 0 && x < 1e9) v->shift_half = false, v->initial_shift = x;
         else return mmc_error(MMC_ERR_FORMAT, "%s: %sinitial_shift must be true, false or a number >= 0", path, where);
     }
-    const char *arr[2] = {"image_mean", "image_std"};
-    for (int k = 0; k < 2; k++) {
-        if (!mmc_json_has(o, arr[k])) continue;
-        double d[3];
-        char key[32];
-        bool ok = true;
-        for (int c = 0; c < 3; c++) {
-            snprintf(key, sizeof key, "%s.%d", arr[k], c);
-            if (!mmc_json_has(o, key) || mmc_json_num(o, key, 0, &d[c]) != MMC_OK) ok = false;
-        }
-        snprintf(key, sizeof key, "%s.3", arr[k]);
-        if (!ok || mmc_json_has(o, key))
-            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
-        for (int c = 0; c < 3; c++) (k ? v->image_std : v->image_mean)[c] = (float)d[c];
-    }
+    if ((st = mmc_vlproc_read_mean_std(o, path, where, v->image_mean, v->image_std))) return st;
     return MMC_OK;
 }
 
@@ -186,21 +172,7 @@ static mmc_status apply(const mmc_json *o, const char *path, const char *where, 
     if (v == 3) p->resample = MMC_RESAMPLE_BICUBIC;
     else if (v == 2) p->resample = MMC_RESAMPLE_BILINEAR;
     else return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sresample=%lld (only 2 bilinear, 3 bicubic)", path, where, (long long)v);
-    const char *arr[2] = {"image_mean", "image_std"};
-    for (int k = 0; k < 2; k++) {
-        if (!mmc_json_has(o, arr[k])) continue;
-        double d[3];
-        char key[32];
-        bool ok = true;
-        for (int c = 0; c < 3; c++) {
-            snprintf(key, sizeof key, "%s.%d", arr[k], c);
-            if (!mmc_json_has(o, key) || mmc_json_num(o, key, 0, &d[c]) != MMC_OK) ok = false;
-        }
-        snprintf(key, sizeof key, "%s.3", arr[k]);
-        if (!ok || mmc_json_has(o, key))
-            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
-        for (int c = 0; c < 3; c++) (k ? p->image_std : p->image_mean)[c] = (float)d[c];
-    }
+    if ((st = mmc_vlproc_read_mean_std(o, path, where, p->image_mean, p->image_std))) return st;
     return MMC_OK;
 }
 

@@ -99,21 +99,7 @@ static mmc_status read_video(const mmc_json *o, const char *path, const char *wh
         return mmc_error(MMC_ERR_UNSUPPORTED, "%s: %sresample=%lld (only 2 bilinear, 3 bicubic)", path, where, (long long)r);
     c->resample = r == 2 ? MMC_RESAMPLE_BILINEAR : MMC_RESAMPLE_BICUBIC;
     c->shortest_edge = 0, c->size_h = h, c->size_w = w;
-    const char *arr[2] = {"image_mean", "image_std"};
-    for (int k = 0; k < 2; k++) {
-        if (!mmc_json_has(o, arr[k])) continue;
-        double d[3];
-        char key[32];
-        bool ok = true;
-        for (int i = 0; i < 3 && ok; i++) {
-            snprintf(key, sizeof key, "%s.%d", arr[k], i);
-            ok = mmc_json_has(o, key) && mmc_json_num(o, key, 0, &d[i]) == MMC_OK;
-        }
-        snprintf(key, sizeof key, "%s.3", arr[k]);
-        if (!ok || mmc_json_has(o, key))
-            return mmc_error(MMC_ERR_FORMAT, "%s: %s%s must be a list of 3 numbers", path, where, arr[k]);
-        for (int i = 0; i < 3; i++) (k ? c->image_std : c->image_mean)[i] = (float)d[i];
-    }
+    if ((st = mmc_vlproc_read_mean_std(o, path, where, c->image_mean, c->image_std))) return st;
     return MMC_OK;
 }
 

@@ -322,74 +322,8 @@ TAMX static void amx_release(void) {
     }
 }
 
-TAMX static void ukr_amx_32x32(int64_t kc, const float *restrict Ap_, const float *restrict Bp_,
-                               float *restrict C, int64_t ldc, float alpha, float beta) {
-    if (!tl_amx_configured) amx_configure();
-    const char *Ap = (const char *)Ap_, *Bp = (const char *)Bp_;
-    const int64_t steps = (kc + 31) / 32;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t t = 0; t < steps; t++) {
-        _tile_loadd(4, Ap, 64);
-        _tile_loadd(6, Bp, 128);
-        _tile_loadd(7, Bp + 64, 128);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(5, Ap + 1024, 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-        Ap += 2048;
-        Bp += 2048;
-    }
-    if (alpha == 1.0f && beta == 0.0f) { /* straight into C */
-        const int64_t s = ldc * (int64_t)sizeof(float);
-        _tile_stored(0, C, s);
-        _tile_stored(1, C + 16, s);
-        _tile_stored(2, C + 16 * ldc, s);
-        _tile_stored(3, C + 16 * ldc + 16, s);
-        return;
-    }
-    float T[MR_AMX * 32] __attribute__((aligned(64)));
-    _tile_stored(0, T, 128);
-    _tile_stored(1, T + 16, 128);
-    _tile_stored(2, T + 512, 128);
-    _tile_stored(3, T + 528, 128);
-    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    for (int i = 0; i < MR_AMX; i++) {
-        float *c = C + i * ldc;
-        const __m512 t0 = _mm512_load_ps(T + 32 * i), t1 = _mm512_load_ps(T + 32 * i + 16);
-        if (beta == 0.0f) {
-            _mm512_storeu_ps(c, _mm512_mul_ps(va, t0));
-            _mm512_storeu_ps(c + 16, _mm512_mul_ps(va, t1));
-        } else if (alpha == 1.0f && beta == 1.0f) { /* the K blocks after the first */
-            _mm512_storeu_ps(c, _mm512_add_ps(t0, _mm512_loadu_ps(c)));
-            _mm512_storeu_ps(c + 16, _mm512_add_ps(t1, _mm512_loadu_ps(c + 16)));
-        } else {
-            _mm512_storeu_ps(c, _mm512_fmadd_ps(va, t0, _mm512_mul_ps(vb, _mm512_loadu_ps(c))));
-            _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, t1, _mm512_mul_ps(vb, _mm512_loadu_ps(c + 16))));
-        }
-    }
-}
-
-/* ---- bf16x3: f32 x f32 GEMMs on AMX at near-f32 precision (MMC_MATMUL_PRECISION=high; opt-in).
- * Each f32 operand x is split into two bf16: hi = bf16(x) (nearest-even) and lo = bf16(x - hi)
- * (x - hi is exact in f32). With u = 2^-8 (bf16's unit roundoff), |x - hi| <= u|x| and
- * |x - hi - lo| <= u^2|x|, so a·b = ah·bh + ah·bl + al·bh + d with
- *   |d| = |al·bl + ah·rb + ra·b + al·rb| <= (3 + 3u) u^2 |a||b|   (ra, rb: the residuals a-ah-al, b-bh-bl),
- * about 4.6e-5 |a||b| at worst, against f32's u_f32 = 2^-24 per product and plain bf16's ~2u = 2^-7.
- * The three bf16 products are exact in f32 and are summed by TDPBF16PS into the f32 tiles, so a C
- * element's error is at most sum_k |d_k| plus the f32 summation of 3K terms (gamma_3K ~ 3K 2^-24
- * of sum |a||b| in the worst case, ~sqrt(3K) 2^-24 typically); measured in tests/test_gemm_bf16x3.c.
- * Rounding errors of independent elements have random signs, so the measured error is well below
- * the worst case (README "bf16x3"). Cost: three tile products per 32-k step where the bf16 kernel
- * does one, on the same 32x32 register tile as ukr_amx_32x32 (tmm0-3 accumulate C; tmm4/5 hold two
- * 16-row A tiles, tmm6/7 two 16-column B tiles): per step, Ahi·Bhi, Ahi·Blo, Alo·Bhi, with ten tile
- * loads for twelve products. Packed A per 32-row panel: [k step t][hi | lo][row i][16 pairs] (4 KiB a
- * step); packed B: [k step t][hi | lo][pair q][32 columns] (4 KiB a step): 4 bytes per element, as
- * the f32 kernel's panels. "medium" (bf16x1) uses ukr_amx_32x32 itself on hi parts only: the
- * K_AMX layout, packed from f32 by the same functions. */
+/* C = alpha * (the accumulator tiles tmm0-3, a 32x32 block) + beta * C: stored straight when alpha = 1,
+ * beta = 0, else through a staging block (beta = 0 never reads C). */
 TAMX static void amx_store_c(float *restrict C, int64_t ldc, float alpha, float beta) {
     if (alpha == 1.0f && beta == 0.0f) {
         const int64_t s = ldc * (int64_t)sizeof(float);
@@ -421,6 +355,47 @@ TAMX static void amx_store_c(float *restrict C, int64_t ldc, float alpha, float 
     }
 }
 
+TAMX static void ukr_amx_32x32(int64_t kc, const float *restrict Ap_, const float *restrict Bp_,
+                               float *restrict C, int64_t ldc, float alpha, float beta) {
+    if (!tl_amx_configured) amx_configure();
+    const char *Ap = (const char *)Ap_, *Bp = (const char *)Bp_;
+    const int64_t steps = (kc + 31) / 32;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t t = 0; t < steps; t++) {
+        _tile_loadd(4, Ap, 64);
+        _tile_loadd(6, Bp, 128);
+        _tile_loadd(7, Bp + 64, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, Ap + 1024, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        Ap += 2048;
+        Bp += 2048;
+    }
+    amx_store_c(C, ldc, alpha, beta);
+}
+
+/* ---- bf16x3: f32 x f32 GEMMs on AMX at near-f32 precision (MMC_MATMUL_PRECISION=high; opt-in).
+ * Each f32 operand x is split into two bf16: hi = bf16(x) (nearest-even) and lo = bf16(x - hi)
+ * (x - hi is exact in f32). With u = 2^-8 (bf16's unit roundoff), |x - hi| <= u|x| and
+ * |x - hi - lo| <= u^2|x|, so a·b = ah·bh + ah·bl + al·bh + d with
+ *   |d| = |al·bl + ah·rb + ra·b + al·rb| <= (3 + 3u) u^2 |a||b|   (ra, rb: the residuals a-ah-al, b-bh-bl),
+ * about 4.6e-5 |a||b| at worst, against f32's u_f32 = 2^-24 per product and plain bf16's ~2u = 2^-7.
+ * The three bf16 products are exact in f32 and are summed by TDPBF16PS into the f32 tiles, so a C
+ * element's error is at most sum_k |d_k| plus the f32 summation of 3K terms (gamma_3K ~ 3K 2^-24
+ * of sum |a||b| in the worst case, ~sqrt(3K) 2^-24 typically); measured in tests/test_gemm_bf16x3.c.
+ * Rounding errors of independent elements have random signs, so the measured error is well below
+ * the worst case (README "bf16x3"). Cost: three tile products per 32-k step where the bf16 kernel
+ * does one, on the same 32x32 register tile as ukr_amx_32x32 (tmm0-3 accumulate C; tmm4/5 hold two
+ * 16-row A tiles, tmm6/7 two 16-column B tiles): per step, Ahi·Bhi, Ahi·Blo, Alo·Bhi, with ten tile
+ * loads for twelve products. Packed A per 32-row panel: [k step t][hi | lo][row i][16 pairs] (4 KiB a
+ * step); packed B: [k step t][hi | lo][pair q][32 columns] (4 KiB a step): 4 bytes per element, as
+ * the f32 kernel's panels. "medium" (bf16x1) uses ukr_amx_32x32 itself on hi parts only: the
+ * K_AMX layout, packed from f32 by the same functions. */
 TAMX static void ukr_bf16x3_32x32(int64_t kc, const float *restrict Ap_, const float *restrict Bp_,
                                   float *restrict C, int64_t ldc, float alpha, float beta) {
     if (!tl_amx_configured) amx_configure();
