@@ -41,40 +41,16 @@ static double clk(void) {
 }
 static volatile float g_sink;
 
-/* four sequential streams per thread, 2 KiB software prefetch (bench_gemm.c's read probe) */
-__attribute__((target("avx512f"), noinline)) static float sum4_512(const float *p, int64_t n) {
-    __m512 a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
-    const int64_t q = n / 4 / 32 * 32;
-    for (int64_t i = 0; i < q; i += 32)
-        for (int s = 0; s < 4; s++) {
-            const float *b = p + s * q + i;
-            _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
-            a[2 * s] = _mm512_add_ps(a[2 * s], _mm512_loadu_ps(b));
-            a[2 * s + 1] = _mm512_add_ps(a[2 * s + 1], _mm512_loadu_ps(b + 16));
-        }
-    for (int i = 1; i < 8; i++) a[0] = _mm512_add_ps(a[0], a[i]);
-    return _mm512_reduce_add_ps(a[0]);
-}
-static float sum_plain(const float *p, int64_t n) {
-    float s[16] = {0}, t = 0;
-    for (int64_t i = 0; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) s[j] += p[i + j];
-    for (int j = 0; j < 16; j++) t += s[j];
-    return t;
-}
 typedef struct { const float *p; int64_t n; } rd_arg;   /* n floats */
 static void rd_run(void *v) {
     const rd_arg *a = v;
-    const bool w512 = __builtin_cpu_supports("avx512f");
     float tot = 0;
     const int nt = omp_get_max_threads();
 #pragma omp parallel num_threads(nt) reduction(+ : tot) if (nt > 1)
     {
         const int th = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t chunk = a->n / th / 128 * 128;
-        tot += w512 ? sum4_512(a->p + chunk * t, chunk) : sum_plain(a->p + chunk * t, chunk);
+        tot += bench_read_sum_(a->p + chunk * t, chunk);   /* bench_util.h: four prefetched streams */
     }
     g_sink = tot;
 }
