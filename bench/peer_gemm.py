@@ -31,6 +31,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from peer_timing import evict_floats
+
 torch.manual_seed(0)
 
 
@@ -60,18 +62,6 @@ def best_time_after(fn, before, min_seconds=1.0, min_iters=10):
         best = min(best, CLOCK() - t0)
         n += 1
     return best
-
-
-def evict_floats():
-    """floats in 512 MiB or twice the L3 where that is bigger (bench_gemm.c's DRAM probe buffer)"""
-    l3 = 0
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
-            txt = f.read().strip()
-        l3 = int(txt[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[txt[-1]] if txt[-1] in "KMG" else int(txt)
-    except (OSError, ValueError, KeyError, IndexError):
-        pass
-    return max(512 << 20, 2 * l3) // 4
 
 
 def report(name, value, unit, note=None):
