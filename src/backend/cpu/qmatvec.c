@@ -429,13 +429,19 @@ T512 __attribute__((always_inline)) static inline void nf4b_body_avx512(const in
     }
 }
 
+/* The double-quantised row scales' buffer of an AVX-512 unit (8 rows of K / 64 blocks): buf (8 x 64
+ * floats, K <= 4096) or, past that, the heap (*heap, freed by the caller). */
+static float *nf4_scale_buf(const nf4_args *a, float *buf, float **heap) {
+    const int64_t need = a->q->double_quant ? 8 * (a->K / MMC_NF4_BLOCK) : 0;
+    *heap = need > 8 * 64 ? malloc(sizeof(float) * (size_t)need) : NULL;
+    MMC_CHECK(need <= 8 * 64 || *heap, "NF4 matvec: out of memory");
+    return *heap ? *heap : buf;
+}
+
 T512 static void nf4b_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
     const nf4_args *a = ctx;
-    float buf[8 * 64];   /* double-quant row scales when K <= 4096, else the heap */
-    const int64_t need = a->q->double_quant ? 8 * (a->K / MMC_NF4_BLOCK) : 0;
-    float *heap = need > 8 * 64 ? malloc(sizeof(float) * (size_t)need) : NULL;
-    MMC_CHECK(need <= 8 * 64 || heap, "NF4 matvec: out of memory");
-    float *bp = heap ? heap : buf;
+    float buf[8 * 64], *heap;
+    float *bp = nf4_scale_buf(a, buf, &heap);
     switch (a->M) {
     case 1: nf4b_body_avx512(1, a, n0, n1, bp); break;
     case 2: nf4b_body_avx512(2, a, n0, n1, bp); break;
@@ -447,11 +453,8 @@ T512 static void nf4b_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
 
 T512 static void nf4_unit_avx512(const void *ctx, int64_t n0, int64_t n1) {
     const nf4_args *a = ctx;
-    float buf[8 * 64];   /* double-quant row scales when K <= 4096, else the heap */
-    const int64_t need = a->q->double_quant ? 8 * (a->K / MMC_NF4_BLOCK) : 0;
-    float *heap = need > 8 * 64 ? malloc(sizeof(float) * (size_t)need) : NULL;
-    MMC_CHECK(need <= 8 * 64 || heap, "NF4 matvec: out of memory");
-    float *bp = heap ? heap : buf;
+    float buf[8 * 64], *heap;
+    float *bp = nf4_scale_buf(a, buf, &heap);
     switch (a->M) {
     case 1: nf4_body_avx512(1, a, n0, n1, bp); break;
     case 2: nf4_body_avx512(2, a, n0, n1, bp); break;
