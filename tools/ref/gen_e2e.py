@@ -19,7 +19,7 @@ Writes tests/fixtures/e2e/:
                       tokens (transformers generate, the directory's generation_config), and the
                       last position's logits of one forward pass over the prompt
 The video is tests/fixtures/video/moving.mkv (FFV1, lossless: decoders agree to the byte), sampled
-as the saved video processor says (fps 2), read with transformers' pyav reader (see gen_video.py's
+as the saved video processor says (fps 2), read with transformers' pyav reader (see video_ref.py's
 read_pyav: Matroska has no frame count in its header).
 
 Image backends: transformers 5.x's AutoImageProcessor picks the torchvision ("fast") backend
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 from hub_layout import model_to_hub
+from video_ref import read_pyav
 from safetensors.torch import load_file, save_file
 from transformers import (AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer, Qwen2VLConfig,
                           Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor,
@@ -112,24 +113,6 @@ def to_hub(src, dst, arch):
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if os.path.exists(os.path.join(src, f)):
             shutil.copy(os.path.join(src, f), os.path.join(dst, f))
-
-
-def read_pyav(path, sample_indices_fn):
-    """gen_video.py's reader: transformers' read_video_pyav, counting Matroska's frames by demuxing."""
-    import av
-    from transformers.video_utils import VideoMetadata
-    c = av.open(path)
-    st = c.streams.video[0]
-    total = st.frames or sum(1 for p in c.demux(st) if p.size)
-    c.seek(0)
-    meta = VideoMetadata(total_num_frames=int(total), fps=float(st.average_rate),
-                         duration=float(total / st.average_rate), video_backend="pyav", height=st.height,
-                         width=st.width)
-    indices = sample_indices_fn(metadata=meta)
-    frames = [f for i, f in enumerate(c.decode(video=0)) if i in indices]
-    c.close()
-    meta.frames_indices = indices
-    return np.stack([x.to_ndarray(format="rgb24") for x in frames]), meta
 
 
 # the image: gradient, a square and a disc; 160x120 = 19200 pixels > IMG_MAX (smart_resize shrinks it)

@@ -24,14 +24,13 @@ import json
 import os
 import shutil
 
-import av
 import numpy as np
 import torch
 from PIL import Image
 from safetensors.torch import save_file
 from transformers import (AutoImageProcessor, AutoProcessor, InternVLForConditionalGeneration, InternVLProcessor,
                           InternVLVideoProcessor)
-from transformers.video_utils import VideoMetadata
+from video_ref import read_pyav
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures")
 SRC = os.path.join(ROOT, "internvl", "v5")
@@ -57,21 +56,6 @@ assert type(vproc).__name__ == "InternVLVideoProcessor" and vproc.num_frames == 
 m = InternVLForConditionalGeneration.from_pretrained(OUT).float().eval()
 
 
-def read_pyav(path, sample_indices_fn):
-    c = av.open(path)
-    st = c.streams.video[0]
-    total = st.frames or sum(1 for p in c.demux(st) if p.size)
-    c.seek(0)
-    meta = VideoMetadata(total_num_frames=int(total), fps=float(st.average_rate),
-                         duration=float(total / st.average_rate), video_backend="pyav", height=st.height,
-                         width=st.width)
-    indices = [int(i) for i in sample_indices_fn(metadata=meta)]
-    frames = [f.to_ndarray(format="rgb24") for i, f in enumerate(c.decode(video=0)) if i in indices]
-    c.close()
-    assert len(frames) == len(indices)
-    return np.stack(frames), meta, indices
-
-
 image = Image.open(os.path.join(ROOT, "e2e", "shapes_160x120.png")).convert("RGB")
 MKV = os.path.join(ROOT, "video", "moving.mkv")
 ref, expected = {}, {}
@@ -82,11 +66,13 @@ for case in ("file", "fps", "dir"):
                            if f.endswith(".png")])
         indices = list(range(len(frames)))
     elif case == "file":
-        frames, meta, indices = read_pyav(MKV, vproc.sample_frames)
+        frames, meta = read_pyav(MKV, vproc.sample_frames)
+        indices = [int(i) for i in meta.frames_indices]
     else:
         v2 = InternVLVideoProcessor.from_pretrained(OUT)
         v2.num_frames, v2.fps = None, 2   # preprocess() passes its own fps to sample_frames as a keyword
-        frames, meta, indices = read_pyav(MKV, lambda metadata: v2.sample_frames(metadata, fps=v2.fps))
+        frames, meta = read_pyav(MKV, lambda metadata: v2.sample_frames(metadata, fps=v2.fps))
+        indices = [int(i) for i in meta.frames_indices]
     content = ([{"type": "image"}] if case == "file" else []) + [{"type": "video"},
                                                                 {"type": "text", "text": "What happens in the video?"}]
     conv = [{"role": "user", "content": content}]

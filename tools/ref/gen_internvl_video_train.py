@@ -27,13 +27,12 @@ if os.environ.get("PYTHONHASHSEED") != "0":
     os.environ["PYTHONHASHSEED"] = "0"
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
-import av
 import numpy as np
 import torch
 from PIL import Image
 from peft import LoraConfig, get_peft_model
 from transformers import AutoImageProcessor, AutoProcessor, InternVLForConditionalGeneration
-from transformers.video_utils import VideoMetadata
+from video_ref import read_pyav
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 BASE = os.path.join(ROOT, "tests/fixtures/internvl/video")
@@ -47,26 +46,13 @@ SAMPLES = [   # (images, videos, question, answer), paths relative to OUT
 ]
 
 
-def read_pyav(path, sample_indices_fn):
-    c = av.open(path)
-    st = c.streams.video[0]
-    total = st.frames or sum(1 for p in c.demux(st) if p.size)
-    c.seek(0)
-    meta = VideoMetadata(total_num_frames=int(total), fps=float(st.average_rate),
-                         duration=float(total / st.average_rate), video_backend="pyav", height=st.height,
-                         width=st.width)
-    indices = [int(i) for i in sample_indices_fn(metadata=meta)]
-    frames = [f.to_ndarray(format="rgb24") for i, f in enumerate(c.decode(video=0)) if i in indices]
-    c.close()
-    return np.stack(frames), indices
-
-
 def frames_of(proc, rel):
     p = os.path.join(OUT, rel)
     if os.path.isdir(p):
         return np.stack([np.asarray(Image.open(os.path.join(p, f)).convert("RGB")) for f in sorted(os.listdir(p))
                          if f.endswith(".png")]), None
-    return read_pyav(p, proc.video_processor.sample_frames)
+    frames, meta = read_pyav(p, proc.video_processor.sample_frames)
+    return frames, [int(i) for i in meta.frames_indices]
 
 
 def encode(proc, imgs, vids, q, a):

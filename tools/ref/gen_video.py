@@ -34,7 +34,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import (AutoTokenizer, Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration,
                           Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor)
-from transformers.video_utils import VideoMetadata, load_video
+from transformers.video_utils import load_video
+from video_ref import read_pyav
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures")
 OUT = os.path.join(ROOT, "video")
@@ -99,29 +100,6 @@ json.dump(dict(pc["image_processor"]), open(os.path.join(hdir, "preprocessor_con
 for d in (pdir, hdir):   # the saved settings load back to the same sampling and bounds
     v2 = Qwen2VLVideoProcessor.from_pretrained(d)
     assert v2.fps == 2 and v2.do_sample_frames and v2.size["longest_edge"] == SIZE["longest_edge"], (d, v2)
-
-def read_pyav(path, sample_indices_fn):
-    """transformers' read_video_pyav, except that a container without a frame count in its header
-    (Matroska, WebM, GIF: PyAV's stream.frames is 0, on which read_video_pyav divides by zero) gets
-    the count by demuxing every packet, as torchcodec (transformers' default decoder) does."""
-    c = av.open(path)
-    st = c.streams.video[0]
-    total = st.frames or sum(1 for p in c.demux(st) if p.size)
-    c.seek(0)
-    meta = VideoMetadata(total_num_frames=int(total), fps=float(st.average_rate),
-                         duration=float(total / st.average_rate), video_backend="pyav", height=st.height,
-                         width=st.width)
-    indices = sample_indices_fn(metadata=meta)
-    frames = []
-    for i, f in enumerate(c.decode(video=0)):
-        if i > indices[-1]:
-            break
-        if i in indices:
-            frames.append(f)
-    c.close()
-    meta.frames_indices = indices
-    return np.stack([x.to_ndarray(format="rgb24") for x in frames]), meta
-
 
 ref = {}
 expect = {}
